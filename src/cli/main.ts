@@ -1,0 +1,21 @@
+#!/usr/bin/env node
+import { Command } from 'commander';
+import { readFileSync } from 'node:fs';
+import { registerDemoCommand } from './commands/demo.js';
+
+const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string };
+
+const program = new Command()
+  .name('contextforge-router')
+  .description('KV-cache-aware request router for LLM inference clusters')
+  .version(pkg.version);
+registerDemoCommand(program);
+
+try {
+  await program.parseAsync(process.argv);
+} catch (err) {
+  // Argument errors from the core (RangeError/TypeError) are the user's to fix: one line, exit 2.
+  const usage = err instanceof RangeError || err instanceof TypeError;
+  process.stderr.write(`error: ${usage ? (err as Error).message : (err as Error).stack ?? String(err)}\n`);
+  process.exitCode = usage ? 2 : 1;
+}

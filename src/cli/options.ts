@@ -1,0 +1,13 @@
+import { InvalidArgumentError } from 'commander';
+
+/** A commander parser for an integer flag with a lower bound; bad values exit with a message naming the flag. */
+export function intOption(flag: string, min: number): (value: string) => number {
+  return (value: string) => {
+    const n = Number(value);
+    if (!/^-?\d+$/.test(value.trim()) || !Number.isSafeInteger(n)) {
+      throw new InvalidArgumentError(`${flag} must be an integer, got '${value}'`);
+    }
+    if (n < min) throw new InvalidArgumentError(`${flag} must be >= ${min}, got ${n}`);
+    return n;
+  };
+}

@@ -1,0 +1,78 @@
+/**
+ * Argument checks shared by the public API. Validation lives at the edges so the
+ * route path itself can trust its inputs; every message names the argument.
+ */
+
+export function requireId(value: unknown, name: string): string {
+  if (typeof value !== 'string') {
+    throw new TypeError(`${name} must be a string, got ${describe(value)}`);
+  }
+  if (value.length === 0) throw new RangeError(`${name} must be a non-empty string`);
+  return value;
+}
+
+/** A CLA group, a workflow step: null/undefined means "not given". */
+export function optionalNonNegativeInt(value: unknown, name: string): number | null {
+  if (value === null || value === undefined) return null;
+  if (typeof value !== 'number') {
+    throw new TypeError(`${name} must be an integer or null, got ${describe(value)}`);
+  }
+  if (!Number.isInteger(value) || value < 0) {
+    throw new RangeError(`${name} must be a non-negative integer, got ${value}`);
+  }
+  return value;
+}
+
+export function nonNegativeInt(value: unknown, name: string, fallback: number): number {
+  if (value === undefined) return fallback;
+  const n = optionalNonNegativeInt(value, name);
+  if (n === null) throw new TypeError(`${name} must be a non-negative integer, got null`);
+  return n;
+}
+
+export function positiveInt(value: unknown, name: string, fallback: number): number {
+  const n = nonNegativeInt(value, name, fallback);
+  if (n === 0) throw new RangeError(`${name} must be at least 1, got 0`);
+  return n;
+}
+
+/** A worker load: a fraction of capacity. Above 1 is clamped (as the seed does); NaN or negative is an error. */
+export function load(value: unknown, name = 'load'): number {
+  if (typeof value !== 'number') throw new TypeError(`${name} must be a number, got ${describe(value)}`);
+  if (Number.isNaN(value)) throw new RangeError(`${name} must not be NaN`);
+  if (value < 0) throw new RangeError(`${name} must be >= 0, got ${value}`);
+  return value > 1 ? 1 : value;
+}
+
+export function optionalId(value: unknown, name: string): string | undefined {
+  if (value === undefined || value === null) return undefined;
+  return requireId(value, name);
+}
+
+export function idList(value: unknown, name: string): string[] {
+  if (!Array.isArray(value)) throw new TypeError(`${name} must be an array of strings, got ${describe(value)}`);
+  for (let i = 0; i < value.length; i++) {
+    if (typeof value[i] !== 'string') {
+      throw new TypeError(`${name}[${i}] must be a string, got ${describe(value[i])}`);
+    }
+  }
+  return value as string[];
+}
+
+export function fraction(value: unknown, name: string): number {
+  if (typeof value !== 'number') throw new TypeError(`${name} must be a number, got ${describe(value)}`);
+  if (!(value >= 0 && value <= 1)) throw new RangeError(`${name} must be within [0, 1], got ${value}`);
+  return value;
+}
+
+export function finiteNonNegative(value: unknown, name: string): number {
+  if (typeof value !== 'number') throw new TypeError(`${name} must be a number, got ${describe(value)}`);
+  if (!Number.isFinite(value) || value < 0) throw new RangeError(`${name} must be a finite number >= 0, got ${value}`);
+  return value;
+}
+
+function describe(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  return typeof value;
+}

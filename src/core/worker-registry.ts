@@ -1,0 +1,92 @@
+import { optionalNonNegativeInt, requireId } from './validate.js';
+
+/** What a caller may say about a worker when registering it. */
+export interface WorkerInfo {
+  /** CLA groups (KV-compatibility classes) the worker serves from the start. */
+  claGroups?: readonly number[];
+  /** Base URL of the engine's OpenAI API; used by the gateway, ignored by the core. */
+  url?: string;
+  /** Models the engine serves. */
+  models?: readonly string[];
+}
+
+/** One engine instance as the router sees it. Mutable by the registry's owner only. */
+export class WorkerState {
+  /** 0-1 VRAM pressure as last reported (clamped at 1). */
+  load = 0;
+  readonly claGroups = new Set<number>();
+  /** Last workflow step reported by updateWorkerState (kept for seed parity). */
+  lastUsedStep = 0;
+  /** Blocks the router has recorded on this worker. */
+  activeBlocks = 0;
+  /** A draining worker takes no new requests. */
+  draining = false;
+
+  constructor(
+    readonly id: string,
+    readonly info: Readonly<WorkerInfo>,
+  ) {}
+}
+
+/**
+ * The workers in registration order. Registration order matters: the seed's CLA scan and
+ * least-loaded ties are resolved by it, so the registry is a Map (insertion-ordered).
+ */
+export class WorkerRegistry {
+  private readonly workers = new Map<string, WorkerState>();
+
+  /** Registers a worker; a known id is left as it is. Returns the worker's state. */
+  register(workerId: string, info: WorkerInfo = {}): WorkerState {
+    const existing = this.workers.get(workerId);
+    if (existing) return existing;
+    const state = new WorkerState(workerId, checkInfo(info));
+    for (const g of state.info.claGroups ?? []) state.claGroups.add(g);
+    this.workers.set(workerId, state);
+    return state;
+  }
+
+  remove(workerId: string): boolean {
+    return this.workers.delete(workerId);
+  }
+
+  get(workerId: string): WorkerState | undefined {
+    return this.workers.get(workerId);
+  }
+
+  has(workerId: string): boolean {
+    return this.workers.has(workerId);
+  }
+
+  /** Registered and not draining. */
+  isAvailable(workerId: string): boolean {
+    const w = this.workers.get(workerId);
+    return w !== undefined && !w.draining;
+  }
+
+  get size(): number {
+    return this.workers.size;
+  }
+
+  /** Workers in registration order. */
+  values(): IterableIterator<WorkerState> {
+    return this.workers.values();
+  }
+}
+
+function checkInfo(info: unknown): WorkerInfo {
+  if (info === undefined || info === null) return {};
+  if (typeof info !== 'object' || Array.isArray(info)) {
+    throw new TypeError('info must be an object');
+  }
+  const { claGroups, url, models } = info as WorkerInfo;
+  if (claGroups !== undefined) {
+    if (!Array.isArray(claGroups)) throw new TypeError('info.claGroups must be an array of integers');
+    claGroups.forEach((g, i) => optionalNonNegativeInt(g, `info.claGroups[${i}]`));
+  }
+  if (url !== undefined) requireId(url, 'info.url');
+  if (models !== undefined) {
+    if (!Array.isArray(models)) throw new TypeError('info.models must be an array of strings');
+    models.forEach((m, i) => requireId(m, `info.models[${i}]`));
+  }
+  return { ...(info as WorkerInfo) };
+}

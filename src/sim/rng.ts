@@ -1,0 +1,28 @@
+/** mulberry32: a small, fast, seedable PRNG so that every simulated run is reproducible. */
+export function createRng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** An integer in [lo, hi]. */
+export function randInt(rng: () => number, lo: number, hi: number): number {
+  return lo + Math.floor(rng() * (hi - lo + 1));
+}
+
+/** Index in [0, n) drawn with Zipf weights 1/(i+1)^s: a few popular items, a long tail. */
+export function zipfIndex(rng: () => number, n: number, s: number): number {
+  let total = 0;
+  for (let i = 0; i < n; i++) total += 1 / (i + 1) ** s;
+  let x = rng() * total;
+  for (let i = 0; i < n; i++) {
+    x -= 1 / (i + 1) ** s;
+    if (x <= 0) return i;
+  }
+  return n - 1;
+}

@@ -1,0 +1,43 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { test } from 'node:test';
+
+const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+
+function cli(...args: string[]) {
+  return spawnSync(process.execPath, ['--import', 'tsx', main, ...args], { encoding: 'utf8' });
+}
+
+test('demo --json prints one JSON object comparing the policies', () => {
+  const r = cli('demo', '--workflows', '12', '--json');
+  assert.equal(r.status, 0, r.stderr);
+  const out = JSON.parse(r.stdout) as { results: Array<{ policy: string; requests: number }> };
+  assert.deepEqual(out.results.map((x) => x.policy), ['seed', 'cost']);
+  assert.ok(out.results.every((x) => x.requests === 48));
+});
+
+test('demo prints a table for people', () => {
+  const r = cli('demo', '--workflows', '8');
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /token hit rate/);
+  assert.match(r.stdout, /^seed\s+32\s/m);
+  assert.match(r.stdout, /^cost\s+32\s/m);
+});
+
+test('bad flags exit non-zero with a message naming the flag', () => {
+  const r = cli('demo', '--workers', 'x');
+  assert.notEqual(r.status, 0);
+  assert.match(r.stderr, /--workers must be an integer/);
+  const p = cli('demo', '--policies', 'nope', '--workflows', '2');
+  assert.equal(p.status, 2);
+  assert.match(p.stderr, /policy must be one of/);
+  assert.doesNotMatch(p.stderr, /at .*\.ts/); // a message, not a stack trace
+});
+
+test("the README's example runs", () => {
+  const example = fileURLToPath(new URL('../../examples/quickstart.ts', import.meta.url));
+  const r = spawnSync(process.execPath, ['--import', 'tsx', example], { encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /confidence: 0\.0078125/);
+});

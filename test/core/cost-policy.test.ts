@@ -1,0 +1,203 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import { DEFAULT_COST_WEIGHTS, KVAwareRouter } from '../../src/index.js';
+
+async function fleet(n: number, opts: ConstructorParameters<typeof KVAwareRouter>[0] = {}): Promise<KVAwareRouter> {
+  const r = new KVAwareRouter(opts);
+  for (let i = 0; i < n; i++) r.registerWorker(`w${i}`);
+  return r;
+}
+
+describe("policy 'cost'", () => {
+  test('is the default', () => {
+    assert.equal(new KVAwareRouter().getStats().policy, 'cost');
+  });
+
+  test('keeps an anchor on its worker under moderate load', async () => {
+    const r = await fleet(3);
+    await r.broadcastNewBlocks('doc', ['b1', 'b2'], 'w2');
+    await r.updateWorkerState('w2', 0.6);
+    const d = await r.selectWorker('doc');
+    assert.equal(d.targetWorkerId, 'w2');
+    assert.equal(d.confidence, 1);
+  });
+
+  test('moves a hot anchor off a worker under VRAM pressure', async () => {
+    const r = await fleet(3);
+    await r.broadcastNewBlocks('doc', ['b1'], 'w2');
+    await r.updateWorkerState('w2', 0.9);
+    const d = await r.selectWorker('doc');
+    assert.notEqual(d.targetWorkerId, 'w2');
+    assert.equal(d.confidence, 0);
+  });
+
+  test('confidence is the estimated fraction of the KV on the chosen worker', async () => {
+    const r = await fleet(2, { blockSize: 16 });
+    await r.broadcastNewBlocks('doc', ['b1', 'b2', 'b3', 'b4'], 'w1'); // 64 tokens recorded
+    const d = await r.selectWorker('doc', { tokenLength: 256 });
+    assert.equal(d.targetWorkerId, 'w1');
+    assert.equal(d.confidence, 0.25);
+  });
+
+  test('KV made under another CLA group does not count as cached', async () => {
+    const r = await fleet(2);
+    await r.selectWorker('doc', { claGroup: 1 }); // homed on some worker under group 1
+    const home = r.getWorkerForAnchor('doc')!;
+    const d = await r.selectWorker('doc', { claGroup: 2 });
+    assert.equal(d.confidence, 0);
+    const same = await r.selectWorker('doc', { claGroup: 2 });
+    assert.equal(same.confidence, 1); // now made under group 2 where it went
+    assert.ok(home);
+  });
+
+  test('prefers workers serving the CLA group', async () => {
+    const r = await fleet(4);
+    await r.updateWorkerState('w3', 0.2, { claGroup: 5 });
+    const d = await r.selectWorker('x', { claGroup: 5 });
+    assert.equal(d.targetWorkerId, 'w3');
+  });
+
+  test('excludes workers at or above the pressure ceiling unless all are', async () => {
+    const r = await fleet(2, { costWeights: { locality: 100 } });
+    await r.broadcastNewBlocks('doc', ['b'], 'w0');
+    await r.updateWorkerState('w0', 0.95);
+    await r.updateWorkerState('w1', 0.94);
+    assert.equal((await r.selectWorker('doc')).targetWorkerId, 'w1');
+    await r.updateWorkerState('w1', 1);
+    assert.equal((await r.selectWorker('other')).targetWorkerId, 'w0'); // all saturated: least bad
+  });
+
+  test('ties rotate instead of always favouring the first worker', async () => {
+    const r = await fleet(4);
+    const picks = new Set<string>();
+    for (let i = 0; i < 8; i++) picks.add((await r.selectWorker(`fresh-${i}`)).targetWorkerId);
+    assert.equal(picks.size, 4);
+  });
+
+  test('counts the blocks recorded on each worker, distinct per anchor, and moves them with the anchor', async () => {
+    const r = await fleet(2);
+    await r.broadcastNewBlocks('a', ['b1', 'b2'], 'w0');
+    await r.broadcastNewBlocks('a', ['b2', 'b3'], 'w0');
+    await r.broadcastNewBlocks('c', ['b9'], 'w1');
+    let s = r.getStats();
+    assert.equal(s.workerLoads.w0.activeBlocks, 3);
+    assert.equal(s.workerLoads.w1.activeBlocks, 1);
+    await r.broadcastNewBlocks('a', ['b7'], 'w1'); // re-homed: w0's record of it is gone
+    s = r.getStats();
+    assert.equal(s.workerLoads.w0.activeBlocks, 0);
+    assert.equal(s.workerLoads.w1.activeBlocks, 2);
+  });
+
+  test('weights are validated', () => {
+    assert.throws(() => new KVAwareRouter({ costWeights: { locality: -1 } }), RangeError);
+    assert.throws(() => new KVAwareRouter({ costWeights: { bogus: 1 } as never }), /costWeights.bogus/);
+    assert.throws(() => new KVAwareRouter({ costWeights: { pressureKnee: 1 } }), /pressureKnee/);
+    assert.equal(DEFAULT_COST_WEIGHTS.pressureCeiling, 0.95);
+  });
+});
+
+describe('workflow continuity', () => {
+  test('consecutive steps of a workflow stay on the worker of the previous step', async () => {
+    const r = await fleet(4);
+    const first = await r.selectWorker('retrieve', { workflowId: 'wf', workflowStep: 0 });
+    for (let step = 1; step < 4; step++) {
+      const d = await r.selectWorker(`step-${step}`, { workflowId: 'wf', workflowStep: step });
+      assert.equal(d.targetWorkerId, first.targetWorkerId, `step ${step}`);
+    }
+  });
+
+  test('a step moves when the previous worker is overloaded', async () => {
+    const r = await fleet(2);
+    const first = await r.selectWorker('s0', { workflowId: 'wf', workflowStep: 0 });
+    await r.updateWorkerState(first.targetWorkerId, 0.85);
+    const next = await r.selectWorker('s1', { workflowId: 'wf', workflowStep: 1 });
+    assert.notEqual(next.targetWorkerId, first.targetWorkerId);
+  });
+
+  test('a late, older step does not pull the workflow back', async () => {
+    const r = await fleet(2);
+    await r.selectWorker('s0', { workflowId: 'wf', workflowStep: 0 });
+    const s2 = await r.selectWorker('s2', { workflowId: 'wf', workflowStep: 2 });
+    // the old step lands elsewhere because its worker is full...
+    await r.updateWorkerState(s2.targetWorkerId, 0.99);
+    const late = await r.selectWorker('s1', { workflowId: 'wf', workflowStep: 1 });
+    assert.notEqual(late.targetWorkerId, s2.targetWorkerId);
+    await r.updateWorkerState(s2.targetWorkerId, 0.1);
+    await r.updateWorkerState(late.targetWorkerId, 0.1);
+    // ...but the next step still follows step 2
+    const s3 = await r.selectWorker('s3', { workflowId: 'wf', workflowStep: 3 });
+    assert.equal(s3.targetWorkerId, s2.targetWorkerId);
+  });
+
+  test('the workflow table is bounded', async () => {
+    const r = await fleet(2, { workflowCapacity: 3 });
+    for (let i = 0; i < 10; i++) await r.selectWorker(`a${i}`, { workflowId: `wf${i}`, workflowStep: 0 });
+    assert.equal(r.getStats().workflowsTracked, 3);
+  });
+});
+
+describe('anchor table bound', () => {
+  for (const policy of ['cost', 'seed']) {
+    test(`${policy}: least recently used anchors are evicted at capacity and counted`, async () => {
+      const r = await fleet(2, { policy, anchorCapacity: 3 });
+      await r.selectWorker('a');
+      await r.selectWorker('b');
+      await r.selectWorker('c');
+      await r.selectWorker('a'); // a is now the most recently used
+      await r.selectWorker('d'); // evicts b
+      const s = r.getStats();
+      assert.equal(s.anchorsTracked, 3);
+      assert.equal(s.anchorEvictions, 1);
+      assert.equal(r.getWorkerForAnchor('b'), undefined);
+      assert.ok(r.getWorkerForAnchor('a'));
+      assert.ok(r.getWorkerForAnchor('d'));
+    });
+  }
+
+  test('evicted anchors take their block counts with them', async () => {
+    const r = await fleet(1, { anchorCapacity: 1 });
+    await r.broadcastNewBlocks('a', ['1', '2'], 'w0');
+    await r.broadcastNewBlocks('b', ['3'], 'w0');
+    assert.equal(r.getStats().workerLoads.w0.activeBlocks, 1);
+  });
+});
+
+describe('remove and drain', () => {
+  for (const policy of ['cost', 'seed']) {
+    test(`${policy}: a draining worker gets no new requests and its anchors are re-homed on use`, async () => {
+      const r = await fleet(2, { policy });
+      await r.broadcastNewBlocks('doc', ['b'], 'w0');
+      r.drainWorker('w0');
+      assert.deepEqual(r.getStats().drainingWorkers, ['w0']);
+      const d = await r.selectWorker('doc');
+      assert.equal(d.targetWorkerId, 'w1');
+      assert.equal(r.getWorkerForAnchor('doc'), 'w1');
+      r.resumeWorker('w0');
+      assert.deepEqual(r.getStats().drainingWorkers, []);
+    });
+
+    test(`${policy}: with every worker draining there is no target`, async () => {
+      const r = await fleet(2, { policy });
+      r.drainWorker('w0');
+      r.drainWorker('w1');
+      const d = await r.selectWorker('doc');
+      assert.equal(d.targetWorkerId, '');
+      assert.equal(d.confidence, 0);
+    });
+
+    test(`${policy}: a removed worker is forgotten with its anchors`, async () => {
+      const r = await fleet(2, { policy });
+      await r.broadcastNewBlocks('doc', ['b'], 'w0');
+      assert.equal(r.removeWorker('w0'), true);
+      assert.equal(r.removeWorker('w0'), false);
+      assert.equal(r.getWorkerForAnchor('doc'), undefined);
+      assert.equal(r.getStats().numWorkers, 1);
+      assert.equal((await r.selectWorker('doc')).targetWorkerId, 'w1');
+    });
+  }
+
+  test('draining an unknown worker is an error naming it', async () => {
+    const r = await fleet(1);
+    assert.throws(() => r.drainWorker('nope'), /workerId 'nope' is not registered/);
+  });
+});
