@@ -1,0 +1,694 @@
+/**
+ * BlockIndex: which worker holds which KV block (by sequence hash), and in which tier.
+ *
+ * Layout, chosen for the route path's cost and for memory (README "Performance"):
+ * - Blocks live in a node arena of typed arrays, addressed by a stable node id. A node holds
+ *   the 64-bit key (two uint32) and, per tier, a bitmask of the worker slots holding it:
+ *   `gpu`, `offload` (CPU or disk, vLLM's `medium`), and `predicted` (the router's own
+ *   records: approximate mode, and precise mode's short-lived speculative entries).
+ * - An open-addressing hash table (linear probing, backward-shift deletion) maps keys to
+ *   node ids. No JS Map, no boxed numbers, no per-block objects.
+ * - Per worker a reverse list of node ids, so removing a worker or applying AllBlocksCleared
+ *   costs O(that worker's blocks). Lists may hold stale ids; they are compacted when stale
+ *   ids outnumber live ones.
+ * - Predicted entries expire by generation: time is cut into generations of ttl/2 and each
+ *   node keeps one predicted mask per live generation (3), so an entry lives at least `ttl`
+ *   and less than 1.5 × ttl after it was last recorded, without per-entry timestamps.
+ * - The entry budget counts (block, worker) pairs. Beyond it nodes are evicted by CLOCK
+ *   (second chance), an LRU approximation whose "touch" is a one-byte write, so lookups stay
+ *   cheap. New nodes start cold, so blocks seen once go before blocks reused since.
+ *
+ * Worker slots are small integers managed by the owner (the router); a mask word covers 32
+ * slots and the index widens itself when a slot beyond the current width is first used.
+ */
+
+export const enum Tier {
+  Gpu = 0,
+  Offload = 1,
+}
+
+/** Rows per node: gpu, offload, then one predicted row per generation slot. */
+const GENERATIONS = 3;
+const ROWS = 2 + GENERATIONS;
+const ROW_GPU = 0;
+const ROW_OFFLOAD = 1;
+const ROW_PREDICTED = 2;
+
+const EMPTY = -1;
+const FREE = 2; // ref value of a node on the free list
+
+export interface BlockIndexOptions {
+  /** Most (block, worker) entries kept; beyond it the coldest blocks are evicted. */
+  maxEntries?: number;
+  /** Lifetime of predicted entries in ms (at least this, less than 1.5×). */
+  predictedTtlMs?: number;
+  /** Initial node capacity (grows by doubling). */
+  initialCapacity?: number;
+}
+
+/** Per-worker result of an overlap query, indexed by worker slot. Reused between queries. */
+export class OverlapResult {
+  /** Longest prefix of the query's blocks the worker holds, in any tier. */
+  blocks: Int32Array;
+  /** Of those, blocks held only in the offload tier. */
+  offloadBlocks: Int32Array;
+  /** Of those, blocks held only as the router's prediction. */
+  predictedBlocks: Int32Array;
+  /** Longest prefix any worker holds. */
+  maxBlocks = 0;
+
+  constructor(slots = 32) {
+    this.blocks = new Int32Array(slots);
+    this.offloadBlocks = new Int32Array(slots);
+    this.predictedBlocks = new Int32Array(slots);
+  }
+
+  /** Grows to at least n slots (contents are reset by the next query). */
+  ensureSlots(n: number): void {
+    if (n <= this.blocks.length) return;
+    const cap = Math.max(n, this.blocks.length * 2);
+    this.blocks = new Int32Array(cap);
+    this.offloadBlocks = new Int32Array(cap);
+    this.predictedBlocks = new Int32Array(cap);
+  }
+
+  /** GPU-resident blocks of the worker's overlap. */
+  gpuBlocks(slot: number): number {
+    return this.blocks[slot] - this.offloadBlocks[slot] - this.predictedBlocks[slot];
+  }
+}
+
+export interface BlockIndexStats {
+  /** (block, worker) entries. */
+  entries: number;
+  /** Distinct blocks. */
+  blocks: number;
+  maxEntries: number;
+  /** Bytes held by the index's arrays. */
+  bytes: number;
+  /** Entries evicted for the budget. */
+  evictions: number;
+  /** Predicted entries that expired. */
+  expired: number;
+  entriesPerWorker: Record<number, number>;
+}
+
+export class BlockIndex {
+  readonly maxEntries: number;
+  readonly predictedTtlMs: number;
+  private readonly generationMs: number;
+
+  // node arena
+  private capacity: number;
+  private words = 1;
+  private stride = ROWS; // words * ROWS
+  private keyHi: Uint32Array;
+  private keyLo: Uint32Array;
+  private masks: Uint32Array;
+  private ref: Uint8Array; // 0 cold, 1 referenced, 2 free
+  private mark: Uint32Array; // compaction epoch, to dedupe reverse lists
+  private highWater = 0; // nodes [0, highWater) have been used at least once
+  private freeList: Int32Array;
+  private freeCount = 0;
+  private liveNodes = 0;
+
+  // hash table: node ids, EMPTY when vacant
+  private table: Int32Array;
+  private tableMask: number;
+  private tableShift: number;
+
+  // per worker slot
+  private reverse: Int32Array[] = [];
+  private reverseLength: number[] = [];
+  private entriesOf: number[] = [];
+  private markEpoch = 0;
+
+  // predicted generations
+  private generation = -1;
+  private generationNodes: Int32Array[] = [];
+  private generationLength: number[] = [];
+
+  private totalEntries = 0;
+  private evicted = 0;
+  private expiredCount = 0;
+  private clockHand = 0;
+
+  constructor(options: BlockIndexOptions = {}) {
+    this.maxEntries = options.maxEntries ?? 4_000_000;
+    this.predictedTtlMs = options.predictedTtlMs ?? 120_000;
+    if (!(this.maxEntries >= 1)) throw new RangeError(`maxEntries must be >= 1, got ${this.maxEntries}`);
+    if (!(this.predictedTtlMs > 0)) throw new RangeError(`predictedTtlMs must be > 0, got ${this.predictedTtlMs}`);
+    this.generationMs = this.predictedTtlMs / (GENERATIONS - 1);
+    this.capacity = Math.max(64, options.initialCapacity ?? 1024);
+    this.keyHi = new Uint32Array(this.capacity);
+    this.keyLo = new Uint32Array(this.capacity);
+    this.masks = new Uint32Array(this.capacity * this.stride);
+    this.ref = new Uint8Array(this.capacity);
+    this.mark = new Uint32Array(this.capacity);
+    this.freeList = new Int32Array(this.capacity);
+    const tableSize = nextPow2(this.capacity * 2);
+    this.table = new Int32Array(tableSize).fill(EMPTY);
+    this.tableMask = tableSize - 1;
+    this.tableShift = 32 - Math.log2(tableSize);
+    for (let g = 0; g < GENERATIONS; g++) {
+      this.generationNodes.push(new Int32Array(256));
+      this.generationLength.push(0);
+    }
+  }
+
+  get entryCount(): number {
+    return this.totalEntries;
+  }
+
+  get blockCount(): number {
+    return this.liveNodes;
+  }
+
+  /** Entries (blocks) held by a worker slot. */
+  entriesFor(slot: number): number {
+    return this.entriesOf[slot] ?? 0;
+  }
+
+  // ---------------------------------------------------------------- events (precise mode)
+
+  /** The worker stored these blocks (BlockStored). */
+  applyStored(slot: number, hi: ArrayLike<number>, lo: ArrayLike<number>, start: number, end: number, tier: Tier = Tier.Gpu): void {
+    this.ensureSlot(slot);
+    const row = tier === Tier.Offload ? ROW_OFFLOAD : ROW_GPU;
+    for (let i = start; i < end; i++) {
+      const node = this.findOrInsert(hi[i] >>> 0, lo[i] >>> 0);
+      this.setBit(node, row, slot);
+    }
+    this.enforceBudget();
+  }
+
+  /** The worker evicted these blocks (BlockRemoved). Unknown blocks are ignored. */
+  applyRemoved(slot: number, hi: ArrayLike<number>, lo: ArrayLike<number>, start: number, end: number, tier?: Tier): void {
+    if (slot >= this.words * 32) return;
+    for (let i = start; i < end; i++) {
+      const node = this.find(hi[i] >>> 0, lo[i] >>> 0);
+      if (node === EMPTY) continue;
+      if (tier === undefined || tier === Tier.Gpu) this.clearBit(node, ROW_GPU, slot);
+      if (tier === undefined || tier === Tier.Offload) this.clearBit(node, ROW_OFFLOAD, slot);
+      // the engine says it no longer holds it: a prediction that it does is wrong too
+      for (let g = 0; g < GENERATIONS; g++) this.clearBit(node, ROW_PREDICTED + g, slot);
+      this.freeIfEmpty(node);
+    }
+  }
+
+  /** The worker dropped everything (AllBlocksCleared), or was lost. O(that worker's blocks). */
+  applyCleared(slot: number): void {
+    if (slot >= this.words * 32) return;
+    const list = this.reverse[slot];
+    const n = this.reverseLength[slot] ?? 0;
+    const w = slot >>> 5;
+    const bit = 1 << (slot & 31);
+    for (let i = 0; i < n; i++) {
+      const node = list[i];
+      if (this.ref[node] === FREE) continue;
+      const base = node * this.stride + w;
+      let had = 0;
+      for (let r = 0; r < ROWS; r++) {
+        const idx = base + r * this.words;
+        had |= this.masks[idx] & bit;
+        this.masks[idx] &= ~bit;
+      }
+      if (had !== 0) {
+        this.entriesOf[slot]--;
+        this.totalEntries--;
+        this.freeIfEmpty(node);
+      }
+    }
+    if (n > 0) this.reverseLength[slot] = 0;
+  }
+
+  // ------------------------------------------------------------- predictions (approximate)
+
+  /** Records that the worker will hold these blocks (the router just sent it the request). */
+  recordPredicted(slot: number, hi: ArrayLike<number>, lo: ArrayLike<number>, start: number, end: number, now: number): void {
+    this.ensureSlot(slot);
+    this.advanceTime(now);
+    const g = this.generation % GENERATIONS;
+    const row = ROW_PREDICTED + g;
+    for (let i = start; i < end; i++) {
+      const node = this.findOrInsert(hi[i] >>> 0, lo[i] >>> 0);
+      // the first predicted bit of this generation on a node puts it on the expiry list
+      if (this.rowIsZero(node, row)) this.pushGenerationNode(g, node);
+      this.setBit(node, row, slot);
+    }
+    this.enforceBudget();
+  }
+
+  /** Expires predicted entries older than the TTL. Time only moves forward. */
+  advanceTime(now: number): void {
+    const g = Math.floor(now / this.generationMs);
+    if (this.generation < 0) {
+      this.generation = g;
+      return;
+    }
+    if (g <= this.generation) return;
+    // generations that leave the window [g - GENERATIONS + 1, g]
+    const firstKept = g - GENERATIONS + 1;
+    const from = Math.max(this.generation - GENERATIONS + 1, 0);
+    for (let x = from; x < firstKept && x <= this.generation; x++) this.expireGeneration(x % GENERATIONS);
+    this.generation = g;
+  }
+
+  // ---------------------------------------------------------------------------- queries
+
+  /**
+   * Each worker's overlap with the request's block sequence: the longest prefix it holds in
+   * any tier, with how many of those blocks are offloaded or only predicted. Matched blocks
+   * are marked recently used. `now` (ms) first expires old predictions.
+   */
+  overlaps(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, out: OverlapResult, now?: number): OverlapResult {
+    if (now !== undefined) this.advanceTime(now);
+    const slots = this.words * 32;
+    out.ensureSlots(slots);
+    out.blocks.fill(0);
+    out.offloadBlocks.fill(0);
+    out.predictedBlocks.fill(0);
+    out.maxBlocks = 0;
+    if (this.words === 1) return this.overlapsOneWord(hi, lo, n, out);
+    return this.overlapsWide(hi, lo, n, out);
+  }
+
+  private overlapsOneWord(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, out: OverlapResult): OverlapResult {
+    const masks = this.masks;
+    const stride = this.stride; // ROWS when words = 1
+    let active = -1; // every slot still matching
+    let i = 0;
+    for (; i < n; i++) {
+      const node = this.find(hi[i] >>> 0, lo[i] >>> 0);
+      if (node === EMPTY) break;
+      const base = node * stride;
+      const gpu = masks[base];
+      const off = masks[base + 1];
+      const pred = masks[base + 2] | masks[base + 3] | masks[base + 4];
+      const next = active & (gpu | off | pred);
+      if (next === 0) break;
+      this.ref[node] = 1;
+      if (next !== active) this.finishSlots(active & ~next, 0, i, out);
+      const offOnly = next & off & ~gpu;
+      if (offOnly !== 0) countBits(offOnly, 0, out.offloadBlocks);
+      const predOnly = next & pred & ~gpu & ~off;
+      if (predOnly !== 0) countBits(predOnly, 0, out.predictedBlocks);
+      active = next;
+    }
+    if (i > 0) this.finishSlots(active, 0, i, out);
+    out.maxBlocks = i;
+    return out;
+  }
+
+  private overlapsWide(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, out: OverlapResult): OverlapResult {
+    const words = this.words;
+    const active = new Int32Array(words).fill(-1);
+    const masks = this.masks;
+    let i = 0;
+    for (; i < n; i++) {
+      const node = this.find(hi[i] >>> 0, lo[i] >>> 0);
+      if (node === EMPTY) break;
+      const base = node * this.stride;
+      let any = 0;
+      for (let w = 0; w < words; w++) {
+        const gpu = masks[base + w];
+        const off = masks[base + words + w];
+        const pred = masks[base + 2 * words + w] | masks[base + 3 * words + w] | masks[base + 4 * words + w];
+        const next = active[w] & (gpu | off | pred);
+        any |= next;
+      }
+      if (any === 0) break;
+      this.ref[node] = 1;
+      for (let w = 0; w < words; w++) {
+        const gpu = masks[base + w];
+        const off = masks[base + words + w];
+        const pred = masks[base + 2 * words + w] | masks[base + 3 * words + w] | masks[base + 4 * words + w];
+        const next = active[w] & (gpu | off | pred);
+        if (next !== active[w]) this.finishSlots(active[w] & ~next, w, i, out);
+        const offOnly = next & off & ~gpu;
+        if (offOnly !== 0) countBits(offOnly, w, out.offloadBlocks);
+        const predOnly = next & pred & ~gpu & ~off;
+        if (predOnly !== 0) countBits(predOnly, w, out.predictedBlocks);
+        active[w] = next;
+      }
+    }
+    if (i > 0) for (let w = 0; w < words; w++) this.finishSlots(active[w], w, i, out);
+    out.maxBlocks = i;
+    return out;
+  }
+
+  /** Slots in `bits` (of word w) stopped matching at block `depth`. */
+  private finishSlots(bits: number, w: number, depth: number, out: OverlapResult): void {
+    while (bits !== 0) {
+      const low = bits & -bits;
+      const slot = (w << 5) + (31 - Math.clz32(low));
+      out.blocks[slot] = depth;
+      bits ^= low;
+    }
+  }
+
+  /** Whether a worker holds a block, and in which tier (tests and tools; not the hot path). */
+  holder(slot: number, hi: number, lo: number): 'gpu' | 'offload' | 'predicted' | null {
+    const node = this.find(hi >>> 0, lo >>> 0);
+    if (node === EMPTY || slot >= this.words * 32) return null;
+    const base = node * this.stride + (slot >>> 5);
+    const bit = 1 << (slot & 31);
+    if (this.masks[base] & bit) return 'gpu';
+    if (this.masks[base + this.words] & bit) return 'offload';
+    for (let g = 0; g < GENERATIONS; g++) if (this.masks[base + (ROW_PREDICTED + g) * this.words] & bit) return 'predicted';
+    return null;
+  }
+
+  stats(): BlockIndexStats {
+    const entriesPerWorker: Record<number, number> = {};
+    this.entriesOf.forEach((n, slot) => {
+      if (n > 0) entriesPerWorker[slot] = n;
+    });
+    let bytes =
+      this.keyHi.byteLength + this.keyLo.byteLength + this.masks.byteLength + this.ref.byteLength +
+      this.mark.byteLength + this.freeList.byteLength + this.table.byteLength;
+    for (const r of this.reverse) if (r) bytes += r.byteLength;
+    for (const g of this.generationNodes) bytes += g.byteLength;
+    return {
+      entries: this.totalEntries,
+      blocks: this.liveNodes,
+      maxEntries: this.maxEntries,
+      bytes,
+      evictions: this.evicted,
+      expired: this.expiredCount,
+      entriesPerWorker,
+    };
+  }
+
+  // --------------------------------------------------------------------- bit bookkeeping
+
+  private ensureSlot(slot: number): void {
+    if (!Number.isInteger(slot) || slot < 0) throw new RangeError(`slot must be a non-negative integer, got ${slot}`);
+    if (slot >= this.words * 32) this.widen(Math.floor(slot / 32) + 1);
+    while (this.reverse.length <= slot) {
+      this.reverse.push(new Int32Array(64));
+      this.reverseLength.push(0);
+      this.entriesOf.push(0);
+    }
+  }
+
+  /** Whether the worker has any bit on the node (any tier). */
+  private holds(node: number, w: number, bit: number): boolean {
+    const base = node * this.stride + w;
+    for (let r = 0; r < ROWS; r++) if (this.masks[base + r * this.words] & bit) return true;
+    return false;
+  }
+
+  private setBit(node: number, row: number, slot: number): void {
+    const w = slot >>> 5;
+    const bit = 1 << (slot & 31);
+    const idx = node * this.stride + row * this.words + w;
+    if (this.masks[idx] & bit) return;
+    const had = this.holds(node, w, bit);
+    this.masks[idx] |= bit;
+    if (!had) {
+      this.entriesOf[slot]++;
+      this.totalEntries++;
+      this.pushReverse(slot, node);
+    }
+  }
+
+  private clearBit(node: number, row: number, slot: number): void {
+    const w = slot >>> 5;
+    const bit = 1 << (slot & 31);
+    const idx = node * this.stride + row * this.words + w;
+    if ((this.masks[idx] & bit) === 0) return;
+    this.masks[idx] &= ~bit;
+    if (!this.holds(node, w, bit)) {
+      this.entriesOf[slot]--;
+      this.totalEntries--;
+    }
+  }
+
+  private rowIsZero(node: number, row: number): boolean {
+    const base = node * this.stride + row * this.words;
+    for (let w = 0; w < this.words; w++) if (this.masks[base + w] !== 0) return false;
+    return true;
+  }
+
+  private freeIfEmpty(node: number): void {
+    const base = node * this.stride;
+    for (let i = 0; i < this.stride; i++) if (this.masks[base + i] !== 0) return;
+    this.removeFromTable(node);
+    this.ref[node] = FREE;
+    this.freeList[this.freeCount++] = node;
+    this.liveNodes--;
+  }
+
+  private pushReverse(slot: number, node: number): void {
+    let list = this.reverse[slot];
+    let n = this.reverseLength[slot];
+    if (n === list.length) {
+      // compact first when stale ids dominate, else grow
+      if (n > 2 * this.entriesOf[slot] + 64) {
+        n = this.compactReverse(slot);
+        list = this.reverse[slot];
+      }
+      if (n === list.length) {
+        const bigger = new Int32Array(list.length * 2);
+        bigger.set(list);
+        this.reverse[slot] = list = bigger;
+      }
+    }
+    list[n] = node;
+    this.reverseLength[slot] = n + 1;
+  }
+
+  private compactReverse(slot: number): number {
+    const list = this.reverse[slot];
+    const n = this.reverseLength[slot];
+    const w = slot >>> 5;
+    const bit = 1 << (slot & 31);
+    const epoch = ++this.markEpoch;
+    let k = 0;
+    for (let i = 0; i < n; i++) {
+      const node = list[i];
+      if (this.ref[node] === FREE || this.mark[node] === epoch || !this.holds(node, w, bit)) continue;
+      this.mark[node] = epoch;
+      list[k++] = node;
+    }
+    this.reverseLength[slot] = k;
+    return k;
+  }
+
+  private pushGenerationNode(g: number, node: number): void {
+    let list = this.generationNodes[g];
+    const n = this.generationLength[g];
+    if (n === list.length) {
+      const bigger = new Int32Array(list.length * 2);
+      bigger.set(list);
+      this.generationNodes[g] = list = bigger;
+    }
+    list[n] = node;
+    this.generationLength[g] = n + 1;
+  }
+
+  /** Drops every predicted bit of generation slot g (its generation left the TTL window). */
+  private expireGeneration(g: number): void {
+    const list = this.generationNodes[g];
+    const n = this.generationLength[g];
+    const row = ROW_PREDICTED + g;
+    for (let i = 0; i < n; i++) {
+      const node = list[i];
+      if (this.ref[node] === FREE) continue;
+      const base = node * this.stride + row * this.words;
+      for (let w = 0; w < this.words; w++) {
+        let bits = this.masks[base + w];
+        if (bits === 0) continue;
+        this.masks[base + w] = 0;
+        // entries still held through another row are not lost
+        while (bits !== 0) {
+          const low = bits & -bits;
+          bits ^= low;
+          if (!this.holds(node, w, low)) {
+            const slot = (w << 5) + (31 - Math.clz32(low));
+            this.entriesOf[slot]--;
+            this.totalEntries--;
+            this.expiredCount++;
+          }
+        }
+      }
+      this.freeIfEmpty(node);
+    }
+    this.generationLength[g] = 0;
+    if (list.length > 4096 && n < list.length / 4) this.generationNodes[g] = new Int32Array(list.length / 2);
+  }
+
+  // -------------------------------------------------------------------------- eviction
+
+  private enforceBudget(): void {
+    if (this.totalEntries <= this.maxEntries) return;
+    const ref = this.ref;
+    // at most two sweeps find a cold node; bounded so a pathological state cannot spin
+    let steps = 0;
+    const limit = 2 * this.highWater + 2;
+    while (this.totalEntries > this.maxEntries && this.liveNodes > 0 && steps++ < limit * 4) {
+      if (this.clockHand >= this.highWater) this.clockHand = 0;
+      const node = this.clockHand++;
+      if (ref[node] === FREE) continue;
+      if (ref[node] === 1) {
+        ref[node] = 0;
+        continue;
+      }
+      this.evictNode(node);
+    }
+  }
+
+  private evictNode(node: number): void {
+    const base = node * this.stride;
+    for (let w = 0; w < this.words; w++) {
+      let bits = 0;
+      for (let r = 0; r < ROWS; r++) bits |= this.masks[base + r * this.words + w];
+      while (bits !== 0) {
+        const low = bits & -bits;
+        bits ^= low;
+        const slot = (w << 5) + (31 - Math.clz32(low));
+        this.entriesOf[slot]--;
+        this.totalEntries--;
+        this.evicted++;
+      }
+    }
+    this.masks.fill(0, base, base + this.stride);
+    this.freeIfEmpty(node);
+  }
+
+  // ------------------------------------------------------------------------ hash table
+
+  /**
+   * Fibonacci hashing: the top bits of a multiplicative mix. Taking the top bits keeps
+   * structured keys (precomputed ids, test keys) from piling into a few buckets.
+   */
+  private bucketOf(hi: number, lo: number): number {
+    return Math.imul(lo ^ Math.imul(hi, 0x85ebca6b), 0x9e3779b1) >>> this.tableShift;
+  }
+
+  private find(hi: number, lo: number): number {
+    const table = this.table;
+    const mask = this.tableMask;
+    let pos = this.bucketOf(hi, lo);
+    for (;;) {
+      const node = table[pos];
+      if (node === EMPTY) return EMPTY;
+      if (this.keyLo[node] === lo && this.keyHi[node] === hi) return node;
+      pos = (pos + 1) & mask;
+    }
+  }
+
+  /** An existing block is marked recently used; a new one starts cold. */
+  private findOrInsert(hi: number, lo: number): number {
+    const found = this.find(hi, lo);
+    if (found !== EMPTY) {
+      this.ref[found] = 1;
+      return found;
+    }
+    const node = this.allocateNode();
+    this.keyHi[node] = hi;
+    this.keyLo[node] = lo;
+    this.ref[node] = 0; // new blocks start cold (see class comment)
+    if ((this.liveNodes + 1) * 2 > this.table.length) this.growTable();
+    this.insertIntoTable(node);
+    this.liveNodes++;
+    return node;
+  }
+
+  private insertIntoTable(node: number): void {
+    const mask = this.tableMask;
+    let pos = this.bucketOf(this.keyHi[node], this.keyLo[node]);
+    while (this.table[pos] !== EMPTY) pos = (pos + 1) & mask;
+    this.table[pos] = node;
+  }
+
+  private removeFromTable(node: number): void {
+    const table = this.table;
+    const mask = this.tableMask;
+    let pos = this.bucketOf(this.keyHi[node], this.keyLo[node]);
+    while (table[pos] !== node) {
+      if (table[pos] === EMPTY) return;
+      pos = (pos + 1) & mask;
+    }
+    // backward-shift deletion keeps probe chains intact without tombstones
+    let hole = pos;
+    let j = pos;
+    for (;;) {
+      j = (j + 1) & mask;
+      const other = table[j];
+      if (other === EMPTY) break;
+      const ideal = this.bucketOf(this.keyHi[other], this.keyLo[other]);
+      // move `other` into the hole unless its ideal slot lies cyclically in (hole, j]
+      const inRange = hole <= j ? ideal > hole && ideal <= j : ideal > hole || ideal <= j;
+      if (!inRange) {
+        table[hole] = other;
+        hole = j;
+      }
+    }
+    table[hole] = EMPTY;
+  }
+
+  private growTable(): void {
+    const size = this.table.length * 2;
+    this.table = new Int32Array(size).fill(EMPTY);
+    this.tableMask = size - 1;
+    this.tableShift = 32 - Math.log2(size);
+    for (let node = 0; node < this.highWater; node++) if (this.ref[node] !== FREE) this.insertIntoTable(node);
+  }
+
+  private allocateNode(): number {
+    if (this.freeCount > 0) return this.freeList[--this.freeCount];
+    if (this.highWater === this.capacity) this.growArena(this.capacity * 2);
+    return this.highWater++;
+  }
+
+  private growArena(capacity: number): void {
+    const grow32 = (a: Uint32Array, n: number) => {
+      const b = new Uint32Array(n);
+      b.set(a);
+      return b;
+    };
+    this.keyHi = grow32(this.keyHi, capacity);
+    this.keyLo = grow32(this.keyLo, capacity);
+    this.masks = grow32(this.masks, capacity * this.stride);
+    this.mark = grow32(this.mark, capacity);
+    const ref = new Uint8Array(capacity);
+    ref.set(this.ref);
+    this.ref = ref;
+    const free = new Int32Array(capacity);
+    free.set(this.freeList);
+    this.freeList = free;
+    this.capacity = capacity;
+  }
+
+  /** Makes room for more worker slots: every mask row gets more words. */
+  private widen(words: number): void {
+    const oldWords = this.words;
+    const oldStride = this.stride;
+    const stride = words * ROWS;
+    const masks = new Uint32Array(this.capacity * stride);
+    for (let node = 0; node < this.highWater; node++) {
+      for (let r = 0; r < ROWS; r++) {
+        for (let w = 0; w < oldWords; w++) masks[node * stride + r * words + w] = this.masks[node * oldStride + r * oldWords + w];
+      }
+    }
+    this.masks = masks;
+    this.words = words;
+    this.stride = stride;
+  }
+}
+
+function countBits(bits: number, w: number, into: Int32Array): void {
+  while (bits !== 0) {
+    const low = bits & -bits;
+    into[(w << 5) + (31 - Math.clz32(low))]++;
+    bits ^= low;
+  }
+}
+
+function nextPow2(n: number): number {
+  let p = 1;
+  while (p < n) p *= 2;
+  return p;
+}

@@ -1,0 +1,229 @@
+/**
+ * Block hashing (DESIGN.md §2): a request's tokens are cut into full blocks of `blockSize`;
+ * each block gets a local hash (its token ids), and a sequence hash chains it to its parent:
+ * seq[i] = mix(seq[i-1], local[i]). Equal sequence hashes mean equal prefixes.
+ *
+ * Hashes are 64-bit, kept as two uint32 halves (hi, lo) in typed arrays: no BigInt, no
+ * strings, no per-block allocation. The hash is a two-lane multiply-xor over the token ids,
+ * each lane seeing every token with its own constants, then a murmur3 finalizer per lane and
+ * a cross-lane mix. It is not cryptographic: a collision can only misroute a request (the
+ * engine's own cache decides what is reused), and a tight loop over a Uint32Array costs a few
+ * ns per token where a native hash pays ~0.3 µs per call across the N-API boundary
+ * (`npm run bench:hash` measures both; README "Performance").
+ *
+ * The chain's root seed is derived from the LoRA name, the cache salt and the CLA group, the
+ * way vLLM folds LoRA and cache_salt into its block keys: requests that differ in any of them
+ * never share a sequence hash.
+ */
+
+/** Sequence hashes of a request, reused between calls to avoid allocation. */
+export class BlockHashes {
+  hi: Uint32Array;
+  lo: Uint32Array;
+  /** Number of valid hashes. */
+  length = 0;
+  /** Tokens covered by each block (for cached-token estimates). */
+  tokensPerBlock = 0;
+
+  constructor(capacity = 1024) {
+    this.hi = new Uint32Array(capacity);
+    this.lo = new Uint32Array(capacity);
+  }
+
+  ensureCapacity(n: number): void {
+    if (n <= this.hi.length) return;
+    let cap = this.hi.length;
+    while (cap < n) cap *= 2;
+    const hi = new Uint32Array(cap);
+    const lo = new Uint32Array(cap);
+    hi.set(this.hi.subarray(0, this.length));
+    lo.set(this.lo.subarray(0, this.length));
+    this.hi = hi;
+    this.lo = lo;
+  }
+
+  /** The i-th hash as an unsigned 64-bit BigInt (for display and tests, not the hot path). */
+  toBigInt(i: number): bigint {
+    return (BigInt(this.hi[i]) << 32n) | BigInt(this.lo[i]);
+  }
+
+  /** The i-th hash as 16 hex digits. */
+  toHex(i: number): string {
+    return this.hi[i].toString(16).padStart(8, '0') + this.lo[i].toString(16).padStart(8, '0');
+  }
+}
+
+/** What keys a chain besides the tokens: a different value never shares a block. */
+export interface HashNamespace {
+  lora?: string | null;
+  cacheSalt?: string | null;
+  claGroup?: number | null;
+}
+
+const SEED_HI = 0x6a09e667;
+const SEED_LO = 0xbb67ae85;
+
+/** Root seed (hi, lo) of a chain; the empty namespace has a fixed seed. */
+export function chainRoot(ns: HashNamespace | undefined, out: Uint32Array): void {
+  let hi = SEED_HI;
+  let lo = SEED_LO;
+  if (ns) {
+    if (ns.lora) [hi, lo] = mixString(hi, lo, 'lora:' + ns.lora);
+    if (ns.cacheSalt) [hi, lo] = mixString(hi, lo, 'salt:' + ns.cacheSalt);
+    if (ns.claGroup !== undefined && ns.claGroup !== null) [hi, lo] = mixString(hi, lo, 'cla:' + ns.claGroup);
+  }
+  out[0] = hi;
+  out[1] = lo;
+}
+
+function mixString(hi: number, lo: number, s: string): [number, number] {
+  let a = hi ^ 0x811c9dc5;
+  let b = lo ^ 0x01000193;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    a = Math.imul(a ^ c, 0x01000193);
+    b = Math.imul(b ^ c, 0x5bd1e995);
+    b ^= b >>> 15;
+  }
+  return [fmix32(a ^ (b >>> 7)), fmix32(b ^ Math.imul(a, 0x9e3779b1))];
+}
+
+function fmix32(h: number): number {
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  h ^= h >>> 16;
+  return h >>> 0;
+}
+
+const root = new Uint32Array(2);
+
+/**
+ * Sequence hashes of every full block of `tokens`, written into `out` (resized as needed).
+ * Token ids must be integers in [0, 2^32); anything else throws a RangeError naming `tokens`.
+ */
+export function hashTokenBlocks(
+  tokens: ArrayLike<number>,
+  blockSize: number,
+  ns: HashNamespace | undefined,
+  out: BlockHashes,
+): BlockHashes {
+  const n = Math.floor(tokens.length / blockSize);
+  out.ensureCapacity(n);
+  out.length = n;
+  out.tokensPerBlock = blockSize;
+  chainRoot(ns, root);
+  let ph = root[0];
+  let pl = root[1];
+  const hiOut = out.hi;
+  const loOut = out.lo;
+  const checked = !(tokens instanceof Uint32Array);
+  for (let b = 0, t = 0; b < n; b++) {
+    // local hash of the block: two lanes, each over every token
+    let a = 0x9e3779b9;
+    let c = 0x7f4a7c15;
+    for (const end = t + blockSize; t < end; t++) {
+      const tok = tokens[t];
+      if (checked && tok !== tok >>> 0) throw new RangeError(`tokens[${t}] must be an integer in [0, 2^32), got ${tok}`);
+      a = Math.imul(a ^ tok, 0x01000193);
+      a ^= a >>> 15;
+      c = Math.imul((c + tok) | 0, 0x85ebca77);
+      c ^= c >>> 13;
+    }
+    // chain: sequence hash = mix(parent, local)
+    const h = fmix32(ph ^ fmix32(a ^ Math.imul(c, 0xcc9e2d51)));
+    const l = fmix32(pl ^ fmix32((c + Math.imul(a ^ (a >>> 16), 0x1b873593)) | 0) ^ Math.imul(h, 0x9e3779b1));
+    hiOut[b] = ph = h;
+    loOut[b] = pl = l;
+  }
+  return out;
+}
+
+/**
+ * Sequence hashes of caller-supplied block ids (a trace's hash_ids, an engine's own chained
+ * hashes). The ids are assumed chained already (equal id ⇒ equal prefix); they are mixed with
+ * the namespace's root so LoRA, salt and CLA group still separate them. Numbers must be
+ * integers in [0, 2^53); bigints are taken modulo 2^64.
+ */
+export function hashPrecomputedBlocks(
+  ids: ArrayLike<number | bigint>,
+  tokensPerBlock: number,
+  ns: HashNamespace | undefined,
+  out: BlockHashes,
+): BlockHashes {
+  const n = ids.length;
+  out.ensureCapacity(n);
+  out.length = n;
+  out.tokensPerBlock = tokensPerBlock;
+  chainRoot(ns, root);
+  const rh = root[0];
+  const rl = root[1];
+  for (let i = 0; i < n; i++) {
+    const id = ids[i];
+    let hi: number;
+    let lo: number;
+    if (typeof id === 'number') {
+      if (!Number.isSafeInteger(id) || id < 0) throw new RangeError(`blockHashes[${i}] must be an integer in [0, 2^53), got ${id}`);
+      hi = Math.floor(id / 4294967296) >>> 0;
+      lo = id >>> 0;
+    } else if (typeof id === 'bigint') {
+      hi = Number((id >> 32n) & 0xffffffffn);
+      lo = Number(id & 0xffffffffn);
+    } else {
+      throw new TypeError(`blockHashes[${i}] must be a number or bigint`);
+    }
+    const h = fmix32(hi ^ rh ^ Math.imul(lo, 0x9e3779b1));
+    out.hi[i] = h;
+    out.lo[i] = fmix32(lo ^ rl ^ Math.imul(h, 0x85ebca77));
+  }
+  return out;
+}
+
+const encoder = new TextEncoder();
+let textBuffer = new Uint8Array(64 * 1024);
+
+/**
+ * Text mode, for engines the router cannot tokenize for: the text's UTF-8 bytes cut into
+ * fixed chunks of `chunkBytes` (a multiple of 4), each chunk hashed and chained like a block.
+ * Only full chunks are hashed, as only full token blocks are.
+ */
+export function hashTextBlocks(text: string, chunkBytes: number, ns: HashNamespace | undefined, out: BlockHashes): BlockHashes {
+  if (chunkBytes % 4 !== 0 || chunkBytes <= 0) throw new RangeError(`chunkBytes must be a positive multiple of 4, got ${chunkBytes}`);
+  // UTF-8 needs at most 3 bytes per UTF-16 code unit
+  const need = text.length * 3 + 4;
+  if (textBuffer.length < need) textBuffer = new Uint8Array(Math.max(need, textBuffer.length * 2));
+  const { written } = encoder.encodeInto(text, textBuffer);
+  const words = new Uint32Array(textBuffer.buffer, 0, Math.floor(written / 4));
+  // each 4-byte word is one "token" of the chain; a chunk is chunkBytes/4 of them
+  return hashTokenBlocks(words, chunkBytes / 4, ns, out);
+}
+
+/** A chat message as the OpenAI API sends it. */
+export interface ChatMessage {
+  role: string;
+  content?: string | null | ReadonlyArray<{ type: string; text?: string; image_url?: { url: string } | string }>;
+  name?: string;
+}
+
+/**
+ * The canonical text of a whole chat request: every message with its role, in order (a peer
+ * hashes only the first message, so every conversation sharing a system prompt collides).
+ */
+export function canonicalChatText(messages: readonly ChatMessage[]): string {
+  let s = '';
+  for (const m of messages) {
+    s += `<|${m.role}${m.name ? ':' + m.name : ''}|>\n`;
+    const c = m.content;
+    if (typeof c === 'string') s += c;
+    else if (Array.isArray(c)) {
+      for (const part of c) {
+        if (part.type === 'text') s += part.text ?? '';
+        else if (part.image_url) s += `[${part.type}:${typeof part.image_url === 'string' ? part.image_url : part.image_url.url}]`;
+        else s += `[${part.type}]`;
+      }
+    }
+    s += '\n';
+  }
+  return s;
+}

@@ -1,0 +1,306 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import fc from 'fast-check';
+import { BlockIndex, OverlapResult, Tier } from '../../src/core/block-index.js';
+
+/** Keys of a request: (hi, lo) pairs; tests build them from small ints. */
+function keys(ids: number[]): { hi: Uint32Array; lo: Uint32Array; n: number } {
+  const hi = new Uint32Array(ids.length);
+  const lo = new Uint32Array(ids.length);
+  ids.forEach((id, i) => {
+    hi[i] = Math.imul(id + 1, 0x9e3779b1) >>> 0;
+    lo[i] = Math.imul(id + 7, 0x85ebca6b) >>> 0;
+  });
+  return { hi, lo, n: ids.length };
+}
+
+function stored(index: BlockIndex, slot: number, ids: number[], tier = Tier.Gpu) {
+  const k = keys(ids);
+  index.applyStored(slot, k.hi, k.lo, 0, k.n, tier);
+}
+function removed(index: BlockIndex, slot: number, ids: number[], tier?: Tier) {
+  const k = keys(ids);
+  index.applyRemoved(slot, k.hi, k.lo, 0, k.n, tier);
+}
+function predicted(index: BlockIndex, slot: number, ids: number[], now: number) {
+  const k = keys(ids);
+  index.recordPredicted(slot, k.hi, k.lo, 0, k.n, now);
+}
+function overlap(index: BlockIndex, ids: number[], now?: number): OverlapResult {
+  const k = keys(ids);
+  // 96 slots: slots the index has never seen read as 0
+  return index.overlaps(k.hi, k.lo, k.n, new OverlapResult(96), now);
+}
+
+describe('BlockIndex', () => {
+  test('overlap is the longest held prefix per worker', () => {
+    const index = new BlockIndex();
+    stored(index, 0, [1, 2, 3, 4]);
+    stored(index, 1, [1, 2]);
+    stored(index, 2, [2, 3, 4]); // holds blocks but not the first: no prefix
+    const o = overlap(index, [1, 2, 3, 4, 5]);
+    assert.equal(o.blocks[0], 4);
+    assert.equal(o.blocks[1], 2);
+    assert.equal(o.blocks[2], 0);
+    assert.equal(o.maxBlocks, 4);
+    assert.equal(index.entryCount, 9);
+    assert.equal(index.blockCount, 4);
+  });
+
+  test('offloaded blocks are counted apart from GPU blocks; GPU wins when both', () => {
+    const index = new BlockIndex();
+    stored(index, 0, [1, 2]);
+    stored(index, 0, [3], Tier.Offload);
+    stored(index, 0, [2], Tier.Offload);
+    const o = overlap(index, [1, 2, 3]);
+    assert.equal(o.blocks[0], 3);
+    assert.equal(o.offloadBlocks[0], 1);
+    assert.equal(o.gpuBlocks(0), 2);
+    assert.equal(index.entryCount, 3); // one entry per (block, worker), whatever the tiers
+  });
+
+  test('removal of a middle block cuts the prefix there', () => {
+    const index = new BlockIndex();
+    stored(index, 3, [1, 2, 3, 4]);
+    removed(index, 3, [3]);
+    assert.equal(overlap(index, [1, 2, 3, 4]).blocks[3], 2);
+    assert.equal(index.entriesFor(3), 3);
+    removed(index, 3, [99]); // unknown: ignored
+    assert.equal(index.entriesFor(3), 3);
+  });
+
+  test('a tier-specific removal keeps the other tier', () => {
+    const index = new BlockIndex();
+    stored(index, 0, [1]);
+    stored(index, 0, [1], Tier.Offload);
+    removed(index, 0, [1], Tier.Gpu); // moved to CPU
+    const o = overlap(index, [1]);
+    assert.equal(o.blocks[0], 1);
+    assert.equal(o.offloadBlocks[0], 1);
+  });
+
+  test('AllBlocksCleared drops one worker only, and frees blocks nobody holds', () => {
+    const index = new BlockIndex();
+    stored(index, 0, [1, 2, 3]);
+    stored(index, 1, [1, 2]);
+    index.applyCleared(0);
+    const o = overlap(index, [1, 2, 3]);
+    assert.equal(o.blocks[0], 0);
+    assert.equal(o.blocks[1], 2);
+    assert.equal(index.entryCount, 2);
+    assert.equal(index.blockCount, 2);
+    stored(index, 0, [1, 2, 3]); // rebuilt from new events
+    assert.equal(overlap(index, [1, 2, 3]).blocks[0], 3);
+  });
+
+  test('predicted entries live at least the TTL and less than 1.5 × TTL', () => {
+    const index = new BlockIndex({ predictedTtlMs: 1000 });
+    predicted(index, 0, [1, 2], 100);
+    assert.equal(overlap(index, [1, 2], 100).predictedBlocks[0], 2);
+    assert.equal(overlap(index, [1, 2], 1099).blocks[0], 2); // 999 ms later: alive
+    assert.equal(overlap(index, [1, 2], 1600).blocks[0], 0); // gone by 1.5 × TTL
+    assert.equal(index.entryCount, 0);
+    assert.equal(index.blockCount, 0);
+    assert.equal(index.stats().expired, 2);
+  });
+
+  test('recording again refreshes a prediction', () => {
+    const index = new BlockIndex({ predictedTtlMs: 1000 });
+    predicted(index, 0, [1], 0);
+    predicted(index, 0, [1], 900);
+    assert.equal(overlap(index, [1], 1800).blocks[0], 1);
+    assert.equal(overlap(index, [1], 2500).blocks[0], 0);
+  });
+
+  test('an expired prediction does not remove a stored block', () => {
+    const index = new BlockIndex({ predictedTtlMs: 1000 });
+    predicted(index, 0, [1], 0);
+    stored(index, 0, [1]);
+    assert.equal(overlap(index, [1], 5000).blocks[0], 1);
+    assert.equal(index.entryCount, 1);
+  });
+
+  test('workers beyond 32 slots widen the masks without losing anything', () => {
+    const index = new BlockIndex();
+    stored(index, 3, [1, 2, 3]);
+    stored(index, 40, [1, 2]);
+    stored(index, 70, [1]);
+    const o = overlap(index, [1, 2, 3]);
+    assert.equal(o.blocks[3], 3);
+    assert.equal(o.blocks[40], 2);
+    assert.equal(o.blocks[70], 1);
+    index.applyCleared(40);
+    assert.equal(overlap(index, [1, 2, 3]).blocks[40], 0);
+    assert.equal(index.entryCount, 4);
+  });
+
+  test('the entry budget evicts cold blocks first and counts evictions', () => {
+    const index = new BlockIndex({ maxEntries: 100 });
+    stored(index, 0, range(0, 100));
+    overlap(index, range(0, 50)); // the first 50 are reused
+    stored(index, 0, range(1000, 1030)); // 30 more than the budget
+    assert.ok(index.entryCount <= 100);
+    assert.equal(index.stats().evictions, 30);
+    assert.equal(overlap(index, range(0, 50)).blocks[0], 50, 'recently used blocks survive');
+  });
+
+  test('the hash table survives heavy churn (backward-shift deletion)', () => {
+    const index = new BlockIndex({ initialCapacity: 64 });
+    for (let round = 0; round < 20; round++) {
+      stored(index, round % 3, range(round * 1000, round * 1000 + 200));
+      removed(index, round % 3, range(round * 1000, round * 1000 + 150));
+    }
+    assert.equal(index.entryCount, 20 * 50);
+    // everything stored and not removed is still found
+    for (let round = 0; round < 20; round++) {
+      const tail = range(round * 1000 + 150, round * 1000 + 200);
+      const k = keys(tail);
+      for (let i = 0; i < k.n; i++) assert.notEqual(index.holder(round % 3, k.hi[i], k.lo[i]), null);
+    }
+  });
+
+  test('random inserts and removals keep every key findable (table wrap-around, resizes)', () => {
+    const index = new BlockIndex({ initialCapacity: 64 });
+    const live = new Set<number>();
+    let x = 12345;
+    const next = () => (x = (Math.imul(x, 1103515245) + 12345) >>> 0);
+    for (let step = 0; step < 20_000; step++) {
+      const id = next() % 3000;
+      if (next() % 3 === 0) {
+        removed(index, 0, [id]);
+        live.delete(id);
+      } else {
+        stored(index, 0, [id]);
+        live.add(id);
+      }
+    }
+    assert.equal(index.entryCount, live.size);
+    for (let id = 0; id < 3000; id++) {
+      const k = keys([id]);
+      assert.equal(index.holder(0, k.hi[0], k.lo[0]) !== null, live.has(id), `id ${id}`);
+    }
+  });
+
+  test('deleting from probe chains that wrap around the end of the table', () => {
+    // table of 128 buckets (initialCapacity 64); pick keys whose home buckets sit at the end
+    // and the start, so chains wrap, then delete every subset order that matters
+    const home = (id: number) => {
+      const k = keys([id]);
+      // mirrors BlockIndex.bucketOf for a 128-bucket table (white-box on purpose)
+      return Math.imul(k.lo[0] ^ Math.imul(k.hi[0], 0x85ebca6b), 0x9e3779b1) >>> 25;
+    };
+    const pick = (bucket: number, count: number) => {
+      const out: number[] = [];
+      for (let id = 0; out.length < count; id++) if (home(id) === bucket) out.push(id);
+      return out;
+    };
+    const layouts = [
+      [...pick(126, 1), ...pick(127, 1), ...pick(0, 2), ...pick(1, 1)], // entries at home across the end
+      [...pick(126, 2), ...pick(127, 2), ...pick(0, 2), ...pick(1, 1)], // entries displaced across the end
+    ];
+    for (const ids of layouts) for (let victim = 0; victim < ids.length; victim++) {
+      const index = new BlockIndex({ initialCapacity: 64 });
+      for (const id of ids) stored(index, 0, [id]);
+      removed(index, 0, [ids[victim]]);
+      for (const id of ids) {
+        const k = keys([id]);
+        assert.equal(index.holder(0, k.hi[0], k.lo[0]) !== null, id !== ids[victim], `victim ${victim}, id ${id}`);
+      }
+    }
+  });
+
+  test('matches a brute-force reference on random prefix trees (property)', () => {
+    const ttl = 1000;
+    const gen = ttl / 2;
+    const op = fc.oneof(
+      fc.record({ kind: fc.constant('stored' as const), slot: fc.nat(39), path: fc.nat(400), depth: fc.integer({ min: 1, max: 12 }), offload: fc.boolean() }),
+      fc.record({ kind: fc.constant('removed' as const), slot: fc.nat(39), path: fc.nat(400), depth: fc.integer({ min: 1, max: 12 }) }),
+      fc.record({ kind: fc.constant('cleared' as const), slot: fc.nat(39) }),
+      fc.record({ kind: fc.constant('predicted' as const), slot: fc.nat(39), path: fc.nat(400), depth: fc.integer({ min: 1, max: 12 }) }),
+      fc.record({ kind: fc.constant('tick' as const), ms: fc.integer({ min: 0, max: 700 }) }),
+      fc.record({ kind: fc.constant('query' as const), path: fc.nat(400), depth: fc.integer({ min: 1, max: 14 }) }),
+    );
+    // a path id picks a root-to-leaf walk in a tree of fan-out 3: prefixes are shared often
+    const walk = (path: number, depth: number) => {
+      const ids: number[] = [];
+      let node = 0;
+      for (let d = 0; d < depth; d++) {
+        node = node * 3 + 1 + ((path >> (d % 9)) % 3);
+        ids.push(node);
+      }
+      return ids;
+    };
+    fc.assert(
+      fc.property(fc.array(op, { minLength: 10, maxLength: 150 }), (ops) => {
+        const index = new BlockIndex({ predictedTtlMs: ttl });
+        const gpu = new Map<number, Set<number>>();
+        const off = new Map<number, Set<number>>();
+        const pred = new Map<number, Map<number, number>>(); // id -> slot -> generation
+        let now = 0;
+        const set = (m: Map<number, Set<number>>, id: number) => m.get(id) ?? m.set(id, new Set()).get(id)!;
+        const predValid = (id: number, slot: number) => {
+          const g = pred.get(id)?.get(slot);
+          return g !== undefined && Math.floor(now / gen) - g <= 2;
+        };
+        for (const o of ops) {
+          if (o.kind === 'stored') {
+            const ids = walk(o.path, o.depth);
+            stored(index, o.slot, ids, o.offload ? Tier.Offload : Tier.Gpu);
+            for (const id of ids) set(o.offload ? off : gpu, id).add(o.slot);
+          } else if (o.kind === 'removed') {
+            const ids = walk(o.path, o.depth);
+            removed(index, o.slot, ids);
+            for (const id of ids) {
+              gpu.get(id)?.delete(o.slot);
+              off.get(id)?.delete(o.slot);
+              pred.get(id)?.delete(o.slot);
+            }
+          } else if (o.kind === 'cleared') {
+            index.applyCleared(o.slot);
+            for (const m of [gpu, off]) for (const s of m.values()) s.delete(o.slot);
+            for (const m of pred.values()) m.delete(o.slot);
+          } else if (o.kind === 'predicted') {
+            const ids = walk(o.path, o.depth);
+            predicted(index, o.slot, ids, now);
+            for (const id of ids) (pred.get(id) ?? pred.set(id, new Map()).get(id)!).set(o.slot, Math.floor(now / gen));
+          } else if (o.kind === 'tick') {
+            now += o.ms;
+          } else {
+            const ids = walk(o.path, o.depth);
+            const got = overlap(index, ids, now);
+            for (let slot = 0; slot < 40; slot++) {
+              let depth = 0, offOnly = 0, predOnly = 0;
+              for (const id of ids) {
+                const g = gpu.get(id)?.has(slot) ?? false;
+                const c = off.get(id)?.has(slot) ?? false;
+                const p = predValid(id, slot);
+                if (!g && !c && !p) break;
+                depth++;
+                if (!g && c) offOnly++;
+                if (!g && !c && p) predOnly++;
+              }
+              assert.equal(got.blocks[slot], depth, `slot ${slot} blocks`);
+              assert.equal(got.offloadBlocks[slot], offOnly, `slot ${slot} offload`);
+              assert.equal(got.predictedBlocks[slot], predOnly, `slot ${slot} predicted`);
+            }
+          }
+        }
+        // entry counts agree with the reference once expiry has run
+        index.advanceTime(now);
+        let expected = 0;
+        const ids = new Set([...gpu.keys(), ...off.keys(), ...pred.keys()]);
+        for (const id of ids) {
+          for (let slot = 0; slot < 40; slot++) {
+            if (gpu.get(id)?.has(slot) || off.get(id)?.has(slot) || predValid(id, slot)) expected++;
+          }
+        }
+        assert.equal(index.entryCount, expected);
+      }),
+      { numRuns: Number(process.env.PROPERTY_RUNS ?? 300) },
+    );
+  });
+});
+
+function range(a: number, b: number): number[] {
+  return Array.from({ length: b - a }, (_, i) => a + i);
+}

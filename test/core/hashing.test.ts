@@ -1,0 +1,154 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import fc from 'fast-check';
+import {
+  BlockHashes,
+  canonicalChatText,
+  hashPrecomputedBlocks,
+  hashTextBlocks,
+  hashTokenBlocks,
+  type HashNamespace,
+} from '../../src/core/hashing.js';
+
+function hexes(tokens: number[], blockSize = 4, ns?: HashNamespace): string[] {
+  const out = hashTokenBlocks(tokens, blockSize, ns, new BlockHashes(4));
+  return Array.from({ length: out.length }, (_, i) => out.toHex(i));
+}
+
+describe('block hashing', () => {
+  test('is deterministic and covers only full blocks', () => {
+    const t = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+    assert.deepEqual(hexes(t), hexes(t));
+    assert.equal(hexes(t).length, 2);
+    assert.equal(hexes(t.slice(0, 3)).length, 0);
+    assert.deepEqual(hexes(t), hexes(t.slice(0, 8)));
+  });
+
+  test('equal prefixes give equal hashes; after a difference every hash differs', () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.nat(200_000), { minLength: 16, maxLength: 64 }),
+        fc.nat(63),
+        (tokens, at) => {
+          fc.pre(at < tokens.length);
+          const changed = [...tokens];
+          changed[at] = (changed[at] + 1) % 200_001;
+          const a = hexes(tokens, 4);
+          const b = hexes(changed, 4);
+          const firstDiff = Math.floor(at / 4);
+          for (let i = 0; i < a.length; i++) {
+            if (i < firstDiff) assert.equal(a[i], b[i]);
+            else assert.notEqual(a[i], b[i]);
+          }
+        },
+      ),
+    );
+  });
+
+  test('a block hash depends on its whole prefix, not only its own tokens', () => {
+    const x = hexes([1, 1, 1, 1, 9, 9, 9, 9]);
+    const y = hexes([2, 2, 2, 2, 9, 9, 9, 9]);
+    assert.notEqual(x[1], y[1]);
+  });
+
+  test('LoRA name, cache salt and CLA group never share a block', () => {
+    const t = Array.from({ length: 32 }, (_, i) => i);
+    const variants: Array<HashNamespace | undefined> = [
+      undefined,
+      { lora: 'sql-adapter' },
+      { lora: 'chat-adapter' },
+      { cacheSalt: 'tenant-a' },
+      { cacheSalt: 'tenant-b' },
+      { lora: 'sql-adapter', cacheSalt: 'tenant-a' },
+      { claGroup: 0 },
+      { claGroup: 1 },
+    ];
+    const all = variants.map((ns) => hexes(t, 16, ns));
+    const seen = new Set<string>();
+    for (const hs of all) for (const h of hs) seen.add(h);
+    assert.equal(seen.size, variants.length * 2);
+    assert.deepEqual(hexes(t, 16, {}), hexes(t, 16, undefined)); // empty namespace is the default
+    assert.deepEqual(hexes(t, 16, { lora: null, cacheSalt: null }), hexes(t, 16));
+  });
+
+  test('rejects token ids that are not uint32, naming the position', () => {
+    assert.throws(() => hexes([1, 2, -3, 4]), /tokens\[2\] must be an integer/);
+    assert.throws(() => hexes([1, 2.5, 3, 4]), RangeError);
+    assert.throws(() => hexes([1, 2, 3, 2 ** 32]), RangeError);
+  });
+
+  test('typed-array input hashes like a plain array', () => {
+    const t = Array.from({ length: 40 }, (_, i) => i * 7919);
+    const a = hashTokenBlocks(t, 8, undefined, new BlockHashes());
+    const b = hashTokenBlocks(Uint32Array.from(t), 8, undefined, new BlockHashes());
+    assert.deepEqual([...a.hi.subarray(0, a.length)], [...b.hi.subarray(0, b.length)]);
+    assert.deepEqual([...a.lo.subarray(0, a.length)], [...b.lo.subarray(0, b.length)]);
+  });
+
+  test('has no collisions over a million distinct blocks (64-bit)', () => {
+    const out = new BlockHashes(1 << 20);
+    const tokens = new Uint32Array((1 << 20) * 2);
+    for (let i = 0; i < tokens.length; i++) tokens[i] = (i * 2654435761) >>> 0;
+    hashTokenBlocks(tokens, 2, undefined, out);
+    const seen = new Set<bigint>();
+    for (let i = 0; i < out.length; i++) seen.add(out.toBigInt(i));
+    assert.equal(seen.size, out.length);
+  });
+});
+
+describe('precomputed block hashes', () => {
+  test('numbers and bigints; same id → same hash; namespaces separate', () => {
+    const out = new BlockHashes();
+    hashPrecomputedBlocks([0, 1, 2 ** 40], 512, undefined, out);
+    const a = [out.toHex(0), out.toHex(1), out.toHex(2)];
+    hashPrecomputedBlocks([0n, 1n, 2n ** 40n], 512, undefined, out);
+    assert.deepEqual([out.toHex(0), out.toHex(1), out.toHex(2)], a);
+    assert.equal(out.tokensPerBlock, 512);
+    hashPrecomputedBlocks([0], 512, { cacheSalt: 'x' }, out);
+    assert.notEqual(out.toHex(0), a[0]);
+    hashPrecomputedBlocks([0xffff_ffff_ffff_ffffn], 512, undefined, out);
+    assert.equal(out.length, 1);
+  });
+
+  test('rejects ids that are not safe non-negative integers', () => {
+    assert.throws(() => hashPrecomputedBlocks([1, -1], 16, undefined, new BlockHashes()), /blockHashes\[1\]/);
+    assert.throws(() => hashPrecomputedBlocks([2 ** 60], 16, undefined, new BlockHashes()), RangeError);
+    assert.throws(() => hashPrecomputedBlocks(['7' as never], 16, undefined, new BlockHashes()), TypeError);
+  });
+});
+
+describe('text mode', () => {
+  test('chunks UTF-8 bytes; shared text prefixes share chunks', () => {
+    const out = new BlockHashes();
+    const base = 'You are a careful assistant. '.repeat(10);
+    hashTextBlocks(base + 'Question one?', 32, undefined, out);
+    const a = Array.from({ length: out.length }, (_, i) => out.toHex(i));
+    hashTextBlocks(base + 'Another question entirely', 32, undefined, out);
+    const b = Array.from({ length: out.length }, (_, i) => out.toHex(i));
+    const shared = Math.floor(Buffer.byteLength(base) / 32);
+    assert.deepEqual(a.slice(0, shared), b.slice(0, shared));
+    assert.ok(a.length >= shared);
+  });
+
+  test('multi-byte characters are hashed by their bytes', () => {
+    const out = new BlockHashes();
+    hashTextBlocks('日本語のテキスト'.repeat(8), 16, undefined, out);
+    assert.equal(out.length, Math.floor(Buffer.byteLength('日本語のテキスト'.repeat(8)) / 16));
+  });
+
+  test('the canonical chat text includes every message with its role', () => {
+    const sys = { role: 'system', content: 'You are helpful.' };
+    const a = canonicalChatText([sys, { role: 'user', content: 'Hi' }]);
+    const b = canonicalChatText([sys, { role: 'user', content: 'Bye' }]);
+    const c = canonicalChatText([sys, { role: 'assistant', content: 'Hi' }]);
+    assert.notEqual(a, b); // a peer hashing only the first message would call these equal
+    assert.notEqual(a, c);
+    assert.ok(a.startsWith(canonicalChatText([sys])));
+    const parts = canonicalChatText([{ role: 'user', content: [{ type: 'text', text: 'look' }, { type: 'image_url', image_url: { url: 'http://x/img.png' } }] }]);
+    assert.match(parts, /look\[image_url:http:\/\/x\/img.png\]/);
+  });
+
+  test('rejects a chunk size that is not a positive multiple of 4', () => {
+    assert.throws(() => hashTextBlocks('abc', 6, undefined, new BlockHashes()), /chunkBytes/);
+  });
+});
