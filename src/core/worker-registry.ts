@@ -12,8 +12,19 @@ export interface WorkerInfo {
 
 /** One engine instance as the router sees it. Mutable by the registry's owner only. */
 export class WorkerState {
-  /** 0-1 VRAM pressure as last reported (clamped at 1). */
+  /** 0-1 VRAM pressure (KV-cache usage) as last reported, clamped at 1. */
   load = 0;
+  /** Prompt tokens the router sent that the engine has not prefilled yet (router's own count). */
+  queuedPrefillTokens = 0;
+  /** KV tokens of the router's requests that are decoding (router's own count). */
+  activeDecodeTokens = 0;
+  /** The router's requests on this worker that have not completed. */
+  inFlightRequests = 0;
+  /** Engine-reported queue and batch (from /metrics), when scraped. */
+  waitingRequests = 0;
+  runningRequests = 0;
+  /** Health as decided by the gateway's checks; an unhealthy worker gets no requests. */
+  healthy = true;
   readonly claGroups = new Set<number>();
   /** Last workflow step reported by updateWorkerState (kept for seed parity). */
   lastUsedStep = 0;
@@ -25,7 +36,14 @@ export class WorkerState {
   constructor(
     readonly id: string,
     readonly info: Readonly<WorkerInfo>,
+    /** Dense index of the worker in the block index's bitmasks; reused after removal. */
+    readonly slot: number,
   ) {}
+
+  /** Registered workers that may take new requests. */
+  get available(): boolean {
+    return !this.draining && this.healthy;
+  }
 }
 
 /**
@@ -34,19 +52,37 @@ export class WorkerState {
  */
 export class WorkerRegistry {
   private readonly workers = new Map<string, WorkerState>();
+  private readonly bySlot: Array<WorkerState | undefined> = [];
 
   /** Registers a worker; a known id is left as it is. Returns the worker's state. */
   register(workerId: string, info: WorkerInfo = {}): WorkerState {
     const existing = this.workers.get(workerId);
     if (existing) return existing;
-    const state = new WorkerState(workerId, checkInfo(info));
+    let slot = this.bySlot.indexOf(undefined);
+    if (slot < 0) slot = this.bySlot.length;
+    const state = new WorkerState(workerId, checkInfo(info), slot);
     for (const g of state.info.claGroups ?? []) state.claGroups.add(g);
     this.workers.set(workerId, state);
+    this.bySlot[slot] = state;
     return state;
   }
 
-  remove(workerId: string): boolean {
-    return this.workers.delete(workerId);
+  /** Removes a worker; returns its state (its slot is free again) or undefined. */
+  remove(workerId: string): WorkerState | undefined {
+    const state = this.workers.get(workerId);
+    if (!state) return undefined;
+    this.workers.delete(workerId);
+    this.bySlot[state.slot] = undefined;
+    return state;
+  }
+
+  atSlot(slot: number): WorkerState | undefined {
+    return this.bySlot[slot];
+  }
+
+  /** One past the highest slot in use. */
+  get slotCount(): number {
+    return this.bySlot.length;
   }
 
   get(workerId: string): WorkerState | undefined {
@@ -55,12 +91,6 @@ export class WorkerRegistry {
 
   has(workerId: string): boolean {
     return this.workers.has(workerId);
-  }
-
-  /** Registered and not draining. */
-  isAvailable(workerId: string): boolean {
-    const w = this.workers.get(workerId);
-    return w !== undefined && !w.draining;
   }
 
   get size(): number {

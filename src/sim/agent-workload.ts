@@ -1,5 +1,5 @@
 import { KVAwareRouter } from '../core/router.js';
-import { createRng, randInt, zipfIndex } from './rng.js';
+import { createRng, randInt, zipfIndex } from '../core/rng.js';
 
 /**
  * A scripted multi-agent workload replayed through the core router (the `npm start` demo).

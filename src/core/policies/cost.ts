@@ -1,94 +1,106 @@
+import { pickMax } from './pick.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
 
 /**
- * The weights of the `cost` policy, in one place. A candidate's score is
+ * The weights of the `cost` policy, in one place. For each candidate:
  *
- *   locality · cachedFraction + cla · servesCla + workflow · continuity
- *     − load · load − pressure · max(0, load − pressureKnee) / (1 − pressureKnee)
+ *   work  = (uncached prompt tokens + queued prefill tokens + decode · active decode tokens) / prompt
+ *   score = − prefill · work − recompute · uncached / prompt
+ *           − load · kvUsage − pressure · max(0, kvUsage − pressureKnee) / (1 − pressureKnee)
+ *           + cla · servesCla + workflow · continuity
  *
- * and the highest score wins. Workers at or above `pressureCeiling` are left out unless every
- * candidate is. The defaults keep a request with its KV (or its workflow's previous step) up
- * to roughly the seed's CLA threshold of 0.8 and move it to an idle worker beyond that: the
- * pressure term grows steeply past the knee, so a hot prefix is not piled onto a saturated
- * worker.
+ * and the highest score wins. `work` is the prefill this request would wait for on that
+ * worker, in units of its own prompt: it rewards cached KV (locality) and penalises queues in
+ * the same currency, so a hot prefix held by a saturated worker is spread to an idle one as
+ * soon as the queue costs more than the cache saves. `recompute` charges what the request
+ * adds to the fleet's total prefill beyond its own wait: a sibling queued behind the request
+ * that is computing its prefix waits as long as one recomputing it elsewhere, but costs the
+ * fleet nothing extra. When the prompt length is unknown (the
+ * seed API without tokenLength) a prompt of REFERENCE_PROMPT_TOKENS is assumed. Workers at or
+ * above `pressureCeiling` KV usage are left out unless every candidate is.
  */
 export interface CostWeights {
-  /** Reward per unit of the request's KV already on the worker. */
-  locality: number;
+  /** Weight of the prefill work (uncached + queued tokens, per prompt token). */
+  prefill: number;
+  /** Weight of the prefill the request adds to the fleet (uncached tokens, per prompt token). */
+  recompute: number;
+  /** Weight of a worker's active decode tokens relative to queued prefill tokens. */
+  decode: number;
+  /** Linear penalty per unit of KV usage. */
+  load: number;
+  /** Extra penalty, scaled to 1 at full KV usage, beyond the knee (VRAM pressure). */
+  pressure: number;
+  /** KV usage at which the pressure penalty starts. */
+  pressureKnee: number;
+  /** KV usage at or above which a worker is excluded while any other is below it. */
+  pressureCeiling: number;
   /** Reward for serving the request's CLA group. */
   cla: number;
   /** Reward for the worker that ran the workflow's previous step. */
   workflow: number;
-  /** Linear penalty per unit of load. */
-  load: number;
-  /** Extra penalty, scaled to 1 at load 1, for load beyond the knee (VRAM pressure). */
-  pressure: number;
-  /** Load at which the pressure penalty starts. */
-  pressureKnee: number;
-  /** Load at or above which a worker is excluded while any other is below it. */
-  pressureCeiling: number;
 }
 
 export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
-  locality: 1.0,
-  cla: 0.3,
-  workflow: 0.6,
+  prefill: 1.0,
+  recompute: 0.5,
+  decode: 0.1,
   load: 0.5,
-  pressure: 2.0,
+  pressure: 3.0,
   pressureKnee: 0.8,
   pressureCeiling: 0.95,
+  cla: 0.3,
+  workflow: 0.6,
 });
 
-/** Scores within this distance are ties. */
-const TIE_EPSILON = 1e-9;
+/** Prompt length assumed when the request does not say (seed API without tokenLength). */
+export const REFERENCE_PROMPT_TOKENS = 4096;
 
-export function costScore(c: Candidate, w: Readonly<CostWeights>): number {
-  const load = c.worker.load;
-  const overKnee = load > w.pressureKnee ? (load - w.pressureKnee) / (1 - w.pressureKnee) : 0;
-  return (
-    w.locality * c.cachedFraction +
-    (c.servesCla ? w.cla : 0) +
-    (c.continuity ? w.workflow : 0) -
-    w.load * load -
-    w.pressure * overKnee
-  );
+export function costTerms(c: Candidate, r: RouteFeatures, w: Readonly<CostWeights>) {
+  const prompt = r.promptTokens > 0 ? r.promptTokens : REFERENCE_PROMPT_TOKENS;
+  const uncached = r.promptTokens > 0 ? Math.max(0, r.promptTokens - c.cachedTokens) : (1 - c.cachedFraction) * prompt;
+  const worker = c.worker;
+  const work = (uncached + worker.queuedPrefillTokens + w.decode * worker.activeDecodeTokens) / prompt;
+  const kv = worker.load;
+  const overKnee = kv > w.pressureKnee ? (kv - w.pressureKnee) / (1 - w.pressureKnee) : 0;
+  const score =
+    -w.prefill * work - (w.recompute * uncached) / prompt - w.load * kv - w.pressure * overKnee + (c.servesCla ? w.cla : 0) + (c.continuity ? w.workflow : 0);
+  return { uncachedTokens: uncached, work, kvUsage: kv, overKnee, score };
 }
 
 /**
- * The default policy: every candidate scored on anchor locality, CLA compatibility, load and
- * workflow continuity (see CostWeights). Ties rotate among the tied workers instead of always
+ * The default policy (see CostWeights). Ties rotate among the tied workers instead of always
  * going to the first registered one, which would skew a fleet of equally idle workers.
  */
 export class CostPolicy implements RoutingPolicy {
   readonly name = 'cost';
-  private tieCursor = 0;
-  /** Reused between calls: the route path should not allocate per candidate. */
-  private tied: number[] = [];
+  private readonly tieBreak = { cursor: 0 };
+  private readonly scratch: number[] = [];
 
   constructor(readonly weights: Readonly<CostWeights> = DEFAULT_COST_WEIGHTS) {}
 
-  choose(candidates: readonly Candidate[], _request: RouteFeatures): PolicyChoice {
-    if (candidates.length === 0) return NO_CHOICE;
+  choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice {
     const w = this.weights;
     let anyBelowCeiling = false;
     for (const c of candidates) if (c.worker.load < w.pressureCeiling) anyBelowCeiling = true;
-
-    let bestScore = -Infinity;
-    const tied = this.tied;
-    tied.length = 0;
-    for (let i = 0; i < candidates.length; i++) {
-      const c = candidates[i];
-      if (anyBelowCeiling && c.worker.load >= w.pressureCeiling) continue;
-      const s = costScore(c, w);
-      if (s > bestScore + TIE_EPSILON) {
-        bestScore = s;
-        tied.length = 0;
-        tied.push(i);
-      } else if (s >= bestScore - TIE_EPSILON) {
-        tied.push(i);
-      }
-    }
-    const index = tied.length === 1 ? tied[0] : tied[this.tieCursor++ % tied.length];
+    const index = pickMax(
+      candidates,
+      (c) => (anyBelowCeiling && c.worker.load >= w.pressureCeiling ? NaN : costTerms(c, request, w).score),
+      this.tieBreak,
+      this.scratch,
+    );
+    if (index < 0) return NO_CHOICE;
     return { index, confidence: candidates[index].cachedFraction, reason: 'cost' };
+  }
+
+  scoreTerms(c: Candidate, request: RouteFeatures): Record<string, number | boolean> {
+    const t = costTerms(c, request, this.weights);
+    return {
+      ...t,
+      queuedPrefillTokens: c.worker.queuedPrefillTokens,
+      activeDecodeTokens: c.worker.activeDecodeTokens,
+      servesCla: c.servesCla,
+      continuity: c.continuity,
+      excluded: c.worker.load >= this.weights.pressureCeiling,
+    };
   }
 }

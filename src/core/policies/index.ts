@@ -1,27 +1,46 @@
+import { ConsistentHashPolicy } from './consistent-hash.js';
 import { CostPolicy, DEFAULT_COST_WEIGHTS, type CostWeights } from './cost.js';
+import { DynamoPolicy, type DynamoOptions } from './dynamo.js';
+import { LeastLoadedPolicy } from './least-loaded.js';
+import { LlmdPolicy, type LlmdOptions } from './llmd.js';
+import { PowerOfTwoPolicy } from './power-of-two.js';
+import { RandomPolicy } from './random.js';
+import { RoundRobinPolicy } from './round-robin.js';
 import { SeedPolicy } from './seed.js';
-import type { RoutingPolicy } from './types.js';
+import { SglangPolicy, type SglangOptions } from './sglang.js';
+import type { PolicyContext, RoutingPolicy } from './types.js';
 
 export interface PolicyOptions {
   costWeights?: Partial<CostWeights>;
+  dynamo?: DynamoOptions;
+  sglang?: SglangOptions;
+  llmd?: LlmdOptions;
 }
 
-type PolicyFactory = (options: PolicyOptions) => RoutingPolicy;
+type PolicyFactory = (options: PolicyOptions, ctx: PolicyContext) => RoutingPolicy;
 
 /** One line per policy; each policy lives in its own file. */
 const POLICY_FACTORIES: Readonly<Record<string, PolicyFactory>> = {
   cost: (o) => new CostPolicy(resolveCostWeights(o.costWeights)),
   seed: () => new SeedPolicy(),
+  'round-robin': () => new RoundRobinPolicy(),
+  random: (_o, ctx) => new RandomPolicy(ctx),
+  'least-loaded': () => new LeastLoadedPolicy(),
+  'power-of-two': (_o, ctx) => new PowerOfTwoPolicy(ctx),
+  'consistent-hash': () => new ConsistentHashPolicy(),
+  dynamo: (o, ctx) => new DynamoPolicy(ctx, o.dynamo),
+  sglang: (o) => new SglangPolicy(o.sglang),
+  llmd: (o, ctx) => new LlmdPolicy(ctx, o.llmd),
 };
 
 export const POLICY_NAMES: readonly string[] = Object.keys(POLICY_FACTORIES);
 
-export function createPolicy(name: string, options: PolicyOptions = {}): RoutingPolicy {
+export function createPolicy(name: string, options: PolicyOptions, ctx: PolicyContext): RoutingPolicy {
   const factory = Object.hasOwn(POLICY_FACTORIES, name) ? POLICY_FACTORIES[name] : undefined;
   if (!factory) {
     throw new RangeError(`policy must be one of ${POLICY_NAMES.join(', ')}; got '${name}'`);
   }
-  return factory(options);
+  return factory(options, ctx);
 }
 
 export function resolveCostWeights(partial: Partial<CostWeights> = {}): CostWeights {
@@ -42,4 +61,4 @@ export function resolveCostWeights(partial: Partial<CostWeights> = {}): CostWeig
 }
 
 export type { CostWeights } from './cost.js';
-export type { Candidate, PolicyChoice, RouteFeatures, RouteReason, RoutingPolicy } from './types.js';
+export type { Candidate, PolicyChoice, PolicyContext, RouteFeatures, RouteReason, RoutingPolicy } from './types.js';

@@ -10,6 +10,8 @@ export const SEED_CLA_MAX_LOAD = 0.8;
  * 1. the anchor's home worker while its load < 0.95 (confidence 0.9);
  * 2. else the first worker in registration order serving the CLA group with load < 0.8 (0.75);
  * 3. else the least-loaded worker, the earliest registered winning ties (0.5).
+ * Through route() without an explicit anchor, the anchor's home is the worker holding the
+ * request's longest cached prefix (see KVAwareRouter.route).
  */
 export class SeedPolicy implements RoutingPolicy {
   readonly name = 'seed';
@@ -35,5 +37,9 @@ export class SeedPolicy implements RoutingPolicy {
       if (best < 0 || candidates[i].worker.load < candidates[best].worker.load) best = i;
     }
     return best < 0 ? NO_CHOICE : { index: best, confidence: 0.5, reason: 'least-loaded' };
+  }
+
+  scoreTerms(c: Candidate): Record<string, number | boolean> {
+    return { holdsAnchor: c.holdsAnchor, servesCla: c.servesCla, load: c.worker.load };
   }
 }

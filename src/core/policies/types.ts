@@ -2,44 +2,75 @@ import type { WorkerState } from '../worker-registry.js';
 
 /**
  * One worker that may take the request, with the features every policy scores. The router
- * builds the list in registration order, draining and removed workers left out.
+ * builds the list in registration order, leaving out draining, unhealthy and removed workers.
+ * Objects are reused between decisions: a policy must not keep references to them.
  */
 export interface Candidate {
   readonly worker: WorkerState;
   /** The request's anchor is homed on this worker (the seed's "preferred worker"). */
   holdsAnchor: boolean;
-  /** Estimated fraction (0-1) of the request's KV already on this worker, CLA group respected. */
+  /** Leading blocks of the request the worker holds, in any tier. */
+  overlapBlocks: number;
+  /** Of those, blocks held only in an offload tier (CPU, disk). */
+  offloadBlocks: number;
+  /** Of those, blocks held only as the router's own prediction. */
+  predictedBlocks: number;
+  /** Tokens of the request's content anchors the worker holds. */
+  anchorTokens: number;
+  /** Predicted cached prompt tokens on this worker (prefix, tier-weighted, plus anchors). */
+  cachedTokens: number;
+  /** Estimated fraction (0-1) of the request's KV already on this worker. */
   cachedFraction: number;
   /** The worker serves the request's CLA group. */
   servesCla: boolean;
   /** The worker ran the previous step of the request's workflow. */
   continuity: boolean;
+  /** Entries the block index holds for the worker (SGLang's "tree size"). */
+  indexEntries: number;
 }
 
 /** What a policy knows of the request beyond the candidates. */
 export interface RouteFeatures {
   readonly claGroup: number | null;
-  readonly tokenLength: number;
+  /** Prompt tokens (0 when unknown, as in the seed API without tokenLength). */
+  readonly promptTokens: number;
+  /** Full blocks the request's prompt has. */
+  readonly requestBlocks: number;
+  /** Tokens per KV block. */
+  readonly blockSize: number;
+  /** A stable key for hash-based placement (the first blocks or the anchor); 0 when none. */
+  readonly routingKey: number;
 }
 
 /** Why a worker was picked; shown in explanations and counted in metrics. */
-export type RouteReason = 'locality' | 'cla' | 'least-loaded' | 'cost' | 'none';
+export type RouteReason = 'locality' | 'cla' | 'least-loaded' | 'cost' | 'balance' | 'cache-match' | 'hash' | 'random' | 'rotation' | 'none';
 
 export interface PolicyChoice {
   /** Index into the candidates; -1 when there is none. */
   readonly index: number;
+  /** 0-1; policies without a notion of their own report the chosen worker's cachedFraction. */
   readonly confidence: number;
   readonly reason: RouteReason;
 }
 
 /**
- * A routing policy: a pure choice over candidates. State changes that follow a decision
- * (homing the anchor, recording the workflow step) are the router's job, the same for all
- * policies. A policy may keep private state of its own (a tie-break cursor).
+ * A routing policy: a choice over candidates. State changes that follow a decision (homing
+ * the anchor, recording blocks and the workflow step, counting in-flight work) are the
+ * router's job, the same for every policy. A policy may keep private state (a cursor, an RNG).
  */
 export interface RoutingPolicy {
   readonly name: string;
   choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice;
+  /**
+   * The score terms behind the choice for one candidate, for explanations (not the hot path).
+   * Called after choose() on the same candidates (scores may be relative to the others').
+   */
+  scoreTerms?(candidate: Candidate, request: RouteFeatures): Record<string, number | boolean>;
+}
+
+export interface PolicyContext {
+  /** A seeded random source in [0, 1) for policies that sample. */
+  random: () => number;
 }
 
 export const NO_CHOICE: PolicyChoice = Object.freeze({ index: -1, confidence: 0, reason: 'none' });

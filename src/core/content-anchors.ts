@@ -1,0 +1,67 @@
+/**
+ * Content anchors (DESIGN.md §2): position-independent ids of reusable chunks (a retrieved
+ * passage, a tool schema). Only engines with position-independent KV reuse can use them, so
+ * they are scored apart from the prefix. No engine publishes events for them, so entries are
+ * the router's own records with a TTL, refreshed when used; the table is bounded with
+ * least-recently-used eviction. A request carries a handful of anchors, so plain Maps serve.
+ */
+export interface ContentAnchor {
+  id: string;
+  /** Tokens the chunk's KV covers. */
+  tokens: number;
+}
+
+export class ContentAnchorIndex {
+  /** anchor id → (worker slot → expiry ms); insertion order is recency. */
+  private readonly anchors = new Map<string, Map<number, number>>();
+  private evicted = 0;
+
+  constructor(
+    readonly capacity: number,
+    readonly ttlMs: number,
+  ) {}
+
+  get size(): number {
+    return this.anchors.size;
+  }
+
+  get evictions(): number {
+    return this.evicted;
+  }
+
+  /** Tokens of `anchors` the worker at `slot` holds at time `now`. */
+  heldTokens(slot: number, anchors: readonly ContentAnchor[], now: number): number {
+    let tokens = 0;
+    for (const a of anchors) {
+      const expiry = this.anchors.get(a.id)?.get(slot);
+      if (expiry !== undefined && expiry > now) tokens += a.tokens;
+    }
+    return tokens;
+  }
+
+  /** Records that the worker at `slot` holds these anchors from `now` for the TTL. */
+  record(slot: number, anchors: readonly ContentAnchor[], now: number): void {
+    for (const a of anchors) {
+      let holders = this.anchors.get(a.id);
+      if (holders) this.anchors.delete(a.id);
+      else holders = new Map();
+      holders.set(slot, now + this.ttlMs);
+      this.anchors.set(a.id, holders);
+    }
+    while (this.anchors.size > this.capacity) {
+      this.anchors.delete(this.anchors.keys().next().value as string);
+      this.evicted++;
+    }
+  }
+
+  /** The worker at `slot` no longer holds these anchors (an engine said so, or it was lost). */
+  remove(slot: number, anchorIds?: readonly string[]): void {
+    const ids = anchorIds ?? [...this.anchors.keys()];
+    for (const id of ids) {
+      const holders = this.anchors.get(id);
+      if (!holders) continue;
+      holders.delete(slot);
+      if (holders.size === 0) this.anchors.delete(id);
+    }
+  }
+}

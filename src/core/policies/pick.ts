@@ -1,0 +1,37 @@
+import type { Candidate } from './types.js';
+
+/** Scores within this distance are ties. */
+export const TIE_EPSILON = 1e-9;
+
+/**
+ * Index of the candidate with the highest score (skipping NaN scores). Ties rotate through
+ * `cursor`, so equally good workers share the work instead of the first always winning.
+ * Returns -1 when no candidate has a score.
+ */
+export function pickMax(
+  candidates: readonly Candidate[],
+  score: (c: Candidate) => number,
+  tieBreak: { cursor: number },
+  scratch: number[],
+): number {
+  let best = -Infinity;
+  scratch.length = 0;
+  for (let i = 0; i < candidates.length; i++) {
+    const s = score(candidates[i]);
+    if (Number.isNaN(s)) continue;
+    if (s > best + TIE_EPSILON) {
+      best = s;
+      scratch.length = 0;
+      scratch.push(i);
+    } else if (s >= best - TIE_EPSILON) {
+      scratch.push(i);
+    }
+  }
+  if (scratch.length === 0) return -1;
+  return scratch.length === 1 ? scratch[0] : scratch[tieBreak.cursor++ % scratch.length];
+}
+
+/** The router's own count of a worker's outstanding requests: the queue-length peers use. */
+export function outstanding(c: Candidate): number {
+  return c.worker.inFlightRequests;
+}

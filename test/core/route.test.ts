@@ -1,0 +1,202 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import { KVAwareRouter, type KVAwareRouterOptions } from '../../src/index.js';
+
+const BS = 16;
+function fleet(n: number, opts: KVAwareRouterOptions = {}): KVAwareRouter {
+  const r = new KVAwareRouter({ blockSize: BS, ...opts });
+  for (let i = 0; i < n; i++) r.registerWorker(`w${i}`);
+  return r;
+}
+/** `blocks` full blocks of tokens; `family` picks the content, so equal families share prefixes. */
+function prompt(family: number, blocks: number, tail: number[] = []): number[] {
+  const t: number[] = [];
+  for (let i = 0; i < blocks * BS; i++) t.push((family * 1_000_003 + i * 7) % 150_000);
+  return [...t, ...tail];
+}
+
+describe('route()', () => {
+  test('approximate mode: a request sharing a prefix follows the first one, with its cached tokens predicted', () => {
+    const r = fleet(4);
+    const first = r.route({ tokens: prompt(1, 10) });
+    assert.equal(first.cachedTokens, 0);
+    assert.equal(first.blocks, 10);
+    const second = r.route({ tokens: prompt(1, 12) });
+    assert.equal(second.workerId, first.workerId);
+    assert.equal(second.cachedTokens, 10 * BS);
+    assert.equal(second.promptTokens, 12 * BS);
+    assert.equal(second.confidence, 10 / 12);
+  });
+
+  test('precise mode: the worker that stored the blocks gets the request', () => {
+    const r = fleet(4, { indexMode: 'precise' });
+    r.applyStored('w2', r.hashTokens(prompt(5, 8)));
+    const d = r.route({ tokens: prompt(5, 8, [1, 2, 3]) });
+    assert.equal(d.workerId, 'w2');
+    assert.equal(d.cachedTokens, 8 * BS);
+    r.applyRemoved('w2', r.hashTokens(prompt(5, 8)));
+    r.applyCleared('w2');
+    const e = r.route({ tokens: prompt(9, 8) }, { dryRun: true });
+    assert.equal(e.cachedTokens, 0);
+  });
+
+  test('precise mode: siblings arriving before the first BlockStored land together, then the speculation expires', () => {
+    let now = 0;
+    const r = fleet(8, { indexMode: 'precise', predictionTtlMs: 2000, clock: () => now });
+    const ids = new Set<string>();
+    for (let i = 0; i < 6; i++) ids.add(r.route({ tokens: prompt(3, 20, [i]) }).workerId);
+    assert.equal(ids.size, 1, 'the burst stays on one worker');
+    now = 10_000;
+    const later = r.route({ tokens: prompt(3, 20) }, { dryRun: true });
+    assert.equal(later.cachedTokens, 0, 'speculative entries do not outlive their TTL');
+  });
+
+  test('approximate mode: records expire after the TTL (120 s default)', () => {
+    let now = 0;
+    const r = fleet(2, { clock: () => now });
+    r.route({ tokens: prompt(4, 5) });
+    now = 119_000;
+    assert.equal(r.route({ tokens: prompt(4, 5) }, { dryRun: true }).cachedTokens, 5 * BS);
+    now = 119_000 + 181_000; // 1.5 × TTL after the last use
+    assert.equal(r.route({ tokens: prompt(4, 5) }, { dryRun: true }).cachedTokens, 0);
+  });
+
+  test('hot prefix: when its holder is saturated with queued prefill, spreading to a second worker wins', () => {
+    const r = fleet(2, { indexMode: 'precise' });
+    r.applyStored('w0', r.hashTokens(prompt(7, 64)));
+    // many requests on the hot prefix pile up prefill work on w0 while they run
+    const placed: string[] = [];
+    for (let i = 0; i < 40; i++) placed.push(r.route({ tokens: prompt(7, 64, prompt(100 + i, 32)) }).workerId);
+    assert.equal(placed[0], 'w0');
+    assert.ok(placed.includes('w1'), 'the prefix is spread once w0 is saturated');
+    const onW0 = placed.filter((w) => w === 'w0').length;
+    assert.ok(onW0 > 20, `the holder keeps most of the work (${onW0}/40)`);
+  });
+
+  test('hot prefix: a holder at KV pressure loses to an idle worker', () => {
+    const r = fleet(2, { indexMode: 'precise' });
+    r.applyStored('w0', r.hashTokens(prompt(7, 64)));
+    r.updateWorkerMetrics('w0', { kvUsage: 0.93 });
+    assert.equal(r.route({ tokens: prompt(7, 64, [1]) }).workerId, 'w1');
+  });
+
+  test('tickets: prefill moves to decode, release frees it, and release is idempotent', () => {
+    const r = fleet(1);
+    const d = r.route({ tokens: prompt(1, 4) });
+    const w = r.listWorkers()[0];
+    assert.equal(w.queuedPrefillTokens, 64);
+    assert.equal(w.inFlightRequests, 1);
+    r.markPrefillDone(d.ticket);
+    assert.equal(w.queuedPrefillTokens, 0);
+    assert.equal(w.activeDecodeTokens, 64);
+    r.release(d.ticket);
+    r.release(d.ticket);
+    assert.equal(w.activeDecodeTokens, 0);
+    assert.equal(w.inFlightRequests, 0);
+    assert.equal(r.getStats().inFlightRequests, 0);
+    const untracked = r.route({ tokens: prompt(2, 4) }, { track: false });
+    assert.equal(untracked.ticket, 0);
+    assert.equal(w.inFlightRequests, 0);
+  });
+
+  test('isolation ignores overlap and sets a private cache salt; judge roles are isolated', () => {
+    const r = fleet(2, { judgeRoles: ['judge'] });
+    const base = r.route({ tokens: prompt(1, 10) });
+    const iso = r.route({ tokens: prompt(1, 10), isolate: true });
+    assert.equal(iso.cachedTokens, 0);
+    assert.match(iso.cacheSalt ?? '', /^cf-/);
+    const judge = r.route({ tokens: prompt(1, 10), agentRole: 'judge' });
+    assert.equal(judge.cachedTokens, 0);
+    assert.notEqual(judge.cacheSalt, iso.cacheSalt);
+    assert.equal(r.route({ tokens: prompt(1, 10), agentRole: 'retriever' }).workerId, base.workerId);
+    assert.equal(base.cacheSalt, undefined);
+  });
+
+  test('a different LoRA or cache salt never matches', () => {
+    const r = fleet(4);
+    const a = r.route({ tokens: prompt(1, 10), lora: 'sql' });
+    assert.equal(r.route({ tokens: prompt(1, 10), lora: 'sql' }, { dryRun: true }).cachedTokens, 160);
+    assert.equal(r.route({ tokens: prompt(1, 10), lora: 'chat' }, { dryRun: true }).cachedTokens, 0);
+    assert.equal(r.route({ tokens: prompt(1, 10), cacheSalt: 's' }, { dryRun: true }).cachedTokens, 0);
+    assert.equal(r.route({ tokens: prompt(1, 10) }, { dryRun: true }).cachedTokens, 0);
+    assert.ok(a.workerId);
+  });
+
+  test('content anchors are scored apart from the prefix', () => {
+    const r = fleet(3);
+    const passage = { id: 'passage-42', tokens: 900 };
+    const first = r.route({ tokens: prompt(1, 4), contentAnchors: [passage], promptTokens: 0 });
+    // a different prefix, the same passage: the anchor pulls it to the same worker
+    const d = r.route({ tokens: prompt(2, 4), contentAnchors: [passage] }, { explain: true });
+    assert.equal(d.workerId, first.workerId);
+    const held = d.explain!.find((e) => e.worker === first.workerId)!;
+    assert.equal(held.anchorTokens, 900);
+    assert.equal(held.overlapBlocks, 0);
+  });
+
+  test('chat messages hash the whole conversation; later turns find the earlier ones', () => {
+    const r = fleet(4);
+    const sys = { role: 'system', content: 'You are a meticulous analyst. '.repeat(20) };
+    const turn1 = [sys, { role: 'user', content: 'Summarise the quarterly report in detail, please.' }];
+    const a = r.route({ messages: turn1 });
+    const b = r.route({ messages: [...turn1, { role: 'assistant', content: 'Here is the summary.' }, { role: 'user', content: 'And the risks?' }] });
+    assert.equal(b.workerId, a.workerId);
+    assert.ok(b.cachedTokens > 0);
+    const other = r.route({ messages: [sys, { role: 'user', content: 'A totally different question here.' }] }, { dryRun: true, explain: true });
+    // shares the system prompt only: less cached than the continuation
+    assert.ok(Math.max(...other.explain!.map((e) => e.cachedTokens)) < b.cachedTokens);
+  });
+
+  test('precomputed block hashes (traces) route like tokens', () => {
+    const r = fleet(3);
+    const a = r.route({ blockHashes: [0, 11, 12, 13], blockTokens: 512, promptTokens: 1900 });
+    const b = r.route({ blockHashes: [0, 11, 12, 14, 15], blockTokens: 512, promptTokens: 2400 });
+    assert.equal(b.workerId, a.workerId);
+    assert.equal(b.cachedTokens, 3 * 512);
+  });
+
+  test('explain lists every candidate with its score terms; dryRun changes nothing', () => {
+    const r = fleet(3);
+    r.route({ tokens: prompt(1, 6) });
+    const before = JSON.stringify(r.getStats());
+    const d = r.route({ tokens: prompt(1, 6) }, { explain: true, dryRun: true });
+    assert.equal(JSON.stringify(r.getStats()), before);
+    assert.equal(d.explain!.length, 3);
+    assert.equal(d.explain!.filter((e) => e.chosen).length, 1);
+    for (const e of d.explain!) assert.equal(typeof e.terms.score, 'number');
+    assert.equal(d.explain!.find((e) => e.chosen)!.worker, d.workerId);
+  });
+
+  test('unhealthy and draining workers are never chosen', () => {
+    const r = fleet(3);
+    r.setWorkerHealth('w0', false);
+    r.drainWorker('w1');
+    for (let i = 0; i < 10; i++) assert.equal(r.route({ tokens: prompt(i, 2) }).workerId, 'w2');
+    r.setWorkerHealth('w2', false);
+    assert.equal(r.route({ tokens: prompt(1, 2) }).workerId, '');
+  });
+
+  test('a removed worker takes its index entries with it', () => {
+    const r = fleet(2, { indexMode: 'precise' });
+    r.applyStored('w0', r.hashTokens(prompt(1, 10)));
+    assert.equal(r.getStats().index.entries, 10);
+    r.removeWorker('w0');
+    assert.equal(r.getStats().index.entries, 0);
+    assert.throws(() => r.applyStored('w0', r.hashTokens(prompt(1, 1))), /not registered/);
+  });
+
+  test('bad requests are rejected with errors naming the field', () => {
+    const r = fleet(1);
+    assert.throws(() => r.route({ tokens: [1, -2, ...prompt(1, 1)] }), /tokens\[1\]/);
+    assert.throws(() => r.route({ tokens: 'abc' as never }), TypeError);
+    assert.throws(() => r.route({ messages: [{ content: 'x' } as never] }), /messages\[0\]/);
+    assert.throws(() => r.route({ contentAnchors: [{ id: '', tokens: 3 }] }), /contentAnchors\[0\].id/);
+    assert.throws(() => r.route({ contentAnchors: [{ id: 'a', tokens: -3 }] }), /contentAnchors\[0\].tokens/);
+    assert.throws(() => r.route({ blockHashes: [1.5] }), /blockHashes\[0\]/);
+    assert.throws(() => r.route({ claGroup: -1 }), /claGroup/);
+    assert.throws(() => r.route({ isolate: 'yes' as never }), /isolate/);
+    assert.throws(() => r.route(null as never), TypeError);
+    assert.throws(() => new KVAwareRouter({ indexMode: 'exact' as never }), /indexMode/);
+    assert.equal(r.getStats().inFlightRequests, 0, 'nothing was recorded for rejected requests');
+  });
+});
