@@ -8,12 +8,15 @@
  *   records: approximate mode, and precise mode's short-lived speculative entries).
  * - An open-addressing hash table (linear probing, backward-shift deletion) maps keys to
  *   node ids. No JS Map, no boxed numbers, no per-block objects.
- * - Per worker a reverse list of node ids, so removing a worker or applying AllBlocksCleared
- *   costs O(that worker's blocks). Lists may hold stale ids; they are compacted when stale
- *   ids outnumber live ones.
+ * - Per worker a reverse list of the node ids it stores (GPU, offload), so removing a worker
+ *   or applying AllBlocksCleared costs O(that worker's blocks). Lists may hold stale ids;
+ *   they are compacted when stale ids outnumber live ones. Predictions churn too fast for
+ *   that; they are found through the generation lists below.
  * - Predicted entries expire by generation: time is cut into generations of ttl/2 and each
- *   node keeps one predicted mask per live generation (3), so an entry lives at least `ttl`
- *   and less than 1.5 × ttl after it was last recorded, without per-entry timestamps.
+ *   node keeps one predicted mask per generation slot. Three generations are live, so an
+ *   entry lives at least `ttl` and less than 1.5 × ttl after it was last recorded, without
+ *   per-entry timestamps. A fourth slot holds the generation that just expired while it is
+ *   swept a little per operation (reads ignore it), so expiry never stalls a request.
  * - The entry budget counts (block, worker) pairs. Beyond it nodes are evicted by CLOCK
  *   (second chance), an LRU approximation whose "touch" is a one-byte write, so lookups stay
  *   cheap. New nodes start cold, so blocks seen once go before blocks reused since.
@@ -28,8 +31,13 @@ export const enum Tier {
 }
 
 /** Rows per node: gpu, offload, then one predicted row per generation slot. */
-const GENERATIONS = 3;
+const GENERATIONS = 4;
+/** Generations whose predictions count; the remaining slot is the one being swept. */
+const LIVE_GENERATIONS = 3;
 const ROWS = 2 + GENERATIONS;
+/** Nodes swept per operation; an operation recording n blocks sweeps n more, so the sweep
+ * keeps pace with what is recorded and its cost is spread thin. */
+const SWEEP_STEP = 16;
 const ROW_GPU = 0;
 const ROW_OFFLOAD = 1;
 const ROW_PREDICTED = 2;
@@ -127,6 +135,14 @@ export class BlockIndex {
   private generation = -1;
   private generationNodes: Int32Array[] = [];
   private generationLength: number[] = [];
+  /** Offsets (in rows) of the live generations' predicted rows, for reads. */
+  private liveRows = [ROW_PREDICTED, ROW_PREDICTED + 1, ROW_PREDICTED + 2];
+  /** Generation slot being swept (-1: none), and how far. */
+  private sweepSlot = -1;
+  private sweepPos = 0;
+
+  private walkNodes = new Int32Array(1024);
+  private walkLength = 0;
 
   private totalEntries = 0;
   private evicted = 0;
@@ -138,7 +154,7 @@ export class BlockIndex {
     this.predictedTtlMs = options.predictedTtlMs ?? 120_000;
     if (!(this.maxEntries >= 1)) throw new RangeError(`maxEntries must be >= 1, got ${this.maxEntries}`);
     if (!(this.predictedTtlMs > 0)) throw new RangeError(`predictedTtlMs must be > 0, got ${this.predictedTtlMs}`);
-    this.generationMs = this.predictedTtlMs / (GENERATIONS - 1);
+    this.generationMs = this.predictedTtlMs / (LIVE_GENERATIONS - 1);
     this.capacity = Math.max(64, options.initialCapacity ?? 1024);
     this.keyHi = new Uint32Array(this.capacity);
     this.keyLo = new Uint32Array(this.capacity);
@@ -175,8 +191,10 @@ export class BlockIndex {
   applyStored(slot: number, hi: ArrayLike<number>, lo: ArrayLike<number>, start: number, end: number, tier: Tier = Tier.Gpu): void {
     this.ensureSlot(slot);
     const row = tier === Tier.Offload ? ROW_OFFLOAD : ROW_GPU;
+    this.walkLength = 0; // events are not the request just routed
+    let node = EMPTY;
     for (let i = start; i < end; i++) {
-      const node = this.findOrInsert(hi[i] >>> 0, lo[i] >>> 0);
+      node = this.locate(i, hi[i] >>> 0, lo[i] >>> 0, node);
       this.setBit(node, row, slot);
     }
     this.enforceBudget();
@@ -199,27 +217,33 @@ export class BlockIndex {
   /** The worker dropped everything (AllBlocksCleared), or was lost. O(that worker's blocks). */
   applyCleared(slot: number): void {
     if (slot >= this.words * 32) return;
-    const list = this.reverse[slot];
+    // stored entries through the worker's reverse list; predicted ones through the
+    // generation lists (predictions are not kept on reverse lists: they churn too fast)
     const n = this.reverseLength[slot] ?? 0;
-    const w = slot >>> 5;
-    const bit = 1 << (slot & 31);
-    for (let i = 0; i < n; i++) {
-      const node = list[i];
-      if (this.ref[node] === FREE) continue;
-      const base = node * this.stride + w;
-      let had = 0;
-      for (let r = 0; r < ROWS; r++) {
-        const idx = base + r * this.words;
-        had |= this.masks[idx] & bit;
-        this.masks[idx] &= ~bit;
-      }
-      if (had !== 0) {
-        this.entriesOf[slot]--;
-        this.totalEntries--;
-        this.freeIfEmpty(node);
-      }
-    }
+    for (let i = 0; i < n; i++) this.dropWorkerFromNode(this.reverse[slot][i], slot);
     if (n > 0) this.reverseLength[slot] = 0;
+    for (let g = 0; g < GENERATIONS; g++) {
+      const list = this.generationNodes[g];
+      const len = this.generationLength[g];
+      for (let i = 0; i < len; i++) this.dropWorkerFromNode(list[i], slot);
+    }
+  }
+
+  private dropWorkerFromNode(node: number, slot: number): void {
+    if (this.ref[node] === FREE) return;
+    const base = node * this.stride + (slot >>> 5);
+    const bit = 1 << (slot & 31);
+    let had = 0;
+    for (let r = 0; r < ROWS; r++) {
+      const idx = base + r * this.words;
+      had |= this.masks[idx] & bit;
+      this.masks[idx] &= ~bit;
+    }
+    if (had !== 0) {
+      this.entriesOf[slot]--;
+      this.totalEntries--;
+      this.freeIfEmpty(node);
+    }
   }
 
   // ------------------------------------------------------------- predictions (approximate)
@@ -228,10 +252,20 @@ export class BlockIndex {
   recordPredicted(slot: number, hi: ArrayLike<number>, lo: ArrayLike<number>, start: number, end: number, now: number): void {
     this.ensureSlot(slot);
     this.advanceTime(now);
+    this.sweep(SWEEP_STEP + end - start);
     const g = this.generation % GENERATIONS;
     const row = ROW_PREDICTED + g;
+    const w = slot >>> 5;
+    const bit = 1 << (slot & 31);
+    let node = EMPTY;
     for (let i = start; i < end; i++) {
-      const node = this.findOrInsert(hi[i] >>> 0, lo[i] >>> 0);
+      const h = hi[i] >>> 0;
+      const l = lo[i] >>> 0;
+      node = this.locate(i, h, l, node);
+      const base = node * this.stride + w;
+      // a block the engine reported storing needs no prediction; one predicted in this
+      // generation already is up to date
+      if ((this.masks[base] | this.masks[base + this.words] | this.masks[base + row * this.words]) & bit) continue;
       // the first predicted bit of this generation on a node puts it on the expiry list
       if (this.rowIsZero(node, row)) this.pushGenerationNode(g, node);
       this.setBit(node, row, slot);
@@ -239,19 +273,58 @@ export class BlockIndex {
     this.enforceBudget();
   }
 
-  /** Expires predicted entries older than the TTL. Time only moves forward. */
+  /**
+   * Expires predicted entries older than the TTL. Time only moves forward. The generation
+   * that leaves the window is swept incrementally by later operations (see sweep()).
+   */
   advanceTime(now: number): void {
     const g = Math.floor(now / this.generationMs);
     if (this.generation < 0) {
       this.generation = g;
+      this.setLiveRows();
       return;
     }
     if (g <= this.generation) return;
-    // generations that leave the window [g - GENERATIONS + 1, g]
-    const firstKept = g - GENERATIONS + 1;
-    const from = Math.max(this.generation - GENERATIONS + 1, 0);
-    for (let x = from; x < firstKept && x <= this.generation; x++) this.expireGeneration(x % GENERATIONS);
+    this.flushExpiry(); // the slot swept so far is about to be written again
+    // generations that leave the live window [g - 2, g]; all but the newest are swept now
+    const firstLive = g - LIVE_GENERATIONS + 1;
+    const from = Math.max(this.generation - LIVE_GENERATIONS + 1, 0);
+    const last = Math.min(this.generation, firstLive - 1);
+    for (let x = from; x < last; x++) this.sweepRange(x % GENERATIONS, 0, Infinity);
     this.generation = g;
+    this.setLiveRows();
+    if (last >= from) {
+      this.sweepSlot = last % GENERATIONS;
+      this.sweepPos = 0;
+      // a slot that is neither live nor being swept must be empty before it is written
+      if (g - last >= GENERATIONS) this.flushExpiry();
+    }
+  }
+
+  /** Finishes any pending expiry sweep now (tests, stats; not needed for correct reads). */
+  flushExpiry(): void {
+    if (this.sweepSlot >= 0) this.sweep(Infinity);
+  }
+
+  /** Sweeps up to `budget` nodes of the expired generation. */
+  private sweep(budget: number): void {
+    if (this.sweepSlot < 0) return;
+    const g = this.sweepSlot;
+    const end = Math.min(this.generationLength[g], this.sweepPos + budget);
+    this.sweepRange(g, this.sweepPos, end);
+    this.sweepPos = end;
+    if (end >= this.generationLength[g]) {
+      this.generationLength[g] = 0;
+      const list = this.generationNodes[g];
+      if (list.length > 4096 && end < list.length / 4) this.generationNodes[g] = new Int32Array(list.length / 2);
+      this.sweepSlot = -1;
+      this.sweepPos = 0;
+    }
+  }
+
+  private setLiveRows(): void {
+    const g = this.generation;
+    for (let k = 0; k < LIVE_GENERATIONS; k++) this.liveRows[k] = ROW_PREDICTED + (((g - k) % GENERATIONS) + GENERATIONS) % GENERATIONS;
   }
 
   // ---------------------------------------------------------------------------- queries
@@ -262,7 +335,10 @@ export class BlockIndex {
    * are marked recently used. `now` (ms) first expires old predictions.
    */
   overlaps(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, out: OverlapResult, now?: number): OverlapResult {
-    if (now !== undefined) this.advanceTime(now);
+    if (now !== undefined) {
+      this.advanceTime(now);
+      this.sweep(SWEEP_STEP);
+    }
     const slots = this.words * 32;
     out.ensureSlots(slots);
     out.blocks.fill(0);
@@ -275,16 +351,25 @@ export class BlockIndex {
 
   private overlapsOneWord(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, out: OverlapResult): OverlapResult {
     const masks = this.masks;
+    const walk = this.walkFor(n);
     const stride = this.stride; // ROWS when words = 1
+    const p0 = this.liveRows[0];
+    const p1 = this.liveRows[1];
+    const p2 = this.liveRows[2];
     let active = -1; // every slot still matching
     let i = 0;
+    let node = EMPTY;
     for (; i < n; i++) {
-      const node = this.find(hi[i] >>> 0, lo[i] >>> 0);
+      // blocks stored in one batch get consecutive node ids: try the next one before hashing
+      const h = hi[i] >>> 0;
+      const l = lo[i] >>> 0;
+      node = node === EMPTY ? this.find(h, l) : this.findNear(node, h, l);
       if (node === EMPTY) break;
+      walk[i] = node;
       const base = node * stride;
       const gpu = masks[base];
       const off = masks[base + 1];
-      const pred = masks[base + 2] | masks[base + 3] | masks[base + 4];
+      const pred = masks[base + p0] | masks[base + p1] | masks[base + p2];
       const next = active & (gpu | off | pred);
       if (next === 0) break;
       this.ref[node] = 1;
@@ -297,23 +382,29 @@ export class BlockIndex {
     }
     if (i > 0) this.finishSlots(active, 0, i, out);
     out.maxBlocks = i;
+    this.walkLength = i;
     return out;
   }
 
   private overlapsWide(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, out: OverlapResult): OverlapResult {
     const words = this.words;
+    const walk = this.walkFor(n);
+    const p0 = this.liveRows[0] * words;
+    const p1 = this.liveRows[1] * words;
+    const p2 = this.liveRows[2] * words;
     const active = new Int32Array(words).fill(-1);
     const masks = this.masks;
     let i = 0;
     for (; i < n; i++) {
       const node = this.find(hi[i] >>> 0, lo[i] >>> 0);
       if (node === EMPTY) break;
+      walk[i] = node;
       const base = node * this.stride;
       let any = 0;
       for (let w = 0; w < words; w++) {
         const gpu = masks[base + w];
         const off = masks[base + words + w];
-        const pred = masks[base + 2 * words + w] | masks[base + 3 * words + w] | masks[base + 4 * words + w];
+        const pred = masks[base + p0 + w] | masks[base + p1 + w] | masks[base + p2 + w];
         const next = active[w] & (gpu | off | pred);
         any |= next;
       }
@@ -322,7 +413,7 @@ export class BlockIndex {
       for (let w = 0; w < words; w++) {
         const gpu = masks[base + w];
         const off = masks[base + words + w];
-        const pred = masks[base + 2 * words + w] | masks[base + 3 * words + w] | masks[base + 4 * words + w];
+        const pred = masks[base + p0 + w] | masks[base + p1 + w] | masks[base + p2 + w];
         const next = active[w] & (gpu | off | pred);
         if (next !== active[w]) this.finishSlots(active[w] & ~next, w, i, out);
         const offOnly = next & off & ~gpu;
@@ -334,7 +425,16 @@ export class BlockIndex {
     }
     if (i > 0) for (let w = 0; w < words; w++) this.finishSlots(active[w], w, i, out);
     out.maxBlocks = i;
+    this.walkLength = i;
     return out;
+  }
+
+  /** Scratch for the node ids of the last query's walk, so recording the same request after
+   * the decision does not hash into the table again for blocks the walk already found. */
+  private walkFor(n: number): Int32Array {
+    if (this.walkNodes.length < n) this.walkNodes = new Int32Array(Math.max(n, this.walkNodes.length * 2));
+    this.walkLength = 0;
+    return this.walkNodes;
   }
 
   /** Slots in `bits` (of word w) stopped matching at block `depth`. */
@@ -355,11 +455,12 @@ export class BlockIndex {
     const bit = 1 << (slot & 31);
     if (this.masks[base] & bit) return 'gpu';
     if (this.masks[base + this.words] & bit) return 'offload';
-    for (let g = 0; g < GENERATIONS; g++) if (this.masks[base + (ROW_PREDICTED + g) * this.words] & bit) return 'predicted';
+    for (const row of this.liveRows) if (this.masks[base + row * this.words] & bit) return 'predicted';
     return null;
   }
 
   stats(): BlockIndexStats {
+    this.flushExpiry();
     const entriesPerWorker: Record<number, number> = {};
     this.entriesOf.forEach((n, slot) => {
       if (n > 0) entriesPerWorker[slot] = n;
@@ -404,13 +505,16 @@ export class BlockIndex {
     const bit = 1 << (slot & 31);
     const idx = node * this.stride + row * this.words + w;
     if (this.masks[idx] & bit) return;
-    const had = this.holds(node, w, bit);
+    const base = node * this.stride + w;
+    const hadStored = (this.masks[base] | this.masks[base + this.words]) & bit;
+    const had = hadStored !== 0 || this.holds(node, w, bit);
     this.masks[idx] |= bit;
     if (!had) {
       this.entriesOf[slot]++;
       this.totalEntries++;
-      this.pushReverse(slot, node);
     }
+    // the reverse list holds the stored tiers only, so removing a worker costs its blocks
+    if (row < ROW_PREDICTED && hadStored === 0) this.pushReverse(slot, node);
   }
 
   private clearBit(node: number, row: number, slot: number): void {
@@ -468,7 +572,9 @@ export class BlockIndex {
     let k = 0;
     for (let i = 0; i < n; i++) {
       const node = list[i];
-      if (this.ref[node] === FREE || this.mark[node] === epoch || !this.holds(node, w, bit)) continue;
+      const base = node * this.stride + w;
+      const stored = (this.masks[base] | this.masks[base + this.words]) & bit;
+      if (this.ref[node] === FREE || this.mark[node] === epoch || stored === 0) continue;
       this.mark[node] = epoch;
       list[k++] = node;
     }
@@ -488,12 +594,12 @@ export class BlockIndex {
     this.generationLength[g] = n + 1;
   }
 
-  /** Drops every predicted bit of generation slot g (its generation left the TTL window). */
-  private expireGeneration(g: number): void {
+  /** Drops the predicted bits of generation slot g for list entries [from, to). */
+  private sweepRange(g: number, from: number, to: number): void {
     const list = this.generationNodes[g];
-    const n = this.generationLength[g];
+    const n = Math.min(this.generationLength[g], to);
     const row = ROW_PREDICTED + g;
-    for (let i = 0; i < n; i++) {
+    for (let i = from; i < n; i++) {
       const node = list[i];
       if (this.ref[node] === FREE) continue;
       const base = node * this.stride + row * this.words;
@@ -515,8 +621,7 @@ export class BlockIndex {
       }
       this.freeIfEmpty(node);
     }
-    this.generationLength[g] = 0;
-    if (list.length > 4096 && n < list.length / 4) this.generationNodes[g] = new Int32Array(list.length / 2);
+    if (to === Infinity) this.generationLength[g] = 0;
   }
 
   // -------------------------------------------------------------------------- eviction
@@ -579,19 +684,67 @@ export class BlockIndex {
     }
   }
 
-  /** An existing block is marked recently used; a new one starts cold. */
+  /**
+   * The node of block i of a sequence being recorded: from the last query's walk when it
+   * covered block i with this key (recording right after routing the same request), else
+   * the node after the previous block's (chains are allocated in order), else the table.
+   */
+  private locate(i: number, h: number, l: number, previous: number): number {
+    if (i < this.walkLength) {
+      const node = this.walkNodes[i];
+      if (this.keyLo[node] === l && this.keyHi[node] === h && this.ref[node] !== FREE) {
+        this.ref[node] = 1;
+        return node;
+      }
+    }
+    if (previous !== EMPTY) {
+      const near = this.adjacent(previous, h, l);
+      if (near !== EMPTY) {
+        this.ref[near] = 1;
+        return near;
+      }
+    }
+    return this.findOrInsert(h, l);
+  }
+
+  /**
+   * The node holding key (h, l) if it sits next to `node` in the arena. Chains stored in one
+   * batch get consecutive ids (ascending when fresh, descending when reused from the free
+   * list), so the next block of a walk is usually adjacent and needs no table probe.
+   */
+  private adjacent(node: number, h: number, l: number): number {
+    const up = node + 1;
+    if (up < this.highWater && this.keyLo[up] === l && this.keyHi[up] === h && this.ref[up] !== FREE) return up;
+    const down = node - 1;
+    if (down >= 0 && this.keyLo[down] === l && this.keyHi[down] === h && this.ref[down] !== FREE) return down;
+    return EMPTY;
+  }
+
+  private findNear(node: number, h: number, l: number): number {
+    const near = this.adjacent(node, h, l);
+    return near !== EMPTY ? near : this.find(h, l);
+  }
+
+  /** An existing block is marked recently used; a new one starts cold. One probe either way. */
   private findOrInsert(hi: number, lo: number): number {
-    const found = this.find(hi, lo);
-    if (found !== EMPTY) {
-      this.ref[found] = 1;
-      return found;
+    if ((this.liveNodes + 1) * 2 > this.table.length) this.growTable();
+    const table = this.table;
+    const mask = this.tableMask;
+    let pos = this.bucketOf(hi, lo);
+    for (;;) {
+      const found = table[pos];
+      if (found === EMPTY) break;
+      if (this.keyLo[found] === lo && this.keyHi[found] === hi) {
+        this.ref[found] = 1;
+        return found;
+      }
+      pos = (pos + 1) & mask;
     }
     const node = this.allocateNode();
     this.keyHi[node] = hi;
     this.keyLo[node] = lo;
     this.ref[node] = 0; // new blocks start cold (see class comment)
-    if ((this.liveNodes + 1) * 2 > this.table.length) this.growTable();
-    this.insertIntoTable(node);
+    table[pos] = node;
     this.liveNodes++;
     return node;
   }

@@ -98,10 +98,13 @@ function fmix32(h: number): number {
 }
 
 const root = new Uint32Array(2);
+let scratchTokens = new Uint32Array(16 * 1024);
 
 /**
  * Sequence hashes of every full block of `tokens`, written into `out` (resized as needed).
  * Token ids must be integers in [0, 2^32); anything else throws a RangeError naming `tokens`.
+ * A Uint32Array is hashed as it is; other arrays are checked and copied into one first, so
+ * the hashing loop itself sees a single array type and stays monomorphic.
  */
 export function hashTokenBlocks(
   tokens: ArrayLike<number>,
@@ -109,23 +112,39 @@ export function hashTokenBlocks(
   ns: HashNamespace | undefined,
   out: BlockHashes,
 ): BlockHashes {
-  const n = Math.floor(tokens.length / blockSize);
+  let words: Uint32Array;
+  if (tokens instanceof Uint32Array) {
+    words = tokens;
+  } else {
+    const n = tokens.length;
+    if (scratchTokens.length < n) scratchTokens = new Uint32Array(Math.max(n, scratchTokens.length * 2));
+    for (let i = 0; i < n; i++) {
+      const tok = tokens[i];
+      if (tok !== tok >>> 0) throw new RangeError(`tokens[${i}] must be an integer in [0, 2^32), got ${tok}`);
+      scratchTokens[i] = tok;
+    }
+    words = scratchTokens.subarray(0, n);
+  }
+  chainRoot(ns, root);
+  return hashWordBlocks(words, blockSize, root[0], root[1], out);
+}
+
+/** The chained block hash over uint32 words (token ids, or text bytes read 4 at a time). */
+function hashWordBlocks(words: Uint32Array, blockSize: number, seedHi: number, seedLo: number, out: BlockHashes): BlockHashes {
+  const n = Math.floor(words.length / blockSize);
   out.ensureCapacity(n);
   out.length = n;
   out.tokensPerBlock = blockSize;
-  chainRoot(ns, root);
-  let ph = root[0];
-  let pl = root[1];
+  let ph = seedHi;
+  let pl = seedLo;
   const hiOut = out.hi;
   const loOut = out.lo;
-  const checked = !(tokens instanceof Uint32Array);
   for (let b = 0, t = 0; b < n; b++) {
     // local hash of the block: two lanes, each over every token
     let a = 0x9e3779b9;
     let c = 0x7f4a7c15;
     for (const end = t + blockSize; t < end; t++) {
-      const tok = tokens[t];
-      if (checked && tok !== tok >>> 0) throw new RangeError(`tokens[${t}] must be an integer in [0, 2^32), got ${tok}`);
+      const tok = words[t];
       a = Math.imul(a ^ tok, 0x01000193);
       a ^= a >>> 15;
       c = Math.imul((c + tok) | 0, 0x85ebca77);
@@ -196,7 +215,8 @@ export function hashTextBlocks(text: string, chunkBytes: number, ns: HashNamespa
   const { written } = encoder.encodeInto(text, textBuffer);
   const words = new Uint32Array(textBuffer.buffer, 0, Math.floor(written / 4));
   // each 4-byte word is one "token" of the chain; a chunk is chunkBytes/4 of them
-  return hashTokenBlocks(words, chunkBytes / 4, ns, out);
+  chainRoot(ns, root);
+  return hashWordBlocks(words, chunkBytes / 4, root[0], root[1], out);
 }
 
 /** A chat message as the OpenAI API sends it. */

@@ -46,6 +46,12 @@ export interface KVAwareRouterOptions {
   indexMode?: IndexMode;
   /** Lifetime of the router's own block records: 120 s approximate, 5 s speculative (precise). */
   predictionTtlMs?: number;
+  /**
+   * Precise mode: speculative entries cover this many blocks past what the chosen worker
+   * already holds (default 64). Enough to pull a burst of siblings to the same worker; the
+   * engine's BlockStored events bring the rest moments later, so unique tails cost nothing.
+   */
+  speculativeBlocks?: number;
   /** Most (block, worker) entries in the block index (default 4,000,000). */
   maxIndexEntries?: number;
   /** Credit of an offloaded (CPU/disk) block relative to a GPU block (default 0.75). */
@@ -261,6 +267,7 @@ export class KVAwareRouter {
   private readonly anchors: AnchorTable;
   private readonly workflows: WorkflowTable;
   private readonly contentAnchors: ContentAnchorIndex;
+  private readonly speculativeBlocks: number;
   private readonly offloadCredit: number;
   private readonly predictedCredit: number;
   private readonly judgeRoles: ReadonlySet<string>;
@@ -304,6 +311,7 @@ export class KVAwareRouter {
       maxEntries: check.positiveInt(options.maxIndexEntries, 'maxIndexEntries', DEFAULTS.maxIndexEntries),
       predictedTtlMs: Math.max(ttl, 1),
     });
+    this.speculativeBlocks = check.nonNegativeInt(options.speculativeBlocks, 'speculativeBlocks', 64);
     this.offloadCredit = check.fraction(options.offloadCredit ?? 0.75, 'offloadCredit');
     this.predictedCredit = check.fraction(options.predictedCredit ?? 1, 'predictedCredit');
     this.contentAnchors = new ContentAnchorIndex(
@@ -462,7 +470,13 @@ export class KVAwareRouter {
     if (!chosen) return result;
     const worker = chosen.worker;
     if (!isolated) {
-      if (hashes.length > 0) this.index.recordPredicted(worker.slot, hashes.hi, hashes.lo, 0, hashes.length, now);
+      if (hashes.length > 0) {
+        // approximate: every block (refreshing the TTL); precise: a speculative stretch past
+        // what the worker holds
+        const end = this.indexMode === 'precise' ? Math.min(hashes.length, chosen.overlapBlocks + this.speculativeBlocks) : hashes.length;
+        const start = this.indexMode === 'precise' ? chosen.overlapBlocks : 0;
+        if (end > start) this.index.recordPredicted(worker.slot, hashes.hi, hashes.lo, start, end, now);
+      }
       if (contentAnchors && contentAnchors.length > 0) this.contentAnchors.record(worker.slot, contentAnchors, now);
     }
     if (anchor !== undefined) this.anchors.home(anchor, worker.id, claGroup);

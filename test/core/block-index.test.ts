@@ -99,6 +99,7 @@ describe('BlockIndex', () => {
     assert.equal(overlap(index, [1, 2], 100).predictedBlocks[0], 2);
     assert.equal(overlap(index, [1, 2], 1099).blocks[0], 2); // 999 ms later: alive
     assert.equal(overlap(index, [1, 2], 1600).blocks[0], 0); // gone by 1.5 × TTL
+    index.flushExpiry(); // expired entries are swept a little per operation; finish now
     assert.equal(index.entryCount, 0);
     assert.equal(index.blockCount, 0);
     assert.equal(index.stats().expired, 2);
@@ -110,6 +111,18 @@ describe('BlockIndex', () => {
     predicted(index, 0, [1], 900);
     assert.equal(overlap(index, [1], 1800).blocks[0], 1);
     assert.equal(overlap(index, [1], 2500).blocks[0], 0);
+  });
+
+  test('expiry is swept incrementally, and reads ignore what is not swept yet', () => {
+    const index = new BlockIndex({ predictedTtlMs: 1000 });
+    predicted(index, 0, range(0, 5000), 0);
+    predicted(index, 1, [7], 1100); // generation 2
+    overlap(index, [7], 1600); // generation 3: generation 0 expires and starts being swept
+    assert.ok(index.entryCount > 1, 'not all swept at once');
+    assert.equal(overlap(index, range(0, 10), 1600).blocks[0], 0, 'expired entries do not count');
+    for (let t = 0; t < 400; t++) overlap(index, [7], 1600);
+    assert.equal(index.entryCount, 1, 'later operations finish the sweep');
+    assert.equal(overlap(index, [7], 1600).blocks[1], 1);
   });
 
   test('an expired prediction does not remove a stored block', () => {
@@ -287,6 +300,7 @@ describe('BlockIndex', () => {
         }
         // entry counts agree with the reference once expiry has run
         index.advanceTime(now);
+        index.flushExpiry();
         let expected = 0;
         const ids = new Set([...gpu.keys(), ...off.keys(), ...pred.keys()]);
         for (const id of ids) {

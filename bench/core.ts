@@ -1,0 +1,129 @@
+/**
+ * bench:core — route() and event application on the workload of the block-index issue:
+ * 32 workers, block size 16, 1,000,000 (block, worker) entries loaded from random prefix
+ * trees, requests of 8,192 tokens sharing prefixes of random depth. Times route() from token
+ * ids (hashing included, precise mode, so each decision also records its speculative
+ * entries), event application (BlockStored hashed from token ids, as the KV-event path does,
+ * then BlockRemoved), and heap + ArrayBuffer bytes per index entry after a full GC.
+ *
+ *   npm run bench:core -- --json [--entries 1000000] [--requests 20000]
+ */
+import { KVAwareRouter } from '../src/index.js';
+import { createRng } from '../src/core/rng.js';
+import { intFlag, memoryAfterGc, parseFlags, percentile, round } from './stats.js';
+
+const flags = parseFlags(process.argv.slice(2));
+const WORKERS = 32;
+const BLOCK = 16;
+const REQUEST_TOKENS = 8192;
+const TARGET_ENTRIES = intFlag(flags, 'entries', 1_000_000);
+const REQUESTS = intFlag(flags, 'requests', 20_000);
+const DOCS = intFlag(flags, 'docs', 3000);
+const rng = createRng(intFlag(flags, 'seed', 1));
+
+// Random prefix trees: each document extends a random earlier one from a random depth.
+const BLOCKS_PER_DOC = REQUEST_TOKENS / BLOCK;
+const docs: Uint32Array[] = [];
+for (let d = 0; d < DOCS; d++) {
+  const doc = new Uint32Array(REQUEST_TOKENS);
+  const parent = d > 0 && rng() < 0.8 ? docs[Math.floor(rng() * d)] : undefined;
+  const shared = parent ? Math.floor(rng() * BLOCKS_PER_DOC) * BLOCK : 0;
+  if (parent) doc.set(parent.subarray(0, shared));
+  for (let i = shared; i < REQUEST_TOKENS; i++) doc[i] = Math.floor(rng() * 150_000);
+  docs.push(doc);
+}
+
+const before = memoryAfterGc();
+const router = new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: BLOCK, maxIndexEntries: 4_000_000, clock: () => now });
+let now = 0;
+for (let w = 0; w < WORKERS; w++) router.registerWorker(`w${w}`);
+
+// Load: each worker stores random prefixes of random documents until the index holds the target.
+let storedBlocks = 0;
+let loadMs = 0;
+while (router.index.entryCount < TARGET_ENTRIES) {
+  const w = Math.floor(rng() * WORKERS);
+  const doc = docs[Math.floor(rng() * DOCS)];
+  const depth = 1 + Math.floor(rng() * BLOCKS_PER_DOC);
+  const tokens = doc.subarray(0, depth * BLOCK);
+  const t0 = performance.now();
+  router.applyStored(`w${w}`, router.hashTokens(tokens));
+  loadMs += performance.now() - t0;
+  storedBlocks += depth;
+}
+const entries = router.index.entryCount;
+const blocksAfterLoad = router.index.blockCount;
+const after = memoryAfterGc();
+
+// Requests: a document's prefix of random depth, then fresh tokens up to 8,192.
+const requests: Uint32Array[] = [];
+for (let i = 0; i < Math.min(REQUESTS, 4000); i++) {
+  const doc = docs[Math.floor(rng() * DOCS)];
+  const depth = Math.floor(rng() * BLOCKS_PER_DOC) * BLOCK;
+  const t = new Uint32Array(REQUEST_TOKENS);
+  t.set(doc.subarray(0, depth));
+  for (let k = depth; k < REQUEST_TOKENS; k++) t[k] = Math.floor(rng() * 150_000);
+  requests.push(t);
+}
+
+// Warm-up past 1.5 × the speculative TTL, so the index has grown to its steady size and
+// expiry is running; then timed routes. Each request is released so loads stay bounded.
+for (let i = 0; i < 10_000; i++) {
+  now += 1;
+  router.release(router.route({ tokens: requests[i % requests.length] }).ticket);
+}
+const samples = new Float64Array(REQUESTS);
+const tRoute0 = performance.now();
+for (let i = 0; i < REQUESTS; i++) {
+  now += 1; // 1 ms per decision: speculative entries (5 s TTL) expire as in production
+  const t0 = performance.now();
+  const r = router.route({ tokens: requests[i % requests.length] });
+  samples[i] = performance.now() - t0;
+  router.release(r.ticket);
+}
+const routeMs = performance.now() - tRoute0;
+samples.sort();
+
+// Event application in steady state: store a new prefix, remove an old one, both from token ids.
+const EVENT_BATCHES = 2000;
+let eventBlocks = 0;
+let eventMs = 0;
+for (let i = 0; i < EVENT_BATCHES; i++) {
+  const w = `w${i % WORKERS}`;
+  const doc = docs[Math.floor(rng() * DOCS)];
+  const depth = 1 + Math.floor(rng() * BLOCKS_PER_DOC);
+  const tokens = doc.subarray(0, depth * BLOCK);
+  const t0 = performance.now();
+  const hashes = router.hashTokens(tokens);
+  router.applyStored(w, hashes);
+  router.applyRemoved(w, hashes);
+  eventMs += performance.now() - t0;
+  eventBlocks += 2 * depth;
+}
+
+const result = {
+  routeDecisionsPerSec: Math.round(REQUESTS / (routeMs / 1000)),
+  routeP50Us: round(percentile(samples, 50) * 1000, 2),
+  routeP99Us: round(percentile(samples, 99) * 1000, 2),
+  routeP90Us: round(percentile(samples, 90) * 1000, 2),
+  routeMaxUs: round(samples[samples.length - 1] * 1000, 2),
+  eventsPerSec: Math.round(eventBlocks / (eventMs / 1000)),
+  bytesPerIndexEntry: round((after - before) / entries, 1),
+  workload: {
+    workers: WORKERS,
+    blockSize: BLOCK,
+    requestTokens: REQUEST_TOKENS,
+    indexEntries: entries,
+    indexBlocks: blocksAfterLoad,
+    documents: DOCS,
+    requests: REQUESTS,
+    policy: 'cost',
+    indexMode: 'precise',
+    loadEventsPerSec: Math.round(storedBlocks / (loadMs / 1000)),
+    eventsCountedAs: 'blocks in BlockStored + BlockRemoved, hashed from token ids',
+    bytesCountedAs: 'heapUsed + arrayBuffers after full GC, router and index only, after the load phase',
+    node: process.version,
+  },
+};
+if (flags.has('json')) process.stdout.write(`${JSON.stringify(result)}\n`);
+else console.log(result);
