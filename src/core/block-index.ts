@@ -142,6 +142,7 @@ export class BlockIndex {
   private sweepPos = 0;
 
   private walkNodes = new Int32Array(1024);
+  private activeScratch = new Int32Array(4);
   private walkLength = 0;
 
   private totalEntries = 0;
@@ -373,7 +374,8 @@ export class BlockIndex {
       const next = active & (gpu | off | pred);
       if (next === 0) break;
       this.ref[node] = 1;
-      if (next !== active) this.finishSlots(active & ~next, 0, i, out);
+      // slots dropping out at depth 0 already read 0
+      if (next !== active && i > 0) this.finishSlots(active & ~next, 0, i, out);
       const offOnly = next & off & ~gpu;
       if (offOnly !== 0) countBits(offOnly, 0, out.offloadBlocks);
       const predOnly = next & pred & ~gpu & ~off;
@@ -392,30 +394,35 @@ export class BlockIndex {
     const p0 = this.liveRows[0] * words;
     const p1 = this.liveRows[1] * words;
     const p2 = this.liveRows[2] * words;
-    const active = new Int32Array(words).fill(-1);
+    if (this.activeScratch.length < words) this.activeScratch = new Int32Array(words);
+    const active = this.activeScratch;
+    active.fill(-1, 0, words);
     const masks = this.masks;
     let i = 0;
+    let node = EMPTY;
     for (; i < n; i++) {
-      const node = this.find(hi[i] >>> 0, lo[i] >>> 0);
+      const h = hi[i] >>> 0;
+      const l = lo[i] >>> 0;
+      node = node === EMPTY ? this.find(h, l) : this.findNear(node, h, l);
       if (node === EMPTY) break;
-      walk[i] = node;
       const base = node * this.stride;
       let any = 0;
       for (let w = 0; w < words; w++) {
-        const gpu = masks[base + w];
-        const off = masks[base + words + w];
-        const pred = masks[base + p0 + w] | masks[base + p1 + w] | masks[base + p2 + w];
-        const next = active[w] & (gpu | off | pred);
-        any |= next;
+        if (active[w] === 0) continue;
+        any |= active[w] & (masks[base + w] | masks[base + words + w] | masks[base + p0 + w] | masks[base + p1 + w] | masks[base + p2 + w]);
       }
       if (any === 0) break;
+      walk[i] = node;
       this.ref[node] = 1;
       for (let w = 0; w < words; w++) {
+        const current = active[w];
+        if (current === 0) continue;
         const gpu = masks[base + w];
         const off = masks[base + words + w];
         const pred = masks[base + p0 + w] | masks[base + p1 + w] | masks[base + p2 + w];
-        const next = active[w] & (gpu | off | pred);
-        if (next !== active[w]) this.finishSlots(active[w] & ~next, w, i, out);
+        const next = current & (gpu | off | pred);
+        // slots dropping out at depth 0 already read 0
+        if (next !== current && i > 0) this.finishSlots(current & ~next, w, i, out);
         const offOnly = next & off & ~gpu;
         if (offOnly !== 0) countBits(offOnly, w, out.offloadBlocks);
         const predOnly = next & pred & ~gpu & ~off;
