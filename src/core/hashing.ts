@@ -4,12 +4,13 @@
  * seq[i] = mix(seq[i-1], local[i]). Equal sequence hashes mean equal prefixes.
  *
  * Hashes are 64-bit, kept as two uint32 halves (hi, lo) in typed arrays: no BigInt, no
- * strings, no per-block allocation. The hash is a two-lane multiply-xor over the token ids,
- * each lane seeing every token with its own constants, then a murmur3 finalizer per lane and
- * a cross-lane mix. It is not cryptographic: a collision can only misroute a request (the
- * engine's own cache decides what is reused), and a tight loop over a Uint32Array costs a few
- * ns per token where a native hash pays ~0.3 µs per call across the N-API boundary
- * (`npm run bench:hash` measures both; README "Performance").
+ * strings, no per-block allocation. The block hash is xxHash64-style (four independent
+ * 64-bit lanes, avalanche), run in WebAssembly over the whole request in one call: a
+ * TypeScript loop is limited to 32-bit multiplies (two dependent lanes, ~2.4 ns per token
+ * here) and a native hash pays a call across the N-API boundary per block (node:crypto:
+ * ~2 µs per block); one wasm call per request pays the boundary once. `npm run bench:hash`
+ * measures all of them (README "Performance"). It is not cryptographic: a collision can
+ * only misroute a request; the engine's own cache decides what is reused.
  *
  * The chain's root seed is derived from the LoRA name, the cache salt and the CLA group, the
  * way vLLM folds LoRA and cache_salt into its block keys: requests that differ in any of them
@@ -60,6 +61,8 @@ export interface HashNamespace {
   claGroup?: number | null;
 }
 
+import { BLOCK_HASH_WASM } from './wasm/block-hash-wasm.js';
+
 const SEED_HI = 0x6a09e667;
 const SEED_LO = 0xbb67ae85;
 
@@ -98,13 +101,29 @@ function fmix32(h: number): number {
 }
 
 const root = new Uint32Array(2);
-let scratchTokens = new Uint32Array(16 * 1024);
+
+// The block hash runs in WebAssembly (src/core/wasm/block-hash.wat): one call per request,
+// i64 arithmetic, four independent lanes. The tokens are copied into its memory (or, for
+// text, encoded straight into it) and the hashes read back.
+const wasm = new WebAssembly.Instance(
+  new WebAssembly.Module(Uint8Array.from(atob(BLOCK_HASH_WASM), (c) => c.charCodeAt(0))),
+  {},
+);
+const wasmMemory = wasm.exports.memory as WebAssembly.Memory;
+const wasmHashBlocks = wasm.exports.hash_blocks as (words: number, n: number, bs: number, seedHi: number, seedLo: number, out: number) => number;
+let wasmWords = new Uint32Array(wasmMemory.buffer);
+
+/** Makes the wasm memory at least `bytes` long (views are renewed after it grows). */
+function reserveWasm(bytes: number): void {
+  const have = wasmMemory.buffer.byteLength;
+  if (have >= bytes) return;
+  wasmMemory.grow(Math.ceil((bytes - have) / 65536));
+  wasmWords = new Uint32Array(wasmMemory.buffer);
+}
 
 /**
  * Sequence hashes of every full block of `tokens`, written into `out` (resized as needed).
  * Token ids must be integers in [0, 2^32); anything else throws a RangeError naming `tokens`.
- * A Uint32Array is hashed as it is; other arrays are checked and copied into one first, so
- * the hashing loop itself sees a single array type and stays monomorphic.
  */
 export function hashTokenBlocks(
   tokens: ArrayLike<number>,
@@ -112,49 +131,36 @@ export function hashTokenBlocks(
   ns: HashNamespace | undefined,
   out: BlockHashes,
 ): BlockHashes {
-  let words: Uint32Array;
+  const n = Math.floor(tokens.length / blockSize) * blockSize;
+  reserveWasm(n * 4 + (n / blockSize) * 8 + 16);
+  const words = wasmWords;
   if (tokens instanceof Uint32Array) {
-    words = tokens;
+    words.set(n === tokens.length ? tokens : tokens.subarray(0, n), 0);
   } else {
-    const n = tokens.length;
-    if (scratchTokens.length < n) scratchTokens = new Uint32Array(Math.max(n, scratchTokens.length * 2));
-    for (let i = 0; i < n; i++) {
+    for (let i = 0; i < tokens.length; i++) {
       const tok = tokens[i];
       if (tok !== tok >>> 0) throw new RangeError(`tokens[${i}] must be an integer in [0, 2^32), got ${tok}`);
-      scratchTokens[i] = tok;
+      if (i < n) words[i] = tok;
     }
-    words = scratchTokens.subarray(0, n);
   }
   chainRoot(ns, root);
-  return hashWordBlocks(words, blockSize, root[0], root[1], out);
+  return runWasmHash(n, blockSize, out);
 }
 
-/** The chained block hash over uint32 words (token ids, or text bytes read 4 at a time). */
-function hashWordBlocks(words: Uint32Array, blockSize: number, seedHi: number, seedLo: number, out: BlockHashes): BlockHashes {
-  const n = Math.floor(words.length / blockSize);
-  out.ensureCapacity(n);
-  out.length = n;
+/** Hashes the first `n` words in wasm memory in blocks of `blockSize` into `out`. */
+function runWasmHash(n: number, blockSize: number, out: BlockHashes): BlockHashes {
+  const outByte = (n * 4 + 7) & ~7;
+  const blocks = wasmHashBlocks(0, n, blockSize, root[0], root[1], outByte);
+  out.ensureCapacity(blocks);
+  out.length = blocks;
   out.tokensPerBlock = blockSize;
-  let ph = seedHi;
-  let pl = seedLo;
-  const hiOut = out.hi;
-  const loOut = out.lo;
-  for (let b = 0, t = 0; b < n; b++) {
-    // local hash of the block: two lanes, each over every token
-    let a = 0x9e3779b9;
-    let c = 0x7f4a7c15;
-    for (const end = t + blockSize; t < end; t++) {
-      const tok = words[t];
-      a = Math.imul(a ^ tok, 0x01000193);
-      a ^= a >>> 15;
-      c = Math.imul((c + tok) | 0, 0x85ebca77);
-      c ^= c >>> 13;
-    }
-    // chain: sequence hash = mix(parent, local)
-    const h = fmix32(ph ^ fmix32(a ^ Math.imul(c, 0xcc9e2d51)));
-    const l = fmix32(pl ^ fmix32((c + Math.imul(a ^ (a >>> 16), 0x1b873593)) | 0) ^ Math.imul(h, 0x9e3779b1));
-    hiOut[b] = ph = h;
-    loOut[b] = pl = l;
+  const words = wasmWords;
+  const base = outByte >>> 2;
+  const hi = out.hi;
+  const lo = out.lo;
+  for (let b = 0; b < blocks; b++) {
+    lo[b] = words[base + 2 * b];
+    hi[b] = words[base + 2 * b + 1];
   }
   return out;
 }
@@ -200,7 +206,6 @@ export function hashPrecomputedBlocks(
 }
 
 const encoder = new TextEncoder();
-let textBuffer = new Uint8Array(64 * 1024);
 
 /**
  * Text mode, for engines the router cannot tokenize for: the text's UTF-8 bytes cut into
@@ -209,14 +214,14 @@ let textBuffer = new Uint8Array(64 * 1024);
  */
 export function hashTextBlocks(text: string, chunkBytes: number, ns: HashNamespace | undefined, out: BlockHashes): BlockHashes {
   if (chunkBytes % 4 !== 0 || chunkBytes <= 0) throw new RangeError(`chunkBytes must be a positive multiple of 4, got ${chunkBytes}`);
-  // UTF-8 needs at most 3 bytes per UTF-16 code unit
-  const need = text.length * 3 + 4;
-  if (textBuffer.length < need) textBuffer = new Uint8Array(Math.max(need, textBuffer.length * 2));
-  const { written } = encoder.encodeInto(text, textBuffer);
-  const words = new Uint32Array(textBuffer.buffer, 0, Math.floor(written / 4));
+  // UTF-8 needs at most 3 bytes per UTF-16 code unit; encode straight into wasm memory
+  const maxBytes = text.length * 3 + 4;
+  reserveWasm(maxBytes + Math.ceil(maxBytes / chunkBytes) * 8 + 16);
+  const { written } = encoder.encodeInto(text, new Uint8Array(wasmMemory.buffer, 0, maxBytes));
   // each 4-byte word is one "token" of the chain; a chunk is chunkBytes/4 of them
+  const blockWords = chunkBytes / 4;
   chainRoot(ns, root);
-  return hashWordBlocks(words, chunkBytes / 4, root[0], root[1], out);
+  return runWasmHash(Math.floor(written / chunkBytes) * blockWords, blockWords, out);
 }
 
 /** A chat message as the OpenAI API sends it. */

@@ -48,7 +48,7 @@ export interface KVAwareRouterOptions {
   predictionTtlMs?: number;
   /**
    * Precise mode: speculative entries cover this many blocks past what the chosen worker
-   * already holds (default 64). Enough to pull a burst of siblings to the same worker; the
+   * already holds (default 16). Enough to pull a burst of siblings to the same worker; the
    * engine's BlockStored events bring the rest moments later, so unique tails cost nothing.
    */
   speculativeBlocks?: number;
@@ -311,7 +311,7 @@ export class KVAwareRouter {
       maxEntries: check.positiveInt(options.maxIndexEntries, 'maxIndexEntries', DEFAULTS.maxIndexEntries),
       predictedTtlMs: Math.max(ttl, 1),
     });
-    this.speculativeBlocks = check.nonNegativeInt(options.speculativeBlocks, 'speculativeBlocks', 64);
+    this.speculativeBlocks = check.nonNegativeInt(options.speculativeBlocks, 'speculativeBlocks', 16);
     this.offloadCredit = check.fraction(options.offloadCredit ?? 0.75, 'offloadCredit');
     this.predictedCredit = check.fraction(options.predictedCredit ?? 1, 'predictedCredit');
     this.contentAnchors = new ContentAnchorIndex(

@@ -55,16 +55,25 @@ export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
 /** Prompt length assumed when the request does not say (seed API without tokenLength). */
 export const REFERENCE_PROMPT_TOKENS = 4096;
 
-export function costTerms(c: Candidate, r: RouteFeatures, w: Readonly<CostWeights>) {
+/** The score of one candidate (higher is better); the hot path, so it allocates nothing. */
+export function costScore(c: Candidate, r: RouteFeatures, w: Readonly<CostWeights>): number {
   const prompt = r.promptTokens > 0 ? r.promptTokens : REFERENCE_PROMPT_TOKENS;
   const uncached = r.promptTokens > 0 ? Math.max(0, r.promptTokens - c.cachedTokens) : (1 - c.cachedFraction) * prompt;
   const worker = c.worker;
   const work = (uncached + worker.queuedPrefillTokens + w.decode * worker.activeDecodeTokens) / prompt;
   const kv = worker.load;
   const overKnee = kv > w.pressureKnee ? (kv - w.pressureKnee) / (1 - w.pressureKnee) : 0;
-  const score =
-    -w.prefill * work - (w.recompute * uncached) / prompt - w.load * kv - w.pressure * overKnee + (c.servesCla ? w.cla : 0) + (c.continuity ? w.workflow : 0);
-  return { uncachedTokens: uncached, work, kvUsage: kv, overKnee, score };
+  return -w.prefill * work - (w.recompute * uncached) / prompt - w.load * kv - w.pressure * overKnee + (c.servesCla ? w.cla : 0) + (c.continuity ? w.workflow : 0);
+}
+
+/** The terms behind costScore, for explanations. */
+export function costTerms(c: Candidate, r: RouteFeatures, w: Readonly<CostWeights>) {
+  const prompt = r.promptTokens > 0 ? r.promptTokens : REFERENCE_PROMPT_TOKENS;
+  const uncached = r.promptTokens > 0 ? Math.max(0, r.promptTokens - c.cachedTokens) : (1 - c.cachedFraction) * prompt;
+  const work = (uncached + c.worker.queuedPrefillTokens + w.decode * c.worker.activeDecodeTokens) / prompt;
+  const kv = c.worker.load;
+  const overKnee = kv > w.pressureKnee ? (kv - w.pressureKnee) / (1 - w.pressureKnee) : 0;
+  return { uncachedTokens: uncached, work, kvUsage: kv, overKnee, score: costScore(c, r, w) };
 }
 
 /**
@@ -75,6 +84,11 @@ export class CostPolicy implements RoutingPolicy {
   readonly name = 'cost';
   private readonly tieBreak = { cursor: 0 };
   private readonly scratch: number[] = [];
+  // the scoring closure is made once; choose() sets what it reads
+  private request: RouteFeatures | undefined;
+  private anyBelowCeiling = false;
+  private readonly score = (c: Candidate): number =>
+    this.anyBelowCeiling && c.worker.load >= this.weights.pressureCeiling ? NaN : costScore(c, this.request!, this.weights);
 
   constructor(readonly weights: Readonly<CostWeights> = DEFAULT_COST_WEIGHTS) {}
 
@@ -82,12 +96,9 @@ export class CostPolicy implements RoutingPolicy {
     const w = this.weights;
     let anyBelowCeiling = false;
     for (const c of candidates) if (c.worker.load < w.pressureCeiling) anyBelowCeiling = true;
-    const index = pickMax(
-      candidates,
-      (c) => (anyBelowCeiling && c.worker.load >= w.pressureCeiling ? NaN : costTerms(c, request, w).score),
-      this.tieBreak,
-      this.scratch,
-    );
+    this.request = request;
+    this.anyBelowCeiling = anyBelowCeiling;
+    const index = pickMax(candidates, this.score, this.tieBreak, this.scratch);
     if (index < 0) return NO_CHOICE;
     return { index, confidence: candidates[index].cachedFraction, reason: 'cost' };
   }
