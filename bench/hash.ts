@@ -11,7 +11,7 @@
  *   npm run bench:hash -- --json
  */
 import { createHash } from 'node:crypto';
-import { BlockHashes, hashTokenBlocks } from '../src/core/hashing.js';
+import { BlockHashes, fmix32, hashTokenBlocks } from '../src/core/hashing.js';
 import { parseFlags, round } from './stats.js';
 
 const flags = parseFlags(process.argv.slice(2));
@@ -24,14 +24,6 @@ const bytes = Buffer.from(tokens.buffer);
 const out = new BlockHashes(TOKENS / BLOCK);
 
 /** The TypeScript hash this project used before the wasm one: two dependent 32-bit lanes. */
-function fmix32(h: number): number {
-  h ^= h >>> 16;
-  h = Math.imul(h, 0x85ebca6b);
-  h ^= h >>> 13;
-  h = Math.imul(h, 0xc2b2ae35);
-  h ^= h >>> 16;
-  return h >>> 0;
-}
 const jsHi = new Uint32Array(TOKENS / BLOCK);
 const jsLo = new Uint32Array(TOKENS / BLOCK);
 function viaTypeScriptLoop(): void {

@@ -18,6 +18,7 @@ import { createReadStream, existsSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { createGunzip } from 'node:zlib';
 import { BlockIndex, OverlapResult } from '../src/core/block-index.js';
+import { fmix32 } from '../src/core/hashing.js';
 import { intFlag, parseFlags, percentile, round } from './stats.js';
 
 const flags = parseFlags(process.argv.slice(2));
@@ -51,14 +52,6 @@ for await (const line of createInterface({ input, crlfDelay: Infinity })) {
 }
 
 // ---- preparation (untimed): keys, mock engines, events ----
-function fmix32(h: number): number {
-  h ^= h >>> 16;
-  h = Math.imul(h, 0x85ebca6b);
-  h ^= h >>> 13;
-  h = Math.imul(h, 0xc2b2ae35);
-  h ^= h >>> 16;
-  return h >>> 0;
-}
 /** A 64-bit key per (trace hash id, sub-block, copy); the id doubles as the mock's key. */
 const keyId = (hashId: number, sub: number, copy: number) => (hashId * SUB + sub) * DUP + copy;
 

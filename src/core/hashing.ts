@@ -91,13 +91,21 @@ function mixString(hi: number, lo: number, s: string): [number, number] {
   return [fmix32(a ^ (b >>> 7)), fmix32(b ^ Math.imul(a, 0x9e3779b1))];
 }
 
-function fmix32(h: number): number {
+/** murmur3's 32-bit finalizer: a bijection that spreads every input bit over the output. */
+export function fmix32(h: number): number {
   h ^= h >>> 16;
   h = Math.imul(h, 0x85ebca6b);
   h ^= h >>> 13;
   h = Math.imul(h, 0xc2b2ae35);
   h ^= h >>> 16;
   return h >>> 0;
+}
+
+/** A 32-bit hash of a short string (FNV-1a, finalized): routing keys, ring points. */
+export function hashString32(s: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 0x01000193);
+  return fmix32(h);
 }
 
 const root = new Uint32Array(2);

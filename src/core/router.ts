@@ -5,6 +5,7 @@ import {
   BlockHashes,
   canonicalChatText,
   hashPrecomputedBlocks,
+  hashString32,
   hashTextBlocks,
   hashTokenBlocks,
   type ChatMessage,
@@ -239,12 +240,6 @@ const DEFAULTS = {
   contentAnchorTtlMs: 600_000,
 };
 
-/** The routing key of a request without blocks: its anchor, hashed. */
-function hashAnchor(anchor: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < anchor.length; i++) h = Math.imul(h ^ anchor.charCodeAt(i), 0x01000193);
-  return h >>> 0;
-}
 
 /**
  * ContextForge's KV-aware router: the seed's API (`../shared/seed/kv_aware_router.py`) and
@@ -446,7 +441,7 @@ export class KVAwareRouter {
       promptTokens,
       requestBlocks: hashes.length,
       blockSize: hashes.tokensPerBlock || this.blockSize,
-      routingKey: hashes.length > 0 ? hashes.lo[Math.min(hashes.length, 4) - 1] : anchor ? hashAnchor(anchor) : 0,
+      routingKey: hashes.length > 0 ? hashes.lo[Math.min(hashes.length, 4) - 1] : anchor ? hashString32(anchor) : 0,
     };
     const choice = this.policy.choose(candidates, features);
     const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;

@@ -41,3 +41,11 @@ test("the README's example runs", () => {
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stdout, /confidence: 0\.0078125/);
 });
+
+test("the README's route() example runs and routes to the worker holding the prefix", () => {
+  const example = fileURLToPath(new URL('../../examples/route.ts', import.meta.url));
+  const r = spawnSync(process.execPath, ['--import', 'tsx', example], { encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /workerId: 'gpu-1'/);
+  assert.match(r.stdout, /cachedTokens: 2048/);
+});

@@ -1,3 +1,4 @@
+import { hashString32 } from '../hashing.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
 
 /** Virtual nodes per worker on the ring: enough to keep the spread within a few percent. */
@@ -41,18 +42,9 @@ export class ConsistentHashPolicy implements RoutingPolicy {
     this.indexOf.clear();
     this.members.forEach((id, i) => this.indexOf.set(id, i));
     const points: Array<[number, string]> = [];
-    for (const id of this.members) for (let v = 0; v < VNODES; v++) points.push([hashString(`${id}#${v}`), id]);
+    for (const id of this.members) for (let v = 0; v < VNODES; v++) points.push([hashString32(`${id}#${v}`), id]);
     points.sort((a, b) => a[0] - b[0]);
     this.ringPoints = Uint32Array.from(points, (p) => p[0]);
     this.ringOwners = points.map((p) => p[1]);
   }
-}
-
-function hashString(s: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 0x01000193);
-  h ^= h >>> 16;
-  h = Math.imul(h, 0x85ebca6b);
-  h ^= h >>> 13;
-  return h >>> 0;
 }
