@@ -2,6 +2,7 @@
 import { Command } from 'commander';
 import { readFileSync } from 'node:fs';
 import { registerDemoCommand } from './commands/demo.js';
+import { registerSimulateCommand } from './commands/simulate.js';
 
 const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string };
 
@@ -10,6 +11,7 @@ const program = new Command()
   .description('KV-cache-aware request router for LLM inference clusters')
   .version(pkg.version);
 registerDemoCommand(program);
+registerSimulateCommand(program);
 
 try {
   await program.parseAsync(process.argv);

@@ -11,3 +11,12 @@ export function intOption(flag: string, min: number): (value: string) => number 
     return n;
   };
 }
+
+/** A commander parser for a positive number flag. */
+export function positiveNumberOption(flag: string): (value: string) => number {
+  return (value: string) => {
+    const n = Number(value);
+    if (value.trim() === '' || !Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`${flag} must be a positive number, got '${value}'`);
+    return n;
+  };
+}

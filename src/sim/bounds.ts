@@ -1,0 +1,48 @@
+import { BlockHashes } from '../core/hashing.js';
+import { EngineModel, type EngineConfig } from './engine-model.js';
+import { requestBlocks } from './simulator.js';
+import type { TraceRequest } from './trace.js';
+
+/**
+ * Limits no routing policy can pass on a trace:
+ * - infiniteCacheHitRate: the token-weighted prefix hit rate of one infinitely large cache
+ *   seeing every request in order (isolated requests never hit, CLA groups never share);
+ * - idealTtftMean: the mean TTFT (s) if every request ran alone on an idle engine holding
+ *   every earlier block, i.e. only its truly new tokens are prefilled, in budget-sized chunks.
+ */
+export interface Bounds {
+  infiniteCacheHitRate: number;
+  idealTtftMean: number;
+}
+
+export function computeBounds(trace: readonly TraceRequest[], engine: Partial<Omit<EngineConfig, 'blockTokens'>> = {}): Bounds {
+  if (trace.length === 0) return { infiniteCacheHitRate: 0, idealTtftMean: 0 };
+  const model = new EngineModel({ ...engine, blockTokens: trace[0].blockSize });
+  const budget = model.config.maxBatchTokens;
+  const seen = new Set<number>();
+  const scratch = new BlockHashes(256);
+  let hit = 0;
+  let prompt = 0;
+  let ttftSum = 0;
+  let salt = 0;
+  for (const req of trace) {
+    const input = Math.max(1, req.inputLength);
+    const { keys } = requestBlocks(req, req.isolate ? `bound-${salt++}` : undefined, scratch);
+    let k = 0;
+    while (k < keys.length && seen.has(keys[k])) k++;
+    for (const key of keys) seen.add(key);
+    const cached = Math.min(k * req.blockSize, input);
+    hit += cached;
+    prompt += input;
+    // alone on an idle engine: the last prompt token is always computed
+    let done = Math.min(cached, input - 1);
+    let t = 0;
+    while (done < input) {
+      const chunk = Math.min(budget, input - done);
+      t += model.stepTime([[chunk, done]], 0);
+      done += chunk;
+    }
+    ttftSum += t;
+  }
+  return { infiniteCacheHitRate: hit / prompt, idealTtftMean: ttftSum / trace.length / 1000 };
+}

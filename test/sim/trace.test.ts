@@ -1,0 +1,41 @@
+import assert from 'node:assert/strict';
+import { fileURLToPath } from 'node:url';
+import { describe, test } from 'node:test';
+import { loadMooncakeTrace, parseTraceLine, TraceFormatError } from '../../src/sim/trace.js';
+
+const fixture = (name: string) => fileURLToPath(new URL(`../fixtures/${name}`, import.meta.url));
+
+describe('Mooncake trace loader', () => {
+  test('reads the first 300 lines of the real conversation trace', async () => {
+    const t = await loadMooncakeTrace(fixture('mooncake-conversation-head300.jsonl'));
+    assert.equal(t.length, 300);
+    assert.deepEqual(t[0].hashIds.slice(0, 3), [0, 1, 2]);
+    assert.equal(t[0].inputLength, 6758);
+    assert.equal(t[0].blockSize, 512);
+    // the trace README: len(hash_ids) == ceil(input_length / 512) on every line
+    for (const r of t) assert.equal(r.hashIds.length, Math.ceil(r.inputLength / 512));
+    for (let i = 1; i < t.length; i++) assert.ok(t[i].timestamp >= t[i - 1].timestamp);
+  });
+
+  test('honours every optional field, skips blank lines, sorts by time keeping line indices', async () => {
+    const t = await loadMooncakeTrace(fixture('trace-optional-fields.jsonl'));
+    assert.deepEqual(t.map((r) => r.index), [0, 3, 1]); // line 2 is blank; sorted by timestamp
+    const [a, iso, b] = t;
+    assert.equal(a.blockSize, 128);
+    assert.equal(a.sessionId, 'wf-a');
+    assert.equal(a.step, 0);
+    assert.equal(a.claGroup, 1);
+    assert.equal(a.agentRole, 'retriever');
+    assert.equal(a.model, 'm1');
+    assert.deepEqual(b.anchors, [{ id: '77', tokens: 64 }, { id: '78', tokens: 32 }]);
+    assert.equal(iso.isolate, true);
+  });
+
+  test('a malformed line is an error naming the line and the field', () => {
+    assert.throws(() => parseTraceLine('{"timestamp": 0}', 4), (e: unknown) => e instanceof TraceFormatError && /line 5: missing "input_length"/.test(e.message));
+    assert.throws(() => parseTraceLine('not json', 0), /line 1: not valid JSON/);
+    assert.throws(() => parseTraceLine('{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[1,-2]}', 0), /hash_ids/);
+    assert.throws(() => parseTraceLine('{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[],"anchors":[1],"anchor_lengths":[]}', 0), /anchors/);
+    assert.throws(() => parseTraceLine('{"timestamp":-1,"input_length":1,"output_length":1,"hash_ids":[]}', 0), /timestamp/);
+  });
+});
