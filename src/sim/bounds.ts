@@ -5,8 +5,10 @@ import type { TraceRequest } from './trace.js';
 
 /**
  * Limits no routing policy can pass on a trace:
- * - infiniteCacheHitRate: the token-weighted prefix hit rate of one infinitely large cache
- *   seeing every request in order (isolated requests never hit, CLA groups never share);
+ * - infiniteCacheHitRate: the token-weighted hit rate of one infinitely large cache seeing
+ *   every request in order: its cached prefix, plus the content anchors it has seen before
+ *   (for engines with position-independent reuse); isolated requests never hit, CLA groups
+ *   never share;
  * - idealTtftMean: the mean TTFT (s) if every request ran alone on an idle engine holding
  *   every earlier block, i.e. only its truly new tokens are prefilled, in budget-sized chunks.
  */
@@ -20,6 +22,7 @@ export function computeBounds(trace: readonly TraceRequest[], engine: Partial<Om
   const model = new EngineModel({ ...engine, blockTokens: trace[0].blockSize });
   const budget = model.config.maxBatchTokens;
   const seen = new Set<number>();
+  const seenAnchors = new Set<string>();
   const scratch = new BlockHashes(256);
   let hit = 0;
   let prompt = 0;
@@ -31,7 +34,15 @@ export function computeBounds(trace: readonly TraceRequest[], engine: Partial<Om
     let k = 0;
     while (k < keys.length && seen.has(keys[k])) k++;
     for (const key of keys) seen.add(key);
-    const cached = Math.min(k * req.blockSize, input);
+    let anchorTokens = 0;
+    if (!req.isolate) {
+      for (const a of req.anchors ?? []) {
+        const key = `${req.claGroup ?? ''}:${a.id}`;
+        if (seenAnchors.has(key)) anchorTokens += a.tokens;
+        else seenAnchors.add(key);
+      }
+    }
+    const cached = Math.min(k * req.blockSize + anchorTokens, input);
     hit += cached;
     prompt += input;
     // alone on an idle engine: the last prompt token is always computed

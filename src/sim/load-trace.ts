@@ -1,10 +1,27 @@
 import { existsSync, statSync } from 'node:fs';
-import { basename } from 'node:path';
+import { basename, join } from 'node:path';
+import { loadRagpulse } from './ragpulse.js';
 import { loadMooncakeTrace, type TraceRequest } from './trace.js';
+import { generateWorkflowTrace } from './workflows.js';
 
-/** Loads a trace by path: a Mooncake JSONL file (optionally .gz). */
-export async function loadTrace(path: string): Promise<{ name: string; requests: TraceRequest[] }> {
-  if (!existsSync(path)) throw new RangeError(`--trace: no such file: ${path}`);
-  if (statSync(path).isDirectory()) throw new RangeError(`--trace: ${path} is a directory; give a .jsonl or .jsonl.gz file`);
-  return { name: basename(path), requests: await loadMooncakeTrace(path) };
+/**
+ * Loads a trace by name: a Mooncake JSONL file (optionally .gz); a RAGPulse directory (with
+ * 0_trace.jsonl and its side files, optionally .gz); or `workflows:N[:SEED]`, a generated
+ * multi-agent workload of N workflows.
+ */
+export async function loadTrace(spec: string): Promise<{ name: string; requests: TraceRequest[] }> {
+  const gen = /^workflows:(\d+)(?::(\d+))?$/.exec(spec);
+  if (gen) {
+    const workflows = Number(gen[1]);
+    if (workflows < 1) throw new RangeError('--trace workflows:N needs N >= 1');
+    return { name: spec, requests: generateWorkflowTrace({ workflows, seed: Number(gen[2] ?? 1) }) };
+  }
+  if (!existsSync(spec)) throw new RangeError(`--trace: no such file: ${spec}`);
+  if (statSync(spec).isDirectory()) {
+    if (existsSync(join(spec, '0_trace.jsonl')) || existsSync(join(spec, '0_trace.jsonl.gz'))) {
+      return { name: basename(spec), requests: await loadRagpulse(spec) };
+    }
+    throw new RangeError(`--trace: ${spec} is a directory without a RAGPulse 0_trace.jsonl`);
+  }
+  return { name: basename(spec), requests: await loadMooncakeTrace(spec) };
 }

@@ -1,0 +1,87 @@
+import { createReadStream, existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { createGunzip } from 'node:zlib';
+import { fmix32 } from '../core/hashing.js';
+import { sortByArrival, TraceFormatError, type TraceRequest } from './trace.js';
+
+/**
+ * RAGPulse (flashserve/RAGPulse; format in ../shared/traces/README.md): each request lists
+ * component chunk ids (sys_prompt, passages_ids, history, web_search, user_input) whose token
+ * lengths are in five side files. The simulator reads it as:
+ * - prefix blocks: the system-prompt chunks, then the history chunks, each cut into blocks
+ *   of `blockSize` tokens (a chunk's last block rounded up), chained so equal ids mean equal
+ *   prefixes;
+ * - content anchors: the retrieved passages (position-independent reuse, CacheBlend-style);
+ * - web search results and the user input: new tokens, never cached.
+ * Timestamps are seconds (as strings) in an unsorted file; they become sorted milliseconds.
+ */
+export const RAGPULSE_FILES = {
+  trace: '0_trace.jsonl',
+  sys_prompt: ['1_sys_prompt.jsonl', 'sys_prompt_id'],
+  passages_ids: ['2_passages.jsonl', 'passage_id'],
+  history: ['3_history.jsonl', 'history_id'],
+  user_input: ['4_user_input.jsonl', 'user_input_id'],
+  web_search: ['5_web_search.jsonl', 'web_search_id'],
+} as const;
+
+async function* lines(path: string): AsyncGenerator<string> {
+  const gz = `${path}.gz`;
+  const file = existsSync(path) ? path : gz;
+  if (!existsSync(file)) throw new RangeError(`RAGPulse: missing ${path}`);
+  const input = file.endsWith('.gz') ? createReadStream(file).pipe(createGunzip()) : createReadStream(file);
+  for await (const line of createInterface({ input, crlfDelay: Infinity })) if (line.trim()) yield line;
+}
+
+export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRequest[]> {
+  const lengths: Record<string, Map<number, number>> = {};
+  for (const component of ['sys_prompt', 'passages_ids', 'history', 'user_input', 'web_search'] as const) {
+    const [file, key] = RAGPULSE_FILES[component];
+    const m = new Map<number, number>();
+    for await (const line of lines(join(dir, file))) {
+      const r = JSON.parse(line) as Record<string, number>;
+      m.set(r[key], r.token_length);
+    }
+    lengths[component] = m;
+  }
+  const requests: TraceRequest[] = [];
+  let index = 0;
+  for await (const line of lines(join(dir, RAGPULSE_FILES.trace))) {
+    let r: { timestamp: string | number; input_length: number; output_length: number; hash_ids: Record<string, number[]>; session_id?: string };
+    try {
+      r = JSON.parse(line);
+    } catch {
+      throw new TraceFormatError(index, 'not valid JSON');
+    }
+    const ids = r.hash_ids ?? {};
+    const hashIds: number[] = [];
+    let chain = 0x2545f491;
+    const addChunks = (component: 'sys_prompt' | 'history') => {
+      for (const id of ids[component] ?? []) {
+        const tokens = lengths[component].get(id) ?? blockSize;
+        const blocks = Math.max(1, Math.ceil(tokens / blockSize));
+        for (let b = 0; b < blocks; b++) {
+          // chained 53-bit id: (previous, component, chunk id, block within chunk)
+          const hi = fmix32(chain ^ Math.imul(id + 1, 0x9e3779b1) ^ (component === 'history' ? 0x5bd1e995 : 0));
+          chain = fmix32(hi ^ Math.imul(b + 1, 0x85ebca6b));
+          hashIds.push((hi & 0x1fffff) * 4294967296 + chain);
+        }
+      }
+    };
+    addChunks('sys_prompt');
+    addChunks('history');
+    const anchors = (ids.passages_ids ?? []).map((id) => ({ id: `passage-${id}`, tokens: lengths.passages_ids.get(id) ?? 0 }));
+    requests.push({
+      index,
+      timestamp: Number(r.timestamp) * 1000,
+      inputLength: r.input_length,
+      outputLength: r.output_length,
+      hashIds,
+      blockSize,
+      sessionId: r.session_id,
+      anchors,
+    });
+    index++;
+  }
+  return sortByArrival(requests);
+}
