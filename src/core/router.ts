@@ -59,6 +59,8 @@ export interface KVAwareRouterOptions {
   offloadCredit?: number;
   /** Credit of a block known only from the router's own prediction (default 1). */
   predictedCredit?: number;
+  /** Score content anchors a worker holds as cached tokens (default true); false scores the prefix only. */
+  contentAnchorScoring?: boolean;
   /** Most content anchors remembered (default 100,000) and their TTL (default 600 s). */
   contentAnchorCapacity?: number;
   contentAnchorTtlMs?: number;
@@ -263,6 +265,7 @@ export class KVAwareRouter {
   private readonly workflows: WorkflowTable;
   private readonly contentAnchors: ContentAnchorIndex;
   private readonly speculativeBlocks: number;
+  private readonly contentAnchorScoring: boolean;
   private readonly offloadCredit: number;
   private readonly predictedCredit: number;
   private readonly judgeRoles: ReadonlySet<string>;
@@ -306,6 +309,7 @@ export class KVAwareRouter {
       maxEntries: check.positiveInt(options.maxIndexEntries, 'maxIndexEntries', DEFAULTS.maxIndexEntries),
       predictedTtlMs: Math.max(ttl, 1),
     });
+    this.contentAnchorScoring = optionalBool(options.contentAnchorScoring, 'contentAnchorScoring', true);
     this.speculativeBlocks = check.nonNegativeInt(options.speculativeBlocks, 'speculativeBlocks', 16);
     this.offloadCredit = check.fraction(options.offloadCredit ?? 0.75, 'offloadCredit');
     this.predictedCredit = check.fraction(options.predictedCredit ?? 1, 'predictedCredit');
@@ -638,7 +642,7 @@ export class KVAwareRouter {
       const overlapBlocks = slot < o.blocks.length ? o.blocks[slot] : 0;
       const offloadBlocks = overlapBlocks > 0 ? o.offloadBlocks[slot] : 0;
       const predictedBlocks = overlapBlocks > 0 ? o.predictedBlocks[slot] : 0;
-      const anchorTokens = locality && contentAnchors ? this.contentAnchors.heldTokens(slot, contentAnchors, now) : 0;
+      const anchorTokens = locality && contentAnchors && this.contentAnchorScoring ? this.contentAnchors.heldTokens(slot, contentAnchors, now) : 0;
       const credit = overlapBlocks - offloadBlocks - predictedBlocks + offloadBlocks * this.offloadCredit + predictedBlocks * this.predictedCredit;
       let cachedTokens = credit * tokensPerBlock + anchorTokens;
       if (promptTokens > 0 && cachedTokens > promptTokens) cachedTokens = promptTokens;

@@ -20,7 +20,19 @@ export interface Comparison {
 
 const round = (x: number, d = 4) => Math.round(x * 10 ** d) / 10 ** d;
 
-/** Runs every policy on the same requests, one after another, and summarises them. */
+/** Variants a comparison may name besides the policies themselves. */
+const PREFIX_ONLY = '-prefix-only';
+
+/** Splits `cost-prefix-only` into the policy and the router options of the variant. */
+export function policyVariant(name: string): { policy: string; router?: SimulationOptions['router'] } {
+  if (name.endsWith(PREFIX_ONLY)) return { policy: name.slice(0, -PREFIX_ONLY.length), router: { contentAnchorScoring: false } };
+  return { policy: name };
+}
+
+/**
+ * Runs every policy on the same requests, one after another, and summarises them. A name
+ * ending in `-prefix-only` runs that policy with content-anchor scoring off.
+ */
 export function comparePolicies(
   traceName: string,
   trace: readonly TraceRequest[],
@@ -31,7 +43,8 @@ export function comparePolicies(
   const results: PolicyResult[] = [];
   policies.forEach((policy, i) => {
     onPolicy?.(policy, i);
-    results.push(simulate(trace, { ...options, policy }));
+    const v = policyVariant(policy);
+    results.push(simulate(trace, { ...options, policy: v.policy, label: policy, router: { ...options.router, ...v.router } }));
   });
   const bounds = computeBounds(trace, options.engine);
   return {

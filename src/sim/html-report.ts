@@ -2,14 +2,20 @@ import { writeFile } from 'node:fs/promises';
 import type { ComparisonReport } from './compare.js';
 import type { PolicyResult } from './simulator.js';
 
+/** Results of every policy at one arrival scale, for the rate charts. */
+export interface SweepPoint {
+  speed: number;
+  policies: Array<{ policy: string; hitRate: number; ttftMean: number }>;
+}
+
 /** Writes the self-contained HTML report (inline SVG, no scripts, no external files). */
-export async function writeHtmlReport(path: string, report: ComparisonReport, results: readonly PolicyResult[]): Promise<void> {
-  await writeFile(path, renderHtmlReport(report, results));
+export async function writeHtmlReport(path: string, report: ComparisonReport, results: readonly PolicyResult[], sweep?: readonly SweepPoint[]): Promise<void> {
+  await writeFile(path, renderHtmlReport(report, results, sweep));
 }
 
 const COLORS = ['#1b6ac9', '#d1495b', '#2a9d55', '#e09f3e', '#7b4fb8', '#4a4a4a', '#0097a7', '#8d6e63', '#c2185b', '#689f38'];
 
-export function renderHtmlReport(report: ComparisonReport, results: readonly PolicyResult[]): string {
+export function renderHtmlReport(report: ComparisonReport, results: readonly PolicyResult[], sweep?: readonly SweepPoint[]): string {
   const rows = report.policies
     .map((p) => `<tr><td>${esc(p.policy)}</td><td>${(p.hitRate * 100).toFixed(1)}%</td><td>${p.ttft.mean.toFixed(3)}</td><td>${p.ttft.p50.toFixed(3)}</td><td>${p.ttft.p90.toFixed(3)}</td><td>${p.ttft.p99.toFixed(3)}</td><td>${p.e2e.mean.toFixed(2)}</td><td>${p.e2e.p99.toFixed(2)}</td><td>${p.throughputTokPerS}</td><td>${p.loadImbalance.toFixed(3)}</td></tr>`)
     .join('\n');
@@ -24,6 +30,7 @@ ${rows}
 </tbody></table>
 <h2>TTFT distribution (CDF, log scale)</h2>
 ${ttftCdf(results)}
+${sweep && sweep.length > 1 ? `<h2>Hit rate and mean TTFT against arrival rate</h2>${sweepChart(sweep, 'hitRate', 'hit rate')}${sweepChart(sweep, 'ttftMean', 'mean TTFT (s, log)')}` : ''}
 <h2>KV usage per worker over time</h2>
 ${results.map((r) => `<h3>${esc(r.policy)}</h3>${loadChart(r)}`).join('\n')}
 </body></html>
@@ -48,6 +55,25 @@ function ttftCdf(results: readonly PolicyResult[]): string {
   const ticks: string[] = [];
   for (let e = Math.ceil(lo); e <= Math.floor(hi); e++) ticks.push(`<line x1="${x(10 ** e)}" x2="${x(10 ** e)}" y1="${H - B}" y2="20" stroke="#ddd"/><text x="${x(10 ** e)}" y="${H - B + 16}" text-anchor="middle">${10 ** e} s</text>`);
   return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg">${ticks.join('')}<line x1="${L}" x2="${W - 20}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="20" y2="${H - B}" stroke="#333"/><text x="10" y="${y(1) + 4}">100%</text><text x="10" y="${y(0.5) + 4}">50%</text>${lines.join('')}</svg>`;
+}
+
+function sweepChart(sweep: readonly SweepPoint[], key: 'hitRate' | 'ttftMean', label: string): string {
+  const W = 900, H = 260, L = 60, B = 40;
+  const log = key === 'ttftMean';
+  const f = (v: number) => (log ? Math.log10(Math.max(v, 1e-3)) : v);
+  const values = sweep.flatMap((p) => p.policies.map((q) => f(q[key])));
+  const lo = log ? Math.min(...values) : 0;
+  const hi = Math.max(...values) * (log ? 1 : 1.05) + (log ? 0.1 : 0);
+  const sMin = sweep[0].speed, sMax = sweep[sweep.length - 1].speed;
+  const x = (s: number) => L + ((s - sMin) / (sMax - sMin || 1)) * (W - L - 160);
+  const y = (v: number) => H - B - ((f(v) - lo) / (hi - lo || 1)) * (H - B - 20);
+  const names = sweep[0].policies.map((p) => p.policy);
+  const lines = names.map((name, i) => {
+    const pts = sweep.map((p) => `${x(p.speed).toFixed(1)},${y(p.policies.find((q) => q.policy === name)![key]).toFixed(1)}`).join(' ');
+    return `<polyline fill="none" stroke="${COLORS[i % COLORS.length]}" stroke-width="2" points="${pts}"/><text x="${W - 140}" y="${30 + i * 16}" fill="${COLORS[i % COLORS.length]}">${esc(name)}</text>`;
+  });
+  const ticks = sweep.map((p) => `<text x="${x(p.speed)}" y="${H - B + 16}" text-anchor="middle">×${p.speed}</text>`);
+  return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg"><text x="10" y="14">${esc(label)}</text><line x1="${L}" x2="${W - 160}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="20" y2="${H - B}" stroke="#333"/>${ticks.join('')}${lines.join('')}</svg>`;
 }
 
 function loadChart(r: PolicyResult): string {

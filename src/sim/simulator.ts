@@ -14,6 +14,8 @@ import type { TraceRequest } from './trace.js';
 export interface SimulationOptions {
   workers: number;
   policy: string;
+  /** Name in reports (default: the policy), e.g. for a variant with other router options. */
+  label?: string;
   /** Arrival-rate multiplier: timestamps are divided by it (default 1). */
   speed?: number;
   engine?: Partial<Omit<EngineConfig, 'blockTokens'>>;
@@ -303,7 +305,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   const meanBusy = busy.reduce((a, b) => a + b, 0) / n;
   const e2e = percentiles(outcomes.map((o) => o.e2e));
   return {
-    policy,
+    policy: options.label ?? policy,
     hitRate: prompt > 0 ? cached / prompt : 0,
     ttft: percentiles(outcomes.map((o) => o.ttft)),
     e2e: { mean: e2e.mean, p99: e2e.p99 },

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { createWriteStream } from 'node:fs';
 import cliProgress from 'cli-progress';
 import { POLICY_NAMES } from '../../core/policies/index.js';
-import { assignmentLines, comparePolicies, type ComparisonReport } from '../../sim/compare.js';
+import { assignmentLines, comparePolicies, policyVariant, type ComparisonReport } from '../../sim/compare.js';
 import { loadTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
 import { intOption, positiveNumberOption } from '../options.js';
@@ -25,7 +25,7 @@ export function registerSimulateCommand(program: Command): void {
     .description('replay a trace on a simulated cluster, every policy on the same requests')
     .requiredOption('--trace <file>', 'Mooncake JSONL trace (.jsonl or .jsonl.gz)')
     .option('--workers <n>', 'engines in the cluster', intOption('--workers', 1), 8)
-    .option('--policies <list>', 'comma-separated policies', 'cost,seed,dynamo,sglang,llmd,round-robin')
+    .option('--policies <list>', 'comma-separated policies (NAME-prefix-only: content anchors not scored)', 'cost,seed,dynamo,sglang,llmd,round-robin')
     .option('--speed <x>', 'arrival-rate multiplier', positiveNumberOption('--speed'), 1)
     .option('--format <table|json>', 'output format', 'table')
     .option('--kv-tokens <n>', 'KV capacity of each engine in tokens (default 300000)', intOption('--kv-tokens', 1))
@@ -35,7 +35,7 @@ export function registerSimulateCommand(program: Command): void {
     .action(async (flags: SimulateFlags) => {
       if (flags.format !== 'table' && flags.format !== 'json') throw new RangeError(`--format must be table or json, got '${flags.format}'`);
       const policies = flags.policies.split(',').map((p) => p.trim()).filter(Boolean);
-      for (const p of policies) if (!POLICY_NAMES.includes(p)) throw new RangeError(`--policies: unknown policy '${p}' (known: ${POLICY_NAMES.join(', ')})`);
+      for (const p of policies) if (!POLICY_NAMES.includes(policyVariant(p).policy)) throw new RangeError(`--policies: unknown policy '${p}' (known: ${POLICY_NAMES.join(', ')})`);
       const { name, requests } = await loadTrace(flags.trace);
       const bar = flags.progress && process.stderr.isTTY ? new cliProgress.SingleBar({ format: '{policy} [{bar}] {value}/{total} requests', stream: process.stderr }, cliProgress.Presets.shades_classic) : undefined;
       let policyName = '';
