@@ -3,6 +3,7 @@ import { Command } from 'commander';
 import { readFileSync } from 'node:fs';
 import { registerDemoCommand } from './commands/demo.js';
 import { registerSimulateCommand } from './commands/simulate.js';
+import { registerTuneCommand } from './commands/tune.js';
 
 const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string };
 
@@ -12,6 +13,7 @@ const program = new Command()
   .version(pkg.version);
 registerDemoCommand(program);
 registerSimulateCommand(program);
+registerTuneCommand(program);
 
 try {
   await program.parseAsync(process.argv);

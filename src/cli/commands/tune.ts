@@ -1,0 +1,33 @@
+import type { Command } from 'commander';
+import { loadTrace } from '../../sim/load-trace.js';
+import { renderWeightsConfig, tuneCostWeights } from '../../sim/tune.js';
+import { intOption, positiveNumberOption } from '../options.js';
+
+export function registerTuneCommand(program: Command): void {
+  program
+    .command('tune')
+    .description("search the cost policy's weights on part of a trace, check them on the rest, print a config block")
+    .requiredOption('--trace <file>', 'trace (as for simulate)')
+    .option('--workers <n>', 'engines in the cluster', intOption('--workers', 1), 8)
+    .option('--speed <x>', 'arrival-rate multiplier', positiveNumberOption('--speed'), 1)
+    .option('--trials <n>', 'simulations the search may run', intOption('--trials', 1), 30)
+    .option('--train-fraction <f>', 'share of requests (by arrival) to search on', positiveNumberOption('--train-fraction'), 0.6)
+    .option('--seed <n>', 'search seed', intOption('--seed', 0), 7)
+    .option('--format <yaml|json>', 'output', 'yaml')
+    .action(async (flags: { trace: string; workers: number; speed: number; trials: number; trainFraction: number; seed: number; format: string }) => {
+      if (flags.format !== 'yaml' && flags.format !== 'json') throw new RangeError(`--format must be yaml or json, got '${flags.format}'`);
+      if (flags.trainFraction >= 1) throw new RangeError('--train-fraction must be below 1');
+      const { name, requests } = await loadTrace(flags.trace);
+      if (requests.length < 2) throw new RangeError('--trace needs at least 2 requests to hold some out');
+      const result = tuneCostWeights(requests, {
+        workers: flags.workers,
+        speed: flags.speed,
+        trials: flags.trials,
+        trainFraction: flags.trainFraction,
+        seed: flags.seed,
+        onTrial: (i, n) => process.stderr.isTTY && process.stderr.write(`\rtrial ${i}/${n}`),
+      });
+      if (process.stderr.isTTY) process.stderr.write('\n');
+      process.stdout.write(flags.format === 'json' ? `${JSON.stringify(result)}\n` : renderWeightsConfig(name, result));
+    });
+}
