@@ -19,6 +19,7 @@ import { createInterface } from 'node:readline';
 import { createGunzip } from 'node:zlib';
 import { BlockIndex, OverlapResult } from '../src/core/block-index.js';
 import { fmix32 } from '../src/core/hashing.js';
+import { LruSet } from '../src/sim/lru.js';
 import { intFlag, parseFlags, percentile, round } from './stats.js';
 
 const flags = parseFlags(process.argv.slice(2));
@@ -79,61 +80,8 @@ function pushKey(id: number): void {
   keysLo[keyLen] = fmix32(lo ^ 0x85ebca6b ^ Math.imul(keysHi[keyLen], 0xcc9e2d51));
   keyLen++;
 }
-/**
- * A mock engine's block cache: least recently used first out. A doubly linked list over
- * typed arrays, because evicting from the front of a JS Map scans the holes its deletes
- * leave behind, which made preparation quadratic.
- */
-class LruCache {
-  private readonly slotOf = new Map<number, number>();
-  private readonly ids: Float64Array;
-  private readonly prev: Int32Array;
-  private readonly next: Int32Array;
-  private head = -1; // least recently used
-  private tail = -1;
-  private size = 0;
-  constructor(private readonly capacity: number) {
-    this.ids = new Float64Array(capacity + 1);
-    this.prev = new Int32Array(capacity + 1);
-    this.next = new Int32Array(capacity + 1);
-  }
-  /** Touches the id; returns false when it was not cached (it is inserted). */
-  touch(id: number, evicted: (id: number) => void): boolean {
-    const s = this.slotOf.get(id);
-    if (s !== undefined) {
-      this.unlink(s);
-      this.append(s);
-      return true;
-    }
-    let slot: number;
-    if (this.size === this.capacity) {
-      slot = this.head;
-      this.unlink(slot);
-      this.slotOf.delete(this.ids[slot]);
-      evicted(this.ids[slot]);
-    } else slot = this.size++;
-    this.ids[slot] = id;
-    this.slotOf.set(id, slot);
-    this.append(slot);
-    return false;
-  }
-  private unlink(s: number): void {
-    const p = this.prev[s];
-    const n = this.next[s];
-    if (p >= 0) this.next[p] = n;
-    else this.head = n;
-    if (n >= 0) this.prev[n] = p;
-    else this.tail = p;
-  }
-  private append(s: number): void {
-    this.prev[s] = this.tail;
-    this.next[s] = -1;
-    if (this.tail >= 0) this.next[this.tail] = s;
-    else this.head = s;
-    this.tail = s;
-  }
-}
-const caches = Array.from({ length: WORKERS }, () => new LruCache(CACHE_BLOCKS));
+// each worker's mock engine: a block cache, least recently used first out
+const caches = Array.from({ length: WORKERS }, () => new LruSet(CACHE_BLOCKS));
 let requestIndex = 0;
 let lookupBlocks = 0;
 let storedBlocks = 0;

@@ -1,5 +1,6 @@
 import { BlockHashes } from '../core/hashing.js';
 import { EngineModel, type EngineConfig } from './engine-model.js';
+import { LruSet } from './lru.js';
 import { requestBlocks } from './simulator.js';
 import type { TraceRequest } from './trace.js';
 
@@ -56,4 +57,31 @@ export function computeBounds(trace: readonly TraceRequest[], engine: Partial<Om
     ttftSum += t;
   }
   return { infiniteCacheHitRate: hit / prompt, idealTtftMean: ttftSum / trace.length / 1000 };
+}
+
+/**
+ * A reference for what KV capacity allows (not a bound): the token-weighted prefix hit rate
+ * of one LRU cache of `capacityTokens` seeing every request in order, as if the whole
+ * fleet's KV were a single pool. Routing splits the pool per worker, so policies usually
+ * land below it; it says how much of the infinite-cache bound capacity leaves reachable.
+ */
+export function pooledLruHitRate(trace: readonly TraceRequest[], capacityTokens: number): number {
+  if (trace.length === 0) return 0;
+  const blockTokens = trace[0].blockSize;
+  const capacity = Math.max(1, Math.floor(capacityTokens / blockTokens));
+  const lru = new LruSet(capacity);
+  const scratch = new BlockHashes(256);
+  let hit = 0;
+  let prompt = 0;
+  let salt = 0;
+  for (const req of trace) {
+    const input = Math.max(1, req.inputLength);
+    const { keys } = requestBlocks(req, req.isolate ? `lru-${salt++}` : undefined, scratch);
+    let k = 0;
+    while (k < keys.length && lru.has(keys[k])) k++;
+    hit += Math.min(k * req.blockSize, input);
+    prompt += input;
+    for (const key of keys) lru.touch(key);
+  }
+  return hit / prompt;
 }

@@ -16,6 +16,8 @@ interface SimulateFlags {
   report?: string;
   assignments?: string;
   kvTokens?: number;
+  eventDelayMs: number;
+  scrapeIntervalMs: number;
   progress: boolean;
 }
 
@@ -29,6 +31,8 @@ export function registerSimulateCommand(program: Command): void {
     .option('--speed <x>', 'arrival-rate multiplier', positiveNumberOption('--speed'), 1)
     .option('--format <table|json>', 'output format', 'table')
     .option('--kv-tokens <n>', 'KV capacity of each engine in tokens (default 300000)', intOption('--kv-tokens', 1))
+    .option('--event-delay-ms <n>', 'delay of KV events from engine to router', intOption('--event-delay-ms', 0), 50)
+    .option('--scrape-interval-ms <n>', 'interval of load scrapes', intOption('--scrape-interval-ms', 1), 200)
     .option('--report <file>', 'write a self-contained HTML report')
     .option('--assignments <file>', 'write one JSON line per request and policy')
     .option('--no-progress', 'no progress bar on stderr')
@@ -46,6 +50,8 @@ export function registerSimulateCommand(program: Command): void {
         {
           workers: flags.workers,
           speed: flags.speed,
+          eventDelayMs: flags.eventDelayMs,
+          scrapeIntervalMs: flags.scrapeIntervalMs,
           engine: flags.kvTokens ? { kvTokens: flags.kvTokens } : undefined,
           onProgress: (done) => bar?.update(done, { policy: policyName }),
         },
