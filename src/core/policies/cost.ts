@@ -42,10 +42,10 @@ export interface CostWeights {
 
 export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
   prefill: 1.0,
-  recompute: 0.5,
+  recompute: 2.0,
   decode: 0.1,
   load: 0.5,
-  pressure: 3.0,
+  pressure: 6.0,
   pressureKnee: 0.8,
   pressureCeiling: 0.95,
   cla: 0.3,
