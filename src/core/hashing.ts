@@ -155,6 +155,18 @@ export function hashTokenBlocks(
   return runWasmHash(n, blockSize, out);
 }
 
+/**
+ * Like hashTokenBlocks, but the chain continues from a given parent sequence hash instead of
+ * a namespace's root: how a KV event's new blocks are hashed after their parent block.
+ */
+export function hashTokenBlocksFrom(parentHi: number, parentLo: number, tokens: ArrayLike<number>, blockSize: number, out: BlockHashes): BlockHashes {
+  hashTokenBlocks(tokens, blockSize, undefined, out); // validates and loads the tokens
+  const n = out.length * blockSize;
+  root[0] = parentHi >>> 0;
+  root[1] = parentLo >>> 0;
+  return runWasmHash(n, blockSize, out);
+}
+
 /** Hashes the first `n` words in wasm memory in blocks of `blockSize` into `out`. */
 function runWasmHash(n: number, blockSize: number, out: BlockHashes): BlockHashes {
   const outByte = (n * 4 + 7) & ~7;
