@@ -1,0 +1,98 @@
+import { Publisher, Router } from 'zeromq';
+import type { KvEventBatch } from './decode.js';
+import { encodeEventBatch } from './encode.js';
+
+/**
+ * Publishes KV event batches as vLLM's ZmqEventPublisher does: PUB frames
+ * [topic, seq (8-byte big-endian), payload], and a ROUTER replay endpoint that answers
+ * ["", start_seq] with every buffered [seq, payload] from start_seq on, then [-1, ""].
+ * The mock engine uses it; so do the tests, against the real subscriber.
+ */
+export interface KvEventPublisherOptions {
+  /** Where the PUB socket binds, e.g. tcp://127.0.0.1:5557 (a port of * picks a free one). */
+  endpoint: string;
+  replayEndpoint?: string;
+  /** Batches kept for replay (vLLM's buffer_steps, default 10,000). */
+  bufferSize?: number;
+  topic?: string;
+  encoding?: 'map' | 'array';
+}
+
+const END_SEQ = Buffer.from([0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+
+export class KvEventPublisher {
+  private readonly pub = new Publisher({ sendHighWaterMark: 100_000, linger: 0 });
+  private replay: Router | undefined;
+  private readonly buffer: Array<{ seq: bigint; payload: Uint8Array }> = [];
+  private nextSeq = 0n;
+  private dropCount = 0;
+  private closed = false;
+  endpoint = '';
+  replayEndpoint = '';
+
+  constructor(private readonly options: KvEventPublisherOptions) {}
+
+  async start(): Promise<this> {
+    await this.pub.bind(this.options.endpoint);
+    this.endpoint = this.pub.lastEndpoint ?? this.options.endpoint;
+    if (this.options.replayEndpoint) {
+      this.replay = new Router({ linger: 0 });
+      await this.replay.bind(this.options.replayEndpoint);
+      this.replayEndpoint = this.replay.lastEndpoint ?? this.options.replayEndpoint;
+      void this.serveReplays(this.replay);
+    }
+    return this;
+  }
+
+  /** Encodes, numbers, buffers and sends one batch; returns its sequence number. */
+  async publish(batch: KvEventBatch): Promise<bigint> {
+    const payload = encodeEventBatch(batch, this.options.encoding ?? 'map');
+    const seq = this.nextSeq++;
+    this.buffer.push({ seq, payload });
+    if (this.buffer.length > (this.options.bufferSize ?? 10_000)) this.buffer.shift();
+    if (this.dropCount > 0) {
+      this.dropCount--; // lost on the wire (tests): buffered for replay, never sent
+      return seq;
+    }
+    const seqBytes = Buffer.alloc(8);
+    seqBytes.writeBigUInt64BE(seq);
+    await this.pub.send([this.options.topic ?? '', seqBytes, payload]);
+    return seq;
+  }
+
+  /** Drops the next `count` batches on the wire, as a network loss would (for tests). */
+  loseNext(count: number): void {
+    this.dropCount += count;
+  }
+
+  /** Sends raw frames (for tests of malformed input). */
+  async sendRaw(frames: Array<Uint8Array | string>): Promise<void> {
+    await this.pub.send(frames);
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    this.pub.close();
+    this.replay?.close();
+  }
+
+  private async serveReplays(router: Router): Promise<void> {
+    try {
+      for await (const frames of router) {
+        if (frames.length !== 3) continue; // [identity, "", start_seq]
+        const [id, , start] = frames;
+        if (start.length !== 8) continue;
+        const from = start.readBigUInt64BE();
+        for (const b of this.buffer) {
+          if (b.seq < from) continue;
+          const seqBytes = Buffer.alloc(8);
+          seqBytes.writeBigUInt64BE(b.seq);
+          await router.send([id, '', seqBytes, b.payload]);
+        }
+        await router.send([id, '', END_SEQ, '']);
+      }
+    } catch (err) {
+      if (!this.closed) throw err;
+    }
+  }
+}

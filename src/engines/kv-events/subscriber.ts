@@ -1,0 +1,197 @@
+import { Dealer, Subscriber } from 'zeromq';
+import type { KvEventApplier } from './applier.js';
+import { emptyCounts, type ApplyCounts } from './applier.js';
+import { decodeEventBatch, KvEventFormatError, type KvEventBatch } from './decode.js';
+
+/**
+ * One subscriber per engine endpoint (DESIGN.md §8): a ZMQ SUB socket connected to the
+ * engine's PUB, frames [topic, seq, payload]. Sequence numbers are checked:
+ * - a gap means lost events: replay them over DEALER↔ROUTER when the engine has a replay
+ *   endpoint; otherwise (or if the replay fails) drop the worker's entries and rebuild them
+ *   from new events — never keep guessing;
+ * - a sequence number going back to 0 means the engine restarted with an empty cache: its
+ *   entries are dropped;
+ * - joining a stream late (first seq > 0) replays from 0 where possible, to learn what the
+ *   engine already holds.
+ * A malformed message is counted and skipped; it never clears or corrupts the index.
+ * Reconnection is libzmq's, with exponential backoff up to `reconnectMaxMs`.
+ */
+export interface KvEventSubscriberOptions {
+  workerId: string;
+  endpoint: string;
+  replayEndpoint?: string;
+  applier: KvEventApplier;
+  /** Worker of a data-parallel rank (batches carry data_parallel_rank); default: workerId. */
+  workerForRank?: (rank: number) => string | undefined;
+  replayTimeoutMs?: number;
+  reconnectMaxMs?: number;
+  /** Called with a one-line description of anything unusual (gaps, restarts, bad frames). */
+  log?: (message: string) => void;
+}
+
+export interface SubscriberStats {
+  batches: number;
+  events: number;
+  gaps: number;
+  replays: number;
+  replayFailures: number;
+  restarts: number;
+  malformed: number;
+  unknownRanks: number;
+  lastSeq: number | null;
+  /** now − the last batch's timestamp, in seconds (engine and router clocks assumed synced). */
+  lagSeconds: number;
+  applied: ApplyCounts;
+}
+
+export class KvEventSubscriber {
+  private readonly sub = new Subscriber({ linger: 0 });
+  private lastSeq: bigint | null = null;
+  /** The last sequence number a replay delivered: live copies up to it are duplicates. */
+  private replayedThrough: bigint | null = null;
+  private running = false;
+  private loop: Promise<void> | undefined;
+  readonly stats: SubscriberStats = {
+    batches: 0, events: 0, gaps: 0, replays: 0, replayFailures: 0, restarts: 0, malformed: 0, unknownRanks: 0,
+    lastSeq: null, lagSeconds: 0, applied: emptyCounts(),
+  };
+
+  constructor(private readonly options: KvEventSubscriberOptions) {
+    this.sub.reconnectInterval = 100;
+    this.sub.reconnectMaxInterval = options.reconnectMaxMs ?? 5000;
+  }
+
+  start(): this {
+    this.sub.connect(this.options.endpoint);
+    this.sub.subscribe();
+    this.running = true;
+    this.loop = this.receive();
+    return this;
+  }
+
+  async close(): Promise<void> {
+    this.running = false;
+    this.sub.close();
+    await this.loop?.catch(() => {});
+  }
+
+  private log(message: string): void {
+    this.options.log?.(`kv-events ${this.options.workerId} (${this.options.endpoint}): ${message}`);
+  }
+
+  private async receive(): Promise<void> {
+    try {
+      for await (const frames of this.sub) {
+        await this.onMessage(frames);
+      }
+    } catch (err) {
+      if (this.running) this.log(`receive loop ended: ${(err as Error).message}`);
+    }
+  }
+
+  private async onMessage(frames: Buffer[]): Promise<void> {
+    if (frames.length !== 3 || frames[1].length !== 8) {
+      this.stats.malformed++;
+      this.log(`skipped a message of ${frames.length} frames`);
+      return;
+    }
+    const seq = frames[1].readBigInt64BE();
+    if (this.lastSeq !== null && seq <= this.lastSeq) {
+      // PUB never repeats a message: an old number is one a replay already delivered, or
+      // the engine restarted (with an empty cache) and counts from 0 again
+      if (this.replayedThrough !== null && seq <= this.replayedThrough) return;
+      this.stats.restarts++;
+      this.log(`sequence went back from ${this.lastSeq} to ${seq}: engine restarted, its entries are dropped`);
+      this.dropWorkerEntries();
+      this.lastSeq = null;
+      this.replayedThrough = null;
+    }
+    const expected = this.lastSeq === null ? 0n : this.lastSeq + 1n;
+    if (seq > expected) {
+      if (this.lastSeq !== null) this.stats.gaps++;
+      const recovered = this.options.replayEndpoint ? await this.replayFrom(expected, seq) : false;
+      if (!recovered && this.lastSeq !== null) {
+        this.log(`lost events ${expected}..${seq - 1n} and could not replay them: entries dropped, rebuilt from new events`);
+        this.dropWorkerEntries();
+      }
+      if (this.lastSeq !== null && seq <= this.lastSeq) return; // the replay covered it
+    }
+    this.applyPayload(seq, frames[2]);
+  }
+
+  private applyPayload(seq: bigint, payload: Uint8Array): void {
+    this.lastSeq = seq;
+    this.stats.lastSeq = Number(seq);
+    let batch: KvEventBatch;
+    try {
+      batch = decodeEventBatch(payload);
+    } catch (err) {
+      if (!(err instanceof KvEventFormatError)) throw err;
+      this.stats.malformed++;
+      this.log(`skipped malformed batch ${seq}: ${err.message}`);
+      return;
+    }
+    let worker = this.options.workerId;
+    if (batch.dataParallelRank !== null && this.options.workerForRank) {
+      const w = this.options.workerForRank(batch.dataParallelRank);
+      if (w === undefined) {
+        this.stats.unknownRanks++;
+        return;
+      }
+      worker = w;
+    }
+    try {
+      this.options.applier.apply(worker, batch, this.stats.applied);
+    } catch (err) {
+      // e.g. the worker was removed from the router meanwhile
+      this.stats.malformed++;
+      this.log(`could not apply batch ${seq}: ${(err as Error).message}`);
+      return;
+    }
+    this.stats.batches++;
+    this.stats.events += batch.events.length;
+    this.stats.lagSeconds = Math.max(0, Date.now() / 1000 - batch.ts);
+  }
+
+  /**
+   * Asks the engine's ROUTER for every batch from `from` on and applies them in order.
+   * Returns whether the stream is whole again up to `until`.
+   */
+  private async replayFrom(from: bigint, until: bigint): Promise<boolean> {
+    const dealer = new Dealer({ linger: 0, receiveTimeout: this.options.replayTimeoutMs ?? 2000 });
+    try {
+      dealer.connect(this.options.replayEndpoint!);
+      const start = Buffer.alloc(8);
+      start.writeBigInt64BE(from);
+      await dealer.send(['', start]);
+      let next = from;
+      for (;;) {
+        const frames = await dealer.receive();
+        if (frames.length !== 3 || frames[1].length !== 8) throw new Error(`bad replay frame of ${frames.length} parts`);
+        const seq = frames[1].readBigInt64BE();
+        if (seq === -1n) break;
+        if (seq < next) continue;
+        if (seq > next) throw new Error(`replay starts at ${seq}, not ${next}: the engine's buffer no longer has them`);
+        this.applyPayload(seq, frames[2]);
+        this.replayedThrough = seq;
+        next = seq + 1n;
+      }
+      this.stats.replays++;
+      return next > until || this.lastSeq === null || this.lastSeq >= until - 1n;
+    } catch (err) {
+      this.stats.replayFailures++;
+      this.log(`replay from ${from} failed: ${(err as Error).message}`);
+      return false;
+    } finally {
+      dealer.close();
+    }
+  }
+
+  private dropWorkerEntries(): void {
+    try {
+      this.options.applier.clearWorker(this.options.workerId);
+    } catch (err) {
+      this.log(`could not drop entries: ${(err as Error).message}`);
+    }
+  }
+}

@@ -1,0 +1,139 @@
+import assert from 'node:assert/strict';
+import { after, describe, test } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { encode } from '@msgpack/msgpack';
+import { BlockHashes, hashTokenBlocks } from '../../src/core/hashing.js';
+import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
+import type { KvEvent, KvEventBatch } from '../../src/engines/kv-events/decode.js';
+import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
+import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
+import { KVAwareRouter } from '../../src/index.js';
+
+// Real ZeroMQ sockets on loopback: the publisher speaks vLLM's wire format, the subscriber
+// is the production one.
+const BS = 4;
+const tokens = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
+const stored = (hashes: bigint[], parent: bigint | null, from: number): KvEvent => ({
+  type: 'BlockStored', blockHashes: hashes, parentBlockHash: parent, tokenIds: tokens(from, hashes.length * BS), blockSize: BS,
+  loraId: null, medium: 'GPU', loraName: null, groupIdx: null,
+});
+const batch = (...events: KvEvent[]): KvEventBatch => ({ ts: Date.now() / 1000, events, dataParallelRank: 0 });
+
+async function until(cond: () => boolean, what: string, ms = 5000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await sleep(10);
+  }
+}
+
+const closers: Array<() => Promise<void>> = [];
+after(async () => {
+  for (const c of closers) await c();
+});
+
+async function rig(encoding: 'map' | 'array' = 'map', replay = true) {
+  const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+  router.registerWorker('w0');
+  const applier = new KvEventApplier(router);
+  const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*', replayEndpoint: replay ? 'tcp://127.0.0.1:*' : undefined, encoding }).start();
+  const sub = new KvEventSubscriber({ workerId: 'w0', endpoint: pub.endpoint, replayEndpoint: replay ? pub.replayEndpoint : undefined, applier }).start();
+  closers.push(() => sub.close(), () => pub.close());
+  // PUB/SUB slow joiner: publish a probe until the subscription is live
+  const probe = batch({ type: 'AllBlocksCleared' });
+  while (sub.stats.batches === 0) {
+    await pub.publish(probe);
+    await sleep(20);
+  }
+  return { router, applier, pub, sub };
+}
+
+const ownHex = (from: number, blocks: number) => {
+  const h = hashTokenBlocks(tokens(from, blocks * BS), BS, undefined, new BlockHashes());
+  return Array.from({ length: h.length }, (_, i) => h.toHex(i));
+};
+
+describe('KV events over ZeroMQ', () => {
+  for (const encoding of ['map', 'array'] as const) {
+    test(`the index follows what the engine reports storing and evicting (${encoding} encoding)`, async () => {
+      const { router, applier, pub, sub } = await rig(encoding);
+      const seen = sub.stats.batches;
+      await pub.publish(batch(stored([1n, 2n, 3n], null, 0)));
+      await pub.publish(batch({ type: 'BlockRemoved', blockHashes: [3n], medium: 'GPU', groupIdx: null }));
+      await until(() => sub.stats.batches >= seen + 2, 'two batches');
+      assert.deepEqual(applier.trackedHashes('w0').sort(), ownHex(0, 2).sort());
+      assert.equal(router.route({ tokens: tokens(0, 12) }, { dryRun: true }).cachedTokens, 8);
+    });
+  }
+
+  test('lost messages are detected as a gap and replayed', async () => {
+    const { router, pub, sub } = await rig();
+    const replaysBefore = sub.stats.replays; // joining late may already have replayed once
+    pub.loseNext(2);
+    await pub.publish(batch(stored([1n, 2n], null, 0))); // lost
+    await pub.publish(batch(stored([3n], 2n, 8))); // lost
+    await pub.publish(batch(stored([4n], 3n, 12))); // arrives: seq jumps by 3
+    await until(() => sub.stats.replays === replaysBefore + 1, 'the replay');
+    assert.equal(sub.stats.gaps, 1);
+    assert.equal(sub.stats.replayFailures, 0);
+    assert.equal(router.route({ tokens: tokens(0, 16) }, { dryRun: true }).cachedTokens, 16);
+  });
+
+  test('without a replay endpoint a gap drops the entries, which are rebuilt from new events', async () => {
+    const { router, applier, pub, sub } = await rig('map', false);
+    const seen = sub.stats.batches;
+    await pub.publish(batch(stored([1n, 2n], null, 0)));
+    await until(() => sub.stats.batches > seen, 'first batch');
+    pub.loseNext(1);
+    await pub.publish(batch(stored([3n], 2n, 8))); // lost
+    await pub.publish(batch(stored([7n], null, 100)));
+    await until(() => sub.stats.gaps === 1 && sub.stats.batches > seen + 1, 'the gap');
+    assert.deepEqual(applier.trackedHashes('w0'), ownHex(100, 1), 'only what came after the gap');
+    assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 0);
+  });
+
+  test('an engine that restarts (sequence back to 0) has its entries dropped and rebuilt', async () => {
+    const { router, pub, sub } = await rig();
+    const seen = sub.stats.batches;
+    await pub.publish(batch(stored([1n, 2n], null, 0)));
+    await until(() => sub.stats.batches > seen, 'before the restart');
+    const endpoint = pub.endpoint;
+    const replayEndpoint = pub.replayEndpoint;
+    await pub.close();
+    await sleep(50);
+    const restarted = await new KvEventPublisher({ endpoint, replayEndpoint }).start();
+    closers.push(() => restarted.close());
+    while (sub.stats.restarts === 0) {
+      await restarted.publish(batch(stored([9n], null, 200)));
+      await sleep(50);
+    }
+    await until(() => router.route({ tokens: tokens(200, 4) }, { dryRun: true }).cachedTokens === 4, 'the rebuilt entry');
+    assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 0, 'entries from before the restart are gone');
+  });
+
+  test('malformed messages are counted and skipped; the index and the subscriber survive', async () => {
+    const { router, pub, sub } = await rig();
+    const seen = sub.stats.batches;
+    await pub.publish(batch(stored([1n, 2n], null, 0)));
+    await until(() => sub.stats.batches > seen, 'the good batch');
+    const seq = (n: number) => {
+      const b = Buffer.alloc(8);
+      b.writeBigInt64BE(BigInt(n));
+      return b;
+    };
+    const next = sub.stats.lastSeq! + 1;
+    await pub.sendRaw(['', 'not-a-seq', 'x']); // wrong seq frame
+    await pub.sendRaw(['', seq(next)]); // wrong frame count
+    await pub.sendRaw(['', seq(next), Buffer.from([0x92, 0xcb, 1])]); // truncated msgpack
+    await pub.sendRaw(['', seq(next + 1), Buffer.from(encode([1.5, [['BlockMoved', [1]]]]))]); // unknown type
+    await pub.sendRaw(['', seq(next + 2), Buffer.from(encode({ ts: 'x', events: 5 }))]); // wrong types
+    await until(() => sub.stats.malformed >= 5, 'five malformed messages');
+    assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 8, 'the index is intact');
+    // and the subscriber still applies good batches. (The raw frames used sequence numbers
+    // the publisher will use again, so its next batch reads as an engine restart: entries are
+    // dropped and rebuilt through a replay of its buffer.)
+    const before = router.getStats().index.entries;
+    await pub.publish(batch(stored([3n], 2n, 8)));
+    await until(() => router.getStats().index.entries > before, 'a good batch after the bad ones');
+  });
+});
