@@ -1,0 +1,92 @@
+/**
+ * Reads an engine's load from its Prometheus text (/metrics). Names are vLLM's and SGLang's
+ * (DESIGN.md §8): requests running and waiting, and KV-cache usage as a 0-1 fraction (older
+ * vLLM: gpu_cache_usage_perc; SGLang: token_usage). Series with labels (model_name, engine)
+ * are summed per name, except usage, which is averaged.
+ */
+export interface EngineLoad {
+  running: number;
+  waiting: number;
+  kvUsage: number;
+  /** Prefix-cache queries and hits (vLLM counters), when exported. */
+  prefixCacheQueries?: number;
+  prefixCacheHits?: number;
+}
+
+const RUNNING = ['vllm:num_requests_running', 'sglang:num_running_reqs'];
+const WAITING = ['vllm:num_requests_waiting', 'sglang:num_queue_reqs'];
+const USAGE = ['vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc', 'sglang:token_usage'];
+const QUERIES = ['vllm:prefix_cache_queries_total', 'vllm:prefix_cache_queries'];
+const HITS = ['vllm:prefix_cache_hits_total', 'vllm:prefix_cache_hits'];
+
+export class MetricsFormatError extends Error {}
+
+/** Parses exposition text into name → values (comments and malformed lines skipped). */
+export function parsePrometheusText(text: string): Map<string, number[]> {
+  const series = new Map<string, number[]>();
+  for (const raw of text.split('\n')) {
+    const line = raw.trim();
+    if (line === '' || line.startsWith('#')) continue;
+    // name{labels} value [timestamp]; label values may contain spaces inside quotes
+    let nameEnd = 0;
+    while (nameEnd < line.length && /[a-zA-Z0-9_:]/.test(line[nameEnd])) nameEnd++;
+    const name = line.slice(0, nameEnd);
+    if (!name) continue;
+    let rest = line.slice(nameEnd);
+    if (rest.startsWith('{')) {
+      const close = findLabelsEnd(rest);
+      if (close < 0) continue;
+      rest = rest.slice(close + 1);
+    }
+    const value = Number(rest.trim().split(/\s+/)[0]);
+    if (Number.isNaN(value)) continue;
+    const list = series.get(name);
+    if (list) list.push(value);
+    else series.set(name, [value]);
+  }
+  return series;
+}
+
+function findLabelsEnd(s: string): number {
+  let quoted = false;
+  for (let i = 1; i < s.length; i++) {
+    const c = s[i];
+    if (c === '\\') i++;
+    else if (c === '"') quoted = !quoted;
+    else if (c === '}' && !quoted) return i;
+  }
+  return -1;
+}
+
+function first(series: Map<string, number[]>, names: readonly string[], reduce: 'sum' | 'mean'): number | undefined {
+  for (const n of names) {
+    const v = series.get(n);
+    if (v && v.length > 0) {
+      const sum = v.reduce((a, b) => a + b, 0);
+      return reduce === 'sum' ? sum : sum / v.length;
+    }
+  }
+  return undefined;
+}
+
+/** The engine load in a /metrics page; throws MetricsFormatError when none of the names is there. */
+export function readEngineLoad(text: string): EngineLoad {
+  const s = parsePrometheusText(text);
+  const running = first(s, RUNNING, 'sum');
+  const waiting = first(s, WAITING, 'sum');
+  const usage = first(s, USAGE, 'mean');
+  if (running === undefined && waiting === undefined && usage === undefined) {
+    throw new MetricsFormatError('no vLLM or SGLang load metrics in the page');
+  }
+  const load: EngineLoad = {
+    running: Math.max(0, running ?? 0),
+    waiting: Math.max(0, waiting ?? 0),
+    // some exporters report percent; the contract is a 0-1 fraction
+    kvUsage: Math.min(1, Math.max(0, usage !== undefined && usage > 1 ? usage / 100 : usage ?? 0)),
+  };
+  const q = first(s, QUERIES, 'sum');
+  const h = first(s, HITS, 'sum');
+  if (q !== undefined) load.prefixCacheQueries = q;
+  if (h !== undefined) load.prefixCacheHits = h;
+  return load;
+}

@@ -1,0 +1,106 @@
+import type { KVAwareRouter } from '../../core/router.js';
+import { readEngineLoad, type EngineLoad } from './prometheus.js';
+
+/**
+ * Scrapes each worker's /metrics on an interval and feeds the router: KV usage, waiting and
+ * running requests. A worker is marked unhealthy after `failuresToUnhealthy` consecutive
+ * failed scrapes (no answer, HTTP error, no load metrics in the page) and healthy again after
+ * `successesToHealthy` consecutive good ones.
+ */
+export interface MetricsTarget {
+  workerId: string;
+  url: string;
+}
+
+export interface ScraperOptions {
+  intervalMs?: number;
+  timeoutMs?: number;
+  failuresToUnhealthy?: number;
+  successesToHealthy?: number;
+  log?: (message: string) => void;
+}
+
+export interface TargetState {
+  lastLoad?: EngineLoad;
+  consecutiveFailures: number;
+  consecutiveSuccesses: number;
+  healthy: boolean;
+  scrapes: number;
+  failures: number;
+  lastError?: string;
+}
+
+export class MetricsScraper {
+  private readonly states = new Map<string, TargetState>();
+  private timer: NodeJS.Timeout | undefined;
+  private readonly intervalMs: number;
+  private readonly timeoutMs: number;
+  private readonly failuresToUnhealthy: number;
+  private readonly successesToHealthy: number;
+
+  constructor(
+    private readonly router: KVAwareRouter,
+    private readonly targets: MetricsTarget[],
+    private readonly options: ScraperOptions = {},
+  ) {
+    this.intervalMs = options.intervalMs ?? 1000;
+    this.timeoutMs = options.timeoutMs ?? Math.min(2000, this.intervalMs);
+    this.failuresToUnhealthy = options.failuresToUnhealthy ?? 3;
+    this.successesToHealthy = options.successesToHealthy ?? 2;
+    for (const t of targets) this.states.set(t.workerId, { consecutiveFailures: 0, consecutiveSuccesses: 0, healthy: true, scrapes: 0, failures: 0 });
+  }
+
+  state(workerId: string): TargetState | undefined {
+    return this.states.get(workerId);
+  }
+
+  start(): this {
+    const tick = async () => {
+      await this.scrapeAll();
+      if (this.timer !== undefined) this.timer = setTimeout(tick, this.intervalMs);
+    };
+    this.timer = setTimeout(tick, 0);
+    return this;
+  }
+
+  stop(): void {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+
+  /** One round over every target (also what start() repeats). */
+  async scrapeAll(): Promise<void> {
+    await Promise.all(this.targets.map((t) => this.scrape(t)));
+  }
+
+  private async scrape(t: MetricsTarget): Promise<void> {
+    const s = this.states.get(t.workerId)!;
+    s.scrapes++;
+    try {
+      const res = await fetch(t.url, { signal: AbortSignal.timeout(this.timeoutMs) });
+      if (!res.ok) throw new Error(`HTTP ${res.status}`);
+      const load = readEngineLoad(await res.text());
+      s.lastLoad = load;
+      s.consecutiveFailures = 0;
+      s.consecutiveSuccesses++;
+      this.router.updateWorkerMetrics(t.workerId, { kvUsage: load.kvUsage, waitingRequests: load.waiting, runningRequests: load.running });
+      if (!s.healthy && s.consecutiveSuccesses >= this.successesToHealthy) this.setHealth(t.workerId, s, true);
+    } catch (err) {
+      s.failures++;
+      s.consecutiveSuccesses = 0;
+      s.consecutiveFailures++;
+      s.lastError = (err as Error).message;
+      if (s.healthy && s.consecutiveFailures >= this.failuresToUnhealthy) this.setHealth(t.workerId, s, false);
+    }
+  }
+
+  private setHealth(workerId: string, s: TargetState, healthy: boolean): void {
+    s.healthy = healthy;
+    try {
+      this.router.setWorkerHealth(workerId, healthy);
+      this.options.log?.(`metrics: ${workerId} is ${healthy ? 'healthy again' : `unhealthy (${s.lastError})`}`);
+    } catch (err) {
+      this.options.log?.(`metrics: ${workerId}: ${(err as Error).message}`);
+    }
+  }
+}

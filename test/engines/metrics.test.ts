@@ -1,0 +1,90 @@
+import assert from 'node:assert/strict';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, describe, test } from 'node:test';
+import { MetricsFormatError, parsePrometheusText, readEngineLoad } from '../../src/engines/metrics/prometheus.js';
+import { MetricsScraper } from '../../src/engines/metrics/scraper.js';
+import { KVAwareRouter } from '../../src/index.js';
+
+const VLLM = `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-32B"} 7.0
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-32B"} 3.0
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-32B"} 0.42
+vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-32B"} 12000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-32B"} 9000.0
+`;
+const OLD_VLLM = 'vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_waiting{model_name="m"} 0\nvllm:gpu_cache_usage_perc{model_name="m"} 0.9\n';
+const SGLANG = 'sglang:num_running_reqs{model_name="m",label="a b}"} 4\nsglang:num_queue_reqs{model_name="m"} 2\nsglang:token_usage{model_name="m"} 0.25\n';
+
+describe('Prometheus load metrics', () => {
+  test('vLLM, older vLLM and SGLang names', () => {
+    assert.deepEqual(readEngineLoad(VLLM), { running: 7, waiting: 3, kvUsage: 0.42, prefixCacheQueries: 12000, prefixCacheHits: 9000 });
+    assert.deepEqual(readEngineLoad(OLD_VLLM), { running: 1, waiting: 0, kvUsage: 0.9 });
+    assert.deepEqual(readEngineLoad(SGLANG), { running: 4, waiting: 2, kvUsage: 0.25 });
+  });
+
+  test('several series of one name are summed (usage averaged); junk lines are skipped', () => {
+    const text = 'vllm:num_requests_running{engine="0"} 2\nvllm:num_requests_running{engine="1"} 3\ngarbage line\nvllm:kv_cache_usage_perc{engine="0"} 0.2\nvllm:kv_cache_usage_perc{engine="1"} 0.4\n';
+    const load = readEngineLoad(text);
+    assert.equal(load.running, 5);
+    assert.ok(Math.abs(load.kvUsage - 0.3) < 1e-12);
+    assert.equal(parsePrometheusText('x{a="}"} 1 1700000000').get('x')![0], 1);
+  });
+
+  test('a page without load metrics is an error', () => {
+    assert.throws(() => readEngineLoad('# nothing here\nprocess_cpu_seconds_total 3\n'), MetricsFormatError);
+  });
+});
+
+describe('metrics scraper', () => {
+  let page = VLLM;
+  let status = 200;
+  const server: Server = createServer((_, res) => {
+    res.writeHead(status, { 'content-type': 'text/plain' });
+    res.end(page);
+  });
+  after(() => server.close());
+
+  test('feeds the router, marks a failing worker unhealthy and healthy again', async () => {
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/metrics`;
+    const router = new KVAwareRouter();
+    router.registerWorker('w0');
+    router.registerWorker('w1');
+    const scraper = new MetricsScraper(router, [{ workerId: 'w0', url }], { failuresToUnhealthy: 3, successesToHealthy: 2 });
+    await scraper.scrapeAll();
+    const w0 = router.listWorkers()[0];
+    assert.equal(w0.load, 0.42);
+    assert.equal(w0.waitingRequests, 3);
+    assert.equal(w0.runningRequests, 7);
+
+    status = 503;
+    await scraper.scrapeAll();
+    await scraper.scrapeAll();
+    assert.equal(w0.healthy, true, 'two failures are not enough');
+    await scraper.scrapeAll();
+    assert.equal(w0.healthy, false);
+    for (let i = 0; i < 5; i++) assert.equal(router.route({ tokens: Array.from({ length: 32 }, (_, k) => k + i) }).workerId, 'w1');
+
+    status = 200;
+    page = 'not metrics at all';
+    await scraper.scrapeAll();
+    assert.equal(w0.healthy, false, 'a page without metrics is a failure');
+    page = SGLANG;
+    await scraper.scrapeAll();
+    await scraper.scrapeAll();
+    assert.equal(w0.healthy, true);
+    assert.equal(w0.load, 0.25);
+    assert.equal(scraper.state('w0')!.failures, 4);
+  });
+
+  test('an engine that does not answer counts as a failure', async () => {
+    const router = new KVAwareRouter();
+    router.registerWorker('gone');
+    const scraper = new MetricsScraper(router, [{ workerId: 'gone', url: 'http://127.0.0.1:1/metrics' }], { failuresToUnhealthy: 1, timeoutMs: 500 });
+    await scraper.scrapeAll();
+    assert.equal(router.listWorkers()[0].healthy, false);
+    assert.ok(scraper.state('gone')!.lastError);
+  });
+});
