@@ -2,6 +2,7 @@
 import { Command } from 'commander';
 import { readFileSync } from 'node:fs';
 import { registerDemoCommand } from './commands/demo.js';
+import { registerMockEngineCommand } from './commands/mock-engine.js';
 import { registerSimulateCommand } from './commands/simulate.js';
 import { registerTuneCommand } from './commands/tune.js';
 
@@ -12,6 +13,7 @@ const program = new Command()
   .description('KV-cache-aware request router for LLM inference clusters')
   .version(pkg.version);
 registerDemoCommand(program);
+registerMockEngineCommand(program);
 registerSimulateCommand(program);
 registerTuneCommand(program);
 

@@ -1,6 +1,6 @@
 import { BlockHashes, hashPrecomputedBlocks } from '../core/hashing.js';
 import { KVAwareRouter, type KVAwareRouterOptions } from '../core/router.js';
-import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from './engine-model.js';
+import { blockKey, EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../core/engine-model.js';
 import type { TraceRequest } from './trace.js';
 
 /**
@@ -122,11 +122,6 @@ class EventQueue {
 }
 function before(x: SimEvent, y: SimEvent): boolean {
   return x.time < y.time || (x.time === y.time && (x.kind < y.kind || (x.kind === y.kind && x.seq < y.seq)));
-}
-
-/** 53-bit engine cache key from a 64-bit block hash. */
-export function blockKey(hi: number, lo: number): number {
-  return (hi & 0x1fffff) * 4294967296 + (lo >>> 0);
 }
 
 /** The blocks of a trace request as the engine and the router both key them. */

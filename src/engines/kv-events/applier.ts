@@ -55,6 +55,11 @@ export class KvEventApplier {
     return this.maps.get(workerId)?.size ?? 0;
   }
 
+  /** The engine's hashes (decimal, or hex for digests) of what the worker reported holding. */
+  trackedEngineHashes(workerId: string): string[] {
+    return [...(this.maps.get(workerId)?.keys() ?? [])].map((h) => h.toString());
+  }
+
   /** Own hashes (hex) of what the worker reported holding, for comparing with the engine. */
   trackedHashes(workerId: string): string[] {
     const m = this.maps.get(workerId);

@@ -12,7 +12,11 @@ import { decodeEventBatch, KvEventFormatError, type KvEventBatch } from './decod
  * - a sequence number going back to 0 means the engine restarted with an empty cache: its
  *   entries are dropped;
  * - joining a stream late (first seq > 0) replays from 0 where possible, to learn what the
- *   engine already holds.
+ *   engine already holds;
+ * - losing the connection makes the engine's state unknown (it may have died): its entries
+ *   are dropped, and on reconnection rebuilt from the replay buffer;
+ * - a quiet stream is polled through the replay endpoint every `idleReplayMs`, so the last
+ *   batches before a silence are not lost for good (PUB/SUB drops silently).
  * A malformed message is counted and skipped; it never clears or corrupts the index.
  * Reconnection is libzmq's, with exponential backoff up to `reconnectMaxMs`.
  */
@@ -25,6 +29,8 @@ export interface KvEventSubscriberOptions {
   workerForRank?: (rank: number) => string | undefined;
   replayTimeoutMs?: number;
   reconnectMaxMs?: number;
+  /** Poll the replay endpoint after this long without messages (default 2000 ms; 0: never). */
+  idleReplayMs?: number;
   /** Called with a one-line description of anything unusual (gaps, restarts, bad frames). */
   log?: (message: string) => void;
 }
@@ -36,6 +42,7 @@ export interface SubscriberStats {
   replays: number;
   replayFailures: number;
   restarts: number;
+  disconnects: number;
   malformed: number;
   unknownRanks: number;
   lastSeq: number | null;
@@ -51,8 +58,13 @@ export class KvEventSubscriber {
   private replayedThrough: bigint | null = null;
   private running = false;
   private loop: Promise<void> | undefined;
+  private watch: Promise<void> | undefined;
+  /** Every handler runs in order on this chain: replays must not interleave with messages. */
+  private chain: Promise<void> = Promise.resolve();
+  private lastMessageAt = Date.now();
+  private idleTimer: NodeJS.Timeout | undefined;
   readonly stats: SubscriberStats = {
-    batches: 0, events: 0, gaps: 0, replays: 0, replayFailures: 0, restarts: 0, malformed: 0, unknownRanks: 0,
+    batches: 0, events: 0, gaps: 0, replays: 0, replayFailures: 0, restarts: 0, disconnects: 0, malformed: 0, unknownRanks: 0,
     lastSeq: null, lagSeconds: 0, applied: emptyCounts(),
   };
 
@@ -62,17 +74,63 @@ export class KvEventSubscriber {
   }
 
   start(): this {
+    this.running = true;
+    this.watch = this.watchConnection();
     this.sub.connect(this.options.endpoint);
     this.sub.subscribe();
-    this.running = true;
     this.loop = this.receive();
+    const idle = this.options.idleReplayMs ?? 2000;
+    if (idle > 0 && this.options.replayEndpoint) {
+      this.idleTimer = setInterval(() => {
+        if (Date.now() - this.lastMessageAt >= idle) this.serial(() => this.catchUp());
+      }, idle);
+      this.idleTimer.unref();
+    }
     return this;
   }
 
   async close(): Promise<void> {
     this.running = false;
+    clearInterval(this.idleTimer);
+    this.sub.events.close(); // ends the connection watch
     this.sub.close();
     await this.loop?.catch(() => {});
+    await this.watch?.catch(() => {});
+    await this.chain.catch(() => {});
+  }
+
+  private serial(fn: () => Promise<void> | void): Promise<void> {
+    this.chain = this.chain.then(fn, fn).catch((err: Error) => this.log(`handler failed: ${err.message}`));
+    return this.chain;
+  }
+
+  /** Asks the replay endpoint for anything after the last batch seen. */
+  private async catchUp(): Promise<void> {
+    if (!this.running || !this.options.replayEndpoint) return;
+    this.lastMessageAt = Date.now();
+    const from = this.lastSeq === null ? 0n : this.lastSeq + 1n;
+    await this.replayFrom(from, from);
+  }
+
+  private async watchConnection(): Promise<void> {
+    try {
+      for await (const event of this.sub.events) {
+        if (!this.running) break;
+        if (event.type === 'disconnect') {
+          this.stats.disconnects++;
+          await this.serial(() => {
+            this.log('engine disconnected: its entries are dropped until it is heard from again');
+            this.dropWorkerEntries();
+            this.lastSeq = null;
+            this.replayedThrough = null;
+          });
+        } else if (event.type === 'connect') {
+          await this.serial(() => this.catchUp());
+        }
+      }
+    } catch (err) {
+      if (this.running) this.log(`connection watch ended: ${(err as Error).message}`);
+    }
   }
 
   private log(message: string): void {
@@ -82,7 +140,8 @@ export class KvEventSubscriber {
   private async receive(): Promise<void> {
     try {
       for await (const frames of this.sub) {
-        await this.onMessage(frames);
+        this.lastMessageAt = Date.now();
+        await this.serial(() => this.onMessage(frames));
       }
     } catch (err) {
       if (this.running) this.log(`receive loop ended: ${(err as Error).message}`);
@@ -117,6 +176,8 @@ export class KvEventSubscriber {
       if (this.lastSeq !== null && seq <= this.lastSeq) return; // the replay covered it
     }
     this.applyPayload(seq, frames[2]);
+    // live delivery has caught up with the replay: older numbers now mean a restart
+    if (this.replayedThrough !== null && seq > this.replayedThrough) this.replayedThrough = null;
   }
 
   private applyPayload(seq: bigint, payload: Uint8Array): void {

@@ -53,6 +53,11 @@ export const ENGINE_DEFAULTS: Readonly<Omit<EngineConfig, 'blockTokens'>> = Obje
   decodeMsPerContextToken: 5.7e-5,
 });
 
+/** 53-bit engine cache key from a 64-bit block hash. */
+export function blockKey(hi: number, lo: number): number {
+  return (hi & 0x1fffff) * 4294967296 + (lo >>> 0);
+}
+
 /** A request as the engine sees it. */
 export interface EngineRequest {
   id: number;
@@ -73,6 +78,8 @@ export interface StepResult {
   /** Requests whose first token came out of this step, with the tokens found cached. */
   firstTokens: Array<{ request: EngineRequest; cachedTokens: number }>;
   finished: EngineRequest[];
+  /** Output tokens each decoding request produced in this step (or run of steps). */
+  decoded: Array<{ request: EngineRequest; tokens: number }>;
 }
 
 interface Running {
@@ -198,6 +205,7 @@ export class EngineModel {
     const c = this.config;
     const firstTokens: StepResult['firstTokens'] = [];
     const finished: EngineRequest[] = [];
+    const decoded: StepResult['decoded'] = [];
     let budget = c.maxBatchTokens;
     let decodeContext = 0;
     let decoders = 0;
@@ -248,6 +256,7 @@ export class EngineModel {
         if (r.done >= r.request.inputTokens) {
           r.decodeLeft--;
           r.context++;
+          decoded.push({ request: r.request, tokens: 1 });
         }
       }
     }
@@ -260,7 +269,25 @@ export class EngineModel {
       if (r.done >= r.request.inputTokens) firstTokens.push({ request: r.request, cachedTokens: r.cachedTokens });
     }
     this.finishDone(finished);
-    return { end, firstTokens, finished };
+    return { end, firstTokens, finished, decoded };
+  }
+
+  /**
+   * Drops a request (its client went away): out of the queue, or out of the batch with its
+   * blocks released. Blocks it finished computing stay cached. Returns whether it was here.
+   */
+  cancel(id: number): boolean {
+    for (let i = this.waitingHead; i < this.waiting.length; i++) {
+      if (this.waiting[i].id === id) {
+        this.waiting.splice(i, 1);
+        return true;
+      }
+    }
+    const k = this.running.findIndex((r) => r.request.id === id);
+    if (k < 0) return false;
+    this.release(this.running[k]);
+    this.running.splice(k, 1);
+    return true;
   }
 
   /** Admits a request if its blocks fit: pins its cached prefix, allocates the rest. */
@@ -438,13 +465,16 @@ export class EngineModel {
       if (steps >= maxSteps) break;
     }
     this.busyMs += t - now;
+    const decoded: StepResult['decoded'] = [];
     for (const r of this.running) {
+      const tokens = Math.min(steps, Math.max(0, r.decodeLeft));
       r.decodeLeft -= steps;
       r.context += steps;
+      if (tokens > 0) decoded.push({ request: r.request, tokens });
     }
     const finished: EngineRequest[] = [];
     this.finishDone(finished);
-    return { end: t, firstTokens: [], finished };
+    return { end: t, firstTokens: [], finished, decoded };
   }
 
   private appendLru(slot: number): void {

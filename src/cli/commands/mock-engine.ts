@@ -1,0 +1,36 @@
+import type { Command } from 'commander';
+import { MockEngine } from '../../engines/mock-engine.js';
+import { intOption, positiveNumberOption } from '../options.js';
+
+export function registerMockEngineCommand(program: Command): void {
+  program
+    .command('mock-engine')
+    .description('run a mock vLLM-compatible engine: OpenAI API, /tokenize, /metrics and KV events over ZeroMQ')
+    .option('--port <n>', 'HTTP port', intOption('--port', 0), 9001)
+    .option('--host <addr>', 'HTTP address', '127.0.0.1')
+    .option('--model <name>', 'model name served', 'mock')
+    .option('--block-size <n>', 'tokens per KV block', intOption('--block-size', 1), 16)
+    .option('--kv-blocks <n>', 'KV cache capacity in blocks', intOption('--kv-blocks', 1), 4096)
+    .option('--events <endpoint>', 'bind a KV-event PUB socket here (e.g. tcp://127.0.0.1:5557)')
+    .option('--replay <endpoint>', 'bind the KV-event replay ROUTER socket here')
+    .option('--prefill-tok-s <n>', 'prefill speed, tokens/s', positiveNumberOption('--prefill-tok-s'), 20_000)
+    .option('--decode-tok-s <n>', 'decode speed per request, tokens/s', positiveNumberOption('--decode-tok-s'), 200)
+    .action(async (o: { port: number; host: string; model: string; blockSize: number; kvBlocks: number; events?: string; replay?: string; prefillTokS: number; decodeTokS: number }) => {
+      if (o.replay && !o.events) throw new RangeError('--replay needs --events');
+      const engine = await new MockEngine({
+        port: o.port, host: o.host, model: o.model, blockSize: o.blockSize, kvBlocks: o.kvBlocks,
+        events: o.events, replay: o.replay, prefillTokS: o.prefillTokS, decodeTokS: o.decodeTokS,
+      }).start();
+      process.stderr.write(
+        `mock engine '${o.model}' on http://${o.host}:${engine.port}` +
+          (o.events ? `, KV events on ${engine.eventsEndpoint}${o.replay ? ` (replay ${engine.replayEndpoint})` : ''}` : '') +
+          '\n',
+      );
+      await new Promise<void>((resolve) => {
+        const stop = () => resolve();
+        process.once('SIGINT', stop);
+        process.once('SIGTERM', stop);
+      });
+      await engine.close();
+    });
+}

@@ -1,0 +1,154 @@
+import assert from 'node:assert/strict';
+import { after, describe, test } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
+import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
+import { MockEngine, mockTokenize } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+
+const closers: Array<() => Promise<void>> = [];
+after(async () => {
+  for (const c of closers.reverse()) await c();
+});
+
+async function engine(options: ConstructorParameters<typeof MockEngine>[0] = {}) {
+  const e = await new MockEngine({ decodeTokS: 2000, ...options }).start();
+  closers.push(() => e.close());
+  return e;
+}
+const post = (e: MockEngine, path: string, body: unknown) =>
+  fetch(`http://127.0.0.1:${e.port}${path}`, { method: 'POST', body: typeof body === 'string' ? body : JSON.stringify(body), headers: { 'content-type': 'application/json' } });
+
+async function until(cond: () => boolean | Promise<boolean>, what: string, ms = 8000) {
+  const end = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await sleep(20);
+  }
+}
+
+// response bodies are checked field by field below
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type Json = Record<string, any>;
+const read = async (res: Response | Promise<Response>) => (await (await res).json()) as Json;
+const words = (n: number, seed = 0) => Array.from({ length: n }, (_, i) => `w${(i * 7 + seed) % 997}`).join(' ');
+
+describe('mock engine: OpenAI API', () => {
+  test('models, completions, chat with streaming and the usage chunk, tokenize', async () => {
+    const e = await engine();
+    const models = await read(fetch(`http://127.0.0.1:${e.port}/v1/models`));
+    assert.equal(models.data[0].id, 'mock');
+
+    const c = await read(post(e, '/v1/completions', { model: 'mock', prompt: 'Hello world, again.', max_tokens: 4 }));
+    assert.equal(c.object, 'text_completion');
+    assert.equal(c.usage.completion_tokens, 4);
+    assert.equal(c.choices[0].finish_reason, 'length');
+
+    const tok = await read(post(e, '/tokenize', { prompt: 'Hello world, again.' }));
+    assert.deepEqual(tok.tokens, mockTokenize('Hello world, again.'));
+    assert.equal(c.usage.prompt_tokens, tok.count);
+
+    const byIds = await read(post(e, '/v1/completions', { prompt: tok.tokens, max_tokens: 1 }));
+    assert.equal(byIds.usage.prompt_tokens, tok.count);
+
+    const res = await post(e, '/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], max_tokens: 5, stream: true, stream_options: { include_usage: true } });
+    assert.equal(res.headers.get('content-type'), 'text/event-stream');
+    const events = (await res.text()).split('\n\n').filter(Boolean);
+    assert.equal(events[events.length - 1], 'data: [DONE]');
+    const chunks = events.slice(0, -1).map((ev) => JSON.parse(ev.slice(6)));
+    assert.equal(chunks[0].choices[0].delta.role, 'assistant');
+    const usage = chunks[chunks.length - 1];
+    assert.deepEqual(usage.choices, []);
+    assert.equal(usage.usage.completion_tokens, 5);
+    const text = chunks.map((ch) => ch.choices[0]?.delta?.content ?? '').join('');
+    assert.equal(text.trim().split(' ').length, 5);
+  });
+
+  test('a repeated prompt finds its prefix cached', async () => {
+    const e = await engine({ blockSize: 16 });
+    const prompt = words(400);
+    const first = await read(post(e, '/v1/completions', { prompt, max_tokens: 1 }));
+    const second = await read(post(e, '/v1/completions', { prompt, max_tokens: 1 }));
+    assert.equal(first.usage.prompt_tokens_details.cached_tokens, 0);
+    assert.equal(second.usage.prompt_tokens_details.cached_tokens, Math.floor(first.usage.prompt_tokens / 16) * 16);
+    const salted = await read(post(e, '/v1/completions', { prompt, max_tokens: 1, cache_salt: 'tenant-b' }));
+    assert.equal(salted.usage.prompt_tokens_details.cached_tokens, 0, 'a different cache_salt shares nothing');
+  });
+
+  test('a client that disconnects takes its request out of the engine', async () => {
+    const e = await engine({ decodeTokS: 50 });
+    const ac = new AbortController();
+    const res = await fetch(`http://127.0.0.1:${e.port}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'long story', max_tokens: 5000, stream: true }), signal: ac.signal });
+    const reader = res.body!.getReader();
+    await reader.read(); // the first token arrived: the request is running
+    const running = async () => /vllm:num_requests_running\{[^}]*\} (\d+)/.exec(await (await fetch(`http://127.0.0.1:${e.port}/metrics`)).text())![1];
+    assert.equal(await running(), '1');
+    ac.abort();
+    await until(async () => (await running()) === '0', 'the engine to drop the request');
+  });
+
+  test('bad requests get a 4xx JSON error and the engine stays up', async () => {
+    const e = await engine({ maxBodyBytes: 1000 });
+    const cases: Array<[string, unknown, number, RegExp]> = [
+      ['/v1/completions', '{not json', 400, /not valid JSON/],
+      ['/v1/completions', [1, 2], 400, /JSON object/],
+      ['/v1/completions', { prompt: '' }, 400, /prompt is empty/],
+      ['/v1/completions', { prompt: 'x', max_tokens: 0 }, 400, /max_tokens/],
+      ['/v1/completions', { prompt: 'x', model: 'other' }, 404, /does not exist/],
+      ['/v1/completions', { prompt: { a: 1 } }, 400, /prompt must be/],
+      ['/v1/chat/completions', { messages: [] }, 400, /messages/],
+      ['/v1/chat/completions', { messages: [{ content: 'x' }] }, 400, /role/],
+      ['/v1/completions', { prompt: 'x', cache_salt: 5 }, 400, /cache_salt/],
+      ['/v1/completions', { prompt: 'x'.repeat(2000) }, 413, /over 1000 bytes/],
+      ['/v1/nope', {}, 404, /no route/],
+    ];
+    for (const [path, body, status, message] of cases) {
+      const res = await post(e, path, body);
+      assert.equal(res.status, status, `${path} ${JSON.stringify(body).slice(0, 40)}`);
+      const err = (await res.json()) as Json;
+      assert.match(err.error.message, message);
+    }
+    assert.equal((await fetch(`http://127.0.0.1:${e.port}/health`)).status, 200);
+  });
+});
+
+describe('mock engines → KV events → router index', () => {
+  test("the router's index equals what each engine holds, through evictions and a restart", async () => {
+    const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise' });
+    const applier = new KvEventApplier(router);
+    const engines: MockEngine[] = [];
+    const subs: KvEventSubscriber[] = [];
+    for (const id of ['e0', 'e1']) {
+      // small caches so that requests evict each other's blocks
+      const e = await engine({ blockSize: 16, kvBlocks: 64, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' });
+      router.registerWorker(id);
+      const s = new KvEventSubscriber({ workerId: id, endpoint: e.eventsEndpoint, replayEndpoint: e.replayEndpoint, applier }).start();
+      closers.push(() => s.close());
+      engines.push(e);
+      subs.push(s);
+    }
+    await sleep(200); // the subscriptions settle (anything missed is replayed anyway)
+    const matches = (k: number) => {
+      const mine = applier.trackedEngineHashes(`e${k}`).sort();
+      const theirs = engines[k].cacheListing().sort();
+      return mine.length === theirs.length && mine.every((h, i) => h === theirs[i]);
+    };
+    for (let i = 0; i < 24; i++) {
+      const k = i % 2;
+      await read(post(engines[k], '/v1/completions', { prompt: `${words(60, i % 5)} ${words(40, i)}`, max_tokens: 2 }));
+    }
+    await until(() => matches(0) && matches(1), 'the index to match both engines');
+    assert.ok(engines[0].cacheListing().length > 0);
+    assert.ok(subs[0].stats.applied.removedBlocks > 0, 'evictions were applied too');
+    assert.equal(subs[0].stats.malformed + subs[1].stats.malformed, 0);
+
+    // e0 dies and comes back on the same endpoints with an empty cache
+    const { eventsEndpoint, replayEndpoint, port } = engines[0];
+    await engines[0].close();
+    await sleep(100);
+    engines[0] = await engine({ port, blockSize: 16, kvBlocks: 64, events: eventsEndpoint, replay: replayEndpoint });
+    await read(post(engines[0], '/v1/completions', { prompt: words(50, 99), max_tokens: 2 }));
+    await until(() => subs[0].stats.disconnects >= 1 && matches(0), 'the restarted engine to be rebuilt');
+    assert.ok(matches(1));
+  });
+});
