@@ -124,6 +124,26 @@ describe('KV events over ZeroMQ', () => {
     assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 0);
   });
 
+  test('data-parallel ranks are separate workers', async () => {
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+    router.registerWorker('w0');
+    router.registerWorker('w0-dp1');
+    const applier = new KvEventApplier(router);
+    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*', replayEndpoint: 'tcp://127.0.0.1:*' }).start();
+    const sub = new KvEventSubscriber({
+      workerId: 'w0', endpoint: pub.endpoint, replayEndpoint: pub.replayEndpoint, applier,
+      workerForRank: (rank) => (rank === 0 ? 'w0' : rank === 1 ? 'w0-dp1' : undefined),
+    }).start();
+    closers.push(() => sub.close(), () => pub.close());
+    await pub.publish({ ts: Date.now() / 1000, events: [stored([1n], null, 0)], dataParallelRank: 1 });
+    await pub.publish({ ts: Date.now() / 1000, events: [stored([5n], null, 40)], dataParallelRank: 7 });
+    await until(() => sub.stats.unknownRanks === 1, 'the unknown rank');
+    const d = router.route({ tokens: tokens(0, 4) }, { dryRun: true });
+    assert.equal(d.workerId, 'w0-dp1');
+    assert.equal(d.cachedTokens, 4);
+    assert.equal(applier.trackedBlocks('w0'), 0);
+  });
+
   test('malformed messages are counted and skipped; the index and the subscriber survive', async () => {
     const { router, pub, sub } = await rig();
     const seen = sub.stats.batches;

@@ -1,0 +1,34 @@
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { test } from 'node:test';
+
+test('contextforge-router mock-engine serves until SIGTERM and exits cleanly', async () => {
+  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-engine', '--port', '0', '--events', 'tcp://127.0.0.1:*'], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  const url = await new Promise<string>((resolve, reject) => {
+    child.stderr.on('data', (d: Buffer) => {
+      stderr += d.toString();
+      const m = /on (http:\/\/[\d.]+:\d+)/.exec(stderr);
+      if (m) resolve(m[1]);
+    });
+    child.once('exit', (code) => reject(new Error(`exited ${code}: ${stderr}`)));
+  });
+  assert.match(stderr, /KV events on tcp:\/\/127\.0\.0\.1:\d+/);
+  const models = (await (await fetch(`${url}/v1/models`)).json()) as { data: Array<{ id: string }> };
+  assert.equal(models.data[0].id, 'mock');
+  const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+});
+
+test('mock-engine rejects bad flags', async () => {
+  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-engine', '--replay', 'tcp://127.0.0.1:*'], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  const code = await new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  assert.notEqual(code, 0);
+  assert.match(stderr, /--replay needs --events/);
+});
