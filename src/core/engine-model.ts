@@ -171,6 +171,11 @@ export class EngineModel {
     return Math.min(1, Math.max(0, used / this.capacityBlocks));
   }
 
+  /** Whether the engine has a slot for the block (cached, or allocated to a running request). */
+  holds(key: number): boolean {
+    return this.slotOf.has(key);
+  }
+
   /** Blocks in the cache (held or evictable) — what the engine would list as cached. */
   cachedKeys(): number[] {
     const out: number[] = [];

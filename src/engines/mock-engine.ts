@@ -219,6 +219,8 @@ export class MockEngine {
         p.done = true;
         this.pending.delete(id);
         this.engine.cancel(id);
+        // blocks it never got to compute are no longer anywhere in the engine
+        for (const key of request.keys) if (!this.engine.holds(key)) this.blocks.delete(key);
       }
     });
     void req;
