@@ -3,6 +3,7 @@ import { Command } from 'commander';
 import { readFileSync } from 'node:fs';
 import { registerDemoCommand } from './commands/demo.js';
 import { registerMockEngineCommand } from './commands/mock-engine.js';
+import { registerServeCommand } from './commands/serve.js';
 import { registerSimulateCommand } from './commands/simulate.js';
 import { registerTuneCommand } from './commands/tune.js';
 
@@ -14,6 +15,7 @@ const program = new Command()
   .version(pkg.version);
 registerDemoCommand(program);
 registerMockEngineCommand(program);
+registerServeCommand(program);
 registerSimulateCommand(program);
 registerTuneCommand(program);
 

@@ -117,6 +117,8 @@ export interface RouteOptions {
   dryRun?: boolean;
   /** Time in ms (default: the router's clock). */
   now?: number;
+  /** Workers not to choose this time (e.g. one that just failed the request). */
+  exclude?: ReadonlySet<string>;
 }
 
 export interface CandidateExplain {
@@ -439,7 +441,7 @@ export class KVAwareRouter {
       overlap.maxBlocks = 0;
     }
 
-    const candidates = this.collectCandidates(anchor, claGroup, promptTokens, workflowId, contentAnchors, isolated, now);
+    const candidates = this.collectCandidates(anchor, claGroup, promptTokens, workflowId, contentAnchors, isolated, now, options.exclude);
     const features: RouteFeatures = {
       claGroup,
       promptTokens,
@@ -628,6 +630,7 @@ export class KVAwareRouter {
     contentAnchors: readonly ContentAnchor[] | undefined,
     isolated: boolean,
     now: number,
+    exclude: ReadonlySet<string> | undefined,
   ): readonly Candidate[] {
     const locality = this.anchorLocalityEnabled && !isolated;
     const anchor = locality && anchorHash !== undefined ? this.anchors.peek(anchorHash) : undefined;
@@ -637,7 +640,7 @@ export class KVAwareRouter {
     const candidates = this.candidates;
     let n = 0;
     for (const worker of this.workers.values()) {
-      if (!worker.available) continue;
+      if (!worker.available || exclude?.has(worker.id)) continue;
       const slot = worker.slot;
       const overlapBlocks = slot < o.blocks.length ? o.blocks[slot] : 0;
       const offloadBlocks = overlapBlocks > 0 ? o.offloadBlocks[slot] : 0;

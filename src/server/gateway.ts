@@ -1,0 +1,388 @@
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import { request as upstreamRequest } from 'undici';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router.js';
+import type { ChatMessage } from '../core/hashing.js';
+
+/**
+ * The HTTP gateway: an OpenAI-compatible routing proxy in front of the engines. Each request
+ * is routed with KVAwareRouter.route() from its text or token ids and the metadata of
+ * DESIGN.md §5, forwarded to the chosen engine, and streamed back without buffering. The
+ * router's in-flight accounting follows the request: prefill until the first upstream byte,
+ * decode until the end, released on completion, error or client disconnect.
+ */
+export interface GatewayWorker {
+  id: string;
+  url: string;
+  claGroups?: number[];
+}
+
+export interface GatewayOptions {
+  router: KVAwareRouter;
+  workers?: GatewayWorker[];
+  /** Bearer token for /admin; without one, /admin answers loopback clients only. */
+  adminToken?: string;
+  bodyLimit?: number;
+  /** Attempts on other workers after a connection failure or a 5xx before the first byte. */
+  maxRetries?: number;
+  upstreamTimeoutMs?: number;
+}
+
+const METADATA_FIELD = 'contextforge';
+
+class RequestError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly param: string | null = null,
+  ) {
+    super(message);
+  }
+}
+
+function openAiError(reply: FastifyReply, status: number, message: string, param: string | null = null): FastifyReply {
+  return reply.code(status).send({ error: { message, type: status >= 500 ? 'server_error' : 'invalid_request_error', param, code: null } });
+}
+
+export interface Gateway {
+  app: FastifyInstance;
+  metrics: Registry;
+  addWorker(w: GatewayWorker): void;
+  removeWorker(id: string): boolean;
+  close(): Promise<void>;
+}
+
+export async function createGateway(options: GatewayOptions): Promise<Gateway> {
+  const { router } = options;
+  const urls = new Map<string, string>();
+  const app = Fastify({ bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024, logger: false });
+  const maxRetries = options.maxRetries ?? 2;
+  const timeout = options.upstreamTimeoutMs ?? 300_000;
+
+  const metrics = new Registry();
+  const requests = new Counter({ name: 'contextforge_requests_total', help: 'Requests by path and status.', labelNames: ['path', 'status'], registers: [metrics] });
+  const decisions = new Counter({ name: 'contextforge_route_decisions_total', help: 'Routing decisions by policy and reason.', labelNames: ['policy', 'reason'], registers: [metrics] });
+  const cachedTokens = new Counter({ name: 'contextforge_predicted_cached_tokens_total', help: 'Prompt tokens predicted cached on the chosen worker.', registers: [metrics] });
+  const promptTokens = new Counter({ name: 'contextforge_prompt_tokens_total', help: 'Prompt tokens routed (estimated in text mode).', registers: [metrics] });
+  const retries = new Counter({ name: 'contextforge_upstream_retries_total', help: 'Requests retried on another worker.', labelNames: ['worker'], registers: [metrics] });
+  const ttft = new Histogram({ name: 'contextforge_time_to_first_byte_seconds', help: 'Time to the first upstream byte, as the router sees it.', buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30], registers: [metrics] });
+  const latency = new Histogram({ name: 'contextforge_request_duration_seconds', help: 'Request duration through the router.', buckets: [0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120], registers: [metrics] });
+  new Gauge({
+    name: 'contextforge_worker_kv_usage',
+    help: 'KV-cache usage per worker, as last reported.',
+    labelNames: ['worker'],
+    registers: [metrics],
+    collect() {
+      this.reset();
+      for (const w of router.listWorkers()) this.set({ worker: w.id }, w.load);
+    },
+  });
+  new Gauge({
+    name: 'contextforge_worker_in_flight',
+    help: "The router's in-flight requests per worker.",
+    labelNames: ['worker'],
+    registers: [metrics],
+    collect() {
+      this.reset();
+      for (const w of router.listWorkers()) this.set({ worker: w.id }, w.inFlightRequests);
+    },
+  });
+  new Gauge({
+    name: 'contextforge_index_entries',
+    help: '(block, worker) entries in the block index.',
+    registers: [metrics],
+    collect() {
+      this.set(router.index.entryCount);
+    },
+  });
+
+  const addWorker = (w: GatewayWorker) => {
+    if (!/^https?:\/\//.test(w.url)) throw new RangeError(`worker ${w.id}: url must start with http:// or https://`);
+    router.registerWorker(w.id, { url: w.url, claGroups: w.claGroups });
+    urls.set(w.id, w.url.replace(/\/+$/, ''));
+  };
+  const removeWorker = (id: string) => {
+    urls.delete(id);
+    return router.removeWorker(id);
+  };
+  for (const w of options.workers ?? []) addWorker(w);
+
+  app.setErrorHandler((err: Error & { statusCode?: number }, _req, reply) => {
+    const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
+    const message = status === 413 ? `request body too large: ${err.message}` : err.message;
+    void openAiError(reply, status, message);
+  });
+  app.setNotFoundHandler((req, reply) => void openAiError(reply, 404, `no route ${req.method} ${req.url}`));
+  app.addHook('onResponse', async (req, reply) => {
+    requests.inc({ path: req.routeOptions.url ?? 'unknown', status: String(reply.statusCode) });
+  });
+
+  // ------------------------------------------------------------------ OpenAI proxy
+
+  const proxy = (path: '/v1/completions' | '/v1/chat/completions') => async (req: FastifyRequest, reply: FastifyReply) => {
+    let routeRequest: RouteRequest;
+    let body: Record<string, unknown>;
+    try {
+      ({ routeRequest, body } = parseRequest(path, req));
+    } catch (err) {
+      if (err instanceof RequestError || err instanceof RangeError || err instanceof TypeError) {
+        return openAiError(reply, err instanceof RequestError ? err.status : 400, err.message, err instanceof RequestError ? err.param : null);
+      }
+      throw err;
+    }
+    const started = performance.now();
+    const excluded = new Set<string>();
+    for (let attempt = 0; ; attempt++) {
+      const decision = router.route(routeRequest, { exclude: excluded });
+      if (decision.workerId === '') {
+        reply.header('retry-after', '1');
+        return openAiError(reply, 503, 'no worker can take the request now');
+      }
+      decisions.inc({ policy: decision.policy, reason: decision.reason });
+      const forwarded = decision.cacheSalt ? { ...body, cache_salt: decision.cacheSalt } : body;
+      const outcome = await forward(reply, req, urls.get(decision.workerId)!, path, forwarded, decision, timeout, (seconds) => {
+        ttft.observe(seconds);
+        router.markPrefillDone(decision.ticket);
+      });
+      if (outcome === 'retry' && attempt < maxRetries && !reply.raw.destroyed) {
+        router.release(decision.ticket);
+        excluded.add(decision.workerId);
+        retries.inc({ worker: decision.workerId });
+        await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
+        continue;
+      }
+      router.release(decision.ticket);
+      if (outcome === 'retry') {
+        reply.header('retry-after', '1');
+        return openAiError(reply, 502, `the engines failed to answer (last: ${decision.workerId})`);
+      }
+      cachedTokens.inc(decision.cachedTokens);
+      promptTokens.inc(decision.promptTokens);
+      latency.observe((performance.now() - started) / 1000);
+      return reply;
+    }
+  };
+  app.post('/v1/completions', proxy('/v1/completions'));
+  app.post('/v1/chat/completions', proxy('/v1/chat/completions'));
+
+  app.post('/v1/route', async (req, reply) => {
+    const path = (req.body as { messages?: unknown } | null)?.messages !== undefined ? '/v1/chat/completions' : '/v1/completions';
+    let routeRequest: RouteRequest;
+    try {
+      ({ routeRequest } = parseRequest(path, req));
+    } catch (err) {
+      if (err instanceof RequestError || err instanceof RangeError || err instanceof TypeError) return openAiError(reply, 400, err.message);
+      throw err;
+    }
+    const r = router.route(routeRequest, { dryRun: true, explain: true });
+    return { worker: r.workerId, cachedTokens: r.cachedTokens, confidence: r.confidence, policy: r.policy, reason: r.reason, promptTokens: r.promptTokens, explain: r.explain };
+  });
+
+  app.get('/v1/models', async () => {
+    const seen = new Map<string, unknown>();
+    await Promise.all(
+      router.listWorkers().filter((w) => w.available).map(async (w) => {
+        try {
+          const res = await upstreamRequest(`${urls.get(w.id)}/v1/models`, { headersTimeout: 2000, bodyTimeout: 2000 });
+          if (res.statusCode !== 200) return void (await res.body.dump());
+          const list = (await res.body.json()) as { data?: Array<{ id: string }> };
+          for (const m of list.data ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
+        } catch {
+          // an engine that does not answer contributes nothing
+        }
+      }),
+    );
+    return { object: 'list', data: [...seen.values()] };
+  });
+
+  // --------------------------------------------------------------- health, metrics
+
+  app.get('/healthz', async () => ({ status: 'ok' }));
+  app.get('/readyz', async (_req, reply) => {
+    const available = router.listWorkers().filter((w) => w.available).length;
+    return reply.code(available > 0 ? 200 : 503).send({ status: available > 0 ? 'ready' : 'no available worker', availableWorkers: available });
+  });
+  app.get('/metrics', async (_req, reply) => reply.type(metrics.contentType).send(await metrics.metrics()));
+
+  // ------------------------------------------------------------------------- admin
+
+  app.register(async (admin) => {
+    admin.addHook('onRequest', async (req, reply) => {
+      if (options.adminToken) {
+        if (req.headers.authorization !== `Bearer ${options.adminToken}`) return openAiError(reply, 401, 'admin endpoints need the bearer token');
+      } else if (!isLoopback(req.ip)) {
+        return openAiError(reply, 403, 'admin endpoints answer loopback clients only when no admin token is set');
+      }
+    });
+    admin.get('/admin/workers', async () => ({
+      workers: router.listWorkers().map((w) => ({
+        id: w.id, url: urls.get(w.id), healthy: w.healthy, draining: w.draining, kvUsage: w.load,
+        inFlightRequests: w.inFlightRequests, waitingRequests: w.waitingRequests, runningRequests: w.runningRequests,
+        indexEntries: router.index.entriesFor(w.slot), claGroups: [...w.claGroups],
+      })),
+    }));
+    admin.post('/admin/workers', async (req, reply) => {
+      const b = req.body as Partial<GatewayWorker> | null;
+      if (!b || typeof b.id !== 'string' || b.id === '' || typeof b.url !== 'string') return openAiError(reply, 400, 'a worker needs a string id and url');
+      if (urls.has(b.id)) return openAiError(reply, 409, `worker '${b.id}' exists`);
+      try {
+        addWorker({ id: b.id, url: b.url, claGroups: b.claGroups });
+      } catch (err) {
+        return openAiError(reply, 400, (err as Error).message);
+      }
+      return reply.code(201).send({ id: b.id });
+    });
+    admin.delete('/admin/workers/:id', async (req, reply) => {
+      const { id } = req.params as { id: string };
+      return removeWorker(id) ? { removed: id } : openAiError(reply, 404, `no worker '${id}'`);
+    });
+    admin.post('/admin/workers/:id/drain', async (req, reply) => {
+      const { id } = req.params as { id: string };
+      if (!urls.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
+      router.drainWorker(id);
+      return { draining: id };
+    });
+    admin.post('/admin/workers/:id/resume', async (req, reply) => {
+      const { id } = req.params as { id: string };
+      if (!urls.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
+      router.resumeWorker(id);
+      return { resumed: id };
+    });
+    admin.get('/admin/stats', async () => router.getStats());
+  });
+
+  await app.ready();
+  return { app, metrics, addWorker, removeWorker, close: () => app.close() };
+}
+
+function isLoopback(ip: string): boolean {
+  return ip === '127.0.0.1' || ip === '::1' || ip === '::ffff:127.0.0.1' || ip.startsWith('127.');
+}
+
+/** Reads the request: what to route on, and the body to forward (metadata field removed). */
+function parseRequest(path: string, req: FastifyRequest): { routeRequest: RouteRequest; body: Record<string, unknown> } {
+  const raw = req.body;
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new RequestError(400, 'the body must be a JSON object');
+  const { [METADATA_FIELD]: meta, ...body } = raw as Record<string, unknown>;
+  if (meta !== undefined && (meta === null || typeof meta !== 'object' || Array.isArray(meta))) throw new RequestError(400, `"${METADATA_FIELD}" must be an object`, METADATA_FIELD);
+  const m = (meta ?? {}) as Record<string, unknown>;
+  const h = req.headers;
+  const header = (name: string) => (typeof h[name] === 'string' ? (h[name] as string) : undefined);
+  const int = (v: unknown, name: string): number | undefined => {
+    if (v === undefined) return undefined;
+    const n = typeof v === 'string' ? Number(v) : v;
+    if (typeof n !== 'number' || !Number.isInteger(n) || n < 0) throw new RequestError(400, `${name} must be a non-negative integer`, name);
+    return n;
+  };
+  const anchorsRaw = m.anchors ?? header('x-anchor-ids')?.split(',').map((s) => s.trim()).filter(Boolean);
+  let contentAnchors: RouteRequest['contentAnchors'];
+  if (anchorsRaw !== undefined) {
+    if (!Array.isArray(anchorsRaw)) throw new RequestError(400, 'anchors must be a list', 'anchors');
+    contentAnchors = anchorsRaw.map((a) => {
+      if (typeof a === 'string') {
+        const [id, tokens] = a.split(':');
+        return { id, tokens: tokens === undefined ? 0 : int(tokens, 'x-anchor-ids tokens')! };
+      }
+      return a as { id: string; tokens: number };
+    });
+  }
+  const isolate = m.isolate === true || header('x-kv-isolate') === '1' || header('x-kv-isolate') === 'true';
+  const routeRequest: RouteRequest = {
+    workflowId: (m.workflowId as string | undefined) ?? header('x-workflow-id'),
+    workflowStep: int(m.workflowStep ?? header('x-workflow-step'), 'x-workflow-step') ?? null,
+    agentRole: (m.agentRole as string | undefined) ?? header('x-agent-role'),
+    claGroup: int(m.claGroup ?? header('x-cla-group'), 'x-cla-group') ?? null,
+    contentAnchors,
+    isolate: isolate || undefined,
+  };
+  if (typeof body.cache_salt === 'string') routeRequest.cacheSalt = body.cache_salt;
+  if (path === '/v1/chat/completions') {
+    const messages = body.messages;
+    if (!Array.isArray(messages) || messages.length === 0) throw new RequestError(400, 'messages must be a non-empty array', 'messages');
+    messages.forEach((msg, i) => {
+      if (msg === null || typeof msg !== 'object' || typeof (msg as ChatMessage).role !== 'string') throw new RequestError(400, `messages[${i}] must have a string role`, 'messages');
+    });
+    routeRequest.messages = messages as ChatMessage[];
+  } else {
+    const prompt = body.prompt;
+    const first = Array.isArray(prompt) && prompt.length > 0 && (typeof prompt[0] === 'string' || Array.isArray(prompt[0])) ? prompt[0] : prompt;
+    if (typeof first === 'string') routeRequest.text = first;
+    else if (Array.isArray(first) && first.every((t) => Number.isInteger(t) && t >= 0)) routeRequest.tokens = first as number[];
+    else throw new RequestError(400, 'prompt must be a string, a list of strings, token ids, or a list of token-id lists', 'prompt');
+  }
+  return { routeRequest, body };
+}
+
+/**
+ * Sends the request to one engine and pipes its answer to the client. Returns 'retry' when
+ * the engine failed before sending anything (connection error, 5xx), so the caller can try
+ * another worker; 'done' otherwise (including failures after the first byte, which end the
+ * stream with an OpenAI-style error event).
+ */
+async function forward(
+  reply: FastifyReply,
+  req: FastifyRequest,
+  base: string,
+  path: string,
+  body: Record<string, unknown>,
+  decision: RouteResult,
+  timeout: number,
+  onFirstByte: (seconds: number) => void,
+): Promise<'done' | 'retry'> {
+  const ac = new AbortController();
+  // the response closing before it finished means the client went away (a request's own
+  // 'close' only says its body was read)
+  const onClientGone = () => {
+    if (!reply.raw.writableFinished) ac.abort();
+  };
+  reply.raw.once('close', onClientGone);
+  const started = performance.now();
+  let upstream;
+  try {
+    upstream = await upstreamRequest(`${base}${path}`, {
+      method: 'POST',
+      body: JSON.stringify(body),
+      headers: { 'content-type': 'application/json' },
+      signal: ac.signal,
+      headersTimeout: timeout,
+      bodyTimeout: timeout,
+    });
+  } catch {
+    reply.raw.off('close', onClientGone);
+    return 'retry';
+  }
+  if (upstream.statusCode >= 500) {
+    await upstream.body.dump().catch(() => {});
+    reply.raw.off('close', onClientGone);
+    return 'retry';
+  }
+  reply.hijack();
+  const res = reply.raw;
+  const contentType = String(upstream.headers['content-type'] ?? 'application/json');
+  res.writeHead(upstream.statusCode, {
+    'content-type': contentType,
+    'x-contextforge-worker': decision.workerId,
+    'x-contextforge-cached-tokens': String(Math.round(decision.cachedTokens)),
+    ...(contentType.includes('event-stream') ? { 'cache-control': 'no-cache', connection: 'keep-alive' } : {}),
+  });
+  let first = true;
+  try {
+    for await (const chunk of upstream.body) {
+      if (first) {
+        first = false;
+        onFirstByte((performance.now() - started) / 1000);
+        req.server.log.debug({ worker: decision.workerId }, 'first byte');
+      }
+      if (!res.write(chunk)) await new Promise((r) => res.once('drain', r));
+    }
+    res.end();
+  } catch (err) {
+    if (!ac.signal.aborted && contentType.includes('event-stream')) {
+      res.write(`data: ${JSON.stringify({ error: { message: `the engine failed mid-stream: ${(err as Error).message}`, type: 'server_error', code: null } })}\n\n`);
+    }
+    res.end();
+  } finally {
+    reply.raw.off('close', onClientGone);
+  }
+  return 'done';
+}

@@ -1,0 +1,160 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import OpenAI from 'openai';
+import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
+import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
+
+// The official openai SDK (v6) against the router, two mock engines behind it with KV events.
+let gateway: Gateway;
+let base = '';
+let client: OpenAI;
+const engines: MockEngine[] = [];
+const subs: KvEventSubscriber[] = [];
+
+before(async () => {
+  const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise' });
+  const applier = new KvEventApplier(router);
+  for (let i = 0; i < 2; i++) engines.push(await new MockEngine({ decodeTokS: 2000, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' }).start());
+  gateway = await createGateway({ router, workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })), adminToken: 'sekret', bodyLimit: 64 * 1024 });
+  engines.forEach((e, i) => subs.push(new KvEventSubscriber({ workerId: `e${i}`, endpoint: e.eventsEndpoint, replayEndpoint: e.replayEndpoint, applier }).start()));
+  base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
+});
+after(async () => {
+  for (const s of subs) await s.close();
+  await gateway.close();
+  for (const e of engines) await e.close();
+});
+
+const longDoc = Array.from({ length: 300 }, (_, i) => `fact${i % 97}`).join(' ');
+
+describe('the gateway through the openai SDK', () => {
+  test('chat completions, with the router headers', async () => {
+    const { data, response } = await client.chat.completions
+      .create({ model: 'mock', messages: [{ role: 'user', content: 'hello' }], max_tokens: 3 })
+      .withResponse();
+    assert.equal(data.choices[0].message.role, 'assistant');
+    assert.equal(data.usage!.completion_tokens, 3);
+    assert.match(response.headers.get('x-contextforge-worker')!, /^e[01]$/);
+    assert.ok(response.headers.get('x-contextforge-cached-tokens') !== null);
+  });
+
+  test('completions with a text prompt and with token ids', async () => {
+    const a = await client.completions.create({ model: 'mock', prompt: 'Once upon a time', max_tokens: 2 });
+    assert.equal(a.usage!.completion_tokens, 2);
+    const b = await client.completions.create({ model: 'mock', prompt: [101, 102, 103], max_tokens: 1 });
+    assert.equal(b.usage!.prompt_tokens, 3);
+  });
+
+  test('streaming passes through, with the usage chunk', async () => {
+    const stream = await client.chat.completions.create({ model: 'mock', messages: [{ role: 'user', content: 'stream please' }], max_tokens: 6, stream: true, stream_options: { include_usage: true } });
+    let text = '';
+    let usage: OpenAI.CompletionUsage | undefined;
+    for await (const chunk of stream) {
+      text += chunk.choices[0]?.delta?.content ?? '';
+      if (chunk.usage) usage = chunk.usage;
+    }
+    assert.equal(text.trim().split(' ').length, 6);
+    assert.equal(usage?.completion_tokens, 6);
+  });
+
+  test('a conversation stays on the worker that holds its prefix, and the router says so', async () => {
+    const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: 'system', content: longDoc }, { role: 'user', content: 'first question' }];
+    const first = await client.chat.completions.create({ model: 'mock', messages, max_tokens: 2 }).withResponse();
+    const worker = first.response.headers.get('x-contextforge-worker');
+    await sleep(300); // the engine's KV events reach the router
+    const second = await client.chat.completions.create({ model: 'mock', messages: [...messages, { role: 'assistant', content: 'ok' }, { role: 'user', content: 'second' }], max_tokens: 2 }).withResponse();
+    assert.equal(second.response.headers.get('x-contextforge-worker'), worker);
+    assert.ok(Number(second.response.headers.get('x-contextforge-cached-tokens')) > 0);
+    assert.ok(second.data.usage!.prompt_tokens_details!.cached_tokens! > 0, 'the engine found it cached too');
+  });
+
+  test('error responses from an engine come back as OpenAI errors', async () => {
+    await assert.rejects(client.completions.create({ model: 'no-such-model', prompt: 'x', max_tokens: 1 }), (e: unknown) => e instanceof OpenAI.NotFoundError);
+  });
+});
+
+describe('the gateway over plain HTTP', () => {
+  const post = (path: string, body: unknown, headers: Record<string, string> = {}) =>
+    fetch(`${base}${path}`, { method: 'POST', body: typeof body === 'string' ? body : JSON.stringify(body), headers: { 'content-type': 'application/json', ...headers } });
+
+  test('/v1/route answers the decision and its explanation without forwarding', async () => {
+    const res = await post('/v1/route', { messages: [{ role: 'user', content: 'dry run' }] }, { 'x-workflow-id': 'wf-1', 'x-workflow-step': '2' });
+    assert.equal(res.status, 200);
+    const r = (await res.json()) as { worker: string; policy: string; explain: Array<{ worker: string; terms: object }> };
+    assert.match(r.worker, /^e[01]$/);
+    assert.equal(r.policy, 'cost');
+    assert.equal(r.explain.length, 2);
+  });
+
+  test('malformed requests get a 4xx JSON error and the router stays up', async () => {
+    const cases: Array<[string, unknown, Record<string, string>, number, RegExp]> = [
+      ['/v1/chat/completions', '{oops', {}, 400, /JSON/i],
+      ['/v1/chat/completions', { messages: [] }, {}, 400, /messages/],
+      ['/v1/chat/completions', { messages: [{ content: 'x' }] }, {}, 400, /role/],
+      ['/v1/completions', { prompt: { a: 1 } }, {}, 400, /prompt/],
+      ['/v1/completions', { prompt: 'x' }, { 'x-workflow-step': 'abc' }, 400, /x-workflow-step/],
+      ['/v1/completions', { prompt: 'x', contextforge: 5 }, {}, 400, /contextforge/],
+      ['/v1/completions', { prompt: 'x'.repeat(70_000) }, {}, 413, /too large/],
+      ['/v1/nothing', {}, {}, 404, /no route/],
+    ];
+    for (const [path, body, headers, status, message] of cases) {
+      const res = await post(path, body, headers);
+      assert.equal(res.status, status, `${path} ${String(JSON.stringify(body)).slice(0, 30)}`);
+      const err = (await res.json()) as { error: { message: string } };
+      assert.match(err.error.message, message);
+    }
+    assert.equal((await fetch(`${base}/healthz`)).status, 200);
+  });
+
+  test('/v1/models is the union over the workers; /readyz and /metrics answer', async () => {
+    const models = (await (await fetch(`${base}/v1/models`)).json()) as { data: Array<{ id: string }> };
+    assert.deepEqual(models.data.map((m) => m.id), ['mock']);
+    assert.equal((await fetch(`${base}/readyz`)).status, 200);
+    const metrics = await (await fetch(`${base}/metrics`)).text();
+    for (const name of ['contextforge_requests_total', 'contextforge_route_decisions_total', 'contextforge_time_to_first_byte_seconds', 'contextforge_worker_kv_usage', 'contextforge_index_entries']) {
+      assert.match(metrics, new RegExp(name));
+    }
+  });
+
+  test('admin endpoints need the bearer token; workers can be added, drained and removed', async () => {
+    assert.equal((await fetch(`${base}/admin/workers`)).status, 401);
+    const auth = { authorization: 'Bearer sekret' };
+    const list = (await (await fetch(`${base}/admin/workers`, { headers: auth })).json()) as { workers: Array<{ id: string }> };
+    assert.deepEqual(list.workers.map((w) => w.id), ['e0', 'e1']);
+    assert.equal((await post('/admin/workers', { id: 'dead', url: 'http://127.0.0.1:1' }, auth)).status, 201);
+    assert.equal((await post('/admin/workers', { id: 'dead', url: 'http://127.0.0.1:1' }, auth)).status, 409);
+    assert.equal((await post('/admin/workers', { id: 'x', url: 'ftp://nope' }, auth)).status, 400);
+    // a worker that refuses connections: requests fail over to the others, none is lost
+    for (let i = 0; i < 6; i++) {
+      const res = await post('/v1/completions', { prompt: `failover ${i}`, max_tokens: 1 });
+      assert.equal(res.status, 200);
+      assert.notEqual(res.headers.get('x-contextforge-worker'), 'dead');
+    }
+    assert.equal((await post('/admin/workers/e1/drain', {}, auth)).status, 200);
+    for (let i = 0; i < 3; i++) assert.equal((await post('/v1/completions', { prompt: `drain ${i}`, max_tokens: 1 })).headers.get('x-contextforge-worker'), 'e0');
+    assert.equal((await post('/admin/workers/e1/resume', {}, auth)).status, 200);
+    assert.equal((await fetch(`${base}/admin/workers/dead`, { method: 'DELETE', headers: auth })).status, 200);
+    assert.equal((await fetch(`${base}/admin/workers/dead`, { method: 'DELETE', headers: auth })).status, 404);
+  });
+
+  test('a client that disconnects mid-stream reaches the engine', async () => {
+    const ac = new AbortController();
+    const res = await fetch(`${base}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'a very long story', max_tokens: 5000, stream: true }), headers: { 'content-type': 'application/json' }, signal: ac.signal });
+    const worker = Number(res.headers.get('x-contextforge-worker')!.slice(1));
+    await res.body!.getReader().read();
+    const running = async () => /vllm:num_requests_running\{[^}]*\} (\d+)/.exec(await (await fetch(`http://127.0.0.1:${engines[worker].port}/metrics`)).text())![1];
+    assert.equal(await running(), '1');
+    ac.abort();
+    for (let i = 0; i < 200 && (await running()) !== '0'; i++) await sleep(20);
+    assert.equal(await running(), '0');
+    // and the router released its in-flight count
+    for (let i = 0; i < 100 && gateway.app && (await (await fetch(`${base}/admin/stats`, { headers: { authorization: 'Bearer sekret' } })).json() as { inFlightRequests: number }).inFlightRequests !== 0; i++) await sleep(20);
+    const stats = (await (await fetch(`${base}/admin/stats`, { headers: { authorization: 'Bearer sekret' } })).json()) as { inFlightRequests: number };
+    assert.equal(stats.inFlightRequests, 0);
+  });
+});
