@@ -26,6 +26,9 @@ export interface GatewayOptions {
   /** Attempts on other workers after a connection failure or a 5xx before the first byte. */
   maxRetries?: number;
   upstreamTimeoutMs?: number;
+  /** Consecutive failures that open a worker's circuit (default 3), and for how long (5 s). */
+  breakerFailures?: number;
+  breakerCooldownMs?: number;
 }
 
 const METADATA_FIELD = 'contextforge';
@@ -96,6 +99,28 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     },
   });
 
+  // circuit breaker: a worker that fails `breakerFailures` times in a row gets no requests
+  // for `breakerCooldownMs`, then is tried again (one more failure opens it again)
+  const breakerFailures = options.breakerFailures ?? 3;
+  const breakerCooldownMs = options.breakerCooldownMs ?? 5000;
+  const failures = new Map<string, number>();
+  const cooldowns = new Set<NodeJS.Timeout>();
+  const upstreamFailed = (id: string) => {
+    const n = (failures.get(id) ?? 0) + 1;
+    failures.set(id, n);
+    if (n < breakerFailures || !urls.has(id)) return;
+    router.setWorkerHealth(id, false);
+    failures.set(id, breakerFailures - 1);
+    const t = setTimeout(() => {
+      cooldowns.delete(t);
+      if (urls.has(id)) router.setWorkerHealth(id, true);
+    }, breakerCooldownMs);
+    t.unref();
+    cooldowns.add(t);
+  };
+  const upstreamAnswered = (id: string) => failures.delete(id);
+  const breakerOpen = new Counter({ name: 'contextforge_upstream_failures_total', help: 'Connection failures and 5xx before the first byte, per worker.', labelNames: ['worker'], registers: [metrics] });
+
   const addWorker = (w: GatewayWorker) => {
     if (!/^https?:\/\//.test(w.url)) throw new RangeError(`worker ${w.id}: url must start with http:// or https://`);
     router.registerWorker(w.id, { url: w.url, claGroups: w.claGroups });
@@ -144,6 +169,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         ttft.observe(seconds);
         router.markPrefillDone(decision.ticket);
       });
+      if (outcome === 'retry') {
+        upstreamFailed(decision.workerId);
+        breakerOpen.inc({ worker: decision.workerId });
+      } else upstreamAnswered(decision.workerId);
       if (outcome === 'retry' && attempt < maxRetries && !reply.raw.destroyed) {
         router.release(decision.ticket);
         excluded.add(decision.workerId);
@@ -252,7 +281,13 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   });
 
   await app.ready();
-  return { app, metrics, addWorker, removeWorker, close: () => app.close() };
+  return {
+    app, metrics, addWorker, removeWorker,
+    close: async () => {
+      for (const t of cooldowns) clearTimeout(t);
+      await app.close();
+    },
+  };
 }
 
 function isLoopback(ip: string): boolean {
