@@ -3,6 +3,8 @@ import { request as upstreamRequest } from 'undici';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router.js';
 import type { ChatMessage } from '../core/hashing.js';
+import { KvEventApplier } from '../engines/kv-events/applier.js';
+import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decode.js';
 
 /**
  * The HTTP gateway: an OpenAI-compatible routing proxy in front of the engines. Each request
@@ -29,6 +31,13 @@ export interface GatewayOptions {
   /** Consecutive failures that open a worker's circuit (default 3), and for how long (5 s). */
   breakerFailures?: number;
   breakerCooldownMs?: number;
+  /** Applies KV events posted to /admin/events (the serve command shares it with the subscribers). */
+  applier?: KvEventApplier;
+  /**
+   * How prompts are hashed: `text` (default; UTF-8 chunks of the canonical text) or `engine`
+   * (token ids from an available worker's /tokenize, so blocks match the engine's own).
+   */
+  tokenize?: 'text' | 'engine';
 }
 
 const METADATA_FIELD = 'contextforge';
@@ -57,6 +66,8 @@ export interface Gateway {
 
 export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const { router } = options;
+  const applier = options.applier ?? new KvEventApplier(router);
+  const tokenizeMode = options.tokenize ?? 'text';
   const urls = new Map<string, string>();
   const app = Fastify({ bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024, logger: false });
   const maxRetries = options.maxRetries ?? 2;
@@ -132,6 +143,27 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   };
   for (const w of options.workers ?? []) addWorker(w);
 
+  /** Token ids of the prompt from an available engine's /tokenize; undefined if none answers (text mode then). */
+  const tokenizeOnEngine = async (r: RouteRequest): Promise<number[] | undefined> => {
+    if (r.tokens) return r.tokens as number[];
+    const body = r.messages ? { messages: r.messages } : { prompt: r.text };
+    for (const w of router.listWorkers()) {
+      if (!w.available) continue;
+      try {
+        const res = await upstreamRequest(`${urls.get(w.id)}/tokenize`, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json' }, headersTimeout: 2000, bodyTimeout: 2000 });
+        if (res.statusCode !== 200) {
+          await res.body.dump();
+          continue;
+        }
+        const out = (await res.body.json()) as { tokens?: unknown };
+        if (Array.isArray(out.tokens)) return out.tokens as number[];
+      } catch {
+        // try the next worker
+      }
+    }
+    return undefined;
+  };
+
   app.setErrorHandler((err: Error & { statusCode?: number }, _req, reply) => {
     const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
     const message = status === 413 ? `request body too large: ${err.message}` : err.message;
@@ -154,6 +186,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         return openAiError(reply, err instanceof RequestError ? err.status : 400, err.message, err instanceof RequestError ? err.param : null);
       }
       throw err;
+    }
+    if (tokenizeMode === 'engine') {
+      const tokens = await tokenizeOnEngine(routeRequest);
+      if (tokens) routeRequest = { ...routeRequest, tokens, messages: undefined, text: undefined };
     }
     const started = performance.now();
     const excluded = new Set<string>();
@@ -202,6 +238,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     } catch (err) {
       if (err instanceof RequestError || err instanceof RangeError || err instanceof TypeError) return openAiError(reply, 400, err.message);
       throw err;
+    }
+    if (tokenizeMode === 'engine') {
+      const tokens = await tokenizeOnEngine(routeRequest);
+      if (tokens) routeRequest = { ...routeRequest, tokens, messages: undefined, text: undefined };
     }
     const r = router.route(routeRequest, { dryRun: true, explain: true });
     return { worker: r.workerId, cachedTokens: r.cachedTokens, confidence: r.confidence, policy: r.policy, reason: r.reason, promptTokens: r.promptTokens, explain: r.explain };
@@ -278,6 +318,18 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       return { resumed: id };
     });
     admin.get('/admin/stats', async () => router.getStats());
+    // KV events as JSON, for engines that cannot publish over ZeroMQ: vLLM's field names
+    admin.post('/admin/events', async (req, reply) => {
+      const b = req.body as { worker?: unknown; events?: unknown } | null;
+      if (!b || typeof b.worker !== 'string' || !urls.has(b.worker)) return openAiError(reply, 400, 'events need the id of a known worker in "worker"', 'worker');
+      try {
+        const batch = decodeJsonEvents(b.events);
+        return { applied: applier.apply(b.worker, batch) };
+      } catch (err) {
+        if (err instanceof KvEventFormatError) return openAiError(reply, 400, err.message, 'events');
+        throw err;
+      }
+    });
   });
 
   await app.ready();

@@ -44,23 +44,28 @@ export function registerServeCommand(program: Command): void {
     .option('--port <n>', 'listen port', intOption('--port', 0), 8080)
     .option('--policy <name>', 'routing policy', 'cost')
     .option('--block-size <n>', 'tokens per KV block (the engines\')', intOption('--block-size', 1), 16)
-    .option('--tokenize <mode>', 'how prompts are hashed: text (tokenizer and engine: not yet)', 'text')
+    .option('--tokenize <mode>', 'how prompts are hashed: text, or engine (the worker\'s /tokenize); tokenizer: not yet', 'text')
     .option('--worker <spec>', 'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,cla=G1;G2] (repeatable)', (v: string, all: string[]) => [...all, v], [] as string[])
     .option('--admin-token <token>', 'bearer token for /admin (without it: loopback clients only)')
     .option('--state <store>', 'shared state: memory (redis: not yet)', 'memory')
     .option('--config <file>', 'router.yaml (not yet)')
     .action(async (o: { host: string; port: number; policy: string; blockSize: number; tokenize: string; worker: string[]; adminToken?: string; state: string; config?: string }) => {
-      if (o.tokenize !== 'text') throw new RangeError(`--tokenize ${o.tokenize} is not supported yet; use text`);
+      if (o.tokenize !== 'text' && o.tokenize !== 'engine') throw new RangeError(`--tokenize ${o.tokenize} is not supported; use text or engine`);
       if (o.state !== 'memory') throw new RangeError(`--state ${o.state} is not supported yet; use memory`);
       if (o.config) throw new RangeError('--config is not supported yet; pass flags');
       const workers = o.worker.map(parseWorkerSpec);
-      const precise = workers.some((w) => w.events);
-      const router = new KVAwareRouter({ policy: o.policy, blockSize: o.blockSize, indexMode: precise ? 'precise' : 'approximate' });
-      const gateway = await createGateway({ router, workers, adminToken: o.adminToken });
       const log = (m: string) => process.stderr.write(`${m}\n`);
+      // KV events carry token ids: only requests hashed from token ids can match them
+      const eventsUsable = o.tokenize !== 'text';
+      if (!eventsUsable && workers.some((w) => w.events)) {
+        log('warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize engine');
+      }
+      const precise = eventsUsable && workers.some((w) => w.events);
+      const router = new KVAwareRouter({ policy: o.policy, blockSize: o.blockSize, indexMode: precise ? 'precise' : 'approximate' });
       const applier = new KvEventApplier(router);
+      const gateway = await createGateway({ router, workers, adminToken: o.adminToken, applier, tokenize: o.tokenize as 'text' | 'engine' });
       const subscribers = workers
-        .filter((w) => w.events)
+        .filter((w) => eventsUsable && w.events)
         .map((w) => new KvEventSubscriber({ workerId: w.id, endpoint: w.events!, replayEndpoint: w.replay, applier, log }).start());
       const scraper = new MetricsScraper(router, workers.map((w) => ({ workerId: w.id, url: w.metrics ?? `${w.url.replace(/\/+$/, '')}/metrics` })), { log }).start();
       const address = await gateway.app.listen({ host: o.host, port: o.port });

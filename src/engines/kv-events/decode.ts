@@ -181,3 +181,28 @@ function optionalString(v: unknown, at: string): string | null {
   if (typeof v !== 'string') throw new KvEventFormatError(`${at} must be a string`);
   return v;
 }
+
+/**
+ * KV events given as JSON (the gateway's /admin/events, for engines without ZeroMQ): a list
+ * of events with vLLM's field names; hashes as integers or as decimal or 0x-hex strings
+ * (JSON numbers lose bits above 2^53, so large hashes must be strings).
+ */
+export function decodeJsonEvents(events: unknown): KvEventBatch {
+  if (!Array.isArray(events)) throw new KvEventFormatError('events must be an array');
+  if (events.length > 100_000) throw new KvEventFormatError('too many events in one call');
+  const toHash = (v: unknown, at: string): unknown => {
+    if (typeof v === 'string') {
+      if (!/^(0x[0-9a-fA-F]{1,16}|[0-9]{1,20})$/.test(v)) throw new KvEventFormatError(`${at} must be an integer or a decimal/0x-hex string`);
+      return BigInt(v);
+    }
+    return v;
+  };
+  const converted = events.map((e, i) => {
+    if (e === null || typeof e !== 'object' || Array.isArray(e)) throw new KvEventFormatError(`events[${i}] must be an object`);
+    const m = { ...(e as Record<string, unknown>) };
+    if (Array.isArray(m.block_hashes)) m.block_hashes = m.block_hashes.map((h, k) => toHash(h, `events[${i}].block_hashes[${k}]`));
+    if (m.parent_block_hash !== undefined && m.parent_block_hash !== null) m.parent_block_hash = toHash(m.parent_block_hash, `events[${i}].parent_block_hash`);
+    return m;
+  });
+  return { ts: Date.now() / 1000, events: converted.map((e, i) => decodeEvent(e, i)), dataParallelRank: null };
+}

@@ -1,0 +1,61 @@
+import assert from 'node:assert/strict';
+import { after, test } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
+import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway } from '../../src/server/gateway.js';
+
+const cleanup: Array<() => Promise<void>> = [];
+after(async () => {
+  for (const c of cleanup.reverse()) await c();
+});
+const post = (base: string, path: string, body: unknown, headers: Record<string, string> = {}) =>
+  fetch(`${base}${path}`, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json', ...headers } });
+
+test('--tokenize engine: requests are hashed from the engine\'s token ids and meet its KV events', async () => {
+  const engine = await new MockEngine({ events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' }).start();
+  cleanup.push(() => engine.close());
+  const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise', speculativeBlocks: 0 });
+  const applier = new KvEventApplier(router);
+  const gateway = await createGateway({ router, workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}` }], applier, tokenize: 'engine' });
+  cleanup.push(() => gateway.close());
+  const sub = new KvEventSubscriber({ workerId: 'm0', endpoint: engine.eventsEndpoint, replayEndpoint: engine.replayEndpoint, applier }).start();
+  cleanup.push(() => sub.close());
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const messages = [{ role: 'system', content: Array.from({ length: 200 }, (_, i) => `rule${i}`).join(' ') }, { role: 'user', content: 'go' }];
+  const first = await (await post(base, '/v1/chat/completions', { messages, max_tokens: 1 })).json() as { usage: { prompt_tokens: number } };
+  // with no speculation, only the engine's events can tell the router what is cached
+  for (let i = 0; i < 100 && sub.stats.batches === 0; i++) await sleep(20);
+  await sleep(100);
+  const decision = await (await post(base, '/v1/route', { messages })).json() as { cachedTokens: number };
+  assert.equal(decision.cachedTokens, Math.floor(first.usage.prompt_tokens / 16) * 16);
+});
+
+test('/admin/events applies KV events given as JSON', async () => {
+  const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+  const gateway = await createGateway({ router, workers: [{ id: 'a', url: 'http://127.0.0.1:1' }, { id: 'b', url: 'http://127.0.0.1:2' }] });
+  cleanup.push(() => gateway.close());
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const events = [
+    { type: 'BlockStored', block_hashes: ['18364758544493064720', 2], parent_block_hash: null, token_ids: [1, 2, 3, 4, 5, 6, 7, 8], block_size: 4, lora_id: null, medium: 'GPU', lora_name: null },
+    { type: 'BlockRemoved', block_hashes: ['0x2'], medium: 'GPU' },
+  ];
+  const res = await post(base, '/admin/events', { worker: 'b', events });
+  assert.equal(res.status, 200);
+  const { applied } = await res.json() as { applied: { storedBlocks: number; removedBlocks: number } };
+  assert.deepEqual([applied.storedBlocks, applied.removedBlocks], [2, 1]);
+  const d = await (await post(base, '/v1/route', { prompt: [1, 2, 3, 4, 5, 6, 7, 8] })).json() as { worker: string; cachedTokens: number };
+  assert.deepEqual([d.worker, d.cachedTokens], ['b', 4]);
+  for (const [body, message] of [
+    [{ worker: 'zz', events }, /known worker/],
+    [{ worker: 'b', events: 'x' }, /must be an array/],
+    [{ worker: 'b', events: [{ type: 'BlockStored', block_hashes: ['12ab'] }] }, /decimal\/0x-hex/],
+    [{ worker: 'b', events: [{ type: 'Nope' }] }, /unknown event type/],
+  ] as const) {
+    const bad = await post(base, '/admin/events', body);
+    assert.equal(bad.status, 400);
+    assert.match(((await bad.json()) as { error: { message: string } }).error.message, message);
+  }
+});
