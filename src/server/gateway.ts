@@ -164,6 +164,14 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     return undefined;
   };
 
+  // clients that send JSON without saying so (curl -d) are read as JSON too
+  app.addContentTypeParser('*', { parseAs: 'string' }, (_req, body, done) => {
+    try {
+      done(null, body === '' ? undefined : JSON.parse(body as string));
+    } catch {
+      done(Object.assign(new Error('the body is not valid JSON'), { statusCode: 400 }), undefined);
+    }
+  });
   app.setErrorHandler((err: Error & { statusCode?: number }, _req, reply) => {
     const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
     const message = status === 413 ? `request body too large: ${err.message}` : err.message;
