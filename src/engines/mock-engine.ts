@@ -141,8 +141,10 @@ export class MockEngine {
   async close(): Promise<void> {
     this.closed = true;
     for (const p of this.pending.values()) p.res.destroy();
-    await new Promise<void>((r) => (this.server ? this.server.close(() => r()) : r()));
+    // close() waits for every connection to end, and clients keep idle ones alive: end them
+    const closed = new Promise<void>((r) => (this.server ? this.server.close(() => r()) : r()));
     this.server?.closeAllConnections();
+    await closed;
     await this.publisher?.close();
   }
 
