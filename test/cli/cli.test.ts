@@ -49,3 +49,14 @@ test("the README's route() example runs and routes to the worker holding the pre
   assert.match(r.stdout, /workerId: 'gpu-1'/);
   assert.match(r.stdout, /cachedTokens: 2048/);
 });
+
+test('live-demo runs a small workload through mock engines and the router over HTTP', () => {
+  const r = cli('live-demo', '--workflows', '6', '--speed', '8', '--json');
+  assert.equal(r.status, 0, r.stderr);
+  const out = JSON.parse(r.stdout) as { requests: number; results: Array<{ policy: string; requests: number; hitRate: number }> };
+  assert.deepEqual(out.results.map((x) => x.policy), ['cost', 'round-robin']);
+  for (const x of out.results) {
+    assert.equal(x.requests, out.requests);
+    assert.ok(x.hitRate >= 0 && x.hitRate <= 1);
+  }
+});
