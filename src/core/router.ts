@@ -418,8 +418,8 @@ export class KVAwareRouter {
     const workflowId = check.optionalId(request.workflowId, 'workflowId');
     const anchor = check.optionalId(request.anchor, 'anchor');
     const contentAnchors = request.contentAnchors ? checkContentAnchors(request.contentAnchors) : undefined;
-    const isolated = request.isolate === true || (request.agentRole !== undefined && this.judgeRoles.has(request.agentRole));
     if (request.isolate !== undefined && typeof request.isolate !== 'boolean') throw new TypeError('isolate must be a boolean');
+    const isolated = request.isolate === true || (request.agentRole !== undefined && this.judgeRoles.has(request.agentRole));
 
     // isolated requests hash under a private salt: their blocks match nothing else
     const cacheSalt = isolated ? `cf-${this.instanceId}-${(++this.isolationCounter).toString(36)}` : check.optionalId(request.cacheSalt, 'cacheSalt');

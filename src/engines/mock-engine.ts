@@ -162,8 +162,8 @@ export class MockEngine {
       if (req.method !== 'POST') throw new HttpError(404, `no route ${req.method} ${url.pathname}`);
       const body = await readJson(req, this.maxBodyBytes);
       if (url.pathname === '/tokenize') return json(res, 200, this.tokenize(body));
-      if (url.pathname === '/v1/completions') return this.generate(body, res, false, req);
-      if (url.pathname === '/v1/chat/completions') return this.generate(body, res, true, req);
+      if (url.pathname === '/v1/completions') return this.generate(body, res, false);
+      if (url.pathname === '/v1/chat/completions') return this.generate(body, res, true);
       throw new HttpError(404, `no route POST ${url.pathname}`);
     } catch (err) {
       const e = err instanceof HttpError ? err : new HttpError(500, (err as Error).message);
@@ -184,7 +184,7 @@ export class MockEngine {
     throw new HttpError(400, 'prompt must be a string, a list of token ids, or a list with one of those', 'prompt');
   }
 
-  private generate(body: Record<string, unknown>, res: ServerResponse, chat: boolean, req: IncomingMessage): void {
+  private generate(body: Record<string, unknown>, res: ServerResponse, chat: boolean): void {
     if (body.model !== undefined && body.model !== this.model) throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
     const tokens = chat ? mockTokenize(mockChatPrompt(checkMessages(body.messages))) : this.promptTokens(body.prompt);
     if (tokens.length === 0) throw new HttpError(400, 'the prompt is empty', chat ? 'messages' : 'prompt');
@@ -225,7 +225,6 @@ export class MockEngine {
         for (const key of request.keys) if (!this.engine.holds(key)) this.blocks.delete(key);
       }
     });
-    void req;
     this.engine.enqueue(request);
     this.pump();
   }

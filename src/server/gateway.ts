@@ -184,21 +184,32 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 
   // ------------------------------------------------------------------ OpenAI proxy
 
-  const proxy = (path: '/v1/completions' | '/v1/chat/completions') => async (req: FastifyRequest, reply: FastifyReply) => {
-    let routeRequest: RouteRequest;
-    let body: Record<string, unknown>;
+  /**
+   * Reads a request into what to route on (token ids from an engine in `engine` mode) and the
+   * body to forward; answers a 4xx and returns undefined when the request is malformed.
+   */
+  const prepare = async (path: string, req: FastifyRequest, reply: FastifyReply) => {
+    let parsed: { routeRequest: RouteRequest; body: Record<string, unknown> };
     try {
-      ({ routeRequest, body } = parseRequest(path, req));
+      parsed = parseRequest(path, req);
     } catch (err) {
       if (err instanceof RequestError || err instanceof RangeError || err instanceof TypeError) {
-        return openAiError(reply, err instanceof RequestError ? err.status : 400, err.message, err instanceof RequestError ? err.param : null);
+        void openAiError(reply, err instanceof RequestError ? err.status : 400, err.message, err instanceof RequestError ? err.param : null);
+        return undefined;
       }
       throw err;
     }
     if (tokenizeMode === 'engine') {
-      const tokens = await tokenizeOnEngine(routeRequest);
-      if (tokens) routeRequest = { ...routeRequest, tokens, messages: undefined, text: undefined };
+      const tokens = await tokenizeOnEngine(parsed.routeRequest);
+      if (tokens) parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
     }
+    return parsed;
+  };
+
+  const proxy = (path: '/v1/completions' | '/v1/chat/completions') => async (req: FastifyRequest, reply: FastifyReply) => {
+    const prepared = await prepare(path, req, reply);
+    if (!prepared) return reply;
+    const { routeRequest, body } = prepared;
     const started = performance.now();
     const excluded = new Set<string>();
     for (let attempt = 0; ; attempt++) {
@@ -240,17 +251,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 
   app.post('/v1/route', async (req, reply) => {
     const path = (req.body as { messages?: unknown } | null)?.messages !== undefined ? '/v1/chat/completions' : '/v1/completions';
-    let routeRequest: RouteRequest;
-    try {
-      ({ routeRequest } = parseRequest(path, req));
-    } catch (err) {
-      if (err instanceof RequestError || err instanceof RangeError || err instanceof TypeError) return openAiError(reply, 400, err.message);
-      throw err;
-    }
-    if (tokenizeMode === 'engine') {
-      const tokens = await tokenizeOnEngine(routeRequest);
-      if (tokens) routeRequest = { ...routeRequest, tokens, messages: undefined, text: undefined };
-    }
+    const prepared = await prepare(path, req, reply);
+    if (!prepared) return reply;
+    const { routeRequest } = prepared;
     const r = router.route(routeRequest, { dryRun: true, explain: true });
     return { worker: r.workerId, cachedTokens: r.cachedTokens, confidence: r.confidence, policy: r.policy, reason: r.reason, promptTokens: r.promptTokens, explain: r.explain };
   });

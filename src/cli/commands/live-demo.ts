@@ -1,6 +1,5 @@
 import type { Command } from 'commander';
 import { setMaxListeners } from 'node:events';
-import OpenAI from 'openai';
 import { KVAwareRouter } from '../../core/router.js';
 import { KvEventApplier } from '../../engines/kv-events/applier.js';
 import { KvEventSubscriber } from '../../engines/kv-events/subscriber.js';
@@ -41,6 +40,8 @@ async function runPolicy(policy: string, trace: TraceRequest[], workers: number,
     gateway = await createGateway({ router, applier, tokenize: 'engine', workers: engines.map((e, i) => ({ id: `engine-${i}`, url: `http://127.0.0.1:${e.port}` })) });
     engines.forEach((e, i) => subs.push(new KvEventSubscriber({ workerId: `engine-${i}`, endpoint: e.eventsEndpoint, replayEndpoint: e.replayEndpoint, applier }).start()));
     const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    // the openai client is a development dependency: loaded only when the demo runs
+    const { default: OpenAI } = await import('openai');
     const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'demo', maxRetries: 0 });
     let cached = 0;
     let prompt = 0;
