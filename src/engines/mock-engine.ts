@@ -4,6 +4,7 @@ import { BlockHashes, canonicalChatText, hashString32, hashTokenBlocks, type Cha
 import { blockKey, EngineModel, type EngineRequest, type StepResult } from '../core/engine-model.js';
 import type { KvEvent } from './kv-events/decode.js';
 import { KvEventPublisher } from './kv-events/publisher.js';
+import type { PromptTokenizer } from './chat-tokenizer.js';
 
 /**
  * A mock inference engine that speaks what a vLLM server speaks, so the router can be run
@@ -31,6 +32,8 @@ export interface MockEngineOptions {
   maxBodyBytes?: number;
   /** Seeds the engine's own block hashes (vLLM's are seeded per process too). */
   hashSeed?: number;
+  /** The model's tokenizer and chat template (default: a deterministic word-level tokenizer). */
+  tokenizer?: PromptTokenizer;
 }
 
 interface Pending {
@@ -173,12 +176,22 @@ export class MockEngine {
   }
 
   private tokenize(body: Record<string, unknown>): { tokens: number[]; count: number; max_model_len: number } {
-    const tokens = body.messages !== undefined ? mockTokenize(mockChatPrompt(checkMessages(body.messages))) : this.promptTokens(body.prompt);
+    const tokens = body.messages !== undefined ? this.chatTokens(body.messages) : this.promptTokens(body.prompt);
     return { tokens, count: tokens.length, max_model_len: 131_072 };
   }
 
+  private chatTokens(messages: unknown): number[] {
+    const checked = checkMessages(messages);
+    if (!this.options.tokenizer) return mockTokenize(mockChatPrompt(checked));
+    try {
+      return this.options.tokenizer.tokenize({ messages: checked });
+    } catch (err) {
+      throw new HttpError(400, `the chat template rejected the messages: ${(err as Error).message}`, 'messages');
+    }
+  }
+
   private promptTokens(prompt: unknown): number[] {
-    if (typeof prompt === 'string') return mockTokenize(prompt);
+    if (typeof prompt === 'string') return this.options.tokenizer ? this.options.tokenizer.tokenize({ text: prompt }) : mockTokenize(prompt);
     if (Array.isArray(prompt) && prompt.every((t) => Number.isInteger(t) && t >= 0 && t < 2 ** 32)) return prompt as number[];
     if (Array.isArray(prompt) && prompt.length === 1) return this.promptTokens(prompt[0]);
     throw new HttpError(400, 'prompt must be a string, a list of token ids, or a list with one of those', 'prompt');
@@ -186,7 +199,7 @@ export class MockEngine {
 
   private generate(body: Record<string, unknown>, res: ServerResponse, chat: boolean): void {
     if (body.model !== undefined && body.model !== this.model) throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
-    const tokens = chat ? mockTokenize(mockChatPrompt(checkMessages(body.messages))) : this.promptTokens(body.prompt);
+    const tokens = chat ? this.chatTokens(body.messages) : this.promptTokens(body.prompt);
     if (tokens.length === 0) throw new HttpError(400, 'the prompt is empty', chat ? 'messages' : 'prompt');
     const maxTokens = body.max_tokens ?? body.max_completion_tokens ?? 16;
     if (!Number.isInteger(maxTokens) || (maxTokens as number) < 1 || (maxTokens as number) > 100_000) throw new HttpError(400, 'max_tokens must be an integer from 1 to 100000', 'max_tokens');

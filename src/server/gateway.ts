@@ -3,8 +3,12 @@ import { request as upstreamRequest } from 'undici';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router.js';
 import type { ChatMessage } from '../core/hashing.js';
+import { HealthChecker, WorkerHealth } from '../engines/health.js';
 import { KvEventApplier } from '../engines/kv-events/applier.js';
 import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decode.js';
+import { KvEventSubscriber } from '../engines/kv-events/subscriber.js';
+import { MetricsScraper } from '../engines/metrics/scraper.js';
+import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
 
 /**
  * The HTTP gateway: an OpenAI-compatible routing proxy in front of the engines. Each request
@@ -15,8 +19,17 @@ import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decod
  */
 export interface GatewayWorker {
   id: string;
+  /** Base URL of the engine's OpenAI API, e.g. http://10.0.0.5:8000 */
   url: string;
   claGroups?: number[];
+  /** Models the engine serves; a request naming another model is not sent to it (absent: any). */
+  models?: string[];
+  /** The engine's KV-event PUB endpoint (tcp://host:port); subscribed when the gateway's kvEvents is on. */
+  events?: string;
+  /** The engine's replay ROUTER endpoint, for gaps in the event stream. */
+  replay?: string;
+  /** Prometheus endpoint for load metrics (default `{url}/metrics`). */
+  metrics?: string;
 }
 
 export interface GatewayOptions {
@@ -34,10 +47,21 @@ export interface GatewayOptions {
   /** Applies KV events posted to /admin/events (the serve command shares it with the subscribers). */
   applier?: KvEventApplier;
   /**
-   * How prompts are hashed: `text` (default; UTF-8 chunks of the canonical text) or `engine`
-   * (token ids from an available worker's /tokenize, so blocks match the engine's own).
+   * How prompts are hashed: `text` (default; UTF-8 chunks of the canonical text), `tokenizer`
+   * (token ids from the model's own tokenizer and chat template, in process: `promptTokenizer`)
+   * or `engine` (token ids from an available worker's /tokenize). With token ids the blocks
+   * match the engines' own, so KV events can feed the index.
    */
-  tokenize?: 'text' | 'engine';
+  tokenize?: 'text' | 'tokenizer' | 'engine';
+  promptTokenizer?: PromptTokenizer;
+  /** Subscribe to the workers' KV events (their `events` endpoints); needs token ids, so not with `text`. */
+  kvEvents?: boolean;
+  /** Interval of the load-metrics scrape per worker (default 1000 ms; 0: no scraping). */
+  metricsIntervalMs?: number;
+  /** Interval of the active health check, GET {url}/health (default 2000 ms; 0: none). */
+  healthCheckIntervalMs?: number;
+  /** One line per notable event (health changes, event-stream gaps). */
+  log?: (message: string) => void;
 }
 
 const METADATA_FIELD = 'contextforge';
@@ -59,6 +83,8 @@ function openAiError(reply: FastifyReply, status: number, message: string, param
 export interface Gateway {
   app: FastifyInstance;
   metrics: Registry;
+  /** Who holds which worker out of rotation (health check, metrics scrape, circuit breaker). */
+  health: WorkerHealth;
   addWorker(w: GatewayWorker): void;
   removeWorker(id: string): boolean;
   close(): Promise<void>;
@@ -68,7 +94,19 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const { router } = options;
   const applier = options.applier ?? new KvEventApplier(router);
   const tokenizeMode = options.tokenize ?? 'text';
+  if (tokenizeMode === 'tokenizer' && !options.promptTokenizer) throw new TypeError("tokenize 'tokenizer' needs a promptTokenizer");
+  if (options.kvEvents && tokenizeMode === 'text') throw new RangeError('kvEvents needs token ids: tokenize must be tokenizer or engine');
+  const log = options.log ?? (() => {});
+  /** Base URL (no trailing slash) per worker id. */
   const urls = new Map<string, string>();
+  const models = new Map<string, ReadonlySet<string>>();
+  const subscribers = new Map<string, KvEventSubscriber>();
+  const health = new WorkerHealth(router, log);
+  const metricsIntervalMs = options.metricsIntervalMs ?? 1000;
+  const healthCheckIntervalMs = options.healthCheckIntervalMs ?? 2000;
+  const scraper = metricsIntervalMs > 0 ? new MetricsScraper(router, [], { intervalMs: metricsIntervalMs, health, log }).start() : undefined;
+  const checker = healthCheckIntervalMs > 0 ? new HealthChecker(health, { intervalMs: healthCheckIntervalMs }).start() : undefined;
+  const closing: Promise<void>[] = [];
   const app = Fastify({ bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024, logger: false });
   const maxRetries = options.maxRetries ?? 2;
   const timeout = options.upstreamTimeoutMs ?? 300_000;
@@ -120,11 +158,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     const n = (failures.get(id) ?? 0) + 1;
     failures.set(id, n);
     if (n < breakerFailures || !urls.has(id)) return;
-    router.setWorkerHealth(id, false);
+    health.set(id, 'breaker', false, `${n} consecutive failures`);
     failures.set(id, breakerFailures - 1);
     const t = setTimeout(() => {
       cooldowns.delete(t);
-      if (urls.has(id)) router.setWorkerHealth(id, true);
+      if (urls.has(id)) health.set(id, 'breaker', true);
     }, breakerCooldownMs);
     t.unref();
     cooldowns.add(t);
@@ -133,13 +171,46 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const breakerOpen = new Counter({ name: 'contextforge_upstream_failures_total', help: 'Connection failures and 5xx before the first byte, per worker.', labelNames: ['worker'], registers: [metrics] });
 
   const addWorker = (w: GatewayWorker) => {
-    if (!/^https?:\/\//.test(w.url)) throw new RangeError(`worker ${w.id}: url must start with http:// or https://`);
+    if (typeof w.id !== 'string' || w.id === '') throw new TypeError('worker id must be a non-empty string');
+    if (typeof w.url !== 'string' || !/^https?:\/\//.test(w.url)) throw new RangeError(`worker ${w.id}: url must start with http:// or https://`);
+    if (w.models !== undefined && (!Array.isArray(w.models) || !w.models.every((m) => typeof m === 'string' && m !== ''))) throw new TypeError(`worker ${w.id}: models must be a list of model names`);
+    if (w.events !== undefined && !/^(tcp|ipc):\/\//.test(w.events)) throw new RangeError(`worker ${w.id}: events must be a tcp:// or ipc:// endpoint`);
+    if (w.replay !== undefined && (w.events === undefined || !/^(tcp|ipc):\/\//.test(w.replay))) throw new RangeError(`worker ${w.id}: replay must be a tcp:// or ipc:// endpoint, with events`);
+    if (w.metrics !== undefined && !/^https?:\/\//.test(w.metrics)) throw new RangeError(`worker ${w.id}: metrics must be an http(s) URL`);
+    if (urls.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);
     router.registerWorker(w.id, { url: w.url, claGroups: w.claGroups });
-    urls.set(w.id, w.url.replace(/\/+$/, ''));
+    const base = w.url.replace(/\/+$/, '');
+    urls.set(w.id, base);
+    if (w.models) models.set(w.id, new Set(w.models));
+    scraper?.add({ workerId: w.id, url: w.metrics ?? `${base}/metrics` });
+    checker?.add(w.id, base);
+    if (options.kvEvents && w.events) {
+      subscribers.set(w.id, new KvEventSubscriber({ workerId: w.id, endpoint: w.events, replayEndpoint: w.replay, applier, log }).start());
+    }
   };
   const removeWorker = (id: string) => {
+    if (!urls.has(id)) return false;
     urls.delete(id);
+    models.delete(id);
+    scraper?.remove(id);
+    checker?.remove(id);
+    health.forget(id);
+    failures.delete(id);
+    const sub = subscribers.get(id);
+    if (sub) {
+      subscribers.delete(id);
+      closing.push(sub.close().catch(() => {}));
+    }
+    applier.clearWorker(id);
     return router.removeWorker(id);
+  };
+
+  /** Workers that do not serve `model` (when some workers list their models). */
+  const workersWithoutModel = (model: unknown): Set<string> => {
+    const out = new Set<string>();
+    if (typeof model !== 'string' || models.size === 0) return out;
+    for (const [id, served] of models) if (!served.has(model)) out.add(id);
+    return out;
   };
   for (const w of options.workers ?? []) addWorker(w);
 
@@ -202,6 +273,15 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     if (tokenizeMode === 'engine') {
       const tokens = await tokenizeOnEngine(parsed.routeRequest);
       if (tokens) parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
+    } else if (tokenizeMode === 'tokenizer' && !parsed.routeRequest.tokens) {
+      try {
+        const tokens = options.promptTokenizer!.tokenize(parsed.routeRequest);
+        parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
+      } catch (err) {
+        // a template that rejects the conversation (roles out of order, say) is the client's to fix
+        void openAiError(reply, 400, `the chat template rejected the request: ${(err as Error).message}`, 'messages');
+        return undefined;
+      }
     }
     return parsed;
   };
@@ -211,7 +291,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     if (!prepared) return reply;
     const { routeRequest, body } = prepared;
     const started = performance.now();
-    const excluded = new Set<string>();
+    const excluded = workersWithoutModel(body.model);
+    if (excluded.size > 0 && excluded.size === urls.size) {
+      return reply.code(404).send({ error: { message: `The model '${String(body.model)}' does not exist on any worker`, type: 'invalid_request_error', param: 'model', code: 'model_not_found' } });
+    }
     for (let attempt = 0; ; attempt++) {
       const decision = router.route(routeRequest, { exclude: excluded });
       if (decision.workerId === '') {
@@ -254,7 +337,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     const prepared = await prepare(path, req, reply);
     if (!prepared) return reply;
     const { routeRequest } = prepared;
-    const r = router.route(routeRequest, { dryRun: true, explain: true });
+    const r = router.route(routeRequest, { dryRun: true, explain: true, exclude: workersWithoutModel(prepared.body.model) });
     return { worker: r.workerId, cachedTokens: r.cachedTokens, confidence: r.confidence, policy: r.policy, reason: r.reason, promptTokens: r.promptTokens, explain: r.explain };
   });
 
@@ -296,7 +379,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     });
     admin.get('/admin/workers', async () => ({
       workers: router.listWorkers().map((w) => ({
-        id: w.id, url: urls.get(w.id), healthy: w.healthy, draining: w.draining, kvUsage: w.load,
+        id: w.id, url: urls.get(w.id), healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
+        models: models.has(w.id) ? [...models.get(w.id)!] : null, kvEvents: subscribers.get(w.id)?.stats ?? null,
         inFlightRequests: w.inFlightRequests, waitingRequests: w.waitingRequests, runningRequests: w.runningRequests,
         indexEntries: router.index.entriesFor(w.slot), claGroups: [...w.claGroups],
       })),
@@ -306,9 +390,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       if (!b || typeof b.id !== 'string' || b.id === '' || typeof b.url !== 'string') return openAiError(reply, 400, 'a worker needs a string id and url');
       if (urls.has(b.id)) return openAiError(reply, 409, `worker '${b.id}' exists`);
       try {
-        addWorker({ id: b.id, url: b.url, claGroups: b.claGroups });
+        addWorker({ id: b.id, url: b.url, claGroups: b.claGroups, models: b.models, events: b.events, replay: b.replay, metrics: b.metrics });
       } catch (err) {
-        return openAiError(reply, 400, (err as Error).message);
+        if (err instanceof RangeError || err instanceof TypeError) return openAiError(reply, 400, err.message);
+        throw err;
       }
       return reply.code(201).send({ id: b.id });
     });
@@ -345,10 +430,14 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 
   await app.ready();
   return {
-    app, metrics, addWorker, removeWorker,
+    app, metrics, health, addWorker, removeWorker,
     close: async () => {
       for (const t of cooldowns) clearTimeout(t);
+      scraper?.stop();
+      checker?.stop();
       await app.close();
+      await Promise.all([...subscribers.values()].map((s) => s.close()));
+      await Promise.all(closing);
     },
   };
 }

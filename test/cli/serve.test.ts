@@ -1,14 +1,19 @@
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
-import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
+import { Command } from 'commander';
+import { envName, parseWorkerSpec, registerServeCommand, resolveServeConfig, SERVE_SETTINGS } from '../../src/cli/commands/serve.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 
 test('--worker specs are parsed, and bad ones are refused with the reason', () => {
   assert.deepEqual(parseWorkerSpec('id=w1,url=http://127.0.0.1:9001,events=tcp://127.0.0.1:5557,cla=1;2'), {
-    id: 'w1', url: 'http://127.0.0.1:9001', claGroups: [1, 2], events: 'tcp://127.0.0.1:5557', replay: undefined, metrics: undefined,
+    id: 'w1', url: 'http://127.0.0.1:9001', claGroups: [1, 2], events: 'tcp://127.0.0.1:5557', replay: undefined, metrics: undefined, models: undefined,
   });
+  assert.deepEqual(parseWorkerSpec('id=w2,url=https://e:8000,models=Qwen/Qwen3-32B;qwen').models, ['Qwen/Qwen3-32B', 'qwen']);
   assert.throws(() => parseWorkerSpec('url=http://x'), /id and url are required/);
   assert.throws(() => parseWorkerSpec('id=a,url=x'), /must start with http/);
   assert.throws(() => parseWorkerSpec('id=a,url=http://x,color=red'), /unknown key 'color'/);
@@ -43,4 +48,130 @@ test('contextforge-router serve proxies to the workers it was given and stops on
   const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
   child.kill('SIGTERM');
   assert.equal(await exited, 0);
+});
+
+/** Parses a serve command line (flags and the given environment) without running it. */
+function resolve(args: string[], env: Record<string, string> = {}) {
+  const saved = { ...process.env };
+  Object.assign(process.env, env);
+  try {
+    const program = new Command().exitOverride().configureOutput({ writeErr: () => {} });
+    registerServeCommand(program);
+    const serve = program.commands.find((c) => c.name() === 'serve')!;
+    let config: ReturnType<typeof resolveServeConfig> | undefined;
+    serve.action(() => {
+      config = resolveServeConfig(serve, process.env);
+    });
+    program.parse(['node', 'contextforge-router', 'serve', ...args]);
+    return config!;
+  } finally {
+    for (const k of Object.keys(env)) if (saved[k] === undefined) delete process.env[k];
+    Object.assign(process.env, saved);
+  }
+}
+
+test('serve settings: flag over environment over config file over default; every key in all three', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
+  const file = join(dir, 'router.yaml');
+  writeFileSync(file, [
+    'port: 9100',
+    'policy: least-loaded',
+    'block-size: 32',
+    'admin-token: from-file',
+    'health-interval-ms: 0',
+    'workers:',
+    '  - id: w1',
+    '    url: http://10.0.0.1:8000',
+    '    events: tcp://10.0.0.1:5557',
+    '    replay: tcp://10.0.0.1:5558',
+    '    models: [Qwen/Qwen3-32B]',
+    '    cla: [1, 2]',
+    '  - id=w2,url=http://10.0.0.2:8000,metrics=http://10.0.0.2:9090/metrics',
+    '',
+  ].join('\n'));
+  const fromFile = resolve(['--config', file]);
+  assert.equal(fromFile.port, 9100);
+  assert.equal(fromFile.policy, 'least-loaded');
+  assert.equal(fromFile.blockSize, 32);
+  assert.equal(fromFile.adminToken, 'from-file');
+  assert.equal(fromFile.healthIntervalMs, 0);
+  assert.equal(fromFile.host, '127.0.0.1', 'default where nothing says otherwise');
+  assert.deepEqual(fromFile.workers.map((w) => [w.id, w.models, w.claGroups, w.metrics]), [
+    ['w1', ['Qwen/Qwen3-32B'], [1, 2], undefined],
+    ['w2', undefined, undefined, 'http://10.0.0.2:9090/metrics'],
+  ]);
+  const env = resolve([], { CONTEXTFORGE_CONFIG: file, CONTEXTFORGE_PORT: '9200', CONTEXTFORGE_WORKERS: 'id=e1,url=http://e1:1 id=e2,url=http://e2:1' });
+  assert.equal(env.port, 9200, 'environment over the file');
+  assert.equal(env.policy, 'least-loaded');
+  assert.deepEqual(env.workers.map((w) => w.id), ['e1', 'e2'], 'CONTEXTFORGE_WORKERS over the file');
+  const flags = resolve(['--port', '9300', '--worker', 'id=f1,url=http://f1:1'], { CONTEXTFORGE_CONFIG: file, CONTEXTFORGE_PORT: '9200' });
+  assert.equal(flags.port, 9300, 'flag over environment');
+  assert.deepEqual(flags.workers.map((w) => w.id), ['f1']);
+  // every setting has its environment variable and its config key
+  for (const s of SERVE_SETTINGS) {
+    assert.equal(envName(s.key), `CONTEXTFORGE_${s.key.toUpperCase().replaceAll('-', '_')}`);
+  }
+  assert.equal(resolve([], { CONTEXTFORGE_ADMIN_TOKEN: 't0k', CONTEXTFORGE_TOKENIZE: 'engine', CONTEXTFORGE_BREAKER_COOLDOWN_MS: '750' }).breakerCooldownMs, 750);
+});
+
+test('serve settings: bad config files and values are refused with the key named', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
+  const write = (text: string) => {
+    const f = join(dir, `c${Math.random().toString(36).slice(2)}.yaml`);
+    writeFileSync(f, text);
+    return f;
+  };
+  assert.throws(() => resolve(['--config', write('colour: red\n')]), /unknown key 'colour'/);
+  assert.throws(() => resolve(['--config', write('port: eighty\n')]), /port: --port must be an integer/);
+  assert.throws(() => resolve(['--config', write('policy: best\n')]), /policy: --policy must be one of/);
+  assert.throws(() => resolve(['--config', write('- a\n- b\n')]), /top level must be a mapping/);
+  assert.throws(() => resolve(['--config', write('port: [1\n')]), /--config .*yaml/);
+  assert.throws(() => resolve(['--config', write('workers:\n  - id: a\n')]), /workers\[0\]: id and url are required/);
+  assert.throws(() => resolve(['--config', write('workers:\n  - {id: a, url: "http://a:1", gpu: 3}\n')]), /unknown key 'gpu'/);
+  assert.throws(() => resolve(['--config', write('workers: {id: a}\n')]), /workers must be a list/);
+  assert.throws(() => resolve(['--worker', 'id=a,url=http://a:1', '--worker', 'id=a,url=http://b:1']), /'a' is given twice/);
+  assert.throws(() => resolve(['--tokenize', 'tokenizer']), /needs --tokenizer/);
+  assert.throws(() => resolve(['--config', join(dir, 'missing.yaml')]), /ENOENT|no such file/);
+  assert.throws(() => resolve(['--port', '70000']), /<= 65535/);
+  assert.throws(() => resolve([], { CONTEXTFORGE_STATE: 'etcd://x' }), /--state must be/);
+});
+
+test('serve runs from a config file with the in-process tokenizer', async () => {
+  const tokenizerDir = fileURLToPath(new URL('../fixtures/tokenizer/', import.meta.url));
+  const e = await new MockEngine({ model: 'fixture-model' }).start();
+  engines.push(e);
+  const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
+  const file = join(dir, 'router.yaml');
+  writeFileSync(file, `port: 0\ntokenize: tokenizer\ntokenizer: ${tokenizerDir}\nworkers:\n  - id: m0\n    url: http://127.0.0.1:${e.port}\n    models: [fixture-model]\n`);
+  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', '--config', file], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, CONTEXTFORGE_POLICY: 'round-robin' } });
+  let stderr = '';
+  const base = await new Promise<string>((resolve, reject) => {
+    child.stderr.on('data', (d: Buffer) => {
+      stderr += d.toString();
+      const m = /serving on (http:\/\/[\d.]+:\d+)/.exec(stderr);
+      if (m) resolve(m[1]);
+    });
+    child.once('exit', (code) => reject(new Error(`exited ${code}: ${stderr}`)));
+  });
+  assert.match(stderr, /policy round-robin/);
+  assert.match(stderr, /tokenize tokenizer/);
+  const ok = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: 'fixture-model', messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 }), headers: { 'content-type': 'application/json' } });
+  assert.equal(ok.status, 200);
+  const missing = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: 'other', messages: [{ role: 'user', content: 'hi' }] }), headers: { 'content-type': 'application/json' } });
+  assert.equal(missing.status, 404);
+  assert.equal(((await missing.json()) as { error: { code: string } }).error.code, 'model_not_found');
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGINT');
+  assert.equal(await exited, 0);
+});
+
+test('serve refuses a bad config with a message and exit code 2', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
+  const file = join(dir, 'router.yaml');
+  writeFileSync(file, 'colour: red\n');
+  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+  const r = spawnSync(process.execPath, ['--import', 'tsx', main, 'serve', '--config', file], { encoding: 'utf8' });
+  assert.equal(r.status, 2);
+  assert.match(r.stderr, /^error: --config .*unknown key 'colour'/m);
 });

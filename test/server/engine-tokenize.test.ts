@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
@@ -31,6 +32,38 @@ test('--tokenize engine: requests are hashed from the engine\'s token ids and me
   await sleep(100);
   const decision = await (await post(base, '/v1/route', { messages })).json() as { cachedTokens: number };
   assert.equal(decision.cachedTokens, Math.floor(first.usage.prompt_tokens / 16) * 16);
+});
+
+test('--tokenize tokenizer: the model\'s tokenizer and chat template in process; the gateway subscribes to KV events itself', async () => {
+  const tokenizerDir = new URL('../fixtures/tokenizer/', import.meta.url).pathname;
+  // the engine tokenizes with the same tokenizer.json, as a real engine serving that model would
+  const engine = await new MockEngine({ events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*', tokenizer: ChatTokenizer.load(tokenizerDir) }).start();
+  cleanup.push(() => engine.close());
+  const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise', speculativeBlocks: 0 });
+  const promptTokenizer = ChatTokenizer.load(tokenizerDir);
+  const gateway = await createGateway({
+    router, tokenize: 'tokenizer', promptTokenizer, kvEvents: true,
+    workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}`, events: engine.eventsEndpoint, replay: engine.replayEndpoint }],
+  });
+  cleanup.push(() => gateway.close());
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const messages = [
+    { role: 'system', content: Array.from({ length: 120 }, (_, i) => `The router keeps rule ${i} of the block index.`).join(' ') },
+    { role: 'user', content: 'Which worker?' },
+  ];
+  const first = await (await post(base, '/v1/chat/completions', { messages, max_tokens: 1 })).json() as { usage: { prompt_tokens: number } };
+  assert.equal(first.usage.prompt_tokens, promptTokenizer.tokenize({ messages }).length, 'router and engine count the same tokens');
+  const workers = async () => (await (await fetch(`${base}/admin/workers`)).json()) as { workers: Array<{ indexEntries: number; kvEvents: { batches: number } | null }> };
+  for (let i = 0; i < 100 && (await workers()).workers[0].kvEvents!.batches === 0; i++) await sleep(20);
+  await sleep(100);
+  // the next turn: its prefix is the first request's prompt, which only the engine's events announced
+  const next = [...messages, { role: 'assistant', content: 'w1' }, { role: 'user', content: 'Again, please.' }];
+  const decision = await (await post(base, '/v1/route', { messages: next })).json() as { cachedTokens: number };
+  assert.equal(decision.cachedTokens, Math.floor(first.usage.prompt_tokens / 16) * 16);
+  const second = await post(base, '/v1/chat/completions', { messages: next, max_tokens: 1 });
+  const body = await second.json() as { usage: { prompt_tokens_details?: { cached_tokens: number } } };
+  assert.equal(Number(second.headers.get('x-contextforge-cached-tokens')), body.usage.prompt_tokens_details?.cached_tokens, 'predicted = what the engine reused');
+  assert.ok(promptTokenizer.stats.segmentHits >= 2, 'the earlier messages came from the segment cache');
 });
 
 test('/admin/events applies KV events given as JSON', async () => {

@@ -1,5 +1,8 @@
 import assert from 'node:assert/strict';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
+import OpenAI from 'openai';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
@@ -33,4 +36,95 @@ test('killing a worker under load loses no request that had not started streamin
   assert.match(metrics, /contextforge_upstream_retries_total\{worker="e1"\} [1-9]/);
   await gateway.close();
   await engines[0].close();
+});
+
+/** A fake engine: `handler` answers every request; /health answers `healthStatus()`. */
+async function fakeEngine(handler: (req: IncomingMessage, res: ServerResponse) => void, healthStatus: () => number = () => 200) {
+  const server = createServer((req, res) => {
+    if (req.url === '/health') return void res.writeHead(healthStatus()).end();
+    if (req.url === '/metrics') return void res.writeHead(404).end();
+    handler(req, res);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    close: () => new Promise<void>((r) => {
+      server.closeAllConnections();
+      server.close(() => r());
+    }),
+  };
+}
+
+const waitFor = async (what: string, cond: () => boolean | Promise<boolean>) => {
+  for (let i = 0; i < 500; i++) {
+    if (await cond()) return;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  assert.fail(`timed out waiting for ${what}`);
+};
+
+test('an engine failing mid-stream: the stream ends with an OpenAI-style error event and the ticket is released', async () => {
+  const engine = await fakeEngine((req, res) => {
+    req.resume();
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write(`data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content: 'par' } }] })}\n\n`);
+    setTimeout(() => res.socket?.destroy(), 30); // the engine dies after the first chunk
+  });
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const gateway = await createGateway({ router, workers: [{ id: 'f0', url: engine.url }], metricsIntervalMs: 0, healthCheckIntervalMs: 0 });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const res = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], stream: true }) });
+  assert.equal(res.status, 200);
+  const text = await res.text(); // ends: the router closes the stream instead of hanging
+  const events = text.split('\n\n').filter(Boolean).map((e) => JSON.parse(e.replace(/^data: /, '')) as { choices?: unknown; error?: { message: string; type: string } });
+  assert.equal(events.length, 2);
+  assert.ok(events[0].choices, 'the chunk sent before the failure came through');
+  assert.equal(events[1].error?.type, 'server_error');
+  assert.match(events[1].error!.message, /failed mid-stream/);
+  assert.equal(router.getStats().inFlightRequests, 0);
+  // the openai SDK surfaces it as an error, after the content it got
+  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'none', maxRetries: 0 });
+  const seen: string[] = [];
+  await assert.rejects(async () => {
+    const stream = await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'hi' }], stream: true });
+    for await (const chunk of stream) seen.push(chunk.choices[0]?.delta.content ?? '');
+  }, /failed mid-stream/);
+  assert.deepEqual(seen, ['par']);
+  await gateway.close();
+  await engine.close();
+});
+
+test('active health checks take a worker out of rotation and back, independently of the metrics scrape', async () => {
+  let status = 200;
+  const answer = (name: string) => (req: IncomingMessage, res: ServerResponse) => {
+    req.resume();
+    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ id: name, choices: [{ index: 0, text: name }] }));
+  };
+  const sick = await fakeEngine(answer('sick'), () => status);
+  const well = await fakeEngine(answer('well'));
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const logs: string[] = [];
+  const gateway = await createGateway({ router, workers: [{ id: 'sick', url: sick.url }, { id: 'well', url: well.url }], metricsIntervalMs: 0, healthCheckIntervalMs: 20, log: (m) => logs.push(m) });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const healthy = (id: string) => router.listWorkers().find((w) => w.id === id)!.healthy;
+  status = 503;
+  await waitFor('the failing worker to leave', () => !healthy('sick'));
+  const admin = (await (await fetch(`${base}/admin/workers`)).json()) as { workers: Array<{ id: string; outOfRotation: string[] }> };
+  assert.deepEqual(admin.workers.find((w) => w.id === 'sick')!.outOfRotation, ['health-check']);
+  for (let i = 0; i < 6; i++) {
+    const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: `p${i}` }) });
+    assert.equal(r.headers.get('x-contextforge-worker'), 'well');
+    await r.arrayBuffer();
+  }
+  // another source holding it out keeps it out when the health check recovers
+  gateway.health.set('sick', 'metrics', false, 'scrape failed');
+  status = 200;
+  await waitFor('the health check to pass again', () => !gateway.health.reasons('sick').includes('health-check'));
+  assert.equal(healthy('sick'), false, 'still held out by the metrics verdict');
+  gateway.health.set('sick', 'metrics', true);
+  assert.equal(healthy('sick'), true);
+  assert.ok(logs.some((l) => /sick is out of rotation \(health-check: HTTP 503\)/.test(l)), logs.join('\n'));
+  await gateway.close();
+  await sick.close();
+  await well.close();
 });

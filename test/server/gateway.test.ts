@@ -158,3 +158,33 @@ describe('the gateway over plain HTTP', () => {
     assert.equal(stats.inFlightRequests, 0);
   });
 });
+
+test('workers that list their models only get requests for those models; admin adds workers with models', async () => {
+  const a = await new MockEngine({ model: 'alpha' }).start();
+  const b = await new MockEngine({ model: 'beta' }).start();
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const gw = await createGateway({ router, workers: [{ id: 'a', url: `http://127.0.0.1:${a.port}`, models: ['alpha'] }], metricsIntervalMs: 0, healthCheckIntervalMs: 0 });
+  const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+  const post = (path: string, body: unknown) => fetch(`${url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const added = await post('/admin/workers', { id: 'b', url: `http://127.0.0.1:${b.port}`, models: ['beta'] });
+  assert.equal(added.status, 201);
+  const badModels = await post('/admin/workers', { id: 'c', url: 'http://127.0.0.1:1', models: 'beta' });
+  assert.equal(badModels.status, 400);
+  assert.match(((await badModels.json()) as { error: { message: string } }).error.message, /models must be a list/);
+  for (const model of ['alpha', 'beta', 'alpha', 'beta']) {
+    const r = await post('/v1/completions', { model, prompt: 'same prompt', max_tokens: 1 });
+    assert.equal(r.status, 200, `model ${model}`);
+    assert.equal(r.headers.get('x-contextforge-worker'), model === 'alpha' ? 'a' : 'b');
+    await r.arrayBuffer();
+  }
+  const route = (await (await post('/v1/route', { model: 'beta', prompt: 'same prompt' })).json()) as { worker: string };
+  assert.equal(route.worker, 'b');
+  const none = await post('/v1/completions', { model: 'gamma', prompt: 'x' });
+  assert.equal(none.status, 404);
+  assert.equal(((await none.json()) as { error: { code: string } }).error.code, 'model_not_found');
+  const listed = (await (await fetch(`${url}/admin/workers`)).json()) as { workers: Array<{ id: string; models: string[] | null }> };
+  assert.deepEqual(listed.workers.map((w) => [w.id, w.models]), [['a', ['alpha']], ['b', ['beta']]]);
+  await gw.close();
+  await a.close();
+  await b.close();
+});

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { MockEngine } from '../../engines/mock-engine.js';
 import { intOption, positiveNumberOption } from '../options.js';
 
@@ -15,11 +16,13 @@ export function registerMockEngineCommand(program: Command): void {
     .option('--replay <endpoint>', 'bind the KV-event replay ROUTER socket here')
     .option('--prefill-tok-s <n>', 'prefill speed, tokens/s', positiveNumberOption('--prefill-tok-s'), 20_000)
     .option('--decode-tok-s <n>', 'decode speed per request, tokens/s', positiveNumberOption('--decode-tok-s'), 200)
-    .action(async (o: { port: number; host: string; model: string; blockSize: number; kvBlocks: number; events?: string; replay?: string; prefillTokS: number; decodeTokS: number }) => {
+    .option('--tokenizer <path>', "the model's tokenizer.json (or its directory, with tokenizer_config.json); default: a word-level mock tokenizer")
+    .action(async (o: { port: number; host: string; model: string; blockSize: number; kvBlocks: number; events?: string; replay?: string; prefillTokS: number; decodeTokS: number; tokenizer?: string }) => {
       if (o.replay && !o.events) throw new RangeError('--replay needs --events');
+      const tokenizer = o.tokenizer === undefined ? undefined : ChatTokenizer.load(o.tokenizer);
       const engine = await new MockEngine({
         port: o.port, host: o.host, model: o.model, blockSize: o.blockSize, kvBlocks: o.kvBlocks,
-        events: o.events, replay: o.replay, prefillTokS: o.prefillTokS, decodeTokS: o.decodeTokS,
+        events: o.events, replay: o.replay, prefillTokS: o.prefillTokS, decodeTokS: o.decodeTokS, tokenizer,
       }).start();
       process.stderr.write(
         `mock engine '${o.model}' on http://${o.host}:${engine.port}` +

@@ -1,81 +1,250 @@
-import type { Command } from 'commander';
+import { readFileSync } from 'node:fs';
+import { Command, InvalidArgumentError, Option } from 'commander';
+import { parse as parseYaml } from 'yaml';
+import { POLICY_NAMES } from '../../core/policies/index.js';
 import { KVAwareRouter } from '../../core/router.js';
-import { KvEventApplier } from '../../engines/kv-events/applier.js';
-import { KvEventSubscriber } from '../../engines/kv-events/subscriber.js';
-import { MetricsScraper } from '../../engines/metrics/scraper.js';
 import { createGateway, type GatewayWorker } from '../../server/gateway.js';
+import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { intOption } from '../options.js';
 
-/** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,cla=G1;G2] */
-export interface WorkerSpec extends GatewayWorker {
-  events?: string;
-  replay?: string;
-  metrics?: string;
-}
+const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla'] as const;
 
-export function parseWorkerSpec(spec: string): WorkerSpec {
-  const fields = new Map<string, string>();
+/** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2] */
+export function parseWorkerSpec(spec: string): GatewayWorker {
+  const fields: Record<string, string> = {};
   for (const part of spec.split(',')) {
     const eq = part.indexOf('=');
     if (eq <= 0) throw new RangeError(`--worker '${spec}': '${part}' is not key=value`);
     const key = part.slice(0, eq).trim();
-    if (!['id', 'url', 'events', 'replay', 'metrics', 'cla'].includes(key)) throw new RangeError(`--worker '${spec}': unknown key '${key}'`);
-    fields.set(key, part.slice(eq + 1).trim());
+    if (!(WORKER_KEYS as readonly string[]).includes(key)) throw new RangeError(`--worker '${spec}': unknown key '${key}'`);
+    fields[key] = part.slice(eq + 1).trim();
   }
-  const id = fields.get('id');
-  const url = fields.get('url');
-  if (!id || !url) throw new RangeError(`--worker '${spec}': id and url are required`);
-  if (!/^https?:\/\//.test(url)) throw new RangeError(`--worker '${spec}': url must start with http:// or https://`);
-  const cla = fields.get('cla');
-  const claGroups = cla?.split(';').map((g) => {
+  return workerFrom(fields, `--worker '${spec}'`);
+}
+
+/** A worker from spec fields or a config entry; lists may be `a;b` strings or arrays. */
+function workerFrom(fields: Record<string, unknown>, where: string): GatewayWorker {
+  for (const key of Object.keys(fields)) {
+    if (!(WORKER_KEYS as readonly string[]).includes(key)) throw new RangeError(`${where}: unknown key '${key}' (known: ${WORKER_KEYS.join(', ')})`);
+  }
+  const str = (key: string): string | undefined => {
+    const v = fields[key];
+    if (v === undefined || v === null || v === '') return undefined;
+    if (typeof v !== 'string') throw new RangeError(`${where}: ${key} must be a string`);
+    return v;
+  };
+  const list = (key: string): string[] | undefined => {
+    const v = fields[key];
+    if (v === undefined || v === null || v === '') return undefined;
+    if (typeof v === 'string') return v.split(';').map((s) => s.trim());
+    if (Array.isArray(v)) return v.map(String);
+    if (typeof v === 'number') return [String(v)];
+    throw new RangeError(`${where}: ${key} must be a list`);
+  };
+  const id = str('id');
+  const url = str('url');
+  if (!id || !url) throw new RangeError(`${where}: id and url are required`);
+  if (!/^https?:\/\//.test(url)) throw new RangeError(`${where}: url must start with http:// or https://`);
+  const claGroups = list('cla')?.map((g) => {
     const n = Number(g);
-    if (!Number.isInteger(n) || n < 0) throw new RangeError(`--worker '${spec}': cla group '${g}' is not a non-negative integer`);
+    if (g === '' || !Number.isInteger(n) || n < 0) throw new RangeError(`${where}: cla group '${g}' is not a non-negative integer`);
     return n;
   });
-  if (fields.get('replay') && !fields.get('events')) throw new RangeError(`--worker '${spec}': replay needs events`);
-  return { id, url, claGroups, events: fields.get('events'), replay: fields.get('replay'), metrics: fields.get('metrics') };
+  const events = str('events');
+  const replay = str('replay');
+  if (replay && !events) throw new RangeError(`${where}: replay needs events`);
+  const models = list('models');
+  if (models?.some((m) => m === '')) throw new RangeError(`${where}: models has an empty name`);
+  return { id, url, claGroups, models, events, replay, metrics: str('metrics') };
+}
+
+/**
+ * Every setting of `serve`, once: its flag, its environment variable (CONTEXTFORGE_ + the flag
+ * in capitals) and its config-file key (the flag without dashes) all come from this table, so
+ * the three can never disagree. Precedence: flag, then environment, then config file, then
+ * the default.
+ */
+interface Setting {
+  key: string;
+  arg: string;
+  help: string;
+  parse: (value: string) => unknown;
+  default?: unknown;
+}
+
+const choice = (flag: string, allowed: readonly string[]) => (v: string) => {
+  if (!allowed.includes(v)) throw new InvalidArgumentError(`${flag} must be one of ${allowed.join(', ')}, got '${v}'`);
+  return v;
+};
+const text = (flag: string) => (v: string) => {
+  if (v === '') throw new InvalidArgumentError(`${flag} must not be empty`);
+  return v;
+};
+const port = (v: string) => {
+  const n = intOption('--port', 0)(v);
+  if (n > 65535) throw new InvalidArgumentError(`--port must be <= 65535, got ${n}`);
+  return n;
+};
+const state = (v: string) => {
+  if (v !== 'memory') throw new InvalidArgumentError(`--state must be memory, got '${v}'`);
+  return v;
+};
+
+export const SERVE_SETTINGS: readonly Setting[] = [
+  { key: 'host', arg: '<addr>', help: 'listen address', parse: text('--host'), default: '127.0.0.1' },
+  { key: 'port', arg: '<n>', help: 'listen port (0: any free port)', parse: port, default: 8080 },
+  { key: 'policy', arg: '<name>', help: `routing policy (${POLICY_NAMES.join(', ')})`, parse: choice('--policy', POLICY_NAMES), default: 'cost' },
+  { key: 'block-size', arg: '<n>', help: "tokens per KV block (the engines')", parse: intOption('--block-size', 1), default: 16 },
+  { key: 'tokenize', arg: '<mode>', help: 'how prompts are hashed: text, tokenizer (--tokenizer) or engine (the worker\'s /tokenize)', parse: choice('--tokenize', ['text', 'tokenizer', 'engine']), default: 'text' },
+  { key: 'tokenizer', arg: '<path>', help: 'tokenizer.json, or the model directory holding it and tokenizer_config.json', parse: text('--tokenizer') },
+  { key: 'chat-template', arg: '<file>', help: "a Jinja chat template replacing the tokenizer config's", parse: text('--chat-template') },
+  { key: 'admin-token', arg: '<token>', help: 'bearer token for /admin (without it: loopback clients only)', parse: text('--admin-token') },
+  { key: 'state', arg: '<store>', help: 'shared state: memory', parse: state, default: 'memory' },
+  { key: 'body-limit', arg: '<bytes>', help: 'largest request body', parse: intOption('--body-limit', 1024), default: 16 * 1024 * 1024 },
+  { key: 'max-retries', arg: '<n>', help: 'retries on other workers before the first byte', parse: intOption('--max-retries', 0), default: 2 },
+  { key: 'upstream-timeout-ms', arg: '<ms>', help: 'timeout for engine headers and body gaps', parse: intOption('--upstream-timeout-ms', 1), default: 300_000 },
+  { key: 'metrics-interval-ms', arg: '<ms>', help: 'load-metrics scrape interval (0: off)', parse: intOption('--metrics-interval-ms', 0), default: 1000 },
+  { key: 'health-interval-ms', arg: '<ms>', help: 'active health-check interval, GET /health (0: off)', parse: intOption('--health-interval-ms', 0), default: 2000 },
+  { key: 'breaker-failures', arg: '<n>', help: 'consecutive failures that open a worker\'s circuit', parse: intOption('--breaker-failures', 1), default: 3 },
+  { key: 'breaker-cooldown-ms', arg: '<ms>', help: 'how long an open circuit keeps a worker out', parse: intOption('--breaker-cooldown-ms', 1), default: 5000 },
+];
+
+export const envName = (key: string) => `CONTEXTFORGE_${key.toUpperCase().replace(/-/g, '_')}`;
+const camel = (key: string) => key.replace(/-([a-z])/g, (_m, c: string) => c.toUpperCase());
+
+export interface ServeConfig {
+  host: string;
+  port: number;
+  policy: string;
+  blockSize: number;
+  tokenize: 'text' | 'tokenizer' | 'engine';
+  tokenizer?: string;
+  chatTemplate?: string;
+  adminToken?: string;
+  state: string;
+  bodyLimit: number;
+  maxRetries: number;
+  upstreamTimeoutMs: number;
+  metricsIntervalMs: number;
+  healthIntervalMs: number;
+  breakerFailures: number;
+  breakerCooldownMs: number;
+  workers: GatewayWorker[];
+}
+
+/** Reads router.yaml (YAML or JSON): the settings' keys plus `workers`, a list of worker entries. */
+export function readConfigFile(file: string): Record<string, unknown> {
+  let raw: unknown;
+  try {
+    raw = parseYaml(readFileSync(file, 'utf8'));
+  } catch (err) {
+    throw new RangeError(`--config ${file}: ${(err as Error).message.split('\n')[0]}`);
+  }
+  if (raw === null || raw === undefined) return {};
+  if (typeof raw !== 'object' || Array.isArray(raw)) throw new RangeError(`--config ${file}: the top level must be a mapping of settings`);
+  const known = new Set([...SERVE_SETTINGS.map((s) => s.key), 'workers']);
+  for (const key of Object.keys(raw)) {
+    if (!known.has(key)) throw new RangeError(`--config ${file}: unknown key '${key}' (known: ${[...known].join(', ')})`);
+  }
+  return raw as Record<string, unknown>;
+}
+
+/**
+ * Resolves the settings from the parsed command (flags and environment, which commander
+ * read) and the config file. Workers: --worker flags if any, else CONTEXTFORGE_WORKERS
+ * (specs separated by whitespace), else the config's `workers`.
+ */
+export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = process.env): ServeConfig {
+  const values = cmd.opts<Record<string, unknown>>();
+  const configFile = values.config as string | undefined;
+  const file = configFile ? readConfigFile(configFile) : {};
+  const out: Record<string, unknown> = {};
+  for (const s of SERVE_SETTINGS) {
+    const name = camel(s.key);
+    const source = cmd.getOptionValueSource(name);
+    if ((source === undefined || source === 'default') && file[s.key] !== undefined && file[s.key] !== null) {
+      try {
+        out[name] = s.parse(String(file[s.key]));
+      } catch (err) {
+        throw new RangeError(`--config ${configFile}: ${s.key}: ${(err as Error).message}`);
+      }
+    } else out[name] = values[name];
+  }
+  let workers: GatewayWorker[];
+  const flagWorkers = values.worker as string[];
+  const envWorkers = env.CONTEXTFORGE_WORKERS?.trim();
+  if (flagWorkers.length > 0) workers = flagWorkers.map(parseWorkerSpec);
+  else if (envWorkers) workers = envWorkers.split(/\s+/).map(parseWorkerSpec);
+  else {
+    const list = file.workers ?? [];
+    if (!Array.isArray(list)) throw new RangeError(`--config ${configFile}: workers must be a list`);
+    workers = list.map((w, i) => {
+      const where = `--config ${configFile}: workers[${i}]`;
+      if (typeof w === 'string') return parseWorkerSpec(w);
+      if (w === null || typeof w !== 'object' || Array.isArray(w)) throw new RangeError(`${where} must be a mapping or a SPEC string`);
+      return workerFrom(w as Record<string, unknown>, where);
+    });
+  }
+  const ids = new Set<string>();
+  for (const w of workers) {
+    if (ids.has(w.id)) throw new RangeError(`worker id '${w.id}' is given twice`);
+    ids.add(w.id);
+  }
+  const config = { ...out, workers } as unknown as ServeConfig;
+  if (config.tokenize === 'tokenizer' && !config.tokenizer) throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
+  return config;
 }
 
 export function registerServeCommand(program: Command): void {
-  program
-    .command('serve')
-    .description('run the OpenAI-compatible routing gateway in front of the engines')
-    .option('--host <addr>', 'listen address', '127.0.0.1')
-    .option('--port <n>', 'listen port', intOption('--port', 0), 8080)
-    .option('--policy <name>', 'routing policy', 'cost')
-    .option('--block-size <n>', 'tokens per KV block (the engines\')', intOption('--block-size', 1), 16)
-    .option('--tokenize <mode>', 'how prompts are hashed: text, or engine (the worker\'s /tokenize); tokenizer: not yet', 'text')
-    .option('--worker <spec>', 'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,cla=G1;G2] (repeatable)', (v: string, all: string[]) => [...all, v], [] as string[])
-    .option('--admin-token <token>', 'bearer token for /admin (without it: loopback clients only)')
-    .option('--state <store>', 'shared state: memory (redis: not yet)', 'memory')
-    .option('--config <file>', 'router.yaml (not yet)')
-    .action(async (o: { host: string; port: number; policy: string; blockSize: number; tokenize: string; worker: string[]; adminToken?: string; state: string; config?: string }) => {
-      if (o.tokenize !== 'text' && o.tokenize !== 'engine') throw new RangeError(`--tokenize ${o.tokenize} is not supported; use text or engine`);
-      if (o.state !== 'memory') throw new RangeError(`--state ${o.state} is not supported yet; use memory`);
-      if (o.config) throw new RangeError('--config is not supported yet; pass flags');
-      const workers = o.worker.map(parseWorkerSpec);
-      const log = (m: string) => process.stderr.write(`${m}\n`);
-      // KV events carry token ids: only requests hashed from token ids can match them
-      const eventsUsable = o.tokenize !== 'text';
-      if (!eventsUsable && workers.some((w) => w.events)) {
-        log('warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize engine');
-      }
-      const precise = eventsUsable && workers.some((w) => w.events);
-      const router = new KVAwareRouter({ policy: o.policy, blockSize: o.blockSize, indexMode: precise ? 'precise' : 'approximate' });
-      const applier = new KvEventApplier(router);
-      const gateway = await createGateway({ router, workers, adminToken: o.adminToken, applier, tokenize: o.tokenize as 'text' | 'engine' });
-      const subscribers = workers
-        .filter((w) => eventsUsable && w.events)
-        .map((w) => new KvEventSubscriber({ workerId: w.id, endpoint: w.events!, replayEndpoint: w.replay, applier, log }).start());
-      const scraper = new MetricsScraper(router, workers.map((w) => ({ workerId: w.id, url: w.metrics ?? `${w.url.replace(/\/+$/, '')}/metrics` })), { log }).start();
-      const address = await gateway.app.listen({ host: o.host, port: o.port });
-      log(`contextforge-router serving on ${address} (policy ${o.policy}, ${workers.length} workers, ${precise ? 'precise' : 'approximate'} index)`);
-      await new Promise<void>((resolve) => {
-        process.once('SIGINT', resolve);
-        process.once('SIGTERM', resolve);
-      });
-      scraper.stop();
-      await Promise.all(subscribers.map((s) => s.close()));
-      await gateway.close();
-    });
+  const cmd = program.command('serve').description('run the OpenAI-compatible routing gateway in front of the engines');
+  cmd.addOption(new Option('--config <file>', 'router.yaml: every setting below by its flag name, plus workers').env(envName('config')));
+  for (const s of SERVE_SETTINGS) {
+    const o = new Option(`--${s.key} ${s.arg}`, s.help).env(envName(s.key)).argParser(s.parse);
+    cmd.addOption(s.default === undefined ? o : o.default(s.default));
+  }
+  cmd.option(
+    '--worker <spec>',
+    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
+    (v: string, all: string[]) => [...all, v],
+    [] as string[],
+  );
+  cmd.action(async () => {
+    const c = resolveServeConfig(cmd);
+    await runServe(c);
+  });
+}
+
+async function runServe(c: ServeConfig): Promise<void> {
+  const log = (m: string) => process.stderr.write(`${m}\n`);
+  // KV events carry token ids: only requests hashed from token ids can match them
+  const eventsUsable = c.tokenize !== 'text';
+  if (!eventsUsable && c.workers.some((w) => w.events)) {
+    log('warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize tokenizer or engine');
+  }
+  const promptTokenizer = c.tokenize === 'tokenizer'
+    ? ChatTokenizer.load(c.tokenizer!, { chatTemplate: c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate) })
+    : undefined;
+  const precise = eventsUsable && c.workers.some((w) => w.events);
+  const router = new KVAwareRouter({ policy: c.policy, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate' });
+  const gateway = await createGateway({
+    router, workers: c.workers, adminToken: c.adminToken, tokenize: c.tokenize, promptTokenizer, kvEvents: eventsUsable,
+    bodyLimit: c.bodyLimit, maxRetries: c.maxRetries, upstreamTimeoutMs: c.upstreamTimeoutMs,
+    metricsIntervalMs: c.metricsIntervalMs, healthCheckIntervalMs: c.healthIntervalMs,
+    breakerFailures: c.breakerFailures, breakerCooldownMs: c.breakerCooldownMs, log,
+  });
+  const address = await gateway.app.listen({ host: c.host, port: c.port });
+  log(`contextforge-router serving on ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index)`);
+  await new Promise<void>((resolve) => {
+    process.once('SIGINT', resolve);
+    process.once('SIGTERM', resolve);
+  });
+  await gateway.close();
+}
+
+function readTemplate(file: string): string {
+  try {
+    return readFileSync(file, 'utf8');
+  } catch (err) {
+    throw new RangeError(`--chat-template: cannot read '${file}': ${(err as Error).message}`);
+  }
 }

@@ -1,4 +1,5 @@
 import type { KVAwareRouter } from '../../core/router.js';
+import type { WorkerHealth } from '../health.js';
 import { readEngineLoad, type EngineLoad } from './prometheus.js';
 
 /**
@@ -18,6 +19,8 @@ export interface ScraperOptions {
   failuresToUnhealthy?: number;
   successesToHealthy?: number;
   log?: (message: string) => void;
+  /** Where health verdicts go when other checks share the say (the gateway); else straight to the router. */
+  health?: WorkerHealth;
 }
 
 export interface TargetState {
@@ -32,6 +35,7 @@ export interface TargetState {
 
 export class MetricsScraper {
   private readonly states = new Map<string, TargetState>();
+  private readonly targets = new Map<string, MetricsTarget>();
   private timer: NodeJS.Timeout | undefined;
   private readonly intervalMs: number;
   private readonly timeoutMs: number;
@@ -40,14 +44,24 @@ export class MetricsScraper {
 
   constructor(
     private readonly router: KVAwareRouter,
-    private readonly targets: MetricsTarget[],
+    targets: MetricsTarget[],
     private readonly options: ScraperOptions = {},
   ) {
     this.intervalMs = options.intervalMs ?? 1000;
     this.timeoutMs = options.timeoutMs ?? Math.min(2000, this.intervalMs);
     this.failuresToUnhealthy = options.failuresToUnhealthy ?? 3;
     this.successesToHealthy = options.successesToHealthy ?? 2;
-    for (const t of targets) this.states.set(t.workerId, { consecutiveFailures: 0, consecutiveSuccesses: 0, healthy: true, scrapes: 0, failures: 0 });
+    for (const t of targets) this.add(t);
+  }
+
+  add(t: MetricsTarget): void {
+    this.targets.set(t.workerId, t);
+    this.states.set(t.workerId, { consecutiveFailures: 0, consecutiveSuccesses: 0, healthy: true, scrapes: 0, failures: 0 });
+  }
+
+  remove(workerId: string): void {
+    this.targets.delete(workerId);
+    this.states.delete(workerId);
   }
 
   state(workerId: string): TargetState | undefined {
@@ -57,9 +71,9 @@ export class MetricsScraper {
   start(): this {
     const tick = async () => {
       await this.scrapeAll();
-      if (this.timer !== undefined) this.timer = setTimeout(tick, this.intervalMs);
+      if (this.timer !== undefined) this.timer = setTimeout(tick, this.intervalMs).unref();
     };
-    this.timer = setTimeout(tick, 0);
+    this.timer = setTimeout(tick, 0).unref();
     return this;
   }
 
@@ -70,16 +84,18 @@ export class MetricsScraper {
 
   /** One round over every target (also what start() repeats). */
   async scrapeAll(): Promise<void> {
-    await Promise.all(this.targets.map((t) => this.scrape(t)));
+    await Promise.all([...this.targets.values()].map((t) => this.scrape(t)));
   }
 
   private async scrape(t: MetricsTarget): Promise<void> {
-    const s = this.states.get(t.workerId)!;
+    const s = this.states.get(t.workerId);
+    if (!s) return;
     s.scrapes++;
     try {
       const res = await fetch(t.url, { signal: AbortSignal.timeout(this.timeoutMs) });
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
       const load = readEngineLoad(await res.text());
+      if (this.states.get(t.workerId) !== s) return; // removed while scraping
       s.lastLoad = load;
       s.consecutiveFailures = 0;
       s.consecutiveSuccesses++;
@@ -96,6 +112,7 @@ export class MetricsScraper {
 
   private setHealth(workerId: string, s: TargetState, healthy: boolean): void {
     s.healthy = healthy;
+    if (this.options.health) return this.options.health.set(workerId, 'metrics', healthy, healthy ? '' : `metrics: ${s.lastError}`);
     try {
       this.router.setWorkerHealth(workerId, healthy);
       this.options.log?.(`metrics: ${workerId} is ${healthy ? 'healthy again' : `unhealthy (${s.lastError})`}`);

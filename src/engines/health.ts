@@ -1,0 +1,152 @@
+import type { KVAwareRouter } from '../core/router.js';
+
+/**
+ * Why a worker is out of rotation. Several checks have a say — the active health check, the
+ * metrics scrape, the gateway's circuit breaker — and a worker takes requests only when none
+ * of them holds it out; one check recovering must not undo another's verdict.
+ */
+export type HealthVerdictSource = 'health-check' | 'metrics' | 'breaker';
+
+export class WorkerHealth {
+  private readonly down = new Map<string, Set<HealthVerdictSource>>();
+
+  constructor(
+    private readonly router: KVAwareRouter,
+    private readonly log?: (message: string) => void,
+  ) {}
+
+  /** Records one source's verdict and tells the router when the worker's availability changes. */
+  set(workerId: string, source: HealthVerdictSource, healthy: boolean, detail = ''): void {
+    let reasons = this.down.get(workerId);
+    const wasUp = reasons === undefined || reasons.size === 0;
+    if (healthy) reasons?.delete(source);
+    else {
+      if (!reasons) this.down.set(workerId, (reasons = new Set()));
+      reasons.add(source);
+    }
+    const isUp = reasons === undefined || reasons.size === 0;
+    if (wasUp === isUp) return;
+    try {
+      this.router.setWorkerHealth(workerId, isUp);
+    } catch {
+      return; // the worker was removed meanwhile
+    }
+    this.log?.(`${workerId} is ${isUp ? 'back in rotation' : `out of rotation (${source}${detail ? `: ${detail}` : ''})`}`);
+  }
+
+  /** The sources currently holding the worker out (empty when it takes requests). */
+  reasons(workerId: string): HealthVerdictSource[] {
+    return [...(this.down.get(workerId) ?? [])];
+  }
+
+  forget(workerId: string): void {
+    this.down.delete(workerId);
+  }
+}
+
+export interface HealthCheckOptions {
+  /** Between probes of one worker (default 2000 ms). */
+  intervalMs?: number;
+  timeoutMs?: number;
+  /** Consecutive failed probes before the worker is taken out (default 2). */
+  failuresToUnhealthy?: number;
+  /** Consecutive good probes before it is taken back (default 1). */
+  successesToHealthy?: number;
+}
+
+interface ProbeState {
+  url: string;
+  consecutiveFailures: number;
+  consecutiveSuccesses: number;
+  healthy: boolean;
+  probes: number;
+  failures: number;
+  lastError?: string;
+}
+
+/**
+ * Active health checks: GET `{base}/health` (vLLM's and SGLang's liveness endpoint) per worker
+ * on an interval. Separate from the metrics scrape because an engine can serve /metrics while
+ * its model loop is wedged, and some deployments expose no /metrics to the router at all.
+ */
+export class HealthChecker {
+  private readonly probes = new Map<string, ProbeState>();
+  private timer: NodeJS.Timeout | undefined;
+  private readonly intervalMs: number;
+  private readonly timeoutMs: number;
+  private readonly failuresToUnhealthy: number;
+  private readonly successesToHealthy: number;
+
+  constructor(
+    private readonly health: WorkerHealth,
+    options: HealthCheckOptions = {},
+  ) {
+    this.intervalMs = options.intervalMs ?? 2000;
+    if (!(this.intervalMs > 0)) throw new RangeError(`intervalMs must be > 0, got ${this.intervalMs}`);
+    this.timeoutMs = options.timeoutMs ?? Math.min(2000, this.intervalMs);
+    this.failuresToUnhealthy = options.failuresToUnhealthy ?? 2;
+    this.successesToHealthy = options.successesToHealthy ?? 1;
+  }
+
+  add(workerId: string, baseUrl: string): void {
+    this.probes.set(workerId, { url: `${baseUrl.replace(/\/+$/, '')}/health`, consecutiveFailures: 0, consecutiveSuccesses: 0, healthy: true, probes: 0, failures: 0 });
+  }
+
+  remove(workerId: string): void {
+    this.probes.delete(workerId);
+  }
+
+  state(workerId: string): Readonly<ProbeState> | undefined {
+    return this.probes.get(workerId);
+  }
+
+  start(): this {
+    const tick = async () => {
+      await this.probeAll();
+      if (this.timer !== undefined) this.timer = setTimeout(tick, this.intervalMs).unref();
+    };
+    this.timer = setTimeout(tick, 0).unref();
+    return this;
+  }
+
+  stop(): void {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+
+  async probeAll(): Promise<void> {
+    await Promise.all([...this.probes.keys()].map((id) => this.probe(id)));
+  }
+
+  private async probe(workerId: string): Promise<void> {
+    const p = this.probes.get(workerId);
+    if (!p) return;
+    p.probes++;
+    let error: string | undefined;
+    try {
+      const res = await fetch(p.url, { signal: AbortSignal.timeout(this.timeoutMs) });
+      await res.arrayBuffer();
+      if (!res.ok) error = `HTTP ${res.status}`;
+    } catch (err) {
+      error = (err as Error).message;
+    }
+    if (this.probes.get(workerId) !== p) return; // removed while probing
+    if (error === undefined) {
+      p.consecutiveFailures = 0;
+      p.consecutiveSuccesses++;
+      if (!p.healthy && p.consecutiveSuccesses >= this.successesToHealthy) {
+        p.healthy = true;
+        this.health.set(workerId, 'health-check', true);
+      }
+    } else {
+      p.failures++;
+      p.consecutiveSuccesses = 0;
+      p.consecutiveFailures++;
+      p.lastError = error;
+      if (p.healthy && p.consecutiveFailures >= this.failuresToUnhealthy) {
+        p.healthy = false;
+        this.health.set(workerId, 'health-check', false, error);
+      }
+    }
+  }
+}

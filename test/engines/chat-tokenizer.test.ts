@@ -1,0 +1,65 @@
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { test } from 'node:test';
+import { Template } from '@huggingface/jinja';
+import { Tokenizer } from '@huggingface/tokenizers';
+import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
+import type { ChatMessage } from '../../src/core/hashing.js';
+
+const dir = new URL('../fixtures/tokenizer/', import.meta.url);
+const tokenizerJson = JSON.parse(readFileSync(new URL('tokenizer.json', dir), 'utf8')) as object;
+const config = JSON.parse(readFileSync(new URL('tokenizer_config.json', dir), 'utf8')) as { chat_template: string };
+/** The reference: the whole conversation rendered once and tokenized once, as the engine does. */
+const reference = new Tokenizer(tokenizerJson, config);
+const wholeTokens = (messages: ChatMessage[], template = config.chat_template) =>
+  reference.encode(new Template(template).render({ messages, add_generation_prompt: true, eos_token: '<|im_end|>' }), { add_special_tokens: false }).ids;
+
+const turns: ChatMessage[] = [
+  { role: 'system', content: 'You are the planner. Route requests to the engine that holds their KV cache.' },
+  { role: 'user', content: 'Which worker holds the prefix?  Tabs\tand  spaces, ünïcödé, 数字 123, emoji 🚀.' },
+  { role: 'assistant', content: 'Worker w1 holds 64 cached tokens; the others hold none.' },
+  { role: 'user', content: "Then send it there. Don't split the workflow!" },
+  { role: 'assistant', content: '' },
+  { role: 'user', content: '\n\nEnd with newlines\n' },
+];
+
+test('per-message tokenization gives the same ids as tokenizing the whole rendered chat', () => {
+  const t = ChatTokenizer.load(new URL('tokenizer.json', dir).pathname);
+  for (let n = 1; n <= turns.length; n++) {
+    assert.deepEqual(t.tokenize({ messages: turns.slice(0, n) }), wholeTokens(turns.slice(0, n)), `${n} messages`);
+  }
+  // each turn re-sent the earlier messages: all of those came from the cache
+  assert.equal(t.stats.segmentMisses, turns.length);
+  assert.equal(t.stats.segmentHits, (turns.length * (turns.length - 1)) / 2);
+  assert.equal(t.stats.wholeRenders, 0);
+  // a branch off an earlier turn reuses the shared part only
+  const branch = [...turns.slice(0, 2), { role: 'assistant', content: 'A different answer.' }];
+  assert.deepEqual(t.tokenize({ messages: branch }), wholeTokens(branch));
+  assert.equal(t.stats.segmentMisses, turns.length + 1);
+});
+
+test('a template whose output for a prefix is not a prefix of the whole is tokenized whole', () => {
+  // counts the messages up front: every extra message changes the start of the text
+  const counting = "{{ messages|length }} messages\n" + config.chat_template;
+  const t = new ChatTokenizer(reference, config, { chatTemplate: counting });
+  const messages = turns.slice(0, 3);
+  assert.deepEqual(t.tokenize({ messages }), wholeTokens(messages, counting));
+  assert.ok(t.stats.wholeRenders > 0);
+});
+
+test('the cache is bounded, and evicted segments are recomputed to the same ids', () => {
+  const t = ChatTokenizer.load(dir.pathname, { cacheEntries: 2 });
+  for (let n = 1; n <= turns.length; n++) assert.deepEqual(t.tokenize({ messages: turns.slice(0, n) }), wholeTokens(turns.slice(0, n)));
+  assert.deepEqual(t.tokenize({ messages: turns }), wholeTokens(turns));
+});
+
+test('completions prompts and token ids; bad paths and missing templates are named errors', () => {
+  const t = ChatTokenizer.load(dir.pathname);
+  assert.deepEqual(t.tokenize({ text: 'the router routes' }), reference.encode('the router routes').ids);
+  assert.deepEqual(t.tokenize({ tokens: [5, 6, 7] }), [5, 6, 7]);
+  assert.throws(() => ChatTokenizer.load('/nonexistent/tokenizer.json'), (e: Error) => e instanceof RangeError && /no such file/.test(e.message));
+  assert.throws(() => ChatTokenizer.load(new URL('../fixtures/seed-parity.json', import.meta.url).pathname), RangeError);
+  const bare = new ChatTokenizer(reference, {});
+  assert.throws(() => bare.tokenize({ messages: turns }), /no chat template/);
+  assert.throws(() => new ChatTokenizer(reference, config, { cacheEntries: -1 }), RangeError);
+});
