@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 
@@ -59,4 +59,27 @@ test('live-demo runs a small workload through mock engines and the router over H
     assert.equal(x.requests, out.requests);
     assert.ok(x.hitRate >= 0 && x.hitRate <= 1);
   }
+});
+
+test('live-demo stops cleanly on Ctrl-C mid-run: engines and router closed, exit 130', async () => {
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'live-demo', '--workflows', '40', '--speed', '1'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  let stdout = '';
+  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) => child.once('exit', (code, signal) => r({ code, signal })));
+  // interrupt once the first quarter of the cost run has gone through HTTP
+  await new Promise<void>((resolve, reject) => {
+    child.stderr.on('data', (d: Buffer) => {
+      stderr += d.toString();
+      if (/^cost: \d+\/\d+ requests$/m.test(stderr)) resolve();
+    });
+    void exited.then(() => reject(new Error(`exited before progress: ${stderr}`)));
+  });
+  child.kill('SIGINT');
+  // the process only exits by itself once every server and socket is closed (it sets exitCode, never calls exit)
+  const { code, signal } = await exited;
+  assert.equal(signal, null, 'it handled the signal instead of being killed by it');
+  assert.equal(code, 130);
+  assert.match(stderr, /stopping…/);
+  assert.equal(stdout, '', 'no results table for an interrupted run');
 });

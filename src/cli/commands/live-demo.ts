@@ -127,8 +127,11 @@ export function registerLiveDemoCommand(program: Command): void {
       try {
         for (const policy of ['cost', 'round-robin']) {
           if (ac.signal.aborted) break;
+          const quarter = Math.max(1, Math.ceil(trace.length / 4));
           const r = await runPolicy(policy, trace, o.workers, o.speed, ac.signal, (done) => {
+            // a live counter on a terminal; a line per quarter in logs
             if (process.stderr.isTTY) process.stderr.write(`\r${policy}: ${done}/${trace.length} requests`);
+            else if (done % quarter === 0 || done === trace.length) process.stderr.write(`${policy}: ${done}/${trace.length} requests\n`);
           });
           if (process.stderr.isTTY) process.stderr.write('\n');
           results.push(r);
