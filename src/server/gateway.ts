@@ -1,5 +1,6 @@
+import { EventEmitter } from 'node:events';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
-import { request as upstreamRequest } from 'undici';
+import { Pool, request as upstreamRequest } from 'undici';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router.js';
 import type { ChatMessage } from '../core/hashing.js';
@@ -66,6 +67,13 @@ export interface GatewayOptions {
 
 const METADATA_FIELD = 'contextforge';
 
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** The body as received: forwarded as is when the router changes nothing in it (no re-serialisation). */
+    rawBody?: string;
+  }
+}
+
 class RequestError extends Error {
   constructor(
     readonly status: number,
@@ -99,6 +107,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const log = options.log ?? (() => {});
   /** Base URL (no trailing slash) per worker id. */
   const urls = new Map<string, string>();
+  /** A keep-alive connection pool per worker for the proxied requests. */
+  const pools = new Map<string, Pool>();
   const models = new Map<string, ReadonlySet<string>>();
   const subscribers = new Map<string, KvEventSubscriber>();
   const health = new WorkerHealth(router, log);
@@ -181,6 +191,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     router.registerWorker(w.id, { url: w.url, claGroups: w.claGroups });
     const base = w.url.replace(/\/+$/, '');
     urls.set(w.id, base);
+    pools.set(w.id, new Pool(base, { connections: 256, keepAliveTimeout: 30_000 }));
     if (w.models) models.set(w.id, new Set(w.models));
     scraper?.add({ workerId: w.id, url: w.metrics ?? `${base}/metrics` });
     checker?.add(w.id, base);
@@ -191,6 +202,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const removeWorker = (id: string) => {
     if (!urls.has(id)) return false;
     urls.delete(id);
+    void pools.get(id)?.close().catch(() => {}); // lets its in-flight requests finish
+    pools.delete(id);
     models.delete(id);
     scraper?.remove(id);
     checker?.remove(id);
@@ -235,14 +248,23 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     return undefined;
   };
 
-  // clients that send JSON without saying so (curl -d) are read as JSON too
-  app.addContentTypeParser('*', { parseAs: 'string' }, (_req, body, done) => {
+  // JSON bodies are parsed once and kept as received, so an unchanged body is forwarded
+  // without serialising it again; clients that send JSON without saying so (curl -d) are
+  // read as JSON too. JSON.parse makes "__proto__" an own key, never the prototype.
+  app.decorateRequest('rawBody', undefined);
+  const parseJson = (req: FastifyRequest, body: string | Buffer, done: (err: Error | null, body?: unknown) => void) => {
+    if (body === '') return done(null, undefined);
     try {
-      done(null, body === '' ? undefined : JSON.parse(body as string));
+      const parsed: unknown = JSON.parse(body as string);
+      req.rawBody = body as string;
+      done(null, parsed);
     } catch {
       done(Object.assign(new Error('the body is not valid JSON'), { statusCode: 400 }), undefined);
     }
-  });
+  };
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson);
+  app.addContentTypeParser('*', { parseAs: 'string' }, parseJson);
   app.setErrorHandler((err: Error & { statusCode?: number }, _req, reply) => {
     const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
     const message = status === 413 ? `request body too large: ${err.message}` : err.message;
@@ -260,7 +282,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
    * body to forward; answers a 4xx and returns undefined when the request is malformed.
    */
   const prepare = async (path: string, req: FastifyRequest, reply: FastifyReply) => {
-    let parsed: { routeRequest: RouteRequest; body: Record<string, unknown> };
+    let parsed: ReturnType<typeof parseRequest>;
     try {
       parsed = parseRequest(path, req);
     } catch (err) {
@@ -289,7 +311,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const proxy = (path: '/v1/completions' | '/v1/chat/completions') => async (req: FastifyRequest, reply: FastifyReply) => {
     const prepared = await prepare(path, req, reply);
     if (!prepared) return reply;
-    const { routeRequest, body } = prepared;
+    const { routeRequest, body, unchanged } = prepared;
     const started = performance.now();
     const excluded = workersWithoutModel(body.model);
     if (excluded.size > 0 && excluded.size === urls.size) {
@@ -302,8 +324,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         return openAiError(reply, 503, 'no worker can take the request now');
       }
       decisions.inc({ policy: decision.policy, reason: decision.reason });
-      const forwarded = decision.cacheSalt ? { ...body, cache_salt: decision.cacheSalt } : body;
-      const outcome = await forward(reply, req, urls.get(decision.workerId)!, path, forwarded, decision, timeout, (seconds) => {
+      const forwarded = decision.cacheSalt
+        ? JSON.stringify({ ...body, cache_salt: decision.cacheSalt })
+        : unchanged && req.rawBody !== undefined ? req.rawBody : JSON.stringify(body);
+      const outcome = await forward(reply, pools.get(decision.workerId)!, path, forwarded, decision, timeout, (seconds) => {
         ttft.observe(seconds);
         router.markPrefillDone(decision.ticket);
       });
@@ -436,6 +460,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       scraper?.stop();
       checker?.stop();
       await app.close();
+      await Promise.all([...pools.values()].map((p) => p.destroy()));
       await Promise.all([...subscribers.values()].map((s) => s.close()));
       await Promise.all(closing);
     },
@@ -447,7 +472,7 @@ function isLoopback(ip: string): boolean {
 }
 
 /** Reads the request: what to route on, and the body to forward (metadata field removed). */
-function parseRequest(path: string, req: FastifyRequest): { routeRequest: RouteRequest; body: Record<string, unknown> } {
+function parseRequest(path: string, req: FastifyRequest): { routeRequest: RouteRequest; body: Record<string, unknown>; unchanged: boolean } {
   const raw = req.body;
   if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new RequestError(400, 'the body must be a JSON object');
   const { [METADATA_FIELD]: meta, ...body } = raw as Record<string, unknown>;
@@ -497,79 +522,110 @@ function parseRequest(path: string, req: FastifyRequest): { routeRequest: RouteR
     else if (Array.isArray(first) && first.every((t) => Number.isInteger(t) && t >= 0)) routeRequest.tokens = first as number[];
     else throw new RequestError(400, 'prompt must be a string, a list of strings, token ids, or a list of token-id lists', 'prompt');
   }
-  return { routeRequest, body };
+  return { routeRequest, body, unchanged: meta === undefined };
 }
 
 /**
- * Sends the request to one engine and pipes its answer to the client. Returns 'retry' when
- * the engine failed before sending anything (connection error, 5xx), so the caller can try
- * another worker; 'done' otherwise (including failures after the first byte, which end the
- * stream with an OpenAI-style error event).
+ * Sends the request to one engine and passes its answer to the client: a stream chunk by
+ * chunk, a complete JSON answer in one write with its length. Returns 'retry' when the engine
+ * failed before anything reached the client (connection error, 5xx, a JSON answer cut
+ * short), so the caller can try another worker; 'done' otherwise (a failure after the first
+ * byte to the client ends an SSE stream with an OpenAI-style error event).
  */
 async function forward(
   reply: FastifyReply,
-  req: FastifyRequest,
-  base: string,
+  pool: Pool,
   path: string,
-  body: Record<string, unknown>,
+  body: string,
   decision: RouteResult,
   timeout: number,
   onFirstByte: (seconds: number) => void,
 ): Promise<'done' | 'retry'> {
-  const ac = new AbortController();
+  // undici takes an EventEmitter as the abort signal: cheaper per request than an AbortController
+  const abort = new EventEmitter();
+  let aborted = false;
+  const res = reply.raw;
   // the response closing before it finished means the client went away (a request's own
   // 'close' only says its body was read)
   const onClientGone = () => {
-    if (!reply.raw.writableFinished) ac.abort();
+    if (res.writableFinished) return;
+    aborted = true;
+    abort.emit('abort');
   };
-  reply.raw.once('close', onClientGone);
+  res.once('close', onClientGone);
   const started = performance.now();
   let upstream;
   try {
-    upstream = await upstreamRequest(`${base}${path}`, {
+    upstream = await pool.request({
+      path,
       method: 'POST',
-      body: JSON.stringify(body),
-      headers: { 'content-type': 'application/json' },
-      signal: ac.signal,
+      body,
+      headers: JSON_HEADERS,
+      signal: abort,
       headersTimeout: timeout,
       bodyTimeout: timeout,
     });
   } catch {
-    reply.raw.off('close', onClientGone);
+    res.off('close', onClientGone);
     return 'retry';
   }
   if (upstream.statusCode >= 500) {
     await upstream.body.dump().catch(() => {});
-    reply.raw.off('close', onClientGone);
+    res.off('close', onClientGone);
     return 'retry';
   }
-  reply.hijack();
-  const res = reply.raw;
   const contentType = String(upstream.headers['content-type'] ?? 'application/json');
-  res.writeHead(upstream.statusCode, {
+  const streaming = contentType.includes('event-stream');
+  const headers: Record<string, string> = {
     'content-type': contentType,
     'x-contextforge-worker': decision.workerId,
     'x-contextforge-cached-tokens': String(Math.round(decision.cachedTokens)),
-    ...(contentType.includes('event-stream') ? { 'cache-control': 'no-cache', connection: 'keep-alive' } : {}),
-  });
+  };
   let first = true;
   try {
+    if (!streaming && upstream.headers['content-length'] !== undefined) {
+      // a complete JSON answer of known size: sent in one write with its length, not chunked
+      const chunks: Buffer[] = [];
+      for await (const chunk of upstream.body) {
+        if (first) {
+          first = false;
+          onFirstByte((performance.now() - started) / 1000);
+        }
+        chunks.push(chunk as Buffer);
+      }
+      const payload = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
+      headers['content-length'] = String(payload.length);
+      reply.hijack();
+      res.writeHead(upstream.statusCode, headers);
+      res.end(payload);
+      return 'done';
+    }
+    if (streaming) headers['cache-control'] = 'no-cache';
+    reply.hijack();
+    res.writeHead(upstream.statusCode, headers);
     for await (const chunk of upstream.body) {
       if (first) {
         first = false;
         onFirstByte((performance.now() - started) / 1000);
-        req.server.log.debug({ worker: decision.workerId }, 'first byte');
       }
       if (!res.write(chunk)) await new Promise((r) => res.once('drain', r));
     }
     res.end();
   } catch (err) {
-    if (!ac.signal.aborted && contentType.includes('event-stream')) {
-      res.write(`data: ${JSON.stringify({ error: { message: `the engine failed mid-stream: ${(err as Error).message}`, type: 'server_error', code: null } })}\n\n`);
+    if (!res.headersSent) {
+      // the engine failed before anything reached the client: another worker can answer
+      if (!aborted) return 'retry';
+      res.end();
+    } else {
+      if (!aborted && streaming) {
+        res.write(`data: ${JSON.stringify({ error: { message: `the engine failed mid-stream: ${(err as Error).message}`, type: 'server_error', code: null } })}\n\n`);
+      }
+      res.end();
     }
-    res.end();
   } finally {
-    reply.raw.off('close', onClientGone);
+    res.off('close', onClientGone);
   }
   return 'done';
 }
+
+const JSON_HEADERS = { 'content-type': 'application/json' };
