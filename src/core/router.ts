@@ -119,6 +119,34 @@ export interface RouteOptions {
   now?: number;
   /** Workers not to choose this time (e.g. one that just failed the request). */
   exclude?: ReadonlySet<string>;
+  /** Put what the decision recorded in `result.shared`, for other router replicas (allocates). */
+  share?: boolean;
+}
+
+/**
+ * What a routing decision taught the router, in a form another router replica can apply with
+ * applySharedDecision(): the blocks recorded on the worker, the workflow's step and anchors.
+ */
+export interface SharedDecision {
+  workerId: string;
+  /** Hashes of the blocks recorded on the worker (high and low halves), in prompt order. */
+  hi: Uint32Array;
+  lo: Uint32Array;
+  workflowId?: string;
+  workflowStep: number | null;
+  anchor?: string;
+  claGroup: number | null;
+  contentAnchors?: readonly ContentAnchor[];
+  /** Uncached prompt tokens the decision queued on the worker (0 when not tracked). */
+  prefillTokens: number;
+  tracked: boolean;
+}
+
+/** In-flight work on a worker, as one router replica counts it. */
+export interface InFlightLoad {
+  inFlightRequests: number;
+  queuedPrefillTokens: number;
+  activeDecodeTokens: number;
 }
 
 export interface CandidateExplain {
@@ -152,6 +180,8 @@ export interface RouteResult {
   blocks: number;
   /** Set for isolated requests: pass it to the engine as `cache_salt`. */
   cacheSalt?: string;
+  /** With RouteOptions.share: what this decision recorded, for other replicas. */
+  shared?: SharedDecision;
   /** Handle for markPrefillDone()/release(); 0 when not tracked. */
   ticket: number;
   explain?: CandidateExplain[];
@@ -470,19 +500,31 @@ export class KVAwareRouter {
     this.decisions[choice.reason] = (this.decisions[choice.reason] ?? 0) + 1;
     if (!chosen) return result;
     const worker = chosen.worker;
+    let start = 0;
+    let end = 0;
     if (!isolated) {
       if (hashes.length > 0) {
         // approximate: every block (refreshing the TTL); precise: a speculative stretch past
         // what the worker holds
-        const end = this.indexMode === 'precise' ? Math.min(hashes.length, chosen.overlapBlocks + this.speculativeBlocks) : hashes.length;
-        const start = this.indexMode === 'precise' ? chosen.overlapBlocks : 0;
+        end = this.indexMode === 'precise' ? Math.min(hashes.length, chosen.overlapBlocks + this.speculativeBlocks) : hashes.length;
+        start = this.indexMode === 'precise' ? chosen.overlapBlocks : 0;
         if (end > start) this.index.recordPredicted(worker.slot, hashes.hi, hashes.lo, start, end, now);
       }
       if (contentAnchors && contentAnchors.length > 0) this.contentAnchors.record(worker.slot, contentAnchors, now);
     }
+    const tracked = options.track !== false;
+    if (options.share) {
+      // the predicted range only: in precise mode what the worker holds comes from its own events
+      const n = Math.max(0, end - start);
+      result.shared = {
+        workerId: worker.id, hi: hashes.hi.slice(start, start + n), lo: hashes.lo.slice(start, start + n),
+        workflowId, workflowStep, anchor, claGroup, contentAnchors: isolated ? undefined : contentAnchors,
+        prefillTokens: tracked ? Math.max(0, promptTokens - chosen.cachedTokens) : 0, tracked,
+      };
+    }
     if (anchor !== undefined) this.anchors.home(anchor, worker.id, claGroup);
     if (workflowId !== undefined) this.workflows.record(workflowId, worker.id, workflowStep);
-    if (options.track !== false) {
+    if (tracked) {
       const uncached = Math.max(0, promptTokens - chosen.cachedTokens);
       const ticket = this.nextTicket++;
       this.tickets.set(ticket, { worker, prefill: uncached, kvTokens: promptTokens, prefilled: false });
@@ -491,6 +533,65 @@ export class KVAwareRouter {
       result.ticket = ticket;
     }
     return result;
+  }
+
+  /**
+   * Applies another replica's decision (see RouteOptions.share): its blocks become predicted
+   * entries on the worker, and the workflow and anchors follow it. False when the worker is
+   * not registered here (yet), so nothing was applied.
+   */
+  applySharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'tracked'>, now: number = this.clock()): boolean {
+    const worker = this.workers.get(d.workerId);
+    if (!worker) return false;
+    if (d.hi.length !== d.lo.length) throw new RangeError('shared decision: hi and lo differ in length');
+    if (d.hi.length > 0) this.index.recordPredicted(worker.slot, d.hi, d.lo, 0, d.hi.length, now);
+    if (d.contentAnchors && d.contentAnchors.length > 0) this.contentAnchors.record(worker.slot, checkContentAnchors(d.contentAnchors), now);
+    if (d.anchor !== undefined) this.anchors.home(d.anchor, worker.id, d.claGroup);
+    if (d.workflowId !== undefined) this.workflows.record(d.workflowId, worker.id, d.workflowStep);
+    return true;
+  }
+
+  /** The worker a workflow's latest step ran on, as far as this router knows. */
+  workflowAffinity(workflowId: string): { workerId: string; step: number | null } | undefined {
+    return this.workflows.peek(workflowId);
+  }
+
+  /** Sets a workflow's worker (the shared state's word for it, which wins); ignored for unknown workers. */
+  setWorkflowAffinity(workflowId: string, workerId: string, step: number | null = null): void {
+    if (!this.workers.get(workerId)) return;
+    this.workflows.set(check.requireId(workflowId, 'workflowId'), workerId, step);
+  }
+
+  /** Every workflow this router remembers, least recently used first. */
+  workflowAffinities(): IterableIterator<[string, { workerId: string; step: number | null }]> {
+    return this.workflows.all();
+  }
+
+  /** This replica's own in-flight work on a worker (what it shares with the others). */
+  localLoad(workerId: string): InFlightLoad {
+    const w = this.requireRegistered(workerId);
+    return {
+      inFlightRequests: Math.max(0, w.inFlightRequests - w.remoteInFlightRequests),
+      queuedPrefillTokens: Math.max(0, w.queuedPrefillTokens - w.remoteQueuedPrefillTokens),
+      activeDecodeTokens: Math.max(0, w.activeDecodeTokens - w.remoteActiveDecodeTokens),
+    };
+  }
+
+  /**
+   * The in-flight work other replicas have on a worker (their sum): policies then see the
+   * whole fleet's load, not just this replica's, and replicas do not pile onto one worker.
+   */
+  setRemoteLoad(workerId: string, load: InFlightLoad): void {
+    const w = this.requireRegistered(workerId);
+    const requests = check.finiteNonNegative(load.inFlightRequests, 'inFlightRequests');
+    const prefill = check.finiteNonNegative(load.queuedPrefillTokens, 'queuedPrefillTokens');
+    const decode = check.finiteNonNegative(load.activeDecodeTokens, 'activeDecodeTokens');
+    w.inFlightRequests += requests - w.remoteInFlightRequests;
+    w.queuedPrefillTokens += prefill - w.remoteQueuedPrefillTokens;
+    w.activeDecodeTokens += decode - w.remoteActiveDecodeTokens;
+    w.remoteInFlightRequests = requests;
+    w.remoteQueuedPrefillTokens = prefill;
+    w.remoteActiveDecodeTokens = decode;
   }
 
   /** The request's prefill finished (first token seen): its work moves from prefill to decode. */

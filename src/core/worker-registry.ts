@@ -20,6 +20,13 @@ export class WorkerState {
   activeDecodeTokens = 0;
   /** The router's requests on this worker that have not completed. */
   inFlightRequests = 0;
+  /**
+   * The part of the three counts above that other router replicas reported (shared state):
+   * the totals are what policies see, the local part is total − remote.
+   */
+  remoteQueuedPrefillTokens = 0;
+  remoteActiveDecodeTokens = 0;
+  remoteInFlightRequests = 0;
   /** Engine-reported queue and batch (from /metrics), when scraped. */
   waitingRequests = 0;
   runningRequests = 0;

@@ -40,6 +40,18 @@ export class WorkflowTable {
     }
   }
 
+  /** Sets a workflow's worker and step whatever was recorded (another router's word for it). */
+  set(workflowId: string, workerId: string, step: number | null): void {
+    this.entries.delete(workflowId);
+    this.entries.set(workflowId, { workerId, step });
+    if (this.entries.size > this.capacity) this.entries.delete(this.entries.keys().next().value as string);
+  }
+
+  /** Every remembered workflow, least recently used first. */
+  all(): IterableIterator<[string, WorkflowEntry]> {
+    return this.entries.entries();
+  }
+
   dropWorker(workerId: string): void {
     for (const [id, entry] of this.entries) if (entry.workerId === workerId) this.entries.delete(id);
   }

@@ -10,6 +10,7 @@ import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decod
 import { KvEventSubscriber } from '../engines/kv-events/subscriber.js';
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
+import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/state-store.js';
 
 /**
  * The HTTP gateway: an OpenAI-compatible routing proxy in front of the engines. Each request
@@ -18,7 +19,7 @@ import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
  * router's in-flight accounting follows the request: prefill until the first upstream byte,
  * decode until the end, released on completion, error or client disconnect.
  */
-export interface GatewayWorker {
+export interface GatewayWorker extends WorkerRecord {
   id: string;
   /** Base URL of the engine's OpenAI API, e.g. http://10.0.0.5:8000 */
   url: string;
@@ -63,6 +64,8 @@ export interface GatewayOptions {
   healthCheckIntervalMs?: number;
   /** One line per notable event (health changes, event-stream gaps). */
   log?: (message: string) => void;
+  /** Shared state for several replicas (default: in memory, this replica only). */
+  state?: StateStore;
 }
 
 const METADATA_FIELD = 'contextforge';
@@ -90,6 +93,7 @@ function openAiError(reply: FastifyReply, status: number, message: string, param
 
 export interface Gateway {
   app: FastifyInstance;
+  router: KVAwareRouter;
   metrics: Registry;
   /** Who holds which worker out of rotation (health check, metrics scrape, circuit breaker). */
   health: WorkerHealth;
@@ -117,6 +121,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const scraper = metricsIntervalMs > 0 ? new MetricsScraper(router, [], { intervalMs: metricsIntervalMs, health, log }).start() : undefined;
   const checker = healthCheckIntervalMs > 0 ? new HealthChecker(health, { intervalMs: healthCheckIntervalMs }).start() : undefined;
   const closing: Promise<void>[] = [];
+  const state = options.state ?? new MemoryStateStore();
+  const workerRecords = new Map<string, GatewayWorker>();
   const app = Fastify({ bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024, logger: false });
   const maxRetries = options.maxRetries ?? 2;
   const timeout = options.upstreamTimeoutMs ?? 300_000;
@@ -180,7 +186,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const upstreamAnswered = (id: string) => failures.delete(id);
   const breakerOpen = new Counter({ name: 'contextforge_upstream_failures_total', help: 'Connection failures and 5xx before the first byte, per worker.', labelNames: ['worker'], registers: [metrics] });
 
-  const addWorker = (w: GatewayWorker) => {
+  const addWorkerLocally = (w: GatewayWorker) => {
     if (typeof w.id !== 'string' || w.id === '') throw new TypeError('worker id must be a non-empty string');
     if (typeof w.url !== 'string' || !/^https?:\/\//.test(w.url)) throw new RangeError(`worker ${w.id}: url must start with http:// or https://`);
     if (w.models !== undefined && (!Array.isArray(w.models) || !w.models.every((m) => typeof m === 'string' && m !== ''))) throw new TypeError(`worker ${w.id}: models must be a list of model names`);
@@ -198,9 +204,20 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     if (options.kvEvents && w.events) {
       subscribers.set(w.id, new KvEventSubscriber({ workerId: w.id, endpoint: w.events, replayEndpoint: w.replay, applier, log }).start());
     }
+    workerRecords.set(w.id, { id: w.id, url: w.url, claGroups: w.claGroups, models: w.models, events: w.events, replay: w.replay, metrics: w.metrics });
+  };
+  const addWorker = (w: GatewayWorker) => {
+    addWorkerLocally(w);
+    state.workerAdded(workerRecords.get(w.id)!);
   };
   const removeWorker = (id: string) => {
+    const removed = removeWorkerLocally(id);
+    if (removed) state.workerRemoved(id);
+    return removed;
+  };
+  const removeWorkerLocally = (id: string) => {
     if (!urls.has(id)) return false;
+    workerRecords.delete(id);
     urls.delete(id);
     void pools.get(id)?.close().catch(() => {}); // lets its in-flight requests finish
     pools.delete(id);
@@ -225,7 +242,20 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     for (const [id, served] of models) if (!served.has(model)) out.add(id);
     return out;
   };
-  for (const w of options.workers ?? []) addWorker(w);
+  for (const w of options.workers ?? []) addWorkerLocally(w);
+  await state.attach({
+    router,
+    listWorkers: () => [...workerRecords.values()],
+    addWorkerFromState: (w) => {
+      addWorkerLocally(w);
+      log(`worker '${w.id}' added by another replica`);
+    },
+    removeWorkerFromState: (id) => {
+      removeWorkerLocally(id);
+      log(`worker '${id}' removed by another replica`);
+    },
+    log,
+  });
 
   /** Token ids of the prompt from an available engine's /tokenize; undefined if none answers (text mode then). */
   const tokenizeOnEngine = async (r: RouteRequest): Promise<number[] | undefined> => {
@@ -317,13 +347,17 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     if (excluded.size > 0 && excluded.size === urls.size) {
       return reply.code(404).send({ error: { message: `The model '${String(body.model)}' does not exist on any worker`, type: 'invalid_request_error', param: 'model', code: 'model_not_found' } });
     }
+    const learning = state.beforeRoute(routeRequest);
+    if (learning) await learning;
+    const share = state.sharesDecisions;
     for (let attempt = 0; ; attempt++) {
-      const decision = router.route(routeRequest, { exclude: excluded });
+      const decision = router.route(routeRequest, { exclude: excluded, share });
       if (decision.workerId === '') {
         reply.header('retry-after', '1');
         return openAiError(reply, 503, 'no worker can take the request now');
       }
       decisions.inc({ policy: decision.policy, reason: decision.reason });
+      if (decision.shared) state.decisionMade(decision.shared);
       const forwarded = decision.cacheSalt
         ? JSON.stringify({ ...body, cache_salt: decision.cacheSalt })
         : unchanged && req.rawBody !== undefined ? req.rawBody : JSON.stringify(body);
@@ -337,12 +371,14 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       } else upstreamAnswered(decision.workerId);
       if (outcome === 'retry' && attempt < maxRetries && !reply.raw.destroyed) {
         router.release(decision.ticket);
+        if (decision.shared) state.decisionEnded(decision.shared);
         excluded.add(decision.workerId);
         retries.inc({ worker: decision.workerId });
         await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
         continue;
       }
       router.release(decision.ticket);
+      if (decision.shared) state.decisionEnded(decision.shared);
       if (outcome === 'retry') {
         reply.header('retry-after', '1');
         return openAiError(reply, 502, `the engines failed to answer (last: ${decision.workerId})`);
@@ -437,7 +473,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       router.resumeWorker(id);
       return { resumed: id };
     });
-    admin.get('/admin/stats', async () => router.getStats());
+    admin.get('/admin/stats', async () => ({ ...router.getStats(), state: state.stats() }));
     // KV events as JSON, for engines that cannot publish over ZeroMQ: vLLM's field names
     admin.post('/admin/events', async (req, reply) => {
       const b = req.body as { worker?: unknown; events?: unknown } | null;
@@ -454,7 +490,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 
   await app.ready();
   return {
-    app, metrics, health, addWorker, removeWorker,
+    app, router, metrics, health, addWorker, removeWorker,
     close: async () => {
       for (const t of cooldowns) clearTimeout(t);
       scraper?.stop();
@@ -463,6 +499,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       await Promise.all([...pools.values()].map((p) => p.destroy()));
       await Promise.all([...subscribers.values()].map((s) => s.close()));
       await Promise.all(closing);
+      await state.close();
     },
   };
 }

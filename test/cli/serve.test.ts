@@ -133,7 +133,8 @@ test('serve settings: bad config files and values are refused with the key named
   assert.throws(() => resolve(['--tokenize', 'tokenizer']), /needs --tokenizer/);
   assert.throws(() => resolve(['--config', join(dir, 'missing.yaml')]), /ENOENT|no such file/);
   assert.throws(() => resolve(['--port', '70000']), /<= 65535/);
-  assert.throws(() => resolve([], { CONTEXTFORGE_STATE: 'etcd://x' }), /--state must be/);
+  assert.throws(() => resolve([], { CONTEXTFORGE_STATE: 'etcd://x' }), /--state must be memory or redis/);
+  assert.equal(resolve(['--state', 'redis://127.0.0.1:6379/2']).state, 'redis://127.0.0.1:6379/2');
 });
 
 test('serve runs from a config file with the in-process tokenizer', async () => {

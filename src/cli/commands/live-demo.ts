@@ -5,7 +5,7 @@ import { KvEventApplier } from '../../engines/kv-events/applier.js';
 import { KvEventSubscriber } from '../../engines/kv-events/subscriber.js';
 import { MockEngine } from '../../engines/mock-engine.js';
 import { createGateway } from '../../server/gateway.js';
-import { generateWorkflowTrace } from '../../sim/workflows.js';
+import { generateWorkflowTrace, promptText } from '../../sim/workflows.js';
 import type { TraceRequest } from '../../sim/trace.js';
 import { formatTable, pct } from '../format.js';
 import { intOption } from '../options.js';
@@ -24,10 +24,6 @@ interface DemoResult {
   perWorker: Record<string, number>;
 }
 
-/** A prompt whose text shares exactly the blocks the trace says it shares. */
-function promptText(r: TraceRequest): string {
-  return r.hashIds.map((id) => `section ${id}: ` + Array.from({ length: 12 }, (_, k) => `w${(id * 31 + k) % 991}`).join(' ')).join('\n');
-}
 
 async function runPolicy(policy: string, trace: TraceRequest[], workers: number, speed: number, signal: AbortSignal, progress: (done: number) => void): Promise<DemoResult> {
   const engines: MockEngine[] = [];

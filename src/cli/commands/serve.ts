@@ -5,6 +5,7 @@ import { POLICY_NAMES } from '../../core/policies/index.js';
 import { KVAwareRouter } from '../../core/router.js';
 import { createGateway, type GatewayWorker } from '../../server/gateway.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
+import { createStateStore } from '../../state/create-state-store.js';
 import { intOption } from '../options.js';
 
 const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla'] as const;
@@ -86,7 +87,7 @@ const port = (v: string) => {
   return n;
 };
 const state = (v: string) => {
-  if (v !== 'memory') throw new InvalidArgumentError(`--state must be memory, got '${v}'`);
+  if (v !== 'memory' && !/^redis:\/\/[^/\s]+(\/\d+)?$/.test(v)) throw new InvalidArgumentError(`--state must be memory or redis://HOST:PORT[/DB], got '${v}'`);
   return v;
 };
 
@@ -99,7 +100,8 @@ export const SERVE_SETTINGS: readonly Setting[] = [
   { key: 'tokenizer', arg: '<path>', help: 'tokenizer.json, or the model directory holding it and tokenizer_config.json', parse: text('--tokenizer') },
   { key: 'chat-template', arg: '<file>', help: "a Jinja chat template replacing the tokenizer config's", parse: text('--chat-template') },
   { key: 'admin-token', arg: '<token>', help: 'bearer token for /admin (without it: loopback clients only)', parse: text('--admin-token') },
-  { key: 'state', arg: '<store>', help: 'shared state: memory', parse: state, default: 'memory' },
+  { key: 'state', arg: '<store>', help: 'shared state: memory (this replica only) or redis://HOST:PORT[/DB] (replicas share it)', parse: state, default: 'memory' },
+  { key: 'state-prefix', arg: '<prefix>', help: 'prefix of the shared state\'s Redis keys (one per fleet)', parse: text('--state-prefix'), default: 'contextforge:' },
   { key: 'body-limit', arg: '<bytes>', help: 'largest request body', parse: intOption('--body-limit', 1024), default: 16 * 1024 * 1024 },
   { key: 'max-retries', arg: '<n>', help: 'retries on other workers before the first byte', parse: intOption('--max-retries', 0), default: 2 },
   { key: 'upstream-timeout-ms', arg: '<ms>', help: 'timeout for engine headers and body gaps', parse: intOption('--upstream-timeout-ms', 1), default: 300_000 },
@@ -122,6 +124,7 @@ export interface ServeConfig {
   chatTemplate?: string;
   adminToken?: string;
   state: string;
+  statePrefix: string;
   bodyLimit: number;
   maxRetries: number;
   upstreamTimeoutMs: number;
@@ -226,14 +229,16 @@ async function runServe(c: ServeConfig): Promise<void> {
     : undefined;
   const precise = eventsUsable && c.workers.some((w) => w.events);
   const router = new KVAwareRouter({ policy: c.policy, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate' });
+  const state = createStateStore(c.state, { prefix: c.statePrefix });
   const gateway = await createGateway({
+    state,
     router, workers: c.workers, adminToken: c.adminToken, tokenize: c.tokenize, promptTokenizer, kvEvents: eventsUsable,
     bodyLimit: c.bodyLimit, maxRetries: c.maxRetries, upstreamTimeoutMs: c.upstreamTimeoutMs,
     metricsIntervalMs: c.metricsIntervalMs, healthCheckIntervalMs: c.healthIntervalMs,
     breakerFailures: c.breakerFailures, breakerCooldownMs: c.breakerCooldownMs, log,
   });
   const address = await gateway.app.listen({ host: c.host, port: c.port });
-  log(`contextforge-router serving on ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index)`);
+  log(`contextforge-router serving on ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index, state ${c.state === 'memory' ? 'memory' : `redis (replica ${String(state.stats().replicaId)})`})`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);

@@ -1,0 +1,538 @@
+import { randomBytes } from 'node:crypto';
+import { Redis, type RedisOptions } from 'ioredis';
+import type { ContentAnchor } from '../core/content-anchors.js';
+import type { RouteRequest, SharedDecision } from '../core/router.js';
+import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
+
+export interface RedisStateOptions {
+  /** redis://[user:password@]host:port[/db] */
+  url: string;
+  /** Prefix of every key and of the channel (default `contextforge:`): several fleets can share a server. */
+  prefix?: string;
+  /** This replica's id in the shared state (default: random). */
+  replicaId?: string;
+  /** How often in-flight counts are exchanged (default 100 ms). */
+  syncIntervalMs?: number;
+  /** How long a workflow's worker is remembered after its last step (default 1 h). */
+  workflowTtlMs?: number;
+  /** Lifetime of shared block entries (default 120 s, the approximate index's own). */
+  predictionTtlMs?: number;
+  /** Own recent decisions kept to write back after Redis lost them (default 10,000). */
+  recentDecisions?: number;
+  /** A command that takes longer fails, and routing goes on without it (default 250 ms). */
+  commandTimeoutMs?: number;
+}
+
+/** A decision on the wire: short keys, block hashes as base64 of (hi, lo) uint32 pairs. */
+interface WireDecision {
+  r: string;
+  k: 'd';
+  w: string;
+  h: string;
+  wf?: string;
+  s?: number | null;
+  a?: string;
+  c?: number | null;
+  ca?: ContentAnchor[];
+  /** Present when the request counts as in-flight: its uncached prompt tokens. */
+  q?: number;
+}
+/** A tracked request ended: its work leaves the worker. */
+interface WireReleased {
+  r: string;
+  k: 'rl';
+  w: string;
+  q: number;
+}
+interface WireWorkerAdded {
+  r: string;
+  k: 'wa';
+  worker: WorkerRecord;
+}
+interface WireWorkerRemoved {
+  r: string;
+  k: 'wr';
+  id: string;
+}
+type WireMessage = WireDecision | WireReleased | WireWorkerAdded | WireWorkerRemoved;
+/** In-flight requests and queued prefill tokens per worker, as one replica reported them. */
+type ReplicaLoad = Map<string, { requests: number; prefill: number; decode: number }>;
+
+interface RedisStats {
+  connected: boolean;
+  outages: number;
+  errors: number;
+  resyncs: number;
+  decisionsPublished: number;
+  decisionsApplied: number;
+  decisionsUnknownWorker: number;
+  workflowLookups: number;
+  workflowClaimsLost: number;
+  malformedMessages: number;
+  replicasSeen: number;
+}
+
+/**
+ * Shared state on Redis, for several router replicas behind one load balancer.
+ *
+ * - Decisions: each tracked decision is published on one channel (`{prefix}events`) and the
+ *   other replicas apply it to their own router (blocks as predicted entries, workflow,
+ *   anchors), so a request routed by any replica teaches all of them. The blocks are also
+ *   kept under `{prefix}chain:{worker}:{last block}` with Redis's own TTL (the prediction
+ *   lifetime), from which a replica that starts, or comes back, loads the current state.
+ * - Workflows: `{prefix}wf:{id}` → worker (TTL refreshed every step). A replica that sees a
+ *   workflow for the first time reads it before routing (one round trip, once), and claims a
+ *   new one with SET NX, so two replicas starting the same workflow at once end up agreeing.
+ * - In-flight work: a decision message counts its request on the worker at every other
+ *   replica, and a release message (when the request ends) takes it off, so a replica sees
+ *   the others' load within a publish, not a polling interval (requests can be shorter than
+ *   any sensible interval). Every `syncIntervalMs` each replica also writes its counts to
+ *   `{prefix}load:{replica}` (expiring) and a heartbeat to `{prefix}replicas`: a replica
+ *   that joins, or comes back after an outage, starts from those, and a replica that stops
+ *   heartbeating has its counts dropped.
+ * - Registry: `{prefix}workers` (id → worker), changes published on the same channel.
+ *
+ * Redis is never on the request's critical path except for that first workflow lookup, which
+ * has a short timeout. When Redis is unreachable the replica keeps routing on its local state,
+ * logs it once, counts errors, and on reconnection writes back what Redis lost (its workers,
+ * workflows and recent decisions, with SET NX so nothing newer is overwritten) and reloads.
+ */
+export class RedisStateStore implements StateStore {
+  readonly kind = 'redis';
+  readonly sharesDecisions = true;
+  readonly replicaId: string;
+  private readonly prefix: string;
+  private readonly channel: string;
+  private readonly cmd: Redis;
+  private readonly sub: Redis;
+  private host: StateStoreHost | undefined;
+  private up = false;
+  private closed = false;
+  private timer: NodeJS.Timeout | undefined;
+  private syncing = false;
+  private resyncing: Promise<void> | undefined;
+  private readonly syncIntervalMs: number;
+  private readonly workflowTtlMs: number;
+  private readonly predictionTtlMs: number;
+  private readonly recentLimit: number;
+  /** Own decisions still alive, by chain key, to write back after an outage. */
+  private readonly recent = new Map<string, { message: string; expiresAt: number }>();
+  /** Workflows looked up and found unclaimed: the decision that follows claims them. */
+  private readonly unclaimed = new Set<string>();
+  /** Other replicas' in-flight work: kept current by their decision/release messages, seeded from their snapshots. */
+  private readonly remote = new Map<string, ReplicaLoad>();
+  private readonly counters: RedisStats = {
+    connected: false, outages: 0, errors: 0, resyncs: 0, decisionsPublished: 0, decisionsApplied: 0,
+    decisionsUnknownWorker: 0, workflowLookups: 0, workflowClaimsLost: 0, malformedMessages: 0, replicasSeen: 0,
+  };
+
+  constructor(options: RedisStateOptions) {
+    const url = parseRedisUrl(options.url);
+    this.prefix = options.prefix ?? 'contextforge:';
+    this.channel = `${this.prefix}events`;
+    this.replicaId = options.replicaId ?? randomBytes(6).toString('hex');
+    this.syncIntervalMs = positive(options.syncIntervalMs ?? 100, 'syncIntervalMs');
+    this.workflowTtlMs = positive(options.workflowTtlMs ?? 3_600_000, 'workflowTtlMs');
+    this.predictionTtlMs = positive(options.predictionTtlMs ?? 120_000, 'predictionTtlMs');
+    this.recentLimit = options.recentDecisions ?? 10_000;
+    const common: RedisOptions = {
+      ...url,
+      lazyConnect: true,
+      // retry forever, at most a second apart: Redis coming back must be noticed
+      retryStrategy: (attempt) => Math.min(100 * attempt, 1000),
+      maxRetriesPerRequest: 0,
+      commandTimeout: options.commandTimeoutMs ?? 250,
+    };
+    // commands fail at once while disconnected instead of queueing behind a dead server
+    this.cmd = new Redis({ ...common, enableOfflineQueue: false, connectionName: `contextforge-${this.replicaId}` });
+    this.sub = new Redis({ ...common, commandTimeout: undefined, enableOfflineQueue: true, autoResubscribe: true });
+    this.cmd.on('error', () => {}); // state changes are handled below; errors are counted where they surface
+    this.sub.on('error', () => {});
+    this.cmd.on('close', () => this.wentDown());
+    this.cmd.on('ready', () => void this.cameUp());
+    this.sub.on('messageBuffer', (_channel: Buffer, message: Buffer) => this.onMessage(message));
+  }
+
+  async attach(host: StateStoreHost): Promise<void> {
+    this.host = host;
+    await this.sub.connect().catch(() => {});
+    void this.sub.subscribe(this.channel).catch(() => {});
+    try {
+      await this.cmd.connect(); // 'ready' runs the first sync
+      await this.resyncing;
+    } catch (err) {
+      host.log(`state: redis unreachable at start (${(err as Error).message}); routing on local state until it answers`);
+    }
+    this.timer = setInterval(() => void this.syncLoad(), this.syncIntervalMs);
+    this.timer.unref();
+  }
+
+  beforeRoute(request: RouteRequest): Promise<void> | undefined {
+    const id = request.workflowId;
+    if (id === undefined || !this.up || this.host!.router.workflowAffinity(id) !== undefined) return undefined;
+    this.counters.workflowLookups++;
+    return this.cmd.get(this.key('wf', id)).then(
+      (value) => {
+        const entry = value === null ? undefined : parseWorkflow(value);
+        if (entry) this.host!.router.setWorkflowAffinity(id, entry.w, entry.s);
+        else if (this.unclaimed.size < 100_000) this.unclaimed.add(id);
+      },
+      () => {
+        this.counters.errors++;
+      },
+    );
+  }
+
+  decisionMade(d: SharedDecision): void {
+    const wire: WireDecision = { r: this.replicaId, k: 'd', w: d.workerId, h: encodeHashes(d.hi, d.lo) };
+    if (d.workflowId !== undefined) {
+      wire.wf = d.workflowId;
+      wire.s = d.workflowStep;
+    }
+    if (d.anchor !== undefined) {
+      wire.a = d.anchor;
+      wire.c = d.claGroup;
+    }
+    if (d.contentAnchors && d.contentAnchors.length > 0) wire.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
+    if (d.tracked) wire.q = d.prefillTokens;
+    const message = JSON.stringify(wire);
+    const chain = d.hi.length > 0 ? this.chainKey(d.workerId, d.hi[d.hi.length - 1], d.lo[d.lo.length - 1]) : undefined;
+    if (chain) this.remember(chain, message);
+    if (!this.up) return;
+    void this.publishDecision(d, message, chain).catch(() => {
+      this.counters.errors++;
+    });
+  }
+
+  decisionEnded(d: SharedDecision): void {
+    if (!this.up || !d.tracked) return;
+    const message = JSON.stringify({ r: this.replicaId, k: 'rl', w: d.workerId, q: d.prefillTokens } satisfies WireReleased);
+    void this.cmd.publish(this.channel, message).catch(() => {
+      this.counters.errors++;
+    });
+  }
+
+  workerAdded(worker: WorkerRecord): void {
+    if (!this.up) return;
+    const message = JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded);
+    void this.cmd.multi().hset(this.key('workers'), worker.id, JSON.stringify(worker)).publish(this.channel, message).exec().catch(() => {
+      this.counters.errors++;
+    });
+  }
+
+  workerRemoved(workerId: string): void {
+    if (!this.up) return;
+    const message = JSON.stringify({ r: this.replicaId, k: 'wr', id: workerId } satisfies WireWorkerRemoved);
+    void this.cmd.multi().hdel(this.key('workers'), workerId).del(this.key('load', this.replicaId)).publish(this.channel, message).exec().catch(() => {
+      this.counters.errors++;
+    });
+  }
+
+  stats(): StateStats {
+    return { kind: 'redis', replicaId: this.replicaId, ...this.counters, connected: this.up };
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    clearInterval(this.timer);
+    if (this.up) await this.cmd.multi().zrem(this.key('replicas'), this.replicaId).del(this.key('load', this.replicaId)).exec().catch(() => {});
+    this.cmd.disconnect();
+    this.sub.disconnect();
+  }
+
+  // ------------------------------------------------------------------------ internals
+
+  private key(...parts: string[]): string {
+    return this.prefix + parts.join(':');
+  }
+
+  private chainKey(workerId: string, hi: number, lo: number): string {
+    return this.key('chain', workerId, hi.toString(16).padStart(8, '0') + lo.toString(16).padStart(8, '0'));
+  }
+
+  private remember(chain: string, message: string): void {
+    if (this.recentLimit === 0) return;
+    this.recent.delete(chain);
+    this.recent.set(chain, { message, expiresAt: Date.now() + this.predictionTtlMs });
+    if (this.recent.size > this.recentLimit) this.recent.delete(this.recent.keys().next().value!);
+  }
+
+  private async publishDecision(d: SharedDecision, message: string, chain: string | undefined): Promise<void> {
+    // published before anything else: the other replicas must learn of it before the next
+    // request that shares its prefix reaches them
+    const m = this.cmd.multi().publish(this.channel, message);
+    if (chain) m.set(chain, message, 'PX', this.predictionTtlMs);
+    if (d.anchor !== undefined) m.set(this.key('anchor', d.anchor), d.workerId, 'PX', this.workflowTtlMs);
+    const value = JSON.stringify({ w: d.workerId, s: d.workflowStep });
+    const claiming = d.workflowId !== undefined && this.unclaimed.delete(d.workflowId);
+    // the first step anyone routed claims the workflow (NX): of two replicas starting it at once, the first wins
+    if (claiming) m.set(this.key('wf', d.workflowId!), value, 'PX', this.workflowTtlMs, 'NX');
+    else if (d.workflowId !== undefined) m.set(this.key('wf', d.workflowId), value, 'PX', this.workflowTtlMs);
+    const res = await m.exec();
+    this.counters.decisionsPublished++;
+    if (claiming && res?.[res.length - 1]?.[1] === null) {
+      // lost the claim: follow the winner, and tell the others who had heard this replica's choice
+      this.counters.workflowClaimsLost++;
+      const winner = parseWorkflow((await this.cmd.get(this.key('wf', d.workflowId!))) ?? '');
+      if (!winner) return;
+      this.host!.router.setWorkflowAffinity(d.workflowId!, winner.w, winner.s);
+      const correction: WireDecision = { r: this.replicaId, k: 'd', w: winner.w, h: '', wf: d.workflowId, s: winner.s };
+      await this.cmd.publish(this.channel, JSON.stringify(correction));
+    }
+  }
+
+  private onMessage(raw: Buffer): void {
+    let msg: WireMessage;
+    try {
+      msg = JSON.parse(raw.toString('utf8')) as WireMessage;
+      if (msg === null || typeof msg !== 'object' || typeof msg.r !== 'string') throw new Error('not a message');
+    } catch {
+      this.counters.malformedMessages++;
+      return;
+    }
+    if (msg.r === this.replicaId || !this.host) return;
+    try {
+      if (msg.k === 'd') {
+        this.applyDecision(msg);
+        if (typeof msg.q === 'number') this.addRemote(msg.r, msg.w, 1, msg.q);
+      } else if (msg.k === 'rl') this.addRemote(msg.r, msg.w, -1, -msg.q);
+      else if (msg.k === 'wa') {
+        if (!this.host.listWorkers().some((w) => w.id === msg.worker.id)) this.host.addWorkerFromState(msg.worker);
+      } else if (msg.k === 'wr') {
+        if (this.host.listWorkers().some((w) => w.id === msg.id)) this.host.removeWorkerFromState(msg.id);
+      } else this.counters.malformedMessages++;
+    } catch {
+      this.counters.malformedMessages++;
+    }
+  }
+
+  private applyDecision(msg: WireDecision, now?: number): void {
+    const { hi, lo } = decodeHashes(msg.h);
+    const applied = this.host!.router.applySharedDecision({
+      workerId: msg.w, hi, lo, workflowId: msg.wf, workflowStep: msg.s ?? null, anchor: msg.a, claGroup: msg.c ?? null, contentAnchors: msg.ca,
+    }, now);
+    if (applied) this.counters.decisionsApplied++;
+    else this.counters.decisionsUnknownWorker++;
+  }
+
+  private addRemote(replica: string, workerId: string, requests: number, prefill: number): void {
+    if (!Number.isFinite(prefill)) return;
+    let load = this.remote.get(replica);
+    if (!load) this.remote.set(replica, (load = new Map()));
+    const l = load.get(workerId) ?? { requests: 0, prefill: 0, decode: 0 };
+    l.requests = Math.max(0, l.requests + requests);
+    l.prefill = Math.max(0, l.prefill + prefill);
+    load.set(workerId, l);
+    this.applyRemote(workerId);
+  }
+
+  /** Sums the other replicas' work on a worker into the router's view. */
+  private applyRemote(workerId: string): void {
+    const router = this.host!.router;
+    if (!router.listWorkers().some((w) => w.id === workerId)) return;
+    let requests = 0;
+    let prefill = 0;
+    let decode = 0;
+    for (const load of this.remote.values()) {
+      const l = load.get(workerId);
+      if (!l) continue;
+      requests += l.requests;
+      prefill += l.prefill;
+      decode += l.decode;
+    }
+    router.setRemoteLoad(workerId, { inFlightRequests: requests, queuedPrefillTokens: prefill, activeDecodeTokens: decode });
+  }
+
+  private wentDown(): void {
+    if (!this.up || this.closed) return;
+    this.up = false;
+    this.counters.outages++;
+    // other replicas' counts can no longer be kept current: route on this replica's own
+    this.remote.clear();
+    for (const w of this.host?.router.listWorkers() ?? []) this.applyRemote(w.id);
+    this.host?.log('state: lost redis; routing on local state, will resynchronise when it is back');
+  }
+
+  private async cameUp(): Promise<void> {
+    if (this.closed || !this.host) return;
+    const first = this.counters.resyncs === 0;
+    this.remote.clear(); // messages were missed: start again from the snapshots
+    this.resyncing = this.resync().then(
+      () => {
+        this.up = true;
+        this.counters.resyncs++;
+        if (!first) this.host!.log('state: redis is back; state written back and reloaded');
+      },
+      (err: Error) => {
+        this.counters.errors++;
+        this.host!.log(`state: resynchronising with redis failed (${err.message}); will retry`);
+        this.cmd.disconnect(true); // reconnects, and 'ready' tries again
+      },
+    );
+    await this.resyncing;
+  }
+
+  /** Writes back what Redis may have lost (SET NX: never over newer state) and loads the rest. */
+  private async resync(): Promise<void> {
+    const host = this.host!;
+    const router = host.router;
+    const now = Date.now();
+    const push = this.cmd.multi();
+    for (const w of host.listWorkers()) push.hsetnx(this.key('workers'), w.id, JSON.stringify(w));
+    for (const [id, e] of router.workflowAffinities()) push.set(this.key('wf', id), JSON.stringify({ w: e.workerId, s: e.step }), 'PX', this.workflowTtlMs, 'NX');
+    for (const [chain, r] of this.recent) {
+      if (r.expiresAt > now) push.set(chain, r.message, 'PX', r.expiresAt - now, 'NX');
+      else this.recent.delete(chain);
+    }
+    await push.exec();
+
+    // the registry: workers other replicas added
+    const workers = await this.cmd.hgetall(this.key('workers'));
+    const local = new Set(host.listWorkers().map((w) => w.id));
+    for (const [id, json] of Object.entries(workers)) {
+      if (local.has(id)) continue;
+      try {
+        host.addWorkerFromState(JSON.parse(json) as WorkerRecord);
+      } catch (err) {
+        host.log(`state: worker '${id}' from redis not added: ${(err as Error).message}`);
+      }
+    }
+    // workflows: Redis's word wins
+    for await (const keys of this.scan(this.key('wf', '*'))) {
+      const values = await this.cmd.mget(...keys);
+      keys.forEach((k, i) => {
+        const e = values[i] === null ? undefined : parseWorkflow(values[i]!);
+        if (e) router.setWorkflowAffinity(k.slice(this.key('wf', '').length), e.w, e.s);
+      });
+    }
+    // block entries other replicas recorded
+    for await (const keys of this.scan(this.key('chain', '*'))) {
+      const values = await this.cmd.mget(...keys);
+      for (const v of values) {
+        if (v === null) continue;
+        try {
+          const msg = JSON.parse(v) as WireDecision;
+          if (msg.r !== this.replicaId) this.applyDecision({ ...msg, wf: undefined, s: undefined });
+        } catch {
+          this.counters.malformedMessages++;
+        }
+      }
+    }
+  }
+
+  private async *scan(pattern: string): AsyncGenerator<string[]> {
+    let cursor = '0';
+    do {
+      const [next, keys] = await this.cmd.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
+      cursor = next;
+      if (keys.length > 0) yield keys;
+    } while (cursor !== '0');
+  }
+
+  /** Shares this replica's in-flight counts and reads the other replicas'. */
+  private async syncLoad(): Promise<void> {
+    if (!this.up || this.syncing || !this.host) return;
+    this.syncing = true;
+    const router = this.host.router;
+    try {
+      const now = Date.now();
+      const ttl = Math.max(1000, 10 * this.syncIntervalMs);
+      const mine: string[] = [];
+      for (const w of router.listWorkers()) {
+        const l = router.localLoad(w.id);
+        mine.push(w.id, `${l.inFlightRequests},${l.queuedPrefillTokens},${l.activeDecodeTokens}`);
+      }
+      const loadKey = this.key('load', this.replicaId);
+      const m = this.cmd.multi().zadd(this.key('replicas'), String(now), this.replicaId).zremrangebyscore(this.key('replicas'), '-inf', now - ttl).del(loadKey);
+      if (mine.length > 0) m.hset(loadKey, ...mine).pexpire(loadKey, ttl);
+      m.zrange(this.key('replicas'), '0', '-1');
+      const res = await m.exec();
+      const replicas = ((res?.[res.length - 1]?.[1] as string[] | undefined) ?? []).filter((r) => r !== this.replicaId);
+      this.counters.replicasSeen = replicas.length + 1;
+      const alive = new Set(replicas);
+      let changed = false;
+      for (const r of this.remote.keys()) {
+        if (!alive.has(r)) {
+          this.remote.delete(r); // stopped heartbeating: its requests are gone with it
+          changed = true;
+        }
+      }
+      // replicas not heard from yet (joined, or after an outage) start from their snapshot
+      const fresh = replicas.filter((r) => !this.remote.has(r));
+      const snapshots = await Promise.all(fresh.map((r) => this.cmd.hgetall(this.key('load', r))));
+      fresh.forEach((r, i) => {
+        const load: ReplicaLoad = new Map();
+        for (const [id, v] of Object.entries(snapshots[i])) {
+          const [requests, prefill, decode] = v.split(',').map(Number);
+          if ([requests, prefill, decode].every((x) => Number.isFinite(x) && x >= 0)) load.set(id, { requests, prefill, decode });
+        }
+        if (!this.remote.has(r)) this.remote.set(r, load);
+        changed = true;
+      });
+      if (changed) for (const w of router.listWorkers()) this.applyRemote(w.id);
+    } catch {
+      this.counters.errors++;
+    } finally {
+      this.syncing = false;
+    }
+  }
+
+}
+
+function positive(v: number, name: string): number {
+  if (!(Number.isFinite(v) && v > 0)) throw new RangeError(`${name} must be a positive number, got ${v}`);
+  return v;
+}
+
+/** redis://[user:password@]host[:port][/db] → ioredis options; anything else is a RangeError. */
+export function parseRedisUrl(spec: string): Pick<RedisOptions, 'host' | 'port' | 'db' | 'username' | 'password'> {
+  let u: URL;
+  try {
+    u = new URL(spec);
+  } catch {
+    throw new RangeError(`state: '${spec}' is not a redis:// URL`);
+  }
+  if (u.protocol !== 'redis:') throw new RangeError(`state: '${spec}' is not a redis:// URL`);
+  const port = u.port === '' ? 6379 : Number(u.port);
+  const dbPath = u.pathname.replace(/^\//, '');
+  const db = dbPath === '' ? 0 : Number(dbPath);
+  if (!Number.isInteger(db) || db < 0) throw new RangeError(`state: database '${dbPath}' in '${spec}' is not a number`);
+  return {
+    host: u.hostname.replace(/^\[|\]$/g, '') || '127.0.0.1', port, db,
+    username: u.username ? decodeURIComponent(u.username) : undefined,
+    password: u.password ? decodeURIComponent(u.password) : undefined,
+  };
+}
+
+function parseWorkflow(value: string): { w: string; s: number | null } | undefined {
+  try {
+    const v = JSON.parse(value) as { w?: unknown; s?: unknown };
+    if (typeof v.w !== 'string') return undefined;
+    return { w: v.w, s: typeof v.s === 'number' ? v.s : null };
+  } catch {
+    return undefined;
+  }
+}
+
+function encodeHashes(hi: Uint32Array, lo: Uint32Array): string {
+  const pairs = new Uint32Array(hi.length * 2);
+  for (let i = 0; i < hi.length; i++) {
+    pairs[2 * i] = hi[i];
+    pairs[2 * i + 1] = lo[i];
+  }
+  return Buffer.from(pairs.buffer, pairs.byteOffset, pairs.byteLength).toString('base64');
+}
+
+function decodeHashes(b64: string): { hi: Uint32Array; lo: Uint32Array } {
+  if (typeof b64 !== 'string') throw new TypeError('hashes must be base64');
+  const buf = Buffer.from(b64, 'base64');
+  if (buf.length % 8 !== 0) throw new RangeError('hashes must be (hi, lo) uint32 pairs');
+  const n = buf.length / 8;
+  const hi = new Uint32Array(n);
+  const lo = new Uint32Array(n);
+  for (let i = 0; i < n; i++) {
+    hi[i] = buf.readUInt32LE(8 * i);
+    lo[i] = buf.readUInt32LE(8 * i + 4);
+  }
+  return { hi, lo };
+}

@@ -1,0 +1,74 @@
+import type { KVAwareRouter, RouteRequest, SharedDecision } from '../core/router.js';
+
+/** A worker as the replicas share it (the gateway's worker description). */
+export interface WorkerRecord {
+  id: string;
+  url: string;
+  claGroups?: number[];
+  models?: string[];
+  events?: string;
+  replay?: string;
+  metrics?: string;
+}
+
+/** What a state store needs from the gateway it serves. */
+export interface StateStoreHost {
+  router: KVAwareRouter;
+  /** The gateway's workers (what this replica would register in the shared registry). */
+  listWorkers(): WorkerRecord[];
+  /** Adds a worker because another replica did; must not call back into the store. */
+  addWorkerFromState(worker: WorkerRecord): void;
+  /** Removes a worker because another replica did; must not call back into the store. */
+  removeWorkerFromState(workerId: string): void;
+  log(message: string): void;
+}
+
+export type StateStats = Record<string, number | boolean | string>;
+
+/**
+ * Where a router replica keeps what it learns so other replicas can use it: the worker
+ * registry, in-flight work per worker, workflow → worker affinities, anchor homes and the
+ * approximate index's block entries. The router core stays the working copy every decision
+ * reads (synchronous, in memory); a store copies decisions out and other replicas' decisions
+ * in. The in-memory store is a single replica's: it shares nothing.
+ */
+export interface StateStore {
+  readonly kind: 'memory' | 'redis';
+  /** Whether the gateway should ask route() for `shared` decisions to pass to decisionMade(). */
+  readonly sharesDecisions: boolean;
+  /** Binds the store to a gateway and loads what the shared state already holds. */
+  attach(host: StateStoreHost): Promise<void>;
+  /**
+   * Called before routing a request: returns a promise when something must be learnt first
+   * (a workflow this replica has not seen may already live on a worker), else undefined so
+   * the hot path does not await.
+   */
+  beforeRoute(request: RouteRequest): Promise<void> | undefined;
+  /** A tracked decision this replica made (route() with share). */
+  decisionMade(decision: SharedDecision): void;
+  /** The request of a tracked decision ended (completed, failed, abandoned): its work left the worker. */
+  decisionEnded(decision: SharedDecision): void;
+  /** The registry changed through this replica's admin API or configuration. */
+  workerAdded(worker: WorkerRecord): void;
+  workerRemoved(workerId: string): void;
+  stats(): StateStats;
+  close(): Promise<void>;
+}
+
+/** The default: one replica, its router is the whole state. */
+export class MemoryStateStore implements StateStore {
+  readonly kind = 'memory';
+  readonly sharesDecisions = false;
+  async attach(): Promise<void> {}
+  beforeRoute(): undefined {
+    return undefined;
+  }
+  decisionMade(): void {}
+  decisionEnded(): void {}
+  workerAdded(): void {}
+  workerRemoved(): void {}
+  stats(): StateStats {
+    return { kind: 'memory' };
+  }
+  async close(): Promise<void> {}
+}
