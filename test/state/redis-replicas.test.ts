@@ -119,7 +119,7 @@ async function replay(bases: string[], trace: TraceRequest[], speed: number, dur
 
 const split = (o: Outcome) => [...o.workerOf].filter(([, s]) => s.size > 1).map(([id]) => id);
 
-test('3 replicas on one Redis, fed round-robin, route like one replica: hit rate within 2 points, no workflow split', async () => {
+test('3 replicas on one Redis, fed round-robin, route like one replica: hit rate within 2 points, no workflow split', async (t) => {
   const trace = generateWorkflowTrace({ workflows: 40, seed: 7 });
   const single = await startFleet(1, () => new MemoryStateStore());
   const one = await replay(single.bases, trace, 8);
@@ -144,6 +144,7 @@ test('3 replicas on one Redis, fed round-robin, route like one replica: hit rate
   // without sharing, the same fleet scatters: the comparison is not vacuous
   const isolated = await startFleet(3, () => new MemoryStateStore());
   const apart = await replay(isolated.bases, trace, 8);
+  t.diagnostic(`hit rate: 1 replica ${one.hitRate.toFixed(4)}; 3 sharing ${three.hitRate.toFixed(4)}; 3 not sharing ${apart.hitRate.toFixed(4)} with ${split(apart).length} workflows split`);
   assert.ok(split(apart).length > 0 || apart.hitRate < one.hitRate - 0.02, `replicas without shared state: hit rate ${apart.hitRate.toFixed(4)}, ${split(apart).length} workflows split`);
   await stopFleet(isolated);
 });
