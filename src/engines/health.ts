@@ -1,4 +1,5 @@
 import type { KVAwareRouter } from '../core/router.js';
+import { recordOutcome, Rounds, type CheckStreak } from './rounds.js';
 
 /**
  * Why a worker is out of rotation. Several checks have a say — the active health check, the
@@ -54,11 +55,8 @@ export interface HealthCheckOptions {
   successesToHealthy?: number;
 }
 
-interface ProbeState {
+interface ProbeState extends CheckStreak {
   url: string;
-  consecutiveFailures: number;
-  consecutiveSuccesses: number;
-  healthy: boolean;
   probes: number;
   failures: number;
   lastError?: string;
@@ -71,8 +69,7 @@ interface ProbeState {
  */
 export class HealthChecker {
   private readonly probes = new Map<string, ProbeState>();
-  private timer: NodeJS.Timeout | undefined;
-  private readonly intervalMs: number;
+  private readonly rounds: Rounds;
   private readonly timeoutMs: number;
   private readonly failuresToUnhealthy: number;
   private readonly successesToHealthy: number;
@@ -81,9 +78,10 @@ export class HealthChecker {
     private readonly health: WorkerHealth,
     options: HealthCheckOptions = {},
   ) {
-    this.intervalMs = options.intervalMs ?? 2000;
-    if (!(this.intervalMs > 0)) throw new RangeError(`intervalMs must be > 0, got ${this.intervalMs}`);
-    this.timeoutMs = options.timeoutMs ?? Math.min(2000, this.intervalMs);
+    const intervalMs = options.intervalMs ?? 2000;
+    if (!(intervalMs > 0)) throw new RangeError(`intervalMs must be > 0, got ${intervalMs}`);
+    this.timeoutMs = options.timeoutMs ?? Math.min(2000, intervalMs);
+    this.rounds = new Rounds(() => this.probeAll(), intervalMs);
     this.failuresToUnhealthy = options.failuresToUnhealthy ?? 2;
     this.successesToHealthy = options.successesToHealthy ?? 1;
   }
@@ -101,17 +99,12 @@ export class HealthChecker {
   }
 
   start(): this {
-    const tick = async () => {
-      await this.probeAll();
-      if (this.timer !== undefined) this.timer = setTimeout(tick, this.intervalMs).unref();
-    };
-    this.timer = setTimeout(tick, 0).unref();
+    this.rounds.start();
     return this;
   }
 
   stop(): void {
-    clearTimeout(this.timer);
-    this.timer = undefined;
+    this.rounds.stop();
   }
 
   async probeAll(): Promise<void> {
@@ -131,22 +124,11 @@ export class HealthChecker {
       error = (err as Error).message;
     }
     if (this.probes.get(workerId) !== p) return; // removed while probing
-    if (error === undefined) {
-      p.consecutiveFailures = 0;
-      p.consecutiveSuccesses++;
-      if (!p.healthy && p.consecutiveSuccesses >= this.successesToHealthy) {
-        p.healthy = true;
-        this.health.set(workerId, 'health-check', true);
-      }
-    } else {
+    if (error !== undefined) {
       p.failures++;
-      p.consecutiveSuccesses = 0;
-      p.consecutiveFailures++;
       p.lastError = error;
-      if (p.healthy && p.consecutiveFailures >= this.failuresToUnhealthy) {
-        p.healthy = false;
-        this.health.set(workerId, 'health-check', false, error);
-      }
     }
+    const flipped = recordOutcome(p, error === undefined, this.failuresToUnhealthy, this.successesToHealthy);
+    if (flipped !== undefined) this.health.set(workerId, 'health-check', flipped, error ?? '');
   }
 }

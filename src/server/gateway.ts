@@ -19,20 +19,8 @@ import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/s
  * router's in-flight accounting follows the request: prefill until the first upstream byte,
  * decode until the end, released on completion, error or client disconnect.
  */
-export interface GatewayWorker extends WorkerRecord {
-  id: string;
-  /** Base URL of the engine's OpenAI API, e.g. http://10.0.0.5:8000 */
-  url: string;
-  claGroups?: number[];
-  /** Models the engine serves; a request naming another model is not sent to it (absent: any). */
-  models?: string[];
-  /** The engine's KV-event PUB endpoint (tcp://host:port); subscribed when the gateway's kvEvents is on. */
-  events?: string;
-  /** The engine's replay ROUTER endpoint, for gaps in the event stream. */
-  replay?: string;
-  /** Prometheus endpoint for load metrics (default `{url}/metrics`). */
-  metrics?: string;
-}
+/** A worker as the gateway takes it (flags, config, admin API) and the replicas share it. */
+export type GatewayWorker = WorkerRecord;
 
 export interface GatewayOptions {
   router: KVAwareRouter;

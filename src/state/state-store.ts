@@ -1,13 +1,18 @@
 import type { KVAwareRouter, RouteRequest, SharedDecision } from '../core/router.js';
 
-/** A worker as the replicas share it (the gateway's worker description). */
+/** A worker as the gateway takes it and the replicas share it. */
 export interface WorkerRecord {
   id: string;
+  /** Base URL of the engine's OpenAI API, e.g. http://10.0.0.5:8000 */
   url: string;
   claGroups?: number[];
+  /** Models the engine serves; a request naming another model is not sent to it (absent: any). */
   models?: string[];
+  /** The engine's KV-event PUB endpoint (tcp://host:port), subscribed in precise mode. */
   events?: string;
+  /** The engine's replay ROUTER endpoint, for gaps in the event stream. */
   replay?: string;
+  /** Prometheus endpoint for load metrics (default `{url}/metrics`). */
   metrics?: string;
 }
 

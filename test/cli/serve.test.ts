@@ -22,15 +22,11 @@ test('--worker specs are parsed, and bad ones are refused with the reason', () =
 });
 
 const engines: MockEngine[] = [];
-after(async () => {
-  for (const e of engines) await e.close();
-});
+const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 
-test('contextforge-router serve proxies to the workers it was given and stops on SIGTERM', async () => {
-  const e = await new MockEngine({ events: 'tcp://127.0.0.1:*' }).start();
-  engines.push(e);
-  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', '--port', '0', '--worker', `id=m0,url=http://127.0.0.1:${e.port},events=${e.eventsEndpoint}`], { stdio: ['ignore', 'ignore', 'pipe'] });
+/** Starts `contextforge-router serve` and resolves once it says where it listens. */
+async function startServe(args: string[], env: Record<string, string> = {}) {
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', ...args], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
   let stderr = '';
   const base = await new Promise<string>((resolve, reject) => {
     child.stderr.on('data', (d: Buffer) => {
@@ -40,6 +36,16 @@ test('contextforge-router serve proxies to the workers it was given and stops on
     });
     child.once('exit', (code) => reject(new Error(`exited ${code}: ${stderr}`)));
   });
+  return { child, base, stderr };
+}
+after(async () => {
+  for (const e of engines) await e.close();
+});
+
+test('contextforge-router serve proxies to the workers it was given and stops on SIGTERM', async () => {
+  const e = await new MockEngine({ events: 'tcp://127.0.0.1:*' }).start();
+  engines.push(e);
+  const { child, base, stderr } = await startServe(['--port', '0', '--worker', `id=m0,url=http://127.0.0.1:${e.port},events=${e.eventsEndpoint}`]);
   assert.match(stderr, /KV events are ignored with --tokenize text/);
   assert.match(stderr, /approximate index/);
   const res = await fetch(`${base}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }), headers: { 'content-type': 'application/json' } });
@@ -144,17 +150,7 @@ test('serve runs from a config file with the in-process tokenizer', async () => 
   const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
   const file = join(dir, 'router.yaml');
   writeFileSync(file, `port: 0\ntokenize: tokenizer\ntokenizer: ${tokenizerDir}\nworkers:\n  - id: m0\n    url: http://127.0.0.1:${e.port}\n    models: [fixture-model]\n`);
-  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', '--config', file], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, CONTEXTFORGE_POLICY: 'round-robin' } });
-  let stderr = '';
-  const base = await new Promise<string>((resolve, reject) => {
-    child.stderr.on('data', (d: Buffer) => {
-      stderr += d.toString();
-      const m = /serving on (http:\/\/[\d.]+:\d+)/.exec(stderr);
-      if (m) resolve(m[1]);
-    });
-    child.once('exit', (code) => reject(new Error(`exited ${code}: ${stderr}`)));
-  });
+  const { child, base, stderr } = await startServe(['--config', file], { CONTEXTFORGE_POLICY: 'round-robin' });
   assert.match(stderr, /policy round-robin/);
   assert.match(stderr, /tokenize tokenizer/);
   const ok = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: 'fixture-model', messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 }), headers: { 'content-type': 'application/json' } });
@@ -171,7 +167,6 @@ test('serve refuses a bad config with a message and exit code 2', () => {
   const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
   const file = join(dir, 'router.yaml');
   writeFileSync(file, 'colour: red\n');
-  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
   const r = spawnSync(process.execPath, ['--import', 'tsx', main, 'serve', '--config', file], { encoding: 'utf8' });
   assert.equal(r.status, 2);
   assert.match(r.stderr, /^error: --config .*unknown key 'colour'/m);

@@ -1,5 +1,6 @@
 import type { KVAwareRouter } from '../../core/router.js';
 import type { WorkerHealth } from '../health.js';
+import { recordOutcome, Rounds, type CheckStreak } from '../rounds.js';
 import { readEngineLoad, type EngineLoad } from './prometheus.js';
 
 /**
@@ -23,11 +24,8 @@ export interface ScraperOptions {
   health?: WorkerHealth;
 }
 
-export interface TargetState {
+export interface TargetState extends CheckStreak {
   lastLoad?: EngineLoad;
-  consecutiveFailures: number;
-  consecutiveSuccesses: number;
-  healthy: boolean;
   scrapes: number;
   failures: number;
   lastError?: string;
@@ -36,8 +34,7 @@ export interface TargetState {
 export class MetricsScraper {
   private readonly states = new Map<string, TargetState>();
   private readonly targets = new Map<string, MetricsTarget>();
-  private timer: NodeJS.Timeout | undefined;
-  private readonly intervalMs: number;
+  private readonly rounds: Rounds;
   private readonly timeoutMs: number;
   private readonly failuresToUnhealthy: number;
   private readonly successesToHealthy: number;
@@ -47,8 +44,9 @@ export class MetricsScraper {
     targets: MetricsTarget[],
     private readonly options: ScraperOptions = {},
   ) {
-    this.intervalMs = options.intervalMs ?? 1000;
-    this.timeoutMs = options.timeoutMs ?? Math.min(2000, this.intervalMs);
+    const intervalMs = options.intervalMs ?? 1000;
+    this.timeoutMs = options.timeoutMs ?? Math.min(2000, intervalMs);
+    this.rounds = new Rounds(() => this.scrapeAll(), intervalMs);
     this.failuresToUnhealthy = options.failuresToUnhealthy ?? 3;
     this.successesToHealthy = options.successesToHealthy ?? 2;
     for (const t of targets) this.add(t);
@@ -69,17 +67,12 @@ export class MetricsScraper {
   }
 
   start(): this {
-    const tick = async () => {
-      await this.scrapeAll();
-      if (this.timer !== undefined) this.timer = setTimeout(tick, this.intervalMs).unref();
-    };
-    this.timer = setTimeout(tick, 0).unref();
+    this.rounds.start();
     return this;
   }
 
   stop(): void {
-    clearTimeout(this.timer);
-    this.timer = undefined;
+    this.rounds.stop();
   }
 
   /** One round over every target (also what start() repeats). */
@@ -97,21 +90,18 @@ export class MetricsScraper {
       const load = readEngineLoad(await res.text());
       if (this.states.get(t.workerId) !== s) return; // removed while scraping
       s.lastLoad = load;
-      s.consecutiveFailures = 0;
-      s.consecutiveSuccesses++;
       this.router.updateWorkerMetrics(t.workerId, { kvUsage: load.kvUsage, waitingRequests: load.waiting, runningRequests: load.running });
-      if (!s.healthy && s.consecutiveSuccesses >= this.successesToHealthy) this.setHealth(t.workerId, s, true);
+      const flipped = recordOutcome(s, true, this.failuresToUnhealthy, this.successesToHealthy);
+      if (flipped !== undefined) this.setHealth(t.workerId, s, flipped);
     } catch (err) {
       s.failures++;
-      s.consecutiveSuccesses = 0;
-      s.consecutiveFailures++;
       s.lastError = (err as Error).message;
-      if (s.healthy && s.consecutiveFailures >= this.failuresToUnhealthy) this.setHealth(t.workerId, s, false);
+      const flipped = recordOutcome(s, false, this.failuresToUnhealthy, this.successesToHealthy);
+      if (flipped !== undefined) this.setHealth(t.workerId, s, flipped);
     }
   }
 
   private setHealth(workerId: string, s: TargetState, healthy: boolean): void {
-    s.healthy = healthy;
     if (this.options.health) return this.options.health.set(workerId, 'metrics', healthy, healthy ? '' : `metrics: ${s.lastError}`);
     try {
       this.router.setWorkerHealth(workerId, healthy);
