@@ -122,13 +122,13 @@ const split = (o: Outcome) => [...o.workerOf].filter(([, s]) => s.size > 1).map(
 test('3 replicas on one Redis, fed round-robin, route like one replica: hit rate within 2 points, no workflow split', async (t) => {
   const trace = generateWorkflowTrace({ workflows: 40, seed: 7 });
   const single = await startFleet(1, () => new MemoryStateStore());
-  const one = await replay(single.bases, trace, 8);
+  const one = await replay(single.bases, trace, 4);
   await stopFleet(single);
 
   const prefix = `cf-test-${randomBytes(4).toString('hex')}:`;
   cleanup.push(() => deleteKeys(REDIS_URL, prefix));
   const fleet = await startFleet(3, () => new RedisStateStore({ url: REDIS_URL, prefix, syncIntervalMs: 20 }));
-  const three = await replay(fleet.bases, trace, 8);
+  const three = await replay(fleet.bases, trace, 4);
   const stats = fleet.stores.map((s) => s.stats());
 
   assert.equal(one.failed, 0);
@@ -143,7 +143,7 @@ test('3 replicas on one Redis, fed round-robin, route like one replica: hit rate
   }
   // without sharing, the same fleet scatters: the comparison is not vacuous
   const isolated = await startFleet(3, () => new MemoryStateStore());
-  const apart = await replay(isolated.bases, trace, 8);
+  const apart = await replay(isolated.bases, trace, 4);
   t.diagnostic(`hit rate: 1 replica ${one.hitRate.toFixed(4)}; 3 sharing ${three.hitRate.toFixed(4)}; 3 not sharing ${apart.hitRate.toFixed(4)} with ${split(apart).length} workflows split`);
   assert.ok(split(apart).length > 0 || apart.hitRate < one.hitRate - 0.02, `replicas without shared state: hit rate ${apart.hitRate.toFixed(4)}, ${split(apart).length} workflows split`);
   await stopFleet(isolated);
