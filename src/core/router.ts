@@ -513,19 +513,19 @@ export class KVAwareRouter {
       if (contentAnchors && contentAnchors.length > 0) this.contentAnchors.record(worker.slot, contentAnchors, now);
     }
     const tracked = options.track !== false;
+    const uncached = Math.max(0, promptTokens - chosen.cachedTokens);
     if (options.share) {
       // the predicted range only: in precise mode what the worker holds comes from its own events
       const n = Math.max(0, end - start);
       result.shared = {
         workerId: worker.id, hi: hashes.hi.slice(start, start + n), lo: hashes.lo.slice(start, start + n),
         workflowId, workflowStep, anchor, claGroup, contentAnchors: isolated ? undefined : contentAnchors,
-        prefillTokens: tracked ? Math.max(0, promptTokens - chosen.cachedTokens) : 0, tracked,
+        prefillTokens: tracked ? uncached : 0, tracked,
       };
     }
     if (anchor !== undefined) this.anchors.home(anchor, worker.id, claGroup);
     if (workflowId !== undefined) this.workflows.record(workflowId, worker.id, workflowStep);
     if (tracked) {
-      const uncached = Math.max(0, promptTokens - chosen.cachedTokens);
       const ticket = this.nextTicket++;
       this.tickets.set(ticket, { worker, prefill: uncached, kvTokens: promptTokens, prefilled: false });
       worker.queuedPrefillTokens += uncached;

@@ -27,17 +27,13 @@ export class WorkflowTable {
    */
   record(workflowId: string, workerId: string, step: number | null): void {
     const prev = this.entries.get(workflowId);
-    if (prev) {
+    if (prev && step !== null && prev.step !== null && step < prev.step) {
+      // still the most recently used
       this.entries.delete(workflowId);
-      if (step !== null && prev.step !== null && step < prev.step) {
-        this.entries.set(workflowId, prev);
-        return;
-      }
+      this.entries.set(workflowId, prev);
+      return;
     }
-    this.entries.set(workflowId, { workerId, step });
-    if (this.entries.size > this.capacity) {
-      this.entries.delete(this.entries.keys().next().value as string);
-    }
+    this.set(workflowId, workerId, step);
   }
 
   /** Sets a workflow's worker and step whatever was recorded (another router's word for it). */

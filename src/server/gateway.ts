@@ -58,6 +58,17 @@ export interface GatewayOptions {
 
 const METADATA_FIELD = 'contextforge';
 
+interface WorkerConnection {
+  record: GatewayWorker;
+  /** The base URL without a trailing slash. */
+  base: string;
+  /** Keep-alive connections for the proxied requests. */
+  pool: Pool;
+  /** The models it serves, when it says. */
+  models?: ReadonlySet<string>;
+  subscriber?: KvEventSubscriber;
+}
+
 declare module 'fastify' {
   interface FastifyRequest {
     /** The body as received: forwarded as is when the router changes nothing in it (no re-serialisation). */
@@ -97,12 +108,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   if (tokenizeMode === 'tokenizer' && !options.promptTokenizer) throw new TypeError("tokenize 'tokenizer' needs a promptTokenizer");
   if (options.kvEvents && tokenizeMode === 'text') throw new RangeError('kvEvents needs token ids: tokenize must be tokenizer or engine');
   const log = options.log ?? (() => {});
-  /** Base URL (no trailing slash) per worker id. */
-  const urls = new Map<string, string>();
-  /** A keep-alive connection pool per worker for the proxied requests. */
-  const pools = new Map<string, Pool>();
-  const models = new Map<string, ReadonlySet<string>>();
-  const subscribers = new Map<string, KvEventSubscriber>();
+  /** Everything the gateway keeps per worker, by id. */
+  const connections = new Map<string, WorkerConnection>();
   const health = new WorkerHealth(router, log);
   const metricsIntervalMs = options.metricsIntervalMs ?? 1000;
   const healthCheckIntervalMs = options.healthCheckIntervalMs ?? 2000;
@@ -110,7 +117,6 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const checker = healthCheckIntervalMs > 0 ? new HealthChecker(health, { intervalMs: healthCheckIntervalMs }).start() : undefined;
   const closing: Promise<void>[] = [];
   const state = options.state ?? new MemoryStateStore();
-  const workerRecords = new Map<string, GatewayWorker>();
   const app = Fastify({ bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024, logger: false });
   const maxRetries = options.maxRetries ?? 2;
   const timeout = options.upstreamTimeoutMs ?? 300_000;
@@ -161,12 +167,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const upstreamFailed = (id: string) => {
     const n = (failures.get(id) ?? 0) + 1;
     failures.set(id, n);
-    if (n < breakerFailures || !urls.has(id)) return;
+    if (n < breakerFailures || !connections.has(id)) return;
     health.set(id, 'breaker', false, `${n} consecutive failures`);
     failures.set(id, breakerFailures - 1);
     const t = setTimeout(() => {
       cooldowns.delete(t);
-      if (urls.has(id)) health.set(id, 'breaker', true);
+      if (connections.has(id)) health.set(id, 'breaker', true);
     }, breakerCooldownMs);
     t.unref();
     cooldowns.add(t);
@@ -181,59 +187,51 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     if (w.events !== undefined && !/^(tcp|ipc):\/\//.test(w.events)) throw new RangeError(`worker ${w.id}: events must be a tcp:// or ipc:// endpoint`);
     if (w.replay !== undefined && (w.events === undefined || !/^(tcp|ipc):\/\//.test(w.replay))) throw new RangeError(`worker ${w.id}: replay must be a tcp:// or ipc:// endpoint, with events`);
     if (w.metrics !== undefined && !/^https?:\/\//.test(w.metrics)) throw new RangeError(`worker ${w.id}: metrics must be an http(s) URL`);
-    if (urls.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);
+    if (connections.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);
     router.registerWorker(w.id, { url: w.url, claGroups: w.claGroups });
     const base = w.url.replace(/\/+$/, '');
-    urls.set(w.id, base);
-    pools.set(w.id, new Pool(base, { connections: 256, keepAliveTimeout: 30_000 }));
-    if (w.models) models.set(w.id, new Set(w.models));
+    const record: GatewayWorker = { id: w.id, url: w.url, claGroups: w.claGroups, models: w.models, events: w.events, replay: w.replay, metrics: w.metrics };
+    connections.set(w.id, {
+      record, base,
+      pool: new Pool(base, { connections: 256, keepAliveTimeout: 30_000 }),
+      models: w.models ? new Set(w.models) : undefined,
+      subscriber: options.kvEvents && w.events ? new KvEventSubscriber({ workerId: w.id, endpoint: w.events, replayEndpoint: w.replay, applier, log }).start() : undefined,
+    });
     scraper?.add({ workerId: w.id, url: w.metrics ?? `${base}/metrics` });
     checker?.add(w.id, base);
-    if (options.kvEvents && w.events) {
-      subscribers.set(w.id, new KvEventSubscriber({ workerId: w.id, endpoint: w.events, replayEndpoint: w.replay, applier, log }).start());
-    }
-    workerRecords.set(w.id, { id: w.id, url: w.url, claGroups: w.claGroups, models: w.models, events: w.events, replay: w.replay, metrics: w.metrics });
+    return record;
   };
-  const addWorker = (w: GatewayWorker) => {
-    addWorkerLocally(w);
-    state.workerAdded(workerRecords.get(w.id)!);
-  };
+  const addWorker = (w: GatewayWorker) => state.workerAdded(addWorkerLocally(w));
   const removeWorker = (id: string) => {
     const removed = removeWorkerLocally(id);
     if (removed) state.workerRemoved(id);
     return removed;
   };
   const removeWorkerLocally = (id: string) => {
-    if (!urls.has(id)) return false;
-    workerRecords.delete(id);
-    urls.delete(id);
-    void pools.get(id)?.close().catch(() => {}); // lets its in-flight requests finish
-    pools.delete(id);
-    models.delete(id);
+    const c = connections.get(id);
+    if (!c) return false;
+    connections.delete(id);
+    void c.pool.close().catch(() => {}); // lets its in-flight requests finish
+    if (c.subscriber) closing.push(c.subscriber.close().catch(() => {}));
     scraper?.remove(id);
     checker?.remove(id);
     health.forget(id);
     failures.delete(id);
-    const sub = subscribers.get(id);
-    if (sub) {
-      subscribers.delete(id);
-      closing.push(sub.close().catch(() => {}));
-    }
     applier.clearWorker(id);
     return router.removeWorker(id);
   };
 
-  /** Workers that do not serve `model` (when some workers list their models). */
+  /** Workers that list their models and `model` is not among them. */
   const workersWithoutModel = (model: unknown): Set<string> => {
     const out = new Set<string>();
-    if (typeof model !== 'string' || models.size === 0) return out;
-    for (const [id, served] of models) if (!served.has(model)) out.add(id);
+    if (typeof model !== 'string') return out;
+    for (const [id, c] of connections) if (c.models && !c.models.has(model)) out.add(id);
     return out;
   };
   for (const w of options.workers ?? []) addWorkerLocally(w);
   await state.attach({
     router,
-    listWorkers: () => [...workerRecords.values()],
+    listWorkers: () => [...connections.values()].map((c) => c.record),
     addWorkerFromState: (w) => {
       addWorkerLocally(w);
       log(`worker '${w.id}' added by another replica`);
@@ -252,7 +250,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     for (const w of router.listWorkers()) {
       if (!w.available) continue;
       try {
-        const res = await upstreamRequest(`${urls.get(w.id)}/tokenize`, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json' }, headersTimeout: 2000, bodyTimeout: 2000 });
+        const res = await upstreamRequest(`${connections.get(w.id)!.base}/tokenize`, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json' }, headersTimeout: 2000, bodyTimeout: 2000 });
         if (res.statusCode !== 200) {
           await res.body.dump();
           continue;
@@ -332,12 +330,16 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     const { routeRequest, body, unchanged } = prepared;
     const started = performance.now();
     const excluded = workersWithoutModel(body.model);
-    if (excluded.size > 0 && excluded.size === urls.size) {
+    if (excluded.size > 0 && excluded.size === connections.size) {
       return reply.code(404).send({ error: { message: `The model '${String(body.model)}' does not exist on any worker`, type: 'invalid_request_error', param: 'model', code: 'model_not_found' } });
     }
     const learning = state.beforeRoute(routeRequest);
     if (learning) await learning;
     const share = state.sharesDecisions;
+    const release = (decision: RouteResult) => {
+      router.release(decision.ticket);
+      if (decision.shared) state.decisionEnded(decision.shared);
+    };
     for (let attempt = 0; ; attempt++) {
       const decision = router.route(routeRequest, { exclude: excluded, share });
       if (decision.workerId === '') {
@@ -349,7 +351,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       const forwarded = decision.cacheSalt
         ? JSON.stringify({ ...body, cache_salt: decision.cacheSalt })
         : unchanged && req.rawBody !== undefined ? req.rawBody : JSON.stringify(body);
-      const outcome = await forward(reply, pools.get(decision.workerId)!, path, forwarded, decision, timeout, (seconds) => {
+      const outcome = await forward(reply, connections.get(decision.workerId)!.pool, path, forwarded, decision, timeout, (seconds) => {
         ttft.observe(seconds);
         router.markPrefillDone(decision.ticket);
       });
@@ -358,15 +360,13 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         breakerOpen.inc({ worker: decision.workerId });
       } else upstreamAnswered(decision.workerId);
       if (outcome === 'retry' && attempt < maxRetries && !reply.raw.destroyed) {
-        router.release(decision.ticket);
-        if (decision.shared) state.decisionEnded(decision.shared);
+        release(decision);
         excluded.add(decision.workerId);
         retries.inc({ worker: decision.workerId });
         await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
         continue;
       }
-      router.release(decision.ticket);
-      if (decision.shared) state.decisionEnded(decision.shared);
+      release(decision);
       if (outcome === 'retry') {
         reply.header('retry-after', '1');
         return openAiError(reply, 502, `the engines failed to answer (last: ${decision.workerId})`);
@@ -394,7 +394,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     await Promise.all(
       router.listWorkers().filter((w) => w.available).map(async (w) => {
         try {
-          const res = await upstreamRequest(`${urls.get(w.id)}/v1/models`, { headersTimeout: 2000, bodyTimeout: 2000 });
+          const res = await upstreamRequest(`${connections.get(w.id)!.base}/v1/models`, { headersTimeout: 2000, bodyTimeout: 2000 });
           if (res.statusCode !== 200) return void (await res.body.dump());
           const list = (await res.body.json()) as { data?: Array<{ id: string }> };
           for (const m of list.data ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
@@ -426,17 +426,20 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       }
     });
     admin.get('/admin/workers', async () => ({
-      workers: router.listWorkers().map((w) => ({
-        id: w.id, url: urls.get(w.id), healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
-        models: models.has(w.id) ? [...models.get(w.id)!] : null, kvEvents: subscribers.get(w.id)?.stats ?? null,
-        inFlightRequests: w.inFlightRequests, waitingRequests: w.waitingRequests, runningRequests: w.runningRequests,
-        indexEntries: router.index.entriesFor(w.slot), claGroups: [...w.claGroups],
-      })),
+      workers: router.listWorkers().map((w) => {
+        const c = connections.get(w.id);
+        return {
+          id: w.id, url: c?.base, healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
+          models: c?.record.models ?? null, kvEvents: c?.subscriber?.stats ?? null,
+          inFlightRequests: w.inFlightRequests, waitingRequests: w.waitingRequests, runningRequests: w.runningRequests,
+          indexEntries: router.index.entriesFor(w.slot), claGroups: [...w.claGroups],
+        };
+      }),
     }));
     admin.post('/admin/workers', async (req, reply) => {
       const b = req.body as Partial<GatewayWorker> | null;
       if (!b || typeof b.id !== 'string' || b.id === '' || typeof b.url !== 'string') return openAiError(reply, 400, 'a worker needs a string id and url');
-      if (urls.has(b.id)) return openAiError(reply, 409, `worker '${b.id}' exists`);
+      if (connections.has(b.id)) return openAiError(reply, 409, `worker '${b.id}' exists`);
       try {
         addWorker({ id: b.id, url: b.url, claGroups: b.claGroups, models: b.models, events: b.events, replay: b.replay, metrics: b.metrics });
       } catch (err) {
@@ -451,13 +454,13 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     });
     admin.post('/admin/workers/:id/drain', async (req, reply) => {
       const { id } = req.params as { id: string };
-      if (!urls.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
+      if (!connections.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
       router.drainWorker(id);
       return { draining: id };
     });
     admin.post('/admin/workers/:id/resume', async (req, reply) => {
       const { id } = req.params as { id: string };
-      if (!urls.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
+      if (!connections.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
       router.resumeWorker(id);
       return { resumed: id };
     });
@@ -465,7 +468,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     // KV events as JSON, for engines that cannot publish over ZeroMQ: vLLM's field names
     admin.post('/admin/events', async (req, reply) => {
       const b = req.body as { worker?: unknown; events?: unknown } | null;
-      if (!b || typeof b.worker !== 'string' || !urls.has(b.worker)) return openAiError(reply, 400, 'events need the id of a known worker in "worker"', 'worker');
+      if (!b || typeof b.worker !== 'string' || !connections.has(b.worker)) return openAiError(reply, 400, 'events need the id of a known worker in "worker"', 'worker');
       try {
         const batch = decodeJsonEvents(b.events);
         return { applied: applier.apply(b.worker, batch) };
@@ -484,8 +487,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       scraper?.stop();
       checker?.stop();
       await app.close();
-      await Promise.all([...pools.values()].map((p) => p.destroy()));
-      await Promise.all([...subscribers.values()].map((s) => s.close()));
+      await Promise.all([...connections.values()].map((c) => c.pool.destroy()));
+      await Promise.all([...connections.values()].map((c) => c.subscriber?.close()));
       await Promise.all(closing);
       await state.close();
     },

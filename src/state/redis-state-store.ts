@@ -59,7 +59,6 @@ type WireMessage = WireDecision | WireReleased | WireWorkerAdded | WireWorkerRem
 type ReplicaLoad = Map<string, { requests: number; prefill: number; decode: number }>;
 
 interface RedisStats {
-  connected: boolean;
   outages: number;
   errors: number;
   resyncs: number;
@@ -122,7 +121,7 @@ export class RedisStateStore implements StateStore {
   /** Other replicas' in-flight work: kept current by their decision/release messages, seeded from their snapshots. */
   private readonly remote = new Map<string, ReplicaLoad>();
   private readonly counters: RedisStats = {
-    connected: false, outages: 0, errors: 0, resyncs: 0, decisionsPublished: 0, decisionsApplied: 0,
+    outages: 0, errors: 0, resyncs: 0, decisionsPublished: 0, decisionsApplied: 0,
     decisionsUnknownWorker: 0, workflowLookups: 0, workflowClaimsLost: 0, malformedMessages: 0, replicasSeen: 0,
   };
 

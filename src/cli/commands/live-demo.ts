@@ -24,7 +24,6 @@ interface DemoResult {
   perWorker: Record<string, number>;
 }
 
-
 async function runPolicy(policy: string, trace: TraceRequest[], workers: number, speed: number, signal: AbortSignal, progress: (done: number) => void): Promise<DemoResult> {
   const engines: MockEngine[] = [];
   const subs: KvEventSubscriber[] = [];
