@@ -21,6 +21,8 @@ export interface MockEngineOptions {
   model?: string;
   blockSize?: number;
   kvBlocks?: number;
+  /** Longest request (prompt + max_tokens) served, vLLM's --max-model-len (default 131,072, capped by the KV). */
+  maxModelLen?: number;
   /** Where the KV-event PUB socket binds (e.g. tcp://127.0.0.1:5557); none: no events. */
   events?: string;
   /** Where the replay ROUTER binds. */
@@ -104,10 +106,12 @@ export class MockEngine {
       {
         blockTokens: this.blockSize,
         kvTokens: (options.kvBlocks ?? 4096) * this.blockSize,
-        stepBaseMs: 1000 / decode,
-        prefillMsPerToken: 1000 / prefill,
+        ...(options.maxModelLen !== undefined ? { maxModelLen: options.maxModelLen } : {}),
+        // a step is one decode interval, or the prefill of its tokens when that is longer
+        weightReadMs: 1000 / decode,
+        linearMsPerToken: 1000 / prefill,
         attentionMsPerTokenPair: 0,
-        decodeMsPerContextToken: 0,
+        kvReadMsPerToken: 0,
       },
       (hi, lo) => this.stored.push(blockKey(hi, lo)),
       (hi, lo) => this.onRemoved(blockKey(hi, lo)),
@@ -177,7 +181,7 @@ export class MockEngine {
 
   private tokenize(body: Record<string, unknown>): { tokens: number[]; count: number; max_model_len: number } {
     const tokens = body.messages !== undefined ? this.chatTokens(body.messages) : this.promptTokens(body.prompt);
-    return { tokens, count: tokens.length, max_model_len: 131_072 };
+    return { tokens, count: tokens.length, max_model_len: this.engine.maxModelLen };
   }
 
   private chatTokens(messages: unknown): number[] {
@@ -218,6 +222,9 @@ export class MockEngine {
       if (!this.blocks.has(keys[i])) this.blocks.set(keys[i], { hash, parent, tokens: tokens.slice(i * this.blockSize, (i + 1) * this.blockSize) });
       parent = hash;
     }
+    // over the context limit: refused before it reaches the engine, in vLLM's words and shape
+    const refused = this.engine.rejection({ inputTokens: tokens.length, outputTokens: maxTokens as number });
+    if (refused !== null) return json(res, 400, { error: { message: refused, type: 'BadRequestError', param: null, code: 400 } });
     const id = this.nextId++;
     const request: EngineRequest = { id, keys, hashHi: h.hi.slice(0, h.length), hashLo: h.lo.slice(0, h.length), inputTokens: tokens.length, outputTokens: maxTokens as number };
     const p: Pending = {
@@ -248,14 +255,17 @@ export class MockEngine {
     if (this.stepping || this.closed || this.engine.idle) return;
     this.stepping = true;
     const start = Date.now() - this.modelStart;
-    // runs of decode steps are cut at 50 ms so streams flow and new requests join soon
-    const step = this.engine.step(start, start + 50);
+    // runs of decode steps are cut at 50 ms so streams flow and new requests join soon; the
+    // step is scheduled now and its outputs land when it ends, so /metrics reads it in between
+    const end = this.engine.startStep(start, start + 50);
     this.flushEvents();
     setTimeout(() => {
       this.stepping = false;
+      const step = this.engine.finishStep();
+      this.flushEvents();
       this.finishStep(step);
       this.pump();
-    }, Math.max(0, step.end - start));
+    }, Math.max(0, end - start));
   }
 
   private finishStep(step: StepResult): void {
