@@ -189,6 +189,8 @@ interface Job {
   hashed: number;
   /** Tokens scheduled in the step under way (0: not scheduled). */
   scheduled: number;
+  /** The pool's change counters and the budget at the last admission that did not fit. */
+  refusedAt: [cache: number, frees: number, budget: number];
 }
 
 const NONE = -1;
@@ -218,6 +220,9 @@ export class EngineModel {
   private freeHead = NONE;
   private freeTail = NONE;
   private freeCount = 0;
+  /** Counters of cache changes (blocks cached or evicted) and of blocks freed. */
+  private cacheChanges = 0;
+  private frees = 0;
 
   private waiting: Job[] = [];
   private waitingHead = 0;
@@ -307,6 +312,7 @@ export class EngineModel {
       anchorWork: 0,
       hashed: 0,
       scheduled: 0,
+      refusedAt: [-1, -1, 0],
     };
     this.jobs.set(request.id, job);
     this.waiting.push(job);
@@ -557,6 +563,10 @@ export class EngineModel {
    * anchors are pinned, the rest allocated. Returns the chunk scheduled, or 0.
    */
   private admit(job: Job, budget: number): number {
+    // a request that did not fit still does not while no block was cached, evicted or freed
+    // and the budget is no smaller (a block pinned by another request leaves the slack as is)
+    const [cache, frees, lastBudget] = job.refusedAt;
+    if (cache === this.cacheChanges && frees === this.frees && budget >= lastBudget) return 0;
     const c = this.config;
     const bt = c.blockTokens;
     const r = job.request;
@@ -599,6 +609,7 @@ export class EngineModel {
       job.regionDone = 0;
       job.regionTarget = 0;
       job.anchorWork = 0;
+      job.refusedAt = [this.cacheChanges, this.frees, budget];
       return 0;
     }
     // pin the cached prefix and anchors first (taking new blocks may evict free ones), then allocate
@@ -656,6 +667,7 @@ export class EngineModel {
       this.loOf[slot] = r.hashLo[i];
       this.announced[slot] = 1;
       this.slotOf.set(key, slot);
+      this.cacheChanges++;
       this.onStored(r.hashHi[i], r.hashLo[i]);
     }
     if (full > job.hashed) job.hashed = full;
@@ -666,6 +678,7 @@ export class EngineModel {
         this.keyOf[slot] = key;
         this.announced[slot] = 0;
         this.slotOf.set(key, slot);
+        this.cacheChanges++;
       }
       job.anchorMissKeys.length = 0;
     }
@@ -725,6 +738,7 @@ export class EngineModel {
     this.unlinkFree(slot);
     const key = this.keyOf[slot];
     if (!Number.isNaN(key)) {
+      this.cacheChanges++;
       this.slotOf.delete(key);
       this.keyOf[slot] = Number.NaN;
       if (this.announced[slot]) this.onRemoved(this.hiOf[slot], this.loOf[slot]);
@@ -750,6 +764,7 @@ export class EngineModel {
     else this.freeHead = slot;
     this.freeTail = slot;
     this.freeCount++;
+    this.frees++;
   }
 
   private unlinkFree(slot: number): void {
