@@ -79,37 +79,38 @@ export interface EngineConfig {
  *
  * - weightReadMs: every step reads the 31.2 B non-embedding weights plus the 0.78 B-parameter
  *   LM head, ≈ 32.0 GB in fp8, at an assumed 80% of peak bandwidth (2.68 TB/s):
- *   32.0 / 2.68 ≈ 12 ms. A bandwidth-bound decode step of a 32 B fp8 model on one H100 in
- *   the 12–15 ms range is what serving benchmarks report for small batches.
+ *   32.0 / 2.68 ≈ 12 ms.
  * - linearMsPerToken: 2 FLOP per parameter per token = 64 GFLOP, at an assumed 60% of dense
- *   fp8 peak (1.19 PFLOP/s; FlashAttention-3, Shah et al. 2024, measured ≈ 1.2 PFLOP/s for
- *   fp8 attention kernels on H100, the same order for well-shaped fp8 GEMMs):
+ *   fp8 peak (1.19 PFLOP/s; the fraction FlashAttention-3 reached with fp8 on H100, ≈ 1.2
+ *   PFLOP/s, Shah et al. 2024 — no measurement of this model's GEMMs is used):
  *   64e9 / 1.19e15 s ≈ 0.054 ms, ≈ 18,500 tokens/s. A step becomes compute-bound above
  *   12 / 0.054 ≈ 220 tokens, which is where large decode batches start to pay for the
  *   linear layers.
  * - attentionMsPerTokenPair: QKᵀ and PV cost 4 × heads × head_dim = 32,768 FLOP per layer
- *   and pair, × 64 layers = 2.1 MFLOP; FlashAttention-3 measured 600–660 TFLOP/s for causal
- *   bf16 attention with 128-dim heads at long sequence lengths on H100 (Shah et al. 2024,
- *   Fig. 5), so 2.1e6 / 600e12 s ≈ 3.5e-6 ms.
+ *   and pair, × 64 layers = 2.1 MFLOP; FlashAttention-3 measured up to 740 TFLOP/s (75% of
+ *   peak) for bf16 forward attention on H100 (Shah et al. 2024), causal masking runs below
+ *   that, so 600 TFLOP/s: 2.1e6 / 600e12 s ≈ 3.5e-6 ms.
  * - kvReadMsPerToken: KV per token = 2 (K, V) × 64 layers × 8 heads × 128 dims × 1 byte
  *   (fp8 KV cache) = 131,072 bytes, read at 2.68 TB/s ≈ 4.9e-5 ms.
  * - kvTokens: vLLM's default gpu_memory_utilization 0.9 of 79.6 GiB (85.5 GB) = 77 GB, less
  *   33 GB of weights and ≈ 4 GB of profiled activations, leaves ≈ 40 GB / 131 KB ≈ 300,000
  *   tokens.
  * - maxModelLen: 131,072, the YaRN context (capped by kvTokens per engine).
- * - maxBatchTokens 8,192 and maxRunning 256: vLLM V1's defaults for online serving on a GPU
- *   of this class (vllm/engine/arg_utils.py default_max_num_batched_tokens, max_num_seqs).
- * - blendRecompute 0.15: CacheBlend (Yao et al., EuroSys 2025) recomputes 10–20% of a reused
- *   chunk's tokens to keep quality; 15% is the middle of that range.
- * The efficiencies (80% of bandwidth, 60% of compute) are assumptions, not measurements of
- * this setup; every constant can be overridden, and the comparison between policies is what
- * the simulator is for.
+ * - maxBatchTokens 8,192 and maxRunning 1,024: vLLM's defaults for the OpenAI server on a GPU
+ *   of 70 GiB or more other than an A100 (vllm/engine/arg_utils.py, EngineArgs batch
+ *   defaults: default_max_num_batched_tokens, default_max_num_seqs).
+ * - blendRecompute 0.15: CacheBlend (Yao et al., EuroSys 2025) selectively recomputes a small
+ *   share of a reused chunk's tokens, on the order of 15%, to restore cross-attention.
+ * The efficiencies (80% of bandwidth, 60% of linear-layer compute) are assumptions, not
+ * measurements of this setup (only the attention rate above is a published measurement);
+ * every constant can be overridden, and the comparison between policies is what the
+ * simulator is for.
  */
 export const ENGINE_DEFAULTS: Readonly<Omit<EngineConfig, 'blockTokens'>> = Object.freeze({
   kvTokens: 300_000,
   maxModelLen: 131_072,
   maxBatchTokens: 8192,
-  maxRunning: 256,
+  maxRunning: 1024,
   weightReadMs: 12,
   linearMsPerToken: 0.054,
   attentionMsPerTokenPair: 3.5e-6,
