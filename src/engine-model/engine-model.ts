@@ -196,6 +196,77 @@ interface Job {
 
 const NONE = -1;
 
+/**
+ * Cache key → block slot, open addressing with linear probing over typed arrays: the engine
+ * looks up every prompt block of every request, and a Map keyed by 53-bit doubles allocates
+ * and hashes slowly. At most `capacity` keys (one per block); the table stays at most half full.
+ */
+export class KeySlotTable {
+  private readonly keys: Float64Array;
+  private readonly slots: Int32Array;
+  private readonly mask: number;
+  private readonly shift: number;
+  size = 0;
+
+  constructor(capacity: number) {
+    let bits = 4;
+    while (1 << bits < 2 * capacity) bits++;
+    this.keys = new Float64Array(1 << bits);
+    this.slots = new Int32Array(1 << bits).fill(NONE);
+    this.mask = (1 << bits) - 1;
+    this.shift = 32 - bits;
+  }
+
+  private home(key: number): number {
+    return Math.imul((key >>> 0) ^ Math.floor(key / 4294967296), 0x9e3779b1) >>> this.shift;
+  }
+
+  get(key: number): number {
+    for (let i = this.home(key); ; i = (i + 1) & this.mask) {
+      const s = this.slots[i];
+      if (s === NONE) return NONE;
+      if (this.keys[i] === key) return s;
+    }
+  }
+
+  has(key: number): boolean {
+    return this.get(key) !== NONE;
+  }
+
+  /** Adds a key that is not present. */
+  set(key: number, slot: number): void {
+    let i = this.home(key);
+    while (this.slots[i] !== NONE) i = (i + 1) & this.mask;
+    this.keys[i] = key;
+    this.slots[i] = slot;
+    this.size++;
+  }
+
+  delete(key: number): void {
+    let i = this.home(key);
+    for (; ; i = (i + 1) & this.mask) {
+      if (this.slots[i] === NONE) return;
+      if (this.keys[i] === key) break;
+    }
+    this.size--;
+    // backward-shift deletion: move later entries of the run into the hole when they may
+    for (let j = (i + 1) & this.mask; this.slots[j] !== NONE; j = (j + 1) & this.mask) {
+      const h = this.home(this.keys[j]);
+      const movable = i <= j ? h <= i || h > j : h <= i && h > j;
+      if (movable) {
+        this.keys[i] = this.keys[j];
+        this.slots[i] = this.slots[j];
+        i = j;
+      }
+    }
+    this.slots[i] = NONE;
+  }
+
+  *entries(): Generator<[number, number]> {
+    for (let i = 0; i < this.slots.length; i++) if (this.slots[i] !== NONE) yield [this.keys[i], this.slots[i]];
+  }
+}
+
 export class EngineModel {
   readonly config: EngineConfig;
   readonly capacityBlocks: number;
@@ -210,7 +281,7 @@ export class EngineModel {
 
   // the block pool: per slot its cache key (NaN: not cached), hashes for events, refs, and
   // the links of the free queue (every slot with refs 0, least recently freed first)
-  private readonly slotOf = new Map<number, number>();
+  private readonly slotOf: KeySlotTable;
   private readonly keyOf: Float64Array;
   private readonly hiOf: Uint32Array;
   private readonly loOf: Uint32Array;
@@ -250,6 +321,7 @@ export class EngineModel {
     this.capacityBlocks = Math.max(1, Math.floor(c.kvTokens / c.blockTokens));
     this.maxModelLen = Math.max(1, Math.min(Math.floor(c.maxModelLen), this.capacityBlocks * c.blockTokens));
     const n = this.capacityBlocks;
+    this.slotOf = new KeySlotTable(n);
     this.keyOf = new Float64Array(n).fill(Number.NaN);
     this.hiOf = new Uint32Array(n);
     this.loOf = new Uint32Array(n);
@@ -344,7 +416,7 @@ export class EngineModel {
   /** Prefix blocks in the cache (held or free) — what the engine would list as cached. */
   cachedKeys(): number[] {
     const out: number[] = [];
-    for (const [key, slot] of this.slotOf) if (this.announced[slot]) out.push(key);
+    for (const [key, slot] of this.slotOf.entries()) if (this.announced[slot]) out.push(key);
     return out;
   }
 
@@ -577,10 +649,12 @@ export class EngineModel {
     const maxHit = Math.min(job.keyed, Math.floor((total - 1) / bt));
     let hit = 0;
     let pinnedFree = 0;
+    const slots = job.slots; // the hit prefix's blocks, pinned below if the request fits
     for (; hit < maxHit; hit++) {
       const slot = this.slotOf.get(r.keys[hit]);
-      if (slot === undefined) break;
+      if (slot === NONE) break;
       if (this.refs[slot] === 0) pinnedFree++;
+      slots.push(slot);
     }
     let anchorHitTokens = 0;
     let anchorMissTokens = 0;
@@ -589,7 +663,7 @@ export class EngineModel {
       let present = 0;
       for (let k = 0; k < a.keys.length; k++) {
         const slot = this.slotOf.get(a.keys[k]);
-        if (slot === undefined) continue;
+        if (slot === NONE) continue;
         present++;
         if (this.refs[slot] === 0) pinnedFree++;
       }
@@ -611,15 +685,16 @@ export class EngineModel {
       job.regionTarget = 0;
       job.anchorWork = 0;
       job.refusedAt = [this.cacheChanges, this.frees, budget];
+      slots.length = 0;
       return 0;
     }
     // pin the cached prefix and anchors first (taking new blocks may evict free ones), then allocate
-    for (let i = 0; i < hit; i++) job.slots.push(this.pin(this.slotOf.get(r.keys[i])!));
+    for (let i = 0; i < hit; i++) this.pin(slots[i]);
     job.hashed = hit;
     for (const a of r.anchors ?? []) {
       for (let k = 0; k < a.keys.length; k++) {
         const slot = this.slotOf.get(a.keys[k]);
-        if (slot !== undefined) job.anchorSlots.push(this.pin(slot));
+        if (slot !== NONE) job.anchorSlots.push(this.pin(slot));
         else job.anchorMissKeys.push(a.keys[k]);
       }
     }

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { EngineModel, type EngineRequest } from '../../src/engine-model/engine-model.js';
+import { EngineModel, KeySlotTable, type EngineRequest } from '../../src/engine-model/engine-model.js';
 
 // A toy engine with round numbers, so timelines can be computed by hand: 100-token blocks,
 // step = max(10 ms, 0.1 ms per token in the step); no attention or KV-read terms.
@@ -207,4 +207,27 @@ describe('engine model timelines', () => {
     runAlone(e, 100);
     assert.ok(!e.holds(101) && !e.holds(102));
   });
+});
+
+test('the key → slot table agrees with a Map under random inserts and deletes', () => {
+  const table = new KeySlotTable(500);
+  const map = new Map<number, number>();
+  let seed = 12345;
+  const rand = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 4294967296;
+  for (let op = 0; op < 20_000; op++) {
+    // few distinct keys (many collisions), 53-bit values
+    const key = Math.floor(rand() * 700) * 2 ** 40 + Math.floor(rand() * 3);
+    if (map.has(key) || map.size >= 500) {
+      const victim = map.has(key) ? key : [...map.keys()][Math.floor(rand() * map.size)];
+      map.delete(victim);
+      table.delete(victim);
+    } else {
+      map.set(key, op);
+      table.set(key, op);
+    }
+    if (op % 1000 === 0) for (const [k, v] of map) assert.equal(table.get(k), v);
+  }
+  assert.equal(table.size, map.size);
+  assert.deepEqual(new Map(table.entries()), map);
+  assert.equal(table.get(-5), -1);
 });
