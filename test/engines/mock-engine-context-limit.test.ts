@@ -37,3 +37,29 @@ test('mock engine: a request over --max-model-len gets vLLM\'s HTTP 400', async 
   const tok = await fetch(`http://127.0.0.1:${e.port}/tokenize`, { method: 'POST', body: JSON.stringify({ prompt: 'hi' }), headers: { 'content-type': 'application/json' } });
   assert.equal(((await tok.json()) as { max_model_len: number }).max_model_len, 64);
 });
+
+test('mock engine: cancelling a request mid-prefill keeps the blocks another request still computes', async () => {
+  const e = await new MockEngine({ prefillTokS: 2000, decodeTokS: 2000, blockSize: 16 }).start();
+  engines.push(e);
+  const url = (path: string) => `http://127.0.0.1:${e.port}${path}`;
+  const prompt = Array.from({ length: 800 }, (_, i) => i + 5000); // a 400 ms prefill step
+  const body = JSON.stringify({ prompt, max_tokens: 2 });
+  const headers = { 'content-type': 'application/json' };
+  const abort = new AbortController();
+  const first = fetch(url('/v1/completions'), { method: 'POST', body, headers, signal: abort.signal }).catch(() => undefined);
+  const deadline = Date.now() + 5000;
+  // wait until the first request is in its prefill step, then queue the same prompt again
+  while (!/vllm:num_requests_running\{[^}]*\} 1/.test(await (await fetch(url('/metrics'))).text())) {
+    if (Date.now() > deadline) throw new Error('the first request never started');
+  }
+  const second = fetch(url('/v1/completions'), { method: 'POST', body, headers });
+  while (!/vllm:num_requests_waiting\{[^}]*\} 1/.test(await (await fetch(url('/metrics'))).text())) {
+    if (Date.now() > deadline) throw new Error('the second request never queued');
+  }
+  abort.abort();
+  await first;
+  assert.equal((await second).status, 200);
+  const cache = await fetch(url('/debug/cache'));
+  assert.equal(cache.status, 200);
+  assert.equal(((await cache.json()) as { blockHashes: string[] }).blockHashes.length, 800 / 16);
+});
