@@ -420,17 +420,6 @@ export class EngineModel {
     return out;
   }
 
-  /** Leading prompt tokens a request would find cached now (no state change). */
-  prefixHitTokens(request: EngineRequest): number {
-    const bt = this.config.blockTokens;
-    let anchorTokens = 0;
-    for (const a of request.anchors ?? []) anchorTokens += a.tokens;
-    const keyed = Math.min(request.keys.length, Math.floor(Math.max(0, request.inputTokens - anchorTokens) / bt), Math.floor((request.inputTokens - 1) / bt));
-    let k = 0;
-    while (k < keyed && this.slotOf.has(request.keys[k])) k++;
-    return k * bt;
-  }
-
   /**
    * Duration (ms) of one step computing `chunks`, each [new tokens, context before them] (a
    * decoding sequence is a chunk of one token): the linear layers are one roofline over the
