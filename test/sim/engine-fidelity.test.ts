@@ -30,6 +30,18 @@ describe('simulator: context limit', () => {
   });
 });
 
+describe('simulator: scrapes', () => {
+  test('a scrape during a long prefill step reads the engine as it is then', () => {
+    // one 100k-token prompt prefilled in a single step of tens of seconds
+    const ids = Array.from({ length: 1563 }, (_, i) => i + 1);
+    const r = simulate([request(0, 0, ids, 100_000, 1)], { workers: 1, policy: 'round-robin', engine: { maxBatchTokens: 200_000 } });
+    assert.ok(r.outcomes[0].ttft > 10, `ttft ${r.outcomes[0].ttft}`);
+    const during = r.loadTimeline.find((s) => s.t >= 5 && s.t < r.outcomes[0].ttft)!;
+    // the prompt's blocks are held while it computes; after the step the request is gone
+    assert.ok(Math.abs(during.kvUsage[0] - Math.ceil(100_000 / 64) / Math.floor(300_000 / 64)) < 1e-9, `${during.kvUsage[0]}`);
+  });
+});
+
 describe('bounds and the pooled-LRU reference count as the engine counts', () => {
   test('pooled LRU: a finished request leaves its prefix head most recent (tail-first)', () => {
     const trace = [request(0, 0, [1, 2, 3], 192), request(1, 1, [4, 5], 128), request(2, 2, [1, 2, 6], 192)];
