@@ -1,4 +1,4 @@
-import type { KVAwareRouter } from '../core/router.js';
+import type { KVAwareRouter } from '../core/router/index.js';
 import { recordOutcome, Rounds, type CheckStreak } from './rounds.js';
 
 /**

@@ -2,7 +2,7 @@ import { EventEmitter } from 'node:events';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { Pool, request as upstreamRequest } from 'undici';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router.js';
+import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router/index.js';
 import type { ChatMessage } from '../core/hashing.js';
 import { HealthChecker, WorkerHealth } from '../engines/health.js';
 import { KvEventApplier } from '../engines/kv-events/applier.js';

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { Redis, type RedisOptions } from 'ioredis';
 import type { ContentAnchor } from '../core/content-anchors.js';
-import type { RouteRequest, SharedDecision } from '../core/router.js';
+import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
 
 export interface RedisStateOptions {

@@ -1,4 +1,4 @@
-import type { KVAwareRouter } from '../../core/router.js';
+import type { KVAwareRouter } from '../../core/router/index.js';
 import type { WorkerHealth } from '../health.js';
 import { recordOutcome, Rounds, type CheckStreak } from '../rounds.js';
 import { readEngineLoad, type EngineLoad } from './prometheus.js';
