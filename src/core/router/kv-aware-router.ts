@@ -17,7 +17,7 @@ import {
 } from '../hashing.js';
 import type { CostWeights } from '../policies/index.js';
 import type { RouteFeatures, RouteReason, RoutingPolicy } from '../policies/types.js';
-import { roundHalfEven3 } from '../round.js';
+import { roundHalfEven3 } from '../round-half-even.js';
 import * as check from '../validate.js';
 import { WorkflowTable } from '../workflow-table.js';
 import { WorkerRegistry, type WorkerInfo, type WorkerState } from '../worker-registry.js';
