@@ -1,5 +1,5 @@
 import { BlockHashes } from '../core/hashing.js';
-import { KVAwareRouter, type KVAwareRouterOptions } from '../core/router.js';
+import { KVAwareRouter, type KVAwareRouterOptions } from '../core/router/index.js';
 import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/engine-model.js';
 import { requestBlocks } from './request-blocks.js';
 import type { TraceRequest } from './trace.js';
