@@ -68,7 +68,7 @@ export interface KVAwareRouterOptions {
   judgeRoles?: readonly string[];
   /** Weights of the 'cost' policy; unspecified ones keep their defaults. */
   costWeights?: Partial<CostWeights>;
-  /** Options of the peer policies (dynamo, sglang, llmd). */
+  /** Options of the peer policies (dynamo, sglang, llmd, seed); defaults are the peers' shipped ones. */
   policyOptions?: Omit<PolicyOptions, 'costWeights'>;
   /** Seed of the random source sampling policies use (default 1). */
   randomSeed?: number;
@@ -478,6 +478,7 @@ export class KVAwareRouter {
       requestBlocks: hashes.length,
       blockSize: hashes.tokensPerBlock || this.blockSize,
       routingKey: hashes.length > 0 ? hashes.lo[Math.min(hashes.length, 4) - 1] : anchor ? hashString32(anchor) : 0,
+      blocks: hashes,
     };
     const choice = this.policy.choose(candidates, features);
     const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;
@@ -532,6 +533,7 @@ export class KVAwareRouter {
       worker.inFlightRequests++;
       result.ticket = ticket;
     }
+    this.policy.onRouted?.(worker, features, result.ticket, now);
     return result;
   }
 
@@ -609,6 +611,7 @@ export class KVAwareRouter {
     const t = this.tickets.get(ticket);
     if (!t) return;
     this.tickets.delete(ticket);
+    this.policy.onReleased?.(ticket);
     const w = t.worker;
     w.queuedPrefillTokens = Math.max(0, w.queuedPrefillTokens - t.prefill);
     if (t.prefilled) w.activeDecodeTokens = Math.max(0, w.activeDecodeTokens - t.kvTokens);

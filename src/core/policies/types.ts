@@ -40,6 +40,24 @@ export interface RouteFeatures {
   readonly blockSize: number;
   /** A stable key for hash-based placement (the first blocks or the anchor); 0 when none. */
   readonly routingKey: number;
+  /**
+   * The request's block hashes (prefix-chained; high and low 32-bit halves), for policies that
+   * keep their own per-worker view (SGLang's approximate tree, Dynamo's active sequences).
+   * Scratch owned by the router: valid during choose() and onRouted() only.
+   */
+  readonly blocks?: RequestBlocks;
+}
+
+/** Prefix-chained block hashes of one request (valid while the call that received them runs). */
+export interface RequestBlocks {
+  readonly hi: ArrayLike<number>;
+  readonly lo: ArrayLike<number>;
+  readonly length: number;
+}
+
+/** 53-bit map key of a 64-bit block hash (the same key the engine model uses). */
+export function blockKey53(hi: number, lo: number): number {
+  return (hi & 0x1fffff) * 4294967296 + (lo >>> 0);
 }
 
 /** Why a worker was picked; shown in explanations and counted in metrics. */
@@ -66,6 +84,14 @@ export interface RoutingPolicy {
    * Called after choose() on the same candidates (scores may be relative to the others').
    */
   scoreTerms?(candidate: Candidate, request: RouteFeatures): Record<string, number | boolean>;
+  /**
+   * The router committed a decision (not a dry run) to `worker`. `ticket` is the in-flight
+   * handle (0 when the request is not tracked); `now` the router's clock in ms. For policies
+   * whose state follows their own decisions.
+   */
+  onRouted?(worker: WorkerState, request: RouteFeatures, ticket: number, now: number): void;
+  /** The tracked request of `ticket` completed, failed or was abandoned. */
+  onReleased?(ticket: number): void;
 }
 
 export interface PolicyContext {
