@@ -63,6 +63,11 @@ export function comparePolicies(
         throughputTokPerS: Math.round(r.throughputTokPerS),
         loadImbalance: round(r.loadImbalance),
         prefillTokens: r.prefillTokens,
+        rejected: r.rejected,
+        cancelled: r.cancelled,
+        failed: r.failed,
+        retried: r.retried,
+        eventBatchesLost: r.eventBatchesLost,
       })),
     },
   };

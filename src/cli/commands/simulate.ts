@@ -5,6 +5,8 @@ import { POLICY_NAMES } from '../../core/policies/index.js';
 import { assignmentLines, comparePolicies, policyVariant, type ComparisonReport } from '../../sim/compare.js';
 import { loadTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
+import { InvalidArgumentError } from 'commander';
+import { parseWorkerEvent, type ScenarioOptions } from '../../sim/scenarios.js';
 import { intOption, positiveNumberOption } from '../options.js';
 
 interface SimulateFlags {
@@ -17,8 +19,58 @@ interface SimulateFlags {
   assignments?: string;
   kvTokens?: number;
   eventDelayMs: number;
-  scrapeIntervalMs: number;
+  scrapeIntervalMs?: number;
   progress: boolean;
+  fail: string[];
+  drain: string[];
+  eventJitterMs?: number;
+  eventLoss?: number;
+  replicas?: number;
+  stateLagMs?: number;
+  cancelRate?: number;
+  cancelWithinMs?: number;
+  workerKvTokens?: number[];
+  scenarioSeed?: number;
+}
+
+const collect = (value: string, previous: string[]) => [...previous, ...value.split(',').map((v) => v.trim()).filter(Boolean)];
+
+function fractionOption(flag: string): (value: string) => number {
+  return (value: string) => {
+    const n = Number(value);
+    if (value.trim() === '' || !Number.isFinite(n) || n < 0 || n > 1) throw new InvalidArgumentError(`${flag} must be a number within [0, 1], got '${value}'`);
+    return n;
+  };
+}
+
+function tokenListOption(value: string): number[] {
+  const list = value.split(',').map((v) => v.trim());
+  return list.map((v, i) => {
+    const n = Number(v);
+    if (!/^\d+$/.test(v) || !Number.isSafeInteger(n) || n < 1) throw new InvalidArgumentError(`--worker-kv-tokens: entry ${i + 1} must be a positive integer, got '${v}'`);
+    return n;
+  });
+}
+
+/** The scenario a simulate invocation asks for (undefined when it asks for none). */
+export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undefined {
+  const s: ScenarioOptions = {};
+  if (flags.fail.length > 0) s.fail = flags.fail.map((f) => parseWorkerEvent(f, '--fail', flags.workers));
+  if (flags.drain.length > 0) s.drain = flags.drain.map((f) => parseWorkerEvent(f, '--drain', flags.workers));
+  if (flags.eventJitterMs !== undefined) s.eventJitterMs = flags.eventJitterMs;
+  if (flags.eventLoss !== undefined) s.eventLoss = flags.eventLoss;
+  if (flags.replicas !== undefined) s.replicas = flags.replicas;
+  if (flags.stateLagMs !== undefined) s.stateLagMs = flags.stateLagMs;
+  if (flags.cancelRate !== undefined) s.cancelRate = flags.cancelRate;
+  if (flags.cancelWithinMs !== undefined) s.cancelWithinMs = flags.cancelWithinMs;
+  if (flags.workerKvTokens !== undefined) {
+    if (flags.workerKvTokens.length !== flags.workers) {
+      throw new RangeError(`--worker-kv-tokens lists ${flags.workerKvTokens.length} workers but --workers is ${flags.workers}`);
+    }
+    s.workerKvTokens = flags.workerKvTokens;
+  }
+  if (flags.scenarioSeed !== undefined) s.seed = flags.scenarioSeed;
+  return Object.keys(s).length > 0 ? s : undefined;
 }
 
 export function registerSimulateCommand(program: Command): void {
@@ -32,7 +84,17 @@ export function registerSimulateCommand(program: Command): void {
     .option('--format <table|json>', 'output format', 'table')
     .option('--kv-tokens <n>', 'KV capacity of each engine in tokens (default 300000)', intOption('--kv-tokens', 1))
     .option('--event-delay-ms <n>', 'delay of KV events from engine to router', intOption('--event-delay-ms', 0), 50)
-    .option('--scrape-interval-ms <n>', 'interval of load scrapes', intOption('--scrape-interval-ms', 1), 200)
+    .option('--scrape-interval-ms <n>', 'interval of load scrapes (default 200; llmd: 50, its own refresh interval)', intOption('--scrape-interval-ms', 1))
+    .option('--fail <worker@time...>', 'a worker fails at a time, e.g. w3@600s (repeatable or comma-separated)', collect, [])
+    .option('--drain <worker@time...>', 'a worker is drained at a time, e.g. w3@600s', collect, [])
+    .option('--event-jitter-ms <n>', 'extra KV-event delay, uniform in [0, n] ms per batch', intOption('--event-jitter-ms', 0))
+    .option('--event-loss <fraction>', 'fraction of KV-event batches the router never receives', fractionOption('--event-loss'))
+    .option('--replicas <n>', 'router replicas sharing state (round-robin in front)', intOption('--replicas', 1))
+    .option('--state-lag-ms <n>', 'delay of shared state between replicas (default 20)', intOption('--state-lag-ms', 0))
+    .option('--cancel-rate <fraction>', 'fraction of requests whose client cancels', fractionOption('--cancel-rate'))
+    .option('--cancel-within-ms <n>', 'a cancelling client gives up uniformly within n ms (default 10000)', intOption('--cancel-within-ms', 1))
+    .option('--worker-kv-tokens <list>', 'KV tokens of each worker, comma-separated (heterogeneous workers)', tokenListOption)
+    .option('--scenario-seed <n>', 'seed of jitter, loss and cancellations (default 1)', intOption('--scenario-seed', 0))
     .option('--report <file>', 'write a self-contained HTML report')
     .option('--assignments <file>', 'write one JSON line per request and policy')
     .option('--no-progress', 'no progress bar on stderr')
@@ -40,6 +102,7 @@ export function registerSimulateCommand(program: Command): void {
       if (flags.format !== 'table' && flags.format !== 'json') throw new RangeError(`--format must be table or json, got '${flags.format}'`);
       const policies = flags.policies.split(',').map((p) => p.trim()).filter(Boolean);
       for (const p of policies) if (!POLICY_NAMES.includes(policyVariant(p).policy)) throw new RangeError(`--policies: unknown policy '${p}' (known: ${POLICY_NAMES.join(', ')})`);
+      const scenario = scenarioFromFlags(flags);
       const { name, requests } = await loadTrace(flags.trace);
       const bar = flags.progress && process.stderr.isTTY ? new cliProgress.SingleBar({ format: '{policy} [{bar}] {value}/{total} requests', stream: process.stderr }, cliProgress.Presets.shades_classic) : undefined;
       let policyName = '';
@@ -53,6 +116,7 @@ export function registerSimulateCommand(program: Command): void {
           eventDelayMs: flags.eventDelayMs,
           scrapeIntervalMs: flags.scrapeIntervalMs,
           engine: flags.kvTokens ? { kvTokens: flags.kvTokens } : undefined,
+          scenario,
           onProgress: (done) => bar?.update(done, { policy: policyName }),
         },
         (policy, i) => {
@@ -96,5 +160,12 @@ export function renderTable(r: ComparisonReport): string {
     String(p.throughputTokPerS),
     p.loadImbalance.toFixed(3),
   ]);
-  return head + formatTable(['policy', 'hit rate', 'TTFT mean s', 'p50', 'p90', 'p99', 'e2e mean s', 'e2e p99', 'tok/s', 'imbalance'], rows) + '\n';
+  const events = r.policies
+    .map((p) => {
+      const parts = (['rejected', 'cancelled', 'failed', 'retried', 'eventBatchesLost'] as const).filter((k) => (p[k] ?? 0) > 0).map((k) => `${k} ${p[k]}`);
+      return parts.length > 0 ? `${p.policy}: ${parts.join(', ')}` : '';
+    })
+    .filter(Boolean);
+  const tail = events.length > 0 ? `\n${events.join('\n')}\n` : '';
+  return head + formatTable(['policy', 'hit rate', 'TTFT mean s', 'p50', 'p90', 'p99', 'e2e mean s', 'e2e p99', 'tok/s', 'imbalance'], rows) + '\n' + tail;
 }
