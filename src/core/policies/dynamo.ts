@@ -1,4 +1,5 @@
 import * as check from '../validate.js';
+import { pickWithRandomTies } from './pick.js';
 import type { WorkerState } from '../worker-registry.js';
 import { blockKey53, NO_CHOICE, type Candidate, type PolicyChoice, type PolicyContext, type RouteFeatures, type RoutingPolicy } from './types.js';
 
@@ -152,10 +153,7 @@ export class DynamoPolicy implements RoutingPolicy {
         }
       }
     } else {
-      const ties = this.ties;
-      ties.length = 0;
-      for (let i = 0; i < n; i++) if (this.costs[i] - min <= 1e-9) ties.push(i);
-      index = ties.length === 1 ? ties[0] : ties[Math.floor(this.ctx.random() * ties.length)];
+      index = pickWithRandomTies(this.costs, n, -1, this.ctx.random, this.ties);
     }
     return { index, confidence: candidates[index].cachedFraction, reason: 'cost' };
   }

@@ -1,4 +1,5 @@
 import * as check from '../validate.js';
+import { pickWithRandomTies } from './pick.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type PolicyContext, type RouteFeatures, type RoutingPolicy } from './types.js';
 
 /**
@@ -36,6 +37,7 @@ export class LlmdPolicy implements RoutingPolicy {
   private readonly wQueue: number;
   readonly scrapeIntervalMs: number;
   private readonly ties: number[] = [];
+  private scores = new Float64Array(64);
   private minQueue = 0;
   private maxQueue = 0;
 
@@ -72,18 +74,9 @@ export class LlmdPolicy implements RoutingPolicy {
     const n = candidates.length;
     if (n === 0) return NO_CHOICE;
     this.scanQueues(candidates);
-    let best = -Infinity;
-    const ties = this.ties;
-    ties.length = 0;
-    for (let i = 0; i < n; i++) {
-      const s = this.score(candidates[i], request);
-      if (s > best + 1e-9) {
-        best = s;
-        ties.length = 0;
-        ties.push(i);
-      } else if (s >= best - 1e-9) ties.push(i);
-    }
-    const index = ties.length === 1 ? ties[0] : ties[Math.floor(this.ctx.random() * ties.length)];
+    if (this.scores.length < n) this.scores = new Float64Array(n * 2);
+    for (let i = 0; i < n; i++) this.scores[i] = this.score(candidates[i], request);
+    const index = pickWithRandomTies(this.scores, n, 1, this.ctx.random, this.ties);
     return { index, confidence: candidates[index].cachedFraction, reason: 'cost' };
   }
 
