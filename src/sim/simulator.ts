@@ -30,6 +30,8 @@ export interface SimulationOptions {
   scenario?: ScenarioOptions;
   /** Further router options (cost weights, judge roles...). */
   router?: Omit<KVAwareRouterOptions, 'policy' | 'clock' | 'indexMode' | 'blockSize'>;
+  /** Called at every load scrape with what the router is told of each live worker (for diagnostics). */
+  onScrape?: (timeMs: number, worker: number, metrics: { kvUsage: number; waitingRequests: number; runningRequests: number }) => void;
   /** Called now and then with the number of requests finished. */
   onProgress?: (finished: number, total: number) => void;
 }
@@ -367,7 +369,11 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     } else {
       const sample: number[] = [];
       engines.forEach((e, w) => {
-        if (!dead[w]) router.updateWorkerMetrics(ids[w], { kvUsage: e.kvUsage, waitingRequests: e.waitingCount, runningRequests: e.runningCount });
+        if (!dead[w]) {
+          const metrics = { kvUsage: e.kvUsage, waitingRequests: e.waitingCount, runningRequests: e.runningCount };
+          router.updateWorkerMetrics(ids[w], metrics);
+          options.onScrape?.(now, w, metrics);
+        }
         sample.push(dead[w] ? 0 : e.kvUsage);
       });
       if (loadTimeline.length === 0 || now - loadTimeline[loadTimeline.length - 1].t * 1000 >= 5000) loadTimeline.push({ t: now / 1000, kvUsage: sample });

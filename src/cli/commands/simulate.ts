@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { createWriteStream } from 'node:fs';
 import cliProgress from 'cli-progress';
-import { POLICY_NAMES } from '../../core/policies/index.js';
+import { checkPolicyOptions, POLICY_NAMES, type PolicyOptions } from '../../core/policies/index.js';
 import { assignmentLines, comparePolicies, policyVariant, type ComparisonReport } from '../../sim/compare.js';
 import { loadTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
@@ -31,6 +31,23 @@ interface SimulateFlags {
   cancelWithinMs?: number;
   workerKvTokens?: number[];
   scenarioSeed?: number;
+  policyOptions?: PolicyOptions;
+}
+
+function policyOptionsOption(value: string): PolicyOptions {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(value);
+  } catch {
+    throw new InvalidArgumentError(`--policy-options must be a JSON object, got '${value}'`);
+  }
+  try {
+    checkPolicyOptions(parsed);
+  } catch (e) {
+    throw new InvalidArgumentError(`--policy-options: ${(e as Error).message}`);
+  }
+  if ((parsed as Record<string, unknown>).costWeights !== undefined) throw new InvalidArgumentError('--policy-options: cost weights are not peer options');
+  return parsed as PolicyOptions;
 }
 
 const collect = (value: string, previous: string[]) => [...previous, ...value.split(',').map((v) => v.trim()).filter(Boolean)];
@@ -95,6 +112,7 @@ export function registerSimulateCommand(program: Command): void {
     .option('--cancel-within-ms <n>', 'a cancelling client gives up uniformly within n ms (default 10000)', intOption('--cancel-within-ms', 1))
     .option('--worker-kv-tokens <list>', 'KV tokens of each worker, comma-separated (heterogeneous workers)', tokenListOption)
     .option('--scenario-seed <n>', 'seed of jitter, loss and cancellations (default 1)', intOption('--scenario-seed', 0))
+    .option('--policy-options <json>', 'peer policy knobs, e.g. \'{"sglang":{"cacheThreshold":0.5}}\' (see policyOptions)', policyOptionsOption)
     .option('--report <file>', 'write a self-contained HTML report')
     .option('--assignments <file>', 'write one JSON line per request and policy')
     .option('--no-progress', 'no progress bar on stderr')
@@ -117,6 +135,7 @@ export function registerSimulateCommand(program: Command): void {
           scrapeIntervalMs: flags.scrapeIntervalMs,
           engine: flags.kvTokens ? { kvTokens: flags.kvTokens } : undefined,
           scenario,
+          router: flags.policyOptions ? { policyOptions: flags.policyOptions } : undefined,
           onProgress: (done) => bar?.update(done, { policy: policyName }),
         },
         (policy, i) => {
