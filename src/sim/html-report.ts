@@ -46,7 +46,7 @@ export function renderSweepReport(report: SweepReport, meta: { workers: number; 
     const names = t.points[0]?.policies.map((p) => p.policy) ?? [];
     return `<h2>${esc(t.trace)}</h2>
 ${legend(names)}
-<div class="charts">${sweepChart(t, 'hitRate', 'hit rate')}${sweepChart(t, 'ttftMean', 'mean TTFT (s, log scale)')}${sweepChart(t, 'ttftP99', 'p99 TTFT (s, log scale)')}</div>`;
+<div class="charts">${sweepChart(t, 'hitRate', 'hit rate (axis zoomed)')}${sweepChart(t, 'ttftMean', 'mean TTFT (s, log scale)')}${sweepChart(t, 'ttftP99', 'p99 TTFT (s, log scale)')}</div>`;
   });
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>contextforge-router: policies against arrival rate</title>
@@ -92,13 +92,13 @@ function logTicks(lo: number, hi: number): number[] {
   return ticks;
 }
 
-/** About five round tick values on a linear axis from 0 to `hi`. */
-function linearTicks(hi: number): number[] {
-  const raw = hi / 5;
+/** About five round tick values covering [lo, hi] on a linear axis (the first at or below lo). */
+function linearTicks(lo: number, hi: number): number[] {
+  const raw = (hi - lo) / 5 || Math.abs(hi) / 5 || 1;
   const mag = 10 ** Math.floor(Math.log10(raw));
   const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw)!;
   const ticks: number[] = [];
-  for (let v = 0; v <= hi + 1e-12; v += step) ticks.push(Number(v.toPrecision(6)));
+  for (let v = Math.floor(lo / step) * step; v <= hi + step * 1e-9; v += step) ticks.push(Number(v.toPrecision(6)));
   return ticks;
 }
 
@@ -129,15 +129,18 @@ function ttftCdf(results: readonly PolicyResult[]): string {
 }
 
 function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', title: string): string {
-  const W = 440, H = 320, L = 64, R = 16, T = 30, B = 50;
+  const W = 420, H = 320, L = 64, R = 16, T = 30, B = 50;
   const log = key !== 'hitRate';
   const speeds = t.points.map((p) => p.speed);
   if (speeds.length < 2) return '';
   const [sMin, sMax] = extent(speeds);
   const values = t.points.flatMap((p) => p.policies.flatMap((q) => [q[key] - q.ci95[key], q[key] + q.ci95[key], q[key]]));
   const [vMin, vMax] = extent(values.filter((v) => !log || v > 0));
-  const yLo = log ? Math.max(1e-3, vMin) / 1.15 : 0;
-  const yHi = log ? Math.max(vMax, yLo * 10) * 1.15 : Math.max(vMax, 0.01) * 1.08;
+  // hit rates: a zoomed axis between round ticks (differences of a point matter); TTFT: log
+  const pad = (vMax - vMin) * 0.08 || 0.01;
+  const linear = log ? [] : linearTicks(Math.max(0, vMin - pad), Math.min(1, vMax + pad));
+  const yLo = log ? Math.max(1e-3, vMin) / 1.15 : linear[0];
+  const yHi = log ? Math.max(vMax, yLo * 10) * 1.15 : Math.max(linear[linear.length - 1], vMax);
   const fy = (v: number) => (log ? Math.log10(Math.max(v, yLo)) : v);
   const x = (s: number) => L + ((Math.log10(s) - Math.log10(sMin)) / (Math.log10(sMax) - Math.log10(sMin) || 1)) * (W - L - R - 8) + 4;
   const y = (v: number) => H - B - ((fy(v) - fy(yLo)) / (fy(yHi) - fy(yLo) || 1)) * (H - B - T);
@@ -156,10 +159,10 @@ function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', titl
       .join('');
     lines.push(`<polyline fill="none" stroke="${c}" stroke-width="${name === 'cost' ? 3 : 2}" stroke-dasharray="${DASHES[i % DASHES.length]}" points="${line}"><title>${esc(name)}</title></polyline>${marks}`);
   });
-  const yTicks = log ? logTicks(yLo, yHi) : linearTicks(yHi);
+  const yTicks = log ? logTicks(yLo, yHi) : linear;
   const yt = yTicks.map((v) => `<line x1="${L}" x2="${W - R}" y1="${y(v).toFixed(1)}" y2="${y(v).toFixed(1)}" stroke="#eee"/><text x="${L - 6}" y="${(y(v) + 4).toFixed(1)}" text-anchor="end">${log ? fmtSeconds(v) : `${Number((v * 100).toPrecision(3))}%`}</text>`);
   const xt = speeds.map((s) => `<line x1="${x(s).toFixed(1)}" x2="${x(s).toFixed(1)}" y1="${H - B}" y2="${H - B + 4}" stroke="#333"/><text x="${x(s).toFixed(1)}" y="${H - B + 17}" text-anchor="middle">×${s}</text>`);
-  return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg"><text x="${L}" y="18" style="font-weight:600">${esc(title)}</text>${yt.join('')}${bands.join('')}${lines.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/>${xt.join('')}<text x="${(L + W - R) / 2}" y="${H - 10}" text-anchor="middle">arrival rate (× recorded, log scale)</text></svg>`;
+  return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg"><text x="${L}" y="18" style="font-weight:600;font-size:14px">${esc(title)}</text>${yt.join('')}${bands.join('')}${lines.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/>${xt.join('')}<text x="${(L + W - R) / 2}" y="${H - 10}" text-anchor="middle">arrival rate (× recorded, log scale)</text></svg>`;
 }
 
 function loadChart(r: PolicyResult): string {
