@@ -4,7 +4,7 @@
  * of the hit rate, mean TTFT and p99 TTFT (src/sim/sweep.ts has the JSON shape).
  *
  *   npm run bench:sim [-- --json] [--split evaluation|train] [--samples 5] [--points 5]
- *                     [--workers 8] [--traces mooncake-conversation,ragpulse,...]
+ *                     [--workers 8] [--traces mooncake-conversation,ragpulse,...] [--out bench/results]
  *
  * Data split (docs/simulator.md, "Training and evaluation data"): a recorded trace's first
  * half is training data, its second half evaluation data; a generated workload uses seeds
@@ -22,8 +22,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { ENGINE_DEFAULTS } from '../src/core/engine-model.js';
 import { renderSweepReport } from '../src/sim/html-report.js';
 import { loadTrace } from '../src/sim/load-trace.js';
-import { simulate } from '../src/sim/simulator.js';
-import { loadPoints, splitTrace, summarise, windows, type SweepReport, type SweepTrace } from '../src/sim/sweep.js';
+import { chooseLoadPoints, splitTrace, sweepTrace, windows, type SweepOptions, type SweepReport } from '../src/sim/sweep.js';
 import type { TraceRequest } from '../src/sim/trace.js';
 import { renderSweepTables } from './sim-readme.js';
 import { intFlag, parseFlags } from './stats.js';
@@ -37,7 +36,7 @@ if (split !== 'evaluation' && split !== 'train') {
   process.stderr.write(`error: --split must be evaluation or train, got '${split}'\n`);
   process.exit(2);
 }
-const OUT = 'bench/results';
+const OUT = String(flags.get('out') ?? 'bench/results');
 const POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
 
 /** Seeds of generated workloads: training and evaluation never share one. */
@@ -91,43 +90,12 @@ if (traces.length === 0) {
 }
 
 const log = (s: string) => process.stderr.write(`${s}\n`);
-
-function run(samples: readonly TraceRequest[][], policy: string, speed: number) {
-  return samples.map((trace) => simulate(trace, { workers: WORKERS, policy, speed }));
-}
-
-/** Round-robin's p99 TTFT at a speed, the median over the calibration samples. */
-function rrP99(samples: readonly TraceRequest[][], speed: number): number {
-  const p = run(samples, 'round-robin', speed).map((r) => r.ttft.p99).sort((a, b) => a - b);
-  return p[Math.floor(p.length / 2)];
-}
-
-/**
- * Load points, chosen on the training split: light load is where the prompts alone would
- * keep 15% of the fleet's prefill capacity busy (no cache hits assumed); the knee is where
- * round-robin's p99 TTFT reaches 5× its light-load value (bisection on a log scale); the
- * points run from light load to 1.5× the knee.
- */
-function choosePoints(train: readonly TraceRequest[][]): number[] {
-  let tokens = 0;
-  let seconds = 0;
-  for (const s of train) {
-    for (const r of s) tokens += r.inputLength;
-    seconds += Math.max(1e-3, (s[s.length - 1].timestamp - s[0].timestamp) / 1000);
-  }
-  const capacity = WORKERS * (1000 / ENGINE_DEFAULTS.prefillMsPerToken);
-  const light = Number(((0.15 * capacity) / (tokens / seconds)).toPrecision(3));
-  const target = 5 * rrP99(train, light);
-  let lo = light;
-  let hi = light * 64;
-  if (rrP99(train, hi) < target) return loadPoints(light, hi, POINTS);
-  for (let i = 0; i < 8; i++) {
-    const mid = Math.sqrt(lo * hi);
-    if (rrP99(train, mid) >= target) hi = mid;
-    else lo = mid;
-  }
-  return loadPoints(light, 1.5 * hi, POINTS);
-}
+const sweepOptions: SweepOptions = {
+  policies: POLICIES,
+  points: POINTS,
+  simulation: { workers: WORKERS },
+  workerPrefillTokensPerSecond: 1000 / ENGINE_DEFAULTS.prefillMsPerToken,
+};
 
 mkdirSync(OUT, { recursive: true });
 const report: SweepReport = { traces: [] };
@@ -135,12 +103,9 @@ const started = performance.now();
 for (const spec of traces) {
   const t0 = performance.now();
   const calibration = (await spec.samples('train', SAMPLES)).slice(0, 3);
-  const speeds = choosePoints(calibration);
+  const speeds = chooseLoadPoints(calibration, sweepOptions);
   const samples = await spec.samples(split as 'train' | 'evaluation', SAMPLES);
-  const out: SweepTrace = { trace: spec.name, points: [] };
-  for (const speed of speeds) {
-    out.points.push({ speed, policies: POLICIES.map((policy) => summarise(policy, run(samples, policy, speed))) });
-  }
+  const out = sweepTrace(spec.name, samples, speeds, sweepOptions);
   report.traces.push(out);
   log(`${spec.name}: ${samples.length} samples of ${samples.map((s) => s.length).join('/')} requests (${split}), speeds ${speeds.join(', ')}, ${((performance.now() - t0) / 1000).toFixed(1)} s`);
 }

@@ -1,4 +1,4 @@
-import type { PolicyResult } from './simulator.js';
+import { simulate, type PolicyResult, type SimulationOptions } from './simulator.js';
 import type { TraceRequest } from './trace.js';
 
 /**
@@ -120,5 +120,61 @@ export function compareWithBestPeer(point: SweepPoint, subject: string, peers: r
     hitOk: own.hitRate >= 0.95 * bestHit,
     bestP99,
     bestHit,
+  };
+}
+
+export interface SweepOptions {
+  policies: readonly string[];
+  /** Load points (default 5). */
+  points?: number;
+  /** Simulation settings shared by every run (workers, engine...). */
+  simulation: Omit<SimulationOptions, 'policy' | 'speed'>;
+  /** Prefill tokens per second one worker computes (sets light load). */
+  workerPrefillTokensPerSecond: number;
+}
+
+function runAll(samples: readonly (readonly TraceRequest[])[], policy: string, speed: number, o: SweepOptions): PolicyResult[] {
+  return samples.map((trace) => simulate(trace, { ...o.simulation, policy, speed }));
+}
+
+/** Round-robin's p99 TTFT at a speed: the median over the samples. */
+function roundRobinP99(samples: readonly (readonly TraceRequest[])[], speed: number, o: SweepOptions): number {
+  const p = runAll(samples, 'round-robin', speed, o).map((r) => r.ttft.p99).sort((a, b) => a - b);
+  return p[Math.floor(p.length / 2)];
+}
+
+/**
+ * Load points from calibration (training) samples: light load is the arrival rate at which
+ * the prompts alone (no cache hits) would keep 15% of the fleet's prefill capacity busy; the
+ * knee is where round-robin's p99 TTFT reaches 5× its light-load value (bisection on a log
+ * scale); the points run evenly on a log scale from light load to 1.5× the knee.
+ */
+export function chooseLoadPoints(calibration: readonly (readonly TraceRequest[])[], o: SweepOptions): number[] {
+  let tokens = 0;
+  let seconds = 0;
+  for (const s of calibration) {
+    for (const r of s) tokens += r.inputLength;
+    seconds += Math.max(1e-3, (s[s.length - 1].timestamp - s[0].timestamp) / 1000);
+  }
+  const capacity = o.simulation.workers * o.workerPrefillTokensPerSecond;
+  const light = Number(((0.15 * capacity) / Math.max(1e-9, tokens / seconds)).toPrecision(3));
+  const points = o.points ?? 5;
+  const target = 5 * roundRobinP99(calibration, light, o);
+  let lo = light;
+  let hi = light * 64;
+  if (roundRobinP99(calibration, hi, o) < target) return loadPoints(light, hi, points);
+  for (let i = 0; i < 8; i++) {
+    const mid = Math.sqrt(lo * hi);
+    if (roundRobinP99(calibration, mid, o) >= target) hi = mid;
+    else lo = mid;
+  }
+  return loadPoints(light, 1.5 * hi, points);
+}
+
+/** Every policy at every speed over the samples. */
+export function sweepTrace(trace: string, samples: readonly (readonly TraceRequest[])[], speeds: readonly number[], o: SweepOptions): SweepTrace {
+  return {
+    trace,
+    points: speeds.map((speed) => ({ speed, policies: o.policies.map((policy) => summarise(policy, runAll(samples, policy, speed, o))) })),
   };
 }
