@@ -13,6 +13,8 @@ export async function writeHtmlReport(path: string, report: ComparisonReport, re
  * pattern, so lines stay distinguishable in grey print too.
  */
 const COLORS = ['#0072B2', '#D55E00', '#009E73', '#CC79A7', '#E69F00', '#56B4E9', '#000000', '#8C6D31', '#999999', '#F0E442'];
+/** Workers get their own palette (Tableau 10), distinct from the policies' colours. */
+const WORKER_COLORS = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948', '#b07aa1', '#ff9da7', '#9c755f', '#bab0ac'];
 const DASHES = ['', '6 3', '2 3', '8 3 2 3', '4 4', '1 3', '10 4', '3 3 8 3', '5 2', '2 2'];
 
 const STYLE = `body{font:14px system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}svg{background:#fff;border:1px solid #e4e4e4;margin:0.5em 0.5em 0.5em 0}svg text{font:12px system-ui,sans-serif;fill:#333}.charts{display:flex;flex-wrap:wrap}.legend{display:flex;flex-wrap:wrap;gap:1.2em;margin:0.5em 0}.legend span{display:inline-flex;align-items:center;gap:0.4em}h2{margin-top:2em}`;
@@ -166,19 +168,25 @@ function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', titl
 }
 
 function loadChart(r: PolicyResult): string {
-  const W = 900, H = 200, L = 40, B = 30;
+  const W = 900, H = 220, L = 56, R = 90, T = 12, B = 40;
   const tl = r.loadTimeline;
   if (tl.length < 2) return '<p>(too short to chart)</p>';
   const tMax = tl[tl.length - 1].t || 1;
-  const x = (t: number) => L + (t / tMax) * (W - L - 20);
-  const y = (u: number) => H - B - u * (H - B - 10);
+  const x = (t: number) => L + (t / tMax) * (W - L - R);
+  const y = (u: number) => H - B - u * (H - B - T);
   const workers = tl[0].kvUsage.length;
   const lines: string[] = [];
+  const names: string[] = [];
   for (let w = 0; w < workers; w++) {
+    const c = WORKER_COLORS[w % WORKER_COLORS.length];
     const pts = tl.map((s) => `${x(s.t).toFixed(1)},${y(s.kvUsage[w]).toFixed(1)}`).join(' ');
-    lines.push(`<polyline fill="none" stroke="${COLORS[w % COLORS.length]}" stroke-width="1" points="${pts}"/>`);
+    lines.push(`<polyline fill="none" stroke="${c}" stroke-width="1.3" points="${pts}"><title>w${w}</title></polyline>`);
+    if (w < 12) names.push(`<line x1="${W - R + 12}" x2="${W - R + 32}" y1="${T + 8 + w * 15}" y2="${T + 8 + w * 15}" stroke="${c}" stroke-width="2"/><text x="${W - R + 38}" y="${T + 12 + w * 15}">w${w}</text>`);
   }
-  return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg"><line x1="${L}" x2="${W - 20}" y1="${H - B}" y2="${H - B}" stroke="#333"/><text x="5" y="${y(1) + 4}">1.0</text><text x="5" y="${y(0) + 4}">0</text><text x="${W - 80}" y="${H - 8}">${tMax.toFixed(0)} s</text>${lines.join('')}</svg>`;
+  const yt = [0, 0.25, 0.5, 0.75, 1].map((u) => `<line x1="${L}" x2="${W - R}" y1="${y(u)}" y2="${y(u)}" stroke="#eee"/><text x="${L - 6}" y="${y(u) + 4}" text-anchor="end">${u * 100}%</text>`);
+  const step = linearTicks(0, tMax);
+  const xt = step.filter((t) => t <= tMax).map((t) => `<text x="${x(t).toFixed(1)}" y="${H - B + 16}" text-anchor="middle">${t} s</text>`);
+  return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg">${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/>${xt.join('')}<text x="${(L + W - R) / 2}" y="${H - 6}" text-anchor="middle">simulated time</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">KV usage</text>${lines.join('')}${names.join('')}</svg>`;
 }
 
 function esc(s: string): string {
