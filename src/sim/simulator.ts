@@ -255,8 +255,9 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       agentRole: req.agentRole,
       isolate: req.isolate,
       contentAnchors: req.anchors,
-      // the seed's caller names the anchor: the workflow when there is one, else the first block
-      anchor: policy === 'seed' ? seedAnchor(req) : undefined,
+      // the seed's caller names the anchor: the workflow when there is one, else the first
+      // block; an isolated request (a judge) reuses nothing, so it names none
+      anchor: policy === 'seed' && !req.isolate ? seedAnchor(req) : undefined,
     });
     const w = ids.indexOf(d.workerId);
     if (w < 0) {
