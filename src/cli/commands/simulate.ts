@@ -9,7 +9,10 @@ import { InvalidArgumentError } from 'commander';
 import { parseWorkerEvent, type ScenarioOptions } from '../../sim/scenarios.js';
 import { intOption, positiveNumberOption } from '../options.js';
 
-interface SimulateFlags {
+/** Scenario flags that map one to one onto ScenarioOptions. */
+type ScenarioFlags = Pick<ScenarioOptions, 'eventJitterMs' | 'eventLoss' | 'replicas' | 'stateLagMs' | 'cancelRate' | 'cancelWithinMs'>;
+
+interface SimulateFlags extends ScenarioFlags {
   trace: string;
   workers: number;
   policies: string;
@@ -23,12 +26,6 @@ interface SimulateFlags {
   progress: boolean;
   fail: string[];
   drain: string[];
-  eventJitterMs?: number;
-  eventLoss?: number;
-  replicas?: number;
-  stateLagMs?: number;
-  cancelRate?: number;
-  cancelWithinMs?: number;
   workerKvTokens?: number[];
   scenarioSeed?: number;
   policyOptions?: PolicyOptions;
@@ -74,12 +71,9 @@ export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undef
   const s: ScenarioOptions = {};
   if (flags.fail.length > 0) s.fail = flags.fail.map((f) => parseWorkerEvent(f, '--fail', flags.workers));
   if (flags.drain.length > 0) s.drain = flags.drain.map((f) => parseWorkerEvent(f, '--drain', flags.workers));
-  if (flags.eventJitterMs !== undefined) s.eventJitterMs = flags.eventJitterMs;
-  if (flags.eventLoss !== undefined) s.eventLoss = flags.eventLoss;
-  if (flags.replicas !== undefined) s.replicas = flags.replicas;
-  if (flags.stateLagMs !== undefined) s.stateLagMs = flags.stateLagMs;
-  if (flags.cancelRate !== undefined) s.cancelRate = flags.cancelRate;
-  if (flags.cancelWithinMs !== undefined) s.cancelWithinMs = flags.cancelWithinMs;
+  for (const key of ['eventJitterMs', 'eventLoss', 'replicas', 'stateLagMs', 'cancelRate', 'cancelWithinMs'] as const) {
+    if (flags[key] !== undefined) s[key] = flags[key];
+  }
   if (flags.workerKvTokens !== undefined) {
     if (flags.workerKvTokens.length !== flags.workers) {
       throw new RangeError(`--worker-kv-tokens lists ${flags.workerKvTokens.length} workers but --workers is ${flags.workers}`);

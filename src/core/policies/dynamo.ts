@@ -1,7 +1,8 @@
 import * as check from '../validate.js';
 import { pickWithRandomTies } from './pick.js';
 import type { WorkerState } from '../worker-registry.js';
-import { blockKey53, NO_CHOICE, type Candidate, type PolicyChoice, type PolicyContext, type RouteFeatures, type RoutingPolicy } from './types.js';
+import { BlockKeys } from './block-keys.js';
+import { NO_CHOICE, type Candidate, type PolicyChoice, type PolicyContext, type RouteFeatures, type RoutingPolicy } from './types.js';
 
 /**
  * NVIDIA Dynamo's KV router, as shipped (ai-dynamo/dynamo):
@@ -47,24 +48,6 @@ export interface DynamoOptions {
   activeRequestWeight?: number;
 }
 
-/** One worker's live requests' blocks: a reference count per block. */
-class ActiveBlocks {
-  readonly counts = new Map<number, number>();
-  /** Leading blocks of `keys` (first `n`) that some live request on the worker has. */
-  sharedPrefix(keys: Float64Array, n: number): number {
-    // blocks are prefix-chained and every live request holds its whole prefix, so presence
-    // is monotone along the prompt: binary search for the first absent block
-    let lo = 0;
-    let hi = n;
-    while (lo < hi) {
-      const mid = (lo + hi) >>> 1;
-      if (this.counts.has(keys[mid])) lo = mid + 1;
-      else hi = mid;
-    }
-    return lo;
-  }
-}
-
 export class DynamoPolicy implements RoutingPolicy {
   readonly name = 'dynamo';
   readonly prefillLoadScale: number;
@@ -75,10 +58,10 @@ export class DynamoPolicy implements RoutingPolicy {
   readonly activeRequestWeight: number;
   private costs = new Float64Array(64);
   private readonly ties: number[] = [];
-  private readonly active: ActiveBlocks[] = [];
+  /** Per worker slot: a reference count per block of its live requests. */
+  private readonly active: Array<Map<number, number>> = [];
   private readonly tickets = new Map<number, { slot: number; keys: Float64Array }>();
-  private keys = new Float64Array(256);
-  private keyCount = 0;
+  private readonly request = new BlockKeys();
 
   constructor(
     private readonly ctx: PolicyContext,
@@ -94,22 +77,14 @@ export class DynamoPolicy implements RoutingPolicy {
 
   /** Unique blocks of the live requests on a worker (Dynamo's active_decode_blocks). */
   activeBlocks(slot: number): number {
-    return this.active[slot]?.counts.size ?? 0;
-  }
-
-  private loadKeys(r: RouteFeatures): void {
-    const b = r.blocks;
-    const n = b ? b.length : 0;
-    if (this.keys.length < n) this.keys = new Float64Array(Math.max(n, this.keys.length * 2));
-    for (let i = 0; i < n; i++) this.keys[i] = blockKey53(b!.hi[i], b!.lo[i]);
-    this.keyCount = n;
+    return this.active[slot]?.size ?? 0;
   }
 
   /** potential_decode_blocks: the worker's live blocks plus the request's blocks they lack. */
   private potentialDecodeBlocks(c: Candidate): number {
     const a = this.active[c.worker.slot];
-    if (!a) return this.keyCount;
-    return a.counts.size + this.keyCount - a.sharedPrefix(this.keys, this.keyCount);
+    if (!a) return this.request.length;
+    return a.size + this.request.length - this.request.presentPrefix(a);
   }
 
   private costOf(c: Candidate, r: RouteFeatures, decodeBlocks: number): number {
@@ -122,7 +97,7 @@ export class DynamoPolicy implements RoutingPolicy {
   }
 
   cost(c: Candidate, r: RouteFeatures): number {
-    this.loadKeys(r);
+    this.request.load(r.blocks);
     return this.costOf(c, r, this.potentialDecodeBlocks(c));
   }
 
@@ -130,7 +105,7 @@ export class DynamoPolicy implements RoutingPolicy {
     const n = candidates.length;
     if (n === 0) return NO_CHOICE;
     if (this.costs.length < n) this.costs = new Float64Array(n * 2);
-    this.loadKeys(request);
+    this.request.load(request.blocks);
     let min = Infinity;
     let max = -Infinity;
     for (let i = 0; i < n; i++) {
@@ -160,10 +135,10 @@ export class DynamoPolicy implements RoutingPolicy {
 
   onRouted(worker: WorkerState, request: RouteFeatures, ticket: number): void {
     if (ticket === 0) return; // an untracked decision never runs on the worker as far as the router knows
-    this.loadKeys(request);
-    const keys = this.keys.slice(0, this.keyCount);
-    const a = (this.active[worker.slot] ??= new ActiveBlocks());
-    for (let i = 0; i < keys.length; i++) a.counts.set(keys[i], (a.counts.get(keys[i]) ?? 0) + 1);
+    this.request.load(request.blocks);
+    const keys = this.request.keys.slice(0, this.request.length);
+    const a = (this.active[worker.slot] ??= new Map());
+    for (let i = 0; i < keys.length; i++) a.set(keys[i], (a.get(keys[i]) ?? 0) + 1);
     this.tickets.set(ticket, { slot: worker.slot, keys });
   }
 
@@ -175,14 +150,14 @@ export class DynamoPolicy implements RoutingPolicy {
     if (!a) return;
     for (let i = 0; i < t.keys.length; i++) {
       const k = t.keys[i];
-      const left = (a.counts.get(k) ?? 1) - 1;
-      if (left <= 0) a.counts.delete(k);
-      else a.counts.set(k, left);
+      const left = (a.get(k) ?? 1) - 1;
+      if (left <= 0) a.delete(k);
+      else a.set(k, left);
     }
   }
 
   scoreTerms(c: Candidate, r: RouteFeatures): Record<string, number> {
-    this.loadKeys(r);
+    this.request.load(r.blocks);
     const decode = this.potentialDecodeBlocks(c);
     return {
       cost: this.costOf(c, r, decode),

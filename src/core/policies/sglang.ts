@@ -1,7 +1,8 @@
 import * as check from '../validate.js';
 import type { WorkerState } from '../worker-registry.js';
 import { outstanding } from './pick.js';
-import { blockKey53, NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
+import { BlockKeys } from './block-keys.js';
+import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
 
 /**
  * SGLang's router (sgl-project/sglang, sgl-model-gateway/src/policies/cache_aware.rs, formerly
@@ -49,18 +50,6 @@ class ApproxTree {
   /** Characters the tree holds. */
   chars = 0;
 
-  /** Leading blocks of `keys` present in the tree (presence is monotone along a prompt). */
-  match(keys: Float64Array, n: number): number {
-    let lo = 0;
-    let hi = n;
-    while (lo < hi) {
-      const mid = (lo + hi) >>> 1;
-      if (this.lastAccess.has(keys[mid])) lo = mid + 1;
-      else hi = mid;
-    }
-    return lo;
-  }
-
   insert(keys: Float64Array, n: number, epoch: number, charsPerBlock: number): void {
     for (let i = 0; i < n; i++) {
       const k = keys[i];
@@ -96,8 +85,7 @@ export class SglangPolicy implements RoutingPolicy {
   readonly evictionIntervalMs: number;
   readonly maxTreeSize: number;
   private readonly trees: ApproxTree[] = [];
-  private keys = new Float64Array(256);
-  private keyCount = 0;
+  private readonly request = new BlockKeys();
   private epoch = 0;
   private nextEviction = Number.NaN;
 
@@ -112,14 +100,6 @@ export class SglangPolicy implements RoutingPolicy {
   /** Characters in a worker's approximate tree. */
   treeSize(slot: number): number {
     return this.trees[slot]?.chars ?? 0;
-  }
-
-  private loadKeys(r: RouteFeatures): void {
-    const b = r.blocks;
-    const n = b ? b.length : 0;
-    if (this.keys.length < n) this.keys = new Float64Array(Math.max(n, this.keys.length * 2));
-    for (let i = 0; i < n; i++) this.keys[i] = blockKey53(b!.hi[i], b!.lo[i]);
-    this.keyCount = n;
   }
 
   private matchRate(matchedBlocks: number, r: RouteFeatures): number {
@@ -141,15 +121,15 @@ export class SglangPolicy implements RoutingPolicy {
       }
       if (load > maxLoad) maxLoad = load;
     }
-    this.loadKeys(request);
+    this.request.load(request.blocks);
     let best = -1;
     let bestMatch = 0;
     let bestAccess = -1;
     for (let i = 0; i < n; i++) {
       const tree = this.trees[candidates[i].worker.slot];
-      const m = tree ? tree.match(this.keys, this.keyCount) : 0;
+      const m = tree ? this.request.presentPrefix(tree.lastAccess) : 0;
       if (m === 0) continue;
-      const access = tree!.lastAccess.get(this.keys[m - 1])!;
+      const access = tree!.lastAccess.get(this.request.keys[m - 1])!;
       if (m > bestMatch || (m === bestMatch && access > bestAccess)) {
         best = i;
         bestMatch = m;
@@ -174,15 +154,15 @@ export class SglangPolicy implements RoutingPolicy {
       for (const t of this.trees) t?.evict(this.maxTreeSize, charsPerBlock);
       this.nextEviction = now + this.evictionIntervalMs;
     }
-    this.loadKeys(request);
+    this.request.load(request.blocks);
     const tree = (this.trees[worker.slot] ??= new ApproxTree());
-    tree.insert(this.keys, this.keyCount, ++this.epoch, charsPerBlock);
+    tree.insert(this.request.keys, this.request.length, ++this.epoch, charsPerBlock);
   }
 
   scoreTerms(c: Candidate, r: RouteFeatures): Record<string, number> {
-    this.loadKeys(r);
+    this.request.load(r.blocks);
     const tree = this.trees[c.worker.slot];
-    const m = tree ? tree.match(this.keys, this.keyCount) : 0;
+    const m = tree ? this.request.presentPrefix(tree.lastAccess) : 0;
     return { outstanding: outstanding(c), matchRate: this.matchRate(m, r), treeSize: this.treeSize(c.worker.slot) };
   }
 }

@@ -55,10 +55,6 @@ export interface RequestBlocks {
   readonly length: number;
 }
 
-/** 53-bit map key of a 64-bit block hash (the same key the engine model uses). */
-export function blockKey53(hi: number, lo: number): number {
-  return (hi & 0x1fffff) * 4294967296 + (lo >>> 0);
-}
 
 /** Why a worker was picked; shown in explanations and counted in metrics. */
 export type RouteReason = 'locality' | 'cla' | 'least-loaded' | 'cost' | 'balance' | 'cache-match' | 'hash' | 'random' | 'rotation' | 'none';
