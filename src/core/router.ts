@@ -373,6 +373,7 @@ export class KVAwareRouter {
     this.workflows.dropWorker(workerId);
     this.index.applyCleared(state.slot);
     this.contentAnchors.remove(state.slot);
+    this.policy.onWorkerRemoved?.(state);
     return true;
   }
 

@@ -210,6 +210,19 @@ describe('peer and baseline policies', () => {
     assert.equal(p.choose(cs, request(8, 16, range(1, 8))).index, 1);
   });
 
+  test("dynamo, sglang: a removed worker's blocks and tree go with it (a new worker reusing its slot starts empty)", () => {
+    for (const name of ['dynamo', 'sglang'] as const) {
+      const router = new KVAwareRouter({ policy: name, blockSize: 16 });
+      router.registerWorker('a');
+      const t = router.route({ tokens: Array.from({ length: 64 }, (_, k) => k) });
+      router.removeWorker('a');
+      router.registerWorker('b'); // takes slot 0
+      router.release(t.ticket);
+      const p = router.policy as DynamoPolicy & SglangPolicy;
+      assert.equal(name === 'dynamo' ? p.activeBlocks(0) : p.treeSize(0), 0, name);
+    }
+  });
+
   test('seed: the queue-inclusive load signal treats a worker with waiting requests as full', () => {
     const kv = policy('seed');
     const queue = policy('seed', { seed: { loadSignal: 'queue-inclusive' } });

@@ -59,7 +59,7 @@ export class DynamoPolicy implements RoutingPolicy {
   private costs = new Float64Array(64);
   private readonly ties: number[] = [];
   /** Per worker slot: a reference count per block of its live requests. */
-  private readonly active: Array<Map<number, number>> = [];
+  private readonly active: Array<Map<number, number> | undefined> = [];
   private readonly tickets = new Map<number, { slot: number; keys: Float64Array }>();
   private readonly request = new BlockKeys();
 
@@ -154,6 +154,11 @@ export class DynamoPolicy implements RoutingPolicy {
       if (left <= 0) a.delete(k);
       else a.set(k, left);
     }
+  }
+
+  onWorkerRemoved(worker: WorkerState): void {
+    this.active[worker.slot] = undefined;
+    for (const [ticket, t] of this.tickets) if (t.slot === worker.slot) this.tickets.delete(ticket);
   }
 
   scoreTerms(c: Candidate, r: RouteFeatures): Record<string, number> {

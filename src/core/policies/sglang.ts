@@ -84,7 +84,7 @@ export class SglangPolicy implements RoutingPolicy {
   readonly balanceRelThreshold: number;
   readonly evictionIntervalMs: number;
   readonly maxTreeSize: number;
-  private readonly trees: ApproxTree[] = [];
+  private readonly trees: Array<ApproxTree | undefined> = [];
   private readonly request = new BlockKeys();
   private epoch = 0;
   private nextEviction = Number.NaN;
@@ -157,6 +157,11 @@ export class SglangPolicy implements RoutingPolicy {
     this.request.load(request.blocks);
     const tree = (this.trees[worker.slot] ??= new ApproxTree());
     tree.insert(this.request.keys, this.request.length, ++this.epoch, charsPerBlock);
+  }
+
+  /** Upstream's `remove_tenant`: the worker's tree goes with it. */
+  onWorkerRemoved(worker: WorkerState): void {
+    this.trees[worker.slot] = undefined;
   }
 
   scoreTerms(c: Candidate, r: RouteFeatures): Record<string, number> {
