@@ -19,7 +19,7 @@
  * Writes bench/results/sim-sweep.json and bench/results/sim-sweep.html (the charts).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { ENGINE_DEFAULTS } from '../src/core/engine-model.js';
+import { ENGINE_DEFAULTS } from '../src/engine-model/engine-model.js';
 import { renderSweepReport } from '../src/sim/html-report.js';
 import { loadTrace } from '../src/sim/load-trace.js';
 import { chooseLoadPoints, splitTrace, sweepTrace, windows, type SweepOptions, type SweepReport } from '../src/sim/sweep.js';

@@ -1,6 +1,6 @@
 import { BlockHashes } from '../core/hashing.js';
 import { createRng } from '../core/rng.js';
-import type { KVAwareRouter, RouteOptions, RouteRequest, RouteResult, SharedDecision, WorkerMetrics } from '../core/router.js';
+import type { KVAwareRouter, RouteOptions, RouteRequest, RouteResult, SharedDecision, WorkerMetrics } from '../core/router/index.js';
 import type { TraceRequest } from './trace.js';
 
 /**

@@ -1,7 +1,7 @@
 import { BlockHashes, hashPrecomputedBlocks } from '../core/hashing.js';
-import { KVAwareRouter, type KVAwareRouterOptions, type SharedDecision } from '../core/router.js';
+import { KVAwareRouter, type KVAwareRouterOptions, type SharedDecision } from '../core/router/index.js';
 import { createRng } from '../core/rng.js';
-import { blockKey, EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../core/engine-model.js';
+import { blockKey, EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/engine-model.js';
 import { LLMD_SCRAPE_INTERVAL_MS } from '../core/policies/llmd.js';
 import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
 import type { TraceRequest } from './trace.js';

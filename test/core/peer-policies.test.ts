@@ -218,8 +218,8 @@ describe('peer and baseline policies', () => {
       router.removeWorker('a');
       router.registerWorker('b'); // takes slot 0
       router.release(t.ticket);
-      const p = router.policy as DynamoPolicy & SglangPolicy;
-      assert.equal(name === 'dynamo' ? p.activeBlocks(0) : p.treeSize(0), 0, name);
+      const left = name === 'dynamo' ? (router.policy as DynamoPolicy).activeBlocks(0) : (router.policy as SglangPolicy).treeSize(0);
+      assert.equal(left, 0, name);
     }
   });
 

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { describe, test } from 'node:test';
-import { KVAwareRouter } from '../../src/core/router.js';
+import { KVAwareRouter } from '../../src/core/router/index.js';
 import { parseWorkerEvent, RouterFleet } from '../../src/sim/scenarios.js';
 import { simulate, type PolicyResult } from '../../src/sim/simulator.js';
 import { loadMooncakeTrace } from '../../src/sim/trace.js';
