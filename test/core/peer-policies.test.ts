@@ -202,6 +202,25 @@ describe('peer and baseline policies', () => {
     assert.equal(explain[slot].terms.matchRate, 1, 'the recent prompt survives');
   });
 
+  test("sglang: upstream's own cases (cache_aware.rs tests): repeat and prefix go home; imbalance wins; a cache miss takes the smallest tree even if it is busy", () => {
+    const p = policy('sglang', { sglang: { cacheThreshold: 0.5 } }) as SglangPolicy;
+    const cs = candidates([{}, {}]);
+    const first = p.choose(cs, request(8, 16, range(1, 8))).index;
+    p.onRouted(cs[first].worker, request(8, 16, range(1, 8)), 0, 0);
+    assert.equal(p.choose(cs, request(8, 16, range(1, 8))).index, first, 'the same request');
+    assert.equal(p.choose(cs, request(5, 16, range(1, 5))).index, first, 'its prefix');
+    const imbalanced = policy('sglang', { sglang: { cacheThreshold: 0.5, balanceAbsThreshold: 5, balanceRelThreshold: 2 } }) as SglangPolicy;
+    const loaded = candidates([{ inFlight: 20 }, {}]);
+    imbalanced.onRouted(loaded[0].worker, request(4, 16, range(1, 4)), 0, 0);
+    for (let i = 0; i < 5; i++) assert.equal(imbalanced.choose(loaded, request(4, 16, range(1, 4))).index, 1);
+    // test_prove_cache_aware_overload_flaw: load 50 vs 0 under thresholds 100 / 10, a short tree vs a long one
+    const flaw = policy('sglang', { sglang: { cacheThreshold: 0.5, balanceAbsThreshold: 100, balanceRelThreshold: 10 } }) as SglangPolicy;
+    const pair = candidates([{ inFlight: 50 }, {}]);
+    flaw.onRouted(pair[0].worker, request(1, 16, [500]), 0, 0);
+    flaw.onRouted(pair[1].worker, request(60, 16, range(600, 60)), 0, 0);
+    assert.equal(flaw.choose(pair, request(3, 16, range(900, 3))).index, 0);
+  });
+
   test('sglang: among equal matches the worker that touched the prefix last wins', () => {
     const p = policy('sglang') as SglangPolicy;
     const cs = candidates([{}, {}]);
