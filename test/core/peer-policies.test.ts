@@ -144,6 +144,16 @@ describe('peer and baseline policies', () => {
     assert.equal(withPredictions.scoreTerms(cs[3], r).cost, 10);
   });
 
+  test('dynamo records no speculative entries unless predictions earn credit (predict-on-route off upstream)', () => {
+    const tokens = Array.from({ length: 64 }, (_, k) => k);
+    for (const [options, entries] of [[{}, 0], [{ dynamo: { predictedCredit: 1 } }, 4]] as const) {
+      const router = new KVAwareRouter({ policy: 'dynamo', indexMode: 'precise', blockSize: 16, policyOptions: options });
+      router.registerWorker('a');
+      router.route({ tokens });
+      assert.equal(router.index.entriesFor(0), entries);
+    }
+  });
+
   test('dynamo: with temperature the choice is sampled, favouring low cost', () => {
     const p = policy('dynamo', { dynamo: { temperature: 0.5 } });
     const cs = candidates([{ overlap: 0 }, { overlap: 10 }]);

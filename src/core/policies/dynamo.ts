@@ -27,8 +27,8 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type PolicyContext, type 
  *   Dynamo's ActiveSequences does.
  * - Defaults (lib/kv-router/src/scheduling/config.rs, `KvRouterConfig::default`):
  *   overlap_score_credit 1.0, prefill_load_scale 1.0, host_cache_hit_weight 0.75,
- *   router_temperature 0.0, router_predicted_ttl_secs None (predict-on-route off: blocks
- *   known only from the router's own predictions earn no credit), decode_active_request_weight
+ *   router_temperature 0.0, router_predicted_ttl_secs None (predict-on-route off: the router
+ *   records no speculative entries for this policy, see `speculative`), decode_active_request_weight
  *   0.0, router_track_output_blocks false (only prompt blocks are counted).
  * Not modelled: the router-side queue (`router_queue_threshold`), which holds requests in
  * the router while every worker's prefill backlog is over the threshold.
@@ -94,6 +94,11 @@ export class DynamoPolicy implements RoutingPolicy {
     const credit = device * this.gpuCredit + c.offloadBlocks * this.offloadCredit + c.predictedBlocks * this.predictedCredit;
     const rawPrefillBlocks = c.worker.queuedPrefillTokens / bs + promptBlocks;
     return this.prefillLoadScale * Math.max(rawPrefillBlocks - credit, 0) + decodeBlocks + this.activeRequestWeight * c.worker.inFlightRequests;
+  }
+
+  /** Predict-on-route entries exist only when they earn credit (router_predicted_ttl_secs set). */
+  get speculative(): boolean {
+    return this.predictedCredit > 0;
   }
 
   cost(c: Candidate, r: RouteFeatures): number {

@@ -74,6 +74,12 @@ export interface PolicyChoice {
  */
 export interface RoutingPolicy {
   readonly name: string;
+  /**
+   * False when the policy, as its upstream ships, keeps no speculative (predict-on-route)
+   * entries in precise mode: the router then records none for its decisions, so neither
+   * the overlap it sees nor the prefill the router counts includes predictions. Default true.
+   */
+  readonly speculative?: boolean;
   choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice;
   /**
    * The score terms behind the choice for one candidate, for explanations (not the hot path).

@@ -91,7 +91,8 @@ export class KVAwareRouter {
     this.textChunkBytes = o.textChunkBytes;
     this.indexMode = o.indexMode;
     this.index = new BlockIndex({ maxEntries: o.maxIndexEntries, predictedTtlMs: o.predictedTtlMs });
-    this.speculativeBlocks = o.speculativeBlocks;
+    // a policy that, like its upstream, predicts nothing gets no speculative entries
+    this.speculativeBlocks = this.policy.speculative === false ? 0 : o.speculativeBlocks;
     this.contentAnchors = new ContentAnchorIndex(o.contentAnchorCapacity, o.contentAnchorTtlMs);
     this.judgeRoles = o.judgeRoles;
     this.clock = o.clock;
