@@ -94,7 +94,7 @@ const sweepOptions: SweepOptions = {
   policies: POLICIES,
   points: POINTS,
   simulation: { workers: WORKERS },
-  workerPrefillTokensPerSecond: 1000 / ENGINE_DEFAULTS.prefillMsPerToken,
+  workerPrefillTokensPerSecond: 1000 / ENGINE_DEFAULTS.linearMsPerToken,
 };
 
 mkdirSync(OUT, { recursive: true });

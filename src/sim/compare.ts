@@ -64,6 +64,7 @@ export function comparePolicies(
         loadImbalance: round(r.loadImbalance),
         prefillTokens: r.prefillTokens,
         rejected: r.rejected,
+        preemptions: r.preemptions,
         cancelled: r.cancelled,
         failed: r.failed,
         retried: r.retried,

@@ -1,10 +1,13 @@
-import { BlockHashes, hashPrecomputedBlocks } from '../core/hashing.js';
-import { KVAwareRouter, type KVAwareRouterOptions, type SharedDecision } from '../core/router/index.js';
-import { createRng } from '../core/rng.js';
-import { blockKey, EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/engine-model.js';
+import { BlockHashes } from '../core/hashing.js';
 import { LLMD_SCRAPE_INTERVAL_MS } from '../core/policies/llmd.js';
+import { createRng } from '../core/rng.js';
+import { KVAwareRouter, type KVAwareRouterOptions, type SharedDecision } from '../core/router/index.js';
+import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/engine-model.js';
+import { requestBlocks } from './request-blocks.js';
 import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
 import type { TraceRequest } from './trace.js';
+
+export { requestBlocks } from './request-blocks.js';
 
 /**
  * Discrete-event simulation of N engines behind the router, replaying a trace in simulated
@@ -13,6 +16,11 @@ import type { TraceRequest } from './trace.js';
  * produced them, and their load only from scrapes every `scrapeIntervalMs`, plus its own
  * in-flight accounting (markPrefillDone at the first token, release at the end), as the
  * gateway does. Nothing peeks into an engine.
+ *
+ * An engine step is scheduled when it starts (allocations, evictions, admissions) and its
+ * outputs applied when it ends, so a scrape during a long prefill step reads the engine as
+ * it is then. Requests over the engines' context limit are refused at arrival, as vLLM's
+ * server refuses them (HTTP 400), counted in `rejected` and left out of every other figure.
  */
 export interface SimulationOptions {
   workers: number;
@@ -68,8 +76,6 @@ export interface PolicyResult {
   loadImbalance: number;
   prefillTokens: number;
   outcomes: RequestOutcome[];
-  /** Requests no worker could take (none available). */
-  rejected: number;
   /** Requests whose client cancelled them (with or without a first token). */
   cancelled: number;
   /** Requests that lost their worker after their first token (no retry is possible mid-answer). */
@@ -81,6 +87,13 @@ export interface PolicyResult {
   /** Busy time per worker (s) and its samples over time, for reports. */
   workerBusySeconds: number[];
   loadTimeline: Array<{ t: number; kvUsage: number[] }>;
+  /**
+   * Requests refused: over the engines' context limit (before routing, or by the chosen
+   * worker when workers differ), or with no worker available to take them.
+   */
+  rejected: number;
+  /** Preemptions (recompute) over all engines. */
+  preemptions: number;
 }
 
 const KIND_STEP_END = 0;
@@ -93,7 +106,6 @@ interface SimEvent {
   seq: number;
   kind: number;
   worker: number;
-  step?: StepResult;
   stored?: number[];
   removed?: number[];
   run?: () => void;
@@ -143,17 +155,6 @@ class EventQueue {
 }
 function before(x: SimEvent, y: SimEvent): boolean {
   return x.time < y.time || (x.time === y.time && (x.kind < y.kind || (x.kind === y.kind && x.seq < y.seq)));
-}
-
-/** The blocks of a trace request as the engine and the router both key them. */
-export function requestBlocks(req: TraceRequest, cacheSalt: string | undefined, scratch: BlockHashes) {
-  hashPrecomputedBlocks(req.hashIds, req.blockSize, { claGroup: req.claGroup ?? null, cacheSalt: cacheSalt ?? null }, scratch);
-  const n = scratch.length;
-  const hashHi = scratch.hi.slice(0, n);
-  const hashLo = scratch.lo.slice(0, n);
-  const keys = new Float64Array(n);
-  for (let i = 0; i < n; i++) keys[i] = blockKey(hashHi[i], hashLo[i]);
-  return { keys, hashHi, hashLo };
 }
 
 export function percentiles(values: number[]): Percentiles {
@@ -231,13 +232,19 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   let nextArrival = 0;
 
   const startStep = (w: number) => {
-    const until = nextArrival < trace.length ? arrivalOf(trace[nextArrival]) : Infinity;
-    const step = engines[w].step(now, until);
+    // a run of decode steps stops at the next arrival or scrape, which may change the batch
+    const nextScrape = (Math.floor(now / scrapeInterval) + 1) * scrapeInterval;
+    const until = Math.min(nextScrape, nextArrival < trace.length ? arrivalOf(trace[nextArrival]) : Infinity);
+    const end = engines[w].startStep(now, until);
     stepping[w] = true;
-    queue.push({ time: step.end, seq: seq++, kind: KIND_STEP_END, worker: w, step });
+    queue.push({ time: end, seq: seq++, kind: KIND_STEP_END, worker: w });
+  };
+
+  /** KV events of the step that just ended (its evictions and the blocks it computed) leave now. */
+  const publish = (w: number) => {
     const p = pending[w];
     if (p.stored.length > 0 || p.removed.length > 0) {
-      queue.push({ time: step.end + eventDelay, seq: seq++, kind: KIND_DELIVER, worker: w, stored: p.stored, removed: p.removed });
+      queue.push({ time: now + eventDelay, seq: seq++, kind: KIND_DELIVER, worker: w, stored: p.stored, removed: p.removed });
       pending[w] = { stored: [], removed: [] };
     }
   };
@@ -245,6 +252,13 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   /** Routes a request that arrived at `arrival` (now, or earlier for a retry). */
   const arrive = (index: number, arrival = now) => {
     const req = trace[index];
+    const limits = { inputTokens: Math.max(1, req.inputLength), outputTokens: Math.max(1, req.outputLength), anchors: req.anchors };
+    // over every engine's context limit: refused before routing, as vLLM's server refuses it
+    if (engines.every((e) => e.rejection(limits) !== null)) {
+      rejected++;
+      finished++;
+      return;
+    }
     const { replica, result: d } = router.route({
       blockHashes: req.hashIds,
       blockTokens: req.blockSize,
@@ -262,6 +276,14 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     const w = ids.indexOf(d.workerId);
     if (w < 0) {
       rejected++;
+      finished++;
+      return;
+    }
+    // workers of different sizes have different limits: the chosen one may refuse it (HTTP 400, no retry)
+    if (engines[w].rejection(limits) !== null) {
+      router.release(replica, d.ticket, d.shared);
+      rejected++;
+      finished++;
       return;
     }
     const blocks = requestBlocks(req, d.cacheSalt, scratch);
@@ -270,7 +292,6 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       ...blocks,
       inputTokens: Math.max(1, req.inputLength),
       outputTokens: Math.max(1, req.outputLength),
-      anchors: req.anchors,
     };
     live.set(index, { req, worker: w, replica, ticket: d.ticket, shared: d.shared, arrival, cached: 0, ttft: 0, started: false });
     engines[w].enqueue(engineReq);
@@ -345,7 +366,9 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     if (top.kind === KIND_STEP_END) {
       const w = top.worker;
       if (dead[w]) continue;
-      for (const { request, cachedTokens } of top.step!.firstTokens) {
+      const step: StepResult = engines[w].finishStep();
+      publish(w);
+      for (const { request, cachedTokens } of step.firstTokens) {
         const s = live.get(request.id);
         if (!s) continue;
         s.cached = cachedTokens;
@@ -353,7 +376,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
         s.started = true;
         router.markPrefillDone(s.replica, s.ticket);
       }
-      for (const request of top.step!.finished) {
+      for (const request of step.finished) {
         const s = live.get(request.id);
         if (!s) continue;
         live.delete(request.id);
@@ -411,13 +434,14 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     throughputTokPerS: lastFinish > 0 ? tokens / lastFinish : 0,
     loadImbalance: meanBusy > 0 ? Math.max(...busy) / meanBusy : 1,
     prefillTokens: engines.reduce((a, e) => a + e.prefillTokens, 0),
-    rejected,
     cancelled,
     failed,
     retried,
     eventBatchesLost: router.counts.eventBatchesLost,
-    outcomes,
+    outcomes: answered,
     workerBusySeconds: busy,
     loadTimeline,
+    rejected,
+    preemptions: engines.reduce((a, e) => a + e.preemptions, 0),
   };
 }

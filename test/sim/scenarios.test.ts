@@ -172,6 +172,6 @@ describe('scenarios', () => {
     assert.match(mismatch.stderr, /--worker-kv-tokens lists 2 workers/);
     const loss = cli('--event-loss', '1.5');
     assert.notEqual(loss.status, 0);
-    assert.match(loss.stderr, /--event-loss must be a number within \[0, 1\]/);
+    assert.match(loss.stderr, /--event-loss must be a number from 0 to 1/);
   });
 });

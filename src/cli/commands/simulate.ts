@@ -7,7 +7,7 @@ import { loadTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
 import { InvalidArgumentError } from 'commander';
 import { parseWorkerEvent, type ScenarioOptions } from '../../sim/scenarios.js';
-import { intOption, positiveNumberOption } from '../options.js';
+import { fractionOption, intOption, positiveNumberOption } from '../options.js';
 
 /** Scenario flags that map one to one onto ScenarioOptions. */
 type ScenarioFlags = Pick<ScenarioOptions, 'eventJitterMs' | 'eventLoss' | 'replicas' | 'stateLagMs' | 'cancelRate' | 'cancelWithinMs'>;
@@ -21,6 +21,8 @@ interface SimulateFlags extends ScenarioFlags {
   report?: string;
   assignments?: string;
   kvTokens?: number;
+  maxModelLen?: number;
+  blendRecompute: number;
   eventDelayMs: number;
   scrapeIntervalMs?: number;
   progress: boolean;
@@ -48,14 +50,6 @@ function policyOptionsOption(value: string): PolicyOptions {
 }
 
 const collect = (value: string, previous: string[]) => [...previous, ...value.split(',').map((v) => v.trim()).filter(Boolean)];
-
-function fractionOption(flag: string): (value: string) => number {
-  return (value: string) => {
-    const n = Number(value);
-    if (value.trim() === '' || !Number.isFinite(n) || n < 0 || n > 1) throw new InvalidArgumentError(`${flag} must be a number within [0, 1], got '${value}'`);
-    return n;
-  };
-}
 
 function tokenListOption(value: string): number[] {
   const list = value.split(',').map((v) => v.trim());
@@ -88,12 +82,14 @@ export function registerSimulateCommand(program: Command): void {
   program
     .command('simulate')
     .description('replay a trace on a simulated cluster, every policy on the same requests')
-    .requiredOption('--trace <file>', 'Mooncake JSONL trace (.jsonl or .jsonl.gz)')
+    .requiredOption('--trace <file>', 'Mooncake JSONL trace (.jsonl or .jsonl.gz), a RAGPulse directory, workflows:N[:SEED] or agentic:N[:SEED]')
     .option('--workers <n>', 'engines in the cluster', intOption('--workers', 1), 8)
     .option('--policies <list>', 'comma-separated policies (NAME-prefix-only: content anchors not scored)', 'cost,seed,dynamo,sglang,llmd,round-robin')
     .option('--speed <x>', 'arrival-rate multiplier', positiveNumberOption('--speed'), 1)
     .option('--format <table|json>', 'output format', 'table')
     .option('--kv-tokens <n>', 'KV capacity of each engine in tokens (default 300000)', intOption('--kv-tokens', 1))
+    .option('--max-model-len <n>', 'longest request (prompt + output) an engine serves; longer ones are rejected (default 131072, capped by --kv-tokens)', intOption('--max-model-len', 1))
+    .option('--blend-recompute <f>', 'fraction of a reused content anchor recomputed (CacheBlend-style)', fractionOption('--blend-recompute'), 0.15)
     .option('--event-delay-ms <n>', 'delay of KV events from engine to router', intOption('--event-delay-ms', 0), 50)
     .option('--scrape-interval-ms <n>', 'interval of load scrapes (default 200; llmd: 50, its own refresh interval)', intOption('--scrape-interval-ms', 1))
     .option('--fail <worker@time...>', 'a worker fails at a time, e.g. w3@600s (repeatable or comma-separated)', collect, [])
@@ -127,7 +123,11 @@ export function registerSimulateCommand(program: Command): void {
           speed: flags.speed,
           eventDelayMs: flags.eventDelayMs,
           scrapeIntervalMs: flags.scrapeIntervalMs,
-          engine: flags.kvTokens ? { kvTokens: flags.kvTokens } : undefined,
+          engine: {
+            ...(flags.kvTokens !== undefined ? { kvTokens: flags.kvTokens } : {}),
+            ...(flags.maxModelLen !== undefined ? { maxModelLen: flags.maxModelLen } : {}),
+            blendRecompute: flags.blendRecompute,
+          },
           scenario,
           router: flags.policyOptions ? { policyOptions: flags.policyOptions } : undefined,
           onProgress: (done) => bar?.update(done, { policy: policyName }),
@@ -172,13 +172,15 @@ export function renderTable(r: ComparisonReport): string {
     p.e2e.p99.toFixed(2),
     String(p.throughputTokPerS),
     p.loadImbalance.toFixed(3),
+    String(p.rejected),
   ]);
+  // scenario counts, when a run has any
   const events = r.policies
     .map((p) => {
-      const parts = (['rejected', 'cancelled', 'failed', 'retried', 'eventBatchesLost'] as const).filter((k) => (p[k] ?? 0) > 0).map((k) => `${k} ${p[k]}`);
+      const parts = (['cancelled', 'failed', 'retried', 'eventBatchesLost'] as const).filter((k) => (p[k] ?? 0) > 0).map((k) => `${k} ${p[k]}`);
       return parts.length > 0 ? `${p.policy}: ${parts.join(', ')}` : '';
     })
     .filter(Boolean);
   const tail = events.length > 0 ? `\n${events.join('\n')}\n` : '';
-  return head + formatTable(['policy', 'hit rate', 'TTFT mean s', 'p50', 'p90', 'p99', 'e2e mean s', 'e2e p99', 'tok/s', 'imbalance'], rows) + '\n' + tail;
+  return head + formatTable(['policy', 'hit rate', 'TTFT mean s', 'p50', 'p90', 'p99', 'e2e mean s', 'e2e p99', 'tok/s', 'imbalance', 'rejected'], rows) + '\n' + tail;
 }
