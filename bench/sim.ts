@@ -79,7 +79,7 @@ const ALL_TRACES: TraceSpec[] = [
   // the same requests on engines without position-independent reuse: passages are plain new tokens
   recorded('ragpulse-no-content-anchors', 'bench/traces/ragpulse', ({ anchors: _anchors, ...r }) => r),
   generated('workflows:150', (seed) => `workflows:150:${seed}`),
-  // generated('agentic:12', (seed) => `agentic:12:${seed}`),
+  generated('agentic:10', (seed) => `agentic:10:${seed}`),
 ];
 
 const only = flags.get('traces');
