@@ -136,12 +136,14 @@ function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', titl
   const speeds = t.points.map((p) => p.speed);
   if (speeds.length < 2) return '';
   const [sMin, sMax] = extent(speeds);
-  const values = t.points.flatMap((p) => p.policies.flatMap((q) => [q[key] - q.ci95[key], q[key] + q.ci95[key], q[key]]));
+  // on a log axis a band reaching down to (or below) zero would stretch the axis over decades
+  // the lines never visit: the axis follows the means (and the bands' tops), bands are clipped
+  const values = t.points.flatMap((p) => p.policies.flatMap((q) => (log ? [q[key], q[key] + q.ci95[key]] : [q[key] - q.ci95[key], q[key] + q.ci95[key]])));
   const [vMin, vMax] = extent(values.filter((v) => !log || v > 0));
   // hit rates: a zoomed axis between round ticks (differences of a point matter); TTFT: log
   const pad = (vMax - vMin) * 0.08 || 0.01;
   const linear = log ? [] : linearTicks(Math.max(0, vMin - pad), Math.min(1, vMax + pad));
-  const yLo = log ? Math.max(1e-3, vMin) / 1.15 : linear[0];
+  const yLo = log ? Math.max(1e-3, vMin) / 1.6 : linear[0];
   const yHi = log ? Math.max(vMax, yLo * 10) * 1.15 : Math.max(linear[linear.length - 1], vMax);
   const fy = (v: number) => (log ? Math.log10(Math.max(v, yLo)) : v);
   const x = (s: number) => L + ((Math.log10(s) - Math.log10(sMin)) / (Math.log10(sMax) - Math.log10(sMin) || 1)) * (W - L - R - 8) + 4;
