@@ -31,6 +31,12 @@ const flags = parseFlags(process.argv.slice(2));
 const WORKERS = intFlag(flags, 'workers', 8);
 const SAMPLES = intFlag(flags, 'samples', 5);
 const POINTS = intFlag(flags, 'points', 5);
+for (const [name, value, min, max] of [['samples', SAMPLES, 2, 10], ['points', POINTS, 2, 50], ['workers', WORKERS, 1, 1024]] as const) {
+  if (!Number.isInteger(value) || value < min || value > max) {
+    process.stderr.write(`error: --${name} must be an integer from ${min} to ${max}, got ${value}\n`);
+    process.exit(2);
+  }
+}
 const split = String(flags.get('split') ?? 'evaluation');
 if (split !== 'evaluation' && split !== 'train') {
   process.stderr.write(`error: --split must be evaluation or train, got '${split}'\n`);
