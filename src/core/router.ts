@@ -207,6 +207,8 @@ export interface WorkerMetrics {
   kvUsage?: number;
   waitingRequests?: number;
   runningRequests?: number;
+  /** KV-cache capacity in tokens (vLLM: num_gpu_blocks × block_size of cache_config_info). */
+  kvCapacityTokens?: number;
 }
 
 /** The seed's RouteDecision. INVARIANT 10: decisions are made on metadata; preRope is always true. */
@@ -400,6 +402,7 @@ export class KVAwareRouter {
     if (metrics.kvUsage !== undefined) w.load = check.load(metrics.kvUsage, 'kvUsage');
     if (metrics.waitingRequests !== undefined) w.waitingRequests = check.finiteNonNegative(metrics.waitingRequests, 'waitingRequests');
     if (metrics.runningRequests !== undefined) w.runningRequests = check.finiteNonNegative(metrics.runningRequests, 'runningRequests');
+    if (metrics.kvCapacityTokens !== undefined) w.kvCapacityTokens = check.finiteNonNegative(metrics.kvCapacityTokens, 'kvCapacityTokens');
   }
 
   /** Workers in registration order (read-only views). */
@@ -478,6 +481,7 @@ export class KVAwareRouter {
       requestBlocks: hashes.length,
       blockSize: hashes.tokensPerBlock || this.blockSize,
       routingKey: hashes.length > 0 ? hashes.lo[Math.min(hashes.length, 4) - 1] : anchor ? hashString32(anchor) : 0,
+      sharedPrefixKey: overlap.maxBlocks > 0 ? hashes.lo[Math.min(overlap.maxBlocks, hashes.length) - 1] : anchor ? hashString32(anchor) : 0,
     };
     const choice = this.policy.choose(candidates, features);
     const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;

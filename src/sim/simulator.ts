@@ -276,7 +276,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     } else {
       const sample: number[] = [];
       engines.forEach((e, w) => {
-        router.updateWorkerMetrics(ids[w], { kvUsage: e.kvUsage, waitingRequests: e.waitingCount, runningRequests: e.runningCount });
+        router.updateWorkerMetrics(ids[w], { kvUsage: e.kvUsage, waitingRequests: e.waitingCount, runningRequests: e.runningCount, kvCapacityTokens: e.capacityBlocks * blockTokens });
         sample.push(e.kvUsage);
       });
       if (loadTimeline.length === 0 || now - loadTimeline[loadTimeline.length - 1].t * 1000 >= 5000) loadTimeline.push({ t: now / 1000, kvUsage: sample });

@@ -40,8 +40,12 @@ export interface Score {
   hitRate: number;
 }
 
-/** The weights a search moves; knee and ceiling stay at their defaults. */
-const TUNABLE: ReadonlyArray<keyof CostWeights> = ['prefill', 'recompute', 'decode', 'load', 'pressure', 'cla', 'workflow'];
+/**
+ * The weights a search moves: the multiplier of the derived saturation term, the guards and
+ * the bonuses. The physical constants (prefill rate, attention, decode, KV capacity), the
+ * knee and the ceiling describe the hardware and stay as given.
+ */
+const TUNABLE: ReadonlyArray<keyof CostWeights> = ['recompute', 'load', 'pressure', 'cla', 'workflow'];
 
 export function tuneCostWeights(trace: readonly TraceRequest[], options: TuneOptions): TuneResult {
   const trainFraction = options.trainFraction ?? 0.6;

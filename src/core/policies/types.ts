@@ -40,10 +40,16 @@ export interface RouteFeatures {
   readonly blockSize: number;
   /** A stable key for hash-based placement (the first blocks or the anchor); 0 when none. */
   readonly routingKey: number;
+  /**
+   * Identifies the longest prefix some worker already holds (its last block's hash; the
+   * anchor's for seed-API requests); 0 when no worker holds any. Requests with equal keys
+   * reuse the same cached prefix: the cost policy counts them to tell how hot a prefix is.
+   */
+  readonly sharedPrefixKey?: number;
 }
 
 /** Why a worker was picked; shown in explanations and counted in metrics. */
-export type RouteReason = 'locality' | 'cla' | 'least-loaded' | 'cost' | 'balance' | 'cache-match' | 'hash' | 'random' | 'rotation' | 'none';
+export type RouteReason = 'locality' | 'cla' | 'least-loaded' | 'cost' | 'replicate' | 'balance' | 'cache-match' | 'hash' | 'random' | 'rotation' | 'none';
 
 export interface PolicyChoice {
   /** Index into the candidates; -1 when there is none. */
