@@ -29,6 +29,9 @@ if (split !== 'train' && split !== 'eval') throw new RangeError(`--split must be
 const WORKERS = intFlag(flags, 'workers', 8);
 const WINDOWS = intFlag(flags, 'windows', 3);
 const wanted = new Set(String(flags.get('traces') ?? 'mooncake,ragpulse,workflows,agentic').split(','));
+const onlySpeeds = flags.has('speeds') ? new Set(String(flags.get('speeds')).split(',').map(Number)) : undefined;
+// a variant of the weights to try (on the training split: that is what it is for)
+const costWeights = flags.has('cost-weights') ? (JSON.parse(String(flags.get('cost-weights'))) as Record<string, number>) : undefined;
 const PEERS = ['seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
 const POLICIES = ['cost', ...PEERS];
 
@@ -82,11 +85,12 @@ for (const study of studies) {
     continue;
   }
   for (const speed of study.speeds) {
+    if (onlySpeeds && !onlySpeeds.has(speed)) continue;
     const rows: Record<string, { ttftMean: number[]; ttftP99: number[]; hitRate: number[] }> = {};
     for (const policy of POLICIES) {
       rows[policy] = { ttftMean: [], ttftP99: [], hitRate: [] };
       for (const trace of samples) {
-        const opts: SimulationOptions = { workers: WORKERS, policy, speed };
+        const opts: SimulationOptions = { workers: WORKERS, policy, speed, router: policy === 'cost' && costWeights ? { costWeights } : undefined };
         const r = simulate(trace, opts);
         rows[policy].ttftMean.push(r.ttft.mean);
         rows[policy].ttftP99.push(r.ttft.p99);

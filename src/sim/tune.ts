@@ -111,7 +111,16 @@ function round3(x: number): number {
   return Math.round(x * 1000) / 1000;
 }
 
-/** A config block a user can paste (the router.yaml of `serve --config`). */
+/**
+ * The tuned router options as JSON: `{ "policy": "cost", "costWeights": { … } }`. JSON is
+ * also YAML, so the same text is a `serve --config` file and the argument of
+ * `new KVAwareRouter(…)`.
+ */
+export function renderRouterOptions(r: TuneResult): string {
+  return `${JSON.stringify({ policy: 'cost', costWeights: r.weights }, null, 2)}\n`;
+}
+
+/** A config block a user can paste (the router.yaml of `serve --config`; its keys are KVAwareRouter's options). */
 export function renderWeightsConfig(traceName: string, r: TuneResult): string {
   const lines = [
     `# cost weights tuned by contextforge-router tune on ${traceName}`,

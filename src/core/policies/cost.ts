@@ -12,11 +12,13 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *   wait   = (queuedPrefillTokens + W(u)) · slow     estimated TTFT on this worker
  *   kvWait = max(0, P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity known)
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
- *   recompute = recompute · σ · (W(u) − W(u_best)) / (1 + hot)
- *                                                    delay the extra prefill (over the best-cached
- *                                                    worker) puts on the σ requests queued behind
- *                                                    it, shared by the `hot` in-flight requests that
- *                                                    reuse a replica of a hot prefix
+ *   ρ      = h / (1 − h), h the smoothed hit rate     reuses of a cached token (what a copy displaces)
+ *   recompute = (recompute · σ + ρ) · (W(u) − W(u_best)) / (1 + hot)
+ *                                                    the extra prefill (over the best-cached worker)
+ *                                                    delays the σ requests queued behind it and its
+ *                                                    copy evicts KV worth ρ recomputes; a replica of
+ *                                                    a hot prefix shares that with the `hot`
+ *                                                    in-flight requests that will reuse it
  *   guard  = P · (load · kvUsage + pressure · overKnee − cla · servesCla − workflow · continuity)
  *   cost   = wait + kvWait + recompute + guard
  *
@@ -84,6 +86,8 @@ export const REFERENCE_PROMPT_TOKENS = 4096;
 export const HOT_WINDOW_DECISIONS = 256;
 /** Slots of the hotness table (a power of two; colliding prefixes share a slot). */
 const HOT_SLOTS = 4096;
+/** The displaced tokens are the least recently used: their reuse is capped at a 75% hit rate's (3). */
+const MAX_REUSE_HIT = 0.75;
 /** Smoothing of the mean work per request (decisions). */
 const WORK_SMOOTHING = 64;
 
@@ -96,6 +100,8 @@ export function prefillWork(uncached: number, prompt: number, attention: number)
 export interface FleetView {
   /** Requests queued per worker (σ): mean queued prefill over the mean work a request adds. */
   saturation: number;
+  /** Chance a cached token is reused (the fleet's smoothed hit rate): what a duplicate displaces. */
+  reuse: number;
   /** In-flight requests expected to share this request's cached prefix. */
   hotness: number;
   /** Most cached tokens any candidate holds, and that candidate's prefill work. */
@@ -142,7 +148,7 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   t.kvCapacity = capacity;
   t.kvWait = kvWait;
   t.fits = capacity <= 0 || prompt <= capacity;
-  t.recompute = (w.recompute * fleet.saturation * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness);
+  t.recompute = ((w.recompute * fleet.saturation + fleet.reuse) * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness);
   t.guard = prompt * (w.load * kv + w.pressure * overKnee - (c.servesCla ? w.cla : 0) - (c.continuity ? w.workflow : 0));
   t.cost = t.wait + kvWait + t.recompute + t.guard;
   return t;
@@ -158,10 +164,12 @@ export class CostPolicy implements RoutingPolicy {
   private readonly scratch: number[] = [];
   private readonly terms = new Terms();
   // the fleet view and the scoring closure are made once; choose() sets what they read
-  private readonly fleet: FleetView = { saturation: 0, hotness: 0, bestCachedTokens: 0, bestWork: 0, anyBelowCeiling: true, anyFits: true };
+  private readonly fleet: FleetView = { saturation: 0, reuse: 0, hotness: 0, bestCachedTokens: 0, bestWork: 0, anyBelowCeiling: true, anyFits: true };
   private request: RouteFeatures | undefined;
   /** Smoothed uncached tokens a routed request adds to its worker's queue (0 before the first). */
   private meanWork = 0;
+  /** Smoothed fraction of the routed prompts found cached on the chosen worker. */
+  private meanHit = 0;
   /** Decayed count of recent decisions per shared-prefix key, and when each slot was last decayed. */
   private readonly hotKeys = new Int32Array(HOT_SLOTS);
   private readonly hotCounts = new Float64Array(HOT_SLOTS);
@@ -185,6 +193,7 @@ export class CostPolicy implements RoutingPolicy {
     const chosen = candidates[index];
     const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet);
     this.meanWork = this.meanWork === 0 ? Math.max(1, t.uncached) : this.meanWork + (t.uncached - this.meanWork) / WORK_SMOOTHING;
+    this.meanHit += ((t.prompt > 0 ? 1 - t.uncached / t.prompt : 0) - this.meanHit) / WORK_SMOOTHING;
     this.countPrefix(request.sharedPrefixKey ?? 0);
     // recomputing a prefix another worker holds, because the queue it saves costs more
     const replicate = this.fleet.bestCachedTokens - chosen.cachedTokens >= request.blockSize && t.work > this.fleet.bestWork;
@@ -214,6 +223,8 @@ export class CostPolicy implements RoutingPolicy {
     f.bestCachedTokens = best;
     f.bestWork = prefillWork(p - best, p, w.attention);
     f.saturation = this.meanWork > 0 ? queued / candidates.length / this.meanWork : 0;
+    const hit = Math.min(this.meanHit, MAX_REUSE_HIT);
+    f.reuse = hit / (1 - hit);
     f.hotness = this.prefixShare(r.sharedPrefixKey ?? 0) * inFlight;
     f.anyBelowCeiling = anyBelowCeiling;
     f.anyFits = anyFits;
@@ -259,6 +270,7 @@ export class CostPolicy implements RoutingPolicy {
       kvWaitSeconds: seconds(t.kvWait),
       fits: t.fits,
       saturation: f.saturation,
+      reuse: f.reuse,
       hotness: f.hotness,
       recomputeSeconds: seconds(t.recompute),
       replicate: f.bestCachedTokens - c.cachedTokens >= request.blockSize && t.work > f.bestWork && !excluded,
