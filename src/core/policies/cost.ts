@@ -12,6 +12,7 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *   wait   = (queuedPrefillTokens + W(u)) · slow     estimated TTFT on this worker
  *   kvWait = max(0, P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity known)
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
+ *                                                    (the best-cached worker's own queue left out)
  *   ρ      = h / (1 − h), h the smoothed hit rate     reuses of a cached token (what a copy displaces)
  *   recompute = (recompute · σ + ρ) · (W(u) − W(u_best)) / (1 + hot)
  *                                                    the extra prefill (over the best-cached worker)
@@ -192,12 +193,17 @@ export class CostPolicy implements RoutingPolicy {
     if (index < 0) return NO_CHOICE;
     const chosen = candidates[index];
     const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet);
-    this.meanWork = this.meanWork === 0 ? Math.max(1, t.uncached) : this.meanWork + (t.uncached - this.meanWork) / WORK_SMOOTHING;
-    this.meanHit += ((t.prompt > 0 ? 1 - t.uncached / t.prompt : 0) - this.meanHit) / WORK_SMOOTHING;
-    this.countPrefix(request.sharedPrefixKey ?? 0);
     // recomputing a prefix another worker holds, because the queue it saves costs more
     const replicate = this.fleet.bestCachedTokens - chosen.cachedTokens >= request.blockSize && t.work > this.fleet.bestWork;
     return { index, confidence: chosen.cachedFraction, reason: replicate ? 'replicate' : 'cost' };
+  }
+
+  /** A routed request: the mean work, the hit rate and the prefix's count learn from it. */
+  commit(chosen: Candidate, request: RouteFeatures): void {
+    const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet);
+    this.meanWork = this.meanWork === 0 ? Math.max(1, t.uncached) : this.meanWork + (t.uncached - this.meanWork) / WORK_SMOOTHING;
+    this.meanHit += ((t.prompt > 0 ? 1 - t.uncached / t.prompt : 0) - this.meanHit) / WORK_SMOOTHING;
+    this.countPrefix(request.sharedPrefixKey ?? 0);
   }
 
   /** Saturation, hotness and the best-cached candidate: what every candidate's cost shares. */
@@ -205,6 +211,7 @@ export class CostPolicy implements RoutingPolicy {
     const w = this.weights;
     const f = this.fleet;
     let queued = 0;
+    let holderQueued = 0;
     let inFlight = 0;
     let best = 0;
     let anyBelowCeiling = false;
@@ -214,7 +221,10 @@ export class CostPolicy implements RoutingPolicy {
       queued += c.worker.queuedPrefillTokens;
       inFlight += c.worker.inFlightRequests;
       const cached = prompt > 0 ? Math.min(prompt, c.cachedTokens) : c.cachedFraction * REFERENCE_PROMPT_TOKENS;
-      if (cached > best) best = cached;
+      if (cached > best) {
+        best = cached;
+        holderQueued = c.worker.queuedPrefillTokens;
+      }
       if (c.worker.load < w.pressureCeiling) anyBelowCeiling = true;
       const capacity = c.worker.kvCapacityTokens > 0 ? c.worker.kvCapacityTokens : w.kvCapacityTokens;
       if (capacity <= 0 || prompt <= capacity) anyFits = true;
@@ -222,7 +232,9 @@ export class CostPolicy implements RoutingPolicy {
     const p = prompt > 0 ? prompt : REFERENCE_PROMPT_TOKENS;
     f.bestCachedTokens = best;
     f.bestWork = prefillWork(p - best, p, w.attention);
-    f.saturation = this.meanWork > 0 ? queued / candidates.length / this.meanWork : 0;
+    // the holder's own queue is left out: it must not shield the holder from replication
+    const others = best > 0 ? candidates.length - 1 : candidates.length;
+    f.saturation = this.meanWork > 0 && others > 0 ? (queued - (best > 0 ? holderQueued : 0)) / others / this.meanWork : 0;
     const hit = Math.min(this.meanHit, MAX_REUSE_HIT);
     f.reuse = hit / (1 - hit);
     f.hotness = this.prefixShare(r.sharedPrefixKey ?? 0) * inFlight;
@@ -280,6 +292,8 @@ export class CostPolicy implements RoutingPolicy {
       continuity: c.continuity,
       excluded,
       costSeconds: seconds(t.cost),
+      /** What the policy maximises (−cost, in seconds); NaN when excluded. */
+      score: excluded ? NaN : -seconds(t.cost),
     };
   }
 }
