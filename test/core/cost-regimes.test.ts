@@ -137,6 +137,20 @@ describe('cost policy regimes', () => {
     assert.equal(p.choose(none, r).index, 0, 'nobody can: the engine rejects it, from the session worker');
   });
 
+  test('workflow and CLA affinity stand in for the cache only when the prompt has no blocks (seed API)', () => {
+    const p = warmed();
+    const cs = fleet([{}, {}]);
+    cs[0].continuity = true;
+    cs[0].servesCla = true;
+    const hashed = request(4096);
+    p.choose(cs, hashed);
+    assert.equal(terms(p, cs[0], hashed).guardSeconds, 0, 'with blocks, cachedTokens already counts the previous step');
+    const seedApi: RouteFeatures = { ...hashed, requestBlocks: 0 };
+    assert.equal(p.choose(cs, seedApi).index, 0);
+    const g = terms(p, cs[0], seedApi).guardSeconds;
+    assert.ok(Math.abs(g + (4096 * (DEFAULT_COST_WEIGHTS.workflow + DEFAULT_COST_WEIGHTS.cla)) / DEFAULT_COST_WEIGHTS.prefillTokensPerSecond) < 1e-9);
+  });
+
   test('choose() allocates nothing per candidate and learns only on commit', () => {
     const p = warmed();
     const cs = fleet([{ cached: 4096, queued: 6000 }, { queued: 100 }]);

@@ -21,6 +21,9 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    a hot prefix shares that with the `hot`
  *                                                    in-flight requests that will reuse it
  *   guard  = P · (load · kvUsage + pressure · overKnee − cla · servesCla − workflow · continuity)
+ *                                                    (the affinity bonuses only for prompts without
+ *                                                    blocks, the seed API: otherwise cachedTokens
+ *                                                    already counts what they stand for)
  *   cost   = wait + kvWait + recompute + guard
  *
  * At light load σ ≈ 0 and the policy minimises the request's own TTFT (spread); at saturation
@@ -47,9 +50,9 @@ export interface CostWeights {
   pressureKnee: number;
   /** KV usage at or above which a worker is excluded while any other is below it. */
   pressureCeiling: number;
-  /** Reward for serving the request's CLA group, in units of the request's prompt. */
+  /** Reward for serving the request's CLA group, in units of the request's prompt (seed API only). */
   cla: number;
-  /** Reward for the worker that ran the workflow's previous step, in units of the request's prompt. */
+  /** Reward for the worker that ran the workflow's previous step, in units of the request's prompt (seed API only). */
   workflow: number;
   /** KV capacity of a worker in tokens when its metrics do not say (0: unknown). */
   kvCapacityTokens: number;
@@ -150,7 +153,10 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   t.kvWait = kvWait;
   t.fits = capacity <= 0 || prompt <= capacity;
   t.recompute = ((w.recompute * fleet.saturation + fleet.reuse) * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness);
-  t.guard = prompt * (w.load * kv + w.pressure * overKnee - (c.servesCla ? w.cla : 0) - (c.continuity ? w.workflow : 0));
+  // CLA and workflow affinity stand in for the cached KV when the prompt is not hashed (the
+  // seed API); with blocks, cachedTokens already counts it and a bonus would count it twice
+  const affinity = r.requestBlocks > 0 ? 0 : (c.servesCla ? w.cla : 0) + (c.continuity ? w.workflow : 0);
+  t.guard = prompt * (w.load * kv + w.pressure * overKnee - affinity);
   t.cost = t.wait + kvWait + t.recompute + t.guard;
   return t;
 }
