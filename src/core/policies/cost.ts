@@ -14,10 +14,12 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
  *                                                    (the best-cached worker's own queue left out)
  *   ρ      = h / (1 − h), h the smoothed hit rate     reuses of a cached token (what a copy displaces)
- *   recompute = (recompute · σ + ρ) · (W(u) − W(u_best)) / (1 + hot)
+ *   full   = the worker's cached tokens / its KV capacity (else / the fullest worker's)
+ *   recompute = (recompute · σ + ρ · full) · (W(u) − W(u_best)) / (1 + hot)
  *                                                    the extra prefill (over the best-cached worker)
  *                                                    delays the σ requests queued behind it and its
- *                                                    copy evicts KV worth ρ recomputes; a replica of
+ *                                                    copy evicts KV worth ρ recomputes where the
+ *                                                    cache is full; a replica of
  *                                                    a hot prefix shares that with the `hot`
  *                                                    in-flight requests that will reuse it
  *   guard  = P · (load · kvUsage + pressure · overKnee − cla · servesCla − workflow · continuity)
@@ -106,6 +108,8 @@ export interface FleetView {
   saturation: number;
   /** Chance a cached token is reused (the fleet's smoothed hit rate): what a duplicate displaces. */
   reuse: number;
+  /** Most block-index entries any candidate has (the cache fullness reference when capacity is unknown). */
+  mostEntries: number;
   /** In-flight requests expected to share this request's cached prefix. */
   hotness: number;
   /** Most cached tokens any candidate holds, and that candidate's prefill work. */
@@ -126,6 +130,7 @@ class Terms {
   kvCapacity = 0;
   kvWait = 0;
   fits = true;
+  fullness = 0;
   recompute = 0;
   guard = 0;
   cost = 0;
@@ -152,7 +157,11 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   t.kvCapacity = capacity;
   t.kvWait = kvWait;
   t.fits = capacity <= 0 || prompt <= capacity;
-  t.recompute = ((w.recompute * fleet.saturation + fleet.reuse) * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness);
+  // a copy displaces cached KV only where the cache is full: an empty worker loses nothing
+  const held = c.indexEntries * r.blockSize;
+  const fullness = capacity > 0 ? Math.min(1, held / capacity) : fleet.mostEntries > 0 ? c.indexEntries / fleet.mostEntries : 0;
+  t.fullness = fullness;
+  t.recompute = ((w.recompute * fleet.saturation + fleet.reuse * fullness) * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness);
   // CLA and workflow affinity stand in for the cached KV when the prompt is not hashed (the
   // seed API); with blocks, cachedTokens already counts it and a bonus would count it twice
   const affinity = r.requestBlocks > 0 ? 0 : (c.servesCla ? w.cla : 0) + (c.continuity ? w.workflow : 0);
@@ -171,7 +180,7 @@ export class CostPolicy implements RoutingPolicy {
   private readonly scratch: number[] = [];
   private readonly terms = new Terms();
   // the fleet view and the scoring closure are made once; choose() sets what they read
-  private readonly fleet: FleetView = { saturation: 0, reuse: 0, hotness: 0, bestCachedTokens: 0, bestWork: 0, anyBelowCeiling: true, anyFits: true };
+  private readonly fleet: FleetView = { saturation: 0, reuse: 0, mostEntries: 0, hotness: 0, bestCachedTokens: 0, bestWork: 0, anyBelowCeiling: true, anyFits: true };
   private request: RouteFeatures | undefined;
   /** Smoothed uncached tokens a routed request adds to its worker's queue (0 before the first). */
   private meanWork = 0;
@@ -219,6 +228,7 @@ export class CostPolicy implements RoutingPolicy {
     let queued = 0;
     let holderQueued = 0;
     let inFlight = 0;
+    let mostEntries = 0;
     let best = 0;
     let anyBelowCeiling = false;
     let anyFits = false;
@@ -226,6 +236,7 @@ export class CostPolicy implements RoutingPolicy {
     for (const c of candidates) {
       queued += c.worker.queuedPrefillTokens;
       inFlight += c.worker.inFlightRequests;
+      if (c.indexEntries > mostEntries) mostEntries = c.indexEntries;
       const cached = prompt > 0 ? Math.min(prompt, c.cachedTokens) : c.cachedFraction * REFERENCE_PROMPT_TOKENS;
       if (cached > best) {
         best = cached;
@@ -243,6 +254,7 @@ export class CostPolicy implements RoutingPolicy {
     f.saturation = this.meanWork > 0 && others > 0 ? (queued - (best > 0 ? holderQueued : 0)) / others / this.meanWork : 0;
     const hit = Math.min(this.meanHit, MAX_REUSE_HIT);
     f.reuse = hit / (1 - hit);
+    f.mostEntries = mostEntries;
     f.hotness = this.prefixShare(r.sharedPrefixKey ?? 0) * inFlight;
     f.anyBelowCeiling = anyBelowCeiling;
     f.anyFits = anyFits;
@@ -289,6 +301,7 @@ export class CostPolicy implements RoutingPolicy {
       fits: t.fits,
       saturation: f.saturation,
       reuse: f.reuse,
+      cacheFullness: t.fullness,
       hotness: f.hotness,
       recomputeSeconds: seconds(t.recompute),
       replicate: f.bestCachedTokens - c.cachedTokens >= request.blockSize && t.work > f.bestWork && !excluded,
