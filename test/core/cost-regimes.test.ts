@@ -137,6 +137,28 @@ describe('cost policy regimes', () => {
     assert.equal(p.choose(none, r).index, 0, 'nobody can: the engine rejects it, from the session worker');
   });
 
+  test('a copy is charged for the cache it displaces, which an empty worker does not have', () => {
+    // a history of high hit rates: cached tokens are worth keeping
+    const p = new CostPolicy();
+    const [h] = fleet([{ cached: 900 }]);
+    for (let i = 0; i < 200; i++) {
+      p.choose([h], request(1000));
+      p.commit(h, request(1000));
+    }
+    const cs = fleet([{ cached: 4096, queued: 6000 }, {}, {}]);
+    cs[0].indexEntries = 10_000;
+    cs[1].indexEntries = 10_000; // as full as the holder
+    cs[2].indexEntries = 0; // a fresh worker
+    const r = request(4608);
+    assert.equal(p.choose(cs, r).index, 2);
+    const full = terms(p, cs[1], r);
+    const empty = terms(p, cs[2], r);
+    assert.ok(full.reuse > 2, `reuse ${full.reuse}`);
+    assert.equal(full.cacheFullness, 1);
+    assert.equal(empty.cacheFullness, 0);
+    assert.ok(full.recomputeSeconds > 0 && empty.recomputeSeconds === 0);
+  });
+
   test('workflow and CLA affinity stand in for the cache only when the prompt has no blocks (seed API)', () => {
     const p = warmed();
     const cs = fleet([{}, {}]);
