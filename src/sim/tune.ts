@@ -41,11 +41,12 @@ export interface Score {
 }
 
 /**
- * The weights a search moves: the multiplier of the derived saturation term, the guards and
- * the bonuses. The physical constants (prefill rate, attention, decode, KV capacity), the
- * knee and the ceiling describe the hardware and stay as given.
+ * The weights a search moves: the multiplier of the derived saturation term and the KV
+ * guards. The physical constants (prefill rate, attention, decode, KV capacity), the knee and
+ * the ceiling describe the hardware and stay as given; the CLA and workflow bonuses only act
+ * on seed-API requests, which a trace replay does not make.
  */
-const TUNABLE: ReadonlyArray<keyof CostWeights> = ['recompute', 'load', 'pressure', 'cla', 'workflow'];
+const TUNABLE: ReadonlyArray<keyof CostWeights> = ['recompute', 'load', 'pressure'];
 
 export function tuneCostWeights(trace: readonly TraceRequest[], options: TuneOptions): TuneResult {
   const trainFraction = options.trainFraction ?? 0.6;
