@@ -15,13 +15,13 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    (the best-cached worker's own queue left out)
  *   ρ      = h / (1 − h), h the smoothed hit rate     reuses of a cached token (what a copy displaces)
  *   full   = the worker's cached tokens / its KV capacity (else / the fullest worker's)
- *   recompute = (recompute · σ + ρ · full) · (W(u) − W(u_best)) / (1 + hot)
+ *   recompute = recompute · σ · (W(u) − W(u_best)) / (1 + hot) + ρ · full · u
  *                                                    the extra prefill (over the best-cached worker)
- *                                                    delays the σ requests queued behind it and its
- *                                                    copy evicts KV worth ρ recomputes where the
- *                                                    cache is full; a replica of
- *                                                    a hot prefix shares that with the `hot`
- *                                                    in-flight requests that will reuse it
+ *                                                    delays the σ requests queued behind it, shared
+ *                                                    by the `hot` in-flight requests that will reuse
+ *                                                    a replica of a hot prefix; and every new token
+ *                                                    evicts, where the cache is full, a cached one
+ *                                                    worth ρ recomputes
  *   guard  = P · (load · kvUsage + pressure · overKnee − cla · servesCla − workflow · continuity)
  *                                                    (the affinity bonuses only for prompts without
  *                                                    blocks, the seed API: otherwise cachedTokens
@@ -161,7 +161,7 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   const held = c.indexEntries * r.blockSize;
   const fullness = capacity > 0 ? Math.min(1, held / capacity) : fleet.mostEntries > 0 ? c.indexEntries / fleet.mostEntries : 0;
   t.fullness = fullness;
-  t.recompute = ((w.recompute * fleet.saturation + fleet.reuse * fullness) * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness);
+  t.recompute = (w.recompute * fleet.saturation * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness) + fleet.reuse * fullness * uncached;
   // CLA and workflow affinity stand in for the cached KV when the prompt is not hashed (the
   // seed API); with blocks, cachedTokens already counts it and a bonus would count it twice
   const affinity = r.requestBlocks > 0 ? 0 : (c.servesCla ? w.cla : 0) + (c.continuity ? w.workflow : 0);
