@@ -106,7 +106,7 @@ export function prefillWork(uncached: number, prompt: number, attention: number)
 export interface FleetView {
   /** Requests queued per worker (σ): mean queued prefill over the mean work a request adds. */
   saturation: number;
-  /** Chance a cached token is reused (the fleet's smoothed hit rate): what a duplicate displaces. */
+  /** Reuses of a cached token, h/(1−h) for the smoothed hit rate h: what an evicted token loses. */
   reuse: number;
   /** Most block-index entries any candidate has (the cache fullness reference when capacity is unknown). */
   mostEntries: number;
