@@ -3,7 +3,8 @@
  * that keeps what the defaults were chosen on (`--split train`) apart from what they are
  * reported on (`--split eval`, the default):
  *
- * - public traces (Mooncake conversation, RAGPulse): train = the first half of the requests by
+ * - public traces (Mooncake conversation, RAGPulse with and without its content anchors):
+ *   train = the first half of the requests by
  *   arrival, eval = the second half; each half is cut into `--windows` consecutive windows,
  *   the independent samples of the confidence intervals;
  * - generated workloads (`workflows:N:SEED`, `agentic:N:SEED` when the loader knows it): train
@@ -15,7 +16,7 @@
  * 0.95 × the best peer's. Small on purpose (a shared 2-core machine): the full sweep is
  * `npm run bench:sim`.
  *
- *   node --import tsx bench/cost-eval.ts [--split train|eval] [--traces mooncake,ragpulse,workflows,agentic]
+ *   node --import tsx bench/cost-eval.ts [--split train|eval] [--traces mooncake,ragpulse,ragpulse-no-anchors,workflows,agentic]
  *                                        [--windows 3] [--workers 8] [--json]
  */
 import { loadTrace } from '../src/sim/load-trace.js';
@@ -28,7 +29,7 @@ const split = (flags.get('split') ?? 'eval') as string;
 if (split !== 'train' && split !== 'eval') throw new RangeError(`--split must be train or eval, got '${split}'`);
 const WORKERS = intFlag(flags, 'workers', 8);
 const WINDOWS = intFlag(flags, 'windows', 3);
-const wanted = new Set(String(flags.get('traces') ?? 'mooncake,ragpulse,workflows,agentic').split(','));
+const wanted = new Set(String(flags.get('traces') ?? 'mooncake,ragpulse,ragpulse-no-anchors,workflows,agentic').split(','));
 const onlySpeeds = flags.has('speeds') ? new Set(String(flags.get('speeds')).split(',').map(Number)) : undefined;
 // a variant of the weights to try (on the training split: that is what it is for)
 const costWeights = flags.has('cost-weights') ? (JSON.parse(String(flags.get('cost-weights'))) as Record<string, number>) : undefined;
@@ -42,8 +43,8 @@ interface Study {
 }
 
 /** Consecutive windows of one half of a public trace. */
-async function halves(path: string): Promise<TraceRequest[][]> {
-  const { requests } = await loadTrace(path);
+async function halves(path: string, transform: (r: TraceRequest) => TraceRequest = (r) => r): Promise<TraceRequest[][]> {
+  const requests = (await loadTrace(path)).requests.map(transform);
   const mid = Math.floor(requests.length / 2);
   const part = split === 'train' ? requests.slice(0, mid) : requests.slice(mid);
   const size = Math.floor(part.length / WINDOWS);
@@ -60,6 +61,8 @@ async function generated(kind: string, n: number): Promise<TraceRequest[][]> {
 const studies: Study[] = [
   { name: 'mooncake', speeds: [0.25, 0.5, 1, 1.5, 2], samples: () => halves('bench/traces/conversation_trace.jsonl.gz') },
   { name: 'ragpulse', speeds: [50, 200, 800, 1600], samples: () => halves('bench/traces/ragpulse') },
+  // the same requests without content anchors: no position-independent reuse to credit
+  { name: 'ragpulse-no-anchors', speeds: [50, 200, 800, 1600], samples: () => halves('bench/traces/ragpulse', ({ anchors: _anchors, ...r }) => r) },
   { name: 'workflows', speeds: [1, 2, 4, 8], samples: () => generated('workflows', 150) },
   { name: 'agentic', speeds: [0.5, 1, 2], samples: () => generated('agentic', 12) },
 ];
