@@ -4,9 +4,8 @@
  * reported on (`--split eval`, the default):
  *
  * - public traces (Mooncake conversation, RAGPulse with and without its content anchors):
- *   train = the first half of the requests by
- *   arrival, eval = the second half; each half is cut into `--windows` consecutive windows,
- *   the independent samples of the confidence intervals;
+ *   train = the first half of the requests by arrival, eval = the second half; each half is
+ *   cut into `--windows` consecutive windows, the independent samples of the intervals;
  * - generated workloads (`workflows:N:SEED`, `agentic:N:SEED` when the loader knows it): train
  *   seeds 1–3, eval seeds 101–103.
  *
