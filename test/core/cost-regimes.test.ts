@@ -203,4 +203,17 @@ describe('cost policy regimes', () => {
     assert.equal(d.explain!.find((e) => e.worker === 'w1')!.terms.replicate, true);
     assert.equal(r.getStats().decisionsByReason.replicate, 1);
   });
+
+  test('dry runs teach the policy nothing; routed requests do', () => {
+    const r = new KVAwareRouter({ blockSize: 16 });
+    for (const id of ['w0', 'w1']) r.registerWorker(id);
+    const tokens = Array.from({ length: 64 * 16 }, (_, i) => i);
+    const probe = () => r.route({ tokens }, { dryRun: true, explain: true }).explain![0].terms;
+    r.setRemoteLoad('w1', { inFlightRequests: 1, queuedPrefillTokens: 5000, activeDecodeTokens: 0 });
+    const before = probe();
+    for (let i = 0; i < 50; i++) r.route({ tokens: tokens.map((t) => t + i * 7919) }, { dryRun: true });
+    assert.deepEqual(probe(), before);
+    for (let i = 0; i < 5; i++) r.route({ tokens: tokens.map((t) => t + i * 7919) }, { track: false });
+    assert.ok((probe().saturation as number) > 0, 'the mean work per request is known once requests were routed');
+  });
 });
