@@ -228,6 +228,7 @@ export class CostPolicy implements RoutingPolicy {
     let queued = 0;
     let holderQueued = 0;
     let inFlight = 0;
+    let busy = 0;
     let mostEntries = 0;
     let best = 0;
     let anyBelowCeiling = false;
@@ -236,6 +237,7 @@ export class CostPolicy implements RoutingPolicy {
     for (const c of candidates) {
       queued += c.worker.queuedPrefillTokens;
       inFlight += c.worker.inFlightRequests;
+      if (c.worker.inFlightRequests > 0) busy++;
       if (c.indexEntries > mostEntries) mostEntries = c.indexEntries;
       const cached = prompt > 0 ? Math.min(prompt, c.cachedTokens) : c.cachedFraction * REFERENCE_PROMPT_TOKENS;
       if (cached > best) {
@@ -251,7 +253,10 @@ export class CostPolicy implements RoutingPolicy {
     f.bestWork = prefillWork(p - best, p, w.attention);
     // the holder's own queue is left out: it must not shield the holder from replication
     const others = best > 0 ? candidates.length - 1 : candidates.length;
-    f.saturation = this.meanWork > 0 && others > 0 ? (queued - (best > 0 ? holderQueued : 0)) / others / this.meanWork : 0;
+    const queuedPerWorker = this.meanWork > 0 && others > 0 ? (queued - (best > 0 ? holderQueued : 0)) / others / this.meanWork : 0;
+    // below saturation a recompute still occupies a worker that an arrival may need: with the
+    // share of busy workers as that chance, one delayed request at most
+    f.saturation = queuedPerWorker + busy / candidates.length;
     const hit = Math.min(this.meanHit, MAX_REUSE_HIT);
     f.reuse = hit / (1 - hit);
     f.mostEntries = mostEntries;
