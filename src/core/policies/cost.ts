@@ -12,7 +12,9 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *   wait   = (queuedPrefillTokens + W(u)) · slow     estimated TTFT on this worker
  *   kvWait = max(0, P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity known)
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
- *                                                    (the best-cached worker's own queue left out)
+ *            + share of workers with requests        (the best-cached worker's own queue left out;
+ *              in flight                             the busy share: the chance a recompute
+ *                                                    delays an arrival below saturation)
  *   ρ      = h / (1 − h), h the smoothed hit rate     reuses of a cached token (what a copy displaces)
  *   full   = the worker's cached tokens / its KV capacity (else / the fullest worker's)
  *   recompute = recompute · σ · (W(u) − W(u_best)) / (1 + hot) + ρ · full · u
@@ -61,20 +63,21 @@ export interface CostWeights {
 }
 
 /**
- * The physical constants describe Qwen3-32B fp8 on one H100 (the simulator's engine model,
- * src/core/engine-model.ts ENGINE_DEFAULTS), derived in docs/routing.md:
- * - prefillTokensPerSecond: 8,192-token chunks at 14 ms + 8,192 × 0.08 ms ≈ 12,000 tokens/s;
- * - attention: 4 · 64 layers · 64 heads · 128 dims FLOP per (query, key) pair over 2 · 32e9
- *   FLOP per token of linear layers ≈ 3.3e-5;
- * - decode: reading one KV token per step (5.7e-5 ms) over one 8,192-token chunk (669 ms)
- *   ≈ 8.5e-8.
+ * The physical constants describe Qwen3-32B fp8 on one H100 SXM, from the same hardware
+ * figures as the simulator's engine model (src/engine-model/engine-model.ts ENGINE_DEFAULTS):
+ * - prefillTokensPerSecond: an 8,192-token chunk is compute-bound at 0.054 ms per token
+ *   (2 FLOP per parameter at 60% of the dense fp8 peak) = 442 ms ≈ 18,500 tokens/s;
+ * - attention: 2.1 MFLOP per (query, key) pair at the attention rate (3.5e-6 ms) over the
+ *   linear layers' 0.054 ms per token ≈ 6.5e-5;
+ * - decode: reading one KV token per step (4.9e-5 ms at 80% of HBM bandwidth) over one
+ *   chunk's 442 ms ≈ 1.1e-7.
  * The guard weights (load, pressure, knee, ceiling) and bonuses (cla, workflow) are the
  * policy's earlier defaults, kept for the seed API (no prompt length, no queue counts).
  */
 export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
-  prefillTokensPerSecond: 12_000,
-  attention: 3.3e-5,
-  decode: 8.5e-8,
+  prefillTokensPerSecond: 18_500,
+  attention: 6.5e-5,
+  decode: 1.1e-7,
   recompute: 1,
   load: 0.5,
   pressure: 6.0,
