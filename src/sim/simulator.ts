@@ -394,7 +394,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       const sample: number[] = [];
       engines.forEach((e, w) => {
         if (!dead[w]) {
-          const metrics = { kvUsage: e.kvUsage, waitingRequests: e.waitingCount, runningRequests: e.runningCount };
+          const metrics = { kvUsage: e.kvUsage, waitingRequests: e.waitingCount, runningRequests: e.runningCount, kvCapacityTokens: e.capacityBlocks * blockTokens };
           router.updateWorkerMetrics(ids[w], metrics);
           options.onScrape?.(now, w, metrics);
         }

@@ -81,6 +81,7 @@ export function resolveCostWeights(partial: Partial<CostWeights> = {}): CostWeig
     }
     w[key as keyof CostWeights] = value;
   }
+  if (!(w.prefillTokensPerSecond > 0)) throw new RangeError(`costWeights.prefillTokensPerSecond must be > 0, got ${w.prefillTokensPerSecond}`);
   if (w.pressureKnee >= 1) throw new RangeError(`costWeights.pressureKnee must be < 1, got ${w.pressureKnee}`);
   if (w.pressureCeiling > 1) throw new RangeError(`costWeights.pressureCeiling must be <= 1, got ${w.pressureCeiling}`);
   return w;

@@ -46,6 +46,12 @@ export interface RouteFeatures {
    * Scratch owned by the router: valid during choose() and onRouted() only.
    */
   readonly blocks?: RequestBlocks;
+  /**
+   * Identifies the longest prefix some worker already holds (its last block's hash; the
+   * anchor's for seed-API requests); 0 when no worker holds any. Requests with equal keys
+   * reuse the same cached prefix: the cost policy counts them to tell how hot a prefix is.
+   */
+  readonly sharedPrefixKey?: number;
 }
 
 /** Prefix-chained block hashes of one request (valid while the call that received them runs). */
@@ -57,7 +63,7 @@ export interface RequestBlocks {
 
 
 /** Why a worker was picked; shown in explanations and counted in metrics. */
-export type RouteReason = 'locality' | 'cla' | 'least-loaded' | 'cost' | 'balance' | 'cache-match' | 'hash' | 'random' | 'rotation' | 'none';
+export type RouteReason = 'locality' | 'cla' | 'least-loaded' | 'cost' | 'replicate' | 'balance' | 'cache-match' | 'hash' | 'random' | 'rotation' | 'none';
 
 export interface PolicyChoice {
   /** Index into the candidates; -1 when there is none. */
@@ -81,6 +87,11 @@ export interface RoutingPolicy {
    */
   readonly speculative?: boolean;
   choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice;
+  /**
+   * The router acted on the choice (not a dry run): the policy may learn from it. Called
+   * right after choose() with the chosen candidate.
+   */
+  commit?(chosen: Candidate, request: RouteFeatures): void;
   /**
    * The score terms behind the choice for one candidate, for explanations (not the hot path).
    * Called after choose() on the same candidates (scores may be relative to the others').

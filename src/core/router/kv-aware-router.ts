@@ -147,6 +147,7 @@ export class KVAwareRouter {
     if (metrics.kvUsage !== undefined) w.load = check.load(metrics.kvUsage, 'kvUsage');
     if (metrics.waitingRequests !== undefined) w.waitingRequests = check.finiteNonNegative(metrics.waitingRequests, 'waitingRequests');
     if (metrics.runningRequests !== undefined) w.runningRequests = check.finiteNonNegative(metrics.runningRequests, 'runningRequests');
+    if (metrics.kvCapacityTokens !== undefined) w.kvCapacityTokens = check.finiteNonNegative(metrics.kvCapacityTokens, 'kvCapacityTokens');
   }
 
   /** Workers in registration order (read-only views). */
@@ -228,6 +229,7 @@ export class KVAwareRouter {
       blockSize: hashes.tokensPerBlock || this.blockSize,
       routingKey: hashes.length > 0 ? hashes.lo[Math.min(hashes.length, 4) - 1] : anchor ? hashString32(anchor) : 0,
       blocks: hashes,
+      sharedPrefixKey: overlap.maxBlocks > 0 ? hashes.lo[Math.min(overlap.maxBlocks, hashes.length) - 1] : anchor ? hashString32(anchor) : 0,
     };
     const choice = this.policy.choose(candidates, features);
     const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;
@@ -249,6 +251,7 @@ export class KVAwareRouter {
 
     this.decisions[choice.reason] = (this.decisions[choice.reason] ?? 0) + 1;
     if (!chosen) return result;
+    this.policy.commit?.(chosen, features);
     const worker = chosen.worker;
     let start = 0;
     let end = 0;
