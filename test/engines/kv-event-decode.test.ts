@@ -10,7 +10,7 @@ const dir = new URL('../fixtures/kv-events/', import.meta.url);
 const names = readdirSync(dir).filter((f) => f.endsWith('.bin')).map((f) => f.slice(0, -4)).sort();
 
 /** The decoded batch in the fixture's JSON form (hashes as {bigint} or {hex}). */
-function normalise(b: KvEventBatch): unknown {
+function normalise(b: KvEventBatch): { events: unknown } {
   const h = (x: bigint | string) => (typeof x === 'bigint' ? { bigint: x.toString() } : { hex: x });
   return {
     ts: b.ts,
@@ -37,7 +37,7 @@ describe('vLLM KV event decoding', () => {
   test('array-like releases keep trailing defaults on the wire; map releases omit them', () => {
     const spec = new Uint8Array(readFileSync(new URL('spec-stored-int.bin', dir)));
     const map = new Uint8Array(readFileSync(new URL('map-stored-int.bin', dir)));
-    const rawSpec = decode(spec, { useBigInt64: true }) as [number, unknown[][]];
+    const rawSpec = decode(spec, { useBigInt64: true }) as [number, Array<unknown[]>];
     const rawMap = decode(map, { useBigInt64: true }) as { events: Array<Record<string, unknown>> };
     assert.equal(rawSpec[1][0].length, 12); // the tag and all 11 fields, 4 trailing nils included
     assert.deepEqual(rawSpec[1][0].slice(8), [null, null, null, null]);
