@@ -10,7 +10,7 @@ const dir = new URL('../fixtures/kv-events/', import.meta.url);
 const names = readdirSync(dir).filter((f) => f.endsWith('.bin')).map((f) => f.slice(0, -4)).sort();
 
 /** The decoded batch in the fixture's JSON form (hashes as {bigint} or {hex}). */
-function normalise(b: KvEventBatch): { events: unknown } {
+function normalise(b: KvEventBatch): { events: unknown; [k: string]: unknown } {
   const h = (x: bigint | string) => (typeof x === 'bigint' ? { bigint: x.toString() } : { hex: x });
   return {
     ts: b.ts,
