@@ -32,3 +32,24 @@ test('mock-engine rejects bad flags', async () => {
   assert.notEqual(code, 0);
   assert.match(stderr, /--replay needs --events/);
 });
+
+test('mock-engine --data-parallel-size and --lora-modules', async () => {
+  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+  const base = 20_000 + Math.floor(Math.random() * 30_000);
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-engine', '--port', '0', '--events', `tcp://127.0.0.1:${base}`, '--data-parallel-size', '2', '--lora-modules', 'sql,chat'], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  const url = await new Promise<string>((resolve, reject) => {
+    child.stderr.on('data', (d: Buffer) => {
+      stderr += d.toString();
+      const m = /on (http:\/\/[\d.]+:\d+)/.exec(stderr);
+      if (m) resolve(m[1]);
+    });
+    child.once('exit', (code) => reject(new Error(`exited ${code}: ${stderr}`)));
+  });
+  assert.match(stderr, new RegExp(`KV events on tcp://127\\.0\\.0\\.1:${base} tcp://127\\.0\\.0\\.1:${base + 1}`));
+  const models = (await (await fetch(`${url}/v1/models`)).json()) as { data: Array<{ id: string; parent: string | null }> };
+  assert.deepEqual(models.data.map((m) => [m.id, m.parent]), [['mock', null], ['sql', 'mock'], ['chat', 'mock']]);
+  const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+});
