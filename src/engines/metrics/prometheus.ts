@@ -1,8 +1,12 @@
 /**
- * Reads an engine's load from its Prometheus text (/metrics). Names are vLLM's and SGLang's
- * (DESIGN.md §8): requests running and waiting, and KV-cache usage as a 0-1 fraction (older
- * vLLM: gpu_cache_usage_perc; SGLang: token_usage). Series with labels (model_name, engine)
- * are summed per name, except usage, which is averaged.
+ * Reads an engine's load from its Prometheus text (/metrics). Names are the current ones of
+ * vLLM (vllm/v1/metrics/loggers.py) and SGLang (python/sglang/srt/metrics/collector.py,
+ * served with --enable-metrics), each followed by the deprecated name it replaced, read only
+ * when the current one is absent: requests running and waiting, KV-cache usage as a 0-1
+ * fraction (vllm:kv_cache_usage_perc, formerly vllm:gpu_cache_usage_perc; SGLang:
+ * token_usage), prefix-cache queries and hits (vllm:prefix_cache_*, formerly
+ * vllm:gpu_prefix_cache_*). Series with labels (model_name, engine) are summed per name,
+ * except usage, which is averaged.
  */
 export interface EngineLoad {
   running: number;
@@ -16,8 +20,8 @@ export interface EngineLoad {
 const RUNNING = ['vllm:num_requests_running', 'sglang:num_running_reqs'];
 const WAITING = ['vllm:num_requests_waiting', 'sglang:num_queue_reqs'];
 const USAGE = ['vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc', 'sglang:token_usage'];
-const QUERIES = ['vllm:prefix_cache_queries_total', 'vllm:prefix_cache_queries'];
-const HITS = ['vllm:prefix_cache_hits_total', 'vllm:prefix_cache_hits'];
+const QUERIES = ['vllm:prefix_cache_queries_total', 'vllm:prefix_cache_queries', 'vllm:gpu_prefix_cache_queries_total', 'vllm:gpu_prefix_cache_queries'];
+const HITS = ['vllm:prefix_cache_hits_total', 'vllm:prefix_cache_hits', 'vllm:gpu_prefix_cache_hits_total', 'vllm:gpu_prefix_cache_hits'];
 
 export class MetricsFormatError extends Error {}
 
