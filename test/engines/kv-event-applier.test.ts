@@ -180,7 +180,26 @@ describe('KV event applier on engine-encoded fixtures', () => {
       const d = v.apply('w0', decodeEventBatch(fixture(`${shape}-stored-int`)));
       assert.equal(d.storedBlocks, 2, shape);
       assert.equal(d.parentsProven, 1, shape);
+      if (shape === 'future') continue;
+      // the removal of both blocks, then AllBlocksCleared, as each shape sends them
+      const r = v.apply('w0', decodeEventBatch(fixture(`${shape}-removed-int`)));
+      assert.equal(r.removedBlocks, 2, shape);
+      assert.equal(v.trackedBlocks('w0'), 1, shape); // the proven parent
+      const c2 = v.apply('w0', decodeEventBatch(fixture(`${shape}-cleared`)));
+      assert.equal(c2.cleared, 1, shape);
+      assert.equal(v.trackedBlocks('w0'), 0, shape);
+      assert.equal(router.getStats().index.entries, 0, shape);
     }
+  });
+
+  test('SGLang with page size 16: one event per page chained by signed 64-bit hashes', () => {
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    const c = applier.apply('w0', decodeEventBatch(fixture('sglang-page16')));
+    assert.equal(c.storedBlocks, 2);
+    assert.equal(c.removedBlocks, 1);
+    assert.deepEqual(c.skipped, {});
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 16);
   });
 
   test('vllm hash mode: a late-joining router matches requests to blocks whose chain it never saw', () => {
