@@ -264,16 +264,34 @@ export class MockEngine {
     return best;
   }
 
+  /** vLLM's /tokenize: the prompt (or chat, with its tools and template options) as token ids. */
   private tokenize(body: Record<string, unknown>): { tokens: number[]; count: number; max_model_len: number } {
-    const tokens = body.messages !== undefined ? this.chatTokens(body.messages) : this.promptTokens(body.prompt);
+    if (body.model !== undefined && body.model !== this.model && !this.loraModules.includes(body.model as string)) throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
+    const tokens = body.messages !== undefined ? this.chatTokens(body.messages, body) : this.promptTokens(body.prompt);
     return { tokens, count: tokens.length, max_model_len: 131_072 };
   }
 
-  private chatTokens(messages: unknown): number[] {
+  /** A chat's prompt tokens: the model's template, with the request's tools and template options. */
+  private chatTokens(messages: unknown, body: Record<string, unknown> = {}): number[] {
     const checked = checkMessages(messages);
-    if (!this.options.tokenizer) return mockTokenize(mockChatPrompt(checked));
+    const tools = body.tools;
+    if (tools !== undefined && tools !== null && !Array.isArray(tools)) throw new HttpError(400, 'tools must be an array', 'tools');
+    const kwargs = body.chat_template_kwargs;
+    if (kwargs !== undefined && kwargs !== null && (typeof kwargs !== 'object' || Array.isArray(kwargs))) throw new HttpError(400, 'chat_template_kwargs must be an object', 'chat_template_kwargs');
+    const tokenizer = this.options.tokenizer;
+    if (!tokenizer) {
+      // the mock template: the tools' and template options' JSON ahead of the messages
+      const head = (tools ? `<|tools|>${JSON.stringify(tools)}\n` : '') + (kwargs ? `<|kwargs|>${JSON.stringify(kwargs)}\n` : '');
+      return mockTokenize(head + mockChatPrompt(checked));
+    }
     try {
-      return this.options.tokenizer.tokenize({ messages: checked });
+      if (tokenizer.tokenizeChatRequest) {
+        return tokenizer.tokenizeChatRequest({
+          messages: checked, tools: tools as unknown[] | undefined, chat_template_kwargs: kwargs as Record<string, unknown> | undefined,
+          add_generation_prompt: body.add_generation_prompt as boolean | undefined, continue_final_message: body.continue_final_message as boolean | undefined,
+        });
+      }
+      return tokenizer.tokenize({ messages: checked });
     } catch (err) {
       throw new HttpError(400, `the chat template rejected the messages: ${(err as Error).message}`, 'messages');
     }
@@ -291,7 +309,7 @@ export class MockEngine {
     if (typeof model !== 'string' || (model !== this.model && !this.loraModules.includes(model))) throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
     const lora = model === this.model ? null : model;
     const core = this.coreFor(rankHeader);
-    const tokens = chat ? this.chatTokens(body.messages) : this.promptTokens(body.prompt);
+    const tokens = chat ? this.chatTokens(body.messages, body) : this.promptTokens(body.prompt);
     if (tokens.length === 0) throw new HttpError(400, 'the prompt is empty', chat ? 'messages' : 'prompt');
     const maxTokens = body.max_tokens ?? body.max_completion_tokens ?? 16;
     if (!Number.isInteger(maxTokens) || (maxTokens as number) < 1 || (maxTokens as number) > 100_000) throw new HttpError(400, 'max_tokens must be an integer from 1 to 100000', 'max_tokens');
