@@ -32,6 +32,9 @@ describe('Prometheus load metrics', () => {
     assert.equal(load.running, 5);
     assert.ok(Math.abs(load.kvUsage - 0.3) < 1e-12);
     assert.equal(parsePrometheusText('x{a="}"} 1 1700000000').get('x')![0], 1);
+    // one data-parallel rank's series (vLLM labels each rank's with engine="r")
+    assert.equal(readEngineLoad(text, '1').running, 3);
+    assert.equal(readEngineLoad(text, '1').kvUsage, 0.4);
   });
 
   test('a page without load metrics is an error', () => {

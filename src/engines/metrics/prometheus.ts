@@ -25,8 +25,12 @@ const HITS = ['vllm:prefix_cache_hits_total', 'vllm:prefix_cache_hits', 'vllm:gp
 
 export class MetricsFormatError extends Error {}
 
-/** Parses exposition text into name → values (comments and malformed lines skipped). */
-export function parsePrometheusText(text: string): Map<string, number[]> {
+/**
+ * Parses exposition text into name → values (comments and malformed lines skipped). With
+ * `engine`, series labelled with another `engine` are left out: vLLM with data-parallel
+ * ranks exports one series per rank (engine="r") on its one /metrics page.
+ */
+export function parsePrometheusText(text: string, engine?: string): Map<string, number[]> {
   const series = new Map<string, number[]>();
   for (const raw of text.split('\n')) {
     const line = raw.trim();
@@ -40,6 +44,10 @@ export function parsePrometheusText(text: string): Map<string, number[]> {
     if (rest.startsWith('{')) {
       const close = findLabelsEnd(rest);
       if (close < 0) continue;
+      if (engine !== undefined) {
+        const m = /(?:^|[{,])\s*engine="([^"]*)"/.exec(rest.slice(0, close + 1));
+        if (m && m[1] !== engine) continue;
+      }
       rest = rest.slice(close + 1);
     }
     const value = Number(rest.trim().split(/\s+/)[0]);
@@ -73,9 +81,12 @@ function first(series: Map<string, number[]>, names: readonly string[], reduce: 
   return undefined;
 }
 
-/** The engine load in a /metrics page; throws MetricsFormatError when none of the names is there. */
-export function readEngineLoad(text: string): EngineLoad {
-  const s = parsePrometheusText(text);
+/**
+ * The engine load in a /metrics page (of one data-parallel rank when `engine` is given);
+ * throws MetricsFormatError when none of the names is there.
+ */
+export function readEngineLoad(text: string, engine?: string): EngineLoad {
+  const s = parsePrometheusText(text, engine);
   const running = first(s, RUNNING, 'sum');
   const waiting = first(s, WAITING, 'sum');
   const usage = first(s, USAGE, 'mean');
