@@ -1,4 +1,4 @@
-import type { RouteRequest } from '../core/router.js';
+import type { RouteRequest } from '../core/router/index.js';
 import type { ChatTemplateRequest } from '../engines/chat-tokenizer.js';
 import type { SubscriberStats } from '../engines/kv-events/subscriber.js';
 

@@ -1,5 +1,5 @@
 import { BlockHashes, chainRoot, hashTokenBlocksFrom, mixIntoChain } from '../../core/hashing.js';
-import type { KVAwareRouter } from '../../core/router.js';
+import type { KVAwareRouter } from '../../core/router/index.js';
 import { engineHashKey } from '../../core/vllm-block-hash.js';
 import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatch } from './decode.js';
 
