@@ -18,6 +18,16 @@ test("blockHash 'vllm': requests are keyed by vLLM's hash, so the engine's repor
   assert.equal(router.route({ tokens: prompt, cacheSalt: 'tenant' }, { dryRun: true }).workerId, 'w1');
   assert.equal(router.route({ tokens: prompt, cacheSalt: 'tenant' }, { dryRun: true }).cachedTokens, 20);
   assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 0, 'unsalted keys differ, as in vLLM');
+  // a late-joining router saw only the store of blocks 3-4: the engine caches prefixes, so
+  // blocks 0-2 are held too (the router's own hash could not match them at all)
+  const late = new KVAwareRouter({ blockSize: 4, indexMode: 'precise', blockHash: 'vllm', pythonHashSeed: '1234' });
+  late.registerWorker('w0');
+  late.registerWorker('w1');
+  late.applyStored('w1', { hi: engine.hi.subarray(3, 5), lo: engine.lo.subarray(3, 5), length: 2 });
+  const d = late.route({ tokens: prompt, cacheSalt: 'tenant' }, { dryRun: true, explain: true });
+  assert.equal(d.workerId, 'w1');
+  assert.equal(d.cachedTokens, 20);
+  assert.equal(d.explain!.find((e) => e.worker === 'w0')!.cachedTokens, 0);
   assert.throws(() => new KVAwareRouter({ blockHash: 'vllm' }), /pythonHashSeed/);
   assert.throws(() => new KVAwareRouter({ blockHash: 'md5' as never }), /'router' or 'vllm'/);
 });

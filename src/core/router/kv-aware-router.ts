@@ -235,6 +235,9 @@ export class KVAwareRouter {
     const overlap = this.overlap;
     if (!isolated && this.anchorLocalityEnabled && hashes.length > 0) {
       this.index.overlaps(hashes.hi, hashes.lo, hashes.length, overlap, now);
+      // engine-native keys: a block held deeper in the chain implies its prefix (vLLM caches
+      // prefixes), even where the router never saw those ancestors stored
+      if (this.keying.mode === 'vllm' && request.tokens !== undefined && overlap.maxBlocks < hashes.length) this.index.extendToDeepestHeld(hashes.hi, hashes.lo, hashes.length, overlap);
       if (this.otherBlockSizes.size > 0 && request.tokens !== undefined) this.overlapOtherBlockSizes(request.tokens, ns, overlap, now);
     } else {
       overlap.ensureSlots(this.workers.slotCount);
@@ -460,6 +463,7 @@ export class KVAwareRouter {
       if (!h) this.sizedHashes.set(blockSize, (h = new BlockHashes(64)));
       this.keying.hashTokens(tokens, blockSize, ns, h);
       if (h.length > 0) this.index.overlaps(h.hi, h.lo, h.length, o, now);
+      if (h.length > 0 && this.keying.mode === 'vllm' && o.maxBlocks < h.length) this.index.extendToDeepestHeld(h.hi, h.lo, h.length, o);
       for (const slot of slots) {
         const found = h.length > 0 && slot < o.blocks.length;
         overlap.blocks[slot] = found ? o.blocks[slot] : 0;

@@ -88,7 +88,7 @@ export interface WorkerNamespace {
 }
 
 export interface KvEventApplierOptions {
-  /** 'router' (default): own hashes from token ids; 'vllm': the engine's hashes are the keys. */
+  /** 'router': own hashes from token ids; 'vllm': the engine's hashes are the keys (default: the router's keying). */
   hashMode?: 'router' | 'vllm';
 }
 
@@ -110,7 +110,7 @@ export class KvEventApplier {
     private readonly namespaces: ReadonlyMap<string, WorkerNamespace> = new Map(),
     options: KvEventApplierOptions = {},
   ) {
-    const mode = options.hashMode ?? 'router';
+    const mode = options.hashMode ?? router.keying.mode;
     if (mode !== 'router' && mode !== 'vllm') throw new RangeError(`hashMode must be 'router' or 'vllm', got '${String(mode)}'`);
     this.hashMode = mode;
   }
@@ -156,7 +156,7 @@ export class KvEventApplier {
   }
 
   private blockSizeOf(workerId: string): number {
-    return this.namespaces.get(workerId)?.blockSize ?? this.router.blockSize;
+    return this.namespaces.get(workerId)?.blockSize ?? this.router.blockSizeOf(workerId);
   }
 
   /** Whether an event's KV group is a full-attention one (the only kind indexed). */
