@@ -81,7 +81,8 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     if (!b || typeof b.worker !== 'string' || connections.get(b.worker) === undefined) return openAiError(reply, 400, 'events need the id of a known worker (ID#r for a data-parallel rank) in "worker"', 'worker');
     try {
       const batch = decodeJsonEvents(b.events);
-      return { applied: applier.apply(b.worker, batch) };
+      // an event that cannot be read is skipped (listed with its reason), as on the ZeroMQ path
+      return { applied: applier.apply(b.worker, batch), skipped: batch.skipped ?? [] };
     } catch (err) {
       if (err instanceof KvEventFormatError) return openAiError(reply, 400, err.message, 'events');
       throw err;

@@ -192,3 +192,20 @@ test('serve refuses a bad config with a message and exit code 2', () => {
   assert.equal(r.status, 2);
   assert.match(r.stderr, /^error: --config .*unknown key 'colour'/m);
 });
+
+test('serve --block-hash vllm with PYTHONHASHSEED from the environment, and a dp-size worker', async () => {
+  const e = await new MockEngine({ blockHash: 'vllm', pythonHashSeed: '5' }).start();
+  engines.push(e);
+  const { child, base, stderr } = await startServe(['--port', '0', '--block-hash', 'vllm', '--worker', `id=m0,url=http://127.0.0.1:${e.port},dp-size=1,block-size=16`], { PYTHONHASHSEED: '5' });
+  assert.match(stderr, /block hash vllm/);
+  assert.match(stderr, /tokenize engine/);
+  const res = await fetch(`${base}/v1/route`, { method: 'POST', body: JSON.stringify({ prompt: 'hello there' }), headers: { 'content-type': 'application/json' } });
+  assert.equal(((await res.json()) as { worker: string }).worker, 'm0');
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+  // without a seed it refuses to start, naming what to set
+  const refused = spawnSync(process.execPath, ['--import', 'tsx', main, 'serve', '--port', '0', '--block-hash', 'vllm'], { env: { ...process.env, PYTHONHASHSEED: '' }, encoding: 'utf8' });
+  assert.notEqual(refused.status, 0);
+  assert.match(refused.stderr, /PYTHONHASHSEED/);
+});

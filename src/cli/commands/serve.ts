@@ -261,7 +261,7 @@ async function runServe(config: ServeConfig): Promise<void> {
     ? ChatTokenizer.load(c.tokenizer!, { chatTemplate: c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate) })
     : undefined;
   const precise = eventsUsable && c.workers.some((w) => w.events);
-  const router = new KVAwareRouter({ policy: c.policy, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate' });
+  const router = new KVAwareRouter({ policy: c.policy, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate', blockHash: c.blockHash, pythonHashSeed: c.pythonHashSeed });
   const state = createStateStore(c.state, { prefix: c.statePrefix });
   const gateway = await createGateway({
     state,
@@ -271,7 +271,7 @@ async function runServe(config: ServeConfig): Promise<void> {
     breakerFailures: c.breakerFailures, breakerCooldownMs: c.breakerCooldownMs, log,
   });
   const address = await gateway.app.listen({ host: c.host, port: c.port });
-  log(`contextforge-router serving on ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index, state ${c.state === 'memory' ? 'memory' : `redis (replica ${String(state.stats().replicaId)})`})`);
+  log(`contextforge-router serving on ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index, block hash ${c.blockHash}, state ${c.state === 'memory' ? 'memory' : `redis (replica ${String(state.stats().replicaId)})`})`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);
