@@ -41,6 +41,8 @@ export interface MockEngineOptions {
   /** Prefill speed (tokens/s) and decode speed (tokens/s per request). */
   prefillTokS?: number;
   decodeTokS?: number;
+  /** Longest request (prompt + max_tokens) served, vLLM's --max-model-len (default 131,072, capped by the KV). */
+  maxModelLen?: number;
   /** Largest request body accepted (bytes). */
   maxBodyBytes?: number;
   /** Seeds the engine's own block hashes (vLLM's are seeded per process too). */
@@ -63,6 +65,8 @@ interface RankCore {
   publisher: KvEventPublisher | undefined;
   /** Engine block hash (uint64) per cache key, with what BlockStored must carry. */
   blocks: Map<number, EngineBlock>;
+  /** Requests in the core per block key: a block's metadata outlives them only while cached. */
+  liveKeys: Map<number, number>;
   stored: number[];
   removed: bigint[];
   stepping: boolean;
@@ -151,17 +155,19 @@ export class MockEngine {
     if (options.replay && !options.events) throw new RangeError('replay needs events');
     for (let rank = 0; rank < this.dataParallelSize; rank++) {
       const core: RankCore = {
-        rank, engine: undefined as unknown as EngineModel, publisher: undefined, blocks: new Map(), stored: [], removed: [],
+        rank, engine: undefined as unknown as EngineModel, publisher: undefined, blocks: new Map(), liveKeys: new Map(), stored: [], removed: [],
         stepping: false, prefixQueries: 0, prefixHits: 0, inFlight: 0,
       };
       core.engine = new EngineModel(
         {
           blockTokens: this.blockSize,
           kvTokens: (options.kvBlocks ?? 4096) * this.blockSize,
-          stepBaseMs: 1000 / decode,
-          prefillMsPerToken: 1000 / prefill,
+          ...(options.maxModelLen !== undefined ? { maxModelLen: options.maxModelLen } : {}),
+          // a step is one decode interval, or the prefill of its tokens when that is longer
+          weightReadMs: 1000 / decode,
+          linearMsPerToken: 1000 / prefill,
           attentionMsPerTokenPair: 0,
-          decodeMsPerContextToken: 0,
+          kvReadMsPerToken: 0,
         },
         (hi, lo) => core.stored.push(blockKey(hi, lo)),
         (hi, lo) => this.onRemoved(core, blockKey(hi, lo)),
@@ -247,7 +253,7 @@ export class MockEngine {
   /** /v1/models as vLLM lists it: the base model, then each adapter with its parent. */
   private modelList(): unknown {
     const created = Math.floor(this.modelStart / 1000);
-    const card = (id: string, root: string, parent: string | null) => ({ id, object: 'model', created, owned_by: 'vllm', root, parent, max_model_len: 131_072, permission: [] });
+    const card = (id: string, root: string, parent: string | null) => ({ id, object: 'model', created, owned_by: 'vllm', root, parent, max_model_len: this.cores[0].engine.maxModelLen, permission: [] });
     return { object: 'list', data: [card(this.model, this.model, null), ...this.loraModules.map((name) => card(name, `/adapters/${name}`, this.model))] };
   }
 
@@ -268,7 +274,7 @@ export class MockEngine {
   private tokenize(body: Record<string, unknown>): { tokens: number[]; count: number; max_model_len: number } {
     if (body.model !== undefined && body.model !== this.model && !this.loraModules.includes(body.model as string)) throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
     const tokens = body.messages !== undefined ? this.chatTokens(body.messages, body) : this.promptTokens(body.prompt);
-    return { tokens, count: tokens.length, max_model_len: 131_072 };
+    return { tokens, count: tokens.length, max_model_len: this.cores[0].engine.maxModelLen };
   }
 
   /** A chat's prompt tokens: the model's template, with the request's tools and template options. */
@@ -318,6 +324,10 @@ export class MockEngine {
     if (salt !== undefined && (typeof salt !== 'string' || salt === '')) throw new HttpError(400, 'cache_salt must be a non-empty string', 'cache_salt');
     const streamOptions = body.stream_options as { include_usage?: unknown } | undefined;
 
+    // over the context limit: refused before it reaches the engine, in vLLM's words and shape
+    const refused = core.engine.rejection({ inputTokens: tokens.length, outputTokens: maxTokens as number });
+    if (refused !== null) return json(res, 400, { error: { message: refused, type: 'BadRequestError', param: null, code: 400 } });
+
     // the engine's own block hashes: vLLM's sha256_cbor, or seeded per process; keyed by the
     // adapter and cache_salt either way, as vLLM's
     const h = this.vllmHasher
@@ -351,10 +361,10 @@ export class MockEngine {
         core.inFlight--;
         this.pending.delete(id);
         core.engine.cancel(id);
-        // blocks it never got to compute are no longer anywhere in the engine
-        for (const key of request.keys) if (!core.engine.holds(key)) core.blocks.delete(key);
+        this.forget(core, request);
       }
     });
+    for (const key of keys) core.liveKeys.set(key, (core.liveKeys.get(key) ?? 0) + 1);
     core.engine.enqueue(request);
     this.pump(core);
   }
@@ -365,14 +375,17 @@ export class MockEngine {
     if (core.stepping || this.closed || core.engine.idle) return;
     core.stepping = true;
     const start = Date.now() - this.modelStart;
-    // runs of decode steps are cut at 50 ms so streams flow and new requests join soon
-    const step = core.engine.step(start, start + 50);
+    // runs of decode steps are cut at 50 ms so streams flow and new requests join soon; the
+    // step is scheduled now and its outputs land when it ends, so /metrics reads it in between
+    const end = core.engine.startStep(start, start + 50);
     this.flushEvents(core);
     setTimeout(() => {
       core.stepping = false;
+      const step = core.engine.finishStep();
+      this.flushEvents(core);
       this.finishStep(core, step);
       this.pump(core);
-    }, Math.max(0, step.end - start));
+    }, Math.max(0, end - start));
   }
 
   private finishStep(core: RankCore, step: StepResult): void {
@@ -403,9 +416,27 @@ export class MockEngine {
     sse(p.res, { id: p.id, object: p.chat ? 'chat.completion.chunk' : 'text_completion', created: p.created, model: p.model, choices: [choice] });
   }
 
+  /**
+   * A request left a core: the metadata of blocks no other request there shares and the core
+   * does not cache (never computed, or computed twice) goes too. Blocks the core caches keep
+   * theirs until BlockRemoved.
+   */
+  private forget(core: RankCore, request: EngineRequest): void {
+    for (const key of request.keys) {
+      const n = (core.liveKeys.get(key) ?? 1) - 1;
+      if (n > 0) {
+        core.liveKeys.set(key, n);
+        continue;
+      }
+      core.liveKeys.delete(key);
+      if (!core.engine.holds(key)) core.blocks.delete(key);
+    }
+  }
+
   private finish(p: Pending): void {
     p.done = true;
     p.core.inFlight--;
+    this.forget(p.core, p.request);
     this.pending.delete(p.request.id);
     const usage = {
       prompt_tokens: p.promptTokens,
@@ -436,7 +467,8 @@ export class MockEngine {
   private onRemoved(core: RankCore, key: number): void {
     const b = core.blocks.get(key);
     if (b) core.removed.push(b.hash);
-    core.blocks.delete(key);
+    // a request still in the core may compute the block again and must announce it then
+    if (!core.liveKeys.has(key)) core.blocks.delete(key);
   }
 
   /** One batch per step: consecutive stored blocks of a chain in one BlockStored, then removals. */

@@ -12,6 +12,7 @@ export function registerMockEngineCommand(program: Command): void {
     .option('--model <name>', 'model name served', 'mock')
     .option('--block-size <n>', 'tokens per KV block', intOption('--block-size', 1), 16)
     .option('--kv-blocks <n>', 'KV cache capacity in blocks', intOption('--kv-blocks', 1), 4096)
+    .option('--max-model-len <n>', 'longest request (prompt + max_tokens) served; longer ones get HTTP 400 (default 131072, capped by the KV)', intOption('--max-model-len', 1))
     .option('--events <endpoint>', 'bind a KV-event PUB socket here (e.g. tcp://127.0.0.1:5557)')
     .option('--replay <endpoint>', 'bind the KV-event replay ROUTER socket here')
     .option('--prefill-tok-s <n>', 'prefill speed, tokens/s', positiveNumberOption('--prefill-tok-s'), 20_000)
@@ -23,7 +24,7 @@ export function registerMockEngineCommand(program: Command): void {
     .option('--python-hash-seed <seed>', "the PYTHONHASHSEED vLLM's block hashes are seeded with (--block-hash vllm)")
     .action(async (o: {
       port: number; host: string; model: string; blockSize: number; kvBlocks: number; events?: string; replay?: string; prefillTokS: number; decodeTokS: number;
-      tokenizer?: string; dataParallelSize: number; loraModules?: string; blockHash: string; pythonHashSeed?: string;
+      tokenizer?: string; maxModelLen?: number; dataParallelSize: number; loraModules?: string; blockHash: string; pythonHashSeed?: string;
     }) => {
       if (o.replay && !o.events) throw new RangeError('--replay needs --events');
       if (o.blockHash !== 'mock' && o.blockHash !== 'vllm') throw new RangeError(`--block-hash must be 'vllm' or 'mock', got '${o.blockHash}'`);
@@ -33,7 +34,7 @@ export function registerMockEngineCommand(program: Command): void {
       const loraModules = o.loraModules === undefined ? [] : o.loraModules.split(',').map((x) => x.trim()).filter(Boolean);
       const tokenizer = o.tokenizer === undefined ? undefined : ChatTokenizer.load(o.tokenizer);
       const engine = await new MockEngine({
-        port: o.port, host: o.host, model: o.model, blockSize: o.blockSize, kvBlocks: o.kvBlocks,
+        port: o.port, host: o.host, model: o.model, blockSize: o.blockSize, kvBlocks: o.kvBlocks, maxModelLen: o.maxModelLen,
         events: o.events, replay: o.replay, prefillTokS: o.prefillTokS, decodeTokS: o.decodeTokS, tokenizer,
         dataParallelSize: o.dataParallelSize, loraModules, blockHash: o.blockHash as 'mock' | 'vllm', pythonHashSeed,
       }).start();
