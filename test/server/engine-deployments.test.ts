@@ -152,4 +152,20 @@ describe('gateway: engine deployment shapes', () => {
       return /contextforge_kv_events_skipped_total\{worker="w",reason="block_size"\} [1-9]/.test(await (await fetch(`${base}/metrics`)).text());
     }, 'the skip counter');
   });
+
+  test('a prompt given as token ids is hashed as those tokens in every tokenize mode', async () => {
+    const { ChatTokenizer } = await import('../../src/engines/chat-tokenizer.js');
+    const promptTokenizer = ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname);
+    for (const tokenize of ['text', 'tokenizer', 'engine'] as const) {
+      const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+      const gateway = await createGateway({ router, tokenize, promptTokenizer, metricsIntervalMs: 0, healthCheckIntervalMs: 0, workers: [{ id: 'a', url: 'http://127.0.0.1:1' }] });
+      cleanup.push(() => gateway.close());
+      const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+      const events = [{ type: 'BlockStored', block_hashes: [1, 2], parent_block_hash: null, token_ids: [5, 6, 7, 8, 9, 10, 11, 12], block_size: 4, lora_id: null, medium: 'GPU', lora_name: null }];
+      assert.equal((await post(base, '/admin/events', { worker: 'a', events })).status, 200);
+      const r = (await (await post(base, '/v1/route', { prompt: [5, 6, 7, 8, 9, 10, 11, 12, 13] })).json()) as Json;
+      assert.equal(r.cachedTokens, 8, tokenize);
+      assert.equal(r.promptTokens, 9, tokenize);
+    }
+  });
 });
