@@ -169,6 +169,17 @@ describe('KV event applier on engine-encoded fixtures', () => {
     assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 0);
   });
 
+  test('a prompt-embedding digest (bytes) in extra_keys is not taken for a cache salt', async () => {
+    const { encode } = await import('@msgpack/msgpack');
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    const payload = encode([1.5, [{ type: 'BlockStored', block_hashes: [7], parent_block_hash: null, token_ids: prompt.slice(0, 16), block_size: 16, lora_id: null, medium: 'GPU', lora_name: null, extra_keys: [[new Uint8Array([1, 2, 3])]] }]]);
+    const batch = decodeEventBatch(payload);
+    assert.deepEqual((batch.events[0] as { extraKeys: unknown }).extraKeys, [[{ bytes: '010203' }]]);
+    applier.apply('w0', batch);
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 16);
+  });
+
   test('every historical shape applies the same way', () => {
     for (const shape of ['v0.9', 'dp', 'medium', 'lora', 'extra', 'group', 'spec', 'mapev', 'map', 'future']) {
       const router = router16();

@@ -14,7 +14,7 @@ export type EngineBlockHash = bigint | string;
  * What keyed a block besides its tokens, one entry per block (null: nothing): vLLM's
  * `extra_keys` (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys) — the LoRA
  * name, multimodal (identifier, offset) pairs, the cache salt on a prompt's first block,
- * prompt-embedding digests. Strings, numbers, nested arrays; bytes as hex strings.
+ * prompt-embedding digests. Strings, numbers, nested arrays; bytes as {bytes: hex}.
  */
 export type ExtraKeys = ReadonlyArray<unknown> | null;
 
@@ -222,9 +222,9 @@ function extraKeyList(v: unknown, at: string): ExtraKeys[] | null {
   });
 }
 
-/** An extra key as plain data: bytes become hex, safe integers numbers. */
+/** An extra key as plain data: bytes become {bytes: hex} (never mistaken for a salt string), safe integers numbers. */
 function plainKey(v: unknown): unknown {
-  if (v instanceof Uint8Array) return Buffer.from(v).toString('hex');
+  if (v instanceof Uint8Array) return { bytes: Buffer.from(v).toString('hex') };
   if (typeof v === 'bigint') return Number.isSafeInteger(Number(v)) ? Number(v) : v.toString();
   if (Array.isArray(v)) return v.map(plainKey);
   return v;
