@@ -24,6 +24,18 @@ export interface ChatTemplateRequest {
   continue_final_message?: boolean;
 }
 
+/**
+ * Content the router cannot turn into the engine's tokens (images, audio, video: the engine's
+ * multimodal processor makes their placeholder tokens). Not the client's fault: the gateway
+ * routes such a request on its text instead.
+ */
+export class UntokenizableContentError extends RangeError {
+  constructor(message: string) {
+    super(message);
+    this.name = 'UntokenizableContentError';
+  }
+}
+
 /** Variables the caller cannot override through chat_template_kwargs. */
 const RESERVED_KWARGS = new Set(['messages', 'tools', 'documents', 'add_generation_prompt', 'continue_final_message', 'chat_template', 'tokenize', 'conversation']);
 const TEXT_PARTS: Record<string, string> = { text: 'text', input_text: 'text', output_text: 'text', refusal: 'refusal', thinking: 'thinking' };
@@ -218,7 +230,7 @@ export class ChatTokenizer implements PromptTokenizer {
       const p = part as Record<string, unknown> | null;
       const type = p && typeof p.type === 'string' ? p.type : undefined;
       const field = type !== undefined ? TEXT_PARTS[type] : undefined;
-      if (field === undefined) throw new RangeError(`messages[${i}].content[${k}]: a ${type ?? 'untyped'} part cannot be tokenized by the router (text parts only)`);
+      if (field === undefined) throw new UntokenizableContentError(`messages[${i}].content[${k}]: a ${type ?? 'untyped'} part cannot be tokenized by the router (text parts only)`);
       const text = p![field];
       if (text === null || text === undefined) continue;
       if (typeof text !== 'string') throw new RangeError(`messages[${i}].content[${k}].${field} must be a string`);

@@ -7,7 +7,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ChatMessage } from '../core/hashing.js';
 import type { RouteRequest } from '../core/router/index.js';
-import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
+import { UntokenizableContentError, type PromptTokenizer } from '../engines/chat-tokenizer.js';
 import { chatTemplateRequest } from './engine-deployments.js';
 
 declare module 'fastify' {
@@ -162,6 +162,8 @@ export function createRequestReader(options: RequestReaderOptions) {
           : promptTokenizer!.tokenize(parsed.routeRequest);
         parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
       } catch (err) {
+        // images and other media: the engine makes their tokens; route on the text instead
+        if (err instanceof UntokenizableContentError) return parsed;
         // a template that rejects the conversation (roles out of order, say) is the client's to fix
         void openAiError(reply, 400, `the chat template rejected the request: ${(err as Error).message}`, 'messages');
         return undefined;

@@ -168,4 +168,17 @@ describe('gateway: engine deployment shapes', () => {
       assert.equal(r.promptTokens, 9, tokenize);
     }
   });
+
+  test('tokenizer mode routes a chat with an image on its text instead of refusing it', async () => {
+    const { ChatTokenizer } = await import('../../src/engines/chat-tokenizer.js');
+    const promptTokenizer = ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname);
+    const router = new KVAwareRouter({ blockSize: 4 });
+    const gateway = await createGateway({ router, tokenize: 'tokenizer', promptTokenizer, metricsIntervalMs: 0, healthCheckIntervalMs: 0, workers: [{ id: 'a', url: 'http://127.0.0.1:1' }] });
+    cleanup.push(() => gateway.close());
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const messages = [{ role: 'user', content: [{ type: 'text', text: 'what is in this picture?' }, { type: 'image_url', image_url: { url: 'http://example.com/cat.png' } }] }];
+    const res = await post(base, '/v1/route', { messages });
+    assert.equal(res.status, 200);
+    assert.equal(((await res.json()) as Json).worker, 'a');
+  });
 });
