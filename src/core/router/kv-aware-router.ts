@@ -145,8 +145,8 @@ export class KVAwareRouter {
     this.workflows.dropWorker(workerId);
     this.index.applyCleared(state.slot);
     this.contentAnchors.remove(state.slot);
-    this.policy.onWorkerRemoved?.(state);
     this.groupBlockSizes();
+    this.policy.onWorkerRemoved?.(state);
     return true;
   }
 
