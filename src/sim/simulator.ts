@@ -394,7 +394,6 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       const sample: number[] = [];
       engines.forEach((e, w) => {
         if (!dead[w]) {
-          // the capacity as vLLM's cache_config_info reports it (num_gpu_blocks × block_size)
           const metrics = { kvUsage: e.kvUsage, waitingRequests: e.waitingCount, runningRequests: e.runningCount, kvCapacityTokens: e.capacityBlocks * blockTokens };
           router.updateWorkerMetrics(ids[w], metrics);
           options.onScrape?.(now, w, metrics);

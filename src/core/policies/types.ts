@@ -41,17 +41,17 @@ export interface RouteFeatures {
   /** A stable key for hash-based placement (the first blocks or the anchor); 0 when none. */
   readonly routingKey: number;
   /**
-   * Identifies the longest prefix some worker already holds (its last block's hash; the
-   * anchor's for seed-API requests); 0 when no worker holds any. Requests with equal keys
-   * reuse the same cached prefix: the cost policy counts them to tell how hot a prefix is.
-   */
-  readonly sharedPrefixKey?: number;
-  /**
    * The request's block hashes (prefix-chained; high and low 32-bit halves), for policies that
    * keep their own per-worker view (SGLang's approximate tree, Dynamo's active sequences).
    * Scratch owned by the router: valid during choose() and onRouted() only.
    */
   readonly blocks?: RequestBlocks;
+  /**
+   * Identifies the longest prefix some worker already holds (its last block's hash; the
+   * anchor's for seed-API requests); 0 when no worker holds any. Requests with equal keys
+   * reuse the same cached prefix: the cost policy counts them to tell how hot a prefix is.
+   */
+  readonly sharedPrefixKey?: number;
 }
 
 /** Prefix-chained block hashes of one request (valid while the call that received them runs). */
