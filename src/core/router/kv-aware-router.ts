@@ -282,7 +282,6 @@ export class KVAwareRouter {
 
     this.decisions[choice.reason] = (this.decisions[choice.reason] ?? 0) + 1;
     if (!chosen) return result;
-    this.policy.commit?.(chosen, features);
     const worker = chosen.worker;
     let start = 0;
     let end = 0;
