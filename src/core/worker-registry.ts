@@ -8,6 +8,8 @@ export interface WorkerInfo {
   url?: string;
   /** Models the engine serves. */
   models?: readonly string[];
+  /** Tokens per KV block on this engine (default: the router's block size). */
+  blockSize?: number;
 }
 
 /** One engine instance as the router sees it. Mutable by the registry's owner only. */
@@ -30,6 +32,8 @@ export class WorkerState {
   /** Engine-reported queue and batch (from /metrics), when scraped. */
   waitingRequests = 0;
   runningRequests = 0;
+  /** KV-cache capacity in tokens, when the engine's metrics report it (0: unknown). */
+  kvCapacityTokens = 0;
   /** Health as decided by the gateway's checks; an unhealthy worker gets no requests. */
   healthy = true;
   readonly claGroups = new Set<number>();
@@ -115,7 +119,8 @@ function checkInfo(info: unknown): WorkerInfo {
   if (typeof info !== 'object' || Array.isArray(info)) {
     throw new TypeError('info must be an object');
   }
-  const { claGroups, url, models } = info as WorkerInfo;
+  const { claGroups, url, models, blockSize } = info as WorkerInfo;
+  if (blockSize !== undefined && (!Number.isInteger(blockSize) || blockSize < 1 || blockSize > 1 << 16)) throw new RangeError(`info.blockSize must be an integer from 1 to 65536, got ${String(blockSize)}`);
   if (claGroups !== undefined) {
     if (!Array.isArray(claGroups)) throw new TypeError('info.claGroups must be an array of integers');
     claGroups.forEach((g, i) => optionalNonNegativeInt(g, `info.claGroups[${i}]`));

@@ -1,16 +1,16 @@
 import { readFileSync } from 'node:fs';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { parse as parseYaml } from 'yaml';
-import { POLICY_NAMES } from '../../core/policies/index.js';
-import { KVAwareRouter } from '../../core/router.js';
+import { POLICY_NAMES, resolveCostWeights, type CostWeights, type PolicyOptions } from '../../core/policies/index.js';
+import { KVAwareRouter } from '../../core/router/index.js';
 import { createGateway, type GatewayWorker } from '../../server/gateway.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { createStateStore } from '../../state/create-state-store.js';
 import { intOption } from '../options.js';
 
-const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla'] as const;
+const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla', 'dp-size', 'block-size'] as const;
 
-/** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2] */
+/** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N] */
 export function parseWorkerSpec(spec: string): GatewayWorker {
   const fields: Record<string, string> = {};
   for (const part of spec.split(',')) {
@@ -56,7 +56,20 @@ function workerFrom(fields: Record<string, unknown>, where: string): GatewayWork
   if (replay && !events) throw new RangeError(`${where}: replay needs events`);
   const models = list('models');
   if (models?.some((m) => m === '')) throw new RangeError(`${where}: models has an empty name`);
-  return { id, url, claGroups, models, events, replay, metrics: str('metrics') };
+  const positive = (key: string, max: number): number | undefined => {
+    const v = fields[key];
+    if (v === undefined || v === null || v === '') return undefined;
+    const n = typeof v === 'number' ? v : Number(v);
+    if (!Number.isInteger(n) || n < 1 || n > max || (typeof v === 'string' && !/^\d+$/.test(v.trim()))) throw new RangeError(`${where}: ${key} must be an integer from 1 to ${max}, got '${String(v)}'`);
+    return n;
+  };
+  const dpSize = positive('dp-size', 64);
+  const blockSize = positive('block-size', 1 << 16);
+  if (dpSize !== undefined && dpSize > 1 && events !== undefined && !/:\d+$/.test(events)) throw new RangeError(`${where}: dp-size needs events as tcp://host:port (rank r publishes on the port + r)`);
+  const out: GatewayWorker = { id, url, claGroups, models, events, replay, metrics: str('metrics') };
+  if (dpSize !== undefined) out.dpSize = dpSize;
+  if (blockSize !== undefined) out.blockSize = blockSize;
+  return out;
 }
 
 /**
@@ -71,6 +84,12 @@ interface Setting {
   help: string;
   parse: (value: string) => unknown;
   default?: unknown;
+  /**
+   * Also accepted in the config file under this key (the KVAwareRouter option's name, so a
+   * `tune` block or router options paste in unchanged). Such a setting takes a mapping in the
+   * file and a JSON or YAML flow mapping on the command line and in the environment.
+   */
+  optionKey?: string;
 }
 
 const choice = (flag: string, allowed: readonly string[]) => (v: string) => {
@@ -91,12 +110,44 @@ const state = (v: string) => {
   return v;
 };
 
+/** A JSON / YAML flow mapping (`{"recompute": 2}`, `{recompute: 2}`) passed to `check`. */
+const mapping = (flag: string, check: (value: Record<string, unknown>) => unknown) => (v: string) => {
+  let parsed: unknown;
+  try {
+    parsed = parseYaml(v);
+  } catch (err) {
+    throw new InvalidArgumentError(`${flag} must be a mapping such as '{"key": 1}': ${(err as Error).message.split('\n')[0]}`);
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new InvalidArgumentError(`${flag} must be a mapping such as '{"key": 1}', got '${v}'`);
+  try {
+    return check(parsed as Record<string, unknown>);
+  } catch (err) {
+    throw new InvalidArgumentError(`${flag}: ${(err as Error).message}`);
+  }
+};
+const costWeights = mapping('--cost-weights', (m) => {
+  resolveCostWeights(m as Partial<CostWeights>); // names the bad key
+  return m;
+});
+const POLICY_OPTION_KEYS = ['dynamo', 'sglang', 'llmd'];
+const policyOptions = mapping('--policy-options', (m) => {
+  for (const [k, v] of Object.entries(m)) {
+    if (!POLICY_OPTION_KEYS.includes(k)) throw new RangeError(`unknown policy '${k}' (options exist for: ${POLICY_OPTION_KEYS.join(', ')}; the cost policy's are --cost-weights)`);
+    if (v === null || typeof v !== 'object' || Array.isArray(v)) throw new RangeError(`${k} must be a mapping of that policy's options`);
+  }
+  return m;
+});
+
 export const SERVE_SETTINGS: readonly Setting[] = [
   { key: 'host', arg: '<addr>', help: 'listen address', parse: text('--host'), default: '127.0.0.1' },
   { key: 'port', arg: '<n>', help: 'listen port (0: any free port)', parse: port, default: 8080 },
   { key: 'policy', arg: '<name>', help: `routing policy (${POLICY_NAMES.join(', ')})`, parse: choice('--policy', POLICY_NAMES), default: 'cost' },
+  { key: 'cost-weights', arg: '<mapping>', help: "the cost policy's weights, e.g. '{recompute: 2}' (what `tune` prints; config key costWeights)", parse: costWeights, optionKey: 'costWeights' },
+  { key: 'policy-options', arg: '<mapping>', help: "peer policies' options, e.g. '{dynamo: {prefillLoadScale: 2}}' (config key policyOptions)", parse: policyOptions, optionKey: 'policyOptions' },
   { key: 'block-size', arg: '<n>', help: "tokens per KV block (the engines')", parse: intOption('--block-size', 1), default: 16 },
-  { key: 'tokenize', arg: '<mode>', help: 'how prompts are hashed: text, tokenizer (--tokenizer) or engine (the worker\'s /tokenize)', parse: choice('--tokenize', ['text', 'tokenizer', 'engine']), default: 'text' },
+  { key: 'tokenize', arg: '<mode>', help: 'how prompts are hashed: auto (engine when a worker has events=, else text), text, tokenizer (--tokenizer) or engine (the worker\'s /tokenize); token-id prompts are hashed as tokens in every mode', parse: choice('--tokenize', ['auto', 'text', 'tokenizer', 'engine']), default: 'auto' },
+  { key: 'block-hash', arg: '<kind>', help: "how blocks are keyed: router (its own hash of the token ids, chained through the events) or vllm (vLLM's sha256_cbor hash: needs --python-hash-seed or PYTHONHASHSEED equal to the engines' and their --prefix-caching-hash-algo sha256_cbor)", parse: choice('--block-hash', ['router', 'vllm']), default: 'router' },
+  { key: 'python-hash-seed', arg: '<seed>', help: 'the PYTHONHASHSEED the vLLM engines run with (--block-hash vllm; default: the PYTHONHASHSEED environment variable)', parse: text('--python-hash-seed') },
   { key: 'tokenizer', arg: '<path>', help: 'tokenizer.json, or the model directory holding it and tokenizer_config.json', parse: text('--tokenizer') },
   { key: 'chat-template', arg: '<file>', help: "a Jinja chat template replacing the tokenizer config's", parse: text('--chat-template') },
   { key: 'admin-token', arg: '<token>', help: 'bearer token for /admin (without it: loopback clients only)', parse: text('--admin-token') },
@@ -118,8 +169,12 @@ export interface ServeConfig {
   host: string;
   port: number;
   policy: string;
+  costWeights?: Partial<CostWeights>;
+  policyOptions?: Omit<PolicyOptions, 'costWeights'>;
   blockSize: number;
-  tokenize: 'text' | 'tokenizer' | 'engine';
+  tokenize: 'auto' | 'text' | 'tokenizer' | 'engine';
+  blockHash: 'router' | 'vllm';
+  pythonHashSeed?: string;
   tokenizer?: string;
   chatTemplate?: string;
   adminToken?: string;
@@ -146,8 +201,14 @@ export function readConfigFile(file: string): Record<string, unknown> {
   if (raw === null || raw === undefined) return {};
   if (typeof raw !== 'object' || Array.isArray(raw)) throw new RangeError(`--config ${file}: the top level must be a mapping of settings`);
   const known = new Set([...SERVE_SETTINGS.map((s) => s.key), 'workers']);
+  const byOptionKey = new Map(SERVE_SETTINGS.filter((s) => s.optionKey).map((s) => [s.optionKey!, s.key]));
   for (const key of Object.keys(raw)) {
-    if (!known.has(key)) throw new RangeError(`--config ${file}: unknown key '${key}' (known: ${[...known].join(', ')})`);
+    const alias = byOptionKey.get(key);
+    if (alias !== undefined) {
+      if ((raw as Record<string, unknown>)[alias] !== undefined) throw new RangeError(`--config ${file}: give ${key} or ${alias}, not both`);
+      continue;
+    }
+    if (!known.has(key)) throw new RangeError(`--config ${file}: unknown key '${key}' (known: ${[...known, ...byOptionKey.keys()].join(', ')})`);
   }
   return raw as Record<string, unknown>;
 }
@@ -165,9 +226,10 @@ export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = proces
   for (const s of SERVE_SETTINGS) {
     const name = camel(s.key);
     const source = cmd.getOptionValueSource(name);
-    if ((source === undefined || source === 'default') && file[s.key] !== undefined && file[s.key] !== null) {
+    const fromFile = file[s.key] ?? (s.optionKey !== undefined ? file[s.optionKey] : undefined);
+    if ((source === undefined || source === 'default') && fromFile !== undefined && fromFile !== null) {
       try {
-        out[name] = s.parse(String(file[s.key]));
+        out[name] = s.parse(typeof fromFile === 'object' ? JSON.stringify(fromFile) : String(fromFile));
       } catch (err) {
         throw new RangeError(`--config ${configFile}: ${s.key}: ${(err as Error).message}`);
       }
@@ -195,6 +257,11 @@ export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = proces
   }
   const config = { ...out, workers } as unknown as ServeConfig;
   if (config.tokenize === 'tokenizer' && !config.tokenizer) throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
+  if (config.blockHash === 'vllm') {
+    config.pythonHashSeed ??= env.PYTHONHASHSEED === '' ? undefined : env.PYTHONHASHSEED;
+    if (config.pythonHashSeed === undefined) throw new RangeError("--block-hash vllm needs the engines' PYTHONHASHSEED: --python-hash-seed N or the PYTHONHASHSEED environment variable (vLLM's block hashes are random without it)");
+    if (config.tokenize === 'text') throw new RangeError('--block-hash vllm hashes token ids: it needs --tokenize auto, tokenizer or engine, not text');
+  }
   return config;
 }
 
@@ -207,7 +274,7 @@ export function registerServeCommand(program: Command): void {
   }
   cmd.option(
     '--worker <spec>',
-    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
+    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
     (v: string, all: string[]) => [...all, v],
     [] as string[],
   );
@@ -217,18 +284,32 @@ export function registerServeCommand(program: Command): void {
   });
 }
 
-async function runServe(c: ServeConfig): Promise<void> {
+/**
+ * The tokenize mode `auto` stands for: the engine's /tokenize when a worker publishes KV
+ * events (they carry token ids, so only requests hashed from token ids can match them) or
+ * vLLM block hashes are asked for; text otherwise.
+ */
+export function resolveTokenizeMode(c: Pick<ServeConfig, 'tokenize' | 'workers' | 'blockHash'>): 'text' | 'tokenizer' | 'engine' {
+  if (c.tokenize !== 'auto') return c.tokenize;
+  return c.blockHash === 'vllm' || c.workers.some((w) => w.events) ? 'engine' : 'text';
+}
+
+async function runServe(config: ServeConfig): Promise<void> {
   const log = (m: string) => process.stderr.write(`${m}\n`);
+  const c = { ...config, tokenize: resolveTokenizeMode(config) };
   // KV events carry token ids: only requests hashed from token ids can match them
   const eventsUsable = c.tokenize !== 'text';
   if (!eventsUsable && c.workers.some((w) => w.events)) {
-    log('warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize tokenizer or engine');
+    log('warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize auto, tokenizer or engine');
   }
   const promptTokenizer = c.tokenize === 'tokenizer'
     ? ChatTokenizer.load(c.tokenizer!, { chatTemplate: c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate) })
     : undefined;
   const precise = eventsUsable && c.workers.some((w) => w.events);
-  const router = new KVAwareRouter({ policy: c.policy, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate' });
+  const router = new KVAwareRouter({
+    policy: c.policy, costWeights: c.costWeights, policyOptions: c.policyOptions, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate',
+    blockHash: c.blockHash, pythonHashSeed: c.pythonHashSeed,
+  });
   const state = createStateStore(c.state, { prefix: c.statePrefix });
   const gateway = await createGateway({
     state,
@@ -238,7 +319,7 @@ async function runServe(c: ServeConfig): Promise<void> {
     breakerFailures: c.breakerFailures, breakerCooldownMs: c.breakerCooldownMs, log,
   });
   const address = await gateway.app.listen({ host: c.host, port: c.port });
-  log(`contextforge-router serving on ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index, state ${c.state === 'memory' ? 'memory' : `redis (replica ${String(state.stats().replicaId)})`})`);
+  log(`contextforge-router serving on ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index, block hash ${c.blockHash}, state ${c.state === 'memory' ? 'memory' : `redis (replica ${String(state.stats().replicaId)})`})`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);

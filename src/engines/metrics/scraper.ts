@@ -1,6 +1,6 @@
-import type { KVAwareRouter } from '../../core/router.js';
+import type { KVAwareRouter } from '../../core/router/index.js';
 import type { WorkerHealth } from '../health.js';
-import { recordOutcome, Rounds, type CheckStreak } from '../rounds.js';
+import { recordOutcome, PollLoop, type CheckStreak } from '../poll-loop.js';
 import { readEngineLoad, type EngineLoad } from './prometheus.js';
 
 /**
@@ -12,6 +12,8 @@ import { readEngineLoad, type EngineLoad } from './prometheus.js';
 export interface MetricsTarget {
   workerId: string;
   url: string;
+  /** The data-parallel rank whose series to read (vLLM's `engine` label); default: all, summed. */
+  engine?: string;
 }
 
 export interface ScraperOptions {
@@ -34,7 +36,7 @@ export interface TargetState extends CheckStreak {
 export class MetricsScraper {
   private readonly states = new Map<string, TargetState>();
   private readonly targets = new Map<string, MetricsTarget>();
-  private readonly rounds: Rounds;
+  private readonly pollLoop: PollLoop;
   private readonly timeoutMs: number;
   private readonly failuresToUnhealthy: number;
   private readonly successesToHealthy: number;
@@ -46,7 +48,7 @@ export class MetricsScraper {
   ) {
     const intervalMs = options.intervalMs ?? 1000;
     this.timeoutMs = options.timeoutMs ?? Math.min(2000, intervalMs);
-    this.rounds = new Rounds(() => this.scrapeAll(), intervalMs);
+    this.pollLoop = new PollLoop(() => this.scrapeAll(), intervalMs);
     this.failuresToUnhealthy = options.failuresToUnhealthy ?? 3;
     this.successesToHealthy = options.successesToHealthy ?? 2;
     for (const t of targets) this.add(t);
@@ -67,12 +69,12 @@ export class MetricsScraper {
   }
 
   start(): this {
-    this.rounds.start();
+    this.pollLoop.start();
     return this;
   }
 
   stop(): void {
-    this.rounds.stop();
+    this.pollLoop.stop();
   }
 
   /** One round over every target (also what start() repeats). */
@@ -87,10 +89,10 @@ export class MetricsScraper {
     try {
       const res = await fetch(t.url, { signal: AbortSignal.timeout(this.timeoutMs) });
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
-      const load = readEngineLoad(await res.text());
+      const load = readEngineLoad(await res.text(), t.engine);
       if (this.states.get(t.workerId) !== s) return; // removed while scraping
       s.lastLoad = load;
-      this.router.updateWorkerMetrics(t.workerId, { kvUsage: load.kvUsage, waitingRequests: load.waiting, runningRequests: load.running });
+      this.router.updateWorkerMetrics(t.workerId, { kvUsage: load.kvUsage, waitingRequests: load.waiting, runningRequests: load.running, kvCapacityTokens: load.kvCapacityTokens });
       const flipped = recordOutcome(s, true, this.failuresToUnhealthy, this.successesToHealthy);
       if (flipped !== undefined) this.setHealth(t.workerId, s, flipped);
     } catch (err) {
