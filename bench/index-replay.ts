@@ -151,6 +151,7 @@ const totalBlockOps = lookupBlocks + storedBlocks + removedBlocks;
 const result = {
   lookupP50Us: round(percentile(lookups, 50) * 1000, 2),
   lookupP99Us: round(percentile(lookups, 99) * 1000, 2),
+  lookupP999Us: round(percentile(lookups, 99.9) * 1000, 2),
   blockOpsPerSec: Math.round(totalBlockOps / (totalMs / 1000)),
   settings: {
     trace: tracePath.split('/').pop(),

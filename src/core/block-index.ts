@@ -142,7 +142,8 @@ export class BlockIndex {
   private sweepPos = 0;
 
   private walkNodes = new Int32Array(1024);
-  private activeScratch = new Int32Array(4);
+  private activeBits = new Int32Array(4);
+  private activeWords = new Int32Array(4);
   private walkLength = 0;
 
   private totalEntries = 0;
@@ -232,13 +233,12 @@ export class BlockIndex {
 
   private dropWorkerFromNode(node: number, slot: number): void {
     if (this.ref[node] === FREE) return;
-    const base = node * this.stride + (slot >>> 5);
+    const base = node * this.stride + (slot >>> 5) * ROWS;
     const bit = 1 << (slot & 31);
     let had = 0;
     for (let r = 0; r < ROWS; r++) {
-      const idx = base + r * this.words;
-      had |= this.masks[idx] & bit;
-      this.masks[idx] &= ~bit;
+      had |= this.masks[base + r] & bit;
+      this.masks[base + r] &= ~bit;
     }
     if (had !== 0) {
       this.entriesOf[slot]--;
@@ -263,10 +263,10 @@ export class BlockIndex {
       const h = hi[i] >>> 0;
       const l = lo[i] >>> 0;
       node = this.locate(i, h, l, node);
-      const base = node * this.stride + w;
+      const base = node * this.stride + w * ROWS;
       // a block the engine reported storing needs no prediction; one predicted in this
       // generation already is up to date
-      if ((this.masks[base] | this.masks[base + this.words] | this.masks[base + row * this.words]) & bit) continue;
+      if ((this.masks[base + ROW_GPU] | this.masks[base + ROW_OFFLOAD] | this.masks[base + row]) & bit) continue;
       // the first predicted bit of this generation on a node puts it on the expiry list
       if (this.rowIsZero(node, row)) this.pushGenerationNode(g, node);
       this.setBit(node, row, slot);
@@ -381,6 +381,7 @@ export class BlockIndex {
       const predOnly = next & pred & ~gpu & ~off;
       if (predOnly !== 0) countBits(predOnly, 0, out.predictedBlocks);
       active = next;
+      if ((active & (active - 1)) === 0) return this.walkOneSlot(hi, lo, n, i + 1, node, 31 - Math.clz32(active), out);
     }
     if (i > 0) this.finishSlots(active, 0, i, out);
     out.maxBlocks = i;
@@ -388,15 +389,29 @@ export class BlockIndex {
     return out;
   }
 
+  /**
+   * More than 32 slots. Only the words that still have a matching slot are read: their list
+   * shrinks as slots drop out, so once a prefix narrows to the few workers that hold it, the
+   * cost per block no longer grows with the number of workers.
+   */
   private overlapsWide(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, out: OverlapResult): OverlapResult {
     const words = this.words;
+    const stride = this.stride;
     const walk = this.walkFor(n);
-    const p0 = this.liveRows[0] * words;
-    const p1 = this.liveRows[1] * words;
-    const p2 = this.liveRows[2] * words;
-    if (this.activeScratch.length < words) this.activeScratch = new Int32Array(words);
-    const active = this.activeScratch;
-    active.fill(-1, 0, words);
+    const p0 = this.liveRows[0];
+    const p1 = this.liveRows[1];
+    const p2 = this.liveRows[2];
+    if (this.activeBits.length < words) {
+      this.activeBits = new Int32Array(words);
+      this.activeWords = new Int32Array(words);
+    }
+    const bits = this.activeBits; // per word: the slots still matching
+    const list = this.activeWords; // the words whose bits are not 0
+    for (let w = 0; w < words; w++) {
+      bits[w] = -1;
+      list[w] = w;
+    }
+    let count = words;
     const masks = this.masks;
     let i = 0;
     let node = EMPTY;
@@ -405,32 +420,73 @@ export class BlockIndex {
       const l = lo[i] >>> 0;
       node = node === EMPTY ? this.find(h, l) : this.findNear(node, h, l);
       if (node === EMPTY) break;
-      const base = node * this.stride;
-      let any = 0;
-      for (let w = 0; w < words; w++) {
-        if (active[w] === 0) continue;
-        any |= active[w] & (masks[base + w] | masks[base + words + w] | masks[base + p0 + w] | masks[base + p1 + w] | masks[base + p2 + w]);
-      }
-      if (any === 0) break;
-      walk[i] = node;
-      this.ref[node] = 1;
-      for (let w = 0; w < words; w++) {
-        const current = active[w];
-        if (current === 0) continue;
-        const gpu = masks[base + w];
-        const off = masks[base + words + w];
-        const pred = masks[base + p0 + w] | masks[base + p1 + w] | masks[base + p2 + w];
+      const base = node * stride;
+      let kept = 0;
+      for (let k = 0; k < count; k++) {
+        const w = list[k];
+        const current = bits[w];
+        const b = base + w * ROWS;
+        const gpu = masks[b];
+        const off = masks[b + ROW_OFFLOAD];
+        const pred = masks[b + p0] | masks[b + p1] | masks[b + p2];
         const next = current & (gpu | off | pred);
-        // slots dropping out at depth 0 already read 0
+        // slots dropping out at depth 0 already read 0; later ones end at this depth, which
+        // is also where the walk ends if none is left
         if (next !== current && i > 0) this.finishSlots(current & ~next, w, i, out);
+        if (next === 0) continue;
         const offOnly = next & off & ~gpu;
         if (offOnly !== 0) countBits(offOnly, w, out.offloadBlocks);
         const predOnly = next & pred & ~gpu & ~off;
         if (predOnly !== 0) countBits(predOnly, w, out.predictedBlocks);
-        active[w] = next;
+        bits[w] = next;
+        list[kept++] = w;
+      }
+      count = kept;
+      if (count === 0) break;
+      walk[i] = node;
+      this.ref[node] = 1;
+      if (count === 1) {
+        const last = bits[list[0]];
+        if ((last & (last - 1)) === 0) return this.walkOneSlot(hi, lo, n, i + 1, node, (list[0] << 5) + (31 - Math.clz32(last)), out);
       }
     }
-    if (i > 0) for (let w = 0; w < words; w++) this.finishSlots(active[w], w, i, out);
+    if (i > 0) for (let k = 0; k < count; k++) this.finishSlots(bits[list[k]], list[k], i, out);
+    out.maxBlocks = i;
+    this.walkLength = i;
+    return out;
+  }
+
+  /**
+   * The rest of a walk once one slot alone still matches (from block i, after `node`): its
+   * depth and tiers stay exact, as the policies weigh them against load, but each block costs
+   * one word per row whatever the number of workers.
+   */
+  private walkOneSlot(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, i: number, node: number, slot: number, out: OverlapResult): OverlapResult {
+    const masks = this.masks;
+    const walk = this.walkNodes;
+    const stride = this.stride;
+    const offset = (slot >>> 5) * ROWS;
+    const bit = 1 << (slot & 31);
+    const p0 = this.liveRows[0];
+    const p1 = this.liveRows[1];
+    const p2 = this.liveRows[2];
+    let offloaded = 0;
+    let predicted = 0;
+    for (; i < n; i++) {
+      node = this.findNear(node, hi[i] >>> 0, lo[i] >>> 0);
+      if (node === EMPTY) break;
+      const b = node * stride + offset;
+      if ((masks[b] & bit) === 0) {
+        if ((masks[b + ROW_OFFLOAD] & bit) !== 0) offloaded++;
+        else if (((masks[b + p0] | masks[b + p1] | masks[b + p2]) & bit) !== 0) predicted++;
+        else break;
+      }
+      walk[i] = node;
+      this.ref[node] = 1;
+    }
+    out.blocks[slot] = i;
+    out.offloadBlocks[slot] += offloaded;
+    out.predictedBlocks[slot] += predicted;
     out.maxBlocks = i;
     this.walkLength = i;
     return out;
@@ -458,11 +514,11 @@ export class BlockIndex {
   holder(slot: number, hi: number, lo: number): 'gpu' | 'offload' | 'predicted' | null {
     const node = this.find(hi >>> 0, lo >>> 0);
     if (node === EMPTY || slot >= this.words * 32) return null;
-    const base = node * this.stride + (slot >>> 5);
+    const base = node * this.stride + (slot >>> 5) * ROWS;
     const bit = 1 << (slot & 31);
-    if (this.masks[base] & bit) return 'gpu';
-    if (this.masks[base + this.words] & bit) return 'offload';
-    for (const row of this.liveRows) if (this.masks[base + row * this.words] & bit) return 'predicted';
+    if (this.masks[base + ROW_GPU] & bit) return 'gpu';
+    if (this.masks[base + ROW_OFFLOAD] & bit) return 'offload';
+    for (const row of this.liveRows) if (this.masks[base + row] & bit) return 'predicted';
     return null;
   }
 
@@ -502,18 +558,18 @@ export class BlockIndex {
 
   /** Whether the worker has any bit on the node (any tier). */
   private holds(node: number, w: number, bit: number): boolean {
-    const base = node * this.stride + w;
-    for (let r = 0; r < ROWS; r++) if (this.masks[base + r * this.words] & bit) return true;
+    const base = node * this.stride + w * ROWS;
+    for (let r = 0; r < ROWS; r++) if (this.masks[base + r] & bit) return true;
     return false;
   }
 
   private setBit(node: number, row: number, slot: number): void {
     const w = slot >>> 5;
     const bit = 1 << (slot & 31);
-    const idx = node * this.stride + row * this.words + w;
+    const base = node * this.stride + w * ROWS;
+    const idx = base + row;
     if (this.masks[idx] & bit) return;
-    const base = node * this.stride + w;
-    const hadStored = (this.masks[base] | this.masks[base + this.words]) & bit;
+    const hadStored = (this.masks[base + ROW_GPU] | this.masks[base + ROW_OFFLOAD]) & bit;
     const had = hadStored !== 0 || this.holds(node, w, bit);
     this.masks[idx] |= bit;
     if (!had) {
@@ -527,7 +583,7 @@ export class BlockIndex {
   private clearBit(node: number, row: number, slot: number): void {
     const w = slot >>> 5;
     const bit = 1 << (slot & 31);
-    const idx = node * this.stride + row * this.words + w;
+    const idx = node * this.stride + w * ROWS + row;
     if ((this.masks[idx] & bit) === 0) return;
     this.masks[idx] &= ~bit;
     if (!this.holds(node, w, bit)) {
@@ -537,8 +593,8 @@ export class BlockIndex {
   }
 
   private rowIsZero(node: number, row: number): boolean {
-    const base = node * this.stride + row * this.words;
-    for (let w = 0; w < this.words; w++) if (this.masks[base + w] !== 0) return false;
+    const base = node * this.stride + row;
+    for (let w = 0; w < this.words; w++) if (this.masks[base + w * ROWS] !== 0) return false;
     return true;
   }
 
@@ -579,8 +635,8 @@ export class BlockIndex {
     let k = 0;
     for (let i = 0; i < n; i++) {
       const node = list[i];
-      const base = node * this.stride + w;
-      const stored = (this.masks[base] | this.masks[base + this.words]) & bit;
+      const base = node * this.stride + w * ROWS;
+      const stored = (this.masks[base + ROW_GPU] | this.masks[base + ROW_OFFLOAD]) & bit;
       if (this.ref[node] === FREE || this.mark[node] === epoch || stored === 0) continue;
       this.mark[node] = epoch;
       list[k++] = node;
@@ -609,11 +665,12 @@ export class BlockIndex {
     for (let i = from; i < n; i++) {
       const node = list[i];
       if (this.ref[node] === FREE) continue;
-      const base = node * this.stride + row * this.words;
+      const base = node * this.stride + row;
       for (let w = 0; w < this.words; w++) {
-        let bits = this.masks[base + w];
+        const idx = base + w * ROWS;
+        let bits = this.masks[idx];
         if (bits === 0) continue;
-        this.masks[base + w] = 0;
+        this.masks[idx] = 0;
         // entries still held through another row are not lost
         while (bits !== 0) {
           const low = bits & -bits;
@@ -655,7 +712,7 @@ export class BlockIndex {
     const base = node * this.stride;
     for (let w = 0; w < this.words; w++) {
       let bits = 0;
-      for (let r = 0; r < ROWS; r++) bits |= this.masks[base + r * this.words + w];
+      for (let r = 0; r < ROWS; r++) bits |= this.masks[base + w * ROWS + r];
       while (bits !== 0) {
         const low = bits & -bits;
         bits ^= low;
@@ -828,10 +885,9 @@ export class BlockIndex {
     const oldStride = this.stride;
     const stride = words * ROWS;
     const masks = new Uint32Array(this.capacity * stride);
+    // a node's words keep their offsets: the new words follow the old ones
     for (let node = 0; node < this.highWater; node++) {
-      for (let r = 0; r < ROWS; r++) {
-        for (let w = 0; w < oldWords; w++) masks[node * stride + r * words + w] = this.masks[node * oldStride + r * oldWords + w];
-      }
+      masks.set(this.masks.subarray(node * oldStride, node * oldStride + oldWords * ROWS), node * stride);
     }
     this.masks = masks;
     this.words = words;
