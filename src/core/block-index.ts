@@ -3,9 +3,16 @@
  *
  * Layout, chosen for the route path's cost and for memory (README "Performance"):
  * - Blocks live in a node arena of typed arrays, addressed by a stable node id. A node holds
- *   the 64-bit key (two uint32) and, per tier, a bitmask of the worker slots holding it:
- *   `gpu`, `offload` (CPU or disk, vLLM's `medium`), and `predicted` (the router's own
- *   records: approximate mode, and precise mode's short-lived speculative entries).
+ *   the 64-bit key (two adjacent uint32) and, per tier, a bitmask of the worker slots holding
+ *   it: `gpu`, `offload` (CPU or disk, vLLM's `medium`), and `predicted` (the router's own
+ *   records: approximate mode, and precise mode's short-lived speculative entries). A node's
+ *   masks are stored word-major (for each 32-slot word, its rows side by side), so the walk
+ *   reads one cache line per node for the word it still needs.
+ * - Lookups (overlaps) walk the request's blocks with the set of slots still matching and
+ *   stop when it is empty. Only mask words with a matching slot are read, and once a single
+ *   slot remains the walk tests that slot's bit alone: past the first few blocks the cost per
+ *   block does not depend on the number of workers. Depths stay exact for every slot (the
+ *   policies weigh them against load), so the walk is not cut short at one candidate.
  * - An open-addressing hash table (linear probing, backward-shift deletion) maps keys to
  *   node ids. No JS Map, no boxed numbers, no per-block objects.
  * - Per worker a reverse list of the node ids it stores (GPU, offload), so removing a worker
@@ -110,8 +117,7 @@ export class BlockIndex {
   private capacity: number;
   private words = 1;
   private stride = ROWS; // words * ROWS
-  private keyHi: Uint32Array;
-  private keyLo: Uint32Array;
+  private keys: Uint32Array; // per node: low half, high half (one cache line for both)
   private masks: Uint32Array;
   private ref: Uint8Array; // 0 cold, 1 referenced, 2 free
   private mark: Uint32Array; // compaction epoch, to dedupe reverse lists
@@ -158,8 +164,7 @@ export class BlockIndex {
     if (!(this.predictedTtlMs > 0)) throw new RangeError(`predictedTtlMs must be > 0, got ${this.predictedTtlMs}`);
     this.generationMs = this.predictedTtlMs / (LIVE_GENERATIONS - 1);
     this.capacity = Math.max(64, options.initialCapacity ?? 1024);
-    this.keyHi = new Uint32Array(this.capacity);
-    this.keyLo = new Uint32Array(this.capacity);
+    this.keys = new Uint32Array(this.capacity * 2);
     this.masks = new Uint32Array(this.capacity * this.stride);
     this.ref = new Uint8Array(this.capacity);
     this.mark = new Uint32Array(this.capacity);
@@ -529,7 +534,7 @@ export class BlockIndex {
       if (n > 0) entriesPerWorker[slot] = n;
     });
     let bytes =
-      this.keyHi.byteLength + this.keyLo.byteLength + this.masks.byteLength + this.ref.byteLength +
+      this.keys.byteLength + this.masks.byteLength + this.ref.byteLength +
       this.mark.byteLength + this.freeList.byteLength + this.table.byteLength;
     for (const r of this.reverse) if (r) bytes += r.byteLength;
     for (const g of this.generationNodes) bytes += g.byteLength;
@@ -743,7 +748,7 @@ export class BlockIndex {
     for (;;) {
       const node = table[pos];
       if (node === EMPTY) return EMPTY;
-      if (this.keyLo[node] === lo && this.keyHi[node] === hi) return node;
+      if (this.keys[2 * node] === lo && this.keys[2 * node + 1] === hi) return node;
       pos = (pos + 1) & mask;
     }
   }
@@ -756,7 +761,7 @@ export class BlockIndex {
   private locate(i: number, h: number, l: number, previous: number): number {
     if (i < this.walkLength) {
       const node = this.walkNodes[i];
-      if (this.keyLo[node] === l && this.keyHi[node] === h && this.ref[node] !== FREE) {
+      if (this.keys[2 * node] === l && this.keys[2 * node + 1] === h && this.ref[node] !== FREE) {
         this.ref[node] = 1;
         return node;
       }
@@ -778,9 +783,9 @@ export class BlockIndex {
    */
   private adjacent(node: number, h: number, l: number): number {
     const up = node + 1;
-    if (up < this.highWater && this.keyLo[up] === l && this.keyHi[up] === h && this.ref[up] !== FREE) return up;
+    if (up < this.highWater && this.keys[2 * up] === l && this.keys[2 * up + 1] === h && this.ref[up] !== FREE) return up;
     const down = node - 1;
-    if (down >= 0 && this.keyLo[down] === l && this.keyHi[down] === h && this.ref[down] !== FREE) return down;
+    if (down >= 0 && this.keys[2 * down] === l && this.keys[2 * down + 1] === h && this.ref[down] !== FREE) return down;
     return EMPTY;
   }
 
@@ -798,15 +803,15 @@ export class BlockIndex {
     for (;;) {
       const found = table[pos];
       if (found === EMPTY) break;
-      if (this.keyLo[found] === lo && this.keyHi[found] === hi) {
+      if (this.keys[2 * found] === lo && this.keys[2 * found + 1] === hi) {
         this.ref[found] = 1;
         return found;
       }
       pos = (pos + 1) & mask;
     }
     const node = this.allocateNode();
-    this.keyHi[node] = hi;
-    this.keyLo[node] = lo;
+    this.keys[2 * node] = lo;
+    this.keys[2 * node + 1] = hi;
     this.ref[node] = 0; // new blocks start cold (see class comment)
     table[pos] = node;
     this.liveNodes++;
@@ -815,7 +820,7 @@ export class BlockIndex {
 
   private insertIntoTable(node: number): void {
     const mask = this.tableMask;
-    let pos = this.bucketOf(this.keyHi[node], this.keyLo[node]);
+    let pos = this.bucketOf(this.keys[2 * node + 1], this.keys[2 * node]);
     while (this.table[pos] !== EMPTY) pos = (pos + 1) & mask;
     this.table[pos] = node;
   }
@@ -823,7 +828,7 @@ export class BlockIndex {
   private removeFromTable(node: number): void {
     const table = this.table;
     const mask = this.tableMask;
-    let pos = this.bucketOf(this.keyHi[node], this.keyLo[node]);
+    let pos = this.bucketOf(this.keys[2 * node + 1], this.keys[2 * node]);
     while (table[pos] !== node) {
       if (table[pos] === EMPTY) return;
       pos = (pos + 1) & mask;
@@ -835,7 +840,7 @@ export class BlockIndex {
       j = (j + 1) & mask;
       const other = table[j];
       if (other === EMPTY) break;
-      const ideal = this.bucketOf(this.keyHi[other], this.keyLo[other]);
+      const ideal = this.bucketOf(this.keys[2 * other + 1], this.keys[2 * other]);
       // move `other` into the hole unless its ideal slot lies cyclically in (hole, j]
       const inRange = hole <= j ? ideal > hole && ideal <= j : ideal > hole || ideal <= j;
       if (!inRange) {
@@ -866,8 +871,7 @@ export class BlockIndex {
       b.set(a);
       return b;
     };
-    this.keyHi = grow32(this.keyHi, capacity);
-    this.keyLo = grow32(this.keyLo, capacity);
+    this.keys = grow32(this.keys, capacity * 2);
     this.masks = grow32(this.masks, capacity * this.stride);
     this.mark = grow32(this.mark, capacity);
     const ref = new Uint8Array(capacity);
