@@ -606,6 +606,11 @@ export class BlockIndex {
   private freeIfEmpty(node: number): void {
     const base = node * this.stride;
     for (let i = 0; i < this.stride; i++) if (this.masks[base + i] !== 0) return;
+    this.freeNode(node);
+  }
+
+  /** Returns an empty node to the free list. */
+  private freeNode(node: number): void {
     this.removeFromTable(node);
     this.ref[node] = FREE;
     this.freeList[this.freeCount++] = node;
@@ -667,28 +672,32 @@ export class BlockIndex {
     const list = this.generationNodes[g];
     const n = Math.min(this.generationLength[g], to);
     const row = ROW_PREDICTED + g;
+    const masks = this.masks;
+    const stride = this.stride;
+    const words = this.words;
     for (let i = from; i < n; i++) {
       const node = list[i];
       if (this.ref[node] === FREE) continue;
-      const base = node * this.stride + row;
-      for (let w = 0; w < this.words; w++) {
-        const idx = base + w * ROWS;
-        let bits = this.masks[idx];
-        if (bits === 0) continue;
-        this.masks[idx] = 0;
+      let left = 0; // any bit left on the node, in any row
+      for (let w = 0; w < words; w++) {
+        const base = node * stride + w * ROWS;
+        let bits = masks[base + row];
+        masks[base + row] = 0;
+        let others = 0;
+        for (let r = 0; r < ROWS; r++) others |= masks[base + r];
+        left |= others;
         // entries still held through another row are not lost
+        bits &= ~others;
         while (bits !== 0) {
           const low = bits & -bits;
           bits ^= low;
-          if (!this.holds(node, w, low)) {
-            const slot = (w << 5) + (31 - Math.clz32(low));
-            this.entriesOf[slot]--;
-            this.totalEntries--;
-            this.expiredCount++;
-          }
+          const slot = (w << 5) + (31 - Math.clz32(low));
+          this.entriesOf[slot]--;
+          this.totalEntries--;
+          this.expiredCount++;
         }
       }
-      this.freeIfEmpty(node);
+      if (left === 0) this.freeNode(node);
     }
     if (to === Infinity) this.generationLength[g] = 0;
   }
