@@ -44,8 +44,16 @@ export interface TokenizeJob {
 }
 export type TokenizeReply = { id: number; tokens: Uint32Array; error?: undefined } | { id: number; error: string; tokens?: undefined };
 
-/** The pool is full: the gateway answers 503 with retry-after rather than queue without bound. */
-export class TokenizerBusyError extends Error {
+/** The tokenizer cannot take the request now (full, restarting, closed): the gateway answers 503 with retry-after. */
+export class TokenizerUnavailableError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'TokenizerUnavailableError';
+  }
+}
+
+/** The pool is full: rather than queue without bound, the request is refused. */
+export class TokenizerBusyError extends TokenizerUnavailableError {
   constructor(pending: number) {
     super(`the tokenizer has ${pending} requests waiting; try again shortly`);
     this.name = 'TokenizerBusyError';
@@ -119,7 +127,7 @@ export class TokenizerPool implements AsyncPromptTokenizer {
 
   tokenize(request: RouteRequest): Promise<ArrayLike<number>> {
     if (request.tokens) return Promise.resolve(request.tokens);
-    if (this.closed) return Promise.reject(new Error('the tokenizer pool is closed'));
+    if (this.closed) return Promise.reject(new TokenizerUnavailableError('the tokenizer pool is closed'));
     if (this.jobs.size >= this.maxPending) {
       this.counters.rejectedBusy++;
       return Promise.reject(new TokenizerBusyError(this.jobs.size));
@@ -142,7 +150,7 @@ export class TokenizerPool implements AsyncPromptTokenizer {
     this.closed = true;
     for (const [id, job] of this.jobs) {
       this.jobs.delete(id);
-      job.reject(new Error('the tokenizer pool is closed'));
+      job.reject(new TokenizerUnavailableError('the tokenizer pool is closed'));
     }
     await Promise.all(this.threads.map((t) => t.worker.terminate()));
   }
@@ -194,7 +202,7 @@ export class TokenizerPool implements AsyncPromptTokenizer {
           if (job.thread !== index) continue;
           this.jobs.delete(id);
           this.counters.failed++;
-          job.reject(new Error('the tokenizer thread stopped'));
+          job.reject(new TokenizerUnavailableError('the tokenizer thread stopped'));
         }
         if (!ready || this.closed || this.threads[index] !== thread) return;
         this.counters.threadRestarts++;

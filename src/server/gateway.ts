@@ -10,6 +10,7 @@ import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decod
 import { KvEventSubscriber } from '../engines/kv-events/subscriber.js';
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
+import { TokenizerUnavailableError, type AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
 import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/state-store.js';
 
 /**
@@ -43,7 +44,8 @@ export interface GatewayOptions {
    * match the engines' own, so KV events can feed the index.
    */
   tokenize?: 'text' | 'tokenizer' | 'engine';
-  promptTokenizer?: PromptTokenizer;
+  /** In process (blocks the event loop while it works) or a TokenizerPool on worker threads. */
+  promptTokenizer?: PromptTokenizer | AsyncPromptTokenizer;
   /** Subscribe to the workers' KV events (their `events` endpoints); needs token ids, so not with `text`. */
   kvEvents?: boolean;
   /** Interval of the load-metrics scrape per worker (default 1000 ms; 0: no scraping). */
@@ -313,9 +315,14 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       if (tokens) parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
     } else if (tokenizeMode === 'tokenizer' && !parsed.routeRequest.tokens) {
       try {
-        const tokens = options.promptTokenizer!.tokenize(parsed.routeRequest);
+        const tokens = await options.promptTokenizer!.tokenize(parsed.routeRequest);
         parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
       } catch (err) {
+        if (err instanceof TokenizerUnavailableError) {
+          reply.header('retry-after', '1');
+          void openAiError(reply, 503, err.message);
+          return undefined;
+        }
         // a template that rejects the conversation (roles out of order, say) is the client's to fix
         void openAiError(reply, 400, `the chat template rejected the request: ${(err as Error).message}`, 'messages');
         return undefined;
