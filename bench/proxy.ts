@@ -175,6 +175,7 @@ interface LoadResult {
 /** The agent-sized chat load for `seconds`; the bodies start from the first each time. */
 async function loadChats(base: string, seconds: number): Promise<LoadResult> {
   chats.reset();
+  let failure = '';
   const r = await autocannon({
     url: base,
     connections: REAL_CONNECTIONS,
@@ -182,9 +183,12 @@ async function loadChats(base: string, seconds: number): Promise<LoadResult> {
     requests: [{
       method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' },
       setupRequest: (req) => ({ ...req, body: chats.next() }),
+      onResponse: (status, body) => {
+        if (status !== 200 && !failure) failure = `${status} ${String(body).slice(0, 300)}`;
+      },
     }],
   });
-  if (r.non2xx > 0 || r.errors > 0) throw new Error(`${base}: ${r.non2xx} non-2xx, ${r.errors} errors`);
+  if (r.non2xx > 0 || r.errors > 0) throw new Error(`${base}: ${r.non2xx} non-2xx, ${r.errors} errors; first: ${failure}`);
   return { rps: round(r.requests.average, 1), p50Ms: r.latency.p50, p99Ms: r.latency.p99, requests: r.requests.total };
 }
 
