@@ -98,3 +98,15 @@ test('serve --processes 2: two processes on one port route as one router (a work
   child.kill('SIGTERM');
   assert.equal(await exited, 0);
 });
+
+test('bad --processes and --tokenizer-threads values exit with a message naming the flag', async () => {
+  for (const [flag, value] of [['--processes', '0'], ['--processes', '300'], ['--tokenizer-threads', '-1'], ['--tokenizer-threads', 'many']]) {
+    const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', flag, value, '--worker', 'id=e0,url=http://127.0.0.1:1'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    children.push(child);
+    let stderr = '';
+    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    const code = await new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+    assert.notEqual(code, 0);
+    assert.match(stderr, new RegExp(flag), `${flag} ${value}: ${stderr}`);
+  }
+});
