@@ -122,8 +122,12 @@ export class BlockIndex {
   private ref: Uint8Array; // 0 cold, 1 referenced, 2 free
   private mark: Uint32Array; // compaction epoch, to dedupe reverse lists
   private highWater = 0; // nodes [0, highWater) have been used at least once
-  private freeList: Int32Array;
+  /** Free nodes, one bit each. Allocation takes the lowest free node at or after the cursor's
+   * word, so a chain stored in one batch gets ascending ids wherever freed nodes lie together
+   * (evicted chains free runs of nodes), and walks find the next block next door. */
+  private freeBits: Uint32Array;
   private freeCount = 0;
+  private freeCursor = 0;
   private liveNodes = 0;
 
   // hash table: node ids, EMPTY when vacant
@@ -168,7 +172,7 @@ export class BlockIndex {
     this.masks = new Uint32Array(this.capacity * this.stride);
     this.ref = new Uint8Array(this.capacity);
     this.mark = new Uint32Array(this.capacity);
-    this.freeList = new Int32Array(this.capacity);
+    this.freeBits = new Uint32Array((this.capacity + 31) >>> 5);
     const tableSize = nextPow2(this.capacity * 2);
     this.table = new Int32Array(tableSize).fill(EMPTY);
     this.tableMask = tableSize - 1;
@@ -535,7 +539,7 @@ export class BlockIndex {
     });
     let bytes =
       this.keys.byteLength + this.masks.byteLength + this.ref.byteLength +
-      this.mark.byteLength + this.freeList.byteLength + this.table.byteLength;
+      this.mark.byteLength + this.freeBits.byteLength + this.table.byteLength;
     for (const r of this.reverse) if (r) bytes += r.byteLength;
     for (const g of this.generationNodes) bytes += g.byteLength;
     return {
@@ -613,7 +617,8 @@ export class BlockIndex {
   private freeNode(node: number): void {
     this.removeFromTable(node);
     this.ref[node] = FREE;
-    this.freeList[this.freeCount++] = node;
+    this.freeBits[node >>> 5] |= 1 << (node & 31);
+    this.freeCount++;
     this.liveNodes--;
   }
 
@@ -869,7 +874,17 @@ export class BlockIndex {
   }
 
   private allocateNode(): number {
-    if (this.freeCount > 0) return this.freeList[--this.freeCount];
+    if (this.freeCount > 0) {
+      const bits = this.freeBits;
+      const words = (this.highWater + 31) >>> 5;
+      let w = this.freeCursor < words ? this.freeCursor : 0;
+      while (bits[w] === 0) w = w + 1 < words ? w + 1 : 0;
+      const low = bits[w] & -bits[w];
+      bits[w] ^= low;
+      this.freeCursor = w;
+      this.freeCount--;
+      return (w << 5) + (31 - Math.clz32(low));
+    }
     if (this.highWater === this.capacity) this.growArena(this.capacity * 2);
     return this.highWater++;
   }
@@ -886,9 +901,9 @@ export class BlockIndex {
     const ref = new Uint8Array(capacity);
     ref.set(this.ref);
     this.ref = ref;
-    const free = new Int32Array(capacity);
-    free.set(this.freeList);
-    this.freeList = free;
+    const free = new Uint32Array((capacity + 31) >>> 5);
+    free.set(this.freeBits);
+    this.freeBits = free;
     this.capacity = capacity;
   }
 
