@@ -1,7 +1,7 @@
 import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import type { ChatMessage } from '../core/hashing.js';
-import type { RouteRequest } from '../core/router.js';
+import type { RouteRequest } from '../core/router/index.js';
 
 /** A tokenizer that answers later: what `--tokenize tokenizer` uses with worker threads. */
 export interface AsyncPromptTokenizer {

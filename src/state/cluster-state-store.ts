@@ -1,6 +1,6 @@
 import type { ContentAnchor } from '../core/content-anchors.js';
-import type { RouteRequest, SharedDecision } from '../core/router.js';
-import { RemoteLoads } from './remote-loads.js';
+import type { RouteRequest, SharedDecision } from '../core/router/index.js';
+import { RemoteLoad } from './remote-load.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
 
 /**
@@ -56,7 +56,8 @@ export class ClusterStateStore implements StateStore {
   private readonly channel: ClusterChannel;
   private readonly timeoutMs: number;
   private host: StateStoreHost | undefined;
-  private loads: RemoteLoads | undefined;
+  /** The other processes' in-flight work. */
+  private readonly remote = new RemoteLoad();
   private nextQuery = 1;
   private readonly queries = new Map<number, () => void>();
   private snapshotArrived: (() => void) | undefined;
@@ -73,7 +74,6 @@ export class ClusterStateStore implements StateStore {
 
   async attach(host: StateStoreHost): Promise<void> {
     this.host = host;
-    this.loads = new RemoteLoads(host.router);
     this.channel.onMessage(this.listener);
     const arrived = new Promise<void>((resolve) => {
       this.snapshotArrived = resolve;
@@ -154,10 +154,10 @@ export class ClusterStateStore implements StateStore {
         case 'decision':
           if (m.r === this.replicaId) return;
           this.apply(m);
-          if (typeof m.q === 'number') this.loads!.add(m.r, m.w, 1, m.q);
+          if (typeof m.q === 'number') this.addRemote(m.r, m.w, 1, m.q);
           return;
         case 'released':
-          if (m.r !== this.replicaId) this.loads!.add(m.r, m.w, -1, -m.q);
+          if (m.r !== this.replicaId) this.addRemote(m.r, m.w, -1, -m.q);
           return;
         case 'worker-added':
           if (m.r !== this.replicaId && !host.listWorkers().some((w) => w.id === m.worker.id)) host.addWorkerFromState(m.worker);
@@ -177,13 +177,13 @@ export class ClusterStateStore implements StateStore {
           return;
         }
         case 'gone':
-          this.loads!.drop(m.r);
+          if (this.remote.drop(m.r)) for (const w of host.router.listWorkers()) this.applyRemote(w.id);
           return;
         case 'snapshot':
           for (const w of m.workers) if (!host.listWorkers().some((x) => x.id === w.id)) host.addWorkerFromState(w);
           for (const [id, w, s] of m.workflows) host.router.setWorkflowAffinity(id, w, s);
           for (const d of m.decisions) if (d.r !== this.replicaId) this.apply({ ...d, wf: undefined, s: undefined });
-          for (const [replica, worker, requests, prefill] of m.loads) if (replica !== this.replicaId) this.loads!.add(replica, worker, requests, prefill);
+          for (const [replica, worker, requests, prefill] of m.loads) if (replica !== this.replicaId) this.addRemote(replica, worker, requests, prefill);
           this.snapshotArrived?.();
           return;
         default:
@@ -192,6 +192,16 @@ export class ClusterStateStore implements StateStore {
     } catch {
       this.counters.malformedMessages++;
     }
+  }
+
+  private addRemote(replica: string, workerId: string, requests: number, prefill: number): void {
+    if (this.remote.add(replica, workerId, requests, prefill)) this.applyRemote(workerId);
+  }
+
+  /** Sums the other processes' work on a worker into the router's view. */
+  private applyRemote(workerId: string): void {
+    const router = this.host!.router;
+    if (router.listWorkers().some((w) => w.id === workerId)) router.setRemoteLoad(workerId, this.remote.sum(workerId));
   }
 
   private apply(m: ClusterDecision): void {

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { KVAwareRouter } from '../../src/core/router.js';
+import { KVAwareRouter } from '../../src/core/router/index.js';
 import { ClusterRelay, ClusterStateStore, type ClusterMessage } from '../../src/state/cluster-state-store.js';
 import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
 

@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { parse as parseYaml } from 'yaml';
 import { POLICY_NAMES } from '../../core/policies/index.js';
-import { KVAwareRouter } from '../../core/router.js';
+import { KVAwareRouter } from '../../core/router/index.js';
 import { createGateway, type GatewayWorker } from '../../server/gateway.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { defaultTokenizerThreads, TokenizerPool } from '../../engines/tokenizer-pool.js';
