@@ -225,6 +225,8 @@ interface ModeResult {
   addedP50Ms: number;
   addedP99Ms: number;
   cpuUsPerRequest: number | null;
+  /** What one core of router CPU sustains at that cost (1e6 / cpuUsPerRequest). */
+  rpsPerRouterCore: number | null;
   p50Ms: number;
   p99Ms: number;
   healthzP99Ms?: number;
@@ -239,11 +241,13 @@ async function chatMode(engine: string, direct: LoadResult, serveArgs: string[],
     const cpu0 = treeCpuMs(gateway.child.pid);
     const via = await loadChats(gateway.url, SECONDS);
     const cpu1 = treeCpuMs(gateway.child.pid);
+    const cpuUs = cpu0 === undefined || cpu1 === undefined || via.requests === 0 ? null : Math.round(((cpu1 - cpu0) * 1000) / via.requests);
     const out: ModeResult = {
       rps: via.rps,
       addedP50Ms: round(via.p50Ms - direct.p50Ms, 2),
       addedP99Ms: round(via.p99Ms - direct.p99Ms, 2),
-      cpuUsPerRequest: cpu0 === undefined || cpu1 === undefined || via.requests === 0 ? null : Math.round(((cpu1 - cpu0) * 1000) / via.requests),
+      cpuUsPerRequest: cpuUs,
+      rpsPerRouterCore: cpuUs ? Math.round(1e6 / cpuUs) : null,
       p50Ms: via.p50Ms,
       p99Ms: via.p99Ms,
     };
