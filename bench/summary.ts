@@ -14,8 +14,17 @@ const dir = 'bench/results';
 type Json = Record<string, unknown>;
 
 function runs(kind: string): { files: string[]; data: Json[] } {
-  const files = readdirSync(dir).filter((f) => new RegExp(`^${kind}-run\\d+\\.json$`).test(f)).sort();
-  return { files, data: files.map((f) => JSON.parse(readFileSync(join(dir, f), 'utf8')) as Json) };
+  const files: string[] = [];
+  const data: Json[] = [];
+  for (const f of readdirSync(dir).filter((name) => new RegExp(`^${kind}-run\\d+\\.json$`).test(name)).sort()) {
+    try {
+      data.push(JSON.parse(readFileSync(join(dir, f), 'utf8')) as Json);
+      files.push(f);
+    } catch {
+      process.stderr.write(`skipped ${f}: not one JSON object (a run that failed or is still running)\n`);
+    }
+  }
+  return { files, data };
 }
 
 /** A value at a dotted path (`realistic.text.rps`), or undefined. */
@@ -27,8 +36,8 @@ function at(o: Json, path: string): number | undefined {
 
 const figures: Record<string, { command: string; files: string[]; figures: Record<string, ReturnType<typeof spread>> }> = {};
 const table: Array<[string, string[]]> = [
-  ['core', ['routeDecisionsPerSec', 'routeP50Us', 'routeP99Us', 'eventsPerSec', 'bytesPerIndexEntry']],
-  ['index', ['lookupP50Us', 'lookupP99Us', 'lookupP999Us', 'blockOpsPerSec']],
+  ['core', ['routeDecisionsPerSec', 'routeDecisionsPerCpuSec', 'routeP50Us', 'routeP99Us', 'eventsPerSec', 'bytesPerIndexEntry']],
+  ['index', ['lookupP50Us', 'lookupP99Us', 'lookupP999Us', 'blockOpsPerSec', 'blockOpsPerCpuSec']],
   ['proxy', [
     'throughputRatio', 'overheadP50Ms', 'direct.rps', 'viaRouter.rps', 'routerCpuUsPerRequest', 'streamingTtftOverheadP50Ms',
     'realistic.direct.rps',
