@@ -110,3 +110,14 @@ test('bad --processes and --tokenizer-threads values exit with a message naming 
     assert.match(stderr, new RegExp(flag), `${flag} ${value}: ${stderr}`);
   }
 });
+
+test('serve --processes 2 whose processes cannot start exits with their error, not a hang', async () => {
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', '--port', '0', '--processes', '2', '--tokenize', 'tokenizer', '--tokenizer', '/nonexistent/tokenizer.json', '--worker', 'id=e0,url=http://127.0.0.1:1'], { stdio: ['ignore', 'ignore', 'pipe'] });
+  children.push(child);
+  let stderr = '';
+  child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+  const code = await new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  assert.notEqual(code, 0);
+  assert.match(stderr, /no such file or directory/);
+  assert.match(stderr, /a gateway process failed to start/);
+});

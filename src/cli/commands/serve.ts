@@ -237,6 +237,18 @@ export function registerServeCommand(program: Command): void {
 
 async function runServe(c: ServeConfig): Promise<void> {
   if (c.processes > 1 && cluster.isPrimary) return runPrimary(c);
+  if (!cluster.isWorker) return serveProcess(c);
+  // a gateway process that cannot start says why and exits (its IPC channel would keep it alive)
+  try {
+    await serveProcess(c);
+  } catch (err) {
+    process.stderr.write(`[process ${String(cluster.worker!.id)}] error: ${(err as Error).message}\n`);
+    process.exit(1);
+  }
+}
+
+/** One gateway process: alone, or one of `--processes N`. */
+async function serveProcess(c: ServeConfig): Promise<void> {
   const worker = cluster.isWorker ? cluster.worker! : undefined;
   const log = (m: string) => process.stderr.write(worker ? `[process ${String(worker.id)}] ${m}\n` : `${m}\n`);
   // KV events carry token ids: only requests hashed from token ids can match them
@@ -321,7 +333,7 @@ async function runPrimary(c: ServeConfig): Promise<void> {
         const started = listening.delete(worker.id);
         if (stopping || (code === 0 && signal === null)) return;
         // one that never served is a configuration error: restarting would only repeat it
-        if (!started) return reject(new Error(`a gateway process failed to start (exit ${signal ?? code})`));
+        if (!started) return reject(new RangeError(`a gateway process failed to start (exit ${signal ?? code}); its error is above`));
         log(`gateway process ${id} stopped (${signal ?? `exit ${code}`}); starting another`);
         fork();
       });
