@@ -54,7 +54,10 @@ for (const [kind, keys] of table) {
     const values = data.map((d) => at(d, key)).filter((v): v is number => v !== undefined);
     if (values.length > 0) out[key] = spread(values);
   }
-  figures[kind] = { command: `npm run bench:${kind} -- --json`, files, figures: out };
+  // the flags the runs were made with, where they differ from the defaults
+  const seconds = at(data[0], 'settings.seconds');
+  const extra = kind === 'proxy' && seconds !== undefined && seconds !== 10 ? ` --seconds ${seconds}` : '';
+  figures[kind] = { command: `npm run bench:${kind} -- --json${extra}`, files, figures: out };
 }
 if (flags.has('json')) process.stdout.write(`${JSON.stringify(figures, null, 1)}\n`);
 else {
