@@ -63,6 +63,12 @@ export function comparePolicies(
         throughputTokPerS: Math.round(r.throughputTokPerS),
         loadImbalance: round(r.loadImbalance),
         prefillTokens: r.prefillTokens,
+        rejected: r.rejected,
+        preemptions: r.preemptions,
+        cancelled: r.cancelled,
+        failed: r.failed,
+        retried: r.retried,
+        eventBatchesLost: r.eventBatchesLost,
       })),
     },
   };
