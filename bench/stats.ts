@@ -46,3 +46,11 @@ export function memoryAfterGc(): number {
   const m = process.memoryUsage();
   return m.heapUsed + m.arrayBuffers;
 }
+
+/** Median, min and max of repeated measurements, with the values in run order. */
+export function spread(values: number[]): { median: number; min: number; max: number; values: number[] } {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = sorted.length >> 1;
+  const median = sorted.length % 2 === 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+  return { median: round(median, 3), min: sorted[0], max: sorted[sorted.length - 1], values };
+}

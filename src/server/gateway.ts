@@ -12,6 +12,7 @@ import type { KVAwareRouter } from '../core/router/index.js';
 import { WorkerHealth } from '../engines/health.js';
 import { KvEventApplier } from '../engines/kv-events/applier.js';
 import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
+import type { AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
 import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/state-store.js';
 import { adminRoutes } from './admin-routes.js';
 import { CircuitBreaker } from './circuit-breaker.js';
@@ -44,7 +45,8 @@ export interface GatewayOptions {
    * match the engines' own, so KV events can feed the index.
    */
   tokenize?: 'text' | 'tokenizer' | 'engine';
-  promptTokenizer?: PromptTokenizer;
+  /** In process (blocks the event loop while it works) or a TokenizerPool on worker threads. */
+  promptTokenizer?: PromptTokenizer | AsyncPromptTokenizer;
   /** Subscribe to the workers' KV events (their `events` endpoints); needs token ids, so not with `text`. */
   kvEvents?: boolean;
   /** Interval of the load-metrics scrape per worker (default 1000 ms; 0: no scraping). */

@@ -7,8 +7,9 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ChatMessage } from '../core/hashing.js';
 import type { RouteRequest } from '../core/router/index.js';
-import { UntokenizableContentError, type PromptTokenizer } from '../engines/chat-tokenizer.js';
+import { UntokenizableContentError, type ChatTemplateRequest, type PromptTokenizer } from '../engines/chat-tokenizer.js';
 import { chatTemplateRequest } from './engine-deployments.js';
+import { TokenizerUnavailableError, type AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -123,7 +124,8 @@ export function parseRequest(path: string, req: FastifyRequest): ParsedRequest {
 export interface RequestReaderOptions {
   /** How prompts are hashed (see GatewayOptions.tokenize). */
   tokenize: 'text' | 'tokenizer' | 'engine';
-  promptTokenizer?: PromptTokenizer;
+  /** In process (blocks the event loop while it works) or a TokenizerPool on worker threads. */
+  promptTokenizer?: PromptTokenizer | AsyncPromptTokenizer;
   /** Token ids from an engine's /tokenize (given the request's body); undefined when none answers (text mode then). */
   tokenizeOnEngine: (r: RouteRequest, body: Record<string, unknown>) => Promise<number[] | undefined>;
   /** The LoRA adapter a request's model names, if it names one (its blocks are keyed by it). */
@@ -157,13 +159,18 @@ export function createRequestReader(options: RequestReaderOptions) {
       if (tokens) parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
     } else if (tokenizeMode === 'tokenizer' && !parsed.routeRequest.tokens) {
       try {
-        const tokens = parsed.routeRequest.messages && promptTokenizer!.tokenizeChatRequest
-          ? promptTokenizer!.tokenizeChatRequest(chatTemplateRequest(parsed.body))
-          : promptTokenizer!.tokenize(parsed.routeRequest);
+        // a chat is tokenized with what else shapes its prompt (tools, template options), as vLLM does
+        const chat = parsed.routeRequest.messages ? chatTemplateRequest(parsed.body) : undefined;
+        const tokens = await tokenizeWith(promptTokenizer!, parsed.routeRequest, chat);
         parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
       } catch (err) {
         // images and other media: the engine makes their tokens; route on the text instead
         if (err instanceof UntokenizableContentError) return parsed;
+        if (err instanceof TokenizerUnavailableError) {
+          reply.header('retry-after', '1');
+          void openAiError(reply, 503, err.message);
+          return undefined;
+        }
         // a template that rejects the conversation (roles out of order, say) is the client's to fix
         void openAiError(reply, 400, `the chat template rejected the request: ${(err as Error).message}`, 'messages');
         return undefined;
@@ -174,3 +181,17 @@ export function createRequestReader(options: RequestReaderOptions) {
 }
 
 export type RequestReader = ReturnType<typeof createRequestReader>;
+
+/** Token ids from an in-process tokenizer or a thread pool, for a chat (with its options) or a plain prompt. */
+function tokenizeWith(
+  tokenizer: PromptTokenizer | AsyncPromptTokenizer,
+  request: RouteRequest,
+  chat: ChatTemplateRequest | undefined,
+): ArrayLike<number> | Promise<ArrayLike<number>> {
+  if (isAsyncTokenizer(tokenizer)) return tokenizer.tokenize(request, chat);
+  return chat && tokenizer.tokenizeChatRequest ? tokenizer.tokenizeChatRequest(chat) : tokenizer.tokenize(request);
+}
+
+function isAsyncTokenizer(t: PromptTokenizer | AsyncPromptTokenizer): t is AsyncPromptTokenizer {
+  return (t as AsyncPromptTokenizer).async === true;
+}

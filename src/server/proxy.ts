@@ -134,7 +134,8 @@ async function forward(
     });
   } catch {
     res.off('close', onClientGone);
-    return 'retry';
+    // a client that went away aborted the request: not the engine's failure, nothing to retry
+    return aborted ? 'done' : 'retry';
   }
   if (upstream.statusCode >= 500) {
     await upstream.body.dump().catch(() => {});

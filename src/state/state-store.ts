@@ -42,7 +42,7 @@ export type StateStats = Record<string, number | boolean | string>;
  * in. The in-memory store is a single replica's: it shares nothing.
  */
 export interface StateStore {
-  readonly kind: 'memory' | 'redis';
+  readonly kind: 'memory' | 'redis' | 'cluster';
   /** Whether the gateway should ask route() for `shared` decisions to pass to decisionMade(). */
   readonly sharesDecisions: boolean;
   /** Binds the store to a gateway and loads what the shared state already holds. */

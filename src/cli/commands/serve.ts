@@ -1,3 +1,4 @@
+import cluster from 'node:cluster';
 import { readFileSync } from 'node:fs';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { parse as parseYaml } from 'yaml';
@@ -5,7 +6,10 @@ import { POLICY_NAMES, resolveCostWeights, type CostWeights, type PolicyOptions 
 import { KVAwareRouter } from '../../core/router/index.js';
 import { createGateway, type GatewayWorker } from '../../server/gateway.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
+import { defaultTokenizerThreads, TokenizerPool } from '../../engines/tokenizer-pool.js';
+import { ClusterRelay, ClusterStateStore, type ClusterMessage } from '../../state/cluster-state-store.js';
 import { createStateStore } from '../../state/create-state-store.js';
+import type { StateStore } from '../../state/state-store.js';
 import { intOption } from '../options.js';
 
 const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla', 'dp-size', 'block-size'] as const;
@@ -105,6 +109,16 @@ const port = (v: string) => {
   if (n > 65535) throw new InvalidArgumentError(`--port must be <= 65535, got ${n}`);
   return n;
 };
+const processes = (v: string) => {
+  const n = intOption('--processes', 1)(v);
+  if (n > 256) throw new InvalidArgumentError(`--processes must be <= 256, got ${n}`);
+  return n;
+};
+const threads = (v: string) => {
+  const n = intOption('--tokenizer-threads', 0)(v);
+  if (n > 256) throw new InvalidArgumentError(`--tokenizer-threads must be <= 256, got ${n}`);
+  return n;
+};
 const state = (v: string) => {
   if (v !== 'memory' && !/^redis:\/\/[^/\s]+(\/\d+)?$/.test(v)) throw new InvalidArgumentError(`--state must be memory or redis://HOST:PORT[/DB], got '${v}'`);
   return v;
@@ -149,6 +163,8 @@ export const SERVE_SETTINGS: readonly Setting[] = [
   { key: 'block-hash', arg: '<kind>', help: "how blocks are keyed: router (its own hash of the token ids, chained through the events) or vllm (vLLM's sha256_cbor hash: needs --python-hash-seed or PYTHONHASHSEED equal to the engines' and their --prefix-caching-hash-algo sha256_cbor)", parse: choice('--block-hash', ['router', 'vllm']), default: 'router' },
   { key: 'python-hash-seed', arg: '<seed>', help: 'the PYTHONHASHSEED the vLLM engines run with (--block-hash vllm; default: the PYTHONHASHSEED environment variable)', parse: text('--python-hash-seed') },
   { key: 'tokenizer', arg: '<path>', help: 'tokenizer.json, or the model directory holding it and tokenizer_config.json', parse: text('--tokenizer') },
+  { key: 'tokenizer-threads', arg: '<n>', help: 'worker threads tokenizing for --tokenize tokenizer (0: on the event loop; default: cores per process, less one, at least 1)', parse: threads },
+  { key: 'processes', arg: '<n>', help: 'gateway processes sharing the port and routing as one router (state memory: shared through the primary process; redis: through Redis)', parse: processes, default: 1 },
   { key: 'chat-template', arg: '<file>', help: "a Jinja chat template replacing the tokenizer config's", parse: text('--chat-template') },
   { key: 'admin-token', arg: '<token>', help: 'bearer token for /admin (without it: loopback clients only)', parse: text('--admin-token') },
   { key: 'state', arg: '<store>', help: 'shared state: memory (this replica only) or redis://HOST:PORT[/DB] (replicas share it)', parse: state, default: 'memory' },
@@ -176,6 +192,8 @@ export interface ServeConfig {
   blockHash: 'router' | 'vllm';
   pythonHashSeed?: string;
   tokenizer?: string;
+  tokenizerThreads?: number;
+  processes: number;
   chatTemplate?: string;
   adminToken?: string;
   state: string;
@@ -295,22 +313,43 @@ export function resolveTokenizeMode(c: Pick<ServeConfig, 'tokenize' | 'workers' 
 }
 
 async function runServe(config: ServeConfig): Promise<void> {
-  const log = (m: string) => process.stderr.write(`${m}\n`);
   const c = { ...config, tokenize: resolveTokenizeMode(config) };
+  if (c.processes > 1 && cluster.isPrimary) return runPrimary(c);
+  if (!cluster.isWorker) return serveProcess(c);
+  // a gateway process that cannot start says why and exits (its IPC channel would keep it alive)
+  try {
+    await serveProcess(c);
+  } catch (err) {
+    process.stderr.write(`[process ${String(cluster.worker!.id)}] error: ${(err as Error).message}\n`);
+    process.exit(1);
+  }
+}
+
+/** One gateway process: alone, or one of `--processes N`. */
+async function serveProcess(c: ServeConfig & { tokenize: ReturnType<typeof resolveTokenizeMode> }): Promise<void> {
+  const worker = cluster.isWorker ? cluster.worker! : undefined;
+  const log = (m: string) => process.stderr.write(worker ? `[process ${String(worker.id)}] ${m}\n` : `${m}\n`);
   // KV events carry token ids: only requests hashed from token ids can match them
   const eventsUsable = c.tokenize !== 'text';
   if (!eventsUsable && c.workers.some((w) => w.events)) {
     log('warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize auto, tokenizer or engine');
   }
-  const promptTokenizer = c.tokenize === 'tokenizer'
-    ? ChatTokenizer.load(c.tokenizer!, { chatTemplate: c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate) })
-    : undefined;
+  const chatTemplate = c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate);
+  const tokenizerThreads = c.tokenizerThreads ?? defaultTokenizerThreads(c.processes);
+  const promptTokenizer = c.tokenize !== 'tokenizer'
+    ? undefined
+    : tokenizerThreads === 0
+      ? ChatTokenizer.load(c.tokenizer!, { chatTemplate })
+      : await TokenizerPool.start({ path: c.tokenizer!, chatTemplate, threads: tokenizerThreads, log });
   const precise = eventsUsable && c.workers.some((w) => w.events);
   const router = new KVAwareRouter({
     policy: c.policy, costWeights: c.costWeights, policyOptions: c.policyOptions, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate',
     blockHash: c.blockHash, pythonHashSeed: c.pythonHashSeed,
   });
-  const state = createStateStore(c.state, { prefix: c.statePrefix });
+  // several processes share what they learn: through the primary, or through Redis
+  const state: StateStore = worker && c.state === 'memory'
+    ? new ClusterStateStore({ replicaId: String(worker.id), channel: processChannel() })
+    : createStateStore(c.state, { prefix: c.statePrefix });
   const gateway = await createGateway({
     state,
     router, workers: c.workers, adminToken: c.adminToken, tokenize: c.tokenize, promptTokenizer, kvEvents: eventsUsable,
@@ -319,12 +358,93 @@ async function runServe(config: ServeConfig): Promise<void> {
     breakerFailures: c.breakerFailures, breakerCooldownMs: c.breakerCooldownMs, log,
   });
   const address = await gateway.app.listen({ host: c.host, port: c.port });
-  log(`contextforge-router serving on ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index, block hash ${c.blockHash}, state ${c.state === 'memory' ? 'memory' : `redis (replica ${String(state.stats().replicaId)})`})`);
+  const tokenizing = c.tokenize === 'tokenizer' ? ` on ${tokenizerThreads === 0 ? 'the event loop' : `${tokenizerThreads} thread${tokenizerThreads === 1 ? "" : "s"}`}` : '';
+  const stateName = c.state === 'memory' ? (worker ? 'shared by the processes' : 'memory') : `redis (replica ${String(state.stats().replicaId)})`;
+  // with several processes the primary says where they serve, once all of them do
+  log(`contextforge-router ${worker ? 'process' : 'serving on'} ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}${tokenizing}, ${precise ? 'precise' : 'approximate'} index, block hash ${c.blockHash}, state ${stateName})`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);
+    // the primary is gone: no more connections come, and nothing relays the state
+    if (worker) process.once('disconnect', resolve);
   });
   await gateway.close();
+  if (promptTokenizer instanceof TokenizerPool) await promptTokenizer.close();
+  if (worker) process.exit(0);
+}
+
+/** This gateway process's IPC channel to the primary. */
+function processChannel() {
+  return {
+    send: (m: ClusterMessage) => {
+      if (process.connected) process.send!(m);
+    },
+    onMessage: (listener: (m: unknown) => void) => void process.on('message', listener),
+    offMessage: (listener: (m: unknown) => void) => void process.off('message', listener),
+  };
+}
+
+/**
+ * `serve --processes N`: the primary forks N gateway processes that share the listening port
+ * (node:cluster hands out the connections), relays their state (ClusterRelay) unless Redis
+ * holds it, restarts one that crashes, and stops them all on SIGINT/SIGTERM.
+ */
+async function runPrimary(c: ServeConfig): Promise<void> {
+  const log = (m: string) => process.stderr.write(`${m}\n`);
+  cluster.setupPrimary({ serialization: 'advanced' });
+  const relay = c.state === 'memory' ? new ClusterRelay() : undefined;
+  let stopping = false;
+  const listening = new Set<number>();
+  let announced = false;
+  const failedToStart = new Promise<never>((_resolve, reject) => {
+    const fork = () => {
+      const worker = cluster.fork();
+      const id = String(worker.id);
+      relay?.add({ id, send: (m) => { if (worker.isConnected()) worker.send(m); } });
+      worker.on('message', (m: unknown) => relay?.receive(id, m));
+      worker.on('listening', (address) => {
+        listening.add(worker.id);
+        if (announced || listening.size < c.processes) return;
+        announced = true;
+        const host = address.address && address.address.includes(':') ? `[${address.address}]` : address.address || c.host;
+        log(`contextforge-router serving on http://${host}:${address.port} (${c.processes} processes, policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, state ${c.state === 'memory' ? 'shared by the processes' : 'redis'})`);
+      });
+      worker.on('exit', (code, signal) => {
+        relay?.remove(id);
+        const started = listening.delete(worker.id);
+        if (stopping || (code === 0 && signal === null)) return;
+        // one that never served is a configuration error: restarting would only repeat it
+        if (!started) return reject(new RangeError(`a gateway process failed to start (exit ${signal ?? code}); its error is above`));
+        log(`gateway process ${id} stopped (${signal ?? `exit ${code}`}); starting another`);
+        fork();
+      });
+    };
+    for (let i = 0; i < c.processes; i++) fork();
+  });
+  const signalled = new Promise<void>((resolve) => {
+    process.once('SIGINT', resolve);
+    process.once('SIGTERM', resolve);
+  });
+  try {
+    await Promise.race([failedToStart, signalled]);
+  } finally {
+    stopping = true;
+    await stopWorkers();
+  }
+}
+
+/** Asks every gateway process to finish its requests and stop; kills those still there after 10 s. */
+async function stopWorkers(): Promise<void> {
+  const workers = Object.values(cluster.workers ?? {}).filter((w) => w !== undefined);
+  await Promise.all(workers.map((w) => new Promise<void>((resolve) => {
+    if (w.isDead()) return resolve();
+    const timer = setTimeout(() => w.process.kill('SIGKILL'), 10_000);
+    w.once('exit', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    w.process.kill('SIGTERM');
+  })));
 }
 
 function readTemplate(file: string): string {
