@@ -72,6 +72,7 @@ export function createProcessHandler(options: ExtProcHandlerOptions): (call: Ser
     let headers = new Map<string, string>();
     let subset: string[] | undefined;
     let requestId = '';
+    let requestIdGenerated = false;
     const chunks: Buffer[] = [];
     let bodyBytes = 0;
     let bodyMessages = 0;
@@ -100,7 +101,11 @@ export function createProcessHandler(options: ExtProcHandlerOptions): (call: Ser
     };
     const reject = async (status: number, message: string, param: string | null = null, retryAfterSeconds?: number) => {
       options.onOutcome?.(status);
-      await send(immediateResponse(status, message, param, retryAfterSeconds ? { 'retry-after': String(retryAfterSeconds) } : {}));
+      const extra: Record<string, string> = {};
+      if (retryAfterSeconds) extra['retry-after'] = String(retryAfterSeconds);
+      // the client's own request id comes back, so it can find the request in the picker's log
+      if (requestId && !requestIdGenerated) extra[REQUEST_ID_HEADER] = requestId;
+      await send(immediateResponse(status, message, param, extra));
       finish();
       // the local reply ends this request's processing: close the stream cleanly
       if (!closed) {
@@ -129,6 +134,8 @@ export function createProcessHandler(options: ExtProcHandlerOptions): (call: Ser
       const forwarded = body === undefined ? undefined : outcome.body ?? body;
       // Envoy drops content-length in FULL_DUPLEX_STREAMED mode; the engine gets it back, exact
       const extra: Record<string, string> = forwarded === undefined ? {} : { 'content-length': String(forwarded.length) };
+      // the engine logs the same id as the picker (vLLM reads x-request-id)
+      if (requestIdGenerated) extra[REQUEST_ID_HEADER] = requestId;
       await send(routingHeadersResponse(outcome.endpoints, extra));
       if (forwarded !== undefined) {
         if (requestBodyMode !== undefined && requestBodyMode !== 'FULL_DUPLEX_STREAMED') {
@@ -151,7 +158,11 @@ export function createProcessHandler(options: ExtProcHandlerOptions): (call: Ser
         case 'request_headers': {
           if (phase !== 'headers') return fail(GrpcStatus.FAILED_PRECONDITION, 'request_headers arrived twice');
           headers = readHeaders(req.request_headers);
-          requestId = headers.get(REQUEST_ID_HEADER) || randomUUID();
+          requestId = headers.get(REQUEST_ID_HEADER) ?? '';
+          if (requestId === '' || requestId.length > 256) {
+            requestId = randomUUID();
+            requestIdGenerated = true;
+          }
           subset = readSubsetHint(req);
           // no body follows (end_of_stream), or Envoy will not send it before our answer
           const bodyComing = req.request_headers?.end_of_stream !== true && requestBodyMode !== 'NONE';

@@ -3,7 +3,8 @@ import { Command, InvalidArgumentError, Option } from 'commander';
 import { parse as parseYaml } from 'yaml';
 import { POLICY_NAMES } from '../../core/policies/index.js';
 import { KVAwareRouter } from '../../core/router.js';
-import { createGateway, type GatewayWorker } from '../../server/gateway.js';
+import { createGateway, type GatewayOptions, type GatewayWorker } from '../../server/gateway.js';
+import { EPP_PORT_SETTING, PICKER_SETTINGS, startPicker, type PickerConfig } from './epp.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { createStateStore } from '../../state/create-state-store.js';
 import { intOption } from '../options.js';
@@ -65,7 +66,7 @@ function workerFrom(fields: Record<string, unknown>, where: string): GatewayWork
  * the three can never disagree. Precedence: flag, then environment, then config file, then
  * the default.
  */
-interface Setting {
+export interface Setting {
   key: string;
   arg: string;
   help: string;
@@ -136,7 +137,7 @@ export interface ServeConfig {
 }
 
 /** Reads router.yaml (YAML or JSON): the settings' keys plus `workers`, a list of worker entries. */
-export function readConfigFile(file: string): Record<string, unknown> {
+export function readConfigFile(file: string, settings: readonly Setting[] = SERVE_SETTINGS): Record<string, unknown> {
   let raw: unknown;
   try {
     raw = parseYaml(readFileSync(file, 'utf8'));
@@ -145,7 +146,7 @@ export function readConfigFile(file: string): Record<string, unknown> {
   }
   if (raw === null || raw === undefined) return {};
   if (typeof raw !== 'object' || Array.isArray(raw)) throw new RangeError(`--config ${file}: the top level must be a mapping of settings`);
-  const known = new Set([...SERVE_SETTINGS.map((s) => s.key), 'workers']);
+  const known = new Set([...settings.map((s) => s.key), 'workers']);
   for (const key of Object.keys(raw)) {
     if (!known.has(key)) throw new RangeError(`--config ${file}: unknown key '${key}' (known: ${[...known].join(', ')})`);
   }
@@ -157,12 +158,12 @@ export function readConfigFile(file: string): Record<string, unknown> {
  * read) and the config file. Workers: --worker flags if any, else CONTEXTFORGE_WORKERS
  * (specs separated by whitespace), else the config's `workers`.
  */
-export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = process.env): ServeConfig {
+export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = process.env, settings: readonly Setting[] = SERVE_SETTINGS): ServeConfig {
   const values = cmd.opts<Record<string, unknown>>();
   const configFile = values.config as string | undefined;
-  const file = configFile ? readConfigFile(configFile) : {};
+  const file = configFile ? readConfigFile(configFile, settings) : {};
   const out: Record<string, unknown> = {};
-  for (const s of SERVE_SETTINGS) {
+  for (const s of settings) {
     const name = camel(s.key);
     const source = cmd.getOptionValueSource(name);
     if ((source === undefined || source === 'default') && file[s.key] !== undefined && file[s.key] !== null) {
@@ -198,10 +199,10 @@ export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = proces
   return config;
 }
 
-export function registerServeCommand(program: Command): void {
-  const cmd = program.command('serve').description('run the OpenAI-compatible routing gateway in front of the engines');
+/** The settings' flags (each also read from its environment variable), --config and --worker. */
+export function addSettingOptions(cmd: Command, settings: readonly Setting[]): void {
   cmd.addOption(new Option('--config <file>', 'router.yaml: every setting below by its flag name, plus workers').env(envName('config')));
-  for (const s of SERVE_SETTINGS) {
+  for (const s of settings) {
     const o = new Option(`--${s.key} ${s.arg}`, s.help).env(envName(s.key)).argParser(s.parse);
     cmd.addOption(s.default === undefined ? o : o.default(s.default));
   }
@@ -211,23 +212,30 @@ export function registerServeCommand(program: Command): void {
     (v: string, all: string[]) => [...all, v],
     [] as string[],
   );
+}
+
+export function registerServeCommand(program: Command): void {
+  const cmd = program.command('serve').description('run the OpenAI-compatible routing gateway in front of the engines');
+  const settings = [...SERVE_SETTINGS, ...PICKER_SETTINGS, EPP_PORT_SETTING];
+  addSettingOptions(cmd, settings);
   cmd.action(async () => {
-    const c = resolveServeConfig(cmd);
-    await runServe(c);
+    const c = resolveServeConfig(cmd, process.env, settings);
+    await runServe(c as ServeConfig & PickerConfig & { eppPort?: number });
   });
 }
 
-async function runServe(c: ServeConfig): Promise<void> {
-  const log = (m: string) => process.stderr.write(`${m}\n`);
+/** The router, its shared state and the gateway, as `serve` and `epp` both run them. */
+export async function startGateway(c: ServeConfig & Partial<PickerConfig>, log: (m: string) => void, extra: Partial<GatewayOptions> = {}) {
   // KV events carry token ids: only requests hashed from token ids can match them
   const eventsUsable = c.tokenize !== 'text';
-  if (!eventsUsable && c.workers.some((w) => w.events)) {
+  const discoveredEvents = c.discover?.eventsPort !== undefined;
+  if (!eventsUsable && (c.workers.some((w) => w.events) || discoveredEvents)) {
     log('warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize tokenizer or engine');
   }
   const promptTokenizer = c.tokenize === 'tokenizer'
     ? ChatTokenizer.load(c.tokenizer!, { chatTemplate: c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate) })
     : undefined;
-  const precise = eventsUsable && c.workers.some((w) => w.events);
+  const precise = eventsUsable && (c.workers.some((w) => w.events) || discoveredEvents);
   const router = new KVAwareRouter({ policy: c.policy, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate' });
   const state = createStateStore(c.state, { prefix: c.statePrefix });
   const gateway = await createGateway({
@@ -236,13 +244,24 @@ async function runServe(c: ServeConfig): Promise<void> {
     bodyLimit: c.bodyLimit, maxRetries: c.maxRetries, upstreamTimeoutMs: c.upstreamTimeoutMs,
     metricsIntervalMs: c.metricsIntervalMs, healthCheckIntervalMs: c.healthIntervalMs,
     breakerFailures: c.breakerFailures, breakerCooldownMs: c.breakerCooldownMs, log,
+    ...extra,
   });
+  const describe = `policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index, state ${c.state === 'memory' ? 'memory' : `redis (replica ${String(state.stats().replicaId)})`}`;
+  return { gateway, describe };
+}
+
+async function runServe(c: ServeConfig & PickerConfig & { eppPort?: number }): Promise<void> {
+  const log = (m: string) => process.stderr.write(`${m}\n`);
+  if (c.workers.length === 0 && !c.discover) log('warning: no workers (--worker, CONTEXTFORGE_WORKERS, the config file, --discover); add them with POST /admin/workers');
+  const { gateway, describe } = await startGateway(c, log);
+  const picker = await startPicker(gateway, c, { host: c.host, port: c.eppPort, log });
   const address = await gateway.app.listen({ host: c.host, port: c.port });
-  log(`contextforge-router serving on ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index, state ${c.state === 'memory' ? 'memory' : `redis (replica ${String(state.stats().replicaId)})`})`);
+  log(`contextforge-router serving on ${address}${picker.eppPort === undefined ? '' : `, endpoint picker (ext_proc gRPC) on port ${picker.eppPort}`} (${describe})`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);
   });
+  await picker.close();
   await gateway.close();
 }
 
