@@ -1,0 +1,120 @@
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, test } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
+import { generateWorkflowTrace, promptText } from '../../src/sim/workflows.js';
+import type { TraceRequest } from '../../src/sim/trace.js';
+import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { MemoryStateStore, type StateStore } from '../../src/state/state-store.js';
+import { startLoopbackEnvoy, type LoopbackEnvoy } from './loopback-envoy.js';
+import { startPickerFleet, type PickerFleet } from './harness.js';
+
+// Endpoint-picker replicas active-active on one Redis (the machine's, 127.0.0.1:6379, which
+// .ci/run starts when nothing answers): fed round-robin through loopback gateways, two
+// replicas route a multi-agent workload like one replica.
+
+const REDIS_URL = process.env.CONTEXTFORGE_TEST_REDIS ?? 'redis://127.0.0.1:6379';
+const cleanup: Array<() => Promise<void>> = [];
+after(async () => {
+  for (const c of cleanup.reverse()) await c().catch(() => {});
+});
+
+async function deleteKeys(prefix: string): Promise<void> {
+  const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
+  await r.connect();
+  let cursor = '0';
+  do {
+    const [next, keys] = await r.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 1000);
+    cursor = next;
+    if (keys.length > 0) await r.del(...keys);
+  } while (cursor !== '0');
+  r.disconnect();
+}
+
+async function startReplicas(n: number, state: () => StateStore): Promise<{ fleet: PickerFleet; envoys: LoopbackEnvoy[]; close(): Promise<void> }> {
+  const fleet = await startPickerFleet({ engines: 4, replicas: n, state });
+  const envoys: LoopbackEnvoy[] = [];
+  for (const a of fleet.addresses) envoys.push(await startLoopbackEnvoy({ extProc: a }));
+  const close = async () => {
+    for (const e of envoys) await e.close();
+    await fleet.close();
+  };
+  cleanup.push(close);
+  return { fleet, envoys, close };
+}
+
+interface Outcome {
+  hitRate: number;
+  failed: number;
+  workerOf: Map<string, Set<string>>;
+}
+
+/** Replays the workload, request i through gateway i mod n; hit rate as the engines report it. */
+async function replay(urls: string[], trace: TraceRequest[], speed: number): Promise<Outcome> {
+  let cached = 0;
+  let prompt = 0;
+  let failed = 0;
+  const workerOf = new Map<string, Set<string>>();
+  const start = performance.now();
+  const t0 = trace[0].timestamp;
+  await Promise.all(trace.map(async (r, i) => {
+    const due = (r.timestamp - t0) / speed - (performance.now() - start);
+    if (due > 0) await sleep(due);
+    const res = await fetch(`${urls[i % urls.length]}/v1/chat/completions`, {
+      method: 'POST',
+      headers: {
+        'content-type': 'application/json',
+        'x-workflow-id': r.sessionId!, 'x-workflow-step': String(r.step), 'x-agent-role': r.agentRole!,
+        ...(r.isolate ? { 'x-kv-isolate': '1' } : {}),
+      },
+      body: JSON.stringify({ model: 'mock', messages: [{ role: 'user', content: promptText(r) }], max_tokens: 8 }),
+    }).catch(() => undefined);
+    if (!res || res.status !== 200) {
+      failed++;
+      await res?.arrayBuffer();
+      return;
+    }
+    const body = (await res.json()) as { usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens?: number } } };
+    cached += body.usage.prompt_tokens_details?.cached_tokens ?? 0;
+    prompt += body.usage.prompt_tokens;
+    if (!r.isolate) {
+      const set = workerOf.get(r.sessionId!) ?? new Set<string>();
+      set.add(res.headers.get('x-contextforge-worker')!);
+      workerOf.set(r.sessionId!, set);
+    }
+  }));
+  return { hitRate: prompt > 0 ? cached / prompt : 0, failed, workerOf };
+}
+
+const split = (o: Outcome) => [...o.workerOf].filter(([, s]) => s.size > 1).map(([id]) => id);
+
+test('2 endpoint-picker replicas on one Redis route like one: hit rate within 2 points, no workflow split', async (t) => {
+  const trace = generateWorkflowTrace({ workflows: 30, seed: 11 });
+  const single = await startReplicas(1, () => new MemoryStateStore());
+  const one = await replay(single.envoys.map((e) => e.url), trace, 4);
+  await single.close();
+
+  const prefix = `cf-epp-test-${randomBytes(4).toString('hex')}:`;
+  cleanup.push(() => deleteKeys(prefix));
+  const shared = await startReplicas(2, () => new RedisStateStore({ url: REDIS_URL, prefix, syncIntervalMs: 20 }));
+  const two = await replay(shared.envoys.map((e) => e.url), trace, 4);
+  const stats = shared.fleet.gateways.map((g) => g.state.stats());
+  await shared.close();
+
+  assert.equal(one.failed, 0);
+  assert.equal(two.failed, 0);
+  assert.deepEqual(split(one), [], 'one replica keeps workflows together');
+  assert.deepEqual(split(two).map((id) => [id, [...two.workerOf.get(id)!]]), [], 'no workflow is split across engines by the two replicas');
+  assert.ok(Math.abs(two.hitRate - one.hitRate) <= 0.02, `hit rate: 1 replica ${one.hitRate.toFixed(4)}, 2 replicas ${two.hitRate.toFixed(4)}`);
+  for (const s of stats) {
+    assert.equal(s.connected, true);
+    assert.ok((s.decisionsApplied as number) > 0, 'each replica learnt from the other');
+  }
+  // without shared state the same two replicas scatter: the comparison is not vacuous
+  const apartFleet = await startReplicas(2, () => new MemoryStateStore());
+  const apart = await replay(apartFleet.envoys.map((e) => e.url), trace, 4);
+  await apartFleet.close();
+  t.diagnostic(`hit rate: 1 replica ${one.hitRate.toFixed(4)}; 2 sharing ${two.hitRate.toFixed(4)}; 2 not sharing ${apart.hitRate.toFixed(4)} with ${split(apart).length} workflows split`);
+  assert.ok(split(apart).length > 0 || apart.hitRate < one.hitRate - 0.02, `replicas without shared state: hit rate ${apart.hitRate.toFixed(4)}, ${split(apart).length} workflows split`);
+});
