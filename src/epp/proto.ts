@@ -143,7 +143,9 @@ export function structToPlain(s: ProtoStruct | undefined): Record<string, unknow
 
 function valueToPlain(v: ProtoValue | undefined): unknown {
   if (!v) return null;
-  switch (v.kind) {
+  // decoded values name their member in `kind`; values built here only set the member
+  const kind = v.kind ?? (['stringValue', 'numberValue', 'boolValue', 'structValue', 'listValue'] as const).find((k) => v[k] !== undefined);
+  switch (kind) {
     case 'stringValue': return v.stringValue ?? '';
     case 'numberValue': return v.numberValue ?? 0;
     case 'boolValue': return v.boolValue ?? false;
