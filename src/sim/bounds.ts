@@ -1,5 +1,5 @@
 import { BlockHashes } from '../core/hashing.js';
-import { EngineModel, type EngineConfig } from '../core/engine-model.js';
+import { EngineModel, type EngineConfig } from '../engine-model/engine-model.js';
 import { LruSet } from './lru.js';
 import { requestBlocks } from './simulator.js';
 import type { TraceRequest } from './trace.js';

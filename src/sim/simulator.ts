@@ -1,6 +1,6 @@
 import { BlockHashes, hashPrecomputedBlocks } from '../core/hashing.js';
-import { KVAwareRouter, type KVAwareRouterOptions } from '../core/router.js';
-import { blockKey, EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../core/engine-model.js';
+import { KVAwareRouter, type KVAwareRouterOptions } from '../core/router/index.js';
+import { blockKey, EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/engine-model.js';
 import type { TraceRequest } from './trace.js';
 
 /**

@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { parse as parseYaml } from 'yaml';
 import { POLICY_NAMES } from '../../core/policies/index.js';
-import { KVAwareRouter } from '../../core/router.js';
+import { KVAwareRouter } from '../../core/router/index.js';
 import { createGateway, type GatewayOptions, type GatewayWorker } from '../../server/gateway.js';
 import { EPP_PORT_SETTING, PICKER_SETTINGS, startPicker, type PickerConfig } from './epp.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';

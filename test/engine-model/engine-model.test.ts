@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { EngineModel, type EngineRequest } from '../../src/core/engine-model.js';
+import { EngineModel, type EngineRequest } from '../../src/engine-model/engine-model.js';
 
 // A toy engine with round numbers, so timelines can be computed by hand:
 // step = 10 ms + 0.1 ms per prefilled token; no attention or decode-read terms.

@@ -1,0 +1,94 @@
+/**
+ * The /admin API as a Fastify plugin: list, add, remove, drain and resume workers, router
+ * stats, and KV events posted as JSON (for engines that cannot publish over ZeroMQ). Every
+ * route needs the bearer token when one is set, else a loopback client.
+ */
+import type { FastifyPluginAsync } from 'fastify';
+import type { KVAwareRouter } from '../core/router/index.js';
+import type { WorkerHealth } from '../engines/health.js';
+import type { KvEventApplier } from '../engines/kv-events/applier.js';
+import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decode.js';
+import type { StateStore, WorkerRecord } from '../state/state-store.js';
+import { openAiError } from './openai-request.js';
+import type { WorkerConnections } from './worker-connections.js';
+
+export interface AdminRoutesOptions {
+  router: KVAwareRouter;
+  connections: WorkerConnections;
+  health: WorkerHealth;
+  state: StateStore;
+  applier: KvEventApplier;
+  /** Bearer token for /admin; without one, /admin answers loopback clients only. */
+  adminToken?: string;
+  /** Adds a worker here and in the shared state. */
+  addWorker(w: WorkerRecord): void;
+  /** Removes a worker here and from the shared state; false when unknown. */
+  removeWorker(id: string): boolean;
+}
+
+export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin, options) => {
+  const { router, connections, health, state, applier, addWorker, removeWorker } = options;
+  admin.addHook('onRequest', async (req, reply) => {
+    if (options.adminToken) {
+      if (req.headers.authorization !== `Bearer ${options.adminToken}`) return openAiError(reply, 401, 'admin endpoints need the bearer token');
+    } else if (!isLoopback(req.ip)) {
+      return openAiError(reply, 403, 'admin endpoints answer loopback clients only when no admin token is set');
+    }
+  });
+  admin.get('/admin/workers', async () => ({
+    workers: router.listWorkers().map((w) => {
+      const c = connections.get(w.id);
+      return {
+        id: w.id, url: c?.base, healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
+        models: c?.record.models ?? null, kvEvents: c?.subscriber?.stats ?? null,
+        inFlightRequests: w.inFlightRequests, waitingRequests: w.waitingRequests, runningRequests: w.runningRequests,
+        indexEntries: router.index.entriesFor(w.slot), claGroups: [...w.claGroups],
+      };
+    }),
+  }));
+  admin.post('/admin/workers', async (req, reply) => {
+    const b = req.body as Partial<WorkerRecord> | null;
+    if (!b || typeof b.id !== 'string' || b.id === '' || typeof b.url !== 'string') return openAiError(reply, 400, 'a worker needs a string id and url');
+    if (connections.has(b.id)) return openAiError(reply, 409, `worker '${b.id}' exists`);
+    try {
+      addWorker({ id: b.id, url: b.url, claGroups: b.claGroups, models: b.models, events: b.events, replay: b.replay, metrics: b.metrics });
+    } catch (err) {
+      if (err instanceof RangeError || err instanceof TypeError) return openAiError(reply, 400, err.message);
+      throw err;
+    }
+    return reply.code(201).send({ id: b.id });
+  });
+  admin.delete('/admin/workers/:id', async (req, reply) => {
+    const { id } = req.params as { id: string };
+    return removeWorker(id) ? { removed: id } : openAiError(reply, 404, `no worker '${id}'`);
+  });
+  admin.post('/admin/workers/:id/drain', async (req, reply) => {
+    const { id } = req.params as { id: string };
+    if (!connections.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
+    router.drainWorker(id);
+    return { draining: id };
+  });
+  admin.post('/admin/workers/:id/resume', async (req, reply) => {
+    const { id } = req.params as { id: string };
+    if (!connections.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
+    router.resumeWorker(id);
+    return { resumed: id };
+  });
+  admin.get('/admin/stats', async () => ({ ...router.getStats(), state: state.stats() }));
+  // KV events as JSON, for engines that cannot publish over ZeroMQ: vLLM's field names
+  admin.post('/admin/events', async (req, reply) => {
+    const b = req.body as { worker?: unknown; events?: unknown } | null;
+    if (!b || typeof b.worker !== 'string' || !connections.has(b.worker)) return openAiError(reply, 400, 'events need the id of a known worker in "worker"', 'worker');
+    try {
+      const batch = decodeJsonEvents(b.events);
+      return { applied: applier.apply(b.worker, batch) };
+    } catch (err) {
+      if (err instanceof KvEventFormatError) return openAiError(reply, 400, err.message, 'events');
+      throw err;
+    }
+  });
+};
+
+function isLoopback(ip: string): boolean {
+  return ip === '127.0.0.1' || ip === '::1' || ip === '::ffff:127.0.0.1' || ip.startsWith('127.');
+}
