@@ -4,7 +4,7 @@ import { loadSync } from '@grpc/proto-loader';
 import { protoPath as healthProtoPath } from 'grpc-health-check';
 import { loadPackageDefinition } from '@grpc/grpc-js';
 import { extProcService, PROTO_LOADER_OPTIONS, structToPlain, type ProcessingRequest, type ProcessingResponse, type ProtoStruct } from '../../src/epp/proto.js';
-import { BODY_CHUNK_BYTES, DESTINATION_ENDPOINT_KEY, DESTINATION_ENDPOINT_NAMESPACE, DESTINATION_ENDPOINT_SERVED_KEY, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE } from '../../src/epp/protocol.js';
+import { DESTINATION_ENDPOINT_KEY, DESTINATION_ENDPOINT_NAMESPACE, DESTINATION_ENDPOINT_SERVED_KEY, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE } from '../../src/epp/protocol.js';
 
 /**
  * Envoy's side of an ext_proc stream, as strict as Envoy's ext_proc filter in
@@ -23,6 +23,9 @@ import { BODY_CHUNK_BYTES, DESTINATION_ENDPOINT_KEY, DESTINATION_ENDPOINT_NAMESP
  *     response body echoed as streamed_response chunks, one end_of_stream, last;
  *  7. after Envoy half-closes, the picker closes the stream with OK and sends nothing more.
  */
+
+/** The protocol's chunk limit, written out here so the picker's own constant cannot move it. */
+const BODY_CHUNK_BYTES = 62_000;
 
 const HOST_PORT = /^(\[[0-9a-fA-F:.]+\]|[^,:\s\[\]]+):\d{1,5}$/;
 
@@ -206,43 +209,52 @@ export class PickerStream {
 
   /** Sends the response headers (and optionally the body) and checks rule 6; resolves to what the picker changed. */
   async respond(spec: ResponseSpec): Promise<{ setHeaders: Map<string, string>; body: Buffer }> {
+    const hasBody = spec.chunks !== undefined && spec.chunks.length > 0;
+    const setHeaders = await this.respondHeaders(spec, hasBody);
+    const body = hasBody ? await this.respondBody(spec.chunks!) : Buffer.alloc(0);
+    return { setHeaders, body };
+  }
+
+  /** The response headers alone; `bodyFollows` false ends the response with them. */
+  async respondHeaders(spec: ResponseSpec, bodyFollows: boolean): Promise<Map<string, string>> {
     const metadata_context = spec.served === undefined ? undefined : {
       filter_metadata: { [DESTINATION_ENDPOINT_NAMESPACE]: { fields: { [DESTINATION_ENDPOINT_SERVED_KEY]: { stringValue: spec.served } } } as ProtoStruct },
     };
     const headerList = Object.entries({ ':status': '200', 'content-type': 'text/event-stream', ...(spec.headers ?? {}) }).map(([key, value]) => ({ key, raw_value: Buffer.from(value) }));
-    const hasBody = spec.chunks !== undefined && spec.chunks.length > 0;
-    this.call.write({ response_headers: { headers: { headers: headerList }, end_of_stream: !hasBody }, metadata_context });
+    this.call.write({ response_headers: { headers: { headers: headerList }, end_of_stream: !bodyFollows }, metadata_context });
     const h = await this.next('the response_headers answer');
     assert.equal(h.response, 'response_headers', `rule 6: expected the response_headers answer, got ${describe(h)}`);
-    const setHeaders = headerMap(h.response_headers?.response?.header_mutation?.set_headers);
+    return headerMap(h.response_headers?.response?.header_mutation?.set_headers);
+  }
+
+  /** The response body, chunk by chunk, the last with end_of_stream; resolves to the echoed body. */
+  async respondBody(chunkList: Array<Buffer | string>): Promise<Buffer> {
     const echoed: Buffer[] = [];
     let sawEos = false;
-    if (hasBody) {
-      const chunks = spec.chunks!.map((c) => (Buffer.isBuffer(c) ? c : Buffer.from(c)));
-      for (let i = 0; i < chunks.length; i++) {
-        const last = i === chunks.length - 1;
-        this.call.write({ response_body: { body: chunks[i], end_of_stream: last } });
-        // full duplex: the echo of each chunk may come at once (streaming to the client)
-        let got = 0;
-        while (got < chunks[i].length || (last && !sawEos)) {
-          const m = await this.next('the echoed response body');
-          assert.equal(m.response, 'response_body', `rule 6: expected a response_body answer, got ${describe(m)}`);
-          const sr = m.response_body?.response?.body_mutation?.streamed_response;
-          assert.ok(sr, `rule 6: a response_body answer must be a streamed_response, got ${describe(m)}`);
-          const b = Buffer.from(sr.body ?? []);
-          assert.ok(b.length <= BODY_CHUNK_BYTES, `rule 6: a body chunk of ${b.length} bytes is over ${BODY_CHUNK_BYTES}`);
-          assert.ok(!sr.end_of_stream || last, 'rule 6: end_of_stream before the last response chunk');
-          assert.ok(b.length > 0 || sr.end_of_stream, 'rule 6: an empty response chunk that does not end the stream');
-          got += b.length;
-          echoed.push(b);
-          if (sr.end_of_stream) {
-            sawEos = true;
-            break;
-          }
+    const chunks = chunkList.map((c) => (Buffer.isBuffer(c) ? c : Buffer.from(c)));
+    for (let i = 0; i < chunks.length; i++) {
+      const last = i === chunks.length - 1;
+      this.call.write({ response_body: { body: chunks[i], end_of_stream: last } });
+      // full duplex: the echo of each chunk may come at once (streaming to the client)
+      let got = 0;
+      while (got < chunks[i].length || (last && !sawEos)) {
+        const m = await this.next('the echoed response body');
+        assert.equal(m.response, 'response_body', `rule 6: expected a response_body answer, got ${describe(m)}`);
+        const sr = m.response_body?.response?.body_mutation?.streamed_response;
+        assert.ok(sr, `rule 6: a response_body answer must be a streamed_response, got ${describe(m)}`);
+        const b = Buffer.from(sr.body ?? []);
+        assert.ok(b.length <= BODY_CHUNK_BYTES, `rule 6: a body chunk of ${b.length} bytes is over ${BODY_CHUNK_BYTES}`);
+        assert.ok(!sr.end_of_stream || last, 'rule 6: end_of_stream before the last response chunk');
+        assert.ok(b.length > 0 || sr.end_of_stream, 'rule 6: an empty response chunk that does not end the stream');
+        got += b.length;
+        echoed.push(b);
+        if (sr.end_of_stream) {
+          sawEos = true;
+          break;
         }
       }
     }
-    return { setHeaders, body: Buffer.concat(echoed) };
+    return Buffer.concat(echoed);
   }
 
   /** Envoy half-closes (the HTTP exchange is over or was abandoned); rule 7. */

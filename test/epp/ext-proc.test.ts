@@ -1,6 +1,5 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { BODY_CHUNK_BYTES } from '../../src/epp/protocol.js';
 import { EXT_PROC_SERVICE } from '../../src/epp/proto.js';
 import { EnvoyRole } from './envoy-role.js';
 import { startPickerFleet, until, type PickerFleet } from './harness.js';
@@ -48,7 +47,7 @@ test('a body over 62,000 bytes is echoed in chunks of at most 62,000 bytes, one 
   assert.equal(out.kind, 'routed');
   if (out.kind !== 'routed') return;
   assert.equal(out.body.length, Buffer.byteLength(body));
-  assert.ok(out.body.length > 3 * BODY_CHUNK_BYTES);
+  assert.ok(out.body.length > 3 * 62_000);
   // a long response chunk is split on the way back as well
   const resp = await out.stream.respond({ served: out.endpoints[0], chunks: [Buffer.alloc(130_000, 97)] });
   assert.equal(resp.body.length, 130_000);
@@ -171,10 +170,12 @@ test('served by a fallback: the in-flight count moves to the endpoint Envoy repo
   const [first, second] = out.endpoints;
   const count = (e: string) => router().listWorkers().find((w) => w.id === fleet.workerAt.get(e))!.inFlightRequests;
   assert.equal(count(first), 1);
-  const resp = await out.stream.respond({ served: second, chunks: ['{"ok":true}'] });
-  assert.equal(resp.setHeaders.get('x-contextforge-worker'), fleet.workerAt.get(second));
+  const setHeaders = await out.stream.respondHeaders({ served: second }, true);
+  assert.equal(setHeaders.get('x-contextforge-worker'), fleet.workerAt.get(second));
   assert.equal(count(first), 0, 'released on the endpoint that did not serve');
   assert.equal(count(second), 1, 'counted on the one that did, until the end');
+  assert.equal((await out.stream.respondBody(['{"ok":true}'])).toString(), '{"ok":true}');
+  assert.equal(count(second), 0, 'released at the end of the response');
   await out.stream.end();
   await until(() => inFlight() === 0, 'release');
 });

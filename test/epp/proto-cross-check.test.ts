@@ -64,7 +64,7 @@ test('every field shared with the shipped copy has the same number, type, label,
     const theirs = (shipped[name] as Entry | undefined)?.type as MessageDescriptor | undefined;
     for (const f of mine.field) {
       const full = `${name}.${f.name}`;
-      const t = theirs?.field.find((x) => x.name === f.name);
+      const t: FieldDescriptor | undefined = theirs?.field.find((x) => x.name === f.name);
       if (!t) {
         const newer = NEWER_FIELDS[full];
         assert.ok(newer, `${full} is in neither the shipped copy nor the list of newer fields`);
@@ -97,7 +97,7 @@ test('every enum value shared with the shipped copy has the same number', () => 
     const theirs = shippedEnums.get(name);
     assert.ok(theirs, `${name} is not in the shipped copy`);
     for (const v of mine.value) {
-      const t = theirs.value.find((x) => x.name === v.name);
+      const t: { name: string; number: number } | undefined = theirs.value.find((x) => x.name === v.name);
       if (!t) {
         assert.equal(v.number, NEWER_ENUM_VALUES[`${name}.${v.name}`], `${name}.${v.name} is in neither the shipped copy nor the newer values`);
         continue;
