@@ -41,7 +41,7 @@ import type {
 } from './types.js';
 
 /**
- * ContextForge's KV-aware router: the seed's API (`../shared/seed/kv_aware_router.py`) and
+ * ContextForge's KV-aware router: the seed's API (`reference/seed/kv_aware_router.py`) and
  * the request-level route() over a block index and pluggable policies. Every method's work
  * is synchronous, so state-changing calls are atomic with respect to each other, which is
  * what the seed's asyncio.Lock guaranteed; the seed's coroutine methods stay async.
