@@ -22,39 +22,6 @@ export interface DnsDiscoverySpec {
   models?: string[];
 }
 
-const SPEC_KEYS = ['dns', 'port', 'events-port', 'replay-port', 'interval-ms', 'models'] as const;
-
-/** Parses `dns=NAME,port=N[,events-port=N][,replay-port=N][,interval-ms=N][,models=a;b]`. */
-export function parseDiscoverySpec(spec: string): DnsDiscoverySpec {
-  const fields: Record<string, string> = {};
-  for (const part of spec.split(',')) {
-    const eq = part.indexOf('=');
-    if (eq <= 0) throw new RangeError(`--discover '${spec}': '${part}' is not key=value`);
-    const key = part.slice(0, eq).trim();
-    if (!(SPEC_KEYS as readonly string[]).includes(key)) throw new RangeError(`--discover '${spec}': unknown key '${key}' (known: ${SPEC_KEYS.join(', ')})`);
-    fields[key] = part.slice(eq + 1).trim();
-  }
-  const port = (key: string, required: boolean): number | undefined => {
-    const v = fields[key];
-    if (v === undefined || v === '') {
-      if (required) throw new RangeError(`--discover '${spec}': ${key} is required`);
-      return undefined;
-    }
-    const n = Number(v);
-    if (!/^\d+$/.test(v) || n < 1 || n > 65535) throw new RangeError(`--discover '${spec}': ${key} must be a port (1-65535), got '${v}'`);
-    return n;
-  };
-  const dns = fields.dns;
-  if (!dns || !/^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$/.test(dns)) throw new RangeError(`--discover '${spec}': dns must be a host name`);
-  const interval = fields['interval-ms'] === undefined ? 5000 : Number(fields['interval-ms']);
-  if (!Number.isInteger(interval) || interval < 100) throw new RangeError(`--discover '${spec}': interval-ms must be an integer >= 100`);
-  const eventsPort = port('events-port', false);
-  const replayPort = port('replay-port', false);
-  if (replayPort !== undefined && eventsPort === undefined) throw new RangeError(`--discover '${spec}': replay-port needs events-port`);
-  const models = fields.models ? fields.models.split(';').map((m) => m.trim()).filter(Boolean) : undefined;
-  return { dns, port: port('port', true)!, eventsPort, replayPort, intervalMs: interval, models };
-}
-
 export interface DnsDiscoveryHost {
   addWorker(w: WorkerRecord): void;
   removeWorker(id: string): boolean;

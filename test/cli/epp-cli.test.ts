@@ -3,7 +3,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
-import { parseDiscoverySpec } from '../../src/server/dns-discovery.js';
+import { parseDiscoverySpec } from '../../src/cli/commands/epp.js';
 import { EnvoyRole } from '../epp/envoy-role.js';
 
 const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));

@@ -1,7 +1,6 @@
 import assert from 'node:assert/strict';
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { promisify } from 'node:util';
 import { after, before, test } from 'node:test';
@@ -10,6 +9,7 @@ import { MockEngine } from '../../src/engines/mock-engine.js';
 import { startPicker, type RunningPicker } from '../../src/epp/run-picker.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { startLoopbackEnvoy, type LoopbackEnvoy } from '../epp/loopback-envoy.js';
+import { freePort } from '../helpers/workflow-replay.js';
 
 // Every query of the Grafana dashboard, run by a real Prometheus against the router's own
 // /metrics: a gateway with the endpoint picker beside it, engines publishing KV events, one
@@ -36,13 +36,6 @@ let promUrl = '';
 let dataDir = '';
 let traffic: NodeJS.Timeout | undefined;
 
-async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const port = (s.address() as { port: number }).port;
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
-}
 
 async function until(check: () => Promise<boolean>, what: string, timeoutMs = 30_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { DnsDiscovery, parseDiscoverySpec } from '../../src/server/dns-discovery.js';
+import { parseDiscoverySpec } from '../../src/cli/commands/epp.js';
+import { DnsDiscovery } from '../../src/server/dns-discovery.js';
 import type { WorkerRecord } from '../../src/state/state-store.js';
 
 function host() {

@@ -2,11 +2,12 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, test } from 'node:test';
 import { Redis } from 'ioredis';
-import { generateWorkflowTrace, promptText } from '../../src/sim/workflows.js';
+import { generateWorkflowTrace } from '../../src/sim/workflows.js';
 import type { TraceRequest } from '../../src/sim/trace.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { MemoryStateStore, type StateStore } from '../../src/state/state-store.js';
 import { startLoopbackEnvoy, type LoopbackEnvoy } from './loopback-envoy.js';
+import { ReplayTally } from '../helpers/workflow-replay.js';
 import { EnvoyRole } from './envoy-role.js';
 import { startPickerFleet, until, type PickerFleet } from './harness.js';
 
@@ -44,51 +45,19 @@ async function startReplicas(n: number, state: () => StateStore): Promise<{ flee
   return { fleet, envoys, close };
 }
 
-interface Outcome {
-  hitRate: number;
-  failed: number;
-  workerOf: Map<string, Set<string>>;
-}
-
 /**
  * Replays the workload in trace order, one request at a time, request i through gateway
- * i mod n; hit rate as the engines report it. One at a time: with requests in parallel the
- * policy also moves workflows for load, which on a busy machine varies from run to run and
- * would hide what is compared here — whether a replica knows what the other decided.
+ * i mod n. One at a time: with requests in parallel the policy also moves workflows for load,
+ * which on a busy machine varies from run to run and would hide what is compared here —
+ * whether a replica knows what the other decided.
  */
-async function replay(urls: string[], trace: TraceRequest[]): Promise<Outcome> {
-  let cached = 0;
-  let prompt = 0;
-  let failed = 0;
-  const workerOf = new Map<string, Set<string>>();
-  for (const [i, r] of trace.entries()) {
-    const res = await fetch(`${urls[i % urls.length]}/v1/chat/completions`, {
-      method: 'POST',
-      headers: {
-        'content-type': 'application/json',
-        'x-workflow-id': r.sessionId!, 'x-workflow-step': String(r.step), 'x-agent-role': r.agentRole!,
-        ...(r.isolate ? { 'x-kv-isolate': '1' } : {}),
-      },
-      body: JSON.stringify({ model: 'mock', messages: [{ role: 'user', content: promptText(r) }], max_tokens: 8 }),
-    }).catch(() => undefined);
-    if (!res || res.status !== 200) {
-      failed++;
-      await res?.arrayBuffer();
-      continue;
-    }
-    const body = (await res.json()) as { usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens?: number } } };
-    cached += body.usage.prompt_tokens_details?.cached_tokens ?? 0;
-    prompt += body.usage.prompt_tokens;
-    if (!r.isolate) {
-      const set = workerOf.get(r.sessionId!) ?? new Set<string>();
-      set.add(res.headers.get('x-contextforge-worker')!);
-      workerOf.set(r.sessionId!, set);
-    }
-  }
-  return { hitRate: prompt > 0 ? cached / prompt : 0, failed, workerOf };
+async function replay(urls: string[], trace: TraceRequest[]): Promise<ReplayTally> {
+  const tally = new ReplayTally();
+  for (const [i, r] of trace.entries()) await tally.send(urls[i % urls.length], r);
+  return tally;
 }
 
-const split = (o: Outcome) => [...o.workerOf].filter(([, s]) => s.size > 1).map(([id]) => id);
+const split = (o: ReplayTally) => o.split();
 
 test('2 endpoint-picker replicas on one Redis route like one: hit rate within 2 points, workflows kept together', async (t) => {
   const trace = generateWorkflowTrace({ workflows: 20, seed: 11 });

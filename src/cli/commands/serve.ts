@@ -4,24 +4,17 @@ import { parse as parseYaml } from 'yaml';
 import { POLICY_NAMES } from '../../core/policies/index.js';
 import { KVAwareRouter } from '../../core/router/index.js';
 import { createGateway, type GatewayOptions, type GatewayWorker } from '../../server/gateway.js';
-import { EPP_PORT_SETTING, PICKER_SETTINGS, startPicker, type PickerConfig } from './epp.js';
+import { startPicker, type PickerConfig } from '../../epp/run-picker.js';
+import { EPP_PORT_SETTING, PICKER_SETTINGS } from './picker-settings.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { createStateStore } from '../../state/create-state-store.js';
-import { intOption } from '../options.js';
+import { intOption, specFields } from '../options.js';
 
 const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla'] as const;
 
 /** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2] */
 export function parseWorkerSpec(spec: string): GatewayWorker {
-  const fields: Record<string, string> = {};
-  for (const part of spec.split(',')) {
-    const eq = part.indexOf('=');
-    if (eq <= 0) throw new RangeError(`--worker '${spec}': '${part}' is not key=value`);
-    const key = part.slice(0, eq).trim();
-    if (!(WORKER_KEYS as readonly string[]).includes(key)) throw new RangeError(`--worker '${spec}': unknown key '${key}'`);
-    fields[key] = part.slice(eq + 1).trim();
-  }
-  return workerFrom(fields, `--worker '${spec}'`);
+  return workerFrom(specFields('--worker', spec, WORKER_KEYS), `--worker '${spec}'`);
 }
 
 /** A worker from spec fields or a config entry; lists may be `a;b` strings or arrays. */
