@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { EXT_PROC_SERVICE } from '../../src/epp/proto.js';
+import { credentials, makeGenericClientConstructor, type ClientDuplexStream } from '@grpc/grpc-js';
+import { EXT_PROC_SERVICE, extProcService, type ProcessingRequest, type ProcessingResponse } from '../../src/epp/proto.js';
 import { EnvoyRole } from './envoy-role.js';
 import { startPickerFleet, until, type PickerFleet } from './harness.js';
 
@@ -208,4 +209,27 @@ test('a body over the limit → 413', async () => {
     e.close();
     await small.close();
   }
+});
+
+test('trailers end the body instead of end_of_stream: headers answer, the body without end_of_stream, then the trailers answer', async () => {
+  // EnvoyRole always ends bodies with end_of_stream: this stream is written by hand
+  const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
+  const client = new Ctor(fleet.addresses[0], credentials.createInsecure()) as unknown as { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse>; close(): void };
+  const call = client.Process();
+  const got: ProcessingResponse[] = [];
+  call.on('data', (m: ProcessingResponse) => got.push(m));
+  const ended = new Promise<void>((r) => call.on('end', () => r()));
+  const body = Buffer.from(JSON.stringify({ model: 'mock', prompt: 'with trailers' }));
+  call.write({ request_headers: { headers: { headers: [{ key: ':path', raw_value: Buffer.from('/v1/completions') }] }, end_of_stream: false } });
+  call.write({ request_body: { body, end_of_stream: false } });
+  call.write({ request_trailers: { trailers: { headers: [] } } });
+  await until(() => got.length >= 3, 'three answers');
+  assert.deepEqual(got.map((m) => m.response), ['request_headers', 'request_body', 'request_trailers']);
+  const sr = got[1].request_body!.response!.body_mutation!.streamed_response!;
+  assert.equal(Buffer.from(sr.body).toString(), body.toString());
+  assert.ok(!sr.end_of_stream, 'the trailers, not the body, end the request');
+  call.end();
+  await ended;
+  client.close();
+  await until(() => inFlight() === 0, 'release');
 });
