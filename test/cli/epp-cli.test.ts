@@ -2,6 +2,8 @@ import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
+import { Command } from 'commander';
+import { registerEppCommand } from '../../src/cli/commands/epp.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { parseDiscoverySpec } from '../../src/cli/commands/epp.js';
 import { EnvoyRole } from '../epp/envoy-role.js';
@@ -76,19 +78,26 @@ test('serve --epp-port runs the gateway and the picker in one process', async ()
   assert.equal(await stop(child), 0);
 });
 
-test('bad epp flags exit with a message naming the flag', () => {
-  const run = (args: string[]) => spawnSync(process.execPath, ['--import', 'tsx', main, 'epp', ...args], { encoding: 'utf8', timeout: 30_000 });
+test('bad epp flags are refused with a message naming the flag (in process), and the CLI exits non-zero', () => {
+  const parse = (args: string[]) => {
+    let err = '';
+    const program = new Command().exitOverride().configureOutput({ writeErr: (s) => (err += s), writeOut: () => {} });
+    registerEppCommand(program);
+    program.commands.forEach((c) => c.exitOverride().configureOutput({ writeErr: (s) => (err += s), writeOut: () => {} }));
+    assert.throws(() => program.parse(['node', 'contextforge-router', 'epp', ...args]), args.join(' '));
+    return err;
+  };
   for (const [args, message] of [
     [['--port', '70000'], /--port must be <= 65535/],
+    [['--metrics-port', '-1'], /--metrics-port must be >= 0/],
     [['--objectives', 'batch'], /--objectives: 'batch' is not NAME=INTEGER/],
     [['--shed-kv-usage', '1.5'], /--shed-kv-usage must be in \(0, 1\]/],
     [['--discover', 'dns=vllm,port=x'], /port must be a port/],
     [['--discover', 'port=8000'], /dns must be a host name/],
-  ] as Array<[string[], RegExp]>) {
-    const r = run(args);
-    assert.notEqual(r.status, 0, args.join(' '));
-    assert.match(r.stderr, message);
-  }
+  ] as Array<[string[], RegExp]>) assert.match(parse(args), message);
+  const r = spawnSync(process.execPath, ['--import', 'tsx', main, 'epp', '--epp-fallbacks', 'two'], { encoding: 'utf8', timeout: 60_000 });
+  assert.notEqual(r.status, 0);
+  assert.match(r.stderr, /--epp-fallbacks must be an integer/);
 });
 
 test('--discover specs', () => {
