@@ -52,7 +52,6 @@ export interface RouterPickerOptions {
    */
   shedQueueDepth?: number;
   shedKvUsage?: number;
-  log?: (message: string) => void;
 }
 
 const CHAT = '/v1/chat/completions';
@@ -168,7 +167,14 @@ export class RouterPicker implements EndpointPicker {
 
     const learning = state.beforeRoute(routeRequest);
     if (learning) await learning;
-    const decision = router.route(routeRequest, { exclude: excluded, share: state.sharesDecisions });
+    let decision: RouteResult;
+    try {
+      decision = router.route(routeRequest, { exclude: excluded, share: state.sharesDecisions });
+    } catch (err) {
+      // metadata the router refuses (a malformed anchor list, say) is the client's to fix
+      if (err instanceof RangeError || err instanceof TypeError) return { ok: false, status: 400, message: err.message };
+      throw err;
+    }
     if (decision.workerId === '') return { ok: false, status: 503, message: 'no worker can take the request now', retryAfterSeconds: 1 };
     if (decision.shared) state.decisionMade(decision.shared);
     this.decisions?.inc({ policy: decision.policy, reason: decision.reason });

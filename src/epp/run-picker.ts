@@ -36,7 +36,7 @@ export async function startPicker(gateway: Gateway, c: PickerConfig & { bodyLimi
     return { eppPort: undefined, close: async () => discovery?.stop() };
   }
   const backend = gatewayRoutingBackend(gateway);
-  const picker = new RouterPicker(backend, { fallbacks: c.eppFallbacks, objectives: c.objectives, shedQueueDepth: c.shedQueueDepth, shedKvUsage: c.shedKvUsage, log: o.log });
+  const picker = new RouterPicker(backend, { fallbacks: c.eppFallbacks, objectives: c.objectives, shedQueueDepth: c.shedQueueDepth, shedKvUsage: c.shedKvUsage });
   const server = await startEppServer({
     host: o.host, port: o.port, picker, bodyLimit: c.bodyLimit, log: o.log,
     onOutcome: (outcome) => picker.countOutcome(outcome),
