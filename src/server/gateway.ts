@@ -15,8 +15,8 @@ import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
 import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/state-store.js';
 import { adminRoutes } from './admin-routes.js';
 import { CircuitBreaker } from './circuit-breaker.js';
-import { createGatewayMetrics } from './metrics.js';
-import { createRequestParser, createRequestReader, openAiError, useJsonBodies, type RequestParser } from './openai-request.js';
+import { createGatewayMetrics, registerKvEventMetrics } from './metrics.js';
+import { createRequestParser, createRequestReader, openAiError, useJsonBodies, type RequestParser, type RequestReaderOptions } from './openai-request.js';
 import { createProxyHandler, type ProxyDeps } from './proxy.js';
 import { WorkerConnections } from './worker-connections.js';
 import { registerWorkerStateMetrics } from './worker-metrics.js';
@@ -97,6 +97,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const state = options.state ?? new MemoryStateStore();
   const app = Fastify({ bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024, logger: false });
   const metrics = createGatewayMetrics(router);
+  registerKvEventMetrics(metrics.registry, () => connections.subscriberStats());
   registerWorkerStateMetrics(metrics.registry, { router, health, eventLagSeconds: (id) => connections.get(id)?.subscriber?.stats.lagSeconds });
   const breaker = new CircuitBreaker({ failures: options.breakerFailures, cooldownMs: options.breakerCooldownMs }, health, (id) => connections.has(id));
 
@@ -139,10 +140,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 
   // ------------------------------------------------------------------ OpenAI API
 
-  const readerOptions = {
+  const readerOptions: RequestReaderOptions = {
     tokenize: tokenizeMode,
     promptTokenizer: options.promptTokenizer,
-    tokenizeOnEngine: (r: Parameters<WorkerConnections['tokenizeOnEngine']>[0]) => connections.tokenizeOnEngine(r),
+    tokenizeOnEngine: (r, body) => connections.tokenizeOnEngine(r, body),
+    loraOf: (model) => connections.loraOf(model),
   };
   const readRequest = createRequestReader(readerOptions);
   const proxyDeps: ProxyDeps = {
@@ -162,7 +164,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     if (!prepared) return reply;
     const { routeRequest } = prepared;
     const r = router.route(routeRequest, { dryRun: true, explain: true, exclude: connections.withoutModel(prepared.body.model) });
-    return { worker: r.workerId, cachedTokens: r.cachedTokens, confidence: r.confidence, policy: r.policy, reason: r.reason, promptTokens: r.promptTokens, explain: r.explain };
+    // a data-parallel rank is answered as the worker and its rank
+    const c = connections.get(r.workerId);
+    const target = c && c.rank !== null ? { worker: c.workerId, rank: c.rank } : { worker: r.workerId };
+    return { ...target, cachedTokens: r.cachedTokens, confidence: r.confidence, policy: r.policy, reason: r.reason, promptTokens: r.promptTokens, explain: r.explain };
   });
 
   if (openAi) app.get('/v1/models', async () => {

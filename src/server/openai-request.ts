@@ -7,7 +7,8 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ChatMessage } from '../core/hashing.js';
 import type { RouteRequest } from '../core/router/index.js';
-import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
+import { UntokenizableContentError, type PromptTokenizer } from '../engines/chat-tokenizer.js';
+import { chatTemplateRequest } from './engine-deployments.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -129,8 +130,10 @@ export interface RequestReaderOptions {
   /** How prompts are hashed (see GatewayOptions.tokenize). */
   tokenize: 'text' | 'tokenizer' | 'engine';
   promptTokenizer?: PromptTokenizer;
-  /** Token ids from an engine's /tokenize; undefined when none answers (text mode then). */
-  tokenizeOnEngine: (r: RouteRequest) => Promise<number[] | undefined>;
+  /** Token ids from an engine's /tokenize (given the request's body); undefined when none answers (text mode then). */
+  tokenizeOnEngine: (r: RouteRequest, body: Record<string, unknown>) => Promise<number[] | undefined>;
+  /** The LoRA adapter a request's model names, if it names one (its blocks are keyed by it). */
+  loraOf?: (model: unknown) => string | undefined;
 }
 
 /** A malformed request as data: the HTTP status, the message, the offending field. */
@@ -145,7 +148,7 @@ export interface RequestRejection {
  * them) and the body to forward, or a RequestRejection for a malformed request.
  */
 export function createRequestParser(options: RequestReaderOptions) {
-  const { tokenize: tokenizeMode, promptTokenizer, tokenizeOnEngine } = options;
+  const { tokenize: tokenizeMode, promptTokenizer, tokenizeOnEngine, loraOf } = options;
   return async (path: string, req: RequestSource): Promise<ParsedRequest | RequestRejection> => {
     let parsed: ParsedRequest;
     try {
@@ -156,14 +159,22 @@ export function createRequestParser(options: RequestReaderOptions) {
       }
       throw err;
     }
+    // an adapter's blocks are keyed by its name, as vLLM keys them (lora_name, extra_keys)
+    const lora = loraOf?.(parsed.body.model);
+    if (lora !== undefined) parsed.routeRequest.lora = lora;
+    // a prompt given as token ids is hashed as tokens in every mode
     if (tokenizeMode === 'engine') {
-      const tokens = await tokenizeOnEngine(parsed.routeRequest);
+      const tokens = await tokenizeOnEngine(parsed.routeRequest, parsed.body);
       if (tokens) parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
     } else if (tokenizeMode === 'tokenizer' && !parsed.routeRequest.tokens) {
       try {
-        const tokens = promptTokenizer!.tokenize(parsed.routeRequest);
+        const tokens = parsed.routeRequest.messages && promptTokenizer!.tokenizeChatRequest
+          ? promptTokenizer!.tokenizeChatRequest(chatTemplateRequest(parsed.body))
+          : promptTokenizer!.tokenize(parsed.routeRequest);
         parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
       } catch (err) {
+        // images and other media: the engine makes their tokens; route on the text instead
+        if (err instanceof UntokenizableContentError) return parsed;
         // a template that rejects the conversation (roles out of order, say) is the client's to fix
         return { status: 400, message: `the chat template rejected the request: ${(err as Error).message}`, param: 'messages' };
       }

@@ -13,6 +13,7 @@ import type { StateStore } from '../state/state-store.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
 import type { GatewayMetrics } from './metrics.js';
 import { openAiError, type OpenAiPath, type RequestReader } from './openai-request.js';
+import { DP_RANK_HEADER } from './engine-deployments.js';
 import type { WorkerConnections } from './worker-connections.js';
 
 export interface ProxyDeps {
@@ -58,7 +59,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       const forwarded = decision.cacheSalt
         ? JSON.stringify({ ...body, cache_salt: decision.cacheSalt })
         : unchanged && req.rawBody !== undefined ? req.rawBody : JSON.stringify(body);
-      const outcome = await forward(reply, connections.get(decision.workerId)!.pool, path, forwarded, decision, timeout, (seconds) => {
+      const target = connections.get(decision.workerId)!;
+      const outcome = await forward(reply, target.pool, path, forwarded, decision, target.rank, target.workerId, timeout, (seconds) => {
         metrics.ttft.observe(seconds);
         router.markPrefillDone(decision.ticket);
       });
@@ -99,6 +101,10 @@ async function forward(
   path: string,
   body: string,
   decision: RouteResult,
+  /** The data-parallel rank to run on (vLLM's X-data-parallel-rank header), or null. */
+  rank: number | null,
+  /** The worker's own id (a rank's worker), for the response header. */
+  workerId: string,
   timeout: number,
   onFirstByte: (seconds: number) => void,
 ): Promise<'done' | 'retry'> {
@@ -121,7 +127,7 @@ async function forward(
       path,
       method: 'POST',
       body,
-      headers: JSON_HEADERS,
+      headers: rank === null ? JSON_HEADERS : { ...JSON_HEADERS, [DP_RANK_HEADER]: String(rank) },
       signal: abort,
       headersTimeout: timeout,
       bodyTimeout: timeout,
@@ -139,9 +145,10 @@ async function forward(
   const streaming = contentType.includes('event-stream');
   const headers: Record<string, string> = {
     'content-type': contentType,
-    'x-contextforge-worker': decision.workerId,
+    'x-contextforge-worker': workerId,
     'x-contextforge-cached-tokens': String(Math.round(decision.cachedTokens)),
   };
+  if (rank !== null) headers['x-contextforge-rank'] = String(rank);
   let first = true;
   try {
     if (!streaming && upstream.headers['content-length'] !== undefined) {

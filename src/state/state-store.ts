@@ -14,6 +14,10 @@ export interface WorkerRecord {
   replay?: string;
   /** Prometheus endpoint for load metrics (default `{url}/metrics`). */
   metrics?: string;
+  /** Data-parallel ranks behind the URL (vLLM --data-parallel-size); rank r's events on the events port + r. */
+  dpSize?: number;
+  /** Tokens per KV block on this engine (default: the router's --block-size). */
+  blockSize?: number;
 }
 
 /** What a state store needs from the gateway it serves. */

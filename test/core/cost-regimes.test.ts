@@ -41,7 +41,7 @@ function warmed(n = 64, key = 0, inFlight = 0): CostPolicy {
   const [c] = fleet([{ inFlight }]);
   for (let i = 0; i < n; i++) {
     p.choose([c], request(1000, key));
-    p.commit(c, request(1000, key));
+    p.onRouted(c.worker, request(1000, key));
   }
   return p;
 }
@@ -143,7 +143,7 @@ describe('cost policy regimes', () => {
     const [h] = fleet([{ cached: 900 }]);
     for (let i = 0; i < 200; i++) {
       p.choose([h], request(1000));
-      p.commit(h, request(1000));
+      p.onRouted(h.worker, request(1000));
     }
     const cs = fleet([{ cached: 4096, queued: 6000 }, {}, {}]);
     cs[0].indexEntries = 10_000;
@@ -173,7 +173,7 @@ describe('cost policy regimes', () => {
     assert.ok(Math.abs(g + (4096 * (DEFAULT_COST_WEIGHTS.workflow + DEFAULT_COST_WEIGHTS.cla)) / DEFAULT_COST_WEIGHTS.prefillTokensPerSecond) < 1e-9);
   });
 
-  test('choose() allocates nothing per candidate and learns only on commit', () => {
+  test('choose() allocates nothing per candidate and learns only when the router acts on it', () => {
     const p = warmed();
     const cs = fleet([{ cached: 4096, queued: 6000 }, { queued: 100 }]);
     const r = request(4608);

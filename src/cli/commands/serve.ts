@@ -10,9 +10,9 @@ import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { createStateStore } from '../../state/create-state-store.js';
 import { intOption, specFields } from '../options.js';
 
-const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla'] as const;
+const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla', 'dp-size', 'block-size'] as const;
 
-/** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2] */
+/** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N] */
 export function parseWorkerSpec(spec: string): GatewayWorker {
   return workerFrom(specFields('--worker', spec, WORKER_KEYS), `--worker '${spec}'`);
 }
@@ -50,7 +50,20 @@ function workerFrom(fields: Record<string, unknown>, where: string): GatewayWork
   if (replay && !events) throw new RangeError(`${where}: replay needs events`);
   const models = list('models');
   if (models?.some((m) => m === '')) throw new RangeError(`${where}: models has an empty name`);
-  return { id, url, claGroups, models, events, replay, metrics: str('metrics') };
+  const positive = (key: string, max: number): number | undefined => {
+    const v = fields[key];
+    if (v === undefined || v === null || v === '') return undefined;
+    const n = typeof v === 'number' ? v : Number(v);
+    if (!Number.isInteger(n) || n < 1 || n > max || (typeof v === 'string' && !/^\d+$/.test(v.trim()))) throw new RangeError(`${where}: ${key} must be an integer from 1 to ${max}, got '${String(v)}'`);
+    return n;
+  };
+  const dpSize = positive('dp-size', 64);
+  const blockSize = positive('block-size', 1 << 16);
+  if (dpSize !== undefined && dpSize > 1 && events !== undefined && !/:\d+$/.test(events)) throw new RangeError(`${where}: dp-size needs events as tcp://host:port (rank r publishes on the port + r)`);
+  const out: GatewayWorker = { id, url, claGroups, models, events, replay, metrics: str('metrics') };
+  if (dpSize !== undefined) out.dpSize = dpSize;
+  if (blockSize !== undefined) out.blockSize = blockSize;
+  return out;
 }
 
 /**
@@ -126,7 +139,9 @@ export const SERVE_SETTINGS: readonly Setting[] = [
   { key: 'cost-weights', arg: '<mapping>', help: "the cost policy's weights, e.g. '{recompute: 2}' (what `tune` prints; config key costWeights)", parse: costWeights, optionKey: 'costWeights' },
   { key: 'policy-options', arg: '<mapping>', help: "peer policies' options, e.g. '{dynamo: {prefillLoadScale: 2}}' (config key policyOptions)", parse: policyOptions, optionKey: 'policyOptions' },
   { key: 'block-size', arg: '<n>', help: "tokens per KV block (the engines')", parse: intOption('--block-size', 1), default: 16 },
-  { key: 'tokenize', arg: '<mode>', help: 'how prompts are hashed: text, tokenizer (--tokenizer) or engine (the worker\'s /tokenize)', parse: choice('--tokenize', ['text', 'tokenizer', 'engine']), default: 'text' },
+  { key: 'tokenize', arg: '<mode>', help: 'how prompts are hashed: auto (engine when a worker has events=, else text), text, tokenizer (--tokenizer) or engine (the worker\'s /tokenize); token-id prompts are hashed as tokens in every mode', parse: choice('--tokenize', ['auto', 'text', 'tokenizer', 'engine']), default: 'auto' },
+  { key: 'block-hash', arg: '<kind>', help: "how blocks are keyed: router (its own hash of the token ids, chained through the events) or vllm (vLLM's sha256_cbor hash: needs --python-hash-seed or PYTHONHASHSEED equal to the engines' and their --prefix-caching-hash-algo sha256_cbor)", parse: choice('--block-hash', ['router', 'vllm']), default: 'router' },
+  { key: 'python-hash-seed', arg: '<seed>', help: 'the PYTHONHASHSEED the vLLM engines run with (--block-hash vllm; default: the PYTHONHASHSEED environment variable)', parse: text('--python-hash-seed') },
   { key: 'tokenizer', arg: '<path>', help: 'tokenizer.json, or the model directory holding it and tokenizer_config.json', parse: text('--tokenizer') },
   { key: 'chat-template', arg: '<file>', help: "a Jinja chat template replacing the tokenizer config's", parse: text('--chat-template') },
   { key: 'admin-token', arg: '<token>', help: 'bearer token for /admin (without it: loopback clients only)', parse: text('--admin-token') },
@@ -151,7 +166,9 @@ export interface ServeConfig {
   costWeights?: Partial<CostWeights>;
   policyOptions?: Omit<PolicyOptions, 'costWeights'>;
   blockSize: number;
-  tokenize: 'text' | 'tokenizer' | 'engine';
+  tokenize: 'auto' | 'text' | 'tokenizer' | 'engine';
+  blockHash: 'router' | 'vllm';
+  pythonHashSeed?: string;
   tokenizer?: string;
   chatTemplate?: string;
   adminToken?: string;
@@ -234,6 +251,11 @@ export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = proces
   }
   const config = { ...out, workers } as unknown as ServeConfig;
   if (config.tokenize === 'tokenizer' && !config.tokenizer) throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
+  if (config.blockHash === 'vllm') {
+    config.pythonHashSeed ??= env.PYTHONHASHSEED === '' ? undefined : env.PYTHONHASHSEED;
+    if (config.pythonHashSeed === undefined) throw new RangeError("--block-hash vllm needs the engines' PYTHONHASHSEED: --python-hash-seed N or the PYTHONHASHSEED environment variable (vLLM's block hashes are random without it)");
+    if (config.tokenize === 'text') throw new RangeError('--block-hash vllm hashes token ids: it needs --tokenize auto, tokenizer or engine, not text');
+  }
   return config;
 }
 
@@ -246,7 +268,7 @@ export function addSettingOptions(cmd: Command, settings: readonly Setting[]): v
   }
   cmd.option(
     '--worker <spec>',
-    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
+    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
     (v: string, all: string[]) => [...all, v],
     [] as string[],
   );
@@ -262,13 +284,24 @@ export function registerServeCommand(program: Command): void {
   });
 }
 
+/**
+ * The tokenize mode `auto` stands for: the engine's /tokenize when a worker publishes KV
+ * events (they carry token ids, so only requests hashed from token ids can match them) or
+ * vLLM block hashes are asked for; text otherwise.
+ */
+export function resolveTokenizeMode(c: Pick<ServeConfig, 'tokenize' | 'workers' | 'blockHash'> & { discover?: PickerConfig['discover'] }): 'text' | 'tokenizer' | 'engine' {
+  if (c.tokenize !== 'auto') return c.tokenize;
+  return c.blockHash === 'vllm' || c.workers.some((w) => w.events) || c.discover?.eventsPort !== undefined ? 'engine' : 'text';
+}
+
 /** The router, its shared state and the gateway, as `serve` and `epp` both run them. */
-export async function startGateway(c: ServeConfig & Partial<PickerConfig>, log: (m: string) => void, extra: Partial<GatewayOptions> = {}) {
+export async function startGateway(config: ServeConfig & Partial<PickerConfig>, log: (m: string) => void, extra: Partial<GatewayOptions> = {}) {
+  const c = { ...config, tokenize: resolveTokenizeMode(config) };
   // KV events carry token ids: only requests hashed from token ids can match them
   const eventsUsable = c.tokenize !== 'text';
   const discoveredEvents = c.discover?.eventsPort !== undefined;
   if (!eventsUsable && (c.workers.some((w) => w.events) || discoveredEvents)) {
-    log('warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize tokenizer or engine');
+    log('warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize auto, tokenizer or engine');
   }
   const promptTokenizer = c.tokenize === 'tokenizer'
     ? ChatTokenizer.load(c.tokenizer!, { chatTemplate: c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate) })
@@ -276,6 +309,7 @@ export async function startGateway(c: ServeConfig & Partial<PickerConfig>, log: 
   const precise = eventsUsable && (c.workers.some((w) => w.events) || discoveredEvents);
   const router = new KVAwareRouter({
     policy: c.policy, costWeights: c.costWeights, policyOptions: c.policyOptions, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate',
+    blockHash: c.blockHash, pythonHashSeed: c.pythonHashSeed,
   });
   const state = createStateStore(c.state, { prefix: c.statePrefix });
   const gateway = await createGateway({
@@ -286,7 +320,7 @@ export async function startGateway(c: ServeConfig & Partial<PickerConfig>, log: 
     breakerFailures: c.breakerFailures, breakerCooldownMs: c.breakerCooldownMs, log,
     ...extra,
   });
-  const describe = `policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index, state ${c.state === 'memory' ? 'memory' : `redis (replica ${String(state.stats().replicaId)})`}`;
+  const describe = `policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index, block hash ${c.blockHash}, state ${c.state === 'memory' ? 'memory' : `redis (replica ${String(state.stats().replicaId)})`}`;
   return { gateway, describe };
 }
 

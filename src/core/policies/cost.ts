@@ -1,4 +1,5 @@
 import { pickMax } from './pick.js';
+import type { WorkerState } from '../worker-registry.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
 
 /**
@@ -189,6 +190,9 @@ export class CostPolicy implements RoutingPolicy {
   private meanWork = 0;
   /** Smoothed fraction of the routed prompts found cached on the chosen worker. */
   private meanHit = 0;
+  /** The last choice's uncached tokens and cached share, for onRouted(). */
+  private chosenUncached = 0;
+  private chosenHit = 0;
   /** Decayed count of recent decisions per shared-prefix key, and when each slot was last decayed. */
   private readonly hotKeys = new Int32Array(HOT_SLOTS);
   private readonly hotCounts = new Float64Array(HOT_SLOTS);
@@ -211,16 +215,19 @@ export class CostPolicy implements RoutingPolicy {
     if (index < 0) return NO_CHOICE;
     const chosen = candidates[index];
     const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet);
+    // what the decision teaches, applied in onRouted() if the router acts on it (not a dry run)
+    this.chosenUncached = t.uncached;
+    this.chosenHit = t.prompt > 0 ? 1 - t.uncached / t.prompt : 0;
     // recomputing a prefix another worker holds, because the queue it saves costs more
     const replicate = this.fleet.bestCachedTokens - chosen.cachedTokens >= request.blockSize && t.work > this.fleet.bestWork;
     return { index, confidence: chosen.cachedFraction, reason: replicate ? 'replicate' : 'cost' };
   }
 
   /** A routed request: the mean work, the hit rate and the prefix's count learn from it. */
-  commit(chosen: Candidate, request: RouteFeatures): void {
-    const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet);
-    this.meanWork = this.meanWork === 0 ? Math.max(1, t.uncached) : this.meanWork + (t.uncached - this.meanWork) / WORK_SMOOTHING;
-    this.meanHit += ((t.prompt > 0 ? 1 - t.uncached / t.prompt : 0) - this.meanHit) / WORK_SMOOTHING;
+  onRouted(_worker: WorkerState, request: RouteFeatures): void {
+    const u = this.chosenUncached;
+    this.meanWork = this.meanWork === 0 ? Math.max(1, u) : this.meanWork + (u - this.meanWork) / WORK_SMOOTHING;
+    this.meanHit += (this.chosenHit - this.meanHit) / WORK_SMOOTHING;
     this.countPrefix(request.sharedPrefixKey ?? 0);
   }
 

@@ -88,11 +88,6 @@ export interface RoutingPolicy {
   readonly speculative?: boolean;
   choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice;
   /**
-   * The router acted on the choice (not a dry run): the policy may learn from it. Called
-   * right after choose() with the chosen candidate.
-   */
-  commit?(chosen: Candidate, request: RouteFeatures): void;
-  /**
    * The score terms behind the choice for one candidate, for explanations (not the hot path).
    * Called after choose() on the same candidates (scores may be relative to the others').
    */
