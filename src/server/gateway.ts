@@ -17,9 +17,10 @@ import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/s
 import { adminRoutes } from './admin-routes.js';
 import { CircuitBreaker } from './circuit-breaker.js';
 import { createGatewayMetrics, registerKvEventMetrics } from './metrics.js';
-import { createRequestReader, openAiError, useJsonBodies } from './openai-request.js';
+import { createRequestParser, createRequestReader, openAiError, useJsonBodies, type RequestParser, type RequestReaderOptions } from './openai-request.js';
 import { createProxyHandler, type ProxyDeps } from './proxy.js';
 import { WorkerConnections } from './worker-connections.js';
+import { registerWorkerStateMetrics } from './worker-metrics.js';
 
 /** A worker as the gateway takes it (flags, config, admin API) and the replicas share it. */
 export type GatewayWorker = WorkerRecord;
@@ -57,6 +58,11 @@ export interface GatewayOptions {
   log?: (message: string) => void;
   /** Shared state for several replicas (default: in memory, this replica only). */
   state?: StateStore;
+  /**
+   * Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models; default true).
+   * The endpoint picker turns it off: there clients reach the engines through their gateway.
+   */
+  openAiRoutes?: boolean;
 }
 
 export interface Gateway {
@@ -67,6 +73,12 @@ export interface Gateway {
   health: WorkerHealth;
   addWorker(w: GatewayWorker): void;
   removeWorker(id: string): boolean;
+  /** Shared state for the replicas. */
+  state: StateStore;
+  /** The workers and what the gateway keeps per worker. */
+  connections: WorkerConnections;
+  /** Reads an OpenAI request (body and headers) as the proxy does, for other front ends. */
+  parseRequest: RequestParser;
   close(): Promise<void>;
 }
 
@@ -88,6 +100,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const app = Fastify({ bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024, logger: false });
   const metrics = createGatewayMetrics(router);
   registerKvEventMetrics(metrics.registry, () => connections.subscriberStats());
+  registerWorkerStateMetrics(metrics.registry, { router, health, eventLagSeconds: (id) => connections.get(id)?.subscriber?.stats.lagSeconds });
   const breaker = new CircuitBreaker({ failures: options.breakerFailures, cooldownMs: options.breakerCooldownMs }, health, (id) => connections.has(id));
 
   const addWorker = (w: GatewayWorker) => state.workerAdded(connections.add(w));
@@ -129,19 +142,23 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 
   // ------------------------------------------------------------------ OpenAI API
 
-  const readRequest = createRequestReader({
+  const readerOptions: RequestReaderOptions = {
     tokenize: tokenizeMode,
     promptTokenizer: options.promptTokenizer,
     tokenizeOnEngine: (r, body) => connections.tokenizeOnEngine(r, body),
     loraOf: (model) => connections.loraOf(model),
-  });
+  };
+  const readRequest = createRequestReader(readerOptions);
   const proxyDeps: ProxyDeps = {
     router, state, connections, breaker, metrics, readRequest,
     maxRetries: options.maxRetries ?? 2,
     timeout: options.upstreamTimeoutMs ?? 300_000,
   };
-  app.post('/v1/completions', createProxyHandler(proxyDeps, '/v1/completions'));
-  app.post('/v1/chat/completions', createProxyHandler(proxyDeps, '/v1/chat/completions'));
+  const openAi = options.openAiRoutes ?? true;
+  if (openAi) {
+    app.post('/v1/completions', createProxyHandler(proxyDeps, '/v1/completions'));
+    app.post('/v1/chat/completions', createProxyHandler(proxyDeps, '/v1/chat/completions'));
+  }
 
   app.post('/v1/route', async (req, reply) => {
     const path = (req.body as { messages?: unknown } | null)?.messages !== undefined ? '/v1/chat/completions' : '/v1/completions';
@@ -155,7 +172,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     return { ...target, cachedTokens: r.cachedTokens, confidence: r.confidence, policy: r.policy, reason: r.reason, promptTokens: r.promptTokens, explain: r.explain };
   });
 
-  app.get('/v1/models', async () => {
+  if (openAi) app.get('/v1/models', async () => {
     const seen = new Map<string, unknown>();
     await Promise.all(
       router.listWorkers().filter((w) => w.available).map(async (w) => {
@@ -185,7 +202,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 
   await app.ready();
   return {
-    app, router, metrics: metrics.registry, health, addWorker, removeWorker,
+    app, router, metrics: metrics.registry, health, addWorker, removeWorker, state, connections,
+    parseRequest: createRequestParser(readerOptions),
     close: async () => {
       breaker.close();
       connections.stopPolling();

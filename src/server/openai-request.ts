@@ -68,7 +68,13 @@ export interface ParsedRequest {
 }
 
 /** Reads the request: what to route on, and the body to forward (metadata field removed). */
-export function parseRequest(path: string, req: FastifyRequest): ParsedRequest {
+/** What parseRequest reads of a request: a Fastify request, or one assembled by another front end (the endpoint picker). */
+export interface RequestSource {
+  body: unknown;
+  headers: Readonly<Record<string, string | string[] | undefined>>;
+}
+
+export function parseRequest(path: string, req: RequestSource): ParsedRequest {
   const raw = req.body;
   if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new RequestError(400, 'the body must be a JSON object');
   const { [METADATA_FIELD]: meta, ...body } = raw as Record<string, unknown>;
@@ -132,21 +138,28 @@ export interface RequestReaderOptions {
   loraOf?: (model: unknown) => string | undefined;
 }
 
+/** A malformed request as data: the HTTP status, the message, the offending field. */
+export interface RequestRejection {
+  status: number;
+  message: string;
+  param: string | null;
+  /** Seconds after which the client may try again (the tokenizer was busy). */
+  retryAfterS?: number;
+}
+
 /**
- * Returns a reader of requests into what to route on (token ids when the tokenize mode gives
- * them) and the body to forward; it answers a 4xx and returns undefined when the request is
- * malformed.
+ * Returns a parser of requests into what to route on (token ids when the tokenize mode gives
+ * them) and the body to forward, or a RequestRejection for a malformed request.
  */
-export function createRequestReader(options: RequestReaderOptions) {
+export function createRequestParser(options: RequestReaderOptions) {
   const { tokenize: tokenizeMode, promptTokenizer, tokenizeOnEngine, loraOf } = options;
-  return async (path: string, req: FastifyRequest, reply: FastifyReply): Promise<ParsedRequest | undefined> => {
+  return async (path: string, req: RequestSource): Promise<ParsedRequest | RequestRejection> => {
     let parsed: ParsedRequest;
     try {
       parsed = parseRequest(path, req);
     } catch (err) {
       if (err instanceof RequestError || err instanceof RangeError || err instanceof TypeError) {
-        void openAiError(reply, err instanceof RequestError ? err.status : 400, err.message, err instanceof RequestError ? err.param : null);
-        return undefined;
+        return { status: err instanceof RequestError ? err.status : 400, message: err.message, param: err instanceof RequestError ? err.param : null };
       }
       throw err;
     }
@@ -166,15 +179,29 @@ export function createRequestReader(options: RequestReaderOptions) {
       } catch (err) {
         // images and other media: the engine makes their tokens; route on the text instead
         if (err instanceof UntokenizableContentError) return parsed;
-        if (err instanceof TokenizerUnavailableError) {
-          reply.header('retry-after', '1');
-          void openAiError(reply, 503, err.message);
-          return undefined;
-        }
+        if (err instanceof TokenizerUnavailableError) return { status: 503, message: err.message, param: null, retryAfterS: 1 };
         // a template that rejects the conversation (roles out of order, say) is the client's to fix
-        void openAiError(reply, 400, `the chat template rejected the request: ${(err as Error).message}`, 'messages');
-        return undefined;
+        return { status: 400, message: `the chat template rejected the request: ${(err as Error).message}`, param: 'messages' };
       }
+    }
+    return parsed;
+  };
+}
+
+export type RequestParser = ReturnType<typeof createRequestParser>;
+
+/**
+ * Returns a reader of requests for the HTTP API: it answers a 4xx and returns undefined when
+ * the request is malformed.
+ */
+export function createRequestReader(options: RequestReaderOptions) {
+  const parse = createRequestParser(options);
+  return async (path: string, req: FastifyRequest, reply: FastifyReply): Promise<ParsedRequest | undefined> => {
+    const parsed = await parse(path, req);
+    if ('status' in parsed) {
+      if (parsed.retryAfterS !== undefined) reply.header('retry-after', String(parsed.retryAfterS));
+      void openAiError(reply, parsed.status, parsed.message, parsed.param);
+      return undefined;
     }
     return parsed;
   };

@@ -4,27 +4,21 @@ import { Command, InvalidArgumentError, Option } from 'commander';
 import { parse as parseYaml } from 'yaml';
 import { POLICY_NAMES, resolveCostWeights, type CostWeights, type PolicyOptions } from '../../core/policies/index.js';
 import { KVAwareRouter } from '../../core/router/index.js';
-import { createGateway, type GatewayWorker } from '../../server/gateway.js';
+import { createGateway, type GatewayOptions, type GatewayWorker } from '../../server/gateway.js';
+import { startPicker, type PickerConfig } from '../../epp/run-picker.js';
+import { EPP_PORT_SETTING, PICKER_SETTINGS } from './picker-settings.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { defaultTokenizerThreads, TokenizerPool } from '../../engines/tokenizer-pool.js';
 import { ClusterRelay, ClusterStateStore, type ClusterMessage } from '../../state/cluster-state-store.js';
 import { createStateStore } from '../../state/create-state-store.js';
 import type { StateStore } from '../../state/state-store.js';
-import { intOption } from '../options.js';
+import { intOption, specFields } from '../options.js';
 
 const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla', 'dp-size', 'block-size'] as const;
 
 /** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N] */
 export function parseWorkerSpec(spec: string): GatewayWorker {
-  const fields: Record<string, string> = {};
-  for (const part of spec.split(',')) {
-    const eq = part.indexOf('=');
-    if (eq <= 0) throw new RangeError(`--worker '${spec}': '${part}' is not key=value`);
-    const key = part.slice(0, eq).trim();
-    if (!(WORKER_KEYS as readonly string[]).includes(key)) throw new RangeError(`--worker '${spec}': unknown key '${key}'`);
-    fields[key] = part.slice(eq + 1).trim();
-  }
-  return workerFrom(fields, `--worker '${spec}'`);
+  return workerFrom(specFields('--worker', spec, WORKER_KEYS), `--worker '${spec}'`);
 }
 
 /** A worker from spec fields or a config entry; lists may be `a;b` strings or arrays. */
@@ -82,7 +76,7 @@ function workerFrom(fields: Record<string, unknown>, where: string): GatewayWork
  * the three can never disagree. Precedence: flag, then environment, then config file, then
  * the default.
  */
-interface Setting {
+export interface Setting {
   key: string;
   arg: string;
   help: string;
@@ -209,7 +203,7 @@ export interface ServeConfig {
 }
 
 /** Reads router.yaml (YAML or JSON): the settings' keys plus `workers`, a list of worker entries. */
-export function readConfigFile(file: string): Record<string, unknown> {
+export function readConfigFile(file: string, settings: readonly Setting[] = SERVE_SETTINGS): Record<string, unknown> {
   let raw: unknown;
   try {
     raw = parseYaml(readFileSync(file, 'utf8'));
@@ -218,8 +212,8 @@ export function readConfigFile(file: string): Record<string, unknown> {
   }
   if (raw === null || raw === undefined) return {};
   if (typeof raw !== 'object' || Array.isArray(raw)) throw new RangeError(`--config ${file}: the top level must be a mapping of settings`);
-  const known = new Set([...SERVE_SETTINGS.map((s) => s.key), 'workers']);
-  const byOptionKey = new Map(SERVE_SETTINGS.filter((s) => s.optionKey).map((s) => [s.optionKey!, s.key]));
+  const known = new Set([...settings.map((s) => s.key), 'workers']);
+  const byOptionKey = new Map(settings.filter((s) => s.optionKey).map((s) => [s.optionKey!, s.key]));
   for (const key of Object.keys(raw)) {
     const alias = byOptionKey.get(key);
     if (alias !== undefined) {
@@ -236,12 +230,12 @@ export function readConfigFile(file: string): Record<string, unknown> {
  * read) and the config file. Workers: --worker flags if any, else CONTEXTFORGE_WORKERS
  * (specs separated by whitespace), else the config's `workers`.
  */
-export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = process.env): ServeConfig {
+export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = process.env, settings: readonly Setting[] = SERVE_SETTINGS): ServeConfig {
   const values = cmd.opts<Record<string, unknown>>();
   const configFile = values.config as string | undefined;
-  const file = configFile ? readConfigFile(configFile) : {};
+  const file = configFile ? readConfigFile(configFile, settings) : {};
   const out: Record<string, unknown> = {};
-  for (const s of SERVE_SETTINGS) {
+  for (const s of settings) {
     const name = camel(s.key);
     const source = cmd.getOptionValueSource(name);
     const fromFile = file[s.key] ?? (s.optionKey !== undefined ? file[s.optionKey] : undefined);
@@ -283,10 +277,10 @@ export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = proces
   return config;
 }
 
-export function registerServeCommand(program: Command): void {
-  const cmd = program.command('serve').description('run the OpenAI-compatible routing gateway in front of the engines');
+/** The settings' flags (each also read from its environment variable), --config and --worker. */
+export function addSettingOptions(cmd: Command, settings: readonly Setting[]): void {
   cmd.addOption(new Option('--config <file>', 'router.yaml: every setting below by its flag name, plus workers').env(envName('config')));
-  for (const s of SERVE_SETTINGS) {
+  for (const s of settings) {
     const o = new Option(`--${s.key} ${s.arg}`, s.help).env(envName(s.key)).argParser(s.parse);
     cmd.addOption(s.default === undefined ? o : o.default(s.default));
   }
@@ -296,9 +290,15 @@ export function registerServeCommand(program: Command): void {
     (v: string, all: string[]) => [...all, v],
     [] as string[],
   );
+}
+
+export function registerServeCommand(program: Command): void {
+  const cmd = program.command('serve').description('run the OpenAI-compatible routing gateway in front of the engines');
+  const settings = [...SERVE_SETTINGS, ...PICKER_SETTINGS, EPP_PORT_SETTING];
+  addSettingOptions(cmd, settings);
   cmd.action(async () => {
-    const c = resolveServeConfig(cmd);
-    await runServe(c);
+    const c = resolveServeConfig(cmd, process.env, settings);
+    await runServe(c as ServeConfig & PickerConfig & { eppPort?: number });
   });
 }
 
@@ -307,41 +307,29 @@ export function registerServeCommand(program: Command): void {
  * events (they carry token ids, so only requests hashed from token ids can match them) or
  * vLLM block hashes are asked for; text otherwise.
  */
-export function resolveTokenizeMode(c: Pick<ServeConfig, 'tokenize' | 'workers' | 'blockHash'>): 'text' | 'tokenizer' | 'engine' {
+export function resolveTokenizeMode(c: Pick<ServeConfig, 'tokenize' | 'workers' | 'blockHash'> & { discover?: PickerConfig['discover'] }): 'text' | 'tokenizer' | 'engine' {
   if (c.tokenize !== 'auto') return c.tokenize;
-  return c.blockHash === 'vllm' || c.workers.some((w) => w.events) ? 'engine' : 'text';
+  return c.blockHash === 'vllm' || c.workers.some((w) => w.events) || c.discover?.eventsPort !== undefined ? 'engine' : 'text';
 }
 
-async function runServe(config: ServeConfig): Promise<void> {
+/** The router, its shared state and the gateway, as `serve` (each of its processes) and `epp` run them. */
+export async function startGateway(config: ServeConfig & Partial<PickerConfig>, log: (m: string) => void, extra: Partial<GatewayOptions> = {}) {
   const c = { ...config, tokenize: resolveTokenizeMode(config) };
-  if (c.processes > 1 && cluster.isPrimary) return runPrimary(c);
-  if (!cluster.isWorker) return serveProcess(c);
-  // a gateway process that cannot start says why and exits (its IPC channel would keep it alive)
-  try {
-    await serveProcess(c);
-  } catch (err) {
-    process.stderr.write(`[process ${String(cluster.worker!.id)}] error: ${(err as Error).message}\n`);
-    process.exit(1);
-  }
-}
-
-/** One gateway process: alone, or one of `--processes N`. */
-async function serveProcess(c: ServeConfig & { tokenize: ReturnType<typeof resolveTokenizeMode> }): Promise<void> {
   const worker = cluster.isWorker ? cluster.worker! : undefined;
-  const log = (m: string) => process.stderr.write(worker ? `[process ${String(worker.id)}] ${m}\n` : `${m}\n`);
   // KV events carry token ids: only requests hashed from token ids can match them
   const eventsUsable = c.tokenize !== 'text';
-  if (!eventsUsable && c.workers.some((w) => w.events)) {
+  const discoveredEvents = c.discover?.eventsPort !== undefined;
+  if (!eventsUsable && (c.workers.some((w) => w.events) || discoveredEvents)) {
     log('warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize auto, tokenizer or engine');
   }
   const chatTemplate = c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate);
-  const tokenizerThreads = c.tokenizerThreads ?? defaultTokenizerThreads(c.processes);
+  const tokenizerThreads = c.tokenizerThreads ?? defaultTokenizerThreads(c.processes ?? 1);
   const promptTokenizer = c.tokenize !== 'tokenizer'
     ? undefined
     : tokenizerThreads === 0
       ? ChatTokenizer.load(c.tokenizer!, { chatTemplate })
       : await TokenizerPool.start({ path: c.tokenizer!, chatTemplate, threads: tokenizerThreads, log });
-  const precise = eventsUsable && c.workers.some((w) => w.events);
+  const precise = eventsUsable && (c.workers.some((w) => w.events) || discoveredEvents);
   const router = new KVAwareRouter({
     policy: c.policy, costWeights: c.costWeights, policyOptions: c.policyOptions, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate',
     blockHash: c.blockHash, pythonHashSeed: c.pythonHashSeed,
@@ -356,20 +344,50 @@ async function serveProcess(c: ServeConfig & { tokenize: ReturnType<typeof resol
     bodyLimit: c.bodyLimit, maxRetries: c.maxRetries, upstreamTimeoutMs: c.upstreamTimeoutMs,
     metricsIntervalMs: c.metricsIntervalMs, healthCheckIntervalMs: c.healthIntervalMs,
     breakerFailures: c.breakerFailures, breakerCooldownMs: c.breakerCooldownMs, log,
+    ...extra,
   });
-  const address = await gateway.app.listen({ host: c.host, port: c.port });
-  const tokenizing = c.tokenize === 'tokenizer' ? ` on ${tokenizerThreads === 0 ? 'the event loop' : `${tokenizerThreads} thread${tokenizerThreads === 1 ? "" : "s"}`}` : '';
+  const tokenizing = c.tokenize === 'tokenizer' ? ` on ${tokenizerThreads === 0 ? 'the event loop' : `${tokenizerThreads} thread${tokenizerThreads === 1 ? '' : 's'}`}` : '';
   const stateName = c.state === 'memory' ? (worker ? 'shared by the processes' : 'memory') : `redis (replica ${String(state.stats().replicaId)})`;
+  const describe = `policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}${tokenizing}, ${precise ? 'precise' : 'approximate'} index, block hash ${c.blockHash}, state ${stateName}`;
+  const close = async () => {
+    await gateway.close();
+    if (promptTokenizer instanceof TokenizerPool) await promptTokenizer.close();
+  };
+  return { gateway, describe, close };
+}
+
+type ServeCommandConfig = ServeConfig & PickerConfig & { eppPort?: number };
+
+async function runServe(config: ServeCommandConfig): Promise<void> {
+  if (config.processes > 1 && cluster.isPrimary) return runPrimary({ ...config, tokenize: resolveTokenizeMode(config) });
+  if (!cluster.isWorker) return serveProcess(config);
+  // a gateway process that cannot start says why and exits (its IPC channel would keep it alive)
+  try {
+    await serveProcess(config);
+  } catch (err) {
+    process.stderr.write(`[process ${String(cluster.worker!.id)}] error: ${(err as Error).message}\n`);
+    process.exit(1);
+  }
+}
+
+/** One gateway process (and its endpoint picker, with --epp-port): alone, or one of `--processes N`. */
+async function serveProcess(c: ServeCommandConfig): Promise<void> {
+  const worker = cluster.isWorker ? cluster.worker! : undefined;
+  const log = (m: string) => process.stderr.write(worker ? `[process ${String(worker.id)}] ${m}\n` : `${m}\n`);
+  if (c.workers.length === 0 && !c.discover) log('warning: no workers (--worker, CONTEXTFORGE_WORKERS, the config file, --discover); add them with POST /admin/workers');
+  const { gateway, describe, close } = await startGateway(c, log);
+  const picker = await startPicker(gateway, c, { host: c.host, port: c.eppPort, log });
+  const address = await gateway.app.listen({ host: c.host, port: c.port });
   // with several processes the primary says where they serve, once all of them do
-  log(`contextforge-router ${worker ? 'process' : 'serving on'} ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}${tokenizing}, ${precise ? 'precise' : 'approximate'} index, block hash ${c.blockHash}, state ${stateName})`);
+  log(`contextforge-router ${worker ? 'process' : 'serving on'} ${address}${picker.eppPort === undefined ? '' : `, endpoint picker (ext_proc gRPC) on port ${picker.eppPort}`} (${describe})`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);
     // the primary is gone: no more connections come, and nothing relays the state
     if (worker) process.once('disconnect', resolve);
   });
-  await gateway.close();
-  if (promptTokenizer instanceof TokenizerPool) await promptTokenizer.close();
+  await picker.close();
+  await close();
   if (worker) process.exit(0);
 }
 
