@@ -34,6 +34,8 @@ export interface MockEngineOptions {
   hashSeed?: number;
   /** The model's tokenizer and chat template (default: a deterministic word-level tokenizer). */
   tokenizer?: PromptTokenizer;
+  /** Like vLLM's --api-key: /v1 requests need `Authorization: Bearer KEY` (401 otherwise). */
+  apiKey?: string;
 }
 
 interface Pending {
@@ -157,6 +159,9 @@ export class MockEngine {
     try {
       const url = new URL(req.url ?? '/', 'http://mock');
       if (req.method === 'GET' && url.pathname === '/health') return void res.writeHead(200).end();
+      if (this.options.apiKey !== undefined && url.pathname.startsWith('/v1') && req.headers.authorization !== `Bearer ${this.options.apiKey}`) {
+        return json(res, 401, { error: 'Unauthorized' });
+      }
       if (req.method === 'GET' && url.pathname === '/v1/models') {
         return json(res, 200, { object: 'list', data: [{ id: this.model, object: 'model', created: Math.floor(this.modelStart / 1000), owned_by: 'contextforge-mock' }] });
       }
