@@ -268,3 +268,35 @@ export function clientMessage(err: unknown, fallback = 'the request could not be
   if ((err instanceof RangeError || err instanceof TypeError) && /^[\w.[\]'" -]{1,120} (must|is not|has|is) /.test(err.message) && !/call stack|properties of|is not a function|is not iterable/.test(err.message)) return err.message;
   return fallback;
 }
+
+/** What a proxied request routes on, and the body to forward (the `contextforge` field removed). */
+export interface ReadRequest {
+  routeRequest: RouteRequest;
+  body: Record<string, unknown>;
+  /** True when the body to forward is the body as received (nothing removed). */
+  unchanged: boolean;
+}
+
+/**
+ * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
+ * must be an object; metadata, cache_salt and the prompt or messages are checked against
+ * `limits`. Throws a RequestLimitError naming the field.
+ */
+export function readRouteRequest(path: string, raw: unknown, headers: Headers, limits: RequestLimits): ReadRequest {
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new RequestLimitError('the body must be a JSON object', 'body');
+  const { contextforge: meta, ...body } = raw as Record<string, unknown>;
+  const m = readMetadata(meta, headers, limits);
+  const routeRequest: RouteRequest = {
+    workflowId: m.workflowId,
+    workflowStep: m.workflowStep,
+    agentRole: m.agentRole,
+    claGroup: m.claGroup,
+    contentAnchors: m.contentAnchors,
+    isolate: m.isolate,
+  };
+  const salt = checkCacheSalt(body.cache_salt, limits);
+  if (salt !== undefined) routeRequest.cacheSalt = salt;
+  if (path === '/v1/chat/completions') routeRequest.messages = readMessages(body.messages);
+  else Object.assign(routeRequest, readPrompt(body.prompt));
+  return { routeRequest, body, unchanged: meta === undefined };
+}

@@ -116,3 +116,17 @@ test('limits must be positive integers', () => {
   assert.throws(() => checkRequestLimits({ maxJsonDepth: 1.5 }), /limits.maxJsonDepth/);
   assert.deepEqual(checkRequestLimits(undefined), DEFAULT_REQUEST_LIMITS);
 });
+
+test('a whole request: metadata removed from the body, cache_salt checked', async () => {
+  const { readRouteRequest } = await import('../../src/server/request-limits.js');
+  const r = readRouteRequest('/v1/chat/completions', { model: 'm', messages: [{ role: 'user', content: 'hi' }], contextforge: { workflowId: 'wf', isolate: true }, cache_salt: 's' }, { 'x-workflow-step': '2' }, limits);
+  assert.deepEqual(r.body, { model: 'm', messages: [{ role: 'user', content: 'hi' }], cache_salt: 's' });
+  assert.equal(r.unchanged, false);
+  assert.deepEqual([r.routeRequest.workflowId, r.routeRequest.workflowStep, r.routeRequest.isolate, r.routeRequest.cacheSalt], ['wf', 2, true, 's']);
+  const c = readRouteRequest('/v1/completions', { prompt: [1, 2, 3] }, {}, limits);
+  assert.deepEqual([c.routeRequest.tokens, c.unchanged], [[1, 2, 3], true]);
+  rejects(() => readRouteRequest('/v1/completions', { prompt: 'x', cache_salt: '' }, {}, limits), 'cache_salt');
+  rejects(() => readRouteRequest('/v1/completions', { prompt: 'x', cache_salt: 5 }, {}, limits), 'cache_salt');
+  rejects(() => readRouteRequest('/v1/completions', [1], {}, limits), 'body');
+  rejects(() => readRouteRequest('/v1/completions', null, {}, limits), 'body');
+});

@@ -7,10 +7,13 @@ import { createGateway, type GatewayWorker } from '../../server/gateway.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { createStateStore } from '../../state/create-state-store.js';
 import { intOption } from '../options.js';
+import { checkApiKeyEnv, checkHttpUrl, checkWorkerId } from '../../server/worker-input.js';
+import { DEFAULT_REQUEST_LIMITS } from '../../server/request-limits.js';
+import { DEFAULT_TIMEOUTS } from '../../server/timeouts.js';
 
-const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla'] as const;
+const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla', 'api-key-env'] as const;
 
-/** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2] */
+/** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,api-key-env=VAR] */
 export function parseWorkerSpec(spec: string): GatewayWorker {
   const fields: Record<string, string> = {};
   for (const part of spec.split(',')) {
@@ -45,7 +48,10 @@ function workerFrom(fields: Record<string, unknown>, where: string): GatewayWork
   const id = str('id');
   const url = str('url');
   if (!id || !url) throw new RangeError(`${where}: id and url are required`);
-  if (!/^https?:\/\//.test(url)) throw new RangeError(`${where}: url must start with http:// or https://`);
+  checkWorkerId(id, `${where}: id`);
+  checkHttpUrl(url, `${where}: url`);
+  const apiKeyEnv = str('api-key-env');
+  if (apiKeyEnv !== undefined) checkApiKeyEnv(apiKeyEnv, `${where}: api-key-env`);
   const claGroups = list('cla')?.map((g) => {
     const n = Number(g);
     if (g === '' || !Number.isInteger(n) || n < 0) throw new RangeError(`${where}: cla group '${g}' is not a non-negative integer`);
@@ -56,7 +62,9 @@ function workerFrom(fields: Record<string, unknown>, where: string): GatewayWork
   if (replay && !events) throw new RangeError(`${where}: replay needs events`);
   const models = list('models');
   if (models?.some((m) => m === '')) throw new RangeError(`${where}: models has an empty name`);
-  return { id, url, claGroups, models, events, replay, metrics: str('metrics') };
+  const worker: GatewayWorker = { id, url, claGroups, models, events, replay, metrics: str('metrics') };
+  if (apiKeyEnv !== undefined) worker.apiKeyEnv = apiKeyEnv;
+  return worker;
 }
 
 /**
@@ -67,6 +75,7 @@ function workerFrom(fields: Record<string, unknown>, where: string): GatewayWork
  */
 interface Setting {
   key: string;
+  /** The flag's argument; '' for a switch (on when given; environment and file: true/false, 1/0). */
   arg: string;
   help: string;
   parse: (value: string) => unknown;
@@ -86,6 +95,11 @@ const port = (v: string) => {
   if (n > 65535) throw new InvalidArgumentError(`--port must be <= 65535, got ${n}`);
   return n;
 };
+const bool = (flag: string) => (v: string) => {
+  if (/^(true|1|yes|on)$/i.test(v)) return true;
+  if (/^(false|0|no|off)$/i.test(v)) return false;
+  throw new InvalidArgumentError(`${flag} must be true or false, got '${v}'`);
+};
 const state = (v: string) => {
   if (v !== 'memory' && !/^redis:\/\/[^/\s]+(\/\d+)?$/.test(v)) throw new InvalidArgumentError(`--state must be memory or redis://HOST:PORT[/DB], got '${v}'`);
   return v;
@@ -99,12 +113,23 @@ export const SERVE_SETTINGS: readonly Setting[] = [
   { key: 'tokenize', arg: '<mode>', help: 'how prompts are hashed: text, tokenizer (--tokenizer) or engine (the worker\'s /tokenize)', parse: choice('--tokenize', ['text', 'tokenizer', 'engine']), default: 'text' },
   { key: 'tokenizer', arg: '<path>', help: 'tokenizer.json, or the model directory holding it and tokenizer_config.json', parse: text('--tokenizer') },
   { key: 'chat-template', arg: '<file>', help: "a Jinja chat template replacing the tokenizer config's", parse: text('--chat-template') },
-  { key: 'admin-token', arg: '<token>', help: 'bearer token for /admin (without it: loopback clients only)', parse: text('--admin-token') },
+  { key: 'admin-token', arg: '<token>', help: 'bearer token for /admin and /v1/route (prefer CONTEXTFORGE_ADMIN_TOKEN or --admin-token-file: flags show in the process list)', parse: text('--admin-token') },
+  { key: 'admin-token-file', arg: '<file>', help: 'file holding the admin token; created with a random token (mode 0600) when absent', parse: text('--admin-token-file') },
+  { key: 'public-route-api', arg: '', help: '/v1/route without the admin token (it reveals what is cached)', parse: bool('--public-route-api'), default: false },
+  { key: 'api-keys-file', arg: '<file>', help: 'YAML mapping of client API key to tenant; requests then need a key, and tenants never share KV', parse: text('--api-keys-file') },
+  { key: 'cached-tokens-header', arg: '', help: 'add x-contextforge-cached-tokens to responses (it reveals what is cached)', parse: bool('--cached-tokens-header'), default: false },
+  { key: 'max-id-bytes', arg: '<n>', help: 'longest workflow id, agent role, anchor id and cache_salt (UTF-8 bytes)', parse: intOption('--max-id-bytes', 1), default: DEFAULT_REQUEST_LIMITS.maxIdBytes },
+  { key: 'max-anchors', arg: '<n>', help: 'most content anchors per request', parse: intOption('--max-anchors', 1), default: DEFAULT_REQUEST_LIMITS.maxAnchors },
+  { key: 'max-json-depth', arg: '<n>', help: 'deepest nesting of a JSON body', parse: intOption('--max-json-depth', 1), default: DEFAULT_REQUEST_LIMITS.maxJsonDepth },
+  { key: 'headers-timeout-ms', arg: '<ms>', help: "time for a client to send a request's headers", parse: intOption('--headers-timeout-ms', 1), default: DEFAULT_TIMEOUTS.headersTimeoutMs },
+  { key: 'request-timeout-ms', arg: '<ms>', help: 'time for a client to send a whole request (headers and body)', parse: intOption('--request-timeout-ms', 1), default: DEFAULT_TIMEOUTS.requestTimeoutMs },
+  { key: 'connection-timeout-ms', arg: '<ms>', help: 'a client connection idle this long is closed', parse: intOption('--connection-timeout-ms', 1), default: DEFAULT_TIMEOUTS.connectionTimeoutMs },
+  { key: 'first-byte-timeout-ms', arg: '<ms>', help: "wait for an engine's first byte beyond its expected queue time, then retry elsewhere", parse: intOption('--first-byte-timeout-ms', 1), default: DEFAULT_TIMEOUTS.firstByteTimeoutMs },
   { key: 'state', arg: '<store>', help: 'shared state: memory (this replica only) or redis://HOST:PORT[/DB] (replicas share it)', parse: state, default: 'memory' },
   { key: 'state-prefix', arg: '<prefix>', help: 'prefix of the shared state\'s Redis keys (one per fleet)', parse: text('--state-prefix'), default: 'contextforge:' },
   { key: 'body-limit', arg: '<bytes>', help: 'largest request body', parse: intOption('--body-limit', 1024), default: 16 * 1024 * 1024 },
   { key: 'max-retries', arg: '<n>', help: 'retries on other workers before the first byte', parse: intOption('--max-retries', 0), default: 2 },
-  { key: 'upstream-timeout-ms', arg: '<ms>', help: 'timeout for engine headers and body gaps', parse: intOption('--upstream-timeout-ms', 1), default: 300_000 },
+  { key: 'upstream-timeout-ms', arg: '<ms>', help: 'longest gap between two chunks of an engine answer (after the first byte)', parse: intOption('--upstream-timeout-ms', 1), default: DEFAULT_TIMEOUTS.interChunkTimeoutMs },
   { key: 'metrics-interval-ms', arg: '<ms>', help: 'load-metrics scrape interval (0: off)', parse: intOption('--metrics-interval-ms', 0), default: 1000 },
   { key: 'health-interval-ms', arg: '<ms>', help: 'active health-check interval, GET /health (0: off)', parse: intOption('--health-interval-ms', 0), default: 2000 },
   { key: 'breaker-failures', arg: '<n>', help: 'consecutive failures that open a worker\'s circuit', parse: intOption('--breaker-failures', 1), default: 3 },
@@ -123,6 +148,17 @@ export interface ServeConfig {
   tokenizer?: string;
   chatTemplate?: string;
   adminToken?: string;
+  adminTokenFile?: string;
+  publicRouteApi: boolean;
+  apiKeysFile?: string;
+  cachedTokensHeader: boolean;
+  maxIdBytes: number;
+  maxAnchors: number;
+  maxJsonDepth: number;
+  headersTimeoutMs: number;
+  requestTimeoutMs: number;
+  connectionTimeoutMs: number;
+  firstByteTimeoutMs: number;
   state: string;
   statePrefix: string;
   bodyLimit: number;
@@ -171,6 +207,13 @@ export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = proces
       } catch (err) {
         throw new RangeError(`--config ${configFile}: ${s.key}: ${(err as Error).message}`);
       }
+    } else if (s.arg === '' && source === 'env') {
+      // commander turns a set variable into true: read its value instead
+      try {
+        out[name] = s.parse(env[envName(s.key)] ?? '');
+      } catch (err) {
+        throw new RangeError(`${envName(s.key)}: ${(err as Error).message}`);
+      }
     } else out[name] = values[name];
   }
   let workers: GatewayWorker[];
@@ -202,12 +245,12 @@ export function registerServeCommand(program: Command): void {
   const cmd = program.command('serve').description('run the OpenAI-compatible routing gateway in front of the engines');
   cmd.addOption(new Option('--config <file>', 'router.yaml: every setting below by its flag name, plus workers').env(envName('config')));
   for (const s of SERVE_SETTINGS) {
-    const o = new Option(`--${s.key} ${s.arg}`, s.help).env(envName(s.key)).argParser(s.parse);
+    const o = s.arg === '' ? new Option(`--${s.key}`, s.help).env(envName(s.key)) : new Option(`--${s.key} ${s.arg}`, s.help).env(envName(s.key)).argParser(s.parse);
     cmd.addOption(s.default === undefined ? o : o.default(s.default));
   }
   cmd.option(
     '--worker <spec>',
-    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
+    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,api-key-env=VAR] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
     (v: string, all: string[]) => [...all, v],
     [] as string[],
   );
