@@ -10,6 +10,7 @@ export type HealthVerdictSource = 'health-check' | 'metrics' | 'breaker';
 
 export class WorkerHealth {
   private readonly down = new Map<string, Set<HealthVerdictSource>>();
+  private readonly listeners: Array<(workerId: string, available: boolean) => void> = [];
 
   constructor(
     private readonly router: KVAwareRouter,
@@ -33,6 +34,12 @@ export class WorkerHealth {
       return; // the worker was removed meanwhile
     }
     this.log?.(`${workerId} is ${isUp ? 'back in rotation' : `out of rotation (${source}${detail ? `: ${detail}` : ''})`}`);
+    for (const listener of this.listeners) listener(workerId, isUp);
+  }
+
+  /** Calls `listener` whenever a worker enters or leaves rotation. */
+  onChange(listener: (workerId: string, available: boolean) => void): void {
+    this.listeners.push(listener);
   }
 
   /** The sources currently holding the worker out (empty when it takes requests). */

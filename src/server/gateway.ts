@@ -1,9 +1,9 @@
 import { EventEmitter } from 'node:events';
+import { createServer as createHttpServer } from 'node:http';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { Pool, request as upstreamRequest } from 'undici';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router.js';
-import type { ChatMessage } from '../core/hashing.js';
 import { HealthChecker, WorkerHealth } from '../engines/health.js';
 import { KvEventApplier } from '../engines/kv-events/applier.js';
 import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decode.js';
@@ -11,6 +11,11 @@ import { KvEventSubscriber } from '../engines/kv-events/subscriber.js';
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
 import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/state-store.js';
+import { adminRequestProblem, AdminToken, generateToken } from './admin-auth.js';
+import { tenantCacheSalt, type ApiKeys } from './api-keys.js';
+import { checkRequestLimits, clientMessage, parseJsonBody, readRouteRequest, RequestLimitError, type ReadRequest, type RequestLimits } from './request-limits.js';
+import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
+import { checkApiKeyEnv, checkHttpUrl, checkWorkerId, checkZmqEndpoint, engineAuthorization, redactUrl } from './worker-input.js';
 
 /**
  * The HTTP gateway: an OpenAI-compatible routing proxy in front of the engines. Each request
@@ -25,11 +30,27 @@ export type GatewayWorker = WorkerRecord;
 export interface GatewayOptions {
   router: KVAwareRouter;
   workers?: GatewayWorker[];
-  /** Bearer token for /admin; without one, /admin answers loopback clients only. */
+  /**
+   * Bearer token for /admin (and /v1/route unless `publicRouteApi`); without one a random token
+   * is made, readable as `gateway.adminToken`. Loopback clients get no exemption.
+   */
   adminToken?: string;
+  /** Answer /v1/route without the admin token (it shows what is cached where). */
+  publicRouteApi?: boolean;
+  /** Client API keys → tenants: requests then need a key, and tenants never share KV. */
+  apiKeys?: ApiKeys;
+  /** Add `x-contextforge-cached-tokens` to proxied responses (it shows what is cached). */
+  cachedTokensHeader?: boolean;
+  /** Limits on what a client controls (ids, anchors, JSON depth). */
+  limits?: Partial<RequestLimits>;
+  /** Client-side and engine-side timeouts (timeouts.ts). */
+  timeouts?: Partial<GatewayTimeouts>;
+  /** Where workers' `apiKeyEnv` variables are read (default process.env). */
+  env?: NodeJS.ProcessEnv;
   bodyLimit?: number;
   /** Attempts on other workers after a connection failure or a 5xx before the first byte. */
   maxRetries?: number;
+  /** The inter-chunk timeout (timeouts.interChunkTimeoutMs wins when both are given). */
   upstreamTimeoutMs?: number;
   /** Consecutive failures that open a worker's circuit (default 3), and for how long (5 s). */
   breakerFailures?: number;
@@ -56,7 +77,6 @@ export interface GatewayOptions {
   state?: StateStore;
 }
 
-const METADATA_FIELD = 'contextforge';
 
 interface WorkerConnection {
   record: GatewayWorker;
@@ -67,33 +87,32 @@ interface WorkerConnection {
   /** The models it serves, when it says. */
   models?: ReadonlySet<string>;
   subscriber?: KvEventSubscriber;
+  /** Headers of every request to the engine (its API key, when it has one). */
+  headers: Record<string, string>;
+  /** Aborts of its requests that have sent nothing to their client yet (retried elsewhere when it leaves rotation). */
+  unanswered: Set<() => void>;
 }
 
 declare module 'fastify' {
   interface FastifyRequest {
     /** The body as received: forwarded as is when the router changes nothing in it (no re-serialisation). */
     rawBody?: string;
+    /** The tenant of the request's API key (with --api-keys-file). */
+    tenant?: string;
   }
 }
 
-class RequestError extends Error {
-  constructor(
-    readonly status: number,
-    message: string,
-    readonly param: string | null = null,
-  ) {
-    super(message);
-  }
-}
 
-function openAiError(reply: FastifyReply, status: number, message: string, param: string | null = null): FastifyReply {
-  return reply.code(status).send({ error: { message, type: status >= 500 ? 'server_error' : 'invalid_request_error', param, code: null } });
+function openAiError(reply: FastifyReply, status: number, message: string, param: string | null = null, code: string | null = null): FastifyReply {
+  return reply.code(status).send({ error: { message, type: status >= 500 ? 'server_error' : status === 401 ? 'authentication_error' : 'invalid_request_error', param, code } });
 }
 
 export interface Gateway {
   app: FastifyInstance;
   router: KVAwareRouter;
   metrics: Registry;
+  /** The admin bearer token (the configured one, or the one made at start). */
+  adminToken: string;
   /** Who holds which worker out of rotation (health check, metrics scrape, circuit breaker). */
   health: WorkerHealth;
   addWorker(w: GatewayWorker): void;
@@ -114,12 +133,32 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const metricsIntervalMs = options.metricsIntervalMs ?? 1000;
   const healthCheckIntervalMs = options.healthCheckIntervalMs ?? 2000;
   const scraper = metricsIntervalMs > 0 ? new MetricsScraper(router, [], { intervalMs: metricsIntervalMs, health, log }).start() : undefined;
-  const checker = healthCheckIntervalMs > 0 ? new HealthChecker(health, { intervalMs: healthCheckIntervalMs }).start() : undefined;
+  const checker = healthCheckIntervalMs > 0 ? new HealthChecker(health, { intervalMs: healthCheckIntervalMs, timeoutMs: Math.min(2000, Math.max(500, healthCheckIntervalMs)) }).start() : undefined;
   const closing: Promise<void>[] = [];
   const state = options.state ?? new MemoryStateStore();
-  const app = Fastify({ bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024, logger: false });
+  const limits = checkRequestLimits(options.limits);
+  const timeouts = checkTimeouts({ interChunkTimeoutMs: options.upstreamTimeoutMs, ...options.timeouts });
+  const adminTokenText = options.adminToken ?? generateToken();
+  const adminToken = new AdminToken(adminTokenText);
+  const env = options.env ?? process.env;
+  const app = Fastify({
+    bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024,
+    logger: false,
+    connectionTimeout: timeouts.connectionTimeoutMs,
+    // slow clients: the headers and the whole request must arrive in time (checked every second)
+    serverFactory: (handler) =>
+      createHttpServer({ headersTimeout: Math.min(timeouts.headersTimeoutMs, timeouts.requestTimeoutMs), requestTimeout: timeouts.requestTimeoutMs, connectionsCheckingInterval: Math.min(1000, timeouts.headersTimeoutMs) }, handler),
+  });
   const maxRetries = options.maxRetries ?? 2;
-  const timeout = options.upstreamTimeoutMs ?? 300_000;
+  const firstByte = new FirstByteDeadlines(timeouts.firstByteTimeoutMs, timeouts.interChunkTimeoutMs);
+  const cachedTokensHeader = options.cachedTokensHeader === true;
+  // a worker leaving rotation (health check, scrape, breaker) gives up the requests it has not
+  // answered at all: they are retried elsewhere, as nothing reached their clients
+  health.onChange((id, available) => {
+    if (available) return;
+    const c = connections.get(id);
+    if (c) for (const giveUp of [...c.unanswered]) giveUp();
+  });
 
   const metrics = new Registry();
   const requests = new Counter({ name: 'contextforge_requests_total', help: 'Requests by path and status.', labelNames: ['path', 'status'], registers: [metrics] });
@@ -181,18 +220,31 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const breakerOpen = new Counter({ name: 'contextforge_upstream_failures_total', help: 'Connection failures and 5xx before the first byte, per worker.', labelNames: ['worker'], registers: [metrics] });
 
   const addWorkerLocally = (w: GatewayWorker) => {
-    if (typeof w.id !== 'string' || w.id === '') throw new TypeError('worker id must be a non-empty string');
-    if (typeof w.url !== 'string' || !/^https?:\/\//.test(w.url)) throw new RangeError(`worker ${w.id}: url must start with http:// or https://`);
-    if (w.models !== undefined && (!Array.isArray(w.models) || !w.models.every((m) => typeof m === 'string' && m !== ''))) throw new TypeError(`worker ${w.id}: models must be a list of model names`);
-    if (w.events !== undefined && !/^(tcp|ipc):\/\//.test(w.events)) throw new RangeError(`worker ${w.id}: events must be a tcp:// or ipc:// endpoint`);
-    if (w.replay !== undefined && (w.events === undefined || !/^(tcp|ipc):\/\//.test(w.replay))) throw new RangeError(`worker ${w.id}: replay must be a tcp:// or ipc:// endpoint, with events`);
-    if (w.metrics !== undefined && !/^https?:\/\//.test(w.metrics)) throw new RangeError(`worker ${w.id}: metrics must be an http(s) URL`);
+    checkWorkerId(w.id);
+    checkHttpUrl(w.url, `worker ${w.id}: url`);
+    if (w.models !== undefined && (!Array.isArray(w.models) || w.models.length > 1024 || !w.models.every((m) => typeof m === 'string' && m !== '' && m.length <= 512))) throw new TypeError(`worker ${w.id}: models must be a list of model names`);
+    if (w.claGroups !== undefined && (!Array.isArray(w.claGroups) || w.claGroups.length > 1024 || !w.claGroups.every((g) => Number.isSafeInteger(g) && g >= 0))) throw new TypeError(`worker ${w.id}: claGroups must be a list of non-negative integers`);
+    if (w.events !== undefined) checkZmqEndpoint(w.events, `worker ${w.id}: events`);
+    if (w.replay !== undefined) {
+      if (w.events === undefined) throw new RangeError(`worker ${w.id}: replay needs events`);
+      checkZmqEndpoint(w.replay, `worker ${w.id}: replay`);
+    }
+    if (w.metrics !== undefined) checkHttpUrl(w.metrics, `worker ${w.id}: metrics`);
+    let apiKey: string | undefined;
+    if (w.apiKeyEnv !== undefined) {
+      apiKey = env[checkApiKeyEnv(w.apiKeyEnv, `worker ${w.id}: apiKeyEnv`)];
+      if (!apiKey) throw new RangeError(`worker ${w.id}: the environment variable ${w.apiKeyEnv} (its engine API key) is not set`);
+    }
     if (connections.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);
     router.registerWorker(w.id, { url: w.url, claGroups: w.claGroups });
     const base = w.url.replace(/\/+$/, '');
     const record: GatewayWorker = { id: w.id, url: w.url, claGroups: w.claGroups, models: w.models, events: w.events, replay: w.replay, metrics: w.metrics };
+    if (w.apiKeyEnv !== undefined) record.apiKeyEnv = w.apiKeyEnv;
+    const authorization = engineAuthorization(apiKey);
     connections.set(w.id, {
       record, base,
+      headers: authorization ? { 'content-type': 'application/json', authorization } : { 'content-type': 'application/json' },
+      unanswered: new Set(),
       pool: new Pool(base, { connections: 256, keepAliveTimeout: 30_000 }),
       models: w.models ? new Set(w.models) : undefined,
       subscriber: options.kvEvents && w.events ? new KvEventSubscriber({ workerId: w.id, endpoint: w.events, replayEndpoint: w.replay, applier, log }).start() : undefined,
@@ -217,6 +269,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     checker?.remove(id);
     health.forget(id);
     failures.delete(id);
+    firstByte.forget(id);
     applier.clearWorker(id);
     return router.removeWorker(id);
   };
@@ -250,7 +303,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     for (const w of router.listWorkers()) {
       if (!w.available) continue;
       try {
-        const res = await upstreamRequest(`${connections.get(w.id)!.base}/tokenize`, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json' }, headersTimeout: 2000, bodyTimeout: 2000 });
+        const c = connections.get(w.id)!;
+        const res = await upstreamRequest(`${c.base}/tokenize`, { method: 'POST', body: JSON.stringify(body), headers: c.headers, headersTimeout: 2000, bodyTimeout: 2000 });
         if (res.statusCode !== 200) {
           await res.body.dump();
           continue;
@@ -271,20 +325,27 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const parseJson = (req: FastifyRequest, body: string | Buffer, done: (err: Error | null, body?: unknown) => void) => {
     if (body === '') return done(null, undefined);
     try {
-      const parsed: unknown = JSON.parse(body as string);
+      // the nesting depth is checked before parsing: a 10,000-deep body is a 400, not a stack overflow
+      const parsed: unknown = parseJsonBody(body as string, limits.maxJsonDepth);
       req.rawBody = body as string;
       done(null, parsed);
-    } catch {
-      done(Object.assign(new Error('the body is not valid JSON'), { statusCode: 400 }), undefined);
+    } catch (err) {
+      done(Object.assign(new Error(clientMessage(err, 'the body is not valid JSON')), { statusCode: 400 }), undefined);
     }
   };
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson);
   app.addContentTypeParser('*', { parseAs: 'string' }, parseJson);
-  app.setErrorHandler((err: Error & { statusCode?: number }, _req, reply) => {
-    const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
+  app.setErrorHandler((err: Error & { statusCode?: number }, req, reply) => {
+    // a check's TypeError/RangeError is the client's; anything else is ours, and its message stays in the log
+    const clientError = err instanceof RequestLimitError || ((err instanceof TypeError || err instanceof RangeError) && clientMessage(err, '') !== '');
+    const status = err instanceof RequestLimitError ? err.status : err.statusCode && err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : clientError ? 400 : 500;
+    if (status >= 500) {
+      log(`internal error on ${req.method} ${req.routeOptions.url ?? 'unknown'}: ${err.stack ?? err.message}`);
+      return void openAiError(reply, 500, 'internal error');
+    }
     const message = status === 413 ? `request body too large: ${err.message}` : err.message;
-    void openAiError(reply, status, message);
+    void openAiError(reply, status, message, err instanceof RequestLimitError ? err.param : null);
   });
   app.setNotFoundHandler((req, reply) => void openAiError(reply, 404, `no route ${req.method} ${req.url}`));
   app.addHook('onResponse', async (req, reply) => {
@@ -293,20 +354,41 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 
   // ------------------------------------------------------------------ OpenAI proxy
 
+  /** With API keys, the OpenAI routes need one; its tenant goes with the request. */
+  const requireApiKey = async (req: FastifyRequest, reply: FastifyReply) => {
+    if (!options.apiKeys) return;
+    const tenant = options.apiKeys.tenantOf(req.headers.authorization);
+    if (tenant === undefined) return openAiError(reply, 401, 'a valid API key is required (Authorization: Bearer KEY)', null, 'invalid_api_key');
+    req.tenant = tenant;
+  };
+  /** Admin endpoints and (unless public) /v1/route: same-site JSON with the admin token. */
+  const requireAdmin = async (req: FastifyRequest, reply: FastifyReply) => {
+    const problem = adminRequestProblem(req.method, req.headers);
+    if (problem) return openAiError(reply, problem.status, problem.message);
+    if (!adminToken.matches(req.headers.authorization)) return openAiError(reply, 401, 'this endpoint needs the admin token (Authorization: Bearer TOKEN)');
+  };
+
   /**
    * Reads a request into what to route on (token ids from an engine in `engine` mode) and the
    * body to forward; answers a 4xx and returns undefined when the request is malformed.
    */
-  const prepare = async (path: string, req: FastifyRequest, reply: FastifyReply) => {
-    let parsed: ReturnType<typeof parseRequest>;
+  const prepare = async (path: string, req: FastifyRequest, reply: FastifyReply): Promise<ReadRequest | undefined> => {
+    let parsed: ReadRequest;
     try {
-      parsed = parseRequest(path, req);
+      parsed = readRouteRequest(path, req.body, req.headers, limits);
     } catch (err) {
-      if (err instanceof RequestError || err instanceof RangeError || err instanceof TypeError) {
-        void openAiError(reply, err instanceof RequestError ? err.status : 400, err.message, err instanceof RequestError ? err.param : null);
+      if (err instanceof RequestLimitError) {
+        void openAiError(reply, err.status, err.message, err.param);
         return undefined;
       }
       throw err;
+    }
+    if (req.tenant !== undefined) {
+      // tenants never share KV: the engine keys its cache on the salt, the router its hashes
+      const salt = tenantCacheSalt(req.tenant, parsed.routeRequest.cacheSalt);
+      parsed.routeRequest.cacheSalt = salt;
+      parsed.body.cache_salt = salt;
+      parsed.unchanged = false;
     }
     if (tokenizeMode === 'engine') {
       const tokens = await tokenizeOnEngine(parsed.routeRequest);
@@ -317,11 +399,24 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
       } catch (err) {
         // a template that rejects the conversation (roles out of order, say) is the client's to fix
-        void openAiError(reply, 400, `the chat template rejected the request: ${(err as Error).message}`, 'messages');
+        void openAiError(reply, 400, `the chat template rejected the request: ${clientMessage(err, 'it raised an error')}`, 'messages');
         return undefined;
       }
     }
     return parsed;
+  };
+
+  /** route(), with its argument checks answered as 400 (never 500) and nothing internal shown. */
+  const routeOr400 = (reply: FastifyReply, request: RouteRequest, opts: Parameters<KVAwareRouter['route']>[1]): RouteResult | undefined => {
+    try {
+      return router.route(request, opts);
+    } catch (err) {
+      if (err instanceof TypeError || err instanceof RangeError) {
+        void openAiError(reply, 400, clientMessage(err));
+        return undefined;
+      }
+      throw err;
+    }
   };
 
   const proxy = (path: '/v1/completions' | '/v1/chat/completions') => async (req: FastifyRequest, reply: FastifyReply) => {
@@ -336,14 +431,24 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     const learning = state.beforeRoute(routeRequest);
     if (learning) await learning;
     const share = state.sharesDecisions;
+    const streaming = body.stream === true;
     const release = (decision: RouteResult) => {
       router.release(decision.ticket);
       if (decision.shared) state.decisionEnded(decision.shared);
     };
+    let failedAttempts = 0;
     for (let attempt = 0; ; attempt++) {
-      const decision = router.route(routeRequest, { exclude: excluded, share });
+      if (reply.raw.destroyed) {
+        // the client left while the request waited for a retry
+        reply.hijack();
+        return reply;
+      }
+      const decision = routeOr400(reply, routeRequest, { exclude: excluded, share });
+      if (!decision) return reply;
       if (decision.workerId === '') {
         reply.header('retry-after', '1');
+        // engines tried and failed: 502; nothing to try at all: 503
+        if (failedAttempts > 0) return openAiError(reply, 502, 'the engines failed to answer');
         return openAiError(reply, 503, 'no worker can take the request now');
       }
       decisions.inc({ policy: decision.policy, reason: decision.reason });
@@ -351,50 +456,69 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       const forwarded = decision.cacheSalt
         ? JSON.stringify({ ...body, cache_salt: decision.cacheSalt })
         : unchanged && req.rawBody !== undefined ? req.rawBody : JSON.stringify(body);
-      const outcome = await forward(reply, connections.get(decision.workerId)!.pool, path, forwarded, decision, timeout, (seconds) => {
-        ttft.observe(seconds);
-        router.markPrefillDone(decision.ticket);
+      const connection = connections.get(decision.workerId)!;
+      const outcome = await forward(reply, connection, path, forwarded, {
+        workerId: decision.workerId,
+        cachedTokens: cachedTokensHeader ? decision.cachedTokens : undefined,
+        streaming,
+        firstByteTimeoutMs: streaming ? firstByte.deadlineMs(decision.workerId) : timeouts.interChunkTimeoutMs,
+        interChunkTimeoutMs: timeouts.interChunkTimeoutMs,
+        onFirstByte: (seconds) => {
+          ttft.observe(seconds);
+          if (streaming) firstByte.observe(decision.workerId, seconds * 1000);
+          router.markPrefillDone(decision.ticket);
+        },
       });
-      if (outcome === 'retry') {
-        upstreamFailed(decision.workerId);
-        breakerOpen.inc({ worker: decision.workerId });
-      } else upstreamAnswered(decision.workerId);
-      if (outcome === 'retry' && attempt < maxRetries && !reply.raw.destroyed) {
-        release(decision);
-        excluded.add(decision.workerId);
-        retries.inc({ worker: decision.workerId });
-        await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
-        continue;
-      }
       release(decision);
-      if (outcome === 'retry') {
+      // a client that went away says nothing about the engine: no failure, no retry
+      if (outcome === 'client-gone') {
+        if (!reply.sent) {
+          reply.hijack();
+          reply.raw.end();
+        }
+        return reply;
+      }
+      if (outcome === 'retry' || outcome === 'worker-out') {
+        failedAttempts++;
+        if (outcome === 'retry') {
+          upstreamFailed(decision.workerId);
+          breakerOpen.inc({ worker: decision.workerId });
+        }
+        excluded.add(decision.workerId);
+        if (attempt < maxRetries) {
+          retries.inc({ worker: decision.workerId });
+          await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
+          continue;
+        }
         reply.header('retry-after', '1');
         return openAiError(reply, 502, `the engines failed to answer (last: ${decision.workerId})`);
       }
+      upstreamAnswered(decision.workerId);
       cachedTokens.inc(decision.cachedTokens);
       promptTokens.inc(decision.promptTokens);
       latency.observe((performance.now() - started) / 1000);
       return reply;
     }
   };
-  app.post('/v1/completions', proxy('/v1/completions'));
-  app.post('/v1/chat/completions', proxy('/v1/chat/completions'));
+  app.post('/v1/completions', { onRequest: requireApiKey }, proxy('/v1/completions'));
+  app.post('/v1/chat/completions', { onRequest: requireApiKey }, proxy('/v1/chat/completions'));
 
-  app.post('/v1/route', async (req, reply) => {
+  app.post('/v1/route', { onRequest: options.publicRouteApi ? requireApiKey : requireAdmin }, async (req, reply) => {
     const path = (req.body as { messages?: unknown } | null)?.messages !== undefined ? '/v1/chat/completions' : '/v1/completions';
     const prepared = await prepare(path, req, reply);
     if (!prepared) return reply;
     const { routeRequest } = prepared;
-    const r = router.route(routeRequest, { dryRun: true, explain: true, exclude: workersWithoutModel(prepared.body.model) });
+    const r = routeOr400(reply, routeRequest, { dryRun: true, explain: true, exclude: workersWithoutModel(prepared.body.model) });
+    if (!r) return reply;
     return { worker: r.workerId, cachedTokens: r.cachedTokens, confidence: r.confidence, policy: r.policy, reason: r.reason, promptTokens: r.promptTokens, explain: r.explain };
   });
-
-  app.get('/v1/models', async () => {
+  app.get('/v1/models', { onRequest: requireApiKey }, async () => {
     const seen = new Map<string, unknown>();
     await Promise.all(
       router.listWorkers().filter((w) => w.available).map(async (w) => {
         try {
-          const res = await upstreamRequest(`${connections.get(w.id)!.base}/v1/models`, { headersTimeout: 2000, bodyTimeout: 2000 });
+          const c = connections.get(w.id)!;
+          const res = await upstreamRequest(`${c.base}/v1/models`, { headers: c.headers, headersTimeout: 2000, bodyTimeout: 2000 });
           if (res.statusCode !== 200) return void (await res.body.dump());
           const list = (await res.body.json()) as { data?: Array<{ id: string }> };
           for (const m of list.data ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
@@ -418,18 +542,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // ------------------------------------------------------------------------- admin
 
   app.register(async (admin) => {
-    admin.addHook('onRequest', async (req, reply) => {
-      if (options.adminToken) {
-        if (req.headers.authorization !== `Bearer ${options.adminToken}`) return openAiError(reply, 401, 'admin endpoints need the bearer token');
-      } else if (!isLoopback(req.ip)) {
-        return openAiError(reply, 403, 'admin endpoints answer loopback clients only when no admin token is set');
-      }
-    });
+    admin.addHook('onRequest', requireAdmin);
     admin.get('/admin/workers', async () => ({
       workers: router.listWorkers().map((w) => {
         const c = connections.get(w.id);
         return {
-          id: w.id, url: c?.base, healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
+          id: w.id, url: c ? redactUrl(c.base) : undefined, healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
           models: c?.record.models ?? null, kvEvents: c?.subscriber?.stats ?? null,
           inFlightRequests: w.inFlightRequests, waitingRequests: w.waitingRequests, runningRequests: w.runningRequests,
           indexEntries: router.index.entriesFor(w.slot), claGroups: [...w.claGroups],
@@ -438,12 +556,15 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     }));
     admin.post('/admin/workers', async (req, reply) => {
       const b = req.body as Partial<GatewayWorker> | null;
-      if (!b || typeof b.id !== 'string' || b.id === '' || typeof b.url !== 'string') return openAiError(reply, 400, 'a worker needs a string id and url');
+      if (!b || typeof b !== 'object' || typeof b.id !== 'string' || b.id === '' || typeof b.url !== 'string') return openAiError(reply, 400, 'a worker needs a string id and url');
+      const known = ['id', 'url', 'claGroups', 'models', 'events', 'replay', 'metrics', 'apiKeyEnv'];
+      const unknown = Object.keys(b).find((k) => !known.includes(k));
+      if (unknown !== undefined) return openAiError(reply, 400, `unknown field '${unknown.slice(0, 64)}' (known: ${known.join(', ')})`, unknown.slice(0, 64));
       if (connections.has(b.id)) return openAiError(reply, 409, `worker '${b.id}' exists`);
       try {
-        addWorker({ id: b.id, url: b.url, claGroups: b.claGroups, models: b.models, events: b.events, replay: b.replay, metrics: b.metrics });
+        addWorker({ id: b.id, url: b.url, claGroups: b.claGroups, models: b.models, events: b.events, replay: b.replay, metrics: b.metrics, apiKeyEnv: b.apiKeyEnv });
       } catch (err) {
-        if (err instanceof RangeError || err instanceof TypeError) return openAiError(reply, 400, err.message);
+        if (err instanceof RangeError || err instanceof TypeError) return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'));
         throw err;
       }
       return reply.code(201).send({ id: b.id });
@@ -481,7 +602,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 
   await app.ready();
   return {
-    app, router, metrics, health, addWorker, removeWorker,
+    app, router, metrics, health, addWorker, removeWorker, adminToken: adminTokenText,
     close: async () => {
       for (const t of cooldowns) clearTimeout(t);
       scraper?.stop();
@@ -495,165 +616,116 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   };
 }
 
-function isLoopback(ip: string): boolean {
-  return ip === '127.0.0.1' || ip === '::1' || ip === '::ffff:127.0.0.1' || ip.startsWith('127.');
-}
 
-/** Reads the request: what to route on, and the body to forward (metadata field removed). */
-function parseRequest(path: string, req: FastifyRequest): { routeRequest: RouteRequest; body: Record<string, unknown>; unchanged: boolean } {
-  const raw = req.body;
-  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new RequestError(400, 'the body must be a JSON object');
-  const { [METADATA_FIELD]: meta, ...body } = raw as Record<string, unknown>;
-  if (meta !== undefined && (meta === null || typeof meta !== 'object' || Array.isArray(meta))) throw new RequestError(400, `"${METADATA_FIELD}" must be an object`, METADATA_FIELD);
-  const m = (meta ?? {}) as Record<string, unknown>;
-  const h = req.headers;
-  const header = (name: string) => (typeof h[name] === 'string' ? (h[name] as string) : undefined);
-  const int = (v: unknown, name: string): number | undefined => {
-    if (v === undefined) return undefined;
-    const n = typeof v === 'string' ? Number(v) : v;
-    if (typeof n !== 'number' || !Number.isInteger(n) || n < 0) throw new RequestError(400, `${name} must be a non-negative integer`, name);
-    return n;
-  };
-  const anchorsRaw = m.anchors ?? header('x-anchor-ids')?.split(',').map((s) => s.trim()).filter(Boolean);
-  let contentAnchors: RouteRequest['contentAnchors'];
-  if (anchorsRaw !== undefined) {
-    if (!Array.isArray(anchorsRaw)) throw new RequestError(400, 'anchors must be a list', 'anchors');
-    contentAnchors = anchorsRaw.map((a) => {
-      if (typeof a === 'string') {
-        const [id, tokens] = a.split(':');
-        return { id, tokens: tokens === undefined ? 0 : int(tokens, 'x-anchor-ids tokens')! };
-      }
-      return a as { id: string; tokens: number };
-    });
-  }
-  const isolate = m.isolate === true || header('x-kv-isolate') === '1' || header('x-kv-isolate') === 'true';
-  const routeRequest: RouteRequest = {
-    workflowId: (m.workflowId as string | undefined) ?? header('x-workflow-id'),
-    workflowStep: int(m.workflowStep ?? header('x-workflow-step'), 'x-workflow-step') ?? null,
-    agentRole: (m.agentRole as string | undefined) ?? header('x-agent-role'),
-    claGroup: int(m.claGroup ?? header('x-cla-group'), 'x-cla-group') ?? null,
-    contentAnchors,
-    isolate: isolate || undefined,
-  };
-  if (typeof body.cache_salt === 'string') routeRequest.cacheSalt = body.cache_salt;
-  if (path === '/v1/chat/completions') {
-    const messages = body.messages;
-    if (!Array.isArray(messages) || messages.length === 0) throw new RequestError(400, 'messages must be a non-empty array', 'messages');
-    messages.forEach((msg, i) => {
-      if (msg === null || typeof msg !== 'object' || typeof (msg as ChatMessage).role !== 'string') throw new RequestError(400, `messages[${i}] must have a string role`, 'messages');
-    });
-    routeRequest.messages = messages as ChatMessage[];
-  } else {
-    const prompt = body.prompt;
-    const first = Array.isArray(prompt) && prompt.length > 0 && (typeof prompt[0] === 'string' || Array.isArray(prompt[0])) ? prompt[0] : prompt;
-    if (typeof first === 'string') routeRequest.text = first;
-    else if (Array.isArray(first) && first.every((t) => Number.isInteger(t) && t >= 0)) routeRequest.tokens = first as number[];
-    else throw new RequestError(400, 'prompt must be a string, a list of strings, token ids, or a list of token-id lists', 'prompt');
-  }
-  return { routeRequest, body, unchanged: meta === undefined };
+/** How one attempt on one engine ended. */
+type ForwardOutcome =
+  /** answered (or failed after its first byte reached the client, and was ended cleanly) */
+  | 'done'
+  /** the engine failed before anything reached the client: another worker can take it */
+  | 'retry'
+  /** the worker left rotation before answering anything: another worker can take it */
+  | 'worker-out'
+  /** the client went away: nothing to retry, and nothing the engine did wrong */
+  | 'client-gone';
+
+interface ForwardOptions {
+  workerId: string;
+  /** Predicted cached tokens for the response header, when it is enabled. */
+  cachedTokens: number | undefined;
+  /** The client asked for a stream. */
+  streaming: boolean;
+  firstByteTimeoutMs: number;
+  interChunkTimeoutMs: number;
+  onFirstByte: (seconds: number) => void;
 }
 
 /**
  * Sends the request to one engine and passes its answer to the client: a stream chunk by
- * chunk, a complete JSON answer in one write with its length. Returns 'retry' when the engine
- * failed before anything reached the client (connection error, 5xx, a JSON answer cut
- * short), so the caller can try another worker; 'done' otherwise (a failure after the first
- * byte to the client ends an SSE stream with an OpenAI-style error event).
+ * chunk, a complete JSON answer in one write with its length. Nothing is sent to the client
+ * before the engine's first body byte, so until then a failure (connection error, 5xx, first-
+ * byte timeout, the worker leaving rotation) can be retried on another worker. A failure after
+ * the first byte ends an SSE stream with an OpenAI-style error event.
  */
-async function forward(
-  reply: FastifyReply,
-  pool: Pool,
-  path: string,
-  body: string,
-  decision: RouteResult,
-  timeout: number,
-  onFirstByte: (seconds: number) => void,
-): Promise<'done' | 'retry'> {
+async function forward(reply: FastifyReply, connection: WorkerConnection, path: string, body: string, o: ForwardOptions): Promise<ForwardOutcome> {
   // undici takes an EventEmitter as the abort signal: cheaper per request than an AbortController
   const abort = new EventEmitter();
-  let aborted = false;
+  let why: 'client' | 'first-byte' | 'worker-out' | undefined;
+  const giveUp = (reason: 'client' | 'first-byte' | 'worker-out') => {
+    if (why !== undefined) return;
+    why = reason;
+    abort.emit('abort');
+  };
   const res = reply.raw;
   // the response closing before it finished means the client went away (a request's own
   // 'close' only says its body was read)
   const onClientGone = () => {
-    if (res.writableFinished) return;
-    aborted = true;
-    abort.emit('abort');
+    if (!res.writableFinished) giveUp('client');
   };
   res.once('close', onClientGone);
+  const onWorkerOut = () => giveUp('worker-out');
+  connection.unanswered.add(onWorkerOut);
+  // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
+  // non-streamed answer's first byte is the whole answer (undici's timeouts bound it)
+  const timer = o.streaming ? setTimeout(() => giveUp('first-byte'), o.firstByteTimeoutMs) : undefined;
+  const failed = (): ForwardOutcome => (why === 'client' ? 'client-gone' : why === 'worker-out' ? 'worker-out' : 'retry');
   const started = performance.now();
-  let upstream;
+  let sent = false;
+  let eventStream = false;
   try {
-    upstream = await pool.request({
-      path,
-      method: 'POST',
-      body,
-      headers: JSON_HEADERS,
-      signal: abort,
-      headersTimeout: timeout,
-      bodyTimeout: timeout,
+    const upstream = await connection.pool.request({
+      path, method: 'POST', body, headers: connection.headers, signal: abort,
+      headersTimeout: o.streaming ? o.firstByteTimeoutMs + 1000 : o.interChunkTimeoutMs,
+      bodyTimeout: o.interChunkTimeoutMs,
     });
-  } catch {
-    res.off('close', onClientGone);
-    return 'retry';
-  }
-  if (upstream.statusCode >= 500) {
-    await upstream.body.dump().catch(() => {});
-    res.off('close', onClientGone);
-    return 'retry';
-  }
-  const contentType = String(upstream.headers['content-type'] ?? 'application/json');
-  const streaming = contentType.includes('event-stream');
-  const headers: Record<string, string> = {
-    'content-type': contentType,
-    'x-contextforge-worker': decision.workerId,
-    'x-contextforge-cached-tokens': String(Math.round(decision.cachedTokens)),
-  };
-  let first = true;
-  try {
-    if (!streaming && upstream.headers['content-length'] !== undefined) {
+    if (upstream.statusCode >= 500) {
+      await upstream.body.dump().catch(() => {});
+      return failed();
+    }
+    const contentType = String(upstream.headers['content-type'] ?? 'application/json');
+    eventStream = contentType.includes('event-stream');
+    const headers: Record<string, string> = { 'content-type': contentType, 'x-contextforge-worker': o.workerId };
+    if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
+    const chunks = upstream.body[Symbol.asyncIterator]();
+    const first = await chunks.next();
+    if (timer) clearTimeout(timer);
+    if (why !== undefined) return failed();
+    o.onFirstByte((performance.now() - started) / 1000);
+    if (!eventStream && upstream.headers['content-length'] !== undefined) {
       // a complete JSON answer of known size: sent in one write with its length, not chunked
-      const chunks: Buffer[] = [];
-      for await (const chunk of upstream.body) {
-        if (first) {
-          first = false;
-          onFirstByte((performance.now() - started) / 1000);
-        }
-        chunks.push(chunk as Buffer);
-      }
-      const payload = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
+      const parts: Buffer[] = first.done ? [] : [first.value as Buffer];
+      for (let next = await chunks.next(); !next.done; next = await chunks.next()) parts.push(next.value as Buffer);
+      if (why !== undefined) return failed();
+      const payload = parts.length === 1 ? parts[0] : Buffer.concat(parts);
       headers['content-length'] = String(payload.length);
+      connection.unanswered.delete(onWorkerOut);
       reply.hijack();
+      sent = true;
       res.writeHead(upstream.statusCode, headers);
       res.end(payload);
       return 'done';
     }
-    if (streaming) headers['cache-control'] = 'no-cache';
+    if (eventStream) headers['cache-control'] = 'no-cache';
+    connection.unanswered.delete(onWorkerOut);
     reply.hijack();
+    sent = true;
     res.writeHead(upstream.statusCode, headers);
-    for await (const chunk of upstream.body) {
-      if (first) {
-        first = false;
-        onFirstByte((performance.now() - started) / 1000);
-      }
-      if (!res.write(chunk)) await new Promise((r) => res.once('drain', r));
+    if (!first.done && !res.write(first.value)) await new Promise((r) => res.once('drain', r));
+    for (let next = await chunks.next(); !next.done; next = await chunks.next()) {
+      if (!res.write(next.value)) await new Promise((r) => res.once('drain', r));
     }
     res.end();
-  } catch (err) {
-    if (!res.headersSent) {
-      // the engine failed before anything reached the client: another worker can answer
-      if (!aborted) return 'retry';
-      res.end();
-    } else {
-      if (!aborted && streaming) {
-        res.write(`data: ${JSON.stringify({ error: { message: `the engine failed mid-stream: ${(err as Error).message}`, type: 'server_error', code: null } })}\n\n`);
-      }
-      res.end();
+    return 'done';
+  } catch {
+    if (!sent) return failed();
+    // after the first byte: end the stream cleanly; the cause stays out of the client's view
+    if (why !== 'client' && eventStream) {
+      res.write(`data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`);
     }
+    res.end();
+    return why === 'client' ? 'client-gone' : 'done';
   } finally {
+    if (timer) clearTimeout(timer);
     res.off('close', onClientGone);
+    connection.unanswered.delete(onWorkerOut);
   }
-  return 'done';
 }
-
-const JSON_HEADERS = { 'content-type': 'application/json' };

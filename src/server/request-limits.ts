@@ -47,7 +47,8 @@ export class RequestLimitError extends Error {
  * Throws unless `limits` are usable (positive integers), naming the field.
  */
 export function checkRequestLimits(limits: Partial<RequestLimits> | undefined): RequestLimits {
-  const out = { ...DEFAULT_REQUEST_LIMITS, ...(limits ?? {}) };
+  const out: RequestLimits = { ...DEFAULT_REQUEST_LIMITS };
+  for (const [key, v] of Object.entries(limits ?? {})) if (v !== undefined) out[key as keyof RequestLimits] = v;
   for (const key of ['maxIdBytes', 'maxAnchors', 'maxJsonDepth'] as const) {
     const v = out[key];
     if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1) throw new RangeError(`limits.${key} must be a positive integer, got ${String(v)}`);
@@ -265,9 +266,13 @@ export function readMessages(messages: unknown): ChatMessage[] {
  */
 export function clientMessage(err: unknown, fallback = 'the request could not be routed'): string {
   if (err instanceof RequestLimitError) return err.message;
-  if ((err instanceof RangeError || err instanceof TypeError) && /^[\w.[\]'" -]{1,120} (must|is not|has|is) /.test(err.message) && !/call stack|properties of|is not a function|is not iterable/.test(err.message)) return err.message;
+  if ((err instanceof RangeError || err instanceof TypeError) && err.message.length <= 300 && !RUNTIME_MESSAGE.test(err.message)) return err.message;
   return fallback;
 }
+
+/** Messages of errors the JavaScript runtime itself throws (V8): internal, never shown. */
+const RUNTIME_MESSAGE =
+  /call stack|Cannot (read|set) propert|is not a function|is not iterable|is not a constructor|Cannot convert|Cannot access|Cannot destructure|Cannot mix BigInt|Invalid (array|string) length|Invalid (time|count) value|Invalid code point|circular structure|serialize a BigInt|Reduce of empty array|out of memory/i;
 
 /** What a proxied request routes on, and the body to forward (the `contextforge` field removed). */
 export interface ReadRequest {

@@ -14,6 +14,8 @@ export interface WorkerRecord {
   replay?: string;
   /** Prometheus endpoint for load metrics (default `{url}/metrics`). */
   metrics?: string;
+  /** The environment variable holding the engine's API key (each replica reads its own). */
+  apiKeyEnv?: string;
 }
 
 /** What a state store needs from the gateway it serves. */
