@@ -6,7 +6,7 @@
  * local process, or a browser page making a request to 127.0.0.1, is a loopback client.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import { closeSync, fstatSync, mkdirSync, openSync, readFileSync, statSync, writeSync } from 'node:fs';
+import { closeSync, linkSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, statSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
 
 /** SHA-256 of the token: comparing digests takes the same time whatever the guess. */
@@ -75,18 +75,23 @@ export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken 
   }
   const token = generateToken();
   mkdirSync(dirname(file), { recursive: true, mode: 0o700 });
-  let fd: number;
+  // written whole to a private temporary file, then linked into place: another process starting
+  // at the same moment either wins (and this one reads its token) or loses, never half-writes
+  const tmp = `${file}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`;
+  const fd = openSync(tmp, 'wx', 0o600);
   try {
-    // 'wx' fails if the file appeared meanwhile; an empty existing file is replaced
-    fd = openSync(file, existing === '' ? 'w' : 'wx', 0o600);
-  } catch (err) {
-    throw new RangeError(`--admin-token-file ${file}: ${(err as Error).message}`);
-  }
-  try {
-    if ((fstatSync(fd).mode & 0o077) !== 0) throw new RangeError(`--admin-token-file ${file} is readable by others; chmod 600 it`);
     writeSync(fd, `${token}\n`);
   } finally {
     closeSync(fd);
+  }
+  try {
+    if (existing === '') renameSync(tmp, file);
+    else linkSync(tmp, file);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'EEXIST') return resolveAdminToken({ tokenFile: file });
+    throw new RangeError(`--admin-token-file ${file}: ${(err as Error).message}`);
+  } finally {
+    rmSync(tmp, { force: true });
   }
   return { token, origin: 'generated', file };
 }

@@ -24,7 +24,7 @@ export function checkHttpUrl(url: unknown, what: string): string {
   try {
     u = new URL(url);
   } catch {
-    throw new RangeError(`${what} is not a URL`);
+    throw new RangeError(`${what} must start with http:// or https:// (not a URL)`);
   }
   if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new RangeError(`${what} must start with http:// or https://`);
   if (u.search !== '' || u.hash !== '') throw new RangeError(`${what} must not have a query or fragment`);

@@ -1,4 +1,6 @@
 import { readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { parse as parseYaml } from 'yaml';
 import { POLICY_NAMES } from '../../core/policies/index.js';
@@ -10,6 +12,8 @@ import { intOption } from '../options.js';
 import { checkApiKeyEnv, checkHttpUrl, checkWorkerId } from '../../server/worker-input.js';
 import { DEFAULT_REQUEST_LIMITS } from '../../server/request-limits.js';
 import { DEFAULT_TIMEOUTS } from '../../server/timeouts.js';
+import { resolveAdminToken } from '../../server/admin-auth.js';
+import { loadApiKeysFile } from '../../server/api-keys.js';
 
 const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla', 'api-key-env'] as const;
 
@@ -272,10 +276,20 @@ async function runServe(c: ServeConfig): Promise<void> {
     : undefined;
   const precise = eventsUsable && c.workers.some((w) => w.events);
   const router = new KVAwareRouter({ policy: c.policy, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate' });
+  // the admin token: configured (flag, CONTEXTFORGE_ADMIN_TOKEN, config), else the token file,
+  // else a random one written to a private default file the operator can read
+  const admin = resolveAdminToken({ token: c.adminToken, tokenFile: c.adminTokenFile ?? defaultAdminTokenFile() });
+  if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
+  else if (admin.origin === 'file') log(`admin token read from ${admin.file}`);
+  const apiKeys = c.apiKeysFile ? loadApiKeysFile(c.apiKeysFile) : undefined;
+  if (apiKeys) log(`client API keys: ${apiKeys.size} (requests without one get 401)`);
   const state = createStateStore(c.state, { prefix: c.statePrefix });
   const gateway = await createGateway({
     state,
-    router, workers: c.workers, adminToken: c.adminToken, tokenize: c.tokenize, promptTokenizer, kvEvents: eventsUsable,
+    router, workers: c.workers, adminToken: admin.token, tokenize: c.tokenize, promptTokenizer, kvEvents: eventsUsable,
+    publicRouteApi: c.publicRouteApi, apiKeys, cachedTokensHeader: c.cachedTokensHeader,
+    limits: { maxIdBytes: c.maxIdBytes, maxAnchors: c.maxAnchors, maxJsonDepth: c.maxJsonDepth },
+    timeouts: { headersTimeoutMs: c.headersTimeoutMs, requestTimeoutMs: c.requestTimeoutMs, connectionTimeoutMs: c.connectionTimeoutMs, firstByteTimeoutMs: c.firstByteTimeoutMs, interChunkTimeoutMs: c.upstreamTimeoutMs },
     bodyLimit: c.bodyLimit, maxRetries: c.maxRetries, upstreamTimeoutMs: c.upstreamTimeoutMs,
     metricsIntervalMs: c.metricsIntervalMs, healthCheckIntervalMs: c.healthIntervalMs,
     breakerFailures: c.breakerFailures, breakerCooldownMs: c.breakerCooldownMs, log,
@@ -287,6 +301,12 @@ async function runServe(c: ServeConfig): Promise<void> {
     process.once('SIGTERM', resolve);
   });
   await gateway.close();
+}
+
+/** Where a generated admin token goes when no file is named: a per-user private directory. */
+function defaultAdminTokenFile(): string {
+  const uid = typeof process.getuid === 'function' ? process.getuid() : 'user';
+  return join(process.env.XDG_RUNTIME_DIR || tmpdir(), `contextforge-router-${uid}`, 'admin-token');
 }
 
 function readTemplate(file: string): string {
