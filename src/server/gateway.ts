@@ -154,8 +154,18 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const cachedTokensHeader = options.cachedTokensHeader === true;
   // a worker leaving rotation (health check, scrape, breaker) gives up the requests it has not
   // answered at all: they are retried elsewhere, as nothing reached their clients
+  // a worker its health check held out may come back as a new process with an empty cache
+  // (engines announce no AllBlocksCleared on start): what the index says it holds is forgotten
+  const mayHaveRestarted = new Set<string>();
   health.onChange((id, available) => {
-    if (available) return;
+    if (available) {
+      if (mayHaveRestarted.delete(id) && connections.has(id)) {
+        applier.clearWorker(id);
+        log(`${id}: index entries dropped (it was unreachable and may have restarted)`);
+      }
+      return;
+    }
+    if (health.reasons(id).includes('health-check')) mayHaveRestarted.add(id);
     const c = connections.get(id);
     if (c) for (const giveUp of [...c.unanswered]) giveUp();
   });
@@ -270,6 +280,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     health.forget(id);
     failures.delete(id);
     firstByte.forget(id);
+    mayHaveRestarted.delete(id);
     applier.clearWorker(id);
     return router.removeWorker(id);
   };
@@ -330,7 +341,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       req.rawBody = body as string;
       done(null, parsed);
     } catch (err) {
-      done(Object.assign(new Error(clientMessage(err, 'the body is not valid JSON')), { statusCode: 400 }), undefined);
+      done(err instanceof RequestLimitError ? err : Object.assign(new Error('the body is not valid JSON'), { statusCode: 400 }), undefined);
     }
   };
   app.removeContentTypeParser('application/json');
