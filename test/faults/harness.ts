@@ -74,11 +74,28 @@ export class KillableEngine {
   engine: MockEngine | undefined;
   port = 0;
 
-  constructor(private readonly options: MockEngineOptions = {}) {}
+  constructor(private readonly options: MockEngineOptions = {}) {
+    this.options = { ...options };
+  }
 
+  /** Starts (again) on the same HTTP port and event endpoints; a port the old process still holds is retried until free. */
   async start(): Promise<this> {
-    this.engine = await new MockEngine({ ...this.options, port: this.port }).start();
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      const engine = new MockEngine({ ...this.options, port: this.port });
+      try {
+        this.engine = await engine.start();
+        break;
+      } catch (err) {
+        await engine.close().catch(() => {});
+        if (!/in use/i.test(String((err as Error).message)) || Date.now() > deadline) throw err;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
     this.port = this.engine.port;
+    // the event endpoints it bound ('*' ports resolved) are where it binds again after a restart
+    if (this.options.events) this.options.events = this.engine.eventsEndpoint;
+    if (this.options.replay) this.options.replay = this.engine.replayEndpoint;
     return this;
   }
 
