@@ -1,8 +1,9 @@
 /**
  * bench:soak — the gateway under a long run of requests while its engines fail at random:
  * 100,000 requests (streamed and not, with shared prefixes, workflows and client aborts)
- * through `contextforge-router serve` (its own process, the real CLI) in front of three mock
- * engines that are killed and restarted on the same port (empty cache), and a fourth engine
+ * through `contextforge-router serve` (its own process, the real CLI) in front of three
+ * `mock-engine` processes that are killed (SIGKILL) and restarted on the same port (empty
+ * cache), and a fourth engine
  * that answers 500 or hangs on a fraction of its requests. Reports the requests that failed
  * (non-streamed ones must not: a failure before the first byte is retried elsewhere; a stream
  * cut by an engine's death ends with an SSE error event and is counted apart), the router's
@@ -12,18 +13,19 @@
  *   npm run bench:soak -- --json [--requests 100000] [--concurrency 32] [--seed 1]
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { appendFileSync, mkdtempSync, readFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { MockEngine } from '../src/engines/mock-engine.js';
 import { intFlag, parseFlags, round } from './stats.js';
 
 const flags = parseFlags(process.argv.slice(2));
 const REQUESTS = intFlag(flags, 'requests', 100_000);
 const CONCURRENCY = intFlag(flags, 'concurrency', 32);
 const WARMUP = Math.min(5_000, Math.floor(REQUESTS / 10));
+/** --log FILE: the router's own log lines (health changes, event-stream notes) go there. */
+const LOG = typeof flags.get('log') === 'string' ? (flags.get('log') as string) : undefined;
 let seed = intFlag(flags, 'seed', 1) >>> 0 || 1;
 /** xorshift32: the same faults and requests for the same --seed. */
 const random = () => {
@@ -40,6 +42,7 @@ function startCli(args: string[], pattern: RegExp): Promise<{ child: ChildProces
   let stderr = '';
   return new Promise((resolve, reject) => {
     child.stderr!.on('data', (d: Buffer) => {
+      if (LOG) appendFileSync(LOG, d);
       stderr += d.toString();
       const m = pattern.exec(stderr);
       if (m) resolve({ child, url: m[1] });
@@ -55,18 +58,24 @@ function rssMb(pid: number): number {
   return m ? Number(m[1]) / 1024 : NaN;
 }
 
-/** A mock engine on a fixed port that the fault schedule kills and restarts. */
+/** A mock engine in its own process on a fixed port, which the fault schedule kills (SIGKILL) and restarts. */
 class Engine {
-  engine: MockEngine | undefined;
-  constructor(public port: number) {}
+  child: ChildProcess | undefined;
+  port = 0;
   async start() {
-    this.engine = await new MockEngine({ port: this.port, prefillTokS: 2_000_000, decodeTokS: 20_000 }).start();
-    this.port = this.engine.port;
+    const { child, url } = await startCli(['mock-engine', '--port', String(this.port), '--prefill-tok-s', '2000000', '--decode-tok-s', '20000'], /on (http:\/\/[\d.]+:\d+)/);
+    this.child = child;
+    this.port = Number(new URL(url).port);
     return this;
   }
   async kill() {
-    await this.engine?.close();
-    this.engine = undefined;
+    const child = this.child;
+    if (!child) return;
+    this.child = undefined;
+    child.removeAllListeners('exit');
+    const exited = new Promise((r) => child.once('exit', r));
+    child.kill('SIGKILL');
+    await exited;
   }
 }
 
@@ -75,7 +84,7 @@ async function flakyEngine(failRate: number, hangRate: number): Promise<{ url: s
   const out = { url: '', server: undefined as unknown as Server, failed: 0, hung: 0 };
   out.server = createServer((req, res) => {
     if (req.url === '/health') return void res.writeHead(200).end();
-    if (req.url === '/metrics') return void res.writeHead(404).end();
+    if (req.url === '/metrics') return void res.writeHead(200, { 'content-type': 'text/plain' }).end('vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.1\n');
     let body = '';
     req.on('data', (d: Buffer) => (body += d.toString()));
     req.on('end', () => {
@@ -143,13 +152,13 @@ async function indexEntries(base: string): Promise<number> {
 }
 
 async function main() {
-  const engines = await Promise.all([0, 1, 2].map(() => new Engine(0).start()));
+  const engines = await Promise.all([0, 1, 2].map(() => new Engine().start()));
   const flaky = await flakyEngine(0.05, 0.01);
   const dir = mkdtempSync(join(tmpdir(), 'cf-soak-'));
   const workers = [...engines.map((e, i) => `id=e${i},url=http://127.0.0.1:${e.port}`), `id=flaky,url=${flaky.url}`];
   const gateway = await startCli(
-    ['serve', '--port', '0', '--admin-token-file', join(dir, 'admin-token'), '--health-interval-ms', '250', '--metrics-interval-ms', '500',
-      '--first-byte-timeout-ms', '1000', '--upstream-timeout-ms', '2000', '--breaker-cooldown-ms', '1000', ...workers.flatMap((w) => ['--worker', w])],
+    ['serve', '--port', '0', '--admin-token-file', join(dir, 'admin-token'), '--health-interval-ms', '1000', '--metrics-interval-ms', '1000',
+      '--first-byte-timeout-ms', '2000', '--upstream-timeout-ms', '5000', '--breaker-cooldown-ms', '2000', ...workers.flatMap((w) => ['--worker', w])],
     /serving on (http:\/\/[\d.]+:\d+)/,
   );
   const pid = gateway.child.pid!;
@@ -164,7 +173,7 @@ async function main() {
       await new Promise((r) => setTimeout(r, 500 + random() * 1500));
       if (!running) break;
       const e = engines[Math.floor(random() * engines.length)];
-      if (!e.engine) continue;
+      if (!e.child) continue;
       await e.kill();
       kills.engineKills++;
       await new Promise((r) => setTimeout(r, 300 + random() * 1000));

@@ -25,7 +25,7 @@ before(async () => {
   gateway = await createGateway({
     router: new KVAwareRouter({ blockSize: 16 }),
     workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })),
-    adminToken: ADMIN, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
+    adminToken: ADMIN, metricsIntervalMs: 0, healthCheckIntervalMs: 0, breakerFailures: 1, // one failure would open a circuit
   });
   base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
 });
@@ -41,13 +41,16 @@ const metric = async (name: string) => {
 const errorOf = (text: string) => (JSON.parse(text) as { error: { message: string; param: string | null; type: string } }).error;
 
 describe('hostile clients', () => {
-  test('non-streaming clients that disconnect: no worker leaves rotation, no failure counted, nothing retried', async () => {
+  test('a storm of clients that disconnect: no worker leaves rotation, no failure counted, nothing retried', async () => {
     const before = { failures: await metric('contextforge_upstream_failures_total'), retries: await metric('contextforge_upstream_retries_total') };
-    // 30 requests of ~1 s each (50 tokens at 50 tok/s), every client gone after 100-200 ms
-    await Promise.all(Array.from({ length: 30 }, async (_, i) => {
+    // a storm: 90 requests of ~1 s each (50 tokens at 50 tok/s), every client gone after
+    // 0-200 ms: non-streamed ones before their answer, streamed ones before or after the first chunk
+    await Promise.all(Array.from({ length: 90 }, async (_, i) => {
       const ac = new AbortController();
-      const t = setTimeout(() => ac.abort(), 100 + (i % 10) * 10);
-      await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: `leave ${i}`, max_tokens: 50 }), signal: ac.signal }).catch(() => undefined);
+      const t = setTimeout(() => ac.abort(), (i % 10) * 20);
+      const res = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: `leave ${i}`, max_tokens: 50, stream: i % 3 === 0 }), signal: ac.signal }).catch(() => undefined);
+      await res?.body?.getReader().read().catch(() => undefined);
+      await res?.body?.cancel().catch(() => undefined);
       clearTimeout(t);
     }));
     await waitFor('every ticket released', () => gateway.router.getStats().inFlightRequests === 0);
