@@ -15,7 +15,7 @@ import { adminRequestProblem, AdminToken, generateToken } from './admin-auth.js'
 import { tenantCacheSalt, type ApiKeys } from './api-keys.js';
 import { checkRequestLimits, clientMessage, parseJsonBody, readRouteRequest, RequestLimitError, type ReadRequest, type RequestLimits } from './request-limits.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
-import { checkApiKeyEnv, checkHttpUrl, checkWorkerId, checkZmqEndpoint, engineAuthorization, redactUrl } from './worker-input.js';
+import { checkApiKeyEnv, checkHttpUrl, checkWorkerId, checkZmqEndpoint, engineAuthorization, redactUrl, splitCredentials } from './worker-input.js';
 
 /**
  * The HTTP gateway: an OpenAI-compatible routing proxy in front of the engines. Each request
@@ -247,10 +247,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     }
     if (connections.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);
     router.registerWorker(w.id, { url: w.url, claGroups: w.claGroups });
-    const base = w.url.replace(/\/+$/, '');
+    // credentials in the URL travel as a Basic authorization header (an engine key wins)
+    const plain = splitCredentials(w.url);
+    const base = plain.url.replace(/\/+$/, '');
     const record: GatewayWorker = { id: w.id, url: w.url, claGroups: w.claGroups, models: w.models, events: w.events, replay: w.replay, metrics: w.metrics };
     if (w.apiKeyEnv !== undefined) record.apiKeyEnv = w.apiKeyEnv;
-    const authorization = engineAuthorization(apiKey);
+    const authorization = engineAuthorization(apiKey) ?? plain.authorization;
     connections.set(w.id, {
       record, base,
       headers: authorization ? { 'content-type': 'application/json', authorization } : { 'content-type': 'application/json' },
@@ -558,7 +560,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       workers: router.listWorkers().map((w) => {
         const c = connections.get(w.id);
         return {
-          id: w.id, url: c ? redactUrl(c.base) : undefined, healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
+          id: w.id, url: c ? redactUrl(c.record.url) : undefined, healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
           models: c?.record.models ?? null, kvEvents: c?.subscriber?.stats ?? null,
           inFlightRequests: w.inFlightRequests, waitingRequests: w.waitingRequests, runningRequests: w.runningRequests,
           indexEntries: router.index.entriesFor(w.slot), claGroups: [...w.claGroups],

@@ -12,7 +12,7 @@ import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { loadApiKeysFile } from '../../src/server/api-keys.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { post, waitFor } from './harness.js';
+import { fakeEngine, post, waitFor } from './harness.js';
 
 const ADMIN = 'admin-token-for-tests';
 const auth = { authorization: `Bearer ${ADMIN}` };
@@ -221,5 +221,18 @@ describe('tenants', () => {
     assert.doesNotMatch(listing, /engine-secret-key/);
     await gw.close();
     await engine.close();
+    // credentials in a worker URL go out as Basic authorization (HTTP clients refuse them in URLs)
+    const seen: Array<string | undefined> = [];
+    const basic = await fakeEngine((req, res) => {
+      seen.push(req.headers.authorization);
+      req.resume();
+      req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{"choices":[]}'));
+    });
+    const gw3 = await createGateway({ router: new KVAwareRouter(), workers: [{ id: 'b0', url: basic.url.replace('http://', 'http://user:pa%24s@') }], adminToken: ADMIN, metricsIntervalMs: 0, healthCheckIntervalMs: 0 });
+    const u3 = await gw3.app.listen({ host: '127.0.0.1', port: 0 });
+    assert.equal((await post(u3, '/v1/completions', { prompt: 'x' })).status, 200);
+    assert.deepEqual(seen, [`Basic ${Buffer.from('user:pa$s').toString('base64')}`]);
+    await gw3.close();
+    await basic.close();
   });
 });

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { adminRequestProblem, AdminToken, resolveAdminToken } from '../../src/server/admin-auth.js';
 import { ApiKeys, loadApiKeysFile, tenantCacheSalt } from '../../src/server/api-keys.js';
-import { checkApiKeyEnv, checkHttpUrl, checkWorkerId, redactUrl } from '../../src/server/worker-input.js';
+import { checkApiKeyEnv, checkHttpUrl, checkWorkerId, redactUrl, splitCredentials } from '../../src/server/worker-input.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'cf-auth-'));
 
@@ -86,6 +86,8 @@ test('worker input: ids, URLs and key variables are checked; credentials are nev
   assert.equal(redactUrl('http://user:pa55@10.0.0.5:8000/v1'), 'http://***@10.0.0.5:8000/v1');
   assert.equal(redactUrl('http://10.0.0.5:8000'), 'http://10.0.0.5:8000');
   assert.ok(!redactUrl('http://user:pa55@h').includes('pa55'));
+  assert.deepEqual(splitCredentials('http://us%40r:p%3Ass@10.0.0.5:8000/v1'), { url: 'http://10.0.0.5:8000/v1', authorization: `Basic ${Buffer.from('us@r:p:ss').toString('base64')}` });
+  assert.deepEqual(splitCredentials('http://10.0.0.5:8000'), { url: 'http://10.0.0.5:8000' });
   assert.equal(checkApiKeyEnv('VLLM_API_KEY'), 'VLLM_API_KEY');
   assert.throws(() => checkApiKeyEnv('CONTEXTFORGE_ADMIN_TOKEN'), /may not/);
   assert.throws(() => checkApiKeyEnv('A-B'), /variable name/);
