@@ -11,7 +11,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { renderTable } from '../src/cli/commands/simulate.js';
 import { pooledLruHitRate } from '../src/sim/bounds.js';
 import { comparePolicies, type ComparisonReport } from '../src/sim/compare.js';
-import { ENGINE_DEFAULTS } from '../src/core/engine-model.js';
+import { ENGINE_DEFAULTS } from '../src/engine-model/engine-model.js';
 import { renderHtmlReport, type SweepPoint } from '../src/sim/html-report.js';
 import { loadTrace } from '../src/sim/load-trace.js';
 import { simulate } from '../src/sim/simulator.js';

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs the seed router (../shared/seed/kv_aware_router.py) over random operation scripts
+"""Runs the seed router (reference/seed/kv_aware_router.py) over random operation scripts
 and writes what it answered, so test/core/seed-parity.test.ts can replay the same scripts
 on the TypeScript router under policy 'seed' and compare every decision and stats snapshot.
 
@@ -110,7 +110,7 @@ async def run(mod, script):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seed-file", default=os.path.join(ROOT, "..", "shared", "seed", "kv_aware_router.py"))
+    ap.add_argument("--seed-file", default=os.path.join(ROOT, "reference", "seed", "kv_aware_router.py"))
     ap.add_argument("--out", default=os.path.join(ROOT, "test", "fixtures", "seed-parity.json"))
     ap.add_argument("--scripts", type=int, default=80)
     ap.add_argument("--ops", type=int, default=60)
@@ -123,7 +123,7 @@ def main():
         asyncio.run(run(mod, s))
     with open(args.out, "w") as f:
         json.dump({"generator": "scripts/gen-seed-fixture.py", "rngSeed": args.rng_seed,
-                   "seedFile": "../shared/seed/kv_aware_router.py", "scripts": scripts}, f,
+                   "seedFile": "reference/seed/kv_aware_router.py", "scripts": scripts}, f,
                   separators=(",", ":"))
         f.write("\n")
     n_checks = sum(1 for s in scripts for op in s["ops"] if "expect" in op)

@@ -6,7 +6,7 @@ export {
   type SelectWorkerOptions,
   type UpdateWorkerStateOptions,
   type WorkerLoadStats,
-} from './core/router.js';
+} from './core/router/index.js';
 export type { WorkerInfo } from './core/worker-registry.js';
 export { DEFAULT_COST_WEIGHTS, type CostWeights } from './core/policies/cost.js';
 export { POLICY_NAMES, createPolicy } from './core/policies/index.js';

@@ -20,3 +20,12 @@ export function positiveNumberOption(flag: string): (value: string) => number {
     return n;
   };
 }
+
+/** A commander parser for a number flag in [0, 1]. */
+export function fractionOption(flag: string): (value: string) => number {
+  return (value: string) => {
+    const n = Number(value);
+    if (value.trim() === '' || !Number.isFinite(n) || n < 0 || n > 1) throw new InvalidArgumentError(`${flag} must be a number from 0 to 1, got '${value}'`);
+    return n;
+  };
+}

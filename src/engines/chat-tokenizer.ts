@@ -4,7 +4,7 @@ import { dirname, join } from 'node:path';
 import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
 import type { ChatMessage } from '../core/hashing.js';
-import type { RouteRequest } from '../core/router.js';
+import type { RouteRequest } from '../core/router/index.js';
 
 /** Turns a request into the token ids the engine will see (`--tokenize tokenizer`). */
 export interface PromptTokenizer {

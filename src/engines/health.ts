@@ -1,5 +1,5 @@
-import type { KVAwareRouter } from '../core/router.js';
-import { recordOutcome, Rounds, type CheckStreak } from './rounds.js';
+import type { KVAwareRouter } from '../core/router/index.js';
+import { recordOutcome, PollLoop, type CheckStreak } from './poll-loop.js';
 
 /**
  * Why a worker is out of rotation. Several checks have a say — the active health check, the
@@ -76,7 +76,7 @@ interface ProbeState extends CheckStreak {
  */
 export class HealthChecker {
   private readonly probes = new Map<string, ProbeState>();
-  private readonly rounds: Rounds;
+  private readonly pollLoop: PollLoop;
   private readonly timeoutMs: number;
   private readonly failuresToUnhealthy: number;
   private readonly successesToHealthy: number;
@@ -88,7 +88,7 @@ export class HealthChecker {
     const intervalMs = options.intervalMs ?? 2000;
     if (!(intervalMs > 0)) throw new RangeError(`intervalMs must be > 0, got ${intervalMs}`);
     this.timeoutMs = options.timeoutMs ?? Math.min(2000, intervalMs);
-    this.rounds = new Rounds(() => this.probeAll(), intervalMs);
+    this.pollLoop = new PollLoop(() => this.probeAll(), intervalMs);
     this.failuresToUnhealthy = options.failuresToUnhealthy ?? 2;
     this.successesToHealthy = options.successesToHealthy ?? 1;
   }
@@ -106,12 +106,12 @@ export class HealthChecker {
   }
 
   start(): this {
-    this.rounds.start();
+    this.pollLoop.start();
     return this;
   }
 
   stop(): void {
-    this.rounds.stop();
+    this.pollLoop.stop();
   }
 
   async probeAll(): Promise<void> {

@@ -1,7 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { BlockHashes, canonicalChatText, hashString32, hashTokenBlocks, type ChatMessage } from '../core/hashing.js';
-import { blockKey, EngineModel, type EngineRequest, type StepResult } from '../core/engine-model.js';
+import { blockKey, EngineModel, type EngineRequest, type StepResult } from '../engine-model/engine-model.js';
 import type { KvEvent } from './kv-events/decode.js';
 import { KvEventPublisher } from './kv-events/publisher.js';
 import type { PromptTokenizer } from './chat-tokenizer.js';
@@ -21,6 +21,8 @@ export interface MockEngineOptions {
   model?: string;
   blockSize?: number;
   kvBlocks?: number;
+  /** Longest request (prompt + max_tokens) served, vLLM's --max-model-len (default 131,072, capped by the KV). */
+  maxModelLen?: number;
   /** Where the KV-event PUB socket binds (e.g. tcp://127.0.0.1:5557); none: no events. */
   events?: string;
   /** Where the replay ROUTER binds. */
@@ -83,6 +85,8 @@ export class MockEngine {
   private readonly pending = new Map<number, Pending>();
   /** Engine block hash (uint64) per cache key, with what BlockStored must carry. */
   private readonly blocks = new Map<number, { hash: bigint; parent: bigint | null; tokens: number[] }>();
+  /** Requests in the engine per block key: a block's metadata outlives them only while cached. */
+  private readonly liveKeys = new Map<number, number>();
   private readonly stored: number[] = [];
   private readonly removed: bigint[] = [];
   private nextId = 1;
@@ -106,10 +110,12 @@ export class MockEngine {
       {
         blockTokens: this.blockSize,
         kvTokens: (options.kvBlocks ?? 4096) * this.blockSize,
-        stepBaseMs: 1000 / decode,
-        prefillMsPerToken: 1000 / prefill,
+        ...(options.maxModelLen !== undefined ? { maxModelLen: options.maxModelLen } : {}),
+        // a step is one decode interval, or the prefill of its tokens when that is longer
+        weightReadMs: 1000 / decode,
+        linearMsPerToken: 1000 / prefill,
         attentionMsPerTokenPair: 0,
-        decodeMsPerContextToken: 0,
+        kvReadMsPerToken: 0,
       },
       (hi, lo) => this.stored.push(blockKey(hi, lo)),
       (hi, lo) => this.onRemoved(blockKey(hi, lo)),
@@ -182,7 +188,7 @@ export class MockEngine {
 
   private tokenize(body: Record<string, unknown>): { tokens: number[]; count: number; max_model_len: number } {
     const tokens = body.messages !== undefined ? this.chatTokens(body.messages) : this.promptTokens(body.prompt);
-    return { tokens, count: tokens.length, max_model_len: 131_072 };
+    return { tokens, count: tokens.length, max_model_len: this.engine.maxModelLen };
   }
 
   private chatTokens(messages: unknown): number[] {
@@ -213,6 +219,10 @@ export class MockEngine {
     if (salt !== undefined && (typeof salt !== 'string' || salt === '')) throw new HttpError(400, 'cache_salt must be a non-empty string', 'cache_salt');
     const streamOptions = body.stream_options as { include_usage?: unknown } | undefined;
 
+    // over the context limit: refused before it reaches the engine, in vLLM's words and shape
+    const refused = this.engine.rejection({ inputTokens: tokens.length, outputTokens: maxTokens as number });
+    if (refused !== null) return json(res, 400, { error: { message: refused, type: 'BadRequestError', param: null, code: 400 } });
+
     // the engine's own block hashes: seeded per process, keyed by cache_salt, as vLLM's
     const h = hashTokenBlocks(tokens, this.blockSize, { cacheSalt: `${this.hashSalt}/${(salt as string | undefined) ?? ''}` }, this.scratch);
     const keys = new Float64Array(h.length);
@@ -239,10 +249,10 @@ export class MockEngine {
         p.done = true;
         this.pending.delete(id);
         this.engine.cancel(id);
-        // blocks it never got to compute are no longer anywhere in the engine
-        for (const key of request.keys) if (!this.engine.holds(key)) this.blocks.delete(key);
+        this.forget(request);
       }
     });
+    for (const key of keys) this.liveKeys.set(key, (this.liveKeys.get(key) ?? 0) + 1);
     this.engine.enqueue(request);
     this.pump();
   }
@@ -253,14 +263,17 @@ export class MockEngine {
     if (this.stepping || this.closed || this.engine.idle) return;
     this.stepping = true;
     const start = Date.now() - this.modelStart;
-    // runs of decode steps are cut at 50 ms so streams flow and new requests join soon
-    const step = this.engine.step(start, start + 50);
+    // runs of decode steps are cut at 50 ms so streams flow and new requests join soon; the
+    // step is scheduled now and its outputs land when it ends, so /metrics reads it in between
+    const end = this.engine.startStep(start, start + 50);
     this.flushEvents();
     setTimeout(() => {
       this.stepping = false;
+      const step = this.engine.finishStep();
+      this.flushEvents();
       this.finishStep(step);
       this.pump();
-    }, Math.max(0, step.end - start));
+    }, Math.max(0, end - start));
   }
 
   private finishStep(step: StepResult): void {
@@ -291,9 +304,27 @@ export class MockEngine {
     sse(p.res, { id: p.id, object: p.chat ? 'chat.completion.chunk' : 'text_completion', created: p.created, model: this.model, choices: [choice] });
   }
 
+  /**
+   * A request left the engine: the metadata of blocks no other request in the engine shares
+   * and the engine does not cache (never computed, or computed twice) goes too. Blocks the
+   * engine caches keep theirs until BlockRemoved.
+   */
+  private forget(request: EngineRequest): void {
+    for (const key of request.keys) {
+      const n = (this.liveKeys.get(key) ?? 1) - 1;
+      if (n > 0) {
+        this.liveKeys.set(key, n);
+        continue;
+      }
+      this.liveKeys.delete(key);
+      if (!this.engine.holds(key)) this.blocks.delete(key);
+    }
+  }
+
   private finish(p: Pending): void {
     p.done = true;
     this.pending.delete(p.request.id);
+    this.forget(p.request);
     const usage = {
       prompt_tokens: p.promptTokens,
       completion_tokens: p.produced,
@@ -323,7 +354,8 @@ export class MockEngine {
   private onRemoved(key: number): void {
     const b = this.blocks.get(key);
     if (b) this.removed.push(b.hash);
-    this.blocks.delete(key);
+    // a request still in the engine may compute the block again and must announce it then
+    if (!this.liveKeys.has(key)) this.blocks.delete(key);
   }
 
   /** One batch per step: consecutive stored blocks of a chain in one BlockStored, then removals. */

@@ -7,7 +7,7 @@
  */
 import type { ChatMessage } from '../core/hashing.js';
 import type { ContentAnchor } from '../core/content-anchors.js';
-import type { RouteRequest } from '../core/router.js';
+import type { RouteRequest } from '../core/router/index.js';
 
 export interface RequestLimits {
   /** Longest workflow id, agent role, content-anchor id and cache_salt, in UTF-8 bytes. */

@@ -1,4 +1,4 @@
-import { KVAwareRouter } from '../core/router.js';
+import { KVAwareRouter } from '../core/router/index.js';
 import { createRng, randInt, zipfIndex } from '../core/rng.js';
 
 /**

@@ -1,17 +1,20 @@
 import { BlockHashes } from '../core/hashing.js';
-import { EngineModel, type EngineConfig } from '../core/engine-model.js';
+import { EngineModel, type EngineConfig } from '../engine-model/engine-model.js';
 import { LruSet } from './lru.js';
-import { requestBlocks } from './simulator.js';
+import { cachedTokensOf, requestBlocks } from './request-blocks.js';
 import type { TraceRequest } from './trace.js';
 
 /**
- * Limits no routing policy can pass on a trace:
+ * Limits no routing policy can pass on a trace, counted as the engine model counts (the same
+ * block keys and hit rule, src/sim/request-blocks.ts):
  * - infiniteCacheHitRate: the token-weighted hit rate of one infinitely large cache seeing
- *   every request in order: its cached prefix, plus the content anchors it has seen before
- *   (for engines with position-independent reuse); isolated requests never hit, CLA groups
- *   never share;
+ *   every request in order: its cached prefix (at most prompt − 1 tokens, full blocks only)
+ *   plus the content anchors it has seen before less their blend-recompute share; isolated
+ *   requests never hit, CLA groups never share;
  * - idealTtftMean: the mean TTFT (s) if every request ran alone on an idle engine holding
  *   every earlier block, i.e. only its truly new tokens are prefilled, in budget-sized chunks.
+ * Requests the engine would refuse (over the context limit) are left out, as the simulator
+ * leaves them out of its figures.
  */
 export interface Bounds {
   infiniteCacheHitRate: number;
@@ -20,68 +23,78 @@ export interface Bounds {
 
 export function computeBounds(trace: readonly TraceRequest[], engine: Partial<Omit<EngineConfig, 'blockTokens'>> = {}): Bounds {
   if (trace.length === 0) return { infiniteCacheHitRate: 0, idealTtftMean: 0 };
-  const model = new EngineModel({ ...engine, blockTokens: trace[0].blockSize });
-  const budget = model.config.maxBatchTokens;
+  const bt = trace[0].blockSize;
+  const model = new EngineModel({ ...engine, blockTokens: bt });
+  const { maxBatchTokens: budget, blendRecompute } = model.config;
   const seen = new Set<number>();
-  const seenAnchors = new Set<string>();
+  const isSeen = (key: number) => seen.has(key);
   const scratch = new BlockHashes(256);
   let hit = 0;
   let prompt = 0;
   let ttftSum = 0;
+  let served = 0;
   let salt = 0;
   for (const req of trace) {
     const input = Math.max(1, req.inputLength);
-    const { keys } = requestBlocks(req, req.isolate ? `bound-${salt++}` : undefined, scratch);
-    let k = 0;
-    while (k < keys.length && seen.has(keys[k])) k++;
-    for (const key of keys) seen.add(key);
-    let anchorTokens = 0;
-    if (!req.isolate) {
-      for (const a of req.anchors ?? []) {
-        const key = `${req.claGroup ?? ''}:${a.id}`;
-        if (seenAnchors.has(key)) anchorTokens += a.tokens;
-        else seenAnchors.add(key);
-      }
-    }
-    const cached = Math.min(k * req.blockSize + anchorTokens, input);
+    const blocks = requestBlocks(req, req.isolate ? `bound-${salt++}` : undefined, scratch);
+    if (model.rejection({ inputTokens: input, outputTokens: Math.max(1, req.outputLength), anchors: blocks.anchors }) !== null) continue;
+    const cached = cachedTokensOf(blocks, input, bt, blendRecompute, isSeen);
+    for (const key of blocks.keys) seen.add(key);
+    for (const a of blocks.anchors) for (const key of a.keys) seen.add(key);
     hit += cached;
     prompt += input;
-    // alone on an idle engine: the last prompt token is always computed
-    let done = Math.min(cached, input - 1);
+    served++;
+    // alone on an idle engine: chunks of the budget over the tokens not cached
+    let done = cached;
     let t = 0;
     while (done < input) {
       const chunk = Math.min(budget, input - done);
-      t += model.stepTime([[chunk, done]], 0);
+      t += model.stepTime([[chunk, done]]);
       done += chunk;
     }
     ttftSum += t;
   }
-  return { infiniteCacheHitRate: hit / prompt, idealTtftMean: ttftSum / trace.length / 1000 };
+  return { infiniteCacheHitRate: prompt > 0 ? hit / prompt : 0, idealTtftMean: served > 0 ? ttftSum / served / 1000 : 0 };
 }
 
 /**
- * A reference for what KV capacity allows (not a bound): the token-weighted prefix hit rate
- * of one LRU cache of `capacityTokens` seeing every request in order, as if the whole
- * fleet's KV were a single pool. Routing splits the pool per worker, so policies usually
- * land below it; it says how much of the infinite-cache bound capacity leaves reachable.
+ * A reference for what KV capacity allows (not a bound): the token-weighted hit rate of one
+ * LRU cache of `capacityTokens` seeing every request in order, as if the whole fleet's KV
+ * were a single pool, counted as the engine counts (prefix, anchors, CLA groups, isolation).
+ * Each request then leaves its blocks behind as the engine frees them: the uncached tail
+ * (rest of the prompt and the output) least recent, then its passages, then its prefix from
+ * the last block to the first, so a prefix's head outlives its tail. Routing splits the pool
+ * per worker, so policies usually land below it.
  */
-export function pooledLruHitRate(trace: readonly TraceRequest[], capacityTokens: number): number {
+export function pooledLruHitRate(trace: readonly TraceRequest[], capacityTokens: number, engine: Partial<Omit<EngineConfig, 'blockTokens'>> = {}): number {
   if (trace.length === 0) return 0;
-  const blockTokens = trace[0].blockSize;
-  const capacity = Math.max(1, Math.floor(capacityTokens / blockTokens));
-  const lru = new LruSet(capacity);
+  const bt = trace[0].blockSize;
+  // one worker's engine decides what is refused; the pool only sets the capacity
+  const model = new EngineModel({ ...engine, blockTokens: bt });
+  const blend = model.config.blendRecompute;
+  const lru = new LruSet(Math.max(1, Math.floor(capacityTokens / bt)));
+  const has = (key: number) => lru.has(key);
   const scratch = new BlockHashes(256);
   let hit = 0;
   let prompt = 0;
   let salt = 0;
+  let anonymous = -1; // keys of blocks no later request can hit
   for (const req of trace) {
     const input = Math.max(1, req.inputLength);
-    const { keys } = requestBlocks(req, req.isolate ? `lru-${salt++}` : undefined, scratch);
-    let k = 0;
-    while (k < keys.length && lru.has(keys[k])) k++;
-    hit += Math.min(k * req.blockSize, input);
+    const output = Math.max(1, req.outputLength);
+    const blocks = requestBlocks(req, req.isolate ? `lru-${salt++}` : undefined, scratch);
+    if (model.rejection({ inputTokens: input, outputTokens: output, anchors: blocks.anchors }) !== null) continue;
+    hit += cachedTokensOf(blocks, input, bt, blend, has);
     prompt += input;
-    for (const key of keys) lru.touch(key);
+    let anchorTokens = 0;
+    for (const a of blocks.anchors) anchorTokens += a.tokens;
+    const regionBlocks = Math.ceil(Math.max(1, input - anchorTokens + output - 1) / bt);
+    for (let i = blocks.keys.length; i < regionBlocks; i++) lru.touch(anonymous--);
+    for (let j = blocks.anchors.length - 1; j >= 0; j--) {
+      const keys = blocks.anchors[j].keys;
+      for (let k = keys.length - 1; k >= 0; k--) lru.touch(keys[k]);
+    }
+    for (let i = blocks.keys.length - 1; i >= 0; i--) lru.touch(blocks.keys[i]);
   }
-  return hit / prompt;
+  return prompt > 0 ? hit / prompt : 0;
 }

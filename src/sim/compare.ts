@@ -63,6 +63,8 @@ export function comparePolicies(
         throughputTokPerS: Math.round(r.throughputTokPerS),
         loadImbalance: round(r.loadImbalance),
         prefillTokens: r.prefillTokens,
+        rejected: r.rejected,
+        preemptions: r.preemptions,
       })),
     },
   };

@@ -1,13 +1,15 @@
 import { existsSync, statSync } from 'node:fs';
 import { basename, join } from 'node:path';
+import { generateAgenticTrace } from './agentic.js';
 import { loadRagpulse } from './ragpulse.js';
 import { loadMooncakeTrace, type TraceRequest } from './trace.js';
 import { generateWorkflowTrace } from './workflows.js';
 
 /**
  * Loads a trace by name: a Mooncake JSONL file (optionally .gz); a RAGPulse directory (with
- * 0_trace.jsonl and its side files, optionally .gz); or `workflows:N[:SEED]`, a generated
- * multi-agent workload of N workflows.
+ * 0_trace.jsonl and its side files, optionally .gz); `workflows:N[:SEED]`, a generated
+ * multi-agent workload of N workflows; or `agentic:N[:SEED]`, N generated long-context
+ * coding-agent sessions.
  */
 export async function loadTrace(spec: string): Promise<{ name: string; requests: TraceRequest[] }> {
   const gen = /^workflows:(\d+)(?::(\d+))?$/.exec(spec);
@@ -15,6 +17,12 @@ export async function loadTrace(spec: string): Promise<{ name: string; requests:
     const workflows = Number(gen[1]);
     if (workflows < 1) throw new RangeError('--trace workflows:N needs N >= 1');
     return { name: spec, requests: generateWorkflowTrace({ workflows, seed: Number(gen[2] ?? 1) }) };
+  }
+  const agentic = /^agentic:(\d+)(?::(\d+))?$/.exec(spec);
+  if (agentic) {
+    const sessions = Number(agentic[1]);
+    if (sessions < 1 || sessions > 100_000) throw new RangeError('--trace agentic:N needs N from 1 to 100000');
+    return { name: spec, requests: generateAgenticTrace({ sessions, seed: Number(agentic[2] ?? 1) }) };
   }
   if (!existsSync(spec)) throw new RangeError(`--trace: no such file: ${spec}`);
   if (statSync(spec).isDirectory()) {

@@ -9,8 +9,10 @@ import { sortByArrival, TraceFormatError, type TraceRequest } from './trace.js';
  * RAGPulse (flashserve/RAGPulse; format in ../shared/traces/README.md): each request lists
  * component chunk ids (sys_prompt, passages_ids, history, web_search, user_input) whose token
  * lengths are in five side files. The simulator reads it as:
- * - prefix blocks: the system-prompt chunks, then the history chunks, each cut into blocks
- *   of `blockSize` tokens (a chunk's last block rounded up), chained so equal ids mean equal
+ * - prefix blocks: the system-prompt chunks, then the history chunks, as one token stream cut
+ *   into blocks of `blockSize` tokens; only full blocks count (a block that would reach into
+ *   what follows the prefix is not cached), so at most the real prefix tokens can hit; a
+ *   block's id chains every chunk id up to it and its offset, so equal ids mean equal
  *   prefixes;
  * - content anchors: the retrieved passages (position-independent reuse, CacheBlend-style);
  * - web search results and the user input: new tokens, never cached.
@@ -54,22 +56,7 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
       throw new TraceFormatError(index, 'not valid JSON');
     }
     const ids = r.hash_ids ?? {};
-    const hashIds: number[] = [];
-    let chain = 0x2545f491;
-    const addChunks = (component: 'sys_prompt' | 'history') => {
-      for (const id of ids[component] ?? []) {
-        const tokens = lengths[component].get(id) ?? blockSize;
-        const blocks = Math.max(1, Math.ceil(tokens / blockSize));
-        for (let b = 0; b < blocks; b++) {
-          // chained 53-bit id: (previous, component, chunk id, block within chunk)
-          const hi = fmix32(chain ^ Math.imul(id + 1, 0x9e3779b1) ^ (component === 'history' ? 0x5bd1e995 : 0));
-          chain = fmix32(hi ^ Math.imul(b + 1, 0x85ebca6b));
-          hashIds.push((hi & 0x1fffff) * 4294967296 + chain);
-        }
-      }
-    };
-    addChunks('sys_prompt');
-    addChunks('history');
+    const hashIds = prefixBlockIds(ids, lengths, blockSize);
     const anchors = (ids.passages_ids ?? []).map((id) => ({ id: `passage-${id}`, tokens: lengths.passages_ids.get(id) ?? 0 }));
     requests.push({
       index,
@@ -84,4 +71,39 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
     index++;
   }
   return sortByArrival(requests);
+}
+
+/**
+ * Ids of the full blocks of the prompt prefix (system-prompt chunks, then history chunks):
+ * chunk lengths from the side files (a missing id counts one block), block i covering tokens
+ * [i × blockSize, (i + 1) × blockSize) of that stream. The id mixes a chain over every chunk
+ * id entered so far with the block's end offset inside its chunk: two requests share block i
+ * exactly when their chunk sequences agree up to it.
+ */
+export function prefixBlockIds(
+  ids: Record<string, number[]>,
+  lengths: Record<string, Map<number, number>>,
+  blockSize: number,
+): number[] {
+  const out: number[] = [];
+  let chain = 0x2545f491;
+  let filled = 0; // tokens of the current block so far
+  for (const component of ['sys_prompt', 'history'] as const) {
+    for (const id of ids[component] ?? []) {
+      const tokens = Math.max(0, lengths[component].get(id) ?? blockSize);
+      chain = fmix32(chain ^ Math.imul(id + 1, 0x9e3779b1) ^ (component === 'history' ? 0x5bd1e995 : 0));
+      let offset = 0;
+      while (offset < tokens) {
+        const take = Math.min(blockSize - filled, tokens - offset);
+        offset += take;
+        filled += take;
+        if (filled === blockSize) {
+          const lo = fmix32(chain ^ Math.imul(offset + 1, 0x85ebca6b)) >>> 0;
+          out.push((fmix32(chain ^ lo) & 0x1fffff) * 4294967296 + lo);
+          filled = 0;
+        }
+      }
+    }
+  }
+  return out;
 }

@@ -1,7 +1,10 @@
-import { BlockHashes, hashPrecomputedBlocks } from '../core/hashing.js';
-import { KVAwareRouter, type KVAwareRouterOptions } from '../core/router.js';
-import { blockKey, EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../core/engine-model.js';
+import { BlockHashes } from '../core/hashing.js';
+import { KVAwareRouter, type KVAwareRouterOptions } from '../core/router/index.js';
+import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/engine-model.js';
+import { requestBlocks } from './request-blocks.js';
 import type { TraceRequest } from './trace.js';
+
+export { requestBlocks } from './request-blocks.js';
 
 /**
  * Discrete-event simulation of N engines behind the router, replaying a trace in simulated
@@ -10,6 +13,11 @@ import type { TraceRequest } from './trace.js';
  * produced them, and their load only from scrapes every `scrapeIntervalMs`, plus its own
  * in-flight accounting (markPrefillDone at the first token, release at the end), as the
  * gateway does. Nothing peeks into an engine.
+ *
+ * An engine step is scheduled when it starts (allocations, evictions, admissions) and its
+ * outputs applied when it ends, so a scrape during a long prefill step reads the engine as
+ * it is then. Requests over the engines' context limit are refused at arrival, as vLLM's
+ * server refuses them (HTTP 400), counted in `rejected` and left out of every other figure.
  */
 export interface SimulationOptions {
   workers: number;
@@ -62,6 +70,10 @@ export interface PolicyResult {
   /** Busy time per worker (s) and its samples over time, for reports. */
   workerBusySeconds: number[];
   loadTimeline: Array<{ t: number; kvUsage: number[] }>;
+  /** Requests refused for exceeding the context limit (never routed). */
+  rejected: number;
+  /** Preemptions (recompute) over all engines. */
+  preemptions: number;
 }
 
 const KIND_STEP_END = 0;
@@ -73,7 +85,6 @@ interface SimEvent {
   seq: number;
   kind: number;
   worker: number;
-  step?: StepResult;
   stored?: number[];
   removed?: number[];
 }
@@ -124,17 +135,6 @@ function before(x: SimEvent, y: SimEvent): boolean {
   return x.time < y.time || (x.time === y.time && (x.kind < y.kind || (x.kind === y.kind && x.seq < y.seq)));
 }
 
-/** The blocks of a trace request as the engine and the router both key them. */
-export function requestBlocks(req: TraceRequest, cacheSalt: string | undefined, scratch: BlockHashes) {
-  hashPrecomputedBlocks(req.hashIds, req.blockSize, { claGroup: req.claGroup ?? null, cacheSalt: cacheSalt ?? null }, scratch);
-  const n = scratch.length;
-  const hashHi = scratch.hi.slice(0, n);
-  const hashLo = scratch.lo.slice(0, n);
-  const keys = new Float64Array(n);
-  for (let i = 0; i < n; i++) keys[i] = blockKey(hashHi[i], hashLo[i]);
-  return { keys, hashHi, hashLo };
-}
-
 export function percentiles(values: number[]): Percentiles {
   if (values.length === 0) return { mean: 0, p50: 0, p90: 0, p99: 0 };
   const s = [...values].sort((a, b) => a - b);
@@ -178,20 +178,32 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   let finished = 0;
   let nextArrival = 0;
 
+  let rejected = 0;
   const startStep = (w: number) => {
-    const until = nextArrival < trace.length ? arrivalOf(trace[nextArrival]) : Infinity;
-    const step = engines[w].step(now, until);
+    // a run of decode steps stops at the next arrival or scrape, which may change the batch
+    const nextScrape = (Math.floor(now / scrapeInterval) + 1) * scrapeInterval;
+    const until = Math.min(nextScrape, nextArrival < trace.length ? arrivalOf(trace[nextArrival]) : Infinity);
+    const end = engines[w].startStep(now, until);
     stepping[w] = true;
-    queue.push({ time: step.end, seq: seq++, kind: KIND_STEP_END, worker: w, step });
+    queue.push({ time: end, seq: seq++, kind: KIND_STEP_END, worker: w });
+  };
+
+  /** KV events of the step that just ended (its evictions and the blocks it computed) leave now. */
+  const publish = (w: number) => {
     const p = pending[w];
     if (p.stored.length > 0 || p.removed.length > 0) {
-      queue.push({ time: step.end + eventDelay, seq: seq++, kind: KIND_DELIVER, worker: w, stored: p.stored, removed: p.removed });
+      queue.push({ time: now + eventDelay, seq: seq++, kind: KIND_DELIVER, worker: w, stored: p.stored, removed: p.removed });
       pending[w] = { stored: [], removed: [] };
     }
   };
 
   const arrive = (index: number) => {
     const req = trace[index];
+    if (engines[0].rejection({ inputTokens: Math.max(1, req.inputLength), outputTokens: Math.max(1, req.outputLength), anchors: req.anchors }) !== null) {
+      rejected++;
+      finished++;
+      return;
+    }
     const d = router.route({
       blockHashes: req.hashIds,
       blockTokens: req.blockSize,
@@ -210,7 +222,6 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       ...blocks,
       inputTokens: Math.max(1, req.inputLength),
       outputTokens: Math.max(1, req.outputLength),
-      anchors: req.anchors,
     };
     live.set(index, { req, worker: w, ticket: d.ticket, arrival: now, cached: 0, ttft: 0 });
     engines[w].enqueue(engineReq);
@@ -248,13 +259,15 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     now = top.time;
     if (top.kind === KIND_STEP_END) {
       const w = top.worker;
-      for (const { request, cachedTokens } of top.step!.firstTokens) {
+      const step: StepResult = engines[w].finishStep();
+      publish(w);
+      for (const { request, cachedTokens } of step.firstTokens) {
         const s = live.get(request.id)!;
         s.cached = cachedTokens;
         s.ttft = now - s.arrival;
         router.markPrefillDone(s.ticket);
       }
-      for (const request of top.step!.finished) {
+      for (const request of step.finished) {
         const s = live.get(request.id)!;
         live.delete(request.id);
         router.release(s.ticket);
@@ -286,29 +299,34 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   }
   options.onProgress?.(trace.length, trace.length);
 
+  const served = outcomes.filter(Boolean);
   let cached = 0;
   let prompt = 0;
   let tokens = 0;
   let lastFinish = 0;
-  for (const o of outcomes) {
+  for (const o of served) {
     cached += o.cachedTokens;
     prompt += o.promptTokens;
     lastFinish = Math.max(lastFinish, o.arrival + o.e2e);
   }
-  for (const r of trace) tokens += Math.max(1, r.inputLength) + Math.max(1, r.outputLength);
+  trace.forEach((r, i) => {
+    if (outcomes[i]) tokens += Math.max(1, r.inputLength) + Math.max(1, r.outputLength);
+  });
   const busy = engines.map((e) => e.busyMs / 1000);
   const meanBusy = busy.reduce((a, b) => a + b, 0) / n;
-  const e2e = percentiles(outcomes.map((o) => o.e2e));
+  const e2e = percentiles(served.map((o) => o.e2e));
   return {
     policy: options.label ?? policy,
     hitRate: prompt > 0 ? cached / prompt : 0,
-    ttft: percentiles(outcomes.map((o) => o.ttft)),
+    ttft: percentiles(served.map((o) => o.ttft)),
     e2e: { mean: e2e.mean, p99: e2e.p99 },
     throughputTokPerS: lastFinish > 0 ? tokens / lastFinish : 0,
     loadImbalance: meanBusy > 0 ? Math.max(...busy) / meanBusy : 1,
     prefillTokens: engines.reduce((a, e) => a + e.prefillTokens, 0),
-    outcomes,
+    outcomes: served,
     workerBusySeconds: busy,
     loadTimeline,
+    rejected,
+    preemptions: engines.reduce((a, e) => a + e.preemptions, 0),
   };
 }

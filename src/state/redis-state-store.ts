@@ -1,7 +1,22 @@
 import { randomBytes } from 'node:crypto';
 import { Redis, type RedisOptions } from 'ioredis';
-import type { ContentAnchor } from '../core/content-anchors.js';
-import type { RouteRequest, SharedDecision } from '../core/router.js';
+import type { RouteRequest, SharedDecision } from '../core/router/index.js';
+import {
+  decodeHashes,
+  decodeLoadSnapshot,
+  decodeMessage,
+  encodeDecision,
+  encodeLoadEntry,
+  encodeWorkflow,
+  parseWorkflow,
+  RedisKeys,
+  type WireDecision,
+  type WireMessage,
+  type WireReleased,
+  type WireWorkerAdded,
+  type WireWorkerRemoved,
+} from './redis-wire.js';
+import { RemoteLoad } from './remote-load.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
 
 export interface RedisStateOptions {
@@ -22,41 +37,6 @@ export interface RedisStateOptions {
   /** A command that takes longer fails, and routing goes on without it (default 250 ms). */
   commandTimeoutMs?: number;
 }
-
-/** A decision on the wire: short keys, block hashes as base64 of (hi, lo) uint32 pairs. */
-interface WireDecision {
-  r: string;
-  k: 'd';
-  w: string;
-  h: string;
-  wf?: string;
-  s?: number | null;
-  a?: string;
-  c?: number | null;
-  ca?: ContentAnchor[];
-  /** Present when the request counts as in-flight: its uncached prompt tokens. */
-  q?: number;
-}
-/** A tracked request ended: its work leaves the worker. */
-interface WireReleased {
-  r: string;
-  k: 'rl';
-  w: string;
-  q: number;
-}
-interface WireWorkerAdded {
-  r: string;
-  k: 'wa';
-  worker: WorkerRecord;
-}
-interface WireWorkerRemoved {
-  r: string;
-  k: 'wr';
-  id: string;
-}
-type WireMessage = WireDecision | WireReleased | WireWorkerAdded | WireWorkerRemoved;
-/** In-flight requests and queued prefill tokens per worker, as one replica reported them. */
-type ReplicaLoad = Map<string, { requests: number; prefill: number; decode: number }>;
 
 interface RedisStats {
   outages: number;
@@ -100,7 +80,7 @@ export class RedisStateStore implements StateStore {
   readonly kind = 'redis';
   readonly sharesDecisions = true;
   readonly replicaId: string;
-  private readonly prefix: string;
+  private readonly keys: RedisKeys;
   private readonly channel: string;
   private readonly cmd: Redis;
   private readonly sub: Redis;
@@ -119,7 +99,7 @@ export class RedisStateStore implements StateStore {
   /** Workflows looked up and found unclaimed: the decision that follows claims them. */
   private readonly unclaimed = new Set<string>();
   /** Other replicas' in-flight work: kept current by their decision/release messages, seeded from their snapshots. */
-  private readonly remote = new Map<string, ReplicaLoad>();
+  private readonly remote = new RemoteLoad();
   private readonly counters: RedisStats = {
     outages: 0, errors: 0, resyncs: 0, decisionsPublished: 0, decisionsApplied: 0,
     decisionsUnknownWorker: 0, workflowLookups: 0, workflowClaimsLost: 0, malformedMessages: 0, replicasSeen: 0,
@@ -127,8 +107,8 @@ export class RedisStateStore implements StateStore {
 
   constructor(options: RedisStateOptions) {
     const url = parseRedisUrl(options.url);
-    this.prefix = options.prefix ?? 'contextforge:';
-    this.channel = `${this.prefix}events`;
+    this.keys = new RedisKeys(options.prefix ?? 'contextforge:');
+    this.channel = this.keys.channel;
     this.replicaId = options.replicaId ?? randomBytes(6).toString('hex');
     this.syncIntervalMs = positive(options.syncIntervalMs ?? 100, 'syncIntervalMs');
     this.workflowTtlMs = positive(options.workflowTtlMs ?? 3_600_000, 'workflowTtlMs');
@@ -183,18 +163,7 @@ export class RedisStateStore implements StateStore {
   }
 
   decisionMade(d: SharedDecision): void {
-    const wire: WireDecision = { r: this.replicaId, k: 'd', w: d.workerId, h: encodeHashes(d.hi, d.lo) };
-    if (d.workflowId !== undefined) {
-      wire.wf = d.workflowId;
-      wire.s = d.workflowStep;
-    }
-    if (d.anchor !== undefined) {
-      wire.a = d.anchor;
-      wire.c = d.claGroup;
-    }
-    if (d.contentAnchors && d.contentAnchors.length > 0) wire.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
-    if (d.tracked) wire.q = d.prefillTokens;
-    const message = JSON.stringify(wire);
+    const message = JSON.stringify(encodeDecision(this.replicaId, d));
     const chain = d.hi.length > 0 ? this.chainKey(d.workerId, d.hi[d.hi.length - 1], d.lo[d.lo.length - 1]) : undefined;
     if (chain) this.remember(chain, message);
     if (!this.up) return;
@@ -242,11 +211,11 @@ export class RedisStateStore implements StateStore {
   // ------------------------------------------------------------------------ internals
 
   private key(...parts: string[]): string {
-    return this.prefix + parts.join(':');
+    return this.keys.key(...parts);
   }
 
   private chainKey(workerId: string, hi: number, lo: number): string {
-    return this.key('chain', workerId, hi.toString(16).padStart(8, '0') + lo.toString(16).padStart(8, '0'));
+    return this.keys.chainKey(workerId, hi, lo);
   }
 
   private remember(chain: string, message: string): void {
@@ -262,7 +231,7 @@ export class RedisStateStore implements StateStore {
     const m = this.cmd.multi().publish(this.channel, message);
     if (chain) m.set(chain, message, 'PX', this.predictionTtlMs);
     if (d.anchor !== undefined) m.set(this.key('anchor', d.anchor), d.workerId, 'PX', this.workflowTtlMs);
-    const value = JSON.stringify({ w: d.workerId, s: d.workflowStep });
+    const value = encodeWorkflow(d.workerId, d.workflowStep);
     const claiming = d.workflowId !== undefined && this.unclaimed.delete(d.workflowId);
     // the first step anyone routed claims the workflow (NX): of two replicas starting it at once, the first wins
     if (claiming) m.set(this.key('wf', d.workflowId!), value, 'PX', this.workflowTtlMs, 'NX');
@@ -283,8 +252,7 @@ export class RedisStateStore implements StateStore {
   private onMessage(raw: Buffer): void {
     let msg: WireMessage;
     try {
-      msg = JSON.parse(raw.toString('utf8')) as WireMessage;
-      if (msg === null || typeof msg !== 'object' || typeof msg.r !== 'string') throw new Error('not a message');
+      msg = decodeMessage(raw);
     } catch {
       this.counters.malformedMessages++;
       return;
@@ -315,31 +283,14 @@ export class RedisStateStore implements StateStore {
   }
 
   private addRemote(replica: string, workerId: string, requests: number, prefill: number): void {
-    if (!Number.isFinite(prefill)) return;
-    let load = this.remote.get(replica);
-    if (!load) this.remote.set(replica, (load = new Map()));
-    const l = load.get(workerId) ?? { requests: 0, prefill: 0, decode: 0 };
-    l.requests = Math.max(0, l.requests + requests);
-    l.prefill = Math.max(0, l.prefill + prefill);
-    load.set(workerId, l);
-    this.applyRemote(workerId);
+    if (this.remote.add(replica, workerId, requests, prefill)) this.applyRemote(workerId);
   }
 
   /** Sums the other replicas' work on a worker into the router's view. */
   private applyRemote(workerId: string): void {
     const router = this.host!.router;
     if (!router.listWorkers().some((w) => w.id === workerId)) return;
-    let requests = 0;
-    let prefill = 0;
-    let decode = 0;
-    for (const load of this.remote.values()) {
-      const l = load.get(workerId);
-      if (!l) continue;
-      requests += l.requests;
-      prefill += l.prefill;
-      decode += l.decode;
-    }
-    router.setRemoteLoad(workerId, { inFlightRequests: requests, queuedPrefillTokens: prefill, activeDecodeTokens: decode });
+    router.setRemoteLoad(workerId, this.remote.sum(workerId));
   }
 
   private wentDown(): void {
@@ -378,7 +329,7 @@ export class RedisStateStore implements StateStore {
     const now = Date.now();
     const push = this.cmd.multi();
     for (const w of host.listWorkers()) push.hsetnx(this.key('workers'), w.id, JSON.stringify(w));
-    for (const [id, e] of router.workflowAffinities()) push.set(this.key('wf', id), JSON.stringify({ w: e.workerId, s: e.step }), 'PX', this.workflowTtlMs, 'NX');
+    for (const [id, e] of router.workflowAffinities()) push.set(this.key('wf', id), encodeWorkflow(e.workerId, e.step), 'PX', this.workflowTtlMs, 'NX');
     for (const [chain, r] of this.recent) {
       if (r.expiresAt > now) push.set(chain, r.message, 'PX', r.expiresAt - now, 'NX');
       else this.recent.delete(chain);
@@ -439,7 +390,7 @@ export class RedisStateStore implements StateStore {
       const mine: string[] = [];
       for (const w of router.listWorkers()) {
         const l = router.localLoad(w.id);
-        mine.push(w.id, `${l.inFlightRequests},${l.queuedPrefillTokens},${l.activeDecodeTokens}`);
+        mine.push(w.id, encodeLoadEntry(l.inFlightRequests, l.queuedPrefillTokens, l.activeDecodeTokens));
       }
       const loadKey = this.key('load', this.replicaId);
       const m = this.cmd.multi().zadd(this.key('replicas'), String(now), this.replicaId).zremrangebyscore(this.key('replicas'), '-inf', now - ttl).del(loadKey);
@@ -448,24 +399,13 @@ export class RedisStateStore implements StateStore {
       const res = await m.exec();
       const replicas = ((res?.[res.length - 1]?.[1] as string[] | undefined) ?? []).filter((r) => r !== this.replicaId);
       this.counters.replicasSeen = replicas.length + 1;
-      const alive = new Set(replicas);
-      let changed = false;
-      for (const r of this.remote.keys()) {
-        if (!alive.has(r)) {
-          this.remote.delete(r); // stopped heartbeating: its requests are gone with it
-          changed = true;
-        }
-      }
+      // replicas that stopped heartbeating: their requests are gone with them
+      let changed = this.remote.retain(new Set(replicas));
       // replicas not heard from yet (joined, or after an outage) start from their snapshot
       const fresh = replicas.filter((r) => !this.remote.has(r));
       const snapshots = await Promise.all(fresh.map((r) => this.cmd.hgetall(this.key('load', r))));
       fresh.forEach((r, i) => {
-        const load: ReplicaLoad = new Map();
-        for (const [id, v] of Object.entries(snapshots[i])) {
-          const [requests, prefill, decode] = v.split(',').map(Number);
-          if ([requests, prefill, decode].every((x) => Number.isFinite(x) && x >= 0)) load.set(id, { requests, prefill, decode });
-        }
-        if (!this.remote.has(r)) this.remote.set(r, load);
+        this.remote.seed(r, decodeLoadSnapshot(snapshots[i]));
         changed = true;
       });
       if (changed) for (const w of router.listWorkers()) this.applyRemote(w.id);
@@ -475,7 +415,6 @@ export class RedisStateStore implements StateStore {
       this.syncing = false;
     }
   }
-
 }
 
 function positive(v: number, name: string): number {
@@ -501,37 +440,4 @@ export function parseRedisUrl(spec: string): Pick<RedisOptions, 'host' | 'port' 
     username: u.username ? decodeURIComponent(u.username) : undefined,
     password: u.password ? decodeURIComponent(u.password) : undefined,
   };
-}
-
-function parseWorkflow(value: string): { w: string; s: number | null } | undefined {
-  try {
-    const v = JSON.parse(value) as { w?: unknown; s?: unknown };
-    if (typeof v.w !== 'string') return undefined;
-    return { w: v.w, s: typeof v.s === 'number' ? v.s : null };
-  } catch {
-    return undefined;
-  }
-}
-
-function encodeHashes(hi: Uint32Array, lo: Uint32Array): string {
-  const pairs = new Uint32Array(hi.length * 2);
-  for (let i = 0; i < hi.length; i++) {
-    pairs[2 * i] = hi[i];
-    pairs[2 * i + 1] = lo[i];
-  }
-  return Buffer.from(pairs.buffer, pairs.byteOffset, pairs.byteLength).toString('base64');
-}
-
-function decodeHashes(b64: string): { hi: Uint32Array; lo: Uint32Array } {
-  if (typeof b64 !== 'string') throw new TypeError('hashes must be base64');
-  const buf = Buffer.from(b64, 'base64');
-  if (buf.length % 8 !== 0) throw new RangeError('hashes must be (hi, lo) uint32 pairs');
-  const n = buf.length / 8;
-  const hi = new Uint32Array(n);
-  const lo = new Uint32Array(n);
-  for (let i = 0; i < n; i++) {
-    hi[i] = buf.readUInt32LE(8 * i);
-    lo[i] = buf.readUInt32LE(8 * i + 4);
-  }
-  return { hi, lo };
 }

@@ -1,4 +1,4 @@
-import type { KVAwareRouter, RouteRequest, SharedDecision } from '../core/router.js';
+import type { KVAwareRouter, RouteRequest, SharedDecision } from '../core/router/index.js';
 
 /** A worker as the gateway takes it and the replicas share it. */
 export interface WorkerRecord {

@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 
 // Produced by scripts/gen-seed-fixture.py from the seed itself (python3 on
-// ../shared/seed/kv_aware_router.py); regenerate with `npm run seed-fixture`.
+// reference/seed/kv_aware_router.py); regenerate with `npm run seed-fixture`.
 interface Op {
   op: 'register' | 'select' | 'update' | 'broadcast' | 'get' | 'stats';
   worker?: string;

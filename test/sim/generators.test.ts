@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 import { computeBounds } from '../../src/sim/bounds.js';
-import { loadRagpulse } from '../../src/sim/ragpulse.js';
+import { loadRagpulse, prefixBlockIds } from '../../src/sim/ragpulse.js';
 import { simulate } from '../../src/sim/simulator.js';
 import { generateWorkflowTrace } from '../../src/sim/workflows.js';
 
@@ -25,18 +25,19 @@ test('workflow continuity: cost keeps more steps of a workflow on one worker tha
   const trace = generateWorkflowTrace({ workflows: 80, seed: 9 });
   const continuity = (policy: string) => {
     const r = simulate(trace, { workers: 4, policy });
+    const workerOf = new Map(r.outcomes.map((o) => [o.request, o.worker]));
     let same = 0;
     let steps = 0;
     const last = new Map<string, number>();
     for (const req of [...trace].sort((x, y) => x.timestamp - y.timestamp)) {
-      const o = r.outcomes[trace.indexOf(req)];
+      const worker = workerOf.get(req.index)!;
       if (req.isolate) continue;
       const prev = last.get(req.sessionId!);
       if (prev !== undefined) {
         steps++;
-        if (prev === o.worker) same++;
+        if (prev === worker) same++;
       }
-      last.set(req.sessionId!, o.worker);
+      last.set(req.sessionId!, worker);
     }
     return same / steps;
   };
@@ -55,7 +56,26 @@ test('RAGPulse: prefix blocks from system prompt and history, passages as conten
   // requests sharing a system prompt share their first blocks
   const firsts = new Set(t.map((r) => r.hashIds[0]));
   assert.ok(firsts.size < t.length);
+  // only full blocks of the system prompt and history: user input and web text never count
+  // as cached (the prefix blocks stay within the prompt less its passages, web text and input)
+  for (const r of t) {
+    const passages = r.anchors!.reduce((a, x) => a + x.tokens, 0);
+    assert.ok(r.hashIds.length * 64 <= r.inputLength - passages, `request ${r.index}`);
+  }
   // with content anchors, the bound counts passages seen before
   const b = computeBounds(t);
   assert.ok(b.infiniteCacheHitRate > 0 && b.infiniteCacheHitRate < 1);
+});
+
+test('RAGPulse prefix blocks: full 64-token blocks of the system-prompt + history stream, chained', () => {
+  const lengths = { sys_prompt: new Map([[1, 100]]), history: new Map([[7, 50], [8, 50]]) };
+  const a = prefixBlockIds({ sys_prompt: [1], history: [7] }, lengths, 64);
+  const b = prefixBlockIds({ sys_prompt: [1], history: [8] }, lengths, 64);
+  const c = prefixBlockIds({ sys_prompt: [1] }, lengths, 64);
+  assert.equal(a.length, 2); // 150 tokens: 2 full blocks, the last 22 tokens are not cached
+  assert.equal(c.length, 1); // 100 tokens: 1 full block
+  assert.equal(a[0], b[0]);
+  assert.equal(a[0], c[0]);
+  assert.notEqual(a[1], b[1], 'block 1 spans the system prompt and a different history chunk');
+  assert.ok(a.every((id) => Number.isSafeInteger(id) && id >= 0));
 });

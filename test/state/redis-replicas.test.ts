@@ -5,7 +5,7 @@ import { createServer } from 'node:net';
 import { after, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
-import { KVAwareRouter } from '../../src/core/router.js';
+import { KVAwareRouter } from '../../src/core/router/index.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { generateWorkflowTrace, promptText } from '../../src/sim/workflows.js';

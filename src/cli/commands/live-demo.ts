@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { setMaxListeners } from 'node:events';
-import { KVAwareRouter } from '../../core/router.js';
+import { KVAwareRouter } from '../../core/router/index.js';
 import { KvEventApplier } from '../../engines/kv-events/applier.js';
 import { KvEventSubscriber } from '../../engines/kv-events/subscriber.js';
 import { MockEngine } from '../../engines/mock-engine.js';

@@ -12,16 +12,17 @@ export function registerMockEngineCommand(program: Command): void {
     .option('--model <name>', 'model name served', 'mock')
     .option('--block-size <n>', 'tokens per KV block', intOption('--block-size', 1), 16)
     .option('--kv-blocks <n>', 'KV cache capacity in blocks', intOption('--kv-blocks', 1), 4096)
+    .option('--max-model-len <n>', 'longest request (prompt + max_tokens) served; longer ones get HTTP 400 (default 131072, capped by the KV)', intOption('--max-model-len', 1))
     .option('--events <endpoint>', 'bind a KV-event PUB socket here (e.g. tcp://127.0.0.1:5557)')
     .option('--replay <endpoint>', 'bind the KV-event replay ROUTER socket here')
     .option('--prefill-tok-s <n>', 'prefill speed, tokens/s', positiveNumberOption('--prefill-tok-s'), 20_000)
     .option('--decode-tok-s <n>', 'decode speed per request, tokens/s', positiveNumberOption('--decode-tok-s'), 200)
     .option('--tokenizer <path>', "the model's tokenizer.json (or its directory, with tokenizer_config.json); default: a word-level mock tokenizer")
-    .action(async (o: { port: number; host: string; model: string; blockSize: number; kvBlocks: number; events?: string; replay?: string; prefillTokS: number; decodeTokS: number; tokenizer?: string }) => {
+    .action(async (o: { port: number; host: string; model: string; blockSize: number; kvBlocks: number; events?: string; replay?: string; prefillTokS: number; decodeTokS: number; tokenizer?: string; maxModelLen?: number }) => {
       if (o.replay && !o.events) throw new RangeError('--replay needs --events');
       const tokenizer = o.tokenizer === undefined ? undefined : ChatTokenizer.load(o.tokenizer);
       const engine = await new MockEngine({
-        port: o.port, host: o.host, model: o.model, blockSize: o.blockSize, kvBlocks: o.kvBlocks,
+        port: o.port, host: o.host, model: o.model, blockSize: o.blockSize, kvBlocks: o.kvBlocks, maxModelLen: o.maxModelLen,
         events: o.events, replay: o.replay, prefillTokS: o.prefillTokS, decodeTokS: o.decodeTokS, tokenizer,
       }).start();
       process.stderr.write(

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { parse as parseYaml } from 'yaml';
 import { POLICY_NAMES } from '../../core/policies/index.js';
-import { KVAwareRouter } from '../../core/router.js';
+import { KVAwareRouter } from '../../core/router/index.js';
 import { createGateway, type GatewayWorker } from '../../server/gateway.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { createStateStore } from '../../state/create-state-store.js';

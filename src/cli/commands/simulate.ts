@@ -5,7 +5,7 @@ import { POLICY_NAMES } from '../../core/policies/index.js';
 import { assignmentLines, comparePolicies, policyVariant, type ComparisonReport } from '../../sim/compare.js';
 import { loadTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
-import { intOption, positiveNumberOption } from '../options.js';
+import { fractionOption, intOption, positiveNumberOption } from '../options.js';
 
 interface SimulateFlags {
   trace: string;
@@ -16,6 +16,8 @@ interface SimulateFlags {
   report?: string;
   assignments?: string;
   kvTokens?: number;
+  maxModelLen?: number;
+  blendRecompute: number;
   eventDelayMs: number;
   scrapeIntervalMs: number;
   progress: boolean;
@@ -25,12 +27,14 @@ export function registerSimulateCommand(program: Command): void {
   program
     .command('simulate')
     .description('replay a trace on a simulated cluster, every policy on the same requests')
-    .requiredOption('--trace <file>', 'Mooncake JSONL trace (.jsonl or .jsonl.gz)')
+    .requiredOption('--trace <file>', 'Mooncake JSONL trace (.jsonl or .jsonl.gz), a RAGPulse directory, workflows:N[:SEED] or agentic:N[:SEED]')
     .option('--workers <n>', 'engines in the cluster', intOption('--workers', 1), 8)
     .option('--policies <list>', 'comma-separated policies (NAME-prefix-only: content anchors not scored)', 'cost,seed,dynamo,sglang,llmd,round-robin')
     .option('--speed <x>', 'arrival-rate multiplier', positiveNumberOption('--speed'), 1)
     .option('--format <table|json>', 'output format', 'table')
     .option('--kv-tokens <n>', 'KV capacity of each engine in tokens (default 300000)', intOption('--kv-tokens', 1))
+    .option('--max-model-len <n>', 'longest request (prompt + output) an engine serves; longer ones are rejected (default 131072, capped by --kv-tokens)', intOption('--max-model-len', 1))
+    .option('--blend-recompute <f>', 'fraction of a reused content anchor recomputed (CacheBlend-style)', fractionOption('--blend-recompute'), 0.15)
     .option('--event-delay-ms <n>', 'delay of KV events from engine to router', intOption('--event-delay-ms', 0), 50)
     .option('--scrape-interval-ms <n>', 'interval of load scrapes', intOption('--scrape-interval-ms', 1), 200)
     .option('--report <file>', 'write a self-contained HTML report')
@@ -52,7 +56,11 @@ export function registerSimulateCommand(program: Command): void {
           speed: flags.speed,
           eventDelayMs: flags.eventDelayMs,
           scrapeIntervalMs: flags.scrapeIntervalMs,
-          engine: flags.kvTokens ? { kvTokens: flags.kvTokens } : undefined,
+          engine: {
+            ...(flags.kvTokens !== undefined ? { kvTokens: flags.kvTokens } : {}),
+            ...(flags.maxModelLen !== undefined ? { maxModelLen: flags.maxModelLen } : {}),
+            blendRecompute: flags.blendRecompute,
+          },
           onProgress: (done) => bar?.update(done, { policy: policyName }),
         },
         (policy, i) => {
@@ -95,6 +103,7 @@ export function renderTable(r: ComparisonReport): string {
     p.e2e.p99.toFixed(2),
     String(p.throughputTokPerS),
     p.loadImbalance.toFixed(3),
+    String(p.rejected),
   ]);
-  return head + formatTable(['policy', 'hit rate', 'TTFT mean s', 'p50', 'p90', 'p99', 'e2e mean s', 'e2e p99', 'tok/s', 'imbalance'], rows) + '\n';
+  return head + formatTable(['policy', 'hit rate', 'TTFT mean s', 'p50', 'p90', 'p99', 'e2e mean s', 'e2e p99', 'tok/s', 'imbalance', 'rejected'], rows) + '\n';
 }

@@ -6,7 +6,7 @@ export const SEED_LOCALITY_MAX_LOAD = 0.95;
 export const SEED_CLA_MAX_LOAD = 0.8;
 
 /**
- * ContextForge V4.0's rule, exactly (../shared/seed/kv_aware_router.py, `select_worker`):
+ * ContextForge V4.0's rule, exactly (reference/seed/kv_aware_router.py, `select_worker`):
  * 1. the anchor's home worker while its load < 0.95 (confidence 0.9);
  * 2. else the first worker in registration order serving the CLA group with load < 0.8 (0.75);
  * 3. else the least-loaded worker, the earliest registered winning ties (0.5).

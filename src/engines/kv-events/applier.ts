@@ -1,5 +1,5 @@
 import { BlockHashes, chainRoot, hashTokenBlocksFrom } from '../../core/hashing.js';
-import type { KVAwareRouter } from '../../core/router.js';
+import type { KVAwareRouter } from '../../core/router/index.js';
 import type { EngineBlockHash, KvEvent, KvEventBatch } from './decode.js';
 
 /**

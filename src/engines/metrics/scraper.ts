@@ -1,6 +1,6 @@
-import type { KVAwareRouter } from '../../core/router.js';
+import type { KVAwareRouter } from '../../core/router/index.js';
 import type { WorkerHealth } from '../health.js';
-import { recordOutcome, Rounds, type CheckStreak } from '../rounds.js';
+import { recordOutcome, PollLoop, type CheckStreak } from '../poll-loop.js';
 import { readEngineLoad, type EngineLoad } from './prometheus.js';
 
 /**
@@ -34,7 +34,7 @@ export interface TargetState extends CheckStreak {
 export class MetricsScraper {
   private readonly states = new Map<string, TargetState>();
   private readonly targets = new Map<string, MetricsTarget>();
-  private readonly rounds: Rounds;
+  private readonly pollLoop: PollLoop;
   private readonly timeoutMs: number;
   private readonly failuresToUnhealthy: number;
   private readonly successesToHealthy: number;
@@ -46,7 +46,7 @@ export class MetricsScraper {
   ) {
     const intervalMs = options.intervalMs ?? 1000;
     this.timeoutMs = options.timeoutMs ?? Math.min(2000, intervalMs);
-    this.rounds = new Rounds(() => this.scrapeAll(), intervalMs);
+    this.pollLoop = new PollLoop(() => this.scrapeAll(), intervalMs);
     this.failuresToUnhealthy = options.failuresToUnhealthy ?? 3;
     this.successesToHealthy = options.successesToHealthy ?? 2;
     for (const t of targets) this.add(t);
@@ -67,12 +67,12 @@ export class MetricsScraper {
   }
 
   start(): this {
-    this.rounds.start();
+    this.pollLoop.start();
     return this;
   }
 
   stop(): void {
-    this.rounds.stop();
+    this.pollLoop.stop();
   }
 
   /** One round over every target (also what start() repeats). */

@@ -1,8 +1,14 @@
 /**
+ * The polling shared by the health checker and the metrics scraper: a loop that runs one
+ * round over every worker at a fixed interval, and the hysteresis that turns a worker's
+ * check outcomes into a verdict that does not flap.
+ */
+
+/**
  * Runs `round` now and then again `intervalMs` after each round ends (never two at once), on
  * unref'd timers so a poller never keeps the process alive by itself.
  */
-export class Rounds {
+export class PollLoop {
   private timer: NodeJS.Timeout | undefined;
 
   constructor(

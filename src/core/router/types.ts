@@ -1,0 +1,191 @@
+/**
+ * The router's public types: what route() takes and returns, what a decision shares with
+ * other replicas, and what the stats and the seed's API report. Kept apart from the class so
+ * that callers (gateway, state store, tokenizer) depend on the shapes, not the implementation.
+ */
+import type { ContentAnchor } from '../content-anchors.js';
+import type { BlockIndexStats } from '../block-index.js';
+import type { ChatMessage } from '../hashing.js';
+import type { RouteReason } from '../policies/types.js';
+
+/**
+ * How the block index learns what workers hold. `precise`: from the engines' KV events
+ * (applyStored / applyRemoved / applyCleared), plus short-lived speculative entries for each
+ * decision. `approximate`: from the router's own decisions, expiring after a TTL.
+ */
+export type IndexMode = 'precise' | 'approximate';
+
+/** A request as route() takes it: one way to name its prompt, plus metadata. */
+export interface RouteRequest {
+  /** Prompt token ids (hashed per block of blockSize). */
+  tokens?: ArrayLike<number>;
+  /** Prompt text (completions), hashed in text mode. */
+  text?: string;
+  /** Chat messages, hashed in text mode over the canonical text of all of them. */
+  messages?: readonly ChatMessage[];
+  /** Precomputed, already prefix-chained block ids (e.g. a trace's hash_ids). */
+  blockHashes?: ArrayLike<number | bigint>;
+  /** Tokens per precomputed block (default blockSize). */
+  blockTokens?: number;
+  /** Prompt length in tokens when it cannot be read off `tokens`. */
+  promptTokens?: number;
+  /** Expected output tokens (for decode load); default 0. */
+  outputTokens?: number;
+  /** Position-independent chunks the prompt contains. */
+  contentAnchors?: readonly ContentAnchor[];
+  /** A seed-style opaque anchor (what selectWorker routes on). */
+  anchor?: string;
+  claGroup?: number | null;
+  workflowId?: string;
+  workflowStep?: number | null;
+  agentRole?: string;
+  /** Never reuse other requests' KV: overlap is ignored and a private cache salt is set. */
+  isolate?: boolean;
+  lora?: string;
+  cacheSalt?: string;
+}
+
+export interface RouteOptions {
+  /** List every candidate's score terms in the result (allocates; off on the hot path). */
+  explain?: boolean;
+  /** Count the request as in-flight on the chosen worker until release() (default true). */
+  track?: boolean;
+  /** Decide without changing any state (the /v1/route dry run). */
+  dryRun?: boolean;
+  /** Time in ms (default: the router's clock). */
+  now?: number;
+  /** Workers not to choose this time (e.g. one that just failed the request). */
+  exclude?: ReadonlySet<string>;
+  /** Put what the decision recorded in `result.shared`, for other router replicas (allocates). */
+  share?: boolean;
+}
+
+/**
+ * What a routing decision taught the router, in a form another router replica can apply with
+ * applySharedDecision(): the blocks recorded on the worker, the workflow's step and anchors.
+ */
+export interface SharedDecision {
+  workerId: string;
+  /** Hashes of the blocks recorded on the worker (high and low halves), in prompt order. */
+  hi: Uint32Array;
+  lo: Uint32Array;
+  workflowId?: string;
+  workflowStep: number | null;
+  anchor?: string;
+  claGroup: number | null;
+  contentAnchors?: readonly ContentAnchor[];
+  /** Uncached prompt tokens the decision queued on the worker (0 when not tracked). */
+  prefillTokens: number;
+  tracked: boolean;
+}
+
+/** In-flight work on a worker, as one router replica counts it. */
+export interface InFlightLoad {
+  inFlightRequests: number;
+  queuedPrefillTokens: number;
+  activeDecodeTokens: number;
+}
+
+export interface CandidateExplain {
+  worker: string;
+  chosen: boolean;
+  overlapBlocks: number;
+  offloadBlocks: number;
+  predictedBlocks: number;
+  anchorTokens: number;
+  cachedTokens: number;
+  kvUsage: number;
+  queuedPrefillTokens: number;
+  activeDecodeTokens: number;
+  inFlightRequests: number;
+  servesCla: boolean;
+  continuity: boolean;
+  terms: Record<string, number | boolean>;
+}
+
+export interface RouteResult {
+  /** '' when no worker can take the request. */
+  workerId: string;
+  /** Prompt tokens predicted to be cached on the chosen worker. */
+  cachedTokens: number;
+  promptTokens: number;
+  /** 0-1 (see RouteDecision). */
+  confidence: number;
+  policy: string;
+  reason: RouteReason;
+  /** Full blocks the prompt was cut into. */
+  blocks: number;
+  /** Set for isolated requests: pass it to the engine as `cache_salt`. */
+  cacheSalt?: string;
+  /** With RouteOptions.share: what this decision recorded, for other replicas. */
+  shared?: SharedDecision;
+  /** Handle for markPrefillDone()/release(); 0 when not tracked. */
+  ticket: number;
+  explain?: CandidateExplain[];
+  preRope: true;
+}
+
+export interface SelectWorkerOptions {
+  claGroup?: number | null;
+  workflowStep?: number | null;
+  /** Prompt length in tokens; with recorded blocks it sharpens the cached-fraction estimate. */
+  tokenLength?: number;
+  /** Identifies a multi-agent workflow; consecutive steps prefer the same worker. */
+  workflowId?: string;
+}
+
+export interface UpdateWorkerStateOptions {
+  claGroup?: number | null;
+  workflowStep?: number | null;
+}
+
+/** Engine-reported load (from /metrics). Omitted fields keep their values. */
+export interface WorkerMetrics {
+  kvUsage?: number;
+  waitingRequests?: number;
+  runningRequests?: number;
+}
+
+/** The seed's RouteDecision. INVARIANT 10: decisions are made on metadata; preRope is always true. */
+export interface RouteDecision {
+  /** '' when no worker can take the request. */
+  targetWorkerId: string;
+  anchorHash: string;
+  claGroup: number | null;
+  /** 0-1. Seed: 0.9 / 0.75 / 0.5 by rule. Others: estimated fraction of the KV already on the worker. */
+  confidence: number;
+  preRope: true;
+}
+
+export interface WorkerLoadStats {
+  /** Rounded to 3 decimals, as the seed. */
+  load: number;
+  claGroups: number;
+  activeBlocks: number;
+}
+
+export interface RouterStats {
+  numWorkers: number;
+  anchorsTracked: number;
+  claAffinityEnabled: boolean;
+  anchorLocalityEnabled: boolean;
+  workerLoads: Record<string, WorkerLoadStats>;
+  policy: string;
+  indexMode: IndexMode;
+  anchorCapacity: number;
+  anchorEvictions: number;
+  workflowsTracked: number;
+  contentAnchorsTracked: number;
+  drainingWorkers: string[];
+  inFlightRequests: number;
+  /** Decisions made so far, by the rule that made them. */
+  decisionsByReason: Partial<Record<RouteReason, number>>;
+  index: BlockIndexStats;
+}
+
+/** Blocks hashed into a block sequence: what applyStored/applyRemoved take. */
+export interface BlockSequence {
+  readonly hi: ArrayLike<number>;
+  readonly lo: ArrayLike<number>;
+  readonly length: number;
+}

@@ -1,0 +1,101 @@
+/**
+ * The /admin API as a Fastify plugin: list, add, remove, drain and resume workers, router
+ * stats, and KV events posted as JSON (for engines that cannot publish over ZeroMQ). Every
+ * route needs the admin token, from a same-site `application/json` request (admin-auth.ts);
+ * being on loopback grants nothing.
+ */
+import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
+import type { KVAwareRouter } from '../core/router/index.js';
+import type { WorkerHealth } from '../engines/health.js';
+import type { KvEventApplier } from '../engines/kv-events/applier.js';
+import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decode.js';
+import type { StateStore, WorkerRecord } from '../state/state-store.js';
+import { adminRequestProblem, type AdminToken } from './admin-auth.js';
+import { openAiError } from './openai-request.js';
+import { clientMessage } from './request-limits.js';
+import { redactUrl } from './worker-input.js';
+import type { WorkerConnections } from './worker-connections.js';
+
+export interface AdminRoutesOptions {
+  router: KVAwareRouter;
+  connections: WorkerConnections;
+  health: WorkerHealth;
+  state: StateStore;
+  applier: KvEventApplier;
+  /** The admin bearer token. */
+  adminToken: AdminToken;
+  /** Adds a worker here and in the shared state. */
+  addWorker(w: WorkerRecord): void;
+  /** Removes a worker here and from the shared state; false when unknown. */
+  removeWorker(id: string): boolean;
+}
+
+export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin, options) => {
+  const { router, connections, health, state, applier, addWorker, removeWorker } = options;
+  admin.addHook('onRequest', requireAdmin(options.adminToken));
+  admin.get('/admin/workers', async () => ({
+    workers: router.listWorkers().map((w) => {
+      const c = connections.get(w.id);
+      return {
+        id: w.id, url: c ? redactUrl(c.record.url) : undefined, healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
+        models: c?.record.models ?? null, kvEvents: c?.subscriber?.stats ?? null,
+        inFlightRequests: w.inFlightRequests, waitingRequests: w.waitingRequests, runningRequests: w.runningRequests,
+        indexEntries: router.index.entriesFor(w.slot), claGroups: [...w.claGroups],
+      };
+    }),
+  }));
+  admin.post('/admin/workers', async (req, reply) => {
+    const b = req.body as Partial<WorkerRecord> | null;
+    if (!b || typeof b !== 'object' || typeof b.id !== 'string' || b.id === '' || typeof b.url !== 'string') return openAiError(reply, 400, 'a worker needs a string id and url');
+    const unknown = Object.keys(b).find((k) => !WORKER_FIELDS.includes(k));
+    if (unknown !== undefined) return openAiError(reply, 400, `unknown field '${unknown.slice(0, 64)}' (known: ${WORKER_FIELDS.join(', ')})`, unknown.slice(0, 64));
+    if (connections.has(b.id)) return openAiError(reply, 409, `worker '${b.id}' exists`);
+    try {
+      addWorker({ id: b.id, url: b.url, claGroups: b.claGroups, models: b.models, events: b.events, replay: b.replay, metrics: b.metrics, apiKeyEnv: b.apiKeyEnv });
+    } catch (err) {
+      if (err instanceof RangeError || err instanceof TypeError) return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'));
+      throw err;
+    }
+    return reply.code(201).send({ id: b.id });
+  });
+  admin.delete('/admin/workers/:id', async (req, reply) => {
+    const { id } = req.params as { id: string };
+    return removeWorker(id) ? { removed: id } : openAiError(reply, 404, `no worker '${id}'`);
+  });
+  admin.post('/admin/workers/:id/drain', async (req, reply) => {
+    const { id } = req.params as { id: string };
+    if (!connections.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
+    router.drainWorker(id);
+    return { draining: id };
+  });
+  admin.post('/admin/workers/:id/resume', async (req, reply) => {
+    const { id } = req.params as { id: string };
+    if (!connections.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
+    router.resumeWorker(id);
+    return { resumed: id };
+  });
+  admin.get('/admin/stats', async () => ({ ...router.getStats(), state: state.stats() }));
+  // KV events as JSON, for engines that cannot publish over ZeroMQ: vLLM's field names
+  admin.post('/admin/events', async (req, reply) => {
+    const b = req.body as { worker?: unknown; events?: unknown } | null;
+    if (!b || typeof b.worker !== 'string' || !connections.has(b.worker)) return openAiError(reply, 400, 'events need the id of a known worker in "worker"', 'worker');
+    try {
+      const batch = decodeJsonEvents(b.events);
+      return { applied: applier.apply(b.worker, batch) };
+    } catch (err) {
+      if (err instanceof KvEventFormatError) return openAiError(reply, 400, err.message, 'events');
+      throw err;
+    }
+  });
+};
+
+const WORKER_FIELDS = ['id', 'url', 'claGroups', 'models', 'events', 'replay', 'metrics', 'apiKeyEnv'];
+
+/** An onRequest hook for the admin endpoints (and /v1/route unless it is public). */
+export function requireAdmin(token: AdminToken) {
+  return async (req: FastifyRequest, reply: FastifyReply) => {
+    const problem = adminRequestProblem(req.method, req.headers);
+    if (problem) return openAiError(reply, problem.status, problem.message);
+    if (!token.matches(req.headers.authorization)) return openAiError(reply, 401, 'this endpoint needs the admin token (Authorization: Bearer TOKEN)');
+  };
+}

@@ -1,0 +1,67 @@
+/**
+ * The gateway's Prometheus metrics: one prom-client registry per gateway (several gateways in
+ * one process, as in tests and replicas, do not share counters) and the metric objects the
+ * request path updates. Worker gauges read the router when scraped, so nothing updates them.
+ * Metric names and labels are part of the operator-facing contract: keep them stable.
+ */
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { KVAwareRouter } from '../core/router/index.js';
+
+export interface GatewayMetrics {
+  registry: Registry;
+  /** Requests by path and status. */
+  requests: Counter<'path' | 'status'>;
+  /** Routing decisions by policy and reason. */
+  decisions: Counter<'policy' | 'reason'>;
+  cachedTokens: Counter;
+  promptTokens: Counter;
+  /** Requests retried on another worker, by the worker that failed. */
+  retries: Counter<'worker'>;
+  /** Time to the first upstream byte. */
+  ttft: Histogram;
+  latency: Histogram;
+  /** Connection failures and 5xx before the first byte, per worker (what opens a breaker). */
+  upstreamFailures: Counter<'worker'>;
+}
+
+export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
+  const registry = new Registry();
+  const registers = [registry];
+  const requests = new Counter({ name: 'contextforge_requests_total', help: 'Requests by path and status.', labelNames: ['path', 'status'] as const, registers });
+  const decisions = new Counter({ name: 'contextforge_route_decisions_total', help: 'Routing decisions by policy and reason.', labelNames: ['policy', 'reason'] as const, registers });
+  const cachedTokens = new Counter({ name: 'contextforge_predicted_cached_tokens_total', help: 'Prompt tokens predicted cached on the chosen worker.', registers });
+  const promptTokens = new Counter({ name: 'contextforge_prompt_tokens_total', help: 'Prompt tokens routed (estimated in text mode).', registers });
+  const retries = new Counter({ name: 'contextforge_upstream_retries_total', help: 'Requests retried on another worker.', labelNames: ['worker'] as const, registers });
+  const ttft = new Histogram({ name: 'contextforge_time_to_first_byte_seconds', help: 'Time to the first upstream byte, as the router sees it.', buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30], registers });
+  const latency = new Histogram({ name: 'contextforge_request_duration_seconds', help: 'Request duration through the router.', buckets: [0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120], registers });
+  new Gauge({
+    name: 'contextforge_worker_kv_usage',
+    help: 'KV-cache usage per worker, as last reported.',
+    labelNames: ['worker'],
+    registers,
+    collect() {
+      this.reset();
+      for (const w of router.listWorkers()) this.set({ worker: w.id }, w.load);
+    },
+  });
+  new Gauge({
+    name: 'contextforge_worker_in_flight',
+    help: "The router's in-flight requests per worker.",
+    labelNames: ['worker'],
+    registers,
+    collect() {
+      this.reset();
+      for (const w of router.listWorkers()) this.set({ worker: w.id }, w.inFlightRequests);
+    },
+  });
+  new Gauge({
+    name: 'contextforge_index_entries',
+    help: '(block, worker) entries in the block index.',
+    registers,
+    collect() {
+      this.set(router.index.entryCount);
+    },
+  });
+  const upstreamFailures = new Counter({ name: 'contextforge_upstream_failures_total', help: 'Connection failures and 5xx before the first byte, per worker.', labelNames: ['worker'] as const, registers });
+  return { registry, requests, decisions, cachedTokens, promptTokens, retries, ttft, latency, upstreamFailures };
+}

@@ -1,0 +1,110 @@
+/**
+ * Reading OpenAI requests: the JSON body parser (nesting depth checked before parsing; the raw
+ * body is kept so an unchanged request is forwarded byte for byte), the translation of the body
+ * plus ContextForge's metadata (the `contextforge` field or the x-* headers of DESIGN.md §5)
+ * into a RouteRequest under the limits of request-limits.ts, the tenant's cache salt, prompt
+ * tokenization by the configured mode, and OpenAI-style JSON error answers.
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { RouteRequest } from '../core/router/index.js';
+import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
+import { tenantCacheSalt } from './api-keys.js';
+import { clientMessage, parseJsonBody, readRouteRequest, RequestLimitError, type ReadRequest, type RequestLimits } from './request-limits.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** The body as received: forwarded as is when the router changes nothing in it (no re-serialisation). */
+    rawBody?: string;
+    /** The tenant of the request's API key (with --api-keys-file). */
+    tenant?: string;
+  }
+}
+
+export type OpenAiPath = '/v1/completions' | '/v1/chat/completions';
+
+/** Answers with an OpenAI-style error body. */
+export function openAiError(reply: FastifyReply, status: number, message: string, param: string | null = null, code: string | null = null): FastifyReply {
+  const type = status >= 500 ? 'server_error' : status === 401 ? 'authentication_error' : 'invalid_request_error';
+  return reply.code(status).send({ error: { message, type, param, code } });
+}
+
+/**
+ * JSON bodies are parsed once and kept as received, so an unchanged body is forwarded
+ * without serialising it again; clients that send JSON without saying so (curl -d) are
+ * read as JSON too. The nesting depth is checked before parsing: a 10,000-deep body is a
+ * 400, not a stack overflow. JSON.parse makes "__proto__" an own key, never the prototype.
+ */
+export function useJsonBodies(app: FastifyInstance, maxJsonDepth: number): void {
+  app.decorateRequest('rawBody', undefined);
+  app.decorateRequest('tenant', undefined);
+  const parseJson = (req: FastifyRequest, body: string | Buffer, done: (err: Error | null, body?: unknown) => void) => {
+    if (body === '') return done(null, undefined);
+    try {
+      const parsed: unknown = parseJsonBody(body as string, maxJsonDepth);
+      req.rawBody = body as string;
+      done(null, parsed);
+    } catch (err) {
+      done(err instanceof RequestLimitError ? err : Object.assign(new Error('the body is not valid JSON'), { statusCode: 400 }), undefined);
+    }
+  };
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson);
+  app.addContentTypeParser('*', { parseAs: 'string' }, parseJson);
+}
+
+/** A request read for routing: what to route on, the body to forward, and whether that body is the one received. */
+export type ParsedRequest = ReadRequest;
+
+export interface RequestReaderOptions {
+  /** How prompts are hashed (see GatewayOptions.tokenize). */
+  tokenize: 'text' | 'tokenizer' | 'engine';
+  promptTokenizer?: PromptTokenizer;
+  /** Token ids from an engine's /tokenize; undefined when none answers (text mode then). */
+  tokenizeOnEngine: (r: RouteRequest) => Promise<number[] | undefined>;
+  /** Limits on what the client controls. */
+  limits: RequestLimits;
+}
+
+/**
+ * Returns a reader of requests into what to route on (token ids when the tokenize mode gives
+ * them) and the body to forward; it answers a 4xx and returns undefined when the request is
+ * malformed. A tenant's requests get the tenant's cache salt: the engine keys its cache on it,
+ * the router its block hashes, so tenants never share KV.
+ */
+export function createRequestReader(options: RequestReaderOptions) {
+  const { tokenize: tokenizeMode, promptTokenizer, tokenizeOnEngine, limits } = options;
+  return async (path: string, req: FastifyRequest, reply: FastifyReply): Promise<ParsedRequest | undefined> => {
+    let parsed: ParsedRequest;
+    try {
+      parsed = readRouteRequest(path, req.body, req.headers, limits);
+    } catch (err) {
+      if (err instanceof RequestLimitError) {
+        void openAiError(reply, err.status, err.message, err.param);
+        return undefined;
+      }
+      throw err;
+    }
+    if (req.tenant !== undefined) {
+      const salt = tenantCacheSalt(req.tenant, parsed.routeRequest.cacheSalt);
+      parsed.routeRequest.cacheSalt = salt;
+      parsed.body.cache_salt = salt;
+      parsed.unchanged = false;
+    }
+    if (tokenizeMode === 'engine') {
+      const tokens = await tokenizeOnEngine(parsed.routeRequest);
+      if (tokens) parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
+    } else if (tokenizeMode === 'tokenizer' && !parsed.routeRequest.tokens) {
+      try {
+        const tokens = promptTokenizer!.tokenize(parsed.routeRequest);
+        parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
+      } catch (err) {
+        // a template that rejects the conversation (roles out of order, say) is the client's to fix
+        void openAiError(reply, 400, `the chat template rejected the request: ${clientMessage(err, 'it raised an error')}`, 'messages');
+        return undefined;
+      }
+    }
+    return parsed;
+  };
+}
+
+export type RequestReader = ReturnType<typeof createRequestReader>;

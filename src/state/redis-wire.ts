@@ -1,0 +1,138 @@
+/**
+ * The shared state's wire format on Redis: key names under the fleet's prefix, the messages
+ * replicas publish on the events channel (short keys; block hashes as base64 of (hi, lo)
+ * uint32 pairs), workflow values and per-replica load snapshots. Replicas of different
+ * versions meet on this format, so changes to it must stay readable by the previous one.
+ */
+import type { ContentAnchor } from '../core/content-anchors.js';
+import type { SharedDecision } from '../core/router/index.js';
+import type { WorkerRecord } from './state-store.js';
+import type { ReplicaLoad } from './remote-load.js';
+
+/** A decision on the wire: short keys, block hashes as base64 of (hi, lo) uint32 pairs. */
+export interface WireDecision {
+  r: string;
+  k: 'd';
+  w: string;
+  h: string;
+  wf?: string;
+  s?: number | null;
+  a?: string;
+  c?: number | null;
+  ca?: ContentAnchor[];
+  /** Present when the request counts as in-flight: its uncached prompt tokens. */
+  q?: number;
+}
+/** A tracked request ended: its work leaves the worker. */
+export interface WireReleased {
+  r: string;
+  k: 'rl';
+  w: string;
+  q: number;
+}
+export interface WireWorkerAdded {
+  r: string;
+  k: 'wa';
+  worker: WorkerRecord;
+}
+export interface WireWorkerRemoved {
+  r: string;
+  k: 'wr';
+  id: string;
+}
+export type WireMessage = WireDecision | WireReleased | WireWorkerAdded | WireWorkerRemoved;
+
+/** Key names of one fleet: everything lives under its prefix (default `contextforge:`). */
+export class RedisKeys {
+  /** The channel decisions, releases and registry changes are published on. */
+  readonly channel: string;
+
+  constructor(readonly prefix: string) {
+    this.channel = `${prefix}events`;
+  }
+
+  key(...parts: string[]): string {
+    return this.prefix + parts.join(':');
+  }
+
+  /** Where a decision's blocks are kept: by worker and the hash of its last block. */
+  chainKey(workerId: string, hi: number, lo: number): string {
+    return this.key('chain', workerId, hi.toString(16).padStart(8, '0') + lo.toString(16).padStart(8, '0'));
+  }
+}
+
+/** A decision as this replica publishes it. */
+export function encodeDecision(replicaId: string, d: SharedDecision): WireDecision {
+  const wire: WireDecision = { r: replicaId, k: 'd', w: d.workerId, h: encodeHashes(d.hi, d.lo) };
+  if (d.workflowId !== undefined) {
+    wire.wf = d.workflowId;
+    wire.s = d.workflowStep;
+  }
+  if (d.anchor !== undefined) {
+    wire.a = d.anchor;
+    wire.c = d.claGroup;
+  }
+  if (d.contentAnchors && d.contentAnchors.length > 0) wire.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
+  if (d.tracked) wire.q = d.prefillTokens;
+  return wire;
+}
+
+/** Parses a channel message; throws on anything that is not an object with a replica id. */
+export function decodeMessage(raw: Buffer): WireMessage {
+  const msg = JSON.parse(raw.toString('utf8')) as WireMessage;
+  if (msg === null || typeof msg !== 'object' || typeof msg.r !== 'string') throw new Error('not a message');
+  return msg;
+}
+
+/** A workflow's worker and step, as stored under `wf:{id}`. */
+export function encodeWorkflow(workerId: string, step: number | null): string {
+  return JSON.stringify({ w: workerId, s: step });
+}
+
+export function parseWorkflow(value: string): { w: string; s: number | null } | undefined {
+  try {
+    const v = JSON.parse(value) as { w?: unknown; s?: unknown };
+    if (typeof v.w !== 'string') return undefined;
+    return { w: v.w, s: typeof v.s === 'number' ? v.s : null };
+  } catch {
+    return undefined;
+  }
+}
+
+/** One worker's entry of a replica's load snapshot (`load:{replica}` hash): "requests,prefill,decode". */
+export function encodeLoadEntry(inFlightRequests: number, queuedPrefillTokens: number, activeDecodeTokens: number): string {
+  return `${inFlightRequests},${queuedPrefillTokens},${activeDecodeTokens}`;
+}
+
+/** A replica's load snapshot; malformed or negative entries are left out. */
+export function decodeLoadSnapshot(hash: Record<string, string>): ReplicaLoad {
+  const load: ReplicaLoad = new Map();
+  for (const [id, v] of Object.entries(hash)) {
+    const [requests, prefill, decode] = v.split(',').map(Number);
+    if ([requests, prefill, decode].every((x) => Number.isFinite(x) && x >= 0)) load.set(id, { requests, prefill, decode });
+  }
+  return load;
+}
+
+export function encodeHashes(hi: Uint32Array, lo: Uint32Array): string {
+  const pairs = new Uint32Array(hi.length * 2);
+  for (let i = 0; i < hi.length; i++) {
+    pairs[2 * i] = hi[i];
+    pairs[2 * i + 1] = lo[i];
+  }
+  return Buffer.from(pairs.buffer, pairs.byteOffset, pairs.byteLength).toString('base64');
+}
+
+export function decodeHashes(b64: string): { hi: Uint32Array; lo: Uint32Array } {
+  if (typeof b64 !== 'string') throw new TypeError('hashes must be base64');
+  const buf = Buffer.from(b64, 'base64');
+  if (buf.length % 8 !== 0) throw new RangeError('hashes must be (hi, lo) uint32 pairs');
+  const n = buf.length / 8;
+  const hi = new Uint32Array(n);
+  const lo = new Uint32Array(n);
+  for (let i = 0; i < n; i++) {
+    hi[i] = buf.readUInt32LE(8 * i);
+    lo[i] = buf.readUInt32LE(8 * i + 4);
+  }
+  return { hi, lo };
+}

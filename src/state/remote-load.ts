@@ -1,0 +1,79 @@
+/**
+ * Other router replicas' in-flight work, per replica and worker, as the shared state learns
+ * it: decision and release messages move the tallies as requests start and end, and
+ * snapshots seed a replica not heard from yet. The router is given the sum over replicas;
+ * dropping a replica (it stopped heartbeating) drops its requests with it. No I/O here, so
+ * the bookkeeping is tested without Redis.
+ */
+import type { InFlightLoad } from '../core/router/index.js';
+
+/** One replica's work on one worker. */
+export interface WorkerTally {
+  requests: number;
+  prefill: number;
+  decode: number;
+}
+
+/** One replica's work per worker id. */
+export type ReplicaLoad = Map<string, WorkerTally>;
+
+export class RemoteLoad {
+  private readonly replicas = new Map<string, ReplicaLoad>();
+
+  /**
+   * Adds a message's change to a replica's tally on a worker (+1 request and its prefill on
+   * a decision, −1 and −prefill on a release); counts never go below 0. Ignored (false) when
+   * `prefill` is not a finite number.
+   */
+  add(replica: string, workerId: string, requests: number, prefill: number): boolean {
+    if (!Number.isFinite(prefill)) return false;
+    let load = this.replicas.get(replica);
+    if (!load) this.replicas.set(replica, (load = new Map()));
+    const l = load.get(workerId) ?? { requests: 0, prefill: 0, decode: 0 };
+    l.requests = Math.max(0, l.requests + requests);
+    l.prefill = Math.max(0, l.prefill + prefill);
+    load.set(workerId, l);
+    return true;
+  }
+
+  /** The other replicas' work on a worker, summed. */
+  sum(workerId: string): InFlightLoad {
+    let requests = 0;
+    let prefill = 0;
+    let decode = 0;
+    for (const load of this.replicas.values()) {
+      const l = load.get(workerId);
+      if (!l) continue;
+      requests += l.requests;
+      prefill += l.prefill;
+      decode += l.decode;
+    }
+    return { inFlightRequests: requests, queuedPrefillTokens: prefill, activeDecodeTokens: decode };
+  }
+
+  has(replica: string): boolean {
+    return this.replicas.has(replica);
+  }
+
+  /** Starts a replica from its snapshot, unless messages already started its tally. */
+  seed(replica: string, load: ReplicaLoad): void {
+    if (!this.replicas.has(replica)) this.replicas.set(replica, load);
+  }
+
+  /** Drops every replica not in `alive`; true when one was dropped. */
+  retain(alive: ReadonlySet<string>): boolean {
+    let changed = false;
+    for (const r of this.replicas.keys()) {
+      if (!alive.has(r)) {
+        this.replicas.delete(r);
+        changed = true;
+      }
+    }
+    return changed;
+  }
+
+  /** Forgets every replica (messages were missed: start again from snapshots). */
+  clear(): void {
+    this.replicas.clear();
+  }
+}

@@ -1,0 +1,67 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import { decodeLoadSnapshot, encodeLoadEntry } from '../../src/state/redis-wire.js';
+import { RemoteLoad } from '../../src/state/remote-load.js';
+
+describe('RemoteLoad', () => {
+  test('decisions and releases move one replica’s tally; the sum covers every replica', () => {
+    const r = new RemoteLoad();
+    assert.equal(r.add('a', 'w1', 1, 300), true);
+    assert.equal(r.add('a', 'w1', 1, 200), true);
+    assert.equal(r.add('b', 'w1', 1, 50), true);
+    assert.equal(r.add('b', 'w2', 1, 70), true);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 3, queuedPrefillTokens: 550, activeDecodeTokens: 0 });
+    assert.deepEqual(r.sum('w2'), { inFlightRequests: 1, queuedPrefillTokens: 70, activeDecodeTokens: 0 });
+    r.add('a', 'w1', -1, -300);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 2, queuedPrefillTokens: 250, activeDecodeTokens: 0 });
+    assert.deepEqual(r.sum('unknown'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+  });
+
+  test('a release without its decision never drives a tally below zero', () => {
+    const r = new RemoteLoad();
+    r.add('a', 'w1', 1, 10);
+    r.add('a', 'w1', -1, -10);
+    r.add('a', 'w1', -1, -500);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+    r.add('a', 'w1', 1, 40);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 1, queuedPrefillTokens: 40, activeDecodeTokens: 0 });
+  });
+
+  test('a non-finite prefill is ignored and changes nothing', () => {
+    const r = new RemoteLoad();
+    r.add('a', 'w1', 1, 10);
+    assert.equal(r.add('a', 'w1', 1, Number.NaN), false);
+    assert.equal(r.add('a', 'w1', 1, Number.POSITIVE_INFINITY), false);
+    assert.equal(r.has('c'), false);
+    assert.equal(r.add('c', 'w1', 1, Number.NaN), false);
+    assert.equal(r.has('c'), false);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 1, queuedPrefillTokens: 10, activeDecodeTokens: 0 });
+  });
+
+  test('snapshots seed replicas not heard from yet, never over a tally messages started', () => {
+    const r = new RemoteLoad();
+    r.add('a', 'w1', 1, 10);
+    r.seed('a', decodeLoadSnapshot({ w1: encodeLoadEntry(9, 900, 90) }));
+    r.seed('b', decodeLoadSnapshot({ w1: encodeLoadEntry(2, 64, 512), w2: '1,2' , w3: '1,-5,0', w4: 'x,1,1' }));
+    assert.equal(r.has('b'), true);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 3, queuedPrefillTokens: 74, activeDecodeTokens: 512 });
+    // malformed and negative snapshot entries are left out
+    assert.deepEqual(r.sum('w2'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+    assert.deepEqual(r.sum('w3'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+    assert.deepEqual(r.sum('w4'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+  });
+
+  test('replicas that stopped heartbeating are dropped with their requests; clear forgets all', () => {
+    const r = new RemoteLoad();
+    r.add('a', 'w1', 1, 10);
+    r.add('b', 'w1', 1, 20);
+    r.add('c', 'w1', 1, 40);
+    assert.equal(r.retain(new Set(['a', 'c'])), true);
+    assert.equal(r.has('b'), false);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 2, queuedPrefillTokens: 50, activeDecodeTokens: 0 });
+    assert.equal(r.retain(new Set(['a', 'c', 'unseen'])), false);
+    r.clear();
+    assert.equal(r.has('a'), false);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+  });
+});
