@@ -58,18 +58,33 @@ export class WorkerConnections {
     this.scraper = metricsIntervalMs > 0 ? new MetricsScraper(router, [], { intervalMs: metricsIntervalMs, health, log }).start() : undefined;
     // a probe's timeout is at least half a second, so a busy engine (or router) is not taken for a dead one
     this.checker = healthCheckIntervalMs > 0 ? new HealthChecker(health, { intervalMs: healthCheckIntervalMs, timeoutMs: Math.min(2000, Math.max(500, healthCheckIntervalMs)) }).start() : undefined;
-    health.onChange((id, available) => (available ? this.backInRotation(id) : this.outOfRotation(id)));
+    health.onChange((id, available, detail) => (available ? this.backInRotation(id) : this.outOfRotation(id, detail)));
+    this.slowProbeGraceMs = Math.max(1000, 2 * healthCheckIntervalMs);
   }
+
+  private readonly slowProbeGraceMs: number;
+  private readonly graceTimers = new Set<NodeJS.Timeout>();
 
   /**
    * A worker left rotation: the requests it has not answered at all move to other workers
-   * (nothing reached their clients). Engines announce no AllBlocksCleared when they start, so
-   * one its health check holds out is remembered as possibly restarted.
+   * (nothing reached their clients). When only its probes were too slow (a busy engine answers
+   * /health late too), they move only if it is still out a grace period later: a loaded engine
+   * must not have its whole queue thrown onto the others. Engines announce no AllBlocksCleared
+   * when they start, so one its health check holds out is remembered as possibly restarted.
    */
-  private outOfRotation(id: string): void {
+  private outOfRotation(id: string, detail: string): void {
     if (this.options.health.reasons(id).includes('health-check')) this.mayHaveRestarted.add(id);
-    const c = this.connections.get(id);
-    if (c) for (const giveUp of [...c.unanswered]) giveUp();
+    const giveUpAll = () => {
+      const c = this.connections.get(id);
+      if (c && this.options.health.reasons(id).length > 0) for (const giveUp of [...c.unanswered]) giveUp();
+    };
+    if (!/time(d)? ?out|aborted/i.test(detail)) return giveUpAll();
+    const t = setTimeout(() => {
+      this.graceTimers.delete(t);
+      giveUpAll();
+    }, this.slowProbeGraceMs);
+    t.unref();
+    this.graceTimers.add(t);
   }
 
   /** Back in rotation after its health check held it out: what the index says it holds is forgotten. */
@@ -184,6 +199,7 @@ export class WorkerConnections {
   stopPolling(): void {
     this.scraper?.stop();
     this.checker?.stop();
+    for (const t of this.graceTimers) clearTimeout(t);
   }
 
   /** Stops polling, drops every pool and waits for the subscribers to close. */
