@@ -140,7 +140,10 @@ async function oneRequest(base: string, i: number, t: Tally): Promise<void> {
     else if (stream) t.streamsEndedWithError++;
     else {
       t.failedNonStreamed++;
-      t.statuses[(err as Error).name] = (t.statuses[(err as Error).name] ?? 0) + 1;
+      // no HTTP answer at all: name the cause (e.g. UND_ERR_SOCKET, ECONNRESET)
+      const cause = (err as Error & { cause?: { code?: string; message?: string } }).cause;
+      const key = `${(err as Error).name}: ${cause?.code ?? cause?.message ?? (err as Error).message}`;
+      t.statuses[key] = (t.statuses[key] ?? 0) + 1;
     }
   }
   t.done++;
