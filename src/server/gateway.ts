@@ -25,6 +25,9 @@ import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimit
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
 import { WorkerConnections } from './worker-connections.js';
 
+/** Idle keep-alive connections are kept this long (Fastify's default). */
+const KEEP_ALIVE_TIMEOUT_MS = 72_000;
+
 /** A worker as the gateway takes it (flags, config, admin API) and the replicas share it. */
 export type GatewayWorker = WorkerRecord;
 
@@ -114,9 +117,16 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024,
     logger: false,
     connectionTimeout: timeouts.connectionTimeoutMs,
-    // slow clients: the headers and the whole request must arrive in time (checked every second)
-    serverFactory: (handler) =>
-      createHttpServer({ headersTimeout: Math.min(timeouts.headersTimeoutMs, timeouts.requestTimeoutMs), requestTimeout: timeouts.requestTimeoutMs, connectionsCheckingInterval: Math.min(1000, timeouts.headersTimeoutMs) }, handler),
+    // slow clients: the headers and the whole request must arrive in time (checked every second);
+    // Fastify leaves a factory-made server's idle timeouts alone, so they are set here
+    serverFactory: (handler) => {
+      const server = createHttpServer({ headersTimeout: Math.min(timeouts.headersTimeoutMs, timeouts.requestTimeoutMs), requestTimeout: timeouts.requestTimeoutMs, connectionsCheckingInterval: Math.min(1000, timeouts.headersTimeoutMs) }, handler);
+      server.setTimeout(timeouts.connectionTimeoutMs);
+      // longer than clients keep idle connections (undici: 4 s), so the server is never the one
+      // closing a connection a client is about to reuse
+      server.keepAliveTimeout = KEEP_ALIVE_TIMEOUT_MS;
+      return server;
+    },
   });
   const metrics = createGatewayMetrics(router);
   const breaker = new CircuitBreaker({ failures: options.breakerFailures, cooldownMs: options.breakerCooldownMs }, health, (id) => connections.has(id));

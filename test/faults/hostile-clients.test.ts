@@ -152,6 +152,7 @@ describe('hostile clients', () => {
   test('a client that sends its body slowly is cut off by the request timeout', async () => {
     const gw = await createGateway({ router: new KVAwareRouter(), workers: [{ id: 'e0', url: `http://127.0.0.1:${engines[0].port}` }], adminToken: ADMIN, metricsIntervalMs: 0, healthCheckIntervalMs: 0, timeouts: { headersTimeoutMs: 300, requestTimeoutMs: 500 } });
     const url = new URL(await gw.app.listen({ host: '127.0.0.1', port: 0 }));
+    assert.deepEqual([gw.app.server.headersTimeout, gw.app.server.requestTimeout, gw.app.server.timeout, gw.app.server.keepAliveTimeout], [300, 500, 330_000, 72_000]);
     const socket = connect(Number(url.port), '127.0.0.1');
     let answer = '';
     socket.on('data', (d) => (answer += d.toString()));
