@@ -1,97 +1,124 @@
 /**
- * bench:sim — the standard comparison on the real traces (bench/traces, gzip copies):
- * 8 workers, every policy on the same requests, at light load and at the arrival scale
- * where round-robin's p99 TTFT reaches 5× its light-load value (found by bisection), plus a
- * sweep of arrival rates for the report's rate charts. Writes tables, JSON and HTML reports
- * under bench/results/ and prints a JSON summary with --json.
+ * bench:sim — every policy on every trace at ≥ 5 arrival rates from light load to past the
+ * knee, each rate over ≥ 5 independent samples, reported as mean and 95% confidence interval
+ * of the hit rate, mean TTFT and p99 TTFT (src/sim/sweep.ts has the JSON shape).
  *
- *   npm run bench:sim [-- --json] [--workers 8]
+ *   npm run bench:sim [-- --json] [--split evaluation|train] [--samples 5] [--points 5]
+ *                     [--workers 8] [--traces mooncake-conversation,ragpulse,...] [--out bench/results]
+ *
+ * Data split (docs/simulator.md, "Training and evaluation data"): a recorded trace's first
+ * half is training data, its second half evaluation data; a generated workload uses seeds
+ * 1–5 for training and 101–105 for evaluation. The load points are chosen on the training
+ * split; the reported figures come from the evaluation split (the default `--split`).
+ * `--split train` runs the same sweep on the training split, for choosing defaults.
+ *
+ * Samples: a recorded trace's evaluation half is cut into `--samples` consecutive windows of
+ * equal request counts; each window is replayed from an empty cluster. A generated workload
+ * is generated once per seed. This keeps the whole sweep to minutes on one core.
+ *
+ * Writes bench/results/sim-sweep.json and bench/results/sim-sweep.html (the charts).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { renderTable } from '../src/cli/commands/simulate.js';
-import { pooledLruHitRate } from '../src/sim/bounds.js';
-import { comparePolicies, type ComparisonReport } from '../src/sim/compare.js';
 import { ENGINE_DEFAULTS } from '../src/engine-model/engine-model.js';
-import { renderHtmlReport, type SweepPoint } from '../src/sim/html-report.js';
+import { renderSweepReport } from '../src/sim/html-report.js';
 import { loadTrace } from '../src/sim/load-trace.js';
-import { simulate } from '../src/sim/simulator.js';
+import { chooseLoadPoints, splitTrace, sweepTrace, windows, type SweepOptions, type SweepReport } from '../src/sim/sweep.js';
 import type { TraceRequest } from '../src/sim/trace.js';
-import { intFlag, parseFlags, round } from './stats.js';
+import { renderSweepTables } from './sim-readme.js';
+import { intFlag, parseFlags } from './stats.js';
 
 const flags = parseFlags(process.argv.slice(2));
 const WORKERS = intFlag(flags, 'workers', 8);
-const OUT = 'bench/results';
-mkdirSync(OUT, { recursive: true });
-
-interface Study {
-  name: string;
-  path: string;
-  lightSpeed: number;
-  maxSpeed: number;
-  policies: string[];
+const SAMPLES = intFlag(flags, 'samples', 5);
+const POINTS = intFlag(flags, 'points', 5);
+for (const [name, value, min, max] of [['samples', SAMPLES, 2, 10], ['points', POINTS, 2, 50], ['workers', WORKERS, 1, 1024]] as const) {
+  if (!Number.isInteger(value) || value < min || value > max) {
+    process.stderr.write(`error: --${name} must be an integer from ${min} to ${max}, got ${value}\n`);
+    process.exit(2);
+  }
 }
-const studies: Study[] = [
-  {
-    name: 'mooncake-conversation',
-    path: 'bench/traces/conversation_trace.jsonl.gz',
-    lightSpeed: 0.25,
-    maxSpeed: 4,
-    policies: ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'],
-  },
-  {
-    // one week at 0.012 req/s is idle for 8 engines: light load is 50× the recorded rate
-    name: 'ragpulse',
-    path: 'bench/traces/ragpulse',
-    lightSpeed: 50,
-    maxSpeed: 2000,
-    policies: ['cost', 'cost-prefix-only', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'],
-  },
+const split = String(flags.get('split') ?? 'evaluation');
+if (split !== 'evaluation' && split !== 'train') {
+  process.stderr.write(`error: --split must be evaluation or train, got '${split}'\n`);
+  process.exit(2);
+}
+const OUT = String(flags.get('out') ?? 'bench/results');
+const POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
+
+/** Seeds of generated workloads: training and evaluation never share one. */
+const TRAIN_SEEDS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+const EVALUATION_SEEDS = [101, 102, 103, 104, 105, 106, 107, 108, 109, 110];
+
+interface TraceSpec {
+  name: string;
+  /** `count` independent samples of the split. */
+  samples(part: 'train' | 'evaluation', count: number): Promise<TraceRequest[][]>;
+}
+
+/** A recorded trace: halves by arrival, each cut into windows. */
+function recorded(name: string, path: string, transform: (r: TraceRequest) => TraceRequest = (r) => r): TraceSpec {
+  let cache: { train: TraceRequest[]; evaluation: TraceRequest[] } | undefined;
+  return {
+    name,
+    async samples(part, count) {
+      cache ??= splitTrace((await loadTrace(path)).requests.map(transform));
+      return windows(cache[part], count);
+    },
+  };
+}
+
+/** A generated workload (`workflows:N`, `agentic:N`): one sample per seed. */
+function generated(name: string, spec: (seed: number) => string): TraceSpec {
+  return {
+    name,
+    async samples(part, count) {
+      const seeds = (part === 'train' ? TRAIN_SEEDS : EVALUATION_SEEDS).slice(0, count);
+      if (seeds.length < count) throw new RangeError(`at most ${TRAIN_SEEDS.length} samples of a generated workload`);
+      return Promise.all(seeds.map(async (seed) => (await loadTrace(spec(seed))).requests));
+    },
+  };
+}
+
+const ALL_TRACES: TraceSpec[] = [
+  recorded('mooncake-conversation', 'bench/traces/conversation_trace.jsonl.gz'),
+  recorded('ragpulse', 'bench/traces/ragpulse'),
+  // the same requests on engines without position-independent reuse: passages are plain new tokens
+  recorded('ragpulse-no-content-anchors', 'bench/traces/ragpulse', ({ anchors: _anchors, ...r }) => r),
+  generated('workflows:150', (seed) => `workflows:150:${seed}`),
+  generated('agentic:10', (seed) => `agentic:10:${seed}`),
 ];
 
-function p99(trace: readonly TraceRequest[], speed: number): number {
-  return simulate(trace, { workers: WORKERS, policy: 'round-robin', speed }).ttft.p99;
+const only = flags.get('traces');
+const traces = typeof only === 'string' ? ALL_TRACES.filter((t) => only.split(',').includes(t.name)) : ALL_TRACES;
+if (traces.length === 0) {
+  process.stderr.write(`error: --traces names none of ${ALL_TRACES.map((t) => t.name).join(', ')}\n`);
+  process.exit(2);
 }
 
-/** The arrival scale at which round-robin's p99 TTFT reaches 5× its light-load value. */
-function stressSpeed(trace: readonly TraceRequest[], light: number, max: number): number {
-  const target = 5 * p99(trace, light);
-  let lo = light;
-  let hi = max;
-  if (p99(trace, hi) < target) return hi;
-  for (let i = 0; i < 10; i++) {
-    const mid = Math.sqrt(lo * hi);
-    if (p99(trace, mid) >= target) hi = mid;
-    else lo = mid;
-  }
-  return round(hi, 3);
-}
+const log = (s: string) => process.stderr.write(`${s}\n`);
+const sweepOptions: SweepOptions = {
+  policies: POLICIES,
+  points: POINTS,
+  simulation: { workers: WORKERS },
+  workerPrefillTokensPerSecond: 1000 / ENGINE_DEFAULTS.linearMsPerToken,
+};
 
-const summary: Record<string, unknown> = {};
-for (const study of studies) {
-  const { name, requests } = await loadTrace(study.path);
-  const started = performance.now();
-  const stress = stressSpeed(requests, study.lightSpeed, study.maxSpeed);
-  const runs: Record<string, ComparisonReport> = {};
-  const results: Record<string, ReturnType<typeof comparePolicies>['results']> = {};
-  for (const [label, speed] of [['light', study.lightSpeed], ['stress', stress]] as const) {
-    const c = comparePolicies(name, requests, study.policies, { workers: WORKERS, speed });
-    runs[label] = c.report;
-    results[label] = c.results;
-    writeFileSync(`${OUT}/${study.name}-${label}.json`, JSON.stringify(c.report, null, 1) + '\n');
-    writeFileSync(`${OUT}/${study.name}-${label}.txt`, renderTable(c.report));
-  }
-  // hit rate and TTFT against arrival rate
-  const sweep: SweepPoint[] = [];
-  for (const f of [1, 2, 4, 8]) {
-    const speed = round(study.lightSpeed + ((stress - study.lightSpeed) * (f - 1)) / 7, 3);
-    const c = comparePolicies(name, requests, study.policies, { workers: WORKERS, speed });
-    sweep.push({ speed, policies: c.report.policies.map((p) => ({ policy: p.policy, hitRate: p.hitRate, ttftMean: p.ttft.mean })) });
-  }
-  writeFileSync(`${OUT}/${study.name}-report.html`, renderHtmlReport(runs.stress, results.stress, sweep));
-  const pooled = round(pooledLruHitRate(requests, WORKERS * ENGINE_DEFAULTS.kvTokens), 4);
-  summary[study.name] = { lightSpeed: study.lightSpeed, stressSpeed: stress, pooledLruHitRate: pooled, seconds: round((performance.now() - started) / 1000, 1), light: runs.light, stress: runs.stress };
-  if (!flags.has('json')) process.stdout.write(`\n${study.name}: one LRU cache of the fleet's whole KV (${WORKERS} × ${ENGINE_DEFAULTS.kvTokens} tokens) would hit ${(pooled * 100).toFixed(1)}%\n`);
-  if (!flags.has('json')) process.stdout.write(`\n== ${study.name}: light (×${study.lightSpeed})\n${renderTable(runs.light)}\n== ${study.name}: stress (×${stress})\n${renderTable(runs.stress)}`);
+mkdirSync(OUT, { recursive: true });
+const report: SweepReport = { traces: [] };
+const started = performance.now();
+for (const spec of traces) {
+  const t0 = performance.now();
+  const calibration = (await spec.samples('train', SAMPLES)).slice(0, 3);
+  const speeds = chooseLoadPoints(calibration, sweepOptions);
+  const samples = await spec.samples(split as 'train' | 'evaluation', SAMPLES);
+  const out = sweepTrace(spec.name, samples, speeds, sweepOptions);
+  report.traces.push(out);
+  log(`${spec.name}: ${samples.length} samples of ${samples.map((s) => s.length).join('/')} requests (${split}), speeds ${speeds.join(', ')}, ${((performance.now() - t0) / 1000).toFixed(1)} s`);
 }
-if (flags.has('json')) process.stdout.write(`${JSON.stringify(summary)}\n`);
-else process.stdout.write(`\nwritten under ${OUT}/\n`);
+log(`sweep: ${((performance.now() - started) / 1000).toFixed(1)} s`);
+
+const json = JSON.stringify(report);
+writeFileSync(`${OUT}/sim-sweep${split === 'train' ? '-train' : ''}.json`, JSON.stringify(report, null, 1) + '\n');
+writeFileSync(`${OUT}/sim-sweep${split === 'train' ? '-train' : ''}.html`, renderSweepReport(report, { workers: WORKERS, samples: SAMPLES, split }));
+if (flags.has('json')) process.stdout.write(`${json}\n`);
+else process.stdout.write(renderSweepTables(report));

@@ -30,6 +30,8 @@ export class WorkerState {
   /** Engine-reported queue and batch (from /metrics), when scraped. */
   waitingRequests = 0;
   runningRequests = 0;
+  /** KV-cache capacity in tokens, when the engine's metrics report it (0: unknown). */
+  kvCapacityTokens = 0;
   /** Health as decided by the gateway's checks; an unhealthy worker gets no requests. */
   healthy = true;
   readonly claGroups = new Set<number>();

@@ -65,6 +65,10 @@ export function comparePolicies(
         prefillTokens: r.prefillTokens,
         rejected: r.rejected,
         preemptions: r.preemptions,
+        cancelled: r.cancelled,
+        failed: r.failed,
+        retried: r.retried,
+        eventBatchesLost: r.eventBatchesLost,
       })),
     },
   };

@@ -21,7 +21,8 @@ export async function loadTrace(spec: string): Promise<{ name: string; requests:
   const agentic = /^agentic:(\d+)(?::(\d+))?$/.exec(spec);
   if (agentic) {
     const sessions = Number(agentic[1]);
-    if (sessions < 1 || sessions > 100_000) throw new RangeError('--trace agentic:N needs N from 1 to 100000');
+    // each session is ~60 requests of ~1,500 blocks: 500 sessions is already ~30,000 requests
+    if (sessions < 1 || sessions > 500) throw new RangeError('--trace agentic:N needs N from 1 to 500');
     return { name: spec, requests: generateAgenticTrace({ sessions, seed: Number(agentic[2] ?? 1) }) };
   }
   if (!existsSync(spec)) throw new RangeError(`--trace: no such file: ${spec}`);

@@ -19,7 +19,24 @@ export interface RequestBlocks {
   anchors: EngineAnchor[];
 }
 
+/** Blocks of requests without a cache salt, kept per trace request: every policy run and the bounds share them. */
+const unsalted = new WeakMap<TraceRequest, RequestBlocks>();
+
+/**
+ * The blocks of `req` under `cacheSalt`. Unsalted blocks are computed once per request object
+ * and shared (callers must not modify them).
+ */
 export function requestBlocks(req: TraceRequest, cacheSalt: string | undefined, scratch: BlockHashes): RequestBlocks {
+  if (cacheSalt !== undefined) return computeBlocks(req, cacheSalt, scratch);
+  let blocks = unsalted.get(req);
+  if (!blocks) {
+    blocks = computeBlocks(req, undefined, scratch);
+    unsalted.set(req, blocks);
+  }
+  return blocks;
+}
+
+function computeBlocks(req: TraceRequest, cacheSalt: string | undefined, scratch: BlockHashes): RequestBlocks {
   const ns = { claGroup: req.claGroup ?? null, cacheSalt: cacheSalt ?? null };
   let anchorTokens = 0;
   for (const a of req.anchors ?? []) anchorTokens += a.tokens;

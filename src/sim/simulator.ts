@@ -1,7 +1,10 @@
 import { BlockHashes } from '../core/hashing.js';
-import { KVAwareRouter, type KVAwareRouterOptions } from '../core/router/index.js';
+import { LLMD_SCRAPE_INTERVAL_MS } from '../core/policies/llmd.js';
+import { createRng } from '../core/rng.js';
+import { KVAwareRouter, type KVAwareRouterOptions, type SharedDecision } from '../core/router/index.js';
 import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/engine-model.js';
 import { requestBlocks } from './request-blocks.js';
+import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
 import type { TraceRequest } from './trace.js';
 
 export { requestBlocks } from './request-blocks.js';
@@ -29,10 +32,14 @@ export interface SimulationOptions {
   engine?: Partial<Omit<EngineConfig, 'blockTokens'>>;
   /** Delay from an engine step to the router applying its KV events (default 50 ms). */
   eventDelayMs?: number;
-  /** Interval of load scrapes, as from /metrics (default 200 ms). */
+  /** Interval of load scrapes, as from /metrics (default 200 ms; llmd: its own refresh interval, 50 ms). */
   scrapeIntervalMs?: number;
+  /** Failures, drains, event jitter and loss, router replicas, cancellations, heterogeneous workers. */
+  scenario?: ScenarioOptions;
   /** Further router options (cost weights, judge roles...). */
   router?: Omit<KVAwareRouterOptions, 'policy' | 'clock' | 'indexMode' | 'blockSize'>;
+  /** Called at every load scrape with what the router is told of each live worker (for diagnostics). */
+  onScrape?: (timeMs: number, worker: number, metrics: { kvUsage: number; waitingRequests: number; runningRequests: number }) => void;
   /** Called now and then with the number of requests finished. */
   onProgress?: (finished: number, total: number) => void;
 }
@@ -49,6 +56,8 @@ export interface RequestOutcome {
   e2e: number;
   /** Arrival, seconds of simulated time after the first request. */
   arrival: number;
+  /** Set when the request did not complete: its worker failed mid-answer, or its client went away. */
+  status?: 'failed' | 'cancelled';
 }
 
 export interface Percentiles {
@@ -67,10 +76,21 @@ export interface PolicyResult {
   loadImbalance: number;
   prefillTokens: number;
   outcomes: RequestOutcome[];
+  /** Requests whose client cancelled them (with or without a first token). */
+  cancelled: number;
+  /** Requests that lost their worker after their first token (no retry is possible mid-answer). */
+  failed: number;
+  /** Requests sent again to another worker because theirs failed before their first token. */
+  retried: number;
+  /** KV-event batches a router replica never received (--event-loss). */
+  eventBatchesLost: number;
   /** Busy time per worker (s) and its samples over time, for reports. */
   workerBusySeconds: number[];
   loadTimeline: Array<{ t: number; kvUsage: number[] }>;
-  /** Requests refused for exceeding the context limit (never routed). */
+  /**
+   * Requests refused: over the engines' context limit (before routing, or by the chosen
+   * worker when workers differ), or with no worker available to take them.
+   */
   rejected: number;
   /** Preemptions (recompute) over all engines. */
   preemptions: number;
@@ -79,6 +99,7 @@ export interface PolicyResult {
 const KIND_STEP_END = 0;
 const KIND_DELIVER = 1;
 const KIND_SCRAPE = 2;
+const KIND_TIMER = 3;
 
 interface SimEvent {
   time: number;
@@ -87,6 +108,7 @@ interface SimEvent {
   worker: number;
   stored?: number[];
   removed?: number[];
+  run?: () => void;
 }
 
 /** Min-heap on (time, kind, seq): deterministic order for equal times. */
@@ -148,37 +170,67 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   const speed = options.speed ?? 1;
   if (!(speed > 0)) throw new RangeError(`speed must be > 0, got ${speed}`);
   const eventDelay = options.eventDelayMs ?? 50;
-  const scrapeInterval = options.scrapeIntervalMs ?? 200;
+  const scrapeInterval = options.scrapeIntervalMs ?? (policy === 'llmd' ? (options.router?.policyOptions?.llmd?.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS) : 200);
+  if (!(scrapeInterval > 0)) throw new RangeError(`scrapeIntervalMs must be > 0, got ${scrapeInterval}`);
   if (trace.length === 0) throw new RangeError('the trace has no requests');
   const blockTokens = trace[0].blockSize;
+  const scenario = options.scenario ?? {};
+  checkScenario(scenario, n);
 
   let now = 0;
-  const router = new KVAwareRouter({ ...options.router, policy, indexMode: 'precise', blockSize: blockTokens, clock: () => now });
+  const queue = new EventQueue();
+  let seq = 0;
+  const schedule = (time: number, run: () => void) => queue.push({ time, seq: seq++, kind: KIND_TIMER, worker: -1, run });
+  const replicas = Array.from(
+    { length: scenario.replicas ?? 1 },
+    (_, i) =>
+      new KVAwareRouter({
+        ...options.router, policy, indexMode: 'precise', blockSize: blockTokens, clock: () => now,
+        randomSeed: (options.router?.randomSeed ?? 1) + i, instanceId: `sim${i}`,
+      }),
+  );
+  const router = new RouterFleet(replicas, scenario, schedule, () => now);
   const ids = Array.from({ length: n }, (_, i) => `w${i}`);
   ids.forEach((id) => router.registerWorker(id));
   const pending = Array.from({ length: n }, () => ({ stored: [] as number[], removed: [] as number[] }));
   const engines = ids.map(
     (_, w) =>
       new EngineModel(
-        { ...options.engine, blockTokens },
+        { ...options.engine, ...(scenario.workerKvTokens ? { kvTokens: scenario.workerKvTokens[w] } : {}), blockTokens },
         (hi, lo) => pending[w].stored.push(hi, lo),
         (hi, lo) => pending[w].removed.push(hi, lo),
       ),
   );
   const stepping = new Array<boolean>(n).fill(false);
-  const queue = new EventQueue();
-  let seq = 0;
+  const dead = new Array<boolean>(n).fill(false);
+  const scenarioRandom = createRng((scenario.seed ?? 1) * 104_729 + 3);
+  const cancelRate = scenario.cancelRate ?? 0;
+  const cancelWithin = scenario.cancelWithinMs ?? 10_000;
+  let rejected = 0;
+  let cancelled = 0;
+  let failed = 0;
+  let retried = 0;
 
   const t0 = trace[0].timestamp;
   const arrivalOf = (r: TraceRequest) => (r.timestamp - t0) / speed;
   const outcomes: RequestOutcome[] = new Array(trace.length);
-  const live = new Map<number, { req: TraceRequest; worker: number; ticket: number; arrival: number; cached: number; ttft: number }>();
+  interface Live {
+    req: TraceRequest;
+    worker: number;
+    replica: number;
+    ticket: number;
+    shared: SharedDecision | undefined;
+    arrival: number;
+    cached: number;
+    ttft: number;
+    started: boolean;
+  }
+  const live = new Map<number, Live>();
   const scratch = new BlockHashes(256);
   const loadTimeline: PolicyResult['loadTimeline'] = [];
   let finished = 0;
   let nextArrival = 0;
 
-  let rejected = 0;
   const startStep = (w: number) => {
     // a run of decode steps stops at the next arrival or scrape, which may change the batch
     const nextScrape = (Math.floor(now / scrapeInterval) + 1) * scrapeInterval;
@@ -197,14 +249,17 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     }
   };
 
-  const arrive = (index: number) => {
+  /** Routes a request that arrived at `arrival` (now, or earlier for a retry). */
+  const arrive = (index: number, arrival = now) => {
     const req = trace[index];
-    if (engines[0].rejection({ inputTokens: Math.max(1, req.inputLength), outputTokens: Math.max(1, req.outputLength), anchors: req.anchors }) !== null) {
+    const limits = { inputTokens: Math.max(1, req.inputLength), outputTokens: Math.max(1, req.outputLength), anchors: req.anchors };
+    // over every engine's context limit: refused before routing, as vLLM's server refuses it
+    if (engines.every((e) => e.rejection(limits) !== null)) {
       rejected++;
       finished++;
       return;
     }
-    const d = router.route({
+    const { replica, result: d } = router.route({
       blockHashes: req.hashIds,
       blockTokens: req.blockSize,
       promptTokens: Math.max(1, req.inputLength),
@@ -214,8 +269,23 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       agentRole: req.agentRole,
       isolate: req.isolate,
       contentAnchors: req.anchors,
+      // the seed's caller names the anchor: the workflow when there is one, else the first
+      // block; an isolated request (a judge) reuses nothing, so it names none
+      anchor: policy === 'seed' && !req.isolate ? seedAnchor(req) : undefined,
     });
     const w = ids.indexOf(d.workerId);
+    if (w < 0) {
+      rejected++;
+      finished++;
+      return;
+    }
+    // workers of different sizes have different limits: the chosen one may refuse it (HTTP 400, no retry)
+    if (engines[w].rejection(limits) !== null) {
+      router.release(replica, d.ticket, d.shared);
+      rejected++;
+      finished++;
+      return;
+    }
     const blocks = requestBlocks(req, d.cacheSalt, scratch);
     const engineReq: EngineRequest = {
       id: index,
@@ -223,26 +293,61 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       inputTokens: Math.max(1, req.inputLength),
       outputTokens: Math.max(1, req.outputLength),
     };
-    live.set(index, { req, worker: w, ticket: d.ticket, arrival: now, cached: 0, ttft: 0 });
+    live.set(index, { req, worker: w, replica, ticket: d.ticket, shared: d.shared, arrival, cached: 0, ttft: 0, started: false });
     engines[w].enqueue(engineReq);
     if (!stepping[w]) startStep(w);
   };
 
-  const deliver = (e: SimEvent) => {
-    const id = ids[e.worker];
-    for (const [list, apply] of [
-      [e.stored!, (b: BlockHashes) => router.applyStored(id, b)],
-      [e.removed!, (b: BlockHashes) => router.applyRemoved(id, b)],
-    ] as const) {
-      if (list.length === 0) continue;
-      const b = new BlockHashes(list.length / 2);
-      for (let i = 0; i < list.length; i += 2) {
-        b.hi[i / 2] = list[i];
-        b.lo[i / 2] = list[i + 1];
+  const record = (id: number, s: Live, status?: RequestOutcome['status']) => {
+    outcomes[id] = {
+      request: s.req.index,
+      worker: s.worker,
+      cachedTokens: s.cached,
+      promptTokens: Math.max(1, s.req.inputLength),
+      ttft: s.ttft / 1000,
+      e2e: (now - s.arrival) / 1000,
+      arrival: s.arrival / 1000,
+      ...(status ? { status } : {}),
+    };
+  };
+
+  /** The client gives up: the engine drops the request and the router forgets it. */
+  const cancel = (id: number) => {
+    const s = live.get(id);
+    if (!s) return;
+    live.delete(id);
+    engines[s.worker].cancel(id);
+    router.release(s.replica, s.ticket, s.shared);
+    cancelled++;
+    if (s.started) record(id, s, 'cancelled');
+  };
+
+  /**
+   * The worker dies: its cache and its requests are gone. Requests that had no first token
+   * yet are sent again (the gateway retries before the first byte); the others fail.
+   */
+  const failWorker = (w: number) => {
+    if (dead[w]) return;
+    dead[w] = true;
+    router.failWorker(ids[w]);
+    for (const [id, s] of [...live]) {
+      if (s.worker !== w) continue;
+      live.delete(id);
+      router.release(s.replica, s.ticket, s.shared);
+      if (s.started) {
+        failed++;
+        record(id, s, 'failed');
+      } else {
+        retried++;
+        arrive(id, s.arrival);
       }
-      b.length = list.length / 2;
-      apply(b);
     }
+  };
+  for (const e of scenario.fail ?? []) schedule(e.atMs, () => failWorker(e.worker));
+  for (const e of scenario.drain ?? []) schedule(e.atMs, () => router.drainWorker(ids[e.worker]));
+
+  const deliver = (e: SimEvent) => {
+    if (!dead[e.worker]) router.deliverEvents(ids[e.worker], e.stored!, e.removed!);
   };
 
   queue.push({ time: 0, seq: seq++, kind: KIND_SCRAPE, worker: -1 });
@@ -251,46 +356,49 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     const arrivalTime = nextArrival < trace.length ? arrivalOf(trace[nextArrival]) : Infinity;
     if (top === undefined || arrivalTime < top.time) {
       now = arrivalTime;
-      arrive(nextArrival);
-      nextArrival++;
+      const index = nextArrival++;
+      arrive(index);
+      if (cancelRate > 0 && scenarioRandom() < cancelRate) schedule(now + scenarioRandom() * cancelWithin, () => cancel(index));
       continue;
     }
     queue.pop();
     now = top.time;
     if (top.kind === KIND_STEP_END) {
       const w = top.worker;
+      if (dead[w]) continue;
       const step: StepResult = engines[w].finishStep();
       publish(w);
       for (const { request, cachedTokens } of step.firstTokens) {
-        const s = live.get(request.id)!;
+        const s = live.get(request.id);
+        if (!s) continue;
         s.cached = cachedTokens;
         s.ttft = now - s.arrival;
-        router.markPrefillDone(s.ticket);
+        s.started = true;
+        router.markPrefillDone(s.replica, s.ticket);
       }
       for (const request of step.finished) {
-        const s = live.get(request.id)!;
+        const s = live.get(request.id);
+        if (!s) continue;
         live.delete(request.id);
-        router.release(s.ticket);
-        outcomes[request.id] = {
-          request: s.req.index,
-          worker: w,
-          cachedTokens: s.cached,
-          promptTokens: Math.max(1, s.req.inputLength),
-          ttft: s.ttft / 1000,
-          e2e: (now - s.arrival) / 1000,
-          arrival: s.arrival / 1000,
-        };
+        router.release(s.replica, s.ticket, s.shared);
+        record(request.id, s);
         if (++finished % 500 === 0) options.onProgress?.(finished, trace.length);
       }
       stepping[w] = false;
       if (!engines[w].idle) startStep(w);
     } else if (top.kind === KIND_DELIVER) {
       deliver(top);
+    } else if (top.kind === KIND_TIMER) {
+      top.run!();
     } else {
       const sample: number[] = [];
       engines.forEach((e, w) => {
-        router.updateWorkerMetrics(ids[w], { kvUsage: e.kvUsage, waitingRequests: e.waitingCount, runningRequests: e.runningCount });
-        sample.push(e.kvUsage);
+        if (!dead[w]) {
+          const metrics = { kvUsage: e.kvUsage, waitingRequests: e.waitingCount, runningRequests: e.runningCount, kvCapacityTokens: e.capacityBlocks * blockTokens };
+          router.updateWorkerMetrics(ids[w], metrics);
+          options.onScrape?.(now, w, metrics);
+        }
+        sample.push(dead[w] ? 0 : e.kvUsage);
       });
       if (loadTimeline.length === 0 || now - loadTimeline[loadTimeline.length - 1].t * 1000 >= 5000) loadTimeline.push({ t: now / 1000, kvUsage: sample });
       const busy = nextArrival < trace.length || live.size > 0;
@@ -299,31 +407,38 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   }
   options.onProgress?.(trace.length, trace.length);
 
-  const served = outcomes.filter(Boolean);
+  // requests that got a first token count in hit rate and TTFT; completed ones in e2e
+  const answered = outcomes.filter((o): o is RequestOutcome => o !== undefined);
+  const completed = answered.filter((o) => o.status === undefined);
   let cached = 0;
   let prompt = 0;
   let tokens = 0;
   let lastFinish = 0;
-  for (const o of served) {
+  for (const o of answered) {
     cached += o.cachedTokens;
     prompt += o.promptTokens;
     lastFinish = Math.max(lastFinish, o.arrival + o.e2e);
   }
-  trace.forEach((r, i) => {
-    if (outcomes[i]) tokens += Math.max(1, r.inputLength) + Math.max(1, r.outputLength);
-  });
+  for (let i = 0; i < outcomes.length; i++) {
+    const o = outcomes[i];
+    if (o !== undefined && o.status === undefined) tokens += o.promptTokens + Math.max(1, trace[i].outputLength);
+  }
   const busy = engines.map((e) => e.busyMs / 1000);
   const meanBusy = busy.reduce((a, b) => a + b, 0) / n;
-  const e2e = percentiles(served.map((o) => o.e2e));
+  const e2e = percentiles(completed.map((o) => o.e2e));
   return {
     policy: options.label ?? policy,
     hitRate: prompt > 0 ? cached / prompt : 0,
-    ttft: percentiles(served.map((o) => o.ttft)),
+    ttft: percentiles(answered.map((o) => o.ttft)),
     e2e: { mean: e2e.mean, p99: e2e.p99 },
     throughputTokPerS: lastFinish > 0 ? tokens / lastFinish : 0,
     loadImbalance: meanBusy > 0 ? Math.max(...busy) / meanBusy : 1,
     prefillTokens: engines.reduce((a, e) => a + e.prefillTokens, 0),
-    outcomes: served,
+    cancelled,
+    failed,
+    retried,
+    eventBatchesLost: router.counts.eventBatchesLost,
+    outcomes: answered,
     workerBusySeconds: busy,
     loadTimeline,
     rejected,

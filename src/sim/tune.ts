@@ -40,8 +40,13 @@ export interface Score {
   hitRate: number;
 }
 
-/** The weights a search moves; knee and ceiling stay at their defaults. */
-const TUNABLE: ReadonlyArray<keyof CostWeights> = ['prefill', 'recompute', 'decode', 'load', 'pressure', 'cla', 'workflow'];
+/**
+ * The weights a search moves: the multiplier of the derived saturation term and the KV
+ * guards. The physical constants (prefill rate, attention, decode, KV capacity), the knee and
+ * the ceiling describe the hardware and stay as given; the CLA and workflow bonuses only act
+ * on seed-API requests, which a trace replay does not make.
+ */
+const TUNABLE: ReadonlyArray<keyof CostWeights> = ['recompute', 'load', 'pressure'];
 
 export function tuneCostWeights(trace: readonly TraceRequest[], options: TuneOptions): TuneResult {
   const trainFraction = options.trainFraction ?? 0.6;
@@ -107,7 +112,16 @@ function round3(x: number): number {
   return Math.round(x * 1000) / 1000;
 }
 
-/** A config block a user can paste (the router.yaml of `serve --config`). */
+/**
+ * The tuned router options as JSON: `{ "policy": "cost", "costWeights": { … } }`. JSON is
+ * also YAML, so the same text is a `serve --config` file and the argument of
+ * `new KVAwareRouter(…)`.
+ */
+export function renderRouterOptions(r: TuneResult): string {
+  return `${JSON.stringify({ policy: 'cost', costWeights: r.weights }, null, 2)}\n`;
+}
+
+/** A config block a user can paste (the router.yaml of `serve --config`; its keys are KVAwareRouter's options). */
 export function renderWeightsConfig(traceName: string, r: TuneResult): string {
   const lines = [
     `# cost weights tuned by contextforge-router tune on ${traceName}`,

@@ -58,7 +58,7 @@ describe("policy 'cost'", () => {
   });
 
   test('excludes workers at or above the pressure ceiling unless all are', async () => {
-    const r = await fleet(2, { costWeights: { prefill: 100 } });
+    const r = await fleet(2, { costWeights: { recompute: 100 } });
     await r.broadcastNewBlocks('doc', ['b'], 'w0');
     await r.updateWorkerState('w0', 0.95);
     await r.updateWorkerState('w1', 0.94);
@@ -89,7 +89,9 @@ describe("policy 'cost'", () => {
   });
 
   test('weights are validated', () => {
-    assert.throws(() => new KVAwareRouter({ costWeights: { prefill: -1 } }), RangeError);
+    assert.throws(() => new KVAwareRouter({ costWeights: { recompute: -1 } }), RangeError);
+    assert.throws(() => new KVAwareRouter({ costWeights: { prefillTokensPerSecond: 0 } }), /prefillTokensPerSecond must be > 0/);
+    assert.throws(() => new KVAwareRouter({ costWeights: { attention: Number.NaN } }), /costWeights.attention must be a finite number/);
     assert.throws(() => new KVAwareRouter({ costWeights: { bogus: 1 } as never }), /costWeights.bogus/);
     assert.throws(() => new KVAwareRouter({ costWeights: { pressureKnee: 1 } }), /pressureKnee/);
     assert.equal(DEFAULT_COST_WEIGHTS.pressureCeiling, 0.95);

@@ -1,9 +1,13 @@
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
 
 const engines: MockEngine[] = [];
+const gateways: Gateway[] = [];
 after(async () => {
+  for (const g of gateways) await g.close();
   for (const e of engines) await e.close();
 });
 
@@ -62,4 +66,21 @@ test('mock engine: cancelling a request mid-prefill keeps the blocks another req
   const cache = await fetch(url('/debug/cache'));
   assert.equal(cache.status, 200);
   assert.equal(((await cache.json()) as { blockHashes: string[] }).blockHashes.length, 800 / 16);
+});
+
+test('the engine\'s context-limit 400 reaches the client through the gateway unchanged', async () => {
+  const e = await new MockEngine({ maxModelLen: 64 }).start();
+  engines.push(e);
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const gw = await createGateway({ router, workers: [{ id: 'a', url: `http://127.0.0.1:${e.port}` }], metricsIntervalMs: 0, healthCheckIntervalMs: 0 });
+  gateways.push(gw);
+  const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+  const prompt = Array.from({ length: 100 }, (_, i) => i + 1000);
+  const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt, max_tokens: 1 }) });
+  assert.equal(r.status, 400);
+  const body = (await r.json()) as { error: { type: string; code: number; message: string } };
+  assert.equal(body.error.type, 'BadRequestError');
+  assert.equal(body.error.code, 400);
+  assert.match(body.error.message, /maximum context length is 64 tokens/);
+  assert.equal(r.headers.get('x-contextforge-worker'), 'a');
 });

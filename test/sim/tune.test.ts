@@ -20,7 +20,7 @@ test('tune searches on the first part, checks on the rest, and is deterministic'
   else assert.deepEqual(a.weights, { ...DEFAULT_COST_WEIGHTS });
   const block = renderWeightsConfig('wf', a);
   assert.match(block, /^policy: cost$/m);
-  for (const k of Object.keys(DEFAULT_COST_WEIGHTS)) assert.match(block, new RegExp(`^  ${k}: [0-9.]+$`, 'm'));
+  for (const k of Object.keys(DEFAULT_COST_WEIGHTS)) assert.match(block, new RegExp(`^  ${k}: [0-9.]+(e-[0-9]+)?$`, 'm'));
 });
 
 test('tune rejects bad settings', () => {

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { parse as parseYaml } from 'yaml';
-import { POLICY_NAMES } from '../../core/policies/index.js';
+import { POLICY_NAMES, resolveCostWeights, type CostWeights, type PolicyOptions } from '../../core/policies/index.js';
 import { KVAwareRouter } from '../../core/router/index.js';
 import { createGateway, type GatewayWorker } from '../../server/gateway.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
@@ -84,6 +84,12 @@ interface Setting {
   help: string;
   parse: (value: string) => unknown;
   default?: unknown;
+  /**
+   * Also accepted in the config file under this key (the KVAwareRouter option's name, so a
+   * `tune` block or router options paste in unchanged). Such a setting takes a mapping in the
+   * file and a JSON or YAML flow mapping on the command line and in the environment.
+   */
+  optionKey?: string;
 }
 
 const choice = (flag: string, allowed: readonly string[]) => (v: string) => {
@@ -109,10 +115,40 @@ const state = (v: string) => {
   return v;
 };
 
+/** A JSON / YAML flow mapping (`{"recompute": 2}`, `{recompute: 2}`) passed to `check`. */
+const mapping = (flag: string, check: (value: Record<string, unknown>) => unknown) => (v: string) => {
+  let parsed: unknown;
+  try {
+    parsed = parseYaml(v);
+  } catch (err) {
+    throw new InvalidArgumentError(`${flag} must be a mapping such as '{"key": 1}': ${(err as Error).message.split('\n')[0]}`);
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new InvalidArgumentError(`${flag} must be a mapping such as '{"key": 1}', got '${v}'`);
+  try {
+    return check(parsed as Record<string, unknown>);
+  } catch (err) {
+    throw new InvalidArgumentError(`${flag}: ${(err as Error).message}`);
+  }
+};
+const costWeights = mapping('--cost-weights', (m) => {
+  resolveCostWeights(m as Partial<CostWeights>); // names the bad key
+  return m;
+});
+const POLICY_OPTION_KEYS = ['dynamo', 'sglang', 'llmd'];
+const policyOptions = mapping('--policy-options', (m) => {
+  for (const [k, v] of Object.entries(m)) {
+    if (!POLICY_OPTION_KEYS.includes(k)) throw new RangeError(`unknown policy '${k}' (options exist for: ${POLICY_OPTION_KEYS.join(', ')}; the cost policy's are --cost-weights)`);
+    if (v === null || typeof v !== 'object' || Array.isArray(v)) throw new RangeError(`${k} must be a mapping of that policy's options`);
+  }
+  return m;
+});
+
 export const SERVE_SETTINGS: readonly Setting[] = [
   { key: 'host', arg: '<addr>', help: 'listen address', parse: text('--host'), default: '127.0.0.1' },
   { key: 'port', arg: '<n>', help: 'listen port (0: any free port)', parse: port, default: 8080 },
   { key: 'policy', arg: '<name>', help: `routing policy (${POLICY_NAMES.join(', ')})`, parse: choice('--policy', POLICY_NAMES), default: 'cost' },
+  { key: 'cost-weights', arg: '<mapping>', help: "the cost policy's weights, e.g. '{recompute: 2}' (what `tune` prints; config key costWeights)", parse: costWeights, optionKey: 'costWeights' },
+  { key: 'policy-options', arg: '<mapping>', help: "peer policies' options, e.g. '{dynamo: {prefillLoadScale: 2}}' (config key policyOptions)", parse: policyOptions, optionKey: 'policyOptions' },
   { key: 'block-size', arg: '<n>', help: "tokens per KV block (the engines')", parse: intOption('--block-size', 1), default: 16 },
   { key: 'tokenize', arg: '<mode>', help: 'how prompts are hashed: text, tokenizer (--tokenizer) or engine (the worker\'s /tokenize)', parse: choice('--tokenize', ['text', 'tokenizer', 'engine']), default: 'text' },
   { key: 'tokenizer', arg: '<path>', help: 'tokenizer.json, or the model directory holding it and tokenizer_config.json', parse: text('--tokenizer') },
@@ -147,6 +183,8 @@ export interface ServeConfig {
   host: string;
   port: number;
   policy: string;
+  costWeights?: Partial<CostWeights>;
+  policyOptions?: Omit<PolicyOptions, 'costWeights'>;
   blockSize: number;
   tokenize: 'text' | 'tokenizer' | 'engine';
   tokenizer?: string;
@@ -186,8 +224,14 @@ export function readConfigFile(file: string): Record<string, unknown> {
   if (raw === null || raw === undefined) return {};
   if (typeof raw !== 'object' || Array.isArray(raw)) throw new RangeError(`--config ${file}: the top level must be a mapping of settings`);
   const known = new Set([...SERVE_SETTINGS.map((s) => s.key), 'workers']);
+  const byOptionKey = new Map(SERVE_SETTINGS.filter((s) => s.optionKey).map((s) => [s.optionKey!, s.key]));
   for (const key of Object.keys(raw)) {
-    if (!known.has(key)) throw new RangeError(`--config ${file}: unknown key '${key}' (known: ${[...known].join(', ')})`);
+    const alias = byOptionKey.get(key);
+    if (alias !== undefined) {
+      if ((raw as Record<string, unknown>)[alias] !== undefined) throw new RangeError(`--config ${file}: give ${key} or ${alias}, not both`);
+      continue;
+    }
+    if (!known.has(key)) throw new RangeError(`--config ${file}: unknown key '${key}' (known: ${[...known, ...byOptionKey.keys()].join(', ')})`);
   }
   return raw as Record<string, unknown>;
 }
@@ -205,9 +249,10 @@ export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = proces
   for (const s of SERVE_SETTINGS) {
     const name = camel(s.key);
     const source = cmd.getOptionValueSource(name);
-    if ((source === undefined || source === 'default') && file[s.key] !== undefined && file[s.key] !== null) {
+    const fromFile = file[s.key] ?? (s.optionKey !== undefined ? file[s.optionKey] : undefined);
+    if ((source === undefined || source === 'default') && fromFile !== undefined && fromFile !== null) {
       try {
-        out[name] = s.parse(String(file[s.key]));
+        out[name] = s.parse(typeof fromFile === 'object' ? JSON.stringify(fromFile) : String(fromFile));
       } catch (err) {
         throw new RangeError(`--config ${configFile}: ${s.key}: ${(err as Error).message}`);
       }
@@ -275,7 +320,9 @@ async function runServe(c: ServeConfig): Promise<void> {
     ? ChatTokenizer.load(c.tokenizer!, { chatTemplate: c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate) })
     : undefined;
   const precise = eventsUsable && c.workers.some((w) => w.events);
-  const router = new KVAwareRouter({ policy: c.policy, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate' });
+  const router = new KVAwareRouter({
+    policy: c.policy, costWeights: c.costWeights, policyOptions: c.policyOptions, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate',
+  });
   // the admin token: configured (flag, CONTEXTFORGE_ADMIN_TOKEN, config), else the token file,
   // else a random one written to a private default file the operator can read
   const admin = resolveAdminToken({ token: c.adminToken, tokenFile: c.adminTokenFile ?? defaultAdminTokenFile() });

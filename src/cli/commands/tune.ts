@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { loadTrace } from '../../sim/load-trace.js';
-import { renderWeightsConfig, tuneCostWeights } from '../../sim/tune.js';
+import { renderRouterOptions, renderWeightsConfig, tuneCostWeights } from '../../sim/tune.js';
 import { intOption, positiveNumberOption } from '../options.js';
 
 export function registerTuneCommand(program: Command): void {
@@ -13,9 +13,9 @@ export function registerTuneCommand(program: Command): void {
     .option('--trials <n>', 'simulations the search may run', intOption('--trials', 1), 30)
     .option('--train-fraction <f>', 'share of requests (by arrival) to search on', positiveNumberOption('--train-fraction'), 0.6)
     .option('--seed <n>', 'search seed', intOption('--seed', 0), 7)
-    .option('--format <yaml|json>', 'output', 'yaml')
+    .option('--format <yaml|options|json>', 'yaml: a commented serve --config block; options: the router options as JSON (for --config and new KVAwareRouter()); json: the whole search', 'yaml')
     .action(async (flags: { trace: string; workers: number; speed: number; trials: number; trainFraction: number; seed: number; format: string }) => {
-      if (flags.format !== 'yaml' && flags.format !== 'json') throw new RangeError(`--format must be yaml or json, got '${flags.format}'`);
+      if (!['yaml', 'options', 'json'].includes(flags.format)) throw new RangeError(`--format must be yaml, options or json, got '${flags.format}'`);
       if (flags.trainFraction >= 1) throw new RangeError('--train-fraction must be below 1');
       const { name, requests } = await loadTrace(flags.trace);
       if (requests.length < 2) throw new RangeError('--trace needs at least 2 requests to hold some out');
@@ -28,6 +28,7 @@ export function registerTuneCommand(program: Command): void {
         onTrial: (i, n) => process.stderr.isTTY && process.stderr.write(`\rtrial ${i}/${n}`),
       });
       if (process.stderr.isTTY) process.stderr.write('\n');
-      process.stdout.write(flags.format === 'json' ? `${JSON.stringify(result)}\n` : renderWeightsConfig(name, result));
+      const out = flags.format === 'json' ? `${JSON.stringify(result)}\n` : flags.format === 'options' ? renderRouterOptions(result) : renderWeightsConfig(name, result);
+      process.stdout.write(out);
     });
 }

@@ -2,78 +2,175 @@ import { pickMax } from './pick.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
 
 /**
- * The weights of the `cost` policy, in one place. For each candidate:
+ * The `cost` policy estimates, for every candidate worker, what sending the request there
+ * costs the fleet in prefill time, and picks the cheapest. Every term is measured in
+ * prefill-token equivalents (÷ `prefillTokensPerSecond` gives seconds, which `explain` shows):
  *
- *   work  = (uncached prompt tokens + queued prefill tokens + decode · active decode tokens) / prompt
- *   score = − prefill · work − recompute · uncached / prompt
- *           − load · kvUsage − pressure · max(0, kvUsage − pressureKnee) / (1 − pressureKnee)
- *           + cla · servesCla + workflow · continuity
+ *   W(u)   = u · (1 + attention · (P − u/2))         this request's prefill: u uncached tokens,
+ *                                                    each attending to the cached context
+ *   slow   = 1 + decode · activeDecodeTokens          decode steps interleaved with prefill chunks
+ *   wait   = (queuedPrefillTokens + W(u)) · slow     estimated TTFT on this worker
+ *   kvWait = max(0, P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity known)
+ *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
+ *            + share of workers with requests        (the best-cached worker's own queue left out;
+ *              in flight                             the busy share: the chance a recompute
+ *                                                    delays an arrival below saturation)
+ *   ρ      = h / (1 − h), h the smoothed hit rate     reuses of a cached token (what a copy displaces)
+ *   full   = the worker's cached tokens / its KV capacity (else / the fullest worker's)
+ *   recompute = recompute · σ · (W(u) − W(u_best)) / (1 + hot) + ρ · full · u
+ *                                                    the extra prefill (over the best-cached worker)
+ *                                                    delays the σ requests queued behind it, shared
+ *                                                    by the `hot` in-flight requests that will reuse
+ *                                                    a replica of a hot prefix; and every new token
+ *                                                    evicts, where the cache is full, a cached one
+ *                                                    worth ρ recomputes
+ *   guard  = P · (load · kvUsage + pressure · overKnee − cla · servesCla − workflow · continuity)
+ *                                                    (the affinity bonuses only for prompts without
+ *                                                    blocks, the seed API: otherwise cachedTokens
+ *                                                    already counts what they stand for)
+ *   cost   = wait + kvWait + recompute + guard
  *
- * and the highest score wins. `work` is the prefill this request would wait for on that
- * worker, in units of its own prompt: it rewards cached KV (locality) and penalises queues in
- * the same currency, so a hot prefix held by a saturated worker is spread to an idle one as
- * soon as the queue costs more than the cache saves. `recompute` charges what the request
- * adds to the fleet's total prefill beyond its own wait: a sibling queued behind the request
- * that is computing its prefix waits as long as one recomputing it elsewhere, but costs the
- * fleet nothing extra. When the prompt length is unknown (the
- * seed API without tokenLength) a prompt of REFERENCE_PROMPT_TOKENS is assumed. Workers at or
- * above `pressureCeiling` KV usage are left out unless every candidate is.
+ * At light load σ ≈ 0 and the policy minimises the request's own TTFT (spread); at saturation
+ * σ grows and a recompute is charged for every request it delays (keep prefixes together).
+ * A prompt longer than a worker's KV capacity cannot run there at all: that worker is left
+ * out unless no worker can take it. Workers at or above `pressureCeiling` KV usage are left
+ * out unless every candidate is (when the capacity is unknown). docs/routing.md derives each
+ * term and works an example per regime.
  */
 export interface CostWeights {
-  /** Weight of the prefill work (uncached + queued tokens, per prompt token). */
-  prefill: number;
-  /** Weight of the prefill the request adds to the fleet (uncached tokens, per prompt token). */
-  recompute: number;
-  /** Weight of a worker's active decode tokens relative to queued prefill tokens. */
+  /** Prefill throughput of one worker (tokens/s); only scales the seconds `explain` shows. */
+  prefillTokensPerSecond: number;
+  /** Prefill cost of one new token per context token it attends to, relative to its linear layers. */
+  attention: number;
+  /** Prefill slowdown per KV token of requests decoding on the worker. */
   decode: number;
-  /** Linear penalty per unit of KV usage. */
+  /** Multiplier of the saturation term (1: as derived). */
+  recompute: number;
+  /** Linear penalty per unit of KV usage, in units of the request's prompt. */
   load: number;
-  /** Extra penalty, scaled to 1 at full KV usage, beyond the knee (VRAM pressure). */
+  /** Extra penalty, scaled to 1 at full KV usage, beyond the knee (VRAM pressure), same units. */
   pressure: number;
   /** KV usage at which the pressure penalty starts. */
   pressureKnee: number;
   /** KV usage at or above which a worker is excluded while any other is below it. */
   pressureCeiling: number;
-  /** Reward for serving the request's CLA group. */
+  /** Reward for serving the request's CLA group, in units of the request's prompt (seed API only). */
   cla: number;
-  /** Reward for the worker that ran the workflow's previous step. */
+  /** Reward for the worker that ran the workflow's previous step, in units of the request's prompt (seed API only). */
   workflow: number;
+  /** KV capacity of a worker in tokens when its metrics do not say (0: unknown). */
+  kvCapacityTokens: number;
 }
 
+/**
+ * The physical constants describe Qwen3-32B fp8 on one H100 SXM, from the same hardware
+ * figures as the simulator's engine model (src/engine-model/engine-model.ts ENGINE_DEFAULTS):
+ * - prefillTokensPerSecond: an 8,192-token chunk is compute-bound at 0.054 ms per token
+ *   (2 FLOP per parameter at 60% of the dense fp8 peak) = 442 ms ≈ 18,500 tokens/s;
+ * - attention: 2.1 MFLOP per (query, key) pair at the attention rate (3.5e-6 ms) over the
+ *   linear layers' 0.054 ms per token ≈ 6.5e-5;
+ * - decode: reading one KV token per step (4.9e-5 ms at 80% of HBM bandwidth) over one
+ *   chunk's 442 ms ≈ 1.1e-7.
+ * The guard weights (load, pressure, knee, ceiling) and bonuses (cla, workflow) are the
+ * policy's earlier defaults, kept for the seed API (no prompt length, no queue counts).
+ */
 export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
-  prefill: 1.0,
-  recompute: 2.0,
-  decode: 0.1,
+  prefillTokensPerSecond: 18_500,
+  attention: 6.5e-5,
+  decode: 1.1e-7,
+  recompute: 1,
   load: 0.5,
   pressure: 6.0,
   pressureKnee: 0.8,
   pressureCeiling: 0.95,
   cla: 0.3,
   workflow: 0.6,
+  kvCapacityTokens: 0,
 });
 
 /** Prompt length assumed when the request does not say (seed API without tokenLength). */
 export const REFERENCE_PROMPT_TOKENS = 4096;
 
-/** The score of one candidate (higher is better); the hot path, so it allocates nothing. */
-export function costScore(c: Candidate, r: RouteFeatures, w: Readonly<CostWeights>): number {
-  const prompt = r.promptTokens > 0 ? r.promptTokens : REFERENCE_PROMPT_TOKENS;
-  const uncached = r.promptTokens > 0 ? Math.max(0, r.promptTokens - c.cachedTokens) : (1 - c.cachedFraction) * prompt;
-  const worker = c.worker;
-  const work = (uncached + worker.queuedPrefillTokens + w.decode * worker.activeDecodeTokens) / prompt;
-  const kv = worker.load;
-  const overKnee = kv > w.pressureKnee ? (kv - w.pressureKnee) / (1 - w.pressureKnee) : 0;
-  return -w.prefill * work - (w.recompute * uncached) / prompt - w.load * kv - w.pressure * overKnee + (c.servesCla ? w.cla : 0) + (c.continuity ? w.workflow : 0);
+/** Decisions over which a prefix's share of the traffic is averaged (hotness). */
+export const HOT_WINDOW_DECISIONS = 256;
+/** Slots of the hotness table (a power of two; colliding prefixes share a slot). */
+const HOT_SLOTS = 4096;
+/** The displaced tokens are the least recently used: their reuse is capped at a 75% hit rate's (3). */
+const MAX_REUSE_HIT = 0.75;
+/** Smoothing of the mean work per request (decisions). */
+const WORK_SMOOTHING = 64;
+
+/** Prefill work (token equivalents) of `uncached` new tokens at the end of a `prompt`-token context. */
+export function prefillWork(uncached: number, prompt: number, attention: number): number {
+  return uncached * (1 + attention * (prompt - uncached / 2));
 }
 
-/** The terms behind costScore, for explanations. */
-export function costTerms(c: Candidate, r: RouteFeatures, w: Readonly<CostWeights>) {
-  const prompt = r.promptTokens > 0 ? r.promptTokens : REFERENCE_PROMPT_TOKENS;
-  const uncached = r.promptTokens > 0 ? Math.max(0, r.promptTokens - c.cachedTokens) : (1 - c.cachedFraction) * prompt;
-  const work = (uncached + c.worker.queuedPrefillTokens + w.decode * c.worker.activeDecodeTokens) / prompt;
-  const kv = c.worker.load;
+/** The fleet-wide quantities every candidate's cost depends on, computed once per decision. */
+export interface FleetView {
+  /** Requests queued per worker (σ): mean queued prefill over the mean work a request adds. */
+  saturation: number;
+  /** Reuses of a cached token, h/(1−h) for the smoothed hit rate h: what an evicted token loses. */
+  reuse: number;
+  /** Most block-index entries any candidate has (the cache fullness reference when capacity is unknown). */
+  mostEntries: number;
+  /** In-flight requests expected to share this request's cached prefix. */
+  hotness: number;
+  /** Most cached tokens any candidate holds, and that candidate's prefill work. */
+  bestCachedTokens: number;
+  bestWork: number;
+  /** Some candidate is below the pressure ceiling (unknown capacity) / can fit the prompt. */
+  anyBelowCeiling: boolean;
+  anyFits: boolean;
+}
+
+/** Per-candidate terms of the cost, in prefill-token equivalents. */
+class Terms {
+  prompt = 0;
+  uncached = 0;
+  work = 0;
+  slowdown = 1;
+  wait = 0;
+  kvCapacity = 0;
+  kvWait = 0;
+  fits = true;
+  fullness = 0;
+  recompute = 0;
+  guard = 0;
+  cost = 0;
+}
+
+/** Fills `t` with candidate `c`'s terms; allocates nothing. */
+function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<CostWeights>, fleet: FleetView): Terms {
+  const known = r.promptTokens > 0;
+  const prompt = known ? r.promptTokens : REFERENCE_PROMPT_TOKENS;
+  const uncached = known ? Math.max(0, prompt - c.cachedTokens) : (1 - c.cachedFraction) * prompt;
+  const worker = c.worker;
+  const work = prefillWork(uncached, prompt, w.attention);
+  const slowdown = 1 + w.decode * worker.activeDecodeTokens;
+  const capacity = worker.kvCapacityTokens > 0 ? worker.kvCapacityTokens : w.kvCapacityTokens;
+  // vLLM counts cached-but-idle blocks as free: the whole prompt must fit in the free part
+  const kvWait = capacity > 0 ? Math.max(0, prompt - (1 - worker.load) * capacity) : 0;
+  const kv = worker.load;
   const overKnee = kv > w.pressureKnee ? (kv - w.pressureKnee) / (1 - w.pressureKnee) : 0;
-  return { uncachedTokens: uncached, work, kvUsage: kv, overKnee, score: costScore(c, r, w) };
+  t.prompt = prompt;
+  t.uncached = uncached;
+  t.work = work;
+  t.slowdown = slowdown;
+  t.wait = (worker.queuedPrefillTokens + work) * slowdown;
+  t.kvCapacity = capacity;
+  t.kvWait = kvWait;
+  t.fits = capacity <= 0 || prompt <= capacity;
+  // a copy displaces cached KV only where the cache is full: an empty worker loses nothing
+  const held = c.indexEntries * r.blockSize;
+  const fullness = capacity > 0 ? Math.min(1, held / capacity) : fleet.mostEntries > 0 ? c.indexEntries / fleet.mostEntries : 0;
+  t.fullness = fullness;
+  t.recompute = (w.recompute * fleet.saturation * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness) + fleet.reuse * fullness * uncached;
+  // CLA and workflow affinity stand in for the cached KV when the prompt is not hashed (the
+  // seed API); with blocks, cachedTokens already counts it and a bonus would count it twice
+  const affinity = r.requestBlocks > 0 ? 0 : (c.servesCla ? w.cla : 0) + (c.continuity ? w.workflow : 0);
+  t.guard = prompt * (w.load * kv + w.pressure * overKnee - affinity);
+  t.cost = t.wait + kvWait + t.recompute + t.guard;
+  return t;
 }
 
 /**
@@ -84,34 +181,146 @@ export class CostPolicy implements RoutingPolicy {
   readonly name = 'cost';
   private readonly tieBreak = { cursor: 0 };
   private readonly scratch: number[] = [];
-  // the scoring closure is made once; choose() sets what it reads
+  private readonly terms = new Terms();
+  // the fleet view and the scoring closure are made once; choose() sets what they read
+  private readonly fleet: FleetView = { saturation: 0, reuse: 0, mostEntries: 0, hotness: 0, bestCachedTokens: 0, bestWork: 0, anyBelowCeiling: true, anyFits: true };
   private request: RouteFeatures | undefined;
-  private anyBelowCeiling = false;
-  private readonly score = (c: Candidate): number =>
-    this.anyBelowCeiling && c.worker.load >= this.weights.pressureCeiling ? NaN : costScore(c, this.request!, this.weights);
+  /** Smoothed uncached tokens a routed request adds to its worker's queue (0 before the first). */
+  private meanWork = 0;
+  /** Smoothed fraction of the routed prompts found cached on the chosen worker. */
+  private meanHit = 0;
+  /** Decayed count of recent decisions per shared-prefix key, and when each slot was last decayed. */
+  private readonly hotKeys = new Int32Array(HOT_SLOTS);
+  private readonly hotCounts = new Float64Array(HOT_SLOTS);
+  private readonly hotSeen = new Float64Array(HOT_SLOTS);
+  private decisions = 0;
+  private readonly score = (c: Candidate): number => {
+    const t = computeTerms(this.terms, c, this.request!, this.weights, this.fleet);
+    if (!t.fits && this.fleet.anyFits) return NaN;
+    if (t.kvCapacity <= 0 && this.fleet.anyBelowCeiling && c.worker.load >= this.weights.pressureCeiling) return NaN;
+    return -t.cost;
+  };
 
   constructor(readonly weights: Readonly<CostWeights> = DEFAULT_COST_WEIGHTS) {}
 
   choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice {
-    const w = this.weights;
-    let anyBelowCeiling = false;
-    for (const c of candidates) if (c.worker.load < w.pressureCeiling) anyBelowCeiling = true;
+    if (candidates.length === 0) return NO_CHOICE;
     this.request = request;
-    this.anyBelowCeiling = anyBelowCeiling;
+    this.observeFleet(candidates, request);
     const index = pickMax(candidates, this.score, this.tieBreak, this.scratch);
     if (index < 0) return NO_CHOICE;
-    return { index, confidence: candidates[index].cachedFraction, reason: 'cost' };
+    const chosen = candidates[index];
+    const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet);
+    // recomputing a prefix another worker holds, because the queue it saves costs more
+    const replicate = this.fleet.bestCachedTokens - chosen.cachedTokens >= request.blockSize && t.work > this.fleet.bestWork;
+    return { index, confidence: chosen.cachedFraction, reason: replicate ? 'replicate' : 'cost' };
+  }
+
+  /** A routed request: the mean work, the hit rate and the prefix's count learn from it. */
+  commit(chosen: Candidate, request: RouteFeatures): void {
+    const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet);
+    this.meanWork = this.meanWork === 0 ? Math.max(1, t.uncached) : this.meanWork + (t.uncached - this.meanWork) / WORK_SMOOTHING;
+    this.meanHit += ((t.prompt > 0 ? 1 - t.uncached / t.prompt : 0) - this.meanHit) / WORK_SMOOTHING;
+    this.countPrefix(request.sharedPrefixKey ?? 0);
+  }
+
+  /** Saturation, hotness and the best-cached candidate: what every candidate's cost shares. */
+  private observeFleet(candidates: readonly Candidate[], r: RouteFeatures): void {
+    const w = this.weights;
+    const f = this.fleet;
+    let queued = 0;
+    let holderQueued = 0;
+    let inFlight = 0;
+    let busy = 0;
+    let mostEntries = 0;
+    let best = 0;
+    let anyBelowCeiling = false;
+    let anyFits = false;
+    const prompt = r.promptTokens > 0 ? r.promptTokens : 0;
+    for (const c of candidates) {
+      queued += c.worker.queuedPrefillTokens;
+      inFlight += c.worker.inFlightRequests;
+      if (c.worker.inFlightRequests > 0) busy++;
+      if (c.indexEntries > mostEntries) mostEntries = c.indexEntries;
+      const cached = prompt > 0 ? Math.min(prompt, c.cachedTokens) : c.cachedFraction * REFERENCE_PROMPT_TOKENS;
+      if (cached > best) {
+        best = cached;
+        holderQueued = c.worker.queuedPrefillTokens;
+      }
+      if (c.worker.load < w.pressureCeiling) anyBelowCeiling = true;
+      const capacity = c.worker.kvCapacityTokens > 0 ? c.worker.kvCapacityTokens : w.kvCapacityTokens;
+      if (capacity <= 0 || prompt <= capacity) anyFits = true;
+    }
+    const p = prompt > 0 ? prompt : REFERENCE_PROMPT_TOKENS;
+    f.bestCachedTokens = best;
+    f.bestWork = prefillWork(p - best, p, w.attention);
+    // the holder's own queue is left out: it must not shield the holder from replication
+    const others = best > 0 ? candidates.length - 1 : candidates.length;
+    const queuedPerWorker = this.meanWork > 0 && others > 0 ? (queued - (best > 0 ? holderQueued : 0)) / others / this.meanWork : 0;
+    // below saturation a recompute still occupies a worker that an arrival may need: with the
+    // share of busy workers as that chance, one delayed request at most
+    f.saturation = queuedPerWorker + busy / candidates.length;
+    const hit = Math.min(this.meanHit, MAX_REUSE_HIT);
+    f.reuse = hit / (1 - hit);
+    f.mostEntries = mostEntries;
+    f.hotness = this.prefixShare(r.sharedPrefixKey ?? 0) * inFlight;
+    f.anyBelowCeiling = anyBelowCeiling;
+    f.anyFits = anyFits;
+  }
+
+  /** Fraction of the last HOT_WINDOW_DECISIONS decisions that shared this prefix. */
+  private prefixShare(key: number): number {
+    if (key === 0) return 0;
+    const slot = key & (HOT_SLOTS - 1);
+    if (this.hotKeys[slot] !== (key | 0)) return 0;
+    const decayed = this.hotCounts[slot] * Math.exp(-(this.decisions - this.hotSeen[slot]) / HOT_WINDOW_DECISIONS);
+    return Math.min(1, decayed / HOT_WINDOW_DECISIONS);
+  }
+
+  private countPrefix(key: number): void {
+    this.decisions++;
+    if (key === 0) return;
+    const slot = key & (HOT_SLOTS - 1);
+    if (this.hotKeys[slot] !== (key | 0)) {
+      this.hotKeys[slot] = key | 0;
+      this.hotCounts[slot] = 0;
+      this.hotSeen[slot] = this.decisions;
+    }
+    this.hotCounts[slot] = this.hotCounts[slot] * Math.exp(-(this.decisions - this.hotSeen[slot]) / HOT_WINDOW_DECISIONS) + 1;
+    this.hotSeen[slot] = this.decisions;
   }
 
   scoreTerms(c: Candidate, request: RouteFeatures): Record<string, number | boolean> {
-    const t = costTerms(c, request, this.weights);
+    const w = this.weights;
+    const f = this.fleet;
+    const t = computeTerms(new Terms(), c, request, w, f);
+    const seconds = (tokens: number) => tokens / w.prefillTokensPerSecond;
+    const excluded = (!t.fits && f.anyFits) || (t.kvCapacity <= 0 && f.anyBelowCeiling && c.worker.load >= w.pressureCeiling);
     return {
-      ...t,
+      promptTokens: t.prompt,
+      uncachedTokens: t.uncached,
       queuedPrefillTokens: c.worker.queuedPrefillTokens,
       activeDecodeTokens: c.worker.activeDecodeTokens,
+      queueSeconds: seconds(c.worker.queuedPrefillTokens * t.slowdown),
+      prefillSeconds: seconds(t.work * t.slowdown),
+      decodeSlowdown: t.slowdown,
+      estimatedTtftSeconds: seconds(t.wait + t.kvWait),
+      kvWaitSeconds: seconds(t.kvWait),
+      fits: t.fits,
+      saturation: f.saturation,
+      reuse: f.reuse,
+      cacheFullness: t.fullness,
+      hotness: f.hotness,
+      recomputeSeconds: seconds(t.recompute),
+      replicate: f.bestCachedTokens - c.cachedTokens >= request.blockSize && t.work > f.bestWork && !excluded,
+      kvUsage: c.worker.load,
+      guardSeconds: seconds(t.guard),
       servesCla: c.servesCla,
       continuity: c.continuity,
-      excluded: c.worker.load >= this.weights.pressureCeiling,
+      excluded,
+      costSeconds: seconds(t.cost),
+      /** What the policy maximises (−cost, in seconds); NaN when excluded. */
+      score: excluded ? NaN : -seconds(t.cost),
     };
   }
 }

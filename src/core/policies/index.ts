@@ -6,7 +6,7 @@ import { LlmdPolicy, type LlmdOptions } from './llmd.js';
 import { PowerOfTwoPolicy } from './power-of-two.js';
 import { RandomPolicy } from './random.js';
 import { RoundRobinPolicy } from './round-robin.js';
-import { SeedPolicy } from './seed.js';
+import { SeedPolicy, type SeedOptions } from './seed.js';
 import { SglangPolicy, type SglangOptions } from './sglang.js';
 import type { PolicyContext, RoutingPolicy } from './types.js';
 
@@ -15,6 +15,7 @@ export interface PolicyOptions {
   dynamo?: DynamoOptions;
   sglang?: SglangOptions;
   llmd?: LlmdOptions;
+  seed?: SeedOptions;
 }
 
 type PolicyFactory = (options: PolicyOptions, ctx: PolicyContext) => RoutingPolicy;
@@ -22,7 +23,7 @@ type PolicyFactory = (options: PolicyOptions, ctx: PolicyContext) => RoutingPoli
 /** One line per policy; each policy lives in its own file. */
 const POLICY_FACTORIES: Readonly<Record<string, PolicyFactory>> = {
   cost: (o) => new CostPolicy(resolveCostWeights(o.costWeights)),
-  seed: () => new SeedPolicy(),
+  seed: (o) => new SeedPolicy(o.seed),
   'round-robin': () => new RoundRobinPolicy(),
   random: (_o, ctx) => new RandomPolicy(ctx),
   'least-loaded': () => new LeastLoadedPolicy(),
@@ -35,7 +36,32 @@ const POLICY_FACTORIES: Readonly<Record<string, PolicyFactory>> = {
 
 export const POLICY_NAMES: readonly string[] = Object.keys(POLICY_FACTORIES);
 
+/** The knobs of each peer policy (see each policy's file for upstream's defaults). */
+const PEER_OPTION_KEYS: Readonly<Record<string, readonly string[]>> = {
+  dynamo: ['prefillLoadScale', 'temperature', 'gpuCredit', 'offloadCredit', 'predictedCredit', 'activeRequestWeight'],
+  sglang: ['cacheThreshold', 'balanceAbsThreshold', 'balanceRelThreshold', 'evictionIntervalSecs', 'maxTreeSize'],
+  llmd: ['prefixWeight', 'kvWeight', 'queueWeight', 'scrapeIntervalMs'],
+  seed: ['loadSignal'],
+};
+
+/** Rejects misspelt policy options (a typo would otherwise silently keep a default). */
+export function checkPolicyOptions(options: unknown): void {
+  if (options === undefined) return;
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) throw new TypeError('policyOptions must be an object');
+  for (const [peer, value] of Object.entries(options)) {
+    if (peer === 'costWeights') continue;
+    const known = Object.hasOwn(PEER_OPTION_KEYS, peer) ? PEER_OPTION_KEYS[peer] : undefined;
+    if (!known) throw new RangeError(`policyOptions.${peer} is not a policy with options (known: ${Object.keys(PEER_OPTION_KEYS).join(', ')})`);
+    if (value === undefined) continue;
+    if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new TypeError(`policyOptions.${peer} must be an object`);
+    for (const key of Object.keys(value)) {
+      if (!known.includes(key)) throw new RangeError(`policyOptions.${peer}.${key} is not an option of ${peer} (known: ${known.join(', ')})`);
+    }
+  }
+}
+
 export function createPolicy(name: string, options: PolicyOptions, ctx: PolicyContext): RoutingPolicy {
+  checkPolicyOptions(options);
   const factory = Object.hasOwn(POLICY_FACTORIES, name) ? POLICY_FACTORIES[name] : undefined;
   if (!factory) {
     throw new RangeError(`policy must be one of ${POLICY_NAMES.join(', ')}; got '${name}'`);
@@ -55,10 +81,15 @@ export function resolveCostWeights(partial: Partial<CostWeights> = {}): CostWeig
     }
     w[key as keyof CostWeights] = value;
   }
+  if (!(w.prefillTokensPerSecond > 0)) throw new RangeError(`costWeights.prefillTokensPerSecond must be > 0, got ${w.prefillTokensPerSecond}`);
   if (w.pressureKnee >= 1) throw new RangeError(`costWeights.pressureKnee must be < 1, got ${w.pressureKnee}`);
   if (w.pressureCeiling > 1) throw new RangeError(`costWeights.pressureCeiling must be <= 1, got ${w.pressureCeiling}`);
   return w;
 }
 
 export type { CostWeights } from './cost.js';
+export type { DynamoOptions } from './dynamo.js';
+export type { LlmdOptions } from './llmd.js';
+export type { SeedOptions, SeedLoadSignal } from './seed.js';
+export type { SglangOptions } from './sglang.js';
 export type { Candidate, PolicyChoice, PolicyContext, RouteFeatures, RouteReason, RoutingPolicy } from './types.js';

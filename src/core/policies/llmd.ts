@@ -1,26 +1,43 @@
+import * as check from '../validate.js';
+import { pickWithRandomTies } from './pick.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type PolicyContext, type RouteFeatures, type RoutingPolicy } from './types.js';
 
 /**
- * llm-d's inference scheduler (llm-d/llm-d-inference-scheduler over the Gateway API
- * Inference Extension's scorers): a weighted sum of
- * - prefix-cache scorer: matched blocks / request blocks,
- * - kv-cache-utilization scorer: 1 − KV usage,
- * - queue scorer: (max queue − queue) / (max queue − min queue) over the candidates (1 when
- *   all are equal), the queue being the engine's waiting requests from /metrics,
- * with weights 3 : 2 : 2, and the max-score picker (ties at random).
+ * llm-d's inference scheduler (llm-d/llm-d-inference-scheduler, the endpoint picker): a
+ * weighted sum of scorers and the max-score picker (ties at random):
+ * - prefix-cache scorer: matched blocks / request blocks (here from the engines' KV events,
+ *   as llm-d's precise-prefix-cache-scorer; its default approximate scorer learns from its
+ *   own decisions instead);
+ * - kv-cache-utilization scorer: 1 − KV usage
+ *   (pkg/epp/framework/plugins/scheduling/scorer/kvcacheutilization/kvcache_utilization.go);
+ * - queue scorer: (max queue − queue) / (max queue − min queue) over the candidates, 1 when
+ *   all are equal, the queue being the engine's waiting requests from /metrics
+ *   (pkg/epp/framework/plugins/scheduling/scorer/queuedepth/queue.go).
+ * Default weights queue 2, kv-cache-utilization 2, prefix-cache 3
+ * (pkg/epp/config/loader/defaults.go, `loadDefaultConfig`; the same in the Helm chart's
+ * config/charts/epplib/templates/_config.yaml). Metrics are refreshed every 50 ms
+ * (pkg/epp/server/options.go, `RefreshMetricsInterval`): `scrapeIntervalMs`, which the
+ * simulator uses for this policy's load scrapes unless told otherwise.
  */
 export interface LlmdOptions {
   prefixWeight?: number;
   kvWeight?: number;
   queueWeight?: number;
+  /** How often engine metrics are scraped, ms (default 50, llm-d's RefreshMetricsInterval). */
+  scrapeIntervalMs?: number;
 }
+
+/** llm-d's default metrics refresh interval (ms). */
+export const LLMD_SCRAPE_INTERVAL_MS = 50;
 
 export class LlmdPolicy implements RoutingPolicy {
   readonly name = 'llmd';
   private readonly wPrefix: number;
   private readonly wKv: number;
   private readonly wQueue: number;
+  readonly scrapeIntervalMs: number;
   private readonly ties: number[] = [];
+  private scores = new Float64Array(64);
   private minQueue = 0;
   private maxQueue = 0;
 
@@ -28,9 +45,11 @@ export class LlmdPolicy implements RoutingPolicy {
     private readonly ctx: PolicyContext,
     options: LlmdOptions = {},
   ) {
-    this.wPrefix = options.prefixWeight ?? 3;
-    this.wKv = options.kvWeight ?? 2;
-    this.wQueue = options.queueWeight ?? 2;
+    this.wPrefix = check.finiteNonNegative(options.prefixWeight ?? 3, 'llmd.prefixWeight');
+    this.wKv = check.finiteNonNegative(options.kvWeight ?? 2, 'llmd.kvWeight');
+    this.wQueue = check.finiteNonNegative(options.queueWeight ?? 2, 'llmd.queueWeight');
+    this.scrapeIntervalMs = check.finiteNonNegative(options.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS, 'llmd.scrapeIntervalMs');
+    if (this.scrapeIntervalMs <= 0) throw new RangeError('llmd.scrapeIntervalMs must be > 0');
   }
 
   private score(c: Candidate, r: RouteFeatures): number {
@@ -55,18 +74,9 @@ export class LlmdPolicy implements RoutingPolicy {
     const n = candidates.length;
     if (n === 0) return NO_CHOICE;
     this.scanQueues(candidates);
-    let best = -Infinity;
-    const ties = this.ties;
-    ties.length = 0;
-    for (let i = 0; i < n; i++) {
-      const s = this.score(candidates[i], request);
-      if (s > best + 1e-9) {
-        best = s;
-        ties.length = 0;
-        ties.push(i);
-      } else if (s >= best - 1e-9) ties.push(i);
-    }
-    const index = ties.length === 1 ? ties[0] : ties[Math.floor(this.ctx.random() * ties.length)];
+    if (this.scores.length < n) this.scores = new Float64Array(n * 2);
+    for (let i = 0; i < n; i++) this.scores[i] = this.score(candidates[i], request);
+    const index = pickWithRandomTies(this.scores, n, 1, this.ctx.random, this.ties);
     return { index, confidence: candidates[index].cachedFraction, reason: 'cost' };
   }
 

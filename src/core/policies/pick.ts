@@ -31,6 +31,19 @@ export function pickMax(
   return scratch.length === 1 ? scratch[0] : scratch[tieBreak.cursor++ % scratch.length];
 }
 
+/**
+ * Index of the candidate with the lowest (`sign` = -1) or highest (`sign` = 1) of `scores`
+ * (first `n`), ties within TIE_EPSILON broken at random: what Dynamo's selector and llm-d's
+ * max-score picker do. `scratch` collects the ties.
+ */
+export function pickWithRandomTies(scores: Float64Array, n: number, sign: 1 | -1, random: () => number, scratch: number[]): number {
+  let best = -Infinity;
+  for (let i = 0; i < n; i++) if (sign * scores[i] > best) best = sign * scores[i];
+  scratch.length = 0;
+  for (let i = 0; i < n; i++) if (sign * scores[i] >= best - TIE_EPSILON) scratch.push(i);
+  return scratch.length === 1 ? scratch[0] : scratch[Math.floor(random() * scratch.length)];
+}
+
 /** The router's own count of a worker's outstanding requests: the queue-length peers use. */
 export function outstanding(c: Candidate): number {
   return c.worker.inFlightRequests;

@@ -1,24 +1,80 @@
+import * as check from '../validate.js';
+import type { WorkerState } from '../worker-registry.js';
 import { outstanding } from './pick.js';
+import { BlockKeys } from './block-keys.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
 
 /**
- * SGLang router's cache-aware policy (sgl-project/sglang, sgl-router/src/policies/cache_aware.rs):
+ * SGLang's router (sgl-project/sglang, sgl-model-gateway/src/policies/cache_aware.rs, formerly
+ * sgl-router/src/policies/cache_aware.rs), policy `cache_aware`:
  * - the system is imbalanced when (max load − min load) > balance_abs_threshold AND
- *   max load > balance_rel_threshold · min load, load being each worker's outstanding
- *   requests; then the shortest queue wins;
- * - otherwise the worker with the longest prefix match wins if its match rate (matched /
- *   request length) exceeds cache_threshold;
- * - otherwise the worker with the smallest tree, i.e. the fewest cached entries ("most
- *   available cache capacity", as the source says; the issue text says least loaded, the
- *   source is followed here).
- * Defaults 0.3 / 64 / 1.5 as in the issue (the router's CLI defaults have changed across
- * releases). Matching runs on this router's block index instead of SGLang's character tree,
- * so all policies see the same cache information.
+ *   max load > balance_rel_threshold · min load, a worker's load being the router's count of
+ *   its outstanding requests; then the least-loaded worker wins;
+ * - otherwise the worker with the longest prefix match in the router's *approximate tree*
+ *   wins if the match rate (matched / whole prompt; upstream counts characters of the request
+ *   text) exceeds cache_threshold;
+ * - otherwise the tenant with the smallest tree (`get_smallest_tenant`: fewest characters).
+ * Every decision, balancing ones included, inserts the prompt into the chosen worker's tree.
+ *
+ * The approximate tree (sgl-model-gateway/src/policies/tree.rs) is fed only by routing
+ * history, never by the engines: it never hears of evictions. Every eviction_interval
+ * seconds, a tenant whose tree exceeds max_tree_size characters loses least-recently-used
+ * leaves until it fits (`evict_tenant_by_size`). Here the tree is kept per worker over the
+ * request's prefix-chained blocks (a block's hash names its whole path, so a set of hashes
+ * is a radix tree); its size is counted in characters at 4 per token, the router's text-mode
+ * estimate. Among workers matching equally deep, the one that touched the deepest matched
+ * node last wins (upstream caches the last tenant per node).
+ *
+ * Defaults are the gateway CLI's (sgl-model-gateway/src/main.rs, what `sglang-router` /
+ * `smg launch` run with): cache_threshold 0.3, balance_abs_threshold 64,
+ * balance_rel_threshold 1.5, eviction_interval 120 s, max_tree_size 67,108,864. (The
+ * library's `CacheAwareConfig::default` differs: 0.5 / 32 / 1.1 / 30 s / 10,000.)
  */
 export interface SglangOptions {
   cacheThreshold?: number;
   balanceAbsThreshold?: number;
   balanceRelThreshold?: number;
+  /** Seconds between eviction passes over the approximate trees (default 120). */
+  evictionIntervalSecs?: number;
+  /** Characters a worker's tree may hold before eviction trims it (default 67,108,864). */
+  maxTreeSize?: number;
+}
+
+/** Characters per token when sizing the tree (the router's text mode: 64-byte chunks ≈ 16 tokens). */
+export const SGLANG_CHARS_PER_TOKEN = 4;
+
+/** One worker's approximate tree: block → (last access epoch, depth). */
+class ApproxTree {
+  readonly lastAccess = new Map<number, number>();
+  readonly depth = new Map<number, number>();
+  /** Characters the tree holds. */
+  chars = 0;
+
+  insert(keys: Float64Array, n: number, epoch: number, charsPerBlock: number): void {
+    for (let i = 0; i < n; i++) {
+      const k = keys[i];
+      if (!this.lastAccess.has(k)) {
+        this.depth.set(k, i);
+        this.chars += charsPerBlock;
+      }
+      this.lastAccess.set(k, epoch);
+    }
+  }
+
+  /** Drops least-recently-used leaves until the tree holds at most `max` characters. */
+  evict(max: number, charsPerBlock: number): void {
+    if (this.chars <= max) return;
+    // a node is touched whenever a descendant is, so (oldest access, deepest first) is a
+    // leaf-first order: no node goes before its descendants
+    const entries = [...this.lastAccess.entries()];
+    entries.sort((a, b) => a[1] - b[1] || this.depth.get(b[0])! - this.depth.get(a[0])!);
+    for (const [k] of entries) {
+      if (this.chars <= max) break;
+      this.lastAccess.delete(k);
+      this.depth.delete(k);
+      this.chars -= charsPerBlock;
+    }
+  }
 }
 
 export class SglangPolicy implements RoutingPolicy {
@@ -26,11 +82,29 @@ export class SglangPolicy implements RoutingPolicy {
   readonly cacheThreshold: number;
   readonly balanceAbsThreshold: number;
   readonly balanceRelThreshold: number;
+  readonly evictionIntervalMs: number;
+  readonly maxTreeSize: number;
+  private readonly trees: Array<ApproxTree | undefined> = [];
+  private readonly request = new BlockKeys();
+  private epoch = 0;
+  private nextEviction = Number.NaN;
 
   constructor(options: SglangOptions = {}) {
-    this.cacheThreshold = options.cacheThreshold ?? 0.3;
-    this.balanceAbsThreshold = options.balanceAbsThreshold ?? 64;
-    this.balanceRelThreshold = options.balanceRelThreshold ?? 1.5;
+    this.cacheThreshold = check.fraction(options.cacheThreshold ?? 0.3, 'sglang.cacheThreshold');
+    this.balanceAbsThreshold = check.finiteNonNegative(options.balanceAbsThreshold ?? 64, 'sglang.balanceAbsThreshold');
+    this.balanceRelThreshold = check.finiteNonNegative(options.balanceRelThreshold ?? 1.5, 'sglang.balanceRelThreshold');
+    this.evictionIntervalMs = check.finiteNonNegative(options.evictionIntervalSecs ?? 120, 'sglang.evictionIntervalSecs') * 1000;
+    this.maxTreeSize = check.finiteNonNegative(options.maxTreeSize ?? 67_108_864, 'sglang.maxTreeSize');
+  }
+
+  /** Characters in a worker's approximate tree. */
+  treeSize(slot: number): number {
+    return this.trees[slot]?.chars ?? 0;
+  }
+
+  private matchRate(matchedBlocks: number, r: RouteFeatures): number {
+    const total = r.promptTokens > 0 ? r.promptTokens : r.requestBlocks * r.blockSize;
+    return total > 0 ? Math.min(1, (matchedBlocks * r.blockSize) / total) : 0;
   }
 
   choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice {
@@ -47,25 +121,53 @@ export class SglangPolicy implements RoutingPolicy {
       }
       if (load > maxLoad) maxLoad = load;
     }
+    this.request.load(request.blocks);
+    let best = -1;
+    let bestMatch = 0;
+    let bestAccess = -1;
+    for (let i = 0; i < n; i++) {
+      const tree = this.trees[candidates[i].worker.slot];
+      const m = tree ? this.request.presentPrefix(tree.lastAccess) : 0;
+      if (m === 0) continue;
+      const access = tree!.lastAccess.get(this.request.keys[m - 1])!;
+      if (m > bestMatch || (m === bestMatch && access > bestAccess)) {
+        best = i;
+        bestMatch = m;
+        bestAccess = access;
+      }
+    }
     if (maxLoad - minLoad > this.balanceAbsThreshold && maxLoad > minLoad * this.balanceRelThreshold) {
       return { index: shortest, confidence: candidates[shortest].cachedFraction, reason: 'balance' };
     }
-    let best = 0;
-    for (let i = 1; i < n; i++) if (candidates[i].overlapBlocks > candidates[best].overlapBlocks) best = i;
-    const matchRate = request.requestBlocks > 0 ? candidates[best].overlapBlocks / request.requestBlocks : 0;
-    if (matchRate > this.cacheThreshold) {
+    if (best >= 0 && this.matchRate(bestMatch, request) > this.cacheThreshold) {
       return { index: best, confidence: candidates[best].cachedFraction, reason: 'cache-match' };
     }
     let smallest = 0;
-    for (let i = 1; i < n; i++) if (candidates[i].indexEntries < candidates[smallest].indexEntries) smallest = i;
+    for (let i = 1; i < n; i++) if (this.treeSize(candidates[i].worker.slot) < this.treeSize(candidates[smallest].worker.slot)) smallest = i;
     return { index: smallest, confidence: candidates[smallest].cachedFraction, reason: 'least-loaded' };
   }
 
+  onRouted(worker: WorkerState, request: RouteFeatures, _ticket: number, now: number): void {
+    if (Number.isNaN(this.nextEviction)) this.nextEviction = now + this.evictionIntervalMs;
+    const charsPerBlock = request.blockSize * SGLANG_CHARS_PER_TOKEN;
+    if (this.evictionIntervalMs > 0 && now >= this.nextEviction) {
+      for (const t of this.trees) t?.evict(this.maxTreeSize, charsPerBlock);
+      this.nextEviction = now + this.evictionIntervalMs;
+    }
+    this.request.load(request.blocks);
+    const tree = (this.trees[worker.slot] ??= new ApproxTree());
+    tree.insert(this.request.keys, this.request.length, ++this.epoch, charsPerBlock);
+  }
+
+  /** Upstream's `remove_tenant`: the worker's tree goes with it. */
+  onWorkerRemoved(worker: WorkerState): void {
+    this.trees[worker.slot] = undefined;
+  }
+
   scoreTerms(c: Candidate, r: RouteFeatures): Record<string, number> {
-    return {
-      outstanding: outstanding(c),
-      matchRate: r.requestBlocks > 0 ? c.overlapBlocks / r.requestBlocks : 0,
-      treeSize: c.indexEntries,
-    };
+    this.request.load(r.blocks);
+    const tree = this.trees[c.worker.slot];
+    const m = tree ? this.request.presentPrefix(tree.lastAccess) : 0;
+    return { outstanding: outstanding(c), matchRate: this.matchRate(m, r), treeSize: this.treeSize(c.worker.slot) };
   }
 }

@@ -40,10 +40,30 @@ export interface RouteFeatures {
   readonly blockSize: number;
   /** A stable key for hash-based placement (the first blocks or the anchor); 0 when none. */
   readonly routingKey: number;
+  /**
+   * The request's block hashes (prefix-chained; high and low 32-bit halves), for policies that
+   * keep their own per-worker view (SGLang's approximate tree, Dynamo's active sequences).
+   * Scratch owned by the router: valid during choose() and onRouted() only.
+   */
+  readonly blocks?: RequestBlocks;
+  /**
+   * Identifies the longest prefix some worker already holds (its last block's hash; the
+   * anchor's for seed-API requests); 0 when no worker holds any. Requests with equal keys
+   * reuse the same cached prefix: the cost policy counts them to tell how hot a prefix is.
+   */
+  readonly sharedPrefixKey?: number;
 }
 
+/** Prefix-chained block hashes of one request (valid while the call that received them runs). */
+export interface RequestBlocks {
+  readonly hi: ArrayLike<number>;
+  readonly lo: ArrayLike<number>;
+  readonly length: number;
+}
+
+
 /** Why a worker was picked; shown in explanations and counted in metrics. */
-export type RouteReason = 'locality' | 'cla' | 'least-loaded' | 'cost' | 'balance' | 'cache-match' | 'hash' | 'random' | 'rotation' | 'none';
+export type RouteReason = 'locality' | 'cla' | 'least-loaded' | 'cost' | 'replicate' | 'balance' | 'cache-match' | 'hash' | 'random' | 'rotation' | 'none';
 
 export interface PolicyChoice {
   /** Index into the candidates; -1 when there is none. */
@@ -60,12 +80,33 @@ export interface PolicyChoice {
  */
 export interface RoutingPolicy {
   readonly name: string;
+  /**
+   * False when the policy, as its upstream ships, keeps no speculative (predict-on-route)
+   * entries in precise mode: the router then records none for its decisions, so neither
+   * the overlap it sees nor the prefill the router counts includes predictions. Default true.
+   */
+  readonly speculative?: boolean;
   choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice;
+  /**
+   * The router acted on the choice (not a dry run): the policy may learn from it. Called
+   * right after choose() with the chosen candidate.
+   */
+  commit?(chosen: Candidate, request: RouteFeatures): void;
   /**
    * The score terms behind the choice for one candidate, for explanations (not the hot path).
    * Called after choose() on the same candidates (scores may be relative to the others').
    */
   scoreTerms?(candidate: Candidate, request: RouteFeatures): Record<string, number | boolean>;
+  /**
+   * The router committed a decision (not a dry run) to `worker`. `ticket` is the in-flight
+   * handle (0 when the request is not tracked); `now` the router's clock in ms. For policies
+   * whose state follows their own decisions.
+   */
+  onRouted?(worker: WorkerState, request: RouteFeatures, ticket: number, now: number): void;
+  /** The tracked request of `ticket` completed, failed or was abandoned. */
+  onReleased?(ticket: number): void;
+  /** The worker was removed; its slot may be reused by another worker. */
+  onWorkerRemoved?(worker: WorkerState): void;
 }
 
 export interface PolicyContext {

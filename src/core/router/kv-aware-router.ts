@@ -91,7 +91,8 @@ export class KVAwareRouter {
     this.textChunkBytes = o.textChunkBytes;
     this.indexMode = o.indexMode;
     this.index = new BlockIndex({ maxEntries: o.maxIndexEntries, predictedTtlMs: o.predictedTtlMs });
-    this.speculativeBlocks = o.speculativeBlocks;
+    // a policy that, like its upstream, predicts nothing gets no speculative entries
+    this.speculativeBlocks = this.policy.speculative === false ? 0 : o.speculativeBlocks;
     this.contentAnchors = new ContentAnchorIndex(o.contentAnchorCapacity, o.contentAnchorTtlMs);
     this.judgeRoles = o.judgeRoles;
     this.clock = o.clock;
@@ -118,6 +119,7 @@ export class KVAwareRouter {
     this.workflows.dropWorker(workerId);
     this.index.applyCleared(state.slot);
     this.contentAnchors.remove(state.slot);
+    this.policy.onWorkerRemoved?.(state);
     return true;
   }
 
@@ -145,6 +147,7 @@ export class KVAwareRouter {
     if (metrics.kvUsage !== undefined) w.load = check.load(metrics.kvUsage, 'kvUsage');
     if (metrics.waitingRequests !== undefined) w.waitingRequests = check.finiteNonNegative(metrics.waitingRequests, 'waitingRequests');
     if (metrics.runningRequests !== undefined) w.runningRequests = check.finiteNonNegative(metrics.runningRequests, 'runningRequests');
+    if (metrics.kvCapacityTokens !== undefined) w.kvCapacityTokens = check.finiteNonNegative(metrics.kvCapacityTokens, 'kvCapacityTokens');
   }
 
   /** Workers in registration order (read-only views). */
@@ -225,6 +228,8 @@ export class KVAwareRouter {
       requestBlocks: hashes.length,
       blockSize: hashes.tokensPerBlock || this.blockSize,
       routingKey: hashes.length > 0 ? hashes.lo[Math.min(hashes.length, 4) - 1] : anchor ? hashString32(anchor) : 0,
+      blocks: hashes,
+      sharedPrefixKey: overlap.maxBlocks > 0 ? hashes.lo[Math.min(overlap.maxBlocks, hashes.length) - 1] : anchor ? hashString32(anchor) : 0,
     };
     const choice = this.policy.choose(candidates, features);
     const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;
@@ -246,6 +251,7 @@ export class KVAwareRouter {
 
     this.decisions[choice.reason] = (this.decisions[choice.reason] ?? 0) + 1;
     if (!chosen) return result;
+    this.policy.commit?.(chosen, features);
     const worker = chosen.worker;
     let start = 0;
     let end = 0;
@@ -275,6 +281,7 @@ export class KVAwareRouter {
     if (tracked) {
       result.ticket = this.inFlight.open(worker, uncached, promptTokens);
     }
+    this.policy.onRouted?.(worker, features, result.ticket, now);
     return result;
   }
 
@@ -330,6 +337,7 @@ export class KVAwareRouter {
 
   /** The request completed, failed or was abandoned: its work leaves the worker. Idempotent. */
   release(ticket: number): void {
+    this.policy.onReleased?.(ticket);
     this.inFlight.release(ticket);
   }
 

@@ -144,6 +144,8 @@ export interface WorkerMetrics {
   kvUsage?: number;
   waitingRequests?: number;
   runningRequests?: number;
+  /** KV-cache capacity in tokens (vLLM: num_gpu_blocks × block_size of cache_config_info). */
+  kvCapacityTokens?: number;
 }
 
 /** The seed's RouteDecision. INVARIANT 10: decisions are made on metadata; preRope is always true. */

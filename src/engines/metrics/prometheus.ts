@@ -11,6 +11,8 @@ export interface EngineLoad {
   /** Prefix-cache queries and hits (vLLM counters), when exported. */
   prefixCacheQueries?: number;
   prefixCacheHits?: number;
+  /** KV-cache capacity in tokens: vLLM's cache_config_info num_gpu_blocks × block_size. */
+  kvCapacityTokens?: number;
 }
 
 const RUNNING = ['vllm:num_requests_running', 'sglang:num_running_reqs'];
@@ -88,5 +90,28 @@ export function readEngineLoad(text: string): EngineLoad {
   const h = first(s, HITS, 'sum');
   if (q !== undefined) load.prefixCacheQueries = q;
   if (h !== undefined) load.prefixCacheHits = h;
+  const capacity = readKvCapacityTokens(text);
+  if (capacity !== undefined) load.kvCapacityTokens = capacity;
   return load;
+}
+
+const CACHE_CONFIG_INFO = 'vllm:cache_config_info{';
+
+/**
+ * The KV capacity in tokens from vLLM's info gauge, whose labels are the engine's
+ * CacheConfig (`vllm:cache_config_info{block_size="16",…,num_gpu_blocks="17854",…} 1.0`);
+ * undefined when the page has none or its labels are not positive integers.
+ */
+export function readKvCapacityTokens(text: string): number | undefined {
+  const at = text.indexOf(CACHE_CONFIG_INFO);
+  if (at < 0) return undefined;
+  const end = findLabelsEnd(text.slice(at + CACHE_CONFIG_INFO.length - 1, at + CACHE_CONFIG_INFO.length + 4096));
+  if (end < 0) return undefined;
+  const labels = text.slice(at + CACHE_CONFIG_INFO.length, at + CACHE_CONFIG_INFO.length - 1 + end);
+  const label = (name: string): number => {
+    const m = new RegExp(`(?:^|,)\\s*${name}="(\\d+)"`).exec(labels);
+    return m ? Number(m[1]) : NaN;
+  };
+  const tokens = label('num_gpu_blocks') * label('block_size');
+  return Number.isSafeInteger(tokens) && tokens > 0 ? tokens : undefined;
 }

@@ -90,7 +90,7 @@ export class MetricsScraper {
       const load = readEngineLoad(await res.text());
       if (this.states.get(t.workerId) !== s) return; // removed while scraping
       s.lastLoad = load;
-      this.router.updateWorkerMetrics(t.workerId, { kvUsage: load.kvUsage, waitingRequests: load.waiting, runningRequests: load.running });
+      this.router.updateWorkerMetrics(t.workerId, { kvUsage: load.kvUsage, waitingRequests: load.waiting, runningRequests: load.running, kvCapacityTokens: load.kvCapacityTokens });
       const flipped = recordOutcome(s, true, this.failuresToUnhealthy, this.successesToHealthy);
       if (flipped !== undefined) this.setHealth(t.workerId, s, flipped);
     } catch (err) {

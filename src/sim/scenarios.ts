@@ -1,0 +1,229 @@
+import { BlockHashes } from '../core/hashing.js';
+import { createRng } from '../core/rng.js';
+import type { KVAwareRouter, RouteOptions, RouteRequest, RouteResult, SharedDecision, WorkerMetrics } from '../core/router/index.js';
+import type { TraceRequest } from './trace.js';
+
+/**
+ * What can go wrong, or differ, around the router in a simulated run: workers failing or
+ * draining mid-run, KV events arriving late or not at all, several router replicas sharing
+ * state with a lag, clients cancelling, workers of different sizes. Every option defaults
+ * to the ideal the plain simulation assumes.
+ */
+export interface ScenarioOptions {
+  /** Workers that fail (die, losing their KV and their requests) at a time. */
+  fail?: readonly WorkerEvent[];
+  /** Workers taken out of rotation (finishing what they have) at a time. */
+  drain?: readonly WorkerEvent[];
+  /** Extra delay of each batch of KV events, uniform in [0, jitter] ms, per router replica (default 0). */
+  eventJitterMs?: number;
+  /** Fraction of KV-event batches a router replica never receives (default 0). */
+  eventLoss?: number;
+  /** Router replicas behind a round-robin load balancer (default 1). */
+  replicas?: number;
+  /** Delay before a replica's decisions and releases reach the other replicas (default 20 ms). */
+  stateLagMs?: number;
+  /** Fraction of requests whose client cancels before the answer is complete (default 0). */
+  cancelRate?: number;
+  /** A cancelling client gives up uniformly within this long after sending (default 10,000 ms). */
+  cancelWithinMs?: number;
+  /** KV capacity of each worker in tokens (heterogeneous workers); length = workers. */
+  workerKvTokens?: readonly number[];
+  /** Seed of the random source for jitter, loss and cancellations (default 1). */
+  seed?: number;
+}
+
+/** A worker (0-based index) and a time in ms of simulated time. */
+export interface WorkerEvent {
+  worker: number;
+  atMs: number;
+}
+
+/** Parses `w3@600s` (also `3@600s`, `w3@1.5m`, `w3@250ms`): worker 3 at 600 s. */
+export function parseWorkerEvent(spec: string, flag: string, workers: number): WorkerEvent {
+  const m = /^w?(\d+)@(\d+(?:\.\d+)?)(ms|s|m)?$/.exec(spec.trim());
+  if (!m) throw new RangeError(`${flag}: expected WORKER@TIME such as w3@600s, got '${spec}'`);
+  const worker = Number(m[1]);
+  if (worker >= workers) throw new RangeError(`${flag}: worker w${worker} does not exist (workers are w0..w${workers - 1})`);
+  const unit = m[3] ?? 's';
+  const atMs = Number(m[2]) * (unit === 'ms' ? 1 : unit === 's' ? 1000 : 60_000);
+  return { worker, atMs };
+}
+
+/** Checks scenario options against the cluster; throws a RangeError naming the option. */
+export function checkScenario(s: ScenarioOptions, workers: number): void {
+  const frac = (v: number | undefined, name: string) => {
+    if (v !== undefined && !(Number.isFinite(v) && v >= 0 && v <= 1)) throw new RangeError(`${name} must be within [0, 1], got ${v}`);
+  };
+  const nonNeg = (v: number | undefined, name: string) => {
+    if (v !== undefined && !(Number.isFinite(v) && v >= 0)) throw new RangeError(`${name} must be a finite number >= 0, got ${v}`);
+  };
+  frac(s.eventLoss, 'eventLoss');
+  frac(s.cancelRate, 'cancelRate');
+  nonNeg(s.eventJitterMs, 'eventJitterMs');
+  nonNeg(s.stateLagMs, 'stateLagMs');
+  nonNeg(s.cancelWithinMs, 'cancelWithinMs');
+  if (s.replicas !== undefined && !(Number.isInteger(s.replicas) && s.replicas >= 1 && s.replicas <= 64)) {
+    throw new RangeError(`replicas must be an integer in [1, 64], got ${s.replicas}`);
+  }
+  if (s.workerKvTokens !== undefined) {
+    if (s.workerKvTokens.length !== workers) throw new RangeError(`workerKvTokens lists ${s.workerKvTokens.length} workers, the cluster has ${workers}`);
+    s.workerKvTokens.forEach((t, i) => {
+      if (!(Number.isInteger(t) && t > 0)) throw new RangeError(`workerKvTokens[${i}] must be a positive integer, got ${t}`);
+    });
+  }
+  for (const [name, list] of [['fail', s.fail], ['drain', s.drain]] as const) {
+    for (const e of list ?? []) {
+      if (!(Number.isInteger(e.worker) && e.worker >= 0 && e.worker < workers)) throw new RangeError(`${name}: worker ${e.worker} does not exist`);
+      nonNeg(e.atMs, `${name}.atMs`);
+    }
+  }
+}
+
+/** What the caller of the seed's API would name as the anchor: the workflow, else the first block. */
+export function seedAnchor(req: TraceRequest): string | undefined {
+  if (req.sessionId !== undefined) return `session:${req.sessionId}`;
+  return req.hashIds.length > 0 ? `block:${req.hashIds[0]}` : undefined;
+}
+
+/** Counts a run's scenario effects (reported per policy). */
+export interface ScenarioCounts {
+  /** KV-event batches a replica never received. */
+  eventBatchesLost: number;
+  /** Shared decisions applied at other replicas. */
+  sharedDecisionsApplied: number;
+}
+
+type Schedule = (atMs: number, fn: () => void) => void;
+
+/**
+ * N router replicas behind a round-robin balancer, sharing what they learn the way the Redis
+ * state store does (src/state/redis-state-store.ts): each tracked decision reaches the other
+ * replicas `stateLagMs` later through `applySharedDecision` (its blocks as predicted entries,
+ * the workflow and anchor) and counts its request and queued prefill on the worker through
+ * `setRemoteLoad`; its release takes them off, as the store's release message does. Every
+ * replica subscribes to every engine's KV events and scrapes every engine. With one replica
+ * and no jitter or loss, this is a plain router.
+ */
+export class RouterFleet {
+  readonly replicas: KVAwareRouter[];
+  readonly counts: ScenarioCounts = { eventBatchesLost: 0, sharedDecisionsApplied: 0 };
+  private readonly lag: number;
+  private readonly jitter: number;
+  private readonly loss: number;
+  private readonly random: () => number;
+  /** remote[r] : worker id → the other replicas' { requests, prefill } as replica r has heard. */
+  private readonly remote: Array<Map<string, { requests: number; prefill: number }>>;
+  private next = 0;
+
+  constructor(
+    replicas: KVAwareRouter[],
+    scenario: ScenarioOptions,
+    private readonly schedule: Schedule,
+    private readonly clock: () => number,
+  ) {
+    if (replicas.length === 0) throw new RangeError('a fleet needs at least one router');
+    this.replicas = replicas;
+    this.lag = scenario.stateLagMs ?? 20;
+    this.jitter = scenario.eventJitterMs ?? 0;
+    this.loss = scenario.eventLoss ?? 0;
+    this.random = createRng((scenario.seed ?? 1) * 7919 + 17);
+    this.remote = replicas.map(() => new Map());
+  }
+
+  get size(): number {
+    return this.replicas.length;
+  }
+
+  registerWorker(id: string): void {
+    for (const r of this.replicas) r.registerWorker(id);
+  }
+
+  /** Routes on the next replica in turn; returns its index with the result. */
+  route(request: RouteRequest, options: RouteOptions = {}): { replica: number; result: RouteResult } {
+    const replica = this.next;
+    this.next = (this.next + 1) % this.replicas.length;
+    const shared = this.replicas.length > 1;
+    const result = this.replicas[replica].route(request, shared ? { ...options, share: true } : options);
+    if (shared && result.shared?.tracked) {
+      const d = result.shared;
+      this.schedule(this.clock() + this.lag, () => this.applyDecision(replica, d));
+    }
+    return { replica, result };
+  }
+
+  markPrefillDone(replica: number, ticket: number): void {
+    this.replicas[replica].markPrefillDone(ticket);
+  }
+
+  release(replica: number, ticket: number, shared: SharedDecision | undefined): void {
+    this.replicas[replica].release(ticket);
+    if (shared?.tracked && this.replicas.length > 1) {
+      this.schedule(this.clock() + this.lag, () => this.addRemote(replica, shared.workerId, -1, -shared.prefillTokens));
+    }
+  }
+
+  private applyDecision(from: number, d: SharedDecision): void {
+    this.replicas.forEach((r, i) => {
+      if (i === from) return;
+      if (r.applySharedDecision(d)) this.counts.sharedDecisionsApplied++;
+    });
+    this.addRemote(from, d.workerId, 1, d.prefillTokens);
+  }
+
+  private addRemote(from: number, workerId: string, requests: number, prefill: number): void {
+    this.replicas.forEach((r, i) => {
+      if (i === from) return;
+      const m = this.remote[i];
+      const l = m.get(workerId) ?? { requests: 0, prefill: 0 };
+      l.requests = Math.max(0, l.requests + requests);
+      l.prefill = Math.max(0, l.prefill + prefill);
+      m.set(workerId, l);
+      if (r.listWorkers().some((w) => w.id === workerId)) {
+        r.setRemoteLoad(workerId, { inFlightRequests: l.requests, queuedPrefillTokens: l.prefill, activeDecodeTokens: 0 });
+      }
+    });
+  }
+
+  /** One engine step's KV events (hash pairs hi, lo, …) reaching every replica, late or lost as configured. */
+  deliverEvents(workerId: string, stored: readonly number[], removed: readonly number[]): void {
+    for (const r of this.replicas) {
+      if (this.loss > 0 && this.random() < this.loss) {
+        this.counts.eventBatchesLost++;
+        continue;
+      }
+      const apply = () => {
+        if (!r.listWorkers().some((w) => w.id === workerId)) return;
+        if (stored.length > 0) r.applyStored(workerId, pairs(stored));
+        if (removed.length > 0) r.applyRemoved(workerId, pairs(removed));
+      };
+      if (this.jitter > 0) this.schedule(this.clock() + this.random() * this.jitter, apply);
+      else apply();
+    }
+  }
+
+  updateWorkerMetrics(workerId: string, metrics: WorkerMetrics): void {
+    for (const r of this.replicas) r.updateWorkerMetrics(workerId, metrics);
+  }
+
+  /** The worker died: out of rotation at every replica, and what they knew it held is void. */
+  failWorker(workerId: string): void {
+    for (const r of this.replicas) {
+      r.setWorkerHealth(workerId, false);
+      r.applyCleared(workerId);
+    }
+  }
+
+  drainWorker(workerId: string): void {
+    for (const r of this.replicas) r.drainWorker(workerId);
+  }
+}
+
+function pairs(list: readonly number[]): BlockHashes {
+  const b = new BlockHashes(Math.max(1, list.length / 2));
+  for (let i = 0; i < list.length; i += 2) {
+    b.hi[i / 2] = list[i];
+    b.lo[i / 2] = list[i + 1];
+  }
+  b.length = list.length / 2;
+  return b;
+}

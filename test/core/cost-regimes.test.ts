@@ -1,0 +1,219 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import { CostPolicy, DEFAULT_COST_WEIGHTS, prefillWork } from '../../src/core/policies/cost.js';
+import type { Candidate, RouteFeatures } from '../../src/core/policies/types.js';
+import { WorkerState } from '../../src/core/worker-registry.js';
+import { KVAwareRouter } from '../../src/index.js';
+
+/**
+ * The four regimes of docs/routing.md ("The cost policy, worked"), with the same numbers:
+ * each test builds the fleet the example describes and checks the decision and its terms.
+ */
+interface Spec {
+  cached?: number;
+  queued?: number;
+  load?: number;
+  inFlight?: number;
+  capacity?: number;
+}
+
+function fleet(specs: Spec[]): Candidate[] {
+  return specs.map((s, i) => {
+    const w = new WorkerState(`w${i}`, {}, i);
+    w.queuedPrefillTokens = s.queued ?? 0;
+    w.load = s.load ?? 0;
+    w.inFlightRequests = s.inFlight ?? 0;
+    w.kvCapacityTokens = s.capacity ?? 0;
+    return {
+      worker: w, holdsAnchor: false, overlapBlocks: Math.floor((s.cached ?? 0) / 16), offloadBlocks: 0, predictedBlocks: 0,
+      anchorTokens: 0, cachedTokens: s.cached ?? 0, cachedFraction: 0, servesCla: false, continuity: false, indexEntries: 0,
+    };
+  });
+}
+
+const request = (promptTokens: number, sharedPrefixKey = 0): RouteFeatures => ({
+  claGroup: null, promptTokens, requestBlocks: Math.floor(promptTokens / 16), blockSize: 16, routingKey: 1, sharedPrefixKey,
+});
+
+/** A policy that has routed `n` requests of 1,000 uncached tokens each (its mean work), none cached. */
+function warmed(n = 64, key = 0, inFlight = 0): CostPolicy {
+  const p = new CostPolicy();
+  const [c] = fleet([{ inFlight }]);
+  for (let i = 0; i < n; i++) {
+    p.choose([c], request(1000, key));
+    p.commit(c, request(1000, key));
+  }
+  return p;
+}
+
+const terms = (p: CostPolicy, c: Candidate, r: RouteFeatures) => p.scoreTerms(c, r) as Record<string, number>;
+
+describe('cost policy regimes', () => {
+  test('prefill work: attention makes a long recompute cost more than its tokens', () => {
+    const a = DEFAULT_COST_WEIGHTS.attention;
+    assert.equal(prefillWork(0, 1000, a), 0);
+    assert.ok(Math.abs(prefillWork(1000, 1000, a) - 1000 * (1 + a * 500)) < 1e-9);
+    // the last 10k tokens of a 400k context cost more per token than the whole 10k prompt
+    assert.ok(prefillWork(10_000, 400_000, a) / 10_000 > 10 * (prefillWork(10_000, 10_000, a) / 10_000));
+  });
+
+  test('light load: a busy holder loses the request to an idle worker once its queue costs more than the recompute', () => {
+    const p = warmed();
+    const cs = fleet([{ cached: 4096, queued: 6000 }, {}, {}, {}]);
+    const r = request(4608);
+    const choice = p.choose(cs, r);
+    assert.notEqual(choice.index, 0);
+    assert.equal(choice.reason, 'replicate');
+    const held = terms(p, cs[0], r);
+    const moved = terms(p, cs[choice.index], r);
+    assert.equal(moved.saturation, 0, 'no other worker has a queue');
+    assert.equal(moved.replicate, true);
+    assert.ok(moved.estimatedTtftSeconds < held.estimatedTtftSeconds, 'it is faster for the request');
+    // the same holder with a short queue keeps it
+    const calm = fleet([{ cached: 4096, queued: 1000 }, {}, {}, {}]);
+    assert.deepEqual(p.choose(calm, r), { index: 0, confidence: 0, reason: 'cost' });
+  });
+
+  test('saturation: with every worker queued, the prefix stays with its holder', () => {
+    const p = warmed();
+    const cs = fleet([{ cached: 4096, queued: 9000 }, { queued: 3000 }, { queued: 3000 }, { queued: 3000 }]);
+    const r = request(4608);
+    const choice = p.choose(cs, r);
+    assert.equal(choice.index, 0);
+    assert.equal(choice.reason, 'cost');
+    const other = terms(p, cs[1], r);
+    assert.ok(Math.abs(other.saturation - 3) < 0.01, `3 requests of 1,000 tokens queued per worker, got ${other.saturation}`);
+    assert.ok(other.estimatedTtftSeconds < terms(p, cs[0], r).estimatedTtftSeconds, 'the request alone would have been faster elsewhere...');
+    assert.ok(other.recomputeSeconds > 0, '...but the recompute delays the requests queued behind it');
+    // the holder's own queue does not shield it: as long as the others are idle it spreads
+    const piled = fleet([{ cached: 4096, queued: 60_000 }, {}, {}, {}]);
+    assert.notEqual(p.choose(piled, r).index, 0);
+  });
+
+  test('hot prefix: replicated to a second worker when the queue it saves costs more than the recompute', () => {
+    const cs = () => fleet([{ cached: 4096, queued: 9000, inFlight: 10 }, { queued: 3000, inFlight: 10 }, { queued: 3000, inFlight: 10 }, { queued: 3000, inFlight: 10 }]);
+    const HOT = 77;
+    // cold: few requests share the prefix, the recompute would delay the queued requests for nothing
+    const cold = warmed(200, 5);
+    assert.equal(cold.choose(cs(), request(4608, HOT)).index, 0);
+    // hot: most recent requests share it and 40 are in flight, so one recompute serves many
+    const hot = warmed(200, HOT);
+    const hc = cs();
+    const choice = hot.choose(hc, request(4608, HOT));
+    assert.notEqual(choice.index, 0);
+    assert.equal(choice.reason, 'replicate');
+    const t = terms(hot, hc[choice.index], request(4608, HOT));
+    assert.ok(t.hotness > 15, `hotness ${t.hotness}`);
+    assert.equal(t.replicate, true);
+    const holder = terms(hot, hc[0], request(4608, HOT));
+    assert.equal(holder.replicate, false);
+    assert.ok(t.costSeconds < holder.costSeconds);
+  });
+
+  test('long prompt: stays where the session KV is, even behind a long queue', () => {
+    const p = warmed();
+    // 400k-token context, 390k cached on w0 behind 200k tokens of queue; w1 idle
+    const r = request(400_000);
+    const cs = fleet([{ cached: 390_000, queued: 200_000, capacity: 1_000_000 }, { capacity: 1_000_000 }]);
+    assert.equal(p.choose(cs, r).index, 0);
+    const t = terms(p, cs[1], r);
+    assert.ok(t.prefillSeconds > 200, `recomputing 400k tokens takes minutes (${t.prefillSeconds} s)`);
+    // w0's free KV (half of 500k) cannot hold it now: it waits for KV, and still wins
+    const busy = fleet([{ cached: 390_000, queued: 200_000, capacity: 500_000, load: 0.5 }, { capacity: 1_000_000 }]);
+    assert.equal(p.choose(busy, r).index, 0);
+    assert.ok(terms(p, busy[0], r).kvWaitSeconds > 0);
+  });
+
+  test('long prompt: a worker whose whole KV cannot hold it is left out, unless none can', () => {
+    const p = warmed();
+    const r = request(400_000);
+    const cs = fleet([{ cached: 390_000, capacity: 300_000 }, { capacity: 1_000_000 }]);
+    assert.equal(p.choose(cs, r).index, 1, 'the session worker truly cannot take it');
+    const t = terms(p, cs[0], r);
+    assert.equal(t.fits, false);
+    assert.equal(t.excluded, true);
+    assert.ok(Number.isNaN(t.score));
+    const none = fleet([{ cached: 390_000, capacity: 300_000 }, { capacity: 300_000 }]);
+    assert.equal(p.choose(none, r).index, 0, 'nobody can: the engine rejects it, from the session worker');
+  });
+
+  test('a copy is charged for the cache it displaces, which an empty worker does not have', () => {
+    // a history of high hit rates: cached tokens are worth keeping
+    const p = new CostPolicy();
+    const [h] = fleet([{ cached: 900 }]);
+    for (let i = 0; i < 200; i++) {
+      p.choose([h], request(1000));
+      p.commit(h, request(1000));
+    }
+    const cs = fleet([{ cached: 4096, queued: 6000 }, {}, {}]);
+    cs[0].indexEntries = 10_000;
+    cs[1].indexEntries = 10_000; // as full as the holder
+    cs[2].indexEntries = 0; // a fresh worker
+    const r = request(4608);
+    assert.equal(p.choose(cs, r).index, 2);
+    const full = terms(p, cs[1], r);
+    const empty = terms(p, cs[2], r);
+    assert.ok(full.reuse > 2, `reuse ${full.reuse}`);
+    assert.equal(full.cacheFullness, 1);
+    assert.equal(empty.cacheFullness, 0);
+    assert.ok(full.recomputeSeconds > 0 && empty.recomputeSeconds === 0);
+  });
+
+  test('workflow and CLA affinity stand in for the cache only when the prompt has no blocks (seed API)', () => {
+    const p = warmed();
+    const cs = fleet([{}, {}]);
+    cs[0].continuity = true;
+    cs[0].servesCla = true;
+    const hashed = request(4096);
+    p.choose(cs, hashed);
+    assert.equal(terms(p, cs[0], hashed).guardSeconds, 0, 'with blocks, cachedTokens already counts the previous step');
+    const seedApi: RouteFeatures = { ...hashed, requestBlocks: 0 };
+    assert.equal(p.choose(cs, seedApi).index, 0);
+    const g = terms(p, cs[0], seedApi).guardSeconds;
+    assert.ok(Math.abs(g + (4096 * (DEFAULT_COST_WEIGHTS.workflow + DEFAULT_COST_WEIGHTS.cla)) / DEFAULT_COST_WEIGHTS.prefillTokensPerSecond) < 1e-9);
+  });
+
+  test('choose() allocates nothing per candidate and learns only on commit', () => {
+    const p = warmed();
+    const cs = fleet([{ cached: 4096, queued: 6000 }, { queued: 100 }]);
+    const r = request(4608);
+    p.choose(cs, r);
+    const before = terms(p, cs[1], r);
+    for (let i = 0; i < 100; i++) p.choose(cs, request(50_000));
+    p.choose(cs, r);
+    assert.deepEqual(terms(p, cs[1], r), before, 'choosing alone changes no estimate');
+  });
+
+  test('explain through the router shows every term per candidate, and the replicate reason', () => {
+    const r = new KVAwareRouter({ indexMode: 'precise', blockSize: 16 });
+    for (const id of ['w0', 'w1']) r.registerWorker(id);
+    const tokens = Array.from({ length: 300 * 16 }, (_, i) => i);
+    r.applyStored('w0', r.hashTokens(tokens));
+    r.setRemoteLoad('w0', { inFlightRequests: 5, queuedPrefillTokens: 50_000, activeDecodeTokens: 0 });
+    const d = r.route({ tokens }, { explain: true });
+    assert.equal(d.explain!.find((e) => e.worker === 'w0')!.cachedTokens, 300 * 16);
+    assert.equal(d.workerId, 'w1');
+    assert.equal(d.reason, 'replicate');
+    for (const e of d.explain!) {
+      for (const k of ['queueSeconds', 'prefillSeconds', 'decodeSlowdown', 'kvWaitSeconds', 'saturation', 'reuse', 'hotness', 'recomputeSeconds', 'guardSeconds', 'estimatedTtftSeconds', 'costSeconds', 'score']) {
+        assert.equal(typeof e.terms[k], 'number', `${e.worker}: ${k}`);
+      }
+      assert.equal(typeof e.terms.replicate, 'boolean');
+    }
+    assert.equal(d.explain!.find((e) => e.worker === 'w1')!.terms.replicate, true);
+    assert.equal(r.getStats().decisionsByReason.replicate, 1);
+  });
+
+  test('dry runs teach the policy nothing; routed requests do', () => {
+    const r = new KVAwareRouter({ blockSize: 16 });
+    for (const id of ['w0', 'w1']) r.registerWorker(id);
+    const tokens = Array.from({ length: 64 * 16 }, (_, i) => i);
+    const probe = () => r.route({ tokens }, { dryRun: true, explain: true }).explain![0].terms;
+    r.setRemoteLoad('w1', { inFlightRequests: 1, queuedPrefillTokens: 5000, activeDecodeTokens: 0 });
+    const before = probe();
+    for (let i = 0; i < 50; i++) r.route({ tokens: tokens.map((t) => t + i * 7919) }, { dryRun: true });
+    assert.deepEqual(probe(), before);
+    for (let i = 0; i < 5; i++) r.route({ tokens: tokens.map((t) => t + i * 7919) }, { track: false });
+    assert.ok((probe().saturation as number) > 0, 'the mean work per request is known once requests were routed');
+  });
+});

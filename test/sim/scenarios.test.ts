@@ -1,0 +1,177 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { describe, test } from 'node:test';
+import { KVAwareRouter } from '../../src/core/router/index.js';
+import { parseWorkerEvent, RouterFleet } from '../../src/sim/scenarios.js';
+import { simulate, type PolicyResult } from '../../src/sim/simulator.js';
+import { loadMooncakeTrace } from '../../src/sim/trace.js';
+import { generateWorkflowTrace } from '../../src/sim/workflows.js';
+
+const head = await loadMooncakeTrace(fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)));
+const lastArrival = (head[head.length - 1].timestamp - head[0].timestamp) / 1000;
+
+/** Every request is accounted for exactly once: answered (completed, failed, cancelled after its first token), cancelled before it, or rejected. */
+function assertAccounted(r: PolicyResult, total: number): void {
+  const answered = r.outcomes.filter(Boolean);
+  const cancelledBeforeFirstToken = r.cancelled - answered.filter((o) => o.status === 'cancelled').length;
+  assert.equal(answered.length + cancelledBeforeFirstToken + r.rejected, total);
+  assert.equal(answered.filter((o) => o.status === 'failed').length, r.failed);
+}
+
+/** A fake event loop for RouterFleet: timers run when the clock is advanced past them. */
+function loop() {
+  let now = 0;
+  const timers: Array<{ at: number; run: () => void }> = [];
+  return {
+    clock: () => now,
+    schedule: (at: number, run: () => void) => void timers.push({ at, run }),
+    advance(to: number) {
+      timers.sort((a, b) => a.at - b.at);
+      while (timers.length > 0 && timers[0].at <= to) {
+        const t = timers.shift()!;
+        now = t.at;
+        t.run();
+      }
+      now = to;
+    },
+  };
+}
+
+const routers = (n: number) => Array.from({ length: n }, (_, i) => new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: 16, instanceId: `r${i}` }));
+
+describe('scenarios', () => {
+  test('--fail: the worker gets nothing after it dies; its requests are retried before their first token, failed after', () => {
+    const at = lastArrival / 3;
+    const r = simulate(head, { workers: 4, policy: 'cost', scenario: { fail: [{ worker: 1, atMs: at * 1000 }] } });
+    assertAccounted(r, head.length);
+    assert.ok(r.failed + r.retried > 0, 'the worker had work when it died');
+    for (const o of r.outcomes.filter(Boolean)) {
+      if (o.worker === 1) assert.ok(o.arrival <= at, `request ${o.request} sent to the dead worker`);
+      if (o.status === 'failed') assert.equal(o.worker, 1);
+    }
+  });
+
+  test('--drain: no new request reaches the drained worker, and nothing it had fails', () => {
+    const at = lastArrival / 3;
+    const r = simulate(head, { workers: 4, policy: 'dynamo', scenario: { drain: [{ worker: 2, atMs: at * 1000 }] } });
+    assertAccounted(r, head.length);
+    assert.equal(r.failed + r.retried, 0);
+    const afterwards = r.outcomes.filter((o) => o.arrival > at + 1e-9);
+    assert.ok(afterwards.length > 100);
+    assert.ok(afterwards.every((o) => o.worker !== 2));
+    assert.ok(r.outcomes.some((o) => o.worker === 2), 'it worked before the drain');
+  });
+
+  test('every worker failed: requests are rejected, counted, and left out of TTFT', () => {
+    const fail = [0, 1].map((worker) => ({ worker, atMs: 0 }));
+    const r = simulate(head, { workers: 2, policy: 'llmd', scenario: { fail } });
+    assert.equal(r.rejected, head.length);
+    assert.deepEqual(r.ttft, { mean: 0, p50: 0, p90: 0, p99: 0 });
+  });
+
+  test('--event-jitter-ms delays each batch by at most the jitter, per replica', () => {
+    const l = loop();
+    const fleet = new RouterFleet(routers(2), { eventJitterMs: 100, seed: 3 }, l.schedule, l.clock);
+    fleet.registerWorker('w0');
+    const hashes = fleet.replicas[0].hashTokens(Array.from({ length: 64 }, (_, k) => k));
+    const list: number[] = [];
+    for (let i = 0; i < hashes.length; i++) list.push(hashes.hi[i], hashes.lo[i]);
+    fleet.deliverEvents('w0', list, []);
+    assert.ok(fleet.replicas.every((r) => r.index.entriesFor(0) === 0), 'nothing applied at once');
+    l.advance(100);
+    assert.ok(fleet.replicas.every((r) => r.index.entriesFor(0) === 4), 'all applied within the jitter');
+  });
+
+  test('--event-loss: a lost batch never reaches the router; the simulation counts it and still completes', () => {
+    const l = loop();
+    const fleet = new RouterFleet(routers(1), { eventLoss: 1 }, l.schedule, l.clock);
+    fleet.registerWorker('w0');
+    fleet.deliverEvents('w0', [1, 2, 3, 4], []);
+    l.advance(1000);
+    assert.equal(fleet.replicas[0].index.entriesFor(0), 0);
+    assert.equal(fleet.counts.eventBatchesLost, 1);
+    const none = simulate(head, { workers: 4, policy: 'cost' });
+    const half = simulate(head, { workers: 4, policy: 'cost', scenario: { eventLoss: 0.5 } });
+    assert.equal(none.eventBatchesLost, 0);
+    assert.ok(half.eventBatchesLost > 100);
+    assertAccounted(half, head.length);
+  });
+
+  test('--replicas with --state-lag-ms: a decision reaches the other replicas after the lag, through applySharedDecision and setRemoteLoad', () => {
+    const l = loop();
+    const fleet = new RouterFleet(routers(3), { stateLagMs: 20 }, l.schedule, l.clock);
+    fleet.registerWorker('w0');
+    fleet.registerWorker('w1');
+    const { replica, result } = fleet.route({ tokens: Array.from({ length: 64 }, (_, k) => k), workflowId: 'wf-1', workflowStep: 0 });
+    assert.equal(replica, 0);
+    const other = fleet.replicas[1];
+    assert.equal(other.workflowAffinity('wf-1'), undefined, 'not before the lag');
+    l.advance(19);
+    assert.equal(other.workflowAffinity('wf-1'), undefined);
+    l.advance(20);
+    assert.equal(other.workflowAffinity('wf-1')?.workerId, result.workerId);
+    const w = other.listWorkers().find((x) => x.id === result.workerId)!;
+    assert.equal(w.inFlightRequests, 1, "the other replica counts replica 0's request");
+    fleet.release(replica, result.ticket, result.shared);
+    l.advance(40);
+    assert.equal(w.inFlightRequests, 0, 'and forgets it after the release reaches it');
+    // the next request goes to the next replica (round-robin in front)
+    assert.equal(fleet.route({ tokens: [1, 2, 3] }).replica, 1);
+  });
+
+  test('--replicas in a simulation: every request accounted for, decisions shared', () => {
+    const trace = generateWorkflowTrace({ workflows: 30, seed: 5 });
+    const r = simulate(trace, { workers: 4, policy: 'cost', scenario: { replicas: 3, stateLagMs: 20 } });
+    assertAccounted(r, trace.length);
+    assert.equal(r.rejected + r.failed + r.cancelled, 0);
+  });
+
+  test('--cancel-rate: cancelled requests leave the engine and the router; the rest complete', () => {
+    const r = simulate(head, { workers: 2, policy: 'cost', speed: 4, scenario: { cancelRate: 0.3, cancelWithinMs: 2000, seed: 9 } });
+    assertAccounted(r, head.length);
+    assert.ok(r.cancelled > 30 && r.cancelled < 120, `cancelled ${r.cancelled}`);
+    assert.ok(r.outcomes.filter((o) => o && o.status === undefined).length >= head.length - r.cancelled);
+    // deterministic for a seed
+    const again = simulate(head, { workers: 2, policy: 'cost', speed: 4, scenario: { cancelRate: 0.3, cancelWithinMs: 2000, seed: 9 } });
+    assert.equal(again.cancelled, r.cancelled);
+  });
+
+  test('--worker-kv-tokens: each worker gets its own KV capacity', () => {
+    // round-robin assigns the same requests whatever the caches: only worker 0's capacity differs
+    const mixed = simulate(head, { workers: 2, policy: 'round-robin', scenario: { workerKvTokens: [16_384, 2_000_000] } });
+    const large = simulate(head, { workers: 2, policy: 'round-robin', scenario: { workerKvTokens: [2_000_000, 2_000_000] } });
+    const cachedOn = (r: PolicyResult, w: number) => r.outcomes.filter((o) => o.worker === w).reduce((a, o) => a + o.cachedTokens, 0);
+    assert.ok(cachedOn(mixed, 0) < 0.8 * cachedOn(large, 0), `small ${cachedOn(mixed, 0)} vs large ${cachedOn(large, 0)}`);
+    assert.equal(cachedOn(mixed, 1), cachedOn(large, 1));
+    assert.throws(() => simulate(head, { workers: 2, policy: 'cost', scenario: { workerKvTokens: [1000] } }), /workerKvTokens lists 1 workers/);
+  });
+
+  test('worker events parse as WORKER@TIME and name the flag when wrong', () => {
+    assert.deepEqual(parseWorkerEvent('w3@600s', '--fail', 8), { worker: 3, atMs: 600_000 });
+    assert.deepEqual(parseWorkerEvent('2@1.5m', '--fail', 8), { worker: 2, atMs: 90_000 });
+    assert.deepEqual(parseWorkerEvent('w0@250ms', '--drain', 8), { worker: 0, atMs: 250 });
+    assert.throws(() => parseWorkerEvent('w9@1s', '--fail', 8), /--fail: worker w9 does not exist/);
+    assert.throws(() => parseWorkerEvent('w1', '--drain', 8), /--drain: expected WORKER@TIME/);
+    assert.throws(() => simulate(head, { workers: 2, policy: 'cost', scenario: { eventLoss: 2 } }), /eventLoss must be within/);
+  });
+
+  test('the CLI takes the scenario flags and rejects bad ones with a message', () => {
+    const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+    const trace = fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url));
+    const cli = (...args: string[]) => spawnSync(process.execPath, ['--import', 'tsx', main, 'simulate', '--trace', trace, '--policies', 'cost', ...args], { encoding: 'utf8' });
+    const ok = cli('--workers', '3', '--fail', 'w1@20s', '--drain', 'w2@40s', '--event-jitter-ms', '20', '--event-loss', '0.1', '--replicas', '2', '--state-lag-ms', '20', '--cancel-rate', '0.05', '--worker-kv-tokens', '100000,200000,300000', '--format', 'json');
+    assert.equal(ok.status, 0, ok.stderr);
+    const p = JSON.parse(ok.stdout).policies[0];
+    for (const k of ['rejected', 'cancelled', 'failed', 'retried', 'eventBatchesLost']) assert.equal(typeof p[k], 'number', k);
+    const bad = cli('--workers', '3', '--fail', 'w7@20s');
+    assert.notEqual(bad.status, 0);
+    assert.match(bad.stderr, /--fail: worker w7 does not exist/);
+    const mismatch = cli('--workers', '3', '--worker-kv-tokens', '1,2');
+    assert.notEqual(mismatch.status, 0);
+    assert.match(mismatch.stderr, /--worker-kv-tokens lists 2 workers/);
+    const loss = cli('--event-loss', '1.5');
+    assert.notEqual(loss.status, 0);
+    assert.match(loss.stderr, /--event-loss must be a number from 0 to 1/);
+  });
+});
