@@ -121,7 +121,8 @@ function checkCount(value: unknown, param: string): number {
 
 function header(h: Headers, name: string): string | undefined {
   const v = h[name];
-  if (v === undefined) return undefined;
+  // an empty header is how many clients write "not set"
+  if (v === undefined || v === '') return undefined;
   // a repeated metadata header is ambiguous: refuse it rather than pick one
   if (typeof v !== 'string') throw new RequestLimitError(`${name} must be given once`, name);
   return v;

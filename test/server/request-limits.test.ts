@@ -57,7 +57,8 @@ describe('metadata', () => {
   test('steps and CLA groups: integers, and headers in decimal digits only', () => {
     assert.equal(readMetadata(undefined, { 'x-workflow-step': '16' }, limits).workflowStep, 16);
     assert.equal(readMetadata({ workflowStep: 3 }, { 'x-workflow-step': '16' }, limits).workflowStep, 3);
-    for (const v of ['0x10', '1e3', ' 7', '-1', '1.5', '', '99999999999999999']) rejects(() => readMetadata(undefined, { 'x-workflow-step': v }, limits), 'x-workflow-step');
+    assert.equal(readMetadata(undefined, { 'x-workflow-step': '', 'x-agent-role': '', 'x-workflow-id': '' }, limits).workflowId, undefined, 'empty headers are not set');
+    for (const v of ['0x10', '1e3', ' 7', '-1', '1.5', '99999999999999999']) rejects(() => readMetadata(undefined, { 'x-workflow-step': v }, limits), 'x-workflow-step');
     rejects(() => readMetadata(undefined, { 'x-cla-group': '0b1' }, limits), 'x-cla-group');
     rejects(() => readMetadata({ workflowStep: 1.5 }, {}, limits), 'contextforge.workflowStep');
     rejects(() => readMetadata({ claGroup: '2' }, {}, limits), 'contextforge.claGroup');
