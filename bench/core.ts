@@ -9,6 +9,8 @@
  *   npm run bench:core -- --json [--entries 1000000] [--requests 20000]
  */
 import { KVAwareRouter } from '../src/index.js';
+import { KvEventApplier } from '../src/engines/kv-events/applier.js';
+import type { KvEvent } from '../src/engines/kv-events/decode.js';
 import { createRng } from '../src/core/rng.js';
 import { intFlag, memoryAfterGc, parseFlags, percentile, round } from './stats.js';
 
@@ -101,6 +103,30 @@ for (let i = 0; i < EVENT_BATCHES; i++) {
   eventBlocks += 2 * depth;
 }
 
+// The KV-event path as the subscriber runs it: decoded BlockStored events (engine hashes,
+// token ids, chained by parent hash) through KvEventApplier, which hashes the token ids from
+// the parent's own hash, then the BlockRemoved of the same blocks.
+const applier = new KvEventApplier(router);
+let pathBlocks = 0;
+let pathMs = 0;
+let engineHash = 1n;
+for (let i = 0; i < EVENT_BATCHES; i++) {
+  const w = `w${i % WORKERS}`;
+  const doc = docs[Math.floor(rng() * DOCS)];
+  const depth = 1 + Math.floor(rng() * BLOCKS_PER_DOC);
+  const hashes = Array.from({ length: depth }, () => engineHash++);
+  const store: KvEvent = {
+    type: 'BlockStored', blockHashes: hashes, parentBlockHash: null, tokenIds: Array.from(doc.subarray(0, depth * BLOCK)),
+    blockSize: BLOCK, loraId: null, medium: 'GPU', loraName: null, groupIdx: null,
+  };
+  const remove: KvEvent = { type: 'BlockRemoved', blockHashes: hashes, medium: 'GPU', groupIdx: null };
+  const t0 = performance.now();
+  applier.apply(w, { ts: 0, events: [store], dataParallelRank: null });
+  applier.apply(w, { ts: 0, events: [remove], dataParallelRank: null });
+  pathMs += performance.now() - t0;
+  pathBlocks += 2 * depth;
+}
+
 const result = {
   routeDecisionsPerSec: Math.round(REQUESTS / (routeMs / 1000)),
   routeP50Us: round(percentile(samples, 50) * 1000, 2),
@@ -108,6 +134,7 @@ const result = {
   routeP90Us: round(percentile(samples, 90) * 1000, 2),
   routeMaxUs: round(samples[samples.length - 1] * 1000, 2),
   eventsPerSec: Math.round(eventBlocks / (eventMs / 1000)),
+  kvEventPathEventsPerSec: Math.round(pathBlocks / (pathMs / 1000)),
   bytesPerIndexEntry: round((after - before) / entries, 1),
   workload: {
     workers: WORKERS,
@@ -121,6 +148,7 @@ const result = {
     indexMode: 'precise',
     loadEventsPerSec: Math.round(storedBlocks / (loadMs / 1000)),
     eventsCountedAs: 'blocks in BlockStored + BlockRemoved, hashed from token ids',
+    kvEventPathCountedAs: 'the same, as decoded events through KvEventApplier (engine hash map, own hashes from the parent)',
     bytesCountedAs: 'heapUsed + arrayBuffers after full GC, router and index only, after the load phase',
     node: process.version,
   },

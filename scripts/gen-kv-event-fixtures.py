@@ -1,151 +1,308 @@
 #!/usr/bin/env python3
-"""Writes byte-exact vLLM KV-event payloads to test/fixtures/kv-events/.
+"""Writes KV-event payloads to test/fixtures/kv-events/, encoded the way the engines encode them.
 
-How they are built: vLLM encodes its events with msgspec (vllm/distributed/kv_events.py).
-EventBatch and the events are msgspec Structs with omit_defaults=True; the events are
-tagged (tag=True), so the tag field "type" with the class name comes first. Newer releases
-encode structs as maps (field names in declaration order, fields equal to their default
-omitted); older releases used array_like=True, which encodes the same fields positionally
-(the tag first, trailing defaults omitted). msgspec writes floats as float64, ints in the
-smallest msgpack integer form, bytes as bin, None as nil. This script has its own minimal
-msgpack writer following those rules (no msgpack library is installed here), so the
-fixtures do not come from the decoder under test.
-Each fixture: NAME.bin (the payload) and NAME.json (what it must decode to).
+Each engine encodes its events with msgspec (vLLM: vllm/distributed/kv_events.py; SGLang:
+python/sglang/srt/disaggregation/kv_events.py). This script declares msgspec Structs that
+mirror those definitions field for field, in every historical shape, and encodes with
+msgspec's own msgpack encoder, so the bytes are what an engine of that release sends. Shapes
+(vLLM pull requests that changed the schema, as listed in vllm-project/vllm#42892):
+
+  v0.9     array_like batch [ts, events]; BlockStored [hashes, parent, tokens, block_size,
+           lora_id]; BlockRemoved [hashes]                                (#16750)
+  dp       EventBatch gains data_parallel_rank = None
+  medium   BlockStored/BlockRemoved gain medium                             (#19737)
+  lora     BlockStored gains lora_name                                      (#27577)
+  extra    BlockStored gains extra_keys = None                              (#33304)
+  group    BlockStored/BlockRemoved gain group_idx = None                   (#37688)
+  spec     BlockStored gains kv_cache_spec_kind, kv_cache_spec_sliding_window = None (#40984)
+  mapev    events are tagged maps, the batch stays an array                 (#42892)
+  map      the batch is a map too (EventBatch without array_like, as on vLLM main)
+
+plus SGLang's (array_like, one BlockStored per page with block_size = len(page), signed
+64-bit hashes; newer releases add medium), vLLM's offloading connector (BlockStored with
+token_ids [], parent None, medium "CPU", its own block size), hybrid models (group_idx,
+kv_cache_spec_kind "sliding_window"/"mamba"), and a future release adding a field.
+
+Each fixture: NAME.bin (the payload) and NAME.json (what it must decode to, written from the
+values given to the encoder, not from the decoder under test). Also writes
+vllm-block-hash.json: vLLM's block hashes (vllm/v1/core/kv_cache_utils.py hash_block_tokens
+with sha256_cbor, NONE_HASH from PYTHONHASHSEED) computed here with cbor2 + hashlib, exactly
+as vLLM computes them.
+
+Run: pip install msgspec cbor2 && python3 scripts/gen-kv-event-fixtures.py
 """
 import hashlib
 import json
 import os
-import struct
+import shutil
+from typing import Any, Optional, Union
+
+import cbor2
+import msgspec
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "fixtures", "kv-events")
+Hash = Union[bytes, int]
 
 
-def pack(v):
-    if v is None:
-        return b"\xc0"
-    if v is True:
-        return b"\xc3"
-    if v is False:
-        return b"\xc2"
-    if isinstance(v, int):
-        if 0 <= v <= 0x7F:
-            return bytes([v])
-        if -32 <= v < 0:
-            return struct.pack("b", v)
-        if 0 <= v <= 0xFF:
-            return b"\xcc" + struct.pack(">B", v)
-        if 0 <= v <= 0xFFFF:
-            return b"\xcd" + struct.pack(">H", v)
-        if 0 <= v <= 0xFFFFFFFF:
-            return b"\xce" + struct.pack(">I", v)
-        if 0 <= v <= 0xFFFFFFFFFFFFFFFF:
-            return b"\xcf" + struct.pack(">Q", v)
-        if -0x80 <= v:
-            return b"\xd0" + struct.pack(">b", v)
-        if -0x8000 <= v:
-            return b"\xd1" + struct.pack(">h", v)
-        if -0x80000000 <= v:
-            return b"\xd2" + struct.pack(">i", v)
-        return b"\xd3" + struct.pack(">q", v)
-    if isinstance(v, float):
-        return b"\xcb" + struct.pack(">d", v)
-    if isinstance(v, str):
-        b = v.encode()
-        if len(b) < 32:
-            return bytes([0xA0 | len(b)]) + b
-        if len(b) <= 0xFF:
-            return b"\xd9" + bytes([len(b)]) + b
-        return b"\xda" + struct.pack(">H", len(b)) + b
-    if isinstance(v, bytes):
-        if len(v) <= 0xFF:
-            return b"\xc4" + bytes([len(v)]) + v
-        return b"\xc5" + struct.pack(">H", len(v)) + v
-    if isinstance(v, list):
-        head = bytes([0x90 | len(v)]) if len(v) < 16 else b"\xdc" + struct.pack(">H", len(v))
-        return head + b"".join(pack(x) for x in v)
-    if isinstance(v, dict):
-        head = bytes([0x80 | len(v)]) if len(v) < 16 else b"\xde" + struct.pack(">H", len(v))
-        return head + b"".join(pack(k) + pack(x) for k, x in v.items())
-    raise TypeError(type(v))
+def shapes():
+    """One namespace of msgspec Structs per historical shape (class names are the wire tags)."""
+    out = {}
+
+    def family(name, *, batch_array, events_array, rank, medium, lora_name, extra, group, spec, future=False):
+        ev_kw = dict(omit_defaults=True, gc=False, tag=True)
+        if events_array:
+            ev_kw["array_like"] = True
+        b_kw = dict(omit_defaults=True, gc=False)
+        if batch_array:
+            b_kw["array_like"] = True
+
+        class KVCacheEvent(msgspec.Struct, **ev_kw):
+            pass
+
+        stored_fields = [("block_hashes", list[Hash]), ("parent_block_hash", Optional[Hash]), ("token_ids", list[int]),
+                         ("block_size", int), ("lora_id", Optional[int])]
+        removed_fields = [("block_hashes", list[Hash])]
+        if medium:
+            stored_fields.append(("medium", Optional[str]))
+            removed_fields.append(("medium", Optional[str]))
+        if lora_name:
+            stored_fields.append(("lora_name", Optional[str]))
+        if extra:
+            stored_fields.append(("extra_keys", Optional[list[Optional[tuple]]], None))
+        if group:
+            stored_fields.append(("group_idx", Optional[int], None))
+            removed_fields.append(("group_idx", Optional[int], None))
+        if spec:
+            stored_fields.append(("kv_cache_spec_kind", Optional[str], None))
+            stored_fields.append(("kv_cache_spec_sliding_window", Optional[int], None))
+        if future:
+            stored_fields.append(("future_field", Optional[str], None))
+        BlockStored = msgspec.defstruct("BlockStored", stored_fields, bases=(KVCacheEvent,))
+        BlockRemoved = msgspec.defstruct("BlockRemoved", removed_fields, bases=(KVCacheEvent,))
+        AllBlocksCleared = msgspec.defstruct("AllBlocksCleared", [], bases=(KVCacheEvent,))
+        batch_fields = [("ts", float), ("events", list[Any])]
+        if rank:
+            batch_fields.append(("data_parallel_rank", Optional[int], None))
+        EventBatch = msgspec.defstruct("EventBatch", batch_fields, **b_kw)
+        out[name] = dict(BlockStored=BlockStored, BlockRemoved=BlockRemoved, AllBlocksCleared=AllBlocksCleared,
+                         EventBatch=EventBatch, stored=[f[0] for f in stored_fields], removed=[f[0] for f in removed_fields],
+                         rank=rank)
+
+    arr = dict(batch_array=True, events_array=True)
+    family("v0.9", **arr, rank=False, medium=False, lora_name=False, extra=False, group=False, spec=False)
+    family("dp", **arr, rank=True, medium=False, lora_name=False, extra=False, group=False, spec=False)
+    family("medium", **arr, rank=True, medium=True, lora_name=False, extra=False, group=False, spec=False)
+    family("lora", **arr, rank=True, medium=True, lora_name=True, extra=False, group=False, spec=False)
+    family("extra", **arr, rank=True, medium=True, lora_name=True, extra=True, group=False, spec=False)
+    family("group", **arr, rank=True, medium=True, lora_name=True, extra=True, group=True, spec=False)
+    family("spec", **arr, rank=True, medium=True, lora_name=True, extra=True, group=True, spec=True)
+    family("future", **arr, rank=True, medium=True, lora_name=True, extra=True, group=True, spec=True, future=True)
+    family("mapev", batch_array=True, events_array=False, rank=True, medium=True, lora_name=True, extra=True, group=True, spec=True)
+    family("map", batch_array=False, events_array=False, rank=True, medium=True, lora_name=True, extra=True, group=True, spec=True)
+    # SGLang (python/sglang/srt/disaggregation/kv_events.py): vLLM's first schema, no rank
+    family("sglang", **arr, rank=False, medium=False, lora_name=False, extra=False, group=False, spec=False)
+    family("sglang-medium", **arr, rank=False, medium=True, lora_name=False, extra=False, group=False, spec=False)
+    return out
 
 
-STORED_FIELDS = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
-                 "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"]
-STORED_DEFAULTED = {"extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
-REMOVED_FIELDS = ["block_hashes", "medium", "group_idx"]
-REMOVED_DEFAULTED = {"group_idx"}
-
-
-def event(kind, fields, array_like):
-    names = {"BlockStored": STORED_FIELDS, "BlockRemoved": REMOVED_FIELDS, "AllBlocksCleared": []}[kind]
-    defaulted = {"BlockStored": STORED_DEFAULTED, "BlockRemoved": REMOVED_DEFAULTED, "AllBlocksCleared": set()}[kind]
-    if array_like:
-        values = [fields.get(n) for n in names]
-        while values and names[len(values) - 1] in defaulted and values[-1] is None:
-            values.pop()  # trailing defaults are omitted
-        return [kind] + values
-    m = {"type": kind}
-    for n in names:
-        if n in defaulted and fields.get(n) is None:
-            continue
-        m[n] = fields.get(n)
-    return m
-
-
-def batch(ts, events, rank, array_like):
-    if array_like:
-        return [ts, events] if rank is None else [ts, events, rank]
-    m = {"ts": ts, "events": events}
-    if rank is not None:
-        m["data_parallel_rank"] = rank
-    return m
+SHAPES = shapes()
+TS = 1730000000.25
 
 
 def expected_hash(h):
-    return {"bigint": str(h)} if isinstance(h, int) else {"hex": h.hex()}
+    if isinstance(h, int):
+        return {"bigint": str(h & 0xFFFFFFFFFFFFFFFF)}
+    return {"hex": h.hex()}
 
 
-def expected(kind, f):
+def expected_event(kind, f, shape):
+    names = SHAPES[shape]["stored" if kind == "BlockStored" else "removed"]
+    get = lambda n: f.get(n) if n in names else None  # noqa: E731 (fields the shape lacks decode as null)
     if kind == "BlockStored":
+        ek = get("extra_keys")
         return {"type": kind, "blockHashes": [expected_hash(h) for h in f["block_hashes"]],
                 "parentBlockHash": None if f.get("parent_block_hash") is None else expected_hash(f["parent_block_hash"]),
                 "tokenIds": f["token_ids"], "blockSize": f["block_size"], "loraId": f.get("lora_id"),
-                "medium": f.get("medium"), "loraName": f.get("lora_name"), "groupIdx": f.get("group_idx")}
+                "medium": get("medium"), "loraName": get("lora_name"),
+                "extraKeys": None if ek is None else [None if k is None else [list(x) if isinstance(x, tuple) else x for x in k] for k in ek],
+                "groupIdx": get("group_idx"), "kvCacheSpecKind": get("kv_cache_spec_kind"),
+                "kvCacheSpecSlidingWindow": get("kv_cache_spec_sliding_window")}
     if kind == "BlockRemoved":
-        return {"type": kind, "blockHashes": [expected_hash(h) for h in f["block_hashes"]], "medium": f.get("medium"),
-                "groupIdx": f.get("group_idx")}
+        return {"type": kind, "blockHashes": [expected_hash(h) for h in f["block_hashes"]], "medium": get("medium"),
+                "groupIdx": get("group_idx")}
     return {"type": kind}
 
 
+def build(shape, events, rank=None):
+    s = SHAPES[shape]
+    objs = []
+    for kind, f in events:
+        names = s["stored"] if kind == "BlockStored" else s["removed"] if kind == "BlockRemoved" else []
+        objs.append(s[kind](**{n: f.get(n) for n in names if n in f or n not in ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "future_field")}))
+    batch = s["EventBatch"](ts=TS, events=objs, **({"data_parallel_rank": rank} if s["rank"] else {}))
+    return msgspec.msgpack.encode(batch)
+
+
+def write(name, payload, exp):
+    with open(os.path.join(OUT, name + ".bin"), "wb") as fh:
+        fh.write(payload)
+    with open(os.path.join(OUT, name + ".json"), "w") as fh:
+        json.dump(exp, fh, indent=1)
+        fh.write("\n")
+
+
+def fixture(name, shape, events, rank=None, skipped=None):
+    payload = build(shape, events, rank)
+    exp = {"ts": TS, "dataParallelRank": rank if SHAPES[shape]["rank"] else None,
+           "events": [expected_event(k, f, shape) for k, f in events]}
+    if skipped:
+        exp["skipped"] = skipped
+    write(name, payload, exp)
+    return name
+
+
+# ----------------------------------------------------------------- vLLM's block hash
+
+
+def vllm_none_hash(seed: str) -> bytes:
+    # vllm/v1/core/kv_cache_utils.py init_none_hash: NONE_HASH = hash_fn(os.getenv("PYTHONHASHSEED"))
+    return sha256_cbor(seed)
+
+
+def sha256_cbor(obj) -> bytes:
+    # vllm/utils/hashing.py sha256_cbor
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def vllm_block_hashes(tokens, block_size, seed, extra_for_block=lambda i: None):
+    """hash_block_tokens over every full block: sha256_cbor((parent or NONE_HASH, tuple(tokens), extra_keys))."""
+    parent = None
+    out = []
+    for i in range(len(tokens) // block_size):
+        block = tuple(tokens[i * block_size:(i + 1) * block_size])
+        h = sha256_cbor((parent if parent else vllm_none_hash(seed), block, extra_for_block(i)))
+        out.append(h)
+        parent = h
+    return out
+
+
+def as_int(h: bytes) -> int:
+    # vllm/v1/core/kv_cache_utils.py maybe_convert_block_hash (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
+    return int.from_bytes(h, "big") & ((1 << 64) - 1)
+
+
 def main():
-    os.makedirs(OUT, exist_ok=True)
+    if os.path.isdir(OUT):
+        shutil.rmtree(OUT)
+    os.makedirs(OUT)
     tokens = list(range(1000, 1032))  # two blocks of 16
     big = [0xFEDCBA9876543210, 0x8000000000000001]  # above 2^53: plain JS numbers would lose bits
     digests = [hashlib.sha256(b"block-%d" % i).digest() for i in range(2)]
-    cases = {
-        "stored-int": ("BlockStored", {"block_hashes": big, "parent_block_hash": 12345, "token_ids": tokens, "block_size": 16,
-                                        "lora_id": None, "medium": "GPU", "lora_name": None}),
-        "stored-bytes-lora": ("BlockStored", {"block_hashes": digests, "parent_block_hash": None, "token_ids": tokens,
-                                               "block_size": 16, "lora_id": 3, "medium": "CPU", "lora_name": "sql-adapter",
-                                               "group_idx": 0}),
-        "removed-int": ("BlockRemoved", {"block_hashes": big, "medium": "GPU"}),
-        "removed-bytes": ("BlockRemoved", {"block_hashes": digests, "medium": None, "group_idx": 1}),
-        "cleared": ("AllBlocksCleared", {}),
-    }
-    index = []
-    for name, (kind, fields) in cases.items():
-        for array_like in (False, True):
-            for rank in ((0,) if not array_like else (None, 2)):
-                enc = "array" if array_like else "map"
-                fname = f"{name}-{enc}" + ("" if rank in (0,) and not array_like else f"-rank{rank}" if rank is not None else "-norank")
-                payload = pack(batch(1730000000.25, [event(kind, fields, array_like)], rank, array_like))
-                with open(os.path.join(OUT, fname + ".bin"), "wb") as f:
-                    f.write(payload)
-                exp = {"ts": 1730000000.25, "dataParallelRank": rank, "events": [expected(kind, fields)]}
-                with open(os.path.join(OUT, fname + ".json"), "w") as f:
-                    json.dump(exp, f, indent=1)
-                index.append(fname)
-    print(f"wrote {len(index)} fixtures to {OUT}: {', '.join(index)}")
+    stored_int = {"block_hashes": big, "parent_block_hash": 12345, "token_ids": tokens, "block_size": 16,
+                  "lora_id": None, "medium": "GPU", "lora_name": None}
+    stored_bytes_lora = {"block_hashes": digests, "parent_block_hash": None, "token_ids": tokens, "block_size": 16,
+                         "lora_id": 3, "medium": "GPU", "lora_name": "sql-adapter",
+                         "extra_keys": [("sql-adapter",), ("sql-adapter",)], "group_idx": 0,
+                         "kv_cache_spec_kind": "full_attention"}
+    removed_int = {"block_hashes": big, "medium": "GPU"}
+    removed_bytes = {"block_hashes": digests, "medium": None, "group_idx": 1}
+    names = []
+    for shape in ["v0.9", "dp", "medium", "lora", "extra", "group", "spec", "mapev", "map"]:
+        rank = 2 if SHAPES[shape]["rank"] else None
+        names.append(fixture(f"{shape}-stored-int", shape, [("BlockStored", stored_int)], rank))
+        names.append(fixture(f"{shape}-removed-int", shape, [("BlockRemoved", removed_int)], rank))
+        names.append(fixture(f"{shape}-cleared", shape, [("AllBlocksCleared", {})], rank))
+        if shape not in ("v0.9", "dp"):
+            names.append(fixture(f"{shape}-stored-bytes-lora", shape, [("BlockStored", stored_bytes_lora)], rank))
+            names.append(fixture(f"{shape}-removed-bytes", shape, [("BlockRemoved", removed_bytes)], rank))
+    # rank 0 and no rank: omit_defaults drops a None rank, never a 0
+    names.append(fixture("map-rank0", "map", [("AllBlocksCleared", {})], 0))
+    names.append(fixture("spec-norank", "spec", [("AllBlocksCleared", {})], None))
+
+    # a future vLLM adding a trailing field: readers ignore what they do not know
+    fut = dict(stored_int, future_field="something new")
+    names.append(fixture("future-stored-int", "future", [("BlockStored", fut)], 0))
+
+    # the offloading connector: GPU stores, then the CPU copy of the last block (its own block size)
+    gpu = {"block_hashes": big, "parent_block_hash": None, "token_ids": tokens, "block_size": 16, "lora_id": None,
+           "medium": "GPU", "lora_name": None, "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+    cpu = {"block_hashes": [big[1]], "parent_block_hash": None, "token_ids": [], "block_size": 32, "lora_id": None,
+           "medium": "CPU", "lora_name": None}
+    names.append(fixture("offload-cpu", "mapev", [("BlockStored", gpu), ("BlockStored", cpu),
+                                                  ("BlockRemoved", {"block_hashes": [big[1]], "medium": "CPU"})], 0))
+
+    # hybrid model: full-attention group 0, sliding-window group 1 (null blocks skipped from the
+    # hashes while token_ids spans the range), a Mamba group 2
+    sw = {"block_hashes": [0x1111], "parent_block_hash": None, "token_ids": tokens, "block_size": 16, "lora_id": None,
+          "medium": "GPU", "lora_name": None, "group_idx": 1, "kv_cache_spec_kind": "sliding_window",
+          "kv_cache_spec_sliding_window": 8}
+    mamba = {"block_hashes": [0x2222], "parent_block_hash": None, "token_ids": tokens, "block_size": 32, "lora_id": None,
+             "medium": "GPU", "lora_name": None, "group_idx": 2, "kv_cache_spec_kind": "mamba"}
+    names.append(fixture("hybrid", "mapev", [("BlockStored", gpu), ("BlockStored", sw), ("BlockStored", mamba),
+                                             ("BlockRemoved", {"block_hashes": [0x1111], "medium": "GPU", "group_idx": 1})], 0))
+    names.append(fixture("hybrid-array", "spec", [("BlockStored", gpu), ("BlockStored", sw), ("BlockStored", mamba)], 0))
+
+    # multimodal and salted blocks: extra_keys per block ((mm identifier, offset), salt on block 0)
+    mm = dict(gpu, extra_keys=[("salt-a", ), (("img-sha", 3),)])
+    names.append(fixture("extra-keys-mm-salt", "mapev", [("BlockStored", mm)], 0))
+
+    # SGLang: one BlockStored per page, signed 64-bit hashes, parent = the previous page
+    sg_events = []
+    parent = None
+    for i, tok in enumerate([11, 12, 13]):
+        h = -(0x7000000000000000 + i) if i % 2 == 0 else 0x7000000000000000 + i
+        sg_events.append(("BlockStored", {"block_hashes": [h], "parent_block_hash": parent, "token_ids": [tok],
+                                          "block_size": 1, "lora_id": None}))
+        parent = h
+    sg_events.append(("BlockRemoved", {"block_hashes": [parent]}))
+    names.append(fixture("sglang-page1", "sglang", sg_events))
+    page16 = [("BlockStored", {"block_hashes": [-5], "parent_block_hash": None, "token_ids": tokens[:16], "block_size": 16,
+                               "lora_id": None, "medium": "GPU"}),
+              ("BlockStored", {"block_hashes": [7], "parent_block_hash": -5, "token_ids": tokens[16:], "block_size": 16,
+                               "lora_id": None, "medium": "GPU"}),
+              ("BlockRemoved", {"block_hashes": [7], "medium": "GPU"})]
+    names.append(fixture("sglang-page16", "sglang-medium", page16))
+
+    # one bad event among good ones (hand-made: no engine sends it, a corrupt or future one might)
+    bad = [["BlockStored", big, None, tokens, 16, None, "GPU", None],
+           ["BlockStored", [1], None, [1, 2, 3], 16, None, "GPU", None],
+           ["BlockMoved", [1]],
+           ["BlockRemoved", [big[0]], "GPU"]]
+    write("mixed-bad", msgspec.msgpack.encode([TS, bad, 0]),
+          {"ts": TS, "dataParallelRank": 0,
+           "events": [expected_event("BlockStored", dict(gpu, group_idx=None, kv_cache_spec_kind=None), "lora"),
+                      expected_event("BlockRemoved", {"block_hashes": [big[0]], "medium": "GPU"}, "medium")],
+           "skipped": [{"index": 1, "reason": "token_count"}, {"index": 2, "reason": "unknown_type"}]})
+    names.append("mixed-bad")
+
+    # vLLM's own block hashes, for --block-hash vllm
+    hash_cases = []
+    for seed, block_size, n, lora, salt in [("0", 16, 64, None, None), ("1234", 16, 50, None, None), ("42", 4, 21, None, None),
+                                            ("0", 16, 48, "sql-adapter", None), ("0", 16, 48, None, "tenant-a"),
+                                            ("7", 16, 40, "sql-adapter", "tenant-a")]:
+        toks = [(i * 7919 + len(seed)) % 151_000 for i in range(n)]
+
+        def extra(i, lora=lora, salt=salt):
+            keys = ([lora] if lora else []) + ([salt] if salt and i == 0 else [])
+            return tuple(keys) if keys else None
+
+        hs = vllm_block_hashes(toks, block_size, seed, extra)
+        hash_cases.append({"pythonHashSeed": seed, "blockSize": block_size, "tokens": toks, "lora": lora, "cacheSalt": salt,
+                           "noneHash": vllm_none_hash(seed).hex(), "hashes": [h.hex() for h in hs],
+                           "intHashes": [str(as_int(h)) for h in hs]})
+    with open(os.path.join(OUT, "vllm-block-hash.json"), "w") as fh:
+        json.dump({"source": "vllm/v1/core/kv_cache_utils.py hash_block_tokens, sha256_cbor (cbor2 canonical + sha256)",
+                   "cases": hash_cases}, fh, indent=1)
+        fh.write("\n")
+
+    # the same stream as an engine with PYTHONHASHSEED=0 publishes it (int hashes), for the applier
+    c = hash_cases[0]
+    toks = c["tokens"]
+    ints = [int(x) for x in c["intHashes"]]
+    ev = [("BlockStored", {"block_hashes": ints[2:4], "parent_block_hash": ints[1], "token_ids": toks[32:64], "block_size": 16,
+                           "lora_id": None, "medium": "GPU", "lora_name": None})]
+    names.append(fixture("vllm-seed0-late-join", "lora", ev, 0))
+    print(f"wrote {len(names)} fixtures and vllm-block-hash.json to {os.path.normpath(OUT)}")
 
 
 if __name__ == "__main__":

@@ -454,6 +454,38 @@ export class BlockIndex {
     }
   }
 
+  /**
+   * Extends `out` (an overlaps() result for the same blocks) with blocks held beyond the
+   * longest prefix: a worker holding block j (GPU or offload, not predicted) is counted as
+   * holding blocks 0..j. For keys that are the engine's own hashes (vLLM's, `--block-hash
+   * vllm`), where the engine only caches a block whose prefix it cached, and where the router
+   * may never have seen those ancestors stored (it joined late). Costs one lookup per block
+   * past the prefix; the default route path does not call it.
+   */
+  extendToDeepestHeld(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, out: OverlapResult): OverlapResult {
+    const words = this.words;
+    for (let j = n - 1; j >= out.maxBlocks; j--) {
+      const node = this.find(hi[j] >>> 0, lo[j] >>> 0);
+      if (node === EMPTY) continue;
+      const base = node * this.stride;
+      for (let w = 0; w < words; w++) {
+        const gpu = this.masks[base + w];
+        let bits = gpu | this.masks[base + words + w];
+        while (bits !== 0) {
+          const low = bits & -bits;
+          bits ^= low;
+          const slot = (w << 5) + (31 - Math.clz32(low));
+          if (out.blocks[slot] >= j + 1) continue;
+          out.blocks[slot] = j + 1;
+          out.offloadBlocks[slot] = gpu & low ? 0 : j + 1;
+          out.predictedBlocks[slot] = 0;
+          if (j + 1 > out.maxBlocks) out.maxBlocks = j + 1;
+        }
+      }
+    }
+    return out;
+  }
+
   /** Whether a worker holds a block, and in which tier (tests and tools; not the hot path). */
   holder(slot: number, hi: number, lo: number): 'gpu' | 'offload' | 'predicted' | null {
     const node = this.find(hi >>> 0, lo >>> 0);

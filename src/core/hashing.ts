@@ -139,6 +139,32 @@ export function hashTokenBlocks(
   ns: HashNamespace | undefined,
   out: BlockHashes,
 ): BlockHashes {
+  const n = loadTokens(tokens, blockSize);
+  chainRoot(ns, root);
+  return runWasmHash(n, blockSize, out);
+}
+
+/**
+ * Like hashTokenBlocks, but the chain continues from a given parent sequence hash instead of
+ * a namespace's root: how a KV event's new blocks are hashed after their parent block.
+ */
+export function hashTokenBlocksFrom(parentHi: number, parentLo: number, tokens: ArrayLike<number>, blockSize: number, out: BlockHashes): BlockHashes {
+  const n = loadTokens(tokens, blockSize);
+  root[0] = parentHi >>> 0;
+  root[1] = parentLo >>> 0;
+  return runWasmHash(n, blockSize, out);
+}
+
+/** Mixes a string into a chain's running hash (e.g. a block's multimodal identifiers). */
+export function mixIntoChain(hi: number, lo: number, s: string, out: Uint32Array): void {
+  [out[0], out[1]] = mixString(hi >>> 0, lo >>> 0, s);
+}
+
+/**
+ * Validates token ids and copies the full blocks' worth into wasm memory; returns how many.
+ * Token ids must be integers in [0, 2^32); anything else throws a RangeError naming `tokens`.
+ */
+function loadTokens(tokens: ArrayLike<number>, blockSize: number): number {
   const n = Math.floor(tokens.length / blockSize) * blockSize;
   reserveWasm(n * 4 + (n / blockSize) * 8 + 16);
   const words = wasmWords;
@@ -151,20 +177,7 @@ export function hashTokenBlocks(
       if (i < n) words[i] = tok;
     }
   }
-  chainRoot(ns, root);
-  return runWasmHash(n, blockSize, out);
-}
-
-/**
- * Like hashTokenBlocks, but the chain continues from a given parent sequence hash instead of
- * a namespace's root: how a KV event's new blocks are hashed after their parent block.
- */
-export function hashTokenBlocksFrom(parentHi: number, parentLo: number, tokens: ArrayLike<number>, blockSize: number, out: BlockHashes): BlockHashes {
-  hashTokenBlocks(tokens, blockSize, undefined, out); // validates and loads the tokens
-  const n = out.length * blockSize;
-  root[0] = parentHi >>> 0;
-  root[1] = parentLo >>> 0;
-  return runWasmHash(n, blockSize, out);
+  return n;
 }
 
 /** Hashes the first `n` words in wasm memory in blocks of `blockSize` into `out`. */

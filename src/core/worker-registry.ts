@@ -8,6 +8,8 @@ export interface WorkerInfo {
   url?: string;
   /** Models the engine serves. */
   models?: readonly string[];
+  /** Tokens per KV block on this engine (default: the router's block size). */
+  blockSize?: number;
 }
 
 /** One engine instance as the router sees it. Mutable by the registry's owner only. */
@@ -117,7 +119,8 @@ function checkInfo(info: unknown): WorkerInfo {
   if (typeof info !== 'object' || Array.isArray(info)) {
     throw new TypeError('info must be an object');
   }
-  const { claGroups, url, models } = info as WorkerInfo;
+  const { claGroups, url, models, blockSize } = info as WorkerInfo;
+  if (blockSize !== undefined && (!Number.isInteger(blockSize) || blockSize < 1 || blockSize > 1 << 16)) throw new RangeError(`info.blockSize must be an integer from 1 to 65536, got ${String(blockSize)}`);
   if (claGroups !== undefined) {
     if (!Array.isArray(claGroups)) throw new TypeError('info.claGroups must be an array of integers');
     claGroups.forEach((g, i) => optionalNonNegativeInt(g, `info.claGroups[${i}]`));

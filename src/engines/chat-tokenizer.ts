@@ -9,7 +9,38 @@ import type { RouteRequest } from '../core/router/index.js';
 /** Turns a request into the token ids the engine will see (`--tokenize tokenizer`). */
 export interface PromptTokenizer {
   tokenize(request: RouteRequest): number[];
+  /** A chat request with what besides the messages shapes its prompt (tools, template options). */
+  tokenizeChatRequest?(request: ChatTemplateRequest): number[];
 }
+
+/** The parts of a /v1/chat/completions body that decide the prompt, as vLLM reads them. */
+export interface ChatTemplateRequest {
+  messages: readonly unknown[];
+  tools?: readonly unknown[] | null;
+  documents?: readonly unknown[] | null;
+  chat_template_kwargs?: Record<string, unknown> | null;
+  /** Default true, as vLLM's ChatCompletionRequest. */
+  add_generation_prompt?: boolean;
+  continue_final_message?: boolean;
+}
+
+/**
+ * Content the router cannot turn into the engine's tokens (images, audio, video: the engine's
+ * multimodal processor makes their placeholder tokens). Not the client's fault: the gateway
+ * routes such a request on its text instead.
+ */
+export class UntokenizableContentError extends RangeError {
+  constructor(message: string) {
+    super(message);
+    this.name = 'UntokenizableContentError';
+  }
+}
+
+/** Variables the caller cannot override through chat_template_kwargs. */
+const RESERVED_KWARGS = new Set(['messages', 'tools', 'documents', 'add_generation_prompt', 'continue_final_message', 'chat_template', 'tokenize', 'conversation']);
+const TEXT_PARTS: Record<string, string> = { text: 'text', input_text: 'text', output_text: 'text', refusal: 'refusal', thinking: 'thinking' };
+/** Appended to the final message for continue_final_message, as transformers' render_jinja_template. */
+const CONTINUE_TAG = 'CONTINUE_FINAL_MESSAGE_TAG ';
 
 export interface ChatTokenizerOptions {
   /** A Jinja chat template overriding tokenizer_config.json's `chat_template`. */
@@ -35,25 +66,45 @@ interface Segment {
 
 /**
  * The model's own tokenizer (tokenizer.json, @huggingface/tokenizers) and chat template
- * (@huggingface/jinja), as vLLM applies them: a chat is rendered with the template and
- * tokenized without adding special tokens (the template has them); a completions prompt is
- * tokenized with them.
+ * (@huggingface/jinja), applied as vLLM applies them, so the ids are the engine's prompt
+ * tokens (checked against Python transformers on Qwen3 in test/engines/chat-parity.test.ts):
  *
- * Multi-turn requests resend the whole conversation, so re-rendering and re-tokenizing it every
- * turn would cost O(turns²). Instead the template's output is cut at message boundaries — the
- * output for messages[0..i] minus that for messages[0..i-1] — and each cut is tokenized alone
- * and cached under a digest of the messages up to it. Cutting there gives the same ids as
- * tokenizing the whole text because chat templates end each message with a special token or a
- * newline that pre-tokenization splits on anyway (checked against whole-text tokenization in
- * the tests). A template whose output for a prefix is not a prefix of the whole (one that
- * counts messages, say) is detected, and such a conversation is tokenized whole.
+ * - messages are read as vLLM reads them (vllm/entrypoints/chat_utils.py
+ *   _parse_chat_message_content, _postprocess_messages): content null → "", a list of parts
+ *   → its text parts joined with "\n" (or, for a template that iterates over content parts,
+ *   kept as [{type: "text", text}]); assistant tool_calls kept, their JSON-string arguments
+ *   parsed into objects; reasoning kept (also as reasoning_content); a tool message's
+ *   tool_call_id and a string name kept; other fields dropped;
+ * - tools as vLLM's ChatCompletionToolsParam dumps them ({type, function: {name,
+ *   description, parameters}}, missing ones null, extra fields kept after);
+ * - the template rendered with the special tokens, chat_template_kwargs,
+ *   add_generation_prompt (default true) and continue_final_message (as transformers'
+ *   render_jinja_template: the final message is left open);
+ * - the text tokenized without adding special tokens (the template has them). A completions
+ *   prompt is tokenized with them.
+ * The template is `chatTemplate`, else the model directory's chat_template.jinja, else
+ * tokenizer_config.json's `chat_template`, the order vLLM and transformers use.
+ *
+ * Multi-turn requests resend the whole conversation, so tokenizing it every turn would cost
+ * O(turns²). The template's output is cut at message boundaries — the output for
+ * messages[0..i] minus that for messages[0..i-1] — and each cut is tokenized alone and cached
+ * under a digest of the options and messages up to it. Every request still renders the
+ * whole conversation once (cheap next to tokenizing) and uses a cached cut only where it is
+ * exactly what the whole rendering has there: templates that render a message differently
+ * once more follow (Qwen3 drops the reasoning of earlier turns) are handled, the rest of the
+ * text being tokenized in one piece. Cutting after a message gives the same ids as
+ * tokenizing the whole text because chat templates end each message with a special token or
+ * a newline that pre-tokenization splits on anyway (the parity test checks it).
  */
 export class ChatTokenizer implements PromptTokenizer {
   readonly stats: ChatTokenizerStats = { segmentHits: 0, segmentMisses: 0, wholeRenders: 0 };
   private readonly template: Template | undefined;
-  private readonly specialTokens: Record<string, string>;
+  private readonly templateSource: string | undefined;
+  private readonly specialTokens: Record<string, unknown>;
   private readonly segments = new Map<string, Segment>();
   private readonly cacheEntries: number;
+  /** The template iterates over content parts (vLLM's "openai" content format). */
+  private readonly partsContent: boolean;
 
   constructor(
     private readonly tokenizer: Tokenizer,
@@ -61,27 +112,32 @@ export class ChatTokenizer implements PromptTokenizer {
     options: ChatTokenizerOptions = {},
   ) {
     const source = options.chatTemplate ?? templateOf(config);
+    this.templateSource = source;
     this.template = source === undefined ? undefined : new Template(source);
+    this.partsContent = source !== undefined && /\{%-?\s*for\s+\w+\s+in\s+(message|msg|m)(\.content|\[\s*['"]content['"]\s*\])\s*-?%\}/.test(source);
     this.specialTokens = {};
-    for (const key of ['bos_token', 'eos_token', 'pad_token', 'unk_token']) {
+    for (const key of ['bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token', 'cls_token', 'mask_token']) {
       const v = config[key];
       const content = typeof v === 'string' ? v : v && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string' ? (v as { content: string }).content : undefined;
       if (content !== undefined) this.specialTokens[key] = content;
     }
+    if (Array.isArray(config.additional_special_tokens)) this.specialTokens.additional_special_tokens = config.additional_special_tokens;
     this.cacheEntries = options.cacheEntries ?? 50_000;
     if (!Number.isInteger(this.cacheEntries) || this.cacheEntries < 0) throw new RangeError(`cacheEntries must be a non-negative integer, got ${options.cacheEntries}`);
   }
 
   /**
-   * Loads tokenizer.json and, next to it, tokenizer_config.json (which holds the chat template
-   * and special tokens). `path` is the file or the directory holding both (a Hugging Face
-   * model snapshot).
+   * Loads tokenizer.json and, next to it, tokenizer_config.json (which holds the special
+   * tokens and usually the chat template) and chat_template.jinja (which, when present, is
+   * the template). `path` is the file or the directory holding them (a Hugging Face model
+   * snapshot).
    */
   static load(path: string, options: ChatTokenizerOptions = {}): ChatTokenizer {
     if (!existsSync(path)) throw new RangeError(`tokenizer: no such file or directory '${path}'`);
     const file = statSync(path).isDirectory() ? join(path, 'tokenizer.json') : path;
     if (!existsSync(file)) throw new RangeError(`tokenizer: '${file}' does not exist`);
     const configFile = join(dirname(file), 'tokenizer_config.json');
+    const jinjaFile = join(dirname(file), 'chat_template.jinja');
     const tokenizerJson = readJson(file, 'tokenizer');
     const config = existsSync(configFile) ? readJson(configFile, 'tokenizer config') : {};
     let tokenizer: Tokenizer;
@@ -90,7 +146,8 @@ export class ChatTokenizer implements PromptTokenizer {
     } catch (err) {
       throw new RangeError(`tokenizer: '${file}' is not a tokenizer this library reads: ${(err as Error).message}`);
     }
-    return new ChatTokenizer(tokenizer, config, options);
+    const chatTemplate = options.chatTemplate ?? (existsSync(jinjaFile) ? readFileSync(jinjaFile, 'utf8') : undefined);
+    return new ChatTokenizer(tokenizer, config, { ...options, chatTemplate });
   }
 
   tokenize(request: RouteRequest): number[] {
@@ -101,16 +158,31 @@ export class ChatTokenizer implements PromptTokenizer {
 
   /** Token ids of a chat as the engine renders it (with the generation prompt). */
   tokenizeChat(messages: readonly ChatMessage[]): number[] {
+    return this.tokenizeChatRequest({ messages });
+  }
+
+  /** Token ids of a chat request (messages, tools, template options) as vLLM computes them. */
+  tokenizeChatRequest(request: ChatTemplateRequest): number[] {
     if (!this.template) throw new RangeError('the tokenizer has no chat template (give one with --chat-template)');
+    if (!Array.isArray(request.messages) || request.messages.length === 0) throw new RangeError('messages must be a non-empty array');
+    const addGenerationPrompt = request.add_generation_prompt ?? true;
+    const continueFinal = request.continue_final_message ?? false;
+    if (addGenerationPrompt && continueFinal) throw new RangeError('continue_final_message and add_generation_prompt cannot both be true');
+    const conversation = request.messages.map((m, i) => this.message(m, i));
+    postprocess(conversation);
+    const context = this.context(request);
+    const whole = this.renderAll(conversation, context, addGenerationPrompt, continueFinal);
+
     const out: number[] = [];
     let rendered = '';
-    let key = '';
+    let key = digest('', { tools: context.tools, documents: context.documents, kwargs: request.chat_template_kwargs ?? null });
+    // the final message is cut open by continue_final_message: it is never a cacheable cut
+    const cacheable = continueFinal ? conversation.length - 1 : conversation.length;
     let i = 0;
-    // the longest cached run of leading messages
-    for (; i < messages.length; i++) {
-      const next = digest(key, messages[i]);
+    for (; i < cacheable; i++) {
+      const next = digest(key, conversation[i]);
       const seg = this.segments.get(next);
-      if (!seg) break;
+      if (!seg || !whole.startsWith(seg.text, rendered.length)) break;
       this.segments.delete(next); // most recently used last: eviction takes the coldest
       this.segments.set(next, seg);
       key = next;
@@ -118,33 +190,98 @@ export class ChatTokenizer implements PromptTokenizer {
       for (const t of seg.tokens) out.push(t);
       this.stats.segmentHits++;
     }
-    for (; i <= messages.length; i++) {
-      // i === messages.length: the generation prompt that follows the last message
-      const last = i === messages.length;
-      const next = last ? `${key}+gen` : digest(key, messages[i]);
-      const cached = last ? this.segments.get(next) : undefined;
-      if (cached) {
-        for (const t of cached.tokens) out.push(t);
+    for (; i < cacheable; i++) {
+      let text: string;
+      try {
+        text = this.render(conversation.slice(0, i + 1), context, false);
+      } catch {
+        break; // a template that refuses a partial conversation: the rest goes in one piece
+      }
+      if (!text.startsWith(rendered) || !whole.startsWith(text)) {
+        this.stats.wholeRenders++;
         break;
       }
-      const text = this.render(messages.slice(0, last ? i : i + 1), last);
-      if (!text.startsWith(rendered)) {
-        this.stats.wholeRenders++;
-        return this.tokenizer.encode(this.render(messages, true), { add_special_tokens: false }).ids;
-      }
+      const next = digest(key, conversation[i]);
       const segText = text.slice(rendered.length);
       const tokens = this.tokenizer.encode(segText, { add_special_tokens: false }).ids;
       this.remember(next, { text: segText, tokens });
-      if (!last) this.stats.segmentMisses++;
+      this.stats.segmentMisses++;
       for (const t of tokens) out.push(t);
       rendered = text;
       key = next;
     }
+    const rest = whole.slice(rendered.length);
+    if (rest.length > 0) for (const t of this.tokenizer.encode(rest, { add_special_tokens: false }).ids) out.push(t);
     return out;
   }
 
-  private render(messages: readonly ChatMessage[], addGenerationPrompt: boolean): string {
-    return this.template!.render({ messages, add_generation_prompt: addGenerationPrompt, ...this.specialTokens });
+  /** One message as vLLM passes it to the template. */
+  private message(raw: unknown, i: number): Record<string, unknown> {
+    if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new RangeError(`messages[${i}] must be an object`);
+    const m = raw as Record<string, unknown>;
+    if (typeof m.role !== 'string') throw new RangeError(`messages[${i}].role must be a string`);
+    const parts: unknown[] = m.content === null || m.content === undefined ? [] : typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : Array.isArray(m.content) ? m.content : [m.content];
+    const texts: string[] = [];
+    for (const [k, part] of parts.entries()) {
+      if (typeof part === 'string') {
+        texts.push(part);
+        continue;
+      }
+      const p = part as Record<string, unknown> | null;
+      const type = p && typeof p.type === 'string' ? p.type : undefined;
+      const field = type !== undefined ? TEXT_PARTS[type] : undefined;
+      if (field === undefined) throw new UntokenizableContentError(`messages[${i}].content[${k}]: a ${type ?? 'untyped'} part cannot be tokenized by the router (text parts only)`);
+      const text = p![field];
+      if (text === null || text === undefined) continue;
+      if (typeof text !== 'string') throw new RangeError(`messages[${i}].content[${k}].${field} must be a string`);
+      texts.push(text);
+    }
+    const out: Record<string, unknown> = { role: m.role, content: this.partsContent ? texts.map((text) => ({ type: 'text', text })) : texts.join('\n') };
+    if (m.role === 'assistant') {
+      if (m.tool_calls !== undefined && m.tool_calls !== null) out.tool_calls = Array.isArray(m.tool_calls) ? structuredClone(m.tool_calls) : m.tool_calls;
+      const reasoning = m.reasoning ?? m.reasoning_content;
+      if (reasoning !== undefined && reasoning !== null) {
+        out.reasoning = reasoning;
+        out.reasoning_content = reasoning;
+      }
+    } else if (m.role === 'tool' && m.tool_call_id !== undefined) {
+      out.tool_call_id = m.tool_call_id;
+    }
+    if (typeof m.name === 'string') out.name = m.name;
+    return out;
+  }
+
+  private context(request: ChatTemplateRequest): Record<string, unknown> {
+    const ctx: Record<string, unknown> = { ...this.specialTokens };
+    const kwargs = request.chat_template_kwargs;
+    if (kwargs !== undefined && kwargs !== null) {
+      if (typeof kwargs !== 'object' || Array.isArray(kwargs)) throw new RangeError('chat_template_kwargs must be an object');
+      for (const [k, v] of Object.entries(kwargs)) if (!RESERVED_KWARGS.has(k)) ctx[k] = v;
+    }
+    ctx.tools = request.tools === undefined || request.tools === null ? null : toolsAsVllm(request.tools);
+    ctx.documents = request.documents ?? null;
+    return ctx;
+  }
+
+  private render(messages: readonly Record<string, unknown>[], context: Record<string, unknown>, addGenerationPrompt: boolean): string {
+    return this.template!.render({ ...context, messages, add_generation_prompt: addGenerationPrompt });
+  }
+
+  /** The whole conversation; with continue_final_message, cut open after the final message's text. */
+  private renderAll(conversation: Record<string, unknown>[], context: Record<string, unknown>, addGenerationPrompt: boolean, continueFinal: boolean): string {
+    if (!continueFinal) return this.render(conversation, context, addGenerationPrompt);
+    if (!this.templateSource!.includes('content')) throw new RangeError('continue_final_message: the chat template has no message content to continue');
+    const last = { ...conversation[conversation.length - 1] };
+    if (typeof last.content === 'string') last.content += CONTINUE_TAG;
+    else if (Array.isArray(last.content) && last.content.length > 0) {
+      const parts = last.content as Array<{ type: string; text: string }>;
+      last.content = [...parts.slice(0, -1), { ...parts[parts.length - 1], text: parts[parts.length - 1].text + CONTINUE_TAG }];
+    } else throw new RangeError('continue_final_message: the final message has no text to continue');
+    const text = this.render([...conversation.slice(0, -1), last], context, addGenerationPrompt);
+    const at = text.lastIndexOf(CONTINUE_TAG.trim());
+    if (at < 0) throw new RangeError('continue_final_message: the chat template drops the final message');
+    // a template that keeps spacing: cut at the tag; one that trimmed it: cut and trim
+    return text.startsWith(CONTINUE_TAG, at) ? text.slice(0, at) : text.slice(0, at).trimEnd();
   }
 
   private remember(key: string, seg: Segment): void {
@@ -152,6 +289,45 @@ export class ChatTokenizer implements PromptTokenizer {
     if (this.segments.size >= this.cacheEntries) this.segments.delete(this.segments.keys().next().value!);
     this.segments.set(key, seg);
   }
+}
+
+/** vLLM's _postprocess_messages: tool-call arguments as objects; an empty tool_calls dropped. */
+function postprocess(conversation: Record<string, unknown>[]): void {
+  for (const m of conversation) {
+    if (m.role !== 'assistant' || !Array.isArray(m.tool_calls)) continue;
+    if (m.tool_calls.length === 0) {
+      delete m.tool_calls;
+      continue;
+    }
+    for (const item of m.tool_calls as Array<{ function?: { arguments?: unknown } }>) {
+      const fn = item?.function;
+      if (!fn || typeof fn !== 'object') continue;
+      const args = fn.arguments;
+      if (args === undefined || args === null || args === '' || args === false || args === 0) fn.arguments = {};
+      else if (typeof args === 'string') {
+        try {
+          fn.arguments = JSON.parse(args);
+        } catch {
+          throw new RangeError('a tool call\'s arguments are not valid JSON');
+        }
+      }
+    }
+  }
+}
+
+/** Tools as vLLM's ChatCompletionToolsParam.model_dump() gives them to the template. */
+function toolsAsVllm(tools: readonly unknown[]): unknown[] {
+  if (!Array.isArray(tools)) throw new RangeError('tools must be an array');
+  return tools.map((t, i) => {
+    const tool = t as Record<string, unknown> | null;
+    const fn = tool?.function as Record<string, unknown> | undefined;
+    if (!tool || typeof tool !== 'object' || !fn || typeof fn !== 'object' || typeof fn.name !== 'string') throw new RangeError(`tools[${i}] must be {type: "function", function: {name, …}}`);
+    const f: Record<string, unknown> = { name: fn.name, description: fn.description ?? null, parameters: fn.parameters ?? null };
+    for (const [k, v] of Object.entries(fn)) if (!(k in f)) f[k] = v;
+    const d: Record<string, unknown> = { type: tool.type ?? 'function', function: f };
+    for (const [k, v] of Object.entries(tool)) if (!(k in d)) d[k] = v;
+    return d;
+  });
 }
 
 function templateOf(config: Record<string, unknown>): string | undefined {
@@ -166,7 +342,7 @@ function templateOf(config: Record<string, unknown>): string | undefined {
 }
 
 /** Digest of the previous key and one message: keys a conversation prefix without keeping its text. */
-function digest(previous: string, message: ChatMessage): string {
+function digest(previous: string, message: unknown): string {
   return createHash('sha256').update(previous).update('\u0000').update(JSON.stringify(message)).digest('base64');
 }
 

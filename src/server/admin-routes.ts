@@ -37,7 +37,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     workers: router.listWorkers().map((w) => {
       const c = connections.get(w.id);
       return {
-        id: w.id, url: c ? redactUrl(c.record.url) : undefined, healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
+        id: w.id, ...(c && c.rank !== null ? { worker: c.workerId, rank: c.rank } : {}), url: c ? redactUrl(c.record.url) : undefined, healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
         models: c?.record.models ?? null, kvEvents: c?.subscriber?.stats ?? null,
         inFlightRequests: w.inFlightRequests, waitingRequests: w.waitingRequests, runningRequests: w.runningRequests,
         indexEntries: router.index.entriesFor(w.slot), claGroups: [...w.claGroups],
@@ -51,7 +51,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     if (unknown !== undefined) return openAiError(reply, 400, `unknown field '${unknown.slice(0, 64)}' (known: ${WORKER_FIELDS.join(', ')})`, unknown.slice(0, 64));
     if (connections.has(b.id)) return openAiError(reply, 409, `worker '${b.id}' exists`);
     try {
-      addWorker({ id: b.id, url: b.url, claGroups: b.claGroups, models: b.models, events: b.events, replay: b.replay, metrics: b.metrics, apiKeyEnv: b.apiKeyEnv });
+      addWorker({ id: b.id, url: b.url, claGroups: b.claGroups, models: b.models, events: b.events, replay: b.replay, metrics: b.metrics, dpSize: b.dpSize, blockSize: b.blockSize, apiKeyEnv: b.apiKeyEnv });
     } catch (err) {
       if (err instanceof RangeError || err instanceof TypeError) return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'));
       throw err;
@@ -65,23 +65,24 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
   admin.post('/admin/workers/:id/drain', async (req, reply) => {
     const { id } = req.params as { id: string };
     if (!connections.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
-    router.drainWorker(id);
+    for (const rid of connections.routerIdsOf(id)) router.drainWorker(rid); // every rank of it
     return { draining: id };
   });
   admin.post('/admin/workers/:id/resume', async (req, reply) => {
     const { id } = req.params as { id: string };
     if (!connections.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
-    router.resumeWorker(id);
+    for (const rid of connections.routerIdsOf(id)) router.resumeWorker(rid);
     return { resumed: id };
   });
   admin.get('/admin/stats', async () => ({ ...router.getStats(), state: state.stats() }));
   // KV events as JSON, for engines that cannot publish over ZeroMQ: vLLM's field names
   admin.post('/admin/events', async (req, reply) => {
     const b = req.body as { worker?: unknown; events?: unknown } | null;
-    if (!b || typeof b.worker !== 'string' || !connections.has(b.worker)) return openAiError(reply, 400, 'events need the id of a known worker in "worker"', 'worker');
+    if (!b || typeof b.worker !== 'string' || connections.get(b.worker) === undefined) return openAiError(reply, 400, 'events need the id of a known worker (ID#r for a data-parallel rank) in "worker"', 'worker');
     try {
       const batch = decodeJsonEvents(b.events);
-      return { applied: applier.apply(b.worker, batch) };
+      // an event that cannot be read is skipped (listed with its reason), as on the ZeroMQ path
+      return { applied: applier.apply(b.worker, batch), skipped: batch.skipped ?? [] };
     } catch (err) {
       if (err instanceof KvEventFormatError) return openAiError(reply, 400, err.message, 'events');
       throw err;
@@ -89,7 +90,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
   });
 };
 
-const WORKER_FIELDS = ['id', 'url', 'claGroups', 'models', 'events', 'replay', 'metrics', 'apiKeyEnv'];
+const WORKER_FIELDS = ['id', 'url', 'claGroups', 'models', 'events', 'replay', 'metrics', 'dpSize', 'blockSize', 'apiKeyEnv'];
 
 /** An onRequest hook for the admin endpoints (and /v1/route unless it is public). */
 export function requireAdmin(token: AdminToken) {

@@ -18,7 +18,7 @@ import { AdminToken, generateToken } from './admin-auth.js';
 import { adminRoutes, requireAdmin } from './admin-routes.js';
 import type { ApiKeys } from './api-keys.js';
 import { CircuitBreaker } from './circuit-breaker.js';
-import { createGatewayMetrics } from './metrics.js';
+import { createGatewayMetrics, registerKvEventMetrics } from './metrics.js';
 import { createRequestReader, openAiError, useJsonBodies } from './openai-request.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
@@ -129,6 +129,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     },
   });
   const metrics = createGatewayMetrics(router);
+  registerKvEventMetrics(metrics.registry, () => connections.subscriberStats());
   const breaker = new CircuitBreaker({ failures: options.breakerFailures, cooldownMs: options.breakerCooldownMs }, health, (id) => connections.has(id));
 
   const addWorker = (w: GatewayWorker) => state.workerAdded(connections.add(w));
@@ -187,7 +188,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const readRequest = createRequestReader({
     tokenize: tokenizeMode,
     promptTokenizer: options.promptTokenizer,
-    tokenizeOnEngine: (r) => connections.tokenizeOnEngine(r),
+    tokenizeOnEngine: (r, body) => connections.tokenizeOnEngine(r, body),
+    loraOf: (model) => connections.loraOf(model),
     limits,
   });
   const proxyDeps: ProxyDeps = {
@@ -208,7 +210,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     const { routeRequest } = prepared;
     const r = routeOr400(router, reply, routeRequest, { dryRun: true, explain: true, exclude: connections.withoutModel(prepared.body.model) });
     if (!r) return reply;
-    return { worker: r.workerId, cachedTokens: r.cachedTokens, confidence: r.confidence, policy: r.policy, reason: r.reason, promptTokens: r.promptTokens, explain: r.explain };
+    // a data-parallel rank is answered as the worker and its rank
+    const c = connections.get(r.workerId);
+    const target = c && c.rank !== null ? { worker: c.workerId, rank: c.rank } : { worker: r.workerId };
+    return { ...target, cachedTokens: r.cachedTokens, confidence: r.confidence, policy: r.policy, reason: r.reason, promptTokens: r.promptTokens, explain: r.explain };
   });
 
   app.get('/v1/models', { onRequest: requireApiKey }, async () => {

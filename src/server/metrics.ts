@@ -6,6 +6,8 @@
  */
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { KVAwareRouter } from '../core/router/index.js';
+import type { SubscriberStats } from '../engines/kv-events/subscriber.js';
+import { skippedEventCounts } from './engine-deployments.js';
 
 export interface GatewayMetrics {
   registry: Registry;
@@ -64,4 +66,42 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
   });
   const upstreamFailures = new Counter({ name: 'contextforge_upstream_failures_total', help: 'Connection failures and 5xx before the first byte, per worker.', labelNames: ['worker'] as const, registers });
   return { registry, requests, decisions, cachedTokens, promptTokens, retries, ttft, latency, upstreamFailures };
+}
+
+/**
+ * KV-event counters per worker (a data-parallel rank is a worker), read from the subscribers
+ * when scraped: events skipped by reason (one bad event never costs its batch; see
+ * docs/engines.md for the reasons) and the subscriber's own counts.
+ */
+export function registerKvEventMetrics(registry: Registry, subscribers: () => Iterable<[string, SubscriberStats]>): void {
+  new Counter({
+    name: 'contextforge_kv_events_skipped_total',
+    help: 'KV events skipped (not applied), per worker and reason; a malformed_batch is a whole message.',
+    labelNames: ['worker', 'reason'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const { worker, reason, count } of skippedEventCounts(subscribers())) this.inc({ worker, reason }, count);
+    },
+  });
+  new Counter({
+    name: 'contextforge_kv_event_batches_total',
+    help: 'KV-event batches applied, per worker.',
+    labelNames: ['worker'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const [worker, stats] of subscribers()) this.inc({ worker }, stats.batches);
+    },
+  });
+  new Counter({
+    name: 'contextforge_kv_event_late_joins_total',
+    help: "Replays accepted from the oldest batch an engine still buffered (the router joined late or lost a stretch).",
+    labelNames: ['worker'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const [worker, stats] of subscribers()) this.inc({ worker }, stats.lateJoins);
+    },
+  });
 }

@@ -7,8 +7,9 @@
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { RouteRequest } from '../core/router/index.js';
-import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
+import { UntokenizableContentError, type PromptTokenizer } from '../engines/chat-tokenizer.js';
 import { tenantCacheSalt } from './api-keys.js';
+import { chatTemplateRequest } from './engine-deployments.js';
 import { clientMessage, parseJsonBody, readRouteRequest, RequestLimitError, type ReadRequest, type RequestLimits } from './request-limits.js';
 
 declare module 'fastify' {
@@ -59,8 +60,10 @@ export interface RequestReaderOptions {
   /** How prompts are hashed (see GatewayOptions.tokenize). */
   tokenize: 'text' | 'tokenizer' | 'engine';
   promptTokenizer?: PromptTokenizer;
-  /** Token ids from an engine's /tokenize; undefined when none answers (text mode then). */
-  tokenizeOnEngine: (r: RouteRequest) => Promise<number[] | undefined>;
+  /** Token ids from an engine's /tokenize (given the request's body); undefined when none answers (text mode then). */
+  tokenizeOnEngine: (r: RouteRequest, body: Record<string, unknown>) => Promise<number[] | undefined>;
+  /** The LoRA adapter a request's model names, if it names one (its blocks are keyed by it). */
+  loraOf?: (model: unknown) => string | undefined;
   /** Limits on what the client controls. */
   limits: RequestLimits;
 }
@@ -72,7 +75,7 @@ export interface RequestReaderOptions {
  * the router its block hashes, so tenants never share KV.
  */
 export function createRequestReader(options: RequestReaderOptions) {
-  const { tokenize: tokenizeMode, promptTokenizer, tokenizeOnEngine, limits } = options;
+  const { tokenize: tokenizeMode, promptTokenizer, tokenizeOnEngine, loraOf, limits } = options;
   return async (path: string, req: FastifyRequest, reply: FastifyReply): Promise<ParsedRequest | undefined> => {
     let parsed: ParsedRequest;
     try {
@@ -90,14 +93,22 @@ export function createRequestReader(options: RequestReaderOptions) {
       parsed.body.cache_salt = salt;
       parsed.unchanged = false;
     }
+    // an adapter's blocks are keyed by its name, as vLLM keys them (lora_name, extra_keys)
+    const lora = loraOf?.(parsed.body.model);
+    if (lora !== undefined) parsed.routeRequest.lora = lora;
+    // a prompt given as token ids is hashed as tokens in every mode
     if (tokenizeMode === 'engine') {
-      const tokens = await tokenizeOnEngine(parsed.routeRequest);
+      const tokens = await tokenizeOnEngine(parsed.routeRequest, parsed.body);
       if (tokens) parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
     } else if (tokenizeMode === 'tokenizer' && !parsed.routeRequest.tokens) {
       try {
-        const tokens = promptTokenizer!.tokenize(parsed.routeRequest);
+        const tokens = parsed.routeRequest.messages && promptTokenizer!.tokenizeChatRequest
+          ? promptTokenizer!.tokenizeChatRequest(chatTemplateRequest(parsed.body))
+          : promptTokenizer!.tokenize(parsed.routeRequest);
         parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
       } catch (err) {
+        // images and other media: the engine makes their tokens; route on the text instead
+        if (err instanceof UntokenizableContentError) return parsed;
         // a template that rejects the conversation (roles out of order, say) is the client's to fix
         void openAiError(reply, 400, `the chat template rejected the request: ${clientMessage(err, 'it raised an error')}`, 'messages');
         return undefined;

@@ -89,8 +89,11 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       const forwarded = decision.cacheSalt
         ? JSON.stringify({ ...body, cache_salt: decision.cacheSalt })
         : unchanged && req.rawBody !== undefined ? req.rawBody : JSON.stringify(body);
-      const outcome = await forward(reply, connections.get(decision.workerId)!, path, forwarded, {
-        workerId: decision.workerId,
+      const target = connections.get(decision.workerId)!;
+      const outcome = await forward(reply, target, path, forwarded, {
+        // the worker's own id (a data-parallel rank's worker) and the rank, for the response headers
+        workerId: target.workerId,
+        rank: target.rank,
         cachedTokens: cachedTokensHeader ? decision.cachedTokens : undefined,
         streaming,
         firstByteTimeoutMs: streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs,
@@ -146,7 +149,10 @@ type ForwardOutcome =
   | 'client-gone';
 
 interface ForwardOptions {
+  /** The worker's own id, for the response header. */
   workerId: string;
+  /** The data-parallel rank the request ran on (the connection's headers name it to the engine), or null. */
+  rank: number | null;
   /** Predicted cached tokens for the response header, when it is enabled. */
   cachedTokens: number | undefined;
   /** The client asked for a stream. */
@@ -201,6 +207,7 @@ async function forward(reply: FastifyReply, connection: WorkerConnection, path: 
     const contentType = String(upstream.headers['content-type'] ?? 'application/json');
     eventStream = contentType.includes('event-stream');
     const headers: Record<string, string> = { 'content-type': contentType, 'x-contextforge-worker': o.workerId };
+    if (o.rank !== null) headers['x-contextforge-rank'] = String(o.rank);
     if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
     const chunks = upstream.body[Symbol.asyncIterator]();
     const first = await chunks.next();

@@ -3,14 +3,20 @@
  * requests use, the KV-event subscriber, the metrics scrape and the active health check.
  * Adding a worker registers it with the router and starts all of them; removing it stops
  * them and forgets what the router and the event applier recorded about it.
+ *
+ * A worker with data-parallel ranks (`dpSize` K) is K router workers sharing its URL and
+ * pool, one per rank (engine-deployments.ts): each with its own KV-event subscriber (the
+ * events port + rank), metrics series (vLLM's engine="r") and index entries. Connections are
+ * keyed by router worker id; admin operations take the worker's own id.
  */
 import { Pool, request as upstreamRequest } from 'undici';
 import type { KVAwareRouter, RouteRequest } from '../core/router/index.js';
 import { HealthChecker, type WorkerHealth } from '../engines/health.js';
 import type { KvEventApplier } from '../engines/kv-events/applier.js';
-import { KvEventSubscriber } from '../engines/kv-events/subscriber.js';
+import { KvEventSubscriber, type SubscriberStats } from '../engines/kv-events/subscriber.js';
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import type { WorkerRecord } from '../state/state-store.js';
+import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
 import { checkApiKeyEnv, checkHttpUrl, checkWorkerId, checkZmqEndpoint, engineAuthorization, splitCredentials } from './worker-input.js';
 
 export interface WorkerConnection {
@@ -22,7 +28,13 @@ export interface WorkerConnection {
   /** The models it serves, when it says. */
   models?: ReadonlySet<string>;
   subscriber?: KvEventSubscriber;
-  /** Headers of every request to the engine (its API key, or the credentials of its URL). */
+  /** The worker's own id (its ranks share it). */
+  workerId: string;
+  /** The data-parallel rank this router worker is, when the worker has ranks. */
+  rank: number | null;
+  /** LoRA adapters the engine lists in /v1/models (name → base model); shared by the ranks. */
+  adapters: Map<string, string>;
+  /** Headers of every request to the engine: its API key (or the credentials of its URL), its rank. */
   headers: Record<string, string>;
   /** Give-ups of its requests that have sent nothing to their client yet: called when it leaves rotation, they move elsewhere. */
   unanswered: Set<() => void>;
@@ -38,6 +50,8 @@ export interface WorkerConnectionsOptions {
   metricsIntervalMs: number;
   /** Interval of the active health check (0: none). */
   healthCheckIntervalMs: number;
+  /** Interval of re-reading each worker's /v1/models for LoRA adapters (default 30 s; 0: at start only). */
+  modelsIntervalMs?: number;
   log: (message: string) => void;
   /** Where workers' `apiKeyEnv` variables are read. */
   env: NodeJS.ProcessEnv;
@@ -48,10 +62,15 @@ export class WorkerConnections {
   private readonly connections = new Map<string, WorkerConnection>();
   private readonly scraper?: MetricsScraper;
   private readonly checker?: HealthChecker;
+  /** Router worker ids of each worker (its ranks, or itself), by the worker's id. */
+  private readonly groups = new Map<string, string[]>();
   /** Subscribers of removed workers, still closing. */
   private readonly closing: Promise<void>[] = [];
+  private readonly modelsTimer: NodeJS.Timeout | undefined;
   /** Workers their health check holds out: they may come back as a new process with an empty cache. */
   private readonly mayHaveRestarted = new Set<string>();
+  private readonly slowProbeGraceMs: number;
+  private readonly graceTimers = new Set<NodeJS.Timeout>();
 
   constructor(private readonly options: WorkerConnectionsOptions) {
     const { router, health, log, metricsIntervalMs, healthCheckIntervalMs } = options;
@@ -60,10 +79,14 @@ export class WorkerConnections {
     this.checker = healthCheckIntervalMs > 0 ? new HealthChecker(health, { intervalMs: healthCheckIntervalMs, timeoutMs: Math.min(2000, Math.max(500, healthCheckIntervalMs)) }).start() : undefined;
     health.onChange((id, available, detail) => (available ? this.backInRotation(id) : this.outOfRotation(id, detail)));
     this.slowProbeGraceMs = Math.max(1000, 2 * healthCheckIntervalMs);
+    const modelsMs = options.modelsIntervalMs ?? 30_000;
+    if (modelsMs > 0) {
+      this.modelsTimer = setInterval(() => {
+        for (const id of this.groups.keys()) void this.readAdapters(id);
+      }, modelsMs);
+      this.modelsTimer.unref();
+    }
   }
-
-  private readonly slowProbeGraceMs: number;
-  private readonly graceTimers = new Set<NodeJS.Timeout>();
 
   /**
    * A worker left rotation: the requests it has not answered at all move to other workers
@@ -94,26 +117,46 @@ export class WorkerConnections {
     this.options.log(`${id}: index entries dropped (it was unreachable and may have restarted)`);
   }
 
+  /** Router workers (a worker with ranks counts once per rank). */
   get size(): number {
     return this.connections.size;
   }
 
+  /** A router worker id, or a worker's own id. */
   has(id: string): boolean {
-    return this.connections.has(id);
+    return this.connections.has(id) || this.groups.has(id);
+  }
+
+  /** The router worker ids of a worker (its ranks), or of the worker a router worker id belongs to. */
+  routerIdsOf(id: string): string[] {
+    return this.groups.get(id) ?? this.groups.get(this.connections.get(id)?.workerId ?? '') ?? [];
+  }
+
+  /** The adapter a model name is, on some worker (undefined: a base model or unknown). */
+  loraOf(model: unknown): string | undefined {
+    if (typeof model !== 'string') return undefined;
+    for (const c of this.connections.values()) if (c.adapters.has(model)) return model;
+    return undefined;
   }
 
   get(id: string): WorkerConnection | undefined {
     return this.connections.get(id);
   }
 
-  /** The workers as configured, for the shared state. */
-  records(): WorkerRecord[] {
-    return [...this.connections.values()].map((c) => c.record);
+  /** Each router worker's KV-event subscriber counters. */
+  *subscriberStats(): IterableIterator<[string, SubscriberStats]> {
+    for (const [id, c] of this.connections) if (c.subscriber) yield [id, c.subscriber.stats];
   }
 
-  /** Checks a worker's settings, registers it and starts its pool, subscriber, scrape and check. */
+  /** The workers as configured (once each, whatever their ranks), for the shared state. */
+  records(): WorkerRecord[] {
+    return [...this.groups.values()].map((ids) => this.connections.get(ids[0])!.record);
+  }
+
+  /** Checks a worker's settings, registers it (each rank) and starts its pool, subscribers, scrapes and checks. */
   add(w: WorkerRecord): WorkerRecord {
     const { router, applier, log } = this.options;
+    // ids: letters, digits and . _ : - ('#' is reserved for data-parallel ranks, ID#r)
     checkWorkerId(w.id);
     checkHttpUrl(w.url, `worker ${w.id}: url`);
     if (w.models !== undefined && (!Array.isArray(w.models) || w.models.length > 1024 || !w.models.every((m) => typeof m === 'string' && m !== '' && m.length <= 512))) throw new TypeError(`worker ${w.id}: models must be a list of model names`);
@@ -129,58 +172,107 @@ export class WorkerConnections {
       apiKey = this.options.env[checkApiKeyEnv(w.apiKeyEnv, `worker ${w.id}: apiKeyEnv`)];
       if (!apiKey) throw new RangeError(`worker ${w.id}: the environment variable ${w.apiKeyEnv} (its engine API key) is not set`);
     }
-    if (this.connections.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);
-    router.registerWorker(w.id, { url: w.url, claGroups: w.claGroups });
+    const dpSize = w.dpSize ?? 1;
+    if (!Number.isInteger(dpSize) || dpSize < 1 || dpSize > 64) throw new RangeError(`worker ${w.id}: dpSize must be an integer from 1 to 64`);
+    if (w.blockSize !== undefined && (!Number.isInteger(w.blockSize) || w.blockSize < 1 || w.blockSize > 1 << 16)) throw new RangeError(`worker ${w.id}: blockSize must be an integer from 1 to 65536`);
+    if (this.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);
+    const ids = Array.from({ length: dpSize }, (_, r) => rankWorkerId(w.id, r, dpSize));
+    for (const id of ids) if (this.connections.has(id)) throw new RangeError(`worker '${id}' exists`);
+    // every rank's endpoints first: a bad one refuses the worker before anything starts
+    const events = w.events === undefined ? undefined : ids.map((_, r) => rankEndpoint(w.events!, r));
+    const replays = w.replay === undefined ? undefined : ids.map((_, r) => rankEndpoint(w.replay!, r));
     // credentials in the URL travel as a Basic authorization header (an engine key wins)
     const plain = splitCredentials(w.url);
     const base = plain.url.replace(/\/+$/, '');
     const record: WorkerRecord = { id: w.id, url: w.url, claGroups: w.claGroups, models: w.models, events: w.events, replay: w.replay, metrics: w.metrics };
+    if (w.dpSize !== undefined) record.dpSize = w.dpSize;
+    if (w.blockSize !== undefined) record.blockSize = w.blockSize;
     if (w.apiKeyEnv !== undefined) record.apiKeyEnv = w.apiKeyEnv;
     const authorization = engineAuthorization(apiKey) ?? plain.authorization;
-    this.connections.set(w.id, {
-      record, base,
-      headers: authorization ? { 'content-type': 'application/json', authorization } : { 'content-type': 'application/json' },
-      unanswered: new Set(),
-      pool: new Pool(base, { connections: 256, keepAliveTimeout: 30_000 }),
-      models: w.models ? new Set(w.models) : undefined,
-      subscriber: this.options.kvEvents && w.events ? new KvEventSubscriber({ workerId: w.id, endpoint: w.events, replayEndpoint: w.replay, applier, log }).start() : undefined,
+    const headers: Record<string, string> = authorization ? { 'content-type': 'application/json', authorization } : { 'content-type': 'application/json' };
+    const pool = new Pool(base, { connections: 256, keepAliveTimeout: 30_000 });
+    const adapters = new Map<string, string>();
+    const models = w.models ? new Set(w.models) : undefined;
+    const workerForRank = (rank: number) => (rank < dpSize ? rankWorkerId(w.id, rank, dpSize) : undefined);
+    ids.forEach((id, r) => {
+      router.registerWorker(id, { url: w.url, claGroups: w.claGroups, blockSize: w.blockSize });
+      this.connections.set(id, {
+        record, base, pool, models, adapters, workerId: w.id, rank: dpSize > 1 ? r : null,
+        headers: dpSize > 1 ? { ...headers, [DP_RANK_HEADER]: String(r) } : headers,
+        unanswered: new Set(),
+        subscriber: this.options.kvEvents && events
+          ? new KvEventSubscriber({ workerId: id, endpoint: events[r], replayEndpoint: replays?.[r], applier, log, workerForRank }).start()
+          : undefined,
+      });
+      this.scraper?.add({ workerId: id, url: w.metrics ?? `${base}/metrics`, engine: dpSize > 1 ? String(r) : undefined });
+      this.checker?.add(id, base);
     });
-    this.scraper?.add({ workerId: w.id, url: w.metrics ?? `${base}/metrics` });
-    this.checker?.add(w.id, base);
+    this.groups.set(w.id, ids);
+    void this.readAdapters(w.id);
     return record;
   }
 
-  /** Stops everything kept for the worker and removes it from the router. False when unknown. */
-  remove(id: string): boolean {
-    const c = this.connections.get(id);
-    if (!c) return false;
-    this.connections.delete(id);
-    void c.pool.close().catch(() => {}); // lets its in-flight requests finish
-    if (c.subscriber) this.closing.push(c.subscriber.close().catch(() => {}));
-    this.scraper?.remove(id);
-    this.checker?.remove(id);
-    this.options.health.forget(id);
-    this.mayHaveRestarted.delete(id);
-    this.options.applier.clearWorker(id);
-    return this.options.router.removeWorker(id);
+  /** Reads a worker's LoRA adapters from its /v1/models (entries with a parent, as vLLM lists them). */
+  async readAdapters(workerId: string): Promise<void> {
+    const first = this.connections.get(this.groups.get(workerId)?.[0] ?? '');
+    if (!first) return;
+    try {
+      const res = await upstreamRequest(`${first.base}/v1/models`, { headers: first.headers, headersTimeout: 2000, bodyTimeout: 2000 });
+      if (res.statusCode !== 200) return void (await res.body.dump());
+      const found = adaptersFromModels(await res.body.json());
+      first.adapters.clear();
+      for (const [name, parent] of found) first.adapters.set(name, parent);
+    } catch {
+      // an engine that does not answer keeps what it listed before
+    }
   }
 
-  /** Workers that list their models and `model` is not among them. */
+  /** Stops everything kept for the worker (every rank) and removes it from the router. False when unknown. */
+  remove(id: string): boolean {
+    const ids = this.routerIdsOf(id);
+    if (ids.length === 0) return false;
+    const first = this.connections.get(ids[0])!;
+    this.groups.delete(first.workerId);
+    void first.pool.close().catch(() => {}); // lets its in-flight requests finish
+    let removed = false;
+    for (const rid of ids) {
+      const c = this.connections.get(rid);
+      if (!c) continue;
+      this.connections.delete(rid);
+      if (c.subscriber) this.closing.push(c.subscriber.close().catch(() => {}));
+      this.scraper?.remove(rid);
+      this.checker?.remove(rid);
+      this.options.health.forget(rid);
+      this.mayHaveRestarted.delete(rid);
+      this.options.applier.clearWorker(rid);
+      removed = this.options.router.removeWorker(rid) || removed;
+    }
+    return removed;
+  }
+
+  /** Workers that list their models and `model` is not among them (nor among their LoRA adapters). */
   withoutModel(model: unknown): Set<string> {
     const out = new Set<string>();
     if (typeof model !== 'string') return out;
-    for (const [id, c] of this.connections) if (c.models && !c.models.has(model)) out.add(id);
+    for (const [id, c] of this.connections) if (c.models && !c.models.has(model) && !c.adapters.has(model)) out.add(id);
     return out;
   }
 
-  /** Token ids of the prompt from an available engine's /tokenize; undefined if none answers. */
-  async tokenizeOnEngine(r: RouteRequest): Promise<number[] | undefined> {
+  /**
+   * Token ids of the prompt from the /tokenize of an available engine serving the request's
+   * model, given everything that shapes the prompt (tokenizeBody); undefined if none answers.
+   */
+  async tokenizeOnEngine(r: RouteRequest, request: Record<string, unknown> = {}): Promise<number[] | undefined> {
     if (r.tokens) return r.tokens as number[];
-    const body = r.messages ? { messages: r.messages } : { prompt: r.text };
+    const body = tokenizeBody(request, r);
+    const skip = this.withoutModel(request.model);
+    const asked = new Set<string>();
     for (const w of this.options.router.listWorkers()) {
-      if (!w.available) continue;
+      if (!w.available || skip.has(w.id)) continue;
+      const c = this.connections.get(w.id)!;
+      if (asked.has(c.base)) continue; // the ranks of one engine answer alike
+      asked.add(c.base);
       try {
-        const c = this.connections.get(w.id)!;
         const res = await upstreamRequest(`${c.base}/tokenize`, { method: 'POST', body: JSON.stringify(body), headers: c.headers, headersTimeout: 2000, bodyTimeout: 2000 });
         if (res.statusCode !== 200) {
           await res.body.dump();
@@ -199,13 +291,14 @@ export class WorkerConnections {
   stopPolling(): void {
     this.scraper?.stop();
     this.checker?.stop();
+    clearInterval(this.modelsTimer);
     for (const t of this.graceTimers) clearTimeout(t);
   }
 
   /** Stops polling, drops every pool and waits for the subscribers to close. */
   async close(): Promise<void> {
     this.stopPolling();
-    await Promise.all([...this.connections.values()].map((c) => c.pool.destroy()));
+    await Promise.all([...new Set([...this.connections.values()].map((c) => c.pool))].map((p) => p.destroy()));
     await Promise.all([...this.connections.values()].map((c) => c.subscriber?.close()));
     await Promise.all(this.closing);
   }

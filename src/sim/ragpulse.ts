@@ -6,7 +6,7 @@ import { fmix32 } from '../core/hashing.js';
 import { sortByArrival, TraceFormatError, type TraceRequest } from './trace.js';
 
 /**
- * RAGPulse (flashserve/RAGPulse; format in ../shared/traces/README.md): each request lists
+ * RAGPulse (flashserve/RAGPulse; format in bench/traces/SOURCE.md): each request lists
  * component chunk ids (sys_prompt, passages_ids, history, web_search, user_input) whose token
  * lengths are in five side files. The simulator reads it as:
  * - prefix blocks: the system-prompt chunks, then the history chunks, as one token stream cut

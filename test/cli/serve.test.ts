@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
 import { Command } from 'commander';
-import { envName, parseWorkerSpec, registerServeCommand, resolveServeConfig, SERVE_SETTINGS } from '../../src/cli/commands/serve.js';
+import { envName, parseWorkerSpec, registerServeCommand, resolveServeConfig, resolveTokenizeMode, SERVE_SETTINGS } from '../../src/cli/commands/serve.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 
 test('--worker specs are parsed, and bad ones are refused with the reason', () => {
@@ -19,6 +19,12 @@ test('--worker specs are parsed, and bad ones are refused with the reason', () =
   assert.throws(() => parseWorkerSpec('id=a,url=http://x,color=red'), /unknown key 'color'/);
   assert.throws(() => parseWorkerSpec('id=a,url=http://x,cla=one'), /cla group 'one'/);
   assert.throws(() => parseWorkerSpec('id=a,url=http://x,replay=tcp://y'), /replay needs events/);
+  const dp = parseWorkerSpec('id=w,url=http://h:8000,events=tcp://h:5557,dp-size=2,block-size=32');
+  assert.equal(dp.dpSize, 2);
+  assert.equal(dp.blockSize, 32);
+  assert.throws(() => parseWorkerSpec('id=a,url=http://x,dp-size=0'), /dp-size must be an integer from 1 to 64, got '0'/);
+  assert.throws(() => parseWorkerSpec('id=a,url=http://x,block-size=1.5'), /block-size must be an integer/);
+  assert.throws(() => parseWorkerSpec('id=a,url=http://x,events=ipc:///tmp/e,dp-size=2'), /dp-size needs events as tcp:\/\/host:port/);
 });
 
 const engines: MockEngine[] = [];
@@ -45,9 +51,10 @@ after(async () => {
 test('contextforge-router serve proxies to the workers it was given and stops on SIGTERM', async () => {
   const e = await new MockEngine({ events: 'tcp://127.0.0.1:*' }).start();
   engines.push(e);
+  // no --tokenize: auto, which takes token ids from the engine since the worker has events
   const { child, base, stderr } = await startServe(['--port', '0', '--worker', `id=m0,url=http://127.0.0.1:${e.port},events=${e.eventsEndpoint}`]);
-  assert.match(stderr, /KV events are ignored with --tokenize text/);
-  assert.match(stderr, /approximate index/);
+  assert.match(stderr, /tokenize engine/);
+  assert.match(stderr, /precise index/);
   const res = await fetch(`${base}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }), headers: { 'content-type': 'application/json' } });
   assert.equal(res.status, 200);
   assert.equal(res.headers.get('x-contextforge-worker'), 'm0');
@@ -137,10 +144,24 @@ test('serve settings: bad config files and values are refused with the key named
   assert.throws(() => resolve(['--config', write('workers: {id: a}\n')]), /workers must be a list/);
   assert.throws(() => resolve(['--worker', 'id=a,url=http://a:1', '--worker', 'id=a,url=http://b:1']), /'a' is given twice/);
   assert.throws(() => resolve(['--tokenize', 'tokenizer']), /needs --tokenizer/);
+  assert.throws(() => resolve(['--block-hash', 'vllm'], { PYTHONHASHSEED: '' }), /needs the engines' PYTHONHASHSEED/);
+  assert.equal(resolve(['--block-hash', 'vllm'], { PYTHONHASHSEED: '42' }).pythonHashSeed, '42');
+  assert.equal(resolve(['--block-hash', 'vllm', '--python-hash-seed', '7'], { PYTHONHASHSEED: '42' }).pythonHashSeed, '7');
+  assert.throws(() => resolve(['--block-hash', 'vllm', '--python-hash-seed', '7', '--tokenize', 'text']), /needs --tokenize auto, tokenizer or engine/);
+  assert.throws(() => resolve(['--block-hash', 'sha1']), /--block-hash must be one of router, vllm/);
   assert.throws(() => resolve(['--config', join(dir, 'missing.yaml')]), /ENOENT|no such file/);
   assert.throws(() => resolve(['--port', '70000']), /<= 65535/);
   assert.throws(() => resolve([], { CONTEXTFORGE_STATE: 'etcd://x' }), /--state must be memory or redis/);
   assert.equal(resolve(['--state', 'redis://127.0.0.1:6379/2']).state, 'redis://127.0.0.1:6379/2');
+});
+
+test('--tokenize auto: the engine\'s tokens when a worker has events (or vLLM block hashes are asked for), else text', () => {
+  const withEvents = resolve(['--worker', 'id=a,url=http://a:1,events=tcp://a:5557']);
+  assert.equal(withEvents.tokenize, 'auto');
+  assert.equal(resolveTokenizeMode(withEvents), 'engine');
+  assert.equal(resolveTokenizeMode(resolve(['--worker', 'id=a,url=http://a:1'])), 'text');
+  assert.equal(resolveTokenizeMode(resolve(['--worker', 'id=a,url=http://a:1', '--block-hash', 'vllm', '--python-hash-seed', '0'])), 'engine');
+  assert.equal(resolveTokenizeMode(resolve(['--worker', 'id=a,url=http://a:1,events=tcp://a:5557', '--tokenize', 'text'])), 'text');
 });
 
 test('serve runs from a config file with the in-process tokenizer', async () => {
@@ -184,4 +205,21 @@ test('serve security settings: switches, token file, keys file, limits, timeouts
   assert.throws(() => parseWorkerSpec('id=w1,url=http://x,api-key-env=CONTEXTFORGE_ADMIN_TOKEN'), /may not name/);
   assert.throws(() => parseWorkerSpec('id=w 1,url=http://x'), /id must match/);
   assert.throws(() => parseWorkerSpec('id=w1,url=http://x/?q=1'), /query/);
+});
+
+test('serve --block-hash vllm with PYTHONHASHSEED from the environment, and a dp-size worker', async () => {
+  const e = await new MockEngine({ blockHash: 'vllm', pythonHashSeed: '5' }).start();
+  engines.push(e);
+  const { child, base, stderr } = await startServe(['--port', '0', '--block-hash', 'vllm', '--worker', `id=m0,url=http://127.0.0.1:${e.port},dp-size=1,block-size=16`], { PYTHONHASHSEED: '5', CONTEXTFORGE_ADMIN_TOKEN: 'serve-test-admin-token' });
+  assert.match(stderr, /block hash vllm/);
+  assert.match(stderr, /tokenize engine/);
+  const res = await fetch(`${base}/v1/route`, { method: 'POST', body: JSON.stringify({ prompt: 'hello there' }), headers: { 'content-type': 'application/json', authorization: 'Bearer serve-test-admin-token' } });
+  assert.equal(((await res.json()) as { worker: string }).worker, 'm0');
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+  // without a seed it refuses to start, naming what to set
+  const refused = spawnSync(process.execPath, ['--import', 'tsx', main, 'serve', '--port', '0', '--block-hash', 'vllm'], { env: { ...process.env, PYTHONHASHSEED: '' }, encoding: 'utf8' });
+  assert.notEqual(refused.status, 0);
+  assert.match(refused.stderr, /PYTHONHASHSEED/);
 });

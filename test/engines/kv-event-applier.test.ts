@@ -1,7 +1,9 @@
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { describe, test } from 'node:test';
 import { BlockHashes, hashTokenBlocks, hashTokenBlocksFrom } from '../../src/core/hashing.js';
-import type { KvEvent } from '../../src/engines/kv-events/decode.js';
+import { decodeEventBatch, type KvEvent } from '../../src/engines/kv-events/decode.js';
+import { VllmBlockHasher } from '../../src/core/vllm-block-hash.js';
 import { KvEventApplier, emptyCounts } from '../../src/engines/kv-events/applier.js';
 import { KVAwareRouter } from '../../src/index.js';
 
@@ -41,9 +43,10 @@ describe('KV event applier', () => {
   test('removed events are applied through the engine-hash map; unknown ones are counted', () => {
     const { router, applier } = setup();
     applier.apply('w0', batch(stored([10n, 11n, 12n], null, tokens(0, 12))));
-    const c = applier.apply('w0', batch({ type: 'BlockRemoved', blockHashes: [12n, 99n], medium: null, groupIdx: null }));
+    const c = applier.apply('w0', batch({ type: 'BlockRemoved', blockHashes: [12n, 99n], medium: 'GPU', groupIdx: null }));
     assert.equal(c.removedBlocks, 1);
     assert.equal(c.unknownRemovals, 1);
+    assert.deepEqual(c.skipped, { unknown_removal: 1 });
     assert.equal(router.route({ tokens: tokens(0, 12) }, { dryRun: true }).cachedTokens, 8);
   });
 
@@ -71,6 +74,7 @@ describe('KV event applier', () => {
     const { router, applier } = setup();
     const c = applier.apply('w0', batch(stored([12n], 11n, tokens(8, 4))));
     assert.equal(c.orphanEvents, 1);
+    assert.deepEqual(c.skipped, { orphan: 1 });
     assert.equal(c.storedBlocks, 0);
     assert.equal(router.getStats().index.entries, 0);
   });
@@ -82,5 +86,146 @@ describe('KV event applier', () => {
     assert.equal(router.route({ tokens: tokens(0, 4), lora: 'sql' }, { dryRun: true }).cachedTokens, 4);
     const c = applier.apply('w0', batch(stored([20n], null, tokens(0, 8), { blockSize: 8 })), emptyCounts());
     assert.equal(c.blockSizeMismatches, 1);
+    assert.deepEqual(c.skipped, { block_size: 1 });
+  });
+
+  test('duplicate copies of one hash: the block stays until its last copy is removed', () => {
+    const { router, applier } = setup();
+    applier.apply('w0', batch(stored([10n], null, tokens(0, 4)), stored([10n], null, tokens(0, 4))));
+    assert.deepEqual(applier.copies('w0', 10n), { gpu: 2, offload: 0 });
+    const removed = (h: bigint) => batch({ type: 'BlockRemoved', blockHashes: [h], medium: 'GPU', groupIdx: null });
+    let c = applier.apply('w0', removed(10n));
+    assert.equal(c.removedBlocks, 0);
+    assert.equal(router.route({ tokens: tokens(0, 4) }, { dryRun: true }).cachedTokens, 4);
+    c = applier.apply('w0', removed(10n));
+    assert.equal(c.removedBlocks, 1);
+    assert.equal(router.route({ tokens: tokens(0, 4) }, { dryRun: true }).cachedTokens, 0);
+    assert.equal(applier.trackedBlocks('w0'), 0);
+  });
+
+  test('block size is per worker: a worker of block size 1 (SGLang page size 1) applies its per-token events', () => {
+    const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise' });
+    router.registerWorker('sg');
+    const applier = new KvEventApplier(router, new Map([['sg', { blockSize: 1 }]]));
+    const c = applier.apply('sg', decodeEventBatch(fixture('sglang-page1')));
+    assert.equal(c.storedBlocks, 3);
+    assert.equal(c.removedBlocks, 1);
+    assert.deepEqual(c.skipped, {});
+    assert.equal(applier.trackedBlocks('sg'), 2);
+    // the same events on a worker configured for 16-token blocks are refused, counted
+    const wrong = new KvEventApplier(router).apply('sg', decodeEventBatch(fixture('sglang-page1')));
+    assert.equal(wrong.skipped.block_size, 3);
+  });
+});
+
+const fixture = (name: string) => new Uint8Array(readFileSync(new URL(`../fixtures/kv-events/${name}.bin`, import.meta.url)));
+
+describe('KV event applier on engine-encoded fixtures', () => {
+  function router16() {
+    const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise' });
+    router.registerWorker('w0');
+    return router;
+  }
+  const prompt = Array.from({ length: 32 }, (_, i) => 1000 + i);
+
+  test('offload: the CPU copy marks known blocks (and the blocks it spans) offloaded, in the same batch as GPU stores', () => {
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    const c = applier.apply('w0', decodeEventBatch(fixture('offload-cpu')));
+    // GPU store of 2 blocks; the 32-token CPU copy spans both; then the CPU copy is removed
+    assert.equal(c.storedBlocks, 2);
+    assert.equal(c.offloadBlocks, 2);
+    assert.deepEqual(c.skipped, {});
+    assert.deepEqual(applier.copies('w0', 0x8000000000000001n), { gpu: 1, offload: 0 });
+    assert.deepEqual(applier.copies('w0', 0xfedcba9876543210n), { gpu: 1, offload: 0 });
+    // an offload copy of a block never seen is skipped, not the batch
+    const lone = applier.apply('w0', { ts: 1, dataParallelRank: 0, events: [{ ...decodeEventBatch(fixture('offload-cpu')).events[1] as KvEvent, blockHashes: [5n] } as KvEvent] });
+    assert.deepEqual(lone.skipped, { unknown_offload: 1 });
+    // GPU evicted, CPU copy kept: still a hit, in the offload tier
+    const again = new KvEventApplier(router16());
+    const events = decodeEventBatch(fixture('offload-cpu')).events;
+    again.apply('w0', { ts: 1, dataParallelRank: 0, events: [events[0], events[1], { type: 'BlockRemoved', blockHashes: [0xfedcba9876543210n, 0x8000000000000001n], medium: 'GPU', groupIdx: 0 }] });
+    assert.deepEqual(again.copies('w0', 0x8000000000000001n), { gpu: 0, offload: 1 });
+  });
+
+  test('hybrid model: only the full-attention group is indexed; other groups are skipped without error', () => {
+    for (const name of ['hybrid', 'hybrid-array']) {
+      const router = router16();
+      const applier = new KvEventApplier(router);
+      const c = applier.apply('w0', decodeEventBatch(fixture(name)));
+      assert.equal(c.storedBlocks, 2, name);
+      assert.equal(c.skipped.other_group, name === 'hybrid' ? 3 : 2, name); // sliding + mamba stores (+ the sliding removal)
+      assert.equal(c.removedBlocks, 0, name);
+      assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 32, name);
+    }
+  });
+
+  test('cache salt in extra_keys keys the chain as the request\'s cache_salt; multimodal blocks never match text', () => {
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    applier.apply('w0', decodeEventBatch(fixture('extra-keys-mm-salt')));
+    // block 0 is salted with "salt-a", block 1 carries an image: the salted request matches block 0 only
+    assert.equal(router.route({ tokens: prompt, cacheSalt: 'salt-a' }, { dryRun: true }).cachedTokens, 16);
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 0);
+  });
+
+  test('a prompt-embedding digest (bytes) in extra_keys is not taken for a cache salt', async () => {
+    const { encode } = await import('@msgpack/msgpack');
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    const payload = encode([1.5, [{ type: 'BlockStored', block_hashes: [7], parent_block_hash: null, token_ids: prompt.slice(0, 16), block_size: 16, lora_id: null, medium: 'GPU', lora_name: null, extra_keys: [[new Uint8Array([1, 2, 3])]] }]]);
+    const batch = decodeEventBatch(payload);
+    assert.deepEqual((batch.events[0] as { extraKeys: unknown }).extraKeys, [[{ bytes: '010203' }]]);
+    applier.apply('w0', batch);
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 16);
+  });
+
+  test('every historical shape applies the same way', () => {
+    for (const shape of ['v0.9', 'dp', 'medium', 'lora', 'extra', 'group', 'spec', 'mapev', 'map', 'future']) {
+      const router = router16();
+      const applier = new KvEventApplier(router);
+      // stored-int has a parent the router never saw: an orphan in router hash mode
+      const c = applier.apply('w0', decodeEventBatch(fixture(`${shape}-stored-int`)));
+      assert.equal(c.orphanEvents, 1, shape);
+      const v = new KvEventApplier(router, new Map(), { hashMode: 'vllm' });
+      const d = v.apply('w0', decodeEventBatch(fixture(`${shape}-stored-int`)));
+      assert.equal(d.storedBlocks, 2, shape);
+      assert.equal(d.parentsProven, 1, shape);
+      if (shape === 'future') continue;
+      // the removal of both blocks, then AllBlocksCleared, as each shape sends them
+      const r = v.apply('w0', decodeEventBatch(fixture(`${shape}-removed-int`)));
+      assert.equal(r.removedBlocks, 2, shape);
+      assert.equal(v.trackedBlocks('w0'), 1, shape); // the proven parent
+      const c2 = v.apply('w0', decodeEventBatch(fixture(`${shape}-cleared`)));
+      assert.equal(c2.cleared, 1, shape);
+      assert.equal(v.trackedBlocks('w0'), 0, shape);
+      assert.equal(router.getStats().index.entries, 0, shape);
+    }
+  });
+
+  test('SGLang with page size 16: one event per page chained by signed 64-bit hashes', () => {
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    const c = applier.apply('w0', decodeEventBatch(fixture('sglang-page16')));
+    assert.equal(c.storedBlocks, 2);
+    assert.equal(c.removedBlocks, 1);
+    assert.deepEqual(c.skipped, {});
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 16);
+  });
+
+  test('vllm hash mode: a late-joining router matches requests to blocks whose chain it never saw', () => {
+    const cases = JSON.parse(readFileSync(new URL('../fixtures/kv-events/vllm-block-hash.json', import.meta.url), 'utf8')).cases as Array<{ tokens: number[]; pythonHashSeed: string }>;
+    const router = router16();
+    const applier = new KvEventApplier(router, new Map(), { hashMode: 'vllm' });
+    // blocks 2-3 of the prompt, parent block 1: blocks 0 and 1 were stored before the router joined
+    const c = applier.apply('w0', decodeEventBatch(fixture('vllm-seed0-late-join')));
+    assert.equal(c.storedBlocks, 2);
+    assert.equal(c.parentsProven, 1);
+    const hasher = new VllmBlockHasher(cases[0].pythonHashSeed);
+    const keys = hasher.hashBlocks(cases[0].tokens, 16, {}, new BlockHashes());
+    // the index holds blocks 1, 2, 3 by the engine's own keys (block 0 was evicted or is unknown)
+    const held = [0, 1, 2, 3].map((i) => router.index.holder(0, keys.hi[i], keys.lo[i]));
+    assert.deepEqual(held, [null, 'gpu', 'gpu', 'gpu']);
+    assert.equal(applier.trackedEngineHashes('w0').length, 3);
   });
 });

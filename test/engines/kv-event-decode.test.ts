@@ -1,19 +1,21 @@
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { describe, test } from 'node:test';
-import { encode } from '@msgpack/msgpack';
+import { decode, encode } from '@msgpack/msgpack';
 import { decodeEventBatch, KvEventFormatError, type KvEventBatch } from '../../src/engines/kv-events/decode.js';
 
-// Byte-exact vLLM payloads built by scripts/gen-kv-event-fixtures.py (see its docstring).
+// Payloads encoded by msgspec from structs mirroring vLLM's and SGLang's, in every historical
+// shape (scripts/gen-kv-event-fixtures.py); the .json beside each is written from the encoder's input.
 const dir = new URL('../fixtures/kv-events/', import.meta.url);
-const names = readdirSync(dir).filter((f) => f.endsWith('.bin')).map((f) => f.slice(0, -4));
+const names = readdirSync(dir).filter((f) => f.endsWith('.bin')).map((f) => f.slice(0, -4)).sort();
 
 /** The decoded batch in the fixture's JSON form (hashes as {bigint} or {hex}). */
-function normalise(b: KvEventBatch): unknown {
+function normalise(b: KvEventBatch): { events: unknown; [k: string]: unknown } {
   const h = (x: bigint | string) => (typeof x === 'bigint' ? { bigint: x.toString() } : { hex: x });
   return {
     ts: b.ts,
     dataParallelRank: b.dataParallelRank,
+    ...(b.skipped ? { skipped: b.skipped.map(({ index, reason }) => ({ index, reason })) } : {}),
     events: b.events.map((e) =>
       e.type === 'BlockStored'
         ? { ...e, blockHashes: e.blockHashes.map(h), parentBlockHash: e.parentBlockHash === null ? null : h(e.parentBlockHash) }
@@ -25,11 +27,22 @@ function normalise(b: KvEventBatch): unknown {
 }
 
 describe('vLLM KV event decoding', () => {
-  test('covers every event type in both encodings', () => {
-    assert.equal(names.length, 15);
-    for (const kind of ['stored-int', 'stored-bytes-lora', 'removed-int', 'removed-bytes', 'cleared']) {
-      assert.ok(names.includes(`${kind}-map`) && names.includes(`${kind}-array-norank`) && names.includes(`${kind}-array-rank2`), kind);
+  test('covers every event type in every historical shape', () => {
+    for (const shape of ['v0.9', 'dp', 'medium', 'lora', 'extra', 'group', 'spec', 'mapev', 'map']) {
+      for (const kind of ['stored-int', 'removed-int', 'cleared']) assert.ok(names.includes(`${shape}-${kind}`), `${shape}-${kind}`);
     }
+    for (const n of ['future-stored-int', 'offload-cpu', 'hybrid', 'hybrid-array', 'extra-keys-mm-salt', 'sglang-page1', 'sglang-page16', 'mixed-bad']) assert.ok(names.includes(n), n);
+  });
+
+  test('array-like releases keep trailing defaults on the wire; map releases omit them', () => {
+    const spec = new Uint8Array(readFileSync(new URL('spec-stored-int.bin', dir)));
+    const map = new Uint8Array(readFileSync(new URL('map-stored-int.bin', dir)));
+    const rawSpec = decode(spec, { useBigInt64: true }) as [number, Array<unknown[]>];
+    const rawMap = decode(map, { useBigInt64: true }) as { events: Array<Record<string, unknown>> };
+    assert.equal(rawSpec[1][0].length, 12); // the tag and all 11 fields, 4 trailing nils included
+    assert.deepEqual(rawSpec[1][0].slice(8), [null, null, null, null]);
+    assert.equal(Object.keys(rawMap.events[0]).length, 8); // the tag and the 7 fields without defaults
+    assert.deepEqual(normalise(decodeEventBatch(spec)).events, normalise(decodeEventBatch(map)).events);
   });
 
   for (const name of names) {
@@ -41,24 +54,18 @@ describe('vLLM KV event decoding', () => {
   }
 
   test('uint64 hashes above 2^53 keep every bit', () => {
-    const b = decodeEventBatch(new Uint8Array(readFileSync(new URL('removed-int-map.bin', dir))));
+    const b = decodeEventBatch(new Uint8Array(readFileSync(new URL('map-removed-int.bin', dir))));
     const e = b.events[0];
     assert.equal(e.type, 'BlockRemoved');
     if (e.type === 'BlockRemoved') assert.equal(e.blockHashes[0], 0xfedcba9876543210n);
   });
 
   const malformed: Array<[string, Uint8Array, RegExp]> = [
-    ['truncated msgpack', new Uint8Array(readFileSync(new URL('stored-int-map.bin', dir))).subarray(0, 40), /not msgpack/],
+    ['truncated msgpack', new Uint8Array(readFileSync(new URL('map-stored-int.bin', dir))).subarray(0, 40), /not msgpack/],
     ['not a batch', encode('hello'), /array or a map/],
-    ['batch array of 4', encode([1.5, [], 0, 'x']), /2 or 3 elements/],
+    ['batch array of 1', encode([1.5]), /at least 2 elements/],
     ['ts not a number', encode({ ts: 'now', events: [] }), /ts must be a number/],
     ['events not an array', encode({ ts: 1.5, events: {} }), /events must be an array/],
-    ['unknown event type', encode([1.5, [['BlockMoved', [1]]]]), /unknown event type "BlockMoved"/],
-    ['hash of the wrong type', encode([1.5, [['BlockRemoved', ['abc'], 'GPU']]]), /block_hashes\[0\] must be an integer or bytes/],
-    ['token ids that do not fill the blocks', encode([1.5, [['BlockStored', [1], null, [1, 2, 3], 16, null, 'GPU', null]]]), /3 token ids for 1 blocks of 16/],
-    ['negative token id', encode([1.5, [['BlockStored', [1], null, [-1], 1, null, 'GPU', null]]]), /token_ids\[0\] must be a uint32/],
-    ['too many fields', encode([1.5, [['BlockRemoved', [1], 'GPU', 0, 'extra']]]), /at most 3/],
-    ['medium not a string', encode({ ts: 1.5, events: [{ type: 'BlockRemoved', block_hashes: [1], medium: 5 }] }), /medium must be a string/],
     // an array header claiming 2^32-1 elements with no data: rejected before allocating
     ['huge array header', Uint8Array.from([0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff]), /not msgpack/],
   ];
@@ -67,4 +74,30 @@ describe('vLLM KV event decoding', () => {
       assert.throws(() => decodeEventBatch(payload), (e: unknown) => e instanceof KvEventFormatError && message.test((e as Error).message));
     });
   }
+
+  const badEvents: Array<[string, unknown, string, RegExp]> = [
+    ['unknown event type', ['BlockMoved', [1]], 'unknown_type', /unknown event type "BlockMoved"/],
+    ['hash of the wrong type', ['BlockRemoved', ['abc'], 'GPU'], 'bad_field', /block_hashes\[0\] must be an integer or bytes/],
+    ['token ids that do not fill the blocks', ['BlockStored', [1], null, [1, 2, 3], 16, null, 'GPU', null], 'token_count', /3 token ids for 1 blocks of 16/],
+    ['negative token id', ['BlockStored', [1], null, [-1], 1, null, 'GPU', null], 'bad_field', /token_ids\[0\] must be a uint32/],
+    ['SGLang token pairs', ['BlockStored', [1], null, [[5, 6]], 1, null], 'bigram_tokens', /token pair/],
+    ['medium not a string', { type: 'BlockRemoved', block_hashes: [1], medium: 5 }, 'bad_field', /medium must be a string/],
+    ['extra_keys not per block', { type: 'BlockStored', block_hashes: [1], parent_block_hash: null, token_ids: [1], block_size: 1, lora_id: null, medium: 'GPU', lora_name: null, extra_keys: [null, null] }, 'bad_field', /2 entries for 1 blocks/],
+  ];
+  for (const [name, bad, reason, message] of badEvents) {
+    test(`skips an event with ${name} and keeps the rest of its batch`, () => {
+      const b = decodeEventBatch(encode([1.5, [['AllBlocksCleared'], bad, ['BlockRemoved', [7], 'GPU']]]));
+      assert.deepEqual(b.events.map((e) => e.type), ['AllBlocksCleared', 'BlockRemoved']);
+      assert.equal(b.skipped?.length, 1);
+      assert.equal(b.skipped![0].index, 1);
+      assert.equal(b.skipped![0].reason, reason);
+      assert.match(b.skipped![0].message, message);
+    });
+  }
+
+  test('ignores fields a newer release appends to the array form', () => {
+    const b = decodeEventBatch(encode([1.5, [['BlockRemoved', [7], 'GPU', 0, 'new-field', 42]], 0, 'batch-extra']));
+    assert.equal(b.events.length, 1);
+    assert.equal(b.skipped, undefined);
+  });
 });

@@ -14,13 +14,15 @@ vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-32B"} 0.42
 vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-32B"} 12000.0
 vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-32B"} 9000.0
 `;
-const OLD_VLLM = 'vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_waiting{model_name="m"} 0\nvllm:gpu_cache_usage_perc{model_name="m"} 0.9\n';
+const OLD_VLLM = 'vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_waiting{model_name="m"} 0\nvllm:gpu_cache_usage_perc{model_name="m"} 0.9\nvllm:gpu_prefix_cache_queries_total{model_name="m"} 100\nvllm:gpu_prefix_cache_hits_total{model_name="m"} 40\n';
 const SGLANG = 'sglang:num_running_reqs{model_name="m",label="a b}"} 4\nsglang:num_queue_reqs{model_name="m"} 2\nsglang:token_usage{model_name="m"} 0.25\n';
 
 describe('Prometheus load metrics', () => {
   test('vLLM, older vLLM and SGLang names', () => {
     assert.deepEqual(readEngineLoad(VLLM), { running: 7, waiting: 3, kvUsage: 0.42, prefixCacheQueries: 12000, prefixCacheHits: 9000 });
-    assert.deepEqual(readEngineLoad(OLD_VLLM), { running: 1, waiting: 0, kvUsage: 0.9 });
+    assert.deepEqual(readEngineLoad(OLD_VLLM), { running: 1, waiting: 0, kvUsage: 0.9, prefixCacheQueries: 100, prefixCacheHits: 40 });
+    // both names on one page (a release deprecating the old one): the current one is read
+    assert.equal(readEngineLoad(`${VLLM}vllm:gpu_cache_usage_perc{engine="0"} 0.99\n`).kvUsage, 0.42);
     assert.deepEqual(readEngineLoad(SGLANG), { running: 4, waiting: 2, kvUsage: 0.25 });
   });
 
@@ -30,6 +32,9 @@ describe('Prometheus load metrics', () => {
     assert.equal(load.running, 5);
     assert.ok(Math.abs(load.kvUsage - 0.3) < 1e-12);
     assert.equal(parsePrometheusText('x{a="}"} 1 1700000000').get('x')![0], 1);
+    // one data-parallel rank's series (vLLM labels each rank's with engine="r")
+    assert.equal(readEngineLoad(text, '1').running, 3);
+    assert.equal(readEngineLoad(text, '1').kvUsage, 0.4);
   });
 
   test('a page without load metrics is an error', () => {

@@ -3,7 +3,7 @@ import { after, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
-import { MockEngine, mockTokenize } from '../../src/engines/mock-engine.js';
+import { MockEngine, mockTokenize, offsetEndpointPort } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 
 const closers: Array<() => Promise<void>> = [];
@@ -150,5 +150,86 @@ describe('mock engines → KV events → router index', () => {
     await read(post(engines[0], '/v1/completions', { prompt: words(50, 99), max_tokens: 2 }));
     await until(() => subs[0].stats.disconnects >= 1 && matches(0), 'the restarted engine to be rebuilt');
     assert.ok(matches(1));
+  });
+});
+
+/** A mock engine whose rank r publishes on basePort + r: consecutive ports, found by trying. */
+async function dpEngine(options: ConstructorParameters<typeof MockEngine>[0]) {
+  for (let attempt = 0; ; attempt++) {
+    const base = 20_000 + Math.floor(Math.random() * 30_000);
+    try {
+      return await engine({ ...options, events: `tcp://127.0.0.1:${base}`, replay: `tcp://127.0.0.1:${base + 1000}` });
+    } catch (err) {
+      if (attempt > 20) throw err;
+    }
+  }
+}
+
+describe('mock engine: data parallel, LoRA, vLLM block hashes', () => {
+  test('--data-parallel-size: each rank its own cache and event port (port + rank); X-data-parallel-rank picks the rank', async () => {
+    const e = await dpEngine({ dataParallelSize: 2, blockSize: 4 });
+    const [p0, p1] = e.eventsEndpoints.map((ep) => Number(/:(\d+)$/.exec(ep)![1]));
+    assert.equal(p1, p0 + 1);
+    const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+    router.registerWorker('w#0');
+    router.registerWorker('w#1');
+    const applier = new KvEventApplier(router);
+    const ranks: number[] = [];
+    for (const [r, ep] of e.eventsEndpoints.entries()) {
+      const replayEndpoint = offsetEndpointPort(e.replayEndpoint, r);
+      const s = new KvEventSubscriber({ workerId: `w#${r}`, endpoint: ep, replayEndpoint, applier, workerForRank: (rank) => (ranks.push(rank), `w#${rank}`) }).start();
+      closers.push(() => s.close());
+    }
+    const prompt = words(40, 3);
+    const send = (rank: number) => fetch(`http://127.0.0.1:${e.port}/v1/completions`, {
+      method: 'POST', body: JSON.stringify({ prompt, max_tokens: 1 }), headers: { 'content-type': 'application/json', 'x-data-parallel-rank': String(rank) },
+    });
+    // the SUB sockets join late (PUB/SUB): send until rank 1's blocks arrive
+    await until(async () => {
+      await (await send(1)).json();
+      return applier.trackedBlocks('w#1') > 0;
+    }, "rank 1's events");
+    assert.equal(applier.trackedBlocks('w#0'), 0, 'rank 0 computed nothing');
+    assert.ok(ranks.every((r) => r === 1));
+    assert.ok(e.cacheListing(1).length > 0);
+    assert.equal(e.cacheListing(0).length, 0);
+    const bad = await send(2);
+    assert.equal(bad.status, 400);
+    assert.match(((await bad.json()) as Json).error.message, /X-data-parallel-rank must be an integer from 0 to 1/);
+    const metrics = await (await fetch(`http://127.0.0.1:${e.port}/metrics`)).text();
+    assert.match(metrics, /vllm:num_requests_running\{model_name="mock",engine="1"\} 0/);
+  });
+
+  test('--lora-modules: adapters listed with their parent; their blocks keyed by lora_name', async () => {
+    const e = await engine({ loraModules: ['sql', 'chat-v2'], blockSize: 4, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' });
+    const models = await read(fetch(`http://127.0.0.1:${e.port}/v1/models`));
+    assert.deepEqual(models.data.map((m: Json) => [m.id, m.parent]), [['mock', null], ['sql', 'mock'], ['chat-v2', 'mock']]);
+    const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+    router.registerWorker('w0');
+    const applier = new KvEventApplier(router);
+    const s = new KvEventSubscriber({ workerId: 'w0', endpoint: e.eventsEndpoint, replayEndpoint: e.replayEndpoint, applier }).start();
+    closers.push(() => s.close());
+    const prompt = words(40, 5);
+    await until(async () => {
+      await read(post(e, '/v1/completions', { model: 'sql', prompt, max_tokens: 1 }));
+      return applier.trackedBlocks('w0') > 0;
+    }, 'the adapter\'s events');
+    const tokens = mockTokenize(prompt);
+    assert.ok(router.route({ tokens, lora: 'sql' }, { dryRun: true }).cachedTokens > 0);
+    assert.equal(router.route({ tokens }, { dryRun: true }).cachedTokens, 0);
+    assert.equal(router.route({ tokens, lora: 'chat-v2' }, { dryRun: true }).cachedTokens, 0);
+    assert.equal((await post(e, '/v1/completions', { model: 'nope', prompt, max_tokens: 1 })).status, 404);
+  });
+
+  test('blockHash vllm: the engine publishes vLLM sha256_cbor hashes; a router in vllm hash mode keys them directly', async () => {
+    const { VllmBlockHasher } = await import('../../src/core/vllm-block-hash.js');
+    const { BlockHashes } = await import('../../src/core/hashing.js');
+    const e = await engine({ blockSize: 4, events: 'tcp://127.0.0.1:*', blockHash: 'vllm', pythonHashSeed: '0' });
+    const prompt = words(24, 9);
+    await read(post(e, '/v1/completions', { prompt, max_tokens: 1, cache_salt: 'tenant-a' }));
+    const tokens = mockTokenize(prompt);
+    const expected = new VllmBlockHasher('0').hashBlocks(tokens, 4, { cacheSalt: 'tenant-a' }, new BlockHashes());
+    const listing = new Set(e.cacheListing());
+    for (let i = 0; i < expected.length; i++) assert.ok(listing.has(expected.toBigInt(i).toString()), `block ${i}`);
   });
 });

@@ -87,10 +87,16 @@ test('/admin/events applies KV events given as JSON', async () => {
     [{ worker: 'zz', events }, /known worker/],
     [{ worker: 'b', events: 'x' }, /must be an array/],
     [{ worker: 'b', events: [{ type: 'BlockStored', block_hashes: ['12ab'] }] }, /decimal\/0x-hex/],
-    [{ worker: 'b', events: [{ type: 'Nope' }] }, /unknown event type/],
   ] as const) {
     const bad = await post(base, '/admin/events', body);
     assert.equal(bad.status, 400);
     assert.match(((await bad.json()) as { error: { message: string } }).error.message, message);
   }
+  // one unreadable event is skipped with its reason; the others apply
+  const mixed = await post(base, '/admin/events', { worker: 'b', events: [{ type: 'Nope' }, { type: 'AllBlocksCleared' }] });
+  assert.equal(mixed.status, 200);
+  const out = (await mixed.json()) as { applied: { cleared: number }; skipped: Array<{ index: number; reason: string; message: string }> };
+  assert.equal(out.applied.cleared, 1);
+  assert.deepEqual(out.skipped.map((x) => [x.index, x.reason]), [[0, 'unknown_type']]);
+  assert.match(out.skipped[0].message, /unknown event type "Nope"/);
 });

@@ -15,9 +15,9 @@ import { DEFAULT_TIMEOUTS } from '../../server/timeouts.js';
 import { resolveAdminToken } from '../../server/admin-auth.js';
 import { loadApiKeysFile } from '../../server/api-keys.js';
 
-const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla', 'api-key-env'] as const;
+const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla', 'dp-size', 'block-size', 'api-key-env'] as const;
 
-/** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,api-key-env=VAR] */
+/** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N][,api-key-env=VAR] */
 export function parseWorkerSpec(spec: string): GatewayWorker {
   const fields: Record<string, string> = {};
   for (const part of spec.split(',')) {
@@ -66,9 +66,21 @@ function workerFrom(fields: Record<string, unknown>, where: string): GatewayWork
   if (replay && !events) throw new RangeError(`${where}: replay needs events`);
   const models = list('models');
   if (models?.some((m) => m === '')) throw new RangeError(`${where}: models has an empty name`);
-  const worker: GatewayWorker = { id, url, claGroups, models, events, replay, metrics: str('metrics') };
-  if (apiKeyEnv !== undefined) worker.apiKeyEnv = apiKeyEnv;
-  return worker;
+  const positive = (key: string, max: number): number | undefined => {
+    const v = fields[key];
+    if (v === undefined || v === null || v === '') return undefined;
+    const n = typeof v === 'number' ? v : Number(v);
+    if (!Number.isInteger(n) || n < 1 || n > max || (typeof v === 'string' && !/^\d+$/.test(v.trim()))) throw new RangeError(`${where}: ${key} must be an integer from 1 to ${max}, got '${String(v)}'`);
+    return n;
+  };
+  const dpSize = positive('dp-size', 64);
+  const blockSize = positive('block-size', 1 << 16);
+  if (dpSize !== undefined && dpSize > 1 && events !== undefined && !/:\d+$/.test(events)) throw new RangeError(`${where}: dp-size needs events as tcp://host:port (rank r publishes on the port + r)`);
+  const out: GatewayWorker = { id, url, claGroups, models, events, replay, metrics: str('metrics') };
+  if (dpSize !== undefined) out.dpSize = dpSize;
+  if (blockSize !== undefined) out.blockSize = blockSize;
+  if (apiKeyEnv !== undefined) out.apiKeyEnv = apiKeyEnv;
+  return out;
 }
 
 /**
@@ -150,7 +162,9 @@ export const SERVE_SETTINGS: readonly Setting[] = [
   { key: 'cost-weights', arg: '<mapping>', help: "the cost policy's weights, e.g. '{recompute: 2}' (what `tune` prints; config key costWeights)", parse: costWeights, optionKey: 'costWeights' },
   { key: 'policy-options', arg: '<mapping>', help: "peer policies' options, e.g. '{dynamo: {prefillLoadScale: 2}}' (config key policyOptions)", parse: policyOptions, optionKey: 'policyOptions' },
   { key: 'block-size', arg: '<n>', help: "tokens per KV block (the engines')", parse: intOption('--block-size', 1), default: 16 },
-  { key: 'tokenize', arg: '<mode>', help: 'how prompts are hashed: text, tokenizer (--tokenizer) or engine (the worker\'s /tokenize)', parse: choice('--tokenize', ['text', 'tokenizer', 'engine']), default: 'text' },
+  { key: 'tokenize', arg: '<mode>', help: 'how prompts are hashed: auto (engine when a worker has events=, else text), text, tokenizer (--tokenizer) or engine (the worker\'s /tokenize); token-id prompts are hashed as tokens in every mode', parse: choice('--tokenize', ['auto', 'text', 'tokenizer', 'engine']), default: 'auto' },
+  { key: 'block-hash', arg: '<kind>', help: "how blocks are keyed: router (its own hash of the token ids, chained through the events) or vllm (vLLM's sha256_cbor hash: needs --python-hash-seed or PYTHONHASHSEED equal to the engines' and their --prefix-caching-hash-algo sha256_cbor)", parse: choice('--block-hash', ['router', 'vllm']), default: 'router' },
+  { key: 'python-hash-seed', arg: '<seed>', help: 'the PYTHONHASHSEED the vLLM engines run with (--block-hash vllm; default: the PYTHONHASHSEED environment variable)', parse: text('--python-hash-seed') },
   { key: 'tokenizer', arg: '<path>', help: 'tokenizer.json, or the model directory holding it and tokenizer_config.json', parse: text('--tokenizer') },
   { key: 'chat-template', arg: '<file>', help: "a Jinja chat template replacing the tokenizer config's", parse: text('--chat-template') },
   { key: 'admin-token', arg: '<token>', help: 'bearer token for /admin and /v1/route (prefer CONTEXTFORGE_ADMIN_TOKEN or --admin-token-file: flags show in the process list)', parse: text('--admin-token') },
@@ -186,7 +200,9 @@ export interface ServeConfig {
   costWeights?: Partial<CostWeights>;
   policyOptions?: Omit<PolicyOptions, 'costWeights'>;
   blockSize: number;
-  tokenize: 'text' | 'tokenizer' | 'engine';
+  tokenize: 'auto' | 'text' | 'tokenizer' | 'engine';
+  blockHash: 'router' | 'vllm';
+  pythonHashSeed?: string;
   tokenizer?: string;
   chatTemplate?: string;
   adminToken?: string;
@@ -287,6 +303,11 @@ export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = proces
   }
   const config = { ...out, workers } as unknown as ServeConfig;
   if (config.tokenize === 'tokenizer' && !config.tokenizer) throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
+  if (config.blockHash === 'vllm') {
+    config.pythonHashSeed ??= env.PYTHONHASHSEED === '' ? undefined : env.PYTHONHASHSEED;
+    if (config.pythonHashSeed === undefined) throw new RangeError("--block-hash vllm needs the engines' PYTHONHASHSEED: --python-hash-seed N or the PYTHONHASHSEED environment variable (vLLM's block hashes are random without it)");
+    if (config.tokenize === 'text') throw new RangeError('--block-hash vllm hashes token ids: it needs --tokenize auto, tokenizer or engine, not text');
+  }
   return config;
 }
 
@@ -299,7 +320,7 @@ export function registerServeCommand(program: Command): void {
   }
   cmd.option(
     '--worker <spec>',
-    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,api-key-env=VAR] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
+    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N][,api-key-env=VAR] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
     (v: string, all: string[]) => [...all, v],
     [] as string[],
   );
@@ -309,12 +330,23 @@ export function registerServeCommand(program: Command): void {
   });
 }
 
-async function runServe(c: ServeConfig): Promise<void> {
+/**
+ * The tokenize mode `auto` stands for: the engine's /tokenize when a worker publishes KV
+ * events (they carry token ids, so only requests hashed from token ids can match them) or
+ * vLLM block hashes are asked for; text otherwise.
+ */
+export function resolveTokenizeMode(c: Pick<ServeConfig, 'tokenize' | 'workers' | 'blockHash'>): 'text' | 'tokenizer' | 'engine' {
+  if (c.tokenize !== 'auto') return c.tokenize;
+  return c.blockHash === 'vllm' || c.workers.some((w) => w.events) ? 'engine' : 'text';
+}
+
+async function runServe(config: ServeConfig): Promise<void> {
   const log = (m: string) => process.stderr.write(`${m}\n`);
+  const c = { ...config, tokenize: resolveTokenizeMode(config) };
   // KV events carry token ids: only requests hashed from token ids can match them
   const eventsUsable = c.tokenize !== 'text';
   if (!eventsUsable && c.workers.some((w) => w.events)) {
-    log('warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize tokenizer or engine');
+    log('warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize auto, tokenizer or engine');
   }
   const promptTokenizer = c.tokenize === 'tokenizer'
     ? ChatTokenizer.load(c.tokenizer!, { chatTemplate: c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate) })
@@ -322,6 +354,7 @@ async function runServe(c: ServeConfig): Promise<void> {
   const precise = eventsUsable && c.workers.some((w) => w.events);
   const router = new KVAwareRouter({
     policy: c.policy, costWeights: c.costWeights, policyOptions: c.policyOptions, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate',
+    blockHash: c.blockHash, pythonHashSeed: c.pythonHashSeed,
   });
   // the admin token: configured (flag, CONTEXTFORGE_ADMIN_TOKEN, config), else the token file,
   // else a random one written to a private default file the operator can read
@@ -342,7 +375,7 @@ async function runServe(c: ServeConfig): Promise<void> {
     breakerFailures: c.breakerFailures, breakerCooldownMs: c.breakerCooldownMs, log,
   });
   const address = await gateway.app.listen({ host: c.host, port: c.port });
-  log(`contextforge-router serving on ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index, state ${c.state === 'memory' ? 'memory' : `redis (replica ${String(state.stats().replicaId)})`})`);
+  log(`contextforge-router serving on ${address} (policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, ${precise ? 'precise' : 'approximate'} index, block hash ${c.blockHash}, state ${c.state === 'memory' ? 'memory' : `redis (replica ${String(state.stats().replicaId)})`})`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);

@@ -71,7 +71,9 @@ export class CandidateCollector {
       const predictedBlocks = overlapBlocks > 0 ? o.predictedBlocks[slot] : 0;
       const anchorTokens = locality && contentAnchors && settings.contentAnchorScoring ? contentIndex.heldTokens(slot, contentAnchors, now) : 0;
       const credit = overlapBlocks - offloadBlocks - predictedBlocks + offloadBlocks * settings.offloadCredit + predictedBlocks * settings.predictedCredit;
-      let cachedTokens = credit * blockTokens + anchorTokens;
+      // token blocks are the worker's own size when it has one (the overlap was looked up in it)
+      const workerBlockTokens = tokensPerBlock === settings.blockSize ? worker.info.blockSize ?? blockTokens : blockTokens;
+      let cachedTokens = credit * workerBlockTokens + anchorTokens;
       if (promptTokens > 0 && cachedTokens > promptTokens) cachedTokens = promptTokens;
       let holdsAnchor: boolean;
       let cachedFraction = promptTokens > 0 ? cachedTokens / promptTokens : 0;

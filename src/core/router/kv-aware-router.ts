@@ -4,6 +4,7 @@
  * candidate collection live in the sibling modules of src/core/router/.
  */
 import { AnchorTable } from '../anchor-table.js';
+import type { BlockKeying } from '../block-keying.js';
 import { BlockIndex, OverlapResult, Tier } from '../block-index.js';
 import { ContentAnchorIndex, type ContentAnchor } from '../content-anchors.js';
 import {
@@ -12,7 +13,6 @@ import {
   hashPrecomputedBlocks,
   hashString32,
   hashTextBlocks,
-  hashTokenBlocks,
   type HashNamespace,
 } from '../hashing.js';
 import type { CostWeights } from '../policies/index.js';
@@ -54,6 +54,8 @@ export class KVAwareRouter {
   readonly costWeights: Readonly<CostWeights>;
   readonly blockSize: number;
   readonly textChunkBytes: number;
+  /** How token blocks are keyed (the router's hash or vLLM's). */
+  readonly keying: BlockKeying;
   readonly indexMode: IndexMode;
   readonly index: BlockIndex;
 
@@ -76,6 +78,11 @@ export class KVAwareRouter {
   private readonly hashes = new BlockHashes(1024);
   private readonly overlap = new OverlapResult(32);
   private readonly hashNs: HashNamespace = {};
+  /** Workers whose block size is not the router's, by block size (their slots); rebuilt on (un)registration. */
+  private otherBlockSizes = new Map<number, number[]>();
+  /** Per other block size, the request's keys and overlap (scratch, reused). */
+  private readonly sizedHashes = new Map<number, BlockHashes>();
+  private readonly sizedOverlap = new OverlapResult(32);
 
   constructor(options: KVAwareRouterOptions = {}) {
     const o = resolveRouterOptions(options);
@@ -89,6 +96,7 @@ export class KVAwareRouter {
     this.workflows = new WorkflowTable(o.workflowCapacity);
     this.blockSize = o.blockSize;
     this.textChunkBytes = o.textChunkBytes;
+    this.keying = o.keying;
     this.indexMode = o.indexMode;
     this.index = new BlockIndex({ maxEntries: o.maxIndexEntries, predictedTtlMs: o.predictedTtlMs });
     // a policy that, like its upstream, predicts nothing gets no speculative entries
@@ -108,6 +116,24 @@ export class KVAwareRouter {
   /** Registers a worker; registering a known id again changes nothing. */
   registerWorker(workerId: string, info?: WorkerInfo): void {
     this.workers.register(check.requireId(workerId, 'workerId'), info);
+    this.groupBlockSizes();
+  }
+
+  /** The block size a worker's KV is made of (its own, or the router's). */
+  blockSizeOf(workerId: string): number {
+    return this.requireRegistered(workerId).info.blockSize ?? this.blockSize;
+  }
+
+  private groupBlockSizes(): void {
+    const groups = new Map<number, number[]>();
+    for (const w of this.workers.values()) {
+      const bs = w.info.blockSize;
+      if (bs === undefined || bs === this.blockSize) continue;
+      let slots = groups.get(bs);
+      if (!slots) groups.set(bs, (slots = []));
+      slots.push(w.slot);
+    }
+    this.otherBlockSizes = groups;
   }
 
   /** Forgets a worker and everything recorded on it. Returns whether it was known. */
@@ -119,6 +145,7 @@ export class KVAwareRouter {
     this.workflows.dropWorker(workerId);
     this.index.applyCleared(state.slot);
     this.contentAnchors.remove(state.slot);
+    this.groupBlockSizes();
     this.policy.onWorkerRemoved?.(state);
     return true;
   }
@@ -176,9 +203,9 @@ export class KVAwareRouter {
     this.index.applyCleared(w.slot);
   }
 
-  /** Sequence hashes of token ids as this router computes them (a fresh copy). */
-  hashTokens(tokens: ArrayLike<number>, ns?: HashNamespace): BlockHashes {
-    return hashTokenBlocks(tokens, this.blockSize, ns, new BlockHashes(Math.max(1, Math.floor(tokens.length / this.blockSize))));
+  /** Block keys of token ids as this router computes them (a fresh copy); `blockSize` default: the router's. */
+  hashTokens(tokens: ArrayLike<number>, ns?: HashNamespace, blockSize: number = this.blockSize): BlockHashes {
+    return this.keying.hashTokens(tokens, blockSize, ns, new BlockHashes(Math.max(1, Math.floor(tokens.length / blockSize))));
   }
 
   // ------------------------------------------------------------------------ routing
@@ -211,6 +238,10 @@ export class KVAwareRouter {
     const overlap = this.overlap;
     if (!isolated && this.anchorLocalityEnabled && hashes.length > 0) {
       this.index.overlaps(hashes.hi, hashes.lo, hashes.length, overlap, now);
+      // engine-native keys: a block held deeper in the chain implies its prefix (vLLM caches
+      // prefixes), even where the router never saw those ancestors stored
+      if (this.keying.mode === 'vllm' && request.tokens !== undefined && overlap.maxBlocks < hashes.length) this.index.extendToDeepestHeld(hashes.hi, hashes.lo, hashes.length, overlap);
+      if (this.otherBlockSizes.size > 0 && request.tokens !== undefined) this.overlapOtherBlockSizes(request.tokens, ns, overlap, now);
     } else {
       overlap.ensureSlots(this.workers.slotCount);
       overlap.blocks.fill(0);
@@ -255,13 +286,19 @@ export class KVAwareRouter {
     const worker = chosen.worker;
     let start = 0;
     let end = 0;
+    let recorded = hashes;
     if (!isolated) {
       if (hashes.length > 0) {
         // approximate: every block (refreshing the TTL); precise: a speculative stretch past
         // what the worker holds
         end = this.indexMode === 'precise' ? Math.min(hashes.length, chosen.overlapBlocks + this.speculativeBlocks) : hashes.length;
         start = this.indexMode === 'precise' ? chosen.overlapBlocks : 0;
-        if (end > start) this.index.recordPredicted(worker.slot, hashes.hi, hashes.lo, start, end, now);
+        // a worker of another block size records the request's keys in its size
+        if (worker.info.blockSize !== undefined && worker.info.blockSize !== this.blockSize && request.tokens !== undefined) {
+          recorded = this.sizedHashes.get(worker.info.blockSize) ?? hashes;
+          end = this.indexMode === 'precise' ? Math.min(recorded.length, chosen.overlapBlocks + this.speculativeBlocks) : recorded.length;
+        }
+        if (end > start) this.index.recordPredicted(worker.slot, recorded.hi, recorded.lo, start, end, now);
       }
       if (contentAnchors && contentAnchors.length > 0) this.contentAnchors.record(worker.slot, contentAnchors, now);
     }
@@ -271,7 +308,7 @@ export class KVAwareRouter {
       // the predicted range only: in precise mode what the worker holds comes from its own events
       const n = Math.max(0, end - start);
       result.shared = {
-        workerId: worker.id, hi: hashes.hi.slice(start, start + n), lo: hashes.lo.slice(start, start + n),
+        workerId: worker.id, hi: recorded.hi.slice(start, start + n), lo: recorded.lo.slice(start, start + n),
         workflowId, workflowStep, anchor, claGroup, contentAnchors: isolated ? undefined : contentAnchors,
         prefillTokens: tracked ? uncached : 0, tracked,
       };
@@ -422,11 +459,33 @@ export class KVAwareRouter {
     return Math.round(hashes.length * hashes.tokensPerBlock + textTail);
   }
 
+  /**
+   * Workers whose KV blocks are of another size (a worker's `blockSize`, e.g. SGLang with page
+   * size 1): the prompt's keys in that size, looked up in the index, give those workers'
+   * overlaps, which replace what the router-size lookup found for them.
+   */
+  private overlapOtherBlockSizes(tokens: ArrayLike<number>, ns: HashNamespace, overlap: OverlapResult, now: number): void {
+    const o = this.sizedOverlap;
+    for (const [blockSize, slots] of this.otherBlockSizes) {
+      let h = this.sizedHashes.get(blockSize);
+      if (!h) this.sizedHashes.set(blockSize, (h = new BlockHashes(64)));
+      this.keying.hashTokens(tokens, blockSize, ns, h);
+      if (h.length > 0) this.index.overlaps(h.hi, h.lo, h.length, o, now);
+      if (h.length > 0 && this.keying.mode === 'vllm' && o.maxBlocks < h.length) this.index.extendToDeepestHeld(h.hi, h.lo, h.length, o);
+      for (const slot of slots) {
+        const found = h.length > 0 && slot < o.blocks.length;
+        overlap.blocks[slot] = found ? o.blocks[slot] : 0;
+        overlap.offloadBlocks[slot] = found ? o.offloadBlocks[slot] : 0;
+        overlap.predictedBlocks[slot] = found ? o.predictedBlocks[slot] : 0;
+      }
+    }
+  }
+
   private hashRequest(request: RouteRequest, ns: HashNamespace): BlockHashes {
     const hashes = this.hashes;
     if (request.tokens !== undefined) {
       if (typeof request.tokens !== 'object' || typeof request.tokens.length !== 'number') throw new TypeError('tokens must be an array of token ids');
-      hashTokenBlocks(request.tokens, this.blockSize, ns, hashes);
+      this.keying.hashTokens(request.tokens, this.blockSize, ns, hashes);
     } else if (request.blockHashes !== undefined) {
       if (typeof request.blockHashes !== 'object' || typeof request.blockHashes.length !== 'number') throw new TypeError('blockHashes must be an array');
       hashPrecomputedBlocks(request.blockHashes, check.positiveInt(request.blockTokens, 'blockTokens', this.blockSize), ns, hashes);

@@ -4,6 +4,7 @@
  * once, so the route path can trust every setting; errors name the option (TypeError for a
  * wrong type, RangeError for a value out of range).
  */
+import { BlockKeying, type BlockHashMode } from '../block-keying.js';
 import { createPolicy, resolveCostWeights, type CostWeights, type PolicyOptions } from '../policies/index.js';
 import type { RoutingPolicy } from '../policies/types.js';
 import { createRng } from '../rng.js';
@@ -27,6 +28,13 @@ export interface KVAwareRouterOptions {
   blockSize?: number;
   /** Bytes per chunk when hashing text (default 64, about 16 tokens of English). */
   textChunkBytes?: number;
+  /**
+   * How token blocks are keyed: 'router' (default: its own chain hash; engines' blocks are
+   * learned through their KV events) or 'vllm' (vLLM's own sha256_cbor block hash, from
+   * `pythonHashSeed`, the engines' PYTHONHASHSEED: keys equal the hashes engines report).
+   */
+  blockHash?: BlockHashMode;
+  pythonHashSeed?: string;
   /** Default 'approximate'; 'precise' when engines' KV events feed the index. */
   indexMode?: IndexMode;
   /** Lifetime of the router's own block records: 120 s approximate, 5 s speculative (precise). */
@@ -91,6 +99,7 @@ export interface ResolvedRouterOptions {
   workflowCapacity: number;
   blockSize: number;
   textChunkBytes: number;
+  keying: BlockKeying;
   indexMode: IndexMode;
   /** Lifetime of the router's own block records in the index (at least 1 ms). */
   predictedTtlMs: number;
@@ -122,6 +131,7 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
   const blockSize = check.positiveInt(options.blockSize, 'blockSize', ROUTER_DEFAULTS.blockSize);
   const textChunkBytes = check.positiveInt(options.textChunkBytes, 'textChunkBytes', ROUTER_DEFAULTS.textChunkBytes);
   if (textChunkBytes % 4 !== 0) throw new RangeError(`textChunkBytes must be a multiple of 4, got ${textChunkBytes}`);
+  const keying = new BlockKeying(options.blockHash ?? 'router', options.pythonHashSeed);
   const indexMode = options.indexMode ?? 'approximate';
   if (indexMode !== 'precise' && indexMode !== 'approximate') throw new RangeError(`indexMode must be 'precise' or 'approximate', got '${String(indexMode)}'`);
   const ttl = options.predictionTtlMs ?? (indexMode === 'precise' ? ROUTER_DEFAULTS.speculativeTtlMs : ROUTER_DEFAULTS.approximateTtlMs);
@@ -141,7 +151,7 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
   const instanceId = check.optionalId(options.instanceId, 'instanceId') ?? globalThis.crypto.randomUUID().slice(0, 8);
   return {
     numWorkers, claAffinityEnabled, anchorLocalityEnabled, costWeights, policy, countsBlocks: policyName !== 'seed',
-    anchorCapacity, workflowCapacity, blockSize, textChunkBytes, indexMode, predictedTtlMs: Math.max(ttl, 1),
+    anchorCapacity, workflowCapacity, blockSize, textChunkBytes, keying, indexMode, predictedTtlMs: Math.max(ttl, 1),
     maxIndexEntries, contentAnchorScoring, speculativeBlocks, offloadCredit, predictedCredit,
     contentAnchorCapacity, contentAnchorTtlMs, judgeRoles, clock, instanceId,
   };

@@ -1,54 +1,119 @@
-import { BlockHashes, chainRoot, hashTokenBlocksFrom } from '../../core/hashing.js';
+import { BlockHashes, chainRoot, hashTokenBlocksFrom, mixIntoChain } from '../../core/hashing.js';
 import type { KVAwareRouter } from '../../core/router/index.js';
-import type { EngineBlockHash, KvEvent, KvEventBatch } from './decode.js';
+import { engineHashKey } from '../../core/vllm-block-hash.js';
+import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatch } from './decode.js';
 
 /**
- * Applies decoded KV events of one worker to the router's block index. Engines hash blocks
- * with seeds the router cannot know, so the router hashes each stored block's token ids
- * itself, chained from its parent's own hash, and keeps engine hash → own hash per worker to
- * apply BlockRemoved (DESIGN.md §8). Pure: no I/O; the subscriber feeds it.
+ * Applies decoded KV events of one worker to the router's block index. Pure: no I/O; the
+ * subscriber (or the gateway's /admin/events) feeds it.
+ *
+ * Keys. By default (`hashMode: 'router'`) engines hash blocks with seeds the router cannot
+ * know, so the router hashes each stored block's token ids itself, chained from its parent's
+ * own hash, and keeps engine hash → own hash per worker to apply BlockRemoved (a store whose
+ * parent it never saw cannot be chained: it is skipped as an orphan). With `hashMode: 'vllm'`
+ * (`serve --block-hash vllm`) the router computes vLLM's own hash for requests
+ * (src/core/vllm-block-hash.ts), so an engine hash is itself the key: no chain is needed,
+ * orphans apply, and a store's parent_block_hash proves the parent is held too.
+ *
+ * What upstream sends, and what is done with it:
+ * - Duplicate copies: vLLM's block pool (vllm/v1/core/block_pool.py) can cache several
+ *   physical blocks under one hash; each emits its own BlockStored and, when evicted, its own
+ *   BlockRemoved. Copies are counted per engine hash and tier, so the first removal does not
+ *   drop a block the engine still holds.
+ * - Offload: vLLM's offloading connector
+ *   (vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py) reports its copies
+ *   as BlockStored with token_ids [], parent null, medium "CPU" and its own block size, a
+ *   multiple of the GPU one, each hash being the GPU hash of the last GPU block it holds. They
+ *   mark blocks already known by engine hash (and the ancestors the offload block spans) as
+ *   held in the offload tier; an unknown one is skipped, never the batch.
+ * - Hybrid models (sliding window, Mamba): group_idx / kv_cache_spec_kind say which KV
+ *   group an event is for. Only full-attention groups are indexed (a prefix hit needs every
+ *   block); events of other groups are skipped without error. Without kv_cache_spec_kind
+ *   (releases before vllm-project/vllm#40984), group 0 is taken as the full-attention one.
+ * - extra_keys: the first block's cache salt keys the chain as the request's cache_salt does;
+ *   multimodal (identifier, offset) keys are mixed into their block's hash, so an image block
+ *   never matches a text block with the same placeholder tokens.
+ * - Block size per worker: a store whose block size differs from the worker's is skipped and
+ *   counted ('block_size'); SGLang's page size 1 gives one event per token, which works with
+ *   `block-size=1` on that worker.
  */
+export type ApplySkipReason = 'block_size' | 'orphan' | 'token_count' | 'other_group' | 'unknown_offload' | 'unknown_removal';
+
 export interface ApplyCounts {
   storedBlocks: number;
   removedBlocks: number;
   cleared: number;
+  /** Blocks marked as held in the offload tier by an offload (medium != GPU) store. */
+  offloadBlocks: number;
+  /** Stores of a hash the worker already held in that tier (another physical copy). */
+  duplicateCopies: number;
+  /** Parents recorded as held from a store's parent_block_hash (vllm hash mode). */
+  parentsProven: number;
   /** Stored events whose parent block the router never saw (e.g. stored before it subscribed). */
   orphanEvents: number;
   /** Removed hashes the router never saw stored. */
   unknownRemovals: number;
-  /** Stored events whose block size differs from the router's (a configuration error). */
+  /** Stored events whose block size differs from the worker's (a configuration error). */
   blockSizeMismatches: number;
+  /** Events (or blocks, for removals) skipped, per reason; decode reasons are added by the subscriber. */
+  skipped: Record<string, number>;
 }
 
 export function emptyCounts(): ApplyCounts {
-  return { storedBlocks: 0, removedBlocks: 0, cleared: 0, orphanEvents: 0, unknownRemovals: 0, blockSizeMismatches: 0 };
+  return {
+    storedBlocks: 0, removedBlocks: 0, cleared: 0, offloadBlocks: 0, duplicateCopies: 0, parentsProven: 0,
+    orphanEvents: 0, unknownRemovals: 0, blockSizeMismatches: 0, skipped: {},
+  };
 }
 
-const GPU = 1;
-const OFFLOAD = 2;
+function skip(counts: ApplyCounts, reason: string, n = 1): void {
+  counts.skipped[reason] = (counts.skipped[reason] ?? 0) + n;
+}
 
 interface OwnBlock {
   hi: number;
   lo: number;
-  /** Tiers the engine reported holding it in (GPU, offload). */
-  tiers: number;
+  /** Physical copies the engine reported in each tier. */
+  gpu: number;
+  offload: number;
+  /** Engine hash of the parent block, when known (walks an offload block's span). */
+  parent: EngineBlockHash | null;
 }
 
 export interface WorkerNamespace {
   /** The CLA group the worker's KV is made under, if it serves exactly one. */
   claGroup?: number | null;
+  /** Tokens per KV block on this worker (default: the router's block size). */
+  blockSize?: number;
+}
+
+export interface KvEventApplierOptions {
+  /** 'router': own hashes from token ids; 'vllm': the engine's hashes are the keys (default: the router's keying). */
+  hashMode?: 'router' | 'vllm';
 }
 
 export class KvEventApplier {
+  readonly hashMode: 'router' | 'vllm';
   private readonly maps = new Map<string, Map<EngineBlockHash, OwnBlock>>();
+  /** Per worker, KV groups known not to be full attention (learned from kv_cache_spec_kind). */
+  private readonly otherGroups = new Map<string, Set<number>>();
+  private readonly fullGroups = new Map<string, Set<number>>();
+  /** GPU blocks an offload block spans, per worker and medium (learned from its stores). */
+  private readonly offloadSpans = new Map<string, number>();
   private readonly scratch = new BlockHashes(64);
   private readonly root = new Uint32Array(2);
+  private readonly key = new Uint32Array(2);
   private readonly one = { hi: new Uint32Array(1024), lo: new Uint32Array(1024), length: 0 };
 
   constructor(
     private readonly router: KVAwareRouter,
     private readonly namespaces: ReadonlyMap<string, WorkerNamespace> = new Map(),
-  ) {}
+    options: KvEventApplierOptions = {},
+  ) {
+    const mode = options.hashMode ?? router.keying.mode;
+    if (mode !== 'router' && mode !== 'vllm') throw new RangeError(`hashMode must be 'router' or 'vllm', got '${String(mode)}'`);
+    this.hashMode = mode;
+  }
 
   /** Blocks the router tracks for a worker from its events. */
   trackedBlocks(workerId: string): number {
@@ -65,6 +130,12 @@ export class KvEventApplier {
     const m = this.maps.get(workerId);
     if (!m) return [];
     return [...m.values()].map((b) => b.hi.toString(16).padStart(8, '0') + b.lo.toString(16).padStart(8, '0'));
+  }
+
+  /** Physical copies of one engine hash the worker reported (GPU and offload tiers). */
+  copies(workerId: string, engineHash: EngineBlockHash): { gpu: number; offload: number } {
+    const b = this.maps.get(workerId)?.get(typeof engineHash === 'bigint' ? BigInt.asUintN(64, engineHash) : engineHash);
+    return { gpu: b?.gpu ?? 0, offload: b?.offload ?? 0 };
   }
 
   apply(workerId: string, batch: KvEventBatch, counts: ApplyCounts = emptyCounts()): ApplyCounts {
@@ -84,65 +155,234 @@ export class KvEventApplier {
     return m;
   }
 
+  private blockSizeOf(workerId: string): number {
+    return this.namespaces.get(workerId)?.blockSize ?? this.router.blockSizeOf(workerId);
+  }
+
+  /** Whether an event's KV group is a full-attention one (the only kind indexed). */
+  private fullAttention(workerId: string, groupIdx: number | null, kind: string | null | undefined): boolean {
+    if (groupIdx === null && (kind === null || kind === undefined)) return true;
+    if (kind !== null && kind !== undefined) {
+      const full = kind === 'full_attention';
+      if (groupIdx !== null) {
+        const sets = full ? this.fullGroups : this.otherGroups;
+        let s = sets.get(workerId);
+        if (!s) sets.set(workerId, (s = new Set()));
+        s.add(groupIdx);
+      }
+      return full;
+    }
+    // a removal, or a release without kinds: what the worker's stores said about the group
+    if (this.fullGroups.get(workerId)?.has(groupIdx!)) return true;
+    if (this.otherGroups.get(workerId)?.has(groupIdx!)) return false;
+    return groupIdx === 0;
+  }
+
   private applyEvent(workerId: string, e: KvEvent, counts: ApplyCounts): void {
     if (e.type === 'AllBlocksCleared') {
       this.clearWorker(workerId);
+      this.fullGroups.delete(workerId);
+      this.otherGroups.delete(workerId);
       counts.cleared++;
       return;
     }
-    const map = this.mapFor(workerId);
-    const tier = e.medium === null || e.medium === 'GPU' ? GPU : OFFLOAD;
     if (e.type === 'BlockStored') {
-      if (e.blockSize !== this.router.blockSize) {
+      if (!this.fullAttention(workerId, e.groupIdx, e.kvCacheSpecKind)) return skip(counts, 'other_group');
+      const gpu = e.medium === null || e.medium === 'GPU';
+      if (e.tokenIds.length === 0) return this.applyOffloadCopies(workerId, e, gpu, counts);
+      const blockSize = this.blockSizeOf(workerId);
+      if (e.blockSize !== blockSize) {
         counts.blockSizeMismatches++;
-        return;
+        return skip(counts, 'block_size');
       }
+      if (e.tokenIds.length !== e.blockHashes.length * e.blockSize) return skip(counts, 'token_count');
+      return this.applyStore(workerId, e, gpu, counts);
+    }
+    // BlockRemoved
+    if (!this.fullAttention(workerId, e.groupIdx, undefined)) return skip(counts, 'other_group', e.blockHashes.length);
+    const gpu = e.medium === null || e.medium === 'GPU';
+    const map = this.mapFor(workerId);
+    // an offload copy spans several GPU blocks, walked through their parents as when stored
+    const span = gpu ? 1 : this.offloadSpans.get(`${workerId}\u0000${e.medium}`) ?? 1;
+    const seq = this.scratchSeq(e.blockHashes.length * span);
+    let n = 0;
+    for (const first of e.blockHashes) {
+      let h: EngineBlockHash | null = first;
+      for (let k = 0; k < span && h !== null; k++) {
+        const b = map.get(h);
+        if (!b || (gpu ? b.gpu : b.offload) === 0) {
+          if (k === 0) {
+            counts.unknownRemovals++;
+            skip(counts, 'unknown_removal');
+          }
+          break;
+        }
+        if (gpu) b.gpu--;
+        else b.offload--;
+        // the tier goes only with its last copy
+        if ((gpu ? b.gpu : b.offload) === 0) {
+          seq.hi[n] = b.hi;
+          seq.lo[n] = b.lo;
+          n++;
+        }
+        if (b.gpu === 0 && b.offload === 0) map.delete(h);
+        h = b.parent;
+      }
+    }
+    seq.length = n;
+    if (n > 0) this.router.applyRemoved(workerId, seq, gpu ? 'gpu' : 'offload');
+    counts.removedBlocks += n;
+  }
+
+  private applyStore(workerId: string, e: BlockStoredEvent, gpu: boolean, counts: ApplyCounts): void {
+    const map = this.mapFor(workerId);
+    const own = this.scratch;
+    if (this.hashMode === 'vllm') {
+      own.ensureCapacity(e.blockHashes.length);
+      own.length = e.blockHashes.length;
+      own.tokensPerBlock = e.blockSize;
+      for (let i = 0; i < e.blockHashes.length; i++) {
+        engineHashKey(e.blockHashes[i], this.key);
+        own.hi[i] = this.key[0];
+        own.lo[i] = this.key[1];
+      }
+      if (e.parentBlockHash !== null && !map.has(e.parentBlockHash)) {
+        // the engine only caches a block after its parent: the parent is held there too
+        engineHashKey(e.parentBlockHash, this.key);
+        map.set(e.parentBlockHash, { hi: this.key[0], lo: this.key[1], gpu: 1, offload: 0, parent: null });
+        this.one.hi[0] = this.key[0];
+        this.one.lo[0] = this.key[1];
+        this.one.length = 1;
+        this.router.applyStored(workerId, this.one, 'gpu');
+        counts.parentsProven++;
+      }
+    } else {
       let parentHi: number;
       let parentLo: number;
       if (e.parentBlockHash === null) {
-        chainRoot({ lora: e.loraName, claGroup: this.namespaces.get(workerId)?.claGroup ?? null }, this.root);
+        chainRoot({ lora: loraOf(e), cacheSalt: saltOf(e), claGroup: this.namespaces.get(workerId)?.claGroup ?? null }, this.root);
         parentHi = this.root[0];
         parentLo = this.root[1];
       } else {
         const parent = map.get(e.parentBlockHash);
         if (!parent) {
           counts.orphanEvents++;
-          return;
+          return skip(counts, 'orphan');
         }
         parentHi = parent.hi;
         parentLo = parent.lo;
       }
-      const own = hashTokenBlocksFrom(parentHi, parentLo, e.tokenIds, e.blockSize, this.scratch);
-      for (let i = 0; i < own.length; i++) {
-        const prev = map.get(e.blockHashes[i]);
-        if (prev) prev.tiers |= tier;
-        else map.set(e.blockHashes[i], { hi: own.hi[i], lo: own.lo[i], tiers: tier });
+      if (e.extraKeys && e.extraKeys.some(hasMultimodal)) this.hashWithMultimodal(parentHi, parentLo, e, own);
+      else hashTokenBlocksFrom(parentHi, parentLo, e.tokenIds, e.blockSize, own);
+    }
+    let parent = e.parentBlockHash;
+    for (let i = 0; i < own.length; i++) {
+      const h = e.blockHashes[i];
+      const prev = map.get(h);
+      if (prev) {
+        if ((gpu ? prev.gpu : prev.offload) > 0) counts.duplicateCopies++;
+        if (gpu) prev.gpu++;
+        else prev.offload++;
+        prev.parent ??= parent;
+      } else {
+        map.set(h, { hi: own.hi[i], lo: own.lo[i], gpu: gpu ? 1 : 0, offload: gpu ? 0 : 1, parent });
       }
-      this.router.applyStored(workerId, own, tier === GPU ? 'gpu' : 'offload');
-      counts.storedBlocks += own.length;
-      return;
+      parent = h;
     }
-    // BlockRemoved: from one tier (medium given) or all (medium null)
-    const seq = this.one;
-    if (seq.hi.length < e.blockHashes.length) {
-      seq.hi = new Uint32Array(e.blockHashes.length);
-      seq.lo = new Uint32Array(e.blockHashes.length);
+    this.router.applyStored(workerId, own, gpu ? 'gpu' : 'offload');
+    counts.storedBlocks += own.length;
+  }
+
+  /** Blocks hashed one by one, each multimodal block's identifiers mixed into its chain. */
+  private hashWithMultimodal(parentHi: number, parentLo: number, e: BlockStoredEvent, out: BlockHashes): void {
+    const n = e.blockHashes.length;
+    out.ensureCapacity(n);
+    const one = new BlockHashes(1);
+    let hi = parentHi;
+    let lo = parentLo;
+    for (let i = 0; i < n; i++) {
+      const keys = e.extraKeys![i];
+      if (keys && hasMultimodal(keys)) {
+        mixIntoChain(hi, lo, JSON.stringify(keys.filter((k) => Array.isArray(k))), this.root);
+        hi = this.root[0];
+        lo = this.root[1];
+      }
+      hashTokenBlocksFrom(hi, lo, e.tokenIds.slice(i * e.blockSize, (i + 1) * e.blockSize), e.blockSize, one);
+      out.hi[i] = hi = one.hi[0];
+      out.lo[i] = lo = one.lo[0];
     }
+    out.length = n;
+    out.tokensPerBlock = e.blockSize;
+  }
+
+  /**
+   * An offload copy (no token ids): each hash names the last GPU block it holds; the offload
+   * block spans `blockSize / gpu block size` GPU blocks ending there.
+   */
+  private applyOffloadCopies(workerId: string, e: BlockStoredEvent, gpu: boolean, counts: ApplyCounts): void {
+    const map = this.mapFor(workerId);
+    const gpuBlockSize = this.blockSizeOf(workerId);
+    const span = e.blockSize % gpuBlockSize === 0 ? e.blockSize / gpuBlockSize : 1;
+    if (!gpu) this.offloadSpans.set(`${workerId}\u0000${e.medium}`, span);
+    const seq = this.scratchSeq(e.blockHashes.length * span);
     let n = 0;
     for (const h of e.blockHashes) {
-      const b = map.get(h);
+      let b = map.get(h);
+      if (!b && this.hashMode === 'vllm') {
+        engineHashKey(h, this.key);
+        map.set(h, (b = { hi: this.key[0], lo: this.key[1], gpu: 0, offload: 0, parent: null }));
+      }
       if (!b) {
-        counts.unknownRemovals++;
+        skip(counts, 'unknown_offload');
         continue;
       }
-      seq.hi[n] = b.hi;
-      seq.lo[n] = b.lo;
-      n++;
-      b.tiers &= e.medium === null ? 0 : ~tier;
-      if (b.tiers === 0) map.delete(h);
+      let cur: OwnBlock | undefined = b;
+      let curHash: EngineBlockHash | null = h;
+      for (let k = 0; k < span && cur && curHash !== null; k++) {
+        if (gpu) cur.gpu++;
+        else if (cur.offload++ > 0) counts.duplicateCopies++;
+        seq.hi[n] = cur.hi;
+        seq.lo[n] = cur.lo;
+        n++;
+        curHash = cur.parent;
+        cur = curHash === null ? undefined : map.get(curHash);
+      }
     }
     seq.length = n;
-    if (n > 0) this.router.applyRemoved(workerId, seq, e.medium === null ? undefined : tier === GPU ? 'gpu' : 'offload');
-    counts.removedBlocks += n;
+    if (n > 0) this.router.applyStored(workerId, seq, gpu ? 'gpu' : 'offload');
+    counts.offloadBlocks += n;
   }
+
+  private scratchSeq(n: number): { hi: Uint32Array; lo: Uint32Array; length: number } {
+    const seq = this.one;
+    if (seq.hi.length < n) {
+      seq.hi = new Uint32Array(n);
+      seq.lo = new Uint32Array(n);
+    }
+    seq.length = 0;
+    return seq;
+  }
+}
+
+/** The adapter keying a store: its lora_name, or (releases before lora_name) its lora_id. */
+function loraOf(e: BlockStoredEvent): string | null {
+  return e.loraName ?? (e.loraId !== null ? `#${e.loraId}` : null);
+}
+
+/**
+ * The cache salt of a prompt's first block, read from its extra_keys: vLLM lists the LoRA
+ * name first, then multimodal (identifier, offset) pairs, then the salt, then prompt-embedding
+ * digests (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys).
+ */
+function saltOf(e: BlockStoredEvent): string | null {
+  const keys = e.extraKeys?.[0];
+  if (!keys) return null;
+  let i = 0;
+  if (e.loraName !== null && keys[0] === e.loraName) i = 1;
+  for (; i < keys.length; i++) if (typeof keys[i] === 'string') return keys[i] as string;
+  return null;
+}
+
+function hasMultimodal(keys: ExtraKeys): boolean {
+  return keys !== null && keys.some((k) => Array.isArray(k));
 }

@@ -10,16 +10,29 @@ import { decode as msgpackDecode } from '@msgpack/msgpack';
  */
 export type EngineBlockHash = bigint | string;
 
+/**
+ * What keyed a block besides its tokens, one entry per block (null: nothing): vLLM's
+ * `extra_keys` (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys) — the LoRA
+ * name, multimodal (identifier, offset) pairs, the cache salt on a prompt's first block,
+ * prompt-embedding digests. Strings, numbers, nested arrays; bytes as {bytes: hex}.
+ */
+export type ExtraKeys = ReadonlyArray<unknown> | null;
+
 export interface BlockStoredEvent {
   type: 'BlockStored';
   blockHashes: EngineBlockHash[];
   parentBlockHash: EngineBlockHash | null;
+  /** Empty for the offloading connector's copies (medium "CPU"): the block is known by hash. */
   tokenIds: number[];
   blockSize: number;
   loraId: number | null;
   medium: string | null;
   loraName: string | null;
   groupIdx: number | null;
+  extraKeys?: ExtraKeys[] | null;
+  /** The KV group's kind: "full_attention", "sliding_window", "mamba", … (null: not sent). */
+  kvCacheSpecKind?: string | null;
+  kvCacheSpecSlidingWindow?: number | null;
 }
 
 export interface BlockRemovedEvent {
@@ -35,15 +48,30 @@ export interface AllBlocksClearedEvent {
 
 export type KvEvent = BlockStoredEvent | BlockRemovedEvent | AllBlocksClearedEvent;
 
+/** Why an event of a batch was skipped (a label of the skip counters in /metrics). */
+export type DecodeSkipReason = 'unknown_type' | 'bad_field' | 'token_count' | 'bigram_tokens' | 'too_large';
+
+export interface SkippedEvent {
+  /** Position of the event in the batch. */
+  index: number;
+  reason: DecodeSkipReason;
+  message: string;
+}
+
 export interface KvEventBatch {
   ts: number;
   events: KvEvent[];
   dataParallelRank: number | null;
+  /** Events that could not be decoded; the others of the batch still apply. */
+  skipped?: SkippedEvent[];
 }
 
-/** A payload that is not a valid vLLM event batch; the message is skipped, nothing applied. */
+/** A payload that is not a valid event batch at all; the message is skipped, nothing applied. */
 export class KvEventFormatError extends Error {
-  constructor(message: string) {
+  constructor(
+    message: string,
+    readonly reason: DecodeSkipReason = 'bad_field',
+  ) {
     super(message);
     this.name = 'KvEventFormatError';
   }
@@ -52,11 +80,18 @@ export class KvEventFormatError extends Error {
 /** Upper bounds that keep a hostile or corrupt payload from exhausting memory. */
 export const KV_EVENT_LIMITS = { maxPayloadBytes: 64 * 1024 * 1024, maxEvents: 1_000_000, maxBlocksPerEvent: 1_000_000 };
 
+// Field order of vLLM's structs (vllm/distributed/kv_events.py), which array-like releases
+// encode positionally. Older releases send a prefix of these; newer ones may append fields
+// this router does not know, which are ignored (as msgspec readers ignore them).
 const STORED_FIELDS = ['block_hashes', 'parent_block_hash', 'token_ids', 'block_size', 'lora_id', 'medium', 'lora_name', 'extra_keys', 'group_idx', 'kv_cache_spec_kind', 'kv_cache_spec_sliding_window'] as const;
 const REMOVED_FIELDS = ['block_hashes', 'medium', 'group_idx'] as const;
 
+/**
+ * Decodes one batch. A payload that is not a batch throws a KvEventFormatError; an event that
+ * cannot be read is left out and listed in `skipped`, and the rest of the batch still applies.
+ */
 export function decodeEventBatch(payload: Uint8Array): KvEventBatch {
-  if (payload.byteLength > KV_EVENT_LIMITS.maxPayloadBytes) throw new KvEventFormatError(`payload of ${payload.byteLength} bytes is over the limit`);
+  if (payload.byteLength > KV_EVENT_LIMITS.maxPayloadBytes) throw new KvEventFormatError(`payload of ${payload.byteLength} bytes is over the limit`, 'too_large');
   let raw: unknown;
   try {
     raw = msgpackDecode(payload, { useBigInt64: true, maxArrayLength: KV_EVENT_LIMITS.maxEvents, maxMapLength: 64, maxStrLength: 1 << 20, maxBinLength: 1 << 20 });
@@ -67,7 +102,8 @@ export function decodeEventBatch(payload: Uint8Array): KvEventBatch {
   let events: unknown;
   let rank: unknown = null;
   if (Array.isArray(raw)) {
-    if (raw.length < 2 || raw.length > 3) throw new KvEventFormatError(`batch array must have 2 or 3 elements, got ${raw.length}`);
+    if (raw.length < 2) throw new KvEventFormatError(`batch array must have at least 2 elements (ts, events), got ${raw.length}`);
+    // [ts, events] or [ts, events, data_parallel_rank]; later fields are ignored
     [ts, events, rank = null] = raw;
   } else if (isMap(raw)) {
     ts = raw.ts;
@@ -79,11 +115,23 @@ export function decodeEventBatch(payload: Uint8Array): KvEventBatch {
   const tsNumber = typeof ts === 'bigint' ? Number(ts) : ts;
   if (typeof tsNumber !== 'number' || !Number.isFinite(tsNumber)) throw new KvEventFormatError('batch ts must be a number');
   if (!Array.isArray(events)) throw new KvEventFormatError('batch events must be an array');
-  return {
-    ts: tsNumber,
-    events: events.map((e, i) => decodeEvent(e, i)),
-    dataParallelRank: rank === null ? null : toInt(rank, 'data_parallel_rank'),
-  };
+  return decodeEvents(tsNumber, events, rank === null ? null : toInt(rank, 'data_parallel_rank'));
+}
+
+function decodeEvents(ts: number, events: unknown[], dataParallelRank: number | null): KvEventBatch {
+  const out: KvEvent[] = [];
+  let skipped: SkippedEvent[] | undefined;
+  for (let i = 0; i < events.length; i++) {
+    try {
+      out.push(decodeEvent(events[i], i));
+    } catch (err) {
+      if (!(err instanceof KvEventFormatError)) throw err;
+      (skipped ??= []).push({ index: i, reason: err.reason, message: err.message });
+    }
+  }
+  const batch: KvEventBatch = { ts, events: out, dataParallelRank };
+  if (skipped) batch.skipped = skipped;
+  return batch;
 }
 
 function decodeEvent(e: unknown, i: number): KvEvent {
@@ -92,10 +140,9 @@ function decodeEvent(e: unknown, i: number): KvEvent {
   if (Array.isArray(e)) {
     type = e[0];
     if (type !== 'BlockStored' && type !== 'BlockRemoved' && type !== 'AllBlocksCleared') {
-      throw new KvEventFormatError(`events[${i}]: unknown event type ${JSON.stringify(type)}`);
+      throw new KvEventFormatError(`events[${i}]: unknown event type ${JSON.stringify(type)}`, 'unknown_type');
     }
     const names = type === 'BlockStored' ? STORED_FIELDS : type === 'BlockRemoved' ? REMOVED_FIELDS : [];
-    if (e.length - 1 > names.length) throw new KvEventFormatError(`events[${i}]: ${String(type)} has ${e.length - 1} fields, at most ${names.length}`);
     fields = {};
     names.forEach((name, k) => (fields[name] = e[k + 1] ?? null));
   } else if (isMap(e)) {
@@ -109,17 +156,33 @@ function decodeEvent(e: unknown, i: number): KvEvent {
     case 'BlockStored': {
       const blockHashes = hashList(fields.block_hashes, `${at}.block_hashes`);
       const tokenIds = fields.token_ids;
-      if (!Array.isArray(tokenIds) || tokenIds.length > KV_EVENT_LIMITS.maxBlocksPerEvent * 1024) throw new KvEventFormatError(`${at}.token_ids must be an array`);
-      const tokens = tokenIds.map((t, k) => {
+      if (!Array.isArray(tokenIds)) throw new KvEventFormatError(`${at}.token_ids must be an array`);
+      if (tokenIds.length > KV_EVENT_LIMITS.maxBlocksPerEvent * 64) throw new KvEventFormatError(`${at}.token_ids has ${tokenIds.length} ids, over the limit`, 'too_large');
+      const tokens = new Array<number>(tokenIds.length);
+      for (let k = 0; k < tokenIds.length; k++) {
+        const t = tokenIds[k];
         const n = typeof t === 'bigint' ? Number(t) : t;
-        if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > 0xffffffff) throw new KvEventFormatError(`${at}.token_ids[${k}] must be a uint32`);
-        return n;
-      });
+        if (typeof n === 'number' && Number.isInteger(n) && n >= 0 && n <= 0xffffffff) {
+          tokens[k] = n;
+          continue;
+        }
+        // SGLang with EAGLE speculative decoding sends (token, next token) pairs
+        if (Array.isArray(t)) throw new KvEventFormatError(`${at}.token_ids[${k}] is a token pair (SGLang bigram keys), which this router does not index`, 'bigram_tokens');
+        throw new KvEventFormatError(`${at}.token_ids[${k}] must be a uint32`);
+      }
       const blockSize = toInt(fields.block_size, `${at}.block_size`);
       if (blockSize < 1) throw new KvEventFormatError(`${at}.block_size must be >= 1`);
-      if (tokens.length !== blockHashes.length * blockSize) {
-        throw new KvEventFormatError(`${at}: ${tokens.length} token ids for ${blockHashes.length} blocks of ${blockSize}`);
+      const kind = optionalString(fields.kv_cache_spec_kind, `${at}.kv_cache_spec_kind`);
+      const groupIdx = optionalInt(fields.group_idx, `${at}.group_idx`);
+      // token_ids covers every block (empty for an offloaded copy). A sliding-window or Mamba
+      // group leaves its null blocks out of block_hashes while token_ids spans the range, so
+      // only a full-attention (or unlabelled first) group must match exactly.
+      const fullAttention = kind === null ? groupIdx === null || groupIdx === 0 : kind === 'full_attention';
+      if (tokens.length !== 0 && tokens.length !== blockHashes.length * blockSize && fullAttention) {
+        throw new KvEventFormatError(`${at}: ${tokens.length} token ids for ${blockHashes.length} blocks of ${blockSize}`, 'token_count');
       }
+      const extraKeys = extraKeyList(fields.extra_keys, `${at}.extra_keys`);
+      if (extraKeys !== null && extraKeys.length !== blockHashes.length) throw new KvEventFormatError(`${at}.extra_keys has ${extraKeys.length} entries for ${blockHashes.length} blocks`);
       return {
         type,
         blockHashes,
@@ -129,7 +192,10 @@ function decodeEvent(e: unknown, i: number): KvEvent {
         loraId: optionalInt(fields.lora_id, `${at}.lora_id`),
         medium: optionalString(fields.medium, `${at}.medium`),
         loraName: optionalString(fields.lora_name, `${at}.lora_name`),
-        groupIdx: optionalInt(fields.group_idx, `${at}.group_idx`),
+        extraKeys,
+        groupIdx,
+        kvCacheSpecKind: kind,
+        kvCacheSpecSlidingWindow: optionalInt(fields.kv_cache_spec_sliding_window, `${at}.kv_cache_spec_sliding_window`),
       };
     }
     case 'BlockRemoved':
@@ -142,8 +208,26 @@ function decodeEvent(e: unknown, i: number): KvEvent {
     case 'AllBlocksCleared':
       return { type };
     default:
-      throw new KvEventFormatError(`events[${i}]: unknown event type ${JSON.stringify(type)}`);
+      throw new KvEventFormatError(`events[${i}]: unknown event type ${JSON.stringify(type)}`, 'unknown_type');
   }
+}
+
+function extraKeyList(v: unknown, at: string): ExtraKeys[] | null {
+  if (v === null || v === undefined) return null;
+  if (!Array.isArray(v)) throw new KvEventFormatError(`${at} must be an array`);
+  return v.map((k, i) => {
+    if (k === null || k === undefined) return null;
+    if (!Array.isArray(k)) throw new KvEventFormatError(`${at}[${i}] must be an array or null`);
+    return k.map(plainKey);
+  });
+}
+
+/** An extra key as plain data: bytes become {bytes: hex} (never mistaken for a salt string), safe integers numbers. */
+function plainKey(v: unknown): unknown {
+  if (v instanceof Uint8Array) return { bytes: Buffer.from(v).toString('hex') };
+  if (typeof v === 'bigint') return Number.isSafeInteger(Number(v)) ? Number(v) : v.toString();
+  if (Array.isArray(v)) return v.map(plainKey);
+  return v;
 }
 
 function isMap(v: unknown): v is Record<string, unknown> {
@@ -204,5 +288,5 @@ export function decodeJsonEvents(events: unknown): KvEventBatch {
     if (m.parent_block_hash !== undefined && m.parent_block_hash !== null) m.parent_block_hash = toHash(m.parent_block_hash, `events[${i}].parent_block_hash`);
     return m;
   });
-  return { ts: Date.now() / 1000, events: converted.map((e, i) => decodeEvent(e, i)), dataParallelRank: null };
+  return decodeEvents(Date.now() / 1000, converted, null);
 }

@@ -2,9 +2,11 @@ import { encode } from '@msgpack/msgpack';
 import type { KvEvent, KvEventBatch } from './decode.js';
 
 /**
- * Encodes a batch the way vLLM does: msgspec structs as maps (newer releases) or positional
- * arrays (older ones), events tagged by "type", fields at their default omitted. Hashes are
- * written as uint64 (BigInt) or bytes (hex strings in, bin out).
+ * Encodes a batch the way vLLM's msgspec structs do (vllm/distributed/kv_events.py): events
+ * tagged by "type"; as maps (current releases: fields left at their default, None, are
+ * omitted; fields without a default always written) or as positional arrays (older releases,
+ * array_like: msgspec writes every field, trailing defaults included). Hashes are written as
+ * uint64 (BigInt) or bytes (hex strings in, bin out).
  */
 export function encodeEventBatch(batch: KvEventBatch, encoding: 'map' | 'array' = 'map'): Uint8Array {
   const events = batch.events.map((e) => encodeEvent(e, encoding));
@@ -21,27 +23,34 @@ function hash(h: bigint | string): bigint | Uint8Array {
   return typeof h === 'bigint' ? h : Uint8Array.from(Buffer.from(h, 'hex'));
 }
 
+/** [name, value, has a default] in declaration order. */
+type Field = [string, unknown, boolean];
+
 function encodeEvent(e: KvEvent, encoding: 'map' | 'array'): unknown {
   if (e.type === 'AllBlocksCleared') return encoding === 'array' ? ['AllBlocksCleared'] : { type: 'AllBlocksCleared' };
   if (e.type === 'BlockRemoved') {
-    const fields: Array<[string, unknown]> = [['block_hashes', e.blockHashes.map(hash)], ['medium', e.medium]];
-    if (e.groupIdx !== null) fields.push(['group_idx', e.groupIdx]);
-    return shape('BlockRemoved', fields, encoding);
+    return shape('BlockRemoved', [['block_hashes', e.blockHashes.map(hash), false], ['medium', e.medium, false], ['group_idx', e.groupIdx, true]], encoding);
   }
-  const fields: Array<[string, unknown]> = [
-    ['block_hashes', e.blockHashes.map(hash)],
-    ['parent_block_hash', e.parentBlockHash === null ? null : hash(e.parentBlockHash)],
-    ['token_ids', e.tokenIds],
-    ['block_size', e.blockSize],
-    ['lora_id', e.loraId],
-    ['medium', e.medium],
-    ['lora_name', e.loraName],
-  ];
-  if (e.groupIdx !== null) fields.push(['extra_keys', null], ['group_idx', e.groupIdx]);
-  return shape('BlockStored', fields, encoding);
+  return shape(
+    'BlockStored',
+    [
+      ['block_hashes', e.blockHashes.map(hash), false],
+      ['parent_block_hash', e.parentBlockHash === null ? null : hash(e.parentBlockHash), false],
+      ['token_ids', e.tokenIds, false],
+      ['block_size', e.blockSize, false],
+      ['lora_id', e.loraId, false],
+      ['medium', e.medium, false],
+      ['lora_name', e.loraName, false],
+      ['extra_keys', e.extraKeys ?? null, true],
+      ['group_idx', e.groupIdx, true],
+      ['kv_cache_spec_kind', e.kvCacheSpecKind ?? null, true],
+      ['kv_cache_spec_sliding_window', e.kvCacheSpecSlidingWindow ?? null, true],
+    ],
+    encoding,
+  );
 }
 
-function shape(type: string, fields: Array<[string, unknown]>, encoding: 'map' | 'array'): unknown {
+function shape(type: string, fields: Field[], encoding: 'map' | 'array'): unknown {
   if (encoding === 'array') return [type, ...fields.map(([, v]) => v)];
-  return Object.fromEntries([['type', type], ...fields.filter(([k, v]) => !(k === 'extra_keys' && v === null))]);
+  return Object.fromEntries([['type', type], ...fields.filter(([, v, hasDefault]) => !(hasDefault && v === null)).map(([k, v]) => [k, v])]);
 }

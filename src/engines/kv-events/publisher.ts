@@ -23,14 +23,21 @@ const END_SEQ = Buffer.from([0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
 export class KvEventPublisher {
   private readonly pub = new Publisher({ sendHighWaterMark: 100_000, linger: 0 });
   private replay: Router | undefined;
-  private readonly buffer: Array<{ seq: bigint; payload: Uint8Array }> = [];
+  /** The replay buffer: a ring of the last `bufferSize` batches (vLLM: a deque with maxlen). */
+  private readonly ring: Array<{ seq: bigint; payload: Uint8Array } | undefined>;
+  private ringStart = 0;
+  private ringCount = 0;
   private nextSeq = 0n;
   private dropCount = 0;
   private closed = false;
   endpoint = '';
   replayEndpoint = '';
 
-  constructor(private readonly options: KvEventPublisherOptions) {}
+  constructor(private readonly options: KvEventPublisherOptions) {
+    const size = options.bufferSize ?? 10_000;
+    if (!Number.isInteger(size) || size < 1) throw new RangeError(`bufferSize must be a positive integer, got ${options.bufferSize}`);
+    this.ring = new Array(size);
+  }
 
   async start(): Promise<this> {
     await this.pub.bind(this.options.endpoint);
@@ -48,8 +55,12 @@ export class KvEventPublisher {
   async publish(batch: KvEventBatch): Promise<bigint> {
     const payload = encodeEventBatch(batch, this.options.encoding ?? 'map');
     const seq = this.nextSeq++;
-    this.buffer.push({ seq, payload });
-    if (this.buffer.length > (this.options.bufferSize ?? 10_000)) this.buffer.shift();
+    const cap = this.ring.length;
+    if (this.ringCount < cap) this.ring[(this.ringStart + this.ringCount++) % cap] = { seq, payload };
+    else {
+      this.ring[this.ringStart] = { seq, payload };
+      this.ringStart = (this.ringStart + 1) % cap;
+    }
     if (this.dropCount > 0) {
       this.dropCount--; // lost on the wire (tests): buffered for replay, never sent
       return seq;
@@ -83,7 +94,10 @@ export class KvEventPublisher {
         const [id, , start] = frames;
         if (start.length !== 8) continue;
         const from = start.readBigUInt64BE();
-        for (const b of this.buffer) {
+        const cap = this.ring.length;
+        // a snapshot: batches published while this replay is sent are not in it
+        const batches = Array.from({ length: this.ringCount }, (_, i) => this.ring[(this.ringStart + i) % cap]!);
+        for (const b of batches) {
           if (b.seq < from) continue;
           const seqBytes = Buffer.alloc(8);
           seqBytes.writeBigUInt64BE(b.seq);

@@ -12,12 +12,18 @@ import { decodeEventBatch, KvEventFormatError, type KvEventBatch } from './decod
  * - a sequence number going back to 0 means the engine restarted with an empty cache: its
  *   entries are dropped;
  * - joining a stream late (first seq > 0) replays from 0 where possible, to learn what the
- *   engine already holds;
+ *   engine already holds; the engine's buffer (vLLM's buffer_steps batches) may no longer
+ *   start at 0, so a replay is accepted from its oldest batch (`lateJoins`): stores whose
+ *   parents were in the dropped part are orphans (counted; `--block-hash vllm` applies them);
+ * - a replay that itself has a gap (the buffer moved on) drops the worker's entries and
+ *   rebuilds from the oldest batch it has, rather than asking again for what is gone;
  * - losing the connection makes the engine's state unknown (it may have died): its entries
  *   are dropped, and on reconnection rebuilt from the replay buffer;
  * - a quiet stream is polled through the replay endpoint every `idleReplayMs`, so the last
  *   batches before a silence are not lost for good (PUB/SUB drops silently).
- * A malformed message is counted and skipped; it never clears or corrupts the index.
+ * A malformed message is counted and skipped; it never clears or corrupts the index. An
+ * event of a batch that cannot be read or applied is skipped and counted per reason
+ * (`applied.skipped`); the rest of its batch applies.
  * Reconnection is libzmq's, with exponential backoff up to `reconnectMaxMs`.
  */
 export interface KvEventSubscriberOptions {
@@ -45,6 +51,8 @@ export interface SubscriberStats {
   disconnects: number;
   malformed: number;
   unknownRanks: number;
+  /** Replays accepted from the oldest batch the engine still buffered (joined late). */
+  lateJoins: number;
   lastSeq: number | null;
   /** now − the last batch's timestamp, in seconds (engine and router clocks assumed synced). */
   lagSeconds: number;
@@ -64,7 +72,7 @@ export class KvEventSubscriber {
   private lastMessageAt = Date.now();
   private idleTimer: NodeJS.Timeout | undefined;
   readonly stats: SubscriberStats = {
-    batches: 0, events: 0, gaps: 0, replays: 0, replayFailures: 0, restarts: 0, disconnects: 0, malformed: 0, unknownRanks: 0,
+    batches: 0, events: 0, gaps: 0, replays: 0, replayFailures: 0, restarts: 0, disconnects: 0, malformed: 0, unknownRanks: 0, lateJoins: 0,
     lastSeq: null, lagSeconds: 0, applied: emptyCounts(),
   };
 
@@ -201,6 +209,11 @@ export class KvEventSubscriber {
       }
       worker = w;
     }
+    if (batch.skipped) {
+      const skipped = this.stats.applied.skipped;
+      for (const s of batch.skipped) skipped[s.reason] = (skipped[s.reason] ?? 0) + 1;
+      this.log(`batch ${seq}: skipped ${batch.skipped.length} event(s): ${batch.skipped[0].message}`);
+    }
     try {
       this.options.applier.apply(worker, batch, this.stats.applied);
     } catch (err) {
@@ -232,13 +245,26 @@ export class KvEventSubscriber {
         const seq = frames[1].readBigInt64BE();
         if (seq === -1n) break;
         if (seq < next) continue;
-        if (seq > next) throw new Error(`replay starts at ${seq}, not ${next}: the engine's buffer no longer has them`);
+        if (seq > next) {
+          // the engine's buffer no longer has batches from `next` on: take what it has, from
+          // its oldest batch. With no state yet (joining late) nothing is lost but the older
+          // stores; with state, the entries are rebuilt from here.
+          if (this.lastSeq !== null && this.lastSeq >= from - 1n && next === from) {
+            this.log(`replay starts at ${seq}, not ${next}: events ${next}..${seq - 1n} are gone; entries dropped and rebuilt from the engine's oldest buffered batch`);
+            this.dropWorkerEntries();
+          } else if (next === from) {
+            this.log(`replay starts at ${seq}, not ${next}: joined late, applying from the engine's oldest buffered batch`);
+          } else {
+            throw new Error(`replay skipped from ${next} to ${seq}`);
+          }
+          this.stats.lateJoins++;
+        }
         this.applyPayload(seq, frames[2]);
         this.replayedThrough = seq;
         next = seq + 1n;
       }
       this.stats.replays++;
-      return next > until || this.lastSeq === null || this.lastSeq >= until - 1n;
+      return next > from || next > until || this.lastSeq === null || this.lastSeq >= until - 1n;
     } catch (err) {
       this.stats.replayFailures++;
       this.log(`replay from ${from} failed: ${(err as Error).message}`);

@@ -1,8 +1,12 @@
 /**
- * Reads an engine's load from its Prometheus text (/metrics). Names are vLLM's and SGLang's
- * (DESIGN.md §8): requests running and waiting, and KV-cache usage as a 0-1 fraction (older
- * vLLM: gpu_cache_usage_perc; SGLang: token_usage). Series with labels (model_name, engine)
- * are summed per name, except usage, which is averaged.
+ * Reads an engine's load from its Prometheus text (/metrics). Names are the current ones of
+ * vLLM (vllm/v1/metrics/loggers.py) and SGLang (python/sglang/srt/metrics/collector.py,
+ * served with --enable-metrics), each followed by the deprecated name it replaced, read only
+ * when the current one is absent: requests running and waiting, KV-cache usage as a 0-1
+ * fraction (vllm:kv_cache_usage_perc, formerly vllm:gpu_cache_usage_perc; SGLang:
+ * token_usage), prefix-cache queries and hits (vllm:prefix_cache_*, formerly
+ * vllm:gpu_prefix_cache_*). Series with labels (model_name, engine) are summed per name,
+ * except usage, which is averaged.
  */
 export interface EngineLoad {
   running: number;
@@ -18,13 +22,17 @@ export interface EngineLoad {
 const RUNNING = ['vllm:num_requests_running', 'sglang:num_running_reqs'];
 const WAITING = ['vllm:num_requests_waiting', 'sglang:num_queue_reqs'];
 const USAGE = ['vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc', 'sglang:token_usage'];
-const QUERIES = ['vllm:prefix_cache_queries_total', 'vllm:prefix_cache_queries'];
-const HITS = ['vllm:prefix_cache_hits_total', 'vllm:prefix_cache_hits'];
+const QUERIES = ['vllm:prefix_cache_queries_total', 'vllm:prefix_cache_queries', 'vllm:gpu_prefix_cache_queries_total', 'vllm:gpu_prefix_cache_queries'];
+const HITS = ['vllm:prefix_cache_hits_total', 'vllm:prefix_cache_hits', 'vllm:gpu_prefix_cache_hits_total', 'vllm:gpu_prefix_cache_hits'];
 
 export class MetricsFormatError extends Error {}
 
-/** Parses exposition text into name → values (comments and malformed lines skipped). */
-export function parsePrometheusText(text: string): Map<string, number[]> {
+/**
+ * Parses exposition text into name → values (comments and malformed lines skipped). With
+ * `engine`, series labelled with another `engine` are left out: vLLM with data-parallel
+ * ranks exports one series per rank (engine="r") on its one /metrics page.
+ */
+export function parsePrometheusText(text: string, engine?: string): Map<string, number[]> {
   const series = new Map<string, number[]>();
   for (const raw of text.split('\n')) {
     const line = raw.trim();
@@ -38,6 +46,10 @@ export function parsePrometheusText(text: string): Map<string, number[]> {
     if (rest.startsWith('{')) {
       const close = findLabelsEnd(rest);
       if (close < 0) continue;
+      if (engine !== undefined) {
+        const m = /(?:^|[{,])\s*engine="([^"]*)"/.exec(rest.slice(0, close + 1));
+        if (m && m[1] !== engine) continue;
+      }
       rest = rest.slice(close + 1);
     }
     const value = Number(rest.trim().split(/\s+/)[0]);
@@ -71,9 +83,12 @@ function first(series: Map<string, number[]>, names: readonly string[], reduce: 
   return undefined;
 }
 
-/** The engine load in a /metrics page; throws MetricsFormatError when none of the names is there. */
-export function readEngineLoad(text: string): EngineLoad {
-  const s = parsePrometheusText(text);
+/**
+ * The engine load in a /metrics page (of one data-parallel rank when `engine` is given);
+ * throws MetricsFormatError when none of the names is there.
+ */
+export function readEngineLoad(text: string, engine?: string): EngineLoad {
+  const s = parsePrometheusText(text, engine);
   const running = first(s, RUNNING, 'sum');
   const waiting = first(s, WAITING, 'sum');
   const usage = first(s, USAGE, 'mean');

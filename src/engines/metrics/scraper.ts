@@ -12,6 +12,8 @@ import { readEngineLoad, type EngineLoad } from './prometheus.js';
 export interface MetricsTarget {
   workerId: string;
   url: string;
+  /** The data-parallel rank whose series to read (vLLM's `engine` label); default: all, summed. */
+  engine?: string;
 }
 
 export interface ScraperOptions {
@@ -87,7 +89,7 @@ export class MetricsScraper {
     try {
       const res = await fetch(t.url, { signal: AbortSignal.timeout(this.timeoutMs) });
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
-      const load = readEngineLoad(await res.text());
+      const load = readEngineLoad(await res.text(), t.engine);
       if (this.states.get(t.workerId) !== s) return; // removed while scraping
       s.lastLoad = load;
       this.router.updateWorkerMetrics(t.workerId, { kvUsage: load.kvUsage, waitingRequests: load.waiting, runningRequests: load.running, kvCapacityTokens: load.kvCapacityTokens });

@@ -1,0 +1,87 @@
+import type { RouteRequest } from '../core/router/index.js';
+import type { ChatTemplateRequest } from '../engines/chat-tokenizer.js';
+import type { SubscriberStats } from '../engines/kv-events/subscriber.js';
+
+/**
+ * How the gateway maps the ways engines are deployed onto router workers:
+ *
+ * - Data-parallel ranks. vLLM with `--data-parallel-size K` serves one HTTP endpoint in
+ *   front of K engine cores, each with its own KV cache; rank r publishes its KV events on
+ *   the configured port + r (vllm/distributed/kv_events.py offset_endpoint_port) and takes
+ *   the requests whose `X-data-parallel-rank` header names it. A worker with `dp-size=K` is
+ *   K router workers, one per rank, `ID` for rank 0's stream when K is 1 and `ID#r`
+ *   otherwise; the router picks a (worker, rank) and the gateway sets the header.
+ * - LoRA adapters. vLLM lists each adapter in /v1/models with `parent` = the base model
+ *   (vllm/entrypoints/openai/serving_models.py show_available_models); a request naming an
+ *   adapter is hashed under the adapter's name, as vLLM keys that adapter's blocks.
+ */
+export const DP_RANK_HEADER = 'x-data-parallel-rank';
+
+/** The router worker id of a rank of a gateway worker. */
+export function rankWorkerId(workerId: string, rank: number, dpSize: number): string {
+  return dpSize > 1 ? `${workerId}#${rank}` : workerId;
+}
+
+/** A rank's endpoint: the port + rank, as vLLM offsets its publishers'. */
+export function rankEndpoint(endpoint: string, rank: number): string {
+  if (rank === 0) return endpoint;
+  const m = /^(tcp:\/\/.+):(\d+)$/.exec(endpoint);
+  if (!m) throw new RangeError(`endpoint '${endpoint}' must be tcp://host:port to have a port per data-parallel rank`);
+  const port = Number(m[2]) + rank;
+  if (port > 65535) throw new RangeError(`endpoint '${endpoint}': rank ${rank}'s port ${port} is over 65535`);
+  return `${m[1]}:${port}`;
+}
+
+/** Adapters (name → base model) from a /v1/models answer: the entries with a parent. */
+export function adaptersFromModels(list: unknown): Map<string, string> {
+  const out = new Map<string, string>();
+  const data = (list as { data?: unknown } | null)?.data;
+  if (!Array.isArray(data)) return out;
+  for (const m of data) {
+    const id = (m as { id?: unknown })?.id;
+    const parent = (m as { parent?: unknown })?.parent;
+    if (typeof id === 'string' && id !== '' && typeof parent === 'string' && parent !== '' && parent !== id) out.set(id, parent);
+  }
+  return out;
+}
+
+/**
+ * The body of a vLLM /tokenize request giving the same prompt tokens as the request: the
+ * model, and for a chat everything that shapes the rendered prompt (vLLM's TokenizeChatRequest
+ * fields), so the ids match what the engine will compute for the request itself.
+ */
+export function tokenizeBody(body: Record<string, unknown>, r: RouteRequest): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  if (typeof body.model === 'string') out.model = body.model;
+  if (r.messages) {
+    out.messages = r.messages;
+    for (const k of ['tools', 'chat_template_kwargs', 'add_generation_prompt', 'continue_final_message', 'documents', 'chat_template'] as const) {
+      if (body[k] !== undefined) out[k] = body[k];
+    }
+  } else {
+    out.prompt = r.text;
+  }
+  return out;
+}
+
+/** The chat fields the in-process tokenizer needs, from a /v1/chat/completions body. */
+export function chatTemplateRequest(body: Record<string, unknown>): ChatTemplateRequest {
+  return {
+    messages: body.messages as unknown[],
+    tools: body.tools as unknown[] | undefined,
+    documents: body.documents as unknown[] | undefined,
+    chat_template_kwargs: body.chat_template_kwargs as Record<string, unknown> | undefined,
+    add_generation_prompt: body.add_generation_prompt as boolean | undefined,
+    continue_final_message: body.continue_final_message as boolean | undefined,
+  };
+}
+
+/** Skipped KV events per (worker, reason), summed over a worker's subscribers, for /metrics. */
+export function skippedEventCounts(subscribers: Iterable<[string, SubscriberStats]>): Array<{ worker: string; reason: string; count: number }> {
+  const out: Array<{ worker: string; reason: string; count: number }> = [];
+  for (const [worker, stats] of subscribers) {
+    for (const [reason, count] of Object.entries(stats.applied.skipped)) out.push({ worker, reason, count });
+    if (stats.malformed > 0) out.push({ worker, reason: 'malformed_batch', count: stats.malformed });
+  }
+  return out;
+}
