@@ -225,7 +225,7 @@ describe('tenants', () => {
     // credentials in a worker URL go out as Basic authorization (HTTP clients refuse them in URLs)
     const seen: Array<string | undefined> = [];
     const basic = await fakeEngine((req, res) => {
-      seen.push(req.headers.authorization);
+      if (req.url === '/v1/completions') seen.push(req.headers.authorization);
       req.resume();
       req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{"choices":[]}'));
     });
