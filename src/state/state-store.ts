@@ -14,6 +14,8 @@ export interface WorkerRecord {
   replay?: string;
   /** Prometheus endpoint for load metrics (default `{url}/metrics`). */
   metrics?: string;
+  /** The environment variable holding the engine's API key (each replica reads its own). */
+  apiKeyEnv?: string;
   /** Data-parallel ranks behind the URL (vLLM --data-parallel-size); rank r's events on the events port + r. */
   dpSize?: number;
   /** Tokens per KV block on this engine (default: the router's --block-size). */

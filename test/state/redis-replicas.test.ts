@@ -17,6 +17,7 @@ import { MemoryStateStore, type StateStore } from '../../src/state/state-store.j
 // .ci/run starts when nothing answers there) for the fleet test, and one this test starts
 // and stops itself for the outage test. Nothing is mocked; under CI nothing is skipped.
 const REDIS_URL = process.env.CONTEXTFORGE_TEST_REDIS ?? 'redis://127.0.0.1:6379';
+const ADMIN_TOKEN = 'replica-test-admin-token';
 const cleanup: Array<() => Promise<void>> = [];
 after(async () => {
   for (const c of cleanup.reverse()) await c().catch(() => {});
@@ -52,7 +53,7 @@ async function startFleet(replicas: number, store: () => StateStore, engineCount
     const gw = await createGateway({
       router: new KVAwareRouter({ blockSize: 16 }),
       workers: engines.map((e, i) => ({ id: `engine-${i}`, url: `http://127.0.0.1:${e.port}` })),
-      state: s, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
+      state: s, metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: ADMIN_TOKEN,
     });
     gateways.push(gw);
     stores.push(s);
@@ -131,7 +132,7 @@ test('in-flight work counted by one replica is seen by the others', async () => 
   const controllers = [0, 1, 2].map(() => new AbortController());
   const responses = await Promise.all(controllers.map((c) => fetch(`${fleet.bases[0]}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body, signal: c.signal })));
   const busy = responses[0].headers.get('x-contextforge-worker')!;
-  const workersOf = async (base: string) => ((await (await fetch(`${base}/admin/workers`)).json()) as { workers: Array<{ id: string; inFlightRequests: number }> }).workers;
+  const workersOf = async (base: string) => ((await (await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })).json()) as { workers: Array<{ id: string; inFlightRequests: number }> }).workers;
   for (let i = 0; i < 200 && (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests < 3; i++) await sleep(20);
   assert.equal((await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests, 3, "replica B counts replica A's requests");
   for (const c of controllers) c.abort();

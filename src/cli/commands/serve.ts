@@ -1,5 +1,7 @@
 import cluster from 'node:cluster';
 import { readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { parse as parseYaml } from 'yaml';
 import { POLICY_NAMES, resolveCostWeights, type CostWeights, type PolicyOptions } from '../../core/policies/index.js';
@@ -13,10 +15,15 @@ import { ClusterRelay, ClusterStateStore, type ClusterMessage } from '../../stat
 import { createStateStore } from '../../state/create-state-store.js';
 import type { StateStore } from '../../state/state-store.js';
 import { intOption, specFields } from '../options.js';
+import { checkApiKeyEnv, checkHttpUrl, checkWorkerId } from '../../server/worker-input.js';
+import { DEFAULT_REQUEST_LIMITS } from '../../server/request-limits.js';
+import { DEFAULT_TIMEOUTS } from '../../server/timeouts.js';
+import { resolveAdminToken } from '../../server/admin-auth.js';
+import { loadApiKeysFile } from '../../server/api-keys.js';
 
-const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla', 'dp-size', 'block-size'] as const;
+const WORKER_KEYS = ['id', 'url', 'events', 'replay', 'metrics', 'models', 'cla', 'dp-size', 'block-size', 'api-key-env'] as const;
 
-/** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N] */
+/** A --worker SPEC: id=ID,url=BASE_URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N][,api-key-env=VAR] */
 export function parseWorkerSpec(spec: string): GatewayWorker {
   return workerFrom(specFields('--worker', spec, WORKER_KEYS), `--worker '${spec}'`);
 }
@@ -43,7 +50,10 @@ function workerFrom(fields: Record<string, unknown>, where: string): GatewayWork
   const id = str('id');
   const url = str('url');
   if (!id || !url) throw new RangeError(`${where}: id and url are required`);
-  if (!/^https?:\/\//.test(url)) throw new RangeError(`${where}: url must start with http:// or https://`);
+  checkWorkerId(id, `${where}: id`);
+  checkHttpUrl(url, `${where}: url`);
+  const apiKeyEnv = str('api-key-env');
+  if (apiKeyEnv !== undefined) checkApiKeyEnv(apiKeyEnv, `${where}: api-key-env`);
   const claGroups = list('cla')?.map((g) => {
     const n = Number(g);
     if (g === '' || !Number.isInteger(n) || n < 0) throw new RangeError(`${where}: cla group '${g}' is not a non-negative integer`);
@@ -67,6 +77,7 @@ function workerFrom(fields: Record<string, unknown>, where: string): GatewayWork
   const out: GatewayWorker = { id, url, claGroups, models, events, replay, metrics: str('metrics') };
   if (dpSize !== undefined) out.dpSize = dpSize;
   if (blockSize !== undefined) out.blockSize = blockSize;
+  if (apiKeyEnv !== undefined) out.apiKeyEnv = apiKeyEnv;
   return out;
 }
 
@@ -78,6 +89,7 @@ function workerFrom(fields: Record<string, unknown>, where: string): GatewayWork
  */
 export interface Setting {
   key: string;
+  /** The flag's argument; '' for a switch (on when given; environment and file: true/false, 1/0). */
   arg: string;
   help: string;
   parse: (value: string) => unknown;
@@ -112,6 +124,11 @@ const threads = (v: string) => {
   const n = intOption('--tokenizer-threads', 0)(v);
   if (n > 256) throw new InvalidArgumentError(`--tokenizer-threads must be <= 256, got ${n}`);
   return n;
+};
+const bool = (flag: string) => (v: string) => {
+  if (/^(true|1|yes|on)$/i.test(v)) return true;
+  if (/^(false|0|no|off)$/i.test(v)) return false;
+  throw new InvalidArgumentError(`${flag} must be true or false, got '${v}'`);
 };
 const state = (v: string) => {
   if (v !== 'memory' && !/^redis:\/\/[^/\s]+(\/\d+)?$/.test(v)) throw new InvalidArgumentError(`--state must be memory or redis://HOST:PORT[/DB], got '${v}'`);
@@ -160,12 +177,23 @@ export const SERVE_SETTINGS: readonly Setting[] = [
   { key: 'tokenizer-threads', arg: '<n>', help: 'worker threads tokenizing for --tokenize tokenizer (0: on the event loop; default: cores per process, less one, at least 1)', parse: threads },
   { key: 'processes', arg: '<n>', help: 'gateway processes sharing the port and routing as one router (state memory: shared through the primary process; redis: through Redis)', parse: processes, default: 1 },
   { key: 'chat-template', arg: '<file>', help: "a Jinja chat template replacing the tokenizer config's", parse: text('--chat-template') },
-  { key: 'admin-token', arg: '<token>', help: 'bearer token for /admin (without it: loopback clients only)', parse: text('--admin-token') },
+  { key: 'admin-token', arg: '<token>', help: 'bearer token for /admin and /v1/route (prefer CONTEXTFORGE_ADMIN_TOKEN or --admin-token-file: flags show in the process list)', parse: text('--admin-token') },
+  { key: 'admin-token-file', arg: '<file>', help: 'file holding the admin token; created with a random token (mode 0600) when absent', parse: text('--admin-token-file') },
+  { key: 'public-route-api', arg: '', help: '/v1/route without the admin token (it reveals what is cached)', parse: bool('--public-route-api'), default: false },
+  { key: 'api-keys-file', arg: '<file>', help: 'YAML mapping of client API key to tenant; requests then need a key, and tenants never share KV', parse: text('--api-keys-file') },
+  { key: 'cached-tokens-header', arg: '', help: 'add x-contextforge-cached-tokens to responses (it reveals what is cached)', parse: bool('--cached-tokens-header'), default: false },
+  { key: 'max-id-bytes', arg: '<n>', help: 'longest workflow id, agent role, anchor id and cache_salt (UTF-8 bytes)', parse: intOption('--max-id-bytes', 1), default: DEFAULT_REQUEST_LIMITS.maxIdBytes },
+  { key: 'max-anchors', arg: '<n>', help: 'most content anchors per request', parse: intOption('--max-anchors', 1), default: DEFAULT_REQUEST_LIMITS.maxAnchors },
+  { key: 'max-json-depth', arg: '<n>', help: 'deepest nesting of a JSON body', parse: intOption('--max-json-depth', 1), default: DEFAULT_REQUEST_LIMITS.maxJsonDepth },
+  { key: 'headers-timeout-ms', arg: '<ms>', help: "time for a client to send a request's headers", parse: intOption('--headers-timeout-ms', 1), default: DEFAULT_TIMEOUTS.headersTimeoutMs },
+  { key: 'request-timeout-ms', arg: '<ms>', help: 'time for a client to send a whole request (headers and body)', parse: intOption('--request-timeout-ms', 1), default: DEFAULT_TIMEOUTS.requestTimeoutMs },
+  { key: 'connection-timeout-ms', arg: '<ms>', help: 'a client connection idle this long is closed', parse: intOption('--connection-timeout-ms', 1), default: DEFAULT_TIMEOUTS.connectionTimeoutMs },
+  { key: 'first-byte-timeout-ms', arg: '<ms>', help: "wait for an engine's first byte beyond its expected queue time, then retry elsewhere", parse: intOption('--first-byte-timeout-ms', 1), default: DEFAULT_TIMEOUTS.firstByteTimeoutMs },
   { key: 'state', arg: '<store>', help: 'shared state: memory (this replica only) or redis://HOST:PORT[/DB] (replicas share it)', parse: state, default: 'memory' },
   { key: 'state-prefix', arg: '<prefix>', help: 'prefix of the shared state\'s Redis keys (one per fleet)', parse: text('--state-prefix'), default: 'contextforge:' },
   { key: 'body-limit', arg: '<bytes>', help: 'largest request body', parse: intOption('--body-limit', 1024), default: 16 * 1024 * 1024 },
   { key: 'max-retries', arg: '<n>', help: 'retries on other workers before the first byte', parse: intOption('--max-retries', 0), default: 2 },
-  { key: 'upstream-timeout-ms', arg: '<ms>', help: 'timeout for engine headers and body gaps', parse: intOption('--upstream-timeout-ms', 1), default: 300_000 },
+  { key: 'upstream-timeout-ms', arg: '<ms>', help: 'longest gap between two chunks of an engine answer (after the first byte)', parse: intOption('--upstream-timeout-ms', 1), default: DEFAULT_TIMEOUTS.interChunkTimeoutMs },
   { key: 'metrics-interval-ms', arg: '<ms>', help: 'load-metrics scrape interval (0: off)', parse: intOption('--metrics-interval-ms', 0), default: 1000 },
   { key: 'health-interval-ms', arg: '<ms>', help: 'active health-check interval, GET /health (0: off)', parse: intOption('--health-interval-ms', 0), default: 2000 },
   { key: 'breaker-failures', arg: '<n>', help: 'consecutive failures that open a worker\'s circuit', parse: intOption('--breaker-failures', 1), default: 3 },
@@ -190,6 +218,17 @@ export interface ServeConfig {
   processes: number;
   chatTemplate?: string;
   adminToken?: string;
+  adminTokenFile?: string;
+  publicRouteApi: boolean;
+  apiKeysFile?: string;
+  cachedTokensHeader: boolean;
+  maxIdBytes: number;
+  maxAnchors: number;
+  maxJsonDepth: number;
+  headersTimeoutMs: number;
+  requestTimeoutMs: number;
+  connectionTimeoutMs: number;
+  firstByteTimeoutMs: number;
   state: string;
   statePrefix: string;
   bodyLimit: number;
@@ -245,6 +284,13 @@ export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = proces
       } catch (err) {
         throw new RangeError(`--config ${configFile}: ${s.key}: ${(err as Error).message}`);
       }
+    } else if (s.arg === '' && source === 'env') {
+      // commander turns a set variable into true: read its value instead
+      try {
+        out[name] = s.parse(env[envName(s.key)] ?? '');
+      } catch (err) {
+        throw new RangeError(`${envName(s.key)}: ${(err as Error).message}`);
+      }
     } else out[name] = values[name];
   }
   let workers: GatewayWorker[];
@@ -281,12 +327,12 @@ export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = proces
 export function addSettingOptions(cmd: Command, settings: readonly Setting[]): void {
   cmd.addOption(new Option('--config <file>', 'router.yaml: every setting below by its flag name, plus workers').env(envName('config')));
   for (const s of settings) {
-    const o = new Option(`--${s.key} ${s.arg}`, s.help).env(envName(s.key)).argParser(s.parse);
+    const o = s.arg === '' ? new Option(`--${s.key}`, s.help).env(envName(s.key)) : new Option(`--${s.key} ${s.arg}`, s.help).env(envName(s.key)).argParser(s.parse);
     cmd.addOption(s.default === undefined ? o : o.default(s.default));
   }
   cmd.option(
     '--worker <spec>',
-    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
+    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N][,api-key-env=VAR] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
     (v: string, all: string[]) => [...all, v],
     [] as string[],
   );
@@ -334,13 +380,23 @@ export async function startGateway(config: ServeConfig & Partial<PickerConfig>, 
     policy: c.policy, costWeights: c.costWeights, policyOptions: c.policyOptions, blockSize: c.blockSize, indexMode: precise ? 'precise' : 'approximate',
     blockHash: c.blockHash, pythonHashSeed: c.pythonHashSeed,
   });
+  // the admin token: configured (flag, CONTEXTFORGE_ADMIN_TOKEN, config), else the token file,
+  // else a random one written to a private default file the operator can read
+  const admin = resolveAdminToken({ token: c.adminToken, tokenFile: c.adminTokenFile ?? defaultAdminTokenFile() });
+  if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
+  else if (admin.origin === 'file') log(`admin token read from ${admin.file}`);
+  const apiKeys = c.apiKeysFile ? loadApiKeysFile(c.apiKeysFile) : undefined;
+  if (apiKeys) log(`client API keys: ${apiKeys.size} (requests without one get 401)`);
   // several processes share what they learn: through the primary, or through Redis
   const state: StateStore = worker && c.state === 'memory'
     ? new ClusterStateStore({ replicaId: String(worker.id), channel: processChannel() })
     : createStateStore(c.state, { prefix: c.statePrefix });
   const gateway = await createGateway({
     state,
-    router, workers: c.workers, adminToken: c.adminToken, tokenize: c.tokenize, promptTokenizer, kvEvents: eventsUsable,
+    router, workers: c.workers, adminToken: admin.token, tokenize: c.tokenize, promptTokenizer, kvEvents: eventsUsable,
+    publicRouteApi: c.publicRouteApi, apiKeys, cachedTokensHeader: c.cachedTokensHeader,
+    limits: { maxIdBytes: c.maxIdBytes, maxAnchors: c.maxAnchors, maxJsonDepth: c.maxJsonDepth },
+    timeouts: { headersTimeoutMs: c.headersTimeoutMs, requestTimeoutMs: c.requestTimeoutMs, connectionTimeoutMs: c.connectionTimeoutMs, firstByteTimeoutMs: c.firstByteTimeoutMs, interChunkTimeoutMs: c.upstreamTimeoutMs },
     bodyLimit: c.bodyLimit, maxRetries: c.maxRetries, upstreamTimeoutMs: c.upstreamTimeoutMs,
     metricsIntervalMs: c.metricsIntervalMs, healthCheckIntervalMs: c.healthIntervalMs,
     breakerFailures: c.breakerFailures, breakerCooldownMs: c.breakerCooldownMs, log,
@@ -410,6 +466,10 @@ function processChannel() {
 async function runPrimary(c: ServeConfig): Promise<void> {
   const log = (m: string) => process.stderr.write(`${m}\n`);
   cluster.setupPrimary({ serialization: 'advanced' });
+  // one admin token for every process: resolved (or generated) here, inherited through the environment
+  const admin = resolveAdminToken({ token: c.adminToken, tokenFile: c.adminTokenFile ?? defaultAdminTokenFile() });
+  if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
+  process.env.CONTEXTFORGE_ADMIN_TOKEN = admin.token;
   const relay = c.state === 'memory' ? new ClusterRelay() : undefined;
   let stopping = false;
   const listening = new Set<number>();
@@ -463,6 +523,12 @@ async function stopWorkers(): Promise<void> {
     });
     w.process.kill('SIGTERM');
   })));
+}
+
+/** Where a generated admin token goes when no file is named: a per-user private directory. */
+function defaultAdminTokenFile(): string {
+  const uid = typeof process.getuid === 'function' ? process.getuid() : 'user';
+  return join(process.env.XDG_RUNTIME_DIR || tmpdir(), `contextforge-router-${uid}`, 'admin-token');
 }
 
 function readTemplate(file: string): string {
