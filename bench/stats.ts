@@ -1,10 +1,6 @@
 /** Small helpers shared by the benchmark programs (not part of the package). */
 
-export function percentile(sorted: Float64Array | number[], p: number): number {
-  if (sorted.length === 0) return NaN;
-  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
-  return sorted[i];
-}
+export { percentile } from '../src/sim/percentile.js';
 
 export function round(x: number, digits = 3): number {
   const f = 10 ** digits;
