@@ -6,13 +6,19 @@
  * entries), event application (BlockStored hashed from token ids, as the KV-event path does,
  * then BlockRemoved), and heap + ArrayBuffer bytes per index entry after a full GC.
  *
- *   npm run bench:core -- --json [--entries 1000000] [--requests 20000]
+ * The timed route phase runs --repeat times (default 5) on the same loaded index; the
+ * top-level figures are the medians of the runs, `repeat` has each figure's median, min and
+ * max. --profile [FILE] records a CPU profile of one further route phase (untimed) and
+ * writes it to FILE (default bench/results/core-route.cpuprofile).
+ *
+ *   npm run bench:core -- --json [--entries 1000000] [--requests 20000] [--repeat 5] [--profile [FILE]]
  */
 import { KVAwareRouter } from '../src/index.js';
 import { KvEventApplier } from '../src/engines/kv-events/applier.js';
 import type { KvEvent } from '../src/engines/kv-events/decode.js';
 import { createRng } from '../src/core/rng.js';
-import { intFlag, memoryAfterGc, parseFlags, percentile, round } from './stats.js';
+import { CpuProfiler, type HotFunction } from './profile.js';
+import { intFlag, memoryAfterGc, parseFlags, percentile, round, spread } from './stats.js';
 
 const flags = parseFlags(process.argv.slice(2));
 const WORKERS = 32;
@@ -21,6 +27,9 @@ const REQUEST_TOKENS = 8192;
 const TARGET_ENTRIES = intFlag(flags, 'entries', 1_000_000);
 const REQUESTS = intFlag(flags, 'requests', 20_000);
 const DOCS = intFlag(flags, 'docs', 3000);
+const REPEAT = Math.max(1, intFlag(flags, 'repeat', 5));
+const profileFlag = flags.get('profile');
+const PROFILE_FILE = profileFlag === undefined ? undefined : profileFlag === true ? 'bench/results/core-route.cpuprofile' : profileFlag;
 const rng = createRng(intFlag(flags, 'seed', 1));
 
 // Random prefix trees: each document extends a random earlier one from a random depth.
@@ -74,17 +83,40 @@ for (let i = 0; i < 10_000; i++) {
   now += 1;
   router.release(router.route({ tokens: requests[i % requests.length] }).ticket);
 }
-const samples = new Float64Array(REQUESTS);
-const tRoute0 = performance.now();
-for (let i = 0; i < REQUESTS; i++) {
-  now += 1; // 1 ms per decision: speculative entries (5 s TTL) expire as in production
-  const t0 = performance.now();
-  const r = router.route({ tokens: requests[i % requests.length] });
-  samples[i] = performance.now() - t0;
-  router.release(r.ticket);
+/** One timed route phase: REQUESTS decisions, each timed alone too. */
+function routePhase(): { decisionsPerSec: number; decisionsPerCpuSec: number; p50Us: number; p90Us: number; p99Us: number; maxUs: number } {
+  const samples = new Float64Array(REQUESTS);
+  const cpu0 = process.cpuUsage();
+  const tRoute0 = performance.now();
+  for (let i = 0; i < REQUESTS; i++) {
+    now += 1; // 1 ms per decision: speculative entries (5 s TTL) expire as in production
+    const t0 = performance.now();
+    const r = router.route({ tokens: requests[i % requests.length] });
+    samples[i] = performance.now() - t0;
+    router.release(r.ticket);
+  }
+  const routeMs = performance.now() - tRoute0;
+  const cpu = process.cpuUsage(cpu0);
+  samples.sort();
+  return {
+    decisionsPerSec: Math.round(REQUESTS / (routeMs / 1000)),
+    decisionsPerCpuSec: Math.round(REQUESTS / ((cpu.user + cpu.system) / 1e6)),
+    p50Us: round(percentile(samples, 50) * 1000, 2),
+    p90Us: round(percentile(samples, 90) * 1000, 2),
+    p99Us: round(percentile(samples, 99) * 1000, 2),
+    maxUs: round(samples[samples.length - 1] * 1000, 2),
+  };
 }
-const routeMs = performance.now() - tRoute0;
-samples.sort();
+const runs = Array.from({ length: REPEAT }, routePhase);
+const median = (pick: (r: (typeof runs)[number]) => number) => spread(runs.map(pick)).median;
+
+let hottest: HotFunction[] | undefined;
+if (PROFILE_FILE) {
+  const profiler = new CpuProfiler();
+  await profiler.start();
+  routePhase();
+  hottest = await profiler.stop(PROFILE_FILE);
+}
 
 // Event application in steady state: store a new prefix, remove an old one, both from token ids.
 const EVENT_BATCHES = 2000;
@@ -128,11 +160,13 @@ for (let i = 0; i < EVENT_BATCHES; i++) {
 }
 
 const result = {
-  routeDecisionsPerSec: Math.round(REQUESTS / (routeMs / 1000)),
-  routeP50Us: round(percentile(samples, 50) * 1000, 2),
-  routeP99Us: round(percentile(samples, 99) * 1000, 2),
-  routeP90Us: round(percentile(samples, 90) * 1000, 2),
-  routeMaxUs: round(samples[samples.length - 1] * 1000, 2),
+  routeDecisionsPerSec: median((r) => r.decisionsPerSec),
+  // decisions per second of this process's CPU time: what a core sustains, whatever else runs
+  routeDecisionsPerCpuSec: median((r) => r.decisionsPerCpuSec),
+  routeP50Us: median((r) => r.p50Us),
+  routeP99Us: median((r) => r.p99Us),
+  routeP90Us: median((r) => r.p90Us),
+  routeMaxUs: median((r) => r.maxUs),
   eventsPerSec: Math.round(eventBlocks / (eventMs / 1000)),
   kvEventPathEventsPerSec: Math.round(pathBlocks / (pathMs / 1000)),
   bytesPerIndexEntry: round((after - before) / entries, 1),
@@ -144,6 +178,7 @@ const result = {
     indexBlocks: blocksAfterLoad,
     documents: DOCS,
     requests: REQUESTS,
+    routeRuns: REPEAT,
     policy: 'cost',
     indexMode: 'precise',
     loadEventsPerSec: Math.round(storedBlocks / (loadMs / 1000)),
@@ -152,6 +187,14 @@ const result = {
     bytesCountedAs: 'heapUsed + arrayBuffers after full GC, router and index only, after the load phase',
     node: process.version,
   },
+  repeat: {
+    runs: REPEAT,
+    routeDecisionsPerSec: spread(runs.map((r) => r.decisionsPerSec)),
+    routeDecisionsPerCpuSec: spread(runs.map((r) => r.decisionsPerCpuSec)),
+    routeP50Us: spread(runs.map((r) => r.p50Us)),
+    routeP99Us: spread(runs.map((r) => r.p99Us)),
+  },
+  ...(PROFILE_FILE ? { profile: { file: PROFILE_FILE, hottest } } : {}),
 };
 if (flags.has('json')) process.stdout.write(`${JSON.stringify(result)}\n`);
 else console.log(result);

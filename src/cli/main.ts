@@ -2,6 +2,7 @@
 import { Command } from 'commander';
 import { readFileSync } from 'node:fs';
 import { registerDemoCommand } from './commands/demo.js';
+import { registerEppCommand } from './commands/epp.js';
 import { registerLiveDemoCommand } from './commands/live-demo.js';
 import { registerMockEngineCommand } from './commands/mock-engine.js';
 import { registerServeCommand } from './commands/serve.js';
@@ -15,6 +16,7 @@ const program = new Command()
   .description('KV-cache-aware request router for LLM inference clusters')
   .version(pkg.version);
 registerDemoCommand(program);
+registerEppCommand(program);
 registerLiveDemoCommand(program);
 registerMockEngineCommand(program);
 registerServeCommand(program);

@@ -29,3 +29,19 @@ export function fractionOption(flag: string): (value: string) => number {
     return n;
   };
 }
+
+/**
+ * The fields of a `key=value,key=value` spec (the value of --worker or --discover): a part
+ * without `=` or an unknown key is refused with a message naming the flag and the key.
+ */
+export function specFields(flag: string, spec: string, keys: readonly string[]): Record<string, string> {
+  const fields: Record<string, string> = {};
+  for (const part of spec.split(',')) {
+    const eq = part.indexOf('=');
+    if (eq <= 0) throw new RangeError(`${flag} '${spec}': '${part}' is not key=value`);
+    const key = part.slice(0, eq).trim();
+    if (!keys.includes(key)) throw new RangeError(`${flag} '${spec}': unknown key '${key}' (known: ${keys.join(', ')})`);
+    fields[key] = part.slice(eq + 1).trim();
+  }
+  return fields;
+}

@@ -3,9 +3,16 @@
  *
  * Layout, chosen for the route path's cost and for memory (README "Performance"):
  * - Blocks live in a node arena of typed arrays, addressed by a stable node id. A node holds
- *   the 64-bit key (two uint32) and, per tier, a bitmask of the worker slots holding it:
- *   `gpu`, `offload` (CPU or disk, vLLM's `medium`), and `predicted` (the router's own
- *   records: approximate mode, and precise mode's short-lived speculative entries).
+ *   the 64-bit key (two adjacent uint32) and, per tier, a bitmask of the worker slots holding
+ *   it: `gpu`, `offload` (CPU or disk, vLLM's `medium`), and `predicted` (the router's own
+ *   records: approximate mode, and precise mode's short-lived speculative entries). A node's
+ *   masks are stored word-major (for each 32-slot word, its rows side by side), so the walk
+ *   reads one cache line per node for the word it still needs.
+ * - Lookups (overlaps) walk the request's blocks with the set of slots still matching and
+ *   stop when it is empty. Only mask words with a matching slot are read, and once a single
+ *   slot remains the walk tests that slot's bit alone: past the first few blocks the cost per
+ *   block does not depend on the number of workers. Depths stay exact for every slot (the
+ *   policies weigh them against load), so the walk is not cut short at one candidate.
  * - An open-addressing hash table (linear probing, backward-shift deletion) maps keys to
  *   node ids. No JS Map, no boxed numbers, no per-block objects.
  * - Per worker a reverse list of the node ids it stores (GPU, offload), so removing a worker
@@ -110,14 +117,17 @@ export class BlockIndex {
   private capacity: number;
   private words = 1;
   private stride = ROWS; // words * ROWS
-  private keyHi: Uint32Array;
-  private keyLo: Uint32Array;
+  private keys: Uint32Array; // per node: low half, high half (one cache line for both)
   private masks: Uint32Array;
   private ref: Uint8Array; // 0 cold, 1 referenced, 2 free
   private mark: Uint32Array; // compaction epoch, to dedupe reverse lists
   private highWater = 0; // nodes [0, highWater) have been used at least once
-  private freeList: Int32Array;
+  /** Free nodes, one bit each. Allocation takes the lowest free node at or after the cursor's
+   * word, so a chain stored in one batch gets ascending ids wherever freed nodes lie together
+   * (evicted chains free runs of nodes), and walks find the next block next door. */
+  private freeBits: Uint32Array;
   private freeCount = 0;
+  private freeCursor = 0;
   private liveNodes = 0;
 
   // hash table: node ids, EMPTY when vacant
@@ -142,7 +152,8 @@ export class BlockIndex {
   private sweepPos = 0;
 
   private walkNodes = new Int32Array(1024);
-  private activeScratch = new Int32Array(4);
+  private activeBits = new Int32Array(4);
+  private activeWords = new Int32Array(4);
   private walkLength = 0;
 
   private totalEntries = 0;
@@ -157,12 +168,11 @@ export class BlockIndex {
     if (!(this.predictedTtlMs > 0)) throw new RangeError(`predictedTtlMs must be > 0, got ${this.predictedTtlMs}`);
     this.generationMs = this.predictedTtlMs / (LIVE_GENERATIONS - 1);
     this.capacity = Math.max(64, options.initialCapacity ?? 1024);
-    this.keyHi = new Uint32Array(this.capacity);
-    this.keyLo = new Uint32Array(this.capacity);
+    this.keys = new Uint32Array(this.capacity * 2);
     this.masks = new Uint32Array(this.capacity * this.stride);
     this.ref = new Uint8Array(this.capacity);
     this.mark = new Uint32Array(this.capacity);
-    this.freeList = new Int32Array(this.capacity);
+    this.freeBits = new Uint32Array((this.capacity + 31) >>> 5);
     const tableSize = nextPow2(this.capacity * 2);
     this.table = new Int32Array(tableSize).fill(EMPTY);
     this.tableMask = tableSize - 1;
@@ -232,13 +242,12 @@ export class BlockIndex {
 
   private dropWorkerFromNode(node: number, slot: number): void {
     if (this.ref[node] === FREE) return;
-    const base = node * this.stride + (slot >>> 5);
+    const base = node * this.stride + (slot >>> 5) * ROWS;
     const bit = 1 << (slot & 31);
     let had = 0;
     for (let r = 0; r < ROWS; r++) {
-      const idx = base + r * this.words;
-      had |= this.masks[idx] & bit;
-      this.masks[idx] &= ~bit;
+      had |= this.masks[base + r] & bit;
+      this.masks[base + r] &= ~bit;
     }
     if (had !== 0) {
       this.entriesOf[slot]--;
@@ -263,10 +272,10 @@ export class BlockIndex {
       const h = hi[i] >>> 0;
       const l = lo[i] >>> 0;
       node = this.locate(i, h, l, node);
-      const base = node * this.stride + w;
+      const base = node * this.stride + w * ROWS;
       // a block the engine reported storing needs no prediction; one predicted in this
       // generation already is up to date
-      if ((this.masks[base] | this.masks[base + this.words] | this.masks[base + row * this.words]) & bit) continue;
+      if ((this.masks[base + ROW_GPU] | this.masks[base + ROW_OFFLOAD] | this.masks[base + row]) & bit) continue;
       // the first predicted bit of this generation on a node puts it on the expiry list
       if (this.rowIsZero(node, row)) this.pushGenerationNode(g, node);
       this.setBit(node, row, slot);
@@ -381,6 +390,7 @@ export class BlockIndex {
       const predOnly = next & pred & ~gpu & ~off;
       if (predOnly !== 0) countBits(predOnly, 0, out.predictedBlocks);
       active = next;
+      if ((active & (active - 1)) === 0) return this.walkOneSlot(hi, lo, n, i + 1, node, 31 - Math.clz32(active), out);
     }
     if (i > 0) this.finishSlots(active, 0, i, out);
     out.maxBlocks = i;
@@ -388,15 +398,29 @@ export class BlockIndex {
     return out;
   }
 
+  /**
+   * More than 32 slots. Only the words that still have a matching slot are read: their list
+   * shrinks as slots drop out, so once a prefix narrows to the few workers that hold it, the
+   * cost per block no longer grows with the number of workers.
+   */
   private overlapsWide(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, out: OverlapResult): OverlapResult {
     const words = this.words;
+    const stride = this.stride;
     const walk = this.walkFor(n);
-    const p0 = this.liveRows[0] * words;
-    const p1 = this.liveRows[1] * words;
-    const p2 = this.liveRows[2] * words;
-    if (this.activeScratch.length < words) this.activeScratch = new Int32Array(words);
-    const active = this.activeScratch;
-    active.fill(-1, 0, words);
+    const p0 = this.liveRows[0];
+    const p1 = this.liveRows[1];
+    const p2 = this.liveRows[2];
+    if (this.activeBits.length < words) {
+      this.activeBits = new Int32Array(words);
+      this.activeWords = new Int32Array(words);
+    }
+    const bits = this.activeBits; // per word: the slots still matching
+    const list = this.activeWords; // the words whose bits are not 0
+    for (let w = 0; w < words; w++) {
+      bits[w] = -1;
+      list[w] = w;
+    }
+    let count = words;
     const masks = this.masks;
     let i = 0;
     let node = EMPTY;
@@ -405,32 +429,73 @@ export class BlockIndex {
       const l = lo[i] >>> 0;
       node = node === EMPTY ? this.find(h, l) : this.findNear(node, h, l);
       if (node === EMPTY) break;
-      const base = node * this.stride;
-      let any = 0;
-      for (let w = 0; w < words; w++) {
-        if (active[w] === 0) continue;
-        any |= active[w] & (masks[base + w] | masks[base + words + w] | masks[base + p0 + w] | masks[base + p1 + w] | masks[base + p2 + w]);
-      }
-      if (any === 0) break;
-      walk[i] = node;
-      this.ref[node] = 1;
-      for (let w = 0; w < words; w++) {
-        const current = active[w];
-        if (current === 0) continue;
-        const gpu = masks[base + w];
-        const off = masks[base + words + w];
-        const pred = masks[base + p0 + w] | masks[base + p1 + w] | masks[base + p2 + w];
+      const base = node * stride;
+      let kept = 0;
+      for (let k = 0; k < count; k++) {
+        const w = list[k];
+        const current = bits[w];
+        const b = base + w * ROWS;
+        const gpu = masks[b];
+        const off = masks[b + ROW_OFFLOAD];
+        const pred = masks[b + p0] | masks[b + p1] | masks[b + p2];
         const next = current & (gpu | off | pred);
-        // slots dropping out at depth 0 already read 0
+        // slots dropping out at depth 0 already read 0; later ones end at this depth, which
+        // is also where the walk ends if none is left
         if (next !== current && i > 0) this.finishSlots(current & ~next, w, i, out);
+        if (next === 0) continue;
         const offOnly = next & off & ~gpu;
         if (offOnly !== 0) countBits(offOnly, w, out.offloadBlocks);
         const predOnly = next & pred & ~gpu & ~off;
         if (predOnly !== 0) countBits(predOnly, w, out.predictedBlocks);
-        active[w] = next;
+        bits[w] = next;
+        list[kept++] = w;
+      }
+      count = kept;
+      if (count === 0) break;
+      walk[i] = node;
+      this.ref[node] = 1;
+      if (count === 1) {
+        const last = bits[list[0]];
+        if ((last & (last - 1)) === 0) return this.walkOneSlot(hi, lo, n, i + 1, node, (list[0] << 5) + (31 - Math.clz32(last)), out);
       }
     }
-    if (i > 0) for (let w = 0; w < words; w++) this.finishSlots(active[w], w, i, out);
+    if (i > 0) for (let k = 0; k < count; k++) this.finishSlots(bits[list[k]], list[k], i, out);
+    out.maxBlocks = i;
+    this.walkLength = i;
+    return out;
+  }
+
+  /**
+   * The rest of a walk once one slot alone still matches (from block i, after `node`): its
+   * depth and tiers stay exact, as the policies weigh them against load, but each block costs
+   * one word per row whatever the number of workers.
+   */
+  private walkOneSlot(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, i: number, node: number, slot: number, out: OverlapResult): OverlapResult {
+    const masks = this.masks;
+    const walk = this.walkNodes;
+    const stride = this.stride;
+    const offset = (slot >>> 5) * ROWS;
+    const bit = 1 << (slot & 31);
+    const p0 = this.liveRows[0];
+    const p1 = this.liveRows[1];
+    const p2 = this.liveRows[2];
+    let offloaded = 0;
+    let predicted = 0;
+    for (; i < n; i++) {
+      node = this.findNear(node, hi[i] >>> 0, lo[i] >>> 0);
+      if (node === EMPTY) break;
+      const b = node * stride + offset;
+      if ((masks[b] & bit) === 0) {
+        if ((masks[b + ROW_OFFLOAD] & bit) !== 0) offloaded++;
+        else if (((masks[b + p0] | masks[b + p1] | masks[b + p2]) & bit) !== 0) predicted++;
+        else break;
+      }
+      walk[i] = node;
+      this.ref[node] = 1;
+    }
+    out.blocks[slot] = i;
+    out.offloadBlocks[slot] += offloaded;
+    out.predictedBlocks[slot] += predicted;
     out.maxBlocks = i;
     this.walkLength = i;
     return out;
@@ -490,11 +555,11 @@ export class BlockIndex {
   holder(slot: number, hi: number, lo: number): 'gpu' | 'offload' | 'predicted' | null {
     const node = this.find(hi >>> 0, lo >>> 0);
     if (node === EMPTY || slot >= this.words * 32) return null;
-    const base = node * this.stride + (slot >>> 5);
+    const base = node * this.stride + (slot >>> 5) * ROWS;
     const bit = 1 << (slot & 31);
-    if (this.masks[base] & bit) return 'gpu';
-    if (this.masks[base + this.words] & bit) return 'offload';
-    for (const row of this.liveRows) if (this.masks[base + row * this.words] & bit) return 'predicted';
+    if (this.masks[base + ROW_GPU] & bit) return 'gpu';
+    if (this.masks[base + ROW_OFFLOAD] & bit) return 'offload';
+    for (const row of this.liveRows) if (this.masks[base + row] & bit) return 'predicted';
     return null;
   }
 
@@ -505,8 +570,8 @@ export class BlockIndex {
       if (n > 0) entriesPerWorker[slot] = n;
     });
     let bytes =
-      this.keyHi.byteLength + this.keyLo.byteLength + this.masks.byteLength + this.ref.byteLength +
-      this.mark.byteLength + this.freeList.byteLength + this.table.byteLength;
+      this.keys.byteLength + this.masks.byteLength + this.ref.byteLength +
+      this.mark.byteLength + this.freeBits.byteLength + this.table.byteLength;
     for (const r of this.reverse) if (r) bytes += r.byteLength;
     for (const g of this.generationNodes) bytes += g.byteLength;
     return {
@@ -534,18 +599,18 @@ export class BlockIndex {
 
   /** Whether the worker has any bit on the node (any tier). */
   private holds(node: number, w: number, bit: number): boolean {
-    const base = node * this.stride + w;
-    for (let r = 0; r < ROWS; r++) if (this.masks[base + r * this.words] & bit) return true;
+    const base = node * this.stride + w * ROWS;
+    for (let r = 0; r < ROWS; r++) if (this.masks[base + r] & bit) return true;
     return false;
   }
 
   private setBit(node: number, row: number, slot: number): void {
     const w = slot >>> 5;
     const bit = 1 << (slot & 31);
-    const idx = node * this.stride + row * this.words + w;
+    const base = node * this.stride + w * ROWS;
+    const idx = base + row;
     if (this.masks[idx] & bit) return;
-    const base = node * this.stride + w;
-    const hadStored = (this.masks[base] | this.masks[base + this.words]) & bit;
+    const hadStored = (this.masks[base + ROW_GPU] | this.masks[base + ROW_OFFLOAD]) & bit;
     const had = hadStored !== 0 || this.holds(node, w, bit);
     this.masks[idx] |= bit;
     if (!had) {
@@ -559,7 +624,7 @@ export class BlockIndex {
   private clearBit(node: number, row: number, slot: number): void {
     const w = slot >>> 5;
     const bit = 1 << (slot & 31);
-    const idx = node * this.stride + row * this.words + w;
+    const idx = node * this.stride + w * ROWS + row;
     if ((this.masks[idx] & bit) === 0) return;
     this.masks[idx] &= ~bit;
     if (!this.holds(node, w, bit)) {
@@ -569,17 +634,23 @@ export class BlockIndex {
   }
 
   private rowIsZero(node: number, row: number): boolean {
-    const base = node * this.stride + row * this.words;
-    for (let w = 0; w < this.words; w++) if (this.masks[base + w] !== 0) return false;
+    const base = node * this.stride + row;
+    for (let w = 0; w < this.words; w++) if (this.masks[base + w * ROWS] !== 0) return false;
     return true;
   }
 
   private freeIfEmpty(node: number): void {
     const base = node * this.stride;
     for (let i = 0; i < this.stride; i++) if (this.masks[base + i] !== 0) return;
+    this.freeNode(node);
+  }
+
+  /** Returns an empty node to the free list. */
+  private freeNode(node: number): void {
     this.removeFromTable(node);
     this.ref[node] = FREE;
-    this.freeList[this.freeCount++] = node;
+    this.freeBits[node >>> 5] |= 1 << (node & 31);
+    this.freeCount++;
     this.liveNodes--;
   }
 
@@ -611,8 +682,8 @@ export class BlockIndex {
     let k = 0;
     for (let i = 0; i < n; i++) {
       const node = list[i];
-      const base = node * this.stride + w;
-      const stored = (this.masks[base] | this.masks[base + this.words]) & bit;
+      const base = node * this.stride + w * ROWS;
+      const stored = (this.masks[base + ROW_GPU] | this.masks[base + ROW_OFFLOAD]) & bit;
       if (this.ref[node] === FREE || this.mark[node] === epoch || stored === 0) continue;
       this.mark[node] = epoch;
       list[k++] = node;
@@ -638,27 +709,32 @@ export class BlockIndex {
     const list = this.generationNodes[g];
     const n = Math.min(this.generationLength[g], to);
     const row = ROW_PREDICTED + g;
+    const masks = this.masks;
+    const stride = this.stride;
+    const words = this.words;
     for (let i = from; i < n; i++) {
       const node = list[i];
       if (this.ref[node] === FREE) continue;
-      const base = node * this.stride + row * this.words;
-      for (let w = 0; w < this.words; w++) {
-        let bits = this.masks[base + w];
-        if (bits === 0) continue;
-        this.masks[base + w] = 0;
+      let left = 0; // any bit left on the node, in any row
+      for (let w = 0; w < words; w++) {
+        const base = node * stride + w * ROWS;
+        let bits = masks[base + row];
+        masks[base + row] = 0;
+        let others = 0;
+        for (let r = 0; r < ROWS; r++) others |= masks[base + r];
+        left |= others;
         // entries still held through another row are not lost
+        bits &= ~others;
         while (bits !== 0) {
           const low = bits & -bits;
           bits ^= low;
-          if (!this.holds(node, w, low)) {
-            const slot = (w << 5) + (31 - Math.clz32(low));
-            this.entriesOf[slot]--;
-            this.totalEntries--;
-            this.expiredCount++;
-          }
+          const slot = (w << 5) + (31 - Math.clz32(low));
+          this.entriesOf[slot]--;
+          this.totalEntries--;
+          this.expiredCount++;
         }
       }
-      this.freeIfEmpty(node);
+      if (left === 0) this.freeNode(node);
     }
     if (to === Infinity) this.generationLength[g] = 0;
   }
@@ -687,7 +763,7 @@ export class BlockIndex {
     const base = node * this.stride;
     for (let w = 0; w < this.words; w++) {
       let bits = 0;
-      for (let r = 0; r < ROWS; r++) bits |= this.masks[base + r * this.words + w];
+      for (let r = 0; r < ROWS; r++) bits |= this.masks[base + w * ROWS + r];
       while (bits !== 0) {
         const low = bits & -bits;
         bits ^= low;
@@ -718,7 +794,7 @@ export class BlockIndex {
     for (;;) {
       const node = table[pos];
       if (node === EMPTY) return EMPTY;
-      if (this.keyLo[node] === lo && this.keyHi[node] === hi) return node;
+      if (this.keys[2 * node] === lo && this.keys[2 * node + 1] === hi) return node;
       pos = (pos + 1) & mask;
     }
   }
@@ -731,7 +807,7 @@ export class BlockIndex {
   private locate(i: number, h: number, l: number, previous: number): number {
     if (i < this.walkLength) {
       const node = this.walkNodes[i];
-      if (this.keyLo[node] === l && this.keyHi[node] === h && this.ref[node] !== FREE) {
+      if (this.keys[2 * node] === l && this.keys[2 * node + 1] === h && this.ref[node] !== FREE) {
         this.ref[node] = 1;
         return node;
       }
@@ -753,9 +829,9 @@ export class BlockIndex {
    */
   private adjacent(node: number, h: number, l: number): number {
     const up = node + 1;
-    if (up < this.highWater && this.keyLo[up] === l && this.keyHi[up] === h && this.ref[up] !== FREE) return up;
+    if (up < this.highWater && this.keys[2 * up] === l && this.keys[2 * up + 1] === h && this.ref[up] !== FREE) return up;
     const down = node - 1;
-    if (down >= 0 && this.keyLo[down] === l && this.keyHi[down] === h && this.ref[down] !== FREE) return down;
+    if (down >= 0 && this.keys[2 * down] === l && this.keys[2 * down + 1] === h && this.ref[down] !== FREE) return down;
     return EMPTY;
   }
 
@@ -773,15 +849,15 @@ export class BlockIndex {
     for (;;) {
       const found = table[pos];
       if (found === EMPTY) break;
-      if (this.keyLo[found] === lo && this.keyHi[found] === hi) {
+      if (this.keys[2 * found] === lo && this.keys[2 * found + 1] === hi) {
         this.ref[found] = 1;
         return found;
       }
       pos = (pos + 1) & mask;
     }
     const node = this.allocateNode();
-    this.keyHi[node] = hi;
-    this.keyLo[node] = lo;
+    this.keys[2 * node] = lo;
+    this.keys[2 * node + 1] = hi;
     this.ref[node] = 0; // new blocks start cold (see class comment)
     table[pos] = node;
     this.liveNodes++;
@@ -790,7 +866,7 @@ export class BlockIndex {
 
   private insertIntoTable(node: number): void {
     const mask = this.tableMask;
-    let pos = this.bucketOf(this.keyHi[node], this.keyLo[node]);
+    let pos = this.bucketOf(this.keys[2 * node + 1], this.keys[2 * node]);
     while (this.table[pos] !== EMPTY) pos = (pos + 1) & mask;
     this.table[pos] = node;
   }
@@ -798,7 +874,7 @@ export class BlockIndex {
   private removeFromTable(node: number): void {
     const table = this.table;
     const mask = this.tableMask;
-    let pos = this.bucketOf(this.keyHi[node], this.keyLo[node]);
+    let pos = this.bucketOf(this.keys[2 * node + 1], this.keys[2 * node]);
     while (table[pos] !== node) {
       if (table[pos] === EMPTY) return;
       pos = (pos + 1) & mask;
@@ -810,7 +886,7 @@ export class BlockIndex {
       j = (j + 1) & mask;
       const other = table[j];
       if (other === EMPTY) break;
-      const ideal = this.bucketOf(this.keyHi[other], this.keyLo[other]);
+      const ideal = this.bucketOf(this.keys[2 * other + 1], this.keys[2 * other]);
       // move `other` into the hole unless its ideal slot lies cyclically in (hole, j]
       const inRange = hole <= j ? ideal > hole && ideal <= j : ideal > hole || ideal <= j;
       if (!inRange) {
@@ -830,7 +906,17 @@ export class BlockIndex {
   }
 
   private allocateNode(): number {
-    if (this.freeCount > 0) return this.freeList[--this.freeCount];
+    if (this.freeCount > 0) {
+      const bits = this.freeBits;
+      const words = (this.highWater + 31) >>> 5;
+      let w = this.freeCursor < words ? this.freeCursor : 0;
+      while (bits[w] === 0) w = w + 1 < words ? w + 1 : 0;
+      const low = bits[w] & -bits[w];
+      bits[w] ^= low;
+      this.freeCursor = w;
+      this.freeCount--;
+      return (w << 5) + (31 - Math.clz32(low));
+    }
     if (this.highWater === this.capacity) this.growArena(this.capacity * 2);
     return this.highWater++;
   }
@@ -841,16 +927,15 @@ export class BlockIndex {
       b.set(a);
       return b;
     };
-    this.keyHi = grow32(this.keyHi, capacity);
-    this.keyLo = grow32(this.keyLo, capacity);
+    this.keys = grow32(this.keys, capacity * 2);
     this.masks = grow32(this.masks, capacity * this.stride);
     this.mark = grow32(this.mark, capacity);
     const ref = new Uint8Array(capacity);
     ref.set(this.ref);
     this.ref = ref;
-    const free = new Int32Array(capacity);
-    free.set(this.freeList);
-    this.freeList = free;
+    const free = new Uint32Array((capacity + 31) >>> 5);
+    free.set(this.freeBits);
+    this.freeBits = free;
     this.capacity = capacity;
   }
 
@@ -860,10 +945,9 @@ export class BlockIndex {
     const oldStride = this.stride;
     const stride = words * ROWS;
     const masks = new Uint32Array(this.capacity * stride);
+    // a node's words keep their offsets: the new words follow the old ones
     for (let node = 0; node < this.highWater; node++) {
-      for (let r = 0; r < ROWS; r++) {
-        for (let w = 0; w < oldWords; w++) masks[node * stride + r * words + w] = this.masks[node * oldStride + r * oldWords + w];
-      }
+      masks.set(this.masks.subarray(node * oldStride, node * oldStride + oldWords * ROWS), node * stride);
     }
     this.masks = masks;
     this.words = words;

@@ -10,6 +10,7 @@ export type HealthVerdictSource = 'health-check' | 'metrics' | 'breaker';
 
 export class WorkerHealth {
   private readonly down = new Map<string, Set<HealthVerdictSource>>();
+  private readonly listeners: Array<(workerId: string, available: boolean, detail: string) => void> = [];
 
   constructor(
     private readonly router: KVAwareRouter,
@@ -33,6 +34,12 @@ export class WorkerHealth {
       return; // the worker was removed meanwhile
     }
     this.log?.(`${workerId} is ${isUp ? 'back in rotation' : `out of rotation (${source}${detail ? `: ${detail}` : ''})`}`);
+    for (const listener of this.listeners) listener(workerId, isUp, detail);
+  }
+
+  /** Calls `listener` whenever a worker enters or leaves rotation (with the verdict's detail). */
+  onChange(listener: (workerId: string, available: boolean, detail: string) => void): void {
+    this.listeners.push(listener);
   }
 
   /** The sources currently holding the worker out (empty when it takes requests). */

@@ -49,6 +49,8 @@ export interface MockEngineOptions {
   hashSeed?: number;
   /** The model's tokenizer and chat template (default: a deterministic word-level tokenizer). */
   tokenizer?: PromptTokenizer;
+  /** Like vLLM's --api-key: /v1 requests need `Authorization: Bearer KEY` (401 otherwise). */
+  apiKey?: string;
   /** Engine cores (vLLM's --data-parallel-size), each its own KV cache and event port (default 1). */
   dataParallelSize?: number;
   /** LoRA adapters served beside the base model (vLLM's --lora-modules). */
@@ -232,6 +234,9 @@ export class MockEngine {
     try {
       const url = new URL(req.url ?? '/', 'http://mock');
       if (req.method === 'GET' && url.pathname === '/health') return void res.writeHead(200).end();
+      if (this.options.apiKey !== undefined && url.pathname.startsWith('/v1') && req.headers.authorization !== `Bearer ${this.options.apiKey}`) {
+        return json(res, 401, { error: 'Unauthorized' });
+      }
       if (req.method === 'GET' && url.pathname === '/v1/models') {
         return json(res, 200, this.modelList());
       }

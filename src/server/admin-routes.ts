@@ -1,15 +1,19 @@
 /**
  * The /admin API as a Fastify plugin: list, add, remove, drain and resume workers, router
  * stats, and KV events posted as JSON (for engines that cannot publish over ZeroMQ). Every
- * route needs the bearer token when one is set, else a loopback client.
+ * route needs the admin token, from a same-site `application/json` request (admin-auth.ts);
+ * being on loopback grants nothing.
  */
-import type { FastifyPluginAsync } from 'fastify';
+import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
 import type { KVAwareRouter } from '../core/router/index.js';
 import type { WorkerHealth } from '../engines/health.js';
 import type { KvEventApplier } from '../engines/kv-events/applier.js';
 import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decode.js';
 import type { StateStore, WorkerRecord } from '../state/state-store.js';
+import { adminRequestProblem, type AdminToken } from './admin-auth.js';
 import { openAiError } from './openai-request.js';
+import { clientMessage } from './request-limits.js';
+import { redactUrl } from './worker-input.js';
 import type { WorkerConnections } from './worker-connections.js';
 
 export interface AdminRoutesOptions {
@@ -18,8 +22,8 @@ export interface AdminRoutesOptions {
   health: WorkerHealth;
   state: StateStore;
   applier: KvEventApplier;
-  /** Bearer token for /admin; without one, /admin answers loopback clients only. */
-  adminToken?: string;
+  /** The admin bearer token. */
+  adminToken: AdminToken;
   /** Adds a worker here and in the shared state. */
   addWorker(w: WorkerRecord): void;
   /** Removes a worker here and from the shared state; false when unknown. */
@@ -28,18 +32,12 @@ export interface AdminRoutesOptions {
 
 export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin, options) => {
   const { router, connections, health, state, applier, addWorker, removeWorker } = options;
-  admin.addHook('onRequest', async (req, reply) => {
-    if (options.adminToken) {
-      if (req.headers.authorization !== `Bearer ${options.adminToken}`) return openAiError(reply, 401, 'admin endpoints need the bearer token');
-    } else if (!isLoopback(req.ip)) {
-      return openAiError(reply, 403, 'admin endpoints answer loopback clients only when no admin token is set');
-    }
-  });
+  admin.addHook('onRequest', requireAdmin(options.adminToken));
   admin.get('/admin/workers', async () => ({
     workers: router.listWorkers().map((w) => {
       const c = connections.get(w.id);
       return {
-        id: w.id, ...(c && c.rank !== null ? { worker: c.workerId, rank: c.rank } : {}), url: c?.base, healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
+        id: w.id, ...(c && c.rank !== null ? { worker: c.workerId, rank: c.rank } : {}), url: c ? redactUrl(c.record.url) : undefined, healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
         models: c?.record.models ?? null, kvEvents: c?.subscriber?.stats ?? null,
         inFlightRequests: w.inFlightRequests, waitingRequests: w.waitingRequests, runningRequests: w.runningRequests,
         indexEntries: router.index.entriesFor(w.slot), claGroups: [...w.claGroups],
@@ -48,12 +46,14 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
   }));
   admin.post('/admin/workers', async (req, reply) => {
     const b = req.body as Partial<WorkerRecord> | null;
-    if (!b || typeof b.id !== 'string' || b.id === '' || typeof b.url !== 'string') return openAiError(reply, 400, 'a worker needs a string id and url');
+    if (!b || typeof b !== 'object' || typeof b.id !== 'string' || b.id === '' || typeof b.url !== 'string') return openAiError(reply, 400, 'a worker needs a string id and url');
+    const unknown = Object.keys(b).find((k) => !WORKER_FIELDS.includes(k));
+    if (unknown !== undefined) return openAiError(reply, 400, `unknown field '${unknown.slice(0, 64)}' (known: ${WORKER_FIELDS.join(', ')})`, unknown.slice(0, 64));
     if (connections.has(b.id)) return openAiError(reply, 409, `worker '${b.id}' exists`);
     try {
-      addWorker({ id: b.id, url: b.url, claGroups: b.claGroups, models: b.models, events: b.events, replay: b.replay, metrics: b.metrics, dpSize: b.dpSize, blockSize: b.blockSize });
+      addWorker({ id: b.id, url: b.url, claGroups: b.claGroups, models: b.models, events: b.events, replay: b.replay, metrics: b.metrics, dpSize: b.dpSize, blockSize: b.blockSize, apiKeyEnv: b.apiKeyEnv });
     } catch (err) {
-      if (err instanceof RangeError || err instanceof TypeError) return openAiError(reply, 400, err.message);
+      if (err instanceof RangeError || err instanceof TypeError) return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'));
       throw err;
     }
     return reply.code(201).send({ id: b.id });
@@ -90,6 +90,13 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
   });
 };
 
-function isLoopback(ip: string): boolean {
-  return ip === '127.0.0.1' || ip === '::1' || ip === '::ffff:127.0.0.1' || ip.startsWith('127.');
+const WORKER_FIELDS = ['id', 'url', 'claGroups', 'models', 'events', 'replay', 'metrics', 'dpSize', 'blockSize', 'apiKeyEnv'];
+
+/** An onRequest hook for the admin endpoints (and /v1/route unless it is public). */
+export function requireAdmin(token: AdminToken) {
+  return async (req: FastifyRequest, reply: FastifyReply) => {
+    const problem = adminRequestProblem(req.method, req.headers);
+    if (problem) return openAiError(reply, problem.status, problem.message);
+    if (!token.matches(req.headers.authorization)) return openAiError(reply, 401, 'this endpoint needs the admin token (Authorization: Bearer TOKEN)');
+  };
 }

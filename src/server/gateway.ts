@@ -5,20 +5,30 @@
  * module composes the pieces (metrics, circuit breaker, worker connections, request reading,
  * proxy, admin routes) and serves the small read-only endpoints itself.
  */
-import Fastify, { type FastifyInstance } from 'fastify';
+import { createServer as createHttpServer } from 'node:http';
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { request as upstreamRequest } from 'undici';
 import type { Registry } from 'prom-client';
 import type { KVAwareRouter } from '../core/router/index.js';
 import { WorkerHealth } from '../engines/health.js';
 import { KvEventApplier } from '../engines/kv-events/applier.js';
 import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
+import type { AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
 import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/state-store.js';
-import { adminRoutes } from './admin-routes.js';
+import { AdminToken, generateToken } from './admin-auth.js';
+import { adminRoutes, requireAdmin } from './admin-routes.js';
+import type { ApiKeys } from './api-keys.js';
 import { CircuitBreaker } from './circuit-breaker.js';
 import { createGatewayMetrics, registerKvEventMetrics } from './metrics.js';
-import { createRequestReader, openAiError, useJsonBodies } from './openai-request.js';
-import { createProxyHandler, type ProxyDeps } from './proxy.js';
+import { createRequestParser, createRequestReader, openAiError, useJsonBodies, type RequestParser, type RequestReaderOptions } from './openai-request.js';
+import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
+import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
+import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
 import { WorkerConnections } from './worker-connections.js';
+import { registerWorkerStateMetrics } from './worker-metrics.js';
+
+/** Idle keep-alive connections are kept this long (Fastify's default). */
+const KEEP_ALIVE_TIMEOUT_MS = 72_000;
 
 /** A worker as the gateway takes it (flags, config, admin API) and the replicas share it. */
 export type GatewayWorker = WorkerRecord;
@@ -26,11 +36,27 @@ export type GatewayWorker = WorkerRecord;
 export interface GatewayOptions {
   router: KVAwareRouter;
   workers?: GatewayWorker[];
-  /** Bearer token for /admin; without one, /admin answers loopback clients only. */
+  /**
+   * Bearer token for /admin (and /v1/route unless `publicRouteApi`); without one a random token
+   * is made, readable as `gateway.adminToken`. Loopback clients get no exemption.
+   */
   adminToken?: string;
+  /** Answer /v1/route without the admin token (it shows what is cached where). */
+  publicRouteApi?: boolean;
+  /** Client API keys → tenants: requests then need a key, and tenants never share KV. */
+  apiKeys?: ApiKeys;
+  /** Add `x-contextforge-cached-tokens` to proxied responses (it shows what is cached). */
+  cachedTokensHeader?: boolean;
+  /** Limits on what a client controls (ids, anchors, JSON depth). */
+  limits?: Partial<RequestLimits>;
+  /** Client-side and engine-side timeouts (timeouts.ts). */
+  timeouts?: Partial<GatewayTimeouts>;
+  /** Where workers' `apiKeyEnv` variables are read (default process.env). */
+  env?: NodeJS.ProcessEnv;
   bodyLimit?: number;
   /** Attempts on other workers after a connection failure or a 5xx before the first byte. */
   maxRetries?: number;
+  /** The inter-chunk timeout (timeouts.interChunkTimeoutMs wins when both are given). */
   upstreamTimeoutMs?: number;
   /** Consecutive failures that open a worker's circuit (default 3), and for how long (5 s). */
   breakerFailures?: number;
@@ -44,7 +70,8 @@ export interface GatewayOptions {
    * match the engines' own, so KV events can feed the index.
    */
   tokenize?: 'text' | 'tokenizer' | 'engine';
-  promptTokenizer?: PromptTokenizer;
+  /** In process (blocks the event loop while it works) or a TokenizerPool on worker threads. */
+  promptTokenizer?: PromptTokenizer | AsyncPromptTokenizer;
   /** Subscribe to the workers' KV events (their `events` endpoints); needs token ids, so not with `text`. */
   kvEvents?: boolean;
   /** Interval of the load-metrics scrape per worker (default 1000 ms; 0: no scraping). */
@@ -55,16 +82,29 @@ export interface GatewayOptions {
   log?: (message: string) => void;
   /** Shared state for several replicas (default: in memory, this replica only). */
   state?: StateStore;
+  /**
+   * Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models; default true).
+   * The endpoint picker turns it off: there clients reach the engines through their gateway.
+   */
+  openAiRoutes?: boolean;
 }
 
 export interface Gateway {
   app: FastifyInstance;
   router: KVAwareRouter;
   metrics: Registry;
+  /** The admin bearer token (the configured one, or the one made at start). */
+  adminToken: string;
   /** Who holds which worker out of rotation (health check, metrics scrape, circuit breaker). */
   health: WorkerHealth;
   addWorker(w: GatewayWorker): void;
   removeWorker(id: string): boolean;
+  /** Shared state for the replicas. */
+  state: StateStore;
+  /** The workers and what the gateway keeps per worker. */
+  connections: WorkerConnections;
+  /** Reads an OpenAI request (body and headers) as the proxy does, for other front ends. */
+  parseRequest: RequestParser;
   close(): Promise<void>;
 }
 
@@ -75,17 +115,36 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   if (tokenizeMode === 'tokenizer' && !options.promptTokenizer) throw new TypeError("tokenize 'tokenizer' needs a promptTokenizer");
   if (options.kvEvents && tokenizeMode === 'text') throw new RangeError('kvEvents needs token ids: tokenize must be tokenizer or engine');
   const log = options.log ?? (() => {});
+  const limits = checkRequestLimits(options.limits);
+  const timeouts = checkTimeouts({ interChunkTimeoutMs: options.upstreamTimeoutMs, ...options.timeouts });
+  const adminTokenText = options.adminToken ?? generateToken();
+  const adminToken = new AdminToken(adminTokenText);
   const health = new WorkerHealth(router, log);
   const connections = new WorkerConnections({
-    router, applier, health, log,
+    router, applier, health, log, env: options.env ?? process.env,
     kvEvents: options.kvEvents,
     metricsIntervalMs: options.metricsIntervalMs ?? 1000,
     healthCheckIntervalMs: options.healthCheckIntervalMs ?? 2000,
   });
   const state = options.state ?? new MemoryStateStore();
-  const app = Fastify({ bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024, logger: false });
+  const app = Fastify({
+    bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024,
+    logger: false,
+    connectionTimeout: timeouts.connectionTimeoutMs,
+    // slow clients: the headers and the whole request must arrive in time (checked every second);
+    // Fastify leaves a factory-made server's idle timeouts alone, so they are set here
+    serverFactory: (handler) => {
+      const server = createHttpServer({ headersTimeout: Math.min(timeouts.headersTimeoutMs, timeouts.requestTimeoutMs), requestTimeout: timeouts.requestTimeoutMs, connectionsCheckingInterval: Math.min(1000, timeouts.headersTimeoutMs) }, handler);
+      server.setTimeout(timeouts.connectionTimeoutMs);
+      // longer than clients keep idle connections (undici: 4 s), so the server is never the one
+      // closing a connection a client is about to reuse
+      server.keepAliveTimeout = KEEP_ALIVE_TIMEOUT_MS;
+      return server;
+    },
+  });
   const metrics = createGatewayMetrics(router);
   registerKvEventMetrics(metrics.registry, () => connections.subscriberStats());
+  registerWorkerStateMetrics(metrics.registry, { router, health, eventLagSeconds: (id) => connections.get(id)?.subscriber?.stats.lagSeconds });
   const breaker = new CircuitBreaker({ failures: options.breakerFailures, cooldownMs: options.breakerCooldownMs }, health, (id) => connections.has(id));
 
   const addWorker = (w: GatewayWorker) => state.workerAdded(connections.add(w));
@@ -114,11 +173,17 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     log,
   });
 
-  useJsonBodies(app);
-  app.setErrorHandler((err: Error & { statusCode?: number }, _req, reply) => {
-    const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
+  useJsonBodies(app, limits.maxJsonDepth);
+  app.setErrorHandler((err: Error & { statusCode?: number }, req, reply) => {
+    // a check's TypeError/RangeError is the client's; anything else is ours, and its message stays in the log
+    const clientError = err instanceof RequestLimitError || ((err instanceof TypeError || err instanceof RangeError) && clientMessage(err, '') !== '');
+    const status = err instanceof RequestLimitError ? err.status : err.statusCode && err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : clientError ? 400 : 500;
+    if (status >= 500) {
+      log(`internal error on ${req.method} ${req.routeOptions.url ?? 'unknown'}: ${err.stack ?? err.message}`);
+      return void openAiError(reply, 500, 'internal error');
+    }
     const message = status === 413 ? `request body too large: ${err.message}` : err.message;
-    void openAiError(reply, status, message);
+    void openAiError(reply, status, message, err instanceof RequestLimitError ? err.param : null);
   });
   app.setNotFoundHandler((req, reply) => void openAiError(reply, 404, `no route ${req.method} ${req.url}`));
   app.addHook('onResponse', async (req, reply) => {
@@ -127,38 +192,56 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 
   // ------------------------------------------------------------------ OpenAI API
 
-  const readRequest = createRequestReader({
+  /** With API keys, the OpenAI routes need one; its tenant goes with the request. */
+  const requireApiKey = async (req: FastifyRequest, reply: FastifyReply) => {
+    if (!options.apiKeys) return;
+    const tenant = options.apiKeys.tenantOf(req.headers.authorization);
+    if (tenant === undefined) return openAiError(reply, 401, 'a valid API key is required (Authorization: Bearer KEY)', null, 'invalid_api_key');
+    req.tenant = tenant;
+  };
+
+  const readerOptions: RequestReaderOptions = {
     tokenize: tokenizeMode,
     promptTokenizer: options.promptTokenizer,
     tokenizeOnEngine: (r, body) => connections.tokenizeOnEngine(r, body),
     loraOf: (model) => connections.loraOf(model),
-  });
+    limits,
+  };
+  const readRequest = createRequestReader(readerOptions);
   const proxyDeps: ProxyDeps = {
     router, state, connections, breaker, metrics, readRequest,
     maxRetries: options.maxRetries ?? 2,
-    timeout: options.upstreamTimeoutMs ?? 300_000,
+    interChunkTimeoutMs: timeouts.interChunkTimeoutMs,
+    firstByte: new FirstByteDeadlines(timeouts.firstByteTimeoutMs, timeouts.interChunkTimeoutMs),
+    cachedTokensHeader: options.cachedTokensHeader === true,
   };
-  app.post('/v1/completions', createProxyHandler(proxyDeps, '/v1/completions'));
-  app.post('/v1/chat/completions', createProxyHandler(proxyDeps, '/v1/chat/completions'));
+  const openAi = options.openAiRoutes ?? true;
+  if (openAi) {
+    app.post('/v1/completions', { onRequest: requireApiKey }, createProxyHandler(proxyDeps, '/v1/completions'));
+    app.post('/v1/chat/completions', { onRequest: requireApiKey }, createProxyHandler(proxyDeps, '/v1/chat/completions'));
+  }
 
-  app.post('/v1/route', async (req, reply) => {
+  // the dry run shows what is cached where: operators only, unless made public
+  app.post('/v1/route', { onRequest: options.publicRouteApi ? requireApiKey : requireAdmin(adminToken) }, async (req, reply) => {
     const path = (req.body as { messages?: unknown } | null)?.messages !== undefined ? '/v1/chat/completions' : '/v1/completions';
     const prepared = await readRequest(path, req, reply);
     if (!prepared) return reply;
     const { routeRequest } = prepared;
-    const r = router.route(routeRequest, { dryRun: true, explain: true, exclude: connections.withoutModel(prepared.body.model) });
+    const r = routeOr400(router, reply, routeRequest, { dryRun: true, explain: true, exclude: connections.withoutModel(prepared.body.model) });
+    if (!r) return reply;
     // a data-parallel rank is answered as the worker and its rank
     const c = connections.get(r.workerId);
     const target = c && c.rank !== null ? { worker: c.workerId, rank: c.rank } : { worker: r.workerId };
     return { ...target, cachedTokens: r.cachedTokens, confidence: r.confidence, policy: r.policy, reason: r.reason, promptTokens: r.promptTokens, explain: r.explain };
   });
 
-  app.get('/v1/models', async () => {
+  if (openAi) app.get('/v1/models', { onRequest: requireApiKey }, async () => {
     const seen = new Map<string, unknown>();
     await Promise.all(
       router.listWorkers().filter((w) => w.available).map(async (w) => {
         try {
-          const res = await upstreamRequest(`${connections.get(w.id)!.base}/v1/models`, { headersTimeout: 2000, bodyTimeout: 2000 });
+          const c = connections.get(w.id)!;
+          const res = await upstreamRequest(`${c.base}/v1/models`, { headers: c.headers, headersTimeout: 2000, bodyTimeout: 2000 });
           if (res.statusCode !== 200) return void (await res.body.dump());
           const list = (await res.body.json()) as { data?: Array<{ id: string }> };
           for (const m of list.data ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
@@ -179,11 +262,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   });
   app.get('/metrics', async (_req, reply) => reply.type(metrics.registry.contentType).send(await metrics.registry.metrics()));
 
-  app.register(adminRoutes, { router, connections, health, state, applier, adminToken: options.adminToken, addWorker, removeWorker });
+  app.register(adminRoutes, { router, connections, health, state, applier, adminToken, addWorker, removeWorker });
 
   await app.ready();
   return {
-    app, router, metrics: metrics.registry, health, addWorker, removeWorker,
+    app, router, metrics: metrics.registry, health, addWorker, removeWorker, adminToken: adminTokenText, state, connections,
+    parseRequest: createRequestParser(readerOptions),
     close: async () => {
       breaker.close();
       connections.stopPolling();

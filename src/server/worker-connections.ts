@@ -16,7 +16,8 @@ import type { KvEventApplier } from '../engines/kv-events/applier.js';
 import { KvEventSubscriber, type SubscriberStats } from '../engines/kv-events/subscriber.js';
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import type { WorkerRecord } from '../state/state-store.js';
-import { adaptersFromModels, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
+import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
+import { checkApiKeyEnv, checkHttpUrl, checkWorkerId, checkZmqEndpoint, engineAuthorization, splitCredentials } from './worker-input.js';
 
 export interface WorkerConnection {
   record: WorkerRecord;
@@ -33,6 +34,10 @@ export interface WorkerConnection {
   rank: number | null;
   /** LoRA adapters the engine lists in /v1/models (name → base model); shared by the ranks. */
   adapters: Map<string, string>;
+  /** Headers of every request to the engine: its API key (or the credentials of its URL), its rank. */
+  headers: Record<string, string>;
+  /** Give-ups of its requests that have sent nothing to their client yet: called when it leaves rotation, they move elsewhere. */
+  unanswered: Set<() => void>;
 }
 
 export interface WorkerConnectionsOptions {
@@ -48,6 +53,8 @@ export interface WorkerConnectionsOptions {
   /** Interval of re-reading each worker's /v1/models for LoRA adapters (default 30 s; 0: at start only). */
   modelsIntervalMs?: number;
   log: (message: string) => void;
+  /** Where workers' `apiKeyEnv` variables are read. */
+  env: NodeJS.ProcessEnv;
 }
 
 export class WorkerConnections {
@@ -60,11 +67,18 @@ export class WorkerConnections {
   /** Subscribers of removed workers, still closing. */
   private readonly closing: Promise<void>[] = [];
   private readonly modelsTimer: NodeJS.Timeout | undefined;
+  /** Workers their health check holds out: they may come back as a new process with an empty cache. */
+  private readonly mayHaveRestarted = new Set<string>();
+  private readonly slowProbeGraceMs: number;
+  private readonly graceTimers = new Set<NodeJS.Timeout>();
 
   constructor(private readonly options: WorkerConnectionsOptions) {
     const { router, health, log, metricsIntervalMs, healthCheckIntervalMs } = options;
     this.scraper = metricsIntervalMs > 0 ? new MetricsScraper(router, [], { intervalMs: metricsIntervalMs, health, log }).start() : undefined;
-    this.checker = healthCheckIntervalMs > 0 ? new HealthChecker(health, { intervalMs: healthCheckIntervalMs }).start() : undefined;
+    // a probe's timeout is at least half a second, so a busy engine (or router) is not taken for a dead one
+    this.checker = healthCheckIntervalMs > 0 ? new HealthChecker(health, { intervalMs: healthCheckIntervalMs, timeoutMs: Math.min(2000, Math.max(500, healthCheckIntervalMs)) }).start() : undefined;
+    health.onChange((id, available, detail) => (available ? this.backInRotation(id) : this.outOfRotation(id, detail)));
+    this.slowProbeGraceMs = Math.max(1000, 2 * healthCheckIntervalMs);
     const modelsMs = options.modelsIntervalMs ?? 30_000;
     if (modelsMs > 0) {
       this.modelsTimer = setInterval(() => {
@@ -72,6 +86,35 @@ export class WorkerConnections {
       }, modelsMs);
       this.modelsTimer.unref();
     }
+  }
+
+  /**
+   * A worker left rotation: the requests it has not answered at all move to other workers
+   * (nothing reached their clients). When only its probes were too slow (a busy engine answers
+   * /health late too), they move only if it is still out a grace period later: a loaded engine
+   * must not have its whole queue thrown onto the others. Engines announce no AllBlocksCleared
+   * when they start, so one its health check holds out is remembered as possibly restarted.
+   */
+  private outOfRotation(id: string, detail: string): void {
+    if (this.options.health.reasons(id).includes('health-check')) this.mayHaveRestarted.add(id);
+    const giveUpAll = () => {
+      const c = this.connections.get(id);
+      if (c && this.options.health.reasons(id).length > 0) for (const giveUp of [...c.unanswered]) giveUp();
+    };
+    if (!/time(d)? ?out|aborted/i.test(detail)) return giveUpAll();
+    const t = setTimeout(() => {
+      this.graceTimers.delete(t);
+      giveUpAll();
+    }, this.slowProbeGraceMs);
+    t.unref();
+    this.graceTimers.add(t);
+  }
+
+  /** Back in rotation after its health check held it out: what the index says it holds is forgotten. */
+  private backInRotation(id: string): void {
+    if (!this.mayHaveRestarted.delete(id) || !this.connections.has(id)) return;
+    this.options.applier.clearWorker(id);
+    this.options.log(`${id}: index entries dropped (it was unreachable and may have restarted)`);
   }
 
   /** Router workers (a worker with ranks counts once per rank). */
@@ -113,13 +156,22 @@ export class WorkerConnections {
   /** Checks a worker's settings, registers it (each rank) and starts its pool, subscribers, scrapes and checks. */
   add(w: WorkerRecord): WorkerRecord {
     const { router, applier, log } = this.options;
-    if (typeof w.id !== 'string' || w.id === '') throw new TypeError('worker id must be a non-empty string');
-    if (w.id.includes('#')) throw new RangeError(`worker ${w.id}: '#' is reserved for data-parallel ranks (ID#r)`);
-    if (typeof w.url !== 'string' || !/^https?:\/\//.test(w.url)) throw new RangeError(`worker ${w.id}: url must start with http:// or https://`);
-    if (w.models !== undefined && (!Array.isArray(w.models) || !w.models.every((m) => typeof m === 'string' && m !== ''))) throw new TypeError(`worker ${w.id}: models must be a list of model names`);
-    if (w.events !== undefined && !/^(tcp|ipc):\/\//.test(w.events)) throw new RangeError(`worker ${w.id}: events must be a tcp:// or ipc:// endpoint`);
-    if (w.replay !== undefined && (w.events === undefined || !/^(tcp|ipc):\/\//.test(w.replay))) throw new RangeError(`worker ${w.id}: replay must be a tcp:// or ipc:// endpoint, with events`);
-    if (w.metrics !== undefined && !/^https?:\/\//.test(w.metrics)) throw new RangeError(`worker ${w.id}: metrics must be an http(s) URL`);
+    // ids: letters, digits and . _ : - ('#' is reserved for data-parallel ranks, ID#r)
+    checkWorkerId(w.id);
+    checkHttpUrl(w.url, `worker ${w.id}: url`);
+    if (w.models !== undefined && (!Array.isArray(w.models) || w.models.length > 1024 || !w.models.every((m) => typeof m === 'string' && m !== '' && m.length <= 512))) throw new TypeError(`worker ${w.id}: models must be a list of model names`);
+    if (w.claGroups !== undefined && (!Array.isArray(w.claGroups) || w.claGroups.length > 1024 || !w.claGroups.every((g) => Number.isSafeInteger(g) && g >= 0))) throw new TypeError(`worker ${w.id}: claGroups must be a list of non-negative integers`);
+    if (w.events !== undefined) checkZmqEndpoint(w.events, `worker ${w.id}: events`);
+    if (w.replay !== undefined) {
+      if (w.events === undefined) throw new RangeError(`worker ${w.id}: replay needs events`);
+      checkZmqEndpoint(w.replay, `worker ${w.id}: replay`);
+    }
+    if (w.metrics !== undefined) checkHttpUrl(w.metrics, `worker ${w.id}: metrics`);
+    let apiKey: string | undefined;
+    if (w.apiKeyEnv !== undefined) {
+      apiKey = this.options.env[checkApiKeyEnv(w.apiKeyEnv, `worker ${w.id}: apiKeyEnv`)];
+      if (!apiKey) throw new RangeError(`worker ${w.id}: the environment variable ${w.apiKeyEnv} (its engine API key) is not set`);
+    }
     const dpSize = w.dpSize ?? 1;
     if (!Number.isInteger(dpSize) || dpSize < 1 || dpSize > 64) throw new RangeError(`worker ${w.id}: dpSize must be an integer from 1 to 64`);
     if (w.blockSize !== undefined && (!Number.isInteger(w.blockSize) || w.blockSize < 1 || w.blockSize > 1 << 16)) throw new RangeError(`worker ${w.id}: blockSize must be an integer from 1 to 65536`);
@@ -129,10 +181,15 @@ export class WorkerConnections {
     // every rank's endpoints first: a bad one refuses the worker before anything starts
     const events = w.events === undefined ? undefined : ids.map((_, r) => rankEndpoint(w.events!, r));
     const replays = w.replay === undefined ? undefined : ids.map((_, r) => rankEndpoint(w.replay!, r));
-    const base = w.url.replace(/\/+$/, '');
+    // credentials in the URL travel as a Basic authorization header (an engine key wins)
+    const plain = splitCredentials(w.url);
+    const base = plain.url.replace(/\/+$/, '');
     const record: WorkerRecord = { id: w.id, url: w.url, claGroups: w.claGroups, models: w.models, events: w.events, replay: w.replay, metrics: w.metrics };
     if (w.dpSize !== undefined) record.dpSize = w.dpSize;
     if (w.blockSize !== undefined) record.blockSize = w.blockSize;
+    if (w.apiKeyEnv !== undefined) record.apiKeyEnv = w.apiKeyEnv;
+    const authorization = engineAuthorization(apiKey) ?? plain.authorization;
+    const headers: Record<string, string> = authorization ? { 'content-type': 'application/json', authorization } : { 'content-type': 'application/json' };
     const pool = new Pool(base, { connections: 256, keepAliveTimeout: 30_000 });
     const adapters = new Map<string, string>();
     const models = w.models ? new Set(w.models) : undefined;
@@ -141,6 +198,8 @@ export class WorkerConnections {
       router.registerWorker(id, { url: w.url, claGroups: w.claGroups, blockSize: w.blockSize });
       this.connections.set(id, {
         record, base, pool, models, adapters, workerId: w.id, rank: dpSize > 1 ? r : null,
+        headers: dpSize > 1 ? { ...headers, [DP_RANK_HEADER]: String(r) } : headers,
+        unanswered: new Set(),
         subscriber: this.options.kvEvents && events
           ? new KvEventSubscriber({ workerId: id, endpoint: events[r], replayEndpoint: replays?.[r], applier, log, workerForRank }).start()
           : undefined,
@@ -158,7 +217,7 @@ export class WorkerConnections {
     const first = this.connections.get(this.groups.get(workerId)?.[0] ?? '');
     if (!first) return;
     try {
-      const res = await upstreamRequest(`${first.base}/v1/models`, { headersTimeout: 2000, bodyTimeout: 2000 });
+      const res = await upstreamRequest(`${first.base}/v1/models`, { headers: first.headers, headersTimeout: 2000, bodyTimeout: 2000 });
       if (res.statusCode !== 200) return void (await res.body.dump());
       const found = adaptersFromModels(await res.body.json());
       first.adapters.clear();
@@ -184,6 +243,7 @@ export class WorkerConnections {
       this.scraper?.remove(rid);
       this.checker?.remove(rid);
       this.options.health.forget(rid);
+      this.mayHaveRestarted.delete(rid);
       this.options.applier.clearWorker(rid);
       removed = this.options.router.removeWorker(rid) || removed;
     }
@@ -209,11 +269,11 @@ export class WorkerConnections {
     const asked = new Set<string>();
     for (const w of this.options.router.listWorkers()) {
       if (!w.available || skip.has(w.id)) continue;
-      const base = this.connections.get(w.id)!.base;
-      if (asked.has(base)) continue; // the ranks of one engine answer alike
-      asked.add(base);
+      const c = this.connections.get(w.id)!;
+      if (asked.has(c.base)) continue; // the ranks of one engine answer alike
+      asked.add(c.base);
       try {
-        const res = await upstreamRequest(`${base}/tokenize`, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json' }, headersTimeout: 2000, bodyTimeout: 2000 });
+        const res = await upstreamRequest(`${c.base}/tokenize`, { method: 'POST', body: JSON.stringify(body), headers: c.headers, headersTimeout: 2000, bodyTimeout: 2000 });
         if (res.statusCode !== 200) {
           await res.body.dump();
           continue;
@@ -232,6 +292,7 @@ export class WorkerConnections {
     this.scraper?.stop();
     this.checker?.stop();
     clearInterval(this.modelsTimer);
+    for (const t of this.graceTimers) clearTimeout(t);
   }
 
   /** Stops polling, drops every pool and waits for the subscribers to close. */

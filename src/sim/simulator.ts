@@ -6,6 +6,7 @@ import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } f
 import { requestBlocks } from './request-blocks.js';
 import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
 import type { TraceRequest } from './trace.js';
+import { percentile } from './percentile.js';
 
 export { requestBlocks } from './request-blocks.js';
 
@@ -160,8 +161,7 @@ function before(x: SimEvent, y: SimEvent): boolean {
 export function percentiles(values: number[]): Percentiles {
   if (values.length === 0) return { mean: 0, p50: 0, p90: 0, p99: 0 };
   const s = [...values].sort((a, b) => a - b);
-  const at = (p: number) => s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
-  return { mean: s.reduce((a, b) => a + b, 0) / s.length, p50: at(50), p90: at(90), p99: at(99) };
+  return { mean: s.reduce((a, b) => a + b, 0) / s.length, p50: percentile(s, 50), p90: percentile(s, 90), p99: percentile(s, 99) };
 }
 
 export function simulate(trace: readonly TraceRequest[], options: SimulationOptions): PolicyResult {

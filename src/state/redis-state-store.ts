@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { LRUCache } from 'lru-cache';
 import { Redis, type RedisOptions } from 'ioredis';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import {
@@ -95,7 +96,8 @@ export class RedisStateStore implements StateStore {
   private readonly predictionTtlMs: number;
   private readonly recentLimit: number;
   /** Own decisions still alive, by chain key, to write back after an outage. */
-  private readonly recent = new Map<string, { message: string; expiresAt: number }>();
+  /** Own decisions by chain key, least recently written evicted beyond recentLimit; none when the limit is 0. */
+  private readonly recent: LRUCache<string, { message: string; expiresAt: number }> | undefined;
   /** Workflows looked up and found unclaimed: the decision that follows claims them. */
   private readonly unclaimed = new Set<string>();
   /** Other replicas' in-flight work: kept current by their decision/release messages, seeded from their snapshots. */
@@ -114,6 +116,7 @@ export class RedisStateStore implements StateStore {
     this.workflowTtlMs = positive(options.workflowTtlMs ?? 3_600_000, 'workflowTtlMs');
     this.predictionTtlMs = positive(options.predictionTtlMs ?? 120_000, 'predictionTtlMs');
     this.recentLimit = options.recentDecisions ?? 10_000;
+    this.recent = this.recentLimit > 0 ? new LRUCache({ max: this.recentLimit }) : undefined;
     const common: RedisOptions = {
       ...url,
       lazyConnect: true,
@@ -219,10 +222,7 @@ export class RedisStateStore implements StateStore {
   }
 
   private remember(chain: string, message: string): void {
-    if (this.recentLimit === 0) return;
-    this.recent.delete(chain);
-    this.recent.set(chain, { message, expiresAt: Date.now() + this.predictionTtlMs });
-    if (this.recent.size > this.recentLimit) this.recent.delete(this.recent.keys().next().value!);
+    this.recent?.set(chain, { message, expiresAt: Date.now() + this.predictionTtlMs });
   }
 
   private async publishDecision(d: SharedDecision, message: string, chain: string | undefined): Promise<void> {
@@ -330,10 +330,12 @@ export class RedisStateStore implements StateStore {
     const push = this.cmd.multi();
     for (const w of host.listWorkers()) push.hsetnx(this.key('workers'), w.id, JSON.stringify(w));
     for (const [id, e] of router.workflowAffinities()) push.set(this.key('wf', id), encodeWorkflow(e.workerId, e.step), 'PX', this.workflowTtlMs, 'NX');
-    for (const [chain, r] of this.recent) {
+    const expired: string[] = [];
+    for (const [chain, r] of this.recent?.entries() ?? []) {
       if (r.expiresAt > now) push.set(chain, r.message, 'PX', r.expiresAt - now, 'NX');
-      else this.recent.delete(chain);
+      else expired.push(chain);
     }
+    for (const chain of expired) this.recent!.delete(chain);
     await push.exec();
 
     // the registry: workers other replicas added

@@ -72,6 +72,11 @@ export class RemoteLoad {
     return changed;
   }
 
+  /** Drops one replica (it stopped); true when it was known. */
+  drop(replica: string): boolean {
+    return this.replicas.delete(replica);
+  }
+
   /** Forgets every replica (messages were missed: start again from snapshots). */
   clear(): void {
     this.replicas.clear();

@@ -14,6 +14,8 @@ export interface WorkerRecord {
   replay?: string;
   /** Prometheus endpoint for load metrics (default `{url}/metrics`). */
   metrics?: string;
+  /** The environment variable holding the engine's API key (each replica reads its own). */
+  apiKeyEnv?: string;
   /** Data-parallel ranks behind the URL (vLLM --data-parallel-size); rank r's events on the events port + r. */
   dpSize?: number;
   /** Tokens per KV block on this engine (default: the router's --block-size). */
@@ -42,7 +44,7 @@ export type StateStats = Record<string, number | boolean | string>;
  * in. The in-memory store is a single replica's: it shares nothing.
  */
 export interface StateStore {
-  readonly kind: 'memory' | 'redis';
+  readonly kind: 'memory' | 'redis' | 'cluster';
   /** Whether the gateway should ask route() for `shared` decisions to pass to decisionMade(). */
   readonly sharesDecisions: boolean;
   /** Binds the store to a gateway and loads what the shared state already holds. */

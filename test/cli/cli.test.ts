@@ -53,12 +53,16 @@ test("the README's route() example runs and routes to the worker holding the pre
 test('live-demo runs a small workload through mock engines and the router over HTTP', () => {
   const r = cli('live-demo', '--workflows', '6', '--speed', '8', '--json');
   assert.equal(r.status, 0, r.stderr);
-  const out = JSON.parse(r.stdout) as { requests: number; results: Array<{ policy: string; requests: number; hitRate: number }> };
+  const out = JSON.parse(r.stdout) as { requests: number; workers: number; results: Array<{ policy: string; requests: number; hitRate: number; perWorker: Record<string, number> }> };
   assert.deepEqual(out.results.map((x) => x.policy), ['cost', 'round-robin']);
   for (const x of out.results) {
     assert.equal(x.requests, out.requests);
-    assert.ok(x.hitRate >= 0 && x.hitRate <= 1);
+    assert.equal(Object.values(x.perWorker).reduce((a, b) => a + b, 0), out.requests, `${x.policy}: every request reached a worker`);
   }
+  const [cost, roundRobin] = out.results;
+  // round-robin spreads evenly over the engines; the cache-aware policy reuses far more KV
+  assert.deepEqual(Object.values(roundRobin.perWorker), Array(out.workers).fill(out.requests / out.workers));
+  assert.ok(cost.hitRate > roundRobin.hitRate + 0.1, `cost ${cost.hitRate} vs round-robin ${roundRobin.hitRate}`);
 });
 
 test('live-demo stops cleanly on Ctrl-C mid-run: engines and router closed, exit 130', async () => {

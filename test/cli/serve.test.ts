@@ -193,13 +193,27 @@ test('serve refuses a bad config with a message and exit code 2', () => {
   assert.match(r.stderr, /^error: --config .*unknown key 'colour'/m);
 });
 
+test('serve security settings: switches, token file, keys file, limits, timeouts, engine key variables', () => {
+  const c = resolve(['--public-route-api', '--cached-tokens-header', '--admin-token-file', '/run/cf/token', '--api-keys-file', '/etc/cf/keys.yaml', '--max-id-bytes', '64', '--first-byte-timeout-ms', '3000', '--worker', 'id=w1,url=http://10.0.0.1:8000,api-key-env=VLLM_KEY']);
+  assert.deepEqual([c.publicRouteApi, c.cachedTokensHeader, c.adminTokenFile, c.apiKeysFile, c.maxIdBytes, c.firstByteTimeoutMs], [true, true, '/run/cf/token', '/etc/cf/keys.yaml', 64, 3000]);
+  assert.equal(c.workers[0].apiKeyEnv, 'VLLM_KEY');
+  const d = resolve([]);
+  assert.deepEqual([d.publicRouteApi, d.cachedTokensHeader, d.maxIdBytes, d.maxAnchors, d.maxJsonDepth, d.headersTimeoutMs, d.requestTimeoutMs], [false, false, 256, 128, 64, 10_000, 60_000]);
+  assert.equal(resolve([], { CONTEXTFORGE_PUBLIC_ROUTE_API: 'false' }).publicRouteApi, false, 'a switch set to false in the environment is off');
+  assert.equal(resolve([], { CONTEXTFORGE_PUBLIC_ROUTE_API: '1' }).publicRouteApi, true);
+  assert.throws(() => resolve([], { CONTEXTFORGE_PUBLIC_ROUTE_API: 'maybe' }), /CONTEXTFORGE_PUBLIC_ROUTE_API: --public-route-api must be true or false/);
+  assert.throws(() => parseWorkerSpec('id=w1,url=http://x,api-key-env=CONTEXTFORGE_ADMIN_TOKEN'), /may not name/);
+  assert.throws(() => parseWorkerSpec('id=w 1,url=http://x'), /id must match/);
+  assert.throws(() => parseWorkerSpec('id=w1,url=http://x/?q=1'), /query/);
+});
+
 test('serve --block-hash vllm with PYTHONHASHSEED from the environment, and a dp-size worker', async () => {
   const e = await new MockEngine({ blockHash: 'vllm', pythonHashSeed: '5' }).start();
   engines.push(e);
-  const { child, base, stderr } = await startServe(['--port', '0', '--block-hash', 'vllm', '--worker', `id=m0,url=http://127.0.0.1:${e.port},dp-size=1,block-size=16`], { PYTHONHASHSEED: '5' });
+  const { child, base, stderr } = await startServe(['--port', '0', '--block-hash', 'vllm', '--worker', `id=m0,url=http://127.0.0.1:${e.port},dp-size=1,block-size=16`], { PYTHONHASHSEED: '5', CONTEXTFORGE_ADMIN_TOKEN: 'serve-test-admin-token' });
   assert.match(stderr, /block hash vllm/);
   assert.match(stderr, /tokenize engine/);
-  const res = await fetch(`${base}/v1/route`, { method: 'POST', body: JSON.stringify({ prompt: 'hello there' }), headers: { 'content-type': 'application/json' } });
+  const res = await fetch(`${base}/v1/route`, { method: 'POST', body: JSON.stringify({ prompt: 'hello there' }), headers: { 'content-type': 'application/json', authorization: 'Bearer serve-test-admin-token' } });
   assert.equal(((await res.json()) as { worker: string }).worker, 'm0');
   const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
   child.kill('SIGTERM');

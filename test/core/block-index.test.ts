@@ -28,8 +28,8 @@ function predicted(index: BlockIndex, slot: number, ids: number[], now: number) 
 }
 function overlap(index: BlockIndex, ids: number[], now?: number): OverlapResult {
   const k = keys(ids);
-  // 96 slots: slots the index has never seen read as 0
-  return index.overlaps(k.hi, k.lo, k.n, new OverlapResult(96), now);
+  // 160 slots: slots the index has never seen read as 0
+  return index.overlaps(k.hi, k.lo, k.n, new OverlapResult(160), now);
 }
 
 describe('BlockIndex', () => {
@@ -222,14 +222,58 @@ describe('BlockIndex', () => {
     }
   });
 
-  test('matches a brute-force reference on random prefix trees (property)', () => {
+  test('a walk narrowed to one worker keeps that worker\'s exact depth and tiers', () => {
+    for (const slots of [8, 100]) {
+      const index = new BlockIndex();
+      const lone = slots - 3; // in the last mask word when wide
+      for (let s = 0; s < slots; s++) stored(index, s, [1, 2]);
+      stored(index, lone, range(3, 40));
+      stored(index, lone, [20, 21], Tier.Offload);
+      removed(index, lone, [20, 21], Tier.Gpu);
+      predicted(index, lone, [40, 41], 0);
+      const got = overlap(index, range(1, 60), 0);
+      assert.equal(got.maxBlocks, 41);
+      assert.equal(got.blocks[lone], 41);
+      assert.equal(got.offloadBlocks[lone], 2);
+      assert.equal(got.predictedBlocks[lone], 2);
+      for (let s = 0; s < slots; s++) if (s !== lone) assert.equal(got.blocks[s], 2, `slot ${s}`);
+    }
+  });
+
+  test('the walk ends where no worker holds the next block, even if later blocks are held', () => {
+    for (const slots of [3, 70]) {
+      const index = new BlockIndex();
+      for (let s = 0; s < slots; s++) stored(index, s, s % 2 === 0 ? [1, 2, 3] : [1, 2]);
+      for (let s = 0; s < slots; s++) stored(index, s, [5, 6]);
+      const got = overlap(index, [1, 2, 3, 4, 5, 6]);
+      assert.equal(got.maxBlocks, 3);
+      for (let s = 0; s < slots; s++) assert.equal(got.blocks[s], s % 2 === 0 ? 3 : 2, `slot ${s}`);
+      // a walk whose first block nobody holds matches nothing
+      const none = overlap(index, [4, 5, 6]);
+      assert.equal(none.maxBlocks, 0);
+      for (let s = 0; s < slots; s++) assert.equal(none.blocks[s], 0);
+    }
+  });
+
+  for (const slots of [24, 40, 130]) {
+    test(`matches a brute-force reference on random prefix trees, ${slots} worker slots (property)`, () => checkAgainstReference(slots));
+  }
+});
+
+/**
+ * Random operations on the index and on a brute-force model of it; every query's per-slot
+ * depth and tiers must agree. Few slots use the one-word walk, more use the wide walk, and
+ * deep paths held by one worker exercise the single-slot tail of both.
+ */
+function checkAgainstReference(slots: number): void {
+  {
     const ttl = 1000;
     const gen = ttl / 2;
     const op = fc.oneof(
-      fc.record({ kind: fc.constant('stored' as const), slot: fc.nat(39), path: fc.nat(400), depth: fc.integer({ min: 1, max: 12 }), offload: fc.boolean() }),
-      fc.record({ kind: fc.constant('removed' as const), slot: fc.nat(39), path: fc.nat(400), depth: fc.integer({ min: 1, max: 12 }) }),
-      fc.record({ kind: fc.constant('cleared' as const), slot: fc.nat(39) }),
-      fc.record({ kind: fc.constant('predicted' as const), slot: fc.nat(39), path: fc.nat(400), depth: fc.integer({ min: 1, max: 12 }) }),
+      fc.record({ kind: fc.constant('stored' as const), slot: fc.nat(slots - 1), path: fc.nat(400), depth: fc.integer({ min: 1, max: 12 }), offload: fc.boolean() }),
+      fc.record({ kind: fc.constant('removed' as const), slot: fc.nat(slots - 1), path: fc.nat(400), depth: fc.integer({ min: 1, max: 12 }) }),
+      fc.record({ kind: fc.constant('cleared' as const), slot: fc.nat(slots - 1) }),
+      fc.record({ kind: fc.constant('predicted' as const), slot: fc.nat(slots - 1), path: fc.nat(400), depth: fc.integer({ min: 1, max: 12 }) }),
       fc.record({ kind: fc.constant('tick' as const), ms: fc.integer({ min: 0, max: 700 }) }),
       fc.record({ kind: fc.constant('query' as const), path: fc.nat(400), depth: fc.integer({ min: 1, max: 14 }) }),
     );
@@ -281,7 +325,7 @@ describe('BlockIndex', () => {
           } else {
             const ids = walk(o.path, o.depth);
             const got = overlap(index, ids, now);
-            for (let slot = 0; slot < 40; slot++) {
+            for (let slot = 0; slot < slots; slot++) {
               let depth = 0, offOnly = 0, predOnly = 0;
               for (const id of ids) {
                 const g = gpu.get(id)?.has(slot) ?? false;
@@ -304,7 +348,7 @@ describe('BlockIndex', () => {
         let expected = 0;
         const ids = new Set([...gpu.keys(), ...off.keys(), ...pred.keys()]);
         for (const id of ids) {
-          for (let slot = 0; slot < 40; slot++) {
+          for (let slot = 0; slot < slots; slot++) {
             if (gpu.get(id)?.has(slot) || off.get(id)?.has(slot) || predValid(id, slot)) expected++;
           }
         }
@@ -312,8 +356,8 @@ describe('BlockIndex', () => {
       }),
       { numRuns: Number(process.env.PROPERTY_RUNS ?? 300) },
     );
-  });
-});
+  }
+}
 
 function range(a: number, b: number): number[] {
   return Array.from({ length: b - a }, (_, i) => a + i);

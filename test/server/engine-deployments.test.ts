@@ -12,8 +12,9 @@ const cleanup: Array<() => Promise<void>> = [];
 after(async () => {
   for (const c of cleanup.reverse()) await c();
 });
+const adminToken = 'deployments-admin-token';
 const post = (base: string, path: string, body: unknown, headers: Record<string, string> = {}) =>
-  fetch(`${base}${path}`, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json', ...headers } });
+  fetch(`${base}${path}`, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}`, ...headers } });
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Json = Record<string, any>;
 
@@ -45,7 +46,7 @@ describe('gateway: engine deployment shapes', () => {
   test('dp-size: one index per rank; requests carry X-data-parallel-rank; /v1/route answers the rank', async () => {
     const { e, events, replay } = await engineOnPorts({ dataParallelSize: 2, blockSize: 4 });
     const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise', speculativeBlocks: 0 });
-    const gateway = await createGateway({
+    const gateway = await createGateway({ adminToken,
       router, tokenize: 'engine', kvEvents: true, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
       workers: [{ id: 'w', url: `http://127.0.0.1:${e.port}`, events, replay, dpSize: 2 }],
     });
@@ -71,7 +72,7 @@ describe('gateway: engine deployment shapes', () => {
     const e = await new MockEngine({ loraModules: ['sql'], blockSize: 4, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' }).start();
     cleanup.push(() => e.close());
     const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise', speculativeBlocks: 0 });
-    const gateway = await createGateway({
+    const gateway = await createGateway({ adminToken,
       router, tokenize: 'engine', kvEvents: true, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
       workers: [{ id: 'w', url: `http://127.0.0.1:${e.port}`, events: e.eventsEndpoint, replay: e.replayEndpoint, models: ['mock'] }],
     });
@@ -90,7 +91,7 @@ describe('gateway: engine deployment shapes', () => {
     const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise', speculativeBlocks: 0, blockHash: 'vllm', pythonHashSeed: '0' });
     const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
     cleanup.push(() => pub.close());
-    const gateway = await createGateway({
+    const gateway = await createGateway({ adminToken,
       router, tokenize: 'engine', kvEvents: true, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
       workers: [{ id: 'w', url: `http://127.0.0.1:${e.port}`, events: pub.endpoint }],
     });
@@ -117,7 +118,7 @@ describe('gateway: engine deployment shapes', () => {
     const b = await new MockEngine({ model: 'beta' }).start();
     cleanup.push(() => a.close(), () => b.close());
     const router = new KVAwareRouter({ blockSize: 4 });
-    const gateway = await createGateway({
+    const gateway = await createGateway({ adminToken,
       router, tokenize: 'engine', metricsIntervalMs: 0, healthCheckIntervalMs: 0,
       workers: [{ id: 'a', url: `http://127.0.0.1:${a.port}`, models: ['alpha'] }, { id: 'b', url: `http://127.0.0.1:${b.port}`, models: ['beta'] }],
     });
@@ -137,7 +138,7 @@ describe('gateway: engine deployment shapes', () => {
     const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*', encoding: 'array' }).start();
     cleanup.push(() => pub.close());
     const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
-    const gateway = await createGateway({
+    const gateway = await createGateway({ adminToken,
       router, tokenize: 'engine', kvEvents: true, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
       workers: [{ id: 'w', url: 'http://127.0.0.1:1', events: pub.endpoint }],
     });
@@ -158,7 +159,7 @@ describe('gateway: engine deployment shapes', () => {
     const promptTokenizer = ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname);
     for (const tokenize of ['text', 'tokenizer', 'engine'] as const) {
       const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
-      const gateway = await createGateway({ router, tokenize, promptTokenizer, metricsIntervalMs: 0, healthCheckIntervalMs: 0, workers: [{ id: 'a', url: 'http://127.0.0.1:1' }] });
+      const gateway = await createGateway({ adminToken, router, tokenize, promptTokenizer, metricsIntervalMs: 0, healthCheckIntervalMs: 0, workers: [{ id: 'a', url: 'http://127.0.0.1:1' }] });
       cleanup.push(() => gateway.close());
       const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
       const events = [{ type: 'BlockStored', block_hashes: [1, 2], parent_block_hash: null, token_ids: [5, 6, 7, 8, 9, 10, 11, 12], block_size: 4, lora_id: null, medium: 'GPU', lora_name: null }];
@@ -173,7 +174,7 @@ describe('gateway: engine deployment shapes', () => {
     const { ChatTokenizer } = await import('../../src/engines/chat-tokenizer.js');
     const promptTokenizer = ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname);
     const router = new KVAwareRouter({ blockSize: 4 });
-    const gateway = await createGateway({ router, tokenize: 'tokenizer', promptTokenizer, metricsIntervalMs: 0, healthCheckIntervalMs: 0, workers: [{ id: 'a', url: 'http://127.0.0.1:1' }] });
+    const gateway = await createGateway({ adminToken, router, tokenize: 'tokenizer', promptTokenizer, metricsIntervalMs: 0, healthCheckIntervalMs: 0, workers: [{ id: 'a', url: 'http://127.0.0.1:1' }] });
     cleanup.push(() => gateway.close());
     const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const messages = [{ role: 'user', content: [{ type: 'text', text: 'what is in this picture?' }, { type: 'image_url', image_url: { url: 'http://example.com/cat.png' } }] }];

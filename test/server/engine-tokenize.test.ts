@@ -12,15 +12,16 @@ const cleanup: Array<() => Promise<void>> = [];
 after(async () => {
   for (const c of cleanup.reverse()) await c();
 });
+const adminToken = 'test-admin-token';
 const post = (base: string, path: string, body: unknown, headers: Record<string, string> = {}) =>
-  fetch(`${base}${path}`, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json', ...headers } });
+  fetch(`${base}${path}`, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}`, ...headers } });
 
 test('--tokenize engine: requests are hashed from the engine\'s token ids and meet its KV events', async () => {
   const engine = await new MockEngine({ events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' }).start();
   cleanup.push(() => engine.close());
   const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise', speculativeBlocks: 0 });
   const applier = new KvEventApplier(router);
-  const gateway = await createGateway({ router, workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}` }], applier, tokenize: 'engine' });
+  const gateway = await createGateway({ router, workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}` }], applier, tokenize: 'engine', adminToken });
   cleanup.push(() => gateway.close());
   const sub = new KvEventSubscriber({ workerId: 'm0', endpoint: engine.eventsEndpoint, replayEndpoint: engine.replayEndpoint, applier }).start();
   cleanup.push(() => sub.close());
@@ -28,10 +29,10 @@ test('--tokenize engine: requests are hashed from the engine\'s token ids and me
   const messages = [{ role: 'system', content: Array.from({ length: 200 }, (_, i) => `rule${i}`).join(' ') }, { role: 'user', content: 'go' }];
   const first = await (await post(base, '/v1/chat/completions', { messages, max_tokens: 1 })).json() as { usage: { prompt_tokens: number } };
   // with no speculation, only the engine's events can tell the router what is cached
-  for (let i = 0; i < 100 && sub.stats.batches === 0; i++) await sleep(20);
-  await sleep(100);
-  const decision = await (await post(base, '/v1/route', { messages })).json() as { cachedTokens: number };
-  assert.equal(decision.cachedTokens, Math.floor(first.usage.prompt_tokens / 16) * 16);
+  const expected = Math.floor(first.usage.prompt_tokens / 16) * 16;
+  const predicted = async () => ((await (await post(base, '/v1/route', { messages })).json()) as { cachedTokens: number }).cachedTokens;
+  for (let deadline = Date.now() + 5000; (await predicted()) !== expected && Date.now() < deadline; ) await sleep(10);
+  assert.equal(await predicted(), expected);
 });
 
 test('--tokenize tokenizer: the model\'s tokenizer and chat template in process; the gateway subscribes to KV events itself', async () => {
@@ -42,7 +43,7 @@ test('--tokenize tokenizer: the model\'s tokenizer and chat template in process;
   const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise', speculativeBlocks: 0 });
   const promptTokenizer = ChatTokenizer.load(tokenizerDir);
   const gateway = await createGateway({
-    router, tokenize: 'tokenizer', promptTokenizer, kvEvents: true,
+    router, tokenize: 'tokenizer', promptTokenizer, kvEvents: true, adminToken, cachedTokensHeader: true,
     workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}`, events: engine.eventsEndpoint, replay: engine.replayEndpoint }],
   });
   cleanup.push(() => gateway.close());
@@ -53,13 +54,14 @@ test('--tokenize tokenizer: the model\'s tokenizer and chat template in process;
   ];
   const first = await (await post(base, '/v1/chat/completions', { messages, max_tokens: 1 })).json() as { usage: { prompt_tokens: number } };
   assert.equal(first.usage.prompt_tokens, promptTokenizer.tokenize({ messages }).length, 'router and engine count the same tokens');
-  const workers = async () => (await (await fetch(`${base}/admin/workers`)).json()) as { workers: Array<{ indexEntries: number; kvEvents: { batches: number } | null }> };
-  for (let i = 0; i < 100 && (await workers()).workers[0].kvEvents!.batches === 0; i++) await sleep(20);
-  await sleep(100);
+  const workers = async () => (await (await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${adminToken}` } })).json()) as { workers: Array<{ indexEntries: number; kvEvents: { batches: number } | null }> };
+  for (let deadline = Date.now() + 5000; (await workers()).workers[0].kvEvents!.batches === 0 && Date.now() < deadline; ) await sleep(10);
   // the next turn: its prefix is the first request's prompt, which only the engine's events announced
   const next = [...messages, { role: 'assistant', content: 'w1' }, { role: 'user', content: 'Again, please.' }];
-  const decision = await (await post(base, '/v1/route', { messages: next })).json() as { cachedTokens: number };
-  assert.equal(decision.cachedTokens, Math.floor(first.usage.prompt_tokens / 16) * 16);
+  const expected = Math.floor(first.usage.prompt_tokens / 16) * 16;
+  const predicted = async () => ((await (await post(base, '/v1/route', { messages: next })).json()) as { cachedTokens: number }).cachedTokens;
+  for (let deadline = Date.now() + 5000; (await predicted()) !== expected && Date.now() < deadline; ) await sleep(10);
+  assert.equal(await predicted(), expected);
   const second = await post(base, '/v1/chat/completions', { messages: next, max_tokens: 1 });
   const body = await second.json() as { usage: { prompt_tokens_details?: { cached_tokens: number } } };
   assert.equal(Number(second.headers.get('x-contextforge-cached-tokens')), body.usage.prompt_tokens_details?.cached_tokens, 'predicted = what the engine reused');
@@ -68,7 +70,7 @@ test('--tokenize tokenizer: the model\'s tokenizer and chat template in process;
 
 test('/admin/events applies KV events given as JSON', async () => {
   const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
-  const gateway = await createGateway({ router, workers: [{ id: 'a', url: 'http://127.0.0.1:1' }, { id: 'b', url: 'http://127.0.0.1:2' }] });
+  const gateway = await createGateway({ router, workers: [{ id: 'a', url: 'http://127.0.0.1:1' }, { id: 'b', url: 'http://127.0.0.1:2' }], adminToken });
   cleanup.push(() => gateway.close());
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const events = [

@@ -109,7 +109,7 @@ test('active health checks take a worker out of rotation and back, independently
   const healthy = (id: string) => router.listWorkers().find((w) => w.id === id)!.healthy;
   status = 503;
   await waitFor('the failing worker to leave', () => !healthy('sick'));
-  const admin = (await (await fetch(`${base}/admin/workers`)).json()) as { workers: Array<{ id: string; outOfRotation: string[] }> };
+  const admin = (await (await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${gateway.adminToken}` } })).json()) as { workers: Array<{ id: string; outOfRotation: string[] }> };
   assert.deepEqual(admin.workers.find((w) => w.id === 'sick')!.outOfRotation, ['health-check']);
   for (let i = 0; i < 6; i++) {
     const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: `p${i}` }) });

@@ -19,7 +19,7 @@ before(async () => {
   const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise' });
   const applier = new KvEventApplier(router);
   for (let i = 0; i < 2; i++) engines.push(await new MockEngine({ decodeTokS: 2000, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' }).start());
-  gateway = await createGateway({ router, workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })), adminToken: 'sekret', bodyLimit: 64 * 1024 });
+  gateway = await createGateway({ router, workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })), adminToken: 'sekret-token', bodyLimit: 64 * 1024, cachedTokensHeader: true });
   engines.forEach((e, i) => subs.push(new KvEventSubscriber({ workerId: `e${i}`, endpoint: e.eventsEndpoint, replayEndpoint: e.replayEndpoint, applier }).start()));
   base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
@@ -66,8 +66,11 @@ describe('the gateway through the openai SDK', () => {
     const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: 'system', content: longDoc }, { role: 'user', content: 'first question' }];
     const first = await client.chat.completions.create({ model: 'mock', messages, max_tokens: 2 }).withResponse();
     const worker = first.response.headers.get('x-contextforge-worker');
-    await sleep(300); // the engine's KV events reach the router
-    const second = await client.chat.completions.create({ model: 'mock', messages: [...messages, { role: 'assistant', content: 'ok' }, { role: 'user', content: 'second' }], max_tokens: 2 }).withResponse();
+    const next: OpenAI.ChatCompletionMessageParam[] = [...messages, { role: 'assistant', content: 'ok' }, { role: 'user', content: 'second' }];
+    // the engine's KV events reach the router: wait (with a deadline) until it predicts the prefix cached
+    const predicted = async () => ((await (await fetch(`${base}/v1/route`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: 'Bearer sekret-token' }, body: JSON.stringify({ messages: next }) })).json()) as { cachedTokens: number }).cachedTokens;
+    for (let deadline = Date.now() + 5000; (await predicted()) === 0 && Date.now() < deadline; ) await sleep(10);
+    const second = await client.chat.completions.create({ model: 'mock', messages: next, max_tokens: 2 }).withResponse();
     assert.equal(second.response.headers.get('x-contextforge-worker'), worker);
     assert.ok(Number(second.response.headers.get('x-contextforge-cached-tokens')) > 0);
     assert.ok(second.data.usage!.prompt_tokens_details!.cached_tokens! > 0, 'the engine found it cached too');
@@ -83,7 +86,7 @@ describe('the gateway over plain HTTP', () => {
     fetch(`${base}${path}`, { method: 'POST', body: typeof body === 'string' ? body : JSON.stringify(body), headers: { 'content-type': 'application/json', ...headers } });
 
   test('/v1/route answers the decision and its explanation without forwarding', async () => {
-    const res = await post('/v1/route', { messages: [{ role: 'user', content: 'dry run' }] }, { 'x-workflow-id': 'wf-1', 'x-workflow-step': '2' });
+    const res = await post('/v1/route', { messages: [{ role: 'user', content: 'dry run' }] }, { 'x-workflow-id': 'wf-1', 'x-workflow-step': '2', authorization: 'Bearer sekret-token' });
     assert.equal(res.status, 200);
     const r = (await res.json()) as { worker: string; policy: string; explain: Array<{ worker: string; terms: object }> };
     assert.match(r.worker, /^e[01]$/);
@@ -123,7 +126,7 @@ describe('the gateway over plain HTTP', () => {
 
   test('admin endpoints need the bearer token; workers can be added, drained and removed', async () => {
     assert.equal((await fetch(`${base}/admin/workers`)).status, 401);
-    const auth = { authorization: 'Bearer sekret' };
+    const auth = { authorization: 'Bearer sekret-token' };
     const list = (await (await fetch(`${base}/admin/workers`, { headers: auth })).json()) as { workers: Array<{ id: string }> };
     assert.deepEqual(list.workers.map((w) => w.id), ['e0', 'e1']);
     assert.equal((await post('/admin/workers', { id: 'dead', url: 'http://127.0.0.1:1' }, auth)).status, 201);
@@ -153,8 +156,8 @@ describe('the gateway over plain HTTP', () => {
     for (let i = 0; i < 200 && (await running()) !== '0'; i++) await sleep(20);
     assert.equal(await running(), '0');
     // and the router released its in-flight count
-    for (let i = 0; i < 100 && gateway.app && (await (await fetch(`${base}/admin/stats`, { headers: { authorization: 'Bearer sekret' } })).json() as { inFlightRequests: number }).inFlightRequests !== 0; i++) await sleep(20);
-    const stats = (await (await fetch(`${base}/admin/stats`, { headers: { authorization: 'Bearer sekret' } })).json()) as { inFlightRequests: number };
+    for (let i = 0; i < 100 && gateway.app && (await (await fetch(`${base}/admin/stats`, { headers: { authorization: 'Bearer sekret-token' } })).json() as { inFlightRequests: number }).inFlightRequests !== 0; i++) await sleep(20);
+    const stats = (await (await fetch(`${base}/admin/stats`, { headers: { authorization: 'Bearer sekret-token' } })).json()) as { inFlightRequests: number };
     assert.equal(stats.inFlightRequests, 0);
   });
 });
@@ -165,7 +168,8 @@ test('workers that list their models only get requests for those models; admin a
   const router = new KVAwareRouter({ policy: 'round-robin' });
   const gw = await createGateway({ router, workers: [{ id: 'a', url: `http://127.0.0.1:${a.port}`, models: ['alpha'] }], metricsIntervalMs: 0, healthCheckIntervalMs: 0 });
   const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
-  const post = (path: string, body: unknown) => fetch(`${url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const auth = { authorization: `Bearer ${gw.adminToken}` };
+  const post = (path: string, body: unknown) => fetch(`${url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...auth }, body: JSON.stringify(body) });
   const added = await post('/admin/workers', { id: 'b', url: `http://127.0.0.1:${b.port}`, models: ['beta'] });
   assert.equal(added.status, 201);
   const badModels = await post('/admin/workers', { id: 'c', url: 'http://127.0.0.1:1', models: 'beta' });
@@ -182,7 +186,7 @@ test('workers that list their models only get requests for those models; admin a
   const none = await post('/v1/completions', { model: 'gamma', prompt: 'x' });
   assert.equal(none.status, 404);
   assert.equal(((await none.json()) as { error: { code: string } }).error.code, 'model_not_found');
-  const listed = (await (await fetch(`${url}/admin/workers`)).json()) as { workers: Array<{ id: string; models: string[] | null }> };
+  const listed = (await (await fetch(`${url}/admin/workers`, { headers: auth })).json()) as { workers: Array<{ id: string; models: string[] | null }> };
   assert.deepEqual(listed.workers.map((w) => [w.id, w.models]), [['a', ['alpha']], ['b', ['beta']]]);
   await gw.close();
   await a.close();

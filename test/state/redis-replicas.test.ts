@@ -1,22 +1,23 @@
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { createServer } from 'node:net';
 import { after, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { generateWorkflowTrace, promptText } from '../../src/sim/workflows.js';
+import { generateWorkflowTrace } from '../../src/sim/workflows.js';
 import type { TraceRequest } from '../../src/sim/trace.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { freePort, ReplayTally } from '../helpers/workflow-replay.js';
 import { MemoryStateStore, type StateStore } from '../../src/state/state-store.js';
 
 // Router replicas sharing state on a real Redis server: the machine's (127.0.0.1:6379, which
 // .ci/run starts when nothing answers there) for the fleet test, and one this test starts
 // and stops itself for the outage test. Nothing is mocked; under CI nothing is skipped.
 const REDIS_URL = process.env.CONTEXTFORGE_TEST_REDIS ?? 'redis://127.0.0.1:6379';
+const ADMIN_TOKEN = 'replica-test-admin-token';
 const cleanup: Array<() => Promise<void>> = [];
 after(async () => {
   for (const c of cleanup.reverse()) await c().catch(() => {});
@@ -52,7 +53,7 @@ async function startFleet(replicas: number, store: () => StateStore, engineCount
     const gw = await createGateway({
       router: new KVAwareRouter({ blockSize: 16 }),
       workers: engines.map((e, i) => ({ id: `engine-${i}`, url: `http://127.0.0.1:${e.port}` })),
-      state: s, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
+      state: s, metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: ADMIN_TOKEN,
     });
     gateways.push(gw);
     stores.push(s);
@@ -68,18 +69,11 @@ async function stopFleet(f: Fleet): Promise<void> {
   for (const e of f.engines.splice(0)) await e.close();
 }
 
-interface Outcome {
-  hitRate: number;
-  failed: number;
-  workerOf: Map<string, Set<string>>;
-}
+type Outcome = ReplayTally;
 
 /** Replays the workload through HTTP, request i to replica i mod n; hit rate as the engines report it. */
 async function replay(bases: string[], trace: TraceRequest[], speed: number, during?: (sent: number) => Promise<void> | void): Promise<Outcome> {
-  let cached = 0;
-  let prompt = 0;
-  let failed = 0;
-  const workerOf = new Map<string, Set<string>>();
+  const tally = new ReplayTally();
   const start = performance.now();
   const t0 = trace[0].timestamp;
   let sent = 0;
@@ -89,35 +83,13 @@ async function replay(bases: string[], trace: TraceRequest[], speed: number, dur
       if (due > 0) await sleep(due);
       sent++;
       await during?.(sent);
-      const res = await fetch(`${bases[i % bases.length]}/v1/chat/completions`, {
-        method: 'POST',
-        headers: {
-          'content-type': 'application/json',
-          'x-workflow-id': r.sessionId!, 'x-workflow-step': String(r.step), 'x-agent-role': r.agentRole!,
-          ...(r.isolate ? { 'x-kv-isolate': '1' } : {}),
-        },
-        body: JSON.stringify({ model: 'mock', messages: [{ role: 'user', content: promptText(r) }], max_tokens: 8 }),
-      }).catch(() => undefined);
-      if (!res || res.status !== 200) {
-        failed++;
-        await res?.arrayBuffer();
-        return;
-      }
-      const body = (await res.json()) as { usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens?: number } } };
-      cached += body.usage.prompt_tokens_details?.cached_tokens ?? 0;
-      prompt += body.usage.prompt_tokens;
-      // judge steps are isolated on purpose: they reuse nothing, wherever they run
-      if (!r.isolate) {
-        const set = workerOf.get(r.sessionId!) ?? new Set<string>();
-        set.add(res.headers.get('x-contextforge-worker')!);
-        workerOf.set(r.sessionId!, set);
-      }
+      await tally.send(bases[i % bases.length], r);
     }),
   );
-  return { hitRate: prompt > 0 ? cached / prompt : 0, failed, workerOf };
+  return tally;
 }
 
-const split = (o: Outcome) => [...o.workerOf].filter(([, s]) => s.size > 1).map(([id]) => id);
+const split = (o: Outcome) => o.split();
 
 test('3 replicas on one Redis, fed round-robin, route like one replica: hit rate within 2 points, workflows split no more', async (t) => {
   const trace = generateWorkflowTrace({ workflows: 40, seed: 7 });
@@ -160,7 +132,7 @@ test('in-flight work counted by one replica is seen by the others', async () => 
   const controllers = [0, 1, 2].map(() => new AbortController());
   const responses = await Promise.all(controllers.map((c) => fetch(`${fleet.bases[0]}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body, signal: c.signal })));
   const busy = responses[0].headers.get('x-contextforge-worker')!;
-  const workersOf = async (base: string) => ((await (await fetch(`${base}/admin/workers`)).json()) as { workers: Array<{ id: string; inFlightRequests: number }> }).workers;
+  const workersOf = async (base: string) => ((await (await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })).json()) as { workers: Array<{ id: string; inFlightRequests: number }> }).workers;
   for (let i = 0; i < 200 && (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests < 3; i++) await sleep(20);
   assert.equal((await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests, 3, "replica B counts replica A's requests");
   for (const c of controllers) c.abort();
@@ -168,13 +140,6 @@ test('in-flight work counted by one replica is seen by the others', async () => 
   assert.equal((await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests, 0, 'and forgets them when they end');
 });
 
-async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const port = (s.address() as { port: number }).port;
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
-}
 
 async function startRedis(port: number): Promise<ChildProcess> {
   const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });

@@ -9,6 +9,7 @@ import { generateWorkflowTrace, promptText } from '../../sim/workflows.js';
 import type { TraceRequest } from '../../sim/trace.js';
 import { formatTable, pct } from '../format.js';
 import { intOption } from '../options.js';
+import { percentile } from '../../sim/percentile.js';
 
 /**
  * The full demo (`npm start`): 4 mock engines and the router in this process, a multi-agent
@@ -91,7 +92,7 @@ async function runPolicy(policy: string, trace: TraceRequest[], workers: number,
       requests: done,
       hitRate: prompt > 0 ? cached / prompt : 0,
       ttftMeanMs: ttfts.reduce((a, b) => a + b, 0) / Math.max(1, ttfts.length),
-      ttftP90Ms: ttfts[Math.min(ttfts.length - 1, Math.floor(ttfts.length * 0.9))] ?? 0,
+      ttftP90Ms: ttfts.length > 0 ? percentile(ttfts, 90) : 0,
       perWorker,
     };
   } finally {

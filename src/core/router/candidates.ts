@@ -62,15 +62,21 @@ export class CandidateCollector {
     const o = overlap;
     const blockTokens = tokensPerBlock || settings.blockSize;
     const candidates = this.candidates;
+    // decided once per request, not per candidate
+    const excluded = exclude !== undefined && exclude.size > 0 ? exclude : undefined;
+    const scoreAnchors = locality && contentAnchors !== undefined && contentAnchors.length > 0 && settings.contentAnchorScoring;
+    const offloadCredit = settings.offloadCredit;
+    const predictedCredit = settings.predictedCredit;
+    const claGroups = settings.claAffinityEnabled && claGroup !== null;
     let n = 0;
     for (const worker of workers.values()) {
-      if (!worker.available || exclude?.has(worker.id)) continue;
+      if (!worker.available || (excluded !== undefined && excluded.has(worker.id))) continue;
       const slot = worker.slot;
       const overlapBlocks = slot < o.blocks.length ? o.blocks[slot] : 0;
       const offloadBlocks = overlapBlocks > 0 ? o.offloadBlocks[slot] : 0;
       const predictedBlocks = overlapBlocks > 0 ? o.predictedBlocks[slot] : 0;
-      const anchorTokens = locality && contentAnchors && settings.contentAnchorScoring ? contentIndex.heldTokens(slot, contentAnchors, now) : 0;
-      const credit = overlapBlocks - offloadBlocks - predictedBlocks + offloadBlocks * settings.offloadCredit + predictedBlocks * settings.predictedCredit;
+      const anchorTokens = scoreAnchors ? contentIndex.heldTokens(slot, contentAnchors, now) : 0;
+      const credit = overlapBlocks - offloadBlocks - predictedBlocks + offloadBlocks * offloadCredit + predictedBlocks * predictedCredit;
       // token blocks are the worker's own size when it has one (the overlap was looked up in it)
       const workerBlockTokens = tokensPerBlock === settings.blockSize ? worker.info.blockSize ?? blockTokens : blockTokens;
       let cachedTokens = credit * workerBlockTokens + anchorTokens;
@@ -89,7 +95,7 @@ export class CandidateCollector {
         // without one, the anchor's home is the worker holding the longest cached prefix
         holdsAnchor = overlapBlocks > 0 && overlapBlocks === o.maxBlocks;
       }
-      const servesCla = settings.claAffinityEnabled && claGroup !== null && worker.claGroups.has(claGroup);
+      const servesCla = claGroups && worker.claGroups.has(claGroup!);
       const continuity = previousStepWorker === worker.id;
       const indexEntries = index.entriesFor(slot);
       const c = candidates[n] as Candidate | undefined;

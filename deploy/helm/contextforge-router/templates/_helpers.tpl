@@ -1,0 +1,71 @@
+{{/* Names and labels shared by every manifest of the release. */}}
+{{- define "cfr.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "cfr.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "cfr.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cfr.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: {{ .Values.mode }}
+{{- end -}}
+
+{{- define "cfr.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "cfr.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: contextforge-router
+{{- end -}}
+
+{{- define "cfr.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "cfr.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "cfr.poolName" -}}
+{{- default (include "cfr.fullname" .) .Values.inferencePool.name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "cfr.redisName" -}}
+{{- printf "%s-redis" (include "cfr.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The shared-state URL: an external Redis, the chart's own, or memory. */}}
+{{- define "cfr.stateUrl" -}}
+{{- if .Values.state.redisUrl -}}
+{{- .Values.state.redisUrl -}}
+{{- else if .Values.state.redis.enabled -}}
+{{- printf "redis://%s:6379" (include "cfr.redisName" .) -}}
+{{- else -}}
+memory
+{{- end -}}
+{{- end -}}
+
+{{/* The DNS name engines are discovered under: the chart's headless Service in epp mode, else the configured one. */}}
+{{- define "cfr.discoveryDnsName" -}}
+{{- if .Values.router.discovery.dnsName -}}
+{{- .Values.router.discovery.dnsName -}}
+{{- else if and (eq .Values.mode "epp") .Values.inferencePool.enabled .Values.inferencePool.headlessService.enabled -}}
+{{- printf "%s-endpoints.%s.svc" (include "cfr.poolName" .) .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "cfr.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}

@@ -1,0 +1,262 @@
+import { once } from 'node:events';
+import { randomUUID } from 'node:crypto';
+import { status as GrpcStatus, type ServerDuplexStream } from '@grpc/grpc-js';
+import type { BodySendMode, ProcessingRequest, ProcessingResponse } from './proto.js';
+import {
+  continueResponse, immediateResponse, readHeaders, readServedEndpoint, readSubsetHint, REQUEST_ID_HEADER,
+  routingHeadersResponse, streamedBodyResponses,
+} from './protocol.js';
+
+/** What the picker is asked: one request's headers, its body (undefined: a header-only request) and the subset hint. */
+export interface PickInput {
+  /** Request headers by lower-case name. */
+  headers: ReadonlyMap<string, string>;
+  body: Buffer | undefined;
+  /** Endpoints Envoy allows (undefined: no hint, every endpoint is eligible). */
+  subset: readonly string[] | undefined;
+  requestId: string;
+}
+
+/** The router's accounting of one routed request, completed by the response phase. */
+export interface InFlightRequest {
+  /**
+   * Envoy reports which endpoint served the request (it may be a fallback): the accounting
+   * moves there when it differs. Returns the id of the serving worker, if known.
+   */
+  served(endpoint: string | undefined): string | undefined;
+  /** The first response byte arrived: the request's prefill is done. */
+  firstByte(): void;
+  /** The request ended (completed, failed or abandoned). Idempotent. */
+  end(): void;
+}
+
+export type PickOutcome =
+  | {
+    ok: true;
+    /** The chosen endpoint first, then ordered fallbacks (host:port). */
+    endpoints: string[];
+    /** The body to forward (a rewritten model, an isolation salt), or undefined to forward the original. */
+    body?: Buffer;
+    inFlight: InFlightRequest;
+  }
+  | { ok: false; status: number; message: string; param?: string | null; retryAfterSeconds?: number };
+
+export interface EndpointPicker {
+  pick(input: PickInput): PickOutcome | Promise<PickOutcome>;
+}
+
+export interface ExtProcHandlerOptions {
+  picker: EndpointPicker;
+  /** Largest request body buffered (bytes); beyond it the request gets a 413. */
+  bodyLimit: number;
+  log?: (message: string) => void;
+  /** Called once per request with its outcome: 'routed' or the status of the local reply. */
+  onOutcome?: (outcome: 'routed' | number) => void;
+}
+
+type Phase = 'headers' | 'body' | 'routed' | 'finished';
+
+/**
+ * One ext_proc stream (one HTTP request) as the Gateway API Inference Extension runs it:
+ * request headers, then the body in FULL_DUPLEX_STREAMED chunks. Nothing is answered until the
+ * body's end_of_stream (or trailers): then the picker routes on the whole body, and the answers
+ * go out in order — the request_headers response naming the endpoints, then the body echoed as
+ * streamed_response chunks, the last one carrying end_of_stream. A header-only request is
+ * routed at once. The response phase reports the serving endpoint and completes the router's
+ * in-flight accounting; response bodies are echoed chunk by chunk in FULL_DUPLEX_STREAMED mode.
+ */
+export function createProcessHandler(options: ExtProcHandlerOptions): (call: ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => void {
+  const log = options.log ?? (() => {});
+  return (call) => {
+    let phase: Phase = 'headers';
+    let headers = new Map<string, string>();
+    let subset: string[] | undefined;
+    let requestId = '';
+    let requestIdGenerated = false;
+    const chunks: Buffer[] = [];
+    let bodyBytes = 0;
+    let bodyMessages = 0;
+    let requestBodyMode: BodySendMode | undefined;
+    let responseBodyMode: BodySendMode | undefined;
+    let inFlight: InFlightRequest | undefined;
+    let firstByteSeen = false;
+    let closed = false;
+    // messages are handled one at a time, in arrival order, even while a pick awaits
+    let queue: Promise<void> = Promise.resolve();
+
+    const finish = () => {
+      inFlight?.end();
+      phase = 'finished';
+    };
+    const send = async (msg: ProcessingResponse) => {
+      if (closed) return;
+      if (!call.write(msg)) await Promise.race([once(call, 'drain'), once(call, 'close')]);
+    };
+    const fail = (code: GrpcStatus, message: string) => {
+      if (closed) return;
+      closed = true;
+      finish();
+      log(`ext_proc stream ${requestId || '-'}: ${message}`);
+      call.destroy(Object.assign(new Error(message), { code }));
+    };
+    const reject = async (status: number, message: string, param: string | null = null, retryAfterSeconds?: number) => {
+      options.onOutcome?.(status);
+      const extra: Record<string, string> = {};
+      if (retryAfterSeconds) extra['retry-after'] = String(retryAfterSeconds);
+      // the client's own request id comes back, so it can find the request in the picker's log
+      if (requestId && !requestIdGenerated) extra[REQUEST_ID_HEADER] = requestId;
+      await send(immediateResponse(status, message, param, extra));
+      finish();
+      // the local reply ends this request's processing: close the stream cleanly
+      if (!closed) {
+        closed = true;
+        call.end();
+      }
+    };
+
+    const route = async (body: Buffer | undefined, endOfStream: boolean) => {
+      phase = 'routed';
+      let outcome: PickOutcome;
+      try {
+        outcome = await options.picker.pick({ headers, body, subset, requestId });
+      } catch (err) {
+        log(`ext_proc ${requestId}: picking failed: ${(err as Error).stack ?? String(err)}`);
+        return reject(500, 'the endpoint picker failed');
+      }
+      if (!outcome.ok) return reject(outcome.status, outcome.message, outcome.param ?? null, outcome.retryAfterSeconds);
+      if (closed) {
+        // Envoy gave up while the picker worked: nothing will be served
+        outcome.inFlight.end();
+        return;
+      }
+      inFlight = outcome.inFlight;
+      options.onOutcome?.('routed');
+      const forwarded = body === undefined ? undefined : outcome.body ?? body;
+      // Envoy drops content-length in FULL_DUPLEX_STREAMED mode; the engine gets it back, exact
+      const extra: Record<string, string> = forwarded === undefined ? {} : { 'content-length': String(forwarded.length) };
+      // the engine logs the same id as the picker (vLLM reads x-request-id)
+      if (requestIdGenerated) extra[REQUEST_ID_HEADER] = requestId;
+      await send(routingHeadersResponse(outcome.endpoints, extra));
+      if (forwarded !== undefined) {
+        if (requestBodyMode !== undefined && requestBodyMode !== 'FULL_DUPLEX_STREAMED') {
+          // the other modes expect one answer per body message, here changing nothing
+          for (let i = 0; i < Math.max(1, bodyMessages); i++) await send(continueResponse('request_body'));
+        } else {
+          for (const m of streamedBodyResponses('request_body', forwarded, endOfStream)) await send(m);
+        }
+      }
+    };
+
+    const handle = async (req: ProcessingRequest) => {
+      if (closed || phase === 'finished') return;
+      if (req.protocol_config) {
+        // proto3 leaves a zero enum off the wire: an absent mode inside protocol_config is NONE
+        requestBodyMode = bodyMode(req.protocol_config.request_body_mode ?? 0);
+        responseBodyMode = bodyMode(req.protocol_config.response_body_mode ?? 0);
+      }
+      switch (req.request) {
+        case 'request_headers': {
+          if (phase !== 'headers') return fail(GrpcStatus.FAILED_PRECONDITION, 'request_headers arrived twice');
+          headers = readHeaders(req.request_headers);
+          requestId = headers.get(REQUEST_ID_HEADER) ?? '';
+          if (requestId === '' || requestId.length > 256) {
+            requestId = randomUUID();
+            requestIdGenerated = true;
+          }
+          subset = readSubsetHint(req);
+          // no body follows (end_of_stream), or Envoy will not send it before our answer
+          const bodyComing = req.request_headers?.end_of_stream !== true && requestBodyMode !== 'NONE';
+          const waitsForAnswer = requestBodyMode !== undefined && requestBodyMode !== 'FULL_DUPLEX_STREAMED' && req.protocol_config?.send_body_without_waiting_for_header_response !== true;
+          if (!bodyComing || waitsForAnswer) return route(undefined, true);
+          phase = 'body';
+          return;
+        }
+        case 'request_body': {
+          if (phase === 'routed') {
+            // a mode where the body follows our header answer: it passes unchanged
+            return send(continueResponse('request_body'));
+          }
+          if (phase !== 'body') return fail(GrpcStatus.FAILED_PRECONDITION, 'request_body arrived before request_headers');
+          const chunk = req.request_body?.body;
+          bodyMessages++;
+          if (chunk && chunk.length > 0) {
+            bodyBytes += chunk.length;
+            if (bodyBytes > options.bodyLimit) return reject(413, `request body too large: over ${options.bodyLimit} bytes`);
+            chunks.push(Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length));
+          }
+          if (req.request_body?.end_of_stream) return route(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, bodyBytes), true);
+          return; // buffered: answering a chunk before the end would route on half a body
+        }
+        case 'request_trailers': {
+          if (phase === 'body') {
+            // trailers end the body instead of an end_of_stream chunk
+            await route(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, bodyBytes), false);
+          }
+          if (!closed) await send({ request_trailers: {} });
+          return;
+        }
+        case 'response_headers': {
+          if (phase !== 'routed') return fail(GrpcStatus.FAILED_PRECONDITION, 'response_headers arrived before the request was routed');
+          const worker = inFlight?.served(readServedEndpoint(req));
+          const set = worker ? [{ header: { key: 'x-contextforge-worker', raw_value: Buffer.from(worker) }, append_action: 'OVERWRITE_IF_EXISTS_OR_ADD' as const }] : undefined;
+          await send({ response_headers: { response: set ? { header_mutation: { set_headers: set } } : {} } });
+          if (req.response_headers?.end_of_stream) finish();
+          return;
+        }
+        case 'response_body': {
+          if (phase !== 'routed') return fail(GrpcStatus.FAILED_PRECONDITION, 'response_body arrived before the request was routed');
+          const chunk = req.response_body?.body;
+          const eos = req.response_body?.end_of_stream === true;
+          if (!firstByteSeen && chunk && chunk.length > 0) {
+            firstByteSeen = true;
+            inFlight?.firstByte();
+          }
+          if (responseBodyMode === undefined || responseBodyMode === 'FULL_DUPLEX_STREAMED') {
+            const body = chunk ? Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length) : Buffer.alloc(0);
+            for (const m of streamedBodyResponses('response_body', body, eos)) await send(m);
+          } else {
+            await send(continueResponse('response_body'));
+          }
+          if (eos) finish();
+          return;
+        }
+        case 'response_trailers': {
+          await send({ response_trailers: {} });
+          finish();
+          return;
+        }
+        default:
+          return fail(GrpcStatus.INVALID_ARGUMENT, 'a ProcessingRequest without a request');
+      }
+    };
+
+    call.on('data', (req: ProcessingRequest) => {
+      queue = queue.then(() => handle(req)).catch((err: unknown) => fail(GrpcStatus.INTERNAL, `internal error: ${(err as Error).message}`));
+    });
+    call.on('end', () => {
+      queue = queue.then(() => {
+        finish();
+        if (!closed) {
+          closed = true;
+          call.end();
+        }
+      });
+    });
+    call.on('cancelled', () => {
+      closed = true;
+      void queue.then(finish);
+    });
+    call.on('error', () => {
+      closed = true;
+      void queue.then(finish);
+    });
+  };
+}
+
+const BODY_MODES: readonly BodySendMode[] = ['NONE', 'STREAMED', 'BUFFERED', 'BUFFERED_PARTIAL', 'FULL_DUPLEX_STREAMED'];
+
+function bodyMode(v: BodySendMode | number | undefined): BodySendMode | undefined {
+  if (v === undefined) return undefined;
+  if (typeof v === 'number') return BODY_MODES[v];
+  return BODY_MODES.includes(v) ? v : undefined;
+}

@@ -1,0 +1,18 @@
+import type { Gateway } from '../server/gateway.js';
+import type { RoutingBackend } from './router-picker.js';
+
+/** The endpoint picker's view of a gateway: its router, state, metrics, workers and request parsing. */
+export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
+  const { router, state, metrics, connections } = gateway;
+  return {
+    router, state, metrics,
+    *workers() {
+      for (const w of router.listWorkers()) {
+        const c = connections.get(w.id);
+        if (c) yield { id: w.id, url: c.record.url };
+      }
+    },
+    workersWithoutModel: (model) => connections.withoutModel(model),
+    prepare: (path, body, headers) => gateway.parseRequest(path, { body, headers }),
+  };
+}

@@ -1,0 +1,186 @@
+import type { HeaderValueOption, ProcessingRequest, ProcessingResponse, ProtoStruct, ProtoValue } from './proto.js';
+import { plainToStruct } from './proto.js';
+
+/**
+ * The Gateway API Inference Extension's endpoint-picker protocol on top of Envoy's ext_proc
+ * (its docs/proposals/004-endpoint-picker-protocol): the names Envoy and the picker agree on,
+ * and the messages the picker sends. Pure functions, no I/O.
+ */
+
+/** Request header and dynamic-metadata key naming the chosen endpoints, `ip:port[,ip:port…]`. */
+export const DESTINATION_ENDPOINT_KEY = 'x-gateway-destination-endpoint';
+/** Namespace of the dynamic metadata the picker answers in. */
+export const DESTINATION_ENDPOINT_NAMESPACE = 'envoy.lb';
+/** Key (in the envoy.lb filter metadata of the response phase) of the endpoint that served the request. */
+export const DESTINATION_ENDPOINT_SERVED_KEY = 'x-gateway-destination-endpoint-served';
+/** Namespace and key of the subset hint: the endpoints the picker may choose from. */
+export const SUBSET_HINT_NAMESPACE = 'envoy.lb.subset_hint';
+export const SUBSET_HINT_KEY = 'x-gateway-destination-endpoint-subset';
+/** Request headers the picker reads. */
+export const MODEL_NAME_REWRITE_HEADER = 'x-gateway-model-name-rewrite';
+export const INFERENCE_OBJECTIVE_HEADER = 'x-gateway-inference-objective';
+export const REQUEST_ID_HEADER = 'x-request-id';
+/**
+ * Largest body chunk the picker sends back: some Envoy builds cap a streamed chunk at 64 KiB,
+ * and the reference picker keeps a margin below it (62,000 bytes).
+ */
+export const BODY_CHUNK_BYTES = 62_000;
+
+/** Header values by lower-case name; Envoy sends values in raw_value (bytes), older builds in value. */
+export function readHeaders(req: ProcessingRequest['request_headers']): Map<string, string> {
+  const out = new Map<string, string>();
+  for (const h of req?.headers?.headers ?? []) {
+    if (typeof h.key !== 'string') continue;
+    const value = h.raw_value && h.raw_value.length > 0 ? Buffer.from(h.raw_value).toString('utf8') : (h.value ?? '');
+    const key = h.key.toLowerCase();
+    // a repeated header reads as one comma-joined value, as HTTP folds it
+    const prior = out.get(key);
+    out.set(key, prior === undefined ? value : `${prior},${value}`);
+  }
+  return out;
+}
+
+/** A value of a filter-metadata namespace, or undefined. */
+export function metadataValue(req: ProcessingRequest, namespace: string, key: string): ProtoValue | undefined {
+  const ns: ProtoStruct | undefined = req.metadata_context?.filter_metadata?.[namespace];
+  return ns?.fields?.[key];
+}
+
+/**
+ * The subset hint: undefined when Envoy set none (every endpoint is eligible), else the listed
+ * endpoints (possibly none). The value may be a list of strings or one comma-separated string;
+ * list entries may themselves be comma-separated. Bounded: at most `maxEntries` entries.
+ */
+export function readSubsetHint(req: ProcessingRequest, maxEntries = 4096): string[] | undefined {
+  const v = metadataValue(req, SUBSET_HINT_NAMESPACE, SUBSET_HINT_KEY);
+  if (v === undefined) return undefined;
+  const out: string[] = [];
+  const add = (s: string) => {
+    for (const part of s.split(',')) {
+      const t = part.trim();
+      if (t !== '' && out.length < maxEntries) out.push(t);
+    }
+  };
+  if (v.kind === 'stringValue' && typeof v.stringValue === 'string') add(v.stringValue);
+  else if (v.kind === 'listValue') {
+    for (const item of v.listValue?.values ?? []) if (item.kind === 'stringValue' && typeof item.stringValue === 'string') add(item.stringValue);
+  }
+  return out;
+}
+
+/** The endpoint Envoy reports it sent the request to (response phase), or undefined. */
+export function readServedEndpoint(req: ProcessingRequest): string | undefined {
+  const v = metadataValue(req, DESTINATION_ENDPOINT_NAMESPACE, DESTINATION_ENDPOINT_SERVED_KEY);
+  return v?.kind === 'stringValue' && v.stringValue ? v.stringValue.trim() : undefined;
+}
+
+/**
+ * Splits `host:port` (IPv6 hosts in brackets) into its parts; a bare host has port undefined.
+ * Hosts are compared in lower case without brackets.
+ */
+export function splitEndpoint(endpoint: string): { host: string; port: string | undefined } {
+  const e = endpoint.trim();
+  if (e.startsWith('[')) {
+    const close = e.indexOf(']');
+    if (close < 0) return { host: e.toLowerCase(), port: undefined };
+    const rest = e.slice(close + 1);
+    return { host: e.slice(1, close).toLowerCase(), port: rest.startsWith(':') && rest.length > 1 ? rest.slice(1) : undefined };
+  }
+  const colons = e.split(':').length - 1;
+  if (colons === 1) {
+    const i = e.indexOf(':');
+    return { host: e.slice(0, i).toLowerCase(), port: e.slice(i + 1) || undefined };
+  }
+  // no colon: a bare host; several: an unbracketed IPv6 address without port
+  return { host: e.toLowerCase(), port: undefined };
+}
+
+/** `host:port` for an engine base URL, brackets around IPv6 hosts (the form Envoy routes on). */
+export function endpointOfUrl(url: string): string {
+  const u = new URL(url);
+  const port = u.port || (u.protocol === 'https:' ? '443' : '80');
+  return `${u.hostname}:${port}`;
+}
+
+/** Whether `endpoint` (host:port) is one the subset names (an entry without a port allows every port). */
+export function inSubset(endpoint: string, subset: readonly string[]): boolean {
+  const e = splitEndpoint(endpoint);
+  for (const entry of subset) {
+    const s = splitEndpoint(entry);
+    if (s.host === e.host && (s.port === undefined || s.port === e.port)) return true;
+  }
+  return false;
+}
+
+const header = (key: string, value: string): HeaderValueOption => ({
+  header: { key, raw_value: Buffer.from(value, 'utf8') },
+  // the picker's word replaces anything a client sent under the same name
+  append_action: 'OVERWRITE_IF_EXISTS_OR_ADD',
+});
+
+/**
+ * The request_headers response that routes the request: clears Envoy's route cache (the
+ * header may select the route), sets the destination header and the identical value in
+ * dynamic_metadata["envoy.lb"], plus any extra headers (content-length of a rewritten body).
+ */
+export function routingHeadersResponse(endpoints: readonly string[], extraHeaders: Record<string, string> = {}, removeHeaders: readonly string[] = []): ProcessingResponse {
+  if (endpoints.length === 0) throw new RangeError('endpoints must name at least one endpoint');
+  const value = endpoints.join(',');
+  const set = [header(DESTINATION_ENDPOINT_KEY, value)];
+  for (const [k, v] of Object.entries(extraHeaders)) set.push(header(k, v));
+  return {
+    request_headers: {
+      response: {
+        clear_route_cache: true,
+        header_mutation: { set_headers: set, remove_headers: removeHeaders.length > 0 ? [...removeHeaders] : undefined },
+      },
+    },
+    dynamic_metadata: plainToStruct({ [DESTINATION_ENDPOINT_NAMESPACE]: { [DESTINATION_ENDPOINT_KEY]: value } }),
+  };
+}
+
+/**
+ * The body as streamed_response chunks of at most BODY_CHUNK_BYTES, for the request or the
+ * response direction; with `endOfStream` the last chunk carries it (an empty body is one empty
+ * chunk then). Without it an empty body yields no message: an empty answer says nothing.
+ */
+export function streamedBodyResponses(direction: 'request_body' | 'response_body', body: Buffer, endOfStream: boolean, chunkBytes = BODY_CHUNK_BYTES): ProcessingResponse[] {
+  const out: ProcessingResponse[] = [];
+  if (body.length === 0) {
+    if (endOfStream) out.push(streamed(direction, body, true));
+    return out;
+  }
+  for (let start = 0; start < body.length; start += chunkBytes) {
+    const end = Math.min(body.length, start + chunkBytes);
+    out.push(streamed(direction, body.subarray(start, end), endOfStream && end === body.length));
+  }
+  return out;
+}
+
+function streamed(direction: 'request_body' | 'response_body', body: Buffer, endOfStream: boolean): ProcessingResponse {
+  return { [direction]: { response: { body_mutation: { streamed_response: { body, end_of_stream: endOfStream } } } } };
+}
+
+/**
+ * A local reply instead of the upstream: the status, an OpenAI-style JSON error body, and its
+ * content type. `details` lands in Envoy's access log (%RESPONSE_CODE_DETAILS%), so it has no spaces.
+ */
+export function immediateResponse(status: number, message: string, param: string | null = null, extraHeaders: Record<string, string> = {}): ProcessingResponse {
+  const type = status >= 500 ? 'server_error' : status === 429 ? 'rate_limit_error' : 'invalid_request_error';
+  const body = Buffer.from(JSON.stringify({ error: { message, type, param, code: null } }));
+  const set = [header('content-type', 'application/json')];
+  for (const [k, v] of Object.entries(extraHeaders)) set.push(header(k, v));
+  return {
+    immediate_response: {
+      status: { code: status },
+      headers: { set_headers: set },
+      body,
+      details: `contextforge_epp_${status}`,
+    },
+  };
+}
+
+/** A body or headers answer that changes nothing (the modes that expect one answer per message). */
+export function continueResponse(kind: 'request_body' | 'response_body' | 'response_headers'): ProcessingResponse {
+  return { [kind]: { response: {} } };
+}

@@ -1,0 +1,288 @@
+import { Counter, Histogram, type Registry } from 'prom-client';
+import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router/index.js';
+import type { StateStore } from '../state/state-store.js';
+import type { EndpointPicker, InFlightRequest, PickInput, PickOutcome } from './ext-proc-handler.js';
+import { endpointOfUrl, inSubset, INFERENCE_OBJECTIVE_HEADER, MODEL_NAME_REWRITE_HEADER } from './protocol.js';
+
+/** An OpenAI request read into what the router routes on (the gateway's own parsing and tokenization). */
+export interface PreparedRequest {
+  routeRequest: RouteRequest;
+  /** The body without the router's metadata field. */
+  body: Record<string, unknown>;
+  /** Whether `body` is the request's body as received (nothing removed). */
+  unchanged: boolean;
+}
+
+/** A client error while reading a request: the HTTP status, a message naming the field. */
+export interface RequestRejection {
+  status: number;
+  message: string;
+  param?: string | null;
+}
+
+/** What the picker needs from the gateway it runs beside: the same router, workers, state and request parsing. */
+export interface RoutingBackend {
+  readonly router: KVAwareRouter;
+  readonly state: StateStore;
+  readonly metrics: Registry;
+  /** Every registered worker's id and engine base URL. */
+  workers(): Iterable<{ id: string; url: string }>;
+  /** Workers that list their models, `model` not among them. */
+  workersWithoutModel(model: unknown): Set<string>;
+  /**
+   * Reads an OpenAI body (parsed JSON) and its headers as the gateway does, token ids included
+   * when the gateway tokenizes; a RequestRejection for a malformed request.
+   */
+  prepare(path: '/v1/completions' | '/v1/chat/completions', body: unknown, headers: Record<string, string>): Promise<PreparedRequest | RequestRejection>;
+}
+
+export interface RouterPickerOptions {
+  /** Fallback endpoints listed after the chosen one (default 2, the gateway's retries). */
+  fallbacks?: number;
+  /**
+   * Priority of each inference objective (x-gateway-inference-objective); unknown or absent
+   * objectives have priority 0. Requests with a negative priority are sheddable.
+   */
+  objectives?: ReadonlyMap<string, number>;
+  /**
+   * Saturation thresholds (the Gateway API Inference Extension's utilization detector and its
+   * defaults, 5 waiting requests and 0.8 KV-cache usage): a worker's saturation is the larger
+   * of waiting/queueDepth and kvUsage/kvUsage threshold; when the eligible workers' mean
+   * reaches 1, sheddable requests get a 429.
+   */
+  shedQueueDepth?: number;
+  shedKvUsage?: number;
+}
+
+const CHAT = '/v1/chat/completions';
+const COMPLETIONS = '/v1/completions';
+
+/**
+ * The endpoint picker's decisions, made by the gateway's KVAwareRouter: the same parsing,
+ * policy, in-flight accounting and shared state as `serve`, so EPP replicas and gateway
+ * replicas on one Redis route as one. Endpoints are the workers' host:port.
+ */
+export class RouterPicker implements EndpointPicker {
+  private readonly fallbacks: number;
+  private readonly objectives: ReadonlyMap<string, number>;
+  private readonly shedQueueDepth: number;
+  private readonly shedKvUsage: number;
+  private readonly outcomes: Counter<'outcome'>;
+  private readonly servedElsewhere: Counter;
+  private readonly decisions?: Counter<'policy' | 'reason'>;
+  private readonly cachedTokens?: Counter;
+  private readonly promptTokens?: Counter;
+  private readonly ttft?: Histogram;
+  /** endpoint (host:port) → worker id and back, rebuilt when the worker set changes */
+  private endpointCache = new Map<string, string>();
+  private endpointOfWorker = new Map<string, { url: string; endpoint: string }>();
+
+  constructor(private readonly backend: RoutingBackend, options: RouterPickerOptions = {}) {
+    this.fallbacks = options.fallbacks ?? 2;
+    if (!Number.isInteger(this.fallbacks) || this.fallbacks < 0) throw new RangeError('fallbacks must be a non-negative integer');
+    this.objectives = options.objectives ?? new Map();
+    this.shedQueueDepth = options.shedQueueDepth ?? 5;
+    this.shedKvUsage = options.shedKvUsage ?? 0.8;
+    if (!(this.shedQueueDepth > 0)) throw new RangeError('shedQueueDepth must be positive');
+    if (!(this.shedKvUsage > 0 && this.shedKvUsage <= 1)) throw new RangeError('shedKvUsage must be in (0, 1]');
+    const m = backend.metrics;
+    this.outcomes = (m.getSingleMetric('contextforge_epp_requests_total') as Counter<'outcome'> | undefined)
+      ?? new Counter({ name: 'contextforge_epp_requests_total', help: 'Endpoint-picker requests by outcome: routed, or the status of the local reply.', labelNames: ['outcome'], registers: [m] });
+    this.servedElsewhere = (m.getSingleMetric('contextforge_epp_served_by_fallback_total') as Counter | undefined)
+      ?? new Counter({ name: 'contextforge_epp_served_by_fallback_total', help: 'Requests the gateway served on a fallback endpoint instead of the chosen one.', registers: [m] });
+    // the gateway's own series, so dashboards read one set of metrics in both modes
+    this.decisions = m.getSingleMetric('contextforge_route_decisions_total') as Counter<'policy' | 'reason'> | undefined;
+    this.cachedTokens = m.getSingleMetric('contextforge_predicted_cached_tokens_total') as Counter | undefined;
+    this.promptTokens = m.getSingleMetric('contextforge_prompt_tokens_total') as Counter | undefined;
+    this.ttft = m.getSingleMetric('contextforge_time_to_first_byte_seconds') as Histogram | undefined;
+  }
+
+  /** Counts an outcome (the ext_proc handler reports each request's). */
+  countOutcome(outcome: 'routed' | number): void {
+    this.outcomes.inc({ outcome: String(outcome) });
+  }
+
+  /** The worker id serving an endpoint (host:port), if any. */
+  workerAt(endpoint: string): string | undefined {
+    this.refreshEndpoints();
+    return this.endpointCache.get(endpoint.toLowerCase());
+  }
+
+  async pick(input: PickInput): Promise<PickOutcome> {
+    const { router, state } = this.backend;
+    this.refreshEndpoints();
+    // workers outside the subset hint are not eligible
+    const excluded = new Set<string>();
+    if (input.subset !== undefined) {
+      for (const [id, e] of this.endpointOfWorker) if (!inSubset(e.endpoint, input.subset)) excluded.add(id);
+      if (excluded.size === this.endpointOfWorker.size) {
+        return { ok: false, status: 503, message: 'no endpoint in the subset hint is a worker of this picker', retryAfterSeconds: 1 };
+      }
+    }
+
+    let routeRequest: RouteRequest = {};
+    let forwarded: Buffer | undefined;
+    let preparedBody: Record<string, unknown> | undefined;
+    let model: unknown;
+    if (input.body !== undefined && input.body.length > 0) {
+      let parsed: unknown;
+      try {
+        parsed = JSON.parse(input.body.toString('utf8'));
+      } catch {
+        return { ok: false, status: 400, message: 'the body is not valid JSON' };
+      }
+      if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) return { ok: false, status: 400, message: 'the body must be a JSON object' };
+      const body = parsed as Record<string, unknown>;
+      let rewritten = false;
+      const rewrite = input.headers.get(MODEL_NAME_REWRITE_HEADER);
+      if (rewrite && body.model !== rewrite) {
+        body.model = rewrite;
+        rewritten = true;
+      }
+      model = body.model;
+      const path = apiPath(input.headers.get(':path'), body);
+      if (path) {
+        const prepared = await this.backend.prepare(path, body, Object.fromEntries(input.headers));
+        if ('status' in prepared) return { ok: false, status: prepared.status, message: prepared.message, param: prepared.param ?? null };
+        routeRequest = prepared.routeRequest;
+        preparedBody = prepared.body;
+        // an unchanged body is forwarded as received, byte for byte
+        if (!prepared.unchanged || rewritten) forwarded = Buffer.from(JSON.stringify(prepared.body));
+        const withoutModel = this.backend.workersWithoutModel(model);
+        for (const id of withoutModel) excluded.add(id);
+        if (withoutModel.size > 0 && withoutModel.size === this.endpointOfWorker.size) {
+          return { ok: false, status: 404, message: `The model '${String(model)}' does not exist on any worker`, param: 'model' };
+        }
+      } else if (rewritten) {
+        forwarded = Buffer.from(JSON.stringify(body));
+      }
+    }
+
+    // sheddable requests (negative priority) give way when the eligible workers are saturated
+    const objective = input.headers.get(INFERENCE_OBJECTIVE_HEADER);
+    const priority = objective === undefined ? 0 : (this.objectives.get(objective) ?? 0);
+    if (priority < 0 && this.saturation(excluded) >= 1) {
+      return { ok: false, status: 429, message: `the pool is saturated; objective '${objective}' (priority ${priority}) is shed`, retryAfterSeconds: 1 };
+    }
+
+    const learning = state.beforeRoute(routeRequest);
+    if (learning) await learning;
+    let decision: RouteResult;
+    try {
+      decision = router.route(routeRequest, { exclude: excluded, share: state.sharesDecisions });
+    } catch (err) {
+      // metadata the router refuses (a malformed anchor list, say) is the client's to fix
+      if (err instanceof RangeError || err instanceof TypeError) return { ok: false, status: 400, message: err.message };
+      throw err;
+    }
+    if (decision.workerId === '') return { ok: false, status: 503, message: 'no worker can take the request now', retryAfterSeconds: 1 };
+    if (decision.shared) state.decisionMade(decision.shared);
+    this.decisions?.inc({ policy: decision.policy, reason: decision.reason });
+    this.cachedTokens?.inc(decision.cachedTokens);
+    this.promptTokens?.inc(decision.promptTokens);
+    // an isolated request carries its private salt to the engine
+    if (decision.cacheSalt && preparedBody !== undefined) forwarded = Buffer.from(JSON.stringify({ ...preparedBody, cache_salt: decision.cacheSalt }));
+
+    const endpoints = [this.endpointOf(decision.workerId)];
+    // ordered fallbacks: the policy's next choices, without changing any state
+    const tried = new Set(excluded);
+    tried.add(decision.workerId);
+    while (endpoints.length <= this.fallbacks && tried.size < this.endpointOfWorker.size) {
+      const next = router.route(routeRequest, { exclude: tried, dryRun: true });
+      if (next.workerId === '') break;
+      tried.add(next.workerId);
+      const endpoint = this.endpointOf(next.workerId);
+      if (!endpoints.includes(endpoint)) endpoints.push(endpoint);
+    }
+    return { ok: true, endpoints, body: forwarded, inFlight: this.track(decision, routeRequest) };
+  }
+
+  /** Mean saturation of the eligible workers (1 when none is eligible). */
+  private saturation(excluded: ReadonlySet<string>): number {
+    let sum = 0;
+    let n = 0;
+    for (const w of this.backend.router.listWorkers()) {
+      if (excluded.has(w.id) || !w.available) continue;
+      sum += Math.max(w.waitingRequests / this.shedQueueDepth, w.load / this.shedKvUsage);
+      n++;
+    }
+    return n === 0 ? 1 : sum / n;
+  }
+
+  private track(first: RouteResult, routeRequest: RouteRequest): InFlightRequest {
+    const { router, state } = this.backend;
+    let decision: RouteResult | undefined = first;
+    const started = performance.now();
+    const release = () => {
+      if (!decision) return;
+      router.release(decision.ticket);
+      if (decision.shared) state.decisionEnded(decision.shared);
+      decision = undefined;
+    };
+    return {
+      served: (endpoint) => {
+        if (!decision) return undefined;
+        if (endpoint === undefined) return decision.workerId;
+        const id = this.workerAt(endpoint);
+        if (id === undefined || id === decision.workerId) return id ?? decision.workerId;
+        // the gateway fell back: the work (and the blocks it caches) moved to that worker
+        this.servedElsewhere.inc();
+        release();
+        const others = new Set<string>();
+        for (const w of router.listWorkers()) if (w.id !== id) others.add(w.id);
+        const moved = router.route(routeRequest, { exclude: others, share: state.sharesDecisions });
+        if (moved.workerId === id) {
+          if (moved.shared) state.decisionMade(moved.shared);
+          decision = moved;
+        } else if (moved.ticket) router.release(moved.ticket);
+        return id;
+      },
+      firstByte: () => {
+        if (!decision) return;
+        router.markPrefillDone(decision.ticket);
+        this.ttft?.observe((performance.now() - started) / 1000);
+      },
+      end: release,
+    };
+  }
+
+  private endpointOf(workerId: string): string {
+    const e = this.endpointOfWorker.get(workerId);
+    if (!e) throw new Error(`worker '${workerId}' has no endpoint`);
+    return e.endpoint;
+  }
+
+  /** Checks the cached endpoints against the backend's workers (no allocation when nothing changed). */
+  private refreshEndpoints(): void {
+    let n = 0;
+    let same = true;
+    for (const w of this.backend.workers()) {
+      n++;
+      if (this.endpointOfWorker.get(w.id)?.url !== w.url) {
+        same = false;
+        break;
+      }
+    }
+    if (same && n === this.endpointOfWorker.size) return;
+    const byEndpoint = new Map<string, string>();
+    const byWorker = new Map<string, { url: string; endpoint: string }>();
+    for (const w of this.backend.workers()) {
+      const endpoint = endpointOfUrl(w.url).toLowerCase();
+      byWorker.set(w.id, { url: w.url, endpoint });
+      // workers sharing a host:port (data-parallel ranks behind one API server) are one endpoint
+      if (!byEndpoint.has(endpoint)) byEndpoint.set(endpoint, w.id);
+    }
+    this.endpointCache = byEndpoint;
+    this.endpointOfWorker = byWorker;
+  }
+}
+
+/** Which OpenAI API a body is for: the request path when it names one, else the body's shape. */
+function apiPath(path: string | undefined, body: Record<string, unknown>): typeof CHAT | typeof COMPLETIONS | undefined {
+  const p = path?.split('?')[0];
+  if (p?.endsWith(CHAT)) return CHAT;
+  if (p?.endsWith(COMPLETIONS)) return COMPLETIONS;
+  if (Array.isArray(body.messages)) return CHAT;
+  if (body.prompt !== undefined) return COMPLETIONS;
+  return undefined;
+}

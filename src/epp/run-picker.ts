@@ -1,0 +1,54 @@
+import { DnsDiscovery, type DnsDiscoverySpec } from '../server/dns-discovery.js';
+import type { Gateway } from '../server/gateway.js';
+import { gatewayRoutingBackend } from './gateway-backend.js';
+import { RouterPicker } from './router-picker.js';
+import { startEppServer } from './server.js';
+
+/** Settings of the endpoint picker and engine discovery, shared by `epp` and `serve --epp-port`. */
+export interface PickerConfig {
+  discover?: DnsDiscoverySpec;
+  objectives?: ReadonlyMap<string, number>;
+  shedQueueDepth: number;
+  shedKvUsage: number;
+  eppFallbacks: number;
+}
+
+export interface RunningPicker {
+  /** The bound gRPC port, when the picker serves. */
+  eppPort: number | undefined;
+  close(): Promise<void>;
+}
+
+/**
+ * Starts what a gateway needs for the endpoint picker: DNS discovery of the engines (with
+ * --discover) and the ext_proc gRPC server (when `port` is given).
+ */
+export async function startPicker(gateway: Gateway, c: PickerConfig & { bodyLimit: number }, o: { host: string; port: number | undefined; log: (m: string) => void; readinessIntervalMs?: number }): Promise<RunningPicker> {
+  const discovery = c.discover
+    ? await new DnsDiscovery(c.discover, {
+      addWorker: (w) => gateway.addWorker(w),
+      removeWorker: (id) => gateway.removeWorker(id),
+      hasWorker: (id) => gateway.router.listWorkers().some((w) => w.id === id),
+      log: o.log,
+    }).start()
+    : undefined;
+  if (o.port === undefined) {
+    return { eppPort: undefined, close: async () => discovery?.stop() };
+  }
+  const backend = gatewayRoutingBackend(gateway);
+  const picker = new RouterPicker(backend, { fallbacks: c.eppFallbacks, objectives: c.objectives, shedQueueDepth: c.shedQueueDepth, shedKvUsage: c.shedKvUsage });
+  const server = await startEppServer({
+    host: o.host, port: o.port, picker, bodyLimit: c.bodyLimit, log: o.log,
+    onOutcome: (outcome) => picker.countOutcome(outcome),
+    ready: () => gateway.router.listWorkers().some((w) => w.available),
+    readinessIntervalMs: o.readinessIntervalMs,
+  });
+  return {
+    eppPort: server.port,
+    close: async () => {
+      discovery?.stop();
+      await server.close();
+    },
+  };
+}
+

@@ -1,0 +1,81 @@
+import { Server, ServerCredentials } from '@grpc/grpc-js';
+import { HealthImplementation } from 'grpc-health-check';
+import { createProcessHandler, type ExtProcHandlerOptions } from './ext-proc-handler.js';
+import { EXT_PROC_SERVICE, extProcService } from './proto.js';
+
+/** gRPC health service names the Gateway API Inference Extension's probes ask for. */
+export const HEALTH_SERVICES = ['liveness', 'readiness', EXT_PROC_SERVICE] as const;
+
+export interface EppServerOptions extends ExtProcHandlerOptions {
+  host?: string;
+  /** gRPC port (0: any free port). */
+  port: number;
+  /** Whether the picker can route now (readiness and the ExternalProcessor health service). */
+  ready: () => boolean;
+  /** How often readiness is re-evaluated for health watchers (default 1000 ms). */
+  readinessIntervalMs?: number;
+}
+
+export interface EppServer {
+  /** The bound port. */
+  port: number;
+  server: Server;
+  /** Stops taking streams, lets open ones finish up to `graceMs`, then cancels them. */
+  close(graceMs?: number): Promise<void>;
+}
+
+/**
+ * The endpoint picker's gRPC server: envoy.service.ext_proc.v3.ExternalProcessor/Process and
+ * grpc.health.v1.Health with the services `liveness` (the process answers), `readiness` and
+ * the ExternalProcessor's own name (both: the picker can route now).
+ */
+export async function startEppServer(options: EppServerOptions): Promise<EppServer> {
+  const server = new Server({
+    // Envoy sends body chunks of its buffer size; a message is never larger than the body limit allows
+    'grpc.max_receive_message_length': options.bodyLimit + 64 * 1024,
+    'grpc.max_send_message_length': options.bodyLimit + 64 * 1024,
+    // Envoy keeps one HTTP/2 connection per worker thread; let its keepalive pings through
+    'grpc.keepalive_permit_without_calls': 1,
+    'grpc.http2.min_ping_interval_without_data_ms': 10_000,
+  });
+  server.addService(extProcService(), { Process: createProcessHandler(options) });
+  const health = new HealthImplementation({ liveness: 'SERVING', readiness: 'NOT_SERVING', [EXT_PROC_SERVICE]: 'NOT_SERVING' });
+  health.addToServer(server);
+  let lastReady: boolean | undefined;
+  const refresh = () => {
+    const ready = options.ready();
+    if (ready === lastReady) return;
+    lastReady = ready;
+    health.setStatus('readiness', ready ? 'SERVING' : 'NOT_SERVING');
+    health.setStatus(EXT_PROC_SERVICE, ready ? 'SERVING' : 'NOT_SERVING');
+  };
+  refresh();
+  const timer = setInterval(refresh, options.readinessIntervalMs ?? 1000);
+  timer.unref();
+
+  const host = options.host ?? '0.0.0.0';
+  const address = host.includes(':') && !host.startsWith('[') ? `[${host}]:${options.port}` : `${host}:${options.port}`;
+  const port = await new Promise<number>((resolve, reject) => {
+    server.bindAsync(address, ServerCredentials.createInsecure(), (err, bound) => (err ? reject(err) : resolve(bound)));
+  });
+  return {
+    port,
+    server,
+    close: async (graceMs = 5000) => {
+      clearInterval(timer);
+      health.setStatus('readiness', 'NOT_SERVING');
+      health.setStatus(EXT_PROC_SERVICE, 'NOT_SERVING');
+      await new Promise<void>((resolve) => {
+        const force = setTimeout(() => {
+          server.forceShutdown();
+          resolve();
+        }, graceMs);
+        force.unref();
+        server.tryShutdown(() => {
+          clearTimeout(force);
+          resolve();
+        });
+      });
+    },
+  };
+}

@@ -1,0 +1,128 @@
+/**
+ * Who may use the admin API (and, unless it is public, /v1/route): the holder of one bearer
+ * token. The token comes from a file or the environment, never needs the command line (where
+ * any local user reads it in the process list); without one, a random token is generated at
+ * start and written to a file only its owner can read. Being on loopback grants nothing: any
+ * local process, or a browser page making a request to 127.0.0.1, is a loopback client.
+ */
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { closeSync, linkSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, statSync, writeSync } from 'node:fs';
+import { dirname } from 'node:path';
+
+/** SHA-256 of the token: comparing digests takes the same time whatever the guess. */
+export class AdminToken {
+  private readonly digest: Buffer;
+
+  constructor(token: string) {
+    if (typeof token !== 'string' || token.length < 8) throw new RangeError('the admin token must be a string of at least 8 characters');
+    this.digest = createHash('sha256').update(token).digest();
+  }
+
+  /** True when `authorization` is `Bearer <the token>`; constant time in the token. */
+  matches(authorization: string | string[] | undefined): boolean {
+    if (typeof authorization !== 'string' || authorization.length > 4096) return false;
+    const m = /^Bearer +(.+)$/i.exec(authorization);
+    const given = createHash('sha256').update(m ? m[1].trim() : '').digest();
+    // always compare, so a missing prefix takes as long as a wrong token
+    return timingSafeEqual(given, this.digest) && m !== null;
+  }
+}
+
+/** 32 random bytes, base64url: what is generated when no token is configured. */
+export function generateToken(): string {
+  return randomBytes(32).toString('base64url');
+}
+
+export interface AdminTokenSource {
+  /** The token itself (from --admin-token, or CONTEXTFORGE_ADMIN_TOKEN). */
+  token?: string;
+  /** A file holding the token; created with a random token (mode 0600) when it does not exist. */
+  tokenFile?: string;
+}
+
+export interface ResolvedAdminToken {
+  token: string;
+  /** Where it came from: 'configured', 'file' (read), 'generated' (written to `file`). */
+  origin: 'configured' | 'file' | 'generated';
+  file?: string;
+}
+
+/**
+ * The admin token: the configured one; else the file's content; else a new random token
+ * written to the file (created exclusively, mode 0600, in a directory created 0700). A token
+ * file readable by group or others is refused: anyone who can read it is an administrator.
+ */
+export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken {
+  if (source.token !== undefined && source.token !== '') {
+    new AdminToken(source.token); // checks it
+    return { token: source.token, origin: 'configured' };
+  }
+  const file = source.tokenFile;
+  if (!file) throw new RangeError('no admin token: give a token or a token file');
+  let existing: string | undefined;
+  try {
+    const st = statSync(file);
+    if (!st.isFile()) throw new RangeError(`--admin-token-file ${file} is not a regular file`);
+    if ((st.mode & 0o077) !== 0) throw new RangeError(`--admin-token-file ${file} is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
+    if (typeof process.getuid === 'function' && st.uid !== process.getuid()) throw new RangeError(`--admin-token-file ${file} belongs to another user`);
+    existing = readFileSync(file, 'utf8').trim();
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err instanceof RangeError ? err : new RangeError(`--admin-token-file ${file}: ${(err as Error).message}`);
+  }
+  if (existing !== undefined && existing !== '') {
+    new AdminToken(existing);
+    return { token: existing, origin: 'file', file };
+  }
+  const token = generateToken();
+  mkdirSync(dirname(file), { recursive: true, mode: 0o700 });
+  // written whole to a private temporary file, then linked into place: another process starting
+  // at the same moment either wins (and this one reads its token) or loses, never half-writes
+  const tmp = `${file}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`;
+  const fd = openSync(tmp, 'wx', 0o600);
+  try {
+    writeSync(fd, `${token}\n`);
+  } finally {
+    closeSync(fd);
+  }
+  try {
+    if (existing === '') renameSync(tmp, file);
+    else linkSync(tmp, file);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'EEXIST') return resolveAdminToken({ tokenFile: file });
+    throw new RangeError(`--admin-token-file ${file}: ${(err as Error).message}`);
+  } finally {
+    rmSync(tmp, { force: true });
+  }
+  return { token, origin: 'generated', file };
+}
+
+type Headers = Readonly<Record<string, string | string[] | undefined>>;
+
+/**
+ * Why a request to an admin endpoint is refused before its token is even looked at, or
+ * undefined: a cross-site browser request (Sec-Fetch-Site, or an Origin other than the Host),
+ * or a body that is not declared `application/json` (HTML forms can send only form encodings
+ * and text/plain without a preflight).
+ */
+export function adminRequestProblem(method: string, headers: Headers): { status: number; message: string } | undefined {
+  const site = headers['sec-fetch-site'];
+  if (typeof site === 'string' && site !== 'same-origin' && site !== 'none') return { status: 403, message: `admin endpoints refuse cross-site requests (Sec-Fetch-Site: ${site.slice(0, 40)})` };
+  const origin = headers.origin;
+  if (typeof origin === 'string' && origin !== '') {
+    let host: string | undefined;
+    try {
+      host = new URL(origin).host;
+    } catch {
+      host = undefined;
+    }
+    if (host === undefined || host !== headers.host) return { status: 403, message: 'admin endpoints refuse requests from another origin' };
+  }
+  if (method !== 'GET' && method !== 'HEAD') {
+    const length = headers['content-length'];
+    const hasBody = (typeof length === 'string' && length !== '0') || headers['transfer-encoding'] !== undefined;
+    const type = headers['content-type'];
+    const json = typeof type === 'string' && /^application\/json\s*(;|$)/i.test(type);
+    if ((hasBody || type !== undefined) && !json) return { status: 415, message: 'admin endpoints take application/json bodies only' };
+  }
+  return undefined;
+}

@@ -1,0 +1,76 @@
+/**
+ * Client API keys and tenants. With a keys file, every OpenAI request must carry
+ * `Authorization: Bearer KEY` (what OpenAI clients send as their api key); each key names a
+ * tenant. Requests of different tenants never share KV: the tenant is folded into the
+ * `cache_salt` sent to the engine (vLLM keys its prefix cache on it) and into the root of the
+ * router's block hashes, so one tenant can neither reuse nor probe another's prompts.
+ */
+import { createHash } from 'node:crypto';
+import { readFileSync, statSync } from 'node:fs';
+import { parse as parseYaml } from 'yaml';
+
+/** Tenant names: short, and free of the separator used in salts. */
+export const TENANT_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+const MIN_KEY_LENGTH = 16;
+
+export class ApiKeys {
+  /** SHA-256 of the key → tenant: lookups never compare the secret itself. */
+  private readonly byDigest = new Map<string, string>();
+
+  /** `keys`: API key → tenant name. */
+  constructor(keys: Readonly<Record<string, string>> | ReadonlyMap<string, string>) {
+    const entries = keys instanceof Map ? [...keys.entries()] : Object.entries(keys);
+    if (entries.length === 0) throw new RangeError('the API keys file lists no keys');
+    for (const [key, tenant] of entries) {
+      if (typeof key !== 'string' || key.length < MIN_KEY_LENGTH) throw new RangeError(`an API key is shorter than ${MIN_KEY_LENGTH} characters`);
+      if (/\s/.test(key)) throw new RangeError('an API key contains whitespace');
+      if (typeof tenant !== 'string' || !TENANT_NAME.test(tenant)) throw new RangeError(`tenant '${String(tenant).slice(0, 80)}' must match ${TENANT_NAME.source}`);
+      this.byDigest.set(digest(key), tenant);
+    }
+  }
+
+  get size(): number {
+    return this.byDigest.size;
+  }
+
+  /** The tenant of an `Authorization: Bearer KEY` header, or undefined. */
+  tenantOf(authorization: string | string[] | undefined): string | undefined {
+    if (typeof authorization !== 'string' || authorization.length > 4096) return undefined;
+    const m = /^Bearer +(\S+)\s*$/i.exec(authorization);
+    return m ? this.byDigest.get(digest(m[1])) : undefined;
+  }
+}
+
+function digest(key: string): string {
+  return createHash('sha256').update(key).digest('base64');
+}
+
+/**
+ * Reads a keys file: a YAML (or JSON) mapping of API key → tenant name,
+ * `sk-live-0123456789abcdef: team-a`. A file readable by others is refused.
+ */
+export function loadApiKeysFile(file: string): ApiKeys {
+  let raw: unknown;
+  try {
+    const st = statSync(file);
+    if ((st.mode & 0o077) !== 0) throw new RangeError(`is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
+    raw = parseYaml(readFileSync(file, 'utf8'));
+  } catch (err) {
+    throw new RangeError(`--api-keys-file ${file}: ${(err as Error).message.split('\n')[0]}`);
+  }
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new RangeError(`--api-keys-file ${file}: must be a mapping of API key to tenant name`);
+  try {
+    return new ApiKeys(raw as Record<string, string>);
+  } catch (err) {
+    throw new RangeError(`--api-keys-file ${file}: ${(err as Error).message}`);
+  }
+}
+
+/**
+ * The cache salt of a tenant's request: `tenant/<name>` followed by the client's own salt if it
+ * sent one. Tenant names cannot contain '/', so no client salt makes one tenant's salt equal
+ * another's.
+ */
+export function tenantCacheSalt(tenant: string, clientSalt: string | undefined): string {
+  return clientSalt === undefined ? `tenant/${tenant}` : `tenant/${tenant}/${clientSalt}`;
+}

@@ -1,0 +1,308 @@
+/**
+ * Limits on everything a client controls in a proxied request, and the checks that enforce
+ * them. Pure functions: they read the parsed body and the headers and either return what to
+ * route on or throw a RequestLimitError that names the offending field; the gateway answers it
+ * as HTTP 400 (`{"error": {"message", "type", "param", "code"}}`). The checks run before
+ * anything is hashed or recorded, so a rejected request leaves no trace in the index.
+ */
+import type { ChatMessage } from '../core/hashing.js';
+import type { ContentAnchor } from '../core/content-anchors.js';
+import type { RouteRequest } from '../core/router/index.js';
+
+export interface RequestLimits {
+  /** Longest workflow id, agent role, content-anchor id and cache_salt, in UTF-8 bytes. */
+  maxIdBytes: number;
+  /** Most content anchors per request. */
+  maxAnchors: number;
+  /** Deepest nesting of arrays and objects in a JSON body (checked before parsing). */
+  maxJsonDepth: number;
+}
+
+export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({ maxIdBytes: 256, maxAnchors: 128, maxJsonDepth: 64 });
+
+/** Token ids are unsigned 32-bit integers in every engine the router fronts. */
+export const MAX_TOKEN_ID = 0xffffffff;
+
+/**
+ * Chat content-part types the OpenAI API and vLLM accept. Parts are hashed by type (and text
+ * or URL), so an unknown type is refused rather than silently hashed as an empty part.
+ */
+export const CONTENT_PART_TYPES: ReadonlySet<string> = new Set([
+  'text', 'image_url', 'input_audio', 'audio_url', 'video_url', 'file', 'refusal', 'image_embeds', 'image_pil', 'input_image', 'input_text',
+]);
+
+/** A client error: HTTP `status` (400 unless said), naming the field in `param`. */
+export class RequestLimitError extends Error {
+  constructor(
+    message: string,
+    readonly param: string | null,
+    readonly status = 400,
+  ) {
+    super(message);
+    this.name = 'RequestLimitError';
+  }
+}
+
+/**
+ * Throws unless `limits` are usable (positive integers), naming the field.
+ */
+export function checkRequestLimits(limits: Partial<RequestLimits> | undefined): RequestLimits {
+  const out: RequestLimits = { ...DEFAULT_REQUEST_LIMITS };
+  for (const [key, v] of Object.entries(limits ?? {})) if (v !== undefined) out[key as keyof RequestLimits] = v;
+  for (const key of ['maxIdBytes', 'maxAnchors', 'maxJsonDepth'] as const) {
+    const v = out[key];
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1) throw new RangeError(`limits.${key} must be a positive integer, got ${String(v)}`);
+  }
+  return out;
+}
+
+/**
+ * Throws a RequestLimitError when `text` (a JSON document) nests arrays and objects deeper
+ * than `maxDepth`. A linear scan that skips strings: it runs before JSON.parse, so a
+ * 10,000-deep body is refused without recursion anywhere.
+ */
+export function checkJsonDepth(text: string, maxDepth: number): void {
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === 0x5c) i++; // backslash: skip the escaped character
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) inString = true;
+    else if (c === 0x5b || c === 0x7b) {
+      if (++depth > maxDepth) throw new RequestLimitError(`the body nests deeper than ${maxDepth} levels`, 'body');
+    } else if (c === 0x5d || c === 0x7d) depth--;
+  }
+}
+
+/** JSON.parse behind the depth check; a syntax error is a 400 that does not echo the body. */
+export function parseJsonBody(text: string, maxDepth: number): unknown {
+  checkJsonDepth(text, maxDepth);
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new RequestLimitError('the body is not valid JSON', 'body');
+  }
+}
+
+/** The request metadata of DESIGN.md §5, from the `contextforge` body field or the headers. */
+export interface RequestMetadata {
+  workflowId?: string;
+  workflowStep: number | null;
+  agentRole?: string;
+  claGroup: number | null;
+  contentAnchors?: ContentAnchor[];
+  isolate?: true;
+}
+
+type Headers = Readonly<Record<string, string | string[] | undefined>>;
+
+/** A non-empty id of at most `maxBytes` UTF-8 bytes. */
+export function checkId(value: unknown, param: string, maxBytes: number): string {
+  if (typeof value !== 'string') throw new RequestLimitError(`${param} must be a string`, param);
+  if (value === '') throw new RequestLimitError(`${param} must not be empty`, param);
+  if (value.length > maxBytes || (value.length * 3 > maxBytes && Buffer.byteLength(value) > maxBytes)) throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes`, param);
+  return value;
+}
+
+const DECIMAL = /^\d{1,15}$/;
+
+/** A non-negative integer: a JSON number, or (from a header, `x-…`) decimal digits only. */
+function checkCount(value: unknown, param: string): number {
+  if (typeof value === 'string' && param.startsWith('x-')) {
+    // headers: decimal digits only, so "0x10", "1e3" and " 7" are refused, not read as numbers
+    if (!DECIMAL.test(value)) throw new RequestLimitError(`${param} must be a non-negative decimal integer`, param);
+    return Number(value);
+  }
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0) throw new RequestLimitError(`${param} must be a non-negative integer`, param);
+  return value;
+}
+
+function header(h: Headers, name: string): string | undefined {
+  const v = h[name];
+  // an empty header is how many clients write "not set"
+  if (v === undefined || v === '') return undefined;
+  // a repeated metadata header is ambiguous: refuse it rather than pick one
+  if (typeof v !== 'string') throw new RequestLimitError(`${name} must be given once`, name);
+  return v;
+}
+
+const META_KEYS = new Set(['workflowId', 'workflowStep', 'agentRole', 'claGroup', 'anchors', 'isolate']);
+
+/**
+ * Reads and checks the metadata: the body field `contextforge` (an object; its fields win)
+ * or the headers. Throws a RequestLimitError naming the field (`contextforge.workflowId`,
+ * `x-workflow-step`, …).
+ */
+export function readMetadata(meta: unknown, headers: Headers, limits: RequestLimits): RequestMetadata {
+  if (meta !== undefined && (meta === null || typeof meta !== 'object' || Array.isArray(meta))) throw new RequestLimitError('contextforge must be an object', 'contextforge');
+  const m = (meta ?? {}) as Record<string, unknown>;
+  for (const key of Object.keys(m)) {
+    if (!META_KEYS.has(key)) throw new RequestLimitError(`contextforge.${key} is not a known field (known: ${[...META_KEYS].join(', ')})`, `contextforge.${key}`);
+  }
+  const pick = (field: string, headerName: string): [unknown, string] =>
+    m[field] !== undefined ? [m[field], `contextforge.${field}`] : [header(headers, headerName), headerName];
+  const out: RequestMetadata = { workflowStep: null, claGroup: null };
+  const [wf, wfParam] = pick('workflowId', 'x-workflow-id');
+  if (wf !== undefined) out.workflowId = checkId(wf, wfParam, limits.maxIdBytes);
+  const [role, roleParam] = pick('agentRole', 'x-agent-role');
+  if (role !== undefined) out.agentRole = checkId(role, roleParam, limits.maxIdBytes);
+  const [step, stepParam] = pick('workflowStep', 'x-workflow-step');
+  if (step !== undefined && step !== null) out.workflowStep = checkCount(step, stepParam);
+  const [cla, claParam] = pick('claGroup', 'x-cla-group');
+  if (cla !== undefined && cla !== null) out.claGroup = checkCount(cla, claParam);
+  if (m.anchors !== undefined) out.contentAnchors = readAnchorList(m.anchors, 'contextforge.anchors', limits);
+  else {
+    const h = header(headers, 'x-anchor-ids');
+    if (h !== undefined) out.contentAnchors = readAnchorHeader(h, limits);
+  }
+  if (m.isolate !== undefined) {
+    if (typeof m.isolate !== 'boolean') throw new RequestLimitError('contextforge.isolate must be true or false', 'contextforge.isolate');
+    if (m.isolate) out.isolate = true;
+  } else {
+    const h = header(headers, 'x-kv-isolate');
+    if (h !== undefined) {
+      if (h === '1' || h === 'true') out.isolate = true;
+      else if (h !== '0' && h !== 'false') throw new RequestLimitError('x-kv-isolate must be 1, 0, true or false', 'x-kv-isolate');
+    }
+  }
+  return out;
+}
+
+function readAnchorList(value: unknown, param: string, limits: RequestLimits): ContentAnchor[] {
+  if (!Array.isArray(value)) throw new RequestLimitError(`${param} must be a list`, param);
+  if (value.length > limits.maxAnchors) throw new RequestLimitError(`${param} has more than ${limits.maxAnchors} anchors`, param);
+  return value.map((a: unknown, i) => {
+    const at = `${param}[${i}]`;
+    if (typeof a === 'string') return anchorFromString(a, at, limits);
+    if (a === null || typeof a !== 'object' || Array.isArray(a)) throw new RequestLimitError(`${at} must be an id string or {id, tokens}`, at);
+    const { id, tokens } = a as { id?: unknown; tokens?: unknown };
+    return { id: checkId(id, `${at}.id`, limits.maxIdBytes), tokens: tokens === undefined ? 0 : checkCount(tokens, `${at}.tokens`) };
+  });
+}
+
+function readAnchorHeader(h: string, limits: RequestLimits): ContentAnchor[] {
+  const parts = h.split(',').map((s) => s.trim()).filter(Boolean);
+  if (parts.length > limits.maxAnchors) throw new RequestLimitError(`x-anchor-ids has more than ${limits.maxAnchors} anchors`, 'x-anchor-ids');
+  return parts.map((p) => anchorFromString(p, 'x-anchor-ids', limits));
+}
+
+/** `id` or `id:tokens`. */
+function anchorFromString(s: string, param: string, limits: RequestLimits): ContentAnchor {
+  const colon = s.lastIndexOf(':');
+  if (colon > 0 && DECIMAL.test(s.slice(colon + 1))) return { id: checkId(s.slice(0, colon), param, limits.maxIdBytes), tokens: Number(s.slice(colon + 1)) };
+  return { id: checkId(s, param, limits.maxIdBytes), tokens: 0 };
+}
+
+/** A `cache_salt` as vLLM takes it: a non-empty string (and no longer than an id here). */
+export function checkCacheSalt(value: unknown, limits: RequestLimits): string | undefined {
+  if (value === undefined) return undefined;
+  return checkId(value, 'cache_salt', limits.maxIdBytes);
+}
+
+/** Token ids: integers in [0, 2^32). */
+export function checkTokenIds(value: readonly unknown[], param: string): number[] {
+  for (let i = 0; i < value.length; i++) {
+    const t = value[i];
+    if (typeof t !== 'number' || !Number.isInteger(t) || t < 0 || t > MAX_TOKEN_ID) throw new RequestLimitError(`${param}[${i}] must be a token id (an integer from 0 to ${MAX_TOKEN_ID})`, param);
+  }
+  return value as number[];
+}
+
+/**
+ * The prompt of a completions request: a string, a list of strings, token ids, or a list of
+ * token-id lists; every element is checked (the router hashes the first).
+ */
+export function readPrompt(prompt: unknown): Pick<RouteRequest, 'text' | 'tokens'> {
+  if (typeof prompt === 'string') return { text: prompt };
+  const bad = () => new RequestLimitError('prompt must be a string, a list of strings, token ids, or a list of token-id lists', 'prompt');
+  if (!Array.isArray(prompt) || prompt.length === 0) throw bad();
+  if (typeof prompt[0] === 'string') {
+    if (!prompt.every((p) => typeof p === 'string')) throw bad();
+    return { text: prompt[0] as string };
+  }
+  if (Array.isArray(prompt[0])) {
+    prompt.forEach((p, i) => {
+      if (!Array.isArray(p) || p.length === 0) throw bad();
+      checkTokenIds(p, `prompt[${i}]`);
+    });
+    return { tokens: prompt[0] as number[] };
+  }
+  return { tokens: checkTokenIds(prompt, 'prompt') };
+}
+
+/** Chat messages: each an object with a string role and content that is a string, null or a list of known parts. */
+export function readMessages(messages: unknown): ChatMessage[] {
+  if (!Array.isArray(messages) || messages.length === 0) throw new RequestLimitError('messages must be a non-empty array', 'messages');
+  for (let i = 0; i < messages.length; i++) {
+    const msg = messages[i] as unknown;
+    const at = `messages[${i}]`;
+    if (msg === null || typeof msg !== 'object' || Array.isArray(msg)) throw new RequestLimitError(`${at} must be an object`, at);
+    const { role, content, name } = msg as Record<string, unknown>;
+    if (typeof role !== 'string' || role === '') throw new RequestLimitError(`${at} must have a string role`, `${at}.role`);
+    if (name !== undefined && typeof name !== 'string') throw new RequestLimitError(`${at}.name must be a string`, `${at}.name`);
+    if (content === undefined || content === null || typeof content === 'string') continue;
+    if (!Array.isArray(content)) throw new RequestLimitError(`${at}.content must be a string, null or a list of content parts`, `${at}.content`);
+    for (let k = 0; k < content.length; k++) {
+      const part = content[k] as unknown;
+      const pat = `${at}.content[${k}]`;
+      if (part === null || typeof part !== 'object' || Array.isArray(part)) throw new RequestLimitError(`${pat} must be a content part object`, pat);
+      const p = part as Record<string, unknown>;
+      if (typeof p.type !== 'string' || !CONTENT_PART_TYPES.has(p.type)) throw new RequestLimitError(`${pat}.type must be one of ${[...CONTENT_PART_TYPES].join(', ')}`, `${pat}.type`);
+      if ((p.type === 'text' || p.type === 'input_text') && typeof p.text !== 'string') throw new RequestLimitError(`${pat}.text must be a string`, `${pat}.text`);
+      if (p.image_url !== undefined && typeof p.image_url !== 'string') {
+        const url = (p.image_url as { url?: unknown } | null)?.url;
+        if (p.image_url === null || typeof p.image_url !== 'object' || typeof url !== 'string') throw new RequestLimitError(`${pat}.image_url must be a URL string or {url}`, `${pat}.image_url`);
+      }
+    }
+  }
+  return messages as ChatMessage[];
+}
+
+/**
+ * An error's message for a client: the checks' own messages (which name an argument, "x must
+ * be …") pass; anything else (a runtime error from deep inside) becomes a generic sentence so
+ * nothing internal leaks into a response.
+ */
+export function clientMessage(err: unknown, fallback = 'the request could not be routed'): string {
+  if (err instanceof RequestLimitError) return err.message;
+  if ((err instanceof RangeError || err instanceof TypeError) && err.message.length <= 300 && !RUNTIME_MESSAGE.test(err.message)) return err.message;
+  return fallback;
+}
+
+/** Messages of errors the JavaScript runtime itself throws (V8): internal, never shown. */
+const RUNTIME_MESSAGE =
+  /call stack|Cannot (read|set) propert|is not a function|is not iterable|is not a constructor|Cannot convert|Cannot access|Cannot destructure|Cannot mix BigInt|Invalid (array|string) length|Invalid (time|count) value|Invalid code point|circular structure|serialize a BigInt|Reduce of empty array|out of memory/i;
+
+/** What a proxied request routes on, and the body to forward (the `contextforge` field removed). */
+export interface ReadRequest {
+  routeRequest: RouteRequest;
+  body: Record<string, unknown>;
+  /** True when the body to forward is the body as received (nothing removed). */
+  unchanged: boolean;
+}
+
+/**
+ * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
+ * must be an object; metadata, cache_salt and the prompt or messages are checked against
+ * `limits`. Throws a RequestLimitError naming the field.
+ */
+export function readRouteRequest(path: string, raw: unknown, headers: Headers, limits: RequestLimits): ReadRequest {
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new RequestLimitError('the body must be a JSON object', 'body');
+  const { contextforge: meta, ...body } = raw as Record<string, unknown>;
+  const m = readMetadata(meta, headers, limits);
+  const routeRequest: RouteRequest = {
+    workflowId: m.workflowId,
+    workflowStep: m.workflowStep,
+    agentRole: m.agentRole,
+    claGroup: m.claGroup,
+    contentAnchors: m.contentAnchors,
+    isolate: m.isolate,
+  };
+  const salt = checkCacheSalt(body.cache_salt, limits);
+  if (salt !== undefined) routeRequest.cacheSalt = salt;
+  if (path === '/v1/chat/completions') routeRequest.messages = readMessages(body.messages);
+  else Object.assign(routeRequest, readPrompt(body.prompt));
+  return { routeRequest, body, unchanged: meta === undefined };
+}

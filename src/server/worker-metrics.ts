@@ -1,0 +1,69 @@
+import { Gauge, type Registry } from 'prom-client';
+import type { KVAwareRouter } from '../core/router/index.js';
+import type { HealthVerdictSource, WorkerHealth } from '../engines/health.js';
+
+/** Every source that can hold a worker out of rotation: each gets a series, 0 or 1, so dashboards never see gaps. */
+const OUT_OF_ROTATION_REASONS: readonly HealthVerdictSource[] = ['health-check', 'metrics', 'breaker'];
+
+export interface WorkerStateMetricsSource {
+  router: KVAwareRouter;
+  health: WorkerHealth;
+  /** The KV-event lag of a worker's subscription (seconds), undefined without one. */
+  eventLagSeconds(workerId: string): number | undefined;
+}
+
+/**
+ * Per-worker state the dashboards chart beside the gateway's request metrics: the engine's
+ * waiting queue, availability, why a worker is out of rotation (the circuit breaker among
+ * them) and how far its KV events trail. Gauges read the live state when scraped.
+ */
+export function registerWorkerStateMetrics(registry: Registry, source: WorkerStateMetricsSource): void {
+  const { router, health } = source;
+  const registers = [registry];
+  new Gauge({
+    name: 'contextforge_worker_waiting_requests',
+    help: "The engine's waiting requests per worker, as last scraped (vllm:num_requests_waiting).",
+    labelNames: ['worker'],
+    registers,
+    collect() {
+      this.reset();
+      for (const w of router.listWorkers()) this.set({ worker: w.id }, w.waitingRequests);
+    },
+  });
+  new Gauge({
+    name: 'contextforge_worker_available',
+    help: 'Whether a worker takes new requests (1) or is out of rotation or draining (0).',
+    labelNames: ['worker'],
+    registers,
+    collect() {
+      this.reset();
+      for (const w of router.listWorkers()) this.set({ worker: w.id }, w.available ? 1 : 0);
+    },
+  });
+  new Gauge({
+    name: 'contextforge_worker_out_of_rotation',
+    help: 'Whether a check holds a worker out of rotation, by reason (health-check, metrics, breaker: an open circuit).',
+    labelNames: ['worker', 'reason'],
+    registers,
+    collect() {
+      this.reset();
+      for (const w of router.listWorkers()) {
+        const held = health.reasons(w.id);
+        for (const reason of OUT_OF_ROTATION_REASONS) this.set({ worker: w.id, reason }, held.includes(reason) ? 1 : 0);
+      }
+    },
+  });
+  new Gauge({
+    name: 'contextforge_kv_event_lag_seconds',
+    help: "Age of a worker's newest KV-event batch when it arrived (engine timestamp to router clock).",
+    labelNames: ['worker'],
+    registers,
+    collect() {
+      this.reset();
+      for (const w of router.listWorkers()) {
+        const lag = source.eventLagSeconds(w.id);
+        if (lag !== undefined) this.set({ worker: w.id }, lag);
+      }
+    },
+  });
+}

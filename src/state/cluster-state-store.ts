@@ -1,0 +1,354 @@
+import type { ContentAnchor } from '../core/content-anchors.js';
+import type { RouteRequest, SharedDecision } from '../core/router/index.js';
+import { RemoteLoad } from './remote-load.js';
+import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
+
+/**
+ * Shared state for the gateway processes of one machine (`serve --processes N`): the primary
+ * process relays what each gateway process learns to the others over the cluster's IPC
+ * channels, and keeps the few things that must have one answer (which worker a workflow
+ * lives on) so that the processes route as one router. The same StateStore interface as the
+ * Redis store, so the gateway does not know which one it has; with `--state redis` the
+ * processes use Redis instead and this relay is not started.
+ *
+ * Messages travel with the `advanced` serialization (structured clone), so block hashes
+ * cross as Uint32Arrays. Every message carries `cf` (its kind) so the channel can carry other
+ * traffic too.
+ */
+
+/** What a gateway process can send to the relay and receive from it. */
+export type ClusterMessage =
+  | { cf: 'decision'; r: string; w: string; hi: Uint32Array; lo: Uint32Array; wf?: string; s?: number | null; a?: string; c?: number | null; ca?: ContentAnchor[]; q?: number; claim?: boolean }
+  | { cf: 'released'; r: string; w: string; q: number }
+  | { cf: 'worker-added'; r: string; worker: WorkerRecord }
+  | { cf: 'worker-removed'; r: string; id: string }
+  | { cf: 'workflow?'; r: string; q: number; id: string }
+  | { cf: 'workflow'; q: number; id: string; w?: string; s?: number | null }
+  | { cf: 'hello'; r: string }
+  | { cf: 'snapshot'; workers: WorkerRecord[]; workflows: Array<[string, string, number | null]>; decisions: ClusterDecision[]; loads: Array<[string, string, number, number]> }
+  | { cf: 'gone'; r: string };
+type ClusterDecision = Extract<ClusterMessage, { cf: 'decision' }>;
+
+/** The IPC channel of a gateway process (process.send / process.on('message')), or a test double. */
+export interface ClusterChannel {
+  send(message: ClusterMessage): void;
+  onMessage(listener: (message: unknown) => void): void;
+  offMessage(listener: (message: unknown) => void): void;
+}
+
+export interface ClusterStateOptions {
+  /** This process's id among the gateway processes. */
+  replicaId: string;
+  channel: ClusterChannel;
+  /** How long to wait for the relay's answers (workflow lookups, the start snapshot; default 250 ms). */
+  timeoutMs?: number;
+}
+
+function isMessage(m: unknown): m is ClusterMessage {
+  return m !== null && typeof m === 'object' && typeof (m as { cf?: unknown }).cf === 'string';
+}
+
+/** The gateway process's side: a StateStore whose shared state is the relay in the primary. */
+export class ClusterStateStore implements StateStore {
+  readonly kind = 'cluster';
+  readonly sharesDecisions = true;
+  readonly replicaId: string;
+  private readonly channel: ClusterChannel;
+  private readonly timeoutMs: number;
+  private host: StateStoreHost | undefined;
+  /** The other processes' in-flight work. */
+  private readonly remote = new RemoteLoad();
+  private nextQuery = 1;
+  private readonly queries = new Map<number, () => void>();
+  private snapshotArrived: (() => void) | undefined;
+  /** Workflows the relay did not know: the decision that follows claims them. */
+  private readonly unclaimed = new Set<string>();
+  private readonly counters = { decisionsSent: 0, decisionsApplied: 0, decisionsUnknownWorker: 0, workflowLookups: 0, workflowLookupTimeouts: 0, malformedMessages: 0 };
+  private readonly listener = (m: unknown) => this.onMessage(m);
+
+  constructor(options: ClusterStateOptions) {
+    this.replicaId = options.replicaId;
+    this.channel = options.channel;
+    this.timeoutMs = options.timeoutMs ?? 250;
+  }
+
+  async attach(host: StateStoreHost): Promise<void> {
+    this.host = host;
+    this.channel.onMessage(this.listener);
+    const arrived = new Promise<void>((resolve) => {
+      this.snapshotArrived = resolve;
+      setTimeout(resolve, 4 * this.timeoutMs).unref();
+    });
+    this.channel.send({ cf: 'hello', r: this.replicaId });
+    await arrived;
+    this.snapshotArrived = undefined;
+    // what this process was configured with, for processes that start later
+    for (const w of host.listWorkers()) this.channel.send({ cf: 'worker-added', r: this.replicaId, worker: w });
+  }
+
+  beforeRoute(request: RouteRequest): Promise<void> | undefined {
+    const id = request.workflowId;
+    if (id === undefined || !this.host || this.host.router.workflowAffinity(id) !== undefined) return undefined;
+    this.counters.workflowLookups++;
+    const q = this.nextQuery++;
+    return new Promise<void>((resolve) => {
+      const timer = setTimeout(() => {
+        this.queries.delete(q);
+        this.counters.workflowLookupTimeouts++;
+        resolve();
+      }, this.timeoutMs);
+      this.queries.set(q, () => {
+        clearTimeout(timer);
+        resolve();
+      });
+      this.channel.send({ cf: 'workflow?', r: this.replicaId, q, id });
+    });
+  }
+
+  decisionMade(d: SharedDecision): void {
+    const m: ClusterDecision = { cf: 'decision', r: this.replicaId, w: d.workerId, hi: d.hi, lo: d.lo };
+    if (d.workflowId !== undefined) {
+      m.wf = d.workflowId;
+      m.s = d.workflowStep;
+      if (this.unclaimed.delete(d.workflowId)) m.claim = true;
+    }
+    if (d.anchor !== undefined) {
+      m.a = d.anchor;
+      m.c = d.claGroup;
+    }
+    if (d.contentAnchors && d.contentAnchors.length > 0) m.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
+    if (d.tracked) m.q = d.prefillTokens;
+    this.counters.decisionsSent++;
+    this.channel.send(m);
+  }
+
+  decisionEnded(d: SharedDecision): void {
+    if (d.tracked) this.channel.send({ cf: 'released', r: this.replicaId, w: d.workerId, q: d.prefillTokens });
+  }
+
+  workerAdded(worker: WorkerRecord): void {
+    this.channel.send({ cf: 'worker-added', r: this.replicaId, worker });
+  }
+
+  workerRemoved(workerId: string): void {
+    this.channel.send({ cf: 'worker-removed', r: this.replicaId, id: workerId });
+  }
+
+  stats(): StateStats {
+    return { kind: 'cluster', replicaId: this.replicaId, ...this.counters };
+  }
+
+  async close(): Promise<void> {
+    this.channel.offMessage(this.listener);
+    for (const done of this.queries.values()) done();
+    this.queries.clear();
+  }
+
+  // ------------------------------------------------------------------------ internals
+
+  private onMessage(m: unknown): void {
+    if (!isMessage(m) || !this.host) return;
+    const host = this.host;
+    try {
+      switch (m.cf) {
+        case 'decision':
+          if (m.r === this.replicaId) return;
+          this.apply(m);
+          if (typeof m.q === 'number') this.addRemote(m.r, m.w, 1, m.q);
+          return;
+        case 'released':
+          if (m.r !== this.replicaId) this.addRemote(m.r, m.w, -1, -m.q);
+          return;
+        case 'worker-added':
+          if (m.r !== this.replicaId && !host.listWorkers().some((w) => w.id === m.worker.id)) host.addWorkerFromState(m.worker);
+          return;
+        case 'worker-removed':
+          if (m.r !== this.replicaId && host.listWorkers().some((w) => w.id === m.id)) host.removeWorkerFromState(m.id);
+          return;
+        case 'workflow': {
+          // the relay's word wins: it is the first step any process routed
+          if (m.w !== undefined) host.router.setWorkflowAffinity(m.id, m.w, m.s ?? null);
+          else if (this.unclaimed.size < 100_000) this.unclaimed.add(m.id);
+          const done = this.queries.get(m.q);
+          if (done) {
+            this.queries.delete(m.q);
+            done();
+          }
+          return;
+        }
+        case 'gone':
+          if (this.remote.drop(m.r)) for (const w of host.router.listWorkers()) this.applyRemote(w.id);
+          return;
+        case 'snapshot':
+          for (const w of m.workers) if (!host.listWorkers().some((x) => x.id === w.id)) host.addWorkerFromState(w);
+          for (const [id, w, s] of m.workflows) host.router.setWorkflowAffinity(id, w, s);
+          for (const d of m.decisions) if (d.r !== this.replicaId) this.apply({ ...d, wf: undefined, s: undefined });
+          for (const [replica, worker, requests, prefill] of m.loads) if (replica !== this.replicaId) this.addRemote(replica, worker, requests, prefill);
+          this.snapshotArrived?.();
+          return;
+        default:
+          return;
+      }
+    } catch {
+      this.counters.malformedMessages++;
+    }
+  }
+
+  private addRemote(replica: string, workerId: string, requests: number, prefill: number): void {
+    if (this.remote.add(replica, workerId, requests, prefill)) this.applyRemote(workerId);
+  }
+
+  /** Sums the other processes' work on a worker into the router's view. */
+  private applyRemote(workerId: string): void {
+    const router = this.host!.router;
+    if (router.listWorkers().some((w) => w.id === workerId)) router.setRemoteLoad(workerId, this.remote.sum(workerId));
+  }
+
+  private apply(m: ClusterDecision): void {
+    const applied = this.host!.router.applySharedDecision({
+      workerId: m.w, hi: m.hi, lo: m.lo, workflowId: m.wf, workflowStep: m.s ?? null, anchor: m.a, claGroup: m.c ?? null, contentAnchors: m.ca,
+    });
+    if (applied) this.counters.decisionsApplied++;
+    else this.counters.decisionsUnknownWorker++;
+  }
+}
+
+export interface ClusterRelayOptions {
+  /** Most recent decisions kept for processes that start later (default 10,000). */
+  recentDecisions?: number;
+  /** How long those decisions are kept (default 120 s, the approximate index's lifetime). */
+  decisionTtlMs?: number;
+  /** Most workflows remembered (default 100,000; least recently routed dropped first). */
+  workflows?: number;
+}
+
+/** A gateway process as the relay sees it (a cluster worker, or a test double). */
+export interface RelayPeer {
+  readonly id: string;
+  send(message: ClusterMessage): void;
+}
+
+/**
+ * The primary's side: relays each process's decisions, releases and registry changes to the
+ * other processes, answers workflow lookups (the first step routed claims the workflow, so
+ * two processes starting one workflow at once agree), and gives a process that starts (or
+ * restarts) the current state. One thread, so every claim is atomic.
+ */
+export class ClusterRelay {
+  private readonly peers = new Map<string, RelayPeer>();
+  private readonly workflows = new Map<string, { w: string; s: number | null }>();
+  private readonly workers = new Map<string, WorkerRecord>();
+  private readonly recent: Array<{ d: ClusterDecision; at: number }> = [];
+  private readonly loads = new Map<string, Map<string, { requests: number; prefill: number }>>();
+  private readonly recentLimit: number;
+  private readonly ttlMs: number;
+  private readonly workflowLimit: number;
+  readonly counters = { relayed: 0, claimsLost: 0, malformed: 0 };
+
+  constructor(options: ClusterRelayOptions = {}, private readonly clock: () => number = Date.now) {
+    this.recentLimit = options.recentDecisions ?? 10_000;
+    this.ttlMs = options.decisionTtlMs ?? 120_000;
+    this.workflowLimit = options.workflows ?? 100_000;
+  }
+
+  add(peer: RelayPeer): void {
+    this.peers.set(peer.id, peer);
+  }
+
+  /** A process stopped: the others drop its in-flight work. */
+  remove(id: string): void {
+    if (!this.peers.delete(id)) return;
+    this.loads.delete(id);
+    this.broadcast({ cf: 'gone', r: id }, id);
+  }
+
+  receive(from: string, m: unknown): void {
+    if (!isMessage(m)) return;
+    const peer = this.peers.get(from);
+    if (!peer) return;
+    switch (m.cf) {
+      case 'decision': {
+        if (m.wf !== undefined) {
+          const held = this.workflows.get(m.wf);
+          if (m.claim && held) {
+            // another process routed this workflow's first step first: follow it
+            this.counters.claimsLost++;
+            peer.send({ cf: 'workflow', q: 0, id: m.wf, w: held.w, s: held.s });
+            m.wf = undefined;
+          } else {
+            this.workflows.delete(m.wf);
+            this.workflows.set(m.wf, { w: m.w, s: m.s ?? null });
+            if (this.workflows.size > this.workflowLimit) this.workflows.delete(this.workflows.keys().next().value!);
+          }
+        }
+        if (m.hi.length > 0) {
+          this.recent.push({ d: m, at: this.clock() });
+          if (this.recent.length > this.recentLimit * 2) this.recent.splice(0, this.recent.length - this.recentLimit);
+        }
+        if (typeof m.q === 'number') this.addLoad(from, m.w, 1, m.q);
+        this.broadcast(m, from);
+        return;
+      }
+      case 'released':
+        this.addLoad(from, m.w, -1, -m.q);
+        this.broadcast(m, from);
+        return;
+      case 'worker-added':
+        this.workers.set(m.worker.id, m.worker);
+        this.broadcast(m, from);
+        return;
+      case 'worker-removed':
+        this.workers.delete(m.id);
+        this.broadcast(m, from);
+        return;
+      case 'workflow?': {
+        const held = this.workflows.get(m.id);
+        peer.send({ cf: 'workflow', q: m.q, id: m.id, w: held?.w, s: held?.s });
+        return;
+      }
+      case 'hello':
+        peer.send(this.snapshot(from));
+        return;
+      default:
+        this.counters.malformed++;
+    }
+  }
+
+  private snapshot(to: string): ClusterMessage {
+    const now = this.clock();
+    let live = 0;
+    while (live < this.recent.length && now - this.recent[live].at > this.ttlMs) live++;
+    if (live > 0) this.recent.splice(0, live);
+    const start = Math.max(0, this.recent.length - this.recentLimit);
+    const loads: Array<[string, string, number, number]> = [];
+    for (const [replica, byWorker] of this.loads) {
+      if (replica === to) continue;
+      for (const [worker, l] of byWorker) loads.push([replica, worker, l.requests, l.prefill]);
+    }
+    return {
+      cf: 'snapshot',
+      workers: [...this.workers.values()],
+      workflows: [...this.workflows].map(([id, e]) => [id, e.w, e.s]),
+      decisions: this.recent.slice(start).map((r) => r.d),
+      loads,
+    };
+  }
+
+  private addLoad(replica: string, worker: string, requests: number, prefill: number): void {
+    if (!Number.isFinite(prefill)) return;
+    let byWorker = this.loads.get(replica);
+    if (!byWorker) this.loads.set(replica, (byWorker = new Map()));
+    const l = byWorker.get(worker) ?? { requests: 0, prefill: 0 };
+    l.requests = Math.max(0, l.requests + requests);
+    l.prefill = Math.max(0, l.prefill + prefill);
+    byWorker.set(worker, l);
+  }
+
+  private broadcast(m: ClusterMessage, except: string): void {
+    for (const [id, p] of this.peers) {
+      if (id === except) continue;
+      p.send(m);
+      this.counters.relayed++;
+    }
+  }
+}

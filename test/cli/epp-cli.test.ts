@@ -1,0 +1,109 @@
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { after, test } from 'node:test';
+import { Command } from 'commander';
+import { registerEppCommand } from '../../src/cli/commands/epp.js';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { parseDiscoverySpec } from '../../src/cli/commands/epp.js';
+import { EnvoyRole } from '../epp/envoy-role.js';
+
+const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+const engines: MockEngine[] = [];
+after(async () => {
+  for (const e of engines) await e.close();
+});
+
+/** Starts a CLI command and resolves once its stderr matches `ready`. */
+async function start(args: string[], ready: RegExp) {
+  const child = spawn(process.execPath, ['--import', 'tsx', main, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  const match = await new Promise<RegExpExecArray>((resolve, reject) => {
+    child.stderr.on('data', (d: Buffer) => {
+      stderr += d.toString();
+      const m = ready.exec(stderr);
+      if (m) resolve(m);
+    });
+    child.once('exit', (code) => reject(new Error(`exited ${code}: ${stderr}`)));
+  });
+  return { child, match, stderr: () => stderr };
+}
+
+async function stop(child: ReturnType<typeof spawn>): Promise<number | null> {
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  return exited;
+}
+
+test('contextforge-router epp serves ext_proc and gRPC health, metrics on HTTP, no OpenAI API there', async () => {
+  const e = await new MockEngine({}).start();
+  engines.push(e);
+  const { child, match } = await start(
+    ['epp', '--port', '0', '--metrics-port', '0', '--worker', `id=m0,url=http://127.0.0.1:${e.port}`, '--objectives', 'batch=-1,chat=0'],
+    /ext_proc gRPC\) on [\d.]+:(\d+), metrics and admin on (http:\/\/[\d.]+:\d+)/,
+  );
+  const envoy = new EnvoyRole(`127.0.0.1:${match[1]}`);
+  try {
+    assert.equal(await envoy.healthStatus('liveness'), 'SERVING');
+    assert.equal(await envoy.healthStatus('readiness'), 'SERVING');
+    assert.equal(await envoy.healthStatus('envoy.service.ext_proc.v3.ExternalProcessor'), 'SERVING');
+    const out = await envoy.request({ headers: { ':path': '/v1/completions' }, body: JSON.stringify({ model: 'mock', prompt: 'hello' }) });
+    assert.equal(out.kind === 'routed' && out.headerValue, `127.0.0.1:${e.port}`);
+    if (out.kind === 'routed') await out.stream.end();
+    const metrics = await (await fetch(`${match[2]}/metrics`)).text();
+    assert.match(metrics, /contextforge_epp_requests_total\{outcome="routed"\} 1/);
+    assert.equal((await fetch(`${match[2]}/readyz`)).status, 200);
+    const proxy = await fetch(`${match[2]}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"prompt":"x"}' });
+    assert.equal(proxy.status, 404, 'the picker does not proxy: clients go through the gateway');
+  } finally {
+    envoy.close();
+  }
+  assert.equal(await stop(child), 0);
+});
+
+test('serve --epp-port runs the gateway and the picker in one process', async () => {
+  const e = await new MockEngine({}).start();
+  engines.push(e);
+  const { child, match } = await start(['serve', '--port', '0', '--epp-port', '0', '--worker', `id=m0,url=http://127.0.0.1:${e.port}`], /serving on (http:\/\/[\d.]+:\d+), endpoint picker \(ext_proc gRPC\) on port (\d+)/);
+  const envoy = new EnvoyRole(`127.0.0.1:${match[2]}`);
+  try {
+    const res = await fetch(`${match[1]}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }) });
+    assert.equal(res.status, 200);
+    const out = await envoy.request({ headers: {}, body: JSON.stringify({ prompt: 'hi' }) });
+    assert.equal(out.kind, 'routed');
+    if (out.kind === 'routed') await out.stream.end();
+  } finally {
+    envoy.close();
+  }
+  assert.equal(await stop(child), 0);
+});
+
+test('bad epp flags are refused with a message naming the flag (in process), and the CLI exits non-zero', () => {
+  const parse = (args: string[]) => {
+    let err = '';
+    const program = new Command().exitOverride().configureOutput({ writeErr: (s) => (err += s), writeOut: () => {} });
+    registerEppCommand(program);
+    program.commands.forEach((c) => c.exitOverride().configureOutput({ writeErr: (s) => (err += s), writeOut: () => {} }));
+    assert.throws(() => program.parse(['node', 'contextforge-router', 'epp', ...args]), args.join(' '));
+    return err;
+  };
+  for (const [args, message] of [
+    [['--port', '70000'], /--port must be <= 65535/],
+    [['--metrics-port', '-1'], /--metrics-port must be >= 0/],
+    [['--objectives', 'batch'], /--objectives: 'batch' is not NAME=INTEGER/],
+    [['--shed-kv-usage', '1.5'], /--shed-kv-usage must be in \(0, 1\]/],
+    [['--discover', 'dns=vllm,port=x'], /port must be a port/],
+    [['--discover', 'port=8000'], /dns must be a host name/],
+  ] as Array<[string[], RegExp]>) assert.match(parse(args), message);
+  const r = spawnSync(process.execPath, ['--import', 'tsx', main, 'epp', '--epp-fallbacks', 'two'], { encoding: 'utf8', timeout: 60_000 });
+  assert.notEqual(r.status, 0);
+  assert.match(r.stderr, /--epp-fallbacks must be an integer/);
+});
+
+test('--discover specs', () => {
+  assert.deepEqual(parseDiscoverySpec('dns=vllm.default.svc,port=8000,events-port=5557,interval-ms=2000,models=a;b'), {
+    dns: 'vllm.default.svc', port: 8000, eventsPort: 5557, replayPort: undefined, intervalMs: 2000, models: ['a', 'b'],
+  });
+  assert.throws(() => parseDiscoverySpec('dns=vllm,port=8000,replay-port=5558'), /replay-port needs events-port/);
+  assert.throws(() => parseDiscoverySpec('dns=vllm,port=8000,colour=red'), /unknown key 'colour'/);
+});

@@ -1,0 +1,123 @@
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { after, test } from 'node:test';
+import { Client } from 'undici';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+
+const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+const engines: MockEngine[] = [];
+const children: ChildProcess[] = [];
+const clients: Client[] = [];
+after(async () => {
+  for (const c of clients) await c.close().catch(() => {});
+  for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
+  for (const e of engines) await e.close();
+});
+
+/** Starts `serve` and resolves with its URL once it says where it serves. */
+function startServe(args: string[]): Promise<{ child: ChildProcess; base: string; output: () => string }> {
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  children.push(child);
+  let stderr = '';
+  return new Promise((resolve, reject) => {
+    child.stderr!.on('data', (d: Buffer) => {
+      stderr += d.toString();
+      const m = /serving on (http:\/\/[\d.]+:\d+)/.exec(stderr);
+      if (m) resolve({ child, base: m[1], output: () => stderr });
+    });
+    child.once('exit', (code) => reject(new Error(`serve exited ${code}: ${stderr}`)));
+  });
+}
+
+/** Which gateway process a connection landed on (its replica id in /admin/stats). */
+async function processOf(client: Client): Promise<string> {
+  const res = await client.request({ path: '/admin/stats', method: 'GET' });
+  const stats = (await res.body.json()) as { state: { kind: string; replicaId: string } };
+  assert.equal(stats.state.kind, 'cluster');
+  return stats.state.replicaId;
+}
+
+/** One connection on each of two different processes; new connections until the port hands them out so. */
+async function connectionsOnTwoProcesses(base: string, deadlineMs: number): Promise<[Client, Client, string, string]> {
+  const deadline = Date.now() + deadlineMs;
+  const first = new Client(base, { pipelining: 1 });
+  clients.push(first);
+  const p1 = await processOf(first);
+  while (Date.now() < deadline) {
+    const c = new Client(base, { pipelining: 1 });
+    clients.push(c);
+    const p = await processOf(c);
+    if (p !== p1) return [first, c, p1, p];
+  }
+  throw new Error('every connection went to one process');
+}
+
+async function chat(client: Client, workflowId: string, step: number, messages: Array<{ role: string; content: string }>): Promise<string> {
+  const res = await client.request({
+    path: '/v1/chat/completions',
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-workflow-id': workflowId, 'x-workflow-step': String(step) },
+    body: JSON.stringify({ model: 'mock', messages, max_tokens: 2 }),
+  });
+  await res.body.text();
+  assert.equal(res.statusCode, 200);
+  return String(res.headers['x-contextforge-worker']);
+}
+
+test('serve --processes 2: two processes on one port route as one router (a workflow is not split)', async () => {
+  for (let i = 0; i < 2; i++) engines.push(await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 100_000 }).start());
+  const { child, base, output } = await startServe([
+    '--port', '0', '--processes', '2', '--health-interval-ms', '0', '--metrics-interval-ms', '0',
+    ...engines.flatMap((e, i) => ['--worker', `id=e${i},url=http://127.0.0.1:${e.port}`]),
+  ]);
+  assert.match(output(), /2 processes/);
+  const [a, b, pa, pb] = await connectionsOnTwoProcesses(base, 30_000);
+  assert.notEqual(pa, pb);
+
+  // four workflows start on process A: with nothing cached and no load, A alternates between
+  // the engines, so both are used
+  const conversation = (wf: number) => [
+    { role: 'system', content: `You are agent ${wf}; every workflow has its own long instructions. ${'Plan carefully. '.repeat(40)}` },
+    { role: 'user', content: `Task ${wf}: summarise the design.` },
+  ];
+  const firstStep = new Map<number, string>();
+  for (let wf = 1; wf <= 4; wf++) firstStep.set(wf, await chat(a, `wf-${wf}`, 0, conversation(wf)));
+  assert.equal(new Set(firstStep.values()).size, 2, `A used both engines: ${[...firstStep.values()]}`);
+
+  // their next steps reach process B in the opposite order: on its own, B would alternate
+  // from e0 again and split at least two of them; sharing the state, B follows each workflow
+  for (let wf = 4; wf >= 1; wf--) {
+    const next = [...conversation(wf), { role: 'assistant', content: 'Done.' }, { role: 'user', content: 'Next step.' }];
+    assert.equal(await chat(b, `wf-${wf}`, 1, next), firstStep.get(wf), `workflow ${wf}`);
+  }
+  const stats = (await (await b.request({ path: '/admin/stats', method: 'GET' })).body.json()) as { state: { decisionsApplied: number } };
+  assert.ok(stats.state.decisionsApplied >= 4, `B applied A's decisions: ${JSON.stringify(stats.state)}`);
+
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+});
+
+test('bad --processes and --tokenizer-threads values exit with a message naming the flag', async () => {
+  for (const [flag, value] of [['--processes', '0'], ['--processes', '300'], ['--tokenizer-threads', '-1'], ['--tokenizer-threads', 'many']]) {
+    const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', flag, value, '--worker', 'id=e0,url=http://127.0.0.1:1'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    children.push(child);
+    let stderr = '';
+    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    const code = await new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+    assert.notEqual(code, 0);
+    assert.match(stderr, new RegExp(flag), `${flag} ${value}: ${stderr}`);
+  }
+});
+
+test('serve --processes 2 whose processes cannot start exits with their error, not a hang', async () => {
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', '--port', '0', '--processes', '2', '--tokenize', 'tokenizer', '--tokenizer', '/nonexistent/tokenizer.json', '--worker', 'id=e0,url=http://127.0.0.1:1'], { stdio: ['ignore', 'ignore', 'pipe'] });
+  children.push(child);
+  let stderr = '';
+  child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+  const code = await new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  assert.notEqual(code, 0);
+  assert.match(stderr, /no such file or directory/);
+  assert.match(stderr, /a gateway process failed to start/);
+});

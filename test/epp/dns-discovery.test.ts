@@ -1,0 +1,59 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { parseDiscoverySpec } from '../../src/cli/commands/epp.js';
+import { DnsDiscovery } from '../../src/server/dns-discovery.js';
+import type { WorkerRecord } from '../../src/state/state-store.js';
+
+function host() {
+  const workers = new Map<string, WorkerRecord>();
+  const logs: string[] = [];
+  return {
+    workers, logs,
+    addWorker: (w: WorkerRecord) => void workers.set(w.id, w),
+    removeWorker: (id: string) => workers.delete(id),
+    hasWorker: (id: string) => workers.has(id),
+    log: (m: string) => void logs.push(m),
+  };
+}
+
+test('addresses become workers; one missing resolution keeps a worker, two remove it; a failed lookup changes nothing', async () => {
+  let answer: string[] | Error = ['10.0.0.1', '10.0.0.2'];
+  const h = host();
+  const d = new DnsDiscovery(parseDiscoverySpec('dns=vllm.default.svc,port=8000,events-port=5557'), h, async () => {
+    if (answer instanceof Error) throw answer;
+    return answer;
+  });
+  await d.refresh();
+  assert.deepEqual([...h.workers.keys()], ['10.0.0.1:8000', '10.0.0.2:8000']);
+  assert.deepEqual(h.workers.get('10.0.0.1:8000'), { id: '10.0.0.1:8000', url: 'http://10.0.0.1:8000', events: 'tcp://10.0.0.1:5557', replay: undefined, models: undefined });
+  answer = ['10.0.0.2', '10.0.0.3'];
+  await d.refresh();
+  assert.deepEqual([...h.workers.keys()].sort(), ['10.0.0.1:8000', '10.0.0.2:8000', '10.0.0.3:8000'], 'one miss is not enough');
+  answer = Object.assign(new Error('getaddrinfo EAI_AGAIN'), { code: 'EAI_AGAIN' });
+  await d.refresh();
+  assert.equal(h.workers.size, 3, 'a failed lookup removes nothing');
+  assert.match(h.logs.at(-1)!, /cannot resolve vllm\.default\.svc/);
+  answer = ['10.0.0.2', '10.0.0.3'];
+  await d.refresh();
+  assert.deepEqual([...h.workers.keys()].sort(), ['10.0.0.2:8000', '10.0.0.3:8000'], 'two misses remove it');
+  d.stop();
+});
+
+test('IPv6 addresses are bracketed in ids and URLs; workers added by hand are left alone', async () => {
+  const h = host();
+  h.addWorker({ id: 'static', url: 'http://10.1.1.1:8000' });
+  const d = new DnsDiscovery(parseDiscoverySpec('dns=vllm,port=8000'), h, async () => ['fd00::5']);
+  await d.refresh();
+  assert.deepEqual(h.workers.get('[fd00::5]:8000')?.url, 'http://[fd00::5]:8000');
+  const empty = new DnsDiscovery(parseDiscoverySpec('dns=vllm,port=8000'), h, async () => []);
+  await empty.refresh();
+  await empty.refresh();
+  assert.ok(h.workers.has('static'));
+});
+
+test('a real lookup: localhost resolves to the loopback address', async () => {
+  const h = host();
+  const d = await new DnsDiscovery(parseDiscoverySpec('dns=localhost,port=8000,interval-ms=100000'), h).start();
+  d.stop();
+  assert.ok([...h.workers.keys()].some((id) => id === '127.0.0.1:8000' || id === '[::1]:8000'), [...h.workers.keys()].join(', '));
+});

@@ -1,0 +1,68 @@
+import { KVAwareRouter } from '../../src/core/router/index.js';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { startPicker, type PickerConfig, type RunningPicker } from '../../src/epp/run-picker.js';
+import { createGateway, type Gateway, type GatewayOptions } from '../../src/server/gateway.js';
+import { MemoryStateStore, type StateStore } from '../../src/state/state-store.js';
+
+/** Mock engines, and endpoint-picker replicas in front of them (a gateway each, sharing state or not). */
+export interface PickerFleet {
+  engines: MockEngine[];
+  gateways: Gateway[];
+  pickers: RunningPicker[];
+  /** gRPC address of each picker replica (127.0.0.1:port). */
+  addresses: string[];
+  /** Each engine's endpoint (127.0.0.1:port), in worker order. */
+  endpoints: string[];
+  /** Worker id by endpoint. */
+  workerAt: Map<string, string>;
+  logs: string[];
+  close(): Promise<void>;
+}
+
+export async function startPickerFleet(o: {
+  engines?: number;
+  replicas?: number;
+  state?: () => StateStore;
+  picker?: Partial<PickerConfig>;
+  gateway?: Partial<GatewayOptions>;
+  engineOptions?: ConstructorParameters<typeof MockEngine>[0];
+} = {}): Promise<PickerFleet> {
+  const engines: MockEngine[] = [];
+  for (let i = 0; i < (o.engines ?? 3); i++) engines.push(await new MockEngine({ kvBlocks: 4096, prefillTokS: 200_000, decodeTokS: 4000, ...o.engineOptions }).start());
+  const endpoints = engines.map((e) => `127.0.0.1:${e.port}`);
+  const workerAt = new Map(endpoints.map((e, i) => [e, `engine-${i}`]));
+  const gateways: Gateway[] = [];
+  const pickers: RunningPicker[] = [];
+  const addresses: string[] = [];
+  const logs: string[] = [];
+  for (let r = 0; r < (o.replicas ?? 1); r++) {
+    const gateway = await createGateway({
+      router: new KVAwareRouter({ blockSize: 16 }),
+      workers: engines.map((e, i) => ({ id: `engine-${i}`, url: `http://127.0.0.1:${e.port}` })),
+      state: (o.state ?? (() => new MemoryStateStore()))(),
+      metricsIntervalMs: 0, healthCheckIntervalMs: 0, log: (m) => logs.push(m),
+      ...o.gateway,
+    });
+    const picker = await startPicker(gateway, { shedQueueDepth: 5, shedKvUsage: 0.8, eppFallbacks: 2, bodyLimit: o.gateway?.bodyLimit ?? 16 * 1024 * 1024, ...o.picker }, { host: '127.0.0.1', port: 0, log: (m) => logs.push(m), readinessIntervalMs: 50 });
+    gateways.push(gateway);
+    pickers.push(picker);
+    addresses.push(`127.0.0.1:${String(picker.eppPort)}`);
+  }
+  return {
+    engines, gateways, pickers, addresses, endpoints, workerAt, logs,
+    close: async () => {
+      for (const p of pickers) await p.close();
+      for (const g of gateways) await g.close();
+      for (const e of engines) await e.close();
+    },
+  };
+}
+
+/** Polls `check` until it holds or the deadline passes (no fixed sleeps). */
+export async function until(check: () => boolean | Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}

@@ -1,0 +1,169 @@
+/**
+ * The fault suite's engines and infrastructure: engines that hang, answer 500 or can be killed
+ * and restarted on the same port, and a redis-server of the suite's own on a free port that can
+ * be killed and restarted. Every wait has a deadline; nothing sleeps a fixed time to "let
+ * things settle".
+ */
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import { createConnection, createServer as createTcpServer, type AddressInfo } from 'node:net';
+import { MockEngine, type MockEngineOptions } from '../../src/engines/mock-engine.js';
+
+/** Polls `cond` every 10 ms until it holds; fails the test after `timeoutMs`. */
+export async function waitFor(what: string, cond: () => boolean | Promise<boolean>, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (await cond()) return;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  assert.fail(`timed out after ${timeoutMs} ms waiting for ${what}`);
+}
+
+export async function freePort(): Promise<number> {
+  const server = createTcpServer();
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((r) => server.close(() => r()));
+  return port;
+}
+
+export interface FakeEngine {
+  url: string;
+  port: number;
+  /** Requests received on the OpenAI paths. */
+  requests: number;
+  close(): Promise<void>;
+}
+
+/**
+ * An HTTP engine whose OpenAI paths are answered by `handler`; /health answers 200 and
+ * /metrics 404 (so neither takes it out of rotation unless a test says so).
+ */
+export async function fakeEngine(handler: (req: IncomingMessage, res: ServerResponse) => void, healthStatus: () => number = () => 200): Promise<FakeEngine> {
+  const engine = { url: '', port: 0, requests: 0, close: async () => {} };
+  const server = createServer((req, res) => {
+    if (req.url === '/health') return void res.writeHead(healthStatus()).end();
+    if (req.url === '/metrics') return void res.writeHead(404).end();
+    engine.requests++;
+    handler(req, res);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  engine.port = (server.address() as AddressInfo).port;
+  engine.url = `http://127.0.0.1:${engine.port}`;
+  engine.close = () =>
+    new Promise<void>((r) => {
+      server.closeAllConnections();
+      server.close(() => r());
+    });
+  return engine;
+}
+
+/** An engine that reads the request and never answers. */
+export const hangingEngine = () => fakeEngine((req) => req.resume());
+
+/** An engine that answers every request with HTTP 500. */
+export const failingEngine = () =>
+  fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => res.writeHead(500, { 'content-type': 'application/json' }).end('{"error":{"message":"engine exploded"}}'));
+  });
+
+/** A mock engine on a fixed port that can be killed and restarted there (with an empty cache). */
+export class KillableEngine {
+  engine: MockEngine | undefined;
+  port = 0;
+
+  constructor(private readonly options: MockEngineOptions = {}) {
+    this.options = { ...options };
+  }
+
+  /** Starts (again) on the same HTTP port and event endpoints; a port the old process still holds is retried until free. */
+  async start(): Promise<this> {
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      const engine = new MockEngine({ ...this.options, port: this.port });
+      try {
+        this.engine = await engine.start();
+        break;
+      } catch (err) {
+        await engine.close().catch(() => {});
+        if (!/in use/i.test(String((err as Error).message)) || Date.now() > deadline) throw err;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+    this.port = this.engine.port;
+    // the event endpoints it bound ('*' ports resolved) are where it binds again after a restart
+    if (this.options.events) this.options.events = this.engine.eventsEndpoint;
+    if (this.options.replay) this.options.replay = this.engine.replayEndpoint;
+    return this;
+  }
+
+  get url(): string {
+    return `http://127.0.0.1:${this.port}`;
+  }
+
+  /** Connections are cut, requests in its queue and batch are lost. */
+  async kill(): Promise<void> {
+    await this.engine?.close();
+    this.engine = undefined;
+  }
+
+  /** A new process on the same port: nothing cached. */
+  async restart(): Promise<void> {
+    await this.kill();
+    await this.start();
+  }
+}
+
+/** A redis-server of the test's own on a free port, without persistence. */
+export class RedisProcess {
+  private child: ChildProcess | undefined;
+  port = 0;
+
+  async start(): Promise<this> {
+    if (this.port === 0) this.port = await freePort();
+    const child = spawn('redis-server', ['--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--protected-mode', 'no'], { stdio: 'ignore' });
+    this.child = child;
+    child.on('error', (err) => assert.fail(`redis-server could not start: ${err.message}`));
+    await waitFor(`redis-server on port ${this.port}`, () => this.ping(), 10_000);
+    return this;
+  }
+
+  get url(): string {
+    return `redis://127.0.0.1:${this.port}`;
+  }
+
+  /** SIGKILL: connections drop, nothing is saved. */
+  async kill(): Promise<void> {
+    const child = this.child;
+    if (!child || child.exitCode !== null) return;
+    const exited = new Promise((r) => child.once('exit', r));
+    child.kill('SIGKILL');
+    await exited;
+    this.child = undefined;
+  }
+
+  async restart(): Promise<void> {
+    await this.kill();
+    await this.start();
+  }
+
+  private ping(): Promise<boolean> {
+    return new Promise((resolve) => {
+      const socket = createConnection({ host: '127.0.0.1', port: this.port });
+      socket.once('error', () => resolve(false));
+      socket.once('connect', () => socket.write('PING\r\n'));
+      socket.once('data', (d) => {
+        socket.destroy();
+        resolve(d.toString().startsWith('+PONG'));
+      });
+    });
+  }
+}
+
+/** POSTs JSON to the gateway; resolves to status, headers and the body text. */
+export async function post(base: string, path: string, body: unknown, headers: Record<string, string> = {}): Promise<{ status: number; headers: Headers; text: string }> {
+  const res = await fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+  return { status: res.status, headers: res.headers, text: await res.text() };
+}

@@ -1,0 +1,94 @@
+import assert from 'node:assert/strict';
+import { chmodSync, mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { adminRequestProblem, AdminToken, resolveAdminToken } from '../../src/server/admin-auth.js';
+import { ApiKeys, loadApiKeysFile, tenantCacheSalt } from '../../src/server/api-keys.js';
+import { checkApiKeyEnv, checkHttpUrl, checkWorkerId, redactUrl, splitCredentials } from '../../src/server/worker-input.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'cf-auth-'));
+
+test('the admin token matches only "Bearer <token>"', () => {
+  const t = new AdminToken('s3cret-token');
+  assert.equal(t.matches('Bearer s3cret-token'), true);
+  assert.equal(t.matches('bearer  s3cret-token'), true);
+  for (const bad of [undefined, '', 's3cret-token', 'Bearer s3cret-toke', 'Bearer s3cret-token2', 'Basic s3cret-token', ['Bearer s3cret-token']]) assert.equal(t.matches(bad), false, String(bad));
+  assert.throws(() => new AdminToken('short'), /at least 8/);
+});
+
+test('without a token, a random one is written to the token file (0600) and read back on the next start', () => {
+  const file = join(dir, 'sub', 'admin-token');
+  const first = resolveAdminToken({ tokenFile: file });
+  assert.equal(first.origin, 'generated');
+  assert.ok(first.token.length >= 40);
+  assert.equal(statSync(file).mode & 0o777, 0o600);
+  assert.equal(statSync(join(dir, 'sub')).mode & 0o777, 0o700);
+  assert.equal(readFileSync(file, 'utf8').trim(), first.token);
+  const again = resolveAdminToken({ tokenFile: file });
+  assert.deepEqual([again.origin, again.token], ['file', first.token]);
+  // a configured token wins over the file
+  assert.equal(resolveAdminToken({ token: 'from-the-environment', tokenFile: file }).token, 'from-the-environment');
+  // two starts never share a generated token
+  assert.notEqual(resolveAdminToken({ tokenFile: join(dir, 'other') }).token, first.token);
+});
+
+test('a token file others can read is refused', () => {
+  const file = join(dir, 'loose');
+  writeFileSync(file, 'a-long-enough-token\n');
+  chmodSync(file, 0o644);
+  assert.throws(() => resolveAdminToken({ tokenFile: file }), /readable by others/);
+  chmodSync(file, 0o600);
+  assert.equal(resolveAdminToken({ tokenFile: file }).token, 'a-long-enough-token');
+});
+
+test('admin requests: cross-site and non-JSON bodies are refused before the token is looked at', () => {
+  const json = { 'content-type': 'application/json', 'content-length': '2', host: '127.0.0.1:8080' };
+  assert.equal(adminRequestProblem('POST', json), undefined);
+  assert.equal(adminRequestProblem('GET', { host: 'h' }), undefined);
+  assert.equal(adminRequestProblem('POST', { ...json, 'content-type': 'application/json; charset=utf-8' }), undefined);
+  assert.equal(adminRequestProblem('POST', { host: 'h' }), undefined, 'no body at all (drain, resume)');
+  for (const type of ['application/x-www-form-urlencoded', 'text/plain', 'multipart/form-data; boundary=x', 'application/jsonx']) {
+    assert.equal(adminRequestProblem('POST', { ...json, 'content-type': type })?.status, 415, type);
+  }
+  assert.equal(adminRequestProblem('POST', { 'content-length': '5', host: 'h' })?.status, 415, 'a body without a type');
+  assert.equal(adminRequestProblem('POST', { ...json, origin: 'https://evil.example' })?.status, 403);
+  assert.equal(adminRequestProblem('POST', { ...json, origin: 'http://127.0.0.1:8080' }), undefined, 'same origin');
+  assert.equal(adminRequestProblem('POST', { ...json, origin: 'null' })?.status, 403);
+  assert.equal(adminRequestProblem('GET', { host: 'h', 'sec-fetch-site': 'cross-site' })?.status, 403);
+  assert.equal(adminRequestProblem('GET', { host: 'h', 'sec-fetch-site': 'same-site' })?.status, 403);
+  assert.equal(adminRequestProblem('GET', { host: 'h', 'sec-fetch-site': 'none' }), undefined);
+});
+
+test('API keys map to tenants; the file must be a private mapping', () => {
+  const keys = new ApiKeys({ 'sk-aaaaaaaaaaaaaaaa': 'team-a', 'sk-bbbbbbbbbbbbbbbb': 'team-b' });
+  assert.equal(keys.tenantOf('Bearer sk-aaaaaaaaaaaaaaaa'), 'team-a');
+  assert.equal(keys.tenantOf('Bearer sk-bbbbbbbbbbbbbbbb'), 'team-b');
+  for (const bad of [undefined, 'sk-aaaaaaaaaaaaaaaa', 'Bearer sk-aaaaaaaaaaaaaaa', 'Bearer ']) assert.equal(keys.tenantOf(bad), undefined);
+  assert.throws(() => new ApiKeys({ short: 'a' }), /shorter than 16/);
+  assert.throws(() => new ApiKeys({ 'sk-cccccccccccccccc': 'a/b' }), /tenant 'a\/b'/);
+  assert.throws(() => new ApiKeys({}), /no keys/);
+  const file = join(dir, 'keys.yaml');
+  writeFileSync(file, 'sk-aaaaaaaaaaaaaaaa: team-a\n"sk-bbbbbbbbbbbbbbbb": team-b\n', { mode: 0o600 });
+  assert.equal(loadApiKeysFile(file).tenantOf('Bearer sk-bbbbbbbbbbbbbbbb'), 'team-b');
+  chmodSync(file, 0o640);
+  assert.throws(() => loadApiKeysFile(file), /--api-keys-file .*readable by others/);
+  // no client salt makes one tenant's salt another's
+  for (const clientSalt of [undefined, 'x', '/team-a', '../team-a', 'team-a/']) assert.equal(tenantCacheSalt('team-b', clientSalt).split('/')[1], 'team-b');
+  assert.notEqual(tenantCacheSalt('team-a', undefined), tenantCacheSalt('team-b', undefined));
+});
+
+test('worker input: ids, URLs and key variables are checked; credentials are never shown', () => {
+  assert.equal(checkWorkerId('w-1.a:0'), 'w-1.a:0');
+  for (const bad of ['', 'a b', '../x', 'x'.repeat(65), 5, '<script>']) assert.throws(() => checkWorkerId(bad), RangeError);
+  assert.equal(checkHttpUrl('http://10.0.0.5:8000', 'url'), 'http://10.0.0.5:8000');
+  for (const bad of ['ftp://x', 'http//x', 'http://x/?a=1', 'http://x/#f', 'x'.repeat(3000), null]) assert.throws(() => checkHttpUrl(bad, 'url'), RangeError);
+  assert.equal(redactUrl('http://user:pa55@10.0.0.5:8000/v1'), 'http://***@10.0.0.5:8000/v1');
+  assert.equal(redactUrl('http://10.0.0.5:8000'), 'http://10.0.0.5:8000');
+  assert.ok(!redactUrl('http://user:pa55@h').includes('pa55'));
+  assert.deepEqual(splitCredentials('http://us%40r:p%3Ass@10.0.0.5:8000/v1'), { url: 'http://10.0.0.5:8000/v1', authorization: `Basic ${Buffer.from('us@r:p:ss').toString('base64')}` });
+  assert.deepEqual(splitCredentials('http://10.0.0.5:8000'), { url: 'http://10.0.0.5:8000' });
+  assert.equal(checkApiKeyEnv('VLLM_API_KEY'), 'VLLM_API_KEY');
+  assert.throws(() => checkApiKeyEnv('CONTEXTFORGE_ADMIN_TOKEN'), /may not/);
+  assert.throws(() => checkApiKeyEnv('A-B'), /variable name/);
+});

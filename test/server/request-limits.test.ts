@@ -1,0 +1,133 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import {
+  checkJsonDepth, checkRequestLimits, clientMessage, DEFAULT_REQUEST_LIMITS, parseJsonBody, readMessages, readMetadata, readPrompt, RequestLimitError,
+} from '../../src/server/request-limits.js';
+
+const limits = DEFAULT_REQUEST_LIMITS;
+/** Asserts `fn` throws a RequestLimitError naming `param`. */
+const rejects = (fn: () => unknown, param: string, message?: RegExp) =>
+  assert.throws(fn, (e: unknown) => {
+    assert.ok(e instanceof RequestLimitError, `a RequestLimitError, got ${String(e)}`);
+    assert.equal(e.param, param);
+    assert.equal(e.status, 400);
+    if (message) assert.match(e.message, message);
+    return true;
+  });
+
+describe('JSON depth', () => {
+  test('a 10,000-deep body is refused before parsing, without recursion', () => {
+    rejects(() => parseJsonBody('['.repeat(10_000) + ']'.repeat(10_000), 64), 'body', /deeper than 64/);
+    rejects(() => parseJsonBody(`{"a":${'{"a":'.repeat(100)}1${'}'.repeat(101)}`, 64), 'body');
+  });
+  test('brackets inside strings (with escaped quotes) do not count', () => {
+    const deepText = JSON.stringify({ s: '[[[[[[[[[[{{{{{{{{ \\" [[[[', t: 'x"[[' });
+    assert.deepEqual(parseJsonBody(deepText, 2), JSON.parse(deepText));
+    checkJsonDepth('[[1]]', 2);
+    rejects(() => checkJsonDepth('[[[1]]]', 2), 'body');
+  });
+  test('invalid JSON is a 400 that does not echo the body', () => {
+    rejects(() => parseJsonBody('{"secret": nope', 64), 'body', /^the body is not valid JSON$/);
+  });
+});
+
+describe('metadata', () => {
+  test('ids: strings of at most maxIdBytes UTF-8 bytes, never numbers or empty', () => {
+    assert.equal(readMetadata({ workflowId: 'w'.repeat(256) }, {}, limits).workflowId, 'w'.repeat(256));
+    rejects(() => readMetadata({ workflowId: 'w'.repeat(257) }, {}, limits), 'contextforge.workflowId', /256 bytes/);
+    rejects(() => readMetadata({ workflowId: 'é'.repeat(129) }, {}, limits), 'contextforge.workflowId'); // 258 bytes
+    rejects(() => readMetadata({ workflowId: 5 }, {}, limits), 'contextforge.workflowId', /string/);
+    rejects(() => readMetadata({ agentRole: '' }, {}, limits), 'contextforge.agentRole');
+    rejects(() => readMetadata(undefined, { 'x-workflow-id': 'x'.repeat(1 << 20) }, limits), 'x-workflow-id');
+    rejects(() => readMetadata(undefined, { 'x-agent-role': 'r'.repeat(300) }, limits), 'x-agent-role');
+    const small = checkRequestLimits({ maxIdBytes: 4 });
+    rejects(() => readMetadata({ agentRole: 'critic' }, {}, small), 'contextforge.agentRole', /4 bytes/);
+  });
+  test('anchors: a bounded list of ids, each {id, tokens} or "id[:tokens]"', () => {
+    assert.deepEqual(readMetadata({ anchors: ['a', { id: 'b', tokens: 32 }, 'c:7'] }, {}, limits).contentAnchors, [{ id: 'a', tokens: 0 }, { id: 'b', tokens: 32 }, { id: 'c', tokens: 7 }]);
+    assert.deepEqual(readMetadata(undefined, { 'x-anchor-ids': 'doc-1:64, doc-2' }, limits).contentAnchors, [{ id: 'doc-1', tokens: 64 }, { id: 'doc-2', tokens: 0 }]);
+    rejects(() => readMetadata({ anchors: [{ id: 5 }] }, {}, limits), 'contextforge.anchors[0].id');
+    rejects(() => readMetadata({ anchors: [null] }, {}, limits), 'contextforge.anchors[0]');
+    rejects(() => readMetadata({ anchors: 'a' }, {}, limits), 'contextforge.anchors');
+    rejects(() => readMetadata({ anchors: Array.from({ length: 129 }, (_, i) => `a${i}`) }, {}, limits), 'contextforge.anchors', /more than 128/);
+    rejects(() => readMetadata(undefined, { 'x-anchor-ids': Array.from({ length: 129 }, (_, i) => `a${i}`).join(',') }, limits), 'x-anchor-ids');
+    rejects(() => readMetadata({ anchors: [{ id: 'x'.repeat(300) }] }, {}, limits), 'contextforge.anchors[0].id');
+    rejects(() => readMetadata({ anchors: [{ id: 'a', tokens: -1 }] }, {}, limits), 'contextforge.anchors[0].tokens');
+  });
+  test('steps and CLA groups: integers, and headers in decimal digits only', () => {
+    assert.equal(readMetadata(undefined, { 'x-workflow-step': '16' }, limits).workflowStep, 16);
+    assert.equal(readMetadata({ workflowStep: 3 }, { 'x-workflow-step': '16' }, limits).workflowStep, 3);
+    assert.equal(readMetadata(undefined, { 'x-workflow-step': '', 'x-agent-role': '', 'x-workflow-id': '' }, limits).workflowId, undefined, 'empty headers are not set');
+    for (const v of ['0x10', '1e3', ' 7', '-1', '1.5', '99999999999999999']) rejects(() => readMetadata(undefined, { 'x-workflow-step': v }, limits), 'x-workflow-step');
+    rejects(() => readMetadata(undefined, { 'x-cla-group': '0b1' }, limits), 'x-cla-group');
+    rejects(() => readMetadata({ workflowStep: 1.5 }, {}, limits), 'contextforge.workflowStep');
+    rejects(() => readMetadata({ claGroup: '2' }, {}, limits), 'contextforge.claGroup');
+    rejects(() => readMetadata(undefined, { 'x-workflow-step': ['1', '2'] }, limits), 'x-workflow-step', /once/);
+  });
+  test('isolate: booleans only (and 1/0/true/false in the header)', () => {
+    assert.equal(readMetadata({ isolate: true }, {}, limits).isolate, true);
+    assert.equal(readMetadata({ isolate: false }, {}, limits).isolate, undefined);
+    assert.equal(readMetadata(undefined, { 'x-kv-isolate': 'true' }, limits).isolate, true);
+    assert.equal(readMetadata(undefined, { 'x-kv-isolate': '0' }, limits).isolate, undefined);
+    rejects(() => readMetadata({ isolate: 'yes' }, {}, limits), 'contextforge.isolate');
+    rejects(() => readMetadata({ isolate: 1 }, {}, limits), 'contextforge.isolate');
+    rejects(() => readMetadata(undefined, { 'x-kv-isolate': 'yes' }, limits), 'x-kv-isolate');
+  });
+  test('the contextforge field is an object of known keys', () => {
+    rejects(() => readMetadata(5, {}, limits), 'contextforge');
+    rejects(() => readMetadata([], {}, limits), 'contextforge');
+    rejects(() => readMetadata({ workflowID: 'typo' }, {}, limits), 'contextforge.workflowID', /not a known field/);
+  });
+});
+
+describe('prompts and messages', () => {
+  test('token ids are integers in [0, 2^32)', () => {
+    assert.deepEqual(readPrompt([1, 2, 4294967295]), { tokens: [1, 2, 4294967295] });
+    assert.deepEqual(readPrompt([[1, 2], [3]]), { tokens: [1, 2] });
+    assert.deepEqual(readPrompt(['a', 'b']), { text: 'a' });
+    for (const bad of [[1e300], [4294967296], [-1], [1.5], [1, '2'], [NaN]]) rejects(() => readPrompt(bad), 'prompt');
+    rejects(() => readPrompt([[1], [2, 1e300]]), 'prompt[1]');
+    rejects(() => readPrompt(['a', 1]), 'prompt');
+    rejects(() => readPrompt([]), 'prompt');
+    rejects(() => readPrompt({ a: 1 }), 'prompt');
+  });
+  test('content parts: objects of known types; text parts carry text', () => {
+    const ok = [{ role: 'user', content: [{ type: 'text', text: 'hi' }, { type: 'image_url', image_url: { url: 'http://x/y.png' } }] }, { role: 'assistant', content: null }];
+    assert.equal(readMessages(ok), ok);
+    rejects(() => readMessages([{ role: 'user', content: [null] }]), 'messages[0].content[0]');
+    rejects(() => readMessages([{ role: 'user', content: [{ type: 'evil' }] }]), 'messages[0].content[0].type');
+    rejects(() => readMessages([{ role: 'user', content: [{ type: 'text', text: 5 }] }]), 'messages[0].content[0].text');
+    rejects(() => readMessages([{ role: 'user', content: [{ type: 'image_url', image_url: null }] }]), 'messages[0].content[0].image_url');
+    rejects(() => readMessages([{ role: 'user', content: 5 }]), 'messages[0].content');
+    rejects(() => readMessages([{ content: 'x' }]), 'messages[0].role');
+    rejects(() => readMessages([null]), 'messages[0]');
+    rejects(() => readMessages([]), 'messages');
+  });
+});
+
+test('client messages: checks pass through, runtime errors become a generic sentence', () => {
+  assert.equal(clientMessage(new RangeError('workflowId must be a non-empty string')), 'workflowId must be a non-empty string');
+  assert.equal(clientMessage(new TypeError("Cannot read properties of null (reading 'type')")), 'the request could not be routed');
+  assert.equal(clientMessage(new RangeError('Maximum call stack size exceeded')), 'the request could not be routed');
+  assert.equal(clientMessage(new Error('ECONNREFUSED 10.0.0.5')), 'the request could not be routed');
+});
+
+test('limits must be positive integers', () => {
+  assert.throws(() => checkRequestLimits({ maxAnchors: 0 }), /limits.maxAnchors/);
+  assert.throws(() => checkRequestLimits({ maxJsonDepth: 1.5 }), /limits.maxJsonDepth/);
+  assert.deepEqual(checkRequestLimits(undefined), DEFAULT_REQUEST_LIMITS);
+});
+
+test('a whole request: metadata removed from the body, cache_salt checked', async () => {
+  const { readRouteRequest } = await import('../../src/server/request-limits.js');
+  const r = readRouteRequest('/v1/chat/completions', { model: 'm', messages: [{ role: 'user', content: 'hi' }], contextforge: { workflowId: 'wf', isolate: true }, cache_salt: 's' }, { 'x-workflow-step': '2' }, limits);
+  assert.deepEqual(r.body, { model: 'm', messages: [{ role: 'user', content: 'hi' }], cache_salt: 's' });
+  assert.equal(r.unchanged, false);
+  assert.deepEqual([r.routeRequest.workflowId, r.routeRequest.workflowStep, r.routeRequest.isolate, r.routeRequest.cacheSalt], ['wf', 2, true, 's']);
+  const c = readRouteRequest('/v1/completions', { prompt: [1, 2, 3] }, {}, limits);
+  assert.deepEqual([c.routeRequest.tokens, c.unchanged], [[1, 2, 3], true]);
+  rejects(() => readRouteRequest('/v1/completions', { prompt: 'x', cache_salt: '' }, {}, limits), 'cache_salt');
+  rejects(() => readRouteRequest('/v1/completions', { prompt: 'x', cache_salt: 5 }, {}, limits), 'cache_salt');
+  rejects(() => readRouteRequest('/v1/completions', [1], {}, limits), 'body');
+  rejects(() => readRouteRequest('/v1/completions', null, {}, limits), 'body');
+});

@@ -1,0 +1,101 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { KVAwareRouter } from '../../src/core/router/index.js';
+import { ClusterRelay, ClusterStateStore, type ClusterMessage } from '../../src/state/cluster-state-store.js';
+import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
+
+/** Gateway processes and the primary's relay in one thread: messages are delivered asynchronously, in order. */
+function fleet(n: number) {
+  const relay = new ClusterRelay();
+  const processes = Array.from({ length: n }, (_, i) => {
+    const id = String(i + 1);
+    const listeners = new Set<(m: unknown) => void>();
+    relay.add({ id, send: (m) => queueMicrotask(() => { for (const l of listeners) l(structuredClone(m)); }) });
+    const store = new ClusterStateStore({
+      replicaId: id,
+      channel: {
+        send: (m: ClusterMessage) => queueMicrotask(() => relay.receive(id, structuredClone(m))),
+        onMessage: (l) => void listeners.add(l),
+        offMessage: (l) => void listeners.delete(l),
+      },
+    });
+    const router = new KVAwareRouter({ policy: 'cost' });
+    const workers: WorkerRecord[] = [{ id: 'e0', url: 'http://e0' }, { id: 'e1', url: 'http://e1' }];
+    for (const w of workers) router.registerWorker(w.id);
+    const host: StateStoreHost = {
+      router,
+      listWorkers: () => workers,
+      addWorkerFromState: (w) => {
+        workers.push(w);
+        router.registerWorker(w.id);
+      },
+      removeWorkerFromState: (wid) => {
+        workers.splice(workers.findIndex((w) => w.id === wid), 1);
+        router.removeWorker(wid);
+      },
+      log: () => {},
+    };
+    return { id, store, router, host };
+  });
+  return { relay, processes };
+}
+
+/** Routes as the gateway does: learn first, then decide and share. */
+async function route(p: ReturnType<typeof fleet>['processes'][number], workflowId: string, text: string) {
+  await p.store.beforeRoute({ workflowId, text });
+  const r = p.router.route({ text, workflowId, workflowStep: 0 }, { share: true });
+  p.store.decisionMade(r.shared!);
+  return r;
+}
+
+const settle = () => new Promise<void>((r) => setImmediate(r));
+
+test('two processes starting one workflow at once end up on the first claim; in-flight load is shared', async () => {
+  const { relay, processes: [a, b] } = fleet(2);
+  await Promise.all([a.store.attach(a.host), b.store.attach(b.host)]);
+  // B is busier on e0, so on its own it picks e1 where A (idle) picks e0
+  b.router.route({ text: 'other work', promptTokens: 5000 });
+  const [ra, rb] = await Promise.all([route(a, 'wf', 'step one of the workflow'), route(b, 'wf', 'a different first message')]);
+  assert.notEqual(ra.workerId, rb.workerId, 'the race this test is about');
+  await settle();
+  await settle();
+  // one of them claimed it first; the other follows, and both agree
+  assert.equal(relay.counters.claimsLost, 1);
+  assert.equal(a.router.workflowAffinity('wf')?.workerId, b.router.workflowAffinity('wf')?.workerId);
+  // A's tracked request counts on B's view of its worker, and leaves it when released
+  const before = b.router.listWorkers().find((w) => w.id === ra.workerId)!.inFlightRequests;
+  a.store.decisionEnded(ra.shared!);
+  await settle();
+  await settle();
+  assert.equal(b.router.listWorkers().find((w) => w.id === ra.workerId)!.inFlightRequests, before - 1);
+});
+
+test('a process that starts late gets the workflows, blocks and load from the relay; a stopped one\'s load is dropped', async () => {
+  const { relay, processes: [a, b] } = fleet(2);
+  await a.store.attach(a.host);
+  const prompt = 'the long shared system prompt of a late workflow. '.repeat(20);
+  const r = await route(a, 'wf-late', prompt);
+  await settle();
+  await b.store.attach(b.host);
+  assert.equal(b.router.workflowAffinity('wf-late')?.workerId, r.workerId);
+  const onB = b.router.route({ text: prompt }, { dryRun: true });
+  assert.equal(onB.workerId, r.workerId);
+  assert.ok(onB.cachedTokens > 0, 'the blocks A recorded are known to B');
+  const worker = () => b.router.listWorkers().find((w) => w.id === r.workerId)!.inFlightRequests;
+  assert.equal(worker(), 1);
+  relay.remove(a.id);
+  await settle();
+  assert.equal(worker(), 0);
+  assert.equal(b.store.stats().kind, 'cluster');
+});
+
+test('messages that are not the relay\'s are ignored', async () => {
+  const { processes: [a] } = fleet(1);
+  await a.store.attach(a.host);
+  const relay = new ClusterRelay();
+  relay.add({ id: 'x', send: () => {} });
+  relay.receive('x', { hello: 1 });
+  relay.receive('x', null);
+  relay.receive('unknown', { cf: 'hello', r: 'unknown' });
+  assert.equal(relay.counters.relayed, 0);
+});
