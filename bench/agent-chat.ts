@@ -44,7 +44,15 @@ export class AgentChats {
   private counter = 0;
 
   constructor(options: AgentChatOptions = {}) {
-    this.options = { seed: 1, conversations: 32, targetBytes: 40_000, systemBytes: 10_000, maxTokens: 200, model: 'mock', ...options };
+    this.options = {
+      seed: 1,
+      conversations: 32,
+      targetBytes: 40_000,
+      systemBytes: 10_000,
+      maxTokens: 200,
+      model: 'mock',
+      ...options,
+    };
     this.rng = createRng(this.options.seed);
     this.reset();
   }

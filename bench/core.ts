@@ -29,7 +29,8 @@ const REQUESTS = intFlag(flags, 'requests', 20_000);
 const DOCS = intFlag(flags, 'docs', 3000);
 const REPEAT = Math.max(1, intFlag(flags, 'repeat', 5));
 const profileFlag = flags.get('profile');
-const PROFILE_FILE = profileFlag === undefined ? undefined : profileFlag === true ? 'bench/results/core-route.cpuprofile' : profileFlag;
+const PROFILE_FILE =
+  profileFlag === undefined ? undefined : profileFlag === true ? 'bench/results/core-route.cpuprofile' : profileFlag;
 const rng = createRng(intFlag(flags, 'seed', 1));
 
 // Random prefix trees: each document extends a random earlier one from a random depth.
@@ -45,7 +46,13 @@ for (let d = 0; d < DOCS; d++) {
 }
 
 const before = memoryAfterGc();
-const router = new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: BLOCK, maxIndexEntries: 4_000_000, clock: () => now });
+const router = new KVAwareRouter({
+  policy: 'cost',
+  indexMode: 'precise',
+  blockSize: BLOCK,
+  maxIndexEntries: 4_000_000,
+  clock: () => now,
+});
 let now = 0;
 for (let w = 0; w < WORKERS; w++) router.registerWorker(`w${w}`);
 
@@ -84,7 +91,14 @@ for (let i = 0; i < 10_000; i++) {
   router.release(router.route({ tokens: requests[i % requests.length] }).ticket);
 }
 /** One timed route phase: REQUESTS decisions, each timed alone too. */
-function routePhase(): { decisionsPerSec: number; decisionsPerCpuSec: number; p50Us: number; p90Us: number; p99Us: number; maxUs: number } {
+function routePhase(): {
+  decisionsPerSec: number;
+  decisionsPerCpuSec: number;
+  p50Us: number;
+  p90Us: number;
+  p99Us: number;
+  maxUs: number;
+} {
   const samples = new Float64Array(REQUESTS);
   const cpu0 = process.cpuUsage();
   const tRoute0 = performance.now();
@@ -148,8 +162,15 @@ for (let i = 0; i < EVENT_BATCHES; i++) {
   const depth = 1 + Math.floor(rng() * BLOCKS_PER_DOC);
   const hashes = Array.from({ length: depth }, () => engineHash++);
   const store: KvEvent = {
-    type: 'BlockStored', blockHashes: hashes, parentBlockHash: null, tokenIds: Array.from(doc.subarray(0, depth * BLOCK)),
-    blockSize: BLOCK, loraId: null, medium: 'GPU', loraName: null, groupIdx: null,
+    type: 'BlockStored',
+    blockHashes: hashes,
+    parentBlockHash: null,
+    tokenIds: Array.from(doc.subarray(0, depth * BLOCK)),
+    blockSize: BLOCK,
+    loraId: null,
+    medium: 'GPU',
+    loraName: null,
+    groupIdx: null,
   };
   const remove: KvEvent = { type: 'BlockRemoved', blockHashes: hashes, medium: 'GPU', groupIdx: null };
   const t0 = performance.now();
@@ -183,7 +204,8 @@ const result = {
     indexMode: 'precise',
     loadEventsPerSec: Math.round(storedBlocks / (loadMs / 1000)),
     eventsCountedAs: 'blocks in BlockStored + BlockRemoved, hashed from token ids',
-    kvEventPathCountedAs: 'the same, as decoded events through KvEventApplier (engine hash map, own hashes from the parent)',
+    kvEventPathCountedAs:
+      'the same, as decoded events through KvEventApplier (engine hash map, own hashes from the parent)',
     bytesCountedAs: 'heapUsed + arrayBuffers after full GC, router and index only, after the load phase',
     node: process.version,
   },

@@ -28,10 +28,14 @@ const split = (flags.get('split') ?? 'eval') as string;
 if (split !== 'train' && split !== 'eval') throw new RangeError(`--split must be train or eval, got '${split}'`);
 const WORKERS = intFlag(flags, 'workers', 8);
 const WINDOWS = intFlag(flags, 'windows', 3);
-const wanted = new Set(String(flags.get('traces') ?? 'mooncake,ragpulse,ragpulse-no-anchors,workflows,agentic').split(','));
+const wanted = new Set(
+  String(flags.get('traces') ?? 'mooncake,ragpulse,ragpulse-no-anchors,workflows,agentic').split(','),
+);
 const onlySpeeds = flags.has('speeds') ? new Set(String(flags.get('speeds')).split(',').map(Number)) : undefined;
 // a variant of the weights to try (on the training split: that is what it is for)
-const costWeights = flags.has('cost-weights') ? (JSON.parse(String(flags.get('cost-weights'))) as Record<string, number>) : undefined;
+const costWeights = flags.has('cost-weights')
+  ? (JSON.parse(String(flags.get('cost-weights'))) as Record<string, number>)
+  : undefined;
 const PEERS = ['seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
 const POLICIES = ['cost', ...PEERS];
 
@@ -42,7 +46,10 @@ interface Study {
 }
 
 /** Consecutive windows of one half of a public trace. */
-async function halves(path: string, transform: (r: TraceRequest) => TraceRequest = (r) => r): Promise<TraceRequest[][]> {
+async function halves(
+  path: string,
+  transform: (r: TraceRequest) => TraceRequest = (r) => r,
+): Promise<TraceRequest[][]> {
   const requests = (await loadTrace(path)).requests.map(transform);
   const mid = Math.floor(requests.length / 2);
   const part = split === 'train' ? requests.slice(0, mid) : requests.slice(mid);
@@ -58,10 +65,18 @@ async function generated(kind: string, n: number): Promise<TraceRequest[][]> {
 }
 
 const studies: Study[] = [
-  { name: 'mooncake', speeds: [0.25, 0.5, 1, 1.5, 2], samples: () => halves('bench/traces/conversation_trace.jsonl.gz') },
+  {
+    name: 'mooncake',
+    speeds: [0.25, 0.5, 1, 1.5, 2],
+    samples: () => halves('bench/traces/conversation_trace.jsonl.gz'),
+  },
   { name: 'ragpulse', speeds: [50, 200, 800, 1600], samples: () => halves('bench/traces/ragpulse') },
   // the same requests without content anchors: no position-independent reuse to credit
-  { name: 'ragpulse-no-anchors', speeds: [50, 200, 800, 1600], samples: () => halves('bench/traces/ragpulse', ({ anchors: _anchors, ...r }) => r) },
+  {
+    name: 'ragpulse-no-anchors',
+    speeds: [50, 200, 800, 1600],
+    samples: () => halves('bench/traces/ragpulse', ({ anchors: _anchors, ...r }) => r),
+  },
   { name: 'workflows', speeds: [1, 2, 4, 8], samples: () => generated('workflows', 150) },
   { name: 'agentic', speeds: [0.5, 1, 2], samples: () => generated('agentic', 12) },
 ];
@@ -92,7 +107,12 @@ for (const study of studies) {
     for (const policy of POLICIES) {
       rows[policy] = { ttftMean: [], ttftP99: [], hitRate: [] };
       for (const trace of samples) {
-        const opts: SimulationOptions = { workers: WORKERS, policy, speed, router: policy === 'cost' && costWeights ? { costWeights } : undefined };
+        const opts: SimulationOptions = {
+          workers: WORKERS,
+          policy,
+          speed,
+          router: policy === 'cost' && costWeights ? { costWeights } : undefined,
+        };
         const r = simulate(trace, opts);
         rows[policy].ttftMean.push(r.ttft.mean);
         rows[policy].ttftP99.push(r.ttft.p99);
@@ -115,19 +135,29 @@ for (const study of studies) {
       hit: cost.hitRate.mean >= 0.95 * bestHit.s.hitRate.mean,
     };
     report.push({
-      trace: study.name, split, speed, samples: samples.length,
+      trace: study.name,
+      split,
+      speed,
+      samples: samples.length,
       policies: POLICIES.map((p) => ({ policy: p, ...stat(p) })),
-      best: { ttftMean: bestMean.p, ttftP99: bestP99.p, hitRate: bestHit.p }, verdict,
+      best: { ttftMean: bestMean.p, ttftP99: bestP99.p, hitRate: bestHit.p },
+      verdict,
     });
     if (!flags.has('json')) {
       const fmt = (m: { mean: number; ci: number }, d: number) => `${round(m.mean, d)}±${round(m.ci, d)}`;
-      process.stdout.write(`\n${study.name} ${split} speed ×${speed} (${samples.length} samples of ${samples[0].length} requests)\n`);
+      process.stdout.write(
+        `\n${study.name} ${split} speed ×${speed} (${samples.length} samples of ${samples[0].length} requests)\n`,
+      );
       for (const p of POLICIES) {
         const s = stat(p);
-        process.stdout.write(`  ${p.padEnd(12)} mean ${fmt(s.ttftMean, 3).padEnd(16)} p99 ${fmt(s.ttftP99, 2).padEnd(16)} hit ${fmt(s.hitRate, 3)}\n`);
+        process.stdout.write(
+          `  ${p.padEnd(12)} mean ${fmt(s.ttftMean, 3).padEnd(16)} p99 ${fmt(s.ttftP99, 2).padEnd(16)} hit ${fmt(s.hitRate, 3)}\n`,
+        );
       }
       const mark = (ok: boolean) => (ok ? 'ok' : 'LOSES');
-      process.stdout.write(`  bar: mean ${mark(verdict.mean)} (best ${bestMean.p}), p99 ${mark(verdict.p99)} (best ${bestP99.p}), hit ${mark(verdict.hit)} (best ${bestHit.p})\n`);
+      process.stdout.write(
+        `  bar: mean ${mark(verdict.mean)} (best ${bestMean.p}), p99 ${mark(verdict.p99)} (best ${bestP99.p}), hit ${mark(verdict.hit)} (best ${bestHit.p})\n`,
+      );
     }
   }
 }

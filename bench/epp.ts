@@ -19,7 +19,11 @@ const REQUESTS = intFlag(flags, 'requests', 2000);
 const CONCURRENCY = intFlag(flags, 'concurrency', 16);
 
 function startPicker(args: string[]): Promise<{ child: ChildProcess; port: number }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'epp', '--port', '0', '--metrics-port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(
+    process.execPath,
+    ['--import', 'tsx', 'src/cli/main.ts', 'epp', '--port', '0', '--metrics-port', '0', ...args],
+    { stdio: ['ignore', 'ignore', 'pipe'] },
+  );
   let stderr = '';
   return new Promise((resolve, reject) => {
     child.stderr!.on('data', (d: Buffer) => {
@@ -35,14 +39,32 @@ const engines: MockEngine[] = [];
 for (let i = 0; i < 4; i++) engines.push(await new MockEngine({}).start());
 const picker = await startPicker(engines.flatMap((e, i) => ['--worker', `id=e${i},url=http://127.0.0.1:${e.port}`]));
 const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
-const client = new Ctor(`127.0.0.1:${picker.port}`, credentials.createInsecure()) as unknown as { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse>; close(): void };
+const client = new Ctor(`127.0.0.1:${picker.port}`, credentials.createInsecure()) as unknown as {
+  Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
+  close(): void;
+};
 
 const systemPrompt = 'You are a careful assistant that answers questions about the attached documents. '.repeat(40);
-const headers = { headers: [[':method', 'POST'], [':path', '/v1/chat/completions'], ['content-type', 'application/json']].map(([key, v]) => ({ key, raw_value: Buffer.from(v) })) };
+const headers = {
+  headers: [
+    [':method', 'POST'],
+    [':path', '/v1/chat/completions'],
+    ['content-type', 'application/json'],
+  ].map(([key, v]) => ({ key, raw_value: Buffer.from(v) })),
+};
 
 /** One request phase; resolves with its duration in ms. */
 function one(i: number): Promise<number> {
-  const body = Buffer.from(JSON.stringify({ model: 'mock', messages: [{ role: 'system', content: systemPrompt }, { role: 'user', content: `question ${i % 50}` }], max_tokens: 16 }));
+  const body = Buffer.from(
+    JSON.stringify({
+      model: 'mock',
+      messages: [
+        { role: 'system', content: systemPrompt },
+        { role: 'user', content: `question ${i % 50}` },
+      ],
+      max_tokens: 16,
+    }),
+  );
   return new Promise((resolve, reject) => {
     const started = performance.now();
     const call = client.Process();
@@ -70,16 +92,33 @@ serial.sort();
 let next = 0;
 const parallel: number[] = [];
 const t0 = performance.now();
-await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
-  while (next < REQUESTS) parallel.push(await one(next++));
-}));
+await Promise.all(
+  Array.from({ length: CONCURRENCY }, async () => {
+    while (next < REQUESTS) parallel.push(await one(next++));
+  }),
+);
 const seconds = (performance.now() - t0) / 1000;
 parallel.sort((a, b) => a - b);
 
 const result = {
-  bodyBytes: Buffer.byteLength(JSON.stringify({ model: 'mock', messages: [{ role: 'system', content: systemPrompt }, { role: 'user', content: 'question 0' }], max_tokens: 16 })),
+  bodyBytes: Buffer.byteLength(
+    JSON.stringify({
+      model: 'mock',
+      messages: [
+        { role: 'system', content: systemPrompt },
+        { role: 'user', content: 'question 0' },
+      ],
+      max_tokens: 16,
+    }),
+  ),
   sequential: { requests: REQUESTS, p50Ms: round(percentile(serial, 50)), p99Ms: round(percentile(serial, 99)) },
-  concurrent: { concurrency: CONCURRENCY, requests: REQUESTS, rps: Math.round(REQUESTS / seconds), p50Ms: round(percentile(parallel, 50)), p99Ms: round(percentile(parallel, 99)) },
+  concurrent: {
+    concurrency: CONCURRENCY,
+    requests: REQUESTS,
+    rps: Math.round(REQUESTS / seconds),
+    p50Ms: round(percentile(parallel, 50)),
+    p99Ms: round(percentile(parallel, 99)),
+  },
 };
 client.close();
 picker.child.kill('SIGTERM');

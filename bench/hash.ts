@@ -47,7 +47,10 @@ function viaTypeScriptLoop(): void {
 function viaCrypto(algorithm: string): void {
   let parent = Buffer.alloc(8);
   for (let b = 0; b < TOKENS / BLOCK; b++) {
-    const digest = createHash(algorithm).update(parent).update(bytes.subarray(b * BLOCK * 4, (b + 1) * BLOCK * 4)).digest();
+    const digest = createHash(algorithm)
+      .update(parent)
+      .update(bytes.subarray(b * BLOCK * 4, (b + 1) * BLOCK * 4))
+      .digest();
     parent = digest.subarray(0, 8);
   }
 }

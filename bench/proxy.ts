@@ -53,7 +53,11 @@ process.on('exit', () => {
 });
 
 /** Starts a CLI command and resolves with the URL it prints on stderr. */
-function startCli(args: string[], pattern: RegExp, script = 'src/cli/main.ts'): Promise<{ child: ChildProcess; url: string }> {
+function startCli(
+  args: string[],
+  pattern: RegExp,
+  script = 'src/cli/main.ts',
+): Promise<{ child: ChildProcess; url: string }> {
   const child = spawn(process.execPath, ['--import', 'tsx', script, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
   spawned.push(child);
   let stderr = '';
@@ -67,7 +71,11 @@ function startCli(args: string[], pattern: RegExp, script = 'src/cli/main.ts'): 
   });
 }
 
-const body = JSON.stringify({ model: 'mock', prompt: 'The quick brown fox jumps over the lazy dog. '.repeat(8), max_tokens: 1 });
+const body = JSON.stringify({
+  model: 'mock',
+  prompt: 'The quick brown fox jumps over the lazy dog. '.repeat(8),
+  max_tokens: 1,
+});
 
 /** CPU time (user + system) a process has used, in ms; undefined off Linux. */
 function cpuMs(pid: number | undefined): number | undefined {
@@ -111,7 +119,11 @@ async function load(base: string) {
 
 async function ttftOnce(base: string, i: number): Promise<number> {
   const t0 = performance.now();
-  const res = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'mock', prompt: `stream ${i}`, max_tokens: 4, stream: true }) });
+  const res = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'mock', prompt: `stream ${i}`, max_tokens: 4, stream: true }),
+  });
   const reader = res.body!.getReader();
   await reader.read();
   const ms = performance.now() - t0;
@@ -120,7 +132,11 @@ async function ttftOnce(base: string, i: number): Promise<number> {
 }
 
 /** Streaming time to first byte, direct and through the router alternately (so drift hits both). */
-async function ttftPairs(directBase: string, routerBase: string, n: number): Promise<{ direct: number[]; viaRouter: number[] }> {
+async function ttftPairs(
+  directBase: string,
+  routerBase: string,
+  n: number,
+): Promise<{ direct: number[]; viaRouter: number[] }> {
   const direct: number[] = [];
   const viaRouter: number[] = [];
   for (let i = 0; i < n; i++) {
@@ -132,7 +148,10 @@ async function ttftPairs(directBase: string, routerBase: string, n: number): Pro
 
 async function compare(engineArgs: string[], withTtft: boolean) {
   const engine = await startCli(['mock-engine', '--port', '0', ...engineArgs], /on (http:\/\/[\d.]+:\d+)/);
-  const gateway = await startCli(['serve', '--port', '0', '--worker', `id=e0,url=${engine.url}`], /serving on (http:\/\/[\d.]+:\d+)/);
+  const gateway = await startCli(
+    ['serve', '--port', '0', '--worker', `id=e0,url=${engine.url}`],
+    /serving on (http:\/\/[\d.]+:\d+)/,
+  );
   try {
     // warm both paths, then measure them one after the other
     await load(engine.url);
@@ -146,13 +165,19 @@ async function compare(engineArgs: string[], withTtft: boolean) {
       viaRouter,
       throughputRatio: round(viaRouter.rps / direct.rps, 3),
       overheadP50Ms: round(viaRouter.p50Ms - direct.p50Ms, 3),
-      routerCpuUsPerRequest: cpu0 === undefined || cpu1 === undefined ? null : Math.round(((cpu1 - cpu0) * 1000) / (viaRouter.rps * SECONDS)),
+      routerCpuUsPerRequest:
+        cpu0 === undefined || cpu1 === undefined
+          ? null
+          : Math.round(((cpu1 - cpu0) * 1000) / (viaRouter.rps * SECONDS)),
     };
     if (!withTtft) return out;
     const { direct: ttftDirect, viaRouter: ttftRouter } = await ttftPairs(engine.url, gateway.url, 300);
     return {
       ...out,
-      streamingTtftP50Ms: { direct: round(percentile(ttftDirect, 50), 3), viaRouter: round(percentile(ttftRouter, 50), 3) },
+      streamingTtftP50Ms: {
+        direct: round(percentile(ttftDirect, 50), 3),
+        viaRouter: round(percentile(ttftRouter, 50), 3),
+      },
       streamingTtftOverheadP50Ms: round(percentile(ttftRouter, 50) - percentile(ttftDirect, 50), 3),
     };
   } finally {
@@ -183,17 +208,27 @@ async function loadChats(base: string, seconds: number): Promise<LoadResult> {
     connections: REAL_CONNECTIONS,
     duration: seconds,
     timeout: 30,
-    requests: [{
-      method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' },
-      setupRequest: (req) => ({ ...req, body: chats.next() }),
-      onResponse: (status, body) => {
-        if (status !== 200 && !failure) failure = `${status} ${String(body).slice(0, 300)}`;
+    requests: [
+      {
+        method: 'POST',
+        path: '/v1/chat/completions',
+        headers: { 'content-type': 'application/json' },
+        setupRequest: (req) => ({ ...req, body: chats.next() }),
+        onResponse: (status, body) => {
+          if (status !== 200 && !failure) failure = `${status} ${String(body).slice(0, 300)}`;
+        },
       },
-    }],
+    ],
   });
   if (r.non2xx > 0) throw new Error(`${base}: ${r.non2xx} non-2xx; first: ${failure}`);
   // timeouts are a result (a stalled event loop), not a broken run: reported with the figures
-  return { rps: round(r.requests.average, 1), p50Ms: r.latency.p50, p99Ms: r.latency.p99, requests: r.requests.total, errors: r.errors };
+  return {
+    rps: round(r.requests.average, 1),
+    p50Ms: r.latency.p50,
+    p99Ms: r.latency.p99,
+    requests: r.requests.total,
+    errors: r.errors,
+  };
 }
 
 /** GET /healthz every 20 ms on its own connection until stopped: how long cheap requests wait. */
@@ -219,7 +254,13 @@ function probeHealthz(base: string): { stop: () => Promise<number> } {
       running = false;
       await loop;
       await client.close();
-      return round(percentile(samples.sort((a, b) => a - b), 99), 2);
+      return round(
+        percentile(
+          samples.sort((a, b) => a - b),
+          99,
+        ),
+        2,
+      );
     },
   };
 }
@@ -239,14 +280,31 @@ interface ModeResult {
 
 /** One gateway configuration under the chat load: warm, then measured with its CPU time. */
 async function chatMode(engine: string, direct: LoadResult, serveArgs: string[], probe: boolean): Promise<ModeResult> {
-  const gateway = await startCli(['serve', '--port', '0', '--health-interval-ms', '0', '--metrics-interval-ms', '0', '--worker', `id=e0,url=${engine}`, ...serveArgs], /serving on (http:\/\/[\d.]+:\d+)/);
+  const gateway = await startCli(
+    [
+      'serve',
+      '--port',
+      '0',
+      '--health-interval-ms',
+      '0',
+      '--metrics-interval-ms',
+      '0',
+      '--worker',
+      `id=e0,url=${engine}`,
+      ...serveArgs,
+    ],
+    /serving on (http:\/\/[\d.]+:\d+)/,
+  );
   try {
     await loadChats(gateway.url, 3);
     const healthz = probe ? probeHealthz(gateway.url) : undefined;
     const cpu0 = treeCpuMs(gateway.child.pid);
     const via = await loadChats(gateway.url, SECONDS);
     const cpu1 = treeCpuMs(gateway.child.pid);
-    const cpuUs = cpu0 === undefined || cpu1 === undefined || via.requests === 0 ? null : Math.round(((cpu1 - cpu0) * 1000) / via.requests);
+    const cpuUs =
+      cpu0 === undefined || cpu1 === undefined || via.requests === 0
+        ? null
+        : Math.round(((cpu1 - cpu0) * 1000) / via.requests);
     const out: ModeResult = {
       rps: via.rps,
       addedP50Ms: round(via.p50Ms - direct.p50Ms, 2),
@@ -278,8 +336,18 @@ async function realistic() {
     await loadChats(engine.url, 3);
     const direct = await loadChats(engine.url, SECONDS);
     const text = await chatMode(engine.url, direct, ['--tokenize', 'text'], true);
-    const tokenizer = await chatMode(engine.url, direct, ['--tokenize', 'tokenizer', '--tokenizer', QWEN3, ...threadsFlag()], true);
-    const tokenizerOnEventLoop = await chatMode(engine.url, direct, ['--tokenize', 'tokenizer', '--tokenizer', QWEN3, '--tokenizer-threads', '0'], true);
+    const tokenizer = await chatMode(
+      engine.url,
+      direct,
+      ['--tokenize', 'tokenizer', '--tokenizer', QWEN3, ...threadsFlag()],
+      true,
+    );
+    const tokenizerOnEventLoop = await chatMode(
+      engine.url,
+      direct,
+      ['--tokenize', 'tokenizer', '--tokenizer', QWEN3, '--tokenizer-threads', '0'],
+      true,
+    );
     await loadChats(qwenEngine.url, 3);
     const engineDirect = await loadChats(qwenEngine.url, SECONDS);
     const engineMode = await chatMode(qwenEngine.url, engineDirect, ['--tokenize', 'engine'], false);
@@ -301,7 +369,12 @@ async function processes() {
   try {
     const out: Record<string, { rps: number; p99Ms: number; cpuUsPerRequest: number | null }> = {};
     for (const n of [1, 2]) {
-      const m = await chatMode(engine.url, { rps: 0, p50Ms: 0, p99Ms: 0, requests: 0, errors: 0 }, ['--tokenize', 'text', '--processes', String(n)], false);
+      const m = await chatMode(
+        engine.url,
+        { rps: 0, p50Ms: 0, p99Ms: 0, requests: 0, errors: 0 },
+        ['--tokenize', 'text', '--processes', String(n)],
+        false,
+      );
       out[String(n)] = { rps: m.rps, p99Ms: m.p99Ms, cpuUsPerRequest: m.cpuUsPerRequest };
     }
     return out;
@@ -322,7 +395,13 @@ function chatSettings() {
     bytes += body.length;
     tokens += tokenizer.tokenize({ messages: (JSON.parse(body) as { messages: [] }).messages }).length;
   }
-  return { meanBodyBytes: Math.round(bytes / sample), meanPromptTokensQwen3: Math.round(tokens / sample), outputTokens: 200, stream: true, connections: REAL_CONNECTIONS };
+  return {
+    meanBodyBytes: Math.round(bytes / sample),
+    meanPromptTokensQwen3: Math.round(tokens / sample),
+    outputTokens: 200,
+    stream: true,
+    connections: REAL_CONNECTIONS,
+  };
 }
 
 const basic = PARTS.has('basic') ? await basicParts() : {};
@@ -340,8 +419,12 @@ const result = {
   ...(realisticResult ? { realistic: { ...realisticResult, settings: chatSettings() } } : {}),
   ...(processesResult ? { processes: processesResult } : {}),
   settings: {
-    connections: CONNECTIONS, seconds: SECONDS, request: 'POST /v1/completions, 80-word prompt, max_tokens 1', node: process.version,
-    engines: 'top level: mock engine at 1,000,000 prefill / 100,000 decode tok/s (HTTP only); modelTimeEngine: default 20,000 / 200 tok/s',
+    connections: CONNECTIONS,
+    seconds: SECONDS,
+    request: 'POST /v1/completions, 80-word prompt, max_tokens 1',
+    node: process.version,
+    engines:
+      'top level: mock engine at 1,000,000 prefill / 100,000 decode tok/s (HTTP only); modelTimeEngine: default 20,000 / 200 tok/s',
     processes: 'engine, router and load generator in three processes sharing the machine',
     latencyResolution: 'autocannon records whole milliseconds',
   },

@@ -23,7 +23,12 @@ const WORKERS = intFlag(flags, 'workers', 8);
 
 const { requests } = await loadTrace('bench/traces/conversation_trace.jsonl.gz');
 const samples = windows(splitTrace(requests).evaluation, SAMPLES);
-const out: Record<string, unknown> = { trace: 'mooncake-conversation (evaluation windows)', workers: WORKERS, speed: SPEED, samples: SAMPLES };
+const out: Record<string, unknown> = {
+  trace: 'mooncake-conversation (evaluation windows)',
+  workers: WORKERS,
+  speed: SPEED,
+  samples: SAMPLES,
+};
 for (const loadSignal of ['kv-usage', 'queue-inclusive'] as const) {
   const hit: number[] = [];
   const mean: number[] = [];

@@ -23,8 +23,13 @@ export function renderSweepTables(report: SweepReport): string {
   const out: string[] = [];
   for (const t of report.traces) {
     const peers = t.points[0]?.policies.map((p) => p.policy).filter((p) => p !== SUBJECT) ?? [];
-    out.push(`**${t.trace}** (mean TTFT and p99 TTFT in seconds, mean ± 95% CI over the samples; best peer by mean TTFT among ${peers.join(', ')})`, '');
-    out.push('| speed | cost TTFT mean | best peer | its TTFT mean | cost TTFT p99 | best p99 | cost hit rate | best hit rate | cost meets the bar |');
+    out.push(
+      `**${t.trace}** (mean TTFT and p99 TTFT in seconds, mean ± 95% CI over the samples; best peer by mean TTFT among ${peers.join(', ')})`,
+      '',
+    );
+    out.push(
+      '| speed | cost TTFT mean | best peer | its TTFT mean | cost TTFT p99 | best p99 | cost hit rate | best hit rate | cost meets the bar |',
+    );
     out.push('|---:|---:|---|---:|---:|---:|---:|---:|---|');
     for (const point of t.points) {
       const c = compareWithBestPeer(point, SUBJECT, peers);

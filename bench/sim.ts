@@ -22,7 +22,14 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { ENGINE_DEFAULTS } from '../src/engine-model/engine-model.js';
 import { renderSweepReport } from '../src/sim/html-report.js';
 import { loadTrace } from '../src/sim/load-trace.js';
-import { chooseLoadPoints, splitTrace, sweepTrace, windows, type SweepOptions, type SweepReport } from '../src/sim/sweep.js';
+import {
+  chooseLoadPoints,
+  splitTrace,
+  sweepTrace,
+  windows,
+  type SweepOptions,
+  type SweepReport,
+} from '../src/sim/sweep.js';
 import type { TraceRequest } from '../src/sim/trace.js';
 import { renderSweepTables } from './sim-readme.js';
 import { intFlag, parseFlags } from './stats.js';
@@ -31,7 +38,11 @@ const flags = parseFlags(process.argv.slice(2));
 const WORKERS = intFlag(flags, 'workers', 8);
 const SAMPLES = intFlag(flags, 'samples', 5);
 const POINTS = intFlag(flags, 'points', 5);
-for (const [name, value, min, max] of [['samples', SAMPLES, 2, 10], ['points', POINTS, 2, 50], ['workers', WORKERS, 1, 1024]] as const) {
+for (const [name, value, min, max] of [
+  ['samples', SAMPLES, 2, 10],
+  ['points', POINTS, 2, 50],
+  ['workers', WORKERS, 1, 1024],
+] as const) {
   if (!Number.isInteger(value) || value < min || value > max) {
     process.stderr.write(`error: --${name} must be an integer from ${min} to ${max}, got ${value}\n`);
     process.exit(2);
@@ -113,12 +124,17 @@ for (const spec of traces) {
   const samples = await spec.samples(split as 'train' | 'evaluation', SAMPLES);
   const out = sweepTrace(spec.name, samples, speeds, sweepOptions);
   report.traces.push(out);
-  log(`${spec.name}: ${samples.length} samples of ${samples.map((s) => s.length).join('/')} requests (${split}), speeds ${speeds.join(', ')}, ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+  log(
+    `${spec.name}: ${samples.length} samples of ${samples.map((s) => s.length).join('/')} requests (${split}), speeds ${speeds.join(', ')}, ${((performance.now() - t0) / 1000).toFixed(1)} s`,
+  );
 }
 log(`sweep: ${((performance.now() - started) / 1000).toFixed(1)} s`);
 
 const json = JSON.stringify(report);
 writeFileSync(`${OUT}/sim-sweep${split === 'train' ? '-train' : ''}.json`, JSON.stringify(report, null, 1) + '\n');
-writeFileSync(`${OUT}/sim-sweep${split === 'train' ? '-train' : ''}.html`, renderSweepReport(report, { workers: WORKERS, samples: SAMPLES, split }));
+writeFileSync(
+  `${OUT}/sim-sweep${split === 'train' ? '-train' : ''}.html`,
+  renderSweepReport(report, { workers: WORKERS, samples: SAMPLES, split }),
+);
 if (flags.has('json')) process.stdout.write(`${json}\n`);
 else process.stdout.write(renderSweepTables(report));

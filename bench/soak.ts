@@ -38,7 +38,9 @@ const random = () => {
 };
 
 function startCli(args: string[], pattern: RegExp): Promise<{ child: ChildProcess; url: string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
   let stderr = '';
   return new Promise((resolve, reject) => {
     child.stderr!.on('data', (d: Buffer) => {
@@ -63,7 +65,10 @@ class Engine {
   child: ChildProcess | undefined;
   port = 0;
   async start() {
-    const { child, url } = await startCli(['mock-engine', '--port', String(this.port), '--prefill-tok-s', '2000000', '--decode-tok-s', '20000'], /on (http:\/\/[\d.]+:\d+)/);
+    const { child, url } = await startCli(
+      ['mock-engine', '--port', String(this.port), '--prefill-tok-s', '2000000', '--decode-tok-s', '20000'],
+      /on (http:\/\/[\d.]+:\d+)/,
+    );
     this.child = child;
     this.port = Number(new URL(url).port);
     return this;
@@ -80,11 +85,17 @@ class Engine {
 }
 
 /** An engine that answers like an OpenAI server, except for 500s and hangs on a fraction of requests. */
-async function flakyEngine(failRate: number, hangRate: number): Promise<{ url: string; server: Server; failed: number; hung: number }> {
+async function flakyEngine(
+  failRate: number,
+  hangRate: number,
+): Promise<{ url: string; server: Server; failed: number; hung: number }> {
   const out = { url: '', server: undefined as unknown as Server, failed: 0, hung: 0 };
   out.server = createServer((req, res) => {
     if (req.url === '/health') return void res.writeHead(200).end();
-    if (req.url === '/metrics') return void res.writeHead(200, { 'content-type': 'text/plain' }).end('vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.1\n');
+    if (req.url === '/metrics')
+      return void res
+        .writeHead(200, { 'content-type': 'text/plain' })
+        .end('vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.1\n');
     let body = '';
     req.on('data', (d: Buffer) => (body += d.toString()));
     req.on('end', () => {
@@ -99,7 +110,12 @@ async function flakyEngine(failRate: number, hangRate: number): Promise<{ url: s
         res.writeHead(200, { 'content-type': 'text/event-stream' });
         res.write('data: {"id":"f","object":"text_completion","choices":[{"index":0,"text":"ok"}]}\n\n');
         res.end('data: [DONE]\n\n');
-      } else res.writeHead(200, { 'content-type': 'application/json' }).end('{"id":"f","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}');
+      } else
+        res
+          .writeHead(200, { 'content-type': 'application/json' })
+          .end(
+            '{"id":"f","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}',
+          );
     });
   });
   await new Promise<void>((r) => out.server.listen(0, '127.0.0.1', r));
@@ -123,11 +139,22 @@ async function oneRequest(base: string, i: number, t: Tally): Promise<void> {
   const stream = random() < 0.2;
   const abort = random() < 0.02;
   const prefix = prefixes[Math.floor(random() * prefixes.length)];
-  const body = JSON.stringify({ model: 'mock', prompt: `${prefix} question ${i}`, max_tokens: 4, stream, contextforge: { workflowId: `wf-${i % 500}`, workflowStep: i % 4 } });
+  const body = JSON.stringify({
+    model: 'mock',
+    prompt: `${prefix} question ${i}`,
+    max_tokens: 4,
+    stream,
+    contextforge: { workflowId: `wf-${i % 500}`, workflowStep: i % 4 },
+  });
   const ac = new AbortController();
   if (abort) setTimeout(() => ac.abort(), Math.floor(random() * 20));
   try {
-    const res = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body, signal: ac.signal });
+    const res = await fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body,
+      signal: ac.signal,
+    });
     const text = await res.text();
     t.statuses[res.status] = (t.statuses[res.status] ?? 0) + 1;
     if (res.status !== 200) {
@@ -160,12 +187,36 @@ async function main() {
   const dir = mkdtempSync(join(tmpdir(), 'cf-soak-'));
   const workers = [...engines.map((e, i) => `id=e${i},url=http://127.0.0.1:${e.port}`), `id=flaky,url=${flaky.url}`];
   const gateway = await startCli(
-    ['serve', '--port', '0', '--admin-token-file', join(dir, 'admin-token'), '--health-interval-ms', '1000', '--metrics-interval-ms', '1000',
-      '--first-byte-timeout-ms', '2000', '--upstream-timeout-ms', '5000', '--breaker-cooldown-ms', '2000', ...workers.flatMap((w) => ['--worker', w])],
+    [
+      'serve',
+      '--port',
+      '0',
+      '--admin-token-file',
+      join(dir, 'admin-token'),
+      '--health-interval-ms',
+      '1000',
+      '--metrics-interval-ms',
+      '1000',
+      '--first-byte-timeout-ms',
+      '2000',
+      '--upstream-timeout-ms',
+      '5000',
+      '--breaker-cooldown-ms',
+      '2000',
+      ...workers.flatMap((w) => ['--worker', w]),
+    ],
     /serving on (http:\/\/[\d.]+:\d+)/,
   );
   const pid = gateway.child.pid!;
-  const t: Tally = { done: 0, ok: 0, failedNonStreamed: 0, failedStreamsBeforeFirstByte: 0, streamsEndedWithError: 0, aborted: 0, statuses: {} };
+  const t: Tally = {
+    done: 0,
+    ok: 0,
+    failedNonStreamed: 0,
+    failedStreamsBeforeFirstByte: 0,
+    streamsEndedWithError: 0,
+    aborted: 0,
+    statuses: {},
+  };
   let next = 0;
   let rssStart = NaN;
   const kills = { engineKills: 0 };
@@ -213,7 +264,15 @@ async function main() {
     rssFlatWithin10Percent: rssEnd <= rssStart * 1.1,
     indexEntries: entries,
     faults: { engineKills: kills.engineKills, flaky500s: flaky.failed, flakyHangs: flaky.hung },
-    settings: { requests: REQUESTS, concurrency: CONCURRENCY, warmup: WARMUP, streamedShare: 0.2, clientAbortShare: 0.02, engines: 3, flakyEngine: { failRate: 0.05, hangRate: 0.01 } },
+    settings: {
+      requests: REQUESTS,
+      concurrency: CONCURRENCY,
+      warmup: WARMUP,
+      streamedShare: 0.2,
+      clientAbortShare: 0.02,
+      engines: 3,
+      flakyEngine: { failRate: 0.05, hangRate: 0.01 },
+    },
   };
   gateway.child.kill('SIGTERM');
   for (const e of engines) await e.kill();

@@ -36,20 +36,40 @@ function complete(res: ServerResponse, body: Record<string, unknown>, chat: bool
   const created = Math.floor(Date.now() / 1000);
   if (body.stream !== true) {
     const text = 'tok '.repeat(n);
-    return json(res, 200, { id, object: chat ? 'chat.completion' : 'text_completion', created, model: body.model ?? 'stub', choices: [chat ? { index: 0, message: { role: 'assistant', content: text }, finish_reason: 'length' } : { index: 0, text, finish_reason: 'length' }] });
+    return json(res, 200, {
+      id,
+      object: chat ? 'chat.completion' : 'text_completion',
+      created,
+      model: body.model ?? 'stub',
+      choices: [
+        chat
+          ? { index: 0, message: { role: 'assistant', content: text }, finish_reason: 'length' }
+          : { index: 0, text, finish_reason: 'length' },
+      ],
+    });
   }
   res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
   let sent = 0;
   const burst = () => {
     let out = '';
     for (let k = 0; k < BURST && sent < n; k++, sent++) {
-      const choice = chat ? { index: 0, delta: sent === 0 ? { role: 'assistant', content: `tok${sent} ` } : { content: `tok${sent} ` }, finish_reason: null } : { index: 0, text: `tok${sent} `, finish_reason: null };
+      const choice = chat
+        ? {
+            index: 0,
+            delta: sent === 0 ? { role: 'assistant', content: `tok${sent} ` } : { content: `tok${sent} ` },
+            finish_reason: null,
+          }
+        : { index: 0, text: `tok${sent} `, finish_reason: null };
       out += `data: ${JSON.stringify({ id, object, created, model: body.model ?? 'stub', choices: [choice] })}\n\n`;
     }
     res.write(out);
     if (sent < n) return void setImmediate(burst);
-    const last = chat ? { index: 0, delta: {}, finish_reason: 'length' } : { index: 0, text: '', finish_reason: 'length' };
-    res.end(`data: ${JSON.stringify({ id, object, created, model: body.model ?? 'stub', choices: [last] })}\n\ndata: [DONE]\n\n`);
+    const last = chat
+      ? { index: 0, delta: {}, finish_reason: 'length' }
+      : { index: 0, text: '', finish_reason: 'length' };
+    res.end(
+      `data: ${JSON.stringify({ id, object, created, model: body.model ?? 'stub', choices: [last] })}\n\ndata: [DONE]\n\n`,
+    );
   };
   burst();
 }
@@ -67,7 +87,9 @@ const server = createServer((req, res) => {
       if (path === '/v1/chat/completions') return complete(res, body, true);
       if (path === '/v1/completions') return complete(res, body, false);
       if (path === '/tokenize' && tokenizer) {
-        const tokens = body.messages ? tokenizer.tokenize({ messages: body.messages as [] }) : tokenizer.tokenize({ text: String(body.prompt ?? '') });
+        const tokens = body.messages
+          ? tokenizer.tokenize({ messages: body.messages as [] })
+          : tokenizer.tokenize({ text: String(body.prompt ?? '') });
         return json(res, 200, { tokens, count: tokens.length, max_model_len: 131_072 });
       }
       json(res, 404, { error: { message: `no route ${path}` } });

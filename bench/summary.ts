@@ -16,7 +16,9 @@ type Json = Record<string, unknown>;
 function runs(kind: string): { files: string[]; data: Json[] } {
   const files: string[] = [];
   const data: Json[] = [];
-  for (const f of readdirSync(dir).filter((name) => new RegExp(`^${kind}-run\\d+\\.json$`).test(name)).sort()) {
+  for (const f of readdirSync(dir)
+    .filter((name) => new RegExp(`^${kind}-run\\d+\\.json$`).test(name))
+    .sort()) {
     try {
       data.push(JSON.parse(readFileSync(join(dir, f), 'utf8')) as Json);
       files.push(f);
@@ -34,17 +36,45 @@ function at(o: Json, path: string): number | undefined {
   return typeof v === 'number' ? v : undefined;
 }
 
-const figures: Record<string, { command: string; files: string[]; figures: Record<string, ReturnType<typeof spread>> }> = {};
+const figures: Record<
+  string,
+  { command: string; files: string[]; figures: Record<string, ReturnType<typeof spread>> }
+> = {};
 const table: Array<[string, string[]]> = [
-  ['core', ['routeDecisionsPerSec', 'routeDecisionsPerCpuSec', 'routeP50Us', 'routeP99Us', 'eventsPerSec', 'bytesPerIndexEntry']],
+  [
+    'core',
+    [
+      'routeDecisionsPerSec',
+      'routeDecisionsPerCpuSec',
+      'routeP50Us',
+      'routeP99Us',
+      'eventsPerSec',
+      'bytesPerIndexEntry',
+    ],
+  ],
   ['index', ['lookupP50Us', 'lookupP99Us', 'lookupP999Us', 'blockOpsPerSec', 'blockOpsPerCpuSec']],
-  ['proxy', [
-    'throughputRatio', 'overheadP50Ms', 'direct.rps', 'viaRouter.rps', 'routerCpuUsPerRequest', 'streamingTtftOverheadP50Ms',
-    'realistic.direct.rps',
-    ...['text', 'tokenizer', 'engine', 'tokenizerOnEventLoop'].flatMap((m) => ['rps', 'addedP50Ms', 'addedP99Ms', 'cpuUsPerRequest', 'rpsPerRouterCore', 'healthzP99Ms'].map((k) => `realistic.${m}.${k}`)),
-    'realistic.engineDirect.rps', 'realistic.settings.meanPromptTokensQwen3', 'realistic.settings.meanBodyBytes',
-    'processes.1.rps', 'processes.2.rps',
-  ]],
+  [
+    'proxy',
+    [
+      'throughputRatio',
+      'overheadP50Ms',
+      'direct.rps',
+      'viaRouter.rps',
+      'routerCpuUsPerRequest',
+      'streamingTtftOverheadP50Ms',
+      'realistic.direct.rps',
+      ...['text', 'tokenizer', 'engine', 'tokenizerOnEventLoop'].flatMap((m) =>
+        ['rps', 'addedP50Ms', 'addedP99Ms', 'cpuUsPerRequest', 'rpsPerRouterCore', 'healthzP99Ms'].map(
+          (k) => `realistic.${m}.${k}`,
+        ),
+      ),
+      'realistic.engineDirect.rps',
+      'realistic.settings.meanPromptTokensQwen3',
+      'realistic.settings.meanBodyBytes',
+      'processes.1.rps',
+      'processes.2.rps',
+    ],
+  ],
 ];
 for (const [kind, keys] of table) {
   const { files, data } = runs(kind);

@@ -10,7 +10,12 @@ const d = await router.selectWorker('doc-42', { claGroup: 0, workflowId: 'wf-7',
 console.log(d);
 await router.broadcastNewBlocks('doc-42', ['blk-1', 'blk-2'], d.targetWorkerId);
 
-const again = await router.selectWorker('doc-42', { claGroup: 0, workflowId: 'wf-7', workflowStep: 1, tokenLength: 4096 });
+const again = await router.selectWorker('doc-42', {
+  claGroup: 0,
+  workflowId: 'wf-7',
+  workflowStep: 1,
+  tokenLength: 4096,
+});
 console.log(again);
 console.log(router.getWorkerForAnchor('doc-42'));
 router.drainWorker('gpu-1');

@@ -11,7 +11,14 @@ router.registerWorker('gpu-1');
 router.applyStored('gpu-1', router.hashTokens(systemPromptTokens));
 
 const r = router.route({ tokens: promptTokens, workflowId: 'wf-7', workflowStep: 1 }, { explain: true });
-console.log({ workerId: r.workerId, cachedTokens: r.cachedTokens, promptTokens: r.promptTokens, confidence: r.confidence, reason: r.reason, ticket: r.ticket });
+console.log({
+  workerId: r.workerId,
+  cachedTokens: r.cachedTokens,
+  promptTokens: r.promptTokens,
+  confidence: r.confidence,
+  reason: r.reason,
+  ticket: r.ticket,
+});
 console.log(JSON.stringify(r.explain, null, 1));
 router.markPrefillDone(r.ticket); // first token seen
 router.release(r.ticket); // done, failed or abandoned

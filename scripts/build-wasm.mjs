@@ -7,7 +7,9 @@ import wabtInit from 'wabt';
 
 const wabt = await wabtInit();
 const check = process.argv.includes('--check');
-const modules = [{ wat: 'src/core/wasm/block-hash.wat', ts: 'src/core/wasm/block-hash-wasm.ts', name: 'BLOCK_HASH_WASM' }];
+const modules = [
+  { wat: 'src/core/wasm/block-hash.wat', ts: 'src/core/wasm/block-hash-wasm.ts', name: 'BLOCK_HASH_WASM' },
+];
 let stale = 0;
 for (const m of modules) {
   const parsed = wabt.parseWat(m.wat, readFileSync(m.wat, 'utf8'));

@@ -28,6 +28,6 @@ try {
 } catch (err) {
   // Argument errors from the core (RangeError/TypeError) are the user's to fix: one line, exit 2.
   const usage = err instanceof RangeError || err instanceof TypeError;
-  process.stderr.write(`error: ${usage ? (err as Error).message : (err as Error).stack ?? String(err)}\n`);
+  process.stderr.write(`error: ${usage ? (err as Error).message : ((err as Error).stack ?? String(err))}\n`);
   process.exitCode = usage ? 2 : 1;
 }

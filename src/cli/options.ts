@@ -16,7 +16,8 @@ export function intOption(flag: string, min: number): (value: string) => number 
 export function positiveNumberOption(flag: string): (value: string) => number {
   return (value: string) => {
     const n = Number(value);
-    if (value.trim() === '' || !Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`${flag} must be a positive number, got '${value}'`);
+    if (value.trim() === '' || !Number.isFinite(n) || n <= 0)
+      throw new InvalidArgumentError(`${flag} must be a positive number, got '${value}'`);
     return n;
   };
 }
@@ -25,7 +26,8 @@ export function positiveNumberOption(flag: string): (value: string) => number {
 export function fractionOption(flag: string): (value: string) => number {
   return (value: string) => {
     const n = Number(value);
-    if (value.trim() === '' || !Number.isFinite(n) || n < 0 || n > 1) throw new InvalidArgumentError(`${flag} must be a number from 0 to 1, got '${value}'`);
+    if (value.trim() === '' || !Number.isFinite(n) || n < 0 || n > 1)
+      throw new InvalidArgumentError(`${flag} must be a number from 0 to 1, got '${value}'`);
     return n;
   };
 }
@@ -40,7 +42,8 @@ export function specFields(flag: string, spec: string, keys: readonly string[]):
     const eq = part.indexOf('=');
     if (eq <= 0) throw new RangeError(`${flag} '${spec}': '${part}' is not key=value`);
     const key = part.slice(0, eq).trim();
-    if (!keys.includes(key)) throw new RangeError(`${flag} '${spec}': unknown key '${key}' (known: ${keys.join(', ')})`);
+    if (!keys.includes(key))
+      throw new RangeError(`${flag} '${spec}': unknown key '${key}' (known: ${keys.join(', ')})`);
     fields[key] = part.slice(eq + 1).trim();
   }
   return fields;

@@ -41,7 +41,10 @@ export class AnchorTable {
     let entry = this.entries.get(anchor);
     if (entry) {
       this.entries.delete(anchor);
-      if (entry.workerId !== workerId || (claGroup !== null && entry.claGroup !== null && entry.claGroup !== claGroup)) {
+      if (
+        entry.workerId !== workerId ||
+        (claGroup !== null && entry.claGroup !== null && entry.claGroup !== claGroup)
+      ) {
         this.dropBlocks(entry);
         entry.workerId = workerId;
         entry.claGroup = claGroup;

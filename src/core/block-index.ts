@@ -199,7 +199,14 @@ export class BlockIndex {
   // ---------------------------------------------------------------- events (precise mode)
 
   /** The worker stored these blocks (BlockStored). */
-  applyStored(slot: number, hi: ArrayLike<number>, lo: ArrayLike<number>, start: number, end: number, tier: Tier = Tier.Gpu): void {
+  applyStored(
+    slot: number,
+    hi: ArrayLike<number>,
+    lo: ArrayLike<number>,
+    start: number,
+    end: number,
+    tier: Tier = Tier.Gpu,
+  ): void {
     this.ensureSlot(slot);
     const row = tier === Tier.Offload ? ROW_OFFLOAD : ROW_GPU;
     this.walkLength = 0; // events are not the request just routed
@@ -212,7 +219,14 @@ export class BlockIndex {
   }
 
   /** The worker evicted these blocks (BlockRemoved). Unknown blocks are ignored. */
-  applyRemoved(slot: number, hi: ArrayLike<number>, lo: ArrayLike<number>, start: number, end: number, tier?: Tier): void {
+  applyRemoved(
+    slot: number,
+    hi: ArrayLike<number>,
+    lo: ArrayLike<number>,
+    start: number,
+    end: number,
+    tier?: Tier,
+  ): void {
     if (slot >= this.words * 32) return;
     for (let i = start; i < end; i++) {
       const node = this.find(hi[i] >>> 0, lo[i] >>> 0);
@@ -259,7 +273,14 @@ export class BlockIndex {
   // ------------------------------------------------------------- predictions (approximate)
 
   /** Records that the worker will hold these blocks (the router just sent it the request). */
-  recordPredicted(slot: number, hi: ArrayLike<number>, lo: ArrayLike<number>, start: number, end: number, now: number): void {
+  recordPredicted(
+    slot: number,
+    hi: ArrayLike<number>,
+    lo: ArrayLike<number>,
+    start: number,
+    end: number,
+    now: number,
+  ): void {
     this.ensureSlot(slot);
     this.advanceTime(now);
     this.sweep(SWEEP_STEP + end - start);
@@ -334,7 +355,8 @@ export class BlockIndex {
 
   private setLiveRows(): void {
     const g = this.generation;
-    for (let k = 0; k < LIVE_GENERATIONS; k++) this.liveRows[k] = ROW_PREDICTED + (((g - k) % GENERATIONS) + GENERATIONS) % GENERATIONS;
+    for (let k = 0; k < LIVE_GENERATIONS; k++)
+      this.liveRows[k] = ROW_PREDICTED + ((((g - k) % GENERATIONS) + GENERATIONS) % GENERATIONS);
   }
 
   // ---------------------------------------------------------------------------- queries
@@ -456,7 +478,8 @@ export class BlockIndex {
       this.ref[node] = 1;
       if (count === 1) {
         const last = bits[list[0]];
-        if ((last & (last - 1)) === 0) return this.walkOneSlot(hi, lo, n, i + 1, node, (list[0] << 5) + (31 - Math.clz32(last)), out);
+        if ((last & (last - 1)) === 0)
+          return this.walkOneSlot(hi, lo, n, i + 1, node, (list[0] << 5) + (31 - Math.clz32(last)), out);
       }
     }
     if (i > 0) for (let k = 0; k < count; k++) this.finishSlots(bits[list[k]], list[k], i, out);
@@ -470,7 +493,15 @@ export class BlockIndex {
    * depth and tiers stay exact, as the policies weigh them against load, but each block costs
    * one word per row whatever the number of workers.
    */
-  private walkOneSlot(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, i: number, node: number, slot: number, out: OverlapResult): OverlapResult {
+  private walkOneSlot(
+    hi: ArrayLike<number>,
+    lo: ArrayLike<number>,
+    n: number,
+    i: number,
+    node: number,
+    slot: number,
+    out: OverlapResult,
+  ): OverlapResult {
     const masks = this.masks;
     const walk = this.walkNodes;
     const stride = this.stride;
@@ -570,8 +601,12 @@ export class BlockIndex {
       if (n > 0) entriesPerWorker[slot] = n;
     });
     let bytes =
-      this.keys.byteLength + this.masks.byteLength + this.ref.byteLength +
-      this.mark.byteLength + this.freeBits.byteLength + this.table.byteLength;
+      this.keys.byteLength +
+      this.masks.byteLength +
+      this.ref.byteLength +
+      this.mark.byteLength +
+      this.freeBits.byteLength +
+      this.table.byteLength;
     for (const r of this.reverse) if (r) bytes += r.byteLength;
     for (const g of this.generationNodes) bytes += g.byteLength;
     return {
@@ -829,7 +864,8 @@ export class BlockIndex {
    */
   private adjacent(node: number, h: number, l: number): number {
     const up = node + 1;
-    if (up < this.highWater && this.keys[2 * up] === l && this.keys[2 * up + 1] === h && this.ref[up] !== FREE) return up;
+    if (up < this.highWater && this.keys[2 * up] === l && this.keys[2 * up + 1] === h && this.ref[up] !== FREE)
+      return up;
     const down = node - 1;
     if (down >= 0 && this.keys[2 * down] === l && this.keys[2 * down + 1] === h && this.ref[down] !== FREE) return down;
     return EMPTY;

@@ -15,17 +15,25 @@ export class BlockKeying {
   private readonly vllm: VllmBlockHasher | undefined;
 
   constructor(mode: BlockHashMode = 'router', pythonHashSeed?: string) {
-    if (mode !== 'router' && mode !== 'vllm') throw new RangeError(`blockHash must be 'router' or 'vllm', got '${String(mode)}'`);
+    if (mode !== 'router' && mode !== 'vllm')
+      throw new RangeError(`blockHash must be 'router' or 'vllm', got '${String(mode)}'`);
     this.mode = mode;
     if (mode === 'vllm') {
-      if (typeof pythonHashSeed !== 'string' || pythonHashSeed === '') throw new RangeError("blockHash 'vllm' needs pythonHashSeed: the engines' PYTHONHASHSEED");
+      if (typeof pythonHashSeed !== 'string' || pythonHashSeed === '')
+        throw new RangeError("blockHash 'vllm' needs pythonHashSeed: the engines' PYTHONHASHSEED");
       this.vllm = new VllmBlockHasher(pythonHashSeed);
     }
   }
 
   /** Keys of every full block of `tokens`, written into `out`. */
-  hashTokens(tokens: ArrayLike<number>, blockSize: number, ns: HashNamespace | undefined, out: BlockHashes): BlockHashes {
-    if (this.vllm) return this.vllm.hashBlocks(tokens, blockSize, { lora: ns?.lora ?? null, cacheSalt: ns?.cacheSalt ?? null }, out);
+  hashTokens(
+    tokens: ArrayLike<number>,
+    blockSize: number,
+    ns: HashNamespace | undefined,
+    out: BlockHashes,
+  ): BlockHashes {
+    if (this.vllm)
+      return this.vllm.hashBlocks(tokens, blockSize, { lora: ns?.lora ?? null, cacheSalt: ns?.cacheSalt ?? null }, out);
     return hashTokenBlocks(tokens, blockSize, ns, out);
   }
 }

@@ -118,7 +118,14 @@ const wasm = new WebAssembly.Instance(
   {},
 );
 const wasmMemory = wasm.exports.memory as WebAssembly.Memory;
-const wasmHashBlocks = wasm.exports.hash_blocks as (words: number, n: number, bs: number, seedHi: number, seedLo: number, out: number) => number;
+const wasmHashBlocks = wasm.exports.hash_blocks as (
+  words: number,
+  n: number,
+  bs: number,
+  seedHi: number,
+  seedLo: number,
+  out: number,
+) => number;
 let wasmWords = new Uint32Array(wasmMemory.buffer);
 
 /** Makes the wasm memory at least `bytes` long (views are renewed after it grows). */
@@ -148,7 +155,13 @@ export function hashTokenBlocks(
  * Like hashTokenBlocks, but the chain continues from a given parent sequence hash instead of
  * a namespace's root: how a KV event's new blocks are hashed after their parent block.
  */
-export function hashTokenBlocksFrom(parentHi: number, parentLo: number, tokens: ArrayLike<number>, blockSize: number, out: BlockHashes): BlockHashes {
+export function hashTokenBlocksFrom(
+  parentHi: number,
+  parentLo: number,
+  tokens: ArrayLike<number>,
+  blockSize: number,
+  out: BlockHashes,
+): BlockHashes {
   const n = loadTokens(tokens, blockSize);
   root[0] = parentHi >>> 0;
   root[1] = parentLo >>> 0;
@@ -222,7 +235,8 @@ export function hashPrecomputedBlocks(
     let hi: number;
     let lo: number;
     if (typeof id === 'number') {
-      if (!Number.isSafeInteger(id) || id < 0) throw new RangeError(`blockHashes[${i}] must be an integer in [0, 2^53), got ${id}`);
+      if (!Number.isSafeInteger(id) || id < 0)
+        throw new RangeError(`blockHashes[${i}] must be an integer in [0, 2^53), got ${id}`);
       hi = Math.floor(id / 4294967296) >>> 0;
       lo = id >>> 0;
     } else if (typeof id === 'bigint') {
@@ -245,8 +259,14 @@ const encoder = new TextEncoder();
  * fixed chunks of `chunkBytes` (a multiple of 4), each chunk hashed and chained like a block.
  * Only full chunks are hashed, as only full token blocks are.
  */
-export function hashTextBlocks(text: string, chunkBytes: number, ns: HashNamespace | undefined, out: BlockHashes): BlockHashes {
-  if (chunkBytes % 4 !== 0 || chunkBytes <= 0) throw new RangeError(`chunkBytes must be a positive multiple of 4, got ${chunkBytes}`);
+export function hashTextBlocks(
+  text: string,
+  chunkBytes: number,
+  ns: HashNamespace | undefined,
+  out: BlockHashes,
+): BlockHashes {
+  if (chunkBytes % 4 !== 0 || chunkBytes <= 0)
+    throw new RangeError(`chunkBytes must be a positive multiple of 4, got ${chunkBytes}`);
   // UTF-8 needs at most 3 bytes per UTF-16 code unit; encode straight into wasm memory
   const maxBytes = text.length * 3 + 4;
   reserveWasm(maxBytes + Math.ceil(maxBytes / chunkBytes) * 8 + 16);
@@ -277,7 +297,8 @@ export function canonicalChatText(messages: readonly ChatMessage[]): string {
     else if (Array.isArray(c)) {
       for (const part of c) {
         if (part.type === 'text') s += part.text ?? '';
-        else if (part.image_url) s += `[${part.type}:${typeof part.image_url === 'string' ? part.image_url : part.image_url.url}]`;
+        else if (part.image_url)
+          s += `[${part.type}:${typeof part.image_url === 'string' ? part.image_url : part.image_url.url}]`;
         else s += `[${part.type}]`;
       }
     }

@@ -38,7 +38,8 @@ export class VllmBlockHasher {
 
   /** `pythonHashSeed`: the engine's PYTHONHASHSEED, as the string it is in the environment. */
   constructor(readonly pythonHashSeed: string) {
-    if (typeof pythonHashSeed !== 'string' || pythonHashSeed === '') throw new TypeError('pythonHashSeed must be a non-empty string');
+    if (typeof pythonHashSeed !== 'string' || pythonHashSeed === '')
+      throw new TypeError('pythonHashSeed must be a non-empty string');
     this.pos = 0;
     this.text(pythonHashSeed);
     this.noneHash = createHash('sha256').update(this.buf.subarray(0, this.pos)).digest();
@@ -48,7 +49,12 @@ export class VllmBlockHasher {
    * The 32-byte digests of every full block of `tokens`, chained from `parent` (default:
    * NONE_HASH, a prompt's start).
    */
-  digests(tokens: ArrayLike<number>, blockSize: number, extra: VllmExtraKeys = {}, parent: Buffer | null = null): Buffer[] {
+  digests(
+    tokens: ArrayLike<number>,
+    blockSize: number,
+    extra: VllmExtraKeys = {},
+    parent: Buffer | null = null,
+  ): Buffer[] {
     const out: Buffer[] = [];
     this.chain(tokens, blockSize, extra, parent, (d) => out.push(d));
     return out;
@@ -68,8 +74,15 @@ export class VllmBlockHasher {
     return out;
   }
 
-  private chain(tokens: ArrayLike<number>, blockSize: number, extra: VllmExtraKeys, parent: Buffer | null, emit: (digest: Buffer) => void): void {
-    if (!Number.isInteger(blockSize) || blockSize < 1) throw new RangeError(`blockSize must be a positive integer, got ${blockSize}`);
+  private chain(
+    tokens: ArrayLike<number>,
+    blockSize: number,
+    extra: VllmExtraKeys,
+    parent: Buffer | null,
+    emit: (digest: Buffer) => void,
+  ): void {
+    if (!Number.isInteger(blockSize) || blockSize < 1)
+      throw new RangeError(`blockSize must be a positive integer, got ${blockSize}`);
     const n = Math.floor(tokens.length / blockSize);
     let prev = parent ?? this.noneHash;
     for (let b = 0; b < n; b++) {
@@ -88,7 +101,8 @@ export class VllmBlockHasher {
       // extra_keys: LoRA name on every block, the salt on a prompt's first block only
       const salt = b === 0 && parent === null && extra.cacheSalt ? extra.cacheSalt : null;
       const keys = (extra.lora ? 1 : 0) + (salt !== null ? 1 : 0);
-      if (keys === 0) this.buf[this.pos++] = 0xf6; // None
+      if (keys === 0)
+        this.buf[this.pos++] = 0xf6; // None
       else {
         this.head(4, keys);
         if (extra.lora) this.text(extra.lora);

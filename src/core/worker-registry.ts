@@ -120,7 +120,8 @@ function checkInfo(info: unknown): WorkerInfo {
     throw new TypeError('info must be an object');
   }
   const { claGroups, url, models, blockSize } = info as WorkerInfo;
-  if (blockSize !== undefined && (!Number.isInteger(blockSize) || blockSize < 1 || blockSize > 1 << 16)) throw new RangeError(`info.blockSize must be an integer from 1 to 65536, got ${String(blockSize)}`);
+  if (blockSize !== undefined && (!Number.isInteger(blockSize) || blockSize < 1 || blockSize > 1 << 16))
+    throw new RangeError(`info.blockSize must be an integer from 1 to 65536, got ${String(blockSize)}`);
   if (claGroups !== undefined) {
     if (!Array.isArray(claGroups)) throw new TypeError('info.claGroups must be an array of integers');
     claGroups.forEach((g, i) => optionalNonNegativeInt(g, `info.claGroups[${i}]`));

@@ -312,12 +312,15 @@ export class EngineModel {
   ) {
     this.config = { ...ENGINE_DEFAULTS, ...config };
     for (const [k, v] of Object.entries(this.config)) {
-      if (typeof v !== 'number' || !(v >= 0) || !Number.isFinite(v)) throw new RangeError(`engine ${k} must be a finite number >= 0, got ${v}`);
+      if (typeof v !== 'number' || !(v >= 0) || !Number.isFinite(v))
+        throw new RangeError(`engine ${k} must be a finite number >= 0, got ${v}`);
     }
     const c = this.config;
-    if (!Number.isInteger(c.blockTokens) || c.blockTokens < 1) throw new RangeError('engine blockTokens must be an integer >= 1');
+    if (!Number.isInteger(c.blockTokens) || c.blockTokens < 1)
+      throw new RangeError('engine blockTokens must be an integer >= 1');
     if (c.blendRecompute > 1) throw new RangeError(`engine blendRecompute must be in [0, 1], got ${c.blendRecompute}`);
-    if (c.maxBatchTokens < 1 || c.maxRunning < 1) throw new RangeError('engine maxBatchTokens and maxRunning must be >= 1');
+    if (c.maxBatchTokens < 1 || c.maxRunning < 1)
+      throw new RangeError('engine maxBatchTokens and maxRunning must be >= 1');
     this.capacityBlocks = Math.max(1, Math.floor(c.kvTokens / c.blockTokens));
     this.maxModelLen = Math.max(1, Math.min(Math.floor(c.maxModelLen), this.capacityBlocks * c.blockTokens));
     const n = this.capacityBlocks;
@@ -338,7 +341,11 @@ export class EngineModel {
    * output does not fit in what is left (vllm/entrypoints/openai/serving_engine.py,
    * _validate_input); the output a trace recorded is taken as the max_tokens asked for.
    */
-  rejection(request: { inputTokens: number; outputTokens: number; anchors?: ReadonlyArray<{ tokens: number }> }): string | null {
+  rejection(request: {
+    inputTokens: number;
+    outputTokens: number;
+    anchors?: ReadonlyArray<{ tokens: number }>;
+  }): string | null {
     const len = this.maxModelLen;
     const input = request.inputTokens;
     if (input >= len) {
@@ -356,7 +363,8 @@ export class EngineModel {
       blocks += Math.ceil(a.tokens / bt);
     }
     blocks += Math.ceil(Math.max(1, input - anchorTokens + request.outputTokens) / bt);
-    if (blocks > this.capacityBlocks) return `This request needs ${blocks} KV blocks with its passages, more than the ${this.capacityBlocks} the engine has.`;
+    if (blocks > this.capacityBlocks)
+      return `This request needs ${blocks} KV blocks with its passages, more than the ${this.capacityBlocks} the engine has.`;
     return null;
   }
 
@@ -773,7 +781,9 @@ export class EngineModel {
     for (;;) {
       // step s+1 writes KV at position regionDone + s of each request
       let stepBlocks = 0;
-      for (const job of this.running) if ((job.regionDone + steps) % bt === 0 && Math.ceil((job.regionDone + steps + 1) / bt) > job.slots.length) stepBlocks++;
+      for (const job of this.running)
+        if ((job.regionDone + steps) % bt === 0 && Math.ceil((job.regionDone + steps + 1) / bt) > job.slots.length)
+          stepBlocks++;
       if (newBlocks + stepBlocks > this.freeCount) break;
       const dt = linear + (context + (steps + 1) * batch) * perContext;
       if (steps > 0 && t + dt > until) break;

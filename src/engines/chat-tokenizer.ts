@@ -37,8 +37,23 @@ export class UntokenizableContentError extends RangeError {
 }
 
 /** Variables the caller cannot override through chat_template_kwargs. */
-const RESERVED_KWARGS = new Set(['messages', 'tools', 'documents', 'add_generation_prompt', 'continue_final_message', 'chat_template', 'tokenize', 'conversation']);
-const TEXT_PARTS: Record<string, string> = { text: 'text', input_text: 'text', output_text: 'text', refusal: 'refusal', thinking: 'thinking' };
+const RESERVED_KWARGS = new Set([
+  'messages',
+  'tools',
+  'documents',
+  'add_generation_prompt',
+  'continue_final_message',
+  'chat_template',
+  'tokenize',
+  'conversation',
+]);
+const TEXT_PARTS: Record<string, string> = {
+  text: 'text',
+  input_text: 'text',
+  output_text: 'text',
+  refusal: 'refusal',
+  thinking: 'thinking',
+};
 /** Appended to the final message for continue_final_message, as transformers' render_jinja_template. */
 const CONTINUE_TAG = 'CONTINUE_FINAL_MESSAGE_TAG ';
 
@@ -114,16 +129,25 @@ export class ChatTokenizer implements PromptTokenizer {
     const source = options.chatTemplate ?? templateOf(config);
     this.templateSource = source;
     this.template = source === undefined ? undefined : new Template(source);
-    this.partsContent = source !== undefined && /\{%-?\s*for\s+\w+\s+in\s+(message|msg|m)(\.content|\[\s*['"]content['"]\s*\])\s*-?%\}/.test(source);
+    this.partsContent =
+      source !== undefined &&
+      /\{%-?\s*for\s+\w+\s+in\s+(message|msg|m)(\.content|\[\s*['"]content['"]\s*\])\s*-?%\}/.test(source);
     this.specialTokens = {};
     for (const key of ['bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token', 'cls_token', 'mask_token']) {
       const v = config[key];
-      const content = typeof v === 'string' ? v : v && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string' ? (v as { content: string }).content : undefined;
+      const content =
+        typeof v === 'string'
+          ? v
+          : v && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string'
+            ? (v as { content: string }).content
+            : undefined;
       if (content !== undefined) this.specialTokens[key] = content;
     }
-    if (Array.isArray(config.additional_special_tokens)) this.specialTokens.additional_special_tokens = config.additional_special_tokens;
+    if (Array.isArray(config.additional_special_tokens))
+      this.specialTokens.additional_special_tokens = config.additional_special_tokens;
     this.cacheEntries = options.cacheEntries ?? 50_000;
-    if (!Number.isInteger(this.cacheEntries) || this.cacheEntries < 0) throw new RangeError(`cacheEntries must be a non-negative integer, got ${options.cacheEntries}`);
+    if (!Number.isInteger(this.cacheEntries) || this.cacheEntries < 0)
+      throw new RangeError(`cacheEntries must be a non-negative integer, got ${options.cacheEntries}`);
   }
 
   /**
@@ -144,7 +168,9 @@ export class ChatTokenizer implements PromptTokenizer {
     try {
       tokenizer = new Tokenizer(tokenizerJson, config);
     } catch (err) {
-      throw new RangeError(`tokenizer: '${file}' is not a tokenizer this library reads: ${(err as Error).message}`);
+      throw new RangeError(`tokenizer: '${file}' is not a tokenizer this library reads: ${(err as Error).message}`, {
+        cause: err,
+      });
     }
     const chatTemplate = options.chatTemplate ?? (existsSync(jinjaFile) ? readFileSync(jinjaFile, 'utf8') : undefined);
     return new ChatTokenizer(tokenizer, config, { ...options, chatTemplate });
@@ -164,10 +190,12 @@ export class ChatTokenizer implements PromptTokenizer {
   /** Token ids of a chat request (messages, tools, template options) as vLLM computes them. */
   tokenizeChatRequest(request: ChatTemplateRequest): number[] {
     if (!this.template) throw new RangeError('the tokenizer has no chat template (give one with --chat-template)');
-    if (!Array.isArray(request.messages) || request.messages.length === 0) throw new RangeError('messages must be a non-empty array');
+    if (!Array.isArray(request.messages) || request.messages.length === 0)
+      throw new RangeError('messages must be a non-empty array');
     const addGenerationPrompt = request.add_generation_prompt ?? true;
     const continueFinal = request.continue_final_message ?? false;
-    if (addGenerationPrompt && continueFinal) throw new RangeError('continue_final_message and add_generation_prompt cannot both be true');
+    if (addGenerationPrompt && continueFinal)
+      throw new RangeError('continue_final_message and add_generation_prompt cannot both be true');
     const conversation = request.messages.map((m, i) => this.message(m, i));
     postprocess(conversation);
     const context = this.context(request);
@@ -175,7 +203,11 @@ export class ChatTokenizer implements PromptTokenizer {
 
     const out: number[] = [];
     let rendered = '';
-    let key = digest('', { tools: context.tools, documents: context.documents, kwargs: request.chat_template_kwargs ?? null });
+    let key = digest('', {
+      tools: context.tools,
+      documents: context.documents,
+      kwargs: request.chat_template_kwargs ?? null,
+    });
     // the final message is cut open by continue_final_message: it is never a cacheable cut
     const cacheable = continueFinal ? conversation.length - 1 : conversation.length;
     let i = 0;
@@ -217,10 +249,18 @@ export class ChatTokenizer implements PromptTokenizer {
 
   /** One message as vLLM passes it to the template. */
   private message(raw: unknown, i: number): Record<string, unknown> {
-    if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new RangeError(`messages[${i}] must be an object`);
+    if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
+      throw new RangeError(`messages[${i}] must be an object`);
     const m = raw as Record<string, unknown>;
     if (typeof m.role !== 'string') throw new RangeError(`messages[${i}].role must be a string`);
-    const parts: unknown[] = m.content === null || m.content === undefined ? [] : typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : Array.isArray(m.content) ? m.content : [m.content];
+    const parts: unknown[] =
+      m.content === null || m.content === undefined
+        ? []
+        : typeof m.content === 'string'
+          ? [{ type: 'text', text: m.content }]
+          : Array.isArray(m.content)
+            ? m.content
+            : [m.content];
     const texts: string[] = [];
     for (const [k, part] of parts.entries()) {
       if (typeof part === 'string') {
@@ -230,15 +270,22 @@ export class ChatTokenizer implements PromptTokenizer {
       const p = part as Record<string, unknown> | null;
       const type = p && typeof p.type === 'string' ? p.type : undefined;
       const field = type !== undefined ? TEXT_PARTS[type] : undefined;
-      if (field === undefined) throw new UntokenizableContentError(`messages[${i}].content[${k}]: a ${type ?? 'untyped'} part cannot be tokenized by the router (text parts only)`);
+      if (field === undefined)
+        throw new UntokenizableContentError(
+          `messages[${i}].content[${k}]: a ${type ?? 'untyped'} part cannot be tokenized by the router (text parts only)`,
+        );
       const text = p![field];
       if (text === null || text === undefined) continue;
       if (typeof text !== 'string') throw new RangeError(`messages[${i}].content[${k}].${field} must be a string`);
       texts.push(text);
     }
-    const out: Record<string, unknown> = { role: m.role, content: this.partsContent ? texts.map((text) => ({ type: 'text', text })) : texts.join('\n') };
+    const out: Record<string, unknown> = {
+      role: m.role,
+      content: this.partsContent ? texts.map((text) => ({ type: 'text', text })) : texts.join('\n'),
+    };
     if (m.role === 'assistant') {
-      if (m.tool_calls !== undefined && m.tool_calls !== null) out.tool_calls = Array.isArray(m.tool_calls) ? structuredClone(m.tool_calls) : m.tool_calls;
+      if (m.tool_calls !== undefined && m.tool_calls !== null)
+        out.tool_calls = Array.isArray(m.tool_calls) ? structuredClone(m.tool_calls) : m.tool_calls;
       const reasoning = m.reasoning ?? m.reasoning_content;
       if (reasoning !== undefined && reasoning !== null) {
         out.reasoning = reasoning;
@@ -255,7 +302,8 @@ export class ChatTokenizer implements PromptTokenizer {
     const ctx: Record<string, unknown> = { ...this.specialTokens };
     const kwargs = request.chat_template_kwargs;
     if (kwargs !== undefined && kwargs !== null) {
-      if (typeof kwargs !== 'object' || Array.isArray(kwargs)) throw new RangeError('chat_template_kwargs must be an object');
+      if (typeof kwargs !== 'object' || Array.isArray(kwargs))
+        throw new RangeError('chat_template_kwargs must be an object');
       for (const [k, v] of Object.entries(kwargs)) if (!RESERVED_KWARGS.has(k)) ctx[k] = v;
     }
     ctx.tools = request.tools === undefined || request.tools === null ? null : toolsAsVllm(request.tools);
@@ -263,19 +311,32 @@ export class ChatTokenizer implements PromptTokenizer {
     return ctx;
   }
 
-  private render(messages: readonly Record<string, unknown>[], context: Record<string, unknown>, addGenerationPrompt: boolean): string {
+  private render(
+    messages: readonly Record<string, unknown>[],
+    context: Record<string, unknown>,
+    addGenerationPrompt: boolean,
+  ): string {
     return this.template!.render({ ...context, messages, add_generation_prompt: addGenerationPrompt });
   }
 
   /** The whole conversation; with continue_final_message, cut open after the final message's text. */
-  private renderAll(conversation: Record<string, unknown>[], context: Record<string, unknown>, addGenerationPrompt: boolean, continueFinal: boolean): string {
+  private renderAll(
+    conversation: Record<string, unknown>[],
+    context: Record<string, unknown>,
+    addGenerationPrompt: boolean,
+    continueFinal: boolean,
+  ): string {
     if (!continueFinal) return this.render(conversation, context, addGenerationPrompt);
-    if (!this.templateSource!.includes('content')) throw new RangeError('continue_final_message: the chat template has no message content to continue');
+    if (!this.templateSource!.includes('content'))
+      throw new RangeError('continue_final_message: the chat template has no message content to continue');
     const last = { ...conversation[conversation.length - 1] };
     if (typeof last.content === 'string') last.content += CONTINUE_TAG;
     else if (Array.isArray(last.content) && last.content.length > 0) {
       const parts = last.content as Array<{ type: string; text: string }>;
-      last.content = [...parts.slice(0, -1), { ...parts[parts.length - 1], text: parts[parts.length - 1].text + CONTINUE_TAG }];
+      last.content = [
+        ...parts.slice(0, -1),
+        { ...parts[parts.length - 1], text: parts[parts.length - 1].text + CONTINUE_TAG },
+      ];
     } else throw new RangeError('continue_final_message: the final message has no text to continue');
     const text = this.render([...conversation.slice(0, -1), last], context, addGenerationPrompt);
     const at = text.lastIndexOf(CONTINUE_TAG.trim());
@@ -308,7 +369,7 @@ function postprocess(conversation: Record<string, unknown>[]): void {
         try {
           fn.arguments = JSON.parse(args);
         } catch {
-          throw new RangeError('a tool call\'s arguments are not valid JSON');
+          throw new RangeError("a tool call's arguments are not valid JSON");
         }
       }
     }
@@ -321,8 +382,13 @@ function toolsAsVllm(tools: readonly unknown[]): unknown[] {
   return tools.map((t, i) => {
     const tool = t as Record<string, unknown> | null;
     const fn = tool?.function as Record<string, unknown> | undefined;
-    if (!tool || typeof tool !== 'object' || !fn || typeof fn !== 'object' || typeof fn.name !== 'string') throw new RangeError(`tools[${i}] must be {type: "function", function: {name, …}}`);
-    const f: Record<string, unknown> = { name: fn.name, description: fn.description ?? null, parameters: fn.parameters ?? null };
+    if (!tool || typeof tool !== 'object' || !fn || typeof fn !== 'object' || typeof fn.name !== 'string')
+      throw new RangeError(`tools[${i}] must be {type: "function", function: {name, …}}`);
+    const f: Record<string, unknown> = {
+      name: fn.name,
+      description: fn.description ?? null,
+      parameters: fn.parameters ?? null,
+    };
     for (const [k, v] of Object.entries(fn)) if (!(k in f)) f[k] = v;
     const d: Record<string, unknown> = { type: tool.type ?? 'function', function: f };
     for (const [k, v] of Object.entries(tool)) if (!(k in d)) d[k] = v;
@@ -350,6 +416,6 @@ function readJson(file: string, what: string): Record<string, unknown> {
   try {
     return JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown>;
   } catch (err) {
-    throw new RangeError(`${what}: cannot read '${file}': ${(err as Error).message}`);
+    throw new RangeError(`${what}: cannot read '${file}': ${(err as Error).message}`, { cause: err });
   }
 }

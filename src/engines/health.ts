@@ -33,7 +33,9 @@ export class WorkerHealth {
     } catch {
       return; // the worker was removed meanwhile
     }
-    this.log?.(`${workerId} is ${isUp ? 'back in rotation' : `out of rotation (${source}${detail ? `: ${detail}` : ''})`}`);
+    this.log?.(
+      `${workerId} is ${isUp ? 'back in rotation' : `out of rotation (${source}${detail ? `: ${detail}` : ''})`}`,
+    );
     for (const listener of this.listeners) listener(workerId, isUp, detail);
   }
 
@@ -94,7 +96,14 @@ export class HealthChecker {
   }
 
   add(workerId: string, baseUrl: string): void {
-    this.probes.set(workerId, { url: `${baseUrl.replace(/\/+$/, '')}/health`, consecutiveFailures: 0, consecutiveSuccesses: 0, healthy: true, probes: 0, failures: 0 });
+    this.probes.set(workerId, {
+      url: `${baseUrl.replace(/\/+$/, '')}/health`,
+      consecutiveFailures: 0,
+      consecutiveSuccesses: 0,
+      healthy: true,
+      probes: 0,
+      failures: 0,
+    });
   }
 
   remove(workerId: string): void {

@@ -146,10 +146,12 @@ export class MockEngine {
     this.model = options.model ?? 'mock';
     this.blockSize = options.blockSize ?? 16;
     this.dataParallelSize = options.dataParallelSize ?? 1;
-    if (!Number.isInteger(this.dataParallelSize) || this.dataParallelSize < 1 || this.dataParallelSize > 64) throw new RangeError(`dataParallelSize must be an integer from 1 to 64, got ${options.dataParallelSize}`);
+    if (!Number.isInteger(this.dataParallelSize) || this.dataParallelSize < 1 || this.dataParallelSize > 64)
+      throw new RangeError(`dataParallelSize must be an integer from 1 to 64, got ${options.dataParallelSize}`);
     this.loraModules = [...(options.loraModules ?? [])];
     for (const name of this.loraModules) {
-      if (typeof name !== 'string' || !/^[\w.:/-]{1,128}$/.test(name) || name === this.model) throw new RangeError(`loraModules: '${String(name)}' is not a usable adapter name`);
+      if (typeof name !== 'string' || !/^[\w.:/-]{1,128}$/.test(name) || name === this.model)
+        throw new RangeError(`loraModules: '${String(name)}' is not a usable adapter name`);
     }
     const prefill = options.prefillTokS ?? 20_000;
     const decode = options.decodeTokS ?? 200;
@@ -157,8 +159,17 @@ export class MockEngine {
     if (options.replay && !options.events) throw new RangeError('replay needs events');
     for (let rank = 0; rank < this.dataParallelSize; rank++) {
       const core: RankCore = {
-        rank, engine: undefined as unknown as EngineModel, publisher: undefined, blocks: new Map(), liveKeys: new Map(), stored: [], removed: [],
-        stepping: false, prefixQueries: 0, prefixHits: 0, inFlight: 0,
+        rank,
+        engine: undefined as unknown as EngineModel,
+        publisher: undefined,
+        blocks: new Map(),
+        liveKeys: new Map(),
+        stored: [],
+        removed: [],
+        stepping: false,
+        prefixQueries: 0,
+        prefixHits: 0,
+        inFlight: 0,
       };
       core.engine = new EngineModel(
         {
@@ -175,14 +186,18 @@ export class MockEngine {
         (hi, lo) => this.onRemoved(core, blockKey(hi, lo)),
       );
       if (options.events) {
-        core.publisher = new KvEventPublisher({ endpoint: offsetEndpointPort(options.events, rank), replayEndpoint: options.replay ? offsetEndpointPort(options.replay, rank) : undefined });
+        core.publisher = new KvEventPublisher({
+          endpoint: offsetEndpointPort(options.events, rank),
+          replayEndpoint: options.replay ? offsetEndpointPort(options.replay, rank) : undefined,
+        });
       }
       this.cores.push(core);
     }
     this.maxBodyBytes = options.maxBodyBytes ?? 8 * 1024 * 1024;
     this.hashSalt = `engine-${options.hashSeed ?? Math.floor(Math.random() * 2 ** 31)}`;
     if (options.blockHash === 'vllm') {
-      if (options.pythonHashSeed === undefined) throw new RangeError("blockHash 'vllm' needs pythonHashSeed (the engine's PYTHONHASHSEED)");
+      if (options.pythonHashSeed === undefined)
+        throw new RangeError("blockHash 'vllm' needs pythonHashSeed (the engine's PYTHONHASHSEED)");
       this.vllmHasher = new VllmBlockHasher(options.pythonHashSeed);
     }
   }
@@ -234,23 +249,39 @@ export class MockEngine {
     try {
       const url = new URL(req.url ?? '/', 'http://mock');
       if (req.method === 'GET' && url.pathname === '/health') return void res.writeHead(200).end();
-      if (this.options.apiKey !== undefined && url.pathname.startsWith('/v1') && req.headers.authorization !== `Bearer ${this.options.apiKey}`) {
+      if (
+        this.options.apiKey !== undefined &&
+        url.pathname.startsWith('/v1') &&
+        req.headers.authorization !== `Bearer ${this.options.apiKey}`
+      ) {
         return json(res, 401, { error: 'Unauthorized' });
       }
       if (req.method === 'GET' && url.pathname === '/v1/models') {
         return json(res, 200, this.modelList());
       }
-      if (req.method === 'GET' && url.pathname === '/metrics') return void res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(this.metricsText());
-      if (req.method === 'GET' && url.pathname === '/debug/cache') return json(res, 200, { blockHashes: this.cacheListing() });
+      if (req.method === 'GET' && url.pathname === '/metrics')
+        return void res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(this.metricsText());
+      if (req.method === 'GET' && url.pathname === '/debug/cache')
+        return json(res, 200, { blockHashes: this.cacheListing() });
       if (req.method !== 'POST') throw new HttpError(404, `no route ${req.method} ${url.pathname}`);
       const body = await readJson(req, this.maxBodyBytes);
       if (url.pathname === '/tokenize') return json(res, 200, this.tokenize(body));
-      if (url.pathname === '/v1/completions') return this.generate(body, res, false, req.headers['x-data-parallel-rank']);
-      if (url.pathname === '/v1/chat/completions') return this.generate(body, res, true, req.headers['x-data-parallel-rank']);
+      if (url.pathname === '/v1/completions')
+        return this.generate(body, res, false, req.headers['x-data-parallel-rank']);
+      if (url.pathname === '/v1/chat/completions')
+        return this.generate(body, res, true, req.headers['x-data-parallel-rank']);
       throw new HttpError(404, `no route POST ${url.pathname}`);
     } catch (err) {
       const e = err instanceof HttpError ? err : new HttpError(500, (err as Error).message);
-      if (!res.headersSent) json(res, e.status, { error: { message: e.message, type: e.status < 500 ? 'invalid_request_error' : 'server_error', param: e.param ?? null, code: null } });
+      if (!res.headersSent)
+        json(res, e.status, {
+          error: {
+            message: e.message,
+            type: e.status < 500 ? 'invalid_request_error' : 'server_error',
+            param: e.param ?? null,
+            code: null,
+          },
+        });
       else res.end();
     }
   }
@@ -258,8 +289,23 @@ export class MockEngine {
   /** /v1/models as vLLM lists it: the base model, then each adapter with its parent. */
   private modelList(): unknown {
     const created = Math.floor(this.modelStart / 1000);
-    const card = (id: string, root: string, parent: string | null) => ({ id, object: 'model', created, owned_by: 'vllm', root, parent, max_model_len: this.cores[0].engine.maxModelLen, permission: [] });
-    return { object: 'list', data: [card(this.model, this.model, null), ...this.loraModules.map((name) => card(name, `/adapters/${name}`, this.model))] };
+    const card = (id: string, root: string, parent: string | null) => ({
+      id,
+      object: 'model',
+      created,
+      owned_by: 'vllm',
+      root,
+      parent,
+      max_model_len: this.cores[0].engine.maxModelLen,
+      permission: [],
+    });
+    return {
+      object: 'list',
+      data: [
+        card(this.model, this.model, null),
+        ...this.loraModules.map((name) => card(name, `/adapters/${name}`, this.model)),
+      ],
+    };
   }
 
   /** The core a request runs on: the one its X-data-parallel-rank header names, else the least busy. */
@@ -267,7 +313,12 @@ export class MockEngine {
     if (header !== undefined) {
       const v = Array.isArray(header) ? header[0] : header;
       const rank = /^\d{1,3}$/.test(v) ? Number(v) : NaN;
-      if (!(rank < this.dataParallelSize)) throw new HttpError(400, `X-data-parallel-rank must be an integer from 0 to ${this.dataParallelSize - 1}, got '${v}'`, 'X-data-parallel-rank');
+      if (!(rank < this.dataParallelSize))
+        throw new HttpError(
+          400,
+          `X-data-parallel-rank must be an integer from 0 to ${this.dataParallelSize - 1}, got '${v}'`,
+          'X-data-parallel-rank',
+        );
       return this.cores[rank];
     }
     let best = this.cores[0];
@@ -277,7 +328,8 @@ export class MockEngine {
 
   /** vLLM's /tokenize: the prompt (or chat, with its tools and template options) as token ids. */
   private tokenize(body: Record<string, unknown>): { tokens: number[]; count: number; max_model_len: number } {
-    if (body.model !== undefined && body.model !== this.model && !this.loraModules.includes(body.model as string)) throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
+    if (body.model !== undefined && body.model !== this.model && !this.loraModules.includes(body.model as string))
+      throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
     const tokens = body.messages !== undefined ? this.chatTokens(body.messages, body) : this.promptTokens(body.prompt);
     return { tokens, count: tokens.length, max_model_len: this.cores[0].engine.maxModelLen };
   }
@@ -286,20 +338,26 @@ export class MockEngine {
   private chatTokens(messages: unknown, body: Record<string, unknown> = {}): number[] {
     const checked = checkMessages(messages);
     const tools = body.tools;
-    if (tools !== undefined && tools !== null && !Array.isArray(tools)) throw new HttpError(400, 'tools must be an array', 'tools');
+    if (tools !== undefined && tools !== null && !Array.isArray(tools))
+      throw new HttpError(400, 'tools must be an array', 'tools');
     const kwargs = body.chat_template_kwargs;
-    if (kwargs !== undefined && kwargs !== null && (typeof kwargs !== 'object' || Array.isArray(kwargs))) throw new HttpError(400, 'chat_template_kwargs must be an object', 'chat_template_kwargs');
+    if (kwargs !== undefined && kwargs !== null && (typeof kwargs !== 'object' || Array.isArray(kwargs)))
+      throw new HttpError(400, 'chat_template_kwargs must be an object', 'chat_template_kwargs');
     const tokenizer = this.options.tokenizer;
     if (!tokenizer) {
       // the mock template: the tools' and template options' JSON ahead of the messages
-      const head = (tools ? `<|tools|>${JSON.stringify(tools)}\n` : '') + (kwargs ? `<|kwargs|>${JSON.stringify(kwargs)}\n` : '');
+      const head =
+        (tools ? `<|tools|>${JSON.stringify(tools)}\n` : '') + (kwargs ? `<|kwargs|>${JSON.stringify(kwargs)}\n` : '');
       return mockTokenize(head + mockChatPrompt(checked));
     }
     try {
       if (tokenizer.tokenizeChatRequest) {
         return tokenizer.tokenizeChatRequest({
-          messages: checked, tools: tools as unknown[] | undefined, chat_template_kwargs: kwargs as Record<string, unknown> | undefined,
-          add_generation_prompt: body.add_generation_prompt as boolean | undefined, continue_final_message: body.continue_final_message as boolean | undefined,
+          messages: checked,
+          tools: tools as unknown[] | undefined,
+          chat_template_kwargs: kwargs as Record<string, unknown> | undefined,
+          add_generation_prompt: body.add_generation_prompt as boolean | undefined,
+          continue_final_message: body.continue_final_message as boolean | undefined,
         });
       }
       return tokenizer.tokenize({ messages: checked });
@@ -309,35 +367,57 @@ export class MockEngine {
   }
 
   private promptTokens(prompt: unknown): number[] {
-    if (typeof prompt === 'string') return this.options.tokenizer ? this.options.tokenizer.tokenize({ text: prompt }) : mockTokenize(prompt);
-    if (Array.isArray(prompt) && prompt.every((t) => Number.isInteger(t) && t >= 0 && t < 2 ** 32)) return prompt as number[];
+    if (typeof prompt === 'string')
+      return this.options.tokenizer ? this.options.tokenizer.tokenize({ text: prompt }) : mockTokenize(prompt);
+    if (Array.isArray(prompt) && prompt.every((t) => Number.isInteger(t) && t >= 0 && t < 2 ** 32))
+      return prompt as number[];
     if (Array.isArray(prompt) && prompt.length === 1) return this.promptTokens(prompt[0]);
     throw new HttpError(400, 'prompt must be a string, a list of token ids, or a list with one of those', 'prompt');
   }
 
-  private generate(body: Record<string, unknown>, res: ServerResponse, chat: boolean, rankHeader?: string | string[]): void {
+  private generate(
+    body: Record<string, unknown>,
+    res: ServerResponse,
+    chat: boolean,
+    rankHeader?: string | string[],
+  ): void {
     const model = body.model === undefined ? this.model : body.model;
-    if (typeof model !== 'string' || (model !== this.model && !this.loraModules.includes(model))) throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
+    if (typeof model !== 'string' || (model !== this.model && !this.loraModules.includes(model)))
+      throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
     const lora = model === this.model ? null : model;
     const core = this.coreFor(rankHeader);
     const tokens = chat ? this.chatTokens(body.messages, body) : this.promptTokens(body.prompt);
     if (tokens.length === 0) throw new HttpError(400, 'the prompt is empty', chat ? 'messages' : 'prompt');
     const maxTokens = body.max_tokens ?? body.max_completion_tokens ?? 16;
-    if (!Number.isInteger(maxTokens) || (maxTokens as number) < 1 || (maxTokens as number) > 100_000) throw new HttpError(400, 'max_tokens must be an integer from 1 to 100000', 'max_tokens');
-    if (body.stream !== undefined && typeof body.stream !== 'boolean') throw new HttpError(400, 'stream must be a boolean', 'stream');
+    if (!Number.isInteger(maxTokens) || (maxTokens as number) < 1 || (maxTokens as number) > 100_000)
+      throw new HttpError(400, 'max_tokens must be an integer from 1 to 100000', 'max_tokens');
+    if (body.stream !== undefined && typeof body.stream !== 'boolean')
+      throw new HttpError(400, 'stream must be a boolean', 'stream');
     const salt = body.cache_salt;
-    if (salt !== undefined && (typeof salt !== 'string' || salt === '')) throw new HttpError(400, 'cache_salt must be a non-empty string', 'cache_salt');
+    if (salt !== undefined && (typeof salt !== 'string' || salt === ''))
+      throw new HttpError(400, 'cache_salt must be a non-empty string', 'cache_salt');
     const streamOptions = body.stream_options as { include_usage?: unknown } | undefined;
 
     // over the context limit: refused before it reaches the engine, in vLLM's words and shape
     const refused = core.engine.rejection({ inputTokens: tokens.length, outputTokens: maxTokens as number });
-    if (refused !== null) return json(res, 400, { error: { message: refused, type: 'BadRequestError', param: null, code: 400 } });
+    if (refused !== null)
+      return json(res, 400, { error: { message: refused, type: 'BadRequestError', param: null, code: 400 } });
 
     // the engine's own block hashes: vLLM's sha256_cbor, or seeded per process; keyed by the
     // adapter and cache_salt either way, as vLLM's
     const h = this.vllmHasher
-      ? this.vllmHasher.hashBlocks(tokens, this.blockSize, { lora, cacheSalt: salt as string | undefined }, this.scratch)
-      : hashTokenBlocks(tokens, this.blockSize, { lora, cacheSalt: `${this.hashSalt}/${(salt as string | undefined) ?? ''}` }, this.scratch);
+      ? this.vllmHasher.hashBlocks(
+          tokens,
+          this.blockSize,
+          { lora, cacheSalt: salt as string | undefined },
+          this.scratch,
+        )
+      : hashTokenBlocks(
+          tokens,
+          this.blockSize,
+          { lora, cacheSalt: `${this.hashSalt}/${(salt as string | undefined) ?? ''}` },
+          this.scratch,
+        );
     const keys = new Float64Array(h.length);
     let parent: bigint | null = null;
     const loraId = lora === null ? null : this.loraModules.indexOf(lora) + 1;
@@ -345,20 +425,50 @@ export class MockEngine {
       keys[i] = blockKey(h.hi[i], h.lo[i]);
       const hash = (BigInt(h.hi[i]) << 32n) | BigInt(h.lo[i]);
       const extra = [...(lora ? [lora] : []), ...(i === 0 && typeof salt === 'string' ? [salt] : [])];
-      if (!core.blocks.has(keys[i])) core.blocks.set(keys[i], { hash, parent, tokens: tokens.slice(i * this.blockSize, (i + 1) * this.blockSize), lora, loraId, extraKeys: extra.length > 0 ? extra : null });
+      if (!core.blocks.has(keys[i]))
+        core.blocks.set(keys[i], {
+          hash,
+          parent,
+          tokens: tokens.slice(i * this.blockSize, (i + 1) * this.blockSize),
+          lora,
+          loraId,
+          extraKeys: extra.length > 0 ? extra : null,
+        });
       parent = hash;
     }
     const id = this.nextId++;
-    const request: EngineRequest = { id, keys, hashHi: h.hi.slice(0, h.length), hashLo: h.lo.slice(0, h.length), inputTokens: tokens.length, outputTokens: maxTokens as number };
+    const request: EngineRequest = {
+      id,
+      keys,
+      hashHi: h.hi.slice(0, h.length),
+      hashLo: h.lo.slice(0, h.length),
+      inputTokens: tokens.length,
+      outputTokens: maxTokens as number,
+    };
     const p: Pending = {
-      request, res, chat, core, model, stream: body.stream === true, includeUsage: streamOptions?.include_usage === true,
-      id: `${chat ? 'chatcmpl' : 'cmpl'}-mock-${id}`, created: Math.floor(Date.now() / 1000), promptTokens: tokens.length,
-      produced: 0, cachedTokens: 0, done: false,
+      request,
+      res,
+      chat,
+      core,
+      model,
+      stream: body.stream === true,
+      includeUsage: streamOptions?.include_usage === true,
+      id: `${chat ? 'chatcmpl' : 'cmpl'}-mock-${id}`,
+      created: Math.floor(Date.now() / 1000),
+      promptTokens: tokens.length,
+      produced: 0,
+      cachedTokens: 0,
+      done: false,
     };
     this.pending.set(id, p);
     core.inFlight++;
     core.prefixQueries += tokens.length;
-    if (p.stream) res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+    if (p.stream)
+      res.writeHead(200, {
+        'content-type': 'text/event-stream',
+        'cache-control': 'no-cache',
+        connection: 'keep-alive',
+      });
     // a client that goes away takes its request out of the engine
     res.on('close', () => {
       if (!p.done) {
@@ -384,13 +494,16 @@ export class MockEngine {
     // step is scheduled now and its outputs land when it ends, so /metrics reads it in between
     const end = core.engine.startStep(start, start + 50);
     this.flushEvents(core);
-    setTimeout(() => {
-      core.stepping = false;
-      const step = core.engine.finishStep();
-      this.flushEvents(core);
-      this.finishStep(core, step);
-      this.pump(core);
-    }, Math.max(0, end - start));
+    setTimeout(
+      () => {
+        core.stepping = false;
+        const step = core.engine.finishStep();
+        this.flushEvents(core);
+        this.finishStep(core, step);
+        this.pump(core);
+      },
+      Math.max(0, end - start),
+    );
   }
 
   private finishStep(core: RankCore, step: StepResult): void {
@@ -416,9 +529,19 @@ export class MockEngine {
     p.produced += n;
     if (!p.stream) return;
     const choice = p.chat
-      ? { index: 0, delta: p.produced === n ? { role: 'assistant', content: text } : { content: text }, finish_reason: null }
+      ? {
+          index: 0,
+          delta: p.produced === n ? { role: 'assistant', content: text } : { content: text },
+          finish_reason: null,
+        }
       : { index: 0, text, finish_reason: null };
-    sse(p.res, { id: p.id, object: p.chat ? 'chat.completion.chunk' : 'text_completion', created: p.created, model: p.model, choices: [choice] });
+    sse(p.res, {
+      id: p.id,
+      object: p.chat ? 'chat.completion.chunk' : 'text_completion',
+      created: p.created,
+      model: p.model,
+      choices: [choice],
+    });
   }
 
   /**
@@ -450,9 +573,25 @@ export class MockEngine {
       prompt_tokens_details: { cached_tokens: p.cachedTokens },
     };
     if (p.stream) {
-      const last = p.chat ? { index: 0, delta: {}, finish_reason: 'length' } : { index: 0, text: '', finish_reason: 'length' };
-      sse(p.res, { id: p.id, object: p.chat ? 'chat.completion.chunk' : 'text_completion', created: p.created, model: p.model, choices: [last] });
-      if (p.includeUsage) sse(p.res, { id: p.id, object: p.chat ? 'chat.completion.chunk' : 'text_completion', created: p.created, model: p.model, choices: [], usage });
+      const last = p.chat
+        ? { index: 0, delta: {}, finish_reason: 'length' }
+        : { index: 0, text: '', finish_reason: 'length' };
+      sse(p.res, {
+        id: p.id,
+        object: p.chat ? 'chat.completion.chunk' : 'text_completion',
+        created: p.created,
+        model: p.model,
+        choices: [last],
+      });
+      if (p.includeUsage)
+        sse(p.res, {
+          id: p.id,
+          object: p.chat ? 'chat.completion.chunk' : 'text_completion',
+          created: p.created,
+          model: p.model,
+          choices: [],
+          usage,
+        });
       p.res.end('data: [DONE]\n\n');
       return;
     }
@@ -462,7 +601,11 @@ export class MockEngine {
       object: p.chat ? 'chat.completion' : 'text_completion',
       created: p.created,
       model: p.model,
-      choices: [p.chat ? { index: 0, message: { role: 'assistant', content: text }, finish_reason: 'length' } : { index: 0, text, finish_reason: 'length' }],
+      choices: [
+        p.chat
+          ? { index: 0, message: { role: 'assistant', content: text }, finish_reason: 'length' }
+          : { index: 0, text, finish_reason: 'length' },
+      ],
       usage,
     });
   }
@@ -490,30 +633,65 @@ export class MockEngine {
         current.extraKeys!.push(b.extraKeys);
       } else {
         current = {
-          type: 'BlockStored', blockHashes: [b.hash], parentBlockHash: b.parent, tokenIds: [...b.tokens], blockSize: this.blockSize,
-          loraId: b.loraId, medium: 'GPU', loraName: b.lora, extraKeys: [b.extraKeys], groupIdx: 0, kvCacheSpecKind: 'full_attention', kvCacheSpecSlidingWindow: null,
+          type: 'BlockStored',
+          blockHashes: [b.hash],
+          parentBlockHash: b.parent,
+          tokenIds: [...b.tokens],
+          blockSize: this.blockSize,
+          loraId: b.loraId,
+          medium: 'GPU',
+          loraName: b.lora,
+          extraKeys: [b.extraKeys],
+          groupIdx: 0,
+          kvCacheSpecKind: 'full_attention',
+          kvCacheSpecSlidingWindow: null,
         };
         events.push(current);
       }
     }
     for (const e of events) if (e.type === 'BlockStored' && e.extraKeys!.every((k) => k === null)) e.extraKeys = null;
-    if (core.removed.length > 0) events.push({ type: 'BlockRemoved', blockHashes: [...core.removed], medium: 'GPU', groupIdx: 0 });
+    if (core.removed.length > 0)
+      events.push({ type: 'BlockRemoved', blockHashes: [...core.removed], medium: 'GPU', groupIdx: 0 });
     core.stored.length = 0;
     core.removed.length = 0;
-    if (events.length > 0 && core.publisher) void core.publisher.publish({ ts: Date.now() / 1000, events, dataParallelRank: core.rank });
+    if (events.length > 0 && core.publisher)
+      void core.publisher.publish({ ts: Date.now() / 1000, events, dataParallelRank: core.rank });
   }
 
   private metricsText(): string {
     const lines: string[] = [];
     const metric = (name: string, type: string, help: string, value: (c: RankCore) => number) => {
       lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
-      for (const c of this.cores) lines.push(`${name}${type === 'counter' ? '_total' : ''}{model_name="${this.model}",engine="${c.rank}"} ${value(c)}`);
+      for (const c of this.cores)
+        lines.push(
+          `${name}${type === 'counter' ? '_total' : ''}{model_name="${this.model}",engine="${c.rank}"} ${value(c)}`,
+        );
     };
-    metric('vllm:num_requests_running', 'gauge', 'Number of requests in model execution batches.', (c) => c.engine.runningCount);
-    metric('vllm:num_requests_waiting', 'gauge', 'Number of requests waiting to be processed.', (c) => c.engine.waitingCount);
+    metric(
+      'vllm:num_requests_running',
+      'gauge',
+      'Number of requests in model execution batches.',
+      (c) => c.engine.runningCount,
+    );
+    metric(
+      'vllm:num_requests_waiting',
+      'gauge',
+      'Number of requests waiting to be processed.',
+      (c) => c.engine.waitingCount,
+    );
     metric('vllm:kv_cache_usage_perc', 'gauge', 'KV-cache usage. 1 means 100 percent usage.', (c) => c.engine.kvUsage);
-    metric('vllm:prefix_cache_queries', 'counter', 'Prefix cache queries, in terms of number of queried tokens.', (c) => c.prefixQueries);
-    metric('vllm:prefix_cache_hits', 'counter', 'Prefix cache hits, in terms of number of cached tokens.', (c) => c.prefixHits);
+    metric(
+      'vllm:prefix_cache_queries',
+      'counter',
+      'Prefix cache queries, in terms of number of queried tokens.',
+      (c) => c.prefixQueries,
+    );
+    metric(
+      'vllm:prefix_cache_hits',
+      'counter',
+      'Prefix cache hits, in terms of number of cached tokens.',
+      (c) => c.prefixHits,
+    );
     lines.push('');
     return lines.join('\n');
   }
@@ -531,9 +709,11 @@ export function offsetEndpointPort(endpoint: string, rank: number): string {
 }
 
 function checkMessages(messages: unknown): ChatMessage[] {
-  if (!Array.isArray(messages) || messages.length === 0) throw new HttpError(400, 'messages must be a non-empty array', 'messages');
+  if (!Array.isArray(messages) || messages.length === 0)
+    throw new HttpError(400, 'messages must be a non-empty array', 'messages');
   messages.forEach((m, i) => {
-    if (m === null || typeof m !== 'object' || typeof (m as ChatMessage).role !== 'string') throw new HttpError(400, `messages[${i}] must have a string role`, 'messages');
+    if (m === null || typeof m !== 'object' || typeof (m as ChatMessage).role !== 'string')
+      throw new HttpError(400, `messages[${i}] must have a string role`, 'messages');
   });
   return messages as ChatMessage[];
 }
@@ -552,7 +732,8 @@ async function readJson(req: IncomingMessage, limit: number): Promise<Record<str
   } catch {
     throw new HttpError(400, 'the body is not valid JSON');
   }
-  if (body === null || typeof body !== 'object' || Array.isArray(body)) throw new HttpError(400, 'the body must be a JSON object');
+  if (body === null || typeof body !== 'object' || Array.isArray(body))
+    throw new HttpError(400, 'the body must be a JSON object');
   return body as Record<string, unknown>;
 }
 

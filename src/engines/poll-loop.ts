@@ -41,7 +41,12 @@ export interface CheckStreak {
  * Counts one outcome; returns the new verdict when it flips (after `failuresToUnhealthy`
  * failures in a row, or `successesToHealthy` successes in a row), else undefined.
  */
-export function recordOutcome(s: CheckStreak, ok: boolean, failuresToUnhealthy: number, successesToHealthy: number): boolean | undefined {
+export function recordOutcome(
+  s: CheckStreak,
+  ok: boolean,
+  failuresToUnhealthy: number,
+  successesToHealthy: number,
+): boolean | undefined {
   if (ok) {
     s.consecutiveFailures = 0;
     s.consecutiveSuccesses++;

@@ -110,14 +110,16 @@ export class TokenizerPool implements AsyncPromptTokenizer {
   private constructor(options: TokenizerPoolOptions) {
     this.data = { path: options.path, chatTemplate: options.chatTemplate, cacheEntries: options.cacheEntries };
     this.maxPending = options.maxPending ?? 1024;
-    if (!Number.isInteger(this.maxPending) || this.maxPending < 1) throw new RangeError(`maxPending must be a positive integer, got ${options.maxPending}`);
+    if (!Number.isInteger(this.maxPending) || this.maxPending < 1)
+      throw new RangeError(`maxPending must be a positive integer, got ${options.maxPending}`);
     this.log = options.log ?? (() => {});
   }
 
   /** Starts the threads and resolves once every one has loaded the tokenizer. */
   static async start(options: TokenizerPoolOptions): Promise<TokenizerPool> {
     const n = options.threads ?? defaultTokenizerThreads();
-    if (!Number.isInteger(n) || n < 1 || n > 256) throw new RangeError(`threads must be an integer from 1 to 256, got ${n}`);
+    if (!Number.isInteger(n) || n < 1 || n > 256)
+      throw new RangeError(`threads must be an integer from 1 to 256, got ${n}`);
     const pool = new TokenizerPool(options);
     try {
       await Promise.all(Array.from({ length: n }, (_, i) => pool.spawn(i)));
@@ -141,7 +143,11 @@ export class TokenizerPool implements AsyncPromptTokenizer {
       this.counters.rejectedBusy++;
       return Promise.reject(new TokenizerBusyError(this.jobs.size));
     }
-    const job: TokenizeJob = { id: this.nextId++, request: request.messages ? { messages: request.messages } : { text: request.text ?? '' }, chat };
+    const job: TokenizeJob = {
+      id: this.nextId++,
+      request: request.messages ? { messages: request.messages } : { text: request.text ?? '' },
+      chat,
+    };
     const index = this.pick(request);
     const thread = this.threads[index];
     return new Promise<ArrayLike<number>>((resolve, reject) => {
@@ -196,7 +202,11 @@ export class TokenizerPool implements AsyncPromptTokenizer {
         if (m.error !== undefined) {
           this.counters.failed++;
           // media parts keep their kind across the thread boundary: the gateway routes them on text
-          job.reject(m.errorName === 'UntokenizableContentError' ? new UntokenizableContentError(m.error) : new RangeError(m.error));
+          job.reject(
+            m.errorName === 'UntokenizableContentError'
+              ? new UntokenizableContentError(m.error)
+              : new RangeError(m.error),
+          );
         } else {
           this.counters.completed++;
           job.resolve(m.tokens);
@@ -216,7 +226,9 @@ export class TokenizerPool implements AsyncPromptTokenizer {
         }
         if (!ready || this.closed || this.threads[index] !== thread) return;
         this.counters.threadRestarts++;
-        this.spawn(index).catch((err: Error) => this.log(`tokenizer thread ${index} could not be restarted: ${err.message}`));
+        this.spawn(index).catch((err: Error) =>
+          this.log(`tokenizer thread ${index} could not be restarted: ${err.message}`),
+        );
       });
     });
   }

@@ -3,8 +3,14 @@ import { randomUUID } from 'node:crypto';
 import { status as GrpcStatus, type ServerDuplexStream } from '@grpc/grpc-js';
 import type { BodySendMode, ProcessingRequest, ProcessingResponse } from './proto.js';
 import {
-  continueResponse, immediateResponse, readHeaders, readServedEndpoint, readSubsetHint, REQUEST_ID_HEADER,
-  routingHeadersResponse, streamedBodyResponses,
+  continueResponse,
+  immediateResponse,
+  readHeaders,
+  readServedEndpoint,
+  readSubsetHint,
+  REQUEST_ID_HEADER,
+  routingHeadersResponse,
+  streamedBodyResponses,
 } from './protocol.js';
 
 /** What the picker is asked: one request's headers, its body (undefined: a header-only request) and the subset hint. */
@@ -32,13 +38,13 @@ export interface InFlightRequest {
 
 export type PickOutcome =
   | {
-    ok: true;
-    /** The chosen endpoint first, then ordered fallbacks (host:port). */
-    endpoints: string[];
-    /** The body to forward (a rewritten model, an isolation salt), or undefined to forward the original. */
-    body?: Buffer;
-    inFlight: InFlightRequest;
-  }
+      ok: true;
+      /** The chosen endpoint first, then ordered fallbacks (host:port). */
+      endpoints: string[];
+      /** The body to forward (a rewritten model, an isolation salt), or undefined to forward the original. */
+      body?: Buffer;
+      inFlight: InFlightRequest;
+    }
   | { ok: false; status: number; message: string; param?: string | null; retryAfterSeconds?: number };
 
 export interface EndpointPicker {
@@ -65,7 +71,9 @@ type Phase = 'headers' | 'body' | 'routed' | 'finished';
  * routed at once. The response phase reports the serving endpoint and completes the router's
  * in-flight accounting; response bodies are echoed chunk by chunk in FULL_DUPLEX_STREAMED mode.
  */
-export function createProcessHandler(options: ExtProcHandlerOptions): (call: ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => void {
+export function createProcessHandler(
+  options: ExtProcHandlerOptions,
+): (call: ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => void {
   const log = options.log ?? (() => {});
   return (call) => {
     let phase: Phase = 'headers';
@@ -131,9 +139,10 @@ export function createProcessHandler(options: ExtProcHandlerOptions): (call: Ser
       }
       inFlight = outcome.inFlight;
       options.onOutcome?.('routed');
-      const forwarded = body === undefined ? undefined : outcome.body ?? body;
+      const forwarded = body === undefined ? undefined : (outcome.body ?? body);
       // Envoy drops content-length in FULL_DUPLEX_STREAMED mode; the engine gets it back, exact
-      const extra: Record<string, string> = forwarded === undefined ? {} : { 'content-length': String(forwarded.length) };
+      const extra: Record<string, string> =
+        forwarded === undefined ? {} : { 'content-length': String(forwarded.length) };
       // the engine logs the same id as the picker (vLLM reads x-request-id)
       if (requestIdGenerated) extra[REQUEST_ID_HEADER] = requestId;
       await send(routingHeadersResponse(outcome.endpoints, extra));
@@ -166,7 +175,10 @@ export function createProcessHandler(options: ExtProcHandlerOptions): (call: Ser
           subset = readSubsetHint(req);
           // no body follows (end_of_stream), or Envoy will not send it before our answer
           const bodyComing = req.request_headers?.end_of_stream !== true && requestBodyMode !== 'NONE';
-          const waitsForAnswer = requestBodyMode !== undefined && requestBodyMode !== 'FULL_DUPLEX_STREAMED' && req.protocol_config?.send_body_without_waiting_for_header_response !== true;
+          const waitsForAnswer =
+            requestBodyMode !== undefined &&
+            requestBodyMode !== 'FULL_DUPLEX_STREAMED' &&
+            req.protocol_config?.send_body_without_waiting_for_header_response !== true;
           if (!bodyComing || waitsForAnswer) return route(undefined, true);
           phase = 'body';
           return;
@@ -176,15 +188,18 @@ export function createProcessHandler(options: ExtProcHandlerOptions): (call: Ser
             // a mode where the body follows our header answer: it passes unchanged
             return send(continueResponse('request_body'));
           }
-          if (phase !== 'body') return fail(GrpcStatus.FAILED_PRECONDITION, 'request_body arrived before request_headers');
+          if (phase !== 'body')
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'request_body arrived before request_headers');
           const chunk = req.request_body?.body;
           bodyMessages++;
           if (chunk && chunk.length > 0) {
             bodyBytes += chunk.length;
-            if (bodyBytes > options.bodyLimit) return reject(413, `request body too large: over ${options.bodyLimit} bytes`);
+            if (bodyBytes > options.bodyLimit)
+              return reject(413, `request body too large: over ${options.bodyLimit} bytes`);
             chunks.push(Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length));
           }
-          if (req.request_body?.end_of_stream) return route(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, bodyBytes), true);
+          if (req.request_body?.end_of_stream)
+            return route(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, bodyBytes), true);
           return; // buffered: answering a chunk before the end would route on half a body
         }
         case 'request_trailers': {
@@ -196,15 +211,24 @@ export function createProcessHandler(options: ExtProcHandlerOptions): (call: Ser
           return;
         }
         case 'response_headers': {
-          if (phase !== 'routed') return fail(GrpcStatus.FAILED_PRECONDITION, 'response_headers arrived before the request was routed');
+          if (phase !== 'routed')
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'response_headers arrived before the request was routed');
           const worker = inFlight?.served(readServedEndpoint(req));
-          const set = worker ? [{ header: { key: 'x-contextforge-worker', raw_value: Buffer.from(worker) }, append_action: 'OVERWRITE_IF_EXISTS_OR_ADD' as const }] : undefined;
+          const set = worker
+            ? [
+                {
+                  header: { key: 'x-contextforge-worker', raw_value: Buffer.from(worker) },
+                  append_action: 'OVERWRITE_IF_EXISTS_OR_ADD' as const,
+                },
+              ]
+            : undefined;
           await send({ response_headers: { response: set ? { header_mutation: { set_headers: set } } : {} } });
           if (req.response_headers?.end_of_stream) finish();
           return;
         }
         case 'response_body': {
-          if (phase !== 'routed') return fail(GrpcStatus.FAILED_PRECONDITION, 'response_body arrived before the request was routed');
+          if (phase !== 'routed')
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'response_body arrived before the request was routed');
           const chunk = req.response_body?.body;
           const eos = req.response_body?.end_of_stream === true;
           if (!firstByteSeen && chunk && chunk.length > 0) {
@@ -231,7 +255,9 @@ export function createProcessHandler(options: ExtProcHandlerOptions): (call: Ser
     };
 
     call.on('data', (req: ProcessingRequest) => {
-      queue = queue.then(() => handle(req)).catch((err: unknown) => fail(GrpcStatus.INTERNAL, `internal error: ${(err as Error).message}`));
+      queue = queue
+        .then(() => handle(req))
+        .catch((err: unknown) => fail(GrpcStatus.INTERNAL, `internal error: ${(err as Error).message}`));
     });
     call.on('end', () => {
       queue = queue.then(() => {
@@ -253,7 +279,13 @@ export function createProcessHandler(options: ExtProcHandlerOptions): (call: Ser
   };
 }
 
-const BODY_MODES: readonly BodySendMode[] = ['NONE', 'STREAMED', 'BUFFERED', 'BUFFERED_PARTIAL', 'FULL_DUPLEX_STREAMED'];
+const BODY_MODES: readonly BodySendMode[] = [
+  'NONE',
+  'STREAMED',
+  'BUFFERED',
+  'BUFFERED_PARTIAL',
+  'FULL_DUPLEX_STREAMED',
+];
 
 function bodyMode(v: BodySendMode | number | undefined): BodySendMode | undefined {
   if (v === undefined) return undefined;

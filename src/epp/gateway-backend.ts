@@ -5,7 +5,9 @@ import type { RoutingBackend } from './router-picker.js';
 export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
   const { router, state, metrics, connections } = gateway;
   return {
-    router, state, metrics,
+    router,
+    state,
+    metrics,
     *workers() {
       for (const w of router.listWorkers()) {
         const c = connections.get(w.id);

@@ -44,7 +44,8 @@ export interface HeaderValue {
 }
 export interface HeaderValueOption {
   header: HeaderValue;
-  append_action?: 'APPEND_IF_EXISTS_OR_ADD' | 'ADD_IF_ABSENT' | 'OVERWRITE_IF_EXISTS_OR_ADD' | 'OVERWRITE_IF_EXISTS' | number;
+  append_action?:
+    'APPEND_IF_EXISTS_OR_ADD' | 'ADD_IF_ABSENT' | 'OVERWRITE_IF_EXISTS_OR_ADD' | 'OVERWRITE_IF_EXISTS' | number;
 }
 export interface HeaderMap {
   headers?: HeaderValue[];
@@ -68,7 +69,13 @@ export interface ProtocolConfiguration {
 }
 
 export interface ProcessingRequest {
-  request?: 'request_headers' | 'response_headers' | 'request_body' | 'response_body' | 'request_trailers' | 'response_trailers';
+  request?:
+    | 'request_headers'
+    | 'response_headers'
+    | 'request_body'
+    | 'response_body'
+    | 'request_trailers'
+    | 'response_trailers';
   request_headers?: HttpHeaders;
   response_headers?: HttpHeaders;
   request_body?: HttpBody;
@@ -108,7 +115,14 @@ export interface ImmediateResponse {
   details?: string;
 }
 export interface ProcessingResponse {
-  response?: 'request_headers' | 'response_headers' | 'request_body' | 'response_body' | 'request_trailers' | 'response_trailers' | 'immediate_response';
+  response?:
+    | 'request_headers'
+    | 'response_headers'
+    | 'request_body'
+    | 'response_body'
+    | 'request_trailers'
+    | 'response_trailers'
+    | 'immediate_response';
   request_headers?: { response?: CommonResponse };
   response_headers?: { response?: CommonResponse };
   request_body?: { response?: CommonResponse };
@@ -144,14 +158,22 @@ export function structToPlain(s: ProtoStruct | undefined): Record<string, unknow
 function valueToPlain(v: ProtoValue | undefined): unknown {
   if (!v) return null;
   // decoded values name their member in `kind`; values built here only set the member
-  const kind = v.kind ?? (['stringValue', 'numberValue', 'boolValue', 'structValue', 'listValue'] as const).find((k) => v[k] !== undefined);
+  const kind =
+    v.kind ??
+    (['stringValue', 'numberValue', 'boolValue', 'structValue', 'listValue'] as const).find((k) => v[k] !== undefined);
   switch (kind) {
-    case 'stringValue': return v.stringValue ?? '';
-    case 'numberValue': return v.numberValue ?? 0;
-    case 'boolValue': return v.boolValue ?? false;
-    case 'structValue': return structToPlain(v.structValue);
-    case 'listValue': return (v.listValue?.values ?? []).map(valueToPlain);
-    default: return null;
+    case 'stringValue':
+      return v.stringValue ?? '';
+    case 'numberValue':
+      return v.numberValue ?? 0;
+    case 'boolValue':
+      return v.boolValue ?? false;
+    case 'structValue':
+      return structToPlain(v.structValue);
+    case 'listValue':
+      return (v.listValue?.values ?? []).map(valueToPlain);
+    default:
+      return null;
   }
 }
 

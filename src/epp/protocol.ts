@@ -63,7 +63,8 @@ export function readSubsetHint(req: ProcessingRequest, maxEntries = 4096): strin
   };
   if (v.kind === 'stringValue' && typeof v.stringValue === 'string') add(v.stringValue);
   else if (v.kind === 'listValue') {
-    for (const item of v.listValue?.values ?? []) if (item.kind === 'stringValue' && typeof item.stringValue === 'string') add(item.stringValue);
+    for (const item of v.listValue?.values ?? [])
+      if (item.kind === 'stringValue' && typeof item.stringValue === 'string') add(item.stringValue);
   }
   return out;
 }
@@ -84,7 +85,10 @@ export function splitEndpoint(endpoint: string): { host: string; port: string | 
     const close = e.indexOf(']');
     if (close < 0) return { host: e.toLowerCase(), port: undefined };
     const rest = e.slice(close + 1);
-    return { host: e.slice(1, close).toLowerCase(), port: rest.startsWith(':') && rest.length > 1 ? rest.slice(1) : undefined };
+    return {
+      host: e.slice(1, close).toLowerCase(),
+      port: rest.startsWith(':') && rest.length > 1 ? rest.slice(1) : undefined,
+    };
   }
   const colons = e.split(':').length - 1;
   if (colons === 1) {
@@ -123,7 +127,11 @@ const header = (key: string, value: string): HeaderValueOption => ({
  * header may select the route), sets the destination header and the identical value in
  * dynamic_metadata["envoy.lb"], plus any extra headers (content-length of a rewritten body).
  */
-export function routingHeadersResponse(endpoints: readonly string[], extraHeaders: Record<string, string> = {}, removeHeaders: readonly string[] = []): ProcessingResponse {
+export function routingHeadersResponse(
+  endpoints: readonly string[],
+  extraHeaders: Record<string, string> = {},
+  removeHeaders: readonly string[] = [],
+): ProcessingResponse {
   if (endpoints.length === 0) throw new RangeError('endpoints must name at least one endpoint');
   const value = endpoints.join(',');
   const set = [header(DESTINATION_ENDPOINT_KEY, value)];
@@ -132,7 +140,10 @@ export function routingHeadersResponse(endpoints: readonly string[], extraHeader
     request_headers: {
       response: {
         clear_route_cache: true,
-        header_mutation: { set_headers: set, remove_headers: removeHeaders.length > 0 ? [...removeHeaders] : undefined },
+        header_mutation: {
+          set_headers: set,
+          remove_headers: removeHeaders.length > 0 ? [...removeHeaders] : undefined,
+        },
       },
     },
     dynamic_metadata: plainToStruct({ [DESTINATION_ENDPOINT_NAMESPACE]: { [DESTINATION_ENDPOINT_KEY]: value } }),
@@ -144,7 +155,12 @@ export function routingHeadersResponse(endpoints: readonly string[], extraHeader
  * response direction; with `endOfStream` the last chunk carries it (an empty body is one empty
  * chunk then). Without it an empty body yields no message: an empty answer says nothing.
  */
-export function streamedBodyResponses(direction: 'request_body' | 'response_body', body: Buffer, endOfStream: boolean, chunkBytes = BODY_CHUNK_BYTES): ProcessingResponse[] {
+export function streamedBodyResponses(
+  direction: 'request_body' | 'response_body',
+  body: Buffer,
+  endOfStream: boolean,
+  chunkBytes = BODY_CHUNK_BYTES,
+): ProcessingResponse[] {
   const out: ProcessingResponse[] = [];
   if (body.length === 0) {
     if (endOfStream) out.push(streamed(direction, body, true));
@@ -165,7 +181,12 @@ function streamed(direction: 'request_body' | 'response_body', body: Buffer, end
  * A local reply instead of the upstream: the status, an OpenAI-style JSON error body, and its
  * content type. `details` lands in Envoy's access log (%RESPONSE_CODE_DETAILS%), so it has no spaces.
  */
-export function immediateResponse(status: number, message: string, param: string | null = null, extraHeaders: Record<string, string> = {}): ProcessingResponse {
+export function immediateResponse(
+  status: number,
+  message: string,
+  param: string | null = null,
+  extraHeaders: Record<string, string> = {},
+): ProcessingResponse {
   const type = status >= 500 ? 'server_error' : status === 429 ? 'rate_limit_error' : 'invalid_request_error';
   const body = Buffer.from(JSON.stringify({ error: { message, type, param, code: null } }));
   const set = [header('content-type', 'application/json')];

@@ -33,7 +33,11 @@ export interface RoutingBackend {
    * Reads an OpenAI body (parsed JSON) and its headers as the gateway does, token ids included
    * when the gateway tokenizes; a RequestRejection for a malformed request.
    */
-  prepare(path: '/v1/completions' | '/v1/chat/completions', body: unknown, headers: Record<string, string>): Promise<PreparedRequest | RequestRejection>;
+  prepare(
+    path: '/v1/completions' | '/v1/chat/completions',
+    body: unknown,
+    headers: Record<string, string>,
+  ): Promise<PreparedRequest | RequestRejection>;
 }
 
 export interface RouterPickerOptions {
@@ -77,21 +81,37 @@ export class RouterPicker implements EndpointPicker {
   private endpointCache = new Map<string, string>();
   private endpointOfWorker = new Map<string, { url: string; endpoint: string }>();
 
-  constructor(private readonly backend: RoutingBackend, options: RouterPickerOptions = {}) {
+  constructor(
+    private readonly backend: RoutingBackend,
+    options: RouterPickerOptions = {},
+  ) {
     this.fallbacks = options.fallbacks ?? 2;
-    if (!Number.isInteger(this.fallbacks) || this.fallbacks < 0) throw new RangeError('fallbacks must be a non-negative integer');
+    if (!Number.isInteger(this.fallbacks) || this.fallbacks < 0)
+      throw new RangeError('fallbacks must be a non-negative integer');
     this.objectives = options.objectives ?? new Map();
     this.shedQueueDepth = options.shedQueueDepth ?? 5;
     this.shedKvUsage = options.shedKvUsage ?? 0.8;
     if (!(this.shedQueueDepth > 0)) throw new RangeError('shedQueueDepth must be positive');
     if (!(this.shedKvUsage > 0 && this.shedKvUsage <= 1)) throw new RangeError('shedKvUsage must be in (0, 1]');
     const m = backend.metrics;
-    this.outcomes = (m.getSingleMetric('contextforge_epp_requests_total') as Counter<'outcome'> | undefined)
-      ?? new Counter({ name: 'contextforge_epp_requests_total', help: 'Endpoint-picker requests by outcome: routed, or the status of the local reply.', labelNames: ['outcome'], registers: [m] });
-    this.servedElsewhere = (m.getSingleMetric('contextforge_epp_served_by_fallback_total') as Counter | undefined)
-      ?? new Counter({ name: 'contextforge_epp_served_by_fallback_total', help: 'Requests the gateway served on a fallback endpoint instead of the chosen one.', registers: [m] });
+    this.outcomes =
+      (m.getSingleMetric('contextforge_epp_requests_total') as Counter<'outcome'> | undefined) ??
+      new Counter({
+        name: 'contextforge_epp_requests_total',
+        help: 'Endpoint-picker requests by outcome: routed, or the status of the local reply.',
+        labelNames: ['outcome'],
+        registers: [m],
+      });
+    this.servedElsewhere =
+      (m.getSingleMetric('contextforge_epp_served_by_fallback_total') as Counter | undefined) ??
+      new Counter({
+        name: 'contextforge_epp_served_by_fallback_total',
+        help: 'Requests the gateway served on a fallback endpoint instead of the chosen one.',
+        registers: [m],
+      });
     // the gateway's own series, so dashboards read one set of metrics in both modes
-    this.decisions = m.getSingleMetric('contextforge_route_decisions_total') as Counter<'policy' | 'reason'> | undefined;
+    this.decisions = m.getSingleMetric('contextforge_route_decisions_total') as
+      Counter<'policy' | 'reason'> | undefined;
     this.cachedTokens = m.getSingleMetric('contextforge_predicted_cached_tokens_total') as Counter | undefined;
     this.promptTokens = m.getSingleMetric('contextforge_prompt_tokens_total') as Counter | undefined;
     this.ttft = m.getSingleMetric('contextforge_time_to_first_byte_seconds') as Histogram | undefined;
@@ -116,7 +136,12 @@ export class RouterPicker implements EndpointPicker {
     if (input.subset !== undefined) {
       for (const [id, e] of this.endpointOfWorker) if (!inSubset(e.endpoint, input.subset)) excluded.add(id);
       if (excluded.size === this.endpointOfWorker.size) {
-        return { ok: false, status: 503, message: 'no endpoint in the subset hint is a worker of this picker', retryAfterSeconds: 1 };
+        return {
+          ok: false,
+          status: 503,
+          message: 'no endpoint in the subset hint is a worker of this picker',
+          retryAfterSeconds: 1,
+        };
       }
     }
 
@@ -131,7 +156,8 @@ export class RouterPicker implements EndpointPicker {
       } catch {
         return { ok: false, status: 400, message: 'the body is not valid JSON' };
       }
-      if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) return { ok: false, status: 400, message: 'the body must be a JSON object' };
+      if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
+        return { ok: false, status: 400, message: 'the body must be a JSON object' };
       const body = parsed as Record<string, unknown>;
       let rewritten = false;
       const rewrite = input.headers.get(MODEL_NAME_REWRITE_HEADER);
@@ -143,7 +169,8 @@ export class RouterPicker implements EndpointPicker {
       const path = apiPath(input.headers.get(':path'), body);
       if (path) {
         const prepared = await this.backend.prepare(path, body, Object.fromEntries(input.headers));
-        if ('status' in prepared) return { ok: false, status: prepared.status, message: prepared.message, param: prepared.param ?? null };
+        if ('status' in prepared)
+          return { ok: false, status: prepared.status, message: prepared.message, param: prepared.param ?? null };
         routeRequest = prepared.routeRequest;
         preparedBody = prepared.body;
         // an unchanged body is forwarded as received, byte for byte
@@ -151,7 +178,12 @@ export class RouterPicker implements EndpointPicker {
         const withoutModel = this.backend.workersWithoutModel(model);
         for (const id of withoutModel) excluded.add(id);
         if (withoutModel.size > 0 && withoutModel.size === this.endpointOfWorker.size) {
-          return { ok: false, status: 404, message: `The model '${String(model)}' does not exist on any worker`, param: 'model' };
+          return {
+            ok: false,
+            status: 404,
+            message: `The model '${String(model)}' does not exist on any worker`,
+            param: 'model',
+          };
         }
       } else if (rewritten) {
         forwarded = Buffer.from(JSON.stringify(body));
@@ -162,7 +194,12 @@ export class RouterPicker implements EndpointPicker {
     const objective = input.headers.get(INFERENCE_OBJECTIVE_HEADER);
     const priority = objective === undefined ? 0 : (this.objectives.get(objective) ?? 0);
     if (priority < 0 && this.saturation(excluded) >= 1) {
-      return { ok: false, status: 429, message: `the pool is saturated; objective '${objective}' (priority ${priority}) is shed`, retryAfterSeconds: 1 };
+      return {
+        ok: false,
+        status: 429,
+        message: `the pool is saturated; objective '${objective}' (priority ${priority}) is shed`,
+        retryAfterSeconds: 1,
+      };
     }
 
     const learning = state.beforeRoute(routeRequest);
@@ -172,16 +209,19 @@ export class RouterPicker implements EndpointPicker {
       decision = router.route(routeRequest, { exclude: excluded, share: state.sharesDecisions });
     } catch (err) {
       // metadata the router refuses (a malformed anchor list, say) is the client's to fix
-      if (err instanceof RangeError || err instanceof TypeError) return { ok: false, status: 400, message: err.message };
+      if (err instanceof RangeError || err instanceof TypeError)
+        return { ok: false, status: 400, message: err.message };
       throw err;
     }
-    if (decision.workerId === '') return { ok: false, status: 503, message: 'no worker can take the request now', retryAfterSeconds: 1 };
+    if (decision.workerId === '')
+      return { ok: false, status: 503, message: 'no worker can take the request now', retryAfterSeconds: 1 };
     if (decision.shared) state.decisionMade(decision.shared);
     this.decisions?.inc({ policy: decision.policy, reason: decision.reason });
     this.cachedTokens?.inc(decision.cachedTokens);
     this.promptTokens?.inc(decision.promptTokens);
     // an isolated request carries its private salt to the engine
-    if (decision.cacheSalt && preparedBody !== undefined) forwarded = Buffer.from(JSON.stringify({ ...preparedBody, cache_salt: decision.cacheSalt }));
+    if (decision.cacheSalt && preparedBody !== undefined)
+      forwarded = Buffer.from(JSON.stringify({ ...preparedBody, cache_salt: decision.cacheSalt }));
 
     const endpoints = [this.endpointOf(decision.workerId)];
     // ordered fallbacks: the policy's next choices, without changing any state
@@ -278,7 +318,10 @@ export class RouterPicker implements EndpointPicker {
 }
 
 /** Which OpenAI API a body is for: the request path when it names one, else the body's shape. */
-function apiPath(path: string | undefined, body: Record<string, unknown>): typeof CHAT | typeof COMPLETIONS | undefined {
+function apiPath(
+  path: string | undefined,
+  body: Record<string, unknown>,
+): typeof CHAT | typeof COMPLETIONS | undefined {
   const p = path?.split('?')[0];
   if (p?.endsWith(CHAT)) return CHAT;
   if (p?.endsWith(COMPLETIONS)) return COMPLETIONS;

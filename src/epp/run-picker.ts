@@ -23,22 +23,35 @@ export interface RunningPicker {
  * Starts what a gateway needs for the endpoint picker: DNS discovery of the engines (with
  * --discover) and the ext_proc gRPC server (when `port` is given).
  */
-export async function startPicker(gateway: Gateway, c: PickerConfig & { bodyLimit: number }, o: { host: string; port: number | undefined; log: (m: string) => void; readinessIntervalMs?: number }): Promise<RunningPicker> {
+export async function startPicker(
+  gateway: Gateway,
+  c: PickerConfig & { bodyLimit: number },
+  o: { host: string; port: number | undefined; log: (m: string) => void; readinessIntervalMs?: number },
+): Promise<RunningPicker> {
   const discovery = c.discover
     ? await new DnsDiscovery(c.discover, {
-      addWorker: (w) => gateway.addWorker(w),
-      removeWorker: (id) => gateway.removeWorker(id),
-      hasWorker: (id) => gateway.router.listWorkers().some((w) => w.id === id),
-      log: o.log,
-    }).start()
+        addWorker: (w) => gateway.addWorker(w),
+        removeWorker: (id) => gateway.removeWorker(id),
+        hasWorker: (id) => gateway.router.listWorkers().some((w) => w.id === id),
+        log: o.log,
+      }).start()
     : undefined;
   if (o.port === undefined) {
     return { eppPort: undefined, close: async () => discovery?.stop() };
   }
   const backend = gatewayRoutingBackend(gateway);
-  const picker = new RouterPicker(backend, { fallbacks: c.eppFallbacks, objectives: c.objectives, shedQueueDepth: c.shedQueueDepth, shedKvUsage: c.shedKvUsage });
+  const picker = new RouterPicker(backend, {
+    fallbacks: c.eppFallbacks,
+    objectives: c.objectives,
+    shedQueueDepth: c.shedQueueDepth,
+    shedKvUsage: c.shedKvUsage,
+  });
   const server = await startEppServer({
-    host: o.host, port: o.port, picker, bodyLimit: c.bodyLimit, log: o.log,
+    host: o.host,
+    port: o.port,
+    picker,
+    bodyLimit: c.bodyLimit,
+    log: o.log,
     onOutcome: (outcome) => picker.countOutcome(outcome),
     ready: () => gateway.router.listWorkers().some((w) => w.available),
     readinessIntervalMs: o.readinessIntervalMs,
@@ -51,4 +64,3 @@ export async function startPicker(gateway: Gateway, c: PickerConfig & { bodyLimi
     },
   };
 }
-

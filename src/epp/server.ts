@@ -39,7 +39,11 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
     'grpc.http2.min_ping_interval_without_data_ms': 10_000,
   });
   server.addService(extProcService(), { Process: createProcessHandler(options) });
-  const health = new HealthImplementation({ liveness: 'SERVING', readiness: 'NOT_SERVING', [EXT_PROC_SERVICE]: 'NOT_SERVING' });
+  const health = new HealthImplementation({
+    liveness: 'SERVING',
+    readiness: 'NOT_SERVING',
+    [EXT_PROC_SERVICE]: 'NOT_SERVING',
+  });
   health.addToServer(server);
   let lastReady: boolean | undefined;
   const refresh = () => {

@@ -6,7 +6,17 @@
  * local process, or a browser page making a request to 127.0.0.1, is a loopback client.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import { closeSync, linkSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, statSync, writeSync } from 'node:fs';
+import {
+  closeSync,
+  linkSync,
+  mkdirSync,
+  openSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeSync,
+} from 'node:fs';
 import { dirname } from 'node:path';
 
 /** SHA-256 of the token: comparing digests takes the same time whatever the guess. */
@@ -14,7 +24,8 @@ export class AdminToken {
   private readonly digest: Buffer;
 
   constructor(token: string) {
-    if (typeof token !== 'string' || token.length < 8) throw new RangeError('the admin token must be a string of at least 8 characters');
+    if (typeof token !== 'string' || token.length < 8)
+      throw new RangeError('the admin token must be a string of at least 8 characters');
     this.digest = createHash('sha256').update(token).digest();
   }
 
@@ -22,7 +33,9 @@ export class AdminToken {
   matches(authorization: string | string[] | undefined): boolean {
     if (typeof authorization !== 'string' || authorization.length > 4096) return false;
     const m = /^Bearer +(.+)$/i.exec(authorization);
-    const given = createHash('sha256').update(m ? m[1].trim() : '').digest();
+    const given = createHash('sha256')
+      .update(m ? m[1].trim() : '')
+      .digest();
     // always compare, so a missing prefix takes as long as a wrong token
     return timingSafeEqual(given, this.digest) && m !== null;
   }
@@ -63,11 +76,16 @@ export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken 
   try {
     const st = statSync(file);
     if (!st.isFile()) throw new RangeError(`--admin-token-file ${file} is not a regular file`);
-    if ((st.mode & 0o077) !== 0) throw new RangeError(`--admin-token-file ${file} is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
-    if (typeof process.getuid === 'function' && st.uid !== process.getuid()) throw new RangeError(`--admin-token-file ${file} belongs to another user`);
+    if ((st.mode & 0o077) !== 0)
+      throw new RangeError(
+        `--admin-token-file ${file} is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`,
+      );
+    if (typeof process.getuid === 'function' && st.uid !== process.getuid())
+      throw new RangeError(`--admin-token-file ${file} belongs to another user`);
     existing = readFileSync(file, 'utf8').trim();
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err instanceof RangeError ? err : new RangeError(`--admin-token-file ${file}: ${(err as Error).message}`);
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT')
+      throw err instanceof RangeError ? err : new RangeError(`--admin-token-file ${file}: ${(err as Error).message}`);
   }
   if (existing !== undefined && existing !== '') {
     new AdminToken(existing);
@@ -89,7 +107,7 @@ export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken 
     else linkSync(tmp, file);
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'EEXIST') return resolveAdminToken({ tokenFile: file });
-    throw new RangeError(`--admin-token-file ${file}: ${(err as Error).message}`);
+    throw new RangeError(`--admin-token-file ${file}: ${(err as Error).message}`, { cause: err });
   } finally {
     rmSync(tmp, { force: true });
   }
@@ -106,7 +124,11 @@ type Headers = Readonly<Record<string, string | string[] | undefined>>;
  */
 export function adminRequestProblem(method: string, headers: Headers): { status: number; message: string } | undefined {
   const site = headers['sec-fetch-site'];
-  if (typeof site === 'string' && site !== 'same-origin' && site !== 'none') return { status: 403, message: `admin endpoints refuse cross-site requests (Sec-Fetch-Site: ${site.slice(0, 40)})` };
+  if (typeof site === 'string' && site !== 'same-origin' && site !== 'none')
+    return {
+      status: 403,
+      message: `admin endpoints refuse cross-site requests (Sec-Fetch-Site: ${site.slice(0, 40)})`,
+    };
   const origin = headers.origin;
   if (typeof origin === 'string' && origin !== '') {
     let host: string | undefined;
@@ -115,14 +137,16 @@ export function adminRequestProblem(method: string, headers: Headers): { status:
     } catch {
       host = undefined;
     }
-    if (host === undefined || host !== headers.host) return { status: 403, message: 'admin endpoints refuse requests from another origin' };
+    if (host === undefined || host !== headers.host)
+      return { status: 403, message: 'admin endpoints refuse requests from another origin' };
   }
   if (method !== 'GET' && method !== 'HEAD') {
     const length = headers['content-length'];
     const hasBody = (typeof length === 'string' && length !== '0') || headers['transfer-encoding'] !== undefined;
     const type = headers['content-type'];
     const json = typeof type === 'string' && /^application\/json\s*(;|$)/i.test(type);
-    if ((hasBody || type !== undefined) && !json) return { status: 415, message: 'admin endpoints take application/json bodies only' };
+    if ((hasBody || type !== undefined) && !json)
+      return { status: 415, message: 'admin endpoints take application/json bodies only' };
   }
   return undefined;
 }

@@ -37,23 +37,52 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     workers: router.listWorkers().map((w) => {
       const c = connections.get(w.id);
       return {
-        id: w.id, ...(c && c.rank !== null ? { worker: c.workerId, rank: c.rank } : {}), url: c ? redactUrl(c.record.url) : undefined, healthy: w.healthy, outOfRotation: health.reasons(w.id), draining: w.draining, kvUsage: w.load,
-        models: c?.record.models ?? null, kvEvents: c?.subscriber?.stats ?? null,
-        inFlightRequests: w.inFlightRequests, waitingRequests: w.waitingRequests, runningRequests: w.runningRequests,
-        indexEntries: router.index.entriesFor(w.slot), claGroups: [...w.claGroups],
+        id: w.id,
+        ...(c && c.rank !== null ? { worker: c.workerId, rank: c.rank } : {}),
+        url: c ? redactUrl(c.record.url) : undefined,
+        healthy: w.healthy,
+        outOfRotation: health.reasons(w.id),
+        draining: w.draining,
+        kvUsage: w.load,
+        models: c?.record.models ?? null,
+        kvEvents: c?.subscriber?.stats ?? null,
+        inFlightRequests: w.inFlightRequests,
+        waitingRequests: w.waitingRequests,
+        runningRequests: w.runningRequests,
+        indexEntries: router.index.entriesFor(w.slot),
+        claGroups: [...w.claGroups],
       };
     }),
   }));
   admin.post('/admin/workers', async (req, reply) => {
     const b = req.body as Partial<WorkerRecord> | null;
-    if (!b || typeof b !== 'object' || typeof b.id !== 'string' || b.id === '' || typeof b.url !== 'string') return openAiError(reply, 400, 'a worker needs a string id and url');
+    if (!b || typeof b !== 'object' || typeof b.id !== 'string' || b.id === '' || typeof b.url !== 'string')
+      return openAiError(reply, 400, 'a worker needs a string id and url');
     const unknown = Object.keys(b).find((k) => !WORKER_FIELDS.includes(k));
-    if (unknown !== undefined) return openAiError(reply, 400, `unknown field '${unknown.slice(0, 64)}' (known: ${WORKER_FIELDS.join(', ')})`, unknown.slice(0, 64));
+    if (unknown !== undefined)
+      return openAiError(
+        reply,
+        400,
+        `unknown field '${unknown.slice(0, 64)}' (known: ${WORKER_FIELDS.join(', ')})`,
+        unknown.slice(0, 64),
+      );
     if (connections.has(b.id)) return openAiError(reply, 409, `worker '${b.id}' exists`);
     try {
-      addWorker({ id: b.id, url: b.url, claGroups: b.claGroups, models: b.models, events: b.events, replay: b.replay, metrics: b.metrics, dpSize: b.dpSize, blockSize: b.blockSize, apiKeyEnv: b.apiKeyEnv });
+      addWorker({
+        id: b.id,
+        url: b.url,
+        claGroups: b.claGroups,
+        models: b.models,
+        events: b.events,
+        replay: b.replay,
+        metrics: b.metrics,
+        dpSize: b.dpSize,
+        blockSize: b.blockSize,
+        apiKeyEnv: b.apiKeyEnv,
+      });
     } catch (err) {
-      if (err instanceof RangeError || err instanceof TypeError) return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'));
+      if (err instanceof RangeError || err instanceof TypeError)
+        return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'));
       throw err;
     }
     return reply.code(201).send({ id: b.id });
@@ -78,7 +107,13 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
   // KV events as JSON, for engines that cannot publish over ZeroMQ: vLLM's field names
   admin.post('/admin/events', async (req, reply) => {
     const b = req.body as { worker?: unknown; events?: unknown } | null;
-    if (!b || typeof b.worker !== 'string' || connections.get(b.worker) === undefined) return openAiError(reply, 400, 'events need the id of a known worker (ID#r for a data-parallel rank) in "worker"', 'worker');
+    if (!b || typeof b.worker !== 'string' || connections.get(b.worker) === undefined)
+      return openAiError(
+        reply,
+        400,
+        'events need the id of a known worker (ID#r for a data-parallel rank) in "worker"',
+        'worker',
+      );
     try {
       const batch = decodeJsonEvents(b.events);
       // an event that cannot be read is skipped (listed with its reason), as on the ZeroMQ path
@@ -90,13 +125,25 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
   });
 };
 
-const WORKER_FIELDS = ['id', 'url', 'claGroups', 'models', 'events', 'replay', 'metrics', 'dpSize', 'blockSize', 'apiKeyEnv'];
+const WORKER_FIELDS = [
+  'id',
+  'url',
+  'claGroups',
+  'models',
+  'events',
+  'replay',
+  'metrics',
+  'dpSize',
+  'blockSize',
+  'apiKeyEnv',
+];
 
 /** An onRequest hook for the admin endpoints (and /v1/route unless it is public). */
 export function requireAdmin(token: AdminToken) {
   return async (req: FastifyRequest, reply: FastifyReply) => {
     const problem = adminRequestProblem(req.method, req.headers);
     if (problem) return openAiError(reply, problem.status, problem.message);
-    if (!token.matches(req.headers.authorization)) return openAiError(reply, 401, 'this endpoint needs the admin token (Authorization: Bearer TOKEN)');
+    if (!token.matches(req.headers.authorization))
+      return openAiError(reply, 401, 'this endpoint needs the admin token (Authorization: Bearer TOKEN)');
   };
 }

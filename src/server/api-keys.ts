@@ -22,9 +22,11 @@ export class ApiKeys {
     const entries = keys instanceof Map ? [...keys.entries()] : Object.entries(keys);
     if (entries.length === 0) throw new RangeError('the API keys file lists no keys');
     for (const [key, tenant] of entries) {
-      if (typeof key !== 'string' || key.length < MIN_KEY_LENGTH) throw new RangeError(`an API key is shorter than ${MIN_KEY_LENGTH} characters`);
+      if (typeof key !== 'string' || key.length < MIN_KEY_LENGTH)
+        throw new RangeError(`an API key is shorter than ${MIN_KEY_LENGTH} characters`);
       if (/\s/.test(key)) throw new RangeError('an API key contains whitespace');
-      if (typeof tenant !== 'string' || !TENANT_NAME.test(tenant)) throw new RangeError(`tenant '${String(tenant).slice(0, 80)}' must match ${TENANT_NAME.source}`);
+      if (typeof tenant !== 'string' || !TENANT_NAME.test(tenant))
+        throw new RangeError(`tenant '${String(tenant).slice(0, 80)}' must match ${TENANT_NAME.source}`);
       this.byDigest.set(digest(key), tenant);
     }
   }
@@ -53,16 +55,18 @@ export function loadApiKeysFile(file: string): ApiKeys {
   let raw: unknown;
   try {
     const st = statSync(file);
-    if ((st.mode & 0o077) !== 0) throw new RangeError(`is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
+    if ((st.mode & 0o077) !== 0)
+      throw new RangeError(`is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
     raw = parseYaml(readFileSync(file, 'utf8'));
   } catch (err) {
-    throw new RangeError(`--api-keys-file ${file}: ${(err as Error).message.split('\n')[0]}`);
+    throw new RangeError(`--api-keys-file ${file}: ${(err as Error).message.split('\n')[0]}`, { cause: err });
   }
-  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new RangeError(`--api-keys-file ${file}: must be a mapping of API key to tenant name`);
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
+    throw new RangeError(`--api-keys-file ${file}: must be a mapping of API key to tenant name`);
   try {
     return new ApiKeys(raw as Record<string, string>);
   } catch (err) {
-    throw new RangeError(`--api-keys-file ${file}: ${(err as Error).message}`);
+    throw new RangeError(`--api-keys-file ${file}: ${(err as Error).message}`, { cause: err });
   }
 }
 

@@ -89,7 +89,9 @@ export class DnsDiscovery {
     try {
       addresses = await this.resolve(this.spec.dns);
     } catch (err) {
-      this.host.log(`discovery: cannot resolve ${this.spec.dns}: ${(err as Error).message}; keeping ${this.known.size} workers`);
+      this.host.log(
+        `discovery: cannot resolve ${this.spec.dns}: ${(err as Error).message}; keeping ${this.known.size} workers`,
+      );
       return;
     }
     if (this.stopped) return;

@@ -40,7 +40,8 @@ export function adaptersFromModels(list: unknown): Map<string, string> {
   for (const m of data) {
     const id = (m as { id?: unknown })?.id;
     const parent = (m as { parent?: unknown })?.parent;
-    if (typeof id === 'string' && id !== '' && typeof parent === 'string' && parent !== '' && parent !== id) out.set(id, parent);
+    if (typeof id === 'string' && id !== '' && typeof parent === 'string' && parent !== '' && parent !== id)
+      out.set(id, parent);
   }
   return out;
 }
@@ -55,7 +56,14 @@ export function tokenizeBody(body: Record<string, unknown>, r: RouteRequest): Re
   if (typeof body.model === 'string') out.model = body.model;
   if (r.messages) {
     out.messages = r.messages;
-    for (const k of ['tools', 'chat_template_kwargs', 'add_generation_prompt', 'continue_final_message', 'documents', 'chat_template'] as const) {
+    for (const k of [
+      'tools',
+      'chat_template_kwargs',
+      'add_generation_prompt',
+      'continue_final_message',
+      'documents',
+      'chat_template',
+    ] as const) {
       if (body[k] !== undefined) out[k] = body[k];
     }
   } else {
@@ -77,7 +85,9 @@ export function chatTemplateRequest(body: Record<string, unknown>): ChatTemplate
 }
 
 /** Skipped KV events per (worker, reason), summed over a worker's subscribers, for /metrics. */
-export function skippedEventCounts(subscribers: Iterable<[string, SubscriberStats]>): Array<{ worker: string; reason: string; count: number }> {
+export function skippedEventCounts(
+  subscribers: Iterable<[string, SubscriberStats]>,
+): Array<{ worker: string; reason: string; count: number }> {
   const out: Array<{ worker: string; reason: string; count: number }> = [];
   for (const [worker, stats] of subscribers) {
     for (const [reason, count] of Object.entries(stats.applied.skipped)) out.push({ worker, reason, count });

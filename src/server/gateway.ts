@@ -20,7 +20,14 @@ import { adminRoutes, requireAdmin } from './admin-routes.js';
 import type { ApiKeys } from './api-keys.js';
 import { CircuitBreaker } from './circuit-breaker.js';
 import { createGatewayMetrics, registerKvEventMetrics } from './metrics.js';
-import { createRequestParser, createRequestReader, openAiError, useJsonBodies, type RequestParser, type RequestReaderOptions } from './openai-request.js';
+import {
+  createRequestParser,
+  createRequestReader,
+  openAiError,
+  useJsonBodies,
+  type RequestParser,
+  type RequestReaderOptions,
+} from './openai-request.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
@@ -112,8 +119,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const { router } = options;
   const applier = options.applier ?? new KvEventApplier(router);
   const tokenizeMode = options.tokenize ?? 'text';
-  if (tokenizeMode === 'tokenizer' && !options.promptTokenizer) throw new TypeError("tokenize 'tokenizer' needs a promptTokenizer");
-  if (options.kvEvents && tokenizeMode === 'text') throw new RangeError('kvEvents needs token ids: tokenize must be tokenizer or engine');
+  if (tokenizeMode === 'tokenizer' && !options.promptTokenizer)
+    throw new TypeError("tokenize 'tokenizer' needs a promptTokenizer");
+  if (options.kvEvents && tokenizeMode === 'text')
+    throw new RangeError('kvEvents needs token ids: tokenize must be tokenizer or engine');
   const log = options.log ?? (() => {});
   const limits = checkRequestLimits(options.limits);
   const timeouts = checkTimeouts({ interChunkTimeoutMs: options.upstreamTimeoutMs, ...options.timeouts });
@@ -121,7 +130,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const adminToken = new AdminToken(adminTokenText);
   const health = new WorkerHealth(router, log);
   const connections = new WorkerConnections({
-    router, applier, health, log, env: options.env ?? process.env,
+    router,
+    applier,
+    health,
+    log,
+    env: options.env ?? process.env,
     kvEvents: options.kvEvents,
     metricsIntervalMs: options.metricsIntervalMs ?? 1000,
     healthCheckIntervalMs: options.healthCheckIntervalMs ?? 2000,
@@ -134,7 +147,14 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     // slow clients: the headers and the whole request must arrive in time (checked every second);
     // Fastify leaves a factory-made server's idle timeouts alone, so they are set here
     serverFactory: (handler) => {
-      const server = createHttpServer({ headersTimeout: Math.min(timeouts.headersTimeoutMs, timeouts.requestTimeoutMs), requestTimeout: timeouts.requestTimeoutMs, connectionsCheckingInterval: Math.min(1000, timeouts.headersTimeoutMs) }, handler);
+      const server = createHttpServer(
+        {
+          headersTimeout: Math.min(timeouts.headersTimeoutMs, timeouts.requestTimeoutMs),
+          requestTimeout: timeouts.requestTimeoutMs,
+          connectionsCheckingInterval: Math.min(1000, timeouts.headersTimeoutMs),
+        },
+        handler,
+      );
       server.setTimeout(timeouts.connectionTimeoutMs);
       // longer than clients keep idle connections (undici: 4 s), so the server is never the one
       // closing a connection a client is about to reuse
@@ -144,8 +164,16 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   });
   const metrics = createGatewayMetrics(router);
   registerKvEventMetrics(metrics.registry, () => connections.subscriberStats());
-  registerWorkerStateMetrics(metrics.registry, { router, health, eventLagSeconds: (id) => connections.get(id)?.subscriber?.stats.lagSeconds });
-  const breaker = new CircuitBreaker({ failures: options.breakerFailures, cooldownMs: options.breakerCooldownMs }, health, (id) => connections.has(id));
+  registerWorkerStateMetrics(metrics.registry, {
+    router,
+    health,
+    eventLagSeconds: (id) => connections.get(id)?.subscriber?.stats.lagSeconds,
+  });
+  const breaker = new CircuitBreaker(
+    { failures: options.breakerFailures, cooldownMs: options.breakerCooldownMs },
+    health,
+    (id) => connections.has(id),
+  );
 
   const addWorker = (w: GatewayWorker) => state.workerAdded(connections.add(w));
   const removeWorkerLocally = (id: string) => {
@@ -176,8 +204,17 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   useJsonBodies(app, limits.maxJsonDepth);
   app.setErrorHandler((err: Error & { statusCode?: number }, req, reply) => {
     // a check's TypeError/RangeError is the client's; anything else is ours, and its message stays in the log
-    const clientError = err instanceof RequestLimitError || ((err instanceof TypeError || err instanceof RangeError) && clientMessage(err, '') !== '');
-    const status = err instanceof RequestLimitError ? err.status : err.statusCode && err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : clientError ? 400 : 500;
+    const clientError =
+      err instanceof RequestLimitError ||
+      ((err instanceof TypeError || err instanceof RangeError) && clientMessage(err, '') !== '');
+    const status =
+      err instanceof RequestLimitError
+        ? err.status
+        : err.statusCode && err.statusCode >= 400 && err.statusCode < 500
+          ? err.statusCode
+          : clientError
+            ? 400
+            : 500;
     if (status >= 500) {
       log(`internal error on ${req.method} ${req.routeOptions.url ?? 'unknown'}: ${err.stack ?? err.message}`);
       return void openAiError(reply, 500, 'internal error');
@@ -196,7 +233,14 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const requireApiKey = async (req: FastifyRequest, reply: FastifyReply) => {
     if (!options.apiKeys) return;
     const tenant = options.apiKeys.tenantOf(req.headers.authorization);
-    if (tenant === undefined) return openAiError(reply, 401, 'a valid API key is required (Authorization: Bearer KEY)', null, 'invalid_api_key');
+    if (tenant === undefined)
+      return openAiError(
+        reply,
+        401,
+        'a valid API key is required (Authorization: Bearer KEY)',
+        null,
+        'invalid_api_key',
+      );
     req.tenant = tenant;
   };
 
@@ -209,7 +253,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   };
   const readRequest = createRequestReader(readerOptions);
   const proxyDeps: ProxyDeps = {
-    router, state, connections, breaker, metrics, readRequest,
+    router,
+    state,
+    connections,
+    breaker,
+    metrics,
+    readRequest,
     maxRetries: options.maxRetries ?? 2,
     interChunkTimeoutMs: timeouts.interChunkTimeoutMs,
     firstByte: new FirstByteDeadlines(timeouts.firstByteTimeoutMs, timeouts.interChunkTimeoutMs),
@@ -218,55 +267,98 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const openAi = options.openAiRoutes ?? true;
   if (openAi) {
     app.post('/v1/completions', { onRequest: requireApiKey }, createProxyHandler(proxyDeps, '/v1/completions'));
-    app.post('/v1/chat/completions', { onRequest: requireApiKey }, createProxyHandler(proxyDeps, '/v1/chat/completions'));
+    app.post(
+      '/v1/chat/completions',
+      { onRequest: requireApiKey },
+      createProxyHandler(proxyDeps, '/v1/chat/completions'),
+    );
   }
 
   // the dry run shows what is cached where: operators only, unless made public
-  app.post('/v1/route', { onRequest: options.publicRouteApi ? requireApiKey : requireAdmin(adminToken) }, async (req, reply) => {
-    const path = (req.body as { messages?: unknown } | null)?.messages !== undefined ? '/v1/chat/completions' : '/v1/completions';
-    const prepared = await readRequest(path, req, reply);
-    if (!prepared) return reply;
-    const { routeRequest } = prepared;
-    const r = routeOr400(router, reply, routeRequest, { dryRun: true, explain: true, exclude: connections.withoutModel(prepared.body.model) });
-    if (!r) return reply;
-    // a data-parallel rank is answered as the worker and its rank
-    const c = connections.get(r.workerId);
-    const target = c && c.rank !== null ? { worker: c.workerId, rank: c.rank } : { worker: r.workerId };
-    return { ...target, cachedTokens: r.cachedTokens, confidence: r.confidence, policy: r.policy, reason: r.reason, promptTokens: r.promptTokens, explain: r.explain };
-  });
+  app.post(
+    '/v1/route',
+    { onRequest: options.publicRouteApi ? requireApiKey : requireAdmin(adminToken) },
+    async (req, reply) => {
+      const path =
+        (req.body as { messages?: unknown } | null)?.messages !== undefined
+          ? '/v1/chat/completions'
+          : '/v1/completions';
+      const prepared = await readRequest(path, req, reply);
+      if (!prepared) return reply;
+      const { routeRequest } = prepared;
+      const r = routeOr400(router, reply, routeRequest, {
+        dryRun: true,
+        explain: true,
+        exclude: connections.withoutModel(prepared.body.model),
+      });
+      if (!r) return reply;
+      // a data-parallel rank is answered as the worker and its rank
+      const c = connections.get(r.workerId);
+      const target = c && c.rank !== null ? { worker: c.workerId, rank: c.rank } : { worker: r.workerId };
+      return {
+        ...target,
+        cachedTokens: r.cachedTokens,
+        confidence: r.confidence,
+        policy: r.policy,
+        reason: r.reason,
+        promptTokens: r.promptTokens,
+        explain: r.explain,
+      };
+    },
+  );
 
-  if (openAi) app.get('/v1/models', { onRequest: requireApiKey }, async () => {
-    const seen = new Map<string, unknown>();
-    await Promise.all(
-      router.listWorkers().filter((w) => w.available).map(async (w) => {
-        try {
-          const c = connections.get(w.id)!;
-          const res = await upstreamRequest(`${c.base}/v1/models`, { headers: c.headers, headersTimeout: 2000, bodyTimeout: 2000 });
-          if (res.statusCode !== 200) return void (await res.body.dump());
-          const list = (await res.body.json()) as { data?: Array<{ id: string }> };
-          for (const m of list.data ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
-        } catch {
-          // an engine that does not answer contributes nothing
-        }
-      }),
-    );
-    return { object: 'list', data: [...seen.values()] };
-  });
+  if (openAi)
+    app.get('/v1/models', { onRequest: requireApiKey }, async () => {
+      const seen = new Map<string, unknown>();
+      await Promise.all(
+        router
+          .listWorkers()
+          .filter((w) => w.available)
+          .map(async (w) => {
+            try {
+              const c = connections.get(w.id)!;
+              const res = await upstreamRequest(`${c.base}/v1/models`, {
+                headers: c.headers,
+                headersTimeout: 2000,
+                bodyTimeout: 2000,
+              });
+              if (res.statusCode !== 200) return void (await res.body.dump());
+              const list = (await res.body.json()) as { data?: Array<{ id: string }> };
+              for (const m of list.data ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
+            } catch {
+              // an engine that does not answer contributes nothing
+            }
+          }),
+      );
+      return { object: 'list', data: [...seen.values()] };
+    });
 
   // --------------------------------------------------------------- health, metrics
 
   app.get('/healthz', async () => ({ status: 'ok' }));
   app.get('/readyz', async (_req, reply) => {
     const available = router.listWorkers().filter((w) => w.available).length;
-    return reply.code(available > 0 ? 200 : 503).send({ status: available > 0 ? 'ready' : 'no available worker', availableWorkers: available });
+    return reply
+      .code(available > 0 ? 200 : 503)
+      .send({ status: available > 0 ? 'ready' : 'no available worker', availableWorkers: available });
   });
-  app.get('/metrics', async (_req, reply) => reply.type(metrics.registry.contentType).send(await metrics.registry.metrics()));
+  app.get('/metrics', async (_req, reply) =>
+    reply.type(metrics.registry.contentType).send(await metrics.registry.metrics()),
+  );
 
   app.register(adminRoutes, { router, connections, health, state, applier, adminToken, addWorker, removeWorker });
 
   await app.ready();
   return {
-    app, router, metrics: metrics.registry, health, addWorker, removeWorker, adminToken: adminTokenText, state, connections,
+    app,
+    router,
+    metrics: metrics.registry,
+    health,
+    addWorker,
+    removeWorker,
+    adminToken: adminTokenText,
+    state,
+    connections,
     parseRequest: createRequestParser(readerOptions),
     close: async () => {
       breaker.close();

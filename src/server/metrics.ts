@@ -29,13 +29,46 @@ export interface GatewayMetrics {
 export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
   const registry = new Registry();
   const registers = [registry];
-  const requests = new Counter({ name: 'contextforge_requests_total', help: 'Requests by path and status.', labelNames: ['path', 'status'] as const, registers });
-  const decisions = new Counter({ name: 'contextforge_route_decisions_total', help: 'Routing decisions by policy and reason.', labelNames: ['policy', 'reason'] as const, registers });
-  const cachedTokens = new Counter({ name: 'contextforge_predicted_cached_tokens_total', help: 'Prompt tokens predicted cached on the chosen worker.', registers });
-  const promptTokens = new Counter({ name: 'contextforge_prompt_tokens_total', help: 'Prompt tokens routed (estimated in text mode).', registers });
-  const retries = new Counter({ name: 'contextforge_upstream_retries_total', help: 'Requests retried on another worker.', labelNames: ['worker'] as const, registers });
-  const ttft = new Histogram({ name: 'contextforge_time_to_first_byte_seconds', help: 'Time to the first upstream byte, as the router sees it.', buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30], registers });
-  const latency = new Histogram({ name: 'contextforge_request_duration_seconds', help: 'Request duration through the router.', buckets: [0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120], registers });
+  const requests = new Counter({
+    name: 'contextforge_requests_total',
+    help: 'Requests by path and status.',
+    labelNames: ['path', 'status'] as const,
+    registers,
+  });
+  const decisions = new Counter({
+    name: 'contextforge_route_decisions_total',
+    help: 'Routing decisions by policy and reason.',
+    labelNames: ['policy', 'reason'] as const,
+    registers,
+  });
+  const cachedTokens = new Counter({
+    name: 'contextforge_predicted_cached_tokens_total',
+    help: 'Prompt tokens predicted cached on the chosen worker.',
+    registers,
+  });
+  const promptTokens = new Counter({
+    name: 'contextforge_prompt_tokens_total',
+    help: 'Prompt tokens routed (estimated in text mode).',
+    registers,
+  });
+  const retries = new Counter({
+    name: 'contextforge_upstream_retries_total',
+    help: 'Requests retried on another worker.',
+    labelNames: ['worker'] as const,
+    registers,
+  });
+  const ttft = new Histogram({
+    name: 'contextforge_time_to_first_byte_seconds',
+    help: 'Time to the first upstream byte, as the router sees it.',
+    buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+    registers,
+  });
+  const latency = new Histogram({
+    name: 'contextforge_request_duration_seconds',
+    help: 'Request duration through the router.',
+    buckets: [0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
+    registers,
+  });
   new Gauge({
     name: 'contextforge_worker_kv_usage',
     help: 'KV-cache usage per worker, as last reported.',
@@ -64,7 +97,12 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
       this.set(router.index.entryCount);
     },
   });
-  const upstreamFailures = new Counter({ name: 'contextforge_upstream_failures_total', help: 'Connection failures and 5xx before the first byte, per worker.', labelNames: ['worker'] as const, registers });
+  const upstreamFailures = new Counter({
+    name: 'contextforge_upstream_failures_total',
+    help: 'Connection failures and 5xx before the first byte, per worker.',
+    labelNames: ['worker'] as const,
+    registers,
+  });
   return { registry, requests, decisions, cachedTokens, promptTokens, retries, ttft, latency, upstreamFailures };
 }
 
@@ -73,7 +111,10 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
  * when scraped: events skipped by reason (one bad event never costs its batch; see
  * docs/engines.md for the reasons) and the subscriber's own counts.
  */
-export function registerKvEventMetrics(registry: Registry, subscribers: () => Iterable<[string, SubscriberStats]>): void {
+export function registerKvEventMetrics(
+  registry: Registry,
+  subscribers: () => Iterable<[string, SubscriberStats]>,
+): void {
   new Counter({
     name: 'contextforge_kv_events_skipped_total',
     help: 'KV events skipped (not applied), per worker and reason; a malformed_batch is a whole message.',
@@ -96,7 +137,7 @@ export function registerKvEventMetrics(registry: Registry, subscribers: () => It
   });
   new Counter({
     name: 'contextforge_kv_event_late_joins_total',
-    help: "Replays accepted from the oldest batch an engine still buffered (the router joined late or lost a stretch).",
+    help: 'Replays accepted from the oldest batch an engine still buffered (the router joined late or lost a stretch).',
     labelNames: ['worker'] as const,
     registers: [registry],
     collect() {

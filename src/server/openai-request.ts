@@ -7,11 +7,22 @@
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { RouteRequest } from '../core/router/index.js';
-import { UntokenizableContentError, type ChatTemplateRequest, type PromptTokenizer } from '../engines/chat-tokenizer.js';
+import {
+  UntokenizableContentError,
+  type ChatTemplateRequest,
+  type PromptTokenizer,
+} from '../engines/chat-tokenizer.js';
 import { TokenizerUnavailableError, type AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
 import { tenantCacheSalt } from './api-keys.js';
 import { chatTemplateRequest } from './engine-deployments.js';
-import { clientMessage, parseJsonBody, readRouteRequest, RequestLimitError, type ReadRequest, type RequestLimits } from './request-limits.js';
+import {
+  clientMessage,
+  parseJsonBody,
+  readRouteRequest,
+  RequestLimitError,
+  type ReadRequest,
+  type RequestLimits,
+} from './request-limits.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -25,7 +36,13 @@ declare module 'fastify' {
 export type OpenAiPath = '/v1/completions' | '/v1/chat/completions';
 
 /** Answers with an OpenAI-style error body. */
-export function openAiError(reply: FastifyReply, status: number, message: string, param: string | null = null, code: string | null = null): FastifyReply {
+export function openAiError(
+  reply: FastifyReply,
+  status: number,
+  message: string,
+  param: string | null = null,
+  code: string | null = null,
+): FastifyReply {
   const type = status >= 500 ? 'server_error' : status === 401 ? 'authentication_error' : 'invalid_request_error';
   return reply.code(status).send({ error: { message, type, param, code } });
 }
@@ -46,7 +63,12 @@ export function useJsonBodies(app: FastifyInstance, maxJsonDepth: number): void 
       req.rawBody = body as string;
       done(null, parsed);
     } catch (err) {
-      done(err instanceof RequestLimitError ? err : Object.assign(new Error('the body is not valid JSON'), { statusCode: 400 }), undefined);
+      done(
+        err instanceof RequestLimitError
+          ? err
+          : Object.assign(new Error('the body is not valid JSON'), { statusCode: 400 }),
+        undefined,
+      );
     }
   };
   app.removeContentTypeParser('application/json');
@@ -128,9 +150,14 @@ export function createRequestParser(options: RequestReaderOptions) {
       } catch (err) {
         // images and other media: the engine makes their tokens; route on the text instead
         if (err instanceof UntokenizableContentError) return parsed;
-        if (err instanceof TokenizerUnavailableError) return { status: 503, message: err.message, param: null, retryAfterS: 1 };
+        if (err instanceof TokenizerUnavailableError)
+          return { status: 503, message: err.message, param: null, retryAfterS: 1 };
         // a template that rejects the conversation (roles out of order, say) is the client's to fix
-        return { status: 400, message: `the chat template rejected the request: ${clientMessage(err, 'it raised an error')}`, param: 'messages' };
+        return {
+          status: 400,
+          message: `the chat template rejected the request: ${clientMessage(err, 'it raised an error')}`,
+          param: 'messages',
+        };
       }
     }
     return parsed;

@@ -37,7 +37,12 @@ export interface ProxyDeps {
 }
 
 /** route(), with its argument checks answered as 400 (never 500) and nothing internal shown. */
-export function routeOr400(router: KVAwareRouter, reply: FastifyReply, request: RouteRequest, opts: Parameters<KVAwareRouter['route']>[1]): RouteResult | undefined {
+export function routeOr400(
+  router: KVAwareRouter,
+  reply: FastifyReply,
+  request: RouteRequest,
+  opts: Parameters<KVAwareRouter['route']>[1],
+): RouteResult | undefined {
   try {
     return router.route(request, opts);
   } catch (err) {
@@ -51,7 +56,18 @@ export function routeOr400(router: KVAwareRouter, reply: FastifyReply, request: 
 
 /** The Fastify handler of one OpenAI completion path. */
 export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
-  const { router, state, connections, breaker, metrics, readRequest, maxRetries, interChunkTimeoutMs, firstByte, cachedTokensHeader } = deps;
+  const {
+    router,
+    state,
+    connections,
+    breaker,
+    metrics,
+    readRequest,
+    maxRetries,
+    interChunkTimeoutMs,
+    firstByte,
+    cachedTokensHeader,
+  } = deps;
   return async (req: FastifyRequest, reply: FastifyReply) => {
     const prepared = await readRequest(path, req, reply);
     if (!prepared) return reply;
@@ -59,7 +75,14 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     const started = performance.now();
     const excluded = connections.withoutModel(body.model);
     if (excluded.size > 0 && excluded.size === connections.size) {
-      return reply.code(404).send({ error: { message: `The model '${String(body.model)}' does not exist on any worker`, type: 'invalid_request_error', param: 'model', code: 'model_not_found' } });
+      return reply.code(404).send({
+        error: {
+          message: `The model '${String(body.model)}' does not exist on any worker`,
+          type: 'invalid_request_error',
+          param: 'model',
+          code: 'model_not_found',
+        },
+      });
     }
     const learning = state.beforeRoute(routeRequest);
     if (learning) await learning;
@@ -88,7 +111,9 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       if (decision.shared) state.decisionMade(decision.shared);
       const forwarded = decision.cacheSalt
         ? JSON.stringify({ ...body, cache_salt: decision.cacheSalt })
-        : unchanged && req.rawBody !== undefined ? req.rawBody : JSON.stringify(body);
+        : unchanged && req.rawBody !== undefined
+          ? req.rawBody
+          : JSON.stringify(body);
       const target = connections.get(decision.workerId)!;
       const outcome = await forward(reply, target, path, forwarded, {
         // the worker's own id (a data-parallel rank's worker) and the rank, for the response headers
@@ -169,7 +194,13 @@ interface ForwardOptions {
  * byte timeout, the worker leaving rotation) can be retried on another worker. A failure after
  * the first byte ends an SSE stream with an OpenAI-style error event.
  */
-async function forward(reply: FastifyReply, connection: WorkerConnection, path: string, body: string, o: ForwardOptions): Promise<ForwardOutcome> {
+async function forward(
+  reply: FastifyReply,
+  connection: WorkerConnection,
+  path: string,
+  body: string,
+  o: ForwardOptions,
+): Promise<ForwardOutcome> {
   // undici takes an EventEmitter as the abort signal: cheaper per request than an AbortController
   const abort = new EventEmitter();
   let why: 'client' | 'first-byte' | 'worker-out' | undefined;
@@ -190,13 +221,18 @@ async function forward(reply: FastifyReply, connection: WorkerConnection, path: 
   // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
   // non-streamed answer's first byte is the whole answer (undici's timeouts bound it)
   const timer = o.streaming ? setTimeout(() => giveUp('first-byte'), o.firstByteTimeoutMs) : undefined;
-  const failed = (): ForwardOutcome => (why === 'client' ? 'client-gone' : why === 'worker-out' ? 'worker-out' : 'retry');
+  const failed = (): ForwardOutcome =>
+    why === 'client' ? 'client-gone' : why === 'worker-out' ? 'worker-out' : 'retry';
   const started = performance.now();
   let sent = false;
   let eventStream = false;
   try {
     const upstream = await connection.pool.request({
-      path, method: 'POST', body, headers: connection.headers, signal: abort,
+      path,
+      method: 'POST',
+      body,
+      headers: connection.headers,
+      signal: abort,
       headersTimeout: o.streaming ? o.firstByteTimeoutMs + 1000 : o.interChunkTimeoutMs,
       bodyTimeout: o.interChunkTimeoutMs,
     });
@@ -243,7 +279,9 @@ async function forward(reply: FastifyReply, connection: WorkerConnection, path: 
     if (!sent) return failed();
     // after the first byte: end the stream cleanly; the cause stays out of the client's view
     if (why !== 'client' && eventStream) {
-      res.write(`data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`);
+      res.write(
+        `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`,
+      );
     }
     res.end();
     return why === 'client' ? 'client-gone' : 'done';

@@ -18,7 +18,11 @@ export interface RequestLimits {
   maxJsonDepth: number;
 }
 
-export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({ maxIdBytes: 256, maxAnchors: 128, maxJsonDepth: 64 });
+export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
+  maxIdBytes: 256,
+  maxAnchors: 128,
+  maxJsonDepth: 64,
+});
 
 /** Token ids are unsigned 32-bit integers in every engine the router fronts. */
 export const MAX_TOKEN_ID = 0xffffffff;
@@ -28,7 +32,17 @@ export const MAX_TOKEN_ID = 0xffffffff;
  * or URL), so an unknown type is refused rather than silently hashed as an empty part.
  */
 export const CONTENT_PART_TYPES: ReadonlySet<string> = new Set([
-  'text', 'image_url', 'input_audio', 'audio_url', 'video_url', 'file', 'refusal', 'image_embeds', 'image_pil', 'input_image', 'input_text',
+  'text',
+  'image_url',
+  'input_audio',
+  'audio_url',
+  'video_url',
+  'file',
+  'refusal',
+  'image_embeds',
+  'image_pil',
+  'input_image',
+  'input_text',
 ]);
 
 /** A client error: HTTP `status` (400 unless said), naming the field in `param`. */
@@ -51,7 +65,8 @@ export function checkRequestLimits(limits: Partial<RequestLimits> | undefined): 
   for (const [key, v] of Object.entries(limits ?? {})) if (v !== undefined) out[key as keyof RequestLimits] = v;
   for (const key of ['maxIdBytes', 'maxAnchors', 'maxJsonDepth'] as const) {
     const v = out[key];
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1) throw new RangeError(`limits.${key} must be a positive integer, got ${String(v)}`);
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1)
+      throw new RangeError(`limits.${key} must be a positive integer, got ${String(v)}`);
   }
   return out;
 }
@@ -67,7 +82,8 @@ export function checkJsonDepth(text: string, maxDepth: number): void {
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
     if (inString) {
-      if (c === 0x5c) i++; // backslash: skip the escaped character
+      if (c === 0x5c)
+        i++; // backslash: skip the escaped character
       else if (c === 0x22) inString = false;
     } else if (c === 0x22) inString = true;
     else if (c === 0x5b || c === 0x7b) {
@@ -102,7 +118,8 @@ type Headers = Readonly<Record<string, string | string[] | undefined>>;
 export function checkId(value: unknown, param: string, maxBytes: number): string {
   if (typeof value !== 'string') throw new RequestLimitError(`${param} must be a string`, param);
   if (value === '') throw new RequestLimitError(`${param} must not be empty`, param);
-  if (value.length > maxBytes || (value.length * 3 > maxBytes && Buffer.byteLength(value) > maxBytes)) throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes`, param);
+  if (value.length > maxBytes || (value.length * 3 > maxBytes && Buffer.byteLength(value) > maxBytes))
+    throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes`, param);
   return value;
 }
 
@@ -115,7 +132,8 @@ function checkCount(value: unknown, param: string): number {
     if (!DECIMAL.test(value)) throw new RequestLimitError(`${param} must be a non-negative decimal integer`, param);
     return Number(value);
   }
-  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0) throw new RequestLimitError(`${param} must be a non-negative integer`, param);
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0)
+    throw new RequestLimitError(`${param} must be a non-negative integer`, param);
   return value;
 }
 
@@ -136,10 +154,15 @@ const META_KEYS = new Set(['workflowId', 'workflowStep', 'agentRole', 'claGroup'
  * `x-workflow-step`, …).
  */
 export function readMetadata(meta: unknown, headers: Headers, limits: RequestLimits): RequestMetadata {
-  if (meta !== undefined && (meta === null || typeof meta !== 'object' || Array.isArray(meta))) throw new RequestLimitError('contextforge must be an object', 'contextforge');
+  if (meta !== undefined && (meta === null || typeof meta !== 'object' || Array.isArray(meta)))
+    throw new RequestLimitError('contextforge must be an object', 'contextforge');
   const m = (meta ?? {}) as Record<string, unknown>;
   for (const key of Object.keys(m)) {
-    if (!META_KEYS.has(key)) throw new RequestLimitError(`contextforge.${key} is not a known field (known: ${[...META_KEYS].join(', ')})`, `contextforge.${key}`);
+    if (!META_KEYS.has(key))
+      throw new RequestLimitError(
+        `contextforge.${key} is not a known field (known: ${[...META_KEYS].join(', ')})`,
+        `contextforge.${key}`,
+      );
   }
   const pick = (field: string, headerName: string): [unknown, string] =>
     m[field] !== undefined ? [m[field], `contextforge.${field}`] : [header(headers, headerName), headerName];
@@ -158,13 +181,15 @@ export function readMetadata(meta: unknown, headers: Headers, limits: RequestLim
     if (h !== undefined) out.contentAnchors = readAnchorHeader(h, limits);
   }
   if (m.isolate !== undefined) {
-    if (typeof m.isolate !== 'boolean') throw new RequestLimitError('contextforge.isolate must be true or false', 'contextforge.isolate');
+    if (typeof m.isolate !== 'boolean')
+      throw new RequestLimitError('contextforge.isolate must be true or false', 'contextforge.isolate');
     if (m.isolate) out.isolate = true;
   } else {
     const h = header(headers, 'x-kv-isolate');
     if (h !== undefined) {
       if (h === '1' || h === 'true') out.isolate = true;
-      else if (h !== '0' && h !== 'false') throw new RequestLimitError('x-kv-isolate must be 1, 0, true or false', 'x-kv-isolate');
+      else if (h !== '0' && h !== 'false')
+        throw new RequestLimitError('x-kv-isolate must be 1, 0, true or false', 'x-kv-isolate');
     }
   }
   return out;
@@ -172,26 +197,36 @@ export function readMetadata(meta: unknown, headers: Headers, limits: RequestLim
 
 function readAnchorList(value: unknown, param: string, limits: RequestLimits): ContentAnchor[] {
   if (!Array.isArray(value)) throw new RequestLimitError(`${param} must be a list`, param);
-  if (value.length > limits.maxAnchors) throw new RequestLimitError(`${param} has more than ${limits.maxAnchors} anchors`, param);
+  if (value.length > limits.maxAnchors)
+    throw new RequestLimitError(`${param} has more than ${limits.maxAnchors} anchors`, param);
   return value.map((a: unknown, i) => {
     const at = `${param}[${i}]`;
     if (typeof a === 'string') return anchorFromString(a, at, limits);
-    if (a === null || typeof a !== 'object' || Array.isArray(a)) throw new RequestLimitError(`${at} must be an id string or {id, tokens}`, at);
+    if (a === null || typeof a !== 'object' || Array.isArray(a))
+      throw new RequestLimitError(`${at} must be an id string or {id, tokens}`, at);
     const { id, tokens } = a as { id?: unknown; tokens?: unknown };
-    return { id: checkId(id, `${at}.id`, limits.maxIdBytes), tokens: tokens === undefined ? 0 : checkCount(tokens, `${at}.tokens`) };
+    return {
+      id: checkId(id, `${at}.id`, limits.maxIdBytes),
+      tokens: tokens === undefined ? 0 : checkCount(tokens, `${at}.tokens`),
+    };
   });
 }
 
 function readAnchorHeader(h: string, limits: RequestLimits): ContentAnchor[] {
-  const parts = h.split(',').map((s) => s.trim()).filter(Boolean);
-  if (parts.length > limits.maxAnchors) throw new RequestLimitError(`x-anchor-ids has more than ${limits.maxAnchors} anchors`, 'x-anchor-ids');
+  const parts = h
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
+  if (parts.length > limits.maxAnchors)
+    throw new RequestLimitError(`x-anchor-ids has more than ${limits.maxAnchors} anchors`, 'x-anchor-ids');
   return parts.map((p) => anchorFromString(p, 'x-anchor-ids', limits));
 }
 
 /** `id` or `id:tokens`. */
 function anchorFromString(s: string, param: string, limits: RequestLimits): ContentAnchor {
   const colon = s.lastIndexOf(':');
-  if (colon > 0 && DECIMAL.test(s.slice(colon + 1))) return { id: checkId(s.slice(0, colon), param, limits.maxIdBytes), tokens: Number(s.slice(colon + 1)) };
+  if (colon > 0 && DECIMAL.test(s.slice(colon + 1)))
+    return { id: checkId(s.slice(0, colon), param, limits.maxIdBytes), tokens: Number(s.slice(colon + 1)) };
   return { id: checkId(s, param, limits.maxIdBytes), tokens: 0 };
 }
 
@@ -205,7 +240,8 @@ export function checkCacheSalt(value: unknown, limits: RequestLimits): string | 
 export function checkTokenIds(value: readonly unknown[], param: string): number[] {
   for (let i = 0; i < value.length; i++) {
     const t = value[i];
-    if (typeof t !== 'number' || !Number.isInteger(t) || t < 0 || t > MAX_TOKEN_ID) throw new RequestLimitError(`${param}[${i}] must be a token id (an integer from 0 to ${MAX_TOKEN_ID})`, param);
+    if (typeof t !== 'number' || !Number.isInteger(t) || t < 0 || t > MAX_TOKEN_ID)
+      throw new RequestLimitError(`${param}[${i}] must be a token id (an integer from 0 to ${MAX_TOKEN_ID})`, param);
   }
   return value as number[];
 }
@@ -216,7 +252,11 @@ export function checkTokenIds(value: readonly unknown[], param: string): number[
  */
 export function readPrompt(prompt: unknown): Pick<RouteRequest, 'text' | 'tokens'> {
   if (typeof prompt === 'string') return { text: prompt };
-  const bad = () => new RequestLimitError('prompt must be a string, a list of strings, token ids, or a list of token-id lists', 'prompt');
+  const bad = () =>
+    new RequestLimitError(
+      'prompt must be a string, a list of strings, token ids, or a list of token-id lists',
+      'prompt',
+    );
   if (!Array.isArray(prompt) || prompt.length === 0) throw bad();
   if (typeof prompt[0] === 'string') {
     if (!prompt.every((p) => typeof p === 'string')) throw bad();
@@ -234,26 +274,35 @@ export function readPrompt(prompt: unknown): Pick<RouteRequest, 'text' | 'tokens
 
 /** Chat messages: each an object with a string role and content that is a string, null or a list of known parts. */
 export function readMessages(messages: unknown): ChatMessage[] {
-  if (!Array.isArray(messages) || messages.length === 0) throw new RequestLimitError('messages must be a non-empty array', 'messages');
+  if (!Array.isArray(messages) || messages.length === 0)
+    throw new RequestLimitError('messages must be a non-empty array', 'messages');
   for (let i = 0; i < messages.length; i++) {
     const msg = messages[i] as unknown;
     const at = `messages[${i}]`;
-    if (msg === null || typeof msg !== 'object' || Array.isArray(msg)) throw new RequestLimitError(`${at} must be an object`, at);
+    if (msg === null || typeof msg !== 'object' || Array.isArray(msg))
+      throw new RequestLimitError(`${at} must be an object`, at);
     const { role, content, name } = msg as Record<string, unknown>;
-    if (typeof role !== 'string' || role === '') throw new RequestLimitError(`${at} must have a string role`, `${at}.role`);
-    if (name !== undefined && typeof name !== 'string') throw new RequestLimitError(`${at}.name must be a string`, `${at}.name`);
+    if (typeof role !== 'string' || role === '')
+      throw new RequestLimitError(`${at} must have a string role`, `${at}.role`);
+    if (name !== undefined && typeof name !== 'string')
+      throw new RequestLimitError(`${at}.name must be a string`, `${at}.name`);
     if (content === undefined || content === null || typeof content === 'string') continue;
-    if (!Array.isArray(content)) throw new RequestLimitError(`${at}.content must be a string, null or a list of content parts`, `${at}.content`);
+    if (!Array.isArray(content))
+      throw new RequestLimitError(`${at}.content must be a string, null or a list of content parts`, `${at}.content`);
     for (let k = 0; k < content.length; k++) {
       const part = content[k] as unknown;
       const pat = `${at}.content[${k}]`;
-      if (part === null || typeof part !== 'object' || Array.isArray(part)) throw new RequestLimitError(`${pat} must be a content part object`, pat);
+      if (part === null || typeof part !== 'object' || Array.isArray(part))
+        throw new RequestLimitError(`${pat} must be a content part object`, pat);
       const p = part as Record<string, unknown>;
-      if (typeof p.type !== 'string' || !CONTENT_PART_TYPES.has(p.type)) throw new RequestLimitError(`${pat}.type must be one of ${[...CONTENT_PART_TYPES].join(', ')}`, `${pat}.type`);
-      if ((p.type === 'text' || p.type === 'input_text') && typeof p.text !== 'string') throw new RequestLimitError(`${pat}.text must be a string`, `${pat}.text`);
+      if (typeof p.type !== 'string' || !CONTENT_PART_TYPES.has(p.type))
+        throw new RequestLimitError(`${pat}.type must be one of ${[...CONTENT_PART_TYPES].join(', ')}`, `${pat}.type`);
+      if ((p.type === 'text' || p.type === 'input_text') && typeof p.text !== 'string')
+        throw new RequestLimitError(`${pat}.text must be a string`, `${pat}.text`);
       if (p.image_url !== undefined && typeof p.image_url !== 'string') {
         const url = (p.image_url as { url?: unknown } | null)?.url;
-        if (p.image_url === null || typeof p.image_url !== 'object' || typeof url !== 'string') throw new RequestLimitError(`${pat}.image_url must be a URL string or {url}`, `${pat}.image_url`);
+        if (p.image_url === null || typeof p.image_url !== 'object' || typeof url !== 'string')
+          throw new RequestLimitError(`${pat}.image_url must be a URL string or {url}`, `${pat}.image_url`);
       }
     }
   }
@@ -267,7 +316,12 @@ export function readMessages(messages: unknown): ChatMessage[] {
  */
 export function clientMessage(err: unknown, fallback = 'the request could not be routed'): string {
   if (err instanceof RequestLimitError) return err.message;
-  if ((err instanceof RangeError || err instanceof TypeError) && err.message.length <= 300 && !RUNTIME_MESSAGE.test(err.message)) return err.message;
+  if (
+    (err instanceof RangeError || err instanceof TypeError) &&
+    err.message.length <= 300 &&
+    !RUNTIME_MESSAGE.test(err.message)
+  )
+    return err.message;
   return fallback;
 }
 
@@ -289,7 +343,8 @@ export interface ReadRequest {
  * `limits`. Throws a RequestLimitError naming the field.
  */
 export function readRouteRequest(path: string, raw: unknown, headers: Headers, limits: RequestLimits): ReadRequest {
-  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new RequestLimitError('the body must be a JSON object', 'body');
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
+    throw new RequestLimitError('the body must be a JSON object', 'body');
   const { contextforge: meta, ...body } = raw as Record<string, unknown>;
   const m = readMetadata(meta, headers, limits);
   const routeRequest: RouteRequest = {

@@ -35,7 +35,8 @@ export function checkTimeouts(t: Partial<GatewayTimeouts> | undefined): GatewayT
   const out: GatewayTimeouts = { ...DEFAULT_TIMEOUTS };
   for (const [key, v] of Object.entries(t ?? {})) if (v !== undefined) out[key as keyof GatewayTimeouts] = v;
   for (const [key, v] of Object.entries(out)) {
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1) throw new RangeError(`timeouts.${key} must be a positive integer (ms), got ${String(v)}`);
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1)
+      throw new RangeError(`timeouts.${key} must be a positive integer (ms), got ${String(v)}`);
   }
   return out;
 }

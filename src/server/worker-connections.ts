@@ -17,7 +17,14 @@ import { KvEventSubscriber, type SubscriberStats } from '../engines/kv-events/su
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import type { WorkerRecord } from '../state/state-store.js';
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
-import { checkApiKeyEnv, checkHttpUrl, checkWorkerId, checkZmqEndpoint, engineAuthorization, splitCredentials } from './worker-input.js';
+import {
+  checkApiKeyEnv,
+  checkHttpUrl,
+  checkWorkerId,
+  checkZmqEndpoint,
+  engineAuthorization,
+  splitCredentials,
+} from './worker-input.js';
 
 export interface WorkerConnection {
   record: WorkerRecord;
@@ -74,9 +81,18 @@ export class WorkerConnections {
 
   constructor(private readonly options: WorkerConnectionsOptions) {
     const { router, health, log, metricsIntervalMs, healthCheckIntervalMs } = options;
-    this.scraper = metricsIntervalMs > 0 ? new MetricsScraper(router, [], { intervalMs: metricsIntervalMs, health, log }).start() : undefined;
+    this.scraper =
+      metricsIntervalMs > 0
+        ? new MetricsScraper(router, [], { intervalMs: metricsIntervalMs, health, log }).start()
+        : undefined;
     // a probe's timeout is at least half a second, so a busy engine (or router) is not taken for a dead one
-    this.checker = healthCheckIntervalMs > 0 ? new HealthChecker(health, { intervalMs: healthCheckIntervalMs, timeoutMs: Math.min(2000, Math.max(500, healthCheckIntervalMs)) }).start() : undefined;
+    this.checker =
+      healthCheckIntervalMs > 0
+        ? new HealthChecker(health, {
+            intervalMs: healthCheckIntervalMs,
+            timeoutMs: Math.min(2000, Math.max(500, healthCheckIntervalMs)),
+          }).start()
+        : undefined;
     health.onChange((id, available, detail) => (available ? this.backInRotation(id) : this.outOfRotation(id, detail)));
     this.slowProbeGraceMs = Math.max(1000, 2 * healthCheckIntervalMs);
     const modelsMs = options.modelsIntervalMs ?? 30_000;
@@ -159,8 +175,20 @@ export class WorkerConnections {
     // ids: letters, digits and . _ : - ('#' is reserved for data-parallel ranks, ID#r)
     checkWorkerId(w.id);
     checkHttpUrl(w.url, `worker ${w.id}: url`);
-    if (w.models !== undefined && (!Array.isArray(w.models) || w.models.length > 1024 || !w.models.every((m) => typeof m === 'string' && m !== '' && m.length <= 512))) throw new TypeError(`worker ${w.id}: models must be a list of model names`);
-    if (w.claGroups !== undefined && (!Array.isArray(w.claGroups) || w.claGroups.length > 1024 || !w.claGroups.every((g) => Number.isSafeInteger(g) && g >= 0))) throw new TypeError(`worker ${w.id}: claGroups must be a list of non-negative integers`);
+    if (
+      w.models !== undefined &&
+      (!Array.isArray(w.models) ||
+        w.models.length > 1024 ||
+        !w.models.every((m) => typeof m === 'string' && m !== '' && m.length <= 512))
+    )
+      throw new TypeError(`worker ${w.id}: models must be a list of model names`);
+    if (
+      w.claGroups !== undefined &&
+      (!Array.isArray(w.claGroups) ||
+        w.claGroups.length > 1024 ||
+        !w.claGroups.every((g) => Number.isSafeInteger(g) && g >= 0))
+    )
+      throw new TypeError(`worker ${w.id}: claGroups must be a list of non-negative integers`);
     if (w.events !== undefined) checkZmqEndpoint(w.events, `worker ${w.id}: events`);
     if (w.replay !== undefined) {
       if (w.events === undefined) throw new RangeError(`worker ${w.id}: replay needs events`);
@@ -170,11 +198,14 @@ export class WorkerConnections {
     let apiKey: string | undefined;
     if (w.apiKeyEnv !== undefined) {
       apiKey = this.options.env[checkApiKeyEnv(w.apiKeyEnv, `worker ${w.id}: apiKeyEnv`)];
-      if (!apiKey) throw new RangeError(`worker ${w.id}: the environment variable ${w.apiKeyEnv} (its engine API key) is not set`);
+      if (!apiKey)
+        throw new RangeError(`worker ${w.id}: the environment variable ${w.apiKeyEnv} (its engine API key) is not set`);
     }
     const dpSize = w.dpSize ?? 1;
-    if (!Number.isInteger(dpSize) || dpSize < 1 || dpSize > 64) throw new RangeError(`worker ${w.id}: dpSize must be an integer from 1 to 64`);
-    if (w.blockSize !== undefined && (!Number.isInteger(w.blockSize) || w.blockSize < 1 || w.blockSize > 1 << 16)) throw new RangeError(`worker ${w.id}: blockSize must be an integer from 1 to 65536`);
+    if (!Number.isInteger(dpSize) || dpSize < 1 || dpSize > 64)
+      throw new RangeError(`worker ${w.id}: dpSize must be an integer from 1 to 64`);
+    if (w.blockSize !== undefined && (!Number.isInteger(w.blockSize) || w.blockSize < 1 || w.blockSize > 1 << 16))
+      throw new RangeError(`worker ${w.id}: blockSize must be an integer from 1 to 65536`);
     if (this.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);
     const ids = Array.from({ length: dpSize }, (_, r) => rankWorkerId(w.id, r, dpSize));
     for (const id of ids) if (this.connections.has(id)) throw new RangeError(`worker '${id}' exists`);
@@ -184,12 +215,22 @@ export class WorkerConnections {
     // credentials in the URL travel as a Basic authorization header (an engine key wins)
     const plain = splitCredentials(w.url);
     const base = plain.url.replace(/\/+$/, '');
-    const record: WorkerRecord = { id: w.id, url: w.url, claGroups: w.claGroups, models: w.models, events: w.events, replay: w.replay, metrics: w.metrics };
+    const record: WorkerRecord = {
+      id: w.id,
+      url: w.url,
+      claGroups: w.claGroups,
+      models: w.models,
+      events: w.events,
+      replay: w.replay,
+      metrics: w.metrics,
+    };
     if (w.dpSize !== undefined) record.dpSize = w.dpSize;
     if (w.blockSize !== undefined) record.blockSize = w.blockSize;
     if (w.apiKeyEnv !== undefined) record.apiKeyEnv = w.apiKeyEnv;
     const authorization = engineAuthorization(apiKey) ?? plain.authorization;
-    const headers: Record<string, string> = authorization ? { 'content-type': 'application/json', authorization } : { 'content-type': 'application/json' };
+    const headers: Record<string, string> = authorization
+      ? { 'content-type': 'application/json', authorization }
+      : { 'content-type': 'application/json' };
     const pool = new Pool(base, { connections: 256, keepAliveTimeout: 30_000 });
     const adapters = new Map<string, string>();
     const models = w.models ? new Set(w.models) : undefined;
@@ -197,14 +238,32 @@ export class WorkerConnections {
     ids.forEach((id, r) => {
       router.registerWorker(id, { url: w.url, claGroups: w.claGroups, blockSize: w.blockSize });
       this.connections.set(id, {
-        record, base, pool, models, adapters, workerId: w.id, rank: dpSize > 1 ? r : null,
+        record,
+        base,
+        pool,
+        models,
+        adapters,
+        workerId: w.id,
+        rank: dpSize > 1 ? r : null,
         headers: dpSize > 1 ? { ...headers, [DP_RANK_HEADER]: String(r) } : headers,
         unanswered: new Set(),
-        subscriber: this.options.kvEvents && events
-          ? new KvEventSubscriber({ workerId: id, endpoint: events[r], replayEndpoint: replays?.[r], applier, log, workerForRank }).start()
-          : undefined,
+        subscriber:
+          this.options.kvEvents && events
+            ? new KvEventSubscriber({
+                workerId: id,
+                endpoint: events[r],
+                replayEndpoint: replays?.[r],
+                applier,
+                log,
+                workerForRank,
+              }).start()
+            : undefined,
       });
-      this.scraper?.add({ workerId: id, url: w.metrics ?? `${base}/metrics`, engine: dpSize > 1 ? String(r) : undefined });
+      this.scraper?.add({
+        workerId: id,
+        url: w.metrics ?? `${base}/metrics`,
+        engine: dpSize > 1 ? String(r) : undefined,
+      });
       this.checker?.add(id, base);
     });
     this.groups.set(w.id, ids);
@@ -217,7 +276,11 @@ export class WorkerConnections {
     const first = this.connections.get(this.groups.get(workerId)?.[0] ?? '');
     if (!first) return;
     try {
-      const res = await upstreamRequest(`${first.base}/v1/models`, { headers: first.headers, headersTimeout: 2000, bodyTimeout: 2000 });
+      const res = await upstreamRequest(`${first.base}/v1/models`, {
+        headers: first.headers,
+        headersTimeout: 2000,
+        bodyTimeout: 2000,
+      });
       if (res.statusCode !== 200) return void (await res.body.dump());
       const found = adaptersFromModels(await res.body.json());
       first.adapters.clear();
@@ -273,7 +336,13 @@ export class WorkerConnections {
       if (asked.has(c.base)) continue; // the ranks of one engine answer alike
       asked.add(c.base);
       try {
-        const res = await upstreamRequest(`${c.base}/tokenize`, { method: 'POST', body: JSON.stringify(body), headers: c.headers, headersTimeout: 2000, bodyTimeout: 2000 });
+        const res = await upstreamRequest(`${c.base}/tokenize`, {
+          method: 'POST',
+          body: JSON.stringify(body),
+          headers: c.headers,
+          headersTimeout: 2000,
+          bodyTimeout: 2000,
+        });
         if (res.statusCode !== 200) {
           await res.body.dump();
           continue;

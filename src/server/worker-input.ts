@@ -13,32 +13,37 @@ const FORBIDDEN_KEY_VARS = new Set(['CONTEXTFORGE_ADMIN_TOKEN']);
 const MAX_URL_LENGTH = 2048;
 
 export function checkWorkerId(id: unknown, where = 'worker id'): string {
-  if (typeof id !== 'string' || !WORKER_ID.test(id)) throw new RangeError(`${where} must match ${WORKER_ID.source} (letters, digits, . _ : -; at most 64)`);
+  if (typeof id !== 'string' || !WORKER_ID.test(id))
+    throw new RangeError(`${where} must match ${WORKER_ID.source} (letters, digits, . _ : -; at most 64)`);
   return id;
 }
 
 /** An http(s) URL without query or fragment; `what` names the field in the message. */
 export function checkHttpUrl(url: unknown, what: string): string {
-  if (typeof url !== 'string' || url.length > MAX_URL_LENGTH) throw new RangeError(`${what} must be an http(s) URL of at most ${MAX_URL_LENGTH} characters`);
+  if (typeof url !== 'string' || url.length > MAX_URL_LENGTH)
+    throw new RangeError(`${what} must be an http(s) URL of at most ${MAX_URL_LENGTH} characters`);
   let u: URL;
   try {
     u = new URL(url);
   } catch {
     throw new RangeError(`${what} must start with http:// or https:// (not a URL)`);
   }
-  if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new RangeError(`${what} must start with http:// or https://`);
+  if (u.protocol !== 'http:' && u.protocol !== 'https:')
+    throw new RangeError(`${what} must start with http:// or https://`);
   if (u.search !== '' || u.hash !== '') throw new RangeError(`${what} must not have a query or fragment`);
   return url;
 }
 
 /** A ZeroMQ endpoint the subscriber can connect to. */
 export function checkZmqEndpoint(endpoint: unknown, what: string): string {
-  if (typeof endpoint !== 'string' || endpoint.length > MAX_URL_LENGTH || !/^(tcp|ipc):\/\/\S+$/.test(endpoint)) throw new RangeError(`${what} must be a tcp:// or ipc:// endpoint`);
+  if (typeof endpoint !== 'string' || endpoint.length > MAX_URL_LENGTH || !/^(tcp|ipc):\/\/\S+$/.test(endpoint))
+    throw new RangeError(`${what} must be a tcp:// or ipc:// endpoint`);
   return endpoint;
 }
 
 export function checkApiKeyEnv(name: unknown, what = 'api-key-env'): string {
-  if (typeof name !== 'string' || !ENV_NAME.test(name)) throw new RangeError(`${what} must be an environment variable name`);
+  if (typeof name !== 'string' || !ENV_NAME.test(name))
+    throw new RangeError(`${what} must be an environment variable name`);
   if (FORBIDDEN_KEY_VARS.has(name)) throw new RangeError(`${what} may not name ${name}`);
   return name;
 }

@@ -120,7 +120,10 @@ function buildWorkflows(o: Required<AgentWorkloadOptions>): { docs: number[]; st
   return { docs, steps, starts };
 }
 
-export async function runAgentWorkload(policy: string, options: AgentWorkloadOptions = {}): Promise<AgentWorkloadResult> {
+export async function runAgentWorkload(
+  policy: string,
+  options: AgentWorkloadOptions = {},
+): Promise<AgentWorkloadResult> {
   const o = { ...DEFAULTS, ...options };
   const { docs, steps, starts } = buildWorkflows(o);
   const router = new KVAwareRouter({ policy, numWorkers: o.workers, blockSize: o.blockSize });
@@ -138,7 +141,13 @@ export async function runAgentWorkload(policy: string, options: AgentWorkloadOpt
   const readyAt = [...starts];
   const loads = new Array<number>(o.workers).fill(0);
   let overloadedPicks = 0;
-  let requests = 0, anchorHits = 0, cached = 0, prompt = 0, continued = 0, laterSteps = 0, confidence = 0;
+  let requests = 0,
+    anchorHits = 0,
+    cached = 0,
+    prompt = 0,
+    continued = 0,
+    laterSteps = 0,
+    confidence = 0;
   let ticks = 0;
   const rampTicks = starts[starts.length - 1] + AGENT_ROLES.length * 4;
 
@@ -194,7 +203,11 @@ export async function runAgentWorkload(policy: string, options: AgentWorkloadOpt
       const contextTokens = req.promptTokens + req.outputTokens;
       cache.put(docKey, docs[req.doc]);
       cache.put(ctxKey, contextTokens);
-      await router.broadcastNewBlocks(anchor, blockIds(anchor, req.step === 0 ? docs[req.doc] : contextTokens, o.blockSize), d.targetWorkerId);
+      await router.broadcastNewBlocks(
+        anchor,
+        blockIds(anchor, req.step === 0 ? docs[req.doc] : contextTokens, o.blockSize),
+        d.targetWorkerId,
+      );
 
       // prefill of uncached tokens and the decode take time; the next step waits for it
       const busyTicks = 1 + Math.ceil((req.promptTokens - hitTokens) / 4000) + Math.ceil(req.outputTokens / 400);

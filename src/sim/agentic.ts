@@ -77,9 +77,12 @@ function logNormal(rng: () => number, median: number, sigma: number): number {
 
 export function generateAgenticTrace(options: AgenticTraceOptions): TraceRequest[] {
   const o = { seed: 1, blockSize: 64, meanSessionGapMs: 45_000, ...options };
-  if (!Number.isInteger(o.sessions) || o.sessions < 1) throw new RangeError(`sessions must be a positive integer, got ${o.sessions}`);
-  if (!Number.isInteger(o.blockSize) || o.blockSize < 1) throw new RangeError(`blockSize must be a positive integer, got ${o.blockSize}`);
-  if (!(o.meanSessionGapMs >= 0) || !Number.isFinite(o.meanSessionGapMs)) throw new RangeError(`meanSessionGapMs must be a finite number >= 0, got ${o.meanSessionGapMs}`);
+  if (!Number.isInteger(o.sessions) || o.sessions < 1)
+    throw new RangeError(`sessions must be a positive integer, got ${o.sessions}`);
+  if (!Number.isInteger(o.blockSize) || o.blockSize < 1)
+    throw new RangeError(`blockSize must be a positive integer, got ${o.blockSize}`);
+  if (!(o.meanSessionGapMs >= 0) || !Number.isFinite(o.meanSessionGapMs))
+    throw new RangeError(`meanSessionGapMs must be a finite number >= 0, got ${o.meanSessionGapMs}`);
   const rng = createRng(o.seed * 2_654_435_761 + 17);
   const bs = o.blockSize;
   let nextId = 1;

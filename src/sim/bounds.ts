@@ -21,7 +21,10 @@ export interface Bounds {
   idealTtftMean: number;
 }
 
-export function computeBounds(trace: readonly TraceRequest[], engine: Partial<Omit<EngineConfig, 'blockTokens'>> = {}): Bounds {
+export function computeBounds(
+  trace: readonly TraceRequest[],
+  engine: Partial<Omit<EngineConfig, 'blockTokens'>> = {},
+): Bounds {
   if (trace.length === 0) return { infiniteCacheHitRate: 0, idealTtftMean: 0 };
   const bt = trace[0].blockSize;
   const model = new EngineModel({ ...engine, blockTokens: bt });
@@ -37,7 +40,11 @@ export function computeBounds(trace: readonly TraceRequest[], engine: Partial<Om
   for (const req of trace) {
     const input = Math.max(1, req.inputLength);
     const blocks = requestBlocks(req, req.isolate ? `bound-${salt++}` : undefined, scratch);
-    if (model.rejection({ inputTokens: input, outputTokens: Math.max(1, req.outputLength), anchors: blocks.anchors }) !== null) continue;
+    if (
+      model.rejection({ inputTokens: input, outputTokens: Math.max(1, req.outputLength), anchors: blocks.anchors }) !==
+      null
+    )
+      continue;
     const cached = cachedTokensOf(blocks, input, bt, blendRecompute, isSeen);
     for (const key of blocks.keys) seen.add(key);
     for (const a of blocks.anchors) for (const key of a.keys) seen.add(key);
@@ -54,7 +61,10 @@ export function computeBounds(trace: readonly TraceRequest[], engine: Partial<Om
     }
     ttftSum += t;
   }
-  return { infiniteCacheHitRate: prompt > 0 ? hit / prompt : 0, idealTtftMean: served > 0 ? ttftSum / served / 1000 : 0 };
+  return {
+    infiniteCacheHitRate: prompt > 0 ? hit / prompt : 0,
+    idealTtftMean: served > 0 ? ttftSum / served / 1000 : 0,
+  };
 }
 
 /**
@@ -66,7 +76,11 @@ export function computeBounds(trace: readonly TraceRequest[], engine: Partial<Om
  * the last block to the first, so a prefix's head outlives its tail. Routing splits the pool
  * per worker, so policies usually land below it.
  */
-export function pooledLruHitRate(trace: readonly TraceRequest[], capacityTokens: number, engine: Partial<Omit<EngineConfig, 'blockTokens'>> = {}): number {
+export function pooledLruHitRate(
+  trace: readonly TraceRequest[],
+  capacityTokens: number,
+  engine: Partial<Omit<EngineConfig, 'blockTokens'>> = {},
+): number {
   if (trace.length === 0) return 0;
   const bt = trace[0].blockSize;
   // one worker's engine decides what is refused; the pool only sets the capacity

@@ -25,7 +25,8 @@ const PREFIX_ONLY = '-prefix-only';
 
 /** Splits `cost-prefix-only` into the policy and the router options of the variant. */
 export function policyVariant(name: string): { policy: string; router?: SimulationOptions['router'] } {
-  if (name.endsWith(PREFIX_ONLY)) return { policy: name.slice(0, -PREFIX_ONLY.length), router: { contentAnchorScoring: false } };
+  if (name.endsWith(PREFIX_ONLY))
+    return { policy: name.slice(0, -PREFIX_ONLY.length), router: { contentAnchorScoring: false } };
   return { policy: name };
 }
 
@@ -44,7 +45,9 @@ export function comparePolicies(
   policies.forEach((policy, i) => {
     onPolicy?.(policy, i);
     const v = policyVariant(policy);
-    results.push(simulate(trace, { ...options, policy: v.policy, label: policy, router: { ...options.router, ...v.router } }));
+    results.push(
+      simulate(trace, { ...options, policy: v.policy, label: policy, router: { ...options.router, ...v.router } }),
+    );
   });
   const bounds = computeBounds(trace, options.engine);
   return {

@@ -4,7 +4,11 @@ import type { PolicyResult } from './simulator.js';
 import type { SweepReport, SweepTrace } from './sweep.js';
 
 /** Writes the self-contained HTML report of one comparison (inline SVG, no scripts, no external files). */
-export async function writeHtmlReport(path: string, report: ComparisonReport, results: readonly PolicyResult[]): Promise<void> {
+export async function writeHtmlReport(
+  path: string,
+  report: ComparisonReport,
+  results: readonly PolicyResult[],
+): Promise<void> {
   await writeFile(path, renderHtmlReport(report, results));
 }
 
@@ -12,16 +16,41 @@ export async function writeHtmlReport(path: string, report: ComparisonReport, re
  * Okabe & Ito's colour-blind-safe palette (black moved last), each with its own dash
  * pattern, so lines stay distinguishable in grey print too.
  */
-const COLORS = ['#0072B2', '#D55E00', '#009E73', '#CC79A7', '#E69F00', '#56B4E9', '#000000', '#8C6D31', '#999999', '#F0E442'];
+const COLORS = [
+  '#0072B2',
+  '#D55E00',
+  '#009E73',
+  '#CC79A7',
+  '#E69F00',
+  '#56B4E9',
+  '#000000',
+  '#8C6D31',
+  '#999999',
+  '#F0E442',
+];
 /** Workers get their own palette (Tableau 10), distinct from the policies' colours. */
-const WORKER_COLORS = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948', '#b07aa1', '#ff9da7', '#9c755f', '#bab0ac'];
+const WORKER_COLORS = [
+  '#4e79a7',
+  '#f28e2b',
+  '#e15759',
+  '#76b7b2',
+  '#59a14f',
+  '#edc948',
+  '#b07aa1',
+  '#ff9da7',
+  '#9c755f',
+  '#bab0ac',
+];
 const DASHES = ['', '6 3', '2 3', '8 3 2 3', '4 4', '1 3', '10 4', '3 3 8 3', '5 2', '2 2'];
 
 const STYLE = `body{font:14px system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}svg{background:#fff;border:1px solid #e4e4e4;margin:0.5em 0.5em 0.5em 0}svg text{font:12px system-ui,sans-serif;fill:#333}.charts{display:flex;flex-wrap:wrap}.legend{display:flex;flex-wrap:wrap;gap:1.2em;margin:0.5em 0}.legend span{display:inline-flex;align-items:center;gap:0.4em}h2{margin-top:2em}`;
 
 export function renderHtmlReport(report: ComparisonReport, results: readonly PolicyResult[]): string {
   const rows = report.policies
-    .map((p) => `<tr><td>${esc(p.policy)}</td><td>${(p.hitRate * 100).toFixed(1)}%</td><td>${p.ttft.mean.toFixed(3)}</td><td>${p.ttft.p50.toFixed(3)}</td><td>${p.ttft.p90.toFixed(3)}</td><td>${p.ttft.p99.toFixed(3)}</td><td>${p.e2e.mean.toFixed(2)}</td><td>${p.e2e.p99.toFixed(2)}</td><td>${p.throughputTokPerS}</td><td>${p.loadImbalance.toFixed(3)}</td><td>${p.rejected ?? 0}</td></tr>`)
+    .map(
+      (p) =>
+        `<tr><td>${esc(p.policy)}</td><td>${(p.hitRate * 100).toFixed(1)}%</td><td>${p.ttft.mean.toFixed(3)}</td><td>${p.ttft.p50.toFixed(3)}</td><td>${p.ttft.p90.toFixed(3)}</td><td>${p.ttft.p99.toFixed(3)}</td><td>${p.e2e.mean.toFixed(2)}</td><td>${p.e2e.p99.toFixed(2)}</td><td>${p.throughputTokPerS}</td><td>${p.loadImbalance.toFixed(3)}</td><td>${p.rejected ?? 0}</td></tr>`,
+    )
     .join('\n');
   const names = results.map((r) => r.policy);
   return `<!doctype html>
@@ -43,7 +72,10 @@ ${results.map((r) => `<h3>${esc(r.policy)}</h3>${loadChart(r)}`).join('\n')}
 }
 
 /** The sweep of `bench:sim`: per trace, hit rate and TTFT (mean, p99) against arrival rate, with 95% bands. */
-export function renderSweepReport(report: SweepReport, meta: { workers: number; samples: number; split: string }): string {
+export function renderSweepReport(
+  report: SweepReport,
+  meta: { workers: number; samples: number; split: string },
+): string {
   const sections = report.traces.map((t) => {
     const names = t.points[0]?.policies.map((p) => p.policy) ?? [];
     return `<h2>${esc(t.trace)}</h2>
@@ -109,15 +141,26 @@ function fmtSeconds(v: number): string {
 }
 
 function ttftCdf(results: readonly PolicyResult[]): string {
-  const W = 900, H = 340, L = 64, R = 20, T = 20, B = 48;
-  const [minT, maxT] = extent(results.flatMap((r) => r.outcomes.filter(Boolean).map((o) => o.ttft)).filter((x) => x > 0));
+  const W = 900,
+    H = 340,
+    L = 64,
+    R = 20,
+    T = 20,
+    B = 48;
+  const [minT, maxT] = extent(
+    results.flatMap((r) => r.outcomes.filter(Boolean).map((o) => o.ttft)).filter((x) => x > 0),
+  );
   if (!Number.isFinite(minT)) return '<p>(no requests answered)</p>';
   const lo = Math.max(1e-3, minT) / 1.05;
   const hi = maxT * 1.05;
-  const x = (v: number) => L + ((Math.log10(Math.max(v, lo)) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo) || 1)) * (W - L - R);
+  const x = (v: number) =>
+    L + ((Math.log10(Math.max(v, lo)) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo) || 1)) * (W - L - R);
   const y = (f: number) => H - B - f * (H - B - T);
   const lines = results.map((r, i) => {
-    const s = r.outcomes.filter(Boolean).map((o) => o.ttft).sort((a, b) => a - b);
+    const s = r.outcomes
+      .filter(Boolean)
+      .map((o) => o.ttft)
+      .sort((a, b) => a - b);
     if (s.length === 0) return '';
     const step = Math.max(1, Math.floor(s.length / 300));
     const pts: string[] = [];
@@ -125,20 +168,33 @@ function ttftCdf(results: readonly PolicyResult[]): string {
     pts.push(`${x(s[s.length - 1]).toFixed(1)},${y(1).toFixed(1)}`);
     return `<polyline fill="none" stroke="${COLORS[i % COLORS.length]}" stroke-dasharray="${DASHES[i % DASHES.length]}" stroke-width="${r.policy === 'cost' ? 3 : 2}" points="${pts.join(' ')}"><title>${esc(r.policy)}</title></polyline>`;
   });
-  const xt = logTicks(lo, hi).map((v) => `<line x1="${x(v)}" x2="${x(v)}" y1="${H - B}" y2="${T}" stroke="#eee"/><text x="${x(v)}" y="${H - B + 16}" text-anchor="middle">${fmtSeconds(v)}</text>`);
-  const yt = [0, 0.25, 0.5, 0.75, 1].map((f) => `<line x1="${L}" x2="${W - R}" y1="${y(f)}" y2="${y(f)}" stroke="#eee"/><text x="${L - 6}" y="${y(f) + 4}" text-anchor="end">${f * 100}%</text>`);
+  const xt = logTicks(lo, hi).map(
+    (v) =>
+      `<line x1="${x(v)}" x2="${x(v)}" y1="${H - B}" y2="${T}" stroke="#eee"/><text x="${x(v)}" y="${H - B + 16}" text-anchor="middle">${fmtSeconds(v)}</text>`,
+  );
+  const yt = [0, 0.25, 0.5, 0.75, 1].map(
+    (f) =>
+      `<line x1="${L}" x2="${W - R}" y1="${y(f)}" y2="${y(f)}" stroke="#eee"/><text x="${L - 6}" y="${y(f) + 4}" text-anchor="end">${f * 100}%</text>`,
+  );
   return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg">${xt.join('')}${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/><text x="${(L + W - R) / 2}" y="${H - 8}" text-anchor="middle">time to first token (log scale)</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">requests answered</text>${lines.join('')}</svg>`;
 }
 
 function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', title: string): string {
-  const W = 420, H = 320, L = 64, R = 16, T = 30, B = 50;
+  const W = 420,
+    H = 320,
+    L = 64,
+    R = 16,
+    T = 30,
+    B = 50;
   const log = key !== 'hitRate';
   const speeds = t.points.map((p) => p.speed);
   if (speeds.length < 2) return '';
   const [sMin, sMax] = extent(speeds);
   // on a log axis a band reaching down to (or below) zero would stretch the axis over decades
   // the lines never visit: the axis follows the means (and the bands' tops), bands are clipped
-  const values = t.points.flatMap((p) => p.policies.flatMap((q) => (log ? [q[key], q[key] + q.ci95[key]] : [q[key] - q.ci95[key], q[key] + q.ci95[key]])));
+  const values = t.points.flatMap((p) =>
+    p.policies.flatMap((q) => (log ? [q[key], q[key] + q.ci95[key]] : [q[key] - q.ci95[key], q[key] + q.ci95[key]])),
+  );
   const [vMin, vMax] = extent(values.filter((v) => !log || v > 0));
   // hit rates: a zoomed axis between round ticks (differences of a point matter); TTFT: log
   const pad = (vMax - vMin) * 0.08 || 0.01;
@@ -146,7 +202,8 @@ function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', titl
   const yLo = log ? Math.max(1e-3, vMin) / 1.6 : linear[0];
   const yHi = log ? Math.max(vMax, yLo * 10) * 1.15 : Math.max(linear[linear.length - 1], vMax);
   const fy = (v: number) => (log ? Math.log10(Math.max(v, yLo)) : v);
-  const x = (s: number) => L + ((Math.log10(s) - Math.log10(sMin)) / (Math.log10(sMax) - Math.log10(sMin) || 1)) * (W - L - R - 8) + 4;
+  const x = (s: number) =>
+    L + ((Math.log10(s) - Math.log10(sMin)) / (Math.log10(sMax) - Math.log10(sMin) || 1)) * (W - L - R - 8) + 4;
   const y = (v: number) => H - B - ((fy(v) - fy(yLo)) / (fy(yHi) - fy(yLo) || 1)) * (H - B - T);
   const names = t.points[0].policies.map((p) => p.policy);
   const bands: string[] = [];
@@ -155,22 +212,40 @@ function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', titl
     const c = COLORS[i % COLORS.length];
     const pts = t.points.map((p) => ({ s: p.speed, q: p.policies.find((q) => q.policy === name)! })).filter((p) => p.q);
     const upper = pts.map((p) => `${x(p.s).toFixed(1)},${y(p.q[key] + p.q.ci95[key]).toFixed(1)}`);
-    const lower = pts.map((p) => `${x(p.s).toFixed(1)},${y(Math.max(p.q[key] - p.q.ci95[key], log ? yLo : 0)).toFixed(1)}`).reverse();
+    const lower = pts
+      .map((p) => `${x(p.s).toFixed(1)},${y(Math.max(p.q[key] - p.q.ci95[key], log ? yLo : 0)).toFixed(1)}`)
+      .reverse();
     bands.push(`<polygon points="${[...upper, ...lower].join(' ')}" fill="${c}" fill-opacity="0.13" stroke="none"/>`);
     const line = pts.map((p) => `${x(p.s).toFixed(1)},${y(p.q[key]).toFixed(1)}`).join(' ');
     const marks = pts
-      .map((p) => `<circle cx="${x(p.s).toFixed(1)}" cy="${y(p.q[key]).toFixed(1)}" r="3.5" fill="${c}"><title>${esc(name)} at ×${p.s}: ${key === 'hitRate' ? `${(p.q[key] * 100).toFixed(1)}% ± ${(p.q.ci95[key] * 100).toFixed(1)}` : `${fmtSeconds(p.q[key])} ± ${fmtSeconds(p.q.ci95[key])}`}</title></circle>`)
+      .map(
+        (p) =>
+          `<circle cx="${x(p.s).toFixed(1)}" cy="${y(p.q[key]).toFixed(1)}" r="3.5" fill="${c}"><title>${esc(name)} at ×${p.s}: ${key === 'hitRate' ? `${(p.q[key] * 100).toFixed(1)}% ± ${(p.q.ci95[key] * 100).toFixed(1)}` : `${fmtSeconds(p.q[key])} ± ${fmtSeconds(p.q.ci95[key])}`}</title></circle>`,
+      )
       .join('');
-    lines.push(`<polyline fill="none" stroke="${c}" stroke-width="${name === 'cost' ? 3 : 2}" stroke-dasharray="${DASHES[i % DASHES.length]}" points="${line}"><title>${esc(name)}</title></polyline>${marks}`);
+    lines.push(
+      `<polyline fill="none" stroke="${c}" stroke-width="${name === 'cost' ? 3 : 2}" stroke-dasharray="${DASHES[i % DASHES.length]}" points="${line}"><title>${esc(name)}</title></polyline>${marks}`,
+    );
   });
   const yTicks = log ? logTicks(yLo, yHi) : linear;
-  const yt = yTicks.map((v) => `<line x1="${L}" x2="${W - R}" y1="${y(v).toFixed(1)}" y2="${y(v).toFixed(1)}" stroke="#eee"/><text x="${L - 6}" y="${(y(v) + 4).toFixed(1)}" text-anchor="end">${log ? fmtSeconds(v) : `${Number((v * 100).toPrecision(3))}%`}</text>`);
-  const xt = speeds.map((s) => `<line x1="${x(s).toFixed(1)}" x2="${x(s).toFixed(1)}" y1="${H - B}" y2="${H - B + 4}" stroke="#333"/><text x="${x(s).toFixed(1)}" y="${H - B + 17}" text-anchor="middle">×${s}</text>`);
+  const yt = yTicks.map(
+    (v) =>
+      `<line x1="${L}" x2="${W - R}" y1="${y(v).toFixed(1)}" y2="${y(v).toFixed(1)}" stroke="#eee"/><text x="${L - 6}" y="${(y(v) + 4).toFixed(1)}" text-anchor="end">${log ? fmtSeconds(v) : `${Number((v * 100).toPrecision(3))}%`}</text>`,
+  );
+  const xt = speeds.map(
+    (s) =>
+      `<line x1="${x(s).toFixed(1)}" x2="${x(s).toFixed(1)}" y1="${H - B}" y2="${H - B + 4}" stroke="#333"/><text x="${x(s).toFixed(1)}" y="${H - B + 17}" text-anchor="middle">×${s}</text>`,
+  );
   return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg"><text x="${L}" y="18" style="font-weight:600;font-size:14px">${esc(title)}</text>${yt.join('')}${bands.join('')}${lines.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/>${xt.join('')}<text x="${(L + W - R) / 2}" y="${H - 10}" text-anchor="middle">arrival rate (× recorded, log scale)</text></svg>`;
 }
 
 function loadChart(r: PolicyResult): string {
-  const W = 900, H = 220, L = 56, R = 90, T = 12, B = 40;
+  const W = 900,
+    H = 220,
+    L = 56,
+    R = 90,
+    T = 12,
+    B = 40;
   const tl = r.loadTimeline;
   if (tl.length < 2) return '<p>(too short to chart)</p>';
   const tMax = tl[tl.length - 1].t || 1;
@@ -182,12 +257,22 @@ function loadChart(r: PolicyResult): string {
   for (let w = 0; w < workers; w++) {
     const c = WORKER_COLORS[w % WORKER_COLORS.length];
     const pts = tl.map((s) => `${x(s.t).toFixed(1)},${y(s.kvUsage[w]).toFixed(1)}`).join(' ');
-    lines.push(`<polyline fill="none" stroke="${c}" stroke-width="1.3" points="${pts}"><title>w${w}</title></polyline>`);
-    if (w < 12) names.push(`<line x1="${W - R + 12}" x2="${W - R + 32}" y1="${T + 8 + w * 15}" y2="${T + 8 + w * 15}" stroke="${c}" stroke-width="2"/><text x="${W - R + 38}" y="${T + 12 + w * 15}">w${w}</text>`);
+    lines.push(
+      `<polyline fill="none" stroke="${c}" stroke-width="1.3" points="${pts}"><title>w${w}</title></polyline>`,
+    );
+    if (w < 12)
+      names.push(
+        `<line x1="${W - R + 12}" x2="${W - R + 32}" y1="${T + 8 + w * 15}" y2="${T + 8 + w * 15}" stroke="${c}" stroke-width="2"/><text x="${W - R + 38}" y="${T + 12 + w * 15}">w${w}</text>`,
+      );
   }
-  const yt = [0, 0.25, 0.5, 0.75, 1].map((u) => `<line x1="${L}" x2="${W - R}" y1="${y(u)}" y2="${y(u)}" stroke="#eee"/><text x="${L - 6}" y="${y(u) + 4}" text-anchor="end">${u * 100}%</text>`);
+  const yt = [0, 0.25, 0.5, 0.75, 1].map(
+    (u) =>
+      `<line x1="${L}" x2="${W - R}" y1="${y(u)}" y2="${y(u)}" stroke="#eee"/><text x="${L - 6}" y="${y(u) + 4}" text-anchor="end">${u * 100}%</text>`,
+  );
   const step = linearTicks(0, tMax);
-  const xt = step.filter((t) => t <= tMax).map((t) => `<text x="${x(t).toFixed(1)}" y="${H - B + 16}" text-anchor="middle">${t} s</text>`);
+  const xt = step
+    .filter((t) => t <= tMax)
+    .map((t) => `<text x="${x(t).toFixed(1)}" y="${H - B + 16}" text-anchor="middle">${t} s</text>`);
   return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg">${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/>${xt.join('')}<text x="${(L + W - R) / 2}" y="${H - 6}" text-anchor="middle">simulated time</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">KV usage</text>${lines.join('')}${names.join('')}</svg>`;
 }
 

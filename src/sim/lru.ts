@@ -13,7 +13,8 @@ export class LruSet {
   private used = 0;
 
   constructor(readonly capacity: number) {
-    if (!Number.isInteger(capacity) || capacity < 1) throw new RangeError(`capacity must be a positive integer, got ${capacity}`);
+    if (!Number.isInteger(capacity) || capacity < 1)
+      throw new RangeError(`capacity must be a positive integer, got ${capacity}`);
     this.keys = new Float64Array(capacity);
     this.prev = new Int32Array(capacity);
     this.next = new Int32Array(capacity);

@@ -49,7 +49,13 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
   const requests: TraceRequest[] = [];
   let index = 0;
   for await (const line of lines(join(dir, RAGPULSE_FILES.trace))) {
-    let r: { timestamp: string | number; input_length: number; output_length: number; hash_ids: Record<string, number[]>; session_id?: string };
+    let r: {
+      timestamp: string | number;
+      input_length: number;
+      output_length: number;
+      hash_ids: Record<string, number[]>;
+      session_id?: string;
+    };
     try {
       r = JSON.parse(line);
     } catch {
@@ -57,7 +63,10 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
     }
     const ids = r.hash_ids ?? {};
     const hashIds = prefixBlockIds(ids, lengths, blockSize);
-    const anchors = (ids.passages_ids ?? []).map((id) => ({ id: `passage-${id}`, tokens: lengths.passages_ids.get(id) ?? 0 }));
+    const anchors = (ids.passages_ids ?? []).map((id) => ({
+      id: `passage-${id}`,
+      tokens: lengths.passages_ids.get(id) ?? 0,
+    }));
     requests.push({
       index,
       timestamp: Number(r.timestamp) * 1000,

@@ -1,6 +1,13 @@
 import { BlockHashes } from '../core/hashing.js';
 import { createRng } from '../core/rng.js';
-import type { KVAwareRouter, RouteOptions, RouteRequest, RouteResult, SharedDecision, WorkerMetrics } from '../core/router/index.js';
+import type {
+  KVAwareRouter,
+  RouteOptions,
+  RouteRequest,
+  RouteResult,
+  SharedDecision,
+  WorkerMetrics,
+} from '../core/router/index.js';
 import type { TraceRequest } from './trace.js';
 
 /**
@@ -43,7 +50,8 @@ export function parseWorkerEvent(spec: string, flag: string, workers: number): W
   const m = /^w?(\d+)@(\d+(?:\.\d+)?)(ms|s|m)?$/.exec(spec.trim());
   if (!m) throw new RangeError(`${flag}: expected WORKER@TIME such as w3@600s, got '${spec}'`);
   const worker = Number(m[1]);
-  if (worker >= workers) throw new RangeError(`${flag}: worker w${worker} does not exist (workers are w0..w${workers - 1})`);
+  if (worker >= workers)
+    throw new RangeError(`${flag}: worker w${worker} does not exist (workers are w0..w${workers - 1})`);
   const unit = m[3] ?? 's';
   const atMs = Number(m[2]) * (unit === 'ms' ? 1 : unit === 's' ? 1000 : 60_000);
   return { worker, atMs };
@@ -52,10 +60,12 @@ export function parseWorkerEvent(spec: string, flag: string, workers: number): W
 /** Checks scenario options against the cluster; throws a RangeError naming the option. */
 export function checkScenario(s: ScenarioOptions, workers: number): void {
   const frac = (v: number | undefined, name: string) => {
-    if (v !== undefined && !(Number.isFinite(v) && v >= 0 && v <= 1)) throw new RangeError(`${name} must be within [0, 1], got ${v}`);
+    if (v !== undefined && !(Number.isFinite(v) && v >= 0 && v <= 1))
+      throw new RangeError(`${name} must be within [0, 1], got ${v}`);
   };
   const nonNeg = (v: number | undefined, name: string) => {
-    if (v !== undefined && !(Number.isFinite(v) && v >= 0)) throw new RangeError(`${name} must be a finite number >= 0, got ${v}`);
+    if (v !== undefined && !(Number.isFinite(v) && v >= 0))
+      throw new RangeError(`${name} must be a finite number >= 0, got ${v}`);
   };
   frac(s.eventLoss, 'eventLoss');
   frac(s.cancelRate, 'cancelRate');
@@ -66,14 +76,20 @@ export function checkScenario(s: ScenarioOptions, workers: number): void {
     throw new RangeError(`replicas must be an integer in [1, 64], got ${s.replicas}`);
   }
   if (s.workerKvTokens !== undefined) {
-    if (s.workerKvTokens.length !== workers) throw new RangeError(`workerKvTokens lists ${s.workerKvTokens.length} workers, the cluster has ${workers}`);
+    if (s.workerKvTokens.length !== workers)
+      throw new RangeError(`workerKvTokens lists ${s.workerKvTokens.length} workers, the cluster has ${workers}`);
     s.workerKvTokens.forEach((t, i) => {
-      if (!(Number.isInteger(t) && t > 0)) throw new RangeError(`workerKvTokens[${i}] must be a positive integer, got ${t}`);
+      if (!(Number.isInteger(t) && t > 0))
+        throw new RangeError(`workerKvTokens[${i}] must be a positive integer, got ${t}`);
     });
   }
-  for (const [name, list] of [['fail', s.fail], ['drain', s.drain]] as const) {
+  for (const [name, list] of [
+    ['fail', s.fail],
+    ['drain', s.drain],
+  ] as const) {
     for (const e of list ?? []) {
-      if (!(Number.isInteger(e.worker) && e.worker >= 0 && e.worker < workers)) throw new RangeError(`${name}: worker ${e.worker} does not exist`);
+      if (!(Number.isInteger(e.worker) && e.worker >= 0 && e.worker < workers))
+        throw new RangeError(`${name}: worker ${e.worker} does not exist`);
       nonNeg(e.atMs, `${name}.atMs`);
     }
   }
@@ -179,7 +195,11 @@ export class RouterFleet {
       l.prefill = Math.max(0, l.prefill + prefill);
       m.set(workerId, l);
       if (r.listWorkers().some((w) => w.id === workerId)) {
-        r.setRemoteLoad(workerId, { inFlightRequests: l.requests, queuedPrefillTokens: l.prefill, activeDecodeTokens: 0 });
+        r.setRemoteLoad(workerId, {
+          inFlightRequests: l.requests,
+          queuedPrefillTokens: l.prefill,
+          activeDecodeTokens: 0,
+        });
       }
     });
   }

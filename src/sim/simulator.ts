@@ -40,7 +40,11 @@ export interface SimulationOptions {
   /** Further router options (cost weights, judge roles...). */
   router?: Omit<KVAwareRouterOptions, 'policy' | 'clock' | 'indexMode' | 'blockSize'>;
   /** Called at every load scrape with what the router is told of each live worker (for diagnostics). */
-  onScrape?: (timeMs: number, worker: number, metrics: { kvUsage: number; waitingRequests: number; runningRequests: number }) => void;
+  onScrape?: (
+    timeMs: number,
+    worker: number,
+    metrics: { kvUsage: number; waitingRequests: number; runningRequests: number },
+  ) => void;
   /** Called now and then with the number of requests finished. */
   onProgress?: (finished: number, total: number) => void;
 }
@@ -161,7 +165,12 @@ function before(x: SimEvent, y: SimEvent): boolean {
 export function percentiles(values: number[]): Percentiles {
   if (values.length === 0) return { mean: 0, p50: 0, p90: 0, p99: 0 };
   const s = [...values].sort((a, b) => a - b);
-  return { mean: s.reduce((a, b) => a + b, 0) / s.length, p50: percentile(s, 50), p90: percentile(s, 90), p99: percentile(s, 99) };
+  return {
+    mean: s.reduce((a, b) => a + b, 0) / s.length,
+    p50: percentile(s, 50),
+    p90: percentile(s, 90),
+    p99: percentile(s, 99),
+  };
 }
 
 export function simulate(trace: readonly TraceRequest[], options: SimulationOptions): PolicyResult {
@@ -170,7 +179,9 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   const speed = options.speed ?? 1;
   if (!(speed > 0)) throw new RangeError(`speed must be > 0, got ${speed}`);
   const eventDelay = options.eventDelayMs ?? 50;
-  const scrapeInterval = options.scrapeIntervalMs ?? (policy === 'llmd' ? (options.router?.policyOptions?.llmd?.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS) : 200);
+  const scrapeInterval =
+    options.scrapeIntervalMs ??
+    (policy === 'llmd' ? (options.router?.policyOptions?.llmd?.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS) : 200);
   if (!(scrapeInterval > 0)) throw new RangeError(`scrapeIntervalMs must be > 0, got ${scrapeInterval}`);
   if (trace.length === 0) throw new RangeError('the trace has no requests');
   const blockTokens = trace[0].blockSize;
@@ -180,13 +191,19 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   let now = 0;
   const queue = new EventQueue();
   let seq = 0;
-  const schedule = (time: number, run: () => void) => queue.push({ time, seq: seq++, kind: KIND_TIMER, worker: -1, run });
+  const schedule = (time: number, run: () => void) =>
+    queue.push({ time, seq: seq++, kind: KIND_TIMER, worker: -1, run });
   const replicas = Array.from(
     { length: scenario.replicas ?? 1 },
     (_, i) =>
       new KVAwareRouter({
-        ...options.router, policy, indexMode: 'precise', blockSize: blockTokens, clock: () => now,
-        randomSeed: (options.router?.randomSeed ?? 1) + i, instanceId: `sim${i}`,
+        ...options.router,
+        policy,
+        indexMode: 'precise',
+        blockSize: blockTokens,
+        clock: () => now,
+        randomSeed: (options.router?.randomSeed ?? 1) + i,
+        instanceId: `sim${i}`,
       }),
   );
   const router = new RouterFleet(replicas, scenario, schedule, () => now);
@@ -196,7 +213,11 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   const engines = ids.map(
     (_, w) =>
       new EngineModel(
-        { ...options.engine, ...(scenario.workerKvTokens ? { kvTokens: scenario.workerKvTokens[w] } : {}), blockTokens },
+        {
+          ...options.engine,
+          ...(scenario.workerKvTokens ? { kvTokens: scenario.workerKvTokens[w] } : {}),
+          blockTokens,
+        },
         (hi, lo) => pending[w].stored.push(hi, lo),
         (hi, lo) => pending[w].removed.push(hi, lo),
       ),
@@ -244,7 +265,14 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   const publish = (w: number) => {
     const p = pending[w];
     if (p.stored.length > 0 || p.removed.length > 0) {
-      queue.push({ time: now + eventDelay, seq: seq++, kind: KIND_DELIVER, worker: w, stored: p.stored, removed: p.removed });
+      queue.push({
+        time: now + eventDelay,
+        seq: seq++,
+        kind: KIND_DELIVER,
+        worker: w,
+        stored: p.stored,
+        removed: p.removed,
+      });
       pending[w] = { stored: [], removed: [] };
     }
   };
@@ -252,7 +280,11 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   /** Routes a request that arrived at `arrival` (now, or earlier for a retry). */
   const arrive = (index: number, arrival = now) => {
     const req = trace[index];
-    const limits = { inputTokens: Math.max(1, req.inputLength), outputTokens: Math.max(1, req.outputLength), anchors: req.anchors };
+    const limits = {
+      inputTokens: Math.max(1, req.inputLength),
+      outputTokens: Math.max(1, req.outputLength),
+      anchors: req.anchors,
+    };
     // over every engine's context limit: refused before routing, as vLLM's server refuses it
     if (engines.every((e) => e.rejection(limits) !== null)) {
       rejected++;
@@ -293,7 +325,17 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       inputTokens: Math.max(1, req.inputLength),
       outputTokens: Math.max(1, req.outputLength),
     };
-    live.set(index, { req, worker: w, replica, ticket: d.ticket, shared: d.shared, arrival, cached: 0, ttft: 0, started: false });
+    live.set(index, {
+      req,
+      worker: w,
+      replica,
+      ticket: d.ticket,
+      shared: d.shared,
+      arrival,
+      cached: 0,
+      ttft: 0,
+      started: false,
+    });
     engines[w].enqueue(engineReq);
     if (!stepping[w]) startStep(w);
   };
@@ -358,7 +400,8 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       now = arrivalTime;
       const index = nextArrival++;
       arrive(index);
-      if (cancelRate > 0 && scenarioRandom() < cancelRate) schedule(now + scenarioRandom() * cancelWithin, () => cancel(index));
+      if (cancelRate > 0 && scenarioRandom() < cancelRate)
+        schedule(now + scenarioRandom() * cancelWithin, () => cancel(index));
       continue;
     }
     queue.pop();
@@ -394,13 +437,19 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       const sample: number[] = [];
       engines.forEach((e, w) => {
         if (!dead[w]) {
-          const metrics = { kvUsage: e.kvUsage, waitingRequests: e.waitingCount, runningRequests: e.runningCount, kvCapacityTokens: e.capacityBlocks * blockTokens };
+          const metrics = {
+            kvUsage: e.kvUsage,
+            waitingRequests: e.waitingCount,
+            runningRequests: e.runningCount,
+            kvCapacityTokens: e.capacityBlocks * blockTokens,
+          };
           router.updateWorkerMetrics(ids[w], metrics);
           options.onScrape?.(now, w, metrics);
         }
         sample.push(dead[w] ? 0 : e.kvUsage);
       });
-      if (loadTimeline.length === 0 || now - loadTimeline[loadTimeline.length - 1].t * 1000 >= 5000) loadTimeline.push({ t: now / 1000, kvUsage: sample });
+      if (loadTimeline.length === 0 || now - loadTimeline[loadTimeline.length - 1].t * 1000 >= 5000)
+        loadTimeline.push({ t: now / 1000, kvUsage: sample });
       const busy = nextArrival < trace.length || live.size > 0;
       if (busy) queue.push({ time: now + scrapeInterval, seq: seq++, kind: KIND_SCRAPE, worker: -1 });
     }

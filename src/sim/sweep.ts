@@ -39,8 +39,8 @@ export interface SweepReport {
 
 /** Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom. */
 const T975 = [
-  12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.16, 2.145, 2.131, 2.12, 2.11, 2.101, 2.093, 2.086, 2.08, 2.074, 2.069,
-  2.064, 2.06, 2.056, 2.052, 2.048, 2.045, 2.042,
+  12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.16, 2.145, 2.131, 2.12, 2.11,
+  2.101, 2.093, 2.086, 2.08, 2.074, 2.069, 2.064, 2.06, 2.056, 2.052, 2.048, 2.045, 2.042,
 ];
 
 /** The t quantile for a 95% two-sided interval with `df` degrees of freedom (normal beyond 30). */
@@ -93,13 +93,15 @@ export function windows(requests: readonly TraceRequest[], k: number): TraceRequ
   if (!Number.isInteger(k) || k < 1) throw new RangeError(`windows must be a positive integer, got ${k}`);
   if (requests.length < k) throw new RangeError(`${requests.length} requests cannot make ${k} windows`);
   const out: TraceRequest[][] = [];
-  for (let i = 0; i < k; i++) out.push(requests.slice(Math.floor((i * requests.length) / k), Math.floor(((i + 1) * requests.length) / k)));
+  for (let i = 0; i < k; i++)
+    out.push(requests.slice(Math.floor((i * requests.length) / k), Math.floor(((i + 1) * requests.length) / k)));
   return out;
 }
 
 /** `n` load points from `light` to `last`, evenly spaced on a log scale, 3 significant digits. */
 export function loadPoints(light: number, last: number, n: number): number[] {
-  if (!(light > 0 && last > light) || !Number.isInteger(n) || n < 2) throw new RangeError('load points need 0 < light < last and n >= 2');
+  if (!(light > 0 && last > light) || !Number.isInteger(n) || n < 2)
+    throw new RangeError('load points need 0 < light < last and n >= 2');
   return Array.from({ length: n }, (_, i) => Number((light * (last / light) ** (i / (n - 1))).toPrecision(3)));
 }
 
@@ -133,13 +135,20 @@ export interface SweepOptions {
   workerPrefillTokensPerSecond: number;
 }
 
-function runAll(samples: readonly (readonly TraceRequest[])[], policy: string, speed: number, o: SweepOptions): PolicyResult[] {
+function runAll(
+  samples: readonly (readonly TraceRequest[])[],
+  policy: string,
+  speed: number,
+  o: SweepOptions,
+): PolicyResult[] {
   return samples.map((trace) => simulate(trace, { ...o.simulation, policy, speed }));
 }
 
 /** Round-robin's p99 TTFT at a speed: the median over the samples. */
 function roundRobinP99(samples: readonly (readonly TraceRequest[])[], speed: number, o: SweepOptions): number {
-  const p = runAll(samples, 'round-robin', speed, o).map((r) => r.ttft.p99).sort((a, b) => a - b);
+  const p = runAll(samples, 'round-robin', speed, o)
+    .map((r) => r.ttft.p99)
+    .sort((a, b) => a - b);
   return p[Math.floor(p.length / 2)];
 }
 
@@ -172,9 +181,17 @@ export function chooseLoadPoints(calibration: readonly (readonly TraceRequest[])
 }
 
 /** Every policy at every speed over the samples. */
-export function sweepTrace(trace: string, samples: readonly (readonly TraceRequest[])[], speeds: readonly number[], o: SweepOptions): SweepTrace {
+export function sweepTrace(
+  trace: string,
+  samples: readonly (readonly TraceRequest[])[],
+  speeds: readonly number[],
+  o: SweepOptions,
+): SweepTrace {
   return {
     trace,
-    points: speeds.map((speed) => ({ speed, policies: o.policies.map((policy) => summarise(policy, runAll(samples, policy, speed, o))) })),
+    points: speeds.map((speed) => ({
+      speed,
+      policies: o.policies.map((policy) => summarise(policy, runAll(samples, policy, speed, o))),
+    })),
   };
 }

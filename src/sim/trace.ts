@@ -43,7 +43,8 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
   } catch {
     throw new TraceFormatError(index, 'not valid JSON');
   }
-  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new TraceFormatError(index, 'not a JSON object');
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
+    throw new TraceFormatError(index, 'not a JSON object');
   const r = raw as Record<string, unknown>;
   const num = (key: string, required: boolean): number | undefined => {
     const v = r[key];
@@ -51,7 +52,8 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
       if (required) throw new TraceFormatError(index, `missing "${key}"`);
       return undefined;
     }
-    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new TraceFormatError(index, `"${key}" must be a non-negative number`);
+    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0)
+      throw new TraceFormatError(index, `"${key}" must be a non-negative number`);
     return v;
   };
   const timestamp = num('timestamp', true)!;
@@ -62,10 +64,12 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
     throw new TraceFormatError(index, '"hash_ids" must be an array of non-negative integers');
   }
   const blockSize = num('block_size', false) ?? defaultBlockSize;
-  if (!Number.isInteger(blockSize) || blockSize < 1) throw new TraceFormatError(index, '"block_size" must be a positive integer');
+  if (!Number.isInteger(blockSize) || blockSize < 1)
+    throw new TraceFormatError(index, '"block_size" must be a positive integer');
   const req: TraceRequest = { index, timestamp, inputLength, outputLength, hashIds: hashIds as number[], blockSize };
   if (r.session_id !== undefined) {
-    if (typeof r.session_id !== 'string' && typeof r.session_id !== 'number') throw new TraceFormatError(index, '"session_id" must be a string');
+    if (typeof r.session_id !== 'string' && typeof r.session_id !== 'number')
+      throw new TraceFormatError(index, '"session_id" must be a string');
     req.sessionId = String(r.session_id);
   }
   const step = num('step', false);
@@ -87,7 +91,8 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
     }
     req.anchors = ids.map((id, k) => {
       const t = lengths[k];
-      if (typeof t !== 'number' || !Number.isInteger(t) || t < 0) throw new TraceFormatError(index, `"anchor_lengths[${k}]" must be a non-negative integer`);
+      if (typeof t !== 'number' || !Number.isInteger(t) || t < 0)
+        throw new TraceFormatError(index, `"anchor_lengths[${k}]" must be a non-negative integer`);
       return { id: String(id), tokens: t };
     });
   }
@@ -115,5 +120,8 @@ export async function loadMooncakeTrace(path: string, defaultBlockSize = 512): P
 }
 
 export function sortByArrival(requests: TraceRequest[]): TraceRequest[] {
-  return requests.map((r, i) => [r, i] as const).sort((a, b) => a[0].timestamp - b[0].timestamp || a[1] - b[1]).map(([r]) => r);
+  return requests
+    .map((r, i) => [r, i] as const)
+    .sort((a, b) => a[0].timestamp - b[0].timestamp || a[1] - b[1])
+    .map(([r]) => r);
 }

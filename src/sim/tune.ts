@@ -50,7 +50,8 @@ const TUNABLE: ReadonlyArray<keyof CostWeights> = ['recompute', 'load', 'pressur
 
 export function tuneCostWeights(trace: readonly TraceRequest[], options: TuneOptions): TuneResult {
   const trainFraction = options.trainFraction ?? 0.6;
-  if (!(trainFraction > 0 && trainFraction < 1)) throw new RangeError(`trainFraction must be in (0, 1), got ${trainFraction}`);
+  if (!(trainFraction > 0 && trainFraction < 1))
+    throw new RangeError(`trainFraction must be in (0, 1), got ${trainFraction}`);
   const trials = options.trials ?? 30;
   if (!Number.isInteger(trials) || trials < 1) throw new RangeError(`trials must be a positive integer, got ${trials}`);
   const split = Math.max(1, Math.min(trace.length - 1, Math.floor(trace.length * trainFraction)));
@@ -62,7 +63,12 @@ export function tuneCostWeights(trace: readonly TraceRequest[], options: TuneOpt
 
   const evaluate = (part: readonly TraceRequest[], w: CostWeights): Score => {
     const r = simulate(part, { ...sim, policy: 'cost', router: { costWeights: w } });
-    return { objective: r.ttft.mean + p99Weight * r.ttft.p99, ttftMean: r.ttft.mean, ttftP99: r.ttft.p99, hitRate: r.hitRate };
+    return {
+      objective: r.ttft.mean + p99Weight * r.ttft.p99,
+      ttftMean: r.ttft.mean,
+      ttftP99: r.ttft.p99,
+      hitRate: r.hitRate,
+    };
   };
 
   const base: CostWeights = { ...DEFAULT_COST_WEIGHTS };

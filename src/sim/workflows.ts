@@ -89,5 +89,7 @@ export function generateWorkflowTrace(options: WorkflowTraceOptions): TraceReque
 
 /** A prompt text whose blocks are shared exactly where the trace's hash ids are (for HTTP replays). */
 export function promptText(r: TraceRequest): string {
-  return r.hashIds.map((id) => `section ${id}: ` + Array.from({ length: 12 }, (_, k) => `w${(id * 31 + k) % 991}`).join(' ')).join('\n');
+  return r.hashIds
+    .map((id) => `section ${id}: ` + Array.from({ length: 12 }, (_, k) => `w${(id * 31 + k) % 991}`).join(' '))
+    .join('\n');
 }

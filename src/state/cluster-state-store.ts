@@ -18,14 +18,33 @@ import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './sta
 
 /** What a gateway process can send to the relay and receive from it. */
 export type ClusterMessage =
-  | { cf: 'decision'; r: string; w: string; hi: Uint32Array; lo: Uint32Array; wf?: string; s?: number | null; a?: string; c?: number | null; ca?: ContentAnchor[]; q?: number; claim?: boolean }
+  | {
+      cf: 'decision';
+      r: string;
+      w: string;
+      hi: Uint32Array;
+      lo: Uint32Array;
+      wf?: string;
+      s?: number | null;
+      a?: string;
+      c?: number | null;
+      ca?: ContentAnchor[];
+      q?: number;
+      claim?: boolean;
+    }
   | { cf: 'released'; r: string; w: string; q: number }
   | { cf: 'worker-added'; r: string; worker: WorkerRecord }
   | { cf: 'worker-removed'; r: string; id: string }
   | { cf: 'workflow?'; r: string; q: number; id: string }
   | { cf: 'workflow'; q: number; id: string; w?: string; s?: number | null }
   | { cf: 'hello'; r: string }
-  | { cf: 'snapshot'; workers: WorkerRecord[]; workflows: Array<[string, string, number | null]>; decisions: ClusterDecision[]; loads: Array<[string, string, number, number]> }
+  | {
+      cf: 'snapshot';
+      workers: WorkerRecord[];
+      workflows: Array<[string, string, number | null]>;
+      decisions: ClusterDecision[];
+      loads: Array<[string, string, number, number]>;
+    }
   | { cf: 'gone'; r: string };
 type ClusterDecision = Extract<ClusterMessage, { cf: 'decision' }>;
 
@@ -63,7 +82,14 @@ export class ClusterStateStore implements StateStore {
   private snapshotArrived: (() => void) | undefined;
   /** Workflows the relay did not know: the decision that follows claims them. */
   private readonly unclaimed = new Set<string>();
-  private readonly counters = { decisionsSent: 0, decisionsApplied: 0, decisionsUnknownWorker: 0, workflowLookups: 0, workflowLookupTimeouts: 0, malformedMessages: 0 };
+  private readonly counters = {
+    decisionsSent: 0,
+    decisionsApplied: 0,
+    decisionsUnknownWorker: 0,
+    workflowLookups: 0,
+    workflowLookupTimeouts: 0,
+    malformedMessages: 0,
+  };
   private readonly listener = (m: unknown) => this.onMessage(m);
 
   constructor(options: ClusterStateOptions) {
@@ -116,7 +142,8 @@ export class ClusterStateStore implements StateStore {
       m.a = d.anchor;
       m.c = d.claGroup;
     }
-    if (d.contentAnchors && d.contentAnchors.length > 0) m.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
+    if (d.contentAnchors && d.contentAnchors.length > 0)
+      m.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
     if (d.tracked) m.q = d.prefillTokens;
     this.counters.decisionsSent++;
     this.channel.send(m);
@@ -160,7 +187,8 @@ export class ClusterStateStore implements StateStore {
           if (m.r !== this.replicaId) this.addRemote(m.r, m.w, -1, -m.q);
           return;
         case 'worker-added':
-          if (m.r !== this.replicaId && !host.listWorkers().some((w) => w.id === m.worker.id)) host.addWorkerFromState(m.worker);
+          if (m.r !== this.replicaId && !host.listWorkers().some((w) => w.id === m.worker.id))
+            host.addWorkerFromState(m.worker);
           return;
         case 'worker-removed':
           if (m.r !== this.replicaId && host.listWorkers().some((w) => w.id === m.id)) host.removeWorkerFromState(m.id);
@@ -183,7 +211,8 @@ export class ClusterStateStore implements StateStore {
           for (const w of m.workers) if (!host.listWorkers().some((x) => x.id === w.id)) host.addWorkerFromState(w);
           for (const [id, w, s] of m.workflows) host.router.setWorkflowAffinity(id, w, s);
           for (const d of m.decisions) if (d.r !== this.replicaId) this.apply({ ...d, wf: undefined, s: undefined });
-          for (const [replica, worker, requests, prefill] of m.loads) if (replica !== this.replicaId) this.addRemote(replica, worker, requests, prefill);
+          for (const [replica, worker, requests, prefill] of m.loads)
+            if (replica !== this.replicaId) this.addRemote(replica, worker, requests, prefill);
           this.snapshotArrived?.();
           return;
         default:
@@ -206,7 +235,14 @@ export class ClusterStateStore implements StateStore {
 
   private apply(m: ClusterDecision): void {
     const applied = this.host!.router.applySharedDecision({
-      workerId: m.w, hi: m.hi, lo: m.lo, workflowId: m.wf, workflowStep: m.s ?? null, anchor: m.a, claGroup: m.c ?? null, contentAnchors: m.ca,
+      workerId: m.w,
+      hi: m.hi,
+      lo: m.lo,
+      workflowId: m.wf,
+      workflowStep: m.s ?? null,
+      anchor: m.a,
+      claGroup: m.c ?? null,
+      contentAnchors: m.ca,
     });
     if (applied) this.counters.decisionsApplied++;
     else this.counters.decisionsUnknownWorker++;
@@ -245,7 +281,10 @@ export class ClusterRelay {
   private readonly workflowLimit: number;
   readonly counters = { relayed: 0, claimsLost: 0, malformed: 0 };
 
-  constructor(options: ClusterRelayOptions = {}, private readonly clock: () => number = Date.now) {
+  constructor(
+    options: ClusterRelayOptions = {},
+    private readonly clock: () => number = Date.now,
+  ) {
     this.recentLimit = options.recentDecisions ?? 10_000;
     this.ttlMs = options.decisionTtlMs ?? 120_000;
     this.workflowLimit = options.workflows ?? 100_000;

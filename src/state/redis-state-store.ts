@@ -103,8 +103,16 @@ export class RedisStateStore implements StateStore {
   /** Other replicas' in-flight work: kept current by their decision/release messages, seeded from their snapshots. */
   private readonly remote = new RemoteLoad();
   private readonly counters: RedisStats = {
-    outages: 0, errors: 0, resyncs: 0, decisionsPublished: 0, decisionsApplied: 0,
-    decisionsUnknownWorker: 0, workflowLookups: 0, workflowClaimsLost: 0, malformedMessages: 0, replicasSeen: 0,
+    outages: 0,
+    errors: 0,
+    resyncs: 0,
+    decisionsPublished: 0,
+    decisionsApplied: 0,
+    decisionsUnknownWorker: 0,
+    workflowLookups: 0,
+    workflowClaimsLost: 0,
+    malformedMessages: 0,
+    replicasSeen: 0,
   };
 
   constructor(options: RedisStateOptions) {
@@ -143,7 +151,9 @@ export class RedisStateStore implements StateStore {
       await this.cmd.connect(); // 'ready' runs the first sync
       await this.resyncing;
     } catch (err) {
-      host.log(`state: redis unreachable at start (${(err as Error).message}); routing on local state until it answers`);
+      host.log(
+        `state: redis unreachable at start (${(err as Error).message}); routing on local state until it answers`,
+      );
     }
     this.timer = setInterval(() => void this.syncLoad(), this.syncIntervalMs);
     this.timer.unref();
@@ -177,7 +187,12 @@ export class RedisStateStore implements StateStore {
 
   decisionEnded(d: SharedDecision): void {
     if (!this.up || !d.tracked) return;
-    const message = JSON.stringify({ r: this.replicaId, k: 'rl', w: d.workerId, q: d.prefillTokens } satisfies WireReleased);
+    const message = JSON.stringify({
+      r: this.replicaId,
+      k: 'rl',
+      w: d.workerId,
+      q: d.prefillTokens,
+    } satisfies WireReleased);
     void this.cmd.publish(this.channel, message).catch(() => {
       this.counters.errors++;
     });
@@ -186,17 +201,28 @@ export class RedisStateStore implements StateStore {
   workerAdded(worker: WorkerRecord): void {
     if (!this.up) return;
     const message = JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded);
-    void this.cmd.multi().hset(this.key('workers'), worker.id, JSON.stringify(worker)).publish(this.channel, message).exec().catch(() => {
-      this.counters.errors++;
-    });
+    void this.cmd
+      .multi()
+      .hset(this.key('workers'), worker.id, JSON.stringify(worker))
+      .publish(this.channel, message)
+      .exec()
+      .catch(() => {
+        this.counters.errors++;
+      });
   }
 
   workerRemoved(workerId: string): void {
     if (!this.up) return;
     const message = JSON.stringify({ r: this.replicaId, k: 'wr', id: workerId } satisfies WireWorkerRemoved);
-    void this.cmd.multi().hdel(this.key('workers'), workerId).del(this.key('load', this.replicaId)).publish(this.channel, message).exec().catch(() => {
-      this.counters.errors++;
-    });
+    void this.cmd
+      .multi()
+      .hdel(this.key('workers'), workerId)
+      .del(this.key('load', this.replicaId))
+      .publish(this.channel, message)
+      .exec()
+      .catch(() => {
+        this.counters.errors++;
+      });
   }
 
   stats(): StateStats {
@@ -206,7 +232,13 @@ export class RedisStateStore implements StateStore {
   async close(): Promise<void> {
     this.closed = true;
     clearInterval(this.timer);
-    if (this.up) await this.cmd.multi().zrem(this.key('replicas'), this.replicaId).del(this.key('load', this.replicaId)).exec().catch(() => {});
+    if (this.up)
+      await this.cmd
+        .multi()
+        .zrem(this.key('replicas'), this.replicaId)
+        .del(this.key('load', this.replicaId))
+        .exec()
+        .catch(() => {});
     this.cmd.disconnect();
     this.sub.disconnect();
   }
@@ -275,9 +307,19 @@ export class RedisStateStore implements StateStore {
 
   private applyDecision(msg: WireDecision, now?: number): void {
     const { hi, lo } = decodeHashes(msg.h);
-    const applied = this.host!.router.applySharedDecision({
-      workerId: msg.w, hi, lo, workflowId: msg.wf, workflowStep: msg.s ?? null, anchor: msg.a, claGroup: msg.c ?? null, contentAnchors: msg.ca,
-    }, now);
+    const applied = this.host!.router.applySharedDecision(
+      {
+        workerId: msg.w,
+        hi,
+        lo,
+        workflowId: msg.wf,
+        workflowStep: msg.s ?? null,
+        anchor: msg.a,
+        claGroup: msg.c ?? null,
+        contentAnchors: msg.ca,
+      },
+      now,
+    );
     if (applied) this.counters.decisionsApplied++;
     else this.counters.decisionsUnknownWorker++;
   }
@@ -329,7 +371,8 @@ export class RedisStateStore implements StateStore {
     const now = Date.now();
     const push = this.cmd.multi();
     for (const w of host.listWorkers()) push.hsetnx(this.key('workers'), w.id, JSON.stringify(w));
-    for (const [id, e] of router.workflowAffinities()) push.set(this.key('wf', id), encodeWorkflow(e.workerId, e.step), 'PX', this.workflowTtlMs, 'NX');
+    for (const [id, e] of router.workflowAffinities())
+      push.set(this.key('wf', id), encodeWorkflow(e.workerId, e.step), 'PX', this.workflowTtlMs, 'NX');
     const expired: string[] = [];
     for (const [chain, r] of this.recent?.entries() ?? []) {
       if (r.expiresAt > now) push.set(chain, r.message, 'PX', r.expiresAt - now, 'NX');
@@ -395,7 +438,11 @@ export class RedisStateStore implements StateStore {
         mine.push(w.id, encodeLoadEntry(l.inFlightRequests, l.queuedPrefillTokens, l.activeDecodeTokens));
       }
       const loadKey = this.key('load', this.replicaId);
-      const m = this.cmd.multi().zadd(this.key('replicas'), String(now), this.replicaId).zremrangebyscore(this.key('replicas'), '-inf', now - ttl).del(loadKey);
+      const m = this.cmd
+        .multi()
+        .zadd(this.key('replicas'), String(now), this.replicaId)
+        .zremrangebyscore(this.key('replicas'), '-inf', now - ttl)
+        .del(loadKey);
       if (mine.length > 0) m.hset(loadKey, ...mine).pexpire(loadKey, ttl);
       m.zrange(this.key('replicas'), '0', '-1');
       const res = await m.exec();
@@ -438,7 +485,9 @@ export function parseRedisUrl(spec: string): Pick<RedisOptions, 'host' | 'port' 
   const db = dbPath === '' ? 0 : Number(dbPath);
   if (!Number.isInteger(db) || db < 0) throw new RangeError(`state: database '${dbPath}' in '${spec}' is not a number`);
   return {
-    host: u.hostname.replace(/^\[|\]$/g, '') || '127.0.0.1', port, db,
+    host: u.hostname.replace(/^\[|\]$/g, '') || '127.0.0.1',
+    port,
+    db,
     username: u.username ? decodeURIComponent(u.username) : undefined,
     password: u.password ? decodeURIComponent(u.password) : undefined,
   };

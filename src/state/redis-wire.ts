@@ -72,7 +72,8 @@ export function encodeDecision(replicaId: string, d: SharedDecision): WireDecisi
     wire.a = d.anchor;
     wire.c = d.claGroup;
   }
-  if (d.contentAnchors && d.contentAnchors.length > 0) wire.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
+  if (d.contentAnchors && d.contentAnchors.length > 0)
+    wire.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
   if (d.tracked) wire.q = d.prefillTokens;
   return wire;
 }
@@ -100,7 +101,11 @@ export function parseWorkflow(value: string): { w: string; s: number | null } | 
 }
 
 /** One worker's entry of a replica's load snapshot (`load:{replica}` hash): "requests,prefill,decode". */
-export function encodeLoadEntry(inFlightRequests: number, queuedPrefillTokens: number, activeDecodeTokens: number): string {
+export function encodeLoadEntry(
+  inFlightRequests: number,
+  queuedPrefillTokens: number,
+  activeDecodeTokens: number,
+): string {
   return `${inFlightRequests},${queuedPrefillTokens},${activeDecodeTokens}`;
 }
 
@@ -109,7 +114,8 @@ export function decodeLoadSnapshot(hash: Record<string, string>): ReplicaLoad {
   const load: ReplicaLoad = new Map();
   for (const [id, v] of Object.entries(hash)) {
     const [requests, prefill, decode] = v.split(',').map(Number);
-    if ([requests, prefill, decode].every((x) => Number.isFinite(x) && x >= 0)) load.set(id, { requests, prefill, decode });
+    if ([requests, prefill, decode].every((x) => Number.isFinite(x) && x >= 0))
+      load.set(id, { requests, prefill, decode });
   }
   return load;
 }

@@ -13,7 +13,10 @@ test('demo --json prints one JSON object comparing the policies', () => {
   const r = cli('demo', '--workflows', '12', '--json');
   assert.equal(r.status, 0, r.stderr);
   const out = JSON.parse(r.stdout) as { results: Array<{ policy: string; requests: number }> };
-  assert.deepEqual(out.results.map((x) => x.policy), ['seed', 'cost']);
+  assert.deepEqual(
+    out.results.map((x) => x.policy),
+    ['seed', 'cost'],
+  );
   assert.ok(out.results.every((x) => x.requests === 48));
 });
 
@@ -53,11 +56,22 @@ test("the README's route() example runs and routes to the worker holding the pre
 test('live-demo runs a small workload through mock engines and the router over HTTP', () => {
   const r = cli('live-demo', '--workflows', '6', '--speed', '8', '--json');
   assert.equal(r.status, 0, r.stderr);
-  const out = JSON.parse(r.stdout) as { requests: number; workers: number; results: Array<{ policy: string; requests: number; hitRate: number; perWorker: Record<string, number> }> };
-  assert.deepEqual(out.results.map((x) => x.policy), ['cost', 'round-robin']);
+  const out = JSON.parse(r.stdout) as {
+    requests: number;
+    workers: number;
+    results: Array<{ policy: string; requests: number; hitRate: number; perWorker: Record<string, number> }>;
+  };
+  assert.deepEqual(
+    out.results.map((x) => x.policy),
+    ['cost', 'round-robin'],
+  );
   for (const x of out.results) {
     assert.equal(x.requests, out.requests);
-    assert.equal(Object.values(x.perWorker).reduce((a, b) => a + b, 0), out.requests, `${x.policy}: every request reached a worker`);
+    assert.equal(
+      Object.values(x.perWorker).reduce((a, b) => a + b, 0),
+      out.requests,
+      `${x.policy}: every request reached a worker`,
+    );
   }
   const [cost, roundRobin] = out.results;
   // round-robin spreads evenly over the engines; the cache-aware policy reuses far more KV
@@ -66,11 +80,15 @@ test('live-demo runs a small workload through mock engines and the router over H
 });
 
 test('live-demo stops cleanly on Ctrl-C mid-run: engines and router closed, exit 130', async () => {
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'live-demo', '--workflows', '40', '--speed', '1'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'live-demo', '--workflows', '40', '--speed', '1'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let stderr = '';
   let stdout = '';
   child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) => child.once('exit', (code, signal) => r({ code, signal })));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) =>
+    child.once('exit', (code, signal) => r({ code, signal })),
+  );
   // interrupt once the first quarter of the cost run has gone through HTTP
   await new Promise<void>((resolve, reject) => {
     child.stderr.on('data', (d: Buffer) => {

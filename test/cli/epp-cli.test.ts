@@ -39,7 +39,17 @@ test('contextforge-router epp serves ext_proc and gRPC health, metrics on HTTP, 
   const e = await new MockEngine({}).start();
   engines.push(e);
   const { child, match } = await start(
-    ['epp', '--port', '0', '--metrics-port', '0', '--worker', `id=m0,url=http://127.0.0.1:${e.port}`, '--objectives', 'batch=-1,chat=0'],
+    [
+      'epp',
+      '--port',
+      '0',
+      '--metrics-port',
+      '0',
+      '--worker',
+      `id=m0,url=http://127.0.0.1:${e.port}`,
+      '--objectives',
+      'batch=-1,chat=0',
+    ],
     /ext_proc gRPC\) on [\d.]+:(\d+), metrics and admin on (http:\/\/[\d.]+:\d+)/,
   );
   const envoy = new EnvoyRole(`127.0.0.1:${match[1]}`);
@@ -47,13 +57,20 @@ test('contextforge-router epp serves ext_proc and gRPC health, metrics on HTTP, 
     assert.equal(await envoy.healthStatus('liveness'), 'SERVING');
     assert.equal(await envoy.healthStatus('readiness'), 'SERVING');
     assert.equal(await envoy.healthStatus('envoy.service.ext_proc.v3.ExternalProcessor'), 'SERVING');
-    const out = await envoy.request({ headers: { ':path': '/v1/completions' }, body: JSON.stringify({ model: 'mock', prompt: 'hello' }) });
+    const out = await envoy.request({
+      headers: { ':path': '/v1/completions' },
+      body: JSON.stringify({ model: 'mock', prompt: 'hello' }),
+    });
     assert.equal(out.kind === 'routed' && out.headerValue, `127.0.0.1:${e.port}`);
     if (out.kind === 'routed') await out.stream.end();
     const metrics = await (await fetch(`${match[2]}/metrics`)).text();
     assert.match(metrics, /contextforge_epp_requests_total\{outcome="routed"\} 1/);
     assert.equal((await fetch(`${match[2]}/readyz`)).status, 200);
-    const proxy = await fetch(`${match[2]}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"prompt":"x"}' });
+    const proxy = await fetch(`${match[2]}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{"prompt":"x"}',
+    });
     assert.equal(proxy.status, 404, 'the picker does not proxy: clients go through the gateway');
   } finally {
     envoy.close();
@@ -64,10 +81,17 @@ test('contextforge-router epp serves ext_proc and gRPC health, metrics on HTTP, 
 test('serve --epp-port runs the gateway and the picker in one process', async () => {
   const e = await new MockEngine({}).start();
   engines.push(e);
-  const { child, match } = await start(['serve', '--port', '0', '--epp-port', '0', '--worker', `id=m0,url=http://127.0.0.1:${e.port}`], /serving on (http:\/\/[\d.]+:\d+), endpoint picker \(ext_proc gRPC\) on port (\d+)/);
+  const { child, match } = await start(
+    ['serve', '--port', '0', '--epp-port', '0', '--worker', `id=m0,url=http://127.0.0.1:${e.port}`],
+    /serving on (http:\/\/[\d.]+:\d+), endpoint picker \(ext_proc gRPC\) on port (\d+)/,
+  );
   const envoy = new EnvoyRole(`127.0.0.1:${match[2]}`);
   try {
-    const res = await fetch(`${match[1]}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }) });
+    const res = await fetch(`${match[1]}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }),
+    });
     assert.equal(res.status, 200);
     const out = await envoy.request({ headers: {}, body: JSON.stringify({ prompt: 'hi' }) });
     assert.equal(out.kind, 'routed');
@@ -83,7 +107,9 @@ test('bad epp flags are refused with a message naming the flag (in process), and
     let err = '';
     const program = new Command().exitOverride().configureOutput({ writeErr: (s) => (err += s), writeOut: () => {} });
     registerEppCommand(program);
-    program.commands.forEach((c) => c.exitOverride().configureOutput({ writeErr: (s) => (err += s), writeOut: () => {} }));
+    program.commands.forEach((c) =>
+      c.exitOverride().configureOutput({ writeErr: (s) => (err += s), writeOut: () => {} }),
+    );
     assert.throws(() => program.parse(['node', 'contextforge-router', 'epp', ...args]), args.join(' '));
     return err;
   };
@@ -94,15 +120,24 @@ test('bad epp flags are refused with a message naming the flag (in process), and
     [['--shed-kv-usage', '1.5'], /--shed-kv-usage must be in \(0, 1\]/],
     [['--discover', 'dns=vllm,port=x'], /port must be a port/],
     [['--discover', 'port=8000'], /dns must be a host name/],
-  ] as Array<[string[], RegExp]>) assert.match(parse(args), message);
-  const r = spawnSync(process.execPath, ['--import', 'tsx', main, 'epp', '--epp-fallbacks', 'two'], { encoding: 'utf8', timeout: 60_000 });
+  ] as Array<[string[], RegExp]>)
+    assert.match(parse(args), message);
+  const r = spawnSync(process.execPath, ['--import', 'tsx', main, 'epp', '--epp-fallbacks', 'two'], {
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
   assert.notEqual(r.status, 0);
   assert.match(r.stderr, /--epp-fallbacks must be an integer/);
 });
 
 test('--discover specs', () => {
   assert.deepEqual(parseDiscoverySpec('dns=vllm.default.svc,port=8000,events-port=5557,interval-ms=2000,models=a;b'), {
-    dns: 'vllm.default.svc', port: 8000, eventsPort: 5557, replayPort: undefined, intervalMs: 2000, models: ['a', 'b'],
+    dns: 'vllm.default.svc',
+    port: 8000,
+    eventsPort: 5557,
+    replayPort: undefined,
+    intervalMs: 2000,
+    models: ['a', 'b'],
   });
   assert.throws(() => parseDiscoverySpec('dns=vllm,port=8000,replay-port=5558'), /replay-port needs events-port/);
   assert.throws(() => parseDiscoverySpec('dns=vllm,port=8000,colour=red'), /unknown key 'colour'/);

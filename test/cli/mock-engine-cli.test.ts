@@ -6,7 +6,9 @@ import { test } from 'node:test';
 /** Starts `contextforge-router mock-engine` and resolves once it says where it serves. */
 async function startMockEngine(args: string[]) {
   const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-engine', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-engine', ...args], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
   let stderr = '';
   const url = await new Promise<string>((resolve, reject) => {
     child.stderr.on('data', (d: Buffer) => {
@@ -32,7 +34,9 @@ test('contextforge-router mock-engine serves until SIGTERM and exits cleanly', a
 
 test('mock-engine rejects bad flags', async () => {
   const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-engine', '--replay', 'tcp://127.0.0.1:*'], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-engine', '--replay', 'tcp://127.0.0.1:*'], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
   let stderr = '';
   child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
   const code = await new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
@@ -42,11 +46,33 @@ test('mock-engine rejects bad flags', async () => {
 
 test('mock-engine --data-parallel-size and --lora-modules', async () => {
   const base = 20_000 + Math.floor(Math.random() * 30_000);
-  const { child, url, stderr: err } = await startMockEngine(['--port', '0', '--events', `tcp://127.0.0.1:${base}`, '--data-parallel-size', '2', '--lora-modules', 'sql,chat']);
+  const {
+    child,
+    url,
+    stderr: err,
+  } = await startMockEngine([
+    '--port',
+    '0',
+    '--events',
+    `tcp://127.0.0.1:${base}`,
+    '--data-parallel-size',
+    '2',
+    '--lora-modules',
+    'sql,chat',
+  ]);
   const stderr = err();
   assert.match(stderr, new RegExp(`KV events on tcp://127\\.0\\.0\\.1:${base} tcp://127\\.0\\.0\\.1:${base + 1}`));
-  const models = (await (await fetch(`${url}/v1/models`)).json()) as { data: Array<{ id: string; parent: string | null }> };
-  assert.deepEqual(models.data.map((m) => [m.id, m.parent]), [['mock', null], ['sql', 'mock'], ['chat', 'mock']]);
+  const models = (await (await fetch(`${url}/v1/models`)).json()) as {
+    data: Array<{ id: string; parent: string | null }>;
+  };
+  assert.deepEqual(
+    models.data.map((m) => [m.id, m.parent]),
+    [
+      ['mock', null],
+      ['sql', 'mock'],
+      ['chat', 'mock'],
+    ],
+  );
   const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
   child.kill('SIGTERM');
   assert.equal(await exited, 0);

@@ -17,7 +17,9 @@ after(async () => {
 
 /** Starts `serve` and resolves with its URL once it says where it serves. */
 function startServe(args: string[]): Promise<{ child: ChildProcess; base: string; output: () => string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', ...args], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
   children.push(child);
   let stderr = '';
   return new Promise((resolve, reject) => {
@@ -53,7 +55,12 @@ async function connectionsOnTwoProcesses(base: string, deadlineMs: number): Prom
   throw new Error('every connection went to one process');
 }
 
-async function chat(client: Client, workflowId: string, step: number, messages: Array<{ role: string; content: string }>): Promise<string> {
+async function chat(
+  client: Client,
+  workflowId: string,
+  step: number,
+  messages: Array<{ role: string; content: string }>,
+): Promise<string> {
   const res = await client.request({
     path: '/v1/chat/completions',
     method: 'POST',
@@ -66,9 +73,17 @@ async function chat(client: Client, workflowId: string, step: number, messages: 
 }
 
 test('serve --processes 2: two processes on one port route as one router (a workflow is not split)', async () => {
-  for (let i = 0; i < 2; i++) engines.push(await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 100_000 }).start());
+  for (let i = 0; i < 2; i++)
+    engines.push(await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 100_000 }).start());
   const { child, base, output } = await startServe([
-    '--port', '0', '--processes', '2', '--health-interval-ms', '0', '--metrics-interval-ms', '0',
+    '--port',
+    '0',
+    '--processes',
+    '2',
+    '--health-interval-ms',
+    '0',
+    '--metrics-interval-ms',
+    '0',
     ...engines.flatMap((e, i) => ['--worker', `id=e${i},url=http://127.0.0.1:${e.port}`]),
   ]);
   assert.match(output(), /2 processes/);
@@ -78,7 +93,10 @@ test('serve --processes 2: two processes on one port route as one router (a work
   // four workflows start on process A: with nothing cached and no load, A alternates between
   // the engines, so both are used
   const conversation = (wf: number) => [
-    { role: 'system', content: `You are agent ${wf}; every workflow has its own long instructions. ${'Plan carefully. '.repeat(40)}` },
+    {
+      role: 'system',
+      content: `You are agent ${wf}; every workflow has its own long instructions. ${'Plan carefully. '.repeat(40)}`,
+    },
     { role: 'user', content: `Task ${wf}: summarise the design.` },
   ];
   const firstStep = new Map<number, string>();
@@ -88,10 +106,16 @@ test('serve --processes 2: two processes on one port route as one router (a work
   // their next steps reach process B in the opposite order: on its own, B would alternate
   // from e0 again and split at least two of them; sharing the state, B follows each workflow
   for (let wf = 4; wf >= 1; wf--) {
-    const next = [...conversation(wf), { role: 'assistant', content: 'Done.' }, { role: 'user', content: 'Next step.' }];
+    const next = [
+      ...conversation(wf),
+      { role: 'assistant', content: 'Done.' },
+      { role: 'user', content: 'Next step.' },
+    ];
     assert.equal(await chat(b, `wf-${wf}`, 1, next), firstStep.get(wf), `workflow ${wf}`);
   }
-  const stats = (await (await b.request({ path: '/admin/stats', method: 'GET' })).body.json()) as { state: { decisionsApplied: number } };
+  const stats = (await (await b.request({ path: '/admin/stats', method: 'GET' })).body.json()) as {
+    state: { decisionsApplied: number };
+  };
   assert.ok(stats.state.decisionsApplied >= 4, `B applied A's decisions: ${JSON.stringify(stats.state)}`);
 
   const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
@@ -100,8 +124,17 @@ test('serve --processes 2: two processes on one port route as one router (a work
 });
 
 test('bad --processes and --tokenizer-threads values exit with a message naming the flag', async () => {
-  for (const [flag, value] of [['--processes', '0'], ['--processes', '300'], ['--tokenizer-threads', '-1'], ['--tokenizer-threads', 'many']]) {
-    const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', flag, value, '--worker', 'id=e0,url=http://127.0.0.1:1'], { stdio: ['ignore', 'ignore', 'pipe'] });
+  for (const [flag, value] of [
+    ['--processes', '0'],
+    ['--processes', '300'],
+    ['--tokenizer-threads', '-1'],
+    ['--tokenizer-threads', 'many'],
+  ]) {
+    const child = spawn(
+      process.execPath,
+      ['--import', 'tsx', main, 'serve', flag, value, '--worker', 'id=e0,url=http://127.0.0.1:1'],
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
     children.push(child);
     let stderr = '';
     child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
@@ -112,7 +145,26 @@ test('bad --processes and --tokenizer-threads values exit with a message naming 
 });
 
 test('serve --processes 2 whose processes cannot start exits with their error, not a hang', async () => {
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', '--port', '0', '--processes', '2', '--tokenize', 'tokenizer', '--tokenizer', '/nonexistent/tokenizer.json', '--worker', 'id=e0,url=http://127.0.0.1:1'], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      main,
+      'serve',
+      '--port',
+      '0',
+      '--processes',
+      '2',
+      '--tokenize',
+      'tokenizer',
+      '--tokenizer',
+      '/nonexistent/tokenizer.json',
+      '--worker',
+      'id=e0,url=http://127.0.0.1:1',
+    ],
+    { stdio: ['ignore', 'ignore', 'pipe'] },
+  );
   children.push(child);
   let stderr = '';
   child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));

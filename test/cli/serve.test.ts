@@ -6,14 +6,30 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
 import { Command } from 'commander';
-import { envName, parseWorkerSpec, registerServeCommand, resolveServeConfig, resolveTokenizeMode, SERVE_SETTINGS } from '../../src/cli/commands/serve.js';
+import {
+  envName,
+  parseWorkerSpec,
+  registerServeCommand,
+  resolveServeConfig,
+  resolveTokenizeMode,
+  SERVE_SETTINGS,
+} from '../../src/cli/commands/serve.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 
 test('--worker specs are parsed, and bad ones are refused with the reason', () => {
   assert.deepEqual(parseWorkerSpec('id=w1,url=http://127.0.0.1:9001,events=tcp://127.0.0.1:5557,cla=1;2'), {
-    id: 'w1', url: 'http://127.0.0.1:9001', claGroups: [1, 2], events: 'tcp://127.0.0.1:5557', replay: undefined, metrics: undefined, models: undefined,
+    id: 'w1',
+    url: 'http://127.0.0.1:9001',
+    claGroups: [1, 2],
+    events: 'tcp://127.0.0.1:5557',
+    replay: undefined,
+    metrics: undefined,
+    models: undefined,
   });
-  assert.deepEqual(parseWorkerSpec('id=w2,url=https://e:8000,models=Qwen/Qwen3-32B;qwen').models, ['Qwen/Qwen3-32B', 'qwen']);
+  assert.deepEqual(parseWorkerSpec('id=w2,url=https://e:8000,models=Qwen/Qwen3-32B;qwen').models, [
+    'Qwen/Qwen3-32B',
+    'qwen',
+  ]);
   assert.throws(() => parseWorkerSpec('url=http://x'), /id and url are required/);
   assert.throws(() => parseWorkerSpec('id=a,url=x'), /must start with http/);
   assert.throws(() => parseWorkerSpec('id=a,url=http://x,color=red'), /unknown key 'color'/);
@@ -22,9 +38,15 @@ test('--worker specs are parsed, and bad ones are refused with the reason', () =
   const dp = parseWorkerSpec('id=w,url=http://h:8000,events=tcp://h:5557,dp-size=2,block-size=32');
   assert.equal(dp.dpSize, 2);
   assert.equal(dp.blockSize, 32);
-  assert.throws(() => parseWorkerSpec('id=a,url=http://x,dp-size=0'), /dp-size must be an integer from 1 to 64, got '0'/);
+  assert.throws(
+    () => parseWorkerSpec('id=a,url=http://x,dp-size=0'),
+    /dp-size must be an integer from 1 to 64, got '0'/,
+  );
   assert.throws(() => parseWorkerSpec('id=a,url=http://x,block-size=1.5'), /block-size must be an integer/);
-  assert.throws(() => parseWorkerSpec('id=a,url=http://x,events=ipc:///tmp/e,dp-size=2'), /dp-size needs events as tcp:\/\/host:port/);
+  assert.throws(
+    () => parseWorkerSpec('id=a,url=http://x,events=ipc:///tmp/e,dp-size=2'),
+    /dp-size needs events as tcp:\/\/host:port/,
+  );
 });
 
 const engines: MockEngine[] = [];
@@ -32,7 +54,10 @@ const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 
 /** Starts `contextforge-router serve` and resolves once it says where it listens. */
 async function startServe(args: string[], env: Record<string, string> = {}) {
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', ...args], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', ...args], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+    env: { ...process.env, ...env },
+  });
   let stderr = '';
   const base = await new Promise<string>((resolve, reject) => {
     child.stderr.on('data', (d: Buffer) => {
@@ -52,10 +77,19 @@ test('contextforge-router serve proxies to the workers it was given and stops on
   const e = await new MockEngine({ events: 'tcp://127.0.0.1:*' }).start();
   engines.push(e);
   // no --tokenize: auto, which takes token ids from the engine since the worker has events
-  const { child, base, stderr } = await startServe(['--port', '0', '--worker', `id=m0,url=http://127.0.0.1:${e.port},events=${e.eventsEndpoint}`]);
+  const { child, base, stderr } = await startServe([
+    '--port',
+    '0',
+    '--worker',
+    `id=m0,url=http://127.0.0.1:${e.port},events=${e.eventsEndpoint}`,
+  ]);
   assert.match(stderr, /tokenize engine/);
   assert.match(stderr, /precise index/);
-  const res = await fetch(`${base}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }), headers: { 'content-type': 'application/json' } });
+  const res = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }),
+    headers: { 'content-type': 'application/json' },
+  });
   assert.equal(res.status, 200);
   assert.equal(res.headers.get('x-contextforge-worker'), 'm0');
   const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
@@ -86,22 +120,25 @@ function resolve(args: string[], env: Record<string, string> = {}) {
 test('serve settings: flag over environment over config file over default; every key in all three', () => {
   const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
   const file = join(dir, 'router.yaml');
-  writeFileSync(file, [
-    'port: 9100',
-    'policy: least-loaded',
-    'block-size: 32',
-    'admin-token: from-file',
-    'health-interval-ms: 0',
-    'workers:',
-    '  - id: w1',
-    '    url: http://10.0.0.1:8000',
-    '    events: tcp://10.0.0.1:5557',
-    '    replay: tcp://10.0.0.1:5558',
-    '    models: [Qwen/Qwen3-32B]',
-    '    cla: [1, 2]',
-    '  - id=w2,url=http://10.0.0.2:8000,metrics=http://10.0.0.2:9090/metrics',
-    '',
-  ].join('\n'));
+  writeFileSync(
+    file,
+    [
+      'port: 9100',
+      'policy: least-loaded',
+      'block-size: 32',
+      'admin-token: from-file',
+      'health-interval-ms: 0',
+      'workers:',
+      '  - id: w1',
+      '    url: http://10.0.0.1:8000',
+      '    events: tcp://10.0.0.1:5557',
+      '    replay: tcp://10.0.0.1:5558',
+      '    models: [Qwen/Qwen3-32B]',
+      '    cla: [1, 2]',
+      '  - id=w2,url=http://10.0.0.2:8000,metrics=http://10.0.0.2:9090/metrics',
+      '',
+    ].join('\n'),
+  );
   const fromFile = resolve(['--config', file]);
   assert.equal(fromFile.port, 9100);
   assert.equal(fromFile.policy, 'least-loaded');
@@ -109,22 +146,46 @@ test('serve settings: flag over environment over config file over default; every
   assert.equal(fromFile.adminToken, 'from-file');
   assert.equal(fromFile.healthIntervalMs, 0);
   assert.equal(fromFile.host, '127.0.0.1', 'default where nothing says otherwise');
-  assert.deepEqual(fromFile.workers.map((w) => [w.id, w.models, w.claGroups, w.metrics]), [
-    ['w1', ['Qwen/Qwen3-32B'], [1, 2], undefined],
-    ['w2', undefined, undefined, 'http://10.0.0.2:9090/metrics'],
-  ]);
-  const env = resolve([], { CONTEXTFORGE_CONFIG: file, CONTEXTFORGE_PORT: '9200', CONTEXTFORGE_WORKERS: 'id=e1,url=http://e1:1 id=e2,url=http://e2:1' });
+  assert.deepEqual(
+    fromFile.workers.map((w) => [w.id, w.models, w.claGroups, w.metrics]),
+    [
+      ['w1', ['Qwen/Qwen3-32B'], [1, 2], undefined],
+      ['w2', undefined, undefined, 'http://10.0.0.2:9090/metrics'],
+    ],
+  );
+  const env = resolve([], {
+    CONTEXTFORGE_CONFIG: file,
+    CONTEXTFORGE_PORT: '9200',
+    CONTEXTFORGE_WORKERS: 'id=e1,url=http://e1:1 id=e2,url=http://e2:1',
+  });
   assert.equal(env.port, 9200, 'environment over the file');
   assert.equal(env.policy, 'least-loaded');
-  assert.deepEqual(env.workers.map((w) => w.id), ['e1', 'e2'], 'CONTEXTFORGE_WORKERS over the file');
-  const flags = resolve(['--port', '9300', '--worker', 'id=f1,url=http://f1:1'], { CONTEXTFORGE_CONFIG: file, CONTEXTFORGE_PORT: '9200' });
+  assert.deepEqual(
+    env.workers.map((w) => w.id),
+    ['e1', 'e2'],
+    'CONTEXTFORGE_WORKERS over the file',
+  );
+  const flags = resolve(['--port', '9300', '--worker', 'id=f1,url=http://f1:1'], {
+    CONTEXTFORGE_CONFIG: file,
+    CONTEXTFORGE_PORT: '9200',
+  });
   assert.equal(flags.port, 9300, 'flag over environment');
-  assert.deepEqual(flags.workers.map((w) => w.id), ['f1']);
+  assert.deepEqual(
+    flags.workers.map((w) => w.id),
+    ['f1'],
+  );
   // every setting has its environment variable and its config key
   for (const s of SERVE_SETTINGS) {
     assert.equal(envName(s.key), `CONTEXTFORGE_${s.key.toUpperCase().replaceAll('-', '_')}`);
   }
-  assert.equal(resolve([], { CONTEXTFORGE_ADMIN_TOKEN: 't0k', CONTEXTFORGE_TOKENIZE: 'engine', CONTEXTFORGE_BREAKER_COOLDOWN_MS: '750' }).breakerCooldownMs, 750);
+  assert.equal(
+    resolve([], {
+      CONTEXTFORGE_ADMIN_TOKEN: 't0k',
+      CONTEXTFORGE_TOKENIZE: 'engine',
+      CONTEXTFORGE_BREAKER_COOLDOWN_MS: '750',
+    }).breakerCooldownMs,
+    750,
+  );
 });
 
 test('serve settings: bad config files and values are refused with the key named', () => {
@@ -140,14 +201,26 @@ test('serve settings: bad config files and values are refused with the key named
   assert.throws(() => resolve(['--config', write('- a\n- b\n')]), /top level must be a mapping/);
   assert.throws(() => resolve(['--config', write('port: [1\n')]), /--config .*yaml/);
   assert.throws(() => resolve(['--config', write('workers:\n  - id: a\n')]), /workers\[0\]: id and url are required/);
-  assert.throws(() => resolve(['--config', write('workers:\n  - {id: a, url: "http://a:1", gpu: 3}\n')]), /unknown key 'gpu'/);
+  assert.throws(
+    () => resolve(['--config', write('workers:\n  - {id: a, url: "http://a:1", gpu: 3}\n')]),
+    /unknown key 'gpu'/,
+  );
   assert.throws(() => resolve(['--config', write('workers: {id: a}\n')]), /workers must be a list/);
-  assert.throws(() => resolve(['--worker', 'id=a,url=http://a:1', '--worker', 'id=a,url=http://b:1']), /'a' is given twice/);
+  assert.throws(
+    () => resolve(['--worker', 'id=a,url=http://a:1', '--worker', 'id=a,url=http://b:1']),
+    /'a' is given twice/,
+  );
   assert.throws(() => resolve(['--tokenize', 'tokenizer']), /needs --tokenizer/);
   assert.throws(() => resolve(['--block-hash', 'vllm'], { PYTHONHASHSEED: '' }), /needs the engines' PYTHONHASHSEED/);
   assert.equal(resolve(['--block-hash', 'vllm'], { PYTHONHASHSEED: '42' }).pythonHashSeed, '42');
-  assert.equal(resolve(['--block-hash', 'vllm', '--python-hash-seed', '7'], { PYTHONHASHSEED: '42' }).pythonHashSeed, '7');
-  assert.throws(() => resolve(['--block-hash', 'vllm', '--python-hash-seed', '7', '--tokenize', 'text']), /needs --tokenize auto, tokenizer or engine/);
+  assert.equal(
+    resolve(['--block-hash', 'vllm', '--python-hash-seed', '7'], { PYTHONHASHSEED: '42' }).pythonHashSeed,
+    '7',
+  );
+  assert.throws(
+    () => resolve(['--block-hash', 'vllm', '--python-hash-seed', '7', '--tokenize', 'text']),
+    /needs --tokenize auto, tokenizer or engine/,
+  );
   assert.throws(() => resolve(['--block-hash', 'sha1']), /--block-hash must be one of router, vllm/);
   assert.throws(() => resolve(['--config', join(dir, 'missing.yaml')]), /ENOENT|no such file/);
   assert.throws(() => resolve(['--port', '70000']), /<= 65535/);
@@ -155,13 +228,21 @@ test('serve settings: bad config files and values are refused with the key named
   assert.equal(resolve(['--state', 'redis://127.0.0.1:6379/2']).state, 'redis://127.0.0.1:6379/2');
 });
 
-test('--tokenize auto: the engine\'s tokens when a worker has events (or vLLM block hashes are asked for), else text', () => {
+test("--tokenize auto: the engine's tokens when a worker has events (or vLLM block hashes are asked for), else text", () => {
   const withEvents = resolve(['--worker', 'id=a,url=http://a:1,events=tcp://a:5557']);
   assert.equal(withEvents.tokenize, 'auto');
   assert.equal(resolveTokenizeMode(withEvents), 'engine');
   assert.equal(resolveTokenizeMode(resolve(['--worker', 'id=a,url=http://a:1'])), 'text');
-  assert.equal(resolveTokenizeMode(resolve(['--worker', 'id=a,url=http://a:1', '--block-hash', 'vllm', '--python-hash-seed', '0'])), 'engine');
-  assert.equal(resolveTokenizeMode(resolve(['--worker', 'id=a,url=http://a:1,events=tcp://a:5557', '--tokenize', 'text'])), 'text');
+  assert.equal(
+    resolveTokenizeMode(
+      resolve(['--worker', 'id=a,url=http://a:1', '--block-hash', 'vllm', '--python-hash-seed', '0']),
+    ),
+    'engine',
+  );
+  assert.equal(
+    resolveTokenizeMode(resolve(['--worker', 'id=a,url=http://a:1,events=tcp://a:5557', '--tokenize', 'text'])),
+    'text',
+  );
 });
 
 test('serve runs from a config file with the in-process tokenizer', async () => {
@@ -170,13 +251,24 @@ test('serve runs from a config file with the in-process tokenizer', async () => 
   engines.push(e);
   const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
   const file = join(dir, 'router.yaml');
-  writeFileSync(file, `port: 0\ntokenize: tokenizer\ntokenizer: ${tokenizerDir}\nworkers:\n  - id: m0\n    url: http://127.0.0.1:${e.port}\n    models: [fixture-model]\n`);
+  writeFileSync(
+    file,
+    `port: 0\ntokenize: tokenizer\ntokenizer: ${tokenizerDir}\nworkers:\n  - id: m0\n    url: http://127.0.0.1:${e.port}\n    models: [fixture-model]\n`,
+  );
   const { child, base, stderr } = await startServe(['--config', file], { CONTEXTFORGE_POLICY: 'round-robin' });
   assert.match(stderr, /policy round-robin/);
   assert.match(stderr, /tokenize tokenizer/);
-  const ok = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: 'fixture-model', messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 }), headers: { 'content-type': 'application/json' } });
+  const ok = await fetch(`${base}/v1/chat/completions`, {
+    method: 'POST',
+    body: JSON.stringify({ model: 'fixture-model', messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 }),
+    headers: { 'content-type': 'application/json' },
+  });
   assert.equal(ok.status, 200);
-  const missing = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: 'other', messages: [{ role: 'user', content: 'hi' }] }), headers: { 'content-type': 'application/json' } });
+  const missing = await fetch(`${base}/v1/chat/completions`, {
+    method: 'POST',
+    body: JSON.stringify({ model: 'other', messages: [{ role: 'user', content: 'hi' }] }),
+    headers: { 'content-type': 'application/json' },
+  });
   assert.equal(missing.status, 404);
   assert.equal(((await missing.json()) as { error: { code: string } }).error.code, 'model_not_found');
   const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
@@ -194,14 +286,48 @@ test('serve refuses a bad config with a message and exit code 2', () => {
 });
 
 test('serve security settings: switches, token file, keys file, limits, timeouts, engine key variables', () => {
-  const c = resolve(['--public-route-api', '--cached-tokens-header', '--admin-token-file', '/run/cf/token', '--api-keys-file', '/etc/cf/keys.yaml', '--max-id-bytes', '64', '--first-byte-timeout-ms', '3000', '--worker', 'id=w1,url=http://10.0.0.1:8000,api-key-env=VLLM_KEY']);
-  assert.deepEqual([c.publicRouteApi, c.cachedTokensHeader, c.adminTokenFile, c.apiKeysFile, c.maxIdBytes, c.firstByteTimeoutMs], [true, true, '/run/cf/token', '/etc/cf/keys.yaml', 64, 3000]);
+  const c = resolve([
+    '--public-route-api',
+    '--cached-tokens-header',
+    '--admin-token-file',
+    '/run/cf/token',
+    '--api-keys-file',
+    '/etc/cf/keys.yaml',
+    '--max-id-bytes',
+    '64',
+    '--first-byte-timeout-ms',
+    '3000',
+    '--worker',
+    'id=w1,url=http://10.0.0.1:8000,api-key-env=VLLM_KEY',
+  ]);
+  assert.deepEqual(
+    [c.publicRouteApi, c.cachedTokensHeader, c.adminTokenFile, c.apiKeysFile, c.maxIdBytes, c.firstByteTimeoutMs],
+    [true, true, '/run/cf/token', '/etc/cf/keys.yaml', 64, 3000],
+  );
   assert.equal(c.workers[0].apiKeyEnv, 'VLLM_KEY');
   const d = resolve([]);
-  assert.deepEqual([d.publicRouteApi, d.cachedTokensHeader, d.maxIdBytes, d.maxAnchors, d.maxJsonDepth, d.headersTimeoutMs, d.requestTimeoutMs], [false, false, 256, 128, 64, 10_000, 60_000]);
-  assert.equal(resolve([], { CONTEXTFORGE_PUBLIC_ROUTE_API: 'false' }).publicRouteApi, false, 'a switch set to false in the environment is off');
+  assert.deepEqual(
+    [
+      d.publicRouteApi,
+      d.cachedTokensHeader,
+      d.maxIdBytes,
+      d.maxAnchors,
+      d.maxJsonDepth,
+      d.headersTimeoutMs,
+      d.requestTimeoutMs,
+    ],
+    [false, false, 256, 128, 64, 10_000, 60_000],
+  );
+  assert.equal(
+    resolve([], { CONTEXTFORGE_PUBLIC_ROUTE_API: 'false' }).publicRouteApi,
+    false,
+    'a switch set to false in the environment is off',
+  );
   assert.equal(resolve([], { CONTEXTFORGE_PUBLIC_ROUTE_API: '1' }).publicRouteApi, true);
-  assert.throws(() => resolve([], { CONTEXTFORGE_PUBLIC_ROUTE_API: 'maybe' }), /CONTEXTFORGE_PUBLIC_ROUTE_API: --public-route-api must be true or false/);
+  assert.throws(
+    () => resolve([], { CONTEXTFORGE_PUBLIC_ROUTE_API: 'maybe' }),
+    /CONTEXTFORGE_PUBLIC_ROUTE_API: --public-route-api must be true or false/,
+  );
   assert.throws(() => parseWorkerSpec('id=w1,url=http://x,api-key-env=CONTEXTFORGE_ADMIN_TOKEN'), /may not name/);
   assert.throws(() => parseWorkerSpec('id=w 1,url=http://x'), /id must match/);
   assert.throws(() => parseWorkerSpec('id=w1,url=http://x/?q=1'), /query/);
@@ -210,16 +336,27 @@ test('serve security settings: switches, token file, keys file, limits, timeouts
 test('serve --block-hash vllm with PYTHONHASHSEED from the environment, and a dp-size worker', async () => {
   const e = await new MockEngine({ blockHash: 'vllm', pythonHashSeed: '5' }).start();
   engines.push(e);
-  const { child, base, stderr } = await startServe(['--port', '0', '--block-hash', 'vllm', '--worker', `id=m0,url=http://127.0.0.1:${e.port},dp-size=1,block-size=16`], { PYTHONHASHSEED: '5', CONTEXTFORGE_ADMIN_TOKEN: 'serve-test-admin-token' });
+  const { child, base, stderr } = await startServe(
+    ['--port', '0', '--block-hash', 'vllm', '--worker', `id=m0,url=http://127.0.0.1:${e.port},dp-size=1,block-size=16`],
+    { PYTHONHASHSEED: '5', CONTEXTFORGE_ADMIN_TOKEN: 'serve-test-admin-token' },
+  );
   assert.match(stderr, /block hash vllm/);
   assert.match(stderr, /tokenize engine/);
-  const res = await fetch(`${base}/v1/route`, { method: 'POST', body: JSON.stringify({ prompt: 'hello there' }), headers: { 'content-type': 'application/json', authorization: 'Bearer serve-test-admin-token' } });
+  const res = await fetch(`${base}/v1/route`, {
+    method: 'POST',
+    body: JSON.stringify({ prompt: 'hello there' }),
+    headers: { 'content-type': 'application/json', authorization: 'Bearer serve-test-admin-token' },
+  });
   assert.equal(((await res.json()) as { worker: string }).worker, 'm0');
   const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
   child.kill('SIGTERM');
   assert.equal(await exited, 0);
   // without a seed it refuses to start, naming what to set
-  const refused = spawnSync(process.execPath, ['--import', 'tsx', main, 'serve', '--port', '0', '--block-hash', 'vllm'], { env: { ...process.env, PYTHONHASHSEED: '' }, encoding: 'utf8' });
+  const refused = spawnSync(
+    process.execPath,
+    ['--import', 'tsx', main, 'serve', '--port', '0', '--block-hash', 'vllm'],
+    { env: { ...process.env, PYTHONHASHSEED: '' }, encoding: 'utf8' },
+  );
   assert.notEqual(refused.status, 0);
   assert.match(refused.stderr, /PYTHONHASHSEED/);
 });

@@ -5,10 +5,23 @@ import { test } from 'node:test';
 
 const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const trace = fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url));
-const cli = (...args: string[]) => spawnSync(process.execPath, ['--import', 'tsx', main, ...args], { encoding: 'utf8' });
+const cli = (...args: string[]) =>
+  spawnSync(process.execPath, ['--import', 'tsx', main, ...args], { encoding: 'utf8' });
 
 test('simulate --max-model-len rejects longer requests and counts them per policy', () => {
-  const r = cli('simulate', '--trace', trace, '--workers', '2', '--policies', 'cost,round-robin', '--max-model-len', '8192', '--format', 'json');
+  const r = cli(
+    'simulate',
+    '--trace',
+    trace,
+    '--workers',
+    '2',
+    '--policies',
+    'cost,round-robin',
+    '--max-model-len',
+    '8192',
+    '--format',
+    'json',
+  );
   assert.equal(r.status, 0, r.stderr);
   const out = JSON.parse(r.stdout);
   const [cost, rr] = out.policies;
@@ -20,7 +33,23 @@ test('simulate --max-model-len rejects longer requests and counts them per polic
 });
 
 test('simulate --trace agentic:N[:SEED] and --blend-recompute run; bad values exit with a message', () => {
-  const r = cli('simulate', '--trace', 'agentic:2:1', '--workers', '2', '--policies', 'cost', '--blend-recompute', '0.3', '--kv-tokens', '600000', '--max-model-len', '262144', '--format', 'json');
+  const r = cli(
+    'simulate',
+    '--trace',
+    'agentic:2:1',
+    '--workers',
+    '2',
+    '--policies',
+    'cost',
+    '--blend-recompute',
+    '0.3',
+    '--kv-tokens',
+    '600000',
+    '--max-model-len',
+    '262144',
+    '--format',
+    'json',
+  );
   assert.equal(r.status, 0, r.stderr);
   const out = JSON.parse(r.stdout);
   assert.equal(out.trace, 'agentic:2:1');

@@ -8,28 +8,58 @@ import { test } from 'node:test';
 
 const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const trace = fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url));
-const cli = (...args: string[]) => spawnSync(process.execPath, ['--import', 'tsx', main, ...args], { encoding: 'utf8' });
+const cli = (...args: string[]) =>
+  spawnSync(process.execPath, ['--import', 'tsx', main, ...args], { encoding: 'utf8' });
 
 test('simulate --format json prints the keys of DESIGN.md §7', () => {
   const dir = mkdtempSync(join(tmpdir(), 'cf-sim-'));
   const assignments = join(dir, 'a.jsonl');
   const report = join(dir, 'r.html');
-  const r = cli('simulate', '--trace', trace, '--workers', '4', '--policies', 'cost,round-robin', '--format', 'json', '--assignments', assignments, '--report', report);
+  const r = cli(
+    'simulate',
+    '--trace',
+    trace,
+    '--workers',
+    '4',
+    '--policies',
+    'cost,round-robin',
+    '--format',
+    'json',
+    '--assignments',
+    assignments,
+    '--report',
+    report,
+  );
   assert.equal(r.status, 0, r.stderr);
   const out = JSON.parse(r.stdout);
   assert.equal(out.trace, 'mooncake-conversation-head300.jsonl');
   assert.equal(out.requests, 300);
   assert.equal(out.workers, 4);
   assert.deepEqual(Object.keys(out.bounds).sort(), ['idealTtftMean', 'infiniteCacheHitRate']);
-  assert.deepEqual(out.policies.map((p: { policy: string }) => p.policy), ['cost', 'round-robin']);
+  assert.deepEqual(
+    out.policies.map((p: { policy: string }) => p.policy),
+    ['cost', 'round-robin'],
+  );
   for (const p of out.policies) {
-    for (const k of ['hitRate', 'throughputTokPerS', 'loadImbalance', 'prefillTokens']) assert.equal(typeof p[k], 'number', k);
+    for (const k of ['hitRate', 'throughputTokPerS', 'loadImbalance', 'prefillTokens'])
+      assert.equal(typeof p[k], 'number', k);
     assert.deepEqual(Object.keys(p.ttft).sort(), ['mean', 'p50', 'p90', 'p99']);
     assert.deepEqual(Object.keys(p.e2e).sort(), ['mean', 'p99']);
   }
-  const lines = readFileSync(assignments, 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  const lines = readFileSync(assignments, 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l));
   assert.equal(lines.length, 600);
-  assert.deepEqual(Object.keys(lines[0]).sort(), ['cachedTokens', 'e2e', 'policy', 'promptTokens', 'request', 'ttft', 'worker']);
+  assert.deepEqual(Object.keys(lines[0]).sort(), [
+    'cachedTokens',
+    'e2e',
+    'policy',
+    'promptTokens',
+    'request',
+    'ttft',
+    'worker',
+  ]);
   assert.ok(lines.every((l) => l.worker >= 0 && l.worker < 4 && l.request >= 0 && l.request < 300));
   const html = readFileSync(report, 'utf8');
   assert.match(html, /<svg/);

@@ -13,7 +13,24 @@ import { DEFAULT_COST_WEIGHTS, KVAwareRouter } from '../../src/index.js';
 const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 
 function tune(format: string): string {
-  const r = spawnSync(process.execPath, ['--import', 'tsx', main, 'tune', '--trace', 'workflows:30:5', '--workers', '2', '--trials', '3', '--format', format], { encoding: 'utf8' });
+  const r = spawnSync(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      main,
+      'tune',
+      '--trace',
+      'workflows:30:5',
+      '--workers',
+      '2',
+      '--trials',
+      '3',
+      '--format',
+      format,
+    ],
+    { encoding: 'utf8' },
+  );
   assert.equal(r.status, 0, r.stderr);
   return r.stdout;
 }
@@ -37,12 +54,23 @@ test('tune output is a serve --config file and the options of new KVAwareRouter(
     const out = tune(format);
     const parsed = parseYaml(out) as { policy: string; costWeights: Record<string, number> };
     assert.equal(parsed.policy, 'cost');
-    assert.deepEqual(Object.keys(parsed.costWeights).sort(), Object.keys(DEFAULT_COST_WEIGHTS).sort(), `${format}: every weight is printed`);
+    assert.deepEqual(
+      Object.keys(parsed.costWeights).sort(),
+      Object.keys(DEFAULT_COST_WEIGHTS).sort(),
+      `${format}: every weight is printed`,
+    );
     // pasted as it is into router.yaml: with the workers appended (a JSON document takes them as flags)
     const file = join(dir, `router-${format}.yaml`);
     writeFileSync(file, format === 'yaml' ? `${out}\nworkers:\n  - id=w1,url=http://127.0.0.1:9001\n` : out);
-    const config = serveConfig(['--config', file, ...(format === 'yaml' ? [] : ['--worker', 'id=w1,url=http://127.0.0.1:9001'])]);
-    assert.deepEqual(config.workers.map((w) => w.id), ['w1']);
+    const config = serveConfig([
+      '--config',
+      file,
+      ...(format === 'yaml' ? [] : ['--worker', 'id=w1,url=http://127.0.0.1:9001']),
+    ]);
+    assert.deepEqual(
+      config.workers.map((w) => w.id),
+      ['w1'],
+    );
     assert.equal(config.policy, 'cost');
     assert.deepEqual(config.costWeights, parsed.costWeights);
     // pasted into the constructor (the `options` format is a JS object literal as printed)
@@ -50,15 +78,29 @@ test('tune output is a serve --config file and the options of new KVAwareRouter(
     const router = new KVAwareRouter(options);
     assert.deepEqual({ ...router.costWeights }, parsed.costWeights);
     // serve builds its router from the same settings
-    assert.deepEqual({ ...new KVAwareRouter({ policy: config.policy, costWeights: config.costWeights }).costWeights }, parsed.costWeights);
+    assert.deepEqual(
+      { ...new KVAwareRouter({ policy: config.policy, costWeights: config.costWeights }).costWeights },
+      parsed.costWeights,
+    );
   }
 });
 
 test('serve takes cost weights and peer options from flags and the environment, and names a bad key', () => {
-  assert.deepEqual(serveConfig(['--cost-weights', '{recompute: 2, workflow: 0}']).costWeights, { recompute: 2, workflow: 0 });
-  assert.deepEqual(serveConfig(['--policy-options', '{"dynamo": {"prefillLoadScale": 2}}']).policyOptions, { dynamo: { prefillLoadScale: 2 } });
-  assert.throws(() => serveConfig(['--cost-weights', '{bogus: 1}']), /--cost-weights: costWeights.bogus is not a cost weight/);
-  assert.throws(() => serveConfig(['--cost-weights', '{recompute: -1}']), /costWeights.recompute must be a finite number >= 0/);
+  assert.deepEqual(serveConfig(['--cost-weights', '{recompute: 2, workflow: 0}']).costWeights, {
+    recompute: 2,
+    workflow: 0,
+  });
+  assert.deepEqual(serveConfig(['--policy-options', '{"dynamo": {"prefillLoadScale": 2}}']).policyOptions, {
+    dynamo: { prefillLoadScale: 2 },
+  });
+  assert.throws(
+    () => serveConfig(['--cost-weights', '{bogus: 1}']),
+    /--cost-weights: costWeights.bogus is not a cost weight/,
+  );
+  assert.throws(
+    () => serveConfig(['--cost-weights', '{recompute: -1}']),
+    /costWeights.recompute must be a finite number >= 0/,
+  );
   assert.throws(() => serveConfig(['--cost-weights', '[1, 2]']), /--cost-weights must be a mapping/);
   assert.throws(() => serveConfig(['--policy-options', '{vllm: {}}']), /unknown policy 'vllm'/);
   const dir = mkdtempSync(join(tmpdir(), 'cf-tune-'));

@@ -12,7 +12,12 @@ const operation = fc.oneof(
   fc.record({ op: fc.constant('remove' as const), worker: workerId }),
   fc.record({ op: fc.constant('drain' as const), worker: workerId }),
   fc.record({ op: fc.constant('resume' as const), worker: workerId }),
-  fc.record({ op: fc.constant('update' as const), worker: workerId, load: fc.double({ min: 0, max: 1.5, noNaN: true }), cla: fc.option(fc.nat(3)) }),
+  fc.record({
+    op: fc.constant('update' as const),
+    worker: workerId,
+    load: fc.double({ min: 0, max: 1.5, noNaN: true }),
+    cla: fc.option(fc.nat(3)),
+  }),
   fc.record({ op: fc.constant('broadcast' as const), worker: workerId, anchor }),
   fc.record({
     op: fc.constant('select' as const),
@@ -63,7 +68,11 @@ for (const policy of ['seed', 'cost']) {
               await router.broadcastNewBlocks(o.anchor, ['b'], o.worker);
               break;
             case 'select': {
-              const d = await router.selectWorker(o.anchor, { claGroup: o.cla, workflowId: o.workflowId ?? undefined, workflowStep: o.step });
+              const d = await router.selectWorker(o.anchor, {
+                claGroup: o.cla,
+                workflowId: o.workflowId ?? undefined,
+                workflowStep: o.step,
+              });
               const available = [...registered].filter((w) => !draining.has(w));
               if (available.length === 0) {
                 assert.equal(d.targetWorkerId, '');

@@ -211,18 +211,19 @@ describe('BlockIndex', () => {
       [...pick(126, 1), ...pick(127, 1), ...pick(0, 2), ...pick(1, 1)], // entries at home across the end
       [...pick(126, 2), ...pick(127, 2), ...pick(0, 2), ...pick(1, 1)], // entries displaced across the end
     ];
-    for (const ids of layouts) for (let victim = 0; victim < ids.length; victim++) {
-      const index = new BlockIndex({ initialCapacity: 64 });
-      for (const id of ids) stored(index, 0, [id]);
-      removed(index, 0, [ids[victim]]);
-      for (const id of ids) {
-        const k = keys([id]);
-        assert.equal(index.holder(0, k.hi[0], k.lo[0]) !== null, id !== ids[victim], `victim ${victim}, id ${id}`);
+    for (const ids of layouts)
+      for (let victim = 0; victim < ids.length; victim++) {
+        const index = new BlockIndex({ initialCapacity: 64 });
+        for (const id of ids) stored(index, 0, [id]);
+        removed(index, 0, [ids[victim]]);
+        for (const id of ids) {
+          const k = keys([id]);
+          assert.equal(index.holder(0, k.hi[0], k.lo[0]) !== null, id !== ids[victim], `victim ${victim}, id ${id}`);
+        }
       }
-    }
   });
 
-  test('a walk narrowed to one worker keeps that worker\'s exact depth and tiers', () => {
+  test("a walk narrowed to one worker keeps that worker's exact depth and tiers", () => {
     for (const slots of [8, 100]) {
       const index = new BlockIndex();
       const lone = slots - 3; // in the last mask word when wide
@@ -256,7 +257,8 @@ describe('BlockIndex', () => {
   });
 
   for (const slots of [24, 40, 130]) {
-    test(`matches a brute-force reference on random prefix trees, ${slots} worker slots (property)`, () => checkAgainstReference(slots));
+    test(`matches a brute-force reference on random prefix trees, ${slots} worker slots (property)`, () =>
+      checkAgainstReference(slots));
   }
 });
 
@@ -270,10 +272,26 @@ function checkAgainstReference(slots: number): void {
     const ttl = 1000;
     const gen = ttl / 2;
     const op = fc.oneof(
-      fc.record({ kind: fc.constant('stored' as const), slot: fc.nat(slots - 1), path: fc.nat(400), depth: fc.integer({ min: 1, max: 12 }), offload: fc.boolean() }),
-      fc.record({ kind: fc.constant('removed' as const), slot: fc.nat(slots - 1), path: fc.nat(400), depth: fc.integer({ min: 1, max: 12 }) }),
+      fc.record({
+        kind: fc.constant('stored' as const),
+        slot: fc.nat(slots - 1),
+        path: fc.nat(400),
+        depth: fc.integer({ min: 1, max: 12 }),
+        offload: fc.boolean(),
+      }),
+      fc.record({
+        kind: fc.constant('removed' as const),
+        slot: fc.nat(slots - 1),
+        path: fc.nat(400),
+        depth: fc.integer({ min: 1, max: 12 }),
+      }),
       fc.record({ kind: fc.constant('cleared' as const), slot: fc.nat(slots - 1) }),
-      fc.record({ kind: fc.constant('predicted' as const), slot: fc.nat(slots - 1), path: fc.nat(400), depth: fc.integer({ min: 1, max: 12 }) }),
+      fc.record({
+        kind: fc.constant('predicted' as const),
+        slot: fc.nat(slots - 1),
+        path: fc.nat(400),
+        depth: fc.integer({ min: 1, max: 12 }),
+      }),
       fc.record({ kind: fc.constant('tick' as const), ms: fc.integer({ min: 0, max: 700 }) }),
       fc.record({ kind: fc.constant('query' as const), path: fc.nat(400), depth: fc.integer({ min: 1, max: 14 }) }),
     );
@@ -326,7 +344,9 @@ function checkAgainstReference(slots: number): void {
             const ids = walk(o.path, o.depth);
             const got = overlap(index, ids, now);
             for (let slot = 0; slot < slots; slot++) {
-              let depth = 0, offOnly = 0, predOnly = 0;
+              let depth = 0,
+                offOnly = 0,
+                predOnly = 0;
               for (const id of ids) {
                 const g = gpu.get(id)?.has(slot) ?? false;
                 const c = off.get(id)?.has(slot) ?? false;

@@ -42,11 +42,39 @@ test('a worker with its own block size (SGLang page size 1) is looked up in its 
   // SGLang: one event per page (one token), chained by parent
   const events: KvEvent[] = [];
   const prompt = tokens(37);
-  prompt.forEach((t, i) => events.push({ type: 'BlockStored', blockHashes: [BigInt(i + 1)], parentBlockHash: i === 0 ? null : BigInt(i), tokenIds: [t], blockSize: 1, loraId: null, medium: null, loraName: null, groupIdx: null }));
+  prompt.forEach((t, i) =>
+    events.push({
+      type: 'BlockStored',
+      blockHashes: [BigInt(i + 1)],
+      parentBlockHash: i === 0 ? null : BigInt(i),
+      tokenIds: [t],
+      blockSize: 1,
+      loraId: null,
+      medium: null,
+      loraName: null,
+      groupIdx: null,
+    }),
+  );
   const c = applier.apply('sglang', { ts: 0, events, dataParallelRank: null });
   assert.equal(c.storedBlocks, 37);
   // vLLM worker holds the first 16-token block
-  applier.apply('vllm', { ts: 0, events: [{ type: 'BlockStored', blockHashes: [900n], parentBlockHash: null, tokenIds: prompt.slice(0, 16), blockSize: 16, loraId: null, medium: 'GPU', loraName: null, groupIdx: null }], dataParallelRank: null });
+  applier.apply('vllm', {
+    ts: 0,
+    events: [
+      {
+        type: 'BlockStored',
+        blockHashes: [900n],
+        parentBlockHash: null,
+        tokenIds: prompt.slice(0, 16),
+        blockSize: 16,
+        loraId: null,
+        medium: 'GPU',
+        loraName: null,
+        groupIdx: null,
+      },
+    ],
+    dataParallelRank: null,
+  });
   const d = router.route({ tokens: prompt }, { dryRun: true, explain: true });
   const byWorker = Object.fromEntries(d.explain!.map((e) => [e.worker, e.cachedTokens]));
   assert.deepEqual(byWorker, { vllm: 16, sglang: 37 });

@@ -90,8 +90,14 @@ describe("policy 'cost'", () => {
 
   test('weights are validated', () => {
     assert.throws(() => new KVAwareRouter({ costWeights: { recompute: -1 } }), RangeError);
-    assert.throws(() => new KVAwareRouter({ costWeights: { prefillTokensPerSecond: 0 } }), /prefillTokensPerSecond must be > 0/);
-    assert.throws(() => new KVAwareRouter({ costWeights: { attention: Number.NaN } }), /costWeights.attention must be a finite number/);
+    assert.throws(
+      () => new KVAwareRouter({ costWeights: { prefillTokensPerSecond: 0 } }),
+      /prefillTokensPerSecond must be > 0/,
+    );
+    assert.throws(
+      () => new KVAwareRouter({ costWeights: { attention: Number.NaN } }),
+      /costWeights.attention must be a finite number/,
+    );
     assert.throws(() => new KVAwareRouter({ costWeights: { bogus: 1 } as never }), /costWeights.bogus/);
     assert.throws(() => new KVAwareRouter({ costWeights: { pressureKnee: 1 } }), /pressureKnee/);
     assert.equal(DEFAULT_COST_WEIGHTS.pressureCeiling, 0.95);

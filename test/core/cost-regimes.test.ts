@@ -25,14 +25,28 @@ function fleet(specs: Spec[]): Candidate[] {
     w.inFlightRequests = s.inFlight ?? 0;
     w.kvCapacityTokens = s.capacity ?? 0;
     return {
-      worker: w, holdsAnchor: false, overlapBlocks: Math.floor((s.cached ?? 0) / 16), offloadBlocks: 0, predictedBlocks: 0,
-      anchorTokens: 0, cachedTokens: s.cached ?? 0, cachedFraction: 0, servesCla: false, continuity: false, indexEntries: 0,
+      worker: w,
+      holdsAnchor: false,
+      overlapBlocks: Math.floor((s.cached ?? 0) / 16),
+      offloadBlocks: 0,
+      predictedBlocks: 0,
+      anchorTokens: 0,
+      cachedTokens: s.cached ?? 0,
+      cachedFraction: 0,
+      servesCla: false,
+      continuity: false,
+      indexEntries: 0,
     };
   });
 }
 
 const request = (promptTokens: number, sharedPrefixKey = 0): RouteFeatures => ({
-  claGroup: null, promptTokens, requestBlocks: Math.floor(promptTokens / 16), blockSize: 16, routingKey: 1, sharedPrefixKey,
+  claGroup: null,
+  promptTokens,
+  requestBlocks: Math.floor(promptTokens / 16),
+  blockSize: 16,
+  routingKey: 1,
+  sharedPrefixKey,
 });
 
 /** A policy that has routed `n` requests of 1,000 uncached tokens each (its mean work), none cached. */
@@ -82,8 +96,14 @@ describe('cost policy regimes', () => {
     assert.equal(choice.index, 0);
     assert.equal(choice.reason, 'cost');
     const other = terms(p, cs[1], r);
-    assert.ok(Math.abs(other.saturation - 3) < 0.01, `3 requests of 1,000 tokens queued per worker, got ${other.saturation}`);
-    assert.ok(other.estimatedTtftSeconds < terms(p, cs[0], r).estimatedTtftSeconds, 'the request alone would have been faster elsewhere...');
+    assert.ok(
+      Math.abs(other.saturation - 3) < 0.01,
+      `3 requests of 1,000 tokens queued per worker, got ${other.saturation}`,
+    );
+    assert.ok(
+      other.estimatedTtftSeconds < terms(p, cs[0], r).estimatedTtftSeconds,
+      'the request alone would have been faster elsewhere...',
+    );
     assert.ok(other.recomputeSeconds > 0, '...but the recompute delays the requests queued behind it');
     // the holder's own queue does not shield it: as long as the others are idle it spreads
     const piled = fleet([{ cached: 4096, queued: 60_000 }, {}, {}, {}]);
@@ -91,7 +111,13 @@ describe('cost policy regimes', () => {
   });
 
   test('hot prefix: replicated to a second worker when the queue it saves costs more than the recompute', () => {
-    const cs = () => fleet([{ cached: 4096, queued: 9000, inFlight: 10 }, { queued: 3000, inFlight: 10 }, { queued: 3000, inFlight: 10 }, { queued: 3000, inFlight: 10 }]);
+    const cs = () =>
+      fleet([
+        { cached: 4096, queued: 9000, inFlight: 10 },
+        { queued: 3000, inFlight: 10 },
+        { queued: 3000, inFlight: 10 },
+        { queued: 3000, inFlight: 10 },
+      ]);
     const HOT = 77;
     // cold: few requests share the prefix, the recompute would delay the queued requests for nothing
     const cold = warmed(200, 5);
@@ -170,7 +196,13 @@ describe('cost policy regimes', () => {
     const seedApi: RouteFeatures = { ...hashed, requestBlocks: 0 };
     assert.equal(p.choose(cs, seedApi).index, 0);
     const g = terms(p, cs[0], seedApi).guardSeconds;
-    assert.ok(Math.abs(g + (4096 * (DEFAULT_COST_WEIGHTS.workflow + DEFAULT_COST_WEIGHTS.cla)) / DEFAULT_COST_WEIGHTS.prefillTokensPerSecond) < 1e-9);
+    assert.ok(
+      Math.abs(
+        g +
+          (4096 * (DEFAULT_COST_WEIGHTS.workflow + DEFAULT_COST_WEIGHTS.cla)) /
+            DEFAULT_COST_WEIGHTS.prefillTokensPerSecond,
+      ) < 1e-9,
+    );
   });
 
   test('choose() allocates nothing per candidate and learns only when the router acts on it', () => {
@@ -195,7 +227,20 @@ describe('cost policy regimes', () => {
     assert.equal(d.workerId, 'w1');
     assert.equal(d.reason, 'replicate');
     for (const e of d.explain!) {
-      for (const k of ['queueSeconds', 'prefillSeconds', 'decodeSlowdown', 'kvWaitSeconds', 'saturation', 'reuse', 'hotness', 'recomputeSeconds', 'guardSeconds', 'estimatedTtftSeconds', 'costSeconds', 'score']) {
+      for (const k of [
+        'queueSeconds',
+        'prefillSeconds',
+        'decodeSlowdown',
+        'kvWaitSeconds',
+        'saturation',
+        'reuse',
+        'hotness',
+        'recomputeSeconds',
+        'guardSeconds',
+        'estimatedTtftSeconds',
+        'costSeconds',
+        'score',
+      ]) {
         assert.equal(typeof e.terms[k], 'number', `${e.worker}: ${k}`);
       }
       assert.equal(typeof e.terms.replicate, 'boolean');

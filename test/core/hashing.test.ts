@@ -26,22 +26,18 @@ describe('block hashing', () => {
 
   test('equal prefixes give equal hashes; after a difference every hash differs', () => {
     fc.assert(
-      fc.property(
-        fc.array(fc.nat(200_000), { minLength: 16, maxLength: 64 }),
-        fc.nat(63),
-        (tokens, at) => {
-          fc.pre(at < tokens.length);
-          const changed = [...tokens];
-          changed[at] = (changed[at] + 1) % 200_001;
-          const a = hexes(tokens, 4);
-          const b = hexes(changed, 4);
-          const firstDiff = Math.floor(at / 4);
-          for (let i = 0; i < a.length; i++) {
-            if (i < firstDiff) assert.equal(a[i], b[i]);
-            else assert.notEqual(a[i], b[i]);
-          }
-        },
-      ),
+      fc.property(fc.array(fc.nat(200_000), { minLength: 16, maxLength: 64 }), fc.nat(63), (tokens, at) => {
+        fc.pre(at < tokens.length);
+        const changed = [...tokens];
+        changed[at] = (changed[at] + 1) % 200_001;
+        const a = hexes(tokens, 4);
+        const b = hexes(changed, 4);
+        const firstDiff = Math.floor(at / 4);
+        for (let i = 0; i < a.length; i++) {
+          if (i < firstDiff) assert.equal(a[i], b[i]);
+          else assert.notEqual(a[i], b[i]);
+        }
+      }),
     );
   });
 
@@ -144,7 +140,15 @@ describe('text mode', () => {
     assert.notEqual(a, b); // a peer hashing only the first message would call these equal
     assert.notEqual(a, c);
     assert.ok(a.startsWith(canonicalChatText([sys])));
-    const parts = canonicalChatText([{ role: 'user', content: [{ type: 'text', text: 'look' }, { type: 'image_url', image_url: { url: 'http://x/img.png' } }] }]);
+    const parts = canonicalChatText([
+      {
+        role: 'user',
+        content: [
+          { type: 'text', text: 'look' },
+          { type: 'image_url', image_url: { url: 'http://x/img.png' } },
+        ],
+      },
+    ]);
     assert.match(parts, /look\[image_url:http:\/\/x\/img.png\]/);
   });
 

@@ -31,8 +31,16 @@ function candidates(specs: Spec[]): Candidate[] {
     w.activeDecodeTokens = s.decode ?? 0;
     w.waitingRequests = s.waiting ?? 0;
     return {
-      worker: w, holdsAnchor: false, overlapBlocks: s.overlap ?? 0, offloadBlocks: s.offload ?? 0, predictedBlocks: s.predicted ?? 0,
-      anchorTokens: 0, cachedTokens: (s.overlap ?? 0) * 16, cachedFraction: 0, servesCla: false, continuity: false,
+      worker: w,
+      holdsAnchor: false,
+      overlapBlocks: s.overlap ?? 0,
+      offloadBlocks: s.offload ?? 0,
+      predictedBlocks: s.predicted ?? 0,
+      anchorTokens: 0,
+      cachedTokens: (s.overlap ?? 0) * 16,
+      cachedFraction: 0,
+      servesCla: false,
+      continuity: false,
       indexEntries: s.entries ?? 0,
     };
   });
@@ -40,14 +48,30 @@ function candidates(specs: Spec[]): Candidate[] {
 /** Block hashes 1..n as the router would pass them (high half 0). */
 const range = (first: number, n: number) => Array.from({ length: n }, (_, i) => first + i);
 const request = (blocks: number, blockSize = 16, ids?: number[]): RouteFeatures => ({
-  claGroup: null, promptTokens: blocks * blockSize, requestBlocks: blocks, blockSize, routingKey: 12345,
+  claGroup: null,
+  promptTokens: blocks * blockSize,
+  requestBlocks: blocks,
+  blockSize,
+  routingKey: 12345,
   ...(ids ? { blocks: { hi: new Uint32Array(ids.length), lo: Uint32Array.from(ids), length: ids.length } } : {}),
 });
-const policy = (name: string, options: Record<string, unknown> = {}) => createPolicy(name, options, { random: createRng(42) });
+const policy = (name: string, options: Record<string, unknown> = {}) =>
+  createPolicy(name, options, { random: createRng(42) });
 
 describe('peer and baseline policies', () => {
   test('the registry has every policy the simulator compares', () => {
-    for (const p of ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin', 'random', 'least-loaded', 'power-of-two', 'consistent-hash']) {
+    for (const p of [
+      'cost',
+      'seed',
+      'dynamo',
+      'sglang',
+      'llmd',
+      'round-robin',
+      'random',
+      'least-loaded',
+      'power-of-two',
+      'consistent-hash',
+    ]) {
       assert.ok(POLICY_NAMES.includes(p), p);
       assert.equal(policy(p).name, p);
     }
@@ -56,7 +80,10 @@ describe('peer and baseline policies', () => {
   test('round-robin cycles through the workers', () => {
     const p = policy('round-robin');
     const cs = candidates([{}, {}, {}]);
-    assert.deepEqual([0, 1, 2, 3, 4].map(() => p.choose(cs, request(1)).index), [0, 1, 2, 0, 1]);
+    assert.deepEqual(
+      [0, 1, 2, 3, 4].map(() => p.choose(cs, request(1)).index),
+      [0, 1, 2, 0, 1],
+    );
   });
 
   test('random is seeded and covers every worker', () => {
@@ -64,14 +91,26 @@ describe('peer and baseline policies', () => {
     const a = policy('random');
     const b = policy('random');
     const picks = Array.from({ length: 200 }, () => a.choose(cs, request(1)).index);
-    assert.deepEqual(picks.slice(0, 20), Array.from({ length: 20 }, () => b.choose(cs, request(1)).index));
+    assert.deepEqual(
+      picks.slice(0, 20),
+      Array.from({ length: 20 }, () => b.choose(cs, request(1)).index),
+    );
     assert.equal(new Set(picks).size, 4);
   });
 
   test('least-loaded takes the fewest outstanding requests, then the lowest KV usage', () => {
     const p = policy('least-loaded');
     assert.equal(p.choose(candidates([{ inFlight: 3 }, { inFlight: 1 }, { inFlight: 2 }]), request(1)).index, 1);
-    assert.equal(p.choose(candidates([{ inFlight: 1, load: 0.5 }, { inFlight: 1, load: 0.2 }]), request(1)).index, 1);
+    assert.equal(
+      p.choose(
+        candidates([
+          { inFlight: 1, load: 0.5 },
+          { inFlight: 1, load: 0.2 },
+        ]),
+        request(1),
+      ).index,
+      1,
+    );
   });
 
   test('power-of-two never takes the busier of the two it samples', () => {
@@ -107,7 +146,10 @@ describe('peer and baseline policies', () => {
     let ticket = 1;
     [10, 5, 9].forEach((live, w) => p.onRouted(cs[w].worker, request(live, 16, range(1000 * (w + 1), live)), ticket++));
     const r = request(10, 16, range(1, 10));
-    assert.deepEqual(cs.map((c) => p.scoreTerms(c, r).cost), [8 + 20, 5 + 15, 2 + 19]);
+    assert.deepEqual(
+      cs.map((c) => p.scoreTerms(c, r).cost),
+      [8 + 20, 5 + 15, 2 + 19],
+    );
     assert.equal(p.choose(cs, r).index, 1);
   });
 
@@ -115,7 +157,8 @@ describe('peer and baseline policies', () => {
     const router = new KVAwareRouter({ policy: 'dynamo', blockSize: 16 });
     router.registerWorker('a');
     router.registerWorker('b');
-    const tokens = (head: number, n: number) => Array.from({ length: n * 16 }, (_, k) => (k < 4 * 16 ? k : head * 100_000 + k));
+    const tokens = (head: number, n: number) =>
+      Array.from({ length: n * 16 }, (_, k) => (k < 4 * 16 ? k : head * 100_000 + k));
     // two requests sharing 4 of their 8 blocks go to 'a' (the second by overlap credit
     // would be a tie breaker; pin by draining 'b') and stay prefilling
     router.drainWorker('b');
@@ -126,7 +169,10 @@ describe('peer and baseline policies', () => {
     assert.equal(p.activeBlocks(0), 4 + 4 + 4, 'unique blocks: the shared 4 once, each tail once');
     // a third request sharing the 4-block head: 'a' adds 4 new blocks, 'b' would add all 8
     const explain = router.route({ tokens: tokens(3, 8) }, { dryRun: true, explain: true }).explain!;
-    assert.deepEqual(explain.map((e) => e.terms.potentialDecodeBlocks), [12 + 4, 0 + 8]);
+    assert.deepEqual(
+      explain.map((e) => e.terms.potentialDecodeBlocks),
+      [12 + 4, 0 + 8],
+    );
     router.release(t1.ticket);
     assert.equal(p.activeBlocks(0), 8);
     router.release(t2.ticket);
@@ -135,10 +181,18 @@ describe('peer and baseline policies', () => {
 
   test('dynamo: CPU-offloaded blocks earn 0.75, predicted ones nothing (predict-on-route is off), queued prefill counts', () => {
     const p = policy('dynamo') as DynamoPolicy;
-    const cs = candidates([{ overlap: 8, offload: 8 }, { overlap: 7 }, { overlap: 10, queued: 9 * 16 }, { overlap: 10, predicted: 10 }]);
+    const cs = candidates([
+      { overlap: 8, offload: 8 },
+      { overlap: 7 },
+      { overlap: 10, queued: 9 * 16 },
+      { overlap: 10, predicted: 10 },
+    ]);
     const r = request(10, 16, range(1, 10));
     // prefill: 10 − 6 = 4; 10 − 7 = 3; 10 + 9 − 10 = 9; 10 − 0 = 10; plus 10 potential decode blocks each
-    assert.deepEqual(cs.map((c) => p.scoreTerms(c, r).cost), [14, 13, 19, 20]);
+    assert.deepEqual(
+      cs.map((c) => p.scoreTerms(c, r).cost),
+      [14, 13, 19, 20],
+    );
     assert.equal(p.choose(cs, r).index, 1);
     const withPredictions = policy('dynamo', { dynamo: { predictedCredit: 1 } }) as DynamoPolicy;
     assert.equal(withPredictions.scoreTerms(cs[3], r).cost, 10);
@@ -146,8 +200,16 @@ describe('peer and baseline policies', () => {
 
   test('dynamo records no speculative entries unless predictions earn credit (predict-on-route off upstream)', () => {
     const tokens = Array.from({ length: 64 }, (_, k) => k);
-    for (const [options, entries] of [[{}, 0], [{ dynamo: { predictedCredit: 1 } }, 4]] as const) {
-      const router = new KVAwareRouter({ policy: 'dynamo', indexMode: 'precise', blockSize: 16, policyOptions: options });
+    for (const [options, entries] of [
+      [{}, 0],
+      [{ dynamo: { predictedCredit: 1 } }, 4],
+    ] as const) {
+      const router = new KVAwareRouter({
+        policy: 'dynamo',
+        indexMode: 'precise',
+        blockSize: 16,
+        policyOptions: options,
+      });
       router.registerWorker('a');
       router.route({ tokens });
       assert.equal(router.index.entriesFor(0), entries);
@@ -172,7 +234,7 @@ describe('peer and baseline policies', () => {
     assert.notEqual(p.choose(near, request(10)).reason, 'balance');
   });
 
-  test("sglang: the match is against its own routing history, over the whole prompt, and > 0.3 wins", () => {
+  test('sglang: the match is against its own routing history, over the whole prompt, and > 0.3 wins', () => {
     const p = policy('sglang') as SglangPolicy;
     const cs = candidates([{}, {}, {}]);
     p.onRouted(cs[1].worker, request(10, 16, range(1, 10)), 0, 0);
@@ -189,7 +251,12 @@ describe('peer and baseline policies', () => {
   });
 
   test('sglang: the tree never hears of engine evictions; its own LRU eviction trims it on schedule', () => {
-    const router = new KVAwareRouter({ policy: 'sglang', blockSize: 16, indexMode: 'precise', policyOptions: { sglang: { maxTreeSize: 8 * 16 * 4, evictionIntervalSecs: 10 } } });
+    const router = new KVAwareRouter({
+      policy: 'sglang',
+      blockSize: 16,
+      indexMode: 'precise',
+      policyOptions: { sglang: { maxTreeSize: 8 * 16 * 4, evictionIntervalSecs: 10 } },
+    });
     router.registerWorker('a');
     router.registerWorker('b');
     const p = router.policy as SglangPolicy;
@@ -219,12 +286,16 @@ describe('peer and baseline policies', () => {
     p.onRouted(cs[first].worker, request(8, 16, range(1, 8)), 0, 0);
     assert.equal(p.choose(cs, request(8, 16, range(1, 8))).index, first, 'the same request');
     assert.equal(p.choose(cs, request(5, 16, range(1, 5))).index, first, 'its prefix');
-    const imbalanced = policy('sglang', { sglang: { cacheThreshold: 0.5, balanceAbsThreshold: 5, balanceRelThreshold: 2 } }) as SglangPolicy;
+    const imbalanced = policy('sglang', {
+      sglang: { cacheThreshold: 0.5, balanceAbsThreshold: 5, balanceRelThreshold: 2 },
+    }) as SglangPolicy;
     const loaded = candidates([{ inFlight: 20 }, {}]);
     imbalanced.onRouted(loaded[0].worker, request(4, 16, range(1, 4)), 0, 0);
     for (let i = 0; i < 5; i++) assert.equal(imbalanced.choose(loaded, request(4, 16, range(1, 4))).index, 1);
     // test_prove_cache_aware_overload_flaw: load 50 vs 0 under thresholds 100 / 10, a short tree vs a long one
-    const flaw = policy('sglang', { sglang: { cacheThreshold: 0.5, balanceAbsThreshold: 100, balanceRelThreshold: 10 } }) as SglangPolicy;
+    const flaw = policy('sglang', {
+      sglang: { cacheThreshold: 0.5, balanceAbsThreshold: 100, balanceRelThreshold: 10 },
+    }) as SglangPolicy;
     const pair = candidates([{ inFlight: 50 }, {}]);
     flaw.onRouted(pair[0].worker, request(1, 16, [500]), 0, 0);
     flaw.onRouted(pair[1].worker, request(60, 16, range(600, 60)), 0, 0);
@@ -247,7 +318,10 @@ describe('peer and baseline policies', () => {
       router.removeWorker('a');
       router.registerWorker('b'); // takes slot 0
       router.release(t.ticket);
-      const left = name === 'dynamo' ? (router.policy as DynamoPolicy).activeBlocks(0) : (router.policy as SglangPolicy).treeSize(0);
+      const left =
+        name === 'dynamo'
+          ? (router.policy as DynamoPolicy).activeBlocks(0)
+          : (router.policy as SglangPolicy).treeSize(0);
       assert.equal(left, 0, name);
     }
   });
@@ -264,14 +338,23 @@ describe('peer and baseline policies', () => {
 
   test("peer options: defaults are upstream's, misspelt or invalid knobs are rejected", () => {
     const d = policy('dynamo') as DynamoPolicy;
-    assert.deepEqual([d.prefillLoadScale, d.temperature, d.gpuCredit, d.offloadCredit, d.predictedCredit, d.activeRequestWeight], [1, 0, 1, 0.75, 0, 0]);
+    assert.deepEqual(
+      [d.prefillLoadScale, d.temperature, d.gpuCredit, d.offloadCredit, d.predictedCredit, d.activeRequestWeight],
+      [1, 0, 1, 0.75, 0, 0],
+    );
     const s = policy('sglang') as SglangPolicy;
-    assert.deepEqual([s.cacheThreshold, s.balanceAbsThreshold, s.balanceRelThreshold, s.evictionIntervalMs, s.maxTreeSize], [0.3, 64, 1.5, 120_000, 67_108_864]);
+    assert.deepEqual(
+      [s.cacheThreshold, s.balanceAbsThreshold, s.balanceRelThreshold, s.evictionIntervalMs, s.maxTreeSize],
+      [0.3, 64, 1.5, 120_000, 67_108_864],
+    );
     assert.equal((policy('llmd') as LlmdPolicy).scrapeIntervalMs, 50);
     assert.throws(() => policy('sglang', { sglang: { cacheTreshold: 0.5 } }), /sglang\.cacheTreshold is not an option/);
     assert.throws(() => policy('dynamo', { dynamo: { gpuCredit: 1.5 } }), /gpuCredit/);
     assert.throws(() => policy('llmd', { vllm: {} }), /policyOptions\.vllm/);
-    assert.throws(() => new KVAwareRouter({ policy: 'llmd', policyOptions: { llmd: { queueWeight: -1 } } }), /queueWeight/);
+    assert.throws(
+      () => new KVAwareRouter({ policy: 'llmd', policyOptions: { llmd: { queueWeight: -1 } } }),
+      /queueWeight/,
+    );
   });
 
   test('llmd: 3 × prefix fraction + 2 × (1 − KV usage) + 2 × normalised queue', () => {
@@ -283,7 +366,10 @@ describe('peer and baseline policies', () => {
     ]);
     assert.equal(p.choose(cs, request(10)).index, 1);
     const scores = cs.map((c) => p.scoreTerms!(c, request(10)).score as number);
-    assert.deepEqual(scores.map((s) => Math.round(s * 1000) / 1000), [3.2, 5.1, 3]);
+    assert.deepEqual(
+      scores.map((s) => Math.round(s * 1000) / 1000),
+      [3.2, 5.1, 3],
+    );
   });
 
   test('every policy routes through the router and respects availability', () => {
@@ -292,7 +378,8 @@ describe('peer and baseline policies', () => {
       r.registerWorker('a');
       r.registerWorker('b');
       r.drainWorker('a');
-      for (let i = 0; i < 5; i++) assert.equal(r.route({ tokens: Array.from({ length: 64 }, (_, k) => k + i) }).workerId, 'b', name);
+      for (let i = 0; i < 5; i++)
+        assert.equal(r.route({ tokens: Array.from({ length: 64 }, (_, k) => k + i) }).workerId, 'b', name);
     }
   });
 });

@@ -141,10 +141,19 @@ describe('route()', () => {
     const turn1 = [sys, { role: 'user', content: 'Summarise the quarterly report in detail, please.' }];
     // untracked: the first turn has finished when the second arrives (no queue ahead of it)
     const a = r.route({ messages: turn1 }, { track: false });
-    const b = r.route({ messages: [...turn1, { role: 'assistant', content: 'Here is the summary.' }, { role: 'user', content: 'And the risks?' }] });
+    const b = r.route({
+      messages: [
+        ...turn1,
+        { role: 'assistant', content: 'Here is the summary.' },
+        { role: 'user', content: 'And the risks?' },
+      ],
+    });
     assert.equal(b.workerId, a.workerId);
     assert.ok(b.cachedTokens > 0);
-    const other = r.route({ messages: [sys, { role: 'user', content: 'A totally different question here.' }] }, { dryRun: true, explain: true });
+    const other = r.route(
+      { messages: [sys, { role: 'user', content: 'A totally different question here.' }] },
+      { dryRun: true, explain: true },
+    );
     // shares the system prompt only: less cached than the continuation
     assert.ok(Math.max(...other.explain!.map((e) => e.cachedTokens)) < b.cachedTokens);
   });

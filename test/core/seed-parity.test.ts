@@ -55,7 +55,10 @@ test("policy 'seed' matches the seed on every decision and stats snapshot", asyn
           break;
         }
         case 'update':
-          await router.updateWorkerState(op.worker!, op.load!, { claGroup: op.claGroup ?? null, workflowStep: op.workflowStep ?? null });
+          await router.updateWorkerState(op.worker!, op.load!, {
+            claGroup: op.claGroup ?? null,
+            workflowStep: op.workflowStep ?? null,
+          });
           break;
         case 'broadcast':
           await router.broadcastNewBlocks(op.anchor!, op.blockIds!, op.worker!);
@@ -75,7 +78,11 @@ test("policy 'seed' matches the seed on every decision and stats snapshot", asyn
           };
           assert.deepEqual(seedView, op.expect, where);
           // registration order is part of the seed's behaviour: compare it too
-          assert.deepEqual(Object.keys(s.workerLoads), Object.keys((op.expect as { workerLoads: object }).workerLoads), where);
+          assert.deepEqual(
+            Object.keys(s.workerLoads),
+            Object.keys((op.expect as { workerLoads: object }).workerLoads),
+            where,
+          );
           checked++;
           break;
         }

@@ -16,7 +16,9 @@ interface Case {
   hashes: string[];
   intHashes: string[];
 }
-const { cases } = JSON.parse(readFileSync(new URL('../fixtures/kv-events/vllm-block-hash.json', import.meta.url), 'utf8')) as { cases: Case[] };
+const { cases } = JSON.parse(
+  readFileSync(new URL('../fixtures/kv-events/vllm-block-hash.json', import.meta.url), 'utf8'),
+) as { cases: Case[] };
 
 test('vLLM block hashes equal Python sha256_cbor on every generated case', () => {
   assert.ok(cases.length >= 6);
@@ -24,7 +26,11 @@ test('vLLM block hashes equal Python sha256_cbor on every generated case', () =>
     const h = new VllmBlockHasher(c.pythonHashSeed);
     assert.equal(h.noneHash.toString('hex'), c.noneHash, `NONE_HASH for seed ${c.pythonHashSeed}`);
     const digests = h.digests(c.tokens, c.blockSize, { lora: c.lora, cacheSalt: c.cacheSalt });
-    assert.deepEqual(digests.map((d) => d.toString('hex')), c.hashes, JSON.stringify({ seed: c.pythonHashSeed, lora: c.lora, salt: c.cacheSalt }));
+    assert.deepEqual(
+      digests.map((d) => d.toString('hex')),
+      c.hashes,
+      JSON.stringify({ seed: c.pythonHashSeed, lora: c.lora, salt: c.cacheSalt }),
+    );
     const out = h.hashBlocks(c.tokens, c.blockSize, { lora: c.lora, cacheSalt: c.cacheSalt }, new BlockHashes(4));
     assert.equal(out.length, c.intHashes.length);
     const key = new Uint32Array(2);

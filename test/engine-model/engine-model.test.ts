@@ -4,9 +4,22 @@ import { EngineModel, KeySlotTable, type EngineRequest } from '../../src/engine-
 
 // A toy engine with round numbers, so timelines can be computed by hand: 100-token blocks,
 // step = max(10 ms, 0.1 ms per token in the step); no attention or KV-read terms.
-const TOY = { blockTokens: 100, kvTokens: 10_000, weightReadMs: 10, linearMsPerToken: 0.1, attentionMsPerTokenPair: 0, kvReadMsPerToken: 0 };
+const TOY = {
+  blockTokens: 100,
+  kvTokens: 10_000,
+  weightReadMs: 10,
+  linearMsPerToken: 0.1,
+  attentionMsPerTokenPair: 0,
+  kvReadMsPerToken: 0,
+};
 
-function req(id: number, blocks: number[], input: number, output: number, anchors?: EngineRequest['anchors']): EngineRequest {
+function req(
+  id: number,
+  blocks: number[],
+  input: number,
+  output: number,
+  anchors?: EngineRequest['anchors'],
+): EngineRequest {
   return {
     id,
     keys: Float64Array.from(blocks),
@@ -105,7 +118,7 @@ describe('engine model timelines', () => {
     const e = new EngineModel({ ...TOY, kvTokens: 1000 });
     e.enqueue(req(1, [1, 2, 3, 4], 400, 150));
     e.startStep(0, Infinity);
-    assert.equal(e.kvUsage, 0.4, 'the prefill step holds the prompt\'s 4 blocks');
+    assert.equal(e.kvUsage, 0.4, "the prefill step holds the prompt's 4 blocks");
     e.finishStep();
     // the first decode step writes position 400: a fifth block
     e.startStep(40, 50);
@@ -125,7 +138,10 @@ describe('engine model timelines', () => {
     assert.equal(e.runningCount, 1);
     assert.equal(e.kvUsage, 3 / 100);
     const s = e.finishStep();
-    assert.deepEqual(s.finished.map((r) => r.id), [1]);
+    assert.deepEqual(
+      s.finished.map((r) => r.id),
+      [1],
+    );
     assert.equal(e.runningCount, 0);
     assert.equal(e.kvUsage, 0);
   });
@@ -133,7 +149,11 @@ describe('engine model timelines', () => {
   test('tail-first free order: a finished prefix loses its last blocks first', () => {
     const removed: number[] = [];
     const stored: number[] = [];
-    const e = new EngineModel({ ...TOY, kvTokens: 600 }, (hi) => stored.push(hi), (hi) => removed.push(hi));
+    const e = new EngineModel(
+      { ...TOY, kvTokens: 600 },
+      (hi) => stored.push(hi),
+      (hi) => removed.push(hi),
+    );
     e.enqueue(req(1, [1, 2, 3, 4], 400, 1));
     runAlone(e, 0);
     assert.deepEqual(stored, [1, 2, 3, 4]);
@@ -172,11 +192,17 @@ describe('engine model timelines', () => {
     assert.equal(e.preemptions, 1);
   });
 
-  test('context limit: vLLM\'s refusals, capped by the KV capacity', () => {
+  test("context limit: vLLM's refusals, capped by the KV capacity", () => {
     const e = new EngineModel({ ...TOY, kvTokens: 1000 });
     assert.equal(e.maxModelLen, 1000);
-    assert.match(e.rejection({ inputTokens: 1000, outputTokens: 1 })!, /maximum context length is 1000 tokens\. However, your request has 1000 input tokens/);
-    assert.match(e.rejection({ inputTokens: 900, outputTokens: 200 })!, /'max_tokens' or 'max_completion_tokens' is too large: 200/);
+    assert.match(
+      e.rejection({ inputTokens: 1000, outputTokens: 1 })!,
+      /maximum context length is 1000 tokens\. However, your request has 1000 input tokens/,
+    );
+    assert.match(
+      e.rejection({ inputTokens: 900, outputTokens: 200 })!,
+      /'max_tokens' or 'max_completion_tokens' is too large: 200/,
+    );
     assert.equal(e.rejection({ inputTokens: 900, outputTokens: 100 }), null);
     assert.throws(() => e.enqueue(req(1, [], 1000, 1)), RangeError);
     assert.equal(new EngineModel({ ...TOY, maxModelLen: 500 }).maxModelLen, 500);

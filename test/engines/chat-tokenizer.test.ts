@@ -12,7 +12,9 @@ const config = JSON.parse(readFileSync(new URL('tokenizer_config.json', dir), 'u
 /** The reference: the whole conversation rendered once and tokenized once, as the engine does. */
 const reference = new Tokenizer(tokenizerJson, config);
 const wholeTokens = (messages: ChatMessage[], template = config.chat_template) =>
-  reference.encode(new Template(template).render({ messages, add_generation_prompt: true, eos_token: '<|im_end|>' }), { add_special_tokens: false }).ids;
+  reference.encode(new Template(template).render({ messages, add_generation_prompt: true, eos_token: '<|im_end|>' }), {
+    add_special_tokens: false,
+  }).ids;
 
 const turns: ChatMessage[] = [
   { role: 'system', content: 'You are the planner. Route requests to the engine that holds their KV cache.' },
@@ -40,7 +42,7 @@ test('per-message tokenization gives the same ids as tokenizing the whole render
 
 test('a template whose output for a prefix is not a prefix of the whole is tokenized whole', () => {
   // counts the messages up front: every extra message changes the start of the text
-  const counting = "{{ messages|length }} messages\n" + config.chat_template;
+  const counting = '{{ messages|length }} messages\n' + config.chat_template;
   const t = new ChatTokenizer(reference, config, { chatTemplate: counting });
   const messages = turns.slice(0, 3);
   assert.deepEqual(t.tokenize({ messages }), wholeTokens(messages, counting));
@@ -49,7 +51,8 @@ test('a template whose output for a prefix is not a prefix of the whole is token
 
 test('the cache is bounded, and evicted segments are recomputed to the same ids', () => {
   const t = ChatTokenizer.load(dir.pathname, { cacheEntries: 2 });
-  for (let n = 1; n <= turns.length; n++) assert.deepEqual(t.tokenize({ messages: turns.slice(0, n) }), wholeTokens(turns.slice(0, n)));
+  for (let n = 1; n <= turns.length; n++)
+    assert.deepEqual(t.tokenize({ messages: turns.slice(0, n) }), wholeTokens(turns.slice(0, n)));
   assert.deepEqual(t.tokenize({ messages: turns }), wholeTokens(turns));
 });
 
@@ -57,8 +60,14 @@ test('completions prompts and token ids; bad paths and missing templates are nam
   const t = ChatTokenizer.load(dir.pathname);
   assert.deepEqual(t.tokenize({ text: 'the router routes' }), reference.encode('the router routes').ids);
   assert.deepEqual(t.tokenize({ tokens: [5, 6, 7] }), [5, 6, 7]);
-  assert.throws(() => ChatTokenizer.load('/nonexistent/tokenizer.json'), (e: Error) => e instanceof RangeError && /no such file/.test(e.message));
-  assert.throws(() => ChatTokenizer.load(new URL('../fixtures/seed-parity.json', import.meta.url).pathname), RangeError);
+  assert.throws(
+    () => ChatTokenizer.load('/nonexistent/tokenizer.json'),
+    (e: Error) => e instanceof RangeError && /no such file/.test(e.message),
+  );
+  assert.throws(
+    () => ChatTokenizer.load(new URL('../fixtures/seed-parity.json', import.meta.url).pathname),
+    RangeError,
+  );
   const bare = new ChatTokenizer(reference, {});
   assert.throws(() => bare.tokenize({ messages: turns }), /no chat template/);
   assert.throws(() => new ChatTokenizer(reference, config, { cacheEntries: -1 }), RangeError);

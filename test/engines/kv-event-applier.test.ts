@@ -9,10 +9,19 @@ import { KVAwareRouter } from '../../src/index.js';
 
 const BS = 4;
 const tokens = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
-const stored = (hashes: bigint[], parent: bigint | null, toks: number[], extra: Partial<KvEvent> = {}): KvEvent => ({
-  type: 'BlockStored', blockHashes: hashes, parentBlockHash: parent, tokenIds: toks, blockSize: BS,
-  loraId: null, medium: 'GPU', loraName: null, groupIdx: null, ...extra,
-}) as KvEvent;
+const stored = (hashes: bigint[], parent: bigint | null, toks: number[], extra: Partial<KvEvent> = {}): KvEvent =>
+  ({
+    type: 'BlockStored',
+    blockHashes: hashes,
+    parentBlockHash: parent,
+    tokenIds: toks,
+    blockSize: BS,
+    loraId: null,
+    medium: 'GPU',
+    loraName: null,
+    groupIdx: null,
+    ...extra,
+  }) as KvEvent;
 const batch = (...events: KvEvent[]) => ({ ts: 1, events, dataParallelRank: null });
 
 function setup() {
@@ -43,7 +52,10 @@ describe('KV event applier', () => {
   test('removed events are applied through the engine-hash map; unknown ones are counted', () => {
     const { router, applier } = setup();
     applier.apply('w0', batch(stored([10n, 11n, 12n], null, tokens(0, 12))));
-    const c = applier.apply('w0', batch({ type: 'BlockRemoved', blockHashes: [12n, 99n], medium: 'GPU', groupIdx: null }));
+    const c = applier.apply(
+      'w0',
+      batch({ type: 'BlockRemoved', blockHashes: [12n, 99n], medium: 'GPU', groupIdx: null }),
+    );
     assert.equal(c.removedBlocks, 1);
     assert.equal(c.unknownRemovals, 1);
     assert.deepEqual(c.skipped, { unknown_removal: 1 });
@@ -118,7 +130,8 @@ describe('KV event applier', () => {
   });
 });
 
-const fixture = (name: string) => new Uint8Array(readFileSync(new URL(`../fixtures/kv-events/${name}.bin`, import.meta.url)));
+const fixture = (name: string) =>
+  new Uint8Array(readFileSync(new URL(`../fixtures/kv-events/${name}.bin`, import.meta.url)));
 
 describe('KV event applier on engine-encoded fixtures', () => {
   function router16() {
@@ -139,12 +152,24 @@ describe('KV event applier on engine-encoded fixtures', () => {
     assert.deepEqual(applier.copies('w0', 0x8000000000000001n), { gpu: 1, offload: 0 });
     assert.deepEqual(applier.copies('w0', 0xfedcba9876543210n), { gpu: 1, offload: 0 });
     // an offload copy of a block never seen is skipped, not the batch
-    const lone = applier.apply('w0', { ts: 1, dataParallelRank: 0, events: [{ ...decodeEventBatch(fixture('offload-cpu')).events[1] as KvEvent, blockHashes: [5n] } as KvEvent] });
+    const lone = applier.apply('w0', {
+      ts: 1,
+      dataParallelRank: 0,
+      events: [{ ...(decodeEventBatch(fixture('offload-cpu')).events[1] as KvEvent), blockHashes: [5n] } as KvEvent],
+    });
     assert.deepEqual(lone.skipped, { unknown_offload: 1 });
     // GPU evicted, CPU copy kept: still a hit, in the offload tier
     const again = new KvEventApplier(router16());
     const events = decodeEventBatch(fixture('offload-cpu')).events;
-    again.apply('w0', { ts: 1, dataParallelRank: 0, events: [events[0], events[1], { type: 'BlockRemoved', blockHashes: [0xfedcba9876543210n, 0x8000000000000001n], medium: 'GPU', groupIdx: 0 }] });
+    again.apply('w0', {
+      ts: 1,
+      dataParallelRank: 0,
+      events: [
+        events[0],
+        events[1],
+        { type: 'BlockRemoved', blockHashes: [0xfedcba9876543210n, 0x8000000000000001n], medium: 'GPU', groupIdx: 0 },
+      ],
+    });
     assert.deepEqual(again.copies('w0', 0x8000000000000001n), { gpu: 0, offload: 1 });
   });
 
@@ -160,7 +185,7 @@ describe('KV event applier on engine-encoded fixtures', () => {
     }
   });
 
-  test('cache salt in extra_keys keys the chain as the request\'s cache_salt; multimodal blocks never match text', () => {
+  test("cache salt in extra_keys keys the chain as the request's cache_salt; multimodal blocks never match text", () => {
     const router = router16();
     const applier = new KvEventApplier(router);
     applier.apply('w0', decodeEventBatch(fixture('extra-keys-mm-salt')));
@@ -173,7 +198,22 @@ describe('KV event applier on engine-encoded fixtures', () => {
     const { encode } = await import('@msgpack/msgpack');
     const router = router16();
     const applier = new KvEventApplier(router);
-    const payload = encode([1.5, [{ type: 'BlockStored', block_hashes: [7], parent_block_hash: null, token_ids: prompt.slice(0, 16), block_size: 16, lora_id: null, medium: 'GPU', lora_name: null, extra_keys: [[new Uint8Array([1, 2, 3])]] }]]);
+    const payload = encode([
+      1.5,
+      [
+        {
+          type: 'BlockStored',
+          block_hashes: [7],
+          parent_block_hash: null,
+          token_ids: prompt.slice(0, 16),
+          block_size: 16,
+          lora_id: null,
+          medium: 'GPU',
+          lora_name: null,
+          extra_keys: [[new Uint8Array([1, 2, 3])]],
+        },
+      ],
+    ]);
     const batch = decodeEventBatch(payload);
     assert.deepEqual((batch.events[0] as { extraKeys: unknown }).extraKeys, [[{ bytes: '010203' }]]);
     applier.apply('w0', batch);
@@ -214,7 +254,9 @@ describe('KV event applier on engine-encoded fixtures', () => {
   });
 
   test('vllm hash mode: a late-joining router matches requests to blocks whose chain it never saw', () => {
-    const cases = JSON.parse(readFileSync(new URL('../fixtures/kv-events/vllm-block-hash.json', import.meta.url), 'utf8')).cases as Array<{ tokens: number[]; pythonHashSeed: string }>;
+    const cases = JSON.parse(
+      readFileSync(new URL('../fixtures/kv-events/vllm-block-hash.json', import.meta.url), 'utf8'),
+    ).cases as Array<{ tokens: number[]; pythonHashSeed: string }>;
     const router = router16();
     const applier = new KvEventApplier(router, new Map(), { hashMode: 'vllm' });
     // blocks 2-3 of the prompt, parent block 1: blocks 0 and 1 were stored before the router joined

@@ -7,7 +7,10 @@ import { decodeEventBatch, KvEventFormatError, type KvEventBatch } from '../../s
 // Payloads encoded by msgspec from structs mirroring vLLM's and SGLang's, in every historical
 // shape (scripts/gen-kv-event-fixtures.py); the .json beside each is written from the encoder's input.
 const dir = new URL('../fixtures/kv-events/', import.meta.url);
-const names = readdirSync(dir).filter((f) => f.endsWith('.bin')).map((f) => f.slice(0, -4)).sort();
+const names = readdirSync(dir)
+  .filter((f) => f.endsWith('.bin'))
+  .map((f) => f.slice(0, -4))
+  .sort();
 
 /** The decoded batch in the fixture's JSON form (hashes as {bigint} or {hex}). */
 function normalise(b: KvEventBatch): { events: unknown; [k: string]: unknown } {
@@ -18,7 +21,11 @@ function normalise(b: KvEventBatch): { events: unknown; [k: string]: unknown } {
     ...(b.skipped ? { skipped: b.skipped.map(({ index, reason }) => ({ index, reason })) } : {}),
     events: b.events.map((e) =>
       e.type === 'BlockStored'
-        ? { ...e, blockHashes: e.blockHashes.map(h), parentBlockHash: e.parentBlockHash === null ? null : h(e.parentBlockHash) }
+        ? {
+            ...e,
+            blockHashes: e.blockHashes.map(h),
+            parentBlockHash: e.parentBlockHash === null ? null : h(e.parentBlockHash),
+          }
         : e.type === 'BlockRemoved'
           ? { ...e, blockHashes: e.blockHashes.map(h) }
           : e,
@@ -29,9 +36,20 @@ function normalise(b: KvEventBatch): { events: unknown; [k: string]: unknown } {
 describe('vLLM KV event decoding', () => {
   test('covers every event type in every historical shape', () => {
     for (const shape of ['v0.9', 'dp', 'medium', 'lora', 'extra', 'group', 'spec', 'mapev', 'map']) {
-      for (const kind of ['stored-int', 'removed-int', 'cleared']) assert.ok(names.includes(`${shape}-${kind}`), `${shape}-${kind}`);
+      for (const kind of ['stored-int', 'removed-int', 'cleared'])
+        assert.ok(names.includes(`${shape}-${kind}`), `${shape}-${kind}`);
     }
-    for (const n of ['future-stored-int', 'offload-cpu', 'hybrid', 'hybrid-array', 'extra-keys-mm-salt', 'sglang-page1', 'sglang-page16', 'mixed-bad']) assert.ok(names.includes(n), n);
+    for (const n of [
+      'future-stored-int',
+      'offload-cpu',
+      'hybrid',
+      'hybrid-array',
+      'extra-keys-mm-salt',
+      'sglang-page1',
+      'sglang-page16',
+      'mixed-bad',
+    ])
+      assert.ok(names.includes(n), n);
   });
 
   test('array-like releases keep trailing defaults on the wire; map releases omit them', () => {
@@ -61,33 +79,82 @@ describe('vLLM KV event decoding', () => {
   });
 
   const malformed: Array<[string, Uint8Array, RegExp]> = [
-    ['truncated msgpack', new Uint8Array(readFileSync(new URL('map-stored-int.bin', dir))).subarray(0, 40), /not msgpack/],
+    [
+      'truncated msgpack',
+      new Uint8Array(readFileSync(new URL('map-stored-int.bin', dir))).subarray(0, 40),
+      /not msgpack/,
+    ],
     ['not a batch', encode('hello'), /array or a map/],
     ['batch array of 1', encode([1.5]), /at least 2 elements/],
     ['ts not a number', encode({ ts: 'now', events: [] }), /ts must be a number/],
     ['events not an array', encode({ ts: 1.5, events: {} }), /events must be an array/],
     // an array header claiming 2^32-1 elements with no data: rejected before allocating
-    ['huge array header', Uint8Array.from([0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff]), /not msgpack/],
+    [
+      'huge array header',
+      Uint8Array.from([0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff]),
+      /not msgpack/,
+    ],
   ];
   for (const [name, payload, message] of malformed) {
     test(`rejects ${name} with a KvEventFormatError`, () => {
-      assert.throws(() => decodeEventBatch(payload), (e: unknown) => e instanceof KvEventFormatError && message.test((e as Error).message));
+      assert.throws(
+        () => decodeEventBatch(payload),
+        (e: unknown) => e instanceof KvEventFormatError && message.test((e as Error).message),
+      );
     });
   }
 
   const badEvents: Array<[string, unknown, string, RegExp]> = [
     ['unknown event type', ['BlockMoved', [1]], 'unknown_type', /unknown event type "BlockMoved"/],
-    ['hash of the wrong type', ['BlockRemoved', ['abc'], 'GPU'], 'bad_field', /block_hashes\[0\] must be an integer or bytes/],
-    ['token ids that do not fill the blocks', ['BlockStored', [1], null, [1, 2, 3], 16, null, 'GPU', null], 'token_count', /3 token ids for 1 blocks of 16/],
-    ['negative token id', ['BlockStored', [1], null, [-1], 1, null, 'GPU', null], 'bad_field', /token_ids\[0\] must be a uint32/],
+    [
+      'hash of the wrong type',
+      ['BlockRemoved', ['abc'], 'GPU'],
+      'bad_field',
+      /block_hashes\[0\] must be an integer or bytes/,
+    ],
+    [
+      'token ids that do not fill the blocks',
+      ['BlockStored', [1], null, [1, 2, 3], 16, null, 'GPU', null],
+      'token_count',
+      /3 token ids for 1 blocks of 16/,
+    ],
+    [
+      'negative token id',
+      ['BlockStored', [1], null, [-1], 1, null, 'GPU', null],
+      'bad_field',
+      /token_ids\[0\] must be a uint32/,
+    ],
     ['SGLang token pairs', ['BlockStored', [1], null, [[5, 6]], 1, null], 'bigram_tokens', /token pair/],
-    ['medium not a string', { type: 'BlockRemoved', block_hashes: [1], medium: 5 }, 'bad_field', /medium must be a string/],
-    ['extra_keys not per block', { type: 'BlockStored', block_hashes: [1], parent_block_hash: null, token_ids: [1], block_size: 1, lora_id: null, medium: 'GPU', lora_name: null, extra_keys: [null, null] }, 'bad_field', /2 entries for 1 blocks/],
+    [
+      'medium not a string',
+      { type: 'BlockRemoved', block_hashes: [1], medium: 5 },
+      'bad_field',
+      /medium must be a string/,
+    ],
+    [
+      'extra_keys not per block',
+      {
+        type: 'BlockStored',
+        block_hashes: [1],
+        parent_block_hash: null,
+        token_ids: [1],
+        block_size: 1,
+        lora_id: null,
+        medium: 'GPU',
+        lora_name: null,
+        extra_keys: [null, null],
+      },
+      'bad_field',
+      /2 entries for 1 blocks/,
+    ],
   ];
   for (const [name, bad, reason, message] of badEvents) {
     test(`skips an event with ${name} and keeps the rest of its batch`, () => {
       const b = decodeEventBatch(encode([1.5, [['AllBlocksCleared'], bad, ['BlockRemoved', [7], 'GPU']]]));
-      assert.deepEqual(b.events.map((e) => e.type), ['AllBlocksCleared', 'BlockRemoved']);
+      assert.deepEqual(
+        b.events.map((e) => e.type),
+        ['AllBlocksCleared', 'BlockRemoved'],
+      );
       assert.equal(b.skipped?.length, 1);
       assert.equal(b.skipped![0].index, 1);
       assert.equal(b.skipped![0].reason, reason);

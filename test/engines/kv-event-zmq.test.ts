@@ -14,8 +14,15 @@ import { KVAwareRouter } from '../../src/index.js';
 const BS = 4;
 const tokens = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
 const stored = (hashes: bigint[], parent: bigint | null, from: number): KvEvent => ({
-  type: 'BlockStored', blockHashes: hashes, parentBlockHash: parent, tokenIds: tokens(from, hashes.length * BS), blockSize: BS,
-  loraId: null, medium: 'GPU', loraName: null, groupIdx: null,
+  type: 'BlockStored',
+  blockHashes: hashes,
+  parentBlockHash: parent,
+  tokenIds: tokens(from, hashes.length * BS),
+  blockSize: BS,
+  loraId: null,
+  medium: 'GPU',
+  loraName: null,
+  groupIdx: null,
 });
 const batch = (...events: KvEvent[]): KvEventBatch => ({ ts: Date.now() / 1000, events, dataParallelRank: 0 });
 
@@ -36,9 +43,21 @@ async function rig(encoding: 'map' | 'array' = 'map', replay = true) {
   const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
   router.registerWorker('w0');
   const applier = new KvEventApplier(router);
-  const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*', replayEndpoint: replay ? 'tcp://127.0.0.1:*' : undefined, encoding }).start();
-  const sub = new KvEventSubscriber({ workerId: 'w0', endpoint: pub.endpoint, replayEndpoint: replay ? pub.replayEndpoint : undefined, applier }).start();
-  closers.push(() => sub.close(), () => pub.close());
+  const pub = await new KvEventPublisher({
+    endpoint: 'tcp://127.0.0.1:*',
+    replayEndpoint: replay ? 'tcp://127.0.0.1:*' : undefined,
+    encoding,
+  }).start();
+  const sub = new KvEventSubscriber({
+    workerId: 'w0',
+    endpoint: pub.endpoint,
+    replayEndpoint: replay ? pub.replayEndpoint : undefined,
+    applier,
+  }).start();
+  closers.push(
+    () => sub.close(),
+    () => pub.close(),
+  );
   // PUB/SUB slow joiner: publish a probe until the subscription is live
   const probe = batch({ type: 'AllBlocksCleared' });
   while (sub.stats.batches === 0) {
@@ -107,8 +126,15 @@ describe('KV events over ZeroMQ', () => {
     closers.push(() => restarted.close());
     // one batch only: if it is lost while the subscriber reconnects, the replay recovers it
     await restarted.publish(batch(stored([9n], null, 200)));
-    await until(() => router.route({ tokens: tokens(200, 4) }, { dryRun: true }).cachedTokens === 4, 'the rebuilt entry');
-    assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 0, 'entries from before the restart are gone');
+    await until(
+      () => router.route({ tokens: tokens(200, 4) }, { dryRun: true }).cachedTokens === 4,
+      'the rebuilt entry',
+    );
+    assert.equal(
+      router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens,
+      0,
+      'entries from before the restart are gone',
+    );
   });
 
   test('a sequence that goes back without a disconnect (a fast restart) also drops the entries', async () => {
@@ -129,12 +155,21 @@ describe('KV events over ZeroMQ', () => {
     router.registerWorker('w0');
     router.registerWorker('w0-dp1');
     const applier = new KvEventApplier(router);
-    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*', replayEndpoint: 'tcp://127.0.0.1:*' }).start();
+    const pub = await new KvEventPublisher({
+      endpoint: 'tcp://127.0.0.1:*',
+      replayEndpoint: 'tcp://127.0.0.1:*',
+    }).start();
     const sub = new KvEventSubscriber({
-      workerId: 'w0', endpoint: pub.endpoint, replayEndpoint: pub.replayEndpoint, applier,
+      workerId: 'w0',
+      endpoint: pub.endpoint,
+      replayEndpoint: pub.replayEndpoint,
+      applier,
       workerForRank: (rank) => (rank === 0 ? 'w0' : rank === 1 ? 'w0-dp1' : undefined),
     }).start();
-    closers.push(() => sub.close(), () => pub.close());
+    closers.push(
+      () => sub.close(),
+      () => pub.close(),
+    );
     await pub.publish({ ts: Date.now() / 1000, events: [stored([1n], null, 0)], dataParallelRank: 1 });
     await pub.publish({ ts: Date.now() / 1000, events: [stored([5n], null, 40)], dataParallelRank: 7 });
     await until(() => sub.stats.unknownRanks === 1, 'the unknown rank');
@@ -160,8 +195,23 @@ describe('KV events over ZeroMQ', () => {
     await pub.sendRaw(['', seq(next), Buffer.from([0x92, 0xcb, 1])]); // truncated msgpack
     await pub.sendRaw(['', seq(next + 1), Buffer.from(encode({ ts: 'x', events: 5 }))]); // wrong types
     // an unknown event type is skipped alone, and counted by reason: its batch still applies
-    await pub.sendRaw(['', seq(next + 2), Buffer.from(encode([1.5, [['BlockMoved', [1]], ['BlockRemoved', [99], 'GPU']]]))]);
-    await until(() => sub.stats.malformed >= 4 && sub.stats.applied.skipped.unknown_type === 1, 'four malformed messages and a skipped event');
+    await pub.sendRaw([
+      '',
+      seq(next + 2),
+      Buffer.from(
+        encode([
+          1.5,
+          [
+            ['BlockMoved', [1]],
+            ['BlockRemoved', [99], 'GPU'],
+          ],
+        ]),
+      ),
+    ]);
+    await until(
+      () => sub.stats.malformed >= 4 && sub.stats.applied.skipped.unknown_type === 1,
+      'four malformed messages and a skipped event',
+    );
     await until(() => sub.stats.applied.unknownRemovals === 1, 'the event after the unknown one');
     assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 8, 'the index is intact');
     // and the subscriber still applies good batches. (The raw frames used sequence numbers
@@ -177,15 +227,28 @@ describe('KV events over ZeroMQ', () => {
     router.registerWorker('w0');
     const applier = new KvEventApplier(router);
     // the engine keeps 3 batches: 0-2 are gone by the time the router connects
-    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*', replayEndpoint: 'tcp://127.0.0.1:*', bufferSize: 3 }).start();
+    const pub = await new KvEventPublisher({
+      endpoint: 'tcp://127.0.0.1:*',
+      replayEndpoint: 'tcp://127.0.0.1:*',
+      bufferSize: 3,
+    }).start();
     await pub.publish(batch(stored([1n], null, 0)));
     await pub.publish(batch(stored([2n], 1n, 4)));
     await pub.publish(batch(stored([3n], 2n, 8)));
     await pub.publish(batch(stored([10n], null, 100)));
     await pub.publish(batch(stored([11n], 10n, 104)));
     await pub.publish(batch(stored([20n], null, 200)));
-    const sub = new KvEventSubscriber({ workerId: 'w0', endpoint: pub.endpoint, replayEndpoint: pub.replayEndpoint, applier, idleReplayMs: 0 }).start();
-    closers.push(() => sub.close(), () => pub.close());
+    const sub = new KvEventSubscriber({
+      workerId: 'w0',
+      endpoint: pub.endpoint,
+      replayEndpoint: pub.replayEndpoint,
+      applier,
+      idleReplayMs: 0,
+    }).start();
+    closers.push(
+      () => sub.close(),
+      () => pub.close(),
+    );
     await until(() => sub.stats.lastSeq === 5, 'the replay of the buffered batches');
     assert.equal(sub.stats.lateJoins, 1);
     assert.equal(sub.stats.replayFailures, 0);

@@ -16,7 +16,10 @@ test("the KV capacity is read from vLLM's cache_config_info: num_gpu_blocks × b
   assert.equal(readKvCapacityTokens(page), 17854 * 16);
   assert.equal(readEngineLoad(page).kvCapacityTokens, 17854 * 16);
   // num_gpu_blocks_override="None" must not be taken for num_gpu_blocks
-  assert.equal(readKvCapacityTokens('vllm:cache_config_info{num_gpu_blocks_override="9",block_size="16",num_gpu_blocks="100"} 1'), 1600);
+  assert.equal(
+    readKvCapacityTokens('vllm:cache_config_info{num_gpu_blocks_override="9",block_size="16",num_gpu_blocks="100"} 1'),
+    1600,
+  );
 });
 
 test('no capacity when the gauge is missing or its labels are not counts', () => {

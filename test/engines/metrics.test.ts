@@ -14,20 +14,35 @@ vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-32B"} 0.42
 vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-32B"} 12000.0
 vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-32B"} 9000.0
 `;
-const OLD_VLLM = 'vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_waiting{model_name="m"} 0\nvllm:gpu_cache_usage_perc{model_name="m"} 0.9\nvllm:gpu_prefix_cache_queries_total{model_name="m"} 100\nvllm:gpu_prefix_cache_hits_total{model_name="m"} 40\n';
-const SGLANG = 'sglang:num_running_reqs{model_name="m",label="a b}"} 4\nsglang:num_queue_reqs{model_name="m"} 2\nsglang:token_usage{model_name="m"} 0.25\n';
+const OLD_VLLM =
+  'vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_waiting{model_name="m"} 0\nvllm:gpu_cache_usage_perc{model_name="m"} 0.9\nvllm:gpu_prefix_cache_queries_total{model_name="m"} 100\nvllm:gpu_prefix_cache_hits_total{model_name="m"} 40\n';
+const SGLANG =
+  'sglang:num_running_reqs{model_name="m",label="a b}"} 4\nsglang:num_queue_reqs{model_name="m"} 2\nsglang:token_usage{model_name="m"} 0.25\n';
 
 describe('Prometheus load metrics', () => {
   test('vLLM, older vLLM and SGLang names', () => {
-    assert.deepEqual(readEngineLoad(VLLM), { running: 7, waiting: 3, kvUsage: 0.42, prefixCacheQueries: 12000, prefixCacheHits: 9000 });
-    assert.deepEqual(readEngineLoad(OLD_VLLM), { running: 1, waiting: 0, kvUsage: 0.9, prefixCacheQueries: 100, prefixCacheHits: 40 });
+    assert.deepEqual(readEngineLoad(VLLM), {
+      running: 7,
+      waiting: 3,
+      kvUsage: 0.42,
+      prefixCacheQueries: 12000,
+      prefixCacheHits: 9000,
+    });
+    assert.deepEqual(readEngineLoad(OLD_VLLM), {
+      running: 1,
+      waiting: 0,
+      kvUsage: 0.9,
+      prefixCacheQueries: 100,
+      prefixCacheHits: 40,
+    });
     // both names on one page (a release deprecating the old one): the current one is read
     assert.equal(readEngineLoad(`${VLLM}vllm:gpu_cache_usage_perc{engine="0"} 0.99\n`).kvUsage, 0.42);
     assert.deepEqual(readEngineLoad(SGLANG), { running: 4, waiting: 2, kvUsage: 0.25 });
   });
 
   test('several series of one name are summed (usage averaged); junk lines are skipped', () => {
-    const text = 'vllm:num_requests_running{engine="0"} 2\nvllm:num_requests_running{engine="1"} 3\ngarbage line\nvllm:kv_cache_usage_perc{engine="0"} 0.2\nvllm:kv_cache_usage_perc{engine="1"} 0.4\n';
+    const text =
+      'vllm:num_requests_running{engine="0"} 2\nvllm:num_requests_running{engine="1"} 3\ngarbage line\nvllm:kv_cache_usage_perc{engine="0"} 0.2\nvllm:kv_cache_usage_perc{engine="1"} 0.4\n';
     const load = readEngineLoad(text);
     assert.equal(load.running, 5);
     assert.ok(Math.abs(load.kvUsage - 0.3) < 1e-12);
@@ -57,7 +72,10 @@ describe('metrics scraper', () => {
     const router = new KVAwareRouter();
     router.registerWorker('w0');
     router.registerWorker('w1');
-    const scraper = new MetricsScraper(router, [{ workerId: 'w0', url }], { failuresToUnhealthy: 3, successesToHealthy: 2 });
+    const scraper = new MetricsScraper(router, [{ workerId: 'w0', url }], {
+      failuresToUnhealthy: 3,
+      successesToHealthy: 2,
+    });
     await scraper.scrapeAll();
     const w0 = router.listWorkers()[0];
     assert.equal(w0.load, 0.42);
@@ -70,7 +88,8 @@ describe('metrics scraper', () => {
     assert.equal(w0.healthy, true, 'two failures are not enough');
     await scraper.scrapeAll();
     assert.equal(w0.healthy, false);
-    for (let i = 0; i < 5; i++) assert.equal(router.route({ tokens: Array.from({ length: 32 }, (_, k) => k + i) }).workerId, 'w1');
+    for (let i = 0; i < 5; i++)
+      assert.equal(router.route({ tokens: Array.from({ length: 32 }, (_, k) => k + i) }).workerId, 'w1');
 
     status = 200;
     page = 'not metrics at all';
@@ -87,7 +106,10 @@ describe('metrics scraper', () => {
   test('an engine that does not answer counts as a failure', async () => {
     const router = new KVAwareRouter();
     router.registerWorker('gone');
-    const scraper = new MetricsScraper(router, [{ workerId: 'gone', url: 'http://127.0.0.1:1/metrics' }], { failuresToUnhealthy: 1, timeoutMs: 500 });
+    const scraper = new MetricsScraper(router, [{ workerId: 'gone', url: 'http://127.0.0.1:1/metrics' }], {
+      failuresToUnhealthy: 1,
+      timeoutMs: 500,
+    });
     await scraper.scrapeAll();
     assert.equal(router.listWorkers()[0].healthy, false);
     assert.ok(scraper.state('gone')!.lastError);

@@ -17,7 +17,11 @@ async function engine(options: ConstructorParameters<typeof MockEngine>[0] = {})
   return e;
 }
 const post = (e: MockEngine, path: string, body: unknown) =>
-  fetch(`http://127.0.0.1:${e.port}${path}`, { method: 'POST', body: typeof body === 'string' ? body : JSON.stringify(body), headers: { 'content-type': 'application/json' } });
+  fetch(`http://127.0.0.1:${e.port}${path}`, {
+    method: 'POST',
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+    headers: { 'content-type': 'application/json' },
+  });
 
 async function until(cond: () => boolean | Promise<boolean>, what: string, ms = 8000) {
   const end = Date.now() + ms;
@@ -51,7 +55,12 @@ describe('mock engine: OpenAI API', () => {
     const byIds = await read(post(e, '/v1/completions', { prompt: tok.tokens, max_tokens: 1 }));
     assert.equal(byIds.usage.prompt_tokens, tok.count);
 
-    const res = await post(e, '/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], max_tokens: 5, stream: true, stream_options: { include_usage: true } });
+    const res = await post(e, '/v1/chat/completions', {
+      messages: [{ role: 'user', content: 'hi' }],
+      max_tokens: 5,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
     assert.equal(res.headers.get('content-type'), 'text/event-stream');
     const events = (await res.text()).split('\n\n').filter(Boolean);
     assert.equal(events[events.length - 1], 'data: [DONE]');
@@ -78,10 +87,17 @@ describe('mock engine: OpenAI API', () => {
   test('a client that disconnects takes its request out of the engine', async () => {
     const e = await engine({ decodeTokS: 50 });
     const ac = new AbortController();
-    const res = await fetch(`http://127.0.0.1:${e.port}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'long story', max_tokens: 5000, stream: true }), signal: ac.signal });
+    const res = await fetch(`http://127.0.0.1:${e.port}/v1/completions`, {
+      method: 'POST',
+      body: JSON.stringify({ prompt: 'long story', max_tokens: 5000, stream: true }),
+      signal: ac.signal,
+    });
     const reader = res.body!.getReader();
     await reader.read(); // the first token arrived: the request is running
-    const running = async () => /vllm:num_requests_running\{[^}]*\} (\d+)/.exec(await (await fetch(`http://127.0.0.1:${e.port}/metrics`)).text())![1];
+    const running = async () =>
+      /vllm:num_requests_running\{[^}]*\} (\d+)/.exec(
+        await (await fetch(`http://127.0.0.1:${e.port}/metrics`)).text(),
+      )![1];
     assert.equal(await running(), '1');
     ac.abort();
     await until(async () => (await running()) === '0', 'the engine to drop the request');
@@ -122,7 +138,12 @@ describe('mock engines → KV events → router index', () => {
       // small caches so that requests evict each other's blocks
       const e = await engine({ blockSize: 16, kvBlocks: 64, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' });
       router.registerWorker(id);
-      const s = new KvEventSubscriber({ workerId: id, endpoint: e.eventsEndpoint, replayEndpoint: e.replayEndpoint, applier }).start();
+      const s = new KvEventSubscriber({
+        workerId: id,
+        endpoint: e.eventsEndpoint,
+        replayEndpoint: e.replayEndpoint,
+        applier,
+      }).start();
       closers.push(() => s.close());
       engines.push(e);
       subs.push(s);
@@ -177,13 +198,22 @@ describe('mock engine: data parallel, LoRA, vLLM block hashes', () => {
     const ranks: number[] = [];
     for (const [r, ep] of e.eventsEndpoints.entries()) {
       const replayEndpoint = offsetEndpointPort(e.replayEndpoint, r);
-      const s = new KvEventSubscriber({ workerId: `w#${r}`, endpoint: ep, replayEndpoint, applier, workerForRank: (rank) => (ranks.push(rank), `w#${rank}`) }).start();
+      const s = new KvEventSubscriber({
+        workerId: `w#${r}`,
+        endpoint: ep,
+        replayEndpoint,
+        applier,
+        workerForRank: (rank) => (ranks.push(rank), `w#${rank}`),
+      }).start();
       closers.push(() => s.close());
     }
     const prompt = words(40, 3);
-    const send = (rank: number) => fetch(`http://127.0.0.1:${e.port}/v1/completions`, {
-      method: 'POST', body: JSON.stringify({ prompt, max_tokens: 1 }), headers: { 'content-type': 'application/json', 'x-data-parallel-rank': String(rank) },
-    });
+    const send = (rank: number) =>
+      fetch(`http://127.0.0.1:${e.port}/v1/completions`, {
+        method: 'POST',
+        body: JSON.stringify({ prompt, max_tokens: 1 }),
+        headers: { 'content-type': 'application/json', 'x-data-parallel-rank': String(rank) },
+      });
     // the SUB sockets join late (PUB/SUB): send until rank 1's blocks arrive
     await until(async () => {
       await (await send(1)).json();
@@ -201,19 +231,36 @@ describe('mock engine: data parallel, LoRA, vLLM block hashes', () => {
   });
 
   test('--lora-modules: adapters listed with their parent; their blocks keyed by lora_name', async () => {
-    const e = await engine({ loraModules: ['sql', 'chat-v2'], blockSize: 4, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' });
+    const e = await engine({
+      loraModules: ['sql', 'chat-v2'],
+      blockSize: 4,
+      events: 'tcp://127.0.0.1:*',
+      replay: 'tcp://127.0.0.1:*',
+    });
     const models = await read(fetch(`http://127.0.0.1:${e.port}/v1/models`));
-    assert.deepEqual(models.data.map((m: Json) => [m.id, m.parent]), [['mock', null], ['sql', 'mock'], ['chat-v2', 'mock']]);
+    assert.deepEqual(
+      models.data.map((m: Json) => [m.id, m.parent]),
+      [
+        ['mock', null],
+        ['sql', 'mock'],
+        ['chat-v2', 'mock'],
+      ],
+    );
     const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
     router.registerWorker('w0');
     const applier = new KvEventApplier(router);
-    const s = new KvEventSubscriber({ workerId: 'w0', endpoint: e.eventsEndpoint, replayEndpoint: e.replayEndpoint, applier }).start();
+    const s = new KvEventSubscriber({
+      workerId: 'w0',
+      endpoint: e.eventsEndpoint,
+      replayEndpoint: e.replayEndpoint,
+      applier,
+    }).start();
     closers.push(() => s.close());
     const prompt = words(40, 5);
     await until(async () => {
       await read(post(e, '/v1/completions', { model: 'sql', prompt, max_tokens: 1 }));
       return applier.trackedBlocks('w0') > 0;
-    }, 'the adapter\'s events');
+    }, "the adapter's events");
     const tokens = mockTokenize(prompt);
     assert.ok(router.route({ tokens, lora: 'sql' }, { dryRun: true }).cachedTokens > 0);
     assert.equal(router.route({ tokens }, { dryRun: true }).cachedTokens, 0);

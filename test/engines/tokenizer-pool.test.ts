@@ -7,7 +7,9 @@ import type { ChatMessage } from '../../src/core/hashing.js';
 const dir = new URL('../fixtures/tokenizer/', import.meta.url).pathname;
 
 function conversation(i: number, turns: number): ChatMessage[] {
-  const messages: ChatMessage[] = [{ role: 'system', content: `You are agent ${i % 3}. Keep answers short; cite the worker that holds the prefix.` }];
+  const messages: ChatMessage[] = [
+    { role: 'system', content: `You are agent ${i % 3}. Keep answers short; cite the worker that holds the prefix.` },
+  ];
   for (let t = 0; t < turns; t++) {
     messages.push({ role: 'user', content: `Conversation ${i}, question ${t}: which worker holds block ${t * 7}?` });
     messages.push({ role: 'assistant', content: `Worker w${(i + t) % 4} holds it; ${t} blocks were offloaded.` });
@@ -40,7 +42,8 @@ test('the pool gives the ids the in-process tokenizer gives, for chats and promp
 
 test('a template error rejects that request only; a full pool rejects with TokenizerBusyError', async () => {
   // a template that raises on a role it does not know
-  const template = "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('tool turns are not supported') }}{% endif %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+  const template =
+    "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('tool turns are not supported') }}{% endif %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
   const { writeFileSync, mkdtempSync, copyFileSync } = await import('node:fs');
   const { tmpdir } = await import('node:os');
   const { join } = await import('node:path');
@@ -49,7 +52,10 @@ test('a template error rejects that request only; a full pool rejects with Token
   writeFileSync(join(model, 'tokenizer_config.json'), JSON.stringify({ chat_template: template }));
   const pool = await TokenizerPool.start({ path: model, threads: 1, maxPending: 2 });
   try {
-    await assert.rejects(pool.tokenize({ messages: [{ role: 'tool', content: 'x' }] }), (e: Error) => e instanceof RangeError && /tool turns/.test(e.message));
+    await assert.rejects(
+      pool.tokenize({ messages: [{ role: 'tool', content: 'x' }] }),
+      (e: Error) => e instanceof RangeError && /tool turns/.test(e.message),
+    );
     assert.ok((await pool.tokenize({ messages: [{ role: 'user', content: 'hi' }] })).length > 0);
     const first = pool.tokenize({ messages: [{ role: 'user', content: 'a' }] });
     const second = pool.tokenize({ messages: [{ role: 'user', content: 'b' }] });
@@ -62,7 +68,9 @@ test('a template error rejects that request only; a full pool rejects with Token
 });
 
 test('a tokenizer that cannot be loaded fails start() with a named error; thread counts are checked', async () => {
-  await assert.rejects(TokenizerPool.start({ path: '/nonexistent/tokenizer.json', threads: 1 }), (e: Error) => /no such file/.test(e.message));
+  await assert.rejects(TokenizerPool.start({ path: '/nonexistent/tokenizer.json', threads: 1 }), (e: Error) =>
+    /no such file/.test(e.message),
+  );
   await assert.rejects(TokenizerPool.start({ path: dir, threads: 0 }), RangeError);
   assert.ok(defaultTokenizerThreads() >= 1);
   assert.equal(defaultTokenizerThreads(1_000_000), 1);

@@ -8,7 +8,8 @@ function host() {
   const workers = new Map<string, WorkerRecord>();
   const logs: string[] = [];
   return {
-    workers, logs,
+    workers,
+    logs,
     addWorker: (w: WorkerRecord) => void workers.set(w.id, w),
     removeWorker: (id: string) => workers.delete(id),
     hasWorker: (id: string) => workers.has(id),
@@ -25,10 +26,20 @@ test('addresses become workers; one missing resolution keeps a worker, two remov
   });
   await d.refresh();
   assert.deepEqual([...h.workers.keys()], ['10.0.0.1:8000', '10.0.0.2:8000']);
-  assert.deepEqual(h.workers.get('10.0.0.1:8000'), { id: '10.0.0.1:8000', url: 'http://10.0.0.1:8000', events: 'tcp://10.0.0.1:5557', replay: undefined, models: undefined });
+  assert.deepEqual(h.workers.get('10.0.0.1:8000'), {
+    id: '10.0.0.1:8000',
+    url: 'http://10.0.0.1:8000',
+    events: 'tcp://10.0.0.1:5557',
+    replay: undefined,
+    models: undefined,
+  });
   answer = ['10.0.0.2', '10.0.0.3'];
   await d.refresh();
-  assert.deepEqual([...h.workers.keys()].sort(), ['10.0.0.1:8000', '10.0.0.2:8000', '10.0.0.3:8000'], 'one miss is not enough');
+  assert.deepEqual(
+    [...h.workers.keys()].sort(),
+    ['10.0.0.1:8000', '10.0.0.2:8000', '10.0.0.3:8000'],
+    'one miss is not enough',
+  );
   answer = Object.assign(new Error('getaddrinfo EAI_AGAIN'), { code: 'EAI_AGAIN' });
   await d.refresh();
   assert.equal(h.workers.size, 3, 'a failed lookup removes nothing');
@@ -55,5 +66,8 @@ test('a real lookup: localhost resolves to the loopback address', async () => {
   const h = host();
   const d = await new DnsDiscovery(parseDiscoverySpec('dns=localhost,port=8000,interval-ms=100000'), h).start();
   d.stop();
-  assert.ok([...h.workers.keys()].some((id) => id === '127.0.0.1:8000' || id === '[::1]:8000'), [...h.workers.keys()].join(', '));
+  assert.ok(
+    [...h.workers.keys()].some((id) => id === '127.0.0.1:8000' || id === '[::1]:8000'),
+    [...h.workers.keys()].join(', '),
+  );
 });

@@ -3,8 +3,21 @@ import { credentials, makeGenericClientConstructor, type ClientDuplexStream, typ
 import { loadSync } from '@grpc/proto-loader';
 import { protoPath as healthProtoPath } from 'grpc-health-check';
 import { loadPackageDefinition } from '@grpc/grpc-js';
-import { extProcService, PROTO_LOADER_OPTIONS, structToPlain, type ProcessingRequest, type ProcessingResponse, type ProtoStruct } from '../../src/epp/proto.js';
-import { DESTINATION_ENDPOINT_KEY, DESTINATION_ENDPOINT_NAMESPACE, DESTINATION_ENDPOINT_SERVED_KEY, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE } from '../../src/epp/protocol.js';
+import {
+  extProcService,
+  PROTO_LOADER_OPTIONS,
+  structToPlain,
+  type ProcessingRequest,
+  type ProcessingResponse,
+  type ProtoStruct,
+} from '../../src/epp/proto.js';
+import {
+  DESTINATION_ENDPOINT_KEY,
+  DESTINATION_ENDPOINT_NAMESPACE,
+  DESTINATION_ENDPOINT_SERVED_KEY,
+  SUBSET_HINT_KEY,
+  SUBSET_HINT_NAMESPACE,
+} from '../../src/epp/protocol.js';
 
 /**
  * Envoy's side of an ext_proc stream, as strict as Envoy's ext_proc filter in
@@ -27,7 +40,7 @@ import { DESTINATION_ENDPOINT_KEY, DESTINATION_ENDPOINT_NAMESPACE, DESTINATION_E
 /** The protocol's chunk limit, written out here so the picker's own constant cannot move it. */
 const BODY_CHUNK_BYTES = 62_000;
 
-const HOST_PORT = /^(\[[0-9a-fA-F:.]+\]|[^,:\s\[\]]+):\d{1,5}$/;
+const HOST_PORT = /^(\[[0-9a-fA-F:.]+\]|[^,:\s[\]]+):\d{1,5}$/;
 
 export interface RequestSpec {
   headers?: Record<string, string>;
@@ -41,7 +54,14 @@ export interface RequestSpec {
 }
 
 export type RequestOutcome =
-  | { kind: 'routed'; endpoints: string[]; headerValue: string; setHeaders: Map<string, string>; body: Buffer; stream: PickerStream }
+  | {
+      kind: 'routed';
+      endpoints: string[];
+      headerValue: string;
+      setHeaders: Map<string, string>;
+      body: Buffer;
+      stream: PickerStream;
+    }
   | { kind: 'immediate'; status: number; body: string; headers: Map<string, string>; details?: string };
 
 interface Inbox {
@@ -53,14 +73,26 @@ interface Inbox {
 
 export class EnvoyRole {
   private readonly client: Client & { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse> };
-  private readonly health: Client & { Check(req: { service: string }, cb: (err: Error | null, res?: { status: string }) => void): void };
+  private readonly health: Client & {
+    Check(req: { service: string }, cb: (err: Error | null, res?: { status: string }) => void): void;
+  };
 
   constructor(readonly address: string) {
     const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
     this.client = new Ctor(address, credentials.createInsecure()) as unknown as EnvoyRole['client'];
-    const hpkg = loadPackageDefinition(loadSync(healthProtoPath, PROTO_LOADER_OPTIONS)) as unknown as { grpc: { health: { v1: { Health: new (a: string, c: ReturnType<typeof credentials.createInsecure>, o: object) => EnvoyRole['health'] } } } };
+    const hpkg = loadPackageDefinition(loadSync(healthProtoPath, PROTO_LOADER_OPTIONS)) as unknown as {
+      grpc: {
+        health: {
+          v1: {
+            Health: new (a: string, c: ReturnType<typeof credentials.createInsecure>, o: object) => EnvoyRole['health'];
+          };
+        };
+      };
+    };
     // the same channel: a health round trip is ordered after everything sent before it
-    this.health = new hpkg.grpc.health.v1.Health(address, credentials.createInsecure(), { channelOverride: this.client.getChannel() });
+    this.health = new hpkg.grpc.health.v1.Health(address, credentials.createInsecure(), {
+      channelOverride: this.client.getChannel(),
+    });
   }
 
   close(): void {
@@ -69,7 +101,9 @@ export class EnvoyRole {
 
   /** gRPC health status of a service ('liveness', 'readiness', the ExternalProcessor). */
   healthStatus(service: string): Promise<string> {
-    return new Promise((resolve, reject) => this.health.Check({ service }, (err, res) => (err ? reject(err) : resolve(res!.status))));
+    return new Promise((resolve, reject) =>
+      this.health.Check({ service }, (err, res) => (err ? reject(err) : resolve(res!.status))),
+    );
   }
 
   /** One request through the request phase, every rule checked. */
@@ -91,20 +125,29 @@ export class EnvoyRole {
       wake();
     });
     call.on('status', () => {});
-    const headerList = Object.entries({ ':method': 'POST', ':path': '/v1/completions', ':authority': 'gateway', 'content-type': 'application/json', ...(spec.headers ?? {}) })
-      .map(([key, value]) => ({ key, raw_value: Buffer.from(value) }));
+    const headerList = Object.entries({
+      ':method': 'POST',
+      ':path': '/v1/completions',
+      ':authority': 'gateway',
+      'content-type': 'application/json',
+      ...(spec.headers ?? {}),
+    }).map(([key, value]) => ({ key, raw_value: Buffer.from(value) }));
     const body = spec.body === undefined ? undefined : Buffer.isBuffer(spec.body) ? spec.body : Buffer.from(spec.body);
-    const metadata_context = spec.subset === undefined ? undefined : {
-      filter_metadata: {
-        [SUBSET_HINT_NAMESPACE]: {
-          fields: {
-            [SUBSET_HINT_KEY]: typeof spec.subset === 'string'
-              ? { stringValue: spec.subset }
-              : { listValue: { values: spec.subset.map((s) => ({ stringValue: s })) } },
-          },
-        } as ProtoStruct,
-      },
-    };
+    const metadata_context =
+      spec.subset === undefined
+        ? undefined
+        : {
+            filter_metadata: {
+              [SUBSET_HINT_NAMESPACE]: {
+                fields: {
+                  [SUBSET_HINT_KEY]:
+                    typeof spec.subset === 'string'
+                      ? { stringValue: spec.subset }
+                      : { listValue: { values: spec.subset.map((s) => ({ stringValue: s })) } },
+                },
+              } as ProtoStruct,
+            },
+          };
     call.write({
       request_headers: { headers: { headers: headerList }, end_of_stream: body === undefined },
       metadata_context,
@@ -121,7 +164,11 @@ export class EnvoyRole {
           // rule 1: a health round trip on the same connection orders everything the picker
           // wrote while handling the earlier chunks before its answer
           await this.healthStatus('liveness');
-          assert.equal(inbox.messages.length, 0, `rule 1: the picker answered before the request body ended: ${describe(inbox.messages[0])}`);
+          assert.equal(
+            inbox.messages.length,
+            0,
+            `rule 1: the picker answered before the request body ended: ${describe(inbox.messages[0])}`,
+          );
           assert.ok(!inbox.ended, 'rule 1: the picker closed the stream before the request body ended');
         }
         call.write({ request_body: { body: pieces[i], end_of_stream: last } });
@@ -130,7 +177,8 @@ export class EnvoyRole {
     const next = async (what: string): Promise<ProcessingResponse> => {
       const deadline = Date.now() + 10_000;
       while (inbox.messages.length === 0) {
-        if (inbox.ended) assert.fail(`the picker ended the stream (${inbox.error?.message ?? 'OK'}) while Envoy waited for ${what}`);
+        if (inbox.ended)
+          assert.fail(`the picker ended the stream (${inbox.error?.message ?? 'OK'}) while Envoy waited for ${what}`);
         if (Date.now() > deadline) assert.fail(`no ${what} within 10 s`);
         await new Promise<void>((r) => {
           const t = setTimeout(r, 200);
@@ -147,46 +195,101 @@ export class EnvoyRole {
       const ir = first.immediate_response!;
       // rule 5: last message, clean close
       await waitEnded(inbox);
-      assert.equal(inbox.messages.length, 0, `rule 5: messages after the immediate_response: ${inbox.messages.map(describe).join(', ')}`);
-      assert.equal(inbox.error, undefined, `rule 5: the stream closed with an error after the immediate_response: ${inbox.error?.message}`);
+      assert.equal(
+        inbox.messages.length,
+        0,
+        `rule 5: messages after the immediate_response: ${inbox.messages.map(describe).join(', ')}`,
+      );
+      assert.equal(
+        inbox.error,
+        undefined,
+        `rule 5: the stream closed with an error after the immediate_response: ${inbox.error?.message}`,
+      );
       call.end();
-      return { kind: 'immediate', status: statusCode(ir.status.code), body: Buffer.from(ir.body ?? []).toString(), headers: headerMap(ir.headers?.set_headers), details: ir.details };
+      return {
+        kind: 'immediate',
+        status: statusCode(ir.status.code),
+        body: Buffer.from(ir.body ?? []).toString(),
+        headers: headerMap(ir.headers?.set_headers),
+        details: ir.details,
+      };
     }
     // rule 2 and 3
-    assert.equal(first.response, 'request_headers', `rule 2: the first answer must be request_headers, got ${describe(first)}`);
+    assert.equal(
+      first.response,
+      'request_headers',
+      `rule 2: the first answer must be request_headers, got ${describe(first)}`,
+    );
     const common = first.request_headers?.response ?? {};
     assert.equal(common.clear_route_cache, true, 'rule 3: clear_route_cache must be true');
-    assert.ok(common.status === undefined || common.status === 'CONTINUE', `rule 3: status must be CONTINUE, got ${String(common.status)}`);
+    assert.ok(
+      common.status === undefined || common.status === 'CONTINUE',
+      `rule 3: status must be CONTINUE, got ${String(common.status)}`,
+    );
     assert.equal(common.body_mutation, undefined, 'rule 3: the headers response must not mutate the body');
-    const destHeaders = (common.header_mutation?.set_headers ?? []).filter((h) => h.header.key.toLowerCase() === DESTINATION_ENDPOINT_KEY);
+    const destHeaders = (common.header_mutation?.set_headers ?? []).filter(
+      (h) => h.header.key.toLowerCase() === DESTINATION_ENDPOINT_KEY,
+    );
     assert.equal(destHeaders.length, 1, `rule 3: ${DESTINATION_ENDPOINT_KEY} must be set exactly once`);
     const headerValue = headerText(destHeaders[0].header);
-    const meta = structToPlain(first.dynamic_metadata)[DESTINATION_ENDPOINT_NAMESPACE] as Record<string, unknown> | undefined;
-    assert.ok(meta && typeof meta === 'object', `rule 3: dynamic_metadata must have the ${DESTINATION_ENDPOINT_NAMESPACE} namespace`);
-    assert.equal(meta[DESTINATION_ENDPOINT_KEY], headerValue, 'rule 3: the header and dynamic_metadata must carry the identical value');
+    const meta = structToPlain(first.dynamic_metadata)[DESTINATION_ENDPOINT_NAMESPACE] as
+      Record<string, unknown> | undefined;
+    assert.ok(
+      meta && typeof meta === 'object',
+      `rule 3: dynamic_metadata must have the ${DESTINATION_ENDPOINT_NAMESPACE} namespace`,
+    );
+    assert.equal(
+      meta[DESTINATION_ENDPOINT_KEY],
+      headerValue,
+      'rule 3: the header and dynamic_metadata must carry the identical value',
+    );
     const endpoints = headerValue.split(',');
     for (const e of endpoints) assert.match(e, HOST_PORT, `rule 3: '${e}' is not ip:port`);
     assert.equal(new Set(endpoints).size, endpoints.length, `rule 3: an endpoint is listed twice in '${headerValue}'`);
     const setHeaders = headerMap(common.header_mutation?.set_headers);
     // rule 4
     const echoed: Buffer[] = [];
-    if (body !== undefined && (spec.protocolConfig?.request_body_mode ?? 'FULL_DUPLEX_STREAMED') === 'FULL_DUPLEX_STREAMED') {
+    if (
+      body !== undefined &&
+      (spec.protocolConfig?.request_body_mode ?? 'FULL_DUPLEX_STREAMED') === 'FULL_DUPLEX_STREAMED'
+    ) {
       for (;;) {
         const m = await next('the echoed request body');
         assert.equal(m.response, 'request_body', `rule 4: expected a request_body answer, got ${describe(m)}`);
         const mut = m.request_body?.response?.body_mutation;
-        assert.equal(mut?.mutation, 'streamed_response', `rule 4: a request_body answer must be a streamed_response, got ${describe(m)}`);
+        assert.equal(
+          mut?.mutation,
+          'streamed_response',
+          `rule 4: a request_body answer must be a streamed_response, got ${describe(m)}`,
+        );
         const sr = mut!.streamed_response!;
         const chunk = Buffer.from(sr.body ?? []);
-        assert.ok(chunk.length <= BODY_CHUNK_BYTES, `rule 4: a body chunk of ${chunk.length} bytes is over ${BODY_CHUNK_BYTES}`);
-        assert.ok(chunk.length > 0 || sr.end_of_stream === true, 'rule 4: an empty body chunk that does not end the stream');
+        assert.ok(
+          chunk.length <= BODY_CHUNK_BYTES,
+          `rule 4: a body chunk of ${chunk.length} bytes is over ${BODY_CHUNK_BYTES}`,
+        );
+        assert.ok(
+          chunk.length > 0 || sr.end_of_stream === true,
+          'rule 4: an empty body chunk that does not end the stream',
+        );
         echoed.push(chunk);
         if (sr.end_of_stream) break;
       }
     }
     await this.healthStatus('liveness');
-    assert.equal(inbox.messages.length, 0, `rule 4: unexpected messages after the request phase: ${inbox.messages.map(describe).join(', ')}`);
-    return { kind: 'routed', endpoints, headerValue, setHeaders, body: Buffer.concat(echoed), stream: new PickerStream(call, inbox, next, this) };
+    assert.equal(
+      inbox.messages.length,
+      0,
+      `rule 4: unexpected messages after the request phase: ${inbox.messages.map(describe).join(', ')}`,
+    );
+    return {
+      kind: 'routed',
+      endpoints,
+      headerValue,
+      setHeaders,
+      body: Buffer.concat(echoed),
+      stream: new PickerStream(call, inbox, next, this),
+    };
   }
 }
 
@@ -217,11 +320,25 @@ export class PickerStream {
 
   /** The response headers alone; `bodyFollows` false ends the response with them. */
   async respondHeaders(spec: ResponseSpec, bodyFollows: boolean): Promise<Map<string, string>> {
-    const metadata_context = spec.served === undefined ? undefined : {
-      filter_metadata: { [DESTINATION_ENDPOINT_NAMESPACE]: { fields: { [DESTINATION_ENDPOINT_SERVED_KEY]: { stringValue: spec.served } } } as ProtoStruct },
-    };
-    const headerList = Object.entries({ ':status': '200', 'content-type': 'text/event-stream', ...(spec.headers ?? {}) }).map(([key, value]) => ({ key, raw_value: Buffer.from(value) }));
-    this.call.write({ response_headers: { headers: { headers: headerList }, end_of_stream: !bodyFollows }, metadata_context });
+    const metadata_context =
+      spec.served === undefined
+        ? undefined
+        : {
+            filter_metadata: {
+              [DESTINATION_ENDPOINT_NAMESPACE]: {
+                fields: { [DESTINATION_ENDPOINT_SERVED_KEY]: { stringValue: spec.served } },
+              } as ProtoStruct,
+            },
+          };
+    const headerList = Object.entries({
+      ':status': '200',
+      'content-type': 'text/event-stream',
+      ...(spec.headers ?? {}),
+    }).map(([key, value]) => ({ key, raw_value: Buffer.from(value) }));
+    this.call.write({
+      response_headers: { headers: { headers: headerList }, end_of_stream: !bodyFollows },
+      metadata_context,
+    });
     const h = await this.next('the response_headers answer');
     assert.equal(h.response, 'response_headers', `rule 6: expected the response_headers answer, got ${describe(h)}`);
     return headerMap(h.response_headers?.response?.header_mutation?.set_headers);
@@ -243,7 +360,10 @@ export class PickerStream {
         const sr = m.response_body?.response?.body_mutation?.streamed_response;
         assert.ok(sr, `rule 6: a response_body answer must be a streamed_response, got ${describe(m)}`);
         const b = Buffer.from(sr.body ?? []);
-        assert.ok(b.length <= BODY_CHUNK_BYTES, `rule 6: a body chunk of ${b.length} bytes is over ${BODY_CHUNK_BYTES}`);
+        assert.ok(
+          b.length <= BODY_CHUNK_BYTES,
+          `rule 6: a body chunk of ${b.length} bytes is over ${BODY_CHUNK_BYTES}`,
+        );
         assert.ok(!sr.end_of_stream || last, 'rule 6: end_of_stream before the last response chunk');
         assert.ok(b.length > 0 || sr.end_of_stream, 'rule 6: an empty response chunk that does not end the stream');
         got += b.length;
@@ -261,7 +381,11 @@ export class PickerStream {
   async end(): Promise<void> {
     this.call.end();
     await waitEnded(this.inbox);
-    assert.equal(this.inbox.messages.length, 0, `rule 7: messages after the exchange: ${this.inbox.messages.map(describe).join(', ')}`);
+    assert.equal(
+      this.inbox.messages.length,
+      0,
+      `rule 7: messages after the exchange: ${this.inbox.messages.map(describe).join(', ')}`,
+    );
     assert.equal(this.inbox.error, undefined, `rule 7: the stream closed with an error: ${this.inbox.error?.message}`);
   }
 
@@ -291,20 +415,34 @@ async function waitEnded(inbox: Inbox): Promise<void> {
 
 function describe(m: ProcessingResponse | undefined): string {
   if (!m) return 'nothing';
-  return JSON.stringify(m, (_k, v: unknown) => (v && typeof v === 'object' && (v as { type?: string }).type === 'Buffer' ? `<${((v as { data: number[] }).data ?? []).length} bytes>` : v)).slice(0, 300);
+  return JSON.stringify(m, (_k, v: unknown) =>
+    v && typeof v === 'object' && (v as { type?: string }).type === 'Buffer'
+      ? `<${((v as { data: number[] }).data ?? []).length} bytes>`
+      : v,
+  ).slice(0, 300);
 }
 
 function headerText(h: { value?: string; raw_value?: Buffer | Uint8Array }): string {
   return h.raw_value && h.raw_value.length > 0 ? Buffer.from(h.raw_value).toString() : (h.value ?? '');
 }
 
-function headerMap(list: Array<{ header: { key: string; value?: string; raw_value?: Buffer | Uint8Array } }> | undefined): Map<string, string> {
+function headerMap(
+  list: Array<{ header: { key: string; value?: string; raw_value?: Buffer | Uint8Array } }> | undefined,
+): Map<string, string> {
   const out = new Map<string, string>();
   for (const h of list ?? []) out.set(h.header.key.toLowerCase(), headerText(h.header));
   return out;
 }
 
-const STATUS_NAMES: Record<string, number> = { OK: 200, BadRequest: 400, NotFound: 404, PayloadTooLarge: 413, TooManyRequests: 429, InternalServerError: 500, ServiceUnavailable: 503 };
+const STATUS_NAMES: Record<string, number> = {
+  OK: 200,
+  BadRequest: 400,
+  NotFound: 404,
+  PayloadTooLarge: 413,
+  TooManyRequests: 429,
+  InternalServerError: 500,
+  ServiceUnavailable: 503,
+};
 function statusCode(code: number | string): number {
   return typeof code === 'number' ? code : (STATUS_NAMES[code] ?? Number(code));
 }

@@ -1,7 +1,12 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { credentials, makeGenericClientConstructor, type ClientDuplexStream } from '@grpc/grpc-js';
-import { EXT_PROC_SERVICE, extProcService, type ProcessingRequest, type ProcessingResponse } from '../../src/epp/proto.js';
+import {
+  EXT_PROC_SERVICE,
+  extProcService,
+  type ProcessingRequest,
+  type ProcessingResponse,
+} from '../../src/epp/proto.js';
 import { EnvoyRole } from './envoy-role.js';
 import { startPickerFleet, until, type PickerFleet } from './harness.js';
 
@@ -11,7 +16,15 @@ import { startPickerFleet, until, type PickerFleet } from './harness.js';
 let fleet: PickerFleet;
 let envoy: EnvoyRole;
 before(async () => {
-  fleet = await startPickerFleet({ engines: 3, picker: { objectives: new Map([['batch', -1], ['chat', 0]]) } });
+  fleet = await startPickerFleet({
+    engines: 3,
+    picker: {
+      objectives: new Map([
+        ['batch', -1],
+        ['chat', 0],
+      ]),
+    },
+  });
   envoy = new EnvoyRole(fleet.addresses[0]);
 });
 after(async () => {
@@ -20,12 +33,20 @@ after(async () => {
 });
 
 const router = () => fleet.gateways[0].router;
-const inFlight = () => router().listWorkers().reduce((n, w) => n + w.inFlightRequests, 0);
-const chat = (content: string, extra: Record<string, unknown> = {}) => JSON.stringify({ model: 'mock', messages: [{ role: 'user', content }], max_tokens: 4, ...extra });
+const inFlight = () =>
+  router()
+    .listWorkers()
+    .reduce((n, w) => n + w.inFlightRequests, 0);
+const chat = (content: string, extra: Record<string, unknown> = {}) =>
+  JSON.stringify({ model: 'mock', messages: [{ role: 'user', content }], max_tokens: 4, ...extra });
 
 test('a chat request in several chunks: routed on the whole body, echoed unchanged, in-flight until the response ends', async () => {
   const body = chat('explain the routing of requests to engines '.repeat(900)); // ~40 KB
-  const out = await envoy.request({ headers: { ':path': '/v1/chat/completions', 'x-request-id': 'req-1' }, body, chunkBytes: 7000 });
+  const out = await envoy.request({
+    headers: { ':path': '/v1/chat/completions', 'x-request-id': 'req-1' },
+    body,
+    chunkBytes: 7000,
+  });
   assert.equal(out.kind, 'routed');
   if (out.kind !== 'routed') return;
   assert.equal(out.endpoints.length, 3, 'the chosen endpoint and two fallbacks');
@@ -33,11 +54,20 @@ test('a chat request in several chunks: routed on the whole body, echoed unchang
   assert.equal(out.body.toString(), body, 'the body is forwarded byte for byte');
   assert.equal(out.setHeaders.get('content-length'), String(Buffer.byteLength(body)));
   assert.equal(inFlight(), 1, 'counted in flight from the decision');
-  const worker = router().listWorkers().find((w) => w.inFlightRequests === 1)!;
+  const worker = router()
+    .listWorkers()
+    .find((w) => w.inFlightRequests === 1)!;
   assert.equal(worker.id, fleet.workerAt.get(out.endpoints[0]));
-  const resp = await out.stream.respond({ served: out.endpoints[0], chunks: ['data: {"x":1}\n\n', 'data: [DONE]\n\n'] });
+  const resp = await out.stream.respond({
+    served: out.endpoints[0],
+    chunks: ['data: {"x":1}\n\n', 'data: [DONE]\n\n'],
+  });
   assert.equal(resp.setHeaders.get('x-contextforge-worker'), worker.id);
-  assert.equal(resp.body.toString(), 'data: {"x":1}\n\ndata: [DONE]\n\n', 'the response body streams through unchanged');
+  assert.equal(
+    resp.body.toString(),
+    'data: {"x":1}\n\ndata: [DONE]\n\n',
+    'the response body streams through unchanged',
+  );
   await out.stream.end();
   await until(() => inFlight() === 0, 'the request to leave the in-flight count');
 });
@@ -69,24 +99,43 @@ test('a header-only request gets an endpoint and no body answer', async () => {
 test('the subset hint restricts the choice, as a list or a comma-separated string, with or without ports', async () => {
   const [a, b, c] = fleet.endpoints;
   for (let i = 0; i < 6; i++) {
-    const out = await envoy.request({ headers: { ':path': '/v1/completions' }, body: JSON.stringify({ model: 'mock', prompt: `subset ${i} `.repeat(50) }), subset: [b, c] });
+    const out = await envoy.request({
+      headers: { ':path': '/v1/completions' },
+      body: JSON.stringify({ model: 'mock', prompt: `subset ${i} `.repeat(50) }),
+      subset: [b, c],
+    });
     assert.equal(out.kind, 'routed');
     if (out.kind !== 'routed') return;
-    assert.ok(out.endpoints.every((e) => e === b || e === c), `${out.headerValue} stays within ${b},${c}`);
+    assert.ok(
+      out.endpoints.every((e) => e === b || e === c),
+      `${out.headerValue} stays within ${b},${c}`,
+    );
     assert.ok(!out.endpoints.includes(a));
     await out.stream.end();
   }
-  const str = await envoy.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'hello' }), subset: ` ${c} , ` });
+  const str = await envoy.request({
+    headers: {},
+    body: JSON.stringify({ model: 'mock', prompt: 'hello' }),
+    subset: ` ${c} , `,
+  });
   assert.equal(str.kind === 'routed' && str.headerValue, c, 'one endpoint named: no fallbacks');
   if (str.kind === 'routed') await str.stream.end();
-  const bare = await envoy.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'hello' }), subset: ['127.0.0.1'] });
+  const bare = await envoy.request({
+    headers: {},
+    body: JSON.stringify({ model: 'mock', prompt: 'hello' }),
+    subset: ['127.0.0.1'],
+  });
   assert.equal(bare.kind === 'routed' && bare.endpoints.length, 3, 'an address without a port allows every port');
   if (bare.kind === 'routed') await bare.stream.end();
   await until(() => inFlight() === 0, 'release');
 });
 
 test('no eligible endpoint → 503; an empty subset → 503', async () => {
-  const out = await envoy.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'hi' }), subset: ['10.9.9.9:8000'] });
+  const out = await envoy.request({
+    headers: {},
+    body: JSON.stringify({ model: 'mock', prompt: 'hi' }),
+    subset: ['10.9.9.9:8000'],
+  });
   assert.equal(out.kind, 'immediate');
   assert.equal(out.kind === 'immediate' && out.status, 503);
   const empty = await envoy.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'hi' }), subset: [] });
@@ -98,7 +147,10 @@ test('no eligible endpoint → 503; an empty subset → 503', async () => {
     assert.equal(drained.kind === 'immediate' && drained.headers.get('retry-after'), '1');
     assert.equal(drained.kind === 'immediate' && JSON.parse(drained.body).error.type, 'server_error');
     assert.equal(await envoy.healthStatus('liveness'), 'SERVING', 'alive');
-    await until(async () => (await envoy.healthStatus('readiness')) === 'NOT_SERVING', 'readiness to drop with no available worker');
+    await until(
+      async () => (await envoy.healthStatus('readiness')) === 'NOT_SERVING',
+      'readiness to drop with no available worker',
+    );
     assert.equal(await envoy.healthStatus(EXT_PROC_SERVICE), 'NOT_SERVING');
   } finally {
     for (const w of router().listWorkers()) router().resumeWorker(w.id);
@@ -108,14 +160,20 @@ test('no eligible endpoint → 503; an empty subset → 503', async () => {
 });
 
 test('bad JSON → 400; a field the API needs missing → 400 naming it; x-request-id on the reply', async () => {
-  const bad = await envoy.request({ headers: { ':path': '/v1/chat/completions', 'x-request-id': 'abc-123' }, body: '{"model": "mock", "messages": [' });
+  const bad = await envoy.request({
+    headers: { ':path': '/v1/chat/completions', 'x-request-id': 'abc-123' },
+    body: '{"model": "mock", "messages": [',
+  });
   assert.equal(bad.kind, 'immediate');
   if (bad.kind !== 'immediate') return;
   assert.equal(bad.status, 400);
   assert.match(JSON.parse(bad.body).error.message, /not valid JSON/);
   assert.equal(bad.headers.get('content-type'), 'application/json');
   assert.equal(bad.headers.get('x-request-id'), 'abc-123');
-  const missing = await envoy.request({ headers: { ':path': '/v1/chat/completions' }, body: JSON.stringify({ model: 'mock' }) });
+  const missing = await envoy.request({
+    headers: { ':path': '/v1/chat/completions' },
+    body: JSON.stringify({ model: 'mock' }),
+  });
   assert.equal(missing.kind === 'immediate' && missing.status, 400);
   assert.equal(missing.kind === 'immediate' && JSON.parse(missing.body).error.param, 'messages');
   const array = await envoy.request({ headers: {}, body: '[1,2]' });
@@ -126,21 +184,33 @@ test('bad JSON → 400; a field the API needs missing → 400 naming it; x-reque
 test('sheddable objectives get 429 when the pool is saturated; others are routed', async () => {
   for (const w of router().listWorkers()) router().updateWorkerMetrics(w.id, { kvUsage: 0.95 });
   try {
-    const shed = await envoy.request({ headers: { 'x-gateway-inference-objective': 'batch' }, body: JSON.stringify({ model: 'mock', prompt: 'bulk job' }) });
+    const shed = await envoy.request({
+      headers: { 'x-gateway-inference-objective': 'batch' },
+      body: JSON.stringify({ model: 'mock', prompt: 'bulk job' }),
+    });
     assert.equal(shed.kind === 'immediate' && shed.status, 429);
-    const kept = await envoy.request({ headers: { 'x-gateway-inference-objective': 'chat' }, body: JSON.stringify({ model: 'mock', prompt: 'interactive' }) });
+    const kept = await envoy.request({
+      headers: { 'x-gateway-inference-objective': 'chat' },
+      body: JSON.stringify({ model: 'mock', prompt: 'interactive' }),
+    });
     assert.equal(kept.kind, 'routed', 'priority 0 is never shed');
     if (kept.kind === 'routed') await kept.stream.end();
   } finally {
     for (const w of router().listWorkers()) router().updateWorkerMetrics(w.id, { kvUsage: 0.1 });
   }
-  const calm = await envoy.request({ headers: { 'x-gateway-inference-objective': 'batch' }, body: JSON.stringify({ model: 'mock', prompt: 'bulk job' }) });
+  const calm = await envoy.request({
+    headers: { 'x-gateway-inference-objective': 'batch' },
+    body: JSON.stringify({ model: 'mock', prompt: 'bulk job' }),
+  });
   assert.equal(calm.kind, 'routed', 'a sheddable request passes when the pool is not saturated');
   if (calm.kind === 'routed') await calm.stream.end();
 });
 
 test('x-gateway-model-name-rewrite rewrites the model in the forwarded body, with its length', async () => {
-  const out = await envoy.request({ headers: { 'x-gateway-model-name-rewrite': 'mock-v2' }, body: JSON.stringify({ model: 'mock', prompt: 'rewrite me' }) });
+  const out = await envoy.request({
+    headers: { 'x-gateway-model-name-rewrite': 'mock-v2' },
+    body: JSON.stringify({ model: 'mock', prompt: 'rewrite me' }),
+  });
   assert.equal(out.kind, 'routed');
   if (out.kind !== 'routed') return;
   const forwarded = JSON.parse(out.body.toString()) as { model: string; prompt: string };
@@ -154,7 +224,10 @@ test('requests sharing a prefix go to the same endpoint (KV-aware, not round-rob
   const system = 'You are a meticulous assistant for a large retrieval corpus. '.repeat(40);
   const chosen = new Set<string>();
   for (let i = 0; i < 5; i++) {
-    const out = await envoy.request({ headers: { ':path': '/v1/chat/completions' }, body: chat(`${system} question ${i}`) });
+    const out = await envoy.request({
+      headers: { ':path': '/v1/chat/completions' },
+      body: chat(`${system} question ${i}`),
+    });
     assert.equal(out.kind, 'routed');
     if (out.kind !== 'routed') return;
     chosen.add(out.endpoints[0]);
@@ -165,11 +238,17 @@ test('requests sharing a prefix go to the same endpoint (KV-aware, not round-rob
 });
 
 test('served by a fallback: the in-flight count moves to the endpoint Envoy reports', async () => {
-  const out = await envoy.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'fallback '.repeat(100) }) });
+  const out = await envoy.request({
+    headers: {},
+    body: JSON.stringify({ model: 'mock', prompt: 'fallback '.repeat(100) }),
+  });
   assert.equal(out.kind, 'routed');
   if (out.kind !== 'routed') return;
   const [first, second] = out.endpoints;
-  const count = (e: string) => router().listWorkers().find((w) => w.id === fleet.workerAt.get(e))!.inFlightRequests;
+  const count = (e: string) =>
+    router()
+      .listWorkers()
+      .find((w) => w.id === fleet.workerAt.get(e))!.inFlightRequests;
   assert.equal(count(first), 1);
   const setHeaders = await out.stream.respondHeaders({ served: second }, true);
   assert.equal(setHeaders.get('x-contextforge-worker'), fleet.workerAt.get(second));
@@ -191,10 +270,17 @@ test('Envoy resetting the stream releases the request', async () => {
 });
 
 test('protocol_config is tolerated: FULL_DUPLEX_STREAMED explicit; body mode NONE routes on the headers', async () => {
-  const full = await envoy.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'p' }), protocolConfig: { request_body_mode: 'FULL_DUPLEX_STREAMED', response_body_mode: 'FULL_DUPLEX_STREAMED' } });
+  const full = await envoy.request({
+    headers: {},
+    body: JSON.stringify({ model: 'mock', prompt: 'p' }),
+    protocolConfig: { request_body_mode: 'FULL_DUPLEX_STREAMED', response_body_mode: 'FULL_DUPLEX_STREAMED' },
+  });
   assert.equal(full.kind, 'routed');
   if (full.kind === 'routed') await full.stream.end();
-  const none = await envoy.request({ headers: { ':method': 'GET', ':path': '/health' }, protocolConfig: { request_body_mode: 'NONE', response_body_mode: 'NONE' } });
+  const none = await envoy.request({
+    headers: { ':method': 'GET', ':path': '/health' },
+    protocolConfig: { request_body_mode: 'NONE', response_body_mode: 'NONE' },
+  });
   assert.equal(none.kind, 'routed');
   if (none.kind === 'routed') await none.stream.end();
 });
@@ -203,7 +289,11 @@ test('a body over the limit → 413', async () => {
   const small = await startPickerFleet({ engines: 1, gateway: { bodyLimit: 4096 } });
   const e = new EnvoyRole(small.addresses[0]);
   try {
-    const out = await e.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'y'.repeat(10_000) }), chunkBytes: 1024 });
+    const out = await e.request({
+      headers: {},
+      body: JSON.stringify({ model: 'mock', prompt: 'y'.repeat(10_000) }),
+      chunkBytes: 1024,
+    });
     assert.equal(out.kind === 'immediate' && out.status, 413);
   } finally {
     e.close();
@@ -214,17 +304,28 @@ test('a body over the limit → 413', async () => {
 test('trailers end the body instead of end_of_stream: headers answer, the body without end_of_stream, then the trailers answer', async () => {
   // EnvoyRole always ends bodies with end_of_stream: this stream is written by hand
   const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
-  const client = new Ctor(fleet.addresses[0], credentials.createInsecure()) as unknown as { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse>; close(): void };
+  const client = new Ctor(fleet.addresses[0], credentials.createInsecure()) as unknown as {
+    Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
+    close(): void;
+  };
   const call = client.Process();
   const got: ProcessingResponse[] = [];
   call.on('data', (m: ProcessingResponse) => got.push(m));
   const ended = new Promise<void>((r) => call.on('end', () => r()));
   const body = Buffer.from(JSON.stringify({ model: 'mock', prompt: 'with trailers' }));
-  call.write({ request_headers: { headers: { headers: [{ key: ':path', raw_value: Buffer.from('/v1/completions') }] }, end_of_stream: false } });
+  call.write({
+    request_headers: {
+      headers: { headers: [{ key: ':path', raw_value: Buffer.from('/v1/completions') }] },
+      end_of_stream: false,
+    },
+  });
   call.write({ request_body: { body, end_of_stream: false } });
   call.write({ request_trailers: { trailers: { headers: [] } } });
   await until(() => got.length >= 3, 'three answers');
-  assert.deepEqual(got.map((m) => m.response), ['request_headers', 'request_body', 'request_trailers']);
+  assert.deepEqual(
+    got.map((m) => m.response),
+    ['request_headers', 'request_body', 'request_trailers'],
+  );
   const sr = got[1].request_body!.response!.body_mutation!.streamed_response!;
   assert.equal(Buffer.from(sr.body).toString(), body.toString());
   assert.ok(!sr.end_of_stream, 'the trailers, not the body, end the request');

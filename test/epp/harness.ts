@@ -19,16 +19,21 @@ export interface PickerFleet {
   close(): Promise<void>;
 }
 
-export async function startPickerFleet(o: {
-  engines?: number;
-  replicas?: number;
-  state?: () => StateStore;
-  picker?: Partial<PickerConfig>;
-  gateway?: Partial<GatewayOptions>;
-  engineOptions?: ConstructorParameters<typeof MockEngine>[0];
-} = {}): Promise<PickerFleet> {
+export async function startPickerFleet(
+  o: {
+    engines?: number;
+    replicas?: number;
+    state?: () => StateStore;
+    picker?: Partial<PickerConfig>;
+    gateway?: Partial<GatewayOptions>;
+    engineOptions?: ConstructorParameters<typeof MockEngine>[0];
+  } = {},
+): Promise<PickerFleet> {
   const engines: MockEngine[] = [];
-  for (let i = 0; i < (o.engines ?? 3); i++) engines.push(await new MockEngine({ kvBlocks: 4096, prefillTokS: 200_000, decodeTokS: 4000, ...o.engineOptions }).start());
+  for (let i = 0; i < (o.engines ?? 3); i++)
+    engines.push(
+      await new MockEngine({ kvBlocks: 4096, prefillTokS: 200_000, decodeTokS: 4000, ...o.engineOptions }).start(),
+    );
   const endpoints = engines.map((e) => `127.0.0.1:${e.port}`);
   const workerAt = new Map(endpoints.map((e, i) => [e, `engine-${i}`]));
   const gateways: Gateway[] = [];
@@ -40,16 +45,34 @@ export async function startPickerFleet(o: {
       router: new KVAwareRouter({ blockSize: 16 }),
       workers: engines.map((e, i) => ({ id: `engine-${i}`, url: `http://127.0.0.1:${e.port}` })),
       state: (o.state ?? (() => new MemoryStateStore()))(),
-      metricsIntervalMs: 0, healthCheckIntervalMs: 0, log: (m) => logs.push(m),
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+      log: (m) => logs.push(m),
       ...o.gateway,
     });
-    const picker = await startPicker(gateway, { shedQueueDepth: 5, shedKvUsage: 0.8, eppFallbacks: 2, bodyLimit: o.gateway?.bodyLimit ?? 16 * 1024 * 1024, ...o.picker }, { host: '127.0.0.1', port: 0, log: (m) => logs.push(m), readinessIntervalMs: 50 });
+    const picker = await startPicker(
+      gateway,
+      {
+        shedQueueDepth: 5,
+        shedKvUsage: 0.8,
+        eppFallbacks: 2,
+        bodyLimit: o.gateway?.bodyLimit ?? 16 * 1024 * 1024,
+        ...o.picker,
+      },
+      { host: '127.0.0.1', port: 0, log: (m) => logs.push(m), readinessIntervalMs: 50 },
+    );
     gateways.push(gateway);
     pickers.push(picker);
     addresses.push(`127.0.0.1:${String(picker.eppPort)}`);
   }
   return {
-    engines, gateways, pickers, addresses, endpoints, workerAt, logs,
+    engines,
+    gateways,
+    pickers,
+    addresses,
+    endpoints,
+    workerAt,
+    logs,
     close: async () => {
       for (const p of pickers) await p.close();
       for (const g of gateways) await g.close();

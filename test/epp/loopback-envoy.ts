@@ -1,8 +1,20 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { credentials, makeGenericClientConstructor, type ClientDuplexStream } from '@grpc/grpc-js';
 import { request } from 'undici';
-import { extProcService, structToPlain, type HeaderValueOption, type ProcessingRequest, type ProcessingResponse } from '../../src/epp/proto.js';
-import { DESTINATION_ENDPOINT_KEY, DESTINATION_ENDPOINT_NAMESPACE, DESTINATION_ENDPOINT_SERVED_KEY, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE } from '../../src/epp/protocol.js';
+import {
+  extProcService,
+  structToPlain,
+  type HeaderValueOption,
+  type ProcessingRequest,
+  type ProcessingResponse,
+} from '../../src/epp/proto.js';
+import {
+  DESTINATION_ENDPOINT_KEY,
+  DESTINATION_ENDPOINT_NAMESPACE,
+  DESTINATION_ENDPOINT_SERVED_KEY,
+  SUBSET_HINT_KEY,
+  SUBSET_HINT_NAMESPACE,
+} from '../../src/epp/protocol.js';
 
 /**
  * A small HTTP proxy that does an Envoy gateway's job in front of an endpoint picker, the way
@@ -53,12 +65,29 @@ class Inbox {
   }
 }
 
-const HOP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'upgrade', 'host', 'content-length', 'te', 'trailer', 'proxy-connection']);
-const text = (h: HeaderValueOption['header']) => (h.raw_value && h.raw_value.length > 0 ? Buffer.from(h.raw_value).toString() : (h.value ?? ''));
+const HOP = new Set([
+  'connection',
+  'keep-alive',
+  'transfer-encoding',
+  'upgrade',
+  'host',
+  'content-length',
+  'te',
+  'trailer',
+  'proxy-connection',
+]);
+const text = (h: HeaderValueOption['header']) =>
+  h.raw_value && h.raw_value.length > 0 ? Buffer.from(h.raw_value).toString() : (h.value ?? '');
 
-export async function startLoopbackEnvoy(options: { extProc: string; subset?: string[] | string }): Promise<LoopbackEnvoy> {
+export async function startLoopbackEnvoy(options: {
+  extProc: string;
+  subset?: string[] | string;
+}): Promise<LoopbackEnvoy> {
   const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
-  const client = new Ctor(options.extProc, credentials.createInsecure()) as unknown as { Process(): Call; close(): void };
+  const client = new Ctor(options.extProc, credentials.createInsecure()) as unknown as {
+    Process(): Call;
+    close(): void;
+  };
   const state = { fallbacks: 0 };
 
   const handle = async (req: IncomingMessage, res: ServerResponse) => {
@@ -69,14 +98,28 @@ export async function startLoopbackEnvoy(options: { extProc: string; subset?: st
       { key: ':method', raw_value: Buffer.from(req.method ?? 'GET') },
       { key: ':path', raw_value: Buffer.from(req.url ?? '/') },
       { key: ':authority', raw_value: Buffer.from(req.headers.host ?? 'gateway') },
-      ...Object.entries(req.headers).filter(([k]) => k !== 'host').map(([key, v]) => ({ key, raw_value: Buffer.from(Array.isArray(v) ? v.join(',') : (v ?? '')) })),
+      ...Object.entries(req.headers)
+        .filter(([k]) => k !== 'host')
+        .map(([key, v]) => ({ key, raw_value: Buffer.from(Array.isArray(v) ? v.join(',') : (v ?? '')) })),
     ];
     const subset = options.subset;
     call.write({
       request_headers: { headers: { headers }, end_of_stream: !hasBody },
-      metadata_context: subset === undefined ? undefined : {
-        filter_metadata: { [SUBSET_HINT_NAMESPACE]: { fields: { [SUBSET_HINT_KEY]: typeof subset === 'string' ? { stringValue: subset } : { listValue: { values: subset.map((s) => ({ stringValue: s })) } } } } },
-      },
+      metadata_context:
+        subset === undefined
+          ? undefined
+          : {
+              filter_metadata: {
+                [SUBSET_HINT_NAMESPACE]: {
+                  fields: {
+                    [SUBSET_HINT_KEY]:
+                      typeof subset === 'string'
+                        ? { stringValue: subset }
+                        : { listValue: { values: subset.map((s) => ({ stringValue: s })) } },
+                  },
+                },
+              },
+            },
       protocol_config: { request_body_mode: 'FULL_DUPLEX_STREAMED', response_body_mode: 'FULL_DUPLEX_STREAMED' },
     });
     // full duplex: body chunks go to the picker as they arrive, then an empty end_of_stream chunk
@@ -89,7 +132,19 @@ export async function startLoopbackEnvoy(options: { extProc: string; subset?: st
     await sending;
     if (first.response === 'immediate_response') {
       const ir = first.immediate_response!;
-      const code = typeof ir.status.code === 'number' ? ir.status.code : ({ BadRequest: 400, NotFound: 404, PayloadTooLarge: 413, TooManyRequests: 429, ServiceUnavailable: 503, InternalServerError: 500 } as Record<string, number>)[ir.status.code] ?? 500;
+      const code =
+        typeof ir.status.code === 'number'
+          ? ir.status.code
+          : ((
+              {
+                BadRequest: 400,
+                NotFound: 404,
+                PayloadTooLarge: 413,
+                TooManyRequests: 429,
+                ServiceUnavailable: 503,
+                InternalServerError: 500,
+              } as Record<string, number>
+            )[ir.status.code] ?? 500);
       for (const h of ir.headers?.set_headers ?? []) res.setHeader(h.header.key, text(h.header));
       res.writeHead(code);
       res.end(Buffer.from(ir.body ?? []));
@@ -99,10 +154,13 @@ export async function startLoopbackEnvoy(options: { extProc: string; subset?: st
     if (first.response !== 'request_headers') throw new Error(`expected request_headers, got ${first.response}`);
     const upstreamHeaders: Record<string, string> = {};
     for (const [k, v] of Object.entries(req.headers)) if (!HOP.has(k) && typeof v === 'string') upstreamHeaders[k] = v;
-    for (const h of first.request_headers?.response?.header_mutation?.set_headers ?? []) upstreamHeaders[h.header.key.toLowerCase()] = text(h.header);
+    for (const h of first.request_headers?.response?.header_mutation?.set_headers ?? [])
+      upstreamHeaders[h.header.key.toLowerCase()] = text(h.header);
     const destination = upstreamHeaders[DESTINATION_ENDPOINT_KEY];
-    const meta = structToPlain(first.dynamic_metadata)[DESTINATION_ENDPOINT_NAMESPACE] as Record<string, string> | undefined;
-    if (!destination || meta?.[DESTINATION_ENDPOINT_KEY] !== destination) throw new Error('the picker named no endpoint, or different ones in header and metadata');
+    const meta = structToPlain(first.dynamic_metadata)[DESTINATION_ENDPOINT_NAMESPACE] as
+      Record<string, string> | undefined;
+    if (!destination || meta?.[DESTINATION_ENDPOINT_KEY] !== destination)
+      throw new Error('the picker named no endpoint, or different ones in header and metadata');
     delete upstreamHeaders['content-length'];
     const body: Buffer[] = [];
     if (hasBody) {
@@ -121,7 +179,11 @@ export async function startLoopbackEnvoy(options: { extProc: string; subset?: st
     const endpoints = destination.split(',');
     for (const [i, endpoint] of endpoints.entries()) {
       try {
-        const r = await request(`http://${endpoint}${req.url}`, { method: req.method as 'POST', headers: upstreamHeaders, body: hasBody ? payload : undefined });
+        const r = await request(`http://${endpoint}${req.url}`, {
+          method: req.method as 'POST',
+          headers: upstreamHeaders,
+          body: hasBody ? payload : undefined,
+        });
         if (r.statusCode >= 500 && i < endpoints.length - 1) {
           await r.body.dump();
           continue;
@@ -140,16 +202,27 @@ export async function startLoopbackEnvoy(options: { extProc: string; subset?: st
       res.end('no healthy upstream');
       return;
     }
-    const respHeaders = [{ key: ':status', raw_value: Buffer.from(String(upstream.statusCode)) }, ...Object.entries(upstream.headers).map(([key, v]) => ({ key, raw_value: Buffer.from(Array.isArray(v) ? v.join(',') : String(v ?? '')) }))];
+    const respHeaders = [
+      { key: ':status', raw_value: Buffer.from(String(upstream.statusCode)) },
+      ...Object.entries(upstream.headers).map(([key, v]) => ({
+        key,
+        raw_value: Buffer.from(Array.isArray(v) ? v.join(',') : String(v ?? '')),
+      })),
+    ];
     call.write({
       response_headers: { headers: { headers: respHeaders }, end_of_stream: false },
-      metadata_context: { filter_metadata: { [DESTINATION_ENDPOINT_NAMESPACE]: { fields: { [DESTINATION_ENDPOINT_SERVED_KEY]: { stringValue: served } } } } },
+      metadata_context: {
+        filter_metadata: {
+          [DESTINATION_ENDPOINT_NAMESPACE]: { fields: { [DESTINATION_ENDPOINT_SERVED_KEY]: { stringValue: served } } },
+        },
+      },
     });
     const rh = await inbox.next();
     if (rh.response !== 'response_headers') throw new Error(`expected the response_headers answer, got ${rh.response}`);
     const out: Record<string, string> = {};
     for (const [k, v] of Object.entries(upstream.headers)) if (!HOP.has(k) && typeof v === 'string') out[k] = v;
-    for (const h of rh.response_headers?.response?.header_mutation?.set_headers ?? []) out[h.header.key.toLowerCase()] = text(h.header);
+    for (const h of rh.response_headers?.response?.header_mutation?.set_headers ?? [])
+      out[h.header.key.toLowerCase()] = text(h.header);
     res.writeHead(upstream.statusCode, out);
     // response body through the picker: each echoed chunk goes to the client as it comes back
     const echo = (async () => {
@@ -161,7 +234,8 @@ export async function startLoopbackEnvoy(options: { extProc: string; subset?: st
         if (sr.end_of_stream) return;
       }
     })();
-    for await (const chunk of upstream.body) call.write({ response_body: { body: chunk as Buffer, end_of_stream: false } });
+    for await (const chunk of upstream.body)
+      call.write({ response_body: { body: chunk as Buffer, end_of_stream: false } });
     call.write({ response_body: { body: Buffer.alloc(0), end_of_stream: true } });
     await echo;
     res.end();

@@ -13,11 +13,30 @@ import { EXT_PROC_PROTO, PROTO_DIR } from '../../src/epp/proto.js';
 // api/envoy/extensions/filters/http/ext_proc/v3/processing_mode.proto.
 
 const NEWER_FIELDS: Record<string, { number: number; type: string; typeName?: string }> = {
-  'envoy.service.ext_proc.v3.ProcessingRequest.protocol_config': { number: 11, type: 'TYPE_MESSAGE', typeName: 'ProtocolConfiguration' },
-  'envoy.service.ext_proc.v3.ProtocolConfiguration.request_body_mode': { number: 1, type: 'TYPE_ENUM', typeName: 'BodySendMode' },
-  'envoy.service.ext_proc.v3.ProtocolConfiguration.response_body_mode': { number: 2, type: 'TYPE_ENUM', typeName: 'BodySendMode' },
-  'envoy.service.ext_proc.v3.ProtocolConfiguration.send_body_without_waiting_for_header_response': { number: 3, type: 'TYPE_BOOL' },
-  'envoy.service.ext_proc.v3.BodyMutation.streamed_response': { number: 3, type: 'TYPE_MESSAGE', typeName: 'StreamedBodyResponse' },
+  'envoy.service.ext_proc.v3.ProcessingRequest.protocol_config': {
+    number: 11,
+    type: 'TYPE_MESSAGE',
+    typeName: 'ProtocolConfiguration',
+  },
+  'envoy.service.ext_proc.v3.ProtocolConfiguration.request_body_mode': {
+    number: 1,
+    type: 'TYPE_ENUM',
+    typeName: 'BodySendMode',
+  },
+  'envoy.service.ext_proc.v3.ProtocolConfiguration.response_body_mode': {
+    number: 2,
+    type: 'TYPE_ENUM',
+    typeName: 'BodySendMode',
+  },
+  'envoy.service.ext_proc.v3.ProtocolConfiguration.send_body_without_waiting_for_header_response': {
+    number: 3,
+    type: 'TYPE_BOOL',
+  },
+  'envoy.service.ext_proc.v3.BodyMutation.streamed_response': {
+    number: 3,
+    type: 'TYPE_MESSAGE',
+    typeName: 'StreamedBodyResponse',
+  },
   'envoy.service.ext_proc.v3.StreamedBodyResponse.body': { number: 1, type: 'TYPE_BYTES' },
   'envoy.service.ext_proc.v3.StreamedBodyResponse.end_of_stream': { number: 2, type: 'TYPE_BOOL' },
 };
@@ -25,35 +44,74 @@ const NEWER_ENUM_VALUES: Record<string, number> = {
   'envoy.extensions.filters.http.ext_proc.v3.ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED': 4,
 };
 
-interface FieldDescriptor { name: string; number: number; label: string; type: string; typeName: string; oneofIndex?: number }
-interface EnumDescriptor { name?: string; value: Array<{ name: string; number: number }> }
-interface MessageDescriptor { field: FieldDescriptor[]; oneofDecl: Array<{ name: string }>; enumType?: EnumDescriptor[] }
+interface FieldDescriptor {
+  name: string;
+  number: number;
+  label: string;
+  type: string;
+  typeName: string;
+  oneofIndex?: number;
+}
+interface EnumDescriptor {
+  name?: string;
+  value: Array<{ name: string; number: number }>;
+}
+interface MessageDescriptor {
+  field: FieldDescriptor[];
+  oneofDecl: Array<{ name: string }>;
+  enumType?: EnumDescriptor[];
+}
 type Entry = { format: string; type: MessageDescriptor | EnumDescriptor };
 
 const require = createRequire(import.meta.url);
 const xdsDeps = `${dirname(require.resolve('@grpc/grpc-js-xds/package.json'))}/deps`;
 
 const ours = loadSync(EXT_PROC_PROTO, { keepCase: true, includeDirs: [PROTO_DIR] });
-const shipped = loadSync(EXT_PROC_PROTO, { keepCase: true, includeDirs: ['envoy-api', 'xds', 'protoc-gen-validate', 'googleapis'].map((d) => `${xdsDeps}/${d}`) });
+const shipped = loadSync(EXT_PROC_PROTO, {
+  keepCase: true,
+  includeDirs: ['envoy-api', 'xds', 'protoc-gen-validate', 'googleapis'].map((d) => `${xdsDeps}/${d}`),
+});
 
 const entries = (pd: PackageDefinition, kind: 'DescriptorProto' | 'EnumDescriptorProto') =>
-  Object.entries(pd).filter(([name, e]) => name.startsWith('envoy.') && (e as Entry).format === `Protocol Buffer 3 ${kind}`) as Array<[string, Entry]>;
+  Object.entries(pd).filter(
+    ([name, e]) => name.startsWith('envoy.') && (e as Entry).format === `Protocol Buffer 3 ${kind}`,
+  ) as Array<[string, Entry]>;
 /** Top-level enums and the enums nested in messages, by full name. */
 function enums(pd: PackageDefinition): Map<string, EnumDescriptor> {
   const out = new Map<string, EnumDescriptor>();
   for (const [name, e] of entries(pd, 'EnumDescriptorProto')) out.set(name, e.type as EnumDescriptor);
-  for (const [name, e] of entries(pd, 'DescriptorProto')) for (const en of (e.type as MessageDescriptor).enumType ?? []) out.set(`${name}.${en.name}`, en);
+  for (const [name, e] of entries(pd, 'DescriptorProto'))
+    for (const en of (e.type as MessageDescriptor).enumType ?? []) out.set(`${name}.${en.name}`, en);
   return out;
 }
 const tail = (typeName: string) => typeName.split('.').pop() ?? '';
-const oneofOf = (m: MessageDescriptor, f: FieldDescriptor) => (f.oneofIndex === undefined || f.oneofIndex === null ? undefined : m.oneofDecl[f.oneofIndex]?.name);
+const oneofOf = (m: MessageDescriptor, f: FieldDescriptor) =>
+  f.oneofIndex === undefined || f.oneofIndex === null ? undefined : m.oneofDecl[f.oneofIndex]?.name;
 
-test('the minimal protos declare the messages the picker needs, under Envoy\'s names', () => {
+test("the minimal protos declare the messages the picker needs, under Envoy's names", () => {
   const names = new Set(Object.keys(ours));
-  for (const m of ['ProcessingRequest', 'ProcessingResponse', 'HttpHeaders', 'HttpBody', 'CommonResponse', 'HeaderMutation', 'BodyMutation', 'StreamedBodyResponse', 'ImmediateResponse', 'ProtocolConfiguration']) {
+  for (const m of [
+    'ProcessingRequest',
+    'ProcessingResponse',
+    'HttpHeaders',
+    'HttpBody',
+    'CommonResponse',
+    'HeaderMutation',
+    'BodyMutation',
+    'StreamedBodyResponse',
+    'ImmediateResponse',
+    'ProtocolConfiguration',
+  ]) {
     assert.ok(names.has(`envoy.service.ext_proc.v3.${m}`), m);
   }
-  for (const m of ['envoy.config.core.v3.HeaderValue', 'envoy.config.core.v3.HeaderValueOption', 'envoy.config.core.v3.HeaderMap', 'envoy.config.core.v3.Metadata', 'envoy.type.v3.HttpStatus']) assert.ok(names.has(m), m);
+  for (const m of [
+    'envoy.config.core.v3.HeaderValue',
+    'envoy.config.core.v3.HeaderValueOption',
+    'envoy.config.core.v3.HeaderMap',
+    'envoy.config.core.v3.Metadata',
+    'envoy.type.v3.HttpStatus',
+  ])
+    assert.ok(names.has(m), m);
 });
 
 test('every field shared with the shipped copy has the same number, type, label, message type and oneof', () => {
@@ -72,7 +130,10 @@ test('every field shared with the shipped copy has the same number, type, label,
         assert.equal(f.type, newer.type, `${full}: type`);
         if (newer.typeName) assert.equal(tail(f.typeName), newer.typeName, `${full}: message type`);
         // a newer field's number must not be taken by another field in the shipped copy
-        assert.ok(!theirs?.field.some((x) => x.number === f.number), `${full}: number ${f.number} is used by another field in the shipped copy`);
+        assert.ok(
+          !theirs?.field.some((x) => x.number === f.number),
+          `${full}: number ${f.number} is used by another field in the shipped copy`,
+        );
         newerSeen.add(full);
         continue;
       }
@@ -99,7 +160,11 @@ test('every enum value shared with the shipped copy has the same number', () => 
     for (const v of mine.value) {
       const t: { name: string; number: number } | undefined = theirs.value.find((x) => x.name === v.name);
       if (!t) {
-        assert.equal(v.number, NEWER_ENUM_VALUES[`${name}.${v.name}`], `${name}.${v.name} is in neither the shipped copy nor the newer values`);
+        assert.equal(
+          v.number,
+          NEWER_ENUM_VALUES[`${name}.${v.name}`],
+          `${name}.${v.name} is in neither the shipped copy nor the newer values`,
+        );
         continue;
       }
       assert.equal(v.number, t.number, `${name}.${v.name}`);
@@ -110,7 +175,10 @@ test('every enum value shared with the shipped copy has the same number', () => 
 });
 
 test('the service is the same bidirectional stream', () => {
-  const mine = ours['envoy.service.ext_proc.v3.ExternalProcessor'] as Record<string, { path: string; requestStream: boolean; responseStream: boolean }>;
+  const mine = ours['envoy.service.ext_proc.v3.ExternalProcessor'] as Record<
+    string,
+    { path: string; requestStream: boolean; responseStream: boolean }
+  >;
   const theirs = shipped['envoy.service.ext_proc.v3.ExternalProcessor'] as typeof mine;
   assert.equal(mine.Process.path, '/envoy.service.ext_proc.v3.ExternalProcessor/Process');
   assert.equal(mine.Process.path, theirs.Process.path);

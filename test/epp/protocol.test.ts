@@ -2,17 +2,48 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { structToPlain, type ProcessingRequest } from '../../src/epp/proto.js';
 import {
-  BODY_CHUNK_BYTES, endpointOfUrl, immediateResponse, inSubset, readHeaders, readServedEndpoint, readSubsetHint,
-  routingHeadersResponse, splitEndpoint, streamedBodyResponses,
+  BODY_CHUNK_BYTES,
+  endpointOfUrl,
+  immediateResponse,
+  inSubset,
+  readHeaders,
+  readServedEndpoint,
+  readSubsetHint,
+  routingHeadersResponse,
+  splitEndpoint,
+  streamedBodyResponses,
 } from '../../src/epp/protocol.js';
 
-const chunks = (n: number, eos: boolean) => streamedBodyResponses('request_body', Buffer.alloc(n, 1), eos).map((m) => m.request_body!.response!.body_mutation!.streamed_response!);
+const chunks = (n: number, eos: boolean) =>
+  streamedBodyResponses('request_body', Buffer.alloc(n, 1), eos).map(
+    (m) => m.request_body!.response!.body_mutation!.streamed_response!,
+  );
 
 test('bodies are cut into chunks of at most 62,000 bytes; only the last carries end_of_stream', () => {
-  assert.deepEqual(chunks(BODY_CHUNK_BYTES, true).map((c) => [c.body.length, c.end_of_stream]), [[62_000, true]]);
-  assert.deepEqual(chunks(BODY_CHUNK_BYTES + 1, true).map((c) => [c.body.length, c.end_of_stream]), [[62_000, false], [1, true]]);
-  assert.deepEqual(chunks(3 * BODY_CHUNK_BYTES, false).map((c) => [c.body.length, c.end_of_stream]), [[62_000, false], [62_000, false], [62_000, false]]);
-  assert.deepEqual(chunks(0, true).map((c) => [c.body.length, c.end_of_stream]), [[0, true]], 'an empty end is one empty chunk with end_of_stream');
+  assert.deepEqual(
+    chunks(BODY_CHUNK_BYTES, true).map((c) => [c.body.length, c.end_of_stream]),
+    [[62_000, true]],
+  );
+  assert.deepEqual(
+    chunks(BODY_CHUNK_BYTES + 1, true).map((c) => [c.body.length, c.end_of_stream]),
+    [
+      [62_000, false],
+      [1, true],
+    ],
+  );
+  assert.deepEqual(
+    chunks(3 * BODY_CHUNK_BYTES, false).map((c) => [c.body.length, c.end_of_stream]),
+    [
+      [62_000, false],
+      [62_000, false],
+      [62_000, false],
+    ],
+  );
+  assert.deepEqual(
+    chunks(0, true).map((c) => [c.body.length, c.end_of_stream]),
+    [[0, true]],
+    'an empty end is one empty chunk with end_of_stream',
+  );
   assert.deepEqual(chunks(0, false), [], 'nothing to say: no message');
 });
 
@@ -21,38 +52,102 @@ test('the routing answer: clear_route_cache, one destination header, the identic
   const common = r.request_headers!.response!;
   assert.equal(common.clear_route_cache, true);
   const set = common.header_mutation!.set_headers!;
-  assert.deepEqual(set.map((h) => [h.header.key, Buffer.from(h.header.raw_value!).toString(), h.append_action]), [
-    ['x-gateway-destination-endpoint', '10.0.0.1:8000,10.0.0.2:8000', 'OVERWRITE_IF_EXISTS_OR_ADD'],
-    ['content-length', '12', 'OVERWRITE_IF_EXISTS_OR_ADD'],
-  ]);
-  assert.deepEqual(structToPlain(r.dynamic_metadata), { 'envoy.lb': { 'x-gateway-destination-endpoint': '10.0.0.1:8000,10.0.0.2:8000' } });
+  assert.deepEqual(
+    set.map((h) => [h.header.key, Buffer.from(h.header.raw_value!).toString(), h.append_action]),
+    [
+      ['x-gateway-destination-endpoint', '10.0.0.1:8000,10.0.0.2:8000', 'OVERWRITE_IF_EXISTS_OR_ADD'],
+      ['content-length', '12', 'OVERWRITE_IF_EXISTS_OR_ADD'],
+    ],
+  );
+  assert.deepEqual(structToPlain(r.dynamic_metadata), {
+    'envoy.lb': { 'x-gateway-destination-endpoint': '10.0.0.1:8000,10.0.0.2:8000' },
+  });
   assert.throws(() => routingHeadersResponse([]), /at least one endpoint/);
 });
 
 test('immediate responses carry the status, a JSON error naming the field, and a details token without spaces', () => {
   const r = immediateResponse(400, 'messages must be a non-empty array', 'messages').immediate_response!;
   assert.equal(r.status.code, 400);
-  assert.deepEqual(JSON.parse(Buffer.from(r.body!).toString()), { error: { message: 'messages must be a non-empty array', type: 'invalid_request_error', param: 'messages', code: null } });
+  assert.deepEqual(JSON.parse(Buffer.from(r.body!).toString()), {
+    error: {
+      message: 'messages must be a non-empty array',
+      type: 'invalid_request_error',
+      param: 'messages',
+      code: null,
+    },
+  });
   assert.match(r.details!, /^\S+$/);
-  assert.equal(JSON.parse(Buffer.from(immediateResponse(429, 'x').immediate_response!.body!).toString()).error.type, 'rate_limit_error');
+  assert.equal(
+    JSON.parse(Buffer.from(immediateResponse(429, 'x').immediate_response!.body!).toString()).error.type,
+    'rate_limit_error',
+  );
 });
 
-const withMeta = (ns: string, key: string, value: object): ProcessingRequest => ({ metadata_context: { filter_metadata: { [ns]: { fields: { [key]: value } } } } });
+const withMeta = (ns: string, key: string, value: object): ProcessingRequest => ({
+  metadata_context: { filter_metadata: { [ns]: { fields: { [key]: value } } } },
+});
 
 test('the subset hint: a list, a comma string, list entries with commas; absent is undefined, empty is []', () => {
-  const hint = (v: object) => readSubsetHint(withMeta('envoy.lb.subset_hint', 'x-gateway-destination-endpoint-subset', v));
-  assert.deepEqual(hint({ kind: 'listValue', listValue: { values: [{ kind: 'stringValue', stringValue: '10.0.0.1:80' }, { kind: 'stringValue', stringValue: '10.0.0.2:80, 10.0.0.3:80' }] } }), ['10.0.0.1:80', '10.0.0.2:80', '10.0.0.3:80']);
-  assert.deepEqual(hint({ kind: 'stringValue', stringValue: ' 10.0.0.1:80 ,,10.0.0.2:80' }), ['10.0.0.1:80', '10.0.0.2:80']);
+  const hint = (v: object) =>
+    readSubsetHint(withMeta('envoy.lb.subset_hint', 'x-gateway-destination-endpoint-subset', v));
+  assert.deepEqual(
+    hint({
+      kind: 'listValue',
+      listValue: {
+        values: [
+          { kind: 'stringValue', stringValue: '10.0.0.1:80' },
+          { kind: 'stringValue', stringValue: '10.0.0.2:80, 10.0.0.3:80' },
+        ],
+      },
+    }),
+    ['10.0.0.1:80', '10.0.0.2:80', '10.0.0.3:80'],
+  );
+  assert.deepEqual(hint({ kind: 'stringValue', stringValue: ' 10.0.0.1:80 ,,10.0.0.2:80' }), [
+    '10.0.0.1:80',
+    '10.0.0.2:80',
+  ]);
   assert.deepEqual(hint({ kind: 'listValue', listValue: { values: [] } }), []);
   assert.equal(readSubsetHint({}), undefined);
-  assert.equal(readSubsetHint(withMeta('envoy.lb', 'x-gateway-destination-endpoint-subset', { kind: 'stringValue', stringValue: 'a:1' })), undefined, 'only under its namespace');
-  assert.equal(readSubsetHint(withMeta('envoy.lb.subset_hint', 'x-gateway-destination-endpoint-subset', { kind: 'stringValue', stringValue: Array(10_000).fill('1.1.1.1:1').join(',') }), 4096)!.length, 4096, 'bounded');
+  assert.equal(
+    readSubsetHint(
+      withMeta('envoy.lb', 'x-gateway-destination-endpoint-subset', { kind: 'stringValue', stringValue: 'a:1' }),
+    ),
+    undefined,
+    'only under its namespace',
+  );
+  assert.equal(
+    readSubsetHint(
+      withMeta('envoy.lb.subset_hint', 'x-gateway-destination-endpoint-subset', {
+        kind: 'stringValue',
+        stringValue: Array(10_000).fill('1.1.1.1:1').join(','),
+      }),
+      4096,
+    )!.length,
+    4096,
+    'bounded',
+  );
 });
 
 test('the served endpoint and headers are read as Envoy sends them', () => {
-  assert.equal(readServedEndpoint(withMeta('envoy.lb', 'x-gateway-destination-endpoint-served', { kind: 'stringValue', stringValue: '10.0.0.9:8000' })), '10.0.0.9:8000');
+  assert.equal(
+    readServedEndpoint(
+      withMeta('envoy.lb', 'x-gateway-destination-endpoint-served', {
+        kind: 'stringValue',
+        stringValue: '10.0.0.9:8000',
+      }),
+    ),
+    '10.0.0.9:8000',
+  );
   assert.equal(readServedEndpoint({}), undefined);
-  const h = readHeaders({ headers: { headers: [{ key: 'X-Request-Id', raw_value: Buffer.from('r1') }, { key: 'accept', value: 'a' }, { key: 'accept', raw_value: Buffer.from('b') }] } });
+  const h = readHeaders({
+    headers: {
+      headers: [
+        { key: 'X-Request-Id', raw_value: Buffer.from('r1') },
+        { key: 'accept', value: 'a' },
+        { key: 'accept', raw_value: Buffer.from('b') },
+      ],
+    },
+  });
   assert.equal(h.get('x-request-id'), 'r1', 'names in lower case, raw_value read');
   assert.equal(h.get('accept'), 'a,b', 'repeated headers folded');
 });

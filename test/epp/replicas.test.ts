@@ -33,7 +33,10 @@ async function deleteKeys(prefix: string): Promise<void> {
   r.disconnect();
 }
 
-async function startReplicas(n: number, state: () => StateStore): Promise<{ fleet: PickerFleet; envoys: LoopbackEnvoy[]; close(): Promise<void> }> {
+async function startReplicas(
+  n: number,
+  state: () => StateStore,
+): Promise<{ fleet: PickerFleet; envoys: LoopbackEnvoy[]; close(): Promise<void> }> {
   const fleet = await startPickerFleet({ engines: 4, replicas: n, state });
   const envoys: LoopbackEnvoy[] = [];
   for (const a of fleet.addresses) envoys.push(await startLoopbackEnvoy({ extProc: a }));
@@ -62,47 +65,77 @@ const split = (o: ReplayTally) => o.split();
 test('2 endpoint-picker replicas on one Redis route like one: hit rate within 2 points, workflows kept together', async (t) => {
   const trace = generateWorkflowTrace({ workflows: 20, seed: 11 });
   const single = await startReplicas(1, () => new MemoryStateStore());
-  const one = await replay(single.envoys.map((e) => e.url), trace);
+  const one = await replay(
+    single.envoys.map((e) => e.url),
+    trace,
+  );
   await single.close();
 
   const prefix = `cf-epp-test-${randomBytes(4).toString('hex')}:`;
   cleanup.push(() => deleteKeys(prefix));
   const shared = await startReplicas(2, () => new RedisStateStore({ url: REDIS_URL, prefix, syncIntervalMs: 20 }));
-  const two = await replay(shared.envoys.map((e) => e.url), trace);
+  const two = await replay(
+    shared.envoys.map((e) => e.url),
+    trace,
+  );
   const stats = shared.fleet.gateways.map((g) => g.state.stats());
   await shared.close();
 
   assert.equal(one.failed, 0);
   assert.equal(two.failed, 0);
   assert.deepEqual(split(one), [], 'one replica keeps workflows together');
-  assert.deepEqual(split(two).map((id) => [id, [...two.workerOf.get(id)!]]), [], 'no workflow is split across engines by the two replicas');
-  assert.ok(Math.abs(two.hitRate - one.hitRate) <= 0.02, `hit rate: 1 replica ${one.hitRate.toFixed(4)}, 2 replicas ${two.hitRate.toFixed(4)}`);
+  assert.deepEqual(
+    split(two).map((id) => [id, [...two.workerOf.get(id)!]]),
+    [],
+    'no workflow is split across engines by the two replicas',
+  );
+  assert.ok(
+    Math.abs(two.hitRate - one.hitRate) <= 0.02,
+    `hit rate: 1 replica ${one.hitRate.toFixed(4)}, 2 replicas ${two.hitRate.toFixed(4)}`,
+  );
   for (const s of stats) {
     assert.equal(s.connected, true);
     assert.ok((s.decisionsApplied as number) > 0, 'each replica learnt from the other');
   }
   // without shared state the same two replicas scatter: the comparison is not vacuous
   const apartFleet = await startReplicas(2, () => new MemoryStateStore());
-  const apart = await replay(apartFleet.envoys.map((e) => e.url), trace);
+  const apart = await replay(
+    apartFleet.envoys.map((e) => e.url),
+    trace,
+  );
   await apartFleet.close();
-  t.diagnostic(`hit rate: 1 replica ${one.hitRate.toFixed(4)} (${split(one).length} workflows split); 2 sharing ${two.hitRate.toFixed(4)} (${split(two).length}); 2 not sharing ${apart.hitRate.toFixed(4)} with ${split(apart).length} workflows split`);
-  assert.ok(split(apart).length > 0 || apart.hitRate < one.hitRate - 0.02, `replicas without shared state: hit rate ${apart.hitRate.toFixed(4)}, ${split(apart).length} workflows split`);
+  t.diagnostic(
+    `hit rate: 1 replica ${one.hitRate.toFixed(4)} (${split(one).length} workflows split); 2 sharing ${two.hitRate.toFixed(4)} (${split(two).length}); 2 not sharing ${apart.hitRate.toFixed(4)} with ${split(apart).length} workflows split`,
+  );
+  assert.ok(
+    split(apart).length > 0 || apart.hitRate < one.hitRate - 0.02,
+    `replicas without shared state: hit rate ${apart.hitRate.toFixed(4)}, ${split(apart).length} workflows split`,
+  );
 });
 
 test('in-flight work routed by one picker replica is counted by the other until the response ends', async () => {
   const prefix = `cf-epp-test-${randomBytes(4).toString('hex')}:`;
   cleanup.push(() => deleteKeys(prefix));
-  const { fleet, close } = await startReplicas(2, () => new RedisStateStore({ url: REDIS_URL, prefix, syncIntervalMs: 20 }));
+  const { fleet, close } = await startReplicas(
+    2,
+    () => new RedisStateStore({ url: REDIS_URL, prefix, syncIntervalMs: 20 }),
+  );
   const [a, b] = fleet.addresses.map((address) => new EnvoyRole(address));
   try {
     const held = [];
     for (let i = 0; i < 3; i++) {
-      const out = await a.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'held '.repeat(300) }) });
+      const out = await a.request({
+        headers: {},
+        body: JSON.stringify({ model: 'mock', prompt: 'held '.repeat(300) }),
+      });
       assert.equal(out.kind, 'routed');
       if (out.kind === 'routed') held.push(out);
     }
     const busy = fleet.workerAt.get(held[0].endpoints[0])!;
-    assert.ok(held.every((h) => fleet.workerAt.get(h.endpoints[0]) === busy), 'one prefix, one engine');
+    assert.ok(
+      held.every((h) => fleet.workerAt.get(h.endpoints[0]) === busy),
+      'one prefix, one engine',
+    );
     const countAtB = () => fleet.gateways[1].router.listWorkers().find((w) => w.id === busy)!.inFlightRequests;
     await until(() => countAtB() === 3, "replica B to count replica A's three requests");
     for (const h of held) {

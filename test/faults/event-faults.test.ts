@@ -6,9 +6,13 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { encode } from '@msgpack/msgpack';
 import fc from 'fast-check';
-import { BlockHashes, hashTokenBlocks } from '../../src/core/hashing.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
-import { decodeEventBatch, KvEventFormatError, type KvEvent, type KvEventBatch } from '../../src/engines/kv-events/decode.js';
+import {
+  decodeEventBatch,
+  KvEventFormatError,
+  type KvEvent,
+  type KvEventBatch,
+} from '../../src/engines/kv-events/decode.js';
 import { encodeEventBatch } from '../../src/engines/kv-events/encode.js';
 import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
@@ -20,19 +24,35 @@ const BS = 4;
 const tokens = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
 const batch = (...events: KvEvent[]): KvEventBatch => ({ ts: Date.now() / 1000, events, dataParallelRank: null });
 const stored = (hashes: bigint[], parent: bigint | null, from: number): KvEvent => ({
-  type: 'BlockStored', blockHashes: hashes, parentBlockHash: parent, tokenIds: tokens(from, hashes.length * BS), blockSize: BS, loraId: null, medium: 'GPU', loraName: null, groupIdx: null,
+  type: 'BlockStored',
+  blockHashes: hashes,
+  parentBlockHash: parent,
+  tokenIds: tokens(from, hashes.length * BS),
+  blockSize: BS,
+  loraId: null,
+  medium: 'GPU',
+  loraName: null,
+  groupIdx: null,
 });
 
 test('through the gateway: a gap is replayed, a restarted publisher has its old entries dropped', async () => {
-  const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*', replayEndpoint: 'tcp://127.0.0.1:*' }).start();
+  const pub = await new KvEventPublisher({
+    endpoint: 'tcp://127.0.0.1:*',
+    replayEndpoint: 'tcp://127.0.0.1:*',
+  }).start();
   const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise', speculativeBlocks: 0 });
   const gateway = await createGateway({
-    router, tokenize: 'engine', kvEvents: true, metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: 'fault-suite-admin',
+    router,
+    tokenize: 'engine',
+    kvEvents: true,
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    adminToken: 'fault-suite-admin',
     workers: [{ id: 'w0', url: 'http://127.0.0.1:1', events: pub.endpoint, replay: pub.replayEndpoint }],
   });
   const cached = (from: number, n: number) => router.route({ tokens: tokens(from, n) }, { dryRun: true }).cachedTokens;
   // PUB/SUB slow joiner: publish until the subscription is live
-  for (let deadline = Date.now() + 10_000; cached(0, 8) === 0 && Date.now() < deadline; ) {
+  for (let deadline = Date.now() + 10_000; cached(0, 8) === 0 && Date.now() < deadline;) {
     await pub.publish(batch({ type: 'AllBlocksCleared' }, stored([1n, 2n], null, 0)));
     await new Promise((r) => setTimeout(r, 20));
   }
@@ -57,20 +77,54 @@ test('through the gateway: a gap is replayed, a restarted publisher has its old 
 /** Payloads: random bytes, random msgpack values, and valid-shaped batches with hostile field values. */
 function payloadArbitrary(): fc.Arbitrary<Uint8Array> {
   const u64 = fc.bigInt({ min: 0n, max: 2n ** 64n - 1n });
-  const hostileNumber = fc.oneof(fc.integer(), fc.double(), fc.constantFrom(-1, 2 ** 32, 2 ** 53, NaN, Infinity), u64.map((b) => b));
-  const hash = fc.oneof(u64, fc.constantFrom(1n, 2n, 3n), fc.uint8Array({ minLength: 0, maxLength: 40 }), fc.string(), fc.constant(null));
-  const storedEvent = fc.record({
-    type: fc.constantFrom('BlockStored', 'BlockStored', 'BlockRemoved', 'AllBlocksCleared', 'blockstored', ''),
-    block_hashes: fc.oneof(fc.array(hash, { maxLength: 4 }), hash),
-    parent_block_hash: hash,
-    token_ids: fc.oneof(fc.array(fc.oneof(fc.nat(1000), hostileNumber), { maxLength: 16 }), fc.constant(tokens(0, BS)), fc.constant(null)),
-    block_size: fc.oneof(fc.constant(BS), hostileNumber),
-    medium: fc.oneof(fc.constantFrom('GPU', 'CPU', null), fc.string()),
-    lora_name: fc.oneof(fc.constant(null), fc.string({ maxLength: 5 })),
-  }, { requiredKeys: ['type'] });
-  const asArray = storedEvent.map((e) => [e.type, e.block_hashes, e.parent_block_hash, e.token_ids, e.block_size, null, e.medium, e.lora_name]);
+  const hostileNumber = fc.oneof(
+    fc.integer(),
+    fc.double(),
+    fc.constantFrom(-1, 2 ** 32, 2 ** 53, NaN, Infinity),
+    u64.map((b) => b),
+  );
+  const hash = fc.oneof(
+    u64,
+    fc.constantFrom(1n, 2n, 3n),
+    fc.uint8Array({ minLength: 0, maxLength: 40 }),
+    fc.string(),
+    fc.constant(null),
+  );
+  const storedEvent = fc.record(
+    {
+      type: fc.constantFrom('BlockStored', 'BlockStored', 'BlockRemoved', 'AllBlocksCleared', 'blockstored', ''),
+      block_hashes: fc.oneof(fc.array(hash, { maxLength: 4 }), hash),
+      parent_block_hash: hash,
+      token_ids: fc.oneof(
+        fc.array(fc.oneof(fc.nat(1000), hostileNumber), { maxLength: 16 }),
+        fc.constant(tokens(0, BS)),
+        fc.constant(null),
+      ),
+      block_size: fc.oneof(fc.constant(BS), hostileNumber),
+      medium: fc.oneof(fc.constantFrom('GPU', 'CPU', null), fc.string()),
+      lora_name: fc.oneof(fc.constant(null), fc.string({ maxLength: 5 })),
+    },
+    { requiredKeys: ['type'] },
+  );
+  const asArray = storedEvent.map((e) => [
+    e.type,
+    e.block_hashes,
+    e.parent_block_hash,
+    e.token_ids,
+    e.block_size,
+    null,
+    e.medium,
+    e.lora_name,
+  ]);
   const batchShape = fc.oneof(
-    fc.record({ ts: fc.oneof(fc.double(), fc.string()), events: fc.array(fc.oneof(storedEvent, asArray, fc.anything()), { maxLength: 4 }), data_parallel_rank: fc.oneof(fc.constant(null), fc.integer()) }, { requiredKeys: ['events'] }),
+    fc.record(
+      {
+        ts: fc.oneof(fc.double(), fc.string()),
+        events: fc.array(fc.oneof(storedEvent, asArray, fc.anything()), { maxLength: 4 }),
+        data_parallel_rank: fc.oneof(fc.constant(null), fc.integer()),
+      },
+      { requiredKeys: ['events'] },
+    ),
     fc.tuple(fc.double(), fc.array(fc.oneof(storedEvent, asArray), { maxLength: 4 })),
   );
   return fc.oneof(
@@ -91,7 +145,8 @@ function safeEncode(v: unknown): Uint8Array {
 test('10,000 fuzzed event payloads: malformed ones change nothing, the index is what the valid ones make it', async () => {
   const payloads = fc.sample(payloadArbitrary(), { numRuns: 10_000, seed: 14 });
   // interleave valid batches that really store blocks, so there is an index to damage
-  for (let i = 0; i < 50; i++) payloads.splice(i * 200, 0, encodeEventBatch(batch(stored([BigInt(1000 + i)], null, 1000 * i))));
+  for (let i = 0; i < 50; i++)
+    payloads.splice(i * 200, 0, encodeEventBatch(batch(stored([BigInt(1000 + i)], null, 1000 * i))));
   // last, a sentinel: ZeroMQ keeps order, so once it is applied every payload before it was handled
   payloads.push(encodeEventBatch(batch(stored([99_999n], null, 500_000))));
 
@@ -127,19 +182,26 @@ test('10,000 fuzzed event payloads: malformed ones change nothing, the index is 
     s.writeBigUInt64BE(seq++);
     await pub.sendRaw(['', s, payload]);
   };
-  for (let deadline = Date.now() + 10_000; sub.stats.batches === 0 && Date.now() < deadline; ) {
+  for (let deadline = Date.now() + 10_000; sub.stats.batches === 0 && Date.now() < deadline;) {
     await send(probe);
     await new Promise((r) => setTimeout(r, 20));
   }
   for (const p of payloads) await send(p);
-  await waitFor('every payload handled (the sentinel applied)', () => router.route({ tokens: tokens(500_000, BS) }, { dryRun: true }).cachedTokens === BS, 30_000);
+  await waitFor(
+    'every payload handled (the sentinel applied)',
+    () => router.route({ tokens: tokens(500_000, BS) }, { dryRun: true }).cachedTokens === BS,
+    30_000,
+  );
   assert.ok(sub.stats.malformed > 1000, `${sub.stats.malformed} malformed payloads counted and skipped`);
   assert.equal(sub.stats.gaps, 0);
   assert.deepEqual(applier.trackedHashes('w0').sort(), referenceApplier.trackedHashes('w0').sort());
   assert.equal(router.index.entryCount, reference.index.entryCount);
   assert.ok(router.index.entryCount > 0);
   for (let i = 0; i < 50; i++) {
-    assert.equal(router.route({ tokens: tokens(1000 * i, BS) }, { dryRun: true }).cachedTokens, reference.route({ tokens: tokens(1000 * i, BS) }, { dryRun: true }).cachedTokens);
+    assert.equal(
+      router.route({ tokens: tokens(1000 * i, BS) }, { dryRun: true }).cachedTokens,
+      reference.route({ tokens: tokens(1000 * i, BS) }, { dryRun: true }).cachedTokens,
+    );
   }
   await sub.close();
   await pub.close();

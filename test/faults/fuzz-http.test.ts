@@ -23,7 +23,10 @@ before(async () => {
   gateway = await createGateway({
     router: new KVAwareRouter({ blockSize: 16 }),
     workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })),
-    adminToken: 'fuzz-admin-token', bodyLimit: 256 * 1024, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
+    adminToken: 'fuzz-admin-token',
+    bodyLimit: 256 * 1024,
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
   });
   base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
 });
@@ -33,19 +36,68 @@ after(async () => {
 });
 
 const printable = fc.string({ unit: fc.constantFrom(...'abcxyz019 -_:;,./\\"\'{}[]éß'.split('')), maxLength: 40 });
-const hostileValue = fc.oneof(fc.constant(null), fc.boolean(), fc.integer(), fc.double(), fc.constantFrom(1e300, -1, 2 ** 32, 2 ** 53 + 1, ''), printable, fc.constant('x'.repeat(400)), fc.array(fc.oneof(fc.integer(), printable), { maxLength: 3 }), fc.object({ maxDepth: 2 }));
-const contentPart = fc.oneof(fc.record({ type: fc.constantFrom('text', 'image_url', 'evil', ''), text: hostileValue, image_url: hostileValue }, { requiredKeys: [] }), hostileValue);
-const message = fc.oneof(fc.record({ role: fc.oneof(fc.constantFrom('system', 'user', 'assistant'), hostileValue), content: fc.oneof(printable, fc.array(contentPart, { maxLength: 3 }), hostileValue), name: hostileValue }, { requiredKeys: ['role'] }), hostileValue);
-const metadata = fc.record({ workflowId: hostileValue, workflowStep: hostileValue, agentRole: hostileValue, claGroup: hostileValue, anchors: fc.oneof(fc.array(fc.oneof(printable, fc.record({ id: hostileValue, tokens: hostileValue })), { maxLength: 4 }), hostileValue), isolate: hostileValue, unknownField: hostileValue }, { requiredKeys: [] });
-const openAiBody = fc.record({
-  model: fc.oneof(fc.constant('mock'), hostileValue),
-  prompt: fc.oneof(printable, fc.array(fc.integer({ min: -5, max: 2 ** 33 }), { maxLength: 20 }), fc.array(printable, { maxLength: 3 }), fc.array(fc.array(fc.nat(100_000), { maxLength: 5 }), { maxLength: 3 }), hostileValue),
-  messages: fc.oneof(fc.array(message, { maxLength: 4 }), hostileValue),
-  max_tokens: fc.oneof(fc.integer({ min: 1, max: 4 }), hostileValue),
-  stream: fc.oneof(fc.boolean(), hostileValue),
-  cache_salt: hostileValue,
-  contextforge: fc.oneof(metadata, hostileValue),
-}, { requiredKeys: [] });
+const hostileValue = fc.oneof(
+  fc.constant(null),
+  fc.boolean(),
+  fc.integer(),
+  fc.double(),
+  fc.constantFrom(1e300, -1, 2 ** 32, 2 ** 53 + 1, ''),
+  printable,
+  fc.constant('x'.repeat(400)),
+  fc.array(fc.oneof(fc.integer(), printable), { maxLength: 3 }),
+  fc.object({ maxDepth: 2 }),
+);
+const contentPart = fc.oneof(
+  fc.record(
+    { type: fc.constantFrom('text', 'image_url', 'evil', ''), text: hostileValue, image_url: hostileValue },
+    { requiredKeys: [] },
+  ),
+  hostileValue,
+);
+const message = fc.oneof(
+  fc.record(
+    {
+      role: fc.oneof(fc.constantFrom('system', 'user', 'assistant'), hostileValue),
+      content: fc.oneof(printable, fc.array(contentPart, { maxLength: 3 }), hostileValue),
+      name: hostileValue,
+    },
+    { requiredKeys: ['role'] },
+  ),
+  hostileValue,
+);
+const metadata = fc.record(
+  {
+    workflowId: hostileValue,
+    workflowStep: hostileValue,
+    agentRole: hostileValue,
+    claGroup: hostileValue,
+    anchors: fc.oneof(
+      fc.array(fc.oneof(printable, fc.record({ id: hostileValue, tokens: hostileValue })), { maxLength: 4 }),
+      hostileValue,
+    ),
+    isolate: hostileValue,
+    unknownField: hostileValue,
+  },
+  { requiredKeys: [] },
+);
+const openAiBody = fc.record(
+  {
+    model: fc.oneof(fc.constant('mock'), hostileValue),
+    prompt: fc.oneof(
+      printable,
+      fc.array(fc.integer({ min: -5, max: 2 ** 33 }), { maxLength: 20 }),
+      fc.array(printable, { maxLength: 3 }),
+      fc.array(fc.array(fc.nat(100_000), { maxLength: 5 }), { maxLength: 3 }),
+      hostileValue,
+    ),
+    messages: fc.oneof(fc.array(message, { maxLength: 4 }), hostileValue),
+    max_tokens: fc.oneof(fc.integer({ min: 1, max: 4 }), hostileValue),
+    stream: fc.oneof(fc.boolean(), hostileValue),
+    cache_salt: hostileValue,
+    contextforge: fc.oneof(metadata, hostileValue),
+  },
+  { requiredKeys: [] },
+);
 const body = fc.oneof(
   openAiBody.map((b) => JSON.stringify(b)),
   fc.json({ depthSize: 'medium' }),
@@ -54,11 +106,42 @@ const body = fc.oneof(
   fc.integer({ min: 1, max: 5000 }).map((n) => '{"a":'.repeat(n)),
   fc.constant(''),
 );
-const headerName = fc.constantFrom('x-workflow-id', 'x-workflow-step', 'x-agent-role', 'x-cla-group', 'x-anchor-ids', 'x-kv-isolate', 'authorization', 'origin', 'sec-fetch-site', 'x-unknown');
+const headerName = fc.constantFrom(
+  'x-workflow-id',
+  'x-workflow-step',
+  'x-agent-role',
+  'x-cla-group',
+  'x-anchor-ids',
+  'x-kv-isolate',
+  'authorization',
+  'origin',
+  'sec-fetch-site',
+  'x-unknown',
+);
 const httpRequest = fc.record({
   method: fc.constantFrom('GET', 'POST', 'POST', 'POST', 'PUT', 'DELETE'),
-  path: fc.oneof(fc.constantFrom('/v1/completions', '/v1/chat/completions', '/v1/route', '/v1/models', '/admin/workers', '/admin/events', '/admin/workers/e0/drain', '/healthz', '/metrics', '/v1/completions?x=1'), printable.map((s) => `/${encodeURIComponent(s)}`)),
-  contentType: fc.constantFrom('application/json', 'application/json; charset=utf-8', 'text/plain', 'application/x-www-form-urlencoded', undefined),
+  path: fc.oneof(
+    fc.constantFrom(
+      '/v1/completions',
+      '/v1/chat/completions',
+      '/v1/route',
+      '/v1/models',
+      '/admin/workers',
+      '/admin/events',
+      '/admin/workers/e0/drain',
+      '/healthz',
+      '/metrics',
+      '/v1/completions?x=1',
+    ),
+    printable.map((s) => `/${encodeURIComponent(s)}`),
+  ),
+  contentType: fc.constantFrom(
+    'application/json',
+    'application/json; charset=utf-8',
+    'text/plain',
+    'application/x-www-form-urlencoded',
+    undefined,
+  ),
   headers: fc.dictionary(headerName, printable, { maxKeys: 4 }),
   body,
 });
@@ -70,7 +153,13 @@ test('1,000 fuzzed HTTP requests: only 2xx and 4xx, and the router stays healthy
       const headers: Record<string, string> = { ...r.headers };
       if (r.contentType) headers['content-type'] = r.contentType;
       const withBody = r.method !== 'GET' && r.method !== 'DELETE';
-      const res = await request(`${base}${r.path}`, { method: r.method, headers, body: withBody ? r.body : undefined, headersTimeout: 10_000, bodyTimeout: 10_000 });
+      const res = await request(`${base}${r.path}`, {
+        method: r.method,
+        headers,
+        body: withBody ? r.body : undefined,
+        headersTimeout: 10_000,
+        bodyTimeout: 10_000,
+      });
       const text = await res.body.text();
       seen.set(res.statusCode, (seen.get(res.statusCode) ?? 0) + 1);
       assert.ok(res.statusCode >= 200 && res.statusCode < 500, `HTTP ${res.statusCode}: ${text.slice(0, 300)}`);
@@ -84,7 +173,13 @@ test('1,000 fuzzed HTTP requests: only 2xx and 4xx, and the router stays healthy
   assert.ok((seen.get(200) ?? 0) > 20, `some requests were valid and answered: ${JSON.stringify([...seen])}`);
   assert.ok((seen.get(400) ?? 0) > 100, 'and many were refused');
   // healthy afterwards
-  assert.deepEqual(gateway.router.listWorkers().map((w) => [w.id, w.healthy, w.draining]), [['e0', true, false], ['e1', true, false]]);
+  assert.deepEqual(
+    gateway.router.listWorkers().map((w) => [w.id, w.healthy, w.draining]),
+    [
+      ['e0', true, false],
+      ['e1', true, false],
+    ],
+  );
   assert.equal(gateway.router.getStats().inFlightRequests, 0);
   assert.equal((await post(base, '/v1/completions', { prompt: 'still fine?', max_tokens: 1 })).status, 200);
 });

@@ -40,7 +40,10 @@ export interface FakeEngine {
  * An HTTP engine whose OpenAI paths are answered by `handler`; /health answers 200 and
  * /metrics 404 (so neither takes it out of rotation unless a test says so).
  */
-export async function fakeEngine(handler: (req: IncomingMessage, res: ServerResponse) => void, healthStatus: () => number = () => 200): Promise<FakeEngine> {
+export async function fakeEngine(
+  handler: (req: IncomingMessage, res: ServerResponse) => void,
+  healthStatus: () => number = () => 200,
+): Promise<FakeEngine> {
   const engine = { url: '', port: 0, requests: 0, close: async () => {} };
   const server = createServer((req, res) => {
     if (req.url === '/health') return void res.writeHead(healthStatus()).end();
@@ -66,7 +69,9 @@ export const hangingEngine = () => fakeEngine((req) => req.resume());
 export const failingEngine = () =>
   fakeEngine((req, res) => {
     req.resume();
-    req.on('end', () => res.writeHead(500, { 'content-type': 'application/json' }).end('{"error":{"message":"engine exploded"}}'));
+    req.on('end', () =>
+      res.writeHead(500, { 'content-type': 'application/json' }).end('{"error":{"message":"engine exploded"}}'),
+    );
   });
 
 /** A mock engine on a fixed port that can be killed and restarted there (with an empty cache). */
@@ -123,7 +128,22 @@ export class RedisProcess {
 
   async start(): Promise<this> {
     if (this.port === 0) this.port = await freePort();
-    const child = spawn('redis-server', ['--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--protected-mode', 'no'], { stdio: 'ignore' });
+    const child = spawn(
+      'redis-server',
+      [
+        '--port',
+        String(this.port),
+        '--bind',
+        '127.0.0.1',
+        '--save',
+        '',
+        '--appendonly',
+        'no',
+        '--protected-mode',
+        'no',
+      ],
+      { stdio: 'ignore' },
+    );
     this.child = child;
     child.on('error', (err) => assert.fail(`redis-server could not start: ${err.message}`));
     await waitFor(`redis-server on port ${this.port}`, () => this.ping(), 10_000);
@@ -163,7 +183,16 @@ export class RedisProcess {
 }
 
 /** POSTs JSON to the gateway; resolves to status, headers and the body text. */
-export async function post(base: string, path: string, body: unknown, headers: Record<string, string> = {}): Promise<{ status: number; headers: Headers; text: string }> {
-  const res = await fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+export async function post(
+  base: string,
+  path: string,
+  body: unknown,
+  headers: Record<string, string> = {},
+): Promise<{ status: number; headers: Headers; text: string }> {
+  const res = await fetch(`${base}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
   return { status: res.status, headers: res.headers, text: await res.text() };
 }

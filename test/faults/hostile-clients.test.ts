@@ -25,7 +25,10 @@ before(async () => {
   gateway = await createGateway({
     router: new KVAwareRouter({ blockSize: 16 }),
     workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })),
-    adminToken: ADMIN, metricsIntervalMs: 0, healthCheckIntervalMs: 0, breakerFailures: 1, // one failure would open a circuit
+    adminToken: ADMIN,
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    breakerFailures: 1, // one failure would open a circuit
   });
   base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
 });
@@ -36,25 +39,49 @@ after(async () => {
 
 const metric = async (name: string) => {
   const text = await (await fetch(`${base}/metrics`)).text();
-  return [...text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? (\\d+)`, 'gm'))].reduce((sum, m) => sum + Number(m[2]), 0);
+  return [...text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? (\\d+)`, 'gm'))].reduce(
+    (sum, m) => sum + Number(m[2]),
+    0,
+  );
 };
-const errorOf = (text: string) => (JSON.parse(text) as { error: { message: string; param: string | null; type: string } }).error;
+const errorOf = (text: string) =>
+  (JSON.parse(text) as { error: { message: string; param: string | null; type: string } }).error;
 
 describe('hostile clients', () => {
   test('a storm of clients that disconnect: no worker leaves rotation, no failure counted, nothing retried', async () => {
-    const before = { failures: await metric('contextforge_upstream_failures_total'), retries: await metric('contextforge_upstream_retries_total') };
+    const before = {
+      failures: await metric('contextforge_upstream_failures_total'),
+      retries: await metric('contextforge_upstream_retries_total'),
+    };
     // a storm: 90 requests of ~1 s each (50 tokens at 50 tok/s), every client gone after
     // 0-200 ms: non-streamed ones before their answer, streamed ones before or after the first chunk
-    await Promise.all(Array.from({ length: 90 }, async (_, i) => {
-      const ac = new AbortController();
-      const t = setTimeout(() => ac.abort(), (i % 10) * 20);
-      const res = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: `leave ${i}`, max_tokens: 50, stream: i % 3 === 0 }), signal: ac.signal }).catch(() => undefined);
-      await res?.body?.getReader().read().catch(() => undefined);
-      await res?.body?.cancel().catch(() => undefined);
-      clearTimeout(t);
-    }));
+    await Promise.all(
+      Array.from({ length: 90 }, async (_, i) => {
+        const ac = new AbortController();
+        const t = setTimeout(() => ac.abort(), (i % 10) * 20);
+        const res = await fetch(`${base}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ prompt: `leave ${i}`, max_tokens: 50, stream: i % 3 === 0 }),
+          signal: ac.signal,
+        }).catch(() => undefined);
+        await res?.body
+          ?.getReader()
+          .read()
+          .catch(() => undefined);
+        await res?.body?.cancel().catch(() => undefined);
+        clearTimeout(t);
+      }),
+    );
     await waitFor('every ticket released', () => gateway.router.getStats().inFlightRequests === 0);
-    assert.deepEqual(gateway.router.listWorkers().map((w) => [w.id, w.healthy]), [['e0', true], ['e1', true], ['e2', true]]);
+    assert.deepEqual(
+      gateway.router.listWorkers().map((w) => [w.id, w.healthy]),
+      [
+        ['e0', true],
+        ['e1', true],
+        ['e2', true],
+      ],
+    );
     assert.equal(await metric('contextforge_upstream_failures_total'), before.failures);
     assert.equal(await metric('contextforge_upstream_retries_total'), before.retries);
     const res = await post(base, '/v1/completions', { prompt: 'a real request', max_tokens: 1 });
@@ -67,7 +94,11 @@ describe('hostile clients', () => {
       [{ prompt: 'x', contextforge: { workflowId: big } }, {}, 'contextforge.workflowId'],
       [{ prompt: 'x', contextforge: { agentRole: big } }, {}, 'contextforge.agentRole'],
       [{ prompt: 'x', contextforge: { anchors: [big] } }, {}, 'contextforge.anchors[0]'],
-      [{ prompt: 'x', contextforge: { anchors: Array.from({ length: 1000 }, (_, i) => `a${i}`) } }, {}, 'contextforge.anchors'],
+      [
+        { prompt: 'x', contextforge: { anchors: Array.from({ length: 1000 }, (_, i) => `a${i}`) } },
+        {},
+        'contextforge.anchors',
+      ],
       [{ prompt: 'x' }, { 'x-workflow-id': 'w'.repeat(300) }, 'x-workflow-id'],
     ] as const) {
       const res = await post(base, '/v1/completions', body, headers);
@@ -81,7 +112,12 @@ describe('hostile clients', () => {
     const deep = '['.repeat(10_000) + ']'.repeat(10_000);
     const cases: Array<[string, unknown, Record<string, string>, string]> = [
       ['/v1/chat/completions', { messages: [{ role: 'user', content: [null] }] }, {}, 'messages[0].content[0]'],
-      ['/v1/chat/completions', { messages: [{ role: 'user', content: [{ type: 'nope' }] }] }, {}, 'messages[0].content[0].type'],
+      [
+        '/v1/chat/completions',
+        { messages: [{ role: 'user', content: [{ type: 'nope' }] }] },
+        {},
+        'messages[0].content[0].type',
+      ],
       ['/v1/completions', { prompt: 'x', contextforge: { workflowId: 5 } }, {}, 'contextforge.workflowId'],
       ['/v1/completions', { prompt: 'x', contextforge: { anchors: [{ id: 5 }] } }, {}, 'contextforge.anchors[0].id'],
       ['/v1/completions', { prompt: 'x', cache_salt: '' }, {}, 'cache_salt'],
@@ -106,16 +142,46 @@ describe('hostile clients', () => {
   });
 
   test('admin: loopback is not trusted; forms and foreign origins are refused; the token is required', async () => {
-    const form = await fetch(`${base}/admin/workers`, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded', origin: 'https://evil.example' }, body: 'id=x&url=http://127.0.0.1:1' });
+    const form = await fetch(`${base}/admin/workers`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded', origin: 'https://evil.example' },
+      body: 'id=x&url=http://127.0.0.1:1',
+    });
     assert.equal(form.status, 403);
-    const formSameSite = await fetch(`${base}/admin/workers`, { method: 'POST', headers: { 'content-type': 'text/plain', ...auth }, body: '{"id":"x","url":"http://127.0.0.1:1"}' });
+    const formSameSite = await fetch(`${base}/admin/workers`, {
+      method: 'POST',
+      headers: { 'content-type': 'text/plain', ...auth },
+      body: '{"id":"x","url":"http://127.0.0.1:1"}',
+    });
     assert.equal(formSameSite.status, 415, 'even with the token, only application/json');
-    const crossSite = await post(base, '/admin/workers', { id: 'x', url: 'http://127.0.0.1:1' }, { ...auth, 'sec-fetch-site': 'cross-site' });
+    const crossSite = await post(
+      base,
+      '/admin/workers',
+      { id: 'x', url: 'http://127.0.0.1:1' },
+      { ...auth, 'sec-fetch-site': 'cross-site' },
+    );
     assert.equal(crossSite.status, 403);
-    assert.equal((await post(base, '/admin/workers', { id: 'x', url: 'http://127.0.0.1:1' })).status, 401, 'a loopback client without the token');
-    assert.equal((await post(base, '/admin/workers', { id: 'x', url: 'http://127.0.0.1:1' }, { authorization: 'Bearer wrong-token-123' })).status, 401);
+    assert.equal(
+      (await post(base, '/admin/workers', { id: 'x', url: 'http://127.0.0.1:1' })).status,
+      401,
+      'a loopback client without the token',
+    );
+    assert.equal(
+      (
+        await post(
+          base,
+          '/admin/workers',
+          { id: 'x', url: 'http://127.0.0.1:1' },
+          { authorization: 'Bearer wrong-token-123' },
+        )
+      ).status,
+      401,
+    );
     assert.equal((await fetch(`${base}/admin/workers`)).status, 401);
-    assert.deepEqual(gateway.router.listWorkers().map((w) => w.id), ['e0', 'e1', 'e2']);
+    assert.deepEqual(
+      gateway.router.listWorkers().map((w) => w.id),
+      ['e0', 'e1', 'e2'],
+    );
   });
 
   test('admin input is validated and credentials in URLs are never shown', async () => {
@@ -134,7 +200,10 @@ describe('hostile clients', () => {
       assert.equal(res.status, 400, JSON.stringify(body).slice(0, 60));
       assert.match(errorOf(res.text).message, pattern);
     }
-    assert.equal((await post(base, '/admin/workers', { id: 'cred', url: 'http://user:hunter2@127.0.0.1:1' }, auth)).status, 201);
+    assert.equal(
+      (await post(base, '/admin/workers', { id: 'cred', url: 'http://user:hunter2@127.0.0.1:1' }, auth)).status,
+      201,
+    );
     const listing = await (await fetch(`${base}/admin/workers`, { headers: auth })).text();
     assert.doesNotMatch(listing, /hunter2/);
     assert.match(listing, /http:\/\/\*\*\*@127\.0\.0\.1:1/);
@@ -150,14 +219,31 @@ describe('hostile clients', () => {
   });
 
   test('a client that sends its body slowly is cut off by the request timeout', async () => {
-    const gw = await createGateway({ router: new KVAwareRouter(), workers: [{ id: 'e0', url: `http://127.0.0.1:${engines[0].port}` }], adminToken: ADMIN, metricsIntervalMs: 0, healthCheckIntervalMs: 0, timeouts: { headersTimeoutMs: 300, requestTimeoutMs: 500 } });
+    const gw = await createGateway({
+      router: new KVAwareRouter(),
+      workers: [{ id: 'e0', url: `http://127.0.0.1:${engines[0].port}` }],
+      adminToken: ADMIN,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+      timeouts: { headersTimeoutMs: 300, requestTimeoutMs: 500 },
+    });
     const url = new URL(await gw.app.listen({ host: '127.0.0.1', port: 0 }));
-    assert.deepEqual([gw.app.server.headersTimeout, gw.app.server.requestTimeout, gw.app.server.timeout, gw.app.server.keepAliveTimeout], [300, 500, 330_000, 72_000]);
+    assert.deepEqual(
+      [
+        gw.app.server.headersTimeout,
+        gw.app.server.requestTimeout,
+        gw.app.server.timeout,
+        gw.app.server.keepAliveTimeout,
+      ],
+      [300, 500, 330_000, 72_000],
+    );
     const socket = connect(Number(url.port), '127.0.0.1');
     let answer = '';
     socket.on('data', (d) => (answer += d.toString()));
     const closed = new Promise<void>((r) => socket.once('close', () => r()));
-    socket.write('POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{"prompt":');
+    socket.write(
+      'POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{"prompt":',
+    );
     const trickle = setInterval(() => socket.write(' '), 50); // a byte every 50 ms: never idle, never done
     await waitFor('the server to cut the slow request', () => socket.destroyed || answer.length > 0, 5000);
     clearInterval(trickle);
@@ -176,48 +262,109 @@ describe('tenants', () => {
     chmodSync(file, 0o600);
     const engine = await new MockEngine().start();
     const gw = await createGateway({
-      router: new KVAwareRouter({ blockSize: 16 }), workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}` }],
-      apiKeys: loadApiKeysFile(file), adminToken: ADMIN, publicRouteApi: true, cachedTokensHeader: true, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
+      router: new KVAwareRouter({ blockSize: 16 }),
+      workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}` }],
+      apiKeys: loadApiKeysFile(file),
+      adminToken: ADMIN,
+      publicRouteApi: true,
+      cachedTokensHeader: true,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
     });
     const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
     const a = { authorization: 'Bearer sk-tenant-a-0123456789' };
     const b = { authorization: 'Bearer sk-tenant-b-0123456789' };
     assert.equal((await post(url, '/v1/completions', { prompt: 'x', max_tokens: 1 })).status, 401);
-    assert.equal((await post(url, '/v1/completions', { prompt: 'x', max_tokens: 1 }, { authorization: 'Bearer sk-wrong-0123456789' })).status, 401);
+    assert.equal(
+      (
+        await post(
+          url,
+          '/v1/completions',
+          { prompt: 'x', max_tokens: 1 },
+          { authorization: 'Bearer sk-wrong-0123456789' },
+        )
+      ).status,
+      401,
+    );
     assert.equal((await fetch(`${url}/v1/models`)).status, 401);
     const secret = 'SYSTEM: the launch code is 0000-1111-2222. ' + 'Never reveal it. '.repeat(40);
-    const ask = (headers: Record<string, string>) => post(url, '/v1/completions', { prompt: `${secret} question`, max_tokens: 1 }, headers);
+    const ask = (headers: Record<string, string>) =>
+      post(url, '/v1/completions', { prompt: `${secret} question`, max_tokens: 1 }, headers);
     const first = await ask(a);
     assert.equal(first.status, 200);
     const again = await ask(a);
     assert.ok(Number(again.headers.get('x-contextforge-cached-tokens')) > 0, 'the same tenant reuses its own prefix');
-    assert.ok((JSON.parse(again.text) as { usage: { prompt_tokens_details?: { cached_tokens: number } } }).usage.prompt_tokens_details!.cached_tokens > 0);
-    const dry = JSON.parse((await post(url, '/v1/route', { prompt: `${secret} question` }, b)).text) as { cachedTokens: number };
-    assert.equal(dry.cachedTokens, 0, '/v1/route answers for the caller\'s tenant');
+    assert.ok(
+      (JSON.parse(again.text) as { usage: { prompt_tokens_details?: { cached_tokens: number } } }).usage
+        .prompt_tokens_details!.cached_tokens > 0,
+    );
+    const dry = JSON.parse((await post(url, '/v1/route', { prompt: `${secret} question` }, b)).text) as {
+      cachedTokens: number;
+    };
+    assert.equal(dry.cachedTokens, 0, "/v1/route answers for the caller's tenant");
     const probe = await ask(b);
     assert.equal(probe.status, 200);
-    assert.equal(probe.headers.get('x-contextforge-cached-tokens'), '0', 'the router predicts nothing cached for another tenant');
-    assert.equal((JSON.parse(probe.text) as { usage: { prompt_tokens_details?: { cached_tokens: number } } }).usage.prompt_tokens_details?.cached_tokens ?? 0, 0, 'and the engine reuses nothing');
+    assert.equal(
+      probe.headers.get('x-contextforge-cached-tokens'),
+      '0',
+      'the router predicts nothing cached for another tenant',
+    );
+    assert.equal(
+      (JSON.parse(probe.text) as { usage: { prompt_tokens_details?: { cached_tokens: number } } }).usage
+        .prompt_tokens_details?.cached_tokens ?? 0,
+      0,
+      'and the engine reuses nothing',
+    );
     // a client salt cannot step into another tenant's namespace
-    const spoof = await post(url, '/v1/completions', { prompt: `${secret} question!`, max_tokens: 1, cache_salt: 'tenant/team-a' }, b);
+    const spoof = await post(
+      url,
+      '/v1/completions',
+      { prompt: `${secret} question!`, max_tokens: 1, cache_salt: 'tenant/team-a' },
+      b,
+    );
     assert.equal(spoof.headers.get('x-contextforge-cached-tokens'), '0');
     await gw.close();
     await engine.close();
   });
 
-  test('an engine started with --api-key gets the worker\'s key as a bearer token', async () => {
+  test("an engine started with --api-key gets the worker's key as a bearer token", async () => {
     const engine = await new MockEngine({ apiKey: 'engine-secret-key' }).start();
     const worker = { id: 'k0', url: `http://127.0.0.1:${engine.port}` };
-    const without = await createGateway({ router: new KVAwareRouter(), workers: [worker], adminToken: ADMIN, metricsIntervalMs: 0, healthCheckIntervalMs: 0 });
+    const without = await createGateway({
+      router: new KVAwareRouter(),
+      workers: [worker],
+      adminToken: ADMIN,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+    });
     const u1 = await without.app.listen({ host: '127.0.0.1', port: 0 });
-    assert.equal((await post(u1, '/v1/completions', { prompt: 'x', max_tokens: 1 })).status, 401, 'the engine refuses a request without its key');
+    assert.equal(
+      (await post(u1, '/v1/completions', { prompt: 'x', max_tokens: 1 })).status,
+      401,
+      'the engine refuses a request without its key',
+    );
     await without.close();
-    const gw = await createGateway({ router: new KVAwareRouter(), workers: [{ ...worker, apiKeyEnv: 'CF_TEST_ENGINE_KEY' }], env: { CF_TEST_ENGINE_KEY: 'engine-secret-key' }, adminToken: ADMIN, metricsIntervalMs: 0, healthCheckIntervalMs: 0 });
+    const gw = await createGateway({
+      router: new KVAwareRouter(),
+      workers: [{ ...worker, apiKeyEnv: 'CF_TEST_ENGINE_KEY' }],
+      env: { CF_TEST_ENGINE_KEY: 'engine-secret-key' },
+      adminToken: ADMIN,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+    });
     const u2 = await gw.app.listen({ host: '127.0.0.1', port: 0 });
-    const ok = await post(u2, '/v1/completions', { prompt: 'x', max_tokens: 1 }, { authorization: 'Bearer a-client-key-not-for-the-engine' });
+    const ok = await post(
+      u2,
+      '/v1/completions',
+      { prompt: 'x', max_tokens: 1 },
+      { authorization: 'Bearer a-client-key-not-for-the-engine' },
+    );
     assert.equal(ok.status, 200);
     const models = (await (await fetch(`${u2}/v1/models`)).json()) as { data: Array<{ id: string }> };
-    assert.deepEqual(models.data.map((m) => m.id), ['mock']);
+    assert.deepEqual(
+      models.data.map((m) => m.id),
+      ['mock'],
+    );
     const listing = await (await fetch(`${u2}/admin/workers`, { headers: auth })).text();
     assert.doesNotMatch(listing, /engine-secret-key/);
     await gw.close();
@@ -229,7 +376,13 @@ describe('tenants', () => {
       req.resume();
       req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{"choices":[]}'));
     });
-    const gw3 = await createGateway({ router: new KVAwareRouter(), workers: [{ id: 'b0', url: basic.url.replace('http://', 'http://user:pa%24s@') }], adminToken: ADMIN, metricsIntervalMs: 0, healthCheckIntervalMs: 0 });
+    const gw3 = await createGateway({
+      router: new KVAwareRouter(),
+      workers: [{ id: 'b0', url: basic.url.replace('http://', 'http://user:pa%24s@') }],
+      adminToken: ADMIN,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+    });
     const u3 = await gw3.app.listen({ host: '127.0.0.1', port: 0 });
     assert.equal((await post(u3, '/v1/completions', { prompt: 'x' })).status, 200);
     assert.deepEqual(seen, [`Basic ${Buffer.from('user:pa$s').toString('base64')}`]);

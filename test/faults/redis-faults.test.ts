@@ -13,14 +13,23 @@ import { post, RedisProcess, waitFor } from './harness.js';
 
 test('Redis killed and restarted under load: 0 failed requests, the replicas reconnect', async () => {
   const redis = await new RedisProcess().start();
-  const engines = [await new MockEngine({ decodeTokS: 2000 }).start(), await new MockEngine({ decodeTokS: 2000 }).start()];
+  const engines = [
+    await new MockEngine({ decodeTokS: 2000 }).start(),
+    await new MockEngine({ decodeTokS: 2000 }).start(),
+  ];
   const stores = [0, 1].map(() => new RedisStateStore({ url: redis.url, prefix: 'cf-faults:', syncIntervalMs: 50 }));
   const gateways: Gateway[] = [];
   for (const state of stores) {
-    gateways.push(await createGateway({
-      router: new KVAwareRouter({ blockSize: 16 }), state, metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: 'redis-fault-admin',
-      workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })),
-    }));
+    gateways.push(
+      await createGateway({
+        router: new KVAwareRouter({ blockSize: 16 }),
+        state,
+        metricsIntervalMs: 0,
+        healthCheckIntervalMs: 0,
+        adminToken: 'redis-fault-admin',
+        workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })),
+      }),
+    );
   }
   const bases = await Promise.all(gateways.map((g) => g.app.listen({ host: '127.0.0.1', port: 0 })));
   const statuses: number[] = [];
@@ -29,20 +38,36 @@ test('Redis killed and restarted under load: 0 failed requests, the replicas rec
   const client = async () => {
     while (sent < TOTAL) {
       const i = sent++;
-      const r = await post(bases[i % 2], '/v1/completions', { prompt: `shared system prompt ${i % 7} `.repeat(8) + `question ${i}`, max_tokens: 2, contextforge: { workflowId: `wf-${i % 20}`, workflowStep: i % 3 } });
+      const r = await post(bases[i % 2], '/v1/completions', {
+        prompt: `shared system prompt ${i % 7} `.repeat(8) + `question ${i}`,
+        max_tokens: 2,
+        contextforge: { workflowId: `wf-${i % 20}`, workflowStep: i % 3 },
+      });
       statuses.push(r.status);
     }
   };
   const load = Promise.all(Array.from({ length: 8 }, client));
   await waitFor('a third of the load', () => sent >= TOTAL / 3, 60_000);
   await redis.kill();
-  await waitFor('every replica to notice the outage', () => stores.every((s) => (s.stats().outages as number) >= 1), 30_000);
+  await waitFor(
+    'every replica to notice the outage',
+    () => stores.every((s) => (s.stats().outages as number) >= 1),
+    30_000,
+  );
   await waitFor('two thirds of the load', () => sent >= (2 * TOTAL) / 3, 60_000);
   await redis.restart();
   await load;
   assert.equal(statuses.length, TOTAL);
-  assert.deepEqual(statuses.filter((s) => s !== 200), [], 'no request failed');
-  await waitFor('the replicas reconnected and resynchronised', () => stores.every((s) => s.stats().connected === true && (s.stats().resyncs as number) >= 2), 30_000);
+  assert.deepEqual(
+    statuses.filter((s) => s !== 200),
+    [],
+    'no request failed',
+  );
+  await waitFor(
+    'the replicas reconnected and resynchronised',
+    () => stores.every((s) => s.stats().connected === true && (s.stats().resyncs as number) >= 2),
+    30_000,
+  );
   for (const g of gateways) await g.close();
   for (const e of engines) await e.close();
   await redis.kill();

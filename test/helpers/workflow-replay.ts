@@ -15,7 +15,9 @@ export class ReplayTally {
       method: 'POST',
       headers: {
         'content-type': 'application/json',
-        'x-workflow-id': r.sessionId!, 'x-workflow-step': String(r.step), 'x-agent-role': r.agentRole!,
+        'x-workflow-id': r.sessionId!,
+        'x-workflow-step': String(r.step),
+        'x-agent-role': r.agentRole!,
         ...(r.isolate ? { 'x-kv-isolate': '1' } : {}),
       },
       body: JSON.stringify({ model: 'mock', messages: [{ role: 'user', content: promptText(r) }], max_tokens: 8 }),
@@ -25,7 +27,9 @@ export class ReplayTally {
       await res?.arrayBuffer();
       return;
     }
-    const body = (await res.json()) as { usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens?: number } } };
+    const body = (await res.json()) as {
+      usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens?: number } };
+    };
     this.cached += body.usage.prompt_tokens_details?.cached_tokens ?? 0;
     this.prompt += body.usage.prompt_tokens;
     // judge steps are isolated on purpose: they reuse nothing, wherever they run

@@ -5,7 +5,13 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { adminRequestProblem, AdminToken, resolveAdminToken } from '../../src/server/admin-auth.js';
 import { ApiKeys, loadApiKeysFile, tenantCacheSalt } from '../../src/server/api-keys.js';
-import { checkApiKeyEnv, checkHttpUrl, checkWorkerId, redactUrl, splitCredentials } from '../../src/server/worker-input.js';
+import {
+  checkApiKeyEnv,
+  checkHttpUrl,
+  checkWorkerId,
+  redactUrl,
+  splitCredentials,
+} from '../../src/server/worker-input.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'cf-auth-'));
 
@@ -13,7 +19,16 @@ test('the admin token matches only "Bearer <token>"', () => {
   const t = new AdminToken('s3cret-token');
   assert.equal(t.matches('Bearer s3cret-token'), true);
   assert.equal(t.matches('bearer  s3cret-token'), true);
-  for (const bad of [undefined, '', 's3cret-token', 'Bearer s3cret-toke', 'Bearer s3cret-token2', 'Basic s3cret-token', ['Bearer s3cret-token']]) assert.equal(t.matches(bad), false, String(bad));
+  for (const bad of [
+    undefined,
+    '',
+    's3cret-token',
+    'Bearer s3cret-toke',
+    'Bearer s3cret-token2',
+    'Basic s3cret-token',
+    ['Bearer s3cret-token'],
+  ])
+    assert.equal(t.matches(bad), false, String(bad));
   assert.throws(() => new AdminToken('short'), /at least 8/);
 });
 
@@ -48,7 +63,12 @@ test('admin requests: cross-site and non-JSON bodies are refused before the toke
   assert.equal(adminRequestProblem('GET', { host: 'h' }), undefined);
   assert.equal(adminRequestProblem('POST', { ...json, 'content-type': 'application/json; charset=utf-8' }), undefined);
   assert.equal(adminRequestProblem('POST', { host: 'h' }), undefined, 'no body at all (drain, resume)');
-  for (const type of ['application/x-www-form-urlencoded', 'text/plain', 'multipart/form-data; boundary=x', 'application/jsonx']) {
+  for (const type of [
+    'application/x-www-form-urlencoded',
+    'text/plain',
+    'multipart/form-data; boundary=x',
+    'application/jsonx',
+  ]) {
     assert.equal(adminRequestProblem('POST', { ...json, 'content-type': type })?.status, 415, type);
   }
   assert.equal(adminRequestProblem('POST', { 'content-length': '5', host: 'h' })?.status, 415, 'a body without a type');
@@ -64,7 +84,8 @@ test('API keys map to tenants; the file must be a private mapping', () => {
   const keys = new ApiKeys({ 'sk-aaaaaaaaaaaaaaaa': 'team-a', 'sk-bbbbbbbbbbbbbbbb': 'team-b' });
   assert.equal(keys.tenantOf('Bearer sk-aaaaaaaaaaaaaaaa'), 'team-a');
   assert.equal(keys.tenantOf('Bearer sk-bbbbbbbbbbbbbbbb'), 'team-b');
-  for (const bad of [undefined, 'sk-aaaaaaaaaaaaaaaa', 'Bearer sk-aaaaaaaaaaaaaaa', 'Bearer ']) assert.equal(keys.tenantOf(bad), undefined);
+  for (const bad of [undefined, 'sk-aaaaaaaaaaaaaaaa', 'Bearer sk-aaaaaaaaaaaaaaa', 'Bearer '])
+    assert.equal(keys.tenantOf(bad), undefined);
   assert.throws(() => new ApiKeys({ short: 'a' }), /shorter than 16/);
   assert.throws(() => new ApiKeys({ 'sk-cccccccccccccccc': 'a/b' }), /tenant 'a\/b'/);
   assert.throws(() => new ApiKeys({}), /no keys/);
@@ -74,19 +95,25 @@ test('API keys map to tenants; the file must be a private mapping', () => {
   chmodSync(file, 0o640);
   assert.throws(() => loadApiKeysFile(file), /--api-keys-file .*readable by others/);
   // no client salt makes one tenant's salt another's
-  for (const clientSalt of [undefined, 'x', '/team-a', '../team-a', 'team-a/']) assert.equal(tenantCacheSalt('team-b', clientSalt).split('/')[1], 'team-b');
+  for (const clientSalt of [undefined, 'x', '/team-a', '../team-a', 'team-a/'])
+    assert.equal(tenantCacheSalt('team-b', clientSalt).split('/')[1], 'team-b');
   assert.notEqual(tenantCacheSalt('team-a', undefined), tenantCacheSalt('team-b', undefined));
 });
 
 test('worker input: ids, URLs and key variables are checked; credentials are never shown', () => {
   assert.equal(checkWorkerId('w-1.a:0'), 'w-1.a:0');
-  for (const bad of ['', 'a b', '../x', 'x'.repeat(65), 5, '<script>']) assert.throws(() => checkWorkerId(bad), RangeError);
+  for (const bad of ['', 'a b', '../x', 'x'.repeat(65), 5, '<script>'])
+    assert.throws(() => checkWorkerId(bad), RangeError);
   assert.equal(checkHttpUrl('http://10.0.0.5:8000', 'url'), 'http://10.0.0.5:8000');
-  for (const bad of ['ftp://x', 'http//x', 'http://x/?a=1', 'http://x/#f', 'x'.repeat(3000), null]) assert.throws(() => checkHttpUrl(bad, 'url'), RangeError);
+  for (const bad of ['ftp://x', 'http//x', 'http://x/?a=1', 'http://x/#f', 'x'.repeat(3000), null])
+    assert.throws(() => checkHttpUrl(bad, 'url'), RangeError);
   assert.equal(redactUrl('http://user:pa55@10.0.0.5:8000/v1'), 'http://***@10.0.0.5:8000/v1');
   assert.equal(redactUrl('http://10.0.0.5:8000'), 'http://10.0.0.5:8000');
   assert.ok(!redactUrl('http://user:pa55@h').includes('pa55'));
-  assert.deepEqual(splitCredentials('http://us%40r:p%3Ass@10.0.0.5:8000/v1'), { url: 'http://10.0.0.5:8000/v1', authorization: `Basic ${Buffer.from('us@r:p:ss').toString('base64')}` });
+  assert.deepEqual(splitCredentials('http://us%40r:p%3Ass@10.0.0.5:8000/v1'), {
+    url: 'http://10.0.0.5:8000/v1',
+    authorization: `Basic ${Buffer.from('us@r:p:ss').toString('base64')}`,
+  });
   assert.deepEqual(splitCredentials('http://10.0.0.5:8000'), { url: 'http://10.0.0.5:8000' });
   assert.equal(checkApiKeyEnv('VLLM_API_KEY'), 'VLLM_API_KEY');
   assert.throws(() => checkApiKeyEnv('CONTEXTFORGE_ADMIN_TOKEN'), /may not/);

@@ -8,11 +8,22 @@ test('clients that give up before the engine answers do not count as engine fail
   // non-streaming answers come when the last token is decoded: 2,000 tokens at 200 tok/s is 10 s
   const engine = await new MockEngine({ decodeTokS: 200 }).start();
   const router = new KVAwareRouter();
-  const gw = await createGateway({ router, workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }], metricsIntervalMs: 0, healthCheckIntervalMs: 0, breakerFailures: 2 });
+  const gw = await createGateway({
+    router,
+    workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    breakerFailures: 2,
+  });
   try {
     const base = await gw.app.listen({ host: '127.0.0.1', port: 0 });
     const post = (body: unknown, signal?: AbortSignal) =>
-      fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal });
+      fetch(`${base}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+        signal,
+      });
     const inFlight = () => router.listWorkers()[0].inFlightRequests;
     for (let i = 0; i < 4; i++) {
       const ac = new AbortController();

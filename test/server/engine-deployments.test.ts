@@ -14,7 +14,11 @@ after(async () => {
 });
 const adminToken = 'deployments-admin-token';
 const post = (base: string, path: string, body: unknown, headers: Record<string, string> = {}) =>
-  fetch(`${base}${path}`, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}`, ...headers } });
+  fetch(`${base}${path}`, {
+    method: 'POST',
+    body: JSON.stringify(body),
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}`, ...headers },
+  });
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Json = Record<string, any>;
 
@@ -31,7 +35,11 @@ async function engineOnPorts(options: ConstructorParameters<typeof MockEngine>[0
   for (let attempt = 0; ; attempt++) {
     const base = 20_000 + Math.floor(Math.random() * 30_000);
     try {
-      const e = await new MockEngine({ ...options, events: `tcp://127.0.0.1:${base}`, replay: `tcp://127.0.0.1:${base + 1000}` }).start();
+      const e = await new MockEngine({
+        ...options,
+        events: `tcp://127.0.0.1:${base}`,
+        replay: `tcp://127.0.0.1:${base + 1000}`,
+      }).start();
       cleanup.push(() => e.close());
       return { e, events: `tcp://127.0.0.1:${base}`, replay: `tcp://127.0.0.1:${base + 1000}` };
     } catch (err) {
@@ -46,17 +54,30 @@ describe('gateway: engine deployment shapes', () => {
   test('dp-size: one index per rank; requests carry X-data-parallel-rank; /v1/route answers the rank', async () => {
     const { e, events, replay } = await engineOnPorts({ dataParallelSize: 2, blockSize: 4 });
     const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise', speculativeBlocks: 0 });
-    const gateway = await createGateway({ adminToken,
-      router, tokenize: 'engine', kvEvents: true, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
+    const gateway = await createGateway({
+      adminToken,
+      router,
+      tokenize: 'engine',
+      kvEvents: true,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
       workers: [{ id: 'w', url: `http://127.0.0.1:${e.port}`, events, replay, dpSize: 2 }],
     });
     cleanup.push(() => gateway.close());
     const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const prompt = words(60, 1);
     // the engine puts it on rank 1 (the header given by the client is the engine's business)
-    const direct = await post(`http://127.0.0.1:${e.port}`, '/v1/completions', { prompt, max_tokens: 1 }, { 'x-data-parallel-rank': '1' });
+    const direct = await post(
+      `http://127.0.0.1:${e.port}`,
+      '/v1/completions',
+      { prompt, max_tokens: 1 },
+      { 'x-data-parallel-rank': '1' },
+    );
     assert.equal(direct.status, 200);
-    await until(async () => ((await (await post(base, '/v1/route', { prompt })).json()) as Json).cachedTokens > 0, "rank 1's events");
+    await until(
+      async () => ((await (await post(base, '/v1/route', { prompt })).json()) as Json).cachedTokens > 0,
+      "rank 1's events",
+    );
     const r = (await (await post(base, '/v1/route', { prompt })).json()) as Json;
     assert.equal(r.worker, 'w');
     assert.equal(r.rank, 1);
@@ -68,31 +89,66 @@ describe('gateway: engine deployment shapes', () => {
     assert.equal(e.cacheListing(0).length, 0, 'rank 0 never saw it');
   });
 
-  test('LoRA: a request naming an adapter (from the engine\'s /v1/models) matches the adapter\'s blocks only', async () => {
-    const e = await new MockEngine({ loraModules: ['sql'], blockSize: 4, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' }).start();
+  test("LoRA: a request naming an adapter (from the engine's /v1/models) matches the adapter's blocks only", async () => {
+    const e = await new MockEngine({
+      loraModules: ['sql'],
+      blockSize: 4,
+      events: 'tcp://127.0.0.1:*',
+      replay: 'tcp://127.0.0.1:*',
+    }).start();
     cleanup.push(() => e.close());
     const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise', speculativeBlocks: 0 });
-    const gateway = await createGateway({ adminToken,
-      router, tokenize: 'engine', kvEvents: true, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
-      workers: [{ id: 'w', url: `http://127.0.0.1:${e.port}`, events: e.eventsEndpoint, replay: e.replayEndpoint, models: ['mock'] }],
+    const gateway = await createGateway({
+      adminToken,
+      router,
+      tokenize: 'engine',
+      kvEvents: true,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+      workers: [
+        {
+          id: 'w',
+          url: `http://127.0.0.1:${e.port}`,
+          events: e.eventsEndpoint,
+          replay: e.replayEndpoint,
+          models: ['mock'],
+        },
+      ],
     });
     cleanup.push(() => gateway.close());
     const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const prompt = words(60, 2);
-    await until(async () => (await post(base, '/v1/completions', { model: 'sql', prompt, max_tokens: 1 })).status === 200, 'the adapter to be known');
-    await until(async () => ((await (await post(base, '/v1/route', { model: 'sql', prompt })).json()) as Json).cachedTokens > 0, "the adapter's events");
+    await until(
+      async () => (await post(base, '/v1/completions', { model: 'sql', prompt, max_tokens: 1 })).status === 200,
+      'the adapter to be known',
+    );
+    await until(
+      async () => ((await (await post(base, '/v1/route', { model: 'sql', prompt })).json()) as Json).cachedTokens > 0,
+      "the adapter's events",
+    );
     const base_ = (await (await post(base, '/v1/route', { model: 'mock', prompt })).json()) as Json;
-    assert.equal(base_.cachedTokens, 0, 'the base model holds none of the adapter\'s blocks');
+    assert.equal(base_.cachedTokens, 0, "the base model holds none of the adapter's blocks");
   });
 
-  test('--block-hash vllm: requests are keyed by vLLM\'s own hash; stores whose chain the router never saw still match', async () => {
+  test("--block-hash vllm: requests are keyed by vLLM's own hash; stores whose chain the router never saw still match", async () => {
     const e = await new MockEngine({ blockSize: 4, blockHash: 'vllm', pythonHashSeed: '0' }).start();
     cleanup.push(() => e.close());
-    const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise', speculativeBlocks: 0, blockHash: 'vllm', pythonHashSeed: '0' });
+    const router = new KVAwareRouter({
+      blockSize: 4,
+      indexMode: 'precise',
+      speculativeBlocks: 0,
+      blockHash: 'vllm',
+      pythonHashSeed: '0',
+    });
     const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
     cleanup.push(() => pub.close());
-    const gateway = await createGateway({ adminToken,
-      router, tokenize: 'engine', kvEvents: true, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
+    const gateway = await createGateway({
+      adminToken,
+      router,
+      tokenize: 'engine',
+      kvEvents: true,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
       workers: [{ id: 'w', url: `http://127.0.0.1:${e.port}`, events: pub.endpoint }],
     });
     cleanup.push(() => gateway.close());
@@ -104,8 +160,15 @@ describe('gateway: engine deployment shapes', () => {
     const { BlockHashes } = await import('../../src/core/hashing.js');
     const keys = new VllmBlockHasher('0').hashBlocks(tokens, 4, {}, new BlockHashes());
     const stored = {
-      type: 'BlockStored' as const, blockHashes: [keys.toBigInt(2), keys.toBigInt(3)], parentBlockHash: keys.toBigInt(1),
-      tokenIds: tokens.slice(8, 16), blockSize: 4, loraId: null, medium: 'GPU', loraName: null, groupIdx: null,
+      type: 'BlockStored' as const,
+      blockHashes: [keys.toBigInt(2), keys.toBigInt(3)],
+      parentBlockHash: keys.toBigInt(1),
+      tokenIds: tokens.slice(8, 16),
+      blockSize: 4,
+      loraId: null,
+      medium: 'GPU',
+      loraName: null,
+      groupIdx: null,
     };
     await until(async () => {
       await pub.publish({ ts: Date.now() / 1000, events: [stored], dataParallelRank: 0 });
@@ -116,19 +179,43 @@ describe('gateway: engine deployment shapes', () => {
   test('--tokenize engine forwards model, tools and chat_template_kwargs to /tokenize of a worker serving the model', async () => {
     const a = await new MockEngine({ model: 'alpha' }).start();
     const b = await new MockEngine({ model: 'beta' }).start();
-    cleanup.push(() => a.close(), () => b.close());
+    cleanup.push(
+      () => a.close(),
+      () => b.close(),
+    );
     const router = new KVAwareRouter({ blockSize: 4 });
-    const gateway = await createGateway({ adminToken,
-      router, tokenize: 'engine', metricsIntervalMs: 0, healthCheckIntervalMs: 0,
-      workers: [{ id: 'a', url: `http://127.0.0.1:${a.port}`, models: ['alpha'] }, { id: 'b', url: `http://127.0.0.1:${b.port}`, models: ['beta'] }],
+    const gateway = await createGateway({
+      adminToken,
+      router,
+      tokenize: 'engine',
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+      workers: [
+        { id: 'a', url: `http://127.0.0.1:${a.port}`, models: ['alpha'] },
+        { id: 'b', url: `http://127.0.0.1:${b.port}`, models: ['beta'] },
+      ],
     });
     cleanup.push(() => gateway.close());
     const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const messages = [{ role: 'user', content: 'weather?' }];
     const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object' } } }];
     const plain = (await (await post(base, '/v1/route', { model: 'beta', messages })).json()) as Json;
-    const withTools = (await (await post(base, '/v1/route', { model: 'beta', messages, tools, chat_template_kwargs: { enable_thinking: false } })).json()) as Json;
-    const expected = (await (await post(`http://127.0.0.1:${b.port}`, '/tokenize', { model: 'beta', messages, tools, chat_template_kwargs: { enable_thinking: false } })).json()) as Json;
+    const withTools = (await (
+      await post(base, '/v1/route', {
+        model: 'beta',
+        messages,
+        tools,
+        chat_template_kwargs: { enable_thinking: false },
+      })
+    ).json()) as Json;
+    const expected = (await (
+      await post(`http://127.0.0.1:${b.port}`, '/tokenize', {
+        model: 'beta',
+        messages,
+        tools,
+        chat_template_kwargs: { enable_thinking: false },
+      })
+    ).json()) as Json;
     assert.equal(withTools.promptTokens, expected.count, 'the tools and kwargs reached /tokenize');
     assert.ok(withTools.promptTokens > plain.promptTokens);
     assert.equal(withTools.worker, 'b');
@@ -138,19 +225,33 @@ describe('gateway: engine deployment shapes', () => {
     const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*', encoding: 'array' }).start();
     cleanup.push(() => pub.close());
     const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
-    const gateway = await createGateway({ adminToken,
-      router, tokenize: 'engine', kvEvents: true, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
+    const gateway = await createGateway({
+      adminToken,
+      router,
+      tokenize: 'engine',
+      kvEvents: true,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
       workers: [{ id: 'w', url: 'http://127.0.0.1:1', events: pub.endpoint }],
     });
     cleanup.push(() => gateway.close());
     const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const wrongSize = {
-      type: 'BlockStored' as const, blockHashes: [1n], parentBlockHash: null, tokenIds: [1, 2, 3, 4, 5, 6, 7, 8], blockSize: 8,
-      loraId: null, medium: 'GPU', loraName: null, groupIdx: null,
+      type: 'BlockStored' as const,
+      blockHashes: [1n],
+      parentBlockHash: null,
+      tokenIds: [1, 2, 3, 4, 5, 6, 7, 8],
+      blockSize: 8,
+      loraId: null,
+      medium: 'GPU',
+      loraName: null,
+      groupIdx: null,
     };
     await until(async () => {
       await pub.publish({ ts: Date.now() / 1000, events: [wrongSize], dataParallelRank: 0 });
-      return /contextforge_kv_events_skipped_total\{worker="w",reason="block_size"\} [1-9]/.test(await (await fetch(`${base}/metrics`)).text());
+      return /contextforge_kv_events_skipped_total\{worker="w",reason="block_size"\} [1-9]/.test(
+        await (await fetch(`${base}/metrics`)).text(),
+      );
     }, 'the skip counter');
   });
 
@@ -159,10 +260,29 @@ describe('gateway: engine deployment shapes', () => {
     const promptTokenizer = ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname);
     for (const tokenize of ['text', 'tokenizer', 'engine'] as const) {
       const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
-      const gateway = await createGateway({ adminToken, router, tokenize, promptTokenizer, metricsIntervalMs: 0, healthCheckIntervalMs: 0, workers: [{ id: 'a', url: 'http://127.0.0.1:1' }] });
+      const gateway = await createGateway({
+        adminToken,
+        router,
+        tokenize,
+        promptTokenizer,
+        metricsIntervalMs: 0,
+        healthCheckIntervalMs: 0,
+        workers: [{ id: 'a', url: 'http://127.0.0.1:1' }],
+      });
       cleanup.push(() => gateway.close());
       const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-      const events = [{ type: 'BlockStored', block_hashes: [1, 2], parent_block_hash: null, token_ids: [5, 6, 7, 8, 9, 10, 11, 12], block_size: 4, lora_id: null, medium: 'GPU', lora_name: null }];
+      const events = [
+        {
+          type: 'BlockStored',
+          block_hashes: [1, 2],
+          parent_block_hash: null,
+          token_ids: [5, 6, 7, 8, 9, 10, 11, 12],
+          block_size: 4,
+          lora_id: null,
+          medium: 'GPU',
+          lora_name: null,
+        },
+      ];
       assert.equal((await post(base, '/admin/events', { worker: 'a', events })).status, 200);
       const r = (await (await post(base, '/v1/route', { prompt: [5, 6, 7, 8, 9, 10, 11, 12, 13] })).json()) as Json;
       assert.equal(r.cachedTokens, 8, tokenize);
@@ -174,10 +294,26 @@ describe('gateway: engine deployment shapes', () => {
     const { ChatTokenizer } = await import('../../src/engines/chat-tokenizer.js');
     const promptTokenizer = ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname);
     const router = new KVAwareRouter({ blockSize: 4 });
-    const gateway = await createGateway({ adminToken, router, tokenize: 'tokenizer', promptTokenizer, metricsIntervalMs: 0, healthCheckIntervalMs: 0, workers: [{ id: 'a', url: 'http://127.0.0.1:1' }] });
+    const gateway = await createGateway({
+      adminToken,
+      router,
+      tokenize: 'tokenizer',
+      promptTokenizer,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+      workers: [{ id: 'a', url: 'http://127.0.0.1:1' }],
+    });
     cleanup.push(() => gateway.close());
     const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-    const messages = [{ role: 'user', content: [{ type: 'text', text: 'what is in this picture?' }, { type: 'image_url', image_url: { url: 'http://example.com/cat.png' } }] }];
+    const messages = [
+      {
+        role: 'user',
+        content: [
+          { type: 'text', text: 'what is in this picture?' },
+          { type: 'image_url', image_url: { url: 'http://example.com/cat.png' } },
+        ],
+      },
+    ];
     const res = await post(base, '/v1/route', { messages });
     assert.equal(res.status, 200);
     assert.equal(((await res.json()) as Json).worker, 'a');

@@ -14,74 +14,148 @@ after(async () => {
 });
 const adminToken = 'test-admin-token';
 const post = (base: string, path: string, body: unknown, headers: Record<string, string> = {}) =>
-  fetch(`${base}${path}`, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}`, ...headers } });
+  fetch(`${base}${path}`, {
+    method: 'POST',
+    body: JSON.stringify(body),
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}`, ...headers },
+  });
 
-test('--tokenize engine: requests are hashed from the engine\'s token ids and meet its KV events', async () => {
+test("--tokenize engine: requests are hashed from the engine's token ids and meet its KV events", async () => {
   const engine = await new MockEngine({ events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' }).start();
   cleanup.push(() => engine.close());
   const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise', speculativeBlocks: 0 });
   const applier = new KvEventApplier(router);
-  const gateway = await createGateway({ router, workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}` }], applier, tokenize: 'engine', adminToken });
+  const gateway = await createGateway({
+    router,
+    workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}` }],
+    applier,
+    tokenize: 'engine',
+    adminToken,
+  });
   cleanup.push(() => gateway.close());
-  const sub = new KvEventSubscriber({ workerId: 'm0', endpoint: engine.eventsEndpoint, replayEndpoint: engine.replayEndpoint, applier }).start();
+  const sub = new KvEventSubscriber({
+    workerId: 'm0',
+    endpoint: engine.eventsEndpoint,
+    replayEndpoint: engine.replayEndpoint,
+    applier,
+  }).start();
   cleanup.push(() => sub.close());
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  const messages = [{ role: 'system', content: Array.from({ length: 200 }, (_, i) => `rule${i}`).join(' ') }, { role: 'user', content: 'go' }];
-  const first = await (await post(base, '/v1/chat/completions', { messages, max_tokens: 1 })).json() as { usage: { prompt_tokens: number } };
+  const messages = [
+    { role: 'system', content: Array.from({ length: 200 }, (_, i) => `rule${i}`).join(' ') },
+    { role: 'user', content: 'go' },
+  ];
+  const first = (await (await post(base, '/v1/chat/completions', { messages, max_tokens: 1 })).json()) as {
+    usage: { prompt_tokens: number };
+  };
   // with no speculation, only the engine's events can tell the router what is cached
   const expected = Math.floor(first.usage.prompt_tokens / 16) * 16;
-  const predicted = async () => ((await (await post(base, '/v1/route', { messages })).json()) as { cachedTokens: number }).cachedTokens;
-  for (let deadline = Date.now() + 5000; (await predicted()) !== expected && Date.now() < deadline; ) await sleep(10);
+  const predicted = async () =>
+    ((await (await post(base, '/v1/route', { messages })).json()) as { cachedTokens: number }).cachedTokens;
+  for (let deadline = Date.now() + 5000; (await predicted()) !== expected && Date.now() < deadline;) await sleep(10);
   assert.equal(await predicted(), expected);
 });
 
-test('--tokenize tokenizer: the model\'s tokenizer and chat template in process; the gateway subscribes to KV events itself', async () => {
+test("--tokenize tokenizer: the model's tokenizer and chat template in process; the gateway subscribes to KV events itself", async () => {
   const tokenizerDir = new URL('../fixtures/tokenizer/', import.meta.url).pathname;
   // the engine tokenizes with the same tokenizer.json, as a real engine serving that model would
-  const engine = await new MockEngine({ events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*', tokenizer: ChatTokenizer.load(tokenizerDir) }).start();
+  const engine = await new MockEngine({
+    events: 'tcp://127.0.0.1:*',
+    replay: 'tcp://127.0.0.1:*',
+    tokenizer: ChatTokenizer.load(tokenizerDir),
+  }).start();
   cleanup.push(() => engine.close());
   const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise', speculativeBlocks: 0 });
   const promptTokenizer = ChatTokenizer.load(tokenizerDir);
   const gateway = await createGateway({
-    router, tokenize: 'tokenizer', promptTokenizer, kvEvents: true, adminToken, cachedTokensHeader: true,
-    workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}`, events: engine.eventsEndpoint, replay: engine.replayEndpoint }],
+    router,
+    tokenize: 'tokenizer',
+    promptTokenizer,
+    kvEvents: true,
+    adminToken,
+    cachedTokensHeader: true,
+    workers: [
+      {
+        id: 'm0',
+        url: `http://127.0.0.1:${engine.port}`,
+        events: engine.eventsEndpoint,
+        replay: engine.replayEndpoint,
+      },
+    ],
   });
   cleanup.push(() => gateway.close());
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const messages = [
-    { role: 'system', content: Array.from({ length: 120 }, (_, i) => `The router keeps rule ${i} of the block index.`).join(' ') },
+    {
+      role: 'system',
+      content: Array.from({ length: 120 }, (_, i) => `The router keeps rule ${i} of the block index.`).join(' '),
+    },
     { role: 'user', content: 'Which worker?' },
   ];
-  const first = await (await post(base, '/v1/chat/completions', { messages, max_tokens: 1 })).json() as { usage: { prompt_tokens: number } };
-  assert.equal(first.usage.prompt_tokens, promptTokenizer.tokenize({ messages }).length, 'router and engine count the same tokens');
-  const workers = async () => (await (await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${adminToken}` } })).json()) as { workers: Array<{ indexEntries: number; kvEvents: { batches: number } | null }> };
-  for (let deadline = Date.now() + 5000; (await workers()).workers[0].kvEvents!.batches === 0 && Date.now() < deadline; ) await sleep(10);
+  const first = (await (await post(base, '/v1/chat/completions', { messages, max_tokens: 1 })).json()) as {
+    usage: { prompt_tokens: number };
+  };
+  assert.equal(
+    first.usage.prompt_tokens,
+    promptTokenizer.tokenize({ messages }).length,
+    'router and engine count the same tokens',
+  );
+  const workers = async () =>
+    (await (await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${adminToken}` } })).json()) as {
+      workers: Array<{ indexEntries: number; kvEvents: { batches: number } | null }>;
+    };
+  for (let deadline = Date.now() + 5000; (await workers()).workers[0].kvEvents!.batches === 0 && Date.now() < deadline;)
+    await sleep(10);
   // the next turn: its prefix is the first request's prompt, which only the engine's events announced
   const next = [...messages, { role: 'assistant', content: 'w1' }, { role: 'user', content: 'Again, please.' }];
   const expected = Math.floor(first.usage.prompt_tokens / 16) * 16;
-  const predicted = async () => ((await (await post(base, '/v1/route', { messages: next })).json()) as { cachedTokens: number }).cachedTokens;
-  for (let deadline = Date.now() + 5000; (await predicted()) !== expected && Date.now() < deadline; ) await sleep(10);
+  const predicted = async () =>
+    ((await (await post(base, '/v1/route', { messages: next })).json()) as { cachedTokens: number }).cachedTokens;
+  for (let deadline = Date.now() + 5000; (await predicted()) !== expected && Date.now() < deadline;) await sleep(10);
   assert.equal(await predicted(), expected);
   const second = await post(base, '/v1/chat/completions', { messages: next, max_tokens: 1 });
-  const body = await second.json() as { usage: { prompt_tokens_details?: { cached_tokens: number } } };
-  assert.equal(Number(second.headers.get('x-contextforge-cached-tokens')), body.usage.prompt_tokens_details?.cached_tokens, 'predicted = what the engine reused');
+  const body = (await second.json()) as { usage: { prompt_tokens_details?: { cached_tokens: number } } };
+  assert.equal(
+    Number(second.headers.get('x-contextforge-cached-tokens')),
+    body.usage.prompt_tokens_details?.cached_tokens,
+    'predicted = what the engine reused',
+  );
   assert.ok(promptTokenizer.stats.segmentHits >= 2, 'the earlier messages came from the segment cache');
 });
 
 test('/admin/events applies KV events given as JSON', async () => {
   const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
-  const gateway = await createGateway({ router, workers: [{ id: 'a', url: 'http://127.0.0.1:1' }, { id: 'b', url: 'http://127.0.0.1:2' }], adminToken });
+  const gateway = await createGateway({
+    router,
+    workers: [
+      { id: 'a', url: 'http://127.0.0.1:1' },
+      { id: 'b', url: 'http://127.0.0.1:2' },
+    ],
+    adminToken,
+  });
   cleanup.push(() => gateway.close());
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const events = [
-    { type: 'BlockStored', block_hashes: ['18364758544493064720', 2], parent_block_hash: null, token_ids: [1, 2, 3, 4, 5, 6, 7, 8], block_size: 4, lora_id: null, medium: 'GPU', lora_name: null },
+    {
+      type: 'BlockStored',
+      block_hashes: ['18364758544493064720', 2],
+      parent_block_hash: null,
+      token_ids: [1, 2, 3, 4, 5, 6, 7, 8],
+      block_size: 4,
+      lora_id: null,
+      medium: 'GPU',
+      lora_name: null,
+    },
     { type: 'BlockRemoved', block_hashes: ['0x2'], medium: 'GPU' },
   ];
   const res = await post(base, '/admin/events', { worker: 'b', events });
   assert.equal(res.status, 200);
-  const { applied } = await res.json() as { applied: { storedBlocks: number; removedBlocks: number } };
+  const { applied } = (await res.json()) as { applied: { storedBlocks: number; removedBlocks: number } };
   assert.deepEqual([applied.storedBlocks, applied.removedBlocks], [2, 1]);
-  const d = await (await post(base, '/v1/route', { prompt: [1, 2, 3, 4, 5, 6, 7, 8] })).json() as { worker: string; cachedTokens: number };
+  const d = (await (await post(base, '/v1/route', { prompt: [1, 2, 3, 4, 5, 6, 7, 8] })).json()) as {
+    worker: string;
+    cachedTokens: number;
+  };
   assert.deepEqual([d.worker, d.cachedTokens], ['b', 4]);
   for (const [body, message] of [
     [{ worker: 'zz', events }, /known worker/],
@@ -93,10 +167,19 @@ test('/admin/events applies KV events given as JSON', async () => {
     assert.match(((await bad.json()) as { error: { message: string } }).error.message, message);
   }
   // one unreadable event is skipped with its reason; the others apply
-  const mixed = await post(base, '/admin/events', { worker: 'b', events: [{ type: 'Nope' }, { type: 'AllBlocksCleared' }] });
+  const mixed = await post(base, '/admin/events', {
+    worker: 'b',
+    events: [{ type: 'Nope' }, { type: 'AllBlocksCleared' }],
+  });
   assert.equal(mixed.status, 200);
-  const out = (await mixed.json()) as { applied: { cleared: number }; skipped: Array<{ index: number; reason: string; message: string }> };
+  const out = (await mixed.json()) as {
+    applied: { cleared: number };
+    skipped: Array<{ index: number; reason: string; message: string }>;
+  };
   assert.equal(out.applied.cleared, 1);
-  assert.deepEqual(out.skipped.map((x) => [x.index, x.reason]), [[0, 'unknown_type']]);
+  assert.deepEqual(
+    out.skipped.map((x) => [x.index, x.reason]),
+    [[0, 'unknown_type']],
+  );
   assert.match(out.skipped[0].message, /unknown event type "Nope"/);
 });

@@ -8,12 +8,23 @@ import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 
 test('killing a worker under load loses no request that had not started streaming', async () => {
-  const engines = [await new MockEngine({ decodeTokS: 100 }).start(), await new MockEngine({ decodeTokS: 100 }).start()];
+  const engines = [
+    await new MockEngine({ decodeTokS: 100 }).start(),
+    await new MockEngine({ decodeTokS: 100 }).start(),
+  ];
   const router = new KVAwareRouter({ policy: 'round-robin' });
-  const gateway = await createGateway({ router, workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })), breakerFailures: 2 });
+  const gateway = await createGateway({
+    router,
+    workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })),
+    breakerFailures: 2,
+  });
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const one = (i: number) =>
-    fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: `request ${i}`, max_tokens: 20 }) }).then(async (r) => ({
+    fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: `request ${i}`, max_tokens: 20 }),
+    }).then(async (r) => ({
       status: r.status,
       worker: r.headers.get('x-contextforge-worker'),
       body: (await r.json()) as { usage?: { completion_tokens: number } },
@@ -39,7 +50,10 @@ test('killing a worker under load loses no request that had not started streamin
 });
 
 /** A fake engine: `handler` answers every request; /health answers `healthStatus()`. */
-async function fakeEngine(handler: (req: IncomingMessage, res: ServerResponse) => void, healthStatus: () => number = () => 200) {
+async function fakeEngine(
+  handler: (req: IncomingMessage, res: ServerResponse) => void,
+  healthStatus: () => number = () => 200,
+) {
   const server = createServer((req, res) => {
     if (req.url === '/health') return void res.writeHead(healthStatus()).end();
     if (req.url === '/metrics') return void res.writeHead(404).end();
@@ -48,10 +62,11 @@ async function fakeEngine(handler: (req: IncomingMessage, res: ServerResponse) =
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
-    close: () => new Promise<void>((r) => {
-      server.closeAllConnections();
-      server.close(() => r());
-    }),
+    close: () =>
+      new Promise<void>((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
   };
 }
 
@@ -67,16 +82,32 @@ test('an engine failing mid-stream: the stream ends with an OpenAI-style error e
   const engine = await fakeEngine((req, res) => {
     req.resume();
     res.writeHead(200, { 'content-type': 'text/event-stream' });
-    res.write(`data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content: 'par' } }] })}\n\n`);
+    res.write(
+      `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content: 'par' } }] })}\n\n`,
+    );
     setTimeout(() => res.socket?.destroy(), 30); // the engine dies after the first chunk
   });
   const router = new KVAwareRouter({ policy: 'round-robin' });
-  const gateway = await createGateway({ router, workers: [{ id: 'f0', url: engine.url }], metricsIntervalMs: 0, healthCheckIntervalMs: 0 });
+  const gateway = await createGateway({
+    router,
+    workers: [{ id: 'f0', url: engine.url }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  const res = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], stream: true }) });
+  const res = await fetch(`${base}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], stream: true }),
+  });
   assert.equal(res.status, 200);
   const text = await res.text(); // ends: the router closes the stream instead of hanging
-  const events = text.split('\n\n').filter(Boolean).map((e) => JSON.parse(e.replace(/^data: /, '')) as { choices?: unknown; error?: { message: string; type: string } });
+  const events = text
+    .split('\n\n')
+    .filter(Boolean)
+    .map(
+      (e) => JSON.parse(e.replace(/^data: /, '')) as { choices?: unknown; error?: { message: string; type: string } },
+    );
   assert.equal(events.length, 2);
   assert.ok(events[0].choices, 'the chunk sent before the failure came through');
   assert.equal(events[1].error?.type, 'server_error');
@@ -86,7 +117,11 @@ test('an engine failing mid-stream: the stream ends with an OpenAI-style error e
   const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'none', maxRetries: 0 });
   const seen: string[] = [];
   await assert.rejects(async () => {
-    const stream = await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'hi' }], stream: true });
+    const stream = await client.chat.completions.create({
+      model: 'm',
+      messages: [{ role: 'user', content: 'hi' }],
+      stream: true,
+    });
     for await (const chunk of stream) seen.push(chunk.choices[0]?.delta.content ?? '');
   }, /failed mid-stream/);
   assert.deepEqual(seen, ['par']);
@@ -98,21 +133,38 @@ test('active health checks take a worker out of rotation and back, independently
   let status = 200;
   const answer = (name: string) => (req: IncomingMessage, res: ServerResponse) => {
     req.resume();
-    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ id: name, choices: [{ index: 0, text: name }] }));
+    res
+      .writeHead(200, { 'content-type': 'application/json' })
+      .end(JSON.stringify({ id: name, choices: [{ index: 0, text: name }] }));
   };
   const sick = await fakeEngine(answer('sick'), () => status);
   const well = await fakeEngine(answer('well'));
   const router = new KVAwareRouter({ policy: 'round-robin' });
   const logs: string[] = [];
-  const gateway = await createGateway({ router, workers: [{ id: 'sick', url: sick.url }, { id: 'well', url: well.url }], metricsIntervalMs: 0, healthCheckIntervalMs: 20, log: (m) => logs.push(m) });
+  const gateway = await createGateway({
+    router,
+    workers: [
+      { id: 'sick', url: sick.url },
+      { id: 'well', url: well.url },
+    ],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 20,
+    log: (m) => logs.push(m),
+  });
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const healthy = (id: string) => router.listWorkers().find((w) => w.id === id)!.healthy;
   status = 503;
   await waitFor('the failing worker to leave', () => !healthy('sick'));
-  const admin = (await (await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${gateway.adminToken}` } })).json()) as { workers: Array<{ id: string; outOfRotation: string[] }> };
+  const admin = (await (
+    await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${gateway.adminToken}` } })
+  ).json()) as { workers: Array<{ id: string; outOfRotation: string[] }> };
   assert.deepEqual(admin.workers.find((w) => w.id === 'sick')!.outOfRotation, ['health-check']);
   for (let i = 0; i < 6; i++) {
-    const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: `p${i}` }) });
+    const r = await fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: `p${i}` }),
+    });
     assert.equal(r.headers.get('x-contextforge-worker'), 'well');
     await r.arrayBuffer();
   }
@@ -123,7 +175,10 @@ test('active health checks take a worker out of rotation and back, independently
   assert.equal(healthy('sick'), false, 'still held out by the metrics verdict');
   gateway.health.set('sick', 'metrics', true);
   assert.equal(healthy('sick'), true);
-  assert.ok(logs.some((l) => /sick is out of rotation \(health-check: HTTP 503\)/.test(l)), logs.join('\n'));
+  assert.ok(
+    logs.some((l) => /sick is out of rotation \(health-check: HTTP 503\)/.test(l)),
+    logs.join('\n'),
+  );
   await gateway.close();
   await sick.close();
   await well.close();

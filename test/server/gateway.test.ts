@@ -18,9 +18,27 @@ const subs: KvEventSubscriber[] = [];
 before(async () => {
   const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise' });
   const applier = new KvEventApplier(router);
-  for (let i = 0; i < 2; i++) engines.push(await new MockEngine({ decodeTokS: 2000, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' }).start());
-  gateway = await createGateway({ router, workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })), adminToken: 'sekret-token', bodyLimit: 64 * 1024, cachedTokensHeader: true });
-  engines.forEach((e, i) => subs.push(new KvEventSubscriber({ workerId: `e${i}`, endpoint: e.eventsEndpoint, replayEndpoint: e.replayEndpoint, applier }).start()));
+  for (let i = 0; i < 2; i++)
+    engines.push(
+      await new MockEngine({ decodeTokS: 2000, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' }).start(),
+    );
+  gateway = await createGateway({
+    router,
+    workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })),
+    adminToken: 'sekret-token',
+    bodyLimit: 64 * 1024,
+    cachedTokensHeader: true,
+  });
+  engines.forEach((e, i) =>
+    subs.push(
+      new KvEventSubscriber({
+        workerId: `e${i}`,
+        endpoint: e.eventsEndpoint,
+        replayEndpoint: e.replayEndpoint,
+        applier,
+      }).start(),
+    ),
+  );
   base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
 });
@@ -51,7 +69,13 @@ describe('the gateway through the openai SDK', () => {
   });
 
   test('streaming passes through, with the usage chunk', async () => {
-    const stream = await client.chat.completions.create({ model: 'mock', messages: [{ role: 'user', content: 'stream please' }], max_tokens: 6, stream: true, stream_options: { include_usage: true } });
+    const stream = await client.chat.completions.create({
+      model: 'mock',
+      messages: [{ role: 'user', content: 'stream please' }],
+      max_tokens: 6,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
     let text = '';
     let usage: OpenAI.CompletionUsage | undefined;
     for await (const chunk of stream) {
@@ -63,32 +87,65 @@ describe('the gateway through the openai SDK', () => {
   });
 
   test('a conversation stays on the worker that holds its prefix, and the router says so', async () => {
-    const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: 'system', content: longDoc }, { role: 'user', content: 'first question' }];
+    const messages: OpenAI.ChatCompletionMessageParam[] = [
+      { role: 'system', content: longDoc },
+      { role: 'user', content: 'first question' },
+    ];
     const first = await client.chat.completions.create({ model: 'mock', messages, max_tokens: 2 }).withResponse();
     const worker = first.response.headers.get('x-contextforge-worker');
-    const next: OpenAI.ChatCompletionMessageParam[] = [...messages, { role: 'assistant', content: 'ok' }, { role: 'user', content: 'second' }];
+    const next: OpenAI.ChatCompletionMessageParam[] = [
+      ...messages,
+      { role: 'assistant', content: 'ok' },
+      { role: 'user', content: 'second' },
+    ];
     // the engine's KV events reach the router: wait (with a deadline) until it predicts the prefix cached
-    const predicted = async () => ((await (await fetch(`${base}/v1/route`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: 'Bearer sekret-token' }, body: JSON.stringify({ messages: next }) })).json()) as { cachedTokens: number }).cachedTokens;
-    for (let deadline = Date.now() + 5000; (await predicted()) === 0 && Date.now() < deadline; ) await sleep(10);
-    const second = await client.chat.completions.create({ model: 'mock', messages: next, max_tokens: 2 }).withResponse();
+    const predicted = async () =>
+      (
+        (await (
+          await fetch(`${base}/v1/route`, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json', authorization: 'Bearer sekret-token' },
+            body: JSON.stringify({ messages: next }),
+          })
+        ).json()) as { cachedTokens: number }
+      ).cachedTokens;
+    for (let deadline = Date.now() + 5000; (await predicted()) === 0 && Date.now() < deadline;) await sleep(10);
+    const second = await client.chat.completions
+      .create({ model: 'mock', messages: next, max_tokens: 2 })
+      .withResponse();
     assert.equal(second.response.headers.get('x-contextforge-worker'), worker);
     assert.ok(Number(second.response.headers.get('x-contextforge-cached-tokens')) > 0);
     assert.ok(second.data.usage!.prompt_tokens_details!.cached_tokens! > 0, 'the engine found it cached too');
   });
 
   test('error responses from an engine come back as OpenAI errors', async () => {
-    await assert.rejects(client.completions.create({ model: 'no-such-model', prompt: 'x', max_tokens: 1 }), (e: unknown) => e instanceof OpenAI.NotFoundError);
+    await assert.rejects(
+      client.completions.create({ model: 'no-such-model', prompt: 'x', max_tokens: 1 }),
+      (e: unknown) => e instanceof OpenAI.NotFoundError,
+    );
   });
 });
 
 describe('the gateway over plain HTTP', () => {
   const post = (path: string, body: unknown, headers: Record<string, string> = {}) =>
-    fetch(`${base}${path}`, { method: 'POST', body: typeof body === 'string' ? body : JSON.stringify(body), headers: { 'content-type': 'application/json', ...headers } });
+    fetch(`${base}${path}`, {
+      method: 'POST',
+      body: typeof body === 'string' ? body : JSON.stringify(body),
+      headers: { 'content-type': 'application/json', ...headers },
+    });
 
   test('/v1/route answers the decision and its explanation without forwarding', async () => {
-    const res = await post('/v1/route', { messages: [{ role: 'user', content: 'dry run' }] }, { 'x-workflow-id': 'wf-1', 'x-workflow-step': '2', authorization: 'Bearer sekret-token' });
+    const res = await post(
+      '/v1/route',
+      { messages: [{ role: 'user', content: 'dry run' }] },
+      { 'x-workflow-id': 'wf-1', 'x-workflow-step': '2', authorization: 'Bearer sekret-token' },
+    );
     assert.equal(res.status, 200);
-    const r = (await res.json()) as { worker: string; policy: string; explain: Array<{ worker: string; terms: object }> };
+    const r = (await res.json()) as {
+      worker: string;
+      policy: string;
+      explain: Array<{ worker: string; terms: object }>;
+    };
     assert.match(r.worker, /^e[01]$/);
     assert.equal(r.policy, 'cost');
     assert.equal(r.explain.length, 2);
@@ -116,10 +173,19 @@ describe('the gateway over plain HTTP', () => {
 
   test('/v1/models is the union over the workers; /readyz and /metrics answer', async () => {
     const models = (await (await fetch(`${base}/v1/models`)).json()) as { data: Array<{ id: string }> };
-    assert.deepEqual(models.data.map((m) => m.id), ['mock']);
+    assert.deepEqual(
+      models.data.map((m) => m.id),
+      ['mock'],
+    );
     assert.equal((await fetch(`${base}/readyz`)).status, 200);
     const metrics = await (await fetch(`${base}/metrics`)).text();
-    for (const name of ['contextforge_requests_total', 'contextforge_route_decisions_total', 'contextforge_time_to_first_byte_seconds', 'contextforge_worker_kv_usage', 'contextforge_index_entries']) {
+    for (const name of [
+      'contextforge_requests_total',
+      'contextforge_route_decisions_total',
+      'contextforge_time_to_first_byte_seconds',
+      'contextforge_worker_kv_usage',
+      'contextforge_index_entries',
+    ]) {
       assert.match(metrics, new RegExp(name));
     }
   });
@@ -127,8 +193,13 @@ describe('the gateway over plain HTTP', () => {
   test('admin endpoints need the bearer token; workers can be added, drained and removed', async () => {
     assert.equal((await fetch(`${base}/admin/workers`)).status, 401);
     const auth = { authorization: 'Bearer sekret-token' };
-    const list = (await (await fetch(`${base}/admin/workers`, { headers: auth })).json()) as { workers: Array<{ id: string }> };
-    assert.deepEqual(list.workers.map((w) => w.id), ['e0', 'e1']);
+    const list = (await (await fetch(`${base}/admin/workers`, { headers: auth })).json()) as {
+      workers: Array<{ id: string }>;
+    };
+    assert.deepEqual(
+      list.workers.map((w) => w.id),
+      ['e0', 'e1'],
+    );
     assert.equal((await post('/admin/workers', { id: 'dead', url: 'http://127.0.0.1:1' }, auth)).status, 201);
     assert.equal((await post('/admin/workers', { id: 'dead', url: 'http://127.0.0.1:1' }, auth)).status, 409);
     assert.equal((await post('/admin/workers', { id: 'x', url: 'ftp://nope' }, auth)).status, 400);
@@ -139,7 +210,11 @@ describe('the gateway over plain HTTP', () => {
       assert.notEqual(res.headers.get('x-contextforge-worker'), 'dead');
     }
     assert.equal((await post('/admin/workers/e1/drain', {}, auth)).status, 200);
-    for (let i = 0; i < 3; i++) assert.equal((await post('/v1/completions', { prompt: `drain ${i}`, max_tokens: 1 })).headers.get('x-contextforge-worker'), 'e0');
+    for (let i = 0; i < 3; i++)
+      assert.equal(
+        (await post('/v1/completions', { prompt: `drain ${i}`, max_tokens: 1 })).headers.get('x-contextforge-worker'),
+        'e0',
+      );
     assert.equal((await post('/admin/workers/e1/resume', {}, auth)).status, 200);
     assert.equal((await fetch(`${base}/admin/workers/dead`, { method: 'DELETE', headers: auth })).status, 200);
     assert.equal((await fetch(`${base}/admin/workers/dead`, { method: 'DELETE', headers: auth })).status, 404);
@@ -147,17 +222,38 @@ describe('the gateway over plain HTTP', () => {
 
   test('a client that disconnects mid-stream reaches the engine', async () => {
     const ac = new AbortController();
-    const res = await fetch(`${base}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: 'a very long story', max_tokens: 5000, stream: true }), headers: { 'content-type': 'application/json' }, signal: ac.signal });
+    const res = await fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      body: JSON.stringify({ prompt: 'a very long story', max_tokens: 5000, stream: true }),
+      headers: { 'content-type': 'application/json' },
+      signal: ac.signal,
+    });
     const worker = Number(res.headers.get('x-contextforge-worker')!.slice(1));
     await res.body!.getReader().read();
-    const running = async () => /vllm:num_requests_running\{[^}]*\} (\d+)/.exec(await (await fetch(`http://127.0.0.1:${engines[worker].port}/metrics`)).text())![1];
+    const running = async () =>
+      /vllm:num_requests_running\{[^}]*\} (\d+)/.exec(
+        await (await fetch(`http://127.0.0.1:${engines[worker].port}/metrics`)).text(),
+      )![1];
     assert.equal(await running(), '1');
     ac.abort();
     for (let i = 0; i < 200 && (await running()) !== '0'; i++) await sleep(20);
     assert.equal(await running(), '0');
     // and the router released its in-flight count
-    for (let i = 0; i < 100 && gateway.app && (await (await fetch(`${base}/admin/stats`, { headers: { authorization: 'Bearer sekret-token' } })).json() as { inFlightRequests: number }).inFlightRequests !== 0; i++) await sleep(20);
-    const stats = (await (await fetch(`${base}/admin/stats`, { headers: { authorization: 'Bearer sekret-token' } })).json()) as { inFlightRequests: number };
+    for (
+      let i = 0;
+      i < 100 &&
+      gateway.app &&
+      (
+        (await (await fetch(`${base}/admin/stats`, { headers: { authorization: 'Bearer sekret-token' } })).json()) as {
+          inFlightRequests: number;
+        }
+      ).inFlightRequests !== 0;
+      i++
+    )
+      await sleep(20);
+    const stats = (await (
+      await fetch(`${base}/admin/stats`, { headers: { authorization: 'Bearer sekret-token' } })
+    ).json()) as { inFlightRequests: number };
     assert.equal(stats.inFlightRequests, 0);
   });
 });
@@ -166,10 +262,20 @@ test('workers that list their models only get requests for those models; admin a
   const a = await new MockEngine({ model: 'alpha' }).start();
   const b = await new MockEngine({ model: 'beta' }).start();
   const router = new KVAwareRouter({ policy: 'round-robin' });
-  const gw = await createGateway({ router, workers: [{ id: 'a', url: `http://127.0.0.1:${a.port}`, models: ['alpha'] }], metricsIntervalMs: 0, healthCheckIntervalMs: 0 });
+  const gw = await createGateway({
+    router,
+    workers: [{ id: 'a', url: `http://127.0.0.1:${a.port}`, models: ['alpha'] }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
   const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
   const auth = { authorization: `Bearer ${gw.adminToken}` };
-  const post = (path: string, body: unknown) => fetch(`${url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...auth }, body: JSON.stringify(body) });
+  const post = (path: string, body: unknown) =>
+    fetch(`${url}${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...auth },
+      body: JSON.stringify(body),
+    });
   const added = await post('/admin/workers', { id: 'b', url: `http://127.0.0.1:${b.port}`, models: ['beta'] });
   assert.equal(added.status, 201);
   const badModels = await post('/admin/workers', { id: 'c', url: 'http://127.0.0.1:1', models: 'beta' });
@@ -181,13 +287,23 @@ test('workers that list their models only get requests for those models; admin a
     assert.equal(r.headers.get('x-contextforge-worker'), model === 'alpha' ? 'a' : 'b');
     await r.arrayBuffer();
   }
-  const route = (await (await post('/v1/route', { model: 'beta', prompt: 'same prompt' })).json()) as { worker: string };
+  const route = (await (await post('/v1/route', { model: 'beta', prompt: 'same prompt' })).json()) as {
+    worker: string;
+  };
   assert.equal(route.worker, 'b');
   const none = await post('/v1/completions', { model: 'gamma', prompt: 'x' });
   assert.equal(none.status, 404);
   assert.equal(((await none.json()) as { error: { code: string } }).error.code, 'model_not_found');
-  const listed = (await (await fetch(`${url}/admin/workers`, { headers: auth })).json()) as { workers: Array<{ id: string; models: string[] | null }> };
-  assert.deepEqual(listed.workers.map((w) => [w.id, w.models]), [['a', ['alpha']], ['b', ['beta']]]);
+  const listed = (await (await fetch(`${url}/admin/workers`, { headers: auth })).json()) as {
+    workers: Array<{ id: string; models: string[] | null }>;
+  };
+  assert.deepEqual(
+    listed.workers.map((w) => [w.id, w.models]),
+    [
+      ['a', ['alpha']],
+      ['b', ['beta']],
+    ],
+  );
   await gw.close();
   await a.close();
   await b.close();

@@ -1,7 +1,15 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import {
-  checkJsonDepth, checkRequestLimits, clientMessage, DEFAULT_REQUEST_LIMITS, parseJsonBody, readMessages, readMetadata, readPrompt, RequestLimitError,
+  checkJsonDepth,
+  checkRequestLimits,
+  clientMessage,
+  DEFAULT_REQUEST_LIMITS,
+  parseJsonBody,
+  readMessages,
+  readMetadata,
+  readPrompt,
+  RequestLimitError,
 } from '../../src/server/request-limits.js';
 
 const limits = DEFAULT_REQUEST_LIMITS;
@@ -44,21 +52,41 @@ describe('metadata', () => {
     rejects(() => readMetadata({ agentRole: 'critic' }, {}, small), 'contextforge.agentRole', /4 bytes/);
   });
   test('anchors: a bounded list of ids, each {id, tokens} or "id[:tokens]"', () => {
-    assert.deepEqual(readMetadata({ anchors: ['a', { id: 'b', tokens: 32 }, 'c:7'] }, {}, limits).contentAnchors, [{ id: 'a', tokens: 0 }, { id: 'b', tokens: 32 }, { id: 'c', tokens: 7 }]);
-    assert.deepEqual(readMetadata(undefined, { 'x-anchor-ids': 'doc-1:64, doc-2' }, limits).contentAnchors, [{ id: 'doc-1', tokens: 64 }, { id: 'doc-2', tokens: 0 }]);
+    assert.deepEqual(readMetadata({ anchors: ['a', { id: 'b', tokens: 32 }, 'c:7'] }, {}, limits).contentAnchors, [
+      { id: 'a', tokens: 0 },
+      { id: 'b', tokens: 32 },
+      { id: 'c', tokens: 7 },
+    ]);
+    assert.deepEqual(readMetadata(undefined, { 'x-anchor-ids': 'doc-1:64, doc-2' }, limits).contentAnchors, [
+      { id: 'doc-1', tokens: 64 },
+      { id: 'doc-2', tokens: 0 },
+    ]);
     rejects(() => readMetadata({ anchors: [{ id: 5 }] }, {}, limits), 'contextforge.anchors[0].id');
     rejects(() => readMetadata({ anchors: [null] }, {}, limits), 'contextforge.anchors[0]');
     rejects(() => readMetadata({ anchors: 'a' }, {}, limits), 'contextforge.anchors');
-    rejects(() => readMetadata({ anchors: Array.from({ length: 129 }, (_, i) => `a${i}`) }, {}, limits), 'contextforge.anchors', /more than 128/);
-    rejects(() => readMetadata(undefined, { 'x-anchor-ids': Array.from({ length: 129 }, (_, i) => `a${i}`).join(',') }, limits), 'x-anchor-ids');
+    rejects(
+      () => readMetadata({ anchors: Array.from({ length: 129 }, (_, i) => `a${i}`) }, {}, limits),
+      'contextforge.anchors',
+      /more than 128/,
+    );
+    rejects(
+      () =>
+        readMetadata(undefined, { 'x-anchor-ids': Array.from({ length: 129 }, (_, i) => `a${i}`).join(',') }, limits),
+      'x-anchor-ids',
+    );
     rejects(() => readMetadata({ anchors: [{ id: 'x'.repeat(300) }] }, {}, limits), 'contextforge.anchors[0].id');
     rejects(() => readMetadata({ anchors: [{ id: 'a', tokens: -1 }] }, {}, limits), 'contextforge.anchors[0].tokens');
   });
   test('steps and CLA groups: integers, and headers in decimal digits only', () => {
     assert.equal(readMetadata(undefined, { 'x-workflow-step': '16' }, limits).workflowStep, 16);
     assert.equal(readMetadata({ workflowStep: 3 }, { 'x-workflow-step': '16' }, limits).workflowStep, 3);
-    assert.equal(readMetadata(undefined, { 'x-workflow-step': '', 'x-agent-role': '', 'x-workflow-id': '' }, limits).workflowId, undefined, 'empty headers are not set');
-    for (const v of ['0x10', '1e3', ' 7', '-1', '1.5', '99999999999999999']) rejects(() => readMetadata(undefined, { 'x-workflow-step': v }, limits), 'x-workflow-step');
+    assert.equal(
+      readMetadata(undefined, { 'x-workflow-step': '', 'x-agent-role': '', 'x-workflow-id': '' }, limits).workflowId,
+      undefined,
+      'empty headers are not set',
+    );
+    for (const v of ['0x10', '1e3', ' 7', '-1', '1.5', '99999999999999999'])
+      rejects(() => readMetadata(undefined, { 'x-workflow-step': v }, limits), 'x-workflow-step');
     rejects(() => readMetadata(undefined, { 'x-cla-group': '0b1' }, limits), 'x-cla-group');
     rejects(() => readMetadata({ workflowStep: 1.5 }, {}, limits), 'contextforge.workflowStep');
     rejects(() => readMetadata({ claGroup: '2' }, {}, limits), 'contextforge.claGroup');
@@ -92,12 +120,27 @@ describe('prompts and messages', () => {
     rejects(() => readPrompt({ a: 1 }), 'prompt');
   });
   test('content parts: objects of known types; text parts carry text', () => {
-    const ok = [{ role: 'user', content: [{ type: 'text', text: 'hi' }, { type: 'image_url', image_url: { url: 'http://x/y.png' } }] }, { role: 'assistant', content: null }];
+    const ok = [
+      {
+        role: 'user',
+        content: [
+          { type: 'text', text: 'hi' },
+          { type: 'image_url', image_url: { url: 'http://x/y.png' } },
+        ],
+      },
+      { role: 'assistant', content: null },
+    ];
     assert.equal(readMessages(ok), ok);
     rejects(() => readMessages([{ role: 'user', content: [null] }]), 'messages[0].content[0]');
     rejects(() => readMessages([{ role: 'user', content: [{ type: 'evil' }] }]), 'messages[0].content[0].type');
-    rejects(() => readMessages([{ role: 'user', content: [{ type: 'text', text: 5 }] }]), 'messages[0].content[0].text');
-    rejects(() => readMessages([{ role: 'user', content: [{ type: 'image_url', image_url: null }] }]), 'messages[0].content[0].image_url');
+    rejects(
+      () => readMessages([{ role: 'user', content: [{ type: 'text', text: 5 }] }]),
+      'messages[0].content[0].text',
+    );
+    rejects(
+      () => readMessages([{ role: 'user', content: [{ type: 'image_url', image_url: null }] }]),
+      'messages[0].content[0].image_url',
+    );
     rejects(() => readMessages([{ role: 'user', content: 5 }]), 'messages[0].content');
     rejects(() => readMessages([{ content: 'x' }]), 'messages[0].role');
     rejects(() => readMessages([null]), 'messages[0]');
@@ -106,8 +149,14 @@ describe('prompts and messages', () => {
 });
 
 test('client messages: checks pass through, runtime errors become a generic sentence', () => {
-  assert.equal(clientMessage(new RangeError('workflowId must be a non-empty string')), 'workflowId must be a non-empty string');
-  assert.equal(clientMessage(new TypeError("Cannot read properties of null (reading 'type')")), 'the request could not be routed');
+  assert.equal(
+    clientMessage(new RangeError('workflowId must be a non-empty string')),
+    'workflowId must be a non-empty string',
+  );
+  assert.equal(
+    clientMessage(new TypeError("Cannot read properties of null (reading 'type')")),
+    'the request could not be routed',
+  );
   assert.equal(clientMessage(new RangeError('Maximum call stack size exceeded')), 'the request could not be routed');
   assert.equal(clientMessage(new Error('ECONNREFUSED 10.0.0.5')), 'the request could not be routed');
 });
@@ -120,10 +169,23 @@ test('limits must be positive integers', () => {
 
 test('a whole request: metadata removed from the body, cache_salt checked', async () => {
   const { readRouteRequest } = await import('../../src/server/request-limits.js');
-  const r = readRouteRequest('/v1/chat/completions', { model: 'm', messages: [{ role: 'user', content: 'hi' }], contextforge: { workflowId: 'wf', isolate: true }, cache_salt: 's' }, { 'x-workflow-step': '2' }, limits);
+  const r = readRouteRequest(
+    '/v1/chat/completions',
+    {
+      model: 'm',
+      messages: [{ role: 'user', content: 'hi' }],
+      contextforge: { workflowId: 'wf', isolate: true },
+      cache_salt: 's',
+    },
+    { 'x-workflow-step': '2' },
+    limits,
+  );
   assert.deepEqual(r.body, { model: 'm', messages: [{ role: 'user', content: 'hi' }], cache_salt: 's' });
   assert.equal(r.unchanged, false);
-  assert.deepEqual([r.routeRequest.workflowId, r.routeRequest.workflowStep, r.routeRequest.isolate, r.routeRequest.cacheSalt], ['wf', 2, true, 's']);
+  assert.deepEqual(
+    [r.routeRequest.workflowId, r.routeRequest.workflowStep, r.routeRequest.isolate, r.routeRequest.cacheSalt],
+    ['wf', 2, true, 's'],
+  );
   const c = readRouteRequest('/v1/completions', { prompt: [1, 2, 3] }, {}, limits);
   assert.deepEqual([c.routeRequest.tokens, c.unchanged], [[1, 2, 3], true]);
   rejects(() => readRouteRequest('/v1/completions', { prompt: 'x', cache_salt: '' }, {}, limits), 'cache_salt');

@@ -16,15 +16,34 @@ class ThrowingRouter extends KVAwareRouter {
 test('route-time TypeError/RangeError are 400 (never 500); other errors are a 500 that shows nothing internal', async () => {
   const router = new ThrowingRouter();
   const logs: string[] = [];
-  const gw = await createGateway({ router, workers: [{ id: 'w', url: 'http://127.0.0.1:1' }], adminToken: 'route-errors-admin', metricsIntervalMs: 0, healthCheckIntervalMs: 0, log: (m) => logs.push(m) });
+  const gw = await createGateway({
+    router,
+    workers: [{ id: 'w', url: 'http://127.0.0.1:1' }],
+    adminToken: 'route-errors-admin',
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    log: (m) => logs.push(m),
+  });
   const base = await gw.app.listen({ host: '127.0.0.1', port: 0 });
   const ask = async (path: string) => {
-    const res = await fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: 'Bearer route-errors-admin' }, body: JSON.stringify({ prompt: 'x' }) });
+    const res = await fetch(`${base}${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: 'Bearer route-errors-admin' },
+      body: JSON.stringify({ prompt: 'x' }),
+    });
     return { status: res.status, error: ((await res.json()) as { error: { message: string } }).error };
   };
   for (const path of ['/v1/completions', '/v1/route']) {
     router.error = new RangeError('workflowId must be a non-empty string');
-    assert.deepEqual(await ask(path), { status: 400, error: { message: 'workflowId must be a non-empty string', type: 'invalid_request_error', param: null, code: null } });
+    assert.deepEqual(await ask(path), {
+      status: 400,
+      error: {
+        message: 'workflowId must be a non-empty string',
+        type: 'invalid_request_error',
+        param: null,
+        code: null,
+      },
+    });
     router.error = new TypeError("Cannot read properties of undefined (reading 'slot')");
     const internal = await ask(path);
     assert.equal(internal.status, 400);
@@ -34,6 +53,9 @@ test('route-time TypeError/RangeError are 400 (never 500); other errors are a 50
     assert.equal(bug.status, 500);
     assert.deepEqual(bug.error, { message: 'internal error', type: 'server_error', param: null, code: null });
   }
-  assert.ok(logs.some((l) => /secret-path/.test(l)), 'the cause goes to the log');
+  assert.ok(
+    logs.some((l) => /secret-path/.test(l)),
+    'the cause goes to the log',
+  );
   await gw.close();
 });

@@ -14,7 +14,10 @@ test('every request is routed and accounted for', async () => {
   for (const policy of ['seed', 'cost']) {
     const r = await runAgentWorkload(policy, { workflows: 25, workers: 3 });
     assert.equal(r.requests, 100);
-    assert.equal(r.assignments.reduce((x, y) => x + y, 0), 100);
+    assert.equal(
+      r.assignments.reduce((x, y) => x + y, 0),
+      100,
+    );
     assert.ok(r.tokenHitRatio > 0 && r.tokenHitRatio < 1);
     assert.ok(r.peakLoad.every((l) => l <= 1));
   }
@@ -22,7 +25,10 @@ test('every request is routed and accounted for', async () => {
 
 test('cost keeps workflow steps together more often than seed, and hits more KV', async () => {
   // measured over several seeds so that one lucky draw cannot carry it
-  let seedCont = 0, costCont = 0, seedHit = 0, costHit = 0;
+  let seedCont = 0,
+    costCont = 0,
+    seedHit = 0,
+    costHit = 0;
   for (const seed of [1, 2, 3, 7]) {
     const s = await runAgentWorkload('seed', { seed });
     const c = await runAgentWorkload('cost', { seed });

@@ -70,7 +70,7 @@ test('agentic: every turn re-sends the whole context; compaction keeps the share
   assert.ok(compacted > 0);
 });
 
-test('agentic: sub-agents fork the session\'s context; sessions overlap in time', () => {
+test("agentic: sub-agents fork the session's context; sessions overlap in time", () => {
   const subs = [...bySession].filter(([id]) => id.includes('/sub-'));
   assert.ok(subs.length >= 10, `${subs.length} sub-agents`);
   for (const [id, turns] of subs) {
@@ -78,7 +78,11 @@ test('agentic: sub-agents fork the session\'s context; sessions overlap in time'
     const before = parent.filter((r) => r.timestamp <= turns[0].timestamp);
     const last = before[before.length - 1];
     assert.ok(turns.every((r) => r.agentRole === 'subagent'));
-    assert.equal(sharedPrefix(fullBlocks(last), turns[0].hashIds), fullBlocks(last).length, `${id} forks its parent's context`);
+    assert.equal(
+      sharedPrefix(fullBlocks(last), turns[0].hashIds),
+      fullBlocks(last).length,
+      `${id} forks its parent's context`,
+    );
     assert.ok(turns.length >= 3 && turns.length <= 10);
   }
   // most of the time, several sessions are active at once

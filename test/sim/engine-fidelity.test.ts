@@ -6,8 +6,21 @@ import { comparePolicies } from '../../src/sim/compare.js';
 import { simulate } from '../../src/sim/simulator.js';
 import type { TraceRequest } from '../../src/sim/trace.js';
 
-const request = (index: number, timestamp: number, hashIds: number[], inputLength: number, outputLength = 1, extra: Partial<TraceRequest> = {}): TraceRequest => ({
-  index, timestamp, inputLength, outputLength, hashIds, blockSize: 64, ...extra,
+const request = (
+  index: number,
+  timestamp: number,
+  hashIds: number[],
+  inputLength: number,
+  outputLength = 1,
+  extra: Partial<TraceRequest> = {},
+): TraceRequest => ({
+  index,
+  timestamp,
+  inputLength,
+  outputLength,
+  hashIds,
+  blockSize: 64,
+  ...extra,
 });
 
 describe('simulator: context limit', () => {
@@ -23,7 +36,10 @@ describe('simulator: context limit', () => {
     assert.equal(r.rejected, 2);
     assert.deepEqual(r.outcomes.map((o) => o.request).sort(), [0, 3]);
     const { report } = comparePolicies('t', trace, ['cost', 'round-robin'], { workers: 2, engine });
-    assert.deepEqual(report.policies.map((p) => p.rejected), [2, 2]);
+    assert.deepEqual(
+      report.policies.map((p) => p.rejected),
+      [2, 2],
+    );
     // the KV capacity caps the limit too: 960 tokens of KV refuse the same two
     assert.equal(simulate(trace, { workers: 1, policy: 'cost', engine: { kvTokens: 960 } }).rejected, 2);
     assert.equal(simulate(trace, { workers: 1, policy: 'cost' }).rejected, 0);
@@ -34,11 +50,18 @@ describe('simulator: scrapes', () => {
   test('a scrape during a long prefill step reads the engine as it is then', () => {
     // one 100k-token prompt prefilled in a single step of tens of seconds
     const ids = Array.from({ length: 1563 }, (_, i) => i + 1);
-    const r = simulate([request(0, 0, ids, 100_000, 1)], { workers: 1, policy: 'round-robin', engine: { maxBatchTokens: 200_000 } });
+    const r = simulate([request(0, 0, ids, 100_000, 1)], {
+      workers: 1,
+      policy: 'round-robin',
+      engine: { maxBatchTokens: 200_000 },
+    });
     assert.ok(r.outcomes[0].ttft > 10, `ttft ${r.outcomes[0].ttft}`);
     const during = r.loadTimeline.find((s) => s.t >= 5 && s.t < r.outcomes[0].ttft)!;
     // the prompt's blocks are held while it computes; after the step the request is gone
-    assert.ok(Math.abs(during.kvUsage[0] - Math.ceil(100_000 / 64) / Math.floor(300_000 / 64)) < 1e-9, `${during.kvUsage[0]}`);
+    assert.ok(
+      Math.abs(during.kvUsage[0] - Math.ceil(100_000 / 64) / Math.floor(300_000 / 64)) < 1e-9,
+      `${during.kvUsage[0]}`,
+    );
   });
 });
 
@@ -52,7 +75,8 @@ describe('bounds and the pooled-LRU reference count as the engine counts', () =>
 
   test('anchors, CLA groups and isolation: a passage is shared only within its namespace', () => {
     const passage = [{ id: 'p1', tokens: 128 }];
-    const base = (i: number, extra: Partial<TraceRequest>) => request(i, i, [100 + i], 64 + 128 + 64, 1, { anchors: passage, ...extra });
+    const base = (i: number, extra: Partial<TraceRequest>) =>
+      request(i, i, [100 + i], 64 + 128 + 64, 1, { anchors: passage, ...extra });
     const hit = (trace: TraceRequest[]) => computeBounds(trace).infiniteCacheHitRate;
     // the second request reuses the passage less its 15% recompute (20 of 128 tokens)
     assert.equal(hit([base(0, {}), base(1, {})]), (128 - 20) / 512);
@@ -83,25 +107,40 @@ describe('bounds and the pooled-LRU reference count as the engine counts', () =>
         let fresh = 1000;
         return rows.map((r, index): TraceRequest => {
           t += r.gap;
-          const ids = [...Array.from({ length: r.shared }, (_, k) => r.family * 100 + k), ...Array.from({ length: r.extra }, () => fresh++)];
+          const ids = [
+            ...Array.from({ length: r.shared }, (_, k) => r.family * 100 + k),
+            ...Array.from({ length: r.extra }, () => fresh++),
+          ];
           const anchors = [...new Set(r.passages)].map((p) => ({ id: `p${p}`, tokens: 40 + p * 30 }));
           const anchorTokens = anchors.reduce((a, x) => a + x.tokens, 0);
           // one request in ten is over the 3,000-token limit
           const input = (r.huge === 0 ? 3000 : (ids.length - 1) * 64 + 1 + r.tail) + anchorTokens;
           return request(index, t, ids, input, r.output, {
-            anchors, ...(r.cla !== undefined ? { claGroup: r.cla } : {}), ...(r.isolate && r.family === 0 ? { isolate: true } : {}),
+            anchors,
+            ...(r.cla !== undefined ? { claGroup: r.cla } : {}),
+            ...(r.isolate && r.family === 0 ? { isolate: true } : {}),
           });
         });
       });
     fc.assert(
-      fc.property(traceArb, fc.constantFrom('cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'), (trace, policy) => {
-        const engine = { kvTokens: 4096, maxModelLen: 3000 };
-        const bounds = computeBounds(trace, engine);
-        const r = simulate(trace, { workers: 2, policy, engine });
-        assert.ok(r.hitRate <= bounds.infiniteCacheHitRate + 1e-9, `${policy} hit ${r.hitRate} > ${bounds.infiniteCacheHitRate}`);
-        assert.ok(r.ttft.mean >= bounds.idealTtftMean - 1e-9, `${policy} ttft ${r.ttft.mean} < ${bounds.idealTtftMean}`);
-        assert.equal(r.outcomes.length + r.rejected, trace.length);
-      }),
+      fc.property(
+        traceArb,
+        fc.constantFrom('cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'),
+        (trace, policy) => {
+          const engine = { kvTokens: 4096, maxModelLen: 3000 };
+          const bounds = computeBounds(trace, engine);
+          const r = simulate(trace, { workers: 2, policy, engine });
+          assert.ok(
+            r.hitRate <= bounds.infiniteCacheHitRate + 1e-9,
+            `${policy} hit ${r.hitRate} > ${bounds.infiniteCacheHitRate}`,
+          );
+          assert.ok(
+            r.ttft.mean >= bounds.idealTtftMean - 1e-9,
+            `${policy} ttft ${r.ttft.mean} < ${bounds.idealTtftMean}`,
+          );
+          assert.equal(r.outcomes.length + r.rejected, trace.length);
+        },
+      ),
       { numRuns: 60 },
     );
   });

@@ -13,10 +13,14 @@ test('the workflow generator is seeded and makes pipelines of roles over shared 
   assert.notDeepEqual(a, generateWorkflowTrace({ workflows: 30, seed: 6 }));
   assert.equal(a.length, 120);
   const wf = a.filter((r) => r.sessionId === 'wf-0').sort((x, y) => x.step! - y.step!);
-  assert.deepEqual(wf.map((r) => r.agentRole), ['retriever', 'summarizer', 'critic', 'responder']);
+  assert.deepEqual(
+    wf.map((r) => r.agentRole),
+    ['retriever', 'summarizer', 'critic', 'responder'],
+  );
   assert.equal(wf[2].isolate, true); // the critic is a judge
   // each step extends the previous step's prefix (minus its partial last block)
-  for (let s = 1; s < wf.length; s++) assert.deepEqual(wf[s].hashIds.slice(0, wf[s - 1].hashIds.length - 1), wf[s - 1].hashIds.slice(0, -1));
+  for (let s = 1; s < wf.length; s++)
+    assert.deepEqual(wf[s].hashIds.slice(0, wf[s - 1].hashIds.length - 1), wf[s - 1].hashIds.slice(0, -1));
   for (const r of a) assert.equal(r.hashIds.length, Math.ceil(r.inputLength / r.blockSize));
   for (let i = 1; i < a.length; i++) assert.ok(a[i].timestamp >= a[i - 1].timestamp);
 });
@@ -68,7 +72,13 @@ test('RAGPulse: prefix blocks from system prompt and history, passages as conten
 });
 
 test('RAGPulse prefix blocks: full 64-token blocks of the system-prompt + history stream, chained', () => {
-  const lengths = { sys_prompt: new Map([[1, 100]]), history: new Map([[7, 50], [8, 50]]) };
+  const lengths = {
+    sys_prompt: new Map([[1, 100]]),
+    history: new Map([
+      [7, 50],
+      [8, 50],
+    ]),
+  };
   const a = prefixBlockIds({ sys_prompt: [1], history: [7] }, lengths, 64);
   const b = prefixBlockIds({ sys_prompt: [1], history: [8] }, lengths, 64);
   const c = prefixBlockIds({ sys_prompt: [1] }, lengths, 64);

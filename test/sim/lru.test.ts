@@ -5,7 +5,11 @@ import { LruSet } from '../../src/sim/lru.js';
 test('LruSet evicts the least recently used key and reports it', () => {
   const lru = new LruSet(3);
   const evicted: number[] = [];
-  for (const k of [1, 2, 3]) assert.equal(lru.touch(k, (e) => evicted.push(e)), false);
+  for (const k of [1, 2, 3])
+    assert.equal(
+      lru.touch(k, (e) => evicted.push(e)),
+      false,
+    );
   assert.equal(lru.touch(1), true); // 1 is now the most recent
   lru.touch(4, (e) => evicted.push(e));
   assert.deepEqual(evicted, [2]);

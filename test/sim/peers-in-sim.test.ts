@@ -6,13 +6,32 @@ import { simulate } from '../../src/sim/simulator.js';
 import { loadMooncakeTrace } from '../../src/sim/trace.js';
 import { generateWorkflowTrace } from '../../src/sim/workflows.js';
 
-const head = await loadMooncakeTrace(fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)));
+const head = await loadMooncakeTrace(
+  fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)),
+);
 
 describe('peers in the simulator', () => {
   test("seed: its caller's anchor is the workflow, else the first block", () => {
-    assert.equal(seedAnchor({ index: 0, timestamp: 0, inputLength: 10, outputLength: 1, hashIds: [7, 8], blockSize: 16, sessionId: 'wf-3' }), 'session:wf-3');
-    assert.equal(seedAnchor({ index: 0, timestamp: 0, inputLength: 10, outputLength: 1, hashIds: [7, 8], blockSize: 16 }), 'block:7');
-    assert.equal(seedAnchor({ index: 0, timestamp: 0, inputLength: 10, outputLength: 1, hashIds: [], blockSize: 16 }), undefined);
+    assert.equal(
+      seedAnchor({
+        index: 0,
+        timestamp: 0,
+        inputLength: 10,
+        outputLength: 1,
+        hashIds: [7, 8],
+        blockSize: 16,
+        sessionId: 'wf-3',
+      }),
+      'session:wf-3',
+    );
+    assert.equal(
+      seedAnchor({ index: 0, timestamp: 0, inputLength: 10, outputLength: 1, hashIds: [7, 8], blockSize: 16 }),
+      'block:7',
+    );
+    assert.equal(
+      seedAnchor({ index: 0, timestamp: 0, inputLength: 10, outputLength: 1, hashIds: [], blockSize: 16 }),
+      undefined,
+    );
     // at light load every step of a workflow (but the isolated judge) stays on the workflow's worker
     const trace = generateWorkflowTrace({ workflows: 40, seed: 3 });
     const r = simulate(trace, { workers: 4, policy: 'seed', speed: 0.2, engine: { kvTokens: 2_000_000 } });

@@ -8,7 +8,9 @@ import { simulate, type PolicyResult } from '../../src/sim/simulator.js';
 import { loadMooncakeTrace } from '../../src/sim/trace.js';
 import { generateWorkflowTrace } from '../../src/sim/workflows.js';
 
-const head = await loadMooncakeTrace(fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)));
+const head = await loadMooncakeTrace(
+  fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)),
+);
 const lastArrival = (head[head.length - 1].timestamp - head[0].timestamp) / 1000;
 
 /** Every request is accounted for exactly once: answered (completed, failed, cancelled after its first token), cancelled before it, or rejected. */
@@ -38,7 +40,11 @@ function loop() {
   };
 }
 
-const routers = (n: number) => Array.from({ length: n }, (_, i) => new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: 16, instanceId: `r${i}` }));
+const routers = (n: number) =>
+  Array.from(
+    { length: n },
+    (_, i) => new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: 16, instanceId: `r${i}` }),
+  );
 
 describe('scenarios', () => {
   test('--fail: the worker gets nothing after it dies; its requests are retried before their first token, failed after', () => {
@@ -60,7 +66,10 @@ describe('scenarios', () => {
     const afterwards = r.outcomes.filter((o) => o.arrival > at + 1e-9);
     assert.ok(afterwards.length > 100);
     assert.ok(afterwards.every((o) => o.worker !== 2));
-    assert.ok(r.outcomes.some((o) => o.worker === 2), 'it worked before the drain');
+    assert.ok(
+      r.outcomes.some((o) => o.worker === 2),
+      'it worked before the drain',
+    );
   });
 
   test('every worker failed: requests are rejected, counted, and left out of TTFT', () => {
@@ -78,9 +87,15 @@ describe('scenarios', () => {
     const list: number[] = [];
     for (let i = 0; i < hashes.length; i++) list.push(hashes.hi[i], hashes.lo[i]);
     fleet.deliverEvents('w0', list, []);
-    assert.ok(fleet.replicas.every((r) => r.index.entriesFor(0) === 0), 'nothing applied at once');
+    assert.ok(
+      fleet.replicas.every((r) => r.index.entriesFor(0) === 0),
+      'nothing applied at once',
+    );
     l.advance(100);
-    assert.ok(fleet.replicas.every((r) => r.index.entriesFor(0) === 4), 'all applied within the jitter');
+    assert.ok(
+      fleet.replicas.every((r) => r.index.entriesFor(0) === 4),
+      'all applied within the jitter',
+    );
   });
 
   test('--event-loss: a lost batch never reaches the router; the simulation counts it and still completes', () => {
@@ -103,7 +118,11 @@ describe('scenarios', () => {
     const fleet = new RouterFleet(routers(3), { stateLagMs: 20 }, l.schedule, l.clock);
     fleet.registerWorker('w0');
     fleet.registerWorker('w1');
-    const { replica, result } = fleet.route({ tokens: Array.from({ length: 64 }, (_, k) => k), workflowId: 'wf-1', workflowStep: 0 });
+    const { replica, result } = fleet.route({
+      tokens: Array.from({ length: 64 }, (_, k) => k),
+      workflowId: 'wf-1',
+      workflowStep: 0,
+    });
     assert.equal(replica, 0);
     const other = fleet.replicas[1];
     assert.equal(other.workflowAffinity('wf-1'), undefined, 'not before the lag');
@@ -128,23 +147,48 @@ describe('scenarios', () => {
   });
 
   test('--cancel-rate: cancelled requests leave the engine and the router; the rest complete', () => {
-    const r = simulate(head, { workers: 2, policy: 'cost', speed: 4, scenario: { cancelRate: 0.3, cancelWithinMs: 2000, seed: 9 } });
+    const r = simulate(head, {
+      workers: 2,
+      policy: 'cost',
+      speed: 4,
+      scenario: { cancelRate: 0.3, cancelWithinMs: 2000, seed: 9 },
+    });
     assertAccounted(r, head.length);
     assert.ok(r.cancelled > 30 && r.cancelled < 120, `cancelled ${r.cancelled}`);
     assert.ok(r.outcomes.filter((o) => o && o.status === undefined).length >= head.length - r.cancelled);
     // deterministic for a seed
-    const again = simulate(head, { workers: 2, policy: 'cost', speed: 4, scenario: { cancelRate: 0.3, cancelWithinMs: 2000, seed: 9 } });
+    const again = simulate(head, {
+      workers: 2,
+      policy: 'cost',
+      speed: 4,
+      scenario: { cancelRate: 0.3, cancelWithinMs: 2000, seed: 9 },
+    });
     assert.equal(again.cancelled, r.cancelled);
   });
 
   test('--worker-kv-tokens: each worker gets its own KV capacity', () => {
     // round-robin assigns the same requests whatever the caches: only worker 0's capacity differs
-    const mixed = simulate(head, { workers: 2, policy: 'round-robin', scenario: { workerKvTokens: [16_384, 2_000_000] } });
-    const large = simulate(head, { workers: 2, policy: 'round-robin', scenario: { workerKvTokens: [2_000_000, 2_000_000] } });
-    const cachedOn = (r: PolicyResult, w: number) => r.outcomes.filter((o) => o.worker === w).reduce((a, o) => a + o.cachedTokens, 0);
-    assert.ok(cachedOn(mixed, 0) < 0.8 * cachedOn(large, 0), `small ${cachedOn(mixed, 0)} vs large ${cachedOn(large, 0)}`);
+    const mixed = simulate(head, {
+      workers: 2,
+      policy: 'round-robin',
+      scenario: { workerKvTokens: [16_384, 2_000_000] },
+    });
+    const large = simulate(head, {
+      workers: 2,
+      policy: 'round-robin',
+      scenario: { workerKvTokens: [2_000_000, 2_000_000] },
+    });
+    const cachedOn = (r: PolicyResult, w: number) =>
+      r.outcomes.filter((o) => o.worker === w).reduce((a, o) => a + o.cachedTokens, 0);
+    assert.ok(
+      cachedOn(mixed, 0) < 0.8 * cachedOn(large, 0),
+      `small ${cachedOn(mixed, 0)} vs large ${cachedOn(large, 0)}`,
+    );
     assert.equal(cachedOn(mixed, 1), cachedOn(large, 1));
-    assert.throws(() => simulate(head, { workers: 2, policy: 'cost', scenario: { workerKvTokens: [1000] } }), /workerKvTokens lists 1 workers/);
+    assert.throws(
+      () => simulate(head, { workers: 2, policy: 'cost', scenario: { workerKvTokens: [1000] } }),
+      /workerKvTokens lists 1 workers/,
+    );
   });
 
   test('worker events parse as WORKER@TIME and name the flag when wrong', () => {
@@ -153,17 +197,47 @@ describe('scenarios', () => {
     assert.deepEqual(parseWorkerEvent('w0@250ms', '--drain', 8), { worker: 0, atMs: 250 });
     assert.throws(() => parseWorkerEvent('w9@1s', '--fail', 8), /--fail: worker w9 does not exist/);
     assert.throws(() => parseWorkerEvent('w1', '--drain', 8), /--drain: expected WORKER@TIME/);
-    assert.throws(() => simulate(head, { workers: 2, policy: 'cost', scenario: { eventLoss: 2 } }), /eventLoss must be within/);
+    assert.throws(
+      () => simulate(head, { workers: 2, policy: 'cost', scenario: { eventLoss: 2 } }),
+      /eventLoss must be within/,
+    );
   });
 
   test('the CLI takes the scenario flags and rejects bad ones with a message', () => {
     const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
     const trace = fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url));
-    const cli = (...args: string[]) => spawnSync(process.execPath, ['--import', 'tsx', main, 'simulate', '--trace', trace, '--policies', 'cost', ...args], { encoding: 'utf8' });
-    const ok = cli('--workers', '3', '--fail', 'w1@20s', '--drain', 'w2@40s', '--event-jitter-ms', '20', '--event-loss', '0.1', '--replicas', '2', '--state-lag-ms', '20', '--cancel-rate', '0.05', '--worker-kv-tokens', '100000,200000,300000', '--format', 'json');
+    const cli = (...args: string[]) =>
+      spawnSync(
+        process.execPath,
+        ['--import', 'tsx', main, 'simulate', '--trace', trace, '--policies', 'cost', ...args],
+        { encoding: 'utf8' },
+      );
+    const ok = cli(
+      '--workers',
+      '3',
+      '--fail',
+      'w1@20s',
+      '--drain',
+      'w2@40s',
+      '--event-jitter-ms',
+      '20',
+      '--event-loss',
+      '0.1',
+      '--replicas',
+      '2',
+      '--state-lag-ms',
+      '20',
+      '--cancel-rate',
+      '0.05',
+      '--worker-kv-tokens',
+      '100000,200000,300000',
+      '--format',
+      'json',
+    );
     assert.equal(ok.status, 0, ok.stderr);
     const p = JSON.parse(ok.stdout).policies[0];
-    for (const k of ['rejected', 'cancelled', 'failed', 'retried', 'eventBatchesLost']) assert.equal(typeof p[k], 'number', k);
+    for (const k of ['rejected', 'cancelled', 'failed', 'retried', 'eventBatchesLost'])
+      assert.equal(typeof p[k], 'number', k);
     const bad = cli('--workers', '3', '--fail', 'w7@20s');
     assert.notEqual(bad.status, 0);
     assert.match(bad.stderr, /--fail: worker w7 does not exist/);

@@ -5,14 +5,19 @@ import { comparePolicies } from '../../src/sim/compare.js';
 import { simulate } from '../../src/sim/simulator.js';
 import { loadMooncakeTrace } from '../../src/sim/trace.js';
 
-const head = await loadMooncakeTrace(fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)));
+const head = await loadMooncakeTrace(
+  fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)),
+);
 
 describe('simulator', () => {
   test('the same trace gives the same results, request for request', () => {
     const a = comparePolicies('head', head, ['cost', 'random', 'power-of-two'], { workers: 4 });
     const b = comparePolicies('head', head, ['cost', 'random', 'power-of-two'], { workers: 4 });
     assert.deepEqual(a.report, b.report);
-    assert.deepEqual(a.results.map((r) => r.outcomes), b.results.map((r) => r.outcomes));
+    assert.deepEqual(
+      a.results.map((r) => r.outcomes),
+      b.results.map((r) => r.outcomes),
+    );
   });
 
   test('every request finishes once, on a valid worker, after it arrived', () => {
@@ -27,7 +32,10 @@ describe('simulator', () => {
   });
 
   test('a KV-aware policy beats round-robin on hit rate and TTFT on the real trace head', () => {
-    const { report } = comparePolicies('head', head, ['cost', 'round-robin'], { workers: 4, engine: { kvTokens: 2_000_000 } });
+    const { report } = comparePolicies('head', head, ['cost', 'round-robin'], {
+      workers: 4,
+      engine: { kvTokens: 2_000_000 },
+    });
     const [cost, rr] = report.policies;
     assert.ok(cost.hitRate > rr.hitRate, `hit ${cost.hitRate} vs ${rr.hitRate}`);
     assert.ok(cost.ttft.mean < rr.ttft.mean, `ttft ${cost.ttft.mean} vs ${rr.ttft.mean}`);

@@ -19,7 +19,9 @@ import {
 import { loadMooncakeTrace } from '../../src/sim/trace.js';
 import { renderSweepTables } from '../../bench/sim-readme.js';
 
-const head = await loadMooncakeTrace(fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)));
+const head = await loadMooncakeTrace(
+  fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)),
+);
 
 describe('sweep statistics', () => {
   test("Student's t intervals: textbook quantiles and a hand-computed interval", () => {
@@ -41,7 +43,10 @@ describe('sweep statistics', () => {
     assert.equal(evaluation.length, 150);
     assert.ok(train[train.length - 1].timestamp <= evaluation[0].timestamp);
     const w = windows(evaluation, 4);
-    assert.deepEqual(w.map((x) => x.length), [37, 38, 37, 38]);
+    assert.deepEqual(
+      w.map((x) => x.length),
+      [37, 38, 37, 38],
+    );
     assert.deepEqual(w.flat(), evaluation);
     assert.throws(() => windows(evaluation.slice(0, 2), 3), /cannot make 3 windows/);
   });
@@ -52,7 +57,8 @@ describe('sweep statistics', () => {
   });
 
   test('summarise reports mean and 95% half-width per metric, and sums rejections', () => {
-    const fake = (hitRate: number, mean: number, p99: number, rejected: number) => ({ hitRate, ttft: { mean, p50: 0, p90: 0, p99 }, rejected }) as unknown as PolicyResult;
+    const fake = (hitRate: number, mean: number, p99: number, rejected: number) =>
+      ({ hitRate, ttft: { mean, p50: 0, p90: 0, p99 }, rejected }) as unknown as PolicyResult;
     const p = summarise('cost', [fake(0.1, 1, 10, 1), fake(0.2, 2, 20, 0), fake(0.3, 3, 30, 2)]);
     assert.deepEqual(Object.keys(p), ['policy', 'hitRate', 'ttftMean', 'ttftP99', 'ci95', 'rejected']);
     assert.deepEqual(Object.keys(p.ci95), ['hitRate', 'ttftMean', 'ttftP99']);
@@ -65,21 +71,43 @@ describe('sweep statistics', () => {
 
   test('a sweep on real samples: points from light load past the knee, every policy at every point', () => {
     const { train, evaluation } = splitTrace(head);
-    const o = { policies: ['cost', 'round-robin'], points: 3, simulation: { workers: 2 }, workerPrefillTokensPerSecond: 12_500 };
+    const o = {
+      policies: ['cost', 'round-robin'],
+      points: 3,
+      simulation: { workers: 2 },
+      workerPrefillTokensPerSecond: 12_500,
+    };
     const speeds = chooseLoadPoints(windows(train, 2), o);
     assert.equal(speeds.length, 3);
     assert.ok(speeds[0] < speeds[1] && speeds[1] < speeds[2]);
     const t = sweepTrace('head', windows(evaluation, 2), speeds, o);
-    assert.deepEqual(t.points.map((p) => p.speed), speeds);
-    for (const point of t.points) assert.deepEqual(point.policies.map((p) => p.policy), ['cost', 'round-robin']);
+    assert.deepEqual(
+      t.points.map((p) => p.speed),
+      speeds,
+    );
+    for (const point of t.points)
+      assert.deepEqual(
+        point.policies.map((p) => p.policy),
+        ['cost', 'round-robin'],
+      );
     // past the knee round-robin's p99 is far above its light-load value
     const rr = t.points.map((p) => p.policies[1].ttftP99);
     assert.ok(rr[2] > 2 * rr[0], `round-robin p99 ${rr}`);
   });
 
   test('the comparison with the best peer applies the bar: mean within the intervals, p99 within 5%, hit within 5%', () => {
-    const q = (policy: string, ttftMean: number, ttftP99: number, hitRate: number, ci = 0.1) => ({ policy, hitRate, ttftMean, ttftP99, ci95: { hitRate: 0, ttftMean: ci, ttftP99: 0 }, rejected: 0 });
-    const point = { speed: 1, policies: [q('cost', 1.15, 10.4, 0.5), q('dynamo', 1.0, 10, 0.5), q('llmd', 2, 12, 0.52)] };
+    const q = (policy: string, ttftMean: number, ttftP99: number, hitRate: number, ci = 0.1) => ({
+      policy,
+      hitRate,
+      ttftMean,
+      ttftP99,
+      ci95: { hitRate: 0, ttftMean: ci, ttftP99: 0 },
+      rejected: 0,
+    });
+    const point = {
+      speed: 1,
+      policies: [q('cost', 1.15, 10.4, 0.5), q('dynamo', 1.0, 10, 0.5), q('llmd', 2, 12, 0.52)],
+    };
     const c = compareWithBestPeer(point, 'cost', ['dynamo', 'llmd'])!;
     assert.equal(c.best.policy, 'dynamo');
     assert.deepEqual([c.meanOk, c.p99Ok, c.hitOk], [true, true, true]);
@@ -94,8 +122,22 @@ describe('sweep statistics', () => {
 
 describe('HTML reports', () => {
   test('the sweep report: one chart per metric and trace, bands, tick values, a legend naming every policy', () => {
-    const q = (policy: string, m: number) => ({ policy, hitRate: 0.3 * m, ttftMean: m, ttftP99: 5 * m, ci95: { hitRate: 0.01, ttftMean: 0.1 * m, ttftP99: 0.5 * m }, rejected: 0 });
-    const report: SweepReport = { traces: [{ trace: 'tr<1>', points: [1, 2, 4].map((speed) => ({ speed, policies: [q('cost', speed), q('dynamo', speed * 1.2)] })) }] };
+    const q = (policy: string, m: number) => ({
+      policy,
+      hitRate: 0.3 * m,
+      ttftMean: m,
+      ttftP99: 5 * m,
+      ci95: { hitRate: 0.01, ttftMean: 0.1 * m, ttftP99: 0.5 * m },
+      rejected: 0,
+    });
+    const report: SweepReport = {
+      traces: [
+        {
+          trace: 'tr<1>',
+          points: [1, 2, 4].map((speed) => ({ speed, policies: [q('cost', speed), q('dynamo', speed * 1.2)] })),
+        },
+      ],
+    };
     const html = renderSweepReport(report, { workers: 8, samples: 5, split: 'evaluation' });
     assert.equal((html.match(/<svg width="420"/g) ?? []).length, 3);
     assert.equal((html.match(/<polygon /g) ?? []).length, 6, 'a confidence band per policy and chart');
@@ -107,7 +149,10 @@ describe('HTML reports', () => {
 
   test('the run report handles hundreds of thousands of requests (no argument-spread of big arrays)', () => {
     const r = simulate(head.slice(0, 20), { workers: 2, policy: 'cost' });
-    const many = Array.from({ length: 400_000 }, (_, i) => ({ ...r.outcomes[i % r.outcomes.length], ttft: 0.001 + (i % 1000) / 100 }));
+    const many = Array.from({ length: 400_000 }, (_, i) => ({
+      ...r.outcomes[i % r.outcomes.length],
+      ttft: 0.001 + (i % 1000) / 100,
+    }));
     const { report } = comparePolicies('big', head.slice(0, 20), ['cost'], { workers: 2 });
     const html = renderHtmlReport(report, [{ ...r, outcomes: many }]);
     assert.match(html, /<polyline/);

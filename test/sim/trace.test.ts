@@ -19,7 +19,10 @@ describe('Mooncake trace loader', () => {
 
   test('honours every optional field, skips blank lines, sorts by time keeping line indices', async () => {
     const t = await loadMooncakeTrace(fixture('trace-optional-fields.jsonl'));
-    assert.deepEqual(t.map((r) => r.index), [0, 3, 1]); // line 2 is blank; sorted by timestamp
+    assert.deepEqual(
+      t.map((r) => r.index),
+      [0, 3, 1],
+    ); // line 2 is blank; sorted by timestamp
     const [a, iso, b] = t;
     assert.equal(a.blockSize, 128);
     assert.equal(a.sessionId, 'wf-a');
@@ -27,15 +30,34 @@ describe('Mooncake trace loader', () => {
     assert.equal(a.claGroup, 1);
     assert.equal(a.agentRole, 'retriever');
     assert.equal(a.model, 'm1');
-    assert.deepEqual(b.anchors, [{ id: '77', tokens: 64 }, { id: '78', tokens: 32 }]);
+    assert.deepEqual(b.anchors, [
+      { id: '77', tokens: 64 },
+      { id: '78', tokens: 32 },
+    ]);
     assert.equal(iso.isolate, true);
   });
 
   test('a malformed line is an error naming the line and the field', () => {
-    assert.throws(() => parseTraceLine('{"timestamp": 0}', 4), (e: unknown) => e instanceof TraceFormatError && /line 5: missing "input_length"/.test(e.message));
+    assert.throws(
+      () => parseTraceLine('{"timestamp": 0}', 4),
+      (e: unknown) => e instanceof TraceFormatError && /line 5: missing "input_length"/.test(e.message),
+    );
     assert.throws(() => parseTraceLine('not json', 0), /line 1: not valid JSON/);
-    assert.throws(() => parseTraceLine('{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[1,-2]}', 0), /hash_ids/);
-    assert.throws(() => parseTraceLine('{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[],"anchors":[1],"anchor_lengths":[]}', 0), /anchors/);
-    assert.throws(() => parseTraceLine('{"timestamp":-1,"input_length":1,"output_length":1,"hash_ids":[]}', 0), /timestamp/);
+    assert.throws(
+      () => parseTraceLine('{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[1,-2]}', 0),
+      /hash_ids/,
+    );
+    assert.throws(
+      () =>
+        parseTraceLine(
+          '{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[],"anchors":[1],"anchor_lengths":[]}',
+          0,
+        ),
+      /anchors/,
+    );
+    assert.throws(
+      () => parseTraceLine('{"timestamp":-1,"input_length":1,"output_length":1,"hash_ids":[]}', 0),
+      /timestamp/,
+    );
   });
 });

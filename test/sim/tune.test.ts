@@ -20,7 +20,8 @@ test('tune searches on the first part, checks on the rest, and is deterministic'
   else assert.deepEqual(a.weights, { ...DEFAULT_COST_WEIGHTS });
   const block = renderWeightsConfig('wf', a);
   assert.match(block, /^policy: cost$/m);
-  for (const k of Object.keys(DEFAULT_COST_WEIGHTS)) assert.match(block, new RegExp(`^  ${k}: [0-9.]+(e-[0-9]+)?$`, 'm'));
+  for (const k of Object.keys(DEFAULT_COST_WEIGHTS))
+    assert.match(block, new RegExp(`^  ${k}: [0-9.]+(e-[0-9]+)?$`, 'm'));
 });
 
 test('tune rejects bad settings', () => {
@@ -30,10 +31,18 @@ test('tune rejects bad settings', () => {
 
 test('contextforge-router tune prints a config block, or a clear error', () => {
   const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
-  const ok = spawnSync(process.execPath, ['--import', 'tsx', main, 'tune', '--trace', 'workflows:40', '--workers', '2', '--trials', '3'], { encoding: 'utf8' });
+  const ok = spawnSync(
+    process.execPath,
+    ['--import', 'tsx', main, 'tune', '--trace', 'workflows:40', '--workers', '2', '--trials', '3'],
+    { encoding: 'utf8' },
+  );
   assert.equal(ok.status, 0, ok.stderr);
   assert.match(ok.stdout, /^costWeights:$/m);
-  const bad = spawnSync(process.execPath, ['--import', 'tsx', main, 'tune', '--trace', 'workflows:40', '--train-fraction', '1.5'], { encoding: 'utf8' });
+  const bad = spawnSync(
+    process.execPath,
+    ['--import', 'tsx', main, 'tune', '--trace', 'workflows:40', '--train-fraction', '1.5'],
+    { encoding: 'utf8' },
+  );
   assert.notEqual(bad.status, 0);
   assert.match(bad.stderr, /--train-fraction/);
 });

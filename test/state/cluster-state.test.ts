@@ -10,7 +10,13 @@ function fleet(n: number) {
   const processes = Array.from({ length: n }, (_, i) => {
     const id = String(i + 1);
     const listeners = new Set<(m: unknown) => void>();
-    relay.add({ id, send: (m) => queueMicrotask(() => { for (const l of listeners) l(structuredClone(m)); }) });
+    relay.add({
+      id,
+      send: (m) =>
+        queueMicrotask(() => {
+          for (const l of listeners) l(structuredClone(m));
+        }),
+    });
     const store = new ClusterStateStore({
       replicaId: id,
       channel: {
@@ -20,7 +26,10 @@ function fleet(n: number) {
       },
     });
     const router = new KVAwareRouter({ policy: 'cost' });
-    const workers: WorkerRecord[] = [{ id: 'e0', url: 'http://e0' }, { id: 'e1', url: 'http://e1' }];
+    const workers: WorkerRecord[] = [
+      { id: 'e0', url: 'http://e0' },
+      { id: 'e1', url: 'http://e1' },
+    ];
     for (const w of workers) router.registerWorker(w.id);
     const host: StateStoreHost = {
       router,
@@ -30,7 +39,10 @@ function fleet(n: number) {
         router.registerWorker(w.id);
       },
       removeWorkerFromState: (wid) => {
-        workers.splice(workers.findIndex((w) => w.id === wid), 1);
+        workers.splice(
+          workers.findIndex((w) => w.id === wid),
+          1,
+        );
         router.removeWorker(wid);
       },
       log: () => {},
@@ -51,11 +63,17 @@ async function route(p: ReturnType<typeof fleet>['processes'][number], workflowI
 const settle = () => new Promise<void>((r) => setImmediate(r));
 
 test('two processes starting one workflow at once end up on the first claim; in-flight load is shared', async () => {
-  const { relay, processes: [a, b] } = fleet(2);
+  const {
+    relay,
+    processes: [a, b],
+  } = fleet(2);
   await Promise.all([a.store.attach(a.host), b.store.attach(b.host)]);
   // B is busier on e0, so on its own it picks e1 where A (idle) picks e0
   b.router.route({ text: 'other work', promptTokens: 5000 });
-  const [ra, rb] = await Promise.all([route(a, 'wf', 'step one of the workflow'), route(b, 'wf', 'a different first message')]);
+  const [ra, rb] = await Promise.all([
+    route(a, 'wf', 'step one of the workflow'),
+    route(b, 'wf', 'a different first message'),
+  ]);
   assert.notEqual(ra.workerId, rb.workerId, 'the race this test is about');
   await settle();
   await settle();
@@ -70,8 +88,11 @@ test('two processes starting one workflow at once end up on the first claim; in-
   assert.equal(b.router.listWorkers().find((w) => w.id === ra.workerId)!.inFlightRequests, before - 1);
 });
 
-test('a process that starts late gets the workflows, blocks and load from the relay; a stopped one\'s load is dropped', async () => {
-  const { relay, processes: [a, b] } = fleet(2);
+test("a process that starts late gets the workflows, blocks and load from the relay; a stopped one's load is dropped", async () => {
+  const {
+    relay,
+    processes: [a, b],
+  } = fleet(2);
   await a.store.attach(a.host);
   const prompt = 'the long shared system prompt of a late workflow. '.repeat(20);
   const r = await route(a, 'wf-late', prompt);
@@ -89,8 +110,10 @@ test('a process that starts late gets the workflows, blocks and load from the re
   assert.equal(b.store.stats().kind, 'cluster');
 });
 
-test('messages that are not the relay\'s are ignored', async () => {
-  const { processes: [a] } = fleet(1);
+test("messages that are not the relay's are ignored", async () => {
+  const {
+    processes: [a],
+  } = fleet(1);
   await a.store.attach(a.host);
   const relay = new ClusterRelay();
   relay.add({ id: 'x', send: () => {} });

@@ -44,7 +44,8 @@ interface Fleet {
 
 async function startFleet(replicas: number, store: () => StateStore, engineCount = 4): Promise<Fleet> {
   const engines: MockEngine[] = [];
-  for (let i = 0; i < engineCount; i++) engines.push(await new MockEngine({ kvBlocks: 4096, prefillTokS: 200_000, decodeTokS: 4000 }).start());
+  for (let i = 0; i < engineCount; i++)
+    engines.push(await new MockEngine({ kvBlocks: 4096, prefillTokS: 200_000, decodeTokS: 4000 }).start());
   const gateways: Gateway[] = [];
   const bases: string[] = [];
   const stores: StateStore[] = [];
@@ -53,7 +54,10 @@ async function startFleet(replicas: number, store: () => StateStore, engineCount
     const gw = await createGateway({
       router: new KVAwareRouter({ blockSize: 16 }),
       workers: engines.map((e, i) => ({ id: `engine-${i}`, url: `http://127.0.0.1:${e.port}` })),
-      state: s, metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: ADMIN_TOKEN,
+      state: s,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+      adminToken: ADMIN_TOKEN,
     });
     gateways.push(gw);
     stores.push(s);
@@ -72,7 +76,12 @@ async function stopFleet(f: Fleet): Promise<void> {
 type Outcome = ReplayTally;
 
 /** Replays the workload through HTTP, request i to replica i mod n; hit rate as the engines report it. */
-async function replay(bases: string[], trace: TraceRequest[], speed: number, during?: (sent: number) => Promise<void> | void): Promise<Outcome> {
+async function replay(
+  bases: string[],
+  trace: TraceRequest[],
+  speed: number,
+  during?: (sent: number) => Promise<void> | void,
+): Promise<Outcome> {
   const tally = new ReplayTally();
   const start = performance.now();
   const t0 = trace[0].timestamp;
@@ -108,8 +117,14 @@ test('3 replicas on one Redis, fed round-robin, route like one replica: hit rate
   // the cost policy moves a step off a busy engine when another holds its document, so even
   // one replica splits a few workflows; sharing replicas must not split (many) more
   const slack = Math.ceil(0.1 * new Set(trace.map((r) => r.sessionId)).size);
-  assert.ok(split(three).length <= split(one).length + slack, `workflows split: 1 replica ${split(one).length}, 3 sharing ${split(three).length}`);
-  assert.ok(Math.abs(three.hitRate - one.hitRate) <= 0.02, `hit rate: 1 replica ${one.hitRate.toFixed(4)}, 3 replicas ${three.hitRate.toFixed(4)}`);
+  assert.ok(
+    split(three).length <= split(one).length + slack,
+    `workflows split: 1 replica ${split(one).length}, 3 sharing ${split(three).length}`,
+  );
+  assert.ok(
+    Math.abs(three.hitRate - one.hitRate) <= 0.02,
+    `hit rate: 1 replica ${one.hitRate.toFixed(4)}, 3 replicas ${three.hitRate.toFixed(4)}`,
+  );
   for (const s of stats) {
     assert.equal(s.connected, true);
     assert.ok((s.decisionsApplied as number) > 0, 'every replica learnt from the others');
@@ -118,8 +133,13 @@ test('3 replicas on one Redis, fed round-robin, route like one replica: hit rate
   // without sharing, the same fleet scatters: the comparison is not vacuous
   const isolated = await startFleet(3, () => new MemoryStateStore());
   const apart = await replay(isolated.bases, trace, 4);
-  t.diagnostic(`hit rate: 1 replica ${one.hitRate.toFixed(4)}; 3 sharing ${three.hitRate.toFixed(4)}; 3 not sharing ${apart.hitRate.toFixed(4)} with ${split(apart).length} workflows split`);
-  assert.ok(split(apart).length > split(one).length + slack || apart.hitRate < one.hitRate - 0.02, `replicas without shared state: hit rate ${apart.hitRate.toFixed(4)}, ${split(apart).length} workflows split`);
+  t.diagnostic(
+    `hit rate: 1 replica ${one.hitRate.toFixed(4)}; 3 sharing ${three.hitRate.toFixed(4)}; 3 not sharing ${apart.hitRate.toFixed(4)} with ${split(apart).length} workflows split`,
+  );
+  assert.ok(
+    split(apart).length > split(one).length + slack || apart.hitRate < one.hitRate - 0.02,
+    `replicas without shared state: hit rate ${apart.hitRate.toFixed(4)}, ${split(apart).length} workflows split`,
+  );
   await stopFleet(isolated);
 });
 
@@ -130,19 +150,46 @@ test('in-flight work counted by one replica is seen by the others', async () => 
   // three long requests through replica A, all to one engine (a shared long prefix)
   const body = JSON.stringify({ model: 'mock', prompt: 'held '.repeat(400), max_tokens: 2000, stream: true });
   const controllers = [0, 1, 2].map(() => new AbortController());
-  const responses = await Promise.all(controllers.map((c) => fetch(`${fleet.bases[0]}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body, signal: c.signal })));
+  const responses = await Promise.all(
+    controllers.map((c) =>
+      fetch(`${fleet.bases[0]}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body,
+        signal: c.signal,
+      }),
+    ),
+  );
   const busy = responses[0].headers.get('x-contextforge-worker')!;
-  const workersOf = async (base: string) => ((await (await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })).json()) as { workers: Array<{ id: string; inFlightRequests: number }> }).workers;
-  for (let i = 0; i < 200 && (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests < 3; i++) await sleep(20);
-  assert.equal((await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests, 3, "replica B counts replica A's requests");
+  const workersOf = async (base: string) =>
+    (
+      (await (
+        await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })
+      ).json()) as { workers: Array<{ id: string; inFlightRequests: number }> }
+    ).workers;
+  for (let i = 0; i < 200 && (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests < 3; i++)
+    await sleep(20);
+  assert.equal(
+    (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests,
+    3,
+    "replica B counts replica A's requests",
+  );
   for (const c of controllers) c.abort();
-  for (let i = 0; i < 200 && (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests > 0; i++) await sleep(20);
-  assert.equal((await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests, 0, 'and forgets them when they end');
+  for (let i = 0; i < 200 && (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests > 0; i++)
+    await sleep(20);
+  assert.equal(
+    (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests,
+    0,
+    'and forgets them when they end',
+  );
 });
 
-
 async function startRedis(port: number): Promise<ChildProcess> {
-  const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+  const child = spawn(
+    'redis-server',
+    ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'],
+    { stdio: 'ignore' },
+  );
   child.once('error', (err) => assert.fail(`redis-server could not start: ${err.message}`));
   for (let i = 0; i < 100; i++) {
     const probe = new Redis({ port, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
@@ -200,10 +247,14 @@ test('Redis stopped mid-run: no request fails; restarted: the replicas write bac
   // a replica that starts now loads the same state
   const late = new RedisStateStore({ url, prefix: 'cf:' });
   const lateGateway = await createGateway({
-    router: new KVAwareRouter({ blockSize: 16 }), state: late, metricsIntervalMs: 0, healthCheckIntervalMs: 0,
+    router: new KVAwareRouter({ blockSize: 16 }),
+    state: late,
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
     workers: fleet.engines.map((e, i) => ({ id: `engine-${i}`, url: `http://127.0.0.1:${e.port}` })),
   });
-  for (const id of workflows) assert.equal(lateGateway.router.workflowAffinity(id)?.workerId, routers[0].workflowAffinity(id)?.workerId);
+  for (const id of workflows)
+    assert.equal(lateGateway.router.workflowAffinity(id)?.workerId, routers[0].workflowAffinity(id)?.workerId);
   assert.ok(lateGateway.router.index.entryCount > 0, 'and the shared block entries');
   await lateGateway.close();
 });

@@ -42,7 +42,7 @@ describe('RemoteLoad', () => {
     const r = new RemoteLoad();
     r.add('a', 'w1', 1, 10);
     r.seed('a', decodeLoadSnapshot({ w1: encodeLoadEntry(9, 900, 90) }));
-    r.seed('b', decodeLoadSnapshot({ w1: encodeLoadEntry(2, 64, 512), w2: '1,2' , w3: '1,-5,0', w4: 'x,1,1' }));
+    r.seed('b', decodeLoadSnapshot({ w1: encodeLoadEntry(2, 64, 512), w2: '1,2', w3: '1,-5,0', w4: 'x,1,1' }));
     assert.equal(r.has('b'), true);
     assert.deepEqual(r.sum('w1'), { inFlightRequests: 3, queuedPrefillTokens: 74, activeDecodeTokens: 512 });
     // malformed and negative snapshot entries are left out

@@ -14,8 +14,13 @@ export function registerDemoCommand(program: Command): void {
     .option('--json', 'print one JSON object instead of tables')
     .action(async (opts: { workers: number; workflows: number; seed: number; policies: string; json?: boolean }) => {
       const results: AgentWorkloadResult[] = [];
-      for (const policy of opts.policies.split(',').map((p) => p.trim()).filter(Boolean)) {
-        results.push(await runAgentWorkload(policy, { workers: opts.workers, workflows: opts.workflows, seed: opts.seed }));
+      for (const policy of opts.policies
+        .split(',')
+        .map((p) => p.trim())
+        .filter(Boolean)) {
+        results.push(
+          await runAgentWorkload(policy, { workers: opts.workers, workflows: opts.workflows, seed: opts.seed }),
+        );
       }
       if (opts.json) {
         process.stdout.write(`${JSON.stringify({ workload: 'agent-workflows', ...opts, results })}\n`);
@@ -25,7 +30,10 @@ export function registerDemoCommand(program: Command): void {
     });
 }
 
-function renderDemo(results: AgentWorkloadResult[], opts: { workers: number; workflows: number; seed: number }): string {
+function renderDemo(
+  results: AgentWorkloadResult[],
+  opts: { workers: number; workflows: number; seed: number },
+): string {
   const out: string[] = [];
   out.push(
     `${opts.workflows} workflows (retriever → summarizer → critic → responder) over shared documents, ` +
@@ -33,8 +41,24 @@ function renderDemo(results: AgentWorkloadResult[], opts: { workers: number; wor
   );
   out.push(
     formatTable(
-      ['policy', 'requests', 'anchor hits', 'token hit rate', 'step continuity', 'sent to load ≥ 0.95', 'mean confidence'],
-      results.map((r) => [r.policy, String(r.requests), pct(r.anchorHitRatio), pct(r.tokenHitRatio), pct(r.stepContinuity), String(r.overloadedPicks), r.meanConfidence.toFixed(3)]),
+      [
+        'policy',
+        'requests',
+        'anchor hits',
+        'token hit rate',
+        'step continuity',
+        'sent to load ≥ 0.95',
+        'mean confidence',
+      ],
+      results.map((r) => [
+        r.policy,
+        String(r.requests),
+        pct(r.anchorHitRatio),
+        pct(r.tokenHitRatio),
+        pct(r.stepContinuity),
+        String(r.overloadedPicks),
+        r.meanConfidence.toFixed(3),
+      ]),
     ),
   );
   out.push('\nper worker: requests assigned (mean load / peak load)\n');
@@ -42,13 +66,25 @@ function renderDemo(results: AgentWorkloadResult[], opts: { workers: number; wor
   out.push(
     formatTable(
       ['policy', ...workers],
-      results.map((r) => [r.policy, ...r.assignments.map((n, i) => `${n} (${r.meanLoad[i].toFixed(2)} / ${r.peakLoad[i].toFixed(2)})`)]),
+      results.map((r) => [
+        r.policy,
+        ...r.assignments.map((n, i) => `${n} (${r.meanLoad[i].toFixed(2)} / ${r.peakLoad[i].toFixed(2)})`),
+      ]),
     ),
   );
   out.push('\ndecisions by rule\n');
-  out.push(results.map((r) => `  ${r.policy}: ${Object.entries(r.decisionsByReason).map(([k, n]) => `${k} ${n}`).join(', ')}`).join('\n'));
   out.push(
-    '\n\nanchor hits and token hit rate come from the workers\' own caches, not from the router\'s belief; ' +
+    results
+      .map(
+        (r) =>
+          `  ${r.policy}: ${Object.entries(r.decisionsByReason)
+            .map(([k, n]) => `${k} ${n}`)
+            .join(', ')}`,
+      )
+      .join('\n'),
+  );
+  out.push(
+    "\n\nanchor hits and token hit rate come from the workers' own caches, not from the router's belief; " +
       "confidence is each policy's own estimate (seed: a fixed value per rule; cost: the estimated cached fraction).\n",
   );
   return out.join('\n');

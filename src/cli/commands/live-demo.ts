@@ -25,16 +25,46 @@ interface DemoResult {
   perWorker: Record<string, number>;
 }
 
-async function runPolicy(policy: string, trace: TraceRequest[], workers: number, speed: number, signal: AbortSignal, progress: (done: number) => void): Promise<DemoResult> {
+async function runPolicy(
+  policy: string,
+  trace: TraceRequest[],
+  workers: number,
+  speed: number,
+  signal: AbortSignal,
+  progress: (done: number) => void,
+): Promise<DemoResult> {
   const engines: MockEngine[] = [];
   const subs: KvEventSubscriber[] = [];
   let gateway: Awaited<ReturnType<typeof createGateway>> | undefined;
   const router = new KVAwareRouter({ policy, blockSize: 16, indexMode: 'precise' });
   const applier = new KvEventApplier(router);
   try {
-    for (let i = 0; i < workers; i++) engines.push(await new MockEngine({ kvBlocks: 2048, prefillTokS: 20_000, decodeTokS: 400, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' }).start());
-    gateway = await createGateway({ router, applier, tokenize: 'engine', workers: engines.map((e, i) => ({ id: `engine-${i}`, url: `http://127.0.0.1:${e.port}` })) });
-    engines.forEach((e, i) => subs.push(new KvEventSubscriber({ workerId: `engine-${i}`, endpoint: e.eventsEndpoint, replayEndpoint: e.replayEndpoint, applier }).start()));
+    for (let i = 0; i < workers; i++)
+      engines.push(
+        await new MockEngine({
+          kvBlocks: 2048,
+          prefillTokS: 20_000,
+          decodeTokS: 400,
+          events: 'tcp://127.0.0.1:*',
+          replay: 'tcp://127.0.0.1:*',
+        }).start(),
+      );
+    gateway = await createGateway({
+      router,
+      applier,
+      tokenize: 'engine',
+      workers: engines.map((e, i) => ({ id: `engine-${i}`, url: `http://127.0.0.1:${e.port}` })),
+    });
+    engines.forEach((e, i) =>
+      subs.push(
+        new KvEventSubscriber({
+          workerId: `engine-${i}`,
+          endpoint: e.eventsEndpoint,
+          replayEndpoint: e.replayEndpoint,
+          applier,
+        }).start(),
+      ),
+    );
     const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     // the openai client is a development dependency: loaded only when the demo runs
     const { default: OpenAI } = await import('openai');
@@ -67,7 +97,15 @@ async function runPolicy(policy: string, trace: TraceRequest[], workers: number,
               stream: true,
               stream_options: { include_usage: true },
             },
-            { headers: { 'x-workflow-id': r.sessionId ?? '', 'x-workflow-step': String(r.step ?? 0), 'x-agent-role': r.agentRole ?? '', ...(r.isolate ? { 'x-kv-isolate': '1' } : {}) }, signal },
+            {
+              headers: {
+                'x-workflow-id': r.sessionId ?? '',
+                'x-workflow-step': String(r.step ?? 0),
+                'x-agent-role': r.agentRole ?? '',
+                ...(r.isolate ? { 'x-kv-isolate': '1' } : {}),
+              },
+              signal,
+            },
           )
           .withResponse();
         let first = true;
@@ -105,7 +143,9 @@ async function runPolicy(policy: string, trace: TraceRequest[], workers: number,
 export function registerLiveDemoCommand(program: Command): void {
   program
     .command('live-demo')
-    .description('4 mock engines + the router over HTTP: a multi-agent workload through the openai client, cost vs round-robin')
+    .description(
+      '4 mock engines + the router over HTTP: a multi-agent workload through the openai client, cost vs round-robin',
+    )
     .option('--workflows <n>', 'workflows to replay', intOption('--workflows', 1), 40)
     .option('--workers <n>', 'mock engines', intOption('--workers', 1), 4)
     .option('--speed <x>', 'arrival speed-up', intOption('--speed', 1), 4)
@@ -127,7 +167,8 @@ export function registerLiveDemoCommand(program: Command): void {
           const r = await runPolicy(policy, trace, o.workers, o.speed, ac.signal, (done) => {
             // a live counter on a terminal; a line per quarter in logs
             if (process.stderr.isTTY) process.stderr.write(`\r${policy}: ${done}/${trace.length} requests`);
-            else if (done % quarter === 0 || done === trace.length) process.stderr.write(`${policy}: ${done}/${trace.length} requests\n`);
+            else if (done % quarter === 0 || done === trace.length)
+              process.stderr.write(`${policy}: ${done}/${trace.length} requests\n`);
           });
           if (process.stderr.isTTY) process.stderr.write('\n');
           results.push(r);
@@ -141,12 +182,25 @@ export function registerLiveDemoCommand(program: Command): void {
         process.exitCode = 130;
         return;
       }
-      if (o.json) return void process.stdout.write(`${JSON.stringify({ workflows: o.workflows, requests: trace.length, workers: o.workers, results })}\n`);
+      if (o.json)
+        return void process.stdout.write(
+          `${JSON.stringify({ workflows: o.workflows, requests: trace.length, workers: o.workers, results })}\n`,
+        );
       process.stdout.write(
         `${o.workflows} multi-agent workflows (${trace.length} requests) through the router to ${o.workers} mock engines, over HTTP with the openai client\n\n` +
           formatTable(
             ['policy', 'requests', 'hit rate (engines)', 'TTFT mean ms', 'TTFT p90 ms', 'requests per engine'],
-            results.map((r) => [r.policy, String(r.requests), pct(r.hitRate), r.ttftMeanMs.toFixed(1), r.ttftP90Ms.toFixed(1), Object.entries(r.perWorker).sort().map(([k, v]) => `${k.replace('engine-', 'e')}:${v}`).join(' ')]),
+            results.map((r) => [
+              r.policy,
+              String(r.requests),
+              pct(r.hitRate),
+              r.ttftMeanMs.toFixed(1),
+              r.ttftP90Ms.toFixed(1),
+              Object.entries(r.perWorker)
+                .sort()
+                .map(([k, v]) => `${k.replace('engine-', 'e')}:${v}`)
+                .join(' '),
+            ]),
           ) +
           '\n',
       );

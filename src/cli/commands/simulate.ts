@@ -10,7 +10,10 @@ import { parseWorkerEvent, type ScenarioOptions } from '../../sim/scenarios.js';
 import { fractionOption, intOption, positiveNumberOption } from '../options.js';
 
 /** Scenario flags that map one to one onto ScenarioOptions. */
-type ScenarioFlags = Pick<ScenarioOptions, 'eventJitterMs' | 'eventLoss' | 'replicas' | 'stateLagMs' | 'cancelRate' | 'cancelWithinMs'>;
+type ScenarioFlags = Pick<
+  ScenarioOptions,
+  'eventJitterMs' | 'eventLoss' | 'replicas' | 'stateLagMs' | 'cancelRate' | 'cancelWithinMs'
+>;
 
 interface SimulateFlags extends ScenarioFlags {
   trace: string;
@@ -45,17 +48,25 @@ function policyOptionsOption(value: string): PolicyOptions {
   } catch (e) {
     throw new InvalidArgumentError(`--policy-options: ${(e as Error).message}`);
   }
-  if ((parsed as Record<string, unknown>).costWeights !== undefined) throw new InvalidArgumentError('--policy-options: cost weights are not peer options');
+  if ((parsed as Record<string, unknown>).costWeights !== undefined)
+    throw new InvalidArgumentError('--policy-options: cost weights are not peer options');
   return parsed as PolicyOptions;
 }
 
-const collect = (value: string, previous: string[]) => [...previous, ...value.split(',').map((v) => v.trim()).filter(Boolean)];
+const collect = (value: string, previous: string[]) => [
+  ...previous,
+  ...value
+    .split(',')
+    .map((v) => v.trim())
+    .filter(Boolean),
+];
 
 function tokenListOption(value: string): number[] {
   const list = value.split(',').map((v) => v.trim());
   return list.map((v, i) => {
     const n = Number(v);
-    if (!/^\d+$/.test(v) || !Number.isSafeInteger(n) || n < 1) throw new InvalidArgumentError(`--worker-kv-tokens: entry ${i + 1} must be a positive integer, got '${v}'`);
+    if (!/^\d+$/.test(v) || !Number.isSafeInteger(n) || n < 1)
+      throw new InvalidArgumentError(`--worker-kv-tokens: entry ${i + 1} must be a positive integer, got '${v}'`);
     return n;
   });
 }
@@ -70,7 +81,9 @@ export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undef
   }
   if (flags.workerKvTokens !== undefined) {
     if (flags.workerKvTokens.length !== flags.workers) {
-      throw new RangeError(`--worker-kv-tokens lists ${flags.workerKvTokens.length} workers but --workers is ${flags.workers}`);
+      throw new RangeError(
+        `--worker-kv-tokens lists ${flags.workerKvTokens.length} workers but --workers is ${flags.workers}`,
+      );
     }
     s.workerKvTokens = flags.workerKvTokens;
   }
@@ -82,37 +95,98 @@ export function registerSimulateCommand(program: Command): void {
   program
     .command('simulate')
     .description('replay a trace on a simulated cluster, every policy on the same requests')
-    .requiredOption('--trace <file>', 'Mooncake JSONL trace (.jsonl or .jsonl.gz), a RAGPulse directory, workflows:N[:SEED] or agentic:N[:SEED]')
+    .requiredOption(
+      '--trace <file>',
+      'Mooncake JSONL trace (.jsonl or .jsonl.gz), a RAGPulse directory, workflows:N[:SEED] or agentic:N[:SEED]',
+    )
     .option('--workers <n>', 'engines in the cluster', intOption('--workers', 1), 8)
-    .option('--policies <list>', 'comma-separated policies (NAME-prefix-only: content anchors not scored)', 'cost,seed,dynamo,sglang,llmd,round-robin')
+    .option(
+      '--policies <list>',
+      'comma-separated policies (NAME-prefix-only: content anchors not scored)',
+      'cost,seed,dynamo,sglang,llmd,round-robin',
+    )
     .option('--speed <x>', 'arrival-rate multiplier', positiveNumberOption('--speed'), 1)
     .option('--format <table|json>', 'output format', 'table')
     .option('--kv-tokens <n>', 'KV capacity of each engine in tokens (default 300000)', intOption('--kv-tokens', 1))
-    .option('--max-model-len <n>', 'longest request (prompt + output) an engine serves; longer ones are rejected (default 131072, capped by --kv-tokens)', intOption('--max-model-len', 1))
-    .option('--blend-recompute <f>', 'fraction of a reused content anchor recomputed (CacheBlend-style)', fractionOption('--blend-recompute'), 0.15)
+    .option(
+      '--max-model-len <n>',
+      'longest request (prompt + output) an engine serves; longer ones are rejected (default 131072, capped by --kv-tokens)',
+      intOption('--max-model-len', 1),
+    )
+    .option(
+      '--blend-recompute <f>',
+      'fraction of a reused content anchor recomputed (CacheBlend-style)',
+      fractionOption('--blend-recompute'),
+      0.15,
+    )
     .option('--event-delay-ms <n>', 'delay of KV events from engine to router', intOption('--event-delay-ms', 0), 50)
-    .option('--scrape-interval-ms <n>', 'interval of load scrapes (default 200; llmd: 50, its own refresh interval)', intOption('--scrape-interval-ms', 1))
-    .option('--fail <worker@time...>', 'a worker fails at a time, e.g. w3@600s (repeatable or comma-separated)', collect, [])
+    .option(
+      '--scrape-interval-ms <n>',
+      'interval of load scrapes (default 200; llmd: 50, its own refresh interval)',
+      intOption('--scrape-interval-ms', 1),
+    )
+    .option(
+      '--fail <worker@time...>',
+      'a worker fails at a time, e.g. w3@600s (repeatable or comma-separated)',
+      collect,
+      [],
+    )
     .option('--drain <worker@time...>', 'a worker is drained at a time, e.g. w3@600s', collect, [])
-    .option('--event-jitter-ms <n>', 'extra KV-event delay, uniform in [0, n] ms per batch', intOption('--event-jitter-ms', 0))
-    .option('--event-loss <fraction>', 'fraction of KV-event batches the router never receives', fractionOption('--event-loss'))
+    .option(
+      '--event-jitter-ms <n>',
+      'extra KV-event delay, uniform in [0, n] ms per batch',
+      intOption('--event-jitter-ms', 0),
+    )
+    .option(
+      '--event-loss <fraction>',
+      'fraction of KV-event batches the router never receives',
+      fractionOption('--event-loss'),
+    )
     .option('--replicas <n>', 'router replicas sharing state (round-robin in front)', intOption('--replicas', 1))
     .option('--state-lag-ms <n>', 'delay of shared state between replicas (default 20)', intOption('--state-lag-ms', 0))
     .option('--cancel-rate <fraction>', 'fraction of requests whose client cancels', fractionOption('--cancel-rate'))
-    .option('--cancel-within-ms <n>', 'a cancelling client gives up uniformly within n ms (default 10000)', intOption('--cancel-within-ms', 1))
-    .option('--worker-kv-tokens <list>', 'KV tokens of each worker, comma-separated (heterogeneous workers)', tokenListOption)
-    .option('--scenario-seed <n>', 'seed of jitter, loss and cancellations (default 1)', intOption('--scenario-seed', 0))
-    .option('--policy-options <json>', 'peer policy knobs, e.g. \'{"sglang":{"cacheThreshold":0.5}}\' (see policyOptions)', policyOptionsOption)
+    .option(
+      '--cancel-within-ms <n>',
+      'a cancelling client gives up uniformly within n ms (default 10000)',
+      intOption('--cancel-within-ms', 1),
+    )
+    .option(
+      '--worker-kv-tokens <list>',
+      'KV tokens of each worker, comma-separated (heterogeneous workers)',
+      tokenListOption,
+    )
+    .option(
+      '--scenario-seed <n>',
+      'seed of jitter, loss and cancellations (default 1)',
+      intOption('--scenario-seed', 0),
+    )
+    .option(
+      '--policy-options <json>',
+      'peer policy knobs, e.g. \'{"sglang":{"cacheThreshold":0.5}}\' (see policyOptions)',
+      policyOptionsOption,
+    )
     .option('--report <file>', 'write a self-contained HTML report')
     .option('--assignments <file>', 'write one JSON line per request and policy')
     .option('--no-progress', 'no progress bar on stderr')
     .action(async (flags: SimulateFlags) => {
-      if (flags.format !== 'table' && flags.format !== 'json') throw new RangeError(`--format must be table or json, got '${flags.format}'`);
-      const policies = flags.policies.split(',').map((p) => p.trim()).filter(Boolean);
-      for (const p of policies) if (!POLICY_NAMES.includes(policyVariant(p).policy)) throw new RangeError(`--policies: unknown policy '${p}' (known: ${POLICY_NAMES.join(', ')})`);
+      if (flags.format !== 'table' && flags.format !== 'json')
+        throw new RangeError(`--format must be table or json, got '${flags.format}'`);
+      const policies = flags.policies
+        .split(',')
+        .map((p) => p.trim())
+        .filter(Boolean);
+      for (const p of policies)
+        if (!POLICY_NAMES.includes(policyVariant(p).policy))
+          throw new RangeError(`--policies: unknown policy '${p}' (known: ${POLICY_NAMES.join(', ')})`);
       const scenario = scenarioFromFlags(flags);
       const { name, requests } = await loadTrace(flags.trace);
-      const bar = flags.progress && process.stderr.isTTY ? new cliProgress.SingleBar({ format: '{policy} [{bar}] {value}/{total} requests', stream: process.stderr }, cliProgress.Presets.shades_classic) : undefined;
+      const bar =
+        flags.progress && process.stderr.isTTY
+          ? new cliProgress.SingleBar(
+              { format: '{policy} [{bar}] {value}/{total} requests', stream: process.stderr },
+              cliProgress.Presets.shades_classic,
+            )
+          : undefined;
       let policyName = '';
       const { report, results } = comparePolicies(
         name,
@@ -143,7 +217,8 @@ export function registerSimulateCommand(program: Command): void {
       bar?.stop();
       if (flags.assignments) {
         const out = createWriteStream(flags.assignments);
-        for (const line of assignmentLines(results)) if (!out.write(line + '\n')) await new Promise<void>((r) => out.once('drain', () => r()));
+        for (const line of assignmentLines(results))
+          if (!out.write(line + '\n')) await new Promise<void>((r) => out.once('drain', () => r()));
         await new Promise<void>((resolve, reject) => {
           out.once('error', reject);
           out.end(() => resolve());
@@ -177,10 +252,32 @@ export function renderTable(r: ComparisonReport): string {
   // scenario counts, when a run has any
   const events = r.policies
     .map((p) => {
-      const parts = (['cancelled', 'failed', 'retried', 'eventBatchesLost'] as const).filter((k) => (p[k] ?? 0) > 0).map((k) => `${k} ${p[k]}`);
+      const parts = (['cancelled', 'failed', 'retried', 'eventBatchesLost'] as const)
+        .filter((k) => (p[k] ?? 0) > 0)
+        .map((k) => `${k} ${p[k]}`);
       return parts.length > 0 ? `${p.policy}: ${parts.join(', ')}` : '';
     })
     .filter(Boolean);
   const tail = events.length > 0 ? `\n${events.join('\n')}\n` : '';
-  return head + formatTable(['policy', 'hit rate', 'TTFT mean s', 'p50', 'p90', 'p99', 'e2e mean s', 'e2e p99', 'tok/s', 'imbalance', 'rejected'], rows) + '\n' + tail;
+  return (
+    head +
+    formatTable(
+      [
+        'policy',
+        'hit rate',
+        'TTFT mean s',
+        'p50',
+        'p90',
+        'p99',
+        'e2e mean s',
+        'e2e p99',
+        'tok/s',
+        'imbalance',
+        'rejected',
+      ],
+      rows,
+    ) +
+    '\n' +
+    tail
+  );
 }

@@ -163,9 +163,12 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   t.fits = capacity <= 0 || prompt <= capacity;
   // a copy displaces cached KV only where the cache is full: an empty worker loses nothing
   const held = c.indexEntries * r.blockSize;
-  const fullness = capacity > 0 ? Math.min(1, held / capacity) : fleet.mostEntries > 0 ? c.indexEntries / fleet.mostEntries : 0;
+  const fullness =
+    capacity > 0 ? Math.min(1, held / capacity) : fleet.mostEntries > 0 ? c.indexEntries / fleet.mostEntries : 0;
   t.fullness = fullness;
-  t.recompute = (w.recompute * fleet.saturation * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness) + fleet.reuse * fullness * uncached;
+  t.recompute =
+    (w.recompute * fleet.saturation * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness) +
+    fleet.reuse * fullness * uncached;
   // CLA and workflow affinity stand in for the cached KV when the prompt is not hashed (the
   // seed API); with blocks, cachedTokens already counts it and a bonus would count it twice
   const affinity = r.requestBlocks > 0 ? 0 : (c.servesCla ? w.cla : 0) + (c.continuity ? w.workflow : 0);
@@ -184,7 +187,16 @@ export class CostPolicy implements RoutingPolicy {
   private readonly scratch: number[] = [];
   private readonly terms = new Terms();
   // the fleet view and the scoring closure are made once; choose() sets what they read
-  private readonly fleet: FleetView = { saturation: 0, reuse: 0, mostEntries: 0, hotness: 0, bestCachedTokens: 0, bestWork: 0, anyBelowCeiling: true, anyFits: true };
+  private readonly fleet: FleetView = {
+    saturation: 0,
+    reuse: 0,
+    mostEntries: 0,
+    hotness: 0,
+    bestCachedTokens: 0,
+    bestWork: 0,
+    anyBelowCeiling: true,
+    anyFits: true,
+  };
   private request: RouteFeatures | undefined;
   /** Smoothed uncached tokens a routed request adds to its worker's queue (0 before the first). */
   private meanWork = 0;
@@ -219,7 +231,8 @@ export class CostPolicy implements RoutingPolicy {
     this.chosenUncached = t.uncached;
     this.chosenHit = t.prompt > 0 ? 1 - t.uncached / t.prompt : 0;
     // recomputing a prefix another worker holds, because the queue it saves costs more
-    const replicate = this.fleet.bestCachedTokens - chosen.cachedTokens >= request.blockSize && t.work > this.fleet.bestWork;
+    const replicate =
+      this.fleet.bestCachedTokens - chosen.cachedTokens >= request.blockSize && t.work > this.fleet.bestWork;
     return { index, confidence: chosen.cachedFraction, reason: replicate ? 'replicate' : 'cost' };
   }
 
@@ -263,7 +276,8 @@ export class CostPolicy implements RoutingPolicy {
     f.bestWork = prefillWork(p - best, p, w.attention);
     // the holder's own queue is left out: it must not shield the holder from replication
     const others = best > 0 ? candidates.length - 1 : candidates.length;
-    const queuedPerWorker = this.meanWork > 0 && others > 0 ? (queued - (best > 0 ? holderQueued : 0)) / others / this.meanWork : 0;
+    const queuedPerWorker =
+      this.meanWork > 0 && others > 0 ? (queued - (best > 0 ? holderQueued : 0)) / others / this.meanWork : 0;
     // below saturation a recompute still occupies a worker that an arrival may need: with the
     // share of busy workers as that chance, one delayed request at most
     f.saturation = queuedPerWorker + busy / candidates.length;
@@ -293,7 +307,8 @@ export class CostPolicy implements RoutingPolicy {
       this.hotCounts[slot] = 0;
       this.hotSeen[slot] = this.decisions;
     }
-    this.hotCounts[slot] = this.hotCounts[slot] * Math.exp(-(this.decisions - this.hotSeen[slot]) / HOT_WINDOW_DECISIONS) + 1;
+    this.hotCounts[slot] =
+      this.hotCounts[slot] * Math.exp(-(this.decisions - this.hotSeen[slot]) / HOT_WINDOW_DECISIONS) + 1;
     this.hotSeen[slot] = this.decisions;
   }
 
@@ -302,7 +317,8 @@ export class CostPolicy implements RoutingPolicy {
     const f = this.fleet;
     const t = computeTerms(new Terms(), c, request, w, f);
     const seconds = (tokens: number) => tokens / w.prefillTokensPerSecond;
-    const excluded = (!t.fits && f.anyFits) || (t.kvCapacity <= 0 && f.anyBelowCeiling && c.worker.load >= w.pressureCeiling);
+    const excluded =
+      (!t.fits && f.anyFits) || (t.kvCapacity <= 0 && f.anyBelowCeiling && c.worker.load >= w.pressureCeiling);
     return {
       promptTokens: t.prompt,
       uncachedTokens: t.uncached,

@@ -2,7 +2,14 @@ import * as check from '../validate.js';
 import { pickWithRandomTies } from './pick.js';
 import type { WorkerState } from '../worker-registry.js';
 import { BlockKeys } from './block-keys.js';
-import { NO_CHOICE, type Candidate, type PolicyChoice, type PolicyContext, type RouteFeatures, type RoutingPolicy } from './types.js';
+import {
+  NO_CHOICE,
+  type Candidate,
+  type PolicyChoice,
+  type PolicyContext,
+  type RouteFeatures,
+  type RoutingPolicy,
+} from './types.js';
 
 /**
  * NVIDIA Dynamo's KV router, as shipped (ai-dynamo/dynamo):
@@ -91,9 +98,14 @@ export class DynamoPolicy implements RoutingPolicy {
     const bs = r.blockSize;
     const promptBlocks = r.promptTokens > 0 ? r.promptTokens / bs : r.requestBlocks;
     const device = c.overlapBlocks - c.offloadBlocks - c.predictedBlocks;
-    const credit = device * this.gpuCredit + c.offloadBlocks * this.offloadCredit + c.predictedBlocks * this.predictedCredit;
+    const credit =
+      device * this.gpuCredit + c.offloadBlocks * this.offloadCredit + c.predictedBlocks * this.predictedCredit;
     const rawPrefillBlocks = c.worker.queuedPrefillTokens / bs + promptBlocks;
-    return this.prefillLoadScale * Math.max(rawPrefillBlocks - credit, 0) + decodeBlocks + this.activeRequestWeight * c.worker.inFlightRequests;
+    return (
+      this.prefillLoadScale * Math.max(rawPrefillBlocks - credit, 0) +
+      decodeBlocks +
+      this.activeRequestWeight * c.worker.inFlightRequests
+    );
   }
 
   /** Predict-on-route entries exist only when they earn credit (router_predicted_ttl_secs set). */

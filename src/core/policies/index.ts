@@ -47,15 +47,21 @@ const PEER_OPTION_KEYS: Readonly<Record<string, readonly string[]>> = {
 /** Rejects misspelt policy options (a typo would otherwise silently keep a default). */
 export function checkPolicyOptions(options: unknown): void {
   if (options === undefined) return;
-  if (options === null || typeof options !== 'object' || Array.isArray(options)) throw new TypeError('policyOptions must be an object');
+  if (options === null || typeof options !== 'object' || Array.isArray(options))
+    throw new TypeError('policyOptions must be an object');
   for (const [peer, value] of Object.entries(options)) {
     if (peer === 'costWeights') continue;
     const known = Object.hasOwn(PEER_OPTION_KEYS, peer) ? PEER_OPTION_KEYS[peer] : undefined;
-    if (!known) throw new RangeError(`policyOptions.${peer} is not a policy with options (known: ${Object.keys(PEER_OPTION_KEYS).join(', ')})`);
+    if (!known)
+      throw new RangeError(
+        `policyOptions.${peer} is not a policy with options (known: ${Object.keys(PEER_OPTION_KEYS).join(', ')})`,
+      );
     if (value === undefined) continue;
-    if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new TypeError(`policyOptions.${peer} must be an object`);
+    if (value === null || typeof value !== 'object' || Array.isArray(value))
+      throw new TypeError(`policyOptions.${peer} must be an object`);
     for (const key of Object.keys(value)) {
-      if (!known.includes(key)) throw new RangeError(`policyOptions.${peer}.${key} is not an option of ${peer} (known: ${known.join(', ')})`);
+      if (!known.includes(key))
+        throw new RangeError(`policyOptions.${peer}.${key} is not an option of ${peer} (known: ${known.join(', ')})`);
     }
   }
 }
@@ -73,7 +79,9 @@ export function resolveCostWeights(partial: Partial<CostWeights> = {}): CostWeig
   const w: CostWeights = { ...DEFAULT_COST_WEIGHTS };
   for (const [key, value] of Object.entries(partial)) {
     if (!Object.hasOwn(DEFAULT_COST_WEIGHTS, key)) {
-      throw new RangeError(`costWeights.${key} is not a cost weight (known: ${Object.keys(DEFAULT_COST_WEIGHTS).join(', ')})`);
+      throw new RangeError(
+        `costWeights.${key} is not a cost weight (known: ${Object.keys(DEFAULT_COST_WEIGHTS).join(', ')})`,
+      );
     }
     if (value === undefined) continue;
     if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) {
@@ -81,7 +89,8 @@ export function resolveCostWeights(partial: Partial<CostWeights> = {}): CostWeig
     }
     w[key as keyof CostWeights] = value;
   }
-  if (!(w.prefillTokensPerSecond > 0)) throw new RangeError(`costWeights.prefillTokensPerSecond must be > 0, got ${w.prefillTokensPerSecond}`);
+  if (!(w.prefillTokensPerSecond > 0))
+    throw new RangeError(`costWeights.prefillTokensPerSecond must be > 0, got ${w.prefillTokensPerSecond}`);
   if (w.pressureKnee >= 1) throw new RangeError(`costWeights.pressureKnee must be < 1, got ${w.pressureKnee}`);
   if (w.pressureCeiling > 1) throw new RangeError(`costWeights.pressureCeiling must be <= 1, got ${w.pressureCeiling}`);
   return w;

@@ -1,6 +1,13 @@
 import * as check from '../validate.js';
 import { pickWithRandomTies } from './pick.js';
-import { NO_CHOICE, type Candidate, type PolicyChoice, type PolicyContext, type RouteFeatures, type RoutingPolicy } from './types.js';
+import {
+  NO_CHOICE,
+  type Candidate,
+  type PolicyChoice,
+  type PolicyContext,
+  type RouteFeatures,
+  type RoutingPolicy,
+} from './types.js';
 
 /**
  * llm-d's inference scheduler (llm-d/llm-d-inference-scheduler, the endpoint picker): a
@@ -48,7 +55,10 @@ export class LlmdPolicy implements RoutingPolicy {
     this.wPrefix = check.finiteNonNegative(options.prefixWeight ?? 3, 'llmd.prefixWeight');
     this.wKv = check.finiteNonNegative(options.kvWeight ?? 2, 'llmd.kvWeight');
     this.wQueue = check.finiteNonNegative(options.queueWeight ?? 2, 'llmd.queueWeight');
-    this.scrapeIntervalMs = check.finiteNonNegative(options.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS, 'llmd.scrapeIntervalMs');
+    this.scrapeIntervalMs = check.finiteNonNegative(
+      options.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS,
+      'llmd.scrapeIntervalMs',
+    );
     if (this.scrapeIntervalMs <= 0) throw new RangeError('llmd.scrapeIntervalMs must be > 0');
   }
 

@@ -36,7 +36,13 @@ export function pickMax(
  * (first `n`), ties within TIE_EPSILON broken at random: what Dynamo's selector and llm-d's
  * max-score picker do. `scratch` collects the ties.
  */
-export function pickWithRandomTies(scores: Float64Array, n: number, sign: 1 | -1, random: () => number, scratch: number[]): number {
+export function pickWithRandomTies(
+  scores: Float64Array,
+  n: number,
+  sign: 1 | -1,
+  random: () => number,
+  scratch: number[],
+): number {
   let best = -Infinity;
   for (let i = 0; i < n; i++) if (sign * scores[i] > best) best = sign * scores[i];
   scratch.length = 0;

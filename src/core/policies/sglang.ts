@@ -92,8 +92,12 @@ export class SglangPolicy implements RoutingPolicy {
   constructor(options: SglangOptions = {}) {
     this.cacheThreshold = check.fraction(options.cacheThreshold ?? 0.3, 'sglang.cacheThreshold');
     this.balanceAbsThreshold = check.finiteNonNegative(options.balanceAbsThreshold ?? 64, 'sglang.balanceAbsThreshold');
-    this.balanceRelThreshold = check.finiteNonNegative(options.balanceRelThreshold ?? 1.5, 'sglang.balanceRelThreshold');
-    this.evictionIntervalMs = check.finiteNonNegative(options.evictionIntervalSecs ?? 120, 'sglang.evictionIntervalSecs') * 1000;
+    this.balanceRelThreshold = check.finiteNonNegative(
+      options.balanceRelThreshold ?? 1.5,
+      'sglang.balanceRelThreshold',
+    );
+    this.evictionIntervalMs =
+      check.finiteNonNegative(options.evictionIntervalSecs ?? 120, 'sglang.evictionIntervalSecs') * 1000;
     this.maxTreeSize = check.finiteNonNegative(options.maxTreeSize ?? 67_108_864, 'sglang.maxTreeSize');
   }
 
@@ -143,7 +147,8 @@ export class SglangPolicy implements RoutingPolicy {
       return { index: best, confidence: candidates[best].cachedFraction, reason: 'cache-match' };
     }
     let smallest = 0;
-    for (let i = 1; i < n; i++) if (this.treeSize(candidates[i].worker.slot) < this.treeSize(candidates[smallest].worker.slot)) smallest = i;
+    for (let i = 1; i < n; i++)
+      if (this.treeSize(candidates[i].worker.slot) < this.treeSize(candidates[smallest].worker.slot)) smallest = i;
     return { index: smallest, confidence: candidates[smallest].cachedFraction, reason: 'least-loaded' };
   }
 

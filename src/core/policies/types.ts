@@ -61,9 +61,19 @@ export interface RequestBlocks {
   readonly length: number;
 }
 
-
 /** Why a worker was picked; shown in explanations and counted in metrics. */
-export type RouteReason = 'locality' | 'cla' | 'least-loaded' | 'cost' | 'replicate' | 'balance' | 'cache-match' | 'hash' | 'random' | 'rotation' | 'none';
+export type RouteReason =
+  | 'locality'
+  | 'cla'
+  | 'least-loaded'
+  | 'cost'
+  | 'replicate'
+  | 'balance'
+  | 'cache-match'
+  | 'hash'
+  | 'random'
+  | 'rotation'
+  | 'none';
 
 export interface PolicyChoice {
   /** Index into the candidates; -1 when there is none. */

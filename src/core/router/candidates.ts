@@ -24,7 +24,12 @@ export interface CandidateSources {
 
 type CandidateSettings = Pick<
   ResolvedRouterOptions,
-  'anchorLocalityEnabled' | 'claAffinityEnabled' | 'contentAnchorScoring' | 'offloadCredit' | 'predictedCredit' | 'blockSize'
+  | 'anchorLocalityEnabled'
+  | 'claAffinityEnabled'
+  | 'contentAnchorScoring'
+  | 'offloadCredit'
+  | 'predictedCredit'
+  | 'blockSize'
 >;
 
 export class CandidateCollector {
@@ -64,7 +69,8 @@ export class CandidateCollector {
     const candidates = this.candidates;
     // decided once per request, not per candidate
     const excluded = exclude !== undefined && exclude.size > 0 ? exclude : undefined;
-    const scoreAnchors = locality && contentAnchors !== undefined && contentAnchors.length > 0 && settings.contentAnchorScoring;
+    const scoreAnchors =
+      locality && contentAnchors !== undefined && contentAnchors.length > 0 && settings.contentAnchorScoring;
     const offloadCredit = settings.offloadCredit;
     const predictedCredit = settings.predictedCredit;
     const claGroups = settings.claAffinityEnabled && claGroup !== null;
@@ -76,9 +82,15 @@ export class CandidateCollector {
       const offloadBlocks = overlapBlocks > 0 ? o.offloadBlocks[slot] : 0;
       const predictedBlocks = overlapBlocks > 0 ? o.predictedBlocks[slot] : 0;
       const anchorTokens = scoreAnchors ? contentIndex.heldTokens(slot, contentAnchors, now) : 0;
-      const credit = overlapBlocks - offloadBlocks - predictedBlocks + offloadBlocks * offloadCredit + predictedBlocks * predictedCredit;
+      const credit =
+        overlapBlocks -
+        offloadBlocks -
+        predictedBlocks +
+        offloadBlocks * offloadCredit +
+        predictedBlocks * predictedCredit;
       // token blocks are the worker's own size when it has one (the overlap was looked up in it)
-      const workerBlockTokens = tokensPerBlock === settings.blockSize ? worker.info.blockSize ?? blockTokens : blockTokens;
+      const workerBlockTokens =
+        tokensPerBlock === settings.blockSize ? (worker.info.blockSize ?? blockTokens) : blockTokens;
       let cachedTokens = credit * workerBlockTokens + anchorTokens;
       if (promptTokens > 0 && cachedTokens > promptTokens) cachedTokens = promptTokens;
       let holdsAnchor: boolean;
@@ -86,9 +98,14 @@ export class CandidateCollector {
       if (anchorHash !== undefined) {
         // the seed's anchor: its home in the anchor table, KV reusable within its CLA group
         holdsAnchor = anchor !== undefined && anchor.workerId === worker.id;
-        if (holdsAnchor && cachedTokens === 0 && (claGroup === null || anchor!.claGroup === null || anchor!.claGroup === claGroup)) {
+        if (
+          holdsAnchor &&
+          cachedTokens === 0 &&
+          (claGroup === null || anchor!.claGroup === null || anchor!.claGroup === claGroup)
+        ) {
           const blocks = anchor!.blocks?.size ?? 0;
-          cachedFraction = promptTokens > 0 && blocks > 0 ? Math.min(1, (blocks * settings.blockSize) / promptTokens) : 1;
+          cachedFraction =
+            promptTokens > 0 && blocks > 0 ? Math.min(1, (blocks * settings.blockSize) / promptTokens) : 1;
           cachedTokens = cachedFraction * promptTokens;
         }
       } else {
@@ -112,8 +129,17 @@ export class CandidateCollector {
         c.indexEntries = indexEntries;
       } else {
         candidates[n] = {
-          worker, holdsAnchor, overlapBlocks, offloadBlocks, predictedBlocks, anchorTokens,
-          cachedTokens, cachedFraction, servesCla, continuity, indexEntries,
+          worker,
+          holdsAnchor,
+          overlapBlocks,
+          offloadBlocks,
+          predictedBlocks,
+          anchorTokens,
+          cachedTokens,
+          cachedFraction,
+          servesCla,
+          continuity,
+          indexEntries,
         };
       }
       n++;

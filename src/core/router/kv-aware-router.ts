@@ -106,7 +106,13 @@ export class KVAwareRouter {
     this.clock = o.clock;
     this.instanceId = o.instanceId;
     this.candidates = new CandidateCollector(
-      { workers: this.workers, anchors: this.anchors, workflows: this.workflows, contentAnchors: this.contentAnchors, index: this.index },
+      {
+        workers: this.workers,
+        anchors: this.anchors,
+        workflows: this.workflows,
+        contentAnchors: this.contentAnchors,
+        index: this.index,
+      },
       o,
     );
   }
@@ -172,9 +178,12 @@ export class KVAwareRouter {
   updateWorkerMetrics(workerId: string, metrics: WorkerMetrics): void {
     const w = this.requireRegistered(workerId);
     if (metrics.kvUsage !== undefined) w.load = check.load(metrics.kvUsage, 'kvUsage');
-    if (metrics.waitingRequests !== undefined) w.waitingRequests = check.finiteNonNegative(metrics.waitingRequests, 'waitingRequests');
-    if (metrics.runningRequests !== undefined) w.runningRequests = check.finiteNonNegative(metrics.runningRequests, 'runningRequests');
-    if (metrics.kvCapacityTokens !== undefined) w.kvCapacityTokens = check.finiteNonNegative(metrics.kvCapacityTokens, 'kvCapacityTokens');
+    if (metrics.waitingRequests !== undefined)
+      w.waitingRequests = check.finiteNonNegative(metrics.waitingRequests, 'waitingRequests');
+    if (metrics.runningRequests !== undefined)
+      w.runningRequests = check.finiteNonNegative(metrics.runningRequests, 'runningRequests');
+    if (metrics.kvCapacityTokens !== undefined)
+      w.kvCapacityTokens = check.finiteNonNegative(metrics.kvCapacityTokens, 'kvCapacityTokens');
   }
 
   /** Workers in registration order (read-only views). */
@@ -187,7 +196,14 @@ export class KVAwareRouter {
   /** The worker stored these blocks (sequence hashes as from hashTokens). */
   applyStored(workerId: string, blocks: BlockSequence, tier: 'gpu' | 'offload' = 'gpu'): void {
     const w = this.requireRegistered(workerId);
-    this.index.applyStored(w.slot, blocks.hi, blocks.lo, 0, blocks.length, tier === 'offload' ? Tier.Offload : Tier.Gpu);
+    this.index.applyStored(
+      w.slot,
+      blocks.hi,
+      blocks.lo,
+      0,
+      blocks.length,
+      tier === 'offload' ? Tier.Offload : Tier.Gpu,
+    );
   }
 
   /** The worker evicted these blocks; without a tier, from every tier. */
@@ -205,7 +221,12 @@ export class KVAwareRouter {
 
   /** Block keys of token ids as this router computes them (a fresh copy); `blockSize` default: the router's. */
   hashTokens(tokens: ArrayLike<number>, ns?: HashNamespace, blockSize: number = this.blockSize): BlockHashes {
-    return this.keying.hashTokens(tokens, blockSize, ns, new BlockHashes(Math.max(1, Math.floor(tokens.length / blockSize))));
+    return this.keying.hashTokens(
+      tokens,
+      blockSize,
+      ns,
+      new BlockHashes(Math.max(1, Math.floor(tokens.length / blockSize))),
+    );
   }
 
   // ------------------------------------------------------------------------ routing
@@ -223,11 +244,15 @@ export class KVAwareRouter {
     const workflowId = check.optionalId(request.workflowId, 'workflowId');
     const anchor = check.optionalId(request.anchor, 'anchor');
     const contentAnchors = request.contentAnchors ? checkContentAnchors(request.contentAnchors) : undefined;
-    if (request.isolate !== undefined && typeof request.isolate !== 'boolean') throw new TypeError('isolate must be a boolean');
-    const isolated = request.isolate === true || (request.agentRole !== undefined && this.judgeRoles.has(request.agentRole));
+    if (request.isolate !== undefined && typeof request.isolate !== 'boolean')
+      throw new TypeError('isolate must be a boolean');
+    const isolated =
+      request.isolate === true || (request.agentRole !== undefined && this.judgeRoles.has(request.agentRole));
 
     // isolated requests hash under a private salt: their blocks match nothing else
-    const cacheSalt = isolated ? `cf-${this.instanceId}-${(++this.isolationCounter).toString(36)}` : check.optionalId(request.cacheSalt, 'cacheSalt');
+    const cacheSalt = isolated
+      ? `cf-${this.instanceId}-${(++this.isolationCounter).toString(36)}`
+      : check.optionalId(request.cacheSalt, 'cacheSalt');
     const ns = this.hashNs;
     ns.lora = check.optionalId(request.lora, 'lora') ?? null;
     ns.cacheSalt = cacheSalt ?? null;
@@ -240,8 +265,10 @@ export class KVAwareRouter {
       this.index.overlaps(hashes.hi, hashes.lo, hashes.length, overlap, now);
       // engine-native keys: a block held deeper in the chain implies its prefix (vLLM caches
       // prefixes), even where the router never saw those ancestors stored
-      if (this.keying.mode === 'vllm' && request.tokens !== undefined && overlap.maxBlocks < hashes.length) this.index.extendToDeepestHeld(hashes.hi, hashes.lo, hashes.length, overlap);
-      if (this.otherBlockSizes.size > 0 && request.tokens !== undefined) this.overlapOtherBlockSizes(request.tokens, ns, overlap, now);
+      if (this.keying.mode === 'vllm' && request.tokens !== undefined && overlap.maxBlocks < hashes.length)
+        this.index.extendToDeepestHeld(hashes.hi, hashes.lo, hashes.length, overlap);
+      if (this.otherBlockSizes.size > 0 && request.tokens !== undefined)
+        this.overlapOtherBlockSizes(request.tokens, ns, overlap, now);
     } else {
       overlap.ensureSlots(this.workers.slotCount);
       overlap.blocks.fill(0);
@@ -251,7 +278,16 @@ export class KVAwareRouter {
     }
 
     const candidates = this.candidates.collect(
-      overlap, hashes.tokensPerBlock, anchor, claGroup, promptTokens, workflowId, contentAnchors, isolated, now, options.exclude,
+      overlap,
+      hashes.tokensPerBlock,
+      anchor,
+      claGroup,
+      promptTokens,
+      workflowId,
+      contentAnchors,
+      isolated,
+      now,
+      options.exclude,
     );
     const features: RouteFeatures = {
       claGroup,
@@ -260,7 +296,12 @@ export class KVAwareRouter {
       blockSize: hashes.tokensPerBlock || this.blockSize,
       routingKey: hashes.length > 0 ? hashes.lo[Math.min(hashes.length, 4) - 1] : anchor ? hashString32(anchor) : 0,
       blocks: hashes,
-      sharedPrefixKey: overlap.maxBlocks > 0 ? hashes.lo[Math.min(overlap.maxBlocks, hashes.length) - 1] : anchor ? hashString32(anchor) : 0,
+      sharedPrefixKey:
+        overlap.maxBlocks > 0
+          ? hashes.lo[Math.min(overlap.maxBlocks, hashes.length) - 1]
+          : anchor
+            ? hashString32(anchor)
+            : 0,
     };
     const choice = this.policy.choose(candidates, features);
     const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;
@@ -290,12 +331,22 @@ export class KVAwareRouter {
       if (hashes.length > 0) {
         // approximate: every block (refreshing the TTL); precise: a speculative stretch past
         // what the worker holds
-        end = this.indexMode === 'precise' ? Math.min(hashes.length, chosen.overlapBlocks + this.speculativeBlocks) : hashes.length;
+        end =
+          this.indexMode === 'precise'
+            ? Math.min(hashes.length, chosen.overlapBlocks + this.speculativeBlocks)
+            : hashes.length;
         start = this.indexMode === 'precise' ? chosen.overlapBlocks : 0;
         // a worker of another block size records the request's keys in its size
-        if (worker.info.blockSize !== undefined && worker.info.blockSize !== this.blockSize && request.tokens !== undefined) {
+        if (
+          worker.info.blockSize !== undefined &&
+          worker.info.blockSize !== this.blockSize &&
+          request.tokens !== undefined
+        ) {
           recorded = this.sizedHashes.get(worker.info.blockSize) ?? hashes;
-          end = this.indexMode === 'precise' ? Math.min(recorded.length, chosen.overlapBlocks + this.speculativeBlocks) : recorded.length;
+          end =
+            this.indexMode === 'precise'
+              ? Math.min(recorded.length, chosen.overlapBlocks + this.speculativeBlocks)
+              : recorded.length;
         }
         if (end > start) this.index.recordPredicted(worker.slot, recorded.hi, recorded.lo, start, end, now);
       }
@@ -307,9 +358,16 @@ export class KVAwareRouter {
       // the predicted range only: in precise mode what the worker holds comes from its own events
       const n = Math.max(0, end - start);
       result.shared = {
-        workerId: worker.id, hi: recorded.hi.slice(start, start + n), lo: recorded.lo.slice(start, start + n),
-        workflowId, workflowStep, anchor, claGroup, contentAnchors: isolated ? undefined : contentAnchors,
-        prefillTokens: tracked ? uncached : 0, tracked,
+        workerId: worker.id,
+        hi: recorded.hi.slice(start, start + n),
+        lo: recorded.lo.slice(start, start + n),
+        workflowId,
+        workflowStep,
+        anchor,
+        claGroup,
+        contentAnchors: isolated ? undefined : contentAnchors,
+        prefillTokens: tracked ? uncached : 0,
+        tracked,
       };
     }
     if (anchor !== undefined) this.anchors.home(anchor, worker.id, claGroup);
@@ -331,7 +389,8 @@ export class KVAwareRouter {
     if (!worker) return false;
     if (d.hi.length !== d.lo.length) throw new RangeError('shared decision: hi and lo differ in length');
     if (d.hi.length > 0) this.index.recordPredicted(worker.slot, d.hi, d.lo, 0, d.hi.length, now);
-    if (d.contentAnchors && d.contentAnchors.length > 0) this.contentAnchors.record(worker.slot, checkContentAnchors(d.contentAnchors), now);
+    if (d.contentAnchors && d.contentAnchors.length > 0)
+      this.contentAnchors.record(worker.slot, checkContentAnchors(d.contentAnchors), now);
     if (d.anchor !== undefined) this.anchors.home(d.anchor, worker.id, d.claGroup);
     if (d.workflowId !== undefined) this.workflows.record(d.workflowId, worker.id, d.workflowStep);
     return true;
@@ -384,7 +443,13 @@ export class KVAwareRouter {
     if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
     const tokenLength = check.nonNegativeInt(opts.tokenLength, 'tokenLength', 0);
     const r = this.route(
-      { anchor: anchorHash, claGroup: opts.claGroup, workflowStep: opts.workflowStep, workflowId: opts.workflowId, promptTokens: tokenLength },
+      {
+        anchor: anchorHash,
+        claGroup: opts.claGroup,
+        workflowStep: opts.workflowStep,
+        workflowId: opts.workflowId,
+        promptTokens: tokenLength,
+      },
       { track: false },
     );
     const claGroup = opts.claGroup ?? null;
@@ -463,14 +528,20 @@ export class KVAwareRouter {
    * size 1): the prompt's keys in that size, looked up in the index, give those workers'
    * overlaps, which replace what the router-size lookup found for them.
    */
-  private overlapOtherBlockSizes(tokens: ArrayLike<number>, ns: HashNamespace, overlap: OverlapResult, now: number): void {
+  private overlapOtherBlockSizes(
+    tokens: ArrayLike<number>,
+    ns: HashNamespace,
+    overlap: OverlapResult,
+    now: number,
+  ): void {
     const o = this.sizedOverlap;
     for (const [blockSize, slots] of this.otherBlockSizes) {
       let h = this.sizedHashes.get(blockSize);
       if (!h) this.sizedHashes.set(blockSize, (h = new BlockHashes(64)));
       this.keying.hashTokens(tokens, blockSize, ns, h);
       if (h.length > 0) this.index.overlaps(h.hi, h.lo, h.length, o, now);
-      if (h.length > 0 && this.keying.mode === 'vllm' && o.maxBlocks < h.length) this.index.extendToDeepestHeld(h.hi, h.lo, h.length, o);
+      if (h.length > 0 && this.keying.mode === 'vllm' && o.maxBlocks < h.length)
+        this.index.extendToDeepestHeld(h.hi, h.lo, h.length, o);
       for (const slot of slots) {
         const found = h.length > 0 && slot < o.blocks.length;
         overlap.blocks[slot] = found ? o.blocks[slot] : 0;
@@ -483,15 +554,23 @@ export class KVAwareRouter {
   private hashRequest(request: RouteRequest, ns: HashNamespace): BlockHashes {
     const hashes = this.hashes;
     if (request.tokens !== undefined) {
-      if (typeof request.tokens !== 'object' || typeof request.tokens.length !== 'number') throw new TypeError('tokens must be an array of token ids');
+      if (typeof request.tokens !== 'object' || typeof request.tokens.length !== 'number')
+        throw new TypeError('tokens must be an array of token ids');
       this.keying.hashTokens(request.tokens, this.blockSize, ns, hashes);
     } else if (request.blockHashes !== undefined) {
-      if (typeof request.blockHashes !== 'object' || typeof request.blockHashes.length !== 'number') throw new TypeError('blockHashes must be an array');
-      hashPrecomputedBlocks(request.blockHashes, check.positiveInt(request.blockTokens, 'blockTokens', this.blockSize), ns, hashes);
+      if (typeof request.blockHashes !== 'object' || typeof request.blockHashes.length !== 'number')
+        throw new TypeError('blockHashes must be an array');
+      hashPrecomputedBlocks(
+        request.blockHashes,
+        check.positiveInt(request.blockTokens, 'blockTokens', this.blockSize),
+        ns,
+        hashes,
+      );
     } else if (request.messages !== undefined) {
       if (!Array.isArray(request.messages)) throw new TypeError('messages must be an array');
       request.messages.forEach((m, i) => {
-        if (m === null || typeof m !== 'object' || typeof m.role !== 'string') throw new TypeError(`messages[${i}] must be an object with a string role`);
+        if (m === null || typeof m !== 'object' || typeof m.role !== 'string')
+          throw new TypeError(`messages[${i}] must be an object with a string role`);
       });
       hashTextBlocks(canonicalChatText(request.messages), this.textChunkBytes, ns, hashes);
       hashes.tokensPerBlock = this.textChunkBytes / 4;

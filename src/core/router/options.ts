@@ -127,33 +127,75 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
   const random = createRng(check.nonNegativeInt(options.randomSeed, 'randomSeed', 1));
   const policy = createPolicy(policyName, { ...options.policyOptions, costWeights }, { random });
   const anchorCapacity = check.positiveInt(options.anchorCapacity, 'anchorCapacity', ROUTER_DEFAULTS.anchorCapacity);
-  const workflowCapacity = check.positiveInt(options.workflowCapacity, 'workflowCapacity', ROUTER_DEFAULTS.workflowCapacity);
+  const workflowCapacity = check.positiveInt(
+    options.workflowCapacity,
+    'workflowCapacity',
+    ROUTER_DEFAULTS.workflowCapacity,
+  );
   const blockSize = check.positiveInt(options.blockSize, 'blockSize', ROUTER_DEFAULTS.blockSize);
   const textChunkBytes = check.positiveInt(options.textChunkBytes, 'textChunkBytes', ROUTER_DEFAULTS.textChunkBytes);
   if (textChunkBytes % 4 !== 0) throw new RangeError(`textChunkBytes must be a multiple of 4, got ${textChunkBytes}`);
   const keying = new BlockKeying(options.blockHash ?? 'router', options.pythonHashSeed);
   const indexMode = options.indexMode ?? 'approximate';
-  if (indexMode !== 'precise' && indexMode !== 'approximate') throw new RangeError(`indexMode must be 'precise' or 'approximate', got '${String(indexMode)}'`);
-  const ttl = options.predictionTtlMs ?? (indexMode === 'precise' ? ROUTER_DEFAULTS.speculativeTtlMs : ROUTER_DEFAULTS.approximateTtlMs);
+  if (indexMode !== 'precise' && indexMode !== 'approximate')
+    throw new RangeError(`indexMode must be 'precise' or 'approximate', got '${String(indexMode)}'`);
+  const ttl =
+    options.predictionTtlMs ??
+    (indexMode === 'precise' ? ROUTER_DEFAULTS.speculativeTtlMs : ROUTER_DEFAULTS.approximateTtlMs);
   check.finiteNonNegative(ttl, 'predictionTtlMs');
-  const maxIndexEntries = check.positiveInt(options.maxIndexEntries, 'maxIndexEntries', ROUTER_DEFAULTS.maxIndexEntries);
+  const maxIndexEntries = check.positiveInt(
+    options.maxIndexEntries,
+    'maxIndexEntries',
+    ROUTER_DEFAULTS.maxIndexEntries,
+  );
   const contentAnchorScoring = optionalBool(options.contentAnchorScoring, 'contentAnchorScoring', true);
-  const speculativeBlocks = check.nonNegativeInt(options.speculativeBlocks, 'speculativeBlocks', ROUTER_DEFAULTS.speculativeBlocks);
+  const speculativeBlocks = check.nonNegativeInt(
+    options.speculativeBlocks,
+    'speculativeBlocks',
+    ROUTER_DEFAULTS.speculativeBlocks,
+  );
   const offloadCredit = check.fraction(options.offloadCredit ?? ROUTER_DEFAULTS.offloadCredit, 'offloadCredit');
   const predictedCredit = check.fraction(options.predictedCredit ?? ROUTER_DEFAULTS.predictedCredit, 'predictedCredit');
-  const contentAnchorCapacity = check.positiveInt(options.contentAnchorCapacity, 'contentAnchorCapacity', ROUTER_DEFAULTS.contentAnchorCapacity);
-  const contentAnchorTtlMs = check.finiteNonNegative(options.contentAnchorTtlMs ?? ROUTER_DEFAULTS.contentAnchorTtlMs, 'contentAnchorTtlMs');
+  const contentAnchorCapacity = check.positiveInt(
+    options.contentAnchorCapacity,
+    'contentAnchorCapacity',
+    ROUTER_DEFAULTS.contentAnchorCapacity,
+  );
+  const contentAnchorTtlMs = check.finiteNonNegative(
+    options.contentAnchorTtlMs ?? ROUTER_DEFAULTS.contentAnchorTtlMs,
+    'contentAnchorTtlMs',
+  );
   const roles = options.judgeRoles ?? [];
   if (!Array.isArray(roles)) throw new TypeError('judgeRoles must be an array of strings');
   const judgeRoles = new Set(roles.map((r, i) => check.requireId(r, `judgeRoles[${i}]`)));
-  if (options.clock !== undefined && typeof options.clock !== 'function') throw new TypeError('clock must be a function');
+  if (options.clock !== undefined && typeof options.clock !== 'function')
+    throw new TypeError('clock must be a function');
   const clock = options.clock ?? Date.now;
   const instanceId = check.optionalId(options.instanceId, 'instanceId') ?? globalThis.crypto.randomUUID().slice(0, 8);
   return {
-    numWorkers, claAffinityEnabled, anchorLocalityEnabled, costWeights, policy, countsBlocks: policyName !== 'seed',
-    anchorCapacity, workflowCapacity, blockSize, textChunkBytes, keying, indexMode, predictedTtlMs: Math.max(ttl, 1),
-    maxIndexEntries, contentAnchorScoring, speculativeBlocks, offloadCredit, predictedCredit,
-    contentAnchorCapacity, contentAnchorTtlMs, judgeRoles, clock, instanceId,
+    numWorkers,
+    claAffinityEnabled,
+    anchorLocalityEnabled,
+    costWeights,
+    policy,
+    countsBlocks: policyName !== 'seed',
+    anchorCapacity,
+    workflowCapacity,
+    blockSize,
+    textChunkBytes,
+    keying,
+    indexMode,
+    predictedTtlMs: Math.max(ttl, 1),
+    maxIndexEntries,
+    contentAnchorScoring,
+    speculativeBlocks,
+    offloadCredit,
+    predictedCredit,
+    contentAnchorCapacity,
+    contentAnchorTtlMs,
+    judgeRoles,
+    clock,
+    instanceId,
   };
 }
 

@@ -37,7 +37,8 @@ import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatc
  *   counted ('block_size'); SGLang's page size 1 gives one event per token, which works with
  *   `block-size=1` on that worker.
  */
-export type ApplySkipReason = 'block_size' | 'orphan' | 'token_count' | 'other_group' | 'unknown_offload' | 'unknown_removal';
+export type ApplySkipReason =
+  'block_size' | 'orphan' | 'token_count' | 'other_group' | 'unknown_offload' | 'unknown_removal';
 
 export interface ApplyCounts {
   storedBlocks: number;
@@ -61,8 +62,16 @@ export interface ApplyCounts {
 
 export function emptyCounts(): ApplyCounts {
   return {
-    storedBlocks: 0, removedBlocks: 0, cleared: 0, offloadBlocks: 0, duplicateCopies: 0, parentsProven: 0,
-    orphanEvents: 0, unknownRemovals: 0, blockSizeMismatches: 0, skipped: {},
+    storedBlocks: 0,
+    removedBlocks: 0,
+    cleared: 0,
+    offloadBlocks: 0,
+    duplicateCopies: 0,
+    parentsProven: 0,
+    orphanEvents: 0,
+    unknownRemovals: 0,
+    blockSizeMismatches: 0,
+    skipped: {},
   };
 }
 
@@ -111,7 +120,8 @@ export class KvEventApplier {
     options: KvEventApplierOptions = {},
   ) {
     const mode = options.hashMode ?? router.keying.mode;
-    if (mode !== 'router' && mode !== 'vllm') throw new RangeError(`hashMode must be 'router' or 'vllm', got '${String(mode)}'`);
+    if (mode !== 'router' && mode !== 'vllm')
+      throw new RangeError(`hashMode must be 'router' or 'vllm', got '${String(mode)}'`);
     this.hashMode = mode;
   }
 
@@ -134,7 +144,9 @@ export class KvEventApplier {
 
   /** Physical copies of one engine hash the worker reported (GPU and offload tiers). */
   copies(workerId: string, engineHash: EngineBlockHash): { gpu: number; offload: number } {
-    const b = this.maps.get(workerId)?.get(typeof engineHash === 'bigint' ? BigInt.asUintN(64, engineHash) : engineHash);
+    const b = this.maps
+      .get(workerId)
+      ?.get(typeof engineHash === 'bigint' ? BigInt.asUintN(64, engineHash) : engineHash);
     return { gpu: b?.gpu ?? 0, offload: b?.offload ?? 0 };
   }
 
@@ -203,7 +215,7 @@ export class KvEventApplier {
     const gpu = e.medium === null || e.medium === 'GPU';
     const map = this.mapFor(workerId);
     // an offload copy spans several GPU blocks, walked through their parents as when stored
-    const span = gpu ? 1 : this.offloadSpans.get(`${workerId}\u0000${e.medium}`) ?? 1;
+    const span = gpu ? 1 : (this.offloadSpans.get(`${workerId}\u0000${e.medium}`) ?? 1);
     const seq = this.scratchSeq(e.blockHashes.length * span);
     let n = 0;
     for (const first of e.blockHashes) {
@@ -260,7 +272,10 @@ export class KvEventApplier {
       let parentHi: number;
       let parentLo: number;
       if (e.parentBlockHash === null) {
-        chainRoot({ lora: loraOf(e), cacheSalt: saltOf(e), claGroup: this.namespaces.get(workerId)?.claGroup ?? null }, this.root);
+        chainRoot(
+          { lora: loraOf(e), cacheSalt: saltOf(e), claGroup: this.namespaces.get(workerId)?.claGroup ?? null },
+          this.root,
+        );
         parentHi = this.root[0];
         parentLo = this.root[1];
       } else {

@@ -78,12 +78,28 @@ export class KvEventFormatError extends Error {
 }
 
 /** Upper bounds that keep a hostile or corrupt payload from exhausting memory. */
-export const KV_EVENT_LIMITS = { maxPayloadBytes: 64 * 1024 * 1024, maxEvents: 1_000_000, maxBlocksPerEvent: 1_000_000 };
+export const KV_EVENT_LIMITS = {
+  maxPayloadBytes: 64 * 1024 * 1024,
+  maxEvents: 1_000_000,
+  maxBlocksPerEvent: 1_000_000,
+};
 
 // Field order of vLLM's structs (vllm/distributed/kv_events.py), which array-like releases
 // encode positionally. Older releases send a prefix of these; newer ones may append fields
 // this router does not know, which are ignored (as msgspec readers ignore them).
-const STORED_FIELDS = ['block_hashes', 'parent_block_hash', 'token_ids', 'block_size', 'lora_id', 'medium', 'lora_name', 'extra_keys', 'group_idx', 'kv_cache_spec_kind', 'kv_cache_spec_sliding_window'] as const;
+const STORED_FIELDS = [
+  'block_hashes',
+  'parent_block_hash',
+  'token_ids',
+  'block_size',
+  'lora_id',
+  'medium',
+  'lora_name',
+  'extra_keys',
+  'group_idx',
+  'kv_cache_spec_kind',
+  'kv_cache_spec_sliding_window',
+] as const;
 const REMOVED_FIELDS = ['block_hashes', 'medium', 'group_idx'] as const;
 
 /**
@@ -91,18 +107,26 @@ const REMOVED_FIELDS = ['block_hashes', 'medium', 'group_idx'] as const;
  * cannot be read is left out and listed in `skipped`, and the rest of the batch still applies.
  */
 export function decodeEventBatch(payload: Uint8Array): KvEventBatch {
-  if (payload.byteLength > KV_EVENT_LIMITS.maxPayloadBytes) throw new KvEventFormatError(`payload of ${payload.byteLength} bytes is over the limit`, 'too_large');
+  if (payload.byteLength > KV_EVENT_LIMITS.maxPayloadBytes)
+    throw new KvEventFormatError(`payload of ${payload.byteLength} bytes is over the limit`, 'too_large');
   let raw: unknown;
   try {
-    raw = msgpackDecode(payload, { useBigInt64: true, maxArrayLength: KV_EVENT_LIMITS.maxEvents, maxMapLength: 64, maxStrLength: 1 << 20, maxBinLength: 1 << 20 });
+    raw = msgpackDecode(payload, {
+      useBigInt64: true,
+      maxArrayLength: KV_EVENT_LIMITS.maxEvents,
+      maxMapLength: 64,
+      maxStrLength: 1 << 20,
+      maxBinLength: 1 << 20,
+    });
   } catch (err) {
     throw new KvEventFormatError(`not msgpack: ${(err as Error).message}`);
   }
   let ts: unknown;
   let events: unknown;
-  let rank: unknown = null;
+  let rank: unknown;
   if (Array.isArray(raw)) {
-    if (raw.length < 2) throw new KvEventFormatError(`batch array must have at least 2 elements (ts, events), got ${raw.length}`);
+    if (raw.length < 2)
+      throw new KvEventFormatError(`batch array must have at least 2 elements (ts, events), got ${raw.length}`);
     // [ts, events] or [ts, events, data_parallel_rank]; later fields are ignored
     [ts, events, rank = null] = raw;
   } else if (isMap(raw)) {
@@ -113,7 +137,8 @@ export function decodeEventBatch(payload: Uint8Array): KvEventBatch {
     throw new KvEventFormatError('batch must be an array or a map');
   }
   const tsNumber = typeof ts === 'bigint' ? Number(ts) : ts;
-  if (typeof tsNumber !== 'number' || !Number.isFinite(tsNumber)) throw new KvEventFormatError('batch ts must be a number');
+  if (typeof tsNumber !== 'number' || !Number.isFinite(tsNumber))
+    throw new KvEventFormatError('batch ts must be a number');
   if (!Array.isArray(events)) throw new KvEventFormatError('batch events must be an array');
   return decodeEvents(tsNumber, events, rank === null ? null : toInt(rank, 'data_parallel_rank'));
 }
@@ -157,7 +182,8 @@ function decodeEvent(e: unknown, i: number): KvEvent {
       const blockHashes = hashList(fields.block_hashes, `${at}.block_hashes`);
       const tokenIds = fields.token_ids;
       if (!Array.isArray(tokenIds)) throw new KvEventFormatError(`${at}.token_ids must be an array`);
-      if (tokenIds.length > KV_EVENT_LIMITS.maxBlocksPerEvent * 64) throw new KvEventFormatError(`${at}.token_ids has ${tokenIds.length} ids, over the limit`, 'too_large');
+      if (tokenIds.length > KV_EVENT_LIMITS.maxBlocksPerEvent * 64)
+        throw new KvEventFormatError(`${at}.token_ids has ${tokenIds.length} ids, over the limit`, 'too_large');
       const tokens = new Array<number>(tokenIds.length);
       for (let k = 0; k < tokenIds.length; k++) {
         const t = tokenIds[k];
@@ -167,7 +193,11 @@ function decodeEvent(e: unknown, i: number): KvEvent {
           continue;
         }
         // SGLang with EAGLE speculative decoding sends (token, next token) pairs
-        if (Array.isArray(t)) throw new KvEventFormatError(`${at}.token_ids[${k}] is a token pair (SGLang bigram keys), which this router does not index`, 'bigram_tokens');
+        if (Array.isArray(t))
+          throw new KvEventFormatError(
+            `${at}.token_ids[${k}] is a token pair (SGLang bigram keys), which this router does not index`,
+            'bigram_tokens',
+          );
         throw new KvEventFormatError(`${at}.token_ids[${k}] must be a uint32`);
       }
       const blockSize = toInt(fields.block_size, `${at}.block_size`);
@@ -179,14 +209,23 @@ function decodeEvent(e: unknown, i: number): KvEvent {
       // only a full-attention (or unlabelled first) group must match exactly.
       const fullAttention = kind === null ? groupIdx === null || groupIdx === 0 : kind === 'full_attention';
       if (tokens.length !== 0 && tokens.length !== blockHashes.length * blockSize && fullAttention) {
-        throw new KvEventFormatError(`${at}: ${tokens.length} token ids for ${blockHashes.length} blocks of ${blockSize}`, 'token_count');
+        throw new KvEventFormatError(
+          `${at}: ${tokens.length} token ids for ${blockHashes.length} blocks of ${blockSize}`,
+          'token_count',
+        );
       }
       const extraKeys = extraKeyList(fields.extra_keys, `${at}.extra_keys`);
-      if (extraKeys !== null && extraKeys.length !== blockHashes.length) throw new KvEventFormatError(`${at}.extra_keys has ${extraKeys.length} entries for ${blockHashes.length} blocks`);
+      if (extraKeys !== null && extraKeys.length !== blockHashes.length)
+        throw new KvEventFormatError(
+          `${at}.extra_keys has ${extraKeys.length} entries for ${blockHashes.length} blocks`,
+        );
       return {
         type,
         blockHashes,
-        parentBlockHash: fields.parent_block_hash === null || fields.parent_block_hash === undefined ? null : hash(fields.parent_block_hash, `${at}.parent_block_hash`),
+        parentBlockHash:
+          fields.parent_block_hash === null || fields.parent_block_hash === undefined
+            ? null
+            : hash(fields.parent_block_hash, `${at}.parent_block_hash`),
         tokenIds: tokens,
         blockSize,
         loraId: optionalInt(fields.lora_id, `${at}.lora_id`),
@@ -195,7 +234,10 @@ function decodeEvent(e: unknown, i: number): KvEvent {
         extraKeys,
         groupIdx,
         kvCacheSpecKind: kind,
-        kvCacheSpecSlidingWindow: optionalInt(fields.kv_cache_spec_sliding_window, `${at}.kv_cache_spec_sliding_window`),
+        kvCacheSpecSlidingWindow: optionalInt(
+          fields.kv_cache_spec_sliding_window,
+          `${at}.kv_cache_spec_sliding_window`,
+        ),
       };
     }
     case 'BlockRemoved':
@@ -236,7 +278,8 @@ function isMap(v: unknown): v is Record<string, unknown> {
 
 function hashList(v: unknown, at: string): EngineBlockHash[] {
   if (!Array.isArray(v)) throw new KvEventFormatError(`${at} must be an array`);
-  if (v.length > KV_EVENT_LIMITS.maxBlocksPerEvent) throw new KvEventFormatError(`${at} has ${v.length} hashes, over the limit`);
+  if (v.length > KV_EVENT_LIMITS.maxBlocksPerEvent)
+    throw new KvEventFormatError(`${at} has ${v.length} hashes, over the limit`);
   return v.map((h, k) => hash(h, `${at}[${k}]`));
 }
 
@@ -244,7 +287,8 @@ function hash(v: unknown, at: string): EngineBlockHash {
   if (typeof v === 'bigint') return BigInt.asUintN(64, v);
   if (typeof v === 'number' && Number.isInteger(v)) return BigInt.asUintN(64, BigInt(v));
   if (v instanceof Uint8Array) {
-    if (v.byteLength === 0 || v.byteLength > 64) throw new KvEventFormatError(`${at} must be 1-64 bytes, got ${v.byteLength}`);
+    if (v.byteLength === 0 || v.byteLength > 64)
+      throw new KvEventFormatError(`${at} must be 1-64 bytes, got ${v.byteLength}`);
     return Buffer.from(v).toString('hex');
   }
   throw new KvEventFormatError(`${at} must be an integer or bytes`);
@@ -276,16 +320,20 @@ export function decodeJsonEvents(events: unknown): KvEventBatch {
   if (events.length > 100_000) throw new KvEventFormatError('too many events in one call');
   const toHash = (v: unknown, at: string): unknown => {
     if (typeof v === 'string') {
-      if (!/^(0x[0-9a-fA-F]{1,16}|[0-9]{1,20})$/.test(v)) throw new KvEventFormatError(`${at} must be an integer or a decimal/0x-hex string`);
+      if (!/^(0x[0-9a-fA-F]{1,16}|[0-9]{1,20})$/.test(v))
+        throw new KvEventFormatError(`${at} must be an integer or a decimal/0x-hex string`);
       return BigInt(v);
     }
     return v;
   };
   const converted = events.map((e, i) => {
-    if (e === null || typeof e !== 'object' || Array.isArray(e)) throw new KvEventFormatError(`events[${i}] must be an object`);
+    if (e === null || typeof e !== 'object' || Array.isArray(e))
+      throw new KvEventFormatError(`events[${i}] must be an object`);
     const m = { ...(e as Record<string, unknown>) };
-    if (Array.isArray(m.block_hashes)) m.block_hashes = m.block_hashes.map((h, k) => toHash(h, `events[${i}].block_hashes[${k}]`));
-    if (m.parent_block_hash !== undefined && m.parent_block_hash !== null) m.parent_block_hash = toHash(m.parent_block_hash, `events[${i}].parent_block_hash`);
+    if (Array.isArray(m.block_hashes))
+      m.block_hashes = m.block_hashes.map((h, k) => toHash(h, `events[${i}].block_hashes[${k}]`));
+    if (m.parent_block_hash !== undefined && m.parent_block_hash !== null)
+      m.parent_block_hash = toHash(m.parent_block_hash, `events[${i}].parent_block_hash`);
     return m;
   });
   return decodeEvents(Date.now() / 1000, converted, null);

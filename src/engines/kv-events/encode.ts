@@ -15,7 +15,11 @@ export function encodeEventBatch(batch: KvEventBatch, encoding: 'map' | 'array' 
       ? batch.dataParallelRank === null
         ? [batch.ts, events]
         : [batch.ts, events, batch.dataParallelRank]
-      : { ts: batch.ts, events, ...(batch.dataParallelRank === null ? {} : { data_parallel_rank: batch.dataParallelRank }) };
+      : {
+          ts: batch.ts,
+          events,
+          ...(batch.dataParallelRank === null ? {} : { data_parallel_rank: batch.dataParallelRank }),
+        };
   return encode(body, { useBigInt64: true, forceFloat32: false });
 }
 
@@ -29,7 +33,15 @@ type Field = [string, unknown, boolean];
 function encodeEvent(e: KvEvent, encoding: 'map' | 'array'): unknown {
   if (e.type === 'AllBlocksCleared') return encoding === 'array' ? ['AllBlocksCleared'] : { type: 'AllBlocksCleared' };
   if (e.type === 'BlockRemoved') {
-    return shape('BlockRemoved', [['block_hashes', e.blockHashes.map(hash), false], ['medium', e.medium, false], ['group_idx', e.groupIdx, true]], encoding);
+    return shape(
+      'BlockRemoved',
+      [
+        ['block_hashes', e.blockHashes.map(hash), false],
+        ['medium', e.medium, false],
+        ['group_idx', e.groupIdx, true],
+      ],
+      encoding,
+    );
   }
   return shape(
     'BlockStored',
@@ -52,5 +64,8 @@ function encodeEvent(e: KvEvent, encoding: 'map' | 'array'): unknown {
 
 function shape(type: string, fields: Field[], encoding: 'map' | 'array'): unknown {
   if (encoding === 'array') return [type, ...fields.map(([, v]) => v)];
-  return Object.fromEntries([['type', type], ...fields.filter(([, v, hasDefault]) => !(hasDefault && v === null)).map(([k, v]) => [k, v])]);
+  return Object.fromEntries([
+    ['type', type],
+    ...fields.filter(([, v, hasDefault]) => !(hasDefault && v === null)).map(([k, v]) => [k, v]),
+  ]);
 }

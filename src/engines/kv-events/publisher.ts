@@ -35,7 +35,8 @@ export class KvEventPublisher {
 
   constructor(private readonly options: KvEventPublisherOptions) {
     const size = options.bufferSize ?? 10_000;
-    if (!Number.isInteger(size) || size < 1) throw new RangeError(`bufferSize must be a positive integer, got ${options.bufferSize}`);
+    if (!Number.isInteger(size) || size < 1)
+      throw new RangeError(`bufferSize must be a positive integer, got ${options.bufferSize}`);
     this.ring = new Array(size);
   }
 

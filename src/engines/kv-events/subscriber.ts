@@ -72,8 +72,19 @@ export class KvEventSubscriber {
   private lastMessageAt = Date.now();
   private idleTimer: NodeJS.Timeout | undefined;
   readonly stats: SubscriberStats = {
-    batches: 0, events: 0, gaps: 0, replays: 0, replayFailures: 0, restarts: 0, disconnects: 0, malformed: 0, unknownRanks: 0, lateJoins: 0,
-    lastSeq: null, lagSeconds: 0, applied: emptyCounts(),
+    batches: 0,
+    events: 0,
+    gaps: 0,
+    replays: 0,
+    replayFailures: 0,
+    restarts: 0,
+    disconnects: 0,
+    malformed: 0,
+    unknownRanks: 0,
+    lateJoins: 0,
+    lastSeq: null,
+    lagSeconds: 0,
+    applied: emptyCounts(),
   };
 
   constructor(private readonly options: KvEventSubscriberOptions) {
@@ -178,7 +189,9 @@ export class KvEventSubscriber {
       if (this.lastSeq !== null) this.stats.gaps++;
       const recovered = this.options.replayEndpoint ? await this.replayFrom(expected, seq) : false;
       if (!recovered && this.lastSeq !== null) {
-        this.log(`lost events ${expected}..${seq - 1n} and could not replay them: entries dropped, rebuilt from new events`);
+        this.log(
+          `lost events ${expected}..${seq - 1n} and could not replay them: entries dropped, rebuilt from new events`,
+        );
         this.dropWorkerEntries();
       }
       if (this.lastSeq !== null && seq <= this.lastSeq) return; // the replay covered it
@@ -241,7 +254,8 @@ export class KvEventSubscriber {
       let next = from;
       for (;;) {
         const frames = await dealer.receive();
-        if (frames.length !== 3 || frames[1].length !== 8) throw new Error(`bad replay frame of ${frames.length} parts`);
+        if (frames.length !== 3 || frames[1].length !== 8)
+          throw new Error(`bad replay frame of ${frames.length} parts`);
         const seq = frames[1].readBigInt64BE();
         if (seq === -1n) break;
         if (seq < next) continue;
@@ -250,10 +264,14 @@ export class KvEventSubscriber {
           // its oldest batch. With no state yet (joining late) nothing is lost but the older
           // stores; with state, the entries are rebuilt from here.
           if (this.lastSeq !== null && this.lastSeq >= from - 1n && next === from) {
-            this.log(`replay starts at ${seq}, not ${next}: events ${next}..${seq - 1n} are gone; entries dropped and rebuilt from the engine's oldest buffered batch`);
+            this.log(
+              `replay starts at ${seq}, not ${next}: events ${next}..${seq - 1n} are gone; entries dropped and rebuilt from the engine's oldest buffered batch`,
+            );
             this.dropWorkerEntries();
           } else if (next === from) {
-            this.log(`replay starts at ${seq}, not ${next}: joined late, applying from the engine's oldest buffered batch`);
+            this.log(
+              `replay starts at ${seq}, not ${next}: joined late, applying from the engine's oldest buffered batch`,
+            );
           } else {
             throw new Error(`replay skipped from ${next} to ${seq}`);
           }

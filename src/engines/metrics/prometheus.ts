@@ -22,8 +22,18 @@ export interface EngineLoad {
 const RUNNING = ['vllm:num_requests_running', 'sglang:num_running_reqs'];
 const WAITING = ['vllm:num_requests_waiting', 'sglang:num_queue_reqs'];
 const USAGE = ['vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc', 'sglang:token_usage'];
-const QUERIES = ['vllm:prefix_cache_queries_total', 'vllm:prefix_cache_queries', 'vllm:gpu_prefix_cache_queries_total', 'vllm:gpu_prefix_cache_queries'];
-const HITS = ['vllm:prefix_cache_hits_total', 'vllm:prefix_cache_hits', 'vllm:gpu_prefix_cache_hits_total', 'vllm:gpu_prefix_cache_hits'];
+const QUERIES = [
+  'vllm:prefix_cache_queries_total',
+  'vllm:prefix_cache_queries',
+  'vllm:gpu_prefix_cache_queries_total',
+  'vllm:gpu_prefix_cache_queries',
+];
+const HITS = [
+  'vllm:prefix_cache_hits_total',
+  'vllm:prefix_cache_hits',
+  'vllm:gpu_prefix_cache_hits_total',
+  'vllm:gpu_prefix_cache_hits',
+];
 
 export class MetricsFormatError extends Error {}
 
@@ -99,7 +109,7 @@ export function readEngineLoad(text: string, engine?: string): EngineLoad {
     running: Math.max(0, running ?? 0),
     waiting: Math.max(0, waiting ?? 0),
     // some exporters report percent; the contract is a 0-1 fraction
-    kvUsage: Math.min(1, Math.max(0, usage !== undefined && usage > 1 ? usage / 100 : usage ?? 0)),
+    kvUsage: Math.min(1, Math.max(0, usage !== undefined && usage > 1 ? usage / 100 : (usage ?? 0))),
   };
   const q = first(s, QUERIES, 'sum');
   const h = first(s, HITS, 'sum');

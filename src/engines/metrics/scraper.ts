@@ -56,7 +56,13 @@ export class MetricsScraper {
 
   add(t: MetricsTarget): void {
     this.targets.set(t.workerId, t);
-    this.states.set(t.workerId, { consecutiveFailures: 0, consecutiveSuccesses: 0, healthy: true, scrapes: 0, failures: 0 });
+    this.states.set(t.workerId, {
+      consecutiveFailures: 0,
+      consecutiveSuccesses: 0,
+      healthy: true,
+      scrapes: 0,
+      failures: 0,
+    });
   }
 
   remove(workerId: string): void {
@@ -92,7 +98,12 @@ export class MetricsScraper {
       const load = readEngineLoad(await res.text(), t.engine);
       if (this.states.get(t.workerId) !== s) return; // removed while scraping
       s.lastLoad = load;
-      this.router.updateWorkerMetrics(t.workerId, { kvUsage: load.kvUsage, waitingRequests: load.waiting, runningRequests: load.running, kvCapacityTokens: load.kvCapacityTokens });
+      this.router.updateWorkerMetrics(t.workerId, {
+        kvUsage: load.kvUsage,
+        waitingRequests: load.waiting,
+        runningRequests: load.running,
+        kvCapacityTokens: load.kvCapacityTokens,
+      });
       const flipped = recordOutcome(s, true, this.failuresToUnhealthy, this.successesToHealthy);
       if (flipped !== undefined) this.setHealth(t.workerId, s, flipped);
     } catch (err) {
@@ -104,7 +115,8 @@ export class MetricsScraper {
   }
 
   private setHealth(workerId: string, s: TargetState, healthy: boolean): void {
-    if (this.options.health) return this.options.health.set(workerId, 'metrics', healthy, healthy ? '' : `metrics: ${s.lastError}`);
+    if (this.options.health)
+      return this.options.health.set(workerId, 'metrics', healthy, healthy ? '' : `metrics: ${s.lastError}`);
     try {
       this.router.setWorkerHealth(workerId, healthy);
       this.options.log?.(`metrics: ${workerId} is ${healthy ? 'healthy again' : `unhealthy (${s.lastError})`}`);
