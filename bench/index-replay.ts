@@ -29,9 +29,7 @@ const WORKERS = intFlag(flags, 'workers', 128);
 const DUP = intFlag(flags, 'duplication', 20);
 const CACHE_BLOCKS = intFlag(flags, 'cache-blocks', 16_384);
 const SUB = TRACE_BLOCK / BLOCK;
-const defaultTrace = ['bench/traces/conversation_trace.jsonl.gz', '../shared/traces/conversation_trace.jsonl'].find(
-  (p) => existsSync(p),
-);
+const defaultTrace = 'bench/traces/conversation_trace.jsonl.gz';
 const tracePath = typeof flags.get('trace') === 'string' ? (flags.get('trace') as string) : defaultTrace;
 if (!tracePath || !existsSync(tracePath)) {
   process.stderr.write('error: no trace found; pass --trace FILE (Mooncake JSONL, optionally .gz)\n');

@@ -1,5 +1,5 @@
 /**
- * Content anchors (DESIGN.md §2): position-independent ids of reusable chunks (a retrieved
+ * Content anchors (docs/architecture.md §2): position-independent ids of reusable chunks (a retrieved
  * passage, a tool schema). Only engines with position-independent KV reuse can use them, so
  * they are scored apart from the prefix. No engine publishes events for them, so entries are
  * the router's own records with a TTL, refreshed when used; the table is bounded with

@@ -1,5 +1,5 @@
 /**
- * Block hashing (DESIGN.md §2): a request's tokens are cut into full blocks of `blockSize`;
+ * Block hashing (docs/architecture.md §2): a request's tokens are cut into full blocks of `blockSize`;
  * each block gets a local hash (its token ids), and a sequence hash chains it to its parent:
  * seq[i] = mix(seq[i-1], local[i]). Equal sequence hashes mean equal prefixes.
  *

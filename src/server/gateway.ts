@@ -1,7 +1,7 @@
 /**
  * The HTTP gateway: an OpenAI-compatible routing proxy in front of the engines. Each request
  * is routed with KVAwareRouter.route() from its text or token ids and the metadata of
- * DESIGN.md §5, forwarded to the chosen engine, and streamed back without buffering. This
+ * docs/architecture.md §5, forwarded to the chosen engine, and streamed back without buffering. This
  * module composes the pieces (metrics, circuit breaker, worker connections, request reading,
  * proxy, admin routes) and serves the small read-only endpoints itself.
  */

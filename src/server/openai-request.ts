@@ -1,7 +1,7 @@
 /**
  * Reading OpenAI requests: the JSON body parser (nesting depth checked before parsing; the raw
  * body is kept so an unchanged request is forwarded byte for byte), the translation of the body
- * plus ContextForge's metadata (the `contextforge` field or the x-* headers of DESIGN.md §5)
+ * plus ContextForge's metadata (the `contextforge` field or the x-* headers of docs/architecture.md §5)
  * into a RouteRequest under the limits of request-limits.ts, the tenant's cache salt, prompt
  * tokenization by the configured mode, and OpenAI-style JSON error answers.
  */

@@ -102,7 +102,7 @@ export function parseJsonBody(text: string, maxDepth: number): unknown {
   }
 }
 
-/** The request metadata of DESIGN.md §5, from the `contextforge` body field or the headers. */
+/** The request metadata of docs/architecture.md §5, from the `contextforge` body field or the headers. */
 export interface RequestMetadata {
   workflowId?: string;
   workflowStep: number | null;

@@ -2,7 +2,7 @@ import { computeBounds, type Bounds } from './bounds.js';
 import { simulate, type PolicyResult, type SimulationOptions } from './simulator.js';
 import type { TraceRequest } from './trace.js';
 
-/** The machine-readable comparison of DESIGN.md §7 (`simulate --format json`). */
+/** The machine-readable comparison of docs/architecture.md §7 (`simulate --format json`). */
 export interface ComparisonReport {
   trace: string;
   requests: number;
@@ -77,7 +77,7 @@ export function comparePolicies(
   };
 }
 
-/** One JSON line per request and policy (DESIGN.md §7 `--assignments`). */
+/** One JSON line per request and policy (docs/architecture.md §7 `--assignments`). */
 export function* assignmentLines(results: readonly PolicyResult[]): Generator<string> {
   for (const r of results) {
     for (const o of r.outcomes) {

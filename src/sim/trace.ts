@@ -3,7 +3,7 @@ import { createInterface } from 'node:readline';
 import { createGunzip } from 'node:zlib';
 
 /**
- * One request of a trace (DESIGN.md §6): Mooncake JSONL with every optional field. Hash ids
+ * One request of a trace (docs/architecture.md §6): Mooncake JSONL with every optional field. Hash ids
  * name blocks of `blockSize` tokens and are prefix-chained (equal id ⇒ equal prefix).
  */
 export interface TraceRequest {

@@ -11,7 +11,7 @@ const trace = fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.j
 const cli = (...args: string[]) =>
   spawnSync(process.execPath, ['--import', 'tsx', main, ...args], { encoding: 'utf8' });
 
-test('simulate --format json prints the keys of DESIGN.md §7', () => {
+test('simulate --format json prints the keys of docs/architecture.md §7', () => {
   const dir = mkdtempSync(join(tmpdir(), 'cf-sim-'));
   const assignments = join(dir, 'a.jsonl');
   const report = join(dir, 'r.html');

@@ -2,7 +2,7 @@ import { decode as msgpackDecode } from '@msgpack/msgpack';
 
 /**
  * vLLM KV events (vllm/distributed/kv_events.py), decoded from msgpack into one shape
- * whatever the encoding (DESIGN.md §8): the batch as a map {ts, events, data_parallel_rank}
+ * whatever the encoding (docs/architecture.md §8): the batch as a map {ts, events, data_parallel_rank}
  * or an array [ts, events] / [ts, events, dp_rank]; each event as a map whose "type" names
  * it (newer releases, fields at their default omitted) or an array whose first element is
  * the type (older releases, trailing fields nil or absent). Block hashes are uint64 (kept as

@@ -4,7 +4,7 @@ import { emptyCounts, type ApplyCounts } from './applier.js';
 import { decodeEventBatch, KvEventFormatError, type KvEventBatch } from './decode.js';
 
 /**
- * One subscriber per engine endpoint (DESIGN.md §8): a ZMQ SUB socket connected to the
+ * One subscriber per engine endpoint (docs/architecture.md §8): a ZMQ SUB socket connected to the
  * engine's PUB, frames [topic, seq, payload]. Sequence numbers are checked:
  * - a gap means lost events: replay them over DEALER↔ROUTER when the engine has a replay
  *   endpoint; otherwise (or if the replay fails) drop the worker's entries and rebuild them
