@@ -15,10 +15,14 @@ after(async () => {
   for (const e of engines) await e.close();
 });
 
+/** Every process of one serve checks the same admin token (the primary hands it to them). */
+const ADMIN_TOKEN = 'processes-test-admin-token';
+
 /** Starts `serve` and resolves with its URL once it says where it serves. */
 function startServe(args: string[]): Promise<{ child: ChildProcess; base: string; output: () => string }> {
   const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
+    env: { ...process.env, CONTEXTFORGE_ADMIN_TOKEN: ADMIN_TOKEN },
   });
   children.push(child);
   let stderr = '';
@@ -34,7 +38,12 @@ function startServe(args: string[]): Promise<{ child: ChildProcess; base: string
 
 /** Which gateway process a connection landed on (its replica id in /admin/stats). */
 async function processOf(client: Client): Promise<string> {
-  const res = await client.request({ path: '/admin/stats', method: 'GET' });
+  const res = await client.request({
+    path: '/admin/stats',
+    method: 'GET',
+    headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
+  });
+  assert.equal(res.statusCode, 200);
   const stats = (await res.body.json()) as { state: { kind: string; replicaId: string } };
   assert.equal(stats.state.kind, 'cluster');
   return stats.state.replicaId;
@@ -113,7 +122,9 @@ test('serve --processes 2: two processes on one port route as one router (a work
     ];
     assert.equal(await chat(b, `wf-${wf}`, 1, next), firstStep.get(wf), `workflow ${wf}`);
   }
-  const stats = (await (await b.request({ path: '/admin/stats', method: 'GET' })).body.json()) as {
+  const stats = (await (
+    await b.request({ path: '/admin/stats', method: 'GET', headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })
+  ).body.json()) as {
     state: { decisionsApplied: number };
   };
   assert.ok(stats.state.decisionsApplied >= 4, `B applied A's decisions: ${JSON.stringify(stats.state)}`);
