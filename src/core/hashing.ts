@@ -17,6 +17,14 @@
  * never share a sequence hash.
  */
 
+/**
+ * Version of every hash this module computes. Router replicas share block hashes (Redis keys,
+ * shared decisions) and the index holds hashes derived from engine events, so a change to any
+ * output (a constant in wasm/block-hash.wat, the root seed's mixing, the text chunking,
+ * hashString32) must bump it; test/core/hash-vectors.test.ts pins known outputs to it.
+ */
+export const BLOCK_HASH_VERSION = 1;
+
 /** Sequence hashes of a request, reused between calls to avoid allocation. */
 export class BlockHashes {
   hi: Uint32Array;
@@ -50,8 +58,13 @@ export class BlockHashes {
 
   /** The i-th hash as 16 hex digits. */
   toHex(i: number): string {
-    return this.hi[i].toString(16).padStart(8, '0') + this.lo[i].toString(16).padStart(8, '0');
+    return hashHex(this.hi[i], this.lo[i]);
   }
+}
+
+/** A 64-bit hash held as (hi, lo) uint32 halves, as 16 hex digits: the one spelling in logs, keys and tests. */
+export function hashHex(hi: number, lo: number): string {
+  return (hi >>> 0).toString(16).padStart(8, '0') + (lo >>> 0).toString(16).padStart(8, '0');
 }
 
 /** What keys a chain besides the tokens: a different value never shares a block. */

@@ -8,6 +8,7 @@ import type { ContentAnchor } from '../core/content-anchors.js';
 import type { SharedDecision } from '../core/router/index.js';
 import type { WorkerRecord } from './state-store.js';
 import type { ReplicaLoad } from './remote-load.js';
+import { hashHex } from '../core/hashing.js';
 
 /** A decision on the wire: short keys, block hashes as base64 of (hi, lo) uint32 pairs. */
 export interface WireDecision {
@@ -57,7 +58,7 @@ export class RedisKeys {
 
   /** Where a decision's blocks are kept: by worker and the hash of its last block. */
   chainKey(workerId: string, hi: number, lo: number): string {
-    return this.key('chain', workerId, hi.toString(16).padStart(8, '0') + lo.toString(16).padStart(8, '0'));
+    return this.key('chain', workerId, hashHex(hi, lo));
   }
 }
 

@@ -1,4 +1,4 @@
-import { BlockHashes, chainRoot, hashTokenBlocksFrom, mixIntoChain } from '../../core/hashing.js';
+import { BlockHashes, chainRoot, hashHex, hashTokenBlocksFrom, mixIntoChain } from '../../core/hashing.js';
 import type { KVAwareRouter } from '../../core/router/index.js';
 import { engineHashKey } from '../../core/vllm-block-hash.js';
 import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatch } from './decode.js';
@@ -139,7 +139,7 @@ export class KvEventApplier {
   trackedHashes(workerId: string): string[] {
     const m = this.maps.get(workerId);
     if (!m) return [];
-    return [...m.values()].map((b) => b.hi.toString(16).padStart(8, '0') + b.lo.toString(16).padStart(8, '0'));
+    return [...m.values()].map((b) => hashHex(b.hi, b.lo));
   }
 
   /** Physical copies of one engine hash the worker reported (GPU and offload tiers). */
