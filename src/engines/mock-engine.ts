@@ -203,12 +203,18 @@ export class MockEngine {
   }
 
   async start(): Promise<this> {
-    for (const core of this.cores) await core.publisher?.start();
-    this.server = createServer((req, res) => void this.handle(req, res));
-    await new Promise<void>((resolve, reject) => {
-      this.server!.once('error', reject);
-      this.server!.listen(this.options.port ?? 0, this.options.host ?? '127.0.0.1', () => resolve());
-    });
+    try {
+      for (const core of this.cores) await core.publisher?.start();
+      this.server = createServer((req, res) => void this.handle(req, res));
+      await new Promise<void>((resolve, reject) => {
+        this.server!.once('error', reject);
+        this.server!.listen(this.options.port ?? 0, this.options.host ?? '127.0.0.1', () => resolve());
+      });
+    } catch (err) {
+      // a taken port: release what did start (a rank's sockets would keep the process alive)
+      await this.close().catch(() => {});
+      throw err;
+    }
     this.port = (this.server.address() as AddressInfo).port;
     return this;
   }

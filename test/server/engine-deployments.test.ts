@@ -34,12 +34,13 @@ async function until(cond: () => boolean | Promise<boolean>, what: string, ms = 
 async function engineOnPorts(options: ConstructorParameters<typeof MockEngine>[0]) {
   for (let attempt = 0; ; attempt++) {
     const base = 20_000 + Math.floor(Math.random() * 30_000);
+    const engine = new MockEngine({
+      ...options,
+      events: `tcp://127.0.0.1:${base}`,
+      replay: `tcp://127.0.0.1:${base + 1000}`,
+    });
     try {
-      const e = await new MockEngine({
-        ...options,
-        events: `tcp://127.0.0.1:${base}`,
-        replay: `tcp://127.0.0.1:${base + 1000}`,
-      }).start();
+      const e = await engine.start();
       cleanup.push(() => e.close());
       return { e, events: `tcp://127.0.0.1:${base}`, replay: `tcp://127.0.0.1:${base + 1000}` };
     } catch (err) {
