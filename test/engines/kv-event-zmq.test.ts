@@ -4,27 +4,18 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { encode } from '@msgpack/msgpack';
 import { BlockHashes, hashTokenBlocks } from '../../src/core/hashing.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
-import type { KvEvent, KvEventBatch } from '../../src/engines/kv-events/decode.js';
+import type { KvEvent } from '../../src/engines/kv-events/decode.js';
 import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
 import { KVAwareRouter } from '../../src/index.js';
+import { eventBatch, storedEvent, tokenRange } from '../helpers/kv-event-builders.js';
 
 // Real ZeroMQ sockets on loopback: the publisher speaks vLLM's wire format, the subscriber
 // is the production one.
 const BS = 4;
-const tokens = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
-const stored = (hashes: bigint[], parent: bigint | null, from: number): KvEvent => ({
-  type: 'BlockStored',
-  blockHashes: hashes,
-  parentBlockHash: parent,
-  tokenIds: tokens(from, hashes.length * BS),
-  blockSize: BS,
-  loraId: null,
-  medium: 'GPU',
-  loraName: null,
-  groupIdx: null,
-});
-const batch = (...events: KvEvent[]): KvEventBatch => ({ ts: Date.now() / 1000, events, dataParallelRank: 0 });
+const tokens = tokenRange;
+const stored = (hashes: bigint[], parent: bigint | null, from: number) => storedEvent(hashes, parent, from, BS);
+const batch = (...events: KvEvent[]) => eventBatch(0, ...events);
 
 async function until(cond: () => boolean, what: string, ms = 5000): Promise<void> {
   const end = Date.now() + ms;

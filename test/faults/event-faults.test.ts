@@ -19,21 +19,12 @@ import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { waitFor } from './harness.js';
+import { eventBatch, storedEvent, tokenRange } from '../helpers/kv-event-builders.js';
 
 const BS = 4;
-const tokens = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
-const batch = (...events: KvEvent[]): KvEventBatch => ({ ts: Date.now() / 1000, events, dataParallelRank: null });
-const stored = (hashes: bigint[], parent: bigint | null, from: number): KvEvent => ({
-  type: 'BlockStored',
-  blockHashes: hashes,
-  parentBlockHash: parent,
-  tokenIds: tokens(from, hashes.length * BS),
-  blockSize: BS,
-  loraId: null,
-  medium: 'GPU',
-  loraName: null,
-  groupIdx: null,
-});
+const tokens = tokenRange;
+const batch = (...events: KvEvent[]) => eventBatch(null, ...events);
+const stored = (hashes: bigint[], parent: bigint | null, from: number) => storedEvent(hashes, parent, from, BS);
 
 test('through the gateway: a gap is replayed, a restarted publisher has its old entries dropped', async () => {
   const pub = await new KvEventPublisher({
