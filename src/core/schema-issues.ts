@@ -132,7 +132,7 @@ export function issueMessage(issue: z.core.$ZodIssue, root: z.ZodType, prefix = 
     return prefix === '' ? p : p === '' ? prefix : p.startsWith('[') ? `${prefix}${p}` : `${prefix}.${p}`;
   };
   if (issue.code === 'unrecognized_keys') {
-    const key = issue.keys[0];
+    const key = issue.keys[0].slice(0, 64);
     const known = knownKeys(issue, root);
     const guess = closestKey(key, known);
     const where = join([...issue.path, key]);

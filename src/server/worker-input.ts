@@ -149,14 +149,17 @@ export function parseWorkerRecord(value: unknown, where: string): WorkerRecord {
       : value;
   const parsed = WORKER_RECORD_SCHEMA.safeParse(input, { error: describeIssue });
   if (!parsed.success) {
-    const err = issueError(parsed.error.issues[0], WORKER_RECORD_SCHEMA);
+    const issue = parsed.error.issues[0];
+    const err = issueError(issue, WORKER_RECORD_SCHEMA);
     err.message = `${where}: ${err.message}`;
-    throw err;
+    const field = issue.code === 'unrecognized_keys' ? issue.keys[0] : issue.path[0];
+    throw Object.assign(err, { field: field === undefined ? undefined : String(field).slice(0, 64) });
   }
   return parsed.data;
 }
 
-/** The field a worker-record error names (for the `param` of an HTTP 400), if any. */
-export function workerErrorField(message: string): string | undefined {
-  return /: ([A-Za-z]+)(?:\[\d+\])? /.exec(message)?.[1];
+/** The field a worker-record error names (the `param` of an HTTP 400), if any. */
+export function workerErrorField(err: unknown): string | null {
+  const field = (err as { field?: unknown } | null)?.field;
+  return typeof field === 'string' ? field : null;
 }
