@@ -169,7 +169,14 @@ const pickerHelp: Record<keyof typeof pickerShape, SettingHelp> = {
 const routerHelp = Object.fromEntries(
   ROUTER_SETTING_KEYS.map((k) => {
     const inner = unwrapSchema(routerShape[k]);
-    const arg = inner.def.type === 'object' ? '<mapping>' : inner.def.type === 'array' ? '<list>' : '<value>';
+    const args: Record<string, string> = {
+      object: '<mapping>',
+      array: '<list>',
+      number: '<n>',
+      boolean: '<true|false>',
+      enum: '<name>',
+    };
+    const arg = args[inner.def.type] ?? '<text>';
     return [k, { arg, help: ROUTER_SETTINGS_HELP[k] }];
   }),
 ) as Record<keyof typeof routerShape, SettingHelp>;
