@@ -5,63 +5,12 @@
  * everywhere and fails with the same message. zod is pure (no I/O, no timers), as core must be.
  */
 import { z } from 'zod';
-import { DEFAULT_COST_WEIGHTS, type CostWeights } from '../policies/cost.js';
 import { POLICY_NAMES } from '../policies/index.js';
-import { gotPhrase } from '../schema-issues.js';
+import { COST_WEIGHTS_SCHEMA, nonNegative, POLICY_OPTIONS_SCHEMA } from '../policies/options-schema.js';
 
-const finiteAtLeastZero = 'must be a finite number >= 0';
-/** A weight or credit: finite and not negative (message shared by every such option). */
-const nonNegative = () =>
-  z
-    .number({ error: (iss) => `${finiteAtLeastZero}${gotPhrase(iss.input)}` })
-    .min(0, { error: (iss) => `${finiteAtLeastZero}${gotPhrase(iss.input)}` });
 const positiveInt = () => z.int().min(1);
 const nonNegativeInt = () => z.int().min(0);
 const fraction = () => z.number().min(0).max(1);
-const finiteNumber = () => z.number();
-
-/** Every cost weight, each optional (unspecified ones keep their defaults). */
-export const COST_WEIGHTS_SCHEMA = z.strictObject(
-  Object.fromEntries(Object.keys(DEFAULT_COST_WEIGHTS).map((k) => [k, nonNegative().optional()])) as {
-    [K in keyof CostWeights]: z.ZodOptional<z.ZodNumber>;
-  },
-  { error: (iss) => (iss.code === 'unrecognized_keys' ? 'is not a cost weight' : undefined) },
-);
-
-/** The peer policies' knobs (defaults are upstream's, see each policy's file). */
-export const POLICY_OPTIONS_SCHEMA = z.strictObject(
-  {
-    dynamo: z
-      .strictObject({
-        prefillLoadScale: finiteNumber().optional(),
-        temperature: finiteNumber().min(0).optional(),
-        gpuCredit: finiteNumber().optional(),
-        offloadCredit: finiteNumber().optional(),
-        predictedCredit: finiteNumber().optional(),
-        activeRequestWeight: finiteNumber().optional(),
-      })
-      .optional(),
-    sglang: z
-      .strictObject({
-        cacheThreshold: fraction().optional(),
-        balanceAbsThreshold: finiteNumber().min(0).optional(),
-        balanceRelThreshold: finiteNumber().min(0).optional(),
-        evictionIntervalSecs: finiteNumber().min(0).optional(),
-        maxTreeSize: positiveInt().optional(),
-      })
-      .optional(),
-    llmd: z
-      .strictObject({
-        prefixWeight: finiteNumber().optional(),
-        kvWeight: finiteNumber().optional(),
-        queueWeight: finiteNumber().optional(),
-        scrapeIntervalMs: finiteNumber().min(0).optional(),
-      })
-      .optional(),
-    seed: z.strictObject({ loadSignal: z.enum(['kv-usage', 'queue-inclusive']).optional() }).optional(),
-  },
-  { error: (iss) => (iss.code === 'unrecognized_keys' ? 'is not a policy with options' : undefined) },
-);
 
 export const ROUTER_DEFAULTS = {
   anchorCapacity: 100_000,
