@@ -5,12 +5,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
-import { Command } from 'commander';
 import { parse as parseYaml } from 'yaml';
-import { parseWorkerSpec, registerServeCommand, resolveConfig } from '../../src/cli/commands/serve.js';
+import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
 import { kebab, SERVE_SCHEMA } from '../../src/cli/config/settings.js';
 import { ROUTER_SETTINGS_SCHEMA } from '../../src/core/router/options-schema.js';
 import { KVAwareRouter } from '../../src/index.js';
+import { resolveServe } from '../helpers/serve-config.js';
 import { createGateway } from '../../src/server/gateway.js';
 
 const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
@@ -22,25 +22,7 @@ const write = (text: string, ext = 'yaml') => {
   return f;
 };
 
-/** Resolves serve's settings from flags and the given environment, without running serve. */
-function resolve(args: string[], env: Record<string, string> = {}) {
-  const saved = { ...process.env };
-  Object.assign(process.env, env);
-  try {
-    const program = new Command().exitOverride().configureOutput({ writeErr: () => {} });
-    registerServeCommand(program);
-    const serve = program.commands.find((c) => c.name() === 'serve')!;
-    let out: ReturnType<typeof resolveConfig<typeof SERVE_SCHEMA>> | undefined;
-    serve.action(() => {
-      out = resolveConfig(serve, process.env, SERVE_SCHEMA);
-    });
-    program.parse(['node', 'contextforge-router', 'serve', ...args]);
-    return out!;
-  } finally {
-    for (const k of Object.keys(env)) if (saved[k] === undefined) delete process.env[k];
-    Object.assign(process.env, saved);
-  }
-}
+const resolve = resolveServe;
 
 test('every router option is a serve setting, and the router gets what serve resolved', () => {
   for (const key of Object.keys(ROUTER_SETTINGS_SCHEMA.shape))

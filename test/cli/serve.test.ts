@@ -5,15 +5,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
-import { Command } from 'commander';
-import {
-  envName,
-  parseWorkerSpec,
-  registerServeCommand,
-  resolveServeConfig,
-  resolveTokenizeMode,
-} from '../../src/cli/commands/serve.js';
+import { envName, parseWorkerSpec, resolveTokenizeMode } from '../../src/cli/commands/serve.js';
 import { kebab, SERVE_SCHEMA } from '../../src/cli/config/settings.js';
+import { resolveServe } from '../helpers/serve-config.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 
 test('--worker specs are parsed, and bad ones are refused with the reason', () => {
@@ -94,25 +88,8 @@ test('contextforge-router serve proxies to the workers it was given and stops on
   assert.equal(await exited, 0);
 });
 
-/** Parses a serve command line (flags and the given environment) without running it. */
-function resolve(args: string[], env: Record<string, string> = {}) {
-  const saved = { ...process.env };
-  Object.assign(process.env, env);
-  try {
-    const program = new Command().exitOverride().configureOutput({ writeErr: () => {} });
-    registerServeCommand(program);
-    const serve = program.commands.find((c) => c.name() === 'serve')!;
-    let config: ReturnType<typeof resolveServeConfig> | undefined;
-    serve.action(() => {
-      config = resolveServeConfig(serve, process.env);
-    });
-    program.parse(['node', 'contextforge-router', 'serve', ...args]);
-    return config!;
-  } finally {
-    for (const k of Object.keys(env)) if (saved[k] === undefined) delete process.env[k];
-    Object.assign(process.env, saved);
-  }
-}
+/** A serve command line's settings (flags and the given environment), without running it. */
+const resolve = (args: string[], env: Record<string, string> = {}) => resolveServe(args, env).config;
 
 test('serve settings: flag over environment over config file over default; every key in all three', () => {
   const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
