@@ -19,7 +19,7 @@
  * Writes bench/results/sim-sweep.json and bench/results/sim-sweep.html (the charts).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { ENGINE_DEFAULTS } from '../src/engine-model/engine-model.js';
+import { ENGINE_DEFAULTS } from '../src/engine-model/index.js';
 import { renderSweepReport } from '../src/sim/html-report.js';
 import { loadTrace } from '../src/sim/load-trace.js';
 import {

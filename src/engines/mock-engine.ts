@@ -1,7 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { BlockHashes, canonicalChatText, hashString32, hashTokenBlocks, type ChatMessage } from '../core/hashing.js';
-import { blockKey, EngineModel, type EngineRequest, type StepResult } from '../engine-model/engine-model.js';
+import { blockKey, EngineModel, type EngineRequest, type StepResult } from '../engine-model/index.js';
 import { VllmBlockHasher } from '../core/vllm-block-hash.js';
 import type { BlockStoredEvent, KvEvent } from './kv-events/decode.js';
 import { KvEventPublisher } from './kv-events/publisher.js';

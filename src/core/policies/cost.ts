@@ -65,7 +65,7 @@ export interface CostWeights {
 
 /**
  * The physical constants describe Qwen3-32B fp8 on one H100 SXM, from the same hardware
- * figures as the simulator's engine model (src/engine-model/engine-model.ts ENGINE_DEFAULTS):
+ * figures as the simulator's engine model (ENGINE_DEFAULTS in src/engine-model/config.ts):
  * - prefillTokensPerSecond: an 8,192-token chunk is compute-bound at 0.054 ms per token
  *   (2 FLOP per parameter at 60% of the dense fp8 peak) = 442 ms ≈ 18,500 tokens/s;
  * - attention: 2.1 MFLOP per (query, key) pair at the attention rate (3.5e-6 ms) over the
