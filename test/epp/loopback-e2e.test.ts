@@ -2,7 +2,8 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import OpenAI from 'openai';
 import { startLoopbackEnvoy, type LoopbackEnvoy } from './loopback-envoy.js';
-import { startPickerFleet, until, type PickerFleet } from './harness.js';
+import { startPickerFleet, type PickerFleet } from './harness.js';
+import { until } from '../helpers/wait.js';
 
 // End to end through a loopback proxy that does Envoy's job (ext_proc call, forwarding to the
 // chosen endpoint, walking the fallback list) in front of mock engines: an OpenAI client sees

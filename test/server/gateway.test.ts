@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { setTimeout as sleep } from 'node:timers/promises';
+import { settled, until } from '../helpers/wait.js';
 import OpenAI from 'openai';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
@@ -109,7 +109,7 @@ describe('the gateway through the openai SDK', () => {
           })
         ).json()) as { cachedTokens: number }
       ).cachedTokens;
-    for (let deadline = Date.now() + 5000; (await predicted()) === 0 && Date.now() < deadline;) await sleep(10);
+    await until(async () => (await predicted()) > 0, 'the router to predict the prefix cached');
     const second = await client.chat.completions
       .create({ model: 'mock', messages: next, max_tokens: 2 })
       .withResponse();
@@ -236,25 +236,15 @@ describe('the gateway over plain HTTP', () => {
       )![1];
     assert.equal(await running(), '1');
     ac.abort();
-    for (let i = 0; i < 200 && (await running()) !== '0'; i++) await sleep(20);
-    assert.equal(await running(), '0');
+    assert.equal(await settled(running, (n) => n === '0'), '0');
     // and the router released its in-flight count
-    for (
-      let i = 0;
-      i < 100 &&
-      gateway.app &&
+    const inFlight = async () =>
       (
         (await (await fetch(`${base}/admin/stats`, { headers: { authorization: 'Bearer sekret-token' } })).json()) as {
           inFlightRequests: number;
         }
-      ).inFlightRequests !== 0;
-      i++
-    )
-      await sleep(20);
-    const stats = (await (
-      await fetch(`${base}/admin/stats`, { headers: { authorization: 'Bearer sekret-token' } })
-    ).json()) as { inFlightRequests: number };
-    assert.equal(stats.inFlightRequests, 0);
+      ).inFlightRequests;
+    assert.equal(await settled(inFlight, (n) => n === 0), 0);
   });
 });
 
