@@ -1,12 +1,12 @@
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
-import { settled, until } from '../helpers/wait.js';
 import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
+import { settled, until } from '../helpers/wait.js';
 
 const cleanup: Array<() => Promise<void>> = [];
 after(async () => {

@@ -103,7 +103,11 @@ test('an engine failing mid-stream: the stream ends with an OpenAI-style error e
       (e) => JSON.parse(e.replace(/^data: /, '')) as { choices?: unknown; error?: { message: string; type: string } },
     );
   assert.equal(events.length, 2);
-  assert.ok(events[0].choices, 'the chunk sent before the failure came through');
+  assert.deepEqual(
+    events[0].choices,
+    [{ index: 0, delta: { content: 'par' } }],
+    'the chunk sent before the failure came through',
+  );
   assert.equal(events[1].error?.type, 'server_error');
   assert.match(events[1].error!.message, /failed mid-stream/);
   assert.equal(router.getStats().inFlightRequests, 0);
