@@ -72,8 +72,9 @@ export interface CostWeights {
  *   linear layers' 0.054 ms per token ≈ 6.5e-5;
  * - decode: reading one KV token per step (4.9e-5 ms at 80% of HBM bandwidth) over one
  *   chunk's 442 ms ≈ 1.1e-7.
- * The guard weights (load, pressure, knee, ceiling) and bonuses (cla, workflow) are the
- * policy's earlier defaults, kept for the seed API (no prompt length, no queue counts).
+ * The guard weights (load, pressure, knee, ceiling) and bonuses (cla, workflow) are set by
+ * hand, not derived; the bonuses count only for prompts without blocks (the seed API, which
+ * gives no prompt and no queue counts).
  */
 export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
   prefillTokensPerSecond: 18_500,
