@@ -17,6 +17,7 @@ import { WorkerRegistry, type WorkerInfo, type WorkerState } from '../worker-reg
 import { CandidateCollector, explainCandidates } from './candidates.js';
 import { DecisionRecorder } from './decision-recording.js';
 import { InFlightTickets, localLoad, setRemoteLoad } from './in-flight.js';
+import { diagnoseNoWorker, NoEndpointsError } from './no-worker.js';
 import { resolveRouterOptions, type KVAwareRouterOptions } from './options.js';
 import { PrefixLookup } from './prefix-lookup.js';
 import { readRouteFields, RouteFields } from './request-fields.js';
@@ -28,6 +29,7 @@ import type {
   RouteOptions,
   RouteRequest,
   RouteResult,
+  RoutedResult,
   RouterStats,
   SelectWorkerOptions,
   SharedDecision,
@@ -275,19 +277,37 @@ export class KVAwareRouter {
             : 0,
     };
     const choice = this.policy.choose(candidates, features);
+    // a user's policy is not trusted to stay in range; the built-in ones always do
+    if (!(Number.isInteger(choice.index) && choice.index >= -1 && choice.index < candidates.length))
+      throw new RangeError(
+        `policy '${this.policy.name}' chose index ${String(choice.index)} of ${candidates.length} candidates`,
+      );
     const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;
 
-    const result: RouteResult = {
-      workerId: chosen ? chosen.worker.id : '',
-      cachedTokens: chosen ? chosen.cachedTokens : 0,
-      promptTokens,
-      confidence: choice.confidence,
-      policy: this.policy.name,
-      reason: choice.reason,
-      blocks: hashes.length,
-      ticket: 0,
-      preRope: true,
-    };
+    const result: RouteResult = chosen
+      ? {
+          workerId: chosen.worker.id,
+          cachedTokens: chosen.cachedTokens,
+          promptTokens,
+          confidence: choice.confidence,
+          policy: this.policy.name,
+          reason: choice.reason,
+          blocks: hashes.length,
+          ticket: 0,
+          preRope: true,
+        }
+      : {
+          workerId: '',
+          cachedTokens: 0,
+          promptTokens,
+          confidence: choice.confidence,
+          policy: this.policy.name,
+          reason: choice.reason,
+          blocks: hashes.length,
+          ticket: 0,
+          preRope: true,
+          noWorker: diagnoseNoWorker(this.workers.values(), candidates.length, options.exclude),
+        };
     if (cacheSalt !== undefined && isolated) result.cacheSalt = cacheSalt;
     if (options.explain) result.explain = explainCandidates(candidates, features, choice.index, this.policy);
     if (options.dryRun) return result;
@@ -303,6 +323,16 @@ export class KVAwareRouter {
       result.ticket = this.inFlight.open(worker, uncached, promptTokens);
     }
     this.policy.onRouted?.(worker, features, result.ticket, now);
+    return result;
+  }
+
+  /**
+   * route(), for callers that prefer an exception to branching on `noWorker`: throws a
+   * NoEndpointsError (its `reason` says why) when no worker can take the request.
+   */
+  routeOrThrow(request: RouteRequest, options: RouteOptions = {}): RoutedResult {
+    const result = this.route(request, options);
+    if (result.noWorker) throw new NoEndpointsError(result.noWorker, result.policy);
     return result;
   }
 
