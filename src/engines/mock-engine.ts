@@ -1,6 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { BlockHashes, canonicalChatText, hashString32, hashTokenBlocks, type ChatMessage } from '../core/hashing.js';
+import { checkChatMessages } from '../core/chat-messages.js';
 import { blockKey, EngineModel, type EngineRequest, type StepResult } from '../engine-model/engine-model.js';
 import { VllmBlockHasher } from '../core/vllm-block-hash.js';
 import type { BlockStoredEvent, KvEvent } from './kv-events/decode.js';
@@ -715,13 +716,7 @@ export function offsetEndpointPort(endpoint: string, rank: number): string {
 }
 
 function checkMessages(messages: unknown): ChatMessage[] {
-  if (!Array.isArray(messages) || messages.length === 0)
-    throw new HttpError(400, 'messages must be a non-empty array', 'messages');
-  messages.forEach((m, i) => {
-    if (m === null || typeof m !== 'object' || typeof (m as ChatMessage).role !== 'string')
-      throw new HttpError(400, `messages[${i}] must have a string role`, 'messages');
-  });
-  return messages as ChatMessage[];
+  return checkChatMessages(messages, (message, field) => new HttpError(400, message, field));
 }
 
 async function readJson(req: IncomingMessage, limit: number): Promise<Record<string, unknown>> {
