@@ -21,6 +21,7 @@ import { diagnoseNoWorker, NoEndpointsError } from './no-worker.js';
 import { resolveRouterOptions, type KVAwareRouterOptions } from './options.js';
 import { PrefixLookup } from './prefix-lookup.js';
 import { readRouteFields, RouteFields } from './request-fields.js';
+import { applySeedWorkerState, seedRouteRequest } from './seed-api.js';
 import type {
   BlockSequence,
   IndexMode,
@@ -28,7 +29,9 @@ import type {
   RouteDecision,
   RouteOptions,
   RouteRequest,
+  NoWorkerResult,
   RouteResult,
+  RouteResultFields,
   RoutedResult,
   RouterStats,
   SelectWorkerOptions,
@@ -284,30 +287,24 @@ export class KVAwareRouter {
       );
     const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;
 
-    const result: RouteResult = chosen
-      ? {
-          workerId: chosen.worker.id,
-          cachedTokens: chosen.cachedTokens,
-          promptTokens,
-          confidence: choice.confidence,
-          policy: this.policy.name,
-          reason: choice.reason,
-          blocks: hashes.length,
-          ticket: 0,
-          preRope: true,
-        }
-      : {
-          workerId: '',
-          cachedTokens: 0,
-          promptTokens,
-          confidence: choice.confidence,
-          policy: this.policy.name,
-          reason: choice.reason,
-          blocks: hashes.length,
-          ticket: 0,
-          preRope: true,
-          noWorker: diagnoseNoWorker(this.workers.values(), candidates.length, options.exclude),
-        };
+    const result: RouteResult = {
+      workerId: chosen ? chosen.worker.id : '',
+      cachedTokens: chosen ? chosen.cachedTokens : 0,
+      promptTokens,
+      confidence: choice.confidence,
+      policy: this.policy.name,
+      reason: choice.reason,
+      blocks: hashes.length,
+      ticket: 0,
+      preRope: true,
+    };
+    // worked out only on this rare path; the result is then a NoWorkerResult (workerId '')
+    if (!chosen)
+      (result as RouteResultFields as NoWorkerResult).noWorker = diagnoseNoWorker(
+        this.workers.values(),
+        candidates.length,
+        options.exclude,
+      );
     if (cacheSalt !== undefined && isolated) result.cacheSalt = cacheSalt;
     if (options.explain) result.explain = explainCandidates(candidates, features, choice.index, this.policy);
     if (options.dryRun) return result;
@@ -391,33 +388,13 @@ export class KVAwareRouter {
   // --------------------------------------------------------------- the seed's API
 
   async selectWorker(anchorHash: string, opts: SelectWorkerOptions = {}): Promise<RouteDecision> {
-    check.requireId(anchorHash, 'anchorHash');
-    if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
-    const tokenLength = check.nonNegativeInt(opts.tokenLength, 'tokenLength', 0);
-    const r = this.route(
-      {
-        anchor: anchorHash,
-        claGroup: opts.claGroup,
-        workflowStep: opts.workflowStep,
-        workflowId: opts.workflowId,
-        promptTokens: tokenLength,
-      },
-      { track: false },
-    );
+    const r = this.route(seedRouteRequest(anchorHash, opts), { track: false });
     const claGroup = opts.claGroup ?? null;
     return { targetWorkerId: r.workerId, anchorHash, claGroup, confidence: r.confidence, preRope: true };
   }
 
   async updateWorkerState(workerId: string, load: number, opts: UpdateWorkerStateOptions = {}): Promise<void> {
-    check.requireId(workerId, 'workerId');
-    const clamped = check.load(load, 'load');
-    if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
-    const claGroup = check.optionalNonNegativeInt(opts.claGroup, 'claGroup');
-    const workflowStep = check.optionalNonNegativeInt(opts.workflowStep, 'workflowStep');
-    const state = this.workers.register(workerId);
-    state.load = clamped;
-    if (claGroup !== null) state.claGroups.add(claGroup);
-    if (workflowStep !== null) state.lastUsedStep = workflowStep;
+    applySeedWorkerState(this.workers, workerId, load, opts);
   }
 
   /** Records that `targetWorkerId` now holds the anchor's blocks (registered or not, as the seed). */
