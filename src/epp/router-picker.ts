@@ -280,6 +280,7 @@ export class RouterPicker implements EndpointPicker {
       firstByte: () => {
         if (!decision) return;
         router.markPrefillDone(decision.ticket);
+        if (decision.shared) state.decisionPrefilled(decision.shared);
         this.ttft?.observe((performance.now() - started) / 1000);
       },
       end: release,

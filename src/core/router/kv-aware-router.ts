@@ -367,6 +367,7 @@ export class KVAwareRouter {
         claGroup,
         contentAnchors: isolated ? undefined : contentAnchors,
         prefillTokens: tracked ? uncached : 0,
+        decodeTokens: tracked ? promptTokens : 0,
         tracked,
       };
     }
@@ -384,7 +385,10 @@ export class KVAwareRouter {
    * entries on the worker, and the workflow and anchors follow it. False when the worker is
    * not registered here (yet), so nothing was applied.
    */
-  applySharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'tracked'>, now: number = this.clock()): boolean {
+  applySharedDecision(
+    d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>,
+    now: number = this.clock(),
+  ): boolean {
     const worker = this.workers.get(d.workerId);
     if (!worker) return false;
     if (d.hi.length !== d.lo.length) throw new RangeError('shared decision: hi and lo differ in length');
