@@ -281,6 +281,7 @@ export class EngineModel {
 
   // the block pool: per slot its cache key (NaN: not cached), hashes for events, refs, and
   // the links of the free queue (every slot with refs 0, least recently freed first)
+  // kept over lru-cache: pinning takes a block out mid-queue; typed links are 1.44× faster (`npm run bench:lru`)
   private readonly slotOf: KeySlotTable;
   private readonly keyOf: Float64Array;
   private readonly hiOf: Uint32Array;

@@ -1,3 +1,4 @@
+import { LRUCache } from 'lru-cache';
 import type { ContentAnchor } from '../core/content-anchors.js';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import { RemoteLoad } from './remote-load.js';
@@ -287,14 +288,14 @@ export interface RelayPeer {
  */
 export class ClusterRelay {
   private readonly peers = new Map<string, RelayPeer>();
-  private readonly workflows = new Map<string, { w: string; s: number | null }>();
+  /** Workflow → its worker and step, least recently routed dropped first. */
+  private readonly workflows: LRUCache<string, { w: string; s: number | null }>;
   private readonly workers = new Map<string, WorkerRecord>();
   private readonly recent: Array<{ d: ClusterDecision; at: number }> = [];
   /** Each process's in-flight work, for the snapshot a process that starts later gets. */
   private readonly loads = new RemoteLoad();
   private readonly recentLimit: number;
   private readonly ttlMs: number;
-  private readonly workflowLimit: number;
   readonly counters = { relayed: 0, claimsLost: 0, malformed: 0 };
 
   constructor(
@@ -303,7 +304,7 @@ export class ClusterRelay {
   ) {
     this.recentLimit = options.recentDecisions ?? 10_000;
     this.ttlMs = options.decisionTtlMs ?? 120_000;
-    this.workflowLimit = options.workflows ?? 100_000;
+    this.workflows = new LRUCache({ max: options.workflows ?? 100_000 });
   }
 
   add(peer: RelayPeer): void {
@@ -331,9 +332,7 @@ export class ClusterRelay {
             peer.send({ cf: 'workflow', q: 0, id: m.wf, w: held.w, s: held.s });
             m.wf = undefined;
           } else {
-            this.workflows.delete(m.wf);
             this.workflows.set(m.wf, { w: m.w, s: m.s ?? null });
-            if (this.workflows.size > this.workflowLimit) this.workflows.delete(this.workflows.keys().next().value!);
           }
         }
         if (m.hi.length > 0) {
@@ -385,7 +384,10 @@ export class ClusterRelay {
     return {
       cf: 'snapshot',
       workers: [...this.workers.values()],
-      workflows: [...this.workflows].map(([id, e]) => [id, e.w, e.s]),
+      workflows: [...this.workflows.rkeys()].map((id) => {
+        const e = this.workflows.peek(id)!;
+        return [id, e.w, e.s];
+      }),
       decisions: this.recent.slice(start).map((r) => r.d),
       loads,
     };
