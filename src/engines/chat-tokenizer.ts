@@ -3,6 +3,7 @@ import { existsSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
+import { LRUCache } from 'lru-cache';
 import type { ChatMessage } from '../core/hashing.js';
 import { checkChatMessages } from '../core/chat-messages.js';
 import type { RouteRequest } from '../core/router/index.js';
@@ -117,7 +118,8 @@ export class ChatTokenizer implements PromptTokenizer {
   private readonly template: Template | undefined;
   private readonly templateSource: string | undefined;
   private readonly specialTokens: Record<string, unknown>;
-  private readonly segments = new Map<string, Segment>();
+  /** Cached segments by the digest of the conversation up to them; none when cacheEntries is 0. */
+  private readonly segments: LRUCache<string, Segment> | undefined;
   private readonly cacheEntries: number;
   /** The template iterates over content parts (vLLM's "openai" content format). */
   private readonly partsContent: boolean;
@@ -149,6 +151,7 @@ export class ChatTokenizer implements PromptTokenizer {
     this.cacheEntries = options.cacheEntries ?? 50_000;
     if (!Number.isInteger(this.cacheEntries) || this.cacheEntries < 0)
       throw new RangeError(`cacheEntries must be a non-negative integer, got ${options.cacheEntries}`);
+    this.segments = this.cacheEntries > 0 ? new LRUCache({ max: this.cacheEntries }) : undefined;
   }
 
   /**
@@ -213,10 +216,9 @@ export class ChatTokenizer implements PromptTokenizer {
     let i = 0;
     for (; i < cacheable; i++) {
       const next = digest(key, conversation[i]);
-      const seg = this.segments.get(next);
+      const seg = this.segments?.peek(next);
       if (!seg || !whole.startsWith(seg.text, rendered.length)) break;
-      this.segments.delete(next); // most recently used last: eviction takes the coldest
-      this.segments.set(next, seg);
+      this.segments!.get(next); // a use: eviction takes the coldest
       key = next;
       rendered += seg.text;
       for (const t of seg.tokens) out.push(t);
@@ -336,9 +338,7 @@ export class ChatTokenizer implements PromptTokenizer {
   }
 
   private remember(key: string, seg: Segment): void {
-    if (this.cacheEntries === 0) return;
-    if (this.segments.size >= this.cacheEntries) this.segments.delete(this.segments.keys().next().value!);
-    this.segments.set(key, seg);
+    this.segments?.set(key, seg);
   }
 }
 

@@ -149,6 +149,7 @@ export class RouterPicker implements EndpointPicker {
     let forwarded: Buffer | undefined;
     let preparedBody: Record<string, unknown> | undefined;
     let model: unknown;
+    let modelRewrite: { engine: string; client: string } | undefined;
     if (input.body !== undefined && input.body.length > 0) {
       let parsed: unknown;
       try {
@@ -162,6 +163,8 @@ export class RouterPicker implements EndpointPicker {
       let rewritten = false;
       const rewrite = input.headers.get(MODEL_NAME_REWRITE_HEADER);
       if (rewrite && body.model !== rewrite) {
+        // the reference picker gives the client its own name back in the response
+        if (typeof body.model === 'string' && body.model !== '') modelRewrite = { engine: rewrite, client: body.model };
         body.model = rewrite;
         rewritten = true;
       }
@@ -234,7 +237,7 @@ export class RouterPicker implements EndpointPicker {
       const endpoint = this.endpointOf(next.workerId);
       if (!endpoints.includes(endpoint)) endpoints.push(endpoint);
     }
-    return { ok: true, endpoints, body: forwarded, inFlight: this.track(decision, routeRequest) };
+    return { ok: true, endpoints, body: forwarded, modelRewrite, inFlight: this.track(decision, routeRequest) };
   }
 
   /** Mean saturation of the eligible workers (1 when none is eligible). */
@@ -280,6 +283,7 @@ export class RouterPicker implements EndpointPicker {
       firstByte: () => {
         if (!decision) return;
         router.markPrefillDone(decision.ticket);
+        if (decision.shared) state.decisionPrefilled(decision.shared);
         this.ttft?.observe((performance.now() - started) / 1000);
       },
       end: release,

@@ -127,6 +127,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           metrics.ttft.observe(seconds);
           if (streaming) firstByte.observe(decision.workerId, seconds * 1000);
           router.markPrefillDone(decision.ticket);
+          if (decision.shared) state.decisionPrefilled(decision.shared);
         },
       });
       release(decision);

@@ -417,7 +417,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
         s.cached = cachedTokens;
         s.ttft = now - s.arrival;
         s.started = true;
-        router.markPrefillDone(s.replica, s.ticket);
+        router.markPrefillDone(s.replica, s.ticket, s.shared);
       }
       for (const request of step.finished) {
         const s = live.get(request.id);

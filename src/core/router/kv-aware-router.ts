@@ -315,7 +315,14 @@ export class KVAwareRouter {
     this.recorder.record(worker, chosen.overlapBlocks, hashes, request.tokens !== undefined, fields, now);
     const tracked = options.track !== false;
     const uncached = Math.max(0, promptTokens - chosen.cachedTokens);
-    if (options.share) result.shared = this.recorder.shared(worker.id, fields, tracked ? uncached : 0, tracked);
+    if (options.share)
+      result.shared = this.recorder.shared(
+        worker.id,
+        fields,
+        tracked ? uncached : 0,
+        tracked ? promptTokens : 0,
+        tracked,
+      );
     if (tracked) {
       result.ticket = this.inFlight.open(worker, uncached, promptTokens);
     }
@@ -338,7 +345,10 @@ export class KVAwareRouter {
    * entries on the worker, and the workflow and anchors follow it. False when the worker is
    * not registered here (yet), so nothing was applied.
    */
-  applySharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'tracked'>, now: number = this.clock()): boolean {
+  applySharedDecision(
+    d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>,
+    now: number = this.clock(),
+  ): boolean {
     const worker = this.workers.get(d.workerId);
     if (!worker) return false;
     this.recorder.applyShared(worker, d, now);

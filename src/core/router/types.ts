@@ -76,6 +76,8 @@ export interface SharedDecision {
   contentAnchors?: readonly ContentAnchor[];
   /** Uncached prompt tokens the decision queued on the worker (0 when not tracked). */
   prefillTokens: number;
+  /** KV tokens the request holds on the worker once its prefill is done (0 when not tracked). */
+  decodeTokens: number;
   tracked: boolean;
 }
 
