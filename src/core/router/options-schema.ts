@@ -7,6 +7,8 @@
 import { z } from 'zod';
 import { POLICY_NAMES } from '../policies/index.js';
 import { COST_WEIGHTS_SCHEMA, nonNegative, POLICY_OPTIONS_SCHEMA } from '../policies/options-schema.js';
+import type { RoutingPolicy } from '../policies/types.js';
+import { gotPhrase } from '../schema-issues.js';
 
 const positiveInt = () => z.int().min(1);
 const nonNegativeInt = () => z.int().min(0);
@@ -60,8 +62,20 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
   instanceId: z.string().min(1).max(256).optional(),
 });
 
-/** Every option: the settings plus the clock (a function, given in code only). */
+/** Every option: the settings, a policy also as an object, and the clock (both given in code only). */
 export const ROUTER_OPTIONS_SCHEMA = ROUTER_SETTINGS_SCHEMA.extend({
+  // an object is checked member by member when the router is built (checkPolicyObject)
+  policy: z
+    .custom<string | RoutingPolicy>(
+      (v) => (typeof v === 'string' && POLICY_NAMES.includes(v)) || (v !== null && typeof v === 'object'),
+      {
+        error: (iss) =>
+          typeof iss.input === 'string'
+            ? `must be one of ${POLICY_NAMES.join(', ')}${gotPhrase(iss.input)}`
+            : 'must be a policy name or an object implementing RoutingPolicy',
+      },
+    )
+    .default('cost'),
   clock: z.custom<() => number>((v) => typeof v === 'function', { error: 'must be a function' }).optional(),
 });
 

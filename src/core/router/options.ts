@@ -6,6 +6,7 @@
  */
 import { BlockKeying, type BlockHashMode } from '../block-keying.js';
 import { createPolicy, resolveCostWeights, type CostWeights, type PolicyOptions } from '../policies/index.js';
+import { checkPolicyObject } from '../policies/policy-object.js';
 import type { RoutingPolicy } from '../policies/types.js';
 import { createRng } from '../rng.js';
 import { describeIssue, issueError } from '../schema-issues.js';
@@ -20,8 +21,11 @@ export interface KVAwareRouterOptions {
   enableClaAffinity?: boolean;
   /** Prefer workers that hold the request's KV (default true). */
   enableAnchorLocality?: boolean;
-  /** 'cost' (default), 'seed', or a baseline / peer policy (see POLICY_NAMES). */
-  policy?: string;
+  /**
+   * 'cost' (default), 'seed', a baseline / peer policy (see POLICY_NAMES), or an object of
+   * the caller's implementing RoutingPolicy (one per router: its hooks see this router's decisions).
+   */
+  policy?: string | RoutingPolicy;
   /** Most seed-API anchors remembered, least recently used evicted beyond (default 100,000). */
   anchorCapacity?: number;
   /** Most workflows remembered for step continuity (default 10,000). */
@@ -119,7 +123,10 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
   const o = parsed.data;
   const costWeights = resolveCostWeights(o.costWeights);
   const random = createRng(o.randomSeed);
-  const policy = createPolicy(o.policy, { ...o.policyOptions, costWeights }, { random });
+  const policy =
+    typeof o.policy === 'string'
+      ? createPolicy(o.policy, { ...o.policyOptions, costWeights }, { random })
+      : checkPolicyObject(o.policy);
   const keying = new BlockKeying(o.blockHash, o.pythonHashSeed);
   const ttl =
     o.predictionTtlMs ??
