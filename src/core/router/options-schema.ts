@@ -64,17 +64,11 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
 
 /** Every option: the settings, a policy also as an object, and the clock (both given in code only). */
 export const ROUTER_OPTIONS_SCHEMA = ROUTER_SETTINGS_SCHEMA.extend({
-  // an object is checked member by member when the router is built (checkPolicyObject)
+  // anything but a name is checked member by member when the router is built (checkPolicyObject)
   policy: z
-    .custom<string | RoutingPolicy>(
-      (v) => (typeof v === 'string' && POLICY_NAMES.includes(v)) || (v !== null && typeof v === 'object'),
-      {
-        error: (iss) =>
-          typeof iss.input === 'string'
-            ? `must be one of ${POLICY_NAMES.join(', ')}${gotPhrase(iss.input)}`
-            : 'must be a policy name or an object implementing RoutingPolicy',
-      },
-    )
+    .custom<string | RoutingPolicy>((v) => typeof v !== 'string' || POLICY_NAMES.includes(v), {
+      error: (iss) => `must be one of ${POLICY_NAMES.join(', ')}${gotPhrase(iss.input)}`,
+    })
     .default('cost'),
   clock: z.custom<() => number>((v) => typeof v === 'function', { error: 'must be a function' }).optional(),
 });
