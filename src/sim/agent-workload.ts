@@ -3,7 +3,7 @@ import { KVAwareRouter } from '../core/router/index.js';
 import { createRng, randInt, zipfIndex } from '../core/rng.js';
 
 /**
- * A scripted multi-agent workload replayed through the core router (the `npm start` demo).
+ * A scripted multi-agent workload replayed through the core router (`contextforge-router demo`, `npm run demo:core`).
  *
  * Workflows run retriever → summarizer → critic → responder over shared documents. Each
  * step's prompt is the document plus the workflow's history so far, so a step is cheap where

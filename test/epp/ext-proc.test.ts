@@ -8,7 +8,8 @@ import {
   type ProcessingResponse,
 } from '../../src/epp/proto.js';
 import { EnvoyRole } from './envoy-role.js';
-import { startPickerFleet, until, type PickerFleet } from './harness.js';
+import { startPickerFleet, type PickerFleet } from './harness.js';
+import { until } from '../helpers/wait.js';
 
 // The endpoint picker driven by a client that plays Envoy and fails on every ordering rule of
 // the protocol (see envoy-role.ts), against the real router and mock engines.
