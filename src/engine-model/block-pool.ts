@@ -21,8 +21,8 @@ export class BlockPool {
   private readonly hiOf: Uint32Array;
   private readonly loOf: Uint32Array;
   private readonly announced: Uint8Array;
-  // the free queue's links; kept over lru-cache: pinning takes a block out mid-queue, and
-  // typed links are 1.44× faster on block keys (`npm run bench:lru`)
+  // the free queue's links are typed arrays, not lru-cache: pinning takes a block out mid-queue,
+  // and typed links are 1.44× faster (`npm run bench:lru`)
   private readonly prev: Int32Array;
   private readonly next: Int32Array;
   private freeHead = NONE;

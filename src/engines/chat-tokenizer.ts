@@ -5,6 +5,7 @@ import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { LRUCache } from 'lru-cache';
 import type { ChatMessage } from '../core/hashing.js';
+import { checkChatMessages } from '../core/chat-messages.js';
 import type { RouteRequest } from '../core/router/index.js';
 
 /** Turns a request into the token ids the engine will see (`--tokenize tokenizer`). */
@@ -193,8 +194,7 @@ export class ChatTokenizer implements PromptTokenizer {
   /** Token ids of a chat request (messages, tools, template options) as vLLM computes them. */
   tokenizeChatRequest(request: ChatTemplateRequest): number[] {
     if (!this.template) throw new RangeError('the tokenizer has no chat template (give one with --chat-template)');
-    if (!Array.isArray(request.messages) || request.messages.length === 0)
-      throw new RangeError('messages must be a non-empty array');
+    checkChatMessages(request.messages, (message) => new RangeError(message));
     const addGenerationPrompt = request.add_generation_prompt ?? true;
     const continueFinal = request.continue_final_message ?? false;
     if (addGenerationPrompt && continueFinal)
@@ -249,34 +249,24 @@ export class ChatTokenizer implements PromptTokenizer {
     return out;
   }
 
-  /** One message as vLLM passes it to the template. */
+  /** One message (checked by checkChatMessages) as vLLM passes it to the template. */
   private message(raw: unknown, i: number): Record<string, unknown> {
-    if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
-      throw new RangeError(`messages[${i}] must be an object`);
     const m = raw as Record<string, unknown>;
-    if (typeof m.role !== 'string') throw new RangeError(`messages[${i}].role must be a string`);
-    const parts: unknown[] =
+    const parts =
       m.content === null || m.content === undefined
         ? []
         : typeof m.content === 'string'
           ? [{ type: 'text', text: m.content }]
-          : Array.isArray(m.content)
-            ? m.content
-            : [m.content];
+          : (m.content as Record<string, unknown>[]);
     const texts: string[] = [];
-    for (const [k, part] of parts.entries()) {
-      if (typeof part === 'string') {
-        texts.push(part);
-        continue;
-      }
-      const p = part as Record<string, unknown> | null;
-      const type = p && typeof p.type === 'string' ? p.type : undefined;
-      const field = type !== undefined ? TEXT_PARTS[type] : undefined;
+    for (const [k, p] of parts.entries()) {
+      const type = p.type as string;
+      const field = TEXT_PARTS[type];
       if (field === undefined)
         throw new UntokenizableContentError(
-          `messages[${i}].content[${k}]: a ${type ?? 'untyped'} part cannot be tokenized by the router (text parts only)`,
+          `messages[${i}].content[${k}]: a ${type} part cannot be tokenized by the router (text parts only)`,
         );
-      const text = p![field];
+      const text = p[field];
       if (text === null || text === undefined) continue;
       if (typeof text !== 'string') throw new RangeError(`messages[${i}].content[${k}].${field} must be a string`);
       texts.push(text);

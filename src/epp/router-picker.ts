@@ -216,7 +216,7 @@ export class RouterPicker implements EndpointPicker {
         return { ok: false, status: 400, message: err.message };
       throw err;
     }
-    if (decision.workerId === '')
+    if (decision.noWorker)
       return { ok: false, status: 503, message: 'no worker can take the request now', retryAfterSeconds: 1 };
     if (decision.shared) state.decisionMade(decision.shared);
     this.decisions?.inc({ policy: decision.policy, reason: decision.reason });
@@ -232,7 +232,7 @@ export class RouterPicker implements EndpointPicker {
     tried.add(decision.workerId);
     while (endpoints.length <= this.fallbacks && tried.size < this.endpointOfWorker.size) {
       const next = router.route(routeRequest, { exclude: tried, dryRun: true });
-      if (next.workerId === '') break;
+      if (next.noWorker) break;
       tried.add(next.workerId);
       const endpoint = this.endpointOf(next.workerId);
       if (!endpoints.includes(endpoint)) endpoints.push(endpoint);

@@ -176,6 +176,15 @@ test('engine answers 500: retried elsewhere, its circuit opens; all engines fail
   const none = await post(allBase, '/v1/completions', { prompt: 'x', max_tokens: 1 });
   assert.equal(none.status, 503);
   assert.equal(none.headers.get('retry-after'), '1');
+  // the dry run says why
+  const why = await post(allBase, '/v1/route', { prompt: 'x' }, { authorization: 'Bearer fault-suite-admin' });
+  assert.equal(why.status, 200);
+  assert.deepEqual(JSON.parse(why.text).noWorker, {
+    reason: 'none-available',
+    workers: 2,
+    unavailable: 2,
+    excluded: 0,
+  });
   await all.close();
   await bad.close();
   await bad2.close();

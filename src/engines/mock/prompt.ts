@@ -1,4 +1,5 @@
 import { canonicalChatText, hashString32, type ChatMessage } from '../../core/hashing.js';
+import { checkChatMessages } from '../../core/chat-messages.js';
 import type { PromptTokenizer } from '../chat-tokenizer.js';
 import { HttpError } from './http.js';
 
@@ -62,11 +63,5 @@ export function promptTokens(tokenizer: PromptTokenizer | undefined, prompt: unk
 }
 
 function checkMessages(messages: unknown): ChatMessage[] {
-  if (!Array.isArray(messages) || messages.length === 0)
-    throw new HttpError(400, 'messages must be a non-empty array', 'messages');
-  messages.forEach((m, i) => {
-    if (m === null || typeof m !== 'object' || typeof (m as ChatMessage).role !== 'string')
-      throw new HttpError(400, `messages[${i}] must have a string role`, 'messages');
-  });
-  return messages as ChatMessage[];
+  return checkChatMessages(messages, (message, field) => new HttpError(400, message, field));
 }
