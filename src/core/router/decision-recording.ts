@@ -81,7 +81,13 @@ export class DecisionRecorder {
   }
 
   /** The last record() as another replica applies it (a copy; allocates). */
-  shared(workerId: string, fields: RouteFields, prefillTokens: number, tracked: boolean): SharedDecision {
+  shared(
+    workerId: string,
+    fields: RouteFields,
+    prefillTokens: number,
+    decodeTokens: number,
+    tracked: boolean,
+  ): SharedDecision {
     // the predicted range only: in precise mode what the worker holds comes from its own events
     const { start } = this;
     const n = Math.max(0, this.end - start);
@@ -96,12 +102,17 @@ export class DecisionRecorder {
       claGroup: fields.claGroup,
       contentAnchors: fields.isolated ? undefined : fields.contentAnchors,
       prefillTokens,
+      decodeTokens,
       tracked,
     };
   }
 
   /** Applies another replica's decision on `worker` (see RouteOptions.share). */
-  applyShared(worker: WorkerState, d: Omit<SharedDecision, 'prefillTokens' | 'tracked'>, now: number): void {
+  applyShared(
+    worker: WorkerState,
+    d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>,
+    now: number,
+  ): void {
     if (d.hi.length !== d.lo.length) throw new RangeError('shared decision: hi and lo differ in length');
     if (d.hi.length > 0) this.sinks.index.recordPredicted(worker.slot, d.hi, d.lo, 0, d.hi.length, now);
     if (d.contentAnchors && d.contentAnchors.length > 0)

@@ -17,9 +17,11 @@ import { WorkerRegistry, type WorkerInfo, type WorkerState } from '../worker-reg
 import { CandidateCollector, explainCandidates } from './candidates.js';
 import { DecisionRecorder } from './decision-recording.js';
 import { InFlightTickets, localLoad, setRemoteLoad } from './in-flight.js';
+import { diagnoseNoWorker, NoEndpointsError } from './no-worker.js';
 import { resolveRouterOptions, type KVAwareRouterOptions } from './options.js';
 import { PrefixLookup } from './prefix-lookup.js';
 import { readRouteFields, RouteFields } from './request-fields.js';
+import { applySeedWorkerState, seedRouteRequest } from './seed-api.js';
 import type {
   BlockSequence,
   IndexMode,
@@ -27,7 +29,10 @@ import type {
   RouteDecision,
   RouteOptions,
   RouteRequest,
+  NoWorkerResult,
   RouteResult,
+  RouteResultFields,
+  RoutedResult,
   RouterStats,
   SelectWorkerOptions,
   SharedDecision,
@@ -275,6 +280,11 @@ export class KVAwareRouter {
             : 0,
     };
     const choice = this.policy.choose(candidates, features);
+    // a user's policy is not trusted to stay in range; the built-in ones always do
+    if (!(Number.isInteger(choice.index) && choice.index >= -1 && choice.index < candidates.length))
+      throw new RangeError(
+        `policy '${this.policy.name}' chose index ${String(choice.index)} of ${candidates.length} candidates`,
+      );
     const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;
 
     const result: RouteResult = {
@@ -288,6 +298,13 @@ export class KVAwareRouter {
       ticket: 0,
       preRope: true,
     };
+    // worked out only on this rare path; the result is then a NoWorkerResult (workerId '')
+    if (!chosen)
+      (result as RouteResultFields as NoWorkerResult).noWorker = diagnoseNoWorker(
+        this.workers.values(),
+        candidates.length,
+        options.exclude,
+      );
     if (cacheSalt !== undefined && isolated) result.cacheSalt = cacheSalt;
     if (options.explain) result.explain = explainCandidates(candidates, features, choice.index, this.policy);
     if (options.dryRun) return result;
@@ -298,7 +315,14 @@ export class KVAwareRouter {
     this.recorder.record(worker, chosen.overlapBlocks, hashes, request.tokens !== undefined, fields, now);
     const tracked = options.track !== false;
     const uncached = Math.max(0, promptTokens - chosen.cachedTokens);
-    if (options.share) result.shared = this.recorder.shared(worker.id, fields, tracked ? uncached : 0, tracked);
+    if (options.share)
+      result.shared = this.recorder.shared(
+        worker.id,
+        fields,
+        tracked ? uncached : 0,
+        tracked ? promptTokens : 0,
+        tracked,
+      );
     if (tracked) {
       result.ticket = this.inFlight.open(worker, uncached, promptTokens);
     }
@@ -307,11 +331,24 @@ export class KVAwareRouter {
   }
 
   /**
+   * route(), for callers that prefer an exception to branching on `noWorker`: throws a
+   * NoEndpointsError (its `reason` says why) when no worker can take the request.
+   */
+  routeOrThrow(request: RouteRequest, options: RouteOptions = {}): RoutedResult {
+    const result = this.route(request, options);
+    if (result.noWorker) throw new NoEndpointsError(result.noWorker, result.policy);
+    return result;
+  }
+
+  /**
    * Applies another replica's decision (see RouteOptions.share): its blocks become predicted
    * entries on the worker, and the workflow and anchors follow it. False when the worker is
    * not registered here (yet), so nothing was applied.
    */
-  applySharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'tracked'>, now: number = this.clock()): boolean {
+  applySharedDecision(
+    d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>,
+    now: number = this.clock(),
+  ): boolean {
     const worker = this.workers.get(d.workerId);
     if (!worker) return false;
     this.recorder.applyShared(worker, d, now);
@@ -362,33 +399,13 @@ export class KVAwareRouter {
   // --------------------------------------------------------------- the seed's API
 
   async selectWorker(anchorHash: string, opts: SelectWorkerOptions = {}): Promise<RouteDecision> {
-    check.requireId(anchorHash, 'anchorHash');
-    if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
-    const tokenLength = check.nonNegativeInt(opts.tokenLength, 'tokenLength', 0);
-    const r = this.route(
-      {
-        anchor: anchorHash,
-        claGroup: opts.claGroup,
-        workflowStep: opts.workflowStep,
-        workflowId: opts.workflowId,
-        promptTokens: tokenLength,
-      },
-      { track: false },
-    );
+    const r = this.route(seedRouteRequest(anchorHash, opts), { track: false });
     const claGroup = opts.claGroup ?? null;
     return { targetWorkerId: r.workerId, anchorHash, claGroup, confidence: r.confidence, preRope: true };
   }
 
   async updateWorkerState(workerId: string, load: number, opts: UpdateWorkerStateOptions = {}): Promise<void> {
-    check.requireId(workerId, 'workerId');
-    const clamped = check.load(load, 'load');
-    if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
-    const claGroup = check.optionalNonNegativeInt(opts.claGroup, 'claGroup');
-    const workflowStep = check.optionalNonNegativeInt(opts.workflowStep, 'workflowStep');
-    const state = this.workers.register(workerId);
-    state.load = clamped;
-    if (claGroup !== null) state.claGroups.add(claGroup);
-    if (workflowStep !== null) state.lastUsedStep = workflowStep;
+    applySeedWorkerState(this.workers, workerId, load, opts);
   }
 
   /** Records that `targetWorkerId` now holds the anchor's blocks (registered or not, as the seed). */

@@ -6,6 +6,7 @@
  */
 import { BlockIndex, OverlapResult } from '../block-index.js';
 import type { BlockKeying } from '../block-keying.js';
+import { checkChatMessages } from '../chat-messages.js';
 import {
   BlockHashes,
   canonicalChatText,
@@ -69,12 +70,8 @@ export class PrefixLookup {
         hashes,
       );
     } else if (request.messages !== undefined) {
-      if (!Array.isArray(request.messages)) throw new TypeError('messages must be an array');
-      request.messages.forEach((m, i) => {
-        if (m === null || typeof m !== 'object' || typeof m.role !== 'string')
-          throw new TypeError(`messages[${i}] must be an object with a string role`);
-      });
-      hashTextBlocks(canonicalChatText(request.messages), this.textChunkBytes, ns, hashes);
+      const messages = checkChatMessages(request.messages, undefined, true);
+      hashTextBlocks(canonicalChatText(messages), this.textChunkBytes, ns, hashes);
       hashes.tokensPerBlock = this.textChunkBytes / 4;
     } else if (request.text !== undefined) {
       if (typeof request.text !== 'string') throw new TypeError('text must be a string');
