@@ -264,6 +264,45 @@ describe('cost policy regimes', () => {
     assert.equal(p.choose(none, r).index, 0, 'nobody can: the engine rejects it, from the session worker');
   });
 
+  test('uneven fleet: a long session leaves a full holder for an idle worker, charged for the queue an arrival finds', () => {
+    const p = warmed();
+    // an 80k agent turn, 73.6k cached on w0, whose KV 40 requests of several sessions fill and
+    // 48k tokens wait on; w1 and w2 have 6 requests queued each, w3 and w4 are idle
+    const r = request(80_000);
+    const cs = fleet([
+      { cached: 73_600, queued: 48_000, load: 0.99, capacity: 300_000, inFlight: 40 },
+      { queued: 6000, load: 0.5, capacity: 300_000, inFlight: 8 },
+      { queued: 6000, load: 0.5, capacity: 300_000, inFlight: 8 },
+      { capacity: 300_000 },
+      { capacity: 300_000 },
+    ]);
+    const choice = p.choose(cs, r);
+    assert.ok(choice.index === 3 || choice.index === 4, `an idle worker, got w${choice.index}`);
+    assert.equal(choice.reason, 'replicate');
+    const idle = terms(p, cs[choice.index], r);
+    const holder = terms(p, cs[0], r);
+    assert.ok(holder.kvWaitSeconds > 0, 'the holder cannot take the prompt now');
+    // the other idle worker takes arrivals: only the busy share (3 of 5 workers) counts
+    assert.ok(Math.abs(idle.saturation - 0.6) < 1e-9, `saturation ${idle.saturation}`);
+    assert.ok(idle.costSeconds < holder.costSeconds);
+    // charged as a saturated fleet (3 requests queued per worker, σ = 3.6), the move would
+    // have cost more than staying on the full holder
+    const recompute = idle.prefillSeconds - holder.prefillSeconds;
+    assert.ok(idle.costSeconds + (3.6 - 0.6) * recompute > holder.costSeconds);
+    // with w4 the last idle worker, a recompute there meets a saturated fleet (4.5 requests
+    // queued per worker); one on w3 (6 requests queued) leaves w4 free for arrivals
+    const busy = fleet([
+      { cached: 73_600, queued: 48_000, load: 0.99, capacity: 300_000, inFlight: 40 },
+      { queued: 6000, load: 0.5, capacity: 300_000, inFlight: 8 },
+      { queued: 6000, load: 0.5, capacity: 300_000, inFlight: 8 },
+      { queued: 6000, capacity: 300_000, inFlight: 1 },
+      { capacity: 300_000 },
+    ]);
+    assert.equal(p.choose(busy, r).index, 3);
+    assert.ok(Math.abs(terms(p, busy[4], r).saturation - (18 / 4 + 4 / 5)) < 1e-9);
+    assert.ok(Math.abs(terms(p, busy[3], r).saturation - 4 / 5) < 1e-9);
+  });
+
   test('a copy is charged for the cache it displaces, which an empty worker does not have', () => {
     // a history of high hit rates: cached tokens are worth keeping
     const p = new CostPolicy();

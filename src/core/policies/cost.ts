@@ -22,9 +22,10 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *   wait   = (Q + W(u)) · slow                       estimated TTFT on this worker
  *   kvWait = max(0, P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity known)
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
- *            + share of workers with requests        (the best-cached worker's own queue left out;
- *              in flight                             the busy share: the chance a recompute
- *                                                    delays an arrival below saturation)
+ *            (0 while another worker has nothing     (the best-cached worker's own queue left out),
+ *            queued) + share of workers with         none while idle capacity absorbs the extra
+ *            requests in flight                      prefill; the busy share: the chance a
+ *                                                    recompute delays an arrival below saturation
  *   ρ      = h / (1 − h), h the smoothed hit rate     reuses of a cached token (what a copy displaces)
  *   full   = the worker's cached tokens / its KV capacity (else / the fullest worker's)
  *   recompute = recompute · σ · (W(u) − W(u_best)) / (1 + hot) + ρ · full · u
@@ -118,8 +119,13 @@ export function prefillWork(uncached: number, prompt: number, attention: number)
 
 /** The fleet-wide quantities every candidate's cost depends on, computed once per decision. */
 export interface FleetView {
-  /** Requests queued per worker (σ): mean queued prefill over the mean work a request adds. */
-  saturation: number;
+  /** Requests queued per worker: mean queued prefill over the mean work a request adds. */
+  queuedPerWorker: number;
+  /** Workers with no prefill queued, and the best-cached worker's slot (-1: none), whose queue is left out. */
+  idleWorkers: number;
+  holderSlot: number;
+  /** Share of the workers with requests in flight. */
+  busyShare: number;
   /** Reuses of a cached token, h/(1−h) for the smoothed hit rate h: what an evicted token loses. */
   reuse: number;
   /** Most block-index entries any candidate has (the cache fullness reference when capacity is unknown). */
@@ -145,6 +151,7 @@ class Terms {
   kvCapacity = 0;
   kvWait = 0;
   fits = true;
+  saturation = 0;
   fullness = 0;
   recompute = 0;
   guard = 0;
@@ -189,8 +196,14 @@ function computeTerms(
   const fullness =
     capacity > 0 ? Math.min(1, held / capacity) : fleet.mostEntries > 0 ? c.indexEntries / fleet.mostEntries : 0;
   t.fullness = fullness;
+  // extra prefill delays queued requests only when no idle capacity absorbs it: while another
+  // worker has nothing queued, arrivals go there and a recompute here delays none of them, so
+  // an idle worker takes a long session a full holder cannot serve instead of being charged as
+  // if the fleet were saturated; once every other worker has a queue, the fleet is (σ as derived)
+  const selfIdle = worker.slot !== fleet.holderSlot && worker.queuedPrefillTokens === 0 ? 1 : 0;
+  t.saturation = (fleet.idleWorkers - selfIdle > 0 ? 0 : fleet.queuedPerWorker) + fleet.busyShare;
   t.recompute =
-    (w.recompute * fleet.saturation * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness) +
+    (w.recompute * t.saturation * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness) +
     fleet.reuse * fullness * uncached;
   // CLA and workflow affinity stand in for the cached KV when the prompt is not hashed (the
   // seed API); with blocks, cachedTokens already counts it and a bonus would count it twice
@@ -211,7 +224,10 @@ export class CostPolicy implements RoutingPolicy {
   private readonly terms = new Terms();
   // the fleet view and the scoring closure are made once; choose() sets what they read
   private readonly fleet: FleetView = {
-    saturation: 0,
+    queuedPerWorker: 0,
+    idleWorkers: 0,
+    holderSlot: -1,
+    busyShare: 0,
     reuse: 0,
     mostEntries: 0,
     hotness: 0,
@@ -342,6 +358,9 @@ export class CostPolicy implements RoutingPolicy {
     const f = this.fleet;
     let queued = 0;
     let holderQueued = 0;
+    let holderSlot = -1;
+    let idle = 0;
+    let holderIdle = 0;
     let inFlight = 0;
     let busy = 0;
     let mostEntries = 0;
@@ -352,6 +371,7 @@ export class CostPolicy implements RoutingPolicy {
     const prompt = r.promptTokens > 0 ? r.promptTokens : 0;
     for (const c of candidates) {
       queued += c.worker.queuedPrefillTokens;
+      if (c.worker.queuedPrefillTokens === 0) idle++;
       inFlight += c.worker.inFlightRequests;
       if (c.worker.inFlightRequests > 0) busy++;
       if (c.indexEntries > mostEntries) mostEntries = c.indexEntries;
@@ -360,6 +380,8 @@ export class CostPolicy implements RoutingPolicy {
       if (cached > best) {
         best = cached;
         holderQueued = c.worker.queuedPrefillTokens;
+        holderIdle = holderQueued === 0 ? 1 : 0;
+        holderSlot = c.worker.slot;
       }
       if (c.worker.load < w.pressureCeiling) anyBelowCeiling = true;
       const capacity = c.worker.kvCapacityTokens > 0 ? c.worker.kvCapacityTokens : w.kvCapacityTokens;
@@ -370,11 +392,13 @@ export class CostPolicy implements RoutingPolicy {
     f.bestWork = prefillWork(p - best, p, w.attention);
     // the holder's own queue is left out: it must not shield the holder from replication
     const others = best > 0 ? candidates.length - 1 : candidates.length;
-    const queuedPerWorker =
+    f.queuedPerWorker =
       this.meanWork > 0 && others > 0 ? (queued - (best > 0 ? holderQueued : 0)) / others / this.meanWork : 0;
+    f.idleWorkers = idle - (best > 0 ? holderIdle : 0);
+    f.holderSlot = best > 0 ? holderSlot : -1;
     // below saturation a recompute still occupies a worker that an arrival may need: with the
     // share of busy workers as that chance, one delayed request at most
-    f.saturation = queuedPerWorker + busy / candidates.length;
+    f.busyShare = busy / candidates.length;
     const hit = Math.min(this.meanHit, MAX_REUSE_HIT);
     f.reuse = hit / (1 - hit);
     f.mostEntries = mostEntries;
@@ -436,7 +460,7 @@ export class CostPolicy implements RoutingPolicy {
       estimatedTtftSeconds: seconds(t.wait + t.kvWait),
       kvWaitSeconds: seconds(t.kvWait),
       fits: t.fits,
-      saturation: f.saturation,
+      saturation: t.saturation,
       reuse: f.reuse,
       cacheFullness: t.fullness,
       hotness: f.hotness,
