@@ -1,6 +1,5 @@
 import { PendingPrefixes } from './pending-prefixes.js';
 import { pickMax } from './pick.js';
-import { QueuedWork } from './queued-work.js';
 import type { WorkerState } from '../worker-registry.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
 
@@ -16,10 +15,7 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *   W(u)   = u · (1 + attention · (P − u/2))         this request's prefill: u = P − C uncached
  *                                                    tokens, each attending to the cached context
  *   slow   = 1 + decode · activeDecodeTokens          decode steps interleaved with prefill chunks
- *   Q      = the worker's queued prefill work          its queued tokens, those of requests this
- *                                                    policy routed counted by their W (a token
- *                                                    of a long context costs more)
- *   wait   = (Q + W(u)) · slow                       estimated TTFT on this worker
+ *   wait   = (queuedPrefillTokens + W(u)) · slow     estimated TTFT on this worker
  *   kvWait = max(0, P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity known)
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
  *            (0 while another worker has nothing     (the best-cached worker's own queue left out),
@@ -146,7 +142,6 @@ class Terms {
   uncached = 0;
   work = 0;
   slowdown = 1;
-  queuedWork = 0;
   wait = 0;
   kvCapacity = 0;
   kvWait = 0;
@@ -169,7 +164,6 @@ function computeTerms(
   w: Readonly<CostWeights>,
   fleet: FleetView,
   cached: number,
-  queued: number,
 ): Terms {
   const known = r.promptTokens > 0;
   const prompt = known ? r.promptTokens : REFERENCE_PROMPT_TOKENS;
@@ -186,8 +180,7 @@ function computeTerms(
   t.uncached = uncached;
   t.work = work;
   t.slowdown = slowdown;
-  t.queuedWork = queued;
-  t.wait = (queued + work) * slowdown;
+  t.wait = (worker.queuedPrefillTokens + work) * slowdown;
   t.kvCapacity = capacity;
   t.kvWait = kvWait;
   t.fits = capacity <= 0 || prompt <= capacity;
@@ -244,8 +237,6 @@ export class CostPolicy implements RoutingPolicy {
   /** The last choice's uncached tokens and cached share, for onRouted(). */
   private chosenUncached = 0;
   private chosenHit = 0;
-  private chosenQueuedTokens = 0;
-  private chosenWork = 0;
   /** Decayed count of recent decisions per shared-prefix key, and when each slot was last decayed. */
   private readonly hotKeys = new Int32Array(HOT_SLOTS);
   private readonly hotCounts = new Float64Array(HOT_SLOTS);
@@ -255,18 +246,8 @@ export class CostPolicy implements RoutingPolicy {
   private prefixKey = 0;
   /** Prefixes of this router's in-flight requests: what a worker is about to hold. */
   private readonly pending = new PendingPrefixes();
-  /** The prefill work of this router's requests queued on each worker. */
-  private readonly queued = new QueuedWork();
   private readonly score = (c: Candidate): number => {
-    const t = computeTerms(
-      this.terms,
-      c,
-      this.request!,
-      this.weights,
-      this.fleet,
-      this.cachedOn(c, this.request!),
-      this.queueOf(c, this.request!),
-    );
+    const t = computeTerms(this.terms, c, this.request!, this.weights, this.fleet, this.cachedOn(c, this.request!));
     if (!t.fits && this.fleet.anyFits) return NaN;
     if (t.kvCapacity <= 0 && this.fleet.anyBelowCeiling && c.worker.load >= this.weights.pressureCeiling) return NaN;
     return -t.cost;
@@ -283,21 +264,10 @@ export class CostPolicy implements RoutingPolicy {
     if (index < 0) return NO_CHOICE;
     const chosen = candidates[index];
     const cached = this.cachedOn(chosen, request);
-    const t = computeTerms(
-      this.terms,
-      chosen,
-      request,
-      this.weights,
-      this.fleet,
-      cached,
-      this.queueOf(chosen, request),
-    );
+    const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet, cached);
     // what the decision teaches, applied in onRouted() if the router acts on it (not a dry run)
     this.chosenUncached = t.uncached;
     this.chosenHit = t.prompt > 0 ? 1 - t.uncached / t.prompt : 0;
-    // the tokens the router will count in the worker's queue for this request (its own rule), and their work
-    this.chosenQueuedTokens = Math.max(0, request.promptTokens - chosen.cachedTokens);
-    this.chosenWork = request.promptTokens > 0 ? t.work : this.chosenQueuedTokens;
     // recomputing a prefix another worker holds, because the queue it saves costs more
     const replicate = this.fleet.bestCachedTokens - cached >= request.blockSize && t.work > this.fleet.bestWork;
     return { index, confidence: chosen.cachedFraction, reason: replicate ? 'replicate' : 'cost' };
@@ -315,19 +285,6 @@ export class CostPolicy implements RoutingPolicy {
     return Math.max(c.cachedTokens, this.pending.blocksOn(c) * r.blockSize);
   }
 
-  /**
-   * The prefill queued ahead of the request on the worker. Counting on a pending prefix means
-   * waiting for the request that brings it, whose work the policy knows: a long context
-   * recomputed from scratch takes several times its token count (attention), and a follow-up
-   * sent after it on the strength of its tokens alone would wait far longer than estimated.
-   * There the queue is counted by work; elsewhere by the router's token count.
-   */
-  private queueOf(c: Candidate, r: RouteFeatures): number {
-    return this.pending.blocksOn(c) * r.blockSize > c.cachedTokens
-      ? this.queued.on(c.worker)
-      : c.worker.queuedPrefillTokens;
-  }
-
   /** A routed request: the mean work, the hit rate and the prefix's count learn from it; its prefix is pending on the worker. */
   onRouted(worker: WorkerState, request: RouteFeatures, ticket = 0): void {
     const u = this.chosenUncached;
@@ -335,21 +292,14 @@ export class CostPolicy implements RoutingPolicy {
     this.meanHit += (this.chosenHit - this.meanHit) / WORK_SMOOTHING;
     this.countPrefix(this.prefixKey);
     this.pending.record(worker.slot, ticket, request.blocks);
-    this.queued.open(worker.slot, ticket, this.chosenQueuedTokens, this.chosenWork);
-  }
-
-  onPrefillDone(ticket: number): void {
-    this.queued.done(ticket);
   }
 
   onReleased(ticket: number): void {
     this.pending.release(ticket);
-    this.queued.done(ticket);
   }
 
   onWorkerRemoved(worker: WorkerState): void {
     this.pending.removeWorker(worker.slot);
-    this.queued.removeWorker(worker.slot);
   }
 
   /** Saturation, hotness and the best-cached candidate: what every candidate's cost shares. */
@@ -443,7 +393,7 @@ export class CostPolicy implements RoutingPolicy {
     const w = this.weights;
     const f = this.fleet;
     const cached = this.cachedOn(c, request);
-    const t = computeTerms(new Terms(), c, request, w, f, cached, this.queueOf(c, request));
+    const t = computeTerms(new Terms(), c, request, w, f, cached);
     const seconds = (tokens: number) => tokens / w.prefillTokensPerSecond;
     const excluded =
       (!t.fits && f.anyFits) || (t.kvCapacity <= 0 && f.anyBelowCeiling && c.worker.load >= w.pressureCeiling);
@@ -454,7 +404,7 @@ export class CostPolicy implements RoutingPolicy {
       uncachedTokens: t.uncached,
       queuedPrefillTokens: c.worker.queuedPrefillTokens,
       activeDecodeTokens: c.worker.activeDecodeTokens,
-      queueSeconds: seconds(t.queuedWork * t.slowdown),
+      queueSeconds: seconds(c.worker.queuedPrefillTokens * t.slowdown),
       prefillSeconds: seconds(t.work * t.slowdown),
       decodeSlowdown: t.slowdown,
       estimatedTtftSeconds: seconds(t.wait + t.kvWait),

@@ -1,4 +1,3 @@
-import { withSlot } from './slot-array.js';
 import type { Candidate, RequestBlocks } from './types.js';
 
 /** Slots of the block table (a power of two; a colliding block overwrites the older entry). */
@@ -65,7 +64,7 @@ export class PendingPrefixes {
   /** Finds, for every candidate, how many of the request's leading blocks are pending on it. */
   lookup(candidates: readonly Candidate[], blocks: RequestBlocks | undefined): void {
     for (const c of candidates) {
-      this.depth = withSlot(this.depth, c.worker.slot);
+      if (c.worker.slot >= this.depth.length) this.depth = grow(this.depth, c.worker.slot + 1);
       this.depth[c.worker.slot] = 0;
     }
     this.deepest = 0;
@@ -93,4 +92,10 @@ export class PendingPrefixes {
 
 function tableSlot(hi: number, lo: number): number {
   return (lo ^ Math.imul(hi, 0x9e3779b1)) & (BLOCK_SLOTS - 1);
+}
+
+function grow(a: Float64Array, n: number): Float64Array<ArrayBuffer> {
+  const b = new Float64Array(Math.max(n, a.length * 2));
+  b.set(a);
+  return b;
 }

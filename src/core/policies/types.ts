@@ -108,8 +108,6 @@ export interface RoutingPolicy {
    * whose state follows their own decisions.
    */
   onRouted?(worker: WorkerState, request: RouteFeatures, ticket: number, now: number): void;
-  /** The tracked request of `ticket` finished its prefill (its first token was seen). */
-  onPrefillDone?(ticket: number): void;
   /** The tracked request of `ticket` completed, failed or was abandoned. */
   onReleased?(ticket: number): void;
   /** The worker was removed; its slot may be reused by another worker. */
