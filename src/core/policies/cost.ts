@@ -1,3 +1,4 @@
+import { PendingPrefixes } from './pending-prefixes.js';
 import { pickMax } from './pick.js';
 import type { WorkerState } from '../worker-registry.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
@@ -7,8 +8,12 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  * costs the fleet in prefill time, and picks the cheapest. Every term is measured in
  * prefill-token equivalents (÷ `prefillTokensPerSecond` gives seconds, which `explain` shows):
  *
- *   W(u)   = u · (1 + attention · (P − u/2))         this request's prefill: u uncached tokens,
- *                                                    each attending to the cached context
+ *   C      = max(cachedTokens, pending)               what the worker holds or is about to hold:
+ *                                                    the index's count, or the prefix of an
+ *                                                    unfinished request routed there (its KV is
+ *                                                    reported only once computed, after its queue)
+ *   W(u)   = u · (1 + attention · (P − u/2))         this request's prefill: u = P − C uncached
+ *                                                    tokens, each attending to the cached context
  *   slow   = 1 + decode · activeDecodeTokens          decode steps interleaved with prefill chunks
  *   wait   = (queuedPrefillTokens + W(u)) · slow     estimated TTFT on this worker
  *   kvWait = max(0, P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity known)
@@ -147,11 +152,21 @@ class Terms {
   cost = 0;
 }
 
-/** Fills `t` with candidate `c`'s terms; allocates nothing. */
-function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<CostWeights>, fleet: FleetView): Terms {
+/**
+ * Fills `t` with candidate `c`'s terms; allocates nothing. `cached` is what the worker holds or
+ * is about to hold of the prompt (see CostPolicy.cachedOn).
+ */
+function computeTerms(
+  t: Terms,
+  c: Candidate,
+  r: RouteFeatures,
+  w: Readonly<CostWeights>,
+  fleet: FleetView,
+  cached: number,
+): Terms {
   const known = r.promptTokens > 0;
   const prompt = known ? r.promptTokens : REFERENCE_PROMPT_TOKENS;
-  const uncached = known ? Math.max(0, prompt - c.cachedTokens) : (1 - c.cachedFraction) * prompt;
+  const uncached = known ? Math.max(0, prompt - cached) : (1 - c.cachedFraction) * prompt;
   const worker = c.worker;
   const work = prefillWork(uncached, prompt, w.attention);
   const slowdown = 1 + w.decode * worker.activeDecodeTokens;
@@ -226,8 +241,12 @@ export class CostPolicy implements RoutingPolicy {
   private readonly hotCounts = new Float64Array(HOT_SLOTS);
   private readonly hotSeen = new Float64Array(HOT_SLOTS);
   private decisions = 0;
+  /** The shared-prefix key of the request being chosen for (counted in onRouted()). */
+  private prefixKey = 0;
+  /** Prefixes of this router's in-flight requests: what a worker is about to hold. */
+  private readonly pending = new PendingPrefixes();
   private readonly score = (c: Candidate): number => {
-    const t = computeTerms(this.terms, c, this.request!, this.weights, this.fleet);
+    const t = computeTerms(this.terms, c, this.request!, this.weights, this.fleet, this.cachedOn(c, this.request!));
     if (!t.fits && this.fleet.anyFits) return NaN;
     if (t.kvCapacity <= 0 && this.fleet.anyBelowCeiling && c.worker.load >= this.weights.pressureCeiling) return NaN;
     return -t.cost;
@@ -238,26 +257,48 @@ export class CostPolicy implements RoutingPolicy {
   choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice {
     if (candidates.length === 0) return NO_CHOICE;
     this.request = request;
+    this.pending.lookup(candidates, request.blocks);
     this.observeFleet(candidates, request);
     const index = pickMax(candidates, this.score, this.tieBreak, this.scratch);
     if (index < 0) return NO_CHOICE;
     const chosen = candidates[index];
-    const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet);
+    const cached = this.cachedOn(chosen, request);
+    const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet, cached);
     // what the decision teaches, applied in onRouted() if the router acts on it (not a dry run)
     this.chosenUncached = t.uncached;
     this.chosenHit = t.prompt > 0 ? 1 - t.uncached / t.prompt : 0;
     // recomputing a prefix another worker holds, because the queue it saves costs more
-    const replicate =
-      this.fleet.bestCachedTokens - chosen.cachedTokens >= request.blockSize && t.work > this.fleet.bestWork;
+    const replicate = this.fleet.bestCachedTokens - cached >= request.blockSize && t.work > this.fleet.bestWork;
     return { index, confidence: chosen.cachedFraction, reason: replicate ? 'replicate' : 'cost' };
   }
 
-  /** A routed request: the mean work, the hit rate and the prefix's count learn from it. */
-  onRouted(_worker: WorkerState, request: RouteFeatures): void {
+  /**
+   * Prompt tokens the worker holds or is about to hold: the index's count (what its engine
+   * reported, plus the router's short-lived predictions), or, if longer, the prefix of a
+   * request this router sent there that has not finished. Under load a worker reports a
+   * prefix only after the request's queue wait (tens of seconds at saturation), and without
+   * this a conversation's next turn, arriving meanwhile, would see its prefix nowhere and
+   * recompute it on another worker.
+   */
+  private cachedOn(c: Candidate, r: RouteFeatures): number {
+    return Math.max(c.cachedTokens, this.pending.blocksOn(c) * r.blockSize);
+  }
+
+  /** A routed request: the mean work, the hit rate and the prefix's count learn from it; its prefix is pending on the worker. */
+  onRouted(worker: WorkerState, request: RouteFeatures, ticket = 0): void {
     const u = this.chosenUncached;
     this.meanWork = this.meanWork === 0 ? Math.max(1, u) : this.meanWork + (u - this.meanWork) / WORK_SMOOTHING;
     this.meanHit += (this.chosenHit - this.meanHit) / WORK_SMOOTHING;
-    this.countPrefix(request.sharedPrefixKey ?? 0);
+    this.countPrefix(this.prefixKey);
+    this.pending.record(worker.slot, ticket, request.blocks);
+  }
+
+  onReleased(ticket: number): void {
+    this.pending.release(ticket);
+  }
+
+  onWorkerRemoved(worker: WorkerState): void {
+    this.pending.removeWorker(worker.slot);
   }
 
   /** Saturation, hotness and the best-cached candidate: what every candidate's cost shares. */
@@ -272,6 +313,7 @@ export class CostPolicy implements RoutingPolicy {
     let inFlight = 0;
     let busy = 0;
     let mostEntries = 0;
+    let mostOverlap = 0;
     let best = 0;
     let anyBelowCeiling = false;
     let anyFits = false;
@@ -282,7 +324,8 @@ export class CostPolicy implements RoutingPolicy {
       inFlight += c.worker.inFlightRequests;
       if (c.worker.inFlightRequests > 0) busy++;
       if (c.indexEntries > mostEntries) mostEntries = c.indexEntries;
-      const cached = prompt > 0 ? Math.min(prompt, c.cachedTokens) : c.cachedFraction * REFERENCE_PROMPT_TOKENS;
+      if (c.overlapBlocks > mostOverlap) mostOverlap = c.overlapBlocks;
+      const cached = prompt > 0 ? Math.min(prompt, this.cachedOn(c, r)) : c.cachedFraction * REFERENCE_PROMPT_TOKENS;
       if (cached > best) {
         best = cached;
         holderQueued = c.worker.queuedPrefillTokens;
@@ -308,7 +351,16 @@ export class CostPolicy implements RoutingPolicy {
     const hit = Math.min(this.meanHit, MAX_REUSE_HIT);
     f.reuse = hit / (1 - hit);
     f.mostEntries = mostEntries;
-    f.hotness = this.prefixShare(r.sharedPrefixKey ?? 0) * inFlight;
+    // hotness is the count of the prefix a replica would recompute: the deepest one held or
+    // about to be held. A pending prefix deeper than any the index knows (a conversation's
+    // history) is keyed by its own last block, not by the shorter held prefix it extends (a
+    // system prompt every request shares), whose siblings would not reuse the history
+    const deepest = this.pending.deepest;
+    this.prefixKey =
+      r.blocks && deepest > mostOverlap && deepest <= r.blocks.length
+        ? r.blocks.lo[deepest - 1]
+        : (r.sharedPrefixKey ?? 0);
+    f.hotness = this.prefixShare(this.prefixKey) * inFlight;
     f.anyBelowCeiling = anyBelowCeiling;
     f.anyFits = anyFits;
   }
@@ -339,12 +391,15 @@ export class CostPolicy implements RoutingPolicy {
   scoreTerms(c: Candidate, request: RouteFeatures): Record<string, number | boolean> {
     const w = this.weights;
     const f = this.fleet;
-    const t = computeTerms(new Terms(), c, request, w, f);
+    const cached = this.cachedOn(c, request);
+    const t = computeTerms(new Terms(), c, request, w, f, cached);
     const seconds = (tokens: number) => tokens / w.prefillTokensPerSecond;
     const excluded =
       (!t.fits && f.anyFits) || (t.kvCapacity <= 0 && f.anyBelowCeiling && c.worker.load >= w.pressureCeiling);
     return {
       promptTokens: t.prompt,
+      /** Tokens of the prompt an unfinished request routed to this worker is bringing there. */
+      pendingTokens: this.pending.blocksOn(c) * request.blockSize,
       uncachedTokens: t.uncached,
       queuedPrefillTokens: c.worker.queuedPrefillTokens,
       activeDecodeTokens: c.worker.activeDecodeTokens,
@@ -359,7 +414,7 @@ export class CostPolicy implements RoutingPolicy {
       cacheFullness: t.fullness,
       hotness: f.hotness,
       recomputeSeconds: seconds(t.recompute),
-      replicate: f.bestCachedTokens - c.cachedTokens >= request.blockSize && t.work > f.bestWork && !excluded,
+      replicate: f.bestCachedTokens - cached >= request.blockSize && t.work > f.bestWork && !excluded,
       kvUsage: c.worker.load,
       guardSeconds: seconds(t.guard),
       servesCla: c.servesCla,
