@@ -13,6 +13,7 @@ import {
   hashPrecomputedBlocks,
   hashString32,
   hashTextBlocks,
+  TokenBlockKeys,
   type HashNamespace,
 } from '../hashing.js';
 import type { CostWeights } from '../policies/index.js';
@@ -76,6 +77,8 @@ export class KVAwareRouter {
 
   // scratch reused by every route(): the route path allocates little
   private readonly hashes = new BlockHashes(1024);
+  /** Token ids under the router's own keying: keys computed only as far as a route reads them. */
+  private readonly tokenKeys = new TokenBlockKeys();
   private readonly overlap = new OverlapResult(32);
   private readonly hashNs: HashNamespace = {};
   /** Workers whose block size is not the router's, by block size (their slots); rebuilt on (un)registration. */
@@ -258,11 +261,14 @@ export class KVAwareRouter {
     ns.cacheSalt = cacheSalt ?? null;
     ns.claGroup = claGroup;
     const hashes = this.hashRequest(request, ns);
+    // keys of token ids are computed on demand (TokenBlockKeys): `hashes` holds those computed so far
+    const lazyKeys = hashes === this.tokenKeys.computed ? this.tokenKeys : undefined;
+    const requestBlocks = lazyKeys ? lazyKeys.total : hashes.length;
     const promptTokens = this.promptTokensOf(request, hashes);
 
     const overlap = this.overlap;
-    if (!isolated && this.anchorLocalityEnabled && hashes.length > 0) {
-      this.index.overlaps(hashes.hi, hashes.lo, hashes.length, overlap, now);
+    if (!isolated && this.anchorLocalityEnabled && requestBlocks > 0) {
+      this.index.overlaps(hashes.hi, hashes.lo, requestBlocks, overlap, now, lazyKeys, hashes.length);
       // engine-native keys: a block held deeper in the chain implies its prefix (vLLM caches
       // prefixes), even where the router never saw those ancestors stored
       if (this.keying.mode === 'vllm' && request.tokens !== undefined && overlap.maxBlocks < hashes.length)
@@ -289,16 +295,18 @@ export class KVAwareRouter {
       now,
       options.exclude,
     );
+    lazyKeys?.ensure(4); // the routing key's block
     const features: RouteFeatures = {
       claGroup,
       promptTokens,
-      requestBlocks: hashes.length,
+      requestBlocks,
       blockSize: hashes.tokensPerBlock || this.blockSize,
-      routingKey: hashes.length > 0 ? hashes.lo[Math.min(hashes.length, 4) - 1] : anchor ? hashString32(anchor) : 0,
-      blocks: hashes,
+      routingKey: requestBlocks > 0 ? hashes.lo[Math.min(requestBlocks, 4) - 1] : anchor ? hashString32(anchor) : 0,
+      // a policy reading them gets every key (TokenBlockKeys computes the rest on first read)
+      blocks: lazyKeys ?? hashes,
       sharedPrefixKey:
         overlap.maxBlocks > 0
-          ? hashes.lo[Math.min(overlap.maxBlocks, hashes.length) - 1]
+          ? hashes.lo[Math.min(overlap.maxBlocks, requestBlocks) - 1]
           : anchor
             ? hashString32(anchor)
             : 0,
@@ -313,7 +321,7 @@ export class KVAwareRouter {
       confidence: choice.confidence,
       policy: this.policy.name,
       reason: choice.reason,
-      blocks: hashes.length,
+      blocks: requestBlocks,
       ticket: 0,
       preRope: true,
     };
@@ -328,13 +336,14 @@ export class KVAwareRouter {
     let end = 0;
     let recorded = hashes;
     if (!isolated) {
-      if (hashes.length > 0) {
+      if (requestBlocks > 0) {
         // approximate: every block (refreshing the TTL); precise: a speculative stretch past
         // what the worker holds
         end =
           this.indexMode === 'precise'
-            ? Math.min(hashes.length, chosen.overlapBlocks + this.speculativeBlocks)
-            : hashes.length;
+            ? Math.min(requestBlocks, chosen.overlapBlocks + this.speculativeBlocks)
+            : requestBlocks;
+        lazyKeys?.ensure(end);
         start = this.indexMode === 'precise' ? chosen.overlapBlocks : 0;
         // a worker of another block size records the request's keys in its size
         if (
@@ -556,6 +565,10 @@ export class KVAwareRouter {
     if (request.tokens !== undefined) {
       if (typeof request.tokens !== 'object' || typeof request.tokens.length !== 'number')
         throw new TypeError('tokens must be an array of token ids');
+      if (this.keying.mode === 'router') {
+        this.tokenKeys.reset(request.tokens, this.blockSize, ns);
+        return this.tokenKeys.computed;
+      }
       this.keying.hashTokens(request.tokens, this.blockSize, ns, hashes);
     } else if (request.blockHashes !== undefined) {
       if (typeof request.blockHashes !== 'object' || typeof request.blockHashes.length !== 'number')
