@@ -13,13 +13,8 @@
  *   slot remains the walk tests that slot's bit alone: past the first few blocks the cost per
  *   block does not depend on the number of workers. Depths stay exact for every slot (the
  *   policies weigh them against load), so the walk is not cut short at one candidate.
- * - Open-addressing hash tables (linear probing, backward-shift deletion) map keys to node
- *   ids. No JS Map, no boxed numbers, no per-block objects. Blocks created by a prediction
- *   (precise mode's speculative stretch past what a worker holds: mostly blocks no engine
- *   has reported yet) go into a table of their own until an engine reports storing them.
- *   They come and go with every request; in their own small table, inserting and expiring
- *   them probes memory that stays in cache instead of the large table of stored blocks.
- *   Which table holds a block changes nothing else: nodes, ids and bits are the same.
+ * - An open-addressing hash table (linear probing, backward-shift deletion) maps keys to
+ *   node ids. No JS Map, no boxed numbers, no per-block objects.
  * - Per worker a reverse list of the node ids it stores (GPU, offload), so removing a worker
  *   or applying AllBlocksCleared costs O(that worker's blocks). Lists may hold stale ids;
  *   they are compacted when stale ids outnumber live ones. Predictions churn too fast for
@@ -144,12 +139,10 @@ export class BlockIndex {
   private freeCursor = 0;
   private liveNodes = 0;
 
-  /** Nodes that have held an engine-reported (stored) block: most of the index. */
-  private storedTable: NodeTable;
-  /** Nodes created by predictions that no engine has reported storing yet (see class comment). */
-  private predictedTable: NodeTable;
-  /** Per node: 1 when it is in predictedTable. */
-  private inPredictedTable: Uint8Array;
+  // hash table: node ids, EMPTY when vacant
+  private table: Int32Array;
+  private tableMask: number;
+  private tableShift: number;
 
   // per worker slot
   private reverse: Int32Array[] = [];
@@ -189,9 +182,10 @@ export class BlockIndex {
     this.ref = new Uint8Array(this.capacity);
     this.mark = new Uint32Array(this.capacity);
     this.freeBits = new Uint32Array((this.capacity + 31) >>> 5);
-    this.storedTable = new NodeTable(nextPow2(this.capacity * 2));
-    this.predictedTable = new NodeTable(256);
-    this.inPredictedTable = new Uint8Array(this.capacity);
+    const tableSize = nextPow2(this.capacity * 2);
+    this.table = new Int32Array(tableSize).fill(EMPTY);
+    this.tableMask = tableSize - 1;
+    this.tableShift = 32 - Math.log2(tableSize);
     for (let g = 0; g < GENERATIONS; g++) {
       this.generationNodes.push(new Int32Array(256));
       this.generationLength.push(0);
@@ -227,8 +221,7 @@ export class BlockIndex {
     this.walkLength = 0; // events are not the request just routed
     let node = EMPTY;
     for (let i = start; i < end; i++) {
-      node = this.locate(i, hi[i] >>> 0, lo[i] >>> 0, node, false);
-      if (this.inPredictedTable[node] === 1) this.moveToStoredTable(node);
+      node = this.locate(i, hi[i] >>> 0, lo[i] >>> 0, node);
       this.setBit(node, row, slot);
     }
     this.enforceBudget();
@@ -308,7 +301,7 @@ export class BlockIndex {
     for (let i = start; i < end; i++) {
       const h = hi[i] >>> 0;
       const l = lo[i] >>> 0;
-      node = this.locate(i, h, l, node, true);
+      node = this.locate(i, h, l, node);
       const base = node * this.stride + w * ROWS;
       // a block the engine reported storing needs no prediction; one predicted in this
       // generation already is up to date
@@ -652,9 +645,7 @@ export class BlockIndex {
       this.ref.byteLength +
       this.mark.byteLength +
       this.freeBits.byteLength +
-      this.inPredictedTable.byteLength +
-      this.storedTable.slots.byteLength +
-      this.predictedTable.slots.byteLength;
+      this.table.byteLength;
     for (const r of this.reverse) if (r) bytes += r.byteLength;
     for (const g of this.generationNodes) bytes += g.byteLength;
     return {
@@ -730,8 +721,7 @@ export class BlockIndex {
 
   /** Returns an empty node to the free list. */
   private freeNode(node: number): void {
-    if (this.inPredictedTable[node] === 1) this.predictedTable.remove(this.keys, node);
-    else this.storedTable.remove(this.keys, node);
+    this.removeFromTable(node);
     this.ref[node] = FREE;
     this.freeBits[node >>> 5] |= 1 << (node & 31);
     this.freeCount++;
@@ -863,10 +853,24 @@ export class BlockIndex {
 
   // ------------------------------------------------------------------------ hash table
 
-  /** The node of a key, EMPTY when none. The small predicted table first: its probe is cheap. */
+  /**
+   * Fibonacci hashing: the top bits of a multiplicative mix. Taking the top bits keeps
+   * structured keys (precomputed ids, test keys) from piling into a few buckets.
+   */
+  private bucketOf(hi: number, lo: number): number {
+    return Math.imul(lo ^ Math.imul(hi, 0x85ebca6b), 0x9e3779b1) >>> this.tableShift;
+  }
+
   private find(hi: number, lo: number): number {
-    const node = this.predictedTable.find(this.keys, hi, lo);
-    return node !== EMPTY ? node : this.storedTable.find(this.keys, hi, lo);
+    const table = this.table;
+    const mask = this.tableMask;
+    let pos = this.bucketOf(hi, lo);
+    for (;;) {
+      const node = table[pos];
+      if (node === EMPTY) return EMPTY;
+      if (this.keys[2 * node] === lo && this.keys[2 * node + 1] === hi) return node;
+      pos = (pos + 1) & mask;
+    }
   }
 
   /**
@@ -874,7 +878,7 @@ export class BlockIndex {
    * covered block i with this key (recording right after routing the same request), else
    * the node after the previous block's (chains are allocated in order), else the table.
    */
-  private locate(i: number, h: number, l: number, previous: number, predicted: boolean): number {
+  private locate(i: number, h: number, l: number, previous: number): number {
     if (i < this.walkLength) {
       const node = this.walkNodes[i];
       if (this.keys[2 * node] === l && this.keys[2 * node + 1] === h && this.ref[node] !== FREE) {
@@ -889,7 +893,7 @@ export class BlockIndex {
         return near;
       }
     }
-    return this.findOrInsert(h, l, predicted);
+    return this.findOrInsert(h, l);
   }
 
   /**
@@ -911,49 +915,69 @@ export class BlockIndex {
     return near !== EMPTY ? near : this.find(h, l);
   }
 
-  /**
-   * An existing block is marked recently used; a new one starts cold, in the predicted table
-   * when a prediction creates it. One probe of each table either way.
-   */
-  private findOrInsert(hi: number, lo: number, predicted: boolean): number {
-    const keys = this.keys;
-    const predictedTable = this.predictedTable;
-    if ((predictedTable.count + 1) * 2 > predictedTable.slots.length) this.growTable(predictedTable, 1);
-    let found = predictedTable.find(keys, hi, lo);
-    const vacantInPredicted = predictedTable.vacant;
-    const storedTable = this.storedTable;
-    if (found === EMPTY) {
-      if ((storedTable.count + 1) * 2 > storedTable.slots.length) this.growTable(storedTable, 0);
-      found = storedTable.find(keys, hi, lo);
+  /** An existing block is marked recently used; a new one starts cold. One probe either way. */
+  private findOrInsert(hi: number, lo: number): number {
+    if ((this.liveNodes + 1) * 2 > this.table.length) this.growTable();
+    const table = this.table;
+    const mask = this.tableMask;
+    let pos = this.bucketOf(hi, lo);
+    for (;;) {
+      const found = table[pos];
+      if (found === EMPTY) break;
+      if (this.keys[2 * found] === lo && this.keys[2 * found + 1] === hi) {
+        this.ref[found] = 1;
+        return found;
+      }
+      pos = (pos + 1) & mask;
     }
-    if (found !== EMPTY) {
-      this.ref[found] = 1;
-      return found;
-    }
-    const node = this.allocateNode(); // may grow the arena: this.keys is then a new array
+    const node = this.allocateNode();
     this.keys[2 * node] = lo;
     this.keys[2 * node + 1] = hi;
     this.ref[node] = 0; // new blocks start cold (see class comment)
-    if (predicted) predictedTable.insertAt(vacantInPredicted, node);
-    else storedTable.insertAt(storedTable.vacant, node);
-    this.inPredictedTable[node] = predicted ? 1 : 0;
+    table[pos] = node;
     this.liveNodes++;
     return node;
   }
 
-  /** An engine reported storing a block the router had only predicted: it joins the long-lived table. */
-  private moveToStoredTable(node: number): void {
-    this.predictedTable.remove(this.keys, node);
-    if ((this.storedTable.count + 1) * 2 > this.storedTable.slots.length) this.growTable(this.storedTable, 0);
-    this.storedTable.insert(this.keys, node);
-    this.inPredictedTable[node] = 0;
+  private insertIntoTable(node: number): void {
+    const mask = this.tableMask;
+    let pos = this.bucketOf(this.keys[2 * node + 1], this.keys[2 * node]);
+    while (this.table[pos] !== EMPTY) pos = (pos + 1) & mask;
+    this.table[pos] = node;
   }
 
-  /** Doubles a table and re-inserts its nodes (`which`: their inPredictedTable value). */
-  private growTable(table: NodeTable, which: number): void {
-    table.reset(table.slots.length * 2);
-    for (let node = 0; node < this.highWater; node++)
-      if (this.ref[node] !== FREE && this.inPredictedTable[node] === which) table.insert(this.keys, node);
+  private removeFromTable(node: number): void {
+    const table = this.table;
+    const mask = this.tableMask;
+    let pos = this.bucketOf(this.keys[2 * node + 1], this.keys[2 * node]);
+    while (table[pos] !== node) {
+      if (table[pos] === EMPTY) return;
+      pos = (pos + 1) & mask;
+    }
+    // backward-shift deletion keeps probe chains intact without tombstones
+    let hole = pos;
+    let j = pos;
+    for (;;) {
+      j = (j + 1) & mask;
+      const other = table[j];
+      if (other === EMPTY) break;
+      const ideal = this.bucketOf(this.keys[2 * other + 1], this.keys[2 * other]);
+      // move `other` into the hole unless its ideal slot lies cyclically in (hole, j]
+      const inRange = hole <= j ? ideal > hole && ideal <= j : ideal > hole || ideal <= j;
+      if (!inRange) {
+        table[hole] = other;
+        hole = j;
+      }
+    }
+    table[hole] = EMPTY;
+  }
+
+  private growTable(): void {
+    const size = this.table.length * 2;
+    this.table = new Int32Array(size).fill(EMPTY);
+    this.tableMask = size - 1;
+    this.tableShift = 32 - Math.log2(size);
+    for (let node = 0; node < this.highWater; node++) if (this.ref[node] !== FREE) this.insertIntoTable(node);
   }
 
   private allocateNode(): number {
@@ -984,9 +1008,6 @@ export class BlockIndex {
     const ref = new Uint8Array(capacity);
     ref.set(this.ref);
     this.ref = ref;
-    const inPredicted = new Uint8Array(capacity);
-    inPredicted.set(this.inPredictedTable);
-    this.inPredictedTable = inPredicted;
     const free = new Uint32Array((capacity + 31) >>> 5);
     free.set(this.freeBits);
     this.freeBits = free;
@@ -1006,99 +1027,6 @@ export class BlockIndex {
     this.masks = masks;
     this.words = words;
     this.stride = stride;
-  }
-}
-
-/**
- * An open-addressing hash table (linear probing, backward-shift deletion) from a 64-bit key
- * to the id of the node holding it; the keys themselves live in the index's node arena.
- */
-class NodeTable {
-  /** Node ids, EMPTY when vacant. */
-  slots: Int32Array;
-  /** Nodes in the table. */
-  count = 0;
-  /** After a find() that missed: the vacant slot where the key would go. */
-  vacant = 0;
-  private mask: number;
-  private shift: number;
-
-  constructor(size: number) {
-    this.slots = new Int32Array(size).fill(EMPTY);
-    this.mask = size - 1;
-    this.shift = 32 - Math.log2(size);
-  }
-
-  /** Empties the table at a new size (a power of two). */
-  reset(size: number): void {
-    this.slots = new Int32Array(size).fill(EMPTY);
-    this.mask = size - 1;
-    this.shift = 32 - Math.log2(size);
-    this.count = 0;
-  }
-
-  /**
-   * Fibonacci hashing: the top bits of a multiplicative mix. Taking the top bits keeps
-   * structured keys (precomputed ids, test keys) from piling into a few buckets.
-   */
-  bucketOf(hi: number, lo: number): number {
-    return Math.imul(lo ^ Math.imul(hi, 0x85ebca6b), 0x9e3779b1) >>> this.shift;
-  }
-
-  find(keys: Uint32Array, hi: number, lo: number): number {
-    const slots = this.slots;
-    const mask = this.mask;
-    let pos = this.bucketOf(hi, lo);
-    for (;;) {
-      const node = slots[pos];
-      if (node === EMPTY) {
-        this.vacant = pos;
-        return EMPTY;
-      }
-      if (keys[2 * node] === lo && keys[2 * node + 1] === hi) return node;
-      pos = (pos + 1) & mask;
-    }
-  }
-
-  /** Puts a node at the vacant slot a find() of its key just reported. */
-  insertAt(pos: number, node: number): void {
-    this.slots[pos] = node;
-    this.count++;
-  }
-
-  insert(keys: Uint32Array, node: number): void {
-    const mask = this.mask;
-    let pos = this.bucketOf(keys[2 * node + 1], keys[2 * node]);
-    while (this.slots[pos] !== EMPTY) pos = (pos + 1) & mask;
-    this.slots[pos] = node;
-    this.count++;
-  }
-
-  remove(keys: Uint32Array, node: number): void {
-    const slots = this.slots;
-    const mask = this.mask;
-    let pos = this.bucketOf(keys[2 * node + 1], keys[2 * node]);
-    while (slots[pos] !== node) {
-      if (slots[pos] === EMPTY) return;
-      pos = (pos + 1) & mask;
-    }
-    this.count--;
-    // backward-shift deletion keeps probe chains intact without tombstones
-    let hole = pos;
-    let j = pos;
-    for (;;) {
-      j = (j + 1) & mask;
-      const other = slots[j];
-      if (other === EMPTY) break;
-      const ideal = this.bucketOf(keys[2 * other + 1], keys[2 * other]);
-      // move `other` into the hole unless its ideal slot lies cyclically in (hole, j]
-      const inRange = hole <= j ? ideal > hole && ideal <= j : ideal > hole || ideal <= j;
-      if (!inRange) {
-        slots[hole] = other;
-        hole = j;
-      }
-    }
-    slots[hole] = EMPTY;
   }
 }
 

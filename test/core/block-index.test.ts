@@ -194,9 +194,7 @@ describe('BlockIndex', () => {
     }
   });
 
-  test('blocks created by predictions and later stored by an engine stay findable (both tables, resizes)', () => {
-    // predictions create blocks in a table of their own; an engine's BlockStored moves them
-    // to the long-lived one: every block must be found in whichever table holds it
+  test('blocks created by predictions, stored by an engine or both stay findable (resizes, expiry)', () => {
     const index = new BlockIndex({ initialCapacity: 64, predictedTtlMs: 1000 });
     const held = new Map<number, 'gpu' | 'predicted'>();
     let x = 777;
