@@ -3,7 +3,7 @@
  * 512 chained 64-bit block hashes of 16 tokens, for
  *  - the chosen xxHash64-style hash in WebAssembly, one call per request (src/core/hashing.ts),
  *    from a Uint32Array and from a plain array (checked and copied),
- *  - the earlier TypeScript two-lane 32-bit multiply-xor loop (kept here for comparison),
+ *  - a TypeScript two-lane 32-bit multiply-xor loop (the pure-JS alternative),
  *  - node:crypto (OpenSSL) md5 and sha256, one native call per block, chained by hashing
  *    the parent digest with the block,
  *  - FNV-1a 64 in BigInt arithmetic (pure JS, exact 64-bit).

@@ -7,8 +7,9 @@
  *                     [--workers 8] [--traces mooncake-conversation,ragpulse,...] [--out bench/results]
  *
  * Data split (docs/simulator.md, "Training and evaluation data"): a recorded trace's first
- * half is training data, its second half evaluation data; a generated workload uses seeds
- * 1–5 for training and 101–105 for evaluation. The load points are chosen on the training
+ * half is training data, its second half evaluation data; a generated workload uses the first
+ * `--samples` of seeds 1–10 for training and of 101–110 for evaluation (1–5 and 101–105 at
+ * the default 5). The load points are chosen on the training
  * split; the reported figures come from the evaluation split (the default `--split`).
  * `--split train` runs the same sweep on the training split, for choosing defaults.
  *
@@ -19,7 +20,7 @@
  * Writes bench/results/sim-sweep.json and bench/results/sim-sweep.html (the charts).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { ENGINE_DEFAULTS } from '../src/engine-model/engine-model.js';
+import { ENGINE_DEFAULTS } from '../src/engine-model/index.js';
 import { renderSweepReport } from '../src/sim/html-report.js';
 import { loadTrace } from '../src/sim/load-trace.js';
 import {

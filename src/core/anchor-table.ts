@@ -1,3 +1,5 @@
+import { LRUCache } from 'lru-cache';
+
 /**
  * Anchor → home worker, as the seed's `_anchor_to_worker`, but bounded: at capacity the
  * least recently used anchor is evicted (the seed's table grows without limit). Each entry
@@ -13,12 +15,20 @@ export interface AnchorEntry {
 }
 
 export class AnchorTable {
-  /** Insertion order is recency order: the first key is the least recently used. */
-  private readonly entries = new Map<string, AnchorEntry>();
+  private readonly entries: LRUCache<string, AnchorEntry>;
   private readonly blocksByWorker = new Map<string, number>();
   private evicted = 0;
 
-  constructor(readonly capacity: number) {}
+  constructor(readonly capacity: number) {
+    this.entries = new LRUCache({
+      max: capacity,
+      dispose: (entry, _anchor, reason) => {
+        if (reason !== 'evict') return;
+        this.dropBlocks(entry);
+        this.evicted++;
+      },
+    });
+  }
 
   get size(): number {
     return this.entries.size;
@@ -30,7 +40,7 @@ export class AnchorTable {
 
   /** Reads without touching recency. */
   peek(anchor: string): AnchorEntry | undefined {
-    return this.entries.get(anchor);
+    return this.entries.peek(anchor);
   }
 
   /**
@@ -38,9 +48,8 @@ export class AnchorTable {
    * another CLA group, forgets the recorded blocks: that KV is not where the anchor now points.
    */
   home(anchor: string, workerId: string, claGroup: number | null): AnchorEntry {
-    let entry = this.entries.get(anchor);
+    let entry = this.entries.get(anchor); // now the most recently used
     if (entry) {
-      this.entries.delete(anchor);
       if (
         entry.workerId !== workerId ||
         (claGroup !== null && entry.claGroup !== null && entry.claGroup !== claGroup)
@@ -53,15 +62,14 @@ export class AnchorTable {
       }
     } else {
       entry = { workerId, claGroup, blocks: null };
+      this.entries.set(anchor, entry); // at capacity, the least recently used anchor is evicted
     }
-    this.entries.set(anchor, entry);
-    this.evictOverCapacity();
     return entry;
   }
 
   /** Records block ids on the anchor's home worker (homing it there first). */
   recordBlocks(anchor: string, blockIds: readonly string[], workerId: string): void {
-    const existing = this.entries.get(anchor);
+    const existing = this.entries.peek(anchor);
     const entry = this.home(anchor, workerId, existing?.workerId === workerId ? existing.claGroup : null);
     if (blockIds.length === 0) return;
     const blocks = (entry.blocks ??= new Set());
@@ -77,25 +85,11 @@ export class AnchorTable {
 
   /** Forgets every anchor homed on a worker. O(anchors): removal is rare, lookups are not. */
   dropWorker(workerId: string): number {
-    let dropped = 0;
-    for (const [anchor, entry] of this.entries) {
-      if (entry.workerId === workerId) {
-        this.entries.delete(anchor);
-        dropped++;
-      }
-    }
+    const gone: string[] = [];
+    for (const [anchor, entry] of this.entries.entries()) if (entry.workerId === workerId) gone.push(anchor);
+    for (const anchor of gone) this.entries.delete(anchor);
     this.blocksByWorker.delete(workerId);
-    return dropped;
-  }
-
-  private evictOverCapacity(): void {
-    while (this.entries.size > this.capacity) {
-      const oldest = this.entries.keys().next().value as string;
-      const entry = this.entries.get(oldest)!;
-      this.entries.delete(oldest);
-      this.dropBlocks(entry);
-      this.evicted++;
-    }
+    return gone.length;
   }
 
   private dropBlocks(entry: AnchorEntry): void {

@@ -1,9 +1,12 @@
+import { LRUCache } from 'lru-cache';
+
 /**
  * Content anchors (docs/architecture.md §2): position-independent ids of reusable chunks (a retrieved
  * passage, a tool schema). Only engines with position-independent KV reuse can use them, so
  * they are scored apart from the prefix. No engine publishes events for them, so entries are
  * the router's own records with a TTL, refreshed when used; the table is bounded with
- * least-recently-used eviction. A request carries a handful of anchors, so plain Maps serve.
+ * least-recently-used eviction. A request carries a handful of anchors, so a Map of holders
+ * per anchor serves.
  */
 export interface ContentAnchor {
   id: string;
@@ -12,14 +15,21 @@ export interface ContentAnchor {
 }
 
 export class ContentAnchorIndex {
-  /** anchor id → (worker slot → expiry ms); insertion order is recency. */
-  private readonly anchors = new Map<string, Map<number, number>>();
+  /** anchor id → (worker slot → expiry ms). */
+  private readonly anchors: LRUCache<string, Map<number, number>>;
   private evicted = 0;
 
   constructor(
     readonly capacity: number,
     readonly ttlMs: number,
-  ) {}
+  ) {
+    this.anchors = new LRUCache({
+      max: capacity,
+      dispose: (_holders, _id, reason) => {
+        if (reason === 'evict') this.evicted++;
+      },
+    });
+  }
 
   get size(): number {
     return this.anchors.size;
@@ -33,7 +43,7 @@ export class ContentAnchorIndex {
   heldTokens(slot: number, anchors: readonly ContentAnchor[], now: number): number {
     let tokens = 0;
     for (const a of anchors) {
-      const expiry = this.anchors.get(a.id)?.get(slot);
+      const expiry = this.anchors.peek(a.id)?.get(slot);
       if (expiry !== undefined && expiry > now) tokens += a.tokens;
     }
     return tokens;
@@ -42,15 +52,9 @@ export class ContentAnchorIndex {
   /** Records that the worker at `slot` holds these anchors from `now` for the TTL. */
   record(slot: number, anchors: readonly ContentAnchor[], now: number): void {
     for (const a of anchors) {
-      let holders = this.anchors.get(a.id);
-      if (holders) this.anchors.delete(a.id);
-      else holders = new Map();
+      let holders = this.anchors.get(a.id); // now the most recently used
+      if (!holders) this.anchors.set(a.id, (holders = new Map())); // at capacity, the least recently used goes
       holders.set(slot, now + this.ttlMs);
-      this.anchors.set(a.id, holders);
-    }
-    while (this.anchors.size > this.capacity) {
-      this.anchors.delete(this.anchors.keys().next().value as string);
-      this.evicted++;
     }
   }
 
@@ -58,7 +62,7 @@ export class ContentAnchorIndex {
   remove(slot: number, anchorIds?: readonly string[]): void {
     const ids = anchorIds ?? [...this.anchors.keys()];
     for (const id of ids) {
-      const holders = this.anchors.get(id);
+      const holders = this.anchors.peek(id);
       if (!holders) continue;
       holders.delete(slot);
       if (holders.size === 0) this.anchors.delete(id);

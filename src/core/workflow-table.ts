@@ -1,3 +1,5 @@
+import { LRUCache } from 'lru-cache';
+
 /**
  * Workflow id → the worker that ran its latest step. Consecutive steps of a multi-agent
  * workflow share most of their context, so the next step prefers that worker. Bounded with
@@ -9,16 +11,18 @@ export interface WorkflowEntry {
 }
 
 export class WorkflowTable {
-  private readonly entries = new Map<string, WorkflowEntry>();
+  private readonly entries: LRUCache<string, WorkflowEntry>;
 
-  constructor(readonly capacity: number) {}
+  constructor(readonly capacity: number) {
+    this.entries = new LRUCache({ max: capacity });
+  }
 
   get size(): number {
     return this.entries.size;
   }
 
   peek(workflowId: string): WorkflowEntry | undefined {
-    return this.entries.get(workflowId);
+    return this.entries.peek(workflowId);
   }
 
   /**
@@ -26,29 +30,24 @@ export class WorkflowTable {
    * (a late retry) does not move the workflow back.
    */
   record(workflowId: string, workerId: string, step: number | null): void {
-    const prev = this.entries.get(workflowId);
-    if (prev && step !== null && prev.step !== null && step < prev.step) {
-      // still the most recently used
-      this.entries.delete(workflowId);
-      this.entries.set(workflowId, prev);
-      return;
-    }
+    const prev = this.entries.get(workflowId); // a use, even by a late step that does not move it
+    if (prev && step !== null && prev.step !== null && step < prev.step) return;
     this.set(workflowId, workerId, step);
   }
 
   /** Sets a workflow's worker and step whatever was recorded (another router's word for it). */
   set(workflowId: string, workerId: string, step: number | null): void {
-    this.entries.delete(workflowId);
     this.entries.set(workflowId, { workerId, step });
-    if (this.entries.size > this.capacity) this.entries.delete(this.entries.keys().next().value as string);
   }
 
   /** Every remembered workflow, least recently used first. */
-  all(): IterableIterator<[string, WorkflowEntry]> {
-    return this.entries.entries();
+  *all(): IterableIterator<[string, WorkflowEntry]> {
+    for (const id of this.entries.rkeys()) yield [id, this.entries.peek(id)!];
   }
 
   dropWorker(workerId: string): void {
-    for (const [id, entry] of this.entries) if (entry.workerId === workerId) this.entries.delete(id);
+    const gone: string[] = [];
+    for (const [id, entry] of this.entries.entries()) if (entry.workerId === workerId) gone.push(id);
+    for (const id of gone) this.entries.delete(id);
   }
 }

@@ -3,7 +3,9 @@ import { existsSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
+import { LRUCache } from 'lru-cache';
 import type { ChatMessage } from '../core/hashing.js';
+import { checkChatMessages } from '../core/chat-messages.js';
 import type { RouteRequest } from '../core/router/index.js';
 
 /** Turns a request into the token ids the engine will see (`--tokenize tokenizer`). */
@@ -116,7 +118,8 @@ export class ChatTokenizer implements PromptTokenizer {
   private readonly template: Template | undefined;
   private readonly templateSource: string | undefined;
   private readonly specialTokens: Record<string, unknown>;
-  private readonly segments = new Map<string, Segment>();
+  /** Cached segments by the digest of the conversation up to them; none when cacheEntries is 0. */
+  private readonly segments: LRUCache<string, Segment> | undefined;
   private readonly cacheEntries: number;
   /** The template iterates over content parts (vLLM's "openai" content format). */
   private readonly partsContent: boolean;
@@ -148,6 +151,7 @@ export class ChatTokenizer implements PromptTokenizer {
     this.cacheEntries = options.cacheEntries ?? 50_000;
     if (!Number.isInteger(this.cacheEntries) || this.cacheEntries < 0)
       throw new RangeError(`cacheEntries must be a non-negative integer, got ${options.cacheEntries}`);
+    this.segments = this.cacheEntries > 0 ? new LRUCache({ max: this.cacheEntries }) : undefined;
   }
 
   /**
@@ -190,8 +194,7 @@ export class ChatTokenizer implements PromptTokenizer {
   /** Token ids of a chat request (messages, tools, template options) as vLLM computes them. */
   tokenizeChatRequest(request: ChatTemplateRequest): number[] {
     if (!this.template) throw new RangeError('the tokenizer has no chat template (give one with --chat-template)');
-    if (!Array.isArray(request.messages) || request.messages.length === 0)
-      throw new RangeError('messages must be a non-empty array');
+    checkChatMessages(request.messages, (message) => new RangeError(message));
     const addGenerationPrompt = request.add_generation_prompt ?? true;
     const continueFinal = request.continue_final_message ?? false;
     if (addGenerationPrompt && continueFinal)
@@ -213,10 +216,9 @@ export class ChatTokenizer implements PromptTokenizer {
     let i = 0;
     for (; i < cacheable; i++) {
       const next = digest(key, conversation[i]);
-      const seg = this.segments.get(next);
+      const seg = this.segments?.peek(next);
       if (!seg || !whole.startsWith(seg.text, rendered.length)) break;
-      this.segments.delete(next); // most recently used last: eviction takes the coldest
-      this.segments.set(next, seg);
+      this.segments!.get(next); // a use: eviction takes the coldest
       key = next;
       rendered += seg.text;
       for (const t of seg.tokens) out.push(t);
@@ -247,34 +249,24 @@ export class ChatTokenizer implements PromptTokenizer {
     return out;
   }
 
-  /** One message as vLLM passes it to the template. */
+  /** One message (checked by checkChatMessages) as vLLM passes it to the template. */
   private message(raw: unknown, i: number): Record<string, unknown> {
-    if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
-      throw new RangeError(`messages[${i}] must be an object`);
     const m = raw as Record<string, unknown>;
-    if (typeof m.role !== 'string') throw new RangeError(`messages[${i}].role must be a string`);
-    const parts: unknown[] =
+    const parts =
       m.content === null || m.content === undefined
         ? []
         : typeof m.content === 'string'
           ? [{ type: 'text', text: m.content }]
-          : Array.isArray(m.content)
-            ? m.content
-            : [m.content];
+          : (m.content as Record<string, unknown>[]);
     const texts: string[] = [];
-    for (const [k, part] of parts.entries()) {
-      if (typeof part === 'string') {
-        texts.push(part);
-        continue;
-      }
-      const p = part as Record<string, unknown> | null;
-      const type = p && typeof p.type === 'string' ? p.type : undefined;
-      const field = type !== undefined ? TEXT_PARTS[type] : undefined;
+    for (const [k, p] of parts.entries()) {
+      const type = p.type as string;
+      const field = TEXT_PARTS[type];
       if (field === undefined)
         throw new UntokenizableContentError(
-          `messages[${i}].content[${k}]: a ${type ?? 'untyped'} part cannot be tokenized by the router (text parts only)`,
+          `messages[${i}].content[${k}]: a ${type} part cannot be tokenized by the router (text parts only)`,
         );
-      const text = p![field];
+      const text = p[field];
       if (text === null || text === undefined) continue;
       if (typeof text !== 'string') throw new RangeError(`messages[${i}].content[${k}].${field} must be a string`);
       texts.push(text);
@@ -346,9 +338,7 @@ export class ChatTokenizer implements PromptTokenizer {
   }
 
   private remember(key: string, seg: Segment): void {
-    if (this.cacheEntries === 0) return;
-    if (this.segments.size >= this.cacheEntries) this.segments.delete(this.segments.keys().next().value!);
-    this.segments.set(key, seg);
+    this.segments?.set(key, seg);
   }
 }
 

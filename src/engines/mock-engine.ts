@@ -1,11 +1,17 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { BlockHashes, canonicalChatText, hashString32, hashTokenBlocks, type ChatMessage } from '../core/hashing.js';
-import { blockKey, EngineModel, type EngineRequest, type StepResult } from '../engine-model/engine-model.js';
+import { BlockHashes, hashTokenBlocks } from '../core/hashing.js';
 import { VllmBlockHasher } from '../core/vllm-block-hash.js';
-import type { BlockStoredEvent, KvEvent } from './kv-events/decode.js';
-import { KvEventPublisher } from './kv-events/publisher.js';
+import type { EngineRequest, StepResult } from '../engine-model/index.js';
 import type { PromptTokenizer } from './chat-tokenizer.js';
+import { HttpError, json, readJson } from './mock/http.js';
+import { metricsText, modelList } from './mock/metrics.js';
+import { chatTokens, promptTokens } from './mock/prompt.js';
+import { createRankCore, flushEvents, forget, rememberBlocks, type RankCore } from './mock/rank-core.js';
+import { emitTokens, sendFinal, type Pending } from './mock/responses.js';
+
+export { mockChatPrompt, mockTokenize } from './mock/prompt.js';
+export { offsetEndpointPort } from './mock/rank-core.js';
 
 /**
  * A mock inference engine that speaks what a vLLM server speaks, so the router can be run
@@ -60,71 +66,6 @@ export interface MockEngineOptions {
   pythonHashSeed?: string;
 }
 
-/** One engine core (a data-parallel rank): its KV cache, its event stream. */
-interface RankCore {
-  rank: number;
-  engine: EngineModel;
-  publisher: KvEventPublisher | undefined;
-  /** Engine block hash (uint64) per cache key, with what BlockStored must carry. */
-  blocks: Map<number, EngineBlock>;
-  /** Requests in the core per block key: a block's metadata outlives them only while cached. */
-  liveKeys: Map<number, number>;
-  stored: number[];
-  removed: bigint[];
-  stepping: boolean;
-  prefixQueries: number;
-  prefixHits: number;
-  inFlight: number;
-}
-
-interface EngineBlock {
-  hash: bigint;
-  parent: bigint | null;
-  tokens: number[];
-  lora: string | null;
-  loraId: number | null;
-  /** vLLM's extra_keys of the block (LoRA name, the salt on a prompt's first block). */
-  extraKeys: string[] | null;
-}
-
-interface Pending {
-  request: EngineRequest;
-  res: ServerResponse;
-  stream: boolean;
-  includeUsage: boolean;
-  chat: boolean;
-  core: RankCore;
-  model: string;
-  id: string;
-  created: number;
-  promptTokens: number;
-  produced: number;
-  cachedTokens: number;
-  done: boolean;
-}
-
-class HttpError extends Error {
-  constructor(
-    readonly status: number,
-    message: string,
-    readonly param?: string,
-  ) {
-    super(message);
-  }
-}
-
-/** Deterministic word-level tokenizer: words, punctuation and whitespace runs → ids. */
-export function mockTokenize(text: string): number[] {
-  const out: number[] = [];
-  for (const piece of text.match(/\s+|\w+|[^\s\w]/gu) ?? []) out.push(256 + (hashString32(piece) % 100_000));
-  return out;
-}
-
-/** The chat template of the mock: every message with its role, then the assistant's turn. */
-export function mockChatPrompt(messages: readonly ChatMessage[]): string {
-  return canonicalChatText(messages) + '<|assistant|>\n';
-}
-
 export class MockEngine {
   readonly model: string;
   readonly blockSize: number;
@@ -158,20 +99,8 @@ export class MockEngine {
     if (!(prefill > 0) || !(decode > 0)) throw new RangeError('prefillTokS and decodeTokS must be > 0');
     if (options.replay && !options.events) throw new RangeError('replay needs events');
     for (let rank = 0; rank < this.dataParallelSize; rank++) {
-      const core: RankCore = {
+      const core = createRankCore(
         rank,
-        engine: undefined as unknown as EngineModel,
-        publisher: undefined,
-        blocks: new Map(),
-        liveKeys: new Map(),
-        stored: [],
-        removed: [],
-        stepping: false,
-        prefixQueries: 0,
-        prefixHits: 0,
-        inFlight: 0,
-      };
-      core.engine = new EngineModel(
         {
           blockTokens: this.blockSize,
           kvTokens: (options.kvBlocks ?? 4096) * this.blockSize,
@@ -182,15 +111,8 @@ export class MockEngine {
           attentionMsPerTokenPair: 0,
           kvReadMsPerToken: 0,
         },
-        (hi, lo) => core.stored.push(blockKey(hi, lo)),
-        (hi, lo) => this.onRemoved(core, blockKey(hi, lo)),
+        { events: options.events, replay: options.replay },
       );
-      if (options.events) {
-        core.publisher = new KvEventPublisher({
-          endpoint: offsetEndpointPort(options.events, rank),
-          replayEndpoint: options.replay ? offsetEndpointPort(options.replay, rank) : undefined,
-        });
-      }
       this.cores.push(core);
     }
     this.maxBodyBytes = options.maxBodyBytes ?? 8 * 1024 * 1024;
@@ -263,10 +185,16 @@ export class MockEngine {
         return json(res, 401, { error: 'Unauthorized' });
       }
       if (req.method === 'GET' && url.pathname === '/v1/models') {
-        return json(res, 200, this.modelList());
+        return json(
+          res,
+          200,
+          modelList(this.model, this.loraModules, Math.floor(this.modelStart / 1000), this.cores[0].engine.maxModelLen),
+        );
       }
       if (req.method === 'GET' && url.pathname === '/metrics')
-        return void res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(this.metricsText());
+        return void res
+          .writeHead(200, { 'content-type': 'text/plain; version=0.0.4' })
+          .end(metricsText(this.model, this.cores));
       if (req.method === 'GET' && url.pathname === '/debug/cache')
         return json(res, 200, { blockHashes: this.cacheListing() });
       if (req.method !== 'POST') throw new HttpError(404, `no route ${req.method} ${url.pathname}`);
@@ -292,28 +220,6 @@ export class MockEngine {
     }
   }
 
-  /** /v1/models as vLLM lists it: the base model, then each adapter with its parent. */
-  private modelList(): unknown {
-    const created = Math.floor(this.modelStart / 1000);
-    const card = (id: string, root: string, parent: string | null) => ({
-      id,
-      object: 'model',
-      created,
-      owned_by: 'vllm',
-      root,
-      parent,
-      max_model_len: this.cores[0].engine.maxModelLen,
-      permission: [],
-    });
-    return {
-      object: 'list',
-      data: [
-        card(this.model, this.model, null),
-        ...this.loraModules.map((name) => card(name, `/adapters/${name}`, this.model)),
-      ],
-    };
-  }
-
   /** The core a request runs on: the one its X-data-parallel-rank header names, else the least busy. */
   private coreFor(header: string | string[] | undefined): RankCore {
     if (header !== undefined) {
@@ -336,49 +242,11 @@ export class MockEngine {
   private tokenize(body: Record<string, unknown>): { tokens: number[]; count: number; max_model_len: number } {
     if (body.model !== undefined && body.model !== this.model && !this.loraModules.includes(body.model as string))
       throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
-    const tokens = body.messages !== undefined ? this.chatTokens(body.messages, body) : this.promptTokens(body.prompt);
+    const tokens =
+      body.messages !== undefined
+        ? chatTokens(this.options.tokenizer, body.messages, body)
+        : promptTokens(this.options.tokenizer, body.prompt);
     return { tokens, count: tokens.length, max_model_len: this.cores[0].engine.maxModelLen };
-  }
-
-  /** A chat's prompt tokens: the model's template, with the request's tools and template options. */
-  private chatTokens(messages: unknown, body: Record<string, unknown> = {}): number[] {
-    const checked = checkMessages(messages);
-    const tools = body.tools;
-    if (tools !== undefined && tools !== null && !Array.isArray(tools))
-      throw new HttpError(400, 'tools must be an array', 'tools');
-    const kwargs = body.chat_template_kwargs;
-    if (kwargs !== undefined && kwargs !== null && (typeof kwargs !== 'object' || Array.isArray(kwargs)))
-      throw new HttpError(400, 'chat_template_kwargs must be an object', 'chat_template_kwargs');
-    const tokenizer = this.options.tokenizer;
-    if (!tokenizer) {
-      // the mock template: the tools' and template options' JSON ahead of the messages
-      const head =
-        (tools ? `<|tools|>${JSON.stringify(tools)}\n` : '') + (kwargs ? `<|kwargs|>${JSON.stringify(kwargs)}\n` : '');
-      return mockTokenize(head + mockChatPrompt(checked));
-    }
-    try {
-      if (tokenizer.tokenizeChatRequest) {
-        return tokenizer.tokenizeChatRequest({
-          messages: checked,
-          tools: tools as unknown[] | undefined,
-          chat_template_kwargs: kwargs as Record<string, unknown> | undefined,
-          add_generation_prompt: body.add_generation_prompt as boolean | undefined,
-          continue_final_message: body.continue_final_message as boolean | undefined,
-        });
-      }
-      return tokenizer.tokenize({ messages: checked });
-    } catch (err) {
-      throw new HttpError(400, `the chat template rejected the messages: ${(err as Error).message}`, 'messages');
-    }
-  }
-
-  private promptTokens(prompt: unknown): number[] {
-    if (typeof prompt === 'string')
-      return this.options.tokenizer ? this.options.tokenizer.tokenize({ text: prompt }) : mockTokenize(prompt);
-    if (Array.isArray(prompt) && prompt.every((t) => Number.isInteger(t) && t >= 0 && t < 2 ** 32))
-      return prompt as number[];
-    if (Array.isArray(prompt) && prompt.length === 1) return this.promptTokens(prompt[0]);
-    throw new HttpError(400, 'prompt must be a string, a list of token ids, or a list with one of those', 'prompt');
   }
 
   private generate(
@@ -392,7 +260,9 @@ export class MockEngine {
       throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
     const lora = model === this.model ? null : model;
     const core = this.coreFor(rankHeader);
-    const tokens = chat ? this.chatTokens(body.messages, body) : this.promptTokens(body.prompt);
+    const tokens = chat
+      ? chatTokens(this.options.tokenizer, body.messages, body)
+      : promptTokens(this.options.tokenizer, body.prompt);
     if (tokens.length === 0) throw new HttpError(400, 'the prompt is empty', chat ? 'messages' : 'prompt');
     const maxTokens = body.max_tokens ?? body.max_completion_tokens ?? 16;
     if (!Number.isInteger(maxTokens) || (maxTokens as number) < 1 || (maxTokens as number) > 100_000)
@@ -424,24 +294,8 @@ export class MockEngine {
           { lora, cacheSalt: `${this.hashSalt}/${(salt as string | undefined) ?? ''}` },
           this.scratch,
         );
-    const keys = new Float64Array(h.length);
-    let parent: bigint | null = null;
     const loraId = lora === null ? null : this.loraModules.indexOf(lora) + 1;
-    for (let i = 0; i < h.length; i++) {
-      keys[i] = blockKey(h.hi[i], h.lo[i]);
-      const hash = (BigInt(h.hi[i]) << 32n) | BigInt(h.lo[i]);
-      const extra = [...(lora ? [lora] : []), ...(i === 0 && typeof salt === 'string' ? [salt] : [])];
-      if (!core.blocks.has(keys[i]))
-        core.blocks.set(keys[i], {
-          hash,
-          parent,
-          tokens: tokens.slice(i * this.blockSize, (i + 1) * this.blockSize),
-          lora,
-          loraId,
-          extraKeys: extra.length > 0 ? extra : null,
-        });
-      parent = hash;
-    }
+    const keys = rememberBlocks(core, h, tokens, this.blockSize, lora, loraId, salt as string | undefined);
     const id = this.nextId++;
     const request: EngineRequest = {
       id,
@@ -482,7 +336,7 @@ export class MockEngine {
         core.inFlight--;
         this.pending.delete(id);
         core.engine.cancel(id);
-        this.forget(core, request);
+        forget(core, request);
       }
     });
     for (const key of keys) core.liveKeys.set(key, (core.liveKeys.get(key) ?? 0) + 1);
@@ -499,12 +353,12 @@ export class MockEngine {
     // runs of decode steps are cut at 50 ms so streams flow and new requests join soon; the
     // step is scheduled now and its outputs land when it ends, so /metrics reads it in between
     const end = core.engine.startStep(start, start + 50);
-    this.flushEvents(core);
+    flushEvents(core, this.blockSize);
     setTimeout(
       () => {
         core.stepping = false;
         const step = core.engine.finishStep();
-        this.flushEvents(core);
+        flushEvents(core, this.blockSize);
         this.finishStep(core, step);
         this.pump(core);
       },
@@ -518,11 +372,11 @@ export class MockEngine {
       if (!p) continue;
       p.cachedTokens = cachedTokens;
       core.prefixHits += cachedTokens;
-      this.emitTokens(p, 1);
+      emitTokens(p, 1);
     }
     for (const { request, tokens } of step.decoded) {
       const p = this.pending.get(request.id);
-      if (p) this.emitTokens(p, tokens);
+      if (p) emitTokens(p, tokens);
     }
     for (const request of step.finished) {
       const p = this.pending.get(request.id);
@@ -530,225 +384,11 @@ export class MockEngine {
     }
   }
 
-  private emitTokens(p: Pending, n: number): void {
-    const text = Array.from({ length: n }, (_, k) => `tok${(p.produced + k) % 1000} `).join('');
-    p.produced += n;
-    if (!p.stream) return;
-    const choice = p.chat
-      ? {
-          index: 0,
-          delta: p.produced === n ? { role: 'assistant', content: text } : { content: text },
-          finish_reason: null,
-        }
-      : { index: 0, text, finish_reason: null };
-    sse(p.res, {
-      id: p.id,
-      object: p.chat ? 'chat.completion.chunk' : 'text_completion',
-      created: p.created,
-      model: p.model,
-      choices: [choice],
-    });
-  }
-
-  /**
-   * A request left a core: the metadata of blocks no other request there shares and the core
-   * does not cache (never computed, or computed twice) goes too. Blocks the core caches keep
-   * theirs until BlockRemoved.
-   */
-  private forget(core: RankCore, request: EngineRequest): void {
-    for (const key of request.keys) {
-      const n = (core.liveKeys.get(key) ?? 1) - 1;
-      if (n > 0) {
-        core.liveKeys.set(key, n);
-        continue;
-      }
-      core.liveKeys.delete(key);
-      if (!core.engine.holds(key)) core.blocks.delete(key);
-    }
-  }
-
   private finish(p: Pending): void {
     p.done = true;
     p.core.inFlight--;
-    this.forget(p.core, p.request);
+    forget(p.core, p.request);
     this.pending.delete(p.request.id);
-    const usage = {
-      prompt_tokens: p.promptTokens,
-      completion_tokens: p.produced,
-      total_tokens: p.promptTokens + p.produced,
-      prompt_tokens_details: { cached_tokens: p.cachedTokens },
-    };
-    if (p.stream) {
-      const last = p.chat
-        ? { index: 0, delta: {}, finish_reason: 'length' }
-        : { index: 0, text: '', finish_reason: 'length' };
-      sse(p.res, {
-        id: p.id,
-        object: p.chat ? 'chat.completion.chunk' : 'text_completion',
-        created: p.created,
-        model: p.model,
-        choices: [last],
-      });
-      if (p.includeUsage)
-        sse(p.res, {
-          id: p.id,
-          object: p.chat ? 'chat.completion.chunk' : 'text_completion',
-          created: p.created,
-          model: p.model,
-          choices: [],
-          usage,
-        });
-      p.res.end('data: [DONE]\n\n');
-      return;
-    }
-    const text = Array.from({ length: p.produced }, (_, k) => `tok${k % 1000} `).join('');
-    json(p.res, 200, {
-      id: p.id,
-      object: p.chat ? 'chat.completion' : 'text_completion',
-      created: p.created,
-      model: p.model,
-      choices: [
-        p.chat
-          ? { index: 0, message: { role: 'assistant', content: text }, finish_reason: 'length' }
-          : { index: 0, text, finish_reason: 'length' },
-      ],
-      usage,
-    });
+    sendFinal(p);
   }
-
-  // ---------------------------------------------------------------------- events
-
-  private onRemoved(core: RankCore, key: number): void {
-    const b = core.blocks.get(key);
-    if (b) core.removed.push(b.hash);
-    // a request still in the core may compute the block again and must announce it then
-    if (!core.liveKeys.has(key)) core.blocks.delete(key);
-  }
-
-  /** One batch per step: consecutive stored blocks of a chain in one BlockStored, then removals. */
-  private flushEvents(core: RankCore): void {
-    const events: KvEvent[] = [];
-    let current: BlockStoredEvent | undefined;
-    for (const key of core.stored) {
-      const b = core.blocks.get(key);
-      if (!b) continue;
-      const last = current?.blockHashes[current.blockHashes.length - 1];
-      if (current && b.parent === last && current.loraName === b.lora) {
-        current.blockHashes.push(b.hash);
-        current.tokenIds.push(...b.tokens);
-        current.extraKeys!.push(b.extraKeys);
-      } else {
-        current = {
-          type: 'BlockStored',
-          blockHashes: [b.hash],
-          parentBlockHash: b.parent,
-          tokenIds: [...b.tokens],
-          blockSize: this.blockSize,
-          loraId: b.loraId,
-          medium: 'GPU',
-          loraName: b.lora,
-          extraKeys: [b.extraKeys],
-          groupIdx: 0,
-          kvCacheSpecKind: 'full_attention',
-          kvCacheSpecSlidingWindow: null,
-        };
-        events.push(current);
-      }
-    }
-    for (const e of events) if (e.type === 'BlockStored' && e.extraKeys!.every((k) => k === null)) e.extraKeys = null;
-    if (core.removed.length > 0)
-      events.push({ type: 'BlockRemoved', blockHashes: [...core.removed], medium: 'GPU', groupIdx: 0 });
-    core.stored.length = 0;
-    core.removed.length = 0;
-    if (events.length > 0 && core.publisher)
-      void core.publisher.publish({ ts: Date.now() / 1000, events, dataParallelRank: core.rank });
-  }
-
-  private metricsText(): string {
-    const lines: string[] = [];
-    const metric = (name: string, type: string, help: string, value: (c: RankCore) => number) => {
-      lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
-      for (const c of this.cores)
-        lines.push(
-          `${name}${type === 'counter' ? '_total' : ''}{model_name="${this.model}",engine="${c.rank}"} ${value(c)}`,
-        );
-    };
-    metric(
-      'vllm:num_requests_running',
-      'gauge',
-      'Number of requests in model execution batches.',
-      (c) => c.engine.runningCount,
-    );
-    metric(
-      'vllm:num_requests_waiting',
-      'gauge',
-      'Number of requests waiting to be processed.',
-      (c) => c.engine.waitingCount,
-    );
-    metric('vllm:kv_cache_usage_perc', 'gauge', 'KV-cache usage. 1 means 100 percent usage.', (c) => c.engine.kvUsage);
-    metric(
-      'vllm:prefix_cache_queries',
-      'counter',
-      'Prefix cache queries, in terms of number of queried tokens.',
-      (c) => c.prefixQueries,
-    );
-    metric(
-      'vllm:prefix_cache_hits',
-      'counter',
-      'Prefix cache hits, in terms of number of cached tokens.',
-      (c) => c.prefixHits,
-    );
-    lines.push('');
-    return lines.join('\n');
-  }
-}
-
-/**
- * Rank r's endpoint: the port + r (`*` stays `*`), as vLLM's ZmqEventPublisher.offset_endpoint_port.
- */
-export function offsetEndpointPort(endpoint: string, rank: number): string {
-  if (rank === 0) return endpoint;
-  if (endpoint.startsWith('inproc')) return `${endpoint}_dp${rank}`;
-  const m = /^(tcp:\/\/.+):(\d+|\*)$/.exec(endpoint);
-  if (!m) throw new RangeError(`endpoint '${endpoint}' must be tcp://host:port or inproc://name`);
-  return m[2] === '*' ? endpoint : `${m[1]}:${Number(m[2]) + rank}`;
-}
-
-function checkMessages(messages: unknown): ChatMessage[] {
-  if (!Array.isArray(messages) || messages.length === 0)
-    throw new HttpError(400, 'messages must be a non-empty array', 'messages');
-  messages.forEach((m, i) => {
-    if (m === null || typeof m !== 'object' || typeof (m as ChatMessage).role !== 'string')
-      throw new HttpError(400, `messages[${i}] must have a string role`, 'messages');
-  });
-  return messages as ChatMessage[];
-}
-
-async function readJson(req: IncomingMessage, limit: number): Promise<Record<string, unknown>> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    size += (chunk as Buffer).length;
-    if (size > limit) throw new HttpError(413, `request body over ${limit} bytes`);
-    chunks.push(chunk as Buffer);
-  }
-  let body: unknown;
-  try {
-    body = JSON.parse(Buffer.concat(chunks).toString('utf8'));
-  } catch {
-    throw new HttpError(400, 'the body is not valid JSON');
-  }
-  if (body === null || typeof body !== 'object' || Array.isArray(body))
-    throw new HttpError(400, 'the body must be a JSON object');
-  return body as Record<string, unknown>;
-}
-
-function json(res: ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
-}
-
-function sse(res: ServerResponse, body: unknown): void {
-  res.write(`data: ${JSON.stringify(body)}\n\n`);
 }

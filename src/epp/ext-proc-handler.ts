@@ -5,6 +5,7 @@ import type { BodySendMode, ProcessingRequest, ProcessingResponse } from './prot
 import {
   continueResponse,
   immediateResponse,
+  ModelNameRestorer,
   readHeaders,
   readServedEndpoint,
   readSubsetHint,
@@ -43,6 +44,8 @@ export type PickOutcome =
       endpoints: string[];
       /** The body to forward (a rewritten model, an isolation salt), or undefined to forward the original. */
       body?: Buffer;
+      /** The model was renamed for the engine: the response body gets the client's name back. */
+      modelRewrite?: { engine: string; client: string };
       inFlight: InFlightRequest;
     }
   | { ok: false; status: number; message: string; param?: string | null; retryAfterSeconds?: number };
@@ -69,7 +72,8 @@ type Phase = 'headers' | 'body' | 'routed' | 'finished';
  * go out in order — the request_headers response naming the endpoints, then the body echoed as
  * streamed_response chunks, the last one carrying end_of_stream. A header-only request is
  * routed at once. The response phase reports the serving endpoint and completes the router's
- * in-flight accounting; response bodies are echoed chunk by chunk in FULL_DUPLEX_STREAMED mode.
+ * in-flight accounting; response bodies are echoed chunk by chunk in FULL_DUPLEX_STREAMED mode
+ * (with the client's model name restored when the picker renamed it for the engine).
  */
 export function createProcessHandler(
   options: ExtProcHandlerOptions,
@@ -87,6 +91,7 @@ export function createProcessHandler(
     let requestBodyMode: BodySendMode | undefined;
     let responseBodyMode: BodySendMode | undefined;
     let inFlight: InFlightRequest | undefined;
+    let restorer: ModelNameRestorer | undefined;
     let firstByteSeen = false;
     let closed = false;
     // messages are handled one at a time, in arrival order, even while a pick awaits
@@ -138,6 +143,8 @@ export function createProcessHandler(
         return;
       }
       inFlight = outcome.inFlight;
+      if (outcome.modelRewrite)
+        restorer = new ModelNameRestorer(outcome.modelRewrite.engine, outcome.modelRewrite.client);
       options.onOutcome?.('routed');
       const forwarded = body === undefined ? undefined : (outcome.body ?? body);
       // Envoy drops content-length in FULL_DUPLEX_STREAMED mode; the engine gets it back, exact
@@ -236,7 +243,8 @@ export function createProcessHandler(
             inFlight?.firstByte();
           }
           if (responseBodyMode === undefined || responseBodyMode === 'FULL_DUPLEX_STREAMED') {
-            const body = chunk ? Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length) : Buffer.alloc(0);
+            let body = chunk ? Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length) : Buffer.alloc(0);
+            if (restorer) body = restorer.push(body, eos);
             for (const m of streamedBodyResponses('response_body', body, eos)) await send(m);
           } else {
             await send(continueResponse('response_body'));
@@ -245,6 +253,10 @@ export function createProcessHandler(
           return;
         }
         case 'response_trailers': {
+          // trailers end the body: what the model-name restorer held back goes out before them
+          const rest = restorer?.push(Buffer.alloc(0), true);
+          if (rest && rest.length > 0)
+            for (const m of streamedBodyResponses('response_body', rest, false)) await send(m);
           await send({ response_trailers: {} });
           finish();
           return;

@@ -205,3 +205,62 @@ export function immediateResponse(
 export function continueResponse(kind: 'request_body' | 'response_body' | 'response_headers'): ProcessingResponse {
   return { [kind]: { response: {} } };
 }
+
+/**
+ * Gives the client back the model name it asked for when the request went to the engine under
+ * another one (x-gateway-model-name-rewrite), as the reference picker does: every
+ * `"model":"ENGINE"` (or `"model": "ENGINE"`) in the response body becomes the client's name.
+ * It works on the body as it streams: bytes at the end of a chunk that could begin a match are
+ * held back for the next chunk (fewer than one match's length), so a name split between two
+ * chunks is caught too.
+ */
+export class ModelNameRestorer {
+  private readonly patterns: Array<{ from: Buffer; to: Buffer }>;
+  private held: Buffer = Buffer.alloc(0);
+
+  constructor(engineModel: string, clientModel: string) {
+    const from = JSON.stringify(engineModel);
+    const to = JSON.stringify(clientModel);
+    this.patterns = ['"model":', '"model": '].map((key) => ({
+      from: Buffer.from(key + from),
+      to: Buffer.from(key + to),
+    }));
+  }
+
+  /** What to send on for this chunk of the response body; with `end`, everything held back too. */
+  push(chunk: Buffer, end: boolean): Buffer {
+    let body = this.held.length > 0 ? Buffer.concat([this.held, chunk]) : chunk;
+    for (const p of this.patterns) body = replaceAll(body, p.from, p.to);
+    const keep = end ? 0 : this.partialMatchAtEnd(body);
+    this.held = Buffer.from(body.subarray(body.length - keep));
+    return body.subarray(0, body.length - keep);
+  }
+
+  /** Length of the longest end of `body` that is the start of a pattern (and not all of one). */
+  private partialMatchAtEnd(body: Buffer): number {
+    let longest = 0;
+    for (const { from } of this.patterns) {
+      for (let n = Math.min(from.length - 1, body.length); n > longest; n--) {
+        if (body.compare(from, 0, n, body.length - n) === 0) {
+          longest = n;
+          break;
+        }
+      }
+    }
+    return longest;
+  }
+}
+
+function replaceAll(body: Buffer, from: Buffer, to: Buffer): Buffer {
+  let at = body.indexOf(from);
+  if (at < 0) return body;
+  const parts: Buffer[] = [];
+  let start = 0;
+  while (at >= 0) {
+    parts.push(body.subarray(start, at), to);
+    start = at + from.length;
+    at = body.indexOf(from, start);
+  }
+  parts.push(body.subarray(start));
+  return Buffer.concat(parts);
+}

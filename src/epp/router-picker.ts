@@ -149,6 +149,7 @@ export class RouterPicker implements EndpointPicker {
     let forwarded: Buffer | undefined;
     let preparedBody: Record<string, unknown> | undefined;
     let model: unknown;
+    let modelRewrite: { engine: string; client: string } | undefined;
     if (input.body !== undefined && input.body.length > 0) {
       let parsed: unknown;
       try {
@@ -162,6 +163,8 @@ export class RouterPicker implements EndpointPicker {
       let rewritten = false;
       const rewrite = input.headers.get(MODEL_NAME_REWRITE_HEADER);
       if (rewrite && body.model !== rewrite) {
+        // the reference picker gives the client its own name back in the response
+        if (typeof body.model === 'string' && body.model !== '') modelRewrite = { engine: rewrite, client: body.model };
         body.model = rewrite;
         rewritten = true;
       }
@@ -213,7 +216,7 @@ export class RouterPicker implements EndpointPicker {
         return { ok: false, status: 400, message: err.message };
       throw err;
     }
-    if (decision.workerId === '')
+    if (decision.noWorker)
       return { ok: false, status: 503, message: 'no worker can take the request now', retryAfterSeconds: 1 };
     if (decision.shared) state.decisionMade(decision.shared);
     this.decisions?.inc({ policy: decision.policy, reason: decision.reason });
@@ -229,12 +232,12 @@ export class RouterPicker implements EndpointPicker {
     tried.add(decision.workerId);
     while (endpoints.length <= this.fallbacks && tried.size < this.endpointOfWorker.size) {
       const next = router.route(routeRequest, { exclude: tried, dryRun: true });
-      if (next.workerId === '') break;
+      if (next.noWorker) break;
       tried.add(next.workerId);
       const endpoint = this.endpointOf(next.workerId);
       if (!endpoints.includes(endpoint)) endpoints.push(endpoint);
     }
-    return { ok: true, endpoints, body: forwarded, inFlight: this.track(decision, routeRequest) };
+    return { ok: true, endpoints, body: forwarded, modelRewrite, inFlight: this.track(decision, routeRequest) };
   }
 
   /** Mean saturation of the eligible workers (1 when none is eligible). */
@@ -280,6 +283,7 @@ export class RouterPicker implements EndpointPicker {
       firstByte: () => {
         if (!decision) return;
         router.markPrefillDone(decision.ticket);
+        if (decision.shared) state.decisionPrefilled(decision.shared);
         this.ttft?.observe((performance.now() - started) / 1000);
       },
       end: release,

@@ -303,6 +303,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         reason: r.reason,
         promptTokens: r.promptTokens,
         explain: r.explain,
+        ...(r.noWorker ? { noWorker: r.noWorker } : {}),
       };
     },
   );

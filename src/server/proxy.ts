@@ -101,7 +101,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       }
       const decision = routeOr400(router, reply, routeRequest, { exclude: excluded, share });
       if (!decision) return reply;
-      if (decision.workerId === '') {
+      if (decision.noWorker) {
         reply.header('retry-after', '1');
         // engines tried and failed: 502; nothing to try at all: 503
         if (failedAttempts > 0) return openAiError(reply, 502, 'the engines failed to answer');
@@ -127,6 +127,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           metrics.ttft.observe(seconds);
           if (streaming) firstByte.observe(decision.workerId, seconds * 1000);
           router.markPrefillDone(decision.ticket);
+          if (decision.shared) state.decisionPrefilled(decision.shared);
         },
       });
       release(decision);

@@ -5,6 +5,7 @@
  * as HTTP 400 (`{"error": {"message", "type", "param", "code"}}`). The checks run before
  * anything is hashed or recorded, so a rejected request leaves no trace in the index.
  */
+import { checkChatMessages } from '../core/chat-messages.js';
 import type { ChatMessage } from '../core/hashing.js';
 import type { ContentAnchor } from '../core/content-anchors.js';
 import type { RouteRequest } from '../core/router/index.js';
@@ -26,24 +27,6 @@ export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
 
 /** Token ids are unsigned 32-bit integers in every engine the router fronts. */
 export const MAX_TOKEN_ID = 0xffffffff;
-
-/**
- * Chat content-part types the OpenAI API and vLLM accept. Parts are hashed by type (and text
- * or URL), so an unknown type is refused rather than silently hashed as an empty part.
- */
-export const CONTENT_PART_TYPES: ReadonlySet<string> = new Set([
-  'text',
-  'image_url',
-  'input_audio',
-  'audio_url',
-  'video_url',
-  'file',
-  'refusal',
-  'image_embeds',
-  'image_pil',
-  'input_image',
-  'input_text',
-]);
 
 /** A client error: HTTP `status` (400 unless said), naming the field in `param`. */
 export class RequestLimitError extends Error {
@@ -272,41 +255,9 @@ export function readPrompt(prompt: unknown): Pick<RouteRequest, 'text' | 'tokens
   return { tokens: checkTokenIds(prompt, 'prompt') };
 }
 
-/** Chat messages: each an object with a string role and content that is a string, null or a list of known parts. */
+/** Chat messages, checked as everywhere (core/chat-messages.ts); a bad one is a 400 naming the field. */
 export function readMessages(messages: unknown): ChatMessage[] {
-  if (!Array.isArray(messages) || messages.length === 0)
-    throw new RequestLimitError('messages must be a non-empty array', 'messages');
-  for (let i = 0; i < messages.length; i++) {
-    const msg = messages[i] as unknown;
-    const at = `messages[${i}]`;
-    if (msg === null || typeof msg !== 'object' || Array.isArray(msg))
-      throw new RequestLimitError(`${at} must be an object`, at);
-    const { role, content, name } = msg as Record<string, unknown>;
-    if (typeof role !== 'string' || role === '')
-      throw new RequestLimitError(`${at} must have a string role`, `${at}.role`);
-    if (name !== undefined && typeof name !== 'string')
-      throw new RequestLimitError(`${at}.name must be a string`, `${at}.name`);
-    if (content === undefined || content === null || typeof content === 'string') continue;
-    if (!Array.isArray(content))
-      throw new RequestLimitError(`${at}.content must be a string, null or a list of content parts`, `${at}.content`);
-    for (let k = 0; k < content.length; k++) {
-      const part = content[k] as unknown;
-      const pat = `${at}.content[${k}]`;
-      if (part === null || typeof part !== 'object' || Array.isArray(part))
-        throw new RequestLimitError(`${pat} must be a content part object`, pat);
-      const p = part as Record<string, unknown>;
-      if (typeof p.type !== 'string' || !CONTENT_PART_TYPES.has(p.type))
-        throw new RequestLimitError(`${pat}.type must be one of ${[...CONTENT_PART_TYPES].join(', ')}`, `${pat}.type`);
-      if ((p.type === 'text' || p.type === 'input_text') && typeof p.text !== 'string')
-        throw new RequestLimitError(`${pat}.text must be a string`, `${pat}.text`);
-      if (p.image_url !== undefined && typeof p.image_url !== 'string') {
-        const url = (p.image_url as { url?: unknown } | null)?.url;
-        if (p.image_url === null || typeof p.image_url !== 'object' || typeof url !== 'string')
-          throw new RequestLimitError(`${pat}.image_url must be a URL string or {url}`, `${pat}.image_url`);
-      }
-    }
-  }
-  return messages as ChatMessage[];
+  return checkChatMessages(messages, (message, field) => new RequestLimitError(message, field));
 }
 
 /**

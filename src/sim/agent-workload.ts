@@ -1,8 +1,9 @@
+import { LRUCache } from 'lru-cache';
 import { KVAwareRouter } from '../core/router/index.js';
 import { createRng, randInt, zipfIndex } from '../core/rng.js';
 
 /**
- * A scripted multi-agent workload replayed through the core router (the `npm start` demo).
+ * A scripted multi-agent workload replayed through the core router (`contextforge-router demo`, `npm run demo:core`).
  *
  * Workflows run retriever → summarizer → critic → responder over shared documents. Each
  * step's prompt is the document plus the workflow's history so far, so a step is cheap where
@@ -71,31 +72,6 @@ const DEFAULTS: Required<AgentWorkloadOptions> = {
   seed: 7,
 };
 
-/** Ground-truth KV of one worker: key → tokens, least recently used first. */
-class TruthCache {
-  private readonly entries = new Map<string, number>();
-  private used = 0;
-  constructor(private readonly capacity: number) {}
-  get(key: string): number {
-    const t = this.entries.get(key);
-    if (t === undefined) return 0;
-    this.entries.delete(key);
-    this.entries.set(key, t);
-    return t;
-  }
-  put(key: string, tokens: number): void {
-    this.used -= this.entries.get(key) ?? 0;
-    this.entries.delete(key);
-    this.entries.set(key, tokens);
-    this.used += tokens;
-    while (this.used > this.capacity && this.entries.size > 1) {
-      const [k, t] = this.entries.entries().next().value as [string, number];
-      this.entries.delete(k);
-      this.used -= t;
-    }
-  }
-}
-
 function buildWorkflows(o: Required<AgentWorkloadOptions>): { docs: number[]; steps: Request[][]; starts: number[] } {
   const rng = createRng(o.seed);
   const docs = Array.from({ length: o.documents }, () => randInt(rng, 1500, 6000));
@@ -130,7 +106,11 @@ export async function runAgentWorkload(
   const ids = Array.from({ length: o.workers }, (_, i) => `w${i}`);
   // half the fleet serves CLA group 0, the rest group 1
   ids.forEach((id, i) => router.registerWorker(id, { claGroups: [i < o.workers / 2 ? 0 : 1] }));
-  const truth = ids.map(() => new TruthCache(o.kvTokensPerWorker));
+  // each worker's ground-truth KV: key → tokens, bounded in tokens, least recently used evicted first
+  const truth = ids.map(
+    () =>
+      new LRUCache<string, number>({ maxSize: o.kvTokensPerWorker, sizeCalculation: (tokens) => Math.max(1, tokens) }),
+  );
 
   let inflight: InFlight[] = [];
   const loadSum = new Array<number>(o.workers).fill(0);
@@ -183,8 +163,8 @@ export async function runAgentWorkload(
       const cache = truth[w];
       const docKey = `${req.claGroup}:doc:${req.doc}`;
       const ctxKey = `${req.claGroup}:wf:${wf}`;
-      const docHit = cache.get(docKey) > 0 ? docs[req.doc] : 0;
-      const ctxHit = Math.min(cache.get(ctxKey), req.promptTokens);
+      const docHit = (cache.get(docKey) ?? 0) > 0 ? docs[req.doc] : 0;
+      const ctxHit = Math.min(cache.get(ctxKey) ?? 0, req.promptTokens);
       const hitTokens = Math.max(docHit, ctxHit);
       anchorHits += (req.step === 0 ? docHit : ctxHit) > 0 ? 1 : 0;
       cached += hitTokens;
@@ -201,8 +181,8 @@ export async function runAgentWorkload(
 
       // the engine now holds the document and the whole context, and says so
       const contextTokens = req.promptTokens + req.outputTokens;
-      cache.put(docKey, docs[req.doc]);
-      cache.put(ctxKey, contextTokens);
+      cache.set(docKey, docs[req.doc]);
+      cache.set(ctxKey, contextTokens);
       await router.broadcastNewBlocks(
         anchor,
         blockIds(anchor, req.step === 0 ? docs[req.doc] : contextTokens, o.blockSize),

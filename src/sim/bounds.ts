@@ -1,5 +1,5 @@
 import { BlockHashes } from '../core/hashing.js';
-import { EngineModel, type EngineConfig } from '../engine-model/engine-model.js';
+import { EngineModel, type EngineConfig } from '../engine-model/index.js';
 import { LruSet } from './lru.js';
 import { cachedTokensOf, requestBlocks } from './request-blocks.js';
 import type { TraceRequest } from './trace.js';

@@ -5,25 +5,40 @@ import { loadRagpulse } from './ragpulse.js';
 import { loadMooncakeTrace, type TraceRequest } from './trace.js';
 import { generateWorkflowTrace } from './workflows.js';
 
+/** Most workflows `workflows:N` generates: 4 requests each, so ~40,000 requests at most. */
+export const MAX_TRACE_WORKFLOWS = 10_000;
+/** Most sessions `agentic:N` generates: ~60 requests of ~1,500 blocks each, so ~30,000 requests at most. */
+export const MAX_TRACE_AGENTIC_SESSIONS = 500;
+/** Generator seeds are 32-bit: larger ones would only repeat smaller ones. */
+const MAX_TRACE_SEED = 0xffff_ffff;
+
+/** N and SEED of a `KIND:N[:SEED]` generated-trace spec, each checked against its range. */
+function generatorSpec(kind: string, spec: string, max: number): { n: number; seed: number } {
+  const m = /^[a-z]+:(\d+)(?::(\d+))?$/.exec(spec);
+  if (!m) throw new RangeError(`--trace ${kind}:N[:SEED] needs whole numbers N and SEED, got '${spec}'`);
+  const n = Number(m[1]);
+  if (n < 1 || n > max) throw new RangeError(`--trace ${kind}:N needs N from 1 to ${max}, got ${m[1]}`);
+  const seed = Number(m[2] ?? 1);
+  if (seed > MAX_TRACE_SEED)
+    throw new RangeError(`--trace ${kind}:N:SEED needs SEED from 0 to ${MAX_TRACE_SEED}, got ${m[2]}`);
+  return { n, seed };
+}
+
 /**
  * Loads a trace by name: a Mooncake JSONL file (optionally .gz); a RAGPulse directory (with
  * 0_trace.jsonl and its side files, optionally .gz); `workflows:N[:SEED]`, a generated
- * multi-agent workload of N workflows; or `agentic:N[:SEED]`, N generated long-context
- * coding-agent sessions.
+ * multi-agent workload of N workflows (N up to MAX_TRACE_WORKFLOWS); or `agentic:N[:SEED]`,
+ * N generated long-context coding-agent sessions (N up to MAX_TRACE_AGENTIC_SESSIONS).
+ * A spec out of range is a RangeError naming `--trace`.
  */
 export async function loadTrace(spec: string): Promise<{ name: string; requests: TraceRequest[] }> {
-  const gen = /^workflows:(\d+)(?::(\d+))?$/.exec(spec);
-  if (gen) {
-    const workflows = Number(gen[1]);
-    if (workflows < 1) throw new RangeError('--trace workflows:N needs N >= 1');
-    return { name: spec, requests: generateWorkflowTrace({ workflows, seed: Number(gen[2] ?? 1) }) };
+  if (spec.startsWith('workflows:')) {
+    const { n, seed } = generatorSpec('workflows', spec, MAX_TRACE_WORKFLOWS);
+    return { name: spec, requests: generateWorkflowTrace({ workflows: n, seed }) };
   }
-  const agentic = /^agentic:(\d+)(?::(\d+))?$/.exec(spec);
-  if (agentic) {
-    const sessions = Number(agentic[1]);
-    // each session is ~60 requests of ~1,500 blocks: 500 sessions is already ~30,000 requests
-    if (sessions < 1 || sessions > 500) throw new RangeError('--trace agentic:N needs N from 1 to 500');
-    return { name: spec, requests: generateAgenticTrace({ sessions, seed: Number(agentic[2] ?? 1) }) };
+  if (spec.startsWith('agentic:')) {
+    const { n, seed } = generatorSpec('agentic', spec, MAX_TRACE_AGENTIC_SESSIONS);
+    return { name: spec, requests: generateAgenticTrace({ sessions: n, seed }) };
   }
   if (!existsSync(spec)) throw new RangeError(`--trace: no such file: ${spec}`);
   if (statSync(spec).isDirectory()) {

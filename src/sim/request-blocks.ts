@@ -1,5 +1,5 @@
 import { BlockHashes, hashPrecomputedBlocks, hashString32 } from '../core/hashing.js';
-import { blockKey, type EngineAnchor } from '../engine-model/engine-model.js';
+import { blockKey, type EngineAnchor } from '../engine-model/index.js';
 import type { TraceRequest } from './trace.js';
 
 /**

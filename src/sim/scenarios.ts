@@ -9,6 +9,7 @@ import type {
   WorkerMetrics,
 } from '../core/router/index.js';
 import type { TraceRequest } from './trace.js';
+import { RemoteLoad } from '../state/remote-load.js';
 
 /**
  * What can go wrong, or differ, around the router in a simulated run: workers failing or
@@ -116,7 +117,8 @@ type Schedule = (atMs: number, fn: () => void) => void;
  * state store does (src/state/redis-state-store.ts): each tracked decision reaches the other
  * replicas `stateLagMs` later through `applySharedDecision` (its blocks as predicted entries,
  * the workflow and anchor) and counts its request and queued prefill on the worker through
- * `setRemoteLoad`; its release takes them off, as the store's release message does. Every
+ * `setRemoteLoad`; its first token moves them from queued prefill to decode load and its
+ * release takes them off, as the store's prefill-done and release messages do. Every
  * replica subscribes to every engine's KV events and scrapes every engine. With one replica
  * and no jitter or loss, this is a plain router.
  */
@@ -127,9 +129,11 @@ export class RouterFleet {
   private readonly jitter: number;
   private readonly loss: number;
   private readonly random: () => number;
-  /** remote[r] : worker id → the other replicas' { requests, prefill } as replica r has heard. */
-  private readonly remote: Array<Map<string, { requests: number; prefill: number }>>;
+  /** remote[r]: the other replicas' in-flight work as replica r has heard of it. */
+  private readonly remote: RemoteLoad[];
   private next = 0;
+  /** Decisions whose prefill-done was sent: their release takes decode tokens off, not prefill. */
+  private readonly prefilled = new WeakSet<SharedDecision>();
 
   constructor(
     replicas: KVAwareRouter[],
@@ -143,7 +147,7 @@ export class RouterFleet {
     this.jitter = scenario.eventJitterMs ?? 0;
     this.loss = scenario.eventLoss ?? 0;
     this.random = createRng((scenario.seed ?? 1) * 7919 + 17);
-    this.remote = replicas.map(() => new Map());
+    this.remote = replicas.map(() => new RemoteLoad());
   }
 
   get size(): number {
@@ -167,14 +171,28 @@ export class RouterFleet {
     return { replica, result };
   }
 
-  markPrefillDone(replica: number, ticket: number): void {
+  /** The request's first token: its replica moves it to decode, and tells the others `stateLagMs` later. */
+  markPrefillDone(replica: number, ticket: number, shared: SharedDecision | undefined): void {
     this.replicas[replica].markPrefillDone(ticket);
+    if (shared?.tracked && this.replicas.length > 1) {
+      this.prefilled.add(shared);
+      this.schedule(this.clock() + this.lag, () =>
+        this.updateRemote(replica, shared.workerId, (load, from) =>
+          load.prefilled(from, shared.workerId, shared.prefillTokens, shared.decodeTokens),
+        ),
+      );
+    }
   }
 
   release(replica: number, ticket: number, shared: SharedDecision | undefined): void {
     this.replicas[replica].release(ticket);
     if (shared?.tracked && this.replicas.length > 1) {
-      this.schedule(this.clock() + this.lag, () => this.addRemote(replica, shared.workerId, -1, -shared.prefillTokens));
+      const decode = this.prefilled.has(shared) ? shared.decodeTokens : undefined;
+      this.schedule(this.clock() + this.lag, () =>
+        this.updateRemote(replica, shared.workerId, (load, from) =>
+          load.released(from, shared.workerId, shared.prefillTokens, decode),
+        ),
+      );
     }
   }
 
@@ -183,24 +201,15 @@ export class RouterFleet {
       if (i === from) return;
       if (r.applySharedDecision(d)) this.counts.sharedDecisionsApplied++;
     });
-    this.addRemote(from, d.workerId, 1, d.prefillTokens);
+    this.updateRemote(from, d.workerId, (load, replica) => load.decided(replica, d.workerId, d.prefillTokens));
   }
 
-  private addRemote(from: number, workerId: string, requests: number, prefill: number): void {
+  /** Applies one replica's message to every other replica's tally, and its sum to that replica's router. */
+  private updateRemote(from: number, workerId: string, change: (load: RemoteLoad, from: string) => boolean): void {
+    const sender = String(from);
     this.replicas.forEach((r, i) => {
-      if (i === from) return;
-      const m = this.remote[i];
-      const l = m.get(workerId) ?? { requests: 0, prefill: 0 };
-      l.requests = Math.max(0, l.requests + requests);
-      l.prefill = Math.max(0, l.prefill + prefill);
-      m.set(workerId, l);
-      if (r.listWorkers().some((w) => w.id === workerId)) {
-        r.setRemoteLoad(workerId, {
-          inFlightRequests: l.requests,
-          queuedPrefillTokens: l.prefill,
-          activeDecodeTokens: 0,
-        });
-      }
+      if (i === from || !change(this.remote[i], sender)) return;
+      if (r.listWorkers().some((w) => w.id === workerId)) r.setRemoteLoad(workerId, this.remote[i].sum(workerId));
     });
   }
 

@@ -2,7 +2,7 @@ import { BlockHashes } from '../core/hashing.js';
 import { LLMD_SCRAPE_INTERVAL_MS } from '../core/policies/llmd.js';
 import { createRng } from '../core/rng.js';
 import { KVAwareRouter, type KVAwareRouterOptions, type SharedDecision } from '../core/router/index.js';
-import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/engine-model.js';
+import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/index.js';
 import { requestBlocks } from './request-blocks.js';
 import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
 import type { TraceRequest } from './trace.js';
@@ -417,7 +417,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
         s.cached = cachedTokens;
         s.ttft = now - s.arrival;
         s.started = true;
-        router.markPrefillDone(s.replica, s.ticket);
+        router.markPrefillDone(s.replica, s.ticket, s.shared);
       }
       for (const request of step.finished) {
         const s = live.get(request.id);

@@ -1,3 +1,4 @@
+import { LRUCache } from 'lru-cache';
 import type { ContentAnchor } from '../core/content-anchors.js';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import { RemoteLoad } from './remote-load.js';
@@ -32,7 +33,10 @@ export type ClusterMessage =
       q?: number;
       claim?: boolean;
     }
-  | { cf: 'released'; r: string; w: string; q: number }
+  /** A tracked request's first token: q tokens leave its queued prefill, d join the decode load. */
+  | { cf: 'prefilled'; r: string; w: string; q: number; d: number }
+  /** A tracked request ended; d present when its 'prefilled' was sent (then q already left the prefill). */
+  | { cf: 'released'; r: string; w: string; q: number; d?: number }
   | { cf: 'worker-added'; r: string; worker: WorkerRecord }
   | { cf: 'worker-removed'; r: string; id: string }
   | { cf: 'workflow?'; r: string; q: number; id: string }
@@ -43,7 +47,8 @@ export type ClusterMessage =
       workers: WorkerRecord[];
       workflows: Array<[string, string, number | null]>;
       decisions: ClusterDecision[];
-      loads: Array<[string, string, number, number]>;
+      /** [replica, worker, requests, prefill, decode] */
+      loads: Array<[string, string, number, number, number]>;
     }
   | { cf: 'gone'; r: string };
 type ClusterDecision = Extract<ClusterMessage, { cf: 'decision' }>;
@@ -77,6 +82,8 @@ export class ClusterStateStore implements StateStore {
   private host: StateStoreHost | undefined;
   /** The other processes' in-flight work. */
   private readonly remote = new RemoteLoad();
+  /** Own decisions whose 'prefilled' was sent: their release takes decode tokens off, not prefill. */
+  private readonly prefilled = new WeakSet<SharedDecision>();
   private nextQuery = 1;
   private readonly queries = new Map<number, () => void>();
   private snapshotArrived: (() => void) | undefined;
@@ -149,8 +156,17 @@ export class ClusterStateStore implements StateStore {
     this.channel.send(m);
   }
 
+  decisionPrefilled(d: SharedDecision): void {
+    if (!d.tracked || this.prefilled.has(d)) return;
+    this.prefilled.add(d);
+    this.channel.send({ cf: 'prefilled', r: this.replicaId, w: d.workerId, q: d.prefillTokens, d: d.decodeTokens });
+  }
+
   decisionEnded(d: SharedDecision): void {
-    if (d.tracked) this.channel.send({ cf: 'released', r: this.replicaId, w: d.workerId, q: d.prefillTokens });
+    if (!d.tracked) return;
+    const m: ClusterMessage = { cf: 'released', r: this.replicaId, w: d.workerId, q: d.prefillTokens };
+    if (this.prefilled.has(d)) m.d = d.decodeTokens;
+    this.channel.send(m);
   }
 
   workerAdded(worker: WorkerRecord): void {
@@ -181,10 +197,13 @@ export class ClusterStateStore implements StateStore {
         case 'decision':
           if (m.r === this.replicaId) return;
           this.apply(m);
-          if (typeof m.q === 'number') this.addRemote(m.r, m.w, 1, m.q);
+          if (typeof m.q === 'number' && this.remote.decided(m.r, m.w, m.q)) this.applyRemote(m.w);
+          return;
+        case 'prefilled':
+          if (m.r !== this.replicaId && this.remote.prefilled(m.r, m.w, m.q, m.d)) this.applyRemote(m.w);
           return;
         case 'released':
-          if (m.r !== this.replicaId) this.addRemote(m.r, m.w, -1, -m.q);
+          if (m.r !== this.replicaId && this.remote.released(m.r, m.w, m.q, m.d)) this.applyRemote(m.w);
           return;
         case 'worker-added':
           if (m.r !== this.replicaId && !host.listWorkers().some((w) => w.id === m.worker.id))
@@ -211,8 +230,9 @@ export class ClusterStateStore implements StateStore {
           for (const w of m.workers) if (!host.listWorkers().some((x) => x.id === w.id)) host.addWorkerFromState(w);
           for (const [id, w, s] of m.workflows) host.router.setWorkflowAffinity(id, w, s);
           for (const d of m.decisions) if (d.r !== this.replicaId) this.apply({ ...d, wf: undefined, s: undefined });
-          for (const [replica, worker, requests, prefill] of m.loads)
-            if (replica !== this.replicaId) this.addRemote(replica, worker, requests, prefill);
+          for (const [replica, worker, requests, prefill, decode] of m.loads)
+            if (replica !== this.replicaId && this.remote.add(replica, worker, requests, prefill, decode ?? 0))
+              this.applyRemote(worker);
           this.snapshotArrived?.();
           return;
         default:
@@ -221,10 +241,6 @@ export class ClusterStateStore implements StateStore {
     } catch {
       this.counters.malformedMessages++;
     }
-  }
-
-  private addRemote(replica: string, workerId: string, requests: number, prefill: number): void {
-    if (this.remote.add(replica, workerId, requests, prefill)) this.applyRemote(workerId);
   }
 
   /** Sums the other processes' work on a worker into the router's view. */
@@ -265,20 +281,21 @@ export interface RelayPeer {
 }
 
 /**
- * The primary's side: relays each process's decisions, releases and registry changes to the
+ * The primary's side: relays each process's decisions, prefill-dones, releases and registry changes to the
  * other processes, answers workflow lookups (the first step routed claims the workflow, so
  * two processes starting one workflow at once agree), and gives a process that starts (or
  * restarts) the current state. One thread, so every claim is atomic.
  */
 export class ClusterRelay {
   private readonly peers = new Map<string, RelayPeer>();
-  private readonly workflows = new Map<string, { w: string; s: number | null }>();
+  /** Workflow → its worker and step, least recently routed dropped first. */
+  private readonly workflows: LRUCache<string, { w: string; s: number | null }>;
   private readonly workers = new Map<string, WorkerRecord>();
   private readonly recent: Array<{ d: ClusterDecision; at: number }> = [];
-  private readonly loads = new Map<string, Map<string, { requests: number; prefill: number }>>();
+  /** Each process's in-flight work, for the snapshot a process that starts later gets. */
+  private readonly loads = new RemoteLoad();
   private readonly recentLimit: number;
   private readonly ttlMs: number;
-  private readonly workflowLimit: number;
   readonly counters = { relayed: 0, claimsLost: 0, malformed: 0 };
 
   constructor(
@@ -287,7 +304,7 @@ export class ClusterRelay {
   ) {
     this.recentLimit = options.recentDecisions ?? 10_000;
     this.ttlMs = options.decisionTtlMs ?? 120_000;
-    this.workflowLimit = options.workflows ?? 100_000;
+    this.workflows = new LRUCache({ max: options.workflows ?? 100_000 });
   }
 
   add(peer: RelayPeer): void {
@@ -297,7 +314,7 @@ export class ClusterRelay {
   /** A process stopped: the others drop its in-flight work. */
   remove(id: string): void {
     if (!this.peers.delete(id)) return;
-    this.loads.delete(id);
+    this.loads.drop(id);
     this.broadcast({ cf: 'gone', r: id }, id);
   }
 
@@ -315,21 +332,23 @@ export class ClusterRelay {
             peer.send({ cf: 'workflow', q: 0, id: m.wf, w: held.w, s: held.s });
             m.wf = undefined;
           } else {
-            this.workflows.delete(m.wf);
             this.workflows.set(m.wf, { w: m.w, s: m.s ?? null });
-            if (this.workflows.size > this.workflowLimit) this.workflows.delete(this.workflows.keys().next().value!);
           }
         }
         if (m.hi.length > 0) {
           this.recent.push({ d: m, at: this.clock() });
           if (this.recent.length > this.recentLimit * 2) this.recent.splice(0, this.recent.length - this.recentLimit);
         }
-        if (typeof m.q === 'number') this.addLoad(from, m.w, 1, m.q);
+        if (typeof m.q === 'number') this.loads.decided(from, m.w, m.q);
         this.broadcast(m, from);
         return;
       }
+      case 'prefilled':
+        this.loads.prefilled(from, m.w, m.q, m.d);
+        this.broadcast(m, from);
+        return;
       case 'released':
-        this.addLoad(from, m.w, -1, -m.q);
+        this.loads.released(from, m.w, m.q, m.d);
         this.broadcast(m, from);
         return;
       case 'worker-added':
@@ -359,28 +378,19 @@ export class ClusterRelay {
     while (live < this.recent.length && now - this.recent[live].at > this.ttlMs) live++;
     if (live > 0) this.recent.splice(0, live);
     const start = Math.max(0, this.recent.length - this.recentLimit);
-    const loads: Array<[string, string, number, number]> = [];
-    for (const [replica, byWorker] of this.loads) {
-      if (replica === to) continue;
-      for (const [worker, l] of byWorker) loads.push([replica, worker, l.requests, l.prefill]);
-    }
+    const loads: Array<[string, string, number, number, number]> = [];
+    for (const [replica, worker, l] of this.loads.entries())
+      if (replica !== to) loads.push([replica, worker, l.requests, l.prefill, l.decode]);
     return {
       cf: 'snapshot',
       workers: [...this.workers.values()],
-      workflows: [...this.workflows].map(([id, e]) => [id, e.w, e.s]),
+      workflows: [...this.workflows.rkeys()].map((id) => {
+        const e = this.workflows.peek(id)!;
+        return [id, e.w, e.s];
+      }),
       decisions: this.recent.slice(start).map((r) => r.d),
       loads,
     };
-  }
-
-  private addLoad(replica: string, worker: string, requests: number, prefill: number): void {
-    if (!Number.isFinite(prefill)) return;
-    let byWorker = this.loads.get(replica);
-    if (!byWorker) this.loads.set(replica, (byWorker = new Map()));
-    const l = byWorker.get(worker) ?? { requests: 0, prefill: 0 };
-    l.requests = Math.max(0, l.requests + requests);
-    l.prefill = Math.max(0, l.prefill + prefill);
-    byWorker.set(worker, l);
   }
 
   private broadcast(m: ClusterMessage, except: string): void {

@@ -8,12 +8,13 @@ import {
   decodeMessage,
   encodeDecision,
   encodeLoadEntry,
+  encodePrefilled,
+  encodeReleased,
   encodeWorkflow,
   parseWorkflow,
   RedisKeys,
   type WireDecision,
   type WireMessage,
-  type WireReleased,
   type WireWorkerAdded,
   type WireWorkerRemoved,
 } from './redis-wire.js';
@@ -64,7 +65,8 @@ interface RedisStats {
  *   workflow for the first time reads it before routing (one round trip, once), and claims a
  *   new one with SET NX, so two replicas starting the same workflow at once end up agreeing.
  * - In-flight work: a decision message counts its request on the worker at every other
- *   replica, and a release message (when the request ends) takes it off, so a replica sees
+ *   replica as queued prefill, a prefill-done message (its first token) moves it to the
+ *   decode load, and a release message (when the request ends) takes it off, so a replica sees
  *   the others' load within a publish, not a polling interval (requests can be shorter than
  *   any sensible interval). Every `syncIntervalMs` each replica also writes its counts to
  *   `{prefix}load:{replica}` (expiring) and a heartbeat to `{prefix}replicas`: a replica
@@ -100,8 +102,10 @@ export class RedisStateStore implements StateStore {
   private readonly recent: LRUCache<string, { message: string; expiresAt: number }> | undefined;
   /** Workflows looked up and found unclaimed: the decision that follows claims them. */
   private readonly unclaimed = new Set<string>();
-  /** Other replicas' in-flight work: kept current by their decision/release messages, seeded from their snapshots. */
+  /** Other replicas' in-flight work: kept current by their decision/prefill-done/release messages, seeded from their snapshots. */
   private readonly remote = new RemoteLoad();
+  /** Own decisions whose prefill-done was published: their release takes decode tokens off, not prefill. */
+  private readonly prefilled = new WeakSet<SharedDecision>();
   private readonly counters: RedisStats = {
     outages: 0,
     errors: 0,
@@ -185,17 +189,15 @@ export class RedisStateStore implements StateStore {
     });
   }
 
+  decisionPrefilled(d: SharedDecision): void {
+    if (!this.up || !d.tracked || this.prefilled.has(d)) return;
+    this.prefilled.add(d);
+    this.publish(JSON.stringify(encodePrefilled(this.replicaId, d)));
+  }
+
   decisionEnded(d: SharedDecision): void {
     if (!this.up || !d.tracked) return;
-    const message = JSON.stringify({
-      r: this.replicaId,
-      k: 'rl',
-      w: d.workerId,
-      q: d.prefillTokens,
-    } satisfies WireReleased);
-    void this.cmd.publish(this.channel, message).catch(() => {
-      this.counters.errors++;
-    });
+    this.publish(JSON.stringify(encodeReleased(this.replicaId, d, this.prefilled.has(d))));
   }
 
   workerAdded(worker: WorkerRecord): void {
@@ -253,6 +255,12 @@ export class RedisStateStore implements StateStore {
     return this.keys.chainKey(workerId, hi, lo);
   }
 
+  private publish(message: string): void {
+    void this.cmd.publish(this.channel, message).catch(() => {
+      this.counters.errors++;
+    });
+  }
+
   private remember(chain: string, message: string): void {
     this.recent?.set(chain, { message, expiresAt: Date.now() + this.predictionTtlMs });
   }
@@ -293,9 +301,13 @@ export class RedisStateStore implements StateStore {
     try {
       if (msg.k === 'd') {
         this.applyDecision(msg);
-        if (typeof msg.q === 'number') this.addRemote(msg.r, msg.w, 1, msg.q);
-      } else if (msg.k === 'rl') this.addRemote(msg.r, msg.w, -1, -msg.q);
-      else if (msg.k === 'wa') {
+        if (typeof msg.q === 'number' && this.remote.decided(msg.r, msg.w, msg.q)) this.applyRemote(msg.w);
+      } else if (msg.k === 'pd') {
+        if (this.remote.prefilled(msg.r, msg.w, msg.q, msg.d)) this.applyRemote(msg.w);
+      } else if (msg.k === 'rl') {
+        if (this.remote.released(msg.r, msg.w, msg.q, typeof msg.d === 'number' ? msg.d : undefined))
+          this.applyRemote(msg.w);
+      } else if (msg.k === 'wa') {
         if (!this.host.listWorkers().some((w) => w.id === msg.worker.id)) this.host.addWorkerFromState(msg.worker);
       } else if (msg.k === 'wr') {
         if (this.host.listWorkers().some((w) => w.id === msg.id)) this.host.removeWorkerFromState(msg.id);
@@ -322,10 +334,6 @@ export class RedisStateStore implements StateStore {
     );
     if (applied) this.counters.decisionsApplied++;
     else this.counters.decisionsUnknownWorker++;
-  }
-
-  private addRemote(replica: string, workerId: string, requests: number, prefill: number): void {
-    if (this.remote.add(replica, workerId, requests, prefill)) this.applyRemote(workerId);
   }
 
   /** Sums the other replicas' work on a worker into the router's view. */

@@ -2,7 +2,8 @@
  * The shared state's wire format on Redis: key names under the fleet's prefix, the messages
  * replicas publish on the events channel (short keys; block hashes as base64 of (hi, lo)
  * uint32 pairs), workflow values and per-replica load snapshots. Replicas of different
- * versions meet on this format, so changes to it must stay readable by the previous one.
+ * versions meet on this format, so changes to it must stay readable by the previous one
+ * (docs/architecture.md §8 lists what each version added).
  */
 import type { ContentAnchor } from '../core/content-anchors.js';
 import type { SharedDecision } from '../core/router/index.js';
@@ -24,12 +25,31 @@ export interface WireDecision {
   /** Present when the request counts as in-flight: its uncached prompt tokens. */
   q?: number;
 }
+/**
+ * The shared-state format's version. 2 added `pd` and `rl.d`: a version-1 replica ignores
+ * `pd` and takes `rl.q` off its queued prefill as before, which stays right for it.
+ */
+export const STATE_WIRE_VERSION = 2;
+
+/** A tracked request's prefill finished (its first token): its tokens move from queued prefill to decode. */
+export interface WirePrefilled {
+  r: string;
+  k: 'pd';
+  w: string;
+  /** Its uncached prompt tokens, off the queued prefill. */
+  q: number;
+  /** Its KV tokens, onto the decode load. */
+  d: number;
+}
 /** A tracked request ended: its work leaves the worker. */
 export interface WireReleased {
   r: string;
   k: 'rl';
   w: string;
+  /** Its uncached prompt tokens (always present: what a version-1 replica takes off). */
   q: number;
+  /** Present when its `pd` was published: the decode tokens to take off (q already left the prefill). */
+  d?: number;
 }
 export interface WireWorkerAdded {
   r: string;
@@ -41,7 +61,7 @@ export interface WireWorkerRemoved {
   k: 'wr';
   id: string;
 }
-export type WireMessage = WireDecision | WireReleased | WireWorkerAdded | WireWorkerRemoved;
+export type WireMessage = WireDecision | WirePrefilled | WireReleased | WireWorkerAdded | WireWorkerRemoved;
 
 /** Key names of one fleet: everything lives under its prefix (default `contextforge:`). */
 export class RedisKeys {
@@ -76,6 +96,18 @@ export function encodeDecision(replicaId: string, d: SharedDecision): WireDecisi
   if (d.contentAnchors && d.contentAnchors.length > 0)
     wire.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
   if (d.tracked) wire.q = d.prefillTokens;
+  return wire;
+}
+
+/** A tracked decision's prefill-done as this replica publishes it. */
+export function encodePrefilled(replicaId: string, d: SharedDecision): WirePrefilled {
+  return { r: replicaId, k: 'pd', w: d.workerId, q: d.prefillTokens, d: d.decodeTokens };
+}
+
+/** A tracked decision's release; `prefilled` when its prefill-done was published. */
+export function encodeReleased(replicaId: string, d: SharedDecision, prefilled: boolean): WireReleased {
+  const wire: WireReleased = { r: replicaId, k: 'rl', w: d.workerId, q: d.prefillTokens };
+  if (prefilled) wire.d = d.decodeTokens;
   return wire;
 }
 

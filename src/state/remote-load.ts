@@ -1,7 +1,7 @@
 /**
  * Other router replicas' in-flight work, per replica and worker, as the shared state learns
- * it: decision and release messages move the tallies as requests start and end, and
- * snapshots seed a replica not heard from yet. The router is given the sum over replicas;
+ * it: decision, prefill-done and release messages move the tallies as requests start, get
+ * their first token and end, and snapshots seed a replica not heard from yet. The router is given the sum over replicas;
  * dropping a replica (it stopped heartbeating) drops its requests with it. No I/O here, so
  * the bookkeeping is tested without Redis.
  */
@@ -21,19 +21,39 @@ export class RemoteLoad {
   private readonly replicas = new Map<string, ReplicaLoad>();
 
   /**
-   * Adds a message's change to a replica's tally on a worker (+1 request and its prefill on
-   * a decision, −1 and −prefill on a release); counts never go below 0. Ignored (false) when
-   * `prefill` is not a finite number.
+   * Adds a message's change to a replica's tally on a worker; counts never go below 0.
+   * Ignored (false) when a change is not a finite number (a malformed message).
    */
-  add(replica: string, workerId: string, requests: number, prefill: number): boolean {
-    if (!Number.isFinite(prefill)) return false;
+  add(replica: string, workerId: string, requests: number, prefill: number, decode: number): boolean {
+    if (!(Number.isFinite(requests) && Number.isFinite(prefill) && Number.isFinite(decode))) return false;
     let load = this.replicas.get(replica);
     if (!load) this.replicas.set(replica, (load = new Map()));
     const l = load.get(workerId) ?? { requests: 0, prefill: 0, decode: 0 };
     l.requests = Math.max(0, l.requests + requests);
     l.prefill = Math.max(0, l.prefill + prefill);
+    l.decode = Math.max(0, l.decode + decode);
     load.set(workerId, l);
     return true;
+  }
+
+  /** A decision: one more request on the worker, its uncached prompt tokens queued as prefill. */
+  decided(replica: string, workerId: string, prefillTokens: number): boolean {
+    return this.add(replica, workerId, 1, prefillTokens, 0);
+  }
+
+  /** The request's prefill finished (first token): its tokens move from queued prefill to decode. */
+  prefilled(replica: string, workerId: string, prefillTokens: number, decodeTokens: number): boolean {
+    return this.add(replica, workerId, 0, -prefillTokens, decodeTokens);
+  }
+
+  /**
+   * The request ended: it leaves the worker, with its decode tokens when its prefill-done was
+   * announced (`decodeTokens` given), else with its still queued prefill.
+   */
+  released(replica: string, workerId: string, prefillTokens: number, decodeTokens: number | undefined): boolean {
+    return decodeTokens === undefined
+      ? this.add(replica, workerId, -1, -prefillTokens, 0)
+      : this.add(replica, workerId, -1, 0, -decodeTokens);
   }
 
   /** The other replicas' work on a worker, summed. */
@@ -58,6 +78,11 @@ export class RemoteLoad {
   /** Starts a replica from its snapshot, unless messages already started its tally. */
   seed(replica: string, load: ReplicaLoad): void {
     if (!this.replicas.has(replica)) this.replicas.set(replica, load);
+  }
+
+  /** Every replica's tally on every worker. */
+  *entries(): IterableIterator<[replica: string, workerId: string, tally: Readonly<WorkerTally>]> {
+    for (const [replica, load] of this.replicas) for (const [id, l] of load) yield [replica, id, l];
   }
 
   /** Drops every replica not in `alive`; true when one was dropped. */

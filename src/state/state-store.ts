@@ -57,6 +57,11 @@ export interface StateStore {
   beforeRoute(request: RouteRequest): Promise<void> | undefined;
   /** A tracked decision this replica made (route() with share). */
   decisionMade(decision: SharedDecision): void;
+  /**
+   * The request of a tracked decision finished its prefill (its first token arrived): the
+   * other replicas move its tokens from queued prefill to decode load. At most once per decision.
+   */
+  decisionPrefilled(decision: SharedDecision): void;
   /** The request of a tracked decision ended (completed, failed, abandoned): its work left the worker. */
   decisionEnded(decision: SharedDecision): void;
   /** The registry changed through this replica's admin API or configuration. */
@@ -75,6 +80,7 @@ export class MemoryStateStore implements StateStore {
     return undefined;
   }
   decisionMade(): void {}
+  decisionPrefilled(): void {}
   decisionEnded(): void {}
   workerAdded(): void {}
   workerRemoved(): void {}

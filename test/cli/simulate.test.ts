@@ -88,3 +88,10 @@ test('simulate rejects bad input with a message and a non-zero exit', () => {
     assert.match(r.stderr, message, args.join(' '));
   }
 });
+
+test('simulate --trace workflows:N beyond its limit: the message names --trace and the bound, exit 2', () => {
+  const r = cli('simulate', '--trace', 'workflows:10001', '--workers', '2', '--policies', 'cost');
+  assert.equal(r.status, 2);
+  assert.equal(r.stderr, 'error: --trace workflows:N needs N from 1 to 10000, got 10001\n');
+  assert.equal(r.stdout, '');
+});

@@ -10,6 +10,7 @@ import { startPicker, type RunningPicker } from '../../src/epp/run-picker.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { startLoopbackEnvoy, type LoopbackEnvoy } from '../epp/loopback-envoy.js';
 import { freePort } from '../helpers/workflow-replay.js';
+import { until } from '../helpers/wait.js';
 
 // Every query of the Grafana dashboard, run by a real Prometheus against the router's own
 // /metrics: a gateway with the endpoint picker beside it, engines publishing KV events, one
@@ -36,14 +37,6 @@ let promUrl = '';
 let dataDir = '';
 let traffic: NodeJS.Timeout | undefined;
 
-
-async function until(check: () => Promise<boolean>, what: string, timeoutMs = 30_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check().catch(() => false))) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 let n = 0;
 async function sendTraffic(): Promise<void> {

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { EngineModel, KeySlotTable, type EngineRequest } from '../../src/engine-model/engine-model.js';
+import { EngineModel, KeySlotTable, type EngineRequest } from '../../src/engine-model/index.js';
 
 // A toy engine with round numbers, so timelines can be computed by hand: 100-token blocks,
 // step = max(10 ms, 0.1 ms per token in the step); no attention or KV-read terms.

@@ -1,6 +1,5 @@
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { encode } from '@msgpack/msgpack';
 import { BlockHashes, hashTokenBlocks } from '../../src/core/hashing.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
@@ -9,6 +8,7 @@ import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { eventBatch, storedEvent, tokenRange } from '../helpers/kv-event-builders.js';
+import { until } from '../helpers/wait.js';
 
 // Real ZeroMQ sockets on loopback: the publisher speaks vLLM's wire format, the subscriber
 // is the production one.
@@ -16,14 +16,6 @@ const BS = 4;
 const tokens = tokenRange;
 const stored = (hashes: bigint[], parent: bigint | null, from: number) => storedEvent(hashes, parent, from, BS);
 const batch = (...events: KvEvent[]) => eventBatch(0, ...events);
-
-async function until(cond: () => boolean, what: string, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await sleep(10);
-  }
-}
 
 const closers: Array<() => Promise<void>> = [];
 after(async () => {
@@ -51,10 +43,15 @@ async function rig(encoding: 'map' | 'array' = 'map', replay = true) {
   );
   // PUB/SUB slow joiner: publish a probe until the subscription is live
   const probe = batch({ type: 'AllBlocksCleared' });
-  while (sub.stats.batches === 0) {
-    await pub.publish(probe);
-    await sleep(20);
-  }
+  await until(
+    async () => {
+      if (sub.stats.batches > 0) return true;
+      await pub.publish(probe);
+      return false;
+    },
+    'the subscription to receive a probe',
+    { intervalMs: 20 },
+  );
   return { router, applier, pub, sub };
 }
 

@@ -3,6 +3,7 @@ import { after, test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { until } from '../helpers/wait.js';
 
 const engines: MockEngine[] = [];
 const gateways: Gateway[] = [];
@@ -65,15 +66,15 @@ test('mock engine: cancelling a request mid-prefill keeps the blocks another req
   const first = fetch(url('/v1/completions'), { method: 'POST', body, headers, signal: abort.signal }).catch(
     () => undefined,
   );
-  const deadline = Date.now() + 5000;
+  const metrics = async () => (await fetch(url('/metrics'))).text();
   // wait until the first request is in its prefill step, then queue the same prompt again
-  while (!/vllm:num_requests_running\{[^}]*\} 1/.test(await (await fetch(url('/metrics'))).text())) {
-    if (Date.now() > deadline) throw new Error('the first request never started');
-  }
+  await until(async () => /vllm:num_requests_running\{[^}]*\} 1/.test(await metrics()), 'the first request to start', {
+    intervalMs: 1,
+  });
   const second = fetch(url('/v1/completions'), { method: 'POST', body, headers });
-  while (!/vllm:num_requests_waiting\{[^}]*\} 1/.test(await (await fetch(url('/metrics'))).text())) {
-    if (Date.now() > deadline) throw new Error('the second request never queued');
-  }
+  await until(async () => /vllm:num_requests_waiting\{[^}]*\} 1/.test(await metrics()), 'the second request to queue', {
+    intervalMs: 1,
+  });
   abort.abort();
   await first;
   assert.equal((await second).status, 200);

@@ -56,7 +56,11 @@ test('a template error rejects that request only; a full pool rejects with Token
       pool.tokenize({ messages: [{ role: 'tool', content: 'x' }] }),
       (e: Error) => e instanceof RangeError && /tool turns/.test(e.message),
     );
-    assert.ok((await pool.tokenize({ messages: [{ role: 'user', content: 'hi' }] })).length > 0);
+    const hi: ChatMessage[] = [{ role: 'user', content: 'hi' }];
+    assert.deepEqual(
+      Array.from(await pool.tokenize({ messages: hi })),
+      ChatTokenizer.load(model).tokenize({ messages: hi }),
+    );
     const first = pool.tokenize({ messages: [{ role: 'user', content: 'a' }] });
     const second = pool.tokenize({ messages: [{ role: 'user', content: 'b' }] });
     await assert.rejects(pool.tokenize({ messages: [{ role: 'user', content: 'c' }] }), TokenizerBusyError);

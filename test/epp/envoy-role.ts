@@ -299,6 +299,8 @@ export interface ResponseSpec {
   headers?: Record<string, string>;
   /** Response body chunks as the engine sent them (absent: a response without body). */
   chunks?: Array<Buffer | string>;
+  /** The picker may change the body (its length, where chunks end): send every chunk, then read to end_of_stream. */
+  bodyChanges?: boolean;
 }
 
 /** The response phase of a routed request, on the same stream. */
@@ -314,7 +316,7 @@ export class PickerStream {
   async respond(spec: ResponseSpec): Promise<{ setHeaders: Map<string, string>; body: Buffer }> {
     const hasBody = spec.chunks !== undefined && spec.chunks.length > 0;
     const setHeaders = await this.respondHeaders(spec, hasBody);
-    const body = hasBody ? await this.respondBody(spec.chunks!) : Buffer.alloc(0);
+    const body = hasBody ? await this.respondBody(spec.chunks!, spec.bodyChanges) : Buffer.alloc(0);
     return { setHeaders, body };
   }
 
@@ -344,17 +346,22 @@ export class PickerStream {
     return headerMap(h.response_headers?.response?.header_mutation?.set_headers);
   }
 
-  /** The response body, chunk by chunk, the last with end_of_stream; resolves to the echoed body. */
-  async respondBody(chunkList: Array<Buffer | string>): Promise<Buffer> {
+  /**
+   * The response body, chunk by chunk, the last with end_of_stream; resolves to the echoed body.
+   * With `bodyChanges` every chunk is sent first and the answers read until end_of_stream.
+   */
+  async respondBody(chunkList: Array<Buffer | string>, bodyChanges = false): Promise<Buffer> {
     const echoed: Buffer[] = [];
     let sawEos = false;
     const chunks = chunkList.map((c) => (Buffer.isBuffer(c) ? c : Buffer.from(c)));
+    if (bodyChanges)
+      chunks.forEach((c, i) => this.call.write({ response_body: { body: c, end_of_stream: i === chunks.length - 1 } }));
     for (let i = 0; i < chunks.length; i++) {
       const last = i === chunks.length - 1;
-      this.call.write({ response_body: { body: chunks[i], end_of_stream: last } });
+      if (!bodyChanges) this.call.write({ response_body: { body: chunks[i], end_of_stream: last } });
       // full duplex: the echo of each chunk may come at once (streaming to the client)
       let got = 0;
-      while (got < chunks[i].length || (last && !sawEos)) {
+      while (bodyChanges ? last && !sawEos : got < chunks[i].length || (last && !sawEos)) {
         const m = await this.next('the echoed response body');
         assert.equal(m.response, 'response_body', `rule 6: expected a response_body answer, got ${describe(m)}`);
         const sr = m.response_body?.response?.body_mutation?.streamed_response;

@@ -8,7 +8,8 @@ import {
   type ProcessingResponse,
 } from '../../src/epp/proto.js';
 import { EnvoyRole } from './envoy-role.js';
-import { startPickerFleet, until, type PickerFleet } from './harness.js';
+import { startPickerFleet, type PickerFleet } from './harness.js';
+import { until } from '../helpers/wait.js';
 
 // The endpoint picker driven by a client that plays Envoy and fails on every ordering rule of
 // the protocol (see envoy-role.ts), against the real router and mock engines.
@@ -206,7 +207,7 @@ test('sheddable objectives get 429 when the pool is saturated; others are routed
   if (calm.kind === 'routed') await calm.stream.end();
 });
 
-test('x-gateway-model-name-rewrite rewrites the model in the forwarded body, with its length', async () => {
+test('x-gateway-model-name-rewrite rewrites the model in the forwarded body, with its length, and the response gets the client’s name back', async () => {
   const out = await envoy.request({
     headers: { 'x-gateway-model-name-rewrite': 'mock-v2' },
     body: JSON.stringify({ model: 'mock', prompt: 'rewrite me' }),
@@ -217,6 +218,20 @@ test('x-gateway-model-name-rewrite rewrites the model in the forwarded body, wit
   assert.equal(forwarded.model, 'mock-v2');
   assert.equal(forwarded.prompt, 'rewrite me');
   assert.equal(out.setHeaders.get('content-length'), String(out.body.length));
+  // the client gets the name it asked for back, as the reference picker gives it
+  const resp = await out.stream.respond({
+    served: out.endpoints[0],
+    chunks: [
+      'data: {"id":"c","model":"mo',
+      'ck-v2","choices":[]}\n\n',
+      'data: {"model": "mock-v2"}\n\ndata: [DONE]\n\n',
+    ],
+    bodyChanges: true,
+  });
+  assert.equal(
+    resp.body.toString(),
+    'data: {"id":"c","model":"mock","choices":[]}\n\ndata: {"model": "mock"}\n\ndata: [DONE]\n\n',
+  );
   await out.stream.end();
 });
 

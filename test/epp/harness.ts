@@ -80,12 +80,3 @@ export async function startPickerFleet(
     },
   };
 }
-
-/** Polls `check` until it holds or the deadline passes (no fixed sleeps). */
-export async function until(check: () => boolean | Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}

@@ -55,10 +55,19 @@ class Inbox {
       this.waiter?.();
     });
   }
-  async next(): Promise<ProcessingResponse> {
+  async next(timeoutMs = 10_000): Promise<ProcessingResponse> {
+    const deadline = Date.now() + timeoutMs;
     while (this.queue.length === 0) {
       if (this.ended) throw new Error(`ext_proc stream ended: ${this.error?.message ?? 'OK'}`);
-      await new Promise<void>((r) => (this.waiter = r));
+      const left = deadline - Date.now();
+      if (left <= 0) throw new Error(`no ext_proc message within ${timeoutMs} ms`);
+      await new Promise<void>((r) => {
+        const t = setTimeout(r, left); // the deadline, cleared when a message or the end arrives
+        this.waiter = () => {
+          clearTimeout(t);
+          r();
+        };
+      });
       this.waiter = undefined;
     }
     return this.queue.shift()!;

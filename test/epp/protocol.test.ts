@@ -6,6 +6,7 @@ import {
   endpointOfUrl,
   immediateResponse,
   inSubset,
+  ModelNameRestorer,
   readHeaders,
   readServedEndpoint,
   readSubsetHint,
@@ -164,4 +165,32 @@ test('endpoints: host:port of a URL, IPv6 in brackets, subset entries with or wi
   assert.ok(inSubset('10.0.0.1:8000', ['10.0.0.1']), 'no port: any port');
   assert.ok(inSubset('[fd00::1]:8000', ['fd00::1']));
   assert.ok(!inSubset('10.0.0.12:8000', ['10.0.0.1']));
+});
+
+test('the client’s model name comes back in the response, also split between chunks and after "model": with a space', () => {
+  const run = (chunks: string[]) => {
+    const r = new ModelNameRestorer('llama-internal-01', 'public-chat');
+    return chunks.map((c, i) => r.push(Buffer.from(c), i === chunks.length - 1).toString());
+  };
+  const sse =
+    'data: {"id":"c1","model":"llama-internal-01","choices":[]}\n\ndata: {"id":"c1","model":"llama-internal-01"}\n\ndata: [DONE]\n\n';
+  const restored =
+    'data: {"id":"c1","model":"public-chat","choices":[]}\n\ndata: {"id":"c1","model":"public-chat"}\n\ndata: [DONE]\n\n';
+  assert.deepEqual(run([sse]), [restored]);
+  // cut at every byte: the same body comes out, never more than a match's length held back
+  for (let cut = 0; cut <= sse.length; cut++) {
+    const out = run([sse.slice(0, cut), sse.slice(cut)]);
+    assert.equal(out.join(''), restored, `cut at ${cut}`);
+    const firstRestored = sse.slice(0, cut).replaceAll('"model":"llama-internal-01"', '"model":"public-chat"');
+    const held = firstRestored.length - out[0].length;
+    assert.ok(held >= 0 && held < '"model": "llama-internal-01"'.length, `cut at ${cut}: held ${held}`);
+  }
+  assert.deepEqual(run(['{"model": "llama-internal-01", "usage": {}}']), ['{"model": "public-chat", "usage": {}}']);
+  // other fields naming the model, and other models, are left alone
+  assert.deepEqual(run(['{"root":"llama-internal-01","model":"llama-internal-012"}']), [
+    '{"root":"llama-internal-01","model":"llama-internal-012"}',
+  ]);
+  // names are matched as JSON strings, escapes included
+  const q = new ModelNameRestorer('a"b', 'c');
+  assert.equal(q.push(Buffer.from('{"model":"a\\"b"}'), true).toString(), '{"model":"c"}');
 });

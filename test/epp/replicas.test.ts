@@ -9,7 +9,8 @@ import { MemoryStateStore, type StateStore } from '../../src/state/state-store.j
 import { startLoopbackEnvoy, type LoopbackEnvoy } from './loopback-envoy.js';
 import { ReplayTally } from '../helpers/workflow-replay.js';
 import { EnvoyRole } from './envoy-role.js';
-import { startPickerFleet, until, type PickerFleet } from './harness.js';
+import { startPickerFleet, type PickerFleet } from './harness.js';
+import { until } from '../helpers/wait.js';
 
 // Endpoint-picker replicas active-active on one Redis (the machine's, 127.0.0.1:6379, which
 // .ci/run starts when nothing answers): fed round-robin through loopback gateways, two

@@ -8,7 +8,8 @@ import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
-import { failingEngine, fakeEngine, hangingEngine, KillableEngine, post, waitFor } from './harness.js';
+import { failingEngine, fakeEngine, hangingEngine, KillableEngine, post } from './harness.js';
+import { until } from '../helpers/wait.js';
 
 const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: 'fault-suite-admin' };
 
@@ -42,7 +43,7 @@ test('engine killed under load: no non-streamed request fails; streams cut after
     ...Array.from({ length: 15 }, (_, i) => streamed(i)),
   ];
   // the kill comes while requests are queued and running on every engine
-  await waitFor('requests running on k1', () => router.listWorkers().find((w) => w.id === 'k1')!.inFlightRequests > 3);
+  await until(() => router.listWorkers().find((w) => w.id === 'k1')!.inFlightRequests > 3, 'requests running on k1');
   await engines[1].kill();
   const later = Array.from({ length: 30 }, (_, i) => plain(100 + i));
   const results = await Promise.all([...inFlight, ...later]);
@@ -175,6 +176,15 @@ test('engine answers 500: retried elsewhere, its circuit opens; all engines fail
   const none = await post(allBase, '/v1/completions', { prompt: 'x', max_tokens: 1 });
   assert.equal(none.status, 503);
   assert.equal(none.headers.get('retry-after'), '1');
+  // the dry run says why
+  const why = await post(allBase, '/v1/route', { prompt: 'x' }, { authorization: 'Bearer fault-suite-admin' });
+  assert.equal(why.status, 200);
+  assert.deepEqual(JSON.parse(why.text).noWorker, {
+    reason: 'none-available',
+    workers: 2,
+    unavailable: 2,
+    excluded: 0,
+  });
   await all.close();
   await bad.close();
   await bad2.close();
@@ -196,9 +206,9 @@ test('engine restarts with an empty cache: the index forgets it (health path and
   assert.equal((await post(base, '/v1/completions', { prompt, max_tokens: 1 })).status, 200);
   assert.ok(router.index.entryCount > 0);
   await engine.kill();
-  await waitFor('the health check to take it out', () => gateway.health.reasons('r0').includes('health-check'));
+  await until(() => gateway.health.reasons('r0').includes('health-check'), 'the health check to take it out');
   await engine.restart();
-  await waitFor('it to come back', () => gateway.health.reasons('r0').length === 0);
+  await until(() => gateway.health.reasons('r0').length === 0, 'it to come back');
   assert.equal(router.index.entryCount, 0, 'nothing it held before the restart is predicted');
   await gateway.close();
   await engine.kill();
@@ -223,20 +233,20 @@ test('engine restarts with an empty cache: the index forgets it (health path and
         .status,
       200,
     );
-  await waitFor(
-    'its KV events in the index',
+  await until(
     async () =>
       (
         (await (
           await fetch(`${pbase}/admin/workers`, { headers: { authorization: 'Bearer fault-suite-admin' } })
         ).json()) as { workers: Array<{ kvEvents: { lastSeq: number } }> }
       ).workers[0].kvEvents.lastSeq >= 15,
+    'its KV events in the index',
   );
   await events.restart();
   // the new process stores blocks of other prompts: its batches number from 0 again (the first
   // ones may be published before the subscriber has reconnected, so keep sending)
   let n = 0;
-  await waitFor('the old entries dropped', async () => {
+  await until(async () => {
     assert.equal(
       (await post(pbase, '/v1/completions', { prompt: `something else ${n++} `.repeat(10), max_tokens: 1 })).status,
       200,
@@ -247,7 +257,7 @@ test('engine restarts with an empty cache: the index forgets it (health path and
     // the subscriber sees the publisher go away (or its numbering start over) and drops the entries
     const k = stats.workers[0].kvEvents;
     return (k.restarts >= 1 || k.disconnects >= 1) && k.batches > 20;
-  });
+  }, 'the old entries dropped');
   const route = (await (
     await fetch(`${pbase}/v1/route`, {
       method: 'POST',

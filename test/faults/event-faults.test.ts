@@ -18,8 +18,9 @@ import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
-import { waitFor } from './harness.js';
+import {} from './harness.js';
 import { eventBatch, storedEvent, tokenRange } from '../helpers/kv-event-builders.js';
+import { until } from '../helpers/wait.js';
 
 const BS = 4;
 const tokens = tokenRange;
@@ -43,23 +44,28 @@ test('through the gateway: a gap is replayed, a restarted publisher has its old 
   });
   const cached = (from: number, n: number) => router.route({ tokens: tokens(from, n) }, { dryRun: true }).cachedTokens;
   // PUB/SUB slow joiner: publish until the subscription is live
-  for (let deadline = Date.now() + 10_000; cached(0, 8) === 0 && Date.now() < deadline;) {
-    await pub.publish(batch({ type: 'AllBlocksCleared' }, stored([1n, 2n], null, 0)));
-    await new Promise((r) => setTimeout(r, 20));
-  }
+  await until(
+    async () => {
+      if (cached(0, 8) > 0) return true;
+      await pub.publish(batch({ type: 'AllBlocksCleared' }, stored([1n, 2n], null, 0)));
+      return false;
+    },
+    'the subscription to be live',
+    { intervalMs: 20 },
+  );
   assert.equal(cached(0, 8), 8);
   pub.loseNext(2);
   await pub.publish(batch(stored([3n], 2n, 8))); // lost
   await pub.publish(batch(stored([4n], 3n, 12))); // lost
   await pub.publish(batch(stored([5n], 4n, 16))); // arrives: the gap is replayed
-  await waitFor('the replayed blocks', () => cached(0, 20) === 20);
+  await until(() => cached(0, 20) === 20, 'the replayed blocks');
 
   const { endpoint, replayEndpoint } = pub;
   await pub.close();
-  await waitFor('the entries of the vanished publisher dropped', () => cached(0, 20) === 0);
+  await until(() => cached(0, 20) === 0, 'the entries of the vanished publisher dropped');
   const restarted = await new KvEventPublisher({ endpoint, replayEndpoint }).start();
   await restarted.publish(batch(stored([9n], null, 200)));
-  await waitFor('events of the restarted publisher', () => cached(200, 4) === 4);
+  await until(() => cached(200, 4) === 4, 'events of the restarted publisher');
   assert.equal(cached(0, 20), 0, 'nothing from before the restart');
   await gateway.close();
   await restarted.close();
@@ -173,15 +179,20 @@ test('10,000 fuzzed event payloads: malformed ones change nothing, the index is 
     s.writeBigUInt64BE(seq++);
     await pub.sendRaw(['', s, payload]);
   };
-  for (let deadline = Date.now() + 10_000; sub.stats.batches === 0 && Date.now() < deadline;) {
-    await send(probe);
-    await new Promise((r) => setTimeout(r, 20));
-  }
+  await until(
+    async () => {
+      if (sub.stats.batches > 0) return true;
+      await send(probe);
+      return false;
+    },
+    'the subscription to be live',
+    { intervalMs: 20 },
+  );
   for (const p of payloads) await send(p);
-  await waitFor(
-    'every payload handled (the sentinel applied)',
+  await until(
     () => router.route({ tokens: tokens(500_000, BS) }, { dryRun: true }).cachedTokens === BS,
-    30_000,
+    'every payload handled (the sentinel applied)',
+    { timeoutMs: 30_000 },
   );
   assert.ok(sub.stats.malformed > 1000, `${sub.stats.malformed} malformed payloads counted and skipped`);
   assert.equal(sub.stats.gaps, 0);

@@ -9,16 +9,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { createConnection, createServer as createTcpServer, type AddressInfo } from 'node:net';
 import { MockEngine, type MockEngineOptions } from '../../src/engines/mock-engine.js';
-
-/** Polls `cond` every 10 ms until it holds; fails the test after `timeoutMs`. */
-export async function waitFor(what: string, cond: () => boolean | Promise<boolean>, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    if (await cond()) return;
-    await new Promise((r) => setTimeout(r, 10));
-  }
-  assert.fail(`timed out after ${timeoutMs} ms waiting for ${what}`);
-}
+import { until } from '../helpers/wait.js';
 
 export async function freePort(): Promise<number> {
   const server = createTcpServer();
@@ -146,7 +137,7 @@ export class RedisProcess {
     );
     this.child = child;
     child.on('error', (err) => assert.fail(`redis-server could not start: ${err.message}`));
-    await waitFor(`redis-server on port ${this.port}`, () => this.ping(), 10_000);
+    await until(() => this.ping(), `redis-server on port ${this.port}`, { timeoutMs: 10_000 });
     return this;
   }
 

@@ -12,7 +12,8 @@ import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { loadApiKeysFile } from '../../src/server/api-keys.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { fakeEngine, post, waitFor } from './harness.js';
+import { fakeEngine, post } from './harness.js';
+import { until } from '../helpers/wait.js';
 
 const ADMIN = 'admin-token-for-tests';
 const auth = { authorization: `Bearer ${ADMIN}` };
@@ -73,7 +74,7 @@ describe('hostile clients', () => {
         clearTimeout(t);
       }),
     );
-    await waitFor('every ticket released', () => gateway.router.getStats().inFlightRequests === 0);
+    await until(() => gateway.router.getStats().inFlightRequests === 0, 'every ticket released');
     assert.deepEqual(
       gateway.router.listWorkers().map((w) => [w.id, w.healthy]),
       [
@@ -245,7 +246,7 @@ describe('hostile clients', () => {
       'POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{"prompt":',
     );
     const trickle = setInterval(() => socket.write(' '), 50); // a byte every 50 ms: never idle, never done
-    await waitFor('the server to cut the slow request', () => socket.destroyed || answer.length > 0, 5000);
+    await until(() => socket.destroyed || answer.length > 0, 'the server to cut the slow request', { timeoutMs: 5000 });
     clearInterval(trickle);
     socket.destroy();
     await closed;

@@ -9,7 +9,8 @@ import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
-import { post, RedisProcess, waitFor } from './harness.js';
+import { post, RedisProcess } from './harness.js';
+import { until } from '../helpers/wait.js';
 
 test('Redis killed and restarted under load: 0 failed requests, the replicas reconnect', async () => {
   const redis = await new RedisProcess().start();
@@ -47,14 +48,12 @@ test('Redis killed and restarted under load: 0 failed requests, the replicas rec
     }
   };
   const load = Promise.all(Array.from({ length: 8 }, client));
-  await waitFor('a third of the load', () => sent >= TOTAL / 3, 60_000);
+  await until(() => sent >= TOTAL / 3, 'a third of the load', { timeoutMs: 60_000 });
   await redis.kill();
-  await waitFor(
-    'every replica to notice the outage',
-    () => stores.every((s) => (s.stats().outages as number) >= 1),
-    30_000,
-  );
-  await waitFor('two thirds of the load', () => sent >= (2 * TOTAL) / 3, 60_000);
+  await until(() => stores.every((s) => (s.stats().outages as number) >= 1), 'every replica to notice the outage', {
+    timeoutMs: 30_000,
+  });
+  await until(() => sent >= (2 * TOTAL) / 3, 'two thirds of the load', { timeoutMs: 60_000 });
   await redis.restart();
   await load;
   assert.equal(statuses.length, TOTAL);
@@ -63,10 +62,10 @@ test('Redis killed and restarted under load: 0 failed requests, the replicas rec
     [],
     'no request failed',
   );
-  await waitFor(
-    'the replicas reconnected and resynchronised',
+  await until(
     () => stores.every((s) => s.stats().connected === true && (s.stats().resyncs as number) >= 2),
-    30_000,
+    'the replicas reconnected and resynchronised',
+    { timeoutMs: 30_000 },
   );
   for (const g of gateways) await g.close();
   for (const e of engines) await e.close();

@@ -1,10 +1,10 @@
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { MockEngine, mockTokenize } from '../../src/engines/mock-engine.js';
 import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
+import { until } from '../helpers/wait.js';
 
 // The gateway in front of the mock engine's deployment shapes: data-parallel ranks, LoRA
 // adapters, vLLM block hashes, the engine's /tokenize with tools; real ZeroMQ streams.
@@ -21,14 +21,6 @@ const post = (base: string, path: string, body: unknown, headers: Record<string,
   });
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Json = Record<string, any>;
-
-async function until(cond: () => boolean | Promise<boolean>, what: string, ms = 8000) {
-  const end = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await sleep(20);
-  }
-}
 
 /** A mock engine whose ranks publish on consecutive ports (found by trying). */
 async function engineOnPorts(options: ConstructorParameters<typeof MockEngine>[0]) {

@@ -1,12 +1,12 @@
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
+import { settled, until } from '../helpers/wait.js';
 
 const cleanup: Array<() => Promise<void>> = [];
 after(async () => {
@@ -52,8 +52,7 @@ test("--tokenize engine: requests are hashed from the engine's token ids and mee
   const expected = Math.floor(first.usage.prompt_tokens / 16) * 16;
   const predicted = async () =>
     ((await (await post(base, '/v1/route', { messages })).json()) as { cachedTokens: number }).cachedTokens;
-  for (let deadline = Date.now() + 5000; (await predicted()) !== expected && Date.now() < deadline;) await sleep(10);
-  assert.equal(await predicted(), expected);
+  assert.equal(await settled(predicted, (n) => n === expected), expected);
 });
 
 test("--tokenize tokenizer: the model's tokenizer and chat template in process; the gateway subscribes to KV events itself", async () => {
@@ -104,15 +103,13 @@ test("--tokenize tokenizer: the model's tokenizer and chat template in process; 
     (await (await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${adminToken}` } })).json()) as {
       workers: Array<{ indexEntries: number; kvEvents: { batches: number } | null }>;
     };
-  for (let deadline = Date.now() + 5000; (await workers()).workers[0].kvEvents!.batches === 0 && Date.now() < deadline;)
-    await sleep(10);
+  await until(async () => (await workers()).workers[0].kvEvents!.batches > 0, 'the first KV-event batch');
   // the next turn: its prefix is the first request's prompt, which only the engine's events announced
   const next = [...messages, { role: 'assistant', content: 'w1' }, { role: 'user', content: 'Again, please.' }];
   const expected = Math.floor(first.usage.prompt_tokens / 16) * 16;
   const predicted = async () =>
     ((await (await post(base, '/v1/route', { messages: next })).json()) as { cachedTokens: number }).cachedTokens;
-  for (let deadline = Date.now() + 5000; (await predicted()) !== expected && Date.now() < deadline;) await sleep(10);
-  assert.equal(await predicted(), expected);
+  assert.equal(await settled(predicted, (n) => n === expected), expected);
   const second = await post(base, '/v1/chat/completions', { messages: next, max_tokens: 1 });
   const body = (await second.json()) as { usage: { prompt_tokens_details?: { cached_tokens: number } } };
   assert.equal(

@@ -6,6 +6,7 @@ import OpenAI from 'openai';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
+import { until } from '../helpers/wait.js';
 
 test('killing a worker under load loses no request that had not started streaming', async () => {
   const engines = [
@@ -31,7 +32,8 @@ test('killing a worker under load loses no request that had not started streamin
     }));
   // 40 non-streaming requests in flight on both engines (20 tokens at 100 tok/s: ~200 ms each)
   const inFlight = Array.from({ length: 40 }, (_, i) => one(i));
-  await new Promise((r) => setTimeout(r, 60));
+  const onE1 = () => router.listWorkers().find((w) => w.id === 'e1')!.inFlightRequests;
+  await until(() => onE1() >= 10, 'requests in flight on e1');
   await engines[1].close(); // dies with requests in its queue and batch
   const more = Array.from({ length: 20 }, (_, i) => one(100 + i));
   const results = await Promise.all([...inFlight, ...more]);
@@ -70,14 +72,6 @@ async function fakeEngine(
   };
 }
 
-const waitFor = async (what: string, cond: () => boolean | Promise<boolean>) => {
-  for (let i = 0; i < 500; i++) {
-    if (await cond()) return;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  assert.fail(`timed out waiting for ${what}`);
-};
-
 test('an engine failing mid-stream: the stream ends with an OpenAI-style error event and the ticket is released', async () => {
   const engine = await fakeEngine((req, res) => {
     req.resume();
@@ -109,7 +103,11 @@ test('an engine failing mid-stream: the stream ends with an OpenAI-style error e
       (e) => JSON.parse(e.replace(/^data: /, '')) as { choices?: unknown; error?: { message: string; type: string } },
     );
   assert.equal(events.length, 2);
-  assert.ok(events[0].choices, 'the chunk sent before the failure came through');
+  assert.deepEqual(
+    events[0].choices,
+    [{ index: 0, delta: { content: 'par' } }],
+    'the chunk sent before the failure came through',
+  );
   assert.equal(events[1].error?.type, 'server_error');
   assert.match(events[1].error!.message, /failed mid-stream/);
   assert.equal(router.getStats().inFlightRequests, 0);
@@ -154,7 +152,7 @@ test('active health checks take a worker out of rotation and back, independently
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const healthy = (id: string) => router.listWorkers().find((w) => w.id === id)!.healthy;
   status = 503;
-  await waitFor('the failing worker to leave', () => !healthy('sick'));
+  await until(() => !healthy('sick'), 'the failing worker to leave');
   const admin = (await (
     await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${gateway.adminToken}` } })
   ).json()) as { workers: Array<{ id: string; outOfRotation: string[] }> };
@@ -171,7 +169,7 @@ test('active health checks take a worker out of rotation and back, independently
   // another source holding it out keeps it out when the health check recovers
   gateway.health.set('sick', 'metrics', false, 'scrape failed');
   status = 200;
-  await waitFor('the health check to pass again', () => !gateway.health.reasons('sick').includes('health-check'));
+  await until(() => !gateway.health.reasons('sick').includes('health-check'), 'the health check to pass again');
   assert.equal(healthy('sick'), false, 'still held out by the metrics verdict');
   gateway.health.set('sick', 'metrics', true);
   assert.equal(healthy('sick'), true);

@@ -139,6 +139,26 @@ describe('scenarios', () => {
     assert.equal(fleet.route({ tokens: [1, 2, 3] }).replica, 1);
   });
 
+  test("--replicas: a request's first token moves it from queued prefill to decode at the other replicas, after the lag", () => {
+    const l = loop();
+    const fleet = new RouterFleet(routers(2), { stateLagMs: 20 }, l.schedule, l.clock);
+    fleet.registerWorker('w0');
+    const { replica, result } = fleet.route({ tokens: Array.from({ length: 64 }, (_, k) => k) });
+    l.advance(20);
+    const w = fleet.replicas[1].listWorkers()[0];
+    const seen = () => [w.inFlightRequests, w.queuedPrefillTokens, w.activeDecodeTokens];
+    assert.deepEqual(seen(), [1, 64, 0]);
+    l.advance(30);
+    fleet.markPrefillDone(replica, result.ticket, result.shared);
+    l.advance(49);
+    assert.deepEqual(seen(), [1, 64, 0], 'not before the lag');
+    l.advance(50);
+    assert.deepEqual(seen(), [1, 0, 64]);
+    fleet.release(replica, result.ticket, result.shared);
+    l.advance(70);
+    assert.deepEqual(seen(), [0, 0, 0]);
+  });
+
   test('--replicas in a simulation: every request accounted for, decisions shared', () => {
     const trace = generateWorkflowTrace({ workflows: 30, seed: 5 });
     const r = simulate(trace, { workers: 4, policy: 'cost', scenario: { replicas: 3, stateLagMs: 20 } });

@@ -122,3 +122,36 @@ test("messages that are not the relay's are ignored", async () => {
   relay.receive('unknown', { cf: 'hello', r: 'unknown' });
   assert.equal(relay.counters.relayed, 0);
 });
+
+test("B's view of A's request moves from queued prefill to decode on A's prefill-done, and a late process gets both", async () => {
+  const {
+    processes: [a, b, c],
+  } = fleet(3);
+  await Promise.all([a.store.attach(a.host), b.store.attach(b.host)]);
+  const waiting = a.router.route({ text: 'still waiting for its first token', promptTokens: 300 }, { share: true });
+  const r = a.router.route({ text: 'a request about to get its first token', promptTokens: 700 }, { share: true });
+  a.store.decisionMade(waiting.shared!);
+  a.store.decisionMade(r.shared!);
+  await settle();
+  await settle();
+  const on = (p: typeof b, id: string) => {
+    const w = p.router.listWorkers().find((x) => x.id === id)!;
+    return [w.inFlightRequests, w.queuedPrefillTokens, w.activeDecodeTokens];
+  };
+  const both = waiting.workerId === r.workerId;
+  assert.deepEqual(on(b, r.workerId), both ? [2, 1000, 0] : [1, 700, 0]);
+  a.router.markPrefillDone(r.ticket);
+  a.store.decisionPrefilled(r.shared!);
+  await settle();
+  await settle();
+  assert.deepEqual(on(b, r.workerId), both ? [2, 300, 700] : [1, 0, 700]);
+  // a process that starts now learns the same split from the relay's snapshot
+  await c.store.attach(c.host);
+  assert.deepEqual(on(c, r.workerId), on(b, r.workerId));
+  a.router.release(r.ticket);
+  a.store.decisionEnded(r.shared!);
+  await settle();
+  await settle();
+  assert.deepEqual(on(b, r.workerId), both ? [1, 300, 0] : [0, 0, 0]);
+  assert.deepEqual(on(c, r.workerId), on(b, r.workerId));
+});

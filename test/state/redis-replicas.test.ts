@@ -10,6 +10,7 @@ import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { generateWorkflowTrace } from '../../src/sim/workflows.js';
 import type { TraceRequest } from '../../src/sim/trace.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { settled, until } from '../helpers/wait.js';
 import { freePort, ReplayTally } from '../helpers/workflow-replay.js';
 import { MemoryStateStore, type StateStore } from '../../src/state/state-store.js';
 
@@ -89,7 +90,7 @@ async function replay(
   await Promise.all(
     trace.map(async (r, i) => {
       const due = (r.timestamp - t0) / speed - (performance.now() - start);
-      if (due > 0) await sleep(due);
+      if (due > 0) await sleep(due); // the trace's own arrival times: the workload, not a wait
       sent++;
       await during?.(sent);
       await tally.send(bases[i % bases.length], r);
@@ -167,21 +168,10 @@ test('in-flight work counted by one replica is seen by the others', async () => 
         await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })
       ).json()) as { workers: Array<{ id: string; inFlightRequests: number }> }
     ).workers;
-  for (let i = 0; i < 200 && (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests < 3; i++)
-    await sleep(20);
-  assert.equal(
-    (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests,
-    3,
-    "replica B counts replica A's requests",
-  );
+  const busyAtB = async () => (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests;
+  assert.equal(await settled(busyAtB, (n) => n >= 3), 3, "replica B counts replica A's requests");
   for (const c of controllers) c.abort();
-  for (let i = 0; i < 200 && (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests > 0; i++)
-    await sleep(20);
-  assert.equal(
-    (await workersOf(fleet.bases[1])).find((w) => w.id === busy)!.inFlightRequests,
-    0,
-    'and forgets them when they end',
-  );
+  assert.equal(await settled(busyAtB, (n) => n === 0), 0, 'and forgets them when they end');
 });
 
 async function startRedis(port: number): Promise<ChildProcess> {
@@ -199,7 +189,7 @@ async function startRedis(port: number): Promise<ChildProcess> {
       await probe.ping();
       return child;
     } catch {
-      await sleep(50);
+      await sleep(50); // the server is still starting: probe again (at most 100 times)
     } finally {
       probe.disconnect();
     }
@@ -226,7 +216,11 @@ test('Redis stopped mid-run: no request fails; restarted: the replicas write bac
 
   redis = await startRedis(port); // empty: it kept nothing on disk
   for (const s of fleet.stores) {
-    for (let i = 0; i < 200 && !(s.stats().connected && (s.stats().resyncs as number) >= 2); i++) await sleep(25);
+    await until(
+      () => s.stats().connected === true && (s.stats().resyncs as number) >= 2,
+      'the replica to reconnect and resynchronise',
+      { timeoutMs: 5000, intervalMs: 25 },
+    );
     assert.equal(s.stats().connected, true);
     assert.ok((s.stats().resyncs as number) >= 2, 'resynchronised after the restart');
   }

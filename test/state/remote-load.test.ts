@@ -6,41 +6,57 @@ import { RemoteLoad } from '../../src/state/remote-load.js';
 describe('RemoteLoad', () => {
   test('decisions and releases move one replica’s tally; the sum covers every replica', () => {
     const r = new RemoteLoad();
-    assert.equal(r.add('a', 'w1', 1, 300), true);
-    assert.equal(r.add('a', 'w1', 1, 200), true);
-    assert.equal(r.add('b', 'w1', 1, 50), true);
-    assert.equal(r.add('b', 'w2', 1, 70), true);
+    assert.equal(r.decided('a', 'w1', 300), true);
+    assert.equal(r.decided('a', 'w1', 200), true);
+    assert.equal(r.decided('b', 'w1', 50), true);
+    assert.equal(r.decided('b', 'w2', 70), true);
     assert.deepEqual(r.sum('w1'), { inFlightRequests: 3, queuedPrefillTokens: 550, activeDecodeTokens: 0 });
     assert.deepEqual(r.sum('w2'), { inFlightRequests: 1, queuedPrefillTokens: 70, activeDecodeTokens: 0 });
-    r.add('a', 'w1', -1, -300);
+    r.released('a', 'w1', 300, undefined);
     assert.deepEqual(r.sum('w1'), { inFlightRequests: 2, queuedPrefillTokens: 250, activeDecodeTokens: 0 });
     assert.deepEqual(r.sum('unknown'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
   });
 
   test('a release without its decision never drives a tally below zero', () => {
     const r = new RemoteLoad();
-    r.add('a', 'w1', 1, 10);
-    r.add('a', 'w1', -1, -10);
-    r.add('a', 'w1', -1, -500);
+    r.decided('a', 'w1', 10);
+    r.released('a', 'w1', 10, undefined);
+    r.released('a', 'w1', 500, undefined);
     assert.deepEqual(r.sum('w1'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
-    r.add('a', 'w1', 1, 40);
+    r.decided('a', 'w1', 40);
     assert.deepEqual(r.sum('w1'), { inFlightRequests: 1, queuedPrefillTokens: 40, activeDecodeTokens: 0 });
   });
 
-  test('a non-finite prefill is ignored and changes nothing', () => {
+  test('prefill-done moves a request’s tokens from queued prefill to decode; its release takes the decode off', () => {
     const r = new RemoteLoad();
-    r.add('a', 'w1', 1, 10);
-    assert.equal(r.add('a', 'w1', 1, Number.NaN), false);
-    assert.equal(r.add('a', 'w1', 1, Number.POSITIVE_INFINITY), false);
+    r.decided('a', 'w1', 300);
+    r.decided('a', 'w1', 200);
+    assert.equal(r.prefilled('a', 'w1', 300, 1000), true);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 2, queuedPrefillTokens: 200, activeDecodeTokens: 1000 });
+    // the prefilled request ends: its decode tokens leave, the other request's prefill stays
+    assert.equal(r.released('a', 'w1', 300, 1000), true);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 1, queuedPrefillTokens: 200, activeDecodeTokens: 0 });
+    // the other one ends before its first token: its prefill leaves
+    r.released('a', 'w1', 200, undefined);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+  });
+
+  test('a non-finite change is ignored and changes nothing', () => {
+    const r = new RemoteLoad();
+    r.decided('a', 'w1', 10);
+    assert.equal(r.decided('a', 'w1', Number.NaN), false);
+    assert.equal(r.decided('a', 'w1', Number.POSITIVE_INFINITY), false);
     assert.equal(r.has('c'), false);
-    assert.equal(r.add('c', 'w1', 1, Number.NaN), false);
+    assert.equal(r.decided('c', 'w1', Number.NaN), false);
     assert.equal(r.has('c'), false);
+    assert.equal(r.prefilled('a', 'w1', 10, Number.NaN), false);
+    assert.equal(r.released('a', 'w1', 10, Number.NEGATIVE_INFINITY), false);
     assert.deepEqual(r.sum('w1'), { inFlightRequests: 1, queuedPrefillTokens: 10, activeDecodeTokens: 0 });
   });
 
   test('snapshots seed replicas not heard from yet, never over a tally messages started', () => {
     const r = new RemoteLoad();
-    r.add('a', 'w1', 1, 10);
+    r.decided('a', 'w1', 10);
     r.seed('a', decodeLoadSnapshot({ w1: encodeLoadEntry(9, 900, 90) }));
     r.seed('b', decodeLoadSnapshot({ w1: encodeLoadEntry(2, 64, 512), w2: '1,2', w3: '1,-5,0', w4: 'x,1,1' }));
     assert.equal(r.has('b'), true);
@@ -53,9 +69,9 @@ describe('RemoteLoad', () => {
 
   test('replicas that stopped heartbeating are dropped with their requests; clear forgets all', () => {
     const r = new RemoteLoad();
-    r.add('a', 'w1', 1, 10);
-    r.add('b', 'w1', 1, 20);
-    r.add('c', 'w1', 1, 40);
+    r.decided('a', 'w1', 10);
+    r.decided('b', 'w1', 20);
+    r.decided('c', 'w1', 40);
     assert.equal(r.retain(new Set(['a', 'c'])), true);
     assert.equal(r.has('b'), false);
     assert.deepEqual(r.sum('w1'), { inFlightRequests: 2, queuedPrefillTokens: 50, activeDecodeTokens: 0 });

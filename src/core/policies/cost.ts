@@ -65,15 +65,16 @@ export interface CostWeights {
 
 /**
  * The physical constants describe Qwen3-32B fp8 on one H100 SXM, from the same hardware
- * figures as the simulator's engine model (src/engine-model/engine-model.ts ENGINE_DEFAULTS):
+ * figures as the simulator's engine model (ENGINE_DEFAULTS in src/engine-model/config.ts):
  * - prefillTokensPerSecond: an 8,192-token chunk is compute-bound at 0.054 ms per token
  *   (2 FLOP per parameter at 60% of the dense fp8 peak) = 442 ms ≈ 18,500 tokens/s;
  * - attention: 2.1 MFLOP per (query, key) pair at the attention rate (3.5e-6 ms) over the
  *   linear layers' 0.054 ms per token ≈ 6.5e-5;
  * - decode: reading one KV token per step (4.9e-5 ms at 80% of HBM bandwidth) over one
  *   chunk's 442 ms ≈ 1.1e-7.
- * The guard weights (load, pressure, knee, ceiling) and bonuses (cla, workflow) are the
- * policy's earlier defaults, kept for the seed API (no prompt length, no queue counts).
+ * The guard weights (load, pressure, knee, ceiling) and bonuses (cla, workflow) are set by
+ * hand, not derived; the bonuses count only for prompts without blocks (the seed API, which
+ * gives no prompt and no queue counts).
  */
 export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
   prefillTokensPerSecond: 18_500,

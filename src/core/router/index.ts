@@ -3,16 +3,22 @@
  * requests, results and stats. Import the router from here, not from the files behind it.
  */
 export { KVAwareRouter } from './kv-aware-router.js';
+export { NoEndpointsError } from './no-worker.js';
 export type { KVAwareRouterOptions } from './options.js';
 export type {
   BlockSequence,
   CandidateExplain,
   IndexMode,
   InFlightLoad,
+  NoWorker,
+  NoWorkerReason,
+  NoWorkerResult,
   RouteDecision,
+  RoutedResult,
   RouteOptions,
   RouteRequest,
   RouteResult,
+  RouteResultFields,
   RouterStats,
   SelectWorkerOptions,
   SharedDecision,

@@ -5,17 +5,9 @@
  */
 import { AnchorTable } from '../anchor-table.js';
 import type { BlockKeying } from '../block-keying.js';
-import { BlockIndex, OverlapResult, Tier } from '../block-index.js';
-import { ContentAnchorIndex, type ContentAnchor } from '../content-anchors.js';
-import {
-  BlockHashes,
-  canonicalChatText,
-  hashPrecomputedBlocks,
-  hashString32,
-  hashTextBlocks,
-  TokenBlockKeys,
-  type HashNamespace,
-} from '../hashing.js';
+import { BlockIndex, Tier } from '../block-index.js';
+import { ContentAnchorIndex } from '../content-anchors.js';
+import { BlockHashes, hashString32, type HashNamespace } from '../hashing.js';
 import type { CostWeights } from '../policies/index.js';
 import type { RouteFeatures, RouteReason, RoutingPolicy } from '../policies/types.js';
 import { roundHalfEven3 } from '../round-half-even.js';
@@ -23,8 +15,13 @@ import * as check from '../validate.js';
 import { WorkflowTable } from '../workflow-table.js';
 import { WorkerRegistry, type WorkerInfo, type WorkerState } from '../worker-registry.js';
 import { CandidateCollector, explainCandidates } from './candidates.js';
+import { DecisionRecorder } from './decision-recording.js';
 import { InFlightTickets, localLoad, setRemoteLoad } from './in-flight.js';
+import { diagnoseNoWorker, NoEndpointsError } from './no-worker.js';
 import { resolveRouterOptions, type KVAwareRouterOptions } from './options.js';
+import { PrefixLookup } from './prefix-lookup.js';
+import { readRouteFields, RouteFields } from './request-fields.js';
+import { applySeedWorkerState, seedRouteRequest } from './seed-api.js';
 import type {
   BlockSequence,
   IndexMode,
@@ -32,7 +29,10 @@ import type {
   RouteDecision,
   RouteOptions,
   RouteRequest,
+  NoWorkerResult,
   RouteResult,
+  RouteResultFields,
+  RoutedResult,
   RouterStats,
   SelectWorkerOptions,
   SharedDecision,
@@ -73,19 +73,14 @@ export class KVAwareRouter {
   private readonly decisions: Partial<Record<RouteReason, number>> = {};
   private readonly inFlight = new InFlightTickets();
   private readonly candidates: CandidateCollector;
+  private readonly recorder: DecisionRecorder;
+  /** The checked metadata of the request being routed (scratch reused by every route()). */
+  private readonly fields = new RouteFields();
   private isolationCounter = 0;
 
-  // scratch reused by every route(): the route path allocates little
-  private readonly hashes = new BlockHashes(1024);
-  /** Token ids under the router's own keying: keys computed only as far as a route reads them. */
-  private readonly tokenKeys = new TokenBlockKeys();
-  private readonly overlap = new OverlapResult(32);
+  private readonly prefix: PrefixLookup;
+  /** The hash namespace of the request being routed (scratch reused by every route()). */
   private readonly hashNs: HashNamespace = {};
-  /** Workers whose block size is not the router's, by block size (their slots); rebuilt on (un)registration. */
-  private otherBlockSizes = new Map<number, number[]>();
-  /** Per other block size, the request's keys and overlap (scratch, reused). */
-  private readonly sizedHashes = new Map<number, BlockHashes>();
-  private readonly sizedOverlap = new OverlapResult(32);
 
   constructor(options: KVAwareRouterOptions = {}) {
     const o = resolveRouterOptions(options);
@@ -102,6 +97,7 @@ export class KVAwareRouter {
     this.keying = o.keying;
     this.indexMode = o.indexMode;
     this.index = new BlockIndex({ maxEntries: o.maxIndexEntries, predictedTtlMs: o.predictedTtlMs });
+    this.prefix = new PrefixLookup(this.index, this.keying, this.blockSize, this.textChunkBytes);
     // a policy that, like its upstream, predicts nothing gets no speculative entries
     this.speculativeBlocks = this.policy.speculative === false ? 0 : o.speculativeBlocks;
     this.contentAnchors = new ContentAnchorIndex(o.contentAnchorCapacity, o.contentAnchorTtlMs);
@@ -118,6 +114,16 @@ export class KVAwareRouter {
       },
       o,
     );
+    this.recorder = new DecisionRecorder(
+      {
+        index: this.index,
+        contentAnchors: this.contentAnchors,
+        anchors: this.anchors,
+        workflows: this.workflows,
+        prefix: this.prefix,
+      },
+      { indexMode: this.indexMode, speculativeBlocks: this.speculativeBlocks, blockSize: this.blockSize },
+    );
   }
 
   // ------------------------------------------------------------------------- workers
@@ -125,24 +131,12 @@ export class KVAwareRouter {
   /** Registers a worker; registering a known id again changes nothing. */
   registerWorker(workerId: string, info?: WorkerInfo): void {
     this.workers.register(check.requireId(workerId, 'workerId'), info);
-    this.groupBlockSizes();
+    this.prefix.groupBlockSizes(this.workers.values());
   }
 
   /** The block size a worker's KV is made of (its own, or the router's). */
   blockSizeOf(workerId: string): number {
     return this.requireRegistered(workerId).info.blockSize ?? this.blockSize;
-  }
-
-  private groupBlockSizes(): void {
-    const groups = new Map<number, number[]>();
-    for (const w of this.workers.values()) {
-      const bs = w.info.blockSize;
-      if (bs === undefined || bs === this.blockSize) continue;
-      let slots = groups.get(bs);
-      if (!slots) groups.set(bs, (slots = []));
-      slots.push(w.slot);
-    }
-    this.otherBlockSizes = groups;
   }
 
   /** Forgets a worker and everything recorded on it. Returns whether it was known. */
@@ -154,7 +148,7 @@ export class KVAwareRouter {
     this.workflows.dropWorker(workerId);
     this.index.applyCleared(state.slot);
     this.contentAnchors.remove(state.slot);
-    this.groupBlockSizes();
+    this.prefix.groupBlockSizes(this.workers.values());
     this.policy.onWorkerRemoved?.(state);
     return true;
   }
@@ -242,15 +236,9 @@ export class KVAwareRouter {
   route(request: RouteRequest, options: RouteOptions = {}): RouteResult {
     if (request === null || typeof request !== 'object') throw new TypeError('request must be an object');
     const now = options.now ?? this.clock();
-    const claGroup = check.optionalNonNegativeInt(request.claGroup, 'claGroup');
-    const workflowStep = check.optionalNonNegativeInt(request.workflowStep, 'workflowStep');
-    const workflowId = check.optionalId(request.workflowId, 'workflowId');
-    const anchor = check.optionalId(request.anchor, 'anchor');
-    const contentAnchors = request.contentAnchors ? checkContentAnchors(request.contentAnchors) : undefined;
-    if (request.isolate !== undefined && typeof request.isolate !== 'boolean')
-      throw new TypeError('isolate must be a boolean');
-    const isolated =
-      request.isolate === true || (request.agentRole !== undefined && this.judgeRoles.has(request.agentRole));
+    const fields = this.fields;
+    readRouteFields(request, this.judgeRoles, fields);
+    const { claGroup, workflowId, anchor, isolated } = fields;
 
     // isolated requests hash under a private salt: their blocks match nothing else
     const cacheSalt = isolated
@@ -260,28 +248,13 @@ export class KVAwareRouter {
     ns.lora = check.optionalId(request.lora, 'lora') ?? null;
     ns.cacheSalt = cacheSalt ?? null;
     ns.claGroup = claGroup;
-    const hashes = this.hashRequest(request, ns);
-    // keys of token ids are computed on demand (TokenBlockKeys): `hashes` holds those computed so far
-    const lazyKeys = hashes === this.tokenKeys.computed ? this.tokenKeys : undefined;
-    const requestBlocks = lazyKeys ? lazyKeys.total : hashes.length;
-    const promptTokens = this.promptTokensOf(request, hashes);
-
-    const overlap = this.overlap;
-    if (!isolated && this.anchorLocalityEnabled && requestBlocks > 0) {
-      this.index.overlaps(hashes.hi, hashes.lo, requestBlocks, overlap, now, lazyKeys, hashes.length);
-      // engine-native keys: a block held deeper in the chain implies its prefix (vLLM caches
-      // prefixes), even where the router never saw those ancestors stored
-      if (this.keying.mode === 'vllm' && request.tokens !== undefined && overlap.maxBlocks < hashes.length)
-        this.index.extendToDeepestHeld(hashes.hi, hashes.lo, hashes.length, overlap);
-      if (this.otherBlockSizes.size > 0 && request.tokens !== undefined)
-        this.overlapOtherBlockSizes(request.tokens, ns, overlap, now);
-    } else {
-      overlap.ensureSlots(this.workers.slotCount);
-      overlap.blocks.fill(0);
-      overlap.offloadBlocks.fill(0);
-      overlap.predictedBlocks.fill(0);
-      overlap.maxBlocks = 0;
-    }
+    const hashes = this.prefix.hashRequest(request, ns);
+    const promptTokens = this.prefix.promptTokensOf(request, hashes);
+    const matching = !isolated && this.anchorLocalityEnabled;
+    const overlap = this.prefix.lookup(request, hashes, ns, matching, this.workers.slotCount, now);
+    // keys of token ids are computed on demand: `hashes` holds those computed so far
+    const requestBlocks = this.prefix.blockCount(hashes);
+    this.prefix.ensureKeys(hashes, 4); // the routing key's block
 
     const candidates = this.candidates.collect(
       overlap,
@@ -290,20 +263,18 @@ export class KVAwareRouter {
       claGroup,
       promptTokens,
       workflowId,
-      contentAnchors,
+      fields.contentAnchors,
       isolated,
       now,
       options.exclude,
     );
-    lazyKeys?.ensure(4); // the routing key's block
     const features: RouteFeatures = {
       claGroup,
       promptTokens,
       requestBlocks,
       blockSize: hashes.tokensPerBlock || this.blockSize,
       routingKey: requestBlocks > 0 ? hashes.lo[Math.min(requestBlocks, 4) - 1] : anchor ? hashString32(anchor) : 0,
-      // a policy reading them gets every key (TokenBlockKeys computes the rest on first read)
-      blocks: lazyKeys ?? hashes,
+      blocks: this.prefix.sequence(hashes),
       sharedPrefixKey:
         overlap.maxBlocks > 0
           ? hashes.lo[Math.min(overlap.maxBlocks, requestBlocks) - 1]
@@ -312,6 +283,11 @@ export class KVAwareRouter {
             : 0,
     };
     const choice = this.policy.choose(candidates, features);
+    // a user's policy is not trusted to stay in range; the built-in ones always do
+    if (!(Number.isInteger(choice.index) && choice.index >= -1 && choice.index < candidates.length))
+      throw new RangeError(
+        `policy '${this.policy.name}' chose index ${String(choice.index)} of ${candidates.length} candidates`,
+      );
     const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;
 
     const result: RouteResult = {
@@ -325,6 +301,13 @@ export class KVAwareRouter {
       ticket: 0,
       preRope: true,
     };
+    // worked out only on this rare path; the result is then a NoWorkerResult (workerId '')
+    if (!chosen)
+      (result as RouteResultFields as NoWorkerResult).noWorker = diagnoseNoWorker(
+        this.workers.values(),
+        candidates.length,
+        options.exclude,
+      );
     if (cacheSalt !== undefined && isolated) result.cacheSalt = cacheSalt;
     if (options.explain) result.explain = explainCandidates(candidates, features, choice.index, this.policy);
     if (options.dryRun) return result;
@@ -332,55 +315,17 @@ export class KVAwareRouter {
     this.decisions[choice.reason] = (this.decisions[choice.reason] ?? 0) + 1;
     if (!chosen) return result;
     const worker = chosen.worker;
-    let start = 0;
-    let end = 0;
-    let recorded = hashes;
-    if (!isolated) {
-      if (requestBlocks > 0) {
-        // approximate: every block (refreshing the TTL); precise: a speculative stretch past
-        // what the worker holds
-        end =
-          this.indexMode === 'precise'
-            ? Math.min(requestBlocks, chosen.overlapBlocks + this.speculativeBlocks)
-            : requestBlocks;
-        lazyKeys?.ensure(end);
-        start = this.indexMode === 'precise' ? chosen.overlapBlocks : 0;
-        // a worker of another block size records the request's keys in its size
-        if (
-          worker.info.blockSize !== undefined &&
-          worker.info.blockSize !== this.blockSize &&
-          request.tokens !== undefined
-        ) {
-          recorded = this.sizedHashes.get(worker.info.blockSize) ?? hashes;
-          end =
-            this.indexMode === 'precise'
-              ? Math.min(recorded.length, chosen.overlapBlocks + this.speculativeBlocks)
-              : recorded.length;
-        }
-        if (end > start) this.index.recordPredicted(worker.slot, recorded.hi, recorded.lo, start, end, now);
-      }
-      if (contentAnchors && contentAnchors.length > 0) this.contentAnchors.record(worker.slot, contentAnchors, now);
-    }
+    this.recorder.record(worker, chosen.overlapBlocks, hashes, request.tokens !== undefined, fields, now);
     const tracked = options.track !== false;
     const uncached = Math.max(0, promptTokens - chosen.cachedTokens);
-    if (options.share) {
-      // the predicted range only: in precise mode what the worker holds comes from its own events
-      const n = Math.max(0, end - start);
-      result.shared = {
-        workerId: worker.id,
-        hi: recorded.hi.slice(start, start + n),
-        lo: recorded.lo.slice(start, start + n),
-        workflowId,
-        workflowStep,
-        anchor,
-        claGroup,
-        contentAnchors: isolated ? undefined : contentAnchors,
-        prefillTokens: tracked ? uncached : 0,
+    if (options.share)
+      result.shared = this.recorder.shared(
+        worker.id,
+        fields,
+        tracked ? uncached : 0,
+        tracked ? promptTokens : 0,
         tracked,
-      };
-    }
-    if (anchor !== undefined) this.anchors.home(anchor, worker.id, claGroup);
-    if (workflowId !== undefined) this.workflows.record(workflowId, worker.id, workflowStep);
+      );
     if (tracked) {
       result.ticket = this.inFlight.open(worker, uncached, promptTokens);
     }
@@ -389,19 +334,27 @@ export class KVAwareRouter {
   }
 
   /**
+   * route(), for callers that prefer an exception to branching on `noWorker`: throws a
+   * NoEndpointsError (its `reason` says why) when no worker can take the request.
+   */
+  routeOrThrow(request: RouteRequest, options: RouteOptions = {}): RoutedResult {
+    const result = this.route(request, options);
+    if (result.noWorker) throw new NoEndpointsError(result.noWorker, result.policy);
+    return result;
+  }
+
+  /**
    * Applies another replica's decision (see RouteOptions.share): its blocks become predicted
    * entries on the worker, and the workflow and anchors follow it. False when the worker is
    * not registered here (yet), so nothing was applied.
    */
-  applySharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'tracked'>, now: number = this.clock()): boolean {
+  applySharedDecision(
+    d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>,
+    now: number = this.clock(),
+  ): boolean {
     const worker = this.workers.get(d.workerId);
     if (!worker) return false;
-    if (d.hi.length !== d.lo.length) throw new RangeError('shared decision: hi and lo differ in length');
-    if (d.hi.length > 0) this.index.recordPredicted(worker.slot, d.hi, d.lo, 0, d.hi.length, now);
-    if (d.contentAnchors && d.contentAnchors.length > 0)
-      this.contentAnchors.record(worker.slot, checkContentAnchors(d.contentAnchors), now);
-    if (d.anchor !== undefined) this.anchors.home(d.anchor, worker.id, d.claGroup);
-    if (d.workflowId !== undefined) this.workflows.record(d.workflowId, worker.id, d.workflowStep);
+    this.recorder.applyShared(worker, d, now);
     return true;
   }
 
@@ -448,33 +401,13 @@ export class KVAwareRouter {
   // --------------------------------------------------------------- the seed's API
 
   async selectWorker(anchorHash: string, opts: SelectWorkerOptions = {}): Promise<RouteDecision> {
-    check.requireId(anchorHash, 'anchorHash');
-    if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
-    const tokenLength = check.nonNegativeInt(opts.tokenLength, 'tokenLength', 0);
-    const r = this.route(
-      {
-        anchor: anchorHash,
-        claGroup: opts.claGroup,
-        workflowStep: opts.workflowStep,
-        workflowId: opts.workflowId,
-        promptTokens: tokenLength,
-      },
-      { track: false },
-    );
+    const r = this.route(seedRouteRequest(anchorHash, opts), { track: false });
     const claGroup = opts.claGroup ?? null;
     return { targetWorkerId: r.workerId, anchorHash, claGroup, confidence: r.confidence, preRope: true };
   }
 
   async updateWorkerState(workerId: string, load: number, opts: UpdateWorkerStateOptions = {}): Promise<void> {
-    check.requireId(workerId, 'workerId');
-    const clamped = check.load(load, 'load');
-    if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
-    const claGroup = check.optionalNonNegativeInt(opts.claGroup, 'claGroup');
-    const workflowStep = check.optionalNonNegativeInt(opts.workflowStep, 'workflowStep');
-    const state = this.workers.register(workerId);
-    state.load = clamped;
-    if (claGroup !== null) state.claGroups.add(claGroup);
-    if (workflowStep !== null) state.lastUsedStep = workflowStep;
+    applySeedWorkerState(this.workers, workerId, load, opts);
   }
 
   /** Records that `targetWorkerId` now holds the anchor's blocks (registered or not, as the seed). */
@@ -522,96 +455,10 @@ export class KVAwareRouter {
 
   // ------------------------------------------------------------------------ internals
 
-  /** Prompt length: counted from tokens, else as given, else estimated from the blocks. */
-  private promptTokensOf(request: RouteRequest, hashes: BlockHashes): number {
-    if (request.tokens !== undefined) return request.tokens.length;
-    const given = check.nonNegativeInt(request.promptTokens, 'promptTokens', 0);
-    if (given > 0 || hashes.length === 0) return given;
-    // text: about 4 bytes of UTF-8 per token; half a chunk for the unhashed tail
-    const textTail = request.text !== undefined || request.messages !== undefined ? hashes.tokensPerBlock / 2 : 0;
-    return Math.round(hashes.length * hashes.tokensPerBlock + textTail);
-  }
-
-  /**
-   * Workers whose KV blocks are of another size (a worker's `blockSize`, e.g. SGLang with page
-   * size 1): the prompt's keys in that size, looked up in the index, give those workers'
-   * overlaps, which replace what the router-size lookup found for them.
-   */
-  private overlapOtherBlockSizes(
-    tokens: ArrayLike<number>,
-    ns: HashNamespace,
-    overlap: OverlapResult,
-    now: number,
-  ): void {
-    const o = this.sizedOverlap;
-    for (const [blockSize, slots] of this.otherBlockSizes) {
-      let h = this.sizedHashes.get(blockSize);
-      if (!h) this.sizedHashes.set(blockSize, (h = new BlockHashes(64)));
-      this.keying.hashTokens(tokens, blockSize, ns, h);
-      if (h.length > 0) this.index.overlaps(h.hi, h.lo, h.length, o, now);
-      if (h.length > 0 && this.keying.mode === 'vllm' && o.maxBlocks < h.length)
-        this.index.extendToDeepestHeld(h.hi, h.lo, h.length, o);
-      for (const slot of slots) {
-        const found = h.length > 0 && slot < o.blocks.length;
-        overlap.blocks[slot] = found ? o.blocks[slot] : 0;
-        overlap.offloadBlocks[slot] = found ? o.offloadBlocks[slot] : 0;
-        overlap.predictedBlocks[slot] = found ? o.predictedBlocks[slot] : 0;
-      }
-    }
-  }
-
-  private hashRequest(request: RouteRequest, ns: HashNamespace): BlockHashes {
-    const hashes = this.hashes;
-    if (request.tokens !== undefined) {
-      if (typeof request.tokens !== 'object' || typeof request.tokens.length !== 'number')
-        throw new TypeError('tokens must be an array of token ids');
-      if (this.keying.mode === 'router') {
-        this.tokenKeys.reset(request.tokens, this.blockSize, ns);
-        return this.tokenKeys.computed;
-      }
-      this.keying.hashTokens(request.tokens, this.blockSize, ns, hashes);
-    } else if (request.blockHashes !== undefined) {
-      if (typeof request.blockHashes !== 'object' || typeof request.blockHashes.length !== 'number')
-        throw new TypeError('blockHashes must be an array');
-      hashPrecomputedBlocks(
-        request.blockHashes,
-        check.positiveInt(request.blockTokens, 'blockTokens', this.blockSize),
-        ns,
-        hashes,
-      );
-    } else if (request.messages !== undefined) {
-      if (!Array.isArray(request.messages)) throw new TypeError('messages must be an array');
-      request.messages.forEach((m, i) => {
-        if (m === null || typeof m !== 'object' || typeof m.role !== 'string')
-          throw new TypeError(`messages[${i}] must be an object with a string role`);
-      });
-      hashTextBlocks(canonicalChatText(request.messages), this.textChunkBytes, ns, hashes);
-      hashes.tokensPerBlock = this.textChunkBytes / 4;
-    } else if (request.text !== undefined) {
-      if (typeof request.text !== 'string') throw new TypeError('text must be a string');
-      hashTextBlocks(request.text, this.textChunkBytes, ns, hashes);
-      hashes.tokensPerBlock = this.textChunkBytes / 4;
-    } else {
-      hashes.length = 0;
-      hashes.tokensPerBlock = this.blockSize;
-    }
-    return hashes;
-  }
-
   private requireRegistered(workerId: string): WorkerState {
     check.requireId(workerId, 'workerId');
     const state = this.workers.get(workerId);
     if (!state) throw new RangeError(`workerId '${workerId}' is not registered`);
     return state;
   }
-}
-
-function checkContentAnchors(anchors: unknown): ContentAnchor[] {
-  if (!Array.isArray(anchors)) throw new TypeError('contentAnchors must be an array of { id, tokens }');
-  anchors.forEach((a, i) => {
-    if (a === null || typeof a !== 'object') throw new TypeError(`contentAnchors[${i}] must be an object`);
-    check.requireId((a as ContentAnchor).id, `contentAnchors[${i}].id`);
-    check.nonNegativeInt((a as ContentAnchor).tokens, `contentAnchors[${i}].tokens`, 0);
-  });
-  return anchors as ContentAnchor[];
 }

@@ -6,6 +6,7 @@
  */
 import { BlockKeying, type BlockHashMode } from '../block-keying.js';
 import { createPolicy, resolveCostWeights, type CostWeights, type PolicyOptions } from '../policies/index.js';
+import { checkPolicyObject } from '../policies/policy-object.js';
 import type { RoutingPolicy } from '../policies/types.js';
 import { createRng } from '../rng.js';
 import * as check from '../validate.js';
@@ -18,8 +19,11 @@ export interface KVAwareRouterOptions {
   enableClaAffinity?: boolean;
   /** Prefer workers that hold the request's KV (default true). */
   enableAnchorLocality?: boolean;
-  /** 'cost' (default), 'seed', or a baseline / peer policy (see POLICY_NAMES). */
-  policy?: string;
+  /**
+   * 'cost' (default), 'seed', a baseline / peer policy (see POLICY_NAMES), or an object of
+   * the caller's implementing RoutingPolicy (one per router: its hooks see this router's decisions).
+   */
+  policy?: string | RoutingPolicy;
   /** Most seed-API anchors remembered, least recently used evicted beyond (default 100,000). */
   anchorCapacity?: number;
   /** Most workflows remembered for step continuity (default 10,000). */
@@ -122,10 +126,12 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
   const claAffinityEnabled = optionalBool(options.enableClaAffinity, 'enableClaAffinity', true);
   const anchorLocalityEnabled = optionalBool(options.enableAnchorLocality, 'enableAnchorLocality', true);
   const policyName = options.policy ?? 'cost';
-  if (typeof policyName !== 'string') throw new TypeError('policy must be a string');
   const costWeights = resolveCostWeights(options.costWeights);
   const random = createRng(check.nonNegativeInt(options.randomSeed, 'randomSeed', 1));
-  const policy = createPolicy(policyName, { ...options.policyOptions, costWeights }, { random });
+  const policy =
+    typeof policyName === 'string'
+      ? createPolicy(policyName, { ...options.policyOptions, costWeights }, { random })
+      : checkPolicyObject(policyName);
   const anchorCapacity = check.positiveInt(options.anchorCapacity, 'anchorCapacity', ROUTER_DEFAULTS.anchorCapacity);
   const workflowCapacity = check.positiveInt(
     options.workflowCapacity,

@@ -76,6 +76,8 @@ export interface SharedDecision {
   contentAnchors?: readonly ContentAnchor[];
   /** Uncached prompt tokens the decision queued on the worker (0 when not tracked). */
   prefillTokens: number;
+  /** KV tokens the request holds on the worker once its prefill is done (0 when not tracked). */
+  decodeTokens: number;
   tracked: boolean;
 }
 
@@ -103,8 +105,9 @@ export interface CandidateExplain {
   terms: Record<string, number | boolean>;
 }
 
-export interface RouteResult {
-  /** '' when no worker can take the request. */
+/** What every route() result carries, whether or not a worker was chosen. */
+export interface RouteResultFields {
+  /** The chosen worker; '' when none (then `noWorker` says why). */
   workerId: string;
   /** Prompt tokens predicted to be cached on the chosen worker. */
   cachedTokens: number;
@@ -112,6 +115,7 @@ export interface RouteResult {
   /** 0-1 (see RouteDecision). */
   confidence: number;
   policy: string;
+  /** The rule that chose; 'none' when no worker was chosen. */
   reason: RouteReason;
   /** Full blocks the prompt was cut into. */
   blocks: number;
@@ -123,6 +127,37 @@ export interface RouteResult {
   ticket: number;
   explain?: CandidateExplain[];
   preRope: true;
+}
+
+/** A request routed to a worker. */
+export interface RoutedResult extends RouteResultFields {
+  noWorker?: undefined;
+}
+
+/** No worker could take the request: `workerId` is '', `reason` 'none', `noWorker` says why. */
+export interface NoWorkerResult extends RouteResultFields {
+  workerId: '';
+  noWorker: NoWorker;
+}
+
+/** What route() returns; branch on `noWorker` (set only when no worker was chosen). */
+export type RouteResult = RoutedResult | NoWorkerResult;
+
+/**
+ * Why no worker was chosen. `no-workers`: none is registered. `none-available`: every
+ * registered worker is draining or unhealthy. `all-excluded`: every available worker is in
+ * RouteOptions.exclude. `policy-declined`: there were candidates and the policy chose none.
+ */
+export type NoWorkerReason = 'no-workers' | 'none-available' | 'all-excluded' | 'policy-declined';
+
+export interface NoWorker {
+  reason: NoWorkerReason;
+  /** Registered workers. */
+  workers: number;
+  /** Of those, draining or unhealthy. */
+  unavailable: number;
+  /** Of the available ones, excluded by RouteOptions.exclude. */
+  excluded: number;
 }
 
 export interface SelectWorkerOptions {

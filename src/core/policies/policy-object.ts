@@ -1,0 +1,26 @@
+/**
+ * A routing policy given as an object (a user's own, as Dynamo's custom worker selector and
+ * SGLang's policy registry allow) is checked once, when the router is built: a missing or
+ * mistyped member is reported by name then, not as a TypeError deep inside route().
+ */
+import type { RoutingPolicy } from './types.js';
+
+const OPTIONAL_HOOKS = ['scoreTerms', 'onRouted', 'onReleased', 'onWorkerRemoved'] as const;
+
+/** Returns `value` as a RoutingPolicy, or throws a TypeError naming the member that is wrong. */
+export function checkPolicyObject(value: unknown, name = 'policy'): RoutingPolicy {
+  if (value === null || typeof value !== 'object')
+    throw new TypeError(`${name} must be a policy name or an object implementing RoutingPolicy`);
+  const p = value as Partial<Record<keyof RoutingPolicy, unknown>>;
+  if (typeof p.name !== 'string' || p.name.length === 0)
+    throw new TypeError(`${name}.name must be a non-empty string (RoutingPolicy.name)`);
+  if (typeof p.choose !== 'function')
+    throw new TypeError(`${name}.choose must be a function (RoutingPolicy.choose(candidates, request))`);
+  for (const hook of OPTIONAL_HOOKS) {
+    if (p[hook] !== undefined && typeof p[hook] !== 'function')
+      throw new TypeError(`${name}.${hook} must be a function when given`);
+  }
+  if (p.speculative !== undefined && typeof p.speculative !== 'boolean')
+    throw new TypeError(`${name}.speculative must be a boolean when given`);
+  return value as RoutingPolicy;
+}

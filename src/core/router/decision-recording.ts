@@ -1,0 +1,125 @@
+/**
+ * What the router learns from a decision, its own or another replica's: the blocks the chosen
+ * worker is predicted to hold (every block in approximate mode; in precise mode a speculative
+ * stretch past what it holds, until its KV events confirm them), the content anchors it now
+ * holds, the seed anchor's home and the workflow's latest step.
+ */
+import type { AnchorTable } from '../anchor-table.js';
+import type { BlockIndex } from '../block-index.js';
+import type { ContentAnchorIndex } from '../content-anchors.js';
+import type { BlockHashes } from '../hashing.js';
+import type { WorkflowTable } from '../workflow-table.js';
+import type { WorkerState } from '../worker-registry.js';
+import type { PrefixLookup } from './prefix-lookup.js';
+import { checkContentAnchors, type RouteFields } from './request-fields.js';
+import type { IndexMode, SharedDecision } from './types.js';
+
+/** The router state a decision is recorded in. */
+export interface DecisionSinks {
+  readonly index: BlockIndex;
+  readonly contentAnchors: ContentAnchorIndex;
+  readonly anchors: AnchorTable;
+  readonly workflows: WorkflowTable;
+  readonly prefix: PrefixLookup;
+}
+
+export interface DecisionSettings {
+  readonly indexMode: IndexMode;
+  readonly speculativeBlocks: number;
+  readonly blockSize: number;
+}
+
+export class DecisionRecorder {
+  /** The predicted range the last record() wrote: keys [start, end) of `keys`. */
+  private keys: BlockHashes | undefined;
+  private start = 0;
+  private end = 0;
+
+  constructor(
+    private readonly sinks: DecisionSinks,
+    private readonly settings: DecisionSettings,
+  ) {}
+
+  /**
+   * Records the router's decision to send the request (its keys `hashes`, of which the worker
+   * holds `heldBlocks`) to `worker`. `hasTokens`: the keys came from token ids, so a worker of
+   * another block size gets the keys in its own size.
+   */
+  record(
+    worker: WorkerState,
+    heldBlocks: number,
+    hashes: BlockHashes,
+    hasTokens: boolean,
+    fields: RouteFields,
+    now: number,
+  ): void {
+    const { indexMode, speculativeBlocks, blockSize } = this.settings;
+    let start = 0;
+    let end = 0;
+    let recorded = hashes;
+    const blocks = this.sinks.prefix.blockCount(hashes);
+    if (!fields.isolated) {
+      if (blocks > 0) {
+        // approximate: every block (refreshing the TTL); precise: a speculative stretch past
+        // what the worker holds
+        end = indexMode === 'precise' ? Math.min(blocks, heldBlocks + speculativeBlocks) : blocks;
+        start = indexMode === 'precise' ? heldBlocks : 0;
+        this.sinks.prefix.ensureKeys(hashes, end); // keys of token ids are computed on demand
+        // a worker of another block size records the request's keys in its size
+        if (worker.info.blockSize !== undefined && worker.info.blockSize !== blockSize && hasTokens) {
+          recorded = this.sinks.prefix.keysInBlockSize(worker.info.blockSize) ?? hashes;
+          end = indexMode === 'precise' ? Math.min(recorded.length, heldBlocks + speculativeBlocks) : recorded.length;
+        }
+        if (end > start) this.sinks.index.recordPredicted(worker.slot, recorded.hi, recorded.lo, start, end, now);
+      }
+      if (fields.contentAnchors && fields.contentAnchors.length > 0)
+        this.sinks.contentAnchors.record(worker.slot, fields.contentAnchors, now);
+    }
+    this.keys = recorded;
+    this.start = start;
+    this.end = end;
+    if (fields.anchor !== undefined) this.sinks.anchors.home(fields.anchor, worker.id, fields.claGroup);
+    if (fields.workflowId !== undefined) this.sinks.workflows.record(fields.workflowId, worker.id, fields.workflowStep);
+  }
+
+  /** The last record() as another replica applies it (a copy; allocates). */
+  shared(
+    workerId: string,
+    fields: RouteFields,
+    prefillTokens: number,
+    decodeTokens: number,
+    tracked: boolean,
+  ): SharedDecision {
+    // the predicted range only: in precise mode what the worker holds comes from its own events
+    const { start } = this;
+    const n = Math.max(0, this.end - start);
+    const keys = this.keys;
+    return {
+      workerId,
+      hi: keys ? keys.hi.slice(start, start + n) : new Uint32Array(0),
+      lo: keys ? keys.lo.slice(start, start + n) : new Uint32Array(0),
+      workflowId: fields.workflowId,
+      workflowStep: fields.workflowStep,
+      anchor: fields.anchor,
+      claGroup: fields.claGroup,
+      contentAnchors: fields.isolated ? undefined : fields.contentAnchors,
+      prefillTokens,
+      decodeTokens,
+      tracked,
+    };
+  }
+
+  /** Applies another replica's decision on `worker` (see RouteOptions.share). */
+  applyShared(
+    worker: WorkerState,
+    d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>,
+    now: number,
+  ): void {
+    if (d.hi.length !== d.lo.length) throw new RangeError('shared decision: hi and lo differ in length');
+    if (d.hi.length > 0) this.sinks.index.recordPredicted(worker.slot, d.hi, d.lo, 0, d.hi.length, now);
+    if (d.contentAnchors && d.contentAnchors.length > 0)
+      this.sinks.contentAnchors.record(worker.slot, checkContentAnchors(d.contentAnchors), now);
+    if (d.anchor !== undefined) this.sinks.anchors.home(d.anchor, worker.id, d.claGroup);
+    if (d.workflowId !== undefined) this.sinks.workflows.record(d.workflowId, worker.id, d.workflowStep);
+  }
+}

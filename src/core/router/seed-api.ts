@@ -1,0 +1,40 @@
+/**
+ * The argument handling of the seed's anchor API (`reference/seed/kv_aware_router.py`):
+ * selectWorker() is a route() of the anchor, and updateWorkerState() sets a worker's load,
+ * registering an unknown worker as the seed does. Checks name the seed's arguments.
+ */
+import * as check from '../validate.js';
+import type { WorkerRegistry } from '../worker-registry.js';
+import type { RouteRequest, SelectWorkerOptions, UpdateWorkerStateOptions } from './types.js';
+
+/** The route() request selectWorker(anchorHash, opts) makes (untracked, as the seed counts nothing in flight). */
+export function seedRouteRequest(anchorHash: string, opts: SelectWorkerOptions): RouteRequest {
+  check.requireId(anchorHash, 'anchorHash');
+  if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
+  const tokenLength = check.nonNegativeInt(opts.tokenLength, 'tokenLength', 0);
+  return {
+    anchor: anchorHash,
+    claGroup: opts.claGroup,
+    workflowStep: opts.workflowStep,
+    workflowId: opts.workflowId,
+    promptTokens: tokenLength,
+  };
+}
+
+/** updateWorkerState(workerId, load, opts) on the router's workers. */
+export function applySeedWorkerState(
+  workers: WorkerRegistry,
+  workerId: string,
+  load: number,
+  opts: UpdateWorkerStateOptions,
+): void {
+  check.requireId(workerId, 'workerId');
+  const clamped = check.load(load, 'load');
+  if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
+  const claGroup = check.optionalNonNegativeInt(opts.claGroup, 'claGroup');
+  const workflowStep = check.optionalNonNegativeInt(opts.workflowStep, 'workflowStep');
+  const state = workers.register(workerId);
+  state.load = clamped;
+  if (claGroup !== null) state.claGroups.add(claGroup);
+  if (workflowStep !== null) state.lastUsedStep = workflowStep;
+}

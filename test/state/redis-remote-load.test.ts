@@ -1,0 +1,89 @@
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, test } from 'node:test';
+import { Redis } from 'ioredis';
+import { KVAwareRouter, type InFlightLoad } from '../../src/core/router/index.js';
+import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
+import { waitFor } from '../faults/harness.js';
+
+// Two router replicas on the machine's Redis (127.0.0.1:6379, which .ci/run starts when
+// nothing answers there), without gateways: what B sees of A's request as it moves from
+// queued prefill to decode to done. Nothing is mocked; nothing is skipped.
+const REDIS_URL = process.env.CONTEXTFORGE_TEST_REDIS ?? 'redis://127.0.0.1:6379';
+const prefix = `cf-test-${randomBytes(4).toString('hex')}:`;
+const stores: RedisStateStore[] = [];
+
+after(async () => {
+  for (const s of stores) await s.close();
+  const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
+  await r.connect();
+  const keys = await r.keys(`${prefix}*`);
+  if (keys.length > 0) await r.del(...keys);
+  r.disconnect();
+});
+
+async function replica(id: string) {
+  const router = new KVAwareRouter({ blockSize: 16 });
+  const workers: WorkerRecord[] = [{ id: 'e0', url: 'http://e0' }];
+  for (const w of workers) router.registerWorker(w.id);
+  const host: StateStoreHost = {
+    router,
+    listWorkers: () => workers,
+    addWorkerFromState: () => {},
+    removeWorkerFromState: () => {},
+    log: () => {},
+  };
+  // a long sync interval: what B learns here comes from A's messages, not from A's snapshots
+  const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: id, syncIntervalMs: 60_000 });
+  stores.push(store);
+  await store.attach(host);
+  return { router, store, load: (): InFlightLoad => router.listWorkers()[0] };
+}
+
+const view = (l: InFlightLoad) => ({
+  inFlightRequests: l.inFlightRequests,
+  queuedPrefillTokens: l.queuedPrefillTokens,
+  activeDecodeTokens: l.activeDecodeTokens,
+});
+
+test("B sees A's request as queued prefill, then as decode load after A's prefill-done, then not at all", async () => {
+  const a = await replica('a');
+  const b = await replica('b');
+  const d = a.router.route({ text: 'x'.repeat(4000), promptTokens: 1000 }, { share: true });
+  const shared = d.shared!;
+  assert.equal(shared.prefillTokens, 1000);
+  assert.equal(shared.decodeTokens, 1000);
+  a.store.decisionMade(shared);
+  await waitFor('B to count the decision', () => b.load().inFlightRequests === 1);
+  assert.deepEqual(view(b.load()), { inFlightRequests: 1, queuedPrefillTokens: 1000, activeDecodeTokens: 0 });
+
+  a.router.markPrefillDone(d.ticket);
+  a.store.decisionPrefilled(shared);
+  a.store.decisionPrefilled(shared); // once per decision, however often it is called
+  await waitFor('B to move it to decode', () => b.load().activeDecodeTokens > 0);
+  assert.deepEqual(view(b.load()), { inFlightRequests: 1, queuedPrefillTokens: 0, activeDecodeTokens: 1000 });
+  // B's own part stays empty: what it shares in its snapshot is only its own work
+  assert.deepEqual(view(b.router.localLoad('e0')), {
+    inFlightRequests: 0,
+    queuedPrefillTokens: 0,
+    activeDecodeTokens: 0,
+  });
+
+  a.router.release(d.ticket);
+  a.store.decisionEnded(shared);
+  await waitFor('B to drop it', () => b.load().inFlightRequests === 0);
+  assert.deepEqual(view(b.load()), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+});
+
+test('a release from a replica that never sent prefill-done (format version 1) still takes its prefill off', async () => {
+  const a = await replica('a1');
+  const b = await replica('b1');
+  const d = a.router.route({ text: 'y'.repeat(4000), promptTokens: 600 }, { share: true });
+  a.store.decisionMade(d.shared!);
+  await waitFor('B to count the decision', () => b.load().queuedPrefillTokens === 600);
+  a.router.release(d.ticket);
+  a.store.decisionEnded(d.shared!);
+  await waitFor('B to drop it', () => b.load().inFlightRequests === 0);
+  assert.deepEqual(view(b.load()), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+});
