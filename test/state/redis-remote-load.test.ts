@@ -5,7 +5,7 @@ import { Redis } from 'ioredis';
 import { KVAwareRouter, type InFlightLoad } from '../../src/core/router/index.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
-import { waitFor } from '../faults/harness.js';
+import { until } from '../helpers/wait.js';
 
 // Two router replicas on the machine's Redis (127.0.0.1:6379, which .ci/run starts when
 // nothing answers there), without gateways: what B sees of A's request as it moves from
@@ -55,13 +55,13 @@ test("B sees A's request as queued prefill, then as decode load after A's prefil
   assert.equal(shared.prefillTokens, 1000);
   assert.equal(shared.decodeTokens, 1000);
   a.store.decisionMade(shared);
-  await waitFor('B to count the decision', () => b.load().inFlightRequests === 1);
+  await until(() => b.load().inFlightRequests === 1, 'B to count the decision');
   assert.deepEqual(view(b.load()), { inFlightRequests: 1, queuedPrefillTokens: 1000, activeDecodeTokens: 0 });
 
   a.router.markPrefillDone(d.ticket);
   a.store.decisionPrefilled(shared);
   a.store.decisionPrefilled(shared); // once per decision, however often it is called
-  await waitFor('B to move it to decode', () => b.load().activeDecodeTokens > 0);
+  await until(() => b.load().activeDecodeTokens > 0, 'B to move it to decode');
   assert.deepEqual(view(b.load()), { inFlightRequests: 1, queuedPrefillTokens: 0, activeDecodeTokens: 1000 });
   // B's own part stays empty: what it shares in its snapshot is only its own work
   assert.deepEqual(view(b.router.localLoad('e0')), {
@@ -72,7 +72,7 @@ test("B sees A's request as queued prefill, then as decode load after A's prefil
 
   a.router.release(d.ticket);
   a.store.decisionEnded(shared);
-  await waitFor('B to drop it', () => b.load().inFlightRequests === 0);
+  await until(() => b.load().inFlightRequests === 0, 'B to drop it');
   assert.deepEqual(view(b.load()), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
 });
 
@@ -81,9 +81,9 @@ test('a release from a replica that never sent prefill-done (format version 1) s
   const b = await replica('b1');
   const d = a.router.route({ text: 'y'.repeat(4000), promptTokens: 600 }, { share: true });
   a.store.decisionMade(d.shared!);
-  await waitFor('B to count the decision', () => b.load().queuedPrefillTokens === 600);
+  await until(() => b.load().queuedPrefillTokens === 600, 'B to count the decision');
   a.router.release(d.ticket);
   a.store.decisionEnded(d.shared!);
-  await waitFor('B to drop it', () => b.load().inFlightRequests === 0);
+  await until(() => b.load().inFlightRequests === 0, 'B to drop it');
   assert.deepEqual(view(b.load()), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
 });
