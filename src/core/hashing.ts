@@ -229,8 +229,12 @@ function runWasmHash(n: number, blockSize: number, out: BlockHashes, at = 0): Bl
   return out;
 }
 
-/** First stretch a walk gets; each further one doubles what is computed. */
-const FIRST_STRETCH = 32;
+/**
+ * Tokens a walk's stretch of keys covers at least (4 KB of token ids): the overshoot past
+ * where the walk stops stays small next to a prompt of thousands of tokens, and the calls
+ * into wasm stay few. Long prompts grow by a quarter of what is computed instead.
+ */
+const STRETCH_TOKENS = 1024;
 
 /**
  * The block keys of one prompt's token ids, computed in stretches on demand. A route needs
@@ -290,9 +294,10 @@ export class TokenBlockKeys implements BlockKeySource {
     return keys.length;
   }
 
-  /** For a walk: at least up to `need`, and at least twice what is computed (fewer, larger stretches). */
+  /** For a walk: at least up to `need`, in stretches of STRETCH_TOKENS or a quarter of what is computed. */
   extend(need: number): number {
-    return this.ensure(Math.max(need, 2 * this.computed.length, FIRST_STRETCH));
+    const have = this.computed.length;
+    return this.ensure(Math.max(need, have + Math.max(Math.ceil(STRETCH_TOKENS / this.blockSize), have >>> 2)));
   }
 
   get hi(): Uint32Array {
