@@ -229,7 +229,15 @@ export function createProcessHandler(
                 },
               ]
             : undefined;
-          await send({ response_headers: { response: set ? { header_mutation: { set_headers: set } } : {} } });
+          // the restored model name changes the body's length: the engine's content-length no longer holds
+          const restoring =
+            restorer !== undefined && (responseBodyMode === undefined || responseBodyMode === 'FULL_DUPLEX_STREAMED');
+          const mutation = restoring
+            ? { set_headers: set, remove_headers: ['content-length'] }
+            : set
+              ? { set_headers: set }
+              : undefined;
+          await send({ response_headers: { response: mutation ? { header_mutation: mutation } : {} } });
           if (req.response_headers?.end_of_stream) finish();
           return;
         }

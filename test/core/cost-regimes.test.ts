@@ -136,6 +136,74 @@ describe('cost policy regimes', () => {
     assert.ok(t.costSeconds < holder.costSeconds);
   });
 
+  test('a prefix queued on a worker counts as held there until its request finishes', () => {
+    // a conversation's first turn (4,096 tokens) was sent to w0 and waits in its queue; the
+    // index knows nothing yet (w0 has not computed it), and every worker is busy
+    const p = warmed();
+    const blocks = (n: number, salt = 0) => ({
+      hi: Array.from({ length: n }, (_, i) => i + salt),
+      lo: Array.from({ length: n }, (_, i) => 7 * i + 1 + salt),
+      length: n,
+    });
+    const turn = (promptTokens: number, salt = 0): RouteFeatures => ({
+      ...request(promptTokens, 1),
+      blocks: blocks(promptTokens / 16, salt),
+    });
+    const cs = fleet([
+      { queued: 9000, inFlight: 3 },
+      { queued: 3000, inFlight: 3 },
+      { queued: 3000, inFlight: 3 },
+      { queued: 3000, inFlight: 3 },
+    ]);
+    const first = turn(4096);
+    // routed before (the router's ticket 41); the mean work per request stays 1,000 tokens
+    p.onRouted(cs[0].worker, first, 41);
+    // the second turn (4,608 tokens) extends it: only its last 512 tokens are new on w0
+    const second = turn(4608);
+    assert.equal(p.choose(cs, second).index, 0);
+    const held = terms(p, cs[0], second);
+    assert.equal(held.pendingTokens, 4096);
+    assert.equal(held.uncachedTokens, 512);
+    const other = terms(p, cs[1], second);
+    assert.equal(other.pendingTokens, 0);
+    assert.ok(
+      Math.abs(other.saturation - 4) < 0.01,
+      `3 queued requests per worker + the busy share, got ${other.saturation}`,
+    );
+    assert.ok(Math.abs(held.costSeconds - 0.522) < 0.001, `w0 ${held.costSeconds}`);
+    assert.ok(Math.abs(other.costSeconds - 1.452) < 0.001, `w1 ${other.costSeconds}`);
+    // a prompt the first turn does not start is not credited
+    p.choose(cs, turn(4608, 1000));
+    assert.equal(terms(p, cs[0], turn(4608, 1000)).pendingTokens, 0);
+    // finished: the engine's own reports (the index) take over, the pending prefix is forgotten
+    p.onReleased(41);
+    p.choose(cs, second);
+    assert.equal(terms(p, cs[0], second).pendingTokens, 0);
+    // an untracked decision (ticket 0) never runs as far as the router knows: nothing pending
+    p.onRouted(cs[0].worker, first, 0);
+    p.choose(cs, second);
+    assert.equal(terms(p, cs[0], second).pendingTokens, 0);
+  });
+
+  test('a pending history is not made hot by the system prompt every request shares', () => {
+    // every recent request shared the first block (key 1, a system prompt) and 40 are in flight
+    const p = warmed(200, 1, 10);
+    const hi = Array.from({ length: 288 }, (_, i) => i);
+    const lo = Array.from({ length: 288 }, (_, i) => 3 * i + 5);
+    const conversation = (n: number): RouteFeatures => ({ ...request(n * 16, 1), blocks: { hi, lo, length: n } });
+    const cs = fleet([
+      { cached: 16, queued: 9000, inFlight: 10 },
+      { cached: 16, queued: 3000, inFlight: 10 },
+      { cached: 16, queued: 3000, inFlight: 10 },
+      { cached: 16, queued: 3000, inFlight: 10 },
+    ]);
+    p.choose(cs, conversation(256));
+    p.onRouted(cs[0].worker, conversation(256), 7);
+    const next = conversation(288);
+    assert.equal(p.choose(cs, next).index, 0, 'the history stays with the worker about to hold it');
+    assert.ok(terms(p, cs[1], next).hotness < 1, 'no other request shares the history');
+  });
+
   test('long prompt: stays where the session KV is, even behind a long queue', () => {
     const p = warmed();
     // 400k-token context, 390k cached on w0 behind 200k tokens of queue; w1 idle
@@ -161,6 +229,45 @@ describe('cost policy regimes', () => {
     assert.ok(Number.isNaN(t.score));
     const none = fleet([{ cached: 390_000, capacity: 300_000 }, { capacity: 300_000 }]);
     assert.equal(p.choose(none, r).index, 0, 'nobody can: the engine rejects it, from the session worker');
+  });
+
+  test('uneven fleet: a long session leaves a full holder for an idle worker, charged for the queue an arrival finds', () => {
+    const p = warmed();
+    // an 80k agent turn, 73.6k cached on w0, whose KV 40 requests of several sessions fill and
+    // 48k tokens wait on; w1 and w2 have 6 requests queued each, w3 and w4 are idle
+    const r = request(80_000);
+    const cs = fleet([
+      { cached: 73_600, queued: 48_000, load: 0.99, capacity: 300_000, inFlight: 40 },
+      { queued: 6000, load: 0.5, capacity: 300_000, inFlight: 8 },
+      { queued: 6000, load: 0.5, capacity: 300_000, inFlight: 8 },
+      { capacity: 300_000 },
+      { capacity: 300_000 },
+    ]);
+    const choice = p.choose(cs, r);
+    assert.ok(choice.index === 3 || choice.index === 4, `an idle worker, got w${choice.index}`);
+    assert.equal(choice.reason, 'replicate');
+    const idle = terms(p, cs[choice.index], r);
+    const holder = terms(p, cs[0], r);
+    assert.ok(holder.kvWaitSeconds > 0, 'the holder cannot take the prompt now');
+    // the other idle worker takes arrivals: only the busy share (3 of 5 workers) counts
+    assert.ok(Math.abs(idle.saturation - 0.6) < 1e-9, `saturation ${idle.saturation}`);
+    assert.ok(idle.costSeconds < holder.costSeconds);
+    // charged as a saturated fleet (3 requests queued per worker, σ = 3.6), the move would
+    // have cost more than staying on the full holder
+    const recompute = idle.prefillSeconds - holder.prefillSeconds;
+    assert.ok(idle.costSeconds + (3.6 - 0.6) * recompute > holder.costSeconds);
+    // with w4 the last idle worker, a recompute there meets a saturated fleet (4.5 requests
+    // queued per worker); one on w3 (6 requests queued) leaves w4 free for arrivals
+    const busy = fleet([
+      { cached: 73_600, queued: 48_000, load: 0.99, capacity: 300_000, inFlight: 40 },
+      { queued: 6000, load: 0.5, capacity: 300_000, inFlight: 8 },
+      { queued: 6000, load: 0.5, capacity: 300_000, inFlight: 8 },
+      { queued: 6000, capacity: 300_000, inFlight: 1 },
+      { capacity: 300_000 },
+    ]);
+    assert.equal(p.choose(busy, r).index, 3);
+    assert.ok(Math.abs(terms(p, busy[4], r).saturation - (18 / 4 + 4 / 5)) < 1e-9);
+    assert.ok(Math.abs(terms(p, busy[3], r).saturation - 4 / 5) < 1e-9);
   });
 
   test('a copy is charged for the cache it displaces, which an empty worker does not have', () => {
@@ -236,6 +343,7 @@ describe('cost policy regimes', () => {
         'reuse',
         'hotness',
         'recomputeSeconds',
+        'pendingTokens',
         'guardSeconds',
         'estimatedTtftSeconds',
         'costSeconds',
@@ -247,6 +355,32 @@ describe('cost policy regimes', () => {
     }
     assert.equal(d.explain!.find((e) => e.worker === 'w1')!.terms.replicate, true);
     assert.equal(r.getStats().decisionsByReason.replicate, 1);
+  });
+
+  test('through the router: a follow-up joins its queued first turn after the speculative entries expired', () => {
+    let now = 0;
+    const r = new KVAwareRouter({ indexMode: 'precise', blockSize: 16, clock: () => now });
+    for (const id of ['w0', 'w1']) r.registerWorker(id);
+    const history = Array.from({ length: 300 * 16 }, (_, i) => i);
+    const first = r.route({ tokens: history });
+    // a minute later the first turn is still queued (no KV event, no first token); the
+    // router's speculative entries are gone, its own ticket is not
+    now = 60_000;
+    const next = [...history, ...Array.from({ length: 32 * 16 }, (_, i) => 100_000 + i)];
+    const probe = r.route({ tokens: next }, { dryRun: true, explain: true });
+    const there = probe.explain!.find((e) => e.worker === first.workerId)!;
+    assert.equal(there.cachedTokens, 0, 'the index does not know the history');
+    assert.equal(there.terms.pendingTokens, 300 * 16);
+    const second = r.route({ tokens: next });
+    assert.equal(second.workerId, first.workerId);
+    // once both turns finished, only what the engine reported counts
+    const pendingOn = () =>
+      r.route({ tokens: next }, { dryRun: true, explain: true }).explain!.find((e) => e.worker === first.workerId)!
+        .terms.pendingTokens;
+    r.release(first.ticket);
+    assert.equal(pendingOn(), next.length, 'the second turn is still in flight there');
+    r.release(second.ticket);
+    assert.equal(pendingOn(), 0);
   });
 
   test('dry runs teach the policy nothing; routed requests do', () => {

@@ -313,12 +313,18 @@ export class PickerStream {
   ) {}
 
   /** Sends the response headers (and optionally the body) and checks rule 6; resolves to what the picker changed. */
-  async respond(spec: ResponseSpec): Promise<{ setHeaders: Map<string, string>; body: Buffer }> {
+  async respond(
+    spec: ResponseSpec,
+  ): Promise<{ setHeaders: Map<string, string>; removedHeaders: string[]; body: Buffer }> {
     const hasBody = spec.chunks !== undefined && spec.chunks.length > 0;
     const setHeaders = await this.respondHeaders(spec, hasBody);
+    const removedHeaders = this.removedHeaders;
     const body = hasBody ? await this.respondBody(spec.chunks!, spec.bodyChanges) : Buffer.alloc(0);
-    return { setHeaders, body };
+    return { setHeaders, removedHeaders, body };
   }
+
+  /** The headers the last response_headers answer removed. */
+  removedHeaders: string[] = [];
 
   /** The response headers alone; `bodyFollows` false ends the response with them. */
   async respondHeaders(spec: ResponseSpec, bodyFollows: boolean): Promise<Map<string, string>> {
@@ -343,6 +349,7 @@ export class PickerStream {
     });
     const h = await this.next('the response_headers answer');
     assert.equal(h.response, 'response_headers', `rule 6: expected the response_headers answer, got ${describe(h)}`);
+    this.removedHeaders = h.response_headers?.response?.header_mutation?.remove_headers ?? [];
     return headerMap(h.response_headers?.response?.header_mutation?.set_headers);
   }
 

@@ -64,6 +64,7 @@ test('a chat request in several chunks: routed on the whole body, echoed unchang
     chunks: ['data: {"x":1}\n\n', 'data: [DONE]\n\n'],
   });
   assert.equal(resp.setHeaders.get('x-contextforge-worker'), worker.id);
+  assert.deepEqual(resp.removedHeaders, [], 'an unchanged body keeps its length');
   assert.equal(
     resp.body.toString(),
     'data: {"x":1}\n\ndata: [DONE]\n\n',
@@ -226,8 +227,10 @@ test('x-gateway-model-name-rewrite rewrites the model in the forwarded body, wit
       'ck-v2","choices":[]}\n\n',
       'data: {"model": "mock-v2"}\n\ndata: [DONE]\n\n',
     ],
+    headers: { 'content-type': 'text/event-stream', 'content-length': '120' },
     bodyChanges: true,
   });
+  assert.deepEqual(resp.removedHeaders, ['content-length'], "the engine's length no longer holds");
   assert.equal(
     resp.body.toString(),
     'data: {"id":"c","model":"mock","choices":[]}\n\ndata: {"model": "mock"}\n\ndata: [DONE]\n\n',

@@ -3,6 +3,7 @@ import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { ClusterRelay, ClusterStateStore, type ClusterMessage } from '../../src/state/cluster-state-store.js';
 import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
+import { settled, until } from '../helpers/wait.js';
 
 /** Gateway processes and the primary's relay in one thread: messages are delivered asynchronously, in order. */
 function fleet(n: number) {
@@ -60,6 +61,7 @@ async function route(p: ReturnType<typeof fleet>['processes'][number], workflowI
   return r;
 }
 
+/** Lets the in-process relay deliver what is queued (its messages travel one setImmediate). */
 const settle = () => new Promise<void>((r) => setImmediate(r));
 
 test('two processes starting one workflow at once end up on the first claim; in-flight load is shared', async () => {
@@ -75,17 +77,22 @@ test('two processes starting one workflow at once end up on the first claim; in-
     route(b, 'wf', 'a different first message'),
   ]);
   assert.notEqual(ra.workerId, rb.workerId, 'the race this test is about');
-  await settle();
-  await settle();
   // one of them claimed it first; the other follows, and both agree
-  assert.equal(relay.counters.claimsLost, 1);
+  assert.equal(
+    await settled(
+      () => relay.counters.claimsLost,
+      (n) => n === 1,
+    ),
+    1,
+  );
+  const agree = () => a.router.workflowAffinity('wf')?.workerId === b.router.workflowAffinity('wf')?.workerId;
+  await until(agree, 'both processes to follow the winning claim');
   assert.equal(a.router.workflowAffinity('wf')?.workerId, b.router.workflowAffinity('wf')?.workerId);
   // A's tracked request counts on B's view of its worker, and leaves it when released
   const before = b.router.listWorkers().find((w) => w.id === ra.workerId)!.inFlightRequests;
   a.store.decisionEnded(ra.shared!);
-  await settle();
-  await settle();
-  assert.equal(b.router.listWorkers().find((w) => w.id === ra.workerId)!.inFlightRequests, before - 1);
+  const onB = () => b.router.listWorkers().find((w) => w.id === ra.workerId)!.inFlightRequests;
+  assert.equal(await settled(onB, (n) => n === before - 1), before - 1);
 });
 
 test("a process that starts late gets the workflows, blocks and load from the relay; a stopped one's load is dropped", async () => {
@@ -105,8 +112,7 @@ test("a process that starts late gets the workflows, blocks and load from the re
   const worker = () => b.router.listWorkers().find((w) => w.id === r.workerId)!.inFlightRequests;
   assert.equal(worker(), 1);
   relay.remove(a.id);
-  await settle();
-  assert.equal(worker(), 0);
+  assert.equal(await settled(worker, (n) => n === 0), 0);
   assert.equal(b.store.stats().kind, 'cluster');
 });
 
@@ -132,26 +138,32 @@ test("B's view of A's request moves from queued prefill to decode on A's prefill
   const r = a.router.route({ text: 'a request about to get its first token', promptTokens: 700 }, { share: true });
   a.store.decisionMade(waiting.shared!);
   a.store.decisionMade(r.shared!);
-  await settle();
-  await settle();
   const on = (p: typeof b, id: string) => {
     const w = p.router.listWorkers().find((x) => x.id === id)!;
     return [w.inFlightRequests, w.queuedPrefillTokens, w.activeDecodeTokens];
   };
+  const onB = (expected: number[]) =>
+    settled(
+      () => on(b, r.workerId),
+      (v) => v.every((x, i) => x === expected[i]),
+    );
   const both = waiting.workerId === r.workerId;
-  assert.deepEqual(on(b, r.workerId), both ? [2, 1000, 0] : [1, 700, 0]);
+  const queued = both ? [2, 1000, 0] : [1, 700, 0];
+  assert.deepEqual(await onB(queued), queued);
   a.router.markPrefillDone(r.ticket);
   a.store.decisionPrefilled(r.shared!);
-  await settle();
-  await settle();
-  assert.deepEqual(on(b, r.workerId), both ? [2, 300, 700] : [1, 0, 700]);
+  const decoding = both ? [2, 300, 700] : [1, 0, 700];
+  assert.deepEqual(await onB(decoding), decoding);
   // a process that starts now learns the same split from the relay's snapshot
   await c.store.attach(c.host);
   assert.deepEqual(on(c, r.workerId), on(b, r.workerId));
   a.router.release(r.ticket);
   a.store.decisionEnded(r.shared!);
-  await settle();
-  await settle();
-  assert.deepEqual(on(b, r.workerId), both ? [1, 300, 0] : [0, 0, 0]);
-  assert.deepEqual(on(c, r.workerId), on(b, r.workerId));
+  const released = both ? [1, 300, 0] : [0, 0, 0];
+  assert.deepEqual(await onB(released), released);
+  const onC = await settled(
+    () => on(c, r.workerId),
+    (v) => v.every((x, i) => x === released[i]),
+  );
+  assert.deepEqual(onC, released);
 });

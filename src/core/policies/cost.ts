@@ -1,3 +1,4 @@
+import { PendingPrefixes } from './pending-prefixes.js';
 import { pickMax } from './pick.js';
 import type { WorkerState } from '../worker-registry.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
@@ -7,15 +8,20 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  * costs the fleet in prefill time, and picks the cheapest. Every term is measured in
  * prefill-token equivalents (÷ `prefillTokensPerSecond` gives seconds, which `explain` shows):
  *
- *   W(u)   = u · (1 + attention · (P − u/2))         this request's prefill: u uncached tokens,
- *                                                    each attending to the cached context
+ *   C      = max(cachedTokens, pending)               what the worker holds or is about to hold:
+ *                                                    the index's count, or the prefix of an
+ *                                                    unfinished request routed there (its KV is
+ *                                                    reported only once computed, after its queue)
+ *   W(u)   = u · (1 + attention · (P − u/2))         this request's prefill: u = P − C uncached
+ *                                                    tokens, each attending to the cached context
  *   slow   = 1 + decode · activeDecodeTokens          decode steps interleaved with prefill chunks
  *   wait   = (queuedPrefillTokens + W(u)) · slow     estimated TTFT on this worker
  *   kvWait = max(0, P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity known)
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
- *            + share of workers with requests        (the best-cached worker's own queue left out;
- *              in flight                             the busy share: the chance a recompute
- *                                                    delays an arrival below saturation)
+ *            (0 while another worker has nothing     (the best-cached worker's own queue left out),
+ *            queued) + share of workers with         none while idle capacity absorbs the extra
+ *            requests in flight                      prefill; the busy share: the chance a
+ *                                                    recompute delays an arrival below saturation
  *   ρ      = h / (1 − h), h the smoothed hit rate     reuses of a cached token (what a copy displaces)
  *   full   = the worker's cached tokens / its KV capacity (else / the fullest worker's)
  *   recompute = recompute · σ · (W(u) − W(u_best)) / (1 + hot) + ρ · full · u
@@ -109,8 +115,13 @@ export function prefillWork(uncached: number, prompt: number, attention: number)
 
 /** The fleet-wide quantities every candidate's cost depends on, computed once per decision. */
 export interface FleetView {
-  /** Requests queued per worker (σ): mean queued prefill over the mean work a request adds. */
-  saturation: number;
+  /** Requests queued per worker: mean queued prefill over the mean work a request adds. */
+  queuedPerWorker: number;
+  /** Workers with no prefill queued, and the best-cached worker's slot (-1: none), whose queue is left out. */
+  idleWorkers: number;
+  holderSlot: number;
+  /** Share of the workers with requests in flight. */
+  busyShare: number;
   /** Reuses of a cached token, h/(1−h) for the smoothed hit rate h: what an evicted token loses. */
   reuse: number;
   /** Most block-index entries any candidate has (the cache fullness reference when capacity is unknown). */
@@ -135,17 +146,28 @@ class Terms {
   kvCapacity = 0;
   kvWait = 0;
   fits = true;
+  saturation = 0;
   fullness = 0;
   recompute = 0;
   guard = 0;
   cost = 0;
 }
 
-/** Fills `t` with candidate `c`'s terms; allocates nothing. */
-function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<CostWeights>, fleet: FleetView): Terms {
+/**
+ * Fills `t` with candidate `c`'s terms; allocates nothing. `cached` is what the worker holds or
+ * is about to hold of the prompt (see CostPolicy.cachedOn).
+ */
+function computeTerms(
+  t: Terms,
+  c: Candidate,
+  r: RouteFeatures,
+  w: Readonly<CostWeights>,
+  fleet: FleetView,
+  cached: number,
+): Terms {
   const known = r.promptTokens > 0;
   const prompt = known ? r.promptTokens : REFERENCE_PROMPT_TOKENS;
-  const uncached = known ? Math.max(0, prompt - c.cachedTokens) : (1 - c.cachedFraction) * prompt;
+  const uncached = known ? Math.max(0, prompt - cached) : (1 - c.cachedFraction) * prompt;
   const worker = c.worker;
   const work = prefillWork(uncached, prompt, w.attention);
   const slowdown = 1 + w.decode * worker.activeDecodeTokens;
@@ -167,8 +189,14 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   const fullness =
     capacity > 0 ? Math.min(1, held / capacity) : fleet.mostEntries > 0 ? c.indexEntries / fleet.mostEntries : 0;
   t.fullness = fullness;
+  // extra prefill delays queued requests only when no idle capacity absorbs it: while another
+  // worker has nothing queued, arrivals go there and a recompute here delays none of them, so
+  // an idle worker takes a long session a full holder cannot serve instead of being charged as
+  // if the fleet were saturated; once every other worker has a queue, the fleet is (σ as derived)
+  const selfIdle = worker.slot !== fleet.holderSlot && worker.queuedPrefillTokens === 0 ? 1 : 0;
+  t.saturation = (fleet.idleWorkers - selfIdle > 0 ? 0 : fleet.queuedPerWorker) + fleet.busyShare;
   t.recompute =
-    (w.recompute * fleet.saturation * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness) +
+    (w.recompute * t.saturation * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness) +
     fleet.reuse * fullness * uncached;
   // CLA and workflow affinity stand in for the cached KV when the prompt is not hashed (the
   // seed API); with blocks, cachedTokens already counts it and a bonus would count it twice
@@ -189,7 +217,10 @@ export class CostPolicy implements RoutingPolicy {
   private readonly terms = new Terms();
   // the fleet view and the scoring closure are made once; choose() sets what they read
   private readonly fleet: FleetView = {
-    saturation: 0,
+    queuedPerWorker: 0,
+    idleWorkers: 0,
+    holderSlot: -1,
+    busyShare: 0,
     reuse: 0,
     mostEntries: 0,
     hotness: 0,
@@ -211,8 +242,12 @@ export class CostPolicy implements RoutingPolicy {
   private readonly hotCounts = new Float64Array(HOT_SLOTS);
   private readonly hotSeen = new Float64Array(HOT_SLOTS);
   private decisions = 0;
+  /** The shared-prefix key of the request being chosen for (counted in onRouted()). */
+  private prefixKey = 0;
+  /** Prefixes of this router's in-flight requests: what a worker is about to hold. */
+  private readonly pending = new PendingPrefixes();
   private readonly score = (c: Candidate): number => {
-    const t = computeTerms(this.terms, c, this.request!, this.weights, this.fleet);
+    const t = computeTerms(this.terms, c, this.request!, this.weights, this.fleet, this.cachedOn(c, this.request!));
     if (!t.fits && this.fleet.anyFits) return NaN;
     if (t.kvCapacity <= 0 && this.fleet.anyBelowCeiling && c.worker.load >= this.weights.pressureCeiling) return NaN;
     return -t.cost;
@@ -223,26 +258,48 @@ export class CostPolicy implements RoutingPolicy {
   choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice {
     if (candidates.length === 0) return NO_CHOICE;
     this.request = request;
+    this.pending.lookup(candidates, request.blocks);
     this.observeFleet(candidates, request);
     const index = pickMax(candidates, this.score, this.tieBreak, this.scratch);
     if (index < 0) return NO_CHOICE;
     const chosen = candidates[index];
-    const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet);
+    const cached = this.cachedOn(chosen, request);
+    const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet, cached);
     // what the decision teaches, applied in onRouted() if the router acts on it (not a dry run)
     this.chosenUncached = t.uncached;
     this.chosenHit = t.prompt > 0 ? 1 - t.uncached / t.prompt : 0;
     // recomputing a prefix another worker holds, because the queue it saves costs more
-    const replicate =
-      this.fleet.bestCachedTokens - chosen.cachedTokens >= request.blockSize && t.work > this.fleet.bestWork;
+    const replicate = this.fleet.bestCachedTokens - cached >= request.blockSize && t.work > this.fleet.bestWork;
     return { index, confidence: chosen.cachedFraction, reason: replicate ? 'replicate' : 'cost' };
   }
 
-  /** A routed request: the mean work, the hit rate and the prefix's count learn from it. */
-  onRouted(_worker: WorkerState, request: RouteFeatures): void {
+  /**
+   * Prompt tokens the worker holds or is about to hold: the index's count (what its engine
+   * reported, plus the router's short-lived predictions), or, if longer, the prefix of a
+   * request this router sent there that has not finished. Under load a worker reports a
+   * prefix only after the request's queue wait (tens of seconds at saturation), and without
+   * this a conversation's next turn, arriving meanwhile, would see its prefix nowhere and
+   * recompute it on another worker.
+   */
+  private cachedOn(c: Candidate, r: RouteFeatures): number {
+    return Math.max(c.cachedTokens, this.pending.blocksOn(c) * r.blockSize);
+  }
+
+  /** A routed request: the mean work, the hit rate and the prefix's count learn from it; its prefix is pending on the worker. */
+  onRouted(worker: WorkerState, request: RouteFeatures, ticket = 0): void {
     const u = this.chosenUncached;
     this.meanWork = this.meanWork === 0 ? Math.max(1, u) : this.meanWork + (u - this.meanWork) / WORK_SMOOTHING;
     this.meanHit += (this.chosenHit - this.meanHit) / WORK_SMOOTHING;
-    this.countPrefix(request.sharedPrefixKey ?? 0);
+    this.countPrefix(this.prefixKey);
+    this.pending.record(worker.slot, ticket, request.blocks);
+  }
+
+  onReleased(ticket: number): void {
+    this.pending.release(ticket);
+  }
+
+  onWorkerRemoved(worker: WorkerState): void {
+    this.pending.removeWorker(worker.slot);
   }
 
   /** Saturation, hotness and the best-cached candidate: what every candidate's cost shares. */
@@ -251,22 +308,30 @@ export class CostPolicy implements RoutingPolicy {
     const f = this.fleet;
     let queued = 0;
     let holderQueued = 0;
+    let holderSlot = -1;
+    let idle = 0;
+    let holderIdle = 0;
     let inFlight = 0;
     let busy = 0;
     let mostEntries = 0;
+    let mostOverlap = 0;
     let best = 0;
     let anyBelowCeiling = false;
     let anyFits = false;
     const prompt = r.promptTokens > 0 ? r.promptTokens : 0;
     for (const c of candidates) {
       queued += c.worker.queuedPrefillTokens;
+      if (c.worker.queuedPrefillTokens === 0) idle++;
       inFlight += c.worker.inFlightRequests;
       if (c.worker.inFlightRequests > 0) busy++;
       if (c.indexEntries > mostEntries) mostEntries = c.indexEntries;
-      const cached = prompt > 0 ? Math.min(prompt, c.cachedTokens) : c.cachedFraction * REFERENCE_PROMPT_TOKENS;
+      if (c.overlapBlocks > mostOverlap) mostOverlap = c.overlapBlocks;
+      const cached = prompt > 0 ? Math.min(prompt, this.cachedOn(c, r)) : c.cachedFraction * REFERENCE_PROMPT_TOKENS;
       if (cached > best) {
         best = cached;
         holderQueued = c.worker.queuedPrefillTokens;
+        holderIdle = holderQueued === 0 ? 1 : 0;
+        holderSlot = c.worker.slot;
       }
       if (c.worker.load < w.pressureCeiling) anyBelowCeiling = true;
       const capacity = c.worker.kvCapacityTokens > 0 ? c.worker.kvCapacityTokens : w.kvCapacityTokens;
@@ -277,15 +342,26 @@ export class CostPolicy implements RoutingPolicy {
     f.bestWork = prefillWork(p - best, p, w.attention);
     // the holder's own queue is left out: it must not shield the holder from replication
     const others = best > 0 ? candidates.length - 1 : candidates.length;
-    const queuedPerWorker =
+    f.queuedPerWorker =
       this.meanWork > 0 && others > 0 ? (queued - (best > 0 ? holderQueued : 0)) / others / this.meanWork : 0;
+    f.idleWorkers = idle - (best > 0 ? holderIdle : 0);
+    f.holderSlot = best > 0 ? holderSlot : -1;
     // below saturation a recompute still occupies a worker that an arrival may need: with the
     // share of busy workers as that chance, one delayed request at most
-    f.saturation = queuedPerWorker + busy / candidates.length;
+    f.busyShare = busy / candidates.length;
     const hit = Math.min(this.meanHit, MAX_REUSE_HIT);
     f.reuse = hit / (1 - hit);
     f.mostEntries = mostEntries;
-    f.hotness = this.prefixShare(r.sharedPrefixKey ?? 0) * inFlight;
+    // hotness is the count of the prefix a replica would recompute: the deepest one held or
+    // about to be held. A pending prefix deeper than any the index knows (a conversation's
+    // history) is keyed by its own last block, not by the shorter held prefix it extends (a
+    // system prompt every request shares), whose siblings would not reuse the history
+    const deepest = this.pending.deepest;
+    this.prefixKey =
+      r.blocks && deepest > mostOverlap && deepest <= r.blocks.length
+        ? r.blocks.lo[deepest - 1]
+        : (r.sharedPrefixKey ?? 0);
+    f.hotness = this.prefixShare(this.prefixKey) * inFlight;
     f.anyBelowCeiling = anyBelowCeiling;
     f.anyFits = anyFits;
   }
@@ -316,12 +392,15 @@ export class CostPolicy implements RoutingPolicy {
   scoreTerms(c: Candidate, request: RouteFeatures): Record<string, number | boolean> {
     const w = this.weights;
     const f = this.fleet;
-    const t = computeTerms(new Terms(), c, request, w, f);
+    const cached = this.cachedOn(c, request);
+    const t = computeTerms(new Terms(), c, request, w, f, cached);
     const seconds = (tokens: number) => tokens / w.prefillTokensPerSecond;
     const excluded =
       (!t.fits && f.anyFits) || (t.kvCapacity <= 0 && f.anyBelowCeiling && c.worker.load >= w.pressureCeiling);
     return {
       promptTokens: t.prompt,
+      /** Tokens of the prompt an unfinished request routed to this worker is bringing there. */
+      pendingTokens: this.pending.blocksOn(c) * request.blockSize,
       uncachedTokens: t.uncached,
       queuedPrefillTokens: c.worker.queuedPrefillTokens,
       activeDecodeTokens: c.worker.activeDecodeTokens,
@@ -331,12 +410,12 @@ export class CostPolicy implements RoutingPolicy {
       estimatedTtftSeconds: seconds(t.wait + t.kvWait),
       kvWaitSeconds: seconds(t.kvWait),
       fits: t.fits,
-      saturation: f.saturation,
+      saturation: t.saturation,
       reuse: f.reuse,
       cacheFullness: t.fullness,
       hotness: f.hotness,
       recomputeSeconds: seconds(t.recompute),
-      replicate: f.bestCachedTokens - c.cachedTokens >= request.blockSize && t.work > f.bestWork && !excluded,
+      replicate: f.bestCachedTokens - cached >= request.blockSize && t.work > f.bestWork && !excluded,
       kvUsage: c.worker.load,
       guardSeconds: seconds(t.guard),
       servesCla: c.servesCla,
