@@ -300,13 +300,14 @@ export class TokenBlockKeys implements BlockKeySource {
     return this.ensure(Math.max(need, have + Math.max(Math.ceil(STRETCH_TOKENS / this.blockSize), have >>> 2)));
   }
 
+  // policies read these per block in their loops: the check stays one comparison once all are computed
   get hi(): Uint32Array {
-    this.ensure(this.total);
+    if (this.computed.length < this.total) this.ensure(this.total);
     return this.computed.hi;
   }
 
   get lo(): Uint32Array {
-    this.ensure(this.total);
+    if (this.computed.length < this.total) this.ensure(this.total);
     return this.computed.lo;
   }
 
