@@ -97,7 +97,13 @@ export class KVAwareRouter {
     this.keying = o.keying;
     this.indexMode = o.indexMode;
     this.index = new BlockIndex({ maxEntries: o.maxIndexEntries, predictedTtlMs: o.predictedTtlMs });
-    this.prefix = new PrefixLookup(this.index, this.keying, this.blockSize, this.textChunkBytes);
+    this.prefix = new PrefixLookup(
+      this.index,
+      this.keying,
+      this.blockSize,
+      this.textChunkBytes,
+      this.policy.readsBlocks !== true,
+    );
     // a policy that, like its upstream, predicts nothing gets no speculative entries
     this.speculativeBlocks = this.policy.speculative === false ? 0 : o.speculativeBlocks;
     this.contentAnchors = new ContentAnchorIndex(o.contentAnchorCapacity, o.contentAnchorTtlMs);

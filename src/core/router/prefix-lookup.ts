@@ -41,6 +41,8 @@ export class PrefixLookup {
     private readonly keying: BlockKeying,
     private readonly blockSize: number,
     private readonly textChunkBytes: number,
+    /** Token ids hashed on demand (tokenKeys); false when the policy reads every key anyway. */
+    private readonly keysOnDemand: boolean,
   ) {}
 
   /** Regroups the workers by block size; call after a worker is registered or removed. */
@@ -66,7 +68,7 @@ export class PrefixLookup {
     if (request.tokens !== undefined) {
       if (typeof request.tokens !== 'object' || typeof request.tokens.length !== 'number')
         throw new TypeError('tokens must be an array of token ids');
-      if (this.keying.mode === 'router') {
+      if (this.keying.mode === 'router' && this.keysOnDemand) {
         this.tokenKeys.reset(request.tokens, this.blockSize, ns);
         return this.tokenKeys.computed;
       }
