@@ -24,7 +24,12 @@
  * same run. `tokenizerOnEventLoop` is the tokenizer mode with --tokenizer-threads 0; for both
  * tokenizer runs `healthzP99Ms` is the p99 of GET /healthz sent every 20 ms during the load:
  * how long a cheap request waits behind the tokenizing.
- * `processes`: the text-mode realistic load against `serve --processes 1` and `--processes 2`.
+ * Each mode also reports `engineCpuUsPerRequest`, the engine's CPU per request in the same
+ * window: in engine mode most of the added latency is the engine's /tokenize (the stub runs the
+ * same JavaScript tokenizer on its one event loop), not the router.
+ * `processes`: the text-mode realistic load against `serve --processes 1` and `--processes 2`;
+ * `settings.cores` and `settings.gatewayProcesses` say whether a second process has a core of
+ * its own here (with the engine and the load generator on the same cores it cannot).
  *
  *   npm run bench:proxy -- --json [--connections 16] [--seconds 10] [--parts basic,realistic,processes]
  *                                 [--realistic-connections 8]
@@ -32,6 +37,7 @@
 import autocannon from 'autocannon';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
 import { Client } from 'undici';
 import { ChatTokenizer } from '../src/engines/chat-tokenizer.js';
 import { AgentChats } from './agent-chat.js';
@@ -270,6 +276,8 @@ interface ModeResult {
   addedP50Ms: number;
   addedP99Ms: number;
   cpuUsPerRequest: number | null;
+  /** The engine's CPU per request in the same window (engine mode: its /tokenize is most of it). */
+  engineCpuUsPerRequest: number | null;
   /** What one core of router CPU sustains at that cost (1e6 / cpuUsPerRequest). */
   rpsPerRouterCore: number | null;
   p50Ms: number;
@@ -279,7 +287,12 @@ interface ModeResult {
 }
 
 /** One gateway configuration under the chat load: warm, then measured with its CPU time. */
-async function chatMode(engine: string, direct: LoadResult, serveArgs: string[], probe: boolean): Promise<ModeResult> {
+async function chatMode(
+  engine: { url: string; child: ChildProcess },
+  direct: LoadResult,
+  serveArgs: string[],
+  probe: boolean,
+): Promise<ModeResult> {
   const gateway = await startCli(
     [
       'serve',
@@ -290,7 +303,7 @@ async function chatMode(engine: string, direct: LoadResult, serveArgs: string[],
       '--metrics-interval-ms',
       '0',
       '--worker',
-      `id=e0,url=${engine}`,
+      `id=e0,url=${engine.url}`,
       ...serveArgs,
     ],
     /serving on (http:\/\/[\d.]+:\d+)/,
@@ -299,17 +312,19 @@ async function chatMode(engine: string, direct: LoadResult, serveArgs: string[],
     await loadChats(gateway.url, 3);
     const healthz = probe ? probeHealthz(gateway.url) : undefined;
     const cpu0 = treeCpuMs(gateway.child.pid);
+    const engineCpu0 = cpuMs(engine.child.pid);
     const via = await loadChats(gateway.url, SECONDS);
     const cpu1 = treeCpuMs(gateway.child.pid);
-    const cpuUs =
-      cpu0 === undefined || cpu1 === undefined || via.requests === 0
-        ? null
-        : Math.round(((cpu1 - cpu0) * 1000) / via.requests);
+    const engineCpu1 = cpuMs(engine.child.pid);
+    const perRequest = (a: number | undefined, b: number | undefined) =>
+      a === undefined || b === undefined || via.requests === 0 ? null : Math.round(((b - a) * 1000) / via.requests);
+    const cpuUs = perRequest(cpu0, cpu1);
     const out: ModeResult = {
       rps: via.rps,
       addedP50Ms: round(via.p50Ms - direct.p50Ms, 2),
       addedP99Ms: round(via.p99Ms - direct.p99Ms, 2),
       cpuUsPerRequest: cpuUs,
+      engineCpuUsPerRequest: perRequest(engineCpu0, engineCpu1),
       rpsPerRouterCore: cpuUs ? Math.round(1e6 / cpuUs) : null,
       p50Ms: via.p50Ms,
       p99Ms: via.p99Ms,
@@ -335,22 +350,22 @@ async function realistic() {
   try {
     await loadChats(engine.url, 3);
     const direct = await loadChats(engine.url, SECONDS);
-    const text = await chatMode(engine.url, direct, ['--tokenize', 'text'], true);
+    const text = await chatMode(engine, direct, ['--tokenize', 'text'], true);
     const tokenizer = await chatMode(
-      engine.url,
+      engine,
       direct,
       ['--tokenize', 'tokenizer', '--tokenizer', QWEN3, ...threadsFlag()],
       true,
     );
     const tokenizerOnEventLoop = await chatMode(
-      engine.url,
+      engine,
       direct,
       ['--tokenize', 'tokenizer', '--tokenizer', QWEN3, '--tokenizer-threads', '0'],
       true,
     );
     await loadChats(qwenEngine.url, 3);
     const engineDirect = await loadChats(qwenEngine.url, SECONDS);
-    const engineMode = await chatMode(qwenEngine.url, engineDirect, ['--tokenize', 'engine'], false);
+    const engineMode = await chatMode(qwenEngine, engineDirect, ['--tokenize', 'engine'], false);
     return { direct, text, tokenizer, engine: engineMode, engineDirect, tokenizerOnEventLoop };
   } finally {
     engine.child.kill('SIGTERM');
@@ -370,7 +385,7 @@ async function processes() {
     const out: Record<string, { rps: number; p99Ms: number; cpuUsPerRequest: number | null }> = {};
     for (const n of [1, 2]) {
       const m = await chatMode(
-        engine.url,
+        engine,
         { rps: 0, p50Ms: 0, p99Ms: 0, requests: 0, errors: 0 },
         ['--tokenize', 'text', '--processes', String(n)],
         false,
@@ -414,6 +429,19 @@ async function basicParts() {
   return { ...fast, modelTimeEngine: modelTime };
 }
 
+/**
+ * What `processes` can show on this machine: a second gateway process adds throughput only
+ * with a core of its own. Each process also applies the other's routing decisions (sent over
+ * IPC through the primary), so on cores that are already busy it adds work and no CPU.
+ */
+function gatewayProcessesNote(): string {
+  const cores = availableParallelism();
+  const busy = 'the stub engine and the load generator run on the same cores';
+  return cores >= 4
+    ? `${cores} cores: ${busy}; each gateway process can have a core of its own`
+    : `${cores} cores: ${busy}, so a second gateway process gets no core of its own; it adds the work of sharing decisions (IPC through the primary, applying the other process's decisions) and expect "2" at or below "1" here`;
+}
+
 const result = {
   ...basic,
   ...(realisticResult ? { realistic: { ...realisticResult, settings: chatSettings() } } : {}),
@@ -426,6 +454,8 @@ const result = {
     engines:
       'top level: mock engine at 1,000,000 prefill / 100,000 decode tok/s (HTTP only); modelTimeEngine: default 20,000 / 200 tok/s',
     processes: 'engine, router and load generator in three processes sharing the machine',
+    cores: availableParallelism(),
+    ...(processesResult ? { gatewayProcesses: gatewayProcessesNote() } : {}),
     latencyResolution: 'autocannon records whole milliseconds',
   },
 };

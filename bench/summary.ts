@@ -64,9 +64,15 @@ const table: Array<[string, string[]]> = [
       'streamingTtftOverheadP50Ms',
       'realistic.direct.rps',
       ...['text', 'tokenizer', 'engine', 'tokenizerOnEventLoop'].flatMap((m) =>
-        ['rps', 'addedP50Ms', 'addedP99Ms', 'cpuUsPerRequest', 'rpsPerRouterCore', 'healthzP99Ms'].map(
-          (k) => `realistic.${m}.${k}`,
-        ),
+        [
+          'rps',
+          'addedP50Ms',
+          'addedP99Ms',
+          'cpuUsPerRequest',
+          'engineCpuUsPerRequest',
+          'rpsPerRouterCore',
+          'healthzP99Ms',
+        ].map((k) => `realistic.${m}.${k}`),
       ),
       'realistic.engineDirect.rps',
       'realistic.settings.meanPromptTokensQwen3',

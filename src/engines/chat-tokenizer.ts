@@ -71,8 +71,10 @@ export interface ChatTokenizerStats {
   segmentHits: number;
   /** Messages rendered and tokenized. */
   segmentMisses: number;
-  /** Conversations whose template output was not prefix-stable: tokenized whole, not cached. */
+  /** Requests whose last messages could not be cut (the template's output for them is not prefix-stable): tokenized in one piece, not cached. */
   wholeRenders: number;
+  /** Messages cached inside a segment with the messages after them, not cut alone. */
+  segmentsJoined: number;
 }
 
 interface Segment {
@@ -80,6 +82,14 @@ interface Segment {
   text: string;
   tokens: number[];
 }
+
+/**
+ * Stored for a message inside a segment (see segmentsJoined): no text of its own, the
+ * segment that ends later holds it. A lookup takes it as an empty cut and goes on.
+ */
+const NO_CUT: Segment = { text: '', tokens: [] };
+/** Most messages cut as one segment; a template whose prefixes never match its whole output gives up there. */
+const MAX_JOINED_MESSAGES = 8;
 
 /**
  * The model's own tokenizer (tokenizer.json, @huggingface/tokenizers) and chat template
@@ -104,17 +114,20 @@ interface Segment {
  *
  * Multi-turn requests resend the whole conversation, so tokenizing it every turn would cost
  * O(turns²). The template's output is cut at message boundaries — the output for
- * messages[0..i] minus that for messages[0..i-1] — and each cut is tokenized alone and cached
- * under a digest of the options and messages up to it. Every request still renders the
- * whole conversation once (cheap next to tokenizing) and uses a cached cut only where it is
- * exactly what the whole rendering has there: templates that render a message differently
- * once more follow (Qwen3 drops the reasoning of earlier turns) are handled, the rest of the
- * text being tokenized in one piece. Cutting after a message gives the same ids as
+ * messages[0..j] minus that for messages[0..i] — and each segment is tokenized alone and
+ * cached under a digest of the options and messages up to its end. A request's new messages
+ * make one segment, cut where the request ends, since the next request of the conversation
+ * resends them; the opening message is a segment of its own (conversations share system
+ * prompts). Every request still renders the whole conversation once and uses a cached
+ * segment only where it is exactly what the whole rendering has there: templates that render
+ * a message differently once more follow (Qwen3 drops the reasoning of earlier turns and
+ * opens a thinking block for the newest assistant turn) are handled, a message that cannot
+ * be cut after joining the segment of the messages that follow it. Cutting after a message gives the same ids as
  * tokenizing the whole text because chat templates end each message with a special token or
  * a newline that pre-tokenization splits on anyway (the parity test checks it).
  */
 export class ChatTokenizer implements PromptTokenizer {
-  readonly stats: ChatTokenizerStats = { segmentHits: 0, segmentMisses: 0, wholeRenders: 0 };
+  readonly stats: ChatTokenizerStats = { segmentHits: 0, segmentMisses: 0, wholeRenders: 0, segmentsJoined: 0 };
   private readonly template: Template | undefined;
   private readonly templateSource: string | undefined;
   private readonly specialTokens: Record<string, unknown>;
@@ -224,26 +237,56 @@ export class ChatTokenizer implements PromptTokenizer {
       for (const t of seg.tokens) out.push(t);
       this.stats.segmentHits++;
     }
-    for (; i < cacheable; i++) {
+    // The messages after the last cached cut. An agent's next request resends this one plus
+    // a few new messages, so the cut that pays is at this request's end: the new messages are
+    // tried as one segment (one render) and cut one by one only when the template does not
+    // render them as a prefix of the whole. The opening message (the system prompt that other
+    // conversations share) is cut alone.
+    const prefixText = (end: number): string | undefined => {
       let text: string;
       try {
-        text = this.render(conversation.slice(0, i + 1), context, false);
+        text = this.render(conversation.slice(0, end), context, false);
       } catch {
-        break; // a template that refuses a partial conversation: the rest goes in one piece
+        return undefined; // a template that refuses a partial conversation
       }
-      if (!text.startsWith(rendered) || !whole.startsWith(text)) {
-        this.stats.wholeRenders++;
-        break;
+      return text.startsWith(rendered) && whole.startsWith(text) ? text : undefined;
+    };
+    /** Caches messages[from..end) as one segment ending in `text`, the output for messages[0..end). */
+    const cut = (from: number, end: number, text: string) => {
+      for (let j = from; j < end; j++) {
+        key = digest(key, conversation[j]);
+        // no cut after a message inside the segment: a lookup passes it on to the cut that follows
+        if (this.segments && j < end - 1 && !this.segments.has(key)) {
+          this.remember(key, NO_CUT);
+          this.stats.segmentsJoined++;
+        }
       }
-      const next = digest(key, conversation[i]);
       const segText = text.slice(rendered.length);
       const tokens = this.tokenizer.encode(segText, { add_special_tokens: false }).ids;
-      this.remember(next, { text: segText, tokens });
+      this.remember(key, { text: segText, tokens });
       this.stats.segmentMisses++;
       for (const t of tokens) out.push(t);
       rendered = text;
-      key = next;
+      i = end;
+    };
+    if (i === 0 && cacheable > 1) {
+      const text = prefixText(1);
+      if (text !== undefined) cut(0, 1, text);
     }
+    if (i < cacheable - 1) {
+      const text = prefixText(cacheable);
+      if (text !== undefined) cut(i, cacheable, text);
+    }
+    // one by one: a message that renders differently when it is the last one (Qwen3's newest
+    // assistant turn opens a thinking block; a run of tool results is closed after its last)
+    // joins the messages after it, up to a few
+    for (let from = i, end = i + 1; end <= cacheable && end - from <= MAX_JOINED_MESSAGES; end++) {
+      const text = prefixText(end);
+      if (text === undefined) continue;
+      cut(from, end, text);
+      from = end;
+    }
+    if (i < cacheable) this.stats.wholeRenders++;
     const rest = whole.slice(rendered.length);
     if (rest.length > 0) for (const t of this.tokenizer.encode(rest, { add_special_tokens: false }).ids) out.push(t);
     return out;

@@ -13,7 +13,7 @@ import type { StateStore, WorkerRecord } from '../state/state-store.js';
 import { adminRequestProblem, type AdminToken } from './admin-auth.js';
 import { openAiError } from './openai-request.js';
 import { clientMessage } from './request-limits.js';
-import { redactUrl } from './worker-input.js';
+import { parseWorkerRecord, redactUrl, workerErrorField } from './worker-input.js';
 import type { WorkerConnections } from './worker-connections.js';
 
 export interface AdminRoutesOptions {
@@ -55,37 +55,21 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     }),
   }));
   admin.post('/admin/workers', async (req, reply) => {
-    const b = req.body as Partial<WorkerRecord> | null;
-    if (!b || typeof b !== 'object' || typeof b.id !== 'string' || b.id === '' || typeof b.url !== 'string')
-      return openAiError(reply, 400, 'a worker needs a string id and url');
-    const unknown = Object.keys(b).find((k) => !WORKER_FIELDS.includes(k));
-    if (unknown !== undefined)
-      return openAiError(
-        reply,
-        400,
-        `unknown field '${unknown.slice(0, 64)}' (known: ${WORKER_FIELDS.join(', ')})`,
-        unknown.slice(0, 64),
-      );
-    if (connections.has(b.id)) return openAiError(reply, 409, `worker '${b.id}' exists`);
+    let record: WorkerRecord;
     try {
-      addWorker({
-        id: b.id,
-        url: b.url,
-        claGroups: b.claGroups,
-        models: b.models,
-        events: b.events,
-        replay: b.replay,
-        metrics: b.metrics,
-        dpSize: b.dpSize,
-        blockSize: b.blockSize,
-        apiKeyEnv: b.apiKeyEnv,
-      });
+      record = parseWorkerRecord(req.body, 'worker');
+    } catch (err) {
+      return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'), workerErrorField(err));
+    }
+    if (connections.has(record.id)) return openAiError(reply, 409, `worker '${record.id}' exists`);
+    try {
+      addWorker(record);
     } catch (err) {
       if (err instanceof RangeError || err instanceof TypeError)
         return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'));
       throw err;
     }
-    return reply.code(201).send({ id: b.id });
+    return reply.code(201).send({ id: record.id });
   });
   admin.delete('/admin/workers/:id', async (req, reply) => {
     const { id } = req.params as { id: string };
@@ -124,19 +108,6 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     }
   });
 };
-
-const WORKER_FIELDS = [
-  'id',
-  'url',
-  'claGroups',
-  'models',
-  'events',
-  'replay',
-  'metrics',
-  'dpSize',
-  'blockSize',
-  'apiKeyEnv',
-];
 
 /** An onRequest hook for the admin endpoints (and /v1/route unless it is public). */
 export function requireAdmin(token: AdminToken) {

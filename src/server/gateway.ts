@@ -223,8 +223,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     void openAiError(reply, status, message, err instanceof RequestLimitError ? err.param : null);
   });
   app.setNotFoundHandler((req, reply) => void openAiError(reply, 404, `no route ${req.method} ${req.url}`));
-  app.addHook('onResponse', async (req, reply) => {
+  // a callback hook, not an async one: no promise per request
+  app.addHook('onResponse', (req, reply, done) => {
     metrics.requests.inc({ path: req.routeOptions.url ?? 'unknown', status: String(reply.statusCode) });
+    done();
   });
 
   // ------------------------------------------------------------------ OpenAI API
@@ -243,6 +245,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       );
     req.tenant = tenant;
   };
+
+  /** The OpenAI routes' hook: none without API keys (a hook that does nothing still costs a promise per request). */
+  const apiKeyHook = options.apiKeys ? { onRequest: requireApiKey } : {};
 
   const readerOptions: RequestReaderOptions = {
     tokenize: tokenizeMode,
@@ -266,12 +271,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   };
   const openAi = options.openAiRoutes ?? true;
   if (openAi) {
-    app.post('/v1/completions', { onRequest: requireApiKey }, createProxyHandler(proxyDeps, '/v1/completions'));
-    app.post(
-      '/v1/chat/completions',
-      { onRequest: requireApiKey },
-      createProxyHandler(proxyDeps, '/v1/chat/completions'),
-    );
+    app.post('/v1/completions', apiKeyHook, createProxyHandler(proxyDeps, '/v1/completions'));
+    app.post('/v1/chat/completions', apiKeyHook, createProxyHandler(proxyDeps, '/v1/chat/completions'));
   }
 
   // the dry run shows what is cached where: operators only, unless made public
@@ -309,7 +310,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   );
 
   if (openAi)
-    app.get('/v1/models', { onRequest: requireApiKey }, async () => {
+    app.get('/v1/models', apiKeyHook, async () => {
       const seen = new Map<string, unknown>();
       await Promise.all(
         router

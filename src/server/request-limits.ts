@@ -61,15 +61,21 @@ export function checkRequestLimits(limits: Partial<RequestLimits> | undefined): 
  */
 export function checkJsonDepth(text: string, maxDepth: number): void {
   let depth = 0;
-  let inString = false;
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
-    if (inString) {
-      if (c === 0x5c)
-        i++; // backslash: skip the escaped character
-      else if (c === 0x22) inString = false;
-    } else if (c === 0x22) inString = true;
-    else if (c === 0x5b || c === 0x7b) {
+    if (c === 0x22) {
+      // a string (most of a chat body): skipped with indexOf to its closing quote, the first
+      // one not escaped by an odd run of backslashes
+      let end = text.indexOf('"', i + 1);
+      while (end !== -1) {
+        let k = end - 1;
+        while (text.charCodeAt(k) === 0x5c) k--;
+        if ((end - 1 - k) % 2 === 0) break;
+        end = text.indexOf('"', end + 1);
+      }
+      if (end === -1) return; // unterminated: JSON.parse says so
+      i = end;
+    } else if (c === 0x5b || c === 0x7b) {
       if (++depth > maxDepth) throw new RequestLimitError(`the body nests deeper than ${maxDepth} levels`, 'body');
     } else if (c === 0x5d || c === 0x7d) depth--;
   }

@@ -17,14 +17,7 @@ import { KvEventSubscriber, type SubscriberStats } from '../engines/kv-events/su
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import type { WorkerRecord } from '../state/state-store.js';
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
-import {
-  checkApiKeyEnv,
-  checkHttpUrl,
-  checkWorkerId,
-  checkZmqEndpoint,
-  engineAuthorization,
-  splitCredentials,
-} from './worker-input.js';
+import { engineAuthorization, parseWorkerRecord, splitCredentials } from './worker-input.js';
 
 export interface WorkerConnection {
   record: WorkerRecord;
@@ -170,42 +163,17 @@ export class WorkerConnections {
   }
 
   /** Checks a worker's settings, registers it (each rank) and starts its pool, subscribers, scrapes and checks. */
-  add(w: WorkerRecord): WorkerRecord {
+  add(input: WorkerRecord): WorkerRecord {
     const { router, applier, log } = this.options;
     // ids: letters, digits and . _ : - ('#' is reserved for data-parallel ranks, ID#r)
-    checkWorkerId(w.id);
-    checkHttpUrl(w.url, `worker ${w.id}: url`);
-    if (
-      w.models !== undefined &&
-      (!Array.isArray(w.models) ||
-        w.models.length > 1024 ||
-        !w.models.every((m) => typeof m === 'string' && m !== '' && m.length <= 512))
-    )
-      throw new TypeError(`worker ${w.id}: models must be a list of model names`);
-    if (
-      w.claGroups !== undefined &&
-      (!Array.isArray(w.claGroups) ||
-        w.claGroups.length > 1024 ||
-        !w.claGroups.every((g) => Number.isSafeInteger(g) && g >= 0))
-    )
-      throw new TypeError(`worker ${w.id}: claGroups must be a list of non-negative integers`);
-    if (w.events !== undefined) checkZmqEndpoint(w.events, `worker ${w.id}: events`);
-    if (w.replay !== undefined) {
-      if (w.events === undefined) throw new RangeError(`worker ${w.id}: replay needs events`);
-      checkZmqEndpoint(w.replay, `worker ${w.id}: replay`);
-    }
-    if (w.metrics !== undefined) checkHttpUrl(w.metrics, `worker ${w.id}: metrics`);
+    const w = parseWorkerRecord(input, `worker ${typeof input?.id === 'string' ? input.id.slice(0, 64) : '(no id)'}`);
     let apiKey: string | undefined;
     if (w.apiKeyEnv !== undefined) {
-      apiKey = this.options.env[checkApiKeyEnv(w.apiKeyEnv, `worker ${w.id}: apiKeyEnv`)];
+      apiKey = this.options.env[w.apiKeyEnv];
       if (!apiKey)
         throw new RangeError(`worker ${w.id}: the environment variable ${w.apiKeyEnv} (its engine API key) is not set`);
     }
     const dpSize = w.dpSize ?? 1;
-    if (!Number.isInteger(dpSize) || dpSize < 1 || dpSize > 64)
-      throw new RangeError(`worker ${w.id}: dpSize must be an integer from 1 to 64`);
-    if (w.blockSize !== undefined && (!Number.isInteger(w.blockSize) || w.blockSize < 1 || w.blockSize > 1 << 16))
-      throw new RangeError(`worker ${w.id}: blockSize must be an integer from 1 to 65536`);
     if (this.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);
     const ids = Array.from({ length: dpSize }, (_, r) => rankWorkerId(w.id, r, dpSize));
     for (const id of ids) if (this.connections.has(id)) throw new RangeError(`worker '${id}' exists`);

@@ -4,6 +4,10 @@
  * they are used but never shown: listings and logs print `redactUrl()`.
  */
 
+import { z } from 'zod';
+import { describeIssue, issueError } from '../core/schema-issues.js';
+import type { WorkerRecord } from '../state/state-store.js';
+
 /** Worker ids: what fits in a metric label, a log line and a URL path segment. */
 export const WORKER_ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$/;
 /** Environment variable names for engine API keys. */
@@ -77,4 +81,85 @@ export function splitCredentials(url: string): { url: string; authorization?: st
   u.username = '';
   u.password = '';
   return { url: u.toString(), authorization };
+}
+
+/** The fields of a `--worker` SPEC (and of a config-file entry) and the record field each one sets. */
+export const WORKER_SPEC_KEYS = {
+  id: 'id',
+  url: 'url',
+  events: 'events',
+  replay: 'replay',
+  metrics: 'metrics',
+  models: 'models',
+  cla: 'claGroups',
+  'dp-size': 'dpSize',
+  'block-size': 'blockSize',
+  'api-key-env': 'apiKeyEnv',
+} as const satisfies Record<string, keyof WorkerRecord>;
+
+const refined = <T>(check: (v: unknown, what: string) => T) =>
+  z.string().superRefine((v, ctx) => {
+    try {
+      check(v, 'it');
+    } catch (err) {
+      ctx.addIssue({ code: 'custom', message: (err as Error).message.replace(/^it /, ''), input: v });
+    }
+  });
+
+/**
+ * A worker as an operator gives it, in one place: `--worker` specs, `CONTEXTFORGE_WORKERS`,
+ * config-file entries, `POST /admin/workers` and the shared state all go through it.
+ */
+export const WORKER_RECORD_SCHEMA = z
+  .strictObject({
+    id: refined(checkWorkerId),
+    url: refined(checkHttpUrl),
+    claGroups: z.array(z.int().min(0)).max(1024).optional(),
+    models: z.array(z.string().min(1).max(512)).max(1024).optional(),
+    events: refined(checkZmqEndpoint).optional(),
+    replay: refined(checkZmqEndpoint).optional(),
+    metrics: refined(checkHttpUrl).optional(),
+    apiKeyEnv: refined(checkApiKeyEnv).optional(),
+    dpSize: z.int().min(1).max(64).optional(),
+    blockSize: z
+      .int()
+      .min(1)
+      .max(1 << 16)
+      .optional(),
+  })
+  .superRefine((w, ctx) => {
+    if (w.replay !== undefined && w.events === undefined)
+      ctx.addIssue({ code: 'custom', path: ['replay'], message: 'needs events' });
+    if (w.dpSize !== undefined && w.dpSize > 1 && w.events !== undefined && !/:\d+$/.test(w.events))
+      ctx.addIssue({
+        code: 'custom',
+        path: ['dpSize'],
+        message: 'needs events as tcp://host:port (rank r publishes on the port + r)',
+      });
+  });
+
+/**
+ * A worker record checked against the schema; `where` says where it came from (`--worker '…'`,
+ * `--config f: workers[0]`). Absent (undefined or null) fields are dropped.
+ */
+export function parseWorkerRecord(value: unknown, where: string): WorkerRecord {
+  const input =
+    value !== null && typeof value === 'object' && !Array.isArray(value)
+      ? Object.fromEntries(Object.entries(value).filter(([, v]) => v !== undefined && v !== null))
+      : value;
+  const parsed = WORKER_RECORD_SCHEMA.safeParse(input, { error: describeIssue });
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0];
+    const err = issueError(issue, WORKER_RECORD_SCHEMA);
+    err.message = `${where}: ${err.message}`;
+    const field = issue.code === 'unrecognized_keys' ? issue.keys[0] : issue.path[0];
+    throw Object.assign(err, { field: field === undefined ? undefined : String(field).slice(0, 64) });
+  }
+  return parsed.data;
+}
+
+/** The field a worker-record error names (the `param` of an HTTP 400), if any. */
+export function workerErrorField(err: unknown): string | null {
+  const field = (err as { field?: unknown } | null)?.field;
+  return typeof field === 'string' ? field : null;
 }

@@ -14,7 +14,10 @@ import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './sta
  *
  * Messages travel with the `advanced` serialization (structured clone), so block hashes
  * cross as Uint32Arrays. Every message carries `cf` (its kind) so the channel can carry other
- * traffic too.
+ * traffic too. What a process sends in one turn of its event loop goes as one `batch` (every
+ * request sends a decision and a release, and each IPC message is a write and a read in the
+ * sender, the relay and every other process); what someone waits on (a workflow lookup and
+ * its answer, the start snapshot) goes at once, after what was queued before it.
  */
 
 /** What a gateway process can send to the relay and receive from it. */
@@ -50,7 +53,8 @@ export type ClusterMessage =
       /** [replica, worker, requests, prefill, decode] */
       loads: Array<[string, string, number, number, number]>;
     }
-  | { cf: 'gone'; r: string };
+  | { cf: 'gone'; r: string }
+  | { cf: 'batch'; m: ClusterMessage[] };
 type ClusterDecision = Extract<ClusterMessage, { cf: 'decision' }>;
 
 /** The IPC channel of a gateway process (process.send / process.on('message')), or a test double. */
@@ -70,6 +74,35 @@ export interface ClusterStateOptions {
 
 function isMessage(m: unknown): m is ClusterMessage {
   return m !== null && typeof m === 'object' && typeof (m as { cf?: unknown }).cf === 'string';
+}
+
+/** Messages to one destination, sent as one batch per turn of the event loop (see above). */
+class Outbox {
+  private queue: ClusterMessage[] = [];
+  private scheduled = false;
+
+  constructor(private readonly deliver: (m: ClusterMessage) => void) {}
+
+  push(m: ClusterMessage): void {
+    this.queue.push(m);
+    if (this.scheduled) return;
+    this.scheduled = true;
+    setImmediate(() => this.flush());
+  }
+
+  /** Sends what is queued and then `m`, now: someone is waiting for it. */
+  now(m: ClusterMessage): void {
+    this.queue.push(m);
+    this.flush();
+  }
+
+  flush(): void {
+    this.scheduled = false;
+    const q = this.queue;
+    if (q.length === 0) return;
+    this.queue = [];
+    this.deliver(q.length === 1 ? q[0] : { cf: 'batch', m: q });
+  }
 }
 
 /** The gateway process's side: a StateStore whose shared state is the relay in the primary. */
@@ -98,11 +131,13 @@ export class ClusterStateStore implements StateStore {
     malformedMessages: 0,
   };
   private readonly listener = (m: unknown) => this.onMessage(m);
+  private readonly outbox: Outbox;
 
   constructor(options: ClusterStateOptions) {
     this.replicaId = options.replicaId;
     this.channel = options.channel;
     this.timeoutMs = options.timeoutMs ?? 250;
+    this.outbox = new Outbox((m) => this.channel.send(m));
   }
 
   async attach(host: StateStoreHost): Promise<void> {
@@ -112,11 +147,11 @@ export class ClusterStateStore implements StateStore {
       this.snapshotArrived = resolve;
       setTimeout(resolve, 4 * this.timeoutMs).unref();
     });
-    this.channel.send({ cf: 'hello', r: this.replicaId });
+    this.outbox.now({ cf: 'hello', r: this.replicaId });
     await arrived;
     this.snapshotArrived = undefined;
     // what this process was configured with, for processes that start later
-    for (const w of host.listWorkers()) this.channel.send({ cf: 'worker-added', r: this.replicaId, worker: w });
+    for (const w of host.listWorkers()) this.outbox.push({ cf: 'worker-added', r: this.replicaId, worker: w });
   }
 
   beforeRoute(request: RouteRequest): Promise<void> | undefined {
@@ -134,7 +169,7 @@ export class ClusterStateStore implements StateStore {
         clearTimeout(timer);
         resolve();
       });
-      this.channel.send({ cf: 'workflow?', r: this.replicaId, q, id });
+      this.outbox.now({ cf: 'workflow?', r: this.replicaId, q, id });
     });
   }
 
@@ -153,28 +188,28 @@ export class ClusterStateStore implements StateStore {
       m.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
     if (d.tracked) m.q = d.prefillTokens;
     this.counters.decisionsSent++;
-    this.channel.send(m);
+    this.outbox.push(m);
   }
 
   decisionPrefilled(d: SharedDecision): void {
     if (!d.tracked || this.prefilled.has(d)) return;
     this.prefilled.add(d);
-    this.channel.send({ cf: 'prefilled', r: this.replicaId, w: d.workerId, q: d.prefillTokens, d: d.decodeTokens });
+    this.outbox.push({ cf: 'prefilled', r: this.replicaId, w: d.workerId, q: d.prefillTokens, d: d.decodeTokens });
   }
 
   decisionEnded(d: SharedDecision): void {
     if (!d.tracked) return;
     const m: ClusterMessage = { cf: 'released', r: this.replicaId, w: d.workerId, q: d.prefillTokens };
     if (this.prefilled.has(d)) m.d = d.decodeTokens;
-    this.channel.send(m);
+    this.outbox.push(m);
   }
 
   workerAdded(worker: WorkerRecord): void {
-    this.channel.send({ cf: 'worker-added', r: this.replicaId, worker });
+    this.outbox.push({ cf: 'worker-added', r: this.replicaId, worker });
   }
 
   workerRemoved(workerId: string): void {
-    this.channel.send({ cf: 'worker-removed', r: this.replicaId, id: workerId });
+    this.outbox.push({ cf: 'worker-removed', r: this.replicaId, id: workerId });
   }
 
   stats(): StateStats {
@@ -182,6 +217,7 @@ export class ClusterStateStore implements StateStore {
   }
 
   async close(): Promise<void> {
+    this.outbox.flush();
     this.channel.offMessage(this.listener);
     for (const done of this.queries.values()) done();
     this.queries.clear();
@@ -194,6 +230,10 @@ export class ClusterStateStore implements StateStore {
     const host = this.host;
     try {
       switch (m.cf) {
+        case 'batch':
+          if (Array.isArray(m.m))
+            for (const inner of m.m) if (isMessage(inner) && inner.cf !== 'batch') this.onMessage(inner);
+          return;
         case 'decision':
           if (m.r === this.replicaId) return;
           this.apply(m);
@@ -287,7 +327,7 @@ export interface RelayPeer {
  * restarts) the current state. One thread, so every claim is atomic.
  */
 export class ClusterRelay {
-  private readonly peers = new Map<string, RelayPeer>();
+  private readonly peers = new Map<string, { peer: RelayPeer; outbox: Outbox }>();
   /** Workflow → its worker and step, least recently routed dropped first. */
   private readonly workflows: LRUCache<string, { w: string; s: number | null }>;
   private readonly workers = new Map<string, WorkerRecord>();
@@ -308,7 +348,7 @@ export class ClusterRelay {
   }
 
   add(peer: RelayPeer): void {
-    this.peers.set(peer.id, peer);
+    this.peers.set(peer.id, { peer, outbox: new Outbox((m) => peer.send(m)) });
   }
 
   /** A process stopped: the others drop its in-flight work. */
@@ -320,16 +360,23 @@ export class ClusterRelay {
 
   receive(from: string, m: unknown): void {
     if (!isMessage(m)) return;
-    const peer = this.peers.get(from);
+    const peer = this.peers.get(from)?.outbox;
     if (!peer) return;
     switch (m.cf) {
+      case 'batch':
+        if (!Array.isArray(m.m)) return void this.counters.malformed++;
+        for (const inner of m.m) {
+          if (isMessage(inner) && inner.cf !== 'batch') this.receive(from, inner);
+          else this.counters.malformed++;
+        }
+        return;
       case 'decision': {
         if (m.wf !== undefined) {
           const held = this.workflows.get(m.wf);
           if (m.claim && held) {
             // another process routed this workflow's first step first: follow it
             this.counters.claimsLost++;
-            peer.send({ cf: 'workflow', q: 0, id: m.wf, w: held.w, s: held.s });
+            peer.push({ cf: 'workflow', q: 0, id: m.wf, w: held.w, s: held.s });
             m.wf = undefined;
           } else {
             this.workflows.set(m.wf, { w: m.w, s: m.s ?? null });
@@ -361,11 +408,11 @@ export class ClusterRelay {
         return;
       case 'workflow?': {
         const held = this.workflows.get(m.id);
-        peer.send({ cf: 'workflow', q: m.q, id: m.id, w: held?.w, s: held?.s });
+        peer.now({ cf: 'workflow', q: m.q, id: m.id, w: held?.w, s: held?.s });
         return;
       }
       case 'hello':
-        peer.send(this.snapshot(from));
+        peer.now(this.snapshot(from));
         return;
       default:
         this.counters.malformed++;
@@ -396,7 +443,7 @@ export class ClusterRelay {
   private broadcast(m: ClusterMessage, except: string): void {
     for (const [id, p] of this.peers) {
       if (id === except) continue;
-      p.send(m);
+      p.outbox.push(m);
       this.counters.relayed++;
     }
   }

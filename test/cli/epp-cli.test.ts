@@ -117,7 +117,7 @@ test('bad epp flags are refused with a message naming the flag (in process), and
     [['--port', '70000'], /--port must be <= 65535/],
     [['--metrics-port', '-1'], /--metrics-port must be >= 0/],
     [['--objectives', 'batch'], /--objectives: 'batch' is not NAME=INTEGER/],
-    [['--shed-kv-usage', '1.5'], /--shed-kv-usage must be in \(0, 1\]/],
+    [['--shed-kv-usage', '1.5'], /--shed-kv-usage must be <= 1 \(got 1.5\)/],
     [['--discover', 'dns=vllm,port=x'], /port must be a port/],
     [['--discover', 'port=8000'], /dns must be a host name/],
   ] as Array<[string[], RegExp]>)

@@ -5,15 +5,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
-import { Command } from 'commander';
-import {
-  envName,
-  parseWorkerSpec,
-  registerServeCommand,
-  resolveServeConfig,
-  resolveTokenizeMode,
-  SERVE_SETTINGS,
-} from '../../src/cli/commands/serve.js';
+import { envName, parseWorkerSpec, resolveTokenizeMode } from '../../src/cli/commands/serve.js';
+import { kebab, SERVE_SCHEMA } from '../../src/cli/config/settings.js';
+import { resolveServe } from '../helpers/serve-config.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 
 test('--worker specs are parsed, and bad ones are refused with the reason', () => {
@@ -22,30 +16,27 @@ test('--worker specs are parsed, and bad ones are refused with the reason', () =
     url: 'http://127.0.0.1:9001',
     claGroups: [1, 2],
     events: 'tcp://127.0.0.1:5557',
-    replay: undefined,
-    metrics: undefined,
-    models: undefined,
   });
   assert.deepEqual(parseWorkerSpec('id=w2,url=https://e:8000,models=Qwen/Qwen3-32B;qwen').models, [
     'Qwen/Qwen3-32B',
     'qwen',
   ]);
-  assert.throws(() => parseWorkerSpec('url=http://x'), /id and url are required/);
+  assert.throws(() => parseWorkerSpec('url=http://x'), /--worker 'url=http:\/\/x': id is required/);
   assert.throws(() => parseWorkerSpec('id=a,url=x'), /must start with http/);
   assert.throws(() => parseWorkerSpec('id=a,url=http://x,color=red'), /unknown key 'color'/);
-  assert.throws(() => parseWorkerSpec('id=a,url=http://x,cla=one'), /cla group 'one'/);
+  assert.throws(() => parseWorkerSpec('id=a,url=http://x,cla=one'), /claGroups\[0\] must be an integer \(got 'one'\)/);
   assert.throws(() => parseWorkerSpec('id=a,url=http://x,replay=tcp://y'), /replay needs events/);
   const dp = parseWorkerSpec('id=w,url=http://h:8000,events=tcp://h:5557,dp-size=2,block-size=32');
   assert.equal(dp.dpSize, 2);
   assert.equal(dp.blockSize, 32);
+  assert.throws(() => parseWorkerSpec('id=a,url=http://x,dp-size=0'), /dpSize must be >= 1 \(got 0\)/);
   assert.throws(
-    () => parseWorkerSpec('id=a,url=http://x,dp-size=0'),
-    /dp-size must be an integer from 1 to 64, got '0'/,
+    () => parseWorkerSpec('id=a,url=http://x,block-size=1.5'),
+    /blockSize must be an integer \(got '1.5'\)/,
   );
-  assert.throws(() => parseWorkerSpec('id=a,url=http://x,block-size=1.5'), /block-size must be an integer/);
   assert.throws(
     () => parseWorkerSpec('id=a,url=http://x,events=ipc:///tmp/e,dp-size=2'),
-    /dp-size needs events as tcp:\/\/host:port/,
+    /dpSize needs events as tcp:\/\/host:port/,
   );
 });
 
@@ -97,25 +88,8 @@ test('contextforge-router serve proxies to the workers it was given and stops on
   assert.equal(await exited, 0);
 });
 
-/** Parses a serve command line (flags and the given environment) without running it. */
-function resolve(args: string[], env: Record<string, string> = {}) {
-  const saved = { ...process.env };
-  Object.assign(process.env, env);
-  try {
-    const program = new Command().exitOverride().configureOutput({ writeErr: () => {} });
-    registerServeCommand(program);
-    const serve = program.commands.find((c) => c.name() === 'serve')!;
-    let config: ReturnType<typeof resolveServeConfig> | undefined;
-    serve.action(() => {
-      config = resolveServeConfig(serve, process.env);
-    });
-    program.parse(['node', 'contextforge-router', 'serve', ...args]);
-    return config!;
-  } finally {
-    for (const k of Object.keys(env)) if (saved[k] === undefined) delete process.env[k];
-    Object.assign(process.env, saved);
-  }
-}
+/** A serve command line's settings (flags and the given environment), without running it. */
+const resolve = (args: string[], env: Record<string, string> = {}) => resolveServe(args, env).config;
 
 test('serve settings: flag over environment over config file over default; every key in all three', () => {
   const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
@@ -175,8 +149,9 @@ test('serve settings: flag over environment over config file over default; every
     ['f1'],
   );
   // every setting has its environment variable and its config key
-  for (const s of SERVE_SETTINGS) {
-    assert.equal(envName(s.key), `CONTEXTFORGE_${s.key.toUpperCase().replaceAll('-', '_')}`);
+  for (const key of Object.keys(SERVE_SCHEMA.shape)) {
+    const flag = kebab(key);
+    assert.equal(envName(flag), `CONTEXTFORGE_${flag.toUpperCase().replaceAll('-', '_')}`);
   }
   assert.equal(
     resolve([], {
@@ -195,15 +170,21 @@ test('serve settings: bad config files and values are refused with the key named
     writeFileSync(f, text);
     return f;
   };
-  assert.throws(() => resolve(['--config', write('colour: red\n')]), /unknown key 'colour'/);
-  assert.throws(() => resolve(['--config', write('port: eighty\n')]), /port: --port must be an integer/);
-  assert.throws(() => resolve(['--config', write('policy: best\n')]), /policy: --policy must be one of/);
+  assert.throws(() => resolve(['--config', write('colour: red\n')]), /--config .*: unknown key 'colour'/);
+  assert.throws(
+    () => resolve(['--config', write('port: eighty\n')]),
+    /--config .*: port must be an integer \(got 'eighty'\)/,
+  );
+  assert.throws(
+    () => resolve(['--config', write('policy: best\n')]),
+    /--config .*: policy must be one of cost, .* \(got 'best'\)/,
+  );
   assert.throws(() => resolve(['--config', write('- a\n- b\n')]), /top level must be a mapping/);
   assert.throws(() => resolve(['--config', write('port: [1\n')]), /--config .*yaml/);
-  assert.throws(() => resolve(['--config', write('workers:\n  - id: a\n')]), /workers\[0\]: id and url are required/);
+  assert.throws(() => resolve(['--config', write('workers:\n  - id: a\n')]), /workers\[0\]: url is required/);
   assert.throws(
     () => resolve(['--config', write('workers:\n  - {id: a, url: "http://a:1", gpu: 3}\n')]),
-    /unknown key 'gpu'/,
+    /workers\[0\]: gpu is not a known key/,
   );
   assert.throws(() => resolve(['--config', write('workers: {id: a}\n')]), /workers must be a list/);
   assert.throws(
@@ -221,7 +202,7 @@ test('serve settings: bad config files and values are refused with the key named
     () => resolve(['--block-hash', 'vllm', '--python-hash-seed', '7', '--tokenize', 'text']),
     /needs --tokenize auto, tokenizer or engine/,
   );
-  assert.throws(() => resolve(['--block-hash', 'sha1']), /--block-hash must be one of router, vllm/);
+  assert.throws(() => resolve(['--block-hash', 'sha1']), /--block-hash must be 'router' or 'vllm' \(got 'sha1'\)/);
   assert.throws(() => resolve(['--config', join(dir, 'missing.yaml')]), /ENOENT|no such file/);
   assert.throws(() => resolve(['--port', '70000']), /<= 65535/);
   assert.throws(() => resolve([], { CONTEXTFORGE_STATE: 'etcd://x' }), /--state must be memory or redis/);
@@ -326,7 +307,7 @@ test('serve security settings: switches, token file, keys file, limits, timeouts
   assert.equal(resolve([], { CONTEXTFORGE_PUBLIC_ROUTE_API: '1' }).publicRouteApi, true);
   assert.throws(
     () => resolve([], { CONTEXTFORGE_PUBLIC_ROUTE_API: 'maybe' }),
-    /CONTEXTFORGE_PUBLIC_ROUTE_API: --public-route-api must be true or false/,
+    /CONTEXTFORGE_PUBLIC_ROUTE_API must be true or false \(got 'maybe'\)/,
   );
   assert.throws(() => parseWorkerSpec('id=w1,url=http://x,api-key-env=CONTEXTFORGE_ADMIN_TOKEN'), /may not name/);
   assert.throws(() => parseWorkerSpec('id=w 1,url=http://x'), /id must match/);

@@ -102,7 +102,10 @@ test('serve takes cost weights and peer options from flags and the environment, 
     /costWeights.recompute must be a finite number >= 0/,
   );
   assert.throws(() => serveConfig(['--cost-weights', '[1, 2]']), /--cost-weights must be a mapping/);
-  assert.throws(() => serveConfig(['--policy-options', '{vllm: {}}']), /unknown policy 'vllm'/);
+  assert.throws(
+    () => serveConfig(['--policy-options', '{vllm: {}}']),
+    /--policy-options: policyOptions.vllm is not a policy with options/,
+  );
   const dir = mkdtempSync(join(tmpdir(), 'cf-tune-'));
   const both = join(dir, 'both.yaml');
   writeFileSync(both, 'costWeights: {recompute: 2}\ncost-weights: {recompute: 3}\n');

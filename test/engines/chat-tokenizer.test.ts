@@ -40,13 +40,41 @@ test('per-message tokenization gives the same ids as tokenizing the whole render
   assert.equal(t.stats.segmentMisses, turns.length + 1);
 });
 
-test('a template whose output for a prefix is not a prefix of the whole is tokenized whole', () => {
+test('a template whose output for a prefix is not a prefix of the whole never reuses a segment', () => {
   // counts the messages up front: every extra message changes the start of the text
   const counting = '{{ messages|length }} messages\n' + config.chat_template;
   const t = new ChatTokenizer(reference, config, { chatTemplate: counting });
-  const messages = turns.slice(0, 3);
-  assert.deepEqual(t.tokenize({ messages }), wholeTokens(messages, counting));
-  assert.ok(t.stats.wholeRenders > 0);
+  for (let n = 1; n <= turns.length; n++) {
+    const messages = turns.slice(0, n);
+    assert.deepEqual(t.tokenize({ messages }), wholeTokens(messages, counting), `${n} messages`);
+  }
+  // each turn's cached segments start with the previous count: none matches the next turn's text
+  assert.equal(t.stats.segmentHits, 0);
+});
+
+test('messages that render differently as the last one are cut together with the next', () => {
+  // a newest assistant turn after the last user turn opens a thinking block, as Qwen3's template does
+  const thinking = config.chat_template.replace(
+    '+ message.content +',
+    "+ ('<think></think>' if message.role == 'assistant' and loop.last else '') + message.content +",
+  );
+  assert.notEqual(thinking, config.chat_template);
+  const t = new ChatTokenizer(reference, config, { chatTemplate: thinking });
+  // an agent's requests: each resends the conversation with the reply and a new user turn
+  for (let n = 2; n <= turns.length; n += 2) {
+    const messages = turns.slice(0, n);
+    assert.deepEqual(t.tokenize({ messages }), wholeTokens(messages, thinking), `${n} messages`);
+  }
+  // request k reuses everything request k-1 sent; its two new messages are one segment
+  assert.equal(t.stats.wholeRenders, 0);
+  // the system prompt and the first user turn, then each request's two new messages as one segment
+  assert.equal(t.stats.segmentMisses, 2 + 1 + 1);
+  assert.equal(t.stats.segmentsJoined, 2);
+  // request k takes every message request k-1 sent from the cache
+  assert.equal(t.stats.segmentHits, 2 + 4);
+  // a branch that ends on the assistant turn: it is the last message, rendered with the block
+  const branch = turns.slice(0, 3);
+  assert.deepEqual(t.tokenize({ messages: branch }), wholeTokens(branch, thinking));
 });
 
 test('the cache is bounded, and evicted segments are recomputed to the same ids', () => {

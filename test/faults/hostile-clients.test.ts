@@ -186,20 +186,22 @@ describe('hostile clients', () => {
   });
 
   test('admin input is validated and credentials in URLs are never shown', async () => {
-    for (const [body, pattern] of [
-      [{ id: '../etc', url: 'http://127.0.0.1:1' }, /worker id must match/],
-      [{ id: 'x'.repeat(100), url: 'http://127.0.0.1:1' }, /worker id must match/],
-      [{ id: 'ok', url: 'javascript:alert(1)' }, /http/],
-      [{ id: 'ok', url: 'http://h:1/?x=1' }, /query/],
-      [{ id: 'ok', url: 'http://h:1', events: 'http://x' }, /tcp:\/\/ or ipc:\/\//],
-      [{ id: 'ok', url: 'http://h:1', claGroups: ['a'] }, /claGroups/],
-      [{ id: 'ok', url: 'http://h:1', apiKeyEnv: 'CONTEXTFORGE_ADMIN_TOKEN' }, /may not name/],
-      [{ id: 'ok', url: 'http://h:1', apiKeyEnv: 'CF_TEST_UNSET_VARIABLE' }, /is not set/],
-      [{ id: 'ok', url: 'http://h:1', color: 'red' }, /unknown field 'color'/],
+    for (const [body, pattern, param] of [
+      [{ id: '../etc', url: 'http://127.0.0.1:1' }, /worker: id must match/, 'id'],
+      [{ id: 'x'.repeat(100), url: 'http://127.0.0.1:1' }, /worker: id must match/, 'id'],
+      [{ id: 'ok', url: 'javascript:alert(1)' }, /worker: url must start with http/, 'url'],
+      [{ id: 'ok', url: 'http://h:1/?x=1' }, /query/, 'url'],
+      [{ id: 'ok', url: 'http://h:1', events: 'http://x' }, /events must be a tcp:\/\/ or ipc:\/\//, 'events'],
+      [{ id: 'ok', url: 'http://h:1', claGroups: ['a'] }, /claGroups\[0\] must be an integer/, 'claGroups'],
+      [{ id: 'ok', url: 'http://h:1', apiKeyEnv: 'CONTEXTFORGE_ADMIN_TOKEN' }, /may not name/, 'apiKeyEnv'],
+      [{ id: 'ok', url: 'http://h:1', apiKeyEnv: 'CF_TEST_UNSET_VARIABLE' }, /is not set/, null],
+      [{ id: 'ok', url: 'http://h:1', color: 'red' }, /worker: color is not a known key/, 'color'],
+      [{ url: 'http://h:1' }, /worker: id is required/, 'id'],
     ] as const) {
       const res = await post(base, '/admin/workers', body, auth);
       assert.equal(res.status, 400, JSON.stringify(body).slice(0, 60));
       assert.match(errorOf(res.text).message, pattern);
+      assert.equal(errorOf(res.text).param, param, JSON.stringify(body).slice(0, 60));
     }
     assert.equal(
       (await post(base, '/admin/workers', { id: 'cred', url: 'http://user:hunter2@127.0.0.1:1' }, auth)).status,

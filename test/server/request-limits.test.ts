@@ -33,6 +33,10 @@ describe('JSON depth', () => {
     assert.deepEqual(parseJsonBody(deepText, 2), JSON.parse(deepText));
     checkJsonDepth('[[1]]', 2);
     rejects(() => checkJsonDepth('[[[1]]]', 2), 'body');
+    // a string ending in escaped backslashes closes at its quote: the brackets after it count
+    rejects(() => checkJsonDepth(JSON.stringify(['a\\\\', [[1]]]), 2), 'body');
+    rejects(() => checkJsonDepth(JSON.stringify(['\\', '\\"', [[1]]]), 2), 'body');
+    checkJsonDepth(JSON.stringify(['\\"[[[', '\\\\']), 1);
   });
   test('invalid JSON is a 400 that does not echo the body', () => {
     rejects(() => parseJsonBody('{"secret": nope', 64), 'body', /^the body is not valid JSON$/);

@@ -11,6 +11,8 @@ function fleet(n: number) {
   const processes = Array.from({ length: n }, (_, i) => {
     const id = String(i + 1);
     const listeners = new Set<(m: unknown) => void>();
+    /** What this process wrote to its channel: one entry per IPC message. */
+    const sent: ClusterMessage[] = [];
     relay.add({
       id,
       send: (m) =>
@@ -21,7 +23,10 @@ function fleet(n: number) {
     const store = new ClusterStateStore({
       replicaId: id,
       channel: {
-        send: (m: ClusterMessage) => queueMicrotask(() => relay.receive(id, structuredClone(m))),
+        send: (m: ClusterMessage) => {
+          sent.push(m);
+          queueMicrotask(() => relay.receive(id, structuredClone(m)));
+        },
         onMessage: (l) => void listeners.add(l),
         offMessage: (l) => void listeners.delete(l),
       },
@@ -48,7 +53,7 @@ function fleet(n: number) {
       },
       log: () => {},
     };
-    return { id, store, router, host };
+    return { id, store, router, host, sent };
   });
   return { relay, processes };
 }
@@ -166,4 +171,30 @@ test("B's view of A's request moves from queued prefill to decode on A's prefill
     (v) => v.every((x, i) => x === released[i]),
   );
   assert.deepEqual(onC, released);
+});
+
+test("one turn's decisions and releases cross the channel as one message, and each is applied", async () => {
+  const {
+    relay,
+    processes: [a, b],
+  } = fleet(2);
+  await Promise.all([a.store.attach(a.host), b.store.attach(b.host)]);
+  await settle();
+  a.sent.length = 0;
+  const relayed = relay.counters.relayed;
+  const decisions = Array.from({ length: 5 }, (_, i) => {
+    const r = a.router.route({ text: `request ${i} `.repeat(40) }, { share: true });
+    a.store.decisionMade(r.shared!);
+    return r;
+  });
+  a.store.decisionEnded(decisions[0].shared!);
+  await settle();
+  await settle();
+  assert.equal(a.sent.length, 1);
+  assert.equal(a.sent[0].cf, 'batch');
+  assert.equal(b.store.stats().decisionsApplied, 5);
+  assert.equal(relay.counters.relayed - relayed, 6);
+  // B sees A's four requests still in flight
+  const inFlight = b.router.listWorkers().reduce((n, w) => n + w.inFlightRequests, 0);
+  assert.equal(inFlight, 4);
 });

@@ -1,30 +1,10 @@
 import type { Command } from 'commander';
-import { startPicker, type PickerConfig } from '../../epp/run-picker.js';
-import { PICKER_SETTINGS, portNumber } from './picker-settings.js';
-import {
-  addSettingOptions,
-  resolveServeConfig,
-  SERVE_SETTINGS,
-  startGateway,
-  type ServeConfig,
-  type Setting,
-} from './serve.js';
+import { startPicker } from '../../epp/run-picker.js';
+import { addSettingOptions } from '../config/resolve.js';
+import { EPP_HELP, EPP_SCHEMA } from '../config/settings.js';
+import { resolveConfig, startGateway } from './serve.js';
 
-export { parseDiscoverySpec } from './picker-settings.js';
-
-const EPP_SETTINGS: readonly Setting[] = [
-  ...SERVE_SETTINGS.map((s) =>
-    s.key === 'port' ? { ...s, help: 'ext_proc gRPC port (0: any free port)', default: 9002 } : s,
-  ),
-  {
-    key: 'metrics-port',
-    arg: '<n>',
-    help: 'HTTP port for /metrics, /healthz, /readyz and /admin (0: any free port)',
-    parse: portNumber('--metrics-port'),
-    default: 9090,
-  },
-  ...PICKER_SETTINGS,
-];
+export { parseDiscoverySpec } from '../config/picker-text.js';
 
 export function registerEppCommand(program: Command): void {
   const cmd = program
@@ -32,10 +12,9 @@ export function registerEppCommand(program: Command): void {
     .description(
       "run the endpoint picker of an Envoy-based gateway (Gateway API Inference Extension, ext_proc gRPC): the same router as serve, endpoints are the workers' host:port",
     );
-  addSettingOptions(cmd, EPP_SETTINGS);
+  addSettingOptions(cmd, EPP_SCHEMA.shape, EPP_HELP);
   cmd.action(async () => {
-    const c = resolveServeConfig(cmd, process.env, EPP_SETTINGS) as ServeConfig &
-      PickerConfig & { metricsPort: number };
+    const { config: c } = resolveConfig(cmd, process.env, EPP_SCHEMA);
     const log = (m: string) => process.stderr.write(`${m}\n`);
     if (c.workers.length === 0 && !c.discover)
       log(

@@ -9,6 +9,8 @@ import { RoundRobinPolicy } from './round-robin.js';
 import { SeedPolicy, type SeedOptions } from './seed.js';
 import { SglangPolicy, type SglangOptions } from './sglang.js';
 import type { PolicyContext, RoutingPolicy } from './types.js';
+import { describeIssue, issueError } from '../schema-issues.js';
+import { POLICY_OPTIONS_SCHEMA } from './options-schema.js';
 
 export interface PolicyOptions {
   costWeights?: Partial<CostWeights>;
@@ -36,34 +38,16 @@ const POLICY_FACTORIES: Readonly<Record<string, PolicyFactory>> = {
 
 export const POLICY_NAMES: readonly string[] = Object.keys(POLICY_FACTORIES);
 
-/** The knobs of each peer policy (see each policy's file for upstream's defaults). */
-const PEER_OPTION_KEYS: Readonly<Record<string, readonly string[]>> = {
-  dynamo: ['prefillLoadScale', 'temperature', 'gpuCredit', 'offloadCredit', 'predictedCredit', 'activeRequestWeight'],
-  sglang: ['cacheThreshold', 'balanceAbsThreshold', 'balanceRelThreshold', 'evictionIntervalSecs', 'maxTreeSize'],
-  llmd: ['prefixWeight', 'kvWeight', 'queueWeight', 'scrapeIntervalMs'],
-  seed: ['loadSignal'],
-};
-
 /** Rejects misspelt policy options (a typo would otherwise silently keep a default). */
 export function checkPolicyOptions(options: unknown): void {
   if (options === undefined) return;
   if (options === null || typeof options !== 'object' || Array.isArray(options))
     throw new TypeError('policyOptions must be an object');
-  for (const [peer, value] of Object.entries(options)) {
-    if (peer === 'costWeights') continue;
-    const known = Object.hasOwn(PEER_OPTION_KEYS, peer) ? PEER_OPTION_KEYS[peer] : undefined;
-    if (!known)
-      throw new RangeError(
-        `policyOptions.${peer} is not a policy with options (known: ${Object.keys(PEER_OPTION_KEYS).join(', ')})`,
-      );
-    if (value === undefined) continue;
-    if (value === null || typeof value !== 'object' || Array.isArray(value))
-      throw new TypeError(`policyOptions.${peer} must be an object`);
-    for (const key of Object.keys(value)) {
-      if (!known.includes(key))
-        throw new RangeError(`policyOptions.${peer}.${key} is not an option of ${peer} (known: ${known.join(', ')})`);
-    }
-  }
+  const { costWeights: _costWeights, ...peers } = options as Record<string, unknown>;
+  void _costWeights;
+  const given = Object.fromEntries(Object.entries(peers).filter(([, v]) => v !== undefined));
+  const parsed = POLICY_OPTIONS_SCHEMA.safeParse(given, { error: describeIssue });
+  if (!parsed.success) throw issueError(parsed.error.issues[0], POLICY_OPTIONS_SCHEMA, 'policyOptions');
 }
 
 export function createPolicy(name: string, options: PolicyOptions, ctx: PolicyContext): RoutingPolicy {

@@ -9,7 +9,9 @@ import { createPolicy, resolveCostWeights, type CostWeights, type PolicyOptions 
 import { checkPolicyObject } from '../policies/policy-object.js';
 import type { RoutingPolicy } from '../policies/types.js';
 import { createRng } from '../rng.js';
-import * as check from '../validate.js';
+import { describeIssue, issueError } from '../schema-issues.js';
+import type { z } from 'zod';
+import { ROUTER_DEFAULTS, ROUTER_OPTIONS_SCHEMA } from './options-schema.js';
 import type { IndexMode } from './types.js';
 
 export interface KVAwareRouterOptions {
@@ -75,20 +77,12 @@ export interface KVAwareRouterOptions {
   instanceId?: string;
 }
 
-export const ROUTER_DEFAULTS = {
-  anchorCapacity: 100_000,
-  workflowCapacity: 10_000,
-  blockSize: 16,
-  textChunkBytes: 64,
-  approximateTtlMs: 120_000,
-  speculativeTtlMs: 5_000,
-  speculativeBlocks: 16,
-  maxIndexEntries: 4_000_000,
-  offloadCredit: 0.75,
-  predictedCredit: 1,
-  contentAnchorCapacity: 100_000,
-  contentAnchorTtlMs: 600_000,
-};
+/** Every option of the interface is declared in the schema, and nothing else is. */
+type SameKeys<A, B> = [Exclude<keyof A, keyof B>, Exclude<keyof B, keyof A>] extends [never, never] ? true : never;
+const schemaCoversOptions: SameKeys<KVAwareRouterOptions, z.input<typeof ROUTER_OPTIONS_SCHEMA>> = true;
+void schemaCoversOptions;
+
+export { ROUTER_DEFAULTS };
 
 /** Validated options with every default filled in. */
 export interface ResolvedRouterOptions {
@@ -119,94 +113,47 @@ export interface ResolvedRouterOptions {
   instanceId: string;
 }
 
-/** Checks the options in a fixed order (the first bad one is reported) and fills in defaults. */
+/** Checks the options against the schema (the first bad one is reported) and fills in defaults. */
 export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRouterOptions {
   if (options === null || typeof options !== 'object') throw new TypeError('options must be an object');
-  const numWorkers = check.positiveInt(options.numWorkers, 'numWorkers', 1);
-  const claAffinityEnabled = optionalBool(options.enableClaAffinity, 'enableClaAffinity', true);
-  const anchorLocalityEnabled = optionalBool(options.enableAnchorLocality, 'enableAnchorLocality', true);
-  const policyName = options.policy ?? 'cost';
-  const costWeights = resolveCostWeights(options.costWeights);
-  const random = createRng(check.nonNegativeInt(options.randomSeed, 'randomSeed', 1));
+  // an option given as undefined means "not given", as with the hand-written checks before
+  const given = Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined));
+  const parsed = ROUTER_OPTIONS_SCHEMA.safeParse(given, { error: describeIssue });
+  if (!parsed.success) throw issueError(parsed.error.issues[0], ROUTER_OPTIONS_SCHEMA);
+  const o = parsed.data;
+  const costWeights = resolveCostWeights(o.costWeights);
+  const random = createRng(o.randomSeed);
   const policy =
-    typeof policyName === 'string'
-      ? createPolicy(policyName, { ...options.policyOptions, costWeights }, { random })
-      : checkPolicyObject(policyName);
-  const anchorCapacity = check.positiveInt(options.anchorCapacity, 'anchorCapacity', ROUTER_DEFAULTS.anchorCapacity);
-  const workflowCapacity = check.positiveInt(
-    options.workflowCapacity,
-    'workflowCapacity',
-    ROUTER_DEFAULTS.workflowCapacity,
-  );
-  const blockSize = check.positiveInt(options.blockSize, 'blockSize', ROUTER_DEFAULTS.blockSize);
-  const textChunkBytes = check.positiveInt(options.textChunkBytes, 'textChunkBytes', ROUTER_DEFAULTS.textChunkBytes);
-  if (textChunkBytes % 4 !== 0) throw new RangeError(`textChunkBytes must be a multiple of 4, got ${textChunkBytes}`);
-  const keying = new BlockKeying(options.blockHash ?? 'router', options.pythonHashSeed);
-  const indexMode = options.indexMode ?? 'approximate';
-  if (indexMode !== 'precise' && indexMode !== 'approximate')
-    throw new RangeError(`indexMode must be 'precise' or 'approximate', got '${String(indexMode)}'`);
+    typeof o.policy === 'string'
+      ? createPolicy(o.policy, { ...o.policyOptions, costWeights }, { random })
+      : checkPolicyObject(o.policy);
+  const keying = new BlockKeying(o.blockHash, o.pythonHashSeed);
   const ttl =
-    options.predictionTtlMs ??
-    (indexMode === 'precise' ? ROUTER_DEFAULTS.speculativeTtlMs : ROUTER_DEFAULTS.approximateTtlMs);
-  check.finiteNonNegative(ttl, 'predictionTtlMs');
-  const maxIndexEntries = check.positiveInt(
-    options.maxIndexEntries,
-    'maxIndexEntries',
-    ROUTER_DEFAULTS.maxIndexEntries,
-  );
-  const contentAnchorScoring = optionalBool(options.contentAnchorScoring, 'contentAnchorScoring', true);
-  const speculativeBlocks = check.nonNegativeInt(
-    options.speculativeBlocks,
-    'speculativeBlocks',
-    ROUTER_DEFAULTS.speculativeBlocks,
-  );
-  const offloadCredit = check.fraction(options.offloadCredit ?? ROUTER_DEFAULTS.offloadCredit, 'offloadCredit');
-  const predictedCredit = check.fraction(options.predictedCredit ?? ROUTER_DEFAULTS.predictedCredit, 'predictedCredit');
-  const contentAnchorCapacity = check.positiveInt(
-    options.contentAnchorCapacity,
-    'contentAnchorCapacity',
-    ROUTER_DEFAULTS.contentAnchorCapacity,
-  );
-  const contentAnchorTtlMs = check.finiteNonNegative(
-    options.contentAnchorTtlMs ?? ROUTER_DEFAULTS.contentAnchorTtlMs,
-    'contentAnchorTtlMs',
-  );
-  const roles = options.judgeRoles ?? [];
-  if (!Array.isArray(roles)) throw new TypeError('judgeRoles must be an array of strings');
-  const judgeRoles = new Set(roles.map((r, i) => check.requireId(r, `judgeRoles[${i}]`)));
-  if (options.clock !== undefined && typeof options.clock !== 'function')
-    throw new TypeError('clock must be a function');
-  const clock = options.clock ?? Date.now;
-  const instanceId = check.optionalId(options.instanceId, 'instanceId') ?? globalThis.crypto.randomUUID().slice(0, 8);
+    o.predictionTtlMs ??
+    (o.indexMode === 'precise' ? ROUTER_DEFAULTS.speculativeTtlMs : ROUTER_DEFAULTS.approximateTtlMs);
   return {
-    numWorkers,
-    claAffinityEnabled,
-    anchorLocalityEnabled,
+    numWorkers: o.numWorkers,
+    claAffinityEnabled: o.enableClaAffinity,
+    anchorLocalityEnabled: o.enableAnchorLocality,
     costWeights,
     policy,
-    countsBlocks: policyName !== 'seed',
-    anchorCapacity,
-    workflowCapacity,
-    blockSize,
-    textChunkBytes,
+    countsBlocks: o.policy !== 'seed',
+    anchorCapacity: o.anchorCapacity,
+    workflowCapacity: o.workflowCapacity,
+    blockSize: o.blockSize,
+    textChunkBytes: o.textChunkBytes,
     keying,
-    indexMode,
+    indexMode: o.indexMode,
     predictedTtlMs: Math.max(ttl, 1),
-    maxIndexEntries,
-    contentAnchorScoring,
-    speculativeBlocks,
-    offloadCredit,
-    predictedCredit,
-    contentAnchorCapacity,
-    contentAnchorTtlMs,
-    judgeRoles,
-    clock,
-    instanceId,
+    maxIndexEntries: o.maxIndexEntries,
+    contentAnchorScoring: o.contentAnchorScoring,
+    speculativeBlocks: o.speculativeBlocks,
+    offloadCredit: o.offloadCredit,
+    predictedCredit: o.predictedCredit,
+    contentAnchorCapacity: o.contentAnchorCapacity,
+    contentAnchorTtlMs: o.contentAnchorTtlMs,
+    judgeRoles: new Set(o.judgeRoles),
+    clock: o.clock ?? Date.now,
+    instanceId: o.instanceId ?? globalThis.crypto.randomUUID().slice(0, 8),
   };
-}
-
-function optionalBool(value: unknown, name: string, fallback: boolean): boolean {
-  if (value === undefined) return fallback;
-  if (typeof value !== 'boolean') throw new TypeError(`${name} must be a boolean`);
-  return value;
 }

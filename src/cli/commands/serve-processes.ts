@@ -1,0 +1,95 @@
+import cluster from 'node:cluster';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { resolveAdminToken } from '../../server/admin-auth.js';
+import { ClusterRelay } from '../../state/cluster-state-store.js';
+import type { ServeConfig } from './serve.js';
+
+/**
+ * `serve --processes N`: the primary forks N gateway processes that share the listening port
+ * (node:cluster hands out the connections), relays their state (ClusterRelay) unless Redis
+ * holds it, restarts one that crashes, and stops them all on SIGINT/SIGTERM.
+ */
+export async function runPrimary(c: ServeConfig): Promise<void> {
+  const log = (m: string) => process.stderr.write(`${m}\n`);
+  cluster.setupPrimary({ serialization: 'advanced' });
+  // one admin token for every process: resolved (or generated) here, inherited through the environment
+  const admin = resolveAdminToken({ token: c.adminToken, tokenFile: c.adminTokenFile ?? defaultAdminTokenFile() });
+  if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
+  process.env.CONTEXTFORGE_ADMIN_TOKEN = admin.token;
+  const relay = c.state === 'memory' ? new ClusterRelay() : undefined;
+  let stopping = false;
+  const listening = new Set<number>();
+  let announced = false;
+  const failedToStart = new Promise<never>((_resolve, reject) => {
+    const fork = () => {
+      const worker = cluster.fork();
+      const id = String(worker.id);
+      relay?.add({
+        id,
+        send: (m) => {
+          if (worker.isConnected()) worker.send(m);
+        },
+      });
+      worker.on('message', (m: unknown) => relay?.receive(id, m));
+      worker.on('listening', (address) => {
+        listening.add(worker.id);
+        if (announced || listening.size < c.processes) return;
+        announced = true;
+        const host =
+          address.address && address.address.includes(':') ? `[${address.address}]` : address.address || c.host;
+        log(
+          `contextforge-router serving on http://${host}:${address.port} (${c.processes} processes, policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, state ${c.state === 'memory' ? 'shared by the processes' : 'redis'})`,
+        );
+      });
+      worker.on('exit', (code, signal) => {
+        relay?.remove(id);
+        const started = listening.delete(worker.id);
+        if (stopping || (code === 0 && signal === null)) return;
+        // one that never served is a configuration error: restarting would only repeat it
+        if (!started)
+          return reject(
+            new RangeError(`a gateway process failed to start (exit ${signal ?? code}); its error is above`),
+          );
+        log(`gateway process ${id} stopped (${signal ?? `exit ${code}`}); starting another`);
+        fork();
+      });
+    };
+    for (let i = 0; i < c.processes; i++) fork();
+  });
+  const signalled = new Promise<void>((resolve) => {
+    process.once('SIGINT', resolve);
+    process.once('SIGTERM', resolve);
+  });
+  try {
+    await Promise.race([failedToStart, signalled]);
+  } finally {
+    stopping = true;
+    await stopWorkers();
+  }
+}
+
+/** Asks every gateway process to finish its requests and stop; kills those still there after 10 s. */
+async function stopWorkers(): Promise<void> {
+  const workers = Object.values(cluster.workers ?? {}).filter((w) => w !== undefined);
+  await Promise.all(
+    workers.map(
+      (w) =>
+        new Promise<void>((resolve) => {
+          if (w.isDead()) return resolve();
+          const timer = setTimeout(() => w.process.kill('SIGKILL'), 10_000);
+          w.once('exit', () => {
+            clearTimeout(timer);
+            resolve();
+          });
+          w.process.kill('SIGTERM');
+        }),
+    ),
+  );
+}
+
+/** Where a generated admin token goes when no file is named: a per-user private directory. */
+export function defaultAdminTokenFile(): string {
+  const uid = typeof process.getuid === 'function' ? process.getuid() : 'user';
+  return join(process.env.XDG_RUNTIME_DIR || tmpdir(), `contextforge-router-${uid}`, 'admin-token');
+}

@@ -1,0 +1,53 @@
+import type { DnsDiscoverySpec } from '../../server/dns-discovery.js';
+import { specFields } from '../options.js';
+
+/** The text forms of the endpoint picker's settings (flags and environment), shared by `epp` and `serve`. */
+
+const DISCOVERY_KEYS = ['dns', 'port', 'events-port', 'replay-port', 'interval-ms', 'models'] as const;
+
+/** Parses `dns=NAME,port=N[,events-port=N][,replay-port=N][,interval-ms=N][,models=a;b]`. */
+export function parseDiscoverySpec(spec: string): DnsDiscoverySpec {
+  const fields = specFields('--discover', spec, DISCOVERY_KEYS);
+  const port = (key: string, required: boolean): number | undefined => {
+    const v = fields[key];
+    if (v === undefined || v === '') {
+      if (required) throw new RangeError(`--discover '${spec}': ${key} is required`);
+      return undefined;
+    }
+    const n = Number(v);
+    if (!/^\d+$/.test(v) || n < 1 || n > 65535)
+      throw new RangeError(`--discover '${spec}': ${key} must be a port (1-65535), got '${v}'`);
+    return n;
+  };
+  const dns = fields.dns;
+  if (!dns || !/^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$/.test(dns))
+    throw new RangeError(`--discover '${spec}': dns must be a host name`);
+  const interval = fields['interval-ms'] === undefined ? 5000 : Number(fields['interval-ms']);
+  if (!Number.isInteger(interval) || interval < 100)
+    throw new RangeError(`--discover '${spec}': interval-ms must be an integer >= 100`);
+  const eventsPort = port('events-port', false);
+  const replayPort = port('replay-port', false);
+  if (replayPort !== undefined && eventsPort === undefined)
+    throw new RangeError(`--discover '${spec}': replay-port needs events-port`);
+  const models = fields.models
+    ? fields.models
+        .split(';')
+        .map((m) => m.trim())
+        .filter(Boolean)
+    : undefined;
+  return { dns, port: port('port', true)!, eventsPort, replayPort, intervalMs: interval, models };
+}
+
+/** NAME=PRIORITY[,NAME=PRIORITY…]: inference objectives and their priorities (negative: sheddable). */
+export function parseObjectives(v: string): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const part of v.split(',')) {
+    const eq = part.lastIndexOf('=');
+    const name = part.slice(0, eq).trim();
+    const priority = Number(part.slice(eq + 1).trim());
+    if (eq <= 0 || name === '' || !Number.isInteger(priority))
+      throw new RangeError(`--objectives: '${part}' is not NAME=INTEGER`);
+    out[name] = priority;
+  }
+  return out;
+}

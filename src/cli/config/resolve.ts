@@ -1,0 +1,289 @@
+/**
+ * Where each setting's value comes from: a flag, else its environment variable, else the
+ * config file, else its default. Every value, whatever its source, is checked by the same
+ * schema; a bad one stops `serve` with a message naming the source and the key.
+ */
+import { readFileSync } from 'node:fs';
+import { InvalidArgumentError, Option, type Command } from 'commander';
+import { parse as parseYaml } from 'yaml';
+import type { z } from 'zod';
+import { closestKey, describeIssue, issueMessage } from '../../core/schema-issues.js';
+import { parseWorkerRecord, WORKER_SPEC_KEYS } from '../../server/worker-input.js';
+import type { WorkerRecord } from '../../state/state-store.js';
+import { specFields } from '../options.js';
+import { parseDiscoverySpec, parseObjectives } from './picker-text.js';
+import { envName, kebab, ROUTER_SETTING_KEYS, unwrapSchema, type SettingHelp } from './settings.js';
+
+export type Origin = 'default' | 'file' | 'env' | 'flag';
+
+type Shape = Record<string, z.ZodType>;
+
+export interface ResolvedSettings<T> {
+  values: T;
+  /** Where each setting's value came from (settings without a value are absent). */
+  origins: Record<string, Origin>;
+  workers: WorkerRecord[];
+  workersOrigin: Origin;
+  configFile?: string;
+}
+
+/** Settings whose text form (flag, environment) is not YAML: a spec string. */
+const TEXT_FORMS: Readonly<Record<string, (text: string) => unknown>> = {
+  discover: parseDiscoverySpec,
+  objectives: parseObjectives,
+};
+
+/** The settings' flags (each also read from its environment variable), --config and --worker. */
+export function addSettingOptions(cmd: Command, shape: Shape, help: Readonly<Record<string, SettingHelp>>): void {
+  cmd.addOption(
+    new Option(
+      '--config <file>',
+      'router.yaml (or .json): any setting below by its flag name, the router options also by their KVAwareRouter names (or under router:), and workers',
+    ).env(envName('config')),
+  );
+  for (const [key, schema] of Object.entries(shape)) {
+    const h = help[key];
+    const flag = kebab(key);
+    const fallback = (schema as z.ZodType & { def: { defaultValue?: unknown } }).def.defaultValue;
+    const shown = fallback === undefined ? '' : ` (default: ${JSON.stringify(fallback)})`;
+    const o = new Option(h.arg === '' ? `--${flag}` : `--${flag} ${h.arg}`, `${h.help}${shown}`).env(envName(flag));
+    // commander checks each flag (and variable) as it reads it: bad values stop before anything runs
+    if (h.arg !== '') o.argParser((text: string) => checkedText(key, schema, text, `--${flag}`));
+    cmd.addOption(o);
+  }
+  cmd.option(
+    '--worker <spec>',
+    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N][,api-key-env=VAR] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
+    (v: string, all: string[]) => [...all, v],
+    [] as string[],
+  );
+}
+
+/** A flag's or variable's text as the value its schema checks (numbers, switches, YAML mappings and lists). */
+function fromText(key: string, schema: z.ZodType, text: string, where: string): unknown {
+  const special = TEXT_FORMS[key];
+  if (special) {
+    try {
+      return special(text);
+    } catch (err) {
+      throw new RangeError(`${where}: ${(err as Error).message}`, { cause: err });
+    }
+  }
+  const type = unwrapSchema(schema).def.type;
+  if (type === 'number') return /^\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i.test(text) ? Number(text) : text;
+  if (type === 'boolean') {
+    if (/^(true|1|yes|on)$/i.test(text)) return true;
+    if (/^(false|0|no|off)$/i.test(text)) return false;
+    return text;
+  }
+  if (type === 'object' || type === 'record' || type === 'array') {
+    let parsed: unknown;
+    try {
+      parsed = parseYaml(text);
+    } catch (err) {
+      const example = type === 'array' ? "'a,b' or '[a, b]'" : `'{"key": 1}'`;
+      throw new RangeError(
+        `${where} must be ${type === 'array' ? 'a list' : 'a mapping'} such as ${example}: ${(err as Error).message.split('\n')[0]}`,
+        { cause: err },
+      );
+    }
+    if (type === 'array' && typeof parsed === 'string') return parsed.split(',').map((s) => s.trim());
+    return parsed;
+  }
+  return text;
+}
+
+/** A flag's text as its checked value; InvalidArgumentError (commander's) names the flag. */
+function checkedText(key: string, schema: z.ZodType, text: string, flag: string): unknown {
+  try {
+    const value = fromText(key, schema, text, flag);
+    const parsed = schema.safeParse(value, { error: describeIssue });
+    if (!parsed.success) throw new RangeError(settingMessage(parsed.error.issues[0], schema, flag, key, false));
+    return value;
+  } catch (err) {
+    throw new InvalidArgumentError((err as Error).message);
+  }
+}
+
+/** `--port must be <= 65535 (got 70000)`; nested keys and file values name the key path. */
+function settingMessage(issue: z.core.$ZodIssue, schema: z.ZodType, where: string, path: string, inFile: boolean) {
+  return issue.path.length === 0 && issue.code !== 'unrecognized_keys' && !inFile
+    ? `${where} ${issue.message}`
+    : `${where}: ${issueMessage(issue, schema, path)}`;
+}
+
+/** Reads router.yaml (YAML or JSON) into one value per setting, by the key the file used. */
+export function readConfigFile(file: string, shape: Shape): Map<string, { value: unknown; key: string }> {
+  let raw: unknown;
+  try {
+    raw = parseYaml(readFileSync(file, 'utf8'));
+  } catch (err) {
+    throw new RangeError(`--config ${file}: ${(err as Error).message.split('\n')[0]}`, { cause: err });
+  }
+  const out = new Map<string, { value: unknown; key: string }>();
+  if (raw === null || raw === undefined) return out;
+  const where = `--config ${file}`;
+  if (typeof raw !== 'object' || Array.isArray(raw))
+    throw new RangeError(`${where}: the top level must be a mapping of settings`);
+  const byName = new Map<string, string>();
+  for (const key of Object.keys(shape)) {
+    byName.set(kebab(key), key);
+    byName.set(key, key);
+  }
+  const routerKeys = new Set<string>(ROUTER_SETTING_KEYS);
+  const put = (setting: string, fileKey: string, value: unknown) => {
+    const before = out.get(setting);
+    if (before) throw new RangeError(`${where}: give ${before.key} or ${fileKey}, not both`);
+    out.set(setting, { value, key: fileKey });
+  };
+  for (const [key, value] of Object.entries(raw as Record<string, unknown>)) {
+    if (key === 'workers') {
+      out.set('workers', { value, key });
+      continue;
+    }
+    if (key === 'router') {
+      if (value === null || typeof value !== 'object' || Array.isArray(value))
+        throw new RangeError(`${where}: router must be a mapping of KVAwareRouter options`);
+      for (const [option, v] of Object.entries(value)) {
+        if (!routerKeys.has(option) && option !== 'indexMode') {
+          const guess = closestKey(option, [...routerKeys, 'indexMode']);
+          throw new RangeError(
+            `${where}: router.${option} is not a router option${guess ? ` (did you mean ${guess}?)` : ''}`,
+          );
+        }
+        put(option, `router.${option}`, v);
+      }
+      continue;
+    }
+    const setting = byName.get(key);
+    if (setting === undefined) {
+      const guess = closestKey(key, [...byName.keys(), 'workers', 'router']);
+      throw new RangeError(
+        `${where}: unknown key '${key}'${guess ? ` (did you mean ${guess}?)` : ' (see serve --help for the settings)'}`,
+      );
+    }
+    put(setting, key, value);
+  }
+  return out;
+}
+
+/**
+ * Resolves every setting of the schema from the parsed command (flags), the environment and
+ * the config file, then checks the result as a whole. Workers: --worker flags if any, else
+ * CONTEXTFORGE_WORKERS (specs separated by whitespace), else the config's `workers`.
+ */
+export function resolveSettings<S extends z.ZodObject>(
+  cmd: Command,
+  env: NodeJS.ProcessEnv,
+  schema: S,
+): ResolvedSettings<z.output<S>> {
+  const shape = schema.shape as Shape;
+  const flags = cmd.opts<Record<string, unknown>>();
+  const configFile = flags.config as string | undefined;
+  const file = configFile ? readConfigFile(configFile, shape) : new Map<string, { value: unknown; key: string }>();
+  const input: Record<string, unknown> = {};
+  const origins: Record<string, Origin> = {};
+  for (const [key, setting] of Object.entries(shape)) {
+    const flag = kebab(key);
+    let where: string;
+    let path: string;
+    let value: unknown;
+    const fromFile = file.get(key);
+    const source = cmd.getOptionValueSource(key);
+    if (source === 'cli') {
+      where = `--${flag}`;
+      path = key;
+      value = flags[key];
+      origins[key] = 'flag';
+    } else if (source === 'env') {
+      // commander read the variable (a switch's value is its text: true/false, 1/0)
+      where = envName(flag);
+      path = key;
+      const given = flags[key];
+      value = given === true ? fromText(key, setting, env[where] ?? process.env[where] ?? '', where) : given;
+      origins[key] = 'env';
+    } else if (fromFile !== undefined && fromFile.value !== null) {
+      where = `--config ${configFile}`;
+      path = fromFile.key;
+      value =
+        typeof fromFile.value === 'string' && TEXT_FORMS[key]
+          ? fromText(key, setting, fromFile.value, `${where}: ${path}`)
+          : fromFile.value;
+      origins[key] = 'file';
+    } else {
+      const parsed = setting.safeParse(undefined);
+      if (parsed.success && parsed.data !== undefined) origins[key] = 'default';
+      continue;
+    }
+    const parsed = setting.safeParse(value, { error: describeIssue });
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0];
+      const message = settingMessage(issue, setting, where, path, origins[key] === 'file');
+      throw issue.code === 'invalid_type' ? new TypeError(message) : new RangeError(message);
+    }
+    input[key] = value;
+  }
+  const values = schema.parse(input, { error: describeIssue }) as z.output<S>;
+  const { workers, origin: workersOrigin } = resolveWorkers(flags.worker as string[], env, file, configFile);
+  return { values, origins, workers, workersOrigin, configFile };
+}
+
+/** A `--worker` SPEC as a worker record. */
+export function parseWorkerSpec(spec: string, where = `--worker '${spec}'`): WorkerRecord {
+  const fields = specFields('--worker', spec, Object.keys(WORKER_SPEC_KEYS));
+  return parseWorkerRecord(workerFields(fields), where);
+}
+
+/** Spec fields (or a config entry by spec names or record names) as record fields; `a;b` lists split. */
+function workerFields(fields: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  const specKeys: Record<string, string> = WORKER_SPEC_KEYS;
+  for (const [key, value] of Object.entries(fields)) {
+    const field = Object.hasOwn(specKeys, key) ? specKeys[key] : key;
+    if (value === '' || value === undefined || value === null) continue;
+    let v = value;
+    if ((field === 'models' || field === 'claGroups') && typeof v === 'string') v = v.split(';').map((s) => s.trim());
+    if (field === 'models' && typeof v === 'number') v = [String(v)];
+    if (field === 'claGroups' && typeof v === 'number') v = [v];
+    if (field === 'claGroups' && Array.isArray(v))
+      v = v.map((g) => (typeof g === 'string' && /^\d+$/.test(g) ? Number(g) : g));
+    if ((field === 'dpSize' || field === 'blockSize') && typeof v === 'string' && /^\d+$/.test(v)) v = Number(v);
+    out[field] = v;
+  }
+  return out;
+}
+
+function resolveWorkers(
+  flagWorkers: string[],
+  env: NodeJS.ProcessEnv,
+  file: Map<string, { value: unknown; key: string }>,
+  configFile: string | undefined,
+): { workers: WorkerRecord[]; origin: Origin } {
+  let workers: WorkerRecord[];
+  let origin: Origin;
+  const envWorkers = env.CONTEXTFORGE_WORKERS?.trim();
+  if (flagWorkers.length > 0) {
+    workers = flagWorkers.map((s) => parseWorkerSpec(s));
+    origin = 'flag';
+  } else if (envWorkers) {
+    workers = envWorkers.split(/\s+/).map((s) => parseWorkerSpec(s, `CONTEXTFORGE_WORKERS '${s}'`));
+    origin = 'env';
+  } else {
+    const list = file.get('workers')?.value ?? [];
+    if (!Array.isArray(list)) throw new RangeError(`--config ${configFile}: workers must be a list`);
+    origin = list.length > 0 ? 'file' : 'default';
+    workers = list.map((w: unknown, i) => {
+      const where = `--config ${configFile}: workers[${i}]`;
+      if (typeof w === 'string') return parseWorkerSpec(w, `${where} '${w}'`);
+      if (w === null || typeof w !== 'object' || Array.isArray(w))
+        throw new RangeError(`${where} must be a mapping or a SPEC string`);
+      return parseWorkerRecord(workerFields(w as Record<string, unknown>), where);
+    });
+  }
+  const ids = new Set<string>();
+  for (const w of workers) {
+    if (ids.has(w.id)) throw new RangeError(`worker id '${w.id}' is given twice`);
+    ids.add(w.id);
+  }
+  return { workers, origin };
+}

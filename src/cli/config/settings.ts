@@ -1,0 +1,221 @@
+/**
+ * Every setting of `serve` and `epp`, declared once as a zod schema (type, default, range)
+ * with one line of help each. Each setting's flag is its name in kebab case (`--block-size`),
+ * its environment variable CONTEXTFORGE_ + the flag in capitals, and its config-file key the
+ * flag's name (the router's options also by their `new KVAwareRouter()` names, at the top
+ * level or under `router:`). The router's own options come from the router's schema.
+ */
+import { z } from 'zod';
+import { ROUTER_SETTINGS_HELP, ROUTER_SETTINGS_SCHEMA } from '../../core/router/options-schema.js';
+import { DEFAULT_REQUEST_LIMITS } from '../../server/request-limits.js';
+import { DEFAULT_TIMEOUTS } from '../../server/timeouts.js';
+
+export interface SettingHelp {
+  /** The flag's argument; '' for a switch (on when given; environment and file: true/false). */
+  arg: string;
+  help: string;
+  /** Redacted by --print-config. */
+  secret?: boolean;
+}
+
+const port = () => z.int().min(0).max(65535);
+const positiveInt = () => z.int().min(1);
+const text = () => z.string().min(1).max(4096);
+
+/** The router's options serve takes (all but indexMode, which serve chooses from its workers unless set). */
+const { indexMode: _indexMode, ...routerShape } = ROUTER_SETTINGS_SCHEMA.shape;
+void _indexMode;
+export const ROUTER_SETTING_KEYS = Object.keys(routerShape) as (keyof typeof routerShape)[];
+
+const gatewayShape = {
+  host: text().default('127.0.0.1'),
+  port: port().default(8080),
+  ...routerShape,
+  indexMode: z.enum(['auto', 'precise', 'approximate']).default('auto'),
+  tokenize: z.enum(['auto', 'text', 'tokenizer', 'engine']).default('auto'),
+  tokenizer: text().optional(),
+  tokenizerThreads: z.int().min(0).max(256).optional(),
+  processes: z.int().min(1).max(256).default(1),
+  chatTemplate: text().optional(),
+  adminToken: text().optional(),
+  adminTokenFile: text().optional(),
+  publicRouteApi: z.boolean().default(false),
+  apiKeysFile: text().optional(),
+  cachedTokensHeader: z.boolean().default(false),
+  maxIdBytes: positiveInt().default(DEFAULT_REQUEST_LIMITS.maxIdBytes),
+  maxAnchors: positiveInt().default(DEFAULT_REQUEST_LIMITS.maxAnchors),
+  maxJsonDepth: positiveInt().default(DEFAULT_REQUEST_LIMITS.maxJsonDepth),
+  headersTimeoutMs: positiveInt().default(DEFAULT_TIMEOUTS.headersTimeoutMs),
+  requestTimeoutMs: positiveInt().default(DEFAULT_TIMEOUTS.requestTimeoutMs),
+  connectionTimeoutMs: positiveInt().default(DEFAULT_TIMEOUTS.connectionTimeoutMs),
+  firstByteTimeoutMs: positiveInt().default(DEFAULT_TIMEOUTS.firstByteTimeoutMs),
+  state: z
+    .string()
+    .regex(/^(memory|redis:\/\/[^/\s]+(\/\d+)?)$/, { error: 'must be memory or redis://HOST:PORT[/DB]' })
+    .default('memory'),
+  statePrefix: text().default('contextforge:'),
+  bodyLimit: z
+    .int()
+    .min(1024)
+    .default(16 * 1024 * 1024),
+  maxRetries: z.int().min(0).max(16).default(2),
+  upstreamTimeoutMs: positiveInt().default(DEFAULT_TIMEOUTS.interChunkTimeoutMs),
+  metricsIntervalMs: z.int().min(0).default(1000),
+  healthIntervalMs: z.int().min(0).default(2000),
+  breakerFailures: positiveInt().default(3),
+  breakerCooldownMs: positiveInt().default(5000),
+};
+
+const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof routerShape>, SettingHelp> = {
+  host: { arg: '<addr>', help: 'listen address' },
+  port: { arg: '<n>', help: 'listen port (0: any free port)' },
+  indexMode: {
+    arg: '<mode>',
+    help: "auto (precise when the engines' KV events are used, else approximate), precise or approximate",
+  },
+  tokenize: {
+    arg: '<mode>',
+    help: "how prompts are hashed: auto (engine when a worker has events=, else text), text, tokenizer (--tokenizer) or engine (the worker's /tokenize); token-id prompts are hashed as tokens in every mode",
+  },
+  tokenizer: { arg: '<path>', help: 'tokenizer.json, or the model directory holding it and tokenizer_config.json' },
+  tokenizerThreads: {
+    arg: '<n>',
+    help: 'worker threads tokenizing for --tokenize tokenizer (0: on the event loop; default: cores per process, less one, at least 1)',
+  },
+  processes: {
+    arg: '<n>',
+    help: 'gateway processes sharing the port and routing as one router (state memory: shared through the primary process; redis: through Redis)',
+  },
+  chatTemplate: { arg: '<file>', help: "a Jinja chat template replacing the tokenizer config's" },
+  adminToken: {
+    arg: '<token>',
+    help: 'bearer token for /admin and /v1/route (prefer CONTEXTFORGE_ADMIN_TOKEN or --admin-token-file: flags show in the process list)',
+    secret: true,
+  },
+  adminTokenFile: {
+    arg: '<file>',
+    help: 'file holding the admin token; created with a random token (mode 0600) when absent',
+  },
+  publicRouteApi: { arg: '', help: '/v1/route without the admin token (it reveals what is cached)' },
+  apiKeysFile: {
+    arg: '<file>',
+    help: 'YAML mapping of client API key to tenant; requests then need a key, and tenants never share KV',
+  },
+  cachedTokensHeader: {
+    arg: '',
+    help: 'add x-contextforge-cached-tokens to responses (it reveals what is cached)',
+  },
+  maxIdBytes: { arg: '<n>', help: 'longest workflow id, agent role, anchor id and cache_salt (UTF-8 bytes)' },
+  maxAnchors: { arg: '<n>', help: 'most content anchors per request' },
+  maxJsonDepth: { arg: '<n>', help: 'deepest nesting of a JSON body' },
+  headersTimeoutMs: { arg: '<ms>', help: "time for a client to send a request's headers" },
+  requestTimeoutMs: { arg: '<ms>', help: 'time for a client to send a whole request (headers and body)' },
+  connectionTimeoutMs: { arg: '<ms>', help: 'a client connection idle this long is closed' },
+  firstByteTimeoutMs: {
+    arg: '<ms>',
+    help: "wait for an engine's first byte beyond its expected queue time, then retry elsewhere",
+  },
+  state: {
+    arg: '<store>',
+    help: 'shared state: memory (this replica only) or redis://HOST:PORT[/DB] (replicas share it)',
+    secret: true,
+  },
+  statePrefix: { arg: '<prefix>', help: "prefix of the shared state's Redis keys (one per fleet)" },
+  bodyLimit: { arg: '<bytes>', help: 'largest request body' },
+  maxRetries: { arg: '<n>', help: 'retries on other workers before the first byte' },
+  upstreamTimeoutMs: { arg: '<ms>', help: 'longest gap between two chunks of an engine answer (after the first byte)' },
+  metricsIntervalMs: { arg: '<ms>', help: 'load-metrics scrape interval (0: off)' },
+  healthIntervalMs: { arg: '<ms>', help: 'active health-check interval, GET /health (0: off)' },
+  breakerFailures: { arg: '<n>', help: "consecutive failures that open a worker's circuit" },
+  breakerCooldownMs: { arg: '<ms>', help: 'how long an open circuit keeps a worker out' },
+};
+
+/** `dns=NAME,port=N[,events-port=N][,replay-port=N][,interval-ms=N][,models=a;b]` as a record. */
+export const DISCOVERY_SCHEMA = z
+  .strictObject({
+    dns: z.string().regex(/^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$/, { error: 'must be a host name' }),
+    port: z.int().min(1).max(65535),
+    eventsPort: z.int().min(1).max(65535).optional(),
+    replayPort: z.int().min(1).max(65535).optional(),
+    intervalMs: z.int().min(100).default(5000),
+    models: z.array(z.string().min(1).max(512)).max(1024).optional(),
+  })
+  .refine((d) => d.replayPort === undefined || d.eventsPort !== undefined, {
+    error: 'replayPort needs eventsPort',
+  });
+
+const pickerShape = {
+  discover: DISCOVERY_SCHEMA.optional(),
+  objectives: z.record(z.string().min(1).max(256), z.int()).optional(),
+  shedQueueDepth: positiveInt().default(5),
+  shedKvUsage: z.number().gt(0).max(1).default(0.8),
+  eppFallbacks: z.int().min(0).max(64).default(2),
+};
+
+const pickerHelp: Record<keyof typeof pickerShape, SettingHelp> = {
+  discover: {
+    arg: '<spec>',
+    help: 'find engines by DNS (a headless Service): dns=NAME,port=N[,events-port=N][,replay-port=N][,interval-ms=N][,models=M1;M2]',
+  },
+  objectives: {
+    arg: '<list>',
+    help: 'endpoint picker: priority of each inference objective (x-gateway-inference-objective), NAME=PRIORITY[,…]; negative priorities are shed with 429 when the pool is saturated',
+  },
+  shedQueueDepth: { arg: '<n>', help: 'endpoint picker: waiting requests at which a worker counts as saturated' },
+  shedKvUsage: { arg: '<fraction>', help: 'endpoint picker: KV-cache usage at which a worker counts as saturated' },
+  eppFallbacks: { arg: '<n>', help: 'endpoint picker: fallback endpoints listed after the chosen one' },
+};
+
+const routerHelp = Object.fromEntries(
+  ROUTER_SETTING_KEYS.map((k) => {
+    const inner = unwrapSchema(routerShape[k]);
+    const args: Record<string, string> = {
+      object: '<mapping>',
+      array: '<list>',
+      number: '<n>',
+      boolean: '<true|false>',
+      enum: '<name>',
+    };
+    const arg = args[inner.def.type] ?? '<text>';
+    return [k, { arg, help: ROUTER_SETTINGS_HELP[k] }];
+  }),
+) as Record<keyof typeof routerShape, SettingHelp>;
+
+/** What every gateway (serve, epp) runs on. */
+export const GATEWAY_SCHEMA = z.strictObject(gatewayShape);
+
+export const SERVE_SCHEMA = z.strictObject({
+  ...gatewayShape,
+  ...pickerShape,
+  eppPort: port().optional(),
+});
+export const SERVE_HELP: Readonly<Record<keyof typeof SERVE_SCHEMA.shape, SettingHelp>> = {
+  ...gatewayHelp,
+  ...routerHelp,
+  ...pickerHelp,
+  eppPort: { arg: '<n>', help: 'also serve the Envoy ext_proc endpoint picker (gRPC) on this port' },
+};
+
+export const EPP_SCHEMA = z.strictObject({
+  ...gatewayShape,
+  port: port().default(9002),
+  metricsPort: port().default(9090),
+  ...pickerShape,
+});
+export const EPP_HELP: Readonly<Record<keyof typeof EPP_SCHEMA.shape, SettingHelp>> = {
+  ...gatewayHelp,
+  ...routerHelp,
+  ...pickerHelp,
+  port: { arg: '<n>', help: 'ext_proc gRPC port (0: any free port)' },
+  metricsPort: { arg: '<n>', help: 'HTTP port for /metrics, /healthz, /readyz and /admin (0: any free port)' },
+};
+
+/** A schema without its default / optional wrappers: what the value itself must be. */
+export function unwrapSchema(schema: z.ZodType): z.ZodType {
+  let s = schema as z.ZodType & { def: { innerType?: z.ZodType } };
+  while (s.def.innerType !== undefined) s = s.def.innerType as typeof s;
+  return s;
+}
+
+export const kebab = (key: string) => key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`);
+export const envName = (flag: string) => `CONTEXTFORGE_${flag.toUpperCase().replace(/-/g, '_')}`;

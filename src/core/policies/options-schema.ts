@@ -1,0 +1,61 @@
+/**
+ * The policies' options as a schema (zod): the cost policy's weights and the peer policies'
+ * knobs, with their ranges. The router's options schema and createPolicy() both check
+ * through it, so a misspelt option is refused the same way everywhere.
+ */
+import { z } from 'zod';
+import { gotPhrase } from '../schema-issues.js';
+import { DEFAULT_COST_WEIGHTS, type CostWeights } from './cost.js';
+
+const finiteAtLeastZero = 'must be a finite number >= 0';
+/** A weight or credit: finite and not negative (message shared by every such option). */
+export const nonNegative = () =>
+  z
+    .number({ error: (iss) => `${finiteAtLeastZero}${gotPhrase(iss.input)}` })
+    .min(0, { error: (iss) => `${finiteAtLeastZero}${gotPhrase(iss.input)}` });
+const positiveInt = () => z.int().min(1);
+const fraction = () => z.number().min(0).max(1);
+const finiteNumber = () => z.number();
+
+/** Every cost weight, each optional (unspecified ones keep their defaults). */
+export const COST_WEIGHTS_SCHEMA = z.strictObject(
+  Object.fromEntries(Object.keys(DEFAULT_COST_WEIGHTS).map((k) => [k, nonNegative().optional()])) as {
+    [K in keyof CostWeights]: z.ZodOptional<z.ZodNumber>;
+  },
+  { error: (iss) => (iss.code === 'unrecognized_keys' ? 'is not a cost weight' : undefined) },
+);
+
+/** One peer's options: a misspelt one is named as not an option of that peer. */
+const peerOptions = <T extends z.core.$ZodLooseShape>(peer: string, shape: T) =>
+  z.strictObject(shape, {
+    error: (iss) => (iss.code === 'unrecognized_keys' ? `is not an option of ${peer}` : undefined),
+  });
+
+/** The peer policies' knobs (defaults are upstream's, see each policy's file). */
+export const POLICY_OPTIONS_SCHEMA = z.strictObject(
+  {
+    dynamo: peerOptions('dynamo', {
+      prefillLoadScale: finiteNumber().optional(),
+      temperature: finiteNumber().min(0).optional(),
+      gpuCredit: finiteNumber().optional(),
+      offloadCredit: finiteNumber().optional(),
+      predictedCredit: finiteNumber().optional(),
+      activeRequestWeight: finiteNumber().optional(),
+    }).optional(),
+    sglang: peerOptions('sglang', {
+      cacheThreshold: fraction().optional(),
+      balanceAbsThreshold: finiteNumber().min(0).optional(),
+      balanceRelThreshold: finiteNumber().min(0).optional(),
+      evictionIntervalSecs: finiteNumber().min(0).optional(),
+      maxTreeSize: positiveInt().optional(),
+    }).optional(),
+    llmd: peerOptions('llmd', {
+      prefixWeight: finiteNumber().optional(),
+      kvWeight: finiteNumber().optional(),
+      queueWeight: finiteNumber().optional(),
+      scrapeIntervalMs: finiteNumber().min(0).optional(),
+    }).optional(),
+    seed: peerOptions('seed', { loadSignal: z.enum(['kv-usage', 'queue-inclusive']).optional() }).optional(),
+  },
+  { error: (iss) => (iss.code === 'unrecognized_keys' ? 'is not a policy with options' : undefined) },
+);

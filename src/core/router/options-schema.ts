@@ -1,0 +1,106 @@
+/**
+ * The router's options declared once (zod): type, default, range and help of each. The
+ * constructor validates through it, and `serve` derives its router flags, environment
+ * variables and config-file keys from it, so every option is settable the same way
+ * everywhere and fails with the same message. zod is pure (no I/O, no timers), as core must be.
+ */
+import { z } from 'zod';
+import { POLICY_NAMES } from '../policies/index.js';
+import { COST_WEIGHTS_SCHEMA, nonNegative, POLICY_OPTIONS_SCHEMA } from '../policies/options-schema.js';
+import type { RoutingPolicy } from '../policies/types.js';
+import { gotPhrase } from '../schema-issues.js';
+
+const positiveInt = () => z.int().min(1);
+const nonNegativeInt = () => z.int().min(0);
+const fraction = () => z.number().min(0).max(1);
+
+export const ROUTER_DEFAULTS = {
+  anchorCapacity: 100_000,
+  workflowCapacity: 10_000,
+  blockSize: 16,
+  textChunkBytes: 64,
+  approximateTtlMs: 120_000,
+  speculativeTtlMs: 5_000,
+  speculativeBlocks: 16,
+  maxIndexEntries: 4_000_000,
+  offloadCredit: 0.75,
+  predictedCredit: 1,
+  contentAnchorCapacity: 100_000,
+  contentAnchorTtlMs: 600_000,
+};
+
+/**
+ * The options that can be written down (in a file, a flag, a variable): all but `clock`.
+ * Order is the order of validation (the first bad option is reported).
+ */
+export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
+  numWorkers: positiveInt().default(1),
+  enableClaAffinity: z.boolean().default(true),
+  enableAnchorLocality: z.boolean().default(true),
+  policy: z.enum(POLICY_NAMES as [string, ...string[]]).default('cost'),
+  costWeights: COST_WEIGHTS_SCHEMA.optional(),
+  policyOptions: POLICY_OPTIONS_SCHEMA.optional(),
+  randomSeed: nonNegativeInt().default(1),
+  anchorCapacity: positiveInt().default(ROUTER_DEFAULTS.anchorCapacity),
+  workflowCapacity: positiveInt().default(ROUTER_DEFAULTS.workflowCapacity),
+  blockSize: positiveInt()
+    .max(1 << 16)
+    .default(ROUTER_DEFAULTS.blockSize),
+  textChunkBytes: positiveInt().multipleOf(4).default(ROUTER_DEFAULTS.textChunkBytes),
+  blockHash: z.enum(['router', 'vllm']).default('router'),
+  pythonHashSeed: z.string().min(1).optional(),
+  indexMode: z.enum(['precise', 'approximate']).default('approximate'),
+  predictionTtlMs: nonNegative().optional(),
+  maxIndexEntries: positiveInt().default(ROUTER_DEFAULTS.maxIndexEntries),
+  contentAnchorScoring: z.boolean().default(true),
+  speculativeBlocks: nonNegativeInt().default(ROUTER_DEFAULTS.speculativeBlocks),
+  offloadCredit: fraction().default(ROUTER_DEFAULTS.offloadCredit),
+  predictedCredit: fraction().default(ROUTER_DEFAULTS.predictedCredit),
+  contentAnchorCapacity: positiveInt().default(ROUTER_DEFAULTS.contentAnchorCapacity),
+  contentAnchorTtlMs: nonNegative().default(ROUTER_DEFAULTS.contentAnchorTtlMs),
+  judgeRoles: z.array(z.string().min(1)).max(1024).default([]),
+  instanceId: z.string().min(1).max(256).optional(),
+});
+
+/** Every option: the settings, a policy also as an object, and the clock (both given in code only). */
+export const ROUTER_OPTIONS_SCHEMA = ROUTER_SETTINGS_SCHEMA.extend({
+  // anything but a name is checked member by member when the router is built (checkPolicyObject)
+  policy: z
+    .custom<string | RoutingPolicy>((v) => typeof v !== 'string' || POLICY_NAMES.includes(v), {
+      error: (iss) => `must be one of ${POLICY_NAMES.join(', ')}${gotPhrase(iss.input)}`,
+    })
+    .default('cost'),
+  clock: z.custom<() => number>((v) => typeof v === 'function', { error: 'must be a function' }).optional(),
+});
+
+export type RouterSettings = z.input<typeof ROUTER_SETTINGS_SCHEMA>;
+
+/** One line of help per setting (for `serve --help` and the configuration document). */
+export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>> = {
+  numWorkers: 'informational, as in the seed API',
+  enableClaAffinity: "prefer workers that serve the request's CLA group",
+  enableAnchorLocality: "prefer workers that hold the request's KV",
+  policy: `routing policy (${POLICY_NAMES.join(', ')})`,
+  costWeights:
+    "the cost policy's weights, e.g. {recompute: 2} (what `tune` prints); unspecified ones keep their defaults",
+  policyOptions: "peer policies' options, e.g. {dynamo: {prefillLoadScale: 2}}; defaults are the peers' shipped ones",
+  randomSeed: 'seed of the random source sampling policies use',
+  anchorCapacity: 'most seed-API anchors remembered (least recently used evicted beyond)',
+  workflowCapacity: 'most workflows remembered for step continuity',
+  blockSize: "tokens per KV block (the engines')",
+  textChunkBytes: 'bytes per chunk when hashing text (a multiple of 4; about 16 tokens of English at 64)',
+  blockHash:
+    "how blocks are keyed: router (its own hash of the token ids, chained through the events) or vllm (vLLM's sha256_cbor hash: needs pythonHashSeed equal to the engines' PYTHONHASHSEED and their --prefix-caching-hash-algo sha256_cbor)",
+  pythonHashSeed: 'the PYTHONHASHSEED the vLLM engines run with (blockHash vllm)',
+  indexMode: "approximate (the router's own decisions, expired by TTL) or precise (the engines' KV events)",
+  predictionTtlMs: "lifetime of the router's own block records (default 120000 approximate, 5000 precise)",
+  maxIndexEntries: 'most (block, worker) entries in the block index',
+  contentAnchorScoring: 'score content anchors a worker holds as cached tokens (false: the prefix only)',
+  speculativeBlocks: 'precise mode: blocks recorded past what the chosen worker already holds',
+  offloadCredit: 'credit of an offloaded (CPU/disk) block relative to a GPU block, from 0 to 1',
+  predictedCredit: "credit of a block known only from the router's own prediction, from 0 to 1",
+  contentAnchorCapacity: 'most content anchors remembered',
+  contentAnchorTtlMs: 'how long a content anchor stays recorded on a worker',
+  judgeRoles: "agent roles that never reuse other requests' KV (judges)",
+  instanceId: "distinguishes this router's isolation salts from other replicas' (default random)",
+};

@@ -1,0 +1,229 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { after, test } from 'node:test';
+import { parse as parseYaml } from 'yaml';
+import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
+import { kebab, SERVE_SCHEMA } from '../../src/cli/config/settings.js';
+import { ROUTER_SETTINGS_SCHEMA } from '../../src/core/router/options-schema.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { resolveServe } from '../helpers/serve-config.js';
+import { createGateway } from '../../src/server/gateway.js';
+
+const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+const dir = mkdtempSync(join(tmpdir(), 'cf-config-schema-'));
+let files = 0;
+const write = (text: string, ext = 'yaml') => {
+  const f = join(dir, `router-${files++}.${ext}`);
+  writeFileSync(f, text);
+  return f;
+};
+
+const resolve = resolveServe;
+
+test('every router option is a serve setting, and the router gets what serve resolved', () => {
+  for (const key of Object.keys(ROUTER_SETTINGS_SCHEMA.shape))
+    assert.ok(Object.hasOwn(SERVE_SCHEMA.shape, key), `${key} is a serve setting`);
+  assert.ok(!Object.hasOwn(SERVE_SCHEMA.shape, 'clock'), 'the clock is given in code only');
+  const { config } = resolve([
+    '--speculative-blocks',
+    '4',
+    '--judge-roles',
+    'judge,critic',
+    '--enable-cla-affinity',
+    'false',
+    '--index-mode',
+    'precise',
+  ]);
+  assert.equal(config.speculativeBlocks, 4);
+  assert.deepEqual(config.judgeRoles, ['judge', 'critic']);
+  assert.equal(config.enableClaAffinity, false);
+  assert.equal(config.indexMode, 'precise');
+});
+
+test('precedence: flag over environment over file over default, for gateway and router settings alike', () => {
+  const file = write(
+    [
+      'max-retries: 5',
+      'speculative-blocks: 8',
+      'router:',
+      '  costWeights: {recompute: 2}',
+      '  anchorCapacity: 500',
+      'predictedCredit: 0.5',
+      '',
+    ].join('\n'),
+  );
+  const fromFile = resolve(['--config', file]);
+  assert.equal(fromFile.config.maxRetries, 5);
+  assert.equal(fromFile.config.speculativeBlocks, 8);
+  assert.deepEqual(fromFile.config.costWeights, { recompute: 2 });
+  assert.equal(fromFile.config.anchorCapacity, 500);
+  assert.equal(fromFile.config.predictedCredit, 0.5);
+  assert.equal(fromFile.config.workflowCapacity, 10_000);
+  assert.deepEqual(
+    [fromFile.resolved.origins.maxRetries, fromFile.resolved.origins.anchorCapacity, fromFile.resolved.origins.host],
+    ['file', 'file', 'default'],
+  );
+  const env = resolve(['--config', file], {
+    CONTEXTFORGE_SPECULATIVE_BLOCKS: '9',
+    CONTEXTFORGE_COST_WEIGHTS: '{load: 1}',
+    CONTEXTFORGE_MAX_RETRIES: '6',
+  });
+  assert.equal(env.config.speculativeBlocks, 9);
+  assert.deepEqual(env.config.costWeights, { load: 1 }, 'a mapping is replaced whole, not merged');
+  assert.equal(env.config.maxRetries, 6);
+  assert.equal(env.resolved.origins.speculativeBlocks, 'env');
+  const flag = resolve(['--config', file, '--speculative-blocks', '10', '--max-retries', '7'], {
+    CONTEXTFORGE_SPECULATIVE_BLOCKS: '9',
+  });
+  assert.equal(flag.config.speculativeBlocks, 10);
+  assert.equal(flag.config.maxRetries, 7);
+  assert.equal(flag.resolved.origins.speculativeBlocks, 'flag');
+  assert.equal(flag.config.anchorCapacity, 500, 'the file still counts where nothing overrides it');
+  // JSON config files are read the same way
+  const json = write(JSON.stringify({ router: { blockSize: 32 }, port: 9001 }), 'json');
+  assert.deepEqual([resolve(['--config', json]).config.blockSize, resolve(['--config', json]).config.port], [32, 9001]);
+});
+
+test('errors name the source and the key, and the value given', () => {
+  const bad = (args: string[], env: Record<string, string> = {}) => {
+    try {
+      resolve(args, env);
+    } catch (err) {
+      return (err as Error).message;
+    }
+    assert.fail(`accepted: ${args.join(' ')}`);
+  };
+  const f = write('router:\n  costWeights:\n    prefillTokensPerSecond: -1\n');
+  assert.equal(
+    bad(['--config', f]),
+    `--config ${f}: router.costWeights.prefillTokensPerSecond must be a finite number >= 0 (got -1)`,
+  );
+  const g = write('speculative-blocks: -2\n');
+  assert.equal(bad(['--config', g]), `--config ${g}: speculative-blocks must be >= 0 (got -2)`);
+  const h = write('router:\n  anchorCapacty: 5\n');
+  assert.equal(
+    bad(['--config', h]),
+    `--config ${h}: router.anchorCapacty is not a router option (did you mean anchorCapacity?)`,
+  );
+  const i = write('max-retrys: 1\n');
+  assert.equal(bad(['--config', i]), `--config ${i}: unknown key 'max-retrys' (did you mean max-retries?)`);
+  const j = write('policyOptions: {sglang: {cacheThreshold: 2}}\n');
+  assert.equal(bad(['--config', j]), `--config ${j}: policyOptions.sglang.cacheThreshold must be <= 1 (got 2)`);
+  const k = write('block-size: 16\nblockSize: 32\n');
+  assert.match(bad(['--config', k]), /give block-size or blockSize, not both/);
+  assert.match(bad(['--offload-credit', '1.5']), /--offload-credit must be <= 1 \(got 1.5\)/);
+  assert.match(
+    bad([], { CONTEXTFORGE_TEXT_CHUNK_BYTES: '6' }),
+    /from env 'CONTEXTFORGE_TEXT_CHUNK_BYTES'.*--text-chunk-bytes must be a multiple of 4 \(got 6\)/,
+  );
+  assert.match(
+    bad(['--index-mode', 'exact']),
+    /--index-mode must be one of auto, precise, approximate \(got 'exact'\)/,
+  );
+  // the CLI exits non-zero with the message
+  const r = spawnSync(process.execPath, ['--import', 'tsx', main, 'serve', '--config', f], { encoding: 'utf8' });
+  assert.equal(r.status, 2);
+  assert.match(r.stderr, /router\.costWeights\.prefillTokensPerSecond must be a finite number >= 0 \(got -1\)/);
+});
+
+test('--print-config: every value with its source, secrets redacted; the YAML loads back as a config', () => {
+  const file = write(
+    [
+      'admin-token: file-secret-token',
+      'state: redis://:hunter2@127.0.0.1:6379/1',
+      'router:',
+      '  anchorCapacity: 500',
+      'workers:',
+      '  - id=w1,url=http://user:pa55word@127.0.0.1:9001',
+      '',
+    ].join('\n'),
+  );
+  const run = (...args: string[]) =>
+    spawnSync(process.execPath, ['--import', 'tsx', main, 'serve', '--config', file, ...args], {
+      encoding: 'utf8',
+      env: { ...process.env, CONTEXTFORGE_MAX_RETRIES: '4' },
+    });
+  const json = run('--print-config', 'json', '--policy', 'least-loaded');
+  assert.equal(json.status, 0, json.stderr);
+  assert.doesNotMatch(json.stdout, /file-secret-token|hunter2|pa55word/);
+  const printed = JSON.parse(json.stdout) as {
+    settings: Record<string, { value: unknown; from: string }>;
+    workers: { value: { id: string; url: string }[]; from: string };
+  };
+  assert.deepEqual(printed.settings.policy, { value: 'least-loaded', from: 'flag' });
+  assert.deepEqual(printed.settings['max-retries'], { value: 4, from: 'env' });
+  assert.deepEqual(printed.settings['anchor-capacity'], { value: 500, from: 'file' });
+  assert.deepEqual(printed.settings.port, { value: 8080, from: 'default' });
+  assert.deepEqual(printed.settings['admin-token'], { value: '<redacted>', from: 'file' });
+  assert.deepEqual(printed.settings.state, { value: 'redis://***@127.0.0.1:6379/1', from: 'file' });
+  assert.deepEqual(printed.workers, { value: [{ id: 'w1', url: 'http://***@127.0.0.1:9001' }], from: 'file' });
+  // every setting with a value is listed under its flag name
+  for (const key of Object.keys(SERVE_SCHEMA.shape))
+    if (SERVE_SCHEMA.shape[key as keyof typeof SERVE_SCHEMA.shape].safeParse(undefined).data !== undefined)
+      assert.ok(printed.settings[kebab(key)], `${kebab(key)} is printed`);
+  const yaml = run('--print-config');
+  assert.equal(yaml.status, 0, yaml.stderr);
+  assert.doesNotMatch(yaml.stdout, /file-secret-token|hunter2|pa55word/);
+  assert.match(yaml.stdout, /^policy: cost # default$/m);
+  assert.match(yaml.stdout, /^max-retries: 4 # env$/m);
+  assert.match(yaml.stdout, /^anchor-capacity: 500 # file$/m);
+  // the printed YAML is itself a config file (with the secrets removed)
+  const printedYaml = parseYaml(yaml.stdout) as Record<string, unknown>;
+  delete printedYaml['admin-token'];
+  delete printedYaml.state;
+  const again = resolve(['--config', write(JSON.stringify(printedYaml), 'json')]);
+  assert.equal(again.config.anchorCapacity, 500);
+  assert.equal(again.config.maxRetries, 4);
+});
+
+const gateways: { close(): Promise<void> }[] = [];
+after(async () => {
+  for (const g of gateways) await g.close();
+});
+
+test('a worker record is refused the same way from the command line, the config file and the admin API', async () => {
+  const gw = await createGateway({
+    router: new KVAwareRouter(),
+    workers: [],
+    adminToken: 'config-test-admin',
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    log: () => {},
+  });
+  gateways.push(gw);
+  const base = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+  const cases: [string, Record<string, unknown>, string][] = [
+    ['id=w1,url=ftp://h:1', { id: 'w1', url: 'ftp://h:1' }, 'url'],
+    ['id=w1,url=http://h:1,dp-size=0', { id: 'w1', url: 'http://h:1', dpSize: 0 }, 'dpSize'],
+    ['id=w1,url=http://h:1,replay=tcp://h:2', { id: 'w1', url: 'http://h:1', replay: 'tcp://h:2' }, 'replay'],
+    ['id=w 1,url=http://h:1', { id: 'w 1', url: 'http://h:1' }, 'id'],
+    ['id=w1,url=http://h:1,cla=x', { id: 'w1', url: 'http://h:1', claGroups: ['x'] }, 'claGroups'],
+  ];
+  for (const [spec, body, field] of cases) {
+    let cli = '';
+    assert.throws(
+      () => parseWorkerSpec(spec),
+      (e: Error) => ((cli = e.message), true),
+    );
+    const reason = cli.slice(cli.indexOf(': ') + 2);
+    assert.ok(reason.startsWith(field), `${spec}: ${cli}`);
+    const f = write(`workers:\n  - ${JSON.stringify(body)}\n`);
+    assert.throws(
+      () => resolve(['--config', f]),
+      (e: Error) => e.message === `--config ${f}: workers[0]: ${reason}`,
+    );
+    const res = await fetch(`${base}/admin/workers`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: 'Bearer config-test-admin' },
+      body: JSON.stringify(body),
+    });
+    assert.equal(res.status, 400);
+    const { error } = (await res.json()) as { error: { message: string; param: string | null } };
+    assert.equal(error.message, `worker: ${reason}`);
+    assert.equal(error.param, field);
+  }
+});
