@@ -52,6 +52,15 @@ const ROW_PREDICTED = 2;
 const EMPTY = -1;
 const FREE = 2; // ref value of a node on the free list
 
+/**
+ * Keys of a sequence computed on demand (hashing.ts's TokenBlockKeys): a walk asks for more
+ * only when it reaches the end of what is computed, so keys past where it stops are never computed.
+ */
+export interface BlockKeySource {
+  /** Computes keys up to at least block `need` (capped at the sequence's end); returns how many are computed. */
+  extend(need: number): number;
+}
+
 export interface BlockIndexOptions {
   /** Most (block, worker) entries kept; beyond it the coldest blocks are evicted. */
   maxEntries?: number;
@@ -364,9 +373,19 @@ export class BlockIndex {
   /**
    * Each worker's overlap with the request's block sequence: the longest prefix it holds in
    * any tier, with how many of those blocks are offloaded or only predicted. Matched blocks
-   * are marked recently used. `now` (ms) first expires old predictions.
+   * are marked recently used. `now` (ms) first expires old predictions. With `keys`, only the
+   * first `ready` of the n keys are computed in `hi`/`lo` (arrays that hold all n) and the walk
+   * asks `keys` for more when it gets there.
    */
-  overlaps(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, out: OverlapResult, now?: number): OverlapResult {
+  overlaps(
+    hi: ArrayLike<number>,
+    lo: ArrayLike<number>,
+    n: number,
+    out: OverlapResult,
+    now?: number,
+    keys?: BlockKeySource,
+    ready: number = n,
+  ): OverlapResult {
     if (now !== undefined) {
       this.advanceTime(now);
       this.sweep(SWEEP_STEP);
@@ -377,11 +396,18 @@ export class BlockIndex {
     out.offloadBlocks.fill(0);
     out.predictedBlocks.fill(0);
     out.maxBlocks = 0;
-    if (this.words === 1) return this.overlapsOneWord(hi, lo, n, out);
-    return this.overlapsWide(hi, lo, n, out);
+    if (this.words === 1) return this.overlapsOneWord(hi, lo, n, out, keys, ready);
+    return this.overlapsWide(hi, lo, n, out, keys, ready);
   }
 
-  private overlapsOneWord(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, out: OverlapResult): OverlapResult {
+  private overlapsOneWord(
+    hi: ArrayLike<number>,
+    lo: ArrayLike<number>,
+    n: number,
+    out: OverlapResult,
+    keys: BlockKeySource | undefined,
+    ready: number,
+  ): OverlapResult {
     const masks = this.masks;
     const walk = this.walkFor(n);
     const stride = this.stride; // ROWS when words = 1
@@ -392,6 +418,7 @@ export class BlockIndex {
     let i = 0;
     let node = EMPTY;
     for (; i < n; i++) {
+      if (i === ready) ready = keys!.extend(i + 1);
       // blocks stored in one batch get consecutive node ids: try the next one before hashing
       const h = hi[i] >>> 0;
       const l = lo[i] >>> 0;
@@ -412,7 +439,8 @@ export class BlockIndex {
       const predOnly = next & pred & ~gpu & ~off;
       if (predOnly !== 0) countBits(predOnly, 0, out.predictedBlocks);
       active = next;
-      if ((active & (active - 1)) === 0) return this.walkOneSlot(hi, lo, n, i + 1, node, 31 - Math.clz32(active), out);
+      if ((active & (active - 1)) === 0)
+        return this.walkOneSlot(hi, lo, n, i + 1, node, 31 - Math.clz32(active), out, keys, ready);
     }
     if (i > 0) this.finishSlots(active, 0, i, out);
     out.maxBlocks = i;
@@ -425,7 +453,14 @@ export class BlockIndex {
    * shrinks as slots drop out, so once a prefix narrows to the few workers that hold it, the
    * cost per block no longer grows with the number of workers.
    */
-  private overlapsWide(hi: ArrayLike<number>, lo: ArrayLike<number>, n: number, out: OverlapResult): OverlapResult {
+  private overlapsWide(
+    hi: ArrayLike<number>,
+    lo: ArrayLike<number>,
+    n: number,
+    out: OverlapResult,
+    keys: BlockKeySource | undefined,
+    ready: number,
+  ): OverlapResult {
     const words = this.words;
     const stride = this.stride;
     const walk = this.walkFor(n);
@@ -447,6 +482,7 @@ export class BlockIndex {
     let i = 0;
     let node = EMPTY;
     for (; i < n; i++) {
+      if (i === ready) ready = keys!.extend(i + 1);
       const h = hi[i] >>> 0;
       const l = lo[i] >>> 0;
       node = node === EMPTY ? this.find(h, l) : this.findNear(node, h, l);
@@ -479,7 +515,7 @@ export class BlockIndex {
       if (count === 1) {
         const last = bits[list[0]];
         if ((last & (last - 1)) === 0)
-          return this.walkOneSlot(hi, lo, n, i + 1, node, (list[0] << 5) + (31 - Math.clz32(last)), out);
+          return this.walkOneSlot(hi, lo, n, i + 1, node, (list[0] << 5) + (31 - Math.clz32(last)), out, keys, ready);
       }
     }
     if (i > 0) for (let k = 0; k < count; k++) this.finishSlots(bits[list[k]], list[k], i, out);
@@ -501,6 +537,8 @@ export class BlockIndex {
     node: number,
     slot: number,
     out: OverlapResult,
+    keys: BlockKeySource | undefined,
+    ready: number,
   ): OverlapResult {
     const masks = this.masks;
     const walk = this.walkNodes;
@@ -513,6 +551,7 @@ export class BlockIndex {
     let offloaded = 0;
     let predicted = 0;
     for (; i < n; i++) {
+      if (i === ready) ready = keys!.extend(i + 1);
       node = this.findNear(node, hi[i] >>> 0, lo[i] >>> 0);
       if (node === EMPTY) break;
       const b = node * stride + offset;

@@ -74,6 +74,7 @@ export interface HashNamespace {
   claGroup?: number | null;
 }
 
+import type { BlockKeySource } from './block-index.js';
 import { BLOCK_HASH_WASM } from './wasm/block-hash-wasm.js';
 
 const SEED_HI = 0x6a09e667;
@@ -206,22 +207,120 @@ function loadTokens(tokens: ArrayLike<number>, blockSize: number): number {
   return n;
 }
 
-/** Hashes the first `n` words in wasm memory in blocks of `blockSize` into `out`. */
-function runWasmHash(n: number, blockSize: number, out: BlockHashes): BlockHashes {
+/**
+ * Hashes the first `n` words in wasm memory in blocks of `blockSize`, chained from `root`,
+ * into `out` from position `at` on (what is before `at` is kept).
+ */
+function runWasmHash(n: number, blockSize: number, out: BlockHashes, at = 0): BlockHashes {
   const outByte = (n * 4 + 7) & ~7;
   const blocks = wasmHashBlocks(0, n, blockSize, root[0], root[1], outByte);
-  out.ensureCapacity(blocks);
-  out.length = blocks;
+  out.length = Math.min(out.length, at);
+  out.ensureCapacity(at + blocks);
+  out.length = at + blocks;
   out.tokensPerBlock = blockSize;
   const words = wasmWords;
-  const base = outByte >>> 2;
+  const base = (outByte >>> 2) - 2 * at;
   const hi = out.hi;
   const lo = out.lo;
-  for (let b = 0; b < blocks; b++) {
+  for (let b = at; b < at + blocks; b++) {
     lo[b] = words[base + 2 * b];
     hi[b] = words[base + 2 * b + 1];
   }
   return out;
+}
+
+/**
+ * Tokens a walk's stretch of keys covers at least (4 KB of token ids): the overshoot past
+ * where the walk stops stays small next to a prompt of thousands of tokens, and the calls
+ * into wasm stay few. Long prompts grow by a quarter of what is computed instead.
+ */
+const STRETCH_TOKENS = 1024;
+
+/**
+ * The block keys of one prompt's token ids, computed in stretches on demand. A route needs
+ * keys only as far as the index walk matches and the speculative stretch past it, so the
+ * rest of a long prompt is neither copied into wasm memory nor hashed: copying and hashing
+ * are most of a route's cost at 8k tokens. Reading `hi`, `lo` or `length` (a policy that
+ * keeps its own view of the request's blocks) computes every key first. Keys equal
+ * hashTokenBlocks': each stretch continues the chain from the last key computed.
+ */
+export class TokenBlockKeys implements BlockKeySource {
+  /** The keys computed so far (`computed.length` of them), in arrays sized for the whole prompt. */
+  readonly computed = new BlockHashes(1024);
+  /** Full blocks of the prompt. */
+  total = 0;
+  private tokens: ArrayLike<number> = new Uint32Array(0);
+  private blockSize = 1;
+  private readonly root = new Uint32Array(2);
+
+  /**
+   * Starts a new prompt. Token ids must be integers in [0, 2^32); anything else throws a
+   * RangeError naming `tokens` (every token is checked here, as hashTokenBlocks does).
+   */
+  reset(tokens: ArrayLike<number>, blockSize: number, ns: HashNamespace | undefined): void {
+    if (!(tokens instanceof Uint32Array)) checkTokens(tokens);
+    this.tokens = tokens;
+    this.blockSize = blockSize;
+    this.total = Math.floor(tokens.length / blockSize);
+    chainRoot(ns, this.root);
+    const keys = this.computed;
+    keys.length = 0;
+    keys.tokensPerBlock = blockSize;
+    // sized once for the whole prompt: a walk holds on to the arrays while keys are added
+    keys.ensureCapacity(this.total);
+  }
+
+  /** Computes keys up to block `n` exactly (capped at the prompt's end); returns how many are computed. */
+  ensure(n: number): number {
+    const keys = this.computed;
+    const have = keys.length;
+    const to = Math.min(n, this.total);
+    if (to <= have) return have;
+    const bs = this.blockSize;
+    const words = (to - have) * bs;
+    reserveWasm(words * 4 + (to - have) * 8 + 16);
+    const tokens = this.tokens;
+    const first = have * bs;
+    if (tokens instanceof Uint32Array) wasmWords.set(tokens.subarray(first, first + words), 0);
+    else for (let i = 0; i < words; i++) wasmWords[i] = tokens[first + i];
+    if (have === 0) {
+      root[0] = this.root[0];
+      root[1] = this.root[1];
+    } else {
+      root[0] = keys.hi[have - 1];
+      root[1] = keys.lo[have - 1];
+    }
+    runWasmHash(words, bs, keys, have);
+    return keys.length;
+  }
+
+  /** For a walk: at least up to `need`, in stretches of STRETCH_TOKENS or a quarter of what is computed. */
+  extend(need: number): number {
+    const have = this.computed.length;
+    return this.ensure(Math.max(need, have + Math.max(Math.ceil(STRETCH_TOKENS / this.blockSize), have >>> 2)));
+  }
+
+  // policies read these per block in their loops: the check stays one comparison once all are computed
+  get hi(): Uint32Array {
+    if (this.computed.length < this.total) this.ensure(this.total);
+    return this.computed.hi;
+  }
+
+  get lo(): Uint32Array {
+    if (this.computed.length < this.total) this.ensure(this.total);
+    return this.computed.lo;
+  }
+
+  get length(): number {
+    return this.total;
+  }
+}
+
+function checkTokens(tokens: ArrayLike<number>): void {
+  for (let i = 0; i < tokens.length; i++) {
+    const tok = tokens[i];
+    if (tok !== tok >>> 0) throw new RangeError(`tokens[${i}] must be an integer in [0, 2^32), got ${tok}`);
+  }
 }
 
 /**

@@ -194,6 +194,39 @@ describe('BlockIndex', () => {
     }
   });
 
+  test('blocks created by predictions, stored by an engine or both stay findable (resizes, expiry)', () => {
+    const index = new BlockIndex({ initialCapacity: 64, predictedTtlMs: 1000 });
+    const held = new Map<number, 'gpu' | 'predicted'>();
+    let x = 777;
+    const next = () => (x = (Math.imul(x, 1103515245) + 12345) >>> 0);
+    for (let step = 0; step < 20_000; step++) {
+      const id = next() % 3000;
+      const op = next() % 3;
+      if (op === 0) {
+        predicted(index, 0, [id], 0);
+        if (held.get(id) !== 'gpu') held.set(id, 'predicted');
+      } else if (op === 1) {
+        stored(index, 0, [id]);
+        held.set(id, 'gpu');
+      } else {
+        removed(index, 0, [id]);
+        held.delete(id);
+      }
+    }
+    assert.equal(index.entryCount, held.size);
+    const holderOf = (id: number) => {
+      const k = keys([id]);
+      return index.holder(0, k.hi[0], k.lo[0]);
+    };
+    for (let id = 0; id < 3000; id++) assert.equal(holderOf(id), held.get(id) ?? null, `id ${id}`);
+    // once the predictions expire, only what the engine stored is left, and still found
+    index.advanceTime(5000);
+    index.flushExpiry();
+    for (let id = 0; id < 3000; id++)
+      assert.equal(holderOf(id), held.get(id) === 'gpu' ? 'gpu' : null, `id ${id} after expiry`);
+    assert.equal(index.blockCount, [...held.values()].filter((h) => h === 'gpu').length);
+  });
+
   test('deleting from probe chains that wrap around the end of the table', () => {
     // table of 128 buckets (initialCapacity 64); pick keys whose home buckets sit at the end
     // and the start, so chains wrap, then delete every subset order that matters

@@ -7,6 +7,7 @@ import {
   hashPrecomputedBlocks,
   hashTextBlocks,
   hashTokenBlocks,
+  TokenBlockKeys,
   type HashNamespace,
 } from '../../src/core/hashing.js';
 
@@ -154,5 +155,54 @@ describe('text mode', () => {
 
   test('rejects a chunk size that is not a positive multiple of 4', () => {
     assert.throws(() => hashTextBlocks('abc', 6, undefined, new BlockHashes()), /chunkBytes/);
+  });
+});
+
+describe('TokenBlockKeys (keys computed on demand)', () => {
+  const hexOf = (hi: ArrayLike<number>, lo: ArrayLike<number>, n: number) =>
+    Array.from({ length: n }, (_, i) => (hi[i] >>> 0).toString(16) + ':' + (lo[i] >>> 0).toString(16));
+
+  test('keys computed in stretches equal those of one hashTokenBlocks call', () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.nat(200_000), { minLength: 0, maxLength: 300 }),
+        fc.array(fc.nat(40), { maxLength: 6 }),
+        fc.boolean(),
+        (tokens, stops, typed) => {
+          const ns: HashNamespace = { lora: 'a', cacheSalt: 's', claGroup: 2 };
+          const whole = hashTokenBlocks(tokens, 4, ns, new BlockHashes(4));
+          const keys = new TokenBlockKeys();
+          keys.reset(typed ? Uint32Array.from(tokens) : tokens, 4, ns);
+          assert.equal(keys.total, whole.length);
+          let computed = 0;
+          for (const s of stops) {
+            computed = Math.max(computed, Math.min(s, keys.total));
+            assert.equal(keys.ensure(s), computed);
+          }
+          const part = keys.computed;
+          assert.deepEqual(hexOf(part.hi, part.lo, part.length), hexOf(whole.hi, whole.lo, part.length));
+          // reading the keys as a sequence computes all of them
+          assert.equal(keys.length, whole.length);
+          assert.deepEqual(hexOf(keys.hi, keys.lo, keys.length), hexOf(whole.hi, whole.lo, whole.length));
+          assert.equal(part.length, whole.length);
+        },
+      ),
+    );
+  });
+
+  test('a walk asking for more gets at least what it needs', () => {
+    const keys = new TokenBlockKeys();
+    keys.reset(new Uint32Array(16 * 100), 16, undefined);
+    assert.ok(keys.extend(1) >= 1);
+    const had = keys.computed.length;
+    assert.ok(keys.extend(had + 1) > had);
+    assert.equal(keys.extend(1000), 100, 'capped at the prompt');
+  });
+
+  test('every token id is checked up front, also those no key is computed for yet', () => {
+    const keys = new TokenBlockKeys();
+    const tokens = [...Array(64).fill(1), 2 ** 32];
+    assert.throws(() => keys.reset(tokens, 16, undefined), /tokens\[64\] must be an integer in \[0, 2\^32\)/);
+    assert.throws(() => keys.reset([1, 2, 1.5], 16, undefined), /tokens\[2\]/);
   });
 });

@@ -77,6 +77,10 @@ test('a policy object missing a member is rejected with a TypeError naming it', 
     name: 'TypeError',
     message: /policy\.onRouted must be a function/,
   });
+  assert.throws(
+    () => new KVAwareRouter({ policy: { name: 'x', choose, readsBlocks: 'yes' } as unknown as RoutingPolicy }),
+    { name: 'TypeError', message: /policy\.readsBlocks must be a boolean/ },
+  );
   assert.throws(() => new KVAwareRouter({ policy: 7 as unknown as RoutingPolicy }), {
     name: 'TypeError',
     message: /policy must be a policy name or an object implementing RoutingPolicy/,
@@ -147,4 +151,28 @@ test('the custom-policy example runs', () => {
     'request 4: no worker (none-available)',
     'request 5: NoEndpointsError (none-available)',
   ]);
+});
+
+test('a policy reading the request blocks gets every key, whether it says it does or not', () => {
+  // readsBlocks is a hint (keys hashed in one go); without it keys are computed when first read
+  const seen: Record<string, number[]> = {};
+  for (const readsBlocks of [true, false, undefined]) {
+    const policy: RoutingPolicy = {
+      name: `keys-${String(readsBlocks)}`,
+      readsBlocks,
+      choose: (_candidates, request) => {
+        const b = request.blocks!;
+        seen[String(readsBlocks)] = Array.from({ length: b.length }, (_, i) => b.lo[i]);
+        return { index: 0, confidence: 0, reason: 'hash' };
+      },
+    };
+    const router = new KVAwareRouter({ policy, indexMode: 'precise', blockSize: 16 });
+    router.registerWorker('a');
+    router.route({ tokens: tokens(16 * 300) });
+  }
+  const expected = Array.from(new KVAwareRouter({ blockSize: 16 }).hashTokens(tokens(16 * 300)).lo);
+  assert.equal(expected.length, 300);
+  assert.deepEqual(seen['true'], expected);
+  assert.deepEqual(seen['false'], expected);
+  assert.deepEqual(seen['undefined'], expected);
 });

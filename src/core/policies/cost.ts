@@ -212,6 +212,7 @@ function computeTerms(
  */
 export class CostPolicy implements RoutingPolicy {
   readonly name = 'cost';
+  readonly readsBlocks = true; // pending prefixes: every block of every request
   private readonly tieBreak = { cursor: 0 };
   private readonly scratch: number[] = [];
   private readonly terms = new Terms();

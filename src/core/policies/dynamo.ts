@@ -57,6 +57,7 @@ export interface DynamoOptions {
 
 export class DynamoPolicy implements RoutingPolicy {
   readonly name = 'dynamo';
+  readonly readsBlocks = true; // active sequences: every block of every request
   readonly prefillLoadScale: number;
   readonly temperature: number;
   readonly gpuCredit: number;

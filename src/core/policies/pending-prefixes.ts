@@ -41,10 +41,13 @@ export class PendingPrefixes {
     if (ticket <= 0 || n === 0) return;
     this.live[ticket & (TICKET_SLOTS - 1)] = ticket;
     const stride = Math.ceil(n / MAX_RECORDED_BLOCKS);
+    // read once: the router may compute the keys behind these on first read
+    const his = blocks!.hi;
+    const los = blocks!.lo;
     for (let i = n - 1; i >= 0; i -= stride) {
-      const at = tableSlot(blocks!.hi[i], blocks!.lo[i]);
-      this.blockHi[at] = blocks!.hi[i];
-      this.blockLo[at] = blocks!.lo[i];
+      const at = tableSlot(his[i], los[i]);
+      this.blockHi[at] = his[i];
+      this.blockLo[at] = los[i];
       this.blockWorker[at] = slot + 1;
       this.blockTicket[at] = ticket;
     }
@@ -69,9 +72,12 @@ export class PendingPrefixes {
     }
     this.deepest = 0;
     const n = blocks ? blocks.length : 0;
+    // read once: the router may compute the keys behind these on first read
+    const his = n > 0 ? blocks!.hi : undefined;
+    const los = n > 0 ? blocks!.lo : undefined;
     for (let i = 0; i < n; i++) {
-      const hi = blocks!.hi[i];
-      const lo = blocks!.lo[i];
+      const hi = his![i];
+      const lo = los![i];
       const at = tableSlot(hi, lo);
       const worker = this.blockWorker[at] - 1;
       if (worker < 0 || this.blockHi[at] !== (hi | 0) || this.blockLo[at] !== (lo | 0)) continue;

@@ -22,5 +22,7 @@ export function checkPolicyObject(value: unknown, name = 'policy'): RoutingPolic
   }
   if (p.speculative !== undefined && typeof p.speculative !== 'boolean')
     throw new TypeError(`${name}.speculative must be a boolean when given`);
+  if (p.readsBlocks !== undefined && typeof p.readsBlocks !== 'boolean')
+    throw new TypeError(`${name}.readsBlocks must be a boolean when given`);
   return value as RoutingPolicy;
 }

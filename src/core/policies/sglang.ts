@@ -79,6 +79,7 @@ class ApproxTree {
 
 export class SglangPolicy implements RoutingPolicy {
   readonly name = 'sglang';
+  readonly readsBlocks = true; // the approximate tree: every block of every request
   readonly cacheThreshold: number;
   readonly balanceAbsThreshold: number;
   readonly balanceRelThreshold: number;

@@ -96,6 +96,12 @@ export interface RoutingPolicy {
    * the overlap it sees nor the prefill the router counts includes predictions. Default true.
    */
   readonly speculative?: boolean;
+  /**
+   * A hint: true when choose() or onRouted() read every key of RouteFeatures.blocks. The
+   * router then hashes a prompt's token ids in one go; otherwise it computes keys only as far
+   * as the route needs them, and the rest when `blocks` is first read (the same keys either way).
+   */
+  readonly readsBlocks?: boolean;
   choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice;
   /**
    * The score terms behind the choice for one candidate, for explanations (not the hot path).

@@ -57,12 +57,14 @@ export class DecisionRecorder {
     let start = 0;
     let end = 0;
     let recorded = hashes;
+    const blocks = this.sinks.prefix.blockCount(hashes);
     if (!fields.isolated) {
-      if (hashes.length > 0) {
+      if (blocks > 0) {
         // approximate: every block (refreshing the TTL); precise: a speculative stretch past
         // what the worker holds
-        end = indexMode === 'precise' ? Math.min(hashes.length, heldBlocks + speculativeBlocks) : hashes.length;
+        end = indexMode === 'precise' ? Math.min(blocks, heldBlocks + speculativeBlocks) : blocks;
         start = indexMode === 'precise' ? heldBlocks : 0;
+        this.sinks.prefix.ensureKeys(hashes, end); // keys of token ids are computed on demand
         // a worker of another block size records the request's keys in its size
         if (worker.info.blockSize !== undefined && worker.info.blockSize !== blockSize && hasTokens) {
           recorded = this.sinks.prefix.keysInBlockSize(worker.info.blockSize) ?? hashes;

@@ -97,7 +97,13 @@ export class KVAwareRouter {
     this.keying = o.keying;
     this.indexMode = o.indexMode;
     this.index = new BlockIndex({ maxEntries: o.maxIndexEntries, predictedTtlMs: o.predictedTtlMs });
-    this.prefix = new PrefixLookup(this.index, this.keying, this.blockSize, this.textChunkBytes);
+    this.prefix = new PrefixLookup(
+      this.index,
+      this.keying,
+      this.blockSize,
+      this.textChunkBytes,
+      this.policy.readsBlocks !== true,
+    );
     // a policy that, like its upstream, predicts nothing gets no speculative entries
     this.speculativeBlocks = this.policy.speculative === false ? 0 : o.speculativeBlocks;
     this.contentAnchors = new ContentAnchorIndex(o.contentAnchorCapacity, o.contentAnchorTtlMs);
@@ -252,6 +258,9 @@ export class KVAwareRouter {
     const promptTokens = this.prefix.promptTokensOf(request, hashes);
     const matching = !isolated && this.anchorLocalityEnabled;
     const overlap = this.prefix.lookup(request, hashes, ns, matching, this.workers.slotCount, now);
+    // keys of token ids are computed on demand: `hashes` holds those computed so far
+    const requestBlocks = this.prefix.blockCount(hashes);
+    this.prefix.ensureKeys(hashes, 4); // the routing key's block
 
     const candidates = this.candidates.collect(
       overlap,
@@ -268,13 +277,13 @@ export class KVAwareRouter {
     const features: RouteFeatures = {
       claGroup,
       promptTokens,
-      requestBlocks: hashes.length,
+      requestBlocks,
       blockSize: hashes.tokensPerBlock || this.blockSize,
-      routingKey: hashes.length > 0 ? hashes.lo[Math.min(hashes.length, 4) - 1] : anchor ? hashString32(anchor) : 0,
-      blocks: hashes,
+      routingKey: requestBlocks > 0 ? hashes.lo[Math.min(requestBlocks, 4) - 1] : anchor ? hashString32(anchor) : 0,
+      blocks: this.prefix.sequence(hashes),
       sharedPrefixKey:
         overlap.maxBlocks > 0
-          ? hashes.lo[Math.min(overlap.maxBlocks, hashes.length) - 1]
+          ? hashes.lo[Math.min(overlap.maxBlocks, requestBlocks) - 1]
           : anchor
             ? hashString32(anchor)
             : 0,
@@ -294,7 +303,7 @@ export class KVAwareRouter {
       confidence: choice.confidence,
       policy: this.policy.name,
       reason: choice.reason,
-      blocks: hashes.length,
+      blocks: requestBlocks,
       ticket: 0,
       preRope: true,
     };

@@ -12,8 +12,10 @@ import {
   canonicalChatText,
   hashPrecomputedBlocks,
   hashTextBlocks,
+  TokenBlockKeys,
   type HashNamespace,
 } from '../hashing.js';
+import type { RequestBlocks } from '../policies/types.js';
 import * as check from '../validate.js';
 import type { WorkerState } from '../worker-registry.js';
 import type { RouteRequest } from './types.js';
@@ -21,6 +23,11 @@ import type { RouteRequest } from './types.js';
 export class PrefixLookup {
   /** The request's keys in the router's block size (scratch, valid until the next route()). */
   readonly hashes = new BlockHashes(1024);
+  /**
+   * Token ids under the router's own keying: keys computed only as far as the route reads
+   * them (hashRequest then returns `tokenKeys.computed`, the keys computed so far).
+   */
+  private readonly tokenKeys = new TokenBlockKeys();
   /** Per worker slot, the blocks of `hashes` it holds (scratch). */
   readonly overlap = new OverlapResult(32);
   /** Workers whose block size is not the router's, by block size (their slots); rebuilt on (un)registration. */
@@ -34,6 +41,8 @@ export class PrefixLookup {
     private readonly keying: BlockKeying,
     private readonly blockSize: number,
     private readonly textChunkBytes: number,
+    /** Token ids hashed on demand (tokenKeys); false when the policy reads every key anyway. */
+    private readonly keysOnDemand: boolean,
   ) {}
 
   /** Regroups the workers by block size; call after a worker is registered or removed. */
@@ -59,6 +68,10 @@ export class PrefixLookup {
     if (request.tokens !== undefined) {
       if (typeof request.tokens !== 'object' || typeof request.tokens.length !== 'number')
         throw new TypeError('tokens must be an array of token ids');
+      if (this.keying.mode === 'router' && this.keysOnDemand) {
+        this.tokenKeys.reset(request.tokens, this.blockSize, ns);
+        return this.tokenKeys.computed;
+      }
       this.keying.hashTokens(request.tokens, this.blockSize, ns, hashes);
     } else if (request.blockHashes !== undefined) {
       if (typeof request.blockHashes !== 'object' || typeof request.blockHashes.length !== 'number')
@@ -84,6 +97,26 @@ export class PrefixLookup {
     return hashes;
   }
 
+  /** The keys of `hashes` computed on demand, if they are (see tokenKeys). */
+  private lazyKeys(hashes: BlockHashes): TokenBlockKeys | undefined {
+    return hashes === this.tokenKeys.computed ? this.tokenKeys : undefined;
+  }
+
+  /** Full blocks of the request whose keys hashRequest returned (computed or not yet). */
+  blockCount(hashes: BlockHashes): number {
+    return this.lazyKeys(hashes)?.total ?? hashes.length;
+  }
+
+  /** Makes sure `hashes` holds the first `n` keys (capped at the request's blocks). */
+  ensureKeys(hashes: BlockHashes, n: number): void {
+    this.lazyKeys(hashes)?.ensure(n);
+  }
+
+  /** All the request's keys, for policies that read them (computed on their first read). */
+  sequence(hashes: BlockHashes): RequestBlocks {
+    return this.lazyKeys(hashes) ?? hashes;
+  }
+
   /** Prompt length: counted from tokens, else as given, else estimated from the blocks. */
   promptTokensOf(request: RouteRequest, hashes: BlockHashes): number {
     if (request.tokens !== undefined) return request.tokens.length;
@@ -107,8 +140,10 @@ export class PrefixLookup {
     now: number,
   ): OverlapResult {
     const overlap = this.overlap;
-    if (matching && hashes.length > 0) {
-      this.index.overlaps(hashes.hi, hashes.lo, hashes.length, overlap, now);
+    const blocks = this.blockCount(hashes);
+    if (matching && blocks > 0) {
+      // the walk asks for keys past those computed as it gets there
+      this.index.overlaps(hashes.hi, hashes.lo, blocks, overlap, now, this.lazyKeys(hashes), hashes.length);
       // engine-native keys: a block held deeper in the chain implies its prefix (vLLM caches
       // prefixes), even where the router never saw those ancestors stored
       if (this.keying.mode === 'vllm' && request.tokens !== undefined && overlap.maxBlocks < hashes.length)
