@@ -5,7 +5,9 @@
  * as HTTP 400 (`{"error": {"message", "type", "param", "code"}}`). The checks run before
  * anything is hashed or recorded, so a rejected request leaves no trace in the index.
  */
+import { z } from 'zod';
 import { checkChatMessages } from '../core/chat-messages.js';
+import { describeIssue, issueError } from '../core/schema-issues.js';
 import type { ChatMessage } from '../core/hashing.js';
 import type { ContentAnchor } from '../core/content-anchors.js';
 import type { RouteRequest } from '../core/router/index.js';
@@ -25,6 +27,16 @@ export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
   maxJsonDepth: 64,
 });
 
+/**
+ * The limits' types and ranges, declared once: checkRequestLimits parses through it and
+ * `serve`'s settings (flags, environment, config file) take their entries from it.
+ */
+export const REQUEST_LIMITS_SCHEMA = z.strictObject({
+  maxIdBytes: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxIdBytes),
+  maxAnchors: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxAnchors),
+  maxJsonDepth: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonDepth),
+});
+
 /** Token ids are unsigned 32-bit integers in every engine the router fronts. */
 export const MAX_TOKEN_ID = 0xffffffff;
 
@@ -41,17 +53,15 @@ export class RequestLimitError extends Error {
 }
 
 /**
- * Throws unless `limits` are usable (positive integers), naming the field.
+ * Fills in the defaults and throws unless `limits` are usable (positive integers): a
+ * RangeError or TypeError naming the field (`limits.maxAnchors must be >= 1 (got 0)`).
  */
 export function checkRequestLimits(limits: Partial<RequestLimits> | undefined): RequestLimits {
-  const out: RequestLimits = { ...DEFAULT_REQUEST_LIMITS };
-  for (const [key, v] of Object.entries(limits ?? {})) if (v !== undefined) out[key as keyof RequestLimits] = v;
-  for (const key of ['maxIdBytes', 'maxAnchors', 'maxJsonDepth'] as const) {
-    const v = out[key];
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1)
-      throw new RangeError(`limits.${key} must be a positive integer, got ${String(v)}`);
-  }
-  return out;
+  // a limit given as undefined means "not given"
+  const given = Object.fromEntries(Object.entries(limits ?? {}).filter(([, v]) => v !== undefined));
+  const parsed = REQUEST_LIMITS_SCHEMA.safeParse(given, { error: describeIssue });
+  if (!parsed.success) throw issueError(parsed.error.issues[0], REQUEST_LIMITS_SCHEMA, 'limits');
+  return parsed.data;
 }
 
 /**

@@ -9,6 +9,9 @@
  * whole answer, after the whole generation: it is bounded by the inter-chunk timeout only, and
  * an engine that hangs on it is caught by its health check (the request then moves elsewhere).
  */
+import { z } from 'zod';
+import { describeIssue, issueError } from '../core/schema-issues.js';
+
 export interface GatewayTimeouts {
   /** Time for a client to send the request headers (Node's server.headersTimeout). */
   headersTimeoutMs: number;
@@ -31,14 +34,25 @@ export const DEFAULT_TIMEOUTS: Readonly<GatewayTimeouts> = Object.freeze({
   interChunkTimeoutMs: 300_000,
 });
 
+/**
+ * The timeouts' types and ranges (positive integers, ms), declared once: checkTimeouts parses
+ * through it and `serve`'s settings take their entries from it.
+ */
+export const TIMEOUTS_SCHEMA = z.strictObject({
+  headersTimeoutMs: z.int().min(1).default(DEFAULT_TIMEOUTS.headersTimeoutMs),
+  requestTimeoutMs: z.int().min(1).default(DEFAULT_TIMEOUTS.requestTimeoutMs),
+  connectionTimeoutMs: z.int().min(1).default(DEFAULT_TIMEOUTS.connectionTimeoutMs),
+  firstByteTimeoutMs: z.int().min(1).default(DEFAULT_TIMEOUTS.firstByteTimeoutMs),
+  interChunkTimeoutMs: z.int().min(1).default(DEFAULT_TIMEOUTS.interChunkTimeoutMs),
+});
+
+/** Fills in the defaults and throws a RangeError or TypeError naming the timeout that is not a positive integer. */
 export function checkTimeouts(t: Partial<GatewayTimeouts> | undefined): GatewayTimeouts {
-  const out: GatewayTimeouts = { ...DEFAULT_TIMEOUTS };
-  for (const [key, v] of Object.entries(t ?? {})) if (v !== undefined) out[key as keyof GatewayTimeouts] = v;
-  for (const [key, v] of Object.entries(out)) {
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1)
-      throw new RangeError(`timeouts.${key} must be a positive integer (ms), got ${String(v)}`);
-  }
-  return out;
+  // a timeout given as undefined means "not given"
+  const given = Object.fromEntries(Object.entries(t ?? {}).filter(([, v]) => v !== undefined));
+  const parsed = TIMEOUTS_SCHEMA.safeParse(given, { error: describeIssue });
+  if (!parsed.success) throw issueError(parsed.error.issues[0], TIMEOUTS_SCHEMA, 'timeouts');
+  return parsed.data;
 }
 
 /**

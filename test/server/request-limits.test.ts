@@ -166,8 +166,18 @@ test('client messages: checks pass through, runtime errors become a generic sent
 });
 
 test('limits must be positive integers', () => {
-  assert.throws(() => checkRequestLimits({ maxAnchors: 0 }), /limits.maxAnchors/);
-  assert.throws(() => checkRequestLimits({ maxJsonDepth: 1.5 }), /limits.maxJsonDepth/);
+  assert.throws(() => checkRequestLimits({ maxAnchors: 0 }), {
+    name: 'RangeError',
+    message: 'limits.maxAnchors must be >= 1 (got 0)',
+  });
+  assert.throws(() => checkRequestLimits({ maxJsonDepth: 1.5 }), {
+    name: 'TypeError',
+    message: /^limits\.maxJsonDepth must be an integer/,
+  });
+  assert.throws(() => checkRequestLimits({ maxDepth: 3 } as never), {
+    name: 'RangeError',
+    message: /^limits\.maxDepth is not a known key/,
+  });
   assert.deepEqual(checkRequestLimits(undefined), DEFAULT_REQUEST_LIMITS);
 });
 

@@ -7,8 +7,8 @@
  */
 import { z } from 'zod';
 import { ROUTER_SETTINGS_HELP, ROUTER_SETTINGS_SCHEMA } from '../../core/router/options-schema.js';
-import { DEFAULT_REQUEST_LIMITS } from '../../server/request-limits.js';
-import { DEFAULT_TIMEOUTS } from '../../server/timeouts.js';
+import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
+import { TIMEOUTS_SCHEMA } from '../../server/timeouts.js';
 
 export interface SettingHelp {
   /** The flag's argument; '' for a switch (on when given; environment and file: true/false). */
@@ -42,13 +42,12 @@ const gatewayShape = {
   publicRouteApi: z.boolean().default(false),
   apiKeysFile: text().optional(),
   cachedTokensHeader: z.boolean().default(false),
-  maxIdBytes: positiveInt().default(DEFAULT_REQUEST_LIMITS.maxIdBytes),
-  maxAnchors: positiveInt().default(DEFAULT_REQUEST_LIMITS.maxAnchors),
-  maxJsonDepth: positiveInt().default(DEFAULT_REQUEST_LIMITS.maxJsonDepth),
-  headersTimeoutMs: positiveInt().default(DEFAULT_TIMEOUTS.headersTimeoutMs),
-  requestTimeoutMs: positiveInt().default(DEFAULT_TIMEOUTS.requestTimeoutMs),
-  connectionTimeoutMs: positiveInt().default(DEFAULT_TIMEOUTS.connectionTimeoutMs),
-  firstByteTimeoutMs: positiveInt().default(DEFAULT_TIMEOUTS.firstByteTimeoutMs),
+  // the gateway's limits and timeouts as the gateway declares them
+  ...REQUEST_LIMITS_SCHEMA.shape,
+  headersTimeoutMs: TIMEOUTS_SCHEMA.shape.headersTimeoutMs,
+  requestTimeoutMs: TIMEOUTS_SCHEMA.shape.requestTimeoutMs,
+  connectionTimeoutMs: TIMEOUTS_SCHEMA.shape.connectionTimeoutMs,
+  firstByteTimeoutMs: TIMEOUTS_SCHEMA.shape.firstByteTimeoutMs,
   state: z
     .string()
     .regex(/^(memory|redis:\/\/[^/\s]+(\/\d+)?)$/, { error: 'must be memory or redis://HOST:PORT[/DB]' })
@@ -59,7 +58,7 @@ const gatewayShape = {
     .min(1024)
     .default(16 * 1024 * 1024),
   maxRetries: z.int().min(0).max(16).default(2),
-  upstreamTimeoutMs: positiveInt().default(DEFAULT_TIMEOUTS.interChunkTimeoutMs),
+  upstreamTimeoutMs: TIMEOUTS_SCHEMA.shape.interChunkTimeoutMs,
   metricsIntervalMs: z.int().min(0).default(1000),
   healthIntervalMs: z.int().min(0).default(2000),
   breakerFailures: positiveInt().default(3),
