@@ -80,11 +80,16 @@ before(async () => {
   writeFileSync(`${dataDir}/prometheus.yml`, `global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: contextforge-router\n    static_configs:\n      - targets: ['${target}']\n`);
   prometheus = spawn('prometheus', [`--config.file=${dataDir}/prometheus.yml`, `--storage.tsdb.path=${dataDir}/data`, `--web.listen-address=127.0.0.1:${promPort}`], { stdio: 'ignore' });
   // a handful of scrapes, so rates over the dashboard's range have points
+  // until Prometheus listens, promtool's query fails: that is "not yet", not an error
   await until(async () => {
-    const { stdout } = await exec('promtool', ['query', 'instant', '-o', 'json', promUrl, 'count_over_time(contextforge_index_entries[1m])']);
-    const r = JSON.parse(stdout) as Array<{ value: [number, string] }>;
-    return r.length > 0 && Number(r[0].value[1]) >= 6;
-  }, 'Prometheus to scrape the router six times');
+    try {
+      const { stdout } = await exec('promtool', ['query', 'instant', '-o', 'json', promUrl, 'count_over_time(contextforge_index_entries[1m])']);
+      const r = JSON.parse(stdout) as Array<{ value: [number, string] }>;
+      return r.length > 0 && Number(r[0].value[1]) >= 6;
+    } catch {
+      return false;
+    }
+  }, 'Prometheus to scrape the router six times', { timeoutMs: 30_000, intervalMs: 100 });
 });
 
 after(async () => {
