@@ -1,7 +1,7 @@
 import { LRUCache } from 'lru-cache';
-import type { ContentAnchor } from '../core/content-anchors.js';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import { RemoteLoad } from './remote-load.js';
+import { writeDecisionFields, type DecisionFields } from './redis-wire.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
 
 /**
@@ -22,20 +22,14 @@ import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './sta
 
 /** What a gateway process can send to the relay and receive from it. */
 export type ClusterMessage =
-  | {
+  | ({
       cf: 'decision';
       r: string;
       w: string;
       hi: Uint32Array;
       lo: Uint32Array;
-      wf?: string;
-      s?: number | null;
-      a?: string;
-      c?: number | null;
-      ca?: ContentAnchor[];
-      q?: number;
       claim?: boolean;
-    }
+    } & DecisionFields)
   /** A tracked request's first token: q tokens leave its queued prefill, d join the decode load. */
   | { cf: 'prefilled'; r: string; w: string; q: number; d: number }
   /** A tracked request ended; d present when its 'prefilled' was sent (then q already left the prefill). */
@@ -175,18 +169,8 @@ export class ClusterStateStore implements StateStore {
 
   decisionMade(d: SharedDecision): void {
     const m: ClusterDecision = { cf: 'decision', r: this.replicaId, w: d.workerId, hi: d.hi, lo: d.lo };
-    if (d.workflowId !== undefined) {
-      m.wf = d.workflowId;
-      m.s = d.workflowStep;
-      if (this.unclaimed.delete(d.workflowId)) m.claim = true;
-    }
-    if (d.anchor !== undefined) {
-      m.a = d.anchor;
-      m.c = d.claGroup;
-    }
-    if (d.contentAnchors && d.contentAnchors.length > 0)
-      m.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
-    if (d.tracked) m.q = d.prefillTokens;
+    writeDecisionFields(d, m);
+    if (d.workflowId !== undefined && this.unclaimed.delete(d.workflowId)) m.claim = true;
     this.counters.decisionsSent++;
     this.outbox.push(m);
   }

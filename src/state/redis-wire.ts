@@ -12,18 +12,11 @@ import type { ReplicaLoad } from './remote-load.js';
 import { hashHex } from '../core/hashing.js';
 
 /** A decision on the wire: short keys, block hashes as base64 of (hi, lo) uint32 pairs. */
-export interface WireDecision {
+export interface WireDecision extends DecisionFields {
   r: string;
   k: 'd';
   w: string;
   h: string;
-  wf?: string;
-  s?: number | null;
-  a?: string;
-  c?: number | null;
-  ca?: ContentAnchor[];
-  /** Present when the request counts as in-flight: its uncached prompt tokens. */
-  q?: number;
 }
 /**
  * The shared-state format's version. 2 added `pd` and `rl.d`: a version-1 replica ignores
@@ -82,20 +75,36 @@ export class RedisKeys {
   }
 }
 
+/** A decision's fields beside its worker and blocks, under the short names both state stores send. */
+export interface DecisionFields {
+  wf?: string;
+  s?: number | null;
+  a?: string;
+  c?: number | null;
+  ca?: ContentAnchor[];
+  /** Present when the request counts as in-flight: its uncached prompt tokens. */
+  q?: number;
+}
+
+/** Writes the decision's workflow, anchor, content anchors and in-flight prefill into `m` (the Redis and the process channel alike). */
+export function writeDecisionFields(d: SharedDecision, m: DecisionFields): void {
+  if (d.workflowId !== undefined) {
+    m.wf = d.workflowId;
+    m.s = d.workflowStep;
+  }
+  if (d.anchor !== undefined) {
+    m.a = d.anchor;
+    m.c = d.claGroup;
+  }
+  if (d.contentAnchors && d.contentAnchors.length > 0)
+    m.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
+  if (d.tracked) m.q = d.prefillTokens;
+}
+
 /** A decision as this replica publishes it. */
 export function encodeDecision(replicaId: string, d: SharedDecision): WireDecision {
   const wire: WireDecision = { r: replicaId, k: 'd', w: d.workerId, h: encodeHashes(d.hi, d.lo) };
-  if (d.workflowId !== undefined) {
-    wire.wf = d.workflowId;
-    wire.s = d.workflowStep;
-  }
-  if (d.anchor !== undefined) {
-    wire.a = d.anchor;
-    wire.c = d.claGroup;
-  }
-  if (d.contentAnchors && d.contentAnchors.length > 0)
-    wire.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
-  if (d.tracked) wire.q = d.prefillTokens;
+  writeDecisionFields(d, wire);
   return wire;
 }
 
