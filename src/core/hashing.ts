@@ -138,7 +138,8 @@ const wasmHashBlocks = wasm.exports.hash_blocks as (
   bs: number,
   seedHi: number,
   seedLo: number,
-  out: number,
+  outLo: number,
+  outHi: number,
 ) => number;
 let wasmWords = new Uint32Array(wasmMemory.buffer);
 
@@ -212,20 +213,17 @@ function loadTokens(tokens: ArrayLike<number>, blockSize: number): number {
  * into `out` from position `at` on (what is before `at` is kept).
  */
 function runWasmHash(n: number, blockSize: number, out: BlockHashes, at = 0): BlockHashes {
-  const outByte = (n * 4 + 7) & ~7;
-  const blocks = wasmHashBlocks(0, n, blockSize, root[0], root[1], outByte);
+  // the words take [0, 4n) bytes; the blocks' low and high halves follow as two runs of u32
+  const loWord = n;
+  const hiWord = n + Math.floor(n / blockSize);
+  const blocks = wasmHashBlocks(0, n, blockSize, root[0], root[1], loWord * 4, hiWord * 4);
   out.length = Math.min(out.length, at);
   out.ensureCapacity(at + blocks);
   out.length = at + blocks;
   out.tokensPerBlock = blockSize;
   const words = wasmWords;
-  const base = (outByte >>> 2) - 2 * at;
-  const hi = out.hi;
-  const lo = out.lo;
-  for (let b = at; b < at + blocks; b++) {
-    lo[b] = words[base + 2 * b];
-    hi[b] = words[base + 2 * b + 1];
-  }
+  out.lo.set(words.subarray(loWord, loWord + blocks), at);
+  out.hi.set(words.subarray(hiWord, hiWord + blocks), at);
   return out;
 }
 

@@ -10,10 +10,12 @@
 (module
   (memory (export "memory") 2)
 
-  ;; hash_blocks(words_ptr, n_words, bs, seed_hi, seed_lo, out_ptr) -> blocks written
-  ;; out: one i64 per block, little-endian (lo word first, then hi)
+  ;; hash_blocks(words_ptr, n_words, bs, seed_hi, seed_lo, out_lo_ptr, out_hi_ptr) -> blocks written
+  ;; out: each block's low 32 bits at out_lo_ptr, its high 32 bits at out_hi_ptr (one u32 per
+  ;; block each), the layout of BlockHashes' lo and hi arrays, so the caller copies two runs
   (func (export "hash_blocks")
-    (param $words i32) (param $n i32) (param $bs i32) (param $shi i32) (param $slo i32) (param $out i32)
+    (param $words i32) (param $n i32) (param $bs i32) (param $shi i32) (param $slo i32) (param $out_lo i32)
+    (param $out_hi i32)
     (result i32)
     (local $nb i32) (local $b i32) (local $p i32) (local $end i32) (local $stripes_end i32)
     (local $parent i64) (local $a1 i64) (local $a2 i64) (local $a3 i64) (local $a4 i64) (local $h i64)
@@ -81,7 +83,9 @@
         (local.set $parent (i64.xor (local.get $parent) (i64.shr_u (local.get $parent) (i64.const 29))))
         (local.set $parent (i64.mul (local.get $parent) (i64.const 0x165667B19E3779F9)))
         (local.set $parent (i64.xor (local.get $parent) (i64.shr_u (local.get $parent) (i64.const 32))))
-        (i64.store (i32.add (local.get $out) (i32.shl (local.get $b) (i32.const 3))) (local.get $parent))
+        (i32.store (i32.add (local.get $out_lo) (i32.shl (local.get $b) (i32.const 2))) (i32.wrap_i64 (local.get $parent)))
+        (i32.store (i32.add (local.get $out_hi) (i32.shl (local.get $b) (i32.const 2)))
+                   (i32.wrap_i64 (i64.shr_u (local.get $parent) (i64.const 32))))
         (local.set $b (i32.add (local.get $b) (i32.const 1)))
         (br $blocks)))
     (local.get $nb))
