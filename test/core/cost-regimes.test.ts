@@ -383,6 +383,23 @@ describe('cost policy regimes', () => {
     assert.equal(pendingOn(), 0);
   });
 
+  test('precise mode: the pending prefix stands in for speculative entries, except for untracked requests', () => {
+    const r = new KVAwareRouter({ indexMode: 'precise', blockSize: 16 });
+    r.registerWorker('w0');
+    const prompt = (from: number) => Array.from({ length: 64 * 16 }, (_, i) => from + i);
+    const tracked = r.route({ tokens: prompt(0) }, { share: true });
+    assert.equal(r.index.entryCount, 0, 'no speculative entries for a tracked request');
+    // the other replicas, which do not see this router's pending prefixes, still get the stretch
+    assert.equal(tracked.shared!.hi.length, 16);
+    r.route({ tokens: prompt(100_000) }, { track: false });
+    assert.equal(r.index.entryCount, 16, 'an untracked request gets its speculative stretch');
+    // a policy that does not keep pending prefixes gets speculative entries for every decision
+    const d = new KVAwareRouter({ indexMode: 'precise', blockSize: 16, policy: 'least-loaded' });
+    d.registerWorker('w0');
+    d.route({ tokens: prompt(0) });
+    assert.equal(d.index.entryCount, 16);
+  });
+
   test('dry runs teach the policy nothing; routed requests do', () => {
     const r = new KVAwareRouter({ blockSize: 16 });
     for (const id of ['w0', 'w1']) r.registerWorker(id);

@@ -81,6 +81,10 @@ test('a policy object missing a member is rejected with a TypeError naming it', 
     () => new KVAwareRouter({ policy: { name: 'x', choose, readsBlocks: 'yes' } as unknown as RoutingPolicy }),
     { name: 'TypeError', message: /policy\.readsBlocks must be a boolean/ },
   );
+  assert.throws(
+    () => new KVAwareRouter({ policy: { name: 'x', choose, speculative: 'always' } as unknown as RoutingPolicy }),
+    { name: 'TypeError', message: /policy\.speculative must be a boolean or 'untracked'/ },
+  );
   assert.throws(() => new KVAwareRouter({ policy: 7 as unknown as RoutingPolicy }), {
     name: 'TypeError',
     message: /policy must be a policy name or an object implementing RoutingPolicy/,

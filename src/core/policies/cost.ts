@@ -213,6 +213,9 @@ function computeTerms(
 export class CostPolicy implements RoutingPolicy {
   readonly name = 'cost';
   readonly readsBlocks = true; // pending prefixes: every block of every request
+  // the pending prefixes hold a tracked request's whole prompt until it ends, which precise
+  // mode's speculative stretch (16 blocks past what the worker holds, for 5 s) only repeats
+  readonly speculative = 'untracked';
   private readonly tieBreak = { cursor: 0 };
   private readonly scratch: number[] = [];
   private readonly terms = new Terms();

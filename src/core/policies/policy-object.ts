@@ -20,8 +20,8 @@ export function checkPolicyObject(value: unknown, name = 'policy'): RoutingPolic
     if (p[hook] !== undefined && typeof p[hook] !== 'function')
       throw new TypeError(`${name}.${hook} must be a function when given`);
   }
-  if (p.speculative !== undefined && typeof p.speculative !== 'boolean')
-    throw new TypeError(`${name}.speculative must be a boolean when given`);
+  if (p.speculative !== undefined && typeof p.speculative !== 'boolean' && p.speculative !== 'untracked')
+    throw new TypeError(`${name}.speculative must be a boolean or 'untracked' when given`);
   if (p.readsBlocks !== undefined && typeof p.readsBlocks !== 'boolean')
     throw new TypeError(`${name}.readsBlocks must be a boolean when given`);
   return value as RoutingPolicy;

@@ -94,8 +94,11 @@ export interface RoutingPolicy {
    * False when the policy, as its upstream ships, keeps no speculative (predict-on-route)
    * entries in precise mode: the router then records none for its decisions, so neither
    * the overlap it sees nor the prefill the router counts includes predictions. Default true.
+   * 'untracked': the policy keeps the prefixes of its tracked decisions itself until they are
+   * released (cost's pending prefixes), so the router records speculative entries in its own
+   * index only for untracked decisions; what it shares with other replicas is unchanged.
    */
-  readonly speculative?: boolean;
+  readonly speculative?: boolean | 'untracked';
   /**
    * A hint: true when choose() or onRouted() read every key of RouteFeatures.blocks. The
    * router then hashes a prompt's token ids in one go; otherwise it computes keys only as far

@@ -43,7 +43,9 @@ export class DecisionRecorder {
   /**
    * Records the router's decision to send the request (its keys `hashes`, of which the worker
    * holds `heldBlocks`) to `worker`. `hasTokens`: the keys came from token ids, so a worker of
-   * another block size gets the keys in its own size.
+   * another block size gets the keys in its own size. `predict` false: in precise mode the
+   * speculative stretch is worked out (for other replicas, see shared()) but not written to
+   * this router's index, as the policy keeps the request's prefix itself.
    */
   record(
     worker: WorkerState,
@@ -52,6 +54,7 @@ export class DecisionRecorder {
     hasTokens: boolean,
     fields: RouteFields,
     now: number,
+    predict = true,
   ): void {
     const { indexMode, speculativeBlocks, blockSize } = this.settings;
     let start = 0;
@@ -70,7 +73,8 @@ export class DecisionRecorder {
           recorded = this.sinks.prefix.keysInBlockSize(worker.info.blockSize) ?? hashes;
           end = indexMode === 'precise' ? Math.min(recorded.length, heldBlocks + speculativeBlocks) : recorded.length;
         }
-        if (end > start) this.sinks.index.recordPredicted(worker.slot, recorded.hi, recorded.lo, start, end, now);
+        if (end > start && (predict || indexMode !== 'precise'))
+          this.sinks.index.recordPredicted(worker.slot, recorded.hi, recorded.lo, start, end, now);
       }
       if (fields.contentAnchors && fields.contentAnchors.length > 0)
         this.sinks.contentAnchors.record(worker.slot, fields.contentAnchors, now);

@@ -321,8 +321,10 @@ export class KVAwareRouter {
     this.decisions[choice.reason] = (this.decisions[choice.reason] ?? 0) + 1;
     if (!chosen) return result;
     const worker = chosen.worker;
-    this.recorder.record(worker, chosen.overlapBlocks, hashes, request.tokens !== undefined, fields, now);
     const tracked = options.track !== false;
+    // a policy that keeps its tracked decisions' prefixes itself needs no speculative entries for them
+    const predict = !(tracked && this.policy.speculative === 'untracked');
+    this.recorder.record(worker, chosen.overlapBlocks, hashes, request.tokens !== undefined, fields, now, predict);
     const uncached = Math.max(0, promptTokens - chosen.cachedTokens);
     if (options.share)
       result.shared = this.recorder.shared(
