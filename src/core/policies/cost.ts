@@ -262,7 +262,9 @@ export class CostPolicy implements RoutingPolicy {
   choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice {
     if (candidates.length === 0) return NO_CHOICE;
     this.request = request;
-    this.pending.lookup(candidates, request.blocks);
+    let mostCached = 0;
+    for (const c of candidates) if (c.cachedTokens > mostCached) mostCached = c.cachedTokens;
+    this.pending.lookup(candidates, request.blocks, Math.ceil(mostCached / request.blockSize));
     this.observeFleet(candidates, request);
     const index = pickMax(candidates, this.score, this.tieBreak, this.scratch);
     if (index < 0) return NO_CHOICE;

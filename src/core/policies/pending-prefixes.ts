@@ -4,8 +4,35 @@ import type { Candidate, RequestBlocks } from './types.js';
 const BLOCK_SLOTS = 1 << 16;
 /** Slots of the live-ticket ring (a power of two; a colliding ticket makes the older one look finished). */
 const TICKET_SLOTS = 1 << 14;
-/** Blocks recorded per request at most: a longer prompt records every k-th block, and its last. */
-export const MAX_RECORDED_BLOCKS = 256;
+/**
+ * Kept positions per doubling of the prefix (log2): every position of the first 63 blocks,
+ * then 32 per octave (every 2nd block of the next 64, every 4th of the next 128, …), so a
+ * prefix found at a kept position is understated by less than 1/32 of its length.
+ */
+const LOG_KEPT_PER_OCTAVE = 5;
+/** Consecutive kept positions past the index's deepest match, pending nowhere, that end a lookup. */
+const MISSES_BEFORE_STOP = 4;
+
+/**
+ * Whether block position i (0-based) is one the table keeps: the same positions for every
+ * request, so a follow-up's block at a kept position is the block a pending request sharing
+ * that prefix recorded there (blocks are prefix-chained).
+ */
+export function keptPosition(i: number): boolean {
+  const p = i + 1;
+  const log = 31 - Math.clz32(p) - LOG_KEPT_PER_OCTAVE;
+  return log <= 0 || (p & ((1 << log) - 1)) === 0;
+}
+
+/** The kept position after i. */
+export function nextKept(i: number): number {
+  const p = i + 2; // 1-based count of the next position
+  const log = 31 - Math.clz32(p) - LOG_KEPT_PER_OCTAVE;
+  if (log <= 0) return i + 1;
+  const step = 1 << log;
+  // round up to the step of p's octave (octaves start at powers of two, multiples of any smaller step)
+  return ((p + step - 1) & ~(step - 1)) - 1;
+}
 
 /**
  * Prefixes the workers are about to hold: the blocks of the requests this router sent to each
@@ -19,17 +46,23 @@ export const MAX_RECORDED_BLOCKS = 256;
  * Fixed-size typed arrays, nothing allocated per request: a direct-mapped block table (a
  * newer block overwrites an older one in its slot, which can only understate what a worker
  * will hold) and a ring of live tickets. Blocks are prefix-chained, so a block found at
- * position i on a worker stands for the request's whole prefix up to i; a long prompt records
- * every k-th block, which understates a follow-up's prefix by at most k − 1 blocks.
+ * position i on a worker stands for the request's whole prefix up to i. Only the positions
+ * keptPosition() names are recorded and looked up (the first 63, then 32 per doubling of the
+ * prefix): a follow-up's prefix is understated by under 1/32 of its length, and a request
+ * records about 32 · log2 of its blocks. A lookup reads every kept position within the
+ * deepest prefix the index holds (a worker may have the rest of it pending), then stops after
+ * MISSES_BEFORE_STOP kept positions in a row pending nowhere: a prefix pending deeper would
+ * have been recorded at those positions too (unless overwritten since), so a lookup costs
+ * what matches, not the prompt's length.
  */
 export class PendingPrefixes {
-  private readonly blockHi = new Int32Array(BLOCK_SLOTS);
-  private readonly blockLo = new Int32Array(BLOCK_SLOTS);
-  /** Worker slot + 1 (0: empty) and the ticket of the request that recorded the block. */
-  private readonly blockWorker = new Int32Array(BLOCK_SLOTS);
-  private readonly blockTicket = new Float64Array(BLOCK_SLOTS);
-  /** A ticket is live while its ring slot holds it. */
-  private readonly live = new Float64Array(TICKET_SLOTS);
+  /**
+   * Per slot four int32s, read together (one cache line): the block's key (high, low), the
+   * worker slot + 1 (0: empty) and the low 32 bits of the recording request's ticket.
+   */
+  private readonly table = new Int32Array(BLOCK_SLOTS * 4);
+  /** A ticket is live while its ring slot holds its low 32 bits (tickets count up from 1). */
+  private readonly live = new Int32Array(TICKET_SLOTS);
   /** Per worker slot: the request's leading blocks pending there, from the last lookup(). */
   private depth: Float64Array<ArrayBuffer> = new Float64Array(64);
   /** The most leading blocks of the last looked-up request pending on any one candidate. */
@@ -39,50 +72,64 @@ export class PendingPrefixes {
   record(slot: number, ticket: number, blocks: RequestBlocks | undefined): void {
     const n = blocks ? blocks.length : 0;
     if (ticket <= 0 || n === 0) return;
-    this.live[ticket & (TICKET_SLOTS - 1)] = ticket;
-    const stride = Math.ceil(n / MAX_RECORDED_BLOCKS);
+    const t = ticket | 0;
+    this.live[t & (TICKET_SLOTS - 1)] = t;
     // read once: the router may compute the keys behind these on first read
     const his = blocks!.hi;
     const los = blocks!.lo;
-    for (let i = n - 1; i >= 0; i -= stride) {
-      const at = tableSlot(his[i], los[i]);
-      this.blockHi[at] = his[i];
-      this.blockLo[at] = los[i];
-      this.blockWorker[at] = slot + 1;
-      this.blockTicket[at] = ticket;
+    const table = this.table;
+    for (let i = 0; i < n; i = nextKept(i)) {
+      const at = tableSlot(his[i], los[i]) << 2;
+      table[at] = his[i];
+      table[at + 1] = los[i];
+      table[at + 2] = slot + 1;
+      table[at + 3] = t;
     }
   }
 
   /** The request finished, failed or was abandoned: its blocks are no longer pending. */
   release(ticket: number): void {
-    const at = ticket & (TICKET_SLOTS - 1);
-    if (this.live[at] === ticket) this.live[at] = 0;
+    const t = ticket | 0;
+    const at = t & (TICKET_SLOTS - 1);
+    if (this.live[at] === t) this.live[at] = 0;
   }
 
   /** Forgets every block pending on a removed worker (its slot may be reused). */
   removeWorker(slot: number): void {
-    for (let i = 0; i < BLOCK_SLOTS; i++) if (this.blockWorker[i] === slot + 1) this.blockWorker[i] = 0;
+    const table = this.table;
+    for (let at = 2; at < table.length; at += 4) if (table[at] === slot + 1) table[at] = 0;
   }
 
-  /** Finds, for every candidate, how many of the request's leading blocks are pending on it. */
-  lookup(candidates: readonly Candidate[], blocks: RequestBlocks | undefined): void {
+  /**
+   * Finds, for every candidate, how many of the request's leading blocks are pending on it (at
+   * kept positions). `indexed`: the deepest prefix of the request any worker holds in the
+   * index, read whole; past it the lookup stops at the first run of misses.
+   */
+  lookup(candidates: readonly Candidate[], blocks: RequestBlocks | undefined, indexed: number): void {
     for (const c of candidates) {
       if (c.worker.slot >= this.depth.length) this.depth = grow(this.depth, c.worker.slot + 1);
       this.depth[c.worker.slot] = 0;
     }
     this.deepest = 0;
     const n = blocks ? blocks.length : 0;
+    if (n === 0) return;
     // read once: the router may compute the keys behind these on first read
-    const his = n > 0 ? blocks!.hi : undefined;
-    const los = n > 0 ? blocks!.lo : undefined;
-    for (let i = 0; i < n; i++) {
-      const hi = his![i];
-      const lo = los![i];
-      const at = tableSlot(hi, lo);
-      const worker = this.blockWorker[at] - 1;
-      if (worker < 0 || this.blockHi[at] !== (hi | 0) || this.blockLo[at] !== (lo | 0)) continue;
-      const ticket = this.blockTicket[at];
-      if (this.live[ticket & (TICKET_SLOTS - 1)] !== ticket) continue;
+    const his = blocks!.hi;
+    const los = blocks!.lo;
+    const table = this.table;
+    const live = this.live;
+    let misses = 0;
+    for (let i = 0; i < n; i = nextKept(i)) {
+      const hi = his[i] | 0;
+      const lo = los[i] | 0;
+      const at = tableSlot(hi, lo) << 2;
+      const worker = table[at + 2] - 1;
+      const t = table[at + 3];
+      if (worker < 0 || table[at] !== hi || table[at + 1] !== lo || t === 0 || live[t & (TICKET_SLOTS - 1)] !== t) {
+        if (i >= indexed && ++misses >= MISSES_BEFORE_STOP) break;
+        continue;
+      }
+      misses = 0;
       if (worker < this.depth.length && i + 1 > this.depth[worker]) {
         this.depth[worker] = i + 1;
         this.deepest = i + 1;
