@@ -2,16 +2,19 @@
  * bench:core — route() and event application on the workload of the block-index issue:
  * 32 workers, block size 16, 1,000,000 (block, worker) entries loaded from random prefix
  * trees, requests of 8,192 tokens sharing prefixes of random depth. Times route() from token
- * ids (hashing included, precise mode, so each decision also records its speculative
- * entries), event application (BlockStored hashed from token ids, as the KV-event path does,
+ * ids (hashing included, precise mode: the cost policy keeps each request's prefix as
+ * pending until release, in place of speculative entries), event application (BlockStored hashed from token ids, as the KV-event path does,
  * then BlockRemoved), and heap + ArrayBuffer bytes per index entry after a full GC.
  *
  * The timed route phase runs --repeat times (default 5) on the same loaded index; the
  * top-level figures are the medians of the runs, `repeat` has each figure's median, min and
- * max. --profile [FILE] records a CPU profile of one further route phase (untimed) and
+ * max. In those runs each request is released before the next is routed; `routeWithInFlight`
+ * times as many runs with --in-flight requests (default 256, 0: skip) kept in flight, so the
+ * pending prefixes the cost policy reads hold live entries, as under load. --profile [FILE] records a CPU profile of one further route phase (untimed) and
  * writes it to FILE (default bench/results/core-route.cpuprofile).
  *
- *   npm run bench:core -- --json [--entries 1000000] [--requests 20000] [--repeat 5] [--profile [FILE]]
+ *   npm run bench:core -- --json [--entries 1000000] [--requests 20000] [--repeat 5] [--in-flight 256]
+ *                                [--profile [FILE]]
  */
 import { KVAwareRouter } from '../src/index.js';
 import { KvEventApplier } from '../src/engines/kv-events/applier.js';
@@ -28,6 +31,7 @@ const TARGET_ENTRIES = intFlag(flags, 'entries', 1_000_000);
 const REQUESTS = intFlag(flags, 'requests', 20_000);
 const DOCS = intFlag(flags, 'docs', 3000);
 const REPEAT = Math.max(1, intFlag(flags, 'repeat', 5));
+const IN_FLIGHT = intFlag(flags, 'in-flight', 256);
 const profileFlag = flags.get('profile');
 const PROFILE_FILE =
   profileFlag === undefined ? undefined : profileFlag === true ? 'bench/results/core-route.cpuprofile' : profileFlag;
@@ -90,8 +94,15 @@ for (let i = 0; i < 10_000; i++) {
   now += 1;
   router.release(router.route({ tokens: requests[i % requests.length] }).ticket);
 }
-/** One timed route phase: REQUESTS decisions, each timed alone too. */
-function routePhase(): {
+/** Tickets of the requests in flight during a route phase (a FIFO; the oldest is released first). */
+const inFlightTickets: number[] = [];
+/**
+ * One timed route phase: REQUESTS decisions, each timed alone too. With `inFlight` > 0 that
+ * many requests stay in flight (each released `inFlight` decisions after it was routed), so
+ * the cost policy's pending prefixes hold live entries as under load; with 0 each request is
+ * released before the next.
+ */
+function routePhase(inFlight = 0): {
   decisionsPerSec: number;
   decisionsPerCpuSec: number;
   p50Us: number;
@@ -107,8 +118,13 @@ function routePhase(): {
     const t0 = performance.now();
     const r = router.route({ tokens: requests[i % requests.length] });
     samples[i] = performance.now() - t0;
-    router.release(r.ticket);
+    if (inFlight === 0) router.release(r.ticket);
+    else {
+      inFlightTickets.push(r.ticket);
+      if (inFlightTickets.length > inFlight) router.release(inFlightTickets.shift()!);
+    }
   }
+  while (inFlightTickets.length > 0) router.release(inFlightTickets.shift()!);
   const routeMs = performance.now() - tRoute0;
   const cpu = process.cpuUsage(cpu0);
   samples.sort();
@@ -121,8 +137,11 @@ function routePhase(): {
     maxUs: round(samples[samples.length - 1] * 1000, 2),
   };
 }
-const runs = Array.from({ length: REPEAT }, routePhase);
+const runs = Array.from({ length: REPEAT }, () => routePhase());
 const median = (pick: (r: (typeof runs)[number]) => number) => spread(runs.map(pick)).median;
+// the same decisions with IN_FLIGHT requests in flight (their prefixes pending), as many runs
+const inFlightRuns = IN_FLIGHT > 0 ? Array.from({ length: REPEAT }, () => routePhase(IN_FLIGHT)) : [];
+const inFlightMedian = (pick: (r: (typeof runs)[number]) => number) => spread(inFlightRuns.map(pick)).median;
 
 let hottest: HotFunction[] | undefined;
 if (PROFILE_FILE) {
@@ -188,6 +207,18 @@ const result = {
   routeP99Us: median((r) => r.p99Us),
   routeP90Us: median((r) => r.p90Us),
   routeMaxUs: median((r) => r.maxUs),
+  ...(IN_FLIGHT > 0
+    ? {
+        routeWithInFlight: {
+          inFlight: IN_FLIGHT,
+          decisionsPerSec: inFlightMedian((r) => r.decisionsPerSec),
+          decisionsPerCpuSec: inFlightMedian((r) => r.decisionsPerCpuSec),
+          p50Us: inFlightMedian((r) => r.p50Us),
+          p99Us: inFlightMedian((r) => r.p99Us),
+          decisionsPerSecSpread: spread(inFlightRuns.map((r) => r.decisionsPerSec)),
+        },
+      }
+    : {}),
   eventsPerSec: Math.round(eventBlocks / (eventMs / 1000)),
   kvEventPathEventsPerSec: Math.round(pathBlocks / (pathMs / 1000)),
   bytesPerIndexEntry: round((after - before) / entries, 1),
