@@ -48,6 +48,8 @@ const table: Array<[string, string[]]> = [
       'routeDecisionsPerCpuSec',
       'routeP50Us',
       'routeP99Us',
+      'routeWithInFlight.decisionsPerSec',
+      'routeWithInFlight.p99Us',
       'eventsPerSec',
       'bytesPerIndexEntry',
     ],
