@@ -29,6 +29,8 @@ before(async () => {
     adminToken: 'sekret-token',
     bodyLimit: 64 * 1024,
     cachedTokensHeader: true,
+    // token ids from the engine's /tokenize: the keys the engines' KV events are hashed to
+    tokenize: 'engine',
   });
   engines.forEach((e, i) =>
     subs.push(
