@@ -3,7 +3,7 @@
  * knee, each rate over ≥ 5 independent samples, reported as mean and 95% confidence interval
  * of the hit rate, mean TTFT and p99 TTFT (src/sim/sweep.ts has the JSON shape).
  *
- *   npm run bench:sim [-- --json] [--split evaluation|train] [--samples 5] [--points 5]
+ *   npm run bench:sim [-- --json] [--split evaluation|train|fresh] [--samples 5] [--points 5]
  *                     [--workers 8] [--traces mooncake-conversation,ragpulse,...] [--out bench/results]
  *
  * Data split (docs/simulator.md, "Training and evaluation data"): a recorded trace's first
@@ -12,6 +12,11 @@
  * the default 5). The load points are chosen on the training
  * split; the reported figures come from the evaluation split (the default `--split`).
  * `--split train` runs the same sweep on the training split, for choosing defaults.
+ * `--split fresh` runs a generated workload on seeds 201–210, which neither split uses: a
+ * candidate change chosen on the training split is checked there before the evaluation split
+ * is read again. A recorded trace has no fresh data (both halves are taken): it is skipped.
+ * The load points are chosen on the training split whichever split is run, so every split
+ * of a workload is swept at the same rates.
  *
  * Samples: a recorded trace's evaluation half is cut into `--samples` consecutive windows of
  * equal request counts; each window is replayed from an empty cluster. A generated workload
@@ -50,8 +55,8 @@ for (const [name, value, min, max] of [
   }
 }
 const split = String(flags.get('split') ?? 'evaluation');
-if (split !== 'evaluation' && split !== 'train') {
-  process.stderr.write(`error: --split must be evaluation or train, got '${split}'\n`);
+if (split !== 'evaluation' && split !== 'train' && split !== 'fresh') {
+  process.stderr.write(`error: --split must be evaluation, train or fresh, got '${split}'\n`);
   process.exit(2);
 }
 const OUT = String(flags.get('out') ?? 'bench/results');
@@ -60,11 +65,13 @@ const POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
 /** Seeds of generated workloads: training and evaluation never share one. */
 const TRAIN_SEEDS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
 const EVALUATION_SEEDS = [101, 102, 103, 104, 105, 106, 107, 108, 109, 110];
+/** Seeds for checking a candidate change on data neither split has shown. */
+const FRESH_SEEDS = [201, 202, 203, 204, 205, 206, 207, 208, 209, 210];
 
 interface TraceSpec {
   name: string;
-  /** `count` independent samples of the split. */
-  samples(part: 'train' | 'evaluation', count: number): Promise<TraceRequest[][]>;
+  /** `count` independent samples of the split; none for a split the workload does not have (fresh, of a recorded trace). */
+  samples(part: 'train' | 'evaluation' | 'fresh', count: number): Promise<TraceRequest[][]>;
 }
 
 /** A recorded trace: halves by arrival, each cut into windows. */
@@ -73,6 +80,7 @@ function recorded(name: string, path: string, transform: (r: TraceRequest) => Tr
   return {
     name,
     async samples(part, count) {
+      if (part === 'fresh') return [];
       cache ??= splitTrace((await loadTrace(path)).requests.map(transform));
       return windows(cache[part], count);
     },
@@ -84,7 +92,10 @@ function generated(name: string, spec: (seed: number) => string): TraceSpec {
   return {
     name,
     async samples(part, count) {
-      const seeds = (part === 'train' ? TRAIN_SEEDS : EVALUATION_SEEDS).slice(0, count);
+      const seeds = (part === 'train' ? TRAIN_SEEDS : part === 'fresh' ? FRESH_SEEDS : EVALUATION_SEEDS).slice(
+        0,
+        count,
+      );
       if (seeds.length < count) throw new RangeError(`at most ${TRAIN_SEEDS.length} samples of a generated workload`);
       return Promise.all(seeds.map(async (seed) => (await loadTrace(spec(seed))).requests));
     },
@@ -120,9 +131,13 @@ const report: SweepReport = { traces: [] };
 const started = performance.now();
 for (const spec of traces) {
   const t0 = performance.now();
+  const samples = await spec.samples(split as 'train' | 'evaluation' | 'fresh', SAMPLES);
+  if (samples.length === 0) {
+    log(`${spec.name}: skipped (a recorded trace has no ${split} split)`);
+    continue;
+  }
   const calibration = (await spec.samples('train', SAMPLES)).slice(0, 3);
   const speeds = chooseLoadPoints(calibration, sweepOptions);
-  const samples = await spec.samples(split as 'train' | 'evaluation', SAMPLES);
   const out = sweepTrace(spec.name, samples, speeds, sweepOptions);
   report.traces.push(out);
   log(
@@ -132,9 +147,10 @@ for (const spec of traces) {
 log(`sweep: ${((performance.now() - started) / 1000).toFixed(1)} s`);
 
 const json = JSON.stringify(report);
-writeFileSync(`${OUT}/sim-sweep${split === 'train' ? '-train' : ''}.json`, JSON.stringify(report, null, 1) + '\n');
+const suffix = split === 'evaluation' ? '' : `-${split}`;
+writeFileSync(`${OUT}/sim-sweep${suffix}.json`, JSON.stringify(report, null, 1) + '\n');
 writeFileSync(
-  `${OUT}/sim-sweep${split === 'train' ? '-train' : ''}.html`,
+  `${OUT}/sim-sweep${suffix}.html`,
   renderSweepReport(report, { workers: WORKERS, samples: SAMPLES, split }),
 );
 if (flags.has('json')) process.stdout.write(`${json}\n`);
