@@ -28,7 +28,10 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
       relay?.add({
         id,
         send: (m) => {
-          if (worker.isConnected()) worker.send(m);
+          // a process that is exiting may close its channel after the check: the write then
+          // fails with EPIPE, reported to the callback (not as an 'error' that would stop the
+          // primary); its 'exit' removes it from the relay
+          if (worker.isConnected()) worker.send(m, undefined, undefined, ignoreClosedChannel);
         },
       });
       worker.on('message', (m: unknown) => relay?.receive(id, m));
@@ -68,6 +71,9 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
     await stopWorkers();
   }
 }
+
+/** A message to a process whose channel has just closed is dropped: the process is going away. */
+function ignoreClosedChannel(): void {}
 
 /** Asks every gateway process to finish its requests and stop; kills those still there after 10 s. */
 async function stopWorkers(): Promise<void> {

@@ -230,7 +230,9 @@ async function serveProcess(c: ServeConfig): Promise<void> {
 function processChannel() {
   return {
     send: (m: ClusterMessage) => {
-      if (process.connected) process.send!(m);
+      // the primary stopping may close the channel after the check: drop the message (EPIPE
+      // goes to the callback, not to an 'error' that would stop this process mid-shutdown)
+      if (process.connected) process.send!(m, undefined, undefined, () => {});
     },
     onMessage: (listener: (m: unknown) => void) => void process.on('message', listener),
     offMessage: (listener: (m: unknown) => void) => void process.off('message', listener),
