@@ -5,7 +5,7 @@ const BLOCK_SLOTS = 1 << 16;
 /** Slots of the live-ticket ring (a power of two; a colliding ticket makes the older one look finished). */
 const TICKET_SLOTS = 1 << 14;
 /**
- * Kept positions per doubling of the prefix (log2): every position of the first 63 blocks,
+ * Kept positions per doubling of the prefix (log2): every position of the first 64 blocks,
  * then 32 per octave (every 2nd block of the next 64, every 4th of the next 128, …), so a
  * prefix found at a kept position is understated by less than 1/32 of its length.
  */
@@ -47,7 +47,7 @@ export function nextKept(i: number): number {
  * newer block overwrites an older one in its slot, which can only understate what a worker
  * will hold) and a ring of live tickets. Blocks are prefix-chained, so a block found at
  * position i on a worker stands for the request's whole prefix up to i. Only the positions
- * keptPosition() names are recorded and looked up (the first 63, then 32 per doubling of the
+ * keptPosition() names are recorded and looked up (the first 64, then 32 per doubling of the
  * prefix): a follow-up's prefix is understated by under 1/32 of its length, and a request
  * records about 32 · log2 of its blocks. A lookup reads every kept position within the
  * deepest prefix the index holds (a worker may have the rest of it pending), then stops after
