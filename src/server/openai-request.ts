@@ -5,6 +5,7 @@
  * into a RouteRequest under the limits of request-limits.ts, the tenant's cache salt, prompt
  * tokenization by the configured mode, and OpenAI-style JSON error answers.
  */
+import { isUtf8 } from 'node:buffer';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { RouteRequest } from '../core/router/index.js';
 import {
@@ -26,8 +27,8 @@ import {
 
 declare module 'fastify' {
   interface FastifyRequest {
-    /** The body as received: forwarded as is when the router changes nothing in it (no re-serialisation). */
-    rawBody?: string;
+    /** The body's bytes as received: forwarded as they are when the router changes nothing in the body. */
+    rawBody?: Buffer;
     /** The tenant of the request's API key (with --api-keys-file). */
     tenant?: string;
   }
@@ -57,10 +58,12 @@ export function useJsonBodies(app: FastifyInstance, maxJsonDepth: number): void 
   app.decorateRequest('rawBody', undefined);
   app.decorateRequest('tenant', undefined);
   const parseJson = (req: FastifyRequest, body: string | Buffer, done: (err: Error | null, body?: unknown) => void) => {
-    if (body === '') return done(null, undefined);
+    if (body.length === 0) return done(null, undefined);
     try {
-      const parsed: unknown = parseJsonBody(body as string, maxJsonDepth);
-      req.rawBody = body as string;
+      const bytes = body as Buffer;
+      const parsed: unknown = parseJsonBody(bytes.toString('utf8'), maxJsonDepth);
+      // bytes that are not UTF-8 are forwarded as read (invalid sequences replaced), as JSON.parse saw them
+      req.rawBody = isUtf8(bytes) ? bytes : undefined;
       done(null, parsed);
     } catch (err) {
       done(
@@ -72,8 +75,8 @@ export function useJsonBodies(app: FastifyInstance, maxJsonDepth: number): void 
     }
   };
   app.removeContentTypeParser('application/json');
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson);
-  app.addContentTypeParser('*', { parseAs: 'string' }, parseJson);
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, parseJson);
+  app.addContentTypeParser('*', { parseAs: 'buffer' }, parseJson);
 }
 
 /** A request read for routing: what to route on, the body to forward, and whether that body is the one received. */
