@@ -225,7 +225,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   app.setNotFoundHandler((req, reply) => void openAiError(reply, 404, `no route ${req.method} ${req.url}`));
   // a callback hook, not an async one: no promise per request
   app.addHook('onResponse', (req, reply, done) => {
-    metrics.requests.inc({ path: req.routeOptions.url ?? 'unknown', status: String(reply.statusCode) });
+    metrics.countRequest(req.routeOptions.url ?? 'unknown', reply.statusCode);
     done();
   });
 
