@@ -9,13 +9,18 @@
  * decode until the end, released on completion, error or client disconnect.
  */
 import type { ServerResponse } from 'node:http';
-import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Dispatcher } from 'undici';
 import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router/index.js';
 import type { StateStore } from '../state/state-store.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
 import type { GatewayMetrics } from './metrics.js';
-import { openAiError, type OpenAiPath, type RequestReader } from './openai-request.js';
+import {
+  openAiError,
+  type OpenAiPath,
+  type ProxyReply,
+  type RequestReader,
+  type RequestSource,
+} from './openai-request.js';
 import { clientMessage } from './request-limits.js';
 import type { FirstByteDeadlines } from './timeouts.js';
 import type { WorkerConnection, WorkerConnections } from './worker-connections.js';
@@ -40,7 +45,7 @@ export interface ProxyDeps {
 /** route(), with its argument checks answered as 400 (never 500) and nothing internal shown. */
 export function routeOr400(
   router: KVAwareRouter,
-  reply: FastifyReply,
+  reply: ProxyReply,
   request: RouteRequest,
   opts: Parameters<KVAwareRouter['route']>[1],
 ): RouteResult | undefined {
@@ -69,7 +74,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     firstByte,
     cachedTokensHeader,
   } = deps;
-  return async (req: FastifyRequest, reply: FastifyReply) => {
+  return async (req: RequestSource, reply: ProxyReply): Promise<ProxyReply> => {
     const prepared = await readRequest(path, req, reply);
     if (!prepared) return reply;
     const { routeRequest, body, unchanged } = prepared;
@@ -200,7 +205,7 @@ const MAX_DISCARDED_BYTES = 128 * 1024;
  * the first byte ends an SSE stream with an OpenAI-style error event.
  */
 function forward(
-  reply: FastifyReply,
+  reply: ProxyReply,
   connection: WorkerConnection,
   path: string,
   body: string | Buffer,
@@ -253,7 +258,7 @@ class Attempt implements Dispatcher.DispatchHandler {
   private onDrain: (() => void) | undefined;
 
   constructor(
-    private readonly reply: FastifyReply,
+    private readonly reply: ProxyReply,
     private readonly connection: WorkerConnection,
     private readonly o: ForwardOptions,
     private readonly resolve: (outcome: ForwardOutcome) => void,

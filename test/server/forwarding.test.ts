@@ -208,3 +208,40 @@ test('a large stream read slowly by the client arrives whole', async () => {
   assert.equal(bytes, 4000 * (6 + 1000 + 2) + 'data: [DONE]\n\n'.length);
   assert.equal(text, 'data: [DONE]\n\n');
 });
+
+test('the common case and the Fastify route answer alike: errors, content types, metrics', async () => {
+  // a query string (like chunked bodies and other content types) goes through Fastify; the plain case does not
+  const send = async (path: string, body: string) => {
+    const res = await fetch(`${base}${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body,
+    });
+    return { status: res.status, type: res.headers.get('content-type'), body: await res.text() };
+  };
+  const cases = [
+    'not json',
+    '[1, 2]',
+    '{"model":"m"}',
+    '{"model":"m","prompt":"p","contextforge":{"workflowId":""}}',
+    '{"a":'.repeat(100) + '1' + '}'.repeat(100),
+    '',
+  ];
+  for (const body of cases) {
+    const fast = await send('/v1/completions', body);
+    const routed = await send('/v1/completions?via=fastify', body);
+    assert.deepEqual(fast, routed, `the same answer for ${body.slice(0, 40)}`);
+    assert.equal(fast.status, 400, body.slice(0, 40));
+    assert.equal(fast.type, 'application/json; charset=utf-8');
+  }
+  const ok = await send('/v1/chat/completions', '{"model":"m","messages":[{"role":"user","content":"hi"}]}');
+  const okRouted = await send(
+    '/v1/chat/completions?via=fastify',
+    '{"model":"m","messages":[{"role":"user","content":"hi"}]}',
+  );
+  assert.deepEqual([ok.status, okRouted.status], [200, 200]);
+  // both ways are counted under the route's path (the 400s: these twelve and the engine's one above)
+  const metrics = await (await fetch(`${base}/metrics`)).text();
+  assert.match(metrics, /contextforge_requests_total\{path="\/v1\/chat\/completions",status="200"\} 2/);
+  assert.match(metrics, /contextforge_requests_total\{path="\/v1\/completions",status="400"\} 13/);
+});
