@@ -5,7 +5,7 @@
  * module composes the pieces (metrics, circuit breaker, worker connections, request reading,
  * proxy, admin routes) and serves the small read-only endpoints itself.
  */
-import { createServer as createHttpServer } from 'node:http';
+import { createServer as createHttpServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { request as upstreamRequest } from 'undici';
 import type { Registry } from 'prom-client';
@@ -25,9 +25,11 @@ import {
   createRequestReader,
   openAiError,
   useJsonBodies,
+  type ProxyReply,
   type RequestParser,
   type RequestReaderOptions,
 } from './openai-request.js';
+import { createFastPath } from './fast-path.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
@@ -140,8 +142,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     healthCheckIntervalMs: options.healthCheckIntervalMs ?? 2000,
   });
   const state = options.state ?? new MemoryStateStore();
+  const bodyLimit = options.bodyLimit ?? 16 * 1024 * 1024;
+  /** The OpenAI routes' common case before Fastify (set once the routes exist), and whether the gateway is closing. */
+  let fastPath: ((req: IncomingMessage, res: ServerResponse) => boolean) | undefined;
+  let closing = false;
   const app = Fastify({
-    bodyLimit: options.bodyLimit ?? 16 * 1024 * 1024,
+    bodyLimit,
     logger: false,
     connectionTimeout: timeouts.connectionTimeoutMs,
     // slow clients: the headers and the whole request must arrive in time (checked every second);
@@ -153,7 +159,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           requestTimeout: timeouts.requestTimeoutMs,
           connectionsCheckingInterval: Math.min(1000, timeouts.headersTimeoutMs),
         },
-        handler,
+        (req, res) => {
+          if (fastPath === undefined || !fastPath(req, res)) handler(req, res);
+        },
       );
       server.setTimeout(timeouts.connectionTimeoutMs);
       // longer than clients keep idle connections (undici: 4 s), so the server is never the one
@@ -202,7 +210,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   });
 
   useJsonBodies(app, limits.maxJsonDepth);
-  app.setErrorHandler((err: Error & { statusCode?: number }, req, reply) => {
+  /** An error a route threw, answered: a client's mistake as a 4xx naming it, anything else a 500 (logged). */
+  const answerError = (err: Error & { statusCode?: number }, where: string, reply: ProxyReply) => {
     // a check's TypeError/RangeError is the client's; anything else is ours, and its message stays in the log
     const clientError =
       err instanceof RequestLimitError ||
@@ -216,16 +225,19 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
             ? 400
             : 500;
     if (status >= 500) {
-      log(`internal error on ${req.method} ${req.routeOptions.url ?? 'unknown'}: ${err.stack ?? err.message}`);
+      log(`internal error on ${where}: ${err.stack ?? err.message}`);
       return void openAiError(reply, 500, 'internal error');
     }
     const message = status === 413 ? `request body too large: ${err.message}` : err.message;
     void openAiError(reply, status, message, err instanceof RequestLimitError ? err.param : null);
-  });
+  };
+  app.setErrorHandler((err: Error & { statusCode?: number }, req, reply) =>
+    answerError(err, `${req.method} ${req.routeOptions.url ?? 'unknown'}`, reply),
+  );
   app.setNotFoundHandler((req, reply) => void openAiError(reply, 404, `no route ${req.method} ${req.url}`));
   // a callback hook, not an async one: no promise per request
   app.addHook('onResponse', (req, reply, done) => {
-    metrics.requests.inc({ path: req.routeOptions.url ?? 'unknown', status: String(reply.statusCode) });
+    metrics.countRequest(req.routeOptions.url ?? 'unknown', reply.statusCode);
     done();
   });
 
@@ -271,8 +283,23 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   };
   const openAi = options.openAiRoutes ?? true;
   if (openAi) {
-    app.post('/v1/completions', apiKeyHook, createProxyHandler(proxyDeps, '/v1/completions'));
-    app.post('/v1/chat/completions', apiKeyHook, createProxyHandler(proxyDeps, '/v1/chat/completions'));
+    const completions = createProxyHandler(proxyDeps, '/v1/completions');
+    const chat = createProxyHandler(proxyDeps, '/v1/chat/completions');
+    app.post('/v1/completions', apiKeyHook, completions);
+    app.post('/v1/chat/completions', apiKeyHook, chat);
+    // without API keys, the common case skips Fastify (fast-path.ts); with them Fastify's hook checks each request
+    if (!options.apiKeys)
+      fastPath = createFastPath({
+        handlers: new Map([
+          ['/v1/completions', completions],
+          ['/v1/chat/completions', chat],
+        ]),
+        bodyLimit,
+        maxJsonDepth: limits.maxJsonDepth,
+        answerError: (err, path, reply) => answerError(toError(err), `POST ${path}`, reply),
+        countRequest: (path, status) => metrics.countRequest(path, status),
+        closing: () => closing,
+      });
   }
 
   // the dry run shows what is cached where: operators only, unless made public
@@ -363,6 +390,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     connections,
     parseRequest: createRequestParser(readerOptions),
     close: async () => {
+      closing = true;
       breaker.close();
       connections.stopPolling();
       await app.close();
@@ -370,4 +398,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       await state.close();
     },
   };
+}
+
+/** What a route threw, as an Error (anything else thrown is wrapped). */
+function toError(err: unknown): Error & { statusCode?: number } {
+  return err instanceof Error ? err : new Error(String(err));
 }

@@ -11,10 +11,14 @@ import { skippedEventCounts } from './engine-deployments.js';
 
 export interface GatewayMetrics {
   registry: Registry;
-  /** Requests by path and status. */
+  /** Requests by path and status (counted with countRequest). */
   requests: Counter<'path' | 'status'>;
-  /** Routing decisions by policy and reason. */
+  /** Routing decisions by policy and reason (counted with countDecision). */
   decisions: Counter<'policy' | 'reason'>;
+  /** One request answered: `requests` by its route's path and its status. */
+  countRequest(path: string, status: number): void;
+  /** One routing decision: `decisions` by its policy and reason. */
+  countDecision(policy: string, reason: string): void;
   cachedTokens: Counter;
   promptTokens: Counter;
   /** Requests retried on another worker, by the worker that failed. */
@@ -26,20 +30,61 @@ export interface GatewayMetrics {
   upstreamFailures: Counter<'worker'>;
 }
 
+/**
+ * Counts by two labels, kept as plain numbers on the request path and added to their
+ * prom-client counter when it is read (a scrape): a labelled inc() hashes and checks its
+ * labels on every call. The label values come from small fixed sets (route paths, statuses,
+ * policies, reasons), so the table stays small.
+ */
+class PairCounts<A extends string, B extends string> {
+  private readonly rows = new Map<string, Map<string | number, { labels: Record<A | B, string>; n: number }>>();
+
+  constructor(
+    private readonly first: A,
+    private readonly second: B,
+  ) {}
+
+  add(a: string, b: string | number): void {
+    let row = this.rows.get(a);
+    if (row === undefined) this.rows.set(a, (row = new Map()));
+    const cell = row.get(b);
+    if (cell !== undefined) cell.n++;
+    else row.set(b, { labels: { [this.first]: a, [this.second]: String(b) } as Record<A | B, string>, n: 1 });
+  }
+
+  /** Adds what was counted since the last flush to `counter`. */
+  flush(counter: Counter<A | B>): void {
+    for (const row of this.rows.values())
+      for (const cell of row.values()) {
+        if (cell.n === 0) continue;
+        counter.inc(cell.labels, cell.n);
+        cell.n = 0;
+      }
+  }
+}
+
 export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
   const registry = new Registry();
   const registers = [registry];
-  const requests = new Counter({
+  const requestCounts = new PairCounts('path', 'status');
+  const requests: Counter<'path' | 'status'> = new Counter({
     name: 'contextforge_requests_total',
     help: 'Requests by path and status.',
     labelNames: ['path', 'status'] as const,
     registers,
+    collect() {
+      requestCounts.flush(requests);
+    },
   });
-  const decisions = new Counter({
+  const decisionCounts = new PairCounts('policy', 'reason');
+  const decisions: Counter<'policy' | 'reason'> = new Counter({
     name: 'contextforge_route_decisions_total',
     help: 'Routing decisions by policy and reason.',
     labelNames: ['policy', 'reason'] as const,
     registers,
+    collect() {
+      decisionCounts.flush(decisions);
+    },
   });
   const cachedTokens = new Counter({
     name: 'contextforge_predicted_cached_tokens_total',
@@ -103,7 +148,19 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     labelNames: ['worker'] as const,
     registers,
   });
-  return { registry, requests, decisions, cachedTokens, promptTokens, retries, ttft, latency, upstreamFailures };
+  return {
+    registry,
+    requests,
+    decisions,
+    countRequest: (path, status) => requestCounts.add(path, status),
+    countDecision: (policy, reason) => decisionCounts.add(policy, reason),
+    cachedTokens,
+    promptTokens,
+    retries,
+    ttft,
+    latency,
+    upstreamFailures,
+  };
 }
 
 /**

@@ -5,7 +5,9 @@
  * into a RouteRequest under the limits of request-limits.ts, the tenant's cache salt, prompt
  * tokenization by the configured mode, and OpenAI-style JSON error answers.
  */
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { isUtf8 } from 'node:buffer';
+import type { ServerResponse } from 'node:http';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { RouteRequest } from '../core/router/index.js';
 import {
   UntokenizableContentError,
@@ -26,8 +28,8 @@ import {
 
 declare module 'fastify' {
   interface FastifyRequest {
-    /** The body as received: forwarded as is when the router changes nothing in it (no re-serialisation). */
-    rawBody?: string;
+    /** The body's bytes as received: forwarded as they are when the router changes nothing in the body. */
+    rawBody?: Buffer;
     /** The tenant of the request's API key (with --api-keys-file). */
     tenant?: string;
   }
@@ -35,16 +37,45 @@ declare module 'fastify' {
 
 export type OpenAiPath = '/v1/completions' | '/v1/chat/completions';
 
+/** What the OpenAI routes use of a reply: Fastify's, or the gateway's fast path's (fast-path.ts). */
+export interface ProxyReply {
+  readonly raw: ServerResponse;
+  /** The answer has been sent, or the route took the response over (hijack). */
+  readonly sent: boolean;
+  code(status: number): ProxyReply;
+  header(name: string, value: string): ProxyReply;
+  send(payload: unknown): ProxyReply;
+  /** The route writes the response itself. */
+  hijack(): unknown;
+}
+
+/** What an error answer needs of a reply: Fastify's, or the gateway's fast path's (fast-path.ts). */
+export interface ErrorReply {
+  code(status: number): { send(payload: unknown): unknown };
+}
+
 /** Answers with an OpenAI-style error body. */
-export function openAiError(
-  reply: FastifyReply,
+export function openAiError<R extends ErrorReply>(
+  reply: R,
   status: number,
   message: string,
   param: string | null = null,
   code: string | null = null,
-): FastifyReply {
+): R {
   const type = status >= 500 ? 'server_error' : status === 401 ? 'authentication_error' : 'invalid_request_error';
-  return reply.code(status).send({ error: { message, type, param, code } });
+  reply.code(status).send({ error: { message, type, param, code } });
+  return reply;
+}
+
+/** Parses a JSON request body as the OpenAI routes take it (see useJsonBodies); throws a RequestLimitError. */
+export function parseRequestBody(bytes: Buffer, maxJsonDepth: number): unknown {
+  return bytes.length === 0 ? undefined : parseJsonBody(bytes.toString('utf8'), maxJsonDepth);
+}
+
+/** The bytes to forward for an unchanged body: the client's own, unless they are not UTF-8. */
+export function forwardableBytes(bytes: Buffer): Buffer | undefined {
+  // bytes that are not UTF-8 are forwarded as read (invalid sequences replaced), as JSON.parse saw them
+  return bytes.length > 0 && isUtf8(bytes) ? bytes : undefined;
 }
 
 /**
@@ -57,10 +88,9 @@ export function useJsonBodies(app: FastifyInstance, maxJsonDepth: number): void 
   app.decorateRequest('rawBody', undefined);
   app.decorateRequest('tenant', undefined);
   const parseJson = (req: FastifyRequest, body: string | Buffer, done: (err: Error | null, body?: unknown) => void) => {
-    if (body === '') return done(null, undefined);
     try {
-      const parsed: unknown = parseJsonBody(body as string, maxJsonDepth);
-      req.rawBody = body as string;
+      const parsed = parseRequestBody(body as Buffer, maxJsonDepth);
+      req.rawBody = forwardableBytes(body as Buffer);
       done(null, parsed);
     } catch (err) {
       done(
@@ -72,8 +102,8 @@ export function useJsonBodies(app: FastifyInstance, maxJsonDepth: number): void 
     }
   };
   app.removeContentTypeParser('application/json');
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson);
-  app.addContentTypeParser('*', { parseAs: 'string' }, parseJson);
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, parseJson);
+  app.addContentTypeParser('*', { parseAs: 'buffer' }, parseJson);
 }
 
 /** A request read for routing: what to route on, the body to forward, and whether that body is the one received. */
@@ -82,6 +112,8 @@ export type ParsedRequest = ReadRequest;
 /** What a request parser reads: a Fastify request, or one assembled by another front end (the endpoint picker). */
 export interface RequestSource {
   body: unknown;
+  /** The body's bytes as received, when they can be forwarded as they are. */
+  rawBody?: Buffer;
   headers: Readonly<Record<string, string | string[] | undefined>>;
   /** The client's tenant (API keys): its requests get the tenant's cache salt. */
   tenant?: string;
@@ -172,7 +204,7 @@ export type RequestParser = ReturnType<typeof createRequestParser>;
  */
 export function createRequestReader(options: RequestReaderOptions) {
   const parse = createRequestParser(options);
-  return async (path: string, req: FastifyRequest, reply: FastifyReply): Promise<ParsedRequest | undefined> => {
+  return async (path: string, req: RequestSource, reply: ProxyReply): Promise<ParsedRequest | undefined> => {
     const parsed = await parse(path, req);
     if ('status' in parsed) {
       if (parsed.retryAfterS !== undefined) reply.header('retry-after', String(parsed.retryAfterS));

@@ -8,13 +8,19 @@
  * router's in-flight ticket follows the request: prefill until the first upstream byte,
  * decode until the end, released on completion, error or client disconnect.
  */
-import { EventEmitter } from 'node:events';
-import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { ServerResponse } from 'node:http';
+import type { Dispatcher } from 'undici';
 import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router/index.js';
 import type { StateStore } from '../state/state-store.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
 import type { GatewayMetrics } from './metrics.js';
-import { openAiError, type OpenAiPath, type RequestReader } from './openai-request.js';
+import {
+  openAiError,
+  type OpenAiPath,
+  type ProxyReply,
+  type RequestReader,
+  type RequestSource,
+} from './openai-request.js';
 import { clientMessage } from './request-limits.js';
 import type { FirstByteDeadlines } from './timeouts.js';
 import type { WorkerConnection, WorkerConnections } from './worker-connections.js';
@@ -39,7 +45,7 @@ export interface ProxyDeps {
 /** route(), with its argument checks answered as 400 (never 500) and nothing internal shown. */
 export function routeOr400(
   router: KVAwareRouter,
-  reply: FastifyReply,
+  reply: ProxyReply,
   request: RouteRequest,
   opts: Parameters<KVAwareRouter['route']>[1],
 ): RouteResult | undefined {
@@ -68,7 +74,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     firstByte,
     cachedTokensHeader,
   } = deps;
-  return async (req: FastifyRequest, reply: FastifyReply) => {
+  return async (req: RequestSource, reply: ProxyReply): Promise<ProxyReply> => {
     const prepared = await readRequest(path, req, reply);
     if (!prepared) return reply;
     const { routeRequest, body, unchanged } = prepared;
@@ -107,7 +113,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         if (failedAttempts > 0) return openAiError(reply, 502, 'the engines failed to answer');
         return openAiError(reply, 503, 'no worker can take the request now');
       }
-      metrics.decisions.inc({ policy: decision.policy, reason: decision.reason });
+      metrics.countDecision(decision.policy, decision.reason);
       if (decision.shared) state.decisionMade(decision.shared);
       const forwarded = decision.cacheSalt
         ? JSON.stringify({ ...body, cache_salt: decision.cacheSalt })
@@ -188,6 +194,9 @@ interface ForwardOptions {
   onFirstByte: (seconds: number) => void;
 }
 
+/** A 5xx answer's body is read (keeping the connection) up to this size, then the connection is dropped. */
+const MAX_DISCARDED_BYTES = 128 * 1024;
+
 /**
  * Sends the request to one engine and passes its answer to the client: a stream chunk by
  * chunk, a complete JSON answer in one write with its length. Nothing is sent to the client
@@ -195,100 +204,201 @@ interface ForwardOptions {
  * byte timeout, the worker leaving rotation) can be retried on another worker. A failure after
  * the first byte ends an SSE stream with an OpenAI-style error event.
  */
-async function forward(
-  reply: FastifyReply,
+function forward(
+  reply: ProxyReply,
   connection: WorkerConnection,
   path: string,
-  body: string,
+  body: string | Buffer,
   o: ForwardOptions,
 ): Promise<ForwardOutcome> {
-  // undici takes an EventEmitter as the abort signal: cheaper per request than an AbortController
-  const abort = new EventEmitter();
-  let why: 'client' | 'first-byte' | 'worker-out' | undefined;
-  const giveUp = (reason: 'client' | 'first-byte' | 'worker-out') => {
-    if (why !== undefined) return;
-    why = reason;
-    abort.emit('abort');
-  };
-  const res = reply.raw;
-  // the response closing before it finished means the client went away (a request's own
-  // 'close' only says its body was read)
-  const onClientGone = () => {
-    if (!res.writableFinished) giveUp('client');
-  };
-  res.once('close', onClientGone);
-  const onWorkerOut = () => giveUp('worker-out');
-  connection.unanswered.add(onWorkerOut);
-  // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
-  // non-streamed answer's first byte is the whole answer (undici's timeouts bound it)
-  const timer = o.streaming ? setTimeout(() => giveUp('first-byte'), o.firstByteTimeoutMs) : undefined;
-  const failed = (): ForwardOutcome =>
-    why === 'client' ? 'client-gone' : why === 'worker-out' ? 'worker-out' : 'retry';
-  const started = performance.now();
-  let sent = false;
-  let eventStream = false;
-  try {
-    const upstream = await connection.pool.request({
-      path,
-      method: 'POST',
-      body,
-      headers: connection.headers,
-      signal: abort,
-      headersTimeout: o.streaming ? o.firstByteTimeoutMs + 1000 : o.interChunkTimeoutMs,
-      bodyTimeout: o.interChunkTimeoutMs,
-    });
-    if (upstream.statusCode >= 500) {
-      await upstream.body.dump().catch(() => {});
-      return failed();
+  return new Promise((resolve) => {
+    const attempt = new Attempt(reply, connection, o, resolve);
+    // undici's dispatch with a handler: no response stream, iterator or promise per request
+    connection.pool.dispatch(
+      {
+        path,
+        method: 'POST',
+        body,
+        headers: connection.headers,
+        headersTimeout: o.streaming ? o.firstByteTimeoutMs + 1000 : o.interChunkTimeoutMs,
+        bodyTimeout: o.interChunkTimeoutMs,
+      },
+      attempt,
+    );
+  });
+}
+
+type GiveUpReason = 'client' | 'first-byte' | 'worker-out';
+
+/**
+ * One attempt on one engine, as an undici dispatch handler: the engine's answer is written to
+ * the client as it arrives (a complete JSON answer of known size is gathered and written once).
+ */
+class Attempt implements Dispatcher.DispatchHandler {
+  private why: GiveUpReason | undefined;
+  private abortUpstream: ((err?: Error) => void) | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private readonly started = performance.now();
+  private readonly res: ServerResponse;
+  private status = 0;
+  /** The engine answered 5xx: its body is read and dropped, then the attempt fails. */
+  private discarding = false;
+  private discarded = 0;
+  private headers: Record<string, string> | undefined;
+  private eventStream = false;
+  /** A complete answer of known length: gathered, then written with its length. */
+  private gather = false;
+  private parts: Buffer[] | undefined;
+  private firstByteSeen = false;
+  /** Something reached the client: a failure now ends its response instead of retrying. */
+  private sent = false;
+  private settled = false;
+  private readonly onClientGone: () => void;
+  private readonly onWorkerOut: () => void;
+  private onDrain: (() => void) | undefined;
+
+  constructor(
+    private readonly reply: ProxyReply,
+    private readonly connection: WorkerConnection,
+    private readonly o: ForwardOptions,
+    private readonly resolve: (outcome: ForwardOutcome) => void,
+  ) {
+    const res = reply.raw;
+    this.res = res;
+    // the response closing before it finished means the client went away (a request's own
+    // 'close' only says its body was read)
+    this.onClientGone = () => {
+      if (!res.writableFinished) this.giveUp('client');
+    };
+    res.once('close', this.onClientGone);
+    this.onWorkerOut = () => this.giveUp('worker-out');
+    connection.unanswered.add(this.onWorkerOut);
+    // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
+    // non-streamed answer's first byte is the whole answer (undici's timeouts bound it)
+    if (o.streaming) this.timer = setTimeout(() => this.giveUp('first-byte'), o.firstByteTimeoutMs);
+  }
+
+  private giveUp(reason: GiveUpReason): void {
+    if (this.why !== undefined || this.settled) return;
+    this.why = reason;
+    // before the connection is made, undici calls onConnect later and the attempt aborts there
+    this.abortUpstream?.(new Error(`given up: ${reason}`));
+  }
+
+  private failed(): ForwardOutcome {
+    return this.why === 'client' ? 'client-gone' : this.why === 'worker-out' ? 'worker-out' : 'retry';
+  }
+
+  private settle(outcome: ForwardOutcome): void {
+    if (this.settled) return;
+    this.settled = true;
+    if (this.timer) clearTimeout(this.timer);
+    this.res.off('close', this.onClientGone);
+    if (this.onDrain) this.res.off('drain', this.onDrain);
+    this.connection.unanswered.delete(this.onWorkerOut);
+    this.resolve(outcome);
+  }
+
+  onConnect(abort: (err?: Error) => void): void {
+    this.abortUpstream = abort;
+    if (this.why !== undefined) abort(new Error(`given up: ${this.why}`));
+  }
+
+  onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
+    if (statusCode < 200) return true; // informational
+    this.status = statusCode;
+    if (statusCode >= 500) {
+      this.discarding = true;
+      return true;
     }
-    const contentType = String(upstream.headers['content-type'] ?? 'application/json');
-    eventStream = contentType.includes('event-stream');
+    let contentType: string | undefined;
+    let hasLength = false;
+    for (let i = 0; i < rawHeaders.length; i += 2) {
+      const name = rawHeaders[i];
+      if (name.length === 12 && name.toString('latin1').toLowerCase() === 'content-type') {
+        const v = rawHeaders[i + 1].toString('latin1');
+        contentType = contentType === undefined ? v : `${contentType},${v}`;
+      } else if (name.length === 14 && name.toString('latin1').toLowerCase() === 'content-length') hasLength = true;
+    }
+    contentType ??= 'application/json';
+    this.eventStream = contentType.includes('event-stream');
+    const o = this.o;
     const headers: Record<string, string> = { 'content-type': contentType, 'x-contextforge-worker': o.workerId };
     if (o.rank !== null) headers['x-contextforge-rank'] = String(o.rank);
     if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
-    const chunks = upstream.body[Symbol.asyncIterator]();
-    const first = await chunks.next();
-    if (timer) clearTimeout(timer);
-    if (why !== undefined) return failed();
-    o.onFirstByte((performance.now() - started) / 1000);
-    if (!eventStream && upstream.headers['content-length'] !== undefined) {
-      // a complete JSON answer of known size: sent in one write with its length, not chunked
-      const parts: Buffer[] = first.done ? [] : [first.value as Buffer];
-      for (let next = await chunks.next(); !next.done; next = await chunks.next()) parts.push(next.value as Buffer);
-      if (why !== undefined) return failed();
-      const payload = parts.length === 1 ? parts[0] : Buffer.concat(parts);
-      headers['content-length'] = String(payload.length);
-      connection.unanswered.delete(onWorkerOut);
-      reply.hijack();
-      sent = true;
-      res.writeHead(upstream.statusCode, headers);
-      res.end(payload);
-      return 'done';
+    if (this.eventStream) headers['cache-control'] = 'no-cache';
+    this.headers = headers;
+    this.gather = !this.eventStream && hasLength;
+    this.onDrain = resume;
+    return true;
+  }
+
+  /** The first body byte (or the end of an empty body): the engine answered. */
+  private firstByte(): void {
+    this.firstByteSeen = true;
+    if (this.timer) {
+      clearTimeout(this.timer);
+      this.timer = undefined;
     }
-    if (eventStream) headers['cache-control'] = 'no-cache';
-    connection.unanswered.delete(onWorkerOut);
-    reply.hijack();
-    sent = true;
-    res.writeHead(upstream.statusCode, headers);
-    if (!first.done && !res.write(first.value)) await new Promise((r) => res.once('drain', r));
-    for (let next = await chunks.next(); !next.done; next = await chunks.next()) {
-      if (!res.write(next.value)) await new Promise((r) => res.once('drain', r));
+    this.o.onFirstByte((performance.now() - this.started) / 1000);
+  }
+
+  /** From here on the answer belongs to the client: headers out, no retry, no give-up on worker-out. */
+  private startResponse(extra?: number): void {
+    this.connection.unanswered.delete(this.onWorkerOut);
+    this.reply.hijack();
+    this.sent = true;
+    const headers = this.headers!;
+    if (extra !== undefined) headers['content-length'] = String(extra);
+    this.res.writeHead(this.status, headers);
+  }
+
+  onData(chunk: Buffer): boolean {
+    if (this.discarding) {
+      this.discarded += chunk.length;
+      if (this.discarded > MAX_DISCARDED_BYTES) this.abortUpstream?.(new Error('discarded'));
+      return true;
     }
-    res.end();
-    return 'done';
-  } catch {
-    if (!sent) return failed();
+    // given up (the abort is under way): nothing more goes anywhere
+    if (this.why !== undefined && !this.sent) return false;
+    if (!this.firstByteSeen) this.firstByte();
+    if (this.gather) {
+      (this.parts ??= []).push(chunk);
+      return true;
+    }
+    if (!this.sent) this.startResponse();
+    if (this.res.write(chunk)) return true;
+    // the client reads slower than the engine writes: the engine's socket waits for 'drain'
+    this.res.once('drain', this.onDrain!);
+    return false;
+  }
+
+  onComplete(): void {
+    if (this.discarding) return this.settle(this.failed());
+    if (this.why !== undefined && !this.sent) return this.settle(this.failed());
+    if (!this.firstByteSeen) this.firstByte();
+    if (this.gather) {
+      const parts = this.parts;
+      const payload = parts === undefined ? Buffer.alloc(0) : parts.length === 1 ? parts[0] : Buffer.concat(parts);
+      this.startResponse(payload.length);
+      this.res.end(payload);
+    } else {
+      if (!this.sent) this.startResponse();
+      this.res.end();
+    }
+    this.settle('done');
+  }
+
+  onError(): void {
+    if (this.settled) return;
+    if (!this.sent) return this.settle(this.failed());
     // after the first byte: end the stream cleanly; the cause stays out of the client's view
-    if (why !== 'client' && eventStream) {
-      res.write(
+    if (this.why !== 'client' && this.eventStream) {
+      this.res.write(
         `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`,
       );
     }
-    res.end();
-    return why === 'client' ? 'client-gone' : 'done';
-  } finally {
-    if (timer) clearTimeout(timer);
-    res.off('close', onClientGone);
-    connection.unanswered.delete(onWorkerOut);
+    this.res.end();
+    this.settle(this.why === 'client' ? 'client-gone' : 'done');
   }
 }

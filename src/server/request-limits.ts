@@ -312,7 +312,14 @@ export interface ReadRequest {
 export function readRouteRequest(path: string, raw: unknown, headers: Headers, limits: RequestLimits): ReadRequest {
   if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
     throw new RequestLimitError('the body must be a JSON object', 'body');
-  const { contextforge: meta, ...body } = raw as Record<string, unknown>;
+  const received = raw as Record<string, unknown>;
+  const meta = received.contextforge;
+  // the body to forward is the one received unless it has the metadata field to drop (no copy per request)
+  let body = received;
+  if (Object.hasOwn(received, 'contextforge')) {
+    const { contextforge: _dropped, ...rest } = received;
+    body = rest;
+  }
   const m = readMetadata(meta, headers, limits);
   const routeRequest: RouteRequest = {
     workflowId: m.workflowId,

@@ -1,0 +1,127 @@
+/**
+ * The completion routes' common case, served before Fastify: a POST of a JSON body with a
+ * Content-Length within the body limit, to /v1/completions or /v1/chat/completions exactly,
+ * without API keys. It runs the same handler as the Fastify route (proxy.ts) and answers
+ * errors as the gateway's error handler does, but skips Fastify's per-request work (request and
+ * reply objects, routing, hooks, the body parser's stream plumbing): on a small request that
+ * work is a measurable share of the router's CPU. Everything else — other methods and paths,
+ * query strings, chunked or oversized bodies, other content types, API keys, a closing gateway —
+ * goes to Fastify unchanged.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import {
+  forwardableBytes,
+  parseRequestBody,
+  type OpenAiPath,
+  type ProxyReply,
+  type RequestSource,
+} from './openai-request.js';
+
+/** application/json, with or without parameters. */
+const JSON_TYPE = /^application\/json\s*(;|$)/i;
+
+export interface FastPathOptions {
+  /** The proxy handler of each path. */
+  handlers: ReadonlyMap<string, (req: RequestSource, reply: ProxyReply) => Promise<unknown>>;
+  bodyLimit: number;
+  maxJsonDepth: number;
+  /** Answers an error as the gateway's error handler does. */
+  answerError: (err: unknown, path: OpenAiPath, reply: ProxyReply) => void;
+  /** Counts the answered request (the gateway's request metric). */
+  countRequest: (path: string, status: number) => void;
+  /** True once the gateway is closing: Fastify answers (503) from then on. */
+  closing: () => boolean;
+}
+
+/** Returns a server-level handler: true when it took the request, false to leave it to Fastify. */
+export function createFastPath(o: FastPathOptions): (req: IncomingMessage, res: ServerResponse) => boolean {
+  return (req, res) => {
+    if (req.method !== 'POST') return false;
+    const handler = o.handlers.get(req.url ?? '');
+    if (handler === undefined || o.closing()) return false;
+    const h = req.headers;
+    const type = h['content-type'];
+    const length = h['content-length'];
+    if (type === undefined || length === undefined || h['transfer-encoding'] !== undefined || !JSON_TYPE.test(type))
+      return false;
+    const size = Number(length);
+    if (!(size <= o.bodyLimit)) return false;
+    new FastRequest(req.url as OpenAiPath, req, res, handler, o);
+    return true;
+  };
+}
+
+/** One request on the fast path: its body read, then the route's handler with a minimal reply. */
+class FastRequest implements ProxyReply {
+  private readonly chunks: Buffer[] = [];
+  private status = 200;
+  private headers: Record<string, string> | undefined;
+  private hijacked = false;
+
+  constructor(
+    private readonly path: OpenAiPath,
+    private readonly req: IncomingMessage,
+    readonly raw: ServerResponse,
+    private readonly handler: (req: RequestSource, reply: ProxyReply) => Promise<unknown>,
+    private readonly o: FastPathOptions,
+  ) {
+    req.on('data', (chunk: Buffer) => this.chunks.push(chunk));
+    req.on('end', () => this.run());
+    // a client that leaves mid-body: Node closes the socket; nothing to answer
+    req.on('error', () => {});
+    const counted = () => {
+      raw.off('finish', counted);
+      raw.off('error', counted);
+      o.countRequest(path, raw.statusCode);
+    };
+    raw.on('finish', counted);
+    raw.on('error', counted);
+  }
+
+  private run(): void {
+    const chunks = this.chunks;
+    const bytes = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
+    let body: unknown;
+    try {
+      body = parseRequestBody(bytes, this.o.maxJsonDepth);
+    } catch (err) {
+      return this.o.answerError(err, this.path, this);
+    }
+    const source: RequestSource = { body, headers: this.req.headers, rawBody: forwardableBytes(bytes) };
+    this.handler(source, this).catch((err: unknown) => {
+      if (!this.sent && !this.raw.headersSent) this.o.answerError(err, this.path, this);
+      else if (!this.raw.writableEnded) this.raw.destroy();
+    });
+  }
+
+  get sent(): boolean {
+    return this.hijacked || this.raw.writableEnded;
+  }
+
+  code(status: number): this {
+    this.status = status;
+    return this;
+  }
+
+  header(name: string, value: string): this {
+    (this.headers ??= {})[name.toLowerCase()] = value;
+    return this;
+  }
+
+  /** An object answered as JSON, as Fastify serialises it. */
+  send(payload: unknown): this {
+    if (this.sent) return this;
+    const text = JSON.stringify(payload);
+    const headers = this.headers ?? {};
+    headers['content-type'] = 'application/json; charset=utf-8';
+    headers['content-length'] = String(Buffer.byteLength(text));
+    this.raw.writeHead(this.status, headers);
+    this.raw.end(text);
+    return this;
+  }
+
+  hijack(): this {
+    this.hijacked = true;
+    return this;
+  }
+}
