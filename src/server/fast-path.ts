@@ -85,6 +85,9 @@ class FastRequest implements ProxyReply {
     try {
       body = parseRequestBody(bytes, this.o.maxJsonDepth);
     } catch (err) {
+      // as Fastify answers a body its parser rejects: the connection is not reused, so what
+      // the client sent after an unreadable body is not read as a request
+      this.header('connection', 'close');
       return this.o.answerError(err, this.path, this);
     }
     const source: RequestSource = { body, headers: this.req.headers, rawBody: forwardableBytes(bytes) };

@@ -217,7 +217,12 @@ test('the common case and the Fastify route answer alike: errors, content types,
       headers: { 'content-type': 'application/json' },
       body,
     });
-    return { status: res.status, type: res.headers.get('content-type'), body: await res.text() };
+    return {
+      status: res.status,
+      type: res.headers.get('content-type'),
+      connection: res.headers.get('connection'),
+      body: await res.text(),
+    };
   };
   const cases = [
     'not json',
@@ -234,14 +239,18 @@ test('the common case and the Fastify route answer alike: errors, content types,
     assert.equal(fast.status, 400, body.slice(0, 40));
     assert.equal(fast.type, 'application/json; charset=utf-8');
   }
+  // a body that is not readable JSON ends the connection (what follows it is not a request)
+  assert.equal((await send('/v1/completions', 'not json')).connection, 'close');
+  assert.equal((await send('/v1/completions', '{"model":"m"}')).connection, 'keep-alive');
   const ok = await send('/v1/chat/completions', '{"model":"m","messages":[{"role":"user","content":"hi"}]}');
   const okRouted = await send(
     '/v1/chat/completions?via=fastify',
     '{"model":"m","messages":[{"role":"user","content":"hi"}]}',
   );
   assert.deepEqual([ok.status, okRouted.status], [200, 200]);
-  // both ways are counted under the route's path (the 400s: these twelve and the engine's one above)
+  // both ways are counted under the route's path (the 400s: these twelve, the two after them and
+  // the engine's one above)
   const metrics = await (await fetch(`${base}/metrics`)).text();
   assert.match(metrics, /contextforge_requests_total\{path="\/v1\/chat\/completions",status="200"\} 2/);
-  assert.match(metrics, /contextforge_requests_total\{path="\/v1\/completions",status="400"\} 13/);
+  assert.match(metrics, /contextforge_requests_total\{path="\/v1\/completions",status="400"\} 15/);
 });
