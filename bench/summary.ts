@@ -63,6 +63,11 @@ const table: Array<[string, string[]]> = [
       'direct.rps',
       'viaRouter.rps',
       'routerCpuUsPerRequest',
+      // the same load through bench/reference-proxy.ts in the same run (runs since it exists)
+      'referenceProxy.rps',
+      'referenceProxy.throughputRatio',
+      'referenceProxy.cpuUsPerRequest',
+      'throughputVsReference',
       'streamingTtftOverheadP50Ms',
       'realistic.direct.rps',
       ...['text', 'tokenizer', 'engine', 'tokenizerOnEventLoop'].flatMap((m) =>
