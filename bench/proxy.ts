@@ -17,7 +17,8 @@
  * own `throughputRatio` (its rps / direct rps) and CPU per request. It is the bound any Node
  * proxy meets on the machine: on a slow or busy machine the router's `throughputRatio` falls with
  * it, while `throughputVsReference` (router rps / reference rps: the share of a bare proxy's
- * throughput the router keeps) and the two CPU figures side by side read the same anywhere.
+ * throughput the router keeps) and the ratio of the two CPU figures are meant to compare across
+ * machines.
  *
  * `realistic`: streaming OpenAI chat requests the size coding agents send (bench/agent-chat.ts:
  * a shared 10 KB system prompt and a growing history, about 40 KB of JSON, about 8,000 Qwen3
