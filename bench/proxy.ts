@@ -11,6 +11,14 @@
  *   prefill tok/s, 200 decode tok/s: ~10 ms per request here), closer to what a router fronts.
  * Engine and router run as their own processes (the real CLI commands), the load generator in
  * this one. The router's CPU time per request is read from /proc (Linux).
+ * `referenceProxy` is the same load through bench/reference-proxy.ts, the least a Node proxy does
+ * (node:http, undici Pool to the engine, no routing, no body parsing, no metrics), measured in
+ * the same run between the direct and the router loads (after all three are warmed), with its
+ * own `throughputRatio` (its rps / direct rps) and CPU per request. It is the bound any Node
+ * proxy meets on the machine: on a slow or busy machine the router's `throughputRatio` falls with
+ * it, while `throughputVsReference` (router rps / reference rps: the share of a bare proxy's
+ * throughput the router keeps) and the ratio of the two CPU figures are meant to compare across
+ * machines.
  *
  * `realistic`: streaming OpenAI chat requests the size coding agents send (bench/agent-chat.ts:
  * a shared 10 KB system prompt and a growing history, about 40 KB of JSON, about 8,000 Qwen3
@@ -152,29 +160,50 @@ async function ttftPairs(
   return { direct: direct.sort((a, b) => a - b), viaRouter: viaRouter.sort((a, b) => a - b) };
 }
 
+/** A process's CPU per request over one load, in µs, from /proc (null off Linux). */
+function cpuUsPerRequest(cpu0: number | undefined, cpu1: number | undefined, rps: number): number | null {
+  return cpu0 === undefined || cpu1 === undefined ? null : Math.round(((cpu1 - cpu0) * 1000) / (rps * SECONDS));
+}
+
+/** A load through a proxy process, with the CPU time the process spent on it. */
+async function loadVia(proxy: { child: ChildProcess; url: string }) {
+  const cpu0 = cpuMs(proxy.child.pid);
+  const r = await load(proxy.url);
+  const cpu1 = cpuMs(proxy.child.pid);
+  return { ...r, cpuUsPerRequest: cpuUsPerRequest(cpu0, cpu1, r.rps) };
+}
+
 async function compare(engineArgs: string[], withTtft: boolean) {
   const engine = await startCli(['mock-engine', '--port', '0', ...engineArgs], /on (http:\/\/[\d.]+:\d+)/);
   const gateway = await startCli(
     ['serve', '--port', '0', '--worker', `id=e0,url=${engine.url}`],
     /serving on (http:\/\/[\d.]+:\d+)/,
   );
+  const reference = await startCli(
+    ['--port', '0', '--upstream', engine.url],
+    /on (http:\/\/[\d.]+:\d+)/,
+    'bench/reference-proxy.ts',
+  );
   try {
-    // warm both paths, then measure them one after the other
+    // warm the three paths, then measure them one after the other, so drift hits all three
     await load(engine.url);
+    await load(reference.url);
     await load(gateway.url);
     const direct = await load(engine.url);
-    const cpu0 = cpuMs(gateway.child.pid);
-    const viaRouter = await load(gateway.url);
-    const cpu1 = cpuMs(gateway.child.pid);
+    const { cpuUsPerRequest: referenceCpu, ...viaReference } = await loadVia(reference);
+    const { cpuUsPerRequest: routerCpu, ...viaRouter } = await loadVia(gateway);
     const out = {
       direct,
       viaRouter,
       throughputRatio: round(viaRouter.rps / direct.rps, 3),
       overheadP50Ms: round(viaRouter.p50Ms - direct.p50Ms, 3),
-      routerCpuUsPerRequest:
-        cpu0 === undefined || cpu1 === undefined
-          ? null
-          : Math.round(((cpu1 - cpu0) * 1000) / (viaRouter.rps * SECONDS)),
+      routerCpuUsPerRequest: routerCpu,
+      referenceProxy: {
+        ...viaReference,
+        throughputRatio: round(viaReference.rps / direct.rps, 3),
+        cpuUsPerRequest: referenceCpu,
+      },
+      throughputVsReference: round(viaRouter.rps / viaReference.rps, 3),
     };
     if (!withTtft) return out;
     const { direct: ttftDirect, viaRouter: ttftRouter } = await ttftPairs(engine.url, gateway.url, 300);
@@ -187,6 +216,7 @@ async function compare(engineArgs: string[], withTtft: boolean) {
       streamingTtftOverheadP50Ms: round(percentile(ttftRouter, 50) - percentile(ttftDirect, 50), 3),
     };
   } finally {
+    reference.child.kill('SIGTERM');
     gateway.child.kill('SIGTERM');
     engine.child.kill('SIGTERM');
   }
@@ -454,6 +484,8 @@ const result = {
     engines:
       'top level: mock engine at 1,000,000 prefill / 100,000 decode tok/s (HTTP only); modelTimeEngine: default 20,000 / 200 tok/s',
     processes: 'engine, router and load generator in three processes sharing the machine',
+    referenceProxy:
+      'bench/reference-proxy.ts: node:http server, undici Pool to the engine; no routing, body parsing or metrics',
     cores: availableParallelism(),
     ...(processesResult ? { gatewayProcesses: gatewayProcessesNote() } : {}),
     latencyResolution: 'autocannon records whole milliseconds',

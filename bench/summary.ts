@@ -63,6 +63,11 @@ const table: Array<[string, string[]]> = [
       'direct.rps',
       'viaRouter.rps',
       'routerCpuUsPerRequest',
+      // the same load through bench/reference-proxy.ts in the same run (runs since it exists)
+      'referenceProxy.rps',
+      'referenceProxy.throughputRatio',
+      'referenceProxy.cpuUsPerRequest',
+      'throughputVsReference',
       'streamingTtftOverheadP50Ms',
       'realistic.direct.rps',
       ...['text', 'tokenizer', 'engine', 'tokenizerOnEventLoop'].flatMap((m) =>
@@ -101,7 +106,11 @@ if (flags.has('json')) process.stdout.write(`${JSON.stringify(figures, null, 1)}
 else {
   for (const [kind, f] of Object.entries(figures)) {
     console.log(`${f.command}  (${f.files.join(', ')})`);
-    for (const [key, s] of Object.entries(f.figures)) console.log(`  ${key}: ${s.median}  (${s.min} – ${s.max})`);
+    for (const [key, s] of Object.entries(f.figures)) {
+      // a figure newer than some runs: say how many runs it comes from
+      const some = s.values.length < f.files.length ? `, ${s.values.length} of ${f.files.length} runs` : '';
+      console.log(`  ${key}: ${s.median}  (${s.min} – ${s.max}${some})`);
+    }
     void kind;
   }
 }
