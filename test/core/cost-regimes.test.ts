@@ -345,6 +345,7 @@ describe('cost policy regimes', () => {
         'recomputeSeconds',
         'pendingTokens',
         'guardSeconds',
+        'arrivalDelaySeconds',
         'estimatedTtftSeconds',
         'costSeconds',
         'score',
@@ -412,5 +413,106 @@ describe('cost policy regimes', () => {
     assert.deepEqual(probe(), before);
     for (let i = 0; i < 5; i++) r.route({ tokens: tokens.map((t) => t + i * 7919) }, { track: false });
     assert.ok((probe().saturation as number) > 0, 'the mean work per request is known once requests were routed');
+  });
+  test('arrival delay: a long recompute goes to the idle worker that receives no requests', () => {
+    const p = new CostPolicy();
+    const system = 9728; // a system prompt every worker holds
+    // ten turns of sessions that live on w1 (50k of their 60k tokens held there only), 2 s apart
+    for (let i = 0; i < 10; i++) {
+      const cs = fleet([{ cached: system }, { cached: 50_000 }, { cached: system }]);
+      const r = request(60_000);
+      assert.equal(p.choose(cs, r).index, 1);
+      p.onRouted(cs[1].worker, r, 0, 2000 * i);
+    }
+    // a 118k-token turn held on w0, whose queue costs more than recomputing it on an idle worker
+    const cs = fleet([{ cached: 91_200, queued: 2_000_000 }, { cached: system }, { cached: system }]);
+    const r = request(118_453);
+    const choice = p.choose(cs, r);
+    assert.equal(choice.index, 2, 'not w1, whose next requests would wait behind the 30 s recompute');
+    assert.equal(choice.reason, 'replicate');
+    const w1 = terms(p, cs[1], r);
+    const w2 = terms(p, cs[2], r);
+    assert.equal(w2.arrivalDelaySeconds, 0);
+    // 10 requests routed to w1, decayed over a minute from 0-18 s ago
+    let routed = 0;
+    for (let i = 0; i < 10; i++) routed += Math.exp(-(18_000 - 2000 * i) / 60_000);
+    const perToken = (routed / 60_000) * (1000 / DEFAULT_COST_WEIGHTS.prefillTokensPerSecond);
+    const work = prefillWork(118_453 - system, 118_453, DEFAULT_COST_WEIGHTS.attention);
+    const expected = (perToken * work * work) / 2 / DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
+    assert.ok(
+      Math.abs(w1.arrivalDelaySeconds - expected) < 1e-6 * expected,
+      `${w1.arrivalDelaySeconds} vs ${expected}`,
+    );
+    assert.ok(Math.abs(w1.costSeconds - w2.costSeconds - w1.arrivalDelaySeconds) < 1e-9, 'the only difference');
+  });
+
+  test('arrival delay: a new session, held nowhere more than everywhere, is not charged it', () => {
+    const p = new CostPolicy();
+    for (let i = 0; i < 10; i++) {
+      const cs = fleet([{}, { cached: 50_000 }]);
+      const r = request(60_000);
+      p.choose(cs, r);
+      p.onRouted(cs[1].worker, r, 0, 1000 * i);
+    }
+    const cs = fleet([{ cached: 9728 }, { cached: 9728 }]);
+    const r = request(60_000);
+    p.choose(cs, r);
+    assert.equal(terms(p, cs[1], r).arrivalDelaySeconds, 0);
+    assert.equal(terms(p, cs[0], r).arrivalDelaySeconds, 0);
+  });
+  test('queue by work: a long context queued by this router counts its attention until its first token', () => {
+    const r = new KVAwareRouter({ indexMode: 'precise', blockSize: 16 });
+    for (const id of ['w0', 'w1']) r.registerWorker(id);
+    const context = Array.from({ length: 6250 * 16 }, (_, i) => i); // 100,000 tokens
+    const first = r.route({ tokens: context });
+    const other = first.workerId === 'w0' ? 'w1' : 'w0';
+    const probe = () => {
+      const e = r.route({ tokens: [1, 2, 3] }, { dryRun: true, explain: true }).explain!;
+      return Object.fromEntries(e.map((c) => [c.worker, c.terms]));
+    };
+    const a = DEFAULT_COST_WEIGHTS.attention;
+    const attention = prefillWork(100_000, 100_000, a) - 100_000; // 325,000: 4.25x the tokens in all
+    let t = probe();
+    assert.equal(t[first.workerId].queuedPrefillTokens, 100_000);
+    assert.ok(Math.abs((t[first.workerId].queuedAttentionTokens as number) - attention) < 1e-6);
+    assert.equal(t[other].queuedAttentionTokens, 0);
+    const seconds = (100_000 + attention) / DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
+    assert.ok(Math.abs((t[first.workerId].queueSeconds as number) - seconds) < 1e-9);
+    // a second long context goes to the other worker, as it would with the queue in tokens
+    const second = r.route({ tokens: context.map((x) => x + 1_000_000) });
+    assert.equal(second.workerId, other);
+    // the first token ends the prefill: its attention no longer queues; releasing it twice changes nothing
+    r.markPrefillDone(first.ticket);
+    t = probe();
+    assert.equal(t[first.workerId].queuedAttentionTokens, 0);
+    assert.ok((t[other].queuedAttentionTokens as number) > 0);
+    r.release(first.ticket);
+    r.release(second.ticket);
+    r.release(second.ticket);
+    t = probe();
+    assert.equal(t[other].queuedAttentionTokens, 0);
+    assert.equal(t[first.workerId].queuedAttentionTokens, 0);
+  });
+
+  test('queue by work: a turn leaves a holder whose queued long context costs more than its tokens say', () => {
+    const p = new CostPolicy();
+    const cs = fleet([{ cached: 15_000 }, {}]);
+    const w0 = cs[0].worker;
+    // a 20,000-token context routed to w0 by this policy, queued there: W = 33,000, 13,000 of it attention
+    const long = request(20_000);
+    p.choose([{ ...cs[0], cachedTokens: 0, overlapBlocks: 0 }], long);
+    p.onRouted(w0, long, 1, 0);
+    w0.queuedPrefillTokens = 20_000;
+    assert.ok(Math.abs((terms(p, cs[0], long).queuedAttentionTokens as number) - 13_000) < 1e-6);
+    // a 20,000-token turn with 15,000 cached on w0: its last 5,000 cost 10,688 there. In tokens
+    // w0's wait is 30,688 against 33,000 for recomputing it on idle w1; in work it is 43,688
+    const turn = request(20_000);
+    assert.equal(p.choose(cs, turn).index, 1);
+    p.onPrefillDone(1);
+    assert.equal(
+      p.choose(cs, turn).index,
+      0,
+      'once the long context has its first token, its tokens are all that queue',
+    );
   });
 });

@@ -15,7 +15,10 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *   W(u)   = u · (1 + attention · (P − u/2))         this request's prefill: u = P − C uncached
  *                                                    tokens, each attending to the cached context
  *   slow   = 1 + decode · activeDecodeTokens          decode steps interleaved with prefill chunks
- *   wait   = (queuedPrefillTokens + W(u)) · slow     estimated TTFT on this worker
+ *   queue  = queuedPrefillTokens + A               the worker's queued prefill, A the attention work
+ *                                                    (W(u) − u) of this router's requests still in
+ *                                                    prefill there (until their first token)
+ *   wait   = (queue + W(u)) · slow                   estimated TTFT on this worker
  *   kvWait = max(0, P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity known)
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
  *            (0 while another worker has nothing     (the best-cached worker's own queue left out),
@@ -35,7 +38,12 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    (the affinity bonuses only for prompts without
  *                                                    blocks, the seed API: otherwise cachedTokens
  *                                                    already counts what they stand for)
- *   cost   = wait + kvWait + recompute + guard
+ *   arrivalDelay = λ · (W(u) · slow)² / 2            the requests the worker receives during this
+ *                                                    prefill (λ: the rate this router sends it
+ *                                                    requests) wait behind it, half of it on average;
+ *                                                    only for a request some worker holds more of
+ *                                                    than every worker does (not a new session)
+ *   cost   = wait + kvWait + recompute + guard + arrivalDelay
  *
  * At light load σ ≈ 0 and the policy minimises the request's own TTFT (spread); at saturation
  * σ grows and a recompute is charged for every request it delays (keep prefixes together).
@@ -105,6 +113,15 @@ export const HOT_WINDOW_DECISIONS = 256;
 const HOT_SLOTS = 4096;
 /** The displaced tokens are the least recently used: their reuse is capped at a 75% hit rate's (3). */
 const MAX_REUSE_HIT = 0.75;
+/**
+ * Time over which the rate of requests sent to each worker is measured: a minute spans the
+ * gaps between a session's turns (tool calls and a user's replies take seconds to tens of
+ * seconds), so a worker whose sessions are between turns still counts them, and still
+ * follows sessions that end or move.
+ */
+export const ARRIVAL_WINDOW_MS = 60_000;
+/** Slots of the table of queued requests' attention work, by ticket (a power of two; tickets are sequential). */
+const QUEUED_TICKETS = 65_536;
 /** Smoothing of the mean work per request (decisions). */
 const WORK_SMOOTHING = 64;
 
@@ -131,6 +148,8 @@ export interface FleetView {
   /** Most cached tokens any candidate holds, and that candidate's prefill work. */
   bestCachedTokens: number;
   bestWork: number;
+  /** Fewest cached tokens any candidate holds (what every worker holds, e.g. a shared system prompt). */
+  leastCachedTokens: number;
   /** Some candidate is below the pressure ceiling (unknown capacity) / can fit the prompt. */
   anyBelowCeiling: boolean;
   anyFits: boolean;
@@ -142,6 +161,7 @@ class Terms {
   uncached = 0;
   work = 0;
   slowdown = 1;
+  queue = 0;
   wait = 0;
   kvCapacity = 0;
   kvWait = 0;
@@ -150,6 +170,7 @@ class Terms {
   fullness = 0;
   recompute = 0;
   guard = 0;
+  arrivalDelay = 0;
   cost = 0;
 }
 
@@ -164,6 +185,8 @@ function computeTerms(
   w: Readonly<CostWeights>,
   fleet: FleetView,
   cached: number,
+  arrivalRate: number,
+  queuedAttention: number,
 ): Terms {
   const known = r.promptTokens > 0;
   const prompt = known ? r.promptTokens : REFERENCE_PROMPT_TOKENS;
@@ -180,7 +203,10 @@ function computeTerms(
   t.uncached = uncached;
   t.work = work;
   t.slowdown = slowdown;
-  t.wait = (worker.queuedPrefillTokens + work) * slowdown;
+  // the queue is its tokens plus, for the requests this router queued there, the attention
+  // over their context: a 100,000-token context recomputed takes ~4× its token count
+  t.queue = worker.queuedPrefillTokens + queuedAttention;
+  t.wait = (t.queue + work) * slowdown;
   t.kvCapacity = capacity;
   t.kvWait = kvWait;
   t.fits = capacity <= 0 || prompt <= capacity;
@@ -202,7 +228,16 @@ function computeTerms(
   // seed API); with blocks, cachedTokens already counts it and a bonus would count it twice
   const affinity = r.requestBlocks > 0 ? 0 : (c.servesCla ? w.cla : 0) + (c.continuity ? w.workflow : 0);
   t.guard = prompt * (w.load * kv + w.pressure * overKnee - affinity);
-  t.cost = t.wait + kvWait + t.recompute + t.guard;
+  // the requests the worker receives while this prefill runs (its sessions' next turns, which
+  // must run where their KV is) wait behind it, half of it on average: λ·W arrivals, W/2 each,
+  // a queue's residual work. An idle worker that receives nothing costs nobody anything; an
+  // idle one whose sessions are between turns is not free. Not charged to a new session
+  // (nothing held, or only what every worker holds): it has no worker of its own, and charged
+  // it would go to the worker receiving the fewest requests, the one with the longest queue
+  const prefill = work * slowdown;
+  t.arrivalDelay =
+    fleet.bestCachedTokens - fleet.leastCachedTokens >= r.blockSize ? (arrivalRate * prefill * prefill) / 2 : 0;
+  t.cost = t.wait + kvWait + t.recompute + t.guard + t.arrivalDelay;
   return t;
 }
 
@@ -230,6 +265,7 @@ export class CostPolicy implements RoutingPolicy {
     hotness: 0,
     bestCachedTokens: 0,
     bestWork: 0,
+    leastCachedTokens: 0,
     anyBelowCeiling: true,
     anyFits: true,
   };
@@ -241,6 +277,11 @@ export class CostPolicy implements RoutingPolicy {
   /** The last choice's uncached tokens and cached share, for onRouted(). */
   private chosenUncached = 0;
   private chosenHit = 0;
+  private chosenWork = 0;
+  /** This router's requests still in prefill, by ticket: the worker slot (+1; 0 none) and their attention work. */
+  private readonly queuedTicket = new Float64Array(QUEUED_TICKETS);
+  private readonly queuedSlot = new Int32Array(QUEUED_TICKETS);
+  private readonly queuedWork = new Float64Array(QUEUED_TICKETS);
   /** Decayed count of recent decisions per shared-prefix key, and when each slot was last decayed. */
   private readonly hotKeys = new Int32Array(HOT_SLOTS);
   private readonly hotCounts = new Float64Array(HOT_SLOTS);
@@ -250,8 +291,24 @@ export class CostPolicy implements RoutingPolicy {
   private prefixKey = 0;
   /** Prefixes of this router's in-flight requests: what a worker is about to hold. */
   private readonly pending = new PendingPrefixes();
+  /** Decayed count of requests routed to each worker slot, when each was last counted, and the last decision's time (ms). */
+  private routedCounts = new Float64Array(0);
+  private routedAt = new Float64Array(0);
+  /** Attention work (W(u) − u) of this router's requests not yet past prefill, per worker slot. */
+  private attentionQueued = new Float64Array(0);
+  private lastNow = 0;
   private readonly score = (c: Candidate): number => {
-    const t = computeTerms(this.terms, c, this.request!, this.weights, this.fleet, this.cachedOn(c, this.request!));
+    const r = this.request!;
+    const t = computeTerms(
+      this.terms,
+      c,
+      r,
+      this.weights,
+      this.fleet,
+      this.cachedOn(c, r),
+      this.arrivalRate(c),
+      this.queuedAttention(c),
+    );
     if (!t.fits && this.fleet.anyFits) return NaN;
     if (t.kvCapacity <= 0 && this.fleet.anyBelowCeiling && c.worker.load >= this.weights.pressureCeiling) return NaN;
     return -t.cost;
@@ -263,16 +320,31 @@ export class CostPolicy implements RoutingPolicy {
     if (candidates.length === 0) return NO_CHOICE;
     this.request = request;
     let mostCached = 0;
-    for (const c of candidates) if (c.cachedTokens > mostCached) mostCached = c.cachedTokens;
+    let leastCached = Infinity;
+    for (const c of candidates) {
+      if (c.cachedTokens > mostCached) mostCached = c.cachedTokens;
+      if (c.cachedTokens < leastCached) leastCached = c.cachedTokens;
+    }
     this.pending.lookup(candidates, request.blocks, Math.ceil(mostCached / request.blockSize));
+    this.fleet.leastCachedTokens = leastCached;
     this.observeFleet(candidates, request);
     const index = pickMax(candidates, this.score, this.tieBreak, this.scratch);
     if (index < 0) return NO_CHOICE;
     const chosen = candidates[index];
     const cached = this.cachedOn(chosen, request);
-    const t = computeTerms(this.terms, chosen, request, this.weights, this.fleet, cached);
+    const t = computeTerms(
+      this.terms,
+      chosen,
+      request,
+      this.weights,
+      this.fleet,
+      cached,
+      this.arrivalRate(chosen),
+      this.queuedAttention(chosen),
+    );
     // what the decision teaches, applied in onRouted() if the router acts on it (not a dry run)
     this.chosenUncached = t.uncached;
+    this.chosenWork = t.work;
     this.chosenHit = t.prompt > 0 ? 1 - t.uncached / t.prompt : 0;
     // recomputing a prefix another worker holds, because the queue it saves costs more
     const replicate = this.fleet.bestCachedTokens - cached >= request.blockSize && t.work > this.fleet.bestWork;
@@ -291,8 +363,50 @@ export class CostPolicy implements RoutingPolicy {
     return Math.max(c.cachedTokens, this.pending.blocksOn(c) * r.blockSize);
   }
 
+  /**
+   * The rate of requests this router sends the worker, per token-equivalent of prefill: those
+   * of the last ARRIVAL_WINDOW_MS, exponentially decayed, read at the last decision's time.
+   */
+  private arrivalRate(c: Candidate): number {
+    const slot = c.worker.slot;
+    if (slot >= this.routedCounts.length) return 0;
+    const decayed = this.routedCounts[slot] * Math.exp(-(this.lastNow - this.routedAt[slot]) / ARRIVAL_WINDOW_MS);
+    return (decayed / ARRIVAL_WINDOW_MS) * (1000 / this.weights.prefillTokensPerSecond);
+  }
+
+  /** Counts a request routed to the worker (grows the tables on a new slot only). */
+  private countRouted(slot: number, now: number): void {
+    if (slot >= this.routedCounts.length) {
+      const n = Math.max(16, slot * 2);
+      const counts = new Float64Array(n);
+      counts.set(this.routedCounts);
+      const at = new Float64Array(n);
+      at.set(this.routedAt);
+      this.routedCounts = counts;
+      this.routedAt = at;
+      const attention = new Float64Array(n);
+      attention.set(this.attentionQueued);
+      this.attentionQueued = attention;
+    }
+    this.routedCounts[slot] = this.routedCounts[slot] * Math.exp(-(now - this.routedAt[slot]) / ARRIVAL_WINDOW_MS) + 1;
+    this.routedAt[slot] = now;
+    this.lastNow = now;
+  }
+
   /** A routed request: the mean work, the hit rate and the prefix's count learn from it; its prefix is pending on the worker. */
-  onRouted(worker: WorkerState, request: RouteFeatures, ticket = 0): void {
+  onRouted(worker: WorkerState, request: RouteFeatures, ticket = 0, now = 0): void {
+    this.countRouted(worker.slot, now);
+    // the attention work is known for the request just chosen (the router passes the same features)
+    if (ticket > 0 && request === this.request) {
+      // a slot still held by a ticket 65,536 older is overwritten: its work stops counting early
+      const i = ticket & (QUEUED_TICKETS - 1);
+      this.endPrefill(this.queuedTicket[i]);
+      const attention = Math.max(0, this.chosenWork - this.chosenUncached);
+      this.queuedTicket[i] = ticket;
+      this.queuedSlot[i] = worker.slot + 1;
+      this.queuedWork[i] = attention;
+      this.attentionQueued[worker.slot] += attention;
+    }
     const u = this.chosenUncached;
     this.meanWork = this.meanWork === 0 ? Math.max(1, u) : this.meanWork + (u - this.meanWork) / WORK_SMOOTHING;
     this.meanHit += (this.chosenHit - this.meanHit) / WORK_SMOOTHING;
@@ -302,10 +416,31 @@ export class CostPolicy implements RoutingPolicy {
 
   onReleased(ticket: number): void {
     this.pending.release(ticket);
+    this.endPrefill(ticket);
+  }
+
+  /** The request's first token: its prefill no longer queues on its worker. */
+  onPrefillDone(ticket: number): void {
+    this.endPrefill(ticket);
+  }
+
+  private endPrefill(ticket: number): void {
+    const i = ticket & (QUEUED_TICKETS - 1);
+    if (ticket <= 0 || this.queuedTicket[i] !== ticket || this.queuedSlot[i] === 0) return;
+    const slot = this.queuedSlot[i] - 1;
+    this.queuedSlot[i] = 0;
+    this.attentionQueued[slot] = Math.max(0, this.attentionQueued[slot] - this.queuedWork[i]);
+  }
+
+  /** Attention work of this router's requests queued on the worker (what their token count leaves out). */
+  private queuedAttention(c: Candidate): number {
+    return c.worker.slot < this.attentionQueued.length ? this.attentionQueued[c.worker.slot] : 0;
   }
 
   onWorkerRemoved(worker: WorkerState): void {
     this.pending.removeWorker(worker.slot);
+    if (worker.slot < this.attentionQueued.length) this.attentionQueued[worker.slot] = 0;
+    if (worker.slot < this.routedCounts.length) this.routedCounts[worker.slot] = 0;
   }
 
   /** Saturation, hotness and the best-cached candidate: what every candidate's cost shares. */
@@ -399,7 +534,7 @@ export class CostPolicy implements RoutingPolicy {
     const w = this.weights;
     const f = this.fleet;
     const cached = this.cachedOn(c, request);
-    const t = computeTerms(new Terms(), c, request, w, f, cached);
+    const t = computeTerms(new Terms(), c, request, w, f, cached, this.arrivalRate(c), this.queuedAttention(c));
     const seconds = (tokens: number) => tokens / w.prefillTokensPerSecond;
     const excluded =
       (!t.fits && f.anyFits) || (t.kvCapacity <= 0 && f.anyBelowCeiling && c.worker.load >= w.pressureCeiling);
@@ -410,7 +545,9 @@ export class CostPolicy implements RoutingPolicy {
       uncachedTokens: t.uncached,
       queuedPrefillTokens: c.worker.queuedPrefillTokens,
       activeDecodeTokens: c.worker.activeDecodeTokens,
-      queueSeconds: seconds(c.worker.queuedPrefillTokens * t.slowdown),
+      /** Attention work of this router's requests queued there, beyond their tokens. */
+      queuedAttentionTokens: t.queue - c.worker.queuedPrefillTokens,
+      queueSeconds: seconds(t.queue * t.slowdown),
       prefillSeconds: seconds(t.work * t.slowdown),
       decodeSlowdown: t.slowdown,
       estimatedTtftSeconds: seconds(t.wait + t.kvWait),
@@ -424,6 +561,7 @@ export class CostPolicy implements RoutingPolicy {
       replicate: f.bestCachedTokens - cached >= request.blockSize && t.work > f.bestWork && !excluded,
       kvUsage: c.worker.load,
       guardSeconds: seconds(t.guard),
+      arrivalDelaySeconds: seconds(t.arrivalDelay),
       servesCla: c.servesCla,
       continuity: c.continuity,
       excluded,

@@ -5,7 +5,7 @@
  */
 import type { RoutingPolicy } from './types.js';
 
-const OPTIONAL_HOOKS = ['scoreTerms', 'onRouted', 'onReleased', 'onWorkerRemoved'] as const;
+const OPTIONAL_HOOKS = ['scoreTerms', 'onRouted', 'onReleased', 'onPrefillDone', 'onWorkerRemoved'] as const;
 
 /** Returns `value` as a RoutingPolicy, or throws a TypeError naming the member that is wrong. */
 export function checkPolicyObject(value: unknown, name = 'policy'): RoutingPolicy {

@@ -119,6 +119,8 @@ export interface RoutingPolicy {
   onRouted?(worker: WorkerState, request: RouteFeatures, ticket: number, now: number): void;
   /** The tracked request of `ticket` completed, failed or was abandoned. */
   onReleased?(ticket: number): void;
+  /** A tracked request's prefill finished (first token seen). */
+  onPrefillDone?(ticket: number): void;
   /** The worker was removed; its slot may be reused by another worker. */
   onWorkerRemoved?(worker: WorkerState): void;
 }

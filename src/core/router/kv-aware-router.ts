@@ -397,6 +397,7 @@ export class KVAwareRouter {
 
   /** The request's prefill finished (first token seen): its work moves from prefill to decode. */
   markPrefillDone(ticket: number): void {
+    this.policy.onPrefillDone?.(ticket);
     this.inFlight.markPrefillDone(ticket);
   }
 
