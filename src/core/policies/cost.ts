@@ -15,9 +15,9 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *   W(u)   = u · (1 + attention · (P − u/2))         this request's prefill: u = P − C uncached
  *                                                    tokens, each attending to the cached context
  *   slow   = 1 + decode · activeDecodeTokens          decode steps interleaved with prefill chunks
- *   queue  = queuedPrefillTokens + A               the worker's queued prefill, A the attention work
- *                                                    (W(u) − u) of this router's requests still in
- *                                                    prefill there (until their first token)
+ *   queue  = queuedPrefillTokens + A                 the worker's queued prefill, A the attention
+ *                                                    work (W(u) − u) of this router's requests
+ *                                                    still in prefill there (until their first token)
  *   wait   = (queue + W(u)) · slow                   estimated TTFT on this worker
  *   kvWait = max(0, P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity known)
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
@@ -38,7 +38,7 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    (the affinity bonuses only for prompts without
  *                                                    blocks, the seed API: otherwise cachedTokens
  *                                                    already counts what they stand for)
- *   arrivalDelay = λ · (W(u) · slow)² / 2            the requests the worker receives during this
+ *   arrivalDelay = λ · (W(u) · slow)² / 2             the requests the worker receives during this
  *                                                    prefill (λ: the rate this router sends it
  *                                                    requests) wait behind it, half of it on average;
  *                                                    only for a request some worker holds more of
@@ -546,7 +546,7 @@ export class CostPolicy implements RoutingPolicy {
       queuedPrefillTokens: c.worker.queuedPrefillTokens,
       activeDecodeTokens: c.worker.activeDecodeTokens,
       /** Attention work of this router's requests queued there, beyond their tokens. */
-      queuedAttentionTokens: t.queue - c.worker.queuedPrefillTokens,
+      queuedAttentionTokens: this.queuedAttention(c),
       queueSeconds: seconds(t.queue * t.slowdown),
       prefillSeconds: seconds(t.work * t.slowdown),
       decodeSlowdown: t.slowdown,
