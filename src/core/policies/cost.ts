@@ -320,13 +320,8 @@ export class CostPolicy implements RoutingPolicy {
     if (candidates.length === 0) return NO_CHOICE;
     this.request = request;
     let mostCached = 0;
-    let leastCached = Infinity;
-    for (const c of candidates) {
-      if (c.cachedTokens > mostCached) mostCached = c.cachedTokens;
-      if (c.cachedTokens < leastCached) leastCached = c.cachedTokens;
-    }
+    for (const c of candidates) if (c.cachedTokens > mostCached) mostCached = c.cachedTokens;
     this.pending.lookup(candidates, request.blocks, Math.ceil(mostCached / request.blockSize));
-    this.fleet.leastCachedTokens = leastCached;
     this.observeFleet(candidates, request);
     const index = pickMax(candidates, this.score, this.tieBreak, this.scratch);
     if (index < 0) return NO_CHOICE;
@@ -456,6 +451,7 @@ export class CostPolicy implements RoutingPolicy {
     let busy = 0;
     let mostEntries = 0;
     let mostOverlap = 0;
+    let leastCached = Infinity;
     let best = 0;
     let anyBelowCeiling = false;
     let anyFits = false;
@@ -467,6 +463,7 @@ export class CostPolicy implements RoutingPolicy {
       if (c.worker.inFlightRequests > 0) busy++;
       if (c.indexEntries > mostEntries) mostEntries = c.indexEntries;
       if (c.overlapBlocks > mostOverlap) mostOverlap = c.overlapBlocks;
+      if (c.cachedTokens < leastCached) leastCached = c.cachedTokens;
       const cached = prompt > 0 ? Math.min(prompt, this.cachedOn(c, r)) : c.cachedFraction * REFERENCE_PROMPT_TOKENS;
       if (cached > best) {
         best = cached;
@@ -480,6 +477,7 @@ export class CostPolicy implements RoutingPolicy {
     }
     const p = prompt > 0 ? prompt : REFERENCE_PROMPT_TOKENS;
     f.bestCachedTokens = best;
+    f.leastCachedTokens = leastCached;
     f.bestWork = prefillWork(p - best, p, w.attention);
     // the holder's own queue is left out: it must not shield the holder from replication
     const others = best > 0 ? candidates.length - 1 : candidates.length;
