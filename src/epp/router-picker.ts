@@ -150,6 +150,8 @@ export class RouterPicker implements EndpointPicker {
     let preparedBody: Record<string, unknown> | undefined;
     let model: unknown;
     let modelRewrite: { engine: string; client: string } | undefined;
+    // the first response byte is the first token only for a streamed answer
+    let firstTokenReported = true;
     if (input.body !== undefined && input.body.length > 0) {
       let parsed: unknown;
       try {
@@ -160,6 +162,7 @@ export class RouterPicker implements EndpointPicker {
       if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
         return { ok: false, status: 400, message: 'the body must be a JSON object' };
       const body = parsed as Record<string, unknown>;
+      firstTokenReported = body.stream === true;
       let rewritten = false;
       const rewrite = input.headers.get(MODEL_NAME_REWRITE_HEADER);
       if (rewrite && body.model !== rewrite) {
@@ -209,7 +212,7 @@ export class RouterPicker implements EndpointPicker {
     if (learning) await learning;
     let decision: RouteResult;
     try {
-      decision = router.route(routeRequest, { exclude: excluded, share: state.sharesDecisions });
+      decision = router.route(routeRequest, { exclude: excluded, share: state.sharesDecisions, firstTokenReported });
     } catch (err) {
       // metadata the router refuses (a malformed anchor list, say) is the client's to fix
       if (err instanceof RangeError || err instanceof TypeError)
@@ -237,7 +240,13 @@ export class RouterPicker implements EndpointPicker {
       const endpoint = this.endpointOf(next.workerId);
       if (!endpoints.includes(endpoint)) endpoints.push(endpoint);
     }
-    return { ok: true, endpoints, body: forwarded, modelRewrite, inFlight: this.track(decision, routeRequest) };
+    return {
+      ok: true,
+      endpoints,
+      body: forwarded,
+      modelRewrite,
+      inFlight: this.track(decision, routeRequest, firstTokenReported),
+    };
   }
 
   /** Mean saturation of the eligible workers (1 when none is eligible). */
@@ -252,7 +261,7 @@ export class RouterPicker implements EndpointPicker {
     return n === 0 ? 1 : sum / n;
   }
 
-  private track(first: RouteResult, routeRequest: RouteRequest): InFlightRequest {
+  private track(first: RouteResult, routeRequest: RouteRequest, firstTokenReported: boolean): InFlightRequest {
     const { router, state } = this.backend;
     let decision: RouteResult | undefined = first;
     const started = performance.now();
@@ -273,7 +282,7 @@ export class RouterPicker implements EndpointPicker {
         release();
         const others = new Set<string>();
         for (const w of router.listWorkers()) if (w.id !== id) others.add(w.id);
-        const moved = router.route(routeRequest, { exclude: others, share: state.sharesDecisions });
+        const moved = router.route(routeRequest, { exclude: others, share: state.sharesDecisions, firstTokenReported });
         if (moved.workerId === id) {
           if (moved.shared) state.decisionMade(moved.shared);
           decision = moved;

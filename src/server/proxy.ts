@@ -105,7 +105,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         reply.hijack();
         return reply;
       }
-      const decision = routeOr400(router, reply, routeRequest, { exclude: excluded, share });
+      // a whole answer shows no first token: the router reads it off the engine's queue
+      const decision = routeOr400(router, reply, routeRequest, {
+        exclude: excluded,
+        share,
+        firstTokenReported: streaming,
+      });
       if (!decision) return reply;
       if (decision.noWorker) {
         reply.header('retry-after', '1');

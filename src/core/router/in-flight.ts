@@ -15,11 +15,37 @@ interface Ticket {
   /** KV tokens counted as decoding once prefill is done. */
   kvTokens: number;
   prefilled: boolean;
+  /** When it was opened (router clock, ms). */
+  openedAt: number;
+  /** Its caller will not report the first token (a non-streaming answer arrives whole). */
+  unreported: boolean;
+  /** Its prefill ends when its engine admits it (what is left to compute is under a block). */
+  endsAtAdmission: boolean;
+  /** Awaiting the KV event that stores its prompt's last full block (key halves). */
+  awaiting: boolean;
+  awaitHi: number;
+  awaitLo: number;
+}
+
+/**
+ * A worker's tickets whose first token nobody reports, in the order they were opened (the
+ * order their requests reached the engine's FIFO waiting queue). Released and prefilled
+ * tickets are dropped from the front as it is read, and the rest compacted when they
+ * outnumber the live ones, so a worker that is never scraped holds no more than about twice
+ * its unreported requests in flight.
+ */
+class UnreportedQueue {
+  tickets: number[] = [];
+  head = 0;
+  live = 0;
 }
 
 /** The tracked requests of one router, by ticket number (0 is never a ticket). */
 export class InFlightTickets {
   private readonly tickets = new Map<number, Ticket>();
+  private readonly unreported = new Map<WorkerState, UnreportedQueue>();
+  /** Per worker, the tickets awaiting a block, by the low half of its key. */
+  private readonly awaited = new Map<WorkerState, Map<number, number[]>>();
   private nextTicket = 1;
 
   /** Tracked requests not yet released. */
@@ -27,12 +53,32 @@ export class InFlightTickets {
     return this.tickets.size;
   }
 
-  /** Counts a new request on the worker: its uncached tokens as queued prefill. Returns its ticket. */
-  open(worker: WorkerState, uncachedTokens: number, promptTokens: number): number {
+  /**
+   * Counts a new request on the worker: its uncached tokens as queued prefill. Returns its
+   * ticket. `reported` false: nobody will report its first token (see admitUnreported()).
+   */
+  open(worker: WorkerState, uncachedTokens: number, promptTokens: number, now = 0, reported = true): number {
     const ticket = this.nextTicket++;
-    this.tickets.set(ticket, { worker, prefill: uncachedTokens, kvTokens: promptTokens, prefilled: false });
+    this.tickets.set(ticket, {
+      worker,
+      prefill: uncachedTokens,
+      kvTokens: promptTokens,
+      prefilled: false,
+      openedAt: now,
+      unreported: !reported,
+      endsAtAdmission: false,
+      awaiting: false,
+      awaitHi: 0,
+      awaitLo: 0,
+    });
     worker.queuedPrefillTokens += uncachedTokens;
     worker.inFlightRequests++;
+    if (!reported) {
+      let q = this.unreported.get(worker);
+      if (!q) this.unreported.set(worker, (q = new UnreportedQueue()));
+      q.tickets.push(ticket);
+      q.live++;
+    }
     return ticket;
   }
 
@@ -44,6 +90,105 @@ export class InFlightTickets {
     t.worker.activeDecodeTokens += t.kvTokens;
     t.prefilled = true;
     t.prefill = 0;
+    if (t.awaiting) this.stopAwaiting(ticket, t);
+    if (t.unreported) this.leaveQueue(t.worker);
+  }
+
+  /** The unreported request's prefill ends when its engine admits it (see admitUnreported()). */
+  awaitAdmission(ticket: number): void {
+    const t = this.tickets.get(ticket);
+    if (t && t.unreported) t.endsAtAdmission = true;
+  }
+
+  /**
+   * The unreported request's prefill ends when its engine stores the prompt's last full block
+   * (key `hi`, `lo`), which it computes in the prefill's last chunk: the engine's KV event says
+   * so (storedBlocks()), and the waiting queue's count no longer decides for it.
+   */
+  awaitBlock(ticket: number, hi: number, lo: number): void {
+    const t = this.tickets.get(ticket);
+    if (!t || t.prefilled || !t.unreported || t.awaiting) return;
+    t.awaiting = true;
+    t.awaitHi = hi;
+    t.awaitLo = lo;
+    let byKey = this.awaited.get(t.worker);
+    if (!byKey) this.awaited.set(t.worker, (byKey = new Map()));
+    const list = byKey.get(lo);
+    if (list) list.push(ticket);
+    else byKey.set(lo, [ticket]);
+  }
+
+  /** Whether any request on the worker awaits a block (a cheap test before storedBlocks()). */
+  awaitsBlocks(worker: WorkerState): boolean {
+    return this.awaited.has(worker);
+  }
+
+  /** The worker stored these blocks: calls `done` with each ticket whose awaited block is among them. */
+  storedBlocks(
+    worker: WorkerState,
+    hi: ArrayLike<number>,
+    lo: ArrayLike<number>,
+    n: number,
+    done: (ticket: number) => void,
+  ): void {
+    const byKey = this.awaited.get(worker);
+    if (!byKey) return;
+    let found: number[] | undefined;
+    for (let i = 0; i < n; i++) {
+      const list = byKey.get(lo[i]);
+      if (!list) continue;
+      for (const ticket of list) {
+        const t = this.tickets.get(ticket);
+        if (t && t.awaitHi === hi[i]) (found ??= []).push(ticket);
+      }
+    }
+    if (found) for (const ticket of found) done(ticket);
+  }
+
+  private stopAwaiting(ticket: number, t: Ticket): void {
+    t.awaiting = false;
+    const byKey = this.awaited.get(t.worker);
+    const list = byKey?.get(t.awaitLo);
+    if (!byKey || !list) return;
+    const i = list.indexOf(ticket);
+    if (i >= 0) list.splice(i, 1);
+    if (list.length === 0) byKey.delete(t.awaitLo);
+    if (byKey.size === 0) this.awaited.delete(t.worker);
+  }
+
+  /**
+   * The worker's engine reported `waiting` requests in its waiting queue, as read at
+   * `sampledAt` (router clock; requests opened after it are not in the reading). Of this
+   * router's requests there whose first token nobody reports, at most `waiting` can still be
+   * waiting, and the engine admits its waiting queue first come, first served: all but the
+   * `waiting` most recent are admitted. For those marked with awaitAdmission(), with less
+   * than a block left to compute, admission ends the prefill: calls `done` with each, oldest
+   * first. A lower bound: other routers' requests in the queue only make it mark fewer.
+   */
+  admitUnreported(worker: WorkerState, waiting: number, sampledAt: number, done: (ticket: number) => void): void {
+    const q = this.unreported.get(worker);
+    if (!q || q.live === 0) return;
+    // the live tickets in the reading, oldest first
+    let inReading = 0;
+    for (let i = q.head; i < q.tickets.length; i++) {
+      const t = this.tickets.get(q.tickets[i]);
+      if (!t || t.prefilled) continue;
+      if (t.openedAt > sampledAt) break;
+      inReading++;
+    }
+    let admit = inReading - waiting;
+    if (admit <= 0) return;
+    // gathered first: marking one changes the queue
+    const admitted: number[] = [];
+    for (let i = q.head; i < q.tickets.length && admit > 0; i++) {
+      const ticket = q.tickets[i];
+      const t = this.tickets.get(ticket);
+      if (!t || t.prefilled) continue;
+      admit--;
+      // admitted; a prefill of many chunks waits for its own block's event instead
+      if (t.endsAtAdmission) admitted.push(ticket);
+    }
+    for (const ticket of admitted) done(ticket);
   }
 
   /** The request completed, failed or was abandoned: its work leaves the worker. Idempotent. */
@@ -52,9 +197,37 @@ export class InFlightTickets {
     if (!t) return;
     this.tickets.delete(ticket);
     const w = t.worker;
+    if (t.awaiting) this.stopAwaiting(ticket, t);
+    if (t.unreported && !t.prefilled) this.leaveQueue(w);
     w.queuedPrefillTokens = Math.max(0, w.queuedPrefillTokens - t.prefill);
     if (t.prefilled) w.activeDecodeTokens = Math.max(0, w.activeDecodeTokens - t.kvTokens);
     w.inFlightRequests = Math.max(0, w.inFlightRequests - 1);
+  }
+
+  /** An unreported ticket on the worker was prefilled or released. */
+  private leaveQueue(worker: WorkerState): void {
+    const q = this.unreported.get(worker);
+    if (!q) return;
+    q.live--;
+    if (q.live <= 0) this.unreported.delete(worker);
+    else this.compact(q);
+  }
+
+  /** Drops released and prefilled tickets from the front, and from the rest when they outnumber the live ones. */
+  private compact(q: UnreportedQueue): void {
+    while (q.head < q.tickets.length) {
+      const t = this.tickets.get(q.tickets[q.head]);
+      if (t && !t.prefilled) break;
+      q.head++;
+    }
+    const held = q.tickets.length - q.head;
+    if (q.head > 0 && (q.head >= held || held > 2 * q.live + 16)) {
+      q.tickets = q.tickets.slice(q.head).filter((ticket) => {
+        const t = this.tickets.get(ticket);
+        return t !== undefined && !t.prefilled;
+      });
+      q.head = 0;
+    }
   }
 }
 

@@ -9,7 +9,7 @@ import { BlockIndex, Tier } from '../block-index.js';
 import { ContentAnchorIndex } from '../content-anchors.js';
 import { BlockHashes, hashString32, type HashNamespace } from '../hashing.js';
 import type { CostWeights } from '../policies/index.js';
-import type { RouteFeatures, RouteReason, RoutingPolicy } from '../policies/types.js';
+import type { Candidate, RouteFeatures, RouteReason, RoutingPolicy } from '../policies/types.js';
 import { roundHalfEven3 } from '../round-half-even.js';
 import * as check from '../validate.js';
 import { WorkflowTable } from '../workflow-table.js';
@@ -181,8 +181,12 @@ export class KVAwareRouter {
   updateWorkerMetrics(workerId: string, metrics: WorkerMetrics): void {
     const w = this.requireRegistered(workerId);
     if (metrics.kvUsage !== undefined) w.load = check.load(metrics.kvUsage, 'kvUsage');
-    if (metrics.waitingRequests !== undefined)
+    const sampledAt =
+      metrics.sampledAt === undefined ? this.clock() : check.finiteNonNegative(metrics.sampledAt, 'sampledAt');
+    if (metrics.waitingRequests !== undefined) {
       w.waitingRequests = check.finiteNonNegative(metrics.waitingRequests, 'waitingRequests');
+      this.inFlight.admitUnreported(w, w.waitingRequests, sampledAt, this.prefillDone);
+    }
     if (metrics.runningRequests !== undefined)
       w.runningRequests = check.finiteNonNegative(metrics.runningRequests, 'runningRequests');
     if (metrics.kvCapacityTokens !== undefined)
@@ -207,6 +211,8 @@ export class KVAwareRouter {
       blocks.length,
       tier === 'offload' ? Tier.Offload : Tier.Gpu,
     );
+    if (this.inFlight.awaitsBlocks(w))
+      this.inFlight.storedBlocks(w, blocks.hi, blocks.lo, blocks.length, this.prefillDone);
   }
 
   /** The worker evicted these blocks; without a tier, from every tier. */
@@ -335,7 +341,9 @@ export class KVAwareRouter {
         tracked,
       );
     if (tracked) {
-      result.ticket = this.inFlight.open(worker, uncached, promptTokens);
+      const reported = options.firstTokenReported !== false;
+      result.ticket = this.inFlight.open(worker, uncached, promptTokens, now, reported);
+      if (!reported) this.inferPrefillEnd(result.ticket, request, hashes, chosen, promptTokens);
     }
     this.policy.onRouted?.(worker, features, result.ticket, now);
     return result;
@@ -399,6 +407,42 @@ export class KVAwareRouter {
   markPrefillDone(ticket: number): void {
     this.policy.onPrefillDone?.(ticket);
     this.inFlight.markPrefillDone(ticket);
+  }
+
+  /**
+   * How the router learns that a request whose first token nobody reports has finished its
+   * prefill. The engine computes the prompt's last full block in the prefill's last chunk, so
+   * when that block is new on the worker, the KV event storing it says so; when the worker
+   * already holds it, what is left is less than a block, done once the engine admits the
+   * request (its scraped waiting queue). Either needs the engine's own keys: precise mode,
+   * keys from token ids or the engine's block ids, the worker's block size. Otherwise the
+   * whole answer, when it comes, is the first the router hears.
+   */
+  private inferPrefillEnd(
+    ticket: number,
+    request: RouteRequest,
+    hashes: BlockHashes,
+    chosen: Candidate,
+    promptTokens: number,
+  ): void {
+    const worker = chosen.worker;
+    if (this.indexMode !== 'precise') return;
+    if (request.tokens === undefined && request.blockHashes === undefined) return;
+    if (worker.info.blockSize !== undefined && worker.info.blockSize !== this.blockSize) return;
+    const perBlock = request.tokens !== undefined ? this.blockSize : hashes.tokensPerBlock;
+    // a precomputed list may end with a partial block, which the engine never stores
+    const full = Math.min(this.prefix.blockCount(hashes), Math.floor(promptTokens / perBlock));
+    if (full <= chosen.overlapBlocks) return this.inFlight.awaitAdmission(ticket);
+    this.prefix.ensureKeys(hashes, full);
+    this.inFlight.awaitBlock(ticket, hashes.hi[full - 1], hashes.lo[full - 1]);
+  }
+
+  /** markPrefillDone, made once for admitUnreported(). */
+  private readonly prefillDone = (ticket: number): void => this.markPrefillDone(ticket);
+
+  /** The router's clock (ms): what `now` and `sampledAt` are measured on. */
+  now(): number {
+    return this.clock();
   }
 
   /** The request completed, failed or was abandoned: its work leaves the worker. Idempotent. */

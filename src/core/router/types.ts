@@ -58,6 +58,14 @@ export interface RouteOptions {
   exclude?: ReadonlySet<string>;
   /** Put what the decision recorded in `result.shared`, for other router replicas (allocates). */
   share?: boolean;
+  /**
+   * The caller will report the request's first token with markPrefillDone() (default true).
+   * False when it cannot, as for an answer that is not streamed and arrives whole: its prompt
+   * would otherwise count as queued prefill until the end. The router then counts the prefill
+   * as done once the engine's scraped waiting queue says the request has been admitted
+   * (updateWorkerMetrics' `waitingRequests`).
+   */
+  firstTokenReported?: boolean;
 }
 
 /**
@@ -177,7 +185,13 @@ export interface UpdateWorkerStateOptions {
 /** Engine-reported load (from /metrics). Omitted fields keep their values. */
 export interface WorkerMetrics {
   kvUsage?: number;
+  /** Requests in the engine's waiting queue (vllm:num_requests_waiting, sglang:num_queue_reqs). */
   waitingRequests?: number;
+  /**
+   * When the engine was read, on the router's clock (default: now). Requests routed after it
+   * are not in `waitingRequests`.
+   */
+  sampledAt?: number;
   runningRequests?: number;
   /** KV-cache capacity in tokens (vLLM: num_gpu_blocks × block_size of cache_config_info). */
   kvCapacityTokens?: number;

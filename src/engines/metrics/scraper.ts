@@ -92,6 +92,8 @@ export class MetricsScraper {
     const s = this.states.get(t.workerId);
     if (!s) return;
     s.scrapes++;
+    // requests routed while the scrape is under way may not be in the engine's queue it reads
+    const sampledAt = this.router.now();
     try {
       const res = await fetch(t.url, { signal: AbortSignal.timeout(this.timeoutMs) });
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
@@ -101,6 +103,7 @@ export class MetricsScraper {
       this.router.updateWorkerMetrics(t.workerId, {
         kvUsage: load.kvUsage,
         waitingRequests: load.waiting,
+        sampledAt,
         runningRequests: load.running,
         kvCapacityTokens: load.kvCapacityTokens,
       });
