@@ -34,6 +34,12 @@ export interface ScenarioOptions {
   cancelRate?: number;
   /** A cancelling client gives up uniformly within this long after sending (default 10,000 ms). */
   cancelWithinMs?: number;
+  /**
+   * Fraction of requests whose answer is not streamed (default 0): the gateway sees their
+   * first byte only with the whole answer, so the router reads their prefill off the engines'
+   * waiting queues as scraped; the end of the answer is also when it learns of the first token.
+   */
+  nonStreamingShare?: number;
   /** KV capacity of each worker in tokens (heterogeneous workers); length = workers. */
   workerKvTokens?: readonly number[];
   /** Seed of the random source for jitter, loss and cancellations (default 1). */
@@ -70,6 +76,7 @@ export function checkScenario(s: ScenarioOptions, workers: number): void {
   };
   frac(s.eventLoss, 'eventLoss');
   frac(s.cancelRate, 'cancelRate');
+  frac(s.nonStreamingShare, 'nonStreamingShare');
   nonNeg(s.eventJitterMs, 'eventJitterMs');
   nonNeg(s.stateLagMs, 'stateLagMs');
   nonNeg(s.cancelWithinMs, 'cancelWithinMs');

@@ -227,6 +227,9 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   const scenarioRandom = createRng((scenario.seed ?? 1) * 104_729 + 3);
   const cancelRate = scenario.cancelRate ?? 0;
   const cancelWithin = scenario.cancelWithinMs ?? 10_000;
+  // a source of its own: other scenario draws stay the same whatever the share
+  const nonStreamingShare = scenario.nonStreamingShare ?? 0;
+  const streamingRandom = createRng((scenario.seed ?? 1) * 15_485_863 + 11);
   let rejected = 0;
   let cancelled = 0;
   let failed = 0;
@@ -245,6 +248,8 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     cached: number;
     ttft: number;
     started: boolean;
+    /** Not streamed: the gateway sees its first byte only with the whole answer. */
+    whole: boolean;
   }
   const live = new Map<number, Live>();
   const scratch = new BlockHashes(256);
@@ -291,20 +296,24 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       finished++;
       return;
     }
-    const { replica, result: d } = router.route({
-      blockHashes: req.hashIds,
-      blockTokens: req.blockSize,
-      promptTokens: Math.max(1, req.inputLength),
-      claGroup: req.claGroup ?? null,
-      workflowId: req.sessionId,
-      workflowStep: req.step ?? null,
-      agentRole: req.agentRole,
-      isolate: req.isolate,
-      contentAnchors: req.anchors,
-      // the seed's caller names the anchor: the workflow when there is one, else the first
-      // block; an isolated request (a judge) reuses nothing, so it names none
-      anchor: policy === 'seed' && !req.isolate ? seedAnchor(req) : undefined,
-    });
+    const whole = nonStreamingShare > 0 && streamingRandom() < nonStreamingShare;
+    const { replica, result: d } = router.route(
+      {
+        blockHashes: req.hashIds,
+        blockTokens: req.blockSize,
+        promptTokens: Math.max(1, req.inputLength),
+        claGroup: req.claGroup ?? null,
+        workflowId: req.sessionId,
+        workflowStep: req.step ?? null,
+        agentRole: req.agentRole,
+        isolate: req.isolate,
+        contentAnchors: req.anchors,
+        // the seed's caller names the anchor: the workflow when there is one, else the first
+        // block; an isolated request (a judge) reuses nothing, so it names none
+        anchor: policy === 'seed' && !req.isolate ? seedAnchor(req) : undefined,
+      },
+      { firstTokenReported: !whole },
+    );
     const w = ids.indexOf(d.workerId);
     if (w < 0) {
       rejected++;
@@ -335,6 +344,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       cached: 0,
       ttft: 0,
       started: false,
+      whole,
     });
     engines[w].enqueue(engineReq);
     if (!stepping[w]) startStep(w);
@@ -376,7 +386,8 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       if (s.worker !== w) continue;
       live.delete(id);
       router.release(s.replica, s.ticket, s.shared);
-      if (s.started) {
+      // nothing of a whole answer has reached its client: the gateway sends it again
+      if (s.started && !s.whole) {
         failed++;
         record(id, s, 'failed');
       } else {
@@ -417,12 +428,14 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
         s.cached = cachedTokens;
         s.ttft = now - s.arrival;
         s.started = true;
-        router.markPrefillDone(s.replica, s.ticket, s.shared);
+        if (!s.whole) router.markPrefillDone(s.replica, s.ticket, s.shared);
       }
       for (const request of step.finished) {
         const s = live.get(request.id);
         if (!s) continue;
         live.delete(request.id);
+        // a whole answer's first byte: the gateway marks its first token, then its end
+        if (s.whole) router.markPrefillDone(s.replica, s.ticket, s.shared);
         router.release(s.replica, s.ticket, s.shared);
         record(request.id, s);
         if (++finished % 500 === 0) options.onProgress?.(finished, trace.length);

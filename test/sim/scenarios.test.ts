@@ -186,6 +186,33 @@ describe('scenarios', () => {
     assert.equal(again.cancelled, r.cancelled);
   });
 
+  test('--non-streaming-share: whole answers; the router reads their prefill off the engine, as if it saw their first token', () => {
+    const mean = (r: PolicyResult) => {
+      const t = r.outcomes.filter(Boolean).map((o) => o.ttft);
+      return t.reduce((a, b) => a + b, 0) / t.length;
+    };
+    const streamed = simulate(head, { workers: 8, policy: 'cost' });
+    const whole = simulate(head, { workers: 8, policy: 'cost', scenario: { nonStreamingShare: 1 } });
+    assertAccounted(whole, head.length);
+    // counted as queued prefill until the whole answer instead, it was 2.75 s against 2.02 s
+    const off = Math.abs(mean(whole) - mean(streamed)) / mean(streamed);
+    assert.ok(off < 0.05, `mean TTFT ${mean(whole)} s with whole answers, ${mean(streamed)} s streamed`);
+    // nothing of a whole answer reaches its client before the end: a failed worker's are all retried
+    const failed = simulate(head, {
+      workers: 3,
+      policy: 'cost',
+      speed: 4,
+      scenario: { nonStreamingShare: 1, fail: [{ worker: 1, atMs: 20_000 }] },
+    });
+    assertAccounted(failed, head.length);
+    assert.equal(failed.failed, 0);
+    assert.ok(failed.retried > 0);
+    assert.throws(
+      () => simulate(head, { workers: 2, policy: 'cost', scenario: { nonStreamingShare: 1.5 } }),
+      /nonStreamingShare must be within/,
+    );
+  });
+
   test('--worker-kv-tokens: each worker gets its own KV capacity', () => {
     // round-robin assigns the same requests whatever the caches: only worker 0's capacity differs
     const mixed = simulate(head, {
@@ -249,6 +276,8 @@ describe('scenarios', () => {
       '20',
       '--cancel-rate',
       '0.05',
+      '--non-streaming-share',
+      '0.5',
       '--worker-kv-tokens',
       '100000,200000,300000',
       '--format',
@@ -267,5 +296,8 @@ describe('scenarios', () => {
     const loss = cli('--event-loss', '1.5');
     assert.notEqual(loss.status, 0);
     assert.match(loss.stderr, /--event-loss must be a number from 0 to 1/);
+    const share = cli('--non-streaming-share', '2');
+    assert.notEqual(share.status, 0);
+    assert.match(share.stderr, /--non-streaming-share must be a number from 0 to 1/);
   });
 });

@@ -12,7 +12,7 @@ import { fractionOption, intOption, positiveNumberOption } from '../options.js';
 /** Scenario flags that map one to one onto ScenarioOptions. */
 type ScenarioFlags = Pick<
   ScenarioOptions,
-  'eventJitterMs' | 'eventLoss' | 'replicas' | 'stateLagMs' | 'cancelRate' | 'cancelWithinMs'
+  'eventJitterMs' | 'eventLoss' | 'replicas' | 'stateLagMs' | 'cancelRate' | 'cancelWithinMs' | 'nonStreamingShare'
 >;
 
 interface SimulateFlags extends ScenarioFlags {
@@ -76,7 +76,16 @@ export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undef
   const s: ScenarioOptions = {};
   if (flags.fail.length > 0) s.fail = flags.fail.map((f) => parseWorkerEvent(f, '--fail', flags.workers));
   if (flags.drain.length > 0) s.drain = flags.drain.map((f) => parseWorkerEvent(f, '--drain', flags.workers));
-  for (const key of ['eventJitterMs', 'eventLoss', 'replicas', 'stateLagMs', 'cancelRate', 'cancelWithinMs'] as const) {
+  const keys = [
+    'eventJitterMs',
+    'eventLoss',
+    'replicas',
+    'stateLagMs',
+    'cancelRate',
+    'cancelWithinMs',
+    'nonStreamingShare',
+  ] as const;
+  for (const key of keys) {
     if (flags[key] !== undefined) s[key] = flags[key];
   }
   if (flags.workerKvTokens !== undefined) {
@@ -149,6 +158,11 @@ export function registerSimulateCommand(program: Command): void {
       '--cancel-within-ms <n>',
       'a cancelling client gives up uniformly within n ms (default 10000)',
       intOption('--cancel-within-ms', 1),
+    )
+    .option(
+      '--non-streaming-share <fraction>',
+      'fraction of requests whose answer is not streamed (the router reads their prefill off the engines)',
+      fractionOption('--non-streaming-share'),
     )
     .option(
       '--worker-kv-tokens <list>',
