@@ -141,6 +141,8 @@ export class RouterFleet {
   private next = 0;
   /** Decisions whose prefill-done was sent: their release takes decode tokens off, not prefill. */
   private readonly prefilled = new WeakSet<SharedDecision>();
+  /** unreported[r]: replica r's shared decisions whose first token nobody reports, by ticket. */
+  private readonly unreported: Map<number, SharedDecision>[];
 
   constructor(
     replicas: KVAwareRouter[],
@@ -155,6 +157,14 @@ export class RouterFleet {
     this.loss = scenario.eventLoss ?? 0;
     this.random = createRng((scenario.seed ?? 1) * 7919 + 17);
     this.remote = replicas.map(() => new RemoteLoad());
+    this.unreported = replicas.map(() => new Map());
+    // a prefill a replica reads off the engine reaches the others as a first token would
+    replicas.forEach((r, i) =>
+      r.onPrefillRead((ticket) => {
+        const shared = this.unreported[i].get(ticket);
+        if (shared) this.sharePrefilled(i, shared);
+      }),
+    );
   }
 
   get size(): number {
@@ -173,6 +183,7 @@ export class RouterFleet {
     const result = this.replicas[replica].route(request, shared ? { ...options, share: true } : options);
     if (shared && result.shared?.tracked) {
       const d = result.shared;
+      if (options.firstTokenReported === false) this.unreported[replica].set(result.ticket, d);
       this.schedule(this.clock() + this.lag, () => this.applyDecision(replica, d));
     }
     return { replica, result };
@@ -181,18 +192,23 @@ export class RouterFleet {
   /** The request's first token: its replica moves it to decode, and tells the others `stateLagMs` later. */
   markPrefillDone(replica: number, ticket: number, shared: SharedDecision | undefined): void {
     this.replicas[replica].markPrefillDone(ticket);
-    if (shared?.tracked && this.replicas.length > 1) {
-      this.prefilled.add(shared);
-      this.schedule(this.clock() + this.lag, () =>
-        this.updateRemote(replica, shared.workerId, (load, from) =>
-          load.prefilled(from, shared.workerId, shared.prefillTokens, shared.decodeTokens),
-        ),
-      );
-    }
+    if (shared?.tracked && this.replicas.length > 1) this.sharePrefilled(replica, shared);
+  }
+
+  /** The others hear of a decision's first token `stateLagMs` later, once (as the stores send it). */
+  private sharePrefilled(replica: number, shared: SharedDecision): void {
+    if (this.prefilled.has(shared)) return;
+    this.prefilled.add(shared);
+    this.schedule(this.clock() + this.lag, () =>
+      this.updateRemote(replica, shared.workerId, (load, from) =>
+        load.prefilled(from, shared.workerId, shared.prefillTokens, shared.decodeTokens),
+      ),
+    );
   }
 
   release(replica: number, ticket: number, shared: SharedDecision | undefined): void {
     this.replicas[replica].release(ticket);
+    this.unreported[replica].delete(ticket);
     if (shared?.tracked && this.replicas.length > 1) {
       const decode = this.prefilled.has(shared) ? shared.decodeTokens : undefined;
       this.schedule(this.clock() + this.lag, () =>

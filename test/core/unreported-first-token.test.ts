@@ -145,6 +145,25 @@ describe('a first token nobody reports', () => {
     assert.equal(terms().queuedAttentionTokens, 0);
   });
 
+  test('onPrefillRead hears of the prefills the router read off the engine, not of those reported to it', () => {
+    const { r } = fleet(1);
+    const heard: number[] = [];
+    const stop = r.onPrefillRead((ticket) => heard.push(ticket));
+    const tokens = prompt(13, 4);
+    const read = r.route({ tokens }, { firstTokenReported: false });
+    const reported = r.route({ tokens: prompt(14, 4) });
+    r.markPrefillDone(reported.ticket);
+    stored(r, 'w0', tokens, 0, 4);
+    assert.deepEqual(heard, [read.ticket]);
+    stop();
+    const again = r.route({ tokens: prompt(15, 4) }, { firstTokenReported: false });
+    stored(r, 'w0', prompt(15, 4), 0, 4);
+    assert.equal(worker(r, 'w0').queuedPrefillTokens, 0, 'still read off the engine');
+    assert.deepEqual(heard, [read.ticket], 'but no longer heard');
+    assert.ok(again.ticket > 0);
+    assert.throws(() => r.onPrefillRead(42 as unknown as (t: number) => void), /listener must be a function/);
+  });
+
   test('a bad sampledAt is refused, naming it', () => {
     const { r } = fleet(1);
     assert.throws(() => r.updateWorkerMetrics('w0', { waitingRequests: 0, sampledAt: -1 }), /sampledAt/);

@@ -5,6 +5,7 @@ import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
+import { RecordingStateStore } from '../helpers/recording-state-store.js';
 import { settled } from '../helpers/wait.js';
 
 test('an answer that is not streamed: its prefill ends in the router when the engine reports the prompt stored, not with the answer', async () => {
@@ -15,7 +16,9 @@ test('an answer that is not streamed: its prefill ends in the router when the en
     replay: 'tcp://127.0.0.1:*',
   }).start();
   const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise' });
+  const state = new RecordingStateStore();
   const gw = await createGateway({
+    state,
     router,
     workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
     metricsIntervalMs: 0,
@@ -45,6 +48,8 @@ test('an answer that is not streamed: its prefill ends in the router when the en
     assert.equal(seen.inFlight, 1, 'the answer is still being generated');
     assert.equal(seen.queued, 0, 'its prompt no longer counts as queued prefill');
     assert.ok(seen.decoding > 0, 'it counts as decoding');
+    // and the other replicas hear of it then, not with the answer
+    assert.deepEqual(state.told, ['made', 'prefilled']);
     const res = await answer;
     assert.equal(res.status, 200);
     const body = (await res.json()) as { usage: { completion_tokens: number } };
@@ -57,6 +62,7 @@ test('an answer that is not streamed: its prefill ends in the router when the en
       0,
     );
     assert.equal(w().activeDecodeTokens, 0);
+    assert.deepEqual(state.told, ['made', 'prefilled', 'prefilled', 'ended']);
   } finally {
     await sub.close();
     await gw.close();

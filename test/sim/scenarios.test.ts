@@ -159,6 +159,30 @@ describe('scenarios', () => {
     assert.deepEqual(seen(), [0, 0, 0]);
   });
 
+  test('--replicas: a prefill a replica reads off the engine reaches the others once, after the lag', () => {
+    const l = loop();
+    const fleet = new RouterFleet(routers(2), { stateLagMs: 20 }, l.schedule, l.clock);
+    fleet.registerWorker('w0');
+    const tokens = Array.from({ length: 64 }, (_, k) => k);
+    const { replica, result } = fleet.route({ tokens }, { firstTokenReported: false });
+    l.advance(20);
+    const w = fleet.replicas[1].listWorkers()[0];
+    const seen = () => [w.inFlightRequests, w.queuedPrefillTokens, w.activeDecodeTokens];
+    assert.deepEqual(seen(), [1, 64, 0]);
+    // the engine stores the prompt's last block: replica 0 ends the prefill, and tells replica 1
+    const keys = fleet.replicas[0].hashTokens(tokens);
+    fleet.deliverEvents('w0', [keys.hi[3], keys.lo[3]], []);
+    l.advance(39);
+    assert.deepEqual(seen(), [1, 64, 0], 'not before the lag');
+    l.advance(40);
+    assert.deepEqual(seen(), [1, 0, 64]);
+    // the whole answer: its first byte tells nobody anything new, its release frees it
+    fleet.markPrefillDone(replica, result.ticket, result.shared);
+    fleet.release(replica, result.ticket, result.shared);
+    l.advance(80);
+    assert.deepEqual(seen(), [0, 0, 0]);
+  });
+
   test('--replicas in a simulation: every request accounted for, decisions shared', () => {
     const trace = generateWorkflowTrace({ workflows: 30, seed: 5 });
     const r = simulate(trace, { workers: 4, policy: 'cost', scenario: { replicas: 3, stateLagMs: 20 } });

@@ -437,8 +437,25 @@ export class KVAwareRouter {
     this.inFlight.awaitBlock(ticket, hashes.hi[full - 1], hashes.lo[full - 1]);
   }
 
-  /** markPrefillDone, made once for admitUnreported(). */
-  private readonly prefillDone = (ticket: number): void => this.markPrefillDone(ticket);
+  /** Ends a prefill the router read off the engine, and tells the listeners. */
+  private readonly prefillDone = (ticket: number): void => {
+    this.markPrefillDone(ticket);
+    for (const listener of this.prefillListeners) listener(ticket);
+  };
+  private prefillListeners: ReadonlyArray<(ticket: number) => void> = [];
+
+  /**
+   * Calls `listener` with each ticket whose prefill the router ended itself, reading it off
+   * the engine (a request routed with `firstTokenReported: false`): where a caller would have
+   * reported the first token, e.g. to other replicas. Returns a function that removes it.
+   */
+  onPrefillRead(listener: (ticket: number) => void): () => void {
+    if (typeof listener !== 'function') throw new TypeError('listener must be a function');
+    this.prefillListeners = [...this.prefillListeners, listener];
+    return () => {
+      this.prefillListeners = this.prefillListeners.filter((l) => l !== listener);
+    };
+  }
 
   /** The router's clock (ms): what `now` and `sampledAt` are measured on. */
   now(): number {
