@@ -5,8 +5,10 @@
  * answer's first byte overdue, the worker leaving rotation — is retried on another worker
  * (and, except when the worker was taken out, counted by the circuit breaker). A client that
  * goes away is not an engine failure: no breaker count, no failure metric, no retry. The
- * router's in-flight ticket follows the request: prefill until the first upstream byte,
- * decode until the end, released on completion, error or client disconnect.
+ * router's in-flight ticket follows the request: prefill until the first upstream byte of a
+ * streamed answer (an answer that is not streamed comes whole: the router reads the end of
+ * its prefill off the engine), decode until the end, released on completion, error or client
+ * disconnect.
  */
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
