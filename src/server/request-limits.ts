@@ -306,8 +306,8 @@ export interface ReadRequest {
 
 /**
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
- * must be an object; metadata, cache_salt and the prompt or messages are checked against
- * `limits`. Throws a RequestLimitError naming the field.
+ * must be an object; metadata, cache_salt, stream and the prompt or messages are checked
+ * against `limits`. Throws a RequestLimitError naming the field.
  */
 export function readRouteRequest(path: string, raw: unknown, headers: Headers, limits: RequestLimits): ReadRequest {
   if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
@@ -331,6 +331,9 @@ export function readRouteRequest(path: string, raw: unknown, headers: Headers, l
   };
   const salt = checkCacheSalt(body.cache_salt, limits);
   if (salt !== undefined) routeRequest.cacheSalt = salt;
+  // the gateway's timeouts and accounting follow it, so it must mean what the engine reads
+  if (body.stream !== undefined && body.stream !== null && typeof body.stream !== 'boolean')
+    throw new RequestLimitError('stream must be a boolean', 'stream');
   if (path === '/v1/chat/completions') routeRequest.messages = readMessages(body.messages);
   else Object.assign(routeRequest, readPrompt(body.prompt));
   return { routeRequest, body, unchanged: meta === undefined };

@@ -181,7 +181,7 @@ test('limits must be positive integers', () => {
   assert.deepEqual(checkRequestLimits(undefined), DEFAULT_REQUEST_LIMITS);
 });
 
-test('a whole request: metadata removed from the body, cache_salt checked', async () => {
+test('a whole request: metadata removed from the body, cache_salt and stream checked', async () => {
   const { readRouteRequest } = await import('../../src/server/request-limits.js');
   const r = readRouteRequest(
     '/v1/chat/completions',
@@ -204,6 +204,10 @@ test('a whole request: metadata removed from the body, cache_salt checked', asyn
   assert.deepEqual([c.routeRequest.tokens, c.unchanged], [[1, 2, 3], true]);
   rejects(() => readRouteRequest('/v1/completions', { prompt: 'x', cache_salt: '' }, {}, limits), 'cache_salt');
   rejects(() => readRouteRequest('/v1/completions', { prompt: 'x', cache_salt: 5 }, {}, limits), 'cache_salt');
+  rejects(() => readRouteRequest('/v1/completions', { prompt: 'x', stream: 'true' }, {}, limits), 'stream');
+  rejects(() => readRouteRequest('/v1/completions', { prompt: 'x', stream: 1 }, {}, limits), 'stream');
+  for (const stream of [true, false, null])
+    assert.equal(readRouteRequest('/v1/completions', { prompt: 'x', stream }, {}, limits).body.stream, stream);
   rejects(() => readRouteRequest('/v1/completions', [1], {}, limits), 'body');
   rejects(() => readRouteRequest('/v1/completions', null, {}, limits), 'body');
 });
