@@ -14,6 +14,7 @@ export {
   type NoWorker,
   type NoWorkerReason,
   type NoWorkerResult,
+  type PrefillReadListener,
   type RouteDecision,
   type RoutedResult,
   type RouteOptions,

@@ -3,12 +3,11 @@ import type { RoutingBackend } from './router-picker.js';
 
 /** The endpoint picker's view of a gateway: its router, state, metrics, workers and request parsing. */
 export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
-  const { router, state, metrics, connections, prefillSharing } = gateway;
+  const { router, state, metrics, connections } = gateway;
   return {
     router,
     state,
     metrics,
-    prefillSharing,
     *workers() {
       for (const w of router.listWorkers()) {
         const c = connections.get(w.id);

@@ -1,6 +1,5 @@
 import { Counter, Histogram, type Registry } from 'prom-client';
 import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router/index.js';
-import { PrefillSharing } from '../state/prefill-sharing.js';
 import type { StateStore } from '../state/state-store.js';
 import type { EndpointPicker, InFlightRequest, PickInput, PickOutcome } from './ext-proc-handler.js';
 import { endpointOfUrl, inSubset, INFERENCE_OBJECTIVE_HEADER, MODEL_NAME_REWRITE_HEADER } from './protocol.js';
@@ -26,8 +25,6 @@ export interface RoutingBackend {
   readonly router: KVAwareRouter;
   readonly state: StateStore;
   readonly metrics: Registry;
-  /** Tells the other replicas of prefills the router reads off the engine (absent: the picker makes its own). */
-  readonly prefillSharing?: PrefillSharing;
   /** Every registered worker's id and engine base URL. */
   workers(): Iterable<{ id: string; url: string }>;
   /** Workers that list their models, `model` not among them. */
@@ -83,13 +80,11 @@ export class RouterPicker implements EndpointPicker {
   /** endpoint (host:port) → worker id and back, rebuilt when the worker set changes */
   private endpointCache = new Map<string, string>();
   private endpointOfWorker = new Map<string, { url: string; endpoint: string }>();
-  private readonly prefillSharing: PrefillSharing;
 
   constructor(
     private readonly backend: RoutingBackend,
     options: RouterPickerOptions = {},
   ) {
-    this.prefillSharing = backend.prefillSharing ?? new PrefillSharing(backend.router, backend.state);
     this.fallbacks = options.fallbacks ?? 2;
     if (!Number.isInteger(this.fallbacks) || this.fallbacks < 0)
       throw new RangeError('fallbacks must be a non-negative integer');
@@ -273,13 +268,9 @@ export class RouterPicker implements EndpointPicker {
     const release = () => {
       if (!decision) return;
       router.release(decision.ticket);
-      if (decision.shared) {
-        if (!firstTokenReported) this.prefillSharing.forget(decision.ticket);
-        state.decisionEnded(decision.shared);
-      }
+      if (decision.shared) state.decisionEnded(decision.shared);
       decision = undefined;
     };
-    if (first.shared && !firstTokenReported) this.prefillSharing.follow(first.ticket, first.shared);
     return {
       served: (endpoint) => {
         if (!decision) return undefined;
@@ -293,10 +284,7 @@ export class RouterPicker implements EndpointPicker {
         for (const w of router.listWorkers()) if (w.id !== id) others.add(w.id);
         const moved = router.route(routeRequest, { exclude: others, share: state.sharesDecisions, firstTokenReported });
         if (moved.workerId === id) {
-          if (moved.shared) {
-            state.decisionMade(moved.shared);
-            if (!firstTokenReported) this.prefillSharing.follow(moved.ticket, moved.shared);
-          }
+          if (moved.shared) state.decisionMade(moved.shared);
           decision = moved;
         } else if (moved.ticket) router.release(moved.ticket);
         return id;

@@ -30,7 +30,7 @@ import {
   type RequestReaderOptions,
 } from './openai-request.js';
 import { createFastPath } from './fast-path.js';
-import { PrefillSharing } from '../state/prefill-sharing.js';
+import { sharePrefillReads } from '../state/prefill-sharing.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
@@ -115,8 +115,6 @@ export interface Gateway {
   connections: WorkerConnections;
   /** Reads an OpenAI request (body and headers) as the proxy does, for other front ends. */
   parseRequest: RequestParser;
-  /** Tells the other replicas of prefills the router reads off the engine, for other front ends too. */
-  prefillSharing: PrefillSharing;
   close(): Promise<void>;
 }
 
@@ -272,11 +270,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     limits,
   };
   const readRequest = createRequestReader(readerOptions);
-  const prefillSharing = new PrefillSharing(router, state);
+  // for every front end on this router: the proxy and the endpoint picker
+  const stopSharingPrefills = sharePrefillReads(router, state);
   const proxyDeps: ProxyDeps = {
     router,
     state,
-    prefillSharing,
     connections,
     breaker,
     metrics,
@@ -394,11 +392,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     state,
     connections,
     parseRequest: createRequestParser(readerOptions),
-    prefillSharing,
     close: async () => {
       closing = true;
       breaker.close();
-      prefillSharing.close();
+      stopSharingPrefills();
       connections.stopPolling();
       await app.close();
       await connections.close();

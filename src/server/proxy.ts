@@ -13,7 +13,6 @@
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router/index.js';
-import type { PrefillSharing } from '../state/prefill-sharing.js';
 import type { StateStore } from '../state/state-store.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
 import type { GatewayMetrics } from './metrics.js';
@@ -31,8 +30,6 @@ import type { WorkerConnection, WorkerConnections } from './worker-connections.j
 export interface ProxyDeps {
   router: KVAwareRouter;
   state: StateStore;
-  /** Tells the other replicas of prefills the router reads off the engine (answers not streamed). */
-  prefillSharing: PrefillSharing;
   connections: WorkerConnections;
   breaker: CircuitBreaker;
   metrics: GatewayMetrics;
@@ -70,7 +67,6 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
   const {
     router,
     state,
-    prefillSharing,
     connections,
     breaker,
     metrics,
@@ -102,10 +98,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     const streaming = body.stream === true;
     const release = (decision: RouteResult) => {
       router.release(decision.ticket);
-      if (decision.shared) {
-        if (!streaming) prefillSharing.forget(decision.ticket);
-        state.decisionEnded(decision.shared);
-      }
+      if (decision.shared) state.decisionEnded(decision.shared);
     };
     let failedAttempts = 0;
     for (let attempt = 0; ; attempt++) {
@@ -128,10 +121,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         return openAiError(reply, 503, 'no worker can take the request now');
       }
       metrics.countDecision(decision.policy, decision.reason);
-      if (decision.shared) {
-        state.decisionMade(decision.shared);
-        if (!streaming) prefillSharing.follow(decision.ticket, decision.shared);
-      }
+      if (decision.shared) state.decisionMade(decision.shared);
       const forwarded = decision.cacheSalt
         ? JSON.stringify({ ...body, cache_salt: decision.cacheSalt })
         : unchanged && req.rawBody !== undefined

@@ -141,8 +141,6 @@ export class RouterFleet {
   private next = 0;
   /** Decisions whose prefill-done was sent: their release takes decode tokens off, not prefill. */
   private readonly prefilled = new WeakSet<SharedDecision>();
-  /** unreported[r]: replica r's shared decisions whose first token nobody reports, by ticket. */
-  private readonly unreported: Map<number, SharedDecision>[];
 
   constructor(
     replicas: KVAwareRouter[],
@@ -157,12 +155,10 @@ export class RouterFleet {
     this.loss = scenario.eventLoss ?? 0;
     this.random = createRng((scenario.seed ?? 1) * 7919 + 17);
     this.remote = replicas.map(() => new RemoteLoad());
-    this.unreported = replicas.map(() => new Map());
     // a prefill a replica reads off the engine reaches the others as a first token would
     replicas.forEach((r, i) =>
-      r.onPrefillRead((ticket) => {
-        const shared = this.unreported[i].get(ticket);
-        if (shared) this.sharePrefilled(i, shared);
+      r.onPrefillRead((_ticket, shared) => {
+        if (shared?.tracked) this.sharePrefilled(i, shared);
       }),
     );
   }
@@ -183,7 +179,6 @@ export class RouterFleet {
     const result = this.replicas[replica].route(request, shared ? { ...options, share: true } : options);
     if (shared && result.shared?.tracked) {
       const d = result.shared;
-      if (options.firstTokenReported === false) this.unreported[replica].set(result.ticket, d);
       this.schedule(this.clock() + this.lag, () => this.applyDecision(replica, d));
     }
     return { replica, result };
@@ -208,7 +203,6 @@ export class RouterFleet {
 
   release(replica: number, ticket: number, shared: SharedDecision | undefined): void {
     this.replicas[replica].release(ticket);
-    this.unreported[replica].delete(ticket);
     if (shared?.tracked && this.replicas.length > 1) {
       const decode = this.prefilled.has(shared) ? shared.decodeTokens : undefined;
       this.schedule(this.clock() + this.lag, () =>

@@ -3,6 +3,7 @@ import { test } from 'node:test';
 import { Registry } from 'prom-client';
 import { KVAwareRouter } from '../../src/index.js';
 import { RouterPicker, type RoutingBackend } from '../../src/epp/router-picker.js';
+import { sharePrefillReads } from '../../src/state/prefill-sharing.js';
 import { RecordingStateStore } from '../helpers/recording-state-store.js';
 
 const tokens = (family: number) => Array.from({ length: 64 }, (_, i) => family * 1000 + i);
@@ -32,6 +33,8 @@ test('the endpoint picker: a body that is not streamed has its prefill read off 
   const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise' });
   router.registerWorker('w0');
   const state = new RecordingStateStore();
+  // as the gateway behind the picker does for every front end on its router
+  const stop = sharePrefillReads(router, state);
   const picker = new RouterPicker(backend(router, state), { fallbacks: 0 });
   const pick = (prompt: number, stream: boolean) =>
     picker.pick({
@@ -60,4 +63,5 @@ test('the endpoint picker: a body that is not streamed has its prefill read off 
   streamed.inFlight.end();
   assert.equal(w.inFlightRequests, 0);
   assert.equal(w.activeDecodeTokens, 0);
+  stop();
 });

@@ -6,7 +6,7 @@
  */
 import * as check from '../validate.js';
 import type { WorkerState } from '../worker-registry.js';
-import type { InFlightLoad } from './types.js';
+import type { InFlightLoad, SharedDecision } from './types.js';
 
 interface Ticket {
   worker: WorkerState;
@@ -19,6 +19,8 @@ interface Ticket {
   openedAt: number;
   /** Its caller will not report the first token (a non-streaming answer arrives whole). */
   unreported: boolean;
+  /** What the decision shared with other replicas, for an unreported ticket (told when its prefill is read). */
+  shared: SharedDecision | undefined;
   /** Its prefill ends when its engine admits it (what is left to compute is under a block). */
   endsAtAdmission: boolean;
   /** Awaiting the KV event that stores its prompt's last full block (key halves). */
@@ -55,9 +57,17 @@ export class InFlightTickets {
 
   /**
    * Counts a new request on the worker: its uncached tokens as queued prefill. Returns its
-   * ticket. `reported` false: nobody will report its first token (see admitUnreported()).
+   * ticket. `reported` false: nobody will report its first token (see admitUnreported()), and
+   * `shared` is the decision as other replicas know it, to tell them when its prefill is read.
    */
-  open(worker: WorkerState, uncachedTokens: number, promptTokens: number, now = 0, reported = true): number {
+  open(
+    worker: WorkerState,
+    uncachedTokens: number,
+    promptTokens: number,
+    now = 0,
+    reported = true,
+    shared?: SharedDecision,
+  ): number {
     const ticket = this.nextTicket++;
     this.tickets.set(ticket, {
       worker,
@@ -66,6 +76,7 @@ export class InFlightTickets {
       prefilled: false,
       openedAt: now,
       unreported: !reported,
+      shared: reported ? undefined : shared,
       endsAtAdmission: false,
       awaiting: false,
       awaitHi: 0,
@@ -92,6 +103,11 @@ export class InFlightTickets {
     t.prefill = 0;
     if (t.awaiting) this.stopAwaiting(ticket, t);
     if (t.unreported) this.leaveQueue(t.worker);
+  }
+
+  /** The decision an unreported ticket shared with other replicas, if any. */
+  sharedOf(ticket: number): SharedDecision | undefined {
+    return this.tickets.get(ticket)?.shared;
   }
 
   /** The unreported request's prefill ends when its engine admits it (see admitUnreported()). */

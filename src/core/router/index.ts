@@ -13,6 +13,7 @@ export type {
   NoWorker,
   NoWorkerReason,
   NoWorkerResult,
+  PrefillReadListener,
   RouteDecision,
   RoutedResult,
   RouteOptions,

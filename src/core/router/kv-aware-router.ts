@@ -35,6 +35,7 @@ import type {
   RoutedResult,
   RouterStats,
   SelectWorkerOptions,
+  PrefillReadListener,
   SharedDecision,
   UpdateWorkerStateOptions,
   WorkerLoadStats,
@@ -342,7 +343,7 @@ export class KVAwareRouter {
       );
     if (tracked) {
       const reported = options.firstTokenReported !== false;
-      result.ticket = this.inFlight.open(worker, uncached, promptTokens, now, reported);
+      result.ticket = this.inFlight.open(worker, uncached, promptTokens, now, reported, result.shared);
       if (!reported) this.inferPrefillEnd(result.ticket, request, hashes, chosen, promptTokens);
     }
     this.policy.onRouted?.(worker, features, result.ticket, now);
@@ -439,17 +440,19 @@ export class KVAwareRouter {
 
   /** Ends a prefill the router read off the engine, and tells the listeners. */
   private readonly prefillDone = (ticket: number): void => {
+    const shared = this.inFlight.sharedOf(ticket);
     this.markPrefillDone(ticket);
-    for (const listener of this.prefillListeners) listener(ticket);
+    for (const listener of this.prefillListeners) listener(ticket, shared);
   };
-  private prefillListeners: ReadonlyArray<(ticket: number) => void> = [];
+  private prefillListeners: ReadonlyArray<PrefillReadListener> = [];
 
   /**
    * Calls `listener` with each ticket whose prefill the router ended itself, reading it off
-   * the engine (a request routed with `firstTokenReported: false`): where a caller would have
-   * reported the first token, e.g. to other replicas. Returns a function that removes it.
+   * the engine (a request routed with `firstTokenReported: false`), and the decision it shared
+   * with other replicas (route() with `share`): where a caller would have reported the first
+   * token, e.g. to the other replicas. Returns a function that removes it.
    */
-  onPrefillRead(listener: (ticket: number) => void): () => void {
+  onPrefillRead(listener: PrefillReadListener): () => void {
     if (typeof listener !== 'function') throw new TypeError('listener must be a function');
     this.prefillListeners = [...this.prefillListeners, listener];
     return () => {

@@ -61,9 +61,9 @@ export interface RouteOptions {
   /**
    * The caller will report the request's first token with markPrefillDone() (default true).
    * False when it cannot, as for an answer that is not streamed and arrives whole: its prompt
-   * would otherwise count as queued prefill until the end. The router then counts the prefill
-   * as done once the engine's scraped waiting queue says the request has been admitted
-   * (updateWorkerMetrics' `waitingRequests`).
+   * would otherwise count as queued prefill until the end. The router then reads the end of
+   * the prefill off the engine: the KV event storing the prompt's last full block, or, when the
+   * worker already holds it, the scraped waiting queue (docs/routing.md §6).
    */
   firstTokenReported?: boolean;
 }
@@ -88,6 +88,9 @@ export interface SharedDecision {
   decodeTokens: number;
   tracked: boolean;
 }
+
+/** Hears of a prefill the router read off the engine: its ticket and the decision it shared, if any. */
+export type PrefillReadListener = (ticket: number, shared: SharedDecision | undefined) => void;
 
 /** In-flight work on a worker, as one router replica counts it. */
 export interface InFlightLoad {
