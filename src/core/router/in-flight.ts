@@ -17,17 +17,23 @@ interface Ticket {
   prefilled: boolean;
   /** When it was opened (router clock, ms). */
   openedAt: number;
-  /** Its caller will not report the first token (a non-streaming answer arrives whole). */
-  unreported: boolean;
+  /** How the router learns its prefill ended (see PrefillEnd). */
+  prefillEnd: PrefillEnd;
   /** What the decision shared with other replicas, for an unreported ticket (told when its prefill is read). */
   shared: SharedDecision | undefined;
-  /** Its prefill ends when its engine admits it (what is left to compute is under a block). */
-  endsAtAdmission: boolean;
-  /** Awaiting the KV event that stores its prompt's last full block (key halves). */
-  awaiting: boolean;
+  /** The key halves of the block whose KV event ends the prefill ('block'). */
   awaitHi: number;
   awaitLo: number;
 }
+
+/**
+ * How the end of a ticket's prefill becomes known: 'reported', the caller reports the first
+ * token; the others are requests whose first token nobody reports (an answer that is not
+ * streamed arrives whole): 'block', the KV event storing the prompt's last full block;
+ * 'admission', the engine's waiting queue no longer holding it (less than a block left);
+ * 'answer', nothing to read it from, so the whole answer (the caller's markPrefillDone).
+ */
+type PrefillEnd = 'reported' | 'block' | 'admission' | 'answer';
 
 /**
  * A worker's tickets whose first token nobody reports, in the order they were opened (the
@@ -75,10 +81,8 @@ export class InFlightTickets {
       kvTokens: promptTokens,
       prefilled: false,
       openedAt: now,
-      unreported: !reported,
+      prefillEnd: reported ? 'reported' : 'answer',
       shared: reported ? undefined : shared,
-      endsAtAdmission: false,
-      awaiting: false,
       awaitHi: 0,
       awaitLo: 0,
     });
@@ -101,8 +105,8 @@ export class InFlightTickets {
     t.worker.activeDecodeTokens += t.kvTokens;
     t.prefilled = true;
     t.prefill = 0;
-    if (t.awaiting) this.stopAwaiting(ticket, t);
-    if (t.unreported) this.leaveQueue(t.worker);
+    if (t.prefillEnd === 'block') this.stopAwaiting(ticket, t);
+    if (t.prefillEnd !== 'reported') this.leaveQueue(t.worker);
   }
 
   /** The decision an unreported ticket shared with other replicas, if any. */
@@ -113,7 +117,7 @@ export class InFlightTickets {
   /** The unreported request's prefill ends when its engine admits it (see admitUnreported()). */
   awaitAdmission(ticket: number): void {
     const t = this.tickets.get(ticket);
-    if (t && t.unreported) t.endsAtAdmission = true;
+    if (t && t.prefillEnd === 'answer') t.prefillEnd = 'admission';
   }
 
   /**
@@ -123,8 +127,8 @@ export class InFlightTickets {
    */
   awaitBlock(ticket: number, hi: number, lo: number): void {
     const t = this.tickets.get(ticket);
-    if (!t || t.prefilled || !t.unreported || t.awaiting) return;
-    t.awaiting = true;
+    if (!t || t.prefilled || t.prefillEnd !== 'answer') return;
+    t.prefillEnd = 'block';
     t.awaitHi = hi;
     t.awaitLo = lo;
     let byKey = this.awaited.get(t.worker);
@@ -161,8 +165,8 @@ export class InFlightTickets {
     if (found) for (const ticket of found) done(ticket);
   }
 
+  /** The ticket no longer awaits its block (its prefill ended, or it was released). */
   private stopAwaiting(ticket: number, t: Ticket): void {
-    t.awaiting = false;
     const byKey = this.awaited.get(t.worker);
     const list = byKey?.get(t.awaitLo);
     if (!byKey || !list) return;
@@ -202,7 +206,7 @@ export class InFlightTickets {
       if (!t || t.prefilled) continue;
       admit--;
       // admitted; a prefill of many chunks waits for its own block's event instead
-      if (t.endsAtAdmission) admitted.push(ticket);
+      if (t.prefillEnd === 'admission') admitted.push(ticket);
     }
     for (const ticket of admitted) done(ticket);
   }
@@ -213,8 +217,8 @@ export class InFlightTickets {
     if (!t) return;
     this.tickets.delete(ticket);
     const w = t.worker;
-    if (t.awaiting) this.stopAwaiting(ticket, t);
-    if (t.unreported && !t.prefilled) this.leaveQueue(w);
+    if (t.prefillEnd === 'block' && !t.prefilled) this.stopAwaiting(ticket, t);
+    if (t.prefillEnd !== 'reported' && !t.prefilled) this.leaveQueue(w);
     w.queuedPrefillTokens = Math.max(0, w.queuedPrefillTokens - t.prefill);
     if (t.prefilled) w.activeDecodeTokens = Math.max(0, w.activeDecodeTokens - t.kvTokens);
     w.inFlightRequests = Math.max(0, w.inFlightRequests - 1);
