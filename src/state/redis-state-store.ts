@@ -139,18 +139,21 @@ export class RedisStateStore implements StateStore {
     };
     // commands fail at once while disconnected instead of queueing behind a dead server
     this.cmd = new Redis({ ...common, enableOfflineQueue: false, connectionName: `contextforge-${this.replicaId}` });
-    this.sub = new Redis({ ...common, commandTimeout: undefined, enableOfflineQueue: true, autoResubscribe: true });
+    // subscribed on every 'ready' below rather than by ioredis's autoResubscribe, whose
+    // SUBSCRIBE has no handler: a connection closed before Redis answers it would reject a
+    // promise nobody holds and take the process down
+    this.sub = new Redis({ ...common, commandTimeout: undefined, enableOfflineQueue: true, autoResubscribe: false });
     this.cmd.on('error', () => {}); // state changes are handled below; errors are counted where they surface
     this.sub.on('error', () => {});
     this.cmd.on('close', () => this.wentDown());
     this.cmd.on('ready', () => void this.cameUp());
+    this.sub.on('ready', () => this.subscribe());
     this.sub.on('messageBuffer', (_channel: Buffer, message: Buffer) => this.onMessage(message));
   }
 
   async attach(host: StateStoreHost): Promise<void> {
     this.host = host;
-    await this.sub.connect().catch(() => {});
-    void this.sub.subscribe(this.channel).catch(() => {});
+    await this.sub.connect().catch(() => {}); // 'ready' subscribes, now or when Redis answers
     try {
       await this.cmd.connect(); // 'ready' runs the first sync
       await this.resyncing;
@@ -258,6 +261,14 @@ export class RedisStateStore implements StateStore {
   private publish(message: string): void {
     void this.cmd.publish(this.channel, message).catch(() => {
       this.counters.errors++;
+    });
+  }
+
+  private subscribe(): void {
+    this.sub.subscribe(this.channel).catch(() => {
+      if (this.closed) return;
+      this.counters.errors++;
+      this.sub.disconnect(true); // reconnects, and 'ready' subscribes again
     });
   }
 

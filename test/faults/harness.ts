@@ -187,3 +187,64 @@ export async function post(
   });
   return { status: res.status, headers: res.headers, text: await res.text() };
 }
+
+/**
+ * A TCP proxy in front of a Redis server. `withhold(word)` makes it stop passing Redis's
+ * answers back on any connection that sends a command containing `word` (case-insensitive),
+ * so a test can hold a command in flight; `drop()` cuts every connection.
+ */
+export class RedisProxy {
+  port = 0;
+  /** Connections whose answers were withheld. */
+  withheld = 0;
+  private word: string | undefined;
+  private readonly sockets = new Set<import('node:net').Socket>();
+  private readonly server = createTcpServer((client) => {
+    const upstream = createConnection({ host: '127.0.0.1', port: this.targetPort });
+    let held = false;
+    for (const s of [client, upstream]) {
+      this.sockets.add(s);
+      s.on('error', () => {});
+      s.on('close', () => {
+        this.sockets.delete(s);
+        client.destroy();
+        upstream.destroy();
+      });
+    }
+    client.on('data', (d) => {
+      if (!held && this.word !== undefined && d.toString('latin1').toLowerCase().includes(this.word)) {
+        held = true;
+        this.withheld++;
+      }
+      upstream.write(d);
+    });
+    upstream.on('data', (d) => {
+      if (!held) client.write(d);
+    });
+  });
+
+  constructor(private readonly targetPort: number) {}
+
+  async start(): Promise<this> {
+    await new Promise<void>((r) => this.server.listen(0, '127.0.0.1', r));
+    this.port = (this.server.address() as AddressInfo).port;
+    return this;
+  }
+
+  get url(): string {
+    return `redis://127.0.0.1:${this.port}`;
+  }
+
+  withhold(word: string): void {
+    this.word = word.toLowerCase();
+  }
+
+  drop(): void {
+    for (const s of this.sockets) s.destroy();
+  }
+
+  async close(): Promise<void> {
+    this.drop();
+    await new Promise<void>((r) => this.server.close(() => r()));
+  }
+}

@@ -9,7 +9,7 @@ import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
-import { post, RedisProcess } from './harness.js';
+import { post, RedisProcess, RedisProxy } from './harness.js';
 import { until } from '../helpers/wait.js';
 
 test('Redis killed and restarted under load: 0 failed requests, the replicas reconnect', async () => {
@@ -70,4 +70,80 @@ test('Redis killed and restarted under load: 0 failed requests, the replicas rec
   for (const g of gateways) await g.close();
   for (const e of engines) await e.close();
   await redis.kill();
+});
+
+test('a replica closed while its subscriber resubscribes leaves no promise unhandled', async () => {
+  const redis = await new RedisProcess().start();
+  const proxy = await new RedisProxy(redis.port).start();
+  const engine = await new MockEngine().start();
+  const state = new RedisStateStore({ url: proxy.url, prefix: 'cf-resubscribe:', syncIntervalMs: 50 });
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ blockSize: 16 }),
+    state,
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
+  });
+  const unhandled: unknown[] = [];
+  const onUnhandled = (reason: unknown) => unhandled.push(reason);
+  process.on('unhandledRejection', onUnhandled);
+  try {
+    await until(() => state.stats().connected === true, 'the replica to connect');
+    // the subscriber reconnects and subscribes again; Redis's answer never comes back
+    proxy.withhold('subscribe');
+    proxy.drop();
+    await until(() => proxy.withheld >= 1, 'the subscriber to resubscribe', { timeoutMs: 10_000 });
+    await gateway.close(); // fails the subscription in flight
+    for (let i = 0; i < 3; i++) await new Promise((r) => setImmediate(r));
+    assert.deepEqual(unhandled.map(String), []);
+  } finally {
+    process.off('unhandledRejection', onUnhandled);
+    await engine.close();
+    await proxy.close();
+    await redis.kill();
+  }
+});
+
+test('after their connections drop, the replicas subscribe again and hear each other', async () => {
+  const redis = await new RedisProcess().start();
+  const proxy = await new RedisProxy(redis.port).start();
+  const engine = await new MockEngine({ decodeTokS: 2000 }).start();
+  const stores = [0, 1].map(() => new RedisStateStore({ url: proxy.url, prefix: 'cf-redrop:', syncIntervalMs: 50 }));
+  const gateways: Gateway[] = [];
+  try {
+    for (const state of stores)
+      gateways.push(
+        await createGateway({
+          router: new KVAwareRouter({ blockSize: 16 }),
+          state,
+          metricsIntervalMs: 0,
+          healthCheckIntervalMs: 0,
+          workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
+        }),
+      );
+    const base = await gateways[0].app.listen({ host: '127.0.0.1', port: 0 });
+    await until(() => stores.every((s) => s.stats().connected === true), 'the replicas to connect');
+    proxy.drop();
+    await until(
+      () => stores.every((s) => s.stats().connected === true && (s.stats().resyncs as number) >= 2),
+      'the replicas to reconnect',
+      { timeoutMs: 10_000 },
+    );
+    const heard = stores[1].stats().decisionsApplied as number;
+    // a decision made now reaches the other replica only through a subscription made again
+    await until(
+      async () => {
+        const r = await post(base, '/v1/completions', { prompt: 'after the drop '.repeat(8), max_tokens: 1 });
+        assert.equal(r.status, 200);
+        return (stores[1].stats().decisionsApplied as number) > heard;
+      },
+      'the second replica to hear a decision of the first',
+      { timeoutMs: 10_000, intervalMs: 50 },
+    );
+  } finally {
+    for (const g of gateways) await g.close();
+    await engine.close();
+    await proxy.close();
+    await redis.kill();
+  }
 });
