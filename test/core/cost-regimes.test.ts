@@ -446,6 +446,30 @@ describe('cost policy regimes', () => {
     assert.ok(Math.abs(w1.costSeconds - w2.costSeconds - w1.arrivalDelaySeconds) < 1e-9, 'the only difference');
   });
 
+  test('arrival delay: the rate is read when the decision is made, not when the last request was routed', () => {
+    const p = new CostPolicy();
+    const system = 9728;
+    for (let i = 0; i < 10; i++) {
+      const cs = fleet([{ cached: system }, { cached: 50_000 }, { cached: system }]);
+      const r = request(60_000);
+      p.choose(cs, r);
+      p.onRouted(cs[1].worker, r, 0, 2000 * i);
+    }
+    const cs = fleet([{ cached: 91_200 }, { cached: system }, { cached: system }]);
+    const at = (now: number | undefined) => {
+      const r: RouteFeatures = { ...request(118_453), now };
+      p.choose(cs, r);
+      return terms(p, cs[1], r).arrivalDelaySeconds as number;
+    };
+    const atLast = at(18_000);
+    assert.ok(atLast > 0);
+    // a quiet minute later w1 has received nothing for 60 s: its rate has decayed by e
+    const later = at(78_000);
+    assert.ok(Math.abs(later - atLast / Math.E) < 1e-9 * atLast, `${later} vs ${atLast / Math.E}`);
+    // a decision stamped before the last one never moves the clock back
+    assert.equal(at(40_000), later);
+  });
+
   test('arrival delay: a new session, held nowhere more than everywhere, is not charged it', () => {
     const p = new CostPolicy();
     for (let i = 0; i < 10; i++) {

@@ -319,6 +319,8 @@ export class CostPolicy implements RoutingPolicy {
   choose(candidates: readonly Candidate[], request: RouteFeatures): PolicyChoice {
     if (candidates.length === 0) return NO_CHOICE;
     this.request = request;
+    // rates are read at this decision's time: after a quiet spell the last one's would overstate them
+    if (request.now !== undefined && request.now > this.lastNow) this.lastNow = request.now;
     let mostCached = 0;
     for (const c of candidates) if (c.cachedTokens > mostCached) mostCached = c.cachedTokens;
     this.pending.lookup(candidates, request.blocks, Math.ceil(mostCached / request.blockSize));
@@ -360,7 +362,7 @@ export class CostPolicy implements RoutingPolicy {
 
   /**
    * The rate of requests this router sends the worker, per token-equivalent of prefill: those
-   * of the last ARRIVAL_WINDOW_MS, exponentially decayed, read at the last decision's time.
+   * of the last ARRIVAL_WINDOW_MS, exponentially decayed, read at the decision's time.
    */
   private arrivalRate(c: Candidate): number {
     const slot = c.worker.slot;

@@ -52,6 +52,8 @@ export interface RouteFeatures {
    * reuse the same cached prefix: the cost policy counts them to tell how hot a prefix is.
    */
   readonly sharedPrefixKey?: number;
+  /** When the decision is made (ms, the router's clock); policies that measure rates read it. */
+  readonly now?: number;
 }
 
 /** Prefix-chained block hashes of one request (valid while the call that received them runs). */

@@ -294,6 +294,7 @@ export class KVAwareRouter {
           : anchor
             ? hashString32(anchor)
             : 0,
+      now,
     };
     const choice = this.policy.choose(candidates, features);
     // a user's policy is not trusted to stay in range; the built-in ones always do
