@@ -204,6 +204,21 @@ interface ForwardOptions {
 /** A 5xx answer's body is read (keeping the connection) up to this size, then the connection is dropped. */
 const MAX_DISCARDED_BYTES = 128 * 1024;
 
+/** An event stream's unfinished event is held back up to this size (an engine that never ends one is passed on). */
+const MAX_HELD_EVENT_BYTES = 256 * 1024;
+
+/**
+ * Where the complete events of an SSE chunk end: the index past its last blank line ("\n\n"
+ * or "\r\n\r\n"), 0 when no event ends in it.
+ */
+function completeEventsEnd(buf: Buffer): number {
+  for (let i = buf.length - 1; i > 0; i--) {
+    if (buf[i] !== 0x0a) continue;
+    if (buf[i - 1] === 0x0a || (buf[i - 1] === 0x0d && i > 1 && buf[i - 2] === 0x0a)) return i + 1;
+  }
+  return 0;
+}
+
 /**
  * Sends the request to one engine and passes its answer to the client: a stream chunk by
  * chunk, a complete JSON answer in one write with its length. Nothing is sent to the client
@@ -253,6 +268,8 @@ class Attempt implements Dispatcher.DispatchHandler {
   private discarded = 0;
   private headers: Record<string, string> | undefined;
   private eventStream = false;
+  /** An event stream's bytes past its last complete event: a failure then never leaves half an event with the client. */
+  private held: Buffer | undefined;
   /** A complete answer of known length: gathered, then written with its length. */
   private gather = false;
   private parts: Buffer[] | undefined;
@@ -374,6 +391,13 @@ class Attempt implements Dispatcher.DispatchHandler {
       return true;
     }
     if (!this.sent) this.startResponse();
+    if (this.eventStream) {
+      const data = this.held === undefined ? chunk : Buffer.concat([this.held, chunk]);
+      const end = data.length > MAX_HELD_EVENT_BYTES ? data.length : completeEventsEnd(data);
+      this.held = end < data.length ? data.subarray(end) : undefined;
+      if (end === 0) return true;
+      chunk = end === data.length ? data : data.subarray(0, end);
+    }
     if (this.res.write(chunk)) return true;
     // the client reads slower than the engine writes: the engine's socket waits for 'drain'
     this.res.once('drain', this.onDrain!);
@@ -391,7 +415,9 @@ class Attempt implements Dispatcher.DispatchHandler {
       this.res.end(payload);
     } else {
       if (!this.sent) this.startResponse();
-      this.res.end();
+      // the engine ended its stream: what it sent of an unfinished event is its own
+      this.res.end(this.held);
+      this.held = undefined;
     }
     this.settle('done');
   }
@@ -399,13 +425,15 @@ class Attempt implements Dispatcher.DispatchHandler {
   onError(): void {
     if (this.settled) return;
     if (!this.sent) return this.settle(this.failed());
-    // after the first byte: end the stream cleanly; the cause stays out of the client's view
-    if (this.why !== 'client' && this.eventStream) {
-      this.res.write(
+    // after the first byte: an event stream ends with an error event after its last complete
+    // event (an unfinished one is dropped); the cause stays out of the client's view
+    this.held = undefined;
+    if (this.why === 'client') this.res.end();
+    else if (this.eventStream) {
+      this.res.end(
         `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`,
       );
-    }
-    this.res.end();
+    } else this.res.end();
     this.settle(this.why === 'client' ? 'client-gone' : 'done');
   }
 }

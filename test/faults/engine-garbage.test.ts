@@ -1,0 +1,83 @@
+/**
+ * Engines that answer garbage after their first byte: an event stream cut in the middle of an
+ * event, a JSON answer of unknown length cut short. The client must see a clear failure (an
+ * SSE error event it can parse, or a response that does not end cleanly), never a broken event
+ * or a truncated 200 that looks complete; the router's ticket is released either way.
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import OpenAI from 'openai';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { until } from '../helpers/wait.js';
+import { fakeEngine, type FakeEngine } from './harness.js';
+
+const chunk = (content: string) =>
+  `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`;
+
+let engine: FakeEngine;
+let gateway: Gateway;
+let base = '';
+
+before(async () => {
+  // the prompt says how the engine fails
+  engine = await fakeEngine((req, res) => {
+    let body = '';
+    req.on('data', (d: Buffer) => (body += d.toString()));
+    req.on('end', () => {
+      if (req.method !== 'POST') return void res.writeHead(404).end(); // /v1/models
+      const { messages } = JSON.parse(body) as { messages: Array<{ content: string }> };
+      const mode = messages[0].content;
+      if (mode === 'cut-mid-event') {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        // a whole event, then half of the next one, then the engine dies
+        res.write(chunk('par') + chunk('tial').slice(0, 30));
+      } else {
+        res.writeHead(200, { 'content-type': 'application/json' }); // chunked: no content-length
+        res.write('{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"content":"hel');
+      }
+      setTimeout(() => res.socket?.destroy(), 30);
+    });
+  });
+  gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 'f0', url: engine.url }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+});
+after(async () => {
+  await gateway.close();
+  await engine.close();
+});
+
+test('a stream cut in the middle of an event: the client gets the whole events, then an error event it can parse', async () => {
+  const res = await fetch(`${base}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'cut-mid-event' }], stream: true }),
+  });
+  assert.equal(res.status, 200);
+  const text = await res.text();
+  const events = text.split('\n\n').filter(Boolean);
+  for (const e of events) {
+    assert.match(e, /^data: /, `an SSE event: ${JSON.stringify(e)}`);
+    assert.doesNotThrow(() => JSON.parse(e.slice('data: '.length)), `every event is JSON: ${JSON.stringify(e)}`);
+  }
+  assert.equal(events.length, 2);
+  assert.match(events[1], /failed mid-stream/);
+  await until(() => gateway.router.getStats().inFlightRequests === 0, 'the ticket released');
+  // the openai SDK reports the engine's failure, not a JSON syntax error
+  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'none', maxRetries: 0 });
+  const seen: string[] = [];
+  await assert.rejects(async () => {
+    const stream = await client.chat.completions.create({
+      model: 'm',
+      messages: [{ role: 'user', content: 'cut-mid-event' }],
+      stream: true,
+    });
+    for await (const c of stream) seen.push(c.choices[0]?.delta.content ?? '');
+  }, /failed mid-stream/);
+  assert.deepEqual(seen, ['par']);
+});
