@@ -224,7 +224,8 @@ function completeEventsEnd(buf: Buffer): number {
  * chunk, a complete JSON answer in one write with its length. Nothing is sent to the client
  * before the engine's first body byte, so until then a failure (connection error, 5xx, first-
  * byte timeout, the worker leaving rotation) can be retried on another worker. A failure after
- * the first byte ends an SSE stream with an OpenAI-style error event.
+ * the first byte ends an SSE stream with an OpenAI-style error event, and drops the client's
+ * connection under any other body (it must not end like a whole answer).
  */
 function forward(
   reply: ProxyReply,
@@ -433,7 +434,10 @@ class Attempt implements Dispatcher.DispatchHandler {
       this.res.end(
         `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`,
       );
-    } else this.res.end();
+    } else {
+      // any other body cut short: the connection is dropped, so the client cannot take it for a whole answer
+      this.res.destroy();
+    }
     this.settle(this.why === 'client' ? 'client-gone' : 'done');
   }
 }

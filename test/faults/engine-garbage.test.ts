@@ -5,6 +5,7 @@
  * or a truncated 200 that looks complete; the router's ticket is released either way.
  */
 import assert from 'node:assert/strict';
+import { request } from 'node:http';
 import { after, before, test } from 'node:test';
 import OpenAI from 'openai';
 import { KVAwareRouter } from '../../src/index.js';
@@ -80,4 +81,25 @@ test('a stream cut in the middle of an event: the client gets the whole events, 
     for await (const c of stream) seen.push(c.choices[0]?.delta.content ?? '');
   }, /failed mid-stream/);
   assert.deepEqual(seen, ['par']);
+});
+
+test('a JSON answer of unknown length cut short: the response does not end as if complete', async () => {
+  const body = JSON.stringify({ messages: [{ role: 'user', content: 'cut-json' }] });
+  const outcome = await new Promise<{ status: number; ended: 'cleanly' | 'aborted' }>((resolve, reject) => {
+    const req = request(
+      `${base}/v1/chat/completions`,
+      { method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } },
+      (res) => {
+        res.resume();
+        res.on('end', () => resolve({ status: res.statusCode!, ended: 'cleanly' }));
+        res.on('aborted', () => resolve({ status: res.statusCode!, ended: 'aborted' }));
+        res.on('error', () => resolve({ status: res.statusCode!, ended: 'aborted' }));
+      },
+    );
+    req.on('error', reject);
+    req.end(body);
+  });
+  assert.equal(outcome.status, 200, 'the headers were out before the engine failed');
+  assert.equal(outcome.ended, 'aborted', 'a truncated body must not end like a complete one');
+  await until(() => gateway.router.getStats().inFlightRequests === 0, 'the ticket released');
 });
