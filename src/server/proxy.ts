@@ -127,12 +127,14 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         : unchanged && req.rawBody !== undefined
           ? req.rawBody
           : JSON.stringify(body);
+      // what anchors claim is the client's word: no more of the prompt is cached than the prompt itself
+      const cachedTokens = Math.min(decision.cachedTokens, decision.promptTokens);
       const target = connections.get(decision.workerId)!;
       const outcome = await forward(reply, target, path, forwarded, {
         // the worker's own id (a data-parallel rank's worker) and the rank, for the response headers
         workerId: target.workerId,
         rank: target.rank,
-        cachedTokens: cachedTokensHeader ? decision.cachedTokens : undefined,
+        cachedTokens: cachedTokensHeader ? cachedTokens : undefined,
         streaming,
         firstByteTimeoutMs: streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs,
         interChunkTimeoutMs,
@@ -168,7 +170,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         return openAiError(reply, 502, `the engines failed to answer (last: ${decision.workerId})`);
       }
       breaker.answered(decision.workerId);
-      metrics.cachedTokens.inc(decision.cachedTokens);
+      metrics.cachedTokens.inc(cachedTokens);
       metrics.promptTokens.inc(decision.promptTokens);
       metrics.latency.observe((performance.now() - started) / 1000);
       return reply;
