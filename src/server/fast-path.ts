@@ -90,7 +90,8 @@ class FastRequest implements ProxyReply {
       this.header('connection', 'close');
       return this.o.answerError(err, this.path, this);
     }
-    const source: RequestSource = { body, headers: this.req.headers, rawBody: forwardableBytes(bytes) };
+    const req = this.req;
+    const source: RequestSource = { body, headers: req.headers, rawBody: forwardableBytes(bytes), raw: req };
     this.handler(source, this).catch((err: unknown) => {
       if (!this.sent && !this.raw.headersSent) this.o.answerError(err, this.path, this);
       else if (!this.raw.writableEnded) this.raw.destroy();

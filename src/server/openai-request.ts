@@ -6,7 +6,7 @@
  * tokenization by the configured mode, and OpenAI-style JSON error answers.
  */
 import { isUtf8 } from 'node:buffer';
-import type { ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { RouteRequest } from '../core/router/index.js';
 import {
@@ -117,6 +117,28 @@ export interface RequestSource {
   headers: Readonly<Record<string, string | string[] | undefined>>;
   /** The client's tenant (API keys): its requests get the tenant's cache salt. */
   tenant?: string;
+  /** The HTTP request, when there is one: a metadata header it repeats is refused, not read joined. */
+  raw?: IncomingMessage;
+}
+
+/** The metadata headers that take one value (x-anchor-ids is a list: repeating it extends the list). */
+const SINGLE_VALUE_HEADERS = ['x-workflow-id', 'x-workflow-step', 'x-agent-role', 'x-cla-group', 'x-kv-isolate'];
+
+/**
+ * The request's headers for the metadata checks: Node joins a repeated header's values with
+ * ", ", so a metadata header given twice would be read as one odd value; it is given as the
+ * list of its values instead, which the checks refuse. The headers themselves when none repeats.
+ */
+export function metadataHeaders(req: IncomingMessage): RequestSource['headers'] {
+  const headers = req.headers;
+  let out: Record<string, string | string[] | undefined> | undefined;
+  for (const name of SINGLE_VALUE_HEADERS) {
+    const v = headers[name];
+    if (typeof v !== 'string' || !v.includes(', ')) continue;
+    const values = req.headersDistinct[name];
+    if (values !== undefined && values.length > 1) (out ??= { ...headers })[name] = values;
+  }
+  return out ?? headers;
 }
 
 export interface RequestReaderOptions {
@@ -153,7 +175,8 @@ export function createRequestParser(options: RequestReaderOptions) {
   return async (path: string, req: RequestSource): Promise<ParsedRequest | RequestRejection> => {
     let parsed: ParsedRequest;
     try {
-      parsed = readRouteRequest(path, req.body, req.headers, limits);
+      const headers = req.raw === undefined ? req.headers : metadataHeaders(req.raw);
+      parsed = readRouteRequest(path, req.body, headers, limits);
     } catch (err) {
       if (err instanceof RequestLimitError) {
         return { status: err.status, message: err.message, param: err.param };

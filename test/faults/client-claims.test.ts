@@ -4,6 +4,7 @@
  * twice.
  */
 import assert from 'node:assert/strict';
+import { request } from 'node:http';
 import { after, before, test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
@@ -56,4 +57,52 @@ test('an anchor claiming 2^53 tokens cannot push the cached-tokens metric or hea
   const prompt = await counter('contextforge_prompt_tokens_total');
   assert.ok(cached <= prompt, `cached tokens counted (${cached}) exceed the prompt tokens counted (${prompt})`);
   for (const h of headers) assert.ok(Number(h) <= prompt, `x-contextforge-cached-tokens: ${h}`);
+});
+
+/** POSTs `body` with `headers` as given (an array value is sent as repeated header lines; no content-length: chunked). */
+function postRaw(
+  path: string,
+  body: string,
+  headers: Record<string, string | string[]>,
+): Promise<{ status: number; text: string }> {
+  return new Promise((resolve, reject) => {
+    const req = request(`${base}${path}`, { method: 'POST', headers }, (res) => {
+      let text = '';
+      res.on('data', (d: Buffer) => (text += d.toString()));
+      res.on('end', () => resolve({ status: res.statusCode!, text }));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+test('a metadata header given twice is refused naming it, not read as the values joined', async () => {
+  const body = JSON.stringify({ prompt: 'a request with repeated metadata headers', max_tokens: 1 });
+  const framings: Array<Record<string, string>> = [{ 'content-length': String(Buffer.byteLength(body)) }, {}];
+  for (const framing of framings) {
+    // with a length the request takes the gateway's fast path, chunked it goes through Fastify
+    for (const [name, values] of [
+      ['x-workflow-id', ['wf-a', 'wf-b']],
+      ['x-agent-role', ['planner', 'judge']],
+      ['x-workflow-step', ['1', '2']],
+      ['x-kv-isolate', ['1', '0']],
+    ] as const) {
+      const res = await postRaw('/v1/completions', body, {
+        'content-type': 'application/json',
+        ...framing,
+        [name]: [...values],
+      });
+      assert.equal(res.status, 400, `${JSON.stringify(framing)} ${name}: ${res.text}`);
+      const { error } = JSON.parse(res.text) as { error: { message: string; param: string } };
+      assert.equal(error.param, name);
+      assert.match(error.message, /given once/);
+    }
+  }
+  // a list header repeated is the list of both; one header holding ", " is one value
+  const ok = await postRaw('/v1/completions', body, {
+    'content-type': 'application/json',
+    'x-anchor-ids': ['a1', 'a2'],
+    'x-agent-role': 'planner, v2',
+  });
+  assert.equal(ok.status, 200, ok.text);
 });
