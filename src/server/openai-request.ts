@@ -89,6 +89,7 @@ export function useJsonBodies(app: FastifyInstance, maxJsonDepth: number): void 
   app.decorateRequest('tenant', undefined);
   const parseJson = (req: FastifyRequest, body: string | Buffer, done: (err: Error | null, body?: unknown) => void) => {
     try {
+      checkContentEncoding(req.headers['content-encoding']);
       const parsed = parseRequestBody(body as Buffer, maxJsonDepth);
       req.rawBody = forwardableBytes(body as Buffer);
       done(null, parsed);
@@ -104,6 +105,20 @@ export function useJsonBodies(app: FastifyInstance, maxJsonDepth: number): void 
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, parseJson);
   app.addContentTypeParser('*', { parseAs: 'buffer' }, parseJson);
+}
+
+/**
+ * Throws a 415 naming content-encoding unless the body is sent as is: a compressed body is
+ * not inflated (no decompression bomb to bound), and reading its bytes as JSON would only
+ * say "not valid JSON".
+ */
+export function checkContentEncoding(encoding: string | undefined): void {
+  if (encoding !== undefined && encoding !== '' && encoding.trim().toLowerCase() !== 'identity')
+    throw new RequestLimitError(
+      'compressed request bodies are not supported: send the body without Content-Encoding',
+      'content-encoding',
+      415,
+    );
 }
 
 /** A request read for routing: what to route on, the body to forward, and whether that body is the one received. */

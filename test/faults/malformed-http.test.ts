@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { connect } from 'node:net';
+import { gzipSync } from 'node:zlib';
 import { after, before, test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
@@ -107,4 +108,30 @@ test('a URL that does not decode, or a path parameter over the length limit, is 
     assert.equal(openAiError(res.body).param, 'url');
   }
   assert.equal((await fetch(`http://127.0.0.1:${port}/healthz`)).status, 200);
+});
+
+test('a compressed body is refused with 415 naming content-encoding, on every route that takes a body', async () => {
+  const body = gzipSync('{"prompt":"x","max_tokens":1}');
+  const base = `http://127.0.0.1:${port}`;
+  for (const [path, headers] of [
+    ['/v1/completions', { 'content-type': 'application/json' }],
+    ['/v1/chat/completions', { 'content-type': 'application/json; charset=utf-8' }],
+    ['/admin/workers', { 'content-type': 'application/json', authorization: 'Bearer admin-token-for-tests' }],
+  ] as const) {
+    const res = await fetch(`${base}${path}`, {
+      method: 'POST',
+      headers: { ...headers, 'content-encoding': 'gzip' },
+      body,
+    });
+    assert.equal(res.status, 415, path);
+    const error = openAiError(await res.text());
+    assert.equal(error.param, 'content-encoding', path);
+  }
+  // identity is no encoding at all
+  const plain = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'content-encoding': 'identity' },
+    body: '{"prompt":"x","max_tokens":1}',
+  });
+  assert.equal(plain.status, 200);
 });
