@@ -102,7 +102,8 @@ export function useJsonBodies(app: FastifyInstance, maxJsonDepth: number): void 
       );
     }
   };
-  app.removeContentTypeParser('application/json');
+  // Fastify's own text/plain parser would hand the body over as a string, never read as JSON
+  app.removeContentTypeParser(['application/json', 'text/plain']);
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, parseJson);
   app.addContentTypeParser('*', { parseAs: 'buffer' }, parseJson);
 }

@@ -135,3 +135,15 @@ test('a compressed body is refused with 415 naming content-encoding, on every ro
   });
   assert.equal(plain.status, 200);
 });
+
+test('JSON sent under another content type is read as JSON, text/plain included', async () => {
+  for (const type of ['application/x-www-form-urlencoded', 'text/plain', 'text/plain; charset=utf-8']) {
+    const res = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': type },
+      body: '{"prompt":"x","max_tokens":1}',
+    });
+    assert.equal(res.status, 200, `${type}: ${await res.clone().text()}`);
+    await res.text();
+  }
+});
