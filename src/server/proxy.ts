@@ -44,6 +44,14 @@ export interface ProxyDeps {
   cachedTokensHeader: boolean;
 }
 
+/** The longest part of a client's value an error message repeats. */
+const MAX_SHOWN_CHARS = 256;
+
+/** A client's value as an error message shows it: cut to MAX_SHOWN_CHARS (a 16 MB model name is not echoed). */
+function shown(value: string): string {
+  return value.length <= MAX_SHOWN_CHARS ? value : `${value.slice(0, MAX_SHOWN_CHARS)}… (${value.length} characters)`;
+}
+
 /** route(), with its argument checks answered as 400 (never 500) and nothing internal shown. */
 export function routeOr400(
   router: KVAwareRouter,
@@ -85,7 +93,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     if (excluded.size > 0 && excluded.size === connections.size) {
       return reply.code(404).send({
         error: {
-          message: `The model '${String(body.model)}' does not exist on any worker`,
+          message: `The model '${shown(String(body.model))}' does not exist on any worker`,
           type: 'invalid_request_error',
           param: 'model',
           code: 'model_not_found',

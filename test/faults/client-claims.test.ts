@@ -106,3 +106,27 @@ test('a metadata header given twice is refused naming it, not read as the values
   });
   assert.equal(ok.status, 200, ok.text);
 });
+
+test('a model no worker serves is a 404 that does not echo a 1 MB model name', async () => {
+  const gw = await createGateway({
+    router: new KVAwareRouter({ blockSize: 16 }),
+    workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}`, models: ['mock'] }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  try {
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    const res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'x', model: 'm'.repeat(1 << 20) }),
+    });
+    assert.equal(res.status, 404);
+    const text = await res.text();
+    const { error } = JSON.parse(text) as { error: { param: string; code: string } };
+    assert.deepEqual([error.param, error.code], ['model', 'model_not_found']);
+    assert.ok(text.length < 1024, `the error is ${text.length} bytes`);
+  } finally {
+    await gw.close();
+  }
+});
