@@ -103,3 +103,40 @@ test('a JSON answer of unknown length cut short: the response does not end as if
   assert.equal(outcome.ended, 'aborted', 'a truncated body must not end like a complete one');
   await until(() => gateway.router.getStats().inFlightRequests === 0, 'the ticket released');
 });
+
+test("an engine's /tokenize answering ids that are not token ids: the request is routed on its text, not refused", async () => {
+  const tokens: unknown[] = [[-1, 2], ['x'], [1.5], [1e300], []];
+  let asked = 0;
+  const tokenizing = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      if (req.url === '/tokenize') res.end(JSON.stringify({ tokens: tokens[asked++ % tokens.length] }));
+      else res.end('{"id":"c1","object":"text_completion","choices":[]}');
+    });
+  });
+  const gw = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 't0', url: tokenizing.url }],
+    tokenize: 'engine',
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  try {
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    for (let i = 0; i < tokens.length; i++) {
+      const res = await fetch(`${url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ prompt: `a prompt the engine tokenizes badly ${i}` }),
+      });
+      assert.equal(res.status, 200, `/tokenize answered ${JSON.stringify(tokens[i])}: ${await res.clone().text()}`);
+      await res.text();
+    }
+    assert.equal(asked, tokens.length);
+    assert.equal(gw.router.getStats().inFlightRequests, 0);
+  } finally {
+    await gw.close();
+    await tokenizing.close();
+  }
+});
