@@ -223,11 +223,13 @@ export function createRequestParser(options: RequestReaderOptions) {
         if (err instanceof UntokenizableContentError) return parsed;
         if (err instanceof TokenizerUnavailableError)
           return { status: 503, message: err.message, param: null, retryAfterS: 1 };
-        // a template that rejects the conversation (roles out of order, say) is the client's to fix
+        // a template that rejects the conversation (roles out of order, say) is the client's to fix;
+        // a message that starts with another chat field (tools[0] must be …) names that field
+        const message = clientMessage(err, 'it raised an error');
         return {
           status: 400,
-          message: `the chat template rejected the request: ${clientMessage(err, 'it raised an error')}`,
-          param: 'messages',
+          message: `the chat template rejected the request: ${message}`,
+          param: CHAT_FIELD.exec(message)?.[0] ?? 'messages',
         };
       }
     }
@@ -236,6 +238,10 @@ export function createRequestParser(options: RequestReaderOptions) {
 }
 
 export type RequestParser = ReturnType<typeof createRequestParser>;
+
+/** The chat fields besides messages that shape a prompt, as the start of a check's message (with an index). */
+const CHAT_FIELD =
+  /^(?:tools|documents|chat_template_kwargs|add_generation_prompt|continue_final_message)\b(?:\[\d+\])?/;
 
 /**
  * Returns a reader of requests for the HTTP API: it answers a 4xx and returns undefined when

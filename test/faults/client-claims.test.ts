@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
 import { after, before, test } from 'node:test';
+import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
@@ -126,6 +127,43 @@ test('a model no worker serves is a 404 that does not echo a 1 MB model name', a
     const { error } = JSON.parse(text) as { error: { param: string; code: string } };
     assert.deepEqual([error.param, error.code], ['model', 'model_not_found']);
     assert.ok(text.length < 1024, `the error is ${text.length} bytes`);
+  } finally {
+    await gw.close();
+  }
+});
+
+test("tokenizer mode: a chat field the template cannot take is a 400 naming that field, not 'messages'", async () => {
+  const gw = await createGateway({
+    router: new KVAwareRouter({ blockSize: 16 }),
+    workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
+    tokenize: 'tokenizer',
+    promptTokenizer: ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname),
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  try {
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    const messages = [{ role: 'user', content: 'hi' }];
+    for (const [extra, param, says] of [
+      [{ tools: 'x' }, 'tools', /tools must be a list/],
+      [{ tools: [null] }, 'tools[0]', /tools\[0\] must be/],
+      [{ documents: 5 }, 'documents', /documents must be a list/],
+      [{ chat_template_kwargs: [] }, 'chat_template_kwargs', /must be an object/],
+      [{ add_generation_prompt: 'yes' }, 'add_generation_prompt', /must be true or false/],
+      [{ continue_final_message: 'x' }, 'continue_final_message', /must be true or false/],
+      [{ continue_final_message: true, add_generation_prompt: true }, 'continue_final_message', /cannot both be true/],
+    ] as const) {
+      const res = await fetch(`${url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ messages, max_tokens: 1, ...extra }),
+      });
+      const text = await res.text();
+      assert.equal(res.status, 400, `${JSON.stringify(extra)}: ${text}`);
+      const { error } = JSON.parse(text) as { error: { message: string; param: string } };
+      assert.equal(error.param, param, JSON.stringify(extra));
+      assert.match(error.message, says);
+    }
   } finally {
     await gw.close();
   }
