@@ -1,8 +1,9 @@
 /**
  * The OpenAI proxy: routes each completion request, forwards it to the chosen engine and
  * passes the answer back without buffering a stream. Nothing reaches the client before the
- * engine's first body byte, so until then a failure — a connection error, a 5xx, a streamed
- * answer's first byte overdue, the worker leaving rotation — is retried on another worker
+ * engine's first body byte, so until then a failure — a connection error, a 5xx, a 401/403 (the
+ * engine refusing the gateway's credentials), a streamed answer's first byte overdue, the worker
+ * leaving rotation — is retried on another worker
  * (and, except when the worker was taken out, counted by the circuit breaker). A client that
  * goes away is not an engine failure: no breaker count, no failure metric, no retry. The
  * router's in-flight ticket follows the request: prefill until the first upstream byte of a
@@ -274,7 +275,7 @@ class Attempt implements Dispatcher.DispatchHandler {
   private readonly started = performance.now();
   private readonly res: ServerResponse;
   private status = 0;
-  /** The engine answered 5xx: its body is read and dropped, then the attempt fails. */
+  /** The engine answered 5xx or 401/403: its body is read and dropped, then the attempt fails. */
   private discarding = false;
   private discarded = 0;
   private headers: Record<string, string> | undefined;
@@ -342,7 +343,9 @@ class Attempt implements Dispatcher.DispatchHandler {
   onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     if (statusCode < 200) return true; // informational
     this.status = statusCode;
-    if (statusCode >= 500) {
+    // a 5xx, or a 401/403: the engine refused the gateway's own credentials (the client's are
+    // never forwarded), which is no answer for the client; another worker can take the request
+    if (statusCode >= 500 || statusCode === 401 || statusCode === 403) {
       this.discarding = true;
       return true;
     }

@@ -140,3 +140,43 @@ test("an engine's /tokenize answering ids that are not token ids: the request is
     await tokenizing.close();
   }
 });
+
+test("an engine refusing the gateway's credentials (401/403): the request goes elsewhere, the worker's circuit opens", async () => {
+  const refusing = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => res.writeHead(401, { 'content-type': 'application/json' }).end('{"error":"Unauthorized"}'));
+  });
+  const serving = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{"id":"c1","choices":[]}'));
+  });
+  const gw = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [
+      { id: 'wrong-key', url: refusing.url },
+      { id: 'ok', url: serving.url },
+    ],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    breakerFailures: 2,
+  });
+  try {
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    for (let i = 0; i < 4; i++) {
+      const res = await fetch(`${url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ prompt: `request ${i}` }),
+      });
+      assert.equal(res.status, 200, `request ${i}: ${await res.clone().text()}`);
+      assert.equal(res.headers.get('x-contextforge-worker'), 'ok');
+      await res.text();
+    }
+    assert.equal(gw.router.listWorkers().find((w) => w.id === 'wrong-key')?.healthy, false);
+    assert.equal(gw.router.getStats().inFlightRequests, 0);
+  } finally {
+    await gw.close();
+    await refusing.close();
+    await serving.close();
+  }
+});
