@@ -350,6 +350,7 @@ class Attempt implements Dispatcher.DispatchHandler {
       return true;
     }
     let contentType: string | undefined;
+    let retryAfter: string | undefined;
     let hasLength = false;
     for (let i = 0; i < rawHeaders.length; i += 2) {
       const name = rawHeaders[i];
@@ -357,6 +358,8 @@ class Attempt implements Dispatcher.DispatchHandler {
         const v = rawHeaders[i + 1].toString('latin1');
         contentType = contentType === undefined ? v : `${contentType},${v}`;
       } else if (name.length === 14 && name.toString('latin1').toLowerCase() === 'content-length') hasLength = true;
+      else if (name.length === 11 && name.toString('latin1').toLowerCase() === 'retry-after')
+        retryAfter = rawHeaders[i + 1].toString('latin1');
     }
     contentType ??= 'application/json';
     this.eventStream = contentType.includes('event-stream');
@@ -365,6 +368,8 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (o.rank !== null) headers['x-contextforge-rank'] = String(o.rank);
     if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
     if (this.eventStream) headers['cache-control'] = 'no-cache';
+    // an engine that says when to come back (429): the client backs off as long as it asks
+    if (retryAfter !== undefined && /^\d{1,10}$/.test(retryAfter.trim())) headers['retry-after'] = retryAfter.trim();
     this.headers = headers;
     this.gather = !this.eventStream && hasLength;
     this.onDrain = resume;

@@ -180,3 +180,36 @@ test("an engine refusing the gateway's credentials (401/403): the request goes e
     await serving.close();
   }
 });
+
+test("an engine's 429 reaches the client with the engine's Retry-After", async () => {
+  const busy = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () =>
+      res
+        .writeHead(429, { 'content-type': 'application/json', 'retry-after': '7' })
+        .end('{"error":{"message":"too many requests","type":"rate_limit_error","param":null,"code":null}}'),
+    );
+  });
+  const gw = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 'busy', url: busy.url }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  try {
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    for (const stream of [false, true]) {
+      const res = await fetch(`${url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ prompt: 'x', stream }),
+      });
+      assert.equal(res.status, 429);
+      assert.equal(res.headers.get('retry-after'), '7', `stream: ${stream}`);
+      await res.text();
+    }
+  } finally {
+    await gw.close();
+    await busy.close();
+  }
+});
