@@ -72,15 +72,27 @@ export function tokenizeBody(body: Record<string, unknown>, r: RouteRequest): Re
   return out;
 }
 
-/** The chat fields the in-process tokenizer needs, from a /v1/chat/completions body. */
+/**
+ * The chat fields the in-process tokenizer needs, from a /v1/chat/completions body; throws a
+ * TypeError naming the field (first in its message) when one has the wrong type.
+ */
 export function chatTemplateRequest(body: Record<string, unknown>): ChatTemplateRequest {
+  for (const k of ['tools', 'documents'] as const)
+    if (body[k] !== undefined && body[k] !== null && !Array.isArray(body[k]))
+      throw new TypeError(`${k} must be a list`);
+  const kwargs = body.chat_template_kwargs;
+  if (kwargs !== undefined && kwargs !== null && (typeof kwargs !== 'object' || Array.isArray(kwargs)))
+    throw new TypeError('chat_template_kwargs must be an object');
+  for (const k of ['add_generation_prompt', 'continue_final_message'] as const)
+    if (body[k] !== undefined && body[k] !== null && typeof body[k] !== 'boolean')
+      throw new TypeError(`${k} must be true or false`);
   return {
     messages: body.messages as unknown[],
     tools: body.tools as unknown[] | undefined,
     documents: body.documents as unknown[] | undefined,
     chat_template_kwargs: body.chat_template_kwargs as Record<string, unknown> | undefined,
-    add_generation_prompt: body.add_generation_prompt as boolean | undefined,
-    continue_final_message: body.continue_final_message as boolean | undefined,
+    add_generation_prompt: (body.add_generation_prompt ?? undefined) as boolean | undefined,
+    continue_final_message: (body.continue_final_message ?? undefined) as boolean | undefined,
   };
 }
 

@@ -5,8 +5,8 @@
  * errors as the gateway's error handler does, but skips Fastify's per-request work (request and
  * reply objects, routing, hooks, the body parser's stream plumbing): on a small request that
  * work is a measurable share of the router's CPU. Everything else — other methods and paths,
- * query strings, chunked or oversized bodies, other content types, API keys, a closing gateway —
- * goes to Fastify unchanged.
+ * query strings, chunked, compressed or oversized bodies, other content types, API keys, a
+ * closing gateway — goes to Fastify unchanged.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import {
@@ -42,7 +42,13 @@ export function createFastPath(o: FastPathOptions): (req: IncomingMessage, res: 
     const h = req.headers;
     const type = h['content-type'];
     const length = h['content-length'];
-    if (type === undefined || length === undefined || h['transfer-encoding'] !== undefined || !JSON_TYPE.test(type))
+    if (
+      type === undefined ||
+      length === undefined ||
+      h['transfer-encoding'] !== undefined ||
+      h['content-encoding'] !== undefined ||
+      !JSON_TYPE.test(type)
+    )
       return false;
     const size = Number(length);
     if (!(size <= o.bodyLimit)) return false;
@@ -90,7 +96,8 @@ class FastRequest implements ProxyReply {
       this.header('connection', 'close');
       return this.o.answerError(err, this.path, this);
     }
-    const source: RequestSource = { body, headers: this.req.headers, rawBody: forwardableBytes(bytes) };
+    const req = this.req;
+    const source: RequestSource = { body, headers: req.headers, rawBody: forwardableBytes(bytes), raw: req };
     this.handler(source, this).catch((err: unknown) => {
       if (!this.sent && !this.raw.headersSent) this.o.answerError(err, this.path, this);
       else if (!this.raw.writableEnded) this.raw.destroy();

@@ -5,7 +5,8 @@
  * module composes the pieces (metrics, circuit breaker, worker connections, request reading,
  * proxy, admin routes) and serves the small read-only endpoints itself.
  */
-import { createServer as createHttpServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import { createServer as createHttpServer, STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { Duplex } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { request as upstreamRequest } from 'undici';
 import type { Registry } from 'prom-client';
@@ -151,6 +152,17 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     bodyLimit,
     logger: false,
     connectionTimeout: timeouts.connectionTimeoutMs,
+    // what the HTTP layer refuses before a route runs is answered in the OpenAI shape too
+    clientErrorHandler: answerClientError,
+    frameworkErrors: (err, _req, reply) =>
+      void openAiError(
+        reply as FastifyReply,
+        err.code === 'FST_ERR_MAX_PARAM_LENGTH' ? 414 : 400,
+        err.code === 'FST_ERR_MAX_PARAM_LENGTH'
+          ? 'a path segment of the URL is longer than allowed'
+          : 'the URL is not valid (a percent-encoding that does not decode)',
+        'url',
+      ),
     // slow clients: the headers and the whole request must arrive in time (checked every second);
     // Fastify leaves a factory-made server's idle timeouts alone, so they are set here
     serverFactory: (handler) => {
@@ -402,6 +414,27 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       await state.close();
     },
   };
+}
+
+/**
+ * Answers a request Node's HTTP parser refused (malformed framing, headers over the limit, a
+ * request that did not arrive in time) with an OpenAI error body, then closes the connection:
+ * Fastify's own answer has another shape.
+ */
+function answerClientError(err: Error & { code?: string }, socket: Duplex): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const [status, message, param] =
+    err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+      ? [408, 'the request did not arrive in time', null]
+      : err.code === 'HPE_HEADER_OVERFLOW'
+        ? [431, 'the request headers are larger than allowed', 'headers']
+        : [400, 'the request is not valid HTTP/1.1', null];
+  const body = JSON.stringify({ error: { message, type: 'invalid_request_error', param, code: null } });
+  if (socket.writable)
+    socket.write(
+      `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+    );
+  socket.destroy();
 }
 
 /** What a route threw, as an Error (anything else thrown is wrapped). */

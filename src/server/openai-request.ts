@@ -6,7 +6,7 @@
  * tokenization by the configured mode, and OpenAI-style JSON error answers.
  */
 import { isUtf8 } from 'node:buffer';
-import type { ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { RouteRequest } from '../core/router/index.js';
 import {
@@ -89,6 +89,7 @@ export function useJsonBodies(app: FastifyInstance, maxJsonDepth: number): void 
   app.decorateRequest('tenant', undefined);
   const parseJson = (req: FastifyRequest, body: string | Buffer, done: (err: Error | null, body?: unknown) => void) => {
     try {
+      checkContentEncoding(req.headers['content-encoding']);
       const parsed = parseRequestBody(body as Buffer, maxJsonDepth);
       req.rawBody = forwardableBytes(body as Buffer);
       done(null, parsed);
@@ -101,9 +102,24 @@ export function useJsonBodies(app: FastifyInstance, maxJsonDepth: number): void 
       );
     }
   };
-  app.removeContentTypeParser('application/json');
+  // Fastify's own text/plain parser would hand the body over as a string, never read as JSON
+  app.removeContentTypeParser(['application/json', 'text/plain']);
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, parseJson);
   app.addContentTypeParser('*', { parseAs: 'buffer' }, parseJson);
+}
+
+/**
+ * Throws a 415 naming content-encoding unless the body is sent as is: a compressed body is
+ * not inflated (no decompression bomb to bound), and reading its bytes as JSON would only
+ * say "not valid JSON".
+ */
+export function checkContentEncoding(encoding: string | undefined): void {
+  if (encoding !== undefined && encoding !== '' && encoding.trim().toLowerCase() !== 'identity')
+    throw new RequestLimitError(
+      'compressed request bodies are not supported: send the body without Content-Encoding',
+      'content-encoding',
+      415,
+    );
 }
 
 /** A request read for routing: what to route on, the body to forward, and whether that body is the one received. */
@@ -117,6 +133,28 @@ export interface RequestSource {
   headers: Readonly<Record<string, string | string[] | undefined>>;
   /** The client's tenant (API keys): its requests get the tenant's cache salt. */
   tenant?: string;
+  /** The HTTP request, when there is one: a metadata header it repeats is refused, not read joined. */
+  raw?: IncomingMessage;
+}
+
+/** The metadata headers that take one value (x-anchor-ids is a list: repeating it extends the list). */
+const SINGLE_VALUE_HEADERS = ['x-workflow-id', 'x-workflow-step', 'x-agent-role', 'x-cla-group', 'x-kv-isolate'];
+
+/**
+ * The request's headers for the metadata checks: Node joins a repeated header's values with
+ * ", ", so a metadata header given twice would be read as one odd value; it is given as the
+ * list of its values instead, which the checks refuse. The headers themselves when none repeats.
+ */
+export function metadataHeaders(req: IncomingMessage): RequestSource['headers'] {
+  const headers = req.headers;
+  let out: Record<string, string | string[] | undefined> | undefined;
+  for (const name of SINGLE_VALUE_HEADERS) {
+    const v = headers[name];
+    if (typeof v !== 'string' || !v.includes(', ')) continue;
+    const values = req.headersDistinct[name];
+    if (values !== undefined && values.length > 1) (out ??= { ...headers })[name] = values;
+  }
+  return out ?? headers;
 }
 
 export interface RequestReaderOptions {
@@ -153,7 +191,8 @@ export function createRequestParser(options: RequestReaderOptions) {
   return async (path: string, req: RequestSource): Promise<ParsedRequest | RequestRejection> => {
     let parsed: ParsedRequest;
     try {
-      parsed = readRouteRequest(path, req.body, req.headers, limits);
+      const headers = req.raw === undefined ? req.headers : metadataHeaders(req.raw);
+      parsed = readRouteRequest(path, req.body, headers, limits);
     } catch (err) {
       if (err instanceof RequestLimitError) {
         return { status: err.status, message: err.message, param: err.param };
@@ -184,11 +223,13 @@ export function createRequestParser(options: RequestReaderOptions) {
         if (err instanceof UntokenizableContentError) return parsed;
         if (err instanceof TokenizerUnavailableError)
           return { status: 503, message: err.message, param: null, retryAfterS: 1 };
-        // a template that rejects the conversation (roles out of order, say) is the client's to fix
+        // a template that rejects the conversation (roles out of order, say) is the client's to fix;
+        // a message that starts with another chat field (tools[0] must be …) names that field
+        const message = clientMessage(err, 'it raised an error');
         return {
           status: 400,
-          message: `the chat template rejected the request: ${clientMessage(err, 'it raised an error')}`,
-          param: 'messages',
+          message: `the chat template rejected the request: ${message}`,
+          param: CHAT_FIELD.exec(message)?.[0] ?? 'messages',
         };
       }
     }
@@ -197,6 +238,10 @@ export function createRequestParser(options: RequestReaderOptions) {
 }
 
 export type RequestParser = ReturnType<typeof createRequestParser>;
+
+/** The chat fields besides messages that shape a prompt, as the start of a check's message (with an index). */
+const CHAT_FIELD =
+  /^(?:tools|documents|chat_template_kwargs|add_generation_prompt|continue_final_message)\b(?:\[\d+\])?/;
 
 /**
  * Returns a reader of requests for the HTTP API: it answers a 4xx and returns undefined when

@@ -1,8 +1,9 @@
 /**
  * The OpenAI proxy: routes each completion request, forwards it to the chosen engine and
  * passes the answer back without buffering a stream. Nothing reaches the client before the
- * engine's first body byte, so until then a failure — a connection error, a 5xx, a streamed
- * answer's first byte overdue, the worker leaving rotation — is retried on another worker
+ * engine's first body byte, so until then a failure — a connection error, a 5xx, a 401/403 (the
+ * engine refusing the gateway's credentials), a streamed answer's first byte overdue, the worker
+ * leaving rotation — is retried on another worker
  * (and, except when the worker was taken out, counted by the circuit breaker). A client that
  * goes away is not an engine failure: no breaker count, no failure metric, no retry. The
  * router's in-flight ticket follows the request: prefill until the first upstream byte of a
@@ -42,6 +43,14 @@ export interface ProxyDeps {
   firstByte: FirstByteDeadlines;
   /** Add x-contextforge-cached-tokens to responses. */
   cachedTokensHeader: boolean;
+}
+
+/** The longest part of a client's value an error message repeats. */
+const MAX_SHOWN_CHARS = 256;
+
+/** A client's value as an error message shows it: cut to MAX_SHOWN_CHARS (a 16 MB model name is not echoed). */
+function shown(value: string): string {
+  return value.length <= MAX_SHOWN_CHARS ? value : `${value.slice(0, MAX_SHOWN_CHARS)}… (${value.length} characters)`;
 }
 
 /** route(), with its argument checks answered as 400 (never 500) and nothing internal shown. */
@@ -85,7 +94,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     if (excluded.size > 0 && excluded.size === connections.size) {
       return reply.code(404).send({
         error: {
-          message: `The model '${String(body.model)}' does not exist on any worker`,
+          message: `The model '${shown(String(body.model))}' does not exist on any worker`,
           type: 'invalid_request_error',
           param: 'model',
           code: 'model_not_found',
@@ -127,12 +136,14 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         : unchanged && req.rawBody !== undefined
           ? req.rawBody
           : JSON.stringify(body);
+      // what anchors claim is the client's word: no more of the prompt is cached than the prompt itself
+      const cachedTokens = Math.min(decision.cachedTokens, decision.promptTokens);
       const target = connections.get(decision.workerId)!;
       const outcome = await forward(reply, target, path, forwarded, {
         // the worker's own id (a data-parallel rank's worker) and the rank, for the response headers
         workerId: target.workerId,
         rank: target.rank,
-        cachedTokens: cachedTokensHeader ? decision.cachedTokens : undefined,
+        cachedTokens: cachedTokensHeader ? cachedTokens : undefined,
         streaming,
         firstByteTimeoutMs: streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs,
         interChunkTimeoutMs,
@@ -168,7 +179,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         return openAiError(reply, 502, `the engines failed to answer (last: ${decision.workerId})`);
       }
       breaker.answered(decision.workerId);
-      metrics.cachedTokens.inc(decision.cachedTokens);
+      metrics.cachedTokens.inc(cachedTokens);
       metrics.promptTokens.inc(decision.promptTokens);
       metrics.latency.observe((performance.now() - started) / 1000);
       return reply;
@@ -204,12 +215,28 @@ interface ForwardOptions {
 /** A 5xx answer's body is read (keeping the connection) up to this size, then the connection is dropped. */
 const MAX_DISCARDED_BYTES = 128 * 1024;
 
+/** An event stream's unfinished event is held back up to this size (an engine that never ends one is passed on). */
+const MAX_HELD_EVENT_BYTES = 256 * 1024;
+
+/**
+ * Where the complete events of an SSE chunk end: the index past its last blank line ("\n\n"
+ * or "\r\n\r\n"), 0 when no event ends in it.
+ */
+function completeEventsEnd(buf: Buffer): number {
+  for (let i = buf.length - 1; i > 0; i--) {
+    if (buf[i] !== 0x0a) continue;
+    if (buf[i - 1] === 0x0a || (buf[i - 1] === 0x0d && i > 1 && buf[i - 2] === 0x0a)) return i + 1;
+  }
+  return 0;
+}
+
 /**
  * Sends the request to one engine and passes its answer to the client: a stream chunk by
  * chunk, a complete JSON answer in one write with its length. Nothing is sent to the client
  * before the engine's first body byte, so until then a failure (connection error, 5xx, first-
  * byte timeout, the worker leaving rotation) can be retried on another worker. A failure after
- * the first byte ends an SSE stream with an OpenAI-style error event.
+ * the first byte ends an SSE stream with an OpenAI-style error event, and drops the client's
+ * connection under any other body (it must not end like a whole answer).
  */
 function forward(
   reply: ProxyReply,
@@ -248,11 +275,13 @@ class Attempt implements Dispatcher.DispatchHandler {
   private readonly started = performance.now();
   private readonly res: ServerResponse;
   private status = 0;
-  /** The engine answered 5xx: its body is read and dropped, then the attempt fails. */
+  /** The engine answered 5xx or 401/403: its body is read and dropped, then the attempt fails. */
   private discarding = false;
   private discarded = 0;
   private headers: Record<string, string> | undefined;
   private eventStream = false;
+  /** An event stream's bytes past its last complete event: a failure then never leaves half an event with the client. */
+  private held: Buffer | undefined;
   /** A complete answer of known length: gathered, then written with its length. */
   private gather = false;
   private parts: Buffer[] | undefined;
@@ -314,11 +343,14 @@ class Attempt implements Dispatcher.DispatchHandler {
   onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     if (statusCode < 200) return true; // informational
     this.status = statusCode;
-    if (statusCode >= 500) {
+    // a 5xx, or a 401/403: the engine refused the gateway's own credentials (the client's are
+    // never forwarded), which is no answer for the client; another worker can take the request
+    if (statusCode >= 500 || statusCode === 401 || statusCode === 403) {
       this.discarding = true;
       return true;
     }
     let contentType: string | undefined;
+    let retryAfter: string | undefined;
     let hasLength = false;
     for (let i = 0; i < rawHeaders.length; i += 2) {
       const name = rawHeaders[i];
@@ -326,6 +358,8 @@ class Attempt implements Dispatcher.DispatchHandler {
         const v = rawHeaders[i + 1].toString('latin1');
         contentType = contentType === undefined ? v : `${contentType},${v}`;
       } else if (name.length === 14 && name.toString('latin1').toLowerCase() === 'content-length') hasLength = true;
+      else if (name.length === 11 && name.toString('latin1').toLowerCase() === 'retry-after')
+        retryAfter = rawHeaders[i + 1].toString('latin1');
     }
     contentType ??= 'application/json';
     this.eventStream = contentType.includes('event-stream');
@@ -334,6 +368,8 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (o.rank !== null) headers['x-contextforge-rank'] = String(o.rank);
     if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
     if (this.eventStream) headers['cache-control'] = 'no-cache';
+    // an engine that says when to come back (429): the client backs off as long as it asks
+    if (retryAfter !== undefined && /^\d{1,10}$/.test(retryAfter.trim())) headers['retry-after'] = retryAfter.trim();
     this.headers = headers;
     this.gather = !this.eventStream && hasLength;
     this.onDrain = resume;
@@ -374,6 +410,13 @@ class Attempt implements Dispatcher.DispatchHandler {
       return true;
     }
     if (!this.sent) this.startResponse();
+    if (this.eventStream) {
+      const data = this.held === undefined ? chunk : Buffer.concat([this.held, chunk]);
+      const end = data.length > MAX_HELD_EVENT_BYTES ? data.length : completeEventsEnd(data);
+      this.held = end < data.length ? data.subarray(end) : undefined;
+      if (end === 0) return true;
+      chunk = end === data.length ? data : data.subarray(0, end);
+    }
     if (this.res.write(chunk)) return true;
     // the client reads slower than the engine writes: the engine's socket waits for 'drain'
     this.res.once('drain', this.onDrain!);
@@ -391,7 +434,9 @@ class Attempt implements Dispatcher.DispatchHandler {
       this.res.end(payload);
     } else {
       if (!this.sent) this.startResponse();
-      this.res.end();
+      // the engine ended its stream: what it sent of an unfinished event is its own
+      this.res.end(this.held);
+      this.held = undefined;
     }
     this.settle('done');
   }
@@ -399,13 +444,18 @@ class Attempt implements Dispatcher.DispatchHandler {
   onError(): void {
     if (this.settled) return;
     if (!this.sent) return this.settle(this.failed());
-    // after the first byte: end the stream cleanly; the cause stays out of the client's view
-    if (this.why !== 'client' && this.eventStream) {
-      this.res.write(
+    // after the first byte: an event stream ends with an error event after its last complete
+    // event (an unfinished one is dropped); the cause stays out of the client's view
+    this.held = undefined;
+    if (this.why === 'client') this.res.end();
+    else if (this.eventStream) {
+      this.res.end(
         `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`,
       );
+    } else {
+      // any other body cut short: the connection is dropped, so the client cannot take it for a whole answer
+      this.res.destroy();
     }
-    this.res.end();
     this.settle(this.why === 'client' ? 'client-gone' : 'done');
   }
 }

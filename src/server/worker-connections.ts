@@ -17,6 +17,7 @@ import { KvEventSubscriber, type SubscriberStats } from '../engines/kv-events/su
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import type { WorkerRecord } from '../state/state-store.js';
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
+import { MAX_TOKEN_ID } from './request-limits.js';
 import { engineAuthorization, parseWorkerRecord, splitCredentials } from './worker-input.js';
 
 export interface WorkerConnection {
@@ -315,8 +316,9 @@ export class WorkerConnections {
           await res.body.dump();
           continue;
         }
-        const out = (await res.body.json()) as { tokens?: unknown };
-        if (Array.isArray(out.tokens)) return out.tokens as number[];
+        const out = (await res.body.json()) as { tokens?: unknown } | null;
+        // an engine's answer is checked like a client's token ids: a bad one is the engine's fault, not the client's
+        if (isTokenIdList(out?.tokens)) return out.tokens;
       } catch {
         // try the next worker
       }
@@ -339,4 +341,11 @@ export class WorkerConnections {
     await Promise.all([...this.connections.values()].map((c) => c.subscriber?.close()));
     await Promise.all(this.closing);
   }
+}
+
+/** A non-empty list of token ids (integers in [0, 2^32)). */
+function isTokenIdList(value: unknown): value is number[] {
+  if (!Array.isArray(value) || value.length === 0) return false;
+  for (const t of value) if (typeof t !== 'number' || !Number.isInteger(t) || t < 0 || t > MAX_TOKEN_ID) return false;
+  return true;
 }
