@@ -6,6 +6,7 @@
 export {
   KVAwareRouter,
   NoEndpointsError,
+  PromptTooLongError,
   type BlockSequence,
   type CandidateExplain,
   type IndexMode,

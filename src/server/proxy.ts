@@ -13,7 +13,7 @@
  */
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
-import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router/index.js';
+import { PromptTooLongError, type KVAwareRouter, type RouteRequest, type RouteResult } from '../core/router/index.js';
 import type { StateStore } from '../state/state-store.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
 import type { GatewayMetrics } from './metrics.js';
@@ -63,6 +63,10 @@ export function routeOr400(
   try {
     return router.route(request, opts);
   } catch (err) {
+    if (err instanceof PromptTooLongError) {
+      void openAiError(reply, 400, err.message, request.messages !== undefined ? 'messages' : 'prompt');
+      return undefined;
+    }
     if (err instanceof TypeError || err instanceof RangeError) {
       void openAiError(reply, 400, clientMessage(err));
       return undefined;

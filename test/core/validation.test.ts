@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { KVAwareRouter } from '../../src/index.js';
+import { KVAwareRouter, PromptTooLongError } from '../../src/index.js';
 
 const r = new KVAwareRouter();
 r.registerWorker('w0');
@@ -80,4 +80,26 @@ describe('bad input is rejected with an error naming the argument', () => {
     await assert.rejects(r.selectWorker('a', { claGroup: -2 }));
     assert.equal(JSON.stringify(r.getStats()), before);
   });
+});
+
+test('a prompt over maxPromptTokens throws PromptTooLongError and leaves nothing behind', () => {
+  const router = new KVAwareRouter({ blockSize: 16, maxPromptTokens: 1024 });
+  router.registerWorker('w0');
+  for (const request of [
+    { tokens: Array.from({ length: 1025 }, (_, i) => i) },
+    { text: 'z'.repeat(4 * 1100) },
+    { messages: [{ role: 'user', content: 'z'.repeat(4 * 1100) }] },
+  ]) {
+    assert.throws(
+      () => router.route(request),
+      (err: unknown) => err instanceof PromptTooLongError && err instanceof RangeError && err.maxPromptTokens === 1024,
+    );
+  }
+  assert.equal(router.index.entryCount, 0);
+  assert.equal(router.localLoad('w0').inFlightRequests, 0);
+  assert.deepEqual(router.getStats().decisionsByReason, {});
+  // at the limit it routes; a length alone (the seed API's tokenLength) records no blocks and is not refused
+  assert.equal(router.route({ tokens: Array.from({ length: 1024 }, (_, i) => i) }).workerId, 'w0');
+  assert.equal(router.route({ promptTokens: 5000 }).workerId, 'w0');
+  assert.throws(() => new KVAwareRouter({ maxPromptTokens: 0 }), /maxPromptTokens/);
 });

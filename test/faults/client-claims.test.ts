@@ -170,37 +170,62 @@ test("tokenizer mode: a chat field the template cannot take is a 400 naming that
   }
 });
 
-test(
-  'a prompt the engine refuses leaves no predicted blocks in the index',
-  {
-    todo: 'not fixed: approximate mode records predictions at route time and nothing removes them on a 4xx; a prompt size limit or an undo of the decision is needed',
-  },
-  async () => {
-    const refusing = await fakeEngine((req, res) => {
-      req.resume();
-      req.on('end', () =>
-        res.writeHead(400, { 'content-type': 'application/json' }).end('{"error":{"message":"too long"}}'),
-      );
-    });
-    const gw = await createGateway({
-      router: new KVAwareRouter({ blockSize: 16 }),
-      workers: [{ id: 'r0', url: refusing.url }],
-      metricsIntervalMs: 0,
-      healthCheckIntervalMs: 0,
-    });
-    try {
-      const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
-      const res = await fetch(`${url}/v1/completions`, {
+test('a prompt over maxPromptTokens is refused before anything is recorded or sent', async () => {
+  let completions = 0; // not the gateway's own reads of /v1/models
+  const engine = await fakeEngine((req, res) => {
+    if (req.method === 'POST') completions++;
+    req.resume();
+    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{"choices":[]}'));
+  });
+  const gw = await createGateway({
+    router: new KVAwareRouter({ blockSize: 16, maxPromptTokens: 100_000 }),
+    workers: [{ id: 'r0', url: engine.url }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  try {
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    const send = async (path: string, body: unknown) => {
+      const res = await fetch(`${url}${path}`, {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ prompt: Array.from({ length: 160_000 }, (_, i) => i % 1000), max_tokens: 1 }),
+        body: JSON.stringify(body),
       });
-      assert.equal(res.status, 400);
-      await res.text();
-      assert.equal(gw.router.getStats().index.entries, 0, 'index entries left by a refused request');
-    } finally {
-      await gw.close();
-      await refusing.close();
-    }
-  },
-);
+      return {
+        status: res.status,
+        error: (JSON.parse(await res.text()) as { error: { message: string; param: string } }).error,
+      };
+    };
+    const ids = await send('/v1/completions', {
+      prompt: Array.from({ length: 160_000 }, (_, i) => i % 1000),
+      max_tokens: 1,
+    });
+    assert.equal(ids.status, 400);
+    assert.equal(ids.error.param, 'prompt');
+    assert.match(ids.error.message, /160000 tokens, more than the 100000/);
+    const text = await send('/v1/completions', { prompt: 'x'.repeat(4 * 160_000), max_tokens: 1 });
+    assert.equal(text.status, 400);
+    assert.equal(text.error.param, 'prompt');
+    const chat = await send('/v1/chat/completions', {
+      messages: [{ role: 'user', content: 'y'.repeat(4 * 160_000) }],
+      max_tokens: 1,
+    });
+    assert.equal(chat.status, 400);
+    assert.equal(chat.error.param, 'messages');
+    assert.equal(gw.router.getStats().index.entries, 0, 'index entries left by refused prompts');
+    assert.equal(completions, 0, 'nothing reached the engine');
+    assert.equal(gw.router.localLoad('r0').inFlightRequests, 0);
+    // under the limit, the same gateway routes as before
+    const ok = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: Array.from({ length: 1600 }, (_, i) => i), max_tokens: 1 }),
+    });
+    assert.equal(ok.status, 200);
+    await ok.text();
+    assert.equal(completions, 1);
+  } finally {
+    await gw.close();
+    await engine.close();
+  }
+});

@@ -4,6 +4,7 @@
  */
 export { KVAwareRouter } from './kv-aware-router.js';
 export { NoEndpointsError } from './no-worker.js';
+export { PromptTooLongError } from './prompt-too-long.js';
 export type { KVAwareRouterOptions } from './options.js';
 export type {
   BlockSequence,

@@ -20,6 +20,7 @@ import { InFlightTickets, localLoad, setRemoteLoad } from './in-flight.js';
 import { diagnoseNoWorker, NoEndpointsError } from './no-worker.js';
 import { resolveRouterOptions, type KVAwareRouterOptions } from './options.js';
 import { PrefixLookup } from './prefix-lookup.js';
+import { PromptTooLongError } from './prompt-too-long.js';
 import { readRouteFields, RouteFields } from './request-fields.js';
 import { applySeedWorkerState, seedRouteRequest } from './seed-api.js';
 import type {
@@ -66,6 +67,7 @@ export class KVAwareRouter {
   private readonly workflows: WorkflowTable;
   private readonly contentAnchors: ContentAnchorIndex;
   private readonly speculativeBlocks: number;
+  private readonly maxPromptTokens: number;
   private readonly judgeRoles: ReadonlySet<string>;
   private readonly clock: () => number;
   private readonly instanceId: string;
@@ -107,6 +109,7 @@ export class KVAwareRouter {
     );
     // a policy that, like its upstream, predicts nothing gets no speculative entries
     this.speculativeBlocks = this.policy.speculative === false ? 0 : o.speculativeBlocks;
+    this.maxPromptTokens = o.maxPromptTokens;
     this.contentAnchors = new ContentAnchorIndex(o.contentAnchorCapacity, o.contentAnchorTtlMs);
     this.judgeRoles = o.judgeRoles;
     this.clock = o.clock;
@@ -263,6 +266,9 @@ export class KVAwareRouter {
     ns.claGroup = claGroup;
     const hashes = this.prefix.hashRequest(request, ns);
     const promptTokens = this.prefix.promptTokensOf(request, hashes);
+    // a prompt given (not only its length, as the seed API gives it) is what fills the index
+    if (promptTokens > this.maxPromptTokens && this.prefix.blockCount(hashes) > 0)
+      throw new PromptTooLongError(promptTokens, this.maxPromptTokens);
     const matching = !isolated && this.anchorLocalityEnabled;
     const overlap = this.prefix.lookup(request, hashes, ns, matching, this.workers.slotCount, now);
     // keys of token ids are computed on demand: `hashes` holds those computed so far

@@ -53,6 +53,11 @@ export interface KVAwareRouterOptions {
   speculativeBlocks?: number;
   /** Most (block, worker) entries in the block index (default 4,000,000). */
   maxIndexEntries?: number;
+  /**
+   * Longest prompt routed, in tokens (default 1,048,576): route() throws a PromptTooLongError
+   * for a longer one and records nothing, so no single request can fill the index.
+   */
+  maxPromptTokens?: number;
   /** Credit of an offloaded (CPU/disk) block relative to a GPU block (default 0.75). */
   offloadCredit?: number;
   /** Credit of a block known only from the router's own prediction (default 1). */
@@ -102,6 +107,7 @@ export interface ResolvedRouterOptions {
   /** Lifetime of the router's own block records in the index (at least 1 ms). */
   predictedTtlMs: number;
   maxIndexEntries: number;
+  maxPromptTokens: number;
   contentAnchorScoring: boolean;
   speculativeBlocks: number;
   offloadCredit: number;
@@ -146,6 +152,7 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
     indexMode: o.indexMode,
     predictedTtlMs: Math.max(ttl, 1),
     maxIndexEntries: o.maxIndexEntries,
+    maxPromptTokens: o.maxPromptTokens,
     contentAnchorScoring: o.contentAnchorScoring,
     speculativeBlocks: o.speculativeBlocks,
     offloadCredit: o.offloadCredit,
