@@ -203,6 +203,22 @@ interface ForwardOptions {
 
 /** A 5xx answer's body is read (keeping the connection) up to this size, then the connection is dropped. */
 const MAX_DISCARDED_BYTES = 128 * 1024;
+/**
+ * The unfinished last event of a stream's chunk is held back until its end arrives, up to this
+ * size (an event larger than this passes through as it comes): an engine that fails mid-event
+ * must not leave half an event for the error event to be glued to.
+ */
+const MAX_HELD_EVENT_BYTES = 1024 * 1024;
+
+const LF2 = Buffer.from('\n\n');
+const CRLF2 = Buffer.from('\r\n\r\n');
+
+/** Where the last whole SSE event of `data` ends (after its blank line); 0 when none ends in it. */
+function wholeEventsEnd(data: Buffer): number {
+  const lf = data.lastIndexOf(LF2);
+  const crlf = data.lastIndexOf(CRLF2);
+  return Math.max(lf < 0 ? 0 : lf + 2, crlf < 0 ? 0 : crlf + 4);
+}
 
 /**
  * Sends the request to one engine and passes its answer to the client: a stream chunk by
@@ -257,6 +273,10 @@ class Attempt implements Dispatcher.DispatchHandler {
   private gather = false;
   private parts: Buffer[] | undefined;
   private firstByteSeen = false;
+  /** The start of a stream's event whose end has not arrived yet (not sent to the client). */
+  private held: Buffer | undefined;
+  /** What reached the client of a stream ends in the middle of an event (one too large to hold). */
+  private midEvent = false;
   /** Something reached the client: a failure now ends its response instead of retrying. */
   private sent = false;
   private settled = false;
@@ -373,11 +393,39 @@ class Attempt implements Dispatcher.DispatchHandler {
       (this.parts ??= []).push(chunk);
       return true;
     }
+    if (this.eventStream) {
+      const whole = this.wholeEvents(chunk);
+      if (whole === undefined) return true;
+      chunk = whole;
+    }
     if (!this.sent) this.startResponse();
     if (this.res.write(chunk)) return true;
     // the client reads slower than the engine writes: the engine's socket waits for 'drain'
     this.res.once('drain', this.onDrain!);
     return false;
+  }
+
+  /**
+   * The whole events of a stream's chunk, with what was held back before them; the start of
+   * an event whose end has not arrived is held back (undefined: nothing whole to send yet).
+   */
+  private wholeEvents(chunk: Buffer): Buffer | undefined {
+    const data = this.held === undefined ? chunk : Buffer.concat([this.held, chunk]);
+    this.held = undefined;
+    const end = wholeEventsEnd(data);
+    if (data.length - end > MAX_HELD_EVENT_BYTES) {
+      // too large to hold: it passes through as it comes
+      this.midEvent = true;
+      return data;
+    }
+    if (end === data.length) {
+      this.midEvent = false;
+      return data;
+    }
+    this.held = data.subarray(end);
+    if (end === 0) return undefined;
+    this.midEvent = false;
+    return data.subarray(0, end);
   }
 
   onComplete(): void {
@@ -391,7 +439,8 @@ class Attempt implements Dispatcher.DispatchHandler {
       this.res.end(payload);
     } else {
       if (!this.sent) this.startResponse();
-      this.res.end();
+      // the engine ended its stream: what it held back goes as it was sent
+      this.res.end(this.held);
     }
     this.settle('done');
   }
@@ -401,8 +450,10 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (!this.sent) return this.settle(this.failed());
     // after the first byte: end the stream cleanly; the cause stays out of the client's view
     if (this.why !== 'client' && this.eventStream) {
+      // an unfinished event held back is dropped; one that passed through is ended first, so
+      // the error event is an event of its own
       this.res.write(
-        `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`,
+        `${this.midEvent ? '\n\n' : ''}data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`,
       );
     }
     this.res.end();

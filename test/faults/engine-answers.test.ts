@@ -1,0 +1,82 @@
+/**
+ * Engines whose answers break in the ways real ones do: cut short mid-event or mid-body,
+ * too large to hold, refusing with 429. What the client sees, and that the router's
+ * accounting settles.
+ */
+import assert from 'node:assert/strict';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { test } from 'node:test';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway } from '../../src/server/gateway.js';
+import { fakeEngine, post } from './harness.js';
+
+const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: 'fault-suite-admin' };
+
+/** An engine answering its completions with `answer` (other paths: 404). */
+const engineAnswering = (answer: (res: ServerResponse) => void) =>
+  fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+    req.resume();
+    if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+    req.on('end', () => answer(res));
+  });
+
+/** A gateway in front of `bad` alone, or `bad` first and a good mock engine second (round robin). */
+async function gatewayWith(badUrl: string, withGood: boolean) {
+  const good = withGood ? await new MockEngine().start() : undefined;
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const workers = [{ id: 'bad', url: badUrl }];
+  if (good) workers.push({ id: 'good', url: `http://127.0.0.1:${good.port}` });
+  const gateway = await createGateway({ router, workers, ...quiet });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  return {
+    router,
+    base,
+    close: async () => {
+      await gateway.close();
+      await good?.close();
+    },
+  };
+}
+
+test('a stream cut in the middle of an event ends with a clean error event, not one glued to the broken event', async () => {
+  const bad = await engineAnswering((res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write('data: {"choices":[{"text":"a"}]}\n\n');
+    // the engine dies halfway through its second event
+    res.write('data: {"choices":[{"te', () => res.socket?.destroy());
+  });
+  const g = await gatewayWith(bad.url, false);
+  const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 4, stream: true });
+  assert.equal(r.status, 200);
+  const events = r.text.split('\n\n').filter(Boolean);
+  for (const e of events) {
+    assert.match(e, /^data: /, `an SSE event: ${JSON.stringify(e)}`);
+    assert.doesNotThrow(() => JSON.parse(e.slice('data: '.length)), `every event is whole JSON: ${JSON.stringify(e)}`);
+  }
+  assert.deepEqual(
+    events.map((e) => Object.keys(JSON.parse(e.slice('data: '.length)) as object)[0]),
+    ['choices', 'error'],
+  );
+  assert.equal(g.router.getStats().inFlightRequests, 0);
+  await g.close();
+  await bad.close();
+});
+
+test('a stream cut before its first whole event is retried on another worker', async () => {
+  const bad = await engineAnswering((res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write('data: {"choices":[{"te', () => res.socket?.destroy());
+  });
+  const g = await gatewayWith(bad.url, true);
+  for (let i = 0; i < 2; i++) {
+    const r = await post(g.base, '/v1/completions', { prompt: `p${i}`, max_tokens: 2, stream: true });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+    assert.match(r.text, /data: \[DONE\]\n\n$/);
+  }
+  assert.ok(bad.requests >= 1, 'the failing engine was tried');
+  assert.equal(g.router.getStats().inFlightRequests, 0);
+  await g.close();
+  await bad.close();
+});
