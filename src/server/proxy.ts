@@ -269,7 +269,7 @@ class Attempt implements Dispatcher.DispatchHandler {
   private discarded = 0;
   private headers: Record<string, string> | undefined;
   private eventStream = false;
-  /** A complete answer of known length: gathered, then written with its length. */
+  /** A complete answer (of known length, or not streamed): gathered, then written with its length. */
   private gather = false;
   private parts: Buffer[] | undefined;
   private firstByteSeen = false;
@@ -339,13 +339,14 @@ class Attempt implements Dispatcher.DispatchHandler {
       return true;
     }
     let contentType: string | undefined;
-    let hasLength = false;
+    let length: number | undefined;
     for (let i = 0; i < rawHeaders.length; i += 2) {
       const name = rawHeaders[i];
       if (name.length === 12 && name.toString('latin1').toLowerCase() === 'content-type') {
         const v = rawHeaders[i + 1].toString('latin1');
         contentType = contentType === undefined ? v : `${contentType},${v}`;
-      } else if (name.length === 14 && name.toString('latin1').toLowerCase() === 'content-length') hasLength = true;
+      } else if (name.length === 14 && name.toString('latin1').toLowerCase() === 'content-length')
+        length = Number(rawHeaders[i + 1].toString('latin1'));
     }
     contentType ??= 'application/json';
     this.eventStream = contentType.includes('event-stream');
@@ -355,7 +356,8 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
     if (this.eventStream) headers['cache-control'] = 'no-cache';
     this.headers = headers;
-    this.gather = !this.eventStream && hasLength;
+    // a whole answer is gathered, so one cut short is retried
+    this.gather = !this.eventStream && (length !== undefined || !o.streaming);
     this.onDrain = resume;
     return true;
   }
@@ -456,7 +458,9 @@ class Attempt implements Dispatcher.DispatchHandler {
         `${this.midEvent ? '\n\n' : ''}data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`,
       );
     }
-    this.res.end();
+    // an answer that is not a stream cannot say it failed: it is cut, never ended as if whole
+    if (this.eventStream || this.why === 'client') this.res.end();
+    else this.res.destroy();
     this.settle(this.why === 'client' ? 'client-gone' : 'done');
   }
 }

@@ -80,3 +80,41 @@ test('a stream cut before its first whole event is retried on another worker', a
   await g.close();
   await bad.close();
 });
+
+test('a non-streamed answer without a length, cut short, is retried on another worker (never a truncated 200)', async () => {
+  const bad = await engineAnswering((res) => {
+    // chunked, as a proxy in front of an engine may send it
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.write('{"id":"cmpl-1","choices":[{"text":"hel', () => res.socket?.destroy());
+  });
+  const g = await gatewayWith(bad.url, true);
+  for (let i = 0; i < 2; i++) {
+    const r = await post(g.base, '/v1/completions', { prompt: `n${i}`, max_tokens: 2 });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+    assert.equal((JSON.parse(r.text) as { usage: { completion_tokens: number } }).usage.completion_tokens, 2);
+  }
+  assert.ok(bad.requests >= 1, 'the failing engine was tried');
+  assert.equal(g.router.getStats().inFlightRequests, 0);
+  await g.close();
+  await bad.close();
+});
+
+test('an answer that is not an event stream, cut after it reached the client, is cut for the client too', async () => {
+  // a stream was asked for, the engine answers plain JSON without a length (passed through as it comes)
+  const bad = await engineAnswering((res) => {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.write('{"id":"cmpl-1","choices":[{"text":"hel');
+    setImmediate(() => res.socket?.destroy());
+  });
+  const g = await gatewayWith(bad.url, false);
+  const answer = fetch(`${g.base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: 'c', max_tokens: 2, stream: true }),
+  }).then((res) => res.text());
+  await assert.rejects(answer, 'the client sees the answer cut, not a complete body');
+  assert.equal(g.router.getStats().inFlightRequests, 0);
+  await g.close();
+  await bad.close();
+});
