@@ -209,6 +209,11 @@ const MAX_DISCARDED_BYTES = 128 * 1024;
  * must not leave half an event for the error event to be glued to.
  */
 const MAX_HELD_EVENT_BYTES = 1024 * 1024;
+/**
+ * A complete answer is gathered (so a failure before its end can still be retried) up to this
+ * size; a larger one passes through as it comes, at the pace the client reads it.
+ */
+const MAX_GATHERED_BYTES = 16 * 1024 * 1024;
 
 const LF2 = Buffer.from('\n\n');
 const CRLF2 = Buffer.from('\r\n\r\n');
@@ -272,6 +277,7 @@ class Attempt implements Dispatcher.DispatchHandler {
   /** A complete answer (of known length, or not streamed): gathered, then written with its length. */
   private gather = false;
   private parts: Buffer[] | undefined;
+  private gathered = 0;
   private firstByteSeen = false;
   /** The start of a stream's event whose end has not arrived yet (not sent to the client). */
   private held: Buffer | undefined;
@@ -356,8 +362,8 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
     if (this.eventStream) headers['cache-control'] = 'no-cache';
     this.headers = headers;
-    // a whole answer is gathered, so one cut short is retried
-    this.gather = !this.eventStream && (length !== undefined || !o.streaming);
+    // a whole answer is gathered, so one cut short is retried, unless it is too large to hold
+    this.gather = !this.eventStream && (length === undefined ? !o.streaming : length <= MAX_GATHERED_BYTES);
     this.onDrain = resume;
     return true;
   }
@@ -392,8 +398,16 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (this.why !== undefined && !this.sent) return false;
     if (!this.firstByteSeen) this.firstByte();
     if (this.gather) {
-      (this.parts ??= []).push(chunk);
-      return true;
+      this.gathered += chunk.length;
+      if (this.gathered <= MAX_GATHERED_BYTES) {
+        (this.parts ??= []).push(chunk);
+        return true;
+      }
+      // an answer of unknown length grew too large to hold: it passes through from here
+      this.gather = false;
+      this.startResponse();
+      for (const part of this.parts ?? []) this.res.write(part);
+      this.parts = undefined;
     }
     if (this.eventStream) {
       const whole = this.wholeEvents(chunk);

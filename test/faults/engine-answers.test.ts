@@ -118,3 +118,32 @@ test('an answer that is not an event stream, cut after it reached the client, is
   await g.close();
   await bad.close();
 });
+
+test('an answer too large to hold passes through as it comes instead of being gathered in memory', async () => {
+  const MiB = 1024 * 1024;
+  for (const withLength of [true, false]) {
+    let finish: (() => void) | undefined;
+    const bad = await engineAnswering((res) => {
+      res.writeHead(200, withLength ? { 'content-type': 'application/json', 'content-length': String(64 * MiB) } : {});
+      // 20 MiB, then the engine waits: a gateway gathering the whole answer never answers the client
+      for (let i = 0; i < 20; i++) res.write(Buffer.alloc(MiB, 0x20));
+      finish = () => {
+        for (let i = 20; i < 64; i++) res.write(Buffer.alloc(MiB, 0x20));
+        res.end();
+      };
+    });
+    const g = await gatewayWith(bad.url, false);
+    const res = await fetch(`${g.base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'big', max_tokens: 2 }),
+      signal: AbortSignal.timeout(10_000),
+    });
+    assert.equal(res.status, 200, 'the headers came while the engine was still sending');
+    finish!();
+    assert.equal((await res.arrayBuffer()).byteLength, 64 * MiB, `whole answer (content-length sent: ${withLength})`);
+    assert.equal(g.router.getStats().inFlightRequests, 0);
+    await g.close();
+    await bad.close();
+  }
+});
