@@ -1,12 +1,14 @@
 /**
- * Engines whose side endpoints (/v1/models, /tokenize, /metrics, /health) answer without end:
- * a body that trickles forever or never stops coming. The router reads each within a bound of
- * time and size, and a client request never waits on one for long.
+ * Engines whose side endpoints (/v1/models, /tokenize, /metrics, /health) answer without end
+ * or far too much: a body that trickles forever, never stops coming or is enormous. The router
+ * reads each within a bound of time and size, and a client request never waits on one for long.
  */
 import assert from 'node:assert/strict';
 import { createServer, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
+import { HealthChecker, WorkerHealth } from '../../src/engines/health.js';
+import { MetricsScraper } from '../../src/engines/metrics/scraper.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
@@ -105,4 +107,36 @@ test('a /tokenize answer that trickles forever does not hold the client: another
   trickling.closeAllConnections();
   await new Promise<void>((r) => trickling.close(() => r()));
   await good.close();
+});
+
+test('a /metrics page over 16 MiB is not read as load, and a /health answer over 64 KiB fails the check', async () => {
+  // whole answers, quickly sent: the page's last line would set the waiting queue
+  const padding = `# ${'x'.repeat(1022)}\n`.repeat(20 * 1024);
+  const server = createServer((req, res) => {
+    req.resume();
+    if (req.url === '/metrics') return void res.end(`${padding}vllm:num_requests_waiting 7\n`);
+    if (req.url === '/health') return void res.end(Buffer.alloc(MiB, 0x20));
+    res.writeHead(404).end();
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const router = new KVAwareRouter();
+  router.registerWorker('w');
+  const health = new WorkerHealth(router);
+  // deadlines far longer than reading the answers takes: only their size can fail them
+  const scraper = new MetricsScraper(router, [{ workerId: 'w', url: `${url}/metrics` }], {
+    timeoutMs: 30_000,
+    failuresToUnhealthy: 1,
+    health,
+  });
+  await scraper.scrapeAll();
+  assert.match(scraper.state('w')!.lastError ?? '', /larger than 16777216 bytes/);
+  assert.equal(router.listWorkers()[0].waitingRequests, 0, 'nothing of the oversized page was taken');
+  const checker = new HealthChecker(health, { timeoutMs: 30_000, failuresToUnhealthy: 1 });
+  checker.add('w', url);
+  await checker.probeAll();
+  assert.match(checker.state('w')!.lastError ?? '', /larger than 65536 bytes/);
+  assert.deepEqual(health.reasons('w').sort(), ['health-check', 'metrics']);
+  server.closeAllConnections();
+  await new Promise<void>((r) => server.close(() => r()));
 });
