@@ -201,7 +201,7 @@ interface ForwardOptions {
   onFirstByte: (seconds: number) => void;
 }
 
-/** A 5xx answer's body is read (keeping the connection) up to this size, then the connection is dropped. */
+/** A 5xx or 429 answer's body is read (keeping the connection) up to this size, then the connection is dropped. */
 const MAX_DISCARDED_BYTES = 128 * 1024;
 /**
  * The unfinished last event of a stream's chunk is held back until its end arrives, up to this
@@ -269,7 +269,7 @@ class Attempt implements Dispatcher.DispatchHandler {
   private readonly started = performance.now();
   private readonly res: ServerResponse;
   private status = 0;
-  /** The engine answered 5xx: its body is read and dropped, then the attempt fails. */
+  /** The engine answered 5xx or 429: its body is read and dropped, then the attempt fails. */
   private discarding = false;
   private discarded = 0;
   private headers: Record<string, string> | undefined;
@@ -340,7 +340,8 @@ class Attempt implements Dispatcher.DispatchHandler {
   onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     if (statusCode < 200) return true; // informational
     this.status = statusCode;
-    if (statusCode >= 500) {
+    // an engine's failure, or its refusal for now (429: it is overloaded): another worker can take it
+    if (statusCode >= 500 || statusCode === 429) {
       this.discarding = true;
       return true;
     }

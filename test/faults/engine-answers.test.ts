@@ -147,3 +147,21 @@ test('an answer too large to hold passes through as it comes instead of being ga
     await bad.close();
   }
 });
+
+test('an engine answering 429 (overloaded) has its requests retried on another worker', async () => {
+  const busy = await engineAnswering((res) =>
+    res
+      .writeHead(429, { 'content-type': 'application/json', 'retry-after': '7' })
+      .end('{"error":{"message":"too many requests"}}'),
+  );
+  const g = await gatewayWith(busy.url, true);
+  for (let i = 0; i < 3; i++) {
+    const r = await post(g.base, '/v1/completions', { prompt: `b${i}`, max_tokens: 1 });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+  }
+  assert.ok(busy.requests >= 1, 'the busy engine was tried');
+  assert.equal(g.router.getStats().inFlightRequests, 0);
+  await g.close();
+  await busy.close();
+});
