@@ -1,4 +1,5 @@
 import type { KVAwareRouter } from '../core/router/index.js';
+import { readBoundedText } from './bounded-body.js';
 import { recordOutcome, PollLoop, type CheckStreak } from './poll-loop.js';
 
 /**
@@ -53,6 +54,9 @@ export class WorkerHealth {
     this.down.delete(workerId);
   }
 }
+
+/** Largest /health answer read (vLLM's and SGLang's are empty). */
+const MAX_HEALTH_BYTES = 64 * 1024;
 
 export interface HealthCheckOptions {
   /** Between probes of one worker (default 2000 ms). */
@@ -134,7 +138,7 @@ export class HealthChecker {
     let error: string | undefined;
     try {
       const res = await fetch(p.url, { signal: AbortSignal.timeout(this.timeoutMs) });
-      await res.arrayBuffer();
+      await readBoundedText(res.body, MAX_HEALTH_BYTES, '/health');
       if (!res.ok) error = `HTTP ${res.status}`;
     } catch (err) {
       error = (err as Error).message;

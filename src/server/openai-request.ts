@@ -62,7 +62,14 @@ export function openAiError<R extends ErrorReply>(
   param: string | null = null,
   code: string | null = null,
 ): R {
-  const type = status >= 500 ? 'server_error' : status === 401 ? 'authentication_error' : 'invalid_request_error';
+  const type =
+    status >= 500
+      ? 'server_error'
+      : status === 401
+        ? 'authentication_error'
+        : status === 429
+          ? 'rate_limit_error'
+          : 'invalid_request_error';
   reply.code(status).send({ error: { message, type, param, code } });
   return reply;
 }

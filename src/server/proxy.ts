@@ -1,9 +1,9 @@
 /**
  * The OpenAI proxy: routes each completion request, forwards it to the chosen engine and
  * passes the answer back without buffering a stream. Nothing reaches the client before the
- * engine's first body byte, so until then a failure — a connection error, a 5xx, a 401/403 (the
- * engine refusing the gateway's credentials), a streamed answer's first byte overdue, the worker
- * leaving rotation — is retried on another worker
+ * engine's first body byte, so until then a failure — a connection error, a 5xx, a 429 (the
+ * engine overloaded for now), a 401/403 (the engine refusing the gateway's credentials), a
+ * streamed answer's first byte overdue, the worker leaving rotation — is retried on another worker
  * (and, except when the worker was taken out, counted by the circuit breaker). A client that
  * goes away is not an engine failure: no breaker count, no failure metric, no retry. The
  * router's in-flight ticket follows the request: prefill until the first upstream byte of a
@@ -114,6 +114,9 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       if (decision.shared) state.decisionEnded(decision.shared);
     };
     let failedAttempts = 0;
+    // attempts the engines refused as overloaded (429), and the longest wait they asked for
+    let overloaded = 0;
+    let overloadedRetryAfterS = 1;
     for (let attempt = 0; ; attempt++) {
       if (reply.raw.destroyed) {
         // the client left while the request waited for a retry
@@ -128,9 +131,9 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       });
       if (!decision) return reply;
       if (decision.noWorker) {
+        // engines tried and failed: 502 (429 when they were all overloaded); nothing to try at all: 503
+        if (failedAttempts > 0) return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS);
         reply.header('retry-after', '1');
-        // engines tried and failed: 502; nothing to try at all: 503
-        if (failedAttempts > 0) return openAiError(reply, 502, 'the engines failed to answer');
         return openAiError(reply, 503, 'no worker can take the request now');
       }
       metrics.countDecision(decision.policy, decision.reason);
@@ -157,6 +160,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           router.markPrefillDone(decision.ticket);
           if (decision.shared) state.decisionPrefilled(decision.shared);
         },
+        onOverloaded: (retryAfterS) => {
+          overloaded++;
+          if (retryAfterS !== undefined) overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
+        },
       });
       release(decision);
       // a client that went away says nothing about the engine: no failure, no retry
@@ -179,8 +186,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
         }
-        reply.header('retry-after', '1');
-        return openAiError(reply, 502, `the engines failed to answer (last: ${decision.workerId})`);
+        return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS, decision.workerId);
       }
       breaker.answered(decision.workerId);
       metrics.cachedTokens.inc(cachedTokens);
@@ -189,6 +195,41 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       return reply;
     }
   };
+}
+
+/** An answer's Retry-After in whole seconds (delta-seconds only, at most a day); undefined when absent or a date. */
+function retryAfterSeconds(rawHeaders: Buffer[]): number | undefined {
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i];
+    if (name.length !== 11 || name.toString('latin1').toLowerCase() !== 'retry-after') continue;
+    const v = rawHeaders[i + 1].toString('latin1').trim();
+    return /^\d{1,6}$/.test(v) ? Math.min(Number(v), 86_400) : undefined;
+  }
+  return undefined;
+}
+
+/**
+ * The answer when every engine tried failed: 429 with the longest Retry-After they asked for
+ * when each of them refused as overloaded (the client should back off, not report a fault),
+ * else 502 with Retry-After: 1.
+ */
+function answerExhausted(
+  reply: ProxyReply,
+  failedAttempts: number,
+  overloaded: number,
+  retryAfterS: number,
+  lastWorker?: string,
+): ProxyReply {
+  if (overloaded === failedAttempts) {
+    reply.header('retry-after', String(retryAfterS));
+    return openAiError(reply, 429, 'every engine tried is overloaded; retry later', null, 'rate_limit_exceeded');
+  }
+  reply.header('retry-after', '1');
+  return openAiError(
+    reply,
+    502,
+    lastWorker === undefined ? 'the engines failed to answer' : `the engines failed to answer (last: ${lastWorker})`,
+  );
 }
 
 /** How one attempt on one engine ended. */
@@ -214,24 +255,32 @@ interface ForwardOptions {
   firstByteTimeoutMs: number;
   interChunkTimeoutMs: number;
   onFirstByte: (seconds: number) => void;
+  /** The engine answered 429, asking to be tried again after `retryAfterS` seconds (when it said). */
+  onOverloaded: (retryAfterS: number | undefined) => void;
 }
 
-/** A 5xx answer's body is read (keeping the connection) up to this size, then the connection is dropped. */
+/** A 5xx or 429 answer's body is read (keeping the connection) up to this size, then the connection is dropped. */
 const MAX_DISCARDED_BYTES = 128 * 1024;
-
-/** An event stream's unfinished event is held back up to this size (an engine that never ends one is passed on). */
-const MAX_HELD_EVENT_BYTES = 256 * 1024;
-
 /**
- * Where the complete events of an SSE chunk end: the index past its last blank line ("\n\n"
- * or "\r\n\r\n"), 0 when no event ends in it.
+ * The unfinished last event of a stream's chunk is held back until its end arrives, up to this
+ * size (an event larger than this passes through as it comes): an engine that fails mid-event
+ * must not leave half an event for the error event to be glued to.
  */
-function completeEventsEnd(buf: Buffer): number {
-  for (let i = buf.length - 1; i > 0; i--) {
-    if (buf[i] !== 0x0a) continue;
-    if (buf[i - 1] === 0x0a || (buf[i - 1] === 0x0d && i > 1 && buf[i - 2] === 0x0a)) return i + 1;
-  }
-  return 0;
+const MAX_HELD_EVENT_BYTES = 1024 * 1024;
+/**
+ * A complete answer is gathered (so a failure before its end can still be retried) up to this
+ * size; a larger one passes through as it comes, at the pace the client reads it.
+ */
+const MAX_GATHERED_BYTES = 16 * 1024 * 1024;
+
+const LF2 = Buffer.from('\n\n');
+const CRLF2 = Buffer.from('\r\n\r\n');
+
+/** Where the last whole SSE event of `data` ends (after its blank line); 0 when none ends in it. */
+function wholeEventsEnd(data: Buffer): number {
+  const lf = data.lastIndexOf(LF2);
+  const crlf = data.lastIndexOf(CRLF2);
+  return Math.max(lf < 0 ? 0 : lf + 2, crlf < 0 ? 0 : crlf + 4);
 }
 
 /**
@@ -279,17 +328,20 @@ class Attempt implements Dispatcher.DispatchHandler {
   private readonly started = performance.now();
   private readonly res: ServerResponse;
   private status = 0;
-  /** The engine answered 5xx or 401/403: its body is read and dropped, then the attempt fails. */
+  /** The engine answered 5xx, 429 or 401/403: its body is read and dropped, then the attempt fails. */
   private discarding = false;
   private discarded = 0;
   private headers: Record<string, string> | undefined;
   private eventStream = false;
-  /** An event stream's bytes past its last complete event: a failure then never leaves half an event with the client. */
-  private held: Buffer | undefined;
-  /** A complete answer of known length: gathered, then written with its length. */
+  /** A complete answer (of known length, or not streamed): gathered, then written with its length. */
   private gather = false;
   private parts: Buffer[] | undefined;
+  private gathered = 0;
   private firstByteSeen = false;
+  /** The start of a stream's event whose end has not arrived yet (not sent to the client). */
+  private held: Buffer | undefined;
+  /** What reached the client of a stream ends in the middle of an event (one too large to hold). */
+  private midEvent = false;
   /** Something reached the client: a failure now ends its response instead of retrying. */
   private sent = false;
   private settled = false;
@@ -347,23 +399,23 @@ class Attempt implements Dispatcher.DispatchHandler {
   onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     if (statusCode < 200) return true; // informational
     this.status = statusCode;
-    // a 5xx, or a 401/403: the engine refused the gateway's own credentials (the client's are
-    // never forwarded), which is no answer for the client; another worker can take the request
-    if (statusCode >= 500 || statusCode === 401 || statusCode === 403) {
+    // an engine's failure, its refusal for now (429: it is overloaded), or a 401/403: the engine
+    // refused the gateway's own credentials (the client's are never forwarded); none is an
+    // answer for the client, and another worker can take the request
+    if (statusCode >= 500 || statusCode === 429 || statusCode === 401 || statusCode === 403) {
       this.discarding = true;
+      if (statusCode === 429) this.o.onOverloaded(retryAfterSeconds(rawHeaders));
       return true;
     }
     let contentType: string | undefined;
-    let retryAfter: string | undefined;
-    let hasLength = false;
+    let length: number | undefined;
     for (let i = 0; i < rawHeaders.length; i += 2) {
       const name = rawHeaders[i];
       if (name.length === 12 && name.toString('latin1').toLowerCase() === 'content-type') {
         const v = rawHeaders[i + 1].toString('latin1');
         contentType = contentType === undefined ? v : `${contentType},${v}`;
-      } else if (name.length === 14 && name.toString('latin1').toLowerCase() === 'content-length') hasLength = true;
-      else if (name.length === 11 && name.toString('latin1').toLowerCase() === 'retry-after')
-        retryAfter = rawHeaders[i + 1].toString('latin1');
+      } else if (name.length === 14 && name.toString('latin1').toLowerCase() === 'content-length')
+        length = Number(rawHeaders[i + 1].toString('latin1'));
     }
     contentType ??= 'application/json';
     this.eventStream = contentType.includes('event-stream');
@@ -372,10 +424,9 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (o.rank !== null) headers['x-contextforge-rank'] = String(o.rank);
     if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
     if (this.eventStream) headers['cache-control'] = 'no-cache';
-    // an engine that says when to come back (429): the client backs off as long as it asks
-    if (retryAfter !== undefined && /^\d{1,10}$/.test(retryAfter.trim())) headers['retry-after'] = retryAfter.trim();
     this.headers = headers;
-    this.gather = !this.eventStream && hasLength;
+    // a whole answer is gathered, so one cut short is retried, unless it is too large to hold
+    this.gather = !this.eventStream && (length === undefined ? !o.streaming : length <= MAX_GATHERED_BYTES);
     this.onDrain = resume;
     return true;
   }
@@ -410,21 +461,50 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (this.why !== undefined && !this.sent) return false;
     if (!this.firstByteSeen) this.firstByte();
     if (this.gather) {
-      (this.parts ??= []).push(chunk);
-      return true;
+      this.gathered += chunk.length;
+      if (this.gathered <= MAX_GATHERED_BYTES) {
+        (this.parts ??= []).push(chunk);
+        return true;
+      }
+      // an answer of unknown length grew too large to hold: it passes through from here
+      this.gather = false;
+      this.startResponse();
+      for (const part of this.parts ?? []) this.res.write(part);
+      this.parts = undefined;
+    }
+    if (this.eventStream) {
+      const whole = this.wholeEvents(chunk);
+      if (whole === undefined) return true;
+      chunk = whole;
     }
     if (!this.sent) this.startResponse();
-    if (this.eventStream) {
-      const data = this.held === undefined ? chunk : Buffer.concat([this.held, chunk]);
-      const end = data.length > MAX_HELD_EVENT_BYTES ? data.length : completeEventsEnd(data);
-      this.held = end < data.length ? data.subarray(end) : undefined;
-      if (end === 0) return true;
-      chunk = end === data.length ? data : data.subarray(0, end);
-    }
     if (this.res.write(chunk)) return true;
     // the client reads slower than the engine writes: the engine's socket waits for 'drain'
     this.res.once('drain', this.onDrain!);
     return false;
+  }
+
+  /**
+   * The whole events of a stream's chunk, with what was held back before them; the start of
+   * an event whose end has not arrived is held back (undefined: nothing whole to send yet).
+   */
+  private wholeEvents(chunk: Buffer): Buffer | undefined {
+    const data = this.held === undefined ? chunk : Buffer.concat([this.held, chunk]);
+    this.held = undefined;
+    const end = wholeEventsEnd(data);
+    if (data.length - end > MAX_HELD_EVENT_BYTES) {
+      // too large to hold: it passes through as it comes
+      this.midEvent = true;
+      return data;
+    }
+    if (end === data.length) {
+      this.midEvent = false;
+      return data;
+    }
+    this.held = data.subarray(end);
+    if (end === 0) return undefined;
+    this.midEvent = false;
+    return data.subarray(0, end);
   }
 
   onComplete(): void {
@@ -438,9 +518,8 @@ class Attempt implements Dispatcher.DispatchHandler {
       this.res.end(payload);
     } else {
       if (!this.sent) this.startResponse();
-      // the engine ended its stream: what it sent of an unfinished event is its own
+      // the engine ended its stream: what it held back goes as it was sent
       this.res.end(this.held);
-      this.held = undefined;
     }
     this.settle('done');
   }
@@ -448,18 +527,17 @@ class Attempt implements Dispatcher.DispatchHandler {
   onError(): void {
     if (this.settled) return;
     if (!this.sent) return this.settle(this.failed());
-    // after the first byte: an event stream ends with an error event after its last complete
-    // event (an unfinished one is dropped); the cause stays out of the client's view
-    this.held = undefined;
-    if (this.why === 'client') this.res.end();
-    else if (this.eventStream) {
-      this.res.end(
-        `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`,
+    // after the first byte: end the stream cleanly; the cause stays out of the client's view
+    if (this.why !== 'client' && this.eventStream) {
+      // an unfinished event held back is dropped; one that passed through is ended first, so
+      // the error event is an event of its own
+      this.res.write(
+        `${this.midEvent ? '\n\n' : ''}data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`,
       );
-    } else {
-      // any other body cut short: the connection is dropped, so the client cannot take it for a whole answer
-      this.res.destroy();
     }
+    // an answer that is not a stream cannot say it failed: it is cut, never ended as if whole
+    if (this.eventStream || this.why === 'client') this.res.end();
+    else this.res.destroy();
     this.settle(this.why === 'client' ? 'client-gone' : 'done');
   }
 }

@@ -11,6 +11,7 @@
  */
 import { Pool, request as upstreamRequest } from 'undici';
 import type { KVAwareRouter, RouteRequest } from '../core/router/index.js';
+import { readBoundedText } from '../engines/bounded-body.js';
 import { HealthChecker, type WorkerHealth } from '../engines/health.js';
 import type { KvEventApplier } from '../engines/kv-events/applier.js';
 import { KvEventSubscriber, type SubscriberStats } from '../engines/kv-events/subscriber.js';
@@ -40,6 +41,13 @@ export interface WorkerConnection {
   /** Give-ups of its requests that have sent nothing to their client yet: called when it leaves rotation, they move elsewhere. */
   unanswered: Set<() => void>;
 }
+
+/** Largest /v1/models answer read (vLLM lists each model and adapter in a few hundred bytes). */
+const MAX_MODELS_BYTES = 4 * 1024 * 1024;
+/** Largest /tokenize answer read (token ids take about 7 bytes each: millions of tokens). */
+const MAX_TOKENIZE_BYTES = 64 * 1024 * 1024;
+/** The whole /v1/models or /tokenize exchange, body included, must end within this (ms). */
+const SIDE_REQUEST_DEADLINE_MS = 4000;
 
 export interface WorkerConnectionsOptions {
   router: KVAwareRouter;
@@ -249,9 +257,11 @@ export class WorkerConnections {
         headers: first.headers,
         headersTimeout: 2000,
         bodyTimeout: 2000,
+        // bodyTimeout bounds the gaps between chunks, not a body that trickles forever
+        signal: AbortSignal.timeout(SIDE_REQUEST_DEADLINE_MS),
       });
       if (res.statusCode !== 200) return void (await res.body.dump());
-      const found = adaptersFromModels(await res.body.json());
+      const found = adaptersFromModels(JSON.parse(await readBoundedText(res.body, MAX_MODELS_BYTES, '/v1/models')));
       first.adapters.clear();
       for (const [name, parent] of found) first.adapters.set(name, parent);
     } catch {
@@ -311,12 +321,16 @@ export class WorkerConnections {
           headers: c.headers,
           headersTimeout: 2000,
           bodyTimeout: 2000,
+          // the client waits on it: a body that trickles must not hold the request forever
+          signal: AbortSignal.timeout(SIDE_REQUEST_DEADLINE_MS),
         });
         if (res.statusCode !== 200) {
           await res.body.dump();
           continue;
         }
-        const out = (await res.body.json()) as { tokens?: unknown } | null;
+        const out = JSON.parse(await readBoundedText(res.body, MAX_TOKENIZE_BYTES, '/tokenize')) as {
+          tokens?: unknown;
+        } | null;
         // an engine's answer is checked like a client's token ids: a bad one is the engine's fault, not the client's
         if (isTokenIdList(out?.tokens)) return out.tokens;
       } catch {

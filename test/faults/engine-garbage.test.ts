@@ -83,7 +83,7 @@ test('a stream cut in the middle of an event: the client gets the whole events, 
   assert.deepEqual(seen, ['par']);
 });
 
-test('a JSON answer of unknown length cut short: the response does not end as if complete', async () => {
+test('a JSON answer of unknown length cut short never reaches the client truncated', async () => {
   const body = JSON.stringify({ messages: [{ role: 'user', content: 'cut-json' }] });
   const outcome = await new Promise<{ status: number; ended: 'cleanly' | 'aborted' }>((resolve, reject) => {
     const req = request(
@@ -99,8 +99,10 @@ test('a JSON answer of unknown length cut short: the response does not end as if
     req.on('error', reject);
     req.end(body);
   });
-  assert.equal(outcome.status, 200, 'the headers were out before the engine failed');
-  assert.equal(outcome.ended, 'aborted', 'a truncated body must not end like a complete one');
+  // the answer is gathered before anything is sent, so the cut is a failure to retry; with the
+  // only engine failing, the client gets a whole 502 rather than half an answer
+  assert.equal(outcome.status, 502);
+  assert.equal(outcome.ended, 'cleanly');
   await until(() => gateway.router.getStats().inFlightRequests === 0, 'the ticket released');
 });
 
@@ -181,18 +183,20 @@ test("an engine refusing the gateway's credentials (401/403): the request goes e
   }
 });
 
-test("an engine's 429 reaches the client with the engine's Retry-After", async () => {
-  const busy = await fakeEngine((req, res) => {
-    req.resume();
-    req.on('end', () =>
-      res
-        .writeHead(429, { 'content-type': 'application/json', 'retry-after': '7' })
-        .end('{"error":{"message":"too many requests","type":"rate_limit_error","param":null,"code":null}}'),
-    );
-  });
+test('engines that all answer 429 give the client a 429 with the longest Retry-After they asked for', async () => {
+  const busy = (retryAfter: string) =>
+    fakeEngine((req, res) => {
+      req.resume();
+      req.on('end', () =>
+        res
+          .writeHead(429, { 'content-type': 'application/json', 'retry-after': retryAfter })
+          .end('{"error":{"message":"too many requests","type":"rate_limit_error","param":null,"code":null}}'),
+      );
+    });
+  const engines = [await busy('7'), await busy('3')];
   const gw = await createGateway({
     router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers: [{ id: 'busy', url: busy.url }],
+    workers: engines.map((e, i) => ({ id: `busy${i}`, url: e.url })),
     metricsIntervalMs: 0,
     healthCheckIntervalMs: 0,
   });
@@ -204,12 +208,53 @@ test("an engine's 429 reaches the client with the engine's Retry-After", async (
         headers: { 'content-type': 'application/json' },
         body: JSON.stringify({ prompt: 'x', stream }),
       });
-      assert.equal(res.status, 429);
+      const { error } = (await res.json()) as { error: { type: string } };
+      assert.equal(res.status, 429, `stream: ${stream}`);
       assert.equal(res.headers.get('retry-after'), '7', `stream: ${stream}`);
-      await res.text();
+      assert.equal(error.type, 'rate_limit_error');
     }
+    assert.ok(
+      engines.every((e) => e.requests >= 2),
+      'each engine was tried',
+    );
+    assert.equal(gw.router.getStats().inFlightRequests, 0);
   } finally {
     await gw.close();
-    await busy.close();
+    for (const e of engines) await e.close();
+  }
+});
+
+test('one engine overloaded and one failing: the client gets 502, not 429', async () => {
+  const overloaded = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => res.writeHead(429, { 'content-type': 'application/json', 'retry-after': '7' }).end('{}'));
+  });
+  const broken = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => res.writeHead(500, { 'content-type': 'application/json' }).end('{}'));
+  });
+  const gw = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [
+      { id: 'overloaded', url: overloaded.url },
+      { id: 'broken', url: broken.url },
+    ],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  try {
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    const res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'x' }),
+    });
+    await res.text();
+    assert.equal(res.status, 502);
+    assert.equal(res.headers.get('retry-after'), '1');
+  } finally {
+    await gw.close();
+    await overloaded.close();
+    await broken.close();
   }
 });

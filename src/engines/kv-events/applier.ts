@@ -1,5 +1,6 @@
 import { BlockHashes, chainRoot, hashHex, hashTokenBlocksFrom, mixIntoChain } from '../../core/hashing.js';
 import type { KVAwareRouter } from '../../core/router/index.js';
+import { ROUTER_DEFAULTS } from '../../core/router/options-schema.js';
 import { engineHashKey } from '../../core/vllm-block-hash.js';
 import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatch } from './decode.js';
 
@@ -36,9 +37,12 @@ import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatc
  * - Block size per worker: a store whose block size differs from the worker's is skipped and
  *   counted ('block_size'); SGLang's page size 1 gives one event per token, which works with
  *   `block-size=1` on that worker.
+ * - Bounded: a worker that reports holding more blocks than `maxTrackedBlocks` (the index's own
+ *   capacity by default; no engine holds that many, so its removals were lost or it is broken)
+ *   has its entries dropped and rebuilt from its next events ('over_capacity'), as after a gap.
  */
 export type ApplySkipReason =
-  'block_size' | 'orphan' | 'token_count' | 'other_group' | 'unknown_offload' | 'unknown_removal';
+  'block_size' | 'orphan' | 'token_count' | 'other_group' | 'unknown_offload' | 'unknown_removal' | 'over_capacity';
 
 export interface ApplyCounts {
   storedBlocks: number;
@@ -99,10 +103,13 @@ export interface WorkerNamespace {
 export interface KvEventApplierOptions {
   /** 'router': own hashes from token ids; 'vllm': the engine's hashes are the keys (default: the router's keying). */
   hashMode?: 'router' | 'vllm';
+  /** Blocks tracked per worker before its entries are dropped (default: the index's default capacity). */
+  maxTrackedBlocks?: number;
 }
 
 export class KvEventApplier {
   readonly hashMode: 'router' | 'vllm';
+  private readonly maxTrackedBlocks: number;
   private readonly maps = new Map<string, Map<EngineBlockHash, OwnBlock>>();
   /** Per worker, KV groups known not to be full attention (learned from kv_cache_spec_kind). */
   private readonly otherGroups = new Map<string, Set<number>>();
@@ -123,6 +130,7 @@ export class KvEventApplier {
     if (mode !== 'router' && mode !== 'vllm')
       throw new RangeError(`hashMode must be 'router' or 'vllm', got '${String(mode)}'`);
     this.hashMode = mode;
+    this.maxTrackedBlocks = options.maxTrackedBlocks ?? ROUTER_DEFAULTS.maxIndexEntries;
   }
 
   /** Blocks the router tracks for a worker from its events. */
@@ -151,7 +159,14 @@ export class KvEventApplier {
   }
 
   apply(workerId: string, batch: KvEventBatch, counts: ApplyCounts = emptyCounts()): ApplyCounts {
-    for (const event of batch.events) this.applyEvent(workerId, event, counts);
+    for (const event of batch.events) {
+      this.applyEvent(workerId, event, counts);
+      if ((this.maps.get(workerId)?.size ?? 0) > this.maxTrackedBlocks) {
+        // more than any engine holds: what it said is not what it holds, start over
+        this.clearWorker(workerId);
+        skip(counts, 'over_capacity');
+      }
+    }
     return counts;
   }
 

@@ -1,7 +1,11 @@
 import type { KVAwareRouter } from '../../core/router/index.js';
+import { readBoundedText } from '../bounded-body.js';
 import type { WorkerHealth } from '../health.js';
 import { recordOutcome, PollLoop, type CheckStreak } from '../poll-loop.js';
 import { readEngineLoad, type EngineLoad } from './prometheus.js';
+
+/** Largest /metrics page read (vLLM's, with every histogram and adapter label, is well under it). */
+export const MAX_METRICS_BYTES = 16 * 1024 * 1024;
 
 /**
  * Scrapes each worker's /metrics on an interval and feeds the router: KV usage, waiting and
@@ -97,7 +101,7 @@ export class MetricsScraper {
     try {
       const res = await fetch(t.url, { signal: AbortSignal.timeout(this.timeoutMs) });
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
-      const load = readEngineLoad(await res.text(), t.engine);
+      const load = readEngineLoad(await readBoundedText(res.body, MAX_METRICS_BYTES, '/metrics'), t.engine);
       if (this.states.get(t.workerId) !== s) return; // removed while scraping
       s.lastLoad = load;
       this.router.updateWorkerMetrics(t.workerId, {

@@ -1,0 +1,167 @@
+/**
+ * Engines whose answers break in the ways real ones do: cut short mid-event or mid-body,
+ * too large to hold, refusing with 429. What the client sees, and that the router's
+ * accounting settles.
+ */
+import assert from 'node:assert/strict';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { test } from 'node:test';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway } from '../../src/server/gateway.js';
+import { fakeEngine, post } from './harness.js';
+
+const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: 'fault-suite-admin' };
+
+/** An engine answering its completions with `answer` (other paths: 404). */
+const engineAnswering = (answer: (res: ServerResponse) => void) =>
+  fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+    req.resume();
+    if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+    req.on('end', () => answer(res));
+  });
+
+/** A gateway in front of `bad` alone, or `bad` first and a good mock engine second (round robin). */
+async function gatewayWith(badUrl: string, withGood: boolean) {
+  const good = withGood ? await new MockEngine().start() : undefined;
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const workers = [{ id: 'bad', url: badUrl }];
+  if (good) workers.push({ id: 'good', url: `http://127.0.0.1:${good.port}` });
+  const gateway = await createGateway({ router, workers, ...quiet });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  return {
+    router,
+    base,
+    close: async () => {
+      await gateway.close();
+      await good?.close();
+    },
+  };
+}
+
+test('a stream cut in the middle of an event ends with a clean error event, not one glued to the broken event', async () => {
+  const bad = await engineAnswering((res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write('data: {"choices":[{"text":"a"}]}\n\n');
+    // the engine dies halfway through its second event
+    res.write('data: {"choices":[{"te', () => res.socket?.destroy());
+  });
+  const g = await gatewayWith(bad.url, false);
+  const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 4, stream: true });
+  assert.equal(r.status, 200);
+  const events = r.text.split('\n\n').filter(Boolean);
+  for (const e of events) {
+    assert.match(e, /^data: /, `an SSE event: ${JSON.stringify(e)}`);
+    assert.doesNotThrow(() => JSON.parse(e.slice('data: '.length)), `every event is whole JSON: ${JSON.stringify(e)}`);
+  }
+  assert.deepEqual(
+    events.map((e) => Object.keys(JSON.parse(e.slice('data: '.length)) as object)[0]),
+    ['choices', 'error'],
+  );
+  assert.equal(g.router.getStats().inFlightRequests, 0);
+  await g.close();
+  await bad.close();
+});
+
+test('a stream cut before its first whole event is retried on another worker', async () => {
+  const bad = await engineAnswering((res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write('data: {"choices":[{"te', () => res.socket?.destroy());
+  });
+  const g = await gatewayWith(bad.url, true);
+  for (let i = 0; i < 2; i++) {
+    const r = await post(g.base, '/v1/completions', { prompt: `p${i}`, max_tokens: 2, stream: true });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+    assert.match(r.text, /data: \[DONE\]\n\n$/);
+  }
+  assert.ok(bad.requests >= 1, 'the failing engine was tried');
+  assert.equal(g.router.getStats().inFlightRequests, 0);
+  await g.close();
+  await bad.close();
+});
+
+test('a non-streamed answer without a length, cut short, is retried on another worker (never a truncated 200)', async () => {
+  const bad = await engineAnswering((res) => {
+    // chunked, as a proxy in front of an engine may send it
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.write('{"id":"cmpl-1","choices":[{"text":"hel', () => res.socket?.destroy());
+  });
+  const g = await gatewayWith(bad.url, true);
+  for (let i = 0; i < 2; i++) {
+    const r = await post(g.base, '/v1/completions', { prompt: `n${i}`, max_tokens: 2 });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+    assert.equal((JSON.parse(r.text) as { usage: { completion_tokens: number } }).usage.completion_tokens, 2);
+  }
+  assert.ok(bad.requests >= 1, 'the failing engine was tried');
+  assert.equal(g.router.getStats().inFlightRequests, 0);
+  await g.close();
+  await bad.close();
+});
+
+test('an answer that is not an event stream, cut after it reached the client, is cut for the client too', async () => {
+  // a stream was asked for, the engine answers plain JSON without a length (passed through as it comes)
+  const bad = await engineAnswering((res) => {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.write('{"id":"cmpl-1","choices":[{"text":"hel');
+    setImmediate(() => res.socket?.destroy());
+  });
+  const g = await gatewayWith(bad.url, false);
+  const answer = fetch(`${g.base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: 'c', max_tokens: 2, stream: true }),
+  }).then((res) => res.text());
+  await assert.rejects(answer, 'the client sees the answer cut, not a complete body');
+  assert.equal(g.router.getStats().inFlightRequests, 0);
+  await g.close();
+  await bad.close();
+});
+
+test('an answer too large to hold passes through as it comes instead of being gathered in memory', async () => {
+  const MiB = 1024 * 1024;
+  for (const withLength of [true, false]) {
+    let finish: (() => void) | undefined;
+    const bad = await engineAnswering((res) => {
+      res.writeHead(200, withLength ? { 'content-type': 'application/json', 'content-length': String(64 * MiB) } : {});
+      // 20 MiB, then the engine waits: a gateway gathering the whole answer never answers the client
+      for (let i = 0; i < 20; i++) res.write(Buffer.alloc(MiB, 0x20));
+      finish = () => {
+        for (let i = 20; i < 64; i++) res.write(Buffer.alloc(MiB, 0x20));
+        res.end();
+      };
+    });
+    const g = await gatewayWith(bad.url, false);
+    const res = await fetch(`${g.base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'big', max_tokens: 2 }),
+      signal: AbortSignal.timeout(10_000),
+    });
+    assert.equal(res.status, 200, 'the headers came while the engine was still sending');
+    finish!();
+    assert.equal((await res.arrayBuffer()).byteLength, 64 * MiB, `whole answer (content-length sent: ${withLength})`);
+    assert.equal(g.router.getStats().inFlightRequests, 0);
+    await g.close();
+    await bad.close();
+  }
+});
+
+test('an engine answering 429 (overloaded) has its requests retried on another worker', async () => {
+  const busy = await engineAnswering((res) =>
+    res
+      .writeHead(429, { 'content-type': 'application/json', 'retry-after': '7' })
+      .end('{"error":{"message":"too many requests"}}'),
+  );
+  const g = await gatewayWith(busy.url, true);
+  for (let i = 0; i < 3; i++) {
+    const r = await post(g.base, '/v1/completions', { prompt: `b${i}`, max_tokens: 1 });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+  }
+  assert.ok(busy.requests >= 1, 'the busy engine was tried');
+  assert.equal(g.router.getStats().inFlightRequests, 0);
+  await g.close();
+  await busy.close();
+});
