@@ -24,3 +24,14 @@ test('stores without removals past the bound drop the worker entries instead of 
     4,
   );
 });
+
+test("the bound defaults to the router's own index capacity (maxIndexEntries)", () => {
+  const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise', maxIndexEntries: 50 });
+  router.registerWorker('w');
+  const applier = new KvEventApplier(router);
+  const counts = emptyCounts();
+  for (let n = 0; n < 120; n++)
+    applier.apply('w', eventBatch(null, storedEvent([BigInt(n + 1)], null, n * 4, 4)), counts);
+  assert.ok(applier.trackedBlocks('w') <= 50, `tracked ${applier.trackedBlocks('w')} blocks`);
+  assert.equal(counts.skipped.over_capacity, 2);
+});

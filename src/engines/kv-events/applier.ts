@@ -1,6 +1,5 @@
 import { BlockHashes, chainRoot, hashHex, hashTokenBlocksFrom, mixIntoChain } from '../../core/hashing.js';
 import type { KVAwareRouter } from '../../core/router/index.js';
-import { ROUTER_DEFAULTS } from '../../core/router/options-schema.js';
 import { engineHashKey } from '../../core/vllm-block-hash.js';
 import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatch } from './decode.js';
 
@@ -103,7 +102,7 @@ export interface WorkerNamespace {
 export interface KvEventApplierOptions {
   /** 'router': own hashes from token ids; 'vllm': the engine's hashes are the keys (default: the router's keying). */
   hashMode?: 'router' | 'vllm';
-  /** Blocks tracked per worker before its entries are dropped (default: the index's default capacity). */
+  /** Blocks tracked per worker before its entries are dropped (default: the router's index capacity, maxIndexEntries). */
   maxTrackedBlocks?: number;
 }
 
@@ -130,7 +129,8 @@ export class KvEventApplier {
     if (mode !== 'router' && mode !== 'vllm')
       throw new RangeError(`hashMode must be 'router' or 'vllm', got '${String(mode)}'`);
     this.hashMode = mode;
-    this.maxTrackedBlocks = options.maxTrackedBlocks ?? ROUTER_DEFAULTS.maxIndexEntries;
+    // no worker can have more of its blocks in the index than the index holds in all
+    this.maxTrackedBlocks = options.maxTrackedBlocks ?? router.index.maxEntries;
   }
 
   /** Blocks the router tracks for a worker from its events. */
