@@ -11,7 +11,7 @@ import OpenAI from 'openai';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { until } from '../helpers/wait.js';
-import { fakeEngine, type FakeEngine } from './harness.js';
+import { answeringEngine, fakeEngine, type FakeEngine } from './harness.js';
 
 const chunk = (content: string) =>
   `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`;
@@ -144,14 +144,8 @@ test("an engine's /tokenize answering ids that are not token ids: the request is
 });
 
 test("an engine refusing the gateway's credentials (401/403): the request goes elsewhere, the worker's circuit opens", async () => {
-  const refusing = await fakeEngine((req, res) => {
-    req.resume();
-    req.on('end', () => res.writeHead(401, { 'content-type': 'application/json' }).end('{"error":"Unauthorized"}'));
-  });
-  const serving = await fakeEngine((req, res) => {
-    req.resume();
-    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{"id":"c1","choices":[]}'));
-  });
+  const refusing = await answeringEngine(401, '{"error":"Unauthorized"}');
+  const serving = await answeringEngine(200, '{"id":"c1","choices":[]}');
   const gw = await createGateway({
     router: new KVAwareRouter({ policy: 'round-robin' }),
     workers: [
@@ -185,14 +179,11 @@ test("an engine refusing the gateway's credentials (401/403): the request goes e
 
 test('engines that all answer 429 give the client a 429 with the longest Retry-After they asked for', async () => {
   const busy = (retryAfter: string) =>
-    fakeEngine((req, res) => {
-      req.resume();
-      req.on('end', () =>
-        res
-          .writeHead(429, { 'content-type': 'application/json', 'retry-after': retryAfter })
-          .end('{"error":{"message":"too many requests","type":"rate_limit_error","param":null,"code":null}}'),
-      );
-    });
+    answeringEngine(
+      429,
+      '{"error":{"message":"too many requests","type":"rate_limit_error","param":null,"code":null}}',
+      { 'retry-after': retryAfter },
+    );
   const engines = [await busy('7'), await busy('3')];
   const gw = await createGateway({
     router: new KVAwareRouter({ policy: 'round-robin' }),
@@ -225,14 +216,8 @@ test('engines that all answer 429 give the client a 429 with the longest Retry-A
 });
 
 test('one engine overloaded and one failing: the client gets 502, not 429', async () => {
-  const overloaded = await fakeEngine((req, res) => {
-    req.resume();
-    req.on('end', () => res.writeHead(429, { 'content-type': 'application/json', 'retry-after': '7' }).end('{}'));
-  });
-  const broken = await fakeEngine((req, res) => {
-    req.resume();
-    req.on('end', () => res.writeHead(500, { 'content-type': 'application/json' }).end('{}'));
-  });
+  const overloaded = await answeringEngine(429, '{}', { 'retry-after': '7' });
+  const broken = await answeringEngine(500, '{}');
   const gw = await createGateway({
     router: new KVAwareRouter({ policy: 'round-robin' }),
     workers: [

@@ -56,14 +56,15 @@ export async function fakeEngine(
 /** An engine that reads the request and never answers. */
 export const hangingEngine = () => fakeEngine((req) => req.resume());
 
-/** An engine that answers every request with HTTP 500. */
-export const failingEngine = () =>
+/** An engine that answers every request, once read, with `status` and a JSON `body`. */
+export const answeringEngine = (status: number, body: string, headers: Record<string, string> = {}) =>
   fakeEngine((req, res) => {
     req.resume();
-    req.on('end', () =>
-      res.writeHead(500, { 'content-type': 'application/json' }).end('{"error":{"message":"engine exploded"}}'),
-    );
+    req.on('end', () => res.writeHead(status, { 'content-type': 'application/json', ...headers }).end(body));
   });
+
+/** An engine that answers every request with HTTP 500. */
+export const failingEngine = () => answeringEngine(500, '{"error":{"message":"engine exploded"}}');
 
 /** A mock engine on a fixed port that can be killed and restarted there (with an empty cache). */
 export class KillableEngine {

@@ -12,6 +12,27 @@ import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { post, RedisProcess, RedisProxy } from './harness.js';
 import { until } from '../helpers/wait.js';
 
+/** One gateway per store, each routing over `engines` with its own router. */
+async function replicaGateways(
+  stores: readonly RedisStateStore[],
+  engines: readonly MockEngine[],
+  extra: { adminToken?: string } = {},
+): Promise<Gateway[]> {
+  const gateways: Gateway[] = [];
+  for (const state of stores)
+    gateways.push(
+      await createGateway({
+        router: new KVAwareRouter({ blockSize: 16 }),
+        state,
+        metricsIntervalMs: 0,
+        healthCheckIntervalMs: 0,
+        ...extra,
+        workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })),
+      }),
+    );
+  return gateways;
+}
+
 test('Redis killed and restarted under load: 0 failed requests, the replicas reconnect', async () => {
   const redis = await new RedisProcess().start();
   const engines = [
@@ -19,19 +40,7 @@ test('Redis killed and restarted under load: 0 failed requests, the replicas rec
     await new MockEngine({ decodeTokS: 2000 }).start(),
   ];
   const stores = [0, 1].map(() => new RedisStateStore({ url: redis.url, prefix: 'cf-faults:', syncIntervalMs: 50 }));
-  const gateways: Gateway[] = [];
-  for (const state of stores) {
-    gateways.push(
-      await createGateway({
-        router: new KVAwareRouter({ blockSize: 16 }),
-        state,
-        metricsIntervalMs: 0,
-        healthCheckIntervalMs: 0,
-        adminToken: 'redis-fault-admin',
-        workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })),
-      }),
-    );
-  }
+  const gateways = await replicaGateways(stores, engines, { adminToken: 'redis-fault-admin' });
   const bases = await Promise.all(gateways.map((g) => g.app.listen({ host: '127.0.0.1', port: 0 })));
   const statuses: number[] = [];
   let sent = 0;
@@ -111,16 +120,7 @@ test('after their connections drop, the replicas subscribe again and hear each o
   const stores = [0, 1].map(() => new RedisStateStore({ url: proxy.url, prefix: 'cf-redrop:', syncIntervalMs: 50 }));
   const gateways: Gateway[] = [];
   try {
-    for (const state of stores)
-      gateways.push(
-        await createGateway({
-          router: new KVAwareRouter({ blockSize: 16 }),
-          state,
-          metricsIntervalMs: 0,
-          healthCheckIntervalMs: 0,
-          workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
-        }),
-      );
+    gateways.push(...(await replicaGateways(stores, [engine])));
     const base = await gateways[0].app.listen({ host: '127.0.0.1', port: 0 });
     await until(() => stores.every((s) => s.stats().connected === true), 'the replicas to connect');
     proxy.drop();
