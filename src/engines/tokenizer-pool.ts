@@ -84,7 +84,13 @@ interface Pending {
 interface Thread {
   worker: Worker;
   pending: number;
+  /** Exited: a message posted to it would never be answered. */
+  dead: boolean;
 }
+
+/** Between attempts to replace a thread that could not be started (doubling, up to the second figure). */
+const RESTART_DELAY_MS = 500;
+const RESTART_DELAY_MAX_MS = 30_000;
 
 /**
  * The model's tokenizer (ChatTokenizer) on worker threads. Rendering the chat template and
@@ -105,6 +111,10 @@ export class TokenizerPool implements AsyncPromptTokenizer {
   private readonly log: (message: string) => void;
   private nextId = 1;
   private closed = false;
+  /** Every thread of start() came up: from then on a thread that fails to start is retried. */
+  private started = false;
+  /** Pending attempts to replace threads whose last replacement failed to start. */
+  private readonly restartTimers = new Set<NodeJS.Timeout>();
   private readonly counters = { completed: 0, failed: 0, rejectedBusy: 0, threadRestarts: 0 };
 
   private constructor(options: TokenizerPoolOptions) {
@@ -123,6 +133,7 @@ export class TokenizerPool implements AsyncPromptTokenizer {
     const pool = new TokenizerPool(options);
     try {
       await Promise.all(Array.from({ length: n }, (_, i) => pool.spawn(i)));
+      pool.started = true;
     } catch (err) {
       await pool.close();
       throw err;
@@ -149,6 +160,7 @@ export class TokenizerPool implements AsyncPromptTokenizer {
       chat,
     };
     const index = this.pick(request);
+    if (index < 0) return Promise.reject(new TokenizerUnavailableError('no tokenizer thread is running'));
     const thread = this.threads[index];
     return new Promise<ArrayLike<number>>((resolve, reject) => {
       this.jobs.set(job.id, { resolve, reject, thread: index });
@@ -163,6 +175,8 @@ export class TokenizerPool implements AsyncPromptTokenizer {
 
   async close(): Promise<void> {
     this.closed = true;
+    for (const t of this.restartTimers) clearTimeout(t);
+    this.restartTimers.clear();
     for (const [id, job] of this.jobs) {
       this.jobs.delete(id);
       job.reject(new TokenizerUnavailableError('the tokenizer pool is closed'));
@@ -172,19 +186,36 @@ export class TokenizerPool implements AsyncPromptTokenizer {
 
   // ------------------------------------------------------------------------ internals
 
-  /** The conversation's thread, unless it is far busier than the least busy one. */
+  /** The conversation's thread, unless it is far busier than the least busy one (or not running); -1: none runs. */
   private pick(request: RouteRequest): number {
     const n = this.threads.length;
-    if (n === 1) return 0;
-    let least = 0;
-    for (let i = 1; i < n; i++) if (this.threads[i].pending < this.threads[least].pending) least = i;
+    let least = -1;
+    for (let i = 0; i < n; i++)
+      if (!this.threads[i].dead && (least < 0 || this.threads[i].pending < this.threads[least].pending)) least = i;
+    if (least < 0 || n === 1) return least;
     const preferred = conversationKey(request) % n;
-    return this.threads[preferred].pending > this.threads[least].pending + 2 ? least : preferred;
+    const p = this.threads[preferred];
+    return p.dead || p.pending > this.threads[least].pending + 2 ? least : preferred;
   }
 
-  private spawn(index: number): Promise<void> {
+  /** Replaces a thread whose replacement failed to start, later: what it needs may come back (a remounted volume). */
+  private retrySpawn(index: number, delayMs: number): void {
+    const t = setTimeout(() => {
+      this.restartTimers.delete(t);
+      if (this.closed) return;
+      this.spawn(index, delayMs).then(
+        () => this.log(`tokenizer thread ${index} restarted`),
+        (err: Error) => this.log(`tokenizer thread ${index} could not be restarted: ${err.message}`),
+      );
+    }, delayMs);
+    t.unref();
+    this.restartTimers.add(t);
+  }
+
+  /** `failedDelayMs`: the wait before this attempt, when it replaces a thread that failed to start. */
+  private spawn(index: number, failedDelayMs = 0): Promise<void> {
     const worker = startThread(this.data);
-    const thread: Thread = { worker, pending: 0 };
+    const thread: Thread = { worker, pending: 0, dead: false };
     this.threads[index] = thread;
     return new Promise<void>((resolve, reject) => {
       let ready = false;
@@ -217,6 +248,10 @@ export class TokenizerPool implements AsyncPromptTokenizer {
         else this.log(`tokenizer thread ${index} failed: ${err.message}`);
       });
       worker.on('exit', () => {
+        thread.dead = true;
+        // a thread that exits before it is ready has not said why (the 'ready' message and
+        // 'error' settle this first when it did)
+        reject(new Error('the tokenizer thread stopped before it was ready'));
         // its requests cannot be answered any more; a replacement takes the next ones
         for (const [id, job] of this.jobs) {
           if (job.thread !== index) continue;
@@ -224,7 +259,13 @@ export class TokenizerPool implements AsyncPromptTokenizer {
           this.counters.failed++;
           job.reject(new TokenizerUnavailableError('the tokenizer thread stopped'));
         }
-        if (!ready || this.closed || this.threads[index] !== thread) return;
+        if (this.closed || this.threads[index] !== thread) return;
+        // start() fails on a thread that never started; a replacement that never started is tried again later
+        if (!ready) {
+          if (this.started)
+            this.retrySpawn(index, Math.min(RESTART_DELAY_MAX_MS, 2 * failedDelayMs || RESTART_DELAY_MS));
+          return;
+        }
         this.counters.threadRestarts++;
         this.spawn(index).catch((err: Error) =>
           this.log(`tokenizer thread ${index} could not be restarted: ${err.message}`),

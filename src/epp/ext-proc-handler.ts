@@ -1,4 +1,3 @@
-import { once } from 'node:events';
 import { randomUUID } from 'node:crypto';
 import { status as GrpcStatus, type ServerDuplexStream } from '@grpc/grpc-js';
 import type { BodySendMode, ProcessingRequest, ProcessingResponse } from './proto.js';
@@ -102,8 +101,18 @@ export function createProcessHandler(
       phase = 'finished';
     };
     const send = async (msg: ProcessingResponse) => {
-      if (closed) return;
-      if (!call.write(msg)) await Promise.race([once(call, 'drain'), once(call, 'close')]);
+      if (closed || call.write(msg) || call.destroyed) return;
+      // both listeners go as soon as either fires: a long response through a slow Envoy meets
+      // backpressure on many answers, and listeners left behind would pile up on the call
+      await new Promise<void>((resolve) => {
+        const done = () => {
+          call.off('drain', done);
+          call.off('close', done);
+          resolve();
+        };
+        call.on('drain', done);
+        call.on('close', done);
+      });
     };
     const fail = (code: GrpcStatus, message: string) => {
       if (closed) return;

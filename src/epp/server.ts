@@ -59,9 +59,20 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
 
   const host = options.host ?? '0.0.0.0';
   const address = host.includes(':') && !host.startsWith('[') ? `[${host}]:${options.port}` : `${host}:${options.port}`;
-  const port = await new Promise<number>((resolve, reject) => {
-    server.bindAsync(address, ServerCredentials.createInsecure(), (err, bound) => (err ? reject(err) : resolve(bound)));
-  });
+  let port: number;
+  try {
+    port = await new Promise<number>((resolve, reject) => {
+      server.bindAsync(address, ServerCredentials.createInsecure(), (err, bound) =>
+        err ? reject(err) : resolve(bound),
+      );
+    });
+  } catch (err) {
+    // nobody gets a close() for a server that did not start: the readiness poll would run
+    // (and keep the picker and its gateway reachable) for the life of the process
+    clearInterval(timer);
+    server.forceShutdown();
+    throw err;
+  }
   return {
     port,
     server,

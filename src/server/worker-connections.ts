@@ -208,23 +208,19 @@ export class WorkerConnections {
     const headers: Record<string, string> = authorization
       ? { 'content-type': 'application/json', authorization }
       : { 'content-type': 'application/json' };
-    const pool = new Pool(base, { connections: 256, keepAliveTimeout: 30_000 });
-    const adapters = new Map<string, string>();
-    const models = w.models ? new Set(w.models) : undefined;
     const workerForRank = (rank: number) => (rank < dpSize ? rankWorkerId(w.id, rank, dpSize) : undefined);
-    ids.forEach((id, r) => {
-      router.registerWorker(id, { url: w.url, claGroups: w.claGroups, blockSize: w.blockSize });
-      this.connections.set(id, {
-        record,
-        base,
-        pool,
-        models,
-        adapters,
-        workerId: w.id,
-        rank: dpSize > 1 ? r : null,
-        headers: dpSize > 1 ? { ...headers, [DP_RANK_HEADER]: String(r) } : headers,
-        unanswered: new Set(),
-        subscriber:
+    // the subscribers and the router's registration can still refuse the worker (ZeroMQ has the
+    // last word on an endpoint): then nothing of it may stay, neither a worker the router routes
+    // to without a connection nor a socket
+    const subscribers: Array<KvEventSubscriber | undefined> = [];
+    const registered: string[] = [];
+    const undo = () => {
+      for (const s of subscribers) if (s) this.closing.push(s.close().catch(() => {}));
+      for (const id of registered) router.removeWorker(id);
+    };
+    try {
+      ids.forEach((id, r) => {
+        subscribers.push(
           this.options.kvEvents && events
             ? new KvEventSubscriber({
                 workerId: id,
@@ -235,6 +231,32 @@ export class WorkerConnections {
                 workerForRank,
               }).start()
             : undefined,
+        );
+      });
+      // events are handled on later turns of the event loop: registered before the first
+      for (const id of ids) {
+        router.registerWorker(id, { url: w.url, claGroups: w.claGroups, blockSize: w.blockSize });
+        registered.push(id);
+      }
+    } catch (err) {
+      undo();
+      throw err;
+    }
+    const pool = new Pool(base, { connections: 256, keepAliveTimeout: 30_000 });
+    const adapters = new Map<string, string>();
+    const models = w.models ? new Set(w.models) : undefined;
+    ids.forEach((id, r) => {
+      this.connections.set(id, {
+        record,
+        base,
+        pool,
+        models,
+        adapters,
+        workerId: w.id,
+        rank: dpSize > 1 ? r : null,
+        headers: dpSize > 1 ? { ...headers, [DP_RANK_HEADER]: String(r) } : headers,
+        unanswered: new Set(),
+        subscriber: subscribers[r],
       });
       this.scraper?.add({
         workerId: id,

@@ -153,15 +153,21 @@ export class RedisStateStore implements StateStore {
 
   async attach(host: StateStoreHost): Promise<void> {
     this.host = host;
+    // close() can come while the start waits on Redis (the gateway stopped during its start):
+    // a client connected after it would stay open, and reconnect, for good
+    if (this.closed) return;
     await this.sub.connect().catch(() => {}); // 'ready' subscribes, now or when Redis answers
+    if (this.closed) return;
     try {
       await this.cmd.connect(); // 'ready' runs the first sync
       await this.resyncing;
     } catch (err) {
+      if (this.closed) return;
       host.log(
         `state: redis unreachable at start (${(err as Error).message}); routing on local state until it answers`,
       );
     }
+    if (this.closed) return;
     this.timer = setInterval(() => void this.syncLoad(), this.syncIntervalMs);
     this.timer.unref();
   }
@@ -375,6 +381,7 @@ export class RedisStateStore implements StateStore {
         if (!first) this.host!.log('state: redis is back; state written back and reloaded');
       },
       (err: Error) => {
+        if (this.closed) return; // close() cut the sync short: nothing to retry
         this.counters.errors++;
         this.host!.log(`state: resynchronising with redis failed (${err.message}); will retry`);
         this.cmd.disconnect(true); // reconnects, and 'ready' tries again

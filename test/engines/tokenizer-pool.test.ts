@@ -79,3 +79,47 @@ test('a tokenizer that cannot be loaded fails start() with a named error; thread
   assert.ok(defaultTokenizerThreads() >= 1);
   assert.equal(defaultTokenizerThreads(1_000_000), 1);
 });
+
+test('a thread that dies and cannot be restarted fails its requests instead of holding them for good', async () => {
+  const { mkdtempSync, copyFileSync, rmSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { join } = await import('node:path');
+  const model = mkdtempSync(join(tmpdir(), 'cf-tokpool-'));
+  copyFileSync(join(dir, 'tokenizer.json'), join(model, 'tokenizer.json'));
+  const logs: string[] = [];
+  const pool = await TokenizerPool.start({ path: model, threads: 1, log: (m) => logs.push(m) });
+  try {
+    assert.equal((await pool.tokenize({ text: 'before' })).length > 0, true);
+    // the tokenizer is gone from disk (a volume unmounted, a model directory replaced) when the thread dies
+    rmSync(join(model, 'tokenizer.json'));
+    const threads = (pool as unknown as { threads: Array<{ worker: import('node:worker_threads').Worker }> }).threads;
+    await threads[0].worker.terminate();
+    const deadline = Date.now() + 10_000;
+    // the replacement reported its failure and exited (a stopped thread's threadId is -1)
+    while (!logs.some((m) => /could not be restarted/.test(m)) || threads[0].worker.threadId !== -1) {
+      assert.ok(Date.now() < deadline, 'timed out waiting for the restart to fail');
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    let timer: NodeJS.Timeout | undefined;
+    const outcome = await Promise.race([
+      pool.tokenize({ text: 'after' }).then(
+        () => 'answered',
+        (e: Error) => e.name,
+      ),
+      new Promise<string>((r) => (timer = setTimeout(() => r('no answer in 5 s'), 5000))),
+    ]);
+    clearTimeout(timer);
+    assert.equal(outcome, 'TokenizerUnavailableError');
+    assert.equal(pool.stats().pending, 0);
+    // the pool keeps trying: once the tokenizer is back, a thread runs again
+    copyFileSync(join(dir, 'tokenizer.json'), join(model, 'tokenizer.json'));
+    while (!logs.some((m) => /thread 0 restarted/.test(m))) {
+      assert.ok(Date.now() < deadline + 10_000, 'timed out waiting for the thread to be restarted');
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.ok((await pool.tokenize({ text: 'again' })).length > 0);
+  } finally {
+    await pool.close();
+    rmSync(model, { recursive: true, force: true });
+  }
+});

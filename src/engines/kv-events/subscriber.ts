@@ -92,10 +92,20 @@ export class KvEventSubscriber {
     this.sub.reconnectMaxInterval = options.reconnectMaxMs ?? 5000;
   }
 
+  /** Throws a RangeError, with nothing left open, when ZeroMQ refuses the endpoint. */
   start(): this {
     this.running = true;
     this.watch = this.watchConnection();
-    this.sub.connect(this.options.endpoint);
+    try {
+      this.sub.connect(this.options.endpoint);
+    } catch (err) {
+      // an endpoint of the right scheme ZeroMQ still refuses (no port, a wildcard host):
+      // the watch already started must end and the socket close, or both outlive the refusal
+      this.running = false;
+      this.sub.events.close();
+      this.sub.close();
+      throw new RangeError(`kv-events endpoint '${this.options.endpoint}': ${(err as Error).message}`, { cause: err });
+    }
     this.sub.subscribe();
     this.loop = this.receive();
     const idle = this.options.idleReplayMs ?? 2000;
@@ -111,8 +121,11 @@ export class KvEventSubscriber {
   async close(): Promise<void> {
     this.running = false;
     clearInterval(this.idleTimer);
-    this.sub.events.close(); // ends the connection watch
-    this.sub.close();
+    if (!this.sub.closed) {
+      // closed already when start() was refused its endpoint (a closed socket's events throw)
+      this.sub.events.close(); // ends the connection watch
+      this.sub.close();
+    }
     await this.loop?.catch(() => {});
     await this.watch?.catch(() => {});
     await this.chain.catch(() => {});
