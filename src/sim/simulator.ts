@@ -197,6 +197,9 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     { length: scenario.replicas ?? 1 },
     (_, i) =>
       new KVAwareRouter({
+        // the engines refuse a prompt over their context (counted in `rejected`), as vLLM does;
+        // the router's own bound must not stop a run whose engines take longer prompts
+        maxPromptTokens: Number.MAX_SAFE_INTEGER,
         ...options.router,
         policy,
         indexMode: 'precise',

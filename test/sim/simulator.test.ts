@@ -47,3 +47,19 @@ describe('simulator', () => {
     assert.ok(fast.ttft.mean > slow.ttft.mean);
   });
 });
+
+test('prompts past the router default maxPromptTokens run where the engines take them', () => {
+  // 1.2M-token prompts on engines configured for 2M: the engines decide what is too long, not the router
+  const trace = [0, 1].map((i) => ({
+    index: i,
+    timestamp: i * 1000,
+    inputLength: 1_200_000,
+    outputLength: 4,
+    hashIds: Array.from({ length: 2344 }, (_, k) => k),
+    blockSize: 512,
+  }));
+  const r = simulate(trace, { workers: 2, policy: 'cost', engine: { maxModelLen: 2_000_000, kvTokens: 4_000_000 } });
+  assert.equal(r.rejected, 0);
+  assert.equal(r.outcomes.length, 2);
+  assert.ok(r.hitRate > 0.4, 'the second request reuses the first one’s KV');
+});
