@@ -278,6 +278,10 @@ const CRLF2 = Buffer.from('\r\n\r\n');
 
 /** Where the last whole SSE event of `data` ends (after its blank line); 0 when none ends in it. */
 function wholeEventsEnd(data: Buffer): number {
+  // engines write whole events, so a chunk usually ends one: no search then (vLLM and SGLang end events with "\n\n")
+  const n = data.length;
+  if (n >= 2 && data[n - 1] === 0x0a && data[n - 2] === 0x0a) return n;
+  if (n >= 4 && data[n - 1] === 0x0a && data[n - 2] === 0x0d && data[n - 3] === 0x0a && data[n - 4] === 0x0d) return n;
   const lf = data.lastIndexOf(LF2);
   const crlf = data.lastIndexOf(CRLF2);
   return Math.max(lf < 0 ? 0 : lf + 2, crlf < 0 ? 0 : crlf + 4);

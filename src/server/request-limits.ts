@@ -235,11 +235,15 @@ export function checkCacheSalt(value: unknown, limits: RequestLimits): string | 
   return checkId(value, 'cache_salt', limits.maxIdBytes);
 }
 
-/** Token ids: integers in [0, 2^32). */
+/** A token id as every engine the router fronts takes it: an integer in [0, 2^32). */
+export function isTokenId(t: unknown): t is number {
+  return typeof t === 'number' && Number.isInteger(t) && t >= 0 && t <= MAX_TOKEN_ID;
+}
+
+/** Token ids: integers in [0, 2^32); throws a RequestLimitError naming the first that is not. */
 export function checkTokenIds(value: readonly unknown[], param: string): number[] {
   for (let i = 0; i < value.length; i++) {
-    const t = value[i];
-    if (typeof t !== 'number' || !Number.isInteger(t) || t < 0 || t > MAX_TOKEN_ID)
+    if (!isTokenId(value[i]))
       throw new RequestLimitError(`${param}[${i}] must be a token id (an integer from 0 to ${MAX_TOKEN_ID})`, param);
   }
   return value as number[];

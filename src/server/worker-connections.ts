@@ -18,7 +18,7 @@ import { KvEventSubscriber, type SubscriberStats } from '../engines/kv-events/su
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import type { WorkerRecord } from '../state/state-store.js';
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
-import { MAX_TOKEN_ID } from './request-limits.js';
+import { isTokenId } from './request-limits.js';
 import { engineAuthorization, parseWorkerRecord, splitCredentials } from './worker-input.js';
 
 export interface WorkerConnection {
@@ -382,6 +382,5 @@ export class WorkerConnections {
 /** A non-empty list of token ids (integers in [0, 2^32)). */
 function isTokenIdList(value: unknown): value is number[] {
   if (!Array.isArray(value) || value.length === 0) return false;
-  for (const t of value) if (typeof t !== 'number' || !Number.isInteger(t) || t < 0 || t > MAX_TOKEN_ID) return false;
-  return true;
+  return value.every(isTokenId);
 }
