@@ -66,6 +66,8 @@ export class DnsDiscovery {
   /** Resolves once (awaited), then keeps resolving in the background. */
   async start(): Promise<this> {
     await this.refresh();
+    // stopped while the first resolution was under way: no interval may outlive stop()
+    if (this.stopped) return this;
     this.timer = setInterval(() => void this.refresh(), this.spec.intervalMs);
     this.timer.unref();
     return this;

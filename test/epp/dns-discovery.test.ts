@@ -71,3 +71,24 @@ test('a real lookup: localhost resolves to the loopback address', async () => {
     [...h.workers.keys()].join(', '),
   );
 });
+
+test('stop() during start() leaves no resolution running afterwards', async (t) => {
+  t.mock.timers.enable({ apis: ['setInterval'] });
+  let calls = 0;
+  let release!: () => void;
+  const first = new Promise<void>((resolve) => (release = resolve));
+  const h = host();
+  const d = new DnsDiscovery({ ...parseDiscoverySpec('dns=vllm,port=8000'), intervalMs: 1000 }, h, async () => {
+    calls++;
+    if (calls === 1) await first;
+    return ['10.0.0.1'];
+  });
+  const started = d.start();
+  d.stop();
+  release();
+  await started;
+  t.mock.timers.tick(5000);
+  await Promise.resolve();
+  assert.equal(calls, 1, 'no interval resolves after stop()');
+  assert.equal(h.workers.size, 0, 'a resolution that ends after stop() adds nothing');
+});
