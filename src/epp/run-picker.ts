@@ -25,7 +25,7 @@ export interface RunningPicker {
  */
 export async function startPicker(
   gateway: Gateway,
-  c: PickerConfig & { bodyLimit: number },
+  c: PickerConfig & { bodyLimit: number; shutdownGraceMs?: number },
   o: { host: string; port: number | undefined; log: (m: string) => void; readinessIntervalMs?: number },
 ): Promise<RunningPicker> {
   const discovery = c.discover
@@ -60,7 +60,7 @@ export async function startPicker(
     eppPort: server.port,
     close: async () => {
       discovery?.stop();
-      await server.close();
+      await server.close(c.shutdownGraceMs);
     },
   };
 }

@@ -38,6 +38,9 @@ import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeo
 import { WorkerConnections } from './worker-connections.js';
 import { registerWorkerStateMetrics } from './worker-metrics.js';
 
+/** While closing, connections that have gone idle are closed this often. */
+const IDLE_SWEEP_MS = 100;
+
 /** Idle keep-alive connections are kept this long (Fastify's default). */
 const KEEP_ALIVE_TIMEOUT_MS = 72_000;
 
@@ -116,7 +119,13 @@ export interface Gateway {
   connections: WorkerConnections;
   /** Reads an OpenAI request (body and headers) as the proxy does, for other front ends. */
   parseRequest: RequestParser;
-  close(): Promise<void>;
+  /**
+   * Stops taking requests (new ones are answered 503), lets those in flight finish for up to
+   * `graceMs` (default: as long as they take), then cuts their connections: a cut request's
+   * engine request is aborted and its stream ends unfinished. Then closes the workers'
+   * connections and the shared state.
+   */
+  close(graceMs?: number): Promise<void>;
 }
 
 export async function createGateway(options: GatewayOptions): Promise<Gateway> {
@@ -404,12 +413,25 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     state,
     connections,
     parseRequest: createRequestParser(readerOptions),
-    close: async () => {
+    close: async (graceMs?: number) => {
+      if (graceMs !== undefined && !(graceMs >= 0)) throw new RangeError(`graceMs must be >= 0, got ${graceMs}`);
       closing = true;
       breaker.close();
       stopSharingPrefills();
       connections.stopPolling();
-      await app.close();
+      const closed = app.close();
+      // a client's keep-alive connection that goes idle after its answer would hold the close
+      // for the keep-alive timeout (72 s): closed as soon as it is idle
+      const sweep = setInterval(() => app.server.closeIdleConnections(), IDLE_SWEEP_MS);
+      // a stream a client keeps open (or an engine that never ends) must not hold the process
+      // past its grace: Kubernetes kills it at terminationGracePeriodSeconds anyway, uncleanly
+      const cut = graceMs === undefined ? undefined : setTimeout(() => app.server.closeAllConnections(), graceMs);
+      try {
+        await closed;
+      } finally {
+        clearInterval(sweep);
+        if (cut) clearTimeout(cut);
+      }
       await connections.close();
       await state.close();
     },

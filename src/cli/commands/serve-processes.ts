@@ -68,22 +68,25 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
     await Promise.race([failedToStart, signalled]);
   } finally {
     stopping = true;
-    await stopWorkers();
+    await stopWorkers(c.shutdownGraceMs + STOP_MARGIN_MS);
   }
 }
 
 /** A message to a process whose channel has just closed is dropped: the process is going away. */
 function ignoreClosedChannel(): void {}
 
-/** Asks every gateway process to finish its requests and stop; kills those still there after 10 s. */
-async function stopWorkers(): Promise<void> {
+/** Time a gateway process has, past its grace, to close its engine connections and state. */
+const STOP_MARGIN_MS = 5000;
+
+/** Asks every gateway process to finish its requests and stop; kills those still there after `killAfterMs`. */
+async function stopWorkers(killAfterMs: number): Promise<void> {
   const workers = Object.values(cluster.workers ?? {}).filter((w) => w !== undefined);
   await Promise.all(
     workers.map(
       (w) =>
         new Promise<void>((resolve) => {
           if (w.isDead()) return resolve();
-          const timer = setTimeout(() => w.process.kill('SIGKILL'), 10_000);
+          const timer = setTimeout(() => w.process.kill('SIGKILL'), killAfterMs);
           w.once('exit', () => {
             clearTimeout(timer);
             resolve();

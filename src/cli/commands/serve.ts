@@ -181,7 +181,7 @@ export async function startGateway(
       : `redis (replica ${String(state.stats().replicaId)})`;
   const describe = `policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}${tokenizing}, ${indexMode} index, block hash ${c.blockHash}, state ${stateName}`;
   const close = async () => {
-    await gateway.close();
+    await gateway.close(c.shutdownGraceMs);
     if (promptTokenizer instanceof TokenizerPool) await promptTokenizer.close();
   };
   return { gateway, describe, close };

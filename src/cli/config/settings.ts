@@ -63,6 +63,7 @@ const gatewayShape = {
   healthIntervalMs: z.int().min(0).default(2000),
   breakerFailures: positiveInt().default(3),
   breakerCooldownMs: positiveInt().default(5000),
+  shutdownGraceMs: z.int().min(0).default(25_000),
 };
 
 const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof routerShape>, SettingHelp> = {
@@ -127,6 +128,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   healthIntervalMs: { arg: '<ms>', help: 'active health-check interval, GET /health (0: off)' },
   breakerFailures: { arg: '<n>', help: "consecutive failures that open a worker's circuit" },
   breakerCooldownMs: { arg: '<ms>', help: 'how long an open circuit keeps a worker out' },
+  shutdownGraceMs: {
+    arg: '<ms>',
+    help: 'on SIGTERM or SIGINT, how long requests in flight may finish before their connections are cut (new ones get 503 meanwhile)',
+  },
 };
 
 /** `dns=NAME,port=N[,events-port=N][,replay-port=N][,interval-ms=N][,models=a;b]` as a record. */

@@ -1,0 +1,118 @@
+/**
+ * Shutting down: requests in flight finish within the grace, and a stream that outlives it is
+ * cut (its engine request aborted) instead of holding the process open.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway } from '../../src/server/gateway.js';
+import { fakeEngine } from '../faults/harness.js';
+import { until } from '../helpers/wait.js';
+
+const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: 'shutdown-admin' };
+
+/** Resolves with `p`'s outcome, or rejects once `ms` have passed: a hang fails the test instead of stalling it. */
+function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: not done after ${ms} ms`)), ms);
+  });
+  return Promise.race([p, deadline]).finally(() => clearTimeout(timer));
+}
+
+test('close() lets a request in flight finish, answers it whole, and ends once it is answered', async () => {
+  let answer: (() => void) | undefined;
+  const engine = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      answer = () =>
+        res
+          .writeHead(200, { 'content-type': 'application/json' })
+          .end(JSON.stringify({ id: 'c1', object: 'text_completion', choices: [{ index: 0, text: 'done' }] }));
+    });
+  });
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 'e0', url: engine.url }],
+    ...quiet,
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  try {
+    const reply = fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'finish me', max_tokens: 4 }),
+    });
+    await until(() => answer !== undefined, 'the engine has the request');
+    const closed = gateway.close(120_000);
+    answer!();
+    const res = await reply;
+    assert.equal(res.status, 200);
+    assert.match(await res.text(), /"done"/);
+    // the client's connection, idle once answered, does not hold the close until its keep-alive ends
+    await within(closed, 30_000, 'close() after the last answer');
+  } finally {
+    await engine.close();
+  }
+});
+
+test('close(grace) cuts a stream that outlives the grace and aborts its engine request', async () => {
+  let engineRequestClosed = false;
+  const engine = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(
+        `data: ${JSON.stringify({ id: 'c1', object: 'text_completion', choices: [{ index: 0, text: 'a' }] })}\n\n`,
+      );
+      // and never ends
+    });
+    res.on('close', () => (engineRequestClosed = true));
+  });
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 'e0', url: engine.url }],
+    ...quiet,
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  try {
+    const res = await fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'stream forever', max_tokens: 4, stream: true }),
+    });
+    assert.equal(res.status, 200);
+    const reader = res.body!.getReader();
+    const first = await reader.read();
+    assert.match(Buffer.from(first.value!).toString(), /"a"/);
+    await within(gateway.close(100), 30_000, 'close(100) with a stream that never ends');
+    // the client's stream ends (cut, so either a read error or an end without [DONE])
+    const rest = await within(
+      (async () => {
+        let text = '';
+        try {
+          for (;;) {
+            const { done, value } = await reader.read();
+            if (done) return text;
+            text += Buffer.from(value).toString();
+          }
+        } catch {
+          return text;
+        }
+      })(),
+      30_000,
+      'the client stream ending',
+    );
+    assert.doesNotMatch(rest, /\[DONE\]/, 'a cut stream does not claim to be complete');
+    await until(() => engineRequestClosed, "the engine's request is aborted");
+    await until(() => gateway.router.listWorkers()[0].inFlightRequests === 0, 'the cut request is released');
+  } finally {
+    await engine.close();
+  }
+});
+
+test('close() refuses a negative grace', async () => {
+  const gateway = await createGateway({ router: new KVAwareRouter({ policy: 'round-robin' }), workers: [], ...quiet });
+  await assert.rejects(gateway.close(-1), RangeError);
+  await gateway.close();
+});
