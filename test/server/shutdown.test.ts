@@ -3,6 +3,7 @@
  * cut (its engine request aborted) instead of holding the process open.
  */
 import assert from 'node:assert/strict';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
@@ -10,6 +11,14 @@ import { fakeEngine } from '../faults/harness.js';
 import { until } from '../helpers/wait.js';
 
 const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: 'shutdown-admin' };
+
+/** The engine's other paths (the gateway asks for /v1/models on its own): not found. */
+function completionsOnly(req: IncomingMessage, res: ServerResponse): boolean {
+  if (req.method === 'POST' && req.url === '/v1/completions') return true;
+  req.resume();
+  res.writeHead(404).end();
+  return false;
+}
 
 /** Resolves with `p`'s outcome, or rejects once `ms` have passed: a hang fails the test instead of stalling it. */
 function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
@@ -23,6 +32,7 @@ function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
 test('close() lets a request in flight finish, answers it whole, and ends once it is answered', async () => {
   let answer: (() => void) | undefined;
   const engine = await fakeEngine((req, res) => {
+    if (!completionsOnly(req, res)) return;
     req.resume();
     req.on('end', () => {
       answer = () =>
@@ -59,6 +69,7 @@ test('close() lets a request in flight finish, answers it whole, and ends once i
 test('close(grace) cuts a stream that outlives the grace and aborts its engine request', async () => {
   let engineRequestClosed = false;
   const engine = await fakeEngine((req, res) => {
+    if (!completionsOnly(req, res)) return;
     req.resume();
     req.on('end', () => {
       res.writeHead(200, { 'content-type': 'text/event-stream' });
