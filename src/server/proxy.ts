@@ -9,7 +9,8 @@
  * router's in-flight ticket follows the request: prefill until the first upstream byte of a
  * streamed answer (an answer that is not streamed comes whole: the router reads the end of
  * its prefill off the engine), decode until the end, released on completion, error or client
- * disconnect.
+ * disconnect. An engine's 4xx answer means it computed none of the request: the blocks the
+ * router predicted it would hold for it are withdrawn (markRefused).
  */
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
@@ -164,6 +165,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           overloaded++;
           if (retryAfterS !== undefined) overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
         },
+        onRefused: () => router.markRefused(decision.ticket),
       });
       release(decision);
       // a client that went away says nothing about the engine: no failure, no retry
@@ -257,6 +259,8 @@ export interface ForwardOptions {
   onFirstByte: (seconds: number) => void;
   /** The engine answered 429, asking to be tried again after `retryAfterS` seconds (when it said). */
   onOverloaded: (retryAfterS: number | undefined) => void;
+  /** The engine refused the request with a 4xx: it computed none of it. */
+  onRefused: () => void;
 }
 
 /** A 5xx or 429 answer's body is read (keeping the connection) up to this size, then the connection is dropped. */
@@ -417,6 +421,9 @@ class Attempt implements Dispatcher.DispatchHandler {
   onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     if (statusCode < 200) return true; // informational
     this.status = statusCode;
+    // a 4xx (passed to the client, or a 429/401/403 tried elsewhere) means the engine computed
+    // nothing: what the router predicted it would hold for this request is withdrawn
+    if (statusCode >= 400 && statusCode < 500) this.o.onRefused();
     // an engine's failure, its refusal for now (429: it is overloaded), or a 401/403: the engine
     // refused the gateway's own credentials (the client's are never forwarded); none is an
     // answer for the client, and another worker can take the request

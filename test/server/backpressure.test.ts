@@ -78,6 +78,7 @@ function forwardTo(res: SlowClientResponse) {
     interChunkTimeoutMs: 600_000,
     onFirstByte: () => {},
     onOverloaded: () => {},
+    onRefused: () => {},
   };
   const outcome = forward(reply, connection, '/v1/completions', '{}', options);
   const h = handler!;
