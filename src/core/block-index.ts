@@ -281,7 +281,12 @@ export class BlockIndex {
 
   // ------------------------------------------------------------- predictions (approximate)
 
-  /** Records that the worker will hold these blocks (the router just sent it the request). */
+  /**
+   * Records that the worker will hold these blocks (the router just sent it the request).
+   * Returns how many of them the worker did not hold before in any tier (neither reported
+   * nor predicted): the blocks this record added. With `added` (room for end − start
+   * numbers), their positions in `hi`/`lo` are written there, in order.
+   */
   recordPredicted(
     slot: number,
     hi: ArrayLike<number>,
@@ -289,14 +294,19 @@ export class BlockIndex {
     start: number,
     end: number,
     now: number,
-  ): void {
+    added?: Int32Array,
+  ): number {
     this.ensureSlot(slot);
     this.advanceTime(now);
     this.sweep(SWEEP_STEP + end - start);
     const g = this.generation % GENERATIONS;
     const row = ROW_PREDICTED + g;
+    // the other live generations' rows: a prediction there is refreshed, not added
+    const older1 = this.liveRows[1];
+    const older2 = this.liveRows[2];
     const w = slot >>> 5;
     const bit = 1 << (slot & 31);
+    let count = 0;
     let node = EMPTY;
     for (let i = start; i < end; i++) {
       const h = hi[i] >>> 0;
@@ -306,11 +316,39 @@ export class BlockIndex {
       // a block the engine reported storing needs no prediction; one predicted in this
       // generation already is up to date
       if ((this.masks[base + ROW_GPU] | this.masks[base + ROW_OFFLOAD] | this.masks[base + row]) & bit) continue;
+      if (((this.masks[base + older1] | this.masks[base + older2]) & bit) === 0) {
+        if (added !== undefined) added[count] = i;
+        count++;
+      }
       // the first predicted bit of this generation on a node puts it on the expiry list
       if (this.rowIsZero(node, row)) this.pushGenerationNode(g, node);
       this.setBit(node, row, slot);
     }
     this.enforceBudget();
+    return count;
+  }
+
+  /**
+   * Withdraws the worker's predictions of these blocks (the router's own records; what its
+   * engine reported stays): it will not hold them after all. Unknown blocks are ignored.
+   * Returns how many entries the worker lost.
+   */
+  withdrawPredicted(slot: number, hi: ArrayLike<number>, lo: ArrayLike<number>, start: number, end: number): number {
+    if (slot >= this.words * 32) return 0;
+    const w = slot >>> 5;
+    const bit = 1 << (slot & 31);
+    const held = this.entriesOf[slot] ?? 0;
+    for (let i = start; i < end; i++) {
+      const node = this.find(hi[i] >>> 0, lo[i] >>> 0);
+      if (node === EMPTY) continue;
+      const base = node * this.stride + w * ROWS;
+      let predicted = 0;
+      for (let g = 0; g < GENERATIONS; g++) predicted |= this.masks[base + ROW_PREDICTED + g];
+      if ((predicted & bit) === 0) continue;
+      for (let g = 0; g < GENERATIONS; g++) this.clearBit(node, ROW_PREDICTED + g, slot);
+      this.freeIfEmpty(node);
+    }
+    return held - (this.entriesOf[slot] ?? 0);
   }
 
   /**

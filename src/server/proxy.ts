@@ -9,7 +9,8 @@
  * router's in-flight ticket follows the request: prefill until the first upstream byte of a
  * streamed answer (an answer that is not streamed comes whole: the router reads the end of
  * its prefill off the engine), decode until the end, released on completion, error or client
- * disconnect.
+ * disconnect. An engine's 4xx answer means it computed none of the request: the blocks the
+ * router predicted it would hold for it are withdrawn (markRefused).
  */
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
@@ -164,6 +165,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           overloaded++;
           if (retryAfterS !== undefined) overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
         },
+        onRefused: () => router.markRefused(decision.ticket),
       });
       release(decision);
       // a client that went away says nothing about the engine: no failure, no retry
@@ -233,7 +235,7 @@ function answerExhausted(
 }
 
 /** How one attempt on one engine ended. */
-type ForwardOutcome =
+export type ForwardOutcome =
   /** answered (or failed after its first byte reached the client, and was ended cleanly) */
   | 'done'
   /** the engine failed before anything reached the client: another worker can take it */
@@ -243,7 +245,7 @@ type ForwardOutcome =
   /** the client went away: nothing to retry, and nothing the engine did wrong */
   | 'client-gone';
 
-interface ForwardOptions {
+export interface ForwardOptions {
   /** The worker's own id, for the response header. */
   workerId: string;
   /** The data-parallel rank the request ran on (the connection's headers name it to the engine), or null. */
@@ -257,6 +259,8 @@ interface ForwardOptions {
   onFirstByte: (seconds: number) => void;
   /** The engine answered 429, asking to be tried again after `retryAfterS` seconds (when it said). */
   onOverloaded: (retryAfterS: number | undefined) => void;
+  /** The engine refused the request with a 4xx: it computed none of it. */
+  onRefused: () => void;
 }
 
 /** A 5xx or 429 answer's body is read (keeping the connection) up to this size, then the connection is dropped. */
@@ -293,9 +297,10 @@ function wholeEventsEnd(data: Buffer): number {
  * before the engine's first body byte, so until then a failure (connection error, 5xx, first-
  * byte timeout, the worker leaving rotation) can be retried on another worker. A failure after
  * the first byte ends an SSE stream with an OpenAI-style error event, and drops the client's
- * connection under any other body (it must not end like a whole answer).
+ * connection under any other body (it must not end like a whole answer). Exported for the
+ * tests of its flow control, which drive it with a stand-in pool and response.
  */
-function forward(
+export function forward(
   reply: ProxyReply,
   connection: WorkerConnection,
   path: string,
@@ -351,7 +356,17 @@ class Attempt implements Dispatcher.DispatchHandler {
   private settled = false;
   private readonly onClientGone: () => void;
   private readonly onWorkerOut: () => void;
-  private onDrain: (() => void) | undefined;
+  /** undici's resume: the engine's socket reads again. */
+  private resumeUpstream: (() => void) | undefined;
+  /**
+   * A 'drain' listener is on the response: the engine's socket waits for it. At most one is:
+   * a chunk that comes before it fires (undici may deliver data it already parsed) adds none.
+   */
+  private awaitingDrain = false;
+  private readonly onDrain = (): void => {
+    this.awaitingDrain = false;
+    this.resumeUpstream?.();
+  };
 
   constructor(
     private readonly reply: ProxyReply,
@@ -390,7 +405,10 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.settled = true;
     if (this.timer) clearTimeout(this.timer);
     this.res.off('close', this.onClientGone);
-    if (this.onDrain) this.res.off('drain', this.onDrain);
+    if (this.awaitingDrain) {
+      this.awaitingDrain = false;
+      this.res.off('drain', this.onDrain);
+    }
     this.connection.unanswered.delete(this.onWorkerOut);
     this.resolve(outcome);
   }
@@ -403,6 +421,9 @@ class Attempt implements Dispatcher.DispatchHandler {
   onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     if (statusCode < 200) return true; // informational
     this.status = statusCode;
+    // a 4xx (passed to the client, or a 429/401/403 tried elsewhere) means the engine computed
+    // nothing: what the router predicted it would hold for this request is withdrawn
+    if (statusCode >= 400 && statusCode < 500) this.o.onRefused();
     // an engine's failure, its refusal for now (429: it is overloaded), or a 401/403: the engine
     // refused the gateway's own credentials (the client's are never forwarded); none is an
     // answer for the client, and another worker can take the request
@@ -431,7 +452,7 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.headers = headers;
     // a whole answer is gathered, so one cut short is retried, unless it is too large to hold
     this.gather = !this.eventStream && (length === undefined ? !o.streaming : length <= MAX_GATHERED_BYTES);
-    this.onDrain = resume;
+    this.resumeUpstream = resume;
     return true;
   }
 
@@ -484,7 +505,11 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (!this.sent) this.startResponse();
     if (this.res.write(chunk)) return true;
     // the client reads slower than the engine writes: the engine's socket waits for 'drain'
-    this.res.once('drain', this.onDrain!);
+    // (one listener, however many chunks arrive before it fires)
+    if (!this.awaitingDrain) {
+      this.awaitingDrain = true;
+      this.res.once('drain', this.onDrain);
+    }
     return false;
   }
 

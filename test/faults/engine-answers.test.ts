@@ -165,3 +165,44 @@ test('an engine answering 429 (overloaded) has its requests retried on another w
   await g.close();
   await busy.close();
 });
+
+test('an engine refusing a prompt as too long (400): what the router predicted for it is withdrawn, a served prompt keeps its blocks', async () => {
+  const contextTokens = 100;
+  const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+    if (req.url !== '/v1/completions') return void req.resume().on('end', () => res.writeHead(404).end());
+    const parts: Buffer[] = [];
+    req.on('data', (c: Buffer) => parts.push(c));
+    req.on('end', () => {
+      const { prompt } = JSON.parse(Buffer.concat(parts).toString()) as { prompt: number[] };
+      // vLLM refuses a prompt past the model's context before it computes any of it
+      const [status, body] =
+        prompt.length > contextTokens
+          ? [400, { error: { message: `This model's maximum context length is ${contextTokens} tokens`, code: 400 } }]
+          : [200, { id: 'cmpl-1', choices: [{ index: 0, text: 'ok', finish_reason: 'length' }] }];
+      res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+    });
+  });
+  const g = await gatewayWith(engine.url, false); // approximate mode: the router's own predictions
+  const bs = g.router.blockSize;
+  const tokens = (family: number, blocks: number) => Array.from({ length: blocks * bs }, (_, i) => family * 1000 + i);
+  /** How the worker holds each of the prompt's blocks. */
+  const tiers = (prompt: number[]) => {
+    const slot = g.router.listWorkers().find((w) => w.id === 'bad')!.slot;
+    const keys = g.router.hashTokens(prompt);
+    return Array.from({ length: keys.length }, (_, i) => g.router.index.holder(slot, keys.hi[i], keys.lo[i]));
+  };
+  const served = tokens(1, 4);
+  const ok = await post(g.base, '/v1/completions', { prompt: served, max_tokens: 1 });
+  assert.equal(ok.status, 200, ok.text);
+  // the same four blocks and six more: past the engine's context
+  const tooLong = [...served, ...tokens(2, 6)];
+  const refused = await post(g.base, '/v1/completions', { prompt: tooLong, max_tokens: 1 });
+  assert.equal(refused.status, 400);
+  assert.match(refused.text, /maximum context length/);
+  assert.deepEqual(tiers(tooLong), [...Array(4).fill('predicted'), ...Array(6).fill(null)]);
+  assert.deepEqual(tiers(served), Array(4).fill('predicted'), "the served prompt's blocks stay");
+  assert.equal(g.router.index.entryCount, 4);
+  assert.equal(g.router.getStats().inFlightRequests, 0);
+  await g.close();
+  await engine.close();
+});

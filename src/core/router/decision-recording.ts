@@ -2,7 +2,8 @@
  * What the router learns from a decision, its own or another replica's: the blocks the chosen
  * worker is predicted to hold (every block in approximate mode; in precise mode a speculative
  * stretch past what it holds, until its KV events confirm them), the content anchors it now
- * holds, the seed anchor's home and the workflow's latest step.
+ * holds, the seed anchor's home and the workflow's latest step. Which of the predicted blocks
+ * the decision alone added is kept for the caller (see WithdrawablePredictions).
  */
 import type { AnchorTable } from '../anchor-table.js';
 import type { BlockIndex } from '../block-index.js';
@@ -13,6 +14,7 @@ import type { WorkerState } from '../worker-registry.js';
 import type { PrefixLookup } from './prefix-lookup.js';
 import { checkContentAnchors, type RouteFields } from './request-fields.js';
 import type { IndexMode, SharedDecision } from './types.js';
+import type { WithdrawablePredictions } from './withdrawable.js';
 
 /** The router state a decision is recorded in. */
 export interface DecisionSinks {
@@ -21,6 +23,8 @@ export interface DecisionSinks {
   readonly anchors: AnchorTable;
   readonly workflows: WorkflowTable;
   readonly prefix: PrefixLookup;
+  /** Pending decisions' own blocks, which a decision predicting them too claims. */
+  readonly withdrawable: WithdrawablePredictions;
 }
 
 export interface DecisionSettings {
@@ -34,6 +38,9 @@ export class DecisionRecorder {
   private keys: BlockHashes | undefined;
   private start = 0;
   private end = 0;
+  /** Positions in `keys` of the blocks the last record() added to its worker (the first `added`). */
+  private addedAt = new Int32Array(64);
+  private added = 0;
 
   constructor(
     private readonly sinks: DecisionSinks,
@@ -59,6 +66,7 @@ export class DecisionRecorder {
     const { indexMode, speculativeBlocks, blockSize } = this.settings;
     let start = 0;
     let end = 0;
+    let added = 0;
     let recorded = hashes;
     const blocks = this.sinks.prefix.blockCount(hashes);
     if (!fields.isolated) {
@@ -73,8 +81,22 @@ export class DecisionRecorder {
           recorded = this.sinks.prefix.keysInBlockSize(worker.info.blockSize) ?? hashes;
           end = indexMode === 'precise' ? Math.min(recorded.length, heldBlocks + speculativeBlocks) : recorded.length;
         }
-        if (end > start && (predict || indexMode !== 'precise'))
-          this.sinks.index.recordPredicted(worker.slot, recorded.hi, recorded.lo, start, end, now);
+        if (end > start && (predict || indexMode !== 'precise')) {
+          if (this.addedAt.length < end - start)
+            this.addedAt = new Int32Array(Math.max(end - start, 2 * this.addedAt.length));
+          added = this.sinks.index.recordPredicted(
+            worker.slot,
+            recorded.hi,
+            recorded.lo,
+            start,
+            end,
+            now,
+            this.addedAt,
+          );
+        }
+        // the worker will hold the blocks [0, end) once this request is computed, those it
+        // counted as held included: pending decisions' blocks among them are its too
+        this.sinks.withdrawable.claim(worker, recorded.hi, recorded.lo, end);
       }
       if (fields.contentAnchors && fields.contentAnchors.length > 0)
         this.sinks.contentAnchors.record(worker.slot, fields.contentAnchors, now);
@@ -82,8 +104,18 @@ export class DecisionRecorder {
     this.keys = recorded;
     this.start = start;
     this.end = end;
+    this.added = added;
     if (fields.anchor !== undefined) this.sinks.anchors.home(fields.anchor, worker.id, fields.claGroup);
     if (fields.workflowId !== undefined) this.sinks.workflows.record(fields.workflowId, worker.id, fields.workflowStep);
+  }
+
+  /**
+   * Keeps the blocks the last record() added to `worker` as the ticket's own, to withdraw if
+   * its engine refuses the request (see KVAwareRouter.markRefused()).
+   */
+  keepAdded(ticket: number, worker: WorkerState): void {
+    if (this.added > 0 && this.keys)
+      this.sinks.withdrawable.open(ticket, worker, this.keys.hi, this.keys.lo, this.addedAt, this.added);
   }
 
   /** The last record() as another replica applies it (a copy; allocates). */
@@ -120,7 +152,13 @@ export class DecisionRecorder {
     now: number,
   ): void {
     if (d.hi.length !== d.lo.length) throw new RangeError('shared decision: hi and lo differ in length');
-    if (d.hi.length > 0) this.sinks.index.recordPredicted(worker.slot, d.hi, d.lo, 0, d.hi.length, now);
+    if (d.hi.length > 0) {
+      this.sinks.index.recordPredicted(worker.slot, d.hi, d.lo, 0, d.hi.length, now);
+      // in approximate mode the keys run from the request's first block, at the positions a
+      // pending decision here has them (a precise-mode stretch starts further on: it claims
+      // nothing, and a refusal here withdraws at most a short-lived speculative stretch)
+      this.sinks.withdrawable.claim(worker, d.hi, d.lo, d.hi.length);
+    }
     if (d.contentAnchors && d.contentAnchors.length > 0)
       this.sinks.contentAnchors.record(worker.slot, checkContentAnchors(d.contentAnchors), now);
     if (d.anchor !== undefined) this.sinks.anchors.home(d.anchor, worker.id, d.claGroup);

@@ -23,6 +23,7 @@ import { PrefixLookup } from './prefix-lookup.js';
 import { PromptTooLongError } from './prompt-too-long.js';
 import { readRouteFields, RouteFields } from './request-fields.js';
 import { applySeedWorkerState, seedRouteRequest } from './seed-api.js';
+import { WithdrawablePredictions } from './withdrawable.js';
 import type {
   BlockSequence,
   IndexMode,
@@ -75,6 +76,8 @@ export class KVAwareRouter {
   private readonly countsBlocks: boolean;
   private readonly decisions: Partial<Record<RouteReason, number>> = {};
   private readonly inFlight = new InFlightTickets();
+  /** The blocks pending decisions alone added to the index, withdrawn if their engine refuses them. */
+  private readonly withdrawable = new WithdrawablePredictions();
   private readonly candidates: CandidateCollector;
   private readonly recorder: DecisionRecorder;
   /** The checked metadata of the request being routed (scratch reused by every route()). */
@@ -131,6 +134,7 @@ export class KVAwareRouter {
         anchors: this.anchors,
         workflows: this.workflows,
         prefix: this.prefix,
+        withdrawable: this.withdrawable,
       },
       { indexMode: this.indexMode, speculativeBlocks: this.speculativeBlocks, blockSize: this.blockSize },
     );
@@ -156,6 +160,7 @@ export class KVAwareRouter {
     if (!state) return false;
     this.anchors.dropWorker(workerId);
     this.workflows.dropWorker(workerId);
+    this.withdrawable.dropWorker(state);
     this.index.applyCleared(state.slot);
     this.contentAnchors.remove(state.slot);
     this.prefix.groupBlockSizes(this.workers.values());
@@ -351,6 +356,7 @@ export class KVAwareRouter {
     if (tracked) {
       const reported = options.firstTokenReported !== false;
       result.ticket = this.inFlight.open(worker, uncached, promptTokens, now, reported, result.shared);
+      this.recorder.keepAdded(result.ticket, worker);
       if (!reported) this.inferPrefillEnd(result.ticket, request, hashes, chosen, promptTokens);
     }
     this.policy.onRouted?.(worker, features, result.ticket, now);
@@ -415,6 +421,29 @@ export class KVAwareRouter {
   markPrefillDone(ticket: number): void {
     this.policy.onPrefillDone?.(ticket);
     this.inFlight.markPrefillDone(ticket);
+    this.withdrawable.drop(ticket);
+  }
+
+  /**
+   * The engine refused the request without computing any of it (an HTTP 4xx answer: a prompt
+   * longer than its context, a parameter it rejects, a 429 when it is overloaded): the blocks
+   * the decision predicted on the worker are withdrawn from the index, since the worker will
+   * not hold them, and the next request with that prefix is not sent there for them. Only
+   * the blocks this decision alone added go: a block the worker held before it (reported by
+   * its engine, or predicted for another request) stays, as does one that a decision made
+   * since on the same worker predicts too (this replica's, or another's it applied). In
+   * precise mode that is the decision's speculative stretch.
+   *
+   * Call it before markPrefillDone() and release(): past either, the decision's blocks are
+   * taken as computed and kept. The ticket itself stays open until release(). Returns how
+   * many index entries were withdrawn (0 for an unknown, untracked or ended ticket).
+   */
+  markRefused(ticket: number): number {
+    const blocks = this.withdrawable.take(ticket);
+    if (!blocks) return 0;
+    // a worker removed (its slot perhaps reused since) has nothing of this decision left
+    if (this.workers.get(blocks.worker.id) !== blocks.worker) return 0;
+    return this.index.withdrawPredicted(blocks.worker.slot, blocks.hi, blocks.lo, blocks.start, blocks.end);
   }
 
   /**
@@ -476,6 +505,7 @@ export class KVAwareRouter {
   release(ticket: number): void {
     this.policy.onReleased?.(ticket);
     this.inFlight.release(ticket);
+    this.withdrawable.drop(ticket);
   }
 
   // --------------------------------------------------------------- the seed's API

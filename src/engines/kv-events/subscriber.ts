@@ -21,9 +21,10 @@ import { decodeEventBatch, KvEventFormatError, type KvEventBatch } from './decod
  *   are dropped, and on reconnection rebuilt from the replay buffer;
  * - a quiet stream is polled through the replay endpoint every `idleReplayMs`, so the last
  *   batches before a silence are not lost for good (PUB/SUB drops silently).
- * A malformed message is counted and skipped; it never clears or corrupts the index. An
- * event of a batch that cannot be read or applied is skipped and counted per reason
- * (`applied.skipped`); the rest of its batch applies.
+ * A malformed message (bad frames, or a payload whose decoding fails in any way) is counted
+ * and skipped; it never clears or corrupts the index, nor stops the stream. An event of a
+ * batch that cannot be read or applied is skipped and counted per reason (`applied.skipped`);
+ * the rest of its batch applies.
  * Reconnection is libzmq's, with exponential backoff up to `reconnectMaxMs`.
  */
 export interface KvEventSubscriberOptions {
@@ -221,9 +222,12 @@ export class KvEventSubscriber {
     try {
       batch = decodeEventBatch(payload);
     } catch (err) {
-      if (!(err instanceof KvEventFormatError)) throw err;
+      // whatever the decoding threw (a payload that is not a batch, or one a later step of
+      // the decoding cannot handle), nothing of it is applied: counted and skipped, and the
+      // stream goes on with the next batch
       this.stats.malformed++;
-      this.log(`skipped malformed batch ${seq}: ${err.message}`);
+      const why = err instanceof KvEventFormatError ? err.message : `could not be decoded (${String(err)})`;
+      this.log(`skipped malformed batch ${seq}: ${why}`);
       return;
     }
     let worker = this.options.workerId;

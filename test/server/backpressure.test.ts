@@ -1,0 +1,221 @@
+/**
+ * A client that reads slower than the engine writes: the engine's socket waits for the
+ * client's, with one 'drain' listener per forward whatever undici delivers meanwhile, and the
+ * client gets the whole stream once it reads.
+ */
+import assert from 'node:assert/strict';
+import { EventEmitter, once } from 'node:events';
+import type { ServerResponse } from 'node:http';
+import { connect, type Socket } from 'node:net';
+import { test } from 'node:test';
+import type { Dispatcher } from 'undici';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway } from '../../src/server/gateway.js';
+import type { ProxyReply } from '../../src/server/openai-request.js';
+import { forward, type ForwardOptions } from '../../src/server/proxy.js';
+import type { WorkerConnection } from '../../src/server/worker-connections.js';
+import { fakeEngine } from '../faults/harness.js';
+import { until } from '../helpers/wait.js';
+
+/** A client's response whose socket stays full until the test drains it. */
+class SlowClientResponse extends EventEmitter {
+  readonly written: Buffer[] = [];
+  full = true;
+  ended = false;
+  destroyed = false;
+  writableFinished = false;
+  writeHead(): this {
+    return this;
+  }
+  write(chunk: Buffer | string): boolean {
+    this.written.push(Buffer.from(chunk));
+    return !this.full;
+  }
+  end(chunk?: Buffer | string): this {
+    if (chunk !== undefined) this.written.push(Buffer.from(chunk));
+    this.ended = true;
+    this.writableFinished = true;
+    return this;
+  }
+  destroy(): this {
+    this.destroyed = true;
+    return this;
+  }
+  /** The client caught up. */
+  drain(): void {
+    this.full = false;
+    this.emit('drain');
+  }
+}
+
+/** forward() on a stand-in pool that hands the test undici's side of the exchange. */
+function forwardTo(res: SlowClientResponse) {
+  let handler: Dispatcher.DispatchHandler | undefined;
+  const connection = {
+    pool: {
+      dispatch: (_: unknown, h: Dispatcher.DispatchHandler) => {
+        handler = h;
+        return true;
+      },
+    },
+    headers: {},
+    unanswered: new Set<() => void>(),
+  } as unknown as WorkerConnection;
+  const reply = {
+    raw: res as unknown as ServerResponse,
+    sent: false,
+    code: () => reply,
+    header: () => reply,
+    send: () => reply,
+    hijack: () => {},
+  } as unknown as ProxyReply;
+  const options: ForwardOptions = {
+    workerId: 'e0',
+    rank: null,
+    cachedTokens: undefined,
+    streaming: true,
+    firstByteTimeoutMs: 600_000,
+    interChunkTimeoutMs: 600_000,
+    onFirstByte: () => {},
+    onOverloaded: () => {},
+    onRefused: () => {},
+  };
+  const outcome = forward(reply, connection, '/v1/completions', '{}', options);
+  const h = handler!;
+  let resumed = 0;
+  h.onConnect!(() => {});
+  h.onHeaders!(200, [Buffer.from('content-type'), Buffer.from('text/event-stream')], () => resumed++, 'OK');
+  return { h, outcome, resumed: () => resumed };
+}
+
+const event = (i: number) => `data: {"n":${i}}\n\n`;
+
+test('chunks that arrive before the client drains add no second drain listener; the stream arrives whole', async () => {
+  const res = new SlowClientResponse();
+  const { h, outcome, resumed } = forwardTo(res);
+  // undici delivers chunks it already parsed though the first one asked it to wait
+  for (let i = 0; i < 50; i++) {
+    assert.equal(h.onData!(Buffer.from(event(i))), false, 'the engine is told to wait');
+    assert.equal(res.listenerCount('drain'), 1, `one drain listener after chunk ${i}`);
+  }
+  res.drain();
+  assert.equal(resumed(), 1, 'the engine is resumed once');
+  assert.equal(res.listenerCount('drain'), 0);
+  for (let i = 50; i < 60; i++) assert.equal(h.onData!(Buffer.from(event(i))), true);
+  // the client falls behind again: one listener again
+  res.full = true;
+  for (let i = 60; i < 70; i++) assert.equal(h.onData!(Buffer.from(event(i))), false);
+  assert.equal(res.listenerCount('drain'), 1);
+  res.drain();
+  assert.equal(resumed(), 2);
+  h.onComplete!([]);
+  assert.equal(await outcome, 'done');
+  assert.ok(res.ended);
+  assert.equal(Buffer.concat(res.written).toString(), Array.from({ length: 70 }, (_, i) => event(i)).join(''));
+});
+
+test('an attempt that ends while it waits for the client leaves no drain listener behind', async () => {
+  const res = new SlowClientResponse();
+  const { h, outcome } = forwardTo(res);
+  for (let i = 0; i < 20; i++) h.onData!(Buffer.from(event(i)));
+  // the engine fails mid-stream: the stream is ended with an error event
+  h.onError!(new Error('engine gone'));
+  assert.equal(await outcome, 'done');
+  assert.equal(res.listenerCount('drain'), 0);
+  assert.match(Buffer.concat(res.written).toString(), /the engine failed mid-stream/);
+});
+
+/** The body of a chunked HTTP/1.1 response. */
+function dechunk(body: Buffer): Buffer {
+  const parts: Buffer[] = [];
+  let at = 0;
+  for (;;) {
+    const eol = body.indexOf('\r\n', at);
+    assert.ok(eol > at, 'a chunk size line');
+    const size = parseInt(body.subarray(at, eol).toString('latin1'), 16);
+    if (size === 0) return Buffer.concat(parts);
+    parts.push(body.subarray(eol + 2, eol + 2 + size));
+    at = eol + 2 + size + 2;
+  }
+}
+
+test('a client that stops reading holds the engine back with one drain listener, and gets the whole stream once it reads', async () => {
+  const line = `data: ${'x'.repeat(1000)}\n\n`;
+  // the engine writes as fast as the gateway takes it until the test has seen the client's
+  // socket fill up (however much the sockets between them buffer), then ends the stream
+  let sent = 0;
+  let enough = false;
+  const engine = await fakeEngine((req, res) => {
+    req.resume();
+    if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+    req.on('end', async () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      while (!enough) {
+        sent++;
+        if (!res.write(line)) await once(res, 'drain');
+      }
+      res.end('data: [DONE]\n\n');
+    });
+  });
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ blockSize: 16 }),
+    healthCheckIntervalMs: 0,
+    metricsIntervalMs: 0,
+    workers: [{ id: 'e0', url: engine.url }],
+  });
+  let client: Socket | undefined;
+  try {
+    let response: ServerResponse | undefined;
+    gateway.app.server.on('request', (_req, res: ServerResponse) => (response = res));
+    await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const { port } = gateway.app.server.address() as { port: number };
+
+    client = connect(port, '127.0.0.1');
+    client.pause(); // reads nothing until the test says
+    const body = JSON.stringify({ model: 'm', prompt: 'p', stream: true });
+    client.write(
+      `POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n` +
+        `content-length: ${body.length}\r\nconnection: close\r\n\r\n${body}`,
+    );
+    let most = 0;
+    const drainListeners = () => {
+      const n = response?.listenerCount('drain') ?? 0;
+      most = Math.max(most, n);
+      return n;
+    };
+    // the client's socket filled up: the gateway waits for it
+    await until(() => drainListeners() > 0 && response!.writableNeedDrain, 'the gateway to wait for the client', {
+      timeoutMs: 60_000,
+    });
+    // while the client reads nothing, the engine stays held back with a single listener
+    for (let i = 0; i < 20; i++) {
+      drainListeners();
+      await new Promise((r) => setImmediate(r));
+    }
+    assert.equal(most, 1, 'never more than one drain listener');
+    enough = true;
+
+    const received: Buffer[] = [];
+    client.on('data', (d: Buffer) => {
+      received.push(d);
+      drainListeners();
+    });
+    const closed = once(client, 'close');
+    client.resume();
+    await closed;
+    assert.equal(most, 1, 'never more than one drain listener');
+    assert.equal(response!.listenerCount('drain'), 0, 'none left once the answer ended');
+
+    const raw = Buffer.concat(received);
+    const headerEnd = raw.indexOf('\r\n\r\n');
+    assert.match(raw.subarray(0, headerEnd).toString('latin1'), /^HTTP\/1\.1 200 /);
+    const stream = dechunk(raw.subarray(headerEnd + 4));
+    assert.equal(stream.length, sent * line.length + 'data: [DONE]\n\n'.length);
+    assert.ok(stream.subarray(0, line.length).equals(Buffer.from(line)));
+    assert.equal(stream.subarray(-14).toString(), 'data: [DONE]\n\n');
+  } finally {
+    client?.destroy(); // a client that never read would hold the gateway's close
+    await gateway.close();
+    await engine.close();
+  }
+});
