@@ -1,22 +1,14 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { KVAwareRouter, type KVAwareRouterOptions } from '../../src/index.js';
+import type { KVAwareRouter, KVAwareRouterOptions } from '../../src/index.js';
+import { BS, fleet as fleetAnyTime, prompt } from '../helpers/prompts.js';
+
+/** Routers on a clock that stands still: predictions never age during a test. */
+const fleet = (n: number, opts: KVAwareRouterOptions = {}) => fleetAnyTime(n, { clock: () => 1000, ...opts });
 
 // markRefused(): a request its engine refused (nothing computed) withdraws the blocks its
 // decision alone added to the index on its worker, and nothing else.
 
-const BS = 16;
-function fleet(n: number, opts: KVAwareRouterOptions = {}): KVAwareRouter {
-  const r = new KVAwareRouter({ blockSize: BS, clock: () => 1000, ...opts });
-  for (let i = 0; i < n; i++) r.registerWorker(`w${i}`);
-  return r;
-}
-/** `blocks` full blocks of tokens; `family` picks the content, so equal families share prefixes. */
-function prompt(family: number, blocks: number, tail: number[] = []): number[] {
-  const t: number[] = [];
-  for (let i = 0; i < blocks * BS; i++) t.push((family * 1_000_003 + i * 7) % 150_000);
-  return [...t, ...tail];
-}
 /** How the worker holds each of the prompt's blocks. */
 function tiers(r: KVAwareRouter, workerId: string, tokens: number[]) {
   const slot = r.listWorkers().find((w) => w.id === workerId)!.slot;

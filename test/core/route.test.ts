@@ -1,19 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { KVAwareRouter, type KVAwareRouterOptions } from '../../src/index.js';
-
-const BS = 16;
-function fleet(n: number, opts: KVAwareRouterOptions = {}): KVAwareRouter {
-  const r = new KVAwareRouter({ blockSize: BS, ...opts });
-  for (let i = 0; i < n; i++) r.registerWorker(`w${i}`);
-  return r;
-}
-/** `blocks` full blocks of tokens; `family` picks the content, so equal families share prefixes. */
-function prompt(family: number, blocks: number, tail: number[] = []): number[] {
-  const t: number[] = [];
-  for (let i = 0; i < blocks * BS; i++) t.push((family * 1_000_003 + i * 7) % 150_000);
-  return [...t, ...tail];
-}
+import { KVAwareRouter } from '../../src/index.js';
+import { BS, fleet, prompt } from '../helpers/prompts.js';
 
 describe('route()', () => {
   test('approximate mode: a request sharing a prefix follows the first one, with its cached tokens predicted', () => {

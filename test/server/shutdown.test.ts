@@ -20,6 +20,16 @@ function completionsOnly(req: IncomingMessage, res: ServerResponse): boolean {
   return false;
 }
 
+/** A listening gateway in front of one engine. */
+async function gatewayTo(url: string) {
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 'e0', url }],
+    ...quiet,
+  });
+  return { gateway, base: await gateway.app.listen({ host: '127.0.0.1', port: 0 }) };
+}
+
 /** Resolves with `p`'s outcome, or rejects once `ms` have passed: a hang fails the test instead of stalling it. */
 function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
@@ -41,12 +51,7 @@ test('close() lets a request in flight finish, answers it whole, and ends once i
           .end(JSON.stringify({ id: 'c1', object: 'text_completion', choices: [{ index: 0, text: 'done' }] }));
     });
   });
-  const gateway = await createGateway({
-    router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers: [{ id: 'e0', url: engine.url }],
-    ...quiet,
-  });
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const { gateway, base } = await gatewayTo(engine.url);
   try {
     const reply = fetch(`${base}/v1/completions`, {
       method: 'POST',
@@ -80,12 +85,7 @@ test('close(grace) cuts a stream that outlives the grace and aborts its engine r
     });
     res.on('close', () => (engineRequestClosed = true));
   });
-  const gateway = await createGateway({
-    router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers: [{ id: 'e0', url: engine.url }],
-    ...quiet,
-  });
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const { gateway, base } = await gatewayTo(engine.url);
   try {
     const res = await fetch(`${base}/v1/completions`, {
       method: 'POST',

@@ -1,0 +1,19 @@
+/** Routers of a few workers and prompts of whole blocks, as the core tests build them. */
+import { KVAwareRouter, type KVAwareRouterOptions } from '../../src/index.js';
+
+/** The block size of the routers and prompts made here. */
+export const BS = 16;
+
+/** A router (block size BS, then `opts`) with workers w0 … w(n−1). */
+export function fleet(n: number, opts: KVAwareRouterOptions = {}): KVAwareRouter {
+  const r = new KVAwareRouter({ blockSize: BS, ...opts });
+  for (let i = 0; i < n; i++) r.registerWorker(`w${i}`);
+  return r;
+}
+
+/** `blocks` full blocks of tokens; `family` picks the content, so equal families share prefixes. */
+export function prompt(family: number, blocks: number, tail: number[] = []): number[] {
+  const t: number[] = [];
+  for (let i = 0; i < blocks * BS; i++) t.push((family * 1_000_003 + i * 7) % 150_000);
+  return [...t, ...tail];
+}
