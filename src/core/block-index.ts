@@ -236,16 +236,16 @@ export class BlockIndex {
     end: number,
     tier?: Tier,
   ): void {
-    if (slot >= this.words * 32) return;
-    for (let i = start; i < end; i++) {
-      const node = this.find(hi[i] >>> 0, lo[i] >>> 0);
-      if (node === EMPTY) continue;
-      if (tier === undefined || tier === Tier.Gpu) this.clearBit(node, ROW_GPU, slot);
-      if (tier === undefined || tier === Tier.Offload) this.clearBit(node, ROW_OFFLOAD, slot);
-      // the engine says it no longer holds it: a prediction that it does is wrong too
-      for (let g = 0; g < GENERATIONS; g++) this.clearBit(node, ROW_PREDICTED + g, slot);
-      this.freeIfEmpty(node);
-    }
+    // the engine says it no longer holds them: a prediction that it does is wrong too
+    this.clearBlocks(
+      slot,
+      hi,
+      lo,
+      start,
+      end,
+      tier === undefined || tier === Tier.Gpu,
+      tier === undefined || tier === Tier.Offload,
+    );
   }
 
   /** The worker dropped everything (AllBlocksCleared), or was lost. O(that worker's blocks). */
@@ -335,20 +335,30 @@ export class BlockIndex {
    */
   withdrawPredicted(slot: number, hi: ArrayLike<number>, lo: ArrayLike<number>, start: number, end: number): number {
     if (slot >= this.words * 32) return 0;
-    const w = slot >>> 5;
-    const bit = 1 << (slot & 31);
     const held = this.entriesOf[slot] ?? 0;
+    this.clearBlocks(slot, hi, lo, start, end, false, false);
+    return held - (this.entriesOf[slot] ?? 0);
+  }
+
+  /** Clears the worker's predictions of these blocks, and its GPU and offload tiers as asked. */
+  private clearBlocks(
+    slot: number,
+    hi: ArrayLike<number>,
+    lo: ArrayLike<number>,
+    start: number,
+    end: number,
+    gpu: boolean,
+    offload: boolean,
+  ): void {
+    if (slot >= this.words * 32) return;
     for (let i = start; i < end; i++) {
       const node = this.find(hi[i] >>> 0, lo[i] >>> 0);
       if (node === EMPTY) continue;
-      const base = node * this.stride + w * ROWS;
-      let predicted = 0;
-      for (let g = 0; g < GENERATIONS; g++) predicted |= this.masks[base + ROW_PREDICTED + g];
-      if ((predicted & bit) === 0) continue;
+      if (gpu) this.clearBit(node, ROW_GPU, slot);
+      if (offload) this.clearBit(node, ROW_OFFLOAD, slot);
       for (let g = 0; g < GENERATIONS; g++) this.clearBit(node, ROW_PREDICTED + g, slot);
       this.freeIfEmpty(node);
     }
-    return held - (this.entriesOf[slot] ?? 0);
   }
 
   /**

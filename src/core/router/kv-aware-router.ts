@@ -439,10 +439,9 @@ export class KVAwareRouter {
    * many index entries were withdrawn (0 for an unknown, untracked or ended ticket).
    */
   markRefused(ticket: number): number {
+    // a removed worker's decisions were dropped with it (its slot may be reused since)
     const blocks = this.withdrawable.take(ticket);
     if (!blocks) return 0;
-    // a worker removed (its slot perhaps reused since) has nothing of this decision left
-    if (this.workers.get(blocks.worker.id) !== blocks.worker) return 0;
     return this.index.withdrawPredicted(blocks.worker.slot, blocks.hi, blocks.lo, blocks.start, blocks.end);
   }
 
