@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import type { KVAwareRouter, KVAwareRouterOptions } from '../../src/index.js';
-import { BS, fleet as fleetAnyTime, prompt } from '../helpers/prompts.js';
+import { BS, fleet as fleetAnyTime, prompt, tiers } from '../helpers/prompts.js';
 
 /** Routers on a clock that stands still: predictions never age during a test. */
 const fleet = (n: number, opts: KVAwareRouterOptions = {}) => fleetAnyTime(n, { clock: () => 1000, ...opts });
@@ -9,12 +9,6 @@ const fleet = (n: number, opts: KVAwareRouterOptions = {}) => fleetAnyTime(n, { 
 // markRefused(): a request its engine refused (nothing computed) withdraws the blocks its
 // decision alone added to the index on its worker, and nothing else.
 
-/** How the worker holds each of the prompt's blocks. */
-function tiers(r: KVAwareRouter, workerId: string, tokens: number[]) {
-  const slot = r.listWorkers().find((w) => w.id === workerId)!.slot;
-  const keys = r.hashTokens(tokens);
-  return Array.from({ length: keys.length }, (_, i) => r.index.holder(slot, keys.hi[i], keys.lo[i]));
-}
 const times = <T>(n: number, v: T): T[] => Array.from({ length: n }, () => v);
 /** Everything but `id`: to send a request to one worker. */
 const only = (r: KVAwareRouter, id: string) => new Set(r.listWorkers().flatMap((w) => (w.id === id ? [] : [w.id])));

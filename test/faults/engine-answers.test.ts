@@ -10,6 +10,7 @@ import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { fakeEngine, post } from './harness.js';
+import { tiers } from '../helpers/prompts.js';
 
 const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: 'fault-suite-admin' };
 
@@ -185,12 +186,6 @@ test('an engine refusing a prompt as too long (400): what the router predicted f
   const g = await gatewayWith(engine.url, false); // approximate mode: the router's own predictions
   const bs = g.router.blockSize;
   const tokens = (family: number, blocks: number) => Array.from({ length: blocks * bs }, (_, i) => family * 1000 + i);
-  /** How the worker holds each of the prompt's blocks. */
-  const tiers = (prompt: number[]) => {
-    const slot = g.router.listWorkers().find((w) => w.id === 'bad')!.slot;
-    const keys = g.router.hashTokens(prompt);
-    return Array.from({ length: keys.length }, (_, i) => g.router.index.holder(slot, keys.hi[i], keys.lo[i]));
-  };
   const served = tokens(1, 4);
   const ok = await post(g.base, '/v1/completions', { prompt: served, max_tokens: 1 });
   assert.equal(ok.status, 200, ok.text);
@@ -199,8 +194,8 @@ test('an engine refusing a prompt as too long (400): what the router predicted f
   const refused = await post(g.base, '/v1/completions', { prompt: tooLong, max_tokens: 1 });
   assert.equal(refused.status, 400);
   assert.match(refused.text, /maximum context length/);
-  assert.deepEqual(tiers(tooLong), [...Array(4).fill('predicted'), ...Array(6).fill(null)]);
-  assert.deepEqual(tiers(served), Array(4).fill('predicted'), "the served prompt's blocks stay");
+  assert.deepEqual(tiers(g.router, 'bad', tooLong), [...Array(4).fill('predicted'), ...Array(6).fill(null)]);
+  assert.deepEqual(tiers(g.router, 'bad', served), Array(4).fill('predicted'), "the served prompt's blocks stay");
   assert.equal(g.router.index.entryCount, 4);
   assert.equal(g.router.getStats().inFlightRequests, 0);
   await g.close();

@@ -17,3 +17,10 @@ export function prompt(family: number, blocks: number, tail: number[] = []): num
   for (let i = 0; i < blocks * BS; i++) t.push((family * 1_000_003 + i * 7) % 150_000);
   return [...t, ...tail];
 }
+
+/** How the worker holds each of the prompt's blocks ('gpu', 'offload', 'predicted' or null). */
+export function tiers(r: KVAwareRouter, workerId: string, tokens: number[]) {
+  const slot = r.listWorkers().find((w) => w.id === workerId)!.slot;
+  const keys = r.hashTokens(tokens);
+  return Array.from({ length: keys.length }, (_, i) => r.index.holder(slot, keys.hi[i], keys.lo[i]));
+}
