@@ -201,6 +201,11 @@ export class RouterFleet {
     );
   }
 
+  /** The chosen engine refused the request (HTTP 4xx): its replica withdraws what it predicted there, as the gateway does. */
+  markRefused(replica: number, ticket: number): number {
+    return this.replicas[replica].markRefused(ticket);
+  }
+
   release(replica: number, ticket: number, shared: SharedDecision | undefined): void {
     this.replicas[replica].release(ticket);
     if (shared?.tracked && this.replicas.length > 1) {

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { describe, test } from 'node:test';
+import { describe, mock, test } from 'node:test';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { parseWorkerEvent, RouterFleet } from '../../src/sim/scenarios.js';
 import { simulate, type PolicyResult } from '../../src/sim/simulator.js';
@@ -260,6 +260,27 @@ describe('scenarios', () => {
       () => simulate(head, { workers: 2, policy: 'cost', scenario: { workerKvTokens: [1000] } }),
       /workerKvTokens lists 1 workers/,
     );
+  });
+
+  test('a request the chosen worker refuses withdraws what its router predicted there, as the gateway does', () => {
+    // round-robin ignores capacity: every other request goes to the 1,000-token worker, which refuses it
+    const trace = Array.from({ length: 12 }, (_, i) => ({
+      index: i,
+      timestamp: i * 200,
+      inputLength: 1500,
+      outputLength: 10,
+      hashIds: Array.from({ length: 24 }, (_, k) => k + 1),
+      blockSize: 64,
+    }));
+    const refused = mock.method(KVAwareRouter.prototype, 'markRefused');
+    try {
+      const r = simulate(trace, { workers: 2, policy: 'round-robin', scenario: { workerKvTokens: [1000, 2_000_000] } });
+      assert.equal(r.rejected, 6);
+      assert.equal(refused.mock.callCount(), 6, 'one withdrawal per refused request');
+      assert.ok(refused.mock.calls.every((c) => typeof c.arguments[0] === 'number' && c.arguments[0] > 0));
+    } finally {
+      refused.mock.restore();
+    }
   });
 
   test('worker events parse as WORKER@TIME and name the flag when wrong', () => {
