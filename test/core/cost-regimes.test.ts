@@ -470,19 +470,59 @@ describe('cost policy regimes', () => {
     assert.equal(at(40_000), later);
   });
 
-  test('arrival delay: a new session, held nowhere more than everywhere, is not charged it', () => {
+  test('new session: within its TTFT slack, it keeps off the worker whose sessions would wait behind it', () => {
     const p = new CostPolicy();
+    const system = 9728; // a system prompt every worker holds: held nowhere more than everywhere
+    // ten turns of sessions that live on w1, 1 s apart
     for (let i = 0; i < 10; i++) {
-      const cs = fleet([{}, { cached: 50_000 }]);
+      const cs = fleet([{ cached: system }, { cached: 50_000 }, { cached: system }]);
       const r = request(60_000);
-      p.choose(cs, r);
+      assert.equal(p.choose(cs, r).index, 1);
       p.onRouted(cs[1].worker, r, 0, 1000 * i);
     }
-    const cs = fleet([{ cached: 9728 }, { cached: 9728 }]);
-    const r = request(60_000);
-    p.choose(cs, r);
-    assert.equal(terms(p, cs[1], r).arrivalDelaySeconds, 0);
-    assert.equal(terms(p, cs[0], r).arrivalDelaySeconds, 0);
+    const work = prefillWork(60_000 - system, 60_000, DEFAULT_COST_WEIGHTS.attention);
+    const r: RouteFeatures = { ...request(60_000), now: 9000 };
+    // w1 idle (the lowest TTFT), w2 5% later, w0 50% later; only w1 receives requests
+    const near = fleet([
+      { cached: system, queued: 0.5 * work },
+      { cached: system },
+      { cached: system, queued: 0.05 * work },
+    ]);
+    assert.equal(p.choose(near, r).index, 2, 'w2: 5% later than w1, within the 10% slack, and delays nobody');
+    const [w0, w1, w2] = near.map((c) => terms(p, c, r));
+    assert.equal(w1.newSession, true);
+    assert.ok(w1.arrivalDelaySeconds > 1, `its sessions' turns would wait behind it: ${w1.arrivalDelaySeconds} s`);
+    assert.equal(w2.arrivalDelaySeconds, 0);
+    assert.deepEqual([w0.outsideNewSessionSlack, w0.excluded, w0.score], [true, true, NaN], 'w0: 50% later');
+    assert.deepEqual([w1.outsideNewSessionSlack, w2.outsideNewSessionSlack], [false, false]);
+    // 20% later is more than the slack allows: the session takes the fastest worker after all
+    const far = fleet([
+      { cached: system, queued: 0.5 * work },
+      { cached: system },
+      { cached: system, queued: 0.2 * work },
+    ]);
+    assert.equal(p.choose(far, r).index, 1);
+    assert.equal(terms(p, far[2], r).outsideNewSessionSlack, true);
+    // with no slack it takes the fastest worker too
+    const strict = new CostPolicy({ ...DEFAULT_COST_WEIGHTS, newSessionSlack: 0 });
+    for (let i = 0; i < 10; i++) {
+      const cs = fleet([{ cached: system }, { cached: 50_000 }, { cached: system }]);
+      const turn = request(60_000);
+      strict.choose(cs, turn);
+      strict.onRouted(cs[1].worker, turn, 0, 1000 * i);
+    }
+    assert.equal(strict.choose(near, r).index, 1);
+    // a request some worker holds more of is no new session: no bound, every worker considered
+    const held = fleet([{ cached: system, queued: 0.5 * work }, { cached: 20_000 }, { cached: system }]);
+    p.choose(held, r);
+    assert.deepEqual(
+      held.map((c) => [terms(p, c, r).newSession, terms(p, c, r).outsideNewSessionSlack]),
+      [
+        [false, false],
+        [false, false],
+        [false, false],
+      ],
+    );
   });
   test('queue by work: a long context queued by this router counts its attention until its first token', () => {
     const r = new KVAwareRouter({ indexMode: 'precise', blockSize: 16 });

@@ -40,10 +40,15 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    already counts what they stand for)
  *   arrivalDelay = λ · (W(u) · slow)² / 2             the requests the worker receives during this
  *                                                    prefill (λ: the rate this router sends it
- *                                                    requests) wait behind it, half of it on average;
- *                                                    only for a request some worker holds more of
- *                                                    than every worker does (not a new session)
+ *                                                    requests) wait behind it, half of it on average
  *   cost   = wait + kvWait + recompute + guard + arrivalDelay
+ *
+ * A new session (no worker holds more of it than every worker does) has no worker of its own:
+ * it considers only the workers where its estimated TTFT (wait + kvWait) is within
+ * `newSessionSlack` of its lowest, and among them takes the one whose own sessions it delays
+ * least. Unbounded, the arrival delay would send a long new prompt to the worker receiving the
+ * fewest requests, often the one with the longest queue; ignored, the prompt lands on a worker
+ * whose sessions' next turns then wait behind it, or leave and recompute their history.
  *
  * At light load σ ≈ 0 and the policy minimises the request's own TTFT (spread); at saturation
  * σ grows and a recompute is charged for every request it delays (keep prefixes together).
@@ -75,6 +80,8 @@ export interface CostWeights {
   workflow: number;
   /** KV capacity of a worker in tokens when its metrics do not say (0: unknown). */
   kvCapacityTokens: number;
+  /** Share of its lowest estimated TTFT a new session may give up to spare the sessions of the worker it lands on. */
+  newSessionSlack: number;
 }
 
 /**
@@ -88,7 +95,9 @@ export interface CostWeights {
  *   chunk's 442 ms ≈ 1.1e-7.
  * The guard weights (load, pressure, knee, ceiling) and bonuses (cla, workflow) are set by
  * hand, not derived; the bonuses count only for prompts without blocks (the seed API, which
- * gives no prompt and no queue counts).
+ * gives no prompt and no queue counts). newSessionSlack is a bound on a new session's own TTFT,
+ * not a derived quantity: 0.1 was chosen on the training split (0, 0.1 and 0.25 tried,
+ * docs/routing.md §7).
  */
 export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
   prefillTokensPerSecond: 18_500,
@@ -102,6 +111,7 @@ export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
   cla: 0.3,
   workflow: 0.6,
   kvCapacityTokens: 0,
+  newSessionSlack: 0.1,
 });
 
 /** Prompt length assumed when the request does not say (seed API without tokenLength). */
@@ -153,6 +163,10 @@ export interface FleetView {
   /** Some candidate is below the pressure ceiling (unknown capacity) / can fit the prompt. */
   anyBelowCeiling: boolean;
   anyFits: boolean;
+  /** A new session: no candidate holds a block more of the prompt than every candidate does. */
+  newSession: boolean;
+  /** Highest estimated TTFT (token equivalents) a new session considers; Infinity otherwise. */
+  ttftBound: number;
 }
 
 /** Per-candidate terms of the cost, in prefill-token equivalents. */
@@ -231,12 +245,10 @@ function computeTerms(
   // the requests the worker receives while this prefill runs (its sessions' next turns, which
   // must run where their KV is) wait behind it, half of it on average: λ·W arrivals, W/2 each,
   // a queue's residual work. An idle worker that receives nothing costs nobody anything; an
-  // idle one whose sessions are between turns is not free. Not charged to a new session
-  // (nothing held, or only what every worker holds): it has no worker of its own, and charged
-  // it would go to the worker receiving the fewest requests, the one with the longest queue
+  // idle one whose sessions are between turns is not free. A new session weighs it only among
+  // the workers within its TTFT bound (fleet.ttftBound, applied by the caller)
   const prefill = work * slowdown;
-  t.arrivalDelay =
-    fleet.bestCachedTokens - fleet.leastCachedTokens >= r.blockSize ? (arrivalRate * prefill * prefill) / 2 : 0;
+  t.arrivalDelay = (arrivalRate * prefill * prefill) / 2;
   t.cost = t.wait + kvWait + t.recompute + t.guard + t.arrivalDelay;
   return t;
 }
@@ -268,6 +280,8 @@ export class CostPolicy implements RoutingPolicy {
     leastCachedTokens: 0,
     anyBelowCeiling: true,
     anyFits: true,
+    newSession: false,
+    ttftBound: Infinity,
   };
   private request: RouteFeatures | undefined;
   /** Smoothed uncached tokens a routed request adds to its worker's queue (0 before the first). */
@@ -309,8 +323,7 @@ export class CostPolicy implements RoutingPolicy {
       this.arrivalRate(c),
       this.queuedAttention(c),
     );
-    if (!t.fits && this.fleet.anyFits) return NaN;
-    if (t.kvCapacity <= 0 && this.fleet.anyBelowCeiling && c.worker.load >= this.weights.pressureCeiling) return NaN;
+    if (this.excludes(t, c) || t.wait + t.kvWait > this.fleet.ttftBound) return NaN;
     return -t.cost;
   };
 
@@ -325,6 +338,7 @@ export class CostPolicy implements RoutingPolicy {
     for (const c of candidates) if (c.cachedTokens > mostCached) mostCached = c.cachedTokens;
     this.pending.lookup(candidates, request.blocks, Math.ceil(mostCached / request.blockSize));
     this.observeFleet(candidates, request);
+    if (this.fleet.newSession) this.boundNewSession(candidates, request);
     const index = pickMax(candidates, this.score, this.tieBreak, this.scratch);
     if (index < 0) return NO_CHOICE;
     const chosen = candidates[index];
@@ -346,6 +360,33 @@ export class CostPolicy implements RoutingPolicy {
     // recomputing a prefix another worker holds, because the queue it saves costs more
     const replicate = this.fleet.bestCachedTokens - cached >= request.blockSize && t.work > this.fleet.bestWork;
     return { index, confidence: chosen.cachedFraction, reason: replicate ? 'replicate' : 'cost' };
+  }
+
+  /** A worker that cannot take the request: the prompt does not fit, or its KV is over the ceiling (capacity unknown). */
+  private excludes(t: Terms, c: Candidate): boolean {
+    const w = this.weights;
+    const f = this.fleet;
+    return (!t.fits && f.anyFits) || (t.kvCapacity <= 0 && f.anyBelowCeiling && c.worker.load >= w.pressureCeiling);
+  }
+
+  /** A new session's TTFT bound: its lowest estimated TTFT over the workers that can take it, plus the slack. */
+  private boundNewSession(candidates: readonly Candidate[], r: RouteFeatures): void {
+    let lowest = Infinity;
+    for (const c of candidates) {
+      const t = computeTerms(
+        this.terms,
+        c,
+        r,
+        this.weights,
+        this.fleet,
+        this.cachedOn(c, r),
+        this.arrivalRate(c),
+        this.queuedAttention(c),
+      );
+      if (!this.excludes(t, c) && t.wait + t.kvWait < lowest) lowest = t.wait + t.kvWait;
+    }
+    // the lowest itself always qualifies, whatever rounding does to the product
+    if (lowest < Infinity) this.fleet.ttftBound = Math.max(lowest * (1 + this.weights.newSessionSlack), lowest);
   }
 
   /**
@@ -505,6 +546,8 @@ export class CostPolicy implements RoutingPolicy {
     f.hotness = this.prefixShare(this.prefixKey) * inFlight;
     f.anyBelowCeiling = anyBelowCeiling;
     f.anyFits = anyFits;
+    f.newSession = best - leastCached < r.blockSize;
+    f.ttftBound = Infinity;
   }
 
   /** Fraction of the last HOT_WINDOW_DECISIONS decisions that shared this prefix. */
@@ -536,8 +579,9 @@ export class CostPolicy implements RoutingPolicy {
     const cached = this.cachedOn(c, request);
     const t = computeTerms(new Terms(), c, request, w, f, cached, this.arrivalRate(c), this.queuedAttention(c));
     const seconds = (tokens: number) => tokens / w.prefillTokensPerSecond;
-    const excluded =
-      (!t.fits && f.anyFits) || (t.kvCapacity <= 0 && f.anyBelowCeiling && c.worker.load >= w.pressureCeiling);
+    /** A new session's estimated TTFT here is over its lowest plus the slack: not considered. */
+    const outsideNewSessionSlack = t.wait + t.kvWait > f.ttftBound;
+    const excluded = this.excludes(t, c) || outsideNewSessionSlack;
     return {
       promptTokens: t.prompt,
       /** Tokens of the prompt an unfinished request routed to this worker is bringing there. */
@@ -562,6 +606,8 @@ export class CostPolicy implements RoutingPolicy {
       kvUsage: c.worker.load,
       guardSeconds: seconds(t.guard),
       arrivalDelaySeconds: seconds(t.arrivalDelay),
+      newSession: f.newSession,
+      outsideNewSessionSlack,
       servesCla: c.servesCla,
       continuity: c.continuity,
       excluded,
