@@ -2,7 +2,12 @@ import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { describe, test } from 'node:test';
 import { decode, encode } from '@msgpack/msgpack';
-import { decodeEventBatch, KvEventFormatError, type KvEventBatch } from '../../src/engines/kv-events/decode.js';
+import {
+  decodeEventBatch,
+  KV_EVENT_LIMITS,
+  KvEventFormatError,
+  type KvEventBatch,
+} from '../../src/engines/kv-events/decode.js';
 
 // Payloads encoded by msgspec from structs mirroring vLLM's and SGLang's, in every historical
 // shape (scripts/gen-kv-event-fixtures.py); the .json beside each is written from the encoder's input.
@@ -161,6 +166,75 @@ describe('vLLM KV event decoding', () => {
       assert.match(b.skipped![0].message, message);
     });
   }
+
+  test('reads extra_keys nested to the depth limit, and skips an event nested one level deeper', () => {
+    const limit = KV_EVENT_LIMITS.maxExtraKeyDepth;
+    assert.equal(limit, 8);
+    // an extra_keys entry of `levels` arrays, each the only element of the one around it
+    const nested = (levels: number): unknown => {
+      let v: unknown = 'salt';
+      for (let d = 0; d < levels; d++) v = [v];
+      return v;
+    };
+    const storedWith = (hash: number, levels: number) => [
+      'BlockStored',
+      [hash],
+      null,
+      [1],
+      1,
+      null,
+      'GPU',
+      null,
+      [nested(levels)],
+    ];
+    const b = decodeEventBatch(
+      encode([1.5, [storedWith(1, limit), storedWith(2, limit + 1), ['BlockRemoved', [7], 'GPU']]]),
+    );
+    assert.deepEqual(
+      b.events.map((e) => e.type),
+      ['BlockStored', 'BlockRemoved'],
+    );
+    const e = b.events[0];
+    assert.ok(e.type === 'BlockStored');
+    assert.deepEqual(e.blockHashes, [1n]);
+    assert.deepEqual(e.extraKeys, [nested(limit)], 'the entry at the limit is read whole');
+    assert.deepEqual(b.skipped, [
+      {
+        index: 1,
+        reason: 'bad_field',
+        message: 'events[1] (BlockStored).extra_keys[0] nests deeper than 8 levels',
+      },
+    ]);
+  });
+
+  test('a map in extra_keys counts as a level, and its bytes and uint64s become plain data', () => {
+    const stored = (entry: unknown) => ['BlockStored', [1], null, [1], 1, null, 'GPU', null, [entry]];
+    const b = decodeEventBatch(
+      encode([1.5, [stored(['img', { n: 2n ** 63n, d: new Uint8Array([1, 2]) }])]], { useBigInt64: true }),
+    );
+    assert.equal(b.skipped, undefined);
+    assert.ok(b.events[0].type === 'BlockStored');
+    assert.deepEqual(b.events[0].extraKeys, [['img', { n: '9223372036854775808', d: { bytes: '0102' } }]]);
+    // a map nested 100,000 deep (written by hand: msgpack's encoder recurses) costs its event only
+    const deep = Buffer.concat([
+      Buffer.from([0x92]), // [ts, events]
+      encode(1.5),
+      Buffer.from([0x92, 0x99]), // events: two, the first of nine fields
+      ...['BlockStored', [1], null, [1], 1, null, 'GPU', null].map((v) => encode(v)),
+      Buffer.from([0x91, 0x92]), // extra_keys: one entry of two keys
+      encode('img'),
+      ...Array.from({ length: 100_000 }, () => Buffer.from([0x81, 0xa1, 0x61])), // {a: {a: …
+      encode(1),
+      encode(['BlockRemoved', [7], 'GPU']),
+    ]);
+    const d = decodeEventBatch(deep);
+    assert.deepEqual(
+      d.events.map((e) => e.type),
+      ['BlockRemoved'],
+    );
+    assert.equal(d.skipped?.[0].reason, 'bad_field');
+    assert.match(d.skipped![0].message, /extra_keys\[0\] nests deeper than 8 levels/);
+  });
 
   test('ignores fields a newer release appends to the array form', () => {
     const b = decodeEventBatch(encode([1.5, [['BlockRemoved', [7], 'GPU', 0, 'new-field', 42]], 0, 'batch-extra']));

@@ -3,7 +3,7 @@ import { after, describe, test } from 'node:test';
 import { encode } from '@msgpack/msgpack';
 import { BlockHashes, hashTokenBlocks } from '../../src/core/hashing.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
-import { decodeEventBatch, KvEventFormatError, type KvEvent } from '../../src/engines/kv-events/decode.js';
+import { decodeEventBatch, type KvEvent } from '../../src/engines/kv-events/decode.js';
 import { encodeEventBatch } from '../../src/engines/kv-events/encode.js';
 import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
@@ -212,27 +212,28 @@ describe('KV events over ZeroMQ', () => {
     await until(() => router.getStats().index.entries > before, 'a good batch after the bad ones');
   });
 
-  test('a payload whose decoding fails with an error of its own (not a format error) is counted as malformed; the next batch applies', async () => {
+  test('an event whose extra_keys nest 100,000 deep is skipped alone: the rest of its batch and the next batch apply', async () => {
     const { router, pub, sub } = await rig();
     const seen = sub.stats.batches;
     await pub.publish(batch(stored([1n, 2n], null, 0)));
     await until(() => sub.stats.batches > seen, 'the good batch');
-    // a well-formed msgpack batch of one BlockStored (array form) whose extra_keys entry is
-    // 100,000 arrays nested in one another: msgpack reads it, the decoding of its extra keys
-    // then runs out of stack (a RangeError, not a KvEventFormatError)
+    // a well-formed msgpack batch (array form) of two BlockStored events: the first's
+    // extra_keys entry is 100,000 arrays nested in one another (msgpack reads any depth; the
+    // decoding stops at the depth limit instead of running out of stack), the second is good
     const deep = Buffer.concat([
       Buffer.from([0x92]), // [ts, events]
       encode(1.5),
-      Buffer.from([0x91, 0x99]), // events: one event of nine fields
+      Buffer.from([0x92, 0x99]), // events: two, the first of nine fields
       ...['BlockStored', [7], null, tokens(100, BS), BS, null, 'GPU', null].map((v) => encode(v)),
       Buffer.from([0x91]), // extra_keys: one entry, for the one block
       Buffer.alloc(100_000, 0x91),
       Buffer.from([0xc0]),
+      encode(['BlockStored', [3], 2, tokens(8, BS), BS, null, 'GPU', null]),
     ]);
-    assert.throws(
-      () => decodeEventBatch(deep),
-      (err) => err instanceof Error && !(err instanceof KvEventFormatError),
-      'the payload fails to decode with an error that is not a format error',
+    assert.deepEqual(
+      decodeEventBatch(deep).skipped?.map(({ index, reason }) => ({ index, reason })),
+      [{ index: 0, reason: 'bad_field' }],
+      'the deep event is skipped by the decoding, as a bad field',
     );
     const seq = (n: number) => {
       const b = Buffer.alloc(8);
@@ -240,23 +241,22 @@ describe('KV events over ZeroMQ', () => {
       return b;
     };
     const next = sub.stats.lastSeq! + 1;
-    const malformed = sub.stats.malformed;
-    const { batches, restarts, gaps } = sub.stats;
+    const { batches, restarts, gaps, malformed } = sub.stats;
     const entries = router.getStats().index.entries;
     await pub.sendRaw(['', seq(next), deep]);
     // the next batch in sequence (raw as well: the publisher's own count did not move)
-    await pub.sendRaw(['', seq(next + 1), encodeEventBatch(batch(stored([3n], 2n, 8)))]);
-    await until(() => sub.stats.batches > batches, 'the batch after the bad one');
-    assert.equal(sub.stats.malformed, malformed + 1, 'the bad payload is counted as malformed');
+    await pub.sendRaw(['', seq(next + 1), encodeEventBatch(batch(stored([4n], 3n, 12)))]);
+    await until(() => sub.stats.lastSeq === next + 1, 'the batch after the one with the deep event');
+    assert.equal(sub.stats.batches, batches + 2, 'both batches apply');
+    assert.equal(sub.stats.malformed, malformed, 'no batch is dropped whole');
     assert.deepEqual(
-      skippedEventCounts([['w0', sub.stats]]).find((c) => c.reason === 'malformed_batch'),
-      { worker: 'w0', reason: 'malformed_batch', count: malformed + 1 },
-      'and exported as a malformed_batch',
+      skippedEventCounts([['w0', sub.stats]]),
+      [{ worker: 'w0', reason: 'bad_field', count: 1 }],
+      'the deep event is exported under its reason, and no malformed_batch',
     );
-    assert.equal(sub.stats.lastSeq, next + 1);
     assert.deepEqual([sub.stats.restarts, sub.stats.gaps], [restarts, gaps], 'no restart, no gap');
-    assert.equal(router.getStats().index.entries, entries + 1, 'only the good batch changed the index');
-    assert.equal(router.route({ tokens: tokens(0, 12) }, { dryRun: true }).cachedTokens, 12);
+    assert.equal(router.getStats().index.entries, entries + 2, 'the good events changed the index');
+    assert.equal(router.route({ tokens: tokens(0, 16) }, { dryRun: true }).cachedTokens, 16);
     assert.equal(router.route({ tokens: tokens(100, BS) }, { dryRun: true }).cachedTokens, 0);
   });
 

@@ -14,7 +14,8 @@ export type EngineBlockHash = bigint | string;
  * What keyed a block besides its tokens, one entry per block (null: nothing): vLLM's
  * `extra_keys` (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys) — the LoRA
  * name, multimodal (identifier, offset) pairs, the cache salt on a prompt's first block,
- * prompt-embedding digests. Strings, numbers, nested arrays; bytes as {bytes: hex}.
+ * prompt-embedding digests. Strings, numbers, nested arrays (and maps, which vLLM does not send),
+ * at most KV_EVENT_LIMITS.maxExtraKeyDepth levels deep; bytes as {bytes: hex}.
  */
 export type ExtraKeys = ReadonlyArray<unknown> | null;
 
@@ -82,6 +83,14 @@ export const KV_EVENT_LIMITS = {
   maxPayloadBytes: 64 * 1024 * 1024,
   maxEvents: 1_000_000,
   maxBlocksPerEvent: 1_000_000,
+  /**
+   * Levels an extra_keys entry may nest, the entry itself being the first. vLLM's are a tuple
+   * of strings, bytes and (identifier, offset) pairs: two levels, three at most. msgpack
+   * decodes any depth without recursion, but reading the keys recurses, so an entry nested
+   * 100,000 deep would overflow the stack and cost its whole batch; past this bound only its
+   * event is skipped.
+   */
+  maxExtraKeyDepth: 8,
 };
 
 // Field order of vLLM's structs (vllm/distributed/kv_events.py), which array-like releases
@@ -260,16 +269,26 @@ function extraKeyList(v: unknown, at: string): ExtraKeys[] | null {
   return v.map((k, i) => {
     if (k === null || k === undefined) return null;
     if (!Array.isArray(k)) throw new KvEventFormatError(`${at}[${i}] must be an array or null`);
-    return k.map(plainKey);
+    return plainKey(k, 1, `${at}[${i}]`) as unknown[];
   });
 }
 
-/** An extra key as plain data: bytes become {bytes: hex} (never mistaken for a salt string), safe integers numbers. */
-function plainKey(v: unknown): unknown {
+/**
+ * An extra key as plain data: bytes become {bytes: hex} (never mistaken for a salt string),
+ * safe integers numbers, inside arrays and maps alike (the applier serialises multimodal keys,
+ * which a BigInt or a nesting too deep for the stack would break). `depth` is the level `v`
+ * is at if it is an array or a map; past KV_EVENT_LIMITS.maxExtraKeyDepth the event is
+ * skipped, which also bounds this recursion whatever the payload nests.
+ */
+function plainKey(v: unknown, depth: number, at: string): unknown {
   if (v instanceof Uint8Array) return { bytes: Buffer.from(v).toString('hex') };
   if (typeof v === 'bigint') return Number.isSafeInteger(Number(v)) ? Number(v) : v.toString();
-  if (Array.isArray(v)) return v.map(plainKey);
-  return v;
+  const array = Array.isArray(v);
+  if (!array && !isMap(v)) return v;
+  if (depth > KV_EVENT_LIMITS.maxExtraKeyDepth)
+    throw new KvEventFormatError(`${at} nests deeper than ${KV_EVENT_LIMITS.maxExtraKeyDepth} levels`);
+  if (array) return v.map((x) => plainKey(x, depth + 1, at));
+  return Object.fromEntries(Object.entries(v).map(([key, x]) => [key, plainKey(x, depth + 1, at)]));
 }
 
 function isMap(v: unknown): v is Record<string, unknown> {

@@ -222,9 +222,9 @@ export class KvEventSubscriber {
     try {
       batch = decodeEventBatch(payload);
     } catch (err) {
-      // whatever the decoding threw (a payload that is not a batch, or one a later step of
-      // the decoding cannot handle), nothing of it is applied: counted and skipped, and the
-      // stream goes on with the next batch
+      // a payload that is not a batch throws a KvEventFormatError (a bad event only skips
+      // itself); any other error would be a case the decoding did not foresee. Either way
+      // nothing of it is applied: counted and skipped, and the stream goes on
       this.stats.malformed++;
       const why = err instanceof KvEventFormatError ? err.message : `could not be decoded (${String(err)})`;
       this.log(`skipped malformed batch ${seq}: ${why}`);
