@@ -9,8 +9,9 @@
  * router's in-flight ticket follows the request: prefill until the first upstream byte of a
  * streamed answer (an answer that is not streamed comes whole: the router reads the end of
  * its prefill off the engine), decode until the end, released on completion, error or client
- * disconnect. An engine's 4xx answer means it computed none of the request: the blocks the
- * router predicted it would hold for it are withdrawn (markRefused).
+ * disconnect. An engine that answers with an error (4xx or 5xx), or that the request never
+ * reached (the connection failed before any answer), holds none of it: the blocks the router
+ * predicted it would hold for it are withdrawn (markRefused).
  */
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
@@ -259,7 +260,11 @@ export interface ForwardOptions {
   onFirstByte: (seconds: number) => void;
   /** The engine answered 429, asking to be tried again after `retryAfterS` seconds (when it said). */
   onOverloaded: (retryAfterS: number | undefined) => void;
-  /** The engine refused the request with a 4xx: it computed none of it. */
+  /**
+   * The engine holds none of the request: it answered with an error (4xx, 5xx), or the
+   * connection failed before any answer. Not called when the gateway gave up waiting (the
+   * engine may be computing it) or on a timeout.
+   */
   onRefused: () => void;
 }
 
@@ -276,6 +281,12 @@ const MAX_HELD_EVENT_BYTES = 1024 * 1024;
  * size; a larger one passes through as it comes, at the pace the client reads it.
  */
 const MAX_GATHERED_BYTES = 16 * 1024 * 1024;
+
+/** undici's timeouts: the engine may still be computing the request. */
+function isTimeout(err: Error | undefined): boolean {
+  const code = (err as { code?: unknown } | undefined)?.code;
+  return code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT';
+}
 
 const LF2 = Buffer.from('\n\n');
 const CRLF2 = Buffer.from('\r\n\r\n');
@@ -422,8 +433,9 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (statusCode < 200) return true; // informational
     this.status = statusCode;
     // a 4xx (passed to the client, or a 429/401/403 tried elsewhere) means the engine computed
-    // nothing: what the router predicted it would hold for this request is withdrawn
-    if (statusCode >= 400 && statusCode < 500) this.o.onRefused();
+    // nothing; a 5xx that it failed the request (when vLLM's engine core fails, its KV is gone
+    // with it): what the router predicted it would hold is withdrawn
+    if (statusCode >= 400) this.o.onRefused();
     // an engine's failure, its refusal for now (429: it is overloaded), or a 401/403: the engine
     // refused the gateway's own credentials (the client's are never forwarded); none is an
     // answer for the client, and another worker can take the request
@@ -553,8 +565,11 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.settle('done');
   }
 
-  onError(): void {
+  onError(err?: Error): void {
     if (this.settled) return;
+    // no answer at all, and not because the gateway stopped waiting: the request never
+    // reached the engine (connection refused, reset) or the engine died with it
+    if (this.status === 0 && this.why === undefined && !isTimeout(err)) this.o.onRefused();
     if (!this.sent) return this.settle(this.failed());
     // after the first byte: end the stream cleanly; the cause stays out of the client's view
     if (this.why !== 'client' && this.eventStream) {

@@ -201,3 +201,69 @@ test('an engine refusing a prompt as too long (400): what the router predicted f
   await g.close();
   await engine.close();
 });
+
+/** Token prompts of whole blocks, distinct per family. */
+const blocksOf = (router: KVAwareRouter, family: number, blocks: number) =>
+  Array.from({ length: blocks * router.blockSize }, (_, i) => family * 1000 + i);
+
+test('an engine failing a request (500) or never reached holds none of it: its predictions are withdrawn, the retry keeps its own', async () => {
+  const failing = await engineAnswering((res) =>
+    res
+      .writeHead(500, { 'content-type': 'application/json' })
+      .end(JSON.stringify({ error: { message: 'EngineCore encountered an issue', code: 500 } })),
+  );
+  // a port nothing listens on: the connection is refused before the engine sees the request
+  const closed = await fakeEngine((_req, res) => res.end());
+  await closed.close();
+  for (const [label, url] of [
+    ['500', failing.url],
+    ['refused', closed.url],
+  ] as const) {
+    const g = await gatewayWith(url, true); // round robin: the bad worker first, approximate mode
+    try {
+      const prompt = blocksOf(g.router, 1, 4);
+      const r = await post(g.base, '/v1/completions', { prompt, max_tokens: 1 });
+      assert.equal(r.status, 200, `${label}: ${r.text}`);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'good', label);
+      assert.deepEqual(
+        tiers(g.router, 'bad', prompt),
+        Array(4).fill(null),
+        `${label}: nothing stays on the bad worker`,
+      );
+      assert.deepEqual(
+        tiers(g.router, 'good', prompt),
+        Array(4).fill('predicted'),
+        `${label}: the retry's blocks stay`,
+      );
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+    } finally {
+      await g.close();
+    }
+  }
+  await failing.close();
+});
+
+test('a request the gateway stopped waiting for keeps its predictions: the engine may be computing it', async () => {
+  // a streamed answer whose first byte never comes: the gateway gives up and tries the other worker
+  const silent = await engineAnswering(() => {});
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const good = await new MockEngine().start();
+  const gateway = await createGateway({
+    router,
+    workers: [
+      { id: 'bad', url: silent.url },
+      { id: 'good', url: `http://127.0.0.1:${good.port}` },
+    ],
+    ...quiet,
+    timeouts: { firstByteTimeoutMs: 300 },
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const prompt = blocksOf(router, 2, 3);
+  const r = await post(base, '/v1/completions', { prompt, max_tokens: 1, stream: true });
+  assert.equal(r.status, 200, r.text);
+  assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+  assert.deepEqual(tiers(router, 'bad', prompt), Array(3).fill('predicted'));
+  await gateway.close();
+  await good.close();
+  await silent.close();
+});
