@@ -77,7 +77,7 @@ export class KVAwareRouter {
   private readonly decisions: Partial<Record<RouteReason, number>> = {};
   private readonly inFlight = new InFlightTickets();
   /** The blocks pending decisions alone added to the index, withdrawn if their engine refuses them. */
-  private readonly withdrawable = new WithdrawablePredictions();
+  private readonly withdrawable: WithdrawablePredictions;
   private readonly candidates: CandidateCollector;
   private readonly recorder: DecisionRecorder;
   /** The checked metadata of the request being routed (scratch reused by every route()). */
@@ -114,6 +114,7 @@ export class KVAwareRouter {
     this.speculativeBlocks = this.policy.speculative === false ? 0 : o.speculativeBlocks;
     this.maxPromptTokens = o.maxPromptTokens;
     this.contentAnchors = new ContentAnchorIndex(o.contentAnchorCapacity, o.contentAnchorTtlMs);
+    this.withdrawable = new WithdrawablePredictions(o.maxIndexEntries);
     this.judgeRoles = o.judgeRoles;
     this.clock = o.clock;
     this.instanceId = o.instanceId;
@@ -442,7 +443,7 @@ export class KVAwareRouter {
     // a removed worker's decisions were dropped with it (its slot may be reused since)
     const blocks = this.withdrawable.take(ticket);
     if (!blocks) return 0;
-    return this.index.withdrawPredicted(blocks.worker.slot, blocks.hi, blocks.lo, blocks.start, blocks.end);
+    return this.index.withdrawPredicted(blocks.slot, blocks.hi, blocks.lo, blocks.start, blocks.end);
   }
 
   /**
