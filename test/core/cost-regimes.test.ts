@@ -512,6 +512,24 @@ describe('cost policy regimes', () => {
       strict.onRouted(cs[1].worker, turn, 0, 1000 * i);
     }
     assert.equal(strict.choose(near, r).index, 1);
+    // a prompt without blocks (the seed API) whose workflow ran on w1 has a worker of its own:
+    // no bound, and its affinity, not its arrivals, decides, as before
+    const seedApi: RouteFeatures = { ...r, requestBlocks: 0 };
+    const affine = fleet([{ cached: system, queued: 0.5 * work }, { cached: system }, { cached: system }]).map(
+      (c, i) => ({
+        ...c,
+        continuity: i === 1,
+      }),
+    );
+    p.choose(affine, seedApi);
+    assert.deepEqual(
+      affine.map((c) => [terms(p, c, seedApi).newSession, terms(p, c, seedApi).arrivalDelaySeconds]),
+      [
+        [false, 0],
+        [false, 0],
+        [false, 0],
+      ],
+    );
     // a request some worker holds more of is no new session: no bound, every worker considered
     const held = fleet([{ cached: system, queued: 0.5 * work }, { cached: 20_000 }, { cached: system }]);
     p.choose(held, r);

@@ -163,7 +163,10 @@ export interface FleetView {
   /** Some candidate is below the pressure ceiling (unknown capacity) / can fit the prompt. */
   anyBelowCeiling: boolean;
   anyFits: boolean;
-  /** A new session: no candidate holds a block more of the prompt than every candidate does. */
+  /**
+   * A new session: no candidate holds a block more of the prompt than every candidate does
+   * (and, for a prompt without blocks, none ran its workflow's previous step or serves its CLA group).
+   */
   newSession: boolean;
   /** Highest estimated TTFT (token equivalents) a new session considers; Infinity otherwise. */
   ttftBound: number;
@@ -246,9 +249,12 @@ function computeTerms(
   // must run where their KV is) wait behind it, half of it on average: λ·W arrivals, W/2 each,
   // a queue's residual work. An idle worker that receives nothing costs nobody anything; an
   // idle one whose sessions are between turns is not free. A new session weighs it only among
-  // the workers within its TTFT bound (fleet.ttftBound, applied by the caller)
+  // the workers within its TTFT bound (fleet.ttftBound, applied by the caller). A prompt without
+  // blocks that has a workflow or CLA worker (the seed API) is held nowhere more than everywhere
+  // and is no new session: its affinity bonus, not its arrivals, decides
   const prefill = work * slowdown;
-  t.arrivalDelay = (arrivalRate * prefill * prefill) / 2;
+  const ownWorker = fleet.bestCachedTokens - fleet.leastCachedTokens >= r.blockSize;
+  t.arrivalDelay = ownWorker || fleet.newSession ? (arrivalRate * prefill * prefill) / 2 : 0;
   t.cost = t.wait + kvWait + t.recompute + t.guard + t.arrivalDelay;
   return t;
 }
@@ -498,6 +504,7 @@ export class CostPolicy implements RoutingPolicy {
     let best = 0;
     let anyBelowCeiling = false;
     let anyFits = false;
+    let affinity = false;
     const prompt = r.promptTokens > 0 ? r.promptTokens : 0;
     for (const c of candidates) {
       queued += c.worker.queuedPrefillTokens;
@@ -515,6 +522,7 @@ export class CostPolicy implements RoutingPolicy {
         holderSlot = c.worker.slot;
       }
       if (c.worker.load < w.pressureCeiling) anyBelowCeiling = true;
+      if (c.continuity || c.servesCla) affinity = true;
       const capacity = c.worker.kvCapacityTokens > 0 ? c.worker.kvCapacityTokens : w.kvCapacityTokens;
       if (capacity <= 0 || prompt <= capacity) anyFits = true;
     }
@@ -546,7 +554,9 @@ export class CostPolicy implements RoutingPolicy {
     f.hotness = this.prefixShare(this.prefixKey) * inFlight;
     f.anyBelowCeiling = anyBelowCeiling;
     f.anyFits = anyFits;
-    f.newSession = best - leastCached < r.blockSize;
+    // without blocks (the seed API) the workflow's previous worker and the CLA group's stand in
+    // for the cache: a request with either has a worker of its own
+    f.newSession = best - leastCached < r.blockSize && !(r.requestBlocks === 0 && affinity);
     f.ttftBound = Infinity;
   }
 
