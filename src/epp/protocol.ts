@@ -1,4 +1,11 @@
-import type { HeaderValueOption, ProcessingRequest, ProcessingResponse, ProtoStruct, ProtoValue } from './proto.js';
+import type {
+  HeaderValue,
+  HeaderValueOption,
+  ProcessingRequest,
+  ProcessingResponse,
+  ProtoStruct,
+  ProtoValue,
+} from './proto.js';
 import { plainToStruct } from './proto.js';
 
 /**
@@ -26,18 +33,36 @@ export const REQUEST_ID_HEADER = 'x-request-id';
  */
 export const BODY_CHUNK_BYTES = 62_000;
 
-/** Header values by lower-case name; Envoy sends values in raw_value (bytes), older builds in value. */
+/** A header's value: Envoy sends it in raw_value (bytes), older builds in value. */
+function headerText(h: HeaderValue): string {
+  return h.raw_value && h.raw_value.length > 0 ? Buffer.from(h.raw_value).toString('utf8') : (h.value ?? '');
+}
+
+/** Header values by lower-case name. */
 export function readHeaders(req: ProcessingRequest['request_headers']): Map<string, string> {
   const out = new Map<string, string>();
   for (const h of req?.headers?.headers ?? []) {
     if (typeof h.key !== 'string') continue;
-    const value = h.raw_value && h.raw_value.length > 0 ? Buffer.from(h.raw_value).toString('utf8') : (h.value ?? '');
+    const value = headerText(h);
     const key = h.key.toLowerCase();
     // a repeated header reads as one comma-joined value, as HTTP folds it
     const prior = out.get(key);
     out.set(key, prior === undefined ? value : `${prior},${value}`);
   }
   return out;
+}
+
+/**
+ * The HTTP status of the response phase, from the `:status` pseudo-header Envoy puts in the
+ * response headers (undefined when absent or not a status).
+ */
+export function readResponseStatus(req: ProcessingRequest): number | undefined {
+  for (const h of req.response_headers?.headers?.headers ?? []) {
+    if (h.key !== ':status') continue;
+    const value = headerText(h).trim();
+    return /^[1-5]\d\d$/.test(value) ? Number(value) : undefined;
+  }
+  return undefined;
 }
 
 /** A value of a filter-metadata namespace, or undefined. */

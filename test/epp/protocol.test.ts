@@ -8,6 +8,7 @@ import {
   inSubset,
   ModelNameRestorer,
   readHeaders,
+  readResponseStatus,
   readServedEndpoint,
   readSubsetHint,
   routingHeadersResponse,
@@ -151,6 +152,13 @@ test('the served endpoint and headers are read as Envoy sends them', () => {
   });
   assert.equal(h.get('x-request-id'), 'r1', 'names in lower case, raw_value read');
   assert.equal(h.get('accept'), 'a,b', 'repeated headers folded');
+  const status = (...headers: Array<{ key: string; value?: string; raw_value?: Buffer }>) =>
+    readResponseStatus({ response_headers: { headers: { headers } } });
+  assert.equal(status({ key: 'content-type', value: 'x' }, { key: ':status', raw_value: Buffer.from('503') }), 503);
+  assert.equal(status({ key: ':status', value: '404' }), 404, 'value, from builds without raw_value');
+  assert.equal(status({ key: 'content-type', value: 'x' }), undefined, 'no :status');
+  assert.equal(status({ key: ':status', raw_value: Buffer.from('5xx') }), undefined, 'not a status');
+  assert.equal(readResponseStatus({}), undefined);
 });
 
 test('endpoints: host:port of a URL, IPv6 in brackets, subset entries with or without port', () => {
