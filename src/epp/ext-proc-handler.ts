@@ -6,6 +6,7 @@ import {
   immediateResponse,
   ModelNameRestorer,
   readHeaders,
+  readResponseStatus,
   readServedEndpoint,
   readSubsetHint,
   REQUEST_ID_HEADER,
@@ -30,6 +31,11 @@ export interface InFlightRequest {
    * moves there when it differs. Returns the id of the serving worker, if known.
    */
   served(endpoint: string | undefined): string | undefined;
+  /**
+   * The response is an error (4xx, 5xx): the serving worker holds none of the request, and what
+   * the router predicted it would hold is withdrawn. Does nothing after the first byte or the end.
+   */
+  refused(): void;
   /** The first response byte arrived: the request's prefill is done. */
   firstByte(): void;
   /** The request ended (completed, failed or abandoned). Idempotent. */
@@ -230,6 +236,10 @@ export function createProcessHandler(
           if (phase !== 'routed')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'response_headers arrived before the request was routed');
           const worker = inFlight?.served(readServedEndpoint(req));
+          // after served(): a fallback's error is refused on the worker that answered, and
+          // before the body, whose first byte would take the predictions as computed
+          const status = readResponseStatus(req);
+          if (status !== undefined && status >= 400) inFlight?.refused();
           const set = worker
             ? [
                 {

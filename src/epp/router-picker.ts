@@ -265,6 +265,8 @@ export class RouterPicker implements EndpointPicker {
     const { router, state } = this.backend;
     let decision: RouteResult | undefined = first;
     const started = performance.now();
+    // the engine may yet be found to hold none of the request: until its first byte or a refusal
+    let withdrawable = true;
     const release = () => {
       if (!decision) return;
       router.release(decision.ticket);
@@ -289,8 +291,14 @@ export class RouterPicker implements EndpointPicker {
         } else if (moved.ticket) router.release(moved.ticket);
         return id;
       },
+      refused: () => {
+        if (!decision || !withdrawable) return;
+        withdrawable = false;
+        router.markRefused(decision.ticket);
+      },
       firstByte: () => {
         if (!decision) return;
+        withdrawable = false;
         router.markPrefillDone(decision.ticket);
         if (decision.shared) state.decisionPrefilled(decision.shared);
         this.ttft?.observe((performance.now() - started) / 1000);

@@ -33,7 +33,7 @@ test('answers that wait for drain leave no listeners on the call', async () => {
       pick: () => ({
         ok: true,
         endpoints: ['10.0.0.1:8000'],
-        inFlight: { served: () => undefined, firstByte: () => {}, end: () => void ended++ },
+        inFlight: { served: () => undefined, refused: () => {}, firstByte: () => {}, end: () => void ended++ },
       }),
     },
   });
