@@ -26,10 +26,7 @@ after(async () => {
 });
 
 const router = () => fleet.gateways[0].router;
-const inFlight = () =>
-  router()
-    .listWorkers()
-    .reduce((n, w) => n + w.inFlightRequests, 0);
+const inFlight = () => router().getStats().inFlightRequests;
 const BLOCKS = 4;
 /** Token prompts of whole blocks, distinct per family. */
 const promptOf = (family: number) => Array.from({ length: BLOCKS * router().blockSize }, (_, i) => family * 1000 + i);

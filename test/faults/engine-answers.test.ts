@@ -9,6 +9,7 @@ import { test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
+import type { GatewayTimeouts } from '../../src/server/timeouts.js';
 import { fakeEngine, post } from './harness.js';
 import { tiers } from '../helpers/prompts.js';
 
@@ -23,12 +24,12 @@ const engineAnswering = (answer: (res: ServerResponse) => void) =>
   });
 
 /** A gateway in front of `bad` alone, or `bad` first and a good mock engine second (round robin). */
-async function gatewayWith(badUrl: string, withGood: boolean) {
+async function gatewayWith(badUrl: string, withGood: boolean, timeouts?: Partial<GatewayTimeouts>) {
   const good = withGood ? await new MockEngine().start() : undefined;
   const router = new KVAwareRouter({ policy: 'round-robin' });
   const workers = [{ id: 'bad', url: badUrl }];
   if (good) workers.push({ id: 'good', url: `http://127.0.0.1:${good.port}` });
-  const gateway = await createGateway({ router, workers, ...quiet });
+  const gateway = await createGateway({ router, workers, ...quiet, timeouts });
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   return {
     router,
@@ -246,24 +247,15 @@ test('an engine failing a request (500) or never reached holds none of it: its p
 test('a request the gateway stopped waiting for keeps its predictions: the engine may be computing it', async () => {
   // a streamed answer whose first byte never comes: the gateway gives up and tries the other worker
   const silent = await engineAnswering(() => {});
-  const router = new KVAwareRouter({ policy: 'round-robin' });
-  const good = await new MockEngine().start();
-  const gateway = await createGateway({
-    router,
-    workers: [
-      { id: 'bad', url: silent.url },
-      { id: 'good', url: `http://127.0.0.1:${good.port}` },
-    ],
-    ...quiet,
-    timeouts: { firstByteTimeoutMs: 300 },
-  });
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  const prompt = blocksOf(router, 2, 3);
-  const r = await post(base, '/v1/completions', { prompt, max_tokens: 1, stream: true });
-  assert.equal(r.status, 200, r.text);
-  assert.equal(r.headers.get('x-contextforge-worker'), 'good');
-  assert.deepEqual(tiers(router, 'bad', prompt), Array(3).fill('predicted'));
-  await gateway.close();
-  await good.close();
-  await silent.close();
+  const g = await gatewayWith(silent.url, true, { firstByteTimeoutMs: 300 });
+  try {
+    const prompt = blocksOf(g.router, 2, 3);
+    const r = await post(g.base, '/v1/completions', { prompt, max_tokens: 1, stream: true });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+    assert.deepEqual(tiers(g.router, 'bad', prompt), Array(3).fill('predicted'));
+  } finally {
+    await g.close();
+    await silent.close();
+  }
 });

@@ -319,16 +319,7 @@ export class CostPolicy implements RoutingPolicy {
   private lastNow = 0;
   private readonly score = (c: Candidate): number => {
     const r = this.request!;
-    const t = computeTerms(
-      this.terms,
-      c,
-      r,
-      this.weights,
-      this.fleet,
-      this.cachedOn(c, r),
-      this.arrivalRate(c),
-      this.queuedAttention(c),
-    );
+    const t = this.termsOf(c, r);
     if (this.excludes(t, c) || t.wait + t.kvWait > this.fleet.ttftBound) return NaN;
     return -t.cost;
   };
@@ -348,17 +339,8 @@ export class CostPolicy implements RoutingPolicy {
     const index = pickMax(candidates, this.score, this.tieBreak, this.scratch);
     if (index < 0) return NO_CHOICE;
     const chosen = candidates[index];
+    const t = this.termsOf(chosen, request);
     const cached = this.cachedOn(chosen, request);
-    const t = computeTerms(
-      this.terms,
-      chosen,
-      request,
-      this.weights,
-      this.fleet,
-      cached,
-      this.arrivalRate(chosen),
-      this.queuedAttention(chosen),
-    );
     // what the decision teaches, applied in onRouted() if the router acts on it (not a dry run)
     this.chosenUncached = t.uncached;
     this.chosenWork = t.work;
@@ -366,6 +348,20 @@ export class CostPolicy implements RoutingPolicy {
     // recomputing a prefix another worker holds, because the queue it saves costs more
     const replicate = this.fleet.bestCachedTokens - cached >= request.blockSize && t.work > this.fleet.bestWork;
     return { index, confidence: chosen.cachedFraction, reason: replicate ? 'replicate' : 'cost' };
+  }
+
+  /** Candidate `c`'s terms for request `r`, written into `into` (the reused scratch unless given). */
+  private termsOf(c: Candidate, r: RouteFeatures, into: Terms = this.terms): Terms {
+    return computeTerms(
+      into,
+      c,
+      r,
+      this.weights,
+      this.fleet,
+      this.cachedOn(c, r),
+      this.arrivalRate(c),
+      this.queuedAttention(c),
+    );
   }
 
   /** A worker that cannot take the request: the prompt does not fit, or its KV is over the ceiling (capacity unknown). */
@@ -379,16 +375,7 @@ export class CostPolicy implements RoutingPolicy {
   private boundNewSession(candidates: readonly Candidate[], r: RouteFeatures): void {
     let lowest = Infinity;
     for (const c of candidates) {
-      const t = computeTerms(
-        this.terms,
-        c,
-        r,
-        this.weights,
-        this.fleet,
-        this.cachedOn(c, r),
-        this.arrivalRate(c),
-        this.queuedAttention(c),
-      );
+      const t = this.termsOf(c, r);
       if (!this.excludes(t, c) && t.wait + t.kvWait < lowest) lowest = t.wait + t.kvWait;
     }
     // the lowest itself always qualifies, whatever rounding does to the product
@@ -587,7 +574,7 @@ export class CostPolicy implements RoutingPolicy {
     const w = this.weights;
     const f = this.fleet;
     const cached = this.cachedOn(c, request);
-    const t = computeTerms(new Terms(), c, request, w, f, cached, this.arrivalRate(c), this.queuedAttention(c));
+    const t = this.termsOf(c, request, new Terms());
     const seconds = (tokens: number) => tokens / w.prefillTokensPerSecond;
     /** A new session's estimated TTFT here is over its lowest plus the slack: not considered. */
     const outsideNewSessionSlack = t.wait + t.kvWait > f.ttftBound;
