@@ -98,3 +98,73 @@ describe('markRefused()', () => {
     assert.deepEqual(tiers(r, 'w9', prompt(10, 4)), times(4, 'predicted'));
   });
 });
+
+// refuseSharedDecision(): another replica's decision applied here, refused by its engine,
+// withdraws what it alone added here, as markRefused() does on the replica that made it.
+
+describe('refuseSharedDecision()', () => {
+  /** Replica `a` routes to w0 with `share`; replica `b` applies the decision. */
+  const sharedOn = (a: KVAwareRouter, b: KVAwareRouter, tokens: number[]) => {
+    const d = a.route({ tokens }, { share: true, exclude: only(a, 'w0') });
+    assert.ok(d.shared?.id, 'a tracked shared decision has an id');
+    assert.ok(b.applySharedDecision(d.shared));
+    return d;
+  };
+
+  test('withdraws the blocks the refused decision added on the replica that applied it; a prefix it held stays', () => {
+    const a = fleet(2, { instanceId: 'a' });
+    const b = fleet(2, { instanceId: 'b' });
+    const served = b.route({ tokens: prompt(11, 3) }, { exclude: only(b, 'w0') });
+    b.release(served.ticket);
+    const long = prompt(11, 3, prompt(12, 5));
+    const d = sharedOn(a, b, long);
+    assert.deepEqual(tiers(b, 'w0', long), times(8, 'predicted'));
+    assert.equal(a.markRefused(d.ticket), 8);
+    assert.equal(b.refuseSharedDecision(d.shared!), 5);
+    assert.deepEqual(tiers(b, 'w0', long), [...times(3, 'predicted'), ...times(5, null)]);
+    assert.equal(b.refuseSharedDecision(d.shared!), 0, 'once');
+    assert.equal(b.refuseSharedDecision({ id: 'unknown.1' }), 0);
+  });
+
+  test('a decision made here since on the same worker keeps the blocks it predicts too', () => {
+    const a = fleet(2, { instanceId: 'a' });
+    const b = fleet(2, { instanceId: 'b' });
+    const d = sharedOn(a, b, prompt(13, 8));
+    // shares the first five blocks, on the same worker, then goes its own way
+    const local = b.route({ tokens: prompt(13, 5, prompt(14, 2)) }, { exclude: only(b, 'w0') });
+    assert.equal(local.workerId, 'w0');
+    assert.equal(b.refuseSharedDecision(d.shared!), 3, 'the three blocks the local decision does not have');
+    assert.deepEqual(tiers(b, 'w0', prompt(13, 8)), [...times(5, 'predicted'), ...times(3, null)]);
+    // and the other way round: the local decision refused leaves the applied one's blocks
+    sharedOn(a, b, prompt(15, 6));
+    const refused = b.route({ tokens: prompt(15, 6, prompt(16, 2)) }, { exclude: only(b, 'w0') });
+    assert.equal(b.markRefused(refused.ticket), 2);
+    assert.deepEqual(tiers(b, 'w0', prompt(15, 6, prompt(16, 2))), [...times(6, 'predicted'), ...times(2, null)]);
+  });
+
+  test('past its prefill or its end, the decision applied here withdraws nothing', () => {
+    const a = fleet(2, { instanceId: 'a' });
+    const b = fleet(2, { instanceId: 'b' });
+    const prefilled = sharedOn(a, b, prompt(17, 4));
+    b.settleSharedDecision(prefilled.shared!);
+    assert.equal(b.refuseSharedDecision(prefilled.shared!), 0);
+    assert.deepEqual(tiers(b, 'w0', prompt(17, 4)), times(4, 'predicted'));
+    // a decision without an id (from a replica of an earlier version) is not kept
+    const old = a.route({ tokens: prompt(18, 4) }, { share: true, exclude: only(a, 'w0') });
+    const { id: _, ...withoutId } = old.shared!;
+    b.applySharedDecision(withoutId);
+    assert.equal(b.refuseSharedDecision(old.shared!), 0);
+    assert.deepEqual(tiers(b, 'w0', prompt(18, 4)), times(4, 'predicted'));
+  });
+
+  test('kept for the prediction lifetime at most', () => {
+    let now = 1000;
+    const a = fleetAnyTime(2, { instanceId: 'a', clock: () => now });
+    const b = fleetAnyTime(2, { instanceId: 'b', clock: () => now, predictionTtlMs: 1000 });
+    const d = sharedOn(a, b, prompt(19, 4));
+    now += 1000;
+    sharedOn(a, b, prompt(20, 4)); // applying lets the first go
+    assert.equal(b.refuseSharedDecision(d.shared!), 0);
+    assert.equal(b.refuseSharedDecision({ id: 'a.2' }), 4);
+  });
+});

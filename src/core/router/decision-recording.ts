@@ -38,9 +38,11 @@ export class DecisionRecorder {
   private keys: BlockHashes | undefined;
   private start = 0;
   private end = 0;
-  /** Positions in `keys` of the blocks the last record() added to its worker (the first `added`). */
+  /** Positions in `addedHi`/`addedLo` of the blocks the last record() or applyShared() added to its worker (the first `added`). */
   private addedAt = new Int32Array(64);
   private added = 0;
+  private addedHi: ArrayLike<number> = [];
+  private addedLo: ArrayLike<number> = [];
 
   constructor(
     private readonly sinks: DecisionSinks,
@@ -82,8 +84,7 @@ export class DecisionRecorder {
           end = indexMode === 'precise' ? Math.min(recorded.length, heldBlocks + speculativeBlocks) : recorded.length;
         }
         if (end > start && (predict || indexMode !== 'precise')) {
-          if (this.addedAt.length < end - start)
-            this.addedAt = new Int32Array(Math.max(end - start, 2 * this.addedAt.length));
+          this.reserveAdded(end - start);
           added = this.sinks.index.recordPredicted(
             worker.slot,
             recorded.hi,
@@ -105,17 +106,25 @@ export class DecisionRecorder {
     this.start = start;
     this.end = end;
     this.added = added;
+    this.addedHi = recorded.hi;
+    this.addedLo = recorded.lo;
     if (fields.anchor !== undefined) this.sinks.anchors.home(fields.anchor, worker.id, fields.claGroup);
     if (fields.workflowId !== undefined) this.sinks.workflows.record(fields.workflowId, worker.id, fields.workflowStep);
   }
 
   /**
-   * Keeps the blocks the last record() added to `worker` as the ticket's own, to withdraw if
-   * its engine refuses the request (see KVAwareRouter.markRefused()).
+   * Keeps the blocks the last record() or applyShared() added to `worker` as the ticket's
+   * own, to withdraw if its engine refuses the request (see KVAwareRouter.markRefused() and
+   * refuseSharedDecision()). Returns whether there were any.
    */
-  keepAdded(ticket: number, worker: WorkerState): void {
-    if (this.added > 0 && this.keys)
-      this.sinks.withdrawable.open(ticket, worker, this.keys.hi, this.keys.lo, this.addedAt, this.added);
+  keepAdded(ticket: number, worker: WorkerState): boolean {
+    if (this.added <= 0) return false;
+    this.sinks.withdrawable.open(ticket, worker, this.addedHi, this.addedLo, this.addedAt, this.added);
+    return true;
+  }
+
+  private reserveAdded(n: number): void {
+    if (this.addedAt.length < n) this.addedAt = new Int32Array(Math.max(n, 2 * this.addedAt.length));
   }
 
   /** The last record() as another replica applies it (a copy; allocates). */
@@ -152,8 +161,12 @@ export class DecisionRecorder {
     now: number,
   ): void {
     if (d.hi.length !== d.lo.length) throw new RangeError('shared decision: hi and lo differ in length');
+    this.added = 0;
     if (d.hi.length > 0) {
-      this.sinks.index.recordPredicted(worker.slot, d.hi, d.lo, 0, d.hi.length, now);
+      this.reserveAdded(d.hi.length);
+      this.added = this.sinks.index.recordPredicted(worker.slot, d.hi, d.lo, 0, d.hi.length, now, this.addedAt);
+      this.addedHi = d.hi;
+      this.addedLo = d.lo;
       // in approximate mode the keys run from the request's first block, at the positions a
       // pending decision here has them (a precise-mode stretch starts further on: it claims
       // nothing, and a refusal here withdraws at most a short-lived speculative stretch)

@@ -78,6 +78,13 @@ export class KVAwareRouter {
   private readonly inFlight = new InFlightTickets();
   /** The blocks pending decisions alone added to the index, withdrawn if their engine refuses them. */
   private readonly withdrawable: WithdrawablePredictions;
+  /**
+   * Applied shared decisions kept in `withdrawable`, by their id, oldest first: their key
+   * there (negative, apart from this router's tickets) and when they were applied.
+   */
+  private readonly appliedDecisions = new Map<string, { key: number; at: number }>();
+  private lastAppliedKey = 0;
+  private readonly predictedTtlMs: number;
   private readonly candidates: CandidateCollector;
   private readonly recorder: DecisionRecorder;
   /** The checked metadata of the request being routed (scratch reused by every route()). */
@@ -115,6 +122,7 @@ export class KVAwareRouter {
     this.maxPromptTokens = o.maxPromptTokens;
     this.contentAnchors = new ContentAnchorIndex(o.contentAnchorCapacity, o.contentAnchorTtlMs);
     this.withdrawable = new WithdrawablePredictions(o.maxIndexEntries);
+    this.predictedTtlMs = o.predictedTtlMs;
     this.judgeRoles = o.judgeRoles;
     this.clock = o.clock;
     this.instanceId = o.instanceId;
@@ -357,6 +365,7 @@ export class KVAwareRouter {
     if (tracked) {
       const reported = options.firstTokenReported !== false;
       result.ticket = this.inFlight.open(worker, uncached, promptTokens, now, reported, result.shared);
+      if (result.shared) result.shared.id = `${this.instanceId}.${result.ticket.toString(36)}`;
       this.recorder.keepAdded(result.ticket, worker);
       if (!reported) this.inferPrefillEnd(result.ticket, request, hashes, chosen, promptTokens);
     }
@@ -378,6 +387,11 @@ export class KVAwareRouter {
    * Applies another replica's decision (see RouteOptions.share): its blocks become predicted
    * entries on the worker, and the workflow and anchors follow it. False when the worker is
    * not registered here (yet), so nothing was applied.
+   *
+   * With an `id`, the blocks it alone added here are kept, as markRefused() keeps a ticket's,
+   * until settleSharedDecision() (its prefill ended or it ended) or refuseSharedDecision() (its
+   * engine refused it), or at the latest the prediction lifetime, past which they are gone anyway
+   * (a message that never came does not keep them).
    */
   applySharedDecision(
     d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>,
@@ -385,8 +399,48 @@ export class KVAwareRouter {
   ): boolean {
     const worker = this.workers.get(d.workerId);
     if (!worker) return false;
+    this.expireAppliedDecisions(now);
+    if (d.id !== undefined) this.settleSharedDecision(d); // the same decision again replaces it
     this.recorder.applyShared(worker, d, now);
+    if (d.id !== undefined) {
+      const key = --this.lastAppliedKey;
+      if (this.recorder.keepAdded(key, worker)) this.appliedDecisions.set(d.id, { key, at: now });
+    }
     return true;
+  }
+
+  /** Another replica's decision applied here has passed refusal (its prefill ended, or it ended): its blocks stay. */
+  settleSharedDecision(d: Pick<SharedDecision, 'id'>): void {
+    if (d.id === undefined) return;
+    const applied = this.appliedDecisions.get(d.id);
+    if (!applied) return;
+    this.appliedDecisions.delete(d.id);
+    this.withdrawable.drop(applied.key);
+  }
+
+  /**
+   * The engine refused another replica's decision applied here (see markRefused()): the
+   * blocks it alone added here are withdrawn, but those that a decision made here since on
+   * the same worker predicts too (this router's or another applied one) stay. Returns how
+   * many index entries were withdrawn (0 for a decision unknown here, or settled).
+   */
+  refuseSharedDecision(d: Pick<SharedDecision, 'id'>): number {
+    if (d.id === undefined) return 0;
+    const applied = this.appliedDecisions.get(d.id);
+    if (!applied) return 0;
+    this.appliedDecisions.delete(d.id);
+    const blocks = this.withdrawable.take(applied.key);
+    if (!blocks) return 0;
+    return this.index.withdrawPredicted(blocks.slot, blocks.hi, blocks.lo, blocks.start, blocks.end);
+  }
+
+  /** Stops keeping applied decisions older than the prediction lifetime: their blocks have expired. */
+  private expireAppliedDecisions(now: number): void {
+    for (const [id, applied] of this.appliedDecisions) {
+      if (now - applied.at < this.predictedTtlMs) return;
+      this.appliedDecisions.delete(id);
+      this.withdrawable.drop(applied.key);
+    }
   }
 
   /** The worker a workflow's latest step ran on, as far as this router knows. */

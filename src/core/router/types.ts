@@ -87,6 +87,12 @@ export interface SharedDecision {
   /** KV tokens the request holds on the worker once its prefill is done (0 when not tracked). */
   decodeTokens: number;
   tracked: boolean;
+  /**
+   * Names a tracked decision among the fleet's (the deciding router's instance id and its
+   * ticket): the replicas that applied it withdraw what it added there if its engine refuses
+   * it (KVAwareRouter.refuseSharedDecision()), until they hear of its prefill or end.
+   */
+  id?: string;
 }
 
 /** Hears of a prefill the router read off the engine: its ticket and the decision it shared, if any. */

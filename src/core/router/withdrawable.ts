@@ -78,7 +78,10 @@ export class WithdrawablePredictions {
   /** Per worker slot, its first pending decision. */
   private headOf: Int32Array<ArrayBuffer> = new Int32Array(16).fill(NONE);
 
-  /** Ticket → record, linear probing from the ticket's low bits (0: empty; tickets count up from 1). */
+  /**
+   * Ticket → record, linear probing from the ticket's low bits (0: empty; the router's tickets
+   * count up from 1, the keys of decisions it applied from other replicas down from −1).
+   */
   private tableTicket: Float64Array<ArrayBuffer> = new Float64Array(64);
   private tableRecord: Int32Array<ArrayBuffer> = new Int32Array(64);
 
@@ -297,7 +300,7 @@ export class WithdrawablePredictions {
 
   /** The table entry holding the ticket, or NONE. */
   private findTicket(ticket: number): number {
-    if (ticket <= 0) return NONE;
+    if (ticket === 0) return NONE;
     const mask = this.tableTicket.length - 1;
     for (let i = (ticket >>> 0) & mask; this.tableTicket[i] !== 0; i = (i + 1) & mask)
       if (this.tableTicket[i] === ticket) return i;
