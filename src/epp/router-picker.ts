@@ -295,6 +295,7 @@ export class RouterPicker implements EndpointPicker {
         if (!decision || !withdrawable) return;
         withdrawable = false;
         router.markRefused(decision.ticket);
+        if (decision.shared) state.decisionRefused(decision.shared);
       },
       firstByte: () => {
         if (!decision) return;

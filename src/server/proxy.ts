@@ -11,7 +11,8 @@
  * its prefill off the engine), decode until the end, released on completion, error or client
  * disconnect. An engine that answers with an error (4xx or 5xx), or that the request never
  * reached (the connection failed before any answer), holds none of it: the blocks the router
- * predicted it would hold for it are withdrawn (markRefused).
+ * predicted it would hold for it are withdrawn (markRefused), on the other replicas too
+ * (decisionRefused).
  */
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
@@ -166,7 +167,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           overloaded++;
           if (retryAfterS !== undefined) overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
         },
-        onRefused: () => router.markRefused(decision.ticket),
+        onRefused: () => {
+          router.markRefused(decision.ticket);
+          if (decision.shared) state.decisionRefused(decision.shared);
+        },
       });
       release(decision);
       // a client that went away says nothing about the engine: no failure, no retry

@@ -30,10 +30,12 @@ export type ClusterMessage =
       lo: Uint32Array;
       claim?: boolean;
     } & DecisionFields)
-  /** A tracked request's first token: q tokens leave its queued prefill, d join the decode load. */
-  | { cf: 'prefilled'; r: string; w: string; q: number; d: number }
+  /** A tracked request's first token: q tokens leave its queued prefill, d join the decode load; i its decision's id. */
+  | { cf: 'prefilled'; r: string; w: string; q: number; d: number; i?: string }
   /** A tracked request ended; d present when its 'prefilled' was sent (then q already left the prefill). */
-  | { cf: 'released'; r: string; w: string; q: number; d?: number }
+  | { cf: 'released'; r: string; w: string; q: number; d?: number; i?: string }
+  /** A tracked request's engine refused it, holding none of it: what decision i alone added is withdrawn. */
+  | { cf: 'refused'; r: string; w: string; i: string }
   | { cf: 'worker-added'; r: string; worker: WorkerRecord }
   | { cf: 'worker-removed'; r: string; id: string }
   | { cf: 'workflow?'; r: string; q: number; id: string }
@@ -120,6 +122,8 @@ export class ClusterStateStore implements StateStore {
     decisionsSent: 0,
     decisionsApplied: 0,
     decisionsUnknownWorker: 0,
+    /** Refusals of other processes' decisions that withdrew blocks here. */
+    refusalsWithdrawn: 0,
     workflowLookups: 0,
     workflowLookupTimeouts: 0,
     malformedMessages: 0,
@@ -178,14 +182,27 @@ export class ClusterStateStore implements StateStore {
   decisionPrefilled(d: SharedDecision): void {
     if (!d.tracked || this.prefilled.has(d)) return;
     this.prefilled.add(d);
-    this.outbox.push({ cf: 'prefilled', r: this.replicaId, w: d.workerId, q: d.prefillTokens, d: d.decodeTokens });
+    const m: ClusterMessage = {
+      cf: 'prefilled',
+      r: this.replicaId,
+      w: d.workerId,
+      q: d.prefillTokens,
+      d: d.decodeTokens,
+    };
+    if (d.id !== undefined) m.i = d.id;
+    this.outbox.push(m);
   }
 
   decisionEnded(d: SharedDecision): void {
     if (!d.tracked) return;
     const m: ClusterMessage = { cf: 'released', r: this.replicaId, w: d.workerId, q: d.prefillTokens };
     if (this.prefilled.has(d)) m.d = d.decodeTokens;
+    if (d.id !== undefined) m.i = d.id;
     this.outbox.push(m);
+  }
+
+  decisionRefused(d: SharedDecision): void {
+    if (d.tracked && d.id !== undefined) this.outbox.push({ cf: 'refused', r: this.replicaId, w: d.workerId, i: d.id });
   }
 
   workerAdded(worker: WorkerRecord): void {
@@ -224,10 +241,18 @@ export class ClusterStateStore implements StateStore {
           if (typeof m.q === 'number' && this.remote.decided(m.r, m.w, m.q)) this.applyRemote(m.w);
           return;
         case 'prefilled':
-          if (m.r !== this.replicaId && this.remote.prefilled(m.r, m.w, m.q, m.d)) this.applyRemote(m.w);
+          if (m.r === this.replicaId) return;
+          host.router.settleSharedDecision({ id: m.i });
+          if (this.remote.prefilled(m.r, m.w, m.q, m.d)) this.applyRemote(m.w);
           return;
         case 'released':
-          if (m.r !== this.replicaId && this.remote.released(m.r, m.w, m.q, m.d)) this.applyRemote(m.w);
+          if (m.r === this.replicaId) return;
+          host.router.settleSharedDecision({ id: m.i });
+          if (this.remote.released(m.r, m.w, m.q, m.d)) this.applyRemote(m.w);
+          return;
+        case 'refused':
+          if (m.r !== this.replicaId && host.router.refuseSharedDecision({ id: m.i }) > 0)
+            this.counters.refusalsWithdrawn++;
           return;
         case 'worker-added':
           if (m.r !== this.replicaId && !host.listWorkers().some((w) => w.id === m.worker.id))
@@ -253,7 +278,9 @@ export class ClusterStateStore implements StateStore {
         case 'snapshot':
           for (const w of m.workers) if (!host.listWorkers().some((x) => x.id === w.id)) host.addWorkerFromState(w);
           for (const [id, w, s] of m.workflows) host.router.setWorkflowAffinity(id, w, s);
-          for (const d of m.decisions) if (d.r !== this.replicaId) this.apply({ ...d, wf: undefined, s: undefined });
+          // not kept to withdraw: whether they are past refusal was not heard here
+          for (const d of m.decisions)
+            if (d.r !== this.replicaId) this.apply({ ...d, wf: undefined, s: undefined, i: undefined });
           for (const [replica, worker, requests, prefill, decode] of m.loads)
             if (replica !== this.replicaId && this.remote.add(replica, worker, requests, prefill, decode ?? 0))
               this.applyRemote(worker);
@@ -283,6 +310,7 @@ export class ClusterStateStore implements StateStore {
       anchor: m.a,
       claGroup: m.c ?? null,
       contentAnchors: m.ca,
+      id: m.i,
     });
     if (applied) this.counters.decisionsApplied++;
     else this.counters.decisionsUnknownWorker++;
@@ -305,7 +333,7 @@ export interface RelayPeer {
 }
 
 /**
- * The primary's side: relays each process's decisions, prefill-dones, releases and registry changes to the
+ * The primary's side: relays each process's decisions, prefill-dones, releases, refusals and registry changes to the
  * other processes, answers workflow lookups (the first step routed claims the workflow, so
  * two processes starting one workflow at once agree), and gives a process that starts (or
  * restarts) the current state. One thread, so every claim is atomic.
@@ -382,6 +410,13 @@ export class ClusterRelay {
         this.loads.released(from, m.w, m.q, m.d);
         this.broadcast(m, from);
         return;
+      case 'refused': {
+        // a process that starts later does not get its blocks either (the refusal is recent)
+        const at = this.recent.findLastIndex((r) => r.d.r === from && r.d.i === m.i);
+        if (at >= 0) this.recent.splice(at, 1);
+        this.broadcast(m, from);
+        return;
+      }
       case 'worker-added':
         this.workers.set(m.worker.id, m.worker);
         this.broadcast(m, from);

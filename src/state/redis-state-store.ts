@@ -5,10 +5,12 @@ import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import {
   decodeHashes,
   decodeLoadSnapshot,
+  decisionIdOf,
   decodeMessage,
   encodeDecision,
   encodeLoadEntry,
   encodePrefilled,
+  encodeRefused,
   encodeReleased,
   encodeWorkflow,
   parseWorkflow,
@@ -47,6 +49,8 @@ interface RedisStats {
   decisionsPublished: number;
   decisionsApplied: number;
   decisionsUnknownWorker: number;
+  /** Refusals of other replicas' decisions that withdrew blocks here. */
+  refusalsWithdrawn: number;
   workflowLookups: number;
   workflowClaimsLost: number;
   malformedMessages: number;
@@ -72,6 +76,9 @@ interface RedisStats {
  *   `{prefix}load:{replica}` (expiring) and a heartbeat to `{prefix}replicas`: a replica
  *   that joins, or comes back after an outage, starts from those, and a replica that stops
  *   heartbeating has its counts dropped.
+ * - Refusals: when an engine refuses a request holding none of it, a refusal message names its
+ *   decision, and the other replicas withdraw what it alone added to theirs (until its
+ *   prefill-done or release, which settle it).
  * - Registry: `{prefix}workers` (id → worker), changes published on the same channel.
  *
  * Redis is never on the request's critical path except for that first workflow lookup, which
@@ -113,6 +120,7 @@ export class RedisStateStore implements StateStore {
     decisionsPublished: 0,
     decisionsApplied: 0,
     decisionsUnknownWorker: 0,
+    refusalsWithdrawn: 0,
     workflowLookups: 0,
     workflowClaimsLost: 0,
     malformedMessages: 0,
@@ -207,6 +215,11 @@ export class RedisStateStore implements StateStore {
   decisionEnded(d: SharedDecision): void {
     if (!this.up || !d.tracked) return;
     this.publish(JSON.stringify(encodeReleased(this.replicaId, d, this.prefilled.has(d))));
+  }
+
+  decisionRefused(d: SharedDecision): void {
+    const wire = this.up && d.tracked ? encodeRefused(this.replicaId, d) : undefined;
+    if (wire) this.publish(JSON.stringify(wire));
   }
 
   workerAdded(worker: WorkerRecord): void {
@@ -320,10 +333,14 @@ export class RedisStateStore implements StateStore {
         this.applyDecision(msg);
         if (typeof msg.q === 'number' && this.remote.decided(msg.r, msg.w, msg.q)) this.applyRemote(msg.w);
       } else if (msg.k === 'pd') {
+        this.host.router.settleSharedDecision({ id: decisionIdOf(msg) });
         if (this.remote.prefilled(msg.r, msg.w, msg.q, msg.d)) this.applyRemote(msg.w);
       } else if (msg.k === 'rl') {
+        this.host.router.settleSharedDecision({ id: decisionIdOf(msg) });
         if (this.remote.released(msg.r, msg.w, msg.q, typeof msg.d === 'number' ? msg.d : undefined))
           this.applyRemote(msg.w);
+      } else if (msg.k === 'rf') {
+        if (this.host.router.refuseSharedDecision({ id: decisionIdOf(msg) }) > 0) this.counters.refusalsWithdrawn++;
       } else if (msg.k === 'wa') {
         if (!this.host.listWorkers().some((w) => w.id === msg.worker.id)) this.host.addWorkerFromState(msg.worker);
       } else if (msg.k === 'wr') {
@@ -346,6 +363,7 @@ export class RedisStateStore implements StateStore {
         anchor: msg.a,
         claGroup: msg.c ?? null,
         contentAnchors: msg.ca,
+        id: decisionIdOf(msg),
       },
       now,
     );
@@ -433,7 +451,8 @@ export class RedisStateStore implements StateStore {
         if (v === null) continue;
         try {
           const msg = JSON.parse(v) as WireDecision;
-          if (msg.r !== this.replicaId) this.applyDecision({ ...msg, wf: undefined, s: undefined });
+          // nor kept to withdraw: whether it was refused, or is past refusal, was not heard here
+          if (msg.r !== this.replicaId) this.applyDecision({ ...msg, wf: undefined, s: undefined, i: undefined });
         } catch {
           this.counters.malformedMessages++;
         }

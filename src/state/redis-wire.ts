@@ -20,9 +20,12 @@ export interface WireDecision extends DecisionFields {
 }
 /**
  * The shared-state format's version. 2 added `pd` and `rl.d`: a version-1 replica ignores
- * `pd` and takes `rl.q` off its queued prefill as before, which stays right for it.
+ * `pd` and takes `rl.q` off its queued prefill as before, which stays right for it. 3 added
+ * the decision's id `i` (on `d`, `pd` and `rl`) and `rf`: an earlier replica ignores both (it
+ * counts an `rf` among its malformed messages and goes on), and a decision from one comes
+ * without an id, so nothing of it is kept to withdraw.
  */
-export const STATE_WIRE_VERSION = 2;
+export const STATE_WIRE_VERSION = 3;
 
 /** A tracked request's prefill finished (its first token): its tokens move from queued prefill to decode. */
 export interface WirePrefilled {
@@ -33,6 +36,8 @@ export interface WirePrefilled {
   q: number;
   /** Its KV tokens, onto the decode load. */
   d: number;
+  /** The decision's id (version 3): what it added stays for good. */
+  i?: string;
 }
 /** A tracked request ended: its work leaves the worker. */
 export interface WireReleased {
@@ -43,6 +48,16 @@ export interface WireReleased {
   q: number;
   /** Present when its `pd` was published: the decode tokens to take off (q already left the prefill). */
   d?: number;
+  /** The decision's id (version 3): what it added stays for good. */
+  i?: string;
+}
+/** A tracked request's engine refused it, holding none of it: what its decision alone added is withdrawn (version 3). */
+export interface WireRefused {
+  r: string;
+  k: 'rf';
+  w: string;
+  /** The decision's id. */
+  i: string;
 }
 export interface WireWorkerAdded {
   r: string;
@@ -54,7 +69,8 @@ export interface WireWorkerRemoved {
   k: 'wr';
   id: string;
 }
-export type WireMessage = WireDecision | WirePrefilled | WireReleased | WireWorkerAdded | WireWorkerRemoved;
+export type WireMessage =
+  WireDecision | WirePrefilled | WireReleased | WireRefused | WireWorkerAdded | WireWorkerRemoved;
 
 /** Key names of one fleet: everything lives under its prefix (default `contextforge:`). */
 export class RedisKeys {
@@ -84,6 +100,8 @@ export interface DecisionFields {
   ca?: ContentAnchor[];
   /** Present when the request counts as in-flight: its uncached prompt tokens. */
   q?: number;
+  /** The decision's id (SharedDecision.id), which its prefill-done, release and refusal name. */
+  i?: string;
 }
 
 /** Writes the decision's workflow, anchor, content anchors and in-flight prefill into `m` (the Redis and the process channel alike). */
@@ -99,6 +117,7 @@ export function writeDecisionFields(d: SharedDecision, m: DecisionFields): void 
   if (d.contentAnchors && d.contentAnchors.length > 0)
     m.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
   if (d.tracked) m.q = d.prefillTokens;
+  if (d.id !== undefined) m.i = d.id;
 }
 
 /** A decision as this replica publishes it. */
@@ -110,14 +129,27 @@ export function encodeDecision(replicaId: string, d: SharedDecision): WireDecisi
 
 /** A tracked decision's prefill-done as this replica publishes it. */
 export function encodePrefilled(replicaId: string, d: SharedDecision): WirePrefilled {
-  return { r: replicaId, k: 'pd', w: d.workerId, q: d.prefillTokens, d: d.decodeTokens };
+  const wire: WirePrefilled = { r: replicaId, k: 'pd', w: d.workerId, q: d.prefillTokens, d: d.decodeTokens };
+  if (d.id !== undefined) wire.i = d.id;
+  return wire;
 }
 
 /** A tracked decision's release; `prefilled` when its prefill-done was published. */
 export function encodeReleased(replicaId: string, d: SharedDecision, prefilled: boolean): WireReleased {
   const wire: WireReleased = { r: replicaId, k: 'rl', w: d.workerId, q: d.prefillTokens };
   if (prefilled) wire.d = d.decodeTokens;
+  if (d.id !== undefined) wire.i = d.id;
   return wire;
+}
+
+/** A tracked decision's refusal by its engine; undefined for a decision without an id. */
+export function encodeRefused(replicaId: string, d: SharedDecision): WireRefused | undefined {
+  return d.id === undefined ? undefined : { r: replicaId, k: 'rf', w: d.workerId, i: d.id };
+}
+
+/** A message's decision id, if it carries a well-formed one. */
+export function decisionIdOf(msg: { i?: unknown }): string | undefined {
+  return typeof msg.i === 'string' ? msg.i : undefined;
 }
 
 /** Parses a channel message; throws on anything that is not an object with a replica id. */

@@ -64,6 +64,12 @@ export interface StateStore {
   decisionPrefilled(decision: SharedDecision): void;
   /** The request of a tracked decision ended (completed, failed, abandoned): its work left the worker. */
   decisionEnded(decision: SharedDecision): void;
+  /**
+   * The engine refused the request of a tracked decision, holding none of it (see
+   * KVAwareRouter.markRefused()): the other replicas withdraw what the decision alone added
+   * there (KVAwareRouter.refuseSharedDecision()). Called before decisionPrefilled() and decisionEnded().
+   */
+  decisionRefused(decision: SharedDecision): void;
   /** The registry changed through this replica's admin API or configuration. */
   workerAdded(worker: WorkerRecord): void;
   workerRemoved(workerId: string): void;
@@ -82,6 +88,7 @@ export class MemoryStateStore implements StateStore {
   decisionMade(): void {}
   decisionPrefilled(): void {}
   decisionEnded(): void {}
+  decisionRefused(): void {}
   workerAdded(): void {}
   workerRemoved(): void {}
   stats(): StateStats {

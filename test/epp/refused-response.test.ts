@@ -4,6 +4,7 @@ import { KVAwareRouter } from '../../src/core/router/index.js';
 import { EnvoyRole } from './envoy-role.js';
 import { startPickerFleet, type PickerFleet } from './harness.js';
 import { tiers } from '../helpers/prompts.js';
+import { RecordingStateStore } from '../helpers/recording-state-store.js';
 import { until } from '../helpers/wait.js';
 
 // An engine's error answer, as Envoy reports it in the response phase (its :status), means the
@@ -13,9 +14,12 @@ import { until } from '../helpers/wait.js';
 
 let fleet: PickerFleet;
 let envoy: EnvoyRole;
+/** What the gateway tells the other replicas: it shares its decisions, as on Redis. */
+const state = new RecordingStateStore();
 before(async () => {
   fleet = await startPickerFleet({
     engines: 3,
+    state: () => state,
     gateway: { router: new KVAwareRouter({ blockSize: 16, indexMode: 'approximate' }) },
   });
   envoy = new EnvoyRole(fleet.addresses[0]);
@@ -77,4 +81,20 @@ test('a fallback answering 503: the serving worker’s predictions are withdrawn
   assert.deepEqual(tiers(router(), first, prompt), predicted, `${first} did not answer: its decision is not refused`);
   await out.stream.end();
   await until(() => inFlight() === 0, 'the request to be released');
+});
+
+test('an error status: the other replicas are told of the refusal, between the decision and its end', async () => {
+  for (const status of [400, 200]) {
+    state.told.length = 0;
+    const out = await routed(promptOf(20 + status));
+    await out.stream.respondHeaders(
+      { served: out.endpoints[0], headers: { ':status': String(status), 'content-type': 'application/json' } },
+      true,
+    );
+    await out.stream.respondBody([status < 400 ? '{"choices":[]}' : `{"error":{"code":${status}}}`]);
+    await out.stream.end();
+    await until(() => inFlight() === 0, 'the request to be released');
+    const told = state.told.filter((m) => m !== 'prefilled');
+    assert.deepEqual(told, status < 400 ? ['made', 'ended'] : ['made', 'refused', 'ended'], `${status}`);
+  }
 });

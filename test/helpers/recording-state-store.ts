@@ -6,7 +6,7 @@ export class RecordingStateStore implements StateStore {
   readonly kind = 'memory';
   readonly sharesDecisions = true;
   /** The messages, in order. */
-  readonly told: Array<'made' | 'prefilled' | 'ended'> = [];
+  readonly told: Array<'made' | 'prefilled' | 'ended' | 'refused'> = [];
   /** The decisions whose prefill-done it was told. */
   readonly prefilled: SharedDecision[] = [];
   async attach(): Promise<void> {}
@@ -22,6 +22,9 @@ export class RecordingStateStore implements StateStore {
   }
   decisionEnded(): void {
     this.told.push('ended');
+  }
+  decisionRefused(): void {
+    this.told.push('refused');
   }
   workerAdded(): void {}
   workerRemoved(): void {}

@@ -3,6 +3,7 @@ import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { ClusterRelay, ClusterStateStore, type ClusterMessage } from '../../src/state/cluster-state-store.js';
 import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
+import { prompt, tiers } from '../helpers/prompts.js';
 import { settled, until } from '../helpers/wait.js';
 
 /** Gateway processes and the primary's relay in one thread: messages are delivered asynchronously, in order. */
@@ -197,4 +198,49 @@ test("one turn's decisions and releases cross the channel as one message, and ea
   // B sees A's four requests still in flight
   const inFlight = b.router.listWorkers().reduce((n, w) => n + w.inFlightRequests, 0);
   assert.equal(inFlight, 4);
+});
+
+test("A's refused request withdraws at B what B applied of it, and a process that starts later does not get it", async () => {
+  const {
+    processes: [a, b, c],
+  } = fleet(3);
+  await Promise.all([a.store.attach(a.host), b.store.attach(b.host)]);
+  const heldBy = (p: typeof b, workerId: string, tokens: number[]) => tiers(p.router, workerId, tokens);
+  /** A routes and shares the request; B has applied it. */
+  const routed = async (tokens: number[]) => {
+    const d = a.router.route({ tokens }, { share: true });
+    a.store.decisionMade(d.shared!);
+    const atB = await settled(
+      () => heldBy(b, d.workerId, tokens),
+      (t) => t.every((x) => x === 'predicted'),
+    );
+    assert.deepEqual(atB, Array(atB.length).fill('predicted'));
+    return d;
+  };
+  /** A's engine refused it; B has withdrawn it. */
+  const refused = async (d: Awaited<ReturnType<typeof routed>>, tokens: number[]) => {
+    a.router.markRefused(d.ticket);
+    a.store.decisionRefused(d.shared!);
+    const atB = await settled(
+      () => heldBy(b, d.workerId, tokens),
+      (t) => t.every((x) => x === null),
+    );
+    assert.deepEqual(atB, Array(atB.length).fill(null));
+  };
+  const first = await routed(prompt(31, 5));
+  const kept = await routed(prompt(32, 4));
+  a.router.markPrefillDone(kept.ticket);
+  a.store.decisionPrefilled(kept.shared!);
+  await refused(first, prompt(31, 5));
+  assert.deepEqual(heldBy(b, kept.workerId, prompt(32, 4)), Array(4).fill('predicted'));
+  // the relay's snapshot for a process that starts now leaves the refused decision out
+  await c.store.attach(c.host);
+  assert.deepEqual(heldBy(c, first.workerId, prompt(31, 5)), Array(5).fill(null));
+  assert.deepEqual(heldBy(c, kept.workerId, prompt(32, 4)), Array(4).fill('predicted'));
+  // past its first token a decision is settled at B: a refusal named later withdraws nothing
+  // (messages arrive in order: once the next refusal is applied, so is this one)
+  a.store.decisionRefused(kept.shared!);
+  await refused(await routed(prompt(33, 3)), prompt(33, 3));
+  assert.deepEqual(heldBy(b, kept.workerId, prompt(32, 4)), Array(4).fill('predicted'));
+  assert.equal(b.store.stats().refusalsWithdrawn, 2);
 });

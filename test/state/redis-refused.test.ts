@@ -1,0 +1,84 @@
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, test } from 'node:test';
+import { Redis } from 'ioredis';
+import { KVAwareRouter } from '../../src/core/router/index.js';
+import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
+import { BS, prompt, tiers } from '../helpers/prompts.js';
+import { until } from '../helpers/wait.js';
+
+// Two router replicas on the machine's Redis (127.0.0.1:6379, which .ci/run starts when
+// nothing answers there), without gateways: a request A routed and its engine refused
+// withdraws, at B too, the blocks B applied from A's decision. Nothing is mocked; nothing is
+// skipped.
+const REDIS_URL = process.env.CONTEXTFORGE_TEST_REDIS ?? 'redis://127.0.0.1:6379';
+const prefix = `cf-test-${randomBytes(4).toString('hex')}:`;
+const stores: RedisStateStore[] = [];
+
+after(async () => {
+  for (const s of stores) await s.close();
+  const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
+  await r.connect();
+  const keys = await r.keys(`${prefix}*`);
+  if (keys.length > 0) await r.del(...keys);
+  r.disconnect();
+});
+
+async function replica(id: string) {
+  const router = new KVAwareRouter({ blockSize: BS, instanceId: id });
+  const workers: WorkerRecord[] = [{ id: 'e0', url: 'http://e0' }];
+  for (const w of workers) router.registerWorker(w.id);
+  const host: StateStoreHost = {
+    router,
+    listWorkers: () => workers,
+    addWorkerFromState: () => {},
+    removeWorkerFromState: () => {},
+    log: () => {},
+  };
+  const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: id, syncIntervalMs: 60_000 });
+  stores.push(store);
+  await store.attach(host);
+  return { router, store };
+}
+
+const times = <T>(n: number, v: T): T[] => Array.from({ length: n }, () => v);
+const predictedAt = (r: KVAwareRouter, tokens: number[]) => tiers(r, 'e0', tokens).every((t) => t === 'predicted');
+const goneAt = (r: KVAwareRouter, tokens: number[]) => tiers(r, 'e0', tokens).every((t) => t === null);
+
+test("A's refused request withdraws at B what B applied of its decision; one past its prefill keeps its blocks", async () => {
+  const a = await replica('ra');
+  const b = await replica('rb');
+  /** A routes, shares, and B has applied the decision. */
+  const routedAtA = async (tokens: number[]) => {
+    const d = a.router.route({ tokens }, { share: true });
+    a.store.decisionMade(d.shared!);
+    await until(() => predictedAt(b.router, tokens), 'B to apply the decision');
+    return d;
+  };
+  /** A's engine refused it: as the gateway does. */
+  const refusedAtA = (d: ReturnType<KVAwareRouter['route']>) => {
+    a.router.markRefused(d.ticket);
+    a.store.decisionRefused(d.shared!);
+    a.router.release(d.ticket);
+    a.store.decisionEnded(d.shared!);
+  };
+
+  const refused = await routedAtA(prompt(1, 6));
+  refusedAtA(refused);
+  await until(() => goneAt(b.router, prompt(1, 6)), "B to withdraw the refused decision's blocks");
+  assert.equal(b.store.stats().refusalsWithdrawn, 1);
+
+  // past its first token a decision is settled at B: a refusal named later withdraws nothing
+  const prefilled = await routedAtA(prompt(2, 4));
+  a.router.markPrefillDone(prefilled.ticket);
+  a.store.decisionPrefilled(prefilled.shared!);
+  a.store.decisionRefused(prefilled.shared!);
+  // messages from one replica arrive in order: once this refusal is applied, so is the one before
+  const last = await routedAtA(prompt(3, 3));
+  refusedAtA(last);
+  await until(() => goneAt(b.router, prompt(3, 3)), 'B to withdraw the last refused decision');
+  assert.deepEqual(tiers(b.router, 'e0', prompt(2, 4)), times(4, 'predicted'));
+  assert.equal(b.store.stats().refusalsWithdrawn, 2);
+  assert.equal(b.store.stats().malformedMessages, 0);
+});

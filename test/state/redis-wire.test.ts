@@ -1,0 +1,72 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import type { SharedDecision } from '../../src/core/router/index.js';
+import {
+  decodeMessage,
+  encodeDecision,
+  encodePrefilled,
+  encodeRefused,
+  encodeReleased,
+  STATE_WIRE_VERSION,
+} from '../../src/state/redis-wire.js';
+
+// Replicas of different versions meet on the events channel: what a version-2 replica does
+// with each message this version publishes, read as it reads them.
+
+/** What a version-2 replica does with a channel message (its onMessage, as released). */
+function actionOfVersion2(raw: Buffer): string {
+  let msg: Record<string, unknown>;
+  try {
+    msg = decodeMessage(raw) as unknown as Record<string, unknown>;
+  } catch {
+    return 'malformed';
+  }
+  switch (msg.k) {
+    case 'd':
+      return `decision w=${String(msg.w)} h=${String(msg.h)} q=${String(msg.q)}`;
+    case 'pd':
+      return `prefilled w=${String(msg.w)} q=${String(msg.q)} d=${String(msg.d)}`;
+    case 'rl':
+      return `released w=${String(msg.w)} q=${String(msg.q)} d=${typeof msg.d === 'number' ? msg.d : 'none'}`;
+    case 'wa':
+    case 'wr':
+      return 'registry';
+    default:
+      return 'ignored'; // counted among its malformed messages; nothing applied, nothing thrown
+  }
+}
+
+const decision: SharedDecision = {
+  workerId: 'e0',
+  hi: Uint32Array.of(1, 2),
+  lo: Uint32Array.of(3, 4),
+  workflowStep: null,
+  claGroup: null,
+  prefillTokens: 300,
+  decodeTokens: 500,
+  tracked: true,
+  id: 'ab12cd34.7',
+};
+const wire = (m: object) => Buffer.from(JSON.stringify(m));
+
+test('version 3: a version-2 replica ignores a refusal and reads the other messages as before', () => {
+  assert.equal(STATE_WIRE_VERSION, 3);
+  const refusal = encodeRefused('r1', decision)!;
+  assert.deepEqual(refusal, { r: 'r1', k: 'rf', w: 'e0', i: 'ab12cd34.7' });
+  assert.equal(actionOfVersion2(wire(refusal)), 'ignored');
+  // the decision's id rides along on what version 2 knows, which it reads unchanged
+  const { id: _, ...withoutId } = decision;
+  for (const [withId, without] of [
+    [encodeDecision('r1', decision), encodeDecision('r1', withoutId)],
+    [encodePrefilled('r1', decision), encodePrefilled('r1', withoutId)],
+    [encodeReleased('r1', decision, true), encodeReleased('r1', withoutId, true)],
+    [encodeReleased('r1', decision, false), encodeReleased('r1', withoutId, false)],
+  ]) {
+    assert.equal((withId as { i?: string }).i, 'ab12cd34.7');
+    assert.equal((without as { i?: string }).i, undefined);
+    assert.equal(actionOfVersion2(wire(withId)), actionOfVersion2(wire(without)));
+    assert.notEqual(actionOfVersion2(wire(withId)), 'ignored');
+  }
+  // a decision without an id (untracked, or from an earlier version) has no refusal to send
+  assert.equal(encodeRefused('r1', withoutId), undefined);
+});
