@@ -194,15 +194,26 @@ export class RouterFleet {
   private sharePrefilled(replica: number, shared: SharedDecision): void {
     if (this.prefilled.has(shared)) return;
     this.prefilled.add(shared);
-    this.schedule(this.clock() + this.lag, () =>
+    this.schedule(this.clock() + this.lag, () => {
+      this.settle(replica, shared);
       this.updateRemote(replica, shared.workerId, (load, from) =>
         load.prefilled(from, shared.workerId, shared.prefillTokens, shared.decodeTokens),
-      ),
-    );
+      );
+    });
   }
 
-  /** The chosen engine refused the request (HTTP 4xx): its replica withdraws what it predicted there, as the gateway does. */
-  markRefused(replica: number, ticket: number): number {
+  /**
+   * The chosen engine refused the request (HTTP 4xx): its replica withdraws what it predicted
+   * there, as the gateway does, and the others what they applied of its decision, `stateLagMs`
+   * later. Returns what its replica withdrew.
+   */
+  markRefused(replica: number, ticket: number, shared?: SharedDecision): number {
+    if (shared?.tracked && this.replicas.length > 1)
+      this.schedule(this.clock() + this.lag, () =>
+        this.replicas.forEach((r, i) => {
+          if (i !== replica) r.refuseSharedDecision(shared);
+        }),
+      );
     return this.replicas[replica].markRefused(ticket);
   }
 
@@ -210,12 +221,20 @@ export class RouterFleet {
     this.replicas[replica].release(ticket);
     if (shared?.tracked && this.replicas.length > 1) {
       const decode = this.prefilled.has(shared) ? shared.decodeTokens : undefined;
-      this.schedule(this.clock() + this.lag, () =>
+      this.schedule(this.clock() + this.lag, () => {
+        this.settle(replica, shared);
         this.updateRemote(replica, shared.workerId, (load, from) =>
           load.released(from, shared.workerId, shared.prefillTokens, decode),
-        ),
-      );
+        );
+      });
     }
+  }
+
+  /** The others hear the decision is past refusal (its prefill ended, or it ended): what they applied of it stays. */
+  private settle(from: number, shared: SharedDecision): void {
+    this.replicas.forEach((r, i) => {
+      if (i !== from) r.settleSharedDecision(shared);
+    });
   }
 
   private applyDecision(from: number, d: SharedDecision): void {

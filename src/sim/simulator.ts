@@ -325,7 +325,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     }
     // workers of different sizes have different limits: the chosen one may refuse it (HTTP 400, no retry)
     if (engines[w].rejection(limits) !== null) {
-      router.markRefused(replica, d.ticket);
+      router.markRefused(replica, d.ticket, d.shared);
       router.release(replica, d.ticket, d.shared);
       rejected++;
       finished++;

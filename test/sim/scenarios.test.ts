@@ -7,6 +7,7 @@ import { parseWorkerEvent, RouterFleet } from '../../src/sim/scenarios.js';
 import { simulate, type PolicyResult } from '../../src/sim/simulator.js';
 import { loadMooncakeTrace } from '../../src/sim/trace.js';
 import { generateWorkflowTrace } from '../../src/sim/workflows.js';
+import { tiers } from '../helpers/prompts.js';
 
 const head = await loadMooncakeTrace(
   fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)),
@@ -181,6 +182,24 @@ describe('scenarios', () => {
     fleet.release(replica, result.ticket, result.shared);
     l.advance(80);
     assert.deepEqual(seen(), [0, 0, 0]);
+  });
+
+  test("--replicas: a refused request's blocks leave the other replicas after the lag, as its decision reached them", () => {
+    const l = loop();
+    const fleet = new RouterFleet(routers(2), { stateLagMs: 20 }, l.schedule, l.clock);
+    fleet.registerWorker('w0');
+    const tokens = Array.from({ length: 64 }, (_, k) => k);
+    const { replica, result } = fleet.route({ tokens });
+    const other = fleet.replicas[1 - replica];
+    l.advance(20);
+    assert.deepEqual(tiers(other, 'w0', tokens), Array(4).fill('predicted'));
+    l.advance(30);
+    fleet.markRefused(replica, result.ticket, result.shared);
+    fleet.release(replica, result.ticket, result.shared);
+    l.advance(49);
+    assert.deepEqual(tiers(other, 'w0', tokens), Array(4).fill('predicted'), 'not before the lag');
+    l.advance(50);
+    assert.deepEqual(tiers(other, 'w0', tokens), Array(4).fill(null));
   });
 
   test('--replicas in a simulation: every request accounted for, decisions shared', () => {
