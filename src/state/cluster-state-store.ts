@@ -1,7 +1,7 @@
 import { LRUCache } from 'lru-cache';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import { RemoteLoad } from './remote-load.js';
-import { writeDecisionFields, type DecisionFields } from './redis-wire.js';
+import { decisionIdOf, writeDecisionFields, type DecisionFields } from './redis-wire.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
 
 /**
@@ -242,16 +242,16 @@ export class ClusterStateStore implements StateStore {
           return;
         case 'prefilled':
           if (m.r === this.replicaId) return;
-          host.router.settleSharedDecision({ id: m.i });
+          host.router.settleSharedDecision({ id: decisionIdOf(m) });
           if (this.remote.prefilled(m.r, m.w, m.q, m.d)) this.applyRemote(m.w);
           return;
         case 'released':
           if (m.r === this.replicaId) return;
-          host.router.settleSharedDecision({ id: m.i });
+          host.router.settleSharedDecision({ id: decisionIdOf(m) });
           if (this.remote.released(m.r, m.w, m.q, m.d)) this.applyRemote(m.w);
           return;
         case 'refused':
-          if (m.r !== this.replicaId && host.router.refuseSharedDecision({ id: m.i }) > 0)
+          if (m.r !== this.replicaId && host.router.refuseSharedDecision({ id: decisionIdOf(m) }) > 0)
             this.counters.refusalsWithdrawn++;
           return;
         case 'worker-added':
@@ -310,7 +310,7 @@ export class ClusterStateStore implements StateStore {
       anchor: m.a,
       claGroup: m.c ?? null,
       contentAnchors: m.ca,
-      id: m.i,
+      id: decisionIdOf(m),
     });
     if (applied) this.counters.decisionsApplied++;
     else this.counters.decisionsUnknownWorker++;

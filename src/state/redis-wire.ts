@@ -147,9 +147,13 @@ export function encodeRefused(replicaId: string, d: SharedDecision): WireRefused
   return d.id === undefined ? undefined : { r: replicaId, k: 'rf', w: d.workerId, i: d.id };
 }
 
-/** A message's decision id, if it carries a well-formed one. */
-export function decisionIdOf(msg: { i?: unknown }): string | undefined {
-  return typeof msg.i === 'string' ? msg.i : undefined;
+/**
+ * The id a receiving replica knows a message's decision by, if it carries a well-formed one:
+ * scoped by the sender's replica id, so that replicas configured with one instance id (which
+ * the decision's own id starts with) still name their decisions apart.
+ */
+export function decisionIdOf(msg: { r: string; i?: unknown }): string | undefined {
+  return typeof msg.i === 'string' ? `${msg.r}/${msg.i}` : undefined;
 }
 
 /** Parses a channel message; throws on anything that is not an object with a replica id. */

@@ -25,8 +25,8 @@ after(async () => {
   r.disconnect();
 });
 
-async function replica(id: string) {
-  const router = new KVAwareRouter({ blockSize: BS, instanceId: id });
+async function replica(id: string, instanceId = id) {
+  const router = new KVAwareRouter({ blockSize: BS, instanceId });
   const workers: WorkerRecord[] = [{ id: 'e0', url: 'http://e0' }];
   for (const w of workers) router.registerWorker(w.id);
   const host: StateStoreHost = {
@@ -81,4 +81,20 @@ test("A's refused request withdraws at B what B applied of its decision; one pas
   assert.deepEqual(tiers(b.router, 'e0', prompt(2, 4)), times(4, 'predicted'));
   assert.equal(b.store.stats().refusalsWithdrawn, 2);
   assert.equal(b.store.stats().malformedMessages, 0);
+});
+
+test('replicas configured with one instance id: a refusal withdraws only its own decision at the others', async () => {
+  const a = await replica('sa', 'same');
+  const c = await replica('sc', 'same');
+  const b = await replica('sb');
+  const fromA = a.router.route({ tokens: prompt(4, 3) }, { share: true });
+  const fromC = c.router.route({ tokens: prompt(5, 3) }, { share: true });
+  assert.equal(fromA.shared!.id, fromC.shared!.id, 'the same ticket under the same instance id');
+  a.store.decisionMade(fromA.shared!);
+  c.store.decisionMade(fromC.shared!);
+  await until(() => predictedAt(b.router, prompt(4, 3)) && predictedAt(b.router, prompt(5, 3)), 'B to apply both');
+  a.router.markRefused(fromA.ticket);
+  a.store.decisionRefused(fromA.shared!);
+  await until(() => goneAt(b.router, prompt(4, 3)), "B to withdraw A's decision");
+  assert.deepEqual(tiers(b.router, 'e0', prompt(5, 3)), times(3, 'predicted'));
 });
