@@ -1,43 +1,17 @@
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
 import { after, test } from 'node:test';
-import { Redis } from 'ioredis';
-import { KVAwareRouter, type InFlightLoad } from '../../src/core/router/index.js';
-import { RedisStateStore } from '../../src/state/redis-state-store.js';
-import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
+import type { InFlightLoad } from '../../src/core/router/index.js';
+import { redisRouters } from '../helpers/redis-routers.js';
 import { until } from '../helpers/wait.js';
 
 // Two router replicas on the machine's Redis (127.0.0.1:6379, which .ci/run starts when
 // nothing answers there), without gateways: what B sees of A's request as it moves from
 // queued prefill to decode to done. Nothing is mocked; nothing is skipped.
-const REDIS_URL = process.env.CONTEXTFORGE_TEST_REDIS ?? 'redis://127.0.0.1:6379';
-const prefix = `cf-test-${randomBytes(4).toString('hex')}:`;
-const stores: RedisStateStore[] = [];
-
-after(async () => {
-  for (const s of stores) await s.close();
-  const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
-  await r.connect();
-  const keys = await r.keys(`${prefix}*`);
-  if (keys.length > 0) await r.del(...keys);
-  r.disconnect();
-});
+const routers = redisRouters();
+after(() => routers.close());
 
 async function replica(id: string) {
-  const router = new KVAwareRouter({ blockSize: 16 });
-  const workers: WorkerRecord[] = [{ id: 'e0', url: 'http://e0' }];
-  for (const w of workers) router.registerWorker(w.id);
-  const host: StateStoreHost = {
-    router,
-    listWorkers: () => workers,
-    addWorkerFromState: () => {},
-    removeWorkerFromState: () => {},
-    log: () => {},
-  };
-  // a long sync interval: what B learns here comes from A's messages, not from A's snapshots
-  const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: id, syncIntervalMs: 60_000 });
-  stores.push(store);
-  await store.attach(host);
+  const { router, store } = await routers.replica(id);
   return { router, store, load: (): InFlightLoad => router.listWorkers()[0] };
 }
 

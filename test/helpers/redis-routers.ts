@@ -1,0 +1,44 @@
+import { randomBytes } from 'node:crypto';
+import { Redis } from 'ioredis';
+import { KVAwareRouter, type KVAwareRouterOptions } from '../../src/core/router/index.js';
+import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
+
+/** The machine's Redis (127.0.0.1:6379, which .ci/run starts when nothing answers there). */
+export const REDIS_URL = process.env.CONTEXTFORGE_TEST_REDIS ?? 'redis://127.0.0.1:6379';
+
+/**
+ * Router replicas sharing state through Redis, without gateways: each has one worker `e0` and
+ * a long sync interval, so what one learns of another comes from its messages, not from its
+ * snapshots. Every replica lives under one fresh key prefix, deleted by close().
+ */
+export function redisRouters() {
+  const prefix = `cf-test-${randomBytes(4).toString('hex')}:`;
+  const stores: RedisStateStore[] = [];
+  return {
+    async replica(id: string, options: Omit<KVAwareRouterOptions, 'blockSize'> & { blockSize?: number } = {}) {
+      const router = new KVAwareRouter({ blockSize: 16, ...options });
+      const workers: WorkerRecord[] = [{ id: 'e0', url: 'http://e0' }];
+      for (const w of workers) router.registerWorker(w.id);
+      const host: StateStoreHost = {
+        router,
+        listWorkers: () => workers,
+        addWorkerFromState: () => {},
+        removeWorkerFromState: () => {},
+        log: () => {},
+      };
+      const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: id, syncIntervalMs: 60_000 });
+      stores.push(store);
+      await store.attach(host);
+      return { router, store };
+    },
+    async close() {
+      for (const s of stores) await s.close();
+      const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
+      await r.connect();
+      const keys = await r.keys(`${prefix}*`);
+      if (keys.length > 0) await r.del(...keys);
+      r.disconnect();
+    },
+  };
+}
