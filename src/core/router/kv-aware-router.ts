@@ -429,7 +429,12 @@ export class KVAwareRouter {
     const applied = this.appliedDecisions.get(d.id);
     if (!applied) return 0;
     this.appliedDecisions.delete(d.id);
-    const blocks = this.withdrawable.take(applied.key);
+    return this.withdrawKept(applied.key);
+  }
+
+  /** Withdraws from the index the blocks kept under `key` (a ticket, or an applied decision's key). */
+  private withdrawKept(key: number): number {
+    const blocks = this.withdrawable.take(key);
     if (!blocks) return 0;
     return this.index.withdrawPredicted(blocks.slot, blocks.hi, blocks.lo, blocks.start, blocks.end);
   }
@@ -480,10 +485,11 @@ export class KVAwareRouter {
   }
 
   /**
-   * The engine refused the request without computing any of it (an HTTP 4xx answer: a prompt
-   * longer than its context, a parameter it rejects, a 429 when it is overloaded): the blocks
-   * the decision predicted on the worker are withdrawn from the index, since the worker will
-   * not hold them, and the next request with that prefix is not sent there for them. Only
+   * The engine holds none of the request: it refused it (an HTTP 4xx: a prompt longer than its
+   * context, a parameter it rejects, a 429 when it is overloaded), failed it (a 5xx), or never
+   * received it (the connection failed before any answer). The blocks the decision predicted
+   * on the worker are withdrawn from the index, since the worker will not hold them, and the
+   * next request with that prefix is not sent there for them. Only
    * the blocks this decision alone added go: a block the worker held before it (reported by
    * its engine, or predicted for another request) stays, as does one that a decision made
    * since on the same worker predicts too (this replica's, or another's it applied). In
@@ -495,9 +501,7 @@ export class KVAwareRouter {
    */
   markRefused(ticket: number): number {
     // a removed worker's decisions were dropped with it (its slot may be reused since)
-    const blocks = this.withdrawable.take(ticket);
-    if (!blocks) return 0;
-    return this.index.withdrawPredicted(blocks.slot, blocks.hi, blocks.lo, blocks.start, blocks.end);
+    return this.withdrawKept(ticket);
   }
 
   /**
