@@ -272,6 +272,9 @@ export class CostPolicy implements RoutingPolicy {
   private readonly tieBreak = { cursor: 0 };
   private readonly scratch: number[] = [];
   private readonly terms = new Terms();
+  /** A new session's candidates' costs and estimated TTFTs (NaN: excluded), by index, computed once for its bound. */
+  private boundedCosts = new Float64Array(16);
+  private boundedTtfts = new Float64Array(16);
   // the fleet view and the scoring closure are made once; choose() sets what they read
   private readonly fleet: FleetView = {
     queuedPerWorker: 0,
@@ -317,11 +320,11 @@ export class CostPolicy implements RoutingPolicy {
   /** Attention work (W(u) − u) of this router's requests not yet past prefill, per worker slot. */
   private attentionQueued = new Float64Array(0);
   private lastNow = 0;
-  private readonly score = (c: Candidate): number => {
-    const r = this.request!;
-    const t = this.termsOf(c, r);
-    if (this.excludes(t, c) || t.wait + t.kvWait > this.fleet.ttftBound) return NaN;
-    return -t.cost;
+  private readonly score = (c: Candidate, i: number): number => {
+    // a new session's terms were computed for its bound already
+    if (this.fleet.newSession) return this.boundedTtfts[i] > this.fleet.ttftBound ? NaN : -this.boundedCosts[i];
+    const t = this.termsOf(c, this.request!);
+    return this.excludes(t, c) ? NaN : -t.cost;
   };
 
   constructor(readonly weights: Readonly<CostWeights> = DEFAULT_COST_WEIGHTS) {}
@@ -371,12 +374,23 @@ export class CostPolicy implements RoutingPolicy {
     return (!t.fits && f.anyFits) || (t.kvCapacity <= 0 && f.anyBelowCeiling && c.worker.load >= w.pressureCeiling);
   }
 
-  /** A new session's TTFT bound: its lowest estimated TTFT over the workers that can take it, plus the slack. */
+  /**
+   * A new session's TTFT bound: its lowest estimated TTFT over the workers that can take it,
+   * plus the slack. Keeps each candidate's cost and TTFT for score() (NaN: excluded).
+   */
   private boundNewSession(candidates: readonly Candidate[], r: RouteFeatures): void {
+    if (this.boundedCosts.length < candidates.length) {
+      this.boundedCosts = new Float64Array(2 * candidates.length);
+      this.boundedTtfts = new Float64Array(2 * candidates.length);
+    }
     let lowest = Infinity;
-    for (const c of candidates) {
+    for (let i = 0; i < candidates.length; i++) {
+      const c = candidates[i];
       const t = this.termsOf(c, r);
-      if (!this.excludes(t, c) && t.wait + t.kvWait < lowest) lowest = t.wait + t.kvWait;
+      const excluded = this.excludes(t, c);
+      this.boundedCosts[i] = excluded ? NaN : t.cost;
+      this.boundedTtfts[i] = excluded ? NaN : t.wait + t.kvWait;
+      if (!excluded && t.wait + t.kvWait < lowest) lowest = t.wait + t.kvWait;
     }
     // the lowest itself always qualifies, whatever rounding does to the product
     if (lowest < Infinity) this.fleet.ttftBound = Math.max(lowest * (1 + this.weights.newSessionSlack), lowest);

@@ -4,20 +4,20 @@ import type { Candidate } from './types.js';
 export const TIE_EPSILON = 1e-9;
 
 /**
- * Index of the candidate with the highest score (skipping NaN scores). Ties rotate through
- * `cursor`, so equally good workers share the work instead of the first always winning.
- * Returns -1 when no candidate has a score.
+ * Index of the candidate with the highest score (skipping NaN scores); `score` gets each
+ * candidate with its index. Ties rotate through `cursor`, so equally good workers share the
+ * work instead of the first always winning. Returns -1 when no candidate has a score.
  */
 export function pickMax(
   candidates: readonly Candidate[],
-  score: (c: Candidate) => number,
+  score: (c: Candidate, i: number) => number,
   tieBreak: { cursor: number },
   scratch: number[],
 ): number {
   let best = -Infinity;
   scratch.length = 0;
   for (let i = 0; i < candidates.length; i++) {
-    const s = score(candidates[i]);
+    const s = score(candidates[i], i);
     if (Number.isNaN(s)) continue;
     if (s > best + TIE_EPSILON) {
       best = s;
