@@ -237,7 +237,9 @@ export function createProcessHandler(
             return fail(GrpcStatus.FAILED_PRECONDITION, 'response_headers arrived before the request was routed');
           const worker = inFlight?.served(readServedEndpoint(req));
           // after served(): a fallback's error is refused on the worker that answered, and
-          // before the body, whose first byte would take the predictions as computed
+          // before the body, whose first byte would take the predictions as computed. Envoy's
+          // own local replies (a route timeout's 504, while the engine may still be computing)
+          // never get here: ext_proc's onLocalReply() marks processing complete and skips them
           const status = readResponseStatus(req);
           if (status !== undefined && status >= 400) inFlight?.refused();
           const set = worker
