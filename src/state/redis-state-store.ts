@@ -23,6 +23,9 @@ import {
 import { RemoteLoad } from './remote-load.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
 
+/** Deletes KEYS[1] only while it holds ARGV[1] (one round trip, atomic). */
+const DELETE_IF_EQUAL = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
 export interface RedisStateOptions {
   /** redis://[user:password@]host:port[/db] */
   url: string;
@@ -198,7 +201,7 @@ export class RedisStateStore implements StateStore {
 
   decisionMade(d: SharedDecision): void {
     const message = JSON.stringify(encodeDecision(this.replicaId, d));
-    const chain = d.hi.length > 0 ? this.chainKey(d.workerId, d.hi[d.hi.length - 1], d.lo[d.lo.length - 1]) : undefined;
+    const chain = this.chainOf(d);
     if (chain) this.remember(chain, message);
     if (!this.up) return;
     void this.publishDecision(d, message, chain).catch(() => {
@@ -218,8 +221,21 @@ export class RedisStateStore implements StateStore {
   }
 
   decisionRefused(d: SharedDecision): void {
-    const wire = this.up && d.tracked ? encodeRefused(this.replicaId, d) : undefined;
-    if (wire) this.publish(JSON.stringify(wire));
+    if (!d.tracked) return;
+    const wire = encodeRefused(this.replicaId, d);
+    const chain = this.chainOf(d);
+    if (chain && wire) {
+      // a replica that starts or resynchronises loads the chains: the refused decision's must
+      // not come back there. Only while it is still this decision's: a later one with the same
+      // last block on the same worker (a retry the engine took) keeps its own
+      const message = JSON.stringify(encodeDecision(this.replicaId, d));
+      if (this.recent?.get(chain)?.message === message) this.recent.delete(chain);
+      if (this.up)
+        void this.cmd.eval(DELETE_IF_EQUAL, 1, chain, message).catch(() => {
+          this.counters.errors++;
+        });
+    }
+    if (this.up && wire) this.publish(JSON.stringify(wire));
   }
 
   workerAdded(worker: WorkerRecord): void {
@@ -273,8 +289,10 @@ export class RedisStateStore implements StateStore {
     return this.keys.key(...parts);
   }
 
-  private chainKey(workerId: string, hi: number, lo: number): string {
-    return this.keys.chainKey(workerId, hi, lo);
+  /** The key a decision's blocks are kept under (named by its worker and last block); none without blocks. */
+  private chainOf(d: SharedDecision): string | undefined {
+    const n = d.hi.length;
+    return n > 0 ? this.keys.chainKey(d.workerId, d.hi[n - 1], d.lo[n - 1]) : undefined;
   }
 
   private publish(message: string): void {

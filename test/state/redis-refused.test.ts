@@ -72,3 +72,32 @@ test('replicas configured with one instance id: a refusal withdraws only its own
   await until(() => goneAt(b.router, prompt(4, 3)), "B to withdraw A's decision");
   assert.deepEqual(tiers(b.router, 'e0', prompt(5, 3)), times(3, 'predicted'));
 });
+
+test("a replica that joins later does not load a refused decision's blocks from Redis, and does load a later one's", async () => {
+  const a = await replica('ca');
+  const b = await replica('cb');
+  const share = (tokens: number[]) => {
+    const d = a.router.route({ tokens }, { share: true });
+    a.store.decisionMade(d.shared!);
+    return d;
+  };
+  share(prompt(6, 4));
+  const refused = share(prompt(7, 5));
+  await until(() => predictedAt(b.router, prompt(6, 4)) && predictedAt(b.router, prompt(7, 5)), 'B to apply both');
+  // the same prompt routed again after the refusal (a retry the engine took) under the same chain key
+  const first = share(prompt(8, 3));
+  const retried = share(prompt(8, 3));
+  assert.ok(retried.shared!.hi.length > 0, 'the retry records its blocks too');
+  a.router.markRefused(refused.ticket);
+  a.store.decisionRefused(refused.shared!);
+  a.router.markRefused(first.ticket);
+  a.store.decisionRefused(first.shared!);
+  await until(() => goneAt(b.router, prompt(7, 5)), 'B to withdraw the refused decision');
+
+  // C starts from what Redis keeps: the chains of the decisions not refused
+  const c = await replica('cc');
+  assert.deepEqual(tiers(c.router, 'e0', prompt(6, 4)), times(4, 'predicted'));
+  assert.deepEqual(tiers(c.router, 'e0', prompt(8, 3)), times(3, 'predicted'));
+  assert.deepEqual(tiers(c.router, 'e0', prompt(7, 5)), times(5, null));
+  assert.equal(a.store.stats().errors, 0);
+});
