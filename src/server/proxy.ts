@@ -534,6 +534,9 @@ class Attempt implements Dispatcher.DispatchHandler {
    * an event whose end has not arrived is held back (undefined: nothing whole to send yet).
    */
   private wholeEvents(chunk: Buffer): Buffer | undefined {
+    // an empty chunk (undici delivers some) ends nothing: whether the client's stream stands
+    // in the middle of an event is as it was
+    if (chunk.length === 0) return undefined;
     const data = this.held === undefined ? chunk : Buffer.concat([this.held, chunk]);
     this.held = undefined;
     const end = wholeEventsEnd(data);
