@@ -272,8 +272,13 @@ export interface ForwardOptions {
   onRefused: () => void;
 }
 
-/** A 5xx or 429 answer's body is read (keeping the connection) up to this size, then the connection is dropped. */
+/**
+ * A 5xx or 429 answer's body is read (keeping the connection) up to this size and for up to
+ * this long, then the connection is dropped: the status has said the attempt failed, and an
+ * error body that trickles must not hold the request until the inter-chunk timeout.
+ */
 const MAX_DISCARDED_BYTES = 128 * 1024;
+const MAX_DISCARD_MS = 2000;
 /**
  * The unfinished last event of a stream's chunk is held back until its end arrives, up to this
  * size (an event larger than this passes through as it comes): an engine that fails mid-event
@@ -445,6 +450,9 @@ class Attempt implements Dispatcher.DispatchHandler {
     // answer for the client, and another worker can take the request
     if (statusCode >= 500 || statusCode === 429 || statusCode === 401 || statusCode === 403) {
       this.discarding = true;
+      // the first-byte deadline no longer applies: the engine answered, with a failure
+      if (this.timer) clearTimeout(this.timer);
+      this.timer = setTimeout(() => this.abortUpstream?.(new Error('discarded')), MAX_DISCARD_MS);
       if (statusCode === 429) this.o.onOverloaded(retryAfterSeconds(rawHeaders));
       return true;
     }

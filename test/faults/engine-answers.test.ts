@@ -168,6 +168,39 @@ test('an engine answering 429 (overloaded) has its requests retried on another w
   await busy.close();
 });
 
+test('an engine failing with an error body that never ends: the request is retried on another worker, not held', async () => {
+  for (const status of [500, 429]) {
+    let trickles: NodeJS.Timeout | undefined;
+    const bad = await engineAnswering((res) => {
+      // a proxy in front of the engine, say, that sends its error page a byte at a time
+      res.writeHead(status, { 'content-type': 'text/plain' });
+      trickles = setInterval(() => res.write('x'), 50);
+      res.on('close', () => clearInterval(trickles));
+    });
+    // the inter-chunk timeout (the only bound on a non-streamed answer) far above the test's deadline
+    const g = await gatewayWith(bad.url, true, { interChunkTimeoutMs: 600_000 });
+    try {
+      for (const stream of [false, true]) {
+        const res = await fetch(`${g.base}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ prompt: `t${status}${stream}`, max_tokens: 1, stream }),
+          signal: AbortSignal.timeout(30_000),
+        });
+        assert.equal(res.status, 200, `${status}, stream ${stream}`);
+        assert.equal(res.headers.get('x-contextforge-worker'), 'good');
+        await res.text();
+      }
+      assert.ok(bad.requests >= 1, 'the failing engine was tried');
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+    } finally {
+      clearInterval(trickles);
+      await g.close();
+      await bad.close();
+    }
+  }
+});
+
 test('an engine refusing a prompt as too long (400): what the router predicted for it is withdrawn, a served prompt keeps its blocks', async () => {
   const contextTokens = 100;
   const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
