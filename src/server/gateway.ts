@@ -258,6 +258,15 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       log(`internal error on ${where}: ${err.stack ?? err.message}`);
       return void openAiError(reply, 500, 'internal error');
     }
+    // Fastify's refusal of a Content-Type that is not a media type at all ("json", ";"): any
+    // media type is read as JSON, so that header is what the client has to fix
+    if ((err as { code?: unknown }).code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE')
+      return void openAiError(
+        reply,
+        415,
+        'the Content-Type header is not a media type: send application/json',
+        'content-type',
+      );
     const message = status === 413 ? `request body too large: ${err.message}` : err.message;
     void openAiError(reply, status, message, err instanceof RequestLimitError ? err.param : null);
   };

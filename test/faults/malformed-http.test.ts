@@ -155,6 +155,20 @@ test('a compressed body is refused with 415 naming content-encoding, on every ro
   assert.equal(plain.status, 200);
 });
 
+test('a Content-Type that is not a media type is a 415 naming content-type', async () => {
+  for (const type of ['json', ';', 'application/json, text/plain']) {
+    const res = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': type },
+      body: '{"prompt":"x","max_tokens":1}',
+    });
+    assert.equal(res.status, 415, type);
+    const error = openAiError(await res.text());
+    assert.equal(error.param, 'content-type', type);
+    assert.match(String(error.message), /Content-Type/);
+  }
+});
+
 test('JSON sent under another content type is read as JSON, text/plain included', async () => {
   for (const type of ['application/x-www-form-urlencoded', 'text/plain', 'text/plain; charset=utf-8']) {
     const res = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
