@@ -180,10 +180,18 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           headersTimeout: Math.min(timeouts.headersTimeoutMs, timeouts.requestTimeoutMs),
           requestTimeout: timeouts.requestTimeoutMs,
           connectionsCheckingInterval: Math.min(1000, timeouts.headersTimeoutMs),
+          // checked below: Node's own answer is a 400 without a body
+          requireHostHeader: false,
         },
         (req, res) => {
+          if (req.headers.host === undefined && req.httpVersion === '1.1')
+            return answerMalformed(res, 400, 'an HTTP/1.1 request needs a Host header', 'host');
           if (fastPath === undefined || !fastPath(req, res)) handler(req, res);
         },
+      );
+      // an Expect other than 100-continue: Node's own answer is a 417 without a body
+      server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) =>
+        answerMalformed(res, 417, `the expectation '${shownHeader(req.headers.expect)}' is not supported`, 'expect'),
       );
       server.setTimeout(timeouts.connectionTimeoutMs);
       // longer than clients keep idle connections (undici: 4 s), so the server is never the one
@@ -250,6 +258,15 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       log(`internal error on ${where}: ${err.stack ?? err.message}`);
       return void openAiError(reply, 500, 'internal error');
     }
+    // Fastify's refusal of a Content-Type that is not a media type at all ("json", ";"): any
+    // media type is read as JSON, so that header is what the client has to fix
+    if ((err as { code?: unknown }).code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE')
+      return void openAiError(
+        reply,
+        415,
+        'the Content-Type header is not a media type: send application/json',
+        'content-type',
+      );
     const message = status === 413 ? `request body too large: ${err.message}` : err.message;
     void openAiError(reply, status, message, err instanceof RequestLimitError ? err.param : null);
   };
@@ -457,6 +474,26 @@ function answerClientError(err: Error & { code?: string }, socket: Duplex): void
       `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
     );
   socket.destroy();
+}
+
+/**
+ * Answers a request refused before any route runs with an OpenAI error body, and closes the
+ * connection (what the client sent after it is not read as a request).
+ */
+function answerMalformed(res: ServerResponse, status: number, message: string, param: string): void {
+  const body = JSON.stringify({ error: { message, type: 'invalid_request_error', param, code: null } });
+  res.writeHead(status, {
+    connection: 'close',
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': Buffer.byteLength(body),
+  });
+  res.end(body);
+}
+
+/** A header's value as an error message repeats it: cut to 64 characters. */
+function shownHeader(value: string | undefined): string {
+  const v = value ?? '';
+  return v.length <= 64 ? v : `${v.slice(0, 64)}…`;
 }
 
 /** What a route threw, as an Error (anything else thrown is wrapped). */

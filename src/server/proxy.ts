@@ -3,16 +3,16 @@
  * passes the answer back without buffering a stream. Nothing reaches the client before the
  * engine's first body byte, so until then a failure — a connection error, a 5xx, a 429 (the
  * engine overloaded for now), a 401/403 (the engine refusing the gateway's credentials), a
- * streamed answer's first byte overdue, the worker leaving rotation — is retried on another worker
- * (and, except when the worker was taken out, counted by the circuit breaker). A client that
- * goes away is not an engine failure: no breaker count, no failure metric, no retry. The
- * router's in-flight ticket follows the request: prefill until the first upstream byte of a
- * streamed answer (an answer that is not streamed comes whole: the router reads the end of
- * its prefill off the engine), decode until the end, released on completion, error or client
- * disconnect. An engine that answers with an error (4xx or 5xx), or that the request never
- * reached (the connection failed before any answer), holds none of it: the blocks the router
- * predicted it would hold for it are withdrawn (markRefused), on the other replicas too
- * (decisionRefused).
+ * redirect (not followed), a streamed answer's first byte overdue, the worker leaving
+ * rotation — is retried on another worker (and, except when the worker was taken out, counted
+ * by the circuit breaker). A client that goes away is not an engine failure: no breaker
+ * count, no failure metric, no retry. The router's in-flight ticket follows the request:
+ * prefill until the first upstream byte of a streamed answer (an answer that is not streamed
+ * comes whole: the router reads the end of its prefill off the engine), decode until the end,
+ * released on completion, error or client disconnect. An engine that answers with an error
+ * (4xx or 5xx) or a redirect, or that the request never reached (the connection failed before
+ * any answer), holds none of it: the blocks the router predicted it would hold for it are
+ * withdrawn (markRefused), on the other replicas too (decisionRefused).
  */
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
@@ -265,15 +265,20 @@ export interface ForwardOptions {
   /** The engine answered 429, asking to be tried again after `retryAfterS` seconds (when it said). */
   onOverloaded: (retryAfterS: number | undefined) => void;
   /**
-   * The engine holds none of the request: it answered with an error (4xx, 5xx), or the
-   * connection failed before any answer. Not called when the gateway gave up waiting (the
+   * The engine holds none of the request: it answered with an error (4xx, 5xx) or a
+   * redirect, or the connection failed before any answer. Not called when the gateway gave up waiting (the
    * engine may be computing it) or on a timeout.
    */
   onRefused: () => void;
 }
 
-/** A 5xx or 429 answer's body is read (keeping the connection) up to this size, then the connection is dropped. */
+/**
+ * A 5xx or 429 answer's body is read (keeping the connection) up to this size and for up to
+ * this long, then the connection is dropped: the status has said the attempt failed, and an
+ * error body that trickles must not hold the request until the inter-chunk timeout.
+ */
 const MAX_DISCARDED_BYTES = 128 * 1024;
+const MAX_DISCARD_MS = 2000;
 /**
  * The unfinished last event of a stream's chunk is held back until its end arrives, up to this
  * size (an event larger than this passes through as it comes): an engine that fails mid-event
@@ -352,7 +357,7 @@ class Attempt implements Dispatcher.DispatchHandler {
   private readonly started = performance.now();
   private readonly res: ServerResponse;
   private status = 0;
-  /** The engine answered 5xx, 429 or 401/403: its body is read and dropped, then the attempt fails. */
+  /** The engine answered 5xx, 429, 401/403 or 3xx: its body is read and dropped, then the attempt fails. */
   private discarding = false;
   private discarded = 0;
   private headers: Record<string, string> | undefined;
@@ -436,15 +441,21 @@ class Attempt implements Dispatcher.DispatchHandler {
   onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     if (statusCode < 200) return true; // informational
     this.status = statusCode;
-    // a 4xx (passed to the client, or a 429/401/403 tried elsewhere) means the engine computed
-    // nothing; a 5xx that it failed the request (when vLLM's engine core fails, its KV is gone
-    // with it): what the router predicted it would hold is withdrawn
-    if (statusCode >= 400) this.o.onRefused();
-    // an engine's failure, its refusal for now (429: it is overloaded), or a 401/403: the engine
-    // refused the gateway's own credentials (the client's are never forwarded); none is an
-    // answer for the client, and another worker can take the request
-    if (statusCode >= 500 || statusCode === 429 || statusCode === 401 || statusCode === 403) {
+    // a 4xx (passed to the client, or a 429/401/403 tried elsewhere) or a redirect means the
+    // engine computed nothing; a 5xx that it failed the request (when vLLM's engine core fails,
+    // its KV is gone with it): what the router predicted it would hold is withdrawn
+    if (statusCode >= 300) this.o.onRefused();
+    // an engine's failure, its refusal for now (429: it is overloaded), a 401/403: the engine
+    // refused the gateway's own credentials (the client's are never forwarded), or a redirect
+    // (a worker URL that is not the engine's: http behind an ingress that wants https, say; it
+    // is not followed, the request would reach an engine the router did not choose): none is
+    // an answer for the client, and another worker can take the request
+    const redirect = statusCode >= 300 && statusCode < 400;
+    if (statusCode >= 500 || statusCode === 429 || statusCode === 401 || statusCode === 403 || redirect) {
       this.discarding = true;
+      // the first-byte deadline no longer applies: the engine answered, with a failure
+      if (this.timer) clearTimeout(this.timer);
+      this.timer = setTimeout(() => this.abortUpstream?.(new Error('discarded')), MAX_DISCARD_MS);
       if (statusCode === 429) this.o.onOverloaded(retryAfterSeconds(rawHeaders));
       return true;
     }
@@ -534,6 +545,9 @@ class Attempt implements Dispatcher.DispatchHandler {
    * an event whose end has not arrived is held back (undefined: nothing whole to send yet).
    */
   private wholeEvents(chunk: Buffer): Buffer | undefined {
+    // an empty chunk (undici delivers some) ends nothing: whether the client's stream stands
+    // in the middle of an event is as it was
+    if (chunk.length === 0) return undefined;
     const data = this.held === undefined ? chunk : Buffer.concat([this.held, chunk]);
     this.held = undefined;
     const end = wholeEventsEnd(data);

@@ -168,6 +168,39 @@ test('an engine answering 429 (overloaded) has its requests retried on another w
   await busy.close();
 });
 
+test('an engine failing with an error body that never ends: the request is retried on another worker, not held', async () => {
+  for (const status of [500, 429]) {
+    let trickles: NodeJS.Timeout | undefined;
+    const bad = await engineAnswering((res) => {
+      // a proxy in front of the engine, say, that sends its error page a byte at a time
+      res.writeHead(status, { 'content-type': 'text/plain' });
+      trickles = setInterval(() => res.write('x'), 50);
+      res.on('close', () => clearInterval(trickles));
+    });
+    // the inter-chunk timeout (the only bound on a non-streamed answer) far above the test's deadline
+    const g = await gatewayWith(bad.url, true, { interChunkTimeoutMs: 600_000 });
+    try {
+      for (const stream of [false, true]) {
+        const res = await fetch(`${g.base}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ prompt: `t${status}${stream}`, max_tokens: 1, stream }),
+          signal: AbortSignal.timeout(30_000),
+        });
+        assert.equal(res.status, 200, `${status}, stream ${stream}`);
+        assert.equal(res.headers.get('x-contextforge-worker'), 'good');
+        await res.text();
+      }
+      assert.ok(bad.requests >= 1, 'the failing engine was tried');
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+    } finally {
+      clearInterval(trickles);
+      await g.close();
+      await bad.close();
+    }
+  }
+});
+
 test('an engine refusing a prompt as too long (400): what the router predicted for it is withdrawn, a served prompt keeps its blocks', async () => {
   const contextTokens = 100;
   const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
@@ -242,6 +275,40 @@ test('an engine failing a request (500) or never reached holds none of it: its p
     }
   }
   await failing.close();
+});
+
+test('an engine answering with a redirect: not passed to the client, retried elsewhere, its predictions withdrawn', async () => {
+  // a worker URL that is not the engine's own: http:// behind an ingress that redirects to https://
+  const redirecting = await engineAnswering((res) =>
+    res.writeHead(308, { location: 'https://engine.example/v1/completions', 'content-length': '0' }).end(),
+  );
+  try {
+    const g = await gatewayWith(redirecting.url, true); // round robin: the redirecting worker first
+    try {
+      const prompt = blocksOf(g.router, 3, 4);
+      const r = await post(g.base, '/v1/completions', { prompt, max_tokens: 1 });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+      assert.deepEqual(tiers(g.router, 'bad', prompt), Array(4).fill(null), 'nothing stays on the redirecting worker');
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+    } finally {
+      await g.close();
+    }
+    // alone, it is an engine failure the client is told of, not a redirect without its Location
+    const alone = await gatewayWith(redirecting.url, false);
+    try {
+      for (const stream of [false, true]) {
+        const r = await post(alone.base, '/v1/completions', { prompt: 'p', max_tokens: 1, stream });
+        assert.equal(r.status, 502, r.text);
+        assert.equal((JSON.parse(r.text) as { error: { type: string } }).error.type, 'server_error');
+      }
+      assert.equal(alone.router.getStats().inFlightRequests, 0);
+    } finally {
+      await alone.close();
+    }
+  } finally {
+    await redirecting.close();
+  }
 });
 
 test('a request the gateway stopped waiting for keeps its predictions: the engine may be computing it', async () => {

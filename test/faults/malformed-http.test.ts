@@ -110,6 +110,25 @@ test('a URL that does not decode, or a path parameter over the length limit, is 
   assert.equal((await fetch(`http://127.0.0.1:${port}/healthz`)).status, 200);
 });
 
+test('a request Node would answer without a body (no Host, an unknown Expect) gets an OpenAI error naming the header', async () => {
+  const body = '{"prompt":"x","max_tokens":1}';
+  const post = (headers: string) =>
+    `POST /v1/completions HTTP/1.1\r\n${headers}Content-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`;
+  for (const [what, raw, status, param] of [
+    ['an HTTP/1.1 request without Host', post(''), 400, 'host'],
+    ['an Expect other than 100-continue', post('Host: x\r\nExpect: 200-ok\r\n'), 417, 'expect'],
+  ] as const) {
+    const res = await exchange(raw);
+    assert.equal(res.status, status, what);
+    assert.equal(openAiError(res.body).param, param, what);
+  }
+  // HTTP/1.0 needs no Host
+  const old = await exchange(
+    `POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+  );
+  assert.equal(old.status, 200, old.body);
+});
+
 test('a compressed body is refused with 415 naming content-encoding, on every route that takes a body', async () => {
   const body = gzipSync('{"prompt":"x","max_tokens":1}');
   const base = `http://127.0.0.1:${port}`;
@@ -134,6 +153,20 @@ test('a compressed body is refused with 415 naming content-encoding, on every ro
     body: '{"prompt":"x","max_tokens":1}',
   });
   assert.equal(plain.status, 200);
+});
+
+test('a Content-Type that is not a media type is a 415 naming content-type', async () => {
+  for (const type of ['json', ';', 'application/json, text/plain']) {
+    const res = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': type },
+      body: '{"prompt":"x","max_tokens":1}',
+    });
+    assert.equal(res.status, 415, type);
+    const error = openAiError(await res.text());
+    assert.equal(error.param, 'content-type', type);
+    assert.match(String(error.message), /Content-Type/);
+  }
 });
 
 test('JSON sent under another content type is read as JSON, text/plain included', async () => {

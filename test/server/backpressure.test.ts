@@ -4,89 +4,15 @@
  * client gets the whole stream once it reads.
  */
 import assert from 'node:assert/strict';
-import { EventEmitter, once } from 'node:events';
+import { once } from 'node:events';
 import type { ServerResponse } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import { test } from 'node:test';
-import type { Dispatcher } from 'undici';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
-import type { ProxyReply } from '../../src/server/openai-request.js';
-import { forward, type ForwardOptions } from '../../src/server/proxy.js';
-import type { WorkerConnection } from '../../src/server/worker-connections.js';
 import { fakeEngine } from '../faults/harness.js';
+import { forwardTo, SlowClientResponse } from '../helpers/forward-stand-in.js';
 import { until } from '../helpers/wait.js';
-
-/** A client's response whose socket stays full until the test drains it. */
-class SlowClientResponse extends EventEmitter {
-  readonly written: Buffer[] = [];
-  full = true;
-  ended = false;
-  destroyed = false;
-  writableFinished = false;
-  writeHead(): this {
-    return this;
-  }
-  write(chunk: Buffer | string): boolean {
-    this.written.push(Buffer.from(chunk));
-    return !this.full;
-  }
-  end(chunk?: Buffer | string): this {
-    if (chunk !== undefined) this.written.push(Buffer.from(chunk));
-    this.ended = true;
-    this.writableFinished = true;
-    return this;
-  }
-  destroy(): this {
-    this.destroyed = true;
-    return this;
-  }
-  /** The client caught up. */
-  drain(): void {
-    this.full = false;
-    this.emit('drain');
-  }
-}
-
-/** forward() on a stand-in pool that hands the test undici's side of the exchange. */
-function forwardTo(res: SlowClientResponse) {
-  let handler: Dispatcher.DispatchHandler | undefined;
-  const connection = {
-    pool: {
-      dispatch: (_: unknown, h: Dispatcher.DispatchHandler) => {
-        handler = h;
-        return true;
-      },
-    },
-    headers: {},
-    unanswered: new Set<() => void>(),
-  } as unknown as WorkerConnection;
-  const reply = {
-    raw: res as unknown as ServerResponse,
-    sent: false,
-    code: () => reply,
-    header: () => reply,
-    send: () => reply,
-    hijack: () => {},
-  } as unknown as ProxyReply;
-  const options: ForwardOptions = {
-    workerId: 'e0',
-    rank: null,
-    cachedTokens: undefined,
-    streaming: true,
-    firstByteTimeoutMs: 600_000,
-    interChunkTimeoutMs: 600_000,
-    onFirstByte: () => {},
-    onOverloaded: () => {},
-    onRefused: () => {},
-  };
-  const outcome = forward(reply, connection, '/v1/completions', '{}', options);
-  const h = handler!;
-  let resumed = 0;
-  h.onConnect!(() => {});
-  h.onHeaders!(200, [Buffer.from('content-type'), Buffer.from('text/event-stream')], () => resumed++, 'OK');
-  return { h, outcome, resumed: () => resumed };
-}
 
 const event = (i: number) => `data: {"n":${i}}\n\n`;
 

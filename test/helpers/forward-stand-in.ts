@@ -1,0 +1,92 @@
+/**
+ * forward() (src/server/proxy.ts) driven by hand: a stand-in pool hands the test undici's side
+ * of the exchange (onHeaders, onData, onComplete, onError), and a stand-in client response
+ * records what reached the client and stays full until the test drains it.
+ */
+import { EventEmitter } from 'node:events';
+import type { ServerResponse } from 'node:http';
+import type { Dispatcher } from 'undici';
+import type { ProxyReply } from '../../src/server/openai-request.js';
+import { forward, type ForwardOptions, type ForwardOutcome } from '../../src/server/proxy.js';
+import type { WorkerConnection } from '../../src/server/worker-connections.js';
+
+/** A client's response whose socket stays full until the test drains it (`full = false`: never full). */
+export class SlowClientResponse extends EventEmitter {
+  readonly written: Buffer[] = [];
+  full = true;
+  ended = false;
+  destroyed = false;
+  writableFinished = false;
+  writeHead(): this {
+    return this;
+  }
+  write(chunk: Buffer | string): boolean {
+    this.written.push(Buffer.from(chunk));
+    return !this.full;
+  }
+  end(chunk?: Buffer | string): this {
+    if (chunk !== undefined) this.written.push(Buffer.from(chunk));
+    this.ended = true;
+    this.writableFinished = true;
+    return this;
+  }
+  destroy(): this {
+    this.destroyed = true;
+    return this;
+  }
+  /** The client caught up. */
+  drain(): void {
+    this.full = false;
+    this.emit('drain');
+  }
+  /** Everything that reached the client. */
+  text(): string {
+    return Buffer.concat(this.written).toString();
+  }
+}
+
+/**
+ * forward() of a streamed request on a stand-in pool; the engine has answered 200 with
+ * `contentType`. Returns undici's handler, the attempt's outcome and how often the engine was resumed.
+ */
+export function forwardTo(
+  res: SlowClientResponse,
+  contentType = 'text/event-stream',
+): { h: Dispatcher.DispatchHandler; outcome: Promise<ForwardOutcome>; resumed: () => number } {
+  let handler: Dispatcher.DispatchHandler | undefined;
+  const connection = {
+    pool: {
+      dispatch: (_: unknown, h: Dispatcher.DispatchHandler) => {
+        handler = h;
+        return true;
+      },
+    },
+    headers: {},
+    unanswered: new Set<() => void>(),
+  } as unknown as WorkerConnection;
+  const reply = {
+    raw: res as unknown as ServerResponse,
+    sent: false,
+    code: () => reply,
+    header: () => reply,
+    send: () => reply,
+    hijack: () => {},
+  } as unknown as ProxyReply;
+  const options: ForwardOptions = {
+    workerId: 'e0',
+    rank: null,
+    cachedTokens: undefined,
+    streaming: true,
+    firstByteTimeoutMs: 600_000,
+    interChunkTimeoutMs: 600_000,
+    onFirstByte: () => {},
+    onOverloaded: () => {},
+    onRefused: () => {},
+  };
+  const outcome = forward(reply, connection, '/v1/completions', '{}', options);
+  const h = handler!;
+  let resumed = 0;
+  h.onConnect!(() => {});
+  h.onHeaders!(200, [Buffer.from('content-type'), Buffer.from(contentType)], () => resumed++, 'OK');
+  return { h, outcome, resumed: () => resumed };
+}

@@ -1,0 +1,57 @@
+/**
+ * What a streamed answer's client sees of the engine's events: whole events pass, the start of
+ * one whose end has not arrived is held back (up to a bound), and an engine failing mid-stream
+ * ends the stream with an error event of its own, never one glued to a broken event.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { forwardTo, SlowClientResponse } from '../helpers/forward-stand-in.js';
+
+const MiB = 1024 * 1024;
+
+/** The stream's last event, which must be the gateway's error event, whole. */
+function lastEvent(text: string): unknown {
+  assert.ok(text.endsWith('\n\n'), 'the stream ends at the end of an event');
+  const events = text.slice(0, -2).split('\n\n');
+  const last = events[events.length - 1];
+  assert.match(
+    last,
+    /^data: \{"error"/,
+    `the error event starts a line of its own: …${JSON.stringify(last.slice(0, 40))}`,
+  );
+  return JSON.parse(last.slice('data: '.length));
+}
+
+test('an event too large to hold, then an empty chunk, then the engine fails: the error event is an event of its own', async () => {
+  const res = new SlowClientResponse();
+  res.full = false;
+  const { h, outcome } = forwardTo(res);
+  h.onData!(Buffer.from('data: {"n":0}\n\n'));
+  // an event over the 1 MiB held back passes through as it comes (a huge logprobs chunk, say)
+  const piece = Buffer.alloc(256 * 1024, 'x');
+  h.onData!(Buffer.from('data: {"logprobs":"'));
+  for (let i = 0; i < 4; i++) h.onData!(piece);
+  assert.ok(res.text().length > MiB, 'the start of the large event reached the client');
+  // undici delivers an empty chunk (it does at some chunk boundaries), then more of the event
+  h.onData!(Buffer.alloc(0));
+  h.onData!(piece);
+  h.onError!(new Error('other side closed'));
+  assert.equal(await outcome, 'done');
+  assert.deepEqual(lastEvent(res.text()), {
+    error: { message: 'the engine failed mid-stream', type: 'server_error', code: null },
+  });
+});
+
+test('an empty chunk between whole events changes nothing the client sees', async () => {
+  const res = new SlowClientResponse();
+  res.full = false;
+  const { h, outcome } = forwardTo(res);
+  h.onData!(Buffer.from('data: {"n":0}\n\n'));
+  h.onData!(Buffer.alloc(0));
+  h.onData!(Buffer.from('data: {"n":1}\n\ndata: {"n"'));
+  h.onData!(Buffer.alloc(0));
+  h.onData!(Buffer.from(':2}\n\n'));
+  h.onComplete!([]);
+  assert.equal(await outcome, 'done');
+  assert.equal(res.text(), 'data: {"n":0}\n\ndata: {"n":1}\n\ndata: {"n":2}\n\n');
+});
