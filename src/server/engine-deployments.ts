@@ -32,16 +32,12 @@ export function rankEndpoint(endpoint: string, rank: number): string {
   return `${m[1]}:${port}`;
 }
 
-/** Adapters (name → base model) from a /v1/models answer: the entries with a parent. */
-export function adaptersFromModels(list: unknown): Map<string, string> {
+/** Adapters (name → base model) among a /v1/models answer's entries: those with a parent. */
+export function adaptersFromModels(models: ReadonlyArray<{ id: string }>): Map<string, string> {
   const out = new Map<string, string>();
-  const data = (list as { data?: unknown } | null)?.data;
-  if (!Array.isArray(data)) return out;
-  for (const m of data) {
-    const id = (m as { id?: unknown })?.id;
-    const parent = (m as { parent?: unknown })?.parent;
-    if (typeof id === 'string' && id !== '' && typeof parent === 'string' && parent !== '' && parent !== id)
-      out.set(id, parent);
+  for (const m of models) {
+    const parent = (m as { parent?: unknown }).parent;
+    if (typeof parent === 'string' && parent !== '' && parent !== m.id) out.set(m.id, parent);
   }
   return out;
 }

@@ -8,7 +8,6 @@
 import { createServer as createHttpServer, STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
-import { request as upstreamRequest } from 'undici';
 import type { Registry } from 'prom-client';
 import type { KVAwareRouter } from '../core/router/index.js';
 import { WorkerHealth } from '../engines/health.js';
@@ -385,19 +384,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           .listWorkers()
           .filter((w) => w.available)
           .map(async (w) => {
-            try {
-              const c = connections.get(w.id)!;
-              const res = await upstreamRequest(`${c.base}/v1/models`, {
-                headers: c.headers,
-                headersTimeout: 2000,
-                bodyTimeout: 2000,
-              });
-              if (res.statusCode !== 200) return void (await res.body.dump());
-              const list = (await res.body.json()) as { data?: Array<{ id: string }> };
-              for (const m of list.data ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
-            } catch {
-              // an engine that does not answer contributes nothing
-            }
+            const c = connections.get(w.id);
+            // an engine that does not answer contributes nothing
+            for (const m of (c && (await connections.listModels(c))) ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
           }),
       );
       return { object: 'list', data: [...seen.values()] };

@@ -44,6 +44,25 @@ export interface WorkerConnection {
 
 /** Largest /v1/models answer read (vLLM lists each model and adapter in a few hundred bytes). */
 const MAX_MODELS_BYTES = 4 * 1024 * 1024;
+/** Most entries of one worker's /v1/models kept (an engine lists its model and its LoRA adapters). */
+const MAX_MODEL_ENTRIES = 4096;
+/** Longest model id kept (Hugging Face repository ids are at most 96 characters; adapter names are the operator's). */
+const MAX_MODEL_ID_CHARS = 1024;
+
+/** The well-formed entries of a /v1/models answer (`{data: [{id, …}, …]}`); undefined when it has no list. */
+export function modelEntries(answer: unknown): Array<{ id: string }> | undefined {
+  const data = (answer as { data?: unknown } | null)?.data;
+  if (!Array.isArray(data)) return undefined;
+  const out: Array<{ id: string }> = [];
+  for (const m of data) {
+    if (out.length >= MAX_MODEL_ENTRIES) break;
+    if (m === null || typeof m !== 'object' || Array.isArray(m)) continue;
+    const id = (m as { id?: unknown }).id;
+    if (typeof id === 'string' && id !== '' && id.length <= MAX_MODEL_ID_CHARS) out.push(m as { id: string });
+  }
+  return out;
+}
+
 /** Largest /tokenize answer read (token ids take about 7 bytes each: millions of tokens). */
 const MAX_TOKENIZE_BYTES = 64 * 1024 * 1024;
 /** The whole /v1/models or /tokenize exchange, body included, must end within this (ms). */
@@ -273,21 +292,31 @@ export class WorkerConnections {
   /** Reads a worker's LoRA adapters from its /v1/models (entries with a parent, as vLLM lists them). */
   async readAdapters(workerId: string): Promise<void> {
     const first = this.connections.get(this.groups.get(workerId)?.[0] ?? '');
-    if (!first) return;
+    const models = first && (await this.listModels(first));
+    // an engine that does not answer keeps what it listed before
+    if (!models) return;
+    first.adapters.clear();
+    for (const [name, parent] of adaptersFromModels(models)) first.adapters.set(name, parent);
+  }
+
+  /**
+   * The entries of a worker's /v1/models (objects with a non-empty string `id`, at most
+   * MAX_MODEL_ENTRIES), read within the side requests' bounds of size and time; undefined when
+   * it does not answer with a list.
+   */
+  async listModels(c: WorkerConnection): Promise<Array<{ id: string }> | undefined> {
     try {
-      const res = await upstreamRequest(`${first.base}/v1/models`, {
-        headers: first.headers,
+      const res = await upstreamRequest(`${c.base}/v1/models`, {
+        headers: c.headers,
         headersTimeout: 2000,
         bodyTimeout: 2000,
         // bodyTimeout bounds the gaps between chunks, not a body that trickles forever
         signal: AbortSignal.timeout(SIDE_REQUEST_DEADLINE_MS),
       });
       if (res.statusCode !== 200) return void (await res.body.dump());
-      const found = adaptersFromModels(JSON.parse(await readBoundedText(res.body, MAX_MODELS_BYTES, '/v1/models')));
-      first.adapters.clear();
-      for (const [name, parent] of found) first.adapters.set(name, parent);
+      return modelEntries(JSON.parse(await readBoundedText(res.body, MAX_MODELS_BYTES, '/v1/models')));
     } catch {
-      // an engine that does not answer keeps what it listed before
+      return undefined;
     }
   }
 

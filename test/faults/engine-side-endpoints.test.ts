@@ -140,3 +140,64 @@ test('a /metrics page over 16 MiB is not read as load, and a /health answer over
   server.closeAllConnections();
   await new Promise<void>((r) => server.close(() => r()));
 });
+
+test("a client's /v1/models: an endless answer does not hold it, and malformed entries are left out", async () => {
+  const endlessModels = await endlessEngine('/v1/models');
+  const odd = createServer((req, res) => {
+    req.resume();
+    if (req.url !== '/v1/models') return void res.writeHead(404).end();
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(
+      JSON.stringify({
+        object: 'list',
+        data: [
+          null,
+          'a-string',
+          7,
+          [],
+          {},
+          { id: 3 },
+          { id: '' },
+          { id: 'x'.repeat(2000) },
+          { id: 'odd-model', object: 'model' },
+        ],
+      }),
+    );
+  });
+  await new Promise<void>((r) => odd.listen(0, '127.0.0.1', r));
+  const listless = createServer((req, res) => {
+    req.resume();
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ data: 'not a list' }));
+  });
+  await new Promise<void>((r) => listless.listen(0, '127.0.0.1', r));
+  const good = await new MockEngine().start();
+  const url = (s: ReturnType<typeof createServer>) => `http://127.0.0.1:${(s.address() as AddressInfo).port}`;
+  const gateway = await createGateway({
+    router: new KVAwareRouter(),
+    workers: [
+      { id: 'endless', url: endlessModels.url },
+      { id: 'odd', url: url(odd) },
+      { id: 'listless', url: url(listless) },
+      { id: 'good', url: `http://127.0.0.1:${good.port}` },
+    ],
+    ...quiet,
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const answer = await Promise.race([
+    fetch(`${base}/v1/models`),
+    new Promise<undefined>((r) => setTimeout(() => r(undefined), 15_000).unref()),
+  ]);
+  assert.ok(answer, 'answered within 15 s');
+  assert.equal(answer.status, 200);
+  const ids = ((await answer.json()) as { data: Array<{ id: unknown }> }).data.map((m) => m.id);
+  assert.deepEqual(ids.filter((id) => id !== good.model).sort(), ['odd-model']);
+  assert.ok(ids.includes(good.model), "the good engine's model is listed");
+  await gateway.close();
+  for (const s of [odd, listless]) {
+    s.closeAllConnections();
+    await new Promise<void>((r) => s.close(() => r()));
+  }
+  await endlessModels.close();
+  await good.close();
+});
