@@ -297,18 +297,49 @@ function isTimeout(err: Error | undefined): boolean {
   return code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT';
 }
 
-const LF2 = Buffer.from('\n\n');
-const CRLF2 = Buffer.from('\r\n\r\n');
+const LF = 0x0a;
+const CR = 0x0d;
 
-/** Where the last whole SSE event of `data` ends (after its blank line); 0 when none ends in it. */
-function wholeEventsEnd(data: Buffer): number {
-  // engines write whole events, so a chunk usually ends one: no search then (vLLM and SGLang end events with "\n\n")
-  const n = data.length;
-  if (n >= 2 && data[n - 1] === 0x0a && data[n - 2] === 0x0a) return n;
-  if (n >= 4 && data[n - 1] === 0x0a && data[n - 2] === 0x0d && data[n - 3] === 0x0a && data[n - 4] === 0x0d) return n;
-  const lf = data.lastIndexOf(LF2);
-  const crlf = data.lastIndexOf(CRLF2);
-  return Math.max(lf < 0 ? 0 : lf + 2, crlf < 0 ? 0 : crlf + 4);
+/**
+ * Where an event stream stands just before a chunk, for finding where the chunk's events end:
+ * in the middle of a line, at the start of one (after an LF, or at the start of the stream),
+ * just after a CR that ended a line (an LF next completes it: CRLF), or just after a CR that
+ * ended an event (an LF next completes it too, and belongs to that event).
+ */
+type StreamPosition = typeof MID_LINE | typeof LINE_START | typeof AFTER_CR | typeof AFTER_EVENT_CR;
+const MID_LINE = 0;
+const LINE_START = 1;
+const AFTER_CR = 2;
+const AFTER_EVENT_CR = 3;
+
+/**
+ * Where the last whole SSE event of `chunk` ends (after the line end of its blank line); 0 when
+ * none ends in it. A line ends in CRLF, LF or CR (WHATWG HTML, "Server-sent events"), so an
+ * event ends at any line end that ends an empty line: `\n\n`, `\r\n\r\n`, `\r\r`, `\n\r\n`,
+ * `\r\n\n`, `\r\r\n`… A CR at the end of the chunk ends its line whatever comes next: an event
+ * whose blank line ends there is whole. No copy, no allocation: a search back from the end.
+ */
+function eventsEnd(chunk: Buffer, before: StreamPosition): number {
+  const n = chunk.length;
+  // engines write whole events, so a chunk usually ends one (vLLM and SGLang end events with "\n\n")
+  if (n >= 2 && chunk[n - 1] === LF && chunk[n - 2] === LF) return n;
+  let lf = chunk.lastIndexOf(LF);
+  let cr = chunk.lastIndexOf(CR);
+  while (lf >= 0 || cr >= 0) {
+    const i = lf > cr ? lf : cr;
+    if (i === lf) {
+      // an LF after an LF ends an empty line; one after a CR completes that CR's line end (the
+      // CR is looked at next), unless that CR ended an event: then it is the last of the event
+      if (i > 0 ? chunk[i - 1] === LF : before === LINE_START || before === AFTER_EVENT_CR) return i + 1;
+      lf = i > 0 ? chunk.lastIndexOf(LF, i - 1) : -1;
+    } else {
+      // a CR (alone or in a CRLF) at the start of a line ends an empty line
+      if (i > 0 ? chunk[i - 1] === LF || chunk[i - 1] === CR : before !== MID_LINE)
+        return chunk[i + 1] === LF ? i + 2 : i + 1;
+      cr = i > 0 ? chunk.lastIndexOf(CR, i - 1) : -1;
+    }
+  }
+  return 0;
 }
 
 /**
@@ -367,8 +398,11 @@ class Attempt implements Dispatcher.DispatchHandler {
   private parts: Buffer[] | undefined;
   private gathered = 0;
   private firstByteSeen = false;
-  /** The start of a stream's event whose end has not arrived yet (not sent to the client). */
-  private held: Buffer | undefined;
+  /** The start of a stream's event whose end has not arrived yet (not sent to the client), in the chunks it came in. */
+  private held: Buffer[] | undefined;
+  private heldBytes = 0;
+  /** Where the stream stands after what was sent and held: the line end at the start of the next chunk depends on it. */
+  private position: StreamPosition = LINE_START;
   /** What reached the client of a stream ends in the middle of an event (one too large to hold). */
   private midEvent = false;
   /** Something reached the client: a failure now ends its response instead of retrying. */
@@ -547,23 +581,39 @@ class Attempt implements Dispatcher.DispatchHandler {
   private wholeEvents(chunk: Buffer): Buffer | undefined {
     // an empty chunk (undici delivers some) ends nothing: whether the client's stream stands
     // in the middle of an event is as it was
-    if (chunk.length === 0) return undefined;
-    const data = this.held === undefined ? chunk : Buffer.concat([this.held, chunk]);
-    this.held = undefined;
-    const end = wholeEventsEnd(data);
-    if (data.length - end > MAX_HELD_EVENT_BYTES) {
+    const n = chunk.length;
+    if (n === 0) return undefined;
+    const end = eventsEnd(chunk, this.position);
+    const last = chunk[n - 1];
+    this.position = last === LF ? LINE_START : last === CR ? (end === n ? AFTER_EVENT_CR : AFTER_CR) : MID_LINE;
+    const tail = end === 0 ? this.heldBytes + n : n - end;
+    if (tail > MAX_HELD_EVENT_BYTES) {
       // too large to hold: it passes through as it comes
       this.midEvent = true;
-      return data;
+      return this.takeHeld(chunk);
     }
-    if (end === data.length) {
-      this.midEvent = false;
-      return data;
+    if (end === 0) {
+      (this.held ??= []).push(chunk);
+      this.heldBytes += n;
+      return undefined;
     }
-    this.held = data.subarray(end);
-    if (end === 0) return undefined;
     this.midEvent = false;
-    return data.subarray(0, end);
+    if (end === n) return this.takeHeld(chunk);
+    const whole = this.takeHeld(chunk.subarray(0, end));
+    this.held = [chunk.subarray(end)];
+    this.heldBytes = tail;
+    return whole;
+  }
+
+  /** What was held back, followed by `rest` (`rest` itself when nothing was); nothing is held after. */
+  private takeHeld(rest: Buffer): Buffer {
+    const held = this.held;
+    if (held === undefined) return rest;
+    held.push(rest);
+    const out = Buffer.concat(held, this.heldBytes + rest.length);
+    this.held = undefined;
+    this.heldBytes = 0;
+    return out;
   }
 
   onComplete(): void {
@@ -578,7 +628,7 @@ class Attempt implements Dispatcher.DispatchHandler {
     } else {
       if (!this.sent) this.startResponse();
       // the engine ended its stream: what it held back goes as it was sent
-      this.res.end(this.held);
+      this.res.end(this.held === undefined ? undefined : this.takeHeld(Buffer.alloc(0)));
     }
     this.settle('done');
   }
