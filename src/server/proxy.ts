@@ -29,6 +29,7 @@ import {
 } from './openai-request.js';
 import { clientMessage } from './request-limits.js';
 import type { FirstByteDeadlines } from './timeouts.js';
+import { forwardedVia } from './via.js';
 import type { WorkerConnection, WorkerConnections } from './worker-connections.js';
 
 export interface ProxyDeps {
@@ -46,6 +47,8 @@ export interface ProxyDeps {
   firstByte: FirstByteDeadlines;
   /** Add x-contextforge-cached-tokens to responses. */
   cachedTokensHeader: boolean;
+  /** This gateway's pseudonym in the Via header (via.ts): a request whose Via holds it is a loop. */
+  viaPseudonym: string;
 }
 
 /** The longest part of a client's value an error message repeats. */
@@ -91,8 +94,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     interChunkTimeoutMs,
     firstByte,
     cachedTokensHeader,
+    viaPseudonym,
   } = deps;
   return async (req: RequestSource, reply: ProxyReply): Promise<ProxyReply> => {
+    // a request that has been here before is a routing loop: answered before any work is done
+    const via = forwardedVia(req.headers.via, viaPseudonym, req.raw?.httpVersion);
+    if (typeof via !== 'string') return openAiError(reply, via.status, via.message, 'via', via.code);
     const prepared = await readRequest(path, req, reply);
     if (!prepared) return reply;
     const { routeRequest, body, unchanged } = prepared;
@@ -120,6 +127,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     // attempts the engines refused as overloaded (429), and the longest wait they asked for
     let overloaded = 0;
     let overloadedRetryAfterS = 1;
+    // attempts answered 508 Loop Detected: the worker's URL leads back to a gateway on the way
+    let looped = 0;
     for (let attempt = 0; ; attempt++) {
       if (reply.raw.destroyed) {
         // the client left while the request waited for a retry
@@ -135,7 +144,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       if (!decision) return reply;
       if (decision.noWorker) {
         // engines tried and failed: 502 (429 when they were all overloaded); nothing to try at all: 503
-        if (failedAttempts > 0) return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS);
+        if (failedAttempts > 0)
+          return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS, looped);
         reply.header('retry-after', '1');
         return openAiError(reply, 503, 'no worker can take the request now');
       }
@@ -155,6 +165,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         rank: target.rank,
         cachedTokens: cachedTokensHeader ? cachedTokens : undefined,
         streaming,
+        via,
         firstByteTimeoutMs: streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs,
         interChunkTimeoutMs,
         onFirstByte: (seconds) => {
@@ -167,6 +178,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           overloaded++;
           if (retryAfterS !== undefined) overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
         },
+        onLoop: () => looped++,
         onRefused: () => {
           router.markRefused(decision.ticket);
           if (decision.shared) state.decisionRefused(decision.shared);
@@ -193,7 +205,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
         }
-        return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS, decision.workerId);
+        return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS, looped, decision.workerId);
       }
       breaker.answered(decision.workerId);
       metrics.cachedTokens.inc(cachedTokens);
@@ -218,15 +230,25 @@ function retryAfterSeconds(rawHeaders: Buffer[]): number | undefined {
 /**
  * The answer when every engine tried failed: 429 with the longest Retry-After they asked for
  * when each of them refused as overloaded (the client should back off, not report a fault),
- * else 502 with Retry-After: 1.
+ * 508 when each of them answered 508 (a routing loop: retrying cannot help), else 502 with
+ * Retry-After: 1.
  */
 function answerExhausted(
   reply: ProxyReply,
   failedAttempts: number,
   overloaded: number,
   retryAfterS: number,
+  looped: number,
   lastWorker?: string,
 ): ProxyReply {
+  if (looped === failedAttempts)
+    return openAiError(
+      reply,
+      508,
+      'the request came back to a gateway it had passed: a worker URL leads back to a gateway on the way (a routing loop)',
+      'via',
+      'loop_detected',
+    );
   if (overloaded === failedAttempts) {
     reply.header('retry-after', String(retryAfterS));
     return openAiError(reply, 429, 'every engine tried is overloaded; retry later', null, 'rate_limit_exceeded');
@@ -259,11 +281,15 @@ export interface ForwardOptions {
   cachedTokens: number | undefined;
   /** The client asked for a stream. */
   streaming: boolean;
+  /** The Via header the engine gets: the client's, with this gateway's entry appended (via.ts). */
+  via: string;
   firstByteTimeoutMs: number;
   interChunkTimeoutMs: number;
   onFirstByte: (seconds: number) => void;
   /** The engine answered 429, asking to be tried again after `retryAfterS` seconds (when it said). */
   onOverloaded: (retryAfterS: number | undefined) => void;
+  /** The engine answered 508 Loop Detected: a gateway on the way saw the request come back. */
+  onLoop: () => void;
   /**
    * The engine holds none of the request: it answered with an error (4xx, 5xx) or a
    * redirect, or the connection failed before any answer. Not called when the gateway gave up waiting (the
@@ -366,7 +392,8 @@ export function forward(
         path,
         method: 'POST',
         body,
-        headers: connection.headers,
+        // what the worker's connection sends (content type, the engine's key, the rank), and the Via
+        headers: { ...connection.headers, via: o.via },
         headersTimeout: o.streaming ? o.firstByteTimeoutMs + 1000 : o.interChunkTimeoutMs,
         bodyTimeout: o.interChunkTimeoutMs,
       },
@@ -491,6 +518,7 @@ class Attempt implements Dispatcher.DispatchHandler {
       if (this.timer) clearTimeout(this.timer);
       this.timer = setTimeout(() => this.abortUpstream?.(new Error('discarded')), MAX_DISCARD_MS);
       if (statusCode === 429) this.o.onOverloaded(retryAfterSeconds(rawHeaders));
+      else if (statusCode === 508) this.o.onLoop();
       return true;
     }
     let contentType: string | undefined;
