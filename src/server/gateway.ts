@@ -34,6 +34,7 @@ import { sharePrefillReads } from '../state/prefill-sharing.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
+import { forwardedVia, viaPseudonym } from './via.js';
 import { WorkerConnections } from './worker-connections.js';
 import { registerWorkerStateMetrics } from './worker-metrics.js';
 
@@ -116,6 +117,8 @@ export interface Gateway {
   state: StateStore;
   /** The workers and what the gateway keeps per worker. */
   connections: WorkerConnections;
+  /** This gateway's pseudonym in the Via header of what it forwards (random per gateway). */
+  viaPseudonym: string;
   /** Reads an OpenAI request (body and headers) as the proxy does, for other front ends. */
   parseRequest: RequestParser;
   /**
@@ -153,6 +156,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   });
   const state = options.state ?? new MemoryStateStore();
   const bodyLimit = options.bodyLimit ?? 16 * 1024 * 1024;
+  const via = viaPseudonym();
   /** The OpenAI routes' common case before Fastify (set once the routes exist), and whether the gateway is closing. */
   let fastPath: ((req: IncomingMessage, res: ServerResponse) => boolean) | undefined;
   let closing = false;
@@ -320,6 +324,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     interChunkTimeoutMs: timeouts.interChunkTimeoutMs,
     firstByte: new FirstByteDeadlines(timeouts.firstByteTimeoutMs, timeouts.interChunkTimeoutMs),
     cachedTokensHeader: options.cachedTokensHeader === true,
+    viaPseudonym: via,
   };
   const openAi = options.openAiRoutes ?? true;
   if (openAi) {
@@ -377,7 +382,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   );
 
   if (openAi)
-    app.get('/v1/models', apiKeyHook, async () => {
+    app.get('/v1/models', apiKeyHook, async (req, reply) => {
+      // the list is gathered from the workers: one whose URL leads back here would ask again and again
+      const forwarded = forwardedVia(req.headers.via, via, req.raw.httpVersion);
+      if (typeof forwarded !== 'string')
+        return openAiError(reply, forwarded.status, forwarded.message, 'via', forwarded.code);
       const seen = new Map<string, unknown>();
       await Promise.all(
         router
@@ -386,7 +395,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           .map(async (w) => {
             const c = connections.get(w.id);
             // an engine that does not answer contributes nothing
-            for (const m of (c && (await connections.listModels(c))) ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
+            const models = c && (await connections.listModels(c, forwarded));
+            for (const m of models ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
           }),
       );
       return { object: 'list', data: [...seen.values()] };
@@ -418,6 +428,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     adminToken: adminTokenText,
     state,
     connections,
+    viaPseudonym: via,
     parseRequest: createRequestParser(readerOptions),
     close: async (graceMs?: number) => {
       if (graceMs !== undefined && !(graceMs >= 0)) throw new RangeError(`graceMs must be >= 0, got ${graceMs}`);

@@ -29,6 +29,7 @@ import {
 } from './openai-request.js';
 import { clientMessage } from './request-limits.js';
 import type { FirstByteDeadlines } from './timeouts.js';
+import { forwardedVia } from './via.js';
 import type { WorkerConnection, WorkerConnections } from './worker-connections.js';
 
 export interface ProxyDeps {
@@ -46,6 +47,8 @@ export interface ProxyDeps {
   firstByte: FirstByteDeadlines;
   /** Add x-contextforge-cached-tokens to responses. */
   cachedTokensHeader: boolean;
+  /** This gateway's pseudonym in the Via header (via.ts): a request whose Via holds it is a loop. */
+  viaPseudonym: string;
 }
 
 /** The longest part of a client's value an error message repeats. */
@@ -91,8 +94,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     interChunkTimeoutMs,
     firstByte,
     cachedTokensHeader,
+    viaPseudonym,
   } = deps;
   return async (req: RequestSource, reply: ProxyReply): Promise<ProxyReply> => {
+    // a request that has been here before is a routing loop: answered before any work is done
+    const via = forwardedVia(req.headers.via, viaPseudonym, req.raw?.httpVersion);
+    if (typeof via !== 'string') return openAiError(reply, via.status, via.message, 'via', via.code);
     const prepared = await readRequest(path, req, reply);
     if (!prepared) return reply;
     const { routeRequest, body, unchanged } = prepared;
@@ -120,6 +127,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     // attempts the engines refused as overloaded (429), and the longest wait they asked for
     let overloaded = 0;
     let overloadedRetryAfterS = 1;
+    // attempts answered 508 Loop Detected: the worker's URL leads back to a gateway on the way
+    let looped = 0;
     for (let attempt = 0; ; attempt++) {
       if (reply.raw.destroyed) {
         // the client left while the request waited for a retry
@@ -135,7 +144,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       if (!decision) return reply;
       if (decision.noWorker) {
         // engines tried and failed: 502 (429 when they were all overloaded); nothing to try at all: 503
-        if (failedAttempts > 0) return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS);
+        if (failedAttempts > 0)
+          return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS, looped);
         reply.header('retry-after', '1');
         return openAiError(reply, 503, 'no worker can take the request now');
       }
@@ -155,6 +165,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         rank: target.rank,
         cachedTokens: cachedTokensHeader ? cachedTokens : undefined,
         streaming,
+        via,
         firstByteTimeoutMs: streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs,
         interChunkTimeoutMs,
         onFirstByte: (seconds) => {
@@ -167,6 +178,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           overloaded++;
           if (retryAfterS !== undefined) overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
         },
+        onLoop: () => looped++,
         onRefused: () => {
           router.markRefused(decision.ticket);
           if (decision.shared) state.decisionRefused(decision.shared);
@@ -193,7 +205,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
         }
-        return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS, decision.workerId);
+        return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS, looped, decision.workerId);
       }
       breaker.answered(decision.workerId);
       metrics.cachedTokens.inc(cachedTokens);
@@ -218,15 +230,25 @@ function retryAfterSeconds(rawHeaders: Buffer[]): number | undefined {
 /**
  * The answer when every engine tried failed: 429 with the longest Retry-After they asked for
  * when each of them refused as overloaded (the client should back off, not report a fault),
- * else 502 with Retry-After: 1.
+ * 508 when each of them answered 508 (a routing loop: retrying cannot help), else 502 with
+ * Retry-After: 1.
  */
 function answerExhausted(
   reply: ProxyReply,
   failedAttempts: number,
   overloaded: number,
   retryAfterS: number,
+  looped: number,
   lastWorker?: string,
 ): ProxyReply {
+  if (looped === failedAttempts)
+    return openAiError(
+      reply,
+      508,
+      'the request came back to a gateway it had passed: a worker URL leads back to a gateway on the way (a routing loop)',
+      'via',
+      'loop_detected',
+    );
   if (overloaded === failedAttempts) {
     reply.header('retry-after', String(retryAfterS));
     return openAiError(reply, 429, 'every engine tried is overloaded; retry later', null, 'rate_limit_exceeded');
@@ -259,11 +281,15 @@ export interface ForwardOptions {
   cachedTokens: number | undefined;
   /** The client asked for a stream. */
   streaming: boolean;
+  /** The Via header the engine gets: the client's, with this gateway's entry appended (via.ts). */
+  via: string;
   firstByteTimeoutMs: number;
   interChunkTimeoutMs: number;
   onFirstByte: (seconds: number) => void;
   /** The engine answered 429, asking to be tried again after `retryAfterS` seconds (when it said). */
   onOverloaded: (retryAfterS: number | undefined) => void;
+  /** The engine answered 508 Loop Detected: a gateway on the way saw the request come back. */
+  onLoop: () => void;
   /**
    * The engine holds none of the request: it answered with an error (4xx, 5xx) or a
    * redirect, or the connection failed before any answer. Not called when the gateway gave up waiting (the
@@ -297,18 +323,49 @@ function isTimeout(err: Error | undefined): boolean {
   return code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT';
 }
 
-const LF2 = Buffer.from('\n\n');
-const CRLF2 = Buffer.from('\r\n\r\n');
+const LF = 0x0a;
+const CR = 0x0d;
 
-/** Where the last whole SSE event of `data` ends (after its blank line); 0 when none ends in it. */
-function wholeEventsEnd(data: Buffer): number {
-  // engines write whole events, so a chunk usually ends one: no search then (vLLM and SGLang end events with "\n\n")
-  const n = data.length;
-  if (n >= 2 && data[n - 1] === 0x0a && data[n - 2] === 0x0a) return n;
-  if (n >= 4 && data[n - 1] === 0x0a && data[n - 2] === 0x0d && data[n - 3] === 0x0a && data[n - 4] === 0x0d) return n;
-  const lf = data.lastIndexOf(LF2);
-  const crlf = data.lastIndexOf(CRLF2);
-  return Math.max(lf < 0 ? 0 : lf + 2, crlf < 0 ? 0 : crlf + 4);
+/**
+ * Where an event stream stands just before a chunk, for finding where the chunk's events end:
+ * in the middle of a line, at the start of one (after an LF, or at the start of the stream),
+ * just after a CR that ended a line (an LF next completes it: CRLF), or just after a CR that
+ * ended an event (an LF next completes it too, and belongs to that event).
+ */
+type StreamPosition = typeof MID_LINE | typeof LINE_START | typeof AFTER_CR | typeof AFTER_EVENT_CR;
+const MID_LINE = 0;
+const LINE_START = 1;
+const AFTER_CR = 2;
+const AFTER_EVENT_CR = 3;
+
+/**
+ * Where the last whole SSE event of `chunk` ends (after the line end of its blank line); 0 when
+ * none ends in it. A line ends in CRLF, LF or CR (WHATWG HTML, "Server-sent events"), so an
+ * event ends at any line end that ends an empty line: `\n\n`, `\r\n\r\n`, `\r\r`, `\n\r\n`,
+ * `\r\n\n`, `\r\r\n`… A CR at the end of the chunk ends its line whatever comes next: an event
+ * whose blank line ends there is whole. No copy, no allocation: a search back from the end.
+ */
+function eventsEnd(chunk: Buffer, before: StreamPosition): number {
+  const n = chunk.length;
+  // engines write whole events, so a chunk usually ends one (vLLM and SGLang end events with "\n\n")
+  if (n >= 2 && chunk[n - 1] === LF && chunk[n - 2] === LF) return n;
+  let lf = chunk.lastIndexOf(LF);
+  let cr = chunk.lastIndexOf(CR);
+  while (lf >= 0 || cr >= 0) {
+    const i = lf > cr ? lf : cr;
+    if (i === lf) {
+      // an LF after an LF ends an empty line; one after a CR completes that CR's line end (the
+      // CR is looked at next), unless that CR ended an event: then it is the last of the event
+      if (i > 0 ? chunk[i - 1] === LF : before === LINE_START || before === AFTER_EVENT_CR) return i + 1;
+      lf = i > 0 ? chunk.lastIndexOf(LF, i - 1) : -1;
+    } else {
+      // a CR (alone or in a CRLF) at the start of a line ends an empty line
+      if (i > 0 ? chunk[i - 1] === LF || chunk[i - 1] === CR : before !== MID_LINE)
+        return chunk[i + 1] === LF ? i + 2 : i + 1;
+      cr = i > 0 ? chunk.lastIndexOf(CR, i - 1) : -1;
+    }
+  }
+  return 0;
 }
 
 /**
@@ -335,7 +392,8 @@ export function forward(
         path,
         method: 'POST',
         body,
-        headers: connection.headers,
+        // what the worker's connection sends (content type, the engine's key, the rank), and the Via
+        headers: { ...connection.headers, via: o.via },
         headersTimeout: o.streaming ? o.firstByteTimeoutMs + 1000 : o.interChunkTimeoutMs,
         bodyTimeout: o.interChunkTimeoutMs,
       },
@@ -367,8 +425,11 @@ class Attempt implements Dispatcher.DispatchHandler {
   private parts: Buffer[] | undefined;
   private gathered = 0;
   private firstByteSeen = false;
-  /** The start of a stream's event whose end has not arrived yet (not sent to the client). */
-  private held: Buffer | undefined;
+  /** The start of a stream's event whose end has not arrived yet (not sent to the client), in the chunks it came in. */
+  private held: Buffer[] | undefined;
+  private heldBytes = 0;
+  /** Where the stream stands after what was sent and held: the line end at the start of the next chunk depends on it. */
+  private position: StreamPosition = LINE_START;
   /** What reached the client of a stream ends in the middle of an event (one too large to hold). */
   private midEvent = false;
   /** Something reached the client: a failure now ends its response instead of retrying. */
@@ -457,6 +518,7 @@ class Attempt implements Dispatcher.DispatchHandler {
       if (this.timer) clearTimeout(this.timer);
       this.timer = setTimeout(() => this.abortUpstream?.(new Error('discarded')), MAX_DISCARD_MS);
       if (statusCode === 429) this.o.onOverloaded(retryAfterSeconds(rawHeaders));
+      else if (statusCode === 508) this.o.onLoop();
       return true;
     }
     let contentType: string | undefined;
@@ -547,23 +609,39 @@ class Attempt implements Dispatcher.DispatchHandler {
   private wholeEvents(chunk: Buffer): Buffer | undefined {
     // an empty chunk (undici delivers some) ends nothing: whether the client's stream stands
     // in the middle of an event is as it was
-    if (chunk.length === 0) return undefined;
-    const data = this.held === undefined ? chunk : Buffer.concat([this.held, chunk]);
-    this.held = undefined;
-    const end = wholeEventsEnd(data);
-    if (data.length - end > MAX_HELD_EVENT_BYTES) {
+    const n = chunk.length;
+    if (n === 0) return undefined;
+    const end = eventsEnd(chunk, this.position);
+    const last = chunk[n - 1];
+    this.position = last === LF ? LINE_START : last === CR ? (end === n ? AFTER_EVENT_CR : AFTER_CR) : MID_LINE;
+    const tail = end === 0 ? this.heldBytes + n : n - end;
+    if (tail > MAX_HELD_EVENT_BYTES) {
       // too large to hold: it passes through as it comes
       this.midEvent = true;
-      return data;
+      return this.takeHeld(chunk);
     }
-    if (end === data.length) {
-      this.midEvent = false;
-      return data;
+    if (end === 0) {
+      (this.held ??= []).push(chunk);
+      this.heldBytes += n;
+      return undefined;
     }
-    this.held = data.subarray(end);
-    if (end === 0) return undefined;
     this.midEvent = false;
-    return data.subarray(0, end);
+    if (end === n) return this.takeHeld(chunk);
+    const whole = this.takeHeld(chunk.subarray(0, end));
+    this.held = [chunk.subarray(end)];
+    this.heldBytes = tail;
+    return whole;
+  }
+
+  /** What was held back, followed by `rest` (`rest` itself when nothing was); nothing is held after. */
+  private takeHeld(rest: Buffer): Buffer {
+    const held = this.held;
+    if (held === undefined) return rest;
+    held.push(rest);
+    const out = Buffer.concat(held, this.heldBytes + rest.length);
+    this.held = undefined;
+    this.heldBytes = 0;
+    return out;
   }
 
   onComplete(): void {
@@ -578,7 +656,7 @@ class Attempt implements Dispatcher.DispatchHandler {
     } else {
       if (!this.sent) this.startResponse();
       // the engine ended its stream: what it held back goes as it was sent
-      this.res.end(this.held);
+      this.res.end(this.held === undefined ? undefined : this.takeHeld(Buffer.alloc(0)));
     }
     this.settle('done');
   }

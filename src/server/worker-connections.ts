@@ -302,12 +302,13 @@ export class WorkerConnections {
   /**
    * The entries of a worker's /v1/models (objects with a non-empty string `id`, at most
    * MAX_MODEL_ENTRIES), read within the side requests' bounds of size and time; undefined when
-   * it does not answer with a list.
+   * it does not answer with a list. `via`: the Via header to send (for a client's request).
    */
-  async listModels(c: WorkerConnection): Promise<Array<{ id: string }> | undefined> {
+  async listModels(c: WorkerConnection, via?: string): Promise<Array<{ id: string }> | undefined> {
     try {
       const res = await upstreamRequest(`${c.base}/v1/models`, {
-        headers: c.headers,
+        // a client's request carries its Via on (a worker URL that leads back is a routing loop)
+        headers: via === undefined ? c.headers : { ...c.headers, via },
         headersTimeout: 2000,
         bodyTimeout: 2000,
         // bodyTimeout bounds the gaps between chunks, not a body that trickles forever

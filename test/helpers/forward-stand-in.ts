@@ -77,10 +77,12 @@ export function forwardTo(
     rank: null,
     cachedTokens: undefined,
     streaming: true,
+    via: '1.1 contextforge-000000000000',
     firstByteTimeoutMs: 600_000,
     interChunkTimeoutMs: 600_000,
     onFirstByte: () => {},
     onOverloaded: () => {},
+    onLoop: () => {},
     onRefused: () => {},
   };
   const outcome = forward(reply, connection, '/v1/completions', '{}', options);
