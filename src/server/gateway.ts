@@ -405,12 +405,16 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // --------------------------------------------------------------- health, metrics
 
   app.get('/healthz', async () => ({ status: 'ok' }));
-  app.get('/readyz', async (_req, reply) => {
+  const readiness = async (_req: unknown, reply: FastifyReply) => {
     const available = router.listWorkers().filter((w) => w.available).length;
     return reply
       .code(available > 0 ? 200 : 503)
       .send({ status: available > 0 ? 'ready' : 'no available worker', availableWorkers: available });
-  });
+  };
+  app.get('/readyz', readiness);
+  // what a router polls on its engines (vLLM's and SGLang's /health): a gateway that is another
+  // gateway's worker is in rotation while it can serve, out of it while none of its workers can
+  app.get('/health', readiness);
   app.get('/metrics', async (_req, reply) =>
     reply.type(metrics.registry.contentType).send(await metrics.registry.metrics()),
   );
