@@ -155,13 +155,17 @@ test('a compressed body is refused with 415 naming content-encoding, on every ro
   assert.equal(plain.status, 200);
 });
 
+/** A one-token completion sent under Content-Type `type`. */
+const completionAs = (type: string) =>
+  fetch(`http://127.0.0.1:${port}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': type },
+    body: '{"prompt":"x","max_tokens":1}',
+  });
+
 test('a Content-Type that is not a media type is a 415 naming content-type', async () => {
   for (const type of ['json', ';', 'application/json, text/plain']) {
-    const res = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': type },
-      body: '{"prompt":"x","max_tokens":1}',
-    });
+    const res = await completionAs(type);
     assert.equal(res.status, 415, type);
     const error = openAiError(await res.text());
     assert.equal(error.param, 'content-type', type);
@@ -171,11 +175,7 @@ test('a Content-Type that is not a media type is a 415 naming content-type', asy
 
 test('JSON sent under another content type is read as JSON, text/plain included', async () => {
   for (const type of ['application/x-www-form-urlencoded', 'text/plain', 'text/plain; charset=utf-8']) {
-    const res = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': type },
-      body: '{"prompt":"x","max_tokens":1}',
-    });
+    const res = await completionAs(type);
     assert.equal(res.status, 200, `${type}: ${await res.clone().text()}`);
     await res.text();
   }
