@@ -98,6 +98,8 @@ export function createProcessHandler(
     let inFlight: InFlightRequest | undefined;
     let restorer: ModelNameRestorer | undefined;
     let firstByteSeen = false;
+    /** The request body's end (end_of_stream or trailers) arrived. */
+    let bodyEnded = false;
     let closed = false;
     // messages are handled one at a time, in arrival order, even while a pick awaits
     let queue: Promise<void> = Promise.resolve();
@@ -125,7 +127,9 @@ export function createProcessHandler(
       closed = true;
       finish();
       log(`ext_proc stream ${requestId || '-'}: ${message}`);
-      call.destroy(Object.assign(new Error(message), { code }));
+      // grpc-js ends a server stream with an error's status when the error is emitted on it;
+      // destroy() would only tear the stream down, and the peer would wait for a status forever
+      call.emit('error', Object.assign(new Error(message), { code, details: message }));
     };
     const reject = async (status: number, message: string, param: string | null = null, retryAfterSeconds?: number) => {
       options.onOutcome?.(status);
@@ -207,6 +211,8 @@ export function createProcessHandler(
         }
         case 'request_body': {
           if (phase === 'routed') {
+            // the body was routed on and echoed: nothing of it may follow
+            if (bodyEnded) return fail(GrpcStatus.FAILED_PRECONDITION, 'request_body arrived after the body ended');
             // a mode where the body follows our header answer: it passes unchanged
             return send(continueResponse('request_body'));
           }
@@ -220,12 +226,17 @@ export function createProcessHandler(
               return reject(413, `request body too large: over ${options.bodyLimit} bytes`);
             chunks.push(Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length));
           }
-          if (req.request_body?.end_of_stream)
+          if (req.request_body?.end_of_stream) {
+            bodyEnded = true;
             return route(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, bodyBytes), true);
+          }
           return; // buffered: answering a chunk before the end would route on half a body
         }
         case 'request_trailers': {
+          if (phase === 'headers')
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'request_trailers arrived before request_headers');
           if (phase === 'body') {
+            bodyEnded = true;
             // trailers end the body instead of an end_of_stream chunk
             await route(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, bodyBytes), false);
           }
@@ -282,6 +293,8 @@ export function createProcessHandler(
           return;
         }
         case 'response_trailers': {
+          if (phase !== 'routed')
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'response_trailers arrived before the request was routed');
           // trailers end the body: what the model-name restorer held back goes out before them
           const rest = restorer?.push(Buffer.alloc(0), true);
           if (rest && rest.length > 0)

@@ -1,0 +1,118 @@
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import {
+  credentials,
+  makeGenericClientConstructor,
+  status as GrpcStatus,
+  type Client,
+  type ClientDuplexStream,
+} from '@grpc/grpc-js';
+import { extProcService, type ProcessingRequest, type ProcessingResponse } from '../../src/epp/proto.js';
+import { EnvoyRole } from './envoy-role.js';
+import { startPickerFleet, type PickerFleet } from './harness.js';
+import { until } from '../helpers/wait.js';
+
+// Peers that break the ext_proc protocol or send what no gateway should: each gets a clean
+// answer (a gRPC status or a local reply naming the problem), and the picker goes on routing.
+
+let fleet: PickerFleet;
+let envoy: EnvoyRole;
+let client: Client & { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse> };
+before(async () => {
+  fleet = await startPickerFleet({ engines: 2 });
+  envoy = new EnvoyRole(fleet.addresses[0]);
+  const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
+  client = new Ctor(fleet.addresses[0], credentials.createInsecure()) as unknown as typeof client;
+});
+after(async () => {
+  client.close();
+  envoy.close();
+  await fleet.close();
+});
+
+const inFlight = () => fleet.gateways[0].router.listWorkers().reduce((n, w) => n + w.inFlightRequests, 0);
+
+const headers = (h: Record<string, string>) => ({
+  headers: Object.entries(h).map(([key, v]) => ({ key, raw_value: Buffer.from(v) })),
+});
+const REQUEST_HEADERS: ProcessingRequest = {
+  request_headers: { headers: headers({ ':method': 'POST', ':path': '/v1/completions' }), end_of_stream: false },
+};
+const BODY: ProcessingRequest = {
+  request_body: { body: Buffer.from(JSON.stringify({ model: 'mock', prompt: 'hello' })), end_of_stream: true },
+};
+
+interface Ended {
+  answers: ProcessingResponse[];
+  code: number;
+  details: string;
+}
+
+/** Writes `messages` on one stream (without half-closing it) and resolves once the picker ends the stream. */
+function exchange(messages: ProcessingRequest[]): Promise<Ended> {
+  const call = client.Process();
+  const answers: ProcessingResponse[] = [];
+  call.on('data', (m: ProcessingResponse) => answers.push(m));
+  const ended = new Promise<Ended>((resolve, reject) => {
+    // the deadline: a picker that never ends the stream fails the test instead of hanging it
+    const deadline = setTimeout(() => {
+      call.cancel();
+      reject(new Error('the picker did not end the stream within 10 s'));
+    }, 10_000);
+    const done = (e: Ended) => {
+      clearTimeout(deadline);
+      resolve(e);
+    };
+    call.on('error', (e: Error & { code: number; details: string }) =>
+      done({ answers, code: e.code, details: e.details }),
+    );
+    call.on('status', (s: { code: number; details: string }) => {
+      if (s.code === GrpcStatus.OK) done({ answers, code: s.code, details: s.details });
+    });
+  });
+  call.on('end', () => {});
+  for (const m of messages) call.write(m);
+  return ended;
+}
+
+/** The picker still routes a normal request, answers its health check, and holds nothing in flight. */
+async function stillServing(): Promise<void> {
+  const out = await envoy.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'after' }) });
+  assert.equal(out.kind, 'routed');
+  if (out.kind === 'routed') await out.stream.end();
+  assert.equal(await envoy.healthStatus('liveness'), 'SERVING');
+  await until(() => inFlight() === 0, 'nothing in flight');
+}
+
+test('messages out of order end the stream with FAILED_PRECONDITION naming them, not a stream left open', async () => {
+  const cases: Array<[string, ProcessingRequest[], RegExp]> = [
+    ['response_headers first', [{ response_headers: { headers: headers({ ':status': '200' }) } }], /response_headers/],
+    ['response_body first', [{ response_body: { body: Buffer.from('x'), end_of_stream: true } }], /response_body/],
+    ['response_trailers first', [{ response_trailers: { trailers: headers({}) } }], /response_trailers/],
+    ['request_body first', [BODY], /request_body arrived before request_headers/],
+    ['request_trailers first', [{ request_trailers: { trailers: headers({}) } }], /request_trailers/],
+    ['request_headers twice', [REQUEST_HEADERS, REQUEST_HEADERS], /request_headers arrived twice/],
+    [
+      'request_body after the body ended',
+      [REQUEST_HEADERS, BODY, { request_body: { body: Buffer.from('more'), end_of_stream: true } }],
+      /after the body ended/,
+    ],
+  ];
+  for (const [name, messages, details] of cases) {
+    const out = await exchange(messages);
+    assert.equal(out.code, GrpcStatus.FAILED_PRECONDITION, `${name}: status ${out.code} ${out.details}`);
+    assert.match(out.details, details, name);
+    assert.ok(
+      out.answers.every((a) => a.response !== 'response_trailers' && a.response !== 'request_trailers'),
+      `${name}: no trailers answer to a request that was never routed`,
+    );
+  }
+  await stillServing();
+});
+
+test('a ProcessingRequest that sets no request ends the stream with INVALID_ARGUMENT', async () => {
+  const out = await exchange([{}]);
+  assert.equal(out.code, GrpcStatus.INVALID_ARGUMENT);
+  assert.match(out.details, /without a request/);
+  await stillServing();
+});
