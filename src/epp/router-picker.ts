@@ -2,6 +2,8 @@ import { Counter, Histogram, type Registry } from 'prom-client';
 import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router/index.js';
 import type { StateStore } from '../state/state-store.js';
 import type { EndpointPicker, InFlightRequest, PickInput, PickOutcome } from './ext-proc-handler.js';
+import { checkContentEncoding, forwardableBytes, parseRequestBody } from '../server/openai-request.js';
+import { DEFAULT_REQUEST_LIMITS, RequestLimitError } from '../server/request-limits.js';
 import { endpointOfUrl, inSubset, INFERENCE_OBJECTIVE_HEADER, MODEL_NAME_REWRITE_HEADER } from './protocol.js';
 
 /** An OpenAI request read into what the router routes on (the gateway's own parsing and tokenization). */
@@ -25,6 +27,8 @@ export interface RoutingBackend {
   readonly router: KVAwareRouter;
   readonly state: StateStore;
   readonly metrics: Registry;
+  /** Deepest nesting of arrays and objects in a JSON body, as the gateway allows (default 64). */
+  readonly maxJsonDepth?: number;
   /** Every registered worker's id and engine base URL. */
   workers(): Iterable<{ id: string; url: string }>;
   /** Workers that list their models, `model` not among them. */
@@ -155,12 +159,16 @@ export class RouterPicker implements EndpointPicker {
     if (input.body !== undefined && input.body.length > 0) {
       let parsed: unknown;
       try {
-        parsed = JSON.parse(input.body.toString('utf8'));
-      } catch {
-        return { ok: false, status: 400, message: 'the body is not valid JSON' };
+        // as the gateway reads a body: no compressed body, the nesting depth checked before parsing
+        checkContentEncoding(input.headers.get('content-encoding'));
+        parsed = parseRequestBody(input.body, this.backend.maxJsonDepth ?? DEFAULT_REQUEST_LIMITS.maxJsonDepth);
+      } catch (err) {
+        if (err instanceof RequestLimitError)
+          return { ok: false, status: err.status, message: err.message, param: err.param };
+        throw err;
       }
       if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
-        return { ok: false, status: 400, message: 'the body must be a JSON object' };
+        return { ok: false, status: 400, message: 'the body must be a JSON object', param: 'body' };
       const body = parsed as Record<string, unknown>;
       firstTokenReported = body.stream === true;
       let rewritten = false;
@@ -179,8 +187,10 @@ export class RouterPicker implements EndpointPicker {
           return { ok: false, status: prepared.status, message: prepared.message, param: prepared.param ?? null };
         routeRequest = prepared.routeRequest;
         preparedBody = prepared.body;
-        // an unchanged body is forwarded as received, byte for byte
-        if (!prepared.unchanged || rewritten) forwarded = Buffer.from(JSON.stringify(prepared.body));
+        // an unchanged body is forwarded as received, byte for byte, unless it is not UTF-8: then
+        // the engine gets what the router read (invalid sequences replaced), as from the gateway
+        if (!prepared.unchanged || rewritten || forwardableBytes(input.body) === undefined)
+          forwarded = Buffer.from(JSON.stringify(prepared.body));
         const withoutModel = this.backend.workersWithoutModel(model);
         for (const id of withoutModel) excluded.add(id);
         if (withoutModel.size > 0 && withoutModel.size === this.endpointOfWorker.size) {

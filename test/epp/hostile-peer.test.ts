@@ -116,3 +116,58 @@ test('a ProcessingRequest that sets no request ends the stream with INVALID_ARGU
   assert.match(out.details, /without a request/);
   await stillServing();
 });
+
+test('a body nested deeper than the gateway allows → 400 naming the body, with or without a model rewrite', async () => {
+  const deep = (depth: number) => `{"model":"mock","prompt":"deep","x":${'['.repeat(depth)}${']'.repeat(depth)}}`;
+  for (const depth of [65, 10_000, 200_000]) {
+    for (const rewrite of [{}, { 'x-gateway-model-name-rewrite': 'mock' }]) {
+      const out = await envoy.request({ headers: rewrite, body: deep(depth) });
+      assert.equal(out.kind, 'immediate', `depth ${depth}: refused, not routed`);
+      if (out.kind !== 'immediate') {
+        await out.stream.end();
+        continue;
+      }
+      assert.equal(out.status, 400, `depth ${depth} ${JSON.stringify(rewrite)}: ${out.body}`);
+      const error = JSON.parse(out.body).error as { message: string; param: string };
+      assert.match(error.message, /nests deeper than 64 levels/);
+      assert.equal(error.param, 'body');
+    }
+  }
+  const within = await envoy.request({ headers: {}, body: deep(60) });
+  assert.equal(within.kind, 'routed', 'a body within the depth is routed');
+  if (within.kind === 'routed') await within.stream.end();
+  await stillServing();
+});
+
+test('a compressed body → 415 naming content-encoding, as the gateway answers', async () => {
+  const out = await envoy.request({
+    headers: { 'content-encoding': 'gzip' },
+    body: Buffer.from([0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00]),
+  });
+  assert.equal(out.kind === 'immediate' && out.status, 415);
+  if (out.kind === 'immediate') assert.equal(JSON.parse(out.body).error.param, 'content-encoding');
+  const identity = await envoy.request({
+    headers: { 'content-encoding': 'identity' },
+    body: JSON.stringify({ model: 'mock', prompt: 'plain' }),
+  });
+  assert.equal(identity.kind, 'routed');
+  if (identity.kind === 'routed') await identity.stream.end();
+  await stillServing();
+});
+
+test('a body that is not UTF-8 is forwarded as the router read it, valid JSON in UTF-8', async () => {
+  // "prompt": "a\xff\xfeb": the invalid bytes are read as U+FFFD
+  const body = Buffer.concat([
+    Buffer.from('{"model":"mock","prompt":"a'),
+    Buffer.from([0xff, 0xfe]),
+    Buffer.from('b"}'),
+  ]);
+  const out = await envoy.request({ headers: {}, body });
+  assert.equal(out.kind, 'routed');
+  if (out.kind !== 'routed') return;
+  assert.ok(!out.body.equals(body), 'not the invalid bytes');
+  assert.equal(JSON.parse(out.body.toString()).prompt, 'a\ufffd\ufffdb');
+  assert.equal(out.setHeaders.get('content-length'), String(out.body.length));
+  await out.stream.end();
+  await stillServing();
+});
