@@ -90,8 +90,7 @@ export function createProcessHandler(
     let subset: string[] | undefined;
     let requestId = '';
     let requestIdGenerated = false;
-    const chunks: Buffer[] = [];
-    let bodyBytes = 0;
+    const received = new BodyBuffer();
     let bodyMessages = 0;
     let requestBodyMode: BodySendMode | undefined;
     let responseBodyMode: BodySendMode | undefined;
@@ -221,14 +220,13 @@ export function createProcessHandler(
           const chunk = req.request_body?.body;
           bodyMessages++;
           if (chunk && chunk.length > 0) {
-            bodyBytes += chunk.length;
-            if (bodyBytes > options.bodyLimit)
+            if (received.length + chunk.length > options.bodyLimit)
               return reject(413, `request body too large: over ${options.bodyLimit} bytes`);
-            chunks.push(Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length));
+            received.append(chunk);
           }
           if (req.request_body?.end_of_stream) {
             bodyEnded = true;
-            return route(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, bodyBytes), true);
+            return route(received.take(), true);
           }
           return; // buffered: answering a chunk before the end would route on half a body
         }
@@ -238,7 +236,7 @@ export function createProcessHandler(
           if (phase === 'body') {
             bodyEnded = true;
             // trailers end the body instead of an end_of_stream chunk
-            await route(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, bodyBytes), false);
+            await route(received.take(), false);
           }
           if (!closed) await send({ request_trailers: {} });
           return;
@@ -331,6 +329,37 @@ export function createProcessHandler(
       void queue.then(finish);
     });
   };
+}
+
+/**
+ * The request body as its chunks arrive, copied into one buffer that grows by doubling. A chunk
+ * is a view into the gRPC message it came in: kept as it is, a 1-byte chunk of a message padded
+ * to megabytes would hold the whole message, and a body in a million 1-byte chunks would be a
+ * million buffers; either way far more memory than the body limit counts.
+ */
+class BodyBuffer {
+  private buf: Buffer = Buffer.alloc(0);
+  length = 0;
+
+  append(chunk: Uint8Array): void {
+    const needed = this.length + chunk.length;
+    if (needed > this.buf.length) {
+      // the first chunk is taken at its size: a body in one message is copied once
+      const grown = Buffer.allocUnsafe(this.length === 0 ? needed : Math.max(needed, 2 * this.buf.length));
+      this.buf.copy(grown, 0, 0, this.length);
+      this.buf = grown;
+    }
+    this.buf.set(chunk, this.length);
+    this.length = needed;
+  }
+
+  /** The body so far; the buffer is released (routing needs the body once). */
+  take(): Buffer {
+    const out = this.buf.subarray(0, this.length);
+    this.buf = Buffer.alloc(0);
+    this.length = 0;
+    return out;
+  }
 }
 
 const BODY_MODES: readonly BodySendMode[] = [
