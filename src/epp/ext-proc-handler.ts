@@ -109,6 +109,10 @@ export function createProcessHandler(
     };
     const send = async (msg: ProcessingResponse) => {
       if (closed || call.write(msg) || call.destroyed) return;
+      // no more messages are read while the peer does not read the answers: what it goes on
+      // sending (a response body it streams without reading the echo) waits in gRPC's flow
+      // control, not queued in this process without bound
+      call.pause();
       // both listeners go as soon as either fires: a long response through a slow Envoy meets
       // backpressure on many answers, and listeners left behind would pile up on the call
       await new Promise<void>((resolve) => {
@@ -120,6 +124,7 @@ export function createProcessHandler(
         call.on('drain', done);
         call.on('close', done);
       });
+      call.resume();
     };
     const fail = (code: GrpcStatus, message: string) => {
       if (closed) return;
