@@ -20,6 +20,8 @@ export interface RequestRejection {
   status: number;
   message: string;
   param?: string | null;
+  /** Seconds after which the client may try again (the tokenizer was busy). */
+  retryAfterS?: number;
 }
 
 /** What the picker needs from the gateway it runs beside: the same router, workers, state and request parsing. */
@@ -184,7 +186,13 @@ export class RouterPicker implements EndpointPicker {
       if (path) {
         const prepared = await this.backend.prepare(path, body, Object.fromEntries(input.headers));
         if ('status' in prepared)
-          return { ok: false, status: prepared.status, message: prepared.message, param: prepared.param ?? null };
+          return {
+            ok: false,
+            status: prepared.status,
+            message: prepared.message,
+            param: prepared.param ?? null,
+            retryAfterSeconds: prepared.retryAfterS,
+          };
         routeRequest = prepared.routeRequest;
         preparedBody = prepared.body;
         // an unchanged body is forwarded as received, byte for byte, unless it is not UTF-8: then

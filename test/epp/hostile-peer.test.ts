@@ -8,6 +8,7 @@ import {
   type ClientDuplexStream,
 } from '@grpc/grpc-js';
 import { extProcService, type ProcessingRequest, type ProcessingResponse } from '../../src/epp/proto.js';
+import { TokenizerBusyError } from '../../src/engines/tokenizer-pool.js';
 import { EnvoyRole } from './envoy-role.js';
 import { startPickerFleet, type PickerFleet } from './harness.js';
 import { until } from '../helpers/wait.js';
@@ -170,4 +171,25 @@ test('a body that is not UTF-8 is forwarded as the router read it, valid JSON in
   assert.equal(out.setHeaders.get('content-length'), String(out.body.length));
   await out.stream.end();
   await stillServing();
+});
+
+test('a busy tokenizer → 503 with retry-after, as the gateway answers', async () => {
+  const busy = await startPickerFleet({
+    engines: 1,
+    gateway: {
+      tokenize: 'tokenizer',
+      promptTokenizer: { async: true, tokenize: () => Promise.reject(new TokenizerBusyError(64)) },
+    },
+  });
+  const e = new EnvoyRole(busy.addresses[0]);
+  try {
+    const out = await e.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'busy' }) });
+    assert.equal(out.kind === 'immediate' && out.status, 503);
+    if (out.kind !== 'immediate') return;
+    assert.match(JSON.parse(out.body).error.message, /requests waiting/);
+    assert.equal(out.headers.get('retry-after'), '1');
+  } finally {
+    e.close();
+    await busy.close();
+  }
 });
