@@ -16,8 +16,10 @@ import {
 
 /** What the picker is asked: one request's headers, its body (undefined: a header-only request) and the subset hint. */
 export interface PickInput {
-  /** Request headers by lower-case name. */
+  /** Request headers by lower-case name (a repeated one comma-joined). */
   headers: ReadonlyMap<string, string>;
+  /** The headers the request repeats, with each of their values. */
+  repeatedHeaders?: ReadonlyMap<string, readonly string[]>;
   body: Buffer | undefined;
   /** Endpoints Envoy allows (undefined: no hint, every endpoint is eligible). */
   subset: readonly string[] | undefined;
@@ -87,6 +89,7 @@ export function createProcessHandler(
   return (call) => {
     let phase: Phase = 'headers';
     let headers = new Map<string, string>();
+    const repeatedHeaders = new Map<string, string[]>();
     let subset: string[] | undefined;
     let requestId = '';
     let requestIdGenerated = false;
@@ -154,7 +157,7 @@ export function createProcessHandler(
       phase = 'routed';
       let outcome: PickOutcome;
       try {
-        outcome = await options.picker.pick({ headers, body, subset, requestId });
+        outcome = await options.picker.pick({ headers, repeatedHeaders, body, subset, requestId });
       } catch (err) {
         log(`ext_proc ${requestId}: picking failed: ${(err as Error).stack ?? String(err)}`);
         return reject(500, 'the endpoint picker failed');
@@ -196,7 +199,7 @@ export function createProcessHandler(
       switch (req.request) {
         case 'request_headers': {
           if (phase !== 'headers') return fail(GrpcStatus.FAILED_PRECONDITION, 'request_headers arrived twice');
-          headers = readHeaders(req.request_headers);
+          headers = readHeaders(req.request_headers, repeatedHeaders);
           requestId = headers.get(REQUEST_ID_HEADER) ?? '';
           if (requestId === '' || requestId.length > 256) {
             requestId = randomUUID();

@@ -2,7 +2,12 @@ import { Counter, Histogram, type Registry } from 'prom-client';
 import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router/index.js';
 import type { StateStore } from '../state/state-store.js';
 import type { EndpointPicker, InFlightRequest, PickInput, PickOutcome } from './ext-proc-handler.js';
-import { checkContentEncoding, forwardableBytes, parseRequestBody } from '../server/openai-request.js';
+import {
+  checkContentEncoding,
+  forwardableBytes,
+  parseRequestBody,
+  SINGLE_VALUE_HEADERS,
+} from '../server/openai-request.js';
 import { DEFAULT_REQUEST_LIMITS, RequestLimitError } from '../server/request-limits.js';
 import { endpointOfUrl, inSubset, INFERENCE_OBJECTIVE_HEADER, MODEL_NAME_REWRITE_HEADER } from './protocol.js';
 
@@ -42,7 +47,7 @@ export interface RoutingBackend {
   prepare(
     path: '/v1/completions' | '/v1/chat/completions',
     body: unknown,
-    headers: Record<string, string>,
+    headers: Readonly<Record<string, string | string[]>>,
   ): Promise<PreparedRequest | RequestRejection>;
 }
 
@@ -184,7 +189,7 @@ export class RouterPicker implements EndpointPicker {
       model = body.model;
       const path = apiPath(input.headers.get(':path'), body);
       if (path) {
-        const prepared = await this.backend.prepare(path, body, Object.fromEntries(input.headers));
+        const prepared = await this.backend.prepare(path, body, requestHeaders(input));
         if ('status' in prepared)
           return {
             ok: false,
@@ -355,6 +360,18 @@ export class RouterPicker implements EndpointPicker {
     this.endpointCache = byEndpoint;
     this.endpointOfWorker = byWorker;
   }
+}
+
+/**
+ * The headers as the gateway's checks read them: a metadata header that takes one value and
+ * is repeated is given as the list of its values, which the checks refuse (as the gateway
+ * does), rather than as one comma-joined value that would pass for an id.
+ */
+function requestHeaders(input: PickInput): Record<string, string | string[]> {
+  const out: Record<string, string | string[]> = Object.fromEntries(input.headers);
+  for (const [name, values] of input.repeatedHeaders ?? [])
+    if (SINGLE_VALUE_HEADERS.includes(name)) out[name] = [...values];
+  return out;
 }
 
 /** Which OpenAI API a body is for: the request path when it names one, else the body's shape. */

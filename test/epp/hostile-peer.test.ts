@@ -121,13 +121,11 @@ test('a ProcessingRequest that sets no request ends the stream with INVALID_ARGU
 test('a body nested deeper than the gateway allows → 400 naming the body, with or without a model rewrite', async () => {
   const deep = (depth: number) => `{"model":"mock","prompt":"deep","x":${'['.repeat(depth)}${']'.repeat(depth)}}`;
   for (const depth of [65, 10_000, 200_000]) {
-    for (const rewrite of [{}, { 'x-gateway-model-name-rewrite': 'mock' }]) {
+    const rewrites: Array<Record<string, string>> = [{}, { 'x-gateway-model-name-rewrite': 'mock' }];
+    for (const rewrite of rewrites) {
       const out = await envoy.request({ headers: rewrite, body: deep(depth) });
-      assert.equal(out.kind, 'immediate', `depth ${depth}: refused, not routed`);
-      if (out.kind !== 'immediate') {
-        await out.stream.end();
-        continue;
-      }
+      if (out.kind === 'routed') await out.stream.end();
+      if (out.kind !== 'immediate') assert.fail(`depth ${depth}: routed, not refused`);
       assert.equal(out.status, 400, `depth ${depth} ${JSON.stringify(rewrite)}: ${out.body}`);
       const error = JSON.parse(out.body).error as { message: string; param: string };
       assert.match(error.message, /nests deeper than 64 levels/);
@@ -192,4 +190,32 @@ test('a busy tokenizer → 503 with retry-after, as the gateway answers', async 
     e.close();
     await busy.close();
   }
+});
+
+test('a metadata header that takes one value, repeated → 400 naming it, as the gateway answers', async () => {
+  for (const name of ['x-workflow-id', 'x-agent-role']) {
+    const out = await exchange([
+      {
+        request_headers: {
+          headers: {
+            headers: [
+              { key: ':path', raw_value: Buffer.from('/v1/completions') },
+              { key: name, raw_value: Buffer.from('a') },
+              { key: name, raw_value: Buffer.from('b') },
+            ],
+          },
+          end_of_stream: false,
+        },
+      },
+      BODY,
+    ]);
+    assert.equal(out.code, GrpcStatus.OK);
+    const reply = out.answers[0]?.immediate_response;
+    assert.ok(reply, `${name}: a local reply, got ${out.answers.map((a) => a.response).join(', ')}`);
+    assert.equal(reply.status.code, 'BadRequest');
+    const error = JSON.parse(Buffer.from(reply.body ?? []).toString()).error as { message: string; param: string };
+    assert.equal(error.param, name);
+    assert.match(error.message, /must be given once/);
+  }
+  await stillServing();
 });
