@@ -16,8 +16,10 @@ import {
 
 /** What the picker is asked: one request's headers, its body (undefined: a header-only request) and the subset hint. */
 export interface PickInput {
-  /** Request headers by lower-case name. */
+  /** Request headers by lower-case name (a repeated one comma-joined). */
   headers: ReadonlyMap<string, string>;
+  /** The headers the request repeats, with each of their values. */
+  repeatedHeaders?: ReadonlyMap<string, readonly string[]>;
   body: Buffer | undefined;
   /** Endpoints Envoy allows (undefined: no hint, every endpoint is eligible). */
   subset: readonly string[] | undefined;
@@ -87,17 +89,19 @@ export function createProcessHandler(
   return (call) => {
     let phase: Phase = 'headers';
     let headers = new Map<string, string>();
+    const repeatedHeaders = new Map<string, string[]>();
     let subset: string[] | undefined;
     let requestId = '';
     let requestIdGenerated = false;
-    const chunks: Buffer[] = [];
-    let bodyBytes = 0;
+    const received = new BodyBuffer();
     let bodyMessages = 0;
     let requestBodyMode: BodySendMode | undefined;
     let responseBodyMode: BodySendMode | undefined;
     let inFlight: InFlightRequest | undefined;
     let restorer: ModelNameRestorer | undefined;
     let firstByteSeen = false;
+    /** The request body's end (end_of_stream or trailers) arrived. */
+    let bodyEnded = false;
     let closed = false;
     // messages are handled one at a time, in arrival order, even while a pick awaits
     let queue: Promise<void> = Promise.resolve();
@@ -108,6 +112,10 @@ export function createProcessHandler(
     };
     const send = async (msg: ProcessingResponse) => {
       if (closed || call.write(msg) || call.destroyed) return;
+      // no more messages are read while the peer does not read the answers: what it goes on
+      // sending (a response body it streams without reading the echo) waits in gRPC's flow
+      // control, not queued in this process without bound
+      call.pause();
       // both listeners go as soon as either fires: a long response through a slow Envoy meets
       // backpressure on many answers, and listeners left behind would pile up on the call
       await new Promise<void>((resolve) => {
@@ -119,13 +127,16 @@ export function createProcessHandler(
         call.on('drain', done);
         call.on('close', done);
       });
+      call.resume();
     };
     const fail = (code: GrpcStatus, message: string) => {
       if (closed) return;
       closed = true;
       finish();
       log(`ext_proc stream ${requestId || '-'}: ${message}`);
-      call.destroy(Object.assign(new Error(message), { code }));
+      // grpc-js ends a server stream with an error's status when the error is emitted on it;
+      // destroy() would only tear the stream down, and the peer would wait for a status forever
+      call.emit('error', Object.assign(new Error(message), { code, details: message }));
     };
     const reject = async (status: number, message: string, param: string | null = null, retryAfterSeconds?: number) => {
       options.onOutcome?.(status);
@@ -146,7 +157,7 @@ export function createProcessHandler(
       phase = 'routed';
       let outcome: PickOutcome;
       try {
-        outcome = await options.picker.pick({ headers, body, subset, requestId });
+        outcome = await options.picker.pick({ headers, repeatedHeaders, body, subset, requestId });
       } catch (err) {
         log(`ext_proc ${requestId}: picking failed: ${(err as Error).stack ?? String(err)}`);
         return reject(500, 'the endpoint picker failed');
@@ -188,7 +199,7 @@ export function createProcessHandler(
       switch (req.request) {
         case 'request_headers': {
           if (phase !== 'headers') return fail(GrpcStatus.FAILED_PRECONDITION, 'request_headers arrived twice');
-          headers = readHeaders(req.request_headers);
+          headers = readHeaders(req.request_headers, repeatedHeaders);
           requestId = headers.get(REQUEST_ID_HEADER) ?? '';
           if (requestId === '' || requestId.length > 256) {
             requestId = randomUUID();
@@ -207,6 +218,8 @@ export function createProcessHandler(
         }
         case 'request_body': {
           if (phase === 'routed') {
+            // the body was routed on and echoed: nothing of it may follow
+            if (bodyEnded) return fail(GrpcStatus.FAILED_PRECONDITION, 'request_body arrived after the body ended');
             // a mode where the body follows our header answer: it passes unchanged
             return send(continueResponse('request_body'));
           }
@@ -215,19 +228,23 @@ export function createProcessHandler(
           const chunk = req.request_body?.body;
           bodyMessages++;
           if (chunk && chunk.length > 0) {
-            bodyBytes += chunk.length;
-            if (bodyBytes > options.bodyLimit)
+            if (received.length + chunk.length > options.bodyLimit)
               return reject(413, `request body too large: over ${options.bodyLimit} bytes`);
-            chunks.push(Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length));
+            received.append(chunk);
           }
-          if (req.request_body?.end_of_stream)
-            return route(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, bodyBytes), true);
+          if (req.request_body?.end_of_stream) {
+            bodyEnded = true;
+            return route(received.take(), true);
+          }
           return; // buffered: answering a chunk before the end would route on half a body
         }
         case 'request_trailers': {
+          if (phase === 'headers')
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'request_trailers arrived before request_headers');
           if (phase === 'body') {
+            bodyEnded = true;
             // trailers end the body instead of an end_of_stream chunk
-            await route(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, bodyBytes), false);
+            await route(received.take(), false);
           }
           if (!closed) await send({ request_trailers: {} });
           return;
@@ -282,6 +299,8 @@ export function createProcessHandler(
           return;
         }
         case 'response_trailers': {
+          if (phase !== 'routed')
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'response_trailers arrived before the request was routed');
           // trailers end the body: what the model-name restorer held back goes out before them
           const rest = restorer?.push(Buffer.alloc(0), true);
           if (rest && rest.length > 0)
@@ -318,6 +337,37 @@ export function createProcessHandler(
       void queue.then(finish);
     });
   };
+}
+
+/**
+ * The request body as its chunks arrive, copied into one buffer that grows by doubling. A chunk
+ * is a view into the gRPC message it came in: kept as it is, a 1-byte chunk of a message padded
+ * to megabytes would hold the whole message, and a body in a million 1-byte chunks would be a
+ * million buffers; either way far more memory than the body limit counts.
+ */
+class BodyBuffer {
+  private buf: Buffer = Buffer.alloc(0);
+  length = 0;
+
+  append(chunk: Uint8Array): void {
+    const needed = this.length + chunk.length;
+    if (needed > this.buf.length) {
+      // the first chunk is taken at its size: a body in one message is copied once
+      const grown = Buffer.allocUnsafe(this.length === 0 ? needed : Math.max(needed, 2 * this.buf.length));
+      this.buf.copy(grown, 0, 0, this.length);
+      this.buf = grown;
+    }
+    this.buf.set(chunk, this.length);
+    this.length = needed;
+  }
+
+  /** The body so far; the buffer is released (routing needs the body once). */
+  take(): Buffer {
+    const out = this.buf.subarray(0, this.length);
+    this.buf = Buffer.alloc(0);
+    this.length = 0;
+    return out;
+  }
 }
 
 const BODY_MODES: readonly BodySendMode[] = [

@@ -8,6 +8,7 @@ export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
     router,
     state,
     metrics,
+    maxJsonDepth: gateway.limits.maxJsonDepth,
     *workers() {
       for (const w of router.listWorkers()) {
         const c = connections.get(w.id);

@@ -38,16 +38,26 @@ function headerText(h: HeaderValue): string {
   return h.raw_value && h.raw_value.length > 0 ? Buffer.from(h.raw_value).toString('utf8') : (h.value ?? '');
 }
 
-/** Header values by lower-case name. */
-export function readHeaders(req: ProcessingRequest['request_headers']): Map<string, string> {
+/**
+ * Header values by lower-case name. A repeated header reads as one comma-joined value, as HTTP
+ * folds it; `repeated`, when given, gets each repeated header's values one by one.
+ */
+export function readHeaders(
+  req: ProcessingRequest['request_headers'],
+  repeated?: Map<string, string[]>,
+): Map<string, string> {
   const out = new Map<string, string>();
   for (const h of req?.headers?.headers ?? []) {
     if (typeof h.key !== 'string') continue;
     const value = headerText(h);
     const key = h.key.toLowerCase();
-    // a repeated header reads as one comma-joined value, as HTTP folds it
     const prior = out.get(key);
     out.set(key, prior === undefined ? value : `${prior},${value}`);
+    if (prior !== undefined && repeated) {
+      const values = repeated.get(key);
+      if (values) values.push(value);
+      else repeated.set(key, [prior, value]);
+    }
   }
   return out;
 }

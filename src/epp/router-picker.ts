@@ -2,6 +2,13 @@ import { Counter, Histogram, type Registry } from 'prom-client';
 import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router/index.js';
 import type { StateStore } from '../state/state-store.js';
 import type { EndpointPicker, InFlightRequest, PickInput, PickOutcome } from './ext-proc-handler.js';
+import {
+  checkContentEncoding,
+  forwardableBytes,
+  parseRequestBody,
+  SINGLE_VALUE_HEADERS,
+} from '../server/openai-request.js';
+import { DEFAULT_REQUEST_LIMITS, RequestLimitError } from '../server/request-limits.js';
 import { endpointOfUrl, inSubset, INFERENCE_OBJECTIVE_HEADER, MODEL_NAME_REWRITE_HEADER } from './protocol.js';
 
 /** An OpenAI request read into what the router routes on (the gateway's own parsing and tokenization). */
@@ -18,6 +25,8 @@ export interface RequestRejection {
   status: number;
   message: string;
   param?: string | null;
+  /** Seconds after which the client may try again (the tokenizer was busy). */
+  retryAfterS?: number;
 }
 
 /** What the picker needs from the gateway it runs beside: the same router, workers, state and request parsing. */
@@ -25,6 +34,8 @@ export interface RoutingBackend {
   readonly router: KVAwareRouter;
   readonly state: StateStore;
   readonly metrics: Registry;
+  /** Deepest nesting of arrays and objects in a JSON body, as the gateway allows (default 64). */
+  readonly maxJsonDepth?: number;
   /** Every registered worker's id and engine base URL. */
   workers(): Iterable<{ id: string; url: string }>;
   /** Workers that list their models, `model` not among them. */
@@ -36,7 +47,7 @@ export interface RoutingBackend {
   prepare(
     path: '/v1/completions' | '/v1/chat/completions',
     body: unknown,
-    headers: Record<string, string>,
+    headers: Readonly<Record<string, string | string[]>>,
   ): Promise<PreparedRequest | RequestRejection>;
 }
 
@@ -155,12 +166,16 @@ export class RouterPicker implements EndpointPicker {
     if (input.body !== undefined && input.body.length > 0) {
       let parsed: unknown;
       try {
-        parsed = JSON.parse(input.body.toString('utf8'));
-      } catch {
-        return { ok: false, status: 400, message: 'the body is not valid JSON' };
+        // as the gateway reads a body: no compressed body, the nesting depth checked before parsing
+        checkContentEncoding(input.headers.get('content-encoding'));
+        parsed = parseRequestBody(input.body, this.backend.maxJsonDepth ?? DEFAULT_REQUEST_LIMITS.maxJsonDepth);
+      } catch (err) {
+        if (err instanceof RequestLimitError)
+          return { ok: false, status: err.status, message: err.message, param: err.param };
+        throw err;
       }
       if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
-        return { ok: false, status: 400, message: 'the body must be a JSON object' };
+        return { ok: false, status: 400, message: 'the body must be a JSON object', param: 'body' };
       const body = parsed as Record<string, unknown>;
       firstTokenReported = body.stream === true;
       let rewritten = false;
@@ -174,13 +189,21 @@ export class RouterPicker implements EndpointPicker {
       model = body.model;
       const path = apiPath(input.headers.get(':path'), body);
       if (path) {
-        const prepared = await this.backend.prepare(path, body, Object.fromEntries(input.headers));
+        const prepared = await this.backend.prepare(path, body, requestHeaders(input));
         if ('status' in prepared)
-          return { ok: false, status: prepared.status, message: prepared.message, param: prepared.param ?? null };
+          return {
+            ok: false,
+            status: prepared.status,
+            message: prepared.message,
+            param: prepared.param ?? null,
+            retryAfterSeconds: prepared.retryAfterS,
+          };
         routeRequest = prepared.routeRequest;
         preparedBody = prepared.body;
-        // an unchanged body is forwarded as received, byte for byte
-        if (!prepared.unchanged || rewritten) forwarded = Buffer.from(JSON.stringify(prepared.body));
+        // an unchanged body is forwarded as received, byte for byte, unless it is not UTF-8: then
+        // the engine gets what the router read (invalid sequences replaced), as from the gateway
+        if (!prepared.unchanged || rewritten || forwardableBytes(input.body) === undefined)
+          forwarded = Buffer.from(JSON.stringify(prepared.body));
         const withoutModel = this.backend.workersWithoutModel(model);
         for (const id of withoutModel) excluded.add(id);
         if (withoutModel.size > 0 && withoutModel.size === this.endpointOfWorker.size) {
@@ -337,6 +360,18 @@ export class RouterPicker implements EndpointPicker {
     this.endpointCache = byEndpoint;
     this.endpointOfWorker = byWorker;
   }
+}
+
+/**
+ * The headers as the gateway's checks read them: a metadata header that takes one value and
+ * is repeated is given as the list of its values, which the checks refuse (as the gateway
+ * does), rather than as one comma-joined value that would pass for an id.
+ */
+function requestHeaders(input: PickInput): Record<string, string | string[]> {
+  const out: Record<string, string | string[]> = Object.fromEntries(input.headers);
+  for (const [name, values] of input.repeatedHeaders ?? [])
+    if (SINGLE_VALUE_HEADERS.includes(name)) out[name] = [...values];
+  return out;
 }
 
 /** Which OpenAI API a body is for: the request path when it names one, else the body's shape. */

@@ -14,6 +14,14 @@ export interface EppServerOptions extends ExtProcHandlerOptions {
   ready: () => boolean;
   /** How often readiness is re-evaluated for health watchers (default 1000 ms). */
   readinessIntervalMs?: number;
+  /**
+   * How often the picker pings each gateway connection (default 30,000 ms), and how long it
+   * waits for the answer (default 10,000 ms) before closing the connection and ending its
+   * streams: a gateway that vanished without closing the connection would otherwise hold its
+   * requests in flight for ever.
+   */
+  keepaliveTimeMs?: number;
+  keepaliveTimeoutMs?: number;
 }
 
 export interface EppServer {
@@ -37,6 +45,9 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
     // Envoy keeps one HTTP/2 connection per worker thread; let its keepalive pings through
     'grpc.keepalive_permit_without_calls': 1,
     'grpc.http2.min_ping_interval_without_data_ms': 10_000,
+    // grpc-js sends no keepalive pings from a server unless asked: a dead peer's streams never end
+    'grpc.keepalive_time_ms': options.keepaliveTimeMs ?? 30_000,
+    'grpc.keepalive_timeout_ms': options.keepaliveTimeoutMs ?? 10_000,
   });
   server.addService(extProcService(), { Process: createProcessHandler(options) });
   const health = new HealthImplementation({

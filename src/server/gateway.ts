@@ -121,6 +121,8 @@ export interface Gateway {
   viaPseudonym: string;
   /** Reads an OpenAI request (body and headers) as the proxy does, for other front ends. */
   parseRequest: RequestParser;
+  /** The limits on what a client controls, as the proxy applies them. */
+  limits: Readonly<RequestLimits>;
   /**
    * Stops taking requests (new ones are answered 503), lets those in flight finish for up to
    * `graceMs` (default: as long as they take), then cuts their connections: a cut request's
@@ -434,6 +436,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     connections,
     viaPseudonym: via,
     parseRequest: createRequestParser(readerOptions),
+    limits,
     close: async (graceMs?: number) => {
       if (graceMs !== undefined && !(graceMs >= 0)) throw new RangeError(`graceMs must be >= 0, got ${graceMs}`);
       closing = true;

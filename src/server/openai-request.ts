@@ -145,7 +145,13 @@ export interface RequestSource {
 }
 
 /** The metadata headers that take one value (x-anchor-ids is a list: repeating it extends the list). */
-const SINGLE_VALUE_HEADERS = ['x-workflow-id', 'x-workflow-step', 'x-agent-role', 'x-cla-group', 'x-kv-isolate'];
+export const SINGLE_VALUE_HEADERS: readonly string[] = [
+  'x-workflow-id',
+  'x-workflow-step',
+  'x-agent-role',
+  'x-cla-group',
+  'x-kv-isolate',
+];
 
 /**
  * The request's headers for the metadata checks: Node joins a repeated header's values with

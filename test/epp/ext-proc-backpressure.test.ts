@@ -64,3 +64,62 @@ test('answers that wait for drain leave no listeners on the call', async () => {
   assert.ok(call.listenerCount('error') <= 2, `${call.listenerCount('error')} 'error' listeners left`);
   call.destroy();
 });
+
+test('a peer that streams a response body without reading the answers is not read ahead of them', async () => {
+  const held: Array<() => void> = [];
+  const TOTAL = 200;
+  let pulled = 0;
+  const body = (i: number): ProcessingRequest => ({
+    request: 'response_body',
+    response_body: { body: Buffer.alloc(1024, 97), end_of_stream: i === TOTAL - 1 },
+  });
+  const script: ProcessingRequest[] = [
+    { request: 'request_headers', request_headers: { headers: { headers: [] }, end_of_stream: true } },
+    { request: 'response_headers', response_headers: { headers: { headers: [] } } },
+    ...Array.from({ length: TOTAL }, (_, i) => body(i)),
+  ];
+  // as grpc-js hands over messages: one per read, as they come off the connection
+  const call = new Duplex({
+    objectMode: true,
+    writableHighWaterMark: 1,
+    read() {
+      setImmediate(() => {
+        if (pulled < script.length) this.push(script[pulled++]);
+      });
+    },
+    write(_chunk, _encoding, callback) {
+      held.push(() => callback());
+    },
+  });
+  let ended = 0;
+  const handler = createProcessHandler({
+    bodyLimit: 1 << 20,
+    picker: {
+      pick: () => ({
+        ok: true,
+        endpoints: ['10.0.0.1:8000'],
+        inFlight: { served: () => undefined, refused: () => {}, firstByte: () => {}, end: () => void ended++ },
+      }),
+    },
+  });
+  handler(call as unknown as ServerDuplexStream<ProcessingRequest, ProcessingResponse>);
+  // no answer is ever taken: the handler must stop reading, not take the whole stream in
+  // (a paused stream still reads ahead up to its high-water mark, then no more)
+  await until(
+    () =>
+      pulled === script.length ||
+      (held.length > 0 && call.readableFlowing === false && call.readableLength >= call.readableHighWaterMark),
+    'the handler to stop reading, or to read everything',
+  );
+  assert.ok(
+    pulled <= call.readableHighWaterMark + 4,
+    `${pulled} of ${script.length} messages read while no answer was taken`,
+  );
+  // the peer reads again: everything is answered, in order, and the request ends
+  await until(() => {
+    while (held.length > 0) held.shift()!();
+    return ended === 1;
+  }, 'the request to end');
+  assert.equal(pulled, script.length);
+  call.destroy();
+});

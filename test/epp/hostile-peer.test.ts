@@ -1,0 +1,221 @@
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import {
+  credentials,
+  makeGenericClientConstructor,
+  status as GrpcStatus,
+  type Client,
+  type ClientDuplexStream,
+} from '@grpc/grpc-js';
+import { extProcService, type ProcessingRequest, type ProcessingResponse } from '../../src/epp/proto.js';
+import { TokenizerBusyError } from '../../src/engines/tokenizer-pool.js';
+import { EnvoyRole } from './envoy-role.js';
+import { startPickerFleet, type PickerFleet } from './harness.js';
+import { until } from '../helpers/wait.js';
+
+// Peers that break the ext_proc protocol or send what no gateway should: each gets a clean
+// answer (a gRPC status or a local reply naming the problem), and the picker goes on routing.
+
+let fleet: PickerFleet;
+let envoy: EnvoyRole;
+let client: Client & { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse> };
+before(async () => {
+  fleet = await startPickerFleet({ engines: 2 });
+  envoy = new EnvoyRole(fleet.addresses[0]);
+  const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
+  client = new Ctor(fleet.addresses[0], credentials.createInsecure()) as unknown as typeof client;
+});
+after(async () => {
+  client.close();
+  envoy.close();
+  await fleet.close();
+});
+
+const inFlight = () => fleet.gateways[0].router.listWorkers().reduce((n, w) => n + w.inFlightRequests, 0);
+
+const headers = (h: Record<string, string>) => ({
+  headers: Object.entries(h).map(([key, v]) => ({ key, raw_value: Buffer.from(v) })),
+});
+const REQUEST_HEADERS: ProcessingRequest = {
+  request_headers: { headers: headers({ ':method': 'POST', ':path': '/v1/completions' }), end_of_stream: false },
+};
+const BODY: ProcessingRequest = {
+  request_body: { body: Buffer.from(JSON.stringify({ model: 'mock', prompt: 'hello' })), end_of_stream: true },
+};
+
+interface Ended {
+  answers: ProcessingResponse[];
+  code: number;
+  details: string;
+}
+
+/** Writes `messages` on one stream (without half-closing it) and resolves once the picker ends the stream. */
+function exchange(messages: ProcessingRequest[]): Promise<Ended> {
+  const call = client.Process();
+  const answers: ProcessingResponse[] = [];
+  call.on('data', (m: ProcessingResponse) => answers.push(m));
+  const ended = new Promise<Ended>((resolve, reject) => {
+    // the deadline: a picker that never ends the stream fails the test instead of hanging it
+    const deadline = setTimeout(() => {
+      call.cancel();
+      reject(new Error('the picker did not end the stream within 10 s'));
+    }, 10_000);
+    const done = (e: Ended) => {
+      clearTimeout(deadline);
+      resolve(e);
+    };
+    call.on('error', (e: Error & { code: number; details: string }) =>
+      done({ answers, code: e.code, details: e.details }),
+    );
+    call.on('status', (s: { code: number; details: string }) => {
+      if (s.code === GrpcStatus.OK) done({ answers, code: s.code, details: s.details });
+    });
+  });
+  call.on('end', () => {});
+  for (const m of messages) call.write(m);
+  return ended;
+}
+
+/** The picker still routes a normal request, answers its health check, and holds nothing in flight. */
+async function stillServing(): Promise<void> {
+  const out = await envoy.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'after' }) });
+  assert.equal(out.kind, 'routed');
+  if (out.kind === 'routed') await out.stream.end();
+  assert.equal(await envoy.healthStatus('liveness'), 'SERVING');
+  await until(() => inFlight() === 0, 'nothing in flight');
+}
+
+test('messages out of order end the stream with FAILED_PRECONDITION naming them, not a stream left open', async () => {
+  const cases: Array<[string, ProcessingRequest[], RegExp]> = [
+    ['response_headers first', [{ response_headers: { headers: headers({ ':status': '200' }) } }], /response_headers/],
+    ['response_body first', [{ response_body: { body: Buffer.from('x'), end_of_stream: true } }], /response_body/],
+    ['response_trailers first', [{ response_trailers: { trailers: headers({}) } }], /response_trailers/],
+    ['request_body first', [BODY], /request_body arrived before request_headers/],
+    ['request_trailers first', [{ request_trailers: { trailers: headers({}) } }], /request_trailers/],
+    ['request_headers twice', [REQUEST_HEADERS, REQUEST_HEADERS], /request_headers arrived twice/],
+    [
+      'request_body after the body ended',
+      [REQUEST_HEADERS, BODY, { request_body: { body: Buffer.from('more'), end_of_stream: true } }],
+      /after the body ended/,
+    ],
+  ];
+  for (const [name, messages, details] of cases) {
+    const out = await exchange(messages);
+    assert.equal(out.code, GrpcStatus.FAILED_PRECONDITION, `${name}: status ${out.code} ${out.details}`);
+    assert.match(out.details, details, name);
+    assert.ok(
+      out.answers.every((a) => a.response !== 'response_trailers' && a.response !== 'request_trailers'),
+      `${name}: no trailers answer to a request that was never routed`,
+    );
+  }
+  await stillServing();
+});
+
+test('a ProcessingRequest that sets no request ends the stream with INVALID_ARGUMENT', async () => {
+  const out = await exchange([{}]);
+  assert.equal(out.code, GrpcStatus.INVALID_ARGUMENT);
+  assert.match(out.details, /without a request/);
+  await stillServing();
+});
+
+test('a body nested deeper than the gateway allows → 400 naming the body, with or without a model rewrite', async () => {
+  const deep = (depth: number) => `{"model":"mock","prompt":"deep","x":${'['.repeat(depth)}${']'.repeat(depth)}}`;
+  for (const depth of [65, 10_000, 200_000]) {
+    const rewrites: Array<Record<string, string>> = [{}, { 'x-gateway-model-name-rewrite': 'mock' }];
+    for (const rewrite of rewrites) {
+      const out = await envoy.request({ headers: rewrite, body: deep(depth) });
+      if (out.kind === 'routed') await out.stream.end();
+      if (out.kind !== 'immediate') assert.fail(`depth ${depth}: routed, not refused`);
+      assert.equal(out.status, 400, `depth ${depth} ${JSON.stringify(rewrite)}: ${out.body}`);
+      const error = JSON.parse(out.body).error as { message: string; param: string };
+      assert.match(error.message, /nests deeper than 64 levels/);
+      assert.equal(error.param, 'body');
+    }
+  }
+  const within = await envoy.request({ headers: {}, body: deep(60) });
+  assert.equal(within.kind, 'routed', 'a body within the depth is routed');
+  if (within.kind === 'routed') await within.stream.end();
+  await stillServing();
+});
+
+test('a compressed body → 415 naming content-encoding, as the gateway answers', async () => {
+  const out = await envoy.request({
+    headers: { 'content-encoding': 'gzip' },
+    body: Buffer.from([0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00]),
+  });
+  assert.equal(out.kind === 'immediate' && out.status, 415);
+  if (out.kind === 'immediate') assert.equal(JSON.parse(out.body).error.param, 'content-encoding');
+  const identity = await envoy.request({
+    headers: { 'content-encoding': 'identity' },
+    body: JSON.stringify({ model: 'mock', prompt: 'plain' }),
+  });
+  assert.equal(identity.kind, 'routed');
+  if (identity.kind === 'routed') await identity.stream.end();
+  await stillServing();
+});
+
+test('a body that is not UTF-8 is forwarded as the router read it, valid JSON in UTF-8', async () => {
+  // "prompt": "a\xff\xfeb": the invalid bytes are read as U+FFFD
+  const body = Buffer.concat([
+    Buffer.from('{"model":"mock","prompt":"a'),
+    Buffer.from([0xff, 0xfe]),
+    Buffer.from('b"}'),
+  ]);
+  const out = await envoy.request({ headers: {}, body });
+  assert.equal(out.kind, 'routed');
+  if (out.kind !== 'routed') return;
+  assert.ok(!out.body.equals(body), 'not the invalid bytes');
+  assert.equal(JSON.parse(out.body.toString()).prompt, 'a\ufffd\ufffdb');
+  assert.equal(out.setHeaders.get('content-length'), String(out.body.length));
+  await out.stream.end();
+  await stillServing();
+});
+
+test('a busy tokenizer → 503 with retry-after, as the gateway answers', async () => {
+  const busy = await startPickerFleet({
+    engines: 1,
+    gateway: {
+      tokenize: 'tokenizer',
+      promptTokenizer: { async: true, tokenize: () => Promise.reject(new TokenizerBusyError(64)) },
+    },
+  });
+  const e = new EnvoyRole(busy.addresses[0]);
+  try {
+    const out = await e.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'busy' }) });
+    assert.equal(out.kind === 'immediate' && out.status, 503);
+    if (out.kind !== 'immediate') return;
+    assert.match(JSON.parse(out.body).error.message, /requests waiting/);
+    assert.equal(out.headers.get('retry-after'), '1');
+  } finally {
+    e.close();
+    await busy.close();
+  }
+});
+
+test('a metadata header that takes one value, repeated → 400 naming it, as the gateway answers', async () => {
+  for (const name of ['x-workflow-id', 'x-agent-role']) {
+    const out = await exchange([
+      {
+        request_headers: {
+          headers: {
+            headers: [
+              { key: ':path', raw_value: Buffer.from('/v1/completions') },
+              { key: name, raw_value: Buffer.from('a') },
+              { key: name, raw_value: Buffer.from('b') },
+            ],
+          },
+          end_of_stream: false,
+        },
+      },
+      BODY,
+    ]);
+    assert.equal(out.code, GrpcStatus.OK);
+    const reply = out.answers[0]?.immediate_response;
+    assert.ok(reply, `${name}: a local reply, got ${out.answers.map((a) => a.response).join(', ')}`);
+    assert.equal(reply.status.code, 'BadRequest');
+    const error = JSON.parse(Buffer.from(reply.body ?? []).toString()).error as { message: string; param: string };
+    assert.equal(error.param, name);
+    assert.match(error.message, /must be given once/);
+  }
+  await stillServing();
+});
