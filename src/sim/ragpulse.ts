@@ -1,9 +1,8 @@
-import { createReadStream, existsSync } from 'node:fs';
-import { join } from 'node:path';
-import { createInterface } from 'node:readline';
-import { createGunzip } from 'node:zlib';
+import { existsSync } from 'node:fs';
+import { basename, join } from 'node:path';
 import { fmix32 } from '../core/hashing.js';
-import { sortByArrival, TraceFormatError, type TraceRequest } from './trace.js';
+import { MAX_TRACE_REQUEST_TOKENS, sortByArrival, type TraceRequest } from './trace.js';
+import { TraceFormatError, traceLines } from './trace-lines.js';
 
 /**
  * RAGPulse (flashserve/RAGPulse; format in bench/traces/SOURCE.md): each request lists
@@ -27,51 +26,79 @@ export const RAGPULSE_FILES = {
   web_search: ['5_web_search.jsonl', 'web_search_id'],
 } as const;
 
-async function* lines(path: string): AsyncGenerator<string> {
+/** The lines of `path` (or `path.gz`), blank ones skipped; a missing file is a RangeError naming it. */
+async function* lines(path: string): AsyncGenerator<{ text: string; index: number }> {
   const gz = `${path}.gz`;
   const file = existsSync(path) ? path : gz;
   if (!existsSync(file)) throw new RangeError(`RAGPulse: missing ${path}`);
-  const input = file.endsWith('.gz') ? createReadStream(file).pipe(createGunzip()) : createReadStream(file);
-  for await (const line of createInterface({ input, crlfDelay: Infinity })) if (line.trim()) yield line;
+  for await (const line of traceLines(file, basename(file))) if (line.text.trim()) yield line;
 }
+
+/** A JSON object of one line, or a TraceFormatError naming the file and line. */
+function objectOf(text: string, index: number, source: string): Record<string, unknown> {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch {
+    throw new TraceFormatError(index, 'not valid JSON', source);
+  }
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
+    throw new TraceFormatError(index, 'not a JSON object', source);
+  return raw as Record<string, unknown>;
+}
+
+const isId = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
+const isTokens = (v: unknown): v is number =>
+  typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= MAX_TRACE_REQUEST_TOKENS;
 
 export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRequest[]> {
   const lengths: Record<string, Map<number, number>> = {};
   for (const component of ['sys_prompt', 'passages_ids', 'history', 'user_input', 'web_search'] as const) {
     const [file, key] = RAGPULSE_FILES[component];
     const m = new Map<number, number>();
-    for await (const line of lines(join(dir, file))) {
-      const r = JSON.parse(line) as Record<string, number>;
+    for await (const { text, index } of lines(join(dir, file))) {
+      const r = objectOf(text, index, file);
+      if (!isId(r[key])) throw new TraceFormatError(index, `"${key}" must be a non-negative integer`, file);
+      if (!isTokens(r.token_length))
+        throw new TraceFormatError(
+          index,
+          `"token_length" must be a whole number of tokens from 0 to ${MAX_TRACE_REQUEST_TOKENS}`,
+          file,
+        );
       m.set(r[key], r.token_length);
     }
     lengths[component] = m;
   }
+  const source = RAGPULSE_FILES.trace;
   const requests: TraceRequest[] = [];
   let index = 0;
-  for await (const line of lines(join(dir, RAGPULSE_FILES.trace))) {
-    let r: {
-      timestamp: string | number;
-      input_length: number;
-      output_length: number;
-      hash_ids: Record<string, number[]>;
-      session_id?: string;
-    };
-    try {
-      r = JSON.parse(line);
-    } catch {
-      throw new TraceFormatError(index, 'not valid JSON');
-    }
+  for await (const line of lines(join(dir, source))) {
+    const r = objectOf(line.text, line.index, source);
+    const fail = (message: string) => new TraceFormatError(line.index, message, source);
+    const timestamp = typeof r.timestamp === 'string' && r.timestamp.trim() !== '' ? Number(r.timestamp) : r.timestamp;
+    if (typeof timestamp !== 'number' || !Number.isFinite(timestamp) || timestamp < 0)
+      throw fail('"timestamp" must be a non-negative number of seconds');
+    for (const key of ['input_length', 'output_length'])
+      if (!isTokens(r[key]))
+        throw fail(`"${key}" must be a whole number of tokens from 0 to ${MAX_TRACE_REQUEST_TOKENS}`);
+    const inputLength = r.input_length as number;
     const ids = r.hash_ids ?? {};
-    const hashIds = prefixBlockIds(ids, lengths, blockSize);
-    const anchors = (ids.passages_ids ?? []).map((id) => ({
+    if (ids === null || typeof ids !== 'object' || Array.isArray(ids)) throw fail('"hash_ids" must be an object');
+    for (const [component, list] of Object.entries(ids))
+      if (!Array.isArray(list) || !list.every(isId))
+        throw fail(`"hash_ids.${component}" must be an array of non-negative integers`);
+    if (r.session_id !== undefined && typeof r.session_id !== 'string') throw fail('"session_id" must be a string');
+    const chunks = ids as Record<string, number[]>;
+    const hashIds = prefixBlockIds(chunks, lengths, blockSize, Math.floor(Math.max(1, inputLength) / blockSize));
+    const anchors = (chunks.passages_ids ?? []).map((id) => ({
       id: `passage-${id}`,
       tokens: lengths.passages_ids.get(id) ?? 0,
     }));
     requests.push({
       index,
-      timestamp: Number(r.timestamp) * 1000,
-      inputLength: r.input_length,
-      outputLength: r.output_length,
+      timestamp: timestamp * 1000,
+      inputLength,
+      outputLength: r.output_length as number,
       hashIds,
       blockSize,
       sessionId: r.session_id,
@@ -87,12 +114,14 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
  * chunk lengths from the side files (a missing id counts one block), block i covering tokens
  * [i × blockSize, (i + 1) × blockSize) of that stream. The id mixes a chain over every chunk
  * id entered so far with the block's end offset inside its chunk: two requests share block i
- * exactly when their chunk sequences agree up to it.
+ * exactly when their chunk sequences agree up to it. At most `maxBlocks` ids (a prefix longer
+ * than the prompt cannot be cached beyond the prompt).
  */
 export function prefixBlockIds(
   ids: Record<string, number[]>,
   lengths: Record<string, Map<number, number>>,
   blockSize: number,
+  maxBlocks = Infinity,
 ): number[] {
   const out: number[] = [];
   let chain = 0x2545f491;
@@ -102,7 +131,7 @@ export function prefixBlockIds(
       const tokens = Math.max(0, lengths[component].get(id) ?? blockSize);
       chain = fmix32(chain ^ Math.imul(id + 1, 0x9e3779b1) ^ (component === 'history' ? 0x5bd1e995 : 0));
       let offset = 0;
-      while (offset < tokens) {
+      while (offset < tokens && out.length < maxBlocks) {
         const take = Math.min(blockSize - filled, tokens - offset);
         offset += take;
         filled += take;

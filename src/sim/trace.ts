@@ -1,6 +1,6 @@
-import { createReadStream } from 'node:fs';
-import { createInterface } from 'node:readline';
-import { createGunzip } from 'node:zlib';
+import { TraceFormatError, traceLines } from './trace-lines.js';
+
+export { MAX_TRACE_LINE_CHARS, TraceFormatError } from './trace-lines.js';
 
 /**
  * One request of a trace (docs/architecture.md §6): Mooncake JSONL with every optional field. Hash ids
@@ -25,15 +25,11 @@ export interface TraceRequest {
   model?: string;
 }
 
-export class TraceFormatError extends RangeError {
-  constructor(
-    readonly line: number,
-    message: string,
-  ) {
-    super(`trace line ${line + 1}: ${message}`);
-    this.name = 'TraceFormatError';
-  }
-}
+/**
+ * Most tokens a trace request's prompt or output may have (16M, far past any served context):
+ * an engine refuses longer ones anyway, and the prefix blocks a trace implies stay bounded.
+ */
+export const MAX_TRACE_REQUEST_TOKENS = 16 * 1024 * 1024;
 
 /** Parses one Mooncake JSONL line; throws TraceFormatError naming the line and field. */
 export function parseTraceLine(text: string, index: number, defaultBlockSize = 512): TraceRequest {
@@ -57,8 +53,17 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
     return v;
   };
   const timestamp = num('timestamp', true)!;
-  const inputLength = num('input_length', true)!;
-  const outputLength = num('output_length', true)!;
+  const tokens = (key: string): number => {
+    const v = num(key, true)!;
+    if (!Number.isInteger(v) || v > MAX_TRACE_REQUEST_TOKENS)
+      throw new TraceFormatError(
+        index,
+        `"${key}" must be a whole number of tokens from 0 to ${MAX_TRACE_REQUEST_TOKENS}`,
+      );
+    return v;
+  };
+  const inputLength = tokens('input_length');
+  const outputLength = tokens('output_length');
   const hashIds = r.hash_ids;
   if (!Array.isArray(hashIds) || hashIds.some((h) => typeof h !== 'number' || !Number.isSafeInteger(h) || h < 0)) {
     throw new TraceFormatError(index, '"hash_ids" must be an array of non-negative integers');
@@ -107,14 +112,14 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
   return req;
 }
 
-/** Reads a Mooncake JSONL trace (optionally .gz), blank lines skipped, sorted by timestamp (stable). */
+/**
+ * Reads a Mooncake JSONL trace (optionally .gz; LF, CRLF or CR line ends, an optional BOM), blank
+ * lines skipped, sorted by timestamp (stable). A malformed line is a TraceFormatError naming it.
+ */
 export async function loadMooncakeTrace(path: string, defaultBlockSize = 512): Promise<TraceRequest[]> {
-  const input = path.endsWith('.gz') ? createReadStream(path).pipe(createGunzip()) : createReadStream(path);
   const requests: TraceRequest[] = [];
-  let index = 0;
-  for await (const line of createInterface({ input, crlfDelay: Infinity })) {
-    if (line.trim()) requests.push(parseTraceLine(line, index, defaultBlockSize));
-    index++;
+  for await (const { text, index } of traceLines(path)) {
+    if (text.trim()) requests.push(parseTraceLine(text, index, defaultBlockSize));
   }
   return sortByArrival(requests);
 }
@@ -124,4 +129,35 @@ export function sortByArrival(requests: TraceRequest[]): TraceRequest[] {
     .map((r, i) => [r, i] as const)
     .sort((a, b) => a[0].timestamp - b[0].timestamp || a[1] - b[1])
     .map(([r]) => r);
+}
+
+/** Longest stretch of simulated time a replay may cover (31 days): the simulator scrapes every worker all along it. */
+export const MAX_SIMULATED_SPAN_MS = 31 * 24 * 3_600_000;
+
+/**
+ * Checks that a trace can be replayed as given: timestamps finite and in order (as
+ * sortByArrival leaves them), one block size throughout (the engines have one), and, given a
+ * `speed`, the whole trace within MAX_SIMULATED_SPAN_MS at it. A RangeError names the first
+ * request at fault.
+ */
+export function checkReplayable(trace: readonly TraceRequest[], speed?: number): void {
+  if (trace.length === 0) return;
+  const first = trace[0];
+  const at = (r: TraceRequest) => `trace line ${r.index + 1}`;
+  let prev = first.timestamp;
+  for (const r of trace) {
+    if (!Number.isFinite(r.timestamp) || r.timestamp < prev)
+      throw new RangeError(`${at(r)}: timestamp ${r.timestamp} is not finite or comes before ${prev}: sort the trace`);
+    prev = r.timestamp;
+    if (r.blockSize !== first.blockSize)
+      throw new RangeError(
+        `${at(r)}: block size ${r.blockSize} differs from ${first.blockSize} (${at(first)}): a trace has one block size`,
+      );
+  }
+  if (speed === undefined) return;
+  const span = (prev - first.timestamp) / speed;
+  if (!(span <= MAX_SIMULATED_SPAN_MS))
+    throw new RangeError(
+      `the trace spans ${span} ms at speed ×${speed}, more than the ${MAX_SIMULATED_SPAN_MS} ms (31 days) a replay may cover`,
+    );
 }

@@ -1,0 +1,70 @@
+import { createReadStream } from 'node:fs';
+import { pipeline } from 'node:stream';
+import { createGunzip } from 'node:zlib';
+
+/**
+ * Longest line a trace file may hold, in characters: a Mooncake line of a 16M-token prompt in
+ * 512-token blocks takes about 300 kB, so this only stops a file that is not a trace (or a
+ * line without an end) from filling the memory.
+ */
+export const MAX_TRACE_LINE_CHARS = 16 * 1024 * 1024;
+
+/** A malformed line of a trace file: the message names the file (or `trace`), the 1-based line and the field. */
+export class TraceFormatError extends RangeError {
+  constructor(
+    /** 0-based line index. */
+    readonly line: number,
+    message: string,
+    source = 'trace',
+  ) {
+    super(`${source} line ${line + 1}: ${message}`);
+    this.name = 'TraceFormatError';
+  }
+}
+
+/**
+ * The lines of a text file, gunzipped if its name ends in `.gz`, with their 0-based indices
+ * (blank lines included). `\n`, `\r\n` and a lone `\r` end a line; a leading byte-order mark is
+ * dropped. A line over MAX_TRACE_LINE_CHARS is a TraceFormatError (the rest of the file is not
+ * read); a file that cannot be read or decompressed is a RangeError naming it.
+ */
+export async function* traceLines(path: string, source = 'trace'): AsyncGenerator<{ text: string; index: number }> {
+  const file = createReadStream(path);
+  const input = path.endsWith('.gz') ? pipeline(file, createGunzip(), () => {}) : file;
+  input.setEncoding('utf8');
+  const ends = /\r\n?|\n/g;
+  let pending = '';
+  let index = 0;
+  let first = true;
+  let afterCr = false; // the previous chunk ended in \r: a \n starting this one belongs to it
+  const tooLong = () => new TraceFormatError(index, `longer than ${MAX_TRACE_LINE_CHARS} characters`, source);
+  try {
+    for await (const chunk of input as AsyncIterable<string>) {
+      let s = chunk;
+      if (first) {
+        first = false;
+        if (s.charCodeAt(0) === 0xfeff) s = s.slice(1);
+      }
+      let start = afterCr && s.charCodeAt(0) === 10 ? 1 : 0;
+      afterCr = false;
+      ends.lastIndex = start;
+      for (let m = ends.exec(s); m !== null; m = ends.exec(s)) {
+        const text = pending + s.slice(start, m.index);
+        pending = '';
+        if (text.length > MAX_TRACE_LINE_CHARS) throw tooLong();
+        yield { text, index: index++ };
+        start = m.index + m[0].length;
+        if (m[0] === '\r' && start === s.length) afterCr = true;
+      }
+      pending += s.slice(start);
+      if (pending.length > MAX_TRACE_LINE_CHARS) throw tooLong();
+    }
+  } catch (err) {
+    if (err instanceof TraceFormatError) throw err;
+    const gz = path.endsWith('.gz') ? ' (not gzip, or cut short?)' : '';
+    throw new RangeError(`cannot read ${path}${gz}: ${(err as Error).message}`, { cause: err });
+  } finally {
+    input.destroy();
+  }
+  if (pending.length > 0) yield { text: pending, index };
+}

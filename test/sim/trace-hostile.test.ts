@@ -1,0 +1,131 @@
+import assert from 'node:assert/strict';
+import { cpSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { gzipSync } from 'node:zlib';
+import { after, describe, test } from 'node:test';
+import { loadRagpulse } from '../../src/sim/ragpulse.js';
+import { loadMooncakeTrace, MAX_TRACE_LINE_CHARS } from '../../src/sim/trace.js';
+
+const fixture = (name: string) => fileURLToPath(new URL(`../fixtures/${name}`, import.meta.url));
+const dir = mkdtempSync(join(tmpdir(), 'cf-trace-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
+let files = 0;
+const write = (content: string | Buffer, ext = '.jsonl') => {
+  const path = join(dir, `t${files++}${ext}`);
+  writeFileSync(path, content);
+  return path;
+};
+const line = (fields: Record<string, unknown>) =>
+  JSON.stringify({ timestamp: 0, input_length: 1024, output_length: 8, hash_ids: [1, 2], ...fields });
+
+describe('Mooncake trace loader, hostile files', () => {
+  const head = readFileSync(fixture('mooncake-conversation-head300.jsonl'), 'utf8');
+
+  test('a BOM, CRLF or CR line ends load the same requests as the plain file', async () => {
+    const plain = await loadMooncakeTrace(write(head));
+    assert.equal(plain.length, 300);
+    for (const variant of [`\uFEFF${head}`, head.replace(/\n/g, '\r\n'), head.replace(/\n/g, '\r')]) {
+      assert.deepEqual(await loadMooncakeTrace(write(variant)), plain);
+    }
+    assert.deepEqual(
+      await loadMooncakeTrace(write(gzipSync(`\uFEFF${head.replace(/\n/g, '\r\n')}`), '.jsonl.gz')),
+      plain,
+    );
+  });
+
+  test('a truncated or garbage .gz is a RangeError naming the file', async () => {
+    const gz = gzipSync(head);
+    for (const content of [gz.subarray(0, gz.length >> 1), Buffer.from('not gzip at all, just text\n'.repeat(20))]) {
+      const path = write(content, '.jsonl.gz');
+      await assert.rejects(
+        loadMooncakeTrace(path),
+        (e: unknown) => e instanceof RangeError && e.message.includes(path) && /gzip/.test(e.message),
+      );
+    }
+  });
+
+  test('a line longer than the bound is an error naming it, the rest unread', async () => {
+    const path = write(`${line({})}\n{"hash_ids": [${'1,'.repeat(MAX_TRACE_LINE_CHARS / 2)}1]}\n${line({})}\n`);
+    await assert.rejects(loadMooncakeTrace(path), /^TraceFormatError: trace line 2: longer than/);
+  });
+
+  test('token counts must be whole numbers within the bound, named by line', async () => {
+    for (const bad of [1024.5, 1e12]) {
+      await assert.rejects(
+        loadMooncakeTrace(write(`${line({})}\n\n${line({ input_length: bad })}\n`)),
+        /trace line 3: "input_length" must be a whole number of tokens/,
+      );
+      await assert.rejects(
+        loadMooncakeTrace(write(`${line({ output_length: bad })}\n`)),
+        /trace line 1: "output_length" must be a whole number of tokens/,
+      );
+    }
+  });
+});
+
+describe('RAGPulse loader, hostile directories', () => {
+  const sample = fixture('ragpulse-sample');
+  const copy = (edit: (d: string) => void) => {
+    const d = join(dir, `rp${files++}`);
+    cpSync(sample, d, { recursive: true });
+    edit(d);
+    return d;
+  };
+  const editLine = (d: string, file: string, n: number, replace: (s: string) => string) => {
+    const lines = readFileSync(join(d, file), 'utf8').split('\n');
+    lines[n - 1] = replace(lines[n - 1]);
+    writeFileSync(join(d, file), lines.join('\n'));
+  };
+
+  test('malformed lines of the trace and side files are errors naming the file, line and field', async () => {
+    const cases: Array<[string, number, (s: string) => string, RegExp]> = [
+      ['1_sys_prompt.jsonl', 3, () => '{"sys_prompt_id": 8310,', /1_sys_prompt\.jsonl line 3: not valid JSON/],
+      ['1_sys_prompt.jsonl', 3, () => '{"sys_prompt_id": "x", "token_length": 4}', /line 3: "sys_prompt_id"/],
+      ['3_history.jsonl', 2, (s) => s.replace(/"token_length": \d+/, '"token_length": 1e15'), /line 2: "token_length"/],
+      ['0_trace.jsonl', 2, () => '[1, 2]', /0_trace\.jsonl line 2: not a JSON object/],
+      ['0_trace.jsonl', 2, () => 'null', /0_trace\.jsonl line 2: not a JSON object/],
+      ['0_trace.jsonl', 2, (s) => s.replace('"timestamp": "93", ', ''), /line 2: "timestamp"/],
+      ['0_trace.jsonl', 2, (s) => s.replace('"timestamp": "93"', '"timestamp": "soon"'), /line 2: "timestamp"/],
+      ['0_trace.jsonl', 2, (s) => s.replace('"input_length": 3167, ', ''), /line 2: "input_length"/],
+      ['0_trace.jsonl', 2, (s) => s.replace('"sys_prompt": [', '"sys_prompt": [-3, '), /line 2: "hash_ids.sys_prompt"/],
+      [
+        '0_trace.jsonl',
+        2,
+        (s) => s.replace('"hash_ids": {', '"hash_ids": {"history": 5, "x": {}, '),
+        /line 2: "hash_ids/,
+      ],
+      ['0_trace.jsonl', 2, (s) => s.replace('"hash_ids": {', '"hash_ids": [1], "x": {'), /line 2: "hash_ids" must be/],
+      ['0_trace.jsonl', 2, (s) => `\n\n${s.slice(0, 20)}`, /0_trace\.jsonl line 4: not valid JSON/],
+    ];
+    for (const [file, n, replace, expected] of cases) {
+      await assert.rejects(loadRagpulse(copy((d) => editLine(d, file, n, replace))), (e: unknown) => {
+        assert.ok(e instanceof RangeError, String(e));
+        assert.match(e.message, expected);
+        return true;
+      });
+    }
+  });
+
+  test('a huge chunk length gives no more prefix blocks than the prompt holds', async () => {
+    // the first request's system prompt begins with chunk 8302
+    const d = copy((d) =>
+      editLine(d, '1_sys_prompt.jsonl', 1, () => '{"sys_prompt_id": 8302, "token_length": 16000000}'),
+    );
+    const t = await loadRagpulse(d);
+    assert.equal(t.length, 40);
+    for (const r of t) assert.ok(r.hashIds.length <= Math.floor(r.inputLength / r.blockSize), `request ${r.index}`);
+  });
+
+  test('BOM and CRLF variants load the same requests', async () => {
+    const plain = await loadRagpulse(sample);
+    const d = copy((d) => {
+      for (const f of readdirSync(d).filter((f) => f.endsWith('.jsonl'))) {
+        const text = readFileSync(join(d, f), 'utf8');
+        writeFileSync(join(d, f), `\uFEFF${text.replace(/\n/g, '\r\n')}`);
+      }
+    });
+    assert.deepEqual(await loadRagpulse(d), plain);
+  });
+});
