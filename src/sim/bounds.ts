@@ -2,7 +2,7 @@ import { BlockHashes } from '../core/hashing.js';
 import { EngineModel, type EngineConfig } from '../engine-model/index.js';
 import { LruSet } from './lru.js';
 import { cachedTokensOf, requestBlocks } from './request-blocks.js';
-import type { TraceRequest } from './trace.js';
+import { checkReplayable, type TraceRequest } from './trace.js';
 
 /**
  * Limits no routing policy can pass on a trace, counted as the engine model counts (the same
@@ -26,6 +26,7 @@ export function computeBounds(
   engine: Partial<Omit<EngineConfig, 'blockTokens'>> = {},
 ): Bounds {
   if (trace.length === 0) return { infiniteCacheHitRate: 0, idealTtftMean: 0 };
+  checkReplayable(trace);
   const bt = trace[0].blockSize;
   const model = new EngineModel({ ...engine, blockTokens: bt });
   const { maxBatchTokens: budget, blendRecompute } = model.config;
@@ -82,6 +83,7 @@ export function pooledLruHitRate(
   engine: Partial<Omit<EngineConfig, 'blockTokens'>> = {},
 ): number {
   if (trace.length === 0) return 0;
+  checkReplayable(trace);
   const bt = trace[0].blockSize;
   // one worker's engine decides what is refused; the pool only sets the capacity
   const model = new EngineModel({ ...engine, blockTokens: bt });

@@ -5,7 +5,7 @@ import { KVAwareRouter, type KVAwareRouterOptions, type SharedDecision } from '.
 import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/index.js';
 import { requestBlocks } from './request-blocks.js';
 import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
-import type { TraceRequest } from './trace.js';
+import { checkReplayable, type TraceRequest } from './trace.js';
 import { percentile } from './percentile.js';
 
 export { requestBlocks } from './request-blocks.js';
@@ -184,6 +184,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     (policy === 'llmd' ? (options.router?.policyOptions?.llmd?.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS) : 200);
   if (!(scrapeInterval > 0)) throw new RangeError(`scrapeIntervalMs must be > 0, got ${scrapeInterval}`);
   if (trace.length === 0) throw new RangeError('the trace has no requests');
+  checkReplayable(trace, speed);
   const blockTokens = trace[0].blockSize;
   const scenario = options.scenario ?? {};
   checkScenario(scenario, n);

@@ -5,8 +5,10 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { gzipSync } from 'node:zlib';
 import { after, describe, test } from 'node:test';
+import { computeBounds } from '../../src/sim/bounds.js';
 import { loadRagpulse } from '../../src/sim/ragpulse.js';
-import { loadMooncakeTrace, MAX_TRACE_LINE_CHARS } from '../../src/sim/trace.js';
+import { simulate } from '../../src/sim/simulator.js';
+import { loadMooncakeTrace, MAX_TRACE_LINE_CHARS, type TraceRequest } from '../../src/sim/trace.js';
 
 const fixture = (name: string) => fileURLToPath(new URL(`../fixtures/${name}`, import.meta.url));
 const dir = mkdtempSync(join(tmpdir(), 'cf-trace-'));
@@ -127,5 +129,33 @@ describe('RAGPulse loader, hostile directories', () => {
       }
     });
     assert.deepEqual(await loadRagpulse(d), plain);
+  });
+});
+
+describe('replaying a trace the simulator cannot replay', () => {
+  const req = (index: number, timestamp: number, blockSize = 512): TraceRequest => ({
+    index,
+    timestamp,
+    inputLength: 1024,
+    outputLength: 4,
+    hashIds: [index],
+    blockSize,
+  });
+
+  test('an arrival beyond the span limit is refused at once, not scraped through', () => {
+    assert.throws(() => simulate([req(0, 0), req(1, 1e300)], { workers: 2, policy: 'round-robin' }), /31 days/);
+    // the span counts at the replay speed
+    assert.throws(
+      () => simulate([req(0, 0), req(1, 3_600_000)], { workers: 2, policy: 'round-robin', speed: 1e-3 }),
+      /31 days/,
+    );
+  });
+
+  test('timestamps out of order or not finite, and mixed block sizes, name the line', () => {
+    const run = (trace: TraceRequest[]) => () => simulate(trace, { workers: 2, policy: 'round-robin' });
+    assert.throws(run([req(0, 10), req(1, 5)]), /trace line 2: timestamp 5/);
+    assert.throws(run([req(0, 0), req(1, NaN)]), /trace line 2: timestamp NaN/);
+    assert.throws(run([req(0, 0), req(1, 1, 128)]), /trace line 2: block size 128 differs from 512/);
+    assert.throws(() => computeBounds([req(0, 0), req(1, 1, 128)]), /trace line 2: block size 128/);
   });
 });
