@@ -43,6 +43,13 @@ import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatc
 export type ApplySkipReason =
   'block_size' | 'orphan' | 'token_count' | 'other_group' | 'unknown_offload' | 'unknown_removal' | 'over_capacity';
 
+/**
+ * Most GPU blocks one offload block may span (its block size over the worker's): vLLM's
+ * offloading connector uses a few; a store claiming more is skipped as a block-size mismatch
+ * rather than walked (and allocated for) block by block.
+ */
+export const MAX_OFFLOAD_SPAN = 1024;
+
 export interface ApplyCounts {
   storedBlocks: number;
   removedBlocks: number;
@@ -231,11 +238,15 @@ export class KvEventApplier {
     const map = this.mapFor(workerId);
     // an offload copy spans several GPU blocks, walked through their parents as when stored
     const span = gpu ? 1 : (this.offloadSpans.get(`${workerId}\u0000${e.medium}`) ?? 1);
-    const seq = this.scratchSeq(e.blockHashes.length * span);
+    const seq = this.scratchSeq(e.blockHashes.length);
     let n = 0;
+    const walked = new Set<EngineBlockHash>();
     for (const first of e.blockHashes) {
       let h: EngineBlockHash | null = first;
-      for (let k = 0; k < span && h !== null; k++) {
+      walked.clear();
+      // parents form a chain; hostile stores can make them loop, so a walk stops at a repeat
+      for (let k = 0; k < span && h !== null && !walked.has(h); k++) {
+        if (span > 1) walked.add(h);
         const b = map.get(h);
         if (!b || (gpu ? b.gpu : b.offload) === 0) {
           if (k === 0) {
@@ -248,6 +259,7 @@ export class KvEventApplier {
         else b.offload--;
         // the tier goes only with its last copy
         if ((gpu ? b.gpu : b.offload) === 0) {
+          this.ensureSeq(n + 1);
           seq.hi[n] = b.hi;
           seq.lo[n] = b.lo;
           n++;
@@ -353,9 +365,14 @@ export class KvEventApplier {
     const map = this.mapFor(workerId);
     const gpuBlockSize = this.blockSizeOf(workerId);
     const span = e.blockSize % gpuBlockSize === 0 ? e.blockSize / gpuBlockSize : 1;
+    if (span > MAX_OFFLOAD_SPAN) {
+      counts.blockSizeMismatches++;
+      return skip(counts, 'block_size');
+    }
     if (!gpu) this.offloadSpans.set(`${workerId}\u0000${e.medium}`, span);
-    const seq = this.scratchSeq(e.blockHashes.length * span);
+    const seq = this.scratchSeq(e.blockHashes.length);
     let n = 0;
+    const walked = new Set<EngineBlockHash>();
     for (const h of e.blockHashes) {
       let b = map.get(h);
       if (!b && this.hashMode === 'vllm') {
@@ -368,9 +385,12 @@ export class KvEventApplier {
       }
       let cur: OwnBlock | undefined = b;
       let curHash: EngineBlockHash | null = h;
-      for (let k = 0; k < span && cur && curHash !== null; k++) {
+      walked.clear();
+      for (let k = 0; k < span && cur && curHash !== null && !walked.has(curHash); k++) {
+        if (span > 1) walked.add(curHash);
         if (gpu) cur.gpu++;
         else if (cur.offload++ > 0) counts.duplicateCopies++;
+        this.ensureSeq(n + 1);
         seq.hi[n] = cur.hi;
         seq.lo[n] = cur.lo;
         n++;
@@ -381,6 +401,19 @@ export class KvEventApplier {
     seq.length = n;
     if (n > 0) this.router.applyStored(workerId, seq, gpu ? 'gpu' : 'offload');
     counts.offloadBlocks += n;
+  }
+
+  /** Room for `n` entries in the scratch sequence, keeping those written (grows by doubling). */
+  private ensureSeq(n: number): void {
+    const seq = this.one;
+    if (seq.hi.length >= n) return;
+    const size = Math.max(n, seq.hi.length * 2);
+    const hi = new Uint32Array(size);
+    const lo = new Uint32Array(size);
+    hi.set(seq.hi);
+    lo.set(seq.lo);
+    seq.hi = hi;
+    seq.lo = lo;
   }
 
   private scratchSeq(n: number): { hi: Uint32Array; lo: Uint32Array; length: number } {

@@ -304,7 +304,10 @@ function hashList(v: unknown, at: string): EngineBlockHash[] {
 
 function hash(v: unknown, at: string): EngineBlockHash {
   if (typeof v === 'bigint') return BigInt.asUintN(64, v);
-  if (typeof v === 'number' && Number.isInteger(v)) return BigInt.asUintN(64, BigInt(v));
+  // a number past 2^53 has lost bits (msgpack sends integers as such; only floats get here)
+  if (typeof v === 'number' && Number.isSafeInteger(v)) return BigInt.asUintN(64, BigInt(v));
+  if (typeof v === 'number' && Number.isInteger(v))
+    throw new KvEventFormatError(`${at} is a number past 2^53, which has lost bits: send it as an integer or string`);
   if (v instanceof Uint8Array) {
     if (v.byteLength === 0 || v.byteLength > 64)
       throw new KvEventFormatError(`${at} must be 1-64 bytes, got ${v.byteLength}`);
@@ -339,8 +342,8 @@ export function decodeJsonEvents(events: unknown): KvEventBatch {
   if (events.length > 100_000) throw new KvEventFormatError('too many events in one call');
   const toHash = (v: unknown, at: string): unknown => {
     if (typeof v === 'string') {
-      if (!/^(0x[0-9a-fA-F]{1,16}|[0-9]{1,20})$/.test(v))
-        throw new KvEventFormatError(`${at} must be an integer or a decimal/0x-hex string`);
+      if (!/^(0x[0-9a-fA-F]{1,16}|[0-9]{1,20})$/.test(v) || BigInt(v) >= 1n << 64n)
+        throw new KvEventFormatError(`${at} must be an integer or a decimal/0x-hex string below 2^64`);
       return BigInt(v);
     }
     return v;

@@ -1,0 +1,109 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import { encode } from '@msgpack/msgpack';
+import { KvEventApplier, MAX_OFFLOAD_SPAN } from '../../src/engines/kv-events/applier.js';
+import {
+  decodeEventBatch,
+  decodeJsonEvents,
+  KvEventFormatError,
+  type KvEvent,
+} from '../../src/engines/kv-events/decode.js';
+import { KVAwareRouter } from '../../src/index.js';
+
+const BS = 4;
+const tokens = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
+const stored = (hashes: bigint[], parent: bigint | null, toks: number[], extra: Partial<KvEvent> = {}): KvEvent =>
+  ({
+    type: 'BlockStored',
+    blockHashes: hashes,
+    parentBlockHash: parent,
+    tokenIds: toks,
+    blockSize: BS,
+    loraId: null,
+    medium: 'GPU',
+    loraName: null,
+    groupIdx: null,
+    ...extra,
+  }) as KvEvent;
+const removed = (hashes: bigint[], medium = 'GPU'): KvEvent => ({
+  type: 'BlockRemoved',
+  blockHashes: hashes,
+  medium,
+  groupIdx: null,
+});
+const batch = (...events: KvEvent[]) => ({ ts: 1, events, dataParallelRank: null });
+
+function setup() {
+  const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+  router.registerWorker('w0');
+  return { router, applier: new KvEventApplier(router) };
+}
+
+/** What the worker holds, as the applier and the index see it. */
+function state(s: ReturnType<typeof setup>, hashes: bigint[]) {
+  return {
+    tracked: s.applier.trackedHashes('w0').sort(),
+    copies: hashes.map((h) => s.applier.copies('w0', h)),
+    cached: s.router.route({ tokens: tokens(0, 13) }, { dryRun: true }).cachedTokens,
+  };
+}
+
+describe('KV events from a hostile publisher', () => {
+  const chain = [stored([1n, 2n], null, tokens(0, 8)), stored([3n], 2n, tokens(8, 4))];
+
+  test('an offload copy spanning an absurd number of blocks is skipped, not walked or allocated for', () => {
+    for (const blockSize of [BS * 2 ** 40, BS * (MAX_OFFLOAD_SPAN + 1)]) {
+      for (const medium of ['CPU', null]) {
+        const hostile = setup();
+        const counts = hostile.applier.apply(
+          'w0',
+          batch(chain[0], stored([2n], null, [], { medium, blockSize }), chain[1]),
+        );
+        assert.deepEqual(counts.skipped, { block_size: 1 });
+        const fresh = setup();
+        fresh.applier.apply('w0', batch(...chain));
+        assert.deepEqual(state(hostile, [1n, 2n, 3n]), state(fresh, [1n, 2n, 3n]));
+      }
+    }
+  });
+
+  test('parents made to loop by repeated hashes: an offload walk visits each block once', () => {
+    // hash 1 stored twice in one event: its second copy names itself as parent
+    const s = setup();
+    s.applier.apply('w0', batch(stored([1n, 1n], null, tokens(0, 8))));
+    const c = s.applier.apply('w0', batch(stored([1n], null, [], { medium: 'CPU', blockSize: BS * 1000 })));
+    assert.equal(c.offloadBlocks, 1);
+    assert.deepEqual(s.applier.copies('w0', 1n), { gpu: 2, offload: 1 });
+    // the CPU copy's removal takes it back out: nothing left offloaded
+    s.applier.apply('w0', batch(removed([1n], 'CPU')));
+    assert.deepEqual(s.applier.copies('w0', 1n), { gpu: 2, offload: 0 });
+  });
+
+  test('a JSON hash of 2^64 or more is refused, not wrapped to another block', () => {
+    for (const h of ['18446744073709551616', '99999999999999999999']) {
+      assert.throws(
+        () => decodeJsonEvents([{ type: 'BlockStored', block_hashes: [h], token_ids: tokens(0, 4), block_size: 4 }]),
+        (e: unknown) => e instanceof KvEventFormatError && /block_hashes\[0\].*below 2\^64/.test(e.message),
+      );
+    }
+    const ok = decodeJsonEvents([
+      { type: 'BlockStored', block_hashes: ['18446744073709551615'], token_ids: tokens(0, 4), block_size: 4 },
+    ]);
+    assert.deepEqual((ok.events[0] as { blockHashes: unknown }).blockHashes, [2n ** 64n - 1n]);
+  });
+
+  test('a hash sent as a float past 2^53 skips its event, not silently truncated', () => {
+    const b = decodeEventBatch(
+      encode([
+        1,
+        [
+          ['BlockStored', [2 ** 64], null, tokens(0, 4), 4],
+          ['BlockStored', [5], null, tokens(0, 4), 4],
+        ],
+      ]),
+    );
+    assert.equal(b.events.length, 1);
+    assert.equal(b.skipped?.length, 1);
+    assert.match(b.skipped![0].message, /block_hashes\[0\] is a number past 2\^53/);
+  });
+});
