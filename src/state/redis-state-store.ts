@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { LRUCache } from 'lru-cache';
-import { Redis, type RedisOptions } from 'ioredis';
+import { Redis, ReplyError, type RedisOptions } from 'ioredis';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import {
   decodeHashes,
@@ -444,7 +444,7 @@ export class RedisStateStore implements StateStore {
     await push.exec();
 
     // the registry: workers other replicas added
-    const workers = await this.cmd.hgetall(this.key('workers'));
+    const workers = await this.unlessWrongKind(this.cmd.hgetall(this.key('workers')), {}, 'workers');
     const local = new Set(host.listWorkers().map((w) => w.id));
     for (const [id, json] of Object.entries(workers)) {
       if (local.has(id)) continue;
@@ -459,7 +459,9 @@ export class RedisStateStore implements StateStore {
       const values = await this.cmd.mget(...keys);
       keys.forEach((k, i) => {
         const e = values[i] === null ? undefined : parseWorkflow(values[i]!);
-        if (e) router.setWorkflowAffinity(k.slice(this.key('wf', '').length), e.w, e.s);
+        const id = k.slice(this.key('wf', '').length);
+        if (e && id !== '') router.setWorkflowAffinity(id, e.w, e.s);
+        else if (values[i] !== null) this.counters.malformedMessages++;
       });
     }
     // block entries other replicas recorded
@@ -475,6 +477,22 @@ export class RedisStateStore implements StateStore {
           this.counters.malformedMessages++;
         }
       }
+    }
+  }
+
+  /**
+   * What a read answers, or `fallback` when Redis refused it for the key's kind (another
+   * program, or garbage, holds the key): that key is skipped, logged and counted, and the rest
+   * of the state still loads. Any other failure (Redis gone) still rejects.
+   */
+  private async unlessWrongKind<T>(read: Promise<T>, fallback: T, key: string): Promise<T> {
+    try {
+      return await read;
+    } catch (err) {
+      if (!(err instanceof ReplyError)) throw err;
+      this.counters.malformedMessages++;
+      this.host?.log(`state: ${this.key(key)} in redis is unreadable (${(err as Error).message}); skipped`);
+      return fallback;
     }
   }
 
@@ -515,7 +533,9 @@ export class RedisStateStore implements StateStore {
       let changed = this.remote.retain(new Set(replicas));
       // replicas not heard from yet (joined, or after an outage) start from their snapshot
       const fresh = replicas.filter((r) => !this.remote.has(r));
-      const snapshots = await Promise.all(fresh.map((r) => this.cmd.hgetall(this.key('load', r))));
+      const snapshots = await Promise.all(
+        fresh.map((r) => this.unlessWrongKind(this.cmd.hgetall(this.key('load', r)), {}, `load:${r}`)),
+      );
       fresh.forEach((r, i) => {
         this.remote.seed(r, decodeLoadSnapshot(snapshots[i]));
         changed = true;

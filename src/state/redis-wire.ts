@@ -8,7 +8,7 @@
 import type { ContentAnchor } from '../core/content-anchors.js';
 import type { SharedDecision } from '../core/router/index.js';
 import type { WorkerRecord } from './state-store.js';
-import type { ReplicaLoad } from './remote-load.js';
+import { isRemoteAmount, type ReplicaLoad } from './remote-load.js';
 import { hashHex } from '../core/hashing.js';
 
 /** A decision on the wire: short keys, block hashes as base64 of (hi, lo) uint32 pairs. */
@@ -168,11 +168,12 @@ export function encodeWorkflow(workerId: string, step: number | null): string {
   return JSON.stringify({ w: workerId, s: step });
 }
 
+/** A `wf:{id}` value; undefined unless its worker is a non-empty string (a step that is not a non-negative integer reads as none). */
 export function parseWorkflow(value: string): { w: string; s: number | null } | undefined {
   try {
-    const v = JSON.parse(value) as { w?: unknown; s?: unknown };
-    if (typeof v.w !== 'string') return undefined;
-    return { w: v.w, s: typeof v.s === 'number' ? v.s : null };
+    const v = JSON.parse(value) as { w?: unknown; s?: unknown } | null;
+    if (v === null || typeof v !== 'object' || typeof v.w !== 'string' || v.w === '') return undefined;
+    return { w: v.w, s: typeof v.s === 'number' && Number.isInteger(v.s) && v.s >= 0 ? v.s : null };
   } catch {
     return undefined;
   }
@@ -187,13 +188,12 @@ export function encodeLoadEntry(
   return `${inFlightRequests},${queuedPrefillTokens},${activeDecodeTokens}`;
 }
 
-/** A replica's load snapshot; malformed or negative entries are left out. */
+/** A replica's load snapshot; malformed, negative or out-of-range entries are left out. */
 export function decodeLoadSnapshot(hash: Record<string, string>): ReplicaLoad {
   const load: ReplicaLoad = new Map();
   for (const [id, v] of Object.entries(hash)) {
     const [requests, prefill, decode] = v.split(',').map(Number);
-    if ([requests, prefill, decode].every((x) => Number.isFinite(x) && x >= 0))
-      load.set(id, { requests, prefill, decode });
+    if ([requests, prefill, decode].every(isRemoteAmount)) load.set(id, { requests, prefill, decode });
   }
   return load;
 }

@@ -17,12 +17,24 @@ export interface WorkerTally {
 /** One replica's work per worker id. */
 export type ReplicaLoad = Map<string, WorkerTally>;
 
+/**
+ * Largest count or token amount one message or snapshot entry may carry (2^40): far past any
+ * real load, and small enough that sums over replicas stay finite.
+ */
+export const MAX_REMOTE_AMOUNT = 2 ** 40;
+
+/** A count or token amount another replica sent: a number from 0 to MAX_REMOTE_AMOUNT. */
+export function isRemoteAmount(v: unknown): v is number {
+  return typeof v === 'number' && v >= 0 && v <= MAX_REMOTE_AMOUNT;
+}
+
 export class RemoteLoad {
   private readonly replicas = new Map<string, ReplicaLoad>();
 
   /**
    * Adds a message's change to a replica's tally on a worker; counts never go below 0.
-   * Ignored (false) when a change is not a finite number (a malformed message).
+   * Ignored (false) when a change is not a finite number (a malformed message); decided(),
+   * prefilled() and released() also ignore amounts that are not isRemoteAmount().
    */
   add(replica: string, workerId: string, requests: number, prefill: number, decode: number): boolean {
     if (!(Number.isFinite(requests) && Number.isFinite(prefill) && Number.isFinite(decode))) return false;
@@ -38,12 +50,16 @@ export class RemoteLoad {
 
   /** A decision: one more request on the worker, its uncached prompt tokens queued as prefill. */
   decided(replica: string, workerId: string, prefillTokens: number): boolean {
-    return this.add(replica, workerId, 1, prefillTokens, 0);
+    return isRemoteAmount(prefillTokens) && this.add(replica, workerId, 1, prefillTokens, 0);
   }
 
   /** The request's prefill finished (first token): its tokens move from queued prefill to decode. */
   prefilled(replica: string, workerId: string, prefillTokens: number, decodeTokens: number): boolean {
-    return this.add(replica, workerId, 0, -prefillTokens, decodeTokens);
+    return (
+      isRemoteAmount(prefillTokens) &&
+      isRemoteAmount(decodeTokens) &&
+      this.add(replica, workerId, 0, -prefillTokens, decodeTokens)
+    );
   }
 
   /**
@@ -51,9 +67,9 @@ export class RemoteLoad {
    * announced (`decodeTokens` given), else with its still queued prefill.
    */
   released(replica: string, workerId: string, prefillTokens: number, decodeTokens: number | undefined): boolean {
-    return decodeTokens === undefined
-      ? this.add(replica, workerId, -1, -prefillTokens, 0)
-      : this.add(replica, workerId, -1, 0, -decodeTokens);
+    if (!isRemoteAmount(prefillTokens)) return false;
+    if (decodeTokens === undefined) return this.add(replica, workerId, -1, -prefillTokens, 0);
+    return isRemoteAmount(decodeTokens) && this.add(replica, workerId, -1, 0, -decodeTokens);
   }
 
   /** The other replicas' work on a worker, summed. */

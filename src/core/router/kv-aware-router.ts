@@ -21,7 +21,7 @@ import { diagnoseNoWorker, NoEndpointsError } from './no-worker.js';
 import { resolveRouterOptions, type KVAwareRouterOptions } from './options.js';
 import { PrefixLookup } from './prefix-lookup.js';
 import { PromptTooLongError } from './prompt-too-long.js';
-import { readRouteFields, RouteFields } from './request-fields.js';
+import { checkContentAnchors, readRouteFields, RouteFields } from './request-fields.js';
 import { applySeedWorkerState, seedRouteRequest } from './seed-api.js';
 import { WithdrawablePredictions } from './withdrawable.js';
 import type {
@@ -397,6 +397,7 @@ export class KVAwareRouter {
     d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>,
     now: number = this.clock(),
   ): boolean {
+    checkSharedDecision(d);
     const worker = this.workers.get(d.workerId);
     if (!worker) return false;
     this.expireAppliedDecisions(now);
@@ -455,8 +456,10 @@ export class KVAwareRouter {
 
   /** Sets a workflow's worker (the shared state's word for it, which wins); ignored for unknown workers. */
   setWorkflowAffinity(workflowId: string, workerId: string, step: number | null = null): void {
+    check.requireId(workflowId, 'workflowId');
+    check.optionalNonNegativeInt(step, 'step');
     if (!this.workers.get(workerId)) return;
-    this.workflows.set(check.requireId(workflowId, 'workflowId'), workerId, step);
+    this.workflows.set(workflowId, workerId, step);
   }
 
   /** Every workflow this router remembers, least recently used first. */
@@ -629,4 +632,20 @@ export class KVAwareRouter {
     if (!state) throw new RangeError(`workerId '${workerId}' is not registered`);
     return state;
   }
+}
+
+/**
+ * Checks another replica's decision before any of it is applied (it comes off the wire): the
+ * same rules as a request's own fields, each error naming the field.
+ */
+function checkSharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>): void {
+  check.requireId(d.workerId, 'workerId');
+  if (!(d.hi instanceof Uint32Array) || !(d.lo instanceof Uint32Array) || d.hi.length !== d.lo.length)
+    throw new TypeError('hi and lo must be Uint32Arrays of one length');
+  check.optionalId(d.workflowId, 'workflowId');
+  check.optionalNonNegativeInt(d.workflowStep, 'workflowStep');
+  check.optionalId(d.anchor, 'anchor');
+  check.optionalNonNegativeInt(d.claGroup, 'claGroup');
+  if (d.contentAnchors !== undefined) checkContentAnchors(d.contentAnchors);
+  check.optionalId(d.id, 'id');
 }

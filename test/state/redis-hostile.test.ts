@@ -1,0 +1,120 @@
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, test } from 'node:test';
+import { Redis } from 'ioredis';
+import { KVAwareRouter } from '../../src/core/router/index.js';
+import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { encodeHashes } from '../../src/state/redis-wire.js';
+import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
+import { REDIS_URL, redisRouters } from '../helpers/redis-routers.js';
+import { until } from '../helpers/wait.js';
+
+// What another "replica" (anything that can publish on the channel or write the keys) sends:
+// nothing of a malformed message or key may reach the router, and the rest still works.
+const routers = redisRouters();
+const redis = new Redis(REDIS_URL, { maxRetriesPerRequest: 0 });
+const prefixes: string[] = [];
+after(async () => {
+  await routers.close();
+  for (const p of prefixes) {
+    const keys = await redis.keys(`${p}*`);
+    if (keys.length > 0) await redis.del(...keys);
+  }
+  redis.disconnect();
+});
+
+const channelOf = (store: RedisStateStore) => (store as unknown as { channel: string }).channel;
+const hashes = encodeHashes(new Uint32Array([1, 2]), new Uint32Array([3, 4]));
+
+test('decisions with fields of the wrong type or range are counted and apply nothing', async () => {
+  const { router, store } = await routers.replica('B');
+  const channel = channelOf(store);
+  const bad = [
+    { wf: { a: 1 }, s: 1 },
+    { wf: 'wf-a', s: 'two' },
+    { wf: 'wf-a', s: -3.5 },
+    { a: 5 },
+    { a: 'anchor-a', c: 'zz' },
+    { ca: [{ id: 'p', tokens: -1 }] },
+    { ca: 'passages' },
+  ];
+  for (const fields of bad)
+    await redis.publish(channel, JSON.stringify({ r: 'x', k: 'd', w: 'e0', h: hashes, ...fields }));
+  await until(() => store.stats().malformedMessages >= bad.length, 'every bad decision to be counted');
+  const stats = router.getStats();
+  assert.equal(store.stats().decisionsApplied, 0);
+  assert.equal(stats.index.entries, 0, 'no block of a malformed decision is recorded');
+  assert.equal(stats.workflowsTracked, 0);
+  assert.equal(stats.anchorsTracked, 0);
+  assert.equal(stats.contentAnchorsTracked, 0);
+  // a well-formed one still applies
+  await redis.publish(channel, JSON.stringify({ r: 'x', k: 'd', w: 'e0', h: hashes, wf: 'wf-a', s: 2 }));
+  await until(() => store.stats().decisionsApplied === 1, 'the good decision to apply');
+  assert.deepEqual(router.workflowAffinity('wf-a'), { workerId: 'e0', step: 2 });
+  assert.equal(router.getStats().index.entries, 2);
+});
+
+test('load amounts out of range move nothing; later messages still update the view', async () => {
+  const { router, store } = await routers.replica('C');
+  const channel = channelOf(store);
+  const load = () => router.listWorkers()[0];
+  const send = (m: object) => redis.publish(channel, JSON.stringify({ w: 'e0', ...m }));
+  // two replicas claiming 1e308 tokens each would sum to Infinity, which the router refuses
+  await send({ r: 'x', k: 'd', h: '', q: 1e308 });
+  await send({ r: 'y', k: 'd', h: '', q: 1e308 });
+  await send({ r: 'x', k: 'd', h: '', q: -5 });
+  await send({ r: 'x', k: 'pd', q: '5', d: 7 });
+  await send({ r: 'x', k: 'rl', q: 1, d: -1e300 });
+  await send({ r: 'z', k: 'd', h: '', q: 300 });
+  await until(() => load().inFlightRequests > 0, 'the good decision to count');
+  assert.equal(load().inFlightRequests, 1);
+  assert.equal(load().queuedPrefillTokens, 300);
+  await send({ r: 'z', k: 'rl', q: 300 });
+  await until(() => load().inFlightRequests === 0, 'its release to count');
+  assert.equal(load().queuedPrefillTokens, 0);
+});
+
+test('a replica starting over keys that hold garbage loads the rest and comes up', async () => {
+  const prefix = `cf-test-${randomBytes(4).toString('hex')}:`;
+  prefixes.push(prefix);
+  const chain = (id: string) => JSON.stringify({ r: 'other', k: 'd', w: 'e0', h: hashes, i: id });
+  await redis
+    .multi()
+    .set(`${prefix}workers`, 'not a hash')
+    .set(`${prefix}wf:`, JSON.stringify({ w: 'e0', s: 1 }))
+    .set(`${prefix}wf:null`, 'null')
+    .set(`${prefix}wf:neg`, JSON.stringify({ w: 'e0', s: -1 }))
+    .set(`${prefix}wf:good`, JSON.stringify({ w: 'e0', s: 3 }))
+    .hset(`${prefix}wf:hash`, 'w', 'e0')
+    .set(`${prefix}chain:e0:junk`, '{"r": 5}')
+    .set(`${prefix}chain:e0:good`, chain('1'))
+    .zadd(`${prefix}replicas`, String(Date.now() + 60_000), 'ghost')
+    .set(`${prefix}load:ghost`, 'not a hash')
+    .exec();
+  const router = new KVAwareRouter({ blockSize: 16 });
+  router.registerWorker('e0');
+  const workers: WorkerRecord[] = [{ id: 'e0', url: 'http://e0' }];
+  const logs: string[] = [];
+  const host: StateStoreHost = {
+    router,
+    listWorkers: () => workers,
+    addWorkerFromState: () => {},
+    removeWorkerFromState: () => {},
+    log: (m) => logs.push(m),
+  };
+  const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: 'D', syncIntervalMs: 20 });
+  try {
+    await store.attach(host);
+    assert.equal(store.stats().connected, true, logs.join('\n'));
+    assert.equal(store.stats().resyncs, 1);
+    assert.deepEqual(router.workflowAffinity('good'), { workerId: 'e0', step: 3 });
+    assert.deepEqual(router.workflowAffinity('neg'), { workerId: 'e0', step: null });
+    assert.equal(router.workflowAffinity('null'), undefined);
+    assert.equal(router.getStats().index.entries, 2, 'the good chain is loaded');
+    // the load sync goes on past the unreadable snapshot: it sees the ghost replica
+    await until(() => store.stats().replicasSeen === 2, 'the load sync to see the other replica');
+    assert.ok(logs.some((l) => l.includes(`${prefix}workers`)));
+  } finally {
+    await store.close();
+  }
+});
