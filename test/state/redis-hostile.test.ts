@@ -29,7 +29,9 @@ const hashes = encodeHashes(new Uint32Array([1, 2]), new Uint32Array([3, 4]));
 test('decisions with fields of the wrong type or range are counted and apply nothing', async () => {
   const { router, store } = await routers.replica('B');
   const channel = channelOf(store);
-  const bad = [
+  // more blocks than the longest prompt (1,048,576 tokens, 16 a block) can have
+  const huge = encodeHashes(new Uint32Array(65_537).fill(7), new Uint32Array(65_537).fill(9));
+  const bad: Array<Record<string, unknown>> = [
     { wf: { a: 1 }, s: 1 },
     { wf: 'wf-a', s: 'two' },
     { wf: 'wf-a', s: -3.5 },
@@ -37,6 +39,7 @@ test('decisions with fields of the wrong type or range are counted and apply not
     { a: 'anchor-a', c: 'zz' },
     { ca: [{ id: 'p', tokens: -1 }] },
     { ca: 'passages' },
+    { h: huge },
   ];
   for (const fields of bad)
     await redis.publish(channel, JSON.stringify({ r: 'x', k: 'd', w: 'e0', h: hashes, ...fields }));

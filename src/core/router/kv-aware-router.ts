@@ -400,6 +400,12 @@ export class KVAwareRouter {
     checkSharedDecision(d);
     const worker = this.workers.get(d.workerId);
     if (!worker) return false;
+    // no decision made here records more blocks than the longest prompt has on that worker
+    const maxBlocks = Math.ceil(this.maxPromptTokens / (worker.info.blockSize ?? this.blockSize));
+    if (d.hi.length > maxBlocks)
+      throw new RangeError(
+        `a shared decision of ${d.hi.length} blocks is longer than the longest prompt (maxPromptTokens ${this.maxPromptTokens}) allows`,
+      );
     this.expireAppliedDecisions(now);
     if (d.id !== undefined) this.settleSharedDecision(d); // the same decision again replaces it
     this.recorder.applyShared(worker, d, now);
