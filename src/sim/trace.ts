@@ -69,8 +69,11 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
     throw new TraceFormatError(index, '"hash_ids" must be an array of non-negative integers');
   }
   const blockSize = num('block_size', false) ?? defaultBlockSize;
-  if (!Number.isInteger(blockSize) || blockSize < 1)
-    throw new TraceFormatError(index, '"block_size" must be a positive integer');
+  if (!Number.isInteger(blockSize) || blockSize < 1 || blockSize > MAX_TRACE_REQUEST_TOKENS)
+    throw new TraceFormatError(
+      index,
+      `"block_size" must be a whole number of tokens from 1 to ${MAX_TRACE_REQUEST_TOKENS}`,
+    );
   const req: TraceRequest = { index, timestamp, inputLength, outputLength, hashIds: hashIds as number[], blockSize };
   if (r.session_id !== undefined) {
     if (typeof r.session_id !== 'string' && typeof r.session_id !== 'number')

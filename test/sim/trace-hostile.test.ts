@@ -63,6 +63,10 @@ describe('Mooncake trace loader, hostile files', () => {
         loadMooncakeTrace(write(`${line({ output_length: bad })}\n`)),
         /trace line 1: "output_length" must be a whole number of tokens/,
       );
+      await assert.rejects(
+        loadMooncakeTrace(write(`${line({ block_size: bad })}\n`)),
+        /trace line 1: "block_size" must be a whole number of tokens/,
+      );
     }
   });
 });
