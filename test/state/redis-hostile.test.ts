@@ -43,7 +43,7 @@ test('decisions with fields of the wrong type or range are counted and apply not
   ];
   for (const fields of bad)
     await redis.publish(channel, JSON.stringify({ r: 'x', k: 'd', w: 'e0', h: hashes, ...fields }));
-  await until(() => store.stats().malformedMessages >= bad.length, 'every bad decision to be counted');
+  await until(() => (store.stats().malformedMessages as number) >= bad.length, 'every bad decision to be counted');
   const stats = router.getStats();
   assert.equal(store.stats().decisionsApplied, 0);
   assert.equal(stats.index.entries, 0, 'no block of a malformed decision is recorded');
