@@ -6,22 +6,12 @@ import { decodeEventBatch, type KvEvent } from '../../src/engines/kv-events/deco
 import { VllmBlockHasher } from '../../src/core/vllm-block-hash.js';
 import { KvEventApplier, emptyCounts } from '../../src/engines/kv-events/applier.js';
 import { KVAwareRouter } from '../../src/index.js';
+import { storedTokens, tokenRange } from '../helpers/kv-event-builders.js';
 
 const BS = 4;
-const tokens = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
+const tokens = tokenRange;
 const stored = (hashes: bigint[], parent: bigint | null, toks: number[], extra: Partial<KvEvent> = {}): KvEvent =>
-  ({
-    type: 'BlockStored',
-    blockHashes: hashes,
-    parentBlockHash: parent,
-    tokenIds: toks,
-    blockSize: BS,
-    loraId: null,
-    medium: 'GPU',
-    loraName: null,
-    groupIdx: null,
-    ...extra,
-  }) as KvEvent;
+  storedTokens(hashes, parent, toks, BS, extra);
 const batch = (...events: KvEvent[]) => ({ ts: 1, events, dataParallelRank: null });
 
 function setup() {

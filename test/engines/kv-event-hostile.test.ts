@@ -9,22 +9,12 @@ import {
   type KvEvent,
 } from '../../src/engines/kv-events/decode.js';
 import { KVAwareRouter } from '../../src/index.js';
+import { storedTokens, tokenRange } from '../helpers/kv-event-builders.js';
 
 const BS = 4;
-const tokens = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
+const tokens = tokenRange;
 const stored = (hashes: bigint[], parent: bigint | null, toks: number[], extra: Partial<KvEvent> = {}): KvEvent =>
-  ({
-    type: 'BlockStored',
-    blockHashes: hashes,
-    parentBlockHash: parent,
-    tokenIds: toks,
-    blockSize: BS,
-    loraId: null,
-    medium: 'GPU',
-    loraName: null,
-    groupIdx: null,
-    ...extra,
-  }) as KvEvent;
+  storedTokens(hashes, parent, toks, BS, extra);
 const removed = (hashes: bigint[], medium = 'GPU'): KvEvent => ({
   type: 'BlockRemoved',
   blockHashes: hashes,

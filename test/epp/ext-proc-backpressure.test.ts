@@ -10,6 +10,20 @@ import { createProcessHandler } from '../../src/epp/ext-proc-handler.js';
 import type { ProcessingRequest, ProcessingResponse } from '../../src/epp/proto.js';
 import { until } from '../helpers/wait.js';
 
+/** A process handler whose picker routes every request to one endpoint; `onEnd` hears each request end. */
+function oneEndpointHandler(onEnd: () => void) {
+  return createProcessHandler({
+    bodyLimit: 1 << 20,
+    picker: {
+      pick: () => ({
+        ok: true,
+        endpoints: ['10.0.0.1:8000'],
+        inFlight: { served: () => undefined, refused: () => {}, firstByte: () => {}, end: onEnd },
+      }),
+    },
+  });
+}
+
 test('answers that wait for drain leave no listeners on the call', async () => {
   const held: Array<() => void> = [];
   let answers = 0;
@@ -27,16 +41,7 @@ test('answers that wait for drain leave no listeners on the call', async () => {
   const onWarning = (w: Error) => warnings.push(w.message);
   process.on('warning', onWarning);
   let ended = 0;
-  const handler = createProcessHandler({
-    bodyLimit: 1 << 20,
-    picker: {
-      pick: () => ({
-        ok: true,
-        endpoints: ['10.0.0.1:8000'],
-        inFlight: { served: () => undefined, refused: () => {}, firstByte: () => {}, end: () => void ended++ },
-      }),
-    },
-  });
+  const handler = oneEndpointHandler(() => void ended++);
   handler(call as unknown as ServerDuplexStream<ProcessingRequest, ProcessingResponse>);
   const drainAll = () => {
     while (held.length > 0) held.shift()!();
@@ -92,16 +97,7 @@ test('a peer that streams a response body without reading the answers is not rea
     },
   });
   let ended = 0;
-  const handler = createProcessHandler({
-    bodyLimit: 1 << 20,
-    picker: {
-      pick: () => ({
-        ok: true,
-        endpoints: ['10.0.0.1:8000'],
-        inFlight: { served: () => undefined, refused: () => {}, firstByte: () => {}, end: () => void ended++ },
-      }),
-    },
-  });
+  const handler = oneEndpointHandler(() => void ended++);
   handler(call as unknown as ServerDuplexStream<ProcessingRequest, ProcessingResponse>);
   // no answer is ever taken: the handler must stop reading, not take the whole stream in
   // (a paused stream still reads ahead up to its high-water mark, then no more)

@@ -21,6 +21,27 @@ export const storedEvent = (
   groupIdx: null,
 });
 
+/** A GPU BlockStored event for `hashes` with the given token ids; `extra` overrides any field. */
+export const storedTokens = (
+  hashes: bigint[],
+  parent: bigint | null,
+  tokenIds: number[],
+  blockSize: number,
+  extra: Partial<KvEvent> = {},
+): KvEvent =>
+  ({
+    type: 'BlockStored',
+    blockHashes: hashes,
+    parentBlockHash: parent,
+    tokenIds,
+    blockSize,
+    loraId: null,
+    medium: 'GPU',
+    loraName: null,
+    groupIdx: null,
+    ...extra,
+  }) as KvEvent;
+
 /** A batch stamped now, of one data-parallel rank (or none). */
 export const eventBatch = (rank: number | null, ...events: KvEvent[]): KvEventBatch => ({
   ts: Date.now() / 1000,
