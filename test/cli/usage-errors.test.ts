@@ -1,0 +1,27 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { test } from 'node:test';
+
+const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+
+function cli(args: string[], env: Record<string, string> = {}) {
+  return spawnSync(process.execPath, ['--import', 'tsx', main, ...args], {
+    encoding: 'utf8',
+    env: { ...process.env, ...env },
+  });
+}
+
+test('a bad flag, a bad variable and an unknown flag exit with status 2, as the configuration document says', () => {
+  const flag = cli(['serve', '--offload-credit', '1.5', '--print-config']);
+  assert.equal(flag.status, 2, flag.stderr);
+  assert.match(flag.stderr, /--offload-credit must be <= 1 \(got 1\.5\)/);
+  const env = cli(['serve', '--print-config'], { CONTEXTFORGE_PORT: 'x' });
+  assert.equal(env.status, 2, env.stderr);
+  assert.match(env.stderr, /from env 'CONTEXTFORGE_PORT'.*--port must be an integer/);
+  const unknown = cli(['serve', '--max-retrys', '1']);
+  assert.equal(unknown.status, 2, unknown.stderr);
+  assert.match(unknown.stderr, /unknown option '--max-retrys'/);
+  const help = cli(['serve', '--help']);
+  assert.equal(help.status, 0, help.stderr);
+});
