@@ -2,6 +2,8 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
+import { checkTimeouts } from '../../src/server/timeouts.js';
+import { resolveServe } from '../helpers/serve-config.js';
 
 const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 
@@ -24,4 +26,31 @@ test('a bad flag, a bad variable and an unknown flag exit with status 2, as the 
   assert.match(unknown.stderr, /unknown option '--max-retrys'/);
   const help = cli(['serve', '--help']);
   assert.equal(help.status, 0, help.stderr);
+});
+
+test('a delay longer than a timer holds (2^31 - 1 ms) is refused, wherever it is given', () => {
+  const bad = (args: string[], env: Record<string, string> = {}) =>
+    assert.throws(() => resolveServe(args, env), /must be <= 2147483647 \(got 2147483648\)/, args.join(' '));
+  for (const flag of [
+    '--health-interval-ms',
+    '--metrics-interval-ms',
+    '--breaker-cooldown-ms',
+    '--shutdown-grace-ms',
+    '--headers-timeout-ms',
+    '--request-timeout-ms',
+    '--connection-timeout-ms',
+    '--first-byte-timeout-ms',
+    '--upstream-timeout-ms',
+  ])
+    bad([flag, '2147483648']);
+  bad([], { CONTEXTFORGE_HEALTH_INTERVAL_MS: '2147483648' });
+  assert.throws(
+    () => resolveServe(['--discover', 'dns=engines,port=8000,interval-ms=2147483648']),
+    /interval(Ms|-ms) must be <= 2147483647/,
+  );
+  assert.throws(
+    () => checkTimeouts({ interChunkTimeoutMs: 2 ** 31 }),
+    /timeouts\.interChunkTimeoutMs must be <= 2147483647/,
+  );
+  assert.equal(resolveServe(['--health-interval-ms', '2147483647']).config.healthIntervalMs, 2 ** 31 - 1);
 });

@@ -8,7 +8,7 @@
 import { z } from 'zod';
 import { ROUTER_SETTINGS_HELP, ROUTER_SETTINGS_SCHEMA } from '../../core/router/options-schema.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
-import { TIMEOUTS_SCHEMA } from '../../server/timeouts.js';
+import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
 
 export interface SettingHelp {
   /** The flag's argument; '' for a switch (on when given; environment and file: true/false). */
@@ -59,11 +59,11 @@ const gatewayShape = {
     .default(16 * 1024 * 1024),
   maxRetries: z.int().min(0).max(16).default(2),
   upstreamTimeoutMs: TIMEOUTS_SCHEMA.shape.interChunkTimeoutMs,
-  metricsIntervalMs: z.int().min(0).default(1000),
-  healthIntervalMs: z.int().min(0).default(2000),
+  metricsIntervalMs: timerMs(0).default(1000),
+  healthIntervalMs: timerMs(0).default(2000),
   breakerFailures: positiveInt().default(3),
-  breakerCooldownMs: positiveInt().default(5000),
-  shutdownGraceMs: z.int().min(0).default(25_000),
+  breakerCooldownMs: timerMs(1).default(5000),
+  shutdownGraceMs: timerMs(0).default(25_000),
 };
 
 const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof routerShape>, SettingHelp> = {
@@ -141,7 +141,7 @@ export const DISCOVERY_SCHEMA = z
     port: z.int().min(1).max(65535),
     eventsPort: z.int().min(1).max(65535).optional(),
     replayPort: z.int().min(1).max(65535).optional(),
-    intervalMs: z.int().min(100).default(5000),
+    intervalMs: timerMs(100).default(5000),
     models: z.array(z.string().min(1).max(512)).max(1024).optional(),
   })
   .refine((d) => d.replayPort === undefined || d.eventsPort !== undefined, {
