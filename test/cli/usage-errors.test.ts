@@ -1,5 +1,8 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 import { checkTimeouts } from '../../src/server/timeouts.js';
@@ -53,4 +56,26 @@ test('a delay longer than a timer holds (2^31 - 1 ms) is refused, wherever it is
     /timeouts\.interChunkTimeoutMs must be <= 2147483647/,
   );
   assert.equal(resolveServe(['--health-interval-ms', '2147483647']).config.healthIntervalMs, 2 ** 31 - 1);
+});
+
+test('a config file is read up to a bound, as text, with every YAML problem an error naming its source', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-config-input-'));
+  const write = (name: string, text: string | Buffer) => {
+    writeFileSync(join(dir, name), text);
+    return join(dir, name);
+  };
+  const bad = (file: string, message: RegExp, env: Record<string, string> = {}) =>
+    assert.throws(() => resolveServe(env.CONTEXTFORGE_CONFIG ? [] : ['--config', file], env), message, file);
+  const big = write('big.yaml', `# ${'x'.repeat(4 * 1024 * 1024)}\nport: 1\n`);
+  bad(big, new RegExp(`^RangeError: --config ${big}: larger than 4194304 bytes$`));
+  if (existsSync('/dev/zero')) bad('/dev/zero', /--config \/dev\/zero: larger than/);
+  bad(write('nul.yaml', Buffer.from([0x70, 0x6f, 0x72, 0x74, 0x3a, 0x20, 0x31, 0x00, 0x0a])), /holds NUL bytes/);
+  bad(write('tag.yaml', 'host: !bogus 0.0.0.0\n'), /tag\.yaml: Unresolved tag: !bogus at line 1/);
+  bad(write('two.yaml', 'port: 1\n---\nport: 2\n'), /two\.yaml: holds 2 YAML documents/);
+  bad(write('deep.yaml', `workers: ${'['.repeat(5000)}${']'.repeat(5000)}\n`), /deep\.yaml: nested too deeply/);
+  const dup = write('dup.yaml', 'port: 1\nport: 2\n');
+  bad(dup, new RegExp(`CONTEXTFORGE_CONFIG ${dup}: Map keys must be unique`), { CONTEXTFORGE_CONFIG: dup });
+  const ok = write('ok.yaml', '\ufeff# comment\nport: 9001\n');
+  assert.equal(resolveServe(['--config', ok]).config.port, 9001);
+  assert.equal(resolveServe(['--config', write('empty.yaml', '')]).config.port, 8080);
 });

@@ -3,9 +3,9 @@
  * config file, else its default. Every value, whatever its source, is checked by the same
  * schema; a bad one stops `serve` with a message naming the source and the key.
  */
-import { readFileSync } from 'node:fs';
+import { closeSync, openSync, readSync } from 'node:fs';
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import { parse as parseYaml } from 'yaml';
+import { parse as parseYaml, parseAllDocuments } from 'yaml';
 import type { z } from 'zod';
 import { closestKey, describeIssue, issueMessage } from '../../core/schema-issues.js';
 import { parseWorkerRecord, WORKER_SPEC_KEYS } from '../../server/worker-input.js';
@@ -112,17 +112,68 @@ function settingMessage(issue: z.core.$ZodIssue, schema: z.ZodType, where: strin
     : `${where}: ${issueMessage(issue, schema, path)}`;
 }
 
-/** Reads router.yaml (YAML or JSON) into one value per setting, by the key the file used. */
-export function readConfigFile(file: string, shape: Shape): Map<string, { value: unknown; key: string }> {
+/** Largest config file read: thousands of workers fit well under it; /dev/zero or a stray log does not. */
+export const MAX_CONFIG_BYTES = 4 * 1024 * 1024;
+
+/** A file's text, refused past `max` bytes without reading further (a pipe or device is read as it comes). */
+function readTextFile(file: string, max: number): string {
+  const fd = openSync(file, 'r');
+  try {
+    const chunks: Buffer[] = [];
+    let total = 0;
+    const buf = Buffer.alloc(64 * 1024);
+    for (let n = readSync(fd, buf); n > 0; n = readSync(fd, buf)) {
+      total += n;
+      if (total > max) throw new RangeError(`larger than ${max} bytes`);
+      chunks.push(Buffer.from(buf.subarray(0, n)));
+    }
+    const text = Buffer.concat(chunks).toString('utf8');
+    if (text.includes('\0')) throw new RangeError('not a YAML or JSON text file (it holds NUL bytes)');
+    return text;
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** A YAML or JSON text's value; an unknown tag or a nesting the parser cannot follow is an error, not a warning. */
+function parseConfigText(text: string): unknown {
+  let docs;
+  try {
+    docs = parseAllDocuments(text, { logLevel: 'silent' });
+  } catch (err) {
+    if (err instanceof RangeError && /call stack/i.test(err.message))
+      throw new RangeError('nested too deeply', { cause: err });
+    throw err;
+  }
+  if (docs.length === 0) return null;
+  if (docs.length > 1) throw new RangeError(`holds ${docs.length} YAML documents (separated by ---), not one`);
+  const doc = docs[0];
+  const problem = doc.errors[0] ?? doc.warnings[0];
+  if (problem) {
+    if (/call stack/i.test(problem.message))
+      throw new RangeError(`nested too deeply (line ${problem.linePos?.[0].line ?? '?'})`);
+    throw problem;
+  }
+  return doc.toJS();
+}
+
+/**
+ * Reads router.yaml (YAML or JSON) into one value per setting, by the key the file used.
+ * `where` names the file in messages (`--config FILE`, or the variable that gave it).
+ */
+export function readConfigFile(
+  file: string,
+  shape: Shape,
+  where = `--config ${file}`,
+): Map<string, { value: unknown; key: string }> {
   let raw: unknown;
   try {
-    raw = parseYaml(readFileSync(file, 'utf8'));
+    raw = parseConfigText(readTextFile(file, MAX_CONFIG_BYTES));
   } catch (err) {
-    throw new RangeError(`--config ${file}: ${(err as Error).message.split('\n')[0]}`, { cause: err });
+    throw new RangeError(`${where}: ${(err as Error).message.split('\n')[0]}`, { cause: err });
   }
   const out = new Map<string, { value: unknown; key: string }>();
   if (raw === null || raw === undefined) return out;
-  const where = `--config ${file}`;
   if (typeof raw !== 'object' || Array.isArray(raw))
     throw new RangeError(`${where}: the top level must be a mapping of settings`);
   const byName = new Map<string, string>();
@@ -180,7 +231,10 @@ export function resolveSettings<S extends z.ZodObject>(
   const shape = schema.shape as Shape;
   const flags = cmd.opts<Record<string, unknown>>();
   const configFile = flags.config as string | undefined;
-  const file = configFile ? readConfigFile(configFile, shape) : new Map<string, { value: unknown; key: string }>();
+  const configWhere = `${cmd.getOptionValueSource('config') === 'env' ? envName('config') : '--config'} ${configFile}`;
+  const file = configFile
+    ? readConfigFile(configFile, shape, configWhere)
+    : new Map<string, { value: unknown; key: string }>();
   const input: Record<string, unknown> = {};
   const origins: Record<string, Origin> = {};
   for (const [key, setting] of Object.entries(shape)) {
@@ -203,7 +257,7 @@ export function resolveSettings<S extends z.ZodObject>(
       value = given === true ? fromText(key, setting, env[where] ?? process.env[where] ?? '', where) : given;
       origins[key] = 'env';
     } else if (fromFile !== undefined && fromFile.value !== null) {
-      where = `--config ${configFile}`;
+      where = configWhere;
       path = fromFile.key;
       value =
         typeof fromFile.value === 'string' && TEXT_FORMS[key]
@@ -224,7 +278,7 @@ export function resolveSettings<S extends z.ZodObject>(
     input[key] = value;
   }
   const values = schema.parse(input, { error: describeIssue }) as z.output<S>;
-  const { workers, origin: workersOrigin } = resolveWorkers(flags.worker as string[], env, file, configFile);
+  const { workers, origin: workersOrigin } = resolveWorkers(flags.worker as string[], env, file, configWhere);
   return { values, origins, workers, workersOrigin, configFile };
 }
 
@@ -257,7 +311,7 @@ function resolveWorkers(
   flagWorkers: string[],
   env: NodeJS.ProcessEnv,
   file: Map<string, { value: unknown; key: string }>,
-  configFile: string | undefined,
+  configWhere: string,
 ): { workers: WorkerRecord[]; origin: Origin } {
   let workers: WorkerRecord[];
   let origin: Origin;
@@ -270,10 +324,10 @@ function resolveWorkers(
     origin = 'env';
   } else {
     const list = file.get('workers')?.value ?? [];
-    if (!Array.isArray(list)) throw new RangeError(`--config ${configFile}: workers must be a list`);
+    if (!Array.isArray(list)) throw new RangeError(`${configWhere}: workers must be a list`);
     origin = list.length > 0 ? 'file' : 'default';
     workers = list.map((w: unknown, i) => {
-      const where = `--config ${configFile}: workers[${i}]`;
+      const where = `${configWhere}: workers[${i}]`;
       if (typeof w === 'string') return parseWorkerSpec(w, `${where} '${w}'`);
       if (w === null || typeof w !== 'object' || Array.isArray(w))
         throw new RangeError(`${where} must be a mapping or a SPEC string`);
