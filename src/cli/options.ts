@@ -34,7 +34,7 @@ export function fractionOption(flag: string): (value: string) => number {
 
 /**
  * The fields of a `key=value,key=value` spec (the value of --worker or --discover): a part
- * without `=` or an unknown key is refused with a message naming the flag and the key.
+ * without `=`, an unknown key or a key given twice is refused with a message naming the flag and the key.
  */
 export function specFields(flag: string, spec: string, keys: readonly string[]): Record<string, string> {
   const fields: Record<string, string> = {};
@@ -44,6 +44,7 @@ export function specFields(flag: string, spec: string, keys: readonly string[]):
     const key = part.slice(0, eq).trim();
     if (!keys.includes(key))
       throw new RangeError(`${flag} '${spec}': unknown key '${key}' (known: ${keys.join(', ')})`);
+    if (Object.hasOwn(fields, key)) throw new RangeError(`${flag} '${spec}': '${key}' is given twice`);
     fields[key] = part.slice(eq + 1).trim();
   }
   return fields;

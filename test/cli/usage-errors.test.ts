@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
+import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
 import { checkTimeouts } from '../../src/server/timeouts.js';
 import { resolveServe } from '../helpers/serve-config.js';
 
@@ -78,4 +79,29 @@ test('a config file is read up to a bound, as text, with every YAML problem an e
   const ok = write('ok.yaml', '\ufeff# comment\nport: 9001\n');
   assert.equal(resolveServe(['--config', ok]).config.port, 9001);
   assert.equal(resolveServe(['--config', write('empty.yaml', '')]).config.port, 8080);
+});
+
+test('a worker or discovery spec with a key given twice, or an address nothing listens on, is refused', () => {
+  const bad = (spec: string, message: RegExp) => assert.throws(() => parseWorkerSpec(spec), message, spec);
+  bad('id=a,url=http://h:8000,id=b', /--worker 'id=a,url=http:\/\/h:8000,id=b': 'id' is given twice/);
+  bad('id=a,url=http://h:0', /url must have a port from 1 to 65535/);
+  for (const events of ['tcp://h', 'tcp://h:0', 'tcp://h:65536', 'tcp://h:5557x'])
+    bad(`id=a,url=http://h:1,events=${events}`, /events must be tcp:\/\/HOST:PORT with a port from 1 to 65535/);
+  assert.equal(parseWorkerSpec('id=a,url=http://h:1,events=tcp://[::1]:5557').events, 'tcp://[::1]:5557');
+  assert.equal(parseWorkerSpec('id=a,url=http://h:1,events=ipc:///tmp/e').events, 'ipc:///tmp/e');
+  assert.throws(
+    () => resolveServe(['--discover', 'dns=e,port=1,port=2']),
+    /--discover 'dns=e,port=1,port=2': 'port' is given twice$/,
+  );
+  assert.throws(() => resolveServe(['--discover', 'dns=e,port=1,interval-ms=0x100']), /interval-ms must be an integer/);
+  for (const objectives of ['a=', 'a=0x10', 'a=1e3'])
+    assert.throws(() => resolveServe(['--objectives', objectives]), /is not NAME=INTEGER/, objectives);
+  assert.throws(() => resolveServe(['--objectives', 'a=1,a=2']), /--objectives: 'a' is given twice/);
+  assert.deepEqual(
+    resolveServe(['--objectives', 'a=-1,b=+2']).config.objectives,
+    new Map([
+      ['a', -1],
+      ['b', 2],
+    ]),
+  );
 });

@@ -66,7 +66,9 @@ function fromText(key: string, schema: z.ZodType, text: string, where: string): 
     try {
       return special(text);
     } catch (err) {
-      throw new RangeError(`${where}: ${(err as Error).message}`, { cause: err });
+      // the spec's own messages name the flag already
+      const message = (err as Error).message;
+      throw new RangeError(message.startsWith(`${where}`) ? message : `${where}: ${message}`, { cause: err });
     }
   }
   const type = unwrapSchema(schema).def.type;
