@@ -5,6 +5,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
+import { Command } from 'commander';
+import { registerDemoCommand } from '../../src/cli/commands/demo.js';
+import { registerLiveDemoCommand } from '../../src/cli/commands/live-demo.js';
+import { registerSimulateCommand } from '../../src/cli/commands/simulate.js';
+import { registerTuneCommand } from '../../src/cli/commands/tune.js';
 import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
 import { checkTimeouts } from '../../src/server/timeouts.js';
 import { resolveServe } from '../helpers/serve-config.js';
@@ -104,4 +109,52 @@ test('a worker or discovery spec with a key given twice, or an address nothing l
       ['b', 2],
     ]),
   );
+});
+
+/** The message a command line is refused with, parsed by the real commands (nothing runs). */
+async function refusal(args: string[]): Promise<string> {
+  const program = new Command().exitOverride().configureOutput({ writeErr: () => {}, writeOut: () => {} });
+  for (const register of [registerSimulateCommand, registerTuneCommand, registerDemoCommand, registerLiveDemoCommand])
+    register(program);
+  try {
+    await program.parseAsync(['node', 'contextforge-router', ...args]);
+  } catch (err) {
+    return (err as Error).message;
+  }
+  return assert.fail(`accepted: ${args.join(' ')}`);
+}
+
+test('simulate, tune, demo and live-demo bound the cluster, the workload and the speed', async () => {
+  const cases: Array<[string[], RegExp]> = [
+    [['simulate', '--trace', 'workflows:1', '--policies', ''], /--policies lists no policy/],
+    [['simulate', '--trace', 'workflows:1', '--policies', ' , '], /--policies lists no policy/],
+    [['demo', '--policies', ''], /--policies lists no policy/],
+    [['simulate', '--trace', 'workflows:1', '--workers', '100000'], /--workers must be <= 1024, got 100000/],
+    [['tune', '--trace', 'workflows:2', '--workers', '1025'], /--workers must be <= 1024/],
+    [['tune', '--trace', 'workflows:2', '--trials', '100000000'], /--trials must be <= 1000/],
+    [['simulate', '--trace', 'workflows:1', '--kv-tokens', '9007199254740991'], /--kv-tokens must be <= 16777216/],
+    [['simulate', '--trace', 'workflows:1', '--max-model-len', '99999999999'], /--max-model-len must be <= 16777216/],
+    [
+      ['simulate', '--trace', 'workflows:1', '--workers', '2', '--worker-kv-tokens', '1,99999999999'],
+      /--worker-kv-tokens: entry 2 must be an integer from 1 to 16777216/,
+    ],
+    [
+      ['simulate', '--trace', 'workflows:1', '--workers', '64', '--kv-tokens', '16777216'],
+      /--workers × --kv-tokens: the simulated cluster would hold 1073741824 KV tokens, more than 536870912/,
+    ],
+    [['simulate', '--trace', 'workflows:1', '--speed', '1e-300'], /--speed must be from 0\.001 to 1000000, got 1e-300/],
+    [['tune', '--trace', 'workflows:2', '--speed', '1e7'], /--speed must be from 0\.001 to 1000000/],
+    [['simulate', '--trace', 'workflows:1', '--speed', '0x10'], /--speed must be a positive number, got '0x10'/],
+    [['simulate', '--trace', 'workflows:1', '--event-loss', '0x1'], /--event-loss must be a number from 0 to 1/],
+    [
+      ['simulate', '--trace', 'workflows:1', '--event-delay-ms', '999999999999'],
+      /--event-delay-ms must be <= 86400000/,
+    ],
+    [['demo', '--workflows', '100000000'], /--workflows must be <= 10000/],
+    [['demo', '--workers', '100000'], /--workers must be <= 1024/],
+    [['live-demo', '--workers', '100000'], /--workers must be <= 64/],
+    [['live-demo', '--workflows', '100000000'], /--workflows must be <= 1000/],
+    [['live-demo', '--speed', '100000'], /--speed must be <= 1000/],
+  ];
+  for (const [args, message] of cases) assert.match(await refusal(args), message, args.join(' '));
 });
