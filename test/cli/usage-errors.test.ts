@@ -8,6 +8,7 @@ import { test } from 'node:test';
 import { Command } from 'commander';
 import { registerDemoCommand } from '../../src/cli/commands/demo.js';
 import { registerLiveDemoCommand } from '../../src/cli/commands/live-demo.js';
+import { registerMockEngineCommand } from '../../src/cli/commands/mock-engine.js';
 import { registerSimulateCommand } from '../../src/cli/commands/simulate.js';
 import { registerTuneCommand } from '../../src/cli/commands/tune.js';
 import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
@@ -114,7 +115,13 @@ test('a worker or discovery spec with a key given twice, or an address nothing l
 /** The message a command line is refused with, parsed by the real commands (nothing runs). */
 async function refusal(args: string[]): Promise<string> {
   const program = new Command().exitOverride().configureOutput({ writeErr: () => {}, writeOut: () => {} });
-  for (const register of [registerSimulateCommand, registerTuneCommand, registerDemoCommand, registerLiveDemoCommand])
+  for (const register of [
+    registerSimulateCommand,
+    registerTuneCommand,
+    registerDemoCommand,
+    registerLiveDemoCommand,
+    registerMockEngineCommand,
+  ])
     register(program);
   try {
     await program.parseAsync(['node', 'contextforge-router', ...args]);
@@ -157,4 +164,29 @@ test('simulate, tune, demo and live-demo bound the cluster, the workload and the
     [['live-demo', '--speed', '100000'], /--speed must be <= 1000/],
   ];
   for (const [args, message] of cases) assert.match(await refusal(args), message, args.join(' '));
+});
+
+test('mock-engine refuses a port, size, speed, address or name it cannot serve, naming the flag', async () => {
+  // (first: a case that fails fast where nothing checks it, the others would start an engine)
+  const cases: Array<[string[], RegExp]> = [
+    [['--events', 'udp://127.0.0.1:5557'], /--events must be tcp:\/\/HOST:PORT/],
+    [['--host', ''], /--host must be 1 to 253 characters, not blank/],
+    [['--model', ' '], /--model must be 1 to 512 characters/],
+    [['--lora-modules', 'a,,b'], /--lora-modules has an empty name/],
+    [['--lora-modules', 'a,a'], /--lora-modules names an adapter twice/],
+    [['--port', '70000'], /--port must be <= 65535/],
+    [['--kv-blocks', '99999999999'], /--kv-blocks must be <= 16777216/],
+    [['--kv-blocks', '16777216', '--data-parallel-size', '2'], /--kv-blocks × --data-parallel-size must be at most/],
+    [['--block-size', '100000000'], /--block-size must be <= 65536/],
+    [['--max-model-len', '99999999999'], /--max-model-len must be <= 1048576/],
+    [['--prefill-tok-s', '1e-300'], /--prefill-tok-s must be from 1 to/],
+    [['--decode-tok-s', '0.001'], /--decode-tok-s must be from 1 to/],
+    [['--events', 'tcp://127.0.0.1'], /--events must be tcp:\/\/HOST:PORT/],
+    [
+      ['--events', 'tcp://127.0.0.1:65535', '--data-parallel-size', '2'],
+      /--events tcp:\/\/127\.0\.0\.1:65535: rank 1 would publish on port 65536/,
+    ],
+  ];
+  for (const [args, message] of cases)
+    assert.match(await refusal(['mock-engine', '--port', '0', ...args]), message, args.join(' '));
 });
