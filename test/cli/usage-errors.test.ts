@@ -12,6 +12,8 @@ import { registerMockEngineCommand } from '../../src/cli/commands/mock-engine.js
 import { registerSimulateCommand } from '../../src/cli/commands/simulate.js';
 import { registerTuneCommand } from '../../src/cli/commands/tune.js';
 import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { parse as parseYaml } from 'yaml';
 import { checkTimeouts } from '../../src/server/timeouts.js';
 import { resolveServe } from '../helpers/serve-config.js';
 
@@ -189,4 +191,20 @@ test('mock-engine refuses a port, size, speed, address or name it cannot serve, 
   ];
   for (const [args, message] of cases)
     assert.match(await refusal(['mock-engine', '--port', '0', ...args]), message, args.join(' '));
+});
+
+test('cost weights the router would refuse at start are refused where they are given', () => {
+  const cases: Array<[string, RegExp]> = [
+    ['{prefillTokensPerSecond: 0}', /--cost-weights: costWeights\.prefillTokensPerSecond must be > 0 \(got 0\)/],
+    ['{pressureKnee: 1}', /--cost-weights: costWeights\.pressureKnee must be < 1 \(got 1\)/],
+    ['{pressureCeiling: 1.5}', /--cost-weights: costWeights\.pressureCeiling must be <= 1 \(got 1\.5\)/],
+    ['{pressureKnee: -1}', /costWeights\.pressureKnee must be a finite number >= 0 \(got -1\)/],
+  ];
+  for (const [weights, message] of cases) {
+    assert.throws(() => resolveServe(['--cost-weights', weights]), message, weights);
+    // every value the settings take, the router takes
+    assert.throws(() => new KVAwareRouter({ costWeights: parseYaml(weights) as never }), RangeError);
+  }
+  const ok = resolveServe(['--cost-weights', '{pressureKnee: 0.99, pressureCeiling: 1}']).config;
+  assert.doesNotThrow(() => new KVAwareRouter({ costWeights: ok.costWeights }));
 });
