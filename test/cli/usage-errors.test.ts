@@ -208,3 +208,17 @@ test('cost weights the router would refuse at start are refused where they are g
   const ok = resolveServe(['--cost-weights', '{pressureKnee: 0.99, pressureCeiling: 1}']).config;
   assert.doesNotThrow(() => new KVAwareRouter({ costWeights: ok.costWeights }));
 });
+
+test('a config key with no value is refused, not read as the default', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-config-null-'));
+  const cases: Array<[string, RegExp]> = [
+    ['port:\n', /null-0\.yaml: port has no value \(leave the key out for the default\)$/],
+    ['router:\n  blockSize: ~\n', /null-1\.yaml: router\.blockSize has no value/],
+    ['workers:\n#  - id=w1,url=http://10.0.0.5:8000\n', /null-2\.yaml: workers has no value/],
+  ];
+  cases.forEach(([text, message], i) => {
+    const file = join(dir, `null-${i}.yaml`);
+    writeFileSync(file, text);
+    assert.throws(() => resolveServe(['--config', file]), message, text);
+  });
+});

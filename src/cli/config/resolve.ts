@@ -185,13 +185,15 @@ export function readConfigFile(
   }
   const routerKeys = new Set<string>(ROUTER_SETTING_KEYS);
   const put = (setting: string, fileKey: string, value: unknown) => {
+    // `key:` with nothing after it (or ~, null) is most often a value that went missing
+    if (value === null) throw new RangeError(`${where}: ${fileKey} has no value (leave the key out for the default)`);
     const before = out.get(setting);
     if (before) throw new RangeError(`${where}: give ${before.key} or ${fileKey}, not both`);
     out.set(setting, { value, key: fileKey });
   };
   for (const [key, value] of Object.entries(raw as Record<string, unknown>)) {
     if (key === 'workers') {
-      out.set('workers', { value, key });
+      put('workers', key, value);
       continue;
     }
     if (key === 'router') {
@@ -201,7 +203,7 @@ export function readConfigFile(
         if (!routerKeys.has(option) && option !== 'indexMode') {
           const guess = closestKey(option, [...routerKeys, 'indexMode']);
           throw new RangeError(
-            `${where}: router.${option} is not a router option${guess ? ` (did you mean ${guess}?)` : ''}`,
+            `${where}: router.${option.length > 64 ? `${option.slice(0, 64)}…` : option} is not a router option${guess ? ` (did you mean ${guess}?)` : ''}`,
           );
         }
         put(option, `router.${option}`, v);
@@ -212,7 +214,7 @@ export function readConfigFile(
     if (setting === undefined) {
       const guess = closestKey(key, [...byName.keys(), 'workers', 'router']);
       throw new RangeError(
-        `${where}: unknown key '${key}'${guess ? ` (did you mean ${guess}?)` : ' (see serve --help for the settings)'}`,
+        `${where}: unknown key '${key.length > 64 ? `${key.slice(0, 64)}…` : key}'${guess ? ` (did you mean ${guess}?)` : ' (see serve --help for the settings)'}`,
       );
     }
     put(setting, key, value);
