@@ -12,6 +12,7 @@ import { registerMockEngineCommand } from '../../src/cli/commands/mock-engine.js
 import { registerSimulateCommand } from '../../src/cli/commands/simulate.js';
 import { registerTuneCommand } from '../../src/cli/commands/tune.js';
 import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
+import { printConfig } from '../../src/cli/config/print-config.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { parse as parseYaml } from 'yaml';
 import { checkTimeouts } from '../../src/server/timeouts.js';
@@ -221,4 +222,21 @@ test('a config key with no value is refused, not read as the default', () => {
     writeFileSync(file, text);
     assert.throws(() => resolveServe(['--config', file]), message, text);
   });
+});
+
+test("a PYTHONHASHSEED no Python process starts with is refused: vLLM's block hashes would match nothing", () => {
+  for (const seed of ['abc', ' 42', '4294967296', '-1'])
+    assert.throws(
+      () => resolveServe(['--block-hash', 'vllm', '--python-hash-seed', seed]),
+      /--python-hash-seed must be 'random' or an integer from 0 to 4294967295/,
+      seed,
+    );
+  assert.throws(
+    () => resolveServe(['--block-hash', 'vllm'], { PYTHONHASHSEED: '42\n' }),
+    /^RangeError: PYTHONHASHSEED \(for --block-hash vllm\) must be 'random' or an integer/,
+  );
+  assert.equal(resolveServe(['--block-hash', 'vllm', '--python-hash-seed', 'random']).config.pythonHashSeed, 'random');
+  const fromEnv = resolveServe(['--block-hash', 'vllm'], { PYTHONHASHSEED: '4294967295' });
+  assert.equal(fromEnv.config.pythonHashSeed, '4294967295');
+  assert.match(printConfig(fromEnv.resolved, 'yaml'), /^python-hash-seed: "4294967295" # env$/m);
 });

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { isPythonHashSeed } from '../../core/router/options-schema.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { MockEngine } from '../../engines/mock-engine.js';
 import { InvalidArgumentError } from 'commander';
@@ -97,6 +98,10 @@ export function registerMockEngineCommand(program: Command): void {
         if (o.blockHash !== 'mock' && o.blockHash !== 'vllm')
           throw new RangeError(`--block-hash must be 'vllm' or 'mock', got '${o.blockHash}'`);
         const pythonHashSeed = o.pythonHashSeed ?? process.env.PYTHONHASHSEED;
+        if (pythonHashSeed !== undefined && o.blockHash === 'vllm' && !isPythonHashSeed(pythonHashSeed))
+          throw new RangeError(
+            `${o.pythonHashSeed === undefined ? 'PYTHONHASHSEED' : '--python-hash-seed'} must be 'random' or an integer from 0 to 4294967295, as Python takes it (got '${pythonHashSeed.slice(0, 80)}')`,
+          );
         if (o.blockHash === 'vllm' && !pythonHashSeed)
           throw new RangeError(
             '--block-hash vllm needs --python-hash-seed N or the PYTHONHASHSEED environment variable',
