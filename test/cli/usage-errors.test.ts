@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -239,4 +240,43 @@ test("a PYTHONHASHSEED no Python process starts with is refused: vLLM's block ha
   const fromEnv = resolveServe(['--block-hash', 'vllm'], { PYTHONHASHSEED: '4294967295' });
   assert.equal(fromEnv.config.pythonHashSeed, '4294967295');
   assert.match(printConfig(fromEnv.resolved, 'yaml'), /^python-hash-seed: "4294967295" # env$/m);
+});
+
+test('an address serve or epp cannot listen on stops it with the flags named, and nothing left running', async () => {
+  assert.throws(() => resolveServe(['--host', ' ']), /--host must be a host name or an IP address/);
+  assert.equal(resolveServe(['--host', '::']).config.host, '::');
+  const taken = createServer();
+  await new Promise<void>((r) => taken.listen(0, '127.0.0.1', r));
+  const port = String((taken.address() as AddressInfo).port);
+  try {
+    const env = { CONTEXTFORGE_ADMIN_TOKEN: 'usage-errors-admin-token' };
+    // the gRPC side starts first: the process must still end when the HTTP side cannot
+    const epp = spawnSync(
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        main,
+        'epp',
+        '--port',
+        '0',
+        '--metrics-port',
+        port,
+        '--worker',
+        'id=a,url=http://127.0.0.1:9',
+      ],
+      { encoding: 'utf8', env: { ...process.env, ...env }, timeout: 60_000 },
+    );
+    assert.equal(epp.status, 2, epp.stderr);
+    assert.match(
+      epp.stderr,
+      new RegExp(`error: --host 127\\.0\\.0\\.1 --metrics-port ${port}: cannot listen: .*EADDRINUSE`),
+    );
+    assert.doesNotMatch(epp.stderr, /\n\s+at /, 'a message, not a stack trace');
+    const serve = cli(['serve', '--port', port], env);
+    assert.equal(serve.status, 2, serve.stderr);
+    assert.match(serve.stderr, new RegExp(`error: --host 127\\.0\\.0\\.1 --port ${port}: cannot listen: .*EADDRINUSE`));
+  } finally {
+    taken.close();
+  }
 });

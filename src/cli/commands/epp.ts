@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { startPicker } from '../../epp/run-picker.js';
 import { addSettingOptions } from '../config/resolve.js';
 import { EPP_HELP, EPP_SCHEMA } from '../config/settings.js';
-import { resolveConfig, startGateway } from './serve.js';
+import { listening, resolveConfig, startGateway } from './serve.js';
 
 export { parseDiscoverySpec } from '../config/picker-text.js';
 
@@ -22,8 +22,19 @@ export function registerEppCommand(program: Command): void {
       );
     // the HTTP side serves metrics, health and admin only: clients reach the engines through the gateway
     const { gateway, describe, close } = await startGateway(c, log, { openAiRoutes: false });
-    const picker = await startPicker(gateway, c, { host: c.host, port: c.port, log });
-    const address = await gateway.app.listen({ host: c.host, port: c.metricsPort });
+    const picker = await listening(
+      `--host ${c.host} --port ${c.port}`,
+      () => startPicker(gateway, c, { host: c.host, port: c.port, log }),
+      close,
+    );
+    const address = await listening(
+      `--host ${c.host} --metrics-port ${c.metricsPort}`,
+      () => gateway.app.listen({ host: c.host, port: c.metricsPort }),
+      async () => {
+        await picker.close();
+        await close();
+      },
+    );
     log(
       `contextforge-router endpoint picker (ext_proc gRPC) on ${c.host}:${String(picker.eppPort)}, metrics and admin on ${address} (${describe})`,
     );

@@ -216,8 +216,17 @@ async function serveProcess(c: ServeConfig): Promise<void> {
       'warning: no workers (--worker, CONTEXTFORGE_WORKERS, the config file, --discover); add them with POST /admin/workers',
     );
   const { gateway, describe, close } = await startGateway(c, log);
-  const picker = await startPicker(gateway, c, { host: c.host, port: c.eppPort, log });
-  const address = await gateway.app.listen({ host: c.host, port: c.port });
+  const start = () => startPicker(gateway, c, { host: c.host, port: c.eppPort, log });
+  const picker =
+    c.eppPort === undefined ? await start() : await listening(`--host ${c.host} --epp-port ${c.eppPort}`, start, close);
+  const address = await listening(
+    `--host ${c.host} --port ${c.port}`,
+    () => gateway.app.listen({ host: c.host, port: c.port }),
+    async () => {
+      await picker.close();
+      await close();
+    },
+  );
   // with several processes the primary says where they serve, once all of them do
   log(
     `contextforge-router ${worker ? 'process' : 'serving on'} ${address}${picker.eppPort === undefined ? '' : `, endpoint picker (ext_proc gRPC) on port ${picker.eppPort}`} (${describe})`,
@@ -231,6 +240,24 @@ async function serveProcess(c: ServeConfig): Promise<void> {
   await picker.close();
   await close();
   if (worker) process.exit(0);
+}
+
+/**
+ * Binds a listening socket; an address that cannot be taken (in use, not this host's, not
+ * allowed) stops the command with the flags that chose it, not a stack trace.
+ */
+export async function listening<T>(
+  flags: string,
+  bind: () => Promise<T>,
+  closeStarted: () => Promise<void>,
+): Promise<T> {
+  try {
+    return await bind();
+  } catch (err) {
+    // what is already running (timers, the other socket) would keep the process alive
+    await closeStarted().catch(() => {});
+    throw new RangeError(`${flags}: cannot listen: ${(err as Error).message.split('\n')[0]}`, { cause: err });
+  }
 }
 
 /** This gateway process's IPC channel to the primary. */

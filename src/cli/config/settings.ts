@@ -28,7 +28,11 @@ void _indexMode;
 export const ROUTER_SETTING_KEYS = Object.keys(routerShape) as (keyof typeof routerShape)[];
 
 const gatewayShape = {
-  host: text().default('127.0.0.1'),
+  // a host name or an IP address (IPv6 without brackets, as listen() takes it)
+  host: z
+    .string()
+    .regex(/^[A-Za-z0-9._:%-]{1,253}$/, { error: 'must be a host name or an IP address, such as 0.0.0.0 or ::' })
+    .default('127.0.0.1'),
   port: port().default(8080),
   ...routerShape,
   indexMode: z.enum(['auto', 'precise', 'approximate']).default('auto'),
