@@ -205,7 +205,7 @@ test('serve settings: bad config files and values are refused with the key named
   assert.throws(() => resolve(['--block-hash', 'sha1']), /--block-hash must be 'router' or 'vllm' \(got 'sha1'\)/);
   assert.throws(() => resolve(['--config', join(dir, 'missing.yaml')]), /ENOENT|no such file/);
   assert.throws(() => resolve(['--port', '70000']), /<= 65535/);
-  assert.throws(() => resolve([], { CONTEXTFORGE_STATE: 'etcd://x' }), /--state must be memory or redis/);
+  assert.throws(() => resolve([], { CONTEXTFORGE_STATE: 'etcd://x' }), /CONTEXTFORGE_STATE must be memory or redis/);
   assert.equal(resolve(['--state', 'redis://127.0.0.1:6379/2']).state, 'redis://127.0.0.1:6379/2');
 });
 

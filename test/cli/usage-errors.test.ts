@@ -280,3 +280,25 @@ test('an address serve or epp cannot listen on stops it with the flags named, an
     taken.close();
   }
 });
+
+test('a Redis URL the store cannot use is refused before start, without showing its password', () => {
+  for (const state of ['redis://:hunter2@127.0.0.1:99999', 'redis://:hunter2@127.0.0.1:0']) {
+    for (const [args, env, source] of [
+      [['--state', state], {}, '--state'],
+      [[], { CONTEXTFORGE_STATE: state }, 'CONTEXTFORGE_STATE'],
+    ] as const) {
+      assert.throws(
+        () => resolveServe([...args], { ...env }),
+        (err: Error) =>
+          err.message === `${source} must be memory or redis://HOST:PORT[/DB] with a port from 1 to 65535` &&
+          !err.message.includes('hunter2'),
+        `${source} ${state}`,
+      );
+    }
+  }
+  assert.throws(
+    () => resolveServe(['--state', 'redis://:hunter2@h/x']),
+    (err: Error) => !err.message.includes('hunter2'),
+  );
+  assert.equal(resolveServe(['--state', 'redis://:pw@127.0.0.1:6379/1']).config.state, 'redis://:pw@127.0.0.1:6379/1');
+});

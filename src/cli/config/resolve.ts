@@ -47,8 +47,9 @@ export function addSettingOptions(cmd: Command, shape: Shape, help: Readonly<Rec
     const fallback = (schema as z.ZodType & { def: { defaultValue?: unknown } }).def.defaultValue;
     const shown = fallback === undefined ? '' : ` (default: ${JSON.stringify(fallback)})`;
     const o = new Option(h.arg === '' ? `--${flag}` : `--${flag} ${h.arg}`, `${h.help}${shown}`).env(envName(flag));
-    // commander checks each flag (and variable) as it reads it: bad values stop before anything runs
-    if (h.arg !== '') o.argParser((text: string) => checkedText(key, schema, text, `--${flag}`));
+    // commander checks each flag (and variable) as it reads it: bad values stop before anything
+    // runs. Not a secret's: commander's message would repeat the value (resolveSettings checks it)
+    if (h.arg !== '' && !h.secret) o.argParser((text: string) => checkedText(key, schema, text, `--${flag}`));
     cmd.addOption(o);
   }
   cmd.option(

@@ -9,6 +9,7 @@ import { z } from 'zod';
 import { ROUTER_SETTINGS_HELP, ROUTER_SETTINGS_SCHEMA } from '../../core/router/options-schema.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
 import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
+import { parseRedisUrl } from '../../state/redis-state-store.js';
 
 export interface SettingHelp {
   /** The flag's argument; '' for a switch (on when given; environment and file: true/false). */
@@ -19,6 +20,16 @@ export interface SettingHelp {
 }
 
 const port = () => z.int().min(0).max(65535);
+
+function usableStateUrl(spec: string): boolean {
+  if (spec === 'memory') return true;
+  try {
+    const { port, db } = parseRedisUrl(spec);
+    return port !== undefined && port >= 1 && port <= 65535 && db !== undefined && Number.isSafeInteger(db);
+  } catch {
+    return false;
+  }
+}
 const positiveInt = () => z.int().min(1);
 const text = () => z.string().min(1).max(4096);
 
@@ -55,6 +66,8 @@ const gatewayShape = {
   state: z
     .string()
     .regex(/^(memory|redis:\/\/[^/\s]+(\/\d+)?)$/, { error: 'must be memory or redis://HOST:PORT[/DB]' })
+    // the URL as the store will read it; the message never shows it (it may hold a password)
+    .refine(usableStateUrl, { error: 'must be memory or redis://HOST:PORT[/DB] with a port from 1 to 65535' })
     .default('memory'),
   statePrefix: text().default('contextforge:'),
   bodyLimit: z
