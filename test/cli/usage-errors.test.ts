@@ -302,3 +302,21 @@ test('a Redis URL the store cannot use is refused before start, without showing 
   );
   assert.equal(resolveServe(['--state', 'redis://:pw@127.0.0.1:6379/1']).config.state, 'redis://:pw@127.0.0.1:6379/1');
 });
+
+test('a worker id given twice is refused naming where the workers came from', () => {
+  const spec = 'id=a,url=http://h:1';
+  assert.throws(
+    () => resolveServe(['--worker', spec, '--worker', spec]),
+    /^RangeError: --worker: worker id 'a' is given twice$/,
+  );
+  assert.throws(
+    () => resolveServe([], { CONTEXTFORGE_WORKERS: `${spec} ${spec}` }),
+    /^RangeError: CONTEXTFORGE_WORKERS: worker id 'a' is given twice$/,
+  );
+  const file = join(mkdtempSync(join(tmpdir(), 'cf-config-dup-')), 'router.yaml');
+  writeFileSync(file, `workers:\n  - ${spec}\n  - {id: a, url: http://h:2}\n`);
+  assert.throws(
+    () => resolveServe(['--config', file]),
+    new RegExp(`^RangeError: --config ${file}: workers: worker id 'a' is given twice$`),
+  );
+});

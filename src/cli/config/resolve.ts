@@ -341,7 +341,12 @@ function resolveWorkers(
   }
   const ids = new Set<string>();
   for (const w of workers) {
-    if (ids.has(w.id)) throw new RangeError(`worker id '${w.id}' is given twice`);
+    if (ids.has(w.id)) {
+      const source = { flag: '--worker', env: 'CONTEXTFORGE_WORKERS', file: `${configWhere}: workers`, default: '' }[
+        origin
+      ];
+      throw new RangeError(`${source}: worker id '${w.id}' is given twice`);
+    }
     ids.add(w.id);
   }
   return { workers, origin };
