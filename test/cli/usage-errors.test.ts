@@ -320,3 +320,28 @@ test('a worker id given twice is refused naming where the workers came from', ()
     new RegExp(`^RangeError: --config ${file}: workers: worker id 'a' is given twice$`),
   );
 });
+
+test('simulate opens its output files before the run and reports a failed write, naming the flag', async () => {
+  const missing = join(tmpdir(), 'cf-no-such-dir', 'out');
+  const r = cli([
+    'simulate',
+    '--trace',
+    'workflows:1',
+    '--workers',
+    '1',
+    '--policies',
+    'cost',
+    '--assignments',
+    missing,
+  ]);
+  assert.equal(r.status, 2, r.stderr);
+  assert.match(r.stderr, new RegExp(`^error: --assignments ${missing}: cannot write: ENOENT`));
+  assert.equal(r.stdout, '', 'nothing was run');
+  const run = ['simulate', '--trace', 'workflows:1', '--workers', '1', '--policies', 'cost', '--format', 'json'];
+  assert.match(await refusal([...run, '--report', missing]), /^--report .*: cannot write: ENOENT/);
+  if (existsSync('/dev/full'))
+    assert.match(
+      await refusal([...run, '--assignments', '/dev/full']),
+      /^--assignments \/dev\/full: cannot write: ENOSPC/,
+    );
+});

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { createWriteStream } from 'node:fs';
+import { closeSync, createWriteStream, openSync } from 'node:fs';
 import cliProgress from 'cli-progress';
 import { checkPolicyOptions, POLICY_NAMES, type PolicyOptions } from '../../core/policies/index.js';
 import { assignmentLines, comparePolicies, policyVariant, type ComparisonReport } from '../../sim/compare.js';
@@ -217,6 +217,9 @@ export function registerSimulateCommand(program: Command): void {
         if (!POLICY_NAMES.includes(policyVariant(p).policy))
           throw new RangeError(`--policies: unknown policy '${p}' (known: ${POLICY_NAMES.join(', ')})`);
       const scenario = scenarioFromFlags(flags);
+      // the output files are opened before the run: a path that cannot be written stops it at once
+      if (flags.report) closeSync(openOutput('--report', flags.report));
+      const assignmentsFd = flags.assignments ? openOutput('--assignments', flags.assignments) : undefined;
       const { name, requests } = await loadTrace(flags.trace);
       const bar =
         flags.progress && process.stderr.isTTY
@@ -253,21 +256,45 @@ export function registerSimulateCommand(program: Command): void {
         },
       );
       bar?.stop();
-      if (flags.assignments) {
-        const out = createWriteStream(flags.assignments);
-        for (const line of assignmentLines(results))
-          if (!out.write(line + '\n')) await new Promise<void>((r) => out.once('drain', () => r()));
-        await new Promise<void>((resolve, reject) => {
-          out.once('error', reject);
-          out.end(() => resolve());
-        });
-      }
+      if (flags.assignments && assignmentsFd !== undefined)
+        await writeLines(assignmentsFd, assignmentLines(results), `--assignments ${flags.assignments}`);
       if (flags.report) {
         const { writeHtmlReport } = await import('../../sim/html-report.js');
-        await writeHtmlReport(flags.report, report, results);
+        try {
+          await writeHtmlReport(flags.report, report, results);
+        } catch (err) {
+          throw new RangeError(`--report ${flags.report}: cannot write: ${(err as Error).message}`, { cause: err });
+        }
       }
       process.stdout.write(flags.format === 'json' ? `${JSON.stringify(report)}\n` : renderTable(report));
     });
+}
+
+/** An output file opened (created or emptied) for writing; RangeError naming the flag otherwise. */
+function openOutput(flag: string, path: string): number {
+  try {
+    return openSync(path, 'w');
+  } catch (err) {
+    throw new RangeError(`${flag} ${path}: cannot write: ${(err as Error).message}`, { cause: err });
+  }
+}
+
+/** Writes lines to an open file and closes it; a failed write is a RangeError naming `where`. */
+async function writeLines(fd: number, lines: Iterable<string>, where: string): Promise<void> {
+  const out = createWriteStream('', { fd });
+  const failed = new Promise<never>((_, reject) => out.once('error', reject));
+  failed.catch(() => {}); // raced below; a late error must not go unhandled
+  try {
+    for (const line of lines)
+      if (!out.write(`${line}\n`)) await Promise.race([new Promise<void>((r) => out.once('drain', () => r())), failed]);
+    await Promise.race([
+      new Promise<void>((resolve, reject) => out.end((err?: Error | null) => (err ? reject(err) : resolve()))),
+      failed,
+    ]);
+  } catch (err) {
+    out.destroy();
+    throw new RangeError(`${where}: cannot write: ${(err as Error).message}`, { cause: err });
+  }
 }
 
 export function renderTable(r: ComparisonReport): string {
