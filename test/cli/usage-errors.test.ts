@@ -345,3 +345,15 @@ test('simulate opens its output files before the run and reports a failed write,
       /^--assignments \/dev\/full: cannot write: ENOSPC/,
     );
 });
+
+test('a misspelt CONTEXTFORGE_ variable, ignored, is named in a warning with the setting it resembles', () => {
+  const { config, resolved } = resolveServe([], {
+    CONTEXTFORGE_MAX_RETRYS: '5',
+    CONTEXTFORGE_METRICS_PORT: '9090', // epp's: a shared environment is no mistake
+    CONTEXTFORGE_SOMETHING_ELSE_ENTIRELY: '1',
+  });
+  assert.equal(config.maxRetries, 2);
+  assert.deepEqual(resolved.warnings, [
+    'CONTEXTFORGE_MAX_RETRYS is not a setting and is ignored (did you mean CONTEXTFORGE_MAX_RETRIES?)',
+  ]);
+});

@@ -14,8 +14,9 @@ export function registerEppCommand(program: Command): void {
     );
   addSettingOptions(cmd, EPP_SCHEMA.shape, EPP_HELP);
   cmd.action(async () => {
-    const { config: c } = resolveConfig(cmd, process.env, EPP_SCHEMA);
+    const { config: c, resolved } = resolveConfig(cmd, process.env, EPP_SCHEMA);
     const log = (m: string) => process.stderr.write(`${m}\n`);
+    for (const w of resolved.warnings) log(`warning: ${w}`);
     if (c.workers.length === 0 && !c.discover)
       log(
         'warning: no workers (--worker, CONTEXTFORGE_WORKERS, the config file, --discover); add them with POST /admin/workers',

@@ -12,7 +12,15 @@ import { parseWorkerRecord, WORKER_SPEC_KEYS } from '../../server/worker-input.j
 import type { WorkerRecord } from '../../state/state-store.js';
 import { specFields } from '../options.js';
 import { parseDiscoverySpec, parseObjectives } from './picker-text.js';
-import { envName, kebab, ROUTER_SETTING_KEYS, unwrapSchema, type SettingHelp } from './settings.js';
+import {
+  envName,
+  EPP_SCHEMA,
+  kebab,
+  ROUTER_SETTING_KEYS,
+  SERVE_SCHEMA,
+  unwrapSchema,
+  type SettingHelp,
+} from './settings.js';
 
 export type Origin = 'default' | 'file' | 'env' | 'flag';
 
@@ -25,6 +33,8 @@ export interface ResolvedSettings<T> {
   workers: WorkerRecord[];
   workersOrigin: Origin;
   configFile?: string;
+  /** What the user may have meant otherwise (a misspelt CONTEXTFORGE_ variable), to print. */
+  warnings: string[];
 }
 
 /** Settings whose text form (flag, environment) is not YAML: a spec string. */
@@ -284,7 +294,24 @@ export function resolveSettings<S extends z.ZodObject>(
   }
   const values = schema.parse(input, { error: describeIssue }) as z.output<S>;
   const { workers, origin: workersOrigin } = resolveWorkers(flags.worker as string[], env, file, configWhere);
-  return { values, origins, workers, workersOrigin, configFile };
+  return { values, origins, workers, workersOrigin, configFile, warnings: misspeltVariables(env) };
+}
+
+/**
+ * CONTEXTFORGE_ variables that are no setting of serve or epp but nearly spell one: such a
+ * variable is ignored, so its setting keeps its default, and that is worth a word.
+ */
+function misspeltVariables(env: NodeJS.ProcessEnv): string[] {
+  const known = new Set(['CONTEXTFORGE_CONFIG', 'CONTEXTFORGE_WORKERS']);
+  for (const schema of [SERVE_SCHEMA, EPP_SCHEMA])
+    for (const key of Object.keys(schema.shape)) known.add(envName(kebab(key)));
+  const out: string[] = [];
+  for (const name of Object.keys(env)) {
+    if (!name.startsWith('CONTEXTFORGE_') || known.has(name)) continue;
+    const guess = closestKey(name, known);
+    if (guess) out.push(`${name.slice(0, 64)} is not a setting and is ignored (did you mean ${guess}?)`);
+  }
+  return out;
 }
 
 /** A `--worker` SPEC as a worker record. */
