@@ -16,6 +16,8 @@ import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
 import { printConfig } from '../../src/cli/config/print-config.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { parse as parseYaml } from 'yaml';
+import { AdminToken } from '../../src/server/admin-auth.js';
+import { loadApiKeysFile } from '../../src/server/api-keys.js';
 import { checkTimeouts } from '../../src/server/timeouts.js';
 import { resolveServe } from '../helpers/serve-config.js';
 
@@ -356,4 +358,16 @@ test('a misspelt CONTEXTFORGE_ variable, ignored, is named in a warning with the
   assert.deepEqual(resolved.warnings, [
     'CONTEXTFORGE_MAX_RETRYS is not a setting and is ignored (did you mean CONTEXTFORGE_MAX_RETRIES?)',
   ]);
+});
+
+test('an admin token no request can present, and a keys file that is no regular file, are refused', () => {
+  assert.throws(() => new AdminToken(' padded-admin-token'), /must not begin or end with whitespace/);
+  assert.throws(() => new AdminToken('a'.repeat(4090)), /at most 4089 characters/);
+  const longest = new AdminToken('a'.repeat(4089));
+  assert.equal(longest.matches(`Bearer ${'a'.repeat(4089)}`), true);
+  const dir = mkdtempSync(join(tmpdir(), 'cf-keys-'));
+  assert.throws(() => loadApiKeysFile(dir), /--api-keys-file .*: is not a regular file/);
+  const big = join(dir, 'keys.yaml');
+  writeFileSync(big, `# ${'x'.repeat(16 * 1024 * 1024)}\n`, { mode: 0o600 });
+  assert.throws(() => loadApiKeysFile(big), /--api-keys-file .*: is larger than 16777216 bytes/);
 });
