@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-import { Command } from 'commander';
+import { Command, CommanderError } from 'commander';
 import { readFileSync } from 'node:fs';
 import { registerDemoCommand } from './commands/demo.js';
 import { registerEppCommand } from './commands/epp.js';
@@ -14,7 +14,9 @@ const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.ur
 const program = new Command()
   .name('contextforge-router')
   .description('KV-cache-aware request router for LLM inference clusters')
-  .version(pkg.version);
+  .version(pkg.version)
+  // commander reports a bad flag itself; the exit status is decided below, as for every usage error
+  .exitOverride();
 registerDemoCommand(program);
 registerEppCommand(program);
 registerLiveDemoCommand(program);
@@ -26,8 +28,13 @@ registerTuneCommand(program);
 try {
   await program.parseAsync(process.argv);
 } catch (err) {
-  // Argument errors from the core (RangeError/TypeError) are the user's to fix: one line, exit 2.
-  const usage = err instanceof RangeError || err instanceof TypeError;
-  process.stderr.write(`error: ${usage ? (err as Error).message : ((err as Error).stack ?? String(err))}\n`);
-  process.exitCode = usage ? 2 : 1;
+  if (err instanceof CommanderError) {
+    // already reported (a bad or unknown flag, a missing argument); help and --version exit 0
+    process.exitCode = err.exitCode === 0 ? 0 : 2;
+  } else {
+    // Argument errors from the core (RangeError/TypeError) are the user's to fix: one line, exit 2.
+    const usage = err instanceof RangeError || err instanceof TypeError;
+    process.stderr.write(`error: ${usage ? (err as Error).message : ((err as Error).stack ?? String(err))}\n`);
+    process.exitCode = usage ? 2 : 1;
+  }
 }

@@ -1,23 +1,35 @@
 import { InvalidArgumentError } from 'commander';
 
-/** A commander parser for an integer flag with a lower bound; bad values exit with a message naming the flag. */
-export function intOption(flag: string, min: number): (value: string) => number {
+/** A decimal number as people write one (`0.5`, `1e3`); not hexadecimal, octal or binary. */
+const DECIMAL = /^\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i;
+
+/**
+ * A commander parser for an integer flag from `min` to `max` (decimal digits only); bad values
+ * exit with a message naming the flag.
+ */
+export function intOption(flag: string, min: number, max = Number.MAX_SAFE_INTEGER): (value: string) => number {
   return (value: string) => {
     const n = Number(value);
     if (!/^-?\d+$/.test(value.trim()) || !Number.isSafeInteger(n)) {
       throw new InvalidArgumentError(`${flag} must be an integer, got '${value}'`);
     }
     if (n < min) throw new InvalidArgumentError(`${flag} must be >= ${min}, got ${n}`);
+    if (n > max) throw new InvalidArgumentError(`${flag} must be <= ${max}, got ${n}`);
     return n;
   };
 }
 
-/** A commander parser for a positive number flag. */
-export function positiveNumberOption(flag: string): (value: string) => number {
+/** A commander parser for a positive number flag, at least `min` and at most `max` when given. */
+export function positiveNumberOption(
+  flag: string,
+  { min, max = Number.MAX_VALUE }: { min?: number; max?: number } = {},
+): (value: string) => number {
   return (value: string) => {
     const n = Number(value);
-    if (value.trim() === '' || !Number.isFinite(n) || n <= 0)
+    if (!DECIMAL.test(value) || !Number.isFinite(n) || n <= 0)
       throw new InvalidArgumentError(`${flag} must be a positive number, got '${value}'`);
+    if ((min !== undefined && n < min) || n > max)
+      throw new InvalidArgumentError(`${flag} must be from ${min ?? 0} to ${max}, got ${n}`);
     return n;
   };
 }
@@ -26,7 +38,7 @@ export function positiveNumberOption(flag: string): (value: string) => number {
 export function fractionOption(flag: string): (value: string) => number {
   return (value: string) => {
     const n = Number(value);
-    if (value.trim() === '' || !Number.isFinite(n) || n < 0 || n > 1)
+    if (!DECIMAL.test(value) || !Number.isFinite(n) || n < 0 || n > 1)
       throw new InvalidArgumentError(`${flag} must be a number from 0 to 1, got '${value}'`);
     return n;
   };
@@ -34,7 +46,7 @@ export function fractionOption(flag: string): (value: string) => number {
 
 /**
  * The fields of a `key=value,key=value` spec (the value of --worker or --discover): a part
- * without `=` or an unknown key is refused with a message naming the flag and the key.
+ * without `=`, an unknown key or a key given twice is refused with a message naming the flag and the key.
  */
 export function specFields(flag: string, spec: string, keys: readonly string[]): Record<string, string> {
   const fields: Record<string, string> = {};
@@ -44,7 +56,33 @@ export function specFields(flag: string, spec: string, keys: readonly string[]):
     const key = part.slice(0, eq).trim();
     if (!keys.includes(key))
       throw new RangeError(`${flag} '${spec}': unknown key '${key}' (known: ${keys.join(', ')})`);
+    if (Object.hasOwn(fields, key)) throw new RangeError(`${flag} '${spec}': '${key}' is given twice`);
     fields[key] = part.slice(eq + 1).trim();
   }
   return fields;
+}
+
+/**
+ * Bounds of the simulated cluster (simulate, tune): every engine's KV blocks are held in
+ * memory and every policy runs over every worker, so the cluster's size bounds the run's
+ * memory and time. Arrivals stretched by a tiny --speed would make the run endless.
+ */
+export const SIM_LIMITS = Object.freeze({
+  workers: 1024,
+  /** KV tokens of one engine (16 Mi: past any GPU's today). */
+  kvTokens: 2 ** 24,
+  /** KV tokens of the whole cluster (workers × KV tokens of each). */
+  clusterKvTokens: 2 ** 29,
+  speed: { min: 1e-3, max: 1e6 },
+  /** Simulated delays and intervals (ms): a day. */
+  delayMs: 86_400_000,
+});
+
+/** The simulated cluster's KV, refused past SIM_LIMITS.clusterKvTokens with the flags that set it. */
+export function checkClusterKv(workers: number, kvTokens: readonly number[], flags: string): void {
+  const total = kvTokens.length === 1 ? workers * kvTokens[0] : kvTokens.reduce((a, b) => a + b, 0);
+  if (total > SIM_LIMITS.clusterKvTokens)
+    throw new RangeError(
+      `${flags}: the simulated cluster would hold ${total} KV tokens, more than ${SIM_LIMITS.clusterKvTokens} (each engine's blocks are held in memory)`,
+    );
 }

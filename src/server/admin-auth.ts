@@ -20,12 +20,19 @@ import {
 import { dirname } from 'node:path';
 
 /** SHA-256 of the token: comparing digests takes the same time whatever the guess. */
+/** The longest admin token an `Authorization: Bearer …` header of at most 4096 characters holds. */
+export const MAX_ADMIN_TOKEN_LENGTH = 4096 - 'Bearer '.length;
+
 export class AdminToken {
   private readonly digest: Buffer;
 
   constructor(token: string) {
     if (typeof token !== 'string' || token.length < 8)
       throw new RangeError('the admin token must be a string of at least 8 characters');
+    // what `matches` can ever accept: `Bearer TOKEN` within its 4096 characters, the token trimmed
+    if (token.length > MAX_ADMIN_TOKEN_LENGTH)
+      throw new RangeError(`the admin token must be at most ${MAX_ADMIN_TOKEN_LENGTH} characters`);
+    if (token.trim() !== token) throw new RangeError('the admin token must not begin or end with whitespace');
     this.digest = createHash('sha256').update(token).digest();
   }
 

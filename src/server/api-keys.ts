@@ -9,6 +9,9 @@ import { createHash } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 
+/** Largest keys file read (about 100,000 keys). */
+export const MAX_API_KEYS_FILE_BYTES = 16 * 1024 * 1024;
+
 /** Tenant names: short, and free of the separator used in salts. */
 export const TENANT_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 const MIN_KEY_LENGTH = 16;
@@ -55,6 +58,9 @@ export function loadApiKeysFile(file: string): ApiKeys {
   let raw: unknown;
   try {
     const st = statSync(file);
+    // a pipe or device could block or never end: a keys file is a regular file of bounded size
+    if (!st.isFile()) throw new RangeError('is not a regular file');
+    if (st.size > MAX_API_KEYS_FILE_BYTES) throw new RangeError(`is larger than ${MAX_API_KEYS_FILE_BYTES} bytes`);
     if ((st.mode & 0o077) !== 0)
       throw new RangeError(`is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
     raw = parseYaml(readFileSync(file, 'utf8'));

@@ -35,15 +35,24 @@ export const DEFAULT_TIMEOUTS: Readonly<GatewayTimeouts> = Object.freeze({
 });
 
 /**
- * The timeouts' types and ranges (positive integers, ms), declared once: checkTimeouts parses
+ * The longest delay a Node timer takes (2^31 - 1 ms, about 24.8 days): a longer one fires
+ * after 1 ms instead, so every setting that ends up in a timer is bounded by it.
+ */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** A delay in ms that a timer can hold: an integer from `min` to MAX_TIMER_MS. */
+export const timerMs = (min: number) => z.int().min(min).max(MAX_TIMER_MS);
+
+/**
+ * The timeouts' types and ranges (positive integers, ms, at most MAX_TIMER_MS), declared once: checkTimeouts parses
  * through it and `serve`'s settings take their entries from it.
  */
 export const TIMEOUTS_SCHEMA = z.strictObject({
-  headersTimeoutMs: z.int().min(1).default(DEFAULT_TIMEOUTS.headersTimeoutMs),
-  requestTimeoutMs: z.int().min(1).default(DEFAULT_TIMEOUTS.requestTimeoutMs),
-  connectionTimeoutMs: z.int().min(1).default(DEFAULT_TIMEOUTS.connectionTimeoutMs),
-  firstByteTimeoutMs: z.int().min(1).default(DEFAULT_TIMEOUTS.firstByteTimeoutMs),
-  interChunkTimeoutMs: z.int().min(1).default(DEFAULT_TIMEOUTS.interChunkTimeoutMs),
+  headersTimeoutMs: timerMs(1).default(DEFAULT_TIMEOUTS.headersTimeoutMs),
+  requestTimeoutMs: timerMs(1).default(DEFAULT_TIMEOUTS.requestTimeoutMs),
+  connectionTimeoutMs: timerMs(1).default(DEFAULT_TIMEOUTS.connectionTimeoutMs),
+  firstByteTimeoutMs: timerMs(1).default(DEFAULT_TIMEOUTS.firstByteTimeoutMs),
+  interChunkTimeoutMs: timerMs(1).default(DEFAULT_TIMEOUTS.interChunkTimeoutMs),
 });
 
 /** Fills in the defaults and throws a RangeError or TypeError naming the timeout that is not a positive integer. */

@@ -35,13 +35,20 @@ export function checkHttpUrl(url: unknown, what: string): string {
   if (u.protocol !== 'http:' && u.protocol !== 'https:')
     throw new RangeError(`${what} must start with http:// or https://`);
   if (u.search !== '' || u.hash !== '') throw new RangeError(`${what} must not have a query or fragment`);
+  // the URL parser refuses ports past 65535; port 0 parses but nothing can be reached on it
+  if (u.port === '0') throw new RangeError(`${what} must have a port from 1 to 65535`);
   return url;
 }
 
-/** A ZeroMQ endpoint the subscriber can connect to. */
+/** A ZeroMQ endpoint the subscriber can connect to: `tcp://HOST:PORT` or `ipc://PATH`. */
 export function checkZmqEndpoint(endpoint: unknown, what: string): string {
   if (typeof endpoint !== 'string' || endpoint.length > MAX_URL_LENGTH || !/^(tcp|ipc):\/\/\S+$/.test(endpoint))
     throw new RangeError(`${what} must be a tcp:// or ipc:// endpoint`);
+  if (endpoint.startsWith('tcp://')) {
+    const port = /^tcp:\/\/\S+:(\d{1,5})$/.exec(endpoint)?.[1];
+    if (port === undefined || Number(port) < 1 || Number(port) > 65535)
+      throw new RangeError(`${what} must be tcp://HOST:PORT with a port from 1 to 65535`);
+  }
   return endpoint;
 }
 

@@ -25,7 +25,7 @@ test('--worker specs are parsed, and bad ones are refused with the reason', () =
   assert.throws(() => parseWorkerSpec('id=a,url=x'), /must start with http/);
   assert.throws(() => parseWorkerSpec('id=a,url=http://x,color=red'), /unknown key 'color'/);
   assert.throws(() => parseWorkerSpec('id=a,url=http://x,cla=one'), /claGroups\[0\] must be an integer \(got 'one'\)/);
-  assert.throws(() => parseWorkerSpec('id=a,url=http://x,replay=tcp://y'), /replay needs events/);
+  assert.throws(() => parseWorkerSpec('id=a,url=http://x,replay=tcp://y:5558'), /replay needs events/);
   const dp = parseWorkerSpec('id=w,url=http://h:8000,events=tcp://h:5557,dp-size=2,block-size=32');
   assert.equal(dp.dpSize, 2);
   assert.equal(dp.blockSize, 32);
@@ -205,7 +205,7 @@ test('serve settings: bad config files and values are refused with the key named
   assert.throws(() => resolve(['--block-hash', 'sha1']), /--block-hash must be 'router' or 'vllm' \(got 'sha1'\)/);
   assert.throws(() => resolve(['--config', join(dir, 'missing.yaml')]), /ENOENT|no such file/);
   assert.throws(() => resolve(['--port', '70000']), /<= 65535/);
-  assert.throws(() => resolve([], { CONTEXTFORGE_STATE: 'etcd://x' }), /--state must be memory or redis/);
+  assert.throws(() => resolve([], { CONTEXTFORGE_STATE: 'etcd://x' }), /CONTEXTFORGE_STATE must be memory or redis/);
   assert.equal(resolve(['--state', 'redis://127.0.0.1:6379/2']).state, 'redis://127.0.0.1:6379/2');
 });
 

@@ -1,6 +1,6 @@
 /**
- * A worker whose KV-event endpoint ZeroMQ refuses (it passes the tcp:// check but has no
- * port) is refused as a whole: nothing of it stays registered or open.
+ * A worker whose KV-event endpoint ZeroMQ refuses (it passes the tcp://HOST:PORT check, but a
+ * wildcard host is for binding) is refused as a whole: nothing of it stays registered or open.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -25,7 +25,7 @@ test('an events endpoint ZeroMQ cannot connect to refuses the worker and leaves 
     const res = await fetch(`${base}/admin/workers`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}` },
-      body: JSON.stringify({ id: 'bad', url: `http://127.0.0.1:${engine.port}`, events: 'tcp://engine-without-port' }),
+      body: JSON.stringify({ id: 'bad', url: `http://127.0.0.1:${engine.port}`, events: 'tcp://*:5557' }),
     });
     assert.equal(res.status, 400, await res.text());
     assert.deepEqual(
@@ -56,7 +56,7 @@ test('a subscriber refused its endpoint closes its socket', async () => {
   router.registerWorker('w', { url: 'http://127.0.0.1:1' });
   const subscriber = new KvEventSubscriber({
     workerId: 'w',
-    endpoint: 'tcp://engine-without-port',
+    endpoint: 'tcp://*:5557',
     applier: new KvEventApplier(router),
   });
   assert.throws(() => subscriber.start(), RangeError);

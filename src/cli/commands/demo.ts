@@ -7,17 +7,24 @@ export function registerDemoCommand(program: Command): void {
   program
     .command('demo')
     .description('replay a scripted multi-agent workload through the core router, seed vs cost side by side')
-    .option('--workers <n>', 'workers in the fleet', intOption('--workers', 1), 4)
-    .option('--workflows <n>', 'retriever → summarizer → critic → responder workflows', intOption('--workflows', 1), 80)
+    .option('--workers <n>', 'workers in the fleet', intOption('--workers', 1, 1024), 4)
+    .option(
+      '--workflows <n>',
+      'retriever → summarizer → critic → responder workflows',
+      intOption('--workflows', 1, 10_000),
+      80,
+    )
     .option('--seed <n>', 'workload random seed', intOption('--seed', 0), 7)
     .option('--policies <list>', 'comma-separated policies to compare', 'seed,cost')
     .option('--json', 'print one JSON object instead of tables')
     .action(async (opts: { workers: number; workflows: number; seed: number; policies: string; json?: boolean }) => {
       const results: AgentWorkloadResult[] = [];
-      for (const policy of opts.policies
+      const policies = opts.policies
         .split(',')
         .map((p) => p.trim())
-        .filter(Boolean)) {
+        .filter(Boolean);
+      if (policies.length === 0) throw new RangeError('--policies lists no policy');
+      for (const policy of policies) {
         results.push(
           await runAgentWorkload(policy, { workers: opts.workers, workflows: opts.workflows, seed: opts.seed }),
         );

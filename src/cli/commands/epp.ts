@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { startPicker } from '../../epp/run-picker.js';
 import { addSettingOptions } from '../config/resolve.js';
 import { EPP_HELP, EPP_SCHEMA } from '../config/settings.js';
-import { resolveConfig, startGateway } from './serve.js';
+import { listening, resolveConfig, startGateway } from './serve.js';
 
 export { parseDiscoverySpec } from '../config/picker-text.js';
 
@@ -14,16 +14,28 @@ export function registerEppCommand(program: Command): void {
     );
   addSettingOptions(cmd, EPP_SCHEMA.shape, EPP_HELP);
   cmd.action(async () => {
-    const { config: c } = resolveConfig(cmd, process.env, EPP_SCHEMA);
+    const { config: c, resolved } = resolveConfig(cmd, process.env, EPP_SCHEMA);
     const log = (m: string) => process.stderr.write(`${m}\n`);
+    for (const w of resolved.warnings) log(`warning: ${w}`);
     if (c.workers.length === 0 && !c.discover)
       log(
         'warning: no workers (--worker, CONTEXTFORGE_WORKERS, the config file, --discover); add them with POST /admin/workers',
       );
     // the HTTP side serves metrics, health and admin only: clients reach the engines through the gateway
     const { gateway, describe, close } = await startGateway(c, log, { openAiRoutes: false });
-    const picker = await startPicker(gateway, c, { host: c.host, port: c.port, log });
-    const address = await gateway.app.listen({ host: c.host, port: c.metricsPort });
+    const picker = await listening(
+      `--host ${c.host} --port ${c.port}`,
+      () => startPicker(gateway, c, { host: c.host, port: c.port, log }),
+      close,
+    );
+    const address = await listening(
+      `--host ${c.host} --metrics-port ${c.metricsPort}`,
+      () => gateway.app.listen({ host: c.host, port: c.metricsPort }),
+      async () => {
+        await picker.close();
+        await close();
+      },
+    );
     log(
       `contextforge-router endpoint picker (ext_proc gRPC) on ${c.host}:${String(picker.eppPort)}, metrics and admin on ${address} (${describe})`,
     );

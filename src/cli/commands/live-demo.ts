@@ -146,9 +146,9 @@ export function registerLiveDemoCommand(program: Command): void {
     .description(
       '4 mock engines + the router over HTTP: a multi-agent workload through the openai client, cost vs round-robin',
     )
-    .option('--workflows <n>', 'workflows to replay', intOption('--workflows', 1), 40)
-    .option('--workers <n>', 'mock engines', intOption('--workers', 1), 4)
-    .option('--speed <x>', 'arrival speed-up', intOption('--speed', 1), 4)
+    .option('--workflows <n>', 'workflows to replay', intOption('--workflows', 1, 1000), 40)
+    .option('--workers <n>', 'mock engines', intOption('--workers', 1, 64), 4)
+    .option('--speed <x>', 'arrival speed-up', intOption('--speed', 1, 1000), 4)
     .option('--json', 'print one JSON object')
     .action(async (o: { workflows: number; workers: number; speed: number; json?: boolean }) => {
       const trace = generateWorkflowTrace({ workflows: o.workflows, seed: 11 });

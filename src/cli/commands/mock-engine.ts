@@ -1,26 +1,61 @@
 import type { Command } from 'commander';
+import { isPythonHashSeed } from '../../core/router/options-schema.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { MockEngine } from '../../engines/mock-engine.js';
+import { InvalidArgumentError } from 'commander';
 import { intOption, positiveNumberOption } from '../options.js';
+
+/** Most KV blocks of the whole engine (every rank's cache is allocated up front). */
+const MAX_KV_BLOCKS = 2 ** 24;
+
+/** A non-empty text flag of at most `max` characters. */
+const textOption = (flag: string, max: number) => (value: string) => {
+  if (value.trim() === '' || value.length > max)
+    throw new InvalidArgumentError(`${flag} must be 1 to ${max} characters, not blank`);
+  return value;
+};
+
+/** A ZeroMQ endpoint to bind: tcp://HOST:PORT (PORT * for any free one) or ipc://PATH. */
+const bindEndpointOption = (flag: string) => (value: string) => {
+  const port = /^tcp:\/\/\S+:(\d{1,5}|\*)$/.exec(value)?.[1];
+  const ok = port === undefined ? /^ipc:\/\/\S+$/.test(value) : port === '*' || (+port >= 1 && +port <= 65535);
+  if (!ok || value.length > 2048)
+    throw new InvalidArgumentError(`${flag} must be tcp://HOST:PORT (PORT 1-65535 or *) or ipc://PATH, got '${value}'`);
+  return value;
+};
 
 export function registerMockEngineCommand(program: Command): void {
   program
     .command('mock-engine')
     .description('run a mock vLLM-compatible engine: OpenAI API, /tokenize, /metrics and KV events over ZeroMQ')
-    .option('--port <n>', 'HTTP port', intOption('--port', 0), 9001)
-    .option('--host <addr>', 'HTTP address', '127.0.0.1')
-    .option('--model <name>', 'model name served', 'mock')
-    .option('--block-size <n>', 'tokens per KV block', intOption('--block-size', 1), 16)
-    .option('--kv-blocks <n>', 'KV cache capacity in blocks', intOption('--kv-blocks', 1), 4096)
+    .option('--port <n>', 'HTTP port', intOption('--port', 0, 65535), 9001)
+    .option('--host <addr>', 'HTTP address', textOption('--host', 253), '127.0.0.1')
+    .option('--model <name>', 'model name served', textOption('--model', 512), 'mock')
+    .option('--block-size <n>', 'tokens per KV block', intOption('--block-size', 1, 2 ** 16), 16)
+    .option('--kv-blocks <n>', 'KV cache capacity in blocks', intOption('--kv-blocks', 1, MAX_KV_BLOCKS), 4096)
     .option(
       '--max-model-len <n>',
       'longest request (prompt + max_tokens) served; longer ones get HTTP 400 (default 131072, capped by the KV)',
-      intOption('--max-model-len', 1),
+      intOption('--max-model-len', 1, 2 ** 20),
     )
-    .option('--events <endpoint>', 'bind a KV-event PUB socket here (e.g. tcp://127.0.0.1:5557)')
-    .option('--replay <endpoint>', 'bind the KV-event replay ROUTER socket here')
-    .option('--prefill-tok-s <n>', 'prefill speed, tokens/s', positiveNumberOption('--prefill-tok-s'), 20_000)
-    .option('--decode-tok-s <n>', 'decode speed per request, tokens/s', positiveNumberOption('--decode-tok-s'), 200)
+    .option(
+      '--events <endpoint>',
+      'bind a KV-event PUB socket here (e.g. tcp://127.0.0.1:5557)',
+      bindEndpointOption('--events'),
+    )
+    .option('--replay <endpoint>', 'bind the KV-event replay ROUTER socket here', bindEndpointOption('--replay'))
+    .option(
+      '--prefill-tok-s <n>',
+      'prefill speed, tokens/s',
+      positiveNumberOption('--prefill-tok-s', { min: 1, max: 1e9 }),
+      20_000,
+    )
+    .option(
+      '--decode-tok-s <n>',
+      'decode speed per request, tokens/s',
+      positiveNumberOption('--decode-tok-s', { min: 1, max: 1e9 }),
+      200,
+    )
     .option(
       '--tokenizer <path>',
       "the model's tokenizer.json (or its directory, with tokenizer_config.json); default: a word-level mock tokenizer",
@@ -28,7 +63,7 @@ export function registerMockEngineCommand(program: Command): void {
     .option(
       '--data-parallel-size <n>',
       "engine cores, each with its own KV cache; rank r publishes on the events (and replay) port + r, and a request's X-data-parallel-rank header picks its rank",
-      intOption('--data-parallel-size', 1),
+      intOption('--data-parallel-size', 1, 64),
       1,
     )
     .option(
@@ -63,19 +98,32 @@ export function registerMockEngineCommand(program: Command): void {
         if (o.blockHash !== 'mock' && o.blockHash !== 'vllm')
           throw new RangeError(`--block-hash must be 'vllm' or 'mock', got '${o.blockHash}'`);
         const pythonHashSeed = o.pythonHashSeed ?? process.env.PYTHONHASHSEED;
+        if (pythonHashSeed !== undefined && o.blockHash === 'vllm' && !isPythonHashSeed(pythonHashSeed))
+          throw new RangeError(
+            `${o.pythonHashSeed === undefined ? 'PYTHONHASHSEED' : '--python-hash-seed'} must be 'random' or an integer from 0 to 4294967295, as Python takes it (got '${pythonHashSeed.slice(0, 80)}')`,
+          );
         if (o.blockHash === 'vllm' && !pythonHashSeed)
           throw new RangeError(
             '--block-hash vllm needs --python-hash-seed N or the PYTHONHASHSEED environment variable',
           );
-        if (o.dataParallelSize > 64)
-          throw new RangeError(`--data-parallel-size must be <= 64, got ${o.dataParallelSize}`);
-        const loraModules =
-          o.loraModules === undefined
-            ? []
-            : o.loraModules
-                .split(',')
-                .map((x) => x.trim())
-                .filter(Boolean);
+        for (const [flag, endpoint] of [
+          ['--events', o.events],
+          ['--replay', o.replay],
+        ] as const) {
+          const port = Number(/:(\d+)$/.exec(endpoint ?? '')?.[1]);
+          if (endpoint?.startsWith('tcp://') && port + o.dataParallelSize - 1 > 65535)
+            throw new RangeError(
+              `${flag} ${endpoint}: rank ${o.dataParallelSize - 1} would publish on port ${port + o.dataParallelSize - 1}, over 65535`,
+            );
+        }
+        if (o.kvBlocks * o.dataParallelSize > MAX_KV_BLOCKS)
+          throw new RangeError(
+            `--kv-blocks × --data-parallel-size must be at most ${MAX_KV_BLOCKS} (every rank's KV blocks are held in memory), got ${o.kvBlocks * o.dataParallelSize}`,
+          );
+        const loraModules = o.loraModules === undefined ? [] : o.loraModules.split(',').map((x) => x.trim());
+        if (loraModules.some((m) => m === '')) throw new RangeError('--lora-modules has an empty name');
+        if (new Set(loraModules).size !== loraModules.length)
+          throw new RangeError('--lora-modules names an adapter twice');
         const tokenizer = o.tokenizer === undefined ? undefined : ChatTokenizer.load(o.tokenizer);
         const engine = await new MockEngine({
           port: o.port,

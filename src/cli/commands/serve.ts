@@ -3,6 +3,7 @@ import { readFileSync } from 'node:fs';
 import { Option, type Command } from 'commander';
 import type { z } from 'zod';
 import { KVAwareRouter } from '../../core/router/index.js';
+import { isPythonHashSeed } from '../../core/router/options-schema.js';
 import { createGateway, type GatewayOptions } from '../../server/gateway.js';
 import { startPicker, type PickerConfig } from '../../epp/run-picker.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
@@ -46,7 +47,13 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
     throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
   if (config.blockHash === 'vllm') {
     if (config.pythonHashSeed === undefined && env.PYTHONHASHSEED) {
+      if (!isPythonHashSeed(env.PYTHONHASHSEED))
+        throw new RangeError(
+          `PYTHONHASHSEED (for --block-hash vllm) must be 'random' or an integer from 0 to 4294967295, as Python takes it (got '${env.PYTHONHASHSEED.slice(0, 80)}')`,
+        );
       config.pythonHashSeed = env.PYTHONHASHSEED;
+      // --print-config shows it with the others
+      (resolved.values as { pythonHashSeed?: string }).pythonHashSeed = env.PYTHONHASHSEED;
       resolved.origins.pythonHashSeed = 'env';
     }
     if (config.pythonHashSeed === undefined)
@@ -77,6 +84,7 @@ export function registerServeCommand(program: Command): void {
   );
   cmd.action(async () => {
     const { config, resolved } = resolveConfig(cmd, process.env, SERVE_SCHEMA);
+    for (const w of resolved.warnings) process.stderr.write(`warning: ${w}\n`);
     const format = cmd.opts<{ printConfig?: string | true }>().printConfig;
     if (format !== undefined) {
       process.stdout.write(printConfig(resolved, format === 'json' ? 'json' : 'yaml'));
@@ -209,8 +217,17 @@ async function serveProcess(c: ServeConfig): Promise<void> {
       'warning: no workers (--worker, CONTEXTFORGE_WORKERS, the config file, --discover); add them with POST /admin/workers',
     );
   const { gateway, describe, close } = await startGateway(c, log);
-  const picker = await startPicker(gateway, c, { host: c.host, port: c.eppPort, log });
-  const address = await gateway.app.listen({ host: c.host, port: c.port });
+  const start = () => startPicker(gateway, c, { host: c.host, port: c.eppPort, log });
+  const picker =
+    c.eppPort === undefined ? await start() : await listening(`--host ${c.host} --epp-port ${c.eppPort}`, start, close);
+  const address = await listening(
+    `--host ${c.host} --port ${c.port}`,
+    () => gateway.app.listen({ host: c.host, port: c.port }),
+    async () => {
+      await picker.close();
+      await close();
+    },
+  );
   // with several processes the primary says where they serve, once all of them do
   log(
     `contextforge-router ${worker ? 'process' : 'serving on'} ${address}${picker.eppPort === undefined ? '' : `, endpoint picker (ext_proc gRPC) on port ${picker.eppPort}`} (${describe})`,
@@ -224,6 +241,24 @@ async function serveProcess(c: ServeConfig): Promise<void> {
   await picker.close();
   await close();
   if (worker) process.exit(0);
+}
+
+/**
+ * Binds a listening socket; an address that cannot be taken (in use, not this host's, not
+ * allowed) stops the command with the flags that chose it, not a stack trace.
+ */
+export async function listening<T>(
+  flags: string,
+  bind: () => Promise<T>,
+  closeStarted: () => Promise<void>,
+): Promise<T> {
+  try {
+    return await bind();
+  } catch (err) {
+    // what is already running (timers, the other socket) would keep the process alive
+    await closeStarted().catch(() => {});
+    throw new RangeError(`${flags}: cannot listen: ${(err as Error).message.split('\n')[0]}`, { cause: err });
+  }
 }
 
 /** This gateway process's IPC channel to the primary. */

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { createWriteStream } from 'node:fs';
+import { closeSync, createWriteStream, openSync } from 'node:fs';
 import cliProgress from 'cli-progress';
 import { checkPolicyOptions, POLICY_NAMES, type PolicyOptions } from '../../core/policies/index.js';
 import { assignmentLines, comparePolicies, policyVariant, type ComparisonReport } from '../../sim/compare.js';
@@ -7,7 +7,10 @@ import { loadTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
 import { InvalidArgumentError } from 'commander';
 import { parseWorkerEvent, type ScenarioOptions } from '../../sim/scenarios.js';
-import { fractionOption, intOption, positiveNumberOption } from '../options.js';
+import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
+
+const DEFAULT_KV_TOKENS = ENGINE_DEFAULTS.kvTokens;
+import { checkClusterKv, fractionOption, intOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
 
 /** Scenario flags that map one to one onto ScenarioOptions. */
 type ScenarioFlags = Pick<
@@ -65,8 +68,10 @@ function tokenListOption(value: string): number[] {
   const list = value.split(',').map((v) => v.trim());
   return list.map((v, i) => {
     const n = Number(v);
-    if (!/^\d+$/.test(v) || !Number.isSafeInteger(n) || n < 1)
-      throw new InvalidArgumentError(`--worker-kv-tokens: entry ${i + 1} must be a positive integer, got '${v}'`);
+    if (!/^\d+$/.test(v) || !Number.isSafeInteger(n) || n < 1 || n > SIM_LIMITS.kvTokens)
+      throw new InvalidArgumentError(
+        `--worker-kv-tokens: entry ${i + 1} must be an integer from 1 to ${SIM_LIMITS.kvTokens}, got '${v}'`,
+      );
     return n;
   });
 }
@@ -96,6 +101,11 @@ export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undef
     }
     s.workerKvTokens = flags.workerKvTokens;
   }
+  checkClusterKv(
+    flags.workers,
+    flags.workerKvTokens ?? [flags.kvTokens ?? DEFAULT_KV_TOKENS],
+    flags.workerKvTokens ? '--worker-kv-tokens' : '--workers × --kv-tokens',
+  );
   if (flags.scenarioSeed !== undefined) s.seed = flags.scenarioSeed;
   return Object.keys(s).length > 0 ? s : undefined;
 }
@@ -108,19 +118,23 @@ export function registerSimulateCommand(program: Command): void {
       '--trace <file>',
       'Mooncake JSONL trace (.jsonl or .jsonl.gz), a RAGPulse directory, workflows:N[:SEED] or agentic:N[:SEED]',
     )
-    .option('--workers <n>', 'engines in the cluster', intOption('--workers', 1), 8)
+    .option('--workers <n>', 'engines in the cluster', intOption('--workers', 1, SIM_LIMITS.workers), 8)
     .option(
       '--policies <list>',
       'comma-separated policies (NAME-prefix-only: content anchors not scored)',
       'cost,seed,dynamo,sglang,llmd,round-robin',
     )
-    .option('--speed <x>', 'arrival-rate multiplier', positiveNumberOption('--speed'), 1)
+    .option('--speed <x>', 'arrival-rate multiplier', positiveNumberOption('--speed', SIM_LIMITS.speed), 1)
     .option('--format <table|json>', 'output format', 'table')
-    .option('--kv-tokens <n>', 'KV capacity of each engine in tokens (default 300000)', intOption('--kv-tokens', 1))
+    .option(
+      '--kv-tokens <n>',
+      'KV capacity of each engine in tokens (default 300000)',
+      intOption('--kv-tokens', 1, SIM_LIMITS.kvTokens),
+    )
     .option(
       '--max-model-len <n>',
       'longest request (prompt + output) an engine serves; longer ones are rejected (default 131072, capped by --kv-tokens)',
-      intOption('--max-model-len', 1),
+      intOption('--max-model-len', 1, SIM_LIMITS.kvTokens),
     )
     .option(
       '--blend-recompute <f>',
@@ -128,11 +142,16 @@ export function registerSimulateCommand(program: Command): void {
       fractionOption('--blend-recompute'),
       0.15,
     )
-    .option('--event-delay-ms <n>', 'delay of KV events from engine to router', intOption('--event-delay-ms', 0), 50)
+    .option(
+      '--event-delay-ms <n>',
+      'delay of KV events from engine to router',
+      intOption('--event-delay-ms', 0, SIM_LIMITS.delayMs),
+      50,
+    )
     .option(
       '--scrape-interval-ms <n>',
       'interval of load scrapes (default 200; llmd: 50, its own refresh interval)',
-      intOption('--scrape-interval-ms', 1),
+      intOption('--scrape-interval-ms', 1, SIM_LIMITS.delayMs),
     )
     .option(
       '--fail <worker@time...>',
@@ -144,20 +163,24 @@ export function registerSimulateCommand(program: Command): void {
     .option(
       '--event-jitter-ms <n>',
       'extra KV-event delay, uniform in [0, n] ms per batch',
-      intOption('--event-jitter-ms', 0),
+      intOption('--event-jitter-ms', 0, SIM_LIMITS.delayMs),
     )
     .option(
       '--event-loss <fraction>',
       'fraction of KV-event batches the router never receives',
       fractionOption('--event-loss'),
     )
-    .option('--replicas <n>', 'router replicas sharing state (round-robin in front)', intOption('--replicas', 1))
-    .option('--state-lag-ms <n>', 'delay of shared state between replicas (default 20)', intOption('--state-lag-ms', 0))
+    .option('--replicas <n>', 'router replicas sharing state (round-robin in front)', intOption('--replicas', 1, 64))
+    .option(
+      '--state-lag-ms <n>',
+      'delay of shared state between replicas (default 20)',
+      intOption('--state-lag-ms', 0, SIM_LIMITS.delayMs),
+    )
     .option('--cancel-rate <fraction>', 'fraction of requests whose client cancels', fractionOption('--cancel-rate'))
     .option(
       '--cancel-within-ms <n>',
       'a cancelling client gives up uniformly within n ms (default 10000)',
-      intOption('--cancel-within-ms', 1),
+      intOption('--cancel-within-ms', 1, SIM_LIMITS.delayMs),
     )
     .option(
       '--non-streaming-share <fraction>',
@@ -189,10 +212,14 @@ export function registerSimulateCommand(program: Command): void {
         .split(',')
         .map((p) => p.trim())
         .filter(Boolean);
+      if (policies.length === 0) throw new RangeError('--policies lists no policy');
       for (const p of policies)
         if (!POLICY_NAMES.includes(policyVariant(p).policy))
           throw new RangeError(`--policies: unknown policy '${p}' (known: ${POLICY_NAMES.join(', ')})`);
       const scenario = scenarioFromFlags(flags);
+      // the output files are opened before the run: a path that cannot be written stops it at once
+      if (flags.report) closeSync(openOutput('--report', flags.report));
+      const assignmentsFd = flags.assignments ? openOutput('--assignments', flags.assignments) : undefined;
       const { name, requests } = await loadTrace(flags.trace);
       const bar =
         flags.progress && process.stderr.isTTY
@@ -229,21 +256,45 @@ export function registerSimulateCommand(program: Command): void {
         },
       );
       bar?.stop();
-      if (flags.assignments) {
-        const out = createWriteStream(flags.assignments);
-        for (const line of assignmentLines(results))
-          if (!out.write(line + '\n')) await new Promise<void>((r) => out.once('drain', () => r()));
-        await new Promise<void>((resolve, reject) => {
-          out.once('error', reject);
-          out.end(() => resolve());
-        });
-      }
+      if (flags.assignments && assignmentsFd !== undefined)
+        await writeLines(assignmentsFd, assignmentLines(results), `--assignments ${flags.assignments}`);
       if (flags.report) {
         const { writeHtmlReport } = await import('../../sim/html-report.js');
-        await writeHtmlReport(flags.report, report, results);
+        try {
+          await writeHtmlReport(flags.report, report, results);
+        } catch (err) {
+          throw new RangeError(`--report ${flags.report}: cannot write: ${(err as Error).message}`, { cause: err });
+        }
       }
       process.stdout.write(flags.format === 'json' ? `${JSON.stringify(report)}\n` : renderTable(report));
     });
+}
+
+/** An output file opened (created or emptied) for writing; RangeError naming the flag otherwise. */
+function openOutput(flag: string, path: string): number {
+  try {
+    return openSync(path, 'w');
+  } catch (err) {
+    throw new RangeError(`${flag} ${path}: cannot write: ${(err as Error).message}`, { cause: err });
+  }
+}
+
+/** Writes lines to an open file and closes it; a failed write is a RangeError naming `where`. */
+async function writeLines(fd: number, lines: Iterable<string>, where: string): Promise<void> {
+  const out = createWriteStream('', { fd });
+  const failed = new Promise<never>((_, reject) => out.once('error', reject));
+  failed.catch(() => {}); // raced below; a late error must not go unhandled
+  try {
+    for (const line of lines)
+      if (!out.write(`${line}\n`)) await Promise.race([new Promise<void>((r) => out.once('drain', () => r())), failed]);
+    await Promise.race([
+      new Promise<void>((resolve, reject) => out.end((err?: Error | null) => (err ? reject(err) : resolve()))),
+      failed,
+    ]);
+  } catch (err) {
+    out.destroy();
+    throw new RangeError(`${where}: cannot write: ${(err as Error).message}`, { cause: err });
+  }
 }
 
 export function renderTable(r: ComparisonReport): string {

@@ -1,16 +1,16 @@
 import type { Command } from 'commander';
 import { loadTrace } from '../../sim/load-trace.js';
 import { renderRouterOptions, renderWeightsConfig, tuneCostWeights } from '../../sim/tune.js';
-import { intOption, positiveNumberOption } from '../options.js';
+import { intOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
 
 export function registerTuneCommand(program: Command): void {
   program
     .command('tune')
     .description("search the cost policy's weights on part of a trace, check them on the rest, print a config block")
     .requiredOption('--trace <file>', 'trace (as for simulate)')
-    .option('--workers <n>', 'engines in the cluster', intOption('--workers', 1), 8)
-    .option('--speed <x>', 'arrival-rate multiplier', positiveNumberOption('--speed'), 1)
-    .option('--trials <n>', 'simulations the search may run', intOption('--trials', 1), 30)
+    .option('--workers <n>', 'engines in the cluster', intOption('--workers', 1, SIM_LIMITS.workers), 8)
+    .option('--speed <x>', 'arrival-rate multiplier', positiveNumberOption('--speed', SIM_LIMITS.speed), 1)
+    .option('--trials <n>', 'simulations the search may run', intOption('--trials', 1, 1000), 30)
     .option(
       '--train-fraction <f>',
       'share of requests (by arrival) to search on',

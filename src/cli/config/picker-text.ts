@@ -22,7 +22,8 @@ export function parseDiscoverySpec(spec: string): DnsDiscoverySpec {
   const dns = fields.dns;
   if (!dns || !/^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$/.test(dns))
     throw new RangeError(`--discover '${spec}': dns must be a host name`);
-  const interval = fields['interval-ms'] === undefined ? 5000 : Number(fields['interval-ms']);
+  const intervalText = fields['interval-ms'];
+  const interval = intervalText === undefined ? 5000 : /^\d+$/.test(intervalText) ? Number(intervalText) : NaN;
   if (!Number.isInteger(interval) || interval < 100)
     throw new RangeError(`--discover '${spec}': interval-ms must be an integer >= 100`);
   const eventsPort = port('events-port', false);
@@ -44,10 +45,12 @@ export function parseObjectives(v: string): Record<string, number> {
   for (const part of v.split(',')) {
     const eq = part.lastIndexOf('=');
     const name = part.slice(0, eq).trim();
-    const priority = Number(part.slice(eq + 1).trim());
-    if (eq <= 0 || name === '' || !Number.isInteger(priority))
+    const text = part.slice(eq + 1).trim();
+    // decimal digits only: '' is not 0, nor 0x10 sixteen
+    if (eq <= 0 || name === '' || !/^[-+]?\d+$/.test(text))
       throw new RangeError(`--objectives: '${part}' is not NAME=INTEGER`);
-    out[name] = priority;
+    if (Object.hasOwn(out, name)) throw new RangeError(`--objectives: '${name}' is given twice`);
+    out[name] = Number(text);
   }
   return out;
 }

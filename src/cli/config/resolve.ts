@@ -3,16 +3,24 @@
  * config file, else its default. Every value, whatever its source, is checked by the same
  * schema; a bad one stops `serve` with a message naming the source and the key.
  */
-import { readFileSync } from 'node:fs';
+import { closeSync, openSync, readSync } from 'node:fs';
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import { parse as parseYaml } from 'yaml';
+import { parse as parseYaml, parseAllDocuments } from 'yaml';
 import type { z } from 'zod';
 import { closestKey, describeIssue, issueMessage } from '../../core/schema-issues.js';
 import { parseWorkerRecord, WORKER_SPEC_KEYS } from '../../server/worker-input.js';
 import type { WorkerRecord } from '../../state/state-store.js';
 import { specFields } from '../options.js';
 import { parseDiscoverySpec, parseObjectives } from './picker-text.js';
-import { envName, kebab, ROUTER_SETTING_KEYS, unwrapSchema, type SettingHelp } from './settings.js';
+import {
+  envName,
+  EPP_SCHEMA,
+  kebab,
+  ROUTER_SETTING_KEYS,
+  SERVE_SCHEMA,
+  unwrapSchema,
+  type SettingHelp,
+} from './settings.js';
 
 export type Origin = 'default' | 'file' | 'env' | 'flag';
 
@@ -25,6 +33,8 @@ export interface ResolvedSettings<T> {
   workers: WorkerRecord[];
   workersOrigin: Origin;
   configFile?: string;
+  /** What the user may have meant otherwise (a misspelt CONTEXTFORGE_ variable), to print. */
+  warnings: string[];
 }
 
 /** Settings whose text form (flag, environment) is not YAML: a spec string. */
@@ -47,8 +57,9 @@ export function addSettingOptions(cmd: Command, shape: Shape, help: Readonly<Rec
     const fallback = (schema as z.ZodType & { def: { defaultValue?: unknown } }).def.defaultValue;
     const shown = fallback === undefined ? '' : ` (default: ${JSON.stringify(fallback)})`;
     const o = new Option(h.arg === '' ? `--${flag}` : `--${flag} ${h.arg}`, `${h.help}${shown}`).env(envName(flag));
-    // commander checks each flag (and variable) as it reads it: bad values stop before anything runs
-    if (h.arg !== '') o.argParser((text: string) => checkedText(key, schema, text, `--${flag}`));
+    // commander checks each flag (and variable) as it reads it: bad values stop before anything
+    // runs. Not a secret's: commander's message would repeat the value (resolveSettings checks it)
+    if (h.arg !== '' && !h.secret) o.argParser((text: string) => checkedText(key, schema, text, `--${flag}`));
     cmd.addOption(o);
   }
   cmd.option(
@@ -66,7 +77,9 @@ function fromText(key: string, schema: z.ZodType, text: string, where: string): 
     try {
       return special(text);
     } catch (err) {
-      throw new RangeError(`${where}: ${(err as Error).message}`, { cause: err });
+      // the spec's own messages name the flag already
+      const message = (err as Error).message;
+      throw new RangeError(message.startsWith(`${where}`) ? message : `${where}: ${message}`, { cause: err });
     }
   }
   const type = unwrapSchema(schema).def.type;
@@ -112,17 +125,68 @@ function settingMessage(issue: z.core.$ZodIssue, schema: z.ZodType, where: strin
     : `${where}: ${issueMessage(issue, schema, path)}`;
 }
 
-/** Reads router.yaml (YAML or JSON) into one value per setting, by the key the file used. */
-export function readConfigFile(file: string, shape: Shape): Map<string, { value: unknown; key: string }> {
+/** Largest config file read: thousands of workers fit well under it; /dev/zero or a stray log does not. */
+export const MAX_CONFIG_BYTES = 4 * 1024 * 1024;
+
+/** A file's text, refused past `max` bytes without reading further (a pipe or device is read as it comes). */
+function readTextFile(file: string, max: number): string {
+  const fd = openSync(file, 'r');
+  try {
+    const chunks: Buffer[] = [];
+    let total = 0;
+    const buf = Buffer.alloc(64 * 1024);
+    for (let n = readSync(fd, buf); n > 0; n = readSync(fd, buf)) {
+      total += n;
+      if (total > max) throw new RangeError(`larger than ${max} bytes`);
+      chunks.push(Buffer.from(buf.subarray(0, n)));
+    }
+    const text = Buffer.concat(chunks).toString('utf8');
+    if (text.includes('\0')) throw new RangeError('not a YAML or JSON text file (it holds NUL bytes)');
+    return text;
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** A YAML or JSON text's value; an unknown tag or a nesting the parser cannot follow is an error, not a warning. */
+function parseConfigText(text: string): unknown {
+  let docs;
+  try {
+    docs = parseAllDocuments(text, { logLevel: 'silent' });
+  } catch (err) {
+    if (err instanceof RangeError && /call stack/i.test(err.message))
+      throw new RangeError('nested too deeply', { cause: err });
+    throw err;
+  }
+  if (docs.length === 0) return null;
+  if (docs.length > 1) throw new RangeError(`holds ${docs.length} YAML documents (separated by ---), not one`);
+  const doc = docs[0];
+  const problem = doc.errors[0] ?? doc.warnings[0];
+  if (problem) {
+    if (/call stack/i.test(problem.message))
+      throw new RangeError(`nested too deeply (line ${problem.linePos?.[0].line ?? '?'})`);
+    throw problem;
+  }
+  return doc.toJS();
+}
+
+/**
+ * Reads router.yaml (YAML or JSON) into one value per setting, by the key the file used.
+ * `where` names the file in messages (`--config FILE`, or the variable that gave it).
+ */
+export function readConfigFile(
+  file: string,
+  shape: Shape,
+  where = `--config ${file}`,
+): Map<string, { value: unknown; key: string }> {
   let raw: unknown;
   try {
-    raw = parseYaml(readFileSync(file, 'utf8'));
+    raw = parseConfigText(readTextFile(file, MAX_CONFIG_BYTES));
   } catch (err) {
-    throw new RangeError(`--config ${file}: ${(err as Error).message.split('\n')[0]}`, { cause: err });
+    throw new RangeError(`${where}: ${(err as Error).message.split('\n')[0]}`, { cause: err });
   }
   const out = new Map<string, { value: unknown; key: string }>();
   if (raw === null || raw === undefined) return out;
-  const where = `--config ${file}`;
   if (typeof raw !== 'object' || Array.isArray(raw))
     throw new RangeError(`${where}: the top level must be a mapping of settings`);
   const byName = new Map<string, string>();
@@ -132,13 +196,15 @@ export function readConfigFile(file: string, shape: Shape): Map<string, { value:
   }
   const routerKeys = new Set<string>(ROUTER_SETTING_KEYS);
   const put = (setting: string, fileKey: string, value: unknown) => {
+    // `key:` with nothing after it (or ~, null) is most often a value that went missing
+    if (value === null) throw new RangeError(`${where}: ${fileKey} has no value (leave the key out for the default)`);
     const before = out.get(setting);
     if (before) throw new RangeError(`${where}: give ${before.key} or ${fileKey}, not both`);
     out.set(setting, { value, key: fileKey });
   };
   for (const [key, value] of Object.entries(raw as Record<string, unknown>)) {
     if (key === 'workers') {
-      out.set('workers', { value, key });
+      put('workers', key, value);
       continue;
     }
     if (key === 'router') {
@@ -148,7 +214,7 @@ export function readConfigFile(file: string, shape: Shape): Map<string, { value:
         if (!routerKeys.has(option) && option !== 'indexMode') {
           const guess = closestKey(option, [...routerKeys, 'indexMode']);
           throw new RangeError(
-            `${where}: router.${option} is not a router option${guess ? ` (did you mean ${guess}?)` : ''}`,
+            `${where}: router.${option.length > 64 ? `${option.slice(0, 64)}…` : option} is not a router option${guess ? ` (did you mean ${guess}?)` : ''}`,
           );
         }
         put(option, `router.${option}`, v);
@@ -159,7 +225,7 @@ export function readConfigFile(file: string, shape: Shape): Map<string, { value:
     if (setting === undefined) {
       const guess = closestKey(key, [...byName.keys(), 'workers', 'router']);
       throw new RangeError(
-        `${where}: unknown key '${key}'${guess ? ` (did you mean ${guess}?)` : ' (see serve --help for the settings)'}`,
+        `${where}: unknown key '${key.length > 64 ? `${key.slice(0, 64)}…` : key}'${guess ? ` (did you mean ${guess}?)` : ' (see serve --help for the settings)'}`,
       );
     }
     put(setting, key, value);
@@ -180,7 +246,10 @@ export function resolveSettings<S extends z.ZodObject>(
   const shape = schema.shape as Shape;
   const flags = cmd.opts<Record<string, unknown>>();
   const configFile = flags.config as string | undefined;
-  const file = configFile ? readConfigFile(configFile, shape) : new Map<string, { value: unknown; key: string }>();
+  const configWhere = `${cmd.getOptionValueSource('config') === 'env' ? envName('config') : '--config'} ${configFile}`;
+  const file = configFile
+    ? readConfigFile(configFile, shape, configWhere)
+    : new Map<string, { value: unknown; key: string }>();
   const input: Record<string, unknown> = {};
   const origins: Record<string, Origin> = {};
   for (const [key, setting] of Object.entries(shape)) {
@@ -203,7 +272,7 @@ export function resolveSettings<S extends z.ZodObject>(
       value = given === true ? fromText(key, setting, env[where] ?? process.env[where] ?? '', where) : given;
       origins[key] = 'env';
     } else if (fromFile !== undefined && fromFile.value !== null) {
-      where = `--config ${configFile}`;
+      where = configWhere;
       path = fromFile.key;
       value =
         typeof fromFile.value === 'string' && TEXT_FORMS[key]
@@ -224,8 +293,25 @@ export function resolveSettings<S extends z.ZodObject>(
     input[key] = value;
   }
   const values = schema.parse(input, { error: describeIssue }) as z.output<S>;
-  const { workers, origin: workersOrigin } = resolveWorkers(flags.worker as string[], env, file, configFile);
-  return { values, origins, workers, workersOrigin, configFile };
+  const { workers, origin: workersOrigin } = resolveWorkers(flags.worker as string[], env, file, configWhere);
+  return { values, origins, workers, workersOrigin, configFile, warnings: misspeltVariables(env) };
+}
+
+/**
+ * CONTEXTFORGE_ variables that are no setting of serve or epp but nearly spell one: such a
+ * variable is ignored, so its setting keeps its default, and that is worth a word.
+ */
+function misspeltVariables(env: NodeJS.ProcessEnv): string[] {
+  const known = new Set(['CONTEXTFORGE_CONFIG', 'CONTEXTFORGE_WORKERS']);
+  for (const schema of [SERVE_SCHEMA, EPP_SCHEMA])
+    for (const key of Object.keys(schema.shape)) known.add(envName(kebab(key)));
+  const out: string[] = [];
+  for (const name of Object.keys(env)) {
+    if (!name.startsWith('CONTEXTFORGE_') || known.has(name)) continue;
+    const guess = closestKey(name, known);
+    if (guess) out.push(`${name.slice(0, 64)} is not a setting and is ignored (did you mean ${guess}?)`);
+  }
+  return out;
 }
 
 /** A `--worker` SPEC as a worker record. */
@@ -257,7 +343,7 @@ function resolveWorkers(
   flagWorkers: string[],
   env: NodeJS.ProcessEnv,
   file: Map<string, { value: unknown; key: string }>,
-  configFile: string | undefined,
+  configWhere: string,
 ): { workers: WorkerRecord[]; origin: Origin } {
   let workers: WorkerRecord[];
   let origin: Origin;
@@ -270,10 +356,10 @@ function resolveWorkers(
     origin = 'env';
   } else {
     const list = file.get('workers')?.value ?? [];
-    if (!Array.isArray(list)) throw new RangeError(`--config ${configFile}: workers must be a list`);
+    if (!Array.isArray(list)) throw new RangeError(`${configWhere}: workers must be a list`);
     origin = list.length > 0 ? 'file' : 'default';
     workers = list.map((w: unknown, i) => {
-      const where = `--config ${configFile}: workers[${i}]`;
+      const where = `${configWhere}: workers[${i}]`;
       if (typeof w === 'string') return parseWorkerSpec(w, `${where} '${w}'`);
       if (w === null || typeof w !== 'object' || Array.isArray(w))
         throw new RangeError(`${where} must be a mapping or a SPEC string`);
@@ -282,7 +368,12 @@ function resolveWorkers(
   }
   const ids = new Set<string>();
   for (const w of workers) {
-    if (ids.has(w.id)) throw new RangeError(`worker id '${w.id}' is given twice`);
+    if (ids.has(w.id)) {
+      const source = { flag: '--worker', env: 'CONTEXTFORGE_WORKERS', file: `${configWhere}: workers`, default: '' }[
+        origin
+      ];
+      throw new RangeError(`${source}: worker id '${w.id}' is given twice`);
+    }
     ids.add(w.id);
   }
   return { workers, origin };

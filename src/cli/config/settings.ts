@@ -8,7 +8,8 @@
 import { z } from 'zod';
 import { ROUTER_SETTINGS_HELP, ROUTER_SETTINGS_SCHEMA } from '../../core/router/options-schema.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
-import { TIMEOUTS_SCHEMA } from '../../server/timeouts.js';
+import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
+import { parseRedisUrl } from '../../state/redis-state-store.js';
 
 export interface SettingHelp {
   /** The flag's argument; '' for a switch (on when given; environment and file: true/false). */
@@ -19,6 +20,16 @@ export interface SettingHelp {
 }
 
 const port = () => z.int().min(0).max(65535);
+
+function usableStateUrl(spec: string): boolean {
+  if (spec === 'memory') return true;
+  try {
+    const { port, db } = parseRedisUrl(spec);
+    return port !== undefined && port >= 1 && port <= 65535 && db !== undefined && Number.isSafeInteger(db);
+  } catch {
+    return false;
+  }
+}
 const positiveInt = () => z.int().min(1);
 const text = () => z.string().min(1).max(4096);
 
@@ -28,7 +39,11 @@ void _indexMode;
 export const ROUTER_SETTING_KEYS = Object.keys(routerShape) as (keyof typeof routerShape)[];
 
 const gatewayShape = {
-  host: text().default('127.0.0.1'),
+  // a host name or an IP address (IPv6 without brackets, as listen() takes it)
+  host: z
+    .string()
+    .regex(/^[A-Za-z0-9._:%-]{1,253}$/, { error: 'must be a host name or an IP address, such as 0.0.0.0 or ::' })
+    .default('127.0.0.1'),
   port: port().default(8080),
   ...routerShape,
   indexMode: z.enum(['auto', 'precise', 'approximate']).default('auto'),
@@ -51,6 +66,8 @@ const gatewayShape = {
   state: z
     .string()
     .regex(/^(memory|redis:\/\/[^/\s]+(\/\d+)?)$/, { error: 'must be memory or redis://HOST:PORT[/DB]' })
+    // the URL as the store will read it; the message never shows it (it may hold a password)
+    .refine(usableStateUrl, { error: 'must be memory or redis://HOST:PORT[/DB] with a port from 1 to 65535' })
     .default('memory'),
   statePrefix: text().default('contextforge:'),
   bodyLimit: z
@@ -59,11 +76,11 @@ const gatewayShape = {
     .default(16 * 1024 * 1024),
   maxRetries: z.int().min(0).max(16).default(2),
   upstreamTimeoutMs: TIMEOUTS_SCHEMA.shape.interChunkTimeoutMs,
-  metricsIntervalMs: z.int().min(0).default(1000),
-  healthIntervalMs: z.int().min(0).default(2000),
+  metricsIntervalMs: timerMs(0).default(1000),
+  healthIntervalMs: timerMs(0).default(2000),
   breakerFailures: positiveInt().default(3),
-  breakerCooldownMs: positiveInt().default(5000),
-  shutdownGraceMs: z.int().min(0).default(25_000),
+  breakerCooldownMs: timerMs(1).default(5000),
+  shutdownGraceMs: timerMs(0).default(25_000),
 };
 
 const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof routerShape>, SettingHelp> = {
@@ -141,7 +158,7 @@ export const DISCOVERY_SCHEMA = z
     port: z.int().min(1).max(65535),
     eventsPort: z.int().min(1).max(65535).optional(),
     replayPort: z.int().min(1).max(65535).optional(),
-    intervalMs: z.int().min(100).default(5000),
+    intervalMs: timerMs(100).default(5000),
     models: z.array(z.string().min(1).max(512)).max(1024).optional(),
   })
   .refine((d) => d.replayPort === undefined || d.eventsPort !== undefined, {

@@ -17,9 +17,24 @@ const positiveInt = () => z.int().min(1);
 const fraction = () => z.number().min(0).max(1);
 const finiteNumber = () => z.number();
 
+/** Weights with a narrower range than finite and >= 0 (resolveCostWeights checks the same). */
+const bound = (phrase: string) => ({ error: (iss: { input?: unknown }) => `must be ${phrase}${gotPhrase(iss.input)}` });
+const COST_WEIGHT_RANGES: Partial<Record<keyof CostWeights, z.ZodNumber>> = {
+  // it divides: 0 would make the arrival-rate term infinite
+  prefillTokensPerSecond: nonNegative().gt(0, bound('> 0')),
+  // the pressure term divides by 1 - knee
+  pressureKnee: nonNegative().lt(1, bound('< 1')),
+  pressureCeiling: nonNegative().max(1, bound('<= 1')),
+};
+
 /** Every cost weight, each optional (unspecified ones keep their defaults). */
 export const COST_WEIGHTS_SCHEMA = z.strictObject(
-  Object.fromEntries(Object.keys(DEFAULT_COST_WEIGHTS).map((k) => [k, nonNegative().optional()])) as {
+  Object.fromEntries(
+    Object.keys(DEFAULT_COST_WEIGHTS).map((k) => [
+      k,
+      (COST_WEIGHT_RANGES[k as keyof CostWeights] ?? nonNegative()).optional(),
+    ]),
+  ) as {
     [K in keyof CostWeights]: z.ZodOptional<z.ZodNumber>;
   },
   { error: (iss) => (iss.code === 'unrecognized_keys' ? 'is not a cost weight' : undefined) },

@@ -11,6 +11,14 @@ import type { RoutingPolicy } from '../policies/types.js';
 import { gotPhrase } from '../schema-issues.js';
 
 const positiveInt = () => z.int().min(1);
+
+/**
+ * A PYTHONHASHSEED a Python process starts with ('random' or 0 to 2^32 - 1; anything else stops
+ * it): vLLM hashes the variable's text, so any other value matches no engine's blocks.
+ */
+export function isPythonHashSeed(seed: unknown): boolean {
+  return typeof seed === 'string' && (seed === 'random' || (/^\d{1,10}$/.test(seed) && Number(seed) <= 0xffff_ffff));
+}
 const nonNegativeInt = () => z.int().min(0);
 const fraction = () => z.number().min(0).max(1);
 
@@ -50,7 +58,12 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
     .default(ROUTER_DEFAULTS.blockSize),
   textChunkBytes: positiveInt().multipleOf(4).default(ROUTER_DEFAULTS.textChunkBytes),
   blockHash: z.enum(['router', 'vllm']).default('router'),
-  pythonHashSeed: z.string().min(1).optional(),
+  pythonHashSeed: z
+    .string()
+    .refine(isPythonHashSeed, {
+      error: (iss) => `must be 'random' or an integer from 0 to 4294967295, as Python takes it${gotPhrase(iss.input)}`,
+    })
+    .optional(),
   indexMode: z.enum(['precise', 'approximate']).default('approximate'),
   predictionTtlMs: nonNegative().optional(),
   maxIndexEntries: positiveInt().default(ROUTER_DEFAULTS.maxIndexEntries),

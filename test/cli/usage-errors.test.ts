@@ -1,0 +1,373 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { createServer, type AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { test } from 'node:test';
+import { Command } from 'commander';
+import { registerDemoCommand } from '../../src/cli/commands/demo.js';
+import { registerLiveDemoCommand } from '../../src/cli/commands/live-demo.js';
+import { registerMockEngineCommand } from '../../src/cli/commands/mock-engine.js';
+import { registerSimulateCommand } from '../../src/cli/commands/simulate.js';
+import { registerTuneCommand } from '../../src/cli/commands/tune.js';
+import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
+import { printConfig } from '../../src/cli/config/print-config.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { parse as parseYaml } from 'yaml';
+import { AdminToken } from '../../src/server/admin-auth.js';
+import { loadApiKeysFile } from '../../src/server/api-keys.js';
+import { checkTimeouts } from '../../src/server/timeouts.js';
+import { resolveServe } from '../helpers/serve-config.js';
+
+const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+
+function cli(args: string[], env: Record<string, string> = {}) {
+  return spawnSync(process.execPath, ['--import', 'tsx', main, ...args], {
+    encoding: 'utf8',
+    env: { ...process.env, ...env },
+  });
+}
+
+test('a bad flag, a bad variable and an unknown flag exit with status 2, as the configuration document says', () => {
+  const flag = cli(['serve', '--offload-credit', '1.5', '--print-config']);
+  assert.equal(flag.status, 2, flag.stderr);
+  assert.match(flag.stderr, /--offload-credit must be <= 1 \(got 1\.5\)/);
+  const env = cli(['serve', '--print-config'], { CONTEXTFORGE_PORT: 'x' });
+  assert.equal(env.status, 2, env.stderr);
+  assert.match(env.stderr, /from env 'CONTEXTFORGE_PORT'.*--port must be an integer/);
+  const unknown = cli(['serve', '--max-retrys', '1']);
+  assert.equal(unknown.status, 2, unknown.stderr);
+  assert.match(unknown.stderr, /unknown option '--max-retrys'/);
+  const help = cli(['serve', '--help']);
+  assert.equal(help.status, 0, help.stderr);
+});
+
+test('a delay longer than a timer holds (2^31 - 1 ms) is refused, wherever it is given', () => {
+  const bad = (args: string[], env: Record<string, string> = {}) =>
+    assert.throws(() => resolveServe(args, env), /must be <= 2147483647 \(got 2147483648\)/, args.join(' '));
+  for (const flag of [
+    '--health-interval-ms',
+    '--metrics-interval-ms',
+    '--breaker-cooldown-ms',
+    '--shutdown-grace-ms',
+    '--headers-timeout-ms',
+    '--request-timeout-ms',
+    '--connection-timeout-ms',
+    '--first-byte-timeout-ms',
+    '--upstream-timeout-ms',
+  ])
+    bad([flag, '2147483648']);
+  bad([], { CONTEXTFORGE_HEALTH_INTERVAL_MS: '2147483648' });
+  assert.throws(
+    () => resolveServe(['--discover', 'dns=engines,port=8000,interval-ms=2147483648']),
+    /interval(Ms|-ms) must be <= 2147483647/,
+  );
+  assert.throws(
+    () => checkTimeouts({ interChunkTimeoutMs: 2 ** 31 }),
+    /timeouts\.interChunkTimeoutMs must be <= 2147483647/,
+  );
+  assert.equal(resolveServe(['--health-interval-ms', '2147483647']).config.healthIntervalMs, 2 ** 31 - 1);
+});
+
+test('a config file is read up to a bound, as text, with every YAML problem an error naming its source', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-config-input-'));
+  const write = (name: string, text: string | Buffer) => {
+    writeFileSync(join(dir, name), text);
+    return join(dir, name);
+  };
+  const bad = (file: string, message: RegExp, env: Record<string, string> = {}) =>
+    assert.throws(() => resolveServe(env.CONTEXTFORGE_CONFIG ? [] : ['--config', file], env), message, file);
+  const big = write('big.yaml', `# ${'x'.repeat(4 * 1024 * 1024)}\nport: 1\n`);
+  bad(big, new RegExp(`^RangeError: --config ${big}: larger than 4194304 bytes$`));
+  if (existsSync('/dev/zero')) bad('/dev/zero', /--config \/dev\/zero: larger than/);
+  bad(write('nul.yaml', Buffer.from([0x70, 0x6f, 0x72, 0x74, 0x3a, 0x20, 0x31, 0x00, 0x0a])), /holds NUL bytes/);
+  bad(write('tag.yaml', 'host: !bogus 0.0.0.0\n'), /tag\.yaml: Unresolved tag: !bogus at line 1/);
+  bad(write('two.yaml', 'port: 1\n---\nport: 2\n'), /two\.yaml: holds 2 YAML documents/);
+  bad(write('deep.yaml', `workers: ${'['.repeat(5000)}${']'.repeat(5000)}\n`), /deep\.yaml: nested too deeply/);
+  const dup = write('dup.yaml', 'port: 1\nport: 2\n');
+  bad(dup, new RegExp(`CONTEXTFORGE_CONFIG ${dup}: Map keys must be unique`), { CONTEXTFORGE_CONFIG: dup });
+  const ok = write('ok.yaml', '\ufeff# comment\nport: 9001\n');
+  assert.equal(resolveServe(['--config', ok]).config.port, 9001);
+  assert.equal(resolveServe(['--config', write('empty.yaml', '')]).config.port, 8080);
+});
+
+test('a worker or discovery spec with a key given twice, or an address nothing listens on, is refused', () => {
+  const bad = (spec: string, message: RegExp) => assert.throws(() => parseWorkerSpec(spec), message, spec);
+  bad('id=a,url=http://h:8000,id=b', /--worker 'id=a,url=http:\/\/h:8000,id=b': 'id' is given twice/);
+  bad('id=a,url=http://h:0', /url must have a port from 1 to 65535/);
+  for (const events of ['tcp://h', 'tcp://h:0', 'tcp://h:65536', 'tcp://h:5557x'])
+    bad(`id=a,url=http://h:1,events=${events}`, /events must be tcp:\/\/HOST:PORT with a port from 1 to 65535/);
+  assert.equal(parseWorkerSpec('id=a,url=http://h:1,events=tcp://[::1]:5557').events, 'tcp://[::1]:5557');
+  assert.equal(parseWorkerSpec('id=a,url=http://h:1,events=ipc:///tmp/e').events, 'ipc:///tmp/e');
+  assert.throws(
+    () => resolveServe(['--discover', 'dns=e,port=1,port=2']),
+    /--discover 'dns=e,port=1,port=2': 'port' is given twice$/,
+  );
+  assert.throws(() => resolveServe(['--discover', 'dns=e,port=1,interval-ms=0x100']), /interval-ms must be an integer/);
+  for (const objectives of ['a=', 'a=0x10', 'a=1e3'])
+    assert.throws(() => resolveServe(['--objectives', objectives]), /is not NAME=INTEGER/, objectives);
+  assert.throws(() => resolveServe(['--objectives', 'a=1,a=2']), /--objectives: 'a' is given twice/);
+  assert.deepEqual(
+    resolveServe(['--objectives', 'a=-1,b=+2']).config.objectives,
+    new Map([
+      ['a', -1],
+      ['b', 2],
+    ]),
+  );
+});
+
+/** The message a command line is refused with, parsed by the real commands (nothing runs). */
+async function refusal(args: string[]): Promise<string> {
+  const program = new Command().exitOverride().configureOutput({ writeErr: () => {}, writeOut: () => {} });
+  for (const register of [
+    registerSimulateCommand,
+    registerTuneCommand,
+    registerDemoCommand,
+    registerLiveDemoCommand,
+    registerMockEngineCommand,
+  ])
+    register(program);
+  try {
+    await program.parseAsync(['node', 'contextforge-router', ...args]);
+  } catch (err) {
+    return (err as Error).message;
+  }
+  return assert.fail(`accepted: ${args.join(' ')}`);
+}
+
+test('simulate, tune, demo and live-demo bound the cluster, the workload and the speed', async () => {
+  const cases: Array<[string[], RegExp]> = [
+    [['simulate', '--trace', 'workflows:1', '--policies', ''], /--policies lists no policy/],
+    [['simulate', '--trace', 'workflows:1', '--policies', ' , '], /--policies lists no policy/],
+    [['demo', '--policies', ''], /--policies lists no policy/],
+    [['simulate', '--trace', 'workflows:1', '--workers', '100000'], /--workers must be <= 1024, got 100000/],
+    [['tune', '--trace', 'workflows:2', '--workers', '1025'], /--workers must be <= 1024/],
+    [['tune', '--trace', 'workflows:2', '--trials', '100000000'], /--trials must be <= 1000/],
+    [['simulate', '--trace', 'workflows:1', '--kv-tokens', '9007199254740991'], /--kv-tokens must be <= 16777216/],
+    [['simulate', '--trace', 'workflows:1', '--max-model-len', '99999999999'], /--max-model-len must be <= 16777216/],
+    [
+      ['simulate', '--trace', 'workflows:1', '--workers', '2', '--worker-kv-tokens', '1,99999999999'],
+      /--worker-kv-tokens: entry 2 must be an integer from 1 to 16777216/,
+    ],
+    [
+      ['simulate', '--trace', 'workflows:1', '--workers', '64', '--kv-tokens', '16777216'],
+      /--workers × --kv-tokens: the simulated cluster would hold 1073741824 KV tokens, more than 536870912/,
+    ],
+    [['simulate', '--trace', 'workflows:1', '--speed', '1e-300'], /--speed must be from 0\.001 to 1000000, got 1e-300/],
+    [['tune', '--trace', 'workflows:2', '--speed', '1e7'], /--speed must be from 0\.001 to 1000000/],
+    [['simulate', '--trace', 'workflows:1', '--speed', '0x10'], /--speed must be a positive number, got '0x10'/],
+    [['simulate', '--trace', 'workflows:1', '--event-loss', '0x1'], /--event-loss must be a number from 0 to 1/],
+    [
+      ['simulate', '--trace', 'workflows:1', '--event-delay-ms', '999999999999'],
+      /--event-delay-ms must be <= 86400000/,
+    ],
+    [['demo', '--workflows', '100000000'], /--workflows must be <= 10000/],
+    [['demo', '--workers', '100000'], /--workers must be <= 1024/],
+    [['live-demo', '--workers', '100000'], /--workers must be <= 64/],
+    [['live-demo', '--workflows', '100000000'], /--workflows must be <= 1000/],
+    [['live-demo', '--speed', '100000'], /--speed must be <= 1000/],
+  ];
+  for (const [args, message] of cases) assert.match(await refusal(args), message, args.join(' '));
+});
+
+test('mock-engine refuses a port, size, speed, address or name it cannot serve, naming the flag', async () => {
+  // (first: a case that fails fast where nothing checks it, the others would start an engine)
+  const cases: Array<[string[], RegExp]> = [
+    [['--events', 'udp://127.0.0.1:5557'], /--events must be tcp:\/\/HOST:PORT/],
+    [['--host', ''], /--host must be 1 to 253 characters, not blank/],
+    [['--model', ' '], /--model must be 1 to 512 characters/],
+    [['--lora-modules', 'a,,b'], /--lora-modules has an empty name/],
+    [['--lora-modules', 'a,a'], /--lora-modules names an adapter twice/],
+    [['--port', '70000'], /--port must be <= 65535/],
+    [['--kv-blocks', '99999999999'], /--kv-blocks must be <= 16777216/],
+    [['--kv-blocks', '16777216', '--data-parallel-size', '2'], /--kv-blocks × --data-parallel-size must be at most/],
+    [['--block-size', '100000000'], /--block-size must be <= 65536/],
+    [['--max-model-len', '99999999999'], /--max-model-len must be <= 1048576/],
+    [['--prefill-tok-s', '1e-300'], /--prefill-tok-s must be from 1 to/],
+    [['--decode-tok-s', '0.001'], /--decode-tok-s must be from 1 to/],
+    [['--events', 'tcp://127.0.0.1'], /--events must be tcp:\/\/HOST:PORT/],
+    [
+      ['--events', 'tcp://127.0.0.1:65535', '--data-parallel-size', '2'],
+      /--events tcp:\/\/127\.0\.0\.1:65535: rank 1 would publish on port 65536/,
+    ],
+  ];
+  for (const [args, message] of cases)
+    assert.match(await refusal(['mock-engine', '--port', '0', ...args]), message, args.join(' '));
+});
+
+test('cost weights the router would refuse at start are refused where they are given', () => {
+  const cases: Array<[string, RegExp]> = [
+    ['{prefillTokensPerSecond: 0}', /--cost-weights: costWeights\.prefillTokensPerSecond must be > 0 \(got 0\)/],
+    ['{pressureKnee: 1}', /--cost-weights: costWeights\.pressureKnee must be < 1 \(got 1\)/],
+    ['{pressureCeiling: 1.5}', /--cost-weights: costWeights\.pressureCeiling must be <= 1 \(got 1\.5\)/],
+    ['{pressureKnee: -1}', /costWeights\.pressureKnee must be a finite number >= 0 \(got -1\)/],
+  ];
+  for (const [weights, message] of cases) {
+    assert.throws(() => resolveServe(['--cost-weights', weights]), message, weights);
+    // every value the settings take, the router takes
+    assert.throws(() => new KVAwareRouter({ costWeights: parseYaml(weights) as never }), RangeError);
+  }
+  const ok = resolveServe(['--cost-weights', '{pressureKnee: 0.99, pressureCeiling: 1}']).config;
+  assert.doesNotThrow(() => new KVAwareRouter({ costWeights: ok.costWeights }));
+});
+
+test('a config key with no value is refused, not read as the default', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-config-null-'));
+  const cases: Array<[string, RegExp]> = [
+    ['port:\n', /null-0\.yaml: port has no value \(leave the key out for the default\)$/],
+    ['router:\n  blockSize: ~\n', /null-1\.yaml: router\.blockSize has no value/],
+    ['workers:\n#  - id=w1,url=http://10.0.0.5:8000\n', /null-2\.yaml: workers has no value/],
+  ];
+  cases.forEach(([text, message], i) => {
+    const file = join(dir, `null-${i}.yaml`);
+    writeFileSync(file, text);
+    assert.throws(() => resolveServe(['--config', file]), message, text);
+  });
+});
+
+test("a PYTHONHASHSEED no Python process starts with is refused: vLLM's block hashes would match nothing", () => {
+  for (const seed of ['abc', ' 42', '4294967296', '-1'])
+    assert.throws(
+      () => resolveServe(['--block-hash', 'vllm', '--python-hash-seed', seed]),
+      /--python-hash-seed must be 'random' or an integer from 0 to 4294967295/,
+      seed,
+    );
+  assert.throws(
+    () => resolveServe(['--block-hash', 'vllm'], { PYTHONHASHSEED: '42\n' }),
+    /^RangeError: PYTHONHASHSEED \(for --block-hash vllm\) must be 'random' or an integer/,
+  );
+  assert.equal(resolveServe(['--block-hash', 'vllm', '--python-hash-seed', 'random']).config.pythonHashSeed, 'random');
+  const fromEnv = resolveServe(['--block-hash', 'vllm'], { PYTHONHASHSEED: '4294967295' });
+  assert.equal(fromEnv.config.pythonHashSeed, '4294967295');
+  assert.match(printConfig(fromEnv.resolved, 'yaml'), /^python-hash-seed: "4294967295" # env$/m);
+});
+
+test('an address serve or epp cannot listen on stops it with the flags named, and nothing left running', async () => {
+  assert.throws(() => resolveServe(['--host', ' ']), /--host must be a host name or an IP address/);
+  assert.equal(resolveServe(['--host', '::']).config.host, '::');
+  const taken = createServer();
+  await new Promise<void>((r) => taken.listen(0, '127.0.0.1', r));
+  const port = String((taken.address() as AddressInfo).port);
+  try {
+    const env = { CONTEXTFORGE_ADMIN_TOKEN: 'usage-errors-admin-token' };
+    // the gRPC side starts first: the process must still end when the HTTP side cannot
+    const epp = spawnSync(
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        main,
+        'epp',
+        '--port',
+        '0',
+        '--metrics-port',
+        port,
+        '--worker',
+        'id=a,url=http://127.0.0.1:9',
+      ],
+      { encoding: 'utf8', env: { ...process.env, ...env }, timeout: 60_000 },
+    );
+    assert.equal(epp.status, 2, epp.stderr);
+    assert.match(
+      epp.stderr,
+      new RegExp(`error: --host 127\\.0\\.0\\.1 --metrics-port ${port}: cannot listen: .*EADDRINUSE`),
+    );
+    assert.doesNotMatch(epp.stderr, /\n\s+at /, 'a message, not a stack trace');
+    const serve = cli(['serve', '--port', port], env);
+    assert.equal(serve.status, 2, serve.stderr);
+    assert.match(serve.stderr, new RegExp(`error: --host 127\\.0\\.0\\.1 --port ${port}: cannot listen: .*EADDRINUSE`));
+  } finally {
+    taken.close();
+  }
+});
+
+test('a Redis URL the store cannot use is refused before start, without showing its password', () => {
+  for (const state of ['redis://:hunter2@127.0.0.1:99999', 'redis://:hunter2@127.0.0.1:0']) {
+    for (const [args, env, source] of [
+      [['--state', state], {}, '--state'],
+      [[], { CONTEXTFORGE_STATE: state }, 'CONTEXTFORGE_STATE'],
+    ] as const) {
+      assert.throws(
+        () => resolveServe([...args], { ...env }),
+        (err: Error) =>
+          err.message === `${source} must be memory or redis://HOST:PORT[/DB] with a port from 1 to 65535` &&
+          !err.message.includes('hunter2'),
+        `${source} ${state}`,
+      );
+    }
+  }
+  assert.throws(
+    () => resolveServe(['--state', 'redis://:hunter2@h/x']),
+    (err: Error) => !err.message.includes('hunter2'),
+  );
+  assert.equal(resolveServe(['--state', 'redis://:pw@127.0.0.1:6379/1']).config.state, 'redis://:pw@127.0.0.1:6379/1');
+});
+
+test('a worker id given twice is refused naming where the workers came from', () => {
+  const spec = 'id=a,url=http://h:1';
+  assert.throws(
+    () => resolveServe(['--worker', spec, '--worker', spec]),
+    /^RangeError: --worker: worker id 'a' is given twice$/,
+  );
+  assert.throws(
+    () => resolveServe([], { CONTEXTFORGE_WORKERS: `${spec} ${spec}` }),
+    /^RangeError: CONTEXTFORGE_WORKERS: worker id 'a' is given twice$/,
+  );
+  const file = join(mkdtempSync(join(tmpdir(), 'cf-config-dup-')), 'router.yaml');
+  writeFileSync(file, `workers:\n  - ${spec}\n  - {id: a, url: http://h:2}\n`);
+  assert.throws(
+    () => resolveServe(['--config', file]),
+    new RegExp(`^RangeError: --config ${file}: workers: worker id 'a' is given twice$`),
+  );
+});
+
+test('simulate opens its output files before the run and reports a failed write, naming the flag', async () => {
+  const missing = join(tmpdir(), 'cf-no-such-dir', 'out');
+  const r = cli([
+    'simulate',
+    '--trace',
+    'workflows:1',
+    '--workers',
+    '1',
+    '--policies',
+    'cost',
+    '--assignments',
+    missing,
+  ]);
+  assert.equal(r.status, 2, r.stderr);
+  assert.match(r.stderr, new RegExp(`^error: --assignments ${missing}: cannot write: ENOENT`));
+  assert.equal(r.stdout, '', 'nothing was run');
+  const run = ['simulate', '--trace', 'workflows:1', '--workers', '1', '--policies', 'cost', '--format', 'json'];
+  assert.match(await refusal([...run, '--report', missing]), /^--report .*: cannot write: ENOENT/);
+  if (existsSync('/dev/full'))
+    assert.match(
+      await refusal([...run, '--assignments', '/dev/full']),
+      /^--assignments \/dev\/full: cannot write: ENOSPC/,
+    );
+});
+
+test('a misspelt CONTEXTFORGE_ variable, ignored, is named in a warning with the setting it resembles', () => {
+  const { config, resolved } = resolveServe([], {
+    CONTEXTFORGE_MAX_RETRYS: '5',
+    CONTEXTFORGE_METRICS_PORT: '9090', // epp's: a shared environment is no mistake
+    CONTEXTFORGE_SOMETHING_ELSE_ENTIRELY: '1',
+  });
+  assert.equal(config.maxRetries, 2);
+  assert.deepEqual(resolved.warnings, [
+    'CONTEXTFORGE_MAX_RETRYS is not a setting and is ignored (did you mean CONTEXTFORGE_MAX_RETRIES?)',
+  ]);
+});
+
+test('an admin token no request can present, and a keys file that is no regular file, are refused', () => {
+  assert.throws(() => new AdminToken(' padded-admin-token'), /must not begin or end with whitespace/);
+  assert.throws(() => new AdminToken('a'.repeat(4090)), /at most 4089 characters/);
+  const longest = new AdminToken('a'.repeat(4089));
+  assert.equal(longest.matches(`Bearer ${'a'.repeat(4089)}`), true);
+  const dir = mkdtempSync(join(tmpdir(), 'cf-keys-'));
+  assert.throws(() => loadApiKeysFile(dir), /--api-keys-file .*: is not a regular file/);
+  const big = join(dir, 'keys.yaml');
+  writeFileSync(big, `# ${'x'.repeat(16 * 1024 * 1024)}\n`, { mode: 0o600 });
+  assert.throws(() => loadApiKeysFile(big), /--api-keys-file .*: is larger than 16777216 bytes/);
+});
