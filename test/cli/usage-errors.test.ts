@@ -213,6 +213,43 @@ test('cost weights the router would refuse at start are refused where they are g
   assert.doesNotThrow(() => new KVAwareRouter({ costWeights: ok.costWeights }));
 });
 
+test('a pressure knee at or above the ceiling is refused, with the defaults of the one not given', () => {
+  const cases: Array<[string, RegExp]> = [
+    [
+      '{pressureKnee: 0.9, pressureCeiling: 0.5}',
+      /costWeights\.pressureKnee must be below pressureCeiling \(got pressureKnee 0\.9, pressureCeiling 0\.5\)/,
+    ],
+    ['{pressureKnee: 0.5, pressureCeiling: 0.5}', /pressureKnee must be below pressureCeiling/],
+    // the default knee (0.8) is above this ceiling
+    [
+      '{pressureCeiling: 0.5}',
+      /pressureKnee must be below pressureCeiling \(got pressureKnee 0\.8, pressureCeiling 0\.5\)/,
+    ],
+    // and this knee is above the default ceiling (0.95)
+    [
+      '{pressureKnee: 0.96}',
+      /pressureKnee must be below pressureCeiling \(got pressureKnee 0\.96, pressureCeiling 0\.95\)/,
+    ],
+  ];
+  for (const [weights, message] of cases) {
+    assert.throws(
+      () => resolveServe(['--cost-weights', weights]),
+      (e: Error) => {
+        assert.match(e.message, /--cost-weights: /, weights);
+        assert.match(e.message, message, weights);
+        return true;
+      },
+    );
+    assert.throws(
+      () => new KVAwareRouter({ costWeights: parseYaml(weights) as never }),
+      (e: Error) => e instanceof RangeError && /^costWeights\./.test(e.message) && message.test(e.message),
+      weights,
+    );
+  }
+  const ok = resolveServe(['--cost-weights', '{pressureKnee: 0.4, pressureCeiling: 0.5}']).config;
+  assert.doesNotThrow(() => new KVAwareRouter({ costWeights: ok.costWeights }));
+});
+
 test('a config key with no value is refused, not read as the default', () => {
   const dir = mkdtempSync(join(tmpdir(), 'cf-config-null-'));
   const cases: Array<[string, RegExp]> = [
