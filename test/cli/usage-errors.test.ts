@@ -168,6 +168,14 @@ test('simulate, tune, demo and live-demo bound the cluster, the workload and the
     [['live-demo', '--workers', '100000'], /--workers must be <= 64/],
     [['live-demo', '--workflows', '100000000'], /--workflows must be <= 1000/],
     [['live-demo', '--speed', '100000'], /--speed must be <= 1000/],
+    [
+      ['simulate', '--trace', 'workflows:1', '--policy-options', '{"llmd":{"scrapeIntervalMs":0}}'],
+      /--policy-options: policyOptions\.llmd\.scrapeIntervalMs must be >= 1 \(got 0\)/,
+    ],
+    [
+      ['simulate', '--trace', 'workflows:1', '--policy-options', '{"llmd":{"scrapeIntervalMs":1e12}}'],
+      /--policy-options: policyOptions\.llmd\.scrapeIntervalMs must be <= 86400000/,
+    ],
   ];
   for (const [args, message] of cases) assert.match(await refusal(args), message, args.join(' '));
 });

@@ -6,6 +6,7 @@
 import { z } from 'zod';
 import { gotPhrase } from '../schema-issues.js';
 import { DEFAULT_COST_WEIGHTS, kneeCeilingProblem, type CostWeights } from './cost.js';
+import { LLMD_SCRAPE_INTERVAL_RANGE } from './llmd.js';
 
 const finiteAtLeastZero = 'must be a finite number >= 0';
 /** A weight or credit: finite and not negative (message shared by every such option). */
@@ -79,7 +80,10 @@ export const POLICY_OPTIONS_SCHEMA = z.strictObject(
       prefixWeight: finiteNumber().optional(),
       kvWeight: finiteNumber().optional(),
       queueWeight: finiteNumber().optional(),
-      scrapeIntervalMs: finiteNumber().min(0).optional(),
+      scrapeIntervalMs: finiteNumber()
+        .min(LLMD_SCRAPE_INTERVAL_RANGE.min)
+        .max(LLMD_SCRAPE_INTERVAL_RANGE.max)
+        .optional(),
     }).optional(),
     seed: peerOptions('seed', { loadSignal: z.enum(['kv-usage', 'queue-inclusive']).optional() }).optional(),
   },
