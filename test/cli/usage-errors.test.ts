@@ -368,6 +368,28 @@ test('a worker id given twice is refused naming where the workers came from', ()
   );
 });
 
+test('more workers than a router holds are refused naming where they came from', () => {
+  // 65 workers of 64 data-parallel ranks: 4,160 router workers
+  const specs = Array.from({ length: 65 }, (_, i) => `id=w${i},url=http://h:1,dp-size=64`);
+  const message = /4160 workers \(each data-parallel rank is one\) are more than the 4096 a router holds$/;
+  assert.throws(
+    () => resolveServe(specs.flatMap((s) => ['--worker', s])),
+    (e: Error) => {
+      assert.match(e.message, /^--worker: /);
+      return message.test(e.message);
+    },
+  );
+  assert.throws(
+    () => resolveServe([], { CONTEXTFORGE_WORKERS: specs.join(' ') }),
+    /^RangeError: CONTEXTFORGE_WORKERS: 4160/,
+  );
+  const file = join(mkdtempSync(join(tmpdir(), 'cf-config-many-')), 'router.yaml');
+  writeFileSync(file, `workers:\n${specs.map((s) => `  - ${s}\n`).join('')}`);
+  assert.throws(() => resolveServe(['--config', file]), new RegExp(`^RangeError: --config ${file}: workers: 4160`));
+  // at the limit is fine
+  assert.equal(resolveServe(specs.slice(0, 64).flatMap((s) => ['--worker', s])).config.workers.length, 64);
+});
+
 test('simulate opens its output files before the run and reports a failed write, naming the flag', async () => {
   const missing = join(tmpdir(), 'cf-no-such-dir', 'out');
   const r = cli([
