@@ -1,5 +1,13 @@
 import { optionalNonNegativeInt, requireId } from './validate.js';
 
+/**
+ * Most workers a router holds (each data-parallel rank is one). Every block-index node keeps,
+ * per row, a mask word for each 32 worker slots, and every route scores every worker: 4,096
+ * slots are 128 words a row, past any fleet one router fronts and short of an index whose
+ * masks outweigh its blocks.
+ */
+export const MAX_WORKERS = 4096;
+
 /** What a caller may say about a worker when registering it. */
 export interface WorkerInfo {
   /** CLA groups (KV-compatibility classes) the worker serves from the start. */
@@ -69,6 +77,8 @@ export class WorkerRegistry {
   register(workerId: string, info: WorkerInfo = {}): WorkerState {
     const existing = this.workers.get(workerId);
     if (existing) return existing;
+    if (this.workers.size >= MAX_WORKERS)
+      throw new RangeError(`worker '${workerId}' not registered: the router holds at most ${MAX_WORKERS} workers`);
     let slot = this.bySlot.indexOf(undefined);
     if (slot < 0) slot = this.bySlot.length;
     const state = new WorkerState(workerId, checkInfo(info), slot);

@@ -14,7 +14,7 @@ import { adminRequestProblem, type AdminToken } from './admin-auth.js';
 import { openAiError } from './openai-request.js';
 import { clientMessage } from './request-limits.js';
 import { parseWorkerRecord, redactUrl, workerErrorField } from './worker-input.js';
-import type { WorkerConnections } from './worker-connections.js';
+import { WorkerLimitError, type WorkerConnections } from './worker-connections.js';
 
 export interface AdminRoutesOptions {
   router: KVAwareRouter;
@@ -65,6 +65,8 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     try {
       addWorker(record);
     } catch (err) {
+      // the router is full: the request is sound, the state refuses it
+      if (err instanceof WorkerLimitError) return openAiError(reply, 409, err.message, err.field);
       if (err instanceof RangeError || err instanceof TypeError)
         return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'));
       throw err;

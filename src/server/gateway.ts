@@ -275,10 +275,16 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     const message = status === 413 ? `request body too large: ${err.message}` : err.message;
     void openAiError(reply, status, message, err instanceof RequestLimitError ? err.param : null);
   };
+  const notFound = (req: FastifyRequest, reply: FastifyReply) =>
+    void openAiError(reply, 404, `no route ${req.method} ${req.url}`);
   app.setErrorHandler((err: Error & { statusCode?: number }, req, reply) =>
-    answerError(err, `${req.method} ${req.routeOptions.url ?? 'unknown'}`, reply),
+    // the body of a request to no route is read before the not-found handler runs: whatever is
+    // wrong with it (not JSON, too deep, compressed, too large), the path is what to fix
+    req.is404 && (err instanceof RequestLimitError ? err.status : (err.statusCode ?? 500)) < 500
+      ? notFound(req, reply)
+      : answerError(err, `${req.method} ${req.routeOptions.url ?? 'unknown'}`, reply),
   );
-  app.setNotFoundHandler((req, reply) => void openAiError(reply, 404, `no route ${req.method} ${req.url}`));
+  app.setNotFoundHandler(notFound);
   // a callback hook, not an async one: no promise per request
   app.addHook('onResponse', (req, reply, done) => {
     metrics.countRequest(req.routeOptions.url ?? 'unknown', reply.statusCode);

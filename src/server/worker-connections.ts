@@ -11,6 +11,7 @@
  */
 import { Pool, request as upstreamRequest } from 'undici';
 import type { KVAwareRouter, RouteRequest } from '../core/router/index.js';
+import { MAX_WORKERS } from '../core/worker-registry.js';
 import { readBoundedText } from '../engines/bounded-body.js';
 import { HealthChecker, type WorkerHealth } from '../engines/health.js';
 import type { KvEventApplier } from '../engines/kv-events/applier.js';
@@ -83,6 +84,17 @@ export interface WorkerConnectionsOptions {
   log: (message: string) => void;
   /** Where workers' `apiKeyEnv` variables are read. */
   env: NodeJS.ProcessEnv;
+}
+
+/** A worker refused because the router would hold more than MAX_WORKERS; `field` is the one at fault. */
+export class WorkerLimitError extends RangeError {
+  constructor(
+    message: string,
+    readonly field: 'id' | 'dpSize',
+  ) {
+    super(message);
+    this.name = 'WorkerLimitError';
+  }
 }
 
 export class WorkerConnections {
@@ -205,6 +217,12 @@ export class WorkerConnections {
     if (this.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);
     const ids = Array.from({ length: dpSize }, (_, r) => rankWorkerId(w.id, r, dpSize));
     for (const id of ids) if (this.connections.has(id)) throw new RangeError(`worker '${id}' exists`);
+    if (this.connections.size + dpSize > MAX_WORKERS)
+      throw new WorkerLimitError(
+        `worker '${w.id}' not added: the router holds at most ${MAX_WORKERS} workers (each data-parallel rank is one), ` +
+          `${this.connections.size} are registered${dpSize > 1 ? ` and this one has ${dpSize} ranks` : ''}`,
+        dpSize > 1 && this.connections.size + 1 <= MAX_WORKERS ? 'dpSize' : 'id',
+      );
     // every rank's endpoints first: a bad one refuses the worker before anything starts
     const events = w.events === undefined ? undefined : ids.map((_, r) => rankEndpoint(w.events!, r));
     const replays = w.replay === undefined ? undefined : ids.map((_, r) => rankEndpoint(w.replay!, r));

@@ -168,6 +168,14 @@ test('simulate, tune, demo and live-demo bound the cluster, the workload and the
     [['live-demo', '--workers', '100000'], /--workers must be <= 64/],
     [['live-demo', '--workflows', '100000000'], /--workflows must be <= 1000/],
     [['live-demo', '--speed', '100000'], /--speed must be <= 1000/],
+    [
+      ['simulate', '--trace', 'workflows:1', '--policy-options', '{"llmd":{"scrapeIntervalMs":0}}'],
+      /--policy-options: policyOptions\.llmd\.scrapeIntervalMs must be >= 1 \(got 0\)/,
+    ],
+    [
+      ['simulate', '--trace', 'workflows:1', '--policy-options', '{"llmd":{"scrapeIntervalMs":1e12}}'],
+      /--policy-options: policyOptions\.llmd\.scrapeIntervalMs must be <= 86400000/,
+    ],
   ];
   for (const [args, message] of cases) assert.match(await refusal(args), message, args.join(' '));
 });
@@ -210,6 +218,43 @@ test('cost weights the router would refuse at start are refused where they are g
     assert.throws(() => new KVAwareRouter({ costWeights: parseYaml(weights) as never }), RangeError);
   }
   const ok = resolveServe(['--cost-weights', '{pressureKnee: 0.99, pressureCeiling: 1}']).config;
+  assert.doesNotThrow(() => new KVAwareRouter({ costWeights: ok.costWeights }));
+});
+
+test('a pressure knee at or above the ceiling is refused, with the defaults of the one not given', () => {
+  const cases: Array<[string, RegExp]> = [
+    [
+      '{pressureKnee: 0.9, pressureCeiling: 0.5}',
+      /costWeights\.pressureKnee must be below pressureCeiling \(got pressureKnee 0\.9, pressureCeiling 0\.5\)/,
+    ],
+    ['{pressureKnee: 0.5, pressureCeiling: 0.5}', /pressureKnee must be below pressureCeiling/],
+    // the default knee (0.8) is above this ceiling
+    [
+      '{pressureCeiling: 0.5}',
+      /pressureKnee must be below pressureCeiling \(got pressureKnee 0\.8, pressureCeiling 0\.5\)/,
+    ],
+    // and this knee is above the default ceiling (0.95)
+    [
+      '{pressureKnee: 0.96}',
+      /pressureKnee must be below pressureCeiling \(got pressureKnee 0\.96, pressureCeiling 0\.95\)/,
+    ],
+  ];
+  for (const [weights, message] of cases) {
+    assert.throws(
+      () => resolveServe(['--cost-weights', weights]),
+      (e: Error) => {
+        assert.match(e.message, /--cost-weights: /, weights);
+        assert.match(e.message, message, weights);
+        return true;
+      },
+    );
+    assert.throws(
+      () => new KVAwareRouter({ costWeights: parseYaml(weights) as never }),
+      (e: Error) => e instanceof RangeError && /^costWeights\./.test(e.message) && message.test(e.message),
+      weights,
+    );
+  }
+  const ok = resolveServe(['--cost-weights', '{pressureKnee: 0.4, pressureCeiling: 0.5}']).config;
   assert.doesNotThrow(() => new KVAwareRouter({ costWeights: ok.costWeights }));
 });
 
@@ -321,6 +366,28 @@ test('a worker id given twice is refused naming where the workers came from', ()
     () => resolveServe(['--config', file]),
     new RegExp(`^RangeError: --config ${file}: workers: worker id 'a' is given twice$`),
   );
+});
+
+test('more workers than a router holds are refused naming where they came from', () => {
+  // 65 workers of 64 data-parallel ranks: 4,160 router workers
+  const specs = Array.from({ length: 65 }, (_, i) => `id=w${i},url=http://h:1,dp-size=64`);
+  const message = /4160 workers \(each data-parallel rank is one\) are more than the 4096 a router holds$/;
+  assert.throws(
+    () => resolveServe(specs.flatMap((s) => ['--worker', s])),
+    (e: Error) => {
+      assert.match(e.message, /^--worker: /);
+      return message.test(e.message);
+    },
+  );
+  assert.throws(
+    () => resolveServe([], { CONTEXTFORGE_WORKERS: specs.join(' ') }),
+    /^RangeError: CONTEXTFORGE_WORKERS: 4160/,
+  );
+  const file = join(mkdtempSync(join(tmpdir(), 'cf-config-many-')), 'router.yaml');
+  writeFileSync(file, `workers:\n${specs.map((s) => `  - ${s}\n`).join('')}`);
+  assert.throws(() => resolveServe(['--config', file]), new RegExp(`^RangeError: --config ${file}: workers: 4160`));
+  // at the limit is fine
+  assert.equal(resolveServe(specs.slice(0, 64).flatMap((s) => ['--worker', s])).config.workers.length, 64);
 });
 
 test('simulate opens its output files before the run and reports a failed write, naming the flag', async () => {

@@ -311,6 +311,41 @@ test('an engine answering with a redirect: not passed to the client, retried els
   }
 });
 
+test('an engine answering 204 No Content: not passed to the client, retried elsewhere, its predictions withdrawn', async () => {
+  const empty = await engineAnswering((res) => res.writeHead(204).end());
+  try {
+    const g = await gatewayWith(empty.url, true); // round robin: the empty-handed worker first
+    try {
+      const prompt = blocksOf(g.router, 3, 4);
+      const r = await post(g.base, '/v1/completions', { prompt, max_tokens: 1 });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+      assert.deepEqual(
+        tiers(g.router, 'bad', prompt),
+        Array(4).fill(null),
+        'nothing stays on the worker that answered 204',
+      );
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+    } finally {
+      await g.close();
+    }
+    // alone, it is an engine failure the client is told of, not an empty answer labelled JSON
+    const alone = await gatewayWith(empty.url, false);
+    try {
+      for (const stream of [false, true]) {
+        const r = await post(alone.base, '/v1/completions', { prompt: 'p', max_tokens: 1, stream });
+        assert.equal(r.status, 502, r.text);
+        assert.equal((JSON.parse(r.text) as { error: { type: string } }).error.type, 'server_error');
+      }
+      assert.equal(alone.router.getStats().inFlightRequests, 0);
+    } finally {
+      await alone.close();
+    }
+  } finally {
+    await empty.close();
+  }
+});
+
 test('a request the gateway stopped waiting for keeps its predictions: the engine may be computing it', async () => {
   // a streamed answer whose first byte never comes: the gateway gives up and tries the other worker
   const silent = await engineAnswering(() => {});

@@ -175,6 +175,13 @@ describe('the gateway over plain HTTP', () => {
       ['/v1/completions', { prompt: 'x', contextforge: 5 }, {}, 400, /contextforge/],
       ['/v1/completions', { prompt: 'x'.repeat(70_000) }, {}, 413, /too large/],
       ['/v1/nothing', {}, {}, 404, /no route/],
+      // an unknown path is a 404 whatever its body
+      ['/v1/nothing', '{oops', {}, 404, /no route POST \/v1\/nothing/],
+      ['/v1/chat/completion', '{oops', {}, 404, /no route/],
+      ['/v1/nothing', '['.repeat(1000), {}, 404, /no route/],
+      ['/v1/nothing', '{}', { 'content-encoding': 'gzip' }, 404, /no route/],
+      ['/v1/nothing', '{}', { 'content-type': 'json' }, 404, /no route/],
+      ['/v1/nothing', { prompt: 'x'.repeat(70_000) }, {}, 404, /no route/],
     ];
     for (const [path, body, headers, status, message] of cases) {
       const res = await post(path, body, headers);

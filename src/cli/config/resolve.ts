@@ -8,6 +8,7 @@ import { InvalidArgumentError, Option, type Command } from 'commander';
 import { parse as parseYaml, parseAllDocuments } from 'yaml';
 import type { z } from 'zod';
 import { closestKey, describeIssue, issueMessage } from '../../core/schema-issues.js';
+import { MAX_WORKERS } from '../../core/worker-registry.js';
 import { parseWorkerRecord, WORKER_SPEC_KEYS } from '../../server/worker-input.js';
 import type { WorkerRecord } from '../../state/state-store.js';
 import { specFields } from '../options.js';
@@ -366,15 +367,18 @@ function resolveWorkers(
       return parseWorkerRecord(workerFields(w as Record<string, unknown>), where);
     });
   }
+  const source = { flag: '--worker', env: 'CONTEXTFORGE_WORKERS', file: `${configWhere}: workers`, default: '' }[
+    origin
+  ];
   const ids = new Set<string>();
   for (const w of workers) {
-    if (ids.has(w.id)) {
-      const source = { flag: '--worker', env: 'CONTEXTFORGE_WORKERS', file: `${configWhere}: workers`, default: '' }[
-        origin
-      ];
-      throw new RangeError(`${source}: worker id '${w.id}' is given twice`);
-    }
+    if (ids.has(w.id)) throw new RangeError(`${source}: worker id '${w.id}' is given twice`);
     ids.add(w.id);
   }
+  const routerWorkers = workers.reduce((n, w) => n + (w.dpSize ?? 1), 0);
+  if (routerWorkers > MAX_WORKERS)
+    throw new RangeError(
+      `${source}: ${routerWorkers} workers (each data-parallel rank is one) are more than the ${MAX_WORKERS} a router holds`,
+    );
   return { workers, origin };
 }

@@ -114,6 +114,17 @@ export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
   newSessionSlack: 0.1,
 });
 
+/**
+ * What is wrong with the knee given the ceiling of `w` (the weights with the defaults filled
+ * in), as the phrase after `pressureKnee`, or undefined when they go together. With the knee at
+ * or above the ceiling a worker is left out before the pressure term ever counts against it.
+ */
+export function kneeCeilingProblem(w: Pick<CostWeights, 'pressureKnee' | 'pressureCeiling'>): string | undefined {
+  return w.pressureKnee < w.pressureCeiling
+    ? undefined
+    : `must be below pressureCeiling (got pressureKnee ${w.pressureKnee}, pressureCeiling ${w.pressureCeiling})`;
+}
+
 /** Prompt length assumed when the request does not say (seed API without tokenLength). */
 export const REFERENCE_PROMPT_TOKENS = 4096;
 

@@ -1,5 +1,5 @@
 import { ConsistentHashPolicy } from './consistent-hash.js';
-import { CostPolicy, DEFAULT_COST_WEIGHTS, type CostWeights } from './cost.js';
+import { CostPolicy, DEFAULT_COST_WEIGHTS, kneeCeilingProblem, type CostWeights } from './cost.js';
 import { DynamoPolicy, type DynamoOptions } from './dynamo.js';
 import { LeastLoadedPolicy } from './least-loaded.js';
 import { LlmdPolicy, type LlmdOptions } from './llmd.js';
@@ -77,6 +77,8 @@ export function resolveCostWeights(partial: Partial<CostWeights> = {}): CostWeig
     throw new RangeError(`costWeights.prefillTokensPerSecond must be > 0, got ${w.prefillTokensPerSecond}`);
   if (w.pressureKnee >= 1) throw new RangeError(`costWeights.pressureKnee must be < 1, got ${w.pressureKnee}`);
   if (w.pressureCeiling > 1) throw new RangeError(`costWeights.pressureCeiling must be <= 1, got ${w.pressureCeiling}`);
+  const kneeCeiling = kneeCeilingProblem(w);
+  if (kneeCeiling !== undefined) throw new RangeError(`costWeights.pressureKnee ${kneeCeiling}`);
   return w;
 }
 

@@ -37,6 +37,13 @@ export interface LlmdOptions {
 /** llm-d's default metrics refresh interval (ms). */
 export const LLMD_SCRAPE_INTERVAL_MS = 50;
 
+/**
+ * The range of `scrapeIntervalMs` (ms): the simulator scrapes every worker at every interval,
+ * so below 1 ms a run would barely advance, and above a day (the simulator's longest delay) it
+ * would never scrape.
+ */
+export const LLMD_SCRAPE_INTERVAL_RANGE = Object.freeze({ min: 1, max: 86_400_000 });
+
 export class LlmdPolicy implements RoutingPolicy {
   readonly name = 'llmd';
   private readonly wPrefix: number;
@@ -59,7 +66,9 @@ export class LlmdPolicy implements RoutingPolicy {
       options.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS,
       'llmd.scrapeIntervalMs',
     );
-    if (this.scrapeIntervalMs <= 0) throw new RangeError('llmd.scrapeIntervalMs must be > 0');
+    const { min, max } = LLMD_SCRAPE_INTERVAL_RANGE;
+    if (this.scrapeIntervalMs < min || this.scrapeIntervalMs > max)
+      throw new RangeError(`llmd.scrapeIntervalMs must be from ${min} to ${max}, got ${this.scrapeIntervalMs}`);
   }
 
   private score(c: Candidate, r: RouteFeatures): number {

@@ -5,7 +5,8 @@
  */
 import { z } from 'zod';
 import { gotPhrase } from '../schema-issues.js';
-import { DEFAULT_COST_WEIGHTS, type CostWeights } from './cost.js';
+import { DEFAULT_COST_WEIGHTS, kneeCeilingProblem, type CostWeights } from './cost.js';
+import { LLMD_SCRAPE_INTERVAL_RANGE } from './llmd.js';
 
 const finiteAtLeastZero = 'must be a finite number >= 0';
 /** A weight or credit: finite and not negative (message shared by every such option). */
@@ -27,18 +28,29 @@ const COST_WEIGHT_RANGES: Partial<Record<keyof CostWeights, z.ZodNumber>> = {
   pressureCeiling: nonNegative().max(1, bound('<= 1')),
 };
 
+/** The keys whose value is not undefined (an undefined weight keeps its default). */
+const definedOnly = (w: Partial<CostWeights>): Partial<CostWeights> =>
+  Object.fromEntries(Object.entries(w).filter(([, v]) => v !== undefined));
+
 /** Every cost weight, each optional (unspecified ones keep their defaults). */
-export const COST_WEIGHTS_SCHEMA = z.strictObject(
-  Object.fromEntries(
-    Object.keys(DEFAULT_COST_WEIGHTS).map((k) => [
-      k,
-      (COST_WEIGHT_RANGES[k as keyof CostWeights] ?? nonNegative()).optional(),
-    ]),
-  ) as {
-    [K in keyof CostWeights]: z.ZodOptional<z.ZodNumber>;
-  },
-  { error: (iss) => (iss.code === 'unrecognized_keys' ? 'is not a cost weight' : undefined) },
-);
+export const COST_WEIGHTS_SCHEMA = z
+  .strictObject(
+    Object.fromEntries(
+      Object.keys(DEFAULT_COST_WEIGHTS).map((k) => [
+        k,
+        (COST_WEIGHT_RANGES[k as keyof CostWeights] ?? nonNegative()).optional(),
+      ]),
+    ) as {
+      [K in keyof CostWeights]: z.ZodOptional<z.ZodNumber>;
+    },
+    { error: (iss) => (iss.code === 'unrecognized_keys' ? 'is not a cost weight' : undefined) },
+  )
+  .superRefine((given, ctx) => {
+    // the knee and the ceiling are checked together, with the defaults of the one not given
+    const problem = kneeCeilingProblem({ ...DEFAULT_COST_WEIGHTS, ...definedOnly(given) });
+    if (problem !== undefined)
+      ctx.addIssue({ code: 'custom', message: problem, path: ['pressureKnee'], input: given.pressureKnee });
+  });
 
 /** One peer's options: a misspelt one is named as not an option of that peer. */
 const peerOptions = <T extends z.core.$ZodLooseShape>(peer: string, shape: T) =>
@@ -68,7 +80,10 @@ export const POLICY_OPTIONS_SCHEMA = z.strictObject(
       prefixWeight: finiteNumber().optional(),
       kvWeight: finiteNumber().optional(),
       queueWeight: finiteNumber().optional(),
-      scrapeIntervalMs: finiteNumber().min(0).optional(),
+      scrapeIntervalMs: finiteNumber()
+        .min(LLMD_SCRAPE_INTERVAL_RANGE.min)
+        .max(LLMD_SCRAPE_INTERVAL_RANGE.max)
+        .optional(),
     }).optional(),
     seed: peerOptions('seed', { loadSignal: z.enum(['kv-usage', 'queue-inclusive']).optional() }).optional(),
   },
