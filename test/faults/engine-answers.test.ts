@@ -277,25 +277,26 @@ test('an engine failing a request (500) or never reached holds none of it: its p
   await failing.close();
 });
 
-test('an engine answering with a redirect: not passed to the client, retried elsewhere, its predictions withdrawn', async () => {
-  // a worker URL that is not the engine's own: http:// behind an ingress that redirects to https://
-  const redirecting = await engineAnswering((res) =>
-    res.writeHead(308, { location: 'https://engine.example/v1/completions', 'content-length': '0' }).end(),
-  );
+/**
+ * An engine whose answer is no answer for the client (`answer` writes it): with a good worker
+ * beside it the request is retried there and nothing stays predicted on `bad`; alone, the
+ * client gets 502, streamed or not, and nothing stays in flight.
+ */
+async function checkNotAnAnswer(answer: (res: ServerResponse) => void, nothingStays: string): Promise<void> {
+  const failing = await engineAnswering(answer);
   try {
-    const g = await gatewayWith(redirecting.url, true); // round robin: the redirecting worker first
+    const g = await gatewayWith(failing.url, true); // round robin: the failing worker first
     try {
       const prompt = blocksOf(g.router, 3, 4);
       const r = await post(g.base, '/v1/completions', { prompt, max_tokens: 1 });
       assert.equal(r.status, 200, r.text);
       assert.equal(r.headers.get('x-contextforge-worker'), 'good');
-      assert.deepEqual(tiers(g.router, 'bad', prompt), Array(4).fill(null), 'nothing stays on the redirecting worker');
+      assert.deepEqual(tiers(g.router, 'bad', prompt), Array(4).fill(null), nothingStays);
       assert.equal(g.router.getStats().inFlightRequests, 0);
     } finally {
       await g.close();
     }
-    // alone, it is an engine failure the client is told of, not a redirect without its Location
-    const alone = await gatewayWith(redirecting.url, false);
+    const alone = await gatewayWith(failing.url, false);
     try {
       for (const stream of [false, true]) {
         const r = await post(alone.base, '/v1/completions', { prompt: 'p', max_tokens: 1, stream });
@@ -307,44 +308,21 @@ test('an engine answering with a redirect: not passed to the client, retried els
       await alone.close();
     }
   } finally {
-    await redirecting.close();
+    await failing.close();
   }
-});
+}
 
-test('an engine answering 204 No Content: not passed to the client, retried elsewhere, its predictions withdrawn', async () => {
-  const empty = await engineAnswering((res) => res.writeHead(204).end());
-  try {
-    const g = await gatewayWith(empty.url, true); // round robin: the empty-handed worker first
-    try {
-      const prompt = blocksOf(g.router, 3, 4);
-      const r = await post(g.base, '/v1/completions', { prompt, max_tokens: 1 });
-      assert.equal(r.status, 200, r.text);
-      assert.equal(r.headers.get('x-contextforge-worker'), 'good');
-      assert.deepEqual(
-        tiers(g.router, 'bad', prompt),
-        Array(4).fill(null),
-        'nothing stays on the worker that answered 204',
-      );
-      assert.equal(g.router.getStats().inFlightRequests, 0);
-    } finally {
-      await g.close();
-    }
-    // alone, it is an engine failure the client is told of, not an empty answer labelled JSON
-    const alone = await gatewayWith(empty.url, false);
-    try {
-      for (const stream of [false, true]) {
-        const r = await post(alone.base, '/v1/completions', { prompt: 'p', max_tokens: 1, stream });
-        assert.equal(r.status, 502, r.text);
-        assert.equal((JSON.parse(r.text) as { error: { type: string } }).error.type, 'server_error');
-      }
-      assert.equal(alone.router.getStats().inFlightRequests, 0);
-    } finally {
-      await alone.close();
-    }
-  } finally {
-    await empty.close();
-  }
-});
+test('an engine answering with a redirect: not passed to the client, retried elsewhere, its predictions withdrawn', () =>
+  // a worker URL that is not the engine's own: http:// behind an ingress that redirects to https://
+  // (alone, it is an engine failure the client is told of, not a redirect without its Location)
+  checkNotAnAnswer(
+    (res) => res.writeHead(308, { location: 'https://engine.example/v1/completions', 'content-length': '0' }).end(),
+    'nothing stays on the redirecting worker',
+  ));
+
+test('an engine answering 204 No Content: not passed to the client, retried elsewhere, its predictions withdrawn', () =>
+  // alone, it is an engine failure the client is told of, not an empty answer labelled JSON
+  checkNotAnAnswer((res) => res.writeHead(204).end(), 'nothing stays on the worker that answered 204'));
 
 test('a request the gateway stopped waiting for keeps its predictions: the engine may be computing it', async () => {
   // a streamed answer whose first byte never comes: the gateway gives up and tries the other worker
