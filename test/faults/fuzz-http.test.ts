@@ -120,20 +120,24 @@ const headerName = fc.constantFrom(
 );
 const httpRequest = fc.record({
   method: fc.constantFrom('GET', 'POST', 'POST', 'POST', 'PUT', 'DELETE'),
+  // mostly the gateway's own paths: a request to an unknown one stops at its 404 whatever its body
   path: fc.oneof(
-    fc.constantFrom(
-      '/v1/completions',
-      '/v1/chat/completions',
-      '/v1/route',
-      '/v1/models',
-      '/admin/workers',
-      '/admin/events',
-      '/admin/workers/e0/drain',
-      '/healthz',
-      '/metrics',
-      '/v1/completions?x=1',
-    ),
-    printable.map((s) => `/${encodeURIComponent(s)}`),
+    {
+      weight: 4,
+      arbitrary: fc.constantFrom(
+        '/v1/completions',
+        '/v1/chat/completions',
+        '/v1/route',
+        '/v1/models',
+        '/admin/workers',
+        '/admin/events',
+        '/admin/workers/e0/drain',
+        '/healthz',
+        '/metrics',
+        '/v1/completions?x=1',
+      ),
+    },
+    { weight: 1, arbitrary: printable.map((s) => `/${encodeURIComponent(s)}`) },
   ),
   contentType: fc.constantFrom(
     'application/json',
@@ -171,7 +175,7 @@ test('1,000 fuzzed HTTP requests: only 2xx and 4xx, and the router stays healthy
     { numRuns: 1000, seed: 1414 },
   );
   assert.ok((seen.get(200) ?? 0) > 20, `some requests were valid and answered: ${JSON.stringify([...seen])}`);
-  assert.ok((seen.get(400) ?? 0) > 100, 'and many were refused');
+  assert.ok((seen.get(400) ?? 0) > 100, `and many were refused: ${JSON.stringify([...seen])}`);
   // healthy afterwards
   assert.deepEqual(
     gateway.router.listWorkers().map((w) => [w.id, w.healthy, w.draining]),
