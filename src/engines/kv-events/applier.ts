@@ -126,6 +126,8 @@ export class KvEventApplier {
   private readonly root = new Uint32Array(2);
   private readonly key = new Uint32Array(2);
   private readonly one = { hi: new Uint32Array(1024), lo: new Uint32Array(1024), length: 0 };
+  /** The blocks one offload walk has passed (reused): hostile parents can make a walk loop. */
+  private readonly walked = new Set<EngineBlockHash>();
 
   constructor(
     private readonly router: KVAwareRouter,
@@ -240,7 +242,7 @@ export class KvEventApplier {
     const span = gpu ? 1 : (this.offloadSpans.get(`${workerId}\u0000${e.medium}`) ?? 1);
     const seq = this.scratchSeq(e.blockHashes.length);
     let n = 0;
-    const walked = new Set<EngineBlockHash>();
+    const walked = this.walked;
     for (const first of e.blockHashes) {
       let h: EngineBlockHash | null = first;
       walked.clear();
@@ -372,7 +374,7 @@ export class KvEventApplier {
     if (!gpu) this.offloadSpans.set(`${workerId}\u0000${e.medium}`, span);
     const seq = this.scratchSeq(e.blockHashes.length);
     let n = 0;
-    const walked = new Set<EngineBlockHash>();
+    const walked = this.walked;
     for (const h of e.blockHashes) {
       let b = map.get(h);
       if (!b && this.hashMode === 'vllm') {
