@@ -19,10 +19,10 @@ import {
 } from 'node:fs';
 import { dirname } from 'node:path';
 
-/** SHA-256 of the token: comparing digests takes the same time whatever the guess. */
 /** The longest admin token an `Authorization: Bearer …` header of at most 4096 characters holds. */
 export const MAX_ADMIN_TOKEN_LENGTH = 4096 - 'Bearer '.length;
 
+/** SHA-256 of the token: comparing digests takes the same time whatever the guess. */
 export class AdminToken {
   private readonly digest: Buffer;
 

@@ -481,7 +481,7 @@ function answerClientError(err: Error & { code?: string }, socket: Duplex): void
       : err.code === 'HPE_HEADER_OVERFLOW'
         ? [431, 'the request headers are larger than allowed', 'headers']
         : [400, 'the request is not valid HTTP/1.1', null];
-  const body = JSON.stringify({ error: { message, type: 'invalid_request_error', param, code: null } });
+  const body = clientErrorBody(message, param);
   if (socket.writable)
     socket.write(
       `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
@@ -489,12 +489,17 @@ function answerClientError(err: Error & { code?: string }, socket: Duplex): void
   socket.destroy();
 }
 
+/** The OpenAI error body of an answer written before any route runs (openAiError's, for a client's fault). */
+function clientErrorBody(message: string, param: string | null): string {
+  return JSON.stringify({ error: { message, type: 'invalid_request_error', param, code: null } });
+}
+
 /**
  * Answers a request refused before any route runs with an OpenAI error body, and closes the
  * connection (what the client sent after it is not read as a request).
  */
 function answerMalformed(res: ServerResponse, status: number, message: string, param: string): void {
-  const body = JSON.stringify({ error: { message, type: 'invalid_request_error', param, code: null } });
+  const body = clientErrorBody(message, param);
   res.writeHead(status, {
     connection: 'close',
     'content-type': 'application/json; charset=utf-8',

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { isPythonHashSeed } from '../../core/router/options-schema.js';
+import { isPythonHashSeed, PYTHON_HASH_SEED_RULE } from '../../core/router/options-schema.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { MockEngine } from '../../engines/mock-engine.js';
 import { InvalidArgumentError } from 'commander';
@@ -100,7 +100,7 @@ export function registerMockEngineCommand(program: Command): void {
         const pythonHashSeed = o.pythonHashSeed ?? process.env.PYTHONHASHSEED;
         if (pythonHashSeed !== undefined && o.blockHash === 'vllm' && !isPythonHashSeed(pythonHashSeed))
           throw new RangeError(
-            `${o.pythonHashSeed === undefined ? 'PYTHONHASHSEED' : '--python-hash-seed'} must be 'random' or an integer from 0 to 4294967295, as Python takes it (got '${pythonHashSeed.slice(0, 80)}')`,
+            `${o.pythonHashSeed === undefined ? 'PYTHONHASHSEED' : '--python-hash-seed'} ${PYTHON_HASH_SEED_RULE} (got '${pythonHashSeed.slice(0, 80)}')`,
           );
         if (o.blockHash === 'vllm' && !pythonHashSeed)
           throw new RangeError(

@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs';
 import { Option, type Command } from 'commander';
 import type { z } from 'zod';
 import { KVAwareRouter } from '../../core/router/index.js';
-import { isPythonHashSeed } from '../../core/router/options-schema.js';
+import { isPythonHashSeed, PYTHON_HASH_SEED_RULE } from '../../core/router/options-schema.js';
 import { createGateway, type GatewayOptions } from '../../server/gateway.js';
 import { startPicker, type PickerConfig } from '../../epp/run-picker.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
@@ -49,7 +49,7 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
     if (config.pythonHashSeed === undefined && env.PYTHONHASHSEED) {
       if (!isPythonHashSeed(env.PYTHONHASHSEED))
         throw new RangeError(
-          `PYTHONHASHSEED (for --block-hash vllm) must be 'random' or an integer from 0 to 4294967295, as Python takes it (got '${env.PYTHONHASHSEED.slice(0, 80)}')`,
+          `PYTHONHASHSEED (for --block-hash vllm) ${PYTHON_HASH_SEED_RULE} (got '${env.PYTHONHASHSEED.slice(0, 80)}')`,
         );
       config.pythonHashSeed = env.PYTHONHASHSEED;
       // --print-config shows it with the others

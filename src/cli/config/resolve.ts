@@ -126,6 +126,9 @@ function settingMessage(issue: z.core.$ZodIssue, schema: z.ZodType, where: strin
     : `${where}: ${issueMessage(issue, schema, path)}`;
 }
 
+/** A key from the file as a message repeats it: cut to 64 characters. */
+const shownKey = (key: string) => (key.length > 64 ? `${key.slice(0, 64)}…` : key);
+
 /** Largest config file read: thousands of workers fit well under it; /dev/zero or a stray log does not. */
 export const MAX_CONFIG_BYTES = 4 * 1024 * 1024;
 
@@ -215,7 +218,7 @@ export function readConfigFile(
         if (!routerKeys.has(option) && option !== 'indexMode') {
           const guess = closestKey(option, [...routerKeys, 'indexMode']);
           throw new RangeError(
-            `${where}: router.${option.length > 64 ? `${option.slice(0, 64)}…` : option} is not a router option${guess ? ` (did you mean ${guess}?)` : ''}`,
+            `${where}: router.${shownKey(option)} is not a router option${guess ? ` (did you mean ${guess}?)` : ''}`,
           );
         }
         put(option, `router.${option}`, v);
@@ -226,7 +229,7 @@ export function readConfigFile(
     if (setting === undefined) {
       const guess = closestKey(key, [...byName.keys(), 'workers', 'router']);
       throw new RangeError(
-        `${where}: unknown key '${key.length > 64 ? `${key.slice(0, 64)}…` : key}'${guess ? ` (did you mean ${guess}?)` : ' (see serve --help for the settings)'}`,
+        `${where}: unknown key '${shownKey(key)}'${guess ? ` (did you mean ${guess}?)` : ' (see serve --help for the settings)'}`,
       );
     }
     put(setting, key, value);

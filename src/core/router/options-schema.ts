@@ -12,6 +12,9 @@ import { gotPhrase } from '../schema-issues.js';
 
 const positiveInt = () => z.int().min(1);
 
+/** What a PYTHONHASHSEED must be, as the messages about one say it. */
+export const PYTHON_HASH_SEED_RULE = "must be 'random' or an integer from 0 to 4294967295, as Python takes it";
+
 /**
  * A PYTHONHASHSEED a Python process starts with ('random' or 0 to 2^32 - 1; anything else stops
  * it): vLLM hashes the variable's text, so any other value matches no engine's blocks.
@@ -61,7 +64,7 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
   pythonHashSeed: z
     .string()
     .refine(isPythonHashSeed, {
-      error: (iss) => `must be 'random' or an integer from 0 to 4294967295, as Python takes it${gotPhrase(iss.input)}`,
+      error: (iss) => `${PYTHON_HASH_SEED_RULE}${gotPhrase(iss.input)}`,
     })
     .optional(),
   indexMode: z.enum(['precise', 'approximate']).default('approximate'),
