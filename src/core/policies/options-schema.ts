@@ -58,28 +58,32 @@ const peerOptions = <T extends z.core.$ZodLooseShape>(peer: string, shape: T) =>
     error: (iss) => (iss.code === 'unrecognized_keys' ? `is not an option of ${peer}` : undefined),
   });
 
-/** The peer policies' knobs (defaults are upstream's, see each policy's file). */
+/**
+ * The peer policies' knobs (defaults are upstream's, see each policy's file), each with the
+ * range its policy's constructor checks (or a narrower one), so a value the policy would refuse
+ * is refused where the flag or the config file gives it, naming it.
+ */
 export const POLICY_OPTIONS_SCHEMA = z.strictObject(
   {
     dynamo: peerOptions('dynamo', {
-      prefillLoadScale: finiteNumber().optional(),
-      temperature: finiteNumber().min(0).optional(),
-      gpuCredit: finiteNumber().optional(),
-      offloadCredit: finiteNumber().optional(),
-      predictedCredit: finiteNumber().optional(),
-      activeRequestWeight: finiteNumber().optional(),
+      prefillLoadScale: nonNegative().optional(),
+      temperature: nonNegative().optional(),
+      gpuCredit: fraction().optional(),
+      offloadCredit: fraction().optional(),
+      predictedCredit: fraction().optional(),
+      activeRequestWeight: nonNegative().optional(),
     }).optional(),
     sglang: peerOptions('sglang', {
       cacheThreshold: fraction().optional(),
-      balanceAbsThreshold: finiteNumber().min(0).optional(),
-      balanceRelThreshold: finiteNumber().min(0).optional(),
-      evictionIntervalSecs: finiteNumber().min(0).optional(),
+      balanceAbsThreshold: nonNegative().optional(),
+      balanceRelThreshold: nonNegative().optional(),
+      evictionIntervalSecs: nonNegative().optional(),
       maxTreeSize: positiveInt().optional(),
     }).optional(),
     llmd: peerOptions('llmd', {
-      prefixWeight: finiteNumber().optional(),
-      kvWeight: finiteNumber().optional(),
-      queueWeight: finiteNumber().optional(),
+      prefixWeight: nonNegative().optional(),
+      kvWeight: nonNegative().optional(),
+      queueWeight: nonNegative().optional(),
       scrapeIntervalMs: finiteNumber()
         .min(LLMD_SCRAPE_INTERVAL_RANGE.min)
         .max(LLMD_SCRAPE_INTERVAL_RANGE.max)
