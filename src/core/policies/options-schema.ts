@@ -18,8 +18,12 @@ const positiveInt = () => z.int().min(1);
 const fraction = () => z.number().min(0).max(1);
 const finiteNumber = () => z.number();
 
-/** Weights with a narrower range than finite and >= 0 (resolveCostWeights checks the same). */
 const bound = (phrase: string) => ({ error: (iss: { input?: unknown }) => `must be ${phrase}${gotPhrase(iss.input)}` });
+/**
+ * Weights with a narrower range than finite and >= 0. This is the one statement of the
+ * weights' ranges: resolveCostWeights (createPolicy, the router) checks through
+ * COST_WEIGHTS_SCHEMA as the router's options and serve's settings do.
+ */
 const COST_WEIGHT_RANGES: Partial<Record<keyof CostWeights, z.ZodNumber>> = {
   // it divides: 0 would make the arrival-rate term infinite
   prefillTokensPerSecond: nonNegative().gt(0, bound('> 0')),
@@ -29,7 +33,7 @@ const COST_WEIGHT_RANGES: Partial<Record<keyof CostWeights, z.ZodNumber>> = {
 };
 
 /** The keys whose value is not undefined (an undefined weight keeps its default). */
-const definedOnly = (w: Partial<CostWeights>): Partial<CostWeights> =>
+export const definedOnly = (w: Partial<CostWeights>): Partial<CostWeights> =>
   Object.fromEntries(Object.entries(w).filter(([, v]) => v !== undefined));
 
 /** Every cost weight, each optional (unspecified ones keep their defaults). */
