@@ -1,4 +1,7 @@
 import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import { DEFAULT_COST_WEIGHTS } from '../../src/core/policies/cost.js';
 import { createPolicy, resolveCostWeights } from '../../src/core/policies/index.js';
@@ -66,4 +69,36 @@ test('createPolicy refuses cost weights that are not a mapping, naming costWeigh
       (e: Error) => e instanceof TypeError && /^costWeights must be a mapping/.test(e.message),
       JSON.stringify(weights),
     );
+});
+
+test('a knee at or above the ceiling is refused alike by the flag, the variable, the config file and the router', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-knee-'));
+  const weights = { pressureKnee: 0.9, pressureCeiling: 0.5 };
+  const phrase = 'costWeights.pressureKnee must be below pressureCeiling (got pressureKnee 0.9, pressureCeiling 0.5)';
+  const json = JSON.stringify(weights);
+  const file = (name: string, text: string) => {
+    writeFileSync(join(dir, name), text);
+    return join(dir, name);
+  };
+  const top = file('top.yaml', `costWeights: ${json}\n`);
+  const kebab = file('kebab.yaml', `cost-weights: ${json}\n`);
+  const nested = file('nested.json', JSON.stringify({ router: { costWeights: weights } }));
+  const cases: Array<[string[], Record<string, string>, string]> = [
+    [['--cost-weights', json], {}, `--cost-weights: ${phrase}`],
+    [[], { CONTEXTFORGE_COST_WEIGHTS: json }, `--cost-weights: ${phrase}`],
+    [['--config', top], {}, `--config ${top}: ${phrase}`],
+    [['--config', kebab], {}, `--config ${kebab}: ${phrase.replace('costWeights', 'cost-weights')}`],
+    [['--config', nested], {}, `--config ${nested}: router.${phrase}`],
+  ];
+  for (const [args, env, message] of cases)
+    assert.throws(
+      () => resolveServe(args, env),
+      (e: Error) => e.message.endsWith(message),
+      `${args.join(' ')} ${JSON.stringify(env)}`,
+    );
+  assert.throws(() => new KVAwareRouter({ costWeights: weights }), { name: 'RangeError', message: phrase });
+  assert.throws(() => createPolicy('cost', { costWeights: weights }, { random: () => 0.5 }), {
+    name: 'RangeError',
+    message: phrase,
+  });
 });
