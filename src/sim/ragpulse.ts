@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { fmix32 } from '../core/hashing.js';
 import { MAX_TRACE_REQUEST_TOKENS, sortByArrival, type TraceRequest } from './trace.js';
-import { TraceFormatError, traceLines } from './trace-lines.js';
+import { MAX_TRACE_REQUESTS, tooManyRecords, TraceFormatError, traceLines } from './trace-lines.js';
 
 /**
  * RAGPulse (flashserve/RAGPulse; format in bench/traces/SOURCE.md): each request lists
@@ -26,12 +26,20 @@ export const RAGPULSE_FILES = {
   web_search: ['5_web_search.jsonl', 'web_search_id'],
 } as const;
 
-/** The lines of `path` (or `path.gz`), blank ones skipped; a missing file is a RangeError naming it. */
-async function* lines(path: string): AsyncGenerator<{ text: string; index: number }> {
+/**
+ * The lines of `path` (or `path.gz`), blank ones skipped; a missing file, or one of more than
+ * MAX_TRACE_REQUESTS lines (`records`), is a RangeError naming it.
+ */
+async function* lines(path: string, records: string): AsyncGenerator<{ text: string; index: number }> {
   const gz = `${path}.gz`;
   const file = existsSync(path) ? path : gz;
   if (!existsSync(file)) throw new RangeError(`RAGPulse: missing ${path}`);
-  for await (const line of traceLines(file, basename(file))) if (line.text.trim()) yield line;
+  let count = 0;
+  for await (const line of traceLines(file, basename(file))) {
+    if (!line.text.trim()) continue;
+    if (count++ === MAX_TRACE_REQUESTS) throw tooManyRecords(file, records);
+    yield line;
+  }
 }
 
 /** A JSON object of one line, or a TraceFormatError naming the file and line. */
@@ -56,7 +64,7 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
   for (const component of ['sys_prompt', 'passages_ids', 'history', 'user_input', 'web_search'] as const) {
     const [file, key] = RAGPULSE_FILES[component];
     const m = new Map<number, number>();
-    for await (const { text, index } of lines(join(dir, file))) {
+    for await (const { text, index } of lines(join(dir, file), 'chunk lengths')) {
       const r = objectOf(text, index, file);
       if (!isId(r[key])) throw new TraceFormatError(index, `"${key}" must be a non-negative integer`, file);
       if (!isTokens(r.token_length))
@@ -72,7 +80,7 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
   const source = RAGPULSE_FILES.trace;
   const requests: TraceRequest[] = [];
   let index = 0;
-  for await (const line of lines(join(dir, source))) {
+  for await (const line of lines(join(dir, source), 'requests')) {
     const r = objectOf(line.text, line.index, source);
     const fail = (message: string) => new TraceFormatError(line.index, message, source);
     const timestamp = typeof r.timestamp === 'string' && r.timestamp.trim() !== '' ? Number(r.timestamp) : r.timestamp;

@@ -9,6 +9,22 @@ import { createGunzip } from 'node:zlib';
  */
 export const MAX_TRACE_LINE_CHARS = 16 * 1024 * 1024;
 
+/**
+ * Most requests a trace may hold, and most lines a RAGPulse side file may hold: every request
+ * is held in memory for the whole replay, about 400 bytes for a Mooncake request of 24 blocks,
+ * so a million take some 0.4 GB of Node's default heap (about 4 GB) and ten million would not
+ * fit. The public traces hold at most 12,031 requests and the generated workloads at most
+ * 40,000 (`workflows:10000`; `agentic:500` about 28,000), 25 times under it.
+ */
+export const MAX_TRACE_REQUESTS = 1_000_000;
+
+/** The error for a trace file past MAX_TRACE_REQUESTS `records`: it names the file and the limit. */
+export function tooManyRecords(file: string, records = 'requests'): RangeError {
+  return new RangeError(
+    `${file}: more than ${MAX_TRACE_REQUESTS} ${records}, the most a trace may hold (each is held in memory)`,
+  );
+}
+
 /** A malformed line of a trace file: the message names the file (or `trace`), the 1-based line and the field. */
 export class TraceFormatError extends RangeError {
   constructor(

@@ -1,6 +1,6 @@
-import { TraceFormatError, traceLines } from './trace-lines.js';
+import { MAX_TRACE_REQUESTS, tooManyRecords, TraceFormatError, traceLines } from './trace-lines.js';
 
-export { MAX_TRACE_LINE_CHARS, TraceFormatError } from './trace-lines.js';
+export { MAX_TRACE_LINE_CHARS, MAX_TRACE_REQUESTS, TraceFormatError } from './trace-lines.js';
 
 /**
  * One request of a trace (docs/architecture.md §6): Mooncake JSONL with every optional field. Hash ids
@@ -117,12 +117,15 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
 
 /**
  * Reads a Mooncake JSONL trace (optionally .gz; LF, CRLF or CR line ends, an optional BOM), blank
- * lines skipped, sorted by timestamp (stable). A malformed line is a TraceFormatError naming it.
+ * lines skipped, sorted by timestamp (stable). A malformed line is a TraceFormatError naming it;
+ * a file of more than MAX_TRACE_REQUESTS requests is a RangeError naming it (read no further).
  */
 export async function loadMooncakeTrace(path: string, defaultBlockSize = 512): Promise<TraceRequest[]> {
   const requests: TraceRequest[] = [];
   for await (const { text, index } of traceLines(path)) {
-    if (text.trim()) requests.push(parseTraceLine(text, index, defaultBlockSize));
+    if (!text.trim()) continue;
+    if (requests.length === MAX_TRACE_REQUESTS) throw tooManyRecords(path);
+    requests.push(parseTraceLine(text, index, defaultBlockSize));
   }
   return sortByArrival(requests);
 }

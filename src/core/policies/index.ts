@@ -1,5 +1,5 @@
 import { ConsistentHashPolicy } from './consistent-hash.js';
-import { CostPolicy, DEFAULT_COST_WEIGHTS, kneeCeilingProblem, type CostWeights } from './cost.js';
+import { CostPolicy, DEFAULT_COST_WEIGHTS, type CostWeights } from './cost.js';
 import { DynamoPolicy, type DynamoOptions } from './dynamo.js';
 import { LeastLoadedPolicy } from './least-loaded.js';
 import { LlmdPolicy, type LlmdOptions } from './llmd.js';
@@ -10,7 +10,7 @@ import { SeedPolicy, type SeedOptions } from './seed.js';
 import { SglangPolicy, type SglangOptions } from './sglang.js';
 import type { PolicyContext, RoutingPolicy } from './types.js';
 import { describeIssue, issueError } from '../schema-issues.js';
-import { POLICY_OPTIONS_SCHEMA } from './options-schema.js';
+import { COST_WEIGHTS_SCHEMA, definedOnly, POLICY_OPTIONS_SCHEMA } from './options-schema.js';
 
 export interface PolicyOptions {
   costWeights?: Partial<CostWeights>;
@@ -59,27 +59,15 @@ export function createPolicy(name: string, options: PolicyOptions, ctx: PolicyCo
   return factory(options, ctx);
 }
 
+/**
+ * The cost weights with the defaults filled in. They are checked by COST_WEIGHTS_SCHEMA, the
+ * schema the router's options and serve's --cost-weights use, so every path takes and refuses
+ * the same weights with the same message.
+ */
 export function resolveCostWeights(partial: Partial<CostWeights> = {}): CostWeights {
-  const w: CostWeights = { ...DEFAULT_COST_WEIGHTS };
-  for (const [key, value] of Object.entries(partial)) {
-    if (!Object.hasOwn(DEFAULT_COST_WEIGHTS, key)) {
-      throw new RangeError(
-        `costWeights.${key} is not a cost weight (known: ${Object.keys(DEFAULT_COST_WEIGHTS).join(', ')})`,
-      );
-    }
-    if (value === undefined) continue;
-    if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) {
-      throw new RangeError(`costWeights.${key} must be a finite number >= 0, got ${String(value)}`);
-    }
-    w[key as keyof CostWeights] = value;
-  }
-  if (!(w.prefillTokensPerSecond > 0))
-    throw new RangeError(`costWeights.prefillTokensPerSecond must be > 0, got ${w.prefillTokensPerSecond}`);
-  if (w.pressureKnee >= 1) throw new RangeError(`costWeights.pressureKnee must be < 1, got ${w.pressureKnee}`);
-  if (w.pressureCeiling > 1) throw new RangeError(`costWeights.pressureCeiling must be <= 1, got ${w.pressureCeiling}`);
-  const kneeCeiling = kneeCeilingProblem(w);
-  if (kneeCeiling !== undefined) throw new RangeError(`costWeights.pressureKnee ${kneeCeiling}`);
-  return w;
+  const parsed = COST_WEIGHTS_SCHEMA.safeParse(partial, { error: describeIssue });
+  if (!parsed.success) throw issueError(parsed.error.issues[0], COST_WEIGHTS_SCHEMA, 'costWeights');
+  return { ...DEFAULT_COST_WEIGHTS, ...definedOnly(parsed.data) };
 }
 
 export type { CostWeights } from './cost.js';

@@ -18,8 +18,12 @@ const positiveInt = () => z.int().min(1);
 const fraction = () => z.number().min(0).max(1);
 const finiteNumber = () => z.number();
 
-/** Weights with a narrower range than finite and >= 0 (resolveCostWeights checks the same). */
 const bound = (phrase: string) => ({ error: (iss: { input?: unknown }) => `must be ${phrase}${gotPhrase(iss.input)}` });
+/**
+ * Weights with a narrower range than finite and >= 0. This is the one statement of the
+ * weights' ranges: resolveCostWeights (createPolicy, the router) checks through
+ * COST_WEIGHTS_SCHEMA as the router's options and serve's settings do.
+ */
 const COST_WEIGHT_RANGES: Partial<Record<keyof CostWeights, z.ZodNumber>> = {
   // it divides: 0 would make the arrival-rate term infinite
   prefillTokensPerSecond: nonNegative().gt(0, bound('> 0')),
@@ -29,7 +33,7 @@ const COST_WEIGHT_RANGES: Partial<Record<keyof CostWeights, z.ZodNumber>> = {
 };
 
 /** The keys whose value is not undefined (an undefined weight keeps its default). */
-const definedOnly = (w: Partial<CostWeights>): Partial<CostWeights> =>
+export const definedOnly = (w: Partial<CostWeights>): Partial<CostWeights> =>
   Object.fromEntries(Object.entries(w).filter(([, v]) => v !== undefined));
 
 /** Every cost weight, each optional (unspecified ones keep their defaults). */
@@ -58,28 +62,32 @@ const peerOptions = <T extends z.core.$ZodLooseShape>(peer: string, shape: T) =>
     error: (iss) => (iss.code === 'unrecognized_keys' ? `is not an option of ${peer}` : undefined),
   });
 
-/** The peer policies' knobs (defaults are upstream's, see each policy's file). */
+/**
+ * The peer policies' knobs (defaults are upstream's, see each policy's file), each with the
+ * range its policy's constructor checks (or a narrower one), so a value the policy would refuse
+ * is refused where the flag or the config file gives it, naming it.
+ */
 export const POLICY_OPTIONS_SCHEMA = z.strictObject(
   {
     dynamo: peerOptions('dynamo', {
-      prefillLoadScale: finiteNumber().optional(),
-      temperature: finiteNumber().min(0).optional(),
-      gpuCredit: finiteNumber().optional(),
-      offloadCredit: finiteNumber().optional(),
-      predictedCredit: finiteNumber().optional(),
-      activeRequestWeight: finiteNumber().optional(),
+      prefillLoadScale: nonNegative().optional(),
+      temperature: nonNegative().optional(),
+      gpuCredit: fraction().optional(),
+      offloadCredit: fraction().optional(),
+      predictedCredit: fraction().optional(),
+      activeRequestWeight: nonNegative().optional(),
     }).optional(),
     sglang: peerOptions('sglang', {
       cacheThreshold: fraction().optional(),
-      balanceAbsThreshold: finiteNumber().min(0).optional(),
-      balanceRelThreshold: finiteNumber().min(0).optional(),
-      evictionIntervalSecs: finiteNumber().min(0).optional(),
+      balanceAbsThreshold: nonNegative().optional(),
+      balanceRelThreshold: nonNegative().optional(),
+      evictionIntervalSecs: nonNegative().optional(),
       maxTreeSize: positiveInt().optional(),
     }).optional(),
     llmd: peerOptions('llmd', {
-      prefixWeight: finiteNumber().optional(),
-      kvWeight: finiteNumber().optional(),
-      queueWeight: finiteNumber().optional(),
+      prefixWeight: nonNegative().optional(),
+      kvWeight: nonNegative().optional(),
+      queueWeight: nonNegative().optional(),
       scrapeIntervalMs: finiteNumber()
         .min(LLMD_SCRAPE_INTERVAL_RANGE.min)
         .max(LLMD_SCRAPE_INTERVAL_RANGE.max)

@@ -1,0 +1,95 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { Command } from 'commander';
+import { registerSimulateCommand } from '../../src/cli/commands/simulate.js';
+import { DynamoPolicy } from '../../src/core/policies/dynamo.js';
+import { LlmdPolicy } from '../../src/core/policies/llmd.js';
+import { POLICY_OPTIONS_SCHEMA } from '../../src/core/policies/options-schema.js';
+import { SeedPolicy } from '../../src/core/policies/seed.js';
+import { SglangPolicy } from '../../src/core/policies/sglang.js';
+import { resolveServe } from '../helpers/serve-config.js';
+
+const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+const cli = (args: string[]) =>
+  spawnSync(process.execPath, ['--import', 'tsx', main, ...args], { encoding: 'utf8', timeout: 60_000 });
+
+/** What `simulate ARGS` reports when commander refuses a flag (without running anything). */
+async function simulateRefusal(args: string[]): Promise<string> {
+  let message = '';
+  const program = new Command()
+    .exitOverride()
+    .configureOutput({ writeErr: (text) => (message += text), writeOut: () => {} });
+  registerSimulateCommand(program);
+  program.commands[0].action(() => assert.fail(`simulate ${args.join(' ')} was not refused`));
+  await assert.rejects(program.parseAsync(['node', 'contextforge-router', 'simulate', ...args]));
+  return message;
+}
+
+/** Each peer policy built from its options alone, as the simulator and the router build it. */
+const BUILD: Record<string, (options: Record<string, unknown>) => unknown> = {
+  dynamo: (o) => new DynamoPolicy({ random: () => 0.5 }, o),
+  sglang: (o) => new SglangPolicy(o),
+  llmd: (o) => new LlmdPolicy({ random: () => 0.5 }, o),
+  seed: (o) => new SeedPolicy(o as never),
+};
+
+test('every peer option the flag check takes, the policy takes too', () => {
+  const probes: unknown[] = [-1, -1e-9, 0, 1e-3, 0.5, 1, 1.5, 2, 1000, 1e9, 'kv-usage', 'queue-inclusive', '1', true];
+  const shape = POLICY_OPTIONS_SCHEMA.shape;
+  assert.deepEqual(Object.keys(shape).sort(), Object.keys(BUILD).sort());
+  for (const [peer, schema] of Object.entries(shape)) {
+    const peerShape = (schema.unwrap() as { shape: Record<string, unknown> }).shape;
+    for (const option of Object.keys(peerShape))
+      for (const value of probes) {
+        const given = { [peer]: { [option]: value } };
+        if (!POLICY_OPTIONS_SCHEMA.safeParse(given).success) continue;
+        assert.doesNotThrow(() => BUILD[peer]({ [option]: value }), `${peer}.${option} = ${String(value)}`);
+      }
+  }
+});
+
+test('a peer option out of its policy range is refused where the flag or the config file gives it', async () => {
+  const cases: Array<[string, RegExp]> = [
+    ['{"dynamo":{"gpuCredit":2}}', /policyOptions\.dynamo\.gpuCredit must be <= 1 \(got 2\)/],
+    ['{"dynamo":{"offloadCredit":-0.5}}', /policyOptions\.dynamo\.offloadCredit must be .*\(got -0\.5\)/],
+    ['{"dynamo":{"predictedCredit":1.5}}', /policyOptions\.dynamo\.predictedCredit must be <= 1 \(got 1\.5\)/],
+    ['{"dynamo":{"prefillLoadScale":-1}}', /policyOptions\.dynamo\.prefillLoadScale must be .*>= 0 \(got -1\)/],
+    ['{"dynamo":{"activeRequestWeight":-1}}', /policyOptions\.dynamo\.activeRequestWeight must be .*>= 0/],
+    ['{"llmd":{"kvWeight":-1}}', /policyOptions\.llmd\.kvWeight must be .*>= 0 \(got -1\)/],
+    ['{"llmd":{"prefixWeight":-2}}', /policyOptions\.llmd\.prefixWeight must be .*>= 0/],
+    ['{"llmd":{"queueWeight":-3}}', /policyOptions\.llmd\.queueWeight must be .*>= 0/],
+    ['{"llmd":{"scrapeIntervalMs":"5"}}', /policyOptions\.llmd\.scrapeIntervalMs must be a finite number/],
+  ];
+  const dir = mkdtempSync(join(tmpdir(), 'cf-policy-options-'));
+  for (const [i, [options, message]] of cases.entries()) {
+    // simulate: commander stops at the flag
+    const sim = await simulateRefusal(['--trace', 'workflows:1', '--policy-options', options]);
+    assert.match(sim, /--policy-options: /, options);
+    assert.match(sim, message, options);
+    // serve (and epp, which reads the same settings): the flag and the config file
+    assert.throws(
+      () => resolveServe(['--policy-options', options]),
+      (e: Error) => /--policy-options: /.test(e.message) && message.test(e.message),
+      options,
+    );
+    const file = join(dir, `router-${i}.json`);
+    writeFileSync(file, JSON.stringify({ policyOptions: JSON.parse(options) as unknown }));
+    assert.throws(
+      () => resolveServe(['--config', file]),
+      (e: Error) => e.message.startsWith(`--config ${file}: policyOptions.`) && message.test(e.message),
+      options,
+    );
+  }
+  // the whole command: one line, exit 2
+  const sim = cli(['simulate', '--trace', 'workflows:1', '--policies', 'dynamo', '--policy-options', cases[0][0]]);
+  assert.equal(sim.status, 2, sim.stderr);
+  assert.match(sim.stderr, /^error: .*--policy-options: policyOptions\.dynamo\.gpuCredit must be <= 1 \(got 2\)\n$/);
+  const epp = cli(['epp', '--port', '0', '--policy-options', cases[0][0]]);
+  assert.equal(epp.status, 2, epp.stderr);
+  assert.match(epp.stderr, /--policy-options: policyOptions\.dynamo\.gpuCredit must be <= 1/);
+});
