@@ -42,7 +42,7 @@ import { sharePrefillReads } from '../state/prefill-sharing.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
-import { forwardedVia, viaPseudonym } from './via.js';
+import { forwardedVia, ownVia, viaPseudonym } from './via.js';
 import { WorkerConnections } from './worker-connections.js';
 import { registerWorkerStateMetrics } from './worker-metrics.js';
 
@@ -162,6 +162,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const adminTokenText = options.adminToken ?? generateToken();
   const adminToken = new AdminToken(adminTokenText);
   const health = new WorkerHealth(router, log);
+  const via = viaPseudonym();
   const connections = new WorkerConnections({
     router,
     applier,
@@ -171,10 +172,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     kvEvents: options.kvEvents,
     metricsIntervalMs: options.metricsIntervalMs ?? 1000,
     healthCheckIntervalMs: options.healthCheckIntervalMs ?? 2000,
+    // what the gateway asks the workers on its own (health, metrics, models, /tokenize) carries its Via
+    via: ownVia(via),
   });
   const state = options.state ?? new MemoryStateStore();
   const bodyLimit = options.bodyLimit ?? 16 * 1024 * 1024;
-  const via = viaPseudonym();
   const bodyBudget = new BodyBudget(options.bufferedBodyLimit ?? Math.max(DEFAULT_BUFFERED_BODY_LIMIT, bodyLimit));
   if (bodyBudget.limit < bodyLimit)
     throw new RangeError(
