@@ -45,6 +45,7 @@ import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeo
 import { forwardedVia, ownVia, viaPseudonym } from './via.js';
 import { WorkerConnections } from './worker-connections.js';
 import { registerWorkerStateMetrics } from './worker-metrics.js';
+import { RouteMethods } from './route-methods.js';
 
 /** While closing, connections that have gone idle are closed this often. */
 const IDLE_SWEEP_MS = 100;
@@ -211,6 +212,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   /** The OpenAI routes' common case before Fastify (set once the routes exist), and whether the gateway is closing. */
   let fastPath: ((req: IncomingMessage, res: ServerResponse) => boolean) | undefined;
   let closing = false;
+  /** The methods each path is served with (filled in as the routes are declared), for 405's Allow. */
+  const routeMethods = new RouteMethods();
   const app = Fastify({
     bodyLimit,
     logger: false,
@@ -247,6 +250,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       // an Expect other than 100-continue: Node's own answer is a 417 without a body
       server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) =>
         answerMalformed(res, 417, `the expectation '${shownHeader(req.headers.expect)}' is not supported`, 'expect'),
+      );
+      // CONNECT comes to this event, not to the routes; without a listener Node drops the socket unanswered
+      server.on('connect', (req: IncomingMessage, socket: Duplex) =>
+        answerMethodNotAllowed(socket, req.method ?? 'CONNECT', req.url ?? '', routeMethods.allowed(req.url ?? '')),
       );
       server.setTimeout(timeouts.connectionTimeoutMs);
       // longer than clients keep idle connections (undici: 4 s), so the server is never the one
@@ -295,6 +302,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     log,
   });
 
+  app.addHook('onRoute', (route) => routeMethods.add(route.method, route.url));
   useJsonBodies(app, limits.maxJsonDepth);
   /** An error a route threw, answered: a client's mistake as a 4xx naming it, anything else a 500 (logged). */
   const answerError = (err: Error & { statusCode?: number }, where: string, reply: ProxyReply) => {
@@ -332,8 +340,13 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     const message = status === 413 ? `request body too large: ${err.message}` : err.message;
     void openAiError(reply, status, message, err instanceof RequestLimitError ? err.param : null);
   };
-  const notFound = (req: FastifyRequest, reply: FastifyReply) =>
-    void openAiError(reply, 404, `no route ${req.method} ${req.url}`);
+  const notFound = (req: FastifyRequest, reply: FastifyReply) => {
+    // a path served with other methods (TRACE, PUT… on /v1/completions): 405 naming them
+    const allowed = routeMethods.allowed(req.url);
+    if (allowed.length === 0) return void openAiError(reply, 404, `no route ${req.method} ${req.url}`);
+    reply.header('allow', allowed.join(', '));
+    void openAiError(reply, 405, methodNotAllowedMessage(req.method, req.url, allowed), 'method');
+  };
   app.setErrorHandler((err: Error & { statusCode?: number }, req, reply) =>
     // the body of a request to no route is read before the not-found handler runs: whatever is
     // wrong with it (not JSON, too deep, compressed, too large), the path is what to fix
@@ -610,6 +623,28 @@ function answerBodyBudgetExceeded(res: ServerResponse): void {
     'content-length': Buffer.byteLength(body),
   });
   res.end(body);
+}
+
+/** What a request with a method its target is not served with is told. */
+function methodNotAllowedMessage(method: string, target: string, allowed: readonly string[]): string {
+  const shown = shownHeader(target);
+  return allowed.length === 0
+    ? `method ${method} is not supported: the gateway serves its own paths, it is not a proxy (target '${shown}')`
+    : `method ${method} is not allowed on ${shown} (allowed: ${allowed.join(', ')})`;
+}
+
+/**
+ * Answers a CONNECT (handed over by Node outside the routes, with the raw socket) with 405, an
+ * Allow header and an OpenAI error body, then closes the connection: the gateway tunnels nothing.
+ */
+function answerMethodNotAllowed(socket: Duplex, method: string, target: string, allowed: readonly string[]): void {
+  socket.on('error', () => {});
+  if (!socket.writable) return void socket.destroy();
+  const body = clientErrorBody(methodNotAllowedMessage(method, target, allowed), 'method');
+  socket.end(
+    `HTTP/1.1 405 ${STATUS_CODES[405]}\r\nConnection: close\r\nAllow: ${allowed.join(', ')}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+    () => socket.destroy(),
+  );
 }
 
 /** A header's value as an error message repeats it: cut to 64 characters. */
