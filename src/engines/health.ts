@@ -66,6 +66,8 @@ export interface HealthCheckOptions {
   failuresToUnhealthy?: number;
   /** Consecutive good probes before it is taken back (default 1). */
   successesToHealthy?: number;
+  /** Headers of every probe (the gateway's Via, so a gateway probed as a worker can tell who asks). */
+  headers?: Readonly<Record<string, string>>;
 }
 
 interface ProbeState extends CheckStreak {
@@ -86,6 +88,7 @@ export class HealthChecker {
   private readonly timeoutMs: number;
   private readonly failuresToUnhealthy: number;
   private readonly successesToHealthy: number;
+  private readonly headers: Readonly<Record<string, string>> | undefined;
 
   constructor(
     private readonly health: WorkerHealth,
@@ -97,6 +100,7 @@ export class HealthChecker {
     this.pollLoop = new PollLoop(() => this.probeAll(), intervalMs);
     this.failuresToUnhealthy = options.failuresToUnhealthy ?? 2;
     this.successesToHealthy = options.successesToHealthy ?? 1;
+    this.headers = options.headers;
   }
 
   add(workerId: string, baseUrl: string): void {
@@ -137,7 +141,7 @@ export class HealthChecker {
     p.probes++;
     let error: string | undefined;
     try {
-      const res = await fetch(p.url, { signal: AbortSignal.timeout(this.timeoutMs) });
+      const res = await fetch(p.url, { headers: this.headers, signal: AbortSignal.timeout(this.timeoutMs) });
       await readBoundedText(res.body, MAX_HEALTH_BYTES, '/health');
       if (!res.ok) error = `HTTP ${res.status}`;
     } catch (err) {

@@ -1,5 +1,11 @@
 import { randomUUID } from 'node:crypto';
 import { status as GrpcStatus, type ServerDuplexStream } from '@grpc/grpc-js';
+import {
+  BODY_BUDGET_CODE,
+  BODY_BUDGET_MESSAGE,
+  BODY_BUDGET_RETRY_AFTER_S,
+  type BodyBudget,
+} from '../server/body-budget.js';
 import type { BodySendMode, ProcessingRequest, ProcessingResponse } from './proto.js';
 import {
   continueResponse,
@@ -65,6 +71,12 @@ export interface ExtProcHandlerOptions {
   picker: EndpointPicker;
   /** Largest request body buffered (bytes); beyond it the request gets a 413. */
   bodyLimit: number;
+  /**
+   * Request-body bytes buffered at once over all streams (shared with the gateway in one
+   * process): a body chunk that does not fit gets a 503 with Retry-After; a stream gives its
+   * bytes back once its body is routed on, or when it ends, fails or is cancelled.
+   */
+  bodyBudget?: BodyBudget;
   log?: (message: string) => void;
   /** Called once per request with its outcome: 'routed' or the status of the local reply. */
   onOutcome?: (outcome: 'routed' | number) => void;
@@ -94,6 +106,8 @@ export function createProcessHandler(
     let requestId = '';
     let requestIdGenerated = false;
     const received = new BodyBuffer();
+    /** This stream's share of the body budget: what it buffered of its request body. */
+    const charge = options.bodyBudget?.charge();
     let bodyMessages = 0;
     let requestBodyMode: BodySendMode | undefined;
     let responseBodyMode: BodySendMode | undefined;
@@ -107,6 +121,7 @@ export function createProcessHandler(
     let queue: Promise<void> = Promise.resolve();
 
     const finish = () => {
+      charge?.release();
       inFlight?.end();
       phase = 'finished';
     };
@@ -138,13 +153,19 @@ export function createProcessHandler(
       // destroy() would only tear the stream down, and the peer would wait for a status forever
       call.emit('error', Object.assign(new Error(message), { code, details: message }));
     };
-    const reject = async (status: number, message: string, param: string | null = null, retryAfterSeconds?: number) => {
+    const reject = async (
+      status: number,
+      message: string,
+      param: string | null = null,
+      retryAfterSeconds?: number,
+      code: string | null = null,
+    ) => {
       options.onOutcome?.(status);
       const extra: Record<string, string> = {};
       if (retryAfterSeconds) extra['retry-after'] = String(retryAfterSeconds);
       // the client's own request id comes back, so it can find the request in the picker's log
       if (requestId && !requestIdGenerated) extra[REQUEST_ID_HEADER] = requestId;
-      await send(immediateResponse(status, message, param, extra));
+      await send(immediateResponse(status, message, param, extra, code));
       finish();
       // the local reply ends this request's processing: close the stream cleanly
       if (!closed) {
@@ -153,7 +174,15 @@ export function createProcessHandler(
       }
     };
 
+    /** Routes on the body and echoes it; then the body is no longer held, and its bytes go back to the budget. */
     const route = async (body: Buffer | undefined, endOfStream: boolean) => {
+      try {
+        await routeOn(body, endOfStream);
+      } finally {
+        charge?.release();
+      }
+    };
+    const routeOn = async (body: Buffer | undefined, endOfStream: boolean) => {
       phase = 'routed';
       let outcome: PickOutcome;
       try {
@@ -230,6 +259,8 @@ export function createProcessHandler(
           if (chunk && chunk.length > 0) {
             if (received.length + chunk.length > options.bodyLimit)
               return reject(413, `request body too large: over ${options.bodyLimit} bytes`);
+            if (charge && !charge.take(chunk.length))
+              return reject(503, BODY_BUDGET_MESSAGE, null, BODY_BUDGET_RETRY_AFTER_S, BODY_BUDGET_CODE);
             received.append(chunk);
           }
           if (req.request_body?.end_of_stream) {
@@ -328,12 +359,15 @@ export function createProcessHandler(
         }
       });
     });
+    // the peer gone: its body's bytes go back to the budget at once, not after the queue drains
     call.on('cancelled', () => {
       closed = true;
+      charge?.release();
       void queue.then(finish);
     });
     call.on('error', () => {
       closed = true;
+      charge?.release();
       void queue.then(finish);
     });
   };

@@ -221,9 +221,10 @@ export function immediateResponse(
   message: string,
   param: string | null = null,
   extraHeaders: Record<string, string> = {},
+  code: string | null = null,
 ): ProcessingResponse {
   const type = status >= 500 ? 'server_error' : status === 429 ? 'rate_limit_error' : 'invalid_request_error';
-  const body = Buffer.from(JSON.stringify({ error: { message, type, param, code: null } }));
+  const body = Buffer.from(JSON.stringify({ error: { message, type, param, code } }));
   const set = [header('content-type', 'application/json')];
   for (const [k, v] of Object.entries(extraHeaders)) set.push(header(k, v));
   return {

@@ -51,6 +51,8 @@ export async function startPicker(
     port: o.port,
     picker,
     bodyLimit: c.bodyLimit,
+    // one budget for the process: the gateway's HTTP requests and the picker's streams
+    bodyBudget: gateway.bodyBudget,
     log: o.log,
     onOutcome: (outcome) => picker.countOutcome(outcome),
     ready: () => gateway.router.listWorkers().some((w) => w.available),

@@ -6,7 +6,7 @@
  * proxy, admin routes) and serves the small read-only endpoints itself.
  */
 import { createServer as createHttpServer, STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { Duplex } from 'node:stream';
+import { Transform, type Duplex, type TransformCallback } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Registry } from 'prom-client';
 import type { KVAwareRouter } from '../core/router/index.js';
@@ -18,8 +18,16 @@ import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/s
 import { AdminToken, generateToken } from './admin-auth.js';
 import { adminRoutes, requireAdmin } from './admin-routes.js';
 import type { ApiKeys } from './api-keys.js';
+import {
+  BODY_BUDGET_CODE,
+  BODY_BUDGET_MESSAGE,
+  BODY_BUDGET_RETRY_AFTER_S,
+  BodyBudget,
+  DEFAULT_BUFFERED_BODY_LIMIT,
+  type BodyCharge,
+} from './body-budget.js';
 import { CircuitBreaker } from './circuit-breaker.js';
-import { createGatewayMetrics, registerKvEventMetrics } from './metrics.js';
+import { createGatewayMetrics, registerBodyBudgetMetrics, registerKvEventMetrics } from './metrics.js';
 import {
   createRequestParser,
   createRequestReader,
@@ -34,9 +42,10 @@ import { sharePrefillReads } from '../state/prefill-sharing.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
-import { forwardedVia, viaPseudonym } from './via.js';
+import { forwardedVia, ownVia, viaPseudonym } from './via.js';
 import { WorkerConnections } from './worker-connections.js';
 import { registerWorkerStateMetrics } from './worker-metrics.js';
+import { RouteMethods } from './route-methods.js';
 
 /** While closing, connections that have gone idle are closed this often. */
 const IDLE_SWEEP_MS = 100;
@@ -68,6 +77,12 @@ export interface GatewayOptions {
   /** Where workers' `apiKeyEnv` variables are read (default process.env). */
   env?: NodeJS.ProcessEnv;
   bodyLimit?: number;
+  /**
+   * Most request-body bytes held at once over all requests (default 256 MiB, at least
+   * `bodyLimit`): a request whose body does not fit is refused with 503 and Retry-After.
+   * Shared with the endpoint picker on this gateway (`gateway.bodyBudget`).
+   */
+  bufferedBodyLimit?: number;
   /** Attempts on other workers after a connection failure or a 5xx before the first byte. */
   maxRetries?: number;
   /** The inter-chunk timeout (timeouts.interChunkTimeoutMs wins when both are given). */
@@ -123,6 +138,8 @@ export interface Gateway {
   parseRequest: RequestParser;
   /** The limits on what a client controls, as the proxy applies them. */
   limits: Readonly<RequestLimits>;
+  /** The request-body bytes held now over all requests, and their limit (the endpoint picker's too). */
+  bodyBudget: BodyBudget;
   /**
    * Stops taking requests (new ones are answered 503), lets those in flight finish for up to
    * `graceMs` (default: as long as they take), then cuts their connections: a cut request's
@@ -146,6 +163,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const adminTokenText = options.adminToken ?? generateToken();
   const adminToken = new AdminToken(adminTokenText);
   const health = new WorkerHealth(router, log);
+  const via = viaPseudonym();
   const connections = new WorkerConnections({
     router,
     applier,
@@ -155,13 +173,47 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     kvEvents: options.kvEvents,
     metricsIntervalMs: options.metricsIntervalMs ?? 1000,
     healthCheckIntervalMs: options.healthCheckIntervalMs ?? 2000,
+    // what the gateway asks the workers on its own (health, metrics, models, /tokenize) carries its Via
+    via: ownVia(via),
   });
   const state = options.state ?? new MemoryStateStore();
   const bodyLimit = options.bodyLimit ?? 16 * 1024 * 1024;
-  const via = viaPseudonym();
+  const bodyBudget = new BodyBudget(options.bufferedBodyLimit ?? Math.max(DEFAULT_BUFFERED_BODY_LIMIT, bodyLimit));
+  if (bodyBudget.limit < bodyLimit)
+    throw new RangeError(
+      `bufferedBodyLimit (${bodyBudget.limit}) must be at least bodyLimit (${bodyLimit}): a body at the limit could never be read`,
+    );
+  /** Each request's share of the budget, for the chunk-by-chunk charge of a body of undeclared length. */
+  const bodyCharges = new WeakMap<IncomingMessage, BodyCharge>();
+  /**
+   * Takes a request's body bytes from the budget before any of them is read: the whole
+   * Content-Length at once (a body without one is charged as Fastify reads it, below); given
+   * back when the response closes (answered, failed, or the client gone). False when they do
+   * not fit: the request has been answered 503.
+   */
+  const admitBody = (req: IncomingMessage, res: ServerResponse): boolean => {
+    const length = req.headers['content-length'];
+    const chunked = req.headers['transfer-encoding'] !== undefined;
+    if (length === undefined && !chunked) return true;
+    const size = Number(length);
+    // nothing to hold, or refused 413 by the body limit without being read
+    if (!chunked && !(size > 0 && size <= bodyLimit)) return true;
+    const charge = bodyBudget.charge();
+    res.once('close', () => charge.release());
+    if (chunked) {
+      bodyCharges.set(req, charge);
+      return true;
+    }
+    if (charge.take(size)) return true;
+    bodyBudgetRefusals.inc();
+    answerBodyBudgetExceeded(res);
+    return false;
+  };
   /** The OpenAI routes' common case before Fastify (set once the routes exist), and whether the gateway is closing. */
   let fastPath: ((req: IncomingMessage, res: ServerResponse) => boolean) | undefined;
   let closing = false;
+  /** The methods each path is served with (filled in as the routes are declared), for 405's Allow. */
+  const routeMethods = new RouteMethods();
   const app = Fastify({
     bodyLimit,
     logger: false,
@@ -191,12 +243,17 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         (req, res) => {
           if (req.headers.host === undefined && req.httpVersion === '1.1')
             return answerMalformed(res, 400, 'an HTTP/1.1 request needs a Host header', 'host');
+          if (!admitBody(req, res)) return;
           if (fastPath === undefined || !fastPath(req, res)) handler(req, res);
         },
       );
       // an Expect other than 100-continue: Node's own answer is a 417 without a body
       server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) =>
         answerMalformed(res, 417, `the expectation '${shownHeader(req.headers.expect)}' is not supported`, 'expect'),
+      );
+      // CONNECT comes to this event, not to the routes; without a listener Node drops the socket unanswered
+      server.on('connect', (req: IncomingMessage, socket: Duplex) =>
+        answerMethodNotAllowed(socket, req.method ?? 'CONNECT', req.url ?? '', routeMethods.allowed(req.url ?? '')),
       );
       server.setTimeout(timeouts.connectionTimeoutMs);
       // longer than clients keep idle connections (undici: 4 s), so the server is never the one
@@ -207,6 +264,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   });
   const metrics = createGatewayMetrics(router);
   registerKvEventMetrics(metrics.registry, () => connections.subscriberStats());
+  const bodyBudgetRefusals = registerBodyBudgetMetrics(metrics.registry, bodyBudget);
   registerWorkerStateMetrics(metrics.registry, {
     router,
     health,
@@ -244,9 +302,16 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     log,
   });
 
+  app.addHook('onRoute', (route) => routeMethods.add(route.method, route.url));
   useJsonBodies(app, limits.maxJsonDepth);
   /** An error a route threw, answered: a client's mistake as a 4xx naming it, anything else a 500 (logged). */
   const answerError = (err: Error & { statusCode?: number }, where: string, reply: ProxyReply) => {
+    if (err instanceof BodyBudgetError) {
+      bodyBudgetRefusals.inc();
+      // the rest of the body is not read: the connection cannot carry another request
+      reply.header('retry-after', String(BODY_BUDGET_RETRY_AFTER_S)).header('connection', 'close');
+      return void openAiError(reply, 503, BODY_BUDGET_MESSAGE, null, BODY_BUDGET_CODE);
+    }
     // a check's TypeError/RangeError is the client's; anything else is ours, and its message stays in the log
     const clientError =
       err instanceof RequestLimitError ||
@@ -275,8 +340,13 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     const message = status === 413 ? `request body too large: ${err.message}` : err.message;
     void openAiError(reply, status, message, err instanceof RequestLimitError ? err.param : null);
   };
-  const notFound = (req: FastifyRequest, reply: FastifyReply) =>
-    void openAiError(reply, 404, `no route ${req.method} ${req.url}`);
+  const notFound = (req: FastifyRequest, reply: FastifyReply) => {
+    // a path served with other methods (TRACE, PUT… on /v1/completions): 405 naming them
+    const allowed = routeMethods.allowed(req.url);
+    if (allowed.length === 0) return void openAiError(reply, 404, `no route ${req.method} ${req.url}`);
+    reply.header('allow', allowed.join(', '));
+    void openAiError(reply, 405, methodNotAllowedMessage(req.method, req.url, allowed), 'method');
+  };
   app.setErrorHandler((err: Error & { statusCode?: number }, req, reply) =>
     // the body of a request to no route is read before the not-found handler runs: whatever is
     // wrong with it (not JSON, too deep, compressed, too large), the path is what to fix
@@ -285,6 +355,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       : answerError(err, `${req.method} ${req.routeOptions.url ?? 'unknown'}`, reply),
   );
   app.setNotFoundHandler(notFound);
+  // a body of undeclared length (chunked) takes its bytes from the budget as they are read; a
+  // callback hook, not an async one: no promise per request
+  app.addHook('preParsing', (req, _reply, payload, done) => {
+    const charge = bodyCharges.get(req.raw);
+    done(null, charge === undefined ? payload : chargedBody(payload, charge));
+  });
   // a callback hook, not an async one: no promise per request
   app.addHook('onResponse', (req, reply, done) => {
     metrics.countRequest(req.routeOptions.url ?? 'unknown', reply.statusCode);
@@ -443,6 +519,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     viaPseudonym: via,
     parseRequest: createRequestParser(readerOptions),
     limits,
+    bodyBudget,
     close: async (graceMs?: number) => {
       if (graceMs !== undefined && !(graceMs >= 0)) throw new RangeError(`graceMs must be >= 0, got ${graceMs}`);
       closing = true;
@@ -506,6 +583,68 @@ function answerMalformed(res: ServerResponse, status: number, message: string, p
     'content-length': Buffer.byteLength(body),
   });
   res.end(body);
+}
+
+/** A body of undeclared length that grew past what the budget had left (statusCode: Fastify keeps it). */
+class BodyBudgetError extends Error {
+  readonly statusCode = 503;
+  constructor() {
+    super(BODY_BUDGET_MESSAGE);
+    this.name = 'BodyBudgetError';
+  }
+}
+
+/** `payload` as Fastify reads it, each chunk taken from the budget first; one that does not fit fails the read. */
+function chargedBody(payload: NodeJS.ReadableStream, charge: BodyCharge): Transform {
+  const charged = new Transform({
+    transform(chunk: Buffer, _encoding: BufferEncoding, callback: TransformCallback) {
+      if (charge.take(chunk.length)) callback(null, chunk);
+      else callback(new BodyBudgetError());
+    },
+  });
+  // a client gone mid-body fails the read (pipe() would leave it waiting for an end)
+  payload.on('error', (err: Error) => charged.destroy(err));
+  payload.pipe(charged);
+  return charged;
+}
+
+/**
+ * Answers a request whose declared body does not fit in the budget, before any of it is read:
+ * 503 with Retry-After, and the connection closed (the body that follows is not read).
+ */
+function answerBodyBudgetExceeded(res: ServerResponse): void {
+  const body = JSON.stringify({
+    error: { message: BODY_BUDGET_MESSAGE, type: 'server_error', param: null, code: BODY_BUDGET_CODE },
+  });
+  res.writeHead(503, {
+    connection: 'close',
+    'retry-after': String(BODY_BUDGET_RETRY_AFTER_S),
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': Buffer.byteLength(body),
+  });
+  res.end(body);
+}
+
+/** What a request with a method its target is not served with is told. */
+function methodNotAllowedMessage(method: string, target: string, allowed: readonly string[]): string {
+  const shown = shownHeader(target);
+  return allowed.length === 0
+    ? `method ${method} is not supported: the gateway serves its own paths, it is not a proxy (target '${shown}')`
+    : `method ${method} is not allowed on ${shown} (allowed: ${allowed.join(', ')})`;
+}
+
+/**
+ * Answers a CONNECT (handed over by Node outside the routes, with the raw socket) with 405, an
+ * Allow header and an OpenAI error body, then closes the connection: the gateway tunnels nothing.
+ */
+function answerMethodNotAllowed(socket: Duplex, method: string, target: string, allowed: readonly string[]): void {
+  socket.on('error', () => {});
+  if (!socket.writable) return void socket.destroy();
+  const body = clientErrorBody(methodNotAllowedMessage(method, target, allowed), 'method');
+  socket.end(
+    `HTTP/1.1 405 ${STATUS_CODES[405]}\r\nConnection: close\r\nAllow: ${allowed.join(', ')}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+    () => socket.destroy(),
+  );
 }
 
 /** A header's value as an error message repeats it: cut to 64 characters. */

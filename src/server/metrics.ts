@@ -164,6 +164,35 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
 }
 
 /**
+ * The request-body budget (body-budget.ts): the bytes held now over all requests, their limit,
+ * and the requests the gateway refused (503) because their body did not fit. Returns the
+ * refusals counter.
+ */
+export function registerBodyBudgetMetrics(registry: Registry, budget: { used: number; limit: number }): Counter {
+  new Gauge({
+    name: 'contextforge_request_body_bytes_held',
+    help: 'Request-body bytes held now over all requests (the buffered-body budget in use).',
+    registers: [registry],
+    collect() {
+      this.set(budget.used);
+    },
+  });
+  new Gauge({
+    name: 'contextforge_request_body_bytes_limit',
+    help: 'Most request-body bytes held at once over all requests (--buffered-body-limit).',
+    registers: [registry],
+    collect() {
+      this.set(budget.limit);
+    },
+  });
+  return new Counter({
+    name: 'contextforge_request_body_budget_refusals_total',
+    help: 'Requests refused with 503 because their body did not fit in the buffered-body budget.',
+    registers: [registry],
+  });
+}
+
+/**
  * KV-event counters per worker (a data-parallel rank is a worker), read from the subscribers
  * when scraped: events skipped by reason (one bad event never costs its batch; see
  * docs/engines.md for the reasons) and the subscriber's own counts.

@@ -3,14 +3,14 @@
  * passes the answer back without buffering a stream. Nothing reaches the client before the
  * engine's first body byte, so until then a failure — a connection error, a 5xx, a 429 (the
  * engine overloaded for now), a 401/403 (the engine refusing the gateway's credentials), a
- * redirect (not followed), a 204 (no answer), a streamed answer's first byte overdue, the
+ * redirect (not followed), a 204 or 205 (no answer), a streamed answer's first byte overdue, the
  * worker leaving rotation — is retried on another worker (and, except when the worker was
  * taken out, counted by the circuit breaker). A client that goes away is not an engine
  * failure: no breaker count, no failure metric, no retry. The router's in-flight ticket
  * follows the request: prefill until the first upstream byte of a streamed answer (an answer
  * that is not streamed comes whole: the router reads the end of its prefill off the engine),
  * decode until the end, released on completion, error or client disconnect. An engine that
- * answers with an error (4xx or 5xx), a redirect or a 204, or that the request never reached
+ * answers with an error (4xx or 5xx), a redirect or a 204/205, or that the request never reached
  * (the connection failed before any answer), holds none of it: the blocks the router predicted
  * it would hold for it are withdrawn (markRefused), on the other replicas too (decisionRefused).
  */
@@ -415,7 +415,7 @@ class Attempt implements Dispatcher.DispatchHandler {
   private readonly started = performance.now();
   private readonly res: ServerResponse;
   private status = 0;
-  /** The engine answered 5xx, 429, 401/403, 3xx or 204: its body is read and dropped, then the attempt fails. */
+  /** The engine answered 5xx, 429, 401/403, 3xx, 204 or 205: its body is read and dropped, then the attempt fails. */
   private discarding = false;
   private discarded = 0;
   private headers: Record<string, string> | undefined;
@@ -505,23 +505,17 @@ class Attempt implements Dispatcher.DispatchHandler {
     // a 4xx (passed to the client, or a 429/401/403 tried elsewhere) or a redirect means the
     // engine computed nothing; a 5xx that it failed the request (when vLLM's engine core fails,
     // its KV is gone with it): what the router predicted it would hold is withdrawn
-    // (so does a 204: a completion endpoint answering no content is a broken engine)
-    if (statusCode >= 300 || statusCode === 204) this.o.onRefused();
+    // (so does a 204 or 205: a completion endpoint answering no content is a broken engine)
+    const noContent = statusCode === 204 || statusCode === 205;
+    if (statusCode >= 300 || noContent) this.o.onRefused();
     // an engine's failure, its refusal for now (429: it is overloaded), a 401/403: the engine
     // refused the gateway's own credentials (the client's are never forwarded), or a redirect
     // (a worker URL that is not the engine's: http behind an ingress that wants https, say; it
     // is not followed, the request would reach an engine the router did not choose), or a 204
-    // (no answer at all, where an answer is all the client asked for): none is an answer for
+    // or 205 (no answer at all, where an answer is all the client asked for): none is an answer for
     // the client, and another worker can take the request
     const redirect = statusCode >= 300 && statusCode < 400;
-    if (
-      statusCode >= 500 ||
-      statusCode === 429 ||
-      statusCode === 401 ||
-      statusCode === 403 ||
-      redirect ||
-      statusCode === 204
-    ) {
+    if (statusCode >= 500 || statusCode === 429 || statusCode === 401 || statusCode === 403 || redirect || noContent) {
       this.discarding = true;
       // the first-byte deadline no longer applies: the engine answered, with a failure
       if (this.timer) clearTimeout(this.timer);

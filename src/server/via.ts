@@ -20,6 +20,14 @@ export function viaPseudonym(): string {
   return `contextforge-${randomBytes(6).toString('hex')}`;
 }
 
+/**
+ * The Via of a request the gateway makes on its own (health checks, metrics scrapes, the
+ * models read, /tokenize): its entry alone, over HTTP/1.1 as undici and fetch send it.
+ */
+export function ownVia(pseudonym: string): string {
+  return `1.1 ${pseudonym}`;
+}
+
 /** Why a request's Via is refused: the HTTP status, the message and the error code. */
 export interface ViaRejection {
   status: 400 | 508;

@@ -84,6 +84,12 @@ export interface WorkerConnectionsOptions {
   log: (message: string) => void;
   /** Where workers' `apiKeyEnv` variables are read. */
   env: NodeJS.ProcessEnv;
+  /**
+   * The Via of the gateway's own requests to the workers (`1.1 <pseudonym>`, via.ts): a worker
+   * URL that leads back to this gateway, directly or through another gateway, then shows the
+   * loop on them too (the periodic /v1/models read would otherwise go round once more unseen).
+   */
+  via?: string;
 }
 
 /** A worker refused because the router would hold more than MAX_WORKERS; `field` is the one at fault. */
@@ -114,9 +120,10 @@ export class WorkerConnections {
 
   constructor(private readonly options: WorkerConnectionsOptions) {
     const { router, health, log, metricsIntervalMs, healthCheckIntervalMs } = options;
+    const headers = options.via === undefined ? undefined : { via: options.via };
     this.scraper =
       metricsIntervalMs > 0
-        ? new MetricsScraper(router, [], { intervalMs: metricsIntervalMs, health, log }).start()
+        ? new MetricsScraper(router, [], { intervalMs: metricsIntervalMs, health, log, headers }).start()
         : undefined;
     // a probe's timeout is at least half a second, so a busy engine (or router) is not taken for a dead one
     this.checker =
@@ -124,6 +131,7 @@ export class WorkerConnections {
         ? new HealthChecker(health, {
             intervalMs: healthCheckIntervalMs,
             timeoutMs: Math.min(2000, Math.max(500, healthCheckIntervalMs)),
+            headers,
           }).start()
         : undefined;
     health.onChange((id, available, detail) => (available ? this.backInRotation(id) : this.outOfRotation(id, detail)));
@@ -320,12 +328,13 @@ export class WorkerConnections {
   /**
    * The entries of a worker's /v1/models (objects with a non-empty string `id`, at most
    * MAX_MODEL_ENTRIES), read within the side requests' bounds of size and time; undefined when
-   * it does not answer with a list. `via`: the Via header to send (for a client's request).
+   * it does not answer with a list. `via`: the Via header to send (a client's, with this
+   * gateway's entry; default: this gateway's own).
    */
-  async listModels(c: WorkerConnection, via?: string): Promise<Array<{ id: string }> | undefined> {
+  async listModels(c: WorkerConnection, via = this.options.via): Promise<Array<{ id: string }> | undefined> {
     try {
       const res = await upstreamRequest(`${c.base}/v1/models`, {
-        // a client's request carries its Via on (a worker URL that leads back is a routing loop)
+        // the Via goes on (a worker URL that leads back is a routing loop)
         headers: via === undefined ? c.headers : { ...c.headers, via },
         headersTimeout: 2000,
         bodyTimeout: 2000,
@@ -378,6 +387,7 @@ export class WorkerConnections {
     if (r.tokens) return r.tokens as number[];
     const body = tokenizeBody(request, r);
     const skip = this.withoutModel(request.model);
+    const via = this.options.via;
     const asked = new Set<string>();
     for (const w of this.options.router.listWorkers()) {
       if (!w.available || skip.has(w.id)) continue;
@@ -388,7 +398,8 @@ export class WorkerConnections {
         const res = await upstreamRequest(`${c.base}/tokenize`, {
           method: 'POST',
           body: JSON.stringify(body),
-          headers: c.headers,
+          // with this gateway's Via: a worker URL that leads back here shows as a loop
+          headers: via === undefined ? c.headers : { ...c.headers, via },
           headersTimeout: 2000,
           bodyTimeout: 2000,
           // the client waits on it: a body that trickles must not hold the request forever

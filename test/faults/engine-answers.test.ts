@@ -324,6 +324,13 @@ test('an engine answering 204 No Content: not passed to the client, retried else
   // alone, it is an engine failure the client is told of, not an empty answer labelled JSON
   checkNotAnAnswer((res) => res.writeHead(204).end(), 'nothing stays on the worker that answered 204'));
 
+test('an engine answering 205 Reset Content: not passed to the client as an answer labelled JSON, retried elsewhere', () =>
+  // 205 forbids content as 204 does: no answer for a completion request either
+  checkNotAnAnswer((res) => res.writeHead(205).end(), 'nothing stays on the worker that answered 205'));
+
+test('an engine answering 304 Not Modified: not passed to the client, retried elsewhere, its predictions withdrawn', () =>
+  checkNotAnAnswer((res) => res.writeHead(304).end(), 'nothing stays on the worker that answered 304'));
+
 test('a request the gateway stopped waiting for keeps its predictions: the engine may be computing it', async () => {
   // a streamed answer whose first byte never comes: the gateway gives up and tries the other worker
   const silent = await engineAnswering(() => {});

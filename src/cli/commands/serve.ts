@@ -43,6 +43,15 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
     objectives: objectives === undefined ? undefined : new Map(Object.entries(objectives)),
     workers: resolved.workers,
   } as WithWorkers<z.output<S>>;
+  if (config.bufferedBodyLimit < config.bodyLimit) {
+    // a body limit raised past the default budget raises the budget with it, unless it was set
+    if (resolved.origins.bufferedBodyLimit !== 'default')
+      throw new RangeError(
+        `--buffered-body-limit (${config.bufferedBodyLimit}) must be at least --body-limit (${config.bodyLimit}): a body at the limit could never be read`,
+      );
+    config.bufferedBodyLimit = config.bodyLimit;
+    (resolved.values as { bufferedBodyLimit: number }).bufferedBodyLimit = config.bodyLimit;
+  }
   if (config.tokenize === 'tokenizer' && !config.tokenizer)
     throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
   if (config.blockHash === 'vllm') {
@@ -168,6 +177,7 @@ export async function startGateway(
       interChunkTimeoutMs: c.upstreamTimeoutMs,
     },
     bodyLimit: c.bodyLimit,
+    bufferedBodyLimit: c.bufferedBodyLimit,
     maxRetries: c.maxRetries,
     upstreamTimeoutMs: c.upstreamTimeoutMs,
     metricsIntervalMs: c.metricsIntervalMs,

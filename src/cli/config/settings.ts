@@ -7,6 +7,7 @@
  */
 import { z } from 'zod';
 import { ROUTER_SETTINGS_HELP, ROUTER_SETTINGS_SCHEMA } from '../../core/router/options-schema.js';
+import { DEFAULT_BUFFERED_BODY_LIMIT } from '../../server/body-budget.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
 import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
 import { parseRedisUrl } from '../../state/redis-state-store.js';
@@ -74,6 +75,7 @@ const gatewayShape = {
     .int()
     .min(1024)
     .default(16 * 1024 * 1024),
+  bufferedBodyLimit: z.int().min(1024).default(DEFAULT_BUFFERED_BODY_LIMIT),
   maxRetries: z.int().min(0).max(16).default(2),
   upstreamTimeoutMs: TIMEOUTS_SCHEMA.shape.interChunkTimeoutMs,
   metricsIntervalMs: timerMs(0).default(1000),
@@ -139,6 +141,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   statePrefix: { arg: '<prefix>', help: "prefix of the shared state's Redis keys (one per fleet)" },
   bodyLimit: { arg: '<bytes>', help: 'largest request body' },
+  bufferedBodyLimit: {
+    arg: '<bytes>',
+    help: 'most request-body bytes held at once over all requests (gateway and endpoint picker; at least --body-limit); a request whose body does not fit gets 503 with retry-after',
+  },
   maxRetries: { arg: '<n>', help: 'retries on other workers before the first byte' },
   upstreamTimeoutMs: { arg: '<ms>', help: 'longest gap between two chunks of an engine answer (after the first byte)' },
   metricsIntervalMs: { arg: '<ms>', help: 'load-metrics scrape interval (0: off)' },

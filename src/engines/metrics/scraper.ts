@@ -28,6 +28,8 @@ export interface ScraperOptions {
   log?: (message: string) => void;
   /** Where health verdicts go when other checks share the say (the gateway); else straight to the router. */
   health?: WorkerHealth;
+  /** Headers of every scrape (the gateway's Via, so a gateway scraped as a worker can tell who asks). */
+  headers?: Readonly<Record<string, string>>;
 }
 
 export interface TargetState extends CheckStreak {
@@ -99,7 +101,7 @@ export class MetricsScraper {
     // requests routed while the scrape is under way may not be in the engine's queue it reads
     const sampledAt = this.router.now();
     try {
-      const res = await fetch(t.url, { signal: AbortSignal.timeout(this.timeoutMs) });
+      const res = await fetch(t.url, { headers: this.options.headers, signal: AbortSignal.timeout(this.timeoutMs) });
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
       const load = readEngineLoad(await readBoundedText(res.body, MAX_METRICS_BYTES, '/metrics'), t.engine);
       if (this.states.get(t.workerId) !== s) return; // removed while scraping

@@ -1,0 +1,48 @@
+/**
+ * The methods each of the gateway's paths is served with, so a request with another method on
+ * a served path is answered 405 with an Allow header (RFC 9110 §15.5.6) rather than 404, and a
+ * CONNECT (which Node hands over outside the routes) gets an answer at all.
+ */
+
+/** One route pattern as Fastify declares it (`/admin/workers/:id`), matched segment by segment. */
+interface RoutePattern {
+  segments: readonly string[];
+  methods: Set<string>;
+}
+
+export class RouteMethods {
+  private readonly patterns = new Map<string, RoutePattern>();
+
+  /** Records that `url` (a Fastify route pattern) is served with `method`. */
+  add(method: string | readonly string[], url: string): void {
+    let p = this.patterns.get(url);
+    if (p === undefined) this.patterns.set(url, (p = { segments: url.split('/'), methods: new Set() }));
+    for (const m of typeof method === 'string' ? [method] : method) p.methods.add(m.toUpperCase());
+  }
+
+  /**
+   * The methods `target` (a request target: a path, with or without a query) is served with,
+   * sorted; empty when no route matches it (or it is not a path, as a CONNECT's host:port is not).
+   */
+  allowed(target: string): string[] {
+    if (!target.startsWith('/')) return [];
+    const q = target.indexOf('?');
+    const segments = (q === -1 ? target : target.slice(0, q)).split('/');
+    const out = new Set<string>();
+    for (const p of this.patterns.values()) if (matches(p.segments, segments)) for (const m of p.methods) out.add(m);
+    // Fastify answers HEAD wherever it answers GET
+    if (out.has('GET')) out.add('HEAD');
+    return [...out].sort();
+  }
+}
+
+/** A pattern's segments against a path's: `:name` matches any non-empty segment, `*` the rest. */
+function matches(pattern: readonly string[], path: readonly string[]): boolean {
+  for (let i = 0; i < pattern.length; i++) {
+    const s = pattern[i];
+    if (s === '*') return true;
+    if (i >= path.length) return false;
+    if (s.startsWith(':') ? path[i] === '' : s !== path[i]) return false;
+  }
+  return pattern.length === path.length;
+}

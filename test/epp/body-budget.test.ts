@@ -1,0 +1,98 @@
+/**
+ * The endpoint picker's share of the process's buffered-body budget (the gateway's, one per
+ * process): bodies arriving slowly on many ext_proc streams must not make it hold (streams ×
+ * body limit) bytes. A body chunk that does not fit gets an immediate 503 with Retry-After; a
+ * stream gives its bytes back once its body is routed on, or when it fails or is cancelled.
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { credentials, makeGenericClientConstructor, type Client, type ClientDuplexStream } from '@grpc/grpc-js';
+import { extProcService, type ProcessingRequest, type ProcessingResponse } from '../../src/epp/proto.js';
+import { EnvoyRole } from './envoy-role.js';
+import { startPickerFleet, type PickerFleet } from './harness.js';
+import { until } from '../helpers/wait.js';
+
+const BODY_LIMIT = 64 * 1024;
+const BUDGET = 100_000;
+
+let fleet: PickerFleet;
+let envoy: EnvoyRole;
+let client: Client & { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse> };
+before(async () => {
+  fleet = await startPickerFleet({ engines: 1, gateway: { bodyLimit: BODY_LIMIT, bufferedBodyLimit: BUDGET } });
+  envoy = new EnvoyRole(fleet.addresses[0]);
+  const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
+  client = new Ctor(fleet.addresses[0], credentials.createInsecure()) as unknown as typeof client;
+});
+after(async () => {
+  client.close();
+  envoy.close();
+  await fleet.close();
+});
+
+const held = () => fleet.gateways[0].bodyBudget.used;
+
+const REQUEST_HEADERS: ProcessingRequest = {
+  request_headers: {
+    headers: {
+      headers: [':method', ':path'].map((key, i) => ({ key, raw_value: Buffer.from(['POST', '/v1/completions'][i]) })),
+    },
+    end_of_stream: false,
+  },
+};
+const chunk = (n: number): ProcessingRequest => ({
+  request_body: { body: Buffer.alloc(n, 0x20), end_of_stream: false },
+});
+
+/** A stream that has sent its request headers; what the picker answered so far is in `answers`. */
+function openStream() {
+  const call = client.Process();
+  const answers: ProcessingResponse[] = [];
+  call.on('data', (m: ProcessingResponse) => answers.push(m));
+  call.on('error', () => {});
+  call.write(REQUEST_HEADERS);
+  return { call, answers };
+}
+
+test('a body chunk over the budget gets an immediate 503 with retry-after; cancelled streams give their bytes back', async () => {
+  const a = openStream();
+  a.call.write(chunk(60_000));
+  await until(() => held() === 60_000, "the first stream's body taken");
+  const b = openStream();
+  b.call.write(chunk(30_000));
+  await until(() => held() === 90_000, "the second stream's first chunk taken");
+  // this one does not fit: answered at once, and what the stream took goes back
+  b.call.write(chunk(20_000));
+  await until(() => b.answers.length > 0, 'the answer to the chunk that does not fit', { timeoutMs: 5000 });
+  const immediate = b.answers[0].immediate_response;
+  assert.ok(immediate, `an immediate response, got ${JSON.stringify(Object.keys(b.answers[0]))}`);
+  assert.equal(immediate.status?.code, 'ServiceUnavailable');
+  const set = new Map(
+    (immediate.headers?.set_headers ?? []).map((h) => [
+      h.header?.key,
+      Buffer.from(h.header?.raw_value ?? []).toString(),
+    ]),
+  );
+  assert.equal(set.get('retry-after'), '1');
+  assert.equal(set.get('content-type'), 'application/json');
+  assert.deepEqual(JSON.parse(Buffer.from(immediate.body ?? []).toString()), {
+    error: {
+      message: 'the router is holding as many request bodies as it may at once; retry shortly',
+      type: 'server_error',
+      param: null,
+      code: 'body_budget_exceeded',
+    },
+  });
+  await until(() => held() === 60_000, 'the refused stream gave its bytes back');
+
+  // the first stream's peer goes away mid-body: its bytes come back
+  a.call.cancel();
+  await until(() => held() === 0, 'the cancelled stream gave its bytes back');
+
+  // a body that fills most of the budget is routed, and gives its bytes back once routed on
+  const out = await envoy.request({ body: JSON.stringify({ model: 'mock', prompt: 'x'.repeat(50_000) }) });
+  assert.equal(out.kind, 'routed');
+  await until(() => held() === 0, 'the routed body gave its bytes back');
+  if (out.kind === 'routed') await out.stream.end();
+  b.call.cancel();
+});
