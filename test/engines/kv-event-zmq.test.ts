@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
 import { encode } from '@msgpack/msgpack';
-import { Publisher, Router } from 'zeromq';
+import { Dealer, Publisher, Router } from 'zeromq';
 import { BlockHashes, hashTokenBlocks } from '../../src/core/hashing.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
 import { decodeEventBatch, type KvEvent } from '../../src/engines/kv-events/decode.js';
@@ -315,6 +315,45 @@ describe('KV events over ZeroMQ', () => {
       assert.equal(sub.stats.replayFailures, 0);
       assert.equal(sub.stats.replays, 1);
       assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 8);
+    });
+  }
+
+  for (const replayTopic of [true, false]) {
+    test(`the publisher answers a replay ${replayTopic ? 'with the topic, as vLLM does' : 'without the topic, as SGLang does'}`, async () => {
+      const pub = await new KvEventPublisher({
+        endpoint: 'tcp://127.0.0.1:*',
+        replayEndpoint: 'tcp://127.0.0.1:*',
+        topic: 'kv-events',
+        replayTopic,
+      }).start();
+      const dealer = new Dealer({ linger: 0, receiveTimeout: 5000 });
+      closers.push(async () => {
+        dealer.close();
+        await pub.close();
+      });
+      await pub.publish(batch(stored([1n], null, 0)));
+      await pub.publish(batch(stored([2n], 1n, 4)));
+      dealer.connect(pub.replayEndpoint);
+      const start = Buffer.alloc(8);
+      start.writeBigUInt64BE(1n);
+      await dealer.send(['', start]);
+      const reply = (await dealer.receive()).map((f) => Buffer.from(f));
+      const end = (await dealer.receive()).map((f) => Buffer.from(f));
+      const seq1 = Buffer.alloc(8);
+      seq1.writeBigUInt64BE(1n);
+      const endSeq = Buffer.alloc(8, 0xff);
+      if (replayTopic) {
+        assert.deepEqual(reply.slice(0, 3), [Buffer.alloc(0), Buffer.from('kv-events'), seq1]);
+        assert.deepEqual(end, [Buffer.alloc(0), Buffer.alloc(0), endSeq, Buffer.alloc(0)]);
+      } else {
+        assert.deepEqual(reply.slice(0, 2), [Buffer.alloc(0), seq1]);
+        assert.deepEqual(end, [Buffer.alloc(0), endSeq, Buffer.alloc(0)]);
+      }
+      const events = decodeEventBatch(reply.at(-1)!).events;
+      assert.deepEqual(
+        events.map((e) => (e.type === 'BlockStored' ? e.blockHashes : [])),
+        [[2n]],
+      );
     });
   }
 
