@@ -243,6 +243,20 @@ describe('KV event applier on engine-encoded fixtures', () => {
     assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 16);
   });
 
+  test("SGLang's cache_salt (metadata after medium, or a field of its tagged maps) keys the page chain", () => {
+    for (const name of ['sglang-salt-array', 'sglang-salt-map']) {
+      const router = router16();
+      const applier = new KvEventApplier(router);
+      const c = applier.apply('w0', decodeEventBatch(fixture(name)));
+      assert.deepEqual(c.skipped, {}, name);
+      assert.equal(c.storedBlocks, 4, name);
+      // the salted chain holds both pages; the unsalted store holds the first page only
+      assert.equal(router.route({ tokens: prompt, cacheSalt: 'tenant-a' }, { dryRun: true }).cachedTokens, 32, name);
+      assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 16, name);
+      assert.equal(router.route({ tokens: prompt, cacheSalt: 'tenant-b' }, { dryRun: true }).cachedTokens, 0, name);
+    }
+  });
+
   test('vllm hash mode: a late-joining router matches requests to blocks whose chain it never saw', () => {
     const cases = JSON.parse(
       readFileSync(new URL('../fixtures/kv-events/vllm-block-hash.json', import.meta.url), 'utf8'),

@@ -52,6 +52,8 @@ describe('vLLM KV event decoding', () => {
       'extra-keys-mm-salt',
       'sglang-page1',
       'sglang-page16',
+      'sglang-salt-array',
+      'sglang-salt-map',
       'mixed-bad',
     ])
       assert.ok(names.includes(n), n);

@@ -435,11 +435,13 @@ function loraOf(e: BlockStoredEvent): string | null {
 }
 
 /**
- * The cache salt of a prompt's first block, read from its extra_keys: vLLM lists the LoRA
- * name first, then multimodal (identifier, offset) pairs, then the salt, then prompt-embedding
+ * The cache salt of a prompt's first block: SGLang's cache_salt, which salts the whole page
+ * chain from its root, or vLLM's, read from the block's extra_keys: vLLM lists the LoRA name
+ * first, then multimodal (identifier, offset) pairs, then the salt, then prompt-embedding
  * digests (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys).
  */
 function saltOf(e: BlockStoredEvent): string | null {
+  if (e.cacheSalt !== undefined) return e.cacheSalt;
   const keys = e.extraKeys?.[0];
   if (!keys) return null;
   let i = 0;

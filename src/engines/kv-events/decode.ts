@@ -34,6 +34,12 @@ export interface BlockStoredEvent {
   /** The KV group's kind: "full_attention", "sliding_window", "mamba", … (null: not sent). */
   kvCacheSpecKind?: string | null;
   kvCacheSpecSlidingWindow?: number | null;
+  /**
+   * SGLang's cache salt, which namespaces the page chain from its root: a `{cache_salt}` map
+   * after `medium` in the positional form (sgl-project/sglang#30827), a field of the tagged
+   * map since sgl-project/sglang#37482. Present only when the store is salted.
+   */
+  cacheSalt?: string;
 }
 
 export interface BlockRemovedEvent {
@@ -110,6 +116,11 @@ const STORED_FIELDS = [
   'kv_cache_spec_sliding_window',
 ] as const;
 const REMOVED_FIELDS = ['block_hashes', 'medium', 'group_idx'] as const;
+/**
+ * Where SGLang's positional BlockStored puts its metadata map (sgl-project/sglang#30827):
+ * after the tag and its six fields, the place of vLLM's lora_name.
+ */
+const SGLANG_METADATA_INDEX = 7;
 
 /**
  * Decodes one batch. A payload that is not a batch throws a KvEventFormatError; an event that
@@ -179,6 +190,12 @@ function decodeEvent(e: unknown, i: number): KvEvent {
     const names = type === 'BlockStored' ? STORED_FIELDS : type === 'BlockRemoved' ? REMOVED_FIELDS : [];
     fields = {};
     names.forEach((name, k) => (fields[name] = e[k + 1] ?? null));
+    // SGLang's salted store: its metadata map where vLLM has lora_name, and nothing after it
+    const sglangMetadata = type === 'BlockStored' ? e[SGLANG_METADATA_INDEX] : undefined;
+    if (isMap(sglangMetadata)) {
+      for (const name of STORED_FIELDS.slice(SGLANG_METADATA_INDEX - 1)) fields[name] = null;
+      fields.cache_salt = sglangMetadata.cache_salt ?? null;
+    }
   } else if (isMap(e)) {
     type = e.type;
     fields = e;
@@ -223,6 +240,7 @@ function decodeEvent(e: unknown, i: number): KvEvent {
           'token_count',
         );
       }
+      const cacheSalt = optionalString(fields.cache_salt, `${at}.cache_salt`);
       const extraKeys = extraKeyList(fields.extra_keys, `${at}.extra_keys`);
       if (extraKeys !== null && extraKeys.length !== blockHashes.length)
         throw new KvEventFormatError(
@@ -247,6 +265,8 @@ function decodeEvent(e: unknown, i: number): KvEvent {
           fields.kv_cache_spec_sliding_window,
           `${at}.kv_cache_spec_sliding_window`,
         ),
+        // an empty salt is no salt, as both engines take it
+        ...(cacheSalt ? { cacheSalt } : {}),
       };
     }
     case 'BlockRemoved':
