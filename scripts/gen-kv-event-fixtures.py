@@ -50,7 +50,8 @@ def shapes():
     """One namespace of msgspec Structs per historical shape (class names are the wire tags)."""
     out = {}
 
-    def family(name, *, batch_array, events_array, rank, medium, lora_name, extra, group, spec, future=False):
+    def family(name, *, batch_array, events_array, rank, medium, lora_name, extra, group, spec, future=False,
+               placement=False):
         ev_kw = dict(omit_defaults=True, gc=False, tag=True)
         if events_array:
             ev_kw["array_like"] = True
@@ -77,6 +78,10 @@ def shapes():
         if spec:
             stored_fields.append(("kv_cache_spec_kind", Optional[str], None))
             stored_fields.append(("kv_cache_spec_sliding_window", Optional[int], None))
+        if placement:
+            stored_fields += [("locality", Optional[str], None), ("ownership", Optional[str], None),
+                              ("session_id", Optional[str], None)]
+            removed_fields += [("locality", Optional[str], None), ("ownership", Optional[str], None)]
         if future:
             stored_fields.append(("future_field", Optional[str], None))
         BlockStored = msgspec.defstruct("BlockStored", stored_fields, bases=(KVCacheEvent,))
@@ -101,6 +106,10 @@ def shapes():
     family("future", **arr, rank=True, medium=True, lora_name=True, extra=True, group=True, spec=True, future=True)
     family("mapev", batch_array=True, events_array=False, rank=True, medium=True, lora_name=True, extra=True, group=True, spec=True)
     family("map", batch_array=False, events_array=False, rank=True, medium=True, lora_name=True, extra=True, group=True, spec=True)
+    # vLLM 0.26+: optional locality (#48281), ownership (#52067), session_id (#51381); the batch
+    # positional, events tagged maps, as tests/v1/core/test_kv_events_contract.py pins them
+    family("placement", batch_array=True, events_array=False, rank=True, medium=True, lora_name=True, extra=True, group=True,
+           spec=True, placement=True)
     # SGLang (python/sglang/srt/disaggregation/kv_events.py): vLLM's first schema, no rank
     family("sglang", **arr, rank=False, medium=False, lora_name=False, extra=False, group=False, spec=False)
     family("sglang-medium", **arr, rank=False, medium=True, lora_name=False, extra=False, group=False, spec=False)
@@ -227,7 +236,7 @@ def build(shape, events, rank=None):
     objs = []
     for kind, f in events:
         names = s["stored"] if kind == "BlockStored" else s["removed"] if kind == "BlockRemoved" else []
-        objs.append(s[kind](**{n: f.get(n) for n in names if n in f or n not in ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "future_field")}))
+        objs.append(s[kind](**{n: f.get(n) for n in names if n in f or n not in ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "future_field", "locality", "ownership", "session_id")}))
     batch = s["EventBatch"](ts=TS, events=objs, **({"data_parallel_rank": rank} if s["rank"] else {}))
     return msgspec.msgpack.encode(batch)
 
@@ -330,6 +339,14 @@ def main():
     names.append(fixture("hybrid", "mapev", [("BlockStored", gpu), ("BlockStored", sw), ("BlockStored", mamba),
                                              ("BlockRemoved", {"block_hashes": [0x1111], "medium": "GPU", "group_idx": 1})], 0))
     names.append(fixture("hybrid-array", "spec", [("BlockStored", gpu), ("BlockStored", sw), ("BlockStored", mamba)], 0))
+
+    # a native storage tier's copy (medium "STORAGE", vLLM #48123) on remote storage, and a GPU
+    # store naming its session: the new fields decode as unknown ones, ignored
+    storage = dict(cpu, medium="STORAGE", locality="REMOTE", ownership="tier-1")
+    names.append(fixture("placement-fields", "placement",
+                         [("BlockStored", dict(gpu, session_id="s-1")), ("BlockStored", storage),
+                          ("BlockRemoved", {"block_hashes": [big[1]], "medium": "STORAGE", "locality": "REMOTE",
+                                            "ownership": "tier-1"})], 0))
 
     # multimodal and salted blocks: extra_keys per block ((mm identifier, offset), salt on block 0)
     mm = dict(gpu, extra_keys=[("salt-a", ), (("img-sha", 3),)])

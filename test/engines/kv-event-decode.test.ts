@@ -47,6 +47,7 @@ describe('vLLM KV event decoding', () => {
     for (const n of [
       'future-stored-int',
       'offload-cpu',
+      'placement-fields',
       'hybrid',
       'hybrid-array',
       'extra-keys-mm-salt',
