@@ -340,6 +340,23 @@ def main():
                                              ("BlockRemoved", {"block_hashes": [0x1111], "medium": "GPU", "group_idx": 1})], 0))
     names.append(fixture("hybrid-array", "spec", [("BlockStored", gpu), ("BlockStored", sw), ("BlockStored", mamba)], 0))
 
+    # the offloading connector as vLLM ships it now (vllm/distributed/kv_transfer/kv_connector/
+    # v1/offloading/ events tracker, placeholder payload unless self_describing_kv_events): a
+    # CPU copy named by its chunk's last block hash, block_size 0, group_idx set; removed alike
+    placeholder = {"block_hashes": [big[1]], "parent_block_hash": None, "token_ids": [], "block_size": 0, "lora_id": None,
+                   "medium": "CPU", "lora_name": None, "group_idx": 0}
+    names.append(fixture("offload-cpu-unsized", "placement",
+                         [("BlockStored", gpu), ("BlockStored", placeholder),
+                          ("BlockRemoved", {"block_hashes": [big[1]], "medium": "CPU", "group_idx": 0})], 0))
+
+    # with self_describing_kv_events (vllm-project/vllm#43468, #51614): the CPU copy of a chunk of
+    # two GPU blocks carries their hashes, its tokens, the parent and the GPU block size
+    described = {"block_hashes": big, "parent_block_hash": None, "token_ids": tokens, "block_size": 16, "lora_id": None,
+                 "medium": "CPU", "lora_name": None, "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+    names.append(fixture("offload-cpu-described", "placement",
+                         [("BlockStored", gpu), ("BlockStored", described),
+                          ("BlockRemoved", {"block_hashes": big, "medium": "GPU", "group_idx": 0})], 0))
+
     # a native storage tier's copy (medium "STORAGE", vLLM #48123) on remote storage, and a GPU
     # store naming its session: the new fields decode as unknown ones, ignored
     storage = dict(cpu, medium="STORAGE", locality="REMOTE", ownership="tier-1")

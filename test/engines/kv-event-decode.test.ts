@@ -47,6 +47,8 @@ describe('vLLM KV event decoding', () => {
     for (const n of [
       'future-stored-int',
       'offload-cpu',
+      'offload-cpu-unsized',
+      'offload-cpu-described',
       'placement-fields',
       'hybrid',
       'hybrid-array',

@@ -25,6 +25,7 @@ export interface BlockStoredEvent {
   parentBlockHash: EngineBlockHash | null;
   /** Empty for the offloading connector's copies (medium "CPU"): the block is known by hash. */
   tokenIds: number[];
+  /** 0 only for a copy without token ids whose size vLLM does not send (its offloading connector). */
   blockSize: number;
   loraId: number | null;
   medium: string | null;
@@ -227,7 +228,10 @@ function decodeEvent(e: unknown, i: number): KvEvent {
         throw new KvEventFormatError(`${at}.token_ids[${k}] must be a uint32`);
       }
       const blockSize = toInt(fields.block_size, `${at}.block_size`);
-      if (blockSize < 1) throw new KvEventFormatError(`${at}.block_size must be >= 1`);
+      // vLLM's offloading connector sends its tokenless copies with block_size 0 (the chunk's
+      // size is not sent); a store with tokens needs its real block size
+      if (blockSize < (tokens.length === 0 ? 0 : 1))
+        throw new KvEventFormatError(`${at}.block_size must be >= 1 (0 only without token ids)`);
       const kind = optionalString(fields.kv_cache_spec_kind, `${at}.kv_cache_spec_kind`);
       const groupIdx = optionalInt(fields.group_idx, `${at}.group_idx`);
       // token_ids covers every block (empty for an offloaded copy). A sliding-window or Mamba
