@@ -19,7 +19,9 @@ msgspec's own msgpack encoder, so the bytes are what an engine of that release s
   map      the batch is a map too (EventBatch without array_like, as on vLLM main)
 
 plus SGLang's (array_like, one BlockStored per page with block_size = len(page), signed
-64-bit hashes; newer releases add medium), vLLM's offloading connector (BlockStored with
+64-bit hashes; newer releases add medium; since sgl-project/sglang#30827 a salted store
+appends a {cache_salt} metadata map after medium; since sgl-project/sglang#37482 events are
+tagged maps with cache_salt and session_id fields), vLLM's offloading connector (BlockStored with
 token_ids [], parent None, medium "CPU", its own block size), hybrid models (group_idx,
 kv_cache_spec_kind "sliding_window"/"mamba"), and a future release adding a field.
 
@@ -48,7 +50,8 @@ def shapes():
     """One namespace of msgspec Structs per historical shape (class names are the wire tags)."""
     out = {}
 
-    def family(name, *, batch_array, events_array, rank, medium, lora_name, extra, group, spec, future=False):
+    def family(name, *, batch_array, events_array, rank, medium, lora_name, extra, group, spec, future=False,
+               placement=False):
         ev_kw = dict(omit_defaults=True, gc=False, tag=True)
         if events_array:
             ev_kw["array_like"] = True
@@ -75,6 +78,10 @@ def shapes():
         if spec:
             stored_fields.append(("kv_cache_spec_kind", Optional[str], None))
             stored_fields.append(("kv_cache_spec_sliding_window", Optional[int], None))
+        if placement:
+            stored_fields += [("locality", Optional[str], None), ("ownership", Optional[str], None),
+                              ("session_id", Optional[str], None)]
+            removed_fields += [("locality", Optional[str], None), ("ownership", Optional[str], None)]
         if future:
             stored_fields.append(("future_field", Optional[str], None))
         BlockStored = msgspec.defstruct("BlockStored", stored_fields, bases=(KVCacheEvent,))
@@ -99,6 +106,10 @@ def shapes():
     family("future", **arr, rank=True, medium=True, lora_name=True, extra=True, group=True, spec=True, future=True)
     family("mapev", batch_array=True, events_array=False, rank=True, medium=True, lora_name=True, extra=True, group=True, spec=True)
     family("map", batch_array=False, events_array=False, rank=True, medium=True, lora_name=True, extra=True, group=True, spec=True)
+    # vLLM 0.26+: optional locality (#48281), ownership (#52067), session_id (#51381); the batch
+    # positional, events tagged maps, as tests/v1/core/test_kv_events_contract.py pins them
+    family("placement", batch_array=True, events_array=False, rank=True, medium=True, lora_name=True, extra=True, group=True,
+           spec=True, placement=True)
     # SGLang (python/sglang/srt/disaggregation/kv_events.py): vLLM's first schema, no rank
     family("sglang", **arr, rank=False, medium=False, lora_name=False, extra=False, group=False, spec=False)
     family("sglang-medium", **arr, rank=False, medium=True, lora_name=False, extra=False, group=False, spec=False)
@@ -107,6 +118,93 @@ def shapes():
 
 SHAPES = shapes()
 TS = 1730000000.25
+
+
+def sglang_shapes():
+    """SGLang's structs (python/sglang/srt/disaggregation/kv_events.py) in its two salted shapes."""
+
+    # sgl-project/sglang#30827 (0.5.18): positional events; a salted store is BlockStored plus
+    # a kw_only metadata struct, so unsalted stores keep their seven elements
+    class Batch(msgspec.Struct, array_like=True, gc=False):
+        ts: float
+        events: list[Any]
+        attn_dp_rank: Optional[int] = None
+
+    class PosEvent(msgspec.Struct, array_like=True, gc=False, tag=True):
+        pass
+
+    class PosBlockStored(PosEvent, tag="BlockStored"):
+        block_hashes: list[int]
+        parent_block_hash: Optional[int]
+        token_ids: list[int]
+        block_size: int
+        lora_id: Optional[int]
+        medium: Optional[str] = None
+
+    class BlockStoredMetadata(msgspec.Struct, omit_defaults=True, gc=False):
+        cache_salt: str
+
+    class PosBlockStoredWithMetadata(PosBlockStored, tag="BlockStored", kw_only=True):
+        metadata: BlockStoredMetadata
+
+    class PosBlockRemoved(PosEvent, tag="BlockRemoved"):
+        block_hashes: list[int]
+        medium: Optional[str] = None
+
+    # sgl-project/sglang#37482: events are tagged maps; the salt is a field of BlockStored
+    class MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+        pass
+
+    class MapBlockStored(MapEvent, tag="BlockStored"):
+        block_hashes: list[int]
+        parent_block_hash: Optional[int]
+        token_ids: list[int]
+        block_size: int
+        lora_id: Optional[int]
+        medium: Optional[str] = None
+        cache_salt: Optional[str] = None
+        session_id: Optional[str] = None
+
+    class MapBlockRemoved(MapEvent, tag="BlockRemoved"):
+        block_hashes: list[int]
+        medium: Optional[str] = None
+
+    def positional(kind, f):
+        if kind == "BlockRemoved":
+            return PosBlockRemoved(block_hashes=f["block_hashes"], medium=f.get("medium"))
+        base = {k: f.get(k) for k in ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")}
+        if f.get("cache_salt"):
+            return PosBlockStoredWithMetadata(**base, metadata=BlockStoredMetadata(cache_salt=f["cache_salt"]))
+        return PosBlockStored(**base)
+
+    def tagged_map(kind, f):
+        if kind == "BlockRemoved":
+            return MapBlockRemoved(block_hashes=f["block_hashes"], medium=f.get("medium"))
+        return MapBlockStored(**{k: f.get(k) for k in ("block_hashes", "parent_block_hash", "token_ids", "block_size",
+                                                       "lora_id", "medium", "cache_salt", "session_id")})
+
+    return dict(Batch=Batch, positional=positional, tagged_map=tagged_map)
+
+
+def sglang_expected(kind, f):
+    if kind == "BlockRemoved":
+        return {"type": kind, "blockHashes": [expected_hash(h) for h in f["block_hashes"]], "medium": f.get("medium"),
+                "groupIdx": None}
+    e = {"type": kind, "blockHashes": [expected_hash(h) for h in f["block_hashes"]],
+         "parentBlockHash": None if f.get("parent_block_hash") is None else expected_hash(f["parent_block_hash"]),
+         "tokenIds": f["token_ids"], "blockSize": f["block_size"], "loraId": f.get("lora_id"), "medium": f.get("medium"),
+         "loraName": None, "extraKeys": None, "groupIdx": None, "kvCacheSpecKind": None, "kvCacheSpecSlidingWindow": None}
+    if f.get("cache_salt"):
+        e["cacheSalt"] = f["cache_salt"]
+    return e
+
+
+def sglang_fixture(name, form, events, rank):
+    sg = sglang_shapes()
+    batch = sg["Batch"](ts=TS, events=[sg[form](k, f) for k, f in events], attn_dp_rank=rank)
+    write(name, msgspec.msgpack.encode(batch),
+          {"ts": TS, "dataParallelRank": rank, "events": [sglang_expected(k, f) for k, f in events]})
+    return name
 
 
 def expected_hash(h):
@@ -138,7 +236,7 @@ def build(shape, events, rank=None):
     objs = []
     for kind, f in events:
         names = s["stored"] if kind == "BlockStored" else s["removed"] if kind == "BlockRemoved" else []
-        objs.append(s[kind](**{n: f.get(n) for n in names if n in f or n not in ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "future_field")}))
+        objs.append(s[kind](**{n: f.get(n) for n in names if n in f or n not in ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "future_field", "locality", "ownership", "session_id")}))
     batch = s["EventBatch"](ts=TS, events=objs, **({"data_parallel_rank": rank} if s["rank"] else {}))
     return msgspec.msgpack.encode(batch)
 
@@ -242,6 +340,31 @@ def main():
                                              ("BlockRemoved", {"block_hashes": [0x1111], "medium": "GPU", "group_idx": 1})], 0))
     names.append(fixture("hybrid-array", "spec", [("BlockStored", gpu), ("BlockStored", sw), ("BlockStored", mamba)], 0))
 
+    # the offloading connector as vLLM ships it now (vllm/distributed/kv_transfer/kv_connector/
+    # v1/offloading/ events tracker, placeholder payload unless self_describing_kv_events): a
+    # CPU copy named by its chunk's last block hash, block_size 0, group_idx set; removed alike
+    placeholder = {"block_hashes": [big[1]], "parent_block_hash": None, "token_ids": [], "block_size": 0, "lora_id": None,
+                   "medium": "CPU", "lora_name": None, "group_idx": 0}
+    names.append(fixture("offload-cpu-unsized", "placement",
+                         [("BlockStored", gpu), ("BlockStored", placeholder),
+                          ("BlockRemoved", {"block_hashes": [big[1]], "medium": "CPU", "group_idx": 0})], 0))
+
+    # with self_describing_kv_events (vllm-project/vllm#43468, #51614): the CPU copy of a chunk of
+    # two GPU blocks carries their hashes, its tokens, the parent and the GPU block size
+    described = {"block_hashes": big, "parent_block_hash": None, "token_ids": tokens, "block_size": 16, "lora_id": None,
+                 "medium": "CPU", "lora_name": None, "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+    names.append(fixture("offload-cpu-described", "placement",
+                         [("BlockStored", gpu), ("BlockStored", described),
+                          ("BlockRemoved", {"block_hashes": big, "medium": "GPU", "group_idx": 0})], 0))
+
+    # a native storage tier's copy (medium "STORAGE", vLLM #48123) on remote storage, and a GPU
+    # store naming its session: the new fields decode as unknown ones, ignored
+    storage = dict(cpu, medium="STORAGE", locality="REMOTE", ownership="tier-1")
+    names.append(fixture("placement-fields", "placement",
+                         [("BlockStored", dict(gpu, session_id="s-1")), ("BlockStored", storage),
+                          ("BlockRemoved", {"block_hashes": [big[1]], "medium": "STORAGE", "locality": "REMOTE",
+                                            "ownership": "tier-1"})], 0))
+
     # multimodal and salted blocks: extra_keys per block ((mm identifier, offset), salt on block 0)
     mm = dict(gpu, extra_keys=[("salt-a", ), (("img-sha", 3),)])
     names.append(fixture("extra-keys-mm-salt", "mapev", [("BlockStored", mm)], 0))
@@ -262,6 +385,18 @@ def main():
                                "lora_id": None, "medium": "GPU"}),
               ("BlockRemoved", {"block_hashes": [7], "medium": "GPU"})]
     names.append(fixture("sglang-page16", "sglang-medium", page16))
+    # SGLang salted stores: the salt namespaces the page chain from its root
+    salted = [("BlockStored", {"block_hashes": [-11], "parent_block_hash": None, "token_ids": tokens[:16], "block_size": 16,
+                               "lora_id": None, "medium": "GPU", "cache_salt": "tenant-a", "session_id": "s-1"}),
+              ("BlockStored", {"block_hashes": [13], "parent_block_hash": -11, "token_ids": tokens[16:], "block_size": 16,
+                               "lora_id": None, "medium": "GPU", "cache_salt": "tenant-a", "session_id": "s-1"}),
+              ("BlockStored", {"block_hashes": [21], "parent_block_hash": None, "token_ids": tokens[:16], "block_size": 16,
+                               "lora_id": None, "medium": "GPU"}),
+              ("BlockRemoved", {"block_hashes": [13], "medium": "GPU"}),
+              ("BlockStored", {"block_hashes": [13], "parent_block_hash": -11, "token_ids": tokens[16:], "block_size": 16,
+                               "lora_id": None, "medium": "GPU", "cache_salt": "tenant-a"})]
+    names.append(sglang_fixture("sglang-salt-array", "positional", salted, 0))
+    names.append(sglang_fixture("sglang-salt-map", "tagged_map", salted, 0))
 
     # one bad event among good ones (hand-made: no engine sends it, a corrupt or future one might)
     bad = [["BlockStored", big, None, tokens, 16, None, "GPU", None],

@@ -163,6 +163,34 @@ describe('KV event applier on engine-encoded fixtures', () => {
     assert.deepEqual(again.copies('w0', 0x8000000000000001n), { gpu: 0, offload: 1 });
   });
 
+  test('offload without a block size (block_size 0, as vLLM sends it now): the named block is offloaded', () => {
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    const [gpuStore, cpuCopy, cpuRemoval] = decodeEventBatch(fixture('offload-cpu-unsized')).events;
+    let c = applier.apply('w0', { ts: 1, dataParallelRank: 0, events: [gpuStore, cpuCopy] });
+    assert.deepEqual(c.skipped, {});
+    // the chunk's size is not sent: only the block it is named by is marked, never a guess
+    assert.equal(c.offloadBlocks, 1);
+    assert.deepEqual(applier.copies('w0', 0x8000000000000001n), { gpu: 1, offload: 1 });
+    assert.deepEqual(applier.copies('w0', 0xfedcba9876543210n), { gpu: 1, offload: 0 });
+    c = applier.apply('w0', { ts: 1, dataParallelRank: 0, events: [cpuRemoval] });
+    assert.deepEqual(c.skipped, {});
+    assert.deepEqual(applier.copies('w0', 0x8000000000000001n), { gpu: 1, offload: 0 });
+    assert.deepEqual(applier.copies('w0', 0xfedcba9876543210n), { gpu: 1, offload: 0 });
+  });
+
+  test('a self-describing offload copy (token ids, parent, GPU block size) applies as a store in the offload tier', () => {
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    const c = applier.apply('w0', decodeEventBatch(fixture('offload-cpu-described')));
+    assert.deepEqual(c.skipped, {});
+    // GPU stored, copied to CPU, then evicted from GPU: both blocks are held in the offload tier
+    assert.deepEqual(applier.copies('w0', 0xfedcba9876543210n), { gpu: 0, offload: 1 });
+    assert.deepEqual(applier.copies('w0', 0x8000000000000001n), { gpu: 0, offload: 1 });
+    // both blocks still a hit, each credited at the offload tier's default 0.75
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 24);
+  });
+
   test('hybrid model: only the full-attention group is indexed; other groups are skipped without error', () => {
     for (const name of ['hybrid', 'hybrid-array']) {
       const router = router16();
@@ -241,6 +269,20 @@ describe('KV event applier on engine-encoded fixtures', () => {
     assert.equal(c.removedBlocks, 1);
     assert.deepEqual(c.skipped, {});
     assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 16);
+  });
+
+  test("SGLang's cache_salt (metadata after medium, or a field of its tagged maps) keys the page chain", () => {
+    for (const name of ['sglang-salt-array', 'sglang-salt-map']) {
+      const router = router16();
+      const applier = new KvEventApplier(router);
+      const c = applier.apply('w0', decodeEventBatch(fixture(name)));
+      assert.deepEqual(c.skipped, {}, name);
+      assert.equal(c.storedBlocks, 4, name);
+      // the salted chain holds both pages; the unsalted store holds the first page only
+      assert.equal(router.route({ tokens: prompt, cacheSalt: 'tenant-a' }, { dryRun: true }).cachedTokens, 32, name);
+      assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 16, name);
+      assert.equal(router.route({ tokens: prompt, cacheSalt: 'tenant-b' }, { dryRun: true }).cachedTokens, 0, name);
+    }
   });
 
   test('vllm hash mode: a late-joining router matches requests to blocks whose chain it never saw', () => {

@@ -47,11 +47,16 @@ describe('vLLM KV event decoding', () => {
     for (const n of [
       'future-stored-int',
       'offload-cpu',
+      'offload-cpu-unsized',
+      'offload-cpu-described',
+      'placement-fields',
       'hybrid',
       'hybrid-array',
       'extra-keys-mm-salt',
       'sglang-page1',
       'sglang-page16',
+      'sglang-salt-array',
+      'sglang-salt-map',
       'mixed-bad',
     ])
       assert.ok(names.includes(n), n);

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
 import { encode } from '@msgpack/msgpack';
+import { Dealer, Publisher, Router } from 'zeromq';
 import { BlockHashes, hashTokenBlocks } from '../../src/core/hashing.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
 import { decodeEventBatch, type KvEvent } from '../../src/engines/kv-events/decode.js';
@@ -259,6 +260,102 @@ describe('KV events over ZeroMQ', () => {
     assert.equal(router.route({ tokens: tokens(0, 16) }, { dryRun: true }).cachedTokens, 16);
     assert.equal(router.route({ tokens: tokens(100, BS) }, { dryRun: true }).cachedTokens, 0);
   });
+
+  // vLLM's ROUTER answers a replay with [topic, seq, payload] after the empty delimiter and
+  // ends with ["", END_SEQ, ""] (vllm-project/vllm#45177, in releases since June 2026); SGLang
+  // and older vLLM send [seq, payload] and [END_SEQ, ""]. The engine here is a bare ROUTER
+  // answering as each does, so the test does not depend on this project's publisher.
+  for (const layout of ['with the topic (vLLM)', 'without the topic (SGLang, older vLLM)'] as const) {
+    test(`a replay answered ${layout} is applied`, async () => {
+      const withTopic = layout.startsWith('with the topic');
+      const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+      router.registerWorker('w0');
+      const pub = new Publisher({ linger: 0 });
+      const replay = new Router({ linger: 0 });
+      await pub.bind('tcp://127.0.0.1:*');
+      await replay.bind('tcp://127.0.0.1:*');
+      const buffered = [
+        encodeEventBatch(batch(stored([1n], null, 0)), 'array'),
+        encodeEventBatch(batch(stored([2n], 1n, 4)), 'array'),
+      ];
+      const seqBytes = (n: bigint) => {
+        const b = Buffer.alloc(8);
+        b.writeBigInt64BE(n);
+        return b;
+      };
+      const serving = (async () => {
+        for await (const [id, , start] of replay) {
+          const from = Number(start.readBigUInt64BE());
+          for (let s = from; s < buffered.length; s++)
+            await replay.send(
+              withTopic
+                ? [id, '', 'kv-events', seqBytes(BigInt(s)), buffered[s]]
+                : [id, '', seqBytes(BigInt(s)), buffered[s]],
+            );
+          await replay.send(withTopic ? [id, '', '', seqBytes(-1n), ''] : [id, '', seqBytes(-1n), '']);
+        }
+      })().catch(() => {});
+      const sub = new KvEventSubscriber({
+        workerId: 'w0',
+        endpoint: pub.lastEndpoint!,
+        replayEndpoint: replay.lastEndpoint!,
+        applier: new KvEventApplier(router),
+        idleReplayMs: 0,
+      }).start();
+      closers.push(
+        () => sub.close(),
+        async () => {
+          pub.close();
+          replay.close();
+          await serving;
+        },
+      );
+      // connecting asks for everything from 0: both buffered batches arrive by replay
+      await until(() => sub.stats.lastSeq === 1, 'the replayed batches');
+      assert.equal(sub.stats.replayFailures, 0);
+      assert.equal(sub.stats.replays, 1);
+      assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 8);
+    });
+  }
+
+  for (const replayTopic of [true, false]) {
+    test(`the publisher answers a replay ${replayTopic ? 'with the topic, as vLLM does' : 'without the topic, as SGLang does'}`, async () => {
+      const pub = await new KvEventPublisher({
+        endpoint: 'tcp://127.0.0.1:*',
+        replayEndpoint: 'tcp://127.0.0.1:*',
+        topic: 'kv-events',
+        replayTopic,
+      }).start();
+      const dealer = new Dealer({ linger: 0, receiveTimeout: 5000 });
+      closers.push(async () => {
+        dealer.close();
+        await pub.close();
+      });
+      await pub.publish(batch(stored([1n], null, 0)));
+      await pub.publish(batch(stored([2n], 1n, 4)));
+      dealer.connect(pub.replayEndpoint);
+      const start = Buffer.alloc(8);
+      start.writeBigUInt64BE(1n);
+      await dealer.send(['', start]);
+      const reply = (await dealer.receive()).map((f) => Buffer.from(f));
+      const end = (await dealer.receive()).map((f) => Buffer.from(f));
+      const seq1 = Buffer.alloc(8);
+      seq1.writeBigUInt64BE(1n);
+      const endSeq = Buffer.alloc(8, 0xff);
+      if (replayTopic) {
+        assert.deepEqual(reply.slice(0, 3), [Buffer.alloc(0), Buffer.from('kv-events'), seq1]);
+        assert.deepEqual(end, [Buffer.alloc(0), Buffer.alloc(0), endSeq, Buffer.alloc(0)]);
+      } else {
+        assert.deepEqual(reply.slice(0, 2), [Buffer.alloc(0), seq1]);
+        assert.deepEqual(end, [Buffer.alloc(0), endSeq, Buffer.alloc(0)]);
+      }
+      const events = decodeEventBatch(reply.at(-1)!).events;
+      assert.deepEqual(
+        events.map((e) => (e.type === 'BlockStored' ? e.blockHashes : [])),
+        [[2n]],
+      );
+    });
+  }
 
   test('a router that joins late accepts a replay from the oldest batch the engine still buffers', async () => {
     const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });

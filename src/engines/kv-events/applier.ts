@@ -22,10 +22,13 @@ import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatc
  *   drop a block the engine still holds.
  * - Offload: vLLM's offloading connector
  *   (vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py) reports its copies
- *   as BlockStored with token_ids [], parent null, medium "CPU" and its own block size, a
- *   multiple of the GPU one, each hash being the GPU hash of the last GPU block it holds. They
- *   mark blocks already known by engine hash (and the ancestors the offload block spans) as
- *   held in the offload tier; an unknown one is skipped, never the batch.
+ *   as BlockStored with token_ids [], parent null, medium "CPU" (or "STORAGE") and its own
+ *   block size, a multiple of the GPU one — block_size 0 in current releases, which do not
+ *   send it — each hash being the GPU hash of the last GPU block it holds. They mark blocks
+ *   already known by engine hash (and the ancestors the offload block spans, when its size is
+ *   sent) as held in the offload tier; an unknown one is skipped, never the batch. With
+ *   self_describing_kv_events (vllm-project/vllm#43468) its copies carry token ids, the parent
+ *   and the GPU block size, and apply as stores in the offload tier.
  * - Hybrid models (sliding window, Mamba): group_idx / kv_cache_spec_kind say which KV
  *   group an event is for. Only full-attention groups are indexed (a prefix hit needs every
  *   block); events of other groups are skipped without error. Without kv_cache_spec_kind
@@ -361,12 +364,14 @@ export class KvEventApplier {
 
   /**
    * An offload copy (no token ids): each hash names the last GPU block it holds; the offload
-   * block spans `blockSize / gpu block size` GPU blocks ending there.
+   * block spans `blockSize / gpu block size` GPU blocks ending there. vLLM now sends these with
+   * block_size 0, the chunk's size unknown: only the named block is marked, never a guessed
+   * span (a prefix hit on blocks the engine cannot load alone would be a false one).
    */
   private applyOffloadCopies(workerId: string, e: BlockStoredEvent, gpu: boolean, counts: ApplyCounts): void {
     const map = this.mapFor(workerId);
     const gpuBlockSize = this.blockSizeOf(workerId);
-    const span = e.blockSize % gpuBlockSize === 0 ? e.blockSize / gpuBlockSize : 1;
+    const span = e.blockSize > 0 && e.blockSize % gpuBlockSize === 0 ? e.blockSize / gpuBlockSize : 1;
     if (span > MAX_OFFLOAD_SPAN) {
       counts.blockSizeMismatches++;
       return skip(counts, 'block_size');
@@ -435,11 +440,13 @@ function loraOf(e: BlockStoredEvent): string | null {
 }
 
 /**
- * The cache salt of a prompt's first block, read from its extra_keys: vLLM lists the LoRA
- * name first, then multimodal (identifier, offset) pairs, then the salt, then prompt-embedding
+ * The cache salt of a prompt's first block: SGLang's cache_salt, which salts the whole page
+ * chain from its root, or vLLM's, read from the block's extra_keys: vLLM lists the LoRA name
+ * first, then multimodal (identifier, offset) pairs, then the salt, then prompt-embedding
  * digests (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys).
  */
 function saltOf(e: BlockStoredEvent): string | null {
+  if (e.cacheSalt !== undefined) return e.cacheSalt;
   const keys = e.extraKeys?.[0];
   if (!keys) return null;
   let i = 0;

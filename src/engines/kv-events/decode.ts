@@ -25,6 +25,7 @@ export interface BlockStoredEvent {
   parentBlockHash: EngineBlockHash | null;
   /** Empty for the offloading connector's copies (medium "CPU"): the block is known by hash. */
   tokenIds: number[];
+  /** 0 only for a copy without token ids whose size vLLM does not send (its offloading connector). */
   blockSize: number;
   loraId: number | null;
   medium: string | null;
@@ -34,6 +35,12 @@ export interface BlockStoredEvent {
   /** The KV group's kind: "full_attention", "sliding_window", "mamba", … (null: not sent). */
   kvCacheSpecKind?: string | null;
   kvCacheSpecSlidingWindow?: number | null;
+  /**
+   * SGLang's cache salt, which namespaces the page chain from its root: a `{cache_salt}` map
+   * after `medium` in the positional form (sgl-project/sglang#30827), a field of the tagged
+   * map since sgl-project/sglang#37482. Present only when the store is salted.
+   */
+  cacheSalt?: string;
 }
 
 export interface BlockRemovedEvent {
@@ -110,6 +117,11 @@ const STORED_FIELDS = [
   'kv_cache_spec_sliding_window',
 ] as const;
 const REMOVED_FIELDS = ['block_hashes', 'medium', 'group_idx'] as const;
+/**
+ * Where SGLang's positional BlockStored puts its metadata map (sgl-project/sglang#30827):
+ * after the tag and its six fields, the place of vLLM's lora_name.
+ */
+const SGLANG_METADATA_INDEX = 7;
 
 /**
  * Decodes one batch. A payload that is not a batch throws a KvEventFormatError; an event that
@@ -179,6 +191,12 @@ function decodeEvent(e: unknown, i: number): KvEvent {
     const names = type === 'BlockStored' ? STORED_FIELDS : type === 'BlockRemoved' ? REMOVED_FIELDS : [];
     fields = {};
     names.forEach((name, k) => (fields[name] = e[k + 1] ?? null));
+    // SGLang's salted store: its metadata map where vLLM has lora_name, and nothing after it
+    const sglangMetadata = type === 'BlockStored' ? e[SGLANG_METADATA_INDEX] : undefined;
+    if (isMap(sglangMetadata)) {
+      for (const name of STORED_FIELDS.slice(SGLANG_METADATA_INDEX - 1)) fields[name] = null;
+      fields.cache_salt = sglangMetadata.cache_salt ?? null;
+    }
   } else if (isMap(e)) {
     type = e.type;
     fields = e;
@@ -210,7 +228,10 @@ function decodeEvent(e: unknown, i: number): KvEvent {
         throw new KvEventFormatError(`${at}.token_ids[${k}] must be a uint32`);
       }
       const blockSize = toInt(fields.block_size, `${at}.block_size`);
-      if (blockSize < 1) throw new KvEventFormatError(`${at}.block_size must be >= 1`);
+      // vLLM's offloading connector sends its tokenless copies with block_size 0 (the chunk's
+      // size is not sent); a store with tokens needs its real block size
+      if (blockSize < (tokens.length === 0 ? 0 : 1))
+        throw new KvEventFormatError(`${at}.block_size must be >= 1 (0 only without token ids)`);
       const kind = optionalString(fields.kv_cache_spec_kind, `${at}.kv_cache_spec_kind`);
       const groupIdx = optionalInt(fields.group_idx, `${at}.group_idx`);
       // token_ids covers every block (empty for an offloaded copy). A sliding-window or Mamba
@@ -223,6 +244,7 @@ function decodeEvent(e: unknown, i: number): KvEvent {
           'token_count',
         );
       }
+      const cacheSalt = optionalString(fields.cache_salt, `${at}.cache_salt`);
       const extraKeys = extraKeyList(fields.extra_keys, `${at}.extra_keys`);
       if (extraKeys !== null && extraKeys.length !== blockHashes.length)
         throw new KvEventFormatError(
@@ -247,6 +269,8 @@ function decodeEvent(e: unknown, i: number): KvEvent {
           fields.kv_cache_spec_sliding_window,
           `${at}.kv_cache_spec_sliding_window`,
         ),
+        // an empty salt is no salt, as both engines take it
+        ...(cacheSalt ? { cacheSalt } : {}),
       };
     }
     case 'BlockRemoved':

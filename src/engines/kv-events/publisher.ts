@@ -5,8 +5,10 @@ import { encodeEventBatch } from './encode.js';
 /**
  * Publishes KV event batches as vLLM's ZmqEventPublisher does: PUB frames
  * [topic, seq (8-byte big-endian), payload], and a ROUTER replay endpoint that answers
- * ["", start_seq] with every buffered [seq, payload] from start_seq on, then [-1, ""].
- * The mock engine uses it; so do the tests, against the real subscriber.
+ * ["", start_seq] with every buffered [topic, seq, payload] from start_seq on, then
+ * ["", -1, ""] (vLLM since vllm-project/vllm#45177); with `replayTopic: false`, as SGLang and
+ * older vLLM do, [seq, payload] then [-1, ""]. The mock engine uses it; so do the tests,
+ * against the real subscriber.
  */
 export interface KvEventPublisherOptions {
   /** Where the PUB socket binds, e.g. tcp://127.0.0.1:5557 (a port of * picks a free one). */
@@ -16,6 +18,8 @@ export interface KvEventPublisherOptions {
   bufferSize?: number;
   topic?: string;
   encoding?: 'map' | 'array';
+  /** Whether replay replies carry the topic frame, as vLLM's do (default true). */
+  replayTopic?: boolean;
 }
 
 const END_SEQ = Buffer.from([0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
@@ -89,6 +93,7 @@ export class KvEventPublisher {
   }
 
   private async serveReplays(router: Router): Promise<void> {
+    const topic = this.options.replayTopic === false ? null : (this.options.topic ?? '');
     try {
       for await (const frames of router) {
         if (frames.length !== 3) continue; // [identity, "", start_seq]
@@ -102,9 +107,9 @@ export class KvEventPublisher {
           if (b.seq < from) continue;
           const seqBytes = Buffer.alloc(8);
           seqBytes.writeBigUInt64BE(b.seq);
-          await router.send([id, '', seqBytes, b.payload]);
+          await router.send(topic === null ? [id, '', seqBytes, b.payload] : [id, '', topic, seqBytes, b.payload]);
         }
-        await router.send([id, '', END_SEQ, '']);
+        await router.send(topic === null ? [id, '', END_SEQ, ''] : [id, '', '', END_SEQ, '']);
       }
     } catch (err) {
       if (!this.closed) throw err;

@@ -8,7 +8,9 @@ import { decodeEventBatch, KvEventFormatError, type KvEventBatch } from './decod
  * engine's PUB, frames [topic, seq, payload]. Sequence numbers are checked:
  * - a gap means lost events: replay them over DEALER↔ROUTER when the engine has a replay
  *   endpoint; otherwise (or if the replay fails) drop the worker's entries and rebuild them
- *   from new events — never keep guessing;
+ *   from new events — never keep guessing. Replies come as ["", seq, payload] (SGLang, vLLM
+ *   before vllm-project/vllm#45177) or ["", topic, seq, payload] (vLLM since), ending with
+ *   seq = −1; both are read;
  * - a sequence number going back to 0 means the engine restarted with an empty cache: its
  *   entries are dropped;
  * - joining a stream late (first seq > 0) replays from 0 where possible, to learn what the
@@ -271,9 +273,11 @@ export class KvEventSubscriber {
       let next = from;
       for (;;) {
         const frames = await dealer.receive();
-        if (frames.length !== 3 || frames[1].length !== 8)
+        // ["", seq, payload] (SGLang, vLLM before #45177) or ["", topic, seq, payload] (vLLM
+        // since): the sequence number is the second frame from the end either way
+        if ((frames.length !== 3 && frames.length !== 4) || frames.at(-2)!.length !== 8)
           throw new Error(`bad replay frame of ${frames.length} parts`);
-        const seq = frames[1].readBigInt64BE();
+        const seq = frames.at(-2)!.readBigInt64BE();
         if (seq === -1n) break;
         if (seq < next) continue;
         if (seq > next) {
@@ -294,7 +298,7 @@ export class KvEventSubscriber {
           }
           this.stats.lateJoins++;
         }
-        this.applyPayload(seq, frames[2]);
+        this.applyPayload(seq, frames.at(-1)!);
         this.replayedThrough = seq;
         next = seq + 1n;
       }
