@@ -14,9 +14,9 @@
  * (the connection failed before any answer), holds none of it: the blocks the router predicted
  * it would hold for it are withdrawn (markRefused), on the other replicas too (decisionRefused).
  * Once the answer starts reaching the client the request's body is needed no more: the proxy
- * lets go of it, however long the answer streams.
+ * lets go of it and its bytes go back to the body budget, however long the answer streams.
  */
-import type { ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import { PromptTooLongError, type KVAwareRouter, type RouteRequest, type RouteResult } from '../core/router/index.js';
 import type { StateStore } from '../state/state-store.js';
@@ -52,6 +52,11 @@ export interface ProxyDeps {
   cachedTokensHeader: boolean;
   /** This gateway's pseudonym in the Via header (via.ts): a request whose Via holds it is a loop. */
   viaPseudonym: string;
+  /**
+   * The request's answer is committed to the client, so its body is held no more: its bytes go
+   * back to the body budget (the gateway also gives them back when the response closes).
+   */
+  releaseBody: (req: IncomingMessage) => void;
 }
 
 /** The longest part of a client's value an error message repeats. */
@@ -98,6 +103,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     firstByte,
     cachedTokensHeader,
     viaPseudonym,
+    releaseBody,
   } = deps;
   return async (req: RequestSource, reply: ProxyReply): Promise<ProxyReply> => {
     // a request that has been here before is a routing loop: answered before any work is done
@@ -107,13 +113,16 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     /**
      * The body is needed while the request may be retried: until its answer is committed to the
      * client (nothing is retried after its first byte). Then every reference to it is dropped, so
-     * a stream that lasts minutes does not keep it. No local of this function may hold the body,
-     * or the bytes forwarded, across an await: a suspended async function keeps its locals.
+     * a stream that lasts minutes does not keep it, and its bytes go back to the body budget (a
+     * request that ends before that gives them back when its response closes). No local of this
+     * function may hold the body, or the bytes forwarded, across an await: a suspended async
+     * function keeps its locals.
      */
     const dropBody = () => {
       prepared = undefined;
       req.body = undefined;
       req.rawBody = undefined;
+      if (req.raw !== undefined) releaseBody(req.raw);
     };
     if (!prepared) return reply;
     const started = performance.now();
@@ -430,8 +439,8 @@ export function forward(
 /**
  * A request body that lets go of its bytes once undici has taken them to write: undici keeps
  * the body it was given until the answer ends (minutes, for a stream), and a Buffer or string
- * body would stay in memory all that time. Iterated once (undici does not retry a request
- * itself).
+ * body would stay in memory all that time, after the budget has been given it back. Iterated
+ * once (undici does not retry a request itself).
  */
 class SentOnce implements Iterable<Buffer> {
   constructor(private bytes: Buffer | undefined) {}

@@ -2,9 +2,10 @@
  * The gateway's budget of request-body bytes held at once over all requests: many clients each
  * sending a large body slowly must not make it hold (clients × body limit) bytes. A request
  * whose body does not fit is refused at once with 503, Retry-After and an OpenAI error; the
- * bytes come back when a request ends, fails or its client goes away. The body itself is let go
- * of once the answer starts reaching the client (no retry needs it after that), not kept for the
- * rest of a stream. Raw sockets stand for the slow clients; every wait has a deadline.
+ * bytes come back when the answer is committed to the client (its first byte: no retry needs
+ * the body after that), and when a request ends, fails or its client goes away; the body itself
+ * is let go of then too, not kept for the rest of a stream. Raw sockets stand for the slow
+ * clients; every wait has a deadline.
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
@@ -259,6 +260,55 @@ function readToEnd(res: IncomingMessage): Promise<string> {
   return new Promise((resolve) => res.once('end', () => resolve(text)));
 }
 
+test(
+  'a streamed answer gives its body bytes back once its first byte reached the client, not when it ends',
+  { timeout: 60_000 },
+  async () => {
+    const engine = await holdingEngine();
+    const gateway = await createGateway({
+      router: new KVAwareRouter(),
+      workers: [{ id: 'e', url: engine.url }],
+      bodyLimit: BODY_LIMIT,
+      bufferedBodyLimit: BUDGET,
+      healthCheckIntervalMs: 0,
+      metricsIntervalMs: 0,
+    });
+    await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const port = (gateway.app.server.address() as { port: number }).port;
+    // two of these do not fit in the budget together
+    const body = () => Buffer.from(JSON.stringify({ prompt: 'x'.repeat(60_000), max_tokens: 100, stream: true }));
+    try {
+      const first = await openStream(port, body());
+      assert.equal(first.status, 200);
+      assert.match(first.first, /^data: .*"first"/);
+      // the stream is still open: its body is needed no more, and neither are its bytes
+      await until(() => gateway.bodyBudget.used === 0, 'the open stream gave its body bytes back', {
+        timeoutMs: 5000,
+      });
+      assert.equal(engine.open(), 1, 'the first stream is still open');
+      // a second request that did not fit beside it before gets through while it stays open
+      const second = await openStream(port, body());
+      assert.equal(second.status, 200, `the second request was answered ${second.status}: ${second.first}`);
+      assert.match(second.first, /^data: .*"first"/);
+      assert.equal(engine.open(), 2, 'both streams open at once');
+      await until(() => gateway.bodyBudget.used === 0, 'the second stream gave its bytes back', { timeoutMs: 5000 });
+      // the streams end as they would have: the rest passes through, and nothing is given back twice
+      const rests = [readToEnd(first.res), readToEnd(second.res)];
+      engine.finish();
+      for (const rest of await Promise.all(rests)) assert.equal(rest, 'data: [DONE]\n\n');
+      assert.equal(gateway.bodyBudget.used, 0);
+      const again = await openStream(port, body());
+      assert.equal(again.status, 200);
+      await until(() => gateway.bodyBudget.used === 0, 'the third stream gave its bytes back', { timeoutMs: 5000 });
+      engine.finish();
+      await readToEnd(again.res);
+    } finally {
+      await gateway.close(0);
+      await engine.close();
+    }
+  },
+);
+
 /** Whether the heap holds a string that contains `needle` (a heap snapshot shows the start of each string). */
 async function heapHoldsString(needle: Buffer): Promise<boolean> {
   let tail = Buffer.alloc(0);
@@ -339,6 +389,7 @@ for (const variant of variants) {
       const key = Buffer.concat([Buffer.from(mark.toString('hex')), Buffer.from('x'.repeat(8))]);
       assert.equal(await heapHoldsString(key), false, 'a string holding the prompt is still reachable');
       assert.equal(engine.open(), 1, 'the stream is still open');
+      assert.equal(gateway.bodyBudget.used, 0);
       const rest = readToEnd(opened.res);
       engine.finish();
       assert.equal(await rest, 'data: [DONE]\n\n');
