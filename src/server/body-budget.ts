@@ -4,8 +4,10 @@
  * would otherwise make the process hold (concurrent requests × body limit) bytes. A request
  * takes its bytes from the budget before they are buffered (the whole Content-Length at once,
  * or chunk by chunk when the length is not declared) and gives them back when the process no
- * longer holds its body: its answer ended, it failed, or its client went away. A request whose
- * bytes do not fit is refused at once (the gateway's 503, the picker's immediate response).
+ * longer holds its body: its answer started reaching the client (the gateway: no retry needs the
+ * body after that, however long the answer streams; the picker: the body was routed on), it
+ * ended earlier, it failed, or its client went away. A request whose bytes do not fit is
+ * refused at once (the gateway's 503, the picker's immediate response).
  * Only counts: no I/O, no timers.
  */
 

@@ -59,7 +59,8 @@ export function createFastPath(o: FastPathOptions): (req: IncomingMessage, res: 
 
 /** One request on the fast path: its body read, then the route's handler with a minimal reply. */
 class FastRequest implements ProxyReply {
-  private readonly chunks: Buffer[] = [];
+  /** The body's chunks as read; let go of once the body is parsed (the handler holds it from there). */
+  private chunks: Buffer[] | undefined = [];
   private status = 200;
   private headers: Record<string, string> | undefined;
   private hijacked = false;
@@ -71,7 +72,7 @@ class FastRequest implements ProxyReply {
     private readonly handler: (req: RequestSource, reply: ProxyReply) => Promise<unknown>,
     private readonly o: FastPathOptions,
   ) {
-    req.on('data', (chunk: Buffer) => this.chunks.push(chunk));
+    req.on('data', (chunk: Buffer) => this.chunks?.push(chunk));
     req.on('end', () => this.run());
     // a client that leaves mid-body: Node closes the socket; nothing to answer
     req.on('error', () => {});
@@ -85,7 +86,9 @@ class FastRequest implements ProxyReply {
   }
 
   private run(): void {
-    const chunks = this.chunks;
+    const chunks = this.chunks ?? [];
+    // this reply lives as long as the answer (a stream: minutes); the body must not live with it
+    this.chunks = undefined;
     const bytes = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
     let body: unknown;
     try {

@@ -183,13 +183,18 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     throw new RangeError(
       `bufferedBodyLimit (${bodyBudget.limit}) must be at least bodyLimit (${bodyLimit}): a body at the limit could never be read`,
     );
-  /** Each request's share of the budget, for the chunk-by-chunk charge of a body of undeclared length. */
+  /**
+   * Each request's share of the budget: for the chunk-by-chunk charge of a body of undeclared
+   * length, and for the proxy to give it back once the answer is committed.
+   */
   const bodyCharges = new WeakMap<IncomingMessage, BodyCharge>();
   /**
    * Takes a request's body bytes from the budget before any of them is read: the whole
-   * Content-Length at once (a body without one is charged as Fastify reads it, below); given
-   * back when the response closes (answered, failed, or the client gone). False when they do
-   * not fit: the request has been answered 503.
+   * Content-Length at once (a body without one is charged as Fastify reads it, below). Given
+   * back once the body is no longer held: by the proxy when the answer is committed to the
+   * client (its first byte goes out: no retry needs the body after that), else when the
+   * response closes (answered, failed, or the client gone). False when they do not fit: the
+   * request has been answered 503.
    */
   const admitBody = (req: IncomingMessage, res: ServerResponse): boolean => {
     const length = req.headers['content-length'];
@@ -200,10 +205,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     if (!chunked && !(size > 0 && size <= bodyLimit)) return true;
     const charge = bodyBudget.charge();
     res.once('close', () => charge.release());
-    if (chunked) {
-      bodyCharges.set(req, charge);
-      return true;
-    }
+    bodyCharges.set(req, charge);
+    if (chunked) return true;
     if (charge.take(size)) return true;
     bodyBudgetRefusals.inc();
     answerBodyBudgetExceeded(res);
@@ -358,7 +361,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // a body of undeclared length (chunked) takes its bytes from the budget as they are read; a
   // callback hook, not an async one: no promise per request
   app.addHook('preParsing', (req, _reply, payload, done) => {
-    const charge = bodyCharges.get(req.raw);
+    const charge = req.headers['transfer-encoding'] === undefined ? undefined : bodyCharges.get(req.raw);
     done(null, charge === undefined ? payload : chargedBody(payload, charge));
   });
   // a callback hook, not an async one: no promise per request
@@ -409,6 +412,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     firstByte: new FirstByteDeadlines(timeouts.firstByteTimeoutMs, timeouts.interChunkTimeoutMs),
     cachedTokensHeader: options.cachedTokensHeader === true,
     viaPseudonym: via,
+    releaseBody: (req) => bodyCharges.get(req)?.release(),
   };
   const openAi = options.openAiRoutes ?? true;
   if (openAi) {

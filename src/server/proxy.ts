@@ -13,8 +13,10 @@
  * answers with an error (4xx or 5xx), a redirect or a 204/205, or that the request never reached
  * (the connection failed before any answer), holds none of it: the blocks the router predicted
  * it would hold for it are withdrawn (markRefused), on the other replicas too (decisionRefused).
+ * Once the answer starts reaching the client the request's body is needed no more: the proxy
+ * lets go of it and its bytes go back to the body budget, however long the answer streams.
  */
-import type { ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import { PromptTooLongError, type KVAwareRouter, type RouteRequest, type RouteResult } from '../core/router/index.js';
 import type { StateStore } from '../state/state-store.js';
@@ -23,6 +25,7 @@ import type { GatewayMetrics } from './metrics.js';
 import {
   openAiError,
   type OpenAiPath,
+  type ParsedRequest,
   type ProxyReply,
   type RequestReader,
   type RequestSource,
@@ -49,6 +52,11 @@ export interface ProxyDeps {
   cachedTokensHeader: boolean;
   /** This gateway's pseudonym in the Via header (via.ts): a request whose Via holds it is a loop. */
   viaPseudonym: string;
+  /**
+   * The request's answer is committed to the client, so its body is held no more: its bytes go
+   * back to the body budget (the gateway also gives them back when the response closes).
+   */
+  releaseBody: (req: IncomingMessage) => void;
 }
 
 /** The longest part of a client's value an error message repeats. */
@@ -95,30 +103,44 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     firstByte,
     cachedTokensHeader,
     viaPseudonym,
+    releaseBody,
   } = deps;
   return async (req: RequestSource, reply: ProxyReply): Promise<ProxyReply> => {
     // a request that has been here before is a routing loop: answered before any work is done
     const via = forwardedVia(req.headers.via, viaPseudonym, req.raw?.httpVersion);
     if (typeof via !== 'string') return openAiError(reply, via.status, via.message, 'via', via.code);
-    const prepared = await readRequest(path, req, reply);
+    let prepared = await readRequest(path, req, reply);
+    /**
+     * The body is needed while the request may be retried: until its answer is committed to the
+     * client (nothing is retried after its first byte). Then every reference to it is dropped, so
+     * a stream that lasts minutes does not keep it, and its bytes go back to the body budget (a
+     * request that ends before that gives them back when its response closes). No local of this
+     * function may hold the body, or the bytes forwarded, across an await: a suspended async
+     * function keeps its locals.
+     */
+    const dropBody = () => {
+      prepared = undefined;
+      req.body = undefined;
+      req.rawBody = undefined;
+      if (req.raw !== undefined) releaseBody(req.raw);
+    };
     if (!prepared) return reply;
-    const { routeRequest, body, unchanged } = prepared;
     const started = performance.now();
-    const excluded = connections.withoutModel(body.model);
+    const excluded = connections.withoutModel(prepared.body.model);
     if (excluded.size > 0 && excluded.size === connections.size) {
       return reply.code(404).send({
         error: {
-          message: `The model '${shown(String(body.model))}' does not exist on any worker`,
+          message: `The model '${shown(String(prepared.body.model))}' does not exist on any worker`,
           type: 'invalid_request_error',
           param: 'model',
           code: 'model_not_found',
         },
       });
     }
-    const learning = state.beforeRoute(routeRequest);
+    const learning = state.beforeRoute(prepared.routeRequest);
     if (learning) await learning;
     const share = state.sharesDecisions;
-    const streaming = body.stream === true;
+    const streaming = prepared.body.stream === true;
     const release = (decision: RouteResult) => {
       router.release(decision.ticket);
       if (decision.shared) state.decisionEnded(decision.shared);
@@ -136,7 +158,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         return reply;
       }
       // a whole answer shows no first token: the router reads it off the engine's queue
-      const decision = routeOr400(router, reply, routeRequest, {
+      const decision = routeOr400(router, reply, prepared.routeRequest, {
         exclude: excluded,
         share,
         firstTokenReported: streaming,
@@ -151,15 +173,11 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       }
       metrics.countDecision(decision.policy, decision.reason);
       if (decision.shared) state.decisionMade(decision.shared);
-      const forwarded = decision.cacheSalt
-        ? JSON.stringify({ ...body, cache_salt: decision.cacheSalt })
-        : unchanged && req.rawBody !== undefined
-          ? req.rawBody
-          : JSON.stringify(body);
       // what anchors claim is the client's word: no more of the prompt is cached than the prompt itself
       const cachedTokens = Math.min(decision.cachedTokens, decision.promptTokens);
       const target = connections.get(decision.workerId)!;
-      const outcome = await forward(reply, target, path, forwarded, {
+      // the bytes forwarded are an argument only: forward() lets go of them once they are sent
+      const outcome = await forward(reply, target, path, forwardedBody(prepared, req, decision.cacheSalt), {
         // the worker's own id (a data-parallel rank's worker) and the rank, for the response headers
         workerId: target.workerId,
         rank: target.rank,
@@ -183,6 +201,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           router.markRefused(decision.ticket);
           if (decision.shared) state.decisionRefused(decision.shared);
         },
+        onCommitted: dropBody,
       });
       release(decision);
       // a client that went away says nothing about the engine: no failure, no retry
@@ -214,6 +233,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       return reply;
     }
   };
+}
+
+/** The bytes an attempt forwards: the client's own when the body is unchanged, else the body serialised (with the salt). */
+function forwardedBody(prepared: ParsedRequest, req: RequestSource, cacheSalt: string | undefined): string | Buffer {
+  if (cacheSalt) return JSON.stringify({ ...prepared.body, cache_salt: cacheSalt });
+  return prepared.unchanged && req.rawBody !== undefined ? req.rawBody : JSON.stringify(prepared.body);
 }
 
 /** An answer's Retry-After in whole seconds (delta-seconds only, at most a day); undefined when absent or a date. */
@@ -290,6 +315,11 @@ export interface ForwardOptions {
   onOverloaded: (retryAfterS: number | undefined) => void;
   /** The engine answered 508 Loop Detected: a gateway on the way saw the request come back. */
   onLoop: () => void;
+  /**
+   * The answer is committed to the client (its headers go out): nothing is retried from here, so
+   * the request's body is no longer needed.
+   */
+  onCommitted: () => void;
   /**
    * The engine holds none of the request: it answered with an error (4xx, 5xx) or a
    * redirect, or the connection failed before any answer. Not called when the gateway gave up waiting (the
@@ -384,6 +414,8 @@ export function forward(
   body: string | Buffer,
   o: ForwardOptions,
 ): Promise<ForwardOutcome> {
+  const bytes = typeof body === 'string' ? Buffer.from(body) : body;
+  const length = bytes.length;
   return new Promise((resolve) => {
     const attempt = new Attempt(reply, connection, o, resolve);
     // undici's dispatch with a handler: no response stream, iterator or promise per request
@@ -391,15 +423,33 @@ export function forward(
       {
         path,
         method: 'POST',
-        body,
-        // what the worker's connection sends (content type, the engine's key, the rank), and the Via
-        headers: { ...connection.headers, via: o.via },
+        // undici takes an Iterable body (its Dispatcher docs), which its type definitions leave out
+        body: (length > 0 ? new SentOnce(bytes) : null) as Dispatcher.DispatchOptions['body'],
+        // what the worker's connection sends (content type, the engine's key, the rank), the Via,
+        // and the body's length (undici cannot tell the length of an iterable body)
+        headers: { ...connection.headers, via: o.via, 'content-length': String(length) },
         headersTimeout: o.streaming ? o.firstByteTimeoutMs + 1000 : o.interChunkTimeoutMs,
         bodyTimeout: o.interChunkTimeoutMs,
       },
       attempt,
     );
   });
+}
+
+/**
+ * A request body that lets go of its bytes once undici has taken them to write: undici keeps
+ * the body it was given until the answer ends (minutes, for a stream), and a Buffer or string
+ * body would stay in memory all that time, after the budget has been given it back. Iterated
+ * once (undici does not retry a request itself).
+ */
+class SentOnce implements Iterable<Buffer> {
+  constructor(private bytes: Buffer | undefined) {}
+
+  *[Symbol.iterator](): Iterator<Buffer> {
+    const bytes = this.bytes;
+    this.bytes = undefined;
+    if (bytes !== undefined) yield bytes;
+  }
 }
 
 type GiveUpReason = 'client' | 'first-byte' | 'worker-out';
@@ -563,6 +613,7 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.connection.unanswered.delete(this.onWorkerOut);
     this.reply.hijack();
     this.sent = true;
+    this.o.onCommitted();
     const headers = this.headers!;
     if (extra !== undefined) headers['content-length'] = String(extra);
     this.res.writeHead(this.status, headers);

@@ -84,6 +84,7 @@ export function forwardTo(
     onOverloaded: () => {},
     onLoop: () => {},
     onRefused: () => {},
+    onCommitted: () => {},
   };
   const outcome = forward(reply, connection, '/v1/completions', '{}', options);
   const h = handler!;

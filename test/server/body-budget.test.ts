@@ -2,17 +2,27 @@
  * The gateway's budget of request-body bytes held at once over all requests: many clients each
  * sending a large body slowly must not make it hold (clients × body limit) bytes. A request
  * whose body does not fit is refused at once with 503, Retry-After and an OpenAI error; the
- * bytes come back when a request ends, fails or its client goes away. Raw sockets stand for
- * the slow clients; every wait has a deadline.
+ * bytes come back when the answer is committed to the client (its first byte: no retry needs
+ * the body after that), and when a request ends, fails or its client goes away; the body itself
+ * is let go of then too, not kept for the rest of a stream. Raw sockets stand for the slow
+ * clients; every wait has a deadline.
  */
 import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { subscribe, unsubscribe } from 'node:diagnostics_channel';
+import { createServer, request as httpRequest, type IncomingMessage, type ServerResponse } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import { test } from 'node:test';
+import { getHeapSnapshot, setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { resolveServe } from '../helpers/serve-config.js';
 import { until } from '../helpers/wait.js';
+
+setFlagsFromString('--expose-gc');
+const gc = runInNewContext('gc') as () => void;
 
 const BODY_LIMIT = 64 * 1024;
 const BUDGET = 100_000;
@@ -171,3 +181,223 @@ test('--buffered-body-limit: 256 MiB by default, at least --body-limit, raised w
     /--buffered-body-limit must be >= 1024 \(got 10\)/,
   );
 });
+
+/**
+ * An engine that reads each request's body (and keeps none of it), answers it with the first
+ * event of a stream and holds the stream open until `finish()`.
+ */
+async function holdingEngine() {
+  const open: ServerResponse[] = [];
+  const server = createServer((req, res) => {
+    // the gateway asks for the models on its own
+    if (req.method !== 'POST') return void res.writeHead(404).end();
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(`data: ${JSON.stringify({ choices: [{ index: 0, text: 'first', finish_reason: null }] })}\n\n`);
+      open.push(res);
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${(server.address() as { port: number }).port}`,
+    /** Streams answered and not ended. */
+    open: () => open.filter((res) => !res.writableEnded).length,
+    finish: () => {
+      for (const res of open) if (!res.writableEnded) res.end('data: [DONE]\n\n');
+    },
+    close: async () => {
+      server.closeAllConnections();
+      await new Promise((r) => server.close(r));
+    },
+  };
+}
+
+/**
+ * A streamed completion sent with node:http (whole, or chunked); resolves once its first event
+ * arrived. No closure holds `body`: what the client side keeps of it must not count as the gateway's.
+ */
+function openStream(
+  port: number,
+  body: Buffer,
+  { chunked = false, headers = {} }: { chunked?: boolean; headers?: Record<string, string> } = {},
+): Promise<{ status: number; first: string; res: IncomingMessage }> {
+  const req = httpRequest({
+    host: '127.0.0.1',
+    port,
+    method: 'POST',
+    path: '/v1/completions',
+    headers: {
+      'content-type': 'application/json',
+      ...(chunked ? { 'transfer-encoding': 'chunked' } : { 'content-length': String(body.length) }),
+      ...headers,
+    },
+  });
+  const answered = new Promise<{ status: number; first: string; res: IncomingMessage }>((resolve, reject) => {
+    req.once('response', (res: IncomingMessage) => {
+      res.once('data', (d: Buffer) => {
+        res.pause();
+        resolve({ status: res.statusCode ?? 0, first: d.toString(), res });
+      });
+      res.once('error', reject);
+    });
+    req.once('error', reject);
+  });
+  if (chunked) {
+    // in pieces, as a client streaming its body sends it
+    const piece = 256 * 1024;
+    for (let at = 0; at < body.length; at += piece) req.write(body.subarray(at, at + piece));
+    req.end();
+  } else req.end(body);
+  return answered;
+}
+
+/** The rest of a stream, read to its end. */
+function readToEnd(res: IncomingMessage): Promise<string> {
+  let text = '';
+  res.on('data', (d: Buffer) => (text += d.toString()));
+  res.resume();
+  return new Promise((resolve) => res.once('end', () => resolve(text)));
+}
+
+test(
+  'a streamed answer gives its body bytes back once its first byte reached the client, not when it ends',
+  { timeout: 60_000 },
+  async () => {
+    const engine = await holdingEngine();
+    const gateway = await createGateway({
+      router: new KVAwareRouter(),
+      workers: [{ id: 'e', url: engine.url }],
+      bodyLimit: BODY_LIMIT,
+      bufferedBodyLimit: BUDGET,
+      healthCheckIntervalMs: 0,
+      metricsIntervalMs: 0,
+    });
+    await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const port = (gateway.app.server.address() as { port: number }).port;
+    // two of these do not fit in the budget together
+    const body = () => Buffer.from(JSON.stringify({ prompt: 'x'.repeat(60_000), max_tokens: 100, stream: true }));
+    try {
+      const first = await openStream(port, body());
+      assert.equal(first.status, 200);
+      assert.match(first.first, /^data: .*"first"/);
+      // the stream is still open: its body is needed no more, and neither are its bytes
+      await until(() => gateway.bodyBudget.used === 0, 'the open stream gave its body bytes back', {
+        timeoutMs: 5000,
+      });
+      assert.equal(engine.open(), 1, 'the first stream is still open');
+      // a second request that did not fit beside it before gets through while it stays open
+      const second = await openStream(port, body());
+      assert.equal(second.status, 200, `the second request was answered ${second.status}: ${second.first}`);
+      assert.match(second.first, /^data: .*"first"/);
+      assert.equal(engine.open(), 2, 'both streams open at once');
+      await until(() => gateway.bodyBudget.used === 0, 'the second stream gave its bytes back', { timeoutMs: 5000 });
+      // the streams end as they would have: the rest passes through, and nothing is given back twice
+      const rests = [readToEnd(first.res), readToEnd(second.res)];
+      engine.finish();
+      for (const rest of await Promise.all(rests)) assert.equal(rest, 'data: [DONE]\n\n');
+      assert.equal(gateway.bodyBudget.used, 0);
+      const again = await openStream(port, body());
+      assert.equal(again.status, 200);
+      await until(() => gateway.bodyBudget.used === 0, 'the third stream gave its bytes back', { timeoutMs: 5000 });
+      engine.finish();
+      await readToEnd(again.res);
+    } finally {
+      await gateway.close(0);
+      await engine.close();
+    }
+  },
+);
+
+/** Whether the heap holds a string that contains `needle` (a heap snapshot shows the start of each string). */
+async function heapHoldsString(needle: Buffer): Promise<boolean> {
+  let tail = Buffer.alloc(0);
+  for await (const chunk of getHeapSnapshot()) {
+    const text = Buffer.concat([tail, chunk as Buffer]);
+    if (text.includes(needle)) return true;
+    tail = text.subarray(Math.max(0, text.length - needle.length));
+  }
+  return false;
+}
+
+const variants: { name: string; chunked: boolean; headers: Record<string, string> }[] = [
+  { name: 'a whole body forwarded as received (the fast path)', chunked: false, headers: {} },
+  { name: 'a chunked body forwarded as received (Fastify)', chunked: true, headers: {} },
+  {
+    name: 'a chunked body forwarded with a cache salt (Fastify, the body re-serialised)',
+    chunked: true,
+    headers: { 'x-kv-isolate': '1' },
+  },
+];
+for (const variant of variants) {
+  test(`an open stream keeps nothing of its request body: ${variant.name}`, { timeout: 120_000 }, async () => {
+    const engine = await holdingEngine();
+    const gateway = await createGateway({
+      router: new KVAwareRouter(),
+      workers: [{ id: 'e', url: engine.url }],
+      healthCheckIntervalMs: 0,
+      metricsIntervalMs: 0,
+    });
+    await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const port = (gateway.app.server.address() as { port: number }).port;
+    // every Buffer that carried the body through the gateway: the chunks it read, the bytes it sent the engine
+    let carried = 0;
+    let collected = 0;
+    const registry = new FinalizationRegistry(() => void collected++);
+    const onRequest = (message: unknown) => {
+      const { request, server } = message as { request: IncomingMessage; server: unknown };
+      if (server !== gateway.app.server) return;
+      request.on('data', (chunk: Buffer) => {
+        carried++;
+        registry.register(chunk, 0);
+      });
+    };
+    const onBodySent = (message: unknown) => {
+      const { request, chunk } = message as { request: { origin: string }; chunk: Buffer };
+      if (request.origin !== engine.url) return;
+      carried++;
+      registry.register(chunk, 0);
+    };
+    subscribe('http.server.request.start', onRequest);
+    subscribe('undici:request:bodyChunkSent', onBodySent);
+    // the prompt starts with a mark of its own: a string the gateway keeps that holds the prompt shows it
+    const mark = randomBytes(16);
+    const PROMPT_BYTES = 2 * 1024 * 1024;
+    try {
+      const opened = await openStream(
+        port,
+        Buffer.from(
+          JSON.stringify({
+            prompt: `${mark.toString('hex')}${'x'.repeat(PROMPT_BYTES)}`,
+            max_tokens: 100,
+            stream: true,
+          }),
+        ),
+        variant,
+      );
+      assert.equal(opened.status, 200, opened.first);
+      assert.ok(carried >= 2, `the body's buffers were seen (${carried})`);
+      await until(
+        () => {
+          gc();
+          return collected === carried;
+        },
+        'every buffer of the body to be collected while the stream is open',
+        { timeoutMs: 5000 },
+      );
+      // the key is made of buffers: a string of it would be found in the heap itself
+      const key = Buffer.concat([Buffer.from(mark.toString('hex')), Buffer.from('x'.repeat(8))]);
+      assert.equal(await heapHoldsString(key), false, 'a string holding the prompt is still reachable');
+      assert.equal(engine.open(), 1, 'the stream is still open');
+      assert.equal(gateway.bodyBudget.used, 0);
+      const rest = readToEnd(opened.res);
+      engine.finish();
+      assert.equal(await rest, 'data: [DONE]\n\n');
+    } finally {
+      unsubscribe('http.server.request.start', onRequest);
+      unsubscribe('undici:request:bodyChunkSent', onBodySent);
+      await gateway.close(0);
+      await engine.close();
+    }
+  });
+}
