@@ -34,6 +34,7 @@ as vLLM computes them.
 Run: pip install msgspec cbor2 && python3 scripts/gen-kv-event-fixtures.py
 """
 import hashlib
+import pickle
 import json
 import os
 import shutil
@@ -284,6 +285,23 @@ def vllm_block_hashes(tokens, block_size, seed, extra_for_block=lambda i: None):
     return out
 
 
+def sha256_pickle(obj) -> bytes:
+    # vllm/utils/hashing.py sha256, the default --prefix-caching-hash-algo: sha256 of the pickle
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def vllm_block_hashes_with(hash_fn, tokens, block_size, seed):
+    """hash_block_tokens as above, with another hash function for the blocks and NONE_HASH."""
+    parent = None
+    out = []
+    for i in range(len(tokens) // block_size):
+        block = tuple(tokens[i * block_size:(i + 1) * block_size])
+        h = hash_fn((parent if parent else hash_fn(seed), block, None))
+        out.append(h)
+        parent = h
+    return out
+
+
 def as_int(h: bytes) -> int:
     # vllm/v1/core/kv_cache_utils.py maybe_convert_block_hash (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
     return int.from_bytes(h, "big") & ((1 << 64) - 1)
@@ -437,6 +455,16 @@ def main():
     ev = [("BlockStored", {"block_hashes": ints[2:4], "parent_block_hash": ints[1], "token_ids": toks[32:64], "block_size": 16,
                            "lora_id": None, "medium": "GPU", "lora_name": None})]
     names.append(fixture("vllm-seed0-late-join", "lora", ev, 0))
+
+    # a prompt's first two blocks as engines publish them: with sha256_cbor and PYTHONHASHSEED=0
+    # (what --block-hash vllm --python-hash-seed 0 computes), with vLLM's default sha256 (pickle),
+    # and with sha256_cbor under another seed
+    for name, hs in [("vllm-seed0-first-blocks", [bytes.fromhex(h) for h in c["hashes"][:2]]),
+                     ("vllm-sha256-pickle-first-blocks", vllm_block_hashes_with(sha256_pickle, toks[:32], 16, "0")),
+                     ("vllm-seed1-first-blocks", vllm_block_hashes(toks[:32], 16, "1"))]:
+        ev = [("BlockStored", {"block_hashes": [as_int(h) for h in hs], "parent_block_hash": None, "token_ids": toks[:32],
+                               "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None})]
+        names.append(fixture(name, "lora", ev, 0))
     print(f"wrote {len(names)} fixtures and vllm-block-hash.json to {os.path.normpath(OUT)}")
 
 

@@ -285,6 +285,35 @@ describe('KV event applier on engine-encoded fixtures', () => {
     }
   });
 
+  test("vllm hash mode: a prompt's first blocks hashed otherwise than the router hashes them are skipped, not indexed", () => {
+    const cases = JSON.parse(
+      readFileSync(new URL('../fixtures/kv-events/vllm-block-hash.json', import.meta.url), 'utf8'),
+    ).cases as Array<{ tokens: number[] }>;
+    const request = { tokens: cases[0].tokens.slice(0, 32) };
+    const vllmRouter = () => {
+      const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise', blockHash: 'vllm', pythonHashSeed: '0' });
+      router.registerWorker('w0');
+      return router;
+    };
+    // sha256_cbor under PYTHONHASHSEED=0, as the router computes: applied, and a request finds it
+    const matching = vllmRouter();
+    const ok = new KvEventApplier(matching).apply('w0', decodeEventBatch(fixture('vllm-seed0-first-blocks')));
+    assert.equal(ok.storedBlocks, 2);
+    assert.equal(ok.hashMismatches, 0);
+    assert.equal(matching.route(request, { dryRun: true }).cachedTokens, 32);
+    // vLLM's default sha256 (pickle), or sha256_cbor under another seed: keys no request can match
+    for (const name of ['vllm-sha256-pickle-first-blocks', 'vllm-seed1-first-blocks']) {
+      const router = vllmRouter();
+      const applier = new KvEventApplier(router);
+      const c = applier.apply('w0', decodeEventBatch(fixture(name)));
+      assert.equal(c.hashMismatches, 1, name);
+      assert.deepEqual(c.skipped, { hash_mismatch: 1 }, name);
+      assert.equal(c.storedBlocks, 0, name);
+      assert.equal(applier.trackedBlocks('w0'), 0, name);
+      assert.equal(router.getStats().index.entries, 0, name);
+    }
+  });
+
   test('vllm hash mode: a late-joining router matches requests to blocks whose chain it never saw', () => {
     const cases = JSON.parse(
       readFileSync(new URL('../fixtures/kv-events/vllm-block-hash.json', import.meta.url), 'utf8'),

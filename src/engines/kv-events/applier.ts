@@ -69,6 +69,11 @@ export interface ApplyCounts {
   unknownRemovals: number;
   /** Stored events whose block size differs from the worker's (a configuration error). */
   blockSizeMismatches: number;
+  /**
+   * vllm hash mode: stores whose first block's hash is not the one the router computes from its
+   * tokens (the engine hashes with another --prefix-caching-hash-algo or PYTHONHASHSEED).
+   */
+  hashMismatches: number;
   /** Events (or blocks, for removals) skipped, per reason; decode reasons are added by the subscriber. */
   skipped: Record<string, number>;
 }
@@ -84,6 +89,7 @@ export function emptyCounts(): ApplyCounts {
     orphanEvents: 0,
     unknownRemovals: 0,
     blockSizeMismatches: 0,
+    hashMismatches: 0,
     skipped: {},
   };
 }
@@ -101,6 +107,9 @@ interface OwnBlock {
   /** Engine hash of the parent block, when known (walks an offload block's span). */
   parent: EngineBlockHash | null;
 }
+
+/** First blocks whose hash matched before a worker's stores are taken without checking (vllm hash mode). */
+const CONFIRMED_HASHES = 16;
 
 export interface WorkerNamespace {
   /** The CLA group the worker's KV is made under, if it serves exactly one. */
@@ -131,6 +140,9 @@ export class KvEventApplier {
   private readonly one = { hi: new Uint32Array(1024), lo: new Uint32Array(1024), length: 0 };
   /** The blocks one offload walk has passed (reused): hostile parents can make a walk loop. */
   private readonly walked = new Set<EngineBlockHash>();
+  /** vllm hash mode: per worker, the prompts' first blocks whose hash has been found to be the router's. */
+  private readonly hashesConfirmed = new Map<string, number>();
+  private readonly checkHashes = new BlockHashes(1);
 
   constructor(
     private readonly router: KVAwareRouter,
@@ -185,6 +197,8 @@ export class KvEventApplier {
   /** Forgets a worker's blocks: in the index (as AllBlocksCleared) and in the hash map. */
   clearWorker(workerId: string): void {
     this.maps.delete(workerId);
+    // an engine that started over may hash otherwise now: check it again
+    this.hashesConfirmed.delete(workerId);
     this.router.applyCleared(workerId);
   }
 
@@ -282,6 +296,10 @@ export class KvEventApplier {
     const map = this.mapFor(workerId);
     const own = this.scratch;
     if (this.hashMode === 'vllm') {
+      if (!this.hashIsRouters(workerId, e)) {
+        counts.hashMismatches++;
+        return skip(counts, 'hash_mismatch');
+      }
       own.ensureCapacity(e.blockHashes.length);
       own.length = e.blockHashes.length;
       own.tokensPerBlock = e.blockSize;
@@ -421,6 +439,35 @@ export class KvEventApplier {
     lo.set(seq.lo);
     seq.hi = hi;
     seq.lo = lo;
+  }
+
+  /**
+   * vllm hash mode: whether a store's hashes are the ones the router computes. A prompt's first
+   * block (no parent) is hashed from its tokens, LoRA name and cache salt and compared with the
+   * engine's; an engine whose hashes are not vLLM's sha256_cbor under the router's
+   * PYTHONHASHSEED (vLLM's default sha256 pickles, a seed of its own) would otherwise fill the
+   * index with keys no request ever matches. Once CONFIRMED_HASHES first blocks of a worker
+   * have matched, its stores are taken without the check (its cost is one SHA-256 each); a
+   * store the check cannot judge (no tokens, a parent, multimodal or embedding keys, a LoRA known
+   * only by id) is taken as it is.
+   */
+  private hashIsRouters(workerId: string, e: BlockStoredEvent): boolean {
+    const confirmed = this.hashesConfirmed.get(workerId) ?? 0;
+    if (confirmed >= CONFIRMED_HASHES) return true;
+    if (e.parentBlockHash !== null || e.blockSize < 1 || e.tokenIds.length < e.blockSize) return true;
+    if (e.loraName === null && e.loraId !== null) return true;
+    const first = e.extraKeys?.[0];
+    if (first && first.some((k) => typeof k !== 'string')) return true;
+    const keys = this.router.keying.hashTokens(
+      e.tokenIds.slice(0, e.blockSize),
+      e.blockSize,
+      { lora: e.loraName, cacheSalt: saltOf(e) },
+      this.checkHashes,
+    );
+    engineHashKey(e.blockHashes[0], this.key);
+    if (keys.length !== 1 || keys.hi[0] !== this.key[0] || keys.lo[0] !== this.key[1]) return false;
+    this.hashesConfirmed.set(workerId, confirmed + 1);
+    return true;
   }
 
   private scratchSeq(n: number): { hi: Uint32Array; lo: Uint32Array; length: number } {

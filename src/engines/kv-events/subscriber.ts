@@ -246,8 +246,14 @@ export class KvEventSubscriber {
       for (const s of batch.skipped) skipped[s.reason] = (skipped[s.reason] ?? 0) + 1;
       this.log(`batch ${seq}: skipped ${batch.skipped.length} event(s): ${batch.skipped[0].message}`);
     }
+    const mismatchesBefore = this.stats.applied.hashMismatches;
     try {
       this.options.applier.apply(worker, batch, this.stats.applied);
+      if (mismatchesBefore === 0 && this.stats.applied.hashMismatches > 0)
+        this.log(
+          `worker ${worker}: its block hashes are not the ones the router computes (vLLM's sha256_cbor under the router's PYTHONHASHSEED); ` +
+            'its stores are skipped (reason hash_mismatch): start the engine with --prefix-caching-hash-algo sha256_cbor and the same PYTHONHASHSEED',
+        );
     } catch (err) {
       // e.g. the worker was removed from the router meanwhile
       this.stats.malformed++;
