@@ -5,6 +5,9 @@ import { CostPolicy } from '../../src/core/policies/cost.js';
 import type { Candidate, RouteFeatures } from '../../src/core/policies/types.js';
 import { WorkerState } from '../../src/core/worker-registry.js';
 import { hashTokenBlocks, BlockHashes } from '../../src/core/hashing.js';
+import { InFlightTickets } from '../../src/core/router/in-flight.js';
+import { createRng } from '../../src/core/rng.js';
+import { KVAwareRouter } from '../../src/index.js';
 
 /**
  * What the route path allocates, counted in bytes of JS heap (garbage included): the used
@@ -87,8 +90,126 @@ describe('route path allocation', () => {
       ['a new session', newSession],
     ] as const) {
       const bytes = steadyBytesPerCall(6, 2000, () => p.choose(cs, followUp));
-      // the choice it returns at most; a number boxed per candidate would be 16 bytes each
-      assert.ok(bytes < 4 * WORKERS, `${what}: ${bytes.toFixed(1)} bytes per choose() over ${WORKERS} candidates`);
+      // the choice it returns (64 bytes) and little else; a number boxed per candidate would
+      // be 16 bytes each, 512 over the 32
+      assert.ok(bytes < 8 * WORKERS, `${what}: ${bytes.toFixed(1)} bytes per choose() over ${WORKERS} candidates`);
     }
+  });
+
+  test('opening and releasing tickets allocates nothing once the table has grown', () => {
+    const tickets = new InFlightTickets();
+    const w = new WorkerState('w0', {}, 0);
+    const held: number[] = [];
+    const bytes = steadyBytesPerCall(6, 5000, (i) => {
+      held.push(tickets.open(w, 100, 1000, i));
+      // 64 in flight, the oldest released first
+      if (held.length > 64) tickets.release(held.shift()!);
+    });
+    assert.ok(bytes < 8, `${bytes.toFixed(1)} bytes per ticket opened and released`);
+    for (const t of held) tickets.release(t);
+    assert.equal(tickets.size, 0);
+    assert.equal(w.inFlightRequests, 0);
+    assert.equal(w.queuedPrefillTokens, 0);
+  });
+
+  test('tickets released in any order leave each worker with exactly the rest', () => {
+    const rng = createRng(5);
+    const tickets = new InFlightTickets();
+    const workers = [0, 1, 2].map((i) => new WorkerState(`w${i}`, {}, i));
+    const open = new Map<number, { worker: WorkerState; uncached: number; prompt: number; prefilled: boolean }>();
+    const expectCounts = () => {
+      assert.equal(tickets.size, open.size);
+      for (const w of workers) {
+        const mine = [...open.values()].filter((t) => t.worker === w);
+        assert.equal(w.inFlightRequests, mine.length);
+        const queued = mine.filter((t) => !t.prefilled).reduce((sum, t) => sum + t.uncached, 0);
+        const decoding = mine.filter((t) => t.prefilled).reduce((sum, t) => sum + t.prompt, 0);
+        assert.equal(w.queuedPrefillTokens, queued);
+        assert.equal(w.activeDecodeTokens, decoding);
+      }
+    };
+    // enough tickets to grow the table several times; each round releases a random half of
+    // those open and moves another part from prefill to decode, found by their numbers
+    for (let round = 0; round < 4; round++) {
+      for (let i = 0; i < 700; i++) {
+        const worker = workers[i % 3];
+        const uncached = 1 + Math.floor(rng() * 1000);
+        const prompt = uncached + Math.floor(rng() * 1000);
+        open.set(tickets.open(worker, uncached, prompt), { worker, uncached, prompt, prefilled: false });
+      }
+      for (const [ticket, t] of [...open]) {
+        const r = rng();
+        if (r < 0.5) {
+          tickets.release(ticket);
+          tickets.release(ticket); // idempotent
+          open.delete(ticket);
+        } else if (r < 0.7) {
+          tickets.markPrefillDone(ticket);
+          t.prefilled = true;
+        }
+      }
+      expectCounts();
+    }
+    for (const ticket of [...open.keys()]) {
+      tickets.release(ticket);
+      open.delete(ticket);
+    }
+    expectCounts();
+  });
+
+  test('route() and release() allocate about the result and no more, whatever the fleet and prompt', () => {
+    let now = 0;
+    const router = new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: BLOCK, clock: () => now });
+    for (let w = 0; w < WORKERS; w++) router.registerWorker(`w${w}`);
+    const rng = createRng(3);
+    const docs = Array.from({ length: 40 }, () =>
+      Uint32Array.from({ length: PROMPT }, () => Math.floor(rng() * 150_000)),
+    );
+    // each worker holds prefixes of some documents; requests share prefixes of random depth
+    for (let i = 0; i < 400; i++) {
+      const doc = docs[Math.floor(rng() * docs.length)];
+      const depth = (1 + Math.floor(rng() * (PROMPT / BLOCK))) * BLOCK;
+      router.applyStored(`w${Math.floor(rng() * WORKERS)}`, router.hashTokens(doc.subarray(0, depth)));
+    }
+    const requests = Array.from({ length: 64 }, () => {
+      const tokens = Uint32Array.from({ length: PROMPT }, () => Math.floor(rng() * 150_000));
+      tokens.set(docs[Math.floor(rng() * docs.length)].subarray(0, Math.floor(rng() * (PROMPT / BLOCK)) * BLOCK));
+      return tokens;
+    });
+    const request = { tokens: requests[0] };
+    const bytes = steadyBytesPerCall(6, 2000, (i) => {
+      now += 1;
+      request.tokens = requests[i % requests.length];
+      router.release(router.route(request).ticket);
+    });
+    // what a decision must allocate is its result and the views the prompt's keys are copied
+    // through out of wasm memory, about 400 bytes here; anything per candidate (32) or per
+    // block (512) would pass the bound at once
+    assert.ok(bytes < 512, `${bytes.toFixed(1)} bytes per decision over ${WORKERS} workers`);
+  });
+
+  test("a policy object of the caller's own gets features of its own for every decision", () => {
+    const kept: RouteFeatures[] = [];
+    const router = new KVAwareRouter({
+      blockSize: BLOCK,
+      policy: {
+        name: 'keeps-features',
+        choose: (_candidates: readonly Candidate[], request: RouteFeatures) => {
+          kept.push(request);
+          return { index: 0, confidence: 0, reason: 'cost' };
+        },
+      },
+    });
+    router.registerWorker('w0');
+    router.route({ tokens: Array.from({ length: 2 * BLOCK }, (_, i) => i) });
+    router.route({ tokens: Array.from({ length: 5 * BLOCK }, (_, i) => i) });
+    assert.notEqual(kept[0], kept[1]);
+    assert.deepEqual(
+      kept.map((f) => [f.promptTokens, f.requestBlocks]),
+      [
+        [2 * BLOCK, 2],
+        [5 * BLOCK, 5],
+      ],
+    );
   });
 });
