@@ -4,7 +4,7 @@ import { GCProfiler, getHeapStatistics } from 'node:v8';
 import { CostPolicy } from '../../src/core/policies/cost.js';
 import type { Candidate, RouteFeatures } from '../../src/core/policies/types.js';
 import { WorkerState } from '../../src/core/worker-registry.js';
-import { hashTokenBlocks, BlockHashes } from '../../src/core/hashing.js';
+import { chainRoot, fmix32, hashTokenBlocks, BlockHashes, mixIntoChain } from '../../src/core/hashing.js';
 import { InFlightTickets } from '../../src/core/router/in-flight.js';
 import { createRng } from '../../src/core/rng.js';
 import { KVAwareRouter } from '../../src/index.js';
@@ -211,5 +211,60 @@ describe('route path allocation', () => {
         [5 * BLOCK, 5],
       ],
     );
+  });
+
+  test("a request's namespace (LoRA, cache salt, CLA group) is mixed in without building a string", () => {
+    let now = 0;
+    const router = new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: BLOCK, clock: () => now });
+    for (let w = 0; w < WORKERS; w++) router.registerWorker(`w${w}`);
+    const requests = Array.from({ length: 16 }, (_, k) =>
+      Uint32Array.from({ length: 2048 }, (_, i) => (i < 1024 ? i : i * 7 + k * 13) >>> 0),
+    );
+    const plain = { tokens: requests[0] };
+    const namespaced = { tokens: requests[0], lora: 'adapter-a', cacheSalt: 'tenant-1', claGroup: 12345 };
+    const run = (request: { tokens: Uint32Array }) =>
+      steadyBytesPerCall(6, 2000, (i) => {
+        now += 1;
+        request.tokens = requests[i % requests.length];
+        router.release(router.route(request).ticket);
+      });
+    const extra = run(namespaced) - run(plain);
+    // 'lora:adapter-a', 'salt:tenant-1', '12345' and 'cla:12345' built, and a pair per field
+    // returned, would be well over 100 bytes
+    assert.ok(extra < 16, `${extra.toFixed(1)} more bytes per decision with a namespace`);
+  });
+
+  test('the namespace mixes as its label and value joined would, for every kind of value', () => {
+    // the reference: the string joined, then mixed (what chainRoot's output is pinned to)
+    const mix = (hi: number, lo: number, s: string): [number, number] => {
+      let a = hi ^ 0x811c9dc5;
+      let b = lo ^ 0x01000193;
+      for (let i = 0; i < s.length; i++) {
+        const c = s.charCodeAt(i);
+        a = Math.imul(a ^ c, 0x01000193);
+        b = Math.imul(b ^ c, 0x5bd1e995);
+        b ^= b >>> 15;
+      }
+      return [fmix32(a ^ (b >>> 7)), fmix32(b ^ Math.imul(a, 0x9e3779b1))];
+    };
+    const root = (ns: { lora?: string; cacheSalt?: string; claGroup?: number }): number[] => {
+      let h: [number, number] = [0x6a09e667, 0xbb67ae85];
+      if (ns.lora) h = mix(h[0], h[1], 'lora:' + ns.lora);
+      if (ns.cacheSalt) h = mix(h[0], h[1], 'salt:' + ns.cacheSalt);
+      if (ns.claGroup !== undefined) h = mix(h[0], h[1], 'cla:' + ns.claGroup);
+      return h;
+    };
+    const groups = [0, 1, 9, 10, 11, 99, 100, 12345, 999_999_999, 1_000_000_000, 2 ** 31 - 1, 2 ** 31, 2 ** 40 + 3];
+    const odd = [2.5, 1e21, 2 ** 53 + 2, Number.MAX_VALUE, -0];
+    for (const claGroup of [...groups, ...odd]) {
+      for (const ns of [{ claGroup }, { lora: 'l', cacheSalt: 'ténant', claGroup }]) {
+        const out = new Uint32Array(2);
+        chainRoot(ns, out);
+        assert.deepEqual([...out], root(ns), `claGroup ${claGroup}`);
+      }
+    }
+    const out = new Uint32Array(2);
+    mixIntoChain(0xdeadbeef, 0x12345678, '[["mm", 1]]', out);
+    assert.deepEqual([...out], mix(0xdeadbeef, 0x12345678, '[["mm", 1]]'));
   });
 });
