@@ -13,6 +13,10 @@
  * pending prefixes the cost policy reads hold live entries, as under load. --profile [FILE] records a CPU profile of one further route phase (untimed) and
  * writes it to FILE (default bench/results/core-route.cpuprofile).
  *
+ * `routeBytesPerDecision` is the JS heap one route() and its release() allocate, garbage
+ * included (the used heap's growth plus what each collection freed), the median of --repeat
+ * untimed route phases: the result object route() returns is part of it.
+ *
  *   npm run bench:core -- --json [--entries 1000000] [--requests 20000] [--repeat 5] [--in-flight 256]
  *                                [--profile [FILE]]
  */
@@ -20,6 +24,7 @@ import { KVAwareRouter } from '../src/index.js';
 import { KvEventApplier } from '../src/engines/kv-events/applier.js';
 import type { KvEvent } from '../src/engines/kv-events/decode.js';
 import { createRng } from '../src/core/rng.js';
+import { GCProfiler, getHeapStatistics } from 'node:v8';
 import { CpuProfiler, type HotFunction } from './profile.js';
 import { intFlag, memoryAfterGc, parseFlags, percentile, round, spread } from './stats.js';
 
@@ -143,6 +148,29 @@ const median = (pick: (r: (typeof runs)[number]) => number) => spread(runs.map(p
 const inFlightRuns = IN_FLIGHT > 0 ? Array.from({ length: REPEAT }, () => routePhase(IN_FLIGHT)) : [];
 const inFlightMedian = (pick: (r: (typeof runs)[number]) => number) => spread(inFlightRuns.map(pick)).median;
 
+/**
+ * Bytes of JS heap a decision allocates, garbage included, over one untimed route phase: the
+ * used heap's growth plus what each collection during it freed. One request object whose
+ * tokens change, so that only route() and release() are counted.
+ */
+function routeBytesPerDecision(): number {
+  const request = { tokens: requests[0] };
+  const profiler = new GCProfiler();
+  profiler.start();
+  const before = getHeapStatistics().used_heap_size;
+  for (let i = 0; i < REQUESTS; i++) {
+    now += 1;
+    request.tokens = requests[i % requests.length];
+    router.release(router.route(request).ticket);
+  }
+  const after = getHeapStatistics().used_heap_size;
+  let freed = 0;
+  for (const gc of profiler.stop().statistics)
+    freed += gc.beforeGC.heapStatistics.usedHeapSize - gc.afterGC.heapStatistics.usedHeapSize;
+  return round((after - before + freed) / REQUESTS, 1);
+}
+const allocationRuns = Array.from({ length: REPEAT }, routeBytesPerDecision);
+
 let hottest: HotFunction[] | undefined;
 if (PROFILE_FILE) {
   const profiler = new CpuProfiler();
@@ -207,6 +235,7 @@ const result = {
   routeP99Us: median((r) => r.p99Us),
   routeP90Us: median((r) => r.p90Us),
   routeMaxUs: median((r) => r.maxUs),
+  routeBytesPerDecision: spread(allocationRuns).median,
   ...(IN_FLIGHT > 0
     ? {
         routeWithInFlight: {
@@ -246,6 +275,7 @@ const result = {
     routeDecisionsPerCpuSec: spread(runs.map((r) => r.decisionsPerCpuSec)),
     routeP50Us: spread(runs.map((r) => r.p50Us)),
     routeP99Us: spread(runs.map((r) => r.p99Us)),
+    routeBytesPerDecision: spread(allocationRuns),
   },
   ...(PROFILE_FILE ? { profile: { file: PROFILE_FILE, hottest } } : {}),
 };

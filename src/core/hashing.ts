@@ -82,27 +82,52 @@ const SEED_LO = 0xbb67ae85;
 
 /** Root seed (hi, lo) of a chain; the empty namespace has a fixed seed. */
 export function chainRoot(ns: HashNamespace | undefined, out: Uint32Array): void {
-  let hi = SEED_HI;
-  let lo = SEED_LO;
+  out[0] = SEED_HI;
+  out[1] = SEED_LO;
   if (ns) {
-    if (ns.lora) [hi, lo] = mixString(hi, lo, 'lora:' + ns.lora);
-    if (ns.cacheSalt) [hi, lo] = mixString(hi, lo, 'salt:' + ns.cacheSalt);
-    if (ns.claGroup !== undefined && ns.claGroup !== null) [hi, lo] = mixString(hi, lo, 'cla:' + ns.claGroup);
+    if (ns.lora) mixField(out, 'lora:', ns.lora);
+    if (ns.cacheSalt) mixField(out, 'salt:', ns.cacheSalt);
+    if (ns.claGroup !== undefined && ns.claGroup !== null) mixField(out, 'cla:', ns.claGroup);
   }
-  out[0] = hi;
-  out[1] = lo;
 }
 
-function mixString(hi: number, lo: number, s: string): [number, number] {
-  let a = hi ^ 0x811c9dc5;
-  let b = lo ^ 0x01000193;
-  for (let i = 0; i < s.length; i++) {
-    const c = s.charCodeAt(i);
+/**
+ * Mixes the string `label + value` into the running hash in `state` (hi, lo), in place. The
+ * label and the value are read one after the other, never concatenated, and an integer from
+ * 0 to 2^31 − 1 (a CLA group) digit by digit, as String() spells it: a route with a namespace
+ * builds no string. Any other number is spelled by String().
+ */
+function mixField(state: Uint32Array, label: string, value: string | number): void {
+  let a = state[0] ^ 0x811c9dc5;
+  let b = state[1] ^ 0x01000193;
+  for (let i = 0; i < label.length; i++) {
+    const c = label.charCodeAt(i);
     a = Math.imul(a ^ c, 0x01000193);
     b = Math.imul(b ^ c, 0x5bd1e995);
     b ^= b >>> 15;
   }
-  return [fmix32(a ^ (b >>> 7)), fmix32(b ^ Math.imul(a, 0x9e3779b1))];
+  const digits = typeof value === 'number' && Number.isInteger(value) && value >= 0 && value <= 0x7fffffff;
+  const text = typeof value === 'number' && !digits ? String(value) : value;
+  if (typeof text === 'string') {
+    for (let i = 0; i < text.length; i++) {
+      const c = text.charCodeAt(i);
+      a = Math.imul(a ^ c, 0x01000193);
+      b = Math.imul(b ^ c, 0x5bd1e995);
+      b ^= b >>> 15;
+    }
+  } else {
+    // the decimal digits of a non-negative int32, most significant first, as String() spells it
+    let unit = 1;
+    while (unit <= text / 10) unit *= 10;
+    for (; unit >= 1; unit = (unit / 10) | 0) {
+      const c = 48 + (((text / unit) | 0) % 10);
+      a = Math.imul(a ^ c, 0x01000193);
+      b = Math.imul(b ^ c, 0x5bd1e995);
+      b ^= b >>> 15;
+    }
+  }
+  state[0] = fmix32(a ^ (b >>> 7));
+  state[1] = fmix32(b ^ Math.imul(a, 0x9e3779b1));
 }
 
 /** murmur3's 32-bit finalizer: a bijection that spreads every input bit over the output. */
@@ -185,7 +210,9 @@ export function hashTokenBlocksFrom(
 
 /** Mixes a string into a chain's running hash (e.g. a block's multimodal identifiers). */
 export function mixIntoChain(hi: number, lo: number, s: string, out: Uint32Array): void {
-  [out[0], out[1]] = mixString(hi >>> 0, lo >>> 0, s);
+  out[0] = hi >>> 0;
+  out[1] = lo >>> 0;
+  mixField(out, '', s);
 }
 
 /**

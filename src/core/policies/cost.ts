@@ -1,5 +1,5 @@
 import { PendingPrefixes } from './pending-prefixes.js';
-import { pickMax } from './pick.js';
+import { pickMaxScore } from './pick.js';
 import type { WorkerState } from '../worker-registry.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
 
@@ -185,6 +185,15 @@ export interface FleetView {
 
 /** Per-candidate terms of the cost, in prefill-token equivalents. */
 class Terms {
+  // the inputs computeTerms() reads besides the candidate: fields, not arguments, because a
+  // fractional number passed to a function that is not inlined is boxed (16 bytes a call)
+  /** What the worker holds or is about to hold of the prompt (see CostPolicy.cachedOn). */
+  cached = 0;
+  /** The rate of requests this router sends the worker (see CostPolicy.arrivalRate). */
+  arrivalRate = 0;
+  /** Attention work of this router's requests queued on the worker (see CostPolicy.queuedAttention). */
+  queuedAttention = 0;
+
   prompt = 0;
   uncached = 0;
   work = 0;
@@ -202,20 +211,11 @@ class Terms {
   cost = 0;
 }
 
-/**
- * Fills `t` with candidate `c`'s terms; allocates nothing. `cached` is what the worker holds or
- * is about to hold of the prompt (see CostPolicy.cachedOn).
- */
-function computeTerms(
-  t: Terms,
-  c: Candidate,
-  r: RouteFeatures,
-  w: Readonly<CostWeights>,
-  fleet: FleetView,
-  cached: number,
-  arrivalRate: number,
-  queuedAttention: number,
-): Terms {
+/** Fills `t` with candidate `c`'s terms from the inputs already in `t`; allocates nothing. */
+function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<CostWeights>, fleet: FleetView): Terms {
+  const cached = t.cached;
+  const arrivalRate = t.arrivalRate;
+  const queuedAttention = t.queuedAttention;
   const known = r.promptTokens > 0;
   const prompt = known ? r.promptTokens : REFERENCE_PROMPT_TOKENS;
   const uncached = known ? Math.max(0, prompt - cached) : (1 - c.cachedFraction) * prompt;
@@ -282,6 +282,8 @@ export class CostPolicy implements RoutingPolicy {
   readonly speculative = 'untracked';
   private readonly tieBreak = { cursor: 0 };
   private readonly scratch: number[] = [];
+  /** Each candidate's score (−cost; NaN: excluded), by index, for the pick. */
+  private scores = new Float64Array(16);
   private readonly terms = new Terms();
   /** A new session's candidates' costs and estimated TTFTs (NaN: excluded), by index, computed once for its bound. */
   private boundedCosts = new Float64Array(16);
@@ -331,12 +333,6 @@ export class CostPolicy implements RoutingPolicy {
   /** Attention work (W(u) − u) of this router's requests not yet past prefill, per worker slot. */
   private attentionQueued = new Float64Array(0);
   private lastNow = 0;
-  private readonly score = (c: Candidate, i: number): number => {
-    // a new session's terms were computed for its bound already
-    if (this.fleet.newSession) return this.boundedTtfts[i] > this.fleet.ttftBound ? NaN : -this.boundedCosts[i];
-    const t = this.termsOf(c, this.request!);
-    return this.excludes(t, c) ? NaN : -t.cost;
-  };
 
   constructor(readonly weights: Readonly<CostWeights> = DEFAULT_COST_WEIGHTS) {}
 
@@ -350,7 +346,7 @@ export class CostPolicy implements RoutingPolicy {
     this.pending.lookup(candidates, request.blocks, Math.ceil(mostCached / request.blockSize));
     this.observeFleet(candidates, request);
     if (this.fleet.newSession) this.boundNewSession(candidates, request);
-    const index = pickMax(candidates, this.score, this.tieBreak, this.scratch);
+    const index = pickMaxScore(this.scoreAll(candidates, request), candidates.length, this.tieBreak, this.scratch);
     if (index < 0) return NO_CHOICE;
     const chosen = candidates[index];
     const t = this.termsOf(chosen, request);
@@ -364,18 +360,39 @@ export class CostPolicy implements RoutingPolicy {
     return { index, confidence: chosen.cachedFraction, reason: replicate ? 'replicate' : 'cost' };
   }
 
+  /**
+   * Every candidate's score (−cost; NaN: excluded), by index, in a reused typed array: the
+   * scores are written there rather than returned one by one, which would box each. NaN is
+   * stored by an if statement of its own: `excluded ? NaN : x` boxes x (16 bytes each) in V8.
+   */
+  private scoreAll(candidates: readonly Candidate[], r: RouteFeatures): Float64Array {
+    const n = candidates.length;
+    if (this.scores.length < n) this.scores = new Float64Array(2 * n);
+    const scores = this.scores;
+    const f = this.fleet;
+    if (f.newSession) {
+      // a new session's terms were computed for its bound already
+      for (let i = 0; i < n; i++) {
+        if (this.boundedTtfts[i] > f.ttftBound) scores[i] = NaN;
+        else scores[i] = -this.boundedCosts[i];
+      }
+    } else {
+      for (let i = 0; i < n; i++) {
+        const c = candidates[i];
+        const t = this.termsOf(c, r);
+        if (this.excludes(t, c)) scores[i] = NaN;
+        else scores[i] = -t.cost;
+      }
+    }
+    return scores;
+  }
+
   /** Candidate `c`'s terms for request `r`, written into `into` (the reused scratch unless given). */
   private termsOf(c: Candidate, r: RouteFeatures, into: Terms = this.terms): Terms {
-    return computeTerms(
-      into,
-      c,
-      r,
-      this.weights,
-      this.fleet,
-      this.cachedOn(c, r),
-      this.arrivalRate(c),
-      this.queuedAttention(c),
-    );
+    into.cached = this.cachedOn(c, r);
+    into.arrivalRate = this.arrivalRate(c);
+    into.queuedAttention = this.queuedAttention(c);
+    return computeTerms(into, c, r, this.weights, this.fleet);
   }
 
   /** A worker that cannot take the request: the prompt does not fit, or its KV is over the ceiling (capacity unknown). */
@@ -399,8 +416,14 @@ export class CostPolicy implements RoutingPolicy {
       const c = candidates[i];
       const t = this.termsOf(c, r);
       const excluded = this.excludes(t, c);
-      this.boundedCosts[i] = excluded ? NaN : t.cost;
-      this.boundedTtfts[i] = excluded ? NaN : t.wait + t.kvWait;
+      // stored by statements, not `excluded ? NaN : x`, which boxes x (see scoreAll())
+      if (excluded) {
+        this.boundedCosts[i] = NaN;
+        this.boundedTtfts[i] = NaN;
+      } else {
+        this.boundedCosts[i] = t.cost;
+        this.boundedTtfts[i] = t.wait + t.kvWait;
+      }
       if (!excluded && t.wait + t.kvWait < lowest) lowest = t.wait + t.kvWait;
     }
     // the lowest itself always qualifies, whatever rounding does to the product

@@ -15,20 +15,43 @@ export function pickMax(
   scratch: number[],
 ): number {
   let best = -Infinity;
-  scratch.length = 0;
+  let ties = 0;
   for (let i = 0; i < candidates.length; i++) {
     const s = score(candidates[i], i);
     if (Number.isNaN(s)) continue;
     if (s > best + TIE_EPSILON) {
       best = s;
-      scratch.length = 0;
-      scratch.push(i);
+      ties = 0;
+      scratch[ties++] = i;
     } else if (s >= best - TIE_EPSILON) {
-      scratch.push(i);
+      scratch[ties++] = i;
     }
   }
-  if (scratch.length === 0) return -1;
-  return scratch.length === 1 ? scratch[0] : scratch[tieBreak.cursor++ % scratch.length];
+  if (ties === 0) return -1;
+  return ties === 1 ? scratch[0] : scratch[tieBreak.cursor++ % ties];
+}
+
+/**
+ * pickMax over scores already computed: index of the highest of the first `n` of `scores`
+ * (skipping NaN), ties within TIE_EPSILON rotating through `cursor`, -1 when none has a score.
+ * The same comparisons in the same order as pickMax, so the same choice.
+ */
+export function pickMaxScore(scores: Float64Array, n: number, tieBreak: { cursor: number }, scratch: number[]): number {
+  let best = -Infinity;
+  let ties = 0;
+  for (let i = 0; i < n; i++) {
+    const s = scores[i];
+    if (Number.isNaN(s)) continue;
+    if (s > best + TIE_EPSILON) {
+      best = s;
+      ties = 0;
+      scratch[ties++] = i;
+    } else if (s >= best - TIE_EPSILON) {
+      scratch[ties++] = i;
+    }
+  }
+  if (ties === 0) return -1;
+  return ties === 1 ? scratch[0] : scratch[tieBreak.cursor++ % ties];
 }
 
 /**
@@ -45,9 +68,9 @@ export function pickWithRandomTies(
 ): number {
   let best = -Infinity;
   for (let i = 0; i < n; i++) if (sign * scores[i] > best) best = sign * scores[i];
-  scratch.length = 0;
-  for (let i = 0; i < n; i++) if (sign * scores[i] >= best - TIE_EPSILON) scratch.push(i);
-  return scratch.length === 1 ? scratch[0] : scratch[Math.floor(random() * scratch.length)];
+  let ties = 0;
+  for (let i = 0; i < n; i++) if (sign * scores[i] >= best - TIE_EPSILON) scratch[ties++] = i;
+  return ties === 1 ? scratch[0] : scratch[Math.floor(random() * ties)];
 }
 
 /** The router's own count of a worker's outstanding requests: the queue-length peers use. */

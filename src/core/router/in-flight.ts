@@ -8,22 +8,120 @@ import * as check from '../validate.js';
 import type { WorkerState } from '../worker-registry.js';
 import type { InFlightLoad, SharedDecision } from './types.js';
 
-interface Ticket {
-  worker: WorkerState;
+/** One tracked request. Released records are kept for the next ones (see TicketTable). */
+class Ticket {
   /** Uncached prompt tokens still counted as queued prefill. */
-  prefill: number;
+  prefill = 0;
   /** KV tokens counted as decoding once prefill is done. */
-  kvTokens: number;
-  prefilled: boolean;
+  kvTokens = 0;
+  prefilled = false;
   /** When it was opened (router clock, ms). */
-  openedAt: number;
+  openedAt = 0;
   /** How the router learns its prefill ended (see PrefillEnd). */
-  prefillEnd: PrefillEnd;
+  prefillEnd: PrefillEnd = 'reported';
   /** What the decision shared with other replicas, for an unreported ticket (told when its prefill is read). */
-  shared: SharedDecision | undefined;
+  shared: SharedDecision | undefined = undefined;
   /** The key halves of the block whose KV event ends the prefill ('block'). */
-  awaitHi: number;
-  awaitLo: number;
+  awaitHi = 0;
+  awaitLo = 0;
+  /** The next free record, while this one is free. */
+  nextFree: Ticket | undefined = undefined;
+
+  constructor(public worker: WorkerState) {}
+}
+
+/**
+ * The open tickets by number: open addressing with linear probing over the ticket's low bits,
+ * and released records kept on a free list for the next ones. Opening and releasing a ticket
+ * allocate nothing once the table has grown to the most tickets open at once (it doubles and
+ * never shrinks, kept at most half full); a Map would reallocate its table as entries come and go.
+ */
+class TicketTable {
+  /** Ticket numbers by entry (0: empty; tickets count up from 1). */
+  private keys = new Float64Array(64);
+  private records: Array<Ticket | undefined> = new Array<Ticket | undefined>(64).fill(undefined);
+  private free: Ticket | undefined = undefined;
+  size = 0;
+
+  get(ticket: number): Ticket | undefined {
+    const i = this.find(ticket);
+    return i < 0 ? undefined : this.records[i];
+  }
+
+  /** A record for a new ticket (not in the table), its fields at their defaults but `worker`. */
+  open(ticket: number, worker: WorkerState): Ticket {
+    let t = this.free;
+    if (t) {
+      this.free = t.nextFree;
+      t.nextFree = undefined;
+      t.worker = worker;
+      t.prefill = 0;
+      t.kvTokens = 0;
+      t.prefilled = false;
+      t.openedAt = 0;
+      t.prefillEnd = 'reported';
+      t.shared = undefined;
+      t.awaitHi = 0;
+      t.awaitLo = 0;
+    } else t = new Ticket(worker);
+    if (2 * (this.size + 1) > this.keys.length) this.rehash(2 * this.keys.length);
+    const mask = this.keys.length - 1;
+    let i = ticket & mask;
+    while (this.keys[i] !== 0) i = (i + 1) & mask;
+    this.keys[i] = ticket;
+    this.records[i] = t;
+    this.size++;
+    return t;
+  }
+
+  /**
+   * Removes the ticket. Its record is kept for a later ticket: its fields stay readable until
+   * the next open() (release() reads them after the ticket has left the table).
+   */
+  delete(ticket: number): void {
+    let i = this.find(ticket);
+    if (i < 0) return;
+    const t = this.records[i]!;
+    t.shared = undefined; // not kept alive by a free record
+    t.nextFree = this.free;
+    this.free = t;
+    this.size--;
+    // empty entry i, moving back the entries after it that probing would no longer reach
+    const mask = this.keys.length - 1;
+    for (let j = (i + 1) & mask; this.keys[j] !== 0; j = (j + 1) & mask) {
+      const home = this.keys[j] & mask;
+      // entry j stays if its home lies cyclically in (i, j]
+      const stays = i < j ? home > i && home <= j : home > i || home <= j;
+      if (stays) continue;
+      this.keys[i] = this.keys[j];
+      this.records[i] = this.records[j];
+      i = j;
+    }
+    this.keys[i] = 0;
+    this.records[i] = undefined;
+  }
+
+  private find(ticket: number): number {
+    if (!(ticket > 0)) return -1;
+    const mask = this.keys.length - 1;
+    for (let i = ticket & mask; this.keys[i] !== 0; i = (i + 1) & mask) if (this.keys[i] === ticket) return i;
+    return -1;
+  }
+
+  private rehash(size: number): void {
+    const keys = this.keys;
+    const records = this.records;
+    this.keys = new Float64Array(size);
+    this.records = new Array<Ticket | undefined>(size).fill(undefined);
+    const mask = size - 1;
+    for (let k = 0; k < keys.length; k++) {
+      if (keys[k] === 0) continue;
+      let i = keys[k] & mask;
+      while (this.keys[i] !== 0) i = (i + 1) & mask;
+      this.keys[i] = keys[k];
+      this.records[i] = records[k];
+    }
+  }
 }
 
 /**
@@ -50,7 +148,7 @@ class UnreportedQueue {
 
 /** The tracked requests of one router, by ticket number (0 is never a ticket). */
 export class InFlightTickets {
-  private readonly tickets = new Map<number, Ticket>();
+  private readonly tickets = new TicketTable();
   private readonly unreported = new Map<WorkerState, UnreportedQueue>();
   /** Per worker, the tickets awaiting a block, by the low half of its key. */
   private readonly awaited = new Map<WorkerState, Map<number, number[]>>();
@@ -75,17 +173,12 @@ export class InFlightTickets {
     shared?: SharedDecision,
   ): number {
     const ticket = this.nextTicket++;
-    this.tickets.set(ticket, {
-      worker,
-      prefill: uncachedTokens,
-      kvTokens: promptTokens,
-      prefilled: false,
-      openedAt: now,
-      prefillEnd: reported ? 'reported' : 'answer',
-      shared: reported ? undefined : shared,
-      awaitHi: 0,
-      awaitLo: 0,
-    });
+    const t = this.tickets.open(ticket, worker);
+    t.prefill = uncachedTokens;
+    t.kvTokens = promptTokens;
+    t.openedAt = now;
+    t.prefillEnd = reported ? 'reported' : 'answer';
+    t.shared = reported ? undefined : shared;
     worker.queuedPrefillTokens += uncachedTokens;
     worker.inFlightRequests++;
     if (!reported) {

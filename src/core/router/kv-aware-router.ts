@@ -94,6 +94,12 @@ export class KVAwareRouter {
   private readonly prefix: PrefixLookup;
   /** The hash namespace of the request being routed (scratch reused by every route()). */
   private readonly hashNs: HashNamespace = {};
+  /**
+   * What a built-in policy is told of the request being routed (scratch reused by every
+   * route(): the built-in policies keep nothing of it past the decision). A policy object of
+   * the caller's own gets a fresh one per decision, which it may keep.
+   */
+  private readonly features: FeaturesScratch | undefined;
 
   constructor(options: KVAwareRouterOptions = {}) {
     const o = resolveRouterOptions(options);
@@ -102,6 +108,7 @@ export class KVAwareRouter {
     this.anchorLocalityEnabled = o.anchorLocalityEnabled;
     this.costWeights = o.costWeights;
     this.policy = o.policy;
+    this.features = o.builtInPolicy ? newFeatures() : undefined;
     this.countsBlocks = o.countsBlocks;
     this.anchors = new AnchorTable(o.anchorCapacity);
     this.workflows = new WorkflowTable(o.workflowCapacity);
@@ -263,7 +270,7 @@ export class KVAwareRouter {
    * decision is recorded (predicted blocks, content anchors, anchor home, workflow step) and,
    * unless `track: false`, counted as in-flight work until release().
    */
-  route(request: RouteRequest, options: RouteOptions = {}): RouteResult {
+  route(request: RouteRequest, options: RouteOptions = NO_OPTIONS): RouteResult {
     if (request === null || typeof request !== 'object') throw new TypeError('request must be an object');
     const now = options.now ?? this.clock();
     const fields = this.fields;
@@ -301,21 +308,21 @@ export class KVAwareRouter {
       now,
       options.exclude,
     );
-    const features: RouteFeatures = {
-      claGroup,
-      promptTokens,
-      requestBlocks,
-      blockSize: hashes.tokensPerBlock || this.blockSize,
-      routingKey: requestBlocks > 0 ? hashes.lo[Math.min(requestBlocks, 4) - 1] : anchor ? hashString32(anchor) : 0,
-      blocks: this.prefix.sequence(hashes),
-      sharedPrefixKey:
-        overlap.maxBlocks > 0
-          ? hashes.lo[Math.min(overlap.maxBlocks, requestBlocks) - 1]
-          : anchor
-            ? hashString32(anchor)
-            : 0,
-      now,
-    };
+    const features = this.features ?? newFeatures();
+    features.claGroup = claGroup;
+    features.promptTokens = promptTokens;
+    features.requestBlocks = requestBlocks;
+    features.blockSize = hashes.tokensPerBlock || this.blockSize;
+    features.routingKey =
+      requestBlocks > 0 ? hashes.lo[Math.min(requestBlocks, 4) - 1] : anchor ? hashString32(anchor) : 0;
+    features.blocks = this.prefix.sequence(hashes);
+    features.sharedPrefixKey =
+      overlap.maxBlocks > 0
+        ? hashes.lo[Math.min(overlap.maxBlocks, requestBlocks) - 1]
+        : anchor
+          ? hashString32(anchor)
+          : 0;
+    features.now = now;
     const choice = this.policy.choose(candidates, features);
     // a user's policy is not trusted to stay in range; the built-in ones always do
     if (!(Number.isInteger(choice.index) && choice.index >= -1 && choice.index < candidates.length))
@@ -377,7 +384,7 @@ export class KVAwareRouter {
    * route(), for callers that prefer an exception to branching on `noWorker`: throws a
    * NoEndpointsError (its `reason` says why) when no worker can take the request.
    */
-  routeOrThrow(request: RouteRequest, options: RouteOptions = {}): RoutedResult {
+  routeOrThrow(request: RouteRequest, options: RouteOptions = NO_OPTIONS): RoutedResult {
     const result = this.route(request, options);
     if (result.noWorker) throw new NoEndpointsError(result.noWorker, result.policy);
     return result;
@@ -638,6 +645,26 @@ export class KVAwareRouter {
     if (!state) throw new RangeError(`workerId '${workerId}' is not registered`);
     return state;
   }
+}
+
+/** route()'s options when none are given: one object, not a new one per call. */
+const NO_OPTIONS: RouteOptions = Object.freeze({});
+
+/** RouteFeatures as route() fills them in. */
+type FeaturesScratch = { -readonly [K in keyof RouteFeatures]: RouteFeatures[K] };
+
+/** Features with every key present (one shape for every decision), to be filled in. */
+function newFeatures(): FeaturesScratch {
+  return {
+    claGroup: null,
+    promptTokens: 0,
+    requestBlocks: 0,
+    blockSize: 0,
+    routingKey: 0,
+    blocks: undefined,
+    sharedPrefixKey: 0,
+    now: 0,
+  };
 }
 
 /**

@@ -96,6 +96,8 @@ export interface ResolvedRouterOptions {
   anchorLocalityEnabled: boolean;
   costWeights: Readonly<CostWeights>;
   policy: RoutingPolicy;
+  /** The policy was made here from its name (not an object of the caller's). */
+  builtInPolicy: boolean;
   /** The seed never counts blocks; under policy 'seed' activeBlocks stays 0 as there. */
   countsBlocks: boolean;
   anchorCapacity: number;
@@ -143,6 +145,7 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
     anchorLocalityEnabled: o.enableAnchorLocality,
     costWeights,
     policy,
+    builtInPolicy: typeof o.policy === 'string',
     countsBlocks: o.policy !== 'seed',
     anchorCapacity: o.anchorCapacity,
     workflowCapacity: o.workflowCapacity,

@@ -1,0 +1,270 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import { GCProfiler, getHeapStatistics } from 'node:v8';
+import { CostPolicy } from '../../src/core/policies/cost.js';
+import type { Candidate, RouteFeatures } from '../../src/core/policies/types.js';
+import { WorkerState } from '../../src/core/worker-registry.js';
+import { chainRoot, fmix32, hashTokenBlocks, BlockHashes, mixIntoChain } from '../../src/core/hashing.js';
+import { InFlightTickets } from '../../src/core/router/in-flight.js';
+import { createRng } from '../../src/core/rng.js';
+import { KVAwareRouter } from '../../src/index.js';
+
+/**
+ * What the route path allocates, counted in bytes of JS heap (garbage included): the used
+ * heap's growth over the calls plus what every collection during them freed. Counts, not
+ * times: the same code allocates the same whatever the machine's speed.
+ */
+function bytesPerCall(calls: number, fn: (i: number) => void): number {
+  const profiler = new GCProfiler();
+  profiler.start();
+  const before = getHeapStatistics().used_heap_size;
+  for (let i = 0; i < calls; i++) fn(i);
+  const after = getHeapStatistics().used_heap_size;
+  let freed = 0;
+  for (const gc of profiler.stop().statistics)
+    freed += gc.beforeGC.heapStatistics.usedHeapSize - gc.afterGC.heapStatistics.usedHeapSize;
+  return (after - before + freed) / calls;
+}
+
+/**
+ * The fewest bytes per call over `rounds` rounds: the first rounds run while the JIT is still
+ * optimising the code (unoptimised code boxes every fractional number it computes), the
+ * steady state is what a busy router runs.
+ */
+function steadyBytesPerCall(rounds: number, calls: number, fn: (i: number) => void): number {
+  let least = Infinity;
+  for (let r = 0; r < rounds; r++) least = Math.min(least, bytesPerCall(calls, fn));
+  return least;
+}
+
+const WORKERS = 32;
+const BLOCK = 16;
+const PROMPT = 8192;
+
+describe('route path allocation', () => {
+  test("the cost policy's choose() allocates nothing per candidate", () => {
+    // 32 workers holding different prefixes of the prompt, with queues, decode and KV usage:
+    // every candidate's terms are worked out (a follow-up) or bounded first (a new session)
+    const tokens = Uint32Array.from({ length: PROMPT }, (_, i) => (i * 2654435761) >>> 0);
+    const blocks = hashTokenBlocks(tokens, BLOCK, undefined, new BlockHashes(PROMPT / BLOCK));
+    const candidates: Candidate[] = Array.from({ length: WORKERS }, (_, i) => {
+      const w = new WorkerState(`w${i}`, {}, i);
+      w.queuedPrefillTokens = (i * 7919) % 20_000;
+      w.activeDecodeTokens = (i * 104_729) % 300_000;
+      w.inFlightRequests = i % 5;
+      w.load = (i % 10) / 10.5;
+      const cached = ((i * 37) % 64) * 64;
+      return {
+        worker: w,
+        holdsAnchor: false,
+        overlapBlocks: cached / BLOCK,
+        offloadBlocks: 0,
+        predictedBlocks: 0,
+        anchorTokens: 0,
+        cachedTokens: cached,
+        cachedFraction: cached / PROMPT,
+        servesCla: false,
+        continuity: false,
+        indexEntries: 1000 + i * 333,
+      };
+    });
+    const followUp: RouteFeatures = {
+      claGroup: null,
+      promptTokens: PROMPT,
+      requestBlocks: blocks.length,
+      blockSize: BLOCK,
+      routingKey: blocks.lo[3],
+      blocks,
+      sharedPrefixKey: blocks.lo[40],
+      now: 1000.5,
+    };
+    const newSession = candidates.map((c) => ({ ...c, overlapBlocks: 0, cachedTokens: 0, cachedFraction: 0 }));
+    const p = new CostPolicy();
+    // learn a mean work and hit rate, so that saturation and reuse are not zero
+    for (let i = 0; i < 64; i++) {
+      const choice = p.choose(candidates, followUp);
+      p.onRouted(candidates[choice.index].worker, followUp, i + 1, 1000 + i);
+    }
+    for (const [what, cs] of [
+      ['a follow-up', candidates],
+      ['a new session', newSession],
+    ] as const) {
+      const bytes = steadyBytesPerCall(6, 2000, () => p.choose(cs, followUp));
+      // the choice it returns (64 bytes) and little else; a number boxed per candidate would
+      // be 16 bytes each, 512 over the 32
+      assert.ok(bytes < 8 * WORKERS, `${what}: ${bytes.toFixed(1)} bytes per choose() over ${WORKERS} candidates`);
+    }
+  });
+
+  test('opening and releasing tickets allocates nothing once the table has grown', () => {
+    const tickets = new InFlightTickets();
+    const w = new WorkerState('w0', {}, 0);
+    const held: number[] = [];
+    const bytes = steadyBytesPerCall(6, 5000, (i) => {
+      held.push(tickets.open(w, 100, 1000, i));
+      // 64 in flight, the oldest released first
+      if (held.length > 64) tickets.release(held.shift()!);
+    });
+    assert.ok(bytes < 8, `${bytes.toFixed(1)} bytes per ticket opened and released`);
+    for (const t of held) tickets.release(t);
+    assert.equal(tickets.size, 0);
+    assert.equal(w.inFlightRequests, 0);
+    assert.equal(w.queuedPrefillTokens, 0);
+  });
+
+  test('tickets released in any order leave each worker with exactly the rest', () => {
+    const rng = createRng(5);
+    const tickets = new InFlightTickets();
+    const workers = [0, 1, 2].map((i) => new WorkerState(`w${i}`, {}, i));
+    const open = new Map<number, { worker: WorkerState; uncached: number; prompt: number; prefilled: boolean }>();
+    const expectCounts = () => {
+      assert.equal(tickets.size, open.size);
+      for (const w of workers) {
+        const mine = [...open.values()].filter((t) => t.worker === w);
+        assert.equal(w.inFlightRequests, mine.length);
+        const queued = mine.filter((t) => !t.prefilled).reduce((sum, t) => sum + t.uncached, 0);
+        const decoding = mine.filter((t) => t.prefilled).reduce((sum, t) => sum + t.prompt, 0);
+        assert.equal(w.queuedPrefillTokens, queued);
+        assert.equal(w.activeDecodeTokens, decoding);
+      }
+    };
+    // enough tickets to grow the table several times; each round releases a random half of
+    // those open and moves another part from prefill to decode, found by their numbers
+    for (let round = 0; round < 4; round++) {
+      for (let i = 0; i < 700; i++) {
+        const worker = workers[i % 3];
+        const uncached = 1 + Math.floor(rng() * 1000);
+        const prompt = uncached + Math.floor(rng() * 1000);
+        open.set(tickets.open(worker, uncached, prompt), { worker, uncached, prompt, prefilled: false });
+      }
+      for (const [ticket, t] of [...open]) {
+        const r = rng();
+        if (r < 0.5) {
+          tickets.release(ticket);
+          tickets.release(ticket); // idempotent
+          open.delete(ticket);
+        } else if (r < 0.7) {
+          tickets.markPrefillDone(ticket);
+          t.prefilled = true;
+        }
+      }
+      expectCounts();
+    }
+    for (const ticket of [...open.keys()]) {
+      tickets.release(ticket);
+      open.delete(ticket);
+    }
+    expectCounts();
+  });
+
+  test('route() and release() allocate about the result and no more, whatever the fleet and prompt', () => {
+    let now = 0;
+    const router = new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: BLOCK, clock: () => now });
+    for (let w = 0; w < WORKERS; w++) router.registerWorker(`w${w}`);
+    const rng = createRng(3);
+    const docs = Array.from({ length: 40 }, () =>
+      Uint32Array.from({ length: PROMPT }, () => Math.floor(rng() * 150_000)),
+    );
+    // each worker holds prefixes of some documents; requests share prefixes of random depth
+    for (let i = 0; i < 400; i++) {
+      const doc = docs[Math.floor(rng() * docs.length)];
+      const depth = (1 + Math.floor(rng() * (PROMPT / BLOCK))) * BLOCK;
+      router.applyStored(`w${Math.floor(rng() * WORKERS)}`, router.hashTokens(doc.subarray(0, depth)));
+    }
+    const requests = Array.from({ length: 64 }, () => {
+      const tokens = Uint32Array.from({ length: PROMPT }, () => Math.floor(rng() * 150_000));
+      tokens.set(docs[Math.floor(rng() * docs.length)].subarray(0, Math.floor(rng() * (PROMPT / BLOCK)) * BLOCK));
+      return tokens;
+    });
+    const request = { tokens: requests[0] };
+    const bytes = steadyBytesPerCall(6, 2000, (i) => {
+      now += 1;
+      request.tokens = requests[i % requests.length];
+      router.release(router.route(request).ticket);
+    });
+    // what a decision must allocate is its result and the views the prompt's keys are copied
+    // through out of wasm memory, about 400 bytes here; anything per candidate (32) or per
+    // block (512) would pass the bound at once
+    assert.ok(bytes < 512, `${bytes.toFixed(1)} bytes per decision over ${WORKERS} workers`);
+  });
+
+  test("a policy object of the caller's own gets features of its own for every decision", () => {
+    const kept: RouteFeatures[] = [];
+    const router = new KVAwareRouter({
+      blockSize: BLOCK,
+      policy: {
+        name: 'keeps-features',
+        choose: (_candidates: readonly Candidate[], request: RouteFeatures) => {
+          kept.push(request);
+          return { index: 0, confidence: 0, reason: 'cost' };
+        },
+      },
+    });
+    router.registerWorker('w0');
+    router.route({ tokens: Array.from({ length: 2 * BLOCK }, (_, i) => i) });
+    router.route({ tokens: Array.from({ length: 5 * BLOCK }, (_, i) => i) });
+    assert.notEqual(kept[0], kept[1]);
+    assert.deepEqual(
+      kept.map((f) => [f.promptTokens, f.requestBlocks]),
+      [
+        [2 * BLOCK, 2],
+        [5 * BLOCK, 5],
+      ],
+    );
+  });
+
+  test("a request's namespace (LoRA, cache salt, CLA group) is mixed in without building a string", () => {
+    let now = 0;
+    const router = new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: BLOCK, clock: () => now });
+    for (let w = 0; w < WORKERS; w++) router.registerWorker(`w${w}`);
+    const requests = Array.from({ length: 16 }, (_, k) =>
+      Uint32Array.from({ length: 2048 }, (_, i) => (i < 1024 ? i : i * 7 + k * 13) >>> 0),
+    );
+    const plain = { tokens: requests[0] };
+    const namespaced = { tokens: requests[0], lora: 'adapter-a', cacheSalt: 'tenant-1', claGroup: 12345 };
+    const run = (request: { tokens: Uint32Array }) =>
+      steadyBytesPerCall(6, 2000, (i) => {
+        now += 1;
+        request.tokens = requests[i % requests.length];
+        router.release(router.route(request).ticket);
+      });
+    const extra = run(namespaced) - run(plain);
+    // 'lora:adapter-a', 'salt:tenant-1', '12345' and 'cla:12345' built, and a pair per field
+    // returned, would be well over 100 bytes
+    assert.ok(extra < 16, `${extra.toFixed(1)} more bytes per decision with a namespace`);
+  });
+
+  test('the namespace mixes as its label and value joined would, for every kind of value', () => {
+    // the reference: the string joined, then mixed (what chainRoot's output is pinned to)
+    const mix = (hi: number, lo: number, s: string): [number, number] => {
+      let a = hi ^ 0x811c9dc5;
+      let b = lo ^ 0x01000193;
+      for (let i = 0; i < s.length; i++) {
+        const c = s.charCodeAt(i);
+        a = Math.imul(a ^ c, 0x01000193);
+        b = Math.imul(b ^ c, 0x5bd1e995);
+        b ^= b >>> 15;
+      }
+      return [fmix32(a ^ (b >>> 7)), fmix32(b ^ Math.imul(a, 0x9e3779b1))];
+    };
+    const root = (ns: { lora?: string; cacheSalt?: string; claGroup?: number }): number[] => {
+      let h: [number, number] = [0x6a09e667, 0xbb67ae85];
+      if (ns.lora) h = mix(h[0], h[1], 'lora:' + ns.lora);
+      if (ns.cacheSalt) h = mix(h[0], h[1], 'salt:' + ns.cacheSalt);
+      if (ns.claGroup !== undefined) h = mix(h[0], h[1], 'cla:' + ns.claGroup);
+      return h;
+    };
+    const groups = [0, 1, 9, 10, 11, 99, 100, 12345, 999_999_999, 1_000_000_000, 2 ** 31 - 1, 2 ** 31, 2 ** 40 + 3];
+    const odd = [2.5, 1e21, 2 ** 53 + 2, Number.MAX_VALUE, -0];
+    for (const claGroup of [...groups, ...odd]) {
+      for (const ns of [{ claGroup }, { lora: 'l', cacheSalt: 'ténant', claGroup }]) {
+        const out = new Uint32Array(2);
+        chainRoot(ns, out);
+        assert.deepEqual([...out], root(ns), `claGroup ${claGroup}`);
+      }
+    }
+    const out = new Uint32Array(2);
+    mixIntoChain(0xdeadbeef, 0x12345678, '[["mm", 1]]', out);
+    assert.deepEqual([...out], mix(0xdeadbeef, 0x12345678, '[["mm", 1]]'));
+  });
+});
