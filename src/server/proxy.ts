@@ -207,7 +207,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         }
         return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS, looped, decision.workerId);
       }
-      breaker.answered(decision.workerId);
+      // an answer the engine broke off after it reached the client cannot be retried, but it is
+      // the engine's failure: an engine that stalls or dies mid-answer opens its circuit too
+      if (outcome === 'cut') breaker.failed(decision.workerId);
+      else breaker.answered(decision.workerId);
       metrics.cachedTokens.inc(cachedTokens);
       metrics.promptTokens.inc(decision.promptTokens);
       metrics.latency.observe((performance.now() - started) / 1000);
@@ -263,8 +266,14 @@ function answerExhausted(
 
 /** How one attempt on one engine ended. */
 export type ForwardOutcome =
-  /** answered (or failed after its first byte reached the client, and was ended cleanly) */
+  /** answered */
   | 'done'
+  /**
+   * the engine failed after its answer started reaching the client (reset, stalled past the
+   * inter-chunk timeout, cut short): the stream was ended with an error event, any other body
+   * cut; nothing to retry, but an engine failure
+   */
+  | 'cut'
   /** the engine failed before anything reached the client: another worker can take it */
   | 'retry'
   /** the worker left rotation before answering anything: another worker can take it */
@@ -687,6 +696,6 @@ class Attempt implements Dispatcher.DispatchHandler {
     // an answer that is not a stream cannot say it failed: it is cut, never ended as if whole
     if (this.eventStream || this.why === 'client') this.res.end();
     else this.res.destroy();
-    this.settle(this.why === 'client' ? 'client-gone' : 'done');
+    this.settle(this.why === 'client' ? 'client-gone' : 'cut');
   }
 }
