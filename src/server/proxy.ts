@@ -129,6 +129,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     let overloadedRetryAfterS = 1;
     // attempts answered 508 Loop Detected: the worker's URL leads back to a gateway on the way
     let looped = 0;
+    // the worker whose failure the next attempt retries: counted once another worker takes it
+    let retryOf: string | undefined;
     for (let attempt = 0; ; attempt++) {
       if (reply.raw.destroyed) {
         // the client left while the request waited for a retry
@@ -149,6 +151,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         reply.header('retry-after', '1');
         return openAiError(reply, 503, 'no worker can take the request now');
       }
+      // (each attempt that fails sets it again before the next one)
+      if (retryOf !== undefined) metrics.retries.inc({ worker: retryOf });
       metrics.countDecision(decision.policy, decision.reason);
       if (decision.shared) state.decisionMade(decision.shared);
       const forwarded = decision.cacheSalt
@@ -201,7 +205,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         }
         excluded.add(decision.workerId);
         if (attempt < maxRetries) {
-          metrics.retries.inc({ worker: decision.workerId });
+          retryOf = decision.workerId;
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
         }
