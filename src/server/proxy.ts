@@ -479,15 +479,20 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.onWorkerOut = () => this.giveUp('worker-out');
     connection.unanswered.add(this.onWorkerOut);
     // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
-    // non-streamed answer's first byte is the whole answer (undici's timeouts bound it)
-    if (o.streaming) this.timer = setTimeout(() => this.giveUp('first-byte'), o.firstByteTimeoutMs);
+    // non-streamed answer's first byte is the whole answer, due within the inter-chunk timeout
+    // (undici's timeouts bound it too, but only from when the request is sent: one that waits
+    // for a free connection to the engine is bounded by this timer alone)
+    this.timer = setTimeout(() => this.giveUp('first-byte'), o.firstByteTimeoutMs);
   }
 
   private giveUp(reason: GiveUpReason): void {
     if (this.why !== undefined || this.settled) return;
     this.why = reason;
-    // before the connection is made, undici calls onConnect later and the attempt aborts there
-    this.abortUpstream?.(new Error(`given up: ${reason}`));
+    if (this.abortUpstream) return this.abortUpstream(new Error(`given up: ${reason}`));
+    // not sent yet: undici calls onConnect only once a connection to the engine is free (when
+    // every one carries a long stream, that may take minutes), and the attempt aborts there;
+    // the request ends now
+    this.settle(this.failed());
   }
 
   private failed(): ForwardOutcome {
