@@ -1,6 +1,7 @@
 /**
  * A per-worker circuit breaker: a worker that fails `failures` times in a row (connection
- * error or 5xx before the first byte) is taken out of rotation for `cooldownMs`, then tried
+ * error or 5xx before the first byte, or an answer it broke off after the client got part of
+ * it) is taken out of rotation for `cooldownMs`, then tried
  * again; one more failure opens it again. It acts through WorkerHealth (source 'breaker'), so
  * the breaker, the health check and the metrics scrape agree on who is out and why.
  */

@@ -21,7 +21,7 @@ export interface GatewayMetrics {
   countDecision(policy: string, reason: string): void;
   cachedTokens: Counter;
   promptTokens: Counter;
-  /** Requests retried on another worker, by the worker that failed. */
+  /** Requests retried on another worker (counted when one takes it), by the worker that failed. */
   retries: Counter<'worker'>;
   /** Time to the first upstream byte. */
   ttft: Histogram;

@@ -151,6 +151,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     let overloadedRetryAfterS = 1;
     // attempts answered 508 Loop Detected: the worker's URL leads back to a gateway on the way
     let looped = 0;
+    // the worker whose failure the next attempt retries: counted once another worker takes it
+    let retryOf: string | undefined;
     for (let attempt = 0; ; attempt++) {
       if (reply.raw.destroyed) {
         // the client left while the request waited for a retry
@@ -171,6 +173,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         reply.header('retry-after', '1');
         return openAiError(reply, 503, 'no worker can take the request now');
       }
+      // (each attempt that fails sets it again before the next one)
+      if (retryOf !== undefined) metrics.retries.inc({ worker: retryOf });
       metrics.countDecision(decision.policy, decision.reason);
       if (decision.shared) state.decisionMade(decision.shared);
       // what anchors claim is the client's word: no more of the prompt is cached than the prompt itself
@@ -220,13 +224,16 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         }
         excluded.add(decision.workerId);
         if (attempt < maxRetries) {
-          metrics.retries.inc({ worker: decision.workerId });
+          retryOf = decision.workerId;
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
         }
         return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS, looped, decision.workerId);
       }
-      breaker.answered(decision.workerId);
+      // an answer the engine broke off after it reached the client cannot be retried, but it is
+      // the engine's failure: an engine that stalls or dies mid-answer opens its circuit too
+      if (outcome === 'cut') breaker.failed(decision.workerId);
+      else breaker.answered(decision.workerId);
       metrics.cachedTokens.inc(cachedTokens);
       metrics.promptTokens.inc(decision.promptTokens);
       metrics.latency.observe((performance.now() - started) / 1000);
@@ -288,8 +295,14 @@ function answerExhausted(
 
 /** How one attempt on one engine ended. */
 export type ForwardOutcome =
-  /** answered (or failed after its first byte reached the client, and was ended cleanly) */
+  /** answered */
   | 'done'
+  /**
+   * the engine failed after its answer started reaching the client (reset, stalled past the
+   * inter-chunk timeout, cut short): the stream was ended with an error event, any other body
+   * cut; nothing to retry, but an engine failure
+   */
+  | 'cut'
   /** the engine failed before anything reached the client: another worker can take it */
   | 'retry'
   /** the worker left rotation before answering anything: another worker can take it */
@@ -516,15 +529,20 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.onWorkerOut = () => this.giveUp('worker-out');
     connection.unanswered.add(this.onWorkerOut);
     // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
-    // non-streamed answer's first byte is the whole answer (undici's timeouts bound it)
-    if (o.streaming) this.timer = setTimeout(() => this.giveUp('first-byte'), o.firstByteTimeoutMs);
+    // non-streamed answer's first byte is the whole answer, due within the inter-chunk timeout
+    // (undici's timeouts bound it too, but only from when the request is sent: one that waits
+    // for a free connection to the engine is bounded by this timer alone)
+    this.timer = setTimeout(() => this.giveUp('first-byte'), o.firstByteTimeoutMs);
   }
 
   private giveUp(reason: GiveUpReason): void {
     if (this.why !== undefined || this.settled) return;
     this.why = reason;
-    // before the connection is made, undici calls onConnect later and the attempt aborts there
-    this.abortUpstream?.(new Error(`given up: ${reason}`));
+    if (this.abortUpstream) return this.abortUpstream(new Error(`given up: ${reason}`));
+    // not sent yet: undici calls onConnect only once a connection to the engine is free (when
+    // every one carries a long stream, that may take minutes), and the attempt aborts there;
+    // the request ends now
+    this.settle(this.failed());
   }
 
   private failed(): ForwardOutcome {
@@ -732,6 +750,6 @@ class Attempt implements Dispatcher.DispatchHandler {
     // an answer that is not a stream cannot say it failed: it is cut, never ended as if whole
     if (this.eventStream || this.why === 'client') this.res.end();
     else this.res.destroy();
-    this.settle(this.why === 'client' ? 'client-gone' : 'done');
+    this.settle(this.why === 'client' ? 'client-gone' : 'cut');
   }
 }

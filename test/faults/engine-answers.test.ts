@@ -10,7 +10,7 @@ import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import type { GatewayTimeouts } from '../../src/server/timeouts.js';
-import { fakeEngine, post } from './harness.js';
+import { failingEngine, fakeEngine, post } from './harness.js';
 import { tiers } from '../helpers/prompts.js';
 
 const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: 'fault-suite-admin' };
@@ -345,4 +345,58 @@ test('a request the gateway stopped waiting for keeps its predictions: the engin
     await g.close();
     await silent.close();
   }
+});
+
+test('an engine that fails its streams after the first event (reset, or stalled past the inter-chunk timeout) opens its circuit', async () => {
+  let answered = 0;
+  const bad = await engineAnswering((res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write('data: {"choices":[{"text":"a"}]}\n\n');
+    // the first stream is reset after its first event, the second stalls after it
+    if (answered++ === 0) setImmediate(() => res.socket?.resetAndDestroy());
+  });
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const gateway = await createGateway({
+    router,
+    workers: [{ id: 'bad', url: bad.url }],
+    ...quiet,
+    breakerFailures: 2,
+    breakerCooldownMs: 60_000,
+    timeouts: { interChunkTimeoutMs: 300 },
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  for (let i = 0; i < 2; i++) {
+    const r = await post(base, '/v1/completions', { prompt: `s${i}`, max_tokens: 4, stream: true });
+    assert.equal(r.status, 200);
+    assert.match(r.text, /"the engine failed mid-stream"/, 'the stream ends with the error event');
+    assert.equal(router.getStats().inFlightRequests, 0);
+  }
+  assert.deepEqual(gateway.health.reasons('bad'), ['breaker'], 'two failed streams in a row open the circuit');
+  // with its circuit open, the next request finds no worker instead of another stream that fails
+  const r = await post(base, '/v1/completions', { prompt: 's2', max_tokens: 4, stream: true });
+  assert.equal(r.status, 503);
+  assert.equal(answered, 2, 'the engine got no third stream');
+  await gateway.close();
+  await bad.close();
+});
+
+test('a retry is counted only when another worker takes the request, not when none is left', async () => {
+  const failing = [await failingEngine(), await failingEngine()];
+  for (const n of [1, 2]) {
+    const router = new KVAwareRouter({ policy: 'round-robin' });
+    const workers = failing.slice(0, n).map((e, i) => ({ id: `f${i}`, url: e.url }));
+    const gateway = await createGateway({ router, workers, ...quiet, breakerFailures: 10 });
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const r = await post(base, '/v1/completions', { prompt: `r${n}`, max_tokens: 2 });
+    assert.equal(r.status, 502);
+    const retries = (await gateway.metrics.getSingleMetric('contextforge_upstream_retries_total')!.get()).values;
+    // each worker is tried once: the request moved to another worker n - 1 times
+    assert.equal(
+      retries.reduce((sum, v) => sum + v.value, 0),
+      n - 1,
+      `${n} failing worker(s): ${JSON.stringify(retries)}`,
+    );
+    await gateway.close();
+  }
+  for (const e of failing) await e.close();
 });

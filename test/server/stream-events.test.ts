@@ -36,7 +36,7 @@ test('an event too large to hold, then an empty chunk, then the engine fails: th
   h.onData!(Buffer.alloc(0));
   h.onData!(piece);
   h.onError!(new Error('other side closed'));
-  assert.equal(await outcome, 'done');
+  assert.equal(await outcome, 'cut');
   assert.deepEqual(lastEvent(res.text()), {
     error: { message: 'the engine failed mid-stream', type: 'server_error', code: null },
   });
