@@ -3,6 +3,9 @@ import type { Candidate } from './types.js';
 /** Scores within this distance are ties. */
 export const TIE_EPSILON = 1e-9;
 
+/** Scores pickMax() computes before picking (grown as needed; pickMax is not reentrant). */
+let scored = new Float64Array(64);
+
 /**
  * Index of the candidate with the highest score (skipping NaN scores); `score` gets each
  * candidate with its index. Ties rotate through `cursor`, so equally good workers share the
@@ -14,27 +17,15 @@ export function pickMax(
   tieBreak: { cursor: number },
   scratch: number[],
 ): number {
-  let best = -Infinity;
-  let ties = 0;
-  for (let i = 0; i < candidates.length; i++) {
-    const s = score(candidates[i], i);
-    if (Number.isNaN(s)) continue;
-    if (s > best + TIE_EPSILON) {
-      best = s;
-      ties = 0;
-      scratch[ties++] = i;
-    } else if (s >= best - TIE_EPSILON) {
-      scratch[ties++] = i;
-    }
-  }
-  if (ties === 0) return -1;
-  return ties === 1 ? scratch[0] : scratch[tieBreak.cursor++ % ties];
+  const n = candidates.length;
+  if (scored.length < n) scored = new Float64Array(2 * n);
+  for (let i = 0; i < n; i++) scored[i] = score(candidates[i], i);
+  return pickMaxScore(scored, n, tieBreak, scratch);
 }
 
 /**
- * pickMax over scores already computed: index of the highest of the first `n` of `scores`
- * (skipping NaN), ties within TIE_EPSILON rotating through `cursor`, -1 when none has a score.
- * The same comparisons in the same order as pickMax, so the same choice.
+ * Index of the highest of the first `n` of `scores` (skipping NaN), ties within TIE_EPSILON
+ * rotating through `cursor`, -1 when none has a score: pickMax over scores already computed.
  */
 export function pickMaxScore(scores: Float64Array, n: number, tieBreak: { cursor: number }, scratch: number[]): number {
   let best = -Infinity;
