@@ -11,8 +11,8 @@ import { createGateway } from '../../src/server/gateway.js';
 import { fakeEngine } from './harness.js';
 import { until } from '../helpers/wait.js';
 
-/** The connections the gateway keeps to one engine (worker-connections.ts). */
-const POOL_CONNECTIONS = 256;
+/** The connections the gateway keeps to one engine (engineConnections). */
+const POOL_CONNECTIONS = 8;
 
 test('a request waiting for a connection the engine streams on ends by its deadline, or when its client leaves', async () => {
   const streams = new Set<ServerResponse>();
@@ -34,6 +34,7 @@ test('a request waiting for a connection the engine streams on ends by its deadl
     healthCheckIntervalMs: 0,
     adminToken: 'fault-suite-admin',
     breakerFailures: 1000,
+    engineConnections: POOL_CONNECTIONS,
     timeouts: { firstByteTimeoutMs: 300, interChunkTimeoutMs: 2000 },
   });
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
