@@ -18,7 +18,7 @@ import type { KvEventApplier } from '../engines/kv-events/applier.js';
 import { KvEventSubscriber, type SubscriberStats } from '../engines/kv-events/subscriber.js';
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import type { WorkerRecord } from '../state/state-store.js';
-import { DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from './connection-slots.js';
+import { ConnectionSlots, DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from './connection-slots.js';
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
 import { isTokenId } from './request-limits.js';
 import { engineAuthorization, parseWorkerRecord, splitCredentials } from './worker-input.js';
@@ -29,6 +29,8 @@ export interface WorkerConnection {
   base: string;
   /** Keep-alive connections for the proxied requests. */
   pool: Pool;
+  /** Its connections as the proxy takes them: a request waits here, not in the pool, for a free one (shared by the ranks, as the pool is). */
+  slots: ConnectionSlots;
   /** The models it serves, when it says. */
   models?: ReadonlySet<string>;
   subscriber?: KvEventSubscriber;
@@ -299,6 +301,7 @@ export class WorkerConnections {
       throw err;
     }
     const pool = new Pool(base, { connections: this.engineConnections, keepAliveTimeout: 30_000 });
+    const slots = new ConnectionSlots(this.engineConnections);
     const adapters = new Map<string, string>();
     const models = w.models ? new Set(w.models) : undefined;
     ids.forEach((id, r) => {
@@ -306,6 +309,7 @@ export class WorkerConnections {
         record,
         base,
         pool,
+        slots,
         models,
         adapters,
         workerId: w.id,
