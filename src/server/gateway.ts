@@ -85,6 +85,8 @@ export interface GatewayOptions {
   bufferedBodyLimit?: number;
   /** Attempts on other workers after a connection failure or a 5xx before the first byte. */
   maxRetries?: number;
+  /** Most connections to one engine (default 2048, worker-connections.ts); a stream holds one until it ends. */
+  engineConnections?: number;
   /** The inter-chunk timeout (timeouts.interChunkTimeoutMs wins when both are given). */
   upstreamTimeoutMs?: number;
   /** Consecutive failures that open a worker's circuit (default 3), and for how long (5 s). */
@@ -171,6 +173,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     log,
     env: options.env ?? process.env,
     kvEvents: options.kvEvents,
+    engineConnections: options.engineConnections,
     metricsIntervalMs: options.metricsIntervalMs ?? 1000,
     healthCheckIntervalMs: options.healthCheckIntervalMs ?? 2000,
     // what the gateway asks the workers on its own (health, metrics, models, /tokenize) carries its Via

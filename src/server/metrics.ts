@@ -28,6 +28,11 @@ export interface GatewayMetrics {
   latency: Histogram;
   /** Connection failures and 5xx before the first byte, per worker (what opens a breaker). */
   upstreamFailures: Counter<'worker'>;
+  /**
+   * Attempts that waited for a free connection to a worker's engine until their deadline (every
+   * connection the gateway keeps to it was busy), per worker: the gateway's limit, not the engine's failure.
+   */
+  connectionWaitTimeouts: Counter<'worker'>;
 }
 
 /**
@@ -148,6 +153,12 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     labelNames: ['worker'] as const,
     registers,
   });
+  const connectionWaitTimeouts = new Counter({
+    name: 'contextforge_engine_connection_wait_timeouts_total',
+    help: "Attempts that found every connection the gateway keeps to a worker's engine busy until their deadline, per worker (not engine failures).",
+    labelNames: ['worker'] as const,
+    registers,
+  });
   return {
     registry,
     requests,
@@ -160,6 +171,7 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     ttft,
     latency,
     upstreamFailures,
+    connectionWaitTimeouts,
   };
 }
 

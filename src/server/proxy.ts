@@ -4,9 +4,10 @@
  * engine's first body byte, so until then a failure — a connection error, a 5xx, a 429 (the
  * engine overloaded for now), a 401/403 (the engine refusing the gateway's credentials), a
  * redirect (not followed), a 204 or 205 (no answer), a streamed answer's first byte overdue, the
- * worker leaving rotation — is retried on another worker (and, except when the worker was
- * taken out, counted by the circuit breaker). A client that goes away is not an engine
- * failure: no breaker count, no failure metric, no retry. The router's in-flight ticket
+ * worker leaving rotation, every connection the gateway keeps to the engine busy past the
+ * deadline — is retried on another worker (and, except when the worker was taken out or the
+ * gateway's connections to it were all busy, counted by the circuit breaker). A client that
+ * goes away is not an engine failure: no breaker count, no failure metric, no retry. The router's in-flight ticket
  * follows the request: prefill until the first upstream byte of a streamed answer (an answer
  * that is not streamed comes whole: the router reads the end of its prefill off the engine),
  * decode until the end, released on completion, error or client disconnect. An engine that
@@ -151,6 +152,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     let overloadedRetryAfterS = 1;
     // attempts answered 508 Loop Detected: the worker's URL leads back to a gateway on the way
     let looped = 0;
+    // attempts that found every connection the gateway keeps to the engine busy until their deadline
+    let noConnection = 0;
     // the worker whose failure the next attempt retries: counted once another worker takes it
     let retryOf: string | undefined;
     for (let attempt = 0; ; attempt++) {
@@ -169,7 +172,13 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       if (decision.noWorker) {
         // engines tried and failed: 502 (429 when they were all overloaded); nothing to try at all: 503
         if (failedAttempts > 0)
-          return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS, looped);
+          return answerExhausted(reply, {
+            failedAttempts,
+            overloaded,
+            retryAfterS: overloadedRetryAfterS,
+            looped,
+            noConnection,
+          });
         reply.header('retry-after', '1');
         return openAiError(reply, 503, 'no worker can take the request now');
       }
@@ -216,11 +225,17 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         }
         return reply;
       }
-      if (outcome === 'retry' || outcome === 'worker-out') {
+      if (outcome === 'retry' || outcome === 'worker-out' || outcome === 'no-connection') {
         failedAttempts++;
         if (outcome === 'retry') {
           breaker.failed(decision.workerId);
           metrics.upstreamFailures.inc({ worker: decision.workerId });
+        } else if (outcome === 'no-connection') {
+          // the gateway's own limit, not the engine's failure: no breaker count, no failure metric;
+          // the engine's ranks share its connections, so none of them can take it either
+          noConnection++;
+          metrics.connectionWaitTimeouts.inc({ worker: decision.workerId });
+          for (const id of connections.routerIdsOf(decision.workerId)) excluded.add(id);
         }
         excluded.add(decision.workerId);
         if (attempt < maxRetries) {
@@ -228,7 +243,14 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
         }
-        return answerExhausted(reply, failedAttempts, overloaded, overloadedRetryAfterS, looped, decision.workerId);
+        return answerExhausted(reply, {
+          failedAttempts,
+          overloaded,
+          retryAfterS: overloadedRetryAfterS,
+          looped,
+          noConnection,
+          lastWorker: decision.workerId,
+        });
       }
       // an answer the engine broke off after it reached the client cannot be retried, but it is
       // the engine's failure: an engine that stalls or dies mid-answer opens its circuit too
@@ -259,19 +281,31 @@ function retryAfterSeconds(rawHeaders: Buffer[]): number | undefined {
   return undefined;
 }
 
+/** How the attempts on the engines tried went, for the answer when all of them failed. */
+interface ExhaustedAttempts {
+  failedAttempts: number;
+  /** Attempts the engines refused as overloaded (429). */
+  overloaded: number;
+  /** The longest Retry-After the engines asked for (s), at least 1. */
+  retryAfterS: number;
+  /** Attempts answered 508 Loop Detected. */
+  looped: number;
+  /** Attempts that found every connection the gateway keeps to the engine busy until their deadline. */
+  noConnection: number;
+  /** The worker of the last attempt, when the retries ran out. */
+  lastWorker?: string;
+}
+
 /**
  * The answer when every engine tried failed: 429 with the longest Retry-After they asked for
  * when each of them refused as overloaded (the client should back off, not report a fault),
- * 508 when each of them answered 508 (a routing loop: retrying cannot help), else 502 with
- * Retry-After: 1.
+ * 503 with Retry-After when each was overloaded or had no free connection from the gateway
+ * (the gateway is overloaded: as when no worker can take the request), 508 when each of them
+ * answered 508 (a routing loop: retrying cannot help), else 502 with Retry-After: 1.
  */
 function answerExhausted(
   reply: ProxyReply,
-  failedAttempts: number,
-  overloaded: number,
-  retryAfterS: number,
-  looped: number,
-  lastWorker?: string,
+  { failedAttempts, overloaded, retryAfterS, looped, noConnection, lastWorker }: ExhaustedAttempts,
 ): ProxyReply {
   if (looped === failedAttempts)
     return openAiError(
@@ -284,6 +318,16 @@ function answerExhausted(
   if (overloaded === failedAttempts) {
     reply.header('retry-after', String(retryAfterS));
     return openAiError(reply, 429, 'every engine tried is overloaded; retry later', null, 'rate_limit_exceeded');
+  }
+  if (noConnection > 0 && noConnection + overloaded === failedAttempts) {
+    reply.header('retry-after', String(retryAfterS));
+    return openAiError(
+      reply,
+      503,
+      'every connection the router keeps to the engines that could take the request is busy; retry later',
+      null,
+      'engine_connections_busy',
+    );
   }
   reply.header('retry-after', '1');
   return openAiError(
@@ -307,6 +351,11 @@ export type ForwardOutcome =
   | 'retry'
   /** the worker left rotation before answering anything: another worker can take it */
   | 'worker-out'
+  /**
+   * every connection the gateway keeps to the engine stayed busy until the deadline: the
+   * request never left the gateway, which says nothing about the engine; another worker can take it
+   */
+  | 'no-connection'
   /** the client went away: nothing to retry, and nothing the engine did wrong */
   | 'client-gone';
 
@@ -431,21 +480,28 @@ export function forward(
   const length = bytes.length;
   return new Promise((resolve) => {
     const attempt = new Attempt(reply, connection, o, resolve);
-    // undici's dispatch with a handler: no response stream, iterator or promise per request
-    connection.pool.dispatch(
-      {
-        path,
-        method: 'POST',
-        // undici takes an Iterable body (its Dispatcher docs), which its type definitions leave out
-        body: (length > 0 ? new SentOnce(bytes) : null) as Dispatcher.DispatchOptions['body'],
-        // what the worker's connection sends (content type, the engine's key, the rank), the Via,
-        // and the body's length (undici cannot tell the length of an iterable body)
-        headers: { ...connection.headers, via: o.via, 'content-length': String(length) },
-        headersTimeout: o.streaming ? o.firstByteTimeoutMs + 1000 : o.interChunkTimeoutMs,
-        bodyTimeout: o.interChunkTimeoutMs,
-      },
-      attempt,
-    );
+    // it waits for one of the connections the gateway keeps to the engine in the engine's slots,
+    // where giving up takes it out at once (and with it these bytes), not in undici's pool queue
+    attempt.withdraw = connection.slots.take(() => {
+      // the withdrawal of a waiting request keeps this function, and with it the bytes: let go of it
+      attempt.withdraw = NOT_WAITING;
+      attempt.holdsConnection = true;
+      // undici's dispatch with a handler: no response stream, iterator or promise per request
+      connection.pool.dispatch(
+        {
+          path,
+          method: 'POST',
+          // undici takes an Iterable body (its Dispatcher docs), which its type definitions leave out
+          body: (length > 0 ? new SentOnce(bytes) : null) as Dispatcher.DispatchOptions['body'],
+          // what the worker's connection sends (content type, the engine's key, the rank), the Via,
+          // and the body's length (undici cannot tell the length of an iterable body)
+          headers: { ...connection.headers, via: o.via, 'content-length': String(length) },
+          headersTimeout: o.streaming ? o.firstByteTimeoutMs + 1000 : o.interChunkTimeoutMs,
+          bodyTimeout: o.interChunkTimeoutMs,
+        },
+        attempt,
+      );
+    });
   });
 }
 
@@ -467,12 +523,19 @@ class SentOnce implements Iterable<Buffer> {
 
 type GiveUpReason = 'client' | 'first-byte' | 'worker-out';
 
+/** A withdrawal that has nothing to withdraw: the request was handed to undici. */
+const NOT_WAITING = (): boolean => false;
+
 /**
  * One attempt on one engine, as an undici dispatch handler: the engine's answer is written to
  * the client as it arrives (a complete JSON answer of known size is gathered and written once).
  */
 class Attempt implements Dispatcher.DispatchHandler {
   private why: GiveUpReason | undefined;
+  /** Takes the request out of the wait for a free connection; false once it has one. */
+  withdraw: () => boolean = NOT_WAITING;
+  /** undici has the request: one of the engine's connections is counted as its until undici reports its end. */
+  holdsConnection = false;
   private abortUpstream: ((err?: Error) => void) | undefined;
   private timer: NodeJS.Timeout | undefined;
   private readonly started = performance.now();
@@ -539,9 +602,16 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (this.why !== undefined || this.settled) return;
     this.why = reason;
     if (this.abortUpstream) return this.abortUpstream(new Error(`given up: ${reason}`));
-    // not sent yet: undici calls onConnect only once a connection to the engine is free (when
-    // every one carries a long stream, that may take minutes), and the attempt aborts there;
-    // the request ends now
+    if (this.withdraw()) {
+      // it waited for a connection of the gateway's own and leaves the wait now: it never
+      // reached the engine, which holds none of it
+      this.withdraw = NOT_WAITING;
+      this.o.onRefused();
+      return this.settle(reason === 'first-byte' ? 'no-connection' : this.failed());
+    }
+    // handed to undici but not sent yet (its connection to the engine is still being made: the
+    // engine's doing): undici calls onConnect once it is, and the attempt aborts there; the
+    // request ends now
     this.settle(this.failed());
   }
 
@@ -716,7 +786,15 @@ class Attempt implements Dispatcher.DispatchHandler {
     return out;
   }
 
+  /** undici is done with the request (it completed or failed): its connection is free for the next. */
+  private releaseConnection(): void {
+    if (!this.holdsConnection) return;
+    this.holdsConnection = false;
+    this.connection.slots.release();
+  }
+
   onComplete(): void {
+    this.releaseConnection();
     if (this.discarding) return this.settle(this.failed());
     if (this.why !== undefined && !this.sent) return this.settle(this.failed());
     if (!this.firstByteSeen) this.firstByte();
@@ -734,6 +812,7 @@ class Attempt implements Dispatcher.DispatchHandler {
   }
 
   onError(err?: Error): void {
+    this.releaseConnection();
     if (this.settled) return;
     // no answer at all, and not because the gateway stopped waiting: the request never
     // reached the engine (connection refused, reset) or the engine died with it

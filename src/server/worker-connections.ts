@@ -18,6 +18,7 @@ import type { KvEventApplier } from '../engines/kv-events/applier.js';
 import { KvEventSubscriber, type SubscriberStats } from '../engines/kv-events/subscriber.js';
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import type { WorkerRecord } from '../state/state-store.js';
+import { ConnectionSlots, DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from './connection-slots.js';
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
 import { isTokenId } from './request-limits.js';
 import { engineAuthorization, parseWorkerRecord, splitCredentials } from './worker-input.js';
@@ -28,6 +29,8 @@ export interface WorkerConnection {
   base: string;
   /** Keep-alive connections for the proxied requests. */
   pool: Pool;
+  /** Its connections as the proxy takes them: a request waits here, not in the pool, for a free one (shared by the ranks, as the pool is). */
+  slots: ConnectionSlots;
   /** The models it serves, when it says. */
   models?: ReadonlySet<string>;
   subscriber?: KvEventSubscriber;
@@ -82,6 +85,8 @@ export interface WorkerConnectionsOptions {
   /** Interval of re-reading each worker's /v1/models for LoRA adapters (default 30 s; 0: at start only). */
   modelsIntervalMs?: number;
   log: (message: string) => void;
+  /** Most connections to one engine (default DEFAULT_ENGINE_CONNECTIONS; the ranks of a worker share them). */
+  engineConnections?: number;
   /** Where workers' `apiKeyEnv` variables are read. */
   env: NodeJS.ProcessEnv;
   /**
@@ -118,8 +123,16 @@ export class WorkerConnections {
   private readonly slowProbeGraceMs: number;
   private readonly graceTimers = new Set<NodeJS.Timeout>();
 
+  private readonly engineConnections: number;
+
   constructor(private readonly options: WorkerConnectionsOptions) {
     const { router, health, log, metricsIntervalMs, healthCheckIntervalMs } = options;
+    const engineConnections = options.engineConnections ?? DEFAULT_ENGINE_CONNECTIONS;
+    if (!Number.isInteger(engineConnections) || engineConnections < 1 || engineConnections > MAX_ENGINE_CONNECTIONS)
+      throw new RangeError(
+        `engineConnections must be an integer from 1 to ${MAX_ENGINE_CONNECTIONS}, got ${engineConnections}`,
+      );
+    this.engineConnections = engineConnections;
     const headers = options.via === undefined ? undefined : { via: options.via };
     this.scraper =
       metricsIntervalMs > 0
@@ -287,7 +300,8 @@ export class WorkerConnections {
       undo();
       throw err;
     }
-    const pool = new Pool(base, { connections: 256, keepAliveTimeout: 30_000 });
+    const pool = new Pool(base, { connections: this.engineConnections, keepAliveTimeout: 30_000 });
+    const slots = new ConnectionSlots(this.engineConnections);
     const adapters = new Map<string, string>();
     const models = w.models ? new Set(w.models) : undefined;
     ids.forEach((id, r) => {
@@ -295,6 +309,7 @@ export class WorkerConnections {
         record,
         base,
         pool,
+        slots,
         models,
         adapters,
         workerId: w.id,

@@ -8,11 +8,11 @@ import type { ServerResponse } from 'node:http';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
-import { fakeEngine } from './harness.js';
+import { answeringEngine, fakeEngine } from './harness.js';
 import { until } from '../helpers/wait.js';
 
-/** The connections the gateway keeps to one engine (worker-connections.ts). */
-const POOL_CONNECTIONS = 256;
+/** The connections the gateway keeps to one engine (engineConnections). */
+const POOL_CONNECTIONS = 8;
 
 test('a request waiting for a connection the engine streams on ends by its deadline, or when its client leaves', async () => {
   const streams = new Set<ServerResponse>();
@@ -34,6 +34,7 @@ test('a request waiting for a connection the engine streams on ends by its deadl
     healthCheckIntervalMs: 0,
     adminToken: 'fault-suite-admin',
     breakerFailures: 1000,
+    engineConnections: POOL_CONNECTIONS,
     timeouts: { firstByteTimeoutMs: 300, interChunkTimeoutMs: 2000 },
   });
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
@@ -52,16 +53,22 @@ test('a request waiting for a connection the engine streams on ends by its deadl
     for (const res of streams) res.write('data: {"choices":[{"text":"b"}]}\n\n');
   }, 200);
   try {
-    // one more stream: it waits for a connection past its first-byte deadline, then fails as an overdue attempt does
+    const e0 = gateway.connections.get('e0')!;
+    // one more stream: it waits for a connection past its first-byte deadline, then is answered
+    // as an overloaded gateway answers (no other worker can take it)
     const overdue = await stream('one more', AbortSignal.timeout(10_000));
-    assert.equal(overdue.status, 502);
+    assert.equal(overdue.status, 503);
     await overdue.text();
     assert.equal(router.getStats().inFlightRequests, POOL_CONNECTIONS);
+    // given up, it waits nowhere any more, neither with its body in undici's pool queue nor in the gateway's
+    assert.equal(e0.pool.stats.queued, 0, "the request given up is not left in undici's pool queue");
+    assert.equal(e0.slots?.queued, 0, 'the request given up is not left waiting for a connection');
     // one that is not streamed: it waits no longer than the inter-chunk timeout
     const whole = await stream('not streamed', AbortSignal.timeout(10_000), false);
-    assert.equal(whole.status, 502);
+    assert.equal(whole.status, 503);
     await whole.text();
     assert.equal(router.getStats().inFlightRequests, POOL_CONNECTIONS);
+    assert.equal(e0.pool.stats.queued, 0, "the request given up is not left in undici's pool queue");
     // a client that leaves while its request waits for a connection releases it at once
     const leaving = new AbortController();
     const left = stream('leaving', leaving.signal).catch(() => undefined);
@@ -74,10 +81,85 @@ test('a request waiting for a connection the engine streams on ends by its deadl
       { timeoutMs: 5000 },
     );
     assert.equal(streams.size, POOL_CONNECTIONS, 'neither request reached the engine');
+    assert.equal(e0.pool.stats.queued, 0, "the request whose client left is not left in undici's pool queue");
+    assert.equal(e0.slots?.queued, 0, 'the request whose client left is not left waiting for a connection');
   } finally {
     clearInterval(keepGoing);
     for (const r of held) await r.body?.cancel();
     await gateway.close(0);
     await engine.close();
+  }
+});
+
+test('a worker whose connections are all busy is no engine failure: its request moves to another worker, its circuit stays closed', async () => {
+  const streams = new Set<ServerResponse>();
+  const busy = await fakeEngine((req, res) => {
+    req.resume();
+    if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write('data: {"choices":[{"text":"a"}]}\n\n');
+      streams.add(res);
+    });
+  });
+  const free = await answeringEngine(200, '{"choices":[{"text":"ok"}]}');
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const gateway = await createGateway({
+    router,
+    workers: [{ id: 'e0', url: busy.url }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    adminToken: 'fault-suite-admin',
+    // one engine failure would open the circuit
+    breakerFailures: 1,
+    engineConnections: POOL_CONNECTIONS,
+    timeouts: { firstByteTimeoutMs: 300, interChunkTimeoutMs: 2000 },
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const stream = (prompt: string) =>
+    fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt, max_tokens: 1000, stream: true }),
+      signal: AbortSignal.timeout(10_000),
+    });
+  const held = await Promise.all(Array.from({ length: POOL_CONNECTIONS }, (_, i) => stream(`held ${i}`)));
+  const keepGoing = setInterval(() => {
+    for (const res of streams) res.write('data: {"choices":[{"text":"b"}]}\n\n');
+  }, 200);
+  const waitTimeouts = async () =>
+    (await gateway.metrics.getSingleMetric('contextforge_engine_connection_wait_timeouts_total')?.get())?.values ?? [];
+  try {
+    assert.equal(streams.size, POOL_CONNECTIONS, 'every connection to e0 carries a stream');
+    gateway.addWorker({ id: 'e1', url: free.url });
+    // round robin sends one of the next requests to e0: it waits for a connection until its
+    // deadline, then e1 answers it
+    for (let i = 0; i < 4 && (await waitTimeouts()).length === 0; i++) {
+      const r = await stream(`more ${i}`);
+      assert.equal(r.status, 200);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'e1');
+      await r.text();
+    }
+    assert.deepEqual(
+      (await waitTimeouts()).map((v) => [v.labels.worker, v.value]),
+      [['e0', 1]],
+    );
+    assert.deepEqual(gateway.health.reasons('e0'), [], "e0's circuit stays closed");
+    const failures = await gateway.metrics.getSingleMetric('contextforge_upstream_failures_total')?.get();
+    assert.deepEqual(failures?.values, [], 'no engine failure counted');
+    // with e1 gone, nothing can take a request: answered as an overloaded gateway is
+    assert.ok(gateway.removeWorker('e1'));
+    const refused = await stream('no free connection');
+    assert.equal(refused.status, 503);
+    assert.equal(refused.headers.get('retry-after'), '1');
+    const body = (await refused.json()) as { error: { code: string; type: string } };
+    assert.equal(body.error.code, 'engine_connections_busy');
+    assert.deepEqual(gateway.health.reasons('e0'), [], "e0's circuit stays closed");
+  } finally {
+    clearInterval(keepGoing);
+    for (const r of held) await r.body?.cancel();
+    await gateway.close(0);
+    await busy.close();
+    await free.close();
   }
 });

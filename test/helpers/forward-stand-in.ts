@@ -6,6 +6,7 @@
 import { EventEmitter } from 'node:events';
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
+import { ConnectionSlots } from '../../src/server/connection-slots.js';
 import type { ProxyReply } from '../../src/server/openai-request.js';
 import { forward, type ForwardOptions, type ForwardOutcome } from '../../src/server/proxy.js';
 import type { WorkerConnection } from '../../src/server/worker-connections.js';
@@ -61,6 +62,7 @@ export function forwardTo(
         return true;
       },
     },
+    slots: new ConnectionSlots(1),
     headers: {},
     unanswered: new Set<() => void>(),
   } as unknown as WorkerConnection;

@@ -320,8 +320,14 @@ async function heapHoldsString(needle: Buffer): Promise<boolean> {
   return false;
 }
 
-const variants: { name: string; chunked: boolean; headers: Record<string, string> }[] = [
+const variants: { name: string; chunked: boolean; headers: Record<string, string>; waits?: boolean }[] = [
   { name: 'a whole body forwarded as received (the fast path)', chunked: false, headers: {} },
+  {
+    name: 'a whole body that waited for a free connection to the engine',
+    chunked: false,
+    headers: {},
+    waits: true,
+  },
   { name: 'a chunked body forwarded as received (Fastify)', chunked: true, headers: {} },
   {
     name: 'a chunked body forwarded with a cache salt (Fastify, the body re-serialised)',
@@ -337,9 +343,14 @@ for (const variant of variants) {
       workers: [{ id: 'e', url: engine.url }],
       healthCheckIntervalMs: 0,
       metricsIntervalMs: 0,
+      // one connection to the engine: a request waits for it while another stream holds it
+      engineConnections: variant.waits === true ? 1 : undefined,
     });
     await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const port = (gateway.app.server.address() as { port: number }).port;
+    const before = variant.waits
+      ? await openStream(port, Buffer.from(JSON.stringify({ prompt: 'before', max_tokens: 1, stream: true })))
+      : undefined;
     // every Buffer that carried the body through the gateway: the chunks it read, the bytes it sent the engine
     let carried = 0;
     let collected = 0;
@@ -364,7 +375,7 @@ for (const variant of variants) {
     const mark = randomBytes(16);
     const PROMPT_BYTES = 2 * 1024 * 1024;
     try {
-      const opened = await openStream(
+      const opening = openStream(
         port,
         Buffer.from(
           JSON.stringify({
@@ -375,6 +386,13 @@ for (const variant of variants) {
         ),
         variant,
       );
+      if (before !== undefined) {
+        const slots = gateway.connections.get('e')!.slots;
+        await until(() => slots.queued === 1, 'the request to wait for the connection the first stream holds');
+        engine.finish();
+        await readToEnd(before.res);
+      }
+      const opened = await opening;
       assert.equal(opened.status, 200, opened.first);
       assert.ok(carried >= 2, `the body's buffers were seen (${carried})`);
       await until(

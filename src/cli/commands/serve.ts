@@ -179,6 +179,7 @@ export async function startGateway(
     bodyLimit: c.bodyLimit,
     bufferedBodyLimit: c.bufferedBodyLimit,
     maxRetries: c.maxRetries,
+    engineConnections: c.engineConnections,
     upstreamTimeoutMs: c.upstreamTimeoutMs,
     metricsIntervalMs: c.metricsIntervalMs,
     healthCheckIntervalMs: c.healthIntervalMs,

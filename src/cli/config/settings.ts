@@ -10,6 +10,7 @@ import { ROUTER_SETTINGS_HELP, ROUTER_SETTINGS_SCHEMA } from '../../core/router/
 import { DEFAULT_BUFFERED_BODY_LIMIT } from '../../server/body-budget.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
 import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
+import { DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from '../../server/connection-slots.js';
 import { parseRedisUrl } from '../../state/redis-state-store.js';
 
 export interface SettingHelp {
@@ -77,6 +78,7 @@ const gatewayShape = {
     .default(16 * 1024 * 1024),
   bufferedBodyLimit: z.int().min(1024).default(DEFAULT_BUFFERED_BODY_LIMIT),
   maxRetries: z.int().min(0).max(16).default(2),
+  engineConnections: z.int().min(1).max(MAX_ENGINE_CONNECTIONS).default(DEFAULT_ENGINE_CONNECTIONS),
   upstreamTimeoutMs: TIMEOUTS_SCHEMA.shape.interChunkTimeoutMs,
   metricsIntervalMs: timerMs(0).default(1000),
   healthIntervalMs: timerMs(0).default(2000),
@@ -146,6 +148,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
     help: 'most request-body bytes held at once over all requests (gateway and endpoint picker; at least --body-limit); a request whose body does not fit gets 503 with retry-after',
   },
   maxRetries: { arg: '<n>', help: 'retries on other workers before the first byte' },
+  engineConnections: {
+    arg: '<n>',
+    help: "most connections the gateway keeps to one engine (a stream holds one until it ends); requests beyond it wait in the gateway, where the router's load signals do not see them: keep it above the engine's --max-num-seqs (vLLM) or --max-running-requests (SGLang), so they queue in the engine",
+  },
   upstreamTimeoutMs: { arg: '<ms>', help: 'longest gap between two chunks of an engine answer (after the first byte)' },
   metricsIntervalMs: { arg: '<ms>', help: 'load-metrics scrape interval (0: off)' },
   healthIntervalMs: { arg: '<ms>', help: 'active health-check interval, GET /health (0: off)' },

@@ -1,0 +1,36 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { ConnectionSlots, MAX_ENGINE_CONNECTIONS } from '../../src/server/connection-slots.js';
+import { until } from '../helpers/wait.js';
+
+test('a request waits for a free connection in order, and one withdrawn leaves the wait at once', async () => {
+  const slots = new ConnectionSlots(2);
+  const started: string[] = [];
+  const take = (name: string) => slots.take(() => started.push(name));
+  assert.equal(take('a')(), false, 'a request that started has nothing to withdraw');
+  take('b');
+  const withdrawC = take('c');
+  take('d');
+  assert.deepEqual(started, ['a', 'b']);
+  assert.equal(slots.queued, 2);
+  assert.equal(withdrawC(), true);
+  assert.equal(slots.queued, 1, 'the withdrawn request waits no more');
+  assert.equal(withdrawC(), false);
+  slots.release();
+  await until(() => started.length === 3, 'the next waiting request to start');
+  assert.deepEqual(started, ['a', 'b', 'd']);
+  assert.equal(slots.inUse, 2);
+  assert.equal(slots.queued, 0);
+  slots.release();
+  slots.release();
+  await until(() => slots.inUse === 0, 'the connections to be free');
+  // with a free connection and nobody waiting, a request starts at once
+  take('e');
+  assert.deepEqual(started, ['a', 'b', 'd', 'e']);
+});
+
+test('the connections kept to one engine are a whole number from 1 to the maximum', () => {
+  for (const bad of [0, -1, 1.5, Number.NaN, MAX_ENGINE_CONNECTIONS + 1])
+    assert.throws(() => new ConnectionSlots(bad), RangeError);
+  assert.equal(new ConnectionSlots(MAX_ENGINE_CONNECTIONS).capacity, MAX_ENGINE_CONNECTIONS);
+});
