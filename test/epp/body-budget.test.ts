@@ -6,10 +6,9 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { credentials, makeGenericClientConstructor, type Client, type ClientDuplexStream } from '@grpc/grpc-js';
-import { extProcService, type ProcessingRequest, type ProcessingResponse } from '../../src/epp/proto.js';
+import type { ProcessingRequest, ProcessingResponse } from '../../src/epp/proto.js';
 import { EnvoyRole } from './envoy-role.js';
-import { startPickerFleet, type PickerFleet } from './harness.js';
+import { startPickerWithClients, type ExtProcClient, type PickerFleet } from './harness.js';
 import { until } from '../helpers/wait.js';
 
 const BODY_LIMIT = 64 * 1024;
@@ -17,18 +16,15 @@ const BUDGET = 100_000;
 
 let fleet: PickerFleet;
 let envoy: EnvoyRole;
-let client: Client & { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse> };
+let client: ExtProcClient;
+let close: () => Promise<void>;
 before(async () => {
-  fleet = await startPickerFleet({ engines: 1, gateway: { bodyLimit: BODY_LIMIT, bufferedBodyLimit: BUDGET } });
-  envoy = new EnvoyRole(fleet.addresses[0]);
-  const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
-  client = new Ctor(fleet.addresses[0], credentials.createInsecure()) as unknown as typeof client;
+  ({ fleet, envoy, client, close } = await startPickerWithClients({
+    engines: 1,
+    gateway: { bodyLimit: BODY_LIMIT, bufferedBodyLimit: BUDGET },
+  }));
 });
-after(async () => {
-  client.close();
-  envoy.close();
-  await fleet.close();
-});
+after(() => close());
 
 const held = () => fleet.gateways[0].bodyBudget.used;
 

@@ -1,8 +1,11 @@
+import { credentials, makeGenericClientConstructor, type Client, type ClientDuplexStream } from '@grpc/grpc-js';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { startPicker, type PickerConfig, type RunningPicker } from '../../src/epp/run-picker.js';
 import { createGateway, type Gateway, type GatewayOptions } from '../../src/server/gateway.js';
 import { MemoryStateStore, type StateStore } from '../../src/state/state-store.js';
+import { extProcService, type ProcessingRequest, type ProcessingResponse } from '../../src/epp/proto.js';
+import { EnvoyRole } from './envoy-role.js';
 
 /** Mock engines, and endpoint-picker replicas in front of them (a gateway each, sharing state or not). */
 export interface PickerFleet {
@@ -17,6 +20,29 @@ export interface PickerFleet {
   workerAt: Map<string, string>;
   logs: string[];
   close(): Promise<void>;
+}
+
+/** A bare ext_proc client, for streams written by hand (EnvoyRole's are always well-formed). */
+export type ExtProcClient = Client & { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse> };
+
+/** A picker fleet with Envoy's role and a bare client on its first replica; close() ends all three. */
+export async function startPickerWithClients(
+  o: Parameters<typeof startPickerFleet>[0],
+): Promise<{ fleet: PickerFleet; envoy: EnvoyRole; client: ExtProcClient; close(): Promise<void> }> {
+  const fleet = await startPickerFleet(o);
+  const envoy = new EnvoyRole(fleet.addresses[0]);
+  const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
+  const client = new Ctor(fleet.addresses[0], credentials.createInsecure()) as unknown as ExtProcClient;
+  return {
+    fleet,
+    envoy,
+    client,
+    close: async () => {
+      client.close();
+      envoy.close();
+      await fleet.close();
+    },
+  };
 }
 
 export async function startPickerFleet(

@@ -1,16 +1,10 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import {
-  credentials,
-  makeGenericClientConstructor,
-  status as GrpcStatus,
-  type Client,
-  type ClientDuplexStream,
-} from '@grpc/grpc-js';
-import { extProcService, type ProcessingRequest, type ProcessingResponse } from '../../src/epp/proto.js';
+import { status as GrpcStatus } from '@grpc/grpc-js';
+import type { ProcessingRequest, ProcessingResponse } from '../../src/epp/proto.js';
 import { TokenizerBusyError } from '../../src/engines/tokenizer-pool.js';
 import { EnvoyRole } from './envoy-role.js';
-import { startPickerFleet, type PickerFleet } from './harness.js';
+import { startPickerFleet, startPickerWithClients, type ExtProcClient, type PickerFleet } from './harness.js';
 import { until } from '../helpers/wait.js';
 
 // Peers that break the ext_proc protocol or send what no gateway should: each gets a clean
@@ -18,18 +12,12 @@ import { until } from '../helpers/wait.js';
 
 let fleet: PickerFleet;
 let envoy: EnvoyRole;
-let client: Client & { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse> };
+let client: ExtProcClient;
+let close: () => Promise<void>;
 before(async () => {
-  fleet = await startPickerFleet({ engines: 2 });
-  envoy = new EnvoyRole(fleet.addresses[0]);
-  const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
-  client = new Ctor(fleet.addresses[0], credentials.createInsecure()) as unknown as typeof client;
+  ({ fleet, envoy, client, close } = await startPickerWithClients({ engines: 2 }));
 });
-after(async () => {
-  client.close();
-  envoy.close();
-  await fleet.close();
-});
+after(() => close());
 
 const inFlight = () => fleet.gateways[0].router.listWorkers().reduce((n, w) => n + w.inFlightRequests, 0);
 

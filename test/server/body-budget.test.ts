@@ -28,6 +28,20 @@ const BODY_LIMIT = 64 * 1024;
 const BUDGET = 100_000;
 
 /** A client that sends `head` (request line and headers) and then as much of its body as told, when told. */
+/** A gateway in front of the engine at `url` with BODY_LIMIT and BUDGET, listening on a free port. */
+async function budgetGateway(url: string) {
+  const gateway = await createGateway({
+    router: new KVAwareRouter(),
+    workers: [{ id: 'e', url }],
+    bodyLimit: BODY_LIMIT,
+    bufferedBodyLimit: BUDGET,
+    healthCheckIntervalMs: 0,
+    metricsIntervalMs: 0,
+  });
+  await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  return { gateway, port: (gateway.app.server.address() as { port: number }).port };
+}
+
 async function slowClient(port: number, head: string): Promise<{ socket: Socket; answer: () => string }> {
   const socket = connect(port, '127.0.0.1');
   let received = '';
@@ -65,16 +79,7 @@ test(
   { timeout: 60_000 },
   async () => {
     const engine = await new MockEngine().start();
-    const gateway = await createGateway({
-      router: new KVAwareRouter(),
-      workers: [{ id: 'e', url: `http://127.0.0.1:${engine.port}` }],
-      bodyLimit: BODY_LIMIT,
-      bufferedBodyLimit: BUDGET,
-      healthCheckIntervalMs: 0,
-      metricsIntervalMs: 0,
-    });
-    await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-    const port = (gateway.app.server.address() as { port: number }).port;
+    const { gateway, port } = await budgetGateway(`http://127.0.0.1:${engine.port}`);
     const clients: Socket[] = [];
     try {
       // a declared body is taken whole as soon as its headers arrive, though only a byte of it came
@@ -265,16 +270,7 @@ test(
   { timeout: 60_000 },
   async () => {
     const engine = await holdingEngine();
-    const gateway = await createGateway({
-      router: new KVAwareRouter(),
-      workers: [{ id: 'e', url: engine.url }],
-      bodyLimit: BODY_LIMIT,
-      bufferedBodyLimit: BUDGET,
-      healthCheckIntervalMs: 0,
-      metricsIntervalMs: 0,
-    });
-    await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-    const port = (gateway.app.server.address() as { port: number }).port;
+    const { gateway, port } = await budgetGateway(engine.url);
     // two of these do not fit in the budget together
     const body = () => Buffer.from(JSON.stringify({ prompt: 'x'.repeat(60_000), max_tokens: 100, stream: true }));
     try {

@@ -5,11 +5,11 @@
  */
 import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { until } from '../helpers/wait.js';
+import { listening } from '../helpers/listening.js';
 
 /** An engine that answers each side endpoint and a completion, recording each request's path and headers. */
 async function recordingEngine() {
@@ -31,16 +31,7 @@ async function recordingEngine() {
       res.writeHead(200, { 'content-type': path === '/metrics' ? 'text/plain' : 'application/json' }).end(body);
     });
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
-    seen,
-    close: () =>
-      new Promise<void>((r) => {
-        server.closeAllConnections();
-        server.close(() => r());
-      }),
-  };
+  return { ...(await listening(server)), seen };
 }
 
 test("health checks, metrics scrapes, the models read and /tokenize carry the gateway's Via", async () => {

@@ -7,12 +7,12 @@
  */
 import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type GatewayWorker } from '../../src/server/gateway.js';
 import { MAX_VIA_BYTES, MAX_VIA_ENTRIES } from '../../src/server/via.js';
+import { listening } from '../helpers/listening.js';
 
 const quiet = { healthCheckIntervalMs: 0, metricsIntervalMs: 0 };
 
@@ -63,16 +63,7 @@ async function recordingEngine() {
       res.end(body);
     });
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
-    seen,
-    close: () =>
-      new Promise<void>((r) => {
-        server.closeAllConnections();
-        server.close(() => r());
-      }),
-  };
+  return { ...(await listening(server)), seen };
 }
 
 const LOOP_ERROR = (message: string) => ({
