@@ -154,6 +154,16 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     let looped = 0;
     // attempts that found every connection the gateway keeps to the engine busy until their deadline
     let noConnection = 0;
+    /** The answer once every attempt failed: what the attempts' outcomes say (answerExhausted). */
+    const exhausted = (lastWorker?: string) =>
+      answerExhausted(reply, {
+        failedAttempts,
+        overloaded,
+        retryAfterS: overloadedRetryAfterS,
+        looped,
+        noConnection,
+        lastWorker,
+      });
     // the worker whose failure the next attempt retries: counted once another worker takes it
     let retryOf: string | undefined;
     for (let attempt = 0; ; attempt++) {
@@ -171,14 +181,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       if (!decision) return reply;
       if (decision.noWorker) {
         // engines tried and failed: 502 (429 when they were all overloaded); nothing to try at all: 503
-        if (failedAttempts > 0)
-          return answerExhausted(reply, {
-            failedAttempts,
-            overloaded,
-            retryAfterS: overloadedRetryAfterS,
-            looped,
-            noConnection,
-          });
+        if (failedAttempts > 0) return exhausted();
         reply.header('retry-after', '1');
         return openAiError(reply, 503, 'no worker can take the request now');
       }
@@ -243,14 +246,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
         }
-        return answerExhausted(reply, {
-          failedAttempts,
-          overloaded,
-          retryAfterS: overloadedRetryAfterS,
-          looped,
-          noConnection,
-          lastWorker: decision.workerId,
-        });
+        return exhausted(decision.workerId);
       }
       // an answer the engine broke off after it reached the client cannot be retried, but it is
       // the engine's failure: an engine that stalls or dies mid-answer opens its circuit too

@@ -1,12 +1,12 @@
 import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import OpenAI from 'openai';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { until } from '../helpers/wait.js';
+import { listening } from '../helpers/listening.js';
 
 test('killing a worker under load loses no request that had not started streaming', async () => {
   const engines = [
@@ -61,15 +61,7 @@ async function fakeEngine(
     if (req.url === '/metrics') return void res.writeHead(404).end();
     handler(req, res);
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
-    close: () =>
-      new Promise<void>((r) => {
-        server.closeAllConnections();
-        server.close(() => r());
-      }),
-  };
+  return listening(server);
 }
 
 test('an engine failing mid-stream: the stream ends with an OpenAI-style error event and the ticket is released', async () => {
