@@ -14,9 +14,9 @@ import { until } from '../helpers/wait.js';
 /** The connections the gateway keeps to one engine (engineConnections). */
 const POOL_CONNECTIONS = 8;
 
-test('a request waiting for a connection the engine streams on ends by its deadline, or when its client leaves', async () => {
+/** An engine that starts every stream and keeps it going, and the streams it holds. */
+async function streamingEngine() {
   const streams = new Set<ServerResponse>();
-  // an engine that starts every stream and keeps it going
   const engine = await fakeEngine((req, res) => {
     req.resume();
     if (req.url !== '/v1/completions') return void res.writeHead(404).end();
@@ -26,17 +26,27 @@ test('a request waiting for a connection the engine streams on ends by its deadl
       streams.add(res);
     });
   });
-  const router = new KVAwareRouter({ policy: 'round-robin' });
-  const gateway = await createGateway({
+  return { engine, streams };
+}
+
+/** A gateway keeping POOL_CONNECTIONS connections to the engine at `url`, its breaker opening after `breakerFailures`. */
+function saturableGateway(router: KVAwareRouter, url: string, breakerFailures: number) {
+  return createGateway({
     router,
-    workers: [{ id: 'e0', url: engine.url }],
+    workers: [{ id: 'e0', url }],
     metricsIntervalMs: 0,
     healthCheckIntervalMs: 0,
     adminToken: 'fault-suite-admin',
-    breakerFailures: 1000,
+    breakerFailures,
     engineConnections: POOL_CONNECTIONS,
     timeouts: { firstByteTimeoutMs: 300, interChunkTimeoutMs: 2000 },
   });
+}
+
+test('a request waiting for a connection the engine streams on ends by its deadline, or when its client leaves', async () => {
+  const { engine, streams } = await streamingEngine();
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const gateway = await saturableGateway(router, engine.url, 1000);
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const stream = (prompt: string, signal?: AbortSignal, streamed = true) =>
     fetch(`${base}/v1/completions`, {
@@ -92,29 +102,11 @@ test('a request waiting for a connection the engine streams on ends by its deadl
 });
 
 test('a worker whose connections are all busy is no engine failure: its request moves to another worker, its circuit stays closed', async () => {
-  const streams = new Set<ServerResponse>();
-  const busy = await fakeEngine((req, res) => {
-    req.resume();
-    if (req.url !== '/v1/completions') return void res.writeHead(404).end();
-    req.on('end', () => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write('data: {"choices":[{"text":"a"}]}\n\n');
-      streams.add(res);
-    });
-  });
+  const { engine: busy, streams } = await streamingEngine();
   const free = await answeringEngine(200, '{"choices":[{"text":"ok"}]}');
   const router = new KVAwareRouter({ policy: 'round-robin' });
-  const gateway = await createGateway({
-    router,
-    workers: [{ id: 'e0', url: busy.url }],
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-    adminToken: 'fault-suite-admin',
-    // one engine failure would open the circuit
-    breakerFailures: 1,
-    engineConnections: POOL_CONNECTIONS,
-    timeouts: { firstByteTimeoutMs: 300, interChunkTimeoutMs: 2000 },
-  });
+  // one engine failure would open the circuit
+  const gateway = await saturableGateway(router, busy.url, 1);
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const stream = (prompt: string) =>
     fetch(`${base}/v1/completions`, {
