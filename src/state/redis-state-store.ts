@@ -43,10 +43,18 @@ export interface RedisStateOptions {
   recentDecisions?: number;
   /** A command that takes longer fails, and routing goes on without it (default 250 ms). */
   commandTimeoutMs?: number;
+  /**
+   * A Redis that has answered nothing for this long while commands time out is treated as gone
+   * (default 1,000 ms): its connection is dropped and the replica routes on its local state
+   * until Redis answers again, then resynchronises.
+   */
+  stallTimeoutMs?: number;
 }
 
 interface RedisStats {
   outages: number;
+  /** Outages that were a Redis no longer answering on an open connection. */
+  stalls: number;
   errors: number;
   resyncs: number;
   decisionsPublished: number;
@@ -107,6 +115,11 @@ export class RedisStateStore implements StateStore {
   private readonly workflowTtlMs: number;
   private readonly predictionTtlMs: number;
   private readonly recentLimit: number;
+  private readonly stallTimeoutMs: number;
+  /** When Redis last answered the load sync (a reply, or an error reply): what tells a stalled server. */
+  private lastAnswerAt = 0;
+  /** Why the connection was dropped on purpose, for the outage's log line. */
+  private dropReason: string | undefined;
   /** Own decisions still alive, by chain key, to write back after an outage. */
   /** Own decisions by chain key, least recently written evicted beyond recentLimit; none when the limit is 0. */
   private readonly recent: LRUCache<string, { message: string; expiresAt: number }> | undefined;
@@ -118,6 +131,7 @@ export class RedisStateStore implements StateStore {
   private readonly prefilled = new WeakSet<SharedDecision>();
   private readonly counters: RedisStats = {
     outages: 0,
+    stalls: 0,
     errors: 0,
     resyncs: 0,
     decisionsPublished: 0,
@@ -139,6 +153,7 @@ export class RedisStateStore implements StateStore {
     this.workflowTtlMs = positive(options.workflowTtlMs ?? 3_600_000, 'workflowTtlMs');
     this.predictionTtlMs = positive(options.predictionTtlMs ?? 120_000, 'predictionTtlMs');
     this.recentLimit = options.recentDecisions ?? 10_000;
+    this.stallTimeoutMs = positive(options.stallTimeoutMs ?? 1000, 'stallTimeoutMs');
     this.recent = this.recentLimit > 0 ? new LRUCache({ max: this.recentLimit }) : undefined;
     const common: RedisOptions = {
       ...url,
@@ -396,6 +411,25 @@ export class RedisStateStore implements StateStore {
     router.setRemoteLoad(workerId, this.remote.sum(workerId));
   }
 
+  /**
+   * A Redis that keeps its connection open but answers nothing (stopped, swapped out, stuck in
+   * a long command) is as good as gone, and worse: every command sent to it waits in the
+   * client, holding its arguments, for as long as the stall lasts, and every first lookup of
+   * a workflow waits out the command timeout. Past stallTimeoutMs without an answer the
+   * connection is dropped: pending commands fail at once, the replica routes on local state,
+   * and the reconnection resynchronises when Redis answers again.
+   */
+  private dropIfStalled(): void {
+    const silentMs = Date.now() - this.lastAnswerAt;
+    if (!this.up || this.closed || silentMs < this.stallTimeoutMs) return;
+    this.counters.stalls++;
+    this.dropReason = `redis stopped answering (nothing for ${silentMs} ms)`;
+    // down now, not when the connection closes: closing one the server does not read waits
+    // for ioredis's disconnect timeout, and nothing more may queue behind it meanwhile
+    this.wentDown();
+    this.cmd.disconnect(true);
+  }
+
   private wentDown(): void {
     if (!this.up || this.closed) return;
     this.up = false;
@@ -403,7 +437,9 @@ export class RedisStateStore implements StateStore {
     // other replicas' counts can no longer be kept current: route on this replica's own
     this.remote.clear();
     for (const w of this.host?.router.listWorkers() ?? []) this.applyRemote(w.id);
-    this.host?.log('state: lost redis; routing on local state, will resynchronise when it is back');
+    const reason = this.dropReason ?? 'lost redis';
+    this.dropReason = undefined;
+    this.host?.log(`state: ${reason}; routing on local state, will resynchronise when it is back`);
   }
 
   private async cameUp(): Promise<void> {
@@ -413,6 +449,7 @@ export class RedisStateStore implements StateStore {
     this.resyncing = this.resync().then(
       () => {
         this.up = true;
+        this.lastAnswerAt = Date.now();
         this.counters.resyncs++;
         if (!first) this.host!.log('state: redis is back; state written back and reloaded');
       },
@@ -527,6 +564,7 @@ export class RedisStateStore implements StateStore {
       if (mine.length > 0) m.hset(loadKey, ...mine).pexpire(loadKey, ttl);
       m.zrange(this.key('replicas'), '0', '-1');
       const res = await m.exec();
+      this.lastAnswerAt = Date.now();
       const replicas = ((res?.[res.length - 1]?.[1] as string[] | undefined) ?? []).filter((r) => r !== this.replicaId);
       this.counters.replicasSeen = replicas.length + 1;
       // replicas that stopped heartbeating: their requests are gone with them
@@ -541,8 +579,10 @@ export class RedisStateStore implements StateStore {
         changed = true;
       });
       if (changed) for (const w of router.listWorkers()) this.applyRemote(w.id);
-    } catch {
+    } catch (err) {
       this.counters.errors++;
+      if (err instanceof ReplyError) this.lastAnswerAt = Date.now();
+      else this.dropIfStalled();
     } finally {
       this.syncing = false;
     }

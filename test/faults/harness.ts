@@ -113,10 +113,12 @@ export class KillableEngine {
   }
 }
 
-/** A redis-server of the test's own on a free port, without persistence. */
+/** A redis-server of the test's own on a free port, without persistence; `args` are added to its command line. */
 export class RedisProcess {
   private child: ChildProcess | undefined;
   port = 0;
+
+  constructor(private readonly args: readonly string[] = []) {}
 
   async start(): Promise<this> {
     if (this.port === 0) this.port = await freePort();
@@ -133,6 +135,7 @@ export class RedisProcess {
         'no',
         '--protected-mode',
         'no',
+        ...this.args,
       ],
       { stdio: 'ignore' },
     );
@@ -161,6 +164,16 @@ export class RedisProcess {
     await this.start();
   }
 
+  /** SIGSTOP: the server stops answering, its connections stay open. */
+  pause(): void {
+    this.child?.kill('SIGSTOP');
+  }
+
+  /** SIGCONT: a paused server answers again. */
+  resume(): void {
+    this.child?.kill('SIGCONT');
+  }
+
   private ping(): Promise<boolean> {
     return new Promise((resolve) => {
       const socket = createConnection({ host: '127.0.0.1', port: this.port });
@@ -168,7 +181,8 @@ export class RedisProcess {
       socket.once('connect', () => socket.write('PING\r\n'));
       socket.once('data', (d) => {
         socket.destroy();
-        resolve(d.toString().startsWith('+PONG'));
+        // a server that requires a password is up too: it answers NOAUTH
+        resolve(/^(\+PONG|-NOAUTH)/.test(d.toString()));
       });
     });
   }
