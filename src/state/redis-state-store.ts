@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { LRUCache } from 'lru-cache';
-import { Redis, ReplyError, type RedisOptions } from 'ioredis';
+import { Redis, ReplyError, type ChainableCommander, type RedisOptions } from 'ioredis';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import {
   decodeHashes,
@@ -22,6 +22,9 @@ import {
 } from './redis-wire.js';
 import { RemoteLoad } from './remote-load.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
+
+/** Kinds of refusal (error codes) logged once per connection: Redis names a handful, a stranger server could name any. */
+const MAX_LOGGED_REFUSALS = 16;
 
 /** Deletes KEYS[1] only while it holds ARGV[1] (one round trip, atomic). */
 const DELETE_IF_EQUAL = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
@@ -56,6 +59,8 @@ interface RedisStats {
   /** Outages that were a Redis no longer answering on an open connection. */
   stalls: number;
   errors: number;
+  /** Commands Redis answered with an error (OOM, READONLY, NOPERM, …): among the errors. */
+  refused: number;
   resyncs: number;
   decisionsPublished: number;
   decisionsApplied: number;
@@ -120,6 +125,10 @@ export class RedisStateStore implements StateStore {
   private lastAnswerAt = 0;
   /** Why the connection was dropped on purpose, for the outage's log line. */
   private dropReason: string | undefined;
+  /** The kinds of refusal already logged on this connection. */
+  private readonly loggedRefusals = new Set<string>();
+  /** The error code of the last command Redis refused ('' for none yet). */
+  private lastRefusal = '';
   /** Own decisions still alive, by chain key, to write back after an outage. */
   /** Own decisions by chain key, least recently written evicted beyond recentLimit; none when the limit is 0. */
   private readonly recent: LRUCache<string, { message: string; expiresAt: number }> | undefined;
@@ -133,6 +142,7 @@ export class RedisStateStore implements StateStore {
     outages: 0,
     stalls: 0,
     errors: 0,
+    refused: 0,
     resyncs: 0,
     decisionsPublished: 0,
     decisionsApplied: 0,
@@ -219,9 +229,7 @@ export class RedisStateStore implements StateStore {
     const chain = this.chainOf(d);
     if (chain) this.remember(chain, message);
     if (!this.up) return;
-    void this.publishDecision(d, message, chain).catch(() => {
-      this.counters.errors++;
-    });
+    void this.publishDecision(d, message, chain).catch((err: Error) => this.failed(err, 'a decision'));
   }
 
   decisionPrefilled(d: SharedDecision): void {
@@ -256,32 +264,37 @@ export class RedisStateStore implements StateStore {
   workerAdded(worker: WorkerRecord): void {
     if (!this.up) return;
     const message = JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded);
-    void this.cmd
-      .multi()
-      .hset(this.key('workers'), worker.id, JSON.stringify(worker))
-      .publish(this.channel, message)
-      .exec()
-      .catch(() => {
-        this.counters.errors++;
-      });
+    void this.run(
+      this.cmd.pipeline().hset(this.key('workers'), worker.id, JSON.stringify(worker)).publish(this.channel, message),
+      'a worker added',
+    ).catch(() => {
+      this.counters.errors++;
+    });
   }
 
   workerRemoved(workerId: string): void {
     if (!this.up) return;
     const message = JSON.stringify({ r: this.replicaId, k: 'wr', id: workerId } satisfies WireWorkerRemoved);
-    void this.cmd
-      .multi()
-      .hdel(this.key('workers'), workerId)
-      .del(this.key('load', this.replicaId))
-      .publish(this.channel, message)
-      .exec()
-      .catch(() => {
-        this.counters.errors++;
-      });
+    void this.run(
+      this.cmd
+        .pipeline()
+        .hdel(this.key('workers'), workerId)
+        .del(this.key('load', this.replicaId))
+        .publish(this.channel, message),
+      'a worker removed',
+    ).catch(() => {
+      this.counters.errors++;
+    });
   }
 
   stats(): StateStats {
-    return { kind: 'redis', replicaId: this.replicaId, ...this.counters, connected: this.up };
+    return {
+      kind: 'redis',
+      replicaId: this.replicaId,
+      ...this.counters,
+      lastRefusal: this.lastRefusal,
+      connected: this.up,
+    };
   }
 
   async close(): Promise<void> {
@@ -311,9 +324,42 @@ export class RedisStateStore implements StateStore {
   }
 
   private publish(message: string): void {
-    void this.cmd.publish(this.channel, message).catch(() => {
-      this.counters.errors++;
-    });
+    void this.cmd.publish(this.channel, message).catch((err: Error) => this.failed(err, 'a message'));
+  }
+
+  /**
+   * Counts a failed command. A refusal (Redis answered with an error: out of memory, a
+   * read-only replica, an ACL without the command) is logged once per kind and connection:
+   * it says what an operator must fix, and would otherwise repeat with every request.
+   */
+  private failed(error: Error, what: string): void {
+    this.counters.errors++;
+    if (!(error instanceof ReplyError)) return;
+    this.counters.refused++;
+    // a discarded transaction (EXECABORT) is reported by the refusal that discarded it, which
+    // ioredis keeps beside it (Redis 7.0 says only "because of previous errors")
+    const cause = (error as Error & { previousErrors?: unknown[] }).previousErrors?.[0];
+    const err = cause instanceof ReplyError ? (cause as Error) : error;
+    const code = /^(?:EXECABORT .*?because of: )?([A-Z]+)/.exec(err.message)?.[1] ?? 'ERR';
+    this.lastRefusal = code;
+    if (this.loggedRefusals.has(code) || this.loggedRefusals.size >= MAX_LOGGED_REFUSALS) return;
+    this.loggedRefusals.add(code);
+    this.host?.log(
+      `state: redis refused ${what} (${err.message}); routing goes on, further ${code} refusals are only counted (state.refused)`,
+    );
+  }
+
+  /**
+   * Sends a pipeline and answers its replies, a refused command's as [its error, undefined]
+   * once failed() counted it: one refusal (a write under OOM) does not cost the commands
+   * beside it (the PUBLISH that needs no memory), as it would in a transaction. Rejects when
+   * a command got no answer (timeout, connection lost).
+   */
+  private async run(batch: ChainableCommander, what: string): Promise<[Error | null, unknown][]> {
+    const res = (await batch.exec()) ?? [];
+    for (const [err] of res) if (err && !(err instanceof ReplyError)) throw err;
+    for (const [err] of res) if (err) this.failed(err, what);
+    return res;
   }
 
   private subscribe(): void {
@@ -331,7 +377,7 @@ export class RedisStateStore implements StateStore {
   private async publishDecision(d: SharedDecision, message: string, chain: string | undefined): Promise<void> {
     // published before anything else: the other replicas must learn of it before the next
     // request that shares its prefix reaches them
-    const m = this.cmd.multi().publish(this.channel, message);
+    const m = this.cmd.pipeline().publish(this.channel, message);
     if (chain) m.set(chain, message, 'PX', this.predictionTtlMs);
     if (d.anchor !== undefined) m.set(this.key('anchor', d.anchor), d.workerId, 'PX', this.workflowTtlMs);
     const value = encodeWorkflow(d.workerId, d.workflowStep);
@@ -339,9 +385,10 @@ export class RedisStateStore implements StateStore {
     // the first step anyone routed claims the workflow (NX): of two replicas starting it at once, the first wins
     if (claiming) m.set(this.key('wf', d.workflowId!), value, 'PX', this.workflowTtlMs, 'NX');
     else if (d.workflowId !== undefined) m.set(this.key('wf', d.workflowId), value, 'PX', this.workflowTtlMs);
-    const res = await m.exec();
-    this.counters.decisionsPublished++;
-    if (claiming && res?.[res.length - 1]?.[1] === null) {
+    const res = await this.run(m, 'a decision');
+    if (res[0]?.[0] === null) this.counters.decisionsPublished++;
+    const claim = res[res.length - 1];
+    if (claiming && claim?.[0] === null && claim[1] === null) {
       // lost the claim: follow the winner, and tell the others who had heard this replica's choice
       this.counters.workflowClaimsLost++;
       const winner = parseWorkflow((await this.cmd.get(this.key('wf', d.workflowId!))) ?? '');
@@ -450,6 +497,7 @@ export class RedisStateStore implements StateStore {
       () => {
         this.up = true;
         this.lastAnswerAt = Date.now();
+        this.loggedRefusals.clear();
         this.counters.resyncs++;
         if (!first) this.host!.log('state: redis is back; state written back and reloaded');
       },
@@ -468,7 +516,7 @@ export class RedisStateStore implements StateStore {
     const host = this.host!;
     const router = host.router;
     const now = Date.now();
-    const push = this.cmd.multi();
+    const push = this.cmd.pipeline();
     for (const w of host.listWorkers()) push.hsetnx(this.key('workers'), w.id, JSON.stringify(w));
     for (const [id, e] of router.workflowAffinities())
       push.set(this.key('wf', id), encodeWorkflow(e.workerId, e.step), 'PX', this.workflowTtlMs, 'NX');
@@ -478,7 +526,8 @@ export class RedisStateStore implements StateStore {
       else expired.push(chain);
     }
     for (const chain of expired) this.recent!.delete(chain);
-    await push.exec();
+    // what Redis refuses to take back (out of memory, read-only) is counted; the rest still loads
+    await this.run(push, 'the state written back');
 
     // the registry: workers other replicas added
     const workers = await this.unlessWrongKind(this.cmd.hgetall(this.key('workers')), {}, 'workers');
@@ -556,16 +605,30 @@ export class RedisStateStore implements StateStore {
         mine.push(w.id, encodeLoadEntry(l.inFlightRequests, l.queuedPrefillTokens, l.activeDecodeTokens));
       }
       const loadKey = this.key('load', this.replicaId);
-      const m = this.cmd
-        .multi()
-        .zadd(this.key('replicas'), String(now), this.replicaId)
-        .zremrangebyscore(this.key('replicas'), '-inf', now - ttl)
-        .del(loadKey);
-      if (mine.length > 0) m.hset(loadKey, ...mine).pexpire(loadKey, ttl);
-      m.zrange(this.key('replicas'), '0', '-1');
-      const res = await m.exec();
+      // the snapshot is replaced in one transaction: a replica reading it never sees it half written
+      const snapshot = this.cmd.multi().del(loadKey);
+      if (mine.length > 0) snapshot.hset(loadKey, ...mine).pexpire(loadKey, ttl);
+      const written = snapshot.exec().then(
+        () => undefined,
+        (err: Error) => err,
+      );
+      // the heartbeat apart from it: a refused snapshot (out of memory) must not cost the replica list
+      const res = await this.run(
+        this.cmd
+          .pipeline()
+          .zadd(this.key('replicas'), String(now), this.replicaId)
+          .zremrangebyscore(this.key('replicas'), '-inf', now - ttl)
+          .zrange(this.key('replicas'), '0', '-1'),
+        'the load sync',
+      );
+      const unwritten = await written;
+      if (unwritten && !(unwritten instanceof ReplyError)) throw unwritten;
       this.lastAnswerAt = Date.now();
-      const replicas = ((res?.[res.length - 1]?.[1] as string[] | undefined) ?? []).filter((r) => r !== this.replicaId);
+      if (unwritten) this.failed(unwritten, "this replica's load");
+      // no heartbeat could be written (out of memory, read-only), so none of the others' either:
+      // which replicas are gone is unknown, and their load stays as their messages keep it
+      if (res[0]?.[0] !== null) return;
+      const replicas = ((res[2]?.[1] as string[] | undefined) ?? []).filter((r) => r !== this.replicaId);
       this.counters.replicasSeen = replicas.length + 1;
       // replicas that stopped heartbeating: their requests are gone with them
       let changed = this.remote.retain(new Set(replicas));
@@ -580,7 +643,7 @@ export class RedisStateStore implements StateStore {
       });
       if (changed) for (const w of router.listWorkers()) this.applyRemote(w.id);
     } catch (err) {
-      this.counters.errors++;
+      this.failed(err as Error, 'the load sync');
       if (err instanceof ReplyError) this.lastAnswerAt = Date.now();
       else this.dropIfStalled();
     } finally {
