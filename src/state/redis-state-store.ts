@@ -26,6 +26,9 @@ import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './sta
 /** Kinds of refusal (error codes) logged once per connection: Redis names a handful, a stranger server could name any. */
 const MAX_LOGGED_REFUSALS = 16;
 
+/** Redis's refusals of this replica's credentials or of a command its ACL user lacks: no retry mends them. */
+const ACCESS_REFUSED = /^(WRONGPASS|NOAUTH|NOPERM)\b/;
+
 /** Deletes KEYS[1] only while it holds ARGV[1] (one round trip, atomic). */
 const DELETE_IF_EQUAL = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
@@ -108,6 +111,12 @@ export class RedisStateStore implements StateStore {
   readonly replicaId: string;
   private readonly keys: RedisKeys;
   private readonly channel: string;
+  /** host:port, to name the server in errors (never the URL: it may hold a password). */
+  private readonly address: string;
+  /** The last error the command connection reported, to tell why a start failed. */
+  private connectionError: Error | undefined;
+  /** Why the last resynchronisation failed, if it did; logged once until one succeeds. */
+  private resyncError: Error | undefined;
   private readonly cmd: Redis;
   private readonly sub: Redis;
   private host: StateStoreHost | undefined;
@@ -156,6 +165,7 @@ export class RedisStateStore implements StateStore {
 
   constructor(options: RedisStateOptions) {
     const url = parseRedisUrl(options.url);
+    this.address = `${url.host}:${url.port}`;
     this.keys = new RedisKeys(options.prefix ?? 'contextforge:');
     this.channel = this.keys.channel;
     this.replicaId = options.replicaId ?? randomBytes(6).toString('hex');
@@ -179,7 +189,8 @@ export class RedisStateStore implements StateStore {
     // SUBSCRIBE has no handler: a connection closed before Redis answers it would reject a
     // promise nobody holds and take the process down
     this.sub = new Redis({ ...common, commandTimeout: undefined, enableOfflineQueue: true, autoResubscribe: false });
-    this.cmd.on('error', () => {}); // state changes are handled below; errors are counted where they surface
+    // state changes are handled below; errors are counted where they surface
+    this.cmd.on('error', (err: Error) => (this.connectionError = err));
     this.sub.on('error', () => {});
     this.cmd.on('close', () => this.wentDown());
     this.cmd.on('ready', () => void this.cameUp());
@@ -199,11 +210,15 @@ export class RedisStateStore implements StateStore {
       await this.resyncing;
     } catch (err) {
       if (this.closed) return;
+      await this.refuseStart(this.connectionError);
       host.log(
         `state: redis unreachable at start (${(err as Error).message}); routing on local state until it answers`,
       );
     }
     if (this.closed) return;
+    // a password Redis refused, or an ACL user without a command the state needs, is a
+    // configuration to fix: the replica would otherwise retry for good
+    if (!this.up) await this.refuseStart(this.resyncError);
     this.timer = setInterval(() => void this.syncLoad(), this.syncIntervalMs);
     this.timer.unref();
   }
@@ -285,6 +300,16 @@ export class RedisStateStore implements StateStore {
     ).catch(() => {
       this.counters.errors++;
     });
+  }
+
+  /** Closes the store and throws a RangeError naming Redis's refusal when `err` is one of access. */
+  private async refuseStart(err: Error | undefined): Promise<void> {
+    const message = err instanceof ReplyError ? (err as Error).message : '';
+    if (!ACCESS_REFUSED.test(message)) return;
+    await this.close();
+    throw new RangeError(
+      `state: redis at ${this.address} refused this replica (${message}); check the user and password of the redis:// URL and the user's ACL (docs/state.md)`,
+    );
   }
 
   stats(): StateStats {
@@ -498,13 +523,19 @@ export class RedisStateStore implements StateStore {
         this.up = true;
         this.lastAnswerAt = Date.now();
         this.loggedRefusals.clear();
+        this.resyncError = undefined;
         this.counters.resyncs++;
         if (!first) this.host!.log('state: redis is back; state written back and reloaded');
       },
       (err: Error) => {
         if (this.closed) return; // close() cut the sync short: nothing to retry
         this.counters.errors++;
-        this.host!.log(`state: resynchronising with redis failed (${err.message}); will retry`);
+        // the same failure again (an ACL that still lacks a command) is not logged every retry
+        if (err.message !== this.resyncError?.message)
+          this.host!.log(`state: resynchronising with redis failed (${err.message}); will retry`);
+        this.resyncError = err;
+        // at start, attach() decides whether to retry: a refusal of access fails the start
+        if (first && ACCESS_REFUSED.test(err.message)) return;
         this.cmd.disconnect(true); // reconnects, and 'ready' tries again
       },
     );
@@ -575,7 +606,7 @@ export class RedisStateStore implements StateStore {
     try {
       return await read;
     } catch (err) {
-      if (!(err instanceof ReplyError)) throw err;
+      if (!(err instanceof ReplyError) || !/^WRONGTYPE\b/.test((err as Error).message)) throw err;
       this.counters.malformedMessages++;
       this.host?.log(`state: ${this.key(key)} in redis is unreadable (${(err as Error).message}); skipped`);
       return fallback;

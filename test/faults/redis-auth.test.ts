@@ -1,0 +1,106 @@
+/**
+ * A Redis that requires a password, or an ACL user without the commands the shared state
+ * uses: the replica's start fails with one clear error (the CLI: one line, exit 2) naming
+ * Redis's refusal and never the password, rather than routing on while retrying in silence
+ * (a refused password) or restarting its synchronisation every second (a refused command).
+ */
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { after, before, test } from 'node:test';
+import { Redis } from 'ioredis';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway } from '../../src/server/gateway.js';
+import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { RedisProcess } from './harness.js';
+
+const PASSWORD = 'cf-auth-secret-7f3a';
+const redis = new RedisProcess(['--requirepass', PASSWORD]);
+const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+
+before(async () => {
+  await redis.start();
+  const admin = new Redis({ port: redis.port, password: PASSWORD, lazyConnect: true, maxRetriesPerRequest: 0 });
+  await admin.connect();
+  // may connect, and read one key, and nothing else
+  await admin.acl('SETUSER', 'getter', 'on', '>getter-pw-91c2', '~*', '&*', '-@all', '+@connection', '+info', '+get');
+  admin.disconnect();
+});
+after(() => redis.kill());
+
+/** Starts a gateway on `url`; resolves to what its start threw. */
+async function startFailure(url: string): Promise<unknown> {
+  const state = new RedisStateStore({ url, prefix: 'cf-auth:' });
+  const logs: string[] = [];
+  try {
+    const gateway = await createGateway({
+      router: new KVAwareRouter({ blockSize: 16 }),
+      state,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+      log: (m) => logs.push(m),
+      workers: [{ id: 'e0', url: 'http://127.0.0.1:1' }],
+    });
+    await gateway.close();
+    return new Error(`started; logged: ${logs.join(' | ')}`);
+  } catch (err) {
+    return err;
+  }
+}
+
+test('a wrong password, or none: the start fails with a RangeError naming the refusal, never the password', async () => {
+  for (const [url, refusal] of [
+    [`redis://:wrong-${PASSWORD}@127.0.0.1:${redis.port}`, /WRONGPASS/],
+    [`redis://nobody:${PASSWORD}@127.0.0.1:${redis.port}`, /WRONGPASS/],
+    [`redis://127.0.0.1:${redis.port}`, /NOAUTH/],
+  ] as const) {
+    const err = await startFailure(url);
+    assert.ok(err instanceof RangeError, String(err));
+    assert.match(err.message, refusal);
+    assert.match(err.message, new RegExp(`127\\.0\\.0\\.1:${redis.port}`));
+    assert.doesNotMatch(err.message, new RegExp(PASSWORD));
+  }
+});
+
+test('an ACL user without the commands the state needs: the start fails with a RangeError naming NOPERM', async () => {
+  const err = await startFailure(`redis://getter:getter-pw-91c2@127.0.0.1:${redis.port}`);
+  assert.ok(err instanceof RangeError, String(err));
+  assert.match(err.message, /NOPERM/);
+  assert.doesNotMatch(err.message, /getter-pw-91c2/);
+});
+
+test('serve with a wrong Redis password exits 2 with one line that does not echo it', async () => {
+  const engine = await new MockEngine().start();
+  const child = spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      main,
+      'serve',
+      '--port',
+      '0',
+      '--admin-token',
+      'cf-auth-admin',
+      '--worker',
+      `id=e0,url=http://127.0.0.1:${engine.port}`,
+      '--state',
+      `redis://:wrong-${PASSWORD}@127.0.0.1:${redis.port}`,
+    ],
+    { stdio: ['ignore', 'ignore', 'pipe'] },
+  );
+  let stderr = '';
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  const code = await new Promise<number | null>((r) => {
+    child.once('exit', (c) => r(c));
+    // a start that does not fail goes on serving: stopped, it fails the test rather than hanging it
+    setTimeout(() => child.kill('SIGKILL'), 30_000).unref();
+  });
+  assert.equal(code, 2, stderr);
+  const lines = stderr.trim().split('\n');
+  assert.equal(lines.length, 1, stderr);
+  assert.match(lines[0], /^error: state: .*WRONGPASS/);
+  assert.doesNotMatch(stderr, new RegExp(PASSWORD));
+  await engine.close();
+});
