@@ -61,6 +61,8 @@ interface RedisStats {
   outages: number;
   /** Outages that were a Redis no longer answering on an open connection. */
   stalls: number;
+  /** Times Redis was found without this replica's heartbeat on a live connection (it lost its data), and the state written back. */
+  stateLost: number;
   errors: number;
   /** Commands Redis answered with an error (OOM, READONLY, NOPERM, …): among the errors. */
   refused: number;
@@ -134,6 +136,10 @@ export class RedisStateStore implements StateStore {
   private lastAnswerAt = 0;
   /** Why the connection was dropped on purpose, for the outage's log line. */
   private dropReason: string | undefined;
+  /** Whether this replica's heartbeat was written on this connection: finding it gone then means Redis lost its data. */
+  private heartbeatWritten = false;
+  /** A write-back after Redis lost its data, while it runs. */
+  private rewriting = false;
   /** The kinds of refusal already logged on this connection. */
   private readonly loggedRefusals = new Set<string>();
   /** The error code of the last command Redis refused ('' for none yet). */
@@ -150,6 +156,7 @@ export class RedisStateStore implements StateStore {
   private readonly counters: RedisStats = {
     outages: 0,
     stalls: 0,
+    stateLost: 0,
     errors: 0,
     refused: 0,
     resyncs: 0,
@@ -502,9 +509,32 @@ export class RedisStateStore implements StateStore {
     this.cmd.disconnect(true);
   }
 
+  /**
+   * Redis lost its data while this replica stayed connected: flushed, or failed over to a
+   * server without it (a replica promoted after syncing from an empty primary), or it dropped
+   * this replica's heartbeat after a second without one (out of memory, a stalled event loop).
+   * No reconnection tells of it, so the write-back a reconnection runs is run here: the
+   * registry, workflows and recent decisions (SET NX), then Redis's word is reloaded.
+   */
+  private writeBackLost(): void {
+    if (this.rewriting) return;
+    this.rewriting = true;
+    this.counters.stateLost++;
+    this.host?.log(
+      "state: redis lost the shared state (this replica's heartbeat was gone: flushed, failed over, or out of memory); writing it back",
+    );
+    void this.resync()
+      .then(
+        () => void this.counters.resyncs++,
+        (err: Error) => this.failed(err, 'the state written back'),
+      )
+      .finally(() => (this.rewriting = false));
+  }
+
   private wentDown(): void {
     if (!this.up || this.closed) return;
     this.up = false;
+    this.heartbeatWritten = false;
     this.counters.outages++;
     // other replicas' counts can no longer be kept current: route on this replica's own
     this.remote.clear();
@@ -659,6 +689,9 @@ export class RedisStateStore implements StateStore {
       // no heartbeat could be written (out of memory, read-only), so none of the others' either:
       // which replicas are gone is unknown, and their load stays as their messages keep it
       if (res[0]?.[0] !== null) return;
+      // the heartbeat was added, not updated: Redis lost what this replica wrote
+      if (res[0][1] === 1 && this.heartbeatWritten) this.writeBackLost();
+      this.heartbeatWritten = true;
       const replicas = ((res[2]?.[1] as string[] | undefined) ?? []).filter((r) => r !== this.replicaId);
       this.counters.replicasSeen = replicas.length + 1;
       // replicas that stopped heartbeating: their requests are gone with them
