@@ -8,6 +8,7 @@ import {
   decisionIdOf,
   decodeMessage,
   encodeDecision,
+  encodeLoad,
   encodeLoadEntry,
   encodePrefilled,
   encodeRefused,
@@ -453,6 +454,13 @@ export class RedisStateStore implements StateStore {
           this.applyRemote(msg.w);
       } else if (msg.k === 'rf') {
         if (this.host.router.refuseSharedDecision({ id: decisionIdOf(msg) }) > 0) this.counters.refusalsWithdrawn++;
+      } else if (msg.k === 'ld') {
+        // what it says it holds replaces what this replica counted of it (releases it could
+        // not publish while cut off would otherwise stay counted for good); only known workers
+        const known = new Set(this.host.router.listWorkers().map((w) => w.id));
+        const entries = Object.entries(msg.l).filter(([id]) => known.has(id));
+        this.remote.replace(msg.r, decodeLoadSnapshot(Object.fromEntries(entries)));
+        for (const id of known) this.applyRemote(id);
       } else if (msg.k === 'wa') {
         if (!this.host.listWorkers().some((w) => w.id === msg.worker.id)) this.host.addWorkerFromState(msg.worker);
       } else if (msg.k === 'wr') {
@@ -555,6 +563,8 @@ export class RedisStateStore implements StateStore {
         this.loggedRefusals.clear();
         this.resyncError = undefined;
         this.counters.resyncs++;
+        // the others may still count requests whose releases went unpublished while this was cut off
+        this.publish(JSON.stringify(encodeLoad(this.replicaId, this.ownLoad())));
         if (!first) this.host!.log('state: redis is back; state written back and reloaded');
       },
       (err: Error) => {
@@ -652,6 +662,17 @@ export class RedisStateStore implements StateStore {
     } while (cursor !== '0');
   }
 
+  /** This replica's own in-flight work per worker, as its snapshot holds it. */
+  private ownLoad(): Record<string, string> {
+    const router = this.host!.router;
+    const load: Record<string, string> = {};
+    for (const w of router.listWorkers()) {
+      const l = router.localLoad(w.id);
+      load[w.id] = encodeLoadEntry(l.inFlightRequests, l.queuedPrefillTokens, l.activeDecodeTokens);
+    }
+    return load;
+  }
+
   /** Shares this replica's in-flight counts and reads the other replicas'. */
   private async syncLoad(): Promise<void> {
     if (!this.up || this.syncing || !this.host) return;
@@ -660,11 +681,7 @@ export class RedisStateStore implements StateStore {
     try {
       const now = Date.now();
       const ttl = Math.max(1000, 10 * this.syncIntervalMs);
-      const mine: string[] = [];
-      for (const w of router.listWorkers()) {
-        const l = router.localLoad(w.id);
-        mine.push(w.id, encodeLoadEntry(l.inFlightRequests, l.queuedPrefillTokens, l.activeDecodeTokens));
-      }
+      const mine = Object.entries(this.ownLoad()).flat();
       const loadKey = this.key('load', this.replicaId);
       // the snapshot is replaced in one transaction: a replica reading it never sees it half written
       const snapshot = this.cmd.multi().del(loadKey);

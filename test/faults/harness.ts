@@ -240,8 +240,9 @@ export class RedisProxy {
 
   constructor(private readonly targetPort: number) {}
 
+  /** Listens on a free port, or again on its port after close(): the clients' address stays valid. */
   async start(): Promise<this> {
-    await new Promise<void>((r) => this.server.listen(0, '127.0.0.1', r));
+    await new Promise<void>((r) => this.server.listen(this.port, '127.0.0.1', r));
     this.port = (this.server.address() as AddressInfo).port;
     return this;
   }
