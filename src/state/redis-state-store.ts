@@ -515,6 +515,9 @@ export class RedisStateStore implements StateStore {
     // for ioredis's disconnect timeout, and nothing more may queue behind it meanwhile
     this.wentDown();
     this.cmd.disconnect(true);
+    // the subscriber too: on a path gone silent it would hear nothing for good, while the new
+    // command connection made the replica look whole; it subscribes again on its 'ready'
+    this.sub.disconnect(true);
   }
 
   /**

@@ -214,9 +214,13 @@ export class RedisProxy {
   withheld = 0;
   private word: string | undefined;
   private readonly sockets = new Set<import('node:net').Socket>();
+  /** Client sockets whose connections pass nothing either way any more. */
+  private readonly silenced = new WeakSet<import('node:net').Socket>();
   private readonly server = createTcpServer((client) => {
     const upstream = createConnection({ host: '127.0.0.1', port: this.targetPort });
     let held = false;
+    this.clients.add(client);
+    client.on('close', () => this.clients.delete(client));
     for (const s of [client, upstream]) {
       this.sockets.add(s);
       s.on('error', () => {});
@@ -227,6 +231,7 @@ export class RedisProxy {
       });
     }
     client.on('data', (d) => {
+      if (this.silenced.has(client)) return;
       if (!held && this.word !== undefined && d.toString('latin1').toLowerCase().includes(this.word)) {
         held = true;
         this.withheld++;
@@ -234,9 +239,10 @@ export class RedisProxy {
       upstream.write(d);
     });
     upstream.on('data', (d) => {
-      if (!held) client.write(d);
+      if (!held && !this.silenced.has(client)) client.write(d);
     });
   });
+  private readonly clients = new Set<import('node:net').Socket>();
 
   constructor(private readonly targetPort: number) {}
 
@@ -257,6 +263,14 @@ export class RedisProxy {
 
   drop(): void {
     for (const s of this.sockets) s.destroy();
+  }
+
+  /**
+   * Every connection open now stops passing anything, either way, and stays open (a path
+   * that drops packets without a reset: a NAT entry gone, a partition); new connections pass.
+   */
+  blackhole(): void {
+    for (const c of this.clients) this.silenced.add(c);
   }
 
   async close(): Promise<void> {

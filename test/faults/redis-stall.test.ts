@@ -10,7 +10,7 @@ import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
-import { post, RedisProcess } from './harness.js';
+import { post, RedisProcess, RedisProxy } from './harness.js';
 import { until } from '../helpers/wait.js';
 
 test('Redis paused (SIGSTOP): the replicas drop it and route locally; resumed: they resynchronise', async () => {
@@ -79,6 +79,47 @@ test('Redis paused (SIGSTOP): the replicas drop it and route locally; resumed: t
     redis.resume();
     for (const g of gateways) await g.close();
     await engine.close();
+    await redis.kill();
+  }
+});
+
+test('a path that goes silent (packets dropped, connections left open): both connections are made again', async () => {
+  const redis = await new RedisProcess().start();
+  const proxy = await new RedisProxy(redis.port).start();
+  const engine = await new MockEngine({ decodeTokS: 2000 }).start();
+  // A through the path that goes silent, B straight to Redis
+  const stores = [proxy.url, redis.url].map(
+    (url) => new RedisStateStore({ url, prefix: 'cf-silent:', syncIntervalMs: 50 }),
+  );
+  const gateways: Gateway[] = [];
+  try {
+    for (const state of stores)
+      gateways.push(
+        await createGateway({
+          router: new KVAwareRouter({ blockSize: 16 }),
+          state,
+          metricsIntervalMs: 0,
+          healthCheckIntervalMs: 0,
+          workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
+        }),
+      );
+    const base = await gateways[1].app.listen({ host: '127.0.0.1', port: 0 });
+    await until(() => stores.every((s) => s.stats().connected === true), 'the replicas to connect');
+    proxy.blackhole();
+    await until(() => stores[0].stats().stalls === 1, 'A to give up on its silent connection');
+    await until(() => stores[0].stats().connected === true, 'A to connect again');
+    // B's decisions reach A only through a subscriber connection made again
+    const heard = stores[0].stats().decisionsApplied as number;
+    let n = 0;
+    await until(async () => {
+      const r = await post(base, '/v1/completions', { prompt: `silent path ${n++} `.repeat(8), max_tokens: 1 });
+      assert.equal(r.status, 200, r.text);
+      return (stores[0].stats().decisionsApplied as number) > heard;
+    }, 'A to hear B again');
+  } finally {
+    for (const g of gateways) await g.close();
+    await engine.close();
+    await proxy.close();
     await redis.kill();
   }
 });
