@@ -6,6 +6,8 @@
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
 import { Redis } from 'ioredis';
@@ -14,6 +16,7 @@ import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { RedisProcess } from './harness.js';
+import { until } from '../helpers/wait.js';
 
 const PASSWORD = 'cf-auth-secret-7f3a';
 const redis = new RedisProcess(['--requirepass', PASSWORD]);
@@ -68,6 +71,44 @@ test('an ACL user without the commands the state needs: the start fails with a R
   assert.ok(err instanceof RangeError, String(err));
   assert.match(err.message, /NOPERM/);
   assert.doesNotMatch(err.message, /getter-pw-91c2/);
+});
+
+test('a gateway whose start Redis refused stops polling its workers', async () => {
+  // the worker counts the requests it gets per gateway (each names itself in Via)
+  const seen = new Map<string, number>();
+  const worker = createServer((req, res) => {
+    const via = String(req.headers.via ?? '');
+    seen.set(via, (seen.get(via) ?? 0) + 1);
+    res.setHeader('content-type', 'text/plain');
+    res.end(req.url === '/metrics' ? '' : 'ok');
+  });
+  await new Promise<void>((r) => worker.listen(0, '127.0.0.1', r));
+  const url = `http://127.0.0.1:${(worker.address() as AddressInfo).port}`;
+  const polling = { metricsIntervalMs: 20, healthCheckIntervalMs: 20, workers: [{ id: 'e0', url }] };
+  // a gateway that starts, polling at the same pace: its count is the test's clock
+  const control = await createGateway({ router: new KVAwareRouter({ blockSize: 16 }), ...polling });
+  try {
+    await until(() => seen.size === 1, 'the control gateway to poll');
+    const controlVia = [...seen.keys()][0];
+    await assert.rejects(
+      createGateway({
+        router: new KVAwareRouter({ blockSize: 16 }),
+        state: new RedisStateStore({ url: `redis://:wrong@127.0.0.1:${redis.port}`, prefix: 'cf-auth:' }),
+        ...polling,
+      }),
+      RangeError,
+    );
+    const failedVia = () => [...seen.keys()].filter((v) => v !== controlVia);
+    const controlPolls = seen.get(controlVia)!;
+    // a poll already on its way when the start failed has landed by then
+    await until(() => seen.get(controlVia)! >= controlPolls + 5, 'the control gateway to poll 5 more times');
+    const after = new Map(failedVia().map((v) => [v, seen.get(v)!]));
+    await until(() => seen.get(controlVia)! >= controlPolls + 25, 'the control gateway to poll 20 more times');
+    for (const v of failedVia()) assert.equal(seen.get(v), after.get(v) ?? 0, `polls by ${v} after its failed start`);
+  } finally {
+    await control.close();
+    await new Promise((r) => worker.close(r));
+  }
 });
 
 test('serve with a wrong Redis password exits 2 with one line that does not echo it', async () => {
