@@ -294,19 +294,26 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     return removed;
   };
   for (const w of options.workers ?? []) connections.add(w);
-  await state.attach({
-    router,
-    listWorkers: () => connections.records(),
-    addWorkerFromState: (w) => {
-      connections.add(w);
-      log(`worker '${w.id}' added by another replica`);
-    },
-    removeWorkerFromState: (id) => {
-      removeWorkerLocally(id);
-      log(`worker '${id}' removed by another replica`);
-    },
-    log,
-  });
+  try {
+    await state.attach({
+      router,
+      listWorkers: () => connections.records(),
+      addWorkerFromState: (w) => {
+        connections.add(w);
+        log(`worker '${w.id}' added by another replica`);
+      },
+      removeWorkerFromState: (id) => {
+        removeWorkerLocally(id);
+        log(`worker '${id}' removed by another replica`);
+      },
+      log,
+    });
+  } catch (err) {
+    // a start the shared state refused leaves nothing running: the workers' health checks and
+    // scrapes would otherwise go on polling for good
+    await connections.close();
+    throw err;
+  }
 
   app.addHook('onRoute', (route) => routeMethods.add(route.method, route.url));
   useJsonBodies(app, limits.maxJsonDepth);

@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { LRUCache } from 'lru-cache';
-import { Redis, ReplyError, type RedisOptions } from 'ioredis';
+import { Redis, ReplyError, type ChainableCommander, type RedisOptions } from 'ioredis';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import {
   decodeHashes,
@@ -8,6 +8,7 @@ import {
   decisionIdOf,
   decodeMessage,
   encodeDecision,
+  encodeLoad,
   encodeLoadEntry,
   encodePrefilled,
   encodeRefused,
@@ -22,6 +23,12 @@ import {
 } from './redis-wire.js';
 import { RemoteLoad } from './remote-load.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
+
+/** Kinds of refusal (error codes) logged once per connection: Redis names a handful, a stranger server could name any. */
+const MAX_LOGGED_REFUSALS = 16;
+
+/** Redis's refusals of this replica's credentials or of a command its ACL user lacks: no retry mends them. */
+const ACCESS_REFUSED = /^(WRONGPASS|NOAUTH|NOPERM)\b/;
 
 /** Deletes KEYS[1] only while it holds ARGV[1] (one round trip, atomic). */
 const DELETE_IF_EQUAL = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
@@ -43,11 +50,23 @@ export interface RedisStateOptions {
   recentDecisions?: number;
   /** A command that takes longer fails, and routing goes on without it (default 250 ms). */
   commandTimeoutMs?: number;
+  /**
+   * A Redis that has answered nothing for this long while commands time out is treated as gone
+   * (default 1,000 ms): its connection is dropped and the replica routes on its local state
+   * until Redis answers again, then resynchronises.
+   */
+  stallTimeoutMs?: number;
 }
 
 interface RedisStats {
   outages: number;
+  /** Outages that were a Redis no longer answering on an open connection. */
+  stalls: number;
+  /** Times Redis was found without this replica's heartbeat on a live connection (it lost its data), and the state written back. */
+  stateLost: number;
   errors: number;
+  /** Commands Redis answered with an error (OOM, READONLY, NOPERM, …): among the errors. */
+  refused: number;
   resyncs: number;
   decisionsPublished: number;
   decisionsApplied: number;
@@ -95,6 +114,12 @@ export class RedisStateStore implements StateStore {
   readonly replicaId: string;
   private readonly keys: RedisKeys;
   private readonly channel: string;
+  /** host:port, to name the server in errors (never the URL: it may hold a password). */
+  private readonly address: string;
+  /** The last error the command connection reported, to tell why a start failed. */
+  private connectionError: Error | undefined;
+  /** Why the last resynchronisation failed, if it did; logged once until one succeeds. */
+  private resyncError: Error | undefined;
   private readonly cmd: Redis;
   private readonly sub: Redis;
   private host: StateStoreHost | undefined;
@@ -107,6 +132,19 @@ export class RedisStateStore implements StateStore {
   private readonly workflowTtlMs: number;
   private readonly predictionTtlMs: number;
   private readonly recentLimit: number;
+  private readonly stallTimeoutMs: number;
+  /** When Redis last answered the load sync (a reply, or an error reply): what tells a stalled server. */
+  private lastAnswerAt = 0;
+  /** Why the connection was dropped on purpose, for the outage's log line. */
+  private dropReason: string | undefined;
+  /** Whether this replica's heartbeat was written on this connection: finding it gone then means Redis lost its data. */
+  private heartbeatWritten = false;
+  /** A write-back after Redis lost its data, while it runs. */
+  private rewriting = false;
+  /** The kinds of refusal already logged on this connection. */
+  private readonly loggedRefusals = new Set<string>();
+  /** The error code of the last command Redis refused ('' for none yet). */
+  private lastRefusal = '';
   /** Own decisions still alive, by chain key, to write back after an outage. */
   /** Own decisions by chain key, least recently written evicted beyond recentLimit; none when the limit is 0. */
   private readonly recent: LRUCache<string, { message: string; expiresAt: number }> | undefined;
@@ -118,7 +156,10 @@ export class RedisStateStore implements StateStore {
   private readonly prefilled = new WeakSet<SharedDecision>();
   private readonly counters: RedisStats = {
     outages: 0,
+    stalls: 0,
+    stateLost: 0,
     errors: 0,
+    refused: 0,
     resyncs: 0,
     decisionsPublished: 0,
     decisionsApplied: 0,
@@ -132,6 +173,7 @@ export class RedisStateStore implements StateStore {
 
   constructor(options: RedisStateOptions) {
     const url = parseRedisUrl(options.url);
+    this.address = `${url.host}:${url.port}`;
     this.keys = new RedisKeys(options.prefix ?? 'contextforge:');
     this.channel = this.keys.channel;
     this.replicaId = options.replicaId ?? randomBytes(6).toString('hex');
@@ -139,6 +181,7 @@ export class RedisStateStore implements StateStore {
     this.workflowTtlMs = positive(options.workflowTtlMs ?? 3_600_000, 'workflowTtlMs');
     this.predictionTtlMs = positive(options.predictionTtlMs ?? 120_000, 'predictionTtlMs');
     this.recentLimit = options.recentDecisions ?? 10_000;
+    this.stallTimeoutMs = positive(options.stallTimeoutMs ?? 1000, 'stallTimeoutMs');
     this.recent = this.recentLimit > 0 ? new LRUCache({ max: this.recentLimit }) : undefined;
     const common: RedisOptions = {
       ...url,
@@ -154,7 +197,8 @@ export class RedisStateStore implements StateStore {
     // SUBSCRIBE has no handler: a connection closed before Redis answers it would reject a
     // promise nobody holds and take the process down
     this.sub = new Redis({ ...common, commandTimeout: undefined, enableOfflineQueue: true, autoResubscribe: false });
-    this.cmd.on('error', () => {}); // state changes are handled below; errors are counted where they surface
+    // state changes are handled below; errors are counted where they surface
+    this.cmd.on('error', (err: Error) => (this.connectionError = err));
     this.sub.on('error', () => {});
     this.cmd.on('close', () => this.wentDown());
     this.cmd.on('ready', () => void this.cameUp());
@@ -174,11 +218,15 @@ export class RedisStateStore implements StateStore {
       await this.resyncing;
     } catch (err) {
       if (this.closed) return;
+      await this.refuseStart(this.connectionError);
       host.log(
         `state: redis unreachable at start (${(err as Error).message}); routing on local state until it answers`,
       );
     }
     if (this.closed) return;
+    // a password Redis refused, or an ACL user without a command the state needs, is a
+    // configuration to fix: the replica would otherwise retry for good
+    if (!this.up) await this.refuseStart(this.resyncError);
     this.timer = setInterval(() => void this.syncLoad(), this.syncIntervalMs);
     this.timer.unref();
   }
@@ -204,9 +252,7 @@ export class RedisStateStore implements StateStore {
     const chain = this.chainOf(d);
     if (chain) this.remember(chain, message);
     if (!this.up) return;
-    void this.publishDecision(d, message, chain).catch(() => {
-      this.counters.errors++;
-    });
+    void this.publishDecision(d, message, chain).catch((err: Error) => this.failed(err, 'a decision'));
   }
 
   decisionPrefilled(d: SharedDecision): void {
@@ -241,32 +287,47 @@ export class RedisStateStore implements StateStore {
   workerAdded(worker: WorkerRecord): void {
     if (!this.up) return;
     const message = JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded);
-    void this.cmd
-      .multi()
-      .hset(this.key('workers'), worker.id, JSON.stringify(worker))
-      .publish(this.channel, message)
-      .exec()
-      .catch(() => {
-        this.counters.errors++;
-      });
+    void this.run(
+      this.cmd.pipeline().hset(this.key('workers'), worker.id, JSON.stringify(worker)).publish(this.channel, message),
+      'a worker added',
+    ).catch(() => {
+      this.counters.errors++;
+    });
   }
 
   workerRemoved(workerId: string): void {
     if (!this.up) return;
     const message = JSON.stringify({ r: this.replicaId, k: 'wr', id: workerId } satisfies WireWorkerRemoved);
-    void this.cmd
-      .multi()
-      .hdel(this.key('workers'), workerId)
-      .del(this.key('load', this.replicaId))
-      .publish(this.channel, message)
-      .exec()
-      .catch(() => {
-        this.counters.errors++;
-      });
+    void this.run(
+      this.cmd
+        .pipeline()
+        .hdel(this.key('workers'), workerId)
+        .del(this.key('load', this.replicaId))
+        .publish(this.channel, message),
+      'a worker removed',
+    ).catch(() => {
+      this.counters.errors++;
+    });
+  }
+
+  /** Closes the store and throws a RangeError naming Redis's refusal when `err` is one of access. */
+  private async refuseStart(err: Error | undefined): Promise<void> {
+    const message = err instanceof ReplyError ? (err as Error).message : '';
+    if (!ACCESS_REFUSED.test(message)) return;
+    await this.close();
+    throw new RangeError(
+      `state: redis at ${this.address} refused this replica (${message}); check the user and password of the redis:// URL and the user's ACL (docs/state.md)`,
+    );
   }
 
   stats(): StateStats {
-    return { kind: 'redis', replicaId: this.replicaId, ...this.counters, connected: this.up };
+    return {
+      kind: 'redis',
+      replicaId: this.replicaId,
+      ...this.counters,
+      lastRefusal: this.lastRefusal,
+      connected: this.up,
+    };
   }
 
   async close(): Promise<void> {
@@ -296,9 +357,42 @@ export class RedisStateStore implements StateStore {
   }
 
   private publish(message: string): void {
-    void this.cmd.publish(this.channel, message).catch(() => {
-      this.counters.errors++;
-    });
+    void this.cmd.publish(this.channel, message).catch((err: Error) => this.failed(err, 'a message'));
+  }
+
+  /**
+   * Counts a failed command. A refusal (Redis answered with an error: out of memory, a
+   * read-only replica, an ACL without the command) is logged once per kind and connection:
+   * it says what an operator must fix, and would otherwise repeat with every request.
+   */
+  private failed(error: Error, what: string): void {
+    this.counters.errors++;
+    if (!(error instanceof ReplyError)) return;
+    this.counters.refused++;
+    // a discarded transaction (EXECABORT) is reported by the refusal that discarded it, which
+    // ioredis keeps beside it (Redis 7.0 says only "because of previous errors")
+    const cause = (error as Error & { previousErrors?: unknown[] }).previousErrors?.[0];
+    const err = cause instanceof ReplyError ? (cause as Error) : error;
+    const code = /^(?:EXECABORT .*?because of: )?([A-Z]+)/.exec(err.message)?.[1] ?? 'ERR';
+    this.lastRefusal = code;
+    if (this.loggedRefusals.has(code) || this.loggedRefusals.size >= MAX_LOGGED_REFUSALS) return;
+    this.loggedRefusals.add(code);
+    this.host?.log(
+      `state: redis refused ${what} (${err.message}); routing goes on, further ${code} refusals are only counted (state.refused)`,
+    );
+  }
+
+  /**
+   * Sends a pipeline and answers its replies, a refused command's as [its error, undefined]
+   * once failed() counted it: one refusal (a write under OOM) does not cost the commands
+   * beside it (the PUBLISH that needs no memory), as it would in a transaction. Rejects when
+   * a command got no answer (timeout, connection lost).
+   */
+  private async run(batch: ChainableCommander, what: string): Promise<[Error | null, unknown][]> {
+    const res = (await batch.exec()) ?? [];
+    for (const [err] of res) if (err && !(err instanceof ReplyError)) throw err;
+    for (const [err] of res) if (err) this.failed(err, what);
+    return res;
   }
 
   private subscribe(): void {
@@ -316,7 +410,7 @@ export class RedisStateStore implements StateStore {
   private async publishDecision(d: SharedDecision, message: string, chain: string | undefined): Promise<void> {
     // published before anything else: the other replicas must learn of it before the next
     // request that shares its prefix reaches them
-    const m = this.cmd.multi().publish(this.channel, message);
+    const m = this.cmd.pipeline().publish(this.channel, message);
     if (chain) m.set(chain, message, 'PX', this.predictionTtlMs);
     if (d.anchor !== undefined) m.set(this.key('anchor', d.anchor), d.workerId, 'PX', this.workflowTtlMs);
     const value = encodeWorkflow(d.workerId, d.workflowStep);
@@ -324,9 +418,10 @@ export class RedisStateStore implements StateStore {
     // the first step anyone routed claims the workflow (NX): of two replicas starting it at once, the first wins
     if (claiming) m.set(this.key('wf', d.workflowId!), value, 'PX', this.workflowTtlMs, 'NX');
     else if (d.workflowId !== undefined) m.set(this.key('wf', d.workflowId), value, 'PX', this.workflowTtlMs);
-    const res = await m.exec();
-    this.counters.decisionsPublished++;
-    if (claiming && res?.[res.length - 1]?.[1] === null) {
+    const res = await this.run(m, 'a decision');
+    if (res[0]?.[0] === null) this.counters.decisionsPublished++;
+    const claim = res[res.length - 1];
+    if (claiming && claim?.[0] === null && claim[1] === null) {
       // lost the claim: follow the winner, and tell the others who had heard this replica's choice
       this.counters.workflowClaimsLost++;
       const winner = parseWorkflow((await this.cmd.get(this.key('wf', d.workflowId!))) ?? '');
@@ -359,6 +454,13 @@ export class RedisStateStore implements StateStore {
           this.applyRemote(msg.w);
       } else if (msg.k === 'rf') {
         if (this.host.router.refuseSharedDecision({ id: decisionIdOf(msg) }) > 0) this.counters.refusalsWithdrawn++;
+      } else if (msg.k === 'ld') {
+        // what it says it holds replaces what this replica counted of it (releases it could
+        // not publish while cut off would otherwise stay counted for good); only known workers
+        const known = new Set(this.host.router.listWorkers().map((w) => w.id));
+        const entries = Object.entries(msg.l).filter(([id]) => known.has(id));
+        this.remote.replace(msg.r, decodeLoadSnapshot(Object.fromEntries(entries)));
+        for (const id of known) this.applyRemote(id);
       } else if (msg.k === 'wa') {
         if (!this.host.listWorkers().some((w) => w.id === msg.worker.id)) this.host.addWorkerFromState(msg.worker);
       } else if (msg.k === 'wr') {
@@ -396,14 +498,61 @@ export class RedisStateStore implements StateStore {
     router.setRemoteLoad(workerId, this.remote.sum(workerId));
   }
 
+  /**
+   * A Redis that keeps its connection open but answers nothing (stopped, swapped out, stuck in
+   * a long command) is as good as gone, and worse: every command sent to it waits in the
+   * client, holding its arguments, for as long as the stall lasts, and every first lookup of
+   * a workflow waits out the command timeout. Past stallTimeoutMs without an answer the
+   * connection is dropped: pending commands fail at once, the replica routes on local state,
+   * and the reconnection resynchronises when Redis answers again.
+   */
+  private dropIfStalled(): void {
+    const silentMs = Date.now() - this.lastAnswerAt;
+    if (!this.up || this.closed || silentMs < this.stallTimeoutMs) return;
+    this.counters.stalls++;
+    this.dropReason = `redis stopped answering (nothing for ${silentMs} ms)`;
+    // down now, not when the connection closes: closing one the server does not read waits
+    // for ioredis's disconnect timeout, and nothing more may queue behind it meanwhile
+    this.wentDown();
+    this.cmd.disconnect(true);
+    // the subscriber too: on a path gone silent it would hear nothing for good, while the new
+    // command connection made the replica look whole; it subscribes again on its 'ready'
+    this.sub.disconnect(true);
+  }
+
+  /**
+   * Redis lost its data while this replica stayed connected: flushed, or failed over to a
+   * server without it (a replica promoted after syncing from an empty primary), or it dropped
+   * this replica's heartbeat after a second without one (out of memory, a stalled event loop).
+   * No reconnection tells of it, so the write-back a reconnection runs is run here: the
+   * registry, workflows and recent decisions (SET NX), then Redis's word is reloaded.
+   */
+  private writeBackLost(): void {
+    if (this.rewriting) return;
+    this.rewriting = true;
+    this.counters.stateLost++;
+    this.host?.log(
+      "state: redis lost the shared state (this replica's heartbeat was gone: flushed, failed over, or out of memory); writing it back",
+    );
+    void this.resync()
+      .then(
+        () => void this.counters.resyncs++,
+        (err: Error) => this.failed(err, 'the state written back'),
+      )
+      .finally(() => (this.rewriting = false));
+  }
+
   private wentDown(): void {
     if (!this.up || this.closed) return;
     this.up = false;
+    this.heartbeatWritten = false;
     this.counters.outages++;
     // other replicas' counts can no longer be kept current: route on this replica's own
     this.remote.clear();
     for (const w of this.host?.router.listWorkers() ?? []) this.applyRemote(w.id);
-    this.host?.log('state: lost redis; routing on local state, will resynchronise when it is back');
+    const reason = this.dropReason ?? 'lost redis';
+    this.dropReason = undefined;
+    this.host?.log(`state: ${reason}; routing on local state, will resynchronise when it is back`);
   }
 
   private async cameUp(): Promise<void> {
@@ -413,13 +562,23 @@ export class RedisStateStore implements StateStore {
     this.resyncing = this.resync().then(
       () => {
         this.up = true;
+        this.lastAnswerAt = Date.now();
+        this.loggedRefusals.clear();
+        this.resyncError = undefined;
         this.counters.resyncs++;
+        // the others may still count requests whose releases went unpublished while this was cut off
+        this.publish(JSON.stringify(encodeLoad(this.replicaId, this.ownLoad())));
         if (!first) this.host!.log('state: redis is back; state written back and reloaded');
       },
       (err: Error) => {
         if (this.closed) return; // close() cut the sync short: nothing to retry
         this.counters.errors++;
-        this.host!.log(`state: resynchronising with redis failed (${err.message}); will retry`);
+        // the same failure again (an ACL that still lacks a command) is not logged every retry
+        if (err.message !== this.resyncError?.message)
+          this.host!.log(`state: resynchronising with redis failed (${err.message}); will retry`);
+        this.resyncError = err;
+        // at start, attach() decides whether to retry: a refusal of access fails the start
+        if (first && ACCESS_REFUSED.test(err.message)) return;
         this.cmd.disconnect(true); // reconnects, and 'ready' tries again
       },
     );
@@ -431,7 +590,7 @@ export class RedisStateStore implements StateStore {
     const host = this.host!;
     const router = host.router;
     const now = Date.now();
-    const push = this.cmd.multi();
+    const push = this.cmd.pipeline();
     for (const w of host.listWorkers()) push.hsetnx(this.key('workers'), w.id, JSON.stringify(w));
     for (const [id, e] of router.workflowAffinities())
       push.set(this.key('wf', id), encodeWorkflow(e.workerId, e.step), 'PX', this.workflowTtlMs, 'NX');
@@ -441,7 +600,8 @@ export class RedisStateStore implements StateStore {
       else expired.push(chain);
     }
     for (const chain of expired) this.recent!.delete(chain);
-    await push.exec();
+    // what Redis refuses to take back (out of memory, read-only) is counted; the rest still loads
+    await this.run(push, 'the state written back');
 
     // the registry: workers other replicas added
     const workers = await this.unlessWrongKind(this.cmd.hgetall(this.key('workers')), {}, 'workers');
@@ -489,7 +649,7 @@ export class RedisStateStore implements StateStore {
     try {
       return await read;
     } catch (err) {
-      if (!(err instanceof ReplyError)) throw err;
+      if (!(err instanceof ReplyError) || !/^WRONGTYPE\b/.test((err as Error).message)) throw err;
       this.counters.malformedMessages++;
       this.host?.log(`state: ${this.key(key)} in redis is unreadable (${(err as Error).message}); skipped`);
       return fallback;
@@ -505,6 +665,17 @@ export class RedisStateStore implements StateStore {
     } while (cursor !== '0');
   }
 
+  /** This replica's own in-flight work per worker, as its snapshot holds it. */
+  private ownLoad(): Record<string, string> {
+    const router = this.host!.router;
+    const load: Record<string, string> = {};
+    for (const w of router.listWorkers()) {
+      const l = router.localLoad(w.id);
+      load[w.id] = encodeLoadEntry(l.inFlightRequests, l.queuedPrefillTokens, l.activeDecodeTokens);
+    }
+    return load;
+  }
+
   /** Shares this replica's in-flight counts and reads the other replicas'. */
   private async syncLoad(): Promise<void> {
     if (!this.up || this.syncing || !this.host) return;
@@ -513,21 +684,35 @@ export class RedisStateStore implements StateStore {
     try {
       const now = Date.now();
       const ttl = Math.max(1000, 10 * this.syncIntervalMs);
-      const mine: string[] = [];
-      for (const w of router.listWorkers()) {
-        const l = router.localLoad(w.id);
-        mine.push(w.id, encodeLoadEntry(l.inFlightRequests, l.queuedPrefillTokens, l.activeDecodeTokens));
-      }
+      const mine = Object.entries(this.ownLoad()).flat();
       const loadKey = this.key('load', this.replicaId);
-      const m = this.cmd
-        .multi()
-        .zadd(this.key('replicas'), String(now), this.replicaId)
-        .zremrangebyscore(this.key('replicas'), '-inf', now - ttl)
-        .del(loadKey);
-      if (mine.length > 0) m.hset(loadKey, ...mine).pexpire(loadKey, ttl);
-      m.zrange(this.key('replicas'), '0', '-1');
-      const res = await m.exec();
-      const replicas = ((res?.[res.length - 1]?.[1] as string[] | undefined) ?? []).filter((r) => r !== this.replicaId);
+      // the snapshot is replaced in one transaction: a replica reading it never sees it half written
+      const snapshot = this.cmd.multi().del(loadKey);
+      if (mine.length > 0) snapshot.hset(loadKey, ...mine).pexpire(loadKey, ttl);
+      const written = snapshot.exec().then(
+        () => undefined,
+        (err: Error) => err,
+      );
+      // the heartbeat apart from it: a refused snapshot (out of memory) must not cost the replica list
+      const res = await this.run(
+        this.cmd
+          .pipeline()
+          .zadd(this.key('replicas'), String(now), this.replicaId)
+          .zremrangebyscore(this.key('replicas'), '-inf', now - ttl)
+          .zrange(this.key('replicas'), '0', '-1'),
+        'the load sync',
+      );
+      const unwritten = await written;
+      if (unwritten && !(unwritten instanceof ReplyError)) throw unwritten;
+      this.lastAnswerAt = Date.now();
+      if (unwritten) this.failed(unwritten, "this replica's load");
+      // no heartbeat could be written (out of memory, read-only), so none of the others' either:
+      // which replicas are gone is unknown, and their load stays as their messages keep it
+      if (res[0]?.[0] !== null) return;
+      // the heartbeat was added, not updated: Redis lost what this replica wrote
+      if (res[0][1] === 1 && this.heartbeatWritten) this.writeBackLost();
+      this.heartbeatWritten = true;
+      const replicas = ((res[2]?.[1] as string[] | undefined) ?? []).filter((r) => r !== this.replicaId);
       this.counters.replicasSeen = replicas.length + 1;
       // replicas that stopped heartbeating: their requests are gone with them
       let changed = this.remote.retain(new Set(replicas));
@@ -541,8 +726,10 @@ export class RedisStateStore implements StateStore {
         changed = true;
       });
       if (changed) for (const w of router.listWorkers()) this.applyRemote(w.id);
-    } catch {
-      this.counters.errors++;
+    } catch (err) {
+      this.failed(err as Error, 'the load sync');
+      if (err instanceof ReplyError) this.lastAnswerAt = Date.now();
+      else this.dropIfStalled();
     } finally {
       this.syncing = false;
     }

@@ -23,9 +23,10 @@ export interface WireDecision extends DecisionFields {
  * `pd` and takes `rl.q` off its queued prefill as before, which stays right for it. 3 added
  * the decision's id `i` (on `d`, `pd` and `rl`) and `rf`: an earlier replica ignores both (it
  * counts an `rf` among its malformed messages and goes on), and a decision from one comes
- * without an id, so nothing of it is kept to withdraw.
+ * without an id, so nothing of it is kept to withdraw. 4 added `ld`: a version-3 replica
+ * ignores it (counting it among its malformed messages) and keeps the tally it had.
  */
-export const STATE_WIRE_VERSION = 3;
+export const STATE_WIRE_VERSION = 4;
 
 /** A tracked request's prefill finished (its first token): its tokens move from queued prefill to decode. */
 export interface WirePrefilled {
@@ -59,6 +60,16 @@ export interface WireRefused {
   /** The decision's id. */
   i: string;
 }
+/**
+ * A replica's in-flight work after it (re)connected (version 4): the others replace their
+ * tally of it, which may hold requests whose releases it could not publish while cut off.
+ */
+export interface WireLoad {
+  r: string;
+  k: 'ld';
+  /** Worker id → "requests,prefill,decode", as in its `load:{replica}` snapshot. */
+  l: Record<string, string>;
+}
 export interface WireWorkerAdded {
   r: string;
   k: 'wa';
@@ -70,7 +81,7 @@ export interface WireWorkerRemoved {
   id: string;
 }
 export type WireMessage =
-  WireDecision | WirePrefilled | WireReleased | WireRefused | WireWorkerAdded | WireWorkerRemoved;
+  WireDecision | WirePrefilled | WireReleased | WireRefused | WireLoad | WireWorkerAdded | WireWorkerRemoved;
 
 /** Key names of one fleet: everything lives under its prefix (default `contextforge:`). */
 export class RedisKeys {
@@ -140,6 +151,11 @@ export function encodeReleased(replicaId: string, d: SharedDecision, prefilled: 
   if (prefilled) wire.d = d.decodeTokens;
   if (d.id !== undefined) wire.i = d.id;
   return wire;
+}
+
+/** A replica's in-flight work per worker (worker id → encodeLoadEntry()), as it publishes it after (re)connecting. */
+export function encodeLoad(replicaId: string, load: Record<string, string>): WireLoad {
+  return { r: replicaId, k: 'ld', l: load };
 }
 
 /** A tracked decision's refusal by its engine; undefined for a decision without an id. */

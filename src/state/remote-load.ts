@@ -91,6 +91,11 @@ export class RemoteLoad {
     return this.replicas.has(replica);
   }
 
+  /** Replaces a replica's tally with what it says it holds (it came back: messages of it may have been lost). */
+  replace(replica: string, load: ReplicaLoad): void {
+    this.replicas.set(replica, load);
+  }
+
   /** Starts a replica from its snapshot, unless messages already started its tally. */
   seed(replica: string, load: ReplicaLoad): void {
     if (!this.replicas.has(replica)) this.replicas.set(replica, load);

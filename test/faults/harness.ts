@@ -113,10 +113,12 @@ export class KillableEngine {
   }
 }
 
-/** A redis-server of the test's own on a free port, without persistence. */
+/** A redis-server of the test's own on a free port, without persistence; `args` are added to its command line. */
 export class RedisProcess {
   private child: ChildProcess | undefined;
   port = 0;
+
+  constructor(private readonly args: readonly string[] = []) {}
 
   async start(): Promise<this> {
     if (this.port === 0) this.port = await freePort();
@@ -133,6 +135,7 @@ export class RedisProcess {
         'no',
         '--protected-mode',
         'no',
+        ...this.args,
       ],
       { stdio: 'ignore' },
     );
@@ -161,6 +164,16 @@ export class RedisProcess {
     await this.start();
   }
 
+  /** SIGSTOP: the server stops answering, its connections stay open. */
+  pause(): void {
+    this.child?.kill('SIGSTOP');
+  }
+
+  /** SIGCONT: a paused server answers again. */
+  resume(): void {
+    this.child?.kill('SIGCONT');
+  }
+
   private ping(): Promise<boolean> {
     return new Promise((resolve) => {
       const socket = createConnection({ host: '127.0.0.1', port: this.port });
@@ -168,7 +181,8 @@ export class RedisProcess {
       socket.once('connect', () => socket.write('PING\r\n'));
       socket.once('data', (d) => {
         socket.destroy();
-        resolve(d.toString().startsWith('+PONG'));
+        // a server that requires a password is up too: it answers NOAUTH
+        resolve(/^(\+PONG|-NOAUTH)/.test(d.toString()));
       });
     });
   }
@@ -200,9 +214,13 @@ export class RedisProxy {
   withheld = 0;
   private word: string | undefined;
   private readonly sockets = new Set<import('node:net').Socket>();
+  /** Client sockets whose connections pass nothing either way any more. */
+  private readonly silenced = new WeakSet<import('node:net').Socket>();
   private readonly server = createTcpServer((client) => {
     const upstream = createConnection({ host: '127.0.0.1', port: this.targetPort });
     let held = false;
+    this.clients.add(client);
+    client.on('close', () => this.clients.delete(client));
     for (const s of [client, upstream]) {
       this.sockets.add(s);
       s.on('error', () => {});
@@ -213,6 +231,7 @@ export class RedisProxy {
       });
     }
     client.on('data', (d) => {
+      if (this.silenced.has(client)) return;
       if (!held && this.word !== undefined && d.toString('latin1').toLowerCase().includes(this.word)) {
         held = true;
         this.withheld++;
@@ -220,14 +239,16 @@ export class RedisProxy {
       upstream.write(d);
     });
     upstream.on('data', (d) => {
-      if (!held) client.write(d);
+      if (!held && !this.silenced.has(client)) client.write(d);
     });
   });
+  private readonly clients = new Set<import('node:net').Socket>();
 
   constructor(private readonly targetPort: number) {}
 
+  /** Listens on a free port, or again on its port after close(): the clients' address stays valid. */
   async start(): Promise<this> {
-    await new Promise<void>((r) => this.server.listen(0, '127.0.0.1', r));
+    await new Promise<void>((r) => this.server.listen(this.port, '127.0.0.1', r));
     this.port = (this.server.address() as AddressInfo).port;
     return this;
   }
@@ -242,6 +263,14 @@ export class RedisProxy {
 
   drop(): void {
     for (const s of this.sockets) s.destroy();
+  }
+
+  /**
+   * Every connection open now stops passing anything, either way, and stays open (a path
+   * that drops packets without a reset: a NAT entry gone, a partition); new connections pass.
+   */
+  blackhole(): void {
+    for (const c of this.clients) this.silenced.add(c);
   }
 
   async close(): Promise<void> {

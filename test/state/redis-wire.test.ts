@@ -4,6 +4,8 @@ import type { SharedDecision } from '../../src/core/router/index.js';
 import {
   decodeMessage,
   encodeDecision,
+  encodeLoad,
+  encodeLoadEntry,
   encodePrefilled,
   encodeRefused,
   encodeReleased,
@@ -50,7 +52,6 @@ const decision: SharedDecision = {
 const wire = (m: object) => Buffer.from(JSON.stringify(m));
 
 test('version 3: a version-2 replica ignores a refusal and reads the other messages as before', () => {
-  assert.equal(STATE_WIRE_VERSION, 3);
   const refusal = encodeRefused('r1', decision)!;
   assert.deepEqual(refusal, { r: 'r1', k: 'rf', w: 'e0', i: 'ab12cd34.7' });
   assert.equal(actionOfVersion2(wire(refusal)), 'ignored');
@@ -69,4 +70,12 @@ test('version 3: a version-2 replica ignores a refusal and reads the other messa
   }
   // a decision without an id (untracked, or from an earlier version) has no refusal to send
   assert.equal(encodeRefused('r1', withoutId), undefined);
+});
+
+test('version 4: a replica back from an outage says what it holds; earlier replicas ignore it', () => {
+  assert.equal(STATE_WIRE_VERSION, 4);
+  const load = encodeLoad('r1', { e0: encodeLoadEntry(2, 300, 500) });
+  assert.deepEqual(load, { r: 'r1', k: 'ld', l: { e0: '2,300,500' } });
+  // a version-3 replica reads kinds as version 2 did, plus rf: ld is neither
+  assert.equal(actionOfVersion2(wire(load)), 'ignored');
 });

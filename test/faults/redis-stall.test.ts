@@ -1,0 +1,125 @@
+/**
+ * A Redis that stops answering without closing its connections (SIGSTOP: the kernel keeps the
+ * TCP connections open, nothing is read or answered). The replicas must notice, stop sending
+ * commands into the dead connection (they would pile up in the client for as long as the stall
+ * lasts) and stop waiting on workflow lookups, then write back and reload when it answers again.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { post, RedisProcess, RedisProxy } from './harness.js';
+import { until } from '../helpers/wait.js';
+
+test('Redis paused (SIGSTOP): the replicas drop it and route locally; resumed: they resynchronise', async () => {
+  const redis = await new RedisProcess().start();
+  const engine = await new MockEngine({ decodeTokS: 2000 }).start();
+  const stores = [0, 1].map(() => new RedisStateStore({ url: redis.url, prefix: 'cf-stall:', syncIntervalMs: 50 }));
+  const logs: string[][] = [[], []];
+  const gateways: Gateway[] = [];
+  try {
+    for (const [i, state] of stores.entries())
+      gateways.push(
+        await createGateway({
+          router: new KVAwareRouter({ blockSize: 16 }),
+          state,
+          metricsIntervalMs: 0,
+          healthCheckIntervalMs: 0,
+          log: (m) => logs[i].push(m),
+          workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
+        }),
+      );
+    const bases = await Promise.all(gateways.map((g) => g.app.listen({ host: '127.0.0.1', port: 0 })));
+    await until(() => stores.every((s) => s.stats().connected === true), 'the replicas to connect');
+    let n = 0;
+    const request = async (base: string) => {
+      const i = n++;
+      const r = await post(base, '/v1/completions', {
+        prompt: `paused redis ${i} `.repeat(8),
+        max_tokens: 1,
+        contextforge: { workflowId: `stall-wf-${i}`, workflowStep: 0 },
+      });
+      assert.equal(r.status, 200, r.text);
+    };
+
+    redis.pause();
+    // requests go on through the stall; every replica gives up on the silent connection
+    await until(
+      async () => {
+        await Promise.all(bases.map(request));
+        return stores.every((s) => s.stats().connected === false);
+      },
+      'every replica to drop the paused Redis',
+      { timeoutMs: 20_000 },
+    );
+    for (const s of stores) assert.equal(s.stats().stalls, 1, JSON.stringify(s.stats()));
+    for (const l of logs) assert.equal(l.filter((m) => m.includes('stopped answering')).length, 1, l.join('\n'));
+    // from then on nothing waits for Redis: new workflows are not looked up
+    const lookups = stores.map((s) => s.stats().workflowLookups);
+    for (let i = 0; i < 10; i++) await Promise.all(bases.map(request));
+    assert.deepEqual(
+      stores.map((s) => s.stats().workflowLookups),
+      lookups,
+    );
+
+    redis.resume();
+    await until(
+      () => stores.every((s) => s.stats().connected === true && (s.stats().resyncs as number) >= 2),
+      'the replicas to resynchronise',
+      { timeoutMs: 20_000 },
+    );
+    const heard = stores[1].stats().decisionsApplied as number;
+    await until(async () => {
+      await request(bases[0]);
+      return (stores[1].stats().decisionsApplied as number) > heard;
+    }, 'the second replica to hear the first again');
+  } finally {
+    redis.resume();
+    for (const g of gateways) await g.close();
+    await engine.close();
+    await redis.kill();
+  }
+});
+
+test('a path that goes silent (packets dropped, connections left open): both connections are made again', async () => {
+  const redis = await new RedisProcess().start();
+  const proxy = await new RedisProxy(redis.port).start();
+  const engine = await new MockEngine({ decodeTokS: 2000 }).start();
+  // A through the path that goes silent, B straight to Redis
+  const stores = [proxy.url, redis.url].map(
+    (url) => new RedisStateStore({ url, prefix: 'cf-silent:', syncIntervalMs: 50 }),
+  );
+  const gateways: Gateway[] = [];
+  try {
+    for (const state of stores)
+      gateways.push(
+        await createGateway({
+          router: new KVAwareRouter({ blockSize: 16 }),
+          state,
+          metricsIntervalMs: 0,
+          healthCheckIntervalMs: 0,
+          workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
+        }),
+      );
+    const base = await gateways[1].app.listen({ host: '127.0.0.1', port: 0 });
+    await until(() => stores.every((s) => s.stats().connected === true), 'the replicas to connect');
+    proxy.blackhole();
+    await until(() => stores[0].stats().stalls === 1, 'A to give up on its silent connection');
+    await until(() => stores[0].stats().connected === true, 'A to connect again');
+    // B's decisions reach A only through a subscriber connection made again
+    const heard = stores[0].stats().decisionsApplied as number;
+    let n = 0;
+    await until(async () => {
+      const r = await post(base, '/v1/completions', { prompt: `silent path ${n++} `.repeat(8), max_tokens: 1 });
+      assert.equal(r.status, 200, r.text);
+      return (stores[0].stats().decisionsApplied as number) > heard;
+    }, 'A to hear B again');
+  } finally {
+    for (const g of gateways) await g.close();
+    await engine.close();
+    await proxy.close();
+    await redis.kill();
+  }
+});
