@@ -30,6 +30,15 @@ const MAX_LOGGED_REFUSALS = 16;
 /** Redis's refusals of this replica's credentials or of a command its ACL user lacks: no retry mends them. */
 const ACCESS_REFUSED = /^(WRONGPASS|NOAUTH|NOPERM)\b/;
 
+/**
+ * A reconnection that READONLY prompted is followed by the next one no sooner than this,
+ * doubled each time up to READONLY_RETRY_MAX_MS, until a heartbeat is taken: a reconnection
+ * that lands on a read-only server again (the failover not finished, or a URL that names a
+ * replica) must not loop, and refusals are only counted meanwhile.
+ */
+const READONLY_RETRY_MIN_MS = 1000;
+const READONLY_RETRY_MAX_MS = 30_000;
+
 /** Deletes KEYS[1] only while it holds ARGV[1] (one round trip, atomic). */
 const DELETE_IF_EQUAL = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
@@ -143,6 +152,10 @@ export class RedisStateStore implements StateStore {
   private rewriting = false;
   /** The kinds of refusal already logged on this connection. */
   private readonly loggedRefusals = new Set<string>();
+  /** Before this time a READONLY refusal does not reconnect (see READONLY_RETRY_MIN_MS). */
+  private readOnlyRetryAt = 0;
+  /** How long the next READONLY reconnection waits after this one; reset by a write Redis takes. */
+  private readOnlyBackoffMs = READONLY_RETRY_MIN_MS;
   /** The error code of the last command Redis refused ('' for none yet). */
   private lastRefusal = '';
   /** Own decisions still alive, by chain key, to write back after an outage. */
@@ -192,7 +205,12 @@ export class RedisStateStore implements StateStore {
       commandTimeout: options.commandTimeoutMs ?? 250,
     };
     // commands fail at once while disconnected instead of queueing behind a dead server
-    this.cmd = new Redis({ ...common, enableOfflineQueue: false, connectionName: `contextforge-${this.replicaId}` });
+    this.cmd = new Redis({
+      ...common,
+      enableOfflineQueue: false,
+      connectionName: `contextforge-${this.replicaId}`,
+      reconnectOnError: (err) => this.reconnectIfReadOnly(err),
+    });
     // subscribed on every 'ready' below rather than by ioredis's autoResubscribe, whose
     // SUBSCRIBE has no handler: a connection closed before Redis answers it would reject a
     // promise nobody holds and take the process down
@@ -542,6 +560,26 @@ export class RedisStateStore implements StateStore {
       .finally(() => (this.rewriting = false));
   }
 
+  /**
+   * READONLY: the server this connection reached was a primary and is a replica now (a
+   * failover: Sentinel, a managed Redis, a Kubernetes Service whose endpoint moved), and the
+   * connection stays on it for as long as it lives. Reconnecting reaches the new primary
+   * behind the same address; the reconnection writes back and reloads as after any outage.
+   * The failed command is not resent (ioredis's 2): with no offline queue it would fail at
+   * once, and the write-back covers what it wrote. The subscriber reconnects too: on the
+   * demoted server it hears only what replication brings it, nothing once that link breaks.
+   */
+  private reconnectIfReadOnly(err: Error): 1 | false {
+    if (this.closed || !/^READONLY\b/.test(err.message)) return false;
+    const now = Date.now();
+    if (now < this.readOnlyRetryAt) return false;
+    this.readOnlyRetryAt = now + this.readOnlyBackoffMs;
+    this.readOnlyBackoffMs = Math.min(2 * this.readOnlyBackoffMs, READONLY_RETRY_MAX_MS);
+    this.dropReason = `redis at ${this.address} is a read-only replica now (failed over?); reconnecting`;
+    this.sub.disconnect(true);
+    return 1;
+  }
+
   private wentDown(): void {
     if (!this.up || this.closed) return;
     this.up = false;
@@ -563,6 +601,7 @@ export class RedisStateStore implements StateStore {
       () => {
         this.up = true;
         this.lastAnswerAt = Date.now();
+        this.dropReason = undefined; // left by a drop while it was not up: it named no outage
         this.loggedRefusals.clear();
         this.resyncError = undefined;
         this.counters.resyncs++;
@@ -709,6 +748,9 @@ export class RedisStateStore implements StateStore {
       // no heartbeat could be written (out of memory, read-only), so none of the others' either:
       // which replicas are gone is unknown, and their load stays as their messages keep it
       if (res[0]?.[0] !== null) return;
+      // a primary took the heartbeat: a later READONLY is a new failover, reconnected at once
+      this.readOnlyRetryAt = 0;
+      this.readOnlyBackoffMs = READONLY_RETRY_MIN_MS;
       // the heartbeat was added, not updated: Redis lost what this replica wrote
       if (res[0][1] === 1 && this.heartbeatWritten) this.writeBackLost();
       this.heartbeatWritten = true;
