@@ -52,21 +52,26 @@ async function sendTraffic(): Promise<void> {
 
 before(async () => {
   for (let i = 0; i < 2; i++) engines.push(await new MockEngine({ decodeTokS: 4000, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' }).start());
-  const deadPort = await freePort();
+  const deadPorts = [await freePort(), await freePort()];
   gateway = await createGateway({
     router: new KVAwareRouter({ blockSize: 16, indexMode: 'precise' }),
     workers: [
       ...engines.map((e, i) => ({ id: `engine-${i}`, url: `http://127.0.0.1:${e.port}`, events: e.eventsEndpoint, replay: e.replayEndpoint })),
-      // nothing serves requests here (its load metrics come from a live engine): upstream
-      // failures, retries and the circuit breaker have something to show
-      { id: 'engine-down', url: `http://127.0.0.1:${deadPort}`, metrics: `http://127.0.0.1:${engines[0].port}/metrics` },
+      // nothing serves requests on these two (their load metrics come from live engines):
+      // upstream failures, retries and the circuit breaker have something to show
+      ...deadPorts.map((port, i) => ({
+        id: `engine-down-${i}`,
+        url: `http://127.0.0.1:${port}`,
+        metrics: `http://127.0.0.1:${engines[i].port}/metrics`,
+      })),
     ],
     tokenize: 'engine', kvEvents: true, metricsIntervalMs: 250, healthCheckIntervalMs: 0, breakerFailures: 1, breakerCooldownMs: 600_000,
   });
   gatewayUrl = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   picker = await startPicker(gateway, { shedQueueDepth: 5, shedKvUsage: 0.8, eppFallbacks: 2, bodyLimit: 1 << 20 }, { host: '127.0.0.1', port: 0, log: () => {} });
   envoy = await startLoopbackEnvoy({ extProc: `127.0.0.1:${String(picker.eppPort)}` });
-  // one request that can only go to the failing worker: it fails, is retried, opens the circuit
+  // one request that can only go to the failing workers: it fails on one, is retried on the
+  // other (a retry counts once another worker takes it), fails again, and opens both circuits
   for (const e of ['engine-0', 'engine-1']) gateway.router.drainWorker(e);
   await fetch(`${gatewayUrl}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'mock', prompt: 'x', max_tokens: 1 }) }).then((r) => r.arrayBuffer());
   for (const e of ['engine-0', 'engine-1']) gateway.router.resumeWorker(e);
