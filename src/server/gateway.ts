@@ -191,6 +191,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
    * length, and for the proxy to give it back once the answer is committed.
    */
   const bodyCharges = new WeakMap<IncomingMessage, BodyCharge>();
+  /** The charges of each connection's requests whose answers have not closed yet. */
+  const socketCharges = new WeakMap<Duplex, Set<BodyCharge>>();
   /**
    * Takes a request's body bytes from the budget before any of them is read: the whole
    * Content-Length at once (a body without one is charged as Fastify reads it, below). Given
@@ -206,8 +208,28 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     const size = Number(length);
     // nothing to hold, or refused 413 by the body limit without being read
     if (!chunked && !(size > 0 && size <= bodyLimit)) return true;
+    const socket = req.socket;
+    // a client already gone sends nothing more: nothing to hold
+    if (socket.destroyed) return true;
     const charge = bodyBudget.charge();
-    res.once('close', () => charge.release());
+    // given back when the answer closes, or when the connection does: a pipelined request's
+    // answer waits behind the one before it, and if the client leaves meanwhile it never
+    // gets the connection, so it never closes
+    let held = socketCharges.get(socket);
+    if (held === undefined) {
+      const charges = new Set<BodyCharge>();
+      socketCharges.set(socket, (held = charges));
+      socket.once('close', () => {
+        for (const c of charges) c.release();
+        charges.clear();
+      });
+    }
+    const charges = held;
+    charges.add(charge);
+    res.once('close', () => {
+      charges.delete(charge);
+      charge.release();
+    });
     bodyCharges.set(req, charge);
     if (chunked) return true;
     if (charge.take(size)) return true;

@@ -415,3 +415,30 @@ for (const variant of variants) {
     }
   });
 }
+
+test('a pipelined request whose client closes while its answer waits behind another gives its bytes back', async () => {
+  const engine = await holdingEngine();
+  const { gateway, port } = await budgetGateway(engine.url);
+  const socket = connect(port, '127.0.0.1');
+  try {
+    await new Promise<void>((r) => socket.once('connect', () => r()));
+    const first = JSON.stringify({ prompt: 'first', max_tokens: 100, stream: true });
+    socket.write(
+      `POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(first)}\r\n\r\n${first}`,
+    );
+    // the second request's answer waits behind the first's stream: its body is taken at its headers
+    socket.write(
+      'POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 50000\r\n\r\n{',
+    );
+    await until(() => gateway.bodyBudget.used >= 50_000, 'the pipelined body to be taken from the budget');
+    socket.destroy();
+    await until(() => gateway.bodyBudget.used === 0, 'the budget back at 0 once the client is gone', {
+      timeoutMs: 5_000,
+    });
+  } finally {
+    socket.destroy();
+    engine.finish();
+    await gateway.close(0);
+    await engine.close();
+  }
+});
