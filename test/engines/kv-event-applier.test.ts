@@ -311,6 +311,15 @@ describe('KV event applier on engine-encoded fixtures', () => {
       assert.equal(c.storedBlocks, 0, name);
       assert.equal(applier.trackedBlocks('w0'), 0, name);
       assert.equal(router.getStats().index.entries, 0, name);
+      // the prompt's next block, chained from the last skipped one: no better, skipped too
+      const last = (decodeEventBatch(fixture(name)).events[0] as { blockHashes: bigint[] }).blockHashes[1];
+      const next = applier.apply('w0', batch(storedTokens([77n], last, cases[0].tokens.slice(32, 48), 16)));
+      assert.deepEqual(next.skipped, { hash_mismatch: 1 }, name);
+      assert.equal(router.getStats().index.entries, 0, name);
+      // until the worker's entries are cleared (it restarted): then it is judged afresh
+      applier.clearWorker('w0');
+      const fresh = applier.apply('w0', decodeEventBatch(fixture('vllm-seed0-first-blocks')));
+      assert.equal(fresh.storedBlocks, 2, name);
     }
   });
 

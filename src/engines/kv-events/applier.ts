@@ -140,7 +140,10 @@ export class KvEventApplier {
   private readonly one = { hi: new Uint32Array(1024), lo: new Uint32Array(1024), length: 0 };
   /** The blocks one offload walk has passed (reused): hostile parents can make a walk loop. */
   private readonly walked = new Set<EngineBlockHash>();
-  /** vllm hash mode: per worker, the prompts' first blocks whose hash has been found to be the router's. */
+  /**
+   * vllm hash mode: per worker, the prompts' first blocks whose hash has been found to be the
+   * router's; -1 when the first one judged was not (the worker hashes otherwise).
+   */
   private readonly hashesConfirmed = new Map<string, number>();
   private readonly checkHashes = new BlockHashes(1);
 
@@ -449,11 +452,15 @@ export class KvEventApplier {
    * index with keys no request ever matches. Once CONFIRMED_HASHES first blocks of a worker
    * have matched, its stores are taken without the check (its cost is one SHA-256 each); a
    * store the check cannot judge (no tokens, a parent, multimodal or embedding keys, a LoRA known
-   * only by id) is taken as it is.
+   * only by id) is taken as it is, unless the worker's first judged store differed: then none
+   * of its stores is taken until its entries are cleared (it restarted, or was removed).
    */
   private hashIsRouters(workerId: string, e: BlockStoredEvent): boolean {
     const confirmed = this.hashesConfirmed.get(workerId) ?? 0;
     if (confirmed >= CONFIRMED_HASHES) return true;
+    // an engine whose first block did not match, and none ever did, hashes otherwise: its
+    // continuations (stores with a parent, which the check cannot judge) are no better
+    if (confirmed < 0) return false;
     if (e.parentBlockHash !== null || e.blockSize < 1 || e.tokenIds.length < e.blockSize) return true;
     if (e.loraName === null && e.loraId !== null) return true;
     const first = e.extraKeys?.[0];
@@ -465,7 +472,10 @@ export class KvEventApplier {
       this.checkHashes,
     );
     engineHashKey(e.blockHashes[0], this.key);
-    if (keys.length !== 1 || keys.hi[0] !== this.key[0] || keys.lo[0] !== this.key[1]) return false;
+    if (keys.length !== 1 || keys.hi[0] !== this.key[0] || keys.lo[0] !== this.key[1]) {
+      if (confirmed === 0) this.hashesConfirmed.set(workerId, -1);
+      return false;
+    }
     this.hashesConfirmed.set(workerId, confirmed + 1);
     return true;
   }
