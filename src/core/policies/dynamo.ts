@@ -148,6 +148,7 @@ export class DynamoPolicy implements RoutingPolicy {
     } else {
       index = pickWithRandomTies(this.costs, n, -1, this.ctx.random, this.ties);
     }
+    if (index < 0) return NO_CHOICE;
     return { index, confidence: candidates[index].cachedFraction, reason: 'cost' };
   }
 

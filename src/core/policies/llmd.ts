@@ -96,6 +96,7 @@ export class LlmdPolicy implements RoutingPolicy {
     if (this.scores.length < n) this.scores = new Float64Array(n * 2);
     for (let i = 0; i < n; i++) this.scores[i] = this.score(candidates[i], request);
     const index = pickWithRandomTies(this.scores, n, 1, this.ctx.random, this.ties);
+    if (index < 0) return NO_CHOICE;
     return { index, confidence: candidates[index].cachedFraction, reason: 'cost' };
   }
 

@@ -48,7 +48,7 @@ export function pickMaxScore(scores: Float64Array, n: number, tieBreak: { cursor
 /**
  * Index of the candidate with the lowest (`sign` = -1) or highest (`sign` = 1) of `scores`
  * (first `n`), ties within TIE_EPSILON broken at random: what Dynamo's selector and llm-d's
- * max-score picker do. `scratch` collects the ties.
+ * max-score picker do. `scratch` collects the ties. -1 when no score is a number.
  */
 export function pickWithRandomTies(
   scores: Float64Array,
@@ -61,6 +61,7 @@ export function pickWithRandomTies(
   for (let i = 0; i < n; i++) if (sign * scores[i] > best) best = sign * scores[i];
   let ties = 0;
   for (let i = 0; i < n; i++) if (sign * scores[i] >= best - TIE_EPSILON) scratch[ties++] = i;
+  if (ties === 0) return -1;
   return ties === 1 ? scratch[0] : scratch[Math.floor(random() * ties)];
 }
 
