@@ -32,9 +32,12 @@ export class CircuitBreaker {
 
   /** The worker failed a request before answering. */
   failed(id: string): void {
+    // a removed worker's failure (a request that was under way when it left) starts no streak:
+    // nothing would ever drop it, and a worker added again under its id would inherit it
+    if (!this.isKnown(id)) return;
     const n = (this.failures.get(id) ?? 0) + 1;
     this.failures.set(id, n);
-    if (n < this.threshold || !this.isKnown(id)) return;
+    if (n < this.threshold) return;
     this.health.set(id, 'breaker', false, `${n} consecutive failures`);
     this.failures.set(id, this.threshold - 1);
     const t = setTimeout(() => {

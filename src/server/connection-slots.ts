@@ -26,8 +26,11 @@ const STARTED = (): boolean => false;
 
 export class ConnectionSlots {
   private busy = 0;
-  /** Requests waiting for a free connection, first come first served (a Set: leaving is O(1)). */
-  private readonly waiting = new Set<() => void>();
+  /**
+   * Requests waiting for a free connection, first come first served (a Map: leaving is O(1)):
+   * each one's start, and what tells it it was withdrawn (withdrawAll).
+   */
+  private readonly waiting = new Map<() => void, () => void>();
 
   constructor(readonly capacity: number) {
     if (!Number.isInteger(capacity) || capacity < 1 || capacity > MAX_ENGINE_CONNECTIONS)
@@ -48,20 +51,32 @@ export class ConnectionSlots {
    * Calls `start` once a connection is free: at once when one is, else when a request ends.
    * Returns a function that withdraws it while it still waits (true: it was waiting; false: it
    * has started). Whoever started must call release() exactly once when its request ends.
+   * `withdrawn` is called instead of `start` when withdrawAll takes it out of the wait.
    */
-  take(start: () => void): () => boolean {
+  take(start: () => void, withdrawn: () => void): () => boolean {
     if (this.busy < this.capacity && this.waiting.size === 0) {
       this.busy++;
       start();
       return STARTED;
     }
-    return this.wait(start);
+    return this.wait(start, withdrawn);
   }
 
   /** (Apart from take: a closure made in take would keep `start`, and what it holds, alive after it ran.) */
-  private wait(start: () => void): () => boolean {
-    this.waiting.add(start);
+  private wait(start: () => void, withdrawn: () => void): () => boolean {
+    this.waiting.set(start, withdrawn);
     return () => this.waiting.delete(start);
+  }
+
+  /**
+   * Takes every waiting request out of the wait and tells each (its `withdrawn`): the engine is
+   * gone (its worker was removed), and a request left waiting would start only when one of the
+   * engine's streams ended, on a pool that is closed by then.
+   */
+  withdrawAll(): void {
+    const told = [...this.waiting.values()];
+    this.waiting.clear();
+    for (const withdrawn of told) withdrawn();
   }
 
   /**
@@ -78,11 +93,12 @@ export class ConnectionSlots {
 
   private startWaiting(): void {
     while (this.busy < this.capacity) {
-      const next = this.waiting.values().next();
+      const next = this.waiting.entries().next();
       if (next.done === true) return;
-      this.waiting.delete(next.value);
+      const [start] = next.value;
+      this.waiting.delete(start);
       this.busy++;
-      next.value();
+      start();
     }
   }
 }

@@ -307,7 +307,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const addWorker = (w: GatewayWorker) => state.workerAdded(connections.add(w));
   const removeWorkerLocally = (id: string) => {
     if (!connections.has(id)) return false;
-    breaker.forget(id);
+    // the breaker counts by router worker id: each data-parallel rank has its own streak
+    for (const rid of connections.routerIdsOf(id)) breaker.forget(rid);
     return connections.remove(id);
   };
   const removeWorker = (id: string) => {

@@ -497,7 +497,7 @@ export function forward(
         },
         attempt,
       );
-    });
+    }, attempt.workerRemoved);
   });
 }
 
@@ -598,18 +598,29 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (this.why !== undefined || this.settled) return;
     this.why = reason;
     if (this.abortUpstream) return this.abortUpstream(new Error(`given up: ${reason}`));
-    if (this.withdraw()) {
-      // it waited for a connection of the gateway's own and leaves the wait now: it never
-      // reached the engine, which holds none of it
-      this.withdraw = NOT_WAITING;
-      this.o.onRefused();
-      return this.settle(reason === 'first-byte' ? 'no-connection' : this.failed());
-    }
+    if (this.withdraw()) return this.leftWait();
     // handed to undici but not sent yet (its connection to the engine is still being made: the
     // engine's doing): undici calls onConnect once it is, and the attempt aborts there; the
     // request ends now
     this.settle(this.failed());
   }
+
+  /**
+   * It waited for a connection of the gateway's own and left the wait: it never reached the
+   * engine, which holds none of it.
+   */
+  private leftWait(): void {
+    this.withdraw = NOT_WAITING;
+    this.o.onRefused();
+    this.settle(this.why === 'first-byte' ? 'no-connection' : this.failed());
+  }
+
+  /** Its worker was removed while it waited for a connection (its slots withdrew it): another worker can take it. */
+  readonly workerRemoved = (): void => {
+    if (this.why !== undefined || this.settled) return;
+    this.why = 'worker-out';
+    this.leftWait();
+  };
 
   private failed(): ForwardOutcome {
     return this.why === 'client' ? 'client-gone' : this.why === 'worker-out' ? 'worker-out' : 'retry';

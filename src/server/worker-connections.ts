@@ -383,6 +383,9 @@ export class WorkerConnections {
       this.options.applier.clearWorker(rid);
       removed = this.options.router.removeWorker(rid) || removed;
     }
+    // requests waiting for one of its connections move to other workers now (worker-out), not
+    // when one of its streams ends, onto the closed pool (as an engine failure of a removed worker)
+    first.slots.withdrawAll();
     return removed;
   }
 

@@ -29,8 +29,17 @@ async function streamingEngine() {
   return { engine, streams };
 }
 
-/** A gateway keeping POOL_CONNECTIONS connections to the engine at `url`, its breaker opening after `breakerFailures`. */
-function saturableGateway(router: KVAwareRouter, url: string, breakerFailures: number) {
+/**
+ * A gateway keeping `engineConnections` connections to the engine at `url` (POOL_CONNECTIONS
+ * unless told), its breaker opening after `breakerFailures`; a request not streamed waits for
+ * a connection up to `interChunkTimeoutMs` (2 s unless told).
+ */
+function saturableGateway(
+  router: KVAwareRouter,
+  url: string,
+  breakerFailures: number,
+  { engineConnections = POOL_CONNECTIONS, interChunkTimeoutMs = 2000 } = {},
+) {
   return createGateway({
     router,
     workers: [{ id: 'e0', url }],
@@ -38,8 +47,8 @@ function saturableGateway(router: KVAwareRouter, url: string, breakerFailures: n
     healthCheckIntervalMs: 0,
     adminToken: 'fault-suite-admin',
     breakerFailures,
-    engineConnections: POOL_CONNECTIONS,
-    timeouts: { firstByteTimeoutMs: 300, interChunkTimeoutMs: 2000 },
+    engineConnections,
+    timeouts: { firstByteTimeoutMs: 300, interChunkTimeoutMs },
   });
 }
 
@@ -153,5 +162,53 @@ test('a worker whose connections are all busy is no engine failure: its request 
     await gateway.close(0);
     await busy.close();
     await free.close();
+  }
+});
+
+test('a request waiting for a connection of a removed worker moves to another worker at once, as no engine failure', async () => {
+  const { engine: removed, streams } = await streamingEngine();
+  const other = await answeringEngine(200, '{"choices":[{"text":"ok"}]}');
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  // one connection to e0; a request not streamed would wait for it a minute
+  const gateway = await saturableGateway(router, removed.url, 1, { engineConnections: 1, interChunkTimeoutMs: 60_000 });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const complete = (prompt: string, stream: boolean) =>
+    fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt, max_tokens: 1000, stream }),
+      signal: AbortSignal.timeout(30_000),
+    });
+  const metric = async (name: string) =>
+    ((await gateway.metrics.getSingleMetric(name)?.get())?.values ?? []).map((v) => [v.labels.worker, v.value]);
+  const held = await complete('held', true);
+  assert.equal(held.status, 200);
+  try {
+    assert.equal(streams.size, 1, "e0's one connection carries a stream");
+    const slots = gateway.connections.get('e0')!.slots;
+    let waiting: Response | undefined;
+    const answered = complete('waiting', false).then((r) => (waiting = r));
+    await until(() => slots.queued === 1, 'the request to wait for the connection the stream holds');
+    gateway.addWorker({ id: 'e1', url: other.url });
+    assert.ok(gateway.removeWorker('e0'));
+    // well before its own deadline, and while the stream on e0 still goes on
+    await until(() => waiting !== undefined, 'the waiting request to be answered', { timeoutMs: 5000 });
+    await answered;
+    assert.equal(waiting!.status, 200);
+    assert.equal(waiting!.headers.get('x-contextforge-worker'), 'e1');
+    await waiting!.text();
+    assert.equal(slots.queued, 0, 'nothing waits for a connection to the removed worker');
+    assert.equal(streams.size, 1, 'the request never reached e0');
+    assert.deepEqual(await metric('contextforge_upstream_failures_total'), [], 'no engine failure counted');
+    // the move is counted as a retry of the worker it left, as when a worker leaves rotation
+    assert.deepEqual(await metric('contextforge_upstream_retries_total'), [['e0', 1]]);
+    assert.deepEqual(await metric('contextforge_engine_connection_wait_timeouts_total'), []);
+    assert.deepEqual(gateway.health.reasons('e0'), [], 'no circuit opened for the removed worker');
+  } finally {
+    for (const res of streams) res.end('data: [DONE]\n\n');
+    await held.body?.cancel();
+    await gateway.close(0);
+    await removed.close();
+    await other.close();
   }
 });

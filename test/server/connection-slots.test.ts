@@ -6,7 +6,11 @@ import { until } from '../helpers/wait.js';
 test('a request waits for a free connection in order, and one withdrawn leaves the wait at once', async () => {
   const slots = new ConnectionSlots(2);
   const started: string[] = [];
-  const take = (name: string) => slots.take(() => started.push(name));
+  const take = (name: string) =>
+    slots.take(
+      () => started.push(name),
+      () => {},
+    );
   assert.equal(take('a')(), false, 'a request that started has nothing to withdraw');
   take('b');
   const withdrawC = take('c');
@@ -33,4 +37,25 @@ test('the connections kept to one engine are a whole number from 1 to the maximu
   for (const bad of [0, -1, 1.5, Number.NaN, MAX_ENGINE_CONNECTIONS + 1])
     assert.throws(() => new ConnectionSlots(bad), RangeError);
   assert.equal(new ConnectionSlots(MAX_ENGINE_CONNECTIONS).capacity, MAX_ENGINE_CONNECTIONS);
+});
+
+test('withdrawing every waiting request tells each, and starts none of them', async () => {
+  const slots = new ConnectionSlots(1);
+  const started: string[] = [];
+  const withdrawn: string[] = [];
+  const take = (name: string) =>
+    slots.take(
+      () => started.push(name),
+      () => withdrawn.push(name),
+    );
+  take('a');
+  const withdrawB = take('b');
+  take('c');
+  slots.withdrawAll();
+  assert.deepEqual(withdrawn, ['b', 'c']);
+  assert.equal(slots.queued, 0);
+  assert.equal(withdrawB(), false, 'a withdrawn request has nothing left to withdraw');
+  slots.release();
+  await until(() => slots.inUse === 0, 'the connection to be free');
+  assert.deepEqual(started, ['a'], 'no withdrawn request starts when the connection is free');
 });

@@ -1,0 +1,64 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { KVAwareRouter } from '../../src/index.js';
+import { WorkerHealth } from '../../src/engines/health.js';
+import { CircuitBreaker } from '../../src/server/circuit-breaker.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { failingEngine } from '../faults/harness.js';
+
+test('a failure of a removed worker starts no streak: the worker added again under its id starts afresh', (t) => {
+  const router = new KVAwareRouter();
+  const health = new WorkerHealth(router);
+  const known = new Set<string>();
+  const breaker = new CircuitBreaker({ failures: 2, cooldownMs: 60_000 }, health, (id) => known.has(id));
+  t.after(() => breaker.close());
+  // a request that was under way on `w` when it was removed fails afterwards
+  breaker.failed('w');
+  router.registerWorker('w', { url: 'http://127.0.0.1:1' });
+  known.add('w');
+  breaker.failed('w');
+  assert.deepEqual(health.reasons('w'), [], 'one failure of the worker added again does not open its circuit');
+  breaker.failed('w');
+  assert.deepEqual(health.reasons('w'), ['breaker'], 'two in a row do');
+});
+
+test("removing a worker with data-parallel ranks drops each rank's streak", async () => {
+  const engine = await failingEngine();
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const gateway = await createGateway({
+    router,
+    workers: [{ id: 'w', url: engine.url, dpSize: 2 }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    breakerFailures: 2,
+    maxRetries: 1,
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const complete = async () => {
+    const r = await fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'p', max_tokens: 1 }),
+      signal: AbortSignal.timeout(10_000),
+    });
+    assert.equal(r.status, 502);
+    await r.text();
+  };
+  try {
+    // one failure on each rank
+    await complete();
+    assert.deepEqual([health(gateway, 'w#0'), health(gateway, 'w#1')], [[], []]);
+    assert.ok(gateway.removeWorker('w'));
+    gateway.addWorker({ id: 'w', url: engine.url, dpSize: 2 });
+    // the worker added again: one failure on each rank, the first of a new streak
+    await complete();
+    assert.deepEqual([health(gateway, 'w#0'), health(gateway, 'w#1')], [[], []], 'no circuit opened');
+  } finally {
+    await gateway.close(0);
+    await engine.close();
+  }
+});
+
+function health(gateway: Gateway, id: string): string[] {
+  return gateway.health.reasons(id);
+}
