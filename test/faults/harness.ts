@@ -9,6 +9,9 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { createConnection, createServer as createTcpServer, type AddressInfo } from 'node:net';
 import { MockEngine, type MockEngineOptions } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import type { StateStore } from '../../src/state/state-store.js';
 import { until } from '../helpers/wait.js';
 
 export async function freePort(): Promise<number> {
@@ -277,4 +280,53 @@ export class RedisProxy {
     this.drop();
     await new Promise<void>((r) => this.server.close(() => r()));
   }
+}
+
+/**
+ * A gateway replica sharing state through `state`, in front of the one engine at `engineUrl`
+ * (worker `e0`), listening on a free port; `log` collects what it logs.
+ */
+export async function stateReplica(
+  state: StateStore,
+  engineUrl: string,
+  log?: (message: string) => void,
+): Promise<{ gateway: Gateway; base: string }> {
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ blockSize: 16 }),
+    state,
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    ...(log ? { log } : {}),
+    workers: [{ id: 'e0', url: engineUrl }],
+  });
+  return { gateway, base: await gateway.app.listen({ host: '127.0.0.1', port: 0 }) };
+}
+
+/** Collects the process's unhandled rejections until stop(). */
+export function unhandledRejections(): { seen: unknown[]; stop: () => void } {
+  const seen: unknown[] = [];
+  const onUnhandled = (reason: unknown) => seen.push(reason);
+  process.on('unhandledRejection', onUnhandled);
+  return { seen, stop: () => process.off('unhandledRejection', onUnhandled) };
+}
+
+/**
+ * One stateReplica per store, each logging into its own list of `logs` (given or made here),
+ * into `gateways` (so a caller's cleanup sees those made before a failure); resolves once every
+ * store is connected.
+ */
+export async function stateReplicas(
+  stores: readonly (StateStore & { stats(): { connected?: boolean } })[],
+  engineUrl: string,
+  gateways: Gateway[],
+  logs: string[][] = stores.map(() => []),
+): Promise<string[]> {
+  const bases: string[] = [];
+  for (const [i, state] of stores.entries()) {
+    const { gateway, base } = await stateReplica(state, engineUrl, (m) => logs[i].push(m));
+    gateways.push(gateway);
+    bases.push(base);
+  }
+  await until(() => stores.every((s) => s.stats().connected === true), 'the replicas to connect');
+  return bases;
 }

@@ -8,10 +8,9 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { Redis } from 'ioredis';
 import { MockEngine } from '../../src/engines/mock-engine.js';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import type { Gateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
-import { post, RedisProcess } from './harness.js';
+import { post, RedisProcess, stateReplicas } from './harness.js';
 import { until } from '../helpers/wait.js';
 
 test('Redis emptied under running replicas (FLUSHALL, a failover): they notice and write their state back', async () => {
@@ -22,19 +21,7 @@ test('Redis emptied under running replicas (FLUSHALL, a failover): they notice a
   const logs: string[][] = [[], []];
   const gateways: Gateway[] = [];
   try {
-    for (const [i, state] of stores.entries())
-      gateways.push(
-        await createGateway({
-          router: new KVAwareRouter({ blockSize: 16 }),
-          state,
-          metricsIntervalMs: 0,
-          healthCheckIntervalMs: 0,
-          log: (m) => logs[i].push(m),
-          workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
-        }),
-      );
-    const bases = await Promise.all(gateways.map((g) => g.app.listen({ host: '127.0.0.1', port: 0 })));
-    await until(() => stores.every((s) => s.stats().connected === true), 'the replicas to connect');
+    const bases = await stateReplicas(stores, `http://127.0.0.1:${engine.port}`, gateways, logs);
     for (let i = 0; i < 10; i++) {
       const r = await post(bases[i % 2], '/v1/completions', {
         prompt: `data loss ${i} `.repeat(8),

@@ -16,7 +16,7 @@ import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
-import { post, RedisProcess } from './harness.js';
+import { post, RedisProcess, stateReplica, unhandledRejections } from './harness.js';
 import { until } from '../helpers/wait.js';
 
 /** A replica saves the primary's snapshot where it runs: a directory of the test's own, not the checkout. */
@@ -72,24 +72,14 @@ test('Redis failed over behind one address: a replica left on the demoted server
   const gateways: Gateway[] = [];
   const bases: string[] = [];
   const logs: string[][] = [[], []];
-  const unhandled: unknown[] = [];
-  const onUnhandled = (reason: unknown) => unhandled.push(reason);
-  process.on('unhandledRejection', onUnhandled);
+  const unhandled = unhandledRejections();
   const replica = async () => {
     const i = stores.length;
     const state = new RedisStateStore({ url: address.url, prefix: 'cf-fo:', syncIntervalMs: 50 });
     stores.push(state);
-    gateways.push(
-      await createGateway({
-        router: new KVAwareRouter({ blockSize: 16 }),
-        state,
-        metricsIntervalMs: 0,
-        healthCheckIntervalMs: 0,
-        log: (m) => logs[i].push(m),
-        workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
-      }),
-    );
-    bases.push(await gateways[i].app.listen({ host: '127.0.0.1', port: 0 }));
+    const { gateway, base } = await stateReplica(state, `http://127.0.0.1:${engine.port}`, (m) => logs[i].push(m));
+    gateways.push(gateway);
+    bases.push(base);
     await until(() => state.stats().connected === true, `replica ${i} to connect`);
   };
   let sent = 0;
@@ -135,9 +125,9 @@ test('Redis failed over behind one address: a replica left on the demoted server
     );
     assert.equal(logs[0].filter((m) => m.includes('read-only replica now')).length, 1, logs[0].join('\n'));
     assert.ok((stores[0].stats().refused as number) > 0);
-    assert.deepEqual(unhandled.map(String), []);
+    assert.deepEqual(unhandled.seen.map(String), []);
   } finally {
-    process.off('unhandledRejection', onUnhandled);
+    unhandled.stop();
     for (const a of admins) a.disconnect();
     for (const g of gateways) await g.close();
     await engine.close();

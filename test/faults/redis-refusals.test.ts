@@ -7,10 +7,9 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { Redis } from 'ioredis';
 import { MockEngine } from '../../src/engines/mock-engine.js';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import type { Gateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
-import { post, RedisProcess } from './harness.js';
+import { post, RedisProcess, stateReplica, unhandledRejections } from './harness.js';
 import { until } from '../helpers/wait.js';
 
 test('Redis out of memory: decisions still reach the other replicas, the refusal is logged once, a new replica comes up', async () => {
@@ -20,24 +19,14 @@ test('Redis out of memory: decisions still reach the other replicas, the refusal
   const logs: string[][] = [[], [], []];
   const stores: RedisStateStore[] = [];
   const gateways: Gateway[] = [];
-  const unhandled: unknown[] = [];
-  const onUnhandled = (reason: unknown) => unhandled.push(reason);
-  process.on('unhandledRejection', onUnhandled);
+  const unhandled = unhandledRejections();
   const replica = async () => {
     const i = stores.length;
     const state = new RedisStateStore({ url: redis.url, prefix: 'cf-oom:', syncIntervalMs: 50 });
     stores.push(state);
-    gateways.push(
-      await createGateway({
-        router: new KVAwareRouter({ blockSize: 16 }),
-        state,
-        metricsIntervalMs: 0,
-        healthCheckIntervalMs: 0,
-        log: (m) => logs[i].push(m),
-        workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
-      }),
-    );
-    return gateways[i].app.listen({ host: '127.0.0.1', port: 0 });
+    const { gateway, base } = await stateReplica(state, `http://127.0.0.1:${engine.port}`, (m) => logs[i].push(m));
+    gateways.push(gateway);
+    return base;
   };
   try {
     const base = await replica();
@@ -70,9 +59,9 @@ test('Redis out of memory: decisions still reach the other replicas, the refusal
     await replica();
     await until(() => stores[2].stats().connected === true, 'the third replica to come up');
     assert.equal(logs[2].filter((m) => m.includes('resynchronising')).length, 0, logs[2].join('\n'));
-    assert.deepEqual(unhandled.map(String), []);
+    assert.deepEqual(unhandled.seen.map(String), []);
   } finally {
-    process.off('unhandledRejection', onUnhandled);
+    unhandled.stop();
     filler.disconnect();
     for (const g of gateways) await g.close();
     await engine.close();

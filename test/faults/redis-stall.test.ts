@@ -7,10 +7,9 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import type { Gateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
-import { post, RedisProcess, RedisProxy } from './harness.js';
+import { post, RedisProcess, RedisProxy, stateReplica, stateReplicas } from './harness.js';
 import { until } from '../helpers/wait.js';
 
 test('Redis paused (SIGSTOP): the replicas drop it and route locally; resumed: they resynchronise', async () => {
@@ -20,19 +19,7 @@ test('Redis paused (SIGSTOP): the replicas drop it and route locally; resumed: t
   const logs: string[][] = [[], []];
   const gateways: Gateway[] = [];
   try {
-    for (const [i, state] of stores.entries())
-      gateways.push(
-        await createGateway({
-          router: new KVAwareRouter({ blockSize: 16 }),
-          state,
-          metricsIntervalMs: 0,
-          healthCheckIntervalMs: 0,
-          log: (m) => logs[i].push(m),
-          workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
-        }),
-      );
-    const bases = await Promise.all(gateways.map((g) => g.app.listen({ host: '127.0.0.1', port: 0 })));
-    await until(() => stores.every((s) => s.stats().connected === true), 'the replicas to connect');
+    const bases = await stateReplicas(stores, `http://127.0.0.1:${engine.port}`, gateways, logs);
     let n = 0;
     const request = async (base: string) => {
       const i = n++;
@@ -93,17 +80,13 @@ test('a path that goes silent (packets dropped, connections left open): both con
   );
   const gateways: Gateway[] = [];
   try {
-    for (const state of stores)
-      gateways.push(
-        await createGateway({
-          router: new KVAwareRouter({ blockSize: 16 }),
-          state,
-          metricsIntervalMs: 0,
-          healthCheckIntervalMs: 0,
-          workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
-        }),
-      );
-    const base = await gateways[1].app.listen({ host: '127.0.0.1', port: 0 });
+    const bases: string[] = [];
+    for (const state of stores) {
+      const { gateway, base } = await stateReplica(state, `http://127.0.0.1:${engine.port}`);
+      gateways.push(gateway);
+      bases.push(base);
+    }
+    const base = bases[1];
     await until(() => stores.every((s) => s.stats().connected === true), 'the replicas to connect');
     proxy.blackhole();
     await until(() => stores[0].stats().stalls === 1, 'A to give up on its silent connection');
