@@ -247,7 +247,8 @@ export class RedisProxy {
   });
   private readonly clients = new Set<import('node:net').Socket>();
 
-  constructor(private readonly targetPort: number) {}
+  /** `targetPort`: where each new connection goes; changing it moves new connections only (a failover behind one address). */
+  constructor(public targetPort: number) {}
 
   /** Listens on a free port, or again on its port after close(): the clients' address stays valid. */
   async start(): Promise<this> {

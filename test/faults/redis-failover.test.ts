@@ -7,7 +7,6 @@
  */
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { createConnection, createServer, type AddressInfo, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
@@ -16,7 +15,7 @@ import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
-import { post, RedisProcess, stateReplica, unhandledRejections } from './harness.js';
+import { post, RedisProcess, RedisProxy, stateReplica, unhandledRejections } from './harness.js';
 import { until } from '../helpers/wait.js';
 
 /** A replica saves the primary's snapshot where it runs: a directory of the test's own, not the checkout. */
@@ -24,47 +23,11 @@ const dataDir = mkdtempSync(join(tmpdir(), 'cf-failover-'));
 process.on('exit', () => rmSync(dataDir, { recursive: true, force: true }));
 const redisArgs = ['--dir', dataDir];
 
-/** The address the replicas know: passes each new connection to `targetPort`; open ones stay where they are. */
-class FailoverAddress {
-  port = 0;
-  private readonly sockets = new Set<Socket>();
-  private readonly server = createServer((client) => {
-    const upstream = createConnection({ host: '127.0.0.1', port: this.targetPort });
-    for (const s of [client, upstream]) {
-      this.sockets.add(s);
-      s.on('error', () => {});
-      s.on('close', () => {
-        this.sockets.delete(s);
-        client.destroy();
-        upstream.destroy();
-      });
-    }
-    client.pipe(upstream);
-    upstream.pipe(client);
-  });
-
-  constructor(public targetPort: number) {}
-
-  async start(): Promise<this> {
-    await new Promise<void>((r) => this.server.listen(0, '127.0.0.1', r));
-    this.port = (this.server.address() as AddressInfo).port;
-    return this;
-  }
-
-  get url(): string {
-    return `redis://127.0.0.1:${this.port}`;
-  }
-
-  async close(): Promise<void> {
-    for (const s of this.sockets) s.destroy();
-    await new Promise<void>((r) => this.server.close(() => r()));
-  }
-}
-
 test('Redis failed over behind one address: a replica left on the demoted server reconnects, and the replicas hear each other again', async () => {
   const first = await new RedisProcess(redisArgs).start();
   const second = await new RedisProcess(redisArgs).start();
-  const address = await new FailoverAddress(first.port).start();
+  // the address the replicas know: new connections go where it points, open ones stay
+  const address = await new RedisProxy(first.port).start();
   const engine = await new MockEngine({ decodeTokS: 2000 }).start();
   const admins = [first, second].map((r) => new Redis({ port: r.port, lazyConnect: true, maxRetriesPerRequest: 0 }));
   const [adminFirst, adminSecond] = admins;
