@@ -16,7 +16,12 @@ export function redisRouters() {
   const prefix = `cf-test-${randomBytes(4).toString('hex')}:`;
   const stores: RedisStateStore[] = [];
   return {
-    async replica(id: string, options: Omit<KVAwareRouterOptions, 'blockSize'> & { blockSize?: number } = {}) {
+    /** `url`: the Redis this replica reaches (default the machine's; another server, or a proxy in front of one). */
+    async replica(
+      id: string,
+      options: Omit<KVAwareRouterOptions, 'blockSize'> & { blockSize?: number } = {},
+      url = REDIS_URL,
+    ) {
       const router = new KVAwareRouter({ blockSize: 16, ...options });
       const workers: WorkerRecord[] = [{ id: 'e0', url: 'http://e0' }];
       for (const w of workers) router.registerWorker(w.id);
@@ -27,7 +32,7 @@ export function redisRouters() {
         removeWorkerFromState: () => {},
         log: () => {},
       };
-      const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: id, syncIntervalMs: 60_000 });
+      const store = new RedisStateStore({ url, prefix, replicaId: id, syncIntervalMs: 60_000 });
       stores.push(store);
       await store.attach(host);
       return { router, store };
