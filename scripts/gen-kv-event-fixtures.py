@@ -27,11 +27,13 @@ kv_cache_spec_kind "sliding_window"/"mamba"), and a future release adding a fiel
 
 Each fixture: NAME.bin (the payload) and NAME.json (what it must decode to, written from the
 values given to the encoder, not from the decoder under test). Also writes
-vllm-block-hash.json: vLLM's block hashes (vllm/v1/core/kv_cache_utils.py hash_block_tokens
-with sha256_cbor, NONE_HASH from PYTHONHASHSEED) computed here with cbor2 + hashlib, exactly
-as vLLM computes them.
+vllm-block-hash.json: vLLM's block hashes (vllm/v1/core/kv_cache_utils.py hash_block_tokens,
+NONE_HASH from PYTHONHASHSEED) under each --prefix-caching-hash-algo (sha256, sha256_cbor,
+xxhash, xxhash_cbor: vllm/utils/hashing.py) computed here with pickle, cbor2, hashlib and
+xxhash, exactly as vLLM computes them; and xxh3-128.json: xxhash.xxh3_128_digest of inputs of
+every length class.
 
-Run: pip install msgspec cbor2 && python3 scripts/gen-kv-event-fixtures.py
+Run: pip install msgspec cbor2 xxhash && python3 scripts/gen-kv-event-fixtures.py
 """
 import hashlib
 import pickle
@@ -42,6 +44,7 @@ from typing import Any, Optional, Union
 
 import cbor2
 import msgspec
+import xxhash
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "fixtures", "kv-events")
 Hash = Union[bytes, int]
@@ -302,6 +305,70 @@ def vllm_block_hashes_with(hash_fn, tokens, block_size, seed):
     return out
 
 
+# vllm/utils/hashing.py, function for function (get_hash_fn_by_name picks one by the engine's
+# --prefix-caching-hash-algo; _xxhash_digest is xxhash.xxh3_128_digest)
+def vllm_sha256(input) -> bytes:
+    input_bytes = pickle.dumps(input, protocol=pickle.HIGHEST_PROTOCOL)
+    return hashlib.sha256(input_bytes).digest()
+
+
+def vllm_sha256_cbor(input) -> bytes:
+    input_bytes = cbor2.dumps(input, canonical=True)
+    return hashlib.sha256(input_bytes).digest()
+
+
+def vllm_xxhash(input) -> bytes:
+    input_bytes = pickle.dumps(input, protocol=pickle.HIGHEST_PROTOCOL)
+    return xxhash.xxh3_128_digest(input_bytes)
+
+
+def vllm_xxhash_cbor(input) -> bytes:
+    input_bytes = cbor2.dumps(input, canonical=True)
+    return xxhash.xxh3_128_digest(input_bytes)
+
+
+HASH_FNS = {"sha256": vllm_sha256, "sha256_cbor": vllm_sha256_cbor, "xxhash": vllm_xxhash,
+            "xxhash_cbor": vllm_xxhash_cbor}
+
+
+def init_none_hash(hash_fn, hash_seed: str) -> bytes:
+    # vllm/v1/core/kv_cache_utils.py init_none_hash, with PYTHONHASHSEED set
+    return hash_fn(hash_seed)
+
+
+def hash_block_tokens(hash_fn, none_hash, parent_block_hash, curr_block_token_ids, extra_keys=None) -> bytes:
+    # vllm/v1/core/kv_cache_utils.py hash_block_tokens
+    if not parent_block_hash:
+        parent_block_hash = none_hash
+    curr_block_token_ids_tuple = tuple(curr_block_token_ids)
+    return hash_fn((parent_block_hash, curr_block_token_ids_tuple, extra_keys))
+
+
+def request_block_hashes(algo, tokens, block_size, seed, lora, salt):
+    """get_request_block_hasher over a prompt: extra_keys as generate_block_hash_extra_keys builds
+    them from a LoRA name and a cache salt (first block only)."""
+    hash_fn = HASH_FNS[algo]
+    none_hash = init_none_hash(hash_fn, seed)
+    parent = None
+    out = []
+    for i in range(len(tokens) // block_size):
+        keys = ([lora] if lora else []) + ([salt] if salt and i == 0 else [])
+        parent = hash_block_tokens(hash_fn, none_hash, parent, tokens[i * block_size:(i + 1) * block_size],
+                                   tuple(keys) if keys else None)
+        out.append(parent)
+    return none_hash, out
+
+
+def lcg_bytes(n: int) -> bytes:
+    """n pseudo-random bytes, from an LCG seeded with n (test/core/xxh3-128.test.ts makes the same)."""
+    x = n
+    out = bytearray(n)
+    for i in range(n):
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        out[i] = (x >> 16) & 0xFF
+    return bytes(out)
+
+
 def as_int(h: bytes) -> int:
     # vllm/v1/core/kv_cache_utils.py maybe_convert_block_hash (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
     return int.from_bytes(h, "big") & ((1 << 64) - 1)
@@ -443,10 +510,49 @@ def main():
         hash_cases.append({"pythonHashSeed": seed, "blockSize": block_size, "tokens": toks, "lora": lora, "cacheSalt": salt,
                            "noneHash": vllm_none_hash(seed).hex(), "hashes": [h.hex() for h in hs],
                            "intHashes": [str(as_int(h)) for h in hs]})
+    for c in hash_cases:
+        c["algo"] = "sha256_cbor"
+    # every --prefix-caching-hash-algo: the cases above, plus each pickle int opcode (BININT1,
+    # BININT2, BININT, LONG1), TUPLE1-3, BINUNICODE and non-ASCII strings, a block whose pickle
+    # spans frames (over 64 KiB), a salt of 64 KiB (written unframed) and PYTHONHASHSEED=random
+    edges = [0, 1, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1, 151_000]
+    more = [("0", 16, [(i * 7919 + 1) % 151_000 for i in range(64)], None, None),
+            ("1234", 16, [(i * 7919 + 4) % 151_000 for i in range(50)], None, None),
+            ("0", 16, [(i * 7919 + 1) % 151_000 for i in range(48)], "sql-adapter", None),
+            ("7", 16, [(i * 7919 + 1) % 151_000 for i in range(40)], "sql-adapter", "tenant-a"),
+            ("42", 5, edges * 2, None, None),
+            ("random", 1, edges[:4], None, None),
+            ("0", 2, edges[:6], "lorä-адаптер", None),
+            ("0", 3, edges[:6], None, "s" * 300),
+            ("4294967295", 4, edges[:8], "x" * 255, "ü" * 200),
+            ("0", 16, edges[:8] * 4, None, ("z", 70_000)),
+            ("0", 9_400, [(2**31, 9_400), (0, 9_400)], None, None)]
+    for algo in HASH_FNS:
+        for seed, block_size, toks, lora, salt in more:
+            # long inputs written compactly: tokens as runs [start, count], the salt as [text, times]
+            runs = toks if isinstance(toks[0], tuple) else None
+            tokens = [t for start, count in runs for t in range(start, start + count)] if runs else toks
+            salt_text = salt[0] * salt[1] if isinstance(salt, tuple) else salt
+            none_hash, hs = request_block_hashes(algo, tokens, block_size, seed, lora, salt_text)
+            case = {"algo": algo, "pythonHashSeed": seed, "blockSize": block_size}
+            case.update({"tokenRuns": [list(r) for r in runs]} if runs else {"tokens": tokens})
+            case.update({"lora": lora}, **({"cacheSaltRepeat": list(salt)} if isinstance(salt, tuple) else {"cacheSalt": salt}))
+            case.update({"noneHash": none_hash.hex(), "hashes": [h.hex() for h in hs],
+                         "intHashes": [str(as_int(h)) for h in hs]})
+            hash_cases.append(case)
     with open(os.path.join(OUT, "vllm-block-hash.json"), "w") as fh:
-        json.dump({"source": "vllm/v1/core/kv_cache_utils.py hash_block_tokens, sha256_cbor (cbor2 canonical + sha256)",
-                   "cases": hash_cases}, fh, indent=1)
-        fh.write("\n")
+        fh.write('{"source": "vllm/v1/core/kv_cache_utils.py hash_block_tokens with vllm/utils/hashing.py '
+                 'sha256, sha256_cbor, xxhash, xxhash_cbor",\n "cases": [\n')
+        # one case a line: a reviewable diff without a line per token
+        fh.write(",\n".join("  " + json.dumps(c, ensure_ascii=False) for c in hash_cases))
+        fh.write("\n ]\n}\n")
+    with open(os.path.join(OUT, "xxh3-128.json"), "w") as fh:
+        lengths = list(range(0, 257)) + [300, 511, 512, 513, 1023, 1024, 1025, 1087, 1088, 1089, 2047, 2048, 2049,
+                                         3000, 4096, 10_000, 65_536, 100_003]
+        fh.write('{"source": "xxhash.xxh3_128_digest(data), data = lcg_bytes(length) (scripts/gen-kv-event-fixtures.py)",\n'
+                 ' "cases": [\n')
+        fh.write(",\n".join(f'  [{n}, "{xxhash.xxh3_128_digest(lcg_bytes(n)).hex()}"]' for n in lengths))
+        fh.write("\n ]\n}\n")
 
     # the same stream as an engine with PYTHONHASHSEED=0 publishes it (int hashes), for the applier
     c = hash_cases[0]
