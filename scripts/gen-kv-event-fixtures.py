@@ -564,10 +564,13 @@ def main():
 
     # a prompt's first two blocks as engines publish them: with sha256_cbor and PYTHONHASHSEED=0
     # (what --block-hash vllm --python-hash-seed 0 computes), with vLLM's default sha256 (pickle),
-    # and with sha256_cbor under another seed
+    # with sha256_cbor under another seed, and with xxhash and xxhash_cbor (XXH3-128 digests)
     for name, hs in [("vllm-seed0-first-blocks", [bytes.fromhex(h) for h in c["hashes"][:2]]),
                      ("vllm-sha256-pickle-first-blocks", vllm_block_hashes_with(sha256_pickle, toks[:32], 16, "0")),
-                     ("vllm-seed1-first-blocks", vllm_block_hashes(toks[:32], 16, "1"))]:
+                     ("vllm-seed1-first-blocks", vllm_block_hashes(toks[:32], 16, "1")),
+                     ("vllm-xxhash-first-blocks", request_block_hashes("xxhash", toks[:32], 16, "0", None, None)[1]),
+                     ("vllm-xxhash-cbor-first-blocks",
+                      request_block_hashes("xxhash_cbor", toks[:32], 16, "0", None, None)[1])]:
         ev = [("BlockStored", {"block_hashes": [as_int(h) for h in hs], "parent_block_hash": None, "token_ids": toks[:32],
                                "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None})]
         names.append(fixture(name, "lora", ev, 0))

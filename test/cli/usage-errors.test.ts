@@ -289,6 +289,47 @@ test("a PYTHONHASHSEED no Python process starts with is refused: vLLM's block ha
   assert.match(printConfig(fromEnv.resolved, 'yaml'), /^python-hash-seed: "4294967295" # env$/m);
 });
 
+test("--prefix-caching-hash-algo takes vLLM's four names, from a flag, the environment or a file", () => {
+  const vllm = ['--block-hash', 'vllm', '--python-hash-seed', '0'];
+  assert.equal(resolveServe(vllm).config.prefixCachingHashAlgo, 'sha256_cbor');
+  for (const algo of ['sha256', 'sha256_cbor', 'xxhash', 'xxhash_cbor'])
+    assert.equal(resolveServe([...vllm, '--prefix-caching-hash-algo', algo]).config.prefixCachingHashAlgo, algo);
+  const fromEnv = resolveServe(vllm, { CONTEXTFORGE_PREFIX_CACHING_HASH_ALGO: 'xxhash' });
+  assert.equal(fromEnv.config.prefixCachingHashAlgo, 'xxhash');
+  assert.match(printConfig(fromEnv.resolved, 'yaml'), /^prefix-caching-hash-algo: xxhash # env$/m);
+  const file = join(mkdtempSync(join(tmpdir(), 'cf-config-algo-')), 'algo.yaml');
+  writeFileSync(file, 'router:\n  prefixCachingHashAlgo: sha256\n');
+  assert.equal(resolveServe([...vllm, '--config', file]).config.prefixCachingHashAlgo, 'sha256');
+  assert.throws(
+    () => resolveServe([...vllm, '--prefix-caching-hash-algo', 'sha1']),
+    /--prefix-caching-hash-algo must be one of sha256, sha256_cbor, xxhash, xxhash_cbor \(got 'sha1'\)/,
+  );
+  // without --block-hash vllm the algorithm keys nothing: said, not fatal
+  const unused = resolveServe(['--prefix-caching-hash-algo', 'sha256']);
+  assert.deepEqual(
+    unused.resolved.warnings.filter((w) => w.includes('--prefix-caching-hash-algo')),
+    ['--prefix-caching-hash-algo has no effect without --block-hash vllm'],
+  );
+  assert.deepEqual(
+    resolveServe([...vllm, '--prefix-caching-hash-algo', 'sha256']).resolved.warnings.filter((w) =>
+      w.includes('--prefix-caching-hash-algo'),
+    ),
+    [],
+  );
+  const bad = cli([
+    'serve',
+    '--block-hash',
+    'vllm',
+    '--python-hash-seed',
+    '0',
+    '--prefix-caching-hash-algo',
+    'md5',
+    '--print-config',
+  ]);
+  assert.equal(bad.status, 2, bad.stderr);
+  assert.match(bad.stderr, /--prefix-caching-hash-algo must be/);
+});
+
 test('an address serve or epp cannot listen on stops it with the flags named, and nothing left running', async () => {
   assert.throws(() => resolveServe(['--host', ' ']), /--host must be a host name or an IP address/);
   assert.equal(resolveServe(['--host', '::']).config.host, '::');

@@ -323,6 +323,42 @@ describe('KV event applier on engine-encoded fixtures', () => {
     }
   });
 
+  test("vllm hash mode: the first-block check judges by the engines' --prefix-caching-hash-algo", () => {
+    const cases = JSON.parse(
+      readFileSync(new URL('../fixtures/kv-events/vllm-block-hash.json', import.meta.url), 'utf8'),
+    ).cases as Array<{ tokens: number[] }>;
+    const request = { tokens: cases[0].tokens.slice(0, 32) };
+    // each fixture: a prompt's first two blocks under PYTHONHASHSEED=0 by one algorithm
+    const fixtures = {
+      sha256: 'vllm-sha256-pickle-first-blocks',
+      sha256_cbor: 'vllm-seed0-first-blocks',
+      xxhash: 'vllm-xxhash-first-blocks',
+      xxhash_cbor: 'vllm-xxhash-cbor-first-blocks',
+    } as const;
+    for (const algo of Object.keys(fixtures) as (keyof typeof fixtures)[]) {
+      for (const [engineAlgo, name] of Object.entries(fixtures)) {
+        const router = new KVAwareRouter({
+          blockSize: 16,
+          indexMode: 'precise',
+          blockHash: 'vllm',
+          pythonHashSeed: '0',
+          prefixCachingHashAlgo: algo,
+        });
+        router.registerWorker('w0');
+        const c = new KvEventApplier(router).apply('w0', decodeEventBatch(fixture(name)));
+        const what = `router ${algo}, engine ${engineAlgo}`;
+        if (engineAlgo === algo) {
+          assert.equal(c.hashMismatches, 0, what);
+          assert.equal(c.storedBlocks, 2, what);
+          assert.equal(router.route(request, { dryRun: true }).cachedTokens, 32, what);
+        } else {
+          assert.deepEqual(c.skipped, { hash_mismatch: 1 }, what);
+          assert.equal(router.getStats().index.entries, 0, what);
+        }
+      }
+    }
+  });
+
   test('vllm hash mode: a late-joining router matches requests to blocks whose chain it never saw', () => {
     const cases = JSON.parse(
       readFileSync(new URL('../fixtures/kv-events/vllm-block-hash.json', import.meta.url), 'utf8'),

@@ -54,6 +54,10 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
   }
   if (config.tokenize === 'tokenizer' && !config.tokenizer)
     throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
+  // the algorithm only keys blocks in vllm mode; a shared config or environment may set it for
+  // routers in either mode, so it is a warning, as KV events with --tokenize text are
+  if (config.blockHash !== 'vllm' && resolved.origins.prefixCachingHashAlgo !== 'default')
+    resolved.warnings.push('--prefix-caching-hash-algo has no effect without --block-hash vllm');
   if (config.blockHash === 'vllm') {
     if (config.pythonHashSeed === undefined && env.PYTHONHASHSEED) {
       if (!isPythonHashSeed(env.PYTHONHASHSEED))

@@ -9,6 +9,7 @@ import { POLICY_NAMES } from '../policies/index.js';
 import { COST_WEIGHTS_SCHEMA, nonNegative, POLICY_OPTIONS_SCHEMA } from '../policies/options-schema.js';
 import type { RoutingPolicy } from '../policies/types.js';
 import { gotPhrase } from '../schema-issues.js';
+import { VLLM_HASH_ALGOS } from '../vllm-block-hash.js';
 
 const positiveInt = () => z.int().min(1);
 
@@ -67,6 +68,9 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
       error: (iss) => `${PYTHON_HASH_SEED_RULE}${gotPhrase(iss.input)}`,
     })
     .optional(),
+  // the router's default is sha256_cbor, the one algorithm `--block-hash vllm` computed before
+  // the others; vLLM's own default is sha256, so the engines' value must be passed
+  prefixCachingHashAlgo: z.enum(VLLM_HASH_ALGOS).default('sha256_cbor'),
   indexMode: z.enum(['precise', 'approximate']).default('approximate'),
   predictionTtlMs: nonNegative().optional(),
   maxIndexEntries: positiveInt().default(ROUTER_DEFAULTS.maxIndexEntries),
@@ -109,8 +113,9 @@ export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>
   blockSize: "tokens per KV block (the engines')",
   textChunkBytes: 'bytes per chunk when hashing text (a multiple of 4; about 16 tokens of English at 64)',
   blockHash:
-    "how blocks are keyed: router (its own hash of the token ids, chained through the events) or vllm (vLLM's sha256_cbor hash: needs pythonHashSeed equal to the engines' PYTHONHASHSEED and their --prefix-caching-hash-algo sha256_cbor)",
+    "how blocks are keyed: router (its own hash of the token ids, chained through the events) or vllm (vLLM's own block hash: needs pythonHashSeed equal to the engines' PYTHONHASHSEED and prefixCachingHashAlgo equal to their --prefix-caching-hash-algo)",
   pythonHashSeed: 'the PYTHONHASHSEED the vLLM engines run with (blockHash vllm)',
+  prefixCachingHashAlgo: `the vLLM engines' --prefix-caching-hash-algo (${VLLM_HASH_ALGOS.join(', ')}; blockHash vllm). vLLM's own default is sha256: pass the engines' value`,
   indexMode: "approximate (the router's own decisions, expired by TTL) or precise (the engines' KV events)",
   predictionTtlMs: "lifetime of the router's own block records (default 120000 approximate, 5000 precise)",
   maxIndexEntries: 'most (block, worker) entries in the block index',

@@ -5,6 +5,7 @@
  * wrong type, RangeError for a value out of range).
  */
 import { BlockKeying, type BlockHashMode } from '../block-keying.js';
+import type { VllmHashAlgo } from '../vllm-block-hash.js';
 import { createPolicy, resolveCostWeights, type CostWeights, type PolicyOptions } from '../policies/index.js';
 import { checkPolicyObject } from '../policies/policy-object.js';
 import type { RoutingPolicy } from '../policies/types.js';
@@ -36,11 +37,17 @@ export interface KVAwareRouterOptions {
   textChunkBytes?: number;
   /**
    * How token blocks are keyed: 'router' (default: its own chain hash; engines' blocks are
-   * learned through their KV events) or 'vllm' (vLLM's own sha256_cbor block hash, from
-   * `pythonHashSeed`, the engines' PYTHONHASHSEED: keys equal the hashes engines report).
+   * learned through their KV events) or 'vllm' (vLLM's own block hash, from `pythonHashSeed`,
+   * the engines' PYTHONHASHSEED, and `prefixCachingHashAlgo`, their --prefix-caching-hash-algo:
+   * keys equal the hashes engines report).
    */
   blockHash?: BlockHashMode;
   pythonHashSeed?: string;
+  /**
+   * blockHash 'vllm': the engines' --prefix-caching-hash-algo. Default 'sha256_cbor' (what
+   * this mode always computed); vLLM's own default is 'sha256'.
+   */
+  prefixCachingHashAlgo?: VllmHashAlgo;
   /** Default 'approximate'; 'precise' when engines' KV events feed the index. */
   indexMode?: IndexMode;
   /** Lifetime of the router's own block records: 120 s approximate, 5 s speculative (precise). */
@@ -135,7 +142,7 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
     typeof o.policy === 'string'
       ? createPolicy(o.policy, { ...o.policyOptions, costWeights }, { random })
       : checkPolicyObject(o.policy);
-  const keying = new BlockKeying(o.blockHash, o.pythonHashSeed);
+  const keying = new BlockKeying(o.blockHash, o.pythonHashSeed, o.prefixCachingHashAlgo);
   const ttl =
     o.predictionTtlMs ??
     (o.indexMode === 'precise' ? ROUTER_DEFAULTS.speculativeTtlMs : ROUTER_DEFAULTS.approximateTtlMs);

@@ -1,6 +1,6 @@
 import { BlockHashes, chainRoot, hashHex, hashTokenBlocksFrom, mixIntoChain } from '../../core/hashing.js';
 import type { KVAwareRouter } from '../../core/router/index.js';
-import { engineHashKey } from '../../core/vllm-block-hash.js';
+import { engineHashKey, type VllmHashAlgo } from '../../core/vllm-block-hash.js';
 import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatch } from './decode.js';
 
 /**
@@ -127,6 +127,8 @@ export interface KvEventApplierOptions {
 
 export class KvEventApplier {
   readonly hashMode: 'router' | 'vllm';
+  /** vllm hash mode: the --prefix-caching-hash-algo the router computes the engines' hashes with. */
+  readonly vllmHashAlgo: VllmHashAlgo;
   private readonly maxTrackedBlocks: number;
   private readonly maps = new Map<string, Map<EngineBlockHash, OwnBlock>>();
   /** Per worker, KV groups known not to be full attention (learned from kv_cache_spec_kind). */
@@ -156,6 +158,7 @@ export class KvEventApplier {
     if (mode !== 'router' && mode !== 'vllm')
       throw new RangeError(`hashMode must be 'router' or 'vllm', got '${String(mode)}'`);
     this.hashMode = mode;
+    this.vllmHashAlgo = router.keying.vllmAlgo ?? 'sha256_cbor';
     // no worker can have more of its blocks in the index than the index holds in all
     this.maxTrackedBlocks = options.maxTrackedBlocks ?? router.index.maxEntries;
   }
@@ -447,10 +450,10 @@ export class KvEventApplier {
   /**
    * vllm hash mode: whether a store's hashes are the ones the router computes. A prompt's first
    * block (no parent) is hashed from its tokens, LoRA name and cache salt and compared with the
-   * engine's; an engine whose hashes are not vLLM's sha256_cbor under the router's
-   * PYTHONHASHSEED (vLLM's default sha256 pickles, a seed of its own) would otherwise fill the
+   * engine's; an engine whose hashes are not the router's (another --prefix-caching-hash-algo:
+   * vLLM's default is sha256, or a PYTHONHASHSEED of its own) would otherwise fill the
    * index with keys no request ever matches. Once CONFIRMED_HASHES first blocks of a worker
-   * have matched, its stores are taken without the check (its cost is one SHA-256 each); a
+   * have matched, its stores are taken without the check (its cost is one block hash each); a
    * store the check cannot judge (no tokens, a parent, multimodal or embedding keys, a LoRA known
    * only by id) is taken as it is, unless the worker's first judged store differed: then none
    * of its stores is taken until its entries are cleared (it restarted, or was removed).

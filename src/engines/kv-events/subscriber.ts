@@ -251,8 +251,8 @@ export class KvEventSubscriber {
       this.options.applier.apply(worker, batch, this.stats.applied);
       if (mismatchesBefore === 0 && this.stats.applied.hashMismatches > 0)
         this.log(
-          `worker ${worker}: its block hashes are not the ones the router computes (vLLM's sha256_cbor under the router's PYTHONHASHSEED); ` +
-            'its stores are skipped (reason hash_mismatch): start the engine with --prefix-caching-hash-algo sha256_cbor and the same PYTHONHASHSEED',
+          `worker ${worker}: its block hashes are not the ones the router computes (vLLM's ${this.options.applier.vllmHashAlgo} under the router's PYTHONHASHSEED); ` +
+            `its stores are skipped (reason hash_mismatch): give the router the engine's --prefix-caching-hash-algo (vLLM's default is sha256) and PYTHONHASHSEED, or start the engine with --prefix-caching-hash-algo ${this.options.applier.vllmHashAlgo} and the router's PYTHONHASHSEED`,
         );
     } catch (err) {
       // e.g. the worker was removed from the router meanwhile
