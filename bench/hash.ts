@@ -6,12 +6,16 @@
  *  - a TypeScript two-lane 32-bit multiply-xor loop (the pure-JS alternative),
  *  - node:crypto (OpenSSL) md5 and sha256, one native call per block, chained by hashing
  *    the parent digest with the block,
- *  - FNV-1a 64 in BigInt arithmetic (pure JS, exact 64-bit).
+ *  - FNV-1a 64 in BigInt arithmetic (pure JS, exact 64-bit),
+ *  - vLLM's own block hash under each --prefix-caching-hash-algo (`--block-hash vllm`,
+ *    src/core/vllm-block-hash.ts: pickle or canonical CBOR, then SHA-256 or XXH3-128), whose
+ *    cost per block is also printed as `vllmUsPerBlock`.
  *
  *   npm run bench:hash -- --json
  */
 import { createHash } from 'node:crypto';
 import { BlockHashes, fmix32, hashTokenBlocks } from '../src/core/hashing.js';
+import { VLLM_HASH_ALGOS, VllmBlockHasher } from '../src/core/vllm-block-hash.js';
 import { parseFlags, round } from './stats.js';
 
 const flags = parseFlags(process.argv.slice(2));
@@ -74,19 +78,28 @@ function time(fn: () => void, iterations: number): number {
   return ((performance.now() - t0) / iterations) * 1000; // µs per request
 }
 
-const candidates = {
+const candidates: Record<string, number> = {
   wasmXxh64StyleUint32Array: time(() => hashTokenBlocks(tokens, BLOCK, undefined, out), 4000),
   wasmXxh64StylePlainArray: time(() => hashTokenBlocks(plainArray, BLOCK, undefined, out), 4000),
   typescriptTwoLane32Bit: time(viaTypeScriptLoop, 4000),
   cryptoMd5PerBlock: time(() => viaCrypto('md5'), 100),
   cryptoSha256PerBlock: time(() => viaCrypto('sha256'), 100),
   bigintFnv1a64: time(viaBigInt, 50),
+  ...Object.fromEntries(
+    VLLM_HASH_ALGOS.map((algo) => {
+      const hasher = new VllmBlockHasher('0', algo);
+      return [`vllm_${algo}`, time(() => hasher.hashBlocks(tokens, BLOCK, {}, out), 200)];
+    }),
+  ),
 };
 const result = {
   requestTokens: TOKENS,
   blockSize: BLOCK,
   usPerRequest: Object.fromEntries(Object.entries(candidates).map(([k, v]) => [k, round(v, 2)])),
   nsPerToken: Object.fromEntries(Object.entries(candidates).map(([k, v]) => [k, round((v * 1000) / TOKENS, 2)])),
+  vllmUsPerBlock: Object.fromEntries(
+    VLLM_HASH_ALGOS.map((algo) => [algo, round(candidates[`vllm_${algo}`] / (TOKENS / BLOCK), 3)]),
+  ),
   node: process.version,
 };
 if (flags.has('json')) process.stdout.write(`${JSON.stringify(result)}\n`);

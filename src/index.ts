@@ -32,6 +32,7 @@ export {
 export type { WorkerInfo, WorkerState } from './core/worker-registry.js';
 export type { BlockHashes, ChatMessage, HashNamespace } from './core/hashing.js';
 export type { BlockHashMode } from './core/block-keying.js';
+export type { VllmHashAlgo } from './core/vllm-block-hash.js';
 export type { BlockIndexStats } from './core/block-index.js';
 export type { ContentAnchor } from './core/content-anchors.js';
 export { DEFAULT_COST_WEIGHTS, type CostWeights } from './core/policies/cost.js';

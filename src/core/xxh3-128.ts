@@ -7,9 +7,10 @@
  * seed terms dropped since vLLM never passes one.
  *
  * 64-bit words are kept as two uint32 halves in plain numbers and results are returned
- * through module registers: no BigInt and no allocation per hash, so a block costs a few
- * hundred integer operations, less than one node:crypto SHA-256 call. Checked against
- * Python's xxhash on inputs of every length class (test/core/xxh3-128.test.ts).
+ * through module registers: no BigInt and no allocation per hash. On the 100-150 bytes a
+ * 16-token block serialises to it takes less time than one node:crypto SHA-256 call; past a
+ * few hundred bytes native SHA-256 is faster (`npm run bench:hash` measures the block hash).
+ * Checked against Python's xxhash on inputs of every length class (test/core/xxh3-128.test.ts).
  */
 
 // Results of the 64-bit helpers: (rh, rl) a 64-bit value; (qh, ql) a 128-bit product's high half.
@@ -66,17 +67,21 @@ function r32(b: Uint8Array, o: number): number {
   return (b[o] | (b[o + 1] << 8) | (b[o + 2] << 16) | (b[o + 3] << 24)) >>> 0;
 }
 
+/** The secret's little-endian uint32 at every byte offset: its reads are at unaligned offsets. */
+const S32 = new Uint32Array(SECRET_SIZE - 3);
+for (let o = 0; o < S32.length; o++) S32[o] = r32(SECRET, o);
+
 /** (rh, rl) = a * b, the full 64-bit product of two uint32. */
 function mul32(a: number, b: number): void {
   const a0 = a & 0xffff;
   const a1 = a >>> 16;
   const b0 = b & 0xffff;
   const b1 = b >>> 16;
-  const mid = a0 * b1 + a1 * b0; // < 2^33: exact in a double
-  const low = a0 * b0 + (mid % 65536) * 65536; // < 2^33
-  const carry = Math.floor(low / TWO32);
-  rl = low >>> 0;
-  rh = (a1 * b1 + Math.floor(mid / 65536) + carry) >>> 0;
+  // 16-bit limbs: every partial sum stays under 2^32, so no step leaves integer arithmetic
+  const t = ((a0 * b0) >>> 16) + a1 * b0;
+  const w = (t & 0xffff) + a0 * b1;
+  rl = Math.imul(a, b) >>> 0;
+  rh = (a1 * b1 + (t >>> 16) + (w >>> 16)) >>> 0;
 }
 
 /** (rh, rl) = a * b mod 2^64. */
@@ -142,10 +147,10 @@ function avalanche64(h: number, l: number): void {
 /** (rh, rl) = XXH3_mix16B(input + i, secret + s) with seed 0. */
 function mix16B(b: Uint8Array, i: number, s: number): void {
   mulFold(
-    (r32(b, i + 4) ^ r32(SECRET, s + 4)) >>> 0,
-    (r32(b, i) ^ r32(SECRET, s)) >>> 0,
-    (r32(b, i + 12) ^ r32(SECRET, s + 12)) >>> 0,
-    (r32(b, i + 8) ^ r32(SECRET, s + 8)) >>> 0,
+    (r32(b, i + 4) ^ S32[s + 4]) >>> 0,
+    (r32(b, i) ^ S32[s]) >>> 0,
+    (r32(b, i + 12) ^ S32[s + 12]) >>> 0,
+    (r32(b, i + 8) ^ S32[s + 8]) >>> 0,
   );
 }
 
@@ -210,10 +215,10 @@ function finishMid(len: number, out: Uint8Array): void {
 function len0to16(b: Uint8Array, len: number, out: Uint8Array): void {
   if (len > 8) {
     // XXH3_len_9to16_128b
-    const flipLh = (r32(SECRET, 36) ^ r32(SECRET, 44)) >>> 0;
-    const flipLl = (r32(SECRET, 32) ^ r32(SECRET, 40)) >>> 0;
-    const flipHh = (r32(SECRET, 52) ^ r32(SECRET, 60)) >>> 0;
-    const flipHl = (r32(SECRET, 48) ^ r32(SECRET, 56)) >>> 0;
+    const flipLh = (S32[36] ^ S32[44]) >>> 0;
+    const flipLl = (S32[32] ^ S32[40]) >>> 0;
+    const flipHh = (S32[52] ^ S32[60]) >>> 0;
+    const flipHl = (S32[48] ^ S32[56]) >>> 0;
     let inHh = r32(b, len - 4);
     let inHl = r32(b, len - 8);
     mul128((r32(b, 4) ^ inHh ^ flipLh) >>> 0, (r32(b, 0) ^ inHl ^ flipLl) >>> 0, P64_1H, P64_1L);
@@ -252,8 +257,8 @@ function len0to16(b: Uint8Array, len: number, out: Uint8Array): void {
   }
   if (len >= 4) {
     // XXH3_len_4to8_128b
-    const kh = (r32(b, len - 4) ^ r32(SECRET, 20) ^ r32(SECRET, 28)) >>> 0;
-    const kl = (r32(b, 0) ^ r32(SECRET, 16) ^ r32(SECRET, 24)) >>> 0;
+    const kh = (r32(b, len - 4) ^ S32[20] ^ S32[28]) >>> 0;
+    const kl = (r32(b, 0) ^ S32[16] ^ S32[24]) >>> 0;
     add64(P64_1H, P64_1L, 0, len << 2);
     mul128(kh, kl, rh, rl);
     let hiH = qh;
@@ -286,17 +291,17 @@ function len0to16(b: Uint8Array, len: number, out: Uint8Array): void {
     const swapped =
       ((combinedl >>> 24) | ((combinedl >>> 8) & 0xff00) | ((combinedl << 8) & 0xff0000) | (combinedl << 24)) >>> 0;
     const combinedh = ((swapped << 13) | (swapped >>> 19)) >>> 0;
-    const flipL = (r32(SECRET, 0) ^ r32(SECRET, 4)) >>> 0;
-    const flipH = (r32(SECRET, 8) ^ r32(SECRET, 12)) >>> 0;
+    const flipL = (S32[0] ^ S32[4]) >>> 0;
+    const flipH = (S32[8] ^ S32[12]) >>> 0;
     avalanche64(0, (combinedh ^ flipH) >>> 0);
     writeBE(out, 0, rh, rl);
     avalanche64(0, (combinedl ^ flipL) >>> 0);
     writeBE(out, 8, rh, rl);
     return;
   }
-  avalanche64((r32(SECRET, 84) ^ r32(SECRET, 92)) >>> 0, (r32(SECRET, 80) ^ r32(SECRET, 88)) >>> 0);
+  avalanche64((S32[84] ^ S32[92]) >>> 0, (S32[80] ^ S32[88]) >>> 0);
   writeBE(out, 0, rh, rl);
-  avalanche64((r32(SECRET, 68) ^ r32(SECRET, 76)) >>> 0, (r32(SECRET, 64) ^ r32(SECRET, 72)) >>> 0);
+  avalanche64((S32[68] ^ S32[76]) >>> 0, (S32[64] ^ S32[72]) >>> 0);
   writeBE(out, 8, rh, rl);
 }
 
@@ -343,8 +348,8 @@ function accumulate512(b: Uint8Array, i: number, s: number): void {
   for (let lane = 0; lane < 8; lane++) {
     const dh = r32(b, i + lane * 8 + 4);
     const dl = r32(b, i + lane * 8);
-    const kh = (dh ^ r32(SECRET, s + lane * 8 + 4)) >>> 0;
-    const kl = (dl ^ r32(SECRET, s + lane * 8)) >>> 0;
+    const kh = (dh ^ S32[s + lane * 8 + 4]) >>> 0;
+    const kl = (dl ^ S32[s + lane * 8]) >>> 0;
     // acc[lane ^ 1] += data_val
     const o = (lane ^ 1) * 2;
     add64(acc[o], acc[o + 1], dh, dl);
@@ -364,8 +369,8 @@ function scramble(s: number): void {
     let h = acc[lane * 2];
     let l = acc[lane * 2 + 1];
     l = (l ^ (h >>> 15)) >>> 0; // xorshift 47
-    h = (h ^ r32(SECRET, s + lane * 8 + 4)) >>> 0;
-    l = (l ^ r32(SECRET, s + lane * 8)) >>> 0;
+    h = (h ^ S32[s + lane * 8 + 4]) >>> 0;
+    l = (l ^ S32[s + lane * 8]) >>> 0;
     mul64(h, l, 0, P32_1);
     acc[lane * 2] = rh;
     acc[lane * 2 + 1] = rl;
@@ -378,10 +383,10 @@ function mergeAccs(s: number, startH: number, startL: number): void {
   let l = startL;
   for (let i = 0; i < 4; i++) {
     mulFold(
-      (acc[i * 4] ^ r32(SECRET, s + 16 * i + 4)) >>> 0,
-      (acc[i * 4 + 1] ^ r32(SECRET, s + 16 * i)) >>> 0,
-      (acc[i * 4 + 2] ^ r32(SECRET, s + 16 * i + 12)) >>> 0,
-      (acc[i * 4 + 3] ^ r32(SECRET, s + 16 * i + 8)) >>> 0,
+      (acc[i * 4] ^ S32[s + 16 * i + 4]) >>> 0,
+      (acc[i * 4 + 1] ^ S32[s + 16 * i]) >>> 0,
+      (acc[i * 4 + 2] ^ S32[s + 16 * i + 12]) >>> 0,
+      (acc[i * 4 + 3] ^ S32[s + 16 * i + 8]) >>> 0,
     );
     add64(h, l, rh, rl);
     h = rh;
