@@ -13,7 +13,7 @@
  * Checked against Python's xxhash on inputs of every length class (test/core/xxh3-128.test.ts).
  */
 
-// Results of the 64-bit helpers: (rh, rl) a 64-bit value; (qh, ql) a 128-bit product's high half.
+// Results of the 64-bit arithmetic below: (rh, rl) a 64-bit value; (qh, ql) a 128-bit product's high half.
 let rh = 0;
 let rl = 0;
 let qh = 0;
