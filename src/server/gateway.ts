@@ -27,7 +27,18 @@ import {
   type BodyCharge,
 } from './body-budget.js';
 import { CircuitBreaker } from './circuit-breaker.js';
-import { createGatewayMetrics, registerBodyBudgetMetrics, registerKvEventMetrics } from './metrics.js';
+import {
+  capClientConnections,
+  checkMaxClientConnections,
+  DEFAULT_MAX_CLIENT_CONNECTIONS,
+  openConnections,
+} from './client-connections.js';
+import {
+  createGatewayMetrics,
+  registerBodyBudgetMetrics,
+  registerClientConnectionMetrics,
+  registerKvEventMetrics,
+} from './metrics.js';
 import {
   createRequestParser,
   createRequestReader,
@@ -83,6 +94,11 @@ export interface GatewayOptions {
    * Shared with the endpoint picker on this gateway (`gateway.bodyBudget`).
    */
   bufferedBodyLimit?: number;
+  /**
+   * Most client connections held at once (default 16,384, client-connections.ts): one more is
+   * closed as it is accepted, unanswered, and counted.
+   */
+  maxClientConnections?: number;
   /** Attempts on other workers after a connection failure or a 5xx before the first byte. */
   maxRetries?: number;
   /** Most connections to one engine (default 2048, worker-connections.ts); a stream holds one until it ends. */
@@ -162,6 +178,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const log = options.log ?? (() => {});
   const limits = checkRequestLimits(options.limits);
   const timeouts = checkTimeouts({ interChunkTimeoutMs: options.upstreamTimeoutMs, ...options.timeouts });
+  const maxClientConnections = checkMaxClientConnections(
+    options.maxClientConnections ?? DEFAULT_MAX_CLIENT_CONNECTIONS,
+  );
   const adminTokenText = options.adminToken ?? generateToken();
   const adminToken = new AdminToken(adminTokenText);
   const health = new WorkerHealth(router, log);
@@ -287,12 +306,17 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       // longer than clients keep idle connections (undici: 4 s), so the server is never the one
       // closing a connection a client is about to reuse
       server.keepAliveTimeout = KEEP_ALIVE_TIMEOUT_MS;
+      capClientConnections(server, maxClientConnections, () => clientConnectionRefusals.inc());
       return server;
     },
   });
   const metrics = createGatewayMetrics(router);
   registerKvEventMetrics(metrics.registry, () => connections.subscriberStats());
   const bodyBudgetRefusals = registerBodyBudgetMetrics(metrics.registry, bodyBudget);
+  const clientConnectionRefusals = registerClientConnectionMetrics(metrics.registry, {
+    limit: maxClientConnections,
+    open: () => openConnections(app.server),
+  });
   registerWorkerStateMetrics(metrics.registry, {
     router,
     health,

@@ -205,6 +205,38 @@ export function registerBodyBudgetMetrics(registry: Registry, budget: { used: nu
 }
 
 /**
+ * The client connections of one listener (client-connections.ts): open now, the cap
+ * (--max-client-connections), and the connections closed unanswered because the cap was
+ * reached. Returns the refusals counter.
+ */
+export function registerClientConnectionMetrics(
+  registry: Registry,
+  connections: { limit: number; open: () => Promise<number> },
+): Counter {
+  new Gauge({
+    name: 'contextforge_client_connections_open',
+    help: 'Client connections open now.',
+    registers: [registry],
+    async collect() {
+      this.set(await connections.open());
+    },
+  });
+  new Gauge({
+    name: 'contextforge_client_connections_limit',
+    help: 'Most client connections held at once (--max-client-connections).',
+    registers: [registry],
+    collect() {
+      this.set(connections.limit);
+    },
+  });
+  return new Counter({
+    name: 'contextforge_client_connections_refused_total',
+    help: 'Client connections closed as they were accepted because --max-client-connections were open.',
+    registers: [registry],
+  });
+}
+
+/**
  * KV-event counters per worker (a data-parallel rank is a worker), read from the subscribers
  * when scraped: events skipped by reason (one bad event never costs its batch; see
  * docs/engines.md for the reasons) and the subscriber's own counts.

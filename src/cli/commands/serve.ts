@@ -182,6 +182,7 @@ export async function startGateway(
     },
     bodyLimit: c.bodyLimit,
     bufferedBodyLimit: c.bufferedBodyLimit,
+    maxClientConnections: c.maxClientConnections,
     maxRetries: c.maxRetries,
     engineConnections: c.engineConnections,
     upstreamTimeoutMs: c.upstreamTimeoutMs,

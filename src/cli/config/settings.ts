@@ -8,6 +8,7 @@
 import { z } from 'zod';
 import { ROUTER_SETTINGS_HELP, ROUTER_SETTINGS_SCHEMA } from '../../core/router/options-schema.js';
 import { DEFAULT_BUFFERED_BODY_LIMIT } from '../../server/body-budget.js';
+import { DEFAULT_MAX_CLIENT_CONNECTIONS, MAX_CLIENT_CONNECTIONS } from '../../server/client-connections.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
 import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
 import { DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from '../../server/connection-slots.js';
@@ -77,6 +78,7 @@ const gatewayShape = {
     .min(1024)
     .default(16 * 1024 * 1024),
   bufferedBodyLimit: z.int().min(1024).default(DEFAULT_BUFFERED_BODY_LIMIT),
+  maxClientConnections: z.int().min(1).max(MAX_CLIENT_CONNECTIONS).default(DEFAULT_MAX_CLIENT_CONNECTIONS),
   maxRetries: z.int().min(0).max(16).default(2),
   engineConnections: z.int().min(1).max(MAX_ENGINE_CONNECTIONS).default(DEFAULT_ENGINE_CONNECTIONS),
   upstreamTimeoutMs: TIMEOUTS_SCHEMA.shape.interChunkTimeoutMs,
@@ -146,6 +148,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   bufferedBodyLimit: {
     arg: '<bytes>',
     help: 'most request-body bytes held at once over all requests (gateway and endpoint picker; at least --body-limit); a request whose body does not fit gets 503 with retry-after',
+  },
+  maxClientConnections: {
+    arg: '<n>',
+    help: "most client connections held at once per process (idle keep-alive ones count); one more is closed as it is accepted, unanswered: keep clients' and engines' connections together under the descriptor limit (ulimit -n)",
   },
   maxRetries: { arg: '<n>', help: 'retries on other workers before the first byte' },
   engineConnections: {

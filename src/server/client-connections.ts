@@ -1,0 +1,50 @@
+/**
+ * The cap on client connections a process holds at once. Without it the only bound is the
+ * file-descriptor limit, which the gateway's own connections to the engines, its KV-event
+ * sockets and Redis share: clients that open connections and keep them (idle keep-alive,
+ * slow headers) could leave none for the engines.
+ *
+ * Over the cap a connection is closed as soon as it is accepted (Node's `maxConnections`):
+ * nothing of it is read, no parser, buffer or timer is made for it, and the client sees the
+ * connection closed at once (a connection error it may retry elsewhere), never a hang. A 503
+ * with a JSON body was weighed and left out: a client reliably reads an answer only when the
+ * server reads its request first and closes after it (closing with the request unread resets
+ * the connection, and the answer with it), so every refused connection would hold a descriptor
+ * and a parser for a while past the cap, in the very flood the cap is for.
+ */
+import type { Server } from 'node:net';
+
+/**
+ * 16,384 connections: a quarter of a common descriptor limit (`ulimit -n` 65,536), which leaves
+ * room for 16 engines' connections at the default `--engine-connections` (2048 each: 32,768)
+ * and the KV-event and Redis sockets. A streamed answer holds one client connection and one
+ * engine connection, so past a few engines the engines' connections, not the clients', bound
+ * the requests in flight.
+ */
+export const DEFAULT_MAX_CLIENT_CONNECTIONS = 16_384;
+
+/** The largest cap taken: 2^20, the highest descriptor limit common systems set (Kubernetes' containerd default). */
+export const MAX_CLIENT_CONNECTIONS = 1_048_576;
+
+/** `limit` when it is an integer from 1 to MAX_CLIENT_CONNECTIONS; a RangeError or TypeError naming it otherwise. */
+export function checkMaxClientConnections(limit: number): number {
+  if (typeof limit !== 'number' || !Number.isInteger(limit))
+    throw new TypeError(`maxClientConnections must be an integer (got ${String(limit)})`);
+  if (limit < 1 || limit > MAX_CLIENT_CONNECTIONS)
+    throw new RangeError(`maxClientConnections must be from 1 to ${MAX_CLIENT_CONNECTIONS} (got ${limit})`);
+  return limit;
+}
+
+/**
+ * Caps `server`'s connections at `limit`: one more is closed as it is accepted, and
+ * `onRefused` is called for it. The connections open and their requests are not touched.
+ */
+export function capClientConnections(server: Server, limit: number, onRefused: () => void): void {
+  server.maxConnections = checkMaxClientConnections(limit);
+  server.on('drop', onRefused);
+}
+
+/** The connections `server` holds now. */
+export function openConnections(server: Server): Promise<number> {
+  return new Promise((resolve) => server.getConnections((err, n) => resolve(err ? 0 : n)));
+}
