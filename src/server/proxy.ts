@@ -241,7 +241,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           for (const id of connections.routerIdsOf(decision.workerId)) excluded.add(id);
         }
         excluded.add(decision.workerId);
-        if (attempt < maxRetries) {
+        // the pause spaces attempts on other workers; with none left to try there is nothing to wait for
+        if (attempt < maxRetries && hasOtherCandidate(router, excluded)) {
           retryOf = decision.workerId;
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
@@ -258,6 +259,14 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       return reply;
     }
   };
+}
+
+/**
+ * Whether a worker not in `excluded` is available: one the next attempt's route() could choose
+ * (route() takes its candidates from the available workers outside its exclusions).
+ */
+function hasOtherCandidate(router: KVAwareRouter, excluded: ReadonlySet<string>): boolean {
+  return router.listWorkers().some((w) => w.available && !excluded.has(w.id));
 }
 
 /** The bytes an attempt forwards: the client's own when the body is unchanged, else the body serialised (with the salt). */
