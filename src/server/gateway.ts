@@ -49,6 +49,7 @@ import {
   type RequestReaderOptions,
 } from './openai-request.js';
 import { createFastPath } from './fast-path.js';
+import { MAX_QUEUED_PIPELINED_REQUESTS, PipelinedRequests } from './pipelining.js';
 import { sharePrefillReads } from '../state/prefill-sharing.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
@@ -261,6 +262,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   let closing = false;
   /** The methods each path is served with (filled in as the routes are declared), for 405's Allow. */
   const routeMethods = new RouteMethods();
+  /** Each connection's requests, served one after the other (pipelining.ts). */
+  const pipelined = new PipelinedRequests();
   const app = Fastify({
     bodyLimit,
     logger: false,
@@ -291,7 +294,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           if (req.headers.host === undefined && req.httpVersion === '1.1')
             return answerMalformed(res, 400, 'an HTTP/1.1 request needs a Host header', 'host');
           if (!admitBody(req, res)) return;
-          if (fastPath === undefined || !fastPath(req, res)) handler(req, res);
+          const served = pipelined.admit(req, res, (r, s) => {
+            if (fastPath === undefined || !fastPath(r, s)) handler(r, s);
+          });
+          if (!served) answerPipelineFull(res);
         },
       );
       // an Expect other than 100-continue: Node's own answer is a 417 without a body
@@ -680,6 +686,28 @@ function answerBodyBudgetExceeded(res: ServerResponse): void {
   res.writeHead(503, {
     connection: 'close',
     'retry-after': String(BODY_BUDGET_RETRY_AFTER_S),
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': Buffer.byteLength(body),
+  });
+  res.end(body);
+}
+
+/**
+ * Answers a request that came pipelined behind too many others on its connection (pipelining.ts):
+ * 503, in its turn after the answers before it, and the connection closed after it (the
+ * client sends what came after it again, on a new connection).
+ */
+function answerPipelineFull(res: ServerResponse): void {
+  const body = JSON.stringify({
+    error: {
+      message: `more than ${MAX_QUEUED_PIPELINED_REQUESTS} requests pipelined behind the one being answered; send the rest on a new connection`,
+      type: 'server_error',
+      param: null,
+      code: 'pipelining_depth_exceeded',
+    },
+  });
+  res.writeHead(503, {
+    connection: 'close',
     'content-type': 'application/json; charset=utf-8',
     'content-length': Buffer.byteLength(body),
   });
