@@ -57,6 +57,8 @@ export async function startPicker(
     onOutcome: (outcome) => picker.countOutcome(outcome),
     ready: () => gateway.router.listWorkers().some((w) => w.available),
     readinessIntervalMs: o.readinessIntervalMs,
+    // the gateway's cap, per listener: Envoy's connections are clients of this process too
+    capConnections: (listener) => gateway.capClientConnections(listener, 'ext_proc'),
   });
   return {
     eppPort: server.port,

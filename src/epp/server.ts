@@ -1,7 +1,9 @@
+import { createServer as createNetServer, type AddressInfo, type Server as NetServer } from 'node:net';
 import { Server, ServerCredentials } from '@grpc/grpc-js';
 import { HealthImplementation } from 'grpc-health-check';
 import { createProcessHandler, type ExtProcHandlerOptions } from './ext-proc-handler.js';
 import { EXT_PROC_SERVICE, extProcService } from './proto.js';
+import { capClientConnections, DEFAULT_MAX_CLIENT_CONNECTIONS } from '../server/client-connections.js';
 
 /** gRPC health service names the Gateway API Inference Extension's probes ask for. */
 export const HEALTH_SERVICES = ['liveness', 'readiness', EXT_PROC_SERVICE] as const;
@@ -22,6 +24,11 @@ export interface EppServerOptions extends ExtProcHandlerOptions {
    */
   keepaliveTimeMs?: number;
   keepaliveTimeoutMs?: number;
+  /**
+   * Caps the connections of the picker's listener (the gateway's capClientConnections, so the
+   * cap and its metrics are the gateway's); default: DEFAULT_MAX_CLIENT_CONNECTIONS, not counted.
+   */
+  capConnections?: (listener: NetServer) => void;
 }
 
 export interface EppServer {
@@ -68,14 +75,22 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
   const timer = setInterval(refresh, options.readinessIntervalMs ?? 1000);
   timer.unref();
 
-  const host = options.host ?? '0.0.0.0';
-  const address = host.includes(':') && !host.startsWith('[') ? `[${host}]:${options.port}` : `${host}:${options.port}`;
+  // the picker's own listener hands its connections to the gRPC server: grpc-js's listeners
+  // take no cap on connections, a net.Server does (client-connections.ts)
+  const injector = server.createConnectionInjector(ServerCredentials.createInsecure());
+  const listener = createNetServer((socket) => injector.injectConnection(socket));
+  if (options.capConnections) options.capConnections(listener);
+  else capClientConnections(listener, DEFAULT_MAX_CLIENT_CONNECTIONS, () => {});
+  const closeListener = () => new Promise<void>((resolve) => listener.close(() => resolve()));
   let port: number;
   try {
     port = await new Promise<number>((resolve, reject) => {
-      server.bindAsync(address, ServerCredentials.createInsecure(), (err, bound) =>
-        err ? reject(err) : resolve(bound),
-      );
+      listener.once('error', reject);
+      // an IPv6 address as listen() takes it: without brackets
+      listener.listen(options.port, (options.host ?? '0.0.0.0').replace(/^\[(.*)\]$/, '$1'), () => {
+        listener.off('error', reject);
+        resolve((listener.address() as AddressInfo).port);
+      });
     });
   } catch (err) {
     // nobody gets a close() for a server that did not start: the readiness poll would run
@@ -92,6 +107,8 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
       health.setStatus('readiness', 'NOT_SERVING');
       health.setStatus(EXT_PROC_SERVICE, 'NOT_SERVING');
       await new Promise<void>((resolve) => {
+        // no new connections meanwhile; those open are the gRPC server's to close
+        void closeListener();
         const force = setTimeout(() => {
           server.forceShutdown();
           resolve();

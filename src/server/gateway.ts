@@ -6,6 +6,7 @@
  * proxy, admin routes) and serves the small read-only endpoints itself.
  */
 import { createServer as createHttpServer, STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { Server as NetServer } from 'node:net';
 import { Transform, type Duplex, type TransformCallback } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Registry } from 'prom-client';
@@ -160,6 +161,11 @@ export interface Gateway {
   /** The request-body bytes held now over all requests, and their limit (the endpoint picker's too). */
   bodyBudget: BodyBudget;
   /**
+   * Caps another listener of this process (the endpoint picker's) at the gateway's
+   * maxClientConnections; its connections show in /metrics under `listener`.
+   */
+  capClientConnections(server: NetServer, listener: string): void;
+  /**
    * Stops taking requests (new ones are answered 503), lets those in flight finish for up to
    * `graceMs` (default: as long as they take), then cuts their connections: a cut request's
    * engine request is aborted and its stream ends unfinished. Then closes the workers'
@@ -312,17 +318,22 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       // longer than clients keep idle connections (undici: 4 s), so the server is never the one
       // closing a connection a client is about to reuse
       server.keepAliveTimeout = KEEP_ALIVE_TIMEOUT_MS;
-      capClientConnections(server, maxClientConnections, () => clientConnectionRefusals.inc());
       return server;
     },
   });
   const metrics = createGatewayMetrics(router);
   registerKvEventMetrics(metrics.registry, () => connections.subscriberStats());
   const bodyBudgetRefusals = registerBodyBudgetMetrics(metrics.registry, bodyBudget);
-  const clientConnectionRefusals = registerClientConnectionMetrics(metrics.registry, {
-    limit: maxClientConnections,
-    open: () => openConnections(app.server),
-  });
+  const clientConnectionMetrics = registerClientConnectionMetrics(metrics.registry);
+  /** Caps `server`'s connections at maxClientConnections, its connections and refusals shown as `listener`'s. */
+  const capListener = (server: NetServer, listener: string) => {
+    const refusals = clientConnectionMetrics.listen(listener, {
+      limit: maxClientConnections,
+      open: () => openConnections(server),
+    });
+    capClientConnections(server, maxClientConnections, () => refusals.inc());
+  };
+  capListener(app.server, 'http');
   registerWorkerStateMetrics(metrics.registry, {
     router,
     health,
@@ -587,6 +598,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     parseRequest: createRequestParser(readerOptions),
     limits,
     bodyBudget,
+    capClientConnections: capListener,
     close: async (graceMs?: number) => {
       if (graceMs !== undefined && !(graceMs >= 0)) throw new RangeError(`graceMs must be >= 0, got ${graceMs}`);
       closing = true;

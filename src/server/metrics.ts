@@ -204,36 +204,51 @@ export function registerBodyBudgetMetrics(registry: Registry, budget: { used: nu
   });
 }
 
+/** The client connections of a process's listeners, counted per listener (`http`, `ext_proc`). */
+export interface ClientConnectionMetrics {
+  /** Reports `listener`'s open connections and cap when scraped; returns its refusals counter. */
+  listen(listener: string, connections: { limit: number; open: () => Promise<number> }): Counter.Internal;
+}
+
 /**
- * The client connections of one listener (client-connections.ts): open now, the cap
+ * Client connections (client-connections.ts) per listener: open now, the cap
  * (--max-client-connections), and the connections closed unanswered because the cap was
- * reached. Returns the refusals counter.
+ * reached.
  */
-export function registerClientConnectionMetrics(
-  registry: Registry,
-  connections: { limit: number; open: () => Promise<number> },
-): Counter {
+export function registerClientConnectionMetrics(registry: Registry): ClientConnectionMetrics {
+  const listeners = new Map<string, { limit: number; open: () => Promise<number> }>();
   new Gauge({
     name: 'contextforge_client_connections_open',
-    help: 'Client connections open now.',
+    help: 'Client connections open now, per listener.',
+    labelNames: ['listener'],
     registers: [registry],
     async collect() {
-      this.set(await connections.open());
+      for (const [listener, c] of listeners) this.set({ listener }, await c.open());
     },
   });
   new Gauge({
     name: 'contextforge_client_connections_limit',
-    help: 'Most client connections held at once (--max-client-connections).',
+    help: 'Most client connections held at once, per listener (--max-client-connections).',
+    labelNames: ['listener'],
     registers: [registry],
     collect() {
-      this.set(connections.limit);
+      for (const [listener, c] of listeners) this.set({ listener }, c.limit);
     },
   });
-  return new Counter({
+  const refused = new Counter({
     name: 'contextforge_client_connections_refused_total',
-    help: 'Client connections closed as they were accepted because --max-client-connections were open.',
+    help: 'Client connections closed as they were accepted because --max-client-connections were open, per listener.',
+    labelNames: ['listener'],
     registers: [registry],
   });
+  return {
+    listen(listener, connections) {
+      listeners.set(listener, connections);
+      // shown at 0 from the start, not only after a first refusal
+      refused.inc({ listener }, 0);
+      return refused.labels({ listener });
+    },
+  };
 }
 
 /**

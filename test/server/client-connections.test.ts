@@ -44,9 +44,11 @@ async function healthz(c: RawClient, what: string): Promise<void> {
   await until(() => c.received().slice(before).includes('{"status":"ok"}'), `${what} answered`);
 }
 
+/** A metric's value for the gateway's HTTP listener. */
 function metricValue(text: string, name: string): number | undefined {
-  const line = text.split('\n').find((l) => l.startsWith(`${name} `));
-  return line === undefined ? undefined : Number(line.slice(name.length + 1));
+  const prefix = `${name}{listener="http"} `;
+  const line = text.split('\n').find((l) => l.startsWith(prefix));
+  return line === undefined ? undefined : Number(line.slice(prefix.length));
 }
 
 test(

@@ -151,7 +151,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   maxClientConnections: {
     arg: '<n>',
-    help: "most client connections held at once per process (idle keep-alive ones count); one more is closed as it is accepted, unanswered: keep clients' and engines' connections together under the descriptor limit (ulimit -n)",
+    help: "most client connections held at once per process, on the HTTP port and on the endpoint picker's gRPC port each (idle keep-alive ones count); one more is closed as it is accepted, unanswered: keep clients' and engines' connections together under the descriptor limit (ulimit -n)",
   },
   maxRetries: { arg: '<n>', help: 'retries on other workers before the first byte' },
   engineConnections: {
