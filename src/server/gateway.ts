@@ -50,7 +50,7 @@ import {
   type RequestReaderOptions,
 } from './openai-request.js';
 import { createFastPath } from './fast-path.js';
-import { MAX_QUEUED_PIPELINED_REQUESTS, PipelinedRequests } from './pipelining.js';
+import { MAX_PIPELINED_REQUESTS, PipelinedRequests } from './pipelining.js';
 import { sharePrefillReads } from '../state/prefill-sharing.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
@@ -268,7 +268,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   let closing = false;
   /** The methods each path is served with (filled in as the routes are declared), for 405's Allow. */
   const routeMethods = new RouteMethods();
-  /** Each connection's requests, served one after the other (pipelining.ts). */
+  /** How many requests each connection has served at once (pipelining.ts). */
   const pipelined = new PipelinedRequests();
   const app = Fastify({
     bodyLimit,
@@ -299,11 +299,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         (req, res) => {
           if (req.headers.host === undefined && req.httpVersion === '1.1')
             return answerMalformed(res, 400, 'an HTTP/1.1 request needs a Host header', 'host');
+          // before its body is taken from the budget: a refused request holds none of it
+          if (!pipelined.admit(req, res)) return answerPipelineFull(res);
           if (!admitBody(req, res)) return;
-          const served = pipelined.admit(req, res, (r, s) => {
-            if (fastPath === undefined || !fastPath(r, s)) handler(r, s);
-          });
-          if (!served) answerPipelineFull(res);
+          if (fastPath === undefined || !fastPath(req, res)) handler(req, res);
         },
       );
       // an Expect other than 100-continue: Node's own answer is a 417 without a body
@@ -705,14 +704,14 @@ function answerBodyBudgetExceeded(res: ServerResponse): void {
 }
 
 /**
- * Answers a request that came pipelined behind too many others on its connection (pipelining.ts):
- * 503, in its turn after the answers before it, and the connection closed after it (the
- * client sends what came after it again, on a new connection).
+ * Answers a request pipelined on a connection that has MAX_PIPELINED_REQUESTS served already
+ * (pipelining.ts): 503, in its turn after the answers before it, and the connection closed
+ * after it (the client sends what came after it again, on a new connection).
  */
 function answerPipelineFull(res: ServerResponse): void {
   const body = JSON.stringify({
     error: {
-      message: `more than ${MAX_QUEUED_PIPELINED_REQUESTS} requests pipelined behind the one being answered; send the rest on a new connection`,
+      message: `more than ${MAX_PIPELINED_REQUESTS} requests pipelined on one connection at once; send the rest on a new connection`,
       type: 'server_error',
       param: null,
       code: 'pipelining_depth_exceeded',
