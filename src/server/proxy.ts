@@ -34,6 +34,7 @@ import {
 import { clientMessage } from './request-limits.js';
 import type { FirstByteDeadlines } from './timeouts.js';
 import { forwardedVia } from './via.js';
+import { declaresJson, isWholeJson } from './whole-json.js';
 import type { WorkerConnection, WorkerConnections } from './worker-connections.js';
 
 export interface ProxyDeps {
@@ -154,6 +155,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     let looped = 0;
     // attempts that found every connection the gateway keeps to the engine busy until their deadline
     let noConnection = 0;
+    // attempts answered with JSON that is not a whole document (cut short, or not JSON at all)
+    let incomplete = 0;
     /** The answer once every attempt failed: what the attempts' outcomes say (answerExhausted). */
     const exhausted = (lastWorker?: string) =>
       answerExhausted(reply, {
@@ -162,6 +165,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         retryAfterS: overloadedRetryAfterS,
         looped,
         noConnection,
+        incomplete,
         lastWorker,
       });
     // the worker whose failure the next attempt retries: counted once another worker takes it
@@ -213,6 +217,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           if (retryAfterS !== undefined) overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
         },
         onLoop: () => looped++,
+        onIncomplete: () => incomplete++,
         onRefused: () => {
           router.markRefused(decision.ticket);
           if (decision.shared) state.decisionRefused(decision.shared);
@@ -297,6 +302,8 @@ interface ExhaustedAttempts {
   looped: number;
   /** Attempts that found every connection the gateway keeps to the engine busy until their deadline. */
   noConnection: number;
+  /** Attempts answered with JSON that is not a whole document. */
+  incomplete: number;
   /** The worker of the last attempt, when the retries ran out. */
   lastWorker?: string;
 }
@@ -306,11 +313,12 @@ interface ExhaustedAttempts {
  * when each of them refused as overloaded (the client should back off, not report a fault),
  * 503 with Retry-After when each was overloaded or had no free connection from the gateway
  * (the gateway is overloaded: as when no worker can take the request), 508 when each of them
- * answered 508 (a routing loop: retrying cannot help), else 502 with Retry-After: 1.
+ * answered 508 (a routing loop: retrying cannot help), else 502 with Retry-After: 1 (with the
+ * code engine_answer_incomplete when each of them answered JSON that is not a whole document).
  */
 function answerExhausted(
   reply: ProxyReply,
-  { failedAttempts, overloaded, retryAfterS, looped, noConnection, lastWorker }: ExhaustedAttempts,
+  { failedAttempts, overloaded, retryAfterS, looped, noConnection, incomplete, lastWorker }: ExhaustedAttempts,
 ): ProxyReply {
   if (looped === failedAttempts)
     return openAiError(
@@ -335,11 +343,16 @@ function answerExhausted(
     );
   }
   reply.header('retry-after', '1');
-  return openAiError(
-    reply,
-    502,
-    lastWorker === undefined ? 'the engines failed to answer' : `the engines failed to answer (last: ${lastWorker})`,
-  );
+  const last = lastWorker === undefined ? '' : ` (last: ${lastWorker})`;
+  if (incomplete === failedAttempts)
+    return openAiError(
+      reply,
+      502,
+      `the engines answered with JSON that is not a whole JSON document: cut short, or not JSON${last}`,
+      null,
+      'engine_answer_incomplete',
+    );
+  return openAiError(reply, 502, `the engines failed to answer${last}`);
 }
 
 /** How one attempt on one engine ended. */
@@ -382,6 +395,11 @@ export interface ForwardOptions {
   onOverloaded: (retryAfterS: number | undefined) => void;
   /** The engine answered 508 Loop Detected: a gateway on the way saw the request come back. */
   onLoop: () => void;
+  /**
+   * The engine's complete answer, declared JSON, is not a whole JSON document (its
+   * Content-Length short of its body, say): the attempt failed, and another worker can take it.
+   */
+  onIncomplete: () => void;
   /**
    * The answer is committed to the client (its headers go out): nothing is retried from here, so
    * the request's body is no longer needed.
@@ -555,6 +573,10 @@ class Attempt implements Dispatcher.DispatchHandler {
   private gather = false;
   private parts: Buffer[] | undefined;
   private gathered = 0;
+  /** The answer's Content-Length, when it declared one. */
+  private declaredLength: number | undefined;
+  /** The gathered answer is declared JSON: it is passed on only if it is a whole JSON document. */
+  private checkWhole = false;
   private firstByteSeen = false;
   /** The start of a stream's event whose end has not arrived yet (not sent to the client), in the chunks it came in. */
   private held: Buffer[] | undefined;
@@ -688,6 +710,8 @@ class Attempt implements Dispatcher.DispatchHandler {
       } else if (name.length === 14 && name.toString('latin1').toLowerCase() === 'content-length')
         length = Number(rawHeaders[i + 1].toString('latin1'));
     }
+    // an engine that declares JSON is held to it; one that declares nothing is passed on as JSON, unchecked
+    this.checkWhole = contentType !== undefined && declaresJson(contentType);
     contentType ??= 'application/json';
     this.eventStream = contentType.includes('event-stream');
     const o = this.o;
@@ -698,6 +722,8 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.headers = headers;
     // a whole answer is gathered, so one cut short is retried, unless it is too large to hold
     this.gather = !this.eventStream && (length === undefined ? !o.streaming : length <= MAX_GATHERED_BYTES);
+    this.checkWhole &&= this.gather;
+    this.declaredLength = length;
     this.resumeUpstream = resume;
     return true;
   }
@@ -736,6 +762,16 @@ class Attempt implements Dispatcher.DispatchHandler {
       this.gathered += chunk.length;
       if (this.gathered <= MAX_GATHERED_BYTES) {
         (this.parts ??= []).push(chunk);
+        // the last byte its Content-Length declares: checked now, while the connection can still
+        // be dropped (bytes past the declared length would be left on it, read as the next answer)
+        if (this.gathered === this.declaredLength && this.checkWhole) {
+          this.checkWhole = false;
+          if (!isWholeJson(this.gatheredPayload())) {
+            this.o.onIncomplete();
+            this.abortUpstream?.(new Error('incomplete JSON answer'));
+            return false;
+          }
+        }
         return true;
       }
       // an answer of unknown length grew too large to hold: it passes through from here
@@ -802,6 +838,14 @@ class Attempt implements Dispatcher.DispatchHandler {
     return out;
   }
 
+  /** The gathered answer as one buffer (kept as the only part from then on). */
+  private gatheredPayload(): Buffer {
+    const parts = this.parts;
+    if (parts === undefined) return Buffer.alloc(0);
+    if (parts.length > 1) this.parts = [Buffer.concat(parts, this.gathered)];
+    return this.parts![0];
+  }
+
   /** undici is done with the request (it completed or failed): its connection is free for the next. */
   private releaseConnection(): void {
     if (!this.holdsConnection) return;
@@ -815,8 +859,12 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (this.why !== undefined && !this.sent) return this.settle(this.failed());
     if (!this.firstByteSeen) this.firstByte();
     if (this.gather) {
-      const parts = this.parts;
-      const payload = parts === undefined ? Buffer.alloc(0) : parts.length === 1 ? parts[0] : Buffer.concat(parts);
+      const payload = this.gatheredPayload();
+      // an answer without a Content-Length (or an empty one) is checked at its end
+      if (this.checkWhole && !isWholeJson(payload)) {
+        this.o.onIncomplete();
+        return this.settle('retry');
+      }
       this.startResponse(payload.length);
       this.res.end(payload);
     } else {

@@ -85,6 +85,7 @@ export function forwardTo(
     onFirstByte: () => {},
     onOverloaded: () => {},
     onLoop: () => {},
+    onIncomplete: () => {},
     onRefused: () => {},
     onCommitted: () => {},
   };

@@ -157,7 +157,7 @@ test('bytes that are not UTF-8 reach the engine as the router read them (replace
   assert.equal(engineGot!.body.toString(), '{"model":"m","prompt":"a\ufffd\ufffdb"}');
 });
 
-test('answers pass back unchanged: JSON with its length, chunked JSON, a stream, an engine 400, an empty body', async () => {
+test('answers pass back unchanged: JSON with its length, chunked JSON, a stream, an engine 400; an empty JSON body does not', async () => {
   const json = await post(JSON.stringify({ model: 'm', prompt: 'p' }));
   assert.equal(json.res.status, 200);
   assert.equal(json.bytes.toString(), JSON.stringify({ id: 'ok', choices: [{ text: 'é✓' }] }));
@@ -182,10 +182,14 @@ test('answers pass back unchanged: JSON with its length, chunked JSON, a stream,
     error: { message: 'too long', type: 'invalid_request_error' },
   });
 
+  // a 200 declared JSON with nothing in it is no answer the client can read: the attempt failed
+  // (as a 204 does), and with no other worker the client is told why
   const empty = await post(JSON.stringify({ model: 'm', prompt: 'p', answer: 'empty' }));
-  assert.equal(empty.res.status, 200);
-  assert.equal(empty.bytes.length, 0);
-  assert.equal(empty.res.headers.get('content-length'), '0');
+  assert.equal(empty.res.status, 502);
+  assert.equal(
+    (JSON.parse(empty.bytes.toString()) as { error: { code: string } }).error.code,
+    'engine_answer_incomplete',
+  );
 });
 
 test('a large stream read slowly by the client arrives whole', async () => {
