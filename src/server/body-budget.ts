@@ -14,16 +14,28 @@
 /** The default budget: 16 bodies of the default 16 MiB body limit. */
 export const DEFAULT_BUFFERED_BODY_LIMIT = 256 * 1024 * 1024;
 
+/**
+ * The default budget of complete answers gathered at once (a BodyBudget of its own): 16 answers
+ * of the 16 MiB the proxy gathers at most. It is not the request-body budget: an answer it
+ * cannot take passes through ungathered at no cost but its retry, while a request body that does
+ * not fit is refused; answers drawing on the body budget would turn into refusals of other
+ * clients' requests (and of the endpoint picker's streams, which share that budget).
+ */
+export const DEFAULT_BUFFERED_ANSWER_LIMIT = 256 * 1024 * 1024;
+
 /** Seconds a client refused for want of budget is asked to wait (Retry-After). */
 export const BODY_BUDGET_RETRY_AFTER_S = 1;
 
 export class BodyBudget {
   private held = 0;
 
-  /** `limit`: most bytes held at once. */
-  constructor(readonly limit: number) {
+  /** `limit`: most bytes held at once; `name`: the setting it comes from, for the error naming it. */
+  constructor(
+    readonly limit: number,
+    name = 'bufferedBodyLimit',
+  ) {
     if (!Number.isSafeInteger(limit) || limit < 1)
-      throw new RangeError(`bufferedBodyLimit must be a positive integer number of bytes (got ${limit})`);
+      throw new RangeError(`${name} must be a positive integer number of bytes (got ${limit})`);
   }
 
   /** Bytes held now. */

@@ -24,6 +24,7 @@ import {
   BODY_BUDGET_MESSAGE,
   BODY_BUDGET_RETRY_AFTER_S,
   BodyBudget,
+  DEFAULT_BUFFERED_ANSWER_LIMIT,
   DEFAULT_BUFFERED_BODY_LIMIT,
   type BodyCharge,
 } from './body-budget.js';
@@ -36,6 +37,7 @@ import {
 } from './client-connections.js';
 import {
   createGatewayMetrics,
+  registerAnswerBudgetMetrics,
   registerBodyBudgetMetrics,
   registerClientConnectionMetrics,
   registerKvEventMetrics,
@@ -101,6 +103,12 @@ export interface GatewayOptions {
    * closed as it is accepted, unanswered, and counted.
    */
   maxClientConnections?: number;
+  /**
+   * Most bytes of complete (non-streamed) answers gathered at once over all requests (default
+   * 256 MiB). An answer is gathered so that a failure before its end can be retried; one that
+   * does not fit passes through as it comes instead (`gateway.answerBudget`).
+   */
+  bufferedAnswerLimit?: number;
   /** Attempts on other workers after a connection failure or a 5xx before the first byte. */
   maxRetries?: number;
   /** Most connections to one engine (default 2048, worker-connections.ts); a stream holds one until it ends. */
@@ -160,6 +168,8 @@ export interface Gateway {
   limits: Readonly<RequestLimits>;
   /** The request-body bytes held now over all requests, and their limit (the endpoint picker's too). */
   bodyBudget: BodyBudget;
+  /** The bytes of complete answers gathered now over all requests, and their limit. */
+  answerBudget: BodyBudget;
   /**
    * Caps another listener of this process (the endpoint picker's) at the gateway's
    * maxClientConnections; its connections show in /metrics under `listener`.
@@ -212,6 +222,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     throw new RangeError(
       `bufferedBodyLimit (${bodyBudget.limit}) must be at least bodyLimit (${bodyLimit}): a body at the limit could never be read`,
     );
+  const answerBudget = new BodyBudget(
+    options.bufferedAnswerLimit ?? DEFAULT_BUFFERED_ANSWER_LIMIT,
+    'bufferedAnswerLimit',
+  );
   /**
    * Each request's share of the budget: for the chunk-by-chunk charge of a body of undeclared
    * length, and for the proxy to give it back once the answer is committed.
@@ -333,6 +347,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     capClientConnections(server, maxClientConnections, () => refusals.inc());
   };
   capListener(app.server, 'http');
+  const answerBudgetPassthroughs = registerAnswerBudgetMetrics(metrics.registry, answerBudget);
   registerWorkerStateMetrics(metrics.registry, {
     router,
     health,
@@ -486,6 +501,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     cachedTokensHeader: options.cachedTokensHeader === true,
     viaPseudonym: via,
     releaseBody: (req) => bodyCharges.get(req)?.release(),
+    answerBudget,
+    onAnswerBudgetFull: () => answerBudgetPassthroughs.inc(),
   };
   const openAi = options.openAiRoutes ?? true;
   if (openAi) {
@@ -598,6 +615,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     limits,
     bodyBudget,
     capClientConnections: capListener,
+    answerBudget,
     close: async (graceMs?: number) => {
       if (graceMs !== undefined && !(graceMs >= 0)) throw new RangeError(`graceMs must be >= 0, got ${graceMs}`);
       closing = true;

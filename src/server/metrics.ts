@@ -252,6 +252,35 @@ export function registerClientConnectionMetrics(registry: Registry): ClientConne
 }
 
 /**
+ * The gathered-answer budget (body-budget.ts, DEFAULT_BUFFERED_ANSWER_LIMIT): the bytes of
+ * complete answers gathered now over all requests, their limit, and the answers passed through
+ * ungathered because the budget could not take them. Returns the pass-through counter.
+ */
+export function registerAnswerBudgetMetrics(registry: Registry, budget: { used: number; limit: number }): Counter {
+  new Gauge({
+    name: 'contextforge_gathered_answer_bytes_held',
+    help: 'Bytes of complete engine answers gathered now over all requests (the buffered-answer budget in use).',
+    registers: [registry],
+    collect() {
+      this.set(budget.used);
+    },
+  });
+  new Gauge({
+    name: 'contextforge_gathered_answer_bytes_limit',
+    help: 'Most bytes of complete engine answers gathered at once over all requests (--buffered-answer-limit).',
+    registers: [registry],
+    collect() {
+      this.set(budget.limit);
+    },
+  });
+  return new Counter({
+    name: 'contextforge_gathered_answer_budget_passthroughs_total',
+    help: 'Complete answers passed through ungathered (so not retried if cut) because the buffered-answer budget could not take them.',
+    registers: [registry],
+  });
+}
+
+/**
  * KV-event counters per worker (a data-parallel rank is a worker), read from the subscribers
  * when scraped: events skipped by reason (one bad event never costs its batch; see
  * docs/engines.md for the reasons) and the subscriber's own counts.

@@ -21,6 +21,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import { PromptTooLongError, type KVAwareRouter, type RouteRequest, type RouteResult } from '../core/router/index.js';
 import type { StateStore } from '../state/state-store.js';
+import type { BodyBudget } from './body-budget.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
 import type { GatewayMetrics } from './metrics.js';
 import {
@@ -59,6 +60,10 @@ export interface ProxyDeps {
    * back to the body budget (the gateway also gives them back when the response closes).
    */
   releaseBody: (req: IncomingMessage) => void;
+  /** The bytes of complete answers gathered at once, over all requests (ForwardOptions.answerBudget). */
+  answerBudget: BodyBudget;
+  /** An answer passed through ungathered because the answer budget could not take it. */
+  onAnswerBudgetFull: () => void;
 }
 
 /** The longest part of a client's value an error message repeats. */
@@ -106,6 +111,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     cachedTokensHeader,
     viaPseudonym,
     releaseBody,
+    answerBudget,
+    onAnswerBudgetFull,
   } = deps;
   return async (req: RequestSource, reply: ProxyReply): Promise<ProxyReply> => {
     // a request that has been here before is a routing loop: answered before any work is done
@@ -223,6 +230,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           if (decision.shared) state.decisionRefused(decision.shared);
         },
         onCommitted: dropBody,
+        answerBudget,
+        onAnswerBudgetFull,
       });
       release(decision);
       // a client that went away says nothing about the engine: no failure, no retry
@@ -406,6 +415,15 @@ export interface ForwardOptions {
    */
   onCommitted: () => void;
   /**
+   * The bytes of complete answers gathered at once, over all requests: an answer is gathered
+   * only while it can take its bytes (the whole Content-Length when its headers arrive, else
+   * chunk by chunk); one it cannot take passes through as it comes, as one too large to gather
+   * does. The bytes go back once the answer is written or the attempt ends any other way.
+   */
+  answerBudget: BodyBudget;
+  /** An answer passed through ungathered because `answerBudget` could not take it. */
+  onAnswerBudgetFull: () => void;
+  /**
    * The engine holds none of the request: it answered with an error (4xx, 5xx) or a
    * redirect, or the connection failed before any answer. Not called when the gateway gave up waiting (the
    * engine may be computing it) or on a timeout.
@@ -577,6 +595,14 @@ class Attempt implements Dispatcher.DispatchHandler {
   private declaredLength: number | undefined;
   /** The gathered answer is declared JSON: it is passed on only if it is a whole JSON document. */
   private checkWhole = false;
+  /** Bytes this answer holds of the answer budget. */
+  private answerBytes = 0;
+  /** Gives this answer's bytes back to the answer budget; once, however many ways the answer ends. */
+  private readonly giveBackAnswer = (): void => {
+    if (this.answerBytes === 0) return;
+    this.o.answerBudget.give(this.answerBytes);
+    this.answerBytes = 0;
+  };
   private firstByteSeen = false;
   /** The start of a stream's event whose end has not arrived yet (not sent to the client), in the chunks it came in. */
   private held: Buffer[] | undefined;
@@ -660,6 +686,9 @@ class Attempt implements Dispatcher.DispatchHandler {
   private settle(outcome: ForwardOutcome): void {
     if (this.settled) return;
     this.settled = true;
+    // an answer written gives its bytes back once they are (onComplete, stopGathering); any other
+    // end drops what was gathered
+    if (outcome !== 'done') this.giveBackAnswer();
     if (this.timer) clearTimeout(this.timer);
     this.res.off('close', this.onClientGone);
     if (this.awaitingDrain) {
@@ -722,8 +751,13 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.headers = headers;
     // a whole answer is gathered, so one cut short is retried, unless it is too large to hold
     this.gather = !this.eventStream && (length === undefined ? !o.streaming : length <= MAX_GATHERED_BYTES);
-    this.checkWhole &&= this.gather;
     this.declaredLength = length;
+    // an answer of declared length takes all of it from the budget at once, or is not gathered
+    if (this.gather && length !== undefined && !this.takeAnswer(length)) {
+      this.gather = false;
+      o.onAnswerBudgetFull();
+    }
+    this.checkWhole &&= this.gather;
     this.resumeUpstream = resume;
     return true;
   }
@@ -760,7 +794,10 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (!this.firstByteSeen) this.firstByte();
     if (this.gather) {
       this.gathered += chunk.length;
-      if (this.gathered <= MAX_GATHERED_BYTES) {
+      const fits = this.gathered <= MAX_GATHERED_BYTES;
+      // an answer of undeclared length takes its bytes from the budget as they come
+      const charged = fits && (this.declaredLength !== undefined || this.takeAnswer(chunk.length));
+      if (charged) {
         (this.parts ??= []).push(chunk);
         // the last byte its Content-Length declares: checked now, while the connection can still
         // be dropped (bytes past the declared length would be left on it, read as the next answer)
@@ -774,11 +811,10 @@ class Attempt implements Dispatcher.DispatchHandler {
         }
         return true;
       }
-      // an answer of unknown length grew too large to hold: it passes through from here
-      this.gather = false;
-      this.startResponse();
-      for (const part of this.parts ?? []) this.res.write(part);
-      this.parts = undefined;
+      // an answer of unknown length grew too large to hold, or larger than the budget could
+      // take: it passes through from here
+      if (fits) this.o.onAnswerBudgetFull();
+      this.stopGathering();
     }
     if (this.eventStream) {
       const whole = this.wholeEvents(chunk);
@@ -838,6 +874,31 @@ class Attempt implements Dispatcher.DispatchHandler {
     return out;
   }
 
+  /** Takes `bytes` more of the answer budget for this answer; false (nothing taken) when they do not fit. */
+  private takeAnswer(bytes: number): boolean {
+    if (!this.o.answerBudget.take(bytes)) return false;
+    this.answerBytes += bytes;
+    return true;
+  }
+
+  /**
+   * An answer being gathered passes through from here: what was gathered goes to the client,
+   * and its bytes go back to the budget once written (or when the response closes: a write to a
+   * client gone never calls back).
+   */
+  private stopGathering(): void {
+    this.gather = false;
+    this.checkWhole = false;
+    this.startResponse();
+    const parts = this.parts ?? [];
+    this.parts = undefined;
+    const last = parts.length - 1;
+    for (let i = 0; i < last; i++) this.res.write(parts[i]);
+    if (last >= 0) this.res.write(parts[last], this.giveBackAnswer);
+    else this.giveBackAnswer();
+    this.res.once('close', this.giveBackAnswer);
+  }
+
   /** The gathered answer as one buffer (kept as the only part from then on). */
   private gatheredPayload(): Buffer {
     const parts = this.parts;
@@ -866,7 +927,10 @@ class Attempt implements Dispatcher.DispatchHandler {
         return this.settle('retry');
       }
       this.startResponse(payload.length);
-      this.res.end(payload);
+      this.parts = undefined;
+      // its bytes go back once written, or when the response closes (a client gone meanwhile)
+      this.res.once('close', this.giveBackAnswer);
+      this.res.end(payload, this.giveBackAnswer);
     } else {
       if (!this.sent) this.startResponse();
       // the engine ended its stream: what it held back goes as it was sent

@@ -6,6 +6,7 @@
 import { EventEmitter } from 'node:events';
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
+import { BodyBudget } from '../../src/server/body-budget.js';
 import { ConnectionSlots } from '../../src/server/connection-slots.js';
 import type { ProxyReply } from '../../src/server/openai-request.js';
 import { forward, type ForwardOptions, type ForwardOutcome } from '../../src/server/proxy.js';
@@ -88,6 +89,8 @@ export function forwardTo(
     onIncomplete: () => {},
     onRefused: () => {},
     onCommitted: () => {},
+    answerBudget: new BodyBudget(Number.MAX_SAFE_INTEGER),
+    onAnswerBudgetFull: () => {},
   };
   const outcome = forward(reply, connection, '/v1/completions', '{}', options);
   const h = handler!;

@@ -183,6 +183,7 @@ export async function startGateway(
     bodyLimit: c.bodyLimit,
     bufferedBodyLimit: c.bufferedBodyLimit,
     maxClientConnections: c.maxClientConnections,
+    bufferedAnswerLimit: c.bufferedAnswerLimit,
     maxRetries: c.maxRetries,
     engineConnections: c.engineConnections,
     upstreamTimeoutMs: c.upstreamTimeoutMs,

@@ -7,7 +7,7 @@
  */
 import { z } from 'zod';
 import { ROUTER_SETTINGS_HELP, ROUTER_SETTINGS_SCHEMA } from '../../core/router/options-schema.js';
-import { DEFAULT_BUFFERED_BODY_LIMIT } from '../../server/body-budget.js';
+import { DEFAULT_BUFFERED_ANSWER_LIMIT, DEFAULT_BUFFERED_BODY_LIMIT } from '../../server/body-budget.js';
 import { DEFAULT_MAX_CLIENT_CONNECTIONS, MAX_CLIENT_CONNECTIONS } from '../../server/client-connections.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
 import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
@@ -79,6 +79,7 @@ const gatewayShape = {
     .default(16 * 1024 * 1024),
   bufferedBodyLimit: z.int().min(1024).default(DEFAULT_BUFFERED_BODY_LIMIT),
   maxClientConnections: z.int().min(1).max(MAX_CLIENT_CONNECTIONS).default(DEFAULT_MAX_CLIENT_CONNECTIONS),
+  bufferedAnswerLimit: z.int().min(1024).default(DEFAULT_BUFFERED_ANSWER_LIMIT),
   maxRetries: z.int().min(0).max(16).default(2),
   engineConnections: z.int().min(1).max(MAX_ENGINE_CONNECTIONS).default(DEFAULT_ENGINE_CONNECTIONS),
   upstreamTimeoutMs: TIMEOUTS_SCHEMA.shape.interChunkTimeoutMs,
@@ -152,6 +153,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   maxClientConnections: {
     arg: '<n>',
     help: "most client connections held at once per process, on the HTTP port and on the endpoint picker's gRPC port each (idle keep-alive ones count); one more is closed as it is accepted, unanswered: keep clients' and engines' connections together under the descriptor limit (ulimit -n)",
+  },
+  bufferedAnswerLimit: {
+    arg: '<bytes>',
+    help: 'most bytes of complete (non-streamed) engine answers gathered at once over all requests, so that one cut short can be retried; an answer that does not fit passes through as it comes',
   },
   maxRetries: { arg: '<n>', help: 'retries on other workers before the first byte' },
   engineConnections: {
