@@ -9,6 +9,7 @@
  * closing gateway — goes to Fastify unchanged.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { closedStatus, markCutByGateway } from './metrics.js';
 import {
   forwardableBytes,
   parseRequestBody,
@@ -27,7 +28,7 @@ export interface FastPathOptions {
   maxJsonDepth: number;
   /** Answers an error as the gateway's error handler does. */
   answerError: (err: unknown, path: OpenAiPath, reply: ProxyReply) => void;
-  /** Counts the answered request (the gateway's request metric). */
+  /** Counts the request once its response has closed (the gateway's request metric, with closedStatus). */
   countRequest: (path: string, status: number) => void;
   /** True once the gateway is closing: Fastify answers (503) from then on. */
   closing: () => boolean;
@@ -76,13 +77,8 @@ class FastRequest implements ProxyReply {
     req.on('end', () => this.run());
     // a client that leaves mid-body: Node closes the socket; nothing to answer
     req.on('error', () => {});
-    const counted = () => {
-      raw.off('finish', counted);
-      raw.off('error', counted);
-      o.countRequest(path, raw.statusCode);
-    };
-    raw.on('finish', counted);
-    raw.on('error', counted);
+    // counted once it closes, answered or not: a client that left first counts as 499
+    raw.once('close', () => o.countRequest(path, closedStatus(raw)));
   }
 
   private run(): void {
@@ -103,7 +99,10 @@ class FastRequest implements ProxyReply {
     const source: RequestSource = { body, headers: req.headers, rawBody: forwardableBytes(bytes), raw: req };
     this.handler(source, this).catch((err: unknown) => {
       if (!this.sent && !this.raw.headersSent) this.o.answerError(err, this.path, this);
-      else if (!this.raw.writableEnded) this.raw.destroy();
+      else if (!this.raw.writableEnded) {
+        markCutByGateway(this.raw);
+        this.raw.destroy();
+      }
     });
   }
 

@@ -36,6 +36,7 @@ import {
   openConnections,
 } from './client-connections.js';
 import {
+  closedStatus,
   createGatewayMetrics,
   registerAnswerBudgetMetrics,
   registerBodyBudgetMetrics,
@@ -452,9 +453,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     const charge = req.headers['transfer-encoding'] === undefined ? undefined : bodyCharges.get(req.raw);
     done(null, charge === undefined ? payload : chargedBody(payload, charge));
   });
-  // a callback hook, not an async one: no promise per request
-  app.addHook('onResponse', (req, reply, done) => {
-    metrics.countRequest(req.routeOptions.url ?? 'unknown', reply.statusCode);
+  // counted once its response closes, answered or not (a client that left first counts as 499;
+  // onResponse runs only for a response written whole); a callback hook, not an async one: no
+  // promise per request
+  app.addHook('onRequest', (req, reply, done) => {
+    const res = reply.raw;
+    res.once('close', () => metrics.countRequest(req.routeOptions.url ?? 'unknown', closedStatus(res)));
     done();
   });
 

@@ -4,14 +4,38 @@
  * request path updates. Worker gauges read the router when scraped, so nothing updates them.
  * Metric names and labels are part of the operator-facing contract: keep them stable.
  */
+import type { ServerResponse } from 'node:http';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { KVAwareRouter } from '../core/router/index.js';
 import type { SubscriberStats } from '../engines/kv-events/subscriber.js';
 import { skippedEventCounts } from './engine-deployments.js';
 
+/**
+ * The status a request is counted with when its client closed the connection before the answer
+ * was complete: nginx's 499 (Client Closed Request), which log and metric tooling knows.
+ */
+export const CLIENT_CLOSED_REQUEST = 499;
+
+/** Responses the gateway cut itself after their headers went out (an engine that broke off its answer). */
+const cutByGateway = new WeakSet<ServerResponse>();
+
+/** `res` is being cut by the gateway, not left by its client: it counts with the status it was sent with. */
+export function markCutByGateway(res: ServerResponse): void {
+  cutByGateway.add(res);
+}
+
+/**
+ * The status a response counts with once it has closed: its own when it was written whole or
+ * the gateway cut it, else CLIENT_CLOSED_REQUEST (the client left first: while the request
+ * waited, or in the middle of the answer).
+ */
+export function closedStatus(res: ServerResponse): number {
+  return res.writableFinished || cutByGateway.has(res) ? res.statusCode : CLIENT_CLOSED_REQUEST;
+}
+
 export interface GatewayMetrics {
   registry: Registry;
-  /** Requests by path and status (counted with countRequest). */
+  /** Requests by path and status (counted with countRequest once each response closes: closedStatus). */
   requests: Counter<'path' | 'status'>;
   /** Routing decisions by policy and reason (counted with countDecision). */
   decisions: Counter<'policy' | 'reason'>;

@@ -23,7 +23,7 @@ import { PromptTooLongError, type KVAwareRouter, type RouteRequest, type RouteRe
 import type { StateStore } from '../state/state-store.js';
 import type { BodyBudget } from './body-budget.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
-import type { GatewayMetrics } from './metrics.js';
+import { markCutByGateway, type GatewayMetrics } from './metrics.js';
 import {
   openAiError,
   type OpenAiPath,
@@ -956,7 +956,10 @@ class Attempt implements Dispatcher.DispatchHandler {
     }
     // an answer that is not a stream cannot say it failed: it is cut, never ended as if whole
     if (this.eventStream || this.why === 'client') this.res.end();
-    else this.res.destroy();
+    else {
+      markCutByGateway(this.res);
+      this.res.destroy();
+    }
     this.settle(this.why === 'client' ? 'client-gone' : 'cut');
   }
 }

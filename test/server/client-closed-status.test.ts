@@ -1,0 +1,107 @@
+/**
+ * A request whose client leaves before its answer is complete is counted in
+ * contextforge_requests_total once, with status 499 (nginx's "client closed request"), on the
+ * fast path and on Fastify's route alike.
+ */
+import assert from 'node:assert/strict';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { test } from 'node:test';
+import { Agent, fetch } from 'undici';
+import { KVAwareRouter } from '../../src/index.js';
+import { ApiKeys } from '../../src/server/api-keys.js';
+import { createGateway } from '../../src/server/gateway.js';
+import { fakeEngine } from '../faults/harness.js';
+import { until } from '../helpers/wait.js';
+
+const KEY = 'sk-client-closed-0000';
+
+/** Every contextforge_requests_total sample of /v1/completions, as `status count` pairs. */
+async function completionCounts(metrics: () => Promise<string>): Promise<Record<string, number>> {
+  const counts: Record<string, number> = {};
+  for (const line of (await metrics()).split('\n')) {
+    const m = /^contextforge_requests_total\{path="\/v1\/completions",status="(\d+)"\} (\d+)$/.exec(line);
+    if (m) counts[m[1]] = Number(m[2]);
+  }
+  return counts;
+}
+
+for (const route of ['fast path', 'Fastify route'] as const) {
+  test(`a client that leaves before its answer is counted once as 499 (${route})`, async () => {
+    /** Requests the engine has and has not answered: a stream sends one event and waits. */
+    let received = 0;
+    const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+      if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+      const body: Buffer[] = [];
+      req.on('data', (chunk: Buffer) => body.push(chunk));
+      req.on('end', () => {
+        received++;
+        if ((JSON.parse(Buffer.concat(body).toString()) as { stream?: boolean }).stream === true) {
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          res.write('data: {"choices":[{"text":"a"}]}\n\n');
+        }
+        // otherwise the answer never comes
+      });
+    });
+    const gateway = await createGateway({
+      router: new KVAwareRouter(),
+      workers: [{ id: 'e0', url: engine.url }],
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+      // one connection to the engine: a second request waits for it in the gateway
+      engineConnections: 1,
+      ...(route === 'Fastify route' ? { apiKeys: new ApiKeys({ [KEY]: 'team' }) } : {}),
+    });
+    const held = new AbortController();
+    // the clients' own connections, closed before the gateway: a connection an aborted request
+    // leaves open holds the gateway's close
+    const clients = new Agent();
+    try {
+      const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+      const ask = (body: object, signal: AbortSignal) =>
+        fetch(`${base}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+          body: JSON.stringify(body),
+          signal,
+          dispatcher: clients,
+        });
+      const counted = () => completionCounts(() => gateway.metrics.metrics());
+
+      // 1. it leaves while its non-streamed answer is awaited; it holds the engine's one connection meanwhile
+      const waiting = ask({ prompt: 'awaited', max_tokens: 1 }, held.signal).catch((err: Error) => err);
+      await until(() => received === 1, 'the engine holding the first request');
+
+      // 2. it leaves while it waits for the engine's connection the first one holds
+      const queued = new AbortController();
+      const queuedAnswer = ask({ prompt: 'queued', max_tokens: 1 }, queued.signal).catch((err: Error) => err);
+      await until(
+        () => gateway.connections.get('e0')!.slots.queued > 0,
+        'the second request waiting for the engine connection',
+      );
+      queued.abort();
+      assert.ok((await queuedAnswer) instanceof Error);
+      await until(async () => (await counted())['499'] === 1, 'the queued request counted 499');
+
+      held.abort();
+      assert.ok((await waiting) instanceof Error);
+      await until(async () => (await counted())['499'] === 2, 'the awaited request counted 499');
+
+      // 3. it leaves in the middle of a stream
+      const mid = new AbortController();
+      const res = await ask({ prompt: 'streamed', max_tokens: 4, stream: true }, mid.signal);
+      assert.equal(res.status, 200);
+      const reader = res.body!.getReader();
+      await reader.read();
+      mid.abort();
+      await reader.read().catch(() => undefined);
+      await until(async () => (await counted())['499'] === 3, 'the streamed request counted 499');
+    } finally {
+      held.abort();
+      await clients.destroy();
+      await gateway.close();
+      await engine.close();
+    }
+    // once everything has closed: each request counted once, and as nothing else
+    assert.deepEqual(await completionCounts(() => gateway.metrics.metrics()), { '499': 3 });
+  });
+}
