@@ -11,7 +11,7 @@ import { KVAwareRouter } from '../../src/index.js';
 import { ApiKeys } from '../../src/server/api-keys.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { fakeEngine } from '../faults/harness.js';
-import { until } from '../helpers/wait.js';
+import { settled, until } from '../helpers/wait.js';
 
 const KEY = 'sk-client-closed-0000';
 
@@ -105,3 +105,42 @@ for (const route of ['fast path', 'Fastify route'] as const) {
     assert.deepEqual(await completionCounts(() => gateway.metrics.metrics()), { '499': 3 });
   });
 }
+
+test('an answer the gateway cuts because its engine broke it off counts with the status it was sent with, not 499', async () => {
+  // a stream was asked for, the engine answers JSON without a length (passed through as it comes), then dies
+  const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+    req.resume();
+    if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('{"id":"cmpl-1","choices":[{"text":"hel', () => setImmediate(() => res.socket?.destroy()));
+    });
+  });
+  const gateway = await createGateway({
+    router: new KVAwareRouter(),
+    workers: [{ id: 'e0', url: engine.url }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  const clients = new Agent();
+  try {
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const answer = fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'cut', max_tokens: 2, stream: true }),
+      dispatcher: clients,
+    }).then((res) => res.text());
+    await assert.rejects(answer, 'the client sees the answer cut');
+    // the gateway's side of the response closes after the client's: counted once it has
+    const counts = await settled(
+      () => completionCounts(() => gateway.metrics.metrics()),
+      (c) => Object.keys(c).length > 0,
+    );
+    assert.deepEqual(counts, { '200': 1 });
+  } finally {
+    await clients.destroy();
+    await gateway.close();
+    await engine.close();
+  }
+});
