@@ -1,8 +1,8 @@
 import { existsSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { fmix32 } from '../core/hashing.js';
-import { MAX_TRACE_REQUEST_TOKENS, sortByArrival, type TraceRequest } from './trace.js';
-import { MAX_TRACE_REQUESTS, tooManyRecords, TraceFormatError, traceLines } from './trace-lines.js';
+import { heldBlocks, MAX_TRACE_REQUEST_TOKENS, sortByArrival, type TraceRequest } from './trace.js';
+import { MAX_TRACE_REQUESTS, tooManyRecords, traceBlockCounter, TraceFormatError, traceLines } from './trace-lines.js';
 
 /**
  * RAGPulse (flashserve/RAGPulse; format in bench/traces/SOURCE.md): each request lists
@@ -26,13 +26,15 @@ export const RAGPULSE_FILES = {
   web_search: ['5_web_search.jsonl', 'web_search_id'],
 } as const;
 
+/** `path`, or `path.gz` when only that exists. */
+const traceFile = (path: string): string => (existsSync(path) ? path : `${path}.gz`);
+
 /**
  * The lines of `path` (or `path.gz`), blank ones skipped; a missing file, or one of more than
  * MAX_TRACE_REQUESTS lines (`records`), is a RangeError naming it.
  */
 async function* lines(path: string, records: string): AsyncGenerator<{ text: string; index: number }> {
-  const gz = `${path}.gz`;
-  const file = existsSync(path) ? path : gz;
+  const file = traceFile(path);
   if (!existsSync(file)) throw new RangeError(`RAGPulse: missing ${path}`);
   let count = 0;
   for await (const line of traceLines(file, basename(file))) {
@@ -80,6 +82,7 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
   const source = RAGPULSE_FILES.trace;
   const requests: TraceRequest[] = [];
   let index = 0;
+  const countBlocks = traceBlockCounter(traceFile(join(dir, source)));
   for await (const line of lines(join(dir, source), 'requests')) {
     const r = objectOf(line.text, line.index, source);
     const fail = (message: string) => new TraceFormatError(line.index, message, source);
@@ -102,7 +105,7 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
       id: `passage-${id}`,
       tokens: lengths.passages_ids.get(id) ?? 0,
     }));
-    requests.push({
+    const req: TraceRequest = {
       index,
       timestamp: timestamp * 1000,
       inputLength,
@@ -111,7 +114,9 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
       blockSize,
       sessionId: r.session_id,
       anchors,
-    });
+    };
+    countBlocks(line.index, heldBlocks(req));
+    requests.push(req);
     index++;
   }
   return sortByArrival(requests);

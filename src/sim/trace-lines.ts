@@ -25,6 +25,17 @@ export function tooManyRecords(file: string, records = 'requests'): RangeError {
   );
 }
 
+/**
+ * Most KV blocks a trace may hold in all: its hash ids plus the blocks of its content anchors
+ * (ceil(tokens / block size) each), the blocks a replay derives keys for. Every request's hash
+ * ids and derived block keys are held for the whole run: measured with process.memoryUsage()
+ * on parsed traces, some 12–18 bytes of heap a hash id and 16 bytes of array buffers a key, so
+ * 64 Mi blocks take about 1.2 GB of heap (under a third of Node's default 4 GB, leaving the
+ * replay room) and 1 GB of buffers. The public traces hold at most a few hundred thousand
+ * blocks; the largest generated workload, `agentic:500`, about 44 million.
+ */
+export const MAX_TRACE_BLOCKS = 64 * 1024 * 1024;
+
 /** A malformed line of a trace file: the message names the file (or `trace`), the 1-based line and the field. */
 export class TraceFormatError extends RangeError {
   constructor(
@@ -36,6 +47,24 @@ export class TraceFormatError extends RangeError {
     super(`${source} line ${line + 1}: ${message}`);
     this.name = 'TraceFormatError';
   }
+}
+
+/**
+ * Counts the blocks of a trace line by line against MAX_TRACE_BLOCKS: `add` takes a line's
+ * 0-based index and its blocks and throws a TraceFormatError naming the file (`source`), the
+ * line and the limit at the line that crosses it.
+ */
+export function traceBlockCounter(source: string): (index: number, blocks: number) => void {
+  let total = 0;
+  return (index, blocks) => {
+    total += blocks;
+    if (total > MAX_TRACE_BLOCKS)
+      throw new TraceFormatError(
+        index,
+        `the trace passes ${MAX_TRACE_BLOCKS} blocks (hash ids and content-anchor blocks), the most a trace may hold (each is held in memory)`,
+        source,
+      );
+  };
 }
 
 /**

@@ -1,6 +1,6 @@
-import { MAX_TRACE_REQUESTS, tooManyRecords, TraceFormatError, traceLines } from './trace-lines.js';
+import { MAX_TRACE_REQUESTS, tooManyRecords, traceBlockCounter, TraceFormatError, traceLines } from './trace-lines.js';
 
-export { MAX_TRACE_LINE_CHARS, MAX_TRACE_REQUESTS, TraceFormatError } from './trace-lines.js';
+export { MAX_TRACE_BLOCKS, MAX_TRACE_LINE_CHARS, MAX_TRACE_REQUESTS, TraceFormatError } from './trace-lines.js';
 
 /**
  * One request of a trace (docs/architecture.md §6): Mooncake JSONL with every optional field. Hash ids
@@ -115,17 +115,29 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
   return req;
 }
 
+/** The blocks a request counts against MAX_TRACE_BLOCKS: its hash ids, then each anchor's ceil(tokens / block size). */
+export function heldBlocks(req: TraceRequest): number {
+  let blocks = req.hashIds.length;
+  for (const a of req.anchors ?? []) blocks += Math.ceil(a.tokens / req.blockSize);
+  return blocks;
+}
+
 /**
  * Reads a Mooncake JSONL trace (optionally .gz; LF, CRLF or CR line ends, an optional BOM), blank
  * lines skipped, sorted by timestamp (stable). A malformed line is a TraceFormatError naming it;
- * a file of more than MAX_TRACE_REQUESTS requests is a RangeError naming it (read no further).
+ * a file of more than MAX_TRACE_REQUESTS requests is a RangeError naming it, and one of more
+ * than MAX_TRACE_BLOCKS blocks a TraceFormatError naming it and the line that passes the limit
+ * (read no further).
  */
 export async function loadMooncakeTrace(path: string, defaultBlockSize = 512): Promise<TraceRequest[]> {
   const requests: TraceRequest[] = [];
+  const countBlocks = traceBlockCounter(path);
   for await (const { text, index } of traceLines(path)) {
     if (!text.trim()) continue;
     if (requests.length === MAX_TRACE_REQUESTS) throw tooManyRecords(path);
-    requests.push(parseTraceLine(text, index, defaultBlockSize));
+    const req = parseTraceLine(text, index, defaultBlockSize);
+    countBlocks(index, heldBlocks(req));
+    requests.push(req);
   }
   return sortByArrival(requests);
 }

@@ -7,7 +7,14 @@ import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { gzipSync } from 'node:zlib';
 import { MAX_TRACE_AGENTIC_SESSIONS, MAX_TRACE_WORKFLOWS } from '../../src/sim/load-trace.js';
-import { MAX_TRACE_REQUESTS } from '../../src/sim/trace.js';
+import {
+  heldBlocks,
+  MAX_TRACE_BLOCKS,
+  MAX_TRACE_REQUEST_TOKENS,
+  MAX_TRACE_REQUESTS,
+  parseTraceLine,
+} from '../../src/sim/trace.js';
+import { traceBlockCounter } from '../../src/sim/trace-lines.js';
 
 const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 // a command that does not stop at the limit would replay a million requests: the deadline fails it
@@ -68,6 +75,73 @@ test('a trace of more requests than the limit stops simulate and tune with one l
     assert.equal(r.status, 2, `${args.join(' ')}: ${r.error?.message ?? r.stderr}`);
     assert.equal(r.stderr.split('\n').filter(Boolean).length, 1, r.stderr);
     assert.ok(r.stderr.startsWith(`error: ${file}: more than 1000000 `), r.stderr);
+    assert.match(r.stderr, /the most a trace may hold/);
+  }
+});
+
+test('the block limit leaves the generated workloads a margin', () => {
+  assert.equal(MAX_TRACE_BLOCKS, 64 * 1024 * 1024);
+  // agentic:500 holds 42–46 million hash ids (seeds 1 to 8); workflows:10000 about 2.7 million
+  assert.ok(MAX_TRACE_BLOCKS >= 1.4 * 46_000_000);
+  assert.ok(MAX_TRACE_BLOCKS >= 20 * 2_700_000);
+});
+
+test('the block count adds up hash ids and anchor blocks line by line and names the line that passes it', () => {
+  const ids = parseTraceLine('{"timestamp":0,"input_length":4,"output_length":1,"hash_ids":[1,2,3]}', 0);
+  const anchored = parseTraceLine(
+    '{"timestamp":0,"input_length":4,"output_length":1,"hash_ids":[1],"block_size":4,"anchors":["a","b"],"anchor_lengths":[9,4]}',
+    1,
+  );
+  // 3 hash ids; 1 hash id, then anchors of ceil(9 / 4) and 4 / 4 blocks
+  assert.deepEqual([heldBlocks(ids), heldBlocks(anchored)], [3, 5]);
+  const count = traceBlockCounter('t.jsonl');
+  count(ids.index, heldBlocks(ids));
+  count(anchored.index, heldBlocks(anchored));
+  count(2, MAX_TRACE_BLOCKS - 8); // exactly at the limit
+  assert.throws(
+    () => count(6, 1),
+    (e: Error) =>
+      e instanceof RangeError &&
+      e.message ===
+        `t.jsonl line 7: the trace passes ${MAX_TRACE_BLOCKS} blocks (hash ids and content-anchor blocks), the most a trace may hold (each is held in memory)`,
+  );
+});
+
+test('a trace of more blocks than the limit stops simulate and tune with one line naming the file and line, exit 2', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-trace-blocks-'));
+  // a Mooncake trace whose second request's anchor implies more blocks than the limit
+  const mooncake = join(dir, 'anchors.jsonl');
+  writeFileSync(
+    mooncake,
+    [
+      '{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}',
+      `{"timestamp": 1, "input_length": 1024, "output_length": 1, "hash_ids": [1], "anchors": ["doc"], "anchor_lengths": [${2 ** 53}]}`,
+    ].join('\n'),
+  );
+  // RAGPulse: one request listing a passage of MAX_TRACE_REQUEST_TOKENS tokens (in 64-token blocks) enough times
+  const ragpulse = join(dir, 'ragpulse');
+  mkdirSync(ragpulse);
+  for (const side of ['1_sys_prompt', '3_history', '4_user_input', '5_web_search'])
+    writeFileSync(join(ragpulse, `${side}.jsonl`), '');
+  writeFileSync(join(ragpulse, '2_passages.jsonl'), `{"passage_id": 1, "token_length": ${MAX_TRACE_REQUEST_TOKENS}}\n`);
+  const passages = Math.floor(MAX_TRACE_BLOCKS / (MAX_TRACE_REQUEST_TOKENS / 64)) + 1;
+  writeFileSync(
+    join(ragpulse, '0_trace.jsonl'),
+    `{"timestamp": "0", "input_length": 64, "output_length": 1, "hash_ids": {"passages_ids": ${JSON.stringify(new Array<number>(passages).fill(1))}}}\n`,
+  );
+  const cases: Array<[string[], string]> = [
+    [['simulate', '--trace', mooncake, '--policies', 'round-robin', '--no-progress'], `${mooncake} line 2`],
+    [['tune', '--trace', mooncake, '--trials', '1'], `${mooncake} line 2`],
+    [
+      ['simulate', '--trace', ragpulse, '--policies', 'round-robin', '--no-progress'],
+      `${join(ragpulse, '0_trace.jsonl')} line 1`,
+    ],
+  ];
+  for (const [args, at] of cases) {
+    const r = cli(args);
+    assert.equal(r.status, 2, `${args.join(' ')}: ${r.error?.message ?? r.stderr}`);
+    assert.equal(r.stderr.split('\n').filter(Boolean).length, 1, r.stderr);
+    assert.ok(r.stderr.startsWith(`error: ${at}: the trace passes ${MAX_TRACE_BLOCKS} blocks `), r.stderr);
     assert.match(r.stderr, /the most a trace may hold/);
   }
 });
