@@ -64,6 +64,15 @@ test('a peer option out of its policy range is refused where the flag or the con
     ['{"llmd":{"prefixWeight":-2}}', /policyOptions\.llmd\.prefixWeight must be .*>= 0/],
     ['{"llmd":{"queueWeight":-3}}', /policyOptions\.llmd\.queueWeight must be .*>= 0/],
     ['{"llmd":{"scrapeIntervalMs":"5"}}', /policyOptions\.llmd\.scrapeIntervalMs must be a finite number/],
+    [
+      '{"sglang":{"evictionIntervalSecs":1e300}}',
+      /policyOptions\.sglang\.evictionIntervalSecs must be <= 4294967295 \(got 1e\+300\)/,
+    ],
+    ['{"sglang":{"evictionIntervalSecs":0}}', /policyOptions\.sglang\.evictionIntervalSecs must be >= 1 \(got 0\)/],
+    [
+      '{"sglang":{"evictionIntervalSecs":2.5}}',
+      /policyOptions\.sglang\.evictionIntervalSecs must be a whole number of seconds \(got 2\.5\)/,
+    ],
   ];
   const dir = mkdtempSync(join(tmpdir(), 'cf-policy-options-'));
   for (const [i, [options, message]] of cases.entries()) {
@@ -92,4 +101,17 @@ test('a peer option out of its policy range is refused where the flag or the con
   const epp = cli(['epp', '--port', '0', '--policy-options', cases[0][0]]);
   assert.equal(epp.status, 2, epp.stderr);
   assert.match(epp.stderr, /--policy-options: policyOptions\.dynamo\.gpuCredit must be <= 1/);
+});
+
+test("sglang's eviction interval takes SGLang's whole seconds from 1, up to 2^32 - 1, in the constructor too", () => {
+  assert.equal(new SglangPolicy({ evictionIntervalSecs: 1 }).evictionIntervalMs, 1000);
+  assert.equal(new SglangPolicy({ evictionIntervalSecs: 4_294_967_295 }).evictionIntervalMs, 4_294_967_295_000);
+  for (const bad of [0, 2.5, 4_294_967_296, 1e300, Infinity, Number.NaN])
+    assert.throws(
+      () => new SglangPolicy({ evictionIntervalSecs: bad }),
+      (e: Error) =>
+        e instanceof RangeError &&
+        e.message === `sglang.evictionIntervalSecs must be a whole number of seconds from 1 to 4294967295, got ${bad}`,
+      String(bad),
+    );
 });

@@ -7,6 +7,7 @@ import { z } from 'zod';
 import { gotPhrase } from '../schema-issues.js';
 import { DEFAULT_COST_WEIGHTS, kneeCeilingProblem, type CostWeights } from './cost.js';
 import { LLMD_SCRAPE_INTERVAL_RANGE } from './llmd.js';
+import { SGLANG_EVICTION_INTERVAL_SECS } from './sglang.js';
 
 const finiteAtLeastZero = 'must be a finite number >= 0';
 /** A weight or credit: finite and not negative (message shared by every such option). */
@@ -81,7 +82,12 @@ export const POLICY_OPTIONS_SCHEMA = z.strictObject(
       cacheThreshold: fraction().optional(),
       balanceAbsThreshold: nonNegative().optional(),
       balanceRelThreshold: nonNegative().optional(),
-      evictionIntervalSecs: nonNegative().optional(),
+      // whole seconds, as upstream's u64 (the bounds first: z.int() would name the safe-integer top)
+      evictionIntervalSecs: finiteNumber()
+        .min(SGLANG_EVICTION_INTERVAL_SECS.min)
+        .max(SGLANG_EVICTION_INTERVAL_SECS.max)
+        .refine(Number.isInteger, bound('a whole number of seconds'))
+        .optional(),
       maxTreeSize: positiveInt().optional(),
     }).optional(),
     llmd: peerOptions('llmd', {

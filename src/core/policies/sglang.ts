@@ -34,11 +34,20 @@ export interface SglangOptions {
   cacheThreshold?: number;
   balanceAbsThreshold?: number;
   balanceRelThreshold?: number;
-  /** Seconds between eviction passes over the approximate trees (default 120). */
+  /** Seconds between eviction passes over the approximate trees (default 120; see SGLANG_EVICTION_INTERVAL_SECS). */
   evictionIntervalSecs?: number;
   /** Characters a worker's tree may hold before eviction trims it (default 67,108,864). */
   maxTreeSize?: number;
 }
+
+/**
+ * The range of `evictionIntervalSecs`: whole seconds from 1, as upstream takes them (the
+ * gateway's `--eviction-interval` is a u64 and its config validation refuses 0,
+ * sgl-model-gateway/src/main.rs and src/config/validation.rs). Upstream has no top short of
+ * u64; 2^32 − 1 s (136 years, in practice never) is the bound the same validation puts on its
+ * other interval, `bucket_adjust_interval_secs`, and keeps the interval in ms an exact integer.
+ */
+export const SGLANG_EVICTION_INTERVAL_SECS = Object.freeze({ min: 1, max: 4_294_967_295 });
 
 /** Characters per token when sizing the tree (the router's text mode: 64-byte chunks ≈ 16 tokens). */
 export const SGLANG_CHARS_PER_TOKEN = 4;
@@ -97,8 +106,15 @@ export class SglangPolicy implements RoutingPolicy {
       options.balanceRelThreshold ?? 1.5,
       'sglang.balanceRelThreshold',
     );
-    this.evictionIntervalMs =
-      check.finiteNonNegative(options.evictionIntervalSecs ?? 120, 'sglang.evictionIntervalSecs') * 1000;
+    const interval: unknown = options.evictionIntervalSecs ?? 120;
+    if (typeof interval !== 'number')
+      throw new TypeError(`sglang.evictionIntervalSecs must be a number, got ${typeof interval}`);
+    const { min, max } = SGLANG_EVICTION_INTERVAL_SECS;
+    if (!Number.isInteger(interval) || interval < min || interval > max)
+      throw new RangeError(
+        `sglang.evictionIntervalSecs must be a whole number of seconds from ${min} to ${max}, got ${interval}`,
+      );
+    this.evictionIntervalMs = interval * 1000;
     this.maxTreeSize = check.finiteNonNegative(options.maxTreeSize ?? 67_108_864, 'sglang.maxTreeSize');
   }
 
@@ -156,7 +172,7 @@ export class SglangPolicy implements RoutingPolicy {
   onRouted(worker: WorkerState, request: RouteFeatures, _ticket: number, now: number): void {
     if (Number.isNaN(this.nextEviction)) this.nextEviction = now + this.evictionIntervalMs;
     const charsPerBlock = request.blockSize * SGLANG_CHARS_PER_TOKEN;
-    if (this.evictionIntervalMs > 0 && now >= this.nextEviction) {
+    if (now >= this.nextEviction) {
       for (const t of this.trees) t?.evict(this.maxTreeSize, charsPerBlock);
       this.nextEviction = now + this.evictionIntervalMs;
     }
