@@ -102,3 +102,37 @@ test('a knee at or above the ceiling is refused alike by the flag, the variable,
     message: phrase,
   });
 });
+
+test('createPolicy checks costWeights for every policy, as it checks a peer option the policy does not read', () => {
+  const attempt = (build: () => unknown): string | undefined => {
+    try {
+      build();
+      return undefined;
+    } catch (err) {
+      return `${(err as Error).name}: ${(err as Error).message}`;
+    }
+  };
+  const ctx = { random: () => 0.5 };
+  for (const name of ['round-robin', 'sglang', 'llmd', 'seed']) {
+    for (const costWeights of [{ prefillTokensPerSecond: 0 }, { bogus: 1 }, { pressureKnee: 1 }, 5, null]) {
+      const shown = `${name} ${JSON.stringify(costWeights)}`;
+      const policy = attempt(() => createPolicy(name, { costWeights: costWeights as never }, ctx));
+      assert.ok(policy !== undefined && /costWeights/.test(policy), `${shown}: ${policy}`);
+      // the same refusal as the router's, for that policy
+      const router = attempt(() => new KVAwareRouter({ policy: name, costWeights: costWeights as never }));
+      assert.equal(policy, router, shown);
+    }
+    // valid weights are checked and left to the cost policy, like another policy's options
+    assert.equal(
+      attempt(() => createPolicy(name, { costWeights: { load: 2 } }, ctx)),
+      undefined,
+      name,
+    );
+    assert.equal(
+      attempt(() => createPolicy(name, { dynamo: { gpuCredit: 0.5 } }, ctx)),
+      undefined,
+      `${name} with dynamo options`,
+    );
+    assert.match(attempt(() => createPolicy(name, { dynamo: { gpuCredit: 2 } }, ctx)) ?? '', /gpuCredit/);
+  }
+});

@@ -50,13 +50,19 @@ export function checkPolicyOptions(options: unknown): void {
   if (!parsed.success) throw issueError(parsed.error.issues[0], POLICY_OPTIONS_SCHEMA, 'policyOptions');
 }
 
+/**
+ * The policy `name` built from its options. Every option given is checked whichever policy
+ * reads it, cost weights as much as the peers' knobs (and as the router checks them): a bad
+ * value is an error even where the chosen policy leaves it unread.
+ */
 export function createPolicy(name: string, options: PolicyOptions, ctx: PolicyContext): RoutingPolicy {
   checkPolicyOptions(options);
+  const costWeights = resolveCostWeights(options.costWeights);
   const factory = Object.hasOwn(POLICY_FACTORIES, name) ? POLICY_FACTORIES[name] : undefined;
   if (!factory) {
     throw new RangeError(`policy must be one of ${POLICY_NAMES.join(', ')}; got '${name}'`);
   }
-  return factory(options, ctx);
+  return factory({ ...options, costWeights }, ctx);
 }
 
 /**
