@@ -77,3 +77,15 @@ test('mock-engine --data-parallel-size and --lora-modules', async () => {
   child.kill('SIGTERM');
   assert.equal(await exited, 0);
 });
+
+test('mock-engine closes cleanly on a SIGTERM sent as soon as it says where it serves', async () => {
+  // the line is the readiness signal a supervisor waits for: stopping it then is a clean close, not a kill
+  for (let i = 0; i < 3; i++) {
+    const { child } = await startMockEngine(['--port', '0']);
+    const exited = new Promise<[number | null, string | null]>((r) =>
+      child.once('exit', (code, sig) => r([code, sig])),
+    );
+    child.kill('SIGTERM');
+    assert.deepEqual(await exited, [0, null], `attempt ${i + 1}`);
+  }
+});

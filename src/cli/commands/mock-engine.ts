@@ -142,6 +142,13 @@ export function registerMockEngineCommand(program: Command): void {
           blockHash: o.blockHash as 'mock' | 'vllm',
           pythonHashSeed,
         }).start();
+        // listening for the stop signals before saying where it serves: a supervisor may send
+        // one as soon as it reads that line, and it must close the engine, not kill the process
+        const stopped = new Promise<void>((resolve) => {
+          const stop = () => resolve();
+          process.once('SIGINT', stop);
+          process.once('SIGTERM', stop);
+        });
         process.stderr.write(
           `mock engine '${o.model}' on http://${o.host}:${engine.port}` +
             (o.events
@@ -151,11 +158,7 @@ export function registerMockEngineCommand(program: Command): void {
             (loraModules.length > 0 ? `, LoRA adapters ${loraModules.join(', ')}` : '') +
             '\n',
         );
-        await new Promise<void>((resolve) => {
-          const stop = () => resolve();
-          process.once('SIGINT', stop);
-          process.once('SIGTERM', stop);
-        });
+        await stopped;
         await engine.close();
       },
     );
