@@ -1,7 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { BlockHashes, hashTokenBlocks } from '../core/hashing.js';
-import { VllmBlockHasher } from '../core/vllm-block-hash.js';
+import { VllmBlockHasher, type VllmHashAlgo } from '../core/vllm-block-hash.js';
 import type { EngineRequest, StepResult } from '../engine-model/index.js';
 import type { PromptTokenizer } from './chat-tokenizer.js';
 import { HttpError, json, readJson } from './mock/http.js';
@@ -30,7 +30,8 @@ export { offsetEndpointPort } from './mock/rank-core.js';
  * - `loraModules`: adapters served beside the base model; /v1/models lists each with
  *   `parent` = the base model (vLLM's ModelCard); a request naming an adapter has its blocks
  *   keyed by the adapter (`lora_name`, and extra_keys as vllm/v1/core/kv_cache_utils.py).
- * - `blockHash: 'vllm'`: the engine's block hashes are vLLM's sha256_cbor hashes seeded from
+ * - `blockHash: 'vllm'`: the engine's block hashes are vLLM's, by `prefixCachingHashAlgo`
+ *   (its --prefix-caching-hash-algo, default sha256_cbor as the router's) seeded from
  *   `pythonHashSeed` (as PYTHONHASHSEED), published as 64-bit ints
  *   (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES); otherwise they are seeded per process, unknowable.
  */
@@ -61,9 +62,14 @@ export interface MockEngineOptions {
   dataParallelSize?: number;
   /** LoRA adapters served beside the base model (vLLM's --lora-modules). */
   loraModules?: readonly string[];
-  /** 'vllm': block hashes are vLLM's sha256_cbor ones from `pythonHashSeed` (default: per-process seed). */
+  /** 'vllm': block hashes are vLLM's, by `prefixCachingHashAlgo`, from `pythonHashSeed` (default: per-process seed). */
   blockHash?: 'mock' | 'vllm';
   pythonHashSeed?: string;
+  /**
+   * blockHash 'vllm': the hash vLLM's --prefix-caching-hash-algo names. Default sha256_cbor,
+   * the router's default, not vLLM's sha256, so the two match when neither is given.
+   */
+  prefixCachingHashAlgo?: VllmHashAlgo;
 }
 
 export class MockEngine {
@@ -120,7 +126,7 @@ export class MockEngine {
     if (options.blockHash === 'vllm') {
       if (options.pythonHashSeed === undefined)
         throw new RangeError("blockHash 'vllm' needs pythonHashSeed (the engine's PYTHONHASHSEED)");
-      this.vllmHasher = new VllmBlockHasher(options.pythonHashSeed);
+      this.vllmHasher = new VllmBlockHasher(options.pythonHashSeed, options.prefixCachingHashAlgo);
     }
   }
 
@@ -279,7 +285,7 @@ export class MockEngine {
     if (refused !== null)
       return json(res, 400, { error: { message: refused, type: 'BadRequestError', param: null, code: 400 } });
 
-    // the engine's own block hashes: vLLM's sha256_cbor, or seeded per process; keyed by the
+    // the engine's own block hashes: vLLM's (by its hash algorithm), or seeded per process; keyed by the
     // adapter and cache_salt either way, as vLLM's
     const h = this.vllmHasher
       ? this.vllmHasher.hashBlocks(

@@ -1,7 +1,10 @@
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
+import { BlockHashes } from '../../src/core/hashing.js';
+import { VllmBlockHasher } from '../../src/core/vllm-block-hash.js';
+import { mockTokenize } from '../../src/engines/mock-engine.js';
 
 /** Starts `contextforge-router mock-engine` and resolves once it says where it serves. */
 async function startMockEngine(args: string[]) {
@@ -76,6 +79,54 @@ test('mock-engine --data-parallel-size and --lora-modules', async () => {
   const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
   child.kill('SIGTERM');
   assert.equal(await exited, 0);
+});
+
+test("mock-engine --prefix-caching-hash-algo takes vLLM's four names, as serve does", async () => {
+  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+  const run = (args: string[]) =>
+    spawnSync(process.execPath, ['--import', 'tsx', main, 'mock-engine', '--port', '0', ...args], {
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
+  const bad = run(['--block-hash', 'vllm', '--python-hash-seed', '0', '--prefix-caching-hash-algo', 'md5']);
+  assert.equal(bad.status, 2, bad.stderr);
+  assert.equal(
+    bad.stderr,
+    "error: --prefix-caching-hash-algo must be one of sha256, sha256_cbor, xxhash, xxhash_cbor (got 'md5')\n",
+  );
+  // with the matching algorithm, the engine's cache lists vLLM's xxhash blocks
+  const { child, url, stderr } = await startMockEngine([
+    '--port',
+    '0',
+    '--block-size',
+    '4',
+    '--block-hash',
+    'vllm',
+    '--python-hash-seed',
+    '0',
+    '--prefix-caching-hash-algo',
+    'xxhash',
+  ]);
+  assert.doesNotMatch(stderr(), /warning/);
+  const prompt = 'one two three four five six seven eight nine';
+  await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt, max_tokens: 1 }),
+  });
+  const listing = ((await (await fetch(`${url}/debug/cache`)).json()) as { blockHashes: string[] }).blockHashes;
+  const expected = new VllmBlockHasher('0', 'xxhash').hashBlocks(mockTokenize(prompt), 4, {}, new BlockHashes());
+  assert.ok(expected.length > 0);
+  for (let i = 0; i < expected.length; i++) assert.ok(listing.includes(expected.toBigInt(i).toString()), `block ${i}`);
+  const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+  // without --block-hash vllm it keys nothing: said, as serve says it
+  const unused = await startMockEngine(['--port', '0', '--prefix-caching-hash-algo', 'sha256']);
+  assert.match(unused.stderr(), /^warning: --prefix-caching-hash-algo has no effect without --block-hash vllm$/m);
+  const done = new Promise<number | null>((r) => unused.child.once('exit', (code) => r(code)));
+  unused.child.kill('SIGTERM');
+  assert.equal(await done, 0);
 });
 
 test('mock-engine closes cleanly on a SIGTERM sent as soon as it says where it serves', async () => {

@@ -288,4 +288,47 @@ describe('mock engine: data parallel, LoRA, vLLM block hashes', () => {
     const listing = new Set(e.cacheListing());
     for (let i = 0; i < expected.length; i++) assert.ok(listing.has(expected.toBigInt(i).toString()), `block ${i}`);
   });
+
+  test('prefixCachingHashAlgo: a vllm-mode router with the same algorithm indexes the stores, another skips them as hash_mismatch', async () => {
+    const { VLLM_HASH_ALGOS } = await import('../../src/core/vllm-block-hash.js');
+    for (const [i, algo] of VLLM_HASH_ALGOS.entries()) {
+      const other = VLLM_HASH_ALGOS[(i + 1) % VLLM_HASH_ALGOS.length];
+      const e = await engine({
+        blockSize: 4,
+        events: 'tcp://127.0.0.1:*',
+        blockHash: 'vllm',
+        pythonHashSeed: '0',
+        prefixCachingHashAlgo: algo,
+      });
+      const subscribed = (routerAlgo: typeof algo) => {
+        const router = new KVAwareRouter({
+          blockSize: 4,
+          indexMode: 'precise',
+          blockHash: 'vllm',
+          pythonHashSeed: '0',
+          prefixCachingHashAlgo: routerAlgo,
+        });
+        router.registerWorker('w0');
+        const applier = new KvEventApplier(router);
+        const s = new KvEventSubscriber({ workerId: 'w0', endpoint: e.eventsEndpoint, applier, log: () => {} }).start();
+        closers.push(() => s.close());
+        return { router, applier, s };
+      };
+      const same = subscribed(algo);
+      const mismatched = subscribed(other);
+      const prompt = words(24, 11 + i);
+      await until(async () => {
+        await read(post(e, '/v1/completions', { prompt, max_tokens: 1 }));
+        return same.applier.trackedBlocks('w0') > 0 && (mismatched.s.stats.applied.skipped.hash_mismatch ?? 0) > 0;
+      }, `the ${algo} engine's stores at both routers`);
+      const tokens = mockTokenize(prompt);
+      assert.equal(
+        same.router.route({ tokens }, { dryRun: true }).cachedTokens,
+        Math.floor(tokens.length / 4) * 4,
+        algo,
+      );
+      assert.equal(mismatched.router.getStats().index.entries, 0, `${other} router, ${algo} engine`);
+      assert.equal(mismatched.router.route({ tokens }, { dryRun: true }).cachedTokens, 0, `${other} router`);
+    }
+  });
 });

@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { isPythonHashSeed, PYTHON_HASH_SEED_RULE } from '../../core/router/options-schema.js';
+import { VLLM_HASH_ALGOS, type VllmHashAlgo } from '../../core/vllm-block-hash.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { MockEngine } from '../../engines/mock-engine.js';
 import { InvalidArgumentError } from 'commander';
@@ -72,10 +73,14 @@ export function registerMockEngineCommand(program: Command): void {
     )
     .option(
       '--block-hash <kind>',
-      "'vllm': publish vLLM's sha256_cbor block hashes seeded from --python-hash-seed or PYTHONHASHSEED (default: a per-process seed)",
+      "'vllm': publish vLLM's block hashes (by --prefix-caching-hash-algo) seeded from --python-hash-seed or PYTHONHASHSEED (default: a per-process seed)",
       'mock',
     )
     .option('--python-hash-seed <seed>', "the PYTHONHASHSEED vLLM's block hashes are seeded with (--block-hash vllm)")
+    .option(
+      '--prefix-caching-hash-algo <name>',
+      `vLLM's block hash (${VLLM_HASH_ALGOS.join(', ')}; --block-hash vllm). Default sha256_cbor, as serve's`,
+    )
     .action(
       async (o: {
         port: number;
@@ -93,10 +98,18 @@ export function registerMockEngineCommand(program: Command): void {
         loraModules?: string;
         blockHash: string;
         pythonHashSeed?: string;
+        prefixCachingHashAlgo?: string;
       }) => {
         if (o.replay && !o.events) throw new RangeError('--replay needs --events');
         if (o.blockHash !== 'mock' && o.blockHash !== 'vllm')
           throw new RangeError(`--block-hash must be 'vllm' or 'mock', got '${o.blockHash}'`);
+        const algo = o.prefixCachingHashAlgo;
+        if (algo !== undefined && !(VLLM_HASH_ALGOS as readonly string[]).includes(algo))
+          throw new RangeError(
+            `--prefix-caching-hash-algo must be one of ${VLLM_HASH_ALGOS.join(', ')} (got '${algo.slice(0, 80)}')`,
+          );
+        if (algo !== undefined && o.blockHash !== 'vllm')
+          process.stderr.write('warning: --prefix-caching-hash-algo has no effect without --block-hash vllm\n');
         const pythonHashSeed = o.pythonHashSeed ?? process.env.PYTHONHASHSEED;
         if (pythonHashSeed !== undefined && o.blockHash === 'vllm' && !isPythonHashSeed(pythonHashSeed))
           throw new RangeError(
@@ -141,6 +154,7 @@ export function registerMockEngineCommand(program: Command): void {
           loraModules,
           blockHash: o.blockHash as 'mock' | 'vllm',
           pythonHashSeed,
+          prefixCachingHashAlgo: algo as VllmHashAlgo | undefined,
         }).start();
         // listening for the stop signals before saying where it serves: a supervisor may send
         // one as soon as it reads that line, and it must close the engine, not kill the process
