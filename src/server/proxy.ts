@@ -289,13 +289,26 @@ function forwardedBody(prepared: ParsedRequest, req: RequestSource, cacheSalt: s
   return prepared.unchanged && req.rawBody !== undefined ? req.rawBody : JSON.stringify(prepared.body);
 }
 
-/** An answer's Retry-After in whole seconds (delta-seconds only, at most a day); undefined when absent or a date. */
+/** The longest Retry-After passed on to a client (s): a day. */
+const MAX_RETRY_AFTER_S = 86_400;
+
+/**
+ * An answer's Retry-After in whole seconds, at most a day; undefined when absent or unreadable.
+ * RFC 9110 allows delay-seconds or an HTTP-date, and engines behind a proxy or a rate limiter
+ * send the date form: a date is the wait until then, rounded up (0 when it has passed). Only
+ * dates that name GMT are read: the obsolete asctime form has no zone, and Date.parse would
+ * read it in the gateway's local time.
+ */
 function retryAfterSeconds(rawHeaders: Buffer[]): number | undefined {
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i];
     if (name.length !== 11 || name.toString('latin1').toLowerCase() !== 'retry-after') continue;
     const v = rawHeaders[i + 1].toString('latin1').trim();
-    return /^\d{1,6}$/.test(v) ? Math.min(Number(v), 86_400) : undefined;
+    if (/^\d{1,6}$/.test(v)) return Math.min(Number(v), MAX_RETRY_AFTER_S);
+    if (v.length > 64 || !/ GMT$/.test(v)) return undefined;
+    const at = Date.parse(v);
+    if (!Number.isFinite(at)) return undefined;
+    return Math.min(Math.max(Math.ceil((at - Date.now()) / 1000), 0), MAX_RETRY_AFTER_S);
   }
   return undefined;
 }
