@@ -72,6 +72,15 @@ const MAX_TOKENIZE_BYTES = 64 * 1024 * 1024;
 /** The whole /v1/models or /tokenize exchange, body included, must end within this (ms). */
 const SIDE_REQUEST_DEADLINE_MS = 4000;
 
+/**
+ * How long a connection to an engine is kept idle, when the engine does not say (a Keep-Alive
+ * header's timeout, less 2 s, is used when it does). vLLM and SGLang serve through uvicorn,
+ * which closes a connection idle for 5 s and says nothing: kept longer, a request the gateway
+ * sends on it as the engine closes it is reset before the engine read it, and fails as if the
+ * engine had. Below 5 s, the gateway always closes first.
+ */
+const ENGINE_KEEP_ALIVE_MS = 4000;
+
 export interface WorkerConnectionsOptions {
   router: KVAwareRouter;
   applier: KvEventApplier;
@@ -300,7 +309,7 @@ export class WorkerConnections {
       undo();
       throw err;
     }
-    const pool = new Pool(base, { connections: this.engineConnections, keepAliveTimeout: 30_000 });
+    const pool = new Pool(base, { connections: this.engineConnections, keepAliveTimeout: ENGINE_KEEP_ALIVE_MS });
     const slots = new ConnectionSlots(this.engineConnections);
     const adapters = new Map<string, string>();
     const models = w.models ? new Set(w.models) : undefined;

@@ -5,9 +5,11 @@
  * as the engines mean them.
  */
 import assert from 'node:assert/strict';
+import { createServer, type AddressInfo, type Socket } from 'node:net';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
+import { until } from '../helpers/wait.js';
 import { answeringEngine } from './harness.js';
 
 const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0 };
@@ -46,5 +48,88 @@ test('a 429 whose Retry-After is an HTTP date gives the client the wait that dat
       await gw.close();
       await engine.close();
     }
+  }
+});
+
+/** How long vLLM and SGLang keep an idle connection (uvicorn's timeout_keep_alive; VLLM_HTTP_TIMEOUT_KEEP_ALIVE). */
+const ENGINE_KEEP_ALIVE_MS = 5000;
+
+/**
+ * An engine served as uvicorn serves vLLM and SGLang: HTTP/1.1 keep-alive without a Keep-Alive
+ * header announcing how long, and a connection idle for ENGINE_KEEP_ALIVE_MS closed by the engine.
+ * `closedBy` records, per connection that carried a completion request, which side closed it first.
+ */
+async function uvicornLikeEngine() {
+  const closedBy: Array<'engine' | 'gateway'> = [];
+  const answer = JSON.stringify({ id: 'c1', object: 'text_completion', choices: [{ index: 0, text: 'ok' }] });
+  const server = createServer((socket: Socket) => {
+    let idle: NodeJS.Timeout | undefined;
+    let closed = false;
+    // a connection of the proxied requests (the gateway's side requests have connections of their own)
+    let proxied = false;
+    const close = (by: 'engine' | 'gateway') => {
+      if (closed) return;
+      closed = true;
+      if (proxied) closedBy.push(by);
+      clearTimeout(idle);
+      socket.end();
+    };
+    const rest = () => {
+      clearTimeout(idle);
+      idle = setTimeout(() => close('engine'), ENGINE_KEEP_ALIVE_MS);
+    };
+    let pending = '';
+    socket.on('error', () => {});
+    socket.on('end', () => close('gateway'));
+    socket.on('data', (d: Buffer) => {
+      clearTimeout(idle);
+      pending += d.toString('latin1');
+      for (;;) {
+        const head = pending.indexOf('\r\n\r\n');
+        if (head < 0) return;
+        const length = Number(/content-length: *(\d+)/i.exec(pending.slice(0, head))?.[1] ?? 0);
+        if (pending.length < head + 4 + length) return;
+        proxied ||= pending.startsWith('POST ');
+        pending = pending.slice(head + 4 + length);
+        socket.write(
+          `HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: ${answer.length}\r\n\r\n${answer}`,
+        );
+        rest();
+      }
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    closedBy,
+    close: () => new Promise<void>((r) => server.close(() => r())),
+  };
+}
+
+test('the gateway closes an idle engine connection before the engine does (no request sent on a closing one)', async () => {
+  // an engine closing a connection at the moment the gateway sends a request on it resets the
+  // request: the attempt fails before it reached the engine, as a failure of the engine
+  const engine = await uvicornLikeEngine();
+  const gw = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 'uvicorn', url: engine.url }],
+    ...quiet,
+  });
+  try {
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    const res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'x' }),
+    });
+    await res.text();
+    assert.equal(res.status, 200);
+    await until(() => engine.closedBy.length > 0, 'the idle engine connection to close', {
+      timeoutMs: ENGINE_KEEP_ALIVE_MS * 2,
+    });
+    assert.deepEqual(engine.closedBy, ['gateway']);
+  } finally {
+    await gw.close();
+    await engine.close();
   }
 });
