@@ -383,8 +383,8 @@ export type ForwardOutcome =
   | 'done'
   /**
    * the engine failed after its answer started reaching the client (reset, stalled past the
-   * inter-chunk timeout, cut short): the stream was ended with an error event, any other body
-   * cut; nothing to retry, but an engine failure
+   * inter-chunk timeout, cut short, or an error event of its own for a server error): the stream
+   * was ended with an error event, any other body cut; nothing to retry, but an engine failure
    */
   | 'cut'
   /** the engine failed before anything reached the client: another worker can take it */
@@ -471,6 +471,39 @@ function isTimeout(err: Error | undefined): boolean {
 
 const LF = 0x0a;
 const CR = 0x0d;
+const SPACE = 0x20;
+const ERROR_OBJECT = Buffer.from('{"error"');
+const DATA_FIELD = Buffer.from('data:');
+
+/**
+ * Whether whole events of a stream hold an engine's error event for a server error: a data
+ * field whose value is `{"error": {…, "code": 5xx}}`, vLLM's and SGLang's way to fail a
+ * stream that has begun (it is followed by `data: [DONE]`). A code below 500 is the client's
+ * error (a bad parameter found late), not the engine's failure. The bytes `{"error"` start a
+ * data field's value only there: the stream's other JSON holds them, if at all, inside strings
+ * (quotes escaped) or after a key, so a chunk without them is passed over by one search.
+ */
+function hasServerErrorEvent(events: Buffer): boolean {
+  for (let at = events.indexOf(ERROR_OBJECT); at >= 0; at = events.indexOf(ERROR_OBJECT, at + 1)) {
+    // "data:" or "data: " at the start of a line, just before it
+    const field = at - DATA_FIELD.length - (at > 0 && events[at - 1] === SPACE ? 1 : 0);
+    if (field < 0 || !events.subarray(field, field + DATA_FIELD.length).equals(DATA_FIELD)) continue;
+    if (field > 0 && events[field - 1] !== LF && events[field - 1] !== CR) continue;
+    let end = events.indexOf(LF, at);
+    const cr = events.indexOf(CR, at);
+    if (end < 0 || (cr >= 0 && cr < end)) end = cr;
+    let status: number;
+    try {
+      const value: unknown = JSON.parse(events.toString('utf8', at, end < 0 ? events.length : end));
+      const error = (value as { error?: unknown }).error;
+      status = Number(typeof error === 'object' && error !== null ? (error as { code?: unknown }).code : undefined);
+    } catch {
+      continue;
+    }
+    if (status >= 500 && status <= 599) return true;
+  }
+  return false;
+}
 
 /**
  * Where an event stream stands just before a chunk, for finding where the chunk's events end:
@@ -626,6 +659,8 @@ class Attempt implements Dispatcher.DispatchHandler {
   private midEvent = false;
   /** Something reached the client: a failure now ends its response instead of retrying. */
   private sent = false;
+  /** The stream reached the client with an engine's error event for a server error: the engine failed it. */
+  private failedInStream = false;
   private settled = false;
   private readonly onClientGone: () => void;
   private readonly onWorkerOut: () => void;
@@ -833,6 +868,16 @@ class Attempt implements Dispatcher.DispatchHandler {
       const whole = this.wholeEvents(chunk);
       if (whole === undefined) return true;
       chunk = whole;
+      if (!this.failedInStream && hasServerErrorEvent(chunk)) {
+        // the engine failed the request before anything reached the client: another worker can take it
+        if (!this.sent) {
+          this.abortUpstream?.(new Error('the engine failed the stream before its first event'));
+          return false;
+        }
+        // the client has part of the answer: it gets the rest as the engine sent it, and the engine's
+        // failure counts as a stream it broke off
+        this.failedInStream = true;
+      }
     }
     if (!this.sent) this.startResponse();
     if (this.res.write(chunk)) return true;
@@ -949,7 +994,7 @@ class Attempt implements Dispatcher.DispatchHandler {
       // the engine ended its stream: what it held back goes as it was sent
       this.res.end(this.held === undefined ? undefined : this.takeHeld(Buffer.alloc(0)));
     }
-    this.settle('done');
+    this.settle(this.failedInStream ? 'cut' : 'done');
   }
 
   onError(err?: Error): void {
