@@ -164,6 +164,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     let noConnection = 0;
     // attempts answered with JSON that is not a whole document (cut short, or not JSON at all)
     let incomplete = 0;
+    // attempts answered 503 with a Retry-After: the engine cannot serve for now and says when to come back
+    let unavailable = 0;
     /** The answer once every attempt failed: what the attempts' outcomes say (answerExhausted). */
     const exhausted = (lastWorker?: string) =>
       answerExhausted(reply, {
@@ -173,6 +175,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         looped,
         noConnection,
         incomplete,
+        unavailable,
         lastWorker,
       });
     // the worker whose failure the next attempt retries: counted once another worker takes it
@@ -222,6 +225,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         onOverloaded: (retryAfterS) => {
           overloaded++;
           if (retryAfterS !== undefined) overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
+        },
+        onUnavailable: (retryAfterS) => {
+          unavailable++;
+          overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
         },
         onLoop: () => looped++,
         onIncomplete: () => incomplete++,
@@ -326,6 +333,8 @@ interface ExhaustedAttempts {
   noConnection: number;
   /** Attempts answered with JSON that is not a whole document. */
   incomplete: number;
+  /** Attempts answered 503 with a Retry-After. */
+  unavailable: number;
   /** The worker of the last attempt, when the retries ran out. */
   lastWorker?: string;
 }
@@ -334,13 +343,24 @@ interface ExhaustedAttempts {
  * The answer when every engine tried failed: 429 with the longest Retry-After they asked for
  * when each of them refused as overloaded (the client should back off, not report a fault),
  * 503 with Retry-After when each was overloaded or had no free connection from the gateway
- * (the gateway is overloaded: as when no worker can take the request), 508 when each of them
+ * (the gateway is overloaded: as when no worker can take the request), 503 with the longest
+ * Retry-After when each was overloaded or answered 503 with a Retry-After, at least one the
+ * latter (the engines cannot serve for now and said when to come back), 508 when each of them
  * answered 508 (a routing loop: retrying cannot help), else 502 with Retry-After: 1 (with the
  * code engine_answer_incomplete when each of them answered JSON that is not a whole document).
  */
 function answerExhausted(
   reply: ProxyReply,
-  { failedAttempts, overloaded, retryAfterS, looped, noConnection, incomplete, lastWorker }: ExhaustedAttempts,
+  {
+    failedAttempts,
+    overloaded,
+    retryAfterS,
+    looped,
+    noConnection,
+    incomplete,
+    unavailable,
+    lastWorker,
+  }: ExhaustedAttempts,
 ): ProxyReply {
   if (looped === failedAttempts)
     return openAiError(
@@ -353,6 +373,16 @@ function answerExhausted(
   if (overloaded === failedAttempts) {
     reply.header('retry-after', String(retryAfterS));
     return openAiError(reply, 429, 'every engine tried is overloaded; retry later', null, 'rate_limit_exceeded');
+  }
+  if (unavailable > 0 && unavailable + overloaded === failedAttempts) {
+    reply.header('retry-after', String(retryAfterS));
+    return openAiError(
+      reply,
+      503,
+      'every engine tried is unavailable for now and asked to be retried later',
+      null,
+      'engines_unavailable',
+    );
   }
   if (noConnection > 0 && noConnection + overloaded === failedAttempts) {
     reply.header('retry-after', String(retryAfterS));
@@ -415,6 +445,12 @@ export interface ForwardOptions {
   onFirstByte: (seconds: number) => void;
   /** The engine answered 429, asking to be tried again after `retryAfterS` seconds (when it said). */
   onOverloaded: (retryAfterS: number | undefined) => void;
+  /**
+   * The engine answered 503 with a Retry-After (seconds): it cannot serve for now (vLLM while it
+   * sleeps or shuts down, a proxy in front of it during a rollout) and says when to come back.
+   * Still a failed attempt and a breaker count; the client is told the wait if every engine says so.
+   */
+  onUnavailable: (retryAfterS: number) => void;
   /** The engine answered 508 Loop Detected: a gateway on the way saw the request come back. */
   onLoop: () => void;
   /**
@@ -774,7 +810,10 @@ class Attempt implements Dispatcher.DispatchHandler {
       if (this.timer) clearTimeout(this.timer);
       this.timer = setTimeout(() => this.abortUpstream?.(new Error('discarded')), MAX_DISCARD_MS);
       if (statusCode === 429) this.o.onOverloaded(retryAfterSeconds(rawHeaders));
-      else if (statusCode === 508) this.o.onLoop();
+      else if (statusCode === 503) {
+        const retryAfterS = retryAfterSeconds(rawHeaders);
+        if (retryAfterS !== undefined) this.o.onUnavailable(retryAfterS);
+      } else if (statusCode === 508) this.o.onLoop();
       return true;
     }
     let contentType: string | undefined;

@@ -133,3 +133,54 @@ test('the gateway closes an idle engine connection before the engine does (no re
     await engine.close();
   }
 });
+
+test('engines that all answer 503 with a Retry-After give the client a 503 with the longest, not a 502', async () => {
+  // vLLM answers 503 while it cannot serve (sleeping, shutting down) and a proxy in front of an
+  // engine answers 503 + Retry-After during a rollout: the client should wait, not report a fault
+  const engines = [
+    await answeringEngine(503, '{"error":{"message":"unavailable"}}', { 'retry-after': '30' }),
+    await answeringEngine(503, '{"error":{"message":"unavailable"}}', { 'retry-after': '45' }),
+  ];
+  const gw = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: engines.map((e, i) => ({ id: `e${i}`, url: e.url })),
+    ...quiet,
+  });
+  try {
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    const res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'x' }),
+    });
+    const body = (await res.json()) as { error: { code: string } };
+    assert.equal(res.status, 503);
+    assert.equal(res.headers.get('retry-after'), '45');
+    assert.equal(body.error.code, 'engines_unavailable');
+  } finally {
+    await gw.close();
+    for (const e of engines) await e.close();
+  }
+});
+
+test('a 503 without a Retry-After is an engine failure: the client gets 502 when every engine failed', async () => {
+  const engine = await answeringEngine(503, '{"error":{"message":"unavailable"}}');
+  const gw = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 'down', url: engine.url }],
+    ...quiet,
+  });
+  try {
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    const res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'x' }),
+    });
+    await res.text();
+    assert.equal(res.status, 502);
+  } finally {
+    await gw.close();
+    await engine.close();
+  }
+});

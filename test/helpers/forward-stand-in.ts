@@ -85,6 +85,7 @@ export function forwardTo(
     interChunkTimeoutMs: 600_000,
     onFirstByte: () => {},
     onOverloaded: () => {},
+    onUnavailable: () => {},
     onLoop: () => {},
     onIncomplete: () => {},
     onRefused: () => {},
