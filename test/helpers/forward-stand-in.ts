@@ -1,5 +1,5 @@
 /**
- * forward() (src/server/proxy.ts) driven by hand: a stand-in pool hands the test undici's side
+ * forward() (src/server/forward.ts) driven by hand: a stand-in pool hands the test undici's side
  * of the exchange (onHeaders, onData, onComplete, onError), and a stand-in client response
  * records what reached the client and stays full until the test drains it.
  */
@@ -8,8 +8,8 @@ import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import { BodyBudget } from '../../src/server/body-budget.js';
 import { ConnectionSlots } from '../../src/server/connection-slots.js';
+import { forward, type ForwardOptions, type ForwardOutcome } from '../../src/server/forward.js';
 import type { ProxyReply } from '../../src/server/openai-request.js';
-import { forward, type ForwardOptions, type ForwardOutcome } from '../../src/server/proxy.js';
 import type { WorkerConnection } from '../../src/server/worker-connections.js';
 
 /** A client's response whose socket stays full until the test drains it (`full = false`: never full). */

@@ -1,0 +1,694 @@
+/**
+ * One attempt on one engine: forward() sends the request over one of the connections the
+ * gateway keeps to the engine and passes the engine's answer to the client as it arrives (a
+ * stream in whole events, a complete JSON answer gathered and written once with its length).
+ * Until the answer's first byte reaches the client a failure leaves no trace there, and the
+ * proxy (proxy.ts) tries another worker; after it, a failure ends the client's response. How
+ * the attempt ended is its ForwardOutcome; what the engine said on the way reaches the proxy
+ * through the callbacks of ForwardOptions.
+ */
+import type { ServerResponse } from 'node:http';
+import type { Dispatcher } from 'undici';
+import type { BodyBudget } from './body-budget.js';
+import { markCutByGateway } from './metrics.js';
+import type { ProxyReply } from './openai-request.js';
+import { declaresJson, isWholeJson } from './whole-json.js';
+import type { WorkerConnection } from './worker-connections.js';
+
+/** How one attempt on one engine ended. */
+export type ForwardOutcome =
+  /** answered */
+  | 'done'
+  /**
+   * the engine failed after its answer started reaching the client (reset, stalled past the
+   * inter-chunk timeout, cut short, or an error event of its own for a server error): the stream
+   * was ended with an error event, any other body cut; nothing to retry, but an engine failure
+   */
+  | 'cut'
+  /** the engine failed before anything reached the client: another worker can take it */
+  | 'retry'
+  /** the worker left rotation before answering anything: another worker can take it */
+  | 'worker-out'
+  /**
+   * every connection the gateway keeps to the engine stayed busy until the deadline: the
+   * request never left the gateway, which says nothing about the engine; another worker can take it
+   */
+  | 'no-connection'
+  /** the client went away: nothing to retry, and nothing the engine did wrong */
+  | 'client-gone';
+
+export interface ForwardOptions {
+  /** The worker's own id, for the response header. */
+  workerId: string;
+  /** The data-parallel rank the request ran on (the connection's headers name it to the engine), or null. */
+  rank: number | null;
+  /** Predicted cached tokens for the response header, when it is enabled. */
+  cachedTokens: number | undefined;
+  /** The client asked for a stream. */
+  streaming: boolean;
+  /** The Via header the engine gets: the client's, with this gateway's entry appended (via.ts). */
+  via: string;
+  firstByteTimeoutMs: number;
+  interChunkTimeoutMs: number;
+  onFirstByte: (seconds: number) => void;
+  /** The engine answered 429, asking to be tried again after `retryAfterS` seconds (when it said). */
+  onOverloaded: (retryAfterS: number | undefined) => void;
+  /**
+   * The engine answered 503 with a Retry-After (seconds): it cannot serve for now (vLLM while it
+   * sleeps or shuts down, a proxy in front of it during a rollout) and says when to come back.
+   * Still a failed attempt and a breaker count; the client is told the wait if every engine says so.
+   */
+  onUnavailable: (retryAfterS: number) => void;
+  /** The engine answered 508 Loop Detected: a gateway on the way saw the request come back. */
+  onLoop: () => void;
+  /**
+   * The engine's complete answer, declared JSON, is not a whole JSON document (its
+   * Content-Length short of its body, say): the attempt failed, and another worker can take it.
+   */
+  onIncomplete: () => void;
+  /**
+   * The answer is committed to the client (its headers go out): nothing is retried from here, so
+   * the request's body is no longer needed.
+   */
+  onCommitted: () => void;
+  /**
+   * The bytes of complete answers gathered at once, over all requests: an answer is gathered
+   * only while it can take its bytes (the whole Content-Length when its headers arrive, else
+   * chunk by chunk); one it cannot take passes through as it comes, as one too large to gather
+   * does. The bytes go back once the answer is written or the attempt ends any other way.
+   */
+  answerBudget: BodyBudget;
+  /** An answer passed through ungathered because `answerBudget` could not take it. */
+  onAnswerBudgetFull: () => void;
+  /**
+   * The engine holds none of the request: it answered with an error (4xx, 5xx) or a
+   * redirect, or the connection failed before any answer. Not called when the gateway gave up waiting (the
+   * engine may be computing it) or on a timeout.
+   */
+  onRefused: () => void;
+}
+
+/**
+ * A 5xx or 429 answer's body is read (keeping the connection) up to this size and for up to
+ * this long, then the connection is dropped: the status has said the attempt failed, and an
+ * error body that trickles must not hold the request until the inter-chunk timeout.
+ */
+const MAX_DISCARDED_BYTES = 128 * 1024;
+const MAX_DISCARD_MS = 2000;
+/**
+ * The unfinished last event of a stream's chunk is held back until its end arrives, up to this
+ * size (an event larger than this passes through as it comes): an engine that fails mid-event
+ * must not leave half an event for the error event to be glued to.
+ */
+const MAX_HELD_EVENT_BYTES = 1024 * 1024;
+/**
+ * A complete answer is gathered (so a failure before its end can still be retried) up to this
+ * size; a larger one passes through as it comes, at the pace the client reads it.
+ */
+const MAX_GATHERED_BYTES = 16 * 1024 * 1024;
+
+/** The longest Retry-After passed on to a client (s): a day. */
+const MAX_RETRY_AFTER_S = 86_400;
+
+/**
+ * An answer's Retry-After in whole seconds, at most a day; undefined when absent or unreadable.
+ * RFC 9110 allows delay-seconds or an HTTP-date, and engines behind a proxy or a rate limiter
+ * send the date form: a date is the wait until then, rounded up (0 when it has passed). Only
+ * dates that name GMT are read: the obsolete asctime form has no zone, and Date.parse would
+ * read it in the gateway's local time.
+ */
+function retryAfterSeconds(rawHeaders: Buffer[]): number | undefined {
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i];
+    if (name.length !== 11 || name.toString('latin1').toLowerCase() !== 'retry-after') continue;
+    const v = rawHeaders[i + 1].toString('latin1').trim();
+    if (/^\d{1,6}$/.test(v)) return Math.min(Number(v), MAX_RETRY_AFTER_S);
+    if (v.length > 64 || !/ GMT$/.test(v)) return undefined;
+    const at = Date.parse(v);
+    if (!Number.isFinite(at)) return undefined;
+    return Math.min(Math.max(Math.ceil((at - Date.now()) / 1000), 0), MAX_RETRY_AFTER_S);
+  }
+  return undefined;
+}
+
+/** undici's timeouts: the engine may still be computing the request. */
+function isTimeout(err: Error | undefined): boolean {
+  const code = (err as { code?: unknown } | undefined)?.code;
+  return code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT';
+}
+
+const LF = 0x0a;
+const CR = 0x0d;
+const SPACE = 0x20;
+const ERROR_OBJECT = Buffer.from('{"error"');
+const DATA_FIELD = Buffer.from('data:');
+
+/**
+ * Whether whole events of a stream hold an engine's error event for a server error: a data
+ * field whose value is `{"error": {…, "code": 5xx}}`, vLLM's and SGLang's way to fail a
+ * stream that has begun (it is followed by `data: [DONE]`). A code below 500 is the client's
+ * error (a bad parameter found late), not the engine's failure. The bytes `{"error"` start a
+ * data field's value only there: the stream's other JSON holds them, if at all, inside strings
+ * (quotes escaped) or after a key, so a chunk without them is passed over by one search.
+ */
+function hasServerErrorEvent(events: Buffer): boolean {
+  for (let at = events.indexOf(ERROR_OBJECT); at >= 0; at = events.indexOf(ERROR_OBJECT, at + 1)) {
+    // "data:" or "data: " at the start of a line, just before it
+    const field = at - DATA_FIELD.length - (at > 0 && events[at - 1] === SPACE ? 1 : 0);
+    if (field < 0 || !events.subarray(field, field + DATA_FIELD.length).equals(DATA_FIELD)) continue;
+    if (field > 0 && events[field - 1] !== LF && events[field - 1] !== CR) continue;
+    let end = events.indexOf(LF, at);
+    const cr = events.indexOf(CR, at);
+    if (end < 0 || (cr >= 0 && cr < end)) end = cr;
+    let status: number;
+    try {
+      const value: unknown = JSON.parse(events.toString('utf8', at, end < 0 ? events.length : end));
+      const error = (value as { error?: unknown }).error;
+      status = Number(typeof error === 'object' && error !== null ? (error as { code?: unknown }).code : undefined);
+    } catch {
+      continue;
+    }
+    if (status >= 500 && status <= 599) return true;
+  }
+  return false;
+}
+
+/**
+ * Where an event stream stands just before a chunk, for finding where the chunk's events end:
+ * in the middle of a line, at the start of one (after an LF, or at the start of the stream),
+ * just after a CR that ended a line (an LF next completes it: CRLF), or just after a CR that
+ * ended an event (an LF next completes it too, and belongs to that event).
+ */
+type StreamPosition = typeof MID_LINE | typeof LINE_START | typeof AFTER_CR | typeof AFTER_EVENT_CR;
+const MID_LINE = 0;
+const LINE_START = 1;
+const AFTER_CR = 2;
+const AFTER_EVENT_CR = 3;
+
+/**
+ * Where the last whole SSE event of `chunk` ends (after the line end of its blank line); 0 when
+ * none ends in it. A line ends in CRLF, LF or CR (WHATWG HTML, "Server-sent events"), so an
+ * event ends at any line end that ends an empty line: `\n\n`, `\r\n\r\n`, `\r\r`, `\n\r\n`,
+ * `\r\n\n`, `\r\r\n`… A CR at the end of the chunk ends its line whatever comes next: an event
+ * whose blank line ends there is whole. No copy, no allocation: a search back from the end.
+ */
+function eventsEnd(chunk: Buffer, before: StreamPosition): number {
+  const n = chunk.length;
+  // engines write whole events, so a chunk usually ends one (vLLM and SGLang end events with "\n\n")
+  if (n >= 2 && chunk[n - 1] === LF && chunk[n - 2] === LF) return n;
+  let lf = chunk.lastIndexOf(LF);
+  let cr = chunk.lastIndexOf(CR);
+  while (lf >= 0 || cr >= 0) {
+    const i = lf > cr ? lf : cr;
+    if (i === lf) {
+      // an LF after an LF ends an empty line; one after a CR completes that CR's line end (the
+      // CR is looked at next), unless that CR ended an event: then it is the last of the event
+      if (i > 0 ? chunk[i - 1] === LF : before === LINE_START || before === AFTER_EVENT_CR) return i + 1;
+      lf = i > 0 ? chunk.lastIndexOf(LF, i - 1) : -1;
+    } else {
+      // a CR (alone or in a CRLF) at the start of a line ends an empty line
+      if (i > 0 ? chunk[i - 1] === LF || chunk[i - 1] === CR : before !== MID_LINE)
+        return chunk[i + 1] === LF ? i + 2 : i + 1;
+      cr = i > 0 ? chunk.lastIndexOf(CR, i - 1) : -1;
+    }
+  }
+  return 0;
+}
+
+/**
+ * Sends the request to one engine and passes its answer to the client: a stream chunk by
+ * chunk, a complete JSON answer in one write with its length. Nothing is sent to the client
+ * before the engine's first body byte, so until then a failure (connection error, 5xx, first-
+ * byte timeout, the worker leaving rotation) can be retried on another worker. A failure after
+ * the first byte ends an SSE stream with an OpenAI-style error event, and drops the client's
+ * connection under any other body (it must not end like a whole answer). Exported for the
+ * tests of its flow control, which drive it with a stand-in pool and response.
+ */
+export function forward(
+  reply: ProxyReply,
+  connection: WorkerConnection,
+  path: string,
+  body: string | Buffer,
+  o: ForwardOptions,
+): Promise<ForwardOutcome> {
+  const bytes = typeof body === 'string' ? Buffer.from(body) : body;
+  const length = bytes.length;
+  return new Promise((resolve) => {
+    const attempt = new Attempt(reply, connection, o, resolve);
+    // it waits for one of the connections the gateway keeps to the engine in the engine's slots,
+    // where giving up takes it out at once (and with it these bytes), not in undici's pool queue
+    attempt.withdraw = connection.slots.take(() => {
+      // the withdrawal of a waiting request keeps this function, and with it the bytes: let go of it
+      attempt.withdraw = NOT_WAITING;
+      attempt.holdsConnection = true;
+      // undici's dispatch with a handler: no response stream, iterator or promise per request
+      connection.pool.dispatch(
+        {
+          path,
+          method: 'POST',
+          // undici takes an Iterable body (its Dispatcher docs), which its type definitions leave out
+          body: (length > 0 ? new SentOnce(bytes) : null) as Dispatcher.DispatchOptions['body'],
+          // what the worker's connection sends (content type, the engine's key, the rank), the Via,
+          // and the body's length (undici cannot tell the length of an iterable body)
+          headers: { ...connection.headers, via: o.via, 'content-length': String(length) },
+          headersTimeout: o.streaming ? o.firstByteTimeoutMs + 1000 : o.interChunkTimeoutMs,
+          bodyTimeout: o.interChunkTimeoutMs,
+        },
+        attempt,
+      );
+    }, attempt.workerRemoved);
+  });
+}
+
+/**
+ * A request body that lets go of its bytes once undici has taken them to write: undici keeps
+ * the body it was given until the answer ends (minutes, for a stream), and a Buffer or string
+ * body would stay in memory all that time, after the budget has been given it back. Iterated
+ * once (undici does not retry a request itself).
+ */
+class SentOnce implements Iterable<Buffer> {
+  constructor(private bytes: Buffer | undefined) {}
+
+  *[Symbol.iterator](): Iterator<Buffer> {
+    const bytes = this.bytes;
+    this.bytes = undefined;
+    if (bytes !== undefined) yield bytes;
+  }
+}
+
+type GiveUpReason = 'client' | 'first-byte' | 'worker-out';
+
+/** A withdrawal that has nothing to withdraw: the request was handed to undici. */
+const NOT_WAITING = (): boolean => false;
+
+/**
+ * One attempt on one engine, as an undici dispatch handler: the engine's answer is written to
+ * the client as it arrives (a complete JSON answer of known size is gathered and written once).
+ */
+class Attempt implements Dispatcher.DispatchHandler {
+  private why: GiveUpReason | undefined;
+  /** Takes the request out of the wait for a free connection; false once it has one. */
+  withdraw: () => boolean = NOT_WAITING;
+  /** undici has the request: one of the engine's connections is counted as its until undici reports its end. */
+  holdsConnection = false;
+  private abortUpstream: ((err?: Error) => void) | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private readonly started = performance.now();
+  private readonly res: ServerResponse;
+  private status = 0;
+  /** The engine answered 5xx, 429, 401/403, 3xx, 204 or 205: its body is read and dropped, then the attempt fails. */
+  private discarding = false;
+  private discarded = 0;
+  private headers: Record<string, string> | undefined;
+  private eventStream = false;
+  /** A complete answer (of known length, or not streamed): gathered, then written with its length. */
+  private gather = false;
+  private parts: Buffer[] | undefined;
+  private gathered = 0;
+  /** The answer's Content-Length, when it declared one. */
+  private declaredLength: number | undefined;
+  /** The gathered answer is declared JSON: it is passed on only if it is a whole JSON document. */
+  private checkWhole = false;
+  /** Bytes this answer holds of the answer budget. */
+  private answerBytes = 0;
+  /** Gives this answer's bytes back to the answer budget; once, however many ways the answer ends. */
+  private readonly giveBackAnswer = (): void => {
+    if (this.answerBytes === 0) return;
+    this.o.answerBudget.give(this.answerBytes);
+    this.answerBytes = 0;
+  };
+  private firstByteSeen = false;
+  /** The start of a stream's event whose end has not arrived yet (not sent to the client), in the chunks it came in. */
+  private held: Buffer[] | undefined;
+  private heldBytes = 0;
+  /** Where the stream stands after what was sent and held: the line end at the start of the next chunk depends on it. */
+  private position: StreamPosition = LINE_START;
+  /** What reached the client of a stream ends in the middle of an event (one too large to hold). */
+  private midEvent = false;
+  /** Something reached the client: a failure now ends its response instead of retrying. */
+  private sent = false;
+  /** The stream reached the client with an engine's error event for a server error: the engine failed it. */
+  private failedInStream = false;
+  private settled = false;
+  private readonly onClientGone: () => void;
+  private readonly onWorkerOut: () => void;
+  /** undici's resume: the engine's socket reads again. */
+  private resumeUpstream: (() => void) | undefined;
+  /**
+   * A 'drain' listener is on the response: the engine's socket waits for it. At most one is:
+   * a chunk that comes before it fires (undici may deliver data it already parsed) adds none.
+   */
+  private awaitingDrain = false;
+  private readonly onDrain = (): void => {
+    this.awaitingDrain = false;
+    this.resumeUpstream?.();
+  };
+
+  constructor(
+    private readonly reply: ProxyReply,
+    private readonly connection: WorkerConnection,
+    private readonly o: ForwardOptions,
+    private readonly resolve: (outcome: ForwardOutcome) => void,
+  ) {
+    const res = reply.raw;
+    this.res = res;
+    // the response closing before it finished means the client went away (a request's own
+    // 'close' only says its body was read)
+    this.onClientGone = () => {
+      if (!res.writableFinished) this.giveUp('client');
+    };
+    res.once('close', this.onClientGone);
+    this.onWorkerOut = () => this.giveUp('worker-out');
+    connection.unanswered.add(this.onWorkerOut);
+    // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
+    // non-streamed answer's first byte is the whole answer, due within the inter-chunk timeout
+    // (undici's timeouts bound it too, but only from when the request is sent: one that waits
+    // for a free connection to the engine is bounded by this timer alone)
+    this.timer = setTimeout(() => this.giveUp('first-byte'), o.firstByteTimeoutMs);
+  }
+
+  private giveUp(reason: GiveUpReason): void {
+    if (this.why !== undefined || this.settled) return;
+    this.why = reason;
+    if (this.abortUpstream) return this.abortUpstream(new Error(`given up: ${reason}`));
+    if (this.withdraw()) return this.leftWait();
+    // handed to undici but not sent yet (its connection to the engine is still being made: the
+    // engine's doing): undici calls onConnect once it is, and the attempt aborts there; the
+    // request ends now
+    this.settle(this.failed());
+  }
+
+  /**
+   * It waited for a connection of the gateway's own and left the wait: it never reached the
+   * engine, which holds none of it.
+   */
+  private leftWait(): void {
+    this.withdraw = NOT_WAITING;
+    this.o.onRefused();
+    this.settle(this.why === 'first-byte' ? 'no-connection' : this.failed());
+  }
+
+  /** Its worker was removed while it waited for a connection (its slots withdrew it): another worker can take it. */
+  readonly workerRemoved = (): void => {
+    if (this.why !== undefined || this.settled) return;
+    this.why = 'worker-out';
+    this.leftWait();
+  };
+
+  private failed(): ForwardOutcome {
+    return this.why === 'client' ? 'client-gone' : this.why === 'worker-out' ? 'worker-out' : 'retry';
+  }
+
+  private settle(outcome: ForwardOutcome): void {
+    if (this.settled) return;
+    this.settled = true;
+    // an answer written gives its bytes back once they are (onComplete, stopGathering); any other
+    // end drops what was gathered
+    if (outcome !== 'done') this.giveBackAnswer();
+    if (this.timer) clearTimeout(this.timer);
+    this.res.off('close', this.onClientGone);
+    if (this.awaitingDrain) {
+      this.awaitingDrain = false;
+      this.res.off('drain', this.onDrain);
+    }
+    this.connection.unanswered.delete(this.onWorkerOut);
+    this.resolve(outcome);
+  }
+
+  onConnect(abort: (err?: Error) => void): void {
+    this.abortUpstream = abort;
+    if (this.why !== undefined) abort(new Error(`given up: ${this.why}`));
+  }
+
+  onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
+    if (statusCode < 200) return true; // informational
+    this.status = statusCode;
+    // a 4xx (passed to the client, or a 429/401/403 tried elsewhere) or a redirect means the
+    // engine computed nothing; a 5xx that it failed the request (when vLLM's engine core fails,
+    // its KV is gone with it): what the router predicted it would hold is withdrawn
+    // (so does a 204 or 205: a completion endpoint answering no content is a broken engine)
+    const noContent = statusCode === 204 || statusCode === 205;
+    if (statusCode >= 300 || noContent) this.o.onRefused();
+    // an engine's failure, its refusal for now (429: it is overloaded), a 401/403: the engine
+    // refused the gateway's own credentials (the client's are never forwarded), or a redirect
+    // (a worker URL that is not the engine's: http behind an ingress that wants https, say; it
+    // is not followed, the request would reach an engine the router did not choose), or a 204
+    // or 205 (no answer at all, where an answer is all the client asked for): none is an answer for
+    // the client, and another worker can take the request
+    const redirect = statusCode >= 300 && statusCode < 400;
+    if (statusCode >= 500 || statusCode === 429 || statusCode === 401 || statusCode === 403 || redirect || noContent) {
+      this.discarding = true;
+      // the first-byte deadline no longer applies: the engine answered, with a failure
+      if (this.timer) clearTimeout(this.timer);
+      this.timer = setTimeout(() => this.abortUpstream?.(new Error('discarded')), MAX_DISCARD_MS);
+      if (statusCode === 429) this.o.onOverloaded(retryAfterSeconds(rawHeaders));
+      else if (statusCode === 503) {
+        const retryAfterS = retryAfterSeconds(rawHeaders);
+        if (retryAfterS !== undefined) this.o.onUnavailable(retryAfterS);
+      } else if (statusCode === 508) this.o.onLoop();
+      return true;
+    }
+    let contentType: string | undefined;
+    let length: number | undefined;
+    for (let i = 0; i < rawHeaders.length; i += 2) {
+      const name = rawHeaders[i];
+      if (name.length === 12 && name.toString('latin1').toLowerCase() === 'content-type') {
+        const v = rawHeaders[i + 1].toString('latin1');
+        contentType = contentType === undefined ? v : `${contentType},${v}`;
+      } else if (name.length === 14 && name.toString('latin1').toLowerCase() === 'content-length')
+        length = Number(rawHeaders[i + 1].toString('latin1'));
+    }
+    // an engine that declares JSON is held to it; one that declares nothing is passed on as JSON, unchecked
+    this.checkWhole = contentType !== undefined && declaresJson(contentType);
+    contentType ??= 'application/json';
+    this.eventStream = contentType.includes('event-stream');
+    const o = this.o;
+    const headers: Record<string, string> = { 'content-type': contentType, 'x-contextforge-worker': o.workerId };
+    if (o.rank !== null) headers['x-contextforge-rank'] = String(o.rank);
+    if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
+    if (this.eventStream) headers['cache-control'] = 'no-cache';
+    this.headers = headers;
+    // a whole answer is gathered, so one cut short is retried, unless it is too large to hold
+    this.gather = !this.eventStream && (length === undefined ? !o.streaming : length <= MAX_GATHERED_BYTES);
+    this.declaredLength = length;
+    // an answer of declared length takes all of it from the budget at once, or is not gathered
+    if (this.gather && length !== undefined && !this.takeAnswer(length)) {
+      this.gather = false;
+      o.onAnswerBudgetFull();
+    }
+    this.checkWhole &&= this.gather;
+    this.resumeUpstream = resume;
+    return true;
+  }
+
+  /** The first body byte (or the end of an empty body): the engine answered. */
+  private firstByte(): void {
+    this.firstByteSeen = true;
+    if (this.timer) {
+      clearTimeout(this.timer);
+      this.timer = undefined;
+    }
+    this.o.onFirstByte((performance.now() - this.started) / 1000);
+  }
+
+  /** From here on the answer belongs to the client: headers out, no retry, no give-up on worker-out. */
+  private startResponse(extra?: number): void {
+    this.connection.unanswered.delete(this.onWorkerOut);
+    this.reply.hijack();
+    this.sent = true;
+    this.o.onCommitted();
+    const headers = this.headers!;
+    if (extra !== undefined) headers['content-length'] = String(extra);
+    this.res.writeHead(this.status, headers);
+  }
+
+  onData(chunk: Buffer): boolean {
+    if (this.discarding) {
+      this.discarded += chunk.length;
+      if (this.discarded > MAX_DISCARDED_BYTES) this.abortUpstream?.(new Error('discarded'));
+      return true;
+    }
+    // given up (the abort is under way): nothing more goes anywhere
+    if (this.why !== undefined && !this.sent) return false;
+    if (!this.firstByteSeen) this.firstByte();
+    if (this.gather) {
+      this.gathered += chunk.length;
+      const fits = this.gathered <= MAX_GATHERED_BYTES;
+      // an answer of undeclared length takes its bytes from the budget as they come
+      const charged = fits && (this.declaredLength !== undefined || this.takeAnswer(chunk.length));
+      if (charged) {
+        (this.parts ??= []).push(chunk);
+        // the last byte its Content-Length declares: checked now, while the connection can still
+        // be dropped (bytes past the declared length would be left on it, read as the next answer)
+        if (this.gathered === this.declaredLength && this.checkWhole) {
+          this.checkWhole = false;
+          if (!isWholeJson(this.gatheredPayload())) {
+            this.o.onIncomplete();
+            this.abortUpstream?.(new Error('incomplete JSON answer'));
+            return false;
+          }
+        }
+        return true;
+      }
+      // an answer of unknown length grew too large to hold, or larger than the budget could
+      // take: it passes through from here
+      if (fits) this.o.onAnswerBudgetFull();
+      this.stopGathering();
+    }
+    if (this.eventStream) {
+      const whole = this.wholeEvents(chunk);
+      if (whole === undefined) return true;
+      chunk = whole;
+      if (!this.failedInStream && hasServerErrorEvent(chunk)) {
+        // the engine failed the request before anything reached the client: another worker can take it
+        if (!this.sent) {
+          this.abortUpstream?.(new Error('the engine failed the stream before its first event'));
+          return false;
+        }
+        // the client has part of the answer: it gets the rest as the engine sent it, and the engine's
+        // failure counts as a stream it broke off
+        this.failedInStream = true;
+      }
+    }
+    if (!this.sent) this.startResponse();
+    if (this.res.write(chunk)) return true;
+    // the client reads slower than the engine writes: the engine's socket waits for 'drain'
+    // (one listener, however many chunks arrive before it fires)
+    if (!this.awaitingDrain) {
+      this.awaitingDrain = true;
+      this.res.once('drain', this.onDrain);
+    }
+    return false;
+  }
+
+  /**
+   * The whole events of a stream's chunk, with what was held back before them; the start of
+   * an event whose end has not arrived is held back (undefined: nothing whole to send yet).
+   */
+  private wholeEvents(chunk: Buffer): Buffer | undefined {
+    // an empty chunk (undici delivers some) ends nothing: whether the client's stream stands
+    // in the middle of an event is as it was
+    const n = chunk.length;
+    if (n === 0) return undefined;
+    const end = eventsEnd(chunk, this.position);
+    const last = chunk[n - 1];
+    this.position = last === LF ? LINE_START : last === CR ? (end === n ? AFTER_EVENT_CR : AFTER_CR) : MID_LINE;
+    const tail = end === 0 ? this.heldBytes + n : n - end;
+    if (tail > MAX_HELD_EVENT_BYTES) {
+      // too large to hold: it passes through as it comes
+      this.midEvent = true;
+      return this.takeHeld(chunk);
+    }
+    if (end === 0) {
+      (this.held ??= []).push(chunk);
+      this.heldBytes += n;
+      return undefined;
+    }
+    this.midEvent = false;
+    if (end === n) return this.takeHeld(chunk);
+    const whole = this.takeHeld(chunk.subarray(0, end));
+    this.held = [chunk.subarray(end)];
+    this.heldBytes = tail;
+    return whole;
+  }
+
+  /** What was held back, followed by `rest` (`rest` itself when nothing was); nothing is held after. */
+  private takeHeld(rest: Buffer): Buffer {
+    const held = this.held;
+    if (held === undefined) return rest;
+    held.push(rest);
+    const out = Buffer.concat(held, this.heldBytes + rest.length);
+    this.held = undefined;
+    this.heldBytes = 0;
+    return out;
+  }
+
+  /** Takes `bytes` more of the answer budget for this answer; false (nothing taken) when they do not fit. */
+  private takeAnswer(bytes: number): boolean {
+    if (!this.o.answerBudget.take(bytes)) return false;
+    this.answerBytes += bytes;
+    return true;
+  }
+
+  /**
+   * An answer being gathered passes through from here: what was gathered goes to the client,
+   * and its bytes go back to the budget once written (or when the response closes: a write to a
+   * client gone never calls back).
+   */
+  private stopGathering(): void {
+    this.gather = false;
+    this.checkWhole = false;
+    this.startResponse();
+    const parts = this.parts ?? [];
+    this.parts = undefined;
+    const last = parts.length - 1;
+    for (let i = 0; i < last; i++) this.res.write(parts[i]);
+    if (last >= 0) this.res.write(parts[last], this.giveBackAnswer);
+    else this.giveBackAnswer();
+    this.res.once('close', this.giveBackAnswer);
+  }
+
+  /** The gathered answer as one buffer (kept as the only part from then on). */
+  private gatheredPayload(): Buffer {
+    const parts = this.parts;
+    if (parts === undefined) return Buffer.alloc(0);
+    if (parts.length > 1) this.parts = [Buffer.concat(parts, this.gathered)];
+    return this.parts![0];
+  }
+
+  /** undici is done with the request (it completed or failed): its connection is free for the next. */
+  private releaseConnection(): void {
+    if (!this.holdsConnection) return;
+    this.holdsConnection = false;
+    this.connection.slots.release();
+  }
+
+  onComplete(): void {
+    this.releaseConnection();
+    if (this.discarding) return this.settle(this.failed());
+    if (this.why !== undefined && !this.sent) return this.settle(this.failed());
+    if (!this.firstByteSeen) this.firstByte();
+    if (this.gather) {
+      const payload = this.gatheredPayload();
+      // an answer without a Content-Length (or an empty one) is checked at its end
+      if (this.checkWhole && !isWholeJson(payload)) {
+        this.o.onIncomplete();
+        return this.settle('retry');
+      }
+      this.startResponse(payload.length);
+      this.parts = undefined;
+      // its bytes go back once written, or when the response closes (a client gone meanwhile)
+      this.res.once('close', this.giveBackAnswer);
+      this.res.end(payload, this.giveBackAnswer);
+    } else {
+      if (!this.sent) this.startResponse();
+      // the engine ended its stream: what it held back goes as it was sent
+      this.res.end(this.held === undefined ? undefined : this.takeHeld(Buffer.alloc(0)));
+    }
+    this.settle(this.failedInStream ? 'cut' : 'done');
+  }
+
+  onError(err?: Error): void {
+    this.releaseConnection();
+    if (this.settled) return;
+    // no answer at all, and not because the gateway stopped waiting: the request never
+    // reached the engine (connection refused, reset) or the engine died with it
+    if (this.status === 0 && this.why === undefined && !isTimeout(err)) this.o.onRefused();
+    if (!this.sent) return this.settle(this.failed());
+    // after the first byte: end the stream cleanly; the cause stays out of the client's view
+    if (this.why !== 'client' && this.eventStream) {
+      // an unfinished event held back is dropped; one that passed through is ended first, so
+      // the error event is an event of its own
+      this.res.write(
+        `${this.midEvent ? '\n\n' : ''}data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`,
+      );
+    }
+    // an answer that is not a stream cannot say it failed: it is cut, never ended as if whole
+    if (this.eventStream || this.why === 'client') this.res.end();
+    else {
+      markCutByGateway(this.res);
+      this.res.destroy();
+    }
+    this.settle(this.why === 'client' ? 'client-gone' : 'cut');
+  }
+}
