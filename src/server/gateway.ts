@@ -37,6 +37,7 @@ import {
 } from './client-connections.js';
 import {
   closedStatus,
+  markAnsweredOnSocket,
   createGatewayMetrics,
   registerAnswerBudgetMetrics,
   registerBodyBudgetMetrics,
@@ -312,11 +313,18 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           requireHostHeader: false,
         },
         (req, res) => {
-          if (req.headers.host === undefined && req.httpVersion === '1.1')
+          // the response a refusal on the socket (answerClientError: a body too slow) belongs to
+          responseOnSocket.set(req.socket, res);
+          if (req.headers.host === undefined && req.httpVersion === '1.1') {
+            countOnClose(req, res);
             return answerMalformed(res, 400, 'an HTTP/1.1 request needs a Host header', 'host');
+          }
           // before its body is taken from the budget: a refused request holds none of it
-          if (!pipelined.admit(req, res)) return answerPipelineFull(res);
-          if (!admitBody(req, res)) return;
+          if (!pipelined.admit(req, res)) {
+            countOnClose(req, res);
+            return answerPipelineFull(res);
+          }
+          if (!admitBody(req, res)) return countOnClose(req, res);
           if (fastPath === undefined || !fastPath(req, res)) handler(req, res);
         },
       );
@@ -453,6 +461,14 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     const charge = req.headers['transfer-encoding'] === undefined ? undefined : bodyCharges.get(req.raw);
     done(null, charge === undefined ? payload : chargedBody(payload, charge));
   });
+  /**
+   * Counts a request answered before the fast path or Fastify saw it (a refusal) once its
+   * response closes, under the route its path matches, as Fastify's hook below counts the rest.
+   */
+  const countOnClose = (req: IncomingMessage, res: ServerResponse): void => {
+    const path = routeMethods.patternOf(req.url ?? '') ?? 'unknown';
+    res.once('close', () => metrics.countRequest(path, closedStatus(res)));
+  };
   // counted once its response closes, answered or not (a client that left first counts as 499;
   // onResponse runs only for a response written whole); a callback hook, not an async one: no
   // promise per request
@@ -658,6 +674,10 @@ function answerClientError(err: Error & { code?: string }, socket: Duplex): void
       : err.code === 'HPE_HEADER_OVERFLOW'
         ? [431, 'the request headers are larger than allowed', 'headers']
         : [400, 'the request is not valid HTTP/1.1', null];
+  // a request already handed to the gateway (its body too slow, or malformed) counts with this
+  // status when its response closes, not as a client that left
+  const res = responseOnSocket.get(socket);
+  if (res !== undefined && !res.writableEnded) markAnsweredOnSocket(res, status);
   const body = clientErrorBody(message, param);
   if (socket.writable)
     socket.write(
@@ -665,6 +685,9 @@ function answerClientError(err: Error & { code?: string }, socket: Duplex): void
     );
   socket.destroy();
 }
+
+/** Each connection's latest request's response (answerClientError). */
+const responseOnSocket = new WeakMap<Duplex, ServerResponse>();
 
 /** The OpenAI error body of an answer written before any route runs (openAiError's, for a client's fault). */
 function clientErrorBody(message: string, param: string | null): string {

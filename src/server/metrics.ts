@@ -25,12 +25,25 @@ export function markCutByGateway(res: ServerResponse): void {
 }
 
 /**
+ * Responses whose request the HTTP server refused on its socket (a body that did not arrive in
+ * time: 408), with the status written there: the response object itself is never written.
+ */
+const answeredOnSocket = new WeakMap<ServerResponse, number>();
+
+/** The request of `res` was answered `status` on its socket, outside `res` (gateway.ts answerClientError). */
+export function markAnsweredOnSocket(res: ServerResponse, status: number): void {
+  answeredOnSocket.set(res, status);
+}
+
+/**
  * The status a response counts with once it has closed: its own when it was written whole or
- * the gateway cut it, else CLIENT_CLOSED_REQUEST (the client left first: while the request
- * waited, or in the middle of the answer).
+ * the gateway cut it, the one written on its socket when the server refused its request there,
+ * else CLIENT_CLOSED_REQUEST (the client left first: while the request waited, or in the middle
+ * of the answer).
  */
 export function closedStatus(res: ServerResponse): number {
-  return res.writableFinished || cutByGateway.has(res) ? res.statusCode : CLIENT_CLOSED_REQUEST;
+  if (res.writableFinished || cutByGateway.has(res)) return res.statusCode;
+  return answeredOnSocket.get(res) ?? CLIENT_CLOSED_REQUEST;
 }
 
 export interface GatewayMetrics {

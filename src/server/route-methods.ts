@@ -21,19 +21,35 @@ export class RouteMethods {
   }
 
   /**
+   * The route pattern `target` (a request target: a path, with or without a query) matches, as
+   * Fastify names a request's route (`req.routeOptions.url`); undefined when none does.
+   */
+  patternOf(target: string): string | undefined {
+    if (!target.startsWith('/')) return undefined;
+    const segments = pathSegments(target);
+    for (const [url, p] of this.patterns) if (matches(p.segments, segments)) return url;
+    return undefined;
+  }
+
+  /**
    * The methods `target` (a request target: a path, with or without a query) is served with,
    * sorted; empty when no route matches it (or it is not a path, as a CONNECT's host:port is not).
    */
   allowed(target: string): string[] {
     if (!target.startsWith('/')) return [];
-    const q = target.indexOf('?');
-    const segments = (q === -1 ? target : target.slice(0, q)).split('/');
+    const segments = pathSegments(target);
     const out = new Set<string>();
     for (const p of this.patterns.values()) if (matches(p.segments, segments)) for (const m of p.methods) out.add(m);
     // Fastify answers HEAD wherever it answers GET
     if (out.has('GET')) out.add('HEAD');
     return [...out].sort();
   }
+}
+
+/** The segments of a request target's path (its query left out). */
+function pathSegments(target: string): string[] {
+  const q = target.indexOf('?');
+  return (q === -1 ? target : target.slice(0, q)).split('/');
 }
 
 /** A pattern's segments against a path's: `:name` matches any non-empty segment, `*` the rest. */

@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { connect, type AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import { Agent, fetch } from 'undici';
 import { KVAwareRouter } from '../../src/index.js';
@@ -140,6 +141,48 @@ test('an answer the gateway cuts because its engine broke it off counts with the
     assert.deepEqual(counts, { '200': 1 });
   } finally {
     await clients.destroy();
+    await gateway.close();
+    await engine.close();
+  }
+});
+
+test('a request the gateway answers before any route runs counts with the status it was answered', async () => {
+  const engine = await fakeEngine((_req: IncomingMessage, res: ServerResponse) => void res.writeHead(404).end());
+  const gateway = await createGateway({
+    router: new KVAwareRouter(),
+    workers: [{ id: 'e0', url: engine.url }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    // a body that does not arrive in time is answered 408 by the gateway, not left by the client
+    timeouts: { requestTimeoutMs: 300, headersTimeoutMs: 300 },
+  });
+  try {
+    await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const port = (gateway.app.server.address() as AddressInfo).port;
+    /** What the gateway answers to `request`, written on a connection of its own. */
+    const answer = (request: string) =>
+      new Promise<string>((resolve) => {
+        const socket = connect(port, '127.0.0.1');
+        let got = '';
+        socket.on('data', (d) => (got += d.toString('latin1')));
+        socket.on('error', () => {});
+        socket.on('close', () => resolve(got));
+        socket.write(request);
+      });
+    const head = (length: number) =>
+      `POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${length}\r\n\r\n`;
+    assert.match(await answer(head(100) + '{"prompt":'), /^HTTP\/1\.1 408 /);
+    // the 17th of 17 requests pipelined on one connection is answered 503 (pipelining.ts)
+    const prompt = '{"prompt":"x"}';
+    const pipelined = await answer((head(prompt.length) + prompt).repeat(17));
+    assert.match(pipelined, /HTTP\/1\.1 503 [^]*pipelining_depth_exceeded/);
+    const counted = () => completionCounts(() => gateway.metrics.metrics());
+    await until(async () => (await counted())['503'] === 1, 'the refused request counted');
+    const counts = await counted();
+    assert.equal(counts['408'], 1, JSON.stringify(counts));
+    assert.equal(counts['503'], 1, JSON.stringify(counts));
+    assert.equal(counts['499'], undefined, JSON.stringify(counts));
+  } finally {
     await gateway.close();
     await engine.close();
   }
