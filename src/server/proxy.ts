@@ -318,10 +318,10 @@ interface ExhaustedAttempts {
 /**
  * The answer when every engine tried failed: 429 with the longest Retry-After they asked for
  * when each of them refused as overloaded (the client should back off, not report a fault),
- * 503 with Retry-After when each was overloaded or had no free connection from the gateway
- * (the gateway is overloaded: as when no worker can take the request), 503 with the longest
- * Retry-After when each was overloaded or answered 503 with a Retry-After, at least one the
- * latter (the engines cannot serve for now and said when to come back), 508 when each of them
+ * 503 with the longest Retry-After when each was overloaded, had no free connection from the
+ * gateway (the gateway is overloaded: as when no worker can take the request) or answered 503
+ * with a Retry-After (the engine cannot serve for now and said when to come back; the code
+ * engines_unavailable when one did), 508 when each of them
  * answered 508 (a routing loop: retrying cannot help), else 502 with Retry-After: 1 (with the
  * code engine_answer_incomplete when each of them answered JSON that is not a whole document).
  */
@@ -350,25 +350,25 @@ function answerExhausted(
     reply.header('retry-after', String(retryAfterS));
     return openAiError(reply, 429, 'every engine tried is overloaded; retry later', null, 'rate_limit_exceeded');
   }
-  if (unavailable > 0 && unavailable + overloaded === failedAttempts) {
+  // the engines cannot serve for now and said when to come back, or every connection the gateway
+  // keeps to them was busy (the gateway is overloaded), or a mix of both with overloaded engines
+  if (unavailable + noConnection > 0 && unavailable + noConnection + overloaded === failedAttempts) {
     reply.header('retry-after', String(retryAfterS));
-    return openAiError(
-      reply,
-      503,
-      'every engine tried is unavailable for now and asked to be retried later',
-      null,
-      'engines_unavailable',
-    );
-  }
-  if (noConnection > 0 && noConnection + overloaded === failedAttempts) {
-    reply.header('retry-after', String(retryAfterS));
-    return openAiError(
-      reply,
-      503,
-      'every connection the router keeps to the engines that could take the request is busy; retry later',
-      null,
-      'engine_connections_busy',
-    );
+    return unavailable > 0
+      ? openAiError(
+          reply,
+          503,
+          'every engine tried is unavailable for now or busy; retry later',
+          null,
+          'engines_unavailable',
+        )
+      : openAiError(
+          reply,
+          503,
+          'every connection the router keeps to the engines that could take the request is busy; retry later',
+          null,
+          'engine_connections_busy',
+        );
   }
   reply.header('retry-after', '1');
   const last = lastWorker === undefined ? '' : ` (last: ${lastWorker})`;

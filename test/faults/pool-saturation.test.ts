@@ -212,3 +212,37 @@ test('a request waiting for a connection of a removed worker moves to another wo
     await other.close();
   }
 });
+
+test('one worker with no free connection and one answering 503 with a Retry-After: the client is told to come back then', async () => {
+  const { engine: busy, streams } = await streamingEngine();
+  const unavailable = await answeringEngine(503, '{"error":{"message":"unavailable"}}', { 'retry-after': '30' });
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const gateway = await saturableGateway(router, busy.url, 1000);
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const stream = (prompt: string) =>
+    fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt, max_tokens: 1000, stream: true }),
+      signal: AbortSignal.timeout(10_000),
+    });
+  const held = await Promise.all(Array.from({ length: POOL_CONNECTIONS }, (_, i) => stream(`held ${i}`)));
+  const keepGoing = setInterval(() => {
+    for (const res of streams) res.write('data: {"choices":[{"text":"b"}]}\n\n');
+  }, 200);
+  try {
+    assert.equal(streams.size, POOL_CONNECTIONS, 'every connection to e0 carries a stream');
+    gateway.addWorker({ id: 'e1', url: unavailable.url });
+    const refused = await stream('both come back later');
+    const body = (await refused.json()) as { error: { code: string } };
+    assert.equal(refused.status, 503);
+    assert.equal(refused.headers.get('retry-after'), '30');
+    assert.equal(body.error.code, 'engines_unavailable');
+  } finally {
+    clearInterval(keepGoing);
+    for (const r of held) await r.body?.cancel();
+    await gateway.close(0);
+    await busy.close();
+    await unavailable.close();
+  }
+});
