@@ -85,8 +85,9 @@ export class VllmBlockHasher {
 
   /**
    * `pythonHashSeed`: the engine's PYTHONHASHSEED, as the string it is in the environment.
-   * `algo`: the engine's `--prefix-caching-hash-algo` (vLLM's default is sha256; this class's,
-   * sha256_cbor, is what `--block-hash vllm` computed before the others were supported).
+   * `algo`: the engine's `--prefix-caching-hash-algo` (vLLM's default is sha256; this class's
+   * is sha256_cbor, the one algorithm the others' fixtures, llm-d's indexer and the mock engine
+   * share, so configurations that name none keep matching those engines).
    */
   constructor(
     readonly pythonHashSeed: string,

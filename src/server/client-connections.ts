@@ -6,11 +6,11 @@
  *
  * Over the cap a connection is closed as soon as it is accepted (Node's `maxConnections`):
  * nothing of it is read, no parser, buffer or timer is made for it, and the client sees the
- * connection closed at once (a connection error it may retry elsewhere), never a hang. A 503
- * with a JSON body was weighed and left out: a client reliably reads an answer only when the
- * server reads its request first and closes after it (closing with the request unread resets
- * the connection, and the answer with it), so every refused connection would hold a descriptor
- * and a parser for a while past the cap, in the very flood the cap is for.
+ * connection closed at once (a connection error it may retry elsewhere), never a hang. It gets
+ * no 503 with a JSON body: a client reliably reads an answer only when the server reads its
+ * request first and closes after it (closing with the request unread resets the connection,
+ * and the answer with it), so every refused connection would hold a descriptor and a parser
+ * for a while past the cap, in the very flood the cap is for.
  */
 import type { Server } from 'node:net';
 

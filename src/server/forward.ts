@@ -149,7 +149,9 @@ const DATA_FIELD = Buffer.from('data:');
  * stream that has begun (it is followed by `data: [DONE]`). A code below 500 is the client's
  * error (a bad parameter found late), not the engine's failure. The bytes `{"error"` start a
  * data field's value only there: the stream's other JSON holds them, if at all, inside strings
- * (quotes escaped) or after a key, so a chunk without them is passed over by one search.
+ * (quotes escaped) or after a key, so a chunk without them is passed over by one search. The
+ * error's JSON is read from its one data line, as both engines write it (json.dumps on one line);
+ * an error spread over several data lines of one event is passed on uncounted.
  */
 function hasServerErrorEvent(events: Buffer): boolean {
   for (let at = events.indexOf(ERROR_OBJECT); at >= 0; at = events.indexOf(ERROR_OBJECT, at + 1)) {

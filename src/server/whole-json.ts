@@ -1,5 +1,6 @@
 /**
- * Whether an engine's complete answer, declared JSON, is a whole JSON document: the check the
+ * Whether an engine's complete answer, declared JSON, is a whole JSON object or array (every
+ * answer of the OpenAI API is an object; a bare string, number or null is none): the check the
  * proxy makes on an answer it gathered before passing it on, so that one cut short (a
  * Content-Length short of the body, an engine that stopped mid-write) or one that is not JSON
  * at all (an error page marked as JSON) is a failed attempt, not a 200 the client cannot parse.

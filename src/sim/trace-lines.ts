@@ -32,7 +32,7 @@ export function tooManyRecords(file: string, records = 'requests'): RangeError {
  * on parsed traces, some 12–18 bytes of heap a hash id and 16 bytes of array buffers a key, so
  * 64 Mi blocks take about 1.2 GB of heap (under a third of Node's default 4 GB, leaving the
  * replay room) and 1 GB of buffers. The public traces hold at most a few hundred thousand
- * blocks; the largest generated workload, `agentic:500`, about 44 million.
+ * blocks; the largest generated workload, `agentic:500`, about 45 million.
  */
 export const MAX_TRACE_BLOCKS = 64 * 1024 * 1024;
 
