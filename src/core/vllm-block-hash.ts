@@ -86,8 +86,8 @@ export class VllmBlockHasher {
   /**
    * `pythonHashSeed`: the engine's PYTHONHASHSEED, as the string it is in the environment.
    * `algo`: the engine's `--prefix-caching-hash-algo` (vLLM's default is sha256; this class's
-   * is sha256_cbor, the one algorithm the others' fixtures, llm-d's indexer and the mock engine
-   * share, so configurations that name none keep matching those engines).
+   * is sha256_cbor, the algorithm llm-d's indexer computes and fleets sharing block hashes
+   * across processes configure, since it does not depend on Python's pickle).
    */
   constructor(
     readonly pythonHashSeed: string,
