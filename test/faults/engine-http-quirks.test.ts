@@ -10,9 +10,31 @@ import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { until } from '../helpers/wait.js';
-import { answeringEngine } from './harness.js';
+import { answeringEngine, post } from './harness.js';
 
 const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0 };
+
+/**
+ * Runs `check` with a round-robin gateway over `engines` (workers e0, e1, …) and the answer to
+ * one completion request through it, then closes the gateway and the engines.
+ */
+async function withAnswer(
+  engines: ReadonlyArray<{ url: string; close: () => Promise<void> }>,
+  check: (answer: { status: number; headers: Headers; text: string }) => Promise<void> | void,
+): Promise<void> {
+  const gw = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: engines.map((e, i) => ({ id: `e${i}`, url: e.url })),
+    ...quiet,
+  });
+  try {
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    await check(await post(url, '/v1/completions', { prompt: 'x' }));
+  } finally {
+    await gw.close();
+    for (const e of engines) await e.close();
+  }
+}
 
 test('a 429 whose Retry-After is an HTTP date gives the client the wait that date means, in seconds', async () => {
   // RFC 9110 §10.2.3: Retry-After = HTTP-date / delay-seconds; an hour from now, in the preferred format
@@ -25,29 +47,14 @@ test('a 429 whose Retry-After is an HTTP date gives the client the wait that dat
     const engine = await answeringEngine(429, '{"error":{"message":"too many requests"}}', {
       'retry-after': retryAfter,
     });
-    const gw = await createGateway({
-      router: new KVAwareRouter({ policy: 'round-robin' }),
-      workers: [{ id: 'busy', url: engine.url }],
-      ...quiet,
-    });
-    try {
-      const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
-      const res = await fetch(`${url}/v1/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ prompt: 'x' }),
-      });
-      await res.text();
+    await withAnswer([engine], (res) => {
       assert.equal(res.status, 429);
       const seconds = Number(res.headers.get('retry-after'));
       assert.ok(
         Number.isInteger(seconds) && seconds >= low && seconds <= high,
         `engine's Retry-After ${retryAfter}: the client's is ${res.headers.get('retry-after')}, not within [${low}, ${high}]`,
       );
-    } finally {
-      await gw.close();
-      await engine.close();
-    }
+    });
   }
 });
 
@@ -110,28 +117,13 @@ test('the gateway closes an idle engine connection before the engine does (no re
   // an engine closing a connection at the moment the gateway sends a request on it resets the
   // request: the attempt fails before it reached the engine, as a failure of the engine
   const engine = await uvicornLikeEngine();
-  const gw = await createGateway({
-    router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers: [{ id: 'uvicorn', url: engine.url }],
-    ...quiet,
-  });
-  try {
-    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
-    const res = await fetch(`${url}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ prompt: 'x' }),
-    });
-    await res.text();
+  await withAnswer([engine], async (res) => {
     assert.equal(res.status, 200);
     await until(() => engine.closedBy.length > 0, 'the idle engine connection to close', {
       timeoutMs: ENGINE_KEEP_ALIVE_MS * 2,
     });
     assert.deepEqual(engine.closedBy, ['gateway']);
-  } finally {
-    await gw.close();
-    await engine.close();
-  }
+  });
 });
 
 test('engines that all answer 503 with a Retry-After give the client a 503 with the longest, not a 502', async () => {
@@ -141,46 +133,14 @@ test('engines that all answer 503 with a Retry-After give the client a 503 with 
     await answeringEngine(503, '{"error":{"message":"unavailable"}}', { 'retry-after': '30' }),
     await answeringEngine(503, '{"error":{"message":"unavailable"}}', { 'retry-after': '45' }),
   ];
-  const gw = await createGateway({
-    router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers: engines.map((e, i) => ({ id: `e${i}`, url: e.url })),
-    ...quiet,
-  });
-  try {
-    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
-    const res = await fetch(`${url}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ prompt: 'x' }),
-    });
-    const body = (await res.json()) as { error: { code: string } };
+  await withAnswer(engines, (res) => {
     assert.equal(res.status, 503);
     assert.equal(res.headers.get('retry-after'), '45');
-    assert.equal(body.error.code, 'engines_unavailable');
-  } finally {
-    await gw.close();
-    for (const e of engines) await e.close();
-  }
+    assert.equal((JSON.parse(res.text) as { error: { code: string } }).error.code, 'engines_unavailable');
+  });
 });
 
 test('a 503 without a Retry-After is an engine failure: the client gets 502 when every engine failed', async () => {
   const engine = await answeringEngine(503, '{"error":{"message":"unavailable"}}');
-  const gw = await createGateway({
-    router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers: [{ id: 'down', url: engine.url }],
-    ...quiet,
-  });
-  try {
-    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
-    const res = await fetch(`${url}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ prompt: 'x' }),
-    });
-    await res.text();
-    assert.equal(res.status, 502);
-  } finally {
-    await gw.close();
-    await engine.close();
-  }
+  await withAnswer([engine], (res) => assert.equal(res.status, 502));
 });
