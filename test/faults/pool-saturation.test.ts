@@ -52,6 +52,41 @@ function saturableGateway(
   });
 }
 
+/**
+ * A round-robin gateway over a streaming engine `e0` (its circuit opening after
+ * `breakerFailures`) with every one of its POOL_CONNECTIONS connections carrying a stream the
+ * engine keeps going; `stream(prompt)` starts one more. `stop()` ends the streams, the
+ * gateway and the engine.
+ */
+async function saturatedGateway(breakerFailures: number) {
+  const { engine, streams } = await streamingEngine();
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const gateway = await saturableGateway(router, engine.url, breakerFailures);
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const stream = (prompt: string) =>
+    fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt, max_tokens: 1000, stream: true }),
+      signal: AbortSignal.timeout(10_000),
+    });
+  const held = await Promise.all(Array.from({ length: POOL_CONNECTIONS }, (_, i) => stream(`held ${i}`)));
+  const keepGoing = setInterval(() => {
+    for (const res of streams) res.write('data: {"choices":[{"text":"b"}]}\n\n');
+  }, 200);
+  return {
+    gateway,
+    streams,
+    stream,
+    stop: async () => {
+      clearInterval(keepGoing);
+      for (const r of held) await r.body?.cancel();
+      await gateway.close(0);
+      await engine.close();
+    },
+  };
+}
+
 test('a request waiting for a connection the engine streams on ends by its deadline, or when its client leaves', async () => {
   const { engine, streams } = await streamingEngine();
   const router = new KVAwareRouter({ policy: 'round-robin' });
@@ -111,23 +146,9 @@ test('a request waiting for a connection the engine streams on ends by its deadl
 });
 
 test('a worker whose connections are all busy is no engine failure: its request moves to another worker, its circuit stays closed', async () => {
-  const { engine: busy, streams } = await streamingEngine();
   const free = await answeringEngine(200, '{"choices":[{"text":"ok"}]}');
-  const router = new KVAwareRouter({ policy: 'round-robin' });
   // one engine failure would open the circuit
-  const gateway = await saturableGateway(router, busy.url, 1);
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  const stream = (prompt: string) =>
-    fetch(`${base}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ prompt, max_tokens: 1000, stream: true }),
-      signal: AbortSignal.timeout(10_000),
-    });
-  const held = await Promise.all(Array.from({ length: POOL_CONNECTIONS }, (_, i) => stream(`held ${i}`)));
-  const keepGoing = setInterval(() => {
-    for (const res of streams) res.write('data: {"choices":[{"text":"b"}]}\n\n');
-  }, 200);
+  const { gateway, streams, stream, stop } = await saturatedGateway(1);
   const waitTimeouts = async () =>
     (await gateway.metrics.getSingleMetric('contextforge_engine_connection_wait_timeouts_total')?.get())?.values ?? [];
   try {
@@ -157,10 +178,7 @@ test('a worker whose connections are all busy is no engine failure: its request 
     assert.equal(body.error.code, 'engine_connections_busy');
     assert.deepEqual(gateway.health.reasons('e0'), [], "e0's circuit stays closed");
   } finally {
-    clearInterval(keepGoing);
-    for (const r of held) await r.body?.cancel();
-    await gateway.close(0);
-    await busy.close();
+    await stop();
     await free.close();
   }
 });
@@ -214,22 +232,8 @@ test('a request waiting for a connection of a removed worker moves to another wo
 });
 
 test('one worker with no free connection and one answering 503 with a Retry-After: the client is told to come back then', async () => {
-  const { engine: busy, streams } = await streamingEngine();
   const unavailable = await answeringEngine(503, '{"error":{"message":"unavailable"}}', { 'retry-after': '30' });
-  const router = new KVAwareRouter({ policy: 'round-robin' });
-  const gateway = await saturableGateway(router, busy.url, 1000);
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  const stream = (prompt: string) =>
-    fetch(`${base}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ prompt, max_tokens: 1000, stream: true }),
-      signal: AbortSignal.timeout(10_000),
-    });
-  const held = await Promise.all(Array.from({ length: POOL_CONNECTIONS }, (_, i) => stream(`held ${i}`)));
-  const keepGoing = setInterval(() => {
-    for (const res of streams) res.write('data: {"choices":[{"text":"b"}]}\n\n');
-  }, 200);
+  const { gateway, streams, stream, stop } = await saturatedGateway(1000);
   try {
     assert.equal(streams.size, POOL_CONNECTIONS, 'every connection to e0 carries a stream');
     gateway.addWorker({ id: 'e1', url: unavailable.url });
@@ -239,10 +243,7 @@ test('one worker with no free connection and one answering 503 with a Retry-Afte
     assert.equal(refused.headers.get('retry-after'), '30');
     assert.equal(body.error.code, 'engines_unavailable');
   } finally {
-    clearInterval(keepGoing);
-    for (const r of held) await r.body?.cancel();
-    await gateway.close(0);
-    await busy.close();
+    await stop();
     await unavailable.close();
   }
 });
