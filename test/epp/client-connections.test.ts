@@ -5,11 +5,12 @@
  * that speak the HTTP/2 connection preface; every wait has a deadline.
  */
 import assert from 'node:assert/strict';
-import { connect, type Socket } from 'node:net';
+import type { Socket } from 'node:net';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { startPicker } from '../../src/epp/run-picker.js';
 import { createGateway } from '../../src/server/gateway.js';
+import { rawClient } from '../helpers/raw-client.js';
 import { until } from '../helpers/wait.js';
 
 /** The client's HTTP/2 connection preface and an empty SETTINGS frame: a gRPC server answers with its SETTINGS. */
@@ -25,15 +26,9 @@ interface RawPeer {
 }
 
 async function http2Peer(port: number): Promise<RawPeer> {
-  const socket = connect(port, '127.0.0.1');
-  let received = 0;
-  let closed = false;
-  socket.on('data', (d: Buffer) => (received += d.length));
-  socket.on('error', () => {});
-  socket.on('close', () => (closed = true));
-  await new Promise<void>((r) => socket.once('connect', () => r()));
+  const { socket, received, closed } = await rawClient(port);
   socket.write(PREFACE);
-  return { socket, receivedBytes: () => received, closed: () => closed };
+  return { socket, receivedBytes: () => received().length, closed };
 }
 
 function metricLine(text: string, name: string, listener: string): number | undefined {

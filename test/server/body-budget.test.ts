@@ -11,13 +11,14 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { subscribe, unsubscribe } from 'node:diagnostics_channel';
 import { createServer, request as httpRequest, type IncomingMessage, type ServerResponse } from 'node:http';
-import { connect, type Socket } from 'node:net';
+import type { Socket } from 'node:net';
 import { test } from 'node:test';
 import { getHeapSnapshot, setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
+import { rawClient } from '../helpers/raw-client.js';
 import { resolveServe } from '../helpers/serve-config.js';
 import { until } from '../helpers/wait.js';
 
@@ -43,13 +44,9 @@ async function budgetGateway(url: string) {
 }
 
 async function slowClient(port: number, head: string): Promise<{ socket: Socket; answer: () => string }> {
-  const socket = connect(port, '127.0.0.1');
-  let received = '';
-  socket.on('data', (d: Buffer) => (received += d.toString('latin1')));
-  socket.on('error', () => {});
-  await new Promise<void>((r) => socket.once('connect', () => r()));
+  const { socket, received } = await rawClient(port);
   socket.write(head);
-  return { socket, answer: () => received };
+  return { socket, answer: received };
 }
 
 const requestHead = (headers: string) =>
@@ -419,9 +416,8 @@ for (const variant of variants) {
 test('a pipelined request whose client closes while its answer waits behind another gives its bytes back', async () => {
   const engine = await holdingEngine();
   const { gateway, port } = await budgetGateway(engine.url);
-  const socket = connect(port, '127.0.0.1');
+  const { socket } = await rawClient(port);
   try {
-    await new Promise<void>((r) => socket.once('connect', () => r()));
     const first = JSON.stringify({ prompt: 'first', max_tokens: 100, stream: true });
     socket.write(
       `POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(first)}\r\n\r\n${first}`,

@@ -5,13 +5,14 @@
  */
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { connect, type AddressInfo } from 'node:net';
+import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import { Agent, fetch } from 'undici';
 import { KVAwareRouter } from '../../src/index.js';
 import { ApiKeys } from '../../src/server/api-keys.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { fakeEngine } from '../faults/harness.js';
+import { rawClient } from '../helpers/raw-client.js';
 import { settled, until } from '../helpers/wait.js';
 
 const KEY = 'sk-client-closed-0000';
@@ -159,16 +160,13 @@ test('a request the gateway answers before any route runs counts with the status
   try {
     await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const port = (gateway.app.server.address() as AddressInfo).port;
-    /** What the gateway answers to `request`, written on a connection of its own. */
-    const answer = (request: string) =>
-      new Promise<string>((resolve) => {
-        const socket = connect(port, '127.0.0.1');
-        let got = '';
-        socket.on('data', (d) => (got += d.toString('latin1')));
-        socket.on('error', () => {});
-        socket.on('close', () => resolve(got));
-        socket.write(request);
-      });
+    /** What the gateway answers to `request`, written on a connection of its own that it closes. */
+    const answer = async (request: string) => {
+      const client = await rawClient(port);
+      client.socket.write(request);
+      await until(client.closed, 'the gateway to close the connection');
+      return client.received();
+    };
     const head = (length: number) =>
       `POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${length}\r\n\r\n`;
     assert.match(await answer(head(100) + '{"prompt":'), /^HTTP\/1\.1 408 /);

@@ -6,34 +6,13 @@
  */
 import assert from 'node:assert/strict';
 import { createServer, type ServerResponse } from 'node:http';
-import { connect, type Socket } from 'node:net';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { listening } from '../helpers/listening.js';
+import { rawClient, type RawClient } from '../helpers/raw-client.js';
 import { resolveServe } from '../helpers/serve-config.js';
 import { until } from '../helpers/wait.js';
-
-/** A raw client connection and everything it received. */
-interface RawClient {
-  socket: Socket;
-  received: () => string;
-  closed: () => boolean;
-}
-
-async function rawClient(port: number): Promise<RawClient> {
-  const socket = connect(port, '127.0.0.1');
-  let received = '';
-  let closed = false;
-  socket.on('data', (d: Buffer) => (received += d.toString('latin1')));
-  socket.on('error', () => {});
-  socket.on('close', () => (closed = true));
-  await new Promise<void>((r, reject) => {
-    socket.once('connect', () => r());
-    socket.once('close', () => reject(new Error('the connection closed before it was made')));
-  });
-  return { socket, received: () => received, closed: () => closed };
-}
 
 const get = (path: string) => `GET ${path} HTTP/1.1\r\nhost: x\r\n\r\n`;
 

@@ -7,12 +7,12 @@
  */
 import assert from 'node:assert/strict';
 import { createServer, type ServerResponse } from 'node:http';
-import { connect } from 'node:net';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { MAX_PIPELINED_REQUESTS } from '../../src/server/pipelining.js';
 import { listening } from '../helpers/listening.js';
+import { rawClient } from '../helpers/raw-client.js';
 import { until } from '../helpers/wait.js';
 
 /** An engine that answers each completion when the test says, and records the prompts it was asked. */
@@ -60,17 +60,10 @@ test('past the pipelining depth a request reaches no engine, is answered 503 in 
   });
   await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const port = (gateway.app.server.address() as { port: number }).port;
-  const socket = connect(port, '127.0.0.1');
-  let received = '';
-  let closed = false;
-  socket.on('data', (d: Buffer) => (received += d.toString('latin1')));
-  socket.on('error', () => {});
-  socket.on('close', () => (closed = true));
-  const other = connect(port, '127.0.0.1');
-  other.on('error', () => {});
-  const otherConnected = new Promise<void>((r) => other.once('connect', () => r()));
+  const client = await rawClient(port);
+  const { socket } = client;
+  const other = (await rawClient(port)).socket;
   try {
-    await new Promise<void>((r) => socket.once('connect', () => r()));
     // the depth served at once, one refused, and one more after the refusal
     const n = MAX_PIPELINED_REQUESTS + 2;
     let all = '';
@@ -80,13 +73,13 @@ test('past the pipelining depth a request reaches no engine, is answered 503 in 
     await until(() => pipelined().length >= MAX_PIPELINED_REQUESTS, 'the pipelined requests served at once');
     // a request on another connection, sent after them all: by the time it is at the engine,
     // any pipelined request the gateway was to serve would be there too
-    await otherConnected;
     other.write(completion('elsewhere'));
     await until(() => engine.prompts.includes('elsewhere'), "the other connection's request at the engine");
     assert.equal(pipelined().length, MAX_PIPELINED_REQUESTS, 'the requests past the depth reached no engine');
 
     engine.answerAll();
-    await until(() => closed, 'the connection closed after the refusal');
+    await until(client.closed, 'the connection closed after the refusal');
+    const received = client.received();
     const statuses = [...received.matchAll(/HTTP\/1\.1 (\d{3})/g)].map((m) => Number(m[1]));
     assert.deepEqual(statuses, [...Array<number>(MAX_PIPELINED_REQUESTS).fill(200), 503]);
     const refusal = received.slice(received.lastIndexOf('HTTP/1.1 503'));
