@@ -8,16 +8,18 @@ import { createPolicy, resolveCostWeights } from '../../src/core/policies/index.
 import { KVAwareRouter } from '../../src/index.js';
 import { resolveServe } from '../helpers/serve-config.js';
 
+/** The error `build` throws, as `name: message`; undefined when it throws none. */
+function attempt(build: () => unknown): string | undefined {
+  try {
+    build();
+    return undefined;
+  } catch (err) {
+    return `${(err as Error).name}: ${(err as Error).message}`;
+  }
+}
+
 /** The error each path gives for `costWeights` (undefined: taken). */
 function refusals(costWeights: unknown): Record<string, string | undefined> {
-  const attempt = (build: () => unknown): string | undefined => {
-    try {
-      build();
-      return undefined;
-    } catch (err) {
-      return `${(err as Error).name}: ${(err as Error).message}`;
-    }
-  };
   return {
     router: attempt(() => new KVAwareRouter({ costWeights: costWeights as never })),
     createPolicy: attempt(() => createPolicy('cost', { costWeights: costWeights as never }, { random: () => 0.5 })),
@@ -104,14 +106,6 @@ test('a knee at or above the ceiling is refused alike by the flag, the variable,
 });
 
 test('createPolicy checks costWeights for every policy, as it checks a peer option the policy does not read', () => {
-  const attempt = (build: () => unknown): string | undefined => {
-    try {
-      build();
-      return undefined;
-    } catch (err) {
-      return `${(err as Error).name}: ${(err as Error).message}`;
-    }
-  };
   const ctx = { random: () => 0.5 };
   for (const name of ['round-robin', 'sglang', 'llmd', 'seed']) {
     for (const costWeights of [{ prefillTokensPerSecond: 0 }, { bogus: 1 }, { pressureKnee: 1 }, 5, null]) {
