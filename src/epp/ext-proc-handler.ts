@@ -11,6 +11,7 @@ import {
   continueResponse,
   immediateResponse,
   ModelNameRestorer,
+  perMessageBodyResponses,
   readHeaders,
   readResponseStatus,
   readServedEndpoint,
@@ -210,8 +211,10 @@ export function createProcessHandler(
       await send(routingHeadersResponse(outcome.endpoints, extra));
       if (forwarded !== undefined) {
         if (requestBodyMode !== undefined && requestBodyMode !== 'FULL_DUPLEX_STREAMED') {
-          // the other modes expect one answer per body message, here changing nothing
-          for (let i = 0; i < Math.max(1, bodyMessages); i++) await send(continueResponse('request_body'));
+          // the other modes expect one answer per body message: Envoy forwards what they say, so
+          // a body the picker changed (a rewritten model, its metadata removed) goes in them, and
+          // the content-length above holds for it
+          for (const m of perMessageBodyResponses(bodyMessages, outcome.body)) await send(m);
         } else {
           for (const m of streamedBodyResponses('request_body', forwarded, endOfStream)) await send(m);
         }

@@ -208,6 +208,22 @@ export function streamedBodyResponses(
   return out;
 }
 
+/**
+ * The answers to `messages` request-body messages in the modes where Envoy takes one answer per
+ * message (STREAMED, BUFFERED, BUFFERED_PARTIAL), which replace the body with `replacement`:
+ * each answer stands for its message, so the last carries all of the replacement and the ones
+ * before clear theirs. Without a replacement every answer changes nothing.
+ */
+export function perMessageBodyResponses(messages: number, replacement?: Buffer): ProcessingResponse[] {
+  const out: ProcessingResponse[] = [];
+  for (let i = 0; i < messages; i++) {
+    if (replacement === undefined) out.push(continueResponse('request_body'));
+    else if (i < messages - 1) out.push({ request_body: { response: { body_mutation: { clear_body: true } } } });
+    else out.push({ request_body: { response: { body_mutation: { body: replacement } } } });
+  }
+  return out;
+}
+
 function streamed(direction: 'request_body' | 'response_body', body: Buffer, endOfStream: boolean): ProcessingResponse {
   return { [direction]: { response: { body_mutation: { streamed_response: { body, end_of_stream: endOfStream } } } } };
 }
