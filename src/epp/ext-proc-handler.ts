@@ -6,6 +6,7 @@ import {
   BODY_BUDGET_RETRY_AFTER_S,
   type BodyBudget,
 } from '../server/body-budget.js';
+import { MAX_TIMER_MS } from '../server/timeouts.js';
 import type { BodySendMode, ProcessingRequest, ProcessingResponse } from './proto.js';
 import {
   continueResponse,
@@ -78,6 +79,12 @@ export interface ExtProcHandlerOptions {
    * bytes back once its body is routed on, or when it ends, fails or is cancelled.
    */
   bodyBudget?: BodyBudget;
+  /**
+   * Time from a stream's request headers to its body's end (ms; default: none). A body that
+   * has not ended by then gets a 408 and its bytes go back to the budget, as the gateway treats
+   * an HTTP client that does not send its request in time.
+   */
+  bodyTimeoutMs?: number;
   log?: (message: string) => void;
   /** Called once per request with its outcome: 'routed' or the status of the local reply. */
   onOutcome?: (outcome: 'routed' | number) => void;
@@ -99,6 +106,12 @@ export function createProcessHandler(
   options: ExtProcHandlerOptions,
 ): (call: ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => void {
   const log = options.log ?? (() => {});
+  const { bodyTimeoutMs } = options;
+  if (
+    bodyTimeoutMs !== undefined &&
+    !(Number.isInteger(bodyTimeoutMs) && bodyTimeoutMs >= 1 && bodyTimeoutMs <= MAX_TIMER_MS)
+  )
+    throw new RangeError(`bodyTimeoutMs must be an integer from 1 to ${MAX_TIMER_MS}, got ${bodyTimeoutMs}`);
   return (call) => {
     let phase: Phase = 'headers';
     let headers = new Map<string, string>();
@@ -118,10 +131,17 @@ export function createProcessHandler(
     /** The request body's end (end_of_stream or trailers) arrived. */
     let bodyEnded = false;
     let closed = false;
+    /** Ends a body that is still arriving when the time for it is up. */
+    let bodyTimer: NodeJS.Timeout | undefined;
+    const stopBodyTimer = () => {
+      clearTimeout(bodyTimer);
+      bodyTimer = undefined;
+    };
     // messages are handled one at a time, in arrival order, even while a pick awaits
     let queue: Promise<void> = Promise.resolve();
 
     const finish = () => {
+      stopBodyTimer();
       charge?.release();
       inFlight?.end();
       phase = 'finished';
@@ -184,6 +204,7 @@ export function createProcessHandler(
       }
     };
     const routeOn = async (body: Buffer | undefined, endOfStream: boolean) => {
+      stopBodyTimer();
       phase = 'routed';
       let outcome: PickOutcome;
       try {
@@ -246,6 +267,18 @@ export function createProcessHandler(
             req.protocol_config?.send_body_without_waiting_for_header_response !== true;
           if (!bodyComing || waitsForAnswer) return route(undefined, true);
           phase = 'body';
+          if (bodyTimeoutMs !== undefined) {
+            bodyTimer = setTimeout(() => {
+              // in line with the messages: a body chunk already queued is handled first
+              queue = queue
+                .then(() => {
+                  if (phase === 'body' && !closed) return reject(408, 'the request did not arrive in time');
+                })
+                .catch((err: unknown) => fail(GrpcStatus.INTERNAL, `internal error: ${(err as Error).message}`));
+            }, bodyTimeoutMs);
+            // a stream's own timer does not keep the process alive
+            bodyTimer.unref();
+          }
           return;
         }
         case 'request_body': {
@@ -365,11 +398,13 @@ export function createProcessHandler(
     // the peer gone: its body's bytes go back to the budget at once, not after the queue drains
     call.on('cancelled', () => {
       closed = true;
+      stopBodyTimer();
       charge?.release();
       void queue.then(finish);
     });
     call.on('error', () => {
       closed = true;
+      stopBodyTimer();
       charge?.release();
       void queue.then(finish);
     });

@@ -11,6 +11,8 @@ export interface PickerConfig {
   shedQueueDepth: number;
   shedKvUsage: number;
   eppFallbacks: number;
+  /** Time from a stream's request headers to its body's end (the gateway's --request-timeout-ms). */
+  requestTimeoutMs?: number;
 }
 
 export interface RunningPicker {
@@ -53,6 +55,8 @@ export async function startPicker(
     bodyLimit: c.bodyLimit,
     // one budget for the process: the gateway's HTTP requests and the picker's streams
     bodyBudget: gateway.bodyBudget,
+    // an ext_proc stream's body gets the time an HTTP client's request gets
+    bodyTimeoutMs: c.requestTimeoutMs,
     log: o.log,
     onOutcome: (outcome) => picker.countOutcome(outcome),
     ready: () => gateway.router.listWorkers().some((w) => w.available),
