@@ -479,3 +479,28 @@ test('an admin token no request can present, and a keys file that is no regular 
   writeFileSync(big, `# ${'x'.repeat(16 * 1024 * 1024)}\n`, { mode: 0o600 });
   assert.throws(() => loadApiKeysFile(big), /--api-keys-file .*: is larger than 16777216 bytes/);
 });
+
+test('mock-engine stops with the flag named when its HTTP port or its event endpoint is taken', async () => {
+  const taken = createServer();
+  await new Promise<void>((r) => taken.listen(0, '127.0.0.1', r));
+  const port = String((taken.address() as AddressInfo).port);
+  try {
+    const http = spawnSync(process.execPath, ['--import', 'tsx', main, 'mock-engine', '--port', port], {
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
+    assert.equal(http.status, 2, http.stderr);
+    assert.match(http.stderr, new RegExp(`^error: --host 127\\.0\\.0\\.1 --port ${port}: cannot listen: .*EADDRINUSE`));
+    assert.doesNotMatch(http.stderr, /\n\s+at /, 'a message, not a stack trace');
+    const events = `tcp://127.0.0.1:${port}`;
+    const zmq = spawnSync(
+      process.execPath,
+      ['--import', 'tsx', main, 'mock-engine', '--port', '0', '--events', events],
+      { encoding: 'utf8', timeout: 60_000 },
+    );
+    assert.equal(zmq.status, 2, zmq.stderr);
+    assert.match(zmq.stderr, new RegExp(`^error: --events ${events}: cannot bind ${events}: Address already in use`));
+  } finally {
+    taken.close();
+  }
+});

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { isPythonHashSeed, PYTHON_HASH_SEED_RULE } from '../../core/router/options-schema.js';
 import { VLLM_HASH_ALGOS, type VllmHashAlgo } from '../../core/vllm-block-hash.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
-import { MockEngine } from '../../engines/mock-engine.js';
+import { MockEngine, offsetEndpointPort } from '../../engines/mock-engine.js';
 import { InvalidArgumentError } from 'commander';
 import { intOption, positiveNumberOption } from '../options.js';
 
@@ -138,24 +138,26 @@ export function registerMockEngineCommand(program: Command): void {
         if (new Set(loraModules).size !== loraModules.length)
           throw new RangeError('--lora-modules names an adapter twice');
         const tokenizer = o.tokenizer === undefined ? undefined : ChatTokenizer.load(o.tokenizer);
-        const engine = await new MockEngine({
-          port: o.port,
-          host: o.host,
-          model: o.model,
-          blockSize: o.blockSize,
-          kvBlocks: o.kvBlocks,
-          maxModelLen: o.maxModelLen,
-          events: o.events,
-          replay: o.replay,
-          prefillTokS: o.prefillTokS,
-          decodeTokS: o.decodeTokS,
-          tokenizer,
-          dataParallelSize: o.dataParallelSize,
-          loraModules,
-          blockHash: o.blockHash as 'mock' | 'vllm',
-          pythonHashSeed,
-          prefixCachingHashAlgo: algo as VllmHashAlgo | undefined,
-        }).start();
+        const engine = await startEngine(o, () =>
+          new MockEngine({
+            port: o.port,
+            host: o.host,
+            model: o.model,
+            blockSize: o.blockSize,
+            kvBlocks: o.kvBlocks,
+            maxModelLen: o.maxModelLen,
+            events: o.events,
+            replay: o.replay,
+            prefillTokS: o.prefillTokS,
+            decodeTokS: o.decodeTokS,
+            tokenizer,
+            dataParallelSize: o.dataParallelSize,
+            loraModules,
+            blockHash: o.blockHash as 'mock' | 'vllm',
+            pythonHashSeed,
+            prefixCachingHashAlgo: algo as VllmHashAlgo | undefined,
+          }).start(),
+        );
         // listening for the stop signals before saying where it serves: a supervisor may send
         // one as soon as it reads that line, and it must close the engine, not kill the process
         const stopped = new Promise<void>((resolve) => {
@@ -176,4 +178,28 @@ export function registerMockEngineCommand(program: Command): void {
         await engine.close();
       },
     );
+}
+
+/**
+ * The engine started; an address it cannot take (in use, not this host's, a name that does not
+ * resolve) stops the command with the flag that chose it, not a stack trace. ZeroMQ's errors
+ * carry the endpoint they failed on (rank r's: the flag's port + r).
+ */
+async function startEngine(
+  o: { host: string; port: number; events?: string; replay?: string; dataParallelSize: number },
+  start: () => Promise<MockEngine>,
+): Promise<MockEngine> {
+  try {
+    return await start();
+  } catch (err) {
+    const message = (err as Error).message.split('\n')[0];
+    // (Node's listen errors carry an address too: the host, without a scheme)
+    const endpoint = (err as { address?: unknown }).address;
+    if (typeof endpoint !== 'string' || !/^(tcp|ipc|inproc):\/\//.test(endpoint))
+      throw new RangeError(`--host ${o.host} --port ${o.port}: cannot listen: ${message}`, { cause: err });
+    const ranks = Array.from({ length: o.dataParallelSize }, (_, r) => r);
+    const replay = o.replay !== undefined && ranks.some((r) => offsetEndpointPort(o.replay!, r) === endpoint);
+    const flag = replay ? `--replay ${o.replay}` : `--events ${o.events}`;
+    throw new RangeError(`${flag}: cannot bind ${endpoint}: ${message}`, { cause: err });
+  }
 }
