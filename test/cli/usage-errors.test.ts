@@ -504,3 +504,11 @@ test('mock-engine stops with the flag named when its HTTP port or its event endp
     taken.close();
   }
 });
+
+test('--config with an empty name is refused, not read as no config file', () => {
+  assert.throws(() => resolveServe(['--config', '']), /^RangeError: --config must name a file \(got ''\)$/);
+  assert.throws(
+    () => resolveServe([], { CONTEXTFORGE_CONFIG: '' }),
+    /^RangeError: CONTEXTFORGE_CONFIG must name a file \(got ''\)$/,
+  );
+});

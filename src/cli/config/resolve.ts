@@ -250,7 +250,10 @@ export function resolveSettings<S extends z.ZodObject>(
   const shape = schema.shape as Shape;
   const flags = cmd.opts<Record<string, unknown>>();
   const configFile = flags.config as string | undefined;
-  const configWhere = `${cmd.getOptionValueSource('config') === 'env' ? envName('config') : '--config'} ${configFile}`;
+  const configFlag = cmd.getOptionValueSource('config') === 'env' ? envName('config') : '--config';
+  // an empty name (a variable set to nothing) is a file that went missing, not "no file"
+  if (configFile === '') throw new RangeError(`${configFlag} must name a file (got '')`);
+  const configWhere = `${configFlag} ${configFile}`;
   const file = configFile
     ? readConfigFile(configFile, shape, configWhere)
     : new Map<string, { value: unknown; key: string }>();
