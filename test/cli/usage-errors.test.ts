@@ -512,3 +512,15 @@ test('--config with an empty name is refused, not read as no config file', () =>
     /^RangeError: CONTEXTFORGE_CONFIG must name a file \(got ''\)$/,
   );
 });
+
+test('a config file that is not UTF-8 text is refused naming the line, not read with its bytes replaced', () => {
+  const file = join(mkdtempSync(join(tmpdir(), 'cf-config-latin1-')), 'router.yaml');
+  writeFileSync(
+    file,
+    Buffer.concat([Buffer.from('port: 9001\ninstance-id: caf'), Buffer.from([0xe9]), Buffer.from('\n')]),
+  );
+  assert.throws(
+    () => resolveServe(['--config', file]),
+    new RegExp(`^RangeError: --config ${file}: not UTF-8 text \\(line 2\\)$`),
+  );
+});

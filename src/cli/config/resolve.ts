@@ -144,11 +144,37 @@ function readTextFile(file: string, max: number): string {
       if (total > max) throw new RangeError(`larger than ${max} bytes`);
       chunks.push(Buffer.from(buf.subarray(0, n)));
     }
-    const text = Buffer.concat(chunks).toString('utf8');
-    if (text.includes('\0')) throw new RangeError('not a YAML or JSON text file (it holds NUL bytes)');
-    return text;
+    const bytes = Buffer.concat(chunks);
+    if (bytes.includes(0)) throw new RangeError('not a YAML or JSON text file (it holds NUL bytes)');
+    return utf8Text(bytes);
   } finally {
     closeSync(fd);
+  }
+}
+
+/**
+ * UTF-8 bytes as text. YAML and JSON files are UTF-8: other bytes (a Latin-1 file) would be
+ * read as U+FFFD and reach the settings changed, so they are refused, naming the first line.
+ */
+function utf8Text(bytes: Buffer): string {
+  // the BOM is kept: the YAML parser takes it
+  const strict = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+  try {
+    return strict.decode(bytes);
+  } catch {
+    // a line end (0x0a) is never part of a multi-byte character: each line decodes alone
+    let line = 1;
+    for (let start = 0; start <= bytes.length; line++) {
+      const end = bytes.indexOf(0x0a, start);
+      const stop = end === -1 ? bytes.length : end;
+      try {
+        strict.decode(bytes.subarray(start, stop));
+      } catch {
+        break;
+      }
+      start = stop + 1;
+    }
+    throw new RangeError(`not UTF-8 text (line ${line})`);
   }
 }
 
