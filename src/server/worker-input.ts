@@ -30,7 +30,11 @@ export function checkHttpUrl(url: unknown, what: string): string {
   try {
     u = new URL(url);
   } catch {
-    throw new RangeError(`${what} must start with http:// or https:// (not a URL)`);
+    if (!/^https?:\/\//i.test(url)) throw new RangeError(`${what} must start with http:// or https:// (not a URL)`);
+    // it does start so: say what else is wrong, the port being the part most often mistyped
+    const port = /^https?:\/\/[^/?#]*:(\d+)(?:[/?#]|$)/i.exec(url)?.[1];
+    if (port !== undefined && Number(port) > 65535) throw new RangeError(`${what} must have a port from 1 to 65535`);
+    throw new RangeError(`${what} is not a valid URL`);
   }
   if (u.protocol !== 'http:' && u.protocol !== 'https:')
     throw new RangeError(`${what} must start with http:// or https://`);

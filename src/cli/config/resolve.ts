@@ -365,8 +365,9 @@ function workerFields(fields: Record<string, unknown>): Record<string, unknown> 
     if (field === 'models' && typeof v === 'number') v = [String(v)];
     if (field === 'claGroups' && typeof v === 'number') v = [v];
     if (field === 'claGroups' && Array.isArray(v))
-      v = v.map((g) => (typeof g === 'string' && /^\d+$/.test(g) ? Number(g) : g));
-    if ((field === 'dpSize' || field === 'blockSize') && typeof v === 'string' && /^\d+$/.test(v)) v = Number(v);
+      v = v.map((g) => (typeof g === 'string' && /^-?\d+$/.test(g) ? Number(g) : g));
+    // a negative number too, so that the message says what its range is, not that it is no integer
+    if ((field === 'dpSize' || field === 'blockSize') && typeof v === 'string' && /^-?\d+$/.test(v)) v = Number(v);
     out[field] = v;
   }
   return out;
