@@ -533,3 +533,9 @@ test("a worker's URL port out of range, or a negative number, is named as such",
   bad('id=a,url=http://h:1,dp-size=-1', /: dpSize must be >= 1 \(got -1\)$/);
   bad('id=a,url=http://h:1,cla=-1', /: claGroups\[0\] must be >= 0 \(got -1\)$/);
 });
+
+test('an empty --fail or --drain is refused, not read as no event', async () => {
+  const run = ['simulate', '--trace', 'workflows:1', '--workers', '2', '--policies', 'cost'];
+  assert.match(await refusal([...run, '--fail', '']), /--fail: expected WORKER@TIME such as w3@600s, got ''/);
+  assert.match(await refusal([...run, '--drain', 'w1@1s,']), /--drain: expected WORKER@TIME such as w3@600s, got ''/);
+});

@@ -56,13 +56,8 @@ function policyOptionsOption(value: string): PolicyOptions {
   return parsed as PolicyOptions;
 }
 
-const collect = (value: string, previous: string[]) => [
-  ...previous,
-  ...value
-    .split(',')
-    .map((v) => v.trim())
-    .filter(Boolean),
-];
+// an empty item (`--fail ''`, `w1@1s,`) is kept: it is refused as no WORKER@TIME, not dropped unseen
+const collect = (value: string, previous: string[]) => [...previous, ...value.split(',').map((v) => v.trim())];
 
 function tokenListOption(value: string): number[] {
   const list = value.split(',').map((v) => v.trim());
