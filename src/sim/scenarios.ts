@@ -254,7 +254,12 @@ export class RouterFleet {
     });
   }
 
-  /** One engine step's KV events (hash pairs hi, lo, …) reaching every replica, late or lost as configured. */
+  /**
+   * One engine step's KV events (hash pairs hi, lo, …) reaching every replica, late or lost as
+   * configured. The removals go first: the engine evicts while it schedules the step and stores
+   * the blocks the step computed when it ends, so a block evicted and computed again in one step
+   * is held after it (vLLM publishes each step's events as one ordered list).
+   */
   deliverEvents(workerId: string, stored: readonly number[], removed: readonly number[]): void {
     for (const r of this.replicas) {
       if (this.loss > 0 && this.random() < this.loss) {
@@ -263,8 +268,8 @@ export class RouterFleet {
       }
       const apply = () => {
         if (!r.listWorkers().some((w) => w.id === workerId)) return;
-        if (stored.length > 0) r.applyStored(workerId, pairs(stored));
         if (removed.length > 0) r.applyRemoved(workerId, pairs(removed));
+        if (stored.length > 0) r.applyStored(workerId, pairs(stored));
       };
       if (this.jitter > 0) this.schedule(this.clock() + this.random() * this.jitter, apply);
       else apply();

@@ -99,6 +99,22 @@ describe('scenarios', () => {
     );
   });
 
+  test("one step's KV events apply in the engine's order: a block evicted when the step starts and stored again when it ends is held", () => {
+    // the engine evicts while it schedules a step (allocation) and stores the blocks the step
+    // computed when it ends: a batch's removals come before its stores
+    const l = loop();
+    const fleet = new RouterFleet(routers(1), {}, l.schedule, l.clock);
+    fleet.registerWorker('w0');
+    const hashes = fleet.replicas[0].hashTokens(Array.from({ length: 64 }, (_, k) => k));
+    const list: number[] = [];
+    for (let i = 0; i < hashes.length; i++) list.push(hashes.hi[i], hashes.lo[i]);
+    fleet.deliverEvents('w0', list, []);
+    assert.equal(fleet.replicas[0].index.entriesFor(0), 4);
+    const last = list.slice(-2);
+    fleet.deliverEvents('w0', last, last);
+    assert.equal(fleet.replicas[0].index.entriesFor(0), 4, 'the block evicted and computed again is held');
+  });
+
   test('--event-loss: a lost batch never reaches the router; the simulation counts it and still completes', () => {
     const l = loop();
     const fleet = new RouterFleet(routers(1), { eventLoss: 1 }, l.schedule, l.clock);
