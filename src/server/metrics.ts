@@ -212,32 +212,53 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
   };
 }
 
+/** A budget's metrics: [name, help] of the bytes held now, of its limit, and of the counter of what it could not take. */
+interface BudgetMetricNames {
+  held: readonly [string, string];
+  limit: readonly [string, string];
+  overflows: readonly [string, string];
+}
+
+/** The bytes `budget` holds now, its limit, and a counter (returned) of what it could not take. */
+function registerBudgetMetrics(
+  registry: Registry,
+  budget: { used: number; limit: number },
+  names: BudgetMetricNames,
+): Counter {
+  for (const [[name, help], read] of [
+    [names.held, () => budget.used],
+    [names.limit, () => budget.limit],
+  ] as const)
+    new Gauge({
+      name,
+      help,
+      registers: [registry],
+      collect() {
+        this.set(read());
+      },
+    });
+  return new Counter({ name: names.overflows[0], help: names.overflows[1], registers: [registry] });
+}
+
 /**
  * The request-body budget (body-budget.ts): the bytes held now over all requests, their limit,
  * and the requests the gateway refused (503) because their body did not fit. Returns the
  * refusals counter.
  */
 export function registerBodyBudgetMetrics(registry: Registry, budget: { used: number; limit: number }): Counter {
-  new Gauge({
-    name: 'contextforge_request_body_bytes_held',
-    help: 'Request-body bytes held now over all requests (the buffered-body budget in use).',
-    registers: [registry],
-    collect() {
-      this.set(budget.used);
-    },
-  });
-  new Gauge({
-    name: 'contextforge_request_body_bytes_limit',
-    help: 'Most request-body bytes held at once over all requests (--buffered-body-limit).',
-    registers: [registry],
-    collect() {
-      this.set(budget.limit);
-    },
-  });
-  return new Counter({
-    name: 'contextforge_request_body_budget_refusals_total',
-    help: 'Requests refused with 503 because their body did not fit in the buffered-body budget.',
-    registers: [registry],
+  return registerBudgetMetrics(registry, budget, {
+    held: [
+      'contextforge_request_body_bytes_held',
+      'Request-body bytes held now over all requests (the buffered-body budget in use).',
+    ],
+    limit: [
+      'contextforge_request_body_bytes_limit',
+      'Most request-body bytes held at once over all requests (--buffered-body-limit).',
+    ],
+    overflows: [
+      'contextforge_request_body_budget_refusals_total',
+      'Requests refused with 503 because their body did not fit in the buffered-body budget.',
+    ],
   });
 }
 
@@ -294,26 +315,19 @@ export function registerClientConnectionMetrics(registry: Registry): ClientConne
  * ungathered because the budget could not take them. Returns the pass-through counter.
  */
 export function registerAnswerBudgetMetrics(registry: Registry, budget: { used: number; limit: number }): Counter {
-  new Gauge({
-    name: 'contextforge_gathered_answer_bytes_held',
-    help: 'Bytes of complete engine answers gathered now over all requests (the buffered-answer budget in use).',
-    registers: [registry],
-    collect() {
-      this.set(budget.used);
-    },
-  });
-  new Gauge({
-    name: 'contextforge_gathered_answer_bytes_limit',
-    help: 'Most bytes of complete engine answers gathered at once over all requests (--buffered-answer-limit).',
-    registers: [registry],
-    collect() {
-      this.set(budget.limit);
-    },
-  });
-  return new Counter({
-    name: 'contextforge_gathered_answer_budget_passthroughs_total',
-    help: 'Complete answers passed through ungathered (so not retried if cut) because the buffered-answer budget could not take them.',
-    registers: [registry],
+  return registerBudgetMetrics(registry, budget, {
+    held: [
+      'contextforge_gathered_answer_bytes_held',
+      'Bytes of complete engine answers gathered now over all requests (the buffered-answer budget in use).',
+    ],
+    limit: [
+      'contextforge_gathered_answer_bytes_limit',
+      'Most bytes of complete engine answers gathered at once over all requests (--buffered-answer-limit).',
+    ],
+    overflows: [
+      'contextforge_gathered_answer_budget_passthroughs_total',
+      'Complete answers passed through ungathered (so not retried if cut) because the buffered-answer budget could not take them.',
+    ],
   });
 }
 
