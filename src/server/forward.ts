@@ -9,7 +9,7 @@
  */
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
-import type { BodyBudget } from './body-budget.js';
+import type { BodyBudget, BodyCharge } from './body-budget.js';
 import { markCutByGateway } from './metrics.js';
 import type { ProxyReply } from './openai-request.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
@@ -311,14 +311,10 @@ class Attempt implements Dispatcher.DispatchHandler {
   private declaredLength: number | undefined;
   /** The gathered answer is declared JSON: it is passed on only if it is a whole JSON document. */
   private checkWhole = false;
-  /** Bytes this answer holds of the answer budget. */
-  private answerBytes = 0;
+  /** What this answer holds of the answer budget (made at its first take). */
+  private answerCharge: BodyCharge | undefined;
   /** Gives this answer's bytes back to the answer budget; once, however many ways the answer ends. */
-  private readonly giveBackAnswer = (): void => {
-    if (this.answerBytes === 0) return;
-    this.o.answerBudget.give(this.answerBytes);
-    this.answerBytes = 0;
-  };
+  private readonly giveBackAnswer = (): void => this.answerCharge?.release();
   private firstByteSeen = false;
   /** The start of a stream's event whose end has not arrived yet (not sent to the client), in the chunks it came in. */
   private held: Buffer[] | undefined;
@@ -607,9 +603,7 @@ class Attempt implements Dispatcher.DispatchHandler {
 
   /** Takes `bytes` more of the answer budget for this answer; false (nothing taken) when they do not fit. */
   private takeAnswer(bytes: number): boolean {
-    if (!this.o.answerBudget.take(bytes)) return false;
-    this.answerBytes += bytes;
-    return true;
+    return (this.answerCharge ??= this.o.answerBudget.charge()).take(bytes);
   }
 
   /**
