@@ -18,6 +18,7 @@ import {
   SUBSET_HINT_KEY,
   SUBSET_HINT_NAMESPACE,
 } from '../../src/epp/protocol.js';
+import { statusNumber } from './http-status.js';
 
 /**
  * Envoy's side of an ext_proc stream, as strict as Envoy's ext_proc filter in
@@ -208,7 +209,7 @@ export class EnvoyRole {
       call.end();
       return {
         kind: 'immediate',
-        status: statusCode(ir.status.code),
+        status: statusNumber(ir.status.code),
         body: Buffer.from(ir.body ?? []).toString(),
         headers: headerMap(ir.headers?.set_headers),
         details: ir.details,
@@ -446,17 +447,4 @@ function headerMap(
   const out = new Map<string, string>();
   for (const h of list ?? []) out.set(h.header.key.toLowerCase(), headerText(h.header));
   return out;
-}
-
-const STATUS_NAMES: Record<string, number> = {
-  OK: 200,
-  BadRequest: 400,
-  NotFound: 404,
-  PayloadTooLarge: 413,
-  TooManyRequests: 429,
-  InternalServerError: 500,
-  ServiceUnavailable: 503,
-};
-function statusCode(code: number | string): number {
-  return typeof code === 'number' ? code : (STATUS_NAMES[code] ?? Number(code));
 }

@@ -15,6 +15,7 @@ import {
   SUBSET_HINT_KEY,
   SUBSET_HINT_NAMESPACE,
 } from '../../src/epp/protocol.js';
+import { statusNumber } from './http-status.js';
 
 /**
  * A small HTTP proxy that does an Envoy gateway's job in front of an endpoint picker, the way
@@ -141,19 +142,7 @@ export async function startLoopbackEnvoy(options: {
     await sending;
     if (first.response === 'immediate_response') {
       const ir = first.immediate_response!;
-      const code =
-        typeof ir.status.code === 'number'
-          ? ir.status.code
-          : ((
-              {
-                BadRequest: 400,
-                NotFound: 404,
-                PayloadTooLarge: 413,
-                TooManyRequests: 429,
-                ServiceUnavailable: 503,
-                InternalServerError: 500,
-              } as Record<string, number>
-            )[ir.status.code] ?? 500);
+      const code = statusNumber(ir.status.code);
       for (const h of ir.headers?.set_headers ?? []) res.setHeader(h.header.key, text(h.header));
       res.writeHead(code);
       res.end(Buffer.from(ir.body ?? []));

@@ -186,3 +186,17 @@ test('the service is the same bidirectional stream', () => {
   assert.equal(mine.Process.responseStream, true);
   assert.equal(theirs.Process.requestStream && theirs.Process.responseStream, true);
 });
+
+test("the HTTP status enum is Envoy's whole StatusCode: every status the picker answers with has its name", () => {
+  const name = 'envoy.type.v3.StatusCode';
+  const mine = enums(ours).get(name);
+  const theirs = enums(shipped).get(name);
+  assert.ok(mine && theirs, name);
+  const missing = theirs.value.filter((t) => !mine.value.some((v) => v.name === t.name && v.number === t.number));
+  assert.deepEqual(
+    missing.map((v) => `${v.name} = ${v.number}`),
+    [],
+    `values of Envoy's ${name} missing here`,
+  );
+  assert.equal(mine.value.length, theirs.value.length, `${name}: values Envoy does not define`);
+});
