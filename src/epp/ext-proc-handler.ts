@@ -22,13 +22,19 @@ import {
   streamedBodyResponses,
 } from './protocol.js';
 
-/** What the picker is asked: one request's headers, its body (undefined: a header-only request) and the subset hint. */
+/** What the picker is asked: one request's headers, its body and the subset hint. */
 export interface PickInput {
   /** Request headers by lower-case name (a repeated one comma-joined). */
   headers: ReadonlyMap<string, string>;
   /** The headers the request repeats, with each of their values. */
   repeatedHeaders?: ReadonlyMap<string, readonly string[]>;
+  /**
+   * The whole request body (possibly empty), or undefined when the picker does not see it: a
+   * header-only request, or a body mode in which Envoy sends the body after the header answer.
+   */
   body: Buffer | undefined;
+  /** The request ended with its headers (end_of_stream): it has no body at all. */
+  headersOnly?: boolean;
   /** Endpoints Envoy allows (undefined: no hint, every endpoint is eligible). */
   subset: readonly string[] | undefined;
   requestId: string;
@@ -119,6 +125,7 @@ export function createProcessHandler(
     let subset: string[] | undefined;
     let requestId = '';
     let requestIdGenerated = false;
+    let headersOnly = false;
     const received = new BodyBuffer();
     /** This stream's share of the body budget: what it buffered of its request body. */
     const charge = options.bodyBudget?.charge();
@@ -208,7 +215,7 @@ export function createProcessHandler(
       phase = 'routed';
       let outcome: PickOutcome;
       try {
-        outcome = await options.picker.pick({ headers, repeatedHeaders, body, subset, requestId });
+        outcome = await options.picker.pick({ headers, repeatedHeaders, body, headersOnly, subset, requestId });
       } catch (err) {
         log(`ext_proc ${requestId}: picking failed: ${(err as Error).stack ?? String(err)}`);
         return reject(500, 'the endpoint picker failed');
@@ -259,8 +266,9 @@ export function createProcessHandler(
             requestIdGenerated = true;
           }
           subset = readSubsetHint(req);
+          headersOnly = req.request_headers?.end_of_stream === true;
           // no body follows (end_of_stream), or Envoy will not send it before our answer
-          const bodyComing = req.request_headers?.end_of_stream !== true && requestBodyMode !== 'NONE';
+          const bodyComing = !headersOnly && requestBodyMode !== 'NONE';
           const waitsForAnswer =
             requestBodyMode !== undefined &&
             requestBodyMode !== 'FULL_DUPLEX_STREAMED' &&

@@ -217,6 +217,16 @@ export class RouterPicker implements EndpointPicker {
       } else if (rewritten) {
         forwarded = Buffer.from(JSON.stringify(body));
       }
+    } else if (input.headersOnly === true || input.body !== undefined) {
+      // no body at all (end_of_stream on the headers, or an empty one): a request to an
+      // inference API is refused as the gateway refuses it, not sent to an engine with nothing
+      // to compute; a request without a body by nature (a GET of the model list) is routed
+      const path = apiPath(input.headers.get(':path'), {});
+      if (path) {
+        const prepared = await this.backend.prepare(path, undefined, requestHeaders(input));
+        if ('status' in prepared)
+          return { ok: false, status: prepared.status, message: prepared.message, param: prepared.param ?? null };
+      }
     }
 
     // sheddable requests (negative priority) give way when the eligible workers are saturated

@@ -30,6 +30,7 @@ const REQUEST_HEADERS: ProcessingRequest = {
 const BODY: ProcessingRequest = {
   request_body: { body: Buffer.from(JSON.stringify({ model: 'mock', prompt: 'hello' })), end_of_stream: true },
 };
+const EMPTY_BODY_END: ProcessingRequest = { request_body: { body: Buffer.alloc(0), end_of_stream: true } };
 
 interface Ended {
   answers: ProcessingResponse[];
@@ -205,5 +206,46 @@ test('a metadata header that takes one value, repeated → 400 naming it, as the
     assert.equal(error.param, name);
     assert.match(error.message, /must be given once/);
   }
+  await stillServing();
+});
+
+test('a request to an inference path without a body → 400 naming the body, the gateway’s own answer', async () => {
+  const gateway = await fleet.gateways[0].app.inject({
+    method: 'POST',
+    url: '/v1/completions',
+    headers: { 'content-type': 'application/json' },
+  });
+  assert.equal(gateway.statusCode, 400);
+  const post = (path: string, endOfStream: boolean) => ({
+    request_headers: {
+      headers: headers({ ':method': 'POST', ':path': path, 'content-type': 'application/json' }),
+      end_of_stream: endOfStream,
+    },
+  });
+  const cases: Array<[string, ProcessingRequest[]]> = [
+    ['end_of_stream on the headers', [post('/v1/completions', true)]],
+    ['an empty body chunk with end_of_stream', [post('/v1/chat/completions', false), EMPTY_BODY_END]],
+    [
+      'no body bytes, ended by trailers',
+      [post('/v1/completions?stream=1', false), { request_trailers: { trailers: headers({}) } }],
+    ],
+  ];
+  for (const [name, messages] of cases) {
+    const out = await exchange(messages);
+    assert.equal(out.code, GrpcStatus.OK, `${name}: ${out.details}`);
+    assert.deepEqual(
+      out.answers.map((a) => a.response),
+      ['immediate_response'],
+      `${name}: one local reply, not a route`,
+    );
+    const reply = out.answers[0].immediate_response!;
+    assert.equal(reply.status.code, 'BadRequest', name);
+    assert.equal(Buffer.from(reply.body ?? []).toString(), gateway.body, `${name}: the gateway's error body`);
+  }
+  assert.equal(inFlight(), 0, 'nothing counted for a request that was not routed');
+  // a request that has no body by nature is still routed: a GET of the model list
+  const list = await envoy.request({ headers: { ':method': 'GET', ':path': '/v1/models' } });
+  assert.equal(list.kind, 'routed');
+  if (list.kind === 'routed') await list.stream.end();
   await stillServing();
 });
