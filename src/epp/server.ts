@@ -8,6 +8,25 @@ import { capClientConnections, DEFAULT_MAX_CLIENT_CONNECTIONS } from '../server/
 /** gRPC health service names the Gateway API Inference Extension's probes ask for. */
 export const HEALTH_SERVICES = ['liveness', 'readiness', EXT_PROC_SERVICE] as const;
 
+/** Room in a message for what comes with a body chunk: its framing, attributes and metadata. */
+const MESSAGE_OVERHEAD_BYTES = 64 * 1024;
+/** gRPC's default limit on a received message, the one the Inference Extension's picker runs with. */
+const GRPC_DEFAULT_MAX_RECEIVE_BYTES = 4 * 1024 * 1024;
+
+/**
+ * The largest gRPC message the picker reads. grpc-js ends a stream whose next message is
+ * larger with RESOURCE_EXHAUSTED as soon as it reads the message's length, before the handler
+ * sees anything: Envoy then answers the client 500 (ext_proc_error_gRPC_error_8), since
+ * FULL_DUPLEX_STREAMED requires failure_mode_allow false. Below the limit the handler reads
+ * the message and answers a body over the body limit 413. Envoy passes a body on in chunks of
+ * what it read (up to its buffer limit, 1 MiB by default), or whole in BUFFERED mode: with a
+ * small body limit, this limit stays at gRPC's default 4 MiB, so such a chunk gets its 413.
+ * Each stream holds at most one message it has not handled yet.
+ */
+export function maxReceiveMessageBytes(bodyLimit: number): number {
+  return Math.max(bodyLimit, GRPC_DEFAULT_MAX_RECEIVE_BYTES) + MESSAGE_OVERHEAD_BYTES;
+}
+
 export interface EppServerOptions extends ExtProcHandlerOptions {
   host?: string;
   /** gRPC port (0: any free port). */
@@ -46,9 +65,8 @@ export interface EppServer {
  */
 export async function startEppServer(options: EppServerOptions): Promise<EppServer> {
   const server = new Server({
-    // Envoy sends body chunks of its buffer size; a message is never larger than the body limit allows
-    'grpc.max_receive_message_length': options.bodyLimit + 64 * 1024,
-    'grpc.max_send_message_length': options.bodyLimit + 64 * 1024,
+    'grpc.max_receive_message_length': maxReceiveMessageBytes(options.bodyLimit),
+    'grpc.max_send_message_length': options.bodyLimit + MESSAGE_OVERHEAD_BYTES,
     // Envoy keeps one HTTP/2 connection per worker thread; let its keepalive pings through
     'grpc.keepalive_permit_without_calls': 1,
     'grpc.http2.min_ping_interval_without_data_ms': 10_000,

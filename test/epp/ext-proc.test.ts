@@ -1,6 +1,11 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { credentials, makeGenericClientConstructor, type ClientDuplexStream } from '@grpc/grpc-js';
+import {
+  credentials,
+  makeGenericClientConstructor,
+  status as GrpcStatus,
+  type ClientDuplexStream,
+} from '@grpc/grpc-js';
 import {
   EXT_PROC_SERVICE,
   extProcService,
@@ -303,7 +308,7 @@ test('protocol_config is tolerated: FULL_DUPLEX_STREAMED explicit; body mode NON
   if (none.kind === 'routed') await none.stream.end();
 });
 
-test('a body over the limit → 413', async () => {
+test('a body over the limit → 413, also when one message carries more than the limit', async () => {
   const small = await startPickerFleet({ engines: 1, gateway: { bodyLimit: 4096 } });
   const e = new EnvoyRole(small.addresses[0]);
   try {
@@ -313,7 +318,58 @@ test('a body over the limit → 413', async () => {
       chunkBytes: 1024,
     });
     assert.equal(out.kind === 'immediate' && out.status, 413);
+    // one chunk far over the body limit (Envoy reads up to its buffer limit, 1 MiB by default,
+    // before it passes a chunk on; BUFFERED mode sends the whole body in one message)
+    for (const size of [100_000, 1024 * 1024]) {
+      const big = await e.request({
+        headers: {},
+        body: JSON.stringify({ model: 'mock', prompt: 'y'.repeat(size) }),
+        chunkBytes: 2 * size,
+      });
+      assert.equal(big.kind, 'immediate', `a ${size}-byte chunk: a local reply`);
+      if (big.kind !== 'immediate') return;
+      assert.equal(big.status, 413, `a ${size}-byte chunk`);
+      assert.match(JSON.parse(big.body).error.message, /request body too large: over 4096 bytes/);
+    }
   } finally {
+    e.close();
+    await small.close();
+  }
+});
+
+test('a message over the gRPC receive limit ends its stream with RESOURCE_EXHAUSTED; the picker goes on', async () => {
+  const small = await startPickerFleet({ engines: 1, gateway: { bodyLimit: 4096 } });
+  const e = new EnvoyRole(small.addresses[0]);
+  const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
+  const client = new Ctor(small.addresses[0], credentials.createInsecure()) as unknown as {
+    Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
+    close(): void;
+  };
+  try {
+    const call = client.Process();
+    const answers: ProcessingResponse[] = [];
+    call.on('data', (m: ProcessingResponse) => answers.push(m));
+    const ended = new Promise<{ code: number; details: string }>((resolve) =>
+      call.on('error', (err: Error & { code: number; details: string }) => resolve(err)),
+    );
+    call.write({
+      request_headers: {
+        headers: { headers: [{ key: ':path', raw_value: Buffer.from('/v1/completions') }] },
+        end_of_stream: false,
+      },
+    });
+    // past gRPC's own 4 MiB default, which the picker never goes below
+    call.write({ request_body: { body: Buffer.alloc(5 * 1024 * 1024, 0x20), end_of_stream: true } });
+    const status = await ended;
+    assert.equal(status.code, GrpcStatus.RESOURCE_EXHAUSTED);
+    assert.match(status.details, /larger than max/);
+    assert.equal(answers.length, 0);
+    await until(() => small.gateways[0].bodyBudget.used === 0, 'nothing held');
+    const after = await e.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'after' }) });
+    assert.equal(after.kind, 'routed');
+    if (after.kind === 'routed') await after.stream.end();
+  } finally {
+    client.close();
     e.close();
     await small.close();
   }
