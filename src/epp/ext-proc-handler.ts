@@ -69,7 +69,15 @@ export type PickOutcome =
       modelRewrite?: { engine: string; client: string };
       inFlight: InFlightRequest;
     }
-  | { ok: false; status: number; message: string; param?: string | null; retryAfterSeconds?: number };
+  | {
+      ok: false;
+      status: number;
+      message: string;
+      param?: string | null;
+      retryAfterSeconds?: number;
+      /** Headers of the local reply besides its content type (allow: on a 405). */
+      headers?: Readonly<Record<string, string>>;
+    };
 
 export interface EndpointPicker {
   pick(input: PickInput): PickOutcome | Promise<PickOutcome>;
@@ -187,9 +195,10 @@ export function createProcessHandler(
       param: string | null = null,
       retryAfterSeconds?: number,
       code: string | null = null,
+      headers: Readonly<Record<string, string>> = {},
     ) => {
       options.onOutcome?.(status);
-      const extra: Record<string, string> = {};
+      const extra: Record<string, string> = { ...headers };
       if (retryAfterSeconds) extra['retry-after'] = String(retryAfterSeconds);
       // the client's own request id comes back, so it can find the request in the picker's log
       if (requestId && !requestIdGenerated) extra[REQUEST_ID_HEADER] = requestId;
@@ -220,7 +229,15 @@ export function createProcessHandler(
         log(`ext_proc ${requestId}: picking failed: ${(err as Error).stack ?? String(err)}`);
         return reject(500, 'the endpoint picker failed');
       }
-      if (!outcome.ok) return reject(outcome.status, outcome.message, outcome.param ?? null, outcome.retryAfterSeconds);
+      if (!outcome.ok)
+        return reject(
+          outcome.status,
+          outcome.message,
+          outcome.param ?? null,
+          outcome.retryAfterSeconds,
+          null,
+          outcome.headers,
+        );
       if (closed) {
         // Envoy gave up while the picker worked: nothing will be served
         outcome.inFlight.end();

@@ -9,6 +9,7 @@ import {
   SINGLE_VALUE_HEADERS,
 } from '../server/openai-request.js';
 import { DEFAULT_REQUEST_LIMITS, RequestLimitError } from '../server/request-limits.js';
+import { methodNotAllowedMessage } from '../server/route-methods.js';
 import { endpointOfUrl, inSubset, INFERENCE_OBJECTIVE_HEADER, MODEL_NAME_REWRITE_HEADER } from './protocol.js';
 
 /** An OpenAI request read into what the router routes on (the gateway's own parsing and tokenization). */
@@ -71,6 +72,8 @@ export interface RouterPickerOptions {
 
 const CHAT = '/v1/chat/completions';
 const COMPLETIONS = '/v1/completions';
+/** The methods the inference APIs are served with (the gateway's routes for them). */
+const INFERENCE_METHODS: readonly string[] = ['POST'];
 
 /**
  * The endpoint picker's decisions, made by the gateway's KVAwareRouter: the same parsing,
@@ -141,6 +144,20 @@ export class RouterPicker implements EndpointPicker {
 
   async pick(input: PickInput): Promise<PickOutcome> {
     const { router, state } = this.backend;
+    const target = input.headers.get(':path');
+    const method = input.headers.get(':method');
+    // the inference APIs take POST, as the gateway serves them; a CORS preflight (OPTIONS) goes
+    // on to the engine, which may answer it (vLLM allows every origin by default)
+    if (apiPath(target, {}) !== undefined && method !== undefined && method !== 'POST' && method !== 'OPTIONS') {
+      return {
+        ok: false,
+        status: 405,
+        message: methodNotAllowedMessage(method, target ?? '', INFERENCE_METHODS),
+        param: 'method',
+        headers: { allow: INFERENCE_METHODS.join(', ') },
+      };
+    }
+    const preflight = method === 'OPTIONS';
     this.refreshEndpoints();
     // workers outside the subset hint are not eligible
     const excluded = new Set<string>();
@@ -163,7 +180,9 @@ export class RouterPicker implements EndpointPicker {
     let modelRewrite: { engine: string; client: string } | undefined;
     // the first response byte is the first token only for a streamed answer
     let firstTokenReported = true;
-    if (input.body !== undefined && input.body.length > 0) {
+    if (preflight) {
+      // nothing to read: routed as a request without a body
+    } else if (input.body !== undefined && input.body.length > 0) {
       let parsed: unknown;
       try {
         // as the gateway reads a body: no compressed body, the nesting depth checked before parsing
@@ -187,7 +206,7 @@ export class RouterPicker implements EndpointPicker {
         rewritten = true;
       }
       model = body.model;
-      const path = apiPath(input.headers.get(':path'), body);
+      const path = apiPath(target, body);
       if (path) {
         const prepared = await this.backend.prepare(path, body, requestHeaders(input));
         if ('status' in prepared)
@@ -221,7 +240,7 @@ export class RouterPicker implements EndpointPicker {
       // no body at all (end_of_stream on the headers, or an empty one): a request to an
       // inference API is refused as the gateway refuses it, not sent to an engine with nothing
       // to compute; a request without a body by nature (a GET of the model list) is routed
-      const path = apiPath(input.headers.get(':path'), {});
+      const path = apiPath(target, {});
       if (path) {
         const prepared = await this.backend.prepare(path, undefined, requestHeaders(input));
         if ('status' in prepared)

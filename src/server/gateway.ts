@@ -62,7 +62,7 @@ import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeo
 import { forwardedVia, ownVia, viaPseudonym } from './via.js';
 import { WorkerConnections } from './worker-connections.js';
 import { registerWorkerStateMetrics } from './worker-metrics.js';
-import { RouteMethods } from './route-methods.js';
+import { methodNotAllowedMessage, RouteMethods, shownHeader } from './route-methods.js';
 
 /** While closing, connections that have gone idle are closed this often. */
 const IDLE_SWEEP_MS = 100;
@@ -770,14 +770,6 @@ function answerPipelineFull(res: ServerResponse): void {
   res.end(body);
 }
 
-/** What a request with a method its target is not served with is told. */
-function methodNotAllowedMessage(method: string, target: string, allowed: readonly string[]): string {
-  const shown = shownHeader(target);
-  return allowed.length === 0
-    ? `method ${method} is not supported: the gateway serves its own paths, it is not a proxy (target '${shown}')`
-    : `method ${method} is not allowed on ${shown} (allowed: ${allowed.join(', ')})`;
-}
-
 /**
  * Answers a CONNECT (handed over by Node outside the routes, with the raw socket) with 405, an
  * Allow header and an OpenAI error body, then closes the connection: the gateway tunnels nothing.
@@ -790,12 +782,6 @@ function answerMethodNotAllowed(socket: Duplex, method: string, target: string, 
     `HTTP/1.1 405 ${STATUS_CODES[405]}\r\nConnection: close\r\nAllow: ${allowed.join(', ')}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
     () => socket.destroy(),
   );
-}
-
-/** A header's value as an error message repeats it: cut to 64 characters. */
-function shownHeader(value: string | undefined): string {
-  const v = value ?? '';
-  return v.length <= 64 ? v : `${v.slice(0, 64)}…`;
 }
 
 /** What a route threw, as an Error (anything else thrown is wrapped). */

@@ -62,3 +62,17 @@ function matches(pattern: readonly string[], path: readonly string[]): boolean {
   }
   return pattern.length === path.length;
 }
+
+/** What a request with a method its target is not served with is told. */
+export function methodNotAllowedMessage(method: string, target: string, allowed: readonly string[]): string {
+  const shown = shownHeader(target);
+  return allowed.length === 0
+    ? `method ${method} is not supported: the gateway serves its own paths, it is not a proxy (target '${shown}')`
+    : `method ${method} is not allowed on ${shown} (allowed: ${allowed.join(', ')})`;
+}
+
+/** A header's value as an error message repeats it: cut to 64 characters. */
+export function shownHeader(value: string | undefined): string {
+  const v = value ?? '';
+  return v.length <= 64 ? v : `${v.slice(0, 64)}…`;
+}

@@ -249,3 +249,31 @@ test('a request to an inference path without a body → 400 naming the body, the
   if (list.kind === 'routed') await list.stream.end();
   await stillServing();
 });
+
+test('a method an inference path is not served with → 405 naming it, allow: POST, the gateway’s own answer', async () => {
+  const cases: Array<[string, string, string | undefined]> = [
+    ['GET', '/v1/completions', undefined],
+    ['DELETE', '/v1/chat/completions', undefined],
+    ['HEAD', '/v1/completions', undefined],
+    ['PUT', '/v1/chat/completions', JSON.stringify({ model: 'mock', messages: [{ role: 'user', content: 'hi' }] })],
+    ['GET', '/v1/completions', JSON.stringify({ model: 'mock', prompt: 'a GET with a body' })],
+  ];
+  for (const [method, path, body] of cases) {
+    const name = `${method} ${path}${body === undefined ? '' : ' with a body'}`;
+    const gateway = await fleet.gateways[0].app.inject({ method, url: path });
+    assert.equal(gateway.statusCode, 405, name);
+    const out = await envoy.request({ headers: { ':method': method, ':path': path }, body });
+    if (out.kind === 'routed') await out.stream.end();
+    if (out.kind !== 'immediate') assert.fail(`${name}: routed, not refused`);
+    assert.equal(out.status, 405, `${name}: ${out.body}`);
+    assert.equal(out.headers.get('allow'), 'POST', name);
+    if (method !== 'HEAD') assert.equal(out.body, gateway.body, `${name}: the gateway's error body`);
+    assert.equal(JSON.parse(out.body).error.param, 'method', name);
+  }
+  assert.equal(inFlight(), 0, 'nothing counted for a request that was not routed');
+  // a CORS preflight goes on to the engine, which may answer it (vLLM allows every origin by default)
+  const preflight = await envoy.request({ headers: { ':method': 'OPTIONS', ':path': '/v1/chat/completions' } });
+  assert.equal(preflight.kind, 'routed');
+  if (preflight.kind === 'routed') await preflight.stream.end();
+  await stillServing();
+});
