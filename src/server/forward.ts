@@ -50,6 +50,12 @@ export interface ForwardOptions {
   via: string;
   firstByteTimeoutMs: number;
   interChunkTimeoutMs: number;
+  /**
+   * The answer reached the client, and its first body byte had come `seconds` after the attempt
+   * began: called once, when the answer is committed to the client, and only for an answer (a
+   * 2xx). An attempt that failed (retried elsewhere) never calls it, whatever bytes it had
+   * received: its first byte is not the request's.
+   */
   onFirstByte: (seconds: number) => void;
   /** The engine answered 429, asking to be tried again after `retryAfterS` seconds (when it said). */
   onOverloaded: (retryAfterS: number | undefined) => void;
@@ -316,6 +322,8 @@ class Attempt implements Dispatcher.DispatchHandler {
   /** Gives this answer's bytes back to the answer budget; once, however many ways the answer ends. */
   private readonly giveBackAnswer = (): void => this.answerCharge?.release();
   private firstByteSeen = false;
+  /** When the first body byte came, in seconds after the attempt began (reported once the answer is committed). */
+  private firstByteS = 0;
   /** The start of a stream's event whose end has not arrived yet (not sent to the client), in the chunks it came in. */
   private held: Buffer[] | undefined;
   private heldBytes = 0;
@@ -479,14 +487,18 @@ class Attempt implements Dispatcher.DispatchHandler {
     return true;
   }
 
-  /** The first body byte (or the end of an empty body): the engine answered. */
+  /**
+   * The first body byte (or the end of an empty body): the engine answered. Its time is the
+   * request's time to first byte only if this answer reaches the client (startResponse): the
+   * attempt may yet fail and be retried elsewhere.
+   */
   private firstByte(): void {
     this.firstByteSeen = true;
+    this.firstByteS = (performance.now() - this.started) / 1000;
     if (this.timer) {
       clearTimeout(this.timer);
       this.timer = undefined;
     }
-    this.o.onFirstByte((performance.now() - this.started) / 1000);
   }
 
   /** From here on the answer belongs to the client: headers out, no retry, no give-up on worker-out. */
@@ -494,6 +506,9 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.connection.unanswered.delete(this.onWorkerOut);
     this.reply.hijack();
     this.sent = true;
+    // an error (a 4xx passed on) is answered at once, without the request's prefill: it would
+    // make the worker look fast
+    if (this.status < 300) this.o.onFirstByte(this.firstByteS);
     this.o.onCommitted();
     const headers = this.headers!;
     if (extra !== undefined) headers['content-length'] = String(extra);

@@ -60,7 +60,7 @@ export interface GatewayMetrics {
   promptTokens: Counter;
   /** Requests retried on another worker (counted when one takes it), by the worker that failed. */
   retries: Counter<'worker'>;
-  /** Time to the first upstream byte. */
+  /** Time to the first byte of the answer a request got (from the start of the attempt that answered). */
   ttft: Histogram;
   latency: Histogram;
   /** Connection failures and 5xx before the first byte, per worker (what opens a breaker). */
@@ -146,7 +146,7 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
   });
   const ttft = new Histogram({
     name: 'contextforge_time_to_first_byte_seconds',
-    help: 'Time to the first upstream byte, as the router sees it.',
+    help: "Time to the first byte of each answered request's answer, from the start of the attempt that answered (failed attempts and error answers are not counted).",
     buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
     registers,
   });

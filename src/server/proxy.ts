@@ -8,8 +8,10 @@
  * deadline — is retried on another worker (and, except when the worker was taken out or the
  * gateway's connections to it were all busy, counted by the circuit breaker). A client that
  * goes away is not an engine failure: no breaker count, no failure metric, no retry. The router's in-flight ticket
- * follows the request: prefill until the first upstream byte of a streamed answer (an answer
- * that is not streamed comes whole: the router reads the end of its prefill off the engine),
+ * follows the request: prefill until the first byte of a streamed answer that reaches the client
+ * (a failed attempt's first byte is neither the end of the prefill nor the request's time to first
+ * byte; an answer that is not streamed comes whole: the router reads the end of its prefill off
+ * the engine),
  * decode until the end, released on completion, error or client disconnect. An engine that
  * answers with an error (4xx or 5xx), a redirect or a 204/205, or that the request never reached
  * (the connection failed before any answer), holds none of it: the blocks the router predicted

@@ -48,12 +48,15 @@ export class SlowClientResponse extends EventEmitter {
 }
 
 /**
- * forward() of a streamed request on a stand-in pool; the engine has answered 200 with
- * `contentType`. Returns undici's handler, the attempt's outcome and how often the engine was resumed.
+ * forward() of a streamed request on a stand-in pool; the engine has answered `status` (200) with
+ * `contentType`. `overrides` replace the options' defaults (callbacks that do nothing).
+ * Returns undici's handler, the attempt's outcome and how often the engine was resumed.
  */
 export function forwardTo(
   res: SlowClientResponse,
   contentType = 'text/event-stream',
+  overrides: Partial<ForwardOptions> = {},
+  status = 200,
 ): { h: Dispatcher.DispatchHandler; outcome: Promise<ForwardOutcome>; resumed: () => number } {
   let handler: Dispatcher.DispatchHandler | undefined;
   const connection = {
@@ -92,11 +95,12 @@ export function forwardTo(
     onCommitted: () => {},
     answerBudget: new BodyBudget(Number.MAX_SAFE_INTEGER),
     onAnswerBudgetFull: () => {},
+    ...overrides,
   };
   const outcome = forward(reply, connection, '/v1/completions', '{}', options);
   const h = handler!;
   let resumed = 0;
   h.onConnect!(() => {});
-  h.onHeaders!(200, [Buffer.from('content-type'), Buffer.from(contentType)], () => resumed++, 'OK');
+  h.onHeaders!(status, [Buffer.from('content-type'), Buffer.from(contentType)], () => resumed++, 'OK');
   return { h, outcome, resumed: () => resumed };
 }
