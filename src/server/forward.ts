@@ -10,6 +10,7 @@
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import type { BodyBudget, BodyCharge } from './body-budget.js';
+import { errorEventStatus, isEngineFailure } from './engine-errors.js';
 import { markCutByGateway } from './metrics.js';
 import type { ProxyReply } from './openai-request.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
@@ -53,8 +54,8 @@ export interface ForwardOptions {
   /**
    * The answer reached the client, and its first body byte had come `seconds` after the attempt
    * began: called once, when the answer is committed to the client, and only for an answer (a
-   * 2xx). An attempt that failed (retried elsewhere) never calls it, whatever bytes it had
-   * received: its first byte is not the request's.
+   * 2xx that is not an engine's error). An attempt that failed (retried elsewhere) never calls
+   * it, whatever bytes it had received: its first byte is not the request's.
    */
   onFirstByte: (seconds: number) => void;
   /** The engine answered 429, asking to be tried again after `retryAfterS` seconds (when it said). */
@@ -145,42 +146,6 @@ function isTimeout(err: Error | undefined): boolean {
 
 const LF = 0x0a;
 const CR = 0x0d;
-const SPACE = 0x20;
-const ERROR_OBJECT = Buffer.from('{"error"');
-const DATA_FIELD = Buffer.from('data:');
-
-/**
- * Whether whole events of a stream hold an engine's error event for a server error: a data
- * field whose value is `{"error": {…, "code": 5xx}}`, vLLM's and SGLang's way to fail a
- * stream that has begun (it is followed by `data: [DONE]`). A code below 500 is the client's
- * error (a bad parameter found late), not the engine's failure. The bytes `{"error"` start a
- * data field's value only there: the stream's other JSON holds them, if at all, inside strings
- * (quotes escaped) or after a key, so a chunk without them is passed over by one search. The
- * error's JSON is read from its one data line, as both engines write it (json.dumps on one line);
- * an error spread over several data lines of one event is passed on uncounted.
- */
-function hasServerErrorEvent(events: Buffer): boolean {
-  for (let at = events.indexOf(ERROR_OBJECT); at >= 0; at = events.indexOf(ERROR_OBJECT, at + 1)) {
-    // "data:" or "data: " at the start of a line, just before it
-    const field = at - DATA_FIELD.length - (at > 0 && events[at - 1] === SPACE ? 1 : 0);
-    if (field < 0 || !events.subarray(field, field + DATA_FIELD.length).equals(DATA_FIELD)) continue;
-    if (field > 0 && events[field - 1] !== LF && events[field - 1] !== CR) continue;
-    let end = events.indexOf(LF, at);
-    const cr = events.indexOf(CR, at);
-    if (end < 0 || (cr >= 0 && cr < end)) end = cr;
-    let status: number;
-    try {
-      const value: unknown = JSON.parse(events.toString('utf8', at, end < 0 ? events.length : end));
-      const error = (value as { error?: unknown }).error;
-      status = Number(typeof error === 'object' && error !== null ? (error as { code?: unknown }).code : undefined);
-    } catch {
-      continue;
-    }
-    if (status >= 500 && status <= 599) return true;
-  }
-  return false;
-}
-
 /**
  * Where an event stream stands just before a chunk, for finding where the chunk's events end:
  * in the middle of a line, at the start of one (after an LF, or at the start of the stream),
@@ -324,6 +289,11 @@ class Attempt implements Dispatcher.DispatchHandler {
   private firstByteSeen = false;
   /** When the first body byte came, in seconds after the attempt began (reported once the answer is committed). */
   private firstByteS = 0;
+  /**
+   * The 2xx answer is an engine's error for the client (a stream whose first events are an error
+   * event of a client error's status): passed on, but no first byte.
+   */
+  private errorAnswer = false;
   /** The start of a stream's event whose end has not arrived yet (not sent to the client), in the chunks it came in. */
   private held: Buffer[] | undefined;
   private heldBytes = 0;
@@ -442,7 +412,7 @@ class Attempt implements Dispatcher.DispatchHandler {
     // or 205 (no answer at all, where an answer is all the client asked for): none is an answer for
     // the client, and another worker can take the request
     const redirect = statusCode >= 300 && statusCode < 400;
-    if (statusCode >= 500 || statusCode === 429 || statusCode === 401 || statusCode === 403 || redirect || noContent) {
+    if (isEngineFailure(statusCode) || redirect || noContent) {
       this.discarding = true;
       // the first-byte deadline no longer applies: the engine answered, with a failure
       if (this.timer) clearTimeout(this.timer);
@@ -506,9 +476,9 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.connection.unanswered.delete(this.onWorkerOut);
     this.reply.hijack();
     this.sent = true;
-    // an error (a 4xx passed on) is answered at once, without the request's prefill: it would
-    // make the worker look fast
-    if (this.status < 300) this.o.onFirstByte(this.firstByteS);
+    // an error (a 4xx passed on, a stream that starts with an error event for the client) is
+    // answered at once, without the request's prefill: it would make the worker look fast
+    if (this.status < 300 && !this.errorAnswer) this.o.onFirstByte(this.firstByteS);
     this.o.onCommitted();
     const headers = this.headers!;
     if (extra !== undefined) headers['content-length'] = String(extra);
@@ -552,16 +522,19 @@ class Attempt implements Dispatcher.DispatchHandler {
       const whole = this.wholeEvents(chunk);
       if (whole === undefined) return true;
       chunk = whole;
-      if (!this.failedInStream && hasServerErrorEvent(chunk)) {
-        // the engine failed the request before anything reached the client: another worker can take it
+      const errorStatus = this.failedInStream ? 0 : errorEventStatus(chunk);
+      if (isEngineFailure(errorStatus)) {
+        // the engine failed the request before anything reached the client: it holds none of it
+        // (as when it answers a 5xx), and another worker can take it
         if (!this.sent) {
+          this.o.onRefused();
           this.abortUpstream?.(new Error('the engine failed the stream before its first event'));
           return false;
         }
         // the client has part of the answer: it gets the rest as the engine sent it, and the engine's
         // failure counts as a stream it broke off
         this.failedInStream = true;
-      }
+      } else if (errorStatus !== 0 && !this.sent) this.errorAnswer = true;
     }
     if (!this.sent) this.startResponse();
     if (this.res.write(chunk)) return true;

@@ -331,6 +331,16 @@ test('an engine answering 205 Reset Content: not passed to the client as an answ
 test('an engine answering 304 Not Modified: not passed to the client, retried elsewhere, its predictions withdrawn', () =>
   checkNotAnAnswer((res) => res.writeHead(304).end(), 'nothing stays on the worker that answered 304'));
 
+test('an engine failing a stream with an error event before its first event: retried elsewhere, its predictions withdrawn', () =>
+  // the engine failed the request as when it answers 500, only after its headers
+  checkNotAnAnswer(
+    (res) =>
+      res
+        .writeHead(200, { 'content-type': 'text/event-stream' })
+        .end('event: error\ndata: {"error": {"message": "Internal server error", "code": 500}}\n\ndata: [DONE]\n\n'),
+    'nothing stays on the worker that failed the stream',
+  ));
+
 test('a request the gateway stopped waiting for keeps its predictions: the engine may be computing it', async () => {
   // a streamed answer whose first byte never comes: the gateway gives up and tries the other worker
   const silent = await engineAnswering(() => {});

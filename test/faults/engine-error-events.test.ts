@@ -122,3 +122,108 @@ test('an engine error event (code 500) after the first event reaches the client 
     }
   }
 });
+
+/**
+ * Error events as the SSE format allows an engine (or a proxy in front of one) to write them:
+ * an event's data lines join with "\n", its type is its `event:` field, its lines end in LF,
+ * CRLF or CR, and a JSON value may have spaces anywhere between its tokens.
+ */
+const spreadErrorEvents: ReadonlyArray<readonly [string, string]> = [
+  [
+    'one JSON over two data lines',
+    'data: {"error":\ndata: {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}\n\n',
+  ],
+  ['one JSON over three data lines', 'data: {\ndata: "error": {"message": "overloaded", "code": 503}\ndata: }\n\n'],
+  ['CRLF line ends', 'data: {"error":\r\ndata: {"message": "Internal server error", "code": 500}}\r\n\r\n'],
+  ['an error event type before its data', 'event: error\ndata: {"message": "Internal server error", "code": 500}\n\n'],
+  ['an error event type after its data', 'data: {"message": "engine died"}\nevent: error\n\n'],
+  ['spaces inside the JSON', 'data:{ "error" : { "code" : 500 } }\n\n'],
+  [
+    'no code, the type of a server error (as this gateway and OpenAI write it)',
+    'data: {"error": {"message": "the engine failed mid-stream", "type": "server_error", "param": null, "code": null}}\n\n',
+  ],
+];
+
+test('an engine error event spread over several lines, or typed `event: error`, is recognised: the stream is retried on another worker', async () => {
+  for (const [what, event] of spreadErrorEvents) {
+    const bad = await streamingEngine(event + 'data: [DONE]\n\n');
+    const good = await new MockEngine().start();
+    const gateway = await createGateway({
+      router: new KVAwareRouter({ policy: 'round-robin' }),
+      workers: [
+        { id: 'bad', url: bad.url },
+        { id: 'good', url: `http://127.0.0.1:${good.port}` },
+      ],
+      ...quiet,
+    });
+    try {
+      const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+      for (let i = 0; i < 2; i++) {
+        const r = await post(base, '/v1/completions', { prompt: `p${i}`, max_tokens: 2, stream: true });
+        assert.equal(r.status, 200);
+        assert.equal(r.headers.get('x-contextforge-worker'), 'good', `${what}, request ${i}`);
+        assert.doesNotMatch(r.text, /error/, `${what}, request ${i}: no error event`);
+      }
+      assert.ok(bad.requests >= 1, `${what}: the failing engine was tried`);
+      assert.match(
+        await gateway.metrics.metrics(),
+        /contextforge_upstream_failures_total\{worker="bad"\} [1-9]/,
+        `${what}: its failures are counted`,
+      );
+    } finally {
+      await gateway.close();
+      await good.close();
+      await bad.close();
+    }
+  }
+});
+
+test("a spread error event for a client's error, and events that only mention errors, pass on as the engine sent them", async () => {
+  // [what, the engine's events, whether the client's first event is an answer (a first byte) or an error]
+  for (const [what, events, answered] of [
+    [
+      'a client error over two data lines',
+      'data: {"error":\ndata: {"message": "bad logit_bias", "type": "BadRequestError", "param": null, "code": 400}}\n\n',
+      false,
+    ],
+    [
+      'a client error typed `event: error`',
+      'event: error\ndata: {"message": "bad logit_bias", "code": 400}\n\n',
+      false,
+    ],
+    ['text that says error', textEvent('"error": {"code": 500}') + textEvent('error'), true],
+    ['an event named otherwise', 'event: error_report\ndata: {"code": 500}\n\n', true],
+    ['a comment', ': error\n\n' + textEvent('a'), true],
+  ] as const) {
+    const all = events + 'data: [DONE]\n\n';
+    let completions = 0;
+    const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+      req.resume();
+      if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+      completions++;
+      req.on('end', () => res.writeHead(200, { 'content-type': 'text/event-stream' }).end(all));
+    });
+    const gateway = await createGateway({
+      router: new KVAwareRouter({ policy: 'round-robin' }),
+      workers: [{ id: 'e', url: engine.url }],
+      ...quiet,
+    });
+    try {
+      const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+      const r = await post(base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+      assert.equal(r.status, 200);
+      assert.equal(r.text, all, `${what}: the client gets the stream as the engine sent it`);
+      assert.equal(completions, 1, `${what}: not retried`);
+      const metrics = await gateway.metrics.metrics();
+      assert.doesNotMatch(metrics, /contextforge_upstream_failures_total\{worker="e"\} [1-9]/);
+      assert.match(
+        metrics,
+        new RegExp(`contextforge_time_to_first_byte_seconds_count ${answered ? 1 : 0}\n`),
+        `${what}: ${answered ? 'a first byte' : 'an error is no first byte'}`,
+      );
+    } finally {
+      await gateway.close();
+      await engine.close();
+    }
+  }
+});

@@ -1,0 +1,157 @@
+/**
+ * Engine errors that arrive where an answer should: error events in an event stream. vLLM writes
+ * its errors as `{"error": {"message", "type", "param", "code"}}` (0.10 and later) and SGLang (and
+ * vLLM before 0.10) as `{"object": "error", "message", "type", "param", "code"}`, `code` being the
+ * HTTP status the error stands for; in a stream both engines send `data: {"error": {…}}`, and a
+ * proxy in front of one may type the event `event: error` or spread its JSON over several data
+ * lines. Each is read as the status it names, so that the gateway treats it as it treats that
+ * status: a server error is the engine's failure, a client error the engine's answer to the client.
+ */
+
+const LF = 0x0a;
+const CR = 0x0d;
+const SPACE = 0x20;
+const COLON = 0x3a;
+/** In an answer's or an event's JSON, the bytes `"error"` are the key, or the value `"error"` (quotes in strings are escaped). */
+const QUOTED_ERROR = Buffer.from('"error"');
+/** What an event that is an error holds, in its type or its JSON: a stream without it has no error event. */
+const ERROR_WORD = Buffer.from('error');
+const DATA_FIELD = Buffer.from('data');
+const EVENT_FIELD = Buffer.from('event');
+
+/** The type of an error whose code is missing or not a status, when the client caused it (vLLM's, SGLang's and OpenAI's names). */
+const CLIENT_ERROR_TYPE = /invalid_request|bad_?request|not_?found/i;
+
+/**
+ * Whether an error of this status is the engine's failure, for which another worker can take the
+ * request: a server error, a 429 (the engine is overloaded for now) or a 401/403 (the engine
+ * refused the gateway's own credentials; the client's are never forwarded). Any other 4xx is the
+ * client's error, which every engine would answer alike.
+ */
+export function isEngineFailure(status: number): boolean {
+  return status >= 500 || status === 429 || status === 401 || status === 403;
+}
+
+/**
+ * The status an engine's error object stands for: its `code` when that is an HTTP error status
+ * (a number, or a numeric string as some proxies write it); without one, 400 when its `type`
+ * names a bad request or something not found, else 500: an error that does not say the client
+ * caused it is the engine's (OpenAI's `server_error`, and this gateway's own mid-stream error,
+ * carry `code: null`).
+ */
+function statusOf(error: unknown): number {
+  if (typeof error !== 'object' || error === null) return 500;
+  const { code, type } = error as { code?: unknown; type?: unknown };
+  const status =
+    typeof code === 'number' ? code : typeof code === 'string' && /^\d{3}$/.test(code) ? Number(code) : NaN;
+  if (Number.isInteger(status) && status >= 400 && status <= 599) return status;
+  return typeof type === 'string' && CLIENT_ERROR_TYPE.test(type) ? 400 : 500;
+}
+
+/**
+ * The status an error in a parsed JSON value stands for, 0 when it holds none: an object with a
+ * non-null `error` member (as the OpenAI clients read it), or one whose `object` is "error".
+ * `typedError`: the value is the data of an event of type `error`, an error whatever it holds.
+ */
+function errorStatusOf(value: unknown, typedError: boolean): number {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) return typedError ? 500 : 0;
+  const { error, object } = value as { error?: unknown; object?: unknown };
+  if (error !== undefined && error !== null) return statusOf(error);
+  return typedError || object === 'error' ? statusOf(value) : 0;
+}
+
+/** Whether `bytes` hold `word` at `at`. */
+function startsWith(bytes: Buffer, at: number, word: Buffer): boolean {
+  for (let i = 0; i < word.length; i++) if (bytes[at + i] !== word[i]) return false;
+  return true;
+}
+
+/** Whether the line `bytes[at, end)` is of the SSE field `name`: the name, then its colon or the line's end. */
+function isField(bytes: Buffer, at: number, end: number, name: Buffer): boolean {
+  const after = at + name.length;
+  return after <= end && (after === end || bytes[after] === COLON) && startsWith(bytes, at, name);
+}
+
+/**
+ * The status of the error events among whole events of a stream, 0 when none is one: the first
+ * that is the engine's failure (isEngineFailure), else the first client's error. Read as the SSE
+ * format has it (WHATWG HTML, "Server-sent events"): a line ends in CRLF, LF or CR; a blank line
+ * ends an event; a line starting with a colon is a comment; a field's value follows its colon and
+ * one optional space; an event's data lines join with "\n", and an event without one is not
+ * dispatched. An event is an error when its type (its `event` field) is `error`, or when its data
+ * is a JSON object with a non-null `error` member (as the OpenAI clients read a stream) or an
+ * engine's ErrorResponse as it is (`"object": "error"`); its status is its error's (statusOf).
+ * A chunk without the bytes `error` (nearly every chunk) is passed over by one search; one with
+ * them is read line by line, each position searched for once, and only an event that may be an
+ * error has its data decoded and parsed. An event the bytes end before its blank line is not judged.
+ */
+export function errorEventStatus(events: Buffer): number {
+  if (events.indexOf(ERROR_WORD) < 0) return 0;
+  const n = events.length;
+  let clientError = 0;
+  // the event being read: its type is `error`, its data may hold an error object, its data values' [start, end)
+  let typedError = false;
+  let mayHoldError = false;
+  let data: number[] | undefined;
+  // the next LF, CR and `"error"` at or after the line being read (n: none), each searched for once
+  let nextLf = -1;
+  let nextCr = -1;
+  let nextQuoted = -1;
+  for (let at = 0; at < n;) {
+    if (nextLf < at) {
+      nextLf = events.indexOf(LF, at);
+      if (nextLf < 0) nextLf = n;
+    }
+    if (nextCr < at) {
+      nextCr = events.indexOf(CR, at);
+      if (nextCr < 0) nextCr = n;
+    }
+    const end = nextLf < nextCr ? nextLf : nextCr;
+    // a line the bytes end before its end: its event is not whole
+    if (end === n) break;
+    if (end === at) {
+      // a blank line: the event is dispatched
+      if (data !== undefined && (typedError || mayHoldError)) {
+        const status = eventErrorStatus(events, data, typedError);
+        if (isEngineFailure(status)) return status;
+        if (status !== 0 && clientError === 0) clientError = status;
+      }
+      typedError = false;
+      mayHoldError = false;
+      data = undefined;
+    } else if (isField(events, at, end, DATA_FIELD)) {
+      let value = at + DATA_FIELD.length + 1;
+      if (value < end && events[value] === SPACE) value++;
+      if (value > end) value = end;
+      (data ??= []).push(value, end);
+      if (!mayHoldError) {
+        if (nextQuoted < value) {
+          nextQuoted = events.indexOf(QUOTED_ERROR, value);
+          if (nextQuoted < 0) nextQuoted = n;
+        }
+        mayHoldError = nextQuoted + QUOTED_ERROR.length <= end;
+      }
+    } else if (isField(events, at, end, EVENT_FIELD)) {
+      let value = at + EVENT_FIELD.length + 1;
+      if (value < end && events[value] === SPACE) value++;
+      typedError = end - value === ERROR_WORD.length && startsWith(events, value, ERROR_WORD);
+    }
+    // comments, other fields: nothing to read
+    at = events[end] === CR && events[end + 1] === LF ? end + 2 : end + 1;
+  }
+  return clientError;
+}
+
+/** The error status of one dispatched event (its data values' [start, end) in `events`), 0 when it is not an error. */
+function eventErrorStatus(events: Buffer, data: readonly number[], typedError: boolean): number {
+  let text = events.toString('utf8', data[0], data[1]);
+  for (let i = 2; i < data.length; i += 2) text += '\n' + events.toString('utf8', data[i], data[i + 1]);
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    // an error event whose data is not JSON (plain text, say) is the engine's failure all the same
+    return typedError ? 500 : 0;
+  }
+  return errorStatusOf(value, typedError);
+}
