@@ -1,12 +1,16 @@
 /**
- * Engine errors that arrive where an answer should: error events in an event stream. vLLM writes
- * its errors as `{"error": {"message", "type", "param", "code"}}` (0.10 and later) and SGLang (and
- * vLLM before 0.10) as `{"object": "error", "message", "type", "param", "code"}`, `code` being the
- * HTTP status the error stands for; in a stream both engines send `data: {"error": {…}}`, and a
- * proxy in front of one may type the event `event: error` or spread its JSON over several data
- * lines. Each is read as the status it names, so that the gateway treats it as it treats that
- * status: a server error is the engine's failure, a client error the engine's answer to the client.
+ * Engine errors that arrive where an answer should: an error object in a 200 JSON answer, and
+ * error events in an event stream. vLLM writes its errors as `{"error": {"message", "type",
+ * "param", "code"}}` (0.10 and later) and SGLang (and vLLM before 0.10) as `{"object": "error",
+ * "message", "type", "param", "code"}`, `code` being the HTTP status the error stands for; in a
+ * stream both engines send `data: {"error": {…}}`, and a proxy in front of one may type the
+ * event `event: error` or spread its JSON over several data lines. Each is read as the status
+ * it names, so that the gateway treats it as it treats that status: a server error is the
+ * engine's failure, a client error the engine's answer to the client.
  */
+
+/** The longest error answer read: an engine's error is a message and a few fields; an answer longer than this is not one. */
+const MAX_ERROR_ANSWER_BYTES = 64 * 1024;
 
 const LF = 0x0a;
 const CR = 0x0d;
@@ -58,6 +62,22 @@ function errorStatusOf(value: unknown, typedError: boolean): number {
   const { error, object } = value as { error?: unknown; object?: unknown };
   if (error !== undefined && error !== null) return statusOf(error);
   return typedError || object === 'error' ? statusOf(value) : 0;
+}
+
+/**
+ * The status a complete answer of status 200 stands for when it is an engine's error object, 0
+ * when it is not one. Only an answer holding the bytes `"error"` and no longer than an error
+ * answer is parsed: every other answer is passed over by one search.
+ */
+export function errorAnswerStatus(answer: Buffer): number {
+  if (answer.length > MAX_ERROR_ANSWER_BYTES || answer.indexOf(QUOTED_ERROR) < 0) return 0;
+  let value: unknown;
+  try {
+    value = JSON.parse(answer.toString('utf8'));
+  } catch {
+    return 0;
+  }
+  return errorStatusOf(value, false);
 }
 
 /** Whether `bytes` hold `word` at `at`. */

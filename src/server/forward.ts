@@ -10,7 +10,7 @@
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import type { BodyBudget, BodyCharge } from './body-budget.js';
-import { errorEventStatus, isEngineFailure } from './engine-errors.js';
+import { errorAnswerStatus, errorEventStatus, isEngineFailure } from './engine-errors.js';
 import { markCutByGateway } from './metrics.js';
 import type { ProxyReply } from './openai-request.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
@@ -290,8 +290,8 @@ class Attempt implements Dispatcher.DispatchHandler {
   /** When the first body byte came, in seconds after the attempt began (reported once the answer is committed). */
   private firstByteS = 0;
   /**
-   * The 2xx answer is an engine's error for the client (a stream whose first events are an error
-   * event of a client error's status): passed on, but no first byte.
+   * The 2xx answer is an engine's error for the client (an error object, or a stream whose first
+   * events are an error event, of a client error's status): passed on, but no first byte.
    */
   private errorAnswer = false;
   /** The start of a stream's event whose end has not arrived yet (not sent to the client), in the chunks it came in. */
@@ -476,8 +476,8 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.connection.unanswered.delete(this.onWorkerOut);
     this.reply.hijack();
     this.sent = true;
-    // an error (a 4xx passed on, a stream that starts with an error event for the client) is
-    // answered at once, without the request's prefill: it would make the worker look fast
+    // an error (a 4xx passed on, an engine's error object) is answered at once, without the
+    // request's prefill: it would make the worker look fast
     if (this.status < 300 && !this.errorAnswer) this.o.onFirstByte(this.firstByteS);
     this.o.onCommitted();
     const headers = this.headers!;
@@ -638,6 +638,19 @@ class Attempt implements Dispatcher.DispatchHandler {
       if (this.checkWhole && !isWholeJson(payload)) {
         this.o.onIncomplete();
         return this.settle('retry');
+      }
+      // a 2xx whose body is the engine's error object is handled as the status its code names
+      const errorStatus = this.status < 300 ? errorAnswerStatus(payload) : 0;
+      if (errorStatus !== 0) {
+        // the engine computed none of the request, as when it answers with that status
+        this.o.onRefused();
+        if (isEngineFailure(errorStatus)) {
+          if (errorStatus === 429) this.o.onOverloaded(undefined);
+          return this.settle('retry');
+        }
+        // the client's error: it gets it as the engine wrote it, with the status it names
+        this.status = errorStatus;
+        this.errorAnswer = true;
       }
       this.startResponse(payload.length);
       this.parts = undefined;

@@ -4,7 +4,8 @@
  * engine's first body byte, so until then a failure — a connection error, a 5xx, a 429 (the
  * engine overloaded for now), a 401/403 (the engine refusing the gateway's credentials), a
  * redirect (not followed), a 204 or 205 (no answer), a 200 that is the engine's error for a server
- * error (an error event before the stream's first), a streamed answer's first byte overdue, the
+ * error (its error object as the JSON, an error event before the stream's first), a streamed
+ * answer's first byte overdue, the
  * worker leaving rotation, every connection the gateway keeps to the engine busy past the
  * deadline — is retried on another worker (and, except when the worker was taken out or the
  * gateway's connections to it were all busy, counted by the circuit breaker). A client that

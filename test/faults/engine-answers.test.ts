@@ -331,6 +331,15 @@ test('an engine answering 205 Reset Content: not passed to the client as an answ
 test('an engine answering 304 Not Modified: not passed to the client, retried elsewhere, its predictions withdrawn', () =>
   checkNotAnAnswer((res) => res.writeHead(304).end(), 'nothing stays on the worker that answered 304'));
 
+test('an engine answering 200 with its error object for a server error: not passed to the client, retried elsewhere, its predictions withdrawn', () =>
+  // vLLM's ErrorResponse; the engine failed the request as when it answers 500
+  checkNotAnAnswer((res) => {
+    const body = JSON.stringify({
+      error: { message: 'Internal server error', type: 'InternalServerError', param: null, code: 500 },
+    });
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }).end(body);
+  }, 'nothing stays on the worker whose 200 was an error'));
+
 test('an engine failing a stream with an error event before its first event: retried elsewhere, its predictions withdrawn', () =>
   // the engine failed the request as when it answers 500, only after its headers
   checkNotAnAnswer(

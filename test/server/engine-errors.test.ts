@@ -1,12 +1,43 @@
 /**
- * Engine errors where an answer should be: which statuses the error events of a stream stand
- * for, read as the engines write them and as the SSE format allows.
+ * Engine errors where an answer should be: which statuses the error objects of a 200 answer and
+ * the error events of a stream stand for, read as the engines write them and as the SSE format
+ * allows.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { errorEventStatus } from '../../src/server/engine-errors.js';
+import { errorAnswerStatus, errorEventStatus } from '../../src/server/engine-errors.js';
 
 const events = (text: string) => errorEventStatus(Buffer.from(text));
+const answer = (text: string) => errorAnswerStatus(Buffer.from(text));
+
+test('an error object in a whole answer stands for the status its code names', () => {
+  assert.equal(answer('{"error": {"message": "m", "type": "InternalServerError", "param": null, "code": 500}}'), 500);
+  assert.equal(answer('{"object":"error","message":"m","type":"BadRequestError","param":null,"code":400}'), 400);
+  assert.equal(answer('{"error":{"message":"slow down","code":"429"}}'), 429, 'a numeric string');
+  assert.equal(answer('{"error":{"message":"m","type":"server_error","code":null}}'), 500, 'no code: the engine');
+  assert.equal(
+    answer('{"error":{"message":"m","type":"invalid_request_error","code":"context_length_exceeded"}}'),
+    400,
+  );
+  assert.equal(answer('{"error":"the engine is down"}'), 500, 'a bare message');
+  assert.equal(answer(' {\n "error" : {"code": 503}\n} '), 503);
+});
+
+test('an answer that is not an error object stands for none', () => {
+  for (const text of [
+    '{"id":"c","object":"text_completion","choices":[{"text":"\\"error\\""}]}',
+    '{"id":"c","choices":[{"text":"x","finish_reason":"stop"}],"error":null}',
+    '{"choices":[{"text":"say \\"error\\"","error":{"code":500}}]}',
+    '[{"error":{"code":500}}]',
+    '{"error":{"code":500}',
+    'error',
+    '',
+  ])
+    assert.equal(answer(text), 0, text);
+  // an answer longer than any error is not read
+  const long = JSON.stringify({ error: { code: 500, message: 'x'.repeat(70_000) } });
+  assert.equal(answer(long), 0);
+});
 
 test('error events are read per the SSE format', () => {
   const cases: ReadonlyArray<readonly [string, number]> = [
