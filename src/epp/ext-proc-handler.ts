@@ -52,7 +52,10 @@ export interface InFlightRequest {
    * the router predicted it would hold is withdrawn. Does nothing after the first byte or the end.
    */
   refused(): void;
-  /** The first response byte arrived: the request's prefill is done. */
+  /**
+   * The first byte of an answer arrived: the request's prefill is done. Not called for an error
+   * (4xx, 5xx), which comes back without the prefill and is no time to first byte.
+   */
   firstByte(): void;
   /** The request ended (completed, failed or abandoned). Idempotent. */
   end(): void;
@@ -143,6 +146,8 @@ export function createProcessHandler(
     let inFlight: InFlightRequest | undefined;
     let restorer: ModelNameRestorer | undefined;
     let firstByteSeen = false;
+    /** The response is an error (4xx, 5xx): its first byte is not the request's. */
+    let errorAnswer = false;
     /** The request body's end (end_of_stream or trailers) arrived. */
     let bodyEnded = false;
     let closed = false;
@@ -350,7 +355,8 @@ export function createProcessHandler(
           // own local replies (a route timeout's 504, while the engine may still be computing)
           // never get here: ext_proc's onLocalReply() marks processing complete and skips them
           const status = readResponseStatus(req);
-          if (status !== undefined && status >= 400) inFlight?.refused();
+          errorAnswer = status !== undefined && status >= 400;
+          if (errorAnswer) inFlight?.refused();
           const set = worker
             ? [
                 {
@@ -378,7 +384,7 @@ export function createProcessHandler(
           const eos = req.response_body?.end_of_stream === true;
           if (!firstByteSeen && chunk && chunk.length > 0) {
             firstByteSeen = true;
-            inFlight?.firstByte();
+            if (!errorAnswer) inFlight?.firstByte();
           }
           if (responseBodyMode === undefined || responseBodyMode === 'FULL_DUPLEX_STREAMED') {
             let body = chunk ? Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length) : Buffer.alloc(0);

@@ -98,3 +98,23 @@ test('an error status: the other replicas are told of the refusal, between the d
     assert.deepEqual(told, status < 400 ? ['made', 'ended'] : ['made', 'refused', 'ended'], `${status}`);
   }
 });
+
+test("an error answer's first byte is not a time to first byte; an answer's is", async () => {
+  const count = async () => {
+    const text = await fleet.gateways[0].metrics.metrics();
+    const line = text.split('\n').find((l) => l.startsWith('contextforge_time_to_first_byte_seconds_count '));
+    return line === undefined ? 0 : Number(line.split(' ')[1]);
+  };
+  for (const status of [400, 503, 200]) {
+    const before = await count();
+    const out = await routed(promptOf(40 + status));
+    await out.stream.respondHeaders(
+      { served: out.endpoints[0], headers: { ':status': String(status), 'content-type': 'application/json' } },
+      true,
+    );
+    await out.stream.respondBody([status < 400 ? '{"choices":[]}' : `{"error":{"code":${status}}}`]);
+    await out.stream.end();
+    await until(() => inFlight() === 0, 'the request to be released');
+    assert.equal(await count(), before + (status < 400 ? 1 : 0), `${status}`);
+  }
+});
