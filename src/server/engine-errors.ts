@@ -53,14 +53,15 @@ function statusOf(error: unknown): number {
 }
 
 /**
- * The status an error in a parsed JSON value stands for, 0 when it holds none: an object with a
- * non-null `error` member (as the OpenAI clients read it), or one whose `object` is "error".
- * `typedError`: the value is the data of an event of type `error`, an error whatever it holds.
+ * The status an error in a parsed JSON value stands for, 0 when it holds none: an object whose
+ * `error` member is set (truthy, as the OpenAI clients test it: `null` or `false` is no error),
+ * or one whose `object` is "error". `typedError`: the value is the data of an event of type
+ * `error`, an error whatever it holds.
  */
 function errorStatusOf(value: unknown, typedError: boolean): number {
   if (typeof value !== 'object' || value === null || Array.isArray(value)) return typedError ? 500 : 0;
   const { error, object } = value as { error?: unknown; object?: unknown };
-  if (error !== undefined && error !== null) return statusOf(error);
+  if (error) return statusOf(error);
   return typedError || object === 'error' ? statusOf(value) : 0;
 }
 
@@ -99,7 +100,7 @@ function isField(bytes: Buffer, at: number, end: number, name: Buffer): boolean 
  * ends an event; a line starting with a colon is a comment; a field's value follows its colon and
  * one optional space; an event's data lines join with "\n", and an event without one is not
  * dispatched. An event is an error when its type (its `event` field) is `error`, or when its data
- * is a JSON object with a non-null `error` member (as the OpenAI clients read a stream) or an
+ * is a JSON object whose `error` member is set (as the OpenAI clients read a stream) or an
  * engine's ErrorResponse as it is (`"object": "error"`); its status is its error's (statusOf).
  * A chunk without the bytes `error` (nearly every chunk) is passed over by one search; one with
  * them is read line by line, each position searched for once, and only an event that may be an

@@ -27,6 +27,7 @@ test('an answer that is not an error object stands for none', () => {
   for (const text of [
     '{"id":"c","object":"text_completion","choices":[{"text":"\\"error\\""}]}',
     '{"id":"c","choices":[{"text":"x","finish_reason":"stop"}],"error":null}',
+    '{"id":"c","choices":[{"text":"x","finish_reason":"stop"}],"error":false}',
     '{"choices":[{"text":"say \\"error\\"","error":{"code":500}}]}',
     '[{"error":{"code":500}}]',
     '{"error":{"code":500}',
