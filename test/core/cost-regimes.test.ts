@@ -576,6 +576,37 @@ describe('cost policy regimes', () => {
     assert.equal(t[first.workerId].queuedAttentionTokens, 0);
   });
 
+  test('KV wait: the cached prefixes of the requests queued before a request take the free KV first', () => {
+    const p = new CostPolicy();
+    // w0 has 300,000 tokens of KV, half held by running requests: 150,000 free
+    const cs = fleet([{ cached: 60_000, load: 0.5, capacity: 300_000 }, { capacity: 300_000 }]);
+    const w0 = cs[0];
+    const turn = request(64_000);
+    const kvWait = () => terms(p, w0, turn).kvWaitSeconds * DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
+    p.choose(cs, turn);
+    assert.equal(terms(p, w0, turn).queuedCachedTokens, 0);
+    assert.ok(kvWait() < 1e-6, 'alone, the turn fits in the free KV');
+    // two other sessions' turns routed to w0 and queued there, each with 96,000 of its 100,000
+    // tokens cached: vLLM counts those idle prefixes as free until it admits the turns
+    for (const ticket of [1, 2]) {
+      const queued = request(100_000);
+      p.choose([{ ...w0, cachedTokens: 96_000 }], queued);
+      p.onRouted(w0.worker, queued, ticket, 0);
+    }
+    p.choose(cs, turn);
+    assert.equal(terms(p, w0, turn).queuedCachedTokens, 192_000);
+    assert.equal(terms(p, cs[1], turn).queuedCachedTokens, 0);
+    // 192,000 + 64,000 tokens against 150,000 free
+    assert.ok(Math.abs(kvWait() - 106_000) < 1e-6);
+    // admitted (first token), a queued turn's prefix is in the KV usage the engine reports
+    p.onPrefillDone(1);
+    assert.ok(Math.abs(kvWait() - 10_000) < 1e-6);
+    p.onReleased(2);
+    p.onReleased(2);
+    assert.ok(kvWait() < 1e-6);
+    assert.equal(terms(p, w0, turn).queuedCachedTokens, 0);
+  });
+
   test('queue by work: a turn leaves a holder whose queued long context costs more than its tokens say', () => {
     const p = new CostPolicy();
     const cs = fleet([{ cached: 15_000 }, {}]);

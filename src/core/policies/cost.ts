@@ -19,7 +19,11 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    work (W(u) − u) of this router's requests
  *                                                    still in prefill there (until their first token)
  *   wait   = (queue + W(u)) · slow                   estimated TTFT on this worker
- *   kvWait = max(0, P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity known)
+ *   kvWait = max(0, K + P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity
+ *                                                    known): its prompt, after the cached prefixes
+ *                                                    (K) of this router's requests queued there
+ *                                                    before it, which each takes out of the free KV
+ *                                                    when admitted (first come, first served)
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
  *            (0 while another worker has nothing     (the best-cached worker's own queue left out),
  *            queued) + share of workers with         none while idle capacity absorbs the extra
@@ -193,6 +197,8 @@ class Terms {
   arrivalRate = 0;
   /** Attention work of this router's requests queued on the worker (see CostPolicy.queuedAttention). */
   queuedAttention = 0;
+  /** Cached prompt tokens of this router's requests queued on the worker (see CostPolicy.queuedCached). */
+  queuedCached = 0;
 
   prompt = 0;
   uncached = 0;
@@ -223,8 +229,9 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   const work = prefillWork(uncached, prompt, w.attention);
   const slowdown = 1 + w.decode * worker.activeDecodeTokens;
   const capacity = worker.kvCapacityTokens > 0 ? worker.kvCapacityTokens : w.kvCapacityTokens;
-  // vLLM counts cached-but-idle blocks as free: the whole prompt must fit in the free part
-  const kvWait = capacity > 0 ? Math.max(0, prompt - (1 - worker.load) * capacity) : 0;
+  // vLLM counts cached-but-idle blocks as free: the whole prompt must fit in the free part, and
+  // the requests queued before it take their cached prefixes out of it first when admitted
+  const kvWait = capacity > 0 ? Math.max(0, t.queuedCached + prompt - (1 - worker.load) * capacity) : 0;
   const kv = worker.load;
   const overKnee = kv > w.pressureKnee ? (kv - w.pressureKnee) / (1 - w.pressureKnee) : 0;
   t.prompt = prompt;
@@ -314,10 +321,11 @@ export class CostPolicy implements RoutingPolicy {
   private chosenUncached = 0;
   private chosenHit = 0;
   private chosenWork = 0;
-  /** This router's requests still in prefill, by ticket: the worker slot (+1; 0 none) and their attention work. */
+  /** This router's requests still in prefill, by ticket: the worker slot (+1; 0 none), their attention work and cached tokens. */
   private readonly queuedTicket = new Float64Array(QUEUED_TICKETS);
   private readonly queuedSlot = new Int32Array(QUEUED_TICKETS);
   private readonly queuedWork = new Float64Array(QUEUED_TICKETS);
+  private readonly queuedCachedTokens = new Float64Array(QUEUED_TICKETS);
   /** Decayed count of recent decisions per shared-prefix key, and when each slot was last decayed. */
   private readonly hotKeys = new Int32Array(HOT_SLOTS);
   private readonly hotCounts = new Float64Array(HOT_SLOTS);
@@ -332,6 +340,8 @@ export class CostPolicy implements RoutingPolicy {
   private routedAt = new Float64Array(0);
   /** Attention work (W(u) − u) of this router's requests not yet past prefill, per worker slot. */
   private attentionQueued = new Float64Array(0);
+  /** Cached prompt tokens of this router's requests not yet past prefill, per worker slot. */
+  private cachedQueued = new Float64Array(0);
   private lastNow = 0;
 
   constructor(readonly weights: Readonly<CostWeights> = DEFAULT_COST_WEIGHTS) {}
@@ -392,6 +402,7 @@ export class CostPolicy implements RoutingPolicy {
     into.cached = this.cachedOn(c, r);
     into.arrivalRate = this.arrivalRate(c);
     into.queuedAttention = this.queuedAttention(c);
+    into.queuedCached = this.queuedCached(c);
     return computeTerms(into, c, r, this.weights, this.fleet);
   }
 
@@ -466,6 +477,9 @@ export class CostPolicy implements RoutingPolicy {
       const attention = new Float64Array(n);
       attention.set(this.attentionQueued);
       this.attentionQueued = attention;
+      const cached = new Float64Array(n);
+      cached.set(this.cachedQueued);
+      this.cachedQueued = cached;
     }
     this.routedCounts[slot] = this.routedCounts[slot] * Math.exp(-(now - this.routedAt[slot]) / ARRIVAL_WINDOW_MS) + 1;
     this.routedAt[slot] = now;
@@ -485,6 +499,9 @@ export class CostPolicy implements RoutingPolicy {
       this.queuedSlot[i] = worker.slot + 1;
       this.queuedWork[i] = attention;
       this.attentionQueued[worker.slot] += attention;
+      const cached = Math.max(0, request.promptTokens - this.chosenUncached);
+      this.queuedCachedTokens[i] = cached;
+      this.cachedQueued[worker.slot] += cached;
     }
     const u = this.chosenUncached;
     this.meanWork = this.meanWork === 0 ? Math.max(1, u) : this.meanWork + (u - this.meanWork) / WORK_SMOOTHING;
@@ -509,6 +526,7 @@ export class CostPolicy implements RoutingPolicy {
     const slot = this.queuedSlot[i] - 1;
     this.queuedSlot[i] = 0;
     this.attentionQueued[slot] = Math.max(0, this.attentionQueued[slot] - this.queuedWork[i]);
+    this.cachedQueued[slot] = Math.max(0, this.cachedQueued[slot] - this.queuedCachedTokens[i]);
   }
 
   /** Attention work of this router's requests queued on the worker (what their token count leaves out). */
@@ -516,9 +534,20 @@ export class CostPolicy implements RoutingPolicy {
     return c.worker.slot < this.attentionQueued.length ? this.attentionQueued[c.worker.slot] : 0;
   }
 
+  /**
+   * Cached prompt tokens of this router's requests queued on the worker: what they will take
+   * out of its free KV when admitted, before a request routed there now. vLLM counts a cached
+   * prefix no running request holds as free KV (evictable) until a request that reuses it is
+   * admitted, so the KV usage it reports leaves them out.
+   */
+  private queuedCached(c: Candidate): number {
+    return c.worker.slot < this.cachedQueued.length ? this.cachedQueued[c.worker.slot] : 0;
+  }
+
   onWorkerRemoved(worker: WorkerState): void {
     this.pending.removeWorker(worker.slot);
     if (worker.slot < this.attentionQueued.length) this.attentionQueued[worker.slot] = 0;
+    if (worker.slot < this.cachedQueued.length) this.cachedQueued[worker.slot] = 0;
     if (worker.slot < this.routedCounts.length) this.routedCounts[worker.slot] = 0;
   }
 
@@ -636,6 +665,8 @@ export class CostPolicy implements RoutingPolicy {
       activeDecodeTokens: c.worker.activeDecodeTokens,
       /** Attention work of this router's requests queued there, beyond their tokens. */
       queuedAttentionTokens: this.queuedAttention(c),
+      /** Cached prompt tokens of this router's requests queued there: KV they take when admitted. */
+      queuedCachedTokens: this.queuedCached(c),
       queueSeconds: seconds(t.queue * t.slowdown),
       prefillSeconds: seconds(t.work * t.slowdown),
       decodeSlowdown: t.slowdown,
