@@ -310,7 +310,7 @@ export interface ReadRequest {
 
 /**
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
- * must be an object; metadata, cache_salt, stream and the prompt or messages are checked
+ * must be an object; metadata, model, cache_salt, stream and the prompt or messages are checked
  * against `limits`. Throws a RequestLimitError naming the field.
  */
 export function readRouteRequest(path: string, raw: unknown, headers: Headers, limits: RequestLimits): ReadRequest {
@@ -333,6 +333,10 @@ export function readRouteRequest(path: string, raw: unknown, headers: Headers, l
     contentAnchors: m.contentAnchors,
     isolate: m.isolate,
   };
+  // the gateway routes on it (workers that list their models): a model it cannot read would be
+  // routed past every list, and an engine failing on it would count against the worker
+  if (body.model !== undefined && body.model !== null && typeof body.model !== 'string')
+    throw new RequestLimitError('model must be a string (the name of a model the workers serve)', 'model');
   const salt = checkCacheSalt(body.cache_salt, limits);
   if (salt !== undefined) routeRequest.cacheSalt = salt;
   // the gateway's timeouts and accounting follow it, so it must mean what the engine reads
