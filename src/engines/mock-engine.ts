@@ -244,10 +244,21 @@ export class MockEngine {
     return best;
   }
 
+  /**
+   * The model a request names (the base model when it names none): 400 when it is not a string,
+   * as vLLM's request validation answers, 404 when it is neither the model nor an adapter.
+   */
+  private servedModel(requested: unknown): string {
+    if (requested === undefined || requested === null) return this.model;
+    if (typeof requested !== 'string') throw new HttpError(400, 'model must be a string', 'model');
+    if (requested !== this.model && !this.loraModules.includes(requested))
+      throw new HttpError(404, `model '${requested}' does not exist`, 'model');
+    return requested;
+  }
+
   /** vLLM's /tokenize: the prompt (or chat, with its tools and template options) as token ids. */
   private tokenize(body: Record<string, unknown>): { tokens: number[]; count: number; max_model_len: number } {
-    if (body.model !== undefined && body.model !== this.model && !this.loraModules.includes(body.model as string))
-      throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
+    this.servedModel(body.model);
     const tokens =
       body.messages !== undefined
         ? chatTokens(this.options.tokenizer, body.messages, body)
@@ -261,9 +272,7 @@ export class MockEngine {
     chat: boolean,
     rankHeader?: string | string[],
   ): void {
-    const model = body.model === undefined ? this.model : body.model;
-    if (typeof model !== 'string' || (model !== this.model && !this.loraModules.includes(model)))
-      throw new HttpError(404, `model '${String(body.model)}' does not exist`, 'model');
+    const model = this.servedModel(body.model);
     const lora = model === this.model ? null : model;
     const core = this.coreFor(rankHeader);
     const tokens = chat

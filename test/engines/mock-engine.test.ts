@@ -103,6 +103,10 @@ describe('mock engine: OpenAI API', () => {
       ['/v1/completions', { prompt: '' }, 400, /prompt is empty/],
       ['/v1/completions', { prompt: 'x', max_tokens: 0 }, 400, /max_tokens/],
       ['/v1/completions', { prompt: 'x', model: 'other' }, 404, /does not exist/],
+      // a model that is not a string, even one no String() can print, is the client's mistake (vLLM: 400)
+      ['/v1/completions', { prompt: 'x', model: { toString: 1 } }, 400, /model must be a string/],
+      ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], model: 5 }, 400, /model must be a string/],
+      ['/tokenize', { prompt: 'x', model: { toString: 1 } }, 400, /model must be a string/],
       ['/v1/completions', { prompt: { a: 1 } }, 400, /prompt must be/],
       ['/v1/chat/completions', { messages: [] }, 400, /messages/],
       ['/v1/chat/completions', { messages: [{ content: 'x' }] }, 400, /role/],
