@@ -664,27 +664,62 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 /**
  * Answers a request Node's HTTP parser refused (malformed framing, headers over the limit, a
  * request that did not arrive in time) with an OpenAI error body, then closes the connection:
- * Fastify's own answer has another shape.
+ * Fastify's own answer has another shape. When the connection's latest request was received
+ * whole, the fault is in what came after it (a request pipelined behind it that does not parse,
+ * bytes after a `Connection: close`, headers that do not arrive in time), not in it: its answer,
+ * and those before it, are written first, then the refusal. Closing at once would cut answers
+ * the client asked for properly, and writing the refusal at once would put it in the middle of
+ * one.
  */
 function answerClientError(err: Error & { code?: string }, socket: Duplex): void {
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
-  const [status, message, param] =
-    err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
-      ? [408, 'the request did not arrive in time', null]
-      : err.code === 'HPE_HEADER_OVERFLOW'
-        ? [431, 'the request headers are larger than allowed', 'headers']
-        : [400, 'the request is not valid HTTP/1.1', null];
-  // a request already handed to the gateway (its body too slow, or malformed) counts with this
-  // status when its response closes, not as a client that left
+  // each chunk read after the error fails to parse again: what to do was decided at the first
+  if (refusedAfterAnswers.has(socket)) return;
   const res = responseOnSocket.get(socket);
+  const inFlight = res !== undefined && !res.writableFinished && res.req.complete;
+  if (err.code === 'HPE_CLOSED_CONNECTION') {
+    // bytes after a request that asked to close the connection are no request (RFC 9112 §9.6):
+    // not answered; the connection closes after that request's answer, as it asked
+    refusedAfterAnswers.add(socket);
+    if (!inFlight) socket.end();
+    return;
+  }
+  const [status, message, param] = clientErrorAnswer(err);
+  const text = clientErrorText(status, message, param);
+  if (inFlight) {
+    refusedAfterAnswers.add(socket);
+    // once the answer closes, written whole (a client gone by then is not written to, nor is a
+    // connection the server is closing after it); end, not destroy: the answer's last bytes
+    // may still be on their way out
+    res.once('close', () => {
+      if (!socket.destroyed && socket.writable) socket.end(text, () => socket.destroy());
+    });
+    return;
+  }
+  // a request still being read (its body too slow, or malformed) counts with this status when
+  // its response closes, not as a client that left
   if (res !== undefined && !res.writableEnded) markAnsweredOnSocket(res, status);
-  const body = clientErrorBody(message, param);
-  if (socket.writable)
-    socket.write(
-      `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
-    );
+  if (socket.writable) socket.write(text);
   socket.destroy();
 }
+
+/** The status, message and field of the answer to a request the parser refused. */
+function clientErrorAnswer(err: Error & { code?: string }): [number, string, string | null] {
+  return err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+    ? [408, 'the request did not arrive in time', null]
+    : err.code === 'HPE_HEADER_OVERFLOW'
+      ? [431, 'the request headers are larger than allowed', 'headers']
+      : [400, 'the request is not valid HTTP/1.1', null];
+}
+
+/** A whole refusal as written on the socket: status line, headers closing the connection, OpenAI error body. */
+function clientErrorText(status: number, message: string, param: string | null): string {
+  const body = clientErrorBody(message, param);
+  return `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
+}
+
+/** Connections whose refusal waits for the answers in flight on them (answerClientError). */
+const refusedAfterAnswers = new WeakSet<Duplex>();
 
 /** Each connection's latest request's response (answerClientError). */
 const responseOnSocket = new WeakMap<Duplex, ServerResponse>();
