@@ -67,6 +67,9 @@ import { methodNotAllowedMessage, RouteMethods, shownHeader } from './route-meth
 /** While closing, connections that have gone idle are closed this often. */
 const IDLE_SWEEP_MS = 100;
 
+/** The one transfer coding the gateway decodes (Node's parser does), alone. */
+const CHUNKED_ONLY = /^[ \t]*chunked[ \t]*$/i;
+
 /** Idle keep-alive connections are kept this long (Fastify's default). */
 const KEEP_ALIVE_TIMEOUT_MS = 72_000;
 
@@ -318,6 +321,19 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           if (req.headers.host === undefined && req.httpVersion === '1.1') {
             countOnClose(req, res);
             return answerMalformed(res, 400, 'an HTTP/1.1 request needs a Host header', 'host');
+          }
+          // Node's parser takes other codings before chunked ("gzip, chunked") and hands the
+          // body over still coded: refused, as a compressed body is (a 400, the client's to fix,
+          // where RFC 9112 §6.1 suggests 501), rather than read as if it were JSON
+          const coding = req.headers['transfer-encoding'];
+          if (coding !== undefined && !CHUNKED_ONLY.test(coding)) {
+            countOnClose(req, res);
+            return answerMalformed(
+              res,
+              400,
+              `the transfer coding '${shownHeader(coding)}' is not supported: send the body chunked alone, or with a Content-Length`,
+              'transfer-encoding',
+            );
           }
           // before its body is taken from the budget: a refused request holds none of it
           if (!pipelined.admit(req, res)) {

@@ -1,0 +1,102 @@
+/**
+ * Transfer codings: Node's parser takes `Transfer-Encoding: gzip, chunked` (chunked last) and
+ * hands over the body dechunked but still gzip-coded, as if it were the body itself. The gateway
+ * decodes no transfer coding but chunked, so such a request is refused before its body is read:
+ * a 400 naming transfer-encoding, the connection closed, nothing sent to an engine.
+ */
+import assert from 'node:assert/strict';
+import { gzipSync } from 'node:zlib';
+import { after, before, test } from 'node:test';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { fakeEngine, type FakeEngine } from '../faults/harness.js';
+import { rawClient } from '../helpers/raw-client.js';
+import { until } from '../helpers/wait.js';
+
+let engine: FakeEngine;
+let gateway: Gateway;
+let port = 0;
+/** Completions that reached the engine (the gateway's own reads, such as /v1/models, are not counted). */
+let completions = 0;
+
+before(async () => {
+  engine = await fakeEngine((req, res) => {
+    if (req.method === 'POST') completions++;
+    req.resume();
+    req.on('end', () => {
+      const text = '{"choices":[{"text":"ok"}]}';
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': text.length }).end(text);
+    });
+  });
+  gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 'e0', url: engine.url }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  port = (gateway.app.server.address() as { port: number }).port;
+});
+after(async () => {
+  await gateway.close(0);
+  await engine.close();
+});
+
+/** A chunked request whose Transfer-Encoding is `coding`, its body `body` in one chunk. */
+function chunked(path: string, coding: string, body: Buffer, headers = ''): Buffer {
+  return Buffer.concat([
+    Buffer.from(
+      `POST ${path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n${headers}Transfer-Encoding: ${coding}\r\n\r\n${body.length.toString(16)}\r\n`,
+    ),
+    body,
+    Buffer.from('\r\n0\r\n\r\n'),
+  ]);
+}
+
+/** Sends `raw` on a new connection; the text received once the gateway closes it. */
+async function closedExchange(raw: Buffer): Promise<string> {
+  const client = await rawClient(port);
+  client.socket.write(raw);
+  await until(client.closed, 'the gateway closing the connection');
+  return client.received();
+}
+
+test('a transfer coding other than chunked is a 400 naming transfer-encoding; the body reaches no engine', async () => {
+  const json = Buffer.from('{"model":"m","prompt":"x","max_tokens":1}');
+  const admin = `Authorization: Bearer ${gateway.adminToken}\r\n`;
+  for (const [path, coding, body, headers] of [
+    ['/v1/completions', 'gzip, chunked', gzipSync(json), ''],
+    ['/v1/completions', 'deflate, chunked', json, ''],
+    ['/v1/chat/completions', 'identity, chunked', json, ''],
+    ['/admin/workers', 'gzip, chunked', gzipSync(Buffer.from('{"id":"w9","url":"http://127.0.0.1:9"}')), admin],
+  ] as const) {
+    const received = await closedExchange(chunked(path, coding, body, headers));
+    const what = `${path} with Transfer-Encoding: ${coding}`;
+    assert.match(received, /^HTTP\/1\.1 400 /, `${what}: ${received}`);
+    assert.match(received, /\r\nconnection: close\r\n/i, what);
+    const error = (
+      JSON.parse(received.slice(received.indexOf('\r\n\r\n') + 4)) as {
+        error: { message: string; type: string; param: string };
+      }
+    ).error;
+    assert.equal(error.param, 'transfer-encoding', what);
+    assert.equal(error.type, 'invalid_request_error', what);
+    assert.match(error.message, /chunked/, what);
+  }
+  assert.equal(completions, 0, 'no request reached the engine');
+  assert.equal(gateway.connections.has('w9'), false, 'no worker was added');
+});
+
+test('chunked alone (in any case) is still read, and answered on the same connection', async () => {
+  const json = Buffer.from('{"model":"m","prompt":"x","max_tokens":1}');
+  const client = await rawClient(port);
+  try {
+    client.socket.write(
+      Buffer.concat([chunked('/v1/completions', 'chunked', json), chunked('/v1/completions', 'Chunked', json)]),
+    );
+    await until(() => (client.received().match(/HTTP\/1\.1 200 /g) ?? []).length === 2, 'both answered 200');
+    assert.equal(client.closed(), false);
+  } finally {
+    client.socket.destroy();
+  }
+});
