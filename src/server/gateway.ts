@@ -324,14 +324,17 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           }
           // Node's parser takes other codings before chunked ("gzip, chunked") and hands the
           // body over still coded: refused, as a compressed body is (a 400, the client's to fix,
-          // where RFC 9112 §6.1 suggests 501), rather than read as if it were JSON
+          // where RFC 9112 §6.1 suggests 501), rather than read as if it were JSON. HTTP/1.0 has
+          // no transfer codings: its framing is faulty (RFC 9112 §6.1), whatever Node made of it
           const coding = req.headers['transfer-encoding'];
-          if (coding !== undefined && !CHUNKED_ONLY.test(coding)) {
+          if (coding !== undefined && (!CHUNKED_ONLY.test(coding) || req.httpVersion === '1.0')) {
             countOnClose(req, res);
             return answerMalformed(
               res,
               400,
-              `the transfer coding '${shownHeader(coding)}' is not supported: send the body chunked alone, or with a Content-Length`,
+              req.httpVersion === '1.0'
+                ? 'an HTTP/1.0 request cannot be sent with a Transfer-Encoding: send it with a Content-Length'
+                : `the transfer coding '${shownHeader(coding)}' is not supported: send the body chunked alone, or with a Content-Length`,
               'transfer-encoding',
             );
           }

@@ -100,3 +100,18 @@ test('chunked alone (in any case) is still read, and answered on the same connec
     client.socket.destroy();
   }
 });
+
+test('an HTTP/1.0 request with a Transfer-Encoding is a 400 naming transfer-encoding (its framing is faulty, RFC 9112 §6.1)', async () => {
+  const before = completions;
+  const json = Buffer.from('{"model":"m","prompt":"x","max_tokens":1}');
+  const raw = chunked('/v1/completions', 'chunked', json, 'Connection: keep-alive\r\n');
+  const received = await closedExchange(
+    Buffer.from(raw.toString('latin1').replace(' HTTP/1.1\r\n', ' HTTP/1.0\r\n'), 'latin1'),
+  );
+  assert.match(received, /^HTTP\/1\.1 400 /, received);
+  assert.equal(
+    (JSON.parse(received.slice(received.indexOf('\r\n\r\n') + 4)) as { error: { param: string } }).error.param,
+    'transfer-encoding',
+  );
+  assert.equal(completions, before, 'nothing reached the engine');
+});
