@@ -462,7 +462,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const notFound = (req: FastifyRequest, reply: FastifyReply) => {
     // a path served with other methods (TRACE, PUT… on /v1/completions): 405 naming them
     const allowed = routeMethods.allowed(req.url);
-    if (allowed.length === 0) return void openAiError(reply, 404, `no route ${req.method} ${req.url}`);
+    if (allowed.length === 0) return void openAiError(reply, 404, `no route ${req.method} ${shownHeader(req.url)}`);
     reply.header('allow', allowed.join(', '));
     void openAiError(reply, 405, methodNotAllowedMessage(req.method, req.url, allowed), 'method');
   };

@@ -71,7 +71,7 @@ export function methodNotAllowedMessage(method: string, target: string, allowed:
     : `method ${method} is not allowed on ${shown} (allowed: ${allowed.join(', ')})`;
 }
 
-/** A header's value as an error message repeats it: cut to 64 characters. */
+/** A header's value or a request target as an error message repeats it: cut to 64 characters. */
 export function shownHeader(value: string | undefined): string {
   const v = value ?? '';
   return v.length <= 64 ? v : `${v.slice(0, 64)}…`;

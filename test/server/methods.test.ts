@@ -125,6 +125,16 @@ test('an unknown path is still a 404 whatever the method', async () => {
   }
 });
 
+test('a long unknown path (or query) is not echoed whole: the 404 repeats its first 64 characters', async () => {
+  for (const path of [`/${'a'.repeat(15_000)}`, `/v1/nothing?${'q'.repeat(15_000)}`]) {
+    const { status, text } = await send('GET', path);
+    assert.equal(status, 404);
+    const { message, param } = errorOf(text);
+    assert.equal(message, `no route GET ${path.slice(0, 64)}…`);
+    assert.equal(param, null);
+  }
+});
+
 test('CONNECT gets 405 with an OpenAI error body and the connection closed, not a socket dropped unanswered', async () => {
   const tunnel = await exchange('CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n');
   assert.equal(tunnel.status, 405, JSON.stringify(tunnel));
