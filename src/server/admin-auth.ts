@@ -127,14 +127,18 @@ type Headers = Readonly<Record<string, string | string[] | undefined>>;
  * Why a request to an admin endpoint is refused before its token is even looked at, or
  * undefined: a cross-site browser request (Sec-Fetch-Site, or an Origin other than the Host),
  * or a body that is not declared `application/json` (HTML forms can send only form encodings
- * and text/plain without a preflight).
+ * and text/plain without a preflight). `param` names the header to fix.
  */
-export function adminRequestProblem(method: string, headers: Headers): { status: number; message: string } | undefined {
+export function adminRequestProblem(
+  method: string,
+  headers: Headers,
+): { status: number; message: string; param: string } | undefined {
   const site = headers['sec-fetch-site'];
   if (typeof site === 'string' && site !== 'same-origin' && site !== 'none')
     return {
       status: 403,
       message: `admin endpoints refuse cross-site requests (Sec-Fetch-Site: ${site.slice(0, 40)})`,
+      param: 'sec-fetch-site',
     };
   const origin = headers.origin;
   if (typeof origin === 'string' && origin !== '') {
@@ -145,7 +149,7 @@ export function adminRequestProblem(method: string, headers: Headers): { status:
       host = undefined;
     }
     if (host === undefined || host !== headers.host)
-      return { status: 403, message: 'admin endpoints refuse requests from another origin' };
+      return { status: 403, message: 'admin endpoints refuse requests from another origin', param: 'origin' };
   }
   if (method !== 'GET' && method !== 'HEAD') {
     const length = headers['content-length'];
@@ -153,7 +157,7 @@ export function adminRequestProblem(method: string, headers: Headers): { status:
     const type = headers['content-type'];
     const json = typeof type === 'string' && /^application\/json\s*(;|$)/i.test(type);
     if ((hasBody || type !== undefined) && !json)
-      return { status: 415, message: 'admin endpoints take application/json bodies only' };
+      return { status: 415, message: 'admin endpoints take application/json bodies only', param: 'content-type' };
   }
   return undefined;
 }

@@ -115,7 +115,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
 export function requireAdmin(token: AdminToken) {
   return async (req: FastifyRequest, reply: FastifyReply) => {
     const problem = adminRequestProblem(req.method, req.headers);
-    if (problem) return openAiError(reply, problem.status, problem.message);
+    if (problem) return openAiError(reply, problem.status, problem.message, problem.param);
     if (!token.matches(req.headers.authorization))
       return openAiError(reply, 401, 'this endpoint needs the admin token (Authorization: Bearer TOKEN)');
   };

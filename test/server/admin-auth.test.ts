@@ -3,7 +3,9 @@ import { chmodSync, mkdtempSync, readFileSync, statSync, writeFileSync } from 'n
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
+import { KVAwareRouter } from '../../src/index.js';
 import { adminRequestProblem, AdminToken, resolveAdminToken } from '../../src/server/admin-auth.js';
+import { createGateway } from '../../src/server/gateway.js';
 import { ApiKeys, loadApiKeysFile, tenantCacheSalt } from '../../src/server/api-keys.js';
 import {
   checkApiKeyEnv,
@@ -78,6 +80,35 @@ test('admin requests: cross-site and non-JSON bodies are refused before the toke
   assert.equal(adminRequestProblem('GET', { host: 'h', 'sec-fetch-site': 'cross-site' })?.status, 403);
   assert.equal(adminRequestProblem('GET', { host: 'h', 'sec-fetch-site': 'same-site' })?.status, 403);
   assert.equal(adminRequestProblem('GET', { host: 'h', 'sec-fetch-site': 'none' }), undefined);
+});
+
+test('an admin request refused before its token is looked at names the header to fix', async () => {
+  const gateway = await createGateway({
+    router: new KVAwareRouter(),
+    adminToken: 'admin-token-for-tests',
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  try {
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const auth = { authorization: 'Bearer admin-token-for-tests' };
+    for (const [headers, status, param] of [
+      [{ 'sec-fetch-site': 'cross-site' }, 403, 'sec-fetch-site'],
+      [{ origin: 'https://evil.example' }, 403, 'origin'],
+      [{ 'content-type': 'text/plain' }, 415, 'content-type'],
+    ] as const) {
+      const res = await fetch(`${base}/admin/workers`, {
+        method: 'POST',
+        headers: { ...auth, ...headers },
+        body: '{"id":"w1","url":"http://127.0.0.1:9"}',
+      });
+      const text = await res.text();
+      assert.equal(res.status, status, text);
+      assert.equal((JSON.parse(text) as { error: { param: string | null } }).error.param, param, text);
+    }
+  } finally {
+    await gateway.close(0);
+  }
 });
 
 test('API keys map to tenants; the file must be a private mapping', () => {
