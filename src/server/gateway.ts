@@ -315,38 +315,49 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           // checked below: Node's own answer is a 400 without a body
           requireHostHeader: false,
         },
-        (req, res) => {
-          // the response a refusal on the socket (answerClientError: a body too slow) belongs to
-          responseOnSocket.set(req.socket, res);
-          if (req.headers.host === undefined && req.httpVersion === '1.1') {
-            countOnClose(req, res);
-            return answerMalformed(res, 400, 'an HTTP/1.1 request needs a Host header', 'host');
-          }
-          // Node's parser takes other codings before chunked ("gzip, chunked") and hands the
-          // body over still coded: refused, as a compressed body is (a 400, the client's to fix,
-          // where RFC 9112 §6.1 suggests 501), rather than read as if it were JSON. HTTP/1.0 has
-          // no transfer codings: its framing is faulty (RFC 9112 §6.1), whatever Node made of it
-          const coding = req.headers['transfer-encoding'];
-          if (coding !== undefined && (!CHUNKED_ONLY.test(coding) || req.httpVersion === '1.0')) {
-            countOnClose(req, res);
-            return answerMalformed(
-              res,
-              400,
-              req.httpVersion === '1.0'
-                ? 'an HTTP/1.0 request cannot be sent with a Transfer-Encoding: send it with a Content-Length'
-                : `the transfer coding '${shownHeader(coding)}' is not supported: send the body chunked alone, or with a Content-Length`,
-              'transfer-encoding',
-            );
-          }
-          // before its body is taken from the budget: a refused request holds none of it
-          if (!pipelined.admit(req, res)) {
-            countOnClose(req, res);
-            return answerPipelineFull(res);
-          }
-          if (!admitBody(req, res)) return countOnClose(req, res);
-          if (fastPath === undefined || !fastPath(req, res)) handler(req, res);
-        },
+        (req, res) => serve(req, res, false),
       );
+      /**
+       * Every request, before the fast path or Fastify: the refusals on its headers alone come
+       * first. `expectsContinue`: the client waits for a 100 before it sends the body (Expect:
+       * 100-continue); it is told to go on only once none of them applies, and not when the body
+       * is over the limit (Fastify refuses it, 413, on its Content-Length): a body about to be
+       * refused is not asked for (RFC 9110 §10.1.1).
+       */
+      const serve = (req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): void => {
+        // the response a refusal on the socket (answerClientError: a body too slow) belongs to
+        responseOnSocket.set(req.socket, res);
+        if (req.headers.host === undefined && req.httpVersion === '1.1') {
+          countOnClose(req, res);
+          return answerMalformed(res, 400, 'an HTTP/1.1 request needs a Host header', 'host');
+        }
+        // Node's parser takes other codings before chunked ("gzip, chunked") and hands the
+        // body over still coded: refused, as a compressed body is (a 400, the client's to fix,
+        // where RFC 9112 §6.1 suggests 501), rather than read as if it were JSON. HTTP/1.0 has
+        // no transfer codings: its framing is faulty (RFC 9112 §6.1), whatever Node made of it
+        const coding = req.headers['transfer-encoding'];
+        if (coding !== undefined && (!CHUNKED_ONLY.test(coding) || req.httpVersion === '1.0')) {
+          countOnClose(req, res);
+          return answerMalformed(
+            res,
+            400,
+            req.httpVersion === '1.0'
+              ? 'an HTTP/1.0 request cannot be sent with a Transfer-Encoding: send it with a Content-Length'
+              : `the transfer coding '${shownHeader(coding)}' is not supported: send the body chunked alone, or with a Content-Length`,
+            'transfer-encoding',
+          );
+        }
+        // before its body is taken from the budget: a refused request holds none of it
+        if (!pipelined.admit(req, res)) {
+          countOnClose(req, res);
+          return answerPipelineFull(res);
+        }
+        if (!admitBody(req, res)) return countOnClose(req, res);
+        if (expectsContinue && !(Number(req.headers['content-length']) > bodyLimit)) res.writeContinue();
+        if (fastPath === undefined || !fastPath(req, res)) handler(req, res);
+      };
+      // without this listener Node says 100 Continue before any check has run
+      server.on('checkContinue', (req: IncomingMessage, res: ServerResponse) => serve(req, res, true));
       // an Expect other than 100-continue: Node's own answer is a 417 without a body
       server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) =>
         answerMalformed(res, 417, `the expectation '${shownHeader(req.headers.expect)}' is not supported`, 'expect'),

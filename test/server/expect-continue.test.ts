@@ -1,0 +1,106 @@
+/**
+ * `Expect: 100-continue` (curl sends it with every body over 1 MB): the client waits for a 100
+ * before it sends the body, so that a request refused on its headers alone is refused before
+ * the body is sent (RFC 9110 §10.1.1). The gateway says 100 only to a request it will read: one
+ * over the body limit, over the body budget, without a Host or with a transfer coding it does
+ * not decode gets its refusal at once, and no 100. Real sockets; every wait has a deadline.
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { fakeEngine, type FakeEngine } from '../faults/harness.js';
+import { rawClient } from '../helpers/raw-client.js';
+import { until } from '../helpers/wait.js';
+
+const BODY_LIMIT = 4096;
+let engine: FakeEngine;
+let gateway: Gateway;
+let port = 0;
+
+before(async () => {
+  engine = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      const text = '{"choices":[{"text":"ok"}]}';
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': text.length }).end(text);
+    });
+  });
+  gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 'e0', url: engine.url }],
+    bodyLimit: BODY_LIMIT,
+    bufferedBodyLimit: BODY_LIMIT,
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  port = (gateway.app.server.address() as { port: number }).port;
+});
+after(async () => {
+  await gateway.close(0);
+  await engine.close();
+});
+
+const head = (length: number, headers = 'Host: x\r\n') =>
+  `POST /v1/completions HTTP/1.1\r\n${headers}Content-Type: application/json\r\nContent-Length: ${length}\r\nExpect: 100-continue\r\n\r\n`;
+
+/** Sends `raw` (headers only) and returns what came back once a final answer's status line has. */
+async function headersOnly(raw: string): Promise<string> {
+  const client = await rawClient(port);
+  try {
+    client.socket.write(raw);
+    await until(
+      () => /HTTP\/1\.1 [2-5]\d\d /.test(client.received()) || client.closed(),
+      'a final answer to the headers alone',
+    );
+    return client.received();
+  } finally {
+    client.socket.destroy();
+  }
+}
+
+test('a request refused on its headers alone gets its refusal and no 100 Continue', async () => {
+  for (const [what, raw, status] of [
+    ['a body over the body limit', head(BODY_LIMIT + 1), 413],
+    ['no Host', head(10, ''), 400],
+    [
+      'a transfer coding it does not decode',
+      'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\nExpect: 100-continue\r\n\r\n',
+      400,
+    ],
+  ] as const) {
+    const received = await headersOnly(raw);
+    assert.match(received, new RegExp(`^HTTP/1\\.1 ${status} `), `${what}: ${received}`);
+    assert.doesNotMatch(received, /100 Continue/, what);
+  }
+});
+
+test('a body the budget cannot take is refused 503 before it is sent, with no 100 Continue', async () => {
+  // a request whose body holds the whole budget while it trickles in
+  const holder = await rawClient(port);
+  try {
+    holder.socket.write(head(BODY_LIMIT).replace('Expect: 100-continue\r\n', ''));
+    await until(() => gateway.bodyBudget.used === BODY_LIMIT, 'the budget held by the first request');
+    const received = await headersOnly(head(100));
+    assert.match(received, /^HTTP\/1\.1 503 /, received);
+    assert.doesNotMatch(received, /100 Continue/);
+    assert.match(received, /"code":"body_budget_exceeded"/);
+  } finally {
+    holder.socket.destroy();
+  }
+});
+
+test('a request the gateway will read gets its 100 Continue, then its answer', async () => {
+  const body = '{"model":"m","prompt":"x","max_tokens":1}';
+  const client = await rawClient(port);
+  try {
+    client.socket.write(head(body.length));
+    await until(() => client.received().startsWith('HTTP/1.1 100 Continue\r\n\r\n'), 'the 100 Continue');
+    client.socket.write(body);
+    await until(() => /HTTP\/1\.1 200 /.test(client.received()), 'the answer');
+    assert.match(client.received(), /"text":"ok"/);
+  } finally {
+    client.socket.destroy();
+  }
+});
