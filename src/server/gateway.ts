@@ -70,6 +70,14 @@ const IDLE_SWEEP_MS = 100;
 /** The one transfer coding the gateway decodes (Node's parser does), alone. */
 const CHUNKED_ONLY = /^[ \t]*chunked[ \t]*$/i;
 
+/**
+ * Model lists (GET /v1/models) gathered from the workers at once, each asked with its own Via;
+ * clients asking with the same Via share one. Each asks every worker over a connection of its
+ * own (not one of --engine-connections'): without a bound, a burst of clients would open as many
+ * to every engine and take the descriptors the engines' requests need.
+ */
+export const MAX_MODEL_LISTS_GATHERED = 16;
+
 /** Idle keep-alive connections are kept this long (Fastify's default). */
 const KEEP_ALIVE_TIMEOUT_MS = 72_000;
 
@@ -609,25 +617,48 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     },
   );
 
+  /** The model lists being gathered now, by the Via their reads carry (MAX_MODEL_LISTS_GATHERED). */
+  const modelLists = new Map<string, Promise<unknown[]>>();
+  /** Every available worker's models, each listed once, its reads carrying `forwarded` as their Via. */
+  const gatherModels = async (forwarded: string): Promise<unknown[]> => {
+    const seen = new Map<string, unknown>();
+    await Promise.all(
+      router
+        .listWorkers()
+        .filter((w) => w.available)
+        .map(async (w) => {
+          const c = connections.get(w.id);
+          // an engine that does not answer contributes nothing
+          const models = c && (await connections.listModels(c, forwarded));
+          for (const m of models ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
+        }),
+    );
+    return [...seen.values()];
+  };
   if (openAi)
     app.get('/v1/models', apiKeyHook, async (req, reply) => {
       // the list is gathered from the workers: one whose URL leads back here would ask again and again
       const forwarded = forwardedVia(req.headers.via, via, req.raw.httpVersion);
       if (typeof forwarded !== 'string')
         return openAiError(reply, forwarded.status, forwarded.message, 'via', forwarded.code);
-      const seen = new Map<string, unknown>();
-      await Promise.all(
-        router
-          .listWorkers()
-          .filter((w) => w.available)
-          .map(async (w) => {
-            const c = connections.get(w.id);
-            // an engine that does not answer contributes nothing
-            const models = c && (await connections.listModels(c, forwarded));
-            for (const m of models ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
-          }),
-      );
-      return { object: 'list', data: [...seen.values()] };
+      // clients asking at once with the same Via share one read of each worker
+      let models = modelLists.get(forwarded);
+      if (models === undefined) {
+        if (modelLists.size >= MAX_MODEL_LISTS_GATHERED) {
+          reply.header('retry-after', '1');
+          return openAiError(
+            reply,
+            503,
+            `${MAX_MODEL_LISTS_GATHERED} model lists are being gathered from the workers already; retry shortly`,
+            null,
+            'model_lists_busy',
+          );
+        }
+        const gathering = gatherModels(forwarded).finally(() => modelLists.delete(forwarded));
+        modelLists.set(forwarded, gathering);
+        models = gathering;
+      }
+      return { object: 'list', data: await models };
     });
 
   // --------------------------------------------------------------- health, metrics
