@@ -476,7 +476,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         'content-type',
       );
     const message = status === 413 ? `request body too large: ${err.message}` : err.message;
-    void openAiError(reply, status, message, err instanceof RequestLimitError ? err.param : null);
+    void openAiError(
+      reply,
+      status,
+      message,
+      err instanceof RequestLimitError ? err.param : status === 413 ? 'body' : null,
+    );
   };
   const notFound = (req: FastifyRequest, reply: FastifyReply) => {
     // a path served with other methods (TRACE, PUT… on /v1/completions): 405 naming them
@@ -497,7 +502,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // callback hook, not an async one: no promise per request
   app.addHook('preParsing', (req, _reply, payload, done) => {
     const charge = req.headers['transfer-encoding'] === undefined ? undefined : bodyCharges.get(req.raw);
-    done(null, charge === undefined ? payload : chargedBody(payload, charge));
+    done(null, charge === undefined ? payload : chargedBody(payload, charge, bodyLimit));
   });
   /**
    * Counts a request answered before the fast path or Fastify saw it (a refusal) once its
@@ -813,11 +818,18 @@ class BodyBudgetError extends Error {
   }
 }
 
-/** `payload` as Fastify reads it, each chunk taken from the budget first; one that does not fit fails the read. */
-function chargedBody(payload: NodeJS.ReadableStream, charge: BodyCharge): Transform {
+/**
+ * `payload` as Fastify reads it, each chunk taken from the budget first; one that does not fit
+ * fails the read, unless the body is past `bodyLimit` with it (Fastify then refuses it, 413).
+ */
+function chargedBody(payload: NodeJS.ReadableStream, charge: BodyCharge, bodyLimit: number): Transform {
+  let read = 0;
   const charged = new Transform({
     transform(chunk: Buffer, _encoding: BufferEncoding, callback: TransformCallback) {
-      if (charge.take(chunk.length)) callback(null, chunk);
+      read += chunk.length;
+      // a body past the limit is refused 413 by Fastify as this chunk reaches it: never a 503
+      // telling the client to send again what can never fit, as a budget short of room would
+      if (read > bodyLimit || charge.take(chunk.length)) callback(null, chunk);
       else callback(new BodyBudgetError());
     },
   });

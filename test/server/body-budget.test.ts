@@ -156,7 +156,20 @@ test('a body over the body limit is still a 413, not a budget refusal; the budge
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify({ prompt: 'x'.repeat(BODY_LIMIT) }),
     });
-    assert.equal(res.status, 413, await res.text());
+    const text = await res.text();
+    assert.equal(res.status, 413, text);
+    // the answer names what is too large, as every refusal of a client's request does
+    assert.equal((JSON.parse(text) as { error: { param: string | null } }).error.param, 'body', text);
+    // a chunked body (no Content-Length to refuse it on) that grows past the limit too
+    const chunked = await fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: new Blob([JSON.stringify({ prompt: 'x'.repeat(BODY_LIMIT) })]).stream(),
+      duplex: 'half',
+    } as RequestInit);
+    const chunkedText = await chunked.text();
+    assert.equal(chunked.status, 413, chunkedText);
+    assert.equal((JSON.parse(chunkedText) as { error: { param: string | null } }).error.param, 'body', chunkedText);
     await until(() => gateway.bodyBudget.used === 0, 'nothing held');
   } finally {
     await gateway.close(0);
