@@ -78,6 +78,15 @@ const CHUNKED_ONLY = /^[ \t]*chunked[ \t]*$/i;
  */
 export const MAX_MODEL_LISTS_GATHERED = 16;
 
+/**
+ * Most header lines a request may have (Envoy's default is 100; clients send a few dozen). Node
+ * keeps at most the server's maxHeadersCount and drops the rest without a word, so the server
+ * keeps one more and a request that has it is refused: a Content-Length, a Host or a metadata
+ * header past the bound would otherwise be dropped, and the body read without being taken from
+ * the body budget.
+ */
+export const MAX_HEADER_LINES = 1000;
+
 /** Idle keep-alive connections are kept this long (Fastify's default). */
 const KEEP_ALIVE_TIMEOUT_MS = 72_000;
 
@@ -335,6 +344,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       const serve = (req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): void => {
         // the response a refusal on the socket (answerClientError: a body too slow) belongs to
         responseOnSocket.set(req.socket, res);
+        // first: what Node dropped past the bound may be the Host or the Content-Length
+        if (req.rawHeaders.length > 2 * MAX_HEADER_LINES) {
+          countOnClose(req, res);
+          return answerMalformed(res, 431, `the request has more than ${MAX_HEADER_LINES} header lines`, 'headers');
+        }
         if (req.headers.host === undefined && req.httpVersion === '1.1') {
           countOnClose(req, res);
           return answerMalformed(res, 400, 'an HTTP/1.1 request needs a Host header', 'host');
@@ -374,6 +388,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       server.on('connect', (req: IncomingMessage, socket: Duplex) =>
         answerMethodNotAllowed(socket, req.method ?? 'CONNECT', req.url ?? '', routeMethods.allowed(req.url ?? '')),
       );
+      // one more than a request may have: a request that has it is refused, not read without the rest
+      server.maxHeadersCount = MAX_HEADER_LINES + 1;
       server.setTimeout(timeouts.connectionTimeoutMs);
       // longer than clients keep idle connections (undici: 4 s), so the server is never the one
       // closing a connection a client is about to reuse
