@@ -6,7 +6,7 @@
  * proxy, admin routes) and serves the small read-only endpoints itself.
  */
 import { createServer as createHttpServer, STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { Server as NetServer } from 'node:net';
+import { Socket, type Server as NetServer } from 'node:net';
 import { Transform, type Duplex, type TransformCallback } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Registry } from 'prom-client';
@@ -344,6 +344,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       const serve = (req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): void => {
         // the response a refusal on the socket (answerClientError: a body too slow) belongs to
         responseOnSocket.set(req.socket, res);
+        // a connection closed after an answer while its request's body comes in reads it on (lingeringClose)
+        if (req.socket.destroySoon !== lingeringClose) req.socket.destroySoon = lingeringClose;
         // first: what Node dropped past the bound may be the Host or the Content-Length
         if (req.rawHeaders.length > 2 * MAX_HEADER_LINES) {
           countOnClose(req, res);
@@ -805,6 +807,37 @@ const refusedAfterAnswers = new WeakSet<Duplex>();
 
 /** Each connection's latest request's response (answerClientError). */
 const responseOnSocket = new WeakMap<Duplex, ServerResponse>();
+
+/**
+ * How long a connection closed after an answer to a request whose body was not read goes on
+ * reading (and dropping) what its client sends, unless the client closes first.
+ */
+const LINGER_MS = 2000;
+
+/**
+ * What Node calls to close a connection once its last answer is out (Connection: close), in
+ * place of net.Socket's destroySoon. When that answer's request was not read whole (refused on
+ * its headers: the body budget full, a body over the limit, too many header lines), its client
+ * is likely still sending the body: closing with those bytes unread resets the connection, and a
+ * client that meets the reset while writing (undici does) reports a connection error in place of
+ * the answer. So the rest is read and dropped, no longer parsed, until the client closes its
+ * side or LINGER_MS have passed (RFC 9112 §9.6: a server closes in stages, reading on after it
+ * has answered). A connection whose request was read whole closes as before.
+ */
+function lingeringClose(this: Socket): void {
+  const res = responseOnSocket.get(this);
+  if (res === undefined || res.req.complete || this.destroyed) return Socket.prototype.destroySoon.call(this);
+  // nothing more on this connection is a request: Node's parser gets no more bytes
+  this.removeAllListeners('data');
+  this.on('data', dropBytes);
+  this.resume();
+  const close = () => this.destroy();
+  const timer = setTimeout(close, LINGER_MS);
+  this.once('end', close);
+  this.once('close', () => clearTimeout(timer));
+}
+
+function dropBytes(): void {}
 
 /** The OpenAI error body of an answer written before any route runs (openAiError's, for a client's fault). */
 function clientErrorBody(message: string, param: string | null): string {
