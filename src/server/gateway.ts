@@ -768,6 +768,12 @@ function answerClientError(err: Error & { code?: string }, socket: Duplex): void
     if (!inFlight) socket.end();
     return;
   }
+  // the request has its answer already (refused on its headers) and the fault is in the body it
+  // is still sending: no second answer; what it sends is read and dropped until the connection closes
+  if (res !== undefined && res.writableEnded && !res.req.complete) {
+    refusedAfterAnswers.add(socket);
+    return lingeringClose.call(socket as Socket);
+  }
   const [status, message, param] = clientErrorAnswer(err);
   const text = clientErrorText(status, message, param);
   if (inFlight) {

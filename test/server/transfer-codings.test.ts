@@ -115,3 +115,13 @@ test('an HTTP/1.0 request with a Transfer-Encoding is a 400 naming transfer-enco
   );
   assert.equal(completions, before, 'nothing reached the engine');
 });
+
+test('a request refused on its transfer coding gets one answer, even when its body then fails to parse', async () => {
+  // "xchunked" is no chunked: Node's parser fails on the body after the headers were refused
+  const raw = Buffer.from(
+    'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: xchunked\r\n\r\n{"model":"m","prompt":"x"}',
+  );
+  const received = await closedExchange(raw);
+  assert.equal(received.match(/HTTP\/1\.1 \d{3} /g)?.length, 1, received);
+  assert.match(received, /^HTTP\/1\.1 400 .*"param":"transfer-encoding"/s);
+});
