@@ -184,3 +184,42 @@ test('serve --processes 2 whose processes cannot start exits with their error, n
   assert.match(stderr, /no such file or directory/);
   assert.match(stderr, /a gateway process failed to start/);
 });
+
+test('serve --processes 2 with the longest --shutdown-grace-ms lets a request in flight finish on SIGTERM', async () => {
+  // slow enough that the stream is still under way when the signal comes
+  const engine = await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 20 }).start();
+  engines.push(engine);
+  const { child, base, output } = await startServe([
+    '--port',
+    '0',
+    '--processes',
+    '2',
+    '--health-interval-ms',
+    '0',
+    '--metrics-interval-ms',
+    '0',
+    '--shutdown-grace-ms',
+    '2147483647',
+    '--worker',
+    `id=e0,url=http://127.0.0.1:${engine.port}`,
+  ]);
+  const client = new Client(base);
+  clients.push(client);
+  const res = await client.request({
+    path: '/v1/chat/completions',
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'mock', messages: [{ role: 'user', content: 'hi' }], max_tokens: 20, stream: true }),
+  });
+  assert.equal(res.statusCode, 200);
+  const chunks: string[] = [];
+  const body = res.body.setEncoding('utf8');
+  const iterator = body[Symbol.asyncIterator]();
+  chunks.push(String((await iterator.next()).value));
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  for (let next = await iterator.next(); !next.done; next = await iterator.next()) chunks.push(String(next.value));
+  assert.match(chunks.join(''), /data: \[DONE\]/, 'the stream ran to its end');
+  assert.equal(await exited, 0);
+  assert.doesNotMatch(output(), /TimeoutOverflowWarning/);
+});

@@ -2,6 +2,7 @@ import cluster from 'node:cluster';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { resolveAdminToken } from '../../server/admin-auth.js';
+import { MAX_TIMER_MS } from '../../server/timeouts.js';
 import { ClusterRelay } from '../../state/cluster-state-store.js';
 import type { ServeConfig } from './serve.js';
 
@@ -68,7 +69,8 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
     await Promise.race([failedToStart, signalled]);
   } finally {
     stopping = true;
-    await stopWorkers(c.shutdownGraceMs + STOP_MARGIN_MS);
+    // the margin may carry a grace near a timer's limit past it (such a timer fires at once)
+    await stopWorkers(Math.min(c.shutdownGraceMs + STOP_MARGIN_MS, MAX_TIMER_MS));
   }
 }
 
