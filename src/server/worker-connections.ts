@@ -21,6 +21,7 @@ import type { WorkerRecord } from '../state/state-store.js';
 import { ConnectionSlots, DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from './connection-slots.js';
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
 import { isTokenId } from './request-limits.js';
+import { MAX_TIMER_MS } from './timeouts.js';
 import { engineAuthorization, parseWorkerRecord, splitCredentials } from './worker-input.js';
 
 export interface WorkerConnection {
@@ -106,6 +107,15 @@ export interface WorkerConnectionsOptions {
   via?: string;
 }
 
+/**
+ * How long a worker whose health probes were only too slow keeps its unanswered requests: two
+ * probe intervals, at least a second, and never past what a timer holds (twice the longest
+ * interval would make the timer fire at once).
+ */
+export function slowProbeGraceMs(healthCheckIntervalMs: number): number {
+  return Math.min(Math.max(1000, 2 * healthCheckIntervalMs), MAX_TIMER_MS);
+}
+
 /** A worker refused because the router would hold more than MAX_WORKERS; `field` is the one at fault. */
 export class WorkerLimitError extends RangeError {
   constructor(
@@ -157,7 +167,7 @@ export class WorkerConnections {
           }).start()
         : undefined;
     health.onChange((id, available, detail) => (available ? this.backInRotation(id) : this.outOfRotation(id, detail)));
-    this.slowProbeGraceMs = Math.max(1000, 2 * healthCheckIntervalMs);
+    this.slowProbeGraceMs = slowProbeGraceMs(healthCheckIntervalMs);
     const modelsMs = options.modelsIntervalMs ?? 30_000;
     if (modelsMs > 0) {
       this.modelsTimer = setInterval(() => {
