@@ -8,6 +8,7 @@ import { registerMockEngineCommand } from './commands/mock-engine.js';
 import { registerServeCommand } from './commands/serve.js';
 import { registerSimulateCommand } from './commands/simulate.js';
 import { registerTuneCommand } from './commands/tune.js';
+import { shortenCommanderMessage } from './options.js';
 
 const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string };
 
@@ -16,7 +17,9 @@ const program = new Command()
   .description('KV-cache-aware request router for LLM inference clusters')
   .version(pkg.version)
   // commander reports a bad flag itself; the exit status is decided below, as for every usage error
-  .exitOverride();
+  .exitOverride()
+  // (before the commands are added: they take the program's output settings as they are then)
+  .configureOutput({ outputError: (message, write) => write(shortenCommanderMessage(message)) });
 registerDemoCommand(program);
 registerEppCommand(program);
 registerLiveDemoCommand(program);

@@ -1,4 +1,5 @@
 import { InvalidArgumentError } from 'commander';
+import { quotedText, shownText } from '../core/shown-text.js';
 
 /** A decimal number as people write one (`0.5`, `1e3`); not hexadecimal, octal or binary. */
 const DECIMAL = /^\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i;
@@ -11,7 +12,7 @@ export function intOption(flag: string, min: number, max = Number.MAX_SAFE_INTEG
   return (value: string) => {
     const n = Number(value);
     if (!/^-?\d+$/.test(value.trim()) || !Number.isSafeInteger(n)) {
-      throw new InvalidArgumentError(`${flag} must be an integer, got '${value}'`);
+      throw new InvalidArgumentError(`${flag} must be an integer, got ${quotedText(value)}`);
     }
     if (n < min) throw new InvalidArgumentError(`${flag} must be >= ${min}, got ${n}`);
     if (n > max) throw new InvalidArgumentError(`${flag} must be <= ${max}, got ${n}`);
@@ -27,7 +28,7 @@ export function positiveNumberOption(
   return (value: string) => {
     const n = Number(value);
     if (!DECIMAL.test(value) || !Number.isFinite(n) || n <= 0)
-      throw new InvalidArgumentError(`${flag} must be a positive number, got '${value}'`);
+      throw new InvalidArgumentError(`${flag} must be a positive number, got ${quotedText(value)}`);
     if ((min !== undefined && n < min) || n > max)
       throw new InvalidArgumentError(`${flag} must be from ${min ?? 0} to ${max}, got ${n}`);
     return n;
@@ -39,24 +40,31 @@ export function fractionOption(flag: string): (value: string) => number {
   return (value: string) => {
     const n = Number(value);
     if (!DECIMAL.test(value) || !Number.isFinite(n) || n < 0 || n > 1)
-      throw new InvalidArgumentError(`${flag} must be a number from 0 to 1, got '${value}'`);
+      throw new InvalidArgumentError(`${flag} must be a number from 0 to 1, got ${quotedText(value)}`);
     return n;
   };
 }
 
 /**
  * The fields of a `key=value,key=value` spec (the value of --worker or --discover): a part
- * without `=`, an unknown key or a key given twice is refused with a message naming the flag and the key.
+ * without `=`, an unknown key or a key given twice is refused with a message naming the flag
+ * (or `where` the spec came from) and the key.
  */
-export function specFields(flag: string, spec: string, keys: readonly string[]): Record<string, string> {
+export function specFields(
+  flag: string,
+  spec: string,
+  keys: readonly string[],
+  // the spec as messages show it: cut short, any password in its URLs masked
+  where = `${flag} ${quotedText(spec)}`,
+): Record<string, string> {
   const fields: Record<string, string> = {};
   for (const part of spec.split(',')) {
     const eq = part.indexOf('=');
-    if (eq <= 0) throw new RangeError(`${flag} '${spec}': '${part}' is not key=value`);
+    if (eq <= 0) throw new RangeError(`${where}: ${quotedText(part)} is not key=value`);
     const key = part.slice(0, eq).trim();
     if (!keys.includes(key))
-      throw new RangeError(`${flag} '${spec}': unknown key '${key}' (known: ${keys.join(', ')})`);
-    if (Object.hasOwn(fields, key)) throw new RangeError(`${flag} '${spec}': '${key}' is given twice`);
+      throw new RangeError(`${where}: unknown key ${quotedText(key)} (known: ${keys.join(', ')})`);
+    if (Object.hasOwn(fields, key)) throw new RangeError(`${where}: '${key}' is given twice`);
     fields[key] = part.slice(eq + 1).trim();
   }
   return fields;
@@ -85,4 +93,32 @@ export function checkClusterKv(workers: number, kvTokens: readonly number[], fla
     throw new RangeError(
       `${flags}: the simulated cluster would hold ${total} KV tokens, more than ${SIM_LIMITS.clusterKvTokens} (each engine's blocks are held in memory)`,
     );
+}
+
+/** A file system error's first line, the file it names (`open '…'`) shown cut short. */
+export function fileErrorMessage(err: unknown, file: string): string {
+  return String((err as Error).message)
+    .split('\n')[0]
+    .replaceAll(file, shownText(file));
+}
+
+/**
+ * Commander's own messages repeat the value they refuse whole (`argument '…' is invalid`,
+ * `value '…' from env`, `unknown option '…'`): each is cut as quotedText cuts a value, with
+ * any password in a URL masked, so that a megabyte typed by mistake is not printed back.
+ */
+const COMMANDER_ECHOES: readonly RegExp[] = [
+  /^(error: option '[^'\n]*' argument )'([\s\S]*)'( is invalid\.)/,
+  /^(error: option '[^'\n]*' value )'([\s\S]*)'( from env '[^'\n]*' is invalid\.)/,
+  /^(error: command-argument value )'([\s\S]*)'( is invalid for argument)/,
+  /^(error: unknown (?:option|command) )'([\s\S]*)'((?:\n\(Did you mean [^\n]*\?\))?\n?)$/,
+];
+
+/** A commander error message with the value it repeats cut short (outputError of the program). */
+export function shortenCommanderMessage(message: string): string {
+  for (const echo of COMMANDER_ECHOES) {
+    const m = echo.exec(message);
+    if (m) return `${m[1]}${quotedText(m[2])}${m[3]}${message.slice(m[0].length)}`;
+  }
+  return message;
 }

@@ -4,6 +4,7 @@
  * config file all report a bad value the same way.
  */
 import type { z } from 'zod';
+import { quotedText } from './shown-text.js';
 
 type RawIssue = z.core.$ZodRawIssue;
 
@@ -15,7 +16,7 @@ export function formatPath(path: readonly PropertyKey[]): string {
 }
 
 function shown(value: unknown): string {
-  if (typeof value === 'string') return `'${value.length > 80 ? `${value.slice(0, 80)}…` : value}'`;
+  if (typeof value === 'string') return quotedText(value);
   if (value === null || typeof value === 'number' || typeof value === 'boolean') return String(value);
   if (Array.isArray(value)) return 'a list';
   return typeof value === 'object' ? 'a mapping' : typeof value;

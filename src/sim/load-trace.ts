@@ -1,4 +1,5 @@
 import { existsSync, statSync } from 'node:fs';
+import { quotedText, shownText } from '../core/shown-text.js';
 import { basename, join } from 'node:path';
 import { generateAgenticTrace } from './agentic.js';
 import { loadRagpulse } from './ragpulse.js';
@@ -15,7 +16,7 @@ const MAX_TRACE_SEED = 0xffff_ffff;
 /** N and SEED of a `KIND:N[:SEED]` generated-trace spec, each checked against its range. */
 function generatorSpec(kind: string, spec: string, max: number): { n: number; seed: number } {
   const m = /^[a-z]+:(\d+)(?::(\d+))?$/.exec(spec);
-  if (!m) throw new RangeError(`--trace ${kind}:N[:SEED] needs whole numbers N and SEED, got '${spec}'`);
+  if (!m) throw new RangeError(`--trace ${kind}:N[:SEED] needs whole numbers N and SEED, got ${quotedText(spec)}`);
   const n = Number(m[1]);
   if (n < 1 || n > max) throw new RangeError(`--trace ${kind}:N needs N from 1 to ${max}, got ${m[1]}`);
   const seed = Number(m[2] ?? 1);
@@ -40,12 +41,12 @@ export async function loadTrace(spec: string): Promise<{ name: string; requests:
     const { n, seed } = generatorSpec('agentic', spec, MAX_TRACE_AGENTIC_SESSIONS);
     return { name: spec, requests: generateAgenticTrace({ sessions: n, seed }) };
   }
-  if (!existsSync(spec)) throw new RangeError(`--trace: no such file: ${spec}`);
+  if (!existsSync(spec)) throw new RangeError(`--trace: no such file: ${shownText(spec)}`);
   if (statSync(spec).isDirectory()) {
     if (existsSync(join(spec, '0_trace.jsonl')) || existsSync(join(spec, '0_trace.jsonl.gz'))) {
       return { name: basename(spec), requests: await loadRagpulse(spec) };
     }
-    throw new RangeError(`--trace: ${spec} is a directory without a RAGPulse 0_trace.jsonl`);
+    throw new RangeError(`--trace: ${shownText(spec)} is a directory without a RAGPulse 0_trace.jsonl`);
   }
   return { name: basename(spec), requests: await loadMooncakeTrace(spec) };
 }

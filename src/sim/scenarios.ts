@@ -1,5 +1,6 @@
 import { BlockHashes } from '../core/hashing.js';
 import { createRng } from '../core/rng.js';
+import { quotedText } from '../core/shown-text.js';
 import type {
   KVAwareRouter,
   RouteOptions,
@@ -55,7 +56,7 @@ export interface WorkerEvent {
 /** Parses `w3@600s` (also `3@600s`, `w3@1.5m`, `w3@250ms`): worker 3 at 600 s. */
 export function parseWorkerEvent(spec: string, flag: string, workers: number): WorkerEvent {
   const m = /^w?(\d+)@(\d+(?:\.\d+)?)(ms|s|m)?$/.exec(spec.trim());
-  if (!m) throw new RangeError(`${flag}: expected WORKER@TIME such as w3@600s, got '${spec}'`);
+  if (!m) throw new RangeError(`${flag}: expected WORKER@TIME such as w3@600s, got ${quotedText(spec)}`);
   const worker = Number(m[1]);
   if (worker >= workers)
     throw new RangeError(`${flag}: worker w${worker} does not exist (workers are w0..w${workers - 1})`);

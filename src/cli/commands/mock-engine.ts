@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { isPythonHashSeed, PYTHON_HASH_SEED_RULE } from '../../core/router/options-schema.js';
+import { quotedText } from '../../core/shown-text.js';
 import { VLLM_HASH_ALGOS, type VllmHashAlgo } from '../../core/vllm-block-hash.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { MockEngine, offsetEndpointPort } from '../../engines/mock-engine.js';
@@ -21,7 +22,9 @@ const bindEndpointOption = (flag: string) => (value: string) => {
   const port = /^tcp:\/\/\S+:(\d{1,5}|\*)$/.exec(value)?.[1];
   const ok = port === undefined ? /^ipc:\/\/\S+$/.test(value) : port === '*' || (+port >= 1 && +port <= 65535);
   if (!ok || value.length > 2048)
-    throw new InvalidArgumentError(`${flag} must be tcp://HOST:PORT (PORT 1-65535 or *) or ipc://PATH, got '${value}'`);
+    throw new InvalidArgumentError(
+      `${flag} must be tcp://HOST:PORT (PORT 1-65535 or *) or ipc://PATH, got ${quotedText(value)}`,
+    );
   return value;
 };
 
@@ -102,18 +105,18 @@ export function registerMockEngineCommand(program: Command): void {
       }) => {
         if (o.replay && !o.events) throw new RangeError('--replay needs --events');
         if (o.blockHash !== 'mock' && o.blockHash !== 'vllm')
-          throw new RangeError(`--block-hash must be 'vllm' or 'mock', got '${o.blockHash}'`);
+          throw new RangeError(`--block-hash must be 'vllm' or 'mock', got ${quotedText(o.blockHash)}`);
         const algo = o.prefixCachingHashAlgo;
         if (algo !== undefined && !(VLLM_HASH_ALGOS as readonly string[]).includes(algo))
           throw new RangeError(
-            `--prefix-caching-hash-algo must be one of ${VLLM_HASH_ALGOS.join(', ')} (got '${algo.slice(0, 80)}')`,
+            `--prefix-caching-hash-algo must be one of ${VLLM_HASH_ALGOS.join(', ')} (got ${quotedText(algo)})`,
           );
         if (algo !== undefined && o.blockHash !== 'vllm')
           process.stderr.write('warning: --prefix-caching-hash-algo has no effect without --block-hash vllm\n');
         const pythonHashSeed = o.pythonHashSeed ?? process.env.PYTHONHASHSEED;
         if (pythonHashSeed !== undefined && o.blockHash === 'vllm' && !isPythonHashSeed(pythonHashSeed))
           throw new RangeError(
-            `${o.pythonHashSeed === undefined ? 'PYTHONHASHSEED' : '--python-hash-seed'} ${PYTHON_HASH_SEED_RULE} (got '${pythonHashSeed.slice(0, 80)}')`,
+            `${o.pythonHashSeed === undefined ? 'PYTHONHASHSEED' : '--python-hash-seed'} ${PYTHON_HASH_SEED_RULE} (got ${quotedText(pythonHashSeed)})`,
           );
         if (o.blockHash === 'vllm' && !pythonHashSeed)
           throw new RangeError(

@@ -4,6 +4,7 @@ import { Option, type Command } from 'commander';
 import type { z } from 'zod';
 import { KVAwareRouter } from '../../core/router/index.js';
 import { isPythonHashSeed, PYTHON_HASH_SEED_RULE } from '../../core/router/options-schema.js';
+import { quotedText } from '../../core/shown-text.js';
 import { createGateway, type GatewayOptions } from '../../server/gateway.js';
 import { startPicker, type PickerConfig } from '../../epp/run-picker.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
@@ -14,6 +15,7 @@ import type { StateStore, WorkerRecord } from '../../state/state-store.js';
 import { resolveAdminToken } from '../../server/admin-auth.js';
 import { loadApiKeysFile } from '../../server/api-keys.js';
 import { printConfig } from '../config/print-config.js';
+import { fileErrorMessage } from '../options.js';
 import { addSettingOptions, resolveSettings, type ResolvedSettings } from '../config/resolve.js';
 import { EPP_SCHEMA, GATEWAY_SCHEMA, ROUTER_SETTING_KEYS, SERVE_HELP, SERVE_SCHEMA } from '../config/settings.js';
 import { defaultAdminTokenFile, runPrimary } from './serve-processes.js';
@@ -62,7 +64,7 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
     if (config.pythonHashSeed === undefined && env.PYTHONHASHSEED) {
       if (!isPythonHashSeed(env.PYTHONHASHSEED))
         throw new RangeError(
-          `PYTHONHASHSEED (for --block-hash vllm) ${PYTHON_HASH_SEED_RULE} (got '${env.PYTHONHASHSEED.slice(0, 80)}')`,
+          `PYTHONHASHSEED (for --block-hash vllm) ${PYTHON_HASH_SEED_RULE} (got ${quotedText(env.PYTHONHASHSEED)})`,
         );
       config.pythonHashSeed = env.PYTHONHASHSEED;
       // --print-config shows it with the others
@@ -295,6 +297,8 @@ function readTemplate(file: string): string {
   try {
     return readFileSync(file, 'utf8');
   } catch (err) {
-    throw new RangeError(`--chat-template: cannot read '${file}': ${(err as Error).message}`, { cause: err });
+    throw new RangeError(`--chat-template: cannot read ${quotedText(file)}: ${fileErrorMessage(err, file)}`, {
+      cause: err,
+    });
   }
 }

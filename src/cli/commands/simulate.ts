@@ -5,12 +5,20 @@ import { checkPolicyOptions, POLICY_NAMES, type PolicyOptions } from '../../core
 import { assignmentLines, comparePolicies, policyVariant, type ComparisonReport } from '../../sim/compare.js';
 import { loadTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
+import { quotedText, shownText } from '../../core/shown-text.js';
 import { InvalidArgumentError } from 'commander';
 import { parseWorkerEvent, type ScenarioOptions } from '../../sim/scenarios.js';
 import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
 
 const DEFAULT_KV_TOKENS = ENGINE_DEFAULTS.kvTokens;
-import { checkClusterKv, fractionOption, intOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
+import {
+  checkClusterKv,
+  fileErrorMessage,
+  fractionOption,
+  intOption,
+  positiveNumberOption,
+  SIM_LIMITS,
+} from '../options.js';
 
 /** Scenario flags that map one to one onto ScenarioOptions. */
 type ScenarioFlags = Pick<
@@ -44,7 +52,7 @@ function policyOptionsOption(value: string): PolicyOptions {
   try {
     parsed = JSON.parse(value);
   } catch {
-    throw new InvalidArgumentError(`--policy-options must be a JSON object, got '${value}'`);
+    throw new InvalidArgumentError(`--policy-options must be a JSON object, got ${quotedText(value)}`);
   }
   try {
     checkPolicyOptions(parsed);
@@ -65,7 +73,7 @@ function tokenListOption(value: string): number[] {
     const n = Number(v);
     if (!/^\d+$/.test(v) || !Number.isSafeInteger(n) || n < 1 || n > SIM_LIMITS.kvTokens)
       throw new InvalidArgumentError(
-        `--worker-kv-tokens: entry ${i + 1} must be an integer from 1 to ${SIM_LIMITS.kvTokens}, got '${v}'`,
+        `--worker-kv-tokens: entry ${i + 1} must be an integer from 1 to ${SIM_LIMITS.kvTokens}, got ${quotedText(v)}`,
       );
     return n;
   });
@@ -202,7 +210,7 @@ export function registerSimulateCommand(program: Command): void {
     .option('--no-progress', 'no progress bar on stderr')
     .action(async (flags: SimulateFlags) => {
       if (flags.format !== 'table' && flags.format !== 'json')
-        throw new RangeError(`--format must be table or json, got '${flags.format}'`);
+        throw new RangeError(`--format must be table or json, got ${quotedText(flags.format)}`);
       const policies = flags.policies
         .split(',')
         .map((p) => p.trim())
@@ -210,7 +218,7 @@ export function registerSimulateCommand(program: Command): void {
       if (policies.length === 0) throw new RangeError('--policies lists no policy');
       for (const p of policies)
         if (!POLICY_NAMES.includes(policyVariant(p).policy))
-          throw new RangeError(`--policies: unknown policy '${p}' (known: ${POLICY_NAMES.join(', ')})`);
+          throw new RangeError(`--policies: unknown policy ${quotedText(p)} (known: ${POLICY_NAMES.join(', ')})`);
       const scenario = scenarioFromFlags(flags);
       // the output files are opened before the run: a path that cannot be written stops it at once
       if (flags.report) closeSync(openOutput('--report', flags.report));
@@ -252,13 +260,18 @@ export function registerSimulateCommand(program: Command): void {
       );
       bar?.stop();
       if (flags.assignments && assignmentsFd !== undefined)
-        await writeLines(assignmentsFd, assignmentLines(results), `--assignments ${flags.assignments}`);
+        await writeLines(assignmentsFd, assignmentLines(results), `--assignments ${shownText(flags.assignments)}`);
       if (flags.report) {
         const { writeHtmlReport } = await import('../../sim/html-report.js');
         try {
           await writeHtmlReport(flags.report, report, results);
         } catch (err) {
-          throw new RangeError(`--report ${flags.report}: cannot write: ${(err as Error).message}`, { cause: err });
+          throw new RangeError(
+            `--report ${shownText(flags.report)}: cannot write: ${fileErrorMessage(err, flags.report)}`,
+            {
+              cause: err,
+            },
+          );
         }
       }
       process.stdout.write(flags.format === 'json' ? `${JSON.stringify(report)}\n` : renderTable(report));
@@ -270,7 +283,7 @@ function openOutput(flag: string, path: string): number {
   try {
     return openSync(path, 'w');
   } catch (err) {
-    throw new RangeError(`${flag} ${path}: cannot write: ${(err as Error).message}`, { cause: err });
+    throw new RangeError(`${flag} ${shownText(path)}: cannot write: ${fileErrorMessage(err, path)}`, { cause: err });
   }
 }
 

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { quotedText } from '../../core/shown-text.js';
 import { loadTrace } from '../../sim/load-trace.js';
 import { renderRouterOptions, renderWeightsConfig, tuneCostWeights } from '../../sim/tune.js';
 import { intOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
@@ -34,7 +35,7 @@ export function registerTuneCommand(program: Command): void {
         format: string;
       }) => {
         if (!['yaml', 'options', 'json'].includes(flags.format))
-          throw new RangeError(`--format must be yaml, options or json, got '${flags.format}'`);
+          throw new RangeError(`--format must be yaml, options or json, got ${quotedText(flags.format)}`);
         if (flags.trainFraction >= 1) throw new RangeError('--train-fraction must be below 1');
         const { name, requests } = await loadTrace(flags.trace);
         if (requests.length < 2) throw new RangeError('--trace needs at least 2 requests to hold some out');

@@ -1,4 +1,5 @@
 import type { DnsDiscoverySpec } from '../../server/dns-discovery.js';
+import { quotedText } from '../../core/shown-text.js';
 import { specFields } from '../options.js';
 
 /** The text forms of the endpoint picker's settings (flags and environment), shared by `epp` and `serve`. */
@@ -8,28 +9,29 @@ const DISCOVERY_KEYS = ['dns', 'port', 'events-port', 'replay-port', 'interval-m
 /** Parses `dns=NAME,port=N[,events-port=N][,replay-port=N][,interval-ms=N][,models=a;b]`. */
 export function parseDiscoverySpec(spec: string): DnsDiscoverySpec {
   const fields = specFields('--discover', spec, DISCOVERY_KEYS);
+  const where = `--discover ${quotedText(spec)}`;
   const port = (key: string, required: boolean): number | undefined => {
     const v = fields[key];
     if (v === undefined || v === '') {
-      if (required) throw new RangeError(`--discover '${spec}': ${key} is required`);
+      if (required) throw new RangeError(`${where}: ${key} is required`);
       return undefined;
     }
     const n = Number(v);
     if (!/^\d+$/.test(v) || n < 1 || n > 65535)
-      throw new RangeError(`--discover '${spec}': ${key} must be a port (1-65535), got '${v}'`);
+      throw new RangeError(`${where}: ${key} must be a port (1-65535), got ${quotedText(v)}`);
     return n;
   };
   const dns = fields.dns;
   if (!dns || !/^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$/.test(dns))
-    throw new RangeError(`--discover '${spec}': dns must be a host name`);
+    throw new RangeError(`${where}: dns must be a host name`);
   const intervalText = fields['interval-ms'];
   const interval = intervalText === undefined ? 5000 : /^\d+$/.test(intervalText) ? Number(intervalText) : NaN;
   if (!Number.isInteger(interval) || interval < 100)
-    throw new RangeError(`--discover '${spec}': interval-ms must be an integer >= 100`);
+    throw new RangeError(`${where}: interval-ms must be an integer >= 100`);
   const eventsPort = port('events-port', false);
   const replayPort = port('replay-port', false);
   if (replayPort !== undefined && eventsPort === undefined)
-    throw new RangeError(`--discover '${spec}': replay-port needs events-port`);
+    throw new RangeError(`${where}: replay-port needs events-port`);
   const models = fields.models
     ? fields.models
         .split(';')
@@ -48,8 +50,8 @@ export function parseObjectives(v: string): Record<string, number> {
     const text = part.slice(eq + 1).trim();
     // decimal digits only: '' is not 0, nor 0x10 sixteen
     if (eq <= 0 || name === '' || !/^[-+]?\d+$/.test(text))
-      throw new RangeError(`--objectives: '${part}' is not NAME=INTEGER`);
-    if (Object.hasOwn(out, name)) throw new RangeError(`--objectives: '${name}' is given twice`);
+      throw new RangeError(`--objectives: ${quotedText(part)} is not NAME=INTEGER`);
+    if (Object.hasOwn(out, name)) throw new RangeError(`--objectives: ${quotedText(name)} is given twice`);
     out[name] = Number(text);
   }
   return out;

@@ -8,10 +8,11 @@ import { InvalidArgumentError, Option, type Command } from 'commander';
 import { parse as parseYaml, parseAllDocuments } from 'yaml';
 import type { z } from 'zod';
 import { closestKey, describeIssue, issueMessage } from '../../core/schema-issues.js';
+import { quotedText, shownText } from '../../core/shown-text.js';
 import { MAX_WORKERS } from '../../core/worker-registry.js';
 import { parseWorkerRecord, WORKER_SPEC_KEYS } from '../../server/worker-input.js';
 import type { WorkerRecord } from '../../state/state-store.js';
-import { specFields } from '../options.js';
+import { fileErrorMessage, specFields } from '../options.js';
 import { parseDiscoverySpec, parseObjectives } from './picker-text.js';
 import {
   envName,
@@ -126,8 +127,8 @@ function settingMessage(issue: z.core.$ZodIssue, schema: z.ZodType, where: strin
     : `${where}: ${issueMessage(issue, schema, path)}`;
 }
 
-/** A key from the file as a message repeats it: cut to 64 characters. */
-const shownKey = (key: string) => (key.length > 64 ? `${key.slice(0, 64)}…` : key);
+/** A key from the file as a message repeats it: cut after 64 characters. */
+const shownKey = (key: string) => shownText(key, 64);
 
 /** Largest config file read: thousands of workers fit well under it; /dev/zero or a stray log does not. */
 export const MAX_CONFIG_BYTES = 4 * 1024 * 1024;
@@ -213,7 +214,7 @@ export function readConfigFile(
   try {
     raw = parseConfigText(readTextFile(file, MAX_CONFIG_BYTES));
   } catch (err) {
-    throw new RangeError(`${where}: ${(err as Error).message.split('\n')[0]}`, { cause: err });
+    throw new RangeError(`${where}: ${fileErrorMessage(err, file)}`, { cause: err });
   }
   const out = new Map<string, { value: unknown; key: string }>();
   if (raw === null || raw === undefined) return out;
@@ -279,7 +280,7 @@ export function resolveSettings<S extends z.ZodObject>(
   const configFlag = cmd.getOptionValueSource('config') === 'env' ? envName('config') : '--config';
   // an empty name (a variable set to nothing) is a file that went missing, not "no file"
   if (configFile === '') throw new RangeError(`${configFlag} must name a file (got '')`);
-  const configWhere = `${configFlag} ${configFile}`;
+  const configWhere = `${configFlag} ${configFile === undefined ? '' : shownText(configFile)}`;
   const file = configFile
     ? readConfigFile(configFile, shape, configWhere)
     : new Map<string, { value: unknown; key: string }>();
@@ -342,14 +343,14 @@ function misspeltVariables(env: NodeJS.ProcessEnv): string[] {
   for (const name of Object.keys(env)) {
     if (!name.startsWith('CONTEXTFORGE_') || known.has(name)) continue;
     const guess = closestKey(name, known);
-    if (guess) out.push(`${name.slice(0, 64)} is not a setting and is ignored (did you mean ${guess}?)`);
+    if (guess) out.push(`${shownText(name, 64)} is not a setting and is ignored (did you mean ${guess}?)`);
   }
   return out;
 }
 
 /** A `--worker` SPEC as a worker record. */
-export function parseWorkerSpec(spec: string, where = `--worker '${spec}'`): WorkerRecord {
-  const fields = specFields('--worker', spec, Object.keys(WORKER_SPEC_KEYS));
+export function parseWorkerSpec(spec: string, where = `--worker ${quotedText(spec)}`): WorkerRecord {
+  const fields = specFields('--worker', spec, Object.keys(WORKER_SPEC_KEYS), where);
   return parseWorkerRecord(workerFields(fields), where);
 }
 
@@ -386,7 +387,7 @@ function resolveWorkers(
     workers = flagWorkers.map((s) => parseWorkerSpec(s));
     origin = 'flag';
   } else if (envWorkers) {
-    workers = envWorkers.split(/\s+/).map((s) => parseWorkerSpec(s, `CONTEXTFORGE_WORKERS '${s}'`));
+    workers = envWorkers.split(/\s+/).map((s) => parseWorkerSpec(s, `CONTEXTFORGE_WORKERS ${quotedText(s)}`));
     origin = 'env';
   } else {
     const list = file.get('workers')?.value ?? [];
@@ -394,7 +395,7 @@ function resolveWorkers(
     origin = list.length > 0 ? 'file' : 'default';
     workers = list.map((w: unknown, i) => {
       const where = `${configWhere}: workers[${i}]`;
-      if (typeof w === 'string') return parseWorkerSpec(w, `${where} '${w}'`);
+      if (typeof w === 'string') return parseWorkerSpec(w, `${where} ${quotedText(w)}`);
       if (w === null || typeof w !== 'object' || Array.isArray(w))
         throw new RangeError(`${where} must be a mapping or a SPEC string`);
       return parseWorkerRecord(workerFields(w as Record<string, unknown>), where);

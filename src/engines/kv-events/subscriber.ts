@@ -1,4 +1,5 @@
 import { Dealer, Subscriber } from 'zeromq';
+import { quotedText, shownText } from '../../core/shown-text.js';
 import type { KvEventApplier } from './applier.js';
 import { emptyCounts, type ApplyCounts } from './applier.js';
 import { decodeEventBatch, KvEventFormatError, type KvEventBatch } from './decode.js';
@@ -107,7 +108,9 @@ export class KvEventSubscriber {
       this.running = false;
       this.sub.events.close();
       this.sub.close();
-      throw new RangeError(`kv-events endpoint '${this.options.endpoint}': ${(err as Error).message}`, { cause: err });
+      throw new RangeError(`kv-events endpoint ${quotedText(this.options.endpoint)}: ${(err as Error).message}`, {
+        cause: err,
+      });
     }
     this.sub.subscribe();
     this.loop = this.receive();
@@ -169,7 +172,7 @@ export class KvEventSubscriber {
   }
 
   private log(message: string): void {
-    this.options.log?.(`kv-events ${this.options.workerId} (${this.options.endpoint}): ${message}`);
+    this.options.log?.(`kv-events ${this.options.workerId} (${shownText(this.options.endpoint)}): ${message}`);
   }
 
   private async receive(): Promise<void> {

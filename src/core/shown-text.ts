@@ -1,0 +1,47 @@
+/**
+ * A value as a message repeats it. Whatever a user gives (a flag, a variable, a config value, a
+ * spec) may be long, and a URL in it may carry a password: a message shows the start of the
+ * value with its total length, and never the password, so that a mistyped megabyte is not
+ * printed back whole and a credential does not reach a terminal, a log or a CI transcript.
+ */
+
+/** Characters of a value a message shows before cutting it. */
+export const SHOWN_CHARS = 80;
+
+/**
+ * The user-info part of a URL (`scheme://user:password@`) wherever it occurs in a text, the
+ * scheme and the user-info each bounded so that the search stays linear on a long text.
+ */
+const USERINFO = /\b([A-Za-z][A-Za-z0-9+.-]{0,31}:\/\/)[^\s/?#@'"]{1,1024}@/g;
+
+/** The text with the user name and password of every URL in it replaced by `***`. */
+export function redactUserinfo(text: string): string {
+  return text.replace(USERINFO, '$1***@');
+}
+
+/** The start of the text a message shows (credentials masked), and whether the rest is cut off. */
+function head(text: string, max: number): { shown: string; cut: boolean } {
+  // only what can reach the kept part is searched for credentials: the search stays short
+  const redacted = redactUserinfo(text.length > max + 1100 ? text.slice(0, max + 1100) : text);
+  if (text.length <= max) return { shown: redacted, cut: false };
+  let end = Math.min(max, redacted.length);
+  // a surrogate pair is kept whole
+  const code = redacted.charCodeAt(end - 1);
+  if (code >= 0xd800 && code <= 0xdbff) end--;
+  return { shown: redacted.slice(0, end), cut: true };
+}
+
+/**
+ * The text as a message shows it: credentials in URLs masked, and a long one cut after `max`
+ * characters, with an ellipsis and the total length (`xxxx… (1048576 characters)`).
+ */
+export function shownText(text: string, max = SHOWN_CHARS): string {
+  const { shown, cut } = head(text, max);
+  return cut ? `${shown}… (${text.length} characters)` : shown;
+}
+
+/** `'value'`, or `'start of the value…' (N characters)` for a long one; credentials masked. */
+export function quotedText(text: string, max = SHOWN_CHARS): string {
+  const { shown, cut } = head(text, max);
+  return cut ? `'${shown}…' (${text.length} characters)` : `'${shown}'`;
+}

@@ -1,0 +1,127 @@
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { test } from 'node:test';
+import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
+import { shortenCommanderMessage } from '../../src/cli/options.js';
+import { quotedText, shownText } from '../../src/core/shown-text.js';
+import { resolveServe } from '../helpers/serve-config.js';
+
+const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+
+/** Runs the CLI; resolves with its exit status and what it wrote to stderr. */
+function cli(args: string[], env: Record<string, string> = {}): Promise<{ status: number | null; stderr: string }> {
+  const child = spawn(process.execPath, ['--import', 'tsx', main, ...args], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+    env: { ...process.env, ...env },
+  });
+  let stderr = '';
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  return new Promise((resolve) => child.once('close', (status) => resolve({ status, stderr })));
+}
+
+/** The message of what `fn` throws. */
+function messageOf(fn: () => unknown): string {
+  try {
+    fn();
+  } catch (err) {
+    return (err as Error).message;
+  }
+  throw new Error('nothing was thrown');
+}
+
+function write(text: string): string {
+  const file = join(mkdtempSync(join(tmpdir(), 'cf-echo-')), 'router.yaml');
+  writeFileSync(file, text);
+  return file;
+}
+
+test('a value a message repeats is cut with an ellipsis and its length, and shows no password', () => {
+  assert.equal(shownText('short'), 'short');
+  assert.equal(quotedText('short'), "'short'");
+  assert.equal(quotedText('x'.repeat(100_000)), `'${'x'.repeat(80)}…' (100000 characters)`);
+  assert.equal(shownText('redis://user:secret@host:6379/1'), 'redis://***@host:6379/1');
+  assert.equal(quotedText('id=a,url=http://u:secret@h:1'), "'id=a,url=http://***@h:1'");
+  // a password past the part shown is not shown either
+  assert.doesNotMatch(shownText(`${'y'.repeat(70)} http://u:secret@h`), /secret/);
+  assert.equal(
+    shortenCommanderMessage(`error: unknown option '--${'p'.repeat(200)}'\n`),
+    `error: unknown option '--${'p'.repeat(78)}…' (202 characters)\n`,
+  );
+});
+
+test('a password in a worker spec is never repeated in the message refusing the spec', () => {
+  const secret = /secret/;
+  for (const spec of [
+    'id=a,url=http://u:secret@h:99999',
+    'id=a,url=http://u:secret@h:1,bogus=1',
+    'id=a b,url=http://u:secret@h:1',
+    'id=a,url=http://u:secret@h:1,url=http://u:secret@h:2',
+    'url=http://u:secret@h:1,replay=tcp://h:1',
+  ]) {
+    const message = messageOf(() => parseWorkerSpec(spec));
+    assert.doesNotMatch(message, secret, message);
+    assert.match(message, /^--worker '.*\*\*\*@/, message);
+  }
+  const fromEnv = messageOf(() => resolveServe([], { CONTEXTFORGE_WORKERS: 'id=a,url=http://u:secret@h:99999' }));
+  assert.match(fromEnv, /^CONTEXTFORGE_WORKERS 'id=a,url=http:\/\/\*\*\*@h:99999': url must have a port/);
+  const file = write('workers:\n  - id=a,url=http://u:secret@h:99999\n');
+  assert.doesNotMatch(
+    messageOf(() => resolveServe(['--config', file])),
+    secret,
+  );
+});
+
+test('long values given to the CLI are echoed cut short, with their length', async () => {
+  const long = 'x'.repeat(100_000);
+  const refused = await Promise.all([
+    cli(['serve', '--port', long]),
+    cli(['serve', `--${long}`]),
+    cli(['serve', '--worker', long]),
+    cli(['serve', '--discover', long]),
+    cli(['serve', '--objectives', long]),
+    cli(['serve', '--config', long]),
+    cli(['serve'], { CONTEXTFORGE_WORKERS: long }),
+    cli(['serve'], { CONTEXTFORGE_PORT: long }),
+  ]);
+  refused.push(
+    ...(await Promise.all([
+      cli(['mock-engine', '--events', long]),
+      cli(['mock-engine', '--block-hash', long]),
+      cli(['simulate', '--trace', long]),
+      cli(['simulate', '--trace', 'workflows:1', '--policies', long]),
+      cli(['simulate', '--trace', 'workflows:1', '--format', long]),
+      cli(['simulate', '--trace', 'workflows:1', '--fail', long]),
+      cli(['simulate', '--trace', 'workflows:1', '--worker-kv-tokens', long]),
+      cli(['simulate', '--trace', 'workflows:1', '--policy-options', long]),
+    ])),
+  );
+  refused.push(
+    ...(await Promise.all([
+      cli(['tune', '--trace', 'workflows:1', '--format', long]),
+      cli(['demo', '--policies', long]),
+      cli(['serve', '--config', write(`workers:\n  - ${long}\n`)]),
+    ])),
+  );
+  for (const { status, stderr } of refused) {
+    assert.equal(status, 2, stderr.slice(0, 300));
+    assert.ok(stderr.length < 1000, `${stderr.length} characters: ${stderr.slice(0, 300)}`);
+    assert.match(stderr, /…'? \(\d+ characters\)/, stderr);
+  }
+});
+
+test('a password in a URL given to the CLI is not repeated by its messages', async () => {
+  const url = 'http://user:secret@host:1';
+  for (const { stderr } of await Promise.all([
+    cli(['serve', '--port', url]),
+    cli(['serve', '--policy', url]),
+    cli(['serve'], { CONTEXTFORGE_PORT: url }),
+    cli(['serve', '--worker', `id=a,url=${url}:99999`]),
+  ])) {
+    assert.match(stderr, /^error: /, stderr);
+    assert.doesNotMatch(stderr, /secret/, stderr);
+  }
+});
