@@ -49,6 +49,9 @@ export function checkZmqEndpoint(endpoint: unknown, what: string): string {
   if (typeof endpoint !== 'string' || endpoint.length > MAX_URL_LENGTH || !/^(tcp|ipc):\/\/\S+$/.test(endpoint))
     throw new RangeError(`${what} must be a tcp:// or ipc:// endpoint`);
   if (endpoint.startsWith('tcp://')) {
+    // ZeroMQ has no credentials in an endpoint (it refuses one with '@' in its host): a password
+    // there would only end up in messages and listings
+    if (/^tcp:\/\/[^/]*@/.test(endpoint)) throw new RangeError(`${what} must not hold a user name or password`);
     const port = /^tcp:\/\/\S+:(\d{1,5})$/.exec(endpoint)?.[1];
     if (port === undefined || Number(port) < 1 || Number(port) > 65535)
       throw new RangeError(`${what} must be tcp://HOST:PORT with a port from 1 to 65535`);

@@ -8,6 +8,7 @@ import { test } from 'node:test';
 import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
 import { shortenCommanderMessage } from '../../src/cli/options.js';
 import { quotedText, shownText } from '../../src/core/shown-text.js';
+import { parseWorkerRecord } from '../../src/server/worker-input.js';
 import { resolveServe } from '../helpers/serve-config.js';
 
 const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
@@ -75,6 +76,18 @@ test('a password in a worker spec is never repeated in the message refusing the 
   );
 });
 
+test('a KV-event endpoint with credentials is refused (ZeroMQ takes none), without showing them', () => {
+  for (const field of ['events', 'replay'] as const) {
+    const record = { id: 'a', url: 'http://h:1', events: 'tcp://h:5557', [field]: 'tcp://u:secret@h:5558' };
+    const message = messageOf(() => parseWorkerRecord(record, 'worker'));
+    assert.match(message, new RegExp(`^worker: ${field} must not hold a user name or password`), message);
+    assert.doesNotMatch(message, /secret/);
+  }
+  const message = messageOf(() => resolveServe(['--worker', 'id=a,url=http://h:1,events=tcp://u:secret@h:5557']));
+  assert.match(message, /events must not hold a user name or password/);
+  assert.doesNotMatch(message, /secret/);
+});
+
 test('long values given to the CLI are echoed cut short, with their length', async () => {
   const long = 'x'.repeat(100_000);
   const refused = await Promise.all([
@@ -119,7 +132,8 @@ test('a password in a URL given to the CLI is not repeated by its messages', asy
     cli(['serve', '--port', url]),
     cli(['serve', '--policy', url]),
     cli(['serve'], { CONTEXTFORGE_PORT: url }),
-    cli(['serve', '--worker', `id=a,url=${url}:99999`]),
+    cli(['serve', '--worker', `id=a,url=${url},events=tcp://user:secret@host:5557`]),
+    cli(['mock-engine', '--events', 'tcp://user:secret@host:1']),
   ])) {
     assert.match(stderr, /^error: /, stderr);
     assert.doesNotMatch(stderr, /secret/, stderr);

@@ -25,6 +25,8 @@ const bindEndpointOption = (flag: string) => (value: string) => {
     throw new InvalidArgumentError(
       `${flag} must be tcp://HOST:PORT (PORT 1-65535 or *) or ipc://PATH, got ${quotedText(value)}`,
     );
+  // ZeroMQ takes no credentials in an endpoint: a password there would only be printed back
+  if (/^tcp:\/\/[^/]*@/.test(value)) throw new InvalidArgumentError(`${flag} must not hold a user name or password`);
   return value;
 };
 
