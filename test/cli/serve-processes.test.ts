@@ -19,10 +19,13 @@ after(async () => {
 const ADMIN_TOKEN = 'processes-test-admin-token';
 
 /** Starts `serve` and resolves with its URL once it says where it serves. */
-function startServe(args: string[]): Promise<{ child: ChildProcess; base: string; output: () => string }> {
+function startServe(
+  args: string[],
+  env: Record<string, string> = {},
+): Promise<{ child: ChildProcess; base: string; output: () => string }> {
   const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
-    env: { ...process.env, CONTEXTFORGE_ADMIN_TOKEN: ADMIN_TOKEN },
+    env: { ...process.env, CONTEXTFORGE_ADMIN_TOKEN: ADMIN_TOKEN, ...env },
   });
   children.push(child);
   let stderr = '';
@@ -222,4 +225,15 @@ test('serve --processes 2 with the longest --shutdown-grace-ms lets a request in
   assert.match(chunks.join(''), /data: \[DONE\]/, 'the stream ran to its end');
   assert.equal(await exited, 0);
   assert.doesNotMatch(output(), /TimeoutOverflowWarning/);
+});
+
+test('serve --processes 2 names an unknown CONTEXTFORGE_ variable once, not once per process', async () => {
+  const { child, output } = await startServe(
+    ['--port', '0', '--processes', '2', '--health-interval-ms', '0', '--metrics-interval-ms', '0'],
+    { CONTEXTFORGE_POLCY: 'dynamo' },
+  );
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+  assert.equal(output().match(/CONTEXTFORGE_POLCY is not a setting/g)?.length, 1, output());
 });

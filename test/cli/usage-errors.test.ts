@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -456,16 +456,32 @@ test('simulate opens its output files before the run and reports a failed write,
     );
 });
 
-test('a misspelt CONTEXTFORGE_ variable, ignored, is named in a warning with the setting it resembles', () => {
+test('an unknown CONTEXTFORGE_ variable, ignored, is named in a warning with the setting it resembles', () => {
   const { config, resolved } = resolveServe([], {
     CONTEXTFORGE_MAX_RETRYS: '5',
     CONTEXTFORGE_METRICS_PORT: '9090', // epp's: a shared environment is no mistake
     CONTEXTFORGE_SOMETHING_ELSE_ENTIRELY: '1',
   });
   assert.equal(config.maxRetries, 2);
-  assert.deepEqual(resolved.warnings, [
-    'CONTEXTFORGE_MAX_RETRYS is not a setting and is ignored (did you mean CONTEXTFORGE_MAX_RETRIES?)',
-  ]);
+  assert.deepEqual(
+    resolved.warnings.filter((w) => /RETRYS|METRICS_PORT|SOMETHING/.test(w)),
+    [
+      'CONTEXTFORGE_MAX_RETRYS is not a setting and is ignored (did you mean CONTEXTFORGE_MAX_RETRIES?)',
+      // as an unknown flag or config key is refused, an unknown variable is at least named
+      'CONTEXTFORGE_SOMETHING_ELSE_ENTIRELY is not a setting and is ignored (see serve --help for the settings)',
+    ],
+  );
+  // every variable the Helm chart sets is a setting
+  const chart = readFileSync(
+    new URL('../../deploy/helm/contextforge-router/templates/deployment.yaml', import.meta.url),
+    'utf8',
+  );
+  const set = Object.fromEntries([...chart.matchAll(/name: (CONTEXTFORGE_[A-Z0-9_]+)/g)].map((m) => [m[1], 'x']));
+  assert.ok(Object.keys(set).length > 0);
+  assert.deepEqual(
+    resolveServe([], set).resolved.warnings.filter((w) => Object.keys(set).some((name) => w.startsWith(name))),
+    [],
+  );
 });
 
 test('an admin token no request can present, and a keys file that is no regular file, are refused', () => {

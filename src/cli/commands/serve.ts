@@ -99,7 +99,8 @@ export function registerServeCommand(program: Command): void {
   );
   cmd.action(async () => {
     const { config, resolved } = resolveConfig(cmd, process.env, SERVE_SCHEMA);
-    for (const w of resolved.warnings) process.stderr.write(`warning: ${w}\n`);
+    // the gateway processes of --processes N resolve the same settings again: the primary warns for them
+    if (!cluster.isWorker) for (const w of resolved.warnings) process.stderr.write(`warning: ${w}\n`);
     const format = cmd.opts<{ printConfig?: string | true }>().printConfig;
     if (format !== undefined) {
       process.stdout.write(printConfig(resolved, format === 'json' ? 'json' : 'yaml'));

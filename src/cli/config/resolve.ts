@@ -35,7 +35,7 @@ export interface ResolvedSettings<T> {
   workers: WorkerRecord[];
   workersOrigin: Origin;
   configFile?: string;
-  /** What the user may have meant otherwise (a misspelt CONTEXTFORGE_ variable), to print. */
+  /** What the user may have meant otherwise (an unknown CONTEXTFORGE_ variable), to print. */
   warnings: string[];
 }
 
@@ -328,14 +328,16 @@ export function resolveSettings<S extends z.ZodObject>(
   }
   const values = schema.parse(input, { error: describeIssue }) as z.output<S>;
   const { workers, origin: workersOrigin } = resolveWorkers(flags.worker as string[], env, file, configWhere);
-  return { values, origins, workers, workersOrigin, configFile, warnings: misspeltVariables(env) };
+  return { values, origins, workers, workersOrigin, configFile, warnings: unknownVariables(env) };
 }
 
 /**
- * CONTEXTFORGE_ variables that are no setting of serve or epp but nearly spell one: such a
- * variable is ignored, so its setting keeps its default, and that is worth a word.
+ * CONTEXTFORGE_ variables that are no setting of serve or epp: such a variable is ignored, so
+ * the setting it was meant for keeps its value, and that is worth a word, as an unknown flag or
+ * config key is refused (a variable is only named: the environment may be shared with other
+ * tools). epp's settings are known to serve and the other way round: one environment may serve both.
  */
-function misspeltVariables(env: NodeJS.ProcessEnv): string[] {
+function unknownVariables(env: NodeJS.ProcessEnv): string[] {
   const known = new Set(['CONTEXTFORGE_CONFIG', 'CONTEXTFORGE_WORKERS']);
   for (const schema of [SERVE_SCHEMA, EPP_SCHEMA])
     for (const key of Object.keys(schema.shape)) known.add(envName(kebab(key)));
@@ -343,7 +345,9 @@ function misspeltVariables(env: NodeJS.ProcessEnv): string[] {
   for (const name of Object.keys(env)) {
     if (!name.startsWith('CONTEXTFORGE_') || known.has(name)) continue;
     const guess = closestKey(name, known);
-    if (guess) out.push(`${shownText(name, 64)} is not a setting and is ignored (did you mean ${guess}?)`);
+    out.push(
+      `${shownText(name, 64)} is not a setting and is ignored (${guess ? `did you mean ${guess}?` : 'see serve --help for the settings'})`,
+    );
   }
   return out;
 }
