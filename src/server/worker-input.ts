@@ -6,6 +6,7 @@
 
 import { z } from 'zod';
 import { describeIssue, issueError } from '../core/schema-issues.js';
+export { splitCredentials } from '../engines/url-credentials.js';
 import type { WorkerRecord } from '../state/state-store.js';
 
 /** Worker ids: what fits in a metric label, a log line and a URL path segment. */
@@ -82,19 +83,6 @@ export function redactUrl(url: string): string {
 /** The Authorization header an engine started with `--api-key` expects (vLLM: a bearer token). */
 export function engineAuthorization(apiKey: string | undefined): string | undefined {
   return apiKey === undefined || apiKey === '' ? undefined : `Bearer ${apiKey}`;
-}
-
-/**
- * A base URL without its credentials, and the Basic authorization they stand for: HTTP
- * clients (fetch, undici) refuse or ignore URLs with credentials, so they travel as a header.
- */
-export function splitCredentials(url: string): { url: string; authorization?: string } {
-  const u = new URL(url);
-  if (u.username === '' && u.password === '') return { url };
-  const authorization = `Basic ${Buffer.from(`${decodeURIComponent(u.username)}:${decodeURIComponent(u.password)}`).toString('base64')}`;
-  u.username = '';
-  u.password = '';
-  return { url: u.toString(), authorization };
 }
 
 /** The fields of a `--worker` SPEC (and of a config-file entry) and the record field each one sets. */

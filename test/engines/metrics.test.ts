@@ -103,6 +103,42 @@ describe('metrics scraper', () => {
     assert.equal(scraper.state('w0')!.failures, 4);
   });
 
+  test('a metrics URL with credentials is scraped with them as Basic authorization, never shown', async () => {
+    const seen: (string | undefined)[] = [];
+    const guarded = createServer((req, res) => {
+      seen.push(req.headers.authorization);
+      res.writeHead(req.headers.authorization === `Basic ${Buffer.from('user:s3cret').toString('base64')}` ? 200 : 401);
+      res.end(VLLM);
+    });
+    await new Promise<void>((r) => guarded.listen(0, '127.0.0.1', r));
+    try {
+      const port = (guarded.address() as AddressInfo).port;
+      const router = new KVAwareRouter();
+      router.registerWorker('w0');
+      const logged: string[] = [];
+      const scraper = new MetricsScraper(
+        router,
+        [{ workerId: 'w0', url: `http://user:s3cret@127.0.0.1:${port}/metrics` }],
+        { failuresToUnhealthy: 1, log: (m) => logged.push(m) },
+      );
+      await scraper.scrapeAll();
+      assert.equal(scraper.state('w0')!.lastError, undefined, scraper.state('w0')!.lastError);
+      assert.equal(router.listWorkers()[0].load, 0.42);
+      assert.equal(seen.length, 1);
+      // a scrape that fails says so without the password
+      const down = new MetricsScraper(router, [{ workerId: 'w0', url: 'http://user:s3cret@127.0.0.1:1/metrics' }], {
+        failuresToUnhealthy: 1,
+        timeoutMs: 500,
+        log: (m) => logged.push(m),
+      });
+      await down.scrapeAll();
+      assert.ok(down.state('w0')!.lastError);
+      assert.doesNotMatch(`${down.state('w0')!.lastError} ${logged.join(' ')}`, /s3cret/);
+    } finally {
+      guarded.close();
+    }
+  });
+
   test('an engine that does not answer counts as a failure', async () => {
     const router = new KVAwareRouter();
     router.registerWorker('gone');

@@ -1,7 +1,9 @@
 import type { KVAwareRouter } from '../../core/router/index.js';
+import { redactUserinfo } from '../../core/shown-text.js';
 import { readBoundedText } from '../bounded-body.js';
 import type { WorkerHealth } from '../health.js';
 import { recordOutcome, PollLoop, type CheckStreak } from '../poll-loop.js';
+import { splitCredentials } from '../url-credentials.js';
 import { readEngineLoad, type EngineLoad } from './prometheus.js';
 
 /** Largest /metrics page read (vLLM's, with every histogram and adapter label, is well under it). */
@@ -41,7 +43,8 @@ export interface TargetState extends CheckStreak {
 
 export class MetricsScraper {
   private readonly states = new Map<string, TargetState>();
-  private readonly targets = new Map<string, MetricsTarget>();
+  /** Each target as it is fetched: its URL's credentials (fetch refuses them in a URL) as a header. */
+  private readonly targets = new Map<string, { url: string; engine?: string; headers?: Record<string, string> }>();
   private readonly pollLoop: PollLoop;
   private readonly timeoutMs: number;
   private readonly failuresToUnhealthy: number;
@@ -61,7 +64,9 @@ export class MetricsScraper {
   }
 
   add(t: MetricsTarget): void {
-    this.targets.set(t.workerId, t);
+    const { url, authorization } = splitCredentials(t.url);
+    const headers = authorization === undefined ? this.options.headers : { ...this.options.headers, authorization };
+    this.targets.set(t.workerId, { url, engine: t.engine, headers });
     this.states.set(t.workerId, {
       consecutiveFailures: 0,
       consecutiveSuccesses: 0,
@@ -91,22 +96,22 @@ export class MetricsScraper {
 
   /** One round over every target (also what start() repeats). */
   async scrapeAll(): Promise<void> {
-    await Promise.all([...this.targets.values()].map((t) => this.scrape(t)));
+    await Promise.all([...this.targets].map(([workerId, t]) => this.scrape(workerId, t)));
   }
 
-  private async scrape(t: MetricsTarget): Promise<void> {
-    const s = this.states.get(t.workerId);
+  private async scrape(workerId: string, t: { url: string; engine?: string; headers?: Record<string, string> }) {
+    const s = this.states.get(workerId);
     if (!s) return;
     s.scrapes++;
     // requests routed while the scrape is under way may not be in the engine's queue it reads
     const sampledAt = this.router.now();
     try {
-      const res = await fetch(t.url, { headers: this.options.headers, signal: AbortSignal.timeout(this.timeoutMs) });
+      const res = await fetch(t.url, { headers: t.headers, signal: AbortSignal.timeout(this.timeoutMs) });
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
       const load = readEngineLoad(await readBoundedText(res.body, MAX_METRICS_BYTES, '/metrics'), t.engine);
-      if (this.states.get(t.workerId) !== s) return; // removed while scraping
+      if (this.states.get(workerId) !== s) return; // removed while scraping
       s.lastLoad = load;
-      this.router.updateWorkerMetrics(t.workerId, {
+      this.router.updateWorkerMetrics(workerId, {
         kvUsage: load.kvUsage,
         waitingRequests: load.waiting,
         sampledAt,
@@ -114,12 +119,13 @@ export class MetricsScraper {
         kvCapacityTokens: load.kvCapacityTokens,
       });
       const flipped = recordOutcome(s, true, this.failuresToUnhealthy, this.successesToHealthy);
-      if (flipped !== undefined) this.setHealth(t.workerId, s, flipped);
+      if (flipped !== undefined) this.setHealth(workerId, s, flipped);
     } catch (err) {
       s.failures++;
-      s.lastError = (err as Error).message;
+      // (an error may name the URL: it is shown, so without a password)
+      s.lastError = redactUserinfo((err as Error).message);
       const flipped = recordOutcome(s, false, this.failuresToUnhealthy, this.successesToHealthy);
-      if (flipped !== undefined) this.setHealth(t.workerId, s, flipped);
+      if (flipped !== undefined) this.setHealth(workerId, s, flipped);
     }
   }
 
