@@ -1,3 +1,4 @@
+import { quotedText } from '../core/shown-text.js';
 import { RedisStateStore, type RedisStateOptions } from './redis-state-store.js';
 import { MemoryStateStore, type StateStore } from './state-store.js';
 
@@ -5,5 +6,5 @@ import { MemoryStateStore, type StateStore } from './state-store.js';
 export function createStateStore(spec: string, options: Omit<RedisStateOptions, 'url'> = {}): StateStore {
   if (spec === 'memory') return new MemoryStateStore();
   if (spec.startsWith('redis://')) return new RedisStateStore({ ...options, url: spec });
-  throw new RangeError(`state must be memory or redis://HOST:PORT, got '${spec}'`);
+  throw new RangeError(`state must be memory or redis://HOST:PORT, got ${quotedText(spec)}`);
 }

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { LRUCache } from 'lru-cache';
 import { Redis, ReplyError, type ChainableCommander, type RedisOptions } from 'ioredis';
+import { quotedText } from '../core/shown-text.js';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import {
   decodeHashes,
@@ -789,13 +790,14 @@ export function parseRedisUrl(spec: string): Pick<RedisOptions, 'host' | 'port' 
   try {
     u = new URL(spec);
   } catch {
-    throw new RangeError(`state: '${spec}' is not a redis:// URL`);
+    throw new RangeError(`state: ${quotedText(spec)} is not a redis:// URL`);
   }
-  if (u.protocol !== 'redis:') throw new RangeError(`state: '${spec}' is not a redis:// URL`);
+  if (u.protocol !== 'redis:') throw new RangeError(`state: ${quotedText(spec)} is not a redis:// URL`);
   const port = u.port === '' ? 6379 : Number(u.port);
   const dbPath = u.pathname.replace(/^\//, '');
   const db = dbPath === '' ? 0 : Number(dbPath);
-  if (!Number.isInteger(db) || db < 0) throw new RangeError(`state: database '${dbPath}' in '${spec}' is not a number`);
+  if (!Number.isInteger(db) || db < 0)
+    throw new RangeError(`state: database ${quotedText(dbPath)} in ${quotedText(spec)} is not a number`);
   return {
     host: u.hostname.replace(/^\[|\]$/g, '') || '127.0.0.1',
     port,

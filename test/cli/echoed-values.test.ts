@@ -9,6 +9,8 @@ import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
 import { shortenCommanderMessage } from '../../src/cli/options.js';
 import { quotedText, shownText } from '../../src/core/shown-text.js';
 import { parseWorkerRecord } from '../../src/server/worker-input.js';
+import { createStateStore } from '../../src/state/create-state-store.js';
+import { parseRedisUrl } from '../../src/state/redis-state-store.js';
 import { resolveServe } from '../helpers/serve-config.js';
 
 const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
@@ -138,4 +140,20 @@ test('a password in a URL given to the CLI is not repeated by its messages', asy
     assert.match(stderr, /^error: /, stderr);
     assert.doesNotMatch(stderr, /secret/, stderr);
   }
+});
+
+test('a Redis URL the state store cannot read is refused without its password', () => {
+  for (const url of [
+    'redis://user:secret@host:6379/x',
+    'redis://user:secret@host:99999',
+    'rediss://user:secret@host',
+  ]) {
+    const message = messageOf(() => parseRedisUrl(url));
+    assert.match(message, /^state: /, message);
+    assert.doesNotMatch(message, /secret/, message);
+  }
+  assert.doesNotMatch(
+    messageOf(() => createStateStore('mem://user:secret@host')),
+    /secret/,
+  );
 });
