@@ -139,6 +139,24 @@ describe('metrics scraper', () => {
     }
   });
 
+  test('a short scrape interval does not make the scrape time out sooner than an engine answers', async () => {
+    // the page comes 30 ms after the request: slow for a 1 ms interval, quick for an engine
+    const slow = createServer((_, res) => void setTimeout(() => res.end(VLLM), 30));
+    await new Promise<void>((r) => slow.listen(0, '127.0.0.1', r));
+    try {
+      const url = `http://127.0.0.1:${(slow.address() as AddressInfo).port}/metrics`;
+      const router = new KVAwareRouter();
+      router.registerWorker('w0');
+      const scraper = new MetricsScraper(router, [{ workerId: 'w0', url }], { intervalMs: 1, failuresToUnhealthy: 1 });
+      await scraper.scrapeAll();
+      assert.equal(scraper.state('w0')!.lastError, undefined);
+      assert.equal(router.listWorkers()[0].healthy, true);
+      assert.equal(router.listWorkers()[0].load, 0.42);
+    } finally {
+      slow.close();
+    }
+  });
+
   test('an engine that does not answer counts as a failure', async () => {
     const router = new KVAwareRouter();
     router.registerWorker('gone');

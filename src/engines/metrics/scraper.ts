@@ -56,7 +56,9 @@ export class MetricsScraper {
     private readonly options: ScraperOptions = {},
   ) {
     const intervalMs = options.intervalMs ?? 1000;
-    this.timeoutMs = options.timeoutMs ?? Math.min(2000, intervalMs);
+    // at least half a second, as a health probe's: a scrape timing out after a short interval's
+    // few ms would take every worker out of rotation (rounds never overlap: the next one waits)
+    this.timeoutMs = options.timeoutMs ?? Math.min(2000, Math.max(500, intervalMs));
     this.pollLoop = new PollLoop(() => this.scrapeAll(), intervalMs);
     this.failuresToUnhealthy = options.failuresToUnhealthy ?? 3;
     this.successesToHealthy = options.successesToHealthy ?? 2;
