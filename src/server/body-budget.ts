@@ -11,6 +11,14 @@
  * Only counts: no I/O, no timers.
  */
 
+import { constants } from 'node:buffer';
+
+/**
+ * The largest body limit: a request body is parsed as one string, and V8 makes none longer
+ * than this (about 512 MiB; a longer body failed as it was parsed, a 500).
+ */
+export const MAX_BODY_LIMIT = constants.MAX_STRING_LENGTH;
+
 /** The default budget: 16 bodies of the default 16 MiB body limit. */
 export const DEFAULT_BUFFERED_BODY_LIMIT = 256 * 1024 * 1024;
 

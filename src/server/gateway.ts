@@ -26,6 +26,7 @@ import {
   BodyBudget,
   DEFAULT_BUFFERED_ANSWER_LIMIT,
   DEFAULT_BUFFERED_BODY_LIMIT,
+  MAX_BODY_LIMIT,
   type BodyCharge,
 } from './body-budget.js';
 import { CircuitBreaker } from './circuit-breaker.js';
@@ -217,6 +218,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const log = options.log ?? (() => {});
   const limits = checkRequestLimits(options.limits);
   const timeouts = checkTimeouts({ interChunkTimeoutMs: options.upstreamTimeoutMs, ...options.timeouts });
+  const bodyLimit = options.bodyLimit ?? 16 * 1024 * 1024;
+  if (!Number.isSafeInteger(bodyLimit) || bodyLimit < 1 || bodyLimit > MAX_BODY_LIMIT)
+    throw new RangeError(`bodyLimit must be an integer from 1 to ${MAX_BODY_LIMIT} (got ${bodyLimit})`);
   const maxClientConnections = checkMaxClientConnections(
     options.maxClientConnections ?? DEFAULT_MAX_CLIENT_CONNECTIONS,
   );
@@ -238,7 +242,6 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     via: ownVia(via),
   });
   const state = options.state ?? new MemoryStateStore();
-  const bodyLimit = options.bodyLimit ?? 16 * 1024 * 1024;
   const bodyBudget = new BodyBudget(options.bufferedBodyLimit ?? Math.max(DEFAULT_BUFFERED_BODY_LIMIT, bodyLimit));
   if (bodyBudget.limit < bodyLimit)
     throw new RangeError(

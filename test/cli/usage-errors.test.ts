@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { constants } from 'node:buffer';
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -554,4 +555,16 @@ test('an empty --fail or --drain is refused, not read as no event', async () => 
   const run = ['simulate', '--trace', 'workflows:1', '--workers', '2', '--policies', 'cost'];
   assert.match(await refusal([...run, '--fail', '']), /--fail: expected WORKER@TIME such as w3@600s, got ''/);
   assert.match(await refusal([...run, '--drain', 'w1@1s,']), /--drain: expected WORKER@TIME such as w3@600s, got ''/);
+});
+
+test('a --body-limit past the longest text a body is read into is refused, wherever it is given', () => {
+  // a body is parsed as one string: V8 makes none longer than this, and a longer body was a 500
+  const longest = constants.MAX_STRING_LENGTH;
+  assert.equal(resolveServe(['--body-limit', String(longest)]).config.bodyLimit, longest);
+  const refused = new RegExp(`--body-limit must be <= ${longest} \\(got ${longest + 1}\\)`);
+  assert.throws(() => resolveServe(['--body-limit', String(longest + 1)]), refused);
+  assert.throws(
+    () => resolveServe([], { CONTEXTFORGE_BODY_LIMIT: String(longest + 1) }),
+    /from env 'CONTEXTFORGE_BODY_LIMIT' is invalid\. --body-limit must be <=/,
+  );
 });

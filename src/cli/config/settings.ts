@@ -7,7 +7,11 @@
  */
 import { z } from 'zod';
 import { ROUTER_SETTINGS_HELP, ROUTER_SETTINGS_SCHEMA } from '../../core/router/options-schema.js';
-import { DEFAULT_BUFFERED_ANSWER_LIMIT, DEFAULT_BUFFERED_BODY_LIMIT } from '../../server/body-budget.js';
+import {
+  DEFAULT_BUFFERED_ANSWER_LIMIT,
+  DEFAULT_BUFFERED_BODY_LIMIT,
+  MAX_BODY_LIMIT,
+} from '../../server/body-budget.js';
 import { DEFAULT_MAX_CLIENT_CONNECTIONS, MAX_CLIENT_CONNECTIONS } from '../../server/client-connections.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
 import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
@@ -76,6 +80,7 @@ const gatewayShape = {
   bodyLimit: z
     .int()
     .min(1024)
+    .max(MAX_BODY_LIMIT)
     .default(16 * 1024 * 1024),
   bufferedBodyLimit: z.int().min(1024).default(DEFAULT_BUFFERED_BODY_LIMIT),
   maxClientConnections: z.int().min(1).max(MAX_CLIENT_CONNECTIONS).default(DEFAULT_MAX_CLIENT_CONNECTIONS),
@@ -145,7 +150,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
     secret: true,
   },
   statePrefix: { arg: '<prefix>', help: "prefix of the shared state's Redis keys (one per fleet)" },
-  bodyLimit: { arg: '<bytes>', help: 'largest request body' },
+  bodyLimit: {
+    arg: '<bytes>',
+    help: `largest request body (at most ${MAX_BODY_LIMIT}, about 512 MiB: a body is parsed as one string)`,
+  },
   bufferedBodyLimit: {
     arg: '<bytes>',
     help: 'most request-body bytes held at once over all requests (gateway and endpoint picker; at least --body-limit); a request whose body does not fit gets 503 with retry-after',
