@@ -55,13 +55,48 @@ export const TIMEOUTS_SCHEMA = z.strictObject({
   interChunkTimeoutMs: timerMs(1).default(DEFAULT_TIMEOUTS.interChunkTimeoutMs),
 });
 
-/** Fills in the defaults and throws a RangeError or TypeError naming the timeout that is not a positive integer. */
+/** How much longer than the inter-chunk timeout a client connection is kept when its timeout is not given. */
+export const CONNECTION_MARGIN_MS = 30_000;
+
+/**
+ * Fills in the defaults and throws a RangeError or TypeError naming the timeout that is not a
+ * positive integer. A client waiting for an answer is idle up to the inter-chunk timeout, so
+ * the connection timeout must be longer: when it is not given it is raised past the
+ * inter-chunk timeout (by CONNECTION_MARGIN_MS), and when it is given shorter it is refused.
+ */
 export function checkTimeouts(t: Partial<GatewayTimeouts> | undefined): GatewayTimeouts {
   // a timeout given as undefined means "not given"
   const given = Object.fromEntries(Object.entries(t ?? {}).filter(([, v]) => v !== undefined));
   const parsed = TIMEOUTS_SCHEMA.safeParse(given, { error: describeIssue });
   if (!parsed.success) throw issueError(parsed.error.issues[0], TIMEOUTS_SCHEMA, 'timeouts');
-  return parsed.data;
+  const timeouts = parsed.data;
+  const problem = connectionTimeoutProblem(
+    timeouts,
+    given.connectionTimeoutMs !== undefined,
+    'timeouts.connectionTimeoutMs',
+    'timeouts.interChunkTimeoutMs',
+  );
+  if (problem !== undefined) throw new RangeError(problem);
+  return timeouts;
+}
+
+/**
+ * Raises `t.connectionTimeoutMs` past the inter-chunk timeout when it was not `given`; when it
+ * was, and is not longer, the message saying so (naming the two settings as `connection` and
+ * `interChunk`).
+ */
+export function connectionTimeoutProblem(
+  t: Pick<GatewayTimeouts, 'connectionTimeoutMs' | 'interChunkTimeoutMs'>,
+  given: boolean,
+  connection: string,
+  interChunk: string,
+): string | undefined {
+  if (t.connectionTimeoutMs > t.interChunkTimeoutMs) return undefined;
+  if (!given) {
+    t.connectionTimeoutMs = Math.min(t.interChunkTimeoutMs + CONNECTION_MARGIN_MS, MAX_TIMER_MS);
+    return undefined;
+  }
+  return `${connection} (${t.connectionTimeoutMs}) must be more than ${interChunk} (${t.interChunkTimeoutMs}): a client waiting for an answer is idle that long, and its connection would be closed under it`;
 }
 
 /**

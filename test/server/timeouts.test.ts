@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { checkTimeouts, DEFAULT_TIMEOUTS, FirstByteDeadlines } from '../../src/server/timeouts.js';
+import { checkTimeouts, DEFAULT_TIMEOUTS, FirstByteDeadlines, MAX_TIMER_MS } from '../../src/server/timeouts.js';
 import { resolveServe } from '../helpers/serve-config.js';
 
 test('checkTimeouts fills in the defaults and names a timeout that is not a positive integer', () => {
@@ -41,4 +41,31 @@ test('the first-byte deadline is twice the usual time plus the allowance, capped
   assert.equal(d.deadlineMs('w0'), 5000);
   d.forget('w0');
   assert.equal(d.deadlineMs('w0'), 1000);
+});
+
+test('a client connection outlasts the inter-chunk timeout: an answer it waits for is not cut under it', () => {
+  // an inter-chunk timeout past the default connection timeout raises it when it is not given
+  assert.equal(checkTimeouts({ interChunkTimeoutMs: 600_000 }).connectionTimeoutMs, 630_000);
+  assert.equal(checkTimeouts({ interChunkTimeoutMs: MAX_TIMER_MS }).connectionTimeoutMs, MAX_TIMER_MS);
+  assert.equal(checkTimeouts({ connectionTimeoutMs: 1000, interChunkTimeoutMs: 999 }).connectionTimeoutMs, 1000);
+  assert.throws(() => checkTimeouts({ connectionTimeoutMs: 1000 }), {
+    name: 'RangeError',
+    message: /^timeouts\.connectionTimeoutMs \(1000\) must be more than timeouts\.interChunkTimeoutMs \(300000\)/,
+  });
+  // serve: the same, naming the flags
+  assert.throws(
+    () => resolveServe(['--connection-timeout-ms', '1000']),
+    /^RangeError: --connection-timeout-ms \(1000\) must be more than --upstream-timeout-ms \(300000\)/,
+  );
+  assert.throws(
+    () => resolveServe(['--upstream-timeout-ms', '400000'], { CONTEXTFORGE_CONNECTION_TIMEOUT_MS: '330000' }),
+    /--connection-timeout-ms \(330000\) must be more than --upstream-timeout-ms \(400000\)/,
+  );
+  const raised = resolveServe(['--upstream-timeout-ms', '600000']);
+  assert.equal(raised.config.connectionTimeoutMs, 630_000);
+  assert.equal(raised.resolved.values.connectionTimeoutMs, 630_000, '--print-config shows what is used');
+  assert.equal(
+    resolveServe(['--connection-timeout-ms', '2000', '--upstream-timeout-ms', '1000']).config.connectionTimeoutMs,
+    2000,
+  );
 });

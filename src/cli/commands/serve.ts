@@ -6,6 +6,7 @@ import { KVAwareRouter } from '../../core/router/index.js';
 import { isPythonHashSeed, PYTHON_HASH_SEED_RULE } from '../../core/router/options-schema.js';
 import { quotedText } from '../../core/shown-text.js';
 import { createGateway, type GatewayOptions } from '../../server/gateway.js';
+import { connectionTimeoutProblem } from '../../server/timeouts.js';
 import { startPicker, type PickerConfig } from '../../epp/run-picker.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { defaultTokenizerThreads, TokenizerPool } from '../../engines/tokenizer-pool.js';
@@ -54,6 +55,17 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
     config.bufferedBodyLimit = config.bodyLimit;
     (resolved.values as { bufferedBodyLimit: number }).bufferedBodyLimit = config.bodyLimit;
   }
+  // a client waiting for an answer is idle up to the upstream (inter-chunk) timeout
+  const connection = { connectionTimeoutMs: config.connectionTimeoutMs, interChunkTimeoutMs: config.upstreamTimeoutMs };
+  const problem = connectionTimeoutProblem(
+    connection,
+    resolved.origins.connectionTimeoutMs !== 'default',
+    '--connection-timeout-ms',
+    '--upstream-timeout-ms',
+  );
+  if (problem !== undefined) throw new RangeError(problem);
+  config.connectionTimeoutMs = connection.connectionTimeoutMs;
+  (resolved.values as { connectionTimeoutMs: number }).connectionTimeoutMs = connection.connectionTimeoutMs;
   if (config.tokenize === 'tokenizer' && !config.tokenizer)
     throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
   // the algorithm only keys blocks in vllm mode; a shared config or environment may set it for

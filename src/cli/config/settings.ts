@@ -139,7 +139,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   maxJsonDepth: { arg: '<n>', help: 'deepest nesting of a JSON body' },
   headersTimeoutMs: { arg: '<ms>', help: "time for a client to send a request's headers" },
   requestTimeoutMs: { arg: '<ms>', help: 'time for a client to send a whole request (headers and body)' },
-  connectionTimeoutMs: { arg: '<ms>', help: 'a client connection idle this long is closed' },
+  connectionTimeoutMs: {
+    arg: '<ms>',
+    help: 'a client connection idle this long is closed; more than --upstream-timeout-ms, as a client waiting for an answer is idle that long (raised 30 s past it when not set)',
+  },
   firstByteTimeoutMs: {
     arg: '<ms>',
     help: "wait for an engine's first byte beyond its expected queue time, then retry elsewhere",
