@@ -9,10 +9,11 @@
 export const SHOWN_CHARS = 80;
 
 /**
- * The user-info part of a URL (`scheme://user:password@`) wherever it occurs in a text, the
+ * The user-info part of a URL (`scheme://user:password@`) wherever it occurs in a text, up to
+ * the last `@` before the host (as URL parsers read it: a password may hold an `@`), the
  * scheme and the user-info each bounded so that the search stays linear on a long text.
  */
-const USERINFO = /\b([A-Za-z][A-Za-z0-9+.-]{0,31}:\/\/)[^\s/?#@'"]{1,1024}@/g;
+const USERINFO = /\b([A-Za-z][A-Za-z0-9+.-]{0,31}:\/\/)[^\s/?#'"]{1,1024}@/g;
 
 /** The text with the user name and password of every URL in it replaced by `***`. */
 export function redactUserinfo(text: string): string {

@@ -6,6 +6,7 @@
 
 import { z } from 'zod';
 import { describeIssue, issueError } from '../core/schema-issues.js';
+import { redactUserinfo } from '../core/shown-text.js';
 export { splitCredentials } from '../engines/url-credentials.js';
 import type { WorkerRecord } from '../state/state-store.js';
 
@@ -76,7 +77,7 @@ export function redactUrl(url: string): string {
     u.password = '';
     return u.toString().replace(/\/$/, url.endsWith('/') ? '/' : '');
   } catch {
-    return url.replace(/\/\/[^/@]*@/, '//***@');
+    return redactUserinfo(url);
   }
 }
 

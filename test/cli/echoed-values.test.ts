@@ -47,6 +47,12 @@ test('a value a message repeats is cut with an ellipsis and its length, and show
   assert.equal(quotedText('short'), "'short'");
   assert.equal(quotedText('x'.repeat(100_000)), `'${'x'.repeat(80)}…' (100000 characters)`);
   assert.equal(shownText('redis://user:secret@host:6379/1'), 'redis://***@host:6379/1');
+  // the host comes after the last @, as a URL parser reads it
+  assert.equal(shownText('redis://user:se@cret@host:6379/1'), 'redis://***@host:6379/1');
+  assert.equal(
+    shownText('id=a,url=http://h:1,events=tcp://u:p@h:5557,metrics=http://u:p@h:2/m'),
+    'id=a,url=http://h:1,events=tcp://***@h:5557,metrics=http://***@h:2/m',
+  );
   assert.equal(quotedText('id=a,url=http://u:secret@h:1'), "'id=a,url=http://***@h:1'");
   // a password past the part shown is not shown either
   assert.doesNotMatch(shownText(`${'y'.repeat(70)} http://u:secret@h`), /secret/);
