@@ -1,5 +1,5 @@
 import { InvalidArgumentError } from 'commander';
-import { quotedText, shownText } from '../core/shown-text.js';
+import { quotedText } from '../core/shown-text.js';
 
 /** A decimal number as people write one (`0.5`, `1e3`); not hexadecimal, octal or binary. */
 const DECIMAL = /^\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i;
@@ -93,13 +93,6 @@ export function checkClusterKv(workers: number, kvTokens: readonly number[], fla
     throw new RangeError(
       `${flags}: the simulated cluster would hold ${total} KV tokens, more than ${SIM_LIMITS.clusterKvTokens} (each engine's blocks are held in memory)`,
     );
-}
-
-/** A file system error's first line, the file it names (`open '…'`) shown cut short. */
-export function fileErrorMessage(err: unknown, file: string): string {
-  return String((err as Error).message)
-    .split('\n')[0]
-    .replaceAll(file, shownText(file));
 }
 
 /**

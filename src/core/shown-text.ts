@@ -41,6 +41,13 @@ export function shownText(text: string, max = SHOWN_CHARS): string {
   return cut ? `${shown}… (${text.length} characters)` : shown;
 }
 
+/** A file system error's first line, the file it names (`open '…'`) shown as shownText shows it. */
+export function fileErrorMessage(err: unknown, file: string): string {
+  return String((err as Error).message)
+    .split('\n')[0]
+    .replaceAll(file, shownText(file));
+}
+
 /** `'value'`, or `'start of the value…' (N characters)` for a long one; credentials masked. */
 export function quotedText(text: string, max = SHOWN_CHARS): string {
   const { shown, cut } = head(text, max);

@@ -7,6 +7,7 @@ import { LRUCache } from 'lru-cache';
 import type { ChatMessage } from '../core/hashing.js';
 import { checkChatMessages } from '../core/chat-messages.js';
 import type { RouteRequest } from '../core/router/index.js';
+import { fileErrorMessage, quotedText } from '../core/shown-text.js';
 
 /** Turns a request into the token ids the engine will see (`--tokenize tokenizer`). */
 export interface PromptTokenizer {
@@ -174,9 +175,9 @@ export class ChatTokenizer implements PromptTokenizer {
    * snapshot).
    */
   static load(path: string, options: ChatTokenizerOptions = {}): ChatTokenizer {
-    if (!existsSync(path)) throw new RangeError(`tokenizer: no such file or directory '${path}'`);
+    if (!existsSync(path)) throw new RangeError(`tokenizer: no such file or directory ${quotedText(path)}`);
     const file = statSync(path).isDirectory() ? join(path, 'tokenizer.json') : path;
-    if (!existsSync(file)) throw new RangeError(`tokenizer: '${file}' does not exist`);
+    if (!existsSync(file)) throw new RangeError(`tokenizer: ${quotedText(file)} does not exist`);
     const configFile = join(dirname(file), 'tokenizer_config.json');
     const jinjaFile = join(dirname(file), 'chat_template.jinja');
     const tokenizerJson = readJson(file, 'tokenizer');
@@ -185,9 +186,12 @@ export class ChatTokenizer implements PromptTokenizer {
     try {
       tokenizer = new Tokenizer(tokenizerJson, config);
     } catch (err) {
-      throw new RangeError(`tokenizer: '${file}' is not a tokenizer this library reads: ${(err as Error).message}`, {
-        cause: err,
-      });
+      throw new RangeError(
+        `tokenizer: ${quotedText(file)} is not a tokenizer this library reads: ${(err as Error).message}`,
+        {
+          cause: err,
+        },
+      );
     }
     const chatTemplate = options.chatTemplate ?? (existsSync(jinjaFile) ? readFileSync(jinjaFile, 'utf8') : undefined);
     return new ChatTokenizer(tokenizer, config, { ...options, chatTemplate });
@@ -449,6 +453,6 @@ function readJson(file: string, what: string): Record<string, unknown> {
   try {
     return JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown>;
   } catch (err) {
-    throw new RangeError(`${what}: cannot read '${file}': ${(err as Error).message}`, { cause: err });
+    throw new RangeError(`${what}: cannot read ${quotedText(file)}: ${fileErrorMessage(err, file)}`, { cause: err });
   }
 }

@@ -18,6 +18,7 @@ import {
   writeSync,
 } from 'node:fs';
 import { dirname } from 'node:path';
+import { fileErrorMessage, shownText } from '../core/shown-text.js';
 
 /** The longest admin token an `Authorization: Bearer …` header of at most 4096 characters holds. */
 export const MAX_ADMIN_TOKEN_LENGTH = 4096 - 'Bearer '.length;
@@ -79,20 +80,20 @@ export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken 
   }
   const file = source.tokenFile;
   if (!file) throw new RangeError('no admin token: give a token or a token file');
+  // the file as messages name it
+  const named = `--admin-token-file ${shownText(file)}`;
   let existing: string | undefined;
   try {
     const st = statSync(file);
-    if (!st.isFile()) throw new RangeError(`--admin-token-file ${file} is not a regular file`);
+    if (!st.isFile()) throw new RangeError(`${named} is not a regular file`);
     if ((st.mode & 0o077) !== 0)
-      throw new RangeError(
-        `--admin-token-file ${file} is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`,
-      );
+      throw new RangeError(`${named} is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
     if (typeof process.getuid === 'function' && st.uid !== process.getuid())
-      throw new RangeError(`--admin-token-file ${file} belongs to another user`);
+      throw new RangeError(`${named} belongs to another user`);
     existing = readFileSync(file, 'utf8').trim();
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'ENOENT')
-      throw err instanceof RangeError ? err : new RangeError(`--admin-token-file ${file}: ${(err as Error).message}`);
+      throw err instanceof RangeError ? err : new RangeError(`${named}: ${fileErrorMessage(err, file)}`);
   }
   if (existing !== undefined && existing !== '') {
     new AdminToken(existing);
@@ -114,7 +115,7 @@ export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken 
     else linkSync(tmp, file);
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'EEXIST') return resolveAdminToken({ tokenFile: file });
-    throw new RangeError(`--admin-token-file ${file}: ${(err as Error).message}`, { cause: err });
+    throw new RangeError(`${named}: ${fileErrorMessage(err, file)}`, { cause: err });
   } finally {
     rmSync(tmp, { force: true });
   }

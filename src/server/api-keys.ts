@@ -8,6 +8,7 @@
 import { createHash } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
+import { fileErrorMessage, shownText } from '../core/shown-text.js';
 
 /** Largest keys file read (about 100,000 keys). */
 export const MAX_API_KEYS_FILE_BYTES = 16 * 1024 * 1024;
@@ -65,14 +66,14 @@ export function loadApiKeysFile(file: string): ApiKeys {
       throw new RangeError(`is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
     raw = parseYaml(readFileSync(file, 'utf8'));
   } catch (err) {
-    throw new RangeError(`--api-keys-file ${file}: ${(err as Error).message.split('\n')[0]}`, { cause: err });
+    throw new RangeError(`--api-keys-file ${shownText(file)}: ${fileErrorMessage(err, file)}`, { cause: err });
   }
   if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
-    throw new RangeError(`--api-keys-file ${file}: must be a mapping of API key to tenant name`);
+    throw new RangeError(`--api-keys-file ${shownText(file)}: must be a mapping of API key to tenant name`);
   try {
     return new ApiKeys(raw as Record<string, string>);
   } catch (err) {
-    throw new RangeError(`--api-keys-file ${file}: ${(err as Error).message}`, { cause: err });
+    throw new RangeError(`--api-keys-file ${shownText(file)}: ${(err as Error).message}`, { cause: err });
   }
 }
 

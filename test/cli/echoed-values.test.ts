@@ -8,6 +8,9 @@ import { test } from 'node:test';
 import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
 import { shortenCommanderMessage } from '../../src/cli/options.js';
 import { quotedText, shownText } from '../../src/core/shown-text.js';
+import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
+import { resolveAdminToken } from '../../src/server/admin-auth.js';
+import { loadApiKeysFile } from '../../src/server/api-keys.js';
 import { parseWorkerRecord } from '../../src/server/worker-input.js';
 import { createStateStore } from '../../src/state/create-state-store.js';
 import { parseRedisUrl } from '../../src/state/redis-state-store.js';
@@ -162,4 +165,17 @@ test('a Redis URL the state store cannot read is refused without its password', 
     messageOf(() => createStateStore('mem://user:secret@host')),
     /secret/,
   );
+});
+
+test('a long file path is named cut short by the files serve reads at start', () => {
+  const path = `${tmpdir()}/${'d'.repeat(3000)}`;
+  const short = (fn: () => unknown, what: RegExp) => {
+    const message = messageOf(fn);
+    assert.match(message, what, message.slice(0, 200));
+    assert.ok(message.length < 600, `${message.length} characters: ${message.slice(0, 200)}`);
+    assert.match(message, /…'? \(\d+ characters\)/);
+  };
+  short(() => ChatTokenizer.load(path), /^tokenizer: /);
+  short(() => loadApiKeysFile(path), /^--api-keys-file /);
+  short(() => resolveAdminToken({ tokenFile: `${path}/admin-token` }), /^--admin-token-file /);
 });

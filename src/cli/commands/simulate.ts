@@ -5,20 +5,13 @@ import { checkPolicyOptions, POLICY_NAMES, type PolicyOptions } from '../../core
 import { assignmentLines, comparePolicies, policyVariant, type ComparisonReport } from '../../sim/compare.js';
 import { loadTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
-import { quotedText, shownText } from '../../core/shown-text.js';
+import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
 import { InvalidArgumentError } from 'commander';
 import { parseWorkerEvent, type ScenarioOptions } from '../../sim/scenarios.js';
 import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
 
 const DEFAULT_KV_TOKENS = ENGINE_DEFAULTS.kvTokens;
-import {
-  checkClusterKv,
-  fileErrorMessage,
-  fractionOption,
-  intOption,
-  positiveNumberOption,
-  SIM_LIMITS,
-} from '../options.js';
+import { checkClusterKv, fractionOption, intOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
 
 /** Scenario flags that map one to one onto ScenarioOptions. */
 type ScenarioFlags = Pick<

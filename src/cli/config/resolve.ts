@@ -8,11 +8,11 @@ import { InvalidArgumentError, Option, type Command } from 'commander';
 import { parse as parseYaml, parseAllDocuments } from 'yaml';
 import type { z } from 'zod';
 import { closestKey, describeIssue, issueMessage } from '../../core/schema-issues.js';
-import { quotedText, shownText } from '../../core/shown-text.js';
+import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
 import { MAX_WORKERS } from '../../core/worker-registry.js';
 import { parseWorkerRecord, WORKER_SPEC_KEYS } from '../../server/worker-input.js';
 import type { WorkerRecord } from '../../state/state-store.js';
-import { fileErrorMessage, specFields } from '../options.js';
+import { specFields } from '../options.js';
 import { parseDiscoverySpec, parseObjectives } from './picker-text.js';
 import {
   envName,
