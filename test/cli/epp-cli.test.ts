@@ -3,7 +3,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
 import { Command } from 'commander';
-import { registerEppCommand } from '../../src/cli/commands/epp.js';
+import { registerEppCommand, resolveEppConfig } from '../../src/cli/commands/epp.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { parseDiscoverySpec } from '../../src/cli/commands/epp.js';
 import { EnvoyRole } from '../epp/envoy-role.js';
@@ -141,4 +141,30 @@ test('--discover specs', () => {
   });
   assert.throws(() => parseDiscoverySpec('dns=vllm,port=8000,replay-port=5558'), /replay-port needs events-port/);
   assert.throws(() => parseDiscoverySpec('dns=vllm,port=8000,colour=red'), /unknown key 'colour'/);
+});
+
+test('epp runs one process: --processes above 1 is named in a warning and not used to size anything', () => {
+  const resolve = (args: string[]) => {
+    const program = new Command().exitOverride().configureOutput({ writeErr: () => {} });
+    registerEppCommand(program);
+    const epp = program.commands.find((c) => c.name() === 'epp')!;
+    let out: ReturnType<typeof resolveEppConfig> | undefined;
+    epp.action(() => {
+      out = resolveEppConfig(epp, {});
+    });
+    program.parse(['node', 'contextforge-router', 'epp', ...args]);
+    return out!;
+  };
+  const { config, resolved } = resolve(['--processes', '4']);
+  assert.equal(config.processes, 1);
+  assert.deepEqual(
+    resolved.warnings.filter((w) => w.includes('--processes')),
+    [
+      '--processes 4 has no effect on epp: it runs one process (run more epp replicas, sharing --state redis://…, instead)',
+    ],
+  );
+  assert.deepEqual(
+    resolve([]).resolved.warnings.filter((w) => w.includes('--processes')),
+    [],
+  );
 });

@@ -6,6 +6,22 @@ import { listening, resolveConfig, startGateway } from './serve.js';
 
 export { parseDiscoverySpec } from '../config/picker-text.js';
 
+/**
+ * `epp`'s settings (as resolveConfig resolves them). The picker runs in one process: --processes,
+ * which a config or environment shared with serve may set, is named in a warning and left at 1
+ * (it also sizes the tokenizer threads of each process).
+ */
+export function resolveEppConfig(cmd: Command, env: NodeJS.ProcessEnv = process.env) {
+  const { config, resolved } = resolveConfig(cmd, env, EPP_SCHEMA);
+  if (config.processes > 1) {
+    resolved.warnings.push(
+      `--processes ${config.processes} has no effect on epp: it runs one process (run more epp replicas, sharing --state redis://…, instead)`,
+    );
+    config.processes = 1;
+  }
+  return { config, resolved };
+}
+
 export function registerEppCommand(program: Command): void {
   const cmd = program
     .command('epp')
@@ -14,7 +30,7 @@ export function registerEppCommand(program: Command): void {
     );
   addSettingOptions(cmd, EPP_SCHEMA.shape, EPP_HELP);
   cmd.action(async () => {
-    const { config: c, resolved } = resolveConfig(cmd, process.env, EPP_SCHEMA);
+    const { config: c, resolved } = resolveEppConfig(cmd);
     const log = (m: string) => process.stderr.write(`${m}\n`);
     for (const w of resolved.warnings) log(`warning: ${w}`);
     if (c.workers.length === 0 && !c.discover)
