@@ -49,7 +49,9 @@ export interface ForwardOptions {
   streaming: boolean;
   /** The Via header the engine gets: the client's, with this gateway's entry appended (via.ts). */
   via: string;
+  /** Longest wait for the first byte of an answer (of a stream: for its first whole event). */
   firstByteTimeoutMs: number;
+  /** Longest gap between two whole events of a stream; longest wait for the rest of an answer being gathered. */
   interChunkTimeoutMs: number;
   /**
    * The answer reached the client, and its first body byte had come `seconds` after the attempt
@@ -249,7 +251,12 @@ class SentOnce implements Iterable<Buffer> {
   }
 }
 
-type GiveUpReason = 'client' | 'first-byte' | 'worker-out';
+/**
+ * Why the gateway stopped waiting for an answer: the client left, the first byte (of a stream:
+ * its first whole event) was overdue, the worker left rotation, or the answer stalled (a
+ * stream's next event, or the rest of a whole answer, overdue past the inter-chunk timeout).
+ */
+type GiveUpReason = 'client' | 'first-byte' | 'worker-out' | 'stalled';
 
 /** A withdrawal that has nothing to withdraw: the request was handed to undici. */
 const NOT_WAITING = (): boolean => false;
@@ -266,6 +273,8 @@ class Attempt implements Dispatcher.DispatchHandler {
   holdsConnection = false;
   private abortUpstream: ((err?: Error) => void) | undefined;
   private timer: NodeJS.Timeout | undefined;
+  /** `timer` is the deadline of a stream's next event (refreshed as events reach the client). */
+  private eventDeadline = false;
   private readonly started = performance.now();
   private readonly res: ServerResponse;
   private status = 0;
@@ -317,6 +326,8 @@ class Attempt implements Dispatcher.DispatchHandler {
   private awaitingDrain = false;
   private readonly onDrain = (): void => {
     this.awaitingDrain = false;
+    // the client read what it was sent: the engine's next event is due from now
+    if (this.eventDeadline && !this.settled) this.nextEventDue();
     this.resumeUpstream?.();
   };
 
@@ -465,10 +476,29 @@ class Attempt implements Dispatcher.DispatchHandler {
   private firstByte(): void {
     this.firstByteSeen = true;
     this.firstByteS = (performance.now() - this.started) / 1000;
-    if (this.timer) {
+    // a stream has answered once its first whole event reaches the client: the first-byte
+    // deadline holds until then (an engine that trickles bytes that never make an event has not
+    // answered, and each byte would reset undici's body timeout); the rest of an answer being
+    // gathered is due within the inter-chunk timeout (an engine writes a whole answer at once,
+    // and one that trickles it must not hold the request for ever)
+    if (this.timer && !this.eventStream) {
       clearTimeout(this.timer);
-      this.timer = undefined;
+      this.timer = this.gather ? setTimeout(() => this.giveUp('stalled'), this.o.interChunkTimeoutMs) : undefined;
     }
+  }
+
+  /**
+   * A stream's events reached the client: its next event is due within the inter-chunk timeout
+   * (the gap undici's body timeout bounds is between two bytes, and an engine that trickles bytes
+   * that never end an event would hold the client for ever). A client that reads slowly stops
+   * the clock: while the engine waits for 'drain', nothing is due from it.
+   */
+  private nextEventDue(): void {
+    if (this.awaitingDrain) return;
+    if (this.eventDeadline && this.timer) return void this.timer.refresh();
+    if (this.timer) clearTimeout(this.timer);
+    this.eventDeadline = true;
+    this.timer = setTimeout(() => this.giveUp('stalled'), this.o.interChunkTimeoutMs);
   }
 
   /** From here on the answer belongs to the client: headers out, no retry, no give-up on worker-out. */
@@ -537,12 +567,17 @@ class Attempt implements Dispatcher.DispatchHandler {
       } else if (errorStatus !== 0 && !this.sent) this.errorAnswer = true;
     }
     if (!this.sent) this.startResponse();
+    if (this.eventStream) this.nextEventDue();
     if (this.res.write(chunk)) return true;
     // the client reads slower than the engine writes: the engine's socket waits for 'drain'
     // (one listener, however many chunks arrive before it fires)
     if (!this.awaitingDrain) {
       this.awaitingDrain = true;
       this.res.once('drain', this.onDrain);
+      if (this.eventDeadline && this.timer) {
+        clearTimeout(this.timer);
+        this.timer = undefined;
+      }
     }
     return false;
   }
@@ -602,6 +637,11 @@ class Attempt implements Dispatcher.DispatchHandler {
   private stopGathering(): void {
     this.gather = false;
     this.checkWhole = false;
+    // it passes through at the client's pace from here: no deadline for its end
+    if (this.timer) {
+      clearTimeout(this.timer);
+      this.timer = undefined;
+    }
     this.startResponse();
     const parts = this.parts ?? [];
     this.parts = undefined;

@@ -4,10 +4,13 @@
  * closed. Engine side, two different waits: the first byte of a streamed answer comes after
  * the request's queue and prefill — a few seconds past what this worker usually takes means
  * something is wrong, and nothing has reached the client yet, so another worker can take the
- * request; after the first byte, tokens arrive steadily and only a long gap between two chunks
- * (the inter-chunk timeout) means the engine stalled. A non-streamed answer's first byte is the
- * whole answer, after the whole generation: it is bounded by the inter-chunk timeout only, and
- * an engine that hangs on it is caught by its health check (the request then moves elsewhere).
+ * request; after the first event, tokens arrive steadily and only a long gap between two
+ * whole events (the inter-chunk timeout) means the engine stalled. Both count whole events, not
+ * bytes: an engine that trickles bytes that never end an event is not answering. A non-streamed
+ * answer's first byte is the whole answer, after the whole generation: it is bounded by the
+ * inter-chunk timeout only (and so is its rest, once its first byte came: an engine writes it at
+ * once), and an engine that hangs on it is caught by its health check (the request then moves
+ * elsewhere).
  */
 import { z } from 'zod';
 import { describeIssue, issueError } from '../core/schema-issues.js';
@@ -21,7 +24,10 @@ export interface GatewayTimeouts {
   connectionTimeoutMs: number;
   /** Allowance past the worker's expected time to first byte of a streamed answer. */
   firstByteTimeoutMs: number;
-  /** Longest gap between two chunks of an answer, and longest wait for a non-streamed answer. */
+  /**
+   * Longest gap between two whole events of a streamed answer, and longest wait for a
+   * non-streamed answer (and for its rest after its first byte).
+   */
   interChunkTimeoutMs: number;
 }
 

@@ -50,14 +50,20 @@ export class SlowClientResponse extends EventEmitter {
 /**
  * forward() of a streamed request on a stand-in pool; the engine has answered `status` (200) with
  * `contentType`. `overrides` replace the options' defaults (callbacks that do nothing).
- * Returns undici's handler, the attempt's outcome and how often the engine was resumed.
+ * Returns undici's handler, the attempt's outcome, how often the engine was resumed and why the
+ * attempt aborted the engine's answer (undefined while it has not).
  */
 export function forwardTo(
   res: SlowClientResponse,
   contentType = 'text/event-stream',
   overrides: Partial<ForwardOptions> = {},
   status = 200,
-): { h: Dispatcher.DispatchHandler; outcome: Promise<ForwardOutcome>; resumed: () => number } {
+): {
+  h: Dispatcher.DispatchHandler;
+  outcome: Promise<ForwardOutcome>;
+  resumed: () => number;
+  aborted: () => Error | undefined;
+} {
   let handler: Dispatcher.DispatchHandler | undefined;
   const connection = {
     pool: {
@@ -100,7 +106,8 @@ export function forwardTo(
   const outcome = forward(reply, connection, '/v1/completions', '{}', options);
   const h = handler!;
   let resumed = 0;
-  h.onConnect!(() => {});
+  let aborted: Error | undefined;
+  h.onConnect!((err) => (aborted ??= err ?? new Error('aborted')));
   h.onHeaders!(status, [Buffer.from('content-type'), Buffer.from(contentType)], () => resumed++, 'OK');
-  return { h, outcome, resumed: () => resumed };
+  return { h, outcome, resumed: () => resumed, aborted: () => aborted };
 }

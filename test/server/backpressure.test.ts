@@ -145,3 +145,30 @@ test('a client that stops reading holds the engine back with one drain listener,
     await engine.close();
   }
 });
+
+test('a client that reads slowly is not taken for a stalled engine: the next event is due only once it has drained', async () => {
+  const interChunkTimeoutMs = 50;
+  // a stream whose client stops reading after its first event
+  const slow = new SlowClientResponse();
+  const held = forwardTo(slow, 'text/event-stream', { interChunkTimeoutMs });
+  assert.equal(held.h.onData!(Buffer.from(event(0))), false, 'the engine is told to wait for the client');
+  // started after it with the same deadline, a stream whose client reads and whose engine sends nothing more
+  const reading = new SlowClientResponse();
+  reading.full = false;
+  const stalled = forwardTo(reading, 'text/event-stream', { interChunkTimeoutMs });
+  assert.equal(stalled.h.onData!(Buffer.from(event(0))), true);
+  await until(() => stalled.aborted() !== undefined, 'the stalled stream to be given up');
+  // a deadline of the same length started earlier would have passed first
+  assert.equal(held.aborted(), undefined, 'the stream waiting for its client still stands');
+  stalled.h.onError!(stalled.aborted()!);
+  assert.equal(await stalled.outcome, 'cut');
+  assert.match(reading.text(), /the engine failed mid-stream/);
+  // the client catches up: the engine's next event is due from now, and arrives
+  slow.full = false;
+  slow.drain();
+  assert.equal(held.resumed(), 1);
+  assert.equal(held.h.onData!(Buffer.from(event(1))), true);
+  held.h.onComplete!([]);
+  assert.equal(await held.outcome, 'done');
+  assert.equal(slow.text(), event(0) + event(1));
+});

@@ -145,7 +145,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   firstByteTimeoutMs: {
     arg: '<ms>',
-    help: "wait for an engine's first byte beyond its expected queue time, then retry elsewhere",
+    help: "wait for a streamed answer's first whole event beyond the engine's expected queue time, then retry elsewhere",
   },
   state: {
     arg: '<store>',
@@ -174,7 +174,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
     arg: '<n>',
     help: "most connections the gateway keeps to one engine (a stream holds one until it ends); requests beyond it wait in the gateway, where the router's load signals do not see them: keep it above the engine's --max-num-seqs (vLLM) or --max-running-requests (SGLang), so they queue in the engine",
   },
-  upstreamTimeoutMs: { arg: '<ms>', help: 'longest gap between two chunks of an engine answer (after the first byte)' },
+  upstreamTimeoutMs: {
+    arg: '<ms>',
+    help: 'longest gap between two whole events of a streamed answer (after the first), and longest wait for a non-streamed answer and for its rest after its first byte',
+  },
   metricsIntervalMs: { arg: '<ms>', help: 'load-metrics scrape interval (0: off)' },
   healthIntervalMs: { arg: '<ms>', help: 'active health-check interval, GET /health (0: off)' },
   breakerFailures: { arg: '<n>', help: "consecutive failures that open a worker's circuit" },

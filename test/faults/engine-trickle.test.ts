@@ -1,0 +1,155 @@
+/**
+ * Engines that keep an answer alive without ever getting on with it: a byte every few tens of
+ * milliseconds, never enough to make a stream's next event or to end a whole answer. Each byte
+ * resets undici's body timeout, which bounds the gap between two reads of the socket only; the
+ * gateway's deadlines are on what reaches the client (a stream's whole events, a whole answer),
+ * so such an engine cannot hold a client, a connection and the router's in-flight ticket forever.
+ */
+import assert from 'node:assert/strict';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { test } from 'node:test';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway } from '../../src/server/gateway.js';
+import type { GatewayTimeouts } from '../../src/server/timeouts.js';
+import { until } from '../helpers/wait.js';
+import { fakeEngine } from './harness.js';
+
+const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0 };
+
+/** How often a trickling engine writes its next byte (ms): well inside every timeout of these tests. */
+const TRICKLE_MS = 40;
+
+/**
+ * An engine that answers its completions with `head`, then writes `byte` every TRICKLE_MS
+ * until the gateway closes the connection. `open` counts the answers still trickling.
+ */
+async function tricklingEngine(head: (res: ServerResponse) => void, byte: string) {
+  const state = { open: 0 };
+  const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+    req.resume();
+    req.on('end', () => {
+      head(res);
+      state.open++;
+      const t = setInterval(() => res.write(byte), TRICKLE_MS);
+      res.on('close', () => {
+        clearInterval(t);
+        state.open--;
+      });
+    });
+  });
+  return {
+    url: engine.url,
+    close: () => engine.close(),
+    get open() {
+      return state.open;
+    },
+  };
+}
+
+/**
+ * A gateway in front of `bad` first and, with `withGood`, a good mock engine second (round
+ * robin: the first request goes to `bad`); its retries, breaker and timeouts as given.
+ */
+async function gatewayWith(badUrl: string, withGood: boolean, timeouts: Partial<GatewayTimeouts>, breakerFailures = 3) {
+  const good = withGood ? await new MockEngine().start() : undefined;
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const workers = [{ id: 'bad', url: badUrl }];
+  if (good) workers.push({ id: 'good', url: `http://127.0.0.1:${good.port}` });
+  const gateway = await createGateway({
+    router,
+    workers,
+    ...quiet,
+    timeouts,
+    breakerFailures,
+    breakerCooldownMs: 60_000,
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  return {
+    router,
+    gateway,
+    base,
+    close: async () => {
+      await gateway.close();
+      await good?.close();
+    },
+  };
+}
+
+/** POSTs a completion request; the client gives up after 30 s (far past every deadline the gateway is given here). */
+async function complete(base: string, body: Record<string, unknown>) {
+  const res = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+    signal: AbortSignal.timeout(30_000),
+  });
+  return { status: res.status, headers: res.headers, text: await res.text() };
+}
+
+test('a stream whose first event never completes, its bytes trickling, moves to another worker at the first-byte deadline', async () => {
+  const bad = await tricklingEngine((res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write('data: {"choices":[{"text":"');
+  }, 'a');
+  const g = await gatewayWith(bad.url, true, { firstByteTimeoutMs: 300, interChunkTimeoutMs: 60_000 });
+  try {
+    const r = await complete(g.base, { prompt: 'p', max_tokens: 2, stream: true });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+    assert.match(r.text, /data: \[DONE\]/);
+    assert.doesNotMatch(r.text, /"te?x?t?":"a/, 'nothing of the trickled event reached the client');
+    await until(() => bad.open === 0, 'the trickling answer to be dropped');
+    assert.equal(g.router.getStats().inFlightRequests, 0);
+  } finally {
+    await g.close();
+    await bad.close();
+  }
+});
+
+test('a stream that trickles bytes after its first event, never making another, ends with an error event and counts as a failure', async () => {
+  const bad = await tricklingEngine((res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write('data: {"choices":[{"text":"a"}]}\n\n');
+    res.write('data: {"choices":[{"text":"');
+  }, 'b');
+  const g = await gatewayWith(bad.url, false, { firstByteTimeoutMs: 60_000, interChunkTimeoutMs: 300 }, 1);
+  try {
+    const r = await complete(g.base, { prompt: 'p', max_tokens: 2, stream: true });
+    assert.equal(r.status, 200);
+    const events = r.text.split('\n\n').filter(Boolean);
+    assert.equal(events[0], 'data: {"choices":[{"text":"a"}]}');
+    assert.match(events.at(-1)!, /"the engine failed mid-stream"/, 'the stream ends with the error event');
+    assert.equal(events.length, 2, `the whole event, then the error event: ${JSON.stringify(r.text)}`);
+    await until(() => bad.open === 0, 'the trickling answer to be dropped');
+    assert.equal(g.router.getStats().inFlightRequests, 0);
+    assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], 'the stalled stream counts as the engine failing');
+  } finally {
+    await g.close();
+    await bad.close();
+  }
+});
+
+for (const framing of ['content-length', 'chunked'] as const) {
+  test(`a whole answer (${framing}) that trickles for longer than the inter-chunk timeout is retried on another worker`, async () => {
+    const bad = await tricklingEngine((res) => {
+      res.writeHead(200, {
+        'content-type': 'application/json',
+        ...(framing === 'content-length' ? { 'content-length': '100000' } : {}),
+      });
+      res.write('{"choices":[{"text":"');
+    }, 'a');
+    const g = await gatewayWith(bad.url, true, { firstByteTimeoutMs: 60_000, interChunkTimeoutMs: 300 });
+    try {
+      const r = await complete(g.base, { prompt: 'p', max_tokens: 2 });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+      assert.doesNotThrow(() => JSON.parse(r.text));
+      await until(() => bad.open === 0, 'the trickling answer to be dropped');
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+    } finally {
+      await g.close();
+      await bad.close();
+    }
+  });
+}
