@@ -146,6 +146,9 @@ function isTimeout(err: Error | undefined): boolean {
   return code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT';
 }
 
+/** A Content-Encoding that names no coding but identity: the bytes are the answer itself. */
+const IDENTITY_ONLY = /^[\s,]*(?:identity[\s,]*)*$/i;
+
 const LF = 0x0a;
 const CR = 0x0d;
 /**
@@ -437,6 +440,7 @@ class Attempt implements Dispatcher.DispatchHandler {
     }
     let contentType: string | undefined;
     let length: number | undefined;
+    let contentEncoding: string | undefined;
     for (let i = 0; i < rawHeaders.length; i += 2) {
       const name = rawHeaders[i];
       if (name.length === 12 && name.toString('latin1').toLowerCase() === 'content-type') {
@@ -444,19 +448,31 @@ class Attempt implements Dispatcher.DispatchHandler {
         contentType = contentType === undefined ? v : `${contentType},${v}`;
       } else if (name.length === 14 && name.toString('latin1').toLowerCase() === 'content-length')
         length = Number(rawHeaders[i + 1].toString('latin1'));
+      else if (name.length === 16 && name.toString('latin1').toLowerCase() === 'content-encoding') {
+        const v = rawHeaders[i + 1].toString('latin1');
+        contentEncoding = contentEncoding === undefined ? v : `${contentEncoding},${v}`;
+      }
     }
+    // the gateway asks for answers without a content coding (accept-encoding: identity); one
+    // compressed anyway passes on as it came, its coding with it (the client's HTTP stack decodes
+    // it): its bytes are neither JSON nor events the gateway can read, so it is not checked as
+    // JSON, not cut into events, and when it fails after it reached the client it is cut, never
+    // followed by a plain error event the client would decode as more of it
+    const encoded = contentEncoding !== undefined && !IDENTITY_ONLY.test(contentEncoding);
     // an engine that declares JSON is held to it; one that declares nothing is passed on as JSON, unchecked
-    this.checkWhole = contentType !== undefined && declaresJson(contentType);
+    this.checkWhole = contentType !== undefined && declaresJson(contentType) && !encoded;
     contentType ??= 'application/json';
-    this.eventStream = contentType.includes('event-stream');
+    const eventStream = contentType.includes('event-stream');
+    this.eventStream = eventStream && !encoded;
     const o = this.o;
     const headers: Record<string, string> = { 'content-type': contentType, 'x-contextforge-worker': o.workerId };
+    if (encoded) headers['content-encoding'] = contentEncoding!;
     if (o.rank !== null) headers['x-contextforge-rank'] = String(o.rank);
     if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
-    if (this.eventStream) headers['cache-control'] = 'no-cache';
+    if (eventStream) headers['cache-control'] = 'no-cache';
     this.headers = headers;
     // a whole answer is gathered, so one cut short is retried, unless it is too large to hold
-    this.gather = !this.eventStream && (length === undefined ? !o.streaming : length <= MAX_GATHERED_BYTES);
+    this.gather = !eventStream && (length === undefined ? !o.streaming : length <= MAX_GATHERED_BYTES);
     this.declaredLength = length;
     // an answer of declared length takes all of it from the budget at once, or is not gathered
     if (this.gather && length !== undefined && !this.takeAnswer(length)) {

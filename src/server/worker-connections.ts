@@ -282,9 +282,10 @@ export class WorkerConnections {
     if (w.blockSize !== undefined) record.blockSize = w.blockSize;
     if (w.apiKeyEnv !== undefined) record.apiKeyEnv = w.apiKeyEnv;
     const authorization = engineAuthorization(apiKey) ?? plain.authorization;
+    // answers without a content coding: the gateway reads them (whole JSON, events, model lists)
     const headers: Record<string, string> = authorization
-      ? { 'content-type': 'application/json', authorization }
-      : { 'content-type': 'application/json' };
+      ? { 'content-type': 'application/json', 'accept-encoding': 'identity', authorization }
+      : { 'content-type': 'application/json', 'accept-encoding': 'identity' };
     const workerForRank = (rank: number) => (rank < dpSize ? rankWorkerId(w.id, rank, dpSize) : undefined);
     // the subscribers and the router's registration can still refuse the worker (ZeroMQ has the
     // last word on an endpoint): then nothing of it may stay, neither a worker the router routes
