@@ -141,7 +141,13 @@ export class HealthChecker {
     p.probes++;
     let error: string | undefined;
     try {
-      const res = await fetch(p.url, { headers: this.headers, signal: AbortSignal.timeout(this.timeoutMs) });
+      // a redirect is not followed (it fails the probe): the gateway follows none of a proxied
+      // request's either, so an engine that redirects is not one that can serve
+      const res = await fetch(p.url, {
+        headers: this.headers,
+        redirect: 'manual',
+        signal: AbortSignal.timeout(this.timeoutMs),
+      });
       await readBoundedText(res.body, MAX_HEALTH_BYTES, '/health');
       if (!res.ok) error = `HTTP ${res.status}`;
     } catch (err) {

@@ -201,3 +201,41 @@ test("a client's /v1/models: an endless answer does not hold it, and malformed e
   await endlessModels.close();
   await good.close();
 });
+
+test('a /health or /metrics answering with a redirect fails the check, as the redirect fails a proxied request', async () => {
+  // a worker URL that is not the engine's own (http behind an ingress that wants https, say):
+  // the gateway follows no redirect of a proxied request, so the checks must not call it healthy
+  const target = createServer((req, res) => {
+    req.resume();
+    if (req.url === '/metrics') return void res.end('vllm:num_requests_waiting 7\n');
+    res.end();
+  });
+  await new Promise<void>((r) => target.listen(0, '127.0.0.1', r));
+  const targetUrl = `http://127.0.0.1:${(target.address() as AddressInfo).port}`;
+  const redirecting = createServer((req, res) => {
+    req.resume();
+    res.writeHead(301, { location: `${targetUrl}${req.url}` }).end();
+  });
+  await new Promise<void>((r) => redirecting.listen(0, '127.0.0.1', r));
+  const url = `http://127.0.0.1:${(redirecting.address() as AddressInfo).port}`;
+  const router = new KVAwareRouter();
+  router.registerWorker('w');
+  const health = new WorkerHealth(router);
+  const scraper = new MetricsScraper(router, [{ workerId: 'w', url: `${url}/metrics` }], {
+    timeoutMs: 30_000,
+    failuresToUnhealthy: 1,
+    health,
+  });
+  await scraper.scrapeAll();
+  assert.equal(scraper.state('w')!.lastError, 'HTTP 301');
+  assert.equal(router.listWorkers()[0].waitingRequests, 0, 'nothing of the page redirected to was taken');
+  const checker = new HealthChecker(health, { timeoutMs: 30_000, failuresToUnhealthy: 1 });
+  checker.add('w', url);
+  await checker.probeAll();
+  assert.equal(checker.state('w')!.lastError, 'HTTP 301');
+  assert.deepEqual(health.reasons('w').sort(), ['health-check', 'metrics']);
+  for (const server of [target, redirecting]) {
+    server.closeAllConnections();
+    await new Promise<void>((r) => server.close(() => r()));
+  }
+});

@@ -108,7 +108,12 @@ export class MetricsScraper {
     // requests routed while the scrape is under way may not be in the engine's queue it reads
     const sampledAt = this.router.now();
     try {
-      const res = await fetch(t.url, { headers: t.headers, signal: AbortSignal.timeout(this.timeoutMs) });
+      // a redirect is not followed (it fails the scrape): the page it leads to is not this worker's load
+      const res = await fetch(t.url, {
+        headers: t.headers,
+        redirect: 'manual',
+        signal: AbortSignal.timeout(this.timeoutMs),
+      });
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
       const load = readEngineLoad(await readBoundedText(res.body, MAX_METRICS_BYTES, '/metrics'), t.engine);
       if (this.states.get(workerId) !== s) return; // removed while scraping
