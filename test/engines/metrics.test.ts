@@ -52,6 +52,25 @@ describe('Prometheus load metrics', () => {
     assert.equal(readEngineLoad(text, '1').kvUsage, 0.4);
   });
 
+  test('a sample that is not a finite number is skipped, as a malformed line is; a sum past what a number holds is none', () => {
+    // Prometheus writes +Inf, -Inf and NaN; JavaScript's Number() reads "Infinity", "1e400" and "" too
+    const text = [
+      'vllm:num_requests_running Infinity',
+      'vllm:num_requests_running 2',
+      'vllm:num_requests_waiting 1e400',
+      'vllm:num_requests_waiting',
+      'vllm:num_requests_waiting{engine="0"} ',
+      'vllm:num_requests_waiting 3',
+      'vllm:kv_cache_usage_perc NaN',
+      'vllm:kv_cache_usage_perc +Inf',
+      'vllm:kv_cache_usage_perc 0.5',
+    ].join('\n');
+    assert.deepEqual(readEngineLoad(text), { running: 2, waiting: 3, kvUsage: 0.5 });
+    const overflowing =
+      'vllm:num_requests_running 1e308\nvllm:num_requests_running 1e308\nvllm:num_requests_waiting 4\n';
+    assert.deepEqual(readEngineLoad(overflowing), { running: 0, waiting: 4, kvUsage: 0 });
+  });
+
   test('a page without load metrics is an error', () => {
     assert.throws(() => readEngineLoad('# nothing here\nprocess_cpu_seconds_total 3\n'), MetricsFormatError);
   });

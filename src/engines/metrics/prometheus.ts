@@ -62,8 +62,12 @@ export function parsePrometheusText(text: string, engine?: string): Map<string, 
       }
       rest = rest.slice(close + 1);
     }
-    const value = Number(rest.trim().split(/\s+/)[0]);
-    if (Number.isNaN(value)) continue;
+    // a sample that is not a finite number (Prometheus's NaN and ±Inf; Number() also reads an
+    // empty one as 0, and "Infinity" or "1e400" as infinite) says nothing of the load: skipped,
+    // as a malformed line is, rather than failing the scrape or reading as an empty queue
+    const sample = rest.trim().split(/\s+/)[0];
+    const value = sample === '' ? NaN : Number(sample);
+    if (!Number.isFinite(value)) continue;
     const list = series.get(name);
     if (list) list.push(value);
     else series.set(name, [value]);
@@ -87,6 +91,8 @@ function first(series: Map<string, number[]>, names: readonly string[], reduce: 
     const v = series.get(n);
     if (v && v.length > 0) {
       const sum = v.reduce((a, b) => a + b, 0);
+      // finite samples whose sum a number cannot hold: no reading of it
+      if (!Number.isFinite(sum)) continue;
       return reduce === 'sum' ? sum : sum / v.length;
     }
   }
