@@ -151,6 +151,28 @@ const IDENTITY_ONLY = /^[\s,]*(?:identity[\s,]*)*$/i;
 
 const LF = 0x0a;
 const CR = 0x0d;
+const SPACE = 0x20;
+const DATA_FIELD = Buffer.from('data:');
+const DONE = Buffer.from('[DONE]');
+
+/** The event that ends a stream the engine broke off after it reached the client. */
+const MID_STREAM_ERROR_EVENT = `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`;
+
+/**
+ * Whether the last event in `events` (whole events, or the unterminated end of a stream) is
+ * `data: [DONE]`, the event vLLM and SGLang end every stream of the completion APIs with (after
+ * an error event of their own too). A look at the bytes before the trailing line ends: no copy.
+ */
+function endsWithDone(events: Buffer): boolean {
+  let end = events.length;
+  while (end > 0 && (events[end - 1] === LF || events[end - 1] === CR)) end--;
+  const at = end - DONE.length;
+  if (at < 0 || !events.subarray(at, end).equals(DONE)) return false;
+  const field = at - DATA_FIELD.length - (at > 0 && events[at - 1] === SPACE ? 1 : 0);
+  if (field < 0 || !events.subarray(field, field + DATA_FIELD.length).equals(DATA_FIELD)) return false;
+  return field === 0 || events[field - 1] === LF || events[field - 1] === CR;
+}
+
 /**
  * Where an event stream stands just before a chunk, for finding where the chunk's events end:
  * in the middle of a line, at the start of one (after an LF, or at the start of the stream),
@@ -317,6 +339,8 @@ class Attempt implements Dispatcher.DispatchHandler {
   private sent = false;
   /** The stream reached the client with an engine's error event for a server error: the engine failed it. */
   private failedInStream = false;
+  /** The stream's events so far ended with `data: [DONE]`: its end, where vLLM and SGLang put it. */
+  private doneSeen = false;
   private settled = false;
   private readonly onClientGone: () => void;
   private readonly onWorkerOut: () => void;
@@ -568,6 +592,7 @@ class Attempt implements Dispatcher.DispatchHandler {
       const whole = this.wholeEvents(chunk);
       if (whole === undefined) return true;
       chunk = whole;
+      this.doneSeen ||= endsWithDone(chunk);
       const errorStatus = this.failedInStream ? 0 : errorEventStatus(chunk);
       if (isEngineFailure(errorStatus)) {
         // the engine failed the request before anything reached the client: it holds none of it
@@ -687,6 +712,24 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.releaseConnection();
     if (this.discarding) return this.settle(this.failed());
     if (this.why !== undefined && !this.sent) return this.settle(this.failed());
+    // the start of an event whose end never came (it goes as it was sent, or, when it is all
+    // that is missing of a stream, not at all)
+    const rest = this.eventStream && this.held !== undefined ? this.takeHeld(Buffer.alloc(0)) : undefined;
+    if (
+      this.eventStream &&
+      this.status < 300 &&
+      !this.failedInStream &&
+      !this.doneSeen &&
+      !(rest !== undefined && endsWithDone(rest))
+    ) {
+      // a stream that ends without its data: [DONE] was cut short on its way (vLLM and SGLang
+      // end every stream with it): before anything reached the client another worker can take
+      // the request; after, the client is told as when the engine breaks off, and the engine
+      // did not answer
+      if (!this.sent) return this.settle('retry');
+      this.res.end(`${this.midEvent ? '\n\n' : ''}${MID_STREAM_ERROR_EVENT}`);
+      return this.settle('cut');
+    }
     if (!this.firstByteSeen) this.firstByte();
     if (this.gather) {
       const payload = this.gatheredPayload();
@@ -716,7 +759,7 @@ class Attempt implements Dispatcher.DispatchHandler {
     } else {
       if (!this.sent) this.startResponse();
       // the engine ended its stream: what it held back goes as it was sent
-      this.res.end(this.held === undefined ? undefined : this.takeHeld(Buffer.alloc(0)));
+      this.res.end(rest);
     }
     this.settle(this.failedInStream ? 'cut' : 'done');
   }
@@ -732,9 +775,7 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (this.why !== 'client' && this.eventStream) {
       // an unfinished event held back is dropped; one that passed through is ended first, so
       // the error event is an event of its own
-      this.res.write(
-        `${this.midEvent ? '\n\n' : ''}data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`,
-      );
+      this.res.write(`${this.midEvent ? '\n\n' : ''}${MID_STREAM_ERROR_EVENT}`);
     }
     // an answer that is not a stream cannot say it failed: it is cut, never ended as if whole
     if (this.eventStream || this.why === 'client') this.res.end();

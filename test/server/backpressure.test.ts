@@ -15,6 +15,8 @@ import { forwardTo, SlowClientResponse } from '../helpers/forward-stand-in.js';
 import { until } from '../helpers/wait.js';
 
 const event = (i: number) => `data: {"n":${i}}\n\n`;
+/** The event vLLM and SGLang end a stream with. */
+const DONE = 'data: [DONE]\n\n';
 
 test('chunks that arrive before the client drains add no second drain listener; the stream arrives whole', async () => {
   const res = new SlowClientResponse();
@@ -34,10 +36,11 @@ test('chunks that arrive before the client drains add no second drain listener; 
   assert.equal(res.listenerCount('drain'), 1);
   res.drain();
   assert.equal(resumed(), 2);
+  h.onData!(Buffer.from(DONE));
   h.onComplete!([]);
   assert.equal(await outcome, 'done');
   assert.ok(res.ended);
-  assert.equal(Buffer.concat(res.written).toString(), Array.from({ length: 70 }, (_, i) => event(i)).join(''));
+  assert.equal(Buffer.concat(res.written).toString(), Array.from({ length: 70 }, (_, i) => event(i)).join('') + DONE);
 });
 
 test('an attempt that ends while it waits for the client leaves no drain listener behind', async () => {
@@ -167,8 +170,8 @@ test('a client that reads slowly is not taken for a stalled engine: the next eve
   slow.full = false;
   slow.drain();
   assert.equal(held.resumed(), 1);
-  assert.equal(held.h.onData!(Buffer.from(event(1))), true);
+  assert.equal(held.h.onData!(Buffer.from(event(1) + DONE)), true);
   held.h.onComplete!([]);
   assert.equal(await held.outcome, 'done');
-  assert.equal(slow.text(), event(0) + event(1));
+  assert.equal(slow.text(), event(0) + event(1) + DONE);
 });

@@ -50,8 +50,8 @@ test('an empty chunk between whole events changes nothing the client sees', asyn
   h.onData!(Buffer.alloc(0));
   h.onData!(Buffer.from('data: {"n":1}\n\ndata: {"n"'));
   h.onData!(Buffer.alloc(0));
-  h.onData!(Buffer.from(':2}\n\n'));
+  h.onData!(Buffer.from(':2}\n\ndata: [DONE]\n\n'));
   h.onComplete!([]);
   assert.equal(await outcome, 'done');
-  assert.equal(res.text(), 'data: {"n":0}\n\ndata: {"n":1}\n\ndata: {"n":2}\n\n');
+  assert.equal(res.text(), 'data: {"n":0}\n\ndata: {"n":1}\n\ndata: {"n":2}\n\ndata: [DONE]\n\n');
 });

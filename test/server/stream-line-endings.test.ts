@@ -14,18 +14,19 @@ import { createGateway } from '../../src/server/gateway.js';
 import { forwardTo, SlowClientResponse } from '../helpers/forward-stand-in.js';
 import { until } from '../helpers/wait.js';
 
-/** Streams of two or more events, each with the line ends of one style. */
+/** Streams of two or more events, each with the line ends of one style, ended as engines end them (data: [DONE]). */
 const STREAMS: Record<string, string> = {
-  LF: 'data: {"n":0}\n\ndata: {"n":1}\n\n',
-  CRLF: 'data: {"n":0}\r\n\r\ndata: {"n":1}\r\n\r\n',
-  CR: 'data: {"n":0}\r\rdata: {"n":1}\r\r',
+  LF: 'data: {"n":0}\n\ndata: {"n":1}\n\ndata: [DONE]\n\n',
+  CRLF: 'data: {"n":0}\r\n\r\ndata: {"n":1}\r\n\r\ndata: [DONE]\r\n\r\n',
+  CR: 'data: {"n":0}\r\rdata: {"n":1}\r\rdata: [DONE]\r\r',
   // events of several lines, each line end of another kind; every blank line's end is unlike the last
   mixed:
     'data: {"n":0}\r\ndata: {"m":0}\r\r\n' +
     'id: 1\ndata: {"n":1}\r\n\n' +
     ': note\rdata: {"n":2}\n\r\n' +
     'data: {"n":3}\n\r' +
-    'data: {"n":4}\r\n\r\n',
+    'data: {"n":4}\r\n\r\n' +
+    'data: [DONE]\n\r',
 };
 
 /**

@@ -1,0 +1,105 @@
+/**
+ * How an engine's stream ends. vLLM and SGLang end every stream of the completion APIs with the
+ * event `data: [DONE]`, after an error event of their own too (vLLM's serving_completion.py and
+ * serving_chat.py, SGLang's serving_completions.py and serving_chat.py: their generators yield it
+ * last, whatever happened before). A stream that ends cleanly without it was cut short on its way:
+ * the client must not take it for a whole answer, and the engine is not counted as answering.
+ */
+import assert from 'node:assert/strict';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { test } from 'node:test';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway } from '../../src/server/gateway.js';
+import { fakeEngine, post } from './harness.js';
+
+const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0 };
+
+const first = 'data: {"choices":[{"text":"a"}]}\n\n';
+
+/** An engine answering its completions with an event stream of `body`, ended cleanly. */
+const streamingEngine = (body: string) =>
+  fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+    req.resume();
+    req.on('end', () => res.writeHead(200, { 'content-type': 'text/event-stream' }).end(body));
+  });
+
+/**
+ * A gateway in front of `badUrl` first and, with `withGood`, a good mock engine second (round
+ * robin: the first request goes to `badUrl`); one failure opens a worker's circuit.
+ */
+async function gatewayWith(badUrl: string, withGood: boolean) {
+  const good = withGood ? await new MockEngine().start() : undefined;
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const workers = [{ id: 'bad', url: badUrl }];
+  if (good) workers.push({ id: 'good', url: `http://127.0.0.1:${good.port}` });
+  const gateway = await createGateway({ router, workers, ...quiet, breakerFailures: 1, breakerCooldownMs: 60_000 });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  return {
+    router,
+    gateway,
+    base,
+    close: async () => {
+      await gateway.close();
+      await good?.close();
+    },
+  };
+}
+
+test('a stream that ends cleanly without data: [DONE] after its first event ends with an error event and counts as a failure', async () => {
+  const bad = await streamingEngine(first);
+  const g = await gatewayWith(bad.url, false);
+  try {
+    const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+    assert.equal(r.status, 200);
+    const events = r.text.split('\n\n').filter(Boolean);
+    assert.equal(events.length, 2, JSON.stringify(r.text));
+    assert.equal(`${events[0]}\n\n`, first);
+    assert.match(events[1], /^data: \{"error":.*"the engine failed mid-stream"/);
+    assert.equal(g.router.getStats().inFlightRequests, 0);
+    assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], 'the cut stream counts as the engine failing');
+  } finally {
+    await g.close();
+    await bad.close();
+  }
+});
+
+test('a stream that ends cleanly before its first whole event is retried on another worker', async () => {
+  for (const body of ['', 'data: {"choices":[{"te']) {
+    const bad = await streamingEngine(body);
+    const g = await gatewayWith(bad.url, true);
+    try {
+      const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'good', `engine's stream ${JSON.stringify(body)}`);
+      assert.match(r.text, /data: \[DONE\]/);
+      assert.doesNotMatch(r.text, /"error"/);
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+    } finally {
+      await g.close();
+      await bad.close();
+    }
+  }
+});
+
+test('a stream ending with data: [DONE], whatever its line ends, is a whole answer', async () => {
+  for (const end of [
+    'data: [DONE]\n\n',
+    'data:[DONE]\n\n',
+    'data: [DONE]\r\n\r\n',
+    'data: [DONE]\r\r',
+    'data: [DONE]',
+  ]) {
+    const bad = await streamingEngine(first + end);
+    const g = await gatewayWith(bad.url, false);
+    try {
+      const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+      assert.equal(r.status, 200);
+      assert.equal(r.text, first + end, 'the stream as the engine sent it');
+      assert.deepEqual(g.gateway.health.reasons('bad'), [], `${JSON.stringify(end)}: an answer, not a failure`);
+    } finally {
+      await g.close();
+      await bad.close();
+    }
+  }
+});
