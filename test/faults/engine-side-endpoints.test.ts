@@ -239,3 +239,35 @@ test('a /health or /metrics answering with a redirect fails the check, as the re
     await new Promise<void>((r) => server.close(() => r()));
   }
 });
+
+test('a /metrics answering with an error leaves no connection open behind it, even when the error body never ends', async () => {
+  // SGLang without --enable-metrics answers /metrics 404; a proxy's error page may stream without end
+  let open = 0;
+  const server = createServer((req, res) => {
+    req.resume();
+    res.writeHead(404, { 'content-type': 'text/plain' });
+    const chunk = Buffer.alloc(64 * 1024, 0x78);
+    const pump = () => {
+      while (!res.destroyed) if (!res.write(chunk)) return void res.once('drain', pump);
+    };
+    pump();
+  });
+  server.on('connection', (socket) => {
+    open++;
+    socket.on('close', () => open--);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const router = new KVAwareRouter();
+  router.registerWorker('w');
+  // a scrape's deadline far longer than the test waits: only letting go of the answer closes its connection
+  const scraper = new MetricsScraper(router, [{ workerId: 'w', url: `${url}/metrics` }], { timeoutMs: 60_000 });
+  try {
+    for (let i = 0; i < 5; i++) await scraper.scrapeAll();
+    assert.equal(scraper.state('w')!.lastError, 'HTTP 404');
+    await until(() => open === 0, `the scrapes' connections to close (${open} open)`);
+  } finally {
+    server.closeAllConnections();
+    await new Promise<void>((r) => server.close(() => r()));
+  }
+});

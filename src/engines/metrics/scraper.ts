@@ -114,7 +114,12 @@ export class MetricsScraper {
         redirect: 'manual',
         signal: AbortSignal.timeout(this.timeoutMs),
       });
-      if (!res.ok) throw new Error(`HTTP ${res.status}`);
+      if (!res.ok) {
+        // its body is let go of now: unread, it would hold the connection until the deadline
+        // (or for ever, without one) on every scrape of an engine whose /metrics fails
+        await res.body?.cancel().catch(() => {});
+        throw new Error(`HTTP ${res.status}`);
+      }
       const load = readEngineLoad(await readBoundedText(res.body, MAX_METRICS_BYTES, '/metrics'), t.engine);
       if (this.states.get(workerId) !== s) return; // removed while scraping
       s.lastLoad = load;
