@@ -298,8 +298,12 @@ class Attempt implements Dispatcher.DispatchHandler {
   holdsConnection = false;
   private abortUpstream: ((err?: Error) => void) | undefined;
   private timer: NodeJS.Timeout | undefined;
-  /** `timer` is the deadline of a stream's next event (refreshed as events reach the client). */
-  private eventDeadline = false;
+  /**
+   * What `timer` is the deadline of once the answer has begun: a stream's next whole event
+   * (refreshed as events reach the client), or the rest of a whole answer. Either stops while
+   * the client is slow to read (the engine waits for 'drain') and starts again when it has read.
+   */
+  private stallDeadline: 'event' | 'answer' | undefined;
   private readonly started = performance.now();
   private readonly res: ServerResponse;
   private status = 0;
@@ -353,8 +357,8 @@ class Attempt implements Dispatcher.DispatchHandler {
   private awaitingDrain = false;
   private readonly onDrain = (): void => {
     this.awaitingDrain = false;
-    // the client read what it was sent: the engine's next event is due from now
-    if (this.eventDeadline && !this.settled) this.nextEventDue();
+    // the client read what it was sent: the engine is waited for again from now
+    if (this.stallDeadline !== undefined && !this.settled) this.stallAfter(this.stallDeadline);
     this.resumeUpstream?.();
   };
 
@@ -518,12 +522,16 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.firstByteS = (performance.now() - this.started) / 1000;
     // a stream has answered once its first whole event reaches the client: the first-byte
     // deadline holds until then (an engine that trickles bytes that never make an event has not
-    // answered, and each byte would reset undici's body timeout); the rest of an answer being
-    // gathered is due within the inter-chunk timeout (an engine writes a whole answer at once,
-    // and one that trickles it must not hold the request for ever)
-    if (this.timer && !this.eventStream) {
-      clearTimeout(this.timer);
-      this.timer = this.gather ? setTimeout(() => this.giveUp('stalled'), this.o.interChunkTimeoutMs) : undefined;
+    // answered, and each byte would reset undici's body timeout); the rest of a whole answer
+    // (one being gathered, or any answer to a request that is not streamed) is due within the
+    // inter-chunk timeout (an engine writes a whole answer at once, and one that trickles it must
+    // not hold the request for ever)
+    if (!this.eventStream) {
+      if (this.gather || !this.o.streaming) this.stallAfter('answer');
+      else if (this.timer) {
+        clearTimeout(this.timer);
+        this.timer = undefined;
+      }
     }
   }
 
@@ -535,9 +543,14 @@ class Attempt implements Dispatcher.DispatchHandler {
    */
   private nextEventDue(): void {
     if (this.awaitingDrain) return;
-    if (this.eventDeadline && this.timer) return void this.timer.refresh();
+    if (this.stallDeadline === 'event' && this.timer) return void this.timer.refresh();
+    this.stallAfter('event');
+  }
+
+  /** The engine's `kind` (its next event, or the rest of its answer) is due within the inter-chunk timeout from now. */
+  private stallAfter(kind: 'event' | 'answer'): void {
     if (this.timer) clearTimeout(this.timer);
-    this.eventDeadline = true;
+    this.stallDeadline = kind;
     this.timer = setTimeout(() => this.giveUp('stalled'), this.o.interChunkTimeoutMs);
   }
 
@@ -615,7 +628,7 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (!this.awaitingDrain) {
       this.awaitingDrain = true;
       this.res.once('drain', this.onDrain);
-      if (this.eventDeadline && this.timer) {
+      if (this.stallDeadline !== undefined && this.timer) {
         clearTimeout(this.timer);
         this.timer = undefined;
       }
@@ -678,10 +691,12 @@ class Attempt implements Dispatcher.DispatchHandler {
   private stopGathering(): void {
     this.gather = false;
     this.checkWhole = false;
-    // it passes through at the client's pace from here: no deadline for its end
-    if (this.timer) {
+    // it passes through from here: an answer to a streamed request has no deadline for its end
+    // (one that is not streamed keeps it, less the time the client takes to read)
+    if (this.o.streaming && this.timer) {
       clearTimeout(this.timer);
       this.timer = undefined;
+      this.stallDeadline = undefined;
     }
     this.startResponse();
     const parts = this.parts ?? [];

@@ -153,3 +153,39 @@ for (const framing of ['content-length', 'chunked'] as const) {
     }
   });
 }
+
+test('a whole answer passing through ungathered (the answer budget full) that trickles is cut at the inter-chunk timeout', async () => {
+  const bad = await tricklingEngine((res) => {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.write('{"choices":[{"text":"');
+  }, 'a');
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  // a budget smaller than the answer's first chunk: it passes through as it comes
+  const gateway = await createGateway({
+    router,
+    workers: [{ id: 'bad', url: bad.url }],
+    ...quiet,
+    bufferedAnswerLimit: 8,
+    breakerFailures: 1,
+    breakerCooldownMs: 60_000,
+    timeouts: { firstByteTimeoutMs: 60_000, interChunkTimeoutMs: 300 },
+  });
+  try {
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const res = await fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'p', max_tokens: 2 }),
+      signal: AbortSignal.timeout(30_000),
+    });
+    assert.equal(res.status, 200);
+    // cut, never ended as if whole
+    await assert.rejects(res.text(), (err: Error) => !/aborted due to timeout/.test(String(err.cause ?? err)));
+    await until(() => bad.open === 0, 'the trickling answer to be dropped');
+    assert.equal(router.getStats().inFlightRequests, 0);
+    assert.deepEqual(gateway.health.reasons('bad'), ['breaker'], 'the stalled answer counts as the engine failing');
+  } finally {
+    await gateway.close();
+    await bad.close();
+  }
+});
