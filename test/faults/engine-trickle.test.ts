@@ -101,6 +101,10 @@ test('a stream whose first event never completes, its bytes trickling, moves to 
     assert.doesNotMatch(r.text, /"te?x?t?":"a/, 'nothing of the trickled event reached the client');
     await until(() => bad.open === 0, 'the trickling answer to be dropped');
     assert.equal(g.router.getStats().inFlightRequests, 0);
+    await until(
+      () => g.gateway.answerBudget.used === 0 && g.gateway.bodyBudget.used === 0,
+      'the budgets to be given back',
+    );
   } finally {
     await g.close();
     await bad.close();
@@ -123,6 +127,10 @@ test('a stream that trickles bytes after its first event, never making another, 
     assert.equal(events.length, 2, `the whole event, then the error event: ${JSON.stringify(r.text)}`);
     await until(() => bad.open === 0, 'the trickling answer to be dropped');
     assert.equal(g.router.getStats().inFlightRequests, 0);
+    await until(
+      () => g.gateway.answerBudget.used === 0 && g.gateway.bodyBudget.used === 0,
+      'the budgets to be given back',
+    );
     assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], 'the stalled stream counts as the engine failing');
   } finally {
     await g.close();
@@ -147,6 +155,10 @@ for (const framing of ['content-length', 'chunked'] as const) {
       assert.doesNotThrow(() => JSON.parse(r.text));
       await until(() => bad.open === 0, 'the trickling answer to be dropped');
       assert.equal(g.router.getStats().inFlightRequests, 0);
+      await until(
+        () => g.gateway.answerBudget.used === 0 && g.gateway.bodyBudget.used === 0,
+        'the budgets to be given back',
+      );
     } finally {
       await g.close();
       await bad.close();
@@ -183,6 +195,7 @@ test('a whole answer passing through ungathered (the answer budget full) that tr
     await assert.rejects(res.text(), (err: Error) => !/aborted due to timeout/.test(String(err.cause ?? err)));
     await until(() => bad.open === 0, 'the trickling answer to be dropped');
     assert.equal(router.getStats().inFlightRequests, 0);
+    await until(() => gateway.answerBudget.used === 0 && gateway.bodyBudget.used === 0, 'the budgets to be given back');
     assert.deepEqual(gateway.health.reasons('bad'), ['breaker'], 'the stalled answer counts as the engine failing');
   } finally {
     await gateway.close();
