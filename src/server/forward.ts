@@ -786,6 +786,13 @@ class Attempt implements Dispatcher.DispatchHandler {
     // reached the engine (connection refused, reset) or the engine died with it
     if (this.status === 0 && this.why === undefined && !isTimeout(err)) this.o.onRefused();
     if (!this.sent) return this.settle(this.failed());
+    // the stream's last event (data: [DONE]) reached the client: it has the whole answer, and a
+    // failure after it (a connection closed short of its declared length, a stream never ended)
+    // loses nothing: no error event after the end, and the engine answered
+    if (this.eventStream && this.doneSeen && this.why !== 'client') {
+      this.res.end();
+      return this.settle('done');
+    }
     // after the first byte: end the stream cleanly; the cause stays out of the client's view
     if (this.why !== 'client' && this.eventStream) {
       // an unfinished event held back is dropped; one that passed through is ended first, so

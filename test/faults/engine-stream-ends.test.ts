@@ -103,3 +103,27 @@ test('a stream ending with data: [DONE], whatever its line ends, is a whole answ
     }
   }
 });
+
+test('a stream whose connection fails after its data: [DONE] reached the client ends as the whole answer it is', async () => {
+  // the engine (or a proxy in front of it) declares more than it sends, then closes: the
+  // connection fails, but only after the last event of the stream
+  const whole = `${first}data: [DONE]\n\n`;
+  const bad = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream', 'content-length': whole.length + 10 });
+      res.write(whole, () => res.socket?.destroy());
+    });
+  });
+  const g = await gatewayWith(bad.url, false);
+  try {
+    const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+    assert.equal(r.status, 200);
+    assert.equal(r.text, whole, 'nothing after the last event');
+    assert.equal(g.router.getStats().inFlightRequests, 0);
+    assert.deepEqual(g.gateway.health.reasons('bad'), [], 'the engine answered in full');
+  } finally {
+    await g.close();
+    await bad.close();
+  }
+});
