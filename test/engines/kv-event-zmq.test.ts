@@ -394,4 +394,59 @@ describe('KV events over ZeroMQ', () => {
     await until(() => sub.stats.applied.orphanEvents === 1, 'the orphan');
     assert.equal(sub.stats.replays, 1, 'the buffer was pulled once, not on every message');
   });
+
+  test('a replay that never ends is given up at its deadline: live events apply again, the entries rebuilt from them', async () => {
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+    router.registerWorker('w0');
+    const applier = new KvEventApplier(router);
+    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
+    // a replay endpoint that answers every request with batches numbered on without end, never
+    // the end marker: each one well within the receive timeout
+    // (mandatory: a full queue to the subscriber makes it wait, never drops a batch, which would end the replay)
+    const endless = new Router({ linger: 0, mandatory: true });
+    await endless.bind('tcp://127.0.0.1:*');
+    let serving = true;
+    const empty = encodeEventBatch(batch());
+    const served = (async () => {
+      for await (const [identity, , start] of endless) {
+        for (let seq = start.readBigInt64BE(); serving; seq++) {
+          const seqBytes = Buffer.alloc(8);
+          seqBytes.writeBigInt64BE(seq);
+          await endless.send([identity, '', seqBytes, empty]);
+          await new Promise((r) => setImmediate(r));
+        }
+      }
+    })().catch(() => {});
+    const sub = new KvEventSubscriber({
+      workerId: 'w0',
+      endpoint: pub.endpoint,
+      replayEndpoint: endless.lastEndpoint!,
+      applier,
+      idleReplayMs: 0,
+      replayDeadlineMs: 300,
+    }).start();
+    closers.push(
+      () => sub.close(),
+      () => pub.close(),
+      async () => {
+        serving = false;
+        endless.close();
+        await served;
+      },
+    );
+    // the first batch that arrives after a lost one asks for a replay, which never ends
+    pub.loseNext(1);
+    await until(
+      async () => {
+        if (sub.stats.replayFailures > 0) return true;
+        await pub.publish(batch(stored([1n], null, 0)));
+        return false;
+      },
+      'the endless replay to be given up',
+      { intervalMs: 20 },
+    );
+    await pub.publish(batch(stored([7n], null, 100)));
+    await until(() => applier.trackedHashes('w0').includes(ownHex(100, 1)[0]), 'a live event after the replay');
+    assert.equal(router.route({ tokens: tokens(100, 4) }, { dryRun: true }).cachedTokens, 4);
+  });
 });

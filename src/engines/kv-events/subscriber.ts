@@ -37,7 +37,13 @@ export interface KvEventSubscriberOptions {
   applier: KvEventApplier;
   /** Worker of a data-parallel rank (batches carry data_parallel_rank); default: workerId. */
   workerForRank?: (rank: number) => string | undefined;
+  /** Longest wait for each message of a replay (default 2000 ms). */
   replayTimeoutMs?: number;
+  /**
+   * Longest a whole replay may take (default 10 s): an engine that replays batch after batch
+   * without its end marker must not hold the stream (live messages wait while a replay runs).
+   */
+  replayDeadlineMs?: number;
   reconnectMaxMs?: number;
   /** Poll the replay endpoint after this long without messages (default 2000 ms; 0: never). */
   idleReplayMs?: number;
@@ -274,12 +280,15 @@ export class KvEventSubscriber {
    */
   private async replayFrom(from: bigint, until: bigint): Promise<boolean> {
     const dealer = new Dealer({ linger: 0, receiveTimeout: this.options.replayTimeoutMs ?? 2000 });
+    const deadlineMs = this.options.replayDeadlineMs ?? 10_000;
+    const deadline = performance.now() + deadlineMs;
+    const [lastSeqBefore, replayedThroughBefore] = [this.lastSeq, this.replayedThrough];
+    let next = from;
     try {
       dealer.connect(this.options.replayEndpoint!);
       const start = Buffer.alloc(8);
       start.writeBigInt64BE(from);
       await dealer.send(['', start]);
-      let next = from;
       for (;;) {
         const frames = await dealer.receive();
         // ["", seq, payload] (SGLang, vLLM before #45177) or ["", topic, seq, payload] (vLLM
@@ -288,6 +297,7 @@ export class KvEventSubscriber {
           throw new Error(`bad replay frame of ${frames.length} parts`);
         const seq = frames.at(-2)!.readBigInt64BE();
         if (seq === -1n) break;
+        if (performance.now() > deadline) throw new Error(`it did not end within ${deadlineMs} ms`);
         if (seq < next) continue;
         if (seq > next) {
           // the engine's buffer no longer has batches from `next` on: take what it has, from
@@ -316,6 +326,15 @@ export class KvEventSubscriber {
     } catch (err) {
       this.stats.replayFailures++;
       this.log(`replay from ${from} failed: ${(err as Error).message}`);
+      if (next > from) {
+        // what it applied before it failed is dropped, and the stream goes on from where it stood
+        // before the replay: a replay that never ends numbers its batches on past the live ones,
+        // which would all be taken for batches it had delivered
+        this.dropWorkerEntries();
+        this.lastSeq = lastSeqBefore;
+        this.replayedThrough = replayedThroughBefore;
+        this.stats.lastSeq = lastSeqBefore === null ? null : Number(lastSeqBefore);
+      }
       return false;
     } finally {
       dealer.close();
