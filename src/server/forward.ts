@@ -158,19 +158,33 @@ const DONE = Buffer.from('[DONE]');
 /** The event that ends a stream the engine broke off after it reached the client. */
 const MID_STREAM_ERROR_EVENT = `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`;
 
+/** Whether `bytes` hold `word` at `at` (a look at the bytes: no view, no copy). */
+function holdsAt(bytes: Buffer, at: number, word: Buffer): boolean {
+  for (let i = 0; i < word.length; i++) if (bytes[at + i] !== word[i]) return false;
+  return true;
+}
+
 /**
- * Whether the last event in `events` (whole events, or the unterminated end of a stream) is
+ * Whether `events` (whole events, or the unterminated end of a stream) hold a line that is
  * `data: [DONE]`, the event vLLM and SGLang end every stream of the completion APIs with (after
- * an error event of their own too). A look at the bytes before the trailing line ends: no copy.
+ * an error event of their own too). It counts wherever it is among them: an engine, or a proxy
+ * in front of it, may write more after it in the same write (a keep-alive comment, another
+ * event), and the client has the stream's end all the same. One search for `[DONE]` passes over
+ * a chunk without it (nearly every chunk); each one found is judged by the bytes around it, with
+ * no view and no copy.
  */
-function endsWithDone(events: Buffer): boolean {
-  let end = events.length;
-  while (end > 0 && (events[end - 1] === LF || events[end - 1] === CR)) end--;
-  const at = end - DONE.length;
-  if (at < 0 || !events.subarray(at, end).equals(DONE)) return false;
-  const field = at - DATA_FIELD.length - (at > 0 && events[at - 1] === SPACE ? 1 : 0);
-  if (field < 0 || !events.subarray(field, field + DATA_FIELD.length).equals(DATA_FIELD)) return false;
-  return field === 0 || events[field - 1] === LF || events[field - 1] === CR;
+function holdsDone(events: Buffer): boolean {
+  const n = events.length;
+  for (let at = events.indexOf(DONE); at >= 0; at = events.indexOf(DONE, at + DONE.length)) {
+    // the line ends after it (or the bytes do: the unterminated end of a stream)
+    const end = at + DONE.length;
+    if (end < n && events[end] !== LF && events[end] !== CR) continue;
+    // the data field, its optional space, then it, from the start of a line
+    const field = at - DATA_FIELD.length - (at > 0 && events[at - 1] === SPACE ? 1 : 0);
+    if (field < 0 || !holdsAt(events, field, DATA_FIELD)) continue;
+    if (field === 0 || events[field - 1] === LF || events[field - 1] === CR) return true;
+  }
+  return false;
 }
 
 /**
@@ -343,7 +357,7 @@ class Attempt implements Dispatcher.DispatchHandler {
   private sent = false;
   /** The stream reached the client with an engine's error event for a server error: the engine failed it. */
   private failedInStream = false;
-  /** The stream's events so far ended with `data: [DONE]`: its end, where vLLM and SGLang put it. */
+  /** The stream's events so far hold `data: [DONE]`: its end, where vLLM and SGLang put it. */
   private doneSeen = false;
   private settled = false;
   private readonly onClientGone: () => void;
@@ -605,7 +619,7 @@ class Attempt implements Dispatcher.DispatchHandler {
       const whole = this.wholeEvents(chunk);
       if (whole === undefined) return true;
       chunk = whole;
-      this.doneSeen ||= endsWithDone(chunk);
+      this.doneSeen ||= holdsDone(chunk);
       const errorStatus = this.failedInStream ? 0 : errorEventStatus(chunk);
       if (isEngineFailure(errorStatus)) {
         // the engine failed the request before anything reached the client: it holds none of it
@@ -735,7 +749,7 @@ class Attempt implements Dispatcher.DispatchHandler {
       this.status < 300 &&
       !this.failedInStream &&
       !this.doneSeen &&
-      !(rest !== undefined && endsWithDone(rest))
+      !(rest !== undefined && holdsDone(rest))
     ) {
       // a stream that ends without its data: [DONE] was cut short on its way (vLLM and SGLang
       // end every stream with it): before anything reached the client another worker can take

@@ -106,24 +106,81 @@ test('a stream ending with data: [DONE], whatever its line ends, is a whole answ
 
 test('a stream whose connection fails after its data: [DONE] reached the client ends as the whole answer it is', async () => {
   // the engine (or a proxy in front of it) declares more than it sends, then closes: the
-  // connection fails, but only after the last event of the stream
-  const whole = `${first}data: [DONE]\n\n`;
-  const bad = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
-    req.resume();
-    req.on('end', () => {
-      res.writeHead(200, { 'content-type': 'text/event-stream', 'content-length': whole.length + 10 });
-      res.write(whole, () => res.socket?.destroy());
+  // connection fails, but only after the last event of the stream (or a keep-alive comment
+  // written with it)
+  for (const whole of [`${first}data: [DONE]\n\n`, `${first}data: [DONE]\n\n: ping\n\n`]) {
+    const bad = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'text/event-stream', 'content-length': whole.length + 10 });
+        res.write(whole, () => res.socket?.destroy());
+      });
     });
-  });
-  const g = await gatewayWith(bad.url, false);
-  try {
-    const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
-    assert.equal(r.status, 200);
-    assert.equal(r.text, whole, 'nothing after the last event');
-    assert.equal(g.router.getStats().inFlightRequests, 0);
-    assert.deepEqual(g.gateway.health.reasons('bad'), [], 'the engine answered in full');
-  } finally {
-    await g.close();
-    await bad.close();
+    const g = await gatewayWith(bad.url, false);
+    try {
+      const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+      assert.equal(r.status, 200);
+      assert.equal(r.text, whole, 'nothing after the last event');
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+      assert.deepEqual(g.gateway.health.reasons('bad'), [], 'the engine answered in full');
+    } finally {
+      await g.close();
+      await bad.close();
+    }
+  }
+});
+
+test('a data: [DONE] followed by more in the same write of the engine ends the stream as a whole answer', async () => {
+  // keep-alive comments, an event of another type, a comment line inside the [DONE] event, an
+  // event after it: the client has the stream's end whatever follows it, and the engine answered
+  for (const end of [
+    'data: [DONE]\n\n: ping\n\n',
+    'data: [DONE]\r\n\r\n: keep-alive\r\n\r\n',
+    'data: [DONE]\n\nevent: ping\ndata: {}\n\n',
+    'data: [DONE]\n: ping\n\n',
+    'data:[DONE]\r\r: ping\r\r',
+    'data: [DONE]\n\ndata: {"choices":[]}\n\n',
+    'data: [DONE]\n\n: ping',
+    'data: [DONE]\n\n: ping\n\ndata: [DONE]\n\n\n: ping',
+  ]) {
+    const bad = await streamingEngine(first + end);
+    const g = await gatewayWith(bad.url, false);
+    try {
+      const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+      assert.equal(r.status, 200);
+      assert.equal(r.text, first + end, `${JSON.stringify(end)}: the stream as the engine sent it`);
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+      assert.deepEqual(g.gateway.health.reasons('bad'), [], `${JSON.stringify(end)}: an answer, not a failure`);
+    } finally {
+      await g.close();
+      await bad.close();
+    }
+  }
+});
+
+test('[DONE] anywhere but as the whole data of an event is no end of the stream', async () => {
+  for (const body of [
+    'data: {"choices":[{"text":"[DONE]"}]}\n\n',
+    `${first}data:  [DONE]\n\n: ping\n\n`,
+    `${first}: data: [DONE]\n\n`,
+    `${first}xdata: [DONE]\n\n: ping\n\n`,
+    `${first}event: [DONE]\n\n`,
+  ]) {
+    const bad = await streamingEngine(body);
+    const g = await gatewayWith(bad.url, false);
+    try {
+      const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+      assert.equal(r.status, 200);
+      assert.ok(r.text.startsWith(body), `${JSON.stringify(body)}: the events as the engine sent them`);
+      assert.match(
+        r.text.slice(body.length),
+        /^data: \{"error":.*"the engine failed mid-stream"/,
+        JSON.stringify(body),
+      );
+      assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], `${JSON.stringify(body)}: a stream cut short`);
+    } finally {
+      await g.close();
+      await bad.close();
+    }
   }
 });
