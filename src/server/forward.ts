@@ -90,8 +90,9 @@ export interface ForwardOptions {
   /** An answer passed through ungathered because `answerBudget` could not take it. */
   onAnswerBudgetFull: () => void;
   /**
-   * The engine holds none of the request: it answered with an error (4xx, 5xx) or a
-   * redirect, or the connection failed before any answer. Not called when the gateway gave up waiting (the
+   * The engine holds none of the request: it answered with an error (4xx, 5xx; as the status,
+   * as a 2xx's error object, or as a stream's first error event) or a redirect, or the
+   * connection failed before any answer. Not called when the gateway gave up waiting (the
    * engine may be computing it) or on a timeout.
    */
   onRefused: () => void;
@@ -632,7 +633,12 @@ class Attempt implements Dispatcher.DispatchHandler {
         // the client has part of the answer: it gets the rest as the engine sent it, and the engine's
         // failure counts as a stream it broke off
         this.failedInStream = true;
-      } else if (errorStatus !== 0 && !this.sent) this.errorAnswer = true;
+      } else if (errorStatus !== 0 && !this.sent) {
+        // the engine's answer to the client's error, before any of the answer: it computed none
+        // of the request, as when it answers with that status (once: the response starts below)
+        this.o.onRefused();
+        this.errorAnswer = true;
+      }
     }
     if (!this.sent) this.startResponse();
     if (this.eventStream) this.nextEventDue();

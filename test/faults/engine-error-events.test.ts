@@ -13,6 +13,7 @@ import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { fakeEngine, post } from './harness.js';
+import { tiers } from '../helpers/prompts.js';
 
 const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0 };
 
@@ -221,6 +222,59 @@ test("a spread error event for a client's error, and events that only mention er
         new RegExp(`contextforge_time_to_first_byte_seconds_count ${answered ? 1 : 0}\n`),
         `${what}: ${answered ? 'a first byte' : 'an error is no first byte'}`,
       );
+    } finally {
+      await gateway.close();
+      await engine.close();
+    }
+  }
+});
+
+test("a stream whose first event is a client's error withdraws what the router predicted for it, as that status does", async () => {
+  const clientError = JSON.stringify({
+    error: { message: 'bad logit_bias', type: 'BadRequestError', param: null, code: 400 },
+  });
+  // [what, the status the client gets, how the engine answers]: the error event in a 2xx stream,
+  // and the same error as a 200 JSON answer and as a real 400
+  for (const [what, status, answer] of [
+    [
+      'an error event first in a 200 stream',
+      200,
+      (res: ServerResponse) =>
+        res.writeHead(200, { 'content-type': 'text/event-stream' }).end(`data: ${clientError}\n\ndata: [DONE]\n\n`),
+    ],
+    [
+      'a 200 JSON error object',
+      400,
+      (res: ServerResponse) =>
+        res
+          .writeHead(200, { 'content-type': 'application/json', 'content-length': clientError.length })
+          .end(clientError),
+    ],
+    [
+      'a 400',
+      400,
+      (res: ServerResponse) => res.writeHead(400, { 'content-type': 'application/json' }).end(clientError),
+    ],
+  ] as const) {
+    const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+      req.resume();
+      if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+      req.on('end', () => answer(res));
+    });
+    const router = new KVAwareRouter({ policy: 'round-robin' });
+    const gateway = await createGateway({ router, workers: [{ id: 'e', url: engine.url }], ...quiet });
+    try {
+      const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+      const prompt = Array.from({ length: 4 * router.blockSize }, (_, i) => 1000 + i);
+      const r = await post(base, '/v1/completions', { prompt, max_tokens: 2, stream: true });
+      assert.equal(r.status, status, `${what}: ${r.text}`);
+      assert.match(r.text, /bad logit_bias/, `${what}: the client gets the engine's error`);
+      assert.deepEqual(
+        tiers(router, 'e', prompt),
+        Array(4).fill(null),
+        `${what}: nothing stays predicted on the engine`,
+      );
+      assert.equal(router.getStats().inFlightRequests, 0);
     } finally {
       await gateway.close();
       await engine.close();
