@@ -20,6 +20,8 @@ const COLON = 0x3a;
 const QUOTED_ERROR = Buffer.from('"error"');
 /** What an event that is an error holds, in its type or its JSON: a stream without it has no error event. */
 const ERROR_WORD = Buffer.from('error');
+/** The UTF-8 byte order mark an event stream may start with (its decoder drops it). */
+const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
 const DATA_FIELD = Buffer.from('data');
 const EVENT_FIELD = Buffer.from('event');
 
@@ -105,10 +107,13 @@ function isField(bytes: Buffer, at: number, end: number, name: Buffer): boolean 
  * A chunk without the bytes `error` (nearly every chunk) is passed over by one search; one with
  * them is read line by line, each position searched for once, and only an event that may be an
  * error has its data decoded and parsed. An event the bytes end before its blank line is not judged.
+ * `atStreamStart`: the bytes are the stream's first, where one UTF-8 byte order mark is dropped
+ * (elsewhere it is part of its line, as a client's decoder reads it).
  */
-export function errorEventStatus(events: Buffer): number {
+export function errorEventStatus(events: Buffer, atStreamStart = false): number {
   if (events.indexOf(ERROR_WORD) < 0) return 0;
   const n = events.length;
+  const start = atStreamStart && startsWith(events, 0, BOM) ? BOM.length : 0;
   let clientError = 0;
   // the event being read: its type is `error`, its data may hold an error object, its data values' [start, end)
   let typedError = false;
@@ -118,7 +123,7 @@ export function errorEventStatus(events: Buffer): number {
   let nextLf = -1;
   let nextCr = -1;
   let nextQuoted = -1;
-  for (let at = 0; at < n;) {
+  for (let at = start; at < n;) {
     if (nextLf < at) {
       nextLf = events.indexOf(LF, at);
       if (nextLf < 0) nextLf = n;

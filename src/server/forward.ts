@@ -621,7 +621,8 @@ class Attempt implements Dispatcher.DispatchHandler {
       if (whole === undefined) return true;
       chunk = whole;
       this.doneSeen ||= holdsDone(chunk);
-      const errorStatus = this.failedInStream ? 0 : errorEventStatus(chunk);
+      // until something is sent, these events are the stream's first (what was held back comes first)
+      const errorStatus = this.failedInStream ? 0 : errorEventStatus(chunk, !this.sent);
       if (isEngineFailure(errorStatus)) {
         // the engine failed the request before anything reached the client: it holds none of it
         // (as when it answers a 5xx), and another worker can take it

@@ -139,6 +139,7 @@ const spreadErrorEvents: ReadonlyArray<readonly [string, string]> = [
   ['an error event type before its data', 'event: error\ndata: {"message": "Internal server error", "code": 500}\n\n'],
   ['an error event type after its data', 'data: {"message": "engine died"}\nevent: error\n\n'],
   ['spaces inside the JSON', 'data:{ "error" : { "code" : 500 } }\n\n'],
+  ['a UTF-8 byte order mark before it, at the start of the stream', '\uFEFFdata: {"error": {"code": 500}}\n\n'],
   [
     'no code, the type of a server error (as this gateway and OpenAI write it)',
     'data: {"error": {"message": "the engine failed mid-stream", "type": "server_error", "param": null, "code": null}}\n\n',

@@ -86,3 +86,11 @@ test('a long stream chunk with many lines and no error is passed over whatever i
   assert.equal(events(chunk), 0);
   assert.equal(events(chunk + 'data: {"error": {"code": 500}}\n\n'), 500);
 });
+
+test("a UTF-8 byte order mark is skipped at the stream's start only, as the SSE format has it", () => {
+  const bom = '\uFEFFdata: {"error": {"code": 500}}\n\n';
+  assert.equal(errorEventStatus(Buffer.from(bom), true), 500, "at the stream's start: the BOM is no part of the field");
+  assert.equal(errorEventStatus(Buffer.from(bom), false), 0, 'elsewhere: the field is not `data`');
+  assert.equal(errorEventStatus(Buffer.from('data: {"error": {"code": 500}}\n\n'), true), 500, 'no BOM');
+  assert.equal(errorEventStatus(Buffer.from('\uFEFF\uFEFFdata: {"error": {"code": 500}}\n\n'), true), 0, 'only one');
+});
