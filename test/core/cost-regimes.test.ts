@@ -607,6 +607,38 @@ describe('cost policy regimes', () => {
     assert.equal(terms(p, w0, turn).queuedCachedTokens, 0);
   });
 
+  test('KV wait: a prefix shared by queued requests counts once, whoever brought it', () => {
+    const p = new CostPolicy();
+    // w0: 100,000 tokens of KV, half held (50,000 free), and a 30,000-token prefix cached
+    const cs = fleet([{ cached: 30_000, load: 0.5, capacity: 100_000 }, { capacity: 100_000 }]);
+    const w0 = cs[0];
+    // 2,000 blocks: the first 1,875 (30,000 tokens) shared, the rest the sibling's own
+    const sibling = (n: number): RouteFeatures => ({
+      ...request(32_000),
+      blocks: {
+        hi: Array.from({ length: 2000 }, (_, i) => (i < 1875 ? i : n * 1_000_000 + i)),
+        lo: Array.from({ length: 2000 }, (_, i) => (i < 1875 ? 3 * i + 1 : n * 1_000_000 + 3 * i)),
+        length: 2000,
+      },
+    });
+    // eight siblings of one 30,000-token context (each 2,000 tokens of its own) queued on w0
+    for (let n = 1; n <= 8; n++) {
+      const r = sibling(n);
+      p.choose([w0], r);
+      p.onRouted(w0.worker, r, n, 0);
+    }
+    const ninth = sibling(9);
+    p.choose(cs, ninth);
+    // the first pins the prefix when admitted; the others reuse it in flight: 30,000 once, not
+    // eight times (240,000). Pending prefixes are kept at positions that thin out with depth, so
+    // each sibling adds the few blocks between the last kept position and the end of the prefix
+    const queued = terms(p, w0, ninth).queuedCachedTokens;
+    assert.ok(queued >= 30_000 && queued < 33_000, `one prefix queued, got ${queued}`);
+    const kvWait = terms(p, w0, ninth).kvWaitSeconds * DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
+    assert.ok(Math.abs(kvWait - (queued + 32_000 - 50_000)) < 1e-6, `K + 32,000 against 50,000 free, got ${kvWait}`);
+    assert.equal(p.choose(cs, ninth).index, 0, 'the ninth sibling joins its context');
+  });
+
   test('queue by work: a turn leaves a holder whose queued long context costs more than its tokens say', () => {
     const p = new CostPolicy();
     const cs = fleet([{ cached: 15_000 }, {}]);

@@ -23,7 +23,8 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    known): its prompt, after the cached prefixes
  *                                                    (K) of this router's requests queued there
  *                                                    before it, which each takes out of the free KV
- *                                                    when admitted (first come, first served)
+ *                                                    when admitted (first come, first served); a
+ *                                                    prefix several of them share counts once
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
  *            (0 while another worker has nothing     (the best-cached worker's own queue left out),
  *            queued) + share of workers with         none while idle capacity absorbs the extra
@@ -319,6 +320,8 @@ export class CostPolicy implements RoutingPolicy {
   private meanHit = 0;
   /** The last choice's uncached tokens and cached share, for onRouted(). */
   private chosenUncached = 0;
+  /** The prefix of the last choice that requests this router sent the same worker were bringing or holding. */
+  private chosenPending = 0;
   private chosenHit = 0;
   private chosenWork = 0;
   /** This router's requests still in prefill, by ticket: the worker slot (+1; 0 none), their attention work and cached tokens. */
@@ -363,6 +366,7 @@ export class CostPolicy implements RoutingPolicy {
     const cached = this.cachedOn(chosen, request);
     // what the decision teaches, applied in onRouted() if the router acts on it (not a dry run)
     this.chosenUncached = t.uncached;
+    this.chosenPending = Math.min(t.prompt, this.pending.blocksOn(chosen) * request.blockSize);
     this.chosenWork = t.work;
     this.chosenHit = t.prompt > 0 ? 1 - t.uncached / t.prompt : 0;
     // recomputing a prefix another worker holds, because the queue it saves costs more
@@ -499,7 +503,9 @@ export class CostPolicy implements RoutingPolicy {
       this.queuedSlot[i] = worker.slot + 1;
       this.queuedWork[i] = attention;
       this.attentionQueued[worker.slot] += attention;
-      const cached = Math.max(0, request.promptTokens - this.chosenUncached);
+      // a prefix another request in flight there brings or holds is pinned once: by that request
+      // when admitted (counted with it) or already (a running request's blocks are in kvUsage)
+      const cached = Math.max(0, request.promptTokens - this.chosenUncached - this.chosenPending);
       this.queuedCachedTokens[i] = cached;
       this.cachedQueued[worker.slot] += cached;
     }
@@ -538,7 +544,9 @@ export class CostPolicy implements RoutingPolicy {
    * Cached prompt tokens of this router's requests queued on the worker: what they will take
    * out of its free KV when admitted, before a request routed there now. vLLM counts a cached
    * prefix no running request holds as free KV (evictable) until a request that reuses it is
-   * admitted, so the KV usage it reports leaves them out.
+   * admitted, so the KV usage it reports leaves them out. A prefix shared by several of them
+   * (siblings of one context, a turn queued behind its previous turn) counts once: each request
+   * counts only what it reuses beyond the prefixes requests in flight there already bring.
    */
   private queuedCached(c: Candidate): number {
     return c.worker.slot < this.cachedQueued.length ? this.cachedQueued[c.worker.slot] : 0;
