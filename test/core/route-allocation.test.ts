@@ -235,12 +235,21 @@ describe('route path allocation', () => {
     const plain = { tokens: requests[0] };
     const namespaced = { tokens: requests[0], lora: 'adapter-a', cacheSalt: 'tenant-1', claGroup: 12345 };
     const run = (request: { tokens: Uint32Array }) =>
-      steadyBytesPerCall(6, 2000, (i) => {
+      bytesPerCall(2000, (i) => {
         now += 1;
         request.tokens = requests[i % requests.length];
         router.release(router.route(request).ticket);
       });
-    const extra = run(namespaced) - run(plain);
+    // the fewest bytes of each over rounds of both, until the namespace costs under 16 bytes more
+    // or 40 rounds have passed: on a busy machine V8 may take many rounds to optimise either path
+    // (see steadyBytesPerCall); a namespace that allocates in the steady state stays over in every round
+    let plainLeast = Infinity;
+    let namespacedLeast = Infinity;
+    for (let r = 0; r < 40 && !(namespacedLeast - plainLeast < 16); r++) {
+      plainLeast = Math.min(plainLeast, run(plain));
+      namespacedLeast = Math.min(namespacedLeast, run(namespaced));
+    }
+    const extra = namespacedLeast - plainLeast;
     // 'lora:adapter-a', 'salt:tenant-1', '12345' and 'cla:12345' built, and a pair per field
     // returned, would be well over 100 bytes
     assert.ok(extra < 16, `${extra.toFixed(1)} more bytes per decision with a namespace`);
