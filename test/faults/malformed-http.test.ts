@@ -7,38 +7,19 @@ import assert from 'node:assert/strict';
 import { connect } from 'node:net';
 import { gzipSync } from 'node:zlib';
 import { after, before, test } from 'node:test';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { fakeEngine, type FakeEngine } from './harness.js';
+import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
 
-let engine: FakeEngine;
-let gateway: Gateway;
-let port = 0;
+let setup: GatewayOnEngine;
 
 before(async () => {
-  engine = await fakeEngine((req, res) => {
-    req.resume();
-    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{}'));
-  });
-  gateway = await createGateway({
-    router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers: [{ id: 'f0', url: engine.url }],
-    adminToken: 'admin-token-for-tests',
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-  });
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  port = Number(new URL(base).port);
+  setup = await gatewayOnEngine({ adminToken: 'admin-token-for-tests' });
 });
-after(async () => {
-  await gateway.close();
-  await engine.close();
-});
+after(() => setup.close());
 
 /** Writes `raw` on a new connection and returns the first response's status and body. */
 function exchange(raw: string): Promise<{ status: number; body: string }> {
   return new Promise((resolve, reject) => {
-    const socket = connect(port, '127.0.0.1');
+    const socket = connect(setup.port, '127.0.0.1');
     let text = '';
     const done = () => {
       const head = text.slice(0, text.indexOf('\r\n\r\n'));
@@ -107,7 +88,7 @@ test('a URL that does not decode, or a path parameter over the length limit, is 
     assert.equal(res.status, status, raw);
     assert.equal(openAiError(res.body).param, 'url');
   }
-  assert.equal((await fetch(`http://127.0.0.1:${port}/healthz`)).status, 200);
+  assert.equal((await fetch(`http://127.0.0.1:${setup.port}/healthz`)).status, 200);
 });
 
 test('a request Node would answer without a body (no Host, an unknown Expect) gets an OpenAI error naming the header', async () => {
@@ -131,7 +112,7 @@ test('a request Node would answer without a body (no Host, an unknown Expect) ge
 
 test('a compressed body is refused with 415 naming content-encoding, on every route that takes a body', async () => {
   const body = gzipSync('{"prompt":"x","max_tokens":1}');
-  const base = `http://127.0.0.1:${port}`;
+  const base = `http://127.0.0.1:${setup.port}`;
   for (const [path, headers] of [
     ['/v1/completions', { 'content-type': 'application/json' }],
     ['/v1/chat/completions', { 'content-type': 'application/json; charset=utf-8' }],
@@ -157,7 +138,7 @@ test('a compressed body is refused with 415 naming content-encoding, on every ro
 
 /** A one-token completion sent under Content-Type `type`. */
 const completionAs = (type: string) =>
-  fetch(`http://127.0.0.1:${port}/v1/completions`, {
+  fetch(`http://127.0.0.1:${setup.port}/v1/completions`, {
     method: 'POST',
     headers: { 'content-type': type },
     body: '{"prompt":"x","max_tokens":1}',

@@ -7,47 +7,24 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { fakeEngine, type FakeEngine } from '../faults/harness.js';
+import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
 import { rawClient } from '../helpers/raw-client.js';
 import { until } from '../helpers/wait.js';
 
 const BODY_LIMIT = 4096;
-let engine: FakeEngine;
-let gateway: Gateway;
-let port = 0;
+let setup: GatewayOnEngine;
 
 before(async () => {
-  engine = await fakeEngine((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      const text = '{"choices":[{"text":"ok"}]}';
-      res.writeHead(200, { 'content-type': 'application/json', 'content-length': text.length }).end(text);
-    });
-  });
-  gateway = await createGateway({
-    router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers: [{ id: 'e0', url: engine.url }],
-    bodyLimit: BODY_LIMIT,
-    bufferedBodyLimit: BODY_LIMIT,
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-  });
-  await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  port = (gateway.app.server.address() as { port: number }).port;
+  setup = await gatewayOnEngine({ bodyLimit: BODY_LIMIT, bufferedBodyLimit: BODY_LIMIT });
 });
-after(async () => {
-  await gateway.close(0);
-  await engine.close();
-});
+after(() => setup.close());
 
 const head = (length: number, headers = 'Host: x\r\n') =>
   `POST /v1/completions HTTP/1.1\r\n${headers}Content-Type: application/json\r\nContent-Length: ${length}\r\nExpect: 100-continue\r\n\r\n`;
 
 /** Sends `raw` (headers only) and returns what came back once a final answer's status line has. */
 async function headersOnly(raw: string): Promise<string> {
-  const client = await rawClient(port);
+  const client = await rawClient(setup.port);
   try {
     client.socket.write(raw);
     await until(
@@ -78,10 +55,10 @@ test('a request refused on its headers alone gets its refusal and no 100 Continu
 
 test('a body the budget cannot take is refused 503 before it is sent, with no 100 Continue', async () => {
   // a request whose body holds the whole budget while it trickles in
-  const holder = await rawClient(port);
+  const holder = await rawClient(setup.port);
   try {
     holder.socket.write(head(BODY_LIMIT).replace('Expect: 100-continue\r\n', ''));
-    await until(() => gateway.bodyBudget.used === BODY_LIMIT, 'the budget held by the first request');
+    await until(() => setup.gateway.bodyBudget.used === BODY_LIMIT, 'the budget held by the first request');
     const received = await headersOnly(head(100));
     assert.match(received, /^HTTP\/1\.1 503 /, received);
     assert.doesNotMatch(received, /100 Continue/);
@@ -93,7 +70,7 @@ test('a body the budget cannot take is refused 503 before it is sent, with no 10
 
 test('a request the gateway will read gets its 100 Continue, then its answer', async () => {
   const body = '{"model":"m","prompt":"x","max_tokens":1}';
-  const client = await rawClient(port);
+  const client = await rawClient(setup.port);
   try {
     client.socket.write(head(body.length));
     await until(() => client.received().startsWith('HTTP/1.1 100 Continue\r\n\r\n'), 'the 100 Continue');

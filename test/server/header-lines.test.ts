@@ -8,45 +8,23 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway, MAX_HEADER_LINES, type Gateway } from '../../src/server/gateway.js';
-import { fakeEngine, type FakeEngine } from '../faults/harness.js';
+import { MAX_HEADER_LINES } from '../../src/server/gateway.js';
+import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
 import { rawClient } from '../helpers/raw-client.js';
 import { until } from '../helpers/wait.js';
 
-let engine: FakeEngine;
-let gateway: Gateway;
-let port = 0;
-let completions = 0;
+let setup: GatewayOnEngine;
 
 before(async () => {
-  engine = await fakeEngine((req, res) => {
-    if (req.method === 'POST') completions++;
-    req.resume();
-    req.on('end', () => {
-      const text = '{"choices":[{"text":"ok"}]}';
-      res.writeHead(200, { 'content-type': 'application/json', 'content-length': text.length }).end(text);
-    });
-  });
-  gateway = await createGateway({
-    router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers: [{ id: 'e0', url: engine.url }],
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-  });
-  await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  port = (gateway.app.server.address() as { port: number }).port;
+  setup = await gatewayOnEngine();
 });
-after(async () => {
-  await gateway.close(0);
-  await engine.close();
-});
+after(() => setup.close());
 
 /** `n` header lines of filler, each a few bytes (a thousand of them fit the header size limit). */
 const filler = (n: number) => Array.from({ length: n }, (_, i) => `f${i}:1\r\n`).join('');
 
 test('a request whose Content-Length hides behind 2,000 header lines is refused 431 naming headers, its body unread', async () => {
-  const client = await rawClient(port);
+  const client = await rawClient(setup.port);
   try {
     client.socket.write(
       `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n${filler(1999)}Content-Length: 8000000\r\n\r\n{"prompt":"`,
@@ -58,12 +36,12 @@ test('a request whose Content-Length hides behind 2,000 header lines is refused 
     assert.match(received, /\r\nconnection: close\r\n/i);
     const error = (JSON.parse(received.slice(received.indexOf('\r\n\r\n') + 4)) as { error: { param: string } }).error;
     assert.equal(error.param, 'headers');
-    assert.equal(gateway.bodyBudget.used, 0, 'nothing of the body is held');
+    assert.equal(setup.gateway.bodyBudget.used, 0, 'nothing of the body is held');
     await until(client.closed, 'the connection closed');
   } finally {
     client.socket.destroy();
   }
-  assert.equal(completions, 0);
+  assert.equal(setup.completions(), 0);
 });
 
 test(`${MAX_HEADER_LINES} header lines are served, one more is refused`, async () => {
@@ -74,7 +52,7 @@ test(`${MAX_HEADER_LINES} header lines are served, one more is refused`, async (
     [MAX_HEADER_LINES, 200],
     [MAX_HEADER_LINES + 1, 431],
   ] as const) {
-    const client = await rawClient(port);
+    const client = await rawClient(setup.port);
     try {
       client.socket.write(request(lines));
       await until(() => /^HTTP\/1\.1 \d{3} /.test(client.received()), `an answer to ${lines} header lines`);

@@ -10,40 +10,17 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { fakeEngine, type FakeEngine } from '../faults/harness.js';
+import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
 import { rawClient, type RawClient } from '../helpers/raw-client.js';
 import { until } from '../helpers/wait.js';
 
 const BODY_LIMIT = 8 * 1024 * 1024;
-let engine: FakeEngine;
-let gateway: Gateway;
-let port = 0;
+let setup: GatewayOnEngine;
 
 before(async () => {
-  engine = await fakeEngine((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      const text = '{"choices":[{"text":"ok"}]}';
-      res.writeHead(200, { 'content-type': 'application/json', 'content-length': text.length }).end(text);
-    });
-  });
-  gateway = await createGateway({
-    router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers: [{ id: 'e0', url: engine.url }],
-    bodyLimit: BODY_LIMIT,
-    bufferedBodyLimit: BODY_LIMIT,
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-  });
-  await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  port = (gateway.app.server.address() as { port: number }).port;
+  setup = await gatewayOnEngine({ bodyLimit: BODY_LIMIT, bufferedBodyLimit: BODY_LIMIT });
 });
-after(async () => {
-  await gateway.close(0);
-  await engine.close();
-});
+after(() => setup.close());
 
 const head = (length: number, headers = '') =>
   `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n${headers}Content-Length: ${length}\r\n\r\n`;
@@ -61,7 +38,7 @@ function written(client: RawClient, bytes: Buffer): Promise<Error | null> {
  * declared: the gateway must take them (read and drop them), not reset the connection.
  */
 async function refusedThenBody(headers: string, status: number): Promise<string> {
-  const client = await rawClient(port);
+  const client = await rawClient(setup.port);
   try {
     client.socket.write(headers);
     await until(() => /^HTTP\/1\.1 \d{3} /.test(client.received()), 'the answer to the headers');
@@ -78,10 +55,10 @@ async function refusedThenBody(headers: string, status: number): Promise<string>
 }
 
 test('after a 503 for the full body budget, what the client still sends is read, not reset', async () => {
-  const holder = await rawClient(port);
+  const holder = await rawClient(setup.port);
   try {
     holder.socket.write(`${head(BODY_LIMIT)}{`);
-    await until(() => gateway.bodyBudget.used === BODY_LIMIT, 'the budget held');
+    await until(() => setup.gateway.bodyBudget.used === BODY_LIMIT, 'the budget held');
     const received = await refusedThenBody(head(6 * 1024 * 1024), 503);
     assert.match(received, /"code":"body_budget_exceeded"/);
   } finally {
@@ -99,7 +76,7 @@ test('after a 431 for too many header lines, what the client still sends is read
 });
 
 test('a client that does not close its side after the answer is closed a short while later', async () => {
-  const client = await rawClient(port);
+  const client = await rawClient(setup.port);
   try {
     client.socket.write(head(BODY_LIMIT + 1));
     await until(() => /^HTTP\/1\.1 413 /.test(client.received()), 'the 413');

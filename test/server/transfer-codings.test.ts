@@ -7,40 +7,16 @@
 import assert from 'node:assert/strict';
 import { gzipSync } from 'node:zlib';
 import { after, before, test } from 'node:test';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { fakeEngine, type FakeEngine } from '../faults/harness.js';
+import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
 import { rawClient } from '../helpers/raw-client.js';
 import { until } from '../helpers/wait.js';
 
-let engine: FakeEngine;
-let gateway: Gateway;
-let port = 0;
-/** Completions that reached the engine (the gateway's own reads, such as /v1/models, are not counted). */
-let completions = 0;
+let setup: GatewayOnEngine;
 
 before(async () => {
-  engine = await fakeEngine((req, res) => {
-    if (req.method === 'POST') completions++;
-    req.resume();
-    req.on('end', () => {
-      const text = '{"choices":[{"text":"ok"}]}';
-      res.writeHead(200, { 'content-type': 'application/json', 'content-length': text.length }).end(text);
-    });
-  });
-  gateway = await createGateway({
-    router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers: [{ id: 'e0', url: engine.url }],
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-  });
-  await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  port = (gateway.app.server.address() as { port: number }).port;
+  setup = await gatewayOnEngine();
 });
-after(async () => {
-  await gateway.close(0);
-  await engine.close();
-});
+after(() => setup.close());
 
 /** A chunked request whose Transfer-Encoding is `coding`, its body `body` in one chunk. */
 function chunked(path: string, coding: string, body: Buffer, headers = ''): Buffer {
@@ -55,7 +31,7 @@ function chunked(path: string, coding: string, body: Buffer, headers = ''): Buff
 
 /** Sends `raw` on a new connection; the text received once the gateway closes it. */
 async function closedExchange(raw: Buffer): Promise<string> {
-  const client = await rawClient(port);
+  const client = await rawClient(setup.port);
   client.socket.write(raw);
   await until(client.closed, 'the gateway closing the connection');
   return client.received();
@@ -63,7 +39,7 @@ async function closedExchange(raw: Buffer): Promise<string> {
 
 test('a transfer coding other than chunked is a 400 naming transfer-encoding; the body reaches no engine', async () => {
   const json = Buffer.from('{"model":"m","prompt":"x","max_tokens":1}');
-  const admin = `Authorization: Bearer ${gateway.adminToken}\r\n`;
+  const admin = `Authorization: Bearer ${setup.gateway.adminToken}\r\n`;
   for (const [path, coding, body, headers] of [
     ['/v1/completions', 'gzip, chunked', gzipSync(json), ''],
     ['/v1/completions', 'deflate, chunked', json, ''],
@@ -83,13 +59,13 @@ test('a transfer coding other than chunked is a 400 naming transfer-encoding; th
     assert.equal(error.type, 'invalid_request_error', what);
     assert.match(error.message, /chunked/, what);
   }
-  assert.equal(completions, 0, 'no request reached the engine');
-  assert.equal(gateway.connections.has('w9'), false, 'no worker was added');
+  assert.equal(setup.completions(), 0, 'no request reached the engine');
+  assert.equal(setup.gateway.connections.has('w9'), false, 'no worker was added');
 });
 
 test('chunked alone (in any case) is still read, and answered on the same connection', async () => {
   const json = Buffer.from('{"model":"m","prompt":"x","max_tokens":1}');
-  const client = await rawClient(port);
+  const client = await rawClient(setup.port);
   try {
     client.socket.write(
       Buffer.concat([chunked('/v1/completions', 'chunked', json), chunked('/v1/completions', 'Chunked', json)]),
@@ -102,7 +78,7 @@ test('chunked alone (in any case) is still read, and answered on the same connec
 });
 
 test('an HTTP/1.0 request with a Transfer-Encoding is a 400 naming transfer-encoding (its framing is faulty, RFC 9112 §6.1)', async () => {
-  const before = completions;
+  const before = setup.completions();
   const json = Buffer.from('{"model":"m","prompt":"x","max_tokens":1}');
   const raw = chunked('/v1/completions', 'chunked', json, 'Connection: keep-alive\r\n');
   const received = await closedExchange(
@@ -113,7 +89,7 @@ test('an HTTP/1.0 request with a Transfer-Encoding is a 400 naming transfer-enco
     (JSON.parse(received.slice(received.indexOf('\r\n\r\n') + 4)) as { error: { param: string } }).error.param,
     'transfer-encoding',
   );
-  assert.equal(completions, before, 'nothing reached the engine');
+  assert.equal(setup.completions(), before, 'nothing reached the engine');
 });
 
 test('a request refused on its transfer coding gets one answer, even when its body then fails to parse', async () => {
