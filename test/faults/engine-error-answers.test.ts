@@ -13,12 +13,7 @@ import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { test } from 'node:test';
 import type { Registry } from 'prom-client';
-import { MockEngine } from '../../src/engines/mock-engine.js';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway } from '../../src/server/gateway.js';
-import { fakeEngine, post } from './harness.js';
-
-const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0 };
+import { badFirstGateway, fakeEngine, post } from './harness.js';
 
 /** vLLM's ErrorResponse (0.10 and later), as json.dumps / JSONResponse write it. */
 const vllmError = (code: number, message = 'Internal server error', type = 'InternalServerError') =>
@@ -52,28 +47,12 @@ async function sample(registry: Registry, series: string): Promise<number> {
   return line === undefined ? 0 : Number(line.slice(series.length + 1));
 }
 
-/** A gateway in front of `bad` alone, or `bad` first and a good mock engine second (round robin). */
-async function gatewayWith(badUrl: string, withGood: boolean, breakerFailures = 100) {
-  const good = withGood ? await new MockEngine().start() : undefined;
-  const workers = [{ id: 'bad', url: badUrl }];
-  if (good) workers.push({ id: 'good', url: `http://127.0.0.1:${good.port}` });
-  const gateway = await createGateway({
-    router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers,
-    ...quiet,
-    breakerFailures,
-    breakerCooldownMs: 60_000,
-  });
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  return {
-    gateway,
-    base,
-    close: async () => {
-      await gateway.close();
-      await good?.close();
-    },
-  };
-}
+/**
+ * A gateway in front of `bad` alone, or `bad` first and a good mock engine second (round robin);
+ * `breakerFailures` failures in a row open a worker's circuit.
+ */
+const gatewayWith = (badUrl: string, withGood: boolean, breakerFailures = 100) =>
+  badFirstGateway(badUrl, withGood, { breakerFailures });
 
 for (const [shape, body] of [
   ['vLLM', vllmError(500)],

@@ -25,16 +25,24 @@ const textEvent = (text: string) =>
 const errorEvent = (code: number, type: string) =>
   `data: {"error": {"message": "Internal server error", "type": "${type}", "param": null, "code": ${code}}}\n\n`;
 
-/** An engine answering its completions with the event stream `events` (other paths: 404). */
-const streamingEngine = (events: string) =>
+/** An engine answering each of its completions, once read, with `answer` (other paths: 404). */
+const engineAnswering = (answer: (res: ServerResponse) => void) =>
   fakeEngine((req: IncomingMessage, res: ServerResponse) => {
     req.resume();
     if (req.url !== '/v1/completions') return void res.writeHead(404).end();
-    req.on('end', () => res.writeHead(200, { 'content-type': 'text/event-stream' }).end(events));
+    req.on('end', () => answer(res));
   });
 
-test('a stream whose first event is an engine error (code 500) is retried on another worker, never passed on', async () => {
-  const bad = await streamingEngine(errorEvent(500, 'InternalServerError') + 'data: [DONE]\n\n');
+/** An engine answering its completions with the event stream `events` (other paths: 404). */
+const streamingEngine = (events: string) =>
+  engineAnswering((res) => res.writeHead(200, { 'content-type': 'text/event-stream' }).end(events));
+
+/**
+ * A round-robin gateway in front of `bad`, an engine answering its completions with the event
+ * stream `events`, first, and a mock engine (`good`) second; `close` closes all three.
+ */
+async function badThenGood(events: string) {
+  const bad = await streamingEngine(events);
   const good = await new MockEngine().start();
   const gateway = await createGateway({
     router: new KVAwareRouter({ policy: 'round-robin' }),
@@ -44,6 +52,19 @@ test('a stream whose first event is an engine error (code 500) is retried on ano
     ],
     ...quiet,
   });
+  return {
+    bad,
+    gateway,
+    close: async () => {
+      await gateway.close();
+      await good.close();
+      await bad.close();
+    },
+  };
+}
+
+test('a stream whose first event is an engine error (code 500) is retried on another worker, never passed on', async () => {
+  const { bad, gateway, close } = await badThenGood(errorEvent(500, 'InternalServerError') + 'data: [DONE]\n\n');
   try {
     const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     for (let i = 0; i < 4; i++) {
@@ -61,9 +82,7 @@ test('a stream whose first event is an engine error (code 500) is retried on ano
     );
     assert.equal(gateway.router.getStats().inFlightRequests, 0);
   } finally {
-    await gateway.close();
-    await good.close();
-    await bad.close();
+    await close();
   }
 });
 
@@ -75,13 +94,9 @@ test('an engine error event (code 500) after the first event reaches the client 
     const rest = errorEvent(code, type) + 'data: [DONE]\n\n';
     // the first event goes out at once; the error event once the client has read it
     const streams: ServerResponse[] = [];
-    const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
-      req.resume();
-      if (req.url !== '/v1/completions') return void res.writeHead(404).end();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' }).write(textEvent('a'));
-        streams.push(res);
-      });
+    const engine = await engineAnswering((res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' }).write(textEvent('a'));
+      streams.push(res);
     });
     const gateway = await createGateway({
       router: new KVAwareRouter({ policy: 'round-robin' }),
@@ -148,16 +163,7 @@ const spreadErrorEvents: ReadonlyArray<readonly [string, string]> = [
 
 test('an engine error event spread over several lines, or typed `event: error`, is recognised: the stream is retried on another worker', async () => {
   for (const [what, event] of spreadErrorEvents) {
-    const bad = await streamingEngine(event + 'data: [DONE]\n\n');
-    const good = await new MockEngine().start();
-    const gateway = await createGateway({
-      router: new KVAwareRouter({ policy: 'round-robin' }),
-      workers: [
-        { id: 'bad', url: bad.url },
-        { id: 'good', url: `http://127.0.0.1:${good.port}` },
-      ],
-      ...quiet,
-    });
+    const { bad, gateway, close } = await badThenGood(event + 'data: [DONE]\n\n');
     try {
       const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
       for (let i = 0; i < 2; i++) {
@@ -173,9 +179,7 @@ test('an engine error event spread over several lines, or typed `event: error`, 
         `${what}: its failures are counted`,
       );
     } finally {
-      await gateway.close();
-      await good.close();
-      await bad.close();
+      await close();
     }
   }
 });
@@ -199,11 +203,9 @@ test("a spread error event for a client's error, and events that only mention er
   ] as const) {
     const all = events + 'data: [DONE]\n\n';
     let completions = 0;
-    const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
-      req.resume();
-      if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+    const engine = await engineAnswering((res) => {
       completions++;
-      req.on('end', () => res.writeHead(200, { 'content-type': 'text/event-stream' }).end(all));
+      res.writeHead(200, { 'content-type': 'text/event-stream' }).end(all);
     });
     const gateway = await createGateway({
       router: new KVAwareRouter({ policy: 'round-robin' }),
@@ -257,11 +259,7 @@ test("a stream whose first event is a client's error withdraws what the router p
       (res: ServerResponse) => res.writeHead(400, { 'content-type': 'application/json' }).end(clientError),
     ],
   ] as const) {
-    const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
-      req.resume();
-      if (req.url !== '/v1/completions') return void res.writeHead(404).end();
-      req.on('end', () => answer(res));
-    });
+    const engine = await engineAnswering(answer);
     const router = new KVAwareRouter({ policy: 'round-robin' });
     const gateway = await createGateway({ router, workers: [{ id: 'e', url: engine.url }], ...quiet });
     try {

@@ -18,6 +18,26 @@ import { until } from '../helpers/wait.js';
 const MiB = 1024 * 1024;
 const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: 'fault-suite-admin' };
 
+/**
+ * Worker `w` at `url`: its /metrics scraped once, then its /health probed once, each with a
+ * 30 s deadline and one failure enough to take it out of rotation.
+ */
+async function scrapedAndProbed(url: string) {
+  const router = new KVAwareRouter();
+  router.registerWorker('w');
+  const health = new WorkerHealth(router);
+  const scraper = new MetricsScraper(router, [{ workerId: 'w', url: `${url}/metrics` }], {
+    timeoutMs: 30_000,
+    failuresToUnhealthy: 1,
+    health,
+  });
+  await scraper.scrapeAll();
+  const checker = new HealthChecker(health, { timeoutMs: 30_000, failuresToUnhealthy: 1 });
+  checker.add('w', url);
+  await checker.probeAll();
+  return { router, health, scraper, checker };
+}
+
 /** Writes `opening` then spaces as fast as the reader takes them, until the connection closes; resolves to the bytes written. */
 function endless(res: ServerResponse, opening: string): Promise<number> {
   return new Promise((resolve) => {
@@ -120,21 +140,10 @@ test('a /metrics page over 16 MiB is not read as load, and a /health answer over
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-  const router = new KVAwareRouter();
-  router.registerWorker('w');
-  const health = new WorkerHealth(router);
   // deadlines far longer than reading the answers takes: only their size can fail them
-  const scraper = new MetricsScraper(router, [{ workerId: 'w', url: `${url}/metrics` }], {
-    timeoutMs: 30_000,
-    failuresToUnhealthy: 1,
-    health,
-  });
-  await scraper.scrapeAll();
+  const { router, health, scraper, checker } = await scrapedAndProbed(url);
   assert.match(scraper.state('w')!.lastError ?? '', /larger than 16777216 bytes/);
   assert.equal(router.listWorkers()[0].waitingRequests, 0, 'nothing of the oversized page was taken');
-  const checker = new HealthChecker(health, { timeoutMs: 30_000, failuresToUnhealthy: 1 });
-  checker.add('w', url);
-  await checker.probeAll();
   assert.match(checker.state('w')!.lastError ?? '', /larger than 65536 bytes/);
   assert.deepEqual(health.reasons('w').sort(), ['health-check', 'metrics']);
   server.closeAllConnections();
@@ -218,20 +227,9 @@ test('a /health or /metrics answering with a redirect fails the check, as the re
   });
   await new Promise<void>((r) => redirecting.listen(0, '127.0.0.1', r));
   const url = `http://127.0.0.1:${(redirecting.address() as AddressInfo).port}`;
-  const router = new KVAwareRouter();
-  router.registerWorker('w');
-  const health = new WorkerHealth(router);
-  const scraper = new MetricsScraper(router, [{ workerId: 'w', url: `${url}/metrics` }], {
-    timeoutMs: 30_000,
-    failuresToUnhealthy: 1,
-    health,
-  });
-  await scraper.scrapeAll();
+  const { router, health, scraper, checker } = await scrapedAndProbed(url);
   assert.equal(scraper.state('w')!.lastError, 'HTTP 301');
   assert.equal(router.listWorkers()[0].waitingRequests, 0, 'nothing of the page redirected to was taken');
-  const checker = new HealthChecker(health, { timeoutMs: 30_000, failuresToUnhealthy: 1 });
-  checker.add('w', url);
-  await checker.probeAll();
   assert.equal(checker.state('w')!.lastError, 'HTTP 301');
   assert.deepEqual(health.reasons('w').sort(), ['health-check', 'metrics']);
   for (const server of [target, redirecting]) {

@@ -8,12 +8,7 @@
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { test } from 'node:test';
-import { MockEngine } from '../../src/engines/mock-engine.js';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway } from '../../src/server/gateway.js';
-import { fakeEngine, post } from './harness.js';
-
-const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0 };
+import { badFirstGateway, fakeEngine, post, type BadFirstGateway, type FakeEngine } from './harness.js';
 
 const first = 'data: {"choices":[{"text":"a"}]}\n\n';
 
@@ -25,32 +20,26 @@ const streamingEngine = (body: string) =>
   });
 
 /**
- * A gateway in front of `badUrl` first and, with `withGood`, a good mock engine second (round
- * robin: the first request goes to `badUrl`); one failure opens a worker's circuit.
+ * Streams one completion through a gateway in front of `bad` first and, with `withGood`, a good
+ * engine (one failure opens a worker's circuit), and hands `check` the answer and the gateway;
+ * closes the gateway and `bad` after.
  */
-async function gatewayWith(badUrl: string, withGood: boolean) {
-  const good = withGood ? await new MockEngine().start() : undefined;
-  const router = new KVAwareRouter({ policy: 'round-robin' });
-  const workers = [{ id: 'bad', url: badUrl }];
-  if (good) workers.push({ id: 'good', url: `http://127.0.0.1:${good.port}` });
-  const gateway = await createGateway({ router, workers, ...quiet, breakerFailures: 1, breakerCooldownMs: 60_000 });
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  return {
-    router,
-    gateway,
-    base,
-    close: async () => {
-      await gateway.close();
-      await good?.close();
-    },
-  };
+async function streamedThrough(
+  bad: FakeEngine,
+  withGood: boolean,
+  check: (r: Awaited<ReturnType<typeof post>>, g: BadFirstGateway) => void,
+): Promise<void> {
+  const g = await badFirstGateway(bad.url, withGood, { breakerFailures: 1 });
+  try {
+    check(await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true }), g);
+  } finally {
+    await g.close();
+    await bad.close();
+  }
 }
 
 test('a stream that ends cleanly without data: [DONE] after its first event ends with an error event and counts as a failure', async () => {
-  const bad = await streamingEngine(first);
-  const g = await gatewayWith(bad.url, false);
-  try {
-    const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+  await streamedThrough(await streamingEngine(first), false, (r, g) => {
     assert.equal(r.status, 200);
     const events = r.text.split('\n\n').filter(Boolean);
     assert.equal(events.length, 2, JSON.stringify(r.text));
@@ -58,27 +47,18 @@ test('a stream that ends cleanly without data: [DONE] after its first event ends
     assert.match(events[1], /^data: \{"error":.*"the engine failed mid-stream"/);
     assert.equal(g.router.getStats().inFlightRequests, 0);
     assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], 'the cut stream counts as the engine failing');
-  } finally {
-    await g.close();
-    await bad.close();
-  }
+  });
 });
 
 test('a stream that ends cleanly before its first whole event is retried on another worker', async () => {
   for (const body of ['', 'data: {"choices":[{"te']) {
-    const bad = await streamingEngine(body);
-    const g = await gatewayWith(bad.url, true);
-    try {
-      const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+    await streamedThrough(await streamingEngine(body), true, (r, g) => {
       assert.equal(r.status, 200, r.text);
       assert.equal(r.headers.get('x-contextforge-worker'), 'good', `engine's stream ${JSON.stringify(body)}`);
       assert.match(r.text, /data: \[DONE\]/);
       assert.doesNotMatch(r.text, /"error"/);
       assert.equal(g.router.getStats().inFlightRequests, 0);
-    } finally {
-      await g.close();
-      await bad.close();
-    }
+    });
   }
 });
 
@@ -90,17 +70,11 @@ test('a stream ending with data: [DONE], whatever its line ends, is a whole answ
     'data: [DONE]\r\r',
     'data: [DONE]',
   ]) {
-    const bad = await streamingEngine(first + end);
-    const g = await gatewayWith(bad.url, false);
-    try {
-      const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+    await streamedThrough(await streamingEngine(first + end), false, (r, g) => {
       assert.equal(r.status, 200);
       assert.equal(r.text, first + end, 'the stream as the engine sent it');
       assert.deepEqual(g.gateway.health.reasons('bad'), [], `${JSON.stringify(end)}: an answer, not a failure`);
-    } finally {
-      await g.close();
-      await bad.close();
-    }
+    });
   }
 });
 
@@ -116,17 +90,12 @@ test('a stream whose connection fails after its data: [DONE] reached the client 
         res.write(whole, () => res.socket?.destroy());
       });
     });
-    const g = await gatewayWith(bad.url, false);
-    try {
-      const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+    await streamedThrough(bad, false, (r, g) => {
       assert.equal(r.status, 200);
       assert.equal(r.text, whole, 'nothing after the last event');
       assert.equal(g.router.getStats().inFlightRequests, 0);
       assert.deepEqual(g.gateway.health.reasons('bad'), [], 'the engine answered in full');
-    } finally {
-      await g.close();
-      await bad.close();
-    }
+    });
   }
 });
 
@@ -143,18 +112,12 @@ test('a data: [DONE] followed by more in the same write of the engine ends the s
     'data: [DONE]\n\n: ping',
     'data: [DONE]\n\n: ping\n\ndata: [DONE]\n\n\n: ping',
   ]) {
-    const bad = await streamingEngine(first + end);
-    const g = await gatewayWith(bad.url, false);
-    try {
-      const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+    await streamedThrough(await streamingEngine(first + end), false, (r, g) => {
       assert.equal(r.status, 200);
       assert.equal(r.text, first + end, `${JSON.stringify(end)}: the stream as the engine sent it`);
       assert.equal(g.router.getStats().inFlightRequests, 0);
       assert.deepEqual(g.gateway.health.reasons('bad'), [], `${JSON.stringify(end)}: an answer, not a failure`);
-    } finally {
-      await g.close();
-      await bad.close();
-    }
+    });
   }
 });
 
@@ -166,10 +129,7 @@ test('[DONE] anywhere but as the whole data of an event is no end of the stream'
     `${first}xdata: [DONE]\n\n: ping\n\n`,
     `${first}event: [DONE]\n\n`,
   ]) {
-    const bad = await streamingEngine(body);
-    const g = await gatewayWith(bad.url, false);
-    try {
-      const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+    await streamedThrough(await streamingEngine(body), false, (r, g) => {
       assert.equal(r.status, 200);
       assert.ok(r.text.startsWith(body), `${JSON.stringify(body)}: the events as the engine sent them`);
       assert.match(
@@ -178,9 +138,6 @@ test('[DONE] anywhere but as the whole data of an event is no end of the stream'
         JSON.stringify(body),
       );
       assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], `${JSON.stringify(body)}: a stream cut short`);
-    } finally {
-      await g.close();
-      await bad.close();
-    }
+    });
   }
 });

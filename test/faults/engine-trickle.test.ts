@@ -8,14 +8,8 @@
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { test } from 'node:test';
-import { MockEngine } from '../../src/engines/mock-engine.js';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway } from '../../src/server/gateway.js';
-import type { GatewayTimeouts } from '../../src/server/timeouts.js';
 import { until } from '../helpers/wait.js';
-import { fakeEngine } from './harness.js';
-
-const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0 };
+import { badFirstGateway, fakeEngine, type BadFirstGateway } from './harness.js';
 
 /** How often a trickling engine writes its next byte (ms): well inside every timeout of these tests. */
 const TRICKLE_MS = 40;
@@ -48,32 +42,16 @@ async function tricklingEngine(head: (res: ServerResponse) => void, byte: string
 }
 
 /**
- * A gateway in front of `bad` first and, with `withGood`, a good mock engine second (round
- * robin: the first request goes to `bad`); its retries, breaker and timeouts as given.
+ * Waits for the gateway to let go of all a trickling answer held: the engine's connection, the
+ * router's in-flight ticket, the body and answer budgets.
  */
-async function gatewayWith(badUrl: string, withGood: boolean, timeouts: Partial<GatewayTimeouts>, breakerFailures = 3) {
-  const good = withGood ? await new MockEngine().start() : undefined;
-  const router = new KVAwareRouter({ policy: 'round-robin' });
-  const workers = [{ id: 'bad', url: badUrl }];
-  if (good) workers.push({ id: 'good', url: `http://127.0.0.1:${good.port}` });
-  const gateway = await createGateway({
-    router,
-    workers,
-    ...quiet,
-    timeouts,
-    breakerFailures,
-    breakerCooldownMs: 60_000,
-  });
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  return {
-    router,
-    gateway,
-    base,
-    close: async () => {
-      await gateway.close();
-      await good?.close();
-    },
-  };
+async function assertLetGo(bad: { open: number }, g: BadFirstGateway): Promise<void> {
+  await until(() => bad.open === 0, 'the trickling answer to be dropped');
+  assert.equal(g.router.getStats().inFlightRequests, 0);
+  await until(
+    () => g.gateway.answerBudget.used === 0 && g.gateway.bodyBudget.used === 0,
+    'the budgets to be given back',
+  );
 }
 
 /** POSTs a completion request; the client gives up after 30 s (far past every deadline the gateway is given here). */
@@ -92,19 +70,16 @@ test('a stream whose first event never completes, its bytes trickling, moves to 
     res.writeHead(200, { 'content-type': 'text/event-stream' });
     res.write('data: {"choices":[{"text":"');
   }, 'a');
-  const g = await gatewayWith(bad.url, true, { firstByteTimeoutMs: 300, interChunkTimeoutMs: 60_000 });
+  const g = await badFirstGateway(bad.url, true, {
+    timeouts: { firstByteTimeoutMs: 300, interChunkTimeoutMs: 60_000 },
+  });
   try {
     const r = await complete(g.base, { prompt: 'p', max_tokens: 2, stream: true });
     assert.equal(r.status, 200, r.text);
     assert.equal(r.headers.get('x-contextforge-worker'), 'good');
     assert.match(r.text, /data: \[DONE\]/);
     assert.doesNotMatch(r.text, /"te?x?t?":"a/, 'nothing of the trickled event reached the client');
-    await until(() => bad.open === 0, 'the trickling answer to be dropped');
-    assert.equal(g.router.getStats().inFlightRequests, 0);
-    await until(
-      () => g.gateway.answerBudget.used === 0 && g.gateway.bodyBudget.used === 0,
-      'the budgets to be given back',
-    );
+    await assertLetGo(bad, g);
   } finally {
     await g.close();
     await bad.close();
@@ -117,7 +92,10 @@ test('a stream that trickles bytes after its first event, never making another, 
     res.write('data: {"choices":[{"text":"a"}]}\n\n');
     res.write('data: {"choices":[{"text":"');
   }, 'b');
-  const g = await gatewayWith(bad.url, false, { firstByteTimeoutMs: 60_000, interChunkTimeoutMs: 300 }, 1);
+  const g = await badFirstGateway(bad.url, false, {
+    timeouts: { firstByteTimeoutMs: 60_000, interChunkTimeoutMs: 300 },
+    breakerFailures: 1,
+  });
   try {
     const r = await complete(g.base, { prompt: 'p', max_tokens: 2, stream: true });
     assert.equal(r.status, 200);
@@ -125,12 +103,7 @@ test('a stream that trickles bytes after its first event, never making another, 
     assert.equal(events[0], 'data: {"choices":[{"text":"a"}]}');
     assert.match(events.at(-1)!, /"the engine failed mid-stream"/, 'the stream ends with the error event');
     assert.equal(events.length, 2, `the whole event, then the error event: ${JSON.stringify(r.text)}`);
-    await until(() => bad.open === 0, 'the trickling answer to be dropped');
-    assert.equal(g.router.getStats().inFlightRequests, 0);
-    await until(
-      () => g.gateway.answerBudget.used === 0 && g.gateway.bodyBudget.used === 0,
-      'the budgets to be given back',
-    );
+    await assertLetGo(bad, g);
     assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], 'the stalled stream counts as the engine failing');
   } finally {
     await g.close();
@@ -147,18 +120,15 @@ for (const framing of ['content-length', 'chunked'] as const) {
       });
       res.write('{"choices":[{"text":"');
     }, 'a');
-    const g = await gatewayWith(bad.url, true, { firstByteTimeoutMs: 60_000, interChunkTimeoutMs: 300 });
+    const g = await badFirstGateway(bad.url, true, {
+      timeouts: { firstByteTimeoutMs: 60_000, interChunkTimeoutMs: 300 },
+    });
     try {
       const r = await complete(g.base, { prompt: 'p', max_tokens: 2 });
       assert.equal(r.status, 200, r.text);
       assert.equal(r.headers.get('x-contextforge-worker'), 'good');
       assert.doesNotThrow(() => JSON.parse(r.text));
-      await until(() => bad.open === 0, 'the trickling answer to be dropped');
-      assert.equal(g.router.getStats().inFlightRequests, 0);
-      await until(
-        () => g.gateway.answerBudget.used === 0 && g.gateway.bodyBudget.used === 0,
-        'the budgets to be given back',
-      );
+      await assertLetGo(bad, g);
     } finally {
       await g.close();
       await bad.close();
@@ -171,20 +141,14 @@ test('a whole answer passing through ungathered (the answer budget full) that tr
     res.writeHead(200, { 'content-type': 'application/json' });
     res.write('{"choices":[{"text":"');
   }, 'a');
-  const router = new KVAwareRouter({ policy: 'round-robin' });
   // a budget smaller than the answer's first chunk: it passes through as it comes
-  const gateway = await createGateway({
-    router,
-    workers: [{ id: 'bad', url: bad.url }],
-    ...quiet,
+  const g = await badFirstGateway(bad.url, false, {
     bufferedAnswerLimit: 8,
     breakerFailures: 1,
-    breakerCooldownMs: 60_000,
     timeouts: { firstByteTimeoutMs: 60_000, interChunkTimeoutMs: 300 },
   });
   try {
-    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-    const res = await fetch(`${base}/v1/completions`, {
+    const res = await fetch(`${g.base}/v1/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify({ prompt: 'p', max_tokens: 2 }),
@@ -193,12 +157,10 @@ test('a whole answer passing through ungathered (the answer budget full) that tr
     assert.equal(res.status, 200);
     // cut, never ended as if whole
     await assert.rejects(res.text(), (err: Error) => !/aborted due to timeout/.test(String(err.cause ?? err)));
-    await until(() => bad.open === 0, 'the trickling answer to be dropped');
-    assert.equal(router.getStats().inFlightRequests, 0);
-    await until(() => gateway.answerBudget.used === 0 && gateway.bodyBudget.used === 0, 'the budgets to be given back');
-    assert.deepEqual(gateway.health.reasons('bad'), ['breaker'], 'the stalled answer counts as the engine failing');
+    await assertLetGo(bad, g);
+    assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], 'the stalled answer counts as the engine failing');
   } finally {
-    await gateway.close();
+    await g.close();
     await bad.close();
   }
 });

@@ -10,7 +10,7 @@ import { createServer, type IncomingMessage, type ServerResponse } from 'node:ht
 import { createConnection, createServer as createTcpServer, type AddressInfo } from 'node:net';
 import { MockEngine, type MockEngineOptions } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { createGateway, type Gateway, type GatewayOptions } from '../../src/server/gateway.js';
 import type { StateStore } from '../../src/state/state-store.js';
 import { until } from '../helpers/wait.js';
 
@@ -301,6 +301,51 @@ export async function stateReplica(
     workers: [{ id: 'e0', url: engineUrl }],
   });
   return { gateway, base: await gateway.app.listen({ host: '127.0.0.1', port: 0 }) };
+}
+
+/** A gateway listening on `base` in front of a failing engine and perhaps a good one (badFirstGateway). */
+export interface BadFirstGateway {
+  router: KVAwareRouter;
+  gateway: Gateway;
+  base: string;
+  /** Closes the gateway and the good engine. */
+  close: () => Promise<void>;
+}
+
+/**
+ * A round-robin gateway in front of `badUrl` (worker `bad`, so the first request goes to it)
+ * and, with `withGood`, a mock engine second (worker `good`), polling neither health nor
+ * metrics; a worker's circuit opens after 3 failures and stays open a minute. `options` add to
+ * or replace the gateway's options.
+ */
+export async function badFirstGateway(
+  badUrl: string,
+  withGood: boolean,
+  options: Omit<Partial<GatewayOptions>, 'router' | 'workers'> = {},
+): Promise<BadFirstGateway> {
+  const good = withGood ? await new MockEngine().start() : undefined;
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const workers = [{ id: 'bad', url: badUrl }];
+  if (good) workers.push({ id: 'good', url: `http://127.0.0.1:${good.port}` });
+  const gateway = await createGateway({
+    router,
+    workers,
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    breakerFailures: 3,
+    breakerCooldownMs: 60_000,
+    ...options,
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  return {
+    router,
+    gateway,
+    base,
+    close: async () => {
+      await gateway.close();
+      await good?.close();
+    },
+  };
 }
 
 /** Collects the process's unhandled rejections until stop(). */
