@@ -4,7 +4,7 @@ import { encode } from '@msgpack/msgpack';
 import { Dealer, Publisher, Router } from 'zeromq';
 import { BlockHashes, hashTokenBlocks } from '../../src/core/hashing.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
-import { decodeEventBatch, type KvEvent } from '../../src/engines/kv-events/decode.js';
+import { decodeEventBatch, KV_EVENT_LIMITS, type KvEvent } from '../../src/engines/kv-events/decode.js';
 import { encodeEventBatch } from '../../src/engines/kv-events/encode.js';
 import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
@@ -211,6 +211,77 @@ describe('KV events over ZeroMQ', () => {
     const before = router.getStats().index.entries;
     await pub.publish(batch(stored([3n], 2n, 8)));
     await until(() => router.getStats().index.entries > before, 'a good batch after the bad ones');
+  });
+
+  // ZeroMQ buffers a whole frame before handing it over: without a transport limit a frame
+  // far over the decode limit would be held in memory just to be refused.
+  const oversized = () => Buffer.alloc(KV_EVENT_LIMITS.maxPayloadBytes + 1);
+  const seqFrame = (n: bigint) => {
+    const b = Buffer.alloc(8);
+    b.writeBigInt64BE(n);
+    return b;
+  };
+
+  test('a frame over the decode limit is refused by the socket, not buffered; the subscriber goes on', async () => {
+    const { router, pub, sub } = await rig();
+    const seen = sub.stats.batches;
+    await pub.publish(batch(stored([1n, 2n], null, 0)));
+    await until(() => sub.stats.batches > seen, 'the good batch');
+    const [malformed, disconnects] = [sub.stats.malformed, sub.stats.disconnects];
+    await pub.sendRaw(['', seqFrame(BigInt(sub.stats.lastSeq! + 1)), oversized()]);
+    await until(
+      () => sub.stats.malformed > malformed || sub.stats.disconnects > disconnects,
+      'the oversized frame to be refused',
+      { timeoutMs: 60_000 },
+    );
+    assert.equal(sub.stats.malformed, malformed, 'refused by ZeroMQ before it was received whole');
+    assert.equal(sub.stats.disconnects, disconnects + 1, 'the sending engine was disconnected');
+    // the subscriber reconnects and applies new batches
+    await until(
+      async () => {
+        if (router.route({ tokens: tokens(100, 4) }, { dryRun: true }).cachedTokens === 4) return true;
+        await pub.publish(batch(stored([7n], null, 100)));
+        return false;
+      },
+      'a batch after the oversized frame',
+      { intervalMs: 50, timeoutMs: 30_000 },
+    );
+  });
+
+  test('a replay frame over the decode limit is refused by the socket: the replay fails, nothing is decoded', async () => {
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+    router.registerWorker('w0');
+    const pub = new Publisher({ linger: 0 });
+    const replay = new Router({ linger: 0 });
+    await pub.bind('tcp://127.0.0.1:*');
+    await replay.bind('tcp://127.0.0.1:*');
+    const serving = (async () => {
+      for await (const [id] of replay) {
+        await replay.send([id, '', seqFrame(0n), oversized()]);
+        await replay.send([id, '', seqFrame(-1n), '']);
+      }
+    })().catch(() => {});
+    const sub = new KvEventSubscriber({
+      workerId: 'w0',
+      endpoint: pub.lastEndpoint!,
+      replayEndpoint: replay.lastEndpoint!,
+      applier: new KvEventApplier(router),
+      idleReplayMs: 0,
+      replayTimeoutMs: 1000,
+    }).start();
+    closers.push(
+      () => sub.close(),
+      async () => {
+        pub.close();
+        replay.close();
+        await serving;
+      },
+    );
+    // connecting asks for a replay from 0, answered with the oversized frame
+    await until(() => sub.stats.replays + sub.stats.replayFailures > 0, 'the replay to end', { timeoutMs: 60_000 });
+    assert.equal(sub.stats.malformed, 0, 'refused by ZeroMQ before it was received whole');
+    assert.equal(sub.stats.replayFailures, 1);
+    assert.equal(sub.stats.lastSeq, null);
   });
 
   test('an event whose extra_keys nest 100,000 deep is skipped alone: the rest of its batch and the next batch apply', async () => {

@@ -2,7 +2,7 @@ import { Dealer, Subscriber } from 'zeromq';
 import { quotedText, shownText } from '../../core/shown-text.js';
 import type { KvEventApplier } from './applier.js';
 import { emptyCounts, type ApplyCounts } from './applier.js';
-import { decodeEventBatch, KvEventFormatError, type KvEventBatch } from './decode.js';
+import { decodeEventBatch, KV_EVENT_LIMITS, KvEventFormatError, type KvEventBatch } from './decode.js';
 
 /**
  * One subscriber per engine endpoint (docs/architecture.md §8): a ZMQ SUB socket connected to the
@@ -70,7 +70,9 @@ export interface SubscriberStats {
 }
 
 export class KvEventSubscriber {
-  private readonly sub = new Subscriber({ linger: 0 });
+  // ZeroMQ buffers a whole frame before handing it over: past the decode limit it disconnects
+  // the sender instead, so a hostile frame is refused before it is held in memory
+  private readonly sub = new Subscriber({ linger: 0, maxMessageSize: KV_EVENT_LIMITS.maxPayloadBytes });
   private lastSeq: bigint | null = null;
   /** The last sequence number a replay delivered: live copies up to it are duplicates. */
   private replayedThrough: bigint | null = null;
@@ -279,7 +281,11 @@ export class KvEventSubscriber {
    * Returns whether the stream is whole again up to `until`.
    */
   private async replayFrom(from: bigint, until: bigint): Promise<boolean> {
-    const dealer = new Dealer({ linger: 0, receiveTimeout: this.options.replayTimeoutMs ?? 2000 });
+    const dealer = new Dealer({
+      linger: 0,
+      receiveTimeout: this.options.replayTimeoutMs ?? 2000,
+      maxMessageSize: KV_EVENT_LIMITS.maxPayloadBytes,
+    });
     const deadlineMs = this.options.replayDeadlineMs ?? 10_000;
     const deadline = performance.now() + deadlineMs;
     const [lastSeqBefore, replayedThroughBefore] = [this.lastSeq, this.replayedThrough];
