@@ -153,6 +153,7 @@ const IDENTITY_ONLY = /^[\s,]*(?:identity[\s,]*)*$/i;
 const LF = 0x0a;
 const CR = 0x0d;
 const SPACE = 0x20;
+const TAB = 0x09;
 const DATA_FIELD = Buffer.from('data:');
 const DONE = Buffer.from('[DONE]');
 
@@ -172,13 +173,15 @@ function holdsAt(bytes: Buffer, at: number, word: Buffer): boolean {
  * in front of it, may write more after it in the same write (a keep-alive comment, another
  * event), and the client has the stream's end all the same. One search for `[DONE]` passes over
  * a chunk without it (nearly every chunk); each one found is judged by the bytes around it, with
- * no view and no copy.
+ * no view and no copy. Spaces and tabs may follow it on its line: the OpenAI SDKs take any data
+ * that starts with `[DONE]` as the end, and an engine or proxy padding the line still ended it.
  */
 function holdsDone(events: Buffer): boolean {
   const n = events.length;
   for (let at = events.indexOf(DONE); at >= 0; at = events.indexOf(DONE, at + DONE.length)) {
-    // the line ends after it (or the bytes do: the unterminated end of a stream)
-    const end = at + DONE.length;
+    // the line ends after it, past any spaces or tabs (or the bytes do: the unterminated end of a stream)
+    let end = at + DONE.length;
+    while (end < n && (events[end] === SPACE || events[end] === TAB)) end++;
     if (end < n && events[end] !== LF && events[end] !== CR) continue;
     // the data field, its optional space, then it, from the start of a line
     const field = at - DATA_FIELD.length - (at > 0 && events[at - 1] === SPACE ? 1 : 0);

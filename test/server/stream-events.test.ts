@@ -55,3 +55,24 @@ test('an empty chunk between whole events changes nothing the client sees', asyn
   assert.equal(await outcome, 'done');
   assert.equal(res.text(), 'data: {"n":0}\n\ndata: {"n":1}\n\ndata: {"n":2}\n\ndata: [DONE]\n\n');
 });
+
+test('[DONE] followed by spaces or tabs before its line end ends the stream, as the OpenAI SDKs read it; other trailing text does not', async () => {
+  const ends = ['data: [DONE] \n\n', 'data: [DONE]  \t\r\n\r\n', 'data:[DONE]\t\r\r', 'data: [DONE]   '];
+  for (const end of ends) {
+    const res = new SlowClientResponse();
+    res.full = false;
+    const { h, outcome } = forwardTo(res);
+    h.onData!(Buffer.from(`data: {"n":0}\n\n${end}`));
+    h.onComplete!([]);
+    assert.equal(await outcome, 'done', JSON.stringify(end));
+    assert.equal(res.text(), `data: {"n":0}\n\n${end}`);
+  }
+  for (const end of ['data: [DONE] x\n\n', 'data: [DONE]\v\n\n']) {
+    const res = new SlowClientResponse();
+    res.full = false;
+    const { h, outcome } = forwardTo(res);
+    h.onData!(Buffer.from(`data: {"n":0}\n\n${end}`));
+    h.onComplete!([]);
+    assert.equal(await outcome, 'cut', JSON.stringify(end));
+  }
+});
