@@ -67,6 +67,8 @@ function errorStatusOf(value: unknown, typedError: boolean): number {
   return typedError || object === 'error' ? statusOf(value) : 0;
 }
 
+const UTF8_BOM = Buffer.from([0xef, 0xbb, 0xbf]);
+
 /**
  * The status a complete answer of status 200 stands for when it is an engine's error object, 0
  * when it is not one. Only an answer holding the bytes `"error"` and no longer than an error
@@ -74,9 +76,12 @@ function errorStatusOf(value: unknown, typedError: boolean): number {
  */
 export function errorAnswerStatus(answer: Buffer): number {
   if (answer.length > MAX_ERROR_ANSWER_BYTES || answer.indexOf(QUOTED_ERROR) < 0) return 0;
+  // a UTF-8 byte order mark before the object (some servers and proxies write one) is no JSON:
+  // one is skipped, as a decoder reading UTF-8 would
+  const text = startsWith(answer, 0, UTF8_BOM) ? answer.subarray(UTF8_BOM.length) : answer;
   let value: unknown;
   try {
-    value = JSON.parse(answer.toString('utf8'));
+    value = JSON.parse(text.toString('utf8'));
   } catch {
     return 0;
   }

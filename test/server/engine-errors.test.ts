@@ -23,6 +23,13 @@ test('an error object in a whole answer stands for the status its code names', (
   assert.equal(answer(' {\n "error" : {"code": 503}\n} '), 503);
 });
 
+test('an error object after a UTF-8 byte order mark is read as one; a second mark is not skipped', () => {
+  const bom = Buffer.from([0xef, 0xbb, 0xbf]);
+  const error = Buffer.from('{"error":{"message":"m","type":"server_error","code":503}}');
+  assert.equal(errorAnswerStatus(Buffer.concat([bom, error])), 503);
+  assert.equal(errorAnswerStatus(Buffer.concat([bom, bom, error])), 0);
+});
+
 test('an answer that is not an error object stands for none', () => {
   for (const text of [
     '{"id":"c","object":"text_completion","choices":[{"text":"\\"error\\""}]}',
