@@ -380,40 +380,4 @@ describe('scenarios', () => {
     assert.notEqual(share.status, 0);
     assert.match(share.stderr, /--non-streaming-share must be a number from 0 to 1/);
   });
-
-  test('a failure or drain after the last arrival of the trace is refused naming the flag and the span, not silently skipped', () => {
-    const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
-    // its arrivals span 0 to 102 s
-    const trace = fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url));
-    const cli = (...args: string[]) =>
-      spawnSync(
-        process.execPath,
-        ['--import', 'tsx', main, 'simulate', '--trace', trace, '--policies', 'cost', '--workers', '3', ...args],
-        { encoding: 'utf8' },
-      );
-    const cases: Array<[string[], RegExp]> = [
-      [
-        ['--fail', 'w1@200s'],
-        /--fail 'w1@200s': at 200 s, after the trace's last arrival \(its arrivals span 0 to 102 s\)/,
-      ],
-      // a time too large for a number reads as Infinity
-      [
-        ['--drain', `w2@1${'0'.repeat(400)}s`],
-        /--drain 'w2@10+…' \(405 characters\): at Infinity s, after the trace's last arrival \(its arrivals span 0 to 102 s\)/,
-      ],
-      // at --speed 2 the trace spans 0 to 51 s
-      [
-        ['--speed', '2', '--fail', 'w0@60s'],
-        /--fail 'w0@60s': at 60 s, after the trace's last arrival \(its arrivals span 0 to 51 s at --speed 2\)/,
-      ],
-    ];
-    for (const [args, message] of cases) {
-      const run = cli(...args);
-      assert.equal(run.status, 2, `${args.join(' ')}: ${run.stderr}`);
-      assert.match(run.stderr, message, args.join(' '));
-    }
-    // the last arrival itself is within the trace
-    const atEnd = cli('--speed', '2', '--fail', 'w0@51s', '--format', 'json');
-    assert.equal(atEnd.status, 0, atEnd.stderr);
-  });
 });

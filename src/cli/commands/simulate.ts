@@ -9,7 +9,6 @@ import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.j
 import { InvalidArgumentError } from 'commander';
 import { parseWorkerEvent, type ScenarioOptions } from '../../sim/scenarios.js';
 import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
-import type { TraceRequest } from '../../sim/trace.js';
 
 const DEFAULT_KV_TOKENS = ENGINE_DEFAULTS.kvTokens;
 import { checkClusterKv, fractionOption, intOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
@@ -105,34 +104,6 @@ export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undef
   );
   if (flags.scenarioSeed !== undefined) s.seed = flags.scenarioSeed;
   return Object.keys(s).length > 0 ? s : undefined;
-}
-
-/**
- * Refuses a --fail or --drain after the trace's last arrival (as the run sees it, at --speed):
- * the run would end before it without a word, and its results would read as if it had happened.
- */
-function checkEventsWithinTrace(flags: SimulateFlags, requests: readonly TraceRequest[]): void {
-  let first = Infinity;
-  let last = -Infinity;
-  for (const r of requests) {
-    first = Math.min(first, r.timestamp);
-    last = Math.max(last, r.timestamp);
-  }
-  const spanMs = requests.length > 0 ? (last - first) / flags.speed : 0;
-  const seconds = (ms: number) => String(Number((ms / 1000).toFixed(3)));
-  for (const [flag, specs] of [
-    ['--fail', flags.fail],
-    ['--drain', flags.drain],
-  ] as const) {
-    for (const spec of specs) {
-      const { atMs } = parseWorkerEvent(spec, flag, flags.workers);
-      if (!(atMs <= spanMs))
-        throw new RangeError(
-          `${flag} ${quotedText(spec)}: at ${seconds(atMs)} s, after the trace's last arrival ` +
-            `(its arrivals span 0 to ${seconds(spanMs)} s${flags.speed === 1 ? '' : ` at --speed ${flags.speed}`})`,
-        );
-    }
-  }
 }
 
 export function registerSimulateCommand(program: Command): void {
@@ -246,7 +217,6 @@ export function registerSimulateCommand(program: Command): void {
       if (flags.report) closeSync(openOutput('--report', flags.report));
       const assignmentsFd = flags.assignments ? openOutput('--assignments', flags.assignments) : undefined;
       const { name, requests } = await loadTrace(flags.trace);
-      checkEventsWithinTrace(flags, requests);
       const bar =
         flags.progress && process.stderr.isTTY
           ? new cliProgress.SingleBar(
