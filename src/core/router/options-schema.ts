@@ -81,8 +81,7 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
   predictedCredit: fraction().default(ROUTER_DEFAULTS.predictedCredit),
   contentAnchorCapacity: positiveInt().default(ROUTER_DEFAULTS.contentAnchorCapacity),
   contentAnchorTtlMs: nonNegative().default(ROUTER_DEFAULTS.contentAnchorTtlMs),
-  // as long as other names (a request's agent role is at most 256 bytes unless the gateway allows more)
-  judgeRoles: z.array(z.string().min(1).max(256)).max(1024).default([]),
+  judgeRoles: z.array(z.string().min(1)).max(1024).default([]),
   instanceId: z.string().min(1).max(256).optional(),
 });
 
@@ -127,6 +126,6 @@ export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>
   predictedCredit: "credit of a block known only from the router's own prediction, from 0 to 1",
   contentAnchorCapacity: 'most content anchors remembered',
   contentAnchorTtlMs: 'how long a content anchor stays recorded on a worker',
-  judgeRoles: "agent roles that never reuse other requests' KV (judges), each up to 256 characters",
+  judgeRoles: "agent roles that never reuse other requests' KV (judges)",
   instanceId: "distinguishes this router's isolation salts from other replicas' (default random)",
 };
