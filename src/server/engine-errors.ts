@@ -113,9 +113,10 @@ function isField(bytes: Buffer, at: number, end: number, name: Buffer): boolean 
  * them is read line by line, each position searched for once, and only an event that may be an
  * error has its data decoded and parsed. An event the bytes end before its blank line is not judged.
  * `atStreamStart`: the bytes are the stream's first, where one UTF-8 byte order mark is dropped
- * (elsewhere it is part of its line, as a client's decoder reads it).
+ * (elsewhere it is part of its line, as a client's decoder reads it). `firstEventOnly`: only the
+ * first dispatched event is judged (an event the client reads before it is no error of the request's).
  */
-export function errorEventStatus(events: Buffer, atStreamStart = false): number {
+export function errorEventStatus(events: Buffer, atStreamStart = false, firstEventOnly = false): number {
   if (events.indexOf(ERROR_WORD) < 0) return 0;
   const n = events.length;
   const start = atStreamStart && startsWith(events, 0, BOM) ? BOM.length : 0;
@@ -147,6 +148,7 @@ export function errorEventStatus(events: Buffer, atStreamStart = false): number 
         if (isEngineFailure(status)) return status;
         if (status !== 0 && clientError === 0) clientError = status;
       }
+      if (data !== undefined && firstEventOnly) return clientError;
       typedError = false;
       mayHoldError = false;
       data = undefined;

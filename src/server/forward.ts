@@ -156,6 +156,7 @@ const SPACE = 0x20;
 const TAB = 0x09;
 const DATA_FIELD = Buffer.from('data:');
 const DONE = Buffer.from('[DONE]');
+const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
 
 /** The event that ends a stream the engine broke off after it reached the client. */
 const MID_STREAM_ERROR_EVENT = `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`;
@@ -175,8 +176,11 @@ function holdsAt(bytes: Buffer, at: number, word: Buffer): boolean {
  * a chunk without it (nearly every chunk); each one found is judged by the bytes around it, with
  * no view and no copy. Spaces and tabs may follow it on its line: the OpenAI SDKs take any data
  * that starts with `[DONE]` as the end, and an engine or proxy padding the line still ended it.
+ * `atStreamStart`: the bytes are the stream's first, where one UTF-8 byte order mark before the
+ * first line is dropped, as a client's decoder drops it.
  */
-function holdsDone(events: Buffer): boolean {
+function holdsDone(events: Buffer, atStreamStart = false): boolean {
+  const lineStart = atStreamStart && holdsAt(events, 0, BOM) ? BOM.length : 0;
   const n = events.length;
   for (let at = events.indexOf(DONE); at >= 0; at = events.indexOf(DONE, at + DONE.length)) {
     // the line ends after it, past any spaces or tabs (or the bytes do: the unterminated end of a stream)
@@ -186,7 +190,7 @@ function holdsDone(events: Buffer): boolean {
     // the data field, its optional space, then it, from the start of a line
     const field = at - DATA_FIELD.length - (at > 0 && events[at - 1] === SPACE ? 1 : 0);
     if (field < 0 || !holdsAt(events, field, DATA_FIELD)) continue;
-    if (field === 0 || events[field - 1] === LF || events[field - 1] === CR) return true;
+    if (field === lineStart || events[field - 1] === LF || events[field - 1] === CR) return true;
   }
   return false;
 }
@@ -623,7 +627,7 @@ class Attempt implements Dispatcher.DispatchHandler {
       const whole = this.wholeEvents(chunk);
       if (whole === undefined) return true;
       chunk = whole;
-      this.doneSeen ||= holdsDone(chunk);
+      this.doneSeen ||= holdsDone(chunk, !this.sent);
       // until something is sent, these events are the stream's first (what was held back comes first)
       const errorStatus = this.failedInStream ? 0 : errorEventStatus(chunk, !this.sent);
       if (isEngineFailure(errorStatus)) {
@@ -637,9 +641,10 @@ class Attempt implements Dispatcher.DispatchHandler {
         // the client has part of the answer: it gets the rest as the engine sent it, and the engine's
         // failure counts as a stream it broke off
         this.failedInStream = true;
-      } else if (errorStatus !== 0 && !this.sent) {
+      } else if (errorStatus !== 0 && !this.sent && errorEventStatus(chunk, true, true) !== 0) {
         // the engine's answer to the client's error, before any of the answer: it computed none
-        // of the request, as when it answers with that status (once: the response starts below)
+        // of the request, as when it answers with that status (once: the response starts below).
+        // A client's error after events of the answer is no refusal: the engine computed the prefill
         this.o.onRefused();
         this.errorAnswer = true;
       }
@@ -759,7 +764,7 @@ class Attempt implements Dispatcher.DispatchHandler {
       this.status < 300 &&
       !this.failedInStream &&
       !this.doneSeen &&
-      !(rest !== undefined && holdsDone(rest))
+      !(rest !== undefined && holdsDone(rest, !this.sent))
     ) {
       // a stream that ends without its data: [DONE] was cut short on its way (vLLM and SGLang
       // end every stream with it): before anything reached the client another worker can take

@@ -232,6 +232,32 @@ test("a spread error event for a client's error, and events that only mention er
   }
 });
 
+test("a client's error after the first events of a stream withdraws nothing: the engine computed the prefill", async () => {
+  const clientError = JSON.stringify({
+    error: { message: 'bad logit_bias', type: 'BadRequestError', param: null, code: 400 },
+  });
+  // one write: an event of the answer, then the error, then the end
+  const engine = await engineAnswering((res: ServerResponse) =>
+    res
+      .writeHead(200, { 'content-type': 'text/event-stream' })
+      .end(`data: {"choices":[{"text":"a"}]}\n\ndata: ${clientError}\n\ndata: [DONE]\n\n`),
+  );
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const gateway = await createGateway({ router, workers: [{ id: 'e', url: engine.url }], ...quiet });
+  try {
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const prompt = Array.from({ length: 4 * router.blockSize }, (_, i) => 3000 + i);
+    const r = await post(base, '/v1/completions', { prompt, max_tokens: 2, stream: true });
+    assert.equal(r.status, 200);
+    assert.match(r.text, /"text":"a"/);
+    assert.deepEqual(tiers(router, 'e', prompt), Array(4).fill('predicted'), 'the prediction stays');
+    assert.equal(router.getStats().inFlightRequests, 0);
+  } finally {
+    await gateway.close();
+    await engine.close();
+  }
+});
+
 test("a stream whose first event is a client's error withdraws what the router predicted for it, as that status does", async () => {
   const clientError = JSON.stringify({
     error: { message: 'bad logit_bias', type: 'BadRequestError', param: null, code: 400 },

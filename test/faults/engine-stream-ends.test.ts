@@ -121,6 +121,17 @@ test('a data: [DONE] followed by more in the same write of the engine ends the s
   }
 });
 
+test('a stream that is only a byte order mark and data: [DONE] is a whole answer', async () => {
+  // a client's decoder drops one UTF-8 byte order mark at the start of a stream
+  const stream = '\uFEFFdata: [DONE]\n\n';
+  await streamedThrough(await streamingEngine(stream), false, (r, g) => {
+    assert.equal(r.status, 200);
+    assert.doesNotMatch(r.text, /failed mid-stream/, 'no error event after the end');
+    assert.equal(g.router.getStats().inFlightRequests, 0);
+    assert.deepEqual(g.gateway.health.reasons('bad'), [], 'an answer, not a failure');
+  });
+});
+
 test('[DONE] anywhere but as the whole data of an event is no end of the stream', async () => {
   for (const body of [
     'data: {"choices":[{"text":"[DONE]"}]}\n\n',
