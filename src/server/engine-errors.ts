@@ -6,7 +6,8 @@
  * stream both engines send `data: {"error": {…}}`, and a proxy in front of one may type the
  * event `event: error` or spread its JSON over several data lines. Each is read as the status
  * it names, so that the gateway treats it as it treats that status: a server error is the
- * engine's failure, a client error the engine's answer to the client.
+ * engine's failure, a client error the engine's answer to the client. The same byte-level reading
+ * finds a stream's end (`data: [DONE]`), which tells a whole answer from one cut short.
  */
 
 /** The longest error answer read: an engine's error is a message and a few fields; an answer longer than this is not one. */
@@ -15,6 +16,7 @@ const MAX_ERROR_ANSWER_BYTES = 64 * 1024;
 const LF = 0x0a;
 const CR = 0x0d;
 const SPACE = 0x20;
+const TAB = 0x09;
 const COLON = 0x3a;
 /** In an answer's or an event's JSON, the bytes `"error"` are the key, or the value `"error"` (quotes in strings are escaped). */
 const QUOTED_ERROR = Buffer.from('"error"');
@@ -24,6 +26,8 @@ const ERROR_WORD = Buffer.from('error');
 const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
 const DATA_FIELD = Buffer.from('data');
 const EVENT_FIELD = Buffer.from('event');
+const DATA_COLON = Buffer.from('data:');
+const DONE = Buffer.from('[DONE]');
 
 /** The type of an error whose code is missing or not a status, when the client caused it (vLLM's, SGLang's and OpenAI's names). */
 const CLIENT_ERROR_TYPE = /invalid_request|bad_?request|not_?found/i;
@@ -67,8 +71,6 @@ function errorStatusOf(value: unknown, typedError: boolean): number {
   return typedError || object === 'error' ? statusOf(value) : 0;
 }
 
-const UTF8_BOM = Buffer.from([0xef, 0xbb, 0xbf]);
-
 /**
  * The status a complete answer of status 200 stands for when it is an engine's error object, 0
  * when it is not one. Only an answer holding the bytes `"error"` and no longer than an error
@@ -78,7 +80,7 @@ export function errorAnswerStatus(answer: Buffer): number {
   if (answer.length > MAX_ERROR_ANSWER_BYTES || answer.indexOf(QUOTED_ERROR) < 0) return 0;
   // a UTF-8 byte order mark before the object (some servers and proxies write one) is no JSON:
   // one is skipped, as a decoder reading UTF-8 would
-  const text = startsWith(answer, 0, UTF8_BOM) ? answer.subarray(UTF8_BOM.length) : answer;
+  const text = startsWith(answer, 0, BOM) ? answer.subarray(BOM.length) : answer;
   let value: unknown;
   try {
     value = JSON.parse(text.toString('utf8'));
@@ -88,7 +90,35 @@ export function errorAnswerStatus(answer: Buffer): number {
   return errorStatusOf(value, false);
 }
 
-/** Whether `bytes` hold `word` at `at`. */
+/**
+ * Whether `events` (whole events, or the unterminated end of a stream) hold a line that is
+ * `data: [DONE]`, the event vLLM and SGLang end every stream of the completion APIs with (after
+ * an error event of their own too). It counts wherever it is among them: an engine, or a proxy
+ * in front of it, may write more after it in the same write (a keep-alive comment, another
+ * event), and the client has the stream's end all the same. One search for `[DONE]` passes over
+ * a chunk without it (nearly every chunk); each one found is judged by the bytes around it, with
+ * no view and no copy. Spaces and tabs may follow it on its line: the OpenAI SDKs take any data
+ * that starts with `[DONE]` as the end, and an engine or proxy padding the line still ended it.
+ * `atStreamStart`: the bytes are the stream's first, where one UTF-8 byte order mark before the
+ * first line is dropped, as a client's decoder drops it.
+ */
+export function holdsDone(events: Buffer, atStreamStart = false): boolean {
+  const lineStart = atStreamStart && startsWith(events, 0, BOM) ? BOM.length : 0;
+  const n = events.length;
+  for (let at = events.indexOf(DONE); at >= 0; at = events.indexOf(DONE, at + DONE.length)) {
+    // the line ends after it, past any spaces or tabs (or the bytes do: the unterminated end of a stream)
+    let end = at + DONE.length;
+    while (end < n && (events[end] === SPACE || events[end] === TAB)) end++;
+    if (end < n && events[end] !== LF && events[end] !== CR) continue;
+    // the data field, its optional space, then it, from the start of a line
+    const field = at - DATA_COLON.length - (at > 0 && events[at - 1] === SPACE ? 1 : 0);
+    if (field < 0 || !startsWith(events, field, DATA_COLON)) continue;
+    if (field === lineStart || events[field - 1] === LF || events[field - 1] === CR) return true;
+  }
+  return false;
+}
+
+/** Whether `bytes` hold `word` at `at` (a look at the bytes: no view, no copy). */
 function startsWith(bytes: Buffer, at: number, word: Buffer): boolean {
   for (let i = 0; i < word.length; i++) if (bytes[at + i] !== word[i]) return false;
   return true;

@@ -10,7 +10,7 @@
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import type { BodyBudget, BodyCharge } from './body-budget.js';
-import { errorAnswerStatus, errorEventStatus, isEngineFailure } from './engine-errors.js';
+import { errorAnswerStatus, errorEventStatus, holdsDone, isEngineFailure } from './engine-errors.js';
 import { markCutByGateway } from './metrics.js';
 import type { ProxyReply } from './openai-request.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
@@ -152,48 +152,9 @@ const IDENTITY_ONLY = /^[\s,]*(?:identity[\s,]*)*$/i;
 
 const LF = 0x0a;
 const CR = 0x0d;
-const SPACE = 0x20;
-const TAB = 0x09;
-const DATA_FIELD = Buffer.from('data:');
-const DONE = Buffer.from('[DONE]');
-const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
 
 /** The event that ends a stream the engine broke off after it reached the client. */
 const MID_STREAM_ERROR_EVENT = `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`;
-
-/** Whether `bytes` hold `word` at `at` (a look at the bytes: no view, no copy). */
-function holdsAt(bytes: Buffer, at: number, word: Buffer): boolean {
-  for (let i = 0; i < word.length; i++) if (bytes[at + i] !== word[i]) return false;
-  return true;
-}
-
-/**
- * Whether `events` (whole events, or the unterminated end of a stream) hold a line that is
- * `data: [DONE]`, the event vLLM and SGLang end every stream of the completion APIs with (after
- * an error event of their own too). It counts wherever it is among them: an engine, or a proxy
- * in front of it, may write more after it in the same write (a keep-alive comment, another
- * event), and the client has the stream's end all the same. One search for `[DONE]` passes over
- * a chunk without it (nearly every chunk); each one found is judged by the bytes around it, with
- * no view and no copy. Spaces and tabs may follow it on its line: the OpenAI SDKs take any data
- * that starts with `[DONE]` as the end, and an engine or proxy padding the line still ended it.
- * `atStreamStart`: the bytes are the stream's first, where one UTF-8 byte order mark before the
- * first line is dropped, as a client's decoder drops it.
- */
-function holdsDone(events: Buffer, atStreamStart = false): boolean {
-  const lineStart = atStreamStart && holdsAt(events, 0, BOM) ? BOM.length : 0;
-  const n = events.length;
-  for (let at = events.indexOf(DONE); at >= 0; at = events.indexOf(DONE, at + DONE.length)) {
-    // the line ends after it, past any spaces or tabs (or the bytes do: the unterminated end of a stream)
-    let end = at + DONE.length;
-    while (end < n && (events[end] === SPACE || events[end] === TAB)) end++;
-    if (end < n && events[end] !== LF && events[end] !== CR) continue;
-    // the data field, its optional space, then it, from the start of a line
-    const field = at - DATA_FIELD.length - (at > 0 && events[at - 1] === SPACE ? 1 : 0);
-    if (field < 0 || !holdsAt(events, field, DATA_FIELD)) continue;
-    if (field === lineStart || events[field - 1] === LF || events[field - 1] === CR) return true;
-  }
-  return false;
-}
 
 /**
  * Where an event stream stands just before a chunk, for finding where the chunk's events end:
