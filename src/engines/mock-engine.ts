@@ -372,6 +372,7 @@ export class MockEngine {
     setTimeout(
       () => {
         core.stepping = false;
+        if (this.closed) return; // shut down mid-step: its streams are gone, its events unheard
         const step = core.engine.finishStep();
         flushEvents(core, this.blockSize);
         this.finishStep(core, step);

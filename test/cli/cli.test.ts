@@ -100,8 +100,8 @@ test('live-demo stops cleanly on Ctrl-C mid-run: engines and router closed, exit
   child.kill('SIGINT');
   // the process only exits by itself once every server and socket is closed (it sets exitCode, never calls exit)
   const { code, signal } = await exited;
-  assert.equal(signal, null, 'it handled the signal instead of being killed by it');
-  assert.equal(code, 130);
+  assert.equal(signal, null, `it handled the signal instead of being killed by it: ${stderr}`);
+  assert.equal(code, 130, stderr);
   assert.match(stderr, /stopping…/);
   assert.equal(stdout, '', 'no results table for an interrupted run');
 });

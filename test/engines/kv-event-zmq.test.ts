@@ -76,6 +76,14 @@ describe('KV events over ZeroMQ', () => {
     });
   }
 
+  test('a batch published as the publisher closes, or after, resolves: an engine stepping through its shutdown crashes nothing', async () => {
+    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
+    const during = pub.publish(batch(stored([1n], null, 0)));
+    await pub.close();
+    const afterClose = pub.publish(batch(stored([2n], 1n, BS)));
+    assert.deepEqual(await Promise.all([during, afterClose]), [0n, 1n]);
+  });
+
   test('lost messages are detected as a gap and replayed', async () => {
     const { router, pub, sub } = await rig();
     const replaysBefore = sub.stats.replays; // joining late may already have replayed once

@@ -70,9 +70,16 @@ export class KvEventPublisher {
       this.dropCount--; // lost on the wire (tests): buffered for replay, never sent
       return seq;
     }
+    // an engine's last step can end after its shutdown closed the socket: nothing is left to
+    // hear the batch, and a rejection there would crash the process the engine runs in
+    if (this.closed) return seq;
     const seqBytes = Buffer.alloc(8);
     seqBytes.writeBigUInt64BE(seq);
-    await this.pub.send([this.options.topic ?? '', seqBytes, payload]);
+    try {
+      await this.pub.send([this.options.topic ?? '', seqBytes, payload]);
+    } catch (err) {
+      if (!this.closed) throw err;
+    }
     return seq;
   }
 
