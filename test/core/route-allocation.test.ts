@@ -165,39 +165,60 @@ describe('route path allocation', () => {
   });
 
   test('route() and release() allocate about the result and no more, whatever the fleet and prompt', () => {
-    let now = 0;
-    const router = new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: BLOCK, clock: () => now });
-    for (let w = 0; w < WORKERS; w++) router.registerWorker(`w${w}`);
-    const rng = createRng(3);
-    const docs = Array.from({ length: 40 }, () =>
-      Uint32Array.from({ length: PROMPT }, () => Math.floor(rng() * 150_000)),
-    );
-    // each worker holds prefixes of some documents; requests share prefixes of random depth
-    for (let i = 0; i < 400; i++) {
-      const doc = docs[Math.floor(rng() * docs.length)];
-      const depth = (1 + Math.floor(rng() * (PROMPT / BLOCK))) * BLOCK;
-      router.applyStored(`w${Math.floor(rng() * WORKERS)}`, router.hashTokens(doc.subarray(0, depth)));
+    // a fleet and its prompts, and one with twice the workers and twice the blocks per prompt
+    const rig = (workers: number, promptTokens: number) => {
+      let now = 0;
+      const router = new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: BLOCK, clock: () => now });
+      for (let w = 0; w < workers; w++) router.registerWorker(`w${w}`);
+      const rng = createRng(3);
+      const docs = Array.from({ length: 40 }, () =>
+        Uint32Array.from({ length: promptTokens }, () => Math.floor(rng() * 150_000)),
+      );
+      // each worker holds prefixes of some documents; requests share prefixes of random depth
+      for (let i = 0; i < 400; i++) {
+        const doc = docs[Math.floor(rng() * docs.length)];
+        const depth = (1 + Math.floor(rng() * (promptTokens / BLOCK))) * BLOCK;
+        router.applyStored(`w${Math.floor(rng() * workers)}`, router.hashTokens(doc.subarray(0, depth)));
+      }
+      const requests = Array.from({ length: 64 }, () => {
+        const tokens = Uint32Array.from({ length: promptTokens }, () => Math.floor(rng() * 150_000));
+        tokens.set(
+          docs[Math.floor(rng() * docs.length)].subarray(0, Math.floor(rng() * (promptTokens / BLOCK)) * BLOCK),
+        );
+        return tokens;
+      });
+      const request = { tokens: requests[0] };
+      return () =>
+        bytesPerCall(2000, (i) => {
+          now += 1;
+          request.tokens = requests[i % requests.length];
+          router.release(router.route(request).ticket);
+        });
+    };
+    const base = rig(WORKERS, PROMPT);
+    const doubled = rig(2 * WORKERS, 2 * PROMPT);
+    // the fewest bytes of each over alternating rounds, until both are in bounds or 100 rounds
+    // have passed: on a busy machine V8 may take many rounds to optimise (see
+    // steadyBytesPerCall); code that allocates per candidate or per block stays over in every round
+    let baseLeast = Infinity;
+    let doubledLeast = Infinity;
+    const rounds: string[] = [];
+    for (let r = 0; r < 100 && !(baseLeast < 512 && doubledLeast - baseLeast < 64); r++) {
+      const b = base();
+      const d = doubled();
+      rounds.push(`${b.toFixed(0)}/${d.toFixed(0)}`);
+      baseLeast = Math.min(baseLeast, b);
+      doubledLeast = Math.min(doubledLeast, d);
     }
-    const requests = Array.from({ length: 64 }, () => {
-      const tokens = Uint32Array.from({ length: PROMPT }, () => Math.floor(rng() * 150_000));
-      tokens.set(docs[Math.floor(rng() * docs.length)].subarray(0, Math.floor(rng() * (PROMPT / BLOCK)) * BLOCK));
-      return tokens;
-    });
-    const request = { tokens: requests[0] };
-    const bytes = steadyBytesPerCall(
-      40,
-      2000,
-      (i) => {
-        now += 1;
-        request.tokens = requests[i % requests.length];
-        router.release(router.route(request).ticket);
-      },
-      512,
-    );
     // what a decision must allocate is its result and the views the prompt's keys are copied
-    // through out of wasm memory, about 400 bytes here; anything per candidate (32) or per
-    // block (512) would pass the bound at once
-    assert.ok(bytes < 512, `${bytes.toFixed(1)} bytes per decision over ${WORKERS} workers`);
+    // through out of wasm memory, about 400 bytes here; a number boxed per candidate would be 512
+    // bytes more over the 32 more workers, and anything per block thousands over the 512 more
+    const seen = `rounds (bytes per decision, ${WORKERS} workers/${2 * WORKERS}): ${rounds.join(' ')}`;
+    assert.ok(baseLeast < 512, `${baseLeast.toFixed(1)} bytes per decision over ${WORKERS} workers; ${seen}`);
+    assert.ok(
+      doubledLeast - baseLeast < 64,
+      `${(doubledLeast - baseLeast).toFixed(1)} more bytes per decision with twice the workers and blocks; ${seen}`,
+    );
   });
 
   test("a policy object of the caller's own gets features of its own for every decision", () => {
