@@ -358,6 +358,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           countOnClose(req, res);
           return answerMalformed(res, 400, 'an HTTP/1.1 request needs a Host header', 'host');
         }
+        // Node keeps the first Host and drops the others; a proxy in front may have read
+        // another one. RFC 9112 §3.2: a request with more than one Host line is refused
+        if (hostLines(req.rawHeaders) > 1) {
+          countOnClose(req, res);
+          return answerMalformed(res, 400, 'the request has more than one Host header', 'host');
+        }
         // Node's parser takes other codings before chunked ("gzip, chunked") and hands the
         // body over still coded: refused, as a compressed body is (a 400, the client's to fix,
         // where RFC 9112 §6.1 suggests 501), rather than read as if it were JSON. HTTP/1.0 has
@@ -865,6 +871,16 @@ function answerMalformed(res: ServerResponse, status: number, message: string, p
     'content-length': Buffer.byteLength(body),
   });
   res.end(body);
+}
+
+/** How many of a request's header lines are Host lines (any case). */
+function hostLines(rawHeaders: readonly string[]): number {
+  let n = 0;
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i];
+    if (name.length === 4 && name.toLowerCase() === 'host') n++;
+  }
+  return n;
 }
 
 /** A body of undeclared length that grew past what the budget had left (statusCode: Fastify keeps it). */

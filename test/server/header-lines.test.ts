@@ -62,3 +62,26 @@ test(`${MAX_HEADER_LINES} header lines are served, one more is refused`, async (
     }
   }
 });
+
+test('a request with two Host header lines is refused 400 naming host (RFC 9112 §3.2), its body unread', async () => {
+  const body = '{"model":"m","prompt":"x","max_tokens":1}';
+  const completions = setup.completions();
+  for (const hosts of ['Host: a\r\nHost: b\r\n', 'Host: a\r\nhOsT: a\r\n']) {
+    const client = await rawClient(setup.port);
+    try {
+      client.socket.write(
+        `POST /v1/completions HTTP/1.1\r\n${hosts}Content-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+      );
+      await until(() => /^HTTP\/1\.1 \d{3} /.test(client.received()), 'an answer on the headers');
+      const received = client.received();
+      assert.match(received, /^HTTP\/1\.1 400 /, received.slice(0, 200));
+      await until(() => received.includes('\r\n\r\n') && client.received().endsWith('}'), 'the whole error body');
+      const answer = client.received();
+      const error = (JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)) as { error: { param: string } }).error;
+      assert.equal(error.param, 'host');
+    } finally {
+      client.socket.destroy();
+    }
+  }
+  assert.equal(setup.completions(), completions, 'no request reached the engine');
+});
