@@ -34,12 +34,14 @@ const CLIENT_ERROR_TYPE = /invalid_request|bad_?request|not_?found/i;
 
 /**
  * Whether an error of this status is the engine's failure, for which another worker can take the
- * request: a server error, a 429 (the engine is overloaded for now) or a 401/403 (the engine
- * refused the gateway's own credentials; the client's are never forwarded). Any other 4xx is the
- * client's error, which every engine would answer alike.
+ * request: a server error, a 429 (the engine is overloaded for now), a 401/403 (the engine
+ * refused the gateway's own credentials; the client's are never forwarded), a 408 (the engine
+ * gave up waiting for the request the gateway sends it whole) or a 421 (the engine does not
+ * serve the authority it was reached at: RFC 9110 §15.5.20 has the request sent again over
+ * another connection). Any other 4xx is the client's error, which every engine would answer alike.
  */
 export function isEngineFailure(status: number): boolean {
-  return status >= 500 || status === 429 || status === 401 || status === 403;
+  return status >= 500 || status === 429 || status === 401 || status === 403 || status === 408 || status === 421;
 }
 
 /**

@@ -290,7 +290,7 @@ class Attempt implements Dispatcher.DispatchHandler {
   private readonly started = performance.now();
   private readonly res: ServerResponse;
   private status = 0;
-  /** The engine answered 5xx, 429, 401/403, 3xx, 204 or 205: its body is read and dropped, then the attempt fails. */
+  /** The engine answered 5xx, 429, 401/403, 408/421, 3xx, 204 or 205: its body is read and dropped, then the attempt fails. */
   private discarding = false;
   private discarded = 0;
   private headers: Record<string, string> | undefined;
@@ -424,7 +424,7 @@ class Attempt implements Dispatcher.DispatchHandler {
   onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     if (statusCode < 200) return true; // informational
     this.status = statusCode;
-    // a 4xx (passed to the client, or a 429/401/403 tried elsewhere) or a redirect means the
+    // a 4xx (passed to the client, or a 429/401/403/408/421 tried elsewhere) or a redirect means the
     // engine computed nothing; a 5xx that it failed the request (when vLLM's engine core fails,
     // its KV is gone with it): what the router predicted it would hold is withdrawn
     // (so does a 204 or 205: a completion endpoint answering no content is a broken engine)

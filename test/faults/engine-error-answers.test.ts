@@ -208,3 +208,24 @@ test("a failed attempt's first byte is not the request's time to first byte", as
     }
   }
 });
+
+test("an engine's 408 or 421 is its failure, not the client's: the request is taken by another worker", async () => {
+  // 408: the engine gave up waiting for the request the gateway sent it; 421: the engine does
+  // not serve the authority it was reached at (a worker URL pointing at the wrong server)
+  for (const status of [408, 421]) {
+    const bad = await engineAnswering((res) =>
+      res.writeHead(status, { 'content-type': 'application/json' }).end(vllmError(status, 'refused', 'Refused')),
+    );
+    const g = await gatewayWith(bad.url, true);
+    try {
+      const r = await post(g.base, '/v1/completions', { prompt: `s${status}`, max_tokens: 2 });
+      assert.equal(r.status, 200, `${status}: ${r.text}`);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'good', String(status));
+      assert.equal(bad.completions(), 1, `${status}: the first attempt went to the engine that refused`);
+      assert.equal(await sample(g.gateway.metrics, 'contextforge_upstream_failures_total{worker="bad"}'), 1);
+    } finally {
+      await g.close();
+      await bad.close();
+    }
+  }
+});
