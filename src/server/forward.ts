@@ -71,8 +71,9 @@ export interface ForwardOptions {
   /** The engine answered 508 Loop Detected: a gateway on the way saw the request come back. */
   onLoop: () => void;
   /**
-   * The engine's complete answer, declared JSON, is not a whole JSON document (its
-   * Content-Length short of its body, say): the attempt failed, and another worker can take it.
+   * The engine's complete answer, declared JSON (or of no declared type), is not a whole JSON
+   * document (its Content-Length short of its body, say), or a 2xx's body is empty: the attempt
+   * failed, and another worker can take it.
    */
   onIncomplete: () => void;
   /**
@@ -308,6 +309,8 @@ class Attempt implements Dispatcher.DispatchHandler {
   /** Gives this answer's bytes back to the answer budget; once, however many ways the answer ends. */
   private readonly giveBackAnswer = (): void => this.answerCharge?.release();
   private firstByteSeen = false;
+  /** Bytes of the answer's body received so far (of a 2xx or other answer passed on; not of one discarded). */
+  private bodyBytes = 0;
   /** When the first body byte came, in seconds after the attempt began (reported once the answer is committed). */
   private firstByteS = 0;
   /**
@@ -470,8 +473,9 @@ class Attempt implements Dispatcher.DispatchHandler {
     // JSON, not cut into events, and when it fails after it reached the client it is cut, never
     // followed by a plain error event the client would decode as more of it
     const encoded = contentEncoding !== undefined && !IDENTITY_ONLY.test(contentEncoding);
-    // an engine that declares JSON is held to it; one that declares nothing is passed on as JSON, unchecked
-    this.checkWhole = contentType !== undefined && declaresJson(contentType) && !encoded;
+    // an engine that declares JSON is held to it, and so is one that declares nothing: the client
+    // gets it labelled JSON (below), and an error page or an empty body labelled so is no answer
+    this.checkWhole = (contentType === undefined || declaresJson(contentType)) && !encoded;
     contentType ??= 'application/json';
     const eventStream = contentType.includes('event-stream');
     this.eventStream = eventStream && !encoded;
@@ -559,6 +563,7 @@ class Attempt implements Dispatcher.DispatchHandler {
     }
     // given up (the abort is under way): nothing more goes anywhere
     if (this.why !== undefined && !this.sent) return false;
+    this.bodyBytes += chunk.length;
     if (!this.firstByteSeen) this.firstByte();
     if (this.gather) {
       this.gathered += chunk.length;
@@ -734,6 +739,12 @@ class Attempt implements Dispatcher.DispatchHandler {
       if (!this.sent) return this.settle('retry');
       this.res.end(`${this.midEvent ? '\n\n' : ''}${MID_STREAM_ERROR_EVENT}`);
       return this.settle('cut');
+    }
+    // a 2xx without a byte of body, of any type, is no answer to a completion (as a 204 is not):
+    // with nothing sent to the client yet, another worker can take the request
+    if (this.status < 300 && this.bodyBytes === 0 && !this.sent) {
+      this.o.onIncomplete();
+      return this.settle('retry');
     }
     if (!this.firstByteSeen) this.firstByte();
     if (this.gather) {
