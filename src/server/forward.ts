@@ -97,6 +97,13 @@ export interface ForwardOptions {
    * engine may be computing it) or on a timeout.
    */
   onRefused: () => void;
+  /**
+   * The connection broke (reset, or closed by the engine's side) before any of the answer, with
+   * the gateway still waiting: as a connection that went stale while it was pooled does (the
+   * engine restarted, something on the way closed it). Not called when the connection could not
+   * be made at all (refused, timed out): a new one would not get further.
+   */
+  onConnectionLost: () => void;
 }
 
 /**
@@ -141,6 +148,9 @@ function retryAfterSeconds(rawHeaders: Buffer[]): number | undefined {
   }
   return undefined;
 }
+
+/** Errors of a connection that was made and then broke: reset, or closed by the other side. */
+const CONNECTION_LOST = new Set(['ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET']);
 
 /** undici's timeouts: the engine may still be computing the request. */
 function isTimeout(err: Error | undefined): boolean {
@@ -785,7 +795,10 @@ class Attempt implements Dispatcher.DispatchHandler {
     if (this.settled) return;
     // no answer at all, and not because the gateway stopped waiting: the request never
     // reached the engine (connection refused, reset) or the engine died with it
-    if (this.status === 0 && this.why === undefined && !isTimeout(err)) this.o.onRefused();
+    if (this.status === 0 && this.why === undefined && !isTimeout(err)) {
+      this.o.onRefused();
+      if (CONNECTION_LOST.has(String((err as { code?: unknown } | undefined)?.code))) this.o.onConnectionLost();
+    }
     if (!this.sent) return this.settle(this.failed());
     // the stream's last event (data: [DONE]) reached the client: it has the whole answer, and a
     // failure after it (a connection closed short of its declared length, a stream never ended)

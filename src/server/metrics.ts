@@ -58,7 +58,7 @@ export interface GatewayMetrics {
   countDecision(policy: string, reason: string): void;
   cachedTokens: Counter;
   promptTokens: Counter;
-  /** Requests retried on another worker (counted when one takes it), by the worker that failed. */
+  /** Requests retried after a failed attempt (counted when the next attempt starts), by the worker that failed. */
   retries: Counter<'worker'>;
   /** Time to the first byte of the answer a request got (from the start of the attempt that answered). */
   ttft: Histogram;
@@ -140,7 +140,7 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
   });
   const retries = new Counter({
     name: 'contextforge_upstream_retries_total',
-    help: 'Requests retried on another worker.',
+    help: 'Requests retried after a failed attempt on the worker (on another worker; on the same one when its connection broke and no other could take the request).',
     labelNames: ['worker'] as const,
     registers,
   });

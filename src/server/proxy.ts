@@ -210,6 +210,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       // what anchors claim is the client's word: no more of the prompt is cached than the prompt itself
       const cachedTokens = Math.min(decision.cachedTokens, decision.promptTokens);
       const target = connections.get(decision.workerId)!;
+      let connectionLost = false;
       // the bytes forwarded are an argument only: forward() lets go of them once they are sent
       const outcome = await forward(reply, target, path, forwardedBody(prepared, req, decision.cacheSalt), {
         // the worker's own id (a data-parallel rank's worker) and the rank, for the response headers
@@ -240,6 +241,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           router.markRefused(decision.ticket);
           if (decision.shared) state.decisionRefused(decision.shared);
         },
+        onConnectionLost: () => (connectionLost = true),
         onCommitted: dropBody,
         answerBudget,
         onAnswerBudgetFull,
@@ -265,9 +267,15 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           metrics.connectionWaitTimeouts.inc({ worker: decision.workerId });
           for (const id of connections.routerIdsOf(decision.workerId)) excluded.add(id);
         }
-        excluded.add(decision.workerId);
-        // the pause spaces attempts on other workers; with none left to try there is nothing to wait for
-        if (attempt < maxRetries && hasOtherCandidate(router, excluded)) {
+        // a connection that broke before any answer, with no other worker to take the request, is
+        // what a connection gone stale in the pool looks like (the engine restarted, something on
+        // the way closed it): the same worker is tried again, on another connection (undici drops
+        // the broken one), within the retries; its failure still counts
+        const sameAgain =
+          connectionLost && attempt < maxRetries && !hasOtherCandidate(router, excluded, decision.workerId);
+        if (!sameAgain) excluded.add(decision.workerId);
+        // the pause spaces attempts; with none left to try there is nothing to wait for
+        if (attempt < maxRetries && (sameAgain || hasOtherCandidate(router, excluded))) {
           retryOf = decision.workerId;
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
@@ -287,11 +295,11 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
 }
 
 /**
- * Whether a worker not in `excluded` is available: one the next attempt's route() could choose
- * (route() takes its candidates from the available workers outside its exclusions).
+ * Whether a worker not in `excluded` (nor `besides`) is available: one the next attempt's route()
+ * could choose (route() takes its candidates from the available workers outside its exclusions).
  */
-function hasOtherCandidate(router: KVAwareRouter, excluded: ReadonlySet<string>): boolean {
-  return router.listWorkers().some((w) => w.available && !excluded.has(w.id));
+function hasOtherCandidate(router: KVAwareRouter, excluded: ReadonlySet<string>, besides?: string): boolean {
+  return router.listWorkers().some((w) => w.available && !excluded.has(w.id) && w.id !== besides);
 }
 
 /** The bytes an attempt forwards: the client's own when the body is unchanged, else the body serialised (with the salt). */

@@ -98,6 +98,7 @@ export function forwardTo(
     onLoop: () => {},
     onIncomplete: () => {},
     onRefused: () => {},
+    onConnectionLost: () => {},
     onCommitted: () => {},
     answerBudget: new BodyBudget(Number.MAX_SAFE_INTEGER),
     onAnswerBudgetFull: () => {},

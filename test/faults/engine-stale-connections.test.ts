@@ -1,0 +1,92 @@
+/**
+ * A connection the gateway keeps to an engine can be dead when a request is sent on it: the
+ * engine restarted, or something between closed it, and the reset arrives only once the request
+ * is written. Nothing reached the client and the engine holds none of the request, so it is
+ * tried again, on the same engine when no other can take it: a gateway in front of one engine
+ * must not answer 502 for a connection that was stale.
+ */
+import assert from 'node:assert/strict';
+import { createServer as createTcpServer, type AddressInfo, type Socket } from 'node:net';
+import { test } from 'node:test';
+import { badFirstGateway, post } from './harness.js';
+
+const ANSWER = '{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"a"}]}';
+const STREAM = 'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n';
+
+/**
+ * An engine speaking raw HTTP/1.1 that answers the first completion request of each connection
+ * and resets the connection on any later one (`resets` counts them), as a connection gone stale
+ * while it was pooled does; with `resetAll`, it resets every request.
+ */
+async function staleEngine(resetAll = false) {
+  const counts = { answered: 0, resets: 0 };
+  const server = createTcpServer((s: Socket) => {
+    s.on('error', () => {});
+    let buf = '';
+    let onThisConnection = 0;
+    s.on('data', (d: Buffer) => {
+      buf += d.toString('latin1');
+      for (;;) {
+        const end = buf.indexOf('\r\n\r\n');
+        if (end < 0) return;
+        const length = Number(/\r\ncontent-length: *(\d+)/i.exec(buf)?.[1] ?? 0);
+        if (buf.length < end + 4 + length) return;
+        const head = buf.slice(0, end);
+        const body = buf.slice(end + 4, end + 4 + length);
+        buf = buf.slice(end + 4 + length);
+        if (!head.startsWith('POST /v1/completions ')) {
+          s.write('HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n');
+          continue;
+        }
+        if (resetAll || ++onThisConnection > 1) {
+          counts.resets++;
+          return void s.resetAndDestroy();
+        }
+        counts.answered++;
+        const stream = (JSON.parse(body) as { stream?: boolean }).stream === true;
+        const answer = stream ? STREAM : ANSWER;
+        const type = stream ? 'text/event-stream' : 'application/json';
+        s.write(`HTTP/1.1 200 OK\r\ncontent-type: ${type}\r\ncontent-length: ${answer.length}\r\n\r\n${answer}`);
+      }
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return Object.assign(counts, {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    close: () => new Promise<void>((r) => server.close(() => r())),
+  });
+}
+
+for (const stream of [false, true]) {
+  test(`a request reset on a stale pooled connection to the only engine is sent again, not answered 502 (stream: ${stream})`, async () => {
+    const engine = await staleEngine();
+    const g = await badFirstGateway(engine.url, false);
+    try {
+      for (let i = 0; i < 3; i++) {
+        const r = await post(g.base, '/v1/completions', { prompt: `p${i}`, max_tokens: 1, stream });
+        assert.equal(r.status, 200, `request ${i}: ${r.text}`);
+        assert.equal(r.text, stream ? STREAM : ANSWER);
+      }
+      assert.ok(engine.resets >= 1, 'a request was sent on a pooled connection and reset');
+      assert.equal(engine.answered, 3);
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+    } finally {
+      await g.close();
+      await engine.close();
+    }
+  });
+}
+
+test('an only engine that resets every request is tried as often as the retries allow, then the client gets 502', async () => {
+  const engine = await staleEngine(true);
+  const g = await badFirstGateway(engine.url, false);
+  try {
+    const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 1 });
+    assert.equal(r.status, 502, r.text);
+    assert.equal(engine.resets, 3, 'the first attempt and the 2 retries, no more');
+    assert.equal(g.router.getStats().inFlightRequests, 0);
+  } finally {
+    await g.close();
+    await engine.close();
+  }
+});
