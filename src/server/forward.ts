@@ -294,10 +294,18 @@ class Attempt implements Dispatcher.DispatchHandler {
   private timer: NodeJS.Timeout | undefined;
   /**
    * What `timer` is the deadline of once the answer has begun: a stream's next whole event
-   * (refreshed as events reach the client), or the rest of a whole answer. Either stops while
-   * the client is slow to read (the engine waits for 'drain') and starts again when it has read.
+   * (refreshed as events end on their way to the client), or the rest of a whole answer. Either
+   * stops while the client is slow to read (the engine waits for 'drain') and goes on, with the
+   * time it had left, once the client has read.
    */
   private stallDeadline: 'event' | 'answer' | undefined;
+  /** The delay `timer` was set with, and when the stall deadline falls (performance.now() ms) while it runs. */
+  private timerMs = 0;
+  private stallDueAt = 0;
+  /** While the client is slow to read: the time the stall deadline had left when it stopped. */
+  private stallLeftMs: number | undefined;
+  /** The last chunk of a stream ended an event (of those sent, or held back before). */
+  private eventEnded = false;
   private readonly started = performance.now();
   private readonly res: ServerResponse;
   private status = 0;
@@ -353,8 +361,9 @@ class Attempt implements Dispatcher.DispatchHandler {
   private awaitingDrain = false;
   private readonly onDrain = (): void => {
     this.awaitingDrain = false;
-    // the client read what it was sent: the engine is waited for again from now
-    if (this.stallDeadline !== undefined && !this.settled) this.stallAfter(this.stallDeadline);
+    // the client read what it was sent: the engine is waited for again, for the time that was left
+    if (this.stallDeadline !== undefined && !this.settled)
+      this.stallAfter(this.stallDeadline, this.stallLeftMs ?? this.o.interChunkTimeoutMs);
     this.resumeUpstream?.();
   };
 
@@ -533,22 +542,40 @@ class Attempt implements Dispatcher.DispatchHandler {
   }
 
   /**
-   * A stream's events reached the client: its next event is due within the inter-chunk timeout
-   * (the gap undici's body timeout bounds is between two bytes, and an engine that trickles bytes
-   * that never end an event would hold the client for ever). A client that reads slowly stops
-   * the clock: while the engine waits for 'drain', nothing is due from it.
+   * Bytes of a stream go to the client: when they end an event (`ended`), the next event is due
+   * within the inter-chunk timeout from now (the gap undici's body timeout bounds is between two
+   * bytes, and an engine that trickles bytes that never end an event would hold the client for
+   * ever); bytes of an event too large to hold back that does not end leave the deadline where it
+   * was, however many of them come. A client that reads slowly stops the clock: while the engine
+   * waits for 'drain', nothing is due from it.
    */
-  private nextEventDue(): void {
-    if (this.awaitingDrain) return;
-    if (this.stallDeadline === 'event' && this.timer) return void this.timer.refresh();
+  private nextEventDue(ended: boolean): void {
+    if (this.awaitingDrain) {
+      if (ended) this.stallLeftMs = this.o.interChunkTimeoutMs;
+      return;
+    }
+    if (this.stallDeadline === 'event' && this.timer) {
+      if (!ended) return;
+      if (this.timerMs === this.o.interChunkTimeoutMs) {
+        this.timer.refresh();
+        this.stallDueAt = performance.now() + this.timerMs;
+        return;
+      }
+    }
     this.stallAfter('event');
   }
 
-  /** The engine's `kind` (its next event, or the rest of its answer) is due within the inter-chunk timeout from now. */
-  private stallAfter(kind: 'event' | 'answer'): void {
+  /**
+   * The engine's `kind` (its next event, or the rest of its answer) is due within `ms` from now:
+   * the inter-chunk timeout, or what was left of it when the client became slow to read.
+   */
+  private stallAfter(kind: 'event' | 'answer', ms = this.o.interChunkTimeoutMs): void {
     if (this.timer) clearTimeout(this.timer);
     this.stallDeadline = kind;
-    this.timer = setTimeout(() => this.giveUp('stalled'), this.o.interChunkTimeoutMs);
+    this.stallLeftMs = undefined;
+    this.timerMs = ms;
+    this.stallDueAt = performance.now() + ms;
+    this.timer = setTimeout(() => this.giveUp('stalled'), ms);
   }
 
   /** From here on the answer belongs to the client: headers out, no retry, no give-up on worker-out. */
@@ -626,7 +653,7 @@ class Attempt implements Dispatcher.DispatchHandler {
       }
     }
     if (!this.sent) this.startResponse();
-    if (this.eventStream) this.nextEventDue();
+    if (this.eventStream) this.nextEventDue(this.eventEnded);
     if (this.res.write(chunk)) return true;
     // the client reads slower than the engine writes: the engine's socket waits for 'drain'
     // (one listener, however many chunks arrive before it fires)
@@ -634,6 +661,8 @@ class Attempt implements Dispatcher.DispatchHandler {
       this.awaitingDrain = true;
       this.res.once('drain', this.onDrain);
       if (this.stallDeadline !== undefined && this.timer) {
+        // what is left of the deadline goes on once the client has read (at least 1 ms: a timer of 0 is due at once)
+        this.stallLeftMs = Math.max(1, this.stallDueAt - performance.now());
         clearTimeout(this.timer);
         this.timer = undefined;
       }
@@ -651,6 +680,7 @@ class Attempt implements Dispatcher.DispatchHandler {
     const n = chunk.length;
     if (n === 0) return undefined;
     const end = eventsEnd(chunk, this.position);
+    this.eventEnded = end > 0;
     const last = chunk[n - 1];
     this.position = last === LF ? LINE_START : last === CR ? (end === n ? AFTER_EVENT_CR : AFTER_CR) : MID_LINE;
     const tail = end === 0 ? this.heldBytes + n : n - end;
