@@ -419,7 +419,8 @@ export class WorkerConnections {
 
   /**
    * Token ids of the prompt from the /tokenize of an available engine serving the request's
-   * model, given everything that shapes the prompt (tokenizeBody); undefined if none answers.
+   * model, given everything that shapes the prompt (tokenizeBody); undefined if none answers
+   * within SIDE_REQUEST_DEADLINE_MS (one deadline for all the engines asked, in turn).
    */
   async tokenizeOnEngine(r: RouteRequest, request: Record<string, unknown> = {}): Promise<number[] | undefined> {
     if (r.tokens) return r.tokens as number[];
@@ -427,7 +428,11 @@ export class WorkerConnections {
     const skip = this.withoutModel(request.model);
     const via = this.options.via;
     const asked = new Set<string>();
+    // one deadline for all the engines asked: the client waits on them one after the other, and
+    // engines that each stall until their own deadline would hold it for as many deadlines
+    const deadline = AbortSignal.timeout(SIDE_REQUEST_DEADLINE_MS);
     for (const w of this.options.router.listWorkers()) {
+      if (deadline.aborted) break;
       if (!w.available || skip.has(w.id)) continue;
       const c = this.connections.get(w.id)!;
       if (asked.has(c.base)) continue; // the ranks of one engine answer alike
@@ -441,7 +446,7 @@ export class WorkerConnections {
           headersTimeout: 2000,
           bodyTimeout: 2000,
           // the client waits on it: a body that trickles must not hold the request forever
-          signal: AbortSignal.timeout(SIDE_REQUEST_DEADLINE_MS),
+          signal: deadline,
         });
         if (res.statusCode !== 200) {
           await res.body.dump();
