@@ -23,6 +23,25 @@ async function engineAnswering(answer: (res: ServerResponse) => void) {
   return Object.assign(counts, { url: engine.url, close: () => engine.close() });
 }
 
+/**
+ * Runs `check` on a round-robin gateway whose first worker is an engine answering completions
+ * with `answer` (and, `withGood`, a good engine second), then closes both.
+ */
+async function withBadFirst(
+  answer: (res: ServerResponse) => void,
+  withGood: boolean,
+  check: (g: BadFirstGateway, bad: { completions: number }) => Promise<void>,
+): Promise<void> {
+  const bad = await engineAnswering(answer);
+  const g = await badFirstGateway(bad.url, withGood);
+  try {
+    await check(g, bad);
+  } finally {
+    await g.close();
+    await bad.close();
+  }
+}
+
 /** A counter's value for `worker` on the gateway's /metrics (0 when it has none yet). */
 async function counter(base: string, name: string, worker: string): Promise<number> {
   const text = await (await fetch(`${base}/metrics`)).text();
@@ -58,35 +77,33 @@ for (const stream of [true, false]) {
   for (const type of ['text/event-stream', 'application/json']) {
     for (const close of ['end', 'destroy'] as const) {
       test(`a 200 (${type}) whose connection closes (${close}) right after its headers is retried on another worker (stream: ${stream})`, async () => {
-        const bad = await engineAnswering((res) => {
-          res.writeHead(200, { 'content-type': type });
-          res.flushHeaders();
-          setImmediate(() => res.socket?.[close]());
-        });
-        const g = await badFirstGateway(bad.url, true);
-        try {
-          await assertRetriedOnGood(g, bad, stream);
-        } finally {
-          await g.close();
-          await bad.close();
-        }
+        await withBadFirst(
+          (res) => {
+            res.writeHead(200, { 'content-type': type });
+            res.flushHeaders();
+            setImmediate(() => res.socket?.[close]());
+          },
+          true,
+          async (g, bad) => {
+            await assertRetriedOnGood(g, bad, stream);
+          },
+        );
       });
     }
   }
 }
 
 test('a JSON answer reset halfway through its declared length is retried on another worker', async () => {
-  const bad = await engineAnswering((res) => {
-    res.writeHead(200, { 'content-type': 'application/json', 'content-length': '200' });
-    res.write('{"id":"cmpl-1","choices":[{"text":"hel', () => (res.socket as Socket).resetAndDestroy());
-  });
-  const g = await badFirstGateway(bad.url, true);
-  try {
-    await assertRetriedOnGood(g, bad, false);
-  } finally {
-    await g.close();
-    await bad.close();
-  }
+  await withBadFirst(
+    (res) => {
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': '200' });
+      res.write('{"id":"cmpl-1","choices":[{"text":"hel', () => (res.socket as Socket).resetAndDestroy());
+    },
+    true,
+    async (g, bad) => {
+      await assertRetriedOnGood(g, bad, false);
+    },
+  );
 });
 
 const emptyOrUntyped: [string, (res: ServerResponse) => void][] = [
@@ -97,43 +114,36 @@ const emptyOrUntyped: [string, (res: ServerResponse) => void][] = [
 ];
 for (const [what, answer] of emptyOrUntyped) {
   test(`${what} to a completion is no answer: retried on another worker, never passed on as JSON`, async () => {
-    const bad = await engineAnswering(answer);
-    const g = await badFirstGateway(bad.url, true);
-    try {
+    await withBadFirst(answer, true, async (g, bad) => {
       await assertRetriedOnGood(g, bad, false);
-    } finally {
-      await g.close();
-      await bad.close();
-    }
+    });
   });
 }
 
 test('an empty 200 from the only engine is a 502 naming the cause, not an empty answer', async () => {
-  const bad = await engineAnswering((res) => res.writeHead(200, { 'content-length': '0' }).end());
-  const g = await badFirstGateway(bad.url, false);
-  try {
-    const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2 });
-    assert.equal(r.status, 502, r.text);
-    assert.equal((JSON.parse(r.text) as { error: { code: string } }).error.code, 'engine_answer_incomplete');
-  } finally {
-    await g.close();
-    await bad.close();
-  }
+  await withBadFirst(
+    (res) => res.writeHead(200, { 'content-length': '0' }).end(),
+    false,
+    async (g) => {
+      const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2 });
+      assert.equal(r.status, 502, r.text);
+      assert.equal((JSON.parse(r.text) as { error: { code: string } }).error.code, 'engine_answer_incomplete');
+    },
+  );
 });
 
 test('a 200 without a Content-Type holding a whole JSON answer passes on as JSON', async () => {
   const body = '{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"hi"}]}';
-  const bad = await engineAnswering((res) => res.writeHead(200, { 'content-length': String(body.length) }).end(body));
-  const g = await badFirstGateway(bad.url, false);
-  try {
-    const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2 });
-    assert.equal(r.status, 200, r.text);
-    assert.equal(r.headers.get('content-type'), 'application/json');
-    assert.equal(r.text, body);
-  } finally {
-    await g.close();
-    await bad.close();
-  }
+  await withBadFirst(
+    (res) => res.writeHead(200, { 'content-length': String(body.length) }).end(body),
+    false,
+    async (g) => {
+      const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 2 });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.headers.get('content-type'), 'application/json');
+      assert.equal(r.text, body);
+    },
+  );
 });
 
 /**
@@ -192,16 +202,15 @@ for (const stream of [true, false]) {
 }
 
 test('a header block too large to read is a failed attempt, retried on another worker', async () => {
-  const bad = await engineAnswering((res) => {
-    const headers: Record<string, string> = { 'content-type': 'application/json' };
-    for (let i = 0; i < 100; i++) headers[`x-filler-${i}`] = 'v'.repeat(1000);
-    res.writeHead(200, headers).end('{"id":"cmpl-1","choices":[]}');
-  });
-  const g = await badFirstGateway(bad.url, true);
-  try {
-    await assertRetriedOnGood(g, bad, false);
-  } finally {
-    await g.close();
-    await bad.close();
-  }
+  await withBadFirst(
+    (res) => {
+      const headers: Record<string, string> = { 'content-type': 'application/json' };
+      for (let i = 0; i < 100; i++) headers[`x-filler-${i}`] = 'v'.repeat(1000);
+      res.writeHead(200, headers).end('{"id":"cmpl-1","choices":[]}');
+    },
+    true,
+    async (g, bad) => {
+      await assertRetriedOnGood(g, bad, false);
+    },
+  );
 });
