@@ -9,6 +9,7 @@ export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
     state,
     metrics,
     maxJsonDepth: gateway.limits.maxJsonDepth,
+    maxJsonContainers: gateway.limits.maxJsonContainers,
     *workers() {
       for (const w of router.listWorkers()) {
         const c = connections.get(w.id);

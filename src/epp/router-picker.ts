@@ -37,6 +37,8 @@ export interface RoutingBackend {
   readonly metrics: Registry;
   /** Deepest nesting of arrays and objects in a JSON body, as the gateway allows (default 64). */
   readonly maxJsonDepth?: number;
+  /** Most arrays and objects in a JSON body, as the gateway allows (default 100,000). */
+  readonly maxJsonContainers?: number;
   /** Every registered worker's id and engine base URL. */
   workers(): Iterable<{ id: string; url: string }>;
   /** Workers that list their models, `model` not among them. */
@@ -187,7 +189,11 @@ export class RouterPicker implements EndpointPicker {
       try {
         // as the gateway reads a body: no compressed body, the nesting depth checked before parsing
         checkContentEncoding(input.headers.get('content-encoding'));
-        parsed = parseRequestBody(input.body, this.backend.maxJsonDepth ?? DEFAULT_REQUEST_LIMITS.maxJsonDepth);
+        parsed = parseRequestBody(
+          input.body,
+          this.backend.maxJsonDepth ?? DEFAULT_REQUEST_LIMITS.maxJsonDepth,
+          this.backend.maxJsonContainers ?? DEFAULT_REQUEST_LIMITS.maxJsonContainers,
+        );
       } catch (err) {
         if (err instanceof RequestLimitError)
           return { ok: false, status: err.status, message: err.message, param: err.param };

@@ -26,6 +26,7 @@ export interface FastPathOptions {
   handlers: ReadonlyMap<string, (req: RequestSource, reply: ProxyReply) => Promise<unknown>>;
   bodyLimit: number;
   maxJsonDepth: number;
+  maxJsonContainers: number;
   /** Answers an error as the gateway's error handler does. */
   answerError: (err: unknown, path: OpenAiPath, reply: ProxyReply) => void;
   /** Counts the request once its response has closed (the gateway's request metric, with closedStatus). */
@@ -88,7 +89,7 @@ class FastRequest implements ProxyReply {
     const bytes = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
     let body: unknown;
     try {
-      body = parseRequestBody(bytes, this.o.maxJsonDepth);
+      body = parseRequestBody(bytes, this.o.maxJsonDepth, this.o.maxJsonContainers);
     } catch (err) {
       // as Fastify answers a body its parser rejects: the connection is not reused, so what
       // the client sent after an unreadable body is not read as a request

@@ -108,7 +108,7 @@ export interface GatewayOptions {
   apiKeys?: ApiKeys;
   /** Add `x-contextforge-cached-tokens` to proxied responses (it shows what is cached). */
   cachedTokensHeader?: boolean;
-  /** Limits on what a client controls (ids, anchors, JSON depth). */
+  /** Limits on what a client controls (ids, anchors, JSON depth and size). */
   limits?: Partial<RequestLimits>;
   /** Client-side and engine-side timeouts (timeouts.ts). */
   timeouts?: Partial<GatewayTimeouts>;
@@ -468,7 +468,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   }
 
   app.addHook('onRoute', (route) => routeMethods.add(route.method, route.url));
-  useJsonBodies(app, limits.maxJsonDepth);
+  useJsonBodies(app, limits.maxJsonDepth, limits.maxJsonContainers);
   /** An error a route threw, answered: a client's mistake as a 4xx naming it, anything else a 500 (logged). */
   const answerError = (err: Error & { statusCode?: number }, where: string, reply: ProxyReply) => {
     if (err instanceof BodyBudgetError) {
@@ -609,6 +609,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         ]),
         bodyLimit,
         maxJsonDepth: limits.maxJsonDepth,
+        maxJsonContainers: limits.maxJsonContainers,
         answerError: (err, path, reply) => answerError(toError(err), `POST ${path}`, reply),
         countRequest: (path, status) => metrics.countRequest(path, status),
         closing: () => closing,

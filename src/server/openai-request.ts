@@ -19,6 +19,7 @@ import { tenantCacheSalt } from './api-keys.js';
 import { chatTemplateRequest } from './engine-deployments.js';
 import {
   clientMessage,
+  DEFAULT_REQUEST_LIMITS,
   parseJsonBody,
   readRouteRequest,
   RequestLimitError,
@@ -75,8 +76,12 @@ export function openAiError<R extends ErrorReply>(
 }
 
 /** Parses a JSON request body as the OpenAI routes take it (see useJsonBodies); throws a RequestLimitError. */
-export function parseRequestBody(bytes: Buffer, maxJsonDepth: number): unknown {
-  return bytes.length === 0 ? undefined : parseJsonBody(bytes.toString('utf8'), maxJsonDepth);
+export function parseRequestBody(
+  bytes: Buffer,
+  maxJsonDepth: number,
+  maxJsonContainers = DEFAULT_REQUEST_LIMITS.maxJsonContainers,
+): unknown {
+  return bytes.length === 0 ? undefined : parseJsonBody(bytes.toString('utf8'), maxJsonDepth, maxJsonContainers);
 }
 
 /** The bytes to forward for an unchanged body: the client's own, unless they are not UTF-8. */
@@ -88,16 +93,21 @@ export function forwardableBytes(bytes: Buffer): Buffer | undefined {
 /**
  * JSON bodies are parsed once and kept as received, so an unchanged body is forwarded
  * without serialising it again; clients that send JSON without saying so (curl -d) are
- * read as JSON too. The nesting depth is checked before parsing: a 10,000-deep body is a
- * 400, not a stack overflow. JSON.parse makes "__proto__" an own key, never the prototype.
+ * read as JSON too. The nesting depth and the number of arrays and objects are checked before
+ * parsing: a 10,000-deep body is a 400, not a stack overflow, and a body of a million `[1]` a
+ * 400, not seconds of JSON.parse. JSON.parse makes "__proto__" an own key, never the prototype.
  */
-export function useJsonBodies(app: FastifyInstance, maxJsonDepth: number): void {
+export function useJsonBodies(
+  app: FastifyInstance,
+  maxJsonDepth: number,
+  maxJsonContainers = DEFAULT_REQUEST_LIMITS.maxJsonContainers,
+): void {
   app.decorateRequest('rawBody', undefined);
   app.decorateRequest('tenant', undefined);
   const parseJson = (req: FastifyRequest, body: string | Buffer, done: (err: Error | null, body?: unknown) => void) => {
     try {
       checkContentEncoding(req.headers['content-encoding']);
-      const parsed = parseRequestBody(body as Buffer, maxJsonDepth);
+      const parsed = parseRequestBody(body as Buffer, maxJsonDepth, maxJsonContainers);
       req.rawBody = forwardableBytes(body as Buffer);
       done(null, parsed);
     } catch (err) {

@@ -19,12 +19,18 @@ export interface RequestLimits {
   maxAnchors: number;
   /** Deepest nesting of arrays and objects in a JSON body (checked before parsing). */
   maxJsonDepth: number;
+  /**
+   * Most arrays and objects in a JSON body (counted before parsing): JSON.parse takes about a
+   * microsecond for each, so a 16 MiB body of `[1],` would hold the event loop for seconds.
+   */
+  maxJsonContainers: number;
 }
 
 export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
   maxIdBytes: 256,
   maxAnchors: 128,
   maxJsonDepth: 64,
+  maxJsonContainers: 100_000,
 });
 
 /**
@@ -35,6 +41,7 @@ export const REQUEST_LIMITS_SCHEMA = z.strictObject({
   maxIdBytes: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxIdBytes),
   maxAnchors: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxAnchors),
   maxJsonDepth: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonDepth),
+  maxJsonContainers: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonContainers),
 });
 
 /** Token ids are unsigned 32-bit integers in every engine the router fronts. */
@@ -66,11 +73,13 @@ export function checkRequestLimits(limits: Partial<RequestLimits> | undefined): 
 
 /**
  * Throws a RequestLimitError when `text` (a JSON document) nests arrays and objects deeper
- * than `maxDepth`. A linear scan that skips strings: it runs before JSON.parse, so a
- * 10,000-deep body is refused without recursion anywhere.
+ * than `maxDepth`, or has more than `maxContainers` of them. A linear scan that skips strings:
+ * it runs before JSON.parse, so a 10,000-deep body is refused without recursion anywhere, and
+ * a body of millions of `[1]` without the seconds JSON.parse would spend building them.
  */
-export function checkJsonDepth(text: string, maxDepth: number): void {
+export function checkJsonDepth(text: string, maxDepth: number, maxContainers = Infinity): void {
   let depth = 0;
+  let containers = 0;
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
     if (c === 0x22) {
@@ -87,13 +96,19 @@ export function checkJsonDepth(text: string, maxDepth: number): void {
       i = end;
     } else if (c === 0x5b || c === 0x7b) {
       if (++depth > maxDepth) throw new RequestLimitError(`the body nests deeper than ${maxDepth} levels`, 'body');
+      if (++containers > maxContainers)
+        throw new RequestLimitError(`the body has more than ${maxContainers} arrays and objects`, 'body');
     } else if (c === 0x5d || c === 0x7d) depth--;
   }
 }
 
-/** JSON.parse behind the depth check; a syntax error is a 400 that does not echo the body. */
-export function parseJsonBody(text: string, maxDepth: number): unknown {
-  checkJsonDepth(text, maxDepth);
+/** JSON.parse behind the depth and size checks; a syntax error is a 400 that does not echo the body. */
+export function parseJsonBody(
+  text: string,
+  maxDepth: number,
+  maxContainers = DEFAULT_REQUEST_LIMITS.maxJsonContainers,
+): unknown {
+  checkJsonDepth(text, maxDepth, maxContainers);
   try {
     return JSON.parse(text);
   } catch {

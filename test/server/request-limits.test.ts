@@ -43,6 +43,21 @@ describe('JSON depth', () => {
   });
 });
 
+describe('JSON arrays and objects', () => {
+  test('a body of more arrays and objects than maxJsonContainers is refused before parsing', () => {
+    // 1,002: the body object, its prompt list and a thousand one-token prompts
+    const many = JSON.stringify({ prompt: Array.from({ length: 1000 }, () => [1]) });
+    rejects(() => parseJsonBody(many, 64, 1001), 'body', /more than 1001 arrays and objects/);
+    assert.equal((parseJsonBody(many, 64, 1002) as { prompt: unknown[] }).prompt.length, 1000);
+    // brackets inside strings are no arrays
+    checkJsonDepth(JSON.stringify({ s: '[]{}'.repeat(100) }), 64, 1);
+  });
+  test('the default leaves room for long conversations and large tool lists', () => {
+    assert.equal(DEFAULT_REQUEST_LIMITS.maxJsonContainers, 100_000);
+    assert.deepEqual(checkRequestLimits({ maxJsonContainers: 10 }).maxJsonContainers, 10);
+  });
+});
+
 describe('metadata', () => {
   test('ids: strings of at most maxIdBytes UTF-8 bytes, never numbers or empty', () => {
     assert.equal(readMetadata({ workflowId: 'w'.repeat(256) }, {}, limits).workflowId, 'w'.repeat(256));

@@ -186,7 +186,12 @@ export async function startGateway(
     publicRouteApi: c.publicRouteApi,
     apiKeys,
     cachedTokensHeader: c.cachedTokensHeader,
-    limits: { maxIdBytes: c.maxIdBytes, maxAnchors: c.maxAnchors, maxJsonDepth: c.maxJsonDepth },
+    limits: {
+      maxIdBytes: c.maxIdBytes,
+      maxAnchors: c.maxAnchors,
+      maxJsonDepth: c.maxJsonDepth,
+      maxJsonContainers: c.maxJsonContainers,
+    },
     timeouts: {
       headersTimeoutMs: c.headersTimeoutMs,
       requestTimeoutMs: c.requestTimeoutMs,

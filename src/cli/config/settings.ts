@@ -137,6 +137,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   maxIdBytes: { arg: '<n>', help: 'longest workflow id, agent role, anchor id and cache_salt (UTF-8 bytes)' },
   maxAnchors: { arg: '<n>', help: 'most content anchors per request' },
   maxJsonDepth: { arg: '<n>', help: 'deepest nesting of a JSON body' },
+  maxJsonContainers: { arg: '<n>', help: 'most arrays and objects in a JSON body (counted before it is parsed)' },
   headersTimeoutMs: { arg: '<ms>', help: "time for a client to send a request's headers" },
   requestTimeoutMs: { arg: '<ms>', help: 'time for a client to send a whole request (headers and body)' },
   connectionTimeoutMs: {
