@@ -85,3 +85,13 @@ export function loadApiKeysFile(file: string): ApiKeys {
 export function tenantCacheSalt(tenant: string, clientSalt: string | undefined): string {
   return clientSalt === undefined ? `tenant/${tenant}` : `tenant/${tenant}/${clientSalt}`;
 }
+
+/**
+ * A workflow or content-anchor id as the router keeps it for a tenant's request: `tenant/<name>/<id>`.
+ * The router's tables are keyed by these ids; unscoped, one tenant's request naming another's
+ * anchor would be scored (and shown, with the cached-tokens header) as holding that tenant's KV,
+ * and its workflow step would move the other tenant's workflow.
+ */
+export function tenantScopedId(tenant: string, id: string): string {
+  return `tenant/${tenant}/${id}`;
+}

@@ -15,7 +15,7 @@ import {
   type PromptTokenizer,
 } from '../engines/chat-tokenizer.js';
 import { TokenizerUnavailableError, type AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
-import { tenantCacheSalt } from './api-keys.js';
+import { tenantCacheSalt, tenantScopedId } from './api-keys.js';
 import { chatTemplateRequest } from './engine-deployments.js';
 import {
   clientMessage,
@@ -203,11 +203,10 @@ export interface RequestRejection {
 }
 
 /**
-/**
  * Returns a parser of requests into what to route on (token ids when the tokenize mode gives
  * them) and the body to forward, or a RequestRejection for a malformed request. A tenant's
  * requests get the tenant's cache salt: the engine keys its cache on it, the router its block
- * hashes, so tenants never share KV.
+ * hashes, so tenants never share KV; their workflow and content-anchor ids are the tenant's own.
  */
 export function createRequestParser(options: RequestReaderOptions) {
   const { tokenize: tokenizeMode, promptTokenizer, tokenizeOnEngine, loraOf, limits } = options;
@@ -223,8 +222,14 @@ export function createRequestParser(options: RequestReaderOptions) {
       throw err;
     }
     if (req.tenant !== undefined) {
-      const salt = tenantCacheSalt(req.tenant, parsed.routeRequest.cacheSalt);
-      parsed.routeRequest.cacheSalt = salt;
+      const tenant = req.tenant;
+      const r = parsed.routeRequest;
+      // the router's workflow and anchor tables are shared: each tenant's ids are its own
+      if (r.workflowId !== undefined) r.workflowId = tenantScopedId(tenant, r.workflowId);
+      if (r.contentAnchors !== undefined)
+        r.contentAnchors = r.contentAnchors.map((a) => ({ id: tenantScopedId(tenant, a.id), tokens: a.tokens }));
+      const salt = tenantCacheSalt(tenant, r.cacheSalt);
+      r.cacheSalt = salt;
       parsed.body.cache_salt = salt;
       parsed.unchanged = false;
     }

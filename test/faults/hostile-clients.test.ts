@@ -330,6 +330,54 @@ describe('tenants', () => {
     await engine.close();
   });
 
+  test("one tenant's content anchors and workflow ids are not another's", async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'cf-tenants-'));
+    const file = join(dir, 'keys.yaml');
+    writeFileSync(file, 'sk-tenant-a-0123456789: team-a\nsk-tenant-b-0123456789: team-b\n');
+    chmodSync(file, 0o600);
+    const engine = await new MockEngine().start();
+    const gw = await createGateway({
+      router: new KVAwareRouter({ blockSize: 16 }),
+      workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}` }],
+      apiKeys: loadApiKeysFile(file),
+      adminToken: ADMIN,
+      cachedTokensHeader: true,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+    });
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    try {
+      const a = { authorization: 'Bearer sk-tenant-a-0123456789' };
+      const b = { authorization: 'Bearer sk-tenant-b-0123456789' };
+      // the anchor's id names a document; its text is in each tenant's prompt, salted apart
+      const ask = (headers: Record<string, string>, prompt: string) =>
+        post(
+          url,
+          '/v1/completions',
+          {
+            prompt,
+            max_tokens: 1,
+            contextforge: { anchors: [{ id: 'merger-memo', tokens: 200 }], workflowId: 'wf-1' },
+          },
+          headers,
+        );
+      assert.equal((await ask(a, 'tenant a reads the memo. '.repeat(20))).status, 200);
+      const own = await ask(a, 'tenant a asks again. '.repeat(20));
+      assert.ok(Number(own.headers.get('x-contextforge-cached-tokens')) > 0, "a tenant's own anchor counts as cached");
+      const other = await ask(b, 'tenant b guesses the name. '.repeat(20));
+      assert.equal(other.status, 200);
+      assert.equal(
+        other.headers.get('x-contextforge-cached-tokens'),
+        '0',
+        "another tenant's anchor of the same id is nothing cached (and says nothing of what team-a holds)",
+      );
+      assert.equal(gw.router.getStats().workflowsTracked, 2, 'the same workflow id of two tenants is two workflows');
+    } finally {
+      await gw.close();
+      await engine.close();
+    }
+  });
+
   test("an engine started with --api-key gets the worker's key as a bearer token", async () => {
     const engine = await new MockEngine({ apiKey: 'engine-secret-key' }).start();
     const worker = { id: 'k0', url: `http://127.0.0.1:${engine.port}` };
