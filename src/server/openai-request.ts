@@ -84,6 +84,71 @@ export function parseRequestBody(
   return bytes.length === 0 ? undefined : parseJsonBody(bytes.toString('utf8'), maxJsonDepth, maxJsonContainers);
 }
 
+/**
+ * The text of a JSON object body with its top-level `contextforge` members removed and, when
+ * `cacheSalt` is given, its `cache_salt` members replaced by that one; every other member is
+ * kept as the client wrote it. Re-serialising the parsed body instead would change what
+ * JSON.parse cannot hold: a 64-bit `seed` rounded to a double, 1e400 turned into null. Every
+ * copy of a key goes (JSON.parse and the engines take the last), escaped spellings included.
+ * `text` has been parsed already, so it is valid JSON.
+ */
+export function editedBodyText(text: string, cacheSalt?: string): string {
+  const kept: string[] = cacheSalt === undefined ? [] : [`"cache_salt":${JSON.stringify(cacheSalt)}`];
+  let i = skipSpace(text, text.indexOf('{') + 1);
+  while (text.charCodeAt(i) === 0x22) {
+    const keyEnd = jsonStringEnd(text, i);
+    const key = JSON.parse(text.slice(i, keyEnd + 1)) as string;
+    const valueStart = skipSpace(text, skipSpace(text, keyEnd + 1) + 1); // past the colon
+    const valueEnd = jsonValueEnd(text, valueStart);
+    if (key !== 'contextforge' && (cacheSalt === undefined || key !== 'cache_salt')) kept.push(text.slice(i, valueEnd));
+    i = skipSpace(text, valueEnd);
+    if (text.charCodeAt(i) !== 0x2c) break; // the closing brace
+    i = skipSpace(text, i + 1);
+  }
+  return `{${kept.join(',')}}`;
+}
+
+/** The index of the first character at or after `i` that is not JSON whitespace. */
+function skipSpace(text: string, i: number): number {
+  for (let c = text.charCodeAt(i); c === 0x20 || c === 0x09 || c === 0x0a || c === 0x0d; c = text.charCodeAt(++i));
+  return i;
+}
+
+/** The index of the closing quote of the JSON string whose opening quote is at `i`. */
+function jsonStringEnd(text: string, i: number): number {
+  let end = text.indexOf('"', i + 1);
+  for (;;) {
+    // the first quote not escaped by an odd run of backslashes
+    let k = end - 1;
+    while (text.charCodeAt(k) === 0x5c) k--;
+    if ((end - 1 - k) % 2 === 0) return end;
+    end = text.indexOf('"', end + 1);
+  }
+}
+
+/** What ends a number or a literal in valid JSON. */
+const SCALAR_END = /[\s,\]}]/;
+
+/** The index just past the JSON value that starts at `i`. */
+function jsonValueEnd(text: string, i: number): number {
+  const c = text.charCodeAt(i);
+  if (c === 0x22) return jsonStringEnd(text, i) + 1;
+  if (c !== 0x5b && c !== 0x7b) {
+    // a number or a literal: up to the separator, the closing bracket or whitespace
+    let j = i;
+    while (j < text.length && !SCALAR_END.test(text[j])) j++;
+    return j;
+  }
+  let depth = 0;
+  for (let j = i; j < text.length; j++) {
+    const d = text.charCodeAt(j);
+    if (d === 0x22) j = jsonStringEnd(text, j);
+    else if (d === 0x5b || d === 0x7b) depth++;
+    else if ((d === 0x5d || d === 0x7d) && --depth === 0) return j + 1;
+  }
+  return text.length;
+}
+
 /** The bytes to forward for an unchanged body: the client's own, unless they are not UTF-8. */
 export function forwardableBytes(bytes: Buffer): Buffer | undefined {
   // bytes that are not UTF-8 are forwarded as read (invalid sequences replaced), as JSON.parse saw them

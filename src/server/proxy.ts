@@ -30,6 +30,7 @@ import type { CircuitBreaker } from './circuit-breaker.js';
 import { forward } from './forward.js';
 import type { GatewayMetrics } from './metrics.js';
 import {
+  editedBodyText,
   openAiError,
   type OpenAiPath,
   type ParsedRequest,
@@ -302,10 +303,18 @@ function hasOtherCandidate(router: KVAwareRouter, excluded: ReadonlySet<string>,
   return router.listWorkers().some((w) => w.available && !excluded.has(w.id) && w.id !== besides);
 }
 
-/** The bytes an attempt forwards: the client's own when the body is unchanged, else the body serialised (with the salt). */
+/**
+ * The bytes an attempt forwards: the client's own when the body is unchanged, else the client's
+ * text with the metadata field removed and the salt set (editedBodyText); the body serialised
+ * only when its bytes are not kept (not UTF-8, or from the endpoint picker).
+ */
 function forwardedBody(prepared: ParsedRequest, req: RequestSource, cacheSalt: string | undefined): string | Buffer {
-  if (cacheSalt) return JSON.stringify({ ...prepared.body, cache_salt: cacheSalt });
-  return prepared.unchanged && req.rawBody !== undefined ? req.rawBody : JSON.stringify(prepared.body);
+  if (!cacheSalt && prepared.unchanged && req.rawBody !== undefined) return req.rawBody;
+  // the salt the body must carry: the isolated request's own, else the tenant's (or the client's, unchanged)
+  const salt = cacheSalt || (typeof prepared.body.cache_salt === 'string' ? prepared.body.cache_salt : undefined);
+  // the client's text edited, not the parsed body serialised again: that would round a 64-bit seed
+  if (req.rawBody !== undefined) return editedBodyText(req.rawBody.toString('utf8'), salt);
+  return JSON.stringify(salt === undefined ? prepared.body : { ...prepared.body, cache_salt: salt });
 }
 
 /** How the attempts on the engines tried went, for the answer when all of them failed. */
