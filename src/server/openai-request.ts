@@ -231,7 +231,11 @@ export const SINGLE_VALUE_HEADERS: readonly string[] = [
 /**
  * The request's headers for the metadata checks: Node joins a repeated header's values with
  * ", ", so a metadata header given twice would be read as one odd value; it is given as the
- * list of its values instead, which the checks refuse. The headers themselves when none repeats.
+ * list of its values instead, which the checks refuse. Node reads header bytes as Latin-1: a
+ * metadata header's bytes are read as UTF-8 instead, as the body's ids and the endpoint
+ * picker's headers are (the UTF-8 of "café" would otherwise be the id "cafÃ©"); bytes that are
+ * not UTF-8 throw a RequestLimitError naming the header. The headers themselves when no
+ * metadata header repeats or holds more than ASCII.
  */
 export function metadataHeaders(req: IncomingMessage): RequestSource['headers'] {
   const headers = req.headers;
@@ -242,8 +246,20 @@ export function metadataHeaders(req: IncomingMessage): RequestSource['headers'] 
     const values = req.headersDistinct[name];
     if (values !== undefined && values.length > 1) (out ??= { ...headers })[name] = values;
   }
+  for (const name of METADATA_HEADERS) {
+    const v = (out ?? headers)[name];
+    if (typeof v !== 'string' || !NOT_ASCII.test(v)) continue;
+    const bytes = Buffer.from(v, 'latin1');
+    if (!isUtf8(bytes)) throw new RequestLimitError(`${name} is not UTF-8`, name);
+    (out ??= { ...headers })[name] = bytes.toString('utf8');
+  }
   return out ?? headers;
 }
+
+/** Every metadata header. */
+const METADATA_HEADERS: readonly string[] = [...SINGLE_VALUE_HEADERS, 'x-anchor-ids'];
+
+const NOT_ASCII = /[^\p{ASCII}]/u;
 
 export interface RequestReaderOptions {
   /** How prompts are hashed (see GatewayOptions.tokenize). */
