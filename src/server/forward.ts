@@ -492,9 +492,10 @@ class Attempt implements Dispatcher.DispatchHandler {
     // JSON, not cut into events, and when it fails after it reached the client it is cut, never
     // followed by a plain error event the client would decode as more of it
     const encoded = contentEncoding !== undefined && !IDENTITY_ONLY.test(contentEncoding);
-    // an engine that declares JSON is held to it, and so is one that declares nothing: the client
-    // gets it labelled JSON (below), and an error page or an empty body labelled so is no answer
-    this.checkWhole = (contentType === undefined || declaresJson(contentType)) && !encoded;
+    // an engine that declares JSON is held to it, and so is an answer (2xx) that declares nothing:
+    // the client gets it labelled JSON (below), and an error page or an empty body labelled so is
+    // no answer. A client error of no declared type is the engine's word on the request, passed on
+    this.checkWhole = (contentType === undefined ? this.status < 300 : declaresJson(contentType)) && !encoded;
     contentType ??= 'application/json';
     const eventStream = contentType.includes('event-stream');
     this.eventStream = eventStream && !encoded;

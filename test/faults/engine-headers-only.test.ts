@@ -214,3 +214,23 @@ test('a header block too large to read is a failed attempt, retried on another w
     },
   );
 });
+
+test("a client error without a Content-Type reaches the client with its status: not the engine's failure, never retried", async () => {
+  for (const [status, body] of [
+    [400, 'Bad Request: prompt too long'],
+    [404, ''],
+  ] as const) {
+    await withBadFirst(
+      (res) => res.writeHead(status).end(body),
+      true,
+      async (g, bad) => {
+        const r = await post(g.base, '/v1/completions', { prompt: `p${status}`, max_tokens: 2 });
+        assert.equal(r.status, status, r.text);
+        assert.equal(r.headers.get('x-contextforge-worker'), 'bad');
+        assert.equal(bad.completions, 1, 'tried once');
+        assert.equal(await counter(g.base, 'contextforge_upstream_failures_total', 'bad'), 0);
+        assert.deepEqual(g.gateway.health.reasons('bad'), []);
+      },
+    );
+  }
+});
