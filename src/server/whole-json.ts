@@ -30,7 +30,8 @@ function isJsonSpace(b: number | undefined): boolean {
  */
 export function isWholeJson(bytes: Uint8Array): boolean {
   const n = bytes.length;
-  let i = 0;
+  // a UTF-8 byte order mark at the start, which RFC 8259 §8.1 lets a parser ignore (the error-object check does)
+  let i = n >= 3 && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf ? 3 : 0;
   while (i < n && isJsonSpace(bytes[i])) i++;
   if (i === n || (bytes[i] !== OPEN_BRACE && bytes[i] !== OPEN_BRACKET)) return false;
   /** The closing bracket each open one needs, innermost last. */

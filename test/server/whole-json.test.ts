@@ -19,6 +19,13 @@ test('a whole object or array passes, with whitespace around it', () => {
   assert.ok(whole('[{"a":"]"},"}"]'));
 });
 
+test('a UTF-8 byte order mark before the answer is skipped (RFC 8259 §8.1 lets a parser ignore it); one elsewhere is not', () => {
+  assert.ok(whole(`\uFEFF${ANSWER}`));
+  assert.ok(whole(`\uFEFF \n${ANSWER}`));
+  assert.ok(!whole(` \uFEFF${ANSWER}`));
+  assert.ok(!whole('\uFEFF'));
+});
+
 test('no proper prefix of an answer passes, whatever byte it ends on', () => {
   for (let end = 0; end < ANSWER.length; end++)
     assert.equal(whole(ANSWER.slice(0, end)), false, `cut at ${end}: ${ANSWER.slice(0, end)}`);
