@@ -3,7 +3,8 @@
  * passes the answer back without buffering a stream. Nothing reaches the client before the
  * engine's first body byte, so until then a failure — a connection error, a 5xx, a 429 (the
  * engine overloaded for now), a 401/403 (the engine refusing the gateway's credentials), a
- * redirect (not followed), a 204 or 205 (no answer), a 200 that is the engine's error for a server
+ * 408/421 (the engine gave up on the request, or does not serve it), a redirect (not
+ * followed), a 204 or 205 or an empty 2xx (no answer), a 200 that is the engine's error for a server
  * error (its error object as the JSON, an error event before the stream's first), a streamed
  * answer's first byte overdue, the
  * worker leaving rotation, every connection the gateway keeps to the engine busy past the

@@ -75,7 +75,10 @@ test('a request with two Host header lines is refused 400 naming host (RFC 9112 
       await until(() => /^HTTP\/1\.1 \d{3} /.test(client.received()), 'an answer on the headers');
       const received = client.received();
       assert.match(received, /^HTTP\/1\.1 400 /, received.slice(0, 200));
-      await until(() => received.includes('\r\n\r\n') && client.received().endsWith('}'), 'the whole error body');
+      await until(
+        () => client.received().includes('\r\n\r\n') && client.received().endsWith('}'),
+        'the whole error body',
+      );
       const answer = client.received();
       const error = (JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)) as { error: { param: string } }).error;
       assert.equal(error.param, 'host');
