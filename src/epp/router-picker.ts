@@ -4,6 +4,7 @@ import type { StateStore } from '../state/state-store.js';
 import type { EndpointPicker, InFlightRequest, PickInput, PickOutcome } from './ext-proc-handler.js';
 import {
   checkContentEncoding,
+  editedBodyText,
   forwardableBytes,
   parseRequestBody,
   SINGLE_VALUE_HEADERS,
@@ -226,9 +227,15 @@ export class RouterPicker implements EndpointPicker {
         routeRequest = prepared.routeRequest;
         preparedBody = prepared.body;
         // an unchanged body is forwarded as received, byte for byte, unless it is not UTF-8: then
-        // the engine gets what the router read (invalid sequences replaced), as from the gateway
-        if (!prepared.unchanged || rewritten || forwardableBytes(input.body) === undefined)
-          forwarded = Buffer.from(JSON.stringify(prepared.body));
+        // the engine gets what the router read (invalid sequences replaced), as from the gateway. A
+        // changed one is the client's text edited, not the body serialised again (editedBodyText)
+        const bytes = forwardableBytes(input.body);
+        if (bytes === undefined) forwarded = Buffer.from(JSON.stringify(prepared.body));
+        else if (!prepared.unchanged || rewritten) {
+          const salt = typeof prepared.body.cache_salt === 'string' ? prepared.body.cache_salt : undefined;
+          const newModel = rewritten && typeof body.model === 'string' ? body.model : undefined;
+          forwarded = Buffer.from(editedBodyText(bytes.toString('utf8'), salt, newModel));
+        }
         const withoutModel = this.backend.workersWithoutModel(model);
         for (const id of withoutModel) excluded.add(id);
         if (withoutModel.size > 0 && withoutModel.size === this.endpointOfWorker.size) {

@@ -86,21 +86,28 @@ export function parseRequestBody(
 
 /**
  * The text of a JSON object body with its top-level `contextforge` members removed and, when
- * `cacheSalt` is given, its `cache_salt` members replaced by that one; every other member is
- * kept as the client wrote it. Re-serialising the parsed body instead would change what
- * JSON.parse cannot hold: a 64-bit `seed` rounded to a double, 1e400 turned into null. Every
- * copy of a key goes (JSON.parse and the engines take the last), escaped spellings included.
- * `text` has been parsed already, so it is valid JSON.
+ * `cacheSalt` is given, its `cache_salt` members replaced by that one (and likewise `model`, which
+ * the endpoint picker may rewrite); every other member is kept as the client wrote it.
+ * Re-serialising the parsed body instead would change what JSON.parse cannot hold: a 64-bit
+ * `seed` rounded to a double, 1e400 turned into null. Every copy of a key goes (JSON.parse and the
+ * engines take the last), escaped spellings included. `text` has been parsed already, so it is
+ * valid JSON.
  */
-export function editedBodyText(text: string, cacheSalt?: string): string {
-  const kept: string[] = cacheSalt === undefined ? [] : [`"cache_salt":${JSON.stringify(cacheSalt)}`];
+export function editedBodyText(text: string, cacheSalt?: string, model?: string): string {
+  const kept: string[] = [];
+  if (model !== undefined) kept.push(`"model":${JSON.stringify(model)}`);
+  if (cacheSalt !== undefined) kept.push(`"cache_salt":${JSON.stringify(cacheSalt)}`);
   let i = skipSpace(text, text.indexOf('{') + 1);
   while (text.charCodeAt(i) === 0x22) {
     const keyEnd = jsonStringEnd(text, i);
     const key = JSON.parse(text.slice(i, keyEnd + 1)) as string;
     const valueStart = skipSpace(text, skipSpace(text, keyEnd + 1) + 1); // past the colon
     const valueEnd = jsonValueEnd(text, valueStart);
-    if (key !== 'contextforge' && (cacheSalt === undefined || key !== 'cache_salt')) kept.push(text.slice(i, valueEnd));
+    const replaced =
+      key === 'contextforge' ||
+      (cacheSalt !== undefined && key === 'cache_salt') ||
+      (model !== undefined && key === 'model');
+    if (!replaced) kept.push(text.slice(i, valueEnd));
     i = skipSpace(text, valueEnd);
     if (text.charCodeAt(i) !== 0x2c) break; // the closing brace
     i = skipSpace(text, i + 1);

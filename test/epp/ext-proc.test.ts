@@ -213,6 +213,24 @@ test('sheddable objectives get 429 when the pool is saturated; others are routed
   if (calm.kind === 'routed') await calm.stream.end();
 });
 
+test('a body the picker changes (model rewritten, metadata dropped) keeps every other member as the client wrote it: a 64-bit seed is not rounded', async () => {
+  const seed = '18446744073709551557';
+  for (const [headers, body] of [
+    [{ 'x-gateway-model-name-rewrite': 'mock-v2' }, `{"model":"mock","prompt":"seeded","seed":${seed}}`],
+    [{}, `{"model":"mock","prompt":"seeded","seed":${seed},"contextforge":{"workflowId":"w"}}`],
+  ] as const) {
+    const out = await envoy.request({ headers, body });
+    assert.equal(out.kind, 'routed');
+    if (out.kind !== 'routed') return;
+    const text = out.body.toString();
+    assert.match(text, new RegExp(`"seed":${seed}[,}]`), text);
+    assert.doesNotMatch(text, /contextforge/);
+    assert.equal((JSON.parse(text) as { model: string }).model, headers['x-gateway-model-name-rewrite'] ?? 'mock');
+    assert.equal(out.setHeaders.get('content-length'), String(out.body.length));
+    await out.stream.end();
+  }
+});
+
 test('x-gateway-model-name-rewrite rewrites the model in the forwarded body, with its length, and the response gets the client’s name back', async () => {
   const out = await envoy.request({
     headers: { 'x-gateway-model-name-rewrite': 'mock-v2' },
