@@ -11,7 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { loadApiKeysFile } from '../../src/server/api-keys.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { createGateway, type Gateway, type GatewayOptions } from '../../src/server/gateway.js';
 import { fakeEngine, post } from './harness.js';
 import { until } from '../helpers/wait.js';
 
@@ -258,7 +258,8 @@ describe('hostile clients', () => {
 });
 
 describe('tenants', () => {
-  test('with API keys, requests need a key, and one tenant cannot see what another has cached', async () => {
+  /** A gateway with API keys for team-a and team-b (`sk-tenant-a-…`, `sk-tenant-b-…`) in front of one mock engine. */
+  async function tenantGateway(extra: Partial<GatewayOptions> = {}): Promise<{ engine: MockEngine; gw: Gateway }> {
     const dir = mkdtempSync(join(tmpdir(), 'cf-tenants-'));
     const file = join(dir, 'keys.yaml');
     writeFileSync(file, 'sk-tenant-a-0123456789: team-a\nsk-tenant-b-0123456789: team-b\n');
@@ -269,11 +270,16 @@ describe('tenants', () => {
       workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}` }],
       apiKeys: loadApiKeysFile(file),
       adminToken: ADMIN,
-      publicRouteApi: true,
       cachedTokensHeader: true,
       metricsIntervalMs: 0,
       healthCheckIntervalMs: 0,
+      ...extra,
     });
+    return { engine, gw };
+  }
+
+  test('with API keys, requests need a key, and one tenant cannot see what another has cached', async () => {
+    const { engine, gw } = await tenantGateway({ publicRouteApi: true });
     const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
     const a = { authorization: 'Bearer sk-tenant-a-0123456789' };
     const b = { authorization: 'Bearer sk-tenant-b-0123456789' };
@@ -331,20 +337,7 @@ describe('tenants', () => {
   });
 
   test("one tenant's content anchors and workflow ids are not another's", async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'cf-tenants-'));
-    const file = join(dir, 'keys.yaml');
-    writeFileSync(file, 'sk-tenant-a-0123456789: team-a\nsk-tenant-b-0123456789: team-b\n');
-    chmodSync(file, 0o600);
-    const engine = await new MockEngine().start();
-    const gw = await createGateway({
-      router: new KVAwareRouter({ blockSize: 16 }),
-      workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}` }],
-      apiKeys: loadApiKeysFile(file),
-      adminToken: ADMIN,
-      cachedTokensHeader: true,
-      metricsIntervalMs: 0,
-      healthCheckIntervalMs: 0,
-    });
+    const { engine, gw } = await tenantGateway();
     const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
     try {
       const a = { authorization: 'Bearer sk-tenant-a-0123456789' };
