@@ -10,6 +10,8 @@
  * finds a stream's end (`data: [DONE]`), which tells a whole answer from one cut short.
  */
 
+import { utf8BomLength } from './whole-json.js';
+
 /** The longest error answer read: an engine's error is a message and a few fields; an answer longer than this is not one. */
 const MAX_ERROR_ANSWER_BYTES = 64 * 1024;
 
@@ -22,8 +24,6 @@ const COLON = 0x3a;
 const QUOTED_ERROR = Buffer.from('"error"');
 /** What an event that is an error holds, in its type or its JSON: a stream without it has no error event. */
 const ERROR_WORD = Buffer.from('error');
-/** The UTF-8 byte order mark an event stream may start with (its decoder drops it). */
-const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
 const DATA_FIELD = Buffer.from('data');
 const EVENT_FIELD = Buffer.from('event');
 const DATA_COLON = Buffer.from('data:');
@@ -82,7 +82,7 @@ export function errorAnswerStatus(answer: Buffer): number {
   if (answer.length > MAX_ERROR_ANSWER_BYTES || answer.indexOf(QUOTED_ERROR) < 0) return 0;
   // a UTF-8 byte order mark before the object (some servers and proxies write one) is no JSON:
   // one is skipped, as a decoder reading UTF-8 would
-  const text = startsWith(answer, 0, BOM) ? answer.subarray(BOM.length) : answer;
+  const text = answer.subarray(utf8BomLength(answer));
   let value: unknown;
   try {
     value = JSON.parse(text.toString('utf8'));
@@ -105,7 +105,7 @@ export function errorAnswerStatus(answer: Buffer): number {
  * first line is dropped, as a client's decoder drops it.
  */
 export function holdsDone(events: Buffer, atStreamStart = false): boolean {
-  const lineStart = atStreamStart && startsWith(events, 0, BOM) ? BOM.length : 0;
+  const lineStart = atStreamStart ? utf8BomLength(events) : 0;
   const n = events.length;
   for (let at = events.indexOf(DONE); at >= 0; at = events.indexOf(DONE, at + DONE.length)) {
     // the line ends after it, past any spaces or tabs (or the bytes do: the unterminated end of a stream)
@@ -151,7 +151,7 @@ function isField(bytes: Buffer, at: number, end: number, name: Buffer): boolean 
 export function errorEventStatus(events: Buffer, atStreamStart = false, firstEventOnly = false): number {
   if (events.indexOf(ERROR_WORD) < 0) return 0;
   const n = events.length;
-  const start = atStreamStart && startsWith(events, 0, BOM) ? BOM.length : 0;
+  const start = atStreamStart ? utf8BomLength(events) : 0;
   let clientError = 0;
   // the event being read: its type is `error`, its data may hold an error object, its data values' [start, end)
   let typedError = false;

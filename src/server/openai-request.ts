@@ -20,6 +20,7 @@ import { chatTemplateRequest } from './engine-deployments.js';
 import {
   clientMessage,
   DEFAULT_REQUEST_LIMITS,
+  jsonStringEnd,
   parseJsonBody,
   readRouteRequest,
   RequestLimitError,
@@ -119,18 +120,6 @@ export function editedBodyText(text: string, cacheSalt?: string, model?: string)
 function skipSpace(text: string, i: number): number {
   for (let c = text.charCodeAt(i); c === 0x20 || c === 0x09 || c === 0x0a || c === 0x0d; c = text.charCodeAt(++i));
   return i;
-}
-
-/** The index of the closing quote of the JSON string whose opening quote is at `i`. */
-function jsonStringEnd(text: string, i: number): number {
-  let end = text.indexOf('"', i + 1);
-  for (;;) {
-    // the first quote not escaped by an odd run of backslashes
-    let k = end - 1;
-    while (text.charCodeAt(k) === 0x5c) k--;
-    if ((end - 1 - k) % 2 === 0) return end;
-    end = text.indexOf('"', end + 1);
-  }
 }
 
 /** What ends a number or a literal in valid JSON. */

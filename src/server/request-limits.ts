@@ -72,6 +72,21 @@ export function checkRequestLimits(limits: Partial<RequestLimits> | undefined): 
 }
 
 /**
+ * The index of the closing quote of the JSON string whose opening quote is at `i` (found with
+ * indexOf: the first quote not escaped by an odd run of backslashes), or -1 when it has none.
+ */
+export function jsonStringEnd(text: string, i: number): number {
+  let end = text.indexOf('"', i + 1);
+  while (end !== -1) {
+    let k = end - 1;
+    while (text.charCodeAt(k) === 0x5c) k--;
+    if ((end - 1 - k) % 2 === 0) return end;
+    end = text.indexOf('"', end + 1);
+  }
+  return -1;
+}
+
+/**
  * Throws a RequestLimitError when `text` (a JSON document) nests arrays and objects deeper
  * than `maxDepth`, or has more than `maxContainers` of them. A linear scan that skips strings:
  * it runs before JSON.parse, so a 10,000-deep body is refused without recursion anywhere, and
@@ -83,15 +98,8 @@ export function checkJsonDepth(text: string, maxDepth: number, maxContainers = I
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
     if (c === 0x22) {
-      // a string (most of a chat body): skipped with indexOf to its closing quote, the first
-      // one not escaped by an odd run of backslashes
-      let end = text.indexOf('"', i + 1);
-      while (end !== -1) {
-        let k = end - 1;
-        while (text.charCodeAt(k) === 0x5c) k--;
-        if ((end - 1 - k) % 2 === 0) break;
-        end = text.indexOf('"', end + 1);
-      }
+      // a string (most of a chat body): skipped to its closing quote
+      const end = jsonStringEnd(text, i);
       if (end === -1) return; // unterminated: JSON.parse says so
       i = end;
     } else if (c === 0x5b || c === 0x7b) {

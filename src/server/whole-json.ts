@@ -18,6 +18,11 @@ function isJsonSpace(b: number | undefined): boolean {
   return b === 0x20 || b === 0x0a || b === 0x0d || b === 0x09;
 }
 
+/** The length of the UTF-8 byte order mark `bytes` start with: 3, or 0 when they start without one. */
+export function utf8BomLength(bytes: Uint8Array): number {
+  return bytes.length >= 3 && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf ? 3 : 0;
+}
+
 /**
  * True when `bytes` hold one JSON object or array, whitespace around it allowed, whose brackets
  * all close, the outermost one at its end, outside any string. It checks the structure, not
@@ -31,7 +36,7 @@ function isJsonSpace(b: number | undefined): boolean {
 export function isWholeJson(bytes: Uint8Array): boolean {
   const n = bytes.length;
   // a UTF-8 byte order mark at the start, which RFC 8259 §8.1 lets a parser ignore (the error-object check does)
-  let i = n >= 3 && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf ? 3 : 0;
+  let i = utf8BomLength(bytes);
   while (i < n && isJsonSpace(bytes[i])) i++;
   if (i === n || (bytes[i] !== OPEN_BRACE && bytes[i] !== OPEN_BRACKET)) return false;
   /** The closing bracket each open one needs, innermost last. */
