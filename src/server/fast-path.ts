@@ -86,6 +86,8 @@ class FastRequest implements ProxyReply {
     const chunks = this.chunks ?? [];
     // this reply lives as long as the answer (a stream: minutes); the body must not live with it
     this.chunks = undefined;
+    // answered while its body was arriving (cut as too slow): nothing of it goes to an engine
+    if (this.raw.writableEnded) return;
     const bytes = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
     let body: unknown;
     try {

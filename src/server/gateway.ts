@@ -29,6 +29,7 @@ import {
   MAX_BODY_LIMIT,
   type BodyCharge,
 } from './body-budget.js';
+import { BodyRates, DEFAULT_MIN_BODY_RATE, DEFAULT_MIN_BODY_RATE_GRACE_MS, type WatchedBody } from './body-rate.js';
 import { CircuitBreaker } from './circuit-breaker.js';
 import {
   capClientConnections,
@@ -39,9 +40,11 @@ import {
 import {
   closedStatus,
   markAnsweredOnSocket,
+  markCutByGateway,
   createGatewayMetrics,
   registerAnswerBudgetMetrics,
   registerBodyBudgetMetrics,
+  registerBodyRateMetrics,
   registerClientConnectionMetrics,
   registerKvEventMetrics,
 } from './metrics.js';
@@ -121,6 +124,15 @@ export interface GatewayOptions {
    * Shared with the endpoint picker on this gateway (`gateway.bodyBudget`).
    */
   bufferedBodyLimit?: number;
+  /**
+   * Least average rate of a request body, bytes per second, once `minBodyRateGraceMs` have
+   * passed since its headers (default 240; 0: none). A slower body is cut: 408, the connection
+   * closed and its bytes given back to the budget, so that clients declaring large bodies and
+   * trickling them cannot hold the budget until the request timeout.
+   */
+  minBodyRate?: number;
+  /** Time a request body may take before its rate is checked (default 5000 ms). */
+  minBodyRateGraceMs?: number;
   /**
    * Most client connections held at once (default 16,384, client-connections.ts): one more is
    * closed as it is accepted, unanswered, and counted.
@@ -252,6 +264,33 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     'bufferedAnswerLimit',
   );
   /**
+   * Cuts a body that arrives too slowly. Its bytes go back at once: they are what it was
+   * holding from the other clients. It is answered 408 and its connection closed; the rest of
+   * the body is read and dropped (lingeringClose), so it never ends and never reaches an engine.
+   */
+  const cutSlowBody = ({ req, res }: WatchedBody): void => {
+    bodyCharges.get(req)?.release();
+    bodyTooSlow.inc();
+    if (res.socket !== req.socket || res.headersSent) {
+      // its answer would wait behind an earlier one on the connection (pipelining) while the
+      // rest of the body went on being read into memory, outside the budget: the connection is cut
+      res.statusCode = 408;
+      markCutByGateway(res);
+      return void req.socket.destroy();
+    }
+    answerMalformed(
+      res,
+      408,
+      `the request body arrived slower than ${bodyRates.bytesPerSecond} bytes per second`,
+      'body',
+    );
+  };
+  const bodyRates = new BodyRates(
+    options.minBodyRate ?? DEFAULT_MIN_BODY_RATE,
+    options.minBodyRateGraceMs ?? DEFAULT_MIN_BODY_RATE_GRACE_MS,
+    cutSlowBody,
+  );
+  /**
    * Each request's share of the budget: for the chunk-by-chunk charge of a body of undeclared
    * length, and for the proxy to give it back once the answer is committed.
    */
@@ -291,13 +330,18 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     }
     const charges = held;
     charges.add(charge);
+    // a body that fits is read: from now on it must arrive at the minimum rate
+    let watched: WatchedBody | undefined;
     res.once('close', () => {
       charges.delete(charge);
       charge.release();
+      bodyRates.forget(watched);
     });
     bodyCharges.set(req, charge);
-    if (chunked) return true;
-    if (charge.take(size)) return true;
+    if (chunked || charge.take(size)) {
+      watched = bodyRates.watch(req, res);
+      return true;
+    }
     bodyBudgetRefusals.inc();
     answerBodyBudgetExceeded(res);
     return false;
@@ -411,6 +455,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const metrics = createGatewayMetrics(router);
   registerKvEventMetrics(metrics.registry, () => connections.subscriberStats());
   const bodyBudgetRefusals = registerBodyBudgetMetrics(metrics.registry, bodyBudget);
+  const bodyTooSlow = registerBodyRateMetrics(metrics.registry);
   const clientConnectionMetrics = registerClientConnectionMetrics(metrics.registry);
   /** Caps `server`'s connections at maxClientConnections, its connections and refusals shown as `listener`'s. */
   const capListener = (server: NetServer, listener: string) => {
@@ -748,6 +793,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       } finally {
         clearInterval(sweep);
         if (cut) clearTimeout(cut);
+        bodyRates.close();
       }
       await connections.close();
       await state.close();

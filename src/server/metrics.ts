@@ -262,6 +262,15 @@ export function registerBodyBudgetMetrics(registry: Registry, budget: { used: nu
   });
 }
 
+/** Requests cut because their body arrived too slowly (body-rate.ts); the counter to increment. */
+export function registerBodyRateMetrics(registry: Registry): Counter {
+  return new Counter({
+    name: 'contextforge_request_body_too_slow_total',
+    help: 'Requests cut with 408 because their body arrived slower than --min-body-rate after --min-body-rate-grace-ms.',
+    registers: [registry],
+  });
+}
+
 /** The client connections of a process's listeners, counted per listener (`http`, `ext_proc`). */
 export interface ClientConnectionMetrics {
   /** Reports `listener`'s open connections and cap when scraped; returns its refusals counter. */

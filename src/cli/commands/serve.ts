@@ -201,6 +201,8 @@ export async function startGateway(
     },
     bodyLimit: c.bodyLimit,
     bufferedBodyLimit: c.bufferedBodyLimit,
+    minBodyRate: c.minBodyRate,
+    minBodyRateGraceMs: c.minBodyRateGraceMs,
     maxClientConnections: c.maxClientConnections,
     bufferedAnswerLimit: c.bufferedAnswerLimit,
     maxRetries: c.maxRetries,

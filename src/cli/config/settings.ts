@@ -12,6 +12,7 @@ import {
   DEFAULT_BUFFERED_BODY_LIMIT,
   MAX_BODY_LIMIT,
 } from '../../server/body-budget.js';
+import { DEFAULT_MIN_BODY_RATE, DEFAULT_MIN_BODY_RATE_GRACE_MS } from '../../server/body-rate.js';
 import { DEFAULT_MAX_CLIENT_CONNECTIONS, MAX_CLIENT_CONNECTIONS } from '../../server/client-connections.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
 import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
@@ -83,6 +84,8 @@ const gatewayShape = {
     .max(MAX_BODY_LIMIT)
     .default(16 * 1024 * 1024),
   bufferedBodyLimit: z.int().min(1024).default(DEFAULT_BUFFERED_BODY_LIMIT),
+  minBodyRate: z.int().min(0).default(DEFAULT_MIN_BODY_RATE),
+  minBodyRateGraceMs: timerMs(1).default(DEFAULT_MIN_BODY_RATE_GRACE_MS),
   maxClientConnections: z.int().min(1).max(MAX_CLIENT_CONNECTIONS).default(DEFAULT_MAX_CLIENT_CONNECTIONS),
   bufferedAnswerLimit: z.int().min(1024).default(DEFAULT_BUFFERED_ANSWER_LIMIT),
   maxRetries: z.int().min(0).max(16).default(2),
@@ -162,6 +165,11 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
     arg: '<bytes>',
     help: 'most request-body bytes held at once over all requests (gateway and endpoint picker; at least --body-limit); a request whose body does not fit gets 503 with retry-after',
   },
+  minBodyRate: {
+    arg: '<bytes/s>',
+    help: 'least average rate of a request body once --min-body-rate-grace-ms have passed since its headers (0: none); a slower body is cut with 408 and its bytes go back to --buffered-body-limit',
+  },
+  minBodyRateGraceMs: { arg: '<ms>', help: 'time a request body may take before --min-body-rate is checked' },
   maxClientConnections: {
     arg: '<n>',
     help: "most client connections held at once per process, on the HTTP port and on the endpoint picker's gRPC port each (idle keep-alive ones count); one more is closed as it is accepted, unanswered: keep clients' and engines' connections together under the descriptor limit (ulimit -n)",
