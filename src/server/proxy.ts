@@ -141,16 +141,27 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     };
     if (!prepared) return reply;
     const started = performance.now();
+    /**
+     * Every request routed is observed once answered, whatever the answer: the engine's, or the
+     * gateway's own when no engine could take it or every one tried failed (an outage must show
+     * in the histogram's count, not vanish from it). A client that left first is not answered.
+     */
+    const answered = (answer: ProxyReply): ProxyReply => {
+      metrics.latency.observe((performance.now() - started) / 1000);
+      return answer;
+    };
     const excluded = connections.withoutModel(prepared.body.model);
     if (excluded.size > 0 && excluded.size === connections.size) {
-      return reply.code(404).send({
-        error: {
-          message: `The model '${shown(String(prepared.body.model))}' does not exist on any worker`,
-          type: 'invalid_request_error',
-          param: 'model',
-          code: 'model_not_found',
-        },
-      });
+      return answered(reply)
+        .code(404)
+        .send({
+          error: {
+            message: `The model '${shown(String(prepared.body.model))}' does not exist on any worker`,
+            type: 'invalid_request_error',
+            param: 'model',
+            code: 'model_not_found',
+          },
+        });
     }
     const learning = state.beforeRoute(prepared.routeRequest);
     if (learning) await learning;
@@ -174,7 +185,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     let unavailable = 0;
     /** The answer once every attempt failed: what the attempts' outcomes say (answerExhausted). */
     const exhausted = (lastWorker?: string) =>
-      answerExhausted(reply, {
+      answerExhausted(answered(reply), {
         failedAttempts,
         overloaded,
         retryAfterS: overloadedRetryAfterS,
@@ -198,12 +209,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         share,
         firstTokenReported: streaming,
       });
-      if (!decision) return reply;
+      if (!decision) return answered(reply);
       if (decision.noWorker) {
         // engines tried and failed: 502 (429 when they were all overloaded); nothing to try at all: 503
         if (failedAttempts > 0) return exhausted();
         reply.header('retry-after', '1');
-        return openAiError(reply, 503, 'no worker can take the request now');
+        return openAiError(answered(reply), 503, 'no worker can take the request now');
       }
       // (each attempt that fails sets it again before the next one)
       if (retryOf !== undefined) metrics.retries.inc({ worker: retryOf });
@@ -290,8 +301,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       else breaker.answered(decision.workerId);
       metrics.cachedTokens.inc(cachedTokens);
       metrics.promptTokens.inc(decision.promptTokens);
-      metrics.latency.observe((performance.now() - started) / 1000);
-      return reply;
+      return answered(reply);
     }
   };
 }
