@@ -438,25 +438,33 @@ export class WorkerConnections {
       if (asked.has(c.base)) continue; // the ranks of one engine answer alike
       asked.add(c.base);
       try {
-        const res = await upstreamRequest(`${c.base}/tokenize`, {
-          method: 'POST',
-          body: JSON.stringify(body),
-          // with this gateway's Via: a worker URL that leads back here shows as a loop
-          headers: via === undefined ? c.headers : { ...c.headers, via },
-          headersTimeout: 2000,
-          bodyTimeout: 2000,
-          // the client waits on it: a body that trickles must not hold the request forever
-          signal: deadline,
+        // on one of the connections the gateway keeps to the engine, as a proxied request: a
+        // flood of requests to tokenize waits for a free one, never opens more than the cap
+        const tokens = await onEngineConnection(c, deadline, async () => {
+          const res = await c.pool.request({
+            path: '/tokenize',
+            method: 'POST',
+            body: JSON.stringify(body),
+            // with this gateway's Via: a worker URL that leads back here shows as a loop
+            headers: via === undefined ? c.headers : { ...c.headers, via },
+            headersTimeout: 2000,
+            bodyTimeout: 2000,
+            // the client waits on it: a body that trickles must not hold the request forever
+            signal: deadline,
+          });
+          try {
+            if (res.statusCode !== 200) return void (await res.body.dump());
+            const out = JSON.parse(await readBoundedText(res.body, MAX_TOKENIZE_BYTES, '/tokenize')) as {
+              tokens?: unknown;
+            } | null;
+            // an engine's answer is checked like a client's token ids: a bad one is the engine's fault, not the client's
+            return isTokenIdList(out?.tokens) ? out.tokens : undefined;
+          } finally {
+            // an answer left unread would keep its connection busy after the slot is given back
+            if (!res.body.readableEnded) res.body.destroy();
+          }
         });
-        if (res.statusCode !== 200) {
-          await res.body.dump();
-          continue;
-        }
-        const out = JSON.parse(await readBoundedText(res.body, MAX_TOKENIZE_BYTES, '/tokenize')) as {
-          tokens?: unknown;
-        } | null;
-        // an engine's answer is checked like a client's token ids: a bad one is the engine's fault, not the client's
-        if (isTokenIdList(out?.tokens)) return out.tokens;
+        if (tokens) return tokens;
       } catch {
         // try the next worker
       }
@@ -478,6 +486,39 @@ export class WorkerConnections {
     await Promise.all([...new Set([...this.connections.values()].map((c) => c.pool))].map((p) => p.destroy()));
     await Promise.all([...this.connections.values()].map((c) => c.subscriber?.close()));
     await Promise.all(this.closing);
+  }
+}
+
+/**
+ * Runs `use` once one of the connections the gateway keeps to the engine of `c` is free (its
+ * slots, which the proxied requests take: --engine-connections bounds both together), and gives
+ * the connection back when `use` ends. Rejects without running `use` when `signal` aborts while
+ * it waits, or the worker is removed meanwhile.
+ */
+async function onEngineConnection<T>(c: WorkerConnection, signal: AbortSignal, use: () => Promise<T>): Promise<T> {
+  signal.throwIfAborted();
+  await new Promise<void>((resolve, reject) => {
+    let started = false;
+    const onAbort = () => {
+      if (withdraw()) reject(signal.reason as Error);
+    };
+    const withdraw = c.slots.take(
+      () => {
+        started = true;
+        signal.removeEventListener('abort', onAbort);
+        resolve();
+      },
+      () => {
+        signal.removeEventListener('abort', onAbort);
+        reject(new Error('the worker was removed'));
+      },
+    );
+    if (!started) signal.addEventListener('abort', onAbort, { once: true });
+  });
+  try {
+    return await use();
+  } finally {
+    c.slots.release();
   }
 }
 
