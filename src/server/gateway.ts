@@ -58,6 +58,7 @@ import {
   type RequestReaderOptions,
 } from './openai-request.js';
 import { createFastPath } from './fast-path.js';
+import { isValidHost } from './host-header.js';
 import { MAX_PIPELINED_REQUESTS, PipelinedRequests } from './pipelining.js';
 import { sharePrefillReads } from '../state/prefill-sharing.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
@@ -407,6 +408,18 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         if (hostLines(req.rawHeaders) > 1) {
           countOnClose(req, res);
           return answerMalformed(res, 400, 'the request has more than one Host header', 'host');
+        }
+        // RFC 9112 §3.2: an invalid Host value is refused too (the empty one, sent for a target
+        // without an authority, is not invalid)
+        const host = req.headers.host;
+        if (host !== undefined && host !== '' && !isValidHost(host)) {
+          countOnClose(req, res);
+          return answerMalformed(
+            res,
+            400,
+            `the Host header '${shownHeader(host)}' is not a valid host name or address with an optional port`,
+            'host',
+          );
         }
         // Node's parser takes other codings before chunked ("gzip, chunked") and hands the
         // body over still coded: refused, as a compressed body is (a 400, the client's to fix,
