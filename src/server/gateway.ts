@@ -394,7 +394,13 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         responseOnSocket.set(req.socket, res);
         // a connection closed after an answer while its request's body comes in reads it on (lingeringClose)
         if (req.socket.destroySoon !== lingeringClose) req.socket.destroySoon = lingeringClose;
-        // first: what Node dropped past the bound may be the Host or the Content-Length
+        // Node's parser hands over HTTP/2.0 and HTTP/0.9 (a request line without a version too)
+        // as if they were HTTP/1.x; RFC 9110 §15.6.6: a major version not supported is a 505
+        if (req.httpVersionMajor !== 1) {
+          countOnClose(req, res);
+          return answerVersionNotSupported(res, req.httpVersion);
+        }
+        // then: what Node dropped past the bound may be the Host or the Content-Length
         if (req.rawHeaders.length > 2 * MAX_HEADER_LINES) {
           countOnClose(req, res);
           return answerMalformed(res, 431, `the request has more than ${MAX_HEADER_LINES} header lines`, 'headers');
@@ -926,6 +932,28 @@ function clientErrorBody(message: string, param: string | null): string {
 function answerMalformed(res: ServerResponse, status: number, message: string, param: string): void {
   const body = clientErrorBody(message, param);
   res.writeHead(status, {
+    connection: 'close',
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': Buffer.byteLength(body),
+  });
+  res.end(body);
+}
+
+/**
+ * Answers a request in an HTTP version other than 1.x (RFC 9110 §15.6.6: 505, with a body
+ * saying which versions the gateway speaks) and closes the connection, the body unread: what
+ * follows it on the connection cannot be read as HTTP/1.1.
+ */
+function answerVersionNotSupported(res: ServerResponse, version: string): void {
+  const body = JSON.stringify({
+    error: {
+      message: `HTTP/${version} is not supported: send the request as HTTP/1.1 (or HTTP/1.0)`,
+      type: 'invalid_request_error',
+      param: null,
+      code: 'http_version_not_supported',
+    },
+  });
+  res.writeHead(505, {
     connection: 'close',
     'content-type': 'application/json; charset=utf-8',
     'content-length': Buffer.byteLength(body),
