@@ -2,7 +2,8 @@
  * A per-worker circuit breaker: a worker that fails `failures` times in a row (connection
  * error or 5xx before the first byte, or an answer it broke off after the client got part of
  * it) is taken out of rotation for `cooldownMs`, then tried
- * again; one more failure opens it again. It acts through WorkerHealth (source 'breaker'), so
+ * again; one more failure opens it again. The proxy decides what is a failure: a 5xx answer is
+ * reported only once another worker answered the same request (proxy.ts). It acts through WorkerHealth (source 'breaker'), so
  * the breaker, the health check and the metrics scrape agree on who is out and why.
  */
 import type { WorkerHealth } from '../engines/health.js';

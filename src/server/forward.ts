@@ -65,11 +65,19 @@ export interface ForwardOptions {
   /**
    * The engine answered 503 with a Retry-After (seconds): it cannot serve for now (vLLM while it
    * sleeps or shuts down, a proxy in front of it during a rollout) and says when to come back.
-   * Still a failed attempt and a breaker count; the client is told the wait if every engine says so.
+   * Still a failed attempt and a server error answer (onServerErrorAnswer); the client is told the
+   * wait if every engine says so.
    */
   onUnavailable: (retryAfterS: number) => void;
   /** The engine answered 508 Loop Detected: a gateway on the way saw the request come back. */
   onLoop: () => void;
+  /**
+   * The engine answered the request with a server error before anything reached the client: a
+   * 5xx status, or a 2xx whose error object or first error event names one. Unlike a connection
+   * that failed, a timeout or a stream broken off, this is an answer the engine made to this
+   * request, which may be the request's fault (an input that hits an engine bug), not the worker's.
+   */
+  onServerErrorAnswer: () => void;
   /**
    * The engine's complete answer, declared JSON (or of no declared type), is not a whole JSON
    * document (its Content-Length short of its body, say), or a 2xx's body is empty: the attempt
@@ -464,6 +472,7 @@ class Attempt implements Dispatcher.DispatchHandler {
       // the first-byte deadline no longer applies: the engine answered, with a failure
       if (this.timer) clearTimeout(this.timer);
       this.timer = setTimeout(() => this.abortUpstream?.(new Error('discarded')), MAX_DISCARD_MS);
+      if (statusCode >= 500) this.o.onServerErrorAnswer();
       if (statusCode === 429) this.o.onOverloaded(retryAfterSeconds(rawHeaders));
       else if (statusCode === 503) {
         const retryAfterS = retryAfterSeconds(rawHeaders);
@@ -639,6 +648,7 @@ class Attempt implements Dispatcher.DispatchHandler {
         // (as when it answers a 5xx), and another worker can take it
         if (!this.sent) {
           this.o.onRefused();
+          if (errorStatus >= 500) this.o.onServerErrorAnswer();
           this.abortUpstream?.(new Error('the engine failed the stream before its first event'));
           return false;
         }
@@ -802,6 +812,7 @@ class Attempt implements Dispatcher.DispatchHandler {
         this.o.onRefused();
         if (isEngineFailure(errorStatus)) {
           if (errorStatus === 429) this.o.onOverloaded(undefined);
+          if (errorStatus >= 500) this.o.onServerErrorAnswer();
           return this.settle('retry');
         }
         // the client's error: it gets it as the engine wrote it, with the status it names

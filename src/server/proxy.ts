@@ -9,7 +9,8 @@
  * answer's first byte overdue, the
  * worker leaving rotation, every connection the gateway keeps to the engine busy past the
  * deadline — is retried on another worker (and, except when the worker was taken out or the
- * gateway's connections to it were all busy, counted by the circuit breaker). A client that
+ * gateway's connections to it were all busy, counted by the circuit breaker: an engine's server
+ * error answer only once another worker answers the request, as the request may be what fails). A client that
  * goes away is not an engine failure: no breaker count, no failure metric, no retry. The router's in-flight ticket
  * follows the request: prefill until the first byte of a streamed answer that reaches the client
  * (a failed attempt's first byte is neither the end of the prefill nor the request's time to first
@@ -197,6 +198,15 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       });
     // the worker whose failure the next attempt retries: counted once another worker takes it
     let retryOf: string | undefined;
+    /**
+     * Workers that answered the request with a server error: counted by the breaker only once
+     * another worker answers it (they failed where another did not). When every attempt ends so,
+     * the request is the likely cause (an input that hits an engine bug), not the workers: a
+     * client sending a few such requests must not open every circuit and leave every other
+     * client without a worker (and a fleet that fails every request gains nothing from having its
+     * circuits opened: its 502 would become a 503).
+     */
+    const answeredServerError: string[] = [];
     for (let attempt = 0; ; attempt++) {
       if (reply.raw.destroyed) {
         // the client left while the request waited for a retry
@@ -224,6 +234,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       const cachedTokens = Math.min(decision.cachedTokens, decision.promptTokens);
       const target = connections.get(decision.workerId)!;
       let connectionLost = false;
+      let serverErrorAnswer = false;
       // the bytes forwarded are an argument only: forward() lets go of them once they are sent
       const outcome = await forward(reply, target, path, forwardedBody(prepared, req, decision.cacheSalt), {
         // the worker's own id (a data-parallel rank's worker) and the rank, for the response headers
@@ -249,6 +260,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
         },
         onLoop: () => looped++,
+        onServerErrorAnswer: () => (serverErrorAnswer = true),
         onIncomplete: () => incomplete++,
         onRefused: () => {
           router.markRefused(decision.ticket);
@@ -271,7 +283,9 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       if (outcome === 'retry' || outcome === 'worker-out' || outcome === 'no-connection') {
         failedAttempts++;
         if (outcome === 'retry') {
-          breaker.failed(decision.workerId);
+          // a connection that failed, a timeout, a broken answer count at once: they say nothing of the request
+          if (serverErrorAnswer) answeredServerError.push(decision.workerId);
+          else breaker.failed(decision.workerId);
           metrics.upstreamFailures.inc({ worker: decision.workerId });
         } else if (outcome === 'no-connection') {
           // the gateway's own limit, not the engine's failure: no breaker count, no failure metric;
@@ -298,7 +312,11 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       // an answer the engine broke off after it reached the client cannot be retried, but it is
       // the engine's failure: an engine that stalls or dies mid-answer opens its circuit too
       if (outcome === 'cut') breaker.failed(decision.workerId);
-      else breaker.answered(decision.workerId);
+      else {
+        breaker.answered(decision.workerId);
+        // another worker answered (a client's error is no answer that clears the request)
+        if (reply.raw.statusCode < 400) for (const id of answeredServerError) breaker.failed(id);
+      }
       metrics.cachedTokens.inc(cachedTokens);
       metrics.promptTokens.inc(decision.promptTokens);
       return answered(reply);

@@ -4,8 +4,8 @@
  * "type", "param", "code"}` of SGLang and of vLLM before 0.10; vLLM answers 200 with one when
  * its route hands back its ErrorResponse instead of a JSONResponse, as for "The model does not
  * support Completions API") is handled as the status its code names: a server error is the
- * engine's failure (retried elsewhere, counted by the breaker and the failure metric, never a
- * first byte), a client error reaches the client with that status. And an attempt that fails
+ * engine's failure (retried elsewhere, counted by the failure metric, and by the breaker once
+ * another engine answers the request; never a first byte), a client error reaches the client with that status. And an attempt that fails
  * after its first byte but before anything reached the client does not feed the
  * time-to-first-byte histogram: only the answer the client gets does.
  */
@@ -87,17 +87,28 @@ for (const [shape, body] of [
   });
 }
 
-test('an engine that answers every request 200 with a server error object gets 502 to the client and opens its circuit', async () => {
+test('an engine that answers every request 200 with a server error object gets 502 to the client when alone, and its circuit opens where another engine answers', async () => {
   const bad = await answering200(vllmError(500));
-  const g = await gatewayWith(bad.url, false, 2);
+  const alone = await gatewayWith(bad.url, false, 2);
   try {
     for (let i = 0; i < 2; i++) {
-      const r = await post(g.base, '/v1/completions', { prompt: `q${i}`, max_tokens: 2 });
+      const r = await post(alone.base, '/v1/completions', { prompt: `q${i}`, max_tokens: 2 });
       assert.equal(r.status, 502, r.text);
       assert.equal((JSON.parse(r.text) as { error: { type: string } }).error.type, 'server_error');
     }
+    // no other engine answered these requests: they, not the engine, may be what fails
+    assert.deepEqual(alone.gateway.health.reasons('bad'), [], 'its circuit stays closed');
+    assert.equal(await sample(alone.gateway.metrics, 'contextforge_time_to_first_byte_seconds_count'), 0);
+  } finally {
+    await alone.close();
+  }
+  const g = await gatewayWith(bad.url, true, 2);
+  try {
+    for (let i = 0; i < 4 && g.gateway.health.reasons('bad').length === 0; i++) {
+      const r = await post(g.base, '/v1/completions', { prompt: `r${i}`, max_tokens: 2 });
+      assert.equal(r.status, 200, r.text);
+    }
     assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], 'two failures in a row open its circuit');
-    assert.equal(await sample(g.gateway.metrics, 'contextforge_time_to_first_byte_seconds_count'), 0);
   } finally {
     await g.close();
     await bad.close();

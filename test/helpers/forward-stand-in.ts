@@ -96,6 +96,7 @@ export function forwardTo(
     onOverloaded: () => {},
     onUnavailable: () => {},
     onLoop: () => {},
+    onServerErrorAnswer: () => {},
     onIncomplete: () => {},
     onRefused: () => {},
     onConnectionLost: () => {},

@@ -4,7 +4,7 @@ import { KVAwareRouter } from '../../src/index.js';
 import { WorkerHealth } from '../../src/engines/health.js';
 import { CircuitBreaker } from '../../src/server/circuit-breaker.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { failingEngine } from '../faults/harness.js';
+import { freePort } from '../faults/harness.js';
 
 test('a failure of a removed worker starts no streak: the worker added again under its id starts afresh', (t) => {
   const router = new KVAwareRouter();
@@ -23,11 +23,12 @@ test('a failure of a removed worker starts no streak: the worker added again und
 });
 
 test("removing a worker with data-parallel ranks drops each rank's streak", async () => {
-  const engine = await failingEngine();
+  // a refused connection counts at once (a server error answer only once another worker answers)
+  const url = `http://127.0.0.1:${await freePort()}`;
   const router = new KVAwareRouter({ policy: 'round-robin' });
   const gateway = await createGateway({
     router,
-    workers: [{ id: 'w', url: engine.url, dpSize: 2 }],
+    workers: [{ id: 'w', url, dpSize: 2 }],
     metricsIntervalMs: 0,
     healthCheckIntervalMs: 0,
     breakerFailures: 2,
@@ -49,13 +50,12 @@ test("removing a worker with data-parallel ranks drops each rank's streak", asyn
     await complete();
     assert.deepEqual([health(gateway, 'w#0'), health(gateway, 'w#1')], [[], []]);
     assert.ok(gateway.removeWorker('w'));
-    gateway.addWorker({ id: 'w', url: engine.url, dpSize: 2 });
+    gateway.addWorker({ id: 'w', url, dpSize: 2 });
     // the worker added again: one failure on each rank, the first of a new streak
     await complete();
     assert.deepEqual([health(gateway, 'w#0'), health(gateway, 'w#1')], [[], []], 'no circuit opened');
   } finally {
     await gateway.close(0);
-    await engine.close();
   }
 });
 
