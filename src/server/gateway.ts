@@ -359,7 +359,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     logger: false,
     connectionTimeout: timeouts.connectionTimeoutMs,
     // what the HTTP layer refuses before a route runs is answered in the OpenAI shape too
-    clientErrorHandler: answerClientError,
+    clientErrorHandler: (err, socket) => answerClientError(err, socket, (req) => bodyCharges.get(req)?.release()),
     frameworkErrors: (err, _req, reply) =>
       void openAiError(
         reply as FastifyReply,
@@ -823,14 +823,22 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 /**
  * Answers a request Node's HTTP parser refused (malformed framing, headers over the limit, a
  * request that did not arrive in time) with an OpenAI error body, then closes the connection:
- * Fastify's own answer has another shape. When the connection's latest request was received
- * whole, the fault is in what came after it (a request pipelined behind it that does not parse,
- * bytes after a `Connection: close`, headers that do not arrive in time), not in it: its answer,
- * and those before it, are written first, then the refusal. Closing at once would cut answers
- * the client asked for properly, and writing the refusal at once would put it in the middle of
- * one.
+ * Fastify's own answer has another shape. A refusal is never written in the middle of an
+ * answer: when the connection's latest request was received whole, the fault is in what came
+ * after it (a request pipelined behind it that does not parse, bytes after a `Connection:
+ * close`, headers that do not arrive in time), not in it: its answer, and those before it, are
+ * written first, then the refusal. When the latest request was not received whole (its body
+ * did not arrive in time) but is pipelined behind answers still being written, it is refused
+ * in its turn, after them. Closing at once would cut answers the client asked for properly,
+ * and writing the refusal at once would put it in the middle of one. While the refusal waits,
+ * what the client sends is read and dropped: nothing more is a request, and a body is not held.
+ * `release` gives the refused request's body bytes back to the budget.
  */
-function answerClientError(err: Error & { code?: string }, socket: Duplex): void {
+function answerClientError(
+  err: Error & { code?: string },
+  socket: Duplex,
+  release: (req: IncomingMessage) => void,
+): void {
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
   // each chunk read after the error fails to parse again: what to do was decided at the first
   if (refusedAfterAnswers.has(socket)) return;
@@ -843,16 +851,32 @@ function answerClientError(err: Error & { code?: string }, socket: Duplex): void
     if (!inFlight) socket.end();
     return;
   }
+  // the latest request's response has not got the connection yet: answers before it are
+  // still being written (pipelining)
+  const queued = res !== undefined && !res.writableFinished && res.socket !== socket;
   // the request has its answer already (refused on its headers) and the fault is in the body it
-  // is still sending: no second answer; what it sends is read and dropped until the connection closes
+  // is still sending: no second answer; what it sends is read and dropped until the connection
+  // closes, after that answer when it waits its turn
   if (res !== undefined && res.writableEnded && !res.req.complete) {
     refusedAfterAnswers.add(socket);
-    return lingeringClose.call(socket as Socket);
+    if (!queued) return lingeringClose.call(socket as Socket);
+    stopReading(socket);
+    res.once('close', () => lingeringClose.call(socket as Socket));
+    return;
   }
   const [status, message, param] = clientErrorAnswer(err);
+  if (queued && !res.req.complete) {
+    // its body did not arrive: it holds no budget from now on, and its refusal goes out as its
+    // answer, in its turn, closing the connection after it (lingeringClose)
+    refusedAfterAnswers.add(socket);
+    stopReading(socket);
+    release(res.req);
+    return answerMalformed(res, status, message, param);
+  }
   const text = clientErrorText(status, message, param);
   if (inFlight) {
     refusedAfterAnswers.add(socket);
+    stopReading(socket);
     // once the answer closes, written whole (a client gone by then is not written to, nor is a
     // connection the server is closing after it); end, not destroy: the answer's last bytes
     // may still be on their way out
@@ -908,10 +932,10 @@ const LINGER_MS = 2000;
 function lingeringClose(this: Socket): void {
   const res = responseOnSocket.get(this);
   if (res === undefined || res.req.complete || this.destroyed) return Socket.prototype.destroySoon.call(this);
-  // nothing more on this connection is a request: Node's parser gets no more bytes
-  this.removeAllListeners('data');
-  this.on('data', dropBytes);
-  this.resume();
+  // closing already (called again by a refusal that waited for this answer)
+  if (lingering.has(this)) return;
+  lingering.add(this);
+  stopReading(this);
   const close = () => this.destroy();
   const timer = setTimeout(close, LINGER_MS);
   this.once('end', close);
@@ -919,6 +943,22 @@ function lingeringClose(this: Socket): void {
 }
 
 function dropBytes(): void {}
+
+/** Connections closing in lingeringClose. */
+const lingering = new WeakSet<Duplex>();
+
+/**
+ * Takes Node's parser off a connection: nothing the client sends from now on is a request,
+ * and it is read and dropped as it comes, neither parsed nor held (a body left unread would
+ * wait in memory, and one that came whole would be served). Answers already made go on being
+ * written.
+ */
+function stopReading(socket: Duplex): void {
+  socket.removeAllListeners('data');
+  // adding a 'data' listener detaches the parser from the socket's handle (Node's server does)
+  socket.on('data', dropBytes);
+  socket.resume();
+}
 
 /** The OpenAI error body of an answer written before any route runs (openAiError's, for a client's fault). */
 function clientErrorBody(message: string, param: string | null): string {
@@ -929,7 +969,7 @@ function clientErrorBody(message: string, param: string | null): string {
  * Answers a request refused before any route runs with an OpenAI error body, and closes the
  * connection (what the client sent after it is not read as a request).
  */
-function answerMalformed(res: ServerResponse, status: number, message: string, param: string): void {
+function answerMalformed(res: ServerResponse, status: number, message: string, param: string | null): void {
   const body = clientErrorBody(message, param);
   res.writeHead(status, {
     connection: 'close',

@@ -9,8 +9,8 @@
  * every later one on that connection, which would come after the close.
  *
  * They are served at once, not one after the other: a request waiting for the one before it
- * to be answered would leave its body unread, and Node cuts a connection whose request has
- * not arrived whole within the request timeout, with the answers in flight on it.
+ * to be answered would leave its body unread, and a request that has not arrived whole within
+ * the request timeout is refused 408 (after the answers before it) and its connection closed.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
