@@ -268,16 +268,25 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
    * Cuts a body that arrives too slowly. Its bytes go back at once: they are what it was
    * holding from the other clients. It is answered 408 and its connection closed; the rest of
    * the body is read and dropped (lingeringClose), so it never ends and never reaches an engine.
+   * Pipelined behind an answer still being written, it is answered in its turn, after that
+   * answer: the rest of its body is dropped from now on, not read into memory meanwhile.
    */
   const cutSlowBody = ({ req, res }: WatchedBody): void => {
     bodyCharges.get(req)?.release();
     bodyTooSlow.inc();
-    if (res.socket !== req.socket || res.headersSent) {
-      // its answer would wait behind an earlier one on the connection (pipelining) while the
-      // rest of the body went on being read into memory, outside the budget: the connection is cut
+    const socket = req.socket;
+    if (res.headersSent) {
+      // its answer has begun (never so for a body still being read, but a second answer
+      // cannot follow the first): the connection is cut
       res.statusCode = 408;
       markCutByGateway(res);
-      return void req.socket.destroy();
+      return void socket.destroy();
+    }
+    if (res.socket !== socket) {
+      // nothing after it on the connection is a request any more, and a refusal of the parser's
+      // (its request timeout) would be a second answer to it
+      refusedAfterAnswers.add(socket);
+      stopReading(socket);
     }
     answerMalformed(
       res,

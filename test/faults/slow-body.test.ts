@@ -145,7 +145,7 @@ test('a body sent steadily above the minimum rate is served however long it take
   }
 });
 
-test('a slow body pipelined behind a stream still being answered: the connection is cut, its bytes given back', async () => {
+test('a slow body pipelined behind a stream still being answered: its bytes given back at once, refused after the stream', async () => {
   // an engine that answers each request with the first event of a stream and holds it open
   const open: ServerResponse[] = [];
   let completions = 0;
@@ -176,11 +176,17 @@ test('a slow body pipelined behind a stream still being answered: the connection
     const first = JSON.stringify({ prompt: 'first', max_tokens: 100, stream: true });
     client.socket.write(head(`content-length: ${first.length}`) + first);
     await until(() => client.received().includes('"first"'), 'the first stream to start');
-    // its answer would wait behind the open stream, while the body went on being read
+    // its answer waits behind the open stream; the rest of its body is dropped meanwhile
     client.socket.write(head(`content-length: ${BODY_LIMIT}`) + '{"prompt":');
     await until(() => gateway.bodyBudget.used === BODY_LIMIT, 'the pipelined body taken from the budget');
-    await until(() => client.closed(), 'the connection to be cut', { timeoutMs: 5000 });
-    assert.equal(gateway.bodyBudget.used, 0);
+    await until(() => gateway.bodyBudget.used === 0, 'the slow body cut, its bytes back', { timeoutMs: 5000 });
+    assert.equal(client.closed(), false, 'the stream goes on');
+    for (const res of open.splice(0)) res.end('data: [DONE]\n\n');
+    await until(() => client.closed(), 'the connection closed after the stream', { timeoutMs: 5000 });
+    const received = client.received();
+    const done = received.indexOf('data: [DONE]\n\n\r\n0\r\n\r\n');
+    assert.ok(done > 0, `the stream ended whole: ${received}`);
+    assert.match(received.slice(done), /\r\n0\r\n\r\nHTTP\/1\.1 408 [^]*"param":"body"/);
     assert.equal(completions, 1, 'the slow request never reached the engine');
     const port = (gateway.app.server.address() as { port: number }).port;
     const metrics = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();

@@ -1,9 +1,9 @@
 /**
- * A request pipelined behind a stream still being answered, whose body does not arrive in
- * time (--request-timeout-ms). Its refusal is the pipelined request's, not the stream's: the
- * stream is written whole, every event of it, then the 408, then the connection closes. Written
- * at once, the refusal would land in the middle of the stream and the connection be cut under
- * it. Real sockets; every wait has a deadline.
+ * A request pipelined behind a stream still being answered, whose body does not arrive: in
+ * time (--request-timeout-ms) or at the minimum rate (--min-body-rate). Its refusal is the
+ * pipelined request's, not the stream's: the stream is written whole, every event of it, then
+ * the 408, then the connection closes. Written at once, the refusal would land in the middle of
+ * the stream and the connection be cut under it. Real sockets; every wait has a deadline.
  */
 import assert from 'node:assert/strict';
 import type { ServerResponse } from 'node:http';
@@ -183,6 +183,35 @@ test('a request whose body does not arrive in time behind a stream is refused af
     const metrics = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
     assert.match(metrics, /^contextforge_requests_total\{path="\/v1\/completions",status="408"\} 1$/m);
   } finally {
+    client.socket.destroy();
+    await gateway.close(0);
+    await engine.close();
+  }
+});
+
+test('a body too slow behind a stream gives its bytes back at once and is refused after the stream', async () => {
+  const engine = await streamingEngine();
+  const { gateway, port } = await gatewayOn(engine.engine, { minBodyRate: 1000, minBodyRateGraceMs: 300 });
+  const client = await rawClient(port);
+  // the pipelined body goes on trickling: it is read and dropped, not held
+  const trickle = setInterval(() => client.closed() || client.socket.write(' '), 100);
+  try {
+    client.socket.write(streamThenStalled());
+    await until(() => client.received().includes('"t0"'), 'the stream to start');
+    await until(() => gateway.bodyBudget.used === BODY_LIMIT, 'the pipelined body taken from the budget');
+    await until(() => gateway.bodyBudget.used === 0, 'the slow body cut, its bytes back');
+    assert.equal(client.closed(), false, 'the stream is not cut');
+    engine.finish();
+    await until(client.closed, 'the connection closed after the stream');
+    const { body, rest } = firstAnswer(client.received());
+    assertWholeStream(body);
+    assertRefusalAfter(rest, 'body');
+    assert.notEqual(rest, '', 'the slow body is answered');
+    assert.equal(engine.completions(), 1, 'the slow request reached no engine');
+    const metrics = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+    assert.match(metrics, /^contextforge_request_body_too_slow_total 1$/m);
+  } finally {
+    clearInterval(trickle);
     client.socket.destroy();
     await gateway.close(0);
     await engine.close();
