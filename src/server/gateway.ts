@@ -873,16 +873,16 @@ function answerClientError(
     res.once('close', () => lingeringClose.call(socket as Socket));
     return;
   }
-  const [status, message, param] = clientErrorAnswer(err);
+  const [status, message, param, code] = clientErrorAnswer(err);
   if (queued && !res.req.complete) {
     // its body did not arrive: it holds no budget from now on, and its refusal goes out as its
     // answer, in its turn, closing the connection after it (lingeringClose)
     refusedAfterAnswers.add(socket);
     stopReading(socket);
     release(res.req);
-    return answerMalformed(res, status, message, param);
+    return answerMalformed(res, status, message, param, code);
   }
-  const text = clientErrorText(status, message, param);
+  const text = clientErrorText(status, message, param, code);
   if (inFlight) {
     refusedAfterAnswers.add(socket);
     stopReading(socket);
@@ -901,18 +901,22 @@ function answerClientError(
   socket.destroy();
 }
 
-/** The status, message and field of the answer to a request the parser refused. */
-function clientErrorAnswer(err: Error & { code?: string }): [number, string, string | null] {
+/** The status, message, field and error code of the answer to a request the parser refused. */
+function clientErrorAnswer(err: Error & { code?: string }): [number, string, string | null, string | null] {
   return err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
-    ? [408, 'the request did not arrive in time', null]
+    ? [408, 'the request did not arrive in time', null, null]
     : err.code === 'HPE_HEADER_OVERFLOW'
-      ? [431, 'the request headers are larger than allowed', 'headers']
-      : [400, 'the request is not valid HTTP/1.1', null];
+      ? [431, 'the request headers are larger than allowed', 'headers', null]
+      : // HTTP/2's connection preface (PRI * HTTP/2.0), which a client speaking HTTP/2 with prior
+        // knowledge sends first: a version the gateway does not speak, as an HTTP/2.0 request line is
+        err.code === 'HPE_PAUSED_H2_UPGRADE'
+        ? [505, VERSION_NOT_SUPPORTED_MESSAGE('2'), null, VERSION_NOT_SUPPORTED_CODE]
+        : [400, 'the request is not valid HTTP/1.1', null, null];
 }
 
 /** A whole refusal as written on the socket: status line, headers closing the connection, OpenAI error body. */
-function clientErrorText(status: number, message: string, param: string | null): string {
-  const body = clientErrorBody(message, param);
+function clientErrorText(status: number, message: string, param: string | null, code: string | null): string {
+  const body = clientErrorBody(message, param, code);
   return `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
 }
 
@@ -970,16 +974,22 @@ function stopReading(socket: Duplex): void {
 }
 
 /** The OpenAI error body of an answer written before any route runs (openAiError's, for a client's fault). */
-function clientErrorBody(message: string, param: string | null): string {
-  return JSON.stringify({ error: { message, type: 'invalid_request_error', param, code: null } });
+function clientErrorBody(message: string, param: string | null, code: string | null = null): string {
+  return JSON.stringify({ error: { message, type: 'invalid_request_error', param, code } });
 }
 
 /**
  * Answers a request refused before any route runs with an OpenAI error body, and closes the
  * connection (what the client sent after it is not read as a request).
  */
-function answerMalformed(res: ServerResponse, status: number, message: string, param: string | null): void {
-  const body = clientErrorBody(message, param);
+function answerMalformed(
+  res: ServerResponse,
+  status: number,
+  message: string,
+  param: string | null,
+  code: string | null = null,
+): void {
+  const body = clientErrorBody(message, param, code);
   res.writeHead(status, {
     connection: 'close',
     'content-type': 'application/json; charset=utf-8',
@@ -994,21 +1004,12 @@ function answerMalformed(res: ServerResponse, status: number, message: string, p
  * follows it on the connection cannot be read as HTTP/1.1.
  */
 function answerVersionNotSupported(res: ServerResponse, version: string): void {
-  const body = JSON.stringify({
-    error: {
-      message: `HTTP/${version} is not supported: send the request as HTTP/1.1 (or HTTP/1.0)`,
-      type: 'invalid_request_error',
-      param: null,
-      code: 'http_version_not_supported',
-    },
-  });
-  res.writeHead(505, {
-    connection: 'close',
-    'content-type': 'application/json; charset=utf-8',
-    'content-length': Buffer.byteLength(body),
-  });
-  res.end(body);
+  answerMalformed(res, 505, VERSION_NOT_SUPPORTED_MESSAGE(version), null, VERSION_NOT_SUPPORTED_CODE);
 }
+
+const VERSION_NOT_SUPPORTED_CODE = 'http_version_not_supported';
+const VERSION_NOT_SUPPORTED_MESSAGE = (version: string) =>
+  `HTTP/${version} is not supported: send the request as HTTP/1.1 (or HTTP/1.0)`;
 
 /** How many of a request's header lines are Host lines (any case). */
 function hostLines(rawHeaders: readonly string[]): number {

@@ -69,3 +69,14 @@ test('HTTP/1.0 and HTTP/1.1 are served; versions Node refuses itself stay a 400'
     assert.match(received, /^HTTP\/1\.1 400 /, `${version}: ${received.slice(0, 200)}`);
   }
 });
+
+test("HTTP/2's connection preface (a client speaking HTTP/2 with prior knowledge) is answered 505, not 400", async () => {
+  const completions = setup.completions();
+  const received = await exchangeUntilClosed('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n');
+  assert.match(received, /^HTTP\/1\.1 505 /, received.slice(0, 200));
+  assert.match(received, /\r\nconnection: close\r\n/i);
+  const error = (JSON.parse(received.slice(received.indexOf('\r\n\r\n') + 4)) as { error: Record<string, unknown> })
+    .error;
+  assert.equal(error.code, 'http_version_not_supported');
+  assert.equal(setup.completions(), completions, 'no request reached the engine');
+});
