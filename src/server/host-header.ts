@@ -10,8 +10,12 @@ import { isIPv6 } from 'node:net';
 const REG_NAME = /^(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})+$/;
 /** IPvFuture: "v" 1*HEXDIG "." 1*( unreserved / sub-delims / ":" ). */
 const IP_FUTURE = /^v[0-9A-Fa-f]+\.[A-Za-z0-9\-._~!$&'()*+,;=:]+$/;
-/** An IPv6 zone identifier as a URI writes it (RFC 6874): "%25" then unreserved or pct-encoded. */
-const ZONE_ID = /%25(?:[A-Za-z0-9\-._~]|%[0-9A-Fa-f]{2})+$/;
+/**
+ * An IPv6 zone identifier as a URI writes it (RFC 6874): "%25" then unreserved or pct-encoded;
+ * or after a bare "%", as Node's http client sends it for a host such as `fe80::1%eth0` (RFC 6874
+ * §2 asks a URI parser to accept that form: it is harmless).
+ */
+const ZONE_ID = /%(?:25)?(?:[A-Za-z0-9\-._~]|%[0-9A-Fa-f]{2})+$/;
 const PORT = /^[0-9]*$/;
 
 /**
@@ -34,7 +38,7 @@ export function isValidHost(value: string): boolean {
     }
     if (!PORT.test(port)) return false;
     if (IP_FUTURE.test(literal)) return true;
-    // Node's isIPv6 takes a bare "%zone" too, which a URI cannot hold
+    // the zone is taken off by its own grammar: Node's isIPv6 would take any text after a "%"
     const address = literal.replace(ZONE_ID, '');
     return !address.includes('%') && isIPv6(address);
   }

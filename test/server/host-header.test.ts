@@ -63,6 +63,9 @@ test('an invalid Host value is refused 400 naming host, its body unread', async 
     '[::1]x',
     '[zz::1]',
     '[127.0.0.1]',
+    '[fe80::1%]',
+    '[fe80::1%eth 0]',
+    '[fe80::1%eth0%]',
     'host:80:80',
     'ex%zzample',
     'bücher.example',
@@ -95,6 +98,10 @@ test('every valid Host form is served: reg-name, IPv4, IP literal, with or witho
     '[2001:db8::ff00:42:8329]',
     '[::ffff:192.0.2.128]:443',
     '[fe80::1%25eth0]',
+    // what Node's own http client sends for host 'fe80::1%eth0' (the zone unescaped, RFC 6874 §2's
+    // "accept a bare %": it is harmless), with a port too
+    '[fe80::1%eth0]',
+    '[fe80::1%eth0]:8000',
     '[v1.fe80::a+en1]',
     'example.com:',
     '',
