@@ -7,7 +7,11 @@
  * least the minimum rate since its headers, or it is cut (Kestrel's MinRequestBodyDataRate:
  * 240 bytes/s after 5 s). Time during which the gateway itself does not read the connection
  * (its socket paused: the request's reader is not ready yet, or the client does not read its
- * answers) does not count against the client.
+ * answers) does not count against the client, nor does the wait of a client that asked to be
+ * told to send its body (Expect: 100-continue) while that 100 is queued behind earlier answers.
+ * The bytes are counted from the connection's total after the read that brought the headers:
+ * Node hands the request over before it has parsed the body bytes of that read, and does not
+ * say how many they are, so those do not count.
  *
  * One timer for all the bodies being read, not one per request or per chunk: it looks at each
  * body's connection's byte count (kept by Node) once per tick.
@@ -34,6 +38,8 @@ export interface WatchedBody {
   readingMs: number;
   /** When the body was last looked at (ms, performance.now()). */
   seenAt: number;
+  /** The client asked to be told to send its body (Expect: 100-continue). */
+  readonly expectsContinue: boolean;
 }
 
 export class BodyRates {
@@ -69,6 +75,7 @@ export class BodyRates {
       startBytes: req.socket.bytesRead,
       readingMs: 0,
       seenAt: performance.now(),
+      expectsContinue: req.headers.expect !== undefined && req.headers.expect.toLowerCase() === '100-continue',
     };
     this.bodies.add(body);
     if (this.timer === undefined) {
@@ -101,8 +108,11 @@ export class BodyRates {
         this.bodies.delete(body);
         continue;
       }
-      // a paused socket is the gateway not reading, not the client not sending
-      if (!socket.isPaused()) body.readingMs += now - body.seenAt;
+      // a paused socket is the gateway not reading, not the client not sending; nor does a
+      // client that waits for its 100 Continue, queued behind earlier answers on the connection
+      // (the response gets the socket, and the 100 goes out, once they are written)
+      const toldToWait = body.expectsContinue && res.socket !== socket;
+      if (!socket.isPaused() && !toldToWait) body.readingMs += now - body.seenAt;
       body.seenAt = now;
       if (body.readingMs <= this.graceMs) continue;
       const bytes = socket.bytesRead - body.startBytes;

@@ -200,6 +200,73 @@ test('a slow body pipelined behind a stream still being answered: its bytes give
   }
 });
 
+test('a request waiting for its 100 Continue behind a stream is not cut for the body it was told to hold back', async () => {
+  // streamed requests are held open after their first event; others are answered at once
+  const open: ServerResponse[] = [];
+  const engine = await fakeEngine((req, res) => {
+    if (req.method !== 'POST') return void res.writeHead(404).end();
+    let text = '';
+    req.on('data', (c: Buffer) => (text += c.toString()));
+    req.on('end', () => {
+      if ((JSON.parse(text) as { stream?: boolean }).stream) {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(`data: ${JSON.stringify({ choices: [{ index: 0, text: 'first', finish_reason: null }] })}\n\n`);
+        open.push(res);
+      } else {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ choices: [{ index: 0, text: 'second', finish_reason: 'stop' }] }));
+      }
+    });
+  });
+  const gateway = await createGateway({
+    router: new KVAwareRouter(),
+    workers: [{ id: 'e0', url: engine.url }],
+    bodyLimit: BODY_LIMIT,
+    minBodyRate: RATE,
+    minBodyRateGraceMs: GRACE_MS,
+    healthCheckIntervalMs: 0,
+    metricsIntervalMs: 0,
+  });
+  await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const port = (gateway.app.server.address() as { port: number }).port;
+  const tooSlow = async () =>
+    Number(
+      /^contextforge_request_body_too_slow_total (\d+)$/m.exec(
+        await (await fetch(`http://127.0.0.1:${port}/metrics`)).text(),
+      )?.[1],
+    );
+  const client = await rawClient(port);
+  const control = await rawClient(port);
+  try {
+    const first = JSON.stringify({ prompt: 'first', max_tokens: 100, stream: true });
+    client.socket.write(head(`content-length: ${first.length}`) + first);
+    await until(() => client.received().includes('"first"'), 'the first stream to start');
+    // pipelined behind the open stream: its 100 Continue waits for the stream to end, and the
+    // client sends nothing until it comes (RFC 9110 §10.1.1)
+    const second = JSON.stringify({ prompt: 'second', max_tokens: 5 });
+    client.socket.write(head(`expect: 100-continue\r\ncontent-length: ${second.length}`));
+    // a body that does trickle too slowly, its headers sent after the waiting request's: once it
+    // is cut, the waiting request has been watched at least as long
+    control.socket.write(head(`content-length: ${BODY_LIMIT}`) + '{');
+    await until(async () => (await tooSlow()) >= 1, 'the trickling body cut', { timeoutMs: 5000 });
+    assert.equal(await tooSlow(), 1, 'the trickling body alone was cut');
+    assert.equal(client.closed(), false, 'the request waiting for its 100 Continue is not cut');
+    assert.doesNotMatch(client.received(), /HTTP\/1\.1 408/);
+    for (const res of open.splice(0)) res.end('data: [DONE]\n\n');
+    await until(() => client.received().includes('HTTP/1.1 100 Continue'), 'the 100 Continue after the stream');
+    client.socket.write(second);
+    await until(() => client.received().includes('"second"'), 'the second answer');
+    assert.match(client.received().slice(client.received().indexOf('100 Continue')), /HTTP\/1\.1 200 /);
+    assert.equal(await tooSlow(), 1, 'only the trickling body was cut');
+  } finally {
+    client.socket.destroy();
+    control.socket.destroy();
+    for (const res of open) res.end();
+    await gateway.close(0);
+    await engine.close();
+  }
+});
+
 test('--min-body-rate and --min-body-rate-grace-ms: defaults as Kestrel, flags, environment, 0 turns the rate off', async () => {
   const defaults = resolveServe([]).config;
   assert.equal(defaults.minBodyRate, 240);
