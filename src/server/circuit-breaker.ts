@@ -3,7 +3,8 @@
  * error or 5xx before the first byte, or an answer it broke off after the client got part of
  * it) is taken out of rotation for `cooldownMs`, then tried
  * again; one more failure opens it again. The proxy decides what is a failure: a 5xx answer is
- * reported only once another worker answered the same request (proxy.ts). It acts through WorkerHealth (source 'breaker'), so
+ * reported only once another worker answered the same request (proxy.ts), or, when no other
+ * worker answered that request, through serverErrorAnswerAlone. It acts through WorkerHealth (source 'breaker'), so
  * the breaker, the health check and the metrics scrape agree on who is out and why.
  */
 import type { WorkerHealth } from '../engines/health.js';
@@ -20,6 +21,14 @@ export class CircuitBreaker {
   private readonly cooldownMs: number;
   private readonly failures = new Map<string, number>();
   private readonly cooldowns = new Set<NodeJS.Timeout>();
+  /** Answers below 400 given by any worker so far: a clock of the fleet serving requests. */
+  private served = 0;
+  /**
+   * Per worker, its last server error answer that no other worker answered the request of (see
+   * serverErrorAnswerAlone): the `served` clock then, and whether it was counted. Dropped when
+   * the worker answers.
+   */
+  private readonly lastAlone = new Map<string, { servedAt: number; counted: boolean }>();
 
   /** `isKnown` says whether a worker is still configured: removed workers are never reopened. */
   constructor(
@@ -49,14 +58,43 @@ export class CircuitBreaker {
     this.cooldowns.add(t);
   }
 
-  /** The worker answered: its failure streak ends. */
-  answered(id: string): void {
+  /**
+   * The worker answered: its failure streak ends. `served`: with a status below 400 (a client's
+   * error shows nothing of whether the fleet can serve).
+   */
+  answered(id: string, served = true): void {
     this.failures.delete(id);
+    this.lastAlone.delete(id);
+    if (served) this.served++;
+  }
+
+  /**
+   * The worker answered a request with a server error and no other worker answered that request:
+   * retries are off, no other worker was in rotation, or the others failed it without an answer.
+   * Alone, such an answer cannot tell an engine that fails from a request that makes engines fail
+   * (an input that hits an engine bug), so it counts, together with the worker's previous one not
+   * yet counted, only when the worker's previous answer was such a server error too and another
+   * worker answered a request (below 400) in between: the worker kept failing while the fleet
+   * served. A run of requests that fails everywhere with nothing served between (a client sending
+   * such inputs in a quiet moment, a fleet whose engines all fail) counts against no worker, and
+   * the only worker of a one-worker fleet is never counted so: opening its circuit would only turn
+   * its clients' 502 into 503, and the health check still takes out an engine that is down.
+   */
+  serverErrorAnswerAlone(id: string): void {
+    if (!this.isKnown(id)) return;
+    const previous = this.lastAlone.get(id);
+    const counted = previous !== undefined && this.served > previous.servedAt;
+    this.lastAlone.set(id, { servedAt: this.served, counted });
+    if (!counted) return;
+    // the previous one, held back until now, adds to the streak without opening it by itself
+    if (!previous.counted) this.failures.set(id, (this.failures.get(id) ?? 0) + 1);
+    this.failed(id);
   }
 
   /** The worker was removed: its streak is dropped. */
   forget(id: string): void {
     this.failures.delete(id);
+    this.lastAlone.delete(id);
   }
 
   /** Cancels pending cooldowns (the gateway is closing). */

@@ -184,9 +184,23 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     let incomplete = 0;
     // attempts answered 503 with a Retry-After: the engine cannot serve for now and says when to come back
     let unavailable = 0;
+    /**
+     * Workers that answered the request with a server error: counted by the breaker only once
+     * another worker answers it (they failed where another did not). When every attempt ends so,
+     * the request is the likely cause (an input that hits an engine bug), not the workers: a
+     * client sending a few such requests must not open every circuit and leave every other
+     * client without a worker (and a fleet that fails every request gains nothing from having its
+     * circuits opened: its 502 would become a 503). One such answer that no other worker's answer
+     * follows goes to the breaker as answered alone (exhausted()).
+     */
+    const answeredServerError: string[] = [];
     /** The answer once every attempt failed: what the attempts' outcomes say (answerExhausted). */
-    const exhausted = (lastWorker?: string) =>
-      answerExhausted(answered(reply), {
+    const exhausted = (lastWorker?: string) => {
+      // one worker answered with a server error and no other answered the request: whether that
+      // counts depends on what the worker and the fleet did before (serverErrorAnswerAlone); two
+      // or more such answers point at the request, and count against none of them
+      if (answeredServerError.length === 1) breaker.serverErrorAnswerAlone(answeredServerError[0]!);
+      return answerExhausted(answered(reply), {
         failedAttempts,
         overloaded,
         retryAfterS: overloadedRetryAfterS,
@@ -196,17 +210,9 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         unavailable,
         lastWorker,
       });
+    };
     // the worker whose failure the next attempt retries: counted once another worker takes it
     let retryOf: string | undefined;
-    /**
-     * Workers that answered the request with a server error: counted by the breaker only once
-     * another worker answers it (they failed where another did not). When every attempt ends so,
-     * the request is the likely cause (an input that hits an engine bug), not the workers: a
-     * client sending a few such requests must not open every circuit and leave every other
-     * client without a worker (and a fleet that fails every request gains nothing from having its
-     * circuits opened: its 502 would become a 503).
-     */
-    const answeredServerError: string[] = [];
     for (let attempt = 0; ; attempt++) {
       if (reply.raw.destroyed) {
         // the client left while the request waited for a retry
@@ -313,7 +319,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       // the engine's failure: an engine that stalls or dies mid-answer opens its circuit too
       if (outcome === 'cut') breaker.failed(decision.workerId);
       else {
-        breaker.answered(decision.workerId);
+        breaker.answered(decision.workerId, reply.raw.statusCode < 400);
         // another worker answered (a client's error is no answer that clears the request)
         if (reply.raw.statusCode < 400) for (const id of answeredServerError) breaker.failed(id);
       }

@@ -50,16 +50,22 @@ const goodEngine = () =>
     req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end(completion));
   });
 
-/** A round-robin gateway over `engines` (workers w0, w1, …): 3 failures in a row open a circuit for a minute. */
-async function gatewayOver(urls: string[]): Promise<{ gateway: Gateway; base: string }> {
+/**
+ * A gateway over `engines` (workers w0, w1, …), round-robin with 2 retries unless told otherwise:
+ * 3 failures in a row open a circuit for a minute.
+ */
+async function gatewayOver(
+  urls: string[],
+  { policy = 'round-robin', maxRetries = 2 }: { policy?: string; maxRetries?: number } = {},
+): Promise<{ gateway: Gateway; base: string }> {
   const gateway = await createGateway({
-    router: new KVAwareRouter({ policy: 'round-robin' }),
+    router: new KVAwareRouter({ policy }),
     workers: urls.map((url, i) => ({ id: `w${i}`, url })),
     metricsIntervalMs: 0,
     healthCheckIntervalMs: 0,
     breakerFailures: 3,
     breakerCooldownMs: 60_000,
-    maxRetries: 2,
+    maxRetries,
   });
   return { gateway, base: await gateway.app.listen({ host: '127.0.0.1', port: 0 }) };
 }
@@ -144,6 +150,102 @@ test('a worker answering 5xx to every request while the others answer them is ta
     await closeAll(gateway, engines);
   }
 });
+
+for (const policy of ['round-robin', 'cost'])
+  test(`with retries off (${policy}), a worker answering 5xx to every request while another answers them is taken out`, async () => {
+    const bad = await failingEngine();
+    const engines = [bad, await goodEngine()];
+    let gateway: Gateway | undefined;
+    try {
+      const g = await gatewayOver(
+        engines.map((e) => e.url),
+        { policy, maxRetries: 0 },
+      );
+      gateway = g.gateway;
+      let failed = 0;
+      for (let i = 0; i < 30 && gateway.health.reasons('w0').length === 0; i++) {
+        const r = await post(g.base, '/v1/completions', {
+          prompt: `p${i} ${'lorem ipsum '.repeat(20)}`,
+          max_tokens: 1,
+        });
+        // nothing retries the failing worker's answers: their clients get 502
+        if (r.status === 502) failed++;
+        else assert.equal(r.status, 200, `request ${i}: ${r.text}`);
+      }
+      assert.deepEqual(gateway.health.reasons('w0'), ['breaker'], "the failing worker's circuit opened");
+      assert.equal(
+        failed,
+        3,
+        'after its third server error answer, each with an answer of the other worker between them',
+      );
+      const tried = bad.requests;
+      assert.equal(
+        await sample(gateway.metrics, 'contextforge_worker_out_of_rotation{worker="w0",reason="breaker"}'),
+        1,
+      );
+      for (let i = 0; i < 10; i++) {
+        const r = await post(g.base, '/v1/completions', { prompt: `q${i}`, max_tokens: 1 });
+        assert.equal(r.status, 200, `request ${i} after the circuit opened: ${r.text}`);
+        assert.equal(r.headers.get('x-contextforge-worker'), 'w1');
+      }
+      assert.equal(bad.requests, tried, 'an open circuit keeps the worker out');
+    } finally {
+      await closeAll(gateway, engines);
+    }
+  });
+
+for (const [how, inStream] of [
+  ['with a 5xx status', false],
+  ['with a server error as the first event of its stream', true],
+] as const)
+  test(`with retries off, requests every engine fails ${how} open no circuit`, async () => {
+    const engines = [
+      await poisonableEngine(inStream),
+      await poisonableEngine(inStream),
+      await poisonableEngine(inStream),
+    ];
+    let gateway: Gateway | undefined;
+    try {
+      const g = await gatewayOver(
+        engines.map((e) => e.url),
+        { maxRetries: 0 },
+      );
+      gateway = g.gateway;
+      for (let i = 0; i < 12; i++) {
+        const r = await post(g.base, '/v1/completions', { prompt: `${MARKER} ${i}`, max_tokens: 1, stream: inStream });
+        assert.equal(r.status, 502, `marked request ${i}: ${r.text}`);
+      }
+      for (const e of engines) assert.ok(e.requests >= 4, 'each engine answered 4 of them');
+      for (const id of ['w0', 'w1', 'w2'])
+        assert.deepEqual(gateway.health.reasons(id), [], `${id}'s circuit stays closed`);
+      for (let i = 0; i < 3; i++) {
+        const r = await post(g.base, '/v1/completions', { prompt: `an ordinary prompt ${i}`, max_tokens: 1 });
+        assert.equal(r.status, 200, r.text);
+      }
+    } finally {
+      await closeAll(gateway, engines);
+    }
+  });
+
+for (const maxRetries of [0, 2])
+  test(`the only worker answering 5xx to every request stays in rotation (max retries ${maxRetries}): 502, not 503`, async () => {
+    const engines = [await failingEngine()];
+    let gateway: Gateway | undefined;
+    try {
+      const g = await gatewayOver(
+        engines.map((e) => e.url),
+        { maxRetries },
+      );
+      gateway = g.gateway;
+      for (let i = 0; i < 8; i++) {
+        const r = await post(g.base, '/v1/completions', { prompt: `p${i}`, max_tokens: 1 });
+        assert.equal(r.status, 502, `request ${i}: ${r.text}`);
+      }
+      assert.deepEqual(gateway.health.reasons('w0'), []);
+    } finally {
+      await closeAll(gateway, engines);
+    }
+  });
 
 test('a refused connection still counts at once, even on the only worker tried', async () => {
   const port = await freePort();

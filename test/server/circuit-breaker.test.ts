@@ -22,6 +22,45 @@ test('a failure of a removed worker starts no streak: the worker added again und
   assert.deepEqual(health.reasons('w'), ['breaker'], 'two in a row do');
 });
 
+test('a server error answer no other worker was asked about counts once another worker answered since its previous one', (t) => {
+  const router = new KVAwareRouter();
+  const health = new WorkerHealth(router);
+  router.registerWorker('w', { url: 'http://127.0.0.1:1' });
+  router.registerWorker('v', { url: 'http://127.0.0.1:2' });
+  const breaker = new CircuitBreaker({ failures: 3, cooldownMs: 60_000 }, health, () => true);
+  t.after(() => breaker.close());
+  // nothing answered anywhere in between: a request every engine fails, or a fleet that is down
+  for (let i = 0; i < 5; i++) breaker.serverErrorAnswerAlone('w');
+  assert.deepEqual(health.reasons('w'), [], 'server error answers with no answer between them count for nothing');
+  // another worker answers: the previous server error answer and this one count
+  breaker.answered('v', true);
+  breaker.serverErrorAnswerAlone('w');
+  assert.deepEqual(health.reasons('w'), []);
+  // a client's error is no answer that shows the fleet serves
+  breaker.answered('v', false);
+  breaker.serverErrorAnswerAlone('w');
+  assert.deepEqual(health.reasons('w'), [], 'a 4xx between them shows nothing');
+  breaker.answered('v', true);
+  breaker.serverErrorAnswerAlone('w');
+  assert.deepEqual(health.reasons('w'), ['breaker'], 'the third counted opens the circuit');
+});
+
+test("a worker's own answer ends the run of its server error answers", (t) => {
+  const router = new KVAwareRouter();
+  const health = new WorkerHealth(router);
+  router.registerWorker('w', { url: 'http://127.0.0.1:1' });
+  const breaker = new CircuitBreaker({ failures: 2, cooldownMs: 60_000 }, health, () => true);
+  t.after(() => breaker.close());
+  breaker.serverErrorAnswerAlone('w');
+  breaker.answered('w', true);
+  breaker.answered('v', true);
+  breaker.serverErrorAnswerAlone('w');
+  assert.deepEqual(health.reasons('w'), [], 'its answer came between: the earlier one is not counted');
+  breaker.answered('v', true);
+  breaker.serverErrorAnswerAlone('w');
+  assert.deepEqual(health.reasons('w'), ['breaker']);
+});
+
 test("removing a worker with data-parallel ranks drops each rank's streak", async () => {
   // a refused connection counts at once (a server error answer only once another worker answers)
   const url = `http://127.0.0.1:${await freePort()}`;
