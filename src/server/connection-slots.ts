@@ -62,6 +62,17 @@ export class ConnectionSlots {
     return this.wait(start, withdrawn);
   }
 
+  /**
+   * Takes a connection if one is free now and nobody waits for one (true; the caller must
+   * release() it exactly once), else takes nothing and leaves no place in the wait (false): for a
+   * caller that has other engines to ask rather than wait behind this one's streams.
+   */
+  tryTake(): boolean {
+    if (this.busy >= this.capacity || this.waiting.size > 0) return false;
+    this.busy++;
+    return true;
+  }
+
   /** (Apart from take: a closure made in take would keep `start`, and what it holds, alive after it ran.) */
   private wait(start: () => void, withdrawn: () => void): () => boolean {
     this.waiting.set(start, withdrawn);

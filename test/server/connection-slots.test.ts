@@ -59,3 +59,29 @@ test('withdrawing every waiting request tells each, and starts none of them', as
   await until(() => slots.inUse === 0, 'the connection to be free');
   assert.deepEqual(started, ['a'], 'no withdrawn request starts when the connection is free');
 });
+
+test('a take that does not wait gets a free connection at once, or nothing and no place in the wait', async () => {
+  const slots = new ConnectionSlots(2);
+  const started: string[] = [];
+  assert.equal(slots.tryTake(), true);
+  assert.equal(slots.inUse, 1);
+  slots.take(
+    () => started.push('a'),
+    () => {},
+  );
+  assert.equal(slots.tryTake(), false, 'every connection is taken');
+  assert.equal(slots.queued, 0, 'a take that does not wait leaves nothing waiting');
+  slots.take(
+    () => started.push('b'),
+    () => {},
+  );
+  assert.deepEqual(started, ['a']);
+  slots.release();
+  await until(() => started.length === 2, 'the waiting request to start');
+  assert.equal(slots.tryTake(), false, 'the freed connection went to the waiting request');
+  slots.release();
+  slots.release();
+  await until(() => slots.inUse === 0, 'the connections to be free');
+  assert.equal(slots.tryTake(), true);
+  assert.equal(slots.inUse, 1);
+});
