@@ -420,56 +420,90 @@ export class WorkerConnections {
   /**
    * Token ids of the prompt from the /tokenize of an available engine serving the request's
    * model, given everything that shapes the prompt (tokenizeBody); undefined if none answers
-   * within SIDE_REQUEST_DEADLINE_MS (one deadline for all the engines asked, in turn).
+   * within SIDE_REQUEST_DEADLINE_MS (one deadline for all the engines asked, in turn). An engine
+   * whose connections are all taken is asked only once no engine with a free one answered.
    */
   async tokenizeOnEngine(r: RouteRequest, request: Record<string, unknown> = {}): Promise<number[] | undefined> {
     if (r.tokens) return r.tokens as number[];
     const body = tokenizeBody(request, r);
     const skip = this.withoutModel(request.model);
-    const via = this.options.via;
-    const asked = new Set<string>();
+    const seen = new Set<string>();
     // one deadline for all the engines asked: the client waits on them one after the other, and
     // engines that each stall until their own deadline would hold it for as many deadlines
     const deadline = AbortSignal.timeout(SIDE_REQUEST_DEADLINE_MS);
+    // engines whose connections were all taken when their turn came (streams hold them until
+    // they end): waiting behind one of them while another engine has a free connection would
+    // hold the request for a stream, or the whole deadline, and lose its token ids
+    let busy: WorkerConnection[] = [];
     for (const w of this.options.router.listWorkers()) {
-      if (deadline.aborted) break;
+      if (deadline.aborted) return undefined;
       if (!w.available || skip.has(w.id)) continue;
       const c = this.connections.get(w.id)!;
-      if (asked.has(c.base)) continue; // the ranks of one engine answer alike
-      asked.add(c.base);
-      try {
-        // on one of the connections the gateway keeps to the engine, as a proxied request: a
-        // flood of requests to tokenize waits for a free one, never opens more than the cap
-        const tokens = await onEngineConnection(c, deadline, async () => {
-          const res = await c.pool.request({
-            path: '/tokenize',
-            method: 'POST',
-            body: JSON.stringify(body),
-            // with this gateway's Via: a worker URL that leads back here shows as a loop
-            headers: via === undefined ? c.headers : { ...c.headers, via },
-            headersTimeout: 2000,
-            bodyTimeout: 2000,
-            // the client waits on it: a body that trickles must not hold the request forever
-            signal: deadline,
-          });
-          try {
-            if (res.statusCode !== 200) return void (await res.body.dump());
-            const out = JSON.parse(await readBoundedText(res.body, MAX_TOKENIZE_BYTES, '/tokenize')) as {
-              tokens?: unknown;
-            } | null;
-            // an engine's answer is checked like a client's token ids: a bad one is the engine's fault, not the client's
-            return isTokenIdList(out?.tokens) ? out.tokens : undefined;
-          } finally {
-            // an answer left unread would keep its connection busy after the slot is given back
-            if (!res.body.readableEnded) res.body.destroy();
-          }
-        });
-        if (tokens) return tokens;
-      } catch {
-        // try the next worker
+      if (seen.has(c.base)) continue; // the ranks of one engine answer alike
+      seen.add(c.base);
+      if (!c.slots.tryTake()) {
+        busy.push(c);
+        continue;
       }
+      const tokens = await this.askTokenize(c, body, deadline);
+      if (tokens) return tokens;
+    }
+    // none with a free connection answered: wait, within the deadline, for the first connection
+    // that frees on any of the others (in each one's queue, as a proxied request would)
+    while (busy.length > 0 && !deadline.aborted) {
+      let c: WorkerConnection | undefined;
+      try {
+        c = await firstFreeConnection(busy, deadline);
+      } catch {
+        return undefined; // the deadline passed while waiting
+      }
+      if (!c) return undefined; // every one of them was removed meanwhile
+      busy = busy.filter((b) => b !== c);
+      const tokens = await this.askTokenize(c, body, deadline);
+      if (tokens) return tokens;
     }
     return undefined;
+  }
+
+  /**
+   * Asks the engine of `c` for the token ids of `body` on the connection the caller took for it
+   * (one of its slots: --engine-connections bounds these calls and the proxied requests
+   * together), and gives the connection back. Undefined when it fails or answers without them.
+   */
+  private async askTokenize(
+    c: WorkerConnection,
+    body: Record<string, unknown>,
+    deadline: AbortSignal,
+  ): Promise<number[] | undefined> {
+    const via = this.options.via;
+    try {
+      const res = await c.pool.request({
+        path: '/tokenize',
+        method: 'POST',
+        body: JSON.stringify(body),
+        // with this gateway's Via: a worker URL that leads back here shows as a loop
+        headers: via === undefined ? c.headers : { ...c.headers, via },
+        headersTimeout: 2000,
+        bodyTimeout: 2000,
+        // the client waits on it: a body that trickles must not hold the request forever
+        signal: deadline,
+      });
+      try {
+        if (res.statusCode !== 200) return void (await res.body.dump());
+        const out = JSON.parse(await readBoundedText(res.body, MAX_TOKENIZE_BYTES, '/tokenize')) as {
+          tokens?: unknown;
+        } | null;
+        // an engine's answer is checked like a client's token ids: a bad one is the engine's fault, not the client's
+        return isTokenIdList(out?.tokens) ? out.tokens : undefined;
+      } finally {
+        // an answer left unread would keep its connection busy after the slot is given back
+        if (!res.body.readableEnded) res.body.destroy();
+      }
+    } catch {
+      return undefined; // the next engine is asked
+    } finally {
+      c.slots.release();
+    }
   }
 
   /** Stops the metrics scrapes and health checks (first step of closing the gateway). */
@@ -490,36 +524,49 @@ export class WorkerConnections {
 }
 
 /**
- * Runs `use` once one of the connections the gateway keeps to the engine of `c` is free (its
- * slots, which the proxied requests take: --engine-connections bounds both together), and gives
- * the connection back when `use` ends. Rejects without running `use` when `signal` aborts while
- * it waits, or the worker is removed meanwhile.
+ * Waits for the first of the connections the gateway keeps to the engines of `cs` to be free (in
+ * each engine's slots, behind the requests already waiting there) and takes it: the caller must
+ * release it. Resolves with the connection taken, leaving every other wait at once; undefined
+ * when every engine was removed meanwhile; rejects, taking nothing, when `signal` aborts first.
  */
-async function onEngineConnection<T>(c: WorkerConnection, signal: AbortSignal, use: () => Promise<T>): Promise<T> {
-  signal.throwIfAborted();
-  await new Promise<void>((resolve, reject) => {
-    let started = false;
-    const onAbort = () => {
-      if (withdraw()) reject(signal.reason as Error);
+function firstFreeConnection(
+  cs: readonly WorkerConnection[],
+  signal: AbortSignal,
+): Promise<WorkerConnection | undefined> {
+  if (signal.aborted) return Promise.reject(signal.reason as Error);
+  return new Promise((resolve, reject) => {
+    let done = false;
+    let waiting = cs.length;
+    const withdrawals: Array<() => boolean> = [];
+    const finish = () => {
+      done = true;
+      for (const withdraw of withdrawals) withdraw();
+      signal.removeEventListener('abort', onAbort);
     };
-    const withdraw = c.slots.take(
-      () => {
-        started = true;
-        signal.removeEventListener('abort', onAbort);
-        resolve();
-      },
-      () => {
-        signal.removeEventListener('abort', onAbort);
-        reject(new Error('the worker was removed'));
-      },
-    );
-    if (!started) signal.addEventListener('abort', onAbort, { once: true });
+    const onAbort = () => {
+      if (done) return;
+      finish();
+      reject(signal.reason as Error);
+    };
+    for (const c of cs) {
+      if (done) break; // one was free at once
+      withdrawals.push(
+        c.slots.take(
+          () => {
+            finish();
+            resolve(c);
+          },
+          () => {
+            if (!done && --waiting === 0) {
+              finish();
+              resolve(undefined);
+            }
+          },
+        ),
+      );
+    }
+    if (!done) signal.addEventListener('abort', onAbort, { once: true });
   });
-  try {
-    return await use();
-  } finally {
-    c.slots.release();
-  }
 }
 
 /** A non-empty list of token ids (integers in [0, 2^32)). */
