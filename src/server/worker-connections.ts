@@ -438,7 +438,9 @@ export class WorkerConnections {
     for (const w of this.options.router.listWorkers()) {
       if (deadline.aborted) return undefined;
       if (!w.available || skip.has(w.id)) continue;
-      const c = this.connections.get(w.id)!;
+      const c = this.connections.get(w.id);
+      // removed while an earlier engine was asked: the list is the one read before the first ask
+      if (!c) continue;
       if (seen.has(c.base)) continue; // the ranks of one engine answer alike
       seen.add(c.base);
       if (!c.slots.tryTake()) {

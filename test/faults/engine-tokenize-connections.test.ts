@@ -195,3 +195,47 @@ test("when every engine's connection is taken, /tokenize waits for the first tha
     await t.close();
   }
 });
+
+test('a worker removed while another engine is asked to tokenize is passed over, not a server error', async () => {
+  const held: ServerResponse[] = [];
+  const servers = await Promise.all(
+    [0, 1].map(async (i) => {
+      const server = createServer((req, res) => {
+        req.resume();
+        req.on('end', () => {
+          // e0's /tokenize answers only when the test lets it, and then without token ids
+          if (req.url === '/tokenize') return i === 0 ? void held.push(res) : void res.writeHead(500).end();
+          if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+          res.writeHead(200, { 'content-type': 'application/json' }).end('{"id":"c","choices":[{"text":"a"}]}');
+        });
+      });
+      await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+      return server;
+    }),
+  );
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    tokenize: 'engine',
+    workers: servers.map((s, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${(s.address() as AddressInfo).port}` })),
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    adminToken: 'fault-suite-admin',
+  });
+  try {
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const answer = post(base, '/v1/completions', { prompt: 'short', max_tokens: 1 });
+    await until(() => held.length === 1, "the request to reach e0's /tokenize");
+    const auth = { authorization: 'Bearer fault-suite-admin' };
+    assert.equal((await fetch(`${base}/admin/workers/e1`, { method: 'DELETE', headers: auth })).status, 200);
+    held[0].writeHead(500).end();
+    const r = await answer;
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'e0');
+  } finally {
+    await gateway.close();
+    for (const s of servers) {
+      s.closeAllConnections();
+      s.close();
+    }
+  }
+});
