@@ -193,13 +193,14 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
      * circuits opened: its 502 would become a 503). One such answer that no other worker's answer
      * follows goes to the breaker as answered alone (exhausted()).
      */
-    const answeredServerError: string[] = [];
+    // (made at the first such answer: most requests have none)
+    let answeredServerError: string[] | undefined;
     /** The answer once every attempt failed: what the attempts' outcomes say (answerExhausted). */
     const exhausted = (lastWorker?: string) => {
       // one worker answered with a server error and no other answered the request: whether that
       // counts depends on what the worker and the fleet did before (serverErrorAnswerAlone); two
       // or more such answers point at the request, and count against none of them
-      if (answeredServerError.length === 1) breaker.serverErrorAnswerAlone(answeredServerError[0]!);
+      if (answeredServerError?.length === 1) breaker.serverErrorAnswerAlone(answeredServerError[0]!);
       return answerExhausted(answered(reply), {
         failedAttempts,
         overloaded,
@@ -290,7 +291,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         failedAttempts++;
         if (outcome === 'retry') {
           // a connection that failed, a timeout, a broken answer count at once: they say nothing of the request
-          if (serverErrorAnswer) answeredServerError.push(decision.workerId);
+          if (serverErrorAnswer) (answeredServerError ??= []).push(decision.workerId);
           else breaker.failed(decision.workerId);
           metrics.upstreamFailures.inc({ worker: decision.workerId });
         } else if (outcome === 'no-connection') {
@@ -321,7 +322,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       else {
         breaker.answered(decision.workerId, reply.raw.statusCode < 400);
         // another worker answered (a client's error is no answer that clears the request)
-        if (reply.raw.statusCode < 400) for (const id of answeredServerError) breaker.failed(id);
+        if (answeredServerError && reply.raw.statusCode < 400) for (const id of answeredServerError) breaker.failed(id);
       }
       metrics.cachedTokens.inc(cachedTokens);
       metrics.promptTokens.inc(decision.promptTokens);
