@@ -145,66 +145,18 @@ test('a body sent steadily above the minimum rate is served however long it take
   }
 });
 
-test('a slow body pipelined behind a stream still being answered: its bytes given back at once, refused after the stream', async () => {
-  // an engine that answers each request with the first event of a stream and holds it open
+/**
+ * A gateway on one engine that holds each streamed request open after its first event (in
+ * `open`, for the test to end) and answers the others at once; `completions` counts the requests
+ * that reached the engine.
+ */
+async function streamHoldingGateway() {
   const open: ServerResponse[] = [];
   let completions = 0;
   const engine = await fakeEngine((req, res) => {
     // the gateway asks for the models on its own
     if (req.method !== 'POST') return void res.writeHead(404).end();
     completions++;
-    req.resume();
-    req.on('end', () => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(`data: ${JSON.stringify({ choices: [{ index: 0, text: 'first', finish_reason: null }] })}\n\n`);
-      open.push(res);
-    });
-  });
-  const gateway = await createGateway({
-    router: new KVAwareRouter(),
-    workers: [{ id: 'e0', url: engine.url }],
-    bodyLimit: BODY_LIMIT,
-    minBodyRate: RATE,
-    minBodyRateGraceMs: GRACE_MS,
-    healthCheckIntervalMs: 0,
-    metricsIntervalMs: 0,
-  });
-  await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  const client = await rawClient((gateway.app.server.address() as { port: number }).port);
-  const trickle = setInterval(() => client.closed() || client.socket.write(' '), 100);
-  try {
-    const first = JSON.stringify({ prompt: 'first', max_tokens: 100, stream: true });
-    client.socket.write(head(`content-length: ${first.length}`) + first);
-    await until(() => client.received().includes('"first"'), 'the first stream to start');
-    // its answer waits behind the open stream; the rest of its body is dropped meanwhile
-    client.socket.write(head(`content-length: ${BODY_LIMIT}`) + '{"prompt":');
-    await until(() => gateway.bodyBudget.used === BODY_LIMIT, 'the pipelined body taken from the budget');
-    await until(() => gateway.bodyBudget.used === 0, 'the slow body cut, its bytes back', { timeoutMs: 5000 });
-    assert.equal(client.closed(), false, 'the stream goes on');
-    for (const res of open.splice(0)) res.end('data: [DONE]\n\n');
-    await until(() => client.closed(), 'the connection closed after the stream', { timeoutMs: 5000 });
-    const received = client.received();
-    const done = received.indexOf('data: [DONE]\n\n\r\n0\r\n\r\n');
-    assert.ok(done > 0, `the stream ended whole: ${received}`);
-    assert.match(received.slice(done), /\r\n0\r\n\r\nHTTP\/1\.1 408 [^]*"param":"body"/);
-    assert.equal(completions, 1, 'the slow request never reached the engine');
-    const port = (gateway.app.server.address() as { port: number }).port;
-    const metrics = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
-    assert.match(metrics, /^contextforge_request_body_too_slow_total 1$/m);
-  } finally {
-    clearInterval(trickle);
-    client.socket.destroy();
-    for (const res of open) res.end();
-    await gateway.close(0);
-    await engine.close();
-  }
-});
-
-test('a request waiting for its 100 Continue behind a stream is not cut for the body it was told to hold back', async () => {
-  // streamed requests are held open after their first event; others are answered at once
-  const open: ServerResponse[] = [];
-  const engine = await fakeEngine((req, res) => {
-    if (req.method !== 'POST') return void res.writeHead(404).end();
     let text = '';
     req.on('data', (c: Buffer) => (text += c.toString()));
     req.on('end', () => {
@@ -229,6 +181,50 @@ test('a request waiting for its 100 Continue behind a stream is not cut for the 
   });
   await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const port = (gateway.app.server.address() as { port: number }).port;
+  return {
+    open,
+    completions: () => completions,
+    gateway,
+    port,
+    close: async () => {
+      for (const res of open) res.end();
+      await gateway.close(0);
+      await engine.close();
+    },
+  };
+}
+
+test('a slow body pipelined behind a stream still being answered: its bytes given back at once, refused after the stream', async () => {
+  const { open, completions, gateway, port, close } = await streamHoldingGateway();
+  const client = await rawClient(port);
+  const trickle = setInterval(() => client.closed() || client.socket.write(' '), 100);
+  try {
+    const first = JSON.stringify({ prompt: 'first', max_tokens: 100, stream: true });
+    client.socket.write(head(`content-length: ${first.length}`) + first);
+    await until(() => client.received().includes('"first"'), 'the first stream to start');
+    // its answer waits behind the open stream; the rest of its body is dropped meanwhile
+    client.socket.write(head(`content-length: ${BODY_LIMIT}`) + '{"prompt":');
+    await until(() => gateway.bodyBudget.used === BODY_LIMIT, 'the pipelined body taken from the budget');
+    await until(() => gateway.bodyBudget.used === 0, 'the slow body cut, its bytes back', { timeoutMs: 5000 });
+    assert.equal(client.closed(), false, 'the stream goes on');
+    for (const res of open.splice(0)) res.end('data: [DONE]\n\n');
+    await until(() => client.closed(), 'the connection closed after the stream', { timeoutMs: 5000 });
+    const received = client.received();
+    const done = received.indexOf('data: [DONE]\n\n\r\n0\r\n\r\n');
+    assert.ok(done > 0, `the stream ended whole: ${received}`);
+    assert.match(received.slice(done), /\r\n0\r\n\r\nHTTP\/1\.1 408 [^]*"param":"body"/);
+    assert.equal(completions(), 1, 'the slow request never reached the engine');
+    const metrics = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+    assert.match(metrics, /^contextforge_request_body_too_slow_total 1$/m);
+  } finally {
+    clearInterval(trickle);
+    client.socket.destroy();
+    await close();
+  }
+});
+
+test('a request waiting for its 100 Continue behind a stream is not cut for the body it was told to hold back', async () => {
+  const { open, port, close } = await streamHoldingGateway();
   const tooSlow = async () =>
     Number(
       /^contextforge_request_body_too_slow_total (\d+)$/m.exec(
@@ -261,9 +257,7 @@ test('a request waiting for its 100 Continue behind a stream is not cut for the 
   } finally {
     client.socket.destroy();
     control.socket.destroy();
-    for (const res of open) res.end();
-    await gateway.close(0);
-    await engine.close();
+    await close();
   }
 });
 

@@ -159,19 +159,25 @@ function assertRefusalAfter(rest: string, param: string | null): void {
   assert.equal(error.param, param);
 }
 
+/**
+ * A gateway on `engine` whose request timeout (600 ms) is what refuses a request, the minimum
+ * body rate off; `clientErrors` counts the refusals of Node's parser (a request timed out).
+ */
+async function timingOutGateway(engine: Parameters<typeof gatewayOn>[0]) {
+  const g = await gatewayOn(engine, { minBodyRate: 0, timeouts: { headersTimeoutMs: 300, requestTimeoutMs: 600 } });
+  let clientErrors = 0;
+  g.gateway.app.server.on('clientError', () => clientErrors++);
+  return { ...g, clientErrors: () => clientErrors };
+}
+
 test('a request whose body does not arrive in time behind a stream is refused after the stream, not inside it', async () => {
   const engine = await streamingEngine();
-  const { gateway, port } = await gatewayOn(engine.engine, {
-    minBodyRate: 0,
-    timeouts: { headersTimeoutMs: 300, requestTimeoutMs: 600 },
-  });
-  let clientErrors = 0;
-  gateway.app.server.on('clientError', () => clientErrors++);
+  const { gateway, port, clientErrors } = await timingOutGateway(engine.engine);
   const client = await rawClient(port);
   try {
     client.socket.write(streamThenStalled());
     await until(() => client.received().includes('"t0"'), 'the stream to start');
-    await until(() => clientErrors > 0, 'the request timeout of the request behind it');
+    await until(() => clientErrors() > 0, 'the request timeout of the request behind it');
     assert.equal(gateway.bodyBudget.used, 0, 'the unread body holds no budget');
     engine.finish();
     await until(client.closed, 'the connection closed after the stream');
@@ -220,12 +226,7 @@ test('a body too slow behind a stream gives its bytes back at once and is refuse
 
 test('a request refused on its headers behind a stream, its body not arriving in time, closes the connection only after both answers', async () => {
   const engine = await streamingEngine();
-  const { gateway, port } = await gatewayOn(engine.engine, {
-    minBodyRate: 0,
-    timeouts: { headersTimeoutMs: 300, requestTimeoutMs: 600 },
-  });
-  let clientErrors = 0;
-  gateway.app.server.on('clientError', () => clientErrors++);
+  const { gateway, port, clientErrors } = await timingOutGateway(engine.engine);
   const client = await rawClient(port);
   try {
     const first = JSON.stringify({ model: 'm', prompt: 'streamed', max_tokens: 100, stream: true });
@@ -233,7 +234,7 @@ test('a request refused on its headers behind a stream, its body not arriving in
     const refused = head(100).replace('host: x\r\n', 'host: x\r\nhost: y\r\n') + '{"prompt":';
     client.socket.write(head(first.length) + first + refused);
     await until(() => client.received().includes('"t0"'), 'the stream to start');
-    await until(() => clientErrors > 0, 'the request timeout of the request behind it');
+    await until(() => clientErrors() > 0, 'the request timeout of the request behind it');
     // a client done sending: the connection closes once its answers are written, not before
     client.socket.end();
     await until(() => client.received().includes('"t10"'), 'the stream going on');
