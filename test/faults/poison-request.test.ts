@@ -82,16 +82,17 @@ async function closeAll(gateway: Gateway | undefined, engines: FakeEngine[]): Pr
   for (const e of engines) await e.close();
 }
 
+/** Three engines that answer a poisoned prompt with a server error (see poisonableEngine). */
+async function threePoisonableEngines(inStream: boolean) {
+  return [await poisonableEngine(inStream), await poisonableEngine(inStream), await poisonableEngine(inStream)];
+}
+
 for (const [how, inStream] of [
   ['with a 5xx status', false],
   ['with a server error as the first event of its stream', true],
 ] as const)
   test(`requests every engine fails ${how} open no circuit: an ordinary request after them is served`, async () => {
-    const engines = [
-      await poisonableEngine(inStream),
-      await poisonableEngine(inStream),
-      await poisonableEngine(inStream),
-    ];
+    const engines = await threePoisonableEngines(inStream);
     let gateway: Gateway | undefined;
     try {
       const g = await gatewayOver(engines.map((e) => e.url));
@@ -199,11 +200,7 @@ for (const [how, inStream] of [
   ['with a server error as the first event of its stream', true],
 ] as const)
   test(`with retries off, requests every engine fails ${how} open no circuit`, async () => {
-    const engines = [
-      await poisonableEngine(inStream),
-      await poisonableEngine(inStream),
-      await poisonableEngine(inStream),
-    ];
+    const engines = await threePoisonableEngines(inStream);
     let gateway: Gateway | undefined;
     try {
       const g = await gatewayOver(
