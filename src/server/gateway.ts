@@ -282,18 +282,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       markCutByGateway(res);
       return void socket.destroy();
     }
-    if (res.socket !== socket) {
-      // nothing after it on the connection is a request any more, and a refusal of the parser's
-      // (its request timeout) would be a second answer to it
-      refusedAfterAnswers.add(socket);
-      stopReading(socket);
-    }
-    answerMalformed(
-      res,
-      408,
-      `the request body arrived slower than ${bodyRates.bytesPerSecond} bytes per second`,
-      'body',
-    );
+    const message = `the request body arrived slower than ${bodyRates.bytesPerSecond} bytes per second`;
+    // pipelined behind answers still being written: a refusal of the parser's (its request
+    // timeout) would be a second answer to it
+    if (res.socket !== socket) return refuseInTurn(res, 408, message, 'body');
+    answerMalformed(res, 408, message, 'body');
   };
   const bodyRates = new BodyRates(
     options.minBodyRate ?? DEFAULT_MIN_BODY_RATE,
@@ -877,10 +870,8 @@ function answerClientError(
   if (queued && !res.req.complete) {
     // its body did not arrive: it holds no budget from now on, and its refusal goes out as its
     // answer, in its turn, closing the connection after it (lingeringClose)
-    refusedAfterAnswers.add(socket);
-    stopReading(socket);
     release(res.req);
-    return answerMalformed(res, status, message, param, code);
+    return refuseInTurn(res, status, message, param, code);
   }
   const text = clientErrorText(status, message, param, code);
   if (inFlight) {
@@ -956,6 +947,25 @@ function lingeringClose(this: Socket): void {
 }
 
 function dropBytes(): void {}
+
+/**
+ * Answers `res`, whose request was not read whole and waits behind answers still being written
+ * on its connection, with a refusal that goes out in its turn, after them; from now on nothing
+ * the client sends is read as a request or held (stopReading), and no refusal of the parser's
+ * follows it.
+ */
+function refuseInTurn(
+  res: ServerResponse,
+  status: number,
+  message: string,
+  param: string | null,
+  code: string | null = null,
+): void {
+  const socket = res.req.socket;
+  refusedAfterAnswers.add(socket);
+  stopReading(socket);
+  answerMalformed(res, status, message, param, code);
+}
 
 /** Connections closing in lingeringClose. */
 const lingering = new WeakSet<Duplex>();

@@ -152,7 +152,7 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
   });
   const latency = new Histogram({
     name: 'contextforge_request_duration_seconds',
-    help: "Duration of each routed request through the router, to its answer, whatever its status (the gateway's own 502, 503, 429 and 508 included).",
+    help: "Duration of each routed request through the router, to its answer, whatever its status (the gateway's own answers included: 502, 503, 429, 508, 404 for an unknown model).",
     buckets: [0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
     registers,
   });

@@ -320,9 +320,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       // the engine's failure: an engine that stalls or dies mid-answer opens its circuit too
       if (outcome === 'cut') breaker.failed(decision.workerId);
       else {
-        breaker.answered(decision.workerId, reply.raw.statusCode < 400);
+        const served = reply.raw.statusCode < 400;
+        breaker.answered(decision.workerId, served);
         // another worker answered (a client's error is no answer that clears the request)
-        if (answeredServerError && reply.raw.statusCode < 400) for (const id of answeredServerError) breaker.failed(id);
+        if (served && answeredServerError) for (const id of answeredServerError) breaker.failed(id);
       }
       metrics.cachedTokens.inc(cachedTokens);
       metrics.promptTokens.inc(decision.promptTokens);
