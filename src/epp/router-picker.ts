@@ -20,6 +20,8 @@ export interface PreparedRequest {
   body: Record<string, unknown>;
   /** Whether `body` is the request's body as received (nothing removed). */
   unchanged: boolean;
+  /** The top-level fields removed from the body as received (default: `contextforge`). */
+  removed?: readonly string[];
 }
 
 /** A client error while reading a request: the HTTP status, a message naming the field. */
@@ -234,7 +236,7 @@ export class RouterPicker implements EndpointPicker {
         else if (!prepared.unchanged || rewritten) {
           const salt = typeof prepared.body.cache_salt === 'string' ? prepared.body.cache_salt : undefined;
           const newModel = rewritten && typeof body.model === 'string' ? body.model : undefined;
-          forwarded = Buffer.from(editedBodyText(bytes.toString('utf8'), salt, newModel));
+          forwarded = Buffer.from(editedBodyText(bytes.toString('utf8'), salt, newModel, prepared.removed));
         }
         const withoutModel = this.backend.workersWithoutModel(model);
         for (const id of withoutModel) excluded.add(id);

@@ -112,8 +112,15 @@ export interface GatewayOptions {
   apiKeys?: ApiKeys;
   /** Add `x-contextforge-cached-tokens` to proxied responses (it shows what is cached). */
   cachedTokensHeader?: boolean;
-  /** Limits on what a client controls (ids, anchors, JSON depth and size). */
+  /** Limits on what a client controls (ids, anchors, JSON depth and size, choices, stop sequences). */
   limits?: Partial<RequestLimits>;
+  /**
+   * Forward the body fields that direct an engine's disaggregated prefill/decode KV transfer
+   * (vLLM's `kv_transfer_params`, SGLang's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`:
+   * request-limits.ts KV_TRANSFER_FIELDS) as a client sends them. Off by default: they are
+   * removed, as a client could otherwise make an engine fetch KV from a host of its choosing.
+   */
+  forwardKvTransferParams?: boolean;
   /** Client-side and engine-side timeouts (timeouts.ts). */
   timeouts?: Partial<GatewayTimeouts>;
   /** Where workers' `apiKeyEnv` variables are read (default process.env). */
@@ -640,6 +647,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     tokenizeOnEngine: (r, body) => connections.tokenizeOnEngine(r, body),
     loraOf: (model) => connections.loraOf(model),
     limits,
+    forwardKvTransferParams: options.forwardKvTransferParams === true,
   };
   const readRequest = createRequestReader(readerOptions);
   // for every front end on this router: the proxy and the endpoint picker

@@ -86,7 +86,8 @@ export function parseRequestBody(
 }
 
 /**
- * The text of a JSON object body with its top-level `contextforge` members removed and, when
+ * The text of a JSON object body with its top-level `removed` members (`contextforge`, and the
+ * KV-transfer fields the gateway does not forward: ReadRequest.removed) removed and, when
  * `cacheSalt` is given, its `cache_salt` members replaced by that one (and likewise `model`, which
  * the endpoint picker may rewrite); every other member is kept as the client wrote it.
  * Re-serialising the parsed body instead would change what JSON.parse cannot hold: a 64-bit
@@ -94,7 +95,12 @@ export function parseRequestBody(
  * engines take the last), escaped spellings included. `text` has been parsed already, so it is
  * valid JSON.
  */
-export function editedBodyText(text: string, cacheSalt?: string, model?: string): string {
+export function editedBodyText(
+  text: string,
+  cacheSalt?: string,
+  model?: string,
+  removed: readonly string[] = ['contextforge'],
+): string {
   const kept: string[] = [];
   if (model !== undefined) kept.push(`"model":${JSON.stringify(model)}`);
   if (cacheSalt !== undefined) kept.push(`"cache_salt":${JSON.stringify(cacheSalt)}`);
@@ -105,7 +111,7 @@ export function editedBodyText(text: string, cacheSalt?: string, model?: string)
     const valueStart = skipSpace(text, skipSpace(text, keyEnd + 1) + 1); // past the colon
     const valueEnd = jsonValueEnd(text, valueStart);
     const replaced =
-      key === 'contextforge' ||
+      removed.includes(key) ||
       (cacheSalt !== undefined && key === 'cache_salt') ||
       (model !== undefined && key === 'model');
     if (!replaced) kept.push(text.slice(i, valueEnd));
@@ -268,6 +274,8 @@ export interface RequestReaderOptions {
   loraOf?: (model: unknown) => string | undefined;
   /** Limits on what the client controls. */
   limits: RequestLimits;
+  /** Forward the KV-transfer fields a client sends (request-limits.ts KV_TRANSFER_FIELDS); removed by default. */
+  forwardKvTransferParams?: boolean;
 }
 
 /** A malformed request as data: the HTTP status, the message, the offending field. */
@@ -287,11 +295,12 @@ export interface RequestRejection {
  */
 export function createRequestParser(options: RequestReaderOptions) {
   const { tokenize: tokenizeMode, promptTokenizer, tokenizeOnEngine, loraOf, limits } = options;
+  const forwardKvTransferParams = options.forwardKvTransferParams === true;
   return async (path: string, req: RequestSource): Promise<ParsedRequest | RequestRejection> => {
     let parsed: ParsedRequest;
     try {
       const headers = req.raw === undefined ? req.headers : metadataHeaders(req.raw);
-      parsed = readRouteRequest(path, req.body, headers, limits);
+      parsed = readRouteRequest(path, req.body, headers, limits, forwardKvTransferParams);
     } catch (err) {
       if (err instanceof RequestLimitError) {
         return { status: err.status, message: err.message, param: err.param };

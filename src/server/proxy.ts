@@ -342,7 +342,7 @@ function hasOtherCandidate(router: KVAwareRouter, excluded: ReadonlySet<string>,
 
 /**
  * The bytes an attempt forwards: the client's own when the body is unchanged, else the client's
- * text with the metadata field removed and the salt set (editedBodyText); the body serialised
+ * text with the fields the gateway drops removed and the salt set (editedBodyText); the body serialised
  * only when its bytes are not kept (not UTF-8, or from the endpoint picker).
  */
 function forwardedBody(prepared: ParsedRequest, req: RequestSource, cacheSalt: string | undefined): string | Buffer {
@@ -350,7 +350,7 @@ function forwardedBody(prepared: ParsedRequest, req: RequestSource, cacheSalt: s
   // the salt the body must carry: the isolated request's own, else the tenant's (or the client's, unchanged)
   const salt = cacheSalt || (typeof prepared.body.cache_salt === 'string' ? prepared.body.cache_salt : undefined);
   // the client's text edited, not the parsed body serialised again: that would round a 64-bit seed
-  if (req.rawBody !== undefined) return editedBodyText(req.rawBody.toString('utf8'), salt);
+  if (req.rawBody !== undefined) return editedBodyText(req.rawBody.toString('utf8'), salt, undefined, prepared.removed);
   return JSON.stringify(salt === undefined ? prepared.body : { ...prepared.body, cache_salt: salt });
 }
 

@@ -323,29 +323,75 @@ export function clientMessage(err: unknown, fallback = 'the request could not be
 const RUNTIME_MESSAGE =
   /call stack|Cannot (read|set) propert|is not a function|is not iterable|is not a constructor|Cannot convert|Cannot access|Cannot destructure|Cannot mix BigInt|Invalid (array|string) length|Invalid (time|count) value|Invalid code point|circular structure|serialize a BigInt|Reduce of empty array|out of memory/i;
 
+/**
+ * Top-level body fields that direct an engine's KV transfer in disaggregated prefill/decode
+ * serving. In such a deployment the component that pairs a prefill engine with a decode engine
+ * sets them; from a client they are an instruction to the engine's KV connector:
+ *
+ * - vLLM, vllm/entrypoints/openai/protocol.py: CompletionRequest and ChatCompletionRequest take
+ *   `kv_transfer_params` (any JSON object) and hand it to the engine in SamplingParams.extra_args,
+ *   which vllm/v1/request.py makes the request's kv_transfer_params.
+ * - vLLM, vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py: with
+ *   `do_remote_prefill`, the decode engine's scheduler (update_state_after_alloc) queues a read of
+ *   `remote_block_ids` from `remote_engine_id`, and its worker handshakes over ZeroMQ with
+ *   `remote_host`:`remote_port` and reads those blocks over NIXL as the prompt's KV: a client
+ *   would make the engine connect to a host of its choosing and take in blocks it names. With
+ *   `do_remote_decode`, a prefill engine keeps the request's blocks after it ends, for a remote
+ *   reader, until VLLM_NIXL_ABORT_REQUEST_TIMEOUT.
+ * - SGLang, python/sglang/srt/entrypoints/openai/protocol.py: CompletionRequest and
+ *   ChatCompletionRequest take `bootstrap_host`, `bootstrap_port` and `bootstrap_room` "for PD
+ *   disaggregation": the bootstrap server a decode engine asks for the prefill engine's KV, and
+ *   the transfer it joins.
+ *
+ * The gateway removes them from what it forwards unless `forwardKvTransferParams` keeps them (a
+ * gateway behind the component that sets them).
+ */
+export const KV_TRANSFER_FIELDS: readonly string[] = [
+  'kv_transfer_params',
+  'bootstrap_host',
+  'bootstrap_port',
+  'bootstrap_room',
+];
+
 /** What a proxied request routes on, and the body to forward (the `contextforge` field removed). */
 export interface ReadRequest {
   routeRequest: RouteRequest;
   body: Record<string, unknown>;
   /** True when the body to forward is the body as received (nothing removed). */
   unchanged: boolean;
+  /** The top-level fields removed from the body as received (`contextforge`, KV_TRANSFER_FIELDS). */
+  removed: readonly string[];
 }
 
 /**
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
  * must be an object; metadata, model, cache_salt, stream and the prompt or messages are checked
- * against `limits`. Throws a RequestLimitError naming the field.
+ * against `limits`. Throws a RequestLimitError naming the field. The body to forward is the one
+ * received without `contextforge` and, unless `forwardKvTransferParams`, without the
+ * KV_TRANSFER_FIELDS.
  */
-export function readRouteRequest(path: string, raw: unknown, headers: Headers, limits: RequestLimits): ReadRequest {
+export function readRouteRequest(
+  path: string,
+  raw: unknown,
+  headers: Headers,
+  limits: RequestLimits,
+  forwardKvTransferParams = false,
+): ReadRequest {
   if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
     throw new RequestLimitError('the body must be a JSON object', 'body');
   const received = raw as Record<string, unknown>;
   const meta = received.contextforge;
-  // the body to forward is the one received unless it has the metadata field to drop (no copy per request)
+  // the body to forward is the one received unless it has a field to drop: a few own-key lookups
+  // on the parsed object (escaped spellings of a key are parsed to it), no copy per request
+  let removed: string[] | undefined;
+  if (Object.hasOwn(received, 'contextforge')) removed = ['contextforge'];
+  if (!forwardKvTransferParams)
+    for (const key of KV_TRANSFER_FIELDS) if (Object.hasOwn(received, key)) (removed ??= []).push(key);
   let body = received;
-  if (Object.hasOwn(received, 'contextforge')) {
-    const { contextforge: _dropped, ...rest } = received;
-    body = rest;
+  if (removed !== undefined) {
+    // spread defines every key as an own property ("__proto__" included), never a prototype
+    body = { ...received };
+    for (const key of removed) delete body[key];
   }
   const m = readMetadata(meta, headers, limits);
   const routeRequest: RouteRequest = {
@@ -367,5 +413,5 @@ export function readRouteRequest(path: string, raw: unknown, headers: Headers, l
     throw new RequestLimitError('stream must be a boolean', 'stream');
   if (path === '/v1/chat/completions') routeRequest.messages = readMessages(body.messages);
   else Object.assign(routeRequest, readPrompt(body.prompt));
-  return { routeRequest, body, unchanged: meta === undefined };
+  return { routeRequest, body, unchanged: removed === undefined, removed: removed ?? [] };
 }

@@ -231,6 +231,20 @@ test('a body the picker changes (model rewritten, metadata dropped) keeps every 
   }
 });
 
+test('the KV-transfer fields a client sends are removed from the body the picker forwards, the rest as written', async () => {
+  const seed = '18446744073709551557';
+  const out = await envoy.request({
+    headers: {},
+    body: `{"model":"mock","prompt":"p","kv_transfer_params":{"do_remote_prefill":true,"remote_host":"203.0.113.7"},"bootstrap_host":"203.0.113.7","bootstrap_port":8998,"bootstrap_room":1,"seed":${seed}}`,
+  });
+  assert.equal(out.kind, 'routed');
+  if (out.kind !== 'routed') return;
+  const text = out.body.toString();
+  assert.equal(text, `{"model":"mock","prompt":"p","seed":${seed}}`);
+  assert.equal(out.setHeaders.get('content-length'), String(out.body.length));
+  await out.stream.end();
+});
+
 test('x-gateway-model-name-rewrite rewrites the model in the forwarded body, with its length, and the response gets the client’s name back', async () => {
   const out = await envoy.request({
     headers: { 'x-gateway-model-name-rewrite': 'mock-v2' },

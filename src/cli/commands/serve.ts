@@ -186,6 +186,7 @@ export async function startGateway(
     publicRouteApi: c.publicRouteApi,
     apiKeys,
     cachedTokensHeader: c.cachedTokensHeader,
+    forwardKvTransferParams: c.forwardKvTransferParams,
     limits: {
       maxIdBytes: c.maxIdBytes,
       maxAnchors: c.maxAnchors,

@@ -65,6 +65,7 @@ const gatewayShape = {
   publicRouteApi: z.boolean().default(false),
   apiKeysFile: text().optional(),
   cachedTokensHeader: z.boolean().default(false),
+  forwardKvTransferParams: z.boolean().default(false),
   // the gateway's limits and timeouts as the gateway declares them
   ...REQUEST_LIMITS_SCHEMA.shape,
   headersTimeoutMs: TIMEOUTS_SCHEMA.shape.headersTimeoutMs,
@@ -136,6 +137,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   cachedTokensHeader: {
     arg: '',
     help: 'add x-contextforge-cached-tokens to responses (it reveals what is cached)',
+  },
+  forwardKvTransferParams: {
+    arg: '<true|false>',
+    help: "forward a client's kv_transfer_params (vLLM) and bootstrap_host/port/room (SGLang), which direct an engine's disaggregated prefill/decode KV transfer; removed by default",
   },
   maxIdBytes: { arg: '<n>', help: 'longest workflow id, agent role, anchor id and cache_salt (UTF-8 bytes)' },
   maxAnchors: { arg: '<n>', help: 'most content anchors per request' },

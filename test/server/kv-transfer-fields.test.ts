@@ -1,0 +1,135 @@
+/**
+ * The body fields that direct an engine's disaggregated prefill/decode KV transfer (vLLM's
+ * `kv_transfer_params`, SGLang's `bootstrap_host` / `bootstrap_port` / `bootstrap_room`) are
+ * removed from what the gateway forwards unless `forwardKvTransferParams` keeps them: on both
+ * completion paths, streamed or not, and the rest of the body reaches the engine as written.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { fakeEngine, type FakeEngine } from '../faults/harness.js';
+
+const received: string[] = [];
+let engine: FakeEngine;
+let stripping: Gateway;
+let keeping: Gateway;
+let strippingUrl = '';
+let keepingUrl = '';
+
+before(async () => {
+  engine = await fakeEngine((req, res) => {
+    let text = '';
+    req.setEncoding('utf8');
+    req.on('data', (d: string) => (text += d));
+    req.on('end', () => {
+      if (req.method !== 'POST') {
+        res.writeHead(404).end();
+        return;
+      }
+      received.push(text);
+      if ((JSON.parse(text) as { stream?: unknown }).stream === true) {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end('data: {"choices":[{"text":"ok"}]}\n\ndata: [DONE]\n\n');
+        return;
+      }
+      const answer = '{"choices":[{"text":"ok"}]}';
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': answer.length }).end(answer);
+    });
+  });
+  const common = { workers: [{ id: 'e0', url: engine.url }], metricsIntervalMs: 0, healthCheckIntervalMs: 0 };
+  stripping = await createGateway({ router: new KVAwareRouter(), ...common });
+  keeping = await createGateway({ router: new KVAwareRouter(), forwardKvTransferParams: true, ...common });
+  strippingUrl = await stripping.app.listen({ host: '127.0.0.1', port: 0 });
+  keepingUrl = await keeping.app.listen({ host: '127.0.0.1', port: 0 });
+});
+after(async () => {
+  await stripping.close(0);
+  await keeping.close(0);
+  await engine.close();
+});
+
+/** POSTs `text` as it is to `path`; returns the body the engine received. */
+async function forwarded(url: string, path: string, text: string): Promise<string> {
+  const before = received.length;
+  const res = await fetch(`${url}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: text,
+  });
+  assert.equal(res.status, 200, await res.text());
+  assert.equal(received.length, before + 1);
+  return received[before]!;
+}
+
+const SEED = '18446744073709551557';
+
+/** What a client aiming a decode engine at a host of its choosing would send. */
+const KV_FIELDS = {
+  kv_transfer_params: {
+    do_remote_prefill: true,
+    do_remote_decode: false,
+    remote_engine_id: 'attacker',
+    remote_block_ids: [1, 2, 3],
+    remote_request_id: 'r1',
+    remote_host: '203.0.113.7',
+    remote_port: 5600,
+  },
+  bootstrap_host: '203.0.113.7',
+  bootstrap_port: 8998,
+  bootstrap_room: 12345,
+};
+
+const CASES = [
+  { path: '/v1/completions', body: { model: 'm', prompt: 'hi', max_tokens: 3 } },
+  { path: '/v1/chat/completions', body: { model: 'm', messages: [{ role: 'user', content: 'hi' }], max_tokens: 3 } },
+];
+
+/** The client's text: the body, the KV-transfer fields among its members, and a 64-bit seed JSON.parse would round. */
+function clientText(body: object, stream: boolean): string {
+  const members = JSON.stringify({ ...body, ...KV_FIELDS, stream, temperature: 0.5 }).slice(1, -1);
+  return `{${members},"seed":${SEED}}`;
+}
+
+/** The text parsed with the seed as written (a string), so a rounded seed would not compare equal. */
+function parsedWithSeed(text: string): Record<string, unknown> {
+  assert.match(text, new RegExp(`"seed":\\s*${SEED}[,}]`));
+  return JSON.parse(text.replace(SEED, `"${SEED}"`)) as Record<string, unknown>;
+}
+
+describe('KV-transfer fields a client sends', () => {
+  for (const { path, body } of CASES) {
+    for (const stream of [false, true]) {
+      const label = `${path}${stream ? ', streamed' : ''}`;
+      test(`are removed by default (${label}); the rest reaches the engine as written`, async () => {
+        const sent = clientText(body, stream);
+        const got = parsedWithSeed(await forwarded(strippingUrl, path, sent));
+        const expected = parsedWithSeed(sent);
+        for (const key of Object.keys(KV_FIELDS)) {
+          assert.ok(!(key in got), `${key} reached the engine`);
+          delete expected[key];
+        }
+        assert.deepEqual(got, expected);
+      });
+      test(`are kept with forwardKvTransferParams (${label})`, async () => {
+        const sent = clientText(body, stream);
+        assert.deepEqual(parsedWithSeed(await forwarded(keepingUrl, path, sent)), parsedWithSeed(sent));
+      });
+    }
+  }
+
+  test('every copy of a key goes, escaped spellings too; nested ones are the client’s own', async () => {
+    const sent =
+      '{"prompt":"hi","kv_transfer_params":{"remote_host":"a"},"kv\\u005ftransfer_params":{"remote_host":"b"},' +
+      '"bootstrap_host":"c","bootstrap_host":"d","extra":{"kv_transfer_params":1}}';
+    assert.deepEqual(JSON.parse(await forwarded(strippingUrl, '/v1/completions', sent)), {
+      prompt: 'hi',
+      extra: { kv_transfer_params: 1 },
+    });
+  });
+
+  test('a body without them is forwarded byte for byte', async () => {
+    const sent = `{ "prompt" : "hi", "seed": ${SEED}, "note": "kv_transfer_params" }`;
+    assert.equal(await forwarded(strippingUrl, '/v1/completions', sent), sent);
+  });
+});
