@@ -24,6 +24,32 @@ export interface RequestLimits {
    * microsecond for each, so a 16 MiB body of `[1],` would hold the event loop for seconds.
    */
   maxJsonContainers: number;
+  /**
+   * Most choices a request may ask for: `n` and `best_of`, each a sequence the engine runs.
+   * Without it a 30-byte body with `"n": 100000000` reaches the engine: recent vLLM refuses more
+   * than VLLM_MAX_N_SEQUENCES (16,384 by default; vllm/sampling_params.py, _verify_args), older
+   * vLLM only n < 1, and SGLang's SamplingParams.verify does not look at n. The default is the
+   * OpenAI API's own maximum of `n`, 128, so nothing the OpenAI API accepts is refused.
+   */
+  maxChoices: number;
+  /**
+   * Most `stop` strings in a request. The engines check every stop string at every step of
+   * generation, and neither bounds their number: vLLM's detokenizer (check_stop_strings in
+   * vllm/v1/engine/detokenizer.py) searches the new text for each one; SGLang
+   * (schedule_batch.py, Req.check_finished) decodes the output's last stop_str_max_len + 1
+   * tokens and searches them and the whole output so far for each one. A 16 MiB body of `"a",`
+   * would be four million searches per token, in the engine loop that serves every request. The
+   * OpenAI API takes 4; the default, 64, leaves room for the end markers of many chat templates
+   * at once. Each stop string is at most STOP_BYTES_PER_ID_BYTE × maxIdBytes UTF-8 bytes (1 KiB
+   * by default): a stop string is a marker, as an id is, not content, and SGLang's work per
+   * token grows with the longest one (it decodes that many of the output's last tokens at every
+   * step, up to the whole output: quadratic in the output's length), as does the text vLLM holds
+   * back from a stream (the longest stop string less one character). 1 KiB is past every end
+   * marker and stop word in use (`\n\n`, `</s>`, `<|im_end|>`, `Observation:`) and what vLLM's
+   * own tests send (tests/detokenizer/test_stop_strings.py: `.`, `group of peo`, `gani`); a
+   * deployment that needs more raises maxIdBytes.
+   */
+  maxStopSequences: number;
 }
 
 export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
@@ -31,7 +57,12 @@ export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
   maxAnchors: 128,
   maxJsonDepth: 64,
   maxJsonContainers: 100_000,
+  maxChoices: 128,
+  maxStopSequences: 64,
 });
+
+/** A stop string's UTF-8 bytes at most, per byte of maxIdBytes (see RequestLimits.maxStopSequences). */
+export const STOP_BYTES_PER_ID_BYTE = 4;
 
 /**
  * The limits' types and ranges, declared once: checkRequestLimits parses through it and
@@ -42,6 +73,8 @@ export const REQUEST_LIMITS_SCHEMA = z.strictObject({
   maxAnchors: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxAnchors),
   maxJsonDepth: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonDepth),
   maxJsonContainers: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonContainers),
+  maxChoices: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxChoices),
+  maxStopSequences: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxStopSequences),
 });
 
 /** Token ids are unsigned 32-bit integers in every engine the router fronts. */
@@ -263,6 +296,37 @@ export function isTokenId(t: unknown): t is number {
   return typeof t === 'number' && Number.isInteger(t) && t >= 0 && t <= MAX_TOKEN_ID;
 }
 
+/**
+ * `n` or `best_of`: absent, null (the engine's default) or an integer from 1 to `max`. A string
+ * is refused too, as the OpenAI API refuses it: the engines' pydantic models would read
+ * "100000000" as the integer, past the bound.
+ */
+export function checkChoices(value: unknown, param: string, max: number): void {
+  if (value === undefined || value === null) return;
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < 1 || value > max)
+    throw new RequestLimitError(
+      `${param} must be an integer from 1 to ${max} (the most choices a request may ask for)`,
+      param,
+    );
+}
+
+/**
+ * `stop`: absent, null, a string or a list of at most `limits.maxStopSequences`; each string at
+ * most STOP_BYTES_PER_ID_BYTE × `limits.maxIdBytes` UTF-8 bytes. Elements that are not strings
+ * are the engine's to refuse.
+ */
+export function checkStop(value: unknown, limits: RequestLimits): void {
+  const maxBytes = STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes;
+  const checkOne = (s: unknown, at: string) => {
+    if (typeof s === 'string' && s.length * 3 > maxBytes && Buffer.byteLength(s) > maxBytes)
+      throw new RequestLimitError(`${at} is longer than ${maxBytes} bytes`, 'stop');
+  };
+  if (!Array.isArray(value)) return checkOne(value, 'stop');
+  if (value.length > limits.maxStopSequences)
+    throw new RequestLimitError(`stop has more than ${limits.maxStopSequences} sequences`, 'stop');
+  value.forEach((s, i) => checkOne(s, `stop[${i}]`));
+}
+
 /** Token ids: integers in [0, 2^32); throws a RequestLimitError naming the first that is not. */
 export function checkTokenIds(value: readonly unknown[], param: string): number[] {
   for (let i = 0; i < value.length; i++) {
@@ -365,10 +429,10 @@ export interface ReadRequest {
 
 /**
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
- * must be an object; metadata, model, cache_salt, stream and the prompt or messages are checked
- * against `limits`. Throws a RequestLimitError naming the field. The body to forward is the one
- * received without `contextforge` and, unless `forwardKvTransferParams`, without the
- * KV_TRANSFER_FIELDS.
+ * must be an object; metadata, model, cache_salt, stream, n, best_of, stop and the prompt or
+ * messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
+ * to forward is the one received without `contextforge` and, unless `forwardKvTransferParams`,
+ * without the KV_TRANSFER_FIELDS.
  */
 export function readRouteRequest(
   path: string,
@@ -411,6 +475,10 @@ export function readRouteRequest(
   // the gateway's timeouts and accounting follow it, so it must mean what the engine reads
   if (body.stream !== undefined && body.stream !== null && typeof body.stream !== 'boolean')
     throw new RequestLimitError('stream must be a boolean', 'stream');
+  // what multiplies the engine's work for this one request
+  checkChoices(body.n, 'n', limits.maxChoices);
+  checkChoices(body.best_of, 'best_of', limits.maxChoices);
+  checkStop(body.stop, limits);
   if (path === '/v1/chat/completions') routeRequest.messages = readMessages(body.messages);
   else Object.assign(routeRequest, readPrompt(body.prompt));
   return { routeRequest, body, unchanged: removed === undefined, removed: removed ?? [] };

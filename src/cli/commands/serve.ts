@@ -192,6 +192,8 @@ export async function startGateway(
       maxAnchors: c.maxAnchors,
       maxJsonDepth: c.maxJsonDepth,
       maxJsonContainers: c.maxJsonContainers,
+      maxChoices: c.maxChoices,
+      maxStopSequences: c.maxStopSequences,
     },
     timeouts: {
       headersTimeoutMs: c.headersTimeoutMs,

@@ -146,6 +146,14 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   maxAnchors: { arg: '<n>', help: 'most content anchors per request' },
   maxJsonDepth: { arg: '<n>', help: 'deepest nesting of a JSON body' },
   maxJsonContainers: { arg: '<n>', help: 'most arrays and objects in a JSON body (counted before it is parsed)' },
+  maxChoices: {
+    arg: '<n>',
+    help: 'most choices a request may ask for: n and best_of each (sequences an engine runs for it)',
+  },
+  maxStopSequences: {
+    arg: '<n>',
+    help: 'most stop strings in a request (each at most 4 × --max-id-bytes UTF-8 bytes)',
+  },
   headersTimeoutMs: { arg: '<ms>', help: "time for a client to send a request's headers" },
   requestTimeoutMs: { arg: '<ms>', help: 'time for a client to send a whole request (headers and body)' },
   connectionTimeoutMs: {
