@@ -4,6 +4,22 @@ import { KVAwareRouter } from '../../src/index.js';
 import { BS, fleet, prompt } from '../helpers/prompts.js';
 
 describe('route()', () => {
+  test('panicCandidates: an unhealthy worker among them may be chosen, never a draining or excluded one', () => {
+    const r = fleet(3);
+    for (const id of ['w0', 'w1', 'w2']) r.setWorkerHealth(id, false);
+    assert.ok(r.route({ tokens: prompt(2, 4) }, { dryRun: true }).noWorker, 'none in rotation');
+    r.drainWorker('w2');
+    const panicCandidates = new Set(['w0', 'w1', 'w2']);
+    const chosen = new Set<string>();
+    for (let i = 0; i < 8; i++)
+      chosen.add(
+        r.route({ tokens: prompt(10 + i, 4) }, { track: false, exclude: new Set(['w0']), panicCandidates }).workerId,
+      );
+    assert.deepEqual([...chosen], ['w1'], 'only the unhealthy worker neither draining nor excluded');
+    r.setWorkerHealth('w1', true);
+    assert.equal(r.route({ tokens: prompt(30, 4) }, { dryRun: true }).workerId, 'w1', 'without them, the healthy one');
+  });
+
   test('approximate mode: a request sharing a prefix follows the first one, with its cached tokens predicted', () => {
     const r = fleet(4);
     const first = r.route({ tokens: prompt(1, 10) });

@@ -42,7 +42,7 @@ export class CandidateCollector {
 
   /**
    * Available workers (registered, not draining, healthy) in registration order, with their
-   * features. `overlap` is the index lookup for the request's blocks (all zeros when
+   * features; an unhealthy one too when it is in `panic` (panic routing), never a draining one. `overlap` is the index lookup for the request's blocks (all zeros when
    * locality is off); `tokensPerBlock` 0 means the router's block size. The returned list and
    * its objects are overwritten by the next call. Positional arguments: this runs on every
    * route() and allocates nothing once the list has grown to the fleet's size.
@@ -58,6 +58,7 @@ export class CandidateCollector {
     isolated: boolean,
     now: number,
     exclude: ReadonlySet<string> | undefined,
+    panic: ReadonlySet<string> | undefined,
   ): readonly Candidate[] {
     const { workers, anchors, workflows, contentAnchors: contentIndex, index } = this.sources;
     const settings = this.settings;
@@ -69,6 +70,7 @@ export class CandidateCollector {
     const candidates = this.candidates;
     // decided once per request, not per candidate
     const excluded = exclude !== undefined && exclude.size > 0 ? exclude : undefined;
+    const panicking = panic !== undefined && panic.size > 0 ? panic : undefined;
     const scoreAnchors =
       locality && contentAnchors !== undefined && contentAnchors.length > 0 && settings.contentAnchorScoring;
     const offloadCredit = settings.offloadCredit;
@@ -76,7 +78,11 @@ export class CandidateCollector {
     const claGroups = settings.claAffinityEnabled && claGroup !== null;
     let n = 0;
     for (const worker of workers.values()) {
-      if (!worker.available || (excluded !== undefined && excluded.has(worker.id))) continue;
+      if (
+        !(worker.available || (panicking !== undefined && !worker.draining && panicking.has(worker.id))) ||
+        (excluded !== undefined && excluded.has(worker.id))
+      )
+        continue;
       const slot = worker.slot;
       const overlapBlocks = slot < o.blocks.length ? o.blocks[slot] : 0;
       const offloadBlocks = overlapBlocks > 0 ? o.offloadBlocks[slot] : 0;

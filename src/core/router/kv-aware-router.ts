@@ -307,6 +307,7 @@ export class KVAwareRouter {
       isolated,
       now,
       options.exclude,
+      options.panicCandidates,
     );
     const features = this.features ?? newFeatures();
     features.claGroup = claGroup;
