@@ -61,6 +61,7 @@ import { createFastPath } from './fast-path.js';
 import { isValidHost } from './host-header.js';
 import { MAX_PIPELINED_REQUESTS, PipelinedRequests } from './pipelining.js';
 import { sharePrefillReads } from '../state/prefill-sharing.js';
+import { PanicRouting } from './panic-routing.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
@@ -161,6 +162,12 @@ export interface GatewayOptions {
   /** Consecutive failures that open a worker's circuit (default 3), and for how long (5 s). */
   breakerFailures?: number;
   breakerCooldownMs?: number;
+  /**
+   * When no worker is in rotation for a request, route it over the workers held out only by
+   * their health check or metrics scrape instead of answering 503 (default true; panic-routing.ts).
+   * Workers whose circuit is open, draining or removed are never used so.
+   */
+  panicRouting?: boolean;
   /** Applies KV events posted to /admin/events (the serve command shares it with the subscribers). */
   applier?: KvEventApplier;
   /**
@@ -258,6 +265,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     engineConnections: options.engineConnections,
     metricsIntervalMs: options.metricsIntervalMs ?? 1000,
     healthCheckIntervalMs: options.healthCheckIntervalMs ?? 2000,
+    panicRouting: options.panicRouting !== false,
     // what the gateway asks the workers on its own (health, metrics, models, /tokenize) carries its Via
     via: ownVia(via),
   });
@@ -667,6 +675,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     releaseBody: (req) => bodyCharges.get(req)?.release(),
     answerBudget,
     onAnswerBudgetFull: () => answerBudgetPassthroughs.inc(),
+    panic:
+      options.panicRouting === false
+        ? undefined
+        : new PanicRouting({ router, health, log, onRouted: () => metrics.panicRouted.inc() }),
   };
   const openAi = options.openAiRoutes ?? true;
   if (openAi) {

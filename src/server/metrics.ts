@@ -70,6 +70,11 @@ export interface GatewayMetrics {
    * connection the gateway keeps to it was busy), per worker: the gateway's limit, not the engine's failure.
    */
   connectionWaitTimeouts: Counter<'worker'>;
+  /**
+   * Attempts routed over workers held out of rotation only by their health check or metrics
+   * scrape, because no worker was in rotation for the request (panic-routing.ts).
+   */
+  panicRouted: Counter;
 }
 
 /**
@@ -196,6 +201,11 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     labelNames: ['worker'] as const,
     registers,
   });
+  const panicRouted = new Counter({
+    name: 'contextforge_panic_routed_total',
+    help: 'Attempts routed over workers held out of rotation only by their health check or metrics scrape, because no worker was in rotation for the request (panic routing; --panic-routing).',
+    registers,
+  });
   return {
     registry,
     requests,
@@ -209,6 +219,7 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     latency,
     upstreamFailures,
     connectionWaitTimeouts,
+    panicRouted,
   };
 }
 

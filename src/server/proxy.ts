@@ -31,6 +31,7 @@ import type { BodyBudget } from './body-budget.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
 import { forward } from './forward.js';
 import type { GatewayMetrics } from './metrics.js';
+import type { PanicRouting } from './panic-routing.js';
 import {
   editedBodyText,
   openAiError,
@@ -71,6 +72,11 @@ export interface ProxyDeps {
   answerBudget: BodyBudget;
   /** An answer passed through ungathered because the answer budget could not take it. */
   onAnswerBudgetFull: () => void;
+  /**
+   * Routes a request no worker in rotation can take over the workers held out only by their
+   * probes (panic-routing.ts); undefined: such a request is answered 503.
+   */
+  panic?: PanicRouting;
 }
 
 /** The longest part of a client's value an error message repeats. */
@@ -120,6 +126,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     releaseBody,
     answerBudget,
     onAnswerBudgetFull,
+    panic,
   } = deps;
   return async (req: RequestSource, reply: ProxyReply): Promise<ProxyReply> => {
     // a request that has been here before is a routing loop: answered before any work is done
@@ -214,6 +221,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     };
     // the worker whose failure the next attempt retries: counted once another worker takes it
     let retryOf: string | undefined;
+    // the workers out of rotation the attempt could be routed over (panic routing), when it was
+    let panicCandidates: ReadonlySet<string> | undefined;
     for (let attempt = 0; ; attempt++) {
       if (reply.raw.destroyed) {
         // the client left while the request waited for a retry
@@ -221,12 +230,32 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         return reply;
       }
       // a whole answer shows no first token: the router reads it off the engine's queue
-      const decision = routeOr400(router, reply, prepared.routeRequest, {
+      let decision = routeOr400(router, reply, prepared.routeRequest, {
         exclude: excluded,
         share,
         firstTokenReported: streaming,
       });
       if (!decision) return answered(reply);
+      panicCandidates = undefined;
+      if (decision.noWorker && panic !== undefined) {
+        // no worker in rotation can take it: those held out only by their probes may (panic
+        // routing), among the workers serving its model (asked again: `excluded` holds those
+        // that failed the request too)
+        const heldOut = panic.candidates(connections.withoutModel(prepared.body.model));
+        if (heldOut !== undefined) {
+          decision = routeOr400(router, reply, prepared.routeRequest, {
+            exclude: excluded,
+            share,
+            firstTokenReported: streaming,
+            panicCandidates: heldOut,
+          });
+          if (!decision) return answered(reply);
+          if (!decision.noWorker) {
+            panicCandidates = heldOut;
+            panic.routed(heldOut);
+          }
+        }
+      } else if (!decision.noWorker) panic?.routedInRotation();
       if (decision.noWorker) {
         // engines tried and failed: 502 (429 when they were all overloaded); nothing to try at all: 503
         if (failedAttempts > 0) return exhausted();
@@ -306,10 +335,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         // the way closed it): the same worker is tried again, on another connection (undici drops
         // the broken one), within the retries; its failure still counts
         const sameAgain =
-          connectionLost && attempt < maxRetries && !hasOtherCandidate(router, excluded, decision.workerId);
+          connectionLost &&
+          attempt < maxRetries &&
+          !hasOtherCandidate(router, excluded, panicCandidates, decision.workerId);
         if (!sameAgain) excluded.add(decision.workerId);
         // the pause spaces attempts; with none left to try there is nothing to wait for
-        if (attempt < maxRetries && (sameAgain || hasOtherCandidate(router, excluded))) {
+        if (attempt < maxRetries && (sameAgain || hasOtherCandidate(router, excluded, panicCandidates))) {
           retryOf = decision.workerId;
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
@@ -333,11 +364,25 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
 }
 
 /**
- * Whether a worker not in `excluded` (nor `besides`) is available: one the next attempt's route()
- * could choose (route() takes its candidates from the available workers outside its exclusions).
+ * Whether a worker not in `excluded` (nor `besides`) is available, or one of `panicCandidates`
+ * not draining: one the next attempt's route() could choose (route() takes its candidates from
+ * the available workers outside its exclusions, and in panic routing from those held out only
+ * by their probes).
  */
-function hasOtherCandidate(router: KVAwareRouter, excluded: ReadonlySet<string>, besides?: string): boolean {
-  return router.listWorkers().some((w) => w.available && !excluded.has(w.id) && w.id !== besides);
+function hasOtherCandidate(
+  router: KVAwareRouter,
+  excluded: ReadonlySet<string>,
+  panicCandidates: ReadonlySet<string> | undefined,
+  besides?: string,
+): boolean {
+  return router
+    .listWorkers()
+    .some(
+      (w) =>
+        (w.available || (panicCandidates?.has(w.id) === true && !w.draining)) &&
+        !excluded.has(w.id) &&
+        w.id !== besides,
+    );
 }
 
 /**

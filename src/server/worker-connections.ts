@@ -105,6 +105,12 @@ export interface WorkerConnectionsOptions {
    * loop on them too (the periodic /v1/models read would otherwise go round once more unseen).
    */
   via?: string;
+  /**
+   * Panic routing is on (panic-routing.ts): while no worker is in rotation, a worker whose probes
+   * were only too slow keeps its unanswered requests past the grace period, as requests go on
+   * reaching it and the others held out alike.
+   */
+  panicRouting?: boolean;
 }
 
 /**
@@ -181,7 +187,9 @@ export class WorkerConnections {
    * A worker left rotation: the requests it has not answered at all move to other workers
    * (nothing reached their clients). When only its probes were too slow (a busy engine answers
    * /health late too), they move only if it is still out a grace period later: a loaded engine
-   * must not have its whole queue thrown onto the others. Engines announce no AllBlocksCleared
+   * must not have its whole queue thrown onto the others; nor then, with panic routing, when no
+   * worker is in rotation: they would move only to workers held out alike, the client waiting
+   * again from the start (or, once the retries are spent, failed). Engines announce no AllBlocksCleared
    * when they start, so one its health check holds out is remembered as possibly restarted.
    */
   private outOfRotation(id: string, detail: string): void {
@@ -193,6 +201,7 @@ export class WorkerConnections {
     if (!/time(d)? ?out|aborted/i.test(detail)) return giveUpAll();
     const t = setTimeout(() => {
       this.graceTimers.delete(t);
+      if (this.options.panicRouting && !this.options.router.listWorkers().some((w) => w.available)) return;
       giveUpAll();
     }, this.slowProbeGraceMs);
     t.unref();

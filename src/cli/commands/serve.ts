@@ -215,6 +215,7 @@ export async function startGateway(
     healthCheckIntervalMs: c.healthIntervalMs,
     breakerFailures: c.breakerFailures,
     breakerCooldownMs: c.breakerCooldownMs,
+    panicRouting: c.panicRouting,
     log,
     ...extra,
   });

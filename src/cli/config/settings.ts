@@ -96,6 +96,7 @@ const gatewayShape = {
   healthIntervalMs: timerMs(0).default(2000),
   breakerFailures: positiveInt().default(3),
   breakerCooldownMs: timerMs(1).default(5000),
+  panicRouting: z.boolean().default(true),
   shutdownGraceMs: timerMs(0).default(25_000),
 };
 
@@ -204,6 +205,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   healthIntervalMs: { arg: '<ms>', help: 'active health-check interval, GET /health (0: off)' },
   breakerFailures: { arg: '<n>', help: "consecutive failures that open a worker's circuit" },
   breakerCooldownMs: { arg: '<ms>', help: 'how long an open circuit keeps a worker out' },
+  panicRouting: {
+    arg: '<true|false>',
+    help: 'when no worker is in rotation for a request, route it over the workers held out only by their health check or metrics scrape instead of answering 503 (never over an open circuit or a draining worker; the OpenAI routes only, not the endpoint picker)',
+  },
   shutdownGraceMs: {
     arg: '<ms>',
     help: 'on SIGTERM or SIGINT, how long requests in flight may finish before their connections are cut (new ones get 503 meanwhile)',

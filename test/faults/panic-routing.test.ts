@@ -1,0 +1,256 @@
+/**
+ * Panic routing: when no worker is in rotation but some are out only because their health check
+ * or metrics scrape failed (a loaded machine makes a serving engine's probes time out), the
+ * gateway routes over those instead of answering 503, as Envoy does below its panic threshold.
+ * Workers out for an open circuit or draining stay out. `panicRouting: false` keeps the 503.
+ */
+import assert from 'node:assert/strict';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { test } from 'node:test';
+import type { Registry } from 'prom-client';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type GatewayOptions } from '../../src/server/gateway.js';
+import { until } from '../helpers/wait.js';
+import { post } from './harness.js';
+
+const PANIC_ROUTED = 'contextforge_panic_routed_total';
+const ANSWER = '{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}';
+
+/** A sample of the registry's text, or 0 when it has none. */
+async function sample(registry: Registry, series: string): Promise<number> {
+  const text = await registry.metrics();
+  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
+  return line === undefined ? 0 : Number(line.slice(series.length + 1));
+}
+
+/** A fake engine: what its /health answers (a status, or 'hang': no answer until it closes) and its answer to completions. */
+interface TestEngine {
+  url: string;
+  /** Completion requests it received (not /health, /metrics nor /v1/models). */
+  completions: number;
+  /** Health probes it received. */
+  probes: number;
+  /** Completion requests whose connection closed before their answer was sent. */
+  abandoned: number;
+  /** With `hold`, answers the completions held so far. */
+  release: () => void;
+  close: () => Promise<void>;
+}
+
+async function engine(health: () => number | 'hang', status = 200, body = ANSWER, hold = false): Promise<TestEngine> {
+  const hung: ServerResponse[] = [];
+  const waiting: Array<() => void> = [];
+  const e: TestEngine = {
+    url: '',
+    completions: 0,
+    probes: 0,
+    abandoned: 0,
+    release: () => {
+      for (const answer of waiting.splice(0)) answer();
+    },
+    close: async () => {},
+  };
+  const server = createServer((req: IncomingMessage, res: ServerResponse) => {
+    if (req.url === '/health') {
+      e.probes++;
+      const h = health();
+      return void (h === 'hang' ? hung.push(res) : res.writeHead(h).end());
+    }
+    if (!req.url?.endsWith('/completions')) return void res.writeHead(404).end();
+    e.completions++;
+    req.resume();
+    res.on('close', () => {
+      if (!res.writableFinished) e.abandoned++;
+    });
+    const answer = () => res.writeHead(status, { 'content-type': 'application/json' }).end(body);
+    req.on('end', () => (hold ? waiting.push(answer) : answer()));
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  e.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  e.close = () =>
+    new Promise<void>((r) => {
+      server.closeAllConnections();
+      server.close(() => r());
+    });
+  return e;
+}
+
+/** An engine that serves completions while its /health answers 503. */
+const failingHealthEngine = () => engine(() => 503);
+
+async function gatewayOver(urls: Record<string, string>, options: Partial<GatewayOptions> = {}) {
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const logs: string[] = [];
+  const gateway = await createGateway({
+    router,
+    workers: Object.entries(urls).map(([id, url]) => ({ id, url })),
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    breakerFailures: 3,
+    breakerCooldownMs: 60_000,
+    log: (m) => logs.push(m),
+    ...options,
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const out = (id: string) => !router.listWorkers().find((w) => w.id === id)!.available;
+  return { router, gateway, base, logs, out };
+}
+
+test('engines that serve but fail their health check: requests get 200 through panic routing, counted, logged once at its start and once at its end', async () => {
+  let healthy = false;
+  const a = await engine(() => (healthy ? 200 : 503));
+  const b = await failingHealthEngine();
+  const g = await gatewayOver({ a: a.url, b: b.url }, { healthCheckIntervalMs: 20 });
+  try {
+    await until(() => g.out('a') && g.out('b'), 'both workers out of rotation');
+    assert.deepEqual(g.gateway.health.reasons('a'), ['health-check']);
+    for (let i = 0; i < 4; i++) {
+      const r = await post(g.base, '/v1/completions', { prompt: `panic ${i}`, max_tokens: 1 });
+      assert.equal(r.status, 200, r.text);
+      assert.match(r.headers.get('x-contextforge-worker') ?? '', /^[ab]$/);
+    }
+    assert.equal(await sample(g.gateway.metrics, PANIC_ROUTED), 4, 'each request routed in panic is counted');
+    assert.equal(a.completions + b.completions, 4);
+    const starts = g.logs.filter((l) => /panic routing starts/.test(l));
+    assert.equal(starts.length, 1, g.logs.join('\n'));
+    assert.match(starts[0], /^warning: /);
+    healthy = true;
+    await until(() => !g.out('a'), 'a back in rotation');
+    await until(() => g.logs.some((l) => /panic routing ends/.test(l)), 'the end of panic routing logged');
+    const r = await post(g.base, '/v1/completions', { prompt: 'in rotation', max_tokens: 1 });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'a', 'only the worker in rotation is used again');
+    assert.equal(await sample(g.gateway.metrics, PANIC_ROUTED), 4, 'a request routed in rotation is not counted');
+    assert.equal(g.logs.filter((l) => /panic routing (starts|ends)/.test(l)).length, 2, g.logs.join('\n'));
+  } finally {
+    await g.gateway.close();
+    await a.close();
+    await b.close();
+  }
+});
+
+test('an engine whose health check hangs past its timeout still gets requests when no worker is in rotation', async () => {
+  const e = await engine(() => 'hang');
+  const g = await gatewayOver({ slow: e.url }, { healthCheckIntervalMs: 20 });
+  try {
+    await until(() => g.out('slow'), 'the worker out of rotation after its probes timed out');
+    const whole = await post(g.base, '/v1/completions', { prompt: 'whole', max_tokens: 1 });
+    assert.equal(whole.status, 200, whole.text);
+    assert.equal(whole.headers.get('x-contextforge-worker'), 'slow');
+    assert.ok((await sample(g.gateway.metrics, PANIC_ROUTED)) >= 1);
+  } finally {
+    await g.gateway.close();
+    await e.close();
+  }
+});
+
+test('a request panic-routed to a worker whose probes time out is not taken off it when the grace period for slow probes ends', async () => {
+  const e = await engine(() => 'hang', 200, ANSWER, true);
+  const g = await gatewayOver({ slow: e.url }, { healthCheckIntervalMs: 20 });
+  try {
+    await until(() => g.out('slow'), 'the worker out of rotation after its probes timed out');
+    const left = e.probes;
+    const pending = post(g.base, '/v1/completions', { prompt: 'long answer', max_tokens: 1 });
+    await until(() => e.completions === 1, 'the request on the engine');
+    // each probe waits its 500 ms timeout before the next: four more outlast the 1 s grace period
+    await until(() => e.probes >= left + 4, 'the grace period for slow probes over', { timeoutMs: 20_000 });
+    e.release();
+    const r = await pending;
+    assert.equal(r.status, 200, r.text);
+    assert.equal(e.abandoned, 0, 'the engine kept the request');
+    assert.equal(e.completions, 1, 'sent once');
+  } finally {
+    await g.gateway.close();
+    await e.close();
+  }
+});
+
+test('workers out only because their metrics scrape failed are panic-routed too', async () => {
+  const e = await engine(() => 200);
+  const g = await gatewayOver({ m: e.url });
+  try {
+    g.gateway.health.set('m', 'metrics', false, 'scrape failed');
+    const r = await post(g.base, '/v1/completions', { prompt: 'scrape', max_tokens: 1 });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(await sample(g.gateway.metrics, PANIC_ROUTED), 1);
+  } finally {
+    await g.gateway.close();
+    await e.close();
+  }
+});
+
+test('with panic routing off, no worker in rotation is a 503 as before', async () => {
+  const e = await failingHealthEngine();
+  const g = await gatewayOver({ a: e.url }, { healthCheckIntervalMs: 20, panicRouting: false });
+  try {
+    await until(() => g.out('a'), 'the worker out of rotation');
+    const r = await post(g.base, '/v1/completions', { prompt: 'off', max_tokens: 1 });
+    assert.equal(r.status, 503, r.text);
+    assert.equal(r.headers.get('retry-after'), '1');
+    assert.match(r.text, /no worker can take the request now/);
+    assert.equal(e.completions, 0, 'the engine got nothing');
+    assert.equal(await sample(g.gateway.metrics, PANIC_ROUTED), 0);
+  } finally {
+    await g.gateway.close();
+    await e.close();
+  }
+});
+
+test('a worker with an open circuit, or draining, is not used in panic; with only such workers the answer stays 503', async () => {
+  const probed = await engine(() => 200);
+  const tripped = await engine(() => 200);
+  const draining = await engine(() => 200);
+  const g = await gatewayOver({ probed: probed.url, tripped: tripped.url, draining: draining.url });
+  try {
+    g.gateway.health.set('probed', 'health-check', false, 'timed out');
+    // the circuit is open and the health check fails: the breaker's own half-open try decides
+    g.gateway.health.set('tripped', 'health-check', false, 'timed out');
+    g.gateway.health.set('tripped', 'breaker', false, '3 consecutive failures');
+    g.gateway.health.set('draining', 'health-check', false, 'timed out');
+    g.router.drainWorker('draining');
+    for (let i = 0; i < 6; i++) {
+      const r = await post(g.base, '/v1/completions', { prompt: `p${i}`, max_tokens: 1 });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'probed');
+    }
+    assert.equal(
+      tripped.completions + draining.completions,
+      0,
+      'neither the open circuit nor the draining worker was used',
+    );
+    // the worker held out only by its health check leaves: none is left for panic routing
+    g.gateway.removeWorker('probed');
+    const none = await post(g.base, '/v1/completions', { prompt: 'none', max_tokens: 1 });
+    assert.equal(none.status, 503, none.text);
+    assert.match(none.text, /no worker can take the request now/);
+    assert.equal(tripped.completions + draining.completions, 0);
+  } finally {
+    await g.gateway.close();
+    await probed.close();
+    await tripped.close();
+    await draining.close();
+  }
+});
+
+test('a request that fails on a panic-routed worker is retried on the next one and ends in the usual 502 when all fail', async () => {
+  const failing = await engine(() => 200, 500, '{"error":{"message":"engine exploded"}}');
+  const serving = await engine(() => 200);
+  const g = await gatewayOver({ failing: failing.url, serving: serving.url }, { maxRetries: 2 });
+  try {
+    g.gateway.health.set('failing', 'health-check', false, 'timed out');
+    g.gateway.health.set('serving', 'health-check', false, 'timed out');
+    const r = await post(g.base, '/v1/completions', { prompt: 'first goes to failing', max_tokens: 1 });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'serving');
+    assert.equal(failing.completions, 1, 'the first attempt went to the failing worker');
+    g.gateway.removeWorker('serving');
+    const failed = await post(g.base, '/v1/completions', { prompt: 'only failing', max_tokens: 1 });
+    assert.equal(failed.status, 502, failed.text);
+    assert.equal(failed.headers.get('retry-after'), '1');
+  } finally {
+    await g.gateway.close();
+    await failing.close();
+    await serving.close();
+  }
+});
