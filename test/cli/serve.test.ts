@@ -161,6 +161,10 @@ test('serve settings: flag over environment over config file over default; every
     }).breakerCooldownMs,
     750,
   );
+  // panic routing is on unless a flag, the environment or the file turns it off
+  assert.equal(resolve([], {}).panicRouting, true);
+  assert.equal(resolve(['--panic-routing', 'false'], {}).panicRouting, false);
+  assert.equal(resolve([], { CONTEXTFORGE_PANIC_ROUTING: 'false' }).panicRouting, false);
 });
 
 test('serve settings: bad config files and values are refused with the key named', () => {
