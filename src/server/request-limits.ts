@@ -311,20 +311,25 @@ export function checkChoices(value: unknown, param: string, max: number): void {
 }
 
 /**
+ * Throws unless `s` (when a string) is at most `maxBytes` UTF-8 bytes; `at` names it in the
+ * message (`stop[3]`), `param` in the error. A module function, not a closure per call.
+ */
+function checkStopString(s: unknown, at: string, param: string, maxBytes: number): void {
+  if (typeof s === 'string' && s.length * 3 > maxBytes && Buffer.byteLength(s) > maxBytes)
+    throw new RequestLimitError(`${at} is longer than ${maxBytes} bytes`, param);
+}
+
+/**
  * `stop`: absent, null, a string or a list of at most `limits.maxStopSequences`; each string at
  * most STOP_BYTES_PER_ID_BYTE × `limits.maxIdBytes` UTF-8 bytes. Elements that are not strings
  * are the engine's to refuse.
  */
 export function checkStop(value: unknown, limits: RequestLimits): void {
   const maxBytes = STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes;
-  const checkOne = (s: unknown, at: string) => {
-    if (typeof s === 'string' && s.length * 3 > maxBytes && Buffer.byteLength(s) > maxBytes)
-      throw new RequestLimitError(`${at} is longer than ${maxBytes} bytes`, 'stop');
-  };
-  if (!Array.isArray(value)) return checkOne(value, 'stop');
+  if (!Array.isArray(value)) return checkStopString(value, 'stop', 'stop', maxBytes);
   if (value.length > limits.maxStopSequences)
     throw new RequestLimitError(`stop has more than ${limits.maxStopSequences} sequences`, 'stop');
-  value.forEach((s, i) => checkOne(s, `stop[${i}]`));
+  for (let i = 0; i < value.length; i++) checkStopString(value[i], `stop[${i}]`, 'stop', maxBytes);
 }
 
 /** Token ids: integers in [0, 2^32); throws a RequestLimitError naming the first that is not. */
@@ -417,6 +422,9 @@ export const KV_TRANSFER_FIELDS: readonly string[] = [
   'bootstrap_room',
 ];
 
+/** The `removed` of every request with nothing to remove: one frozen list, not one per request. */
+const NO_FIELDS_REMOVED: readonly string[] = Object.freeze([]);
+
 /** What a proxied request routes on, and the body to forward (the `contextforge` field removed). */
 export interface ReadRequest {
   routeRequest: RouteRequest;
@@ -481,5 +489,5 @@ export function readRouteRequest(
   checkStop(body.stop, limits);
   if (path === '/v1/chat/completions') routeRequest.messages = readMessages(body.messages);
   else Object.assign(routeRequest, readPrompt(body.prompt));
-  return { routeRequest, body, unchanged: removed === undefined, removed: removed ?? [] };
+  return { routeRequest, body, unchanged: removed === undefined, removed: removed ?? NO_FIELDS_REMOVED };
 }

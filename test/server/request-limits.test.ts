@@ -226,3 +226,14 @@ test('a whole request: metadata removed from the body, cache_salt and stream che
   rejects(() => readRouteRequest('/v1/completions', [1], {}, limits), 'body');
   rejects(() => readRouteRequest('/v1/completions', null, {}, limits), 'body');
 });
+
+test('a body with nothing to remove shares one frozen empty list of removed fields', async () => {
+  const { readRouteRequest } = await import('../../src/server/request-limits.js');
+  const a = readRouteRequest('/v1/completions', { prompt: 'a' }, {}, limits);
+  const b = readRouteRequest('/v1/completions', { prompt: 'b' }, {}, limits);
+  assert.deepEqual(a.removed, []);
+  assert.ok(Object.isFrozen(a.removed), 'the shared list cannot be pushed to');
+  assert.equal(a.removed, b.removed, 'one list for every such request, not one each');
+  const c = readRouteRequest('/v1/completions', { prompt: 'c', kv_transfer_params: {} }, {}, limits);
+  assert.deepEqual(c.removed, ['kv_transfer_params']);
+});
