@@ -9,7 +9,7 @@ import {
   parseRequestBody,
   SINGLE_VALUE_HEADERS,
 } from '../server/openai-request.js';
-import { DEFAULT_REQUEST_LIMITS, RequestLimitError } from '../server/request-limits.js';
+import { DEFAULT_REQUEST_LIMITS, kvTransferFieldsIn, RequestLimitError } from '../server/request-limits.js';
 import { methodNotAllowedMessage } from '../server/route-methods.js';
 import { endpointOfUrl, inSubset, INFERENCE_OBJECTIVE_HEADER, MODEL_NAME_REWRITE_HEADER } from './protocol.js';
 
@@ -42,6 +42,11 @@ export interface RoutingBackend {
   readonly maxJsonDepth?: number;
   /** Most arrays and objects in a JSON body, as the gateway allows (default 100,000). */
   readonly maxJsonContainers?: number;
+  /**
+   * Forward the KV-transfer fields a client sends (request-limits.ts KV_TRANSFER_FIELDS), as the
+   * gateway's setting says; otherwise they are removed from every JSON object body (default).
+   */
+  readonly forwardKvTransferParams?: boolean;
   /** Every registered worker's id and engine base URL. */
   workers(): Iterable<{ id: string; url: string }>;
   /** Workers that list their models, `model` not among them. */
@@ -248,8 +253,20 @@ export class RouterPicker implements EndpointPicker {
             param: 'model',
           };
         }
-      } else if (rewritten) {
-        forwarded = Buffer.from(JSON.stringify(body));
+      } else {
+        // another API (SGLang's /generate, /v1/responses, a path with a trailing slash): not
+        // routed on its body, but an engine reads the KV-transfer fields from it all the same
+        const removed = this.backend.forwardKvTransferParams === true ? undefined : kvTransferFieldsIn(body);
+        if (removed !== undefined || rewritten) {
+          const bytes = forwardableBytes(input.body);
+          if (bytes === undefined) {
+            for (const key of removed ?? []) delete body[key];
+            forwarded = Buffer.from(JSON.stringify(body));
+          } else {
+            const newModel = rewritten && typeof body.model === 'string' ? body.model : undefined;
+            forwarded = Buffer.from(editedBodyText(bytes.toString('utf8'), undefined, newModel, removed ?? []));
+          }
+        }
       }
     } else if (input.headersOnly === true || input.body !== undefined) {
       // no body at all (end_of_stream on the headers, or an empty one): a request to an
@@ -418,7 +435,13 @@ function requestHeaders(input: PickInput): Record<string, string | string[]> {
   return out;
 }
 
-/** Which OpenAI API a body is for: the request path when it names one, else the body's shape. */
+/**
+ * Which OpenAI API a body is for: the request path when it names one, else the body's shape.
+ * A path with a trailing slash (`/v1/completions/`) names none: vLLM and SGLang serve the APIs
+ * with FastAPI, whose router (Starlette, redirect_slashes) answers it 307 with the path without
+ * the slash, and never runs the API on it; a client that follows the redirect comes back through
+ * the picker on the API's own path and is read then. Its body still loses the KV-transfer fields.
+ */
 function apiPath(
   path: string | undefined,
   body: Record<string, unknown>,

@@ -117,8 +117,8 @@ export interface GatewayOptions {
   limits?: Partial<RequestLimits>;
   /**
    * Forward the body fields that direct an engine's disaggregated prefill/decode KV transfer
-   * (vLLM's `kv_transfer_params`, SGLang's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`:
-   * request-limits.ts KV_TRANSFER_FIELDS) as a client sends them. Off by default: they are
+   * (vLLM's `kv_transfer_params`, SGLang's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`
+   * and the others of request-limits.ts KV_TRANSFER_FIELDS) as a client sends them. Off by default: they are
    * removed, as a client could otherwise make an engine fetch KV from a host of its choosing.
    */
   forwardKvTransferParams?: boolean;
@@ -216,6 +216,8 @@ export interface Gateway {
   parseRequest: RequestParser;
   /** The limits on what a client controls, as the proxy applies them. */
   limits: Readonly<RequestLimits>;
+  /** Whether the KV-transfer fields a client sends are forwarded (GatewayOptions.forwardKvTransferParams). */
+  forwardKvTransferParams: boolean;
   /** The request-body bytes held now over all requests, and their limit (the endpoint picker's too). */
   bodyBudget: BodyBudget;
   /** The bytes of complete answers gathered now over all requests, and their limit. */
@@ -813,6 +815,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     viaPseudonym: via,
     parseRequest: createRequestParser(readerOptions),
     limits,
+    forwardKvTransferParams: readerOptions.forwardKvTransferParams === true,
     bodyBudget,
     capClientConnections: capListener,
     answerBudget,

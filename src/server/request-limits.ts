@@ -407,20 +407,48 @@ const RUNTIME_MESSAGE =
  *   would make the engine connect to a host of its choosing and take in blocks it names. With
  *   `do_remote_decode`, a prefill engine keeps the request's blocks after it ends, for a remote
  *   reader, until VLLM_NIXL_ABORT_REQUEST_TIMEOUT.
+ * - vLLM, vllm/entrypoints/openai/completion/protocol.py: CompletionRequest takes
+ *   `ec_transfer_params`, "ECTransfer parameters used for encoder-cache disaggregated serving",
+ *   and hands it to the engine in extra_args as it does kv_transfer_params: the engine's EC
+ *   connector (vllm/distributed/ec_transfer/ec_connector/) takes a multimodal input's encoder
+ *   output from the remote instance they name instead of computing it.
  * - SGLang, python/sglang/srt/entrypoints/openai/protocol.py: CompletionRequest and
  *   ChatCompletionRequest take `bootstrap_host`, `bootstrap_port` and `bootstrap_room` "for PD
  *   disaggregation": the bootstrap server a decode engine asks for the prefill engine's KV, and
- *   the transfer it joins.
+ *   the transfer it joins; and `disagg_prefill_dp_rank`, a "hint telling decode which prefill DP
+ *   worker has the KV cache".
+ * - SGLang, python/sglang/srt/managers/io_struct.py: GenerateReqInput (the native `/generate`)
+ *   takes those and, with them "for disaggregated inference", `bootstrap_pair_key` and
+ *   `decode_tp_size`, which the tokenizer manager passes on to the scheduler with the bootstrap
+ *   fields (TokenizedGenerateReqInput); and `kv_router_hint`, a router's hint naming the peer
+ *   (`source_control_endpoint`) the engine's hierarchical cache fetches a reusable prefix's KV
+ *   from.
  *
  * The gateway removes them from what it forwards unless `forwardKvTransferParams` keeps them (a
- * gateway behind the component that sets them).
+ * gateway behind the component that sets them); the endpoint picker removes them from every JSON
+ * object body it reads, whatever its path.
  */
 export const KV_TRANSFER_FIELDS: readonly string[] = [
   'kv_transfer_params',
+  'ec_transfer_params',
   'bootstrap_host',
   'bootstrap_port',
   'bootstrap_room',
+  'bootstrap_pair_key',
+  'decode_tp_size',
+  'disagg_prefill_dp_rank',
+  'kv_router_hint',
 ];
+
+/**
+ * The KV_TRANSFER_FIELDS that are own keys of `body`, or undefined when it has none: a few
+ * own-key lookups on the parsed object (escaped spellings of a key are parsed to it).
+ */
+export function kvTransferFieldsIn(body: Readonly<Record<string, unknown>>): string[] | undefined {
+  let found: string[] | undefined;
+  for (const key of KV_TRANSFER_FIELDS) if (Object.hasOwn(body, key)) (found ??= []).push(key);
+  return found;
+}
 
 /** The `removed` of every request with nothing to remove: one frozen list, not one per request. */
 const NO_FIELDS_REMOVED: readonly string[] = Object.freeze([]);
@@ -457,8 +485,10 @@ export function readRouteRequest(
   // on the parsed object (escaped spellings of a key are parsed to it), no copy per request
   let removed: string[] | undefined;
   if (Object.hasOwn(received, 'contextforge')) removed = ['contextforge'];
-  if (!forwardKvTransferParams)
-    for (const key of KV_TRANSFER_FIELDS) if (Object.hasOwn(received, key)) (removed ??= []).push(key);
+  if (!forwardKvTransferParams) {
+    const fields = kvTransferFieldsIn(received);
+    if (fields !== undefined) removed = removed === undefined ? fields : removed.concat(fields);
+  }
   let body = received;
   if (removed !== undefined) {
     // spread defines every key as an own property ("__proto__" included), never a prototype

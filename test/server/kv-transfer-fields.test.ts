@@ -1,6 +1,7 @@
 /**
- * The body fields that direct an engine's disaggregated prefill/decode KV transfer (vLLM's
- * `kv_transfer_params`, SGLang's `bootstrap_host` / `bootstrap_port` / `bootstrap_room`) are
+ * The body fields that direct an engine's disaggregated KV transfer (vLLM's `kv_transfer_params`
+ * and `ec_transfer_params`, SGLang's `bootstrap_*`, `decode_tp_size`, `disagg_prefill_dp_rank`,
+ * `kv_router_hint`: request-limits.ts KV_TRANSFER_FIELDS) are
  * removed from what the gateway forwards unless `forwardKvTransferParams` keeps them: on both
  * completion paths, streamed or not, and the rest of the body reaches the engine as written.
  */
@@ -78,6 +79,11 @@ const KV_FIELDS = {
   bootstrap_host: '203.0.113.7',
   bootstrap_port: 8998,
   bootstrap_room: 12345,
+  bootstrap_pair_key: 'pair',
+  decode_tp_size: 8,
+  disagg_prefill_dp_rank: 0,
+  kv_router_hint: { source_control_endpoint: 'tcp://203.0.113.7:5700', block_hashes: ['a'] },
+  ec_transfer_params: { h0: { do_remote_encode: true, remote_host: '203.0.113.7', remote_port: 5601 } },
 };
 
 const CASES = [
