@@ -47,7 +47,8 @@ export interface RequestLimits {
    * back from a stream (the longest stop string less one character). 1 KiB is past every end
    * marker and stop word in use (`\n\n`, `</s>`, `<|im_end|>`, `Observation:`) and what vLLM's
    * own tests send (tests/detokenizer/test_stop_strings.py: `.`, `group of peo`, `gani`); a
-   * deployment that needs more raises maxIdBytes.
+   * deployment that needs more raises maxIdBytes. vLLM's `bad_words` are bounded as stop
+   * strings are, and `stop_token_ids` in number (checkBadWords, checkStopTokenIds).
    */
   maxStopSequences: number;
 }
@@ -332,6 +333,36 @@ export function checkStop(value: unknown, limits: RequestLimits): void {
   for (let i = 0; i < value.length; i++) checkStopString(value[i], `stop[${i}]`, 'stop', maxBytes);
 }
 
+/**
+ * vLLM's `bad_words`: absent, null or a list of at most `limits.maxStopSequences` strings, each
+ * at most STOP_BYTES_PER_ID_BYTE × `limits.maxIdBytes` UTF-8 bytes, as stop strings are. vLLM
+ * bounds neither: SamplingParams.update_from_tokenizer (vllm/sampling_params.py) tokenizes each
+ * one twice (with and without a leading space), and at every step apply_bad_words
+ * (vllm/v1/sample/ops/bad_words.py) compares the output's last tokens with every bad word's
+ * prefix, in Python, in the loop that samples for every request. Anything that is not a list
+ * is the engine's to refuse.
+ */
+export function checkBadWords(value: unknown, limits: RequestLimits): void {
+  if (!Array.isArray(value)) return;
+  const maxBytes = STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes;
+  if (value.length > limits.maxStopSequences)
+    throw new RequestLimitError(`bad_words has more than ${limits.maxStopSequences} words`, 'bad_words');
+  for (let i = 0; i < value.length; i++) checkStopString(value[i], `bad_words[${i}]`, 'bad_words', maxBytes);
+}
+
+/**
+ * `stop_token_ids`: absent, null or a list of at most `limits.maxStopSequences` ids. vLLM's
+ * check_stop (vllm/v1/core/sched/utils.py) tests `last_token_id in
+ * sampling_params.stop_token_ids`, a list: every id is compared at every step of every request,
+ * in the scheduler's loop, so their number multiplies the work as stop strings do (SGLang keeps
+ * them in a set). A few ids are what models need (Llama 3's end markers are three); the elements
+ * are the engine's to check.
+ */
+export function checkStopTokenIds(value: unknown, limits: RequestLimits): void {
+  if (Array.isArray(value) && value.length > limits.maxStopSequences)
+    throw new RequestLimitError(`stop_token_ids has more than ${limits.maxStopSequences} ids`, 'stop_token_ids');
+}
+
 /** Token ids: integers in [0, 2^32); throws a RequestLimitError naming the first that is not. */
 export function checkTokenIds(value: readonly unknown[], param: string): number[] {
   for (let i = 0; i < value.length; i++) {
@@ -517,6 +548,8 @@ export function readRouteRequest(
   checkChoices(body.n, 'n', limits.maxChoices);
   checkChoices(body.best_of, 'best_of', limits.maxChoices);
   checkStop(body.stop, limits);
+  checkBadWords(body.bad_words, limits);
+  checkStopTokenIds(body.stop_token_ids, limits);
   if (path === '/v1/chat/completions') routeRequest.messages = readMessages(body.messages);
   else Object.assign(routeRequest, readPrompt(body.prompt));
   return { routeRequest, body, unchanged: removed === undefined, removed: removed ?? NO_FIELDS_REMOVED };

@@ -1,7 +1,7 @@
 /**
  * The fields that multiply an engine's work for one request — `n` and `best_of` (sequences
- * run), `stop` (strings checked at every generated token) — are bounded by maxChoices and
- * maxStopSequences, not by the body size alone: over a limit is a 400 naming the field and
+ * run), `stop`, `bad_words` and `stop_token_ids` (checked at every generated token) — are
+ * bounded by maxChoices and maxStopSequences, not by the body size alone: over a limit is a 400 naming the field and
  * nothing reaches the engine; at the limit, and whatever the OpenAI API accepts, passes.
  */
 import assert from 'node:assert/strict';
@@ -114,6 +114,39 @@ describe('stop', () => {
     const { path } = PATHS.chat;
     for (const stop of ['\n', ['\n\n', '</s>', '<|im_end|>', 'Observation:'], [], null])
       await passes(defaults, path, { stop });
+  });
+});
+
+describe('bad_words and stop_token_ids', () => {
+  const many = (count: number) => Array.from({ length: count }, (_, i) => `w${i}`);
+  for (const { path } of Object.values(PATHS)) {
+    test(`more bad_words than maxStopSequences are refused, as many pass (${path})`, async () => {
+      const message = await refused(defaults, path, { bad_words: many(65) }, 'bad_words');
+      assert.match(message, /^bad_words has more than 64 /);
+      await passes(defaults, path, { bad_words: many(64) });
+      await refused(tight, path, { bad_words: many(3) }, 'bad_words');
+      await passes(tight, path, { bad_words: many(2) });
+    });
+    test(`more stop_token_ids than maxStopSequences are refused, as many pass (${path})`, async () => {
+      const ids = (count: number) => Array.from({ length: count }, (_, i) => i + 1);
+      const message = await refused(defaults, path, { stop_token_ids: ids(65) }, 'stop_token_ids');
+      assert.match(message, /^stop_token_ids has more than 64 /);
+      await passes(defaults, path, { stop_token_ids: ids(64) });
+      await refused(tight, path, { stop_token_ids: ids(3) }, 'stop_token_ids');
+      await passes(tight, path, { stop_token_ids: [128001, 128009] });
+    });
+  }
+  test('each bad word is at most 4 × maxIdBytes UTF-8 bytes, as a stop string is', async () => {
+    const { path } = PATHS.completions;
+    await passes(defaults, path, { bad_words: ['x'.repeat(1024), 'é'.repeat(512)] });
+    const message = await refused(defaults, path, { bad_words: ['ok', 'x'.repeat(1025)] }, 'bad_words');
+    assert.match(message, /bad_words\[1\] is longer than 1024 bytes/);
+    await refused(tight, path, { bad_words: ['x'.repeat(33)] }, 'bad_words');
+    await passes(tight, path, { bad_words: ['x'.repeat(32)] });
+  });
+  test('absent, null or empty is the engine’s default', async () => {
+    await passes(defaults, PATHS.completions.path, { bad_words: null, stop_token_ids: null });
+    await passes(defaults, PATHS.chat.path, { bad_words: [], stop_token_ids: [] });
   });
 });
 
