@@ -141,7 +141,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   forwardKvTransferParams: {
     arg: '<true|false>',
-    help: "forward a client's kv_transfer_params (vLLM) and bootstrap_host/port/room (SGLang), which direct an engine's disaggregated prefill/decode KV transfer; removed by default",
+    help: "forward a client's kv_transfer_params and ec_transfer_params (vLLM), bootstrap_host/port/room and the other KV-transfer fields (SGLang), which direct an engine's disaggregated KV transfer; removed by default",
   },
   maxIdBytes: { arg: '<n>', help: 'longest workflow id, agent role, anchor id and cache_salt (UTF-8 bytes)' },
   maxAnchors: { arg: '<n>', help: 'most content anchors per request' },
@@ -153,7 +153,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   maxStopSequences: {
     arg: '<n>',
-    help: 'most stop strings in a request (each at most 4 × --max-id-bytes UTF-8 bytes)',
+    help: 'most stop strings, bad_words and stop_token_ids in a request (each string at most 4 × --max-id-bytes UTF-8 bytes)',
   },
   headersTimeoutMs: { arg: '<ms>', help: "time for a client to send a request's headers" },
   requestTimeoutMs: { arg: '<ms>', help: 'time for a client to send a whole request (headers and body)' },
