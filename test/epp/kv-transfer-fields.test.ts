@@ -95,4 +95,18 @@ describe('KV-transfer fields through the endpoint picker', () => {
     assert.equal(out.body.toString(), `{"model":"mock","input":"hi","seed":${SEED}}`);
     await out.stream.end();
   });
+
+  test('an isolated request gets its private salt with the rest of the body as written, the fields removed', async () => {
+    const out = await strippingEnvoy.request({
+      headers: { ':path': '/v1/completions' },
+      body: `{"model":"mock","prompt":"p","kv_transfer_params":{"a":1},"contextforge":{"isolate":true},"seed":${SEED}}`,
+    });
+    assert.equal(out.kind, 'routed');
+    if (out.kind !== 'routed') return;
+    const text = out.body.toString();
+    const salt = (JSON.parse(text) as { cache_salt?: unknown }).cache_salt;
+    assert.equal(typeof salt, 'string');
+    assert.equal(text, `{"cache_salt":${JSON.stringify(salt)},"model":"mock","prompt":"p","seed":${SEED}}`);
+    await out.stream.end();
+  });
 });
