@@ -66,6 +66,31 @@ export const answeringEngine = (status: number, body: string, headers: Record<st
     req.on('end', () => res.writeHead(status, { 'content-type': 'application/json', ...headers }).end(body));
   });
 
+/**
+ * An engine that records the body of every POST in `received` and answers it with one
+ * completion (an event stream when the body asks for `stream: true`); other methods get 404.
+ */
+export const recordingEngine = (received: string[]) =>
+  fakeEngine((req, res) => {
+    let text = '';
+    req.setEncoding('utf8');
+    req.on('data', (d: string) => (text += d));
+    req.on('end', () => {
+      if (req.method !== 'POST') {
+        res.writeHead(404).end();
+        return;
+      }
+      received.push(text);
+      if ((JSON.parse(text) as { stream?: unknown }).stream === true) {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end('data: {"choices":[{"text":"ok"}]}\n\ndata: [DONE]\n\n');
+        return;
+      }
+      const answer = '{"choices":[{"text":"ok"}]}';
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': answer.length }).end(answer);
+    });
+  });
+
 /** An engine that answers every request with HTTP 500. */
 export const failingEngine = () => answeringEngine(500, '{"error":{"message":"engine exploded"}}');
 

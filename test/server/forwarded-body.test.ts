@@ -12,7 +12,7 @@ import { KVAwareRouter } from '../../src/index.js';
 import { loadApiKeysFile } from '../../src/server/api-keys.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { editedBodyText } from '../../src/server/openai-request.js';
-import { fakeEngine, type FakeEngine } from '../faults/harness.js';
+import { recordingEngine, type FakeEngine } from '../faults/harness.js';
 
 const received: string[] = [];
 let engine: FakeEngine;
@@ -22,16 +22,7 @@ let keyedUrl = '';
 let openUrl = '';
 
 before(async () => {
-  engine = await fakeEngine((req, res) => {
-    let text = '';
-    req.setEncoding('utf8');
-    req.on('data', (d: string) => (text += d));
-    req.on('end', () => {
-      if (req.method === 'POST') received.push(text);
-      const answer = '{"choices":[{"text":"ok"}]}';
-      res.writeHead(200, { 'content-type': 'application/json', 'content-length': answer.length }).end(answer);
-    });
-  });
+  engine = await recordingEngine(received);
   const dir = mkdtempSync(join(tmpdir(), 'cf-forwarded-'));
   const file = join(dir, 'keys.yaml');
   writeFileSync(file, 'sk-tenant-a-0123456789: team-a\n');

@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { fakeEngine, type FakeEngine } from '../faults/harness.js';
+import { recordingEngine, type FakeEngine } from '../faults/harness.js';
 
 const received: string[] = [];
 let engine: FakeEngine;
@@ -19,25 +19,7 @@ let strippingUrl = '';
 let keepingUrl = '';
 
 before(async () => {
-  engine = await fakeEngine((req, res) => {
-    let text = '';
-    req.setEncoding('utf8');
-    req.on('data', (d: string) => (text += d));
-    req.on('end', () => {
-      if (req.method !== 'POST') {
-        res.writeHead(404).end();
-        return;
-      }
-      received.push(text);
-      if ((JSON.parse(text) as { stream?: unknown }).stream === true) {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.end('data: {"choices":[{"text":"ok"}]}\n\ndata: [DONE]\n\n');
-        return;
-      }
-      const answer = '{"choices":[{"text":"ok"}]}';
-      res.writeHead(200, { 'content-type': 'application/json', 'content-length': answer.length }).end(answer);
-    });
-  });
+  engine = await recordingEngine(received);
   const common = { workers: [{ id: 'e0', url: engine.url }], metricsIntervalMs: 0, healthCheckIntervalMs: 0 };
   stripping = await createGateway({ router: new KVAwareRouter(), ...common });
   keeping = await createGateway({ router: new KVAwareRouter(), forwardKvTransferParams: true, ...common });
