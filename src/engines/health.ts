@@ -9,8 +9,19 @@ import { recordOutcome, PollLoop, type CheckStreak } from './poll-loop.js';
  */
 export type HealthVerdictSource = 'health-check' | 'metrics' | 'breaker';
 
+/**
+ * Whether a failed probe's detail says it timed out or was aborted (AbortSignal.timeout's "The
+ * operation was aborted due to timeout"): the engine was too slow to answer, which a busy engine
+ * that serves can be, unlike an error status or a refused connection (it says it cannot serve,
+ * or is gone).
+ */
+export function isProbeTimeout(detail: string): boolean {
+  return /time(d)? ?out|aborted/i.test(detail);
+}
+
 export class WorkerHealth {
-  private readonly down = new Map<string, Set<HealthVerdictSource>>();
+  /** The sources holding each worker out, each with whether its probe only timed out. */
+  private readonly down = new Map<string, Map<HealthVerdictSource, boolean>>();
   private readonly listeners: Array<(workerId: string, available: boolean, detail: string) => void> = [];
 
   constructor(
@@ -18,14 +29,19 @@ export class WorkerHealth {
     private readonly log?: (message: string) => void,
   ) {}
 
-  /** Records one source's verdict and tells the router when the worker's availability changes. */
+  /**
+   * Records one source's verdict and tells the router when the worker's availability changes.
+   * A source that holds the worker out already may report again with a new detail (a probe that
+   * timed out before is now refused): what it says is kept, nothing else changes.
+   */
   set(workerId: string, source: HealthVerdictSource, healthy: boolean, detail = ''): void {
     let reasons = this.down.get(workerId);
     const wasUp = reasons === undefined || reasons.size === 0;
     if (healthy) reasons?.delete(source);
     else {
-      if (!reasons) this.down.set(workerId, (reasons = new Set()));
-      reasons.add(source);
+      if (!reasons) this.down.set(workerId, (reasons = new Map()));
+      // the breaker counts the gateway's own requests failing: never a slow probe
+      reasons.set(source, source !== 'breaker' && isProbeTimeout(detail));
     }
     const isUp = reasons === undefined || reasons.size === 0;
     if (wasUp === isUp) return;
@@ -47,7 +63,19 @@ export class WorkerHealth {
 
   /** The sources currently holding the worker out (empty when it takes requests). */
   reasons(workerId: string): HealthVerdictSource[] {
-    return [...(this.down.get(workerId) ?? [])];
+    return [...(this.down.get(workerId)?.keys() ?? [])];
+  }
+
+  /**
+   * Whether the worker is out of rotation only because its health check or metrics scrape timed
+   * out (or was aborted): a busy engine may be serving still. False when it takes requests, or
+   * when a probe got an error status or a refused connection, or its circuit is open.
+   */
+  heldOutBySlowProbesOnly(workerId: string): boolean {
+    const reasons = this.down.get(workerId);
+    if (reasons === undefined || reasons.size === 0) return false;
+    for (const timedOut of reasons.values()) if (!timedOut) return false;
+    return true;
   }
 
   forget(workerId: string): void {
@@ -160,5 +188,7 @@ export class HealthChecker {
     }
     const flipped = recordOutcome(p, error === undefined, this.failuresToUnhealthy, this.successesToHealthy);
     if (flipped !== undefined) this.health.set(workerId, 'health-check', flipped, error ?? '');
+    // still out: the latest failure says why (a probe that timed out may now be refused)
+    else if (error !== undefined && !p.healthy) this.health.set(workerId, 'health-check', false, error);
   }
 }

@@ -107,7 +107,7 @@ export interface WorkerConnectionsOptions {
   via?: string;
   /**
    * Panic routing is on (panic-routing.ts): while no worker is in rotation, a worker whose probes
-   * were only too slow keeps its unanswered requests past the grace period, as requests go on
+   * only timed out keeps its unanswered requests past the grace period, as requests go on
    * reaching it and the others held out alike.
    */
   panicRouting?: boolean;
@@ -172,7 +172,7 @@ export class WorkerConnections {
             headers,
           }).start()
         : undefined;
-    health.onChange((id, available, detail) => (available ? this.backInRotation(id) : this.outOfRotation(id, detail)));
+    health.onChange((id, available) => (available ? this.backInRotation(id) : this.outOfRotation(id)));
     this.slowProbeGraceMs = slowProbeGraceMs(healthCheckIntervalMs);
     const modelsMs = options.modelsIntervalMs ?? 30_000;
     if (modelsMs > 0) {
@@ -185,20 +185,22 @@ export class WorkerConnections {
 
   /**
    * A worker left rotation: the requests it has not answered at all move to other workers
-   * (nothing reached their clients). When only its probes were too slow (a busy engine answers
+   * (nothing reached their clients). When only its probes timed out (a busy engine answers
    * /health late too), they move only if it is still out a grace period later: a loaded engine
    * must not have its whole queue thrown onto the others; nor then, with panic routing, when no
    * worker is in rotation: they would move only to workers held out alike, the client waiting
-   * again from the start (or, once the retries are spent, failed). Engines announce no AllBlocksCleared
-   * when they start, so one its health check holds out is remembered as possibly restarted.
+   * again from the start (or, once the retries are spent, failed). Engines announce no
+   * AllBlocksCleared when they start, so one its health check holds out is remembered as
+   * possibly restarted.
    */
-  private outOfRotation(id: string, detail: string): void {
-    if (this.options.health.reasons(id).includes('health-check')) this.mayHaveRestarted.add(id);
+  private outOfRotation(id: string): void {
+    const { health } = this.options;
+    if (health.reasons(id).includes('health-check')) this.mayHaveRestarted.add(id);
     const giveUpAll = () => {
       const c = this.connections.get(id);
-      if (c && this.options.health.reasons(id).length > 0) for (const giveUp of [...c.unanswered]) giveUp();
+      if (c && health.reasons(id).length > 0) for (const giveUp of [...c.unanswered]) giveUp();
     };
-    if (!/time(d)? ?out|aborted/i.test(detail)) return giveUpAll();
+    if (!health.heldOutBySlowProbesOnly(id)) return giveUpAll();
     const t = setTimeout(() => {
       this.graceTimers.delete(t);
       if (this.options.panicRouting && !this.options.router.listWorkers().some((w) => w.available)) return;

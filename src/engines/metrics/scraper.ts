@@ -138,6 +138,9 @@ export class MetricsScraper {
       s.lastError = redactUserinfo((err as Error).message);
       const flipped = recordOutcome(s, false, this.failuresToUnhealthy, this.successesToHealthy);
       if (flipped !== undefined) this.setHealth(workerId, s, flipped);
+      // still out: the latest failure says why (a scrape that timed out may now be refused)
+      else if (!s.healthy && this.states.get(workerId) === s)
+        this.options.health?.set(workerId, 'metrics', false, `metrics: ${s.lastError}`);
     }
   }
 
