@@ -163,9 +163,10 @@ export interface GatewayOptions {
   breakerFailures?: number;
   breakerCooldownMs?: number;
   /**
-   * When no worker is in rotation for a request, route it over the workers held out only by
-   * their health check or metrics scrape instead of answering 503 (default true; panic-routing.ts).
-   * Workers whose circuit is open, draining or removed are never used so.
+   * When no worker is in rotation for a request, route it over the workers held out only because
+   * their health check or metrics scrape timed out, instead of answering 503 (default true;
+   * panic-routing.ts). Workers whose probe got an error status or a refused connection, whose
+   * circuit is open, draining or removed are never used so.
    */
   panicRouting?: boolean;
   /** Applies KV events posted to /admin/events (the serve command shares it with the subscribers). */

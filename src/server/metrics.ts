@@ -71,8 +71,8 @@ export interface GatewayMetrics {
    */
   connectionWaitTimeouts: Counter<'worker'>;
   /**
-   * Attempts routed over workers held out of rotation only by their health check or metrics
-   * scrape, because no worker was in rotation for the request (panic-routing.ts).
+   * Attempts routed over workers held out of rotation only by a health check or metrics scrape
+   * that timed out, because no worker was in rotation for the request (panic-routing.ts).
    */
   panicRouted: Counter;
 }
@@ -203,7 +203,7 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
   });
   const panicRouted = new Counter({
     name: 'contextforge_panic_routed_total',
-    help: 'Attempts routed over workers held out of rotation only by their health check or metrics scrape, because no worker was in rotation for the request (panic routing; --panic-routing).',
+    help: 'Attempts routed over workers held out of rotation only by a health check or metrics scrape that timed out, because no worker was in rotation for the request (panic routing; --panic-routing).',
     registers,
   });
   return {

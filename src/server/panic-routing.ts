@@ -1,9 +1,11 @@
 /**
  * Panic routing: when no worker that could take a request is in rotation, the request is routed
- * over the workers held out only by their active health check or their metrics scrape, rather
- * than refused with 503. Those verdicts come from probes the gateway sends beside the traffic,
- * with short timeouts: on a loaded machine (many engines on few cores, a gateway starved of CPU)
- * every probe can time out while the engines serve, and the whole fleet leaves rotation at once.
+ * over the workers held out only because their active health check or their metrics scrape
+ * timed out, rather than refused with 503. Those verdicts come from probes the gateway sends
+ * beside the traffic, with short timeouts: on a loaded machine (many engines on few cores, a
+ * gateway starved of CPU) every probe can time out while the engines serve, and the whole fleet
+ * leaves rotation at once. A probe answered with an error status or refused is the engine saying
+ * it cannot serve, or gone: such a worker stays out, as without panic routing.
  * Envoy answers the same situation with its panic threshold (below 50% healthy hosts it balances
  * over all of them); the SGLang model gateway and the llm-d endpoint picker do not (503), but the
  * latter only drops endpoints Kubernetes says are not ready, never for a failed metrics scrape.
@@ -15,10 +17,8 @@
  * retried on another, counted by the breaker, 502 once every attempt failed.
  */
 import type { KVAwareRouter } from '../core/router/index.js';
-import type { HealthVerdictSource, WorkerHealth } from '../engines/health.js';
-
-/** The verdicts panic routing looks past: probes that may time out on a busy engine that serves. */
-const PROBE_VERDICTS: ReadonlySet<HealthVerdictSource> = new Set(['health-check', 'metrics']);
+import type { WorkerState } from '../core/worker-registry.js';
+import type { WorkerHealth } from '../engines/health.js';
 
 /** Most worker ids the log line at the start of panic routing names. */
 const MAX_LOGGED_IDS = 8;
@@ -45,16 +45,16 @@ export class PanicRouting {
 
   /**
    * The workers a request may be routed over when none is in rotation for it: those outside
-   * `without` (the workers that do not serve its model) held out only by their health check or
-   * metrics scrape, not draining. Undefined when a worker is in rotation for it (nothing to
-   * panic about: its refusal or its failure is answered as usual) or none qualifies.
+   * `without` (the workers that do not serve its model) held out only by a health check or a
+   * metrics scrape that timed out, not draining. Undefined when a worker is in rotation for it
+   * (nothing to panic about: its refusal or its failure is answered as usual) or none qualifies.
    */
   candidates(without: ReadonlySet<string>): Set<string> | undefined {
     const workers = this.options.router.listWorkers();
     if (workers.some((w) => w.available && !without.has(w.id))) return undefined;
     let out: Set<string> | undefined;
     for (const w of workers) {
-      if (w.available || w.draining || without.has(w.id) || !this.heldOutByProbesOnly(w.id)) continue;
+      if (without.has(w.id) || !this.eligible(w)) continue;
       (out ??= new Set()).add(w.id);
     }
     return out;
@@ -69,27 +69,27 @@ export class PanicRouting {
     const named = ids.slice(0, MAX_LOGGED_IDS).join(', ') + (ids.length > MAX_LOGGED_IDS ? ', …' : '');
     this.options.log(
       `warning: panic routing starts: no worker is in rotation for a request; it goes to the ${ids.length} ` +
-        `held out only by their health check or metrics scrape (${named}) instead of a 503 ` +
+        `held out only by a health check or metrics scrape that timed out (${named}) instead of a 503 ` +
         '(--panic-routing false turns this off)',
     );
   }
 
   /**
    * A request was routed to a worker in rotation. While panic routing is on, this ends it once
-   * no worker is held out only by its probes any more (one added or resumed from draining, or
-   * the others removed: no rotation change tells of those); workers of another model still out
-   * keep it on, so a fleet where one model panics does not log at every request of another.
+   * no worker is panic-eligible any more (one added or resumed from draining, or the others
+   * removed, drained or answering an error status: no rotation change tells of those); workers
+   * of another model still out keep it on, so a fleet where one model panics does not log at
+   * every request of another.
    */
   routedInRotation(): void {
     if (!this.active) return;
-    if (this.options.router.listWorkers().some((w) => !w.available && !w.draining && this.heldOutByProbesOnly(w.id)))
-      return;
+    if (this.options.router.listWorkers().some((w) => this.eligible(w))) return;
     this.end('a worker is in rotation');
   }
 
-  private heldOutByProbesOnly(id: string): boolean {
-    const reasons = this.options.health.reasons(id);
-    return reasons.length > 0 && reasons.every((r) => PROBE_VERDICTS.has(r));
+  /** Out of rotation only because its probes timed out, not draining (removed: its verdicts are forgotten). */
+  private eligible(w: WorkerState): boolean {
+    return !w.available && !w.draining && this.options.health.heldOutBySlowProbesOnly(w.id);
   }
 
   private end(why: string): void {

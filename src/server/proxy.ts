@@ -73,8 +73,8 @@ export interface ProxyDeps {
   /** An answer passed through ungathered because the answer budget could not take it. */
   onAnswerBudgetFull: () => void;
   /**
-   * Routes a request no worker in rotation can take over the workers held out only by their
-   * probes (panic-routing.ts); undefined: such a request is answered 503.
+   * Routes a request no worker in rotation can take over the workers held out only by probes
+   * that timed out (panic-routing.ts); undefined: such a request is answered 503.
    */
   panic?: PanicRouting;
 }
@@ -238,7 +238,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       if (!decision) return answered(reply);
       panicCandidates = undefined;
       if (decision.noWorker && panic !== undefined) {
-        // no worker in rotation can take it: those held out only by their probes may (panic
+        // no worker in rotation can take it: those held out only by slow probes may (panic
         // routing), among the workers serving its model (asked again: `excluded` holds those
         // that failed the request too)
         const heldOut = panic.candidates(connections.withoutModel(prepared.body.model));
@@ -367,7 +367,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
  * Whether a worker not in `excluded` (nor `besides`) is available, or one of `panicCandidates`
  * not draining: one the next attempt's route() could choose (route() takes its candidates from
  * the available workers outside its exclusions, and in panic routing from those held out only
- * by their probes).
+ * by probes that timed out).
  */
 function hasOtherCandidate(
   router: KVAwareRouter,

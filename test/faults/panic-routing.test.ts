@@ -1,8 +1,9 @@
 /**
  * Panic routing: when no worker is in rotation but some are out only because their health check
- * or metrics scrape failed (a loaded machine makes a serving engine's probes time out), the
+ * or metrics scrape timed out (a loaded machine makes a serving engine's probes time out), the
  * gateway routes over those instead of answering 503, as Envoy does below its panic threshold.
- * Workers out for an open circuit or draining stay out. `panicRouting: false` keeps the 503.
+ * Workers whose probes got an error status or were refused, out for an open circuit or draining
+ * stay out. `panicRouting: false` keeps the 503.
  */
 import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
@@ -76,8 +77,8 @@ async function engine(health: () => number | 'hang', status = 200, body = ANSWER
   return e;
 }
 
-/** An engine that serves completions while its /health answers 503. */
-const failingHealthEngine = () => engine(() => 503);
+/** What a probe's timeout reads as (AbortSignal.timeout's error), from the health check and the metrics scrape. */
+const PROBE_TIMEOUT = 'The operation was aborted due to timeout';
 
 async function gatewayOver(urls: Record<string, string>, options: Partial<GatewayOptions> = {}) {
   const router = new KVAwareRouter({ policy: 'round-robin' });
@@ -97,10 +98,10 @@ async function gatewayOver(urls: Record<string, string>, options: Partial<Gatewa
   return { router, gateway, base, logs, out };
 }
 
-test('engines that serve but fail their health check: requests get 200 through panic routing, counted, logged once at its start and once at its end', async () => {
+test('engines that serve but whose health check times out: requests get 200 through panic routing, counted, logged once at its start and once at its end', async () => {
   let healthy = false;
-  const a = await engine(() => (healthy ? 200 : 503));
-  const b = await failingHealthEngine();
+  const a = await engine(() => (healthy ? 200 : 'hang'));
+  const b = await engine(() => 'hang');
   const g = await gatewayOver({ a: a.url, b: b.url }, { healthCheckIntervalMs: 20 });
   try {
     await until(() => g.out('a') && g.out('b'), 'both workers out of rotation');
@@ -166,14 +167,19 @@ test('a request panic-routed to a worker whose probes time out is not taken off 
   }
 });
 
-test('workers out only because their metrics scrape failed are panic-routed too', async () => {
+test('workers out only because their metrics scrape timed out are panic-routed too, not once it answers an error status', async () => {
   const e = await engine(() => 200);
   const g = await gatewayOver({ m: e.url });
   try {
-    g.gateway.health.set('m', 'metrics', false, 'scrape failed');
+    g.gateway.health.set('m', 'metrics', false, `metrics: ${PROBE_TIMEOUT}`);
     const r = await post(g.base, '/v1/completions', { prompt: 'scrape', max_tokens: 1 });
     assert.equal(r.status, 200, r.text);
     assert.equal(await sample(g.gateway.metrics, PANIC_ROUTED), 1);
+    // the next scrape got an error status: the engine says it cannot serve
+    g.gateway.health.set('m', 'metrics', false, 'metrics: HTTP 500');
+    const refused = await post(g.base, '/v1/completions', { prompt: 'scrape failed', max_tokens: 1 });
+    assert.equal(refused.status, 503, refused.text);
+    assert.equal(e.completions, 1);
   } finally {
     await g.gateway.close();
     await e.close();
@@ -181,7 +187,7 @@ test('workers out only because their metrics scrape failed are panic-routed too'
 });
 
 test('with panic routing off, no worker in rotation is a 503 as before', async () => {
-  const e = await failingHealthEngine();
+  const e = await engine(() => 'hang');
   const g = await gatewayOver({ a: e.url }, { healthCheckIntervalMs: 20, panicRouting: false });
   try {
     await until(() => g.out('a'), 'the worker out of rotation');
@@ -203,11 +209,11 @@ test('a worker with an open circuit, or draining, is not used in panic; with onl
   const draining = await engine(() => 200);
   const g = await gatewayOver({ probed: probed.url, tripped: tripped.url, draining: draining.url });
   try {
-    g.gateway.health.set('probed', 'health-check', false, 'timed out');
+    g.gateway.health.set('probed', 'health-check', false, PROBE_TIMEOUT);
     // the circuit is open and the health check fails: the breaker's own half-open try decides
-    g.gateway.health.set('tripped', 'health-check', false, 'timed out');
+    g.gateway.health.set('tripped', 'health-check', false, PROBE_TIMEOUT);
     g.gateway.health.set('tripped', 'breaker', false, '3 consecutive failures');
-    g.gateway.health.set('draining', 'health-check', false, 'timed out');
+    g.gateway.health.set('draining', 'health-check', false, PROBE_TIMEOUT);
     g.router.drainWorker('draining');
     for (let i = 0; i < 6; i++) {
       const r = await post(g.base, '/v1/completions', { prompt: `p${i}`, max_tokens: 1 });
@@ -238,8 +244,8 @@ test('a request that fails on a panic-routed worker is retried on the next one a
   const serving = await engine(() => 200);
   const g = await gatewayOver({ failing: failing.url, serving: serving.url }, { maxRetries: 2 });
   try {
-    g.gateway.health.set('failing', 'health-check', false, 'timed out');
-    g.gateway.health.set('serving', 'health-check', false, 'timed out');
+    g.gateway.health.set('failing', 'health-check', false, PROBE_TIMEOUT);
+    g.gateway.health.set('serving', 'health-check', false, PROBE_TIMEOUT);
     const r = await post(g.base, '/v1/completions', { prompt: 'first goes to failing', max_tokens: 1 });
     assert.equal(r.status, 200, r.text);
     assert.equal(r.headers.get('x-contextforge-worker'), 'serving');
@@ -252,5 +258,74 @@ test('a request that fails on a panic-routed worker is retried on the next one a
     await g.gateway.close();
     await failing.close();
     await serving.close();
+  }
+});
+
+test('engines whose health check answers an error status are not panic-routed: 503 and no engine reached, as without panic routing', async () => {
+  const engines = [
+    await engine(() => 500, 500, '{"error":{"message":"boom"}}'),
+    await engine(() => 500, 500, '{"error":{"message":"boom"}}'),
+    await engine(() => 500, 500, '{"error":{"message":"boom"}}'),
+  ];
+  const g = await gatewayOver(Object.fromEntries(engines.map((e, i) => [`e${i}`, e.url])), {
+    healthCheckIntervalMs: 20,
+  });
+  try {
+    await until(() => g.out('e0') && g.out('e1') && g.out('e2'), 'every worker out of rotation');
+    for (let i = 0; i < 3; i++) {
+      const r = await post(g.base, '/v1/completions', { prompt: `sick ${i}`, max_tokens: 1 });
+      assert.equal(r.status, 503, r.text);
+      assert.match(r.text, /no worker can take the request now/);
+    }
+    assert.equal(
+      engines.reduce((n, e) => n + e.completions, 0),
+      0,
+      'no engine got a request',
+    );
+    assert.equal(await sample(g.gateway.metrics, PANIC_ROUTED), 0);
+    assert.equal(g.logs.filter((l) => /panic routing starts/.test(l)).length, 0, g.logs.join('\n'));
+  } finally {
+    await g.gateway.close();
+    for (const e of engines) await e.close();
+  }
+});
+
+test('an engine refusing connections to its health check is not panic-routed', async () => {
+  const e = await engine(() => 200);
+  const g = await gatewayOver({ gone: e.url });
+  try {
+    g.gateway.health.set('gone', 'health-check', false, 'fetch failed');
+    const r = await post(g.base, '/v1/completions', { prompt: 'gone', max_tokens: 1 });
+    assert.equal(r.status, 503, r.text);
+    assert.equal(e.completions, 0);
+  } finally {
+    await g.gateway.close();
+    await e.close();
+  }
+});
+
+test('a worker whose health check timed out and then answers an error status leaves panic routing', async () => {
+  let health: number | 'hang' = 'hang';
+  const e = await engine(() => health);
+  const g = await gatewayOver({ w: e.url }, { healthCheckIntervalMs: 20 });
+  try {
+    await until(() => g.out('w'), 'the worker out of rotation after its probes timed out');
+    const slow = await post(g.base, '/v1/completions', { prompt: 'slow', max_tokens: 1 });
+    assert.equal(slow.status, 200, slow.text);
+    health = 500;
+    const before = e.completions;
+    await until(
+      async () => (await post(g.base, '/v1/completions', { prompt: 'sick', max_tokens: 1 })).status === 503,
+      'a 503 once the health check answers 500',
+    );
+    // the probes after the first 500 decide: requests sent meanwhile reached it, none after
+    const reached = e.completions;
+    assert.ok(reached >= before);
+    const r = await post(g.base, '/v1/completions', { prompt: 'still sick', max_tokens: 1 });
+    assert.equal(r.status, 503, r.text);
+    assert.equal(e.completions, reached, 'the engine got nothing once it answered an error status');
+  } finally {
+    await g.gateway.close();
+    await e.close();
   }
 });

@@ -59,7 +59,7 @@ export interface RouteOptions {
   /**
    * Unhealthy workers that may be chosen this time as if healthy (never one that is draining,
    * nor one in `exclude`): the gateway's panic routing, which passes the workers held out only
-   * by a health check or a metrics scrape when none is in rotation.
+   * by a health check or a metrics scrape that timed out when none is in rotation.
    */
   panicCandidates?: ReadonlySet<string>;
   /** Put what the decision recorded in `result.shared`, for other router replicas (allocates). */
