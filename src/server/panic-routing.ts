@@ -20,6 +20,15 @@ import type { KVAwareRouter } from '../core/router/index.js';
 import type { WorkerState } from '../core/worker-registry.js';
 import type { WorkerHealth } from '../engines/health.js';
 
+/**
+ * Whether a worker outside `without` is in rotation: one a request could be routed to now, when
+ * `without` holds the workers that do not serve its model. Panic routing starts for a request
+ * only when none is; a slow worker keeps its requests past the grace period on the same terms.
+ */
+export function inRotationFor(workers: readonly WorkerState[], without: ReadonlySet<string>): boolean {
+  return workers.some((w) => w.available && !without.has(w.id));
+}
+
 /** Most worker ids the log line at the start of panic routing names. */
 const MAX_LOGGED_IDS = 8;
 
@@ -51,7 +60,7 @@ export class PanicRouting {
    */
   candidates(without: ReadonlySet<string>): Set<string> | undefined {
     const workers = this.options.router.listWorkers();
-    if (workers.some((w) => w.available && !without.has(w.id))) return undefined;
+    if (inRotationFor(workers, without)) return undefined;
     let out: Set<string> | undefined;
     for (const w of workers) {
       if (without.has(w.id) || !this.eligible(w)) continue;

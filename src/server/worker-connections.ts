@@ -21,6 +21,7 @@ import type { WorkerRecord } from '../state/state-store.js';
 import { ConnectionSlots, DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from './connection-slots.js';
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
 import { isTokenId } from './request-limits.js';
+import { inRotationFor } from './panic-routing.js';
 import { MAX_TIMER_MS } from './timeouts.js';
 import { engineAuthorization, parseWorkerRecord, splitCredentials } from './worker-input.js';
 
@@ -106,9 +107,9 @@ export interface WorkerConnectionsOptions {
    */
   via?: string;
   /**
-   * Panic routing is on (panic-routing.ts): while no worker is in rotation, a worker whose probes
-   * only timed out keeps its unanswered requests past the grace period, as requests go on
-   * reaching it and the others held out alike.
+   * Panic routing is on (panic-routing.ts): while no worker serving its models is in rotation, a
+   * worker whose probes only timed out keeps its unanswered requests past the grace period, as
+   * requests go on reaching it and the others held out alike.
    */
   panicRouting?: boolean;
 }
@@ -188,10 +189,10 @@ export class WorkerConnections {
    * (nothing reached their clients). When only its probes timed out (a busy engine answers
    * /health late too), they move only if it is still out a grace period later: a loaded engine
    * must not have its whole queue thrown onto the others; nor then, with panic routing, when no
-   * worker is in rotation: they would move only to workers held out alike, the client waiting
-   * again from the start (or, once the retries are spent, failed). Engines announce no
-   * AllBlocksCleared when they start, so one its health check holds out is remembered as
-   * possibly restarted.
+   * worker serving its models is in rotation: they would move only to workers held out alike,
+   * the client waiting again from the start (or, once the retries are spent, failed). Engines
+   * announce no AllBlocksCleared when they start, so one its health check holds out is
+   * remembered as possibly restarted.
    */
   private outOfRotation(id: string): void {
     const { health } = this.options;
@@ -203,11 +204,30 @@ export class WorkerConnections {
     if (!health.heldOutBySlowProbesOnly(id)) return giveUpAll();
     const t = setTimeout(() => {
       this.graceTimers.delete(t);
-      if (this.options.panicRouting && !this.options.router.listWorkers().some((w) => w.available)) return;
+      if (this.options.panicRouting && !this.modelsInRotation(id)) return;
       giveUpAll();
     }, this.slowProbeGraceMs);
     t.unref();
     this.graceTimers.add(t);
+  }
+
+  /**
+   * Whether every model the worker serves has a worker in rotation serving it (the worker being
+   * out itself): then each of its requests could move to one. A worker that lists no models may
+   * hold a request for any model: only a worker in rotation that lists none serves them all.
+   */
+  private modelsInRotation(id: string): boolean {
+    const c = this.connections.get(id);
+    if (!c) return true;
+    const workers = this.options.router.listWorkers();
+    if (c.models === undefined) {
+      const listing = new Set<string>();
+      for (const [rid, other] of this.connections) if (other.models !== undefined) listing.add(rid);
+      return inRotationFor(workers, listing);
+    }
+    for (const model of [...c.models, ...c.adapters.keys()])
+      if (!inRotationFor(workers, this.withoutModel(model))) return false;
+    return true;
   }
 
   /** Back in rotation after its health check held it out: what the index says it holds is forgotten. */

@@ -329,3 +329,101 @@ test('a worker whose health check timed out and then answers an error status lea
     await e.close();
   }
 });
+
+test('a request panic-routed to a worker whose probes time out stays on it past the grace period while a worker of another model is in rotation', async () => {
+  const x = await engine(() => 'hang', 200, ANSWER, true);
+  const y = await engine(() => 200);
+  const g = await gatewayOver(
+    {},
+    {
+      healthCheckIntervalMs: 20,
+      workers: [
+        { id: 'x', url: x.url, models: ['X'] },
+        { id: 'y', url: y.url, models: ['Y'] },
+      ],
+    },
+  );
+  try {
+    await until(() => g.out('x'), 'x out of rotation after its probes timed out');
+    assert.equal(g.out('y'), false);
+    const left = x.probes;
+    const pending = post(g.base, '/v1/completions', { model: 'X', prompt: 'long answer', max_tokens: 1 });
+    await until(() => x.completions === 1, 'the request on x');
+    // each probe waits its 500 ms timeout before the next: four more outlast the 1 s grace period
+    await until(() => x.probes >= left + 4, 'the grace period for slow probes over', { timeoutMs: 20_000 });
+    x.release();
+    const r = await pending;
+    assert.equal(r.status, 200, r.text);
+    assert.equal(x.abandoned, 0, 'x kept the request');
+    assert.equal(x.completions, 1, 'sent once');
+    assert.equal(y.completions, 0);
+  } finally {
+    await g.gateway.close();
+    await x.close();
+    await y.close();
+  }
+});
+
+test('a slow worker gives up its requests past the grace period when a worker serving its model is in rotation', async () => {
+  let hang = false;
+  const x = await engine(() => (hang ? 'hang' : 200), 200, ANSWER, true);
+  const y = await engine(() => 200);
+  const g = await gatewayOver(
+    {},
+    {
+      healthCheckIntervalMs: 20,
+      workers: [
+        { id: 'x', url: x.url, models: ['X'] },
+        { id: 'y', url: y.url, models: ['X'] },
+      ],
+    },
+  );
+  try {
+    // round robin: one of the two goes to x, held there while its probes time out
+    const pending = [0, 1].map((i) => post(g.base, '/v1/completions', { model: 'X', prompt: `p${i}`, max_tokens: 1 }));
+    await until(() => x.completions === 1 && y.completions === 1, 'a request on each engine');
+    hang = true;
+    const answers = await Promise.all(pending);
+    for (const r of answers) {
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'y');
+    }
+    assert.equal(y.completions, 2, 'the request held on x moved to y');
+    await until(() => x.abandoned === 1, 'x let go of the request');
+  } finally {
+    await g.gateway.close();
+    await x.close();
+    await y.close();
+  }
+});
+
+test('requests in flight when the health checks of every worker start timing out stay on their workers', async () => {
+  let hang = false;
+  const engines = [
+    await engine(() => (hang ? 'hang' : 200), 200, ANSWER, true),
+    await engine(() => (hang ? 'hang' : 200), 200, ANSWER, true),
+  ];
+  const g = await gatewayOver(Object.fromEntries(engines.map((e, i) => [`w${i}`, e.url])), {
+    healthCheckIntervalMs: 20,
+  });
+  try {
+    const pending = Array.from({ length: 4 }, (_, i) =>
+      post(g.base, '/v1/completions', { prompt: `in flight ${i}`, max_tokens: 1 }),
+    );
+    await until(() => engines[0].completions + engines[1].completions === 4, 'the requests on the engines');
+    const left = engines.map((e) => e.probes);
+    hang = true;
+    await until(() => g.out('w0') && g.out('w1'), 'both out of rotation');
+    // four more probes each outlast the 1 s grace period
+    await until(() => engines.every((e, i) => e.probes >= left[i] + 4), 'the grace period over', {
+      timeoutMs: 20_000,
+    });
+    for (const e of engines) e.release();
+    for (const r of await Promise.all(pending)) assert.equal(r.status, 200, r.text);
+    assert.equal(engines[0].abandoned + engines[1].abandoned, 0, 'no request was taken off its engine');
+    assert.equal(engines[0].completions + engines[1].completions, 4, 'each sent once');
+  } finally {
+    await g.gateway.close();
+    for (const e of engines) await e.close();
+  }
+});
