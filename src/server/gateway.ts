@@ -165,8 +165,8 @@ export interface GatewayOptions {
   /**
    * When no worker is in rotation for a request, route it over the workers held out only because
    * their health check or metrics scrape timed out, instead of answering 503 (default true;
-   * panic-routing.ts). Workers whose probe got an error status or a refused connection, whose
-   * circuit is open, draining or removed are never used so.
+   * panic-routing.ts), and keep /readyz ready meanwhile. Workers whose probe got an error status or
+   * a refused connection, whose circuit is open, draining or removed are never used so.
    */
   panicRouting?: boolean;
   /** Applies KV events posted to /admin/events (the serve command shares it with the subscribers). */
@@ -663,6 +663,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const readRequest = createRequestReader(readerOptions);
   // for every front end on this router: the proxy and the endpoint picker
   const stopSharingPrefills = sharePrefillReads(router, state);
+  const openAi = options.openAiRoutes ?? true;
   const proxyDeps: ProxyDeps = {
     router,
     state,
@@ -679,11 +680,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     answerBudget,
     onAnswerBudgetFull: () => answerBudgetPassthroughs.inc(),
     panic:
-      options.panicRouting === false
+      options.panicRouting === false || !openAi
         ? undefined
         : new PanicRouting({ router, health, log, onRouted: () => metrics.panicRouted.inc() }),
   };
-  const openAi = options.openAiRoutes ?? true;
   if (openAi) {
     const completions = createProxyHandler(proxyDeps, '/v1/completions');
     const chat = createProxyHandler(proxyDeps, '/v1/chat/completions');
@@ -786,16 +786,23 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // --------------------------------------------------------------- health, metrics
 
   app.get('/healthz', async () => ({ status: 'ok' }));
-  const readiness = async (_req: unknown, reply: FastifyReply) => {
-    const available = router.listWorkers().filter((w) => w.available).length;
-    return reply
+  const inRotation = (reply: FastifyReply, available: number) =>
+    reply
       .code(available > 0 ? 200 : 503)
       .send({ status: available > 0 ? 'ready' : 'no available worker', availableWorkers: available });
-  };
-  app.get('/readyz', readiness);
+  // ready too while requests are panic-routed: a readiness probe that failed then would take the
+  // gateway out of its Service exactly when it serves over workers whose probes only time out
+  app.get('/readyz', async (_req, reply) => {
+    const available = router.listWorkers().filter((w) => w.available).length;
+    const panicWorkers = available === 0 ? (proxyDeps.panic?.eligibleWorkers() ?? 0) : 0;
+    if (panicWorkers === 0) return inRotation(reply, available);
+    return reply.code(200).send({ status: 'ready', availableWorkers: 0, panic: true, panicWorkers });
+  });
   // what a router polls on its engines (vLLM's and SGLang's /health): a gateway that is another
-  // gateway's worker is in rotation while it can serve, out of it while none of its workers can
-  app.get('/health', readiness);
+  // gateway's worker is in rotation while one of its workers is, out of it while none is, panic
+  // routing or not: the gateway above may have workers in rotation to prefer to one whose
+  // engines' probes all time out
+  app.get('/health', async (_req, reply) => inRotation(reply, router.listWorkers().filter((w) => w.available).length));
   app.get('/metrics', async (_req, reply) =>
     reply.type(metrics.registry.contentType).send(await metrics.registry.metrics()),
   );

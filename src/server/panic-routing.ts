@@ -69,6 +69,16 @@ export class PanicRouting {
     return out;
   }
 
+  /**
+   * The workers requests could be panic-routed over now (held out only by probes that timed
+   * out, not draining, circuit closed), for /readyz: the gateway can serve while some are.
+   */
+  eligibleWorkers(): number {
+    let n = 0;
+    for (const w of this.options.router.listWorkers()) if (this.eligible(w)) n++;
+    return n;
+  }
+
   /** A request was routed over `panicCandidates`: counted, and the start logged once. */
   routed(panicCandidates: ReadonlySet<string>): void {
     this.options.onRouted();

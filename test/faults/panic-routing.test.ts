@@ -427,3 +427,43 @@ test('requests in flight when the health checks of every worker start timing out
     for (const e of engines) await e.close();
   }
 });
+
+test('/readyz is ready while requests can be panic-routed, and says so; not for workers that answer an error status nor with panic routing off', async () => {
+  const readyz = async (base: string) => {
+    const r = await fetch(`${base}/readyz`);
+    return { status: r.status, body: (await r.json()) as Record<string, unknown> };
+  };
+  const e = await engine(() => 200);
+  const g = await gatewayOver({ a: e.url, b: e.url });
+  const off = await gatewayOver({ a: e.url }, { panicRouting: false });
+  try {
+    assert.deepEqual(await readyz(g.base), { status: 200, body: { status: 'ready', availableWorkers: 2 } });
+    g.gateway.health.set('a', 'health-check', false, PROBE_TIMEOUT);
+    g.gateway.health.set('b', 'metrics', false, `metrics: ${PROBE_TIMEOUT}`);
+    assert.deepEqual(await readyz(g.base), {
+      status: 200,
+      body: { status: 'ready', availableWorkers: 0, panic: true, panicWorkers: 2 },
+    });
+    assert.equal((await fetch(`${g.base}/health`)).status, 503, '/health says whether a worker is in rotation');
+    // an open circuit, a draining worker and an error status are not panic-eligible
+    g.gateway.health.set('a', 'breaker', false, '3 consecutive failures');
+    g.router.drainWorker('b');
+    assert.deepEqual(await readyz(g.base), {
+      status: 503,
+      body: { status: 'no available worker', availableWorkers: 0 },
+    });
+    g.router.resumeWorker('b');
+    assert.equal((await readyz(g.base)).status, 200);
+    g.gateway.health.set('b', 'metrics', false, 'metrics: HTTP 500');
+    assert.equal((await readyz(g.base)).status, 503);
+    off.gateway.health.set('a', 'health-check', false, PROBE_TIMEOUT);
+    assert.deepEqual(await readyz(off.base), {
+      status: 503,
+      body: { status: 'no available worker', availableWorkers: 0 },
+    });
+  } finally {
+    await g.gateway.close();
+    await off.gateway.close();
+    await e.close();
+  }
+});
