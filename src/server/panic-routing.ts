@@ -44,6 +44,11 @@ export interface PanicRoutingOptions {
 export class PanicRouting {
   /** Whether requests are being panic-routed now: its start was logged and its end not yet. */
   private active = false;
+  /**
+   * While active, a worker found panic-eligible at the last look: as long as it still is, a
+   * request routed in rotation needs no look over the fleet to know panic routing goes on.
+   */
+  private witness: WorkerState | undefined;
 
   constructor(private readonly options: PanicRoutingOptions) {
     // a worker back in rotation ends it (one line), even before the next request shows it
@@ -98,12 +103,14 @@ export class PanicRouting {
    * no worker is panic-eligible any more (one added or resumed from draining, or the others
    * removed, drained or answering an error status: no rotation change tells of those); workers
    * of another model still out keep it on, so a fleet where one model panics does not log at
-   * every request of another.
+   * every request of another. The fleet is looked over only when the last eligible worker seen
+   * no longer is: a request of another model costs a check of that one worker.
    */
   routedInRotation(): void {
     if (!this.active) return;
-    if (this.options.router.listWorkers().some((w) => this.eligible(w))) return;
-    this.end('a worker is in rotation');
+    if (this.witness !== undefined && this.eligible(this.witness)) return;
+    this.witness = this.options.router.listWorkers().find((w) => this.eligible(w));
+    if (this.witness === undefined) this.end('a worker is in rotation');
   }
 
   /** Out of rotation only because its probes timed out, not draining (removed: its verdicts are forgotten). */
@@ -114,6 +121,7 @@ export class PanicRouting {
   private end(why: string): void {
     if (!this.active) return;
     this.active = false;
+    this.witness = undefined;
     this.options.log(`panic routing ends: ${why}`);
   }
 }

@@ -467,3 +467,72 @@ test('/readyz is ready while requests can be panic-routed, and says so; not for 
     await e.close();
   }
 });
+
+test('while one model is panic-routed, requests of another model routed in rotation do not list the workers', async () => {
+  const x = await engine(() => 200);
+  const y = await engine(() => 200);
+  const g = await gatewayOver(
+    {},
+    {
+      workers: [
+        { id: 'x', url: x.url, models: ['X'] },
+        { id: 'y', url: y.url, models: ['Y'] },
+      ],
+    },
+  );
+  try {
+    g.gateway.health.set('x', 'health-check', false, PROBE_TIMEOUT);
+    const panicked = await post(g.base, '/v1/completions', { model: 'X', prompt: 'x', max_tokens: 1 });
+    assert.equal(panicked.status, 200, panicked.text);
+    assert.equal(await sample(g.gateway.metrics, PANIC_ROUTED), 1);
+    // the first in-rotation request may look once; the next ones must not
+    const warm = await post(g.base, '/v1/completions', { model: 'Y', prompt: 'y', max_tokens: 1 });
+    assert.equal(warm.headers.get('x-contextforge-worker'), 'y');
+    let listed = 0;
+    const listWorkers = g.router.listWorkers.bind(g.router);
+    g.router.listWorkers = () => {
+      listed++;
+      return listWorkers();
+    };
+    for (let i = 0; i < 10; i++) {
+      const r = await post(g.base, '/v1/completions', { model: 'Y', prompt: `y${i}`, max_tokens: 1 });
+      assert.equal(r.status, 200, r.text);
+    }
+    assert.equal(listed, 0, 'the workers were listed for requests routed in rotation');
+    // the worker of the other model back in rotation still ends it
+    g.router.listWorkers = listWorkers;
+    g.gateway.health.set('x', 'health-check', true);
+    await until(() => g.logs.some((l) => /panic routing ends/.test(l)), 'the end of panic routing logged');
+  } finally {
+    await g.gateway.close();
+    await x.close();
+    await y.close();
+  }
+});
+
+test('panic routing ends at the next request in rotation once the last worker held out by slow probes drains', async () => {
+  const x = await engine(() => 200);
+  const y = await engine(() => 200);
+  const g = await gatewayOver(
+    {},
+    {
+      workers: [
+        { id: 'x', url: x.url, models: ['X'] },
+        { id: 'y', url: y.url, models: ['Y'] },
+      ],
+    },
+  );
+  try {
+    g.gateway.health.set('x', 'health-check', false, PROBE_TIMEOUT);
+    assert.equal((await post(g.base, '/v1/completions', { model: 'X', prompt: 'x', max_tokens: 1 })).status, 200);
+    assert.equal((await post(g.base, '/v1/completions', { model: 'Y', prompt: 'y', max_tokens: 1 })).status, 200);
+    assert.equal(g.logs.filter((l) => /panic routing ends/.test(l)).length, 0, g.logs.join('\n'));
+    g.router.drainWorker('x');
+    assert.equal((await post(g.base, '/v1/completions', { model: 'Y', prompt: 'y', max_tokens: 1 })).status, 200);
+    assert.equal(g.logs.filter((l) => /panic routing ends/.test(l)).length, 1, g.logs.join('\n'));
+  } finally {
+    await g.gateway.close();
+    await x.close();
+    await y.close();
+  }
+});
