@@ -923,8 +923,27 @@ function answerClientError(
   socket.destroy();
 }
 
+/**
+ * The version `DIGIT "." DIGIT` (RFC 9112 §2.3) at the end of the request line in `rawPacket`,
+ * the bytes the parser refused, or undefined when the line ends in none (a version such as
+ * `HTTP/1.10`, no version at all, or no whole line).
+ */
+function refusedVersion(rawPacket: unknown): string | undefined {
+  if (!Buffer.isBuffer(rawPacket)) return undefined;
+  const lineEnd = rawPacket.indexOf('\r\n');
+  if (lineEnd < 0) return undefined;
+  const line = rawPacket.toString('latin1', 0, lineEnd);
+  return /^\S+ \S+ HTTP\/(\d\.\d)$/.exec(line)?.[1];
+}
+
 /** The status, message, field and error code of the answer to a request the parser refused. */
-function clientErrorAnswer(err: Error & { code?: string }): [number, string, string | null, string | null] {
+function clientErrorAnswer(
+  err: Error & { code?: string; rawPacket?: unknown },
+): [number, string, string | null, string | null] {
+  // a well-formed version Node's parser does not take (HTTP/3.0, HTTP/1.2): one the gateway does
+  // not speak, answered as an HTTP/2.0 request line is (RFC 9110 §15.6.6)
+  const version = err.code === 'HPE_INVALID_VERSION' ? refusedVersion(err.rawPacket) : undefined;
+  if (version !== undefined) return [505, VERSION_NOT_SUPPORTED_MESSAGE(version), null, VERSION_NOT_SUPPORTED_CODE];
   return err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
     ? [408, 'the request did not arrive in time', null, null]
     : err.code === 'HPE_HEADER_OVERFLOW'
