@@ -13,7 +13,11 @@ import type { ContentAnchor } from '../core/content-anchors.js';
 import type { RouteRequest } from '../core/router/index.js';
 
 export interface RequestLimits {
-  /** Longest workflow id, agent role, content-anchor id and cache_salt, in UTF-8 bytes. */
+  /**
+   * Longest workflow id, agent role, content-anchor id and cache_salt, in UTF-8 bytes. What names
+   * something the client chose outside the router — `model` and `user` — takes
+   * NAME_BYTES_PER_ID_BYTE times as many, and a stop string STOP_BYTES_PER_ID_BYTE times.
+   */
   maxIdBytes: number;
   /** Most content anchors per request. */
   maxAnchors: number;
@@ -64,6 +68,17 @@ export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
 
 /** A stop string's UTF-8 bytes at most, per byte of maxIdBytes (see RequestLimits.maxStopSequences). */
 export const STOP_BYTES_PER_ID_BYTE = 4;
+
+/**
+ * A name's UTF-8 bytes at most, per byte of maxIdBytes: `model` and `user` (checkName), 1 KiB by
+ * default. A model name is a Hugging Face repository id (at most 96 characters on the Hub), a
+ * local path, a `--served-model-name` or a LoRA adapter's name (vLLM's `--lora-modules
+ * name=path`, SGLang's `--lora-paths name=path`, or SGLang's `base-model:adapter` form), all far
+ * shorter; the OpenAI API's `user` is an end user's id or a hash of one. Without a bound a 16 MiB
+ * model name would be looked up in every worker's model list, keyed into the index as a LoRA
+ * name and hashed, for one request.
+ */
+export const NAME_BYTES_PER_ID_BYTE = 4;
 
 /**
  * The limits' types and ranges, declared once: checkRequestLimits parses through it and
@@ -286,6 +301,21 @@ function anchorFromString(s: string, param: string, limits: RequestLimits): Cont
   return { id: checkId(s, param, limits.maxIdBytes), tokens: 0 };
 }
 
+/**
+ * `model` or `user`: absent, null (the engine's default) or a string of at most
+ * NAME_BYTES_PER_ID_BYTE × `limits.maxIdBytes` UTF-8 bytes; anything else is refused, as the
+ * engines' request models refuse it (vLLM's and SGLang's protocol.py declare both `str`, and
+ * pydantic reads no number or list as a string). The length is compared first, so the common
+ * short name costs no byte count. The message never repeats the value.
+ */
+export function checkName(value: unknown, param: string, limits: RequestLimits, what: string): void {
+  if (value === undefined || value === null) return;
+  if (typeof value !== 'string') throw new RequestLimitError(`${param} must be a string (${what})`, param);
+  const maxBytes = NAME_BYTES_PER_ID_BYTE * limits.maxIdBytes;
+  if (value.length > maxBytes || (value.length * 3 > maxBytes && Buffer.byteLength(value) > maxBytes))
+    throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes`, param);
+}
+
 /** A `cache_salt` as vLLM takes it: a non-empty string (and no longer than an id here). */
 export function checkCacheSalt(value: unknown, limits: RequestLimits): string | undefined {
   if (value === undefined) return undefined;
@@ -496,7 +526,7 @@ export interface ReadRequest {
 
 /**
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
- * must be an object; metadata, model, cache_salt, stream, n, best_of, stop and the prompt or
+ * must be an object; metadata, model, user, cache_salt, stream, n, best_of, stop and the prompt or
  * messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
  * to forward is the one received without `contextforge` and, unless `forwardKvTransferParams`,
  * without the KV_TRANSFER_FIELDS.
@@ -537,8 +567,9 @@ export function readRouteRequest(
   };
   // the gateway routes on it (workers that list their models): a model it cannot read would be
   // routed past every list, and an engine failing on it would count against the worker
-  if (body.model !== undefined && body.model !== null && typeof body.model !== 'string')
-    throw new RequestLimitError('model must be a string (the name of a model the workers serve)', 'model');
+  checkName(body.model, 'model', limits, 'the name of a model the workers serve');
+  // the engines refuse a user that is not a string: refused here, it costs no worker a request
+  checkName(body.user, 'user', limits, 'an id of the end user');
   const salt = checkCacheSalt(body.cache_salt, limits);
   if (salt !== undefined) routeRequest.cacheSalt = salt;
   // the gateway's timeouts and accounting follow it, so it must mean what the engine reads
