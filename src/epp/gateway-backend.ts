@@ -10,6 +10,7 @@ export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
     metrics,
     maxJsonDepth: gateway.limits.maxJsonDepth,
     maxJsonContainers: gateway.limits.maxJsonContainers,
+    maxIdBytes: gateway.limits.maxIdBytes,
     forwardKvTransferParams: gateway.forwardKvTransferParams,
     *workers() {
       for (const w of router.listWorkers()) {

@@ -9,7 +9,7 @@ import {
   parseRequestBody,
   SINGLE_VALUE_HEADERS,
 } from '../server/openai-request.js';
-import { DEFAULT_REQUEST_LIMITS, kvTransferFieldsIn, RequestLimitError } from '../server/request-limits.js';
+import { checkName, DEFAULT_REQUEST_LIMITS, kvTransferFieldsIn, RequestLimitError } from '../server/request-limits.js';
 import { methodNotAllowedMessage } from '../server/route-methods.js';
 import { endpointOfUrl, inSubset, INFERENCE_OBJECTIVE_HEADER, MODEL_NAME_REWRITE_HEADER } from './protocol.js';
 
@@ -42,6 +42,8 @@ export interface RoutingBackend {
   readonly maxJsonDepth?: number;
   /** Most arrays and objects in a JSON body, as the gateway allows (default 100,000). */
   readonly maxJsonContainers?: number;
+  /** Longest id in UTF-8 bytes, as the gateway allows (default 256); a model name takes 4 × as many. */
+  readonly maxIdBytes?: number;
   /**
    * Forward the KV-transfer fields a client sends (request-limits.ts KV_TRANSFER_FIELDS), as the
    * gateway's setting says; otherwise they are removed from every JSON object body (default).
@@ -216,6 +218,20 @@ export class RouterPicker implements EndpointPicker {
       let rewritten = false;
       const rewrite = input.headers.get(MODEL_NAME_REWRITE_HEADER);
       if (rewrite && body.model !== rewrite) {
+        // the client's name is bounded as the gateway bounds it (and given back in the response),
+        // though the engine's name replaces it before the gateway reads the body
+        try {
+          checkName(
+            body.model,
+            'model',
+            this.backend.maxIdBytes ?? DEFAULT_REQUEST_LIMITS.maxIdBytes,
+            'the name of a model the workers serve',
+          );
+        } catch (err) {
+          if (err instanceof RequestLimitError)
+            return { ok: false, status: err.status, message: err.message, param: err.param };
+          throw err;
+        }
         // the reference picker gives the client its own name back in the response
         if (typeof body.model === 'string' && body.model !== '') modelRewrite = { engine: rewrite, client: body.model };
         body.model = rewrite;

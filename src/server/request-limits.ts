@@ -303,15 +303,15 @@ function anchorFromString(s: string, param: string, limits: RequestLimits): Cont
 
 /**
  * `model` or `user`: absent, null (the engine's default) or a string of at most
- * NAME_BYTES_PER_ID_BYTE × `limits.maxIdBytes` UTF-8 bytes; anything else is refused, as the
+ * NAME_BYTES_PER_ID_BYTE × `maxIdBytes` UTF-8 bytes; anything else is refused, as the
  * engines' request models refuse it (vLLM's and SGLang's protocol.py declare both `str`, and
  * pydantic reads no number or list as a string). The length is compared first, so the common
  * short name costs no byte count. The message never repeats the value.
  */
-export function checkName(value: unknown, param: string, limits: RequestLimits, what: string): void {
+export function checkName(value: unknown, param: string, maxIdBytes: number, what: string): void {
   if (value === undefined || value === null) return;
   if (typeof value !== 'string') throw new RequestLimitError(`${param} must be a string (${what})`, param);
-  const maxBytes = NAME_BYTES_PER_ID_BYTE * limits.maxIdBytes;
+  const maxBytes = NAME_BYTES_PER_ID_BYTE * maxIdBytes;
   if (value.length > maxBytes || (value.length * 3 > maxBytes && Buffer.byteLength(value) > maxBytes))
     throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes`, param);
 }
@@ -567,9 +567,9 @@ export function readRouteRequest(
   };
   // the gateway routes on it (workers that list their models): a model it cannot read would be
   // routed past every list, and an engine failing on it would count against the worker
-  checkName(body.model, 'model', limits, 'the name of a model the workers serve');
+  checkName(body.model, 'model', limits.maxIdBytes, 'the name of a model the workers serve');
   // the engines refuse a user that is not a string: refused here, it costs no worker a request
-  checkName(body.user, 'user', limits, 'an id of the end user');
+  checkName(body.user, 'user', limits.maxIdBytes, 'an id of the end user');
   const salt = checkCacheSalt(body.cache_salt, limits);
   if (salt !== undefined) routeRequest.cacheSalt = salt;
   // the gateway's timeouts and accounting follow it, so it must mean what the engine reads

@@ -275,6 +275,37 @@ test('x-gateway-model-name-rewrite rewrites the model in the forwarded body, wit
   await out.stream.end();
 });
 
+test('a client model over 4 × maxIdBytes bytes is refused with 400 naming model, rewritten or not', async () => {
+  const long = 'x'.repeat(1025);
+  const rewrites: Record<string, string>[] = [{}, { 'x-gateway-model-name-rewrite': 'mock-v2' }];
+  for (const headers of rewrites) {
+    const out = await envoy.request({ headers, body: JSON.stringify({ model: long, prompt: 'p' }) });
+    assert.equal(out.kind, 'immediate', JSON.stringify(headers));
+    if (out.kind !== 'immediate') return;
+    assert.equal(out.status, 400);
+    const { error } = JSON.parse(out.body) as { error: { param: string; message: string } };
+    assert.equal(error.param, 'model');
+    assert.equal(error.message, 'model is longer than 1024 bytes');
+  }
+  // at the limit, the rewrite still gives the client its own name back
+  const atLimit = 'x'.repeat(1024);
+  const out = await envoy.request({
+    headers: { 'x-gateway-model-name-rewrite': 'mock-v2' },
+    body: JSON.stringify({ model: atLimit, prompt: 'p' }),
+  });
+  assert.equal(out.kind, 'routed');
+  if (out.kind !== 'routed') return;
+  assert.equal((JSON.parse(out.body.toString()) as { model: string }).model, 'mock-v2');
+  const resp = await out.stream.respond({
+    served: out.endpoints[0],
+    chunks: ['{"model":"mock-v2","choices":[]}'],
+    headers: { 'content-type': 'application/json' },
+    bodyChanges: true,
+  });
+  assert.equal((JSON.parse(resp.body.toString()) as { model: string }).model, atLimit);
+  await out.stream.end();
+});
+
 test('requests sharing a prefix go to the same endpoint (KV-aware, not round-robin)', async () => {
   const system = 'You are a meticulous assistant for a large retrieval corpus. '.repeat(40);
   const chosen = new Set<string>();
