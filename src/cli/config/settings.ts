@@ -143,7 +143,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
     arg: '<true|false>',
     help: "forward a client's kv_transfer_params and ec_transfer_params (vLLM), bootstrap_host/port/room and the other KV-transfer fields (SGLang), which direct an engine's disaggregated KV transfer; removed by default",
   },
-  maxIdBytes: { arg: '<n>', help: 'longest workflow id, agent role, anchor id and cache_salt (UTF-8 bytes)' },
+  maxIdBytes: {
+    arg: '<n>',
+    help: 'longest workflow id, agent role, anchor id and cache_salt (UTF-8 bytes); model and user take 4 ×',
+  },
   maxAnchors: { arg: '<n>', help: 'most content anchors per request' },
   maxJsonDepth: { arg: '<n>', help: 'deepest nesting of a JSON body' },
   maxJsonContainers: { arg: '<n>', help: 'most arrays and objects in a JSON body (counted before it is parsed)' },
