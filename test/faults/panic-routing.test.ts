@@ -98,6 +98,20 @@ async function gatewayOver(urls: Record<string, string>, options: Partial<Gatewa
   return { router, gateway, base, logs, out };
 }
 
+/** A gateway over engine `x`, serving model X, and engine `y`, serving model Y. */
+function overTwoModels(x: TestEngine, y: TestEngine, options: Partial<GatewayOptions> = {}) {
+  return gatewayOver(
+    {},
+    {
+      ...options,
+      workers: [
+        { id: 'x', url: x.url, models: ['X'] },
+        { id: 'y', url: y.url, models: ['Y'] },
+      ],
+    },
+  );
+}
+
 test('engines that serve but whose health check times out: requests get 200 through panic routing, counted, logged once at its start and once at its end', async () => {
   let healthy = false;
   const a = await engine(() => (healthy ? 200 : 'hang'));
@@ -333,16 +347,7 @@ test('a worker whose health check timed out and then answers an error status lea
 test('a request panic-routed to a worker whose probes time out stays on it past the grace period while a worker of another model is in rotation', async () => {
   const x = await engine(() => 'hang', 200, ANSWER, true);
   const y = await engine(() => 200);
-  const g = await gatewayOver(
-    {},
-    {
-      healthCheckIntervalMs: 20,
-      workers: [
-        { id: 'x', url: x.url, models: ['X'] },
-        { id: 'y', url: y.url, models: ['Y'] },
-      ],
-    },
-  );
+  const g = await overTwoModels(x, y, { healthCheckIntervalMs: 20 });
   try {
     await until(() => g.out('x'), 'x out of rotation after its probes timed out');
     assert.equal(g.out('y'), false);
@@ -471,15 +476,7 @@ test('/readyz is ready while requests can be panic-routed, and says so; not for 
 test('while one model is panic-routed, requests of another model routed in rotation do not list the workers', async () => {
   const x = await engine(() => 200);
   const y = await engine(() => 200);
-  const g = await gatewayOver(
-    {},
-    {
-      workers: [
-        { id: 'x', url: x.url, models: ['X'] },
-        { id: 'y', url: y.url, models: ['Y'] },
-      ],
-    },
-  );
+  const g = await overTwoModels(x, y);
   try {
     g.gateway.health.set('x', 'health-check', false, PROBE_TIMEOUT);
     const panicked = await post(g.base, '/v1/completions', { model: 'X', prompt: 'x', max_tokens: 1 });
@@ -513,15 +510,7 @@ test('while one model is panic-routed, requests of another model routed in rotat
 test('panic routing ends at the next request in rotation once the last worker held out by slow probes drains', async () => {
   const x = await engine(() => 200);
   const y = await engine(() => 200);
-  const g = await gatewayOver(
-    {},
-    {
-      workers: [
-        { id: 'x', url: x.url, models: ['X'] },
-        { id: 'y', url: y.url, models: ['Y'] },
-      ],
-    },
-  );
+  const g = await overTwoModels(x, y);
   try {
     g.gateway.health.set('x', 'health-check', false, PROBE_TIMEOUT);
     assert.equal((await post(g.base, '/v1/completions', { model: 'X', prompt: 'x', max_tokens: 1 })).status, 200);

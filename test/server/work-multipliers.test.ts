@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { checkRequestLimits, DEFAULT_REQUEST_LIMITS } from '../../src/server/request-limits.js';
 import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
+import { LIMIT_PATHS, passes, postText, refused } from '../helpers/limit-checks.js';
 
 let defaults: GatewayOnEngine;
 let tight: GatewayOnEngine;
@@ -20,51 +21,15 @@ after(async () => {
   await tight.close();
 });
 
-const PATHS = {
-  completions: { path: '/v1/completions', body: { model: 'm', prompt: 'hi' } },
-  chat: { path: '/v1/chat/completions', body: { model: 'm', messages: [{ role: 'user', content: 'hi' }] } },
-} as const;
-
-/** POSTs `text` to the gateway; the status, the error body's `param`, and whether the engine got the request. */
-async function post(setup: GatewayOnEngine, path: string, text: string) {
-  const before = setup.completions();
-  const res = await fetch(`http://127.0.0.1:${setup.port}${path}`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: text,
-  });
-  const answer = (await res.json()) as { error?: { param: string | null; message: string; type: string } };
-  return { status: res.status, error: answer.error, reached: setup.completions() - before };
-}
-
-/** Asserts the request is refused with 400 naming `param`, and that no engine saw it. */
-async function refused(setup: GatewayOnEngine, path: string, fields: object, param: string) {
-  const body = { ...(path === PATHS.chat.path ? PATHS.chat.body : PATHS.completions.body), ...fields };
-  const r = await post(setup, path, JSON.stringify(body));
-  assert.equal(r.status, 400, JSON.stringify(fields).slice(0, 80));
-  assert.equal(r.error?.param, param);
-  assert.equal(r.error?.type, 'invalid_request_error');
-  assert.equal(r.reached, 0, 'nothing reaches the engine');
-  return r.error!.message;
-}
-
-/** Asserts the request is forwarded to the engine and answered. */
-async function passes(setup: GatewayOnEngine, path: string, fields: object) {
-  const body = { ...(path === PATHS.chat.path ? PATHS.chat.body : PATHS.completions.body), ...fields };
-  const r = await post(setup, path, JSON.stringify(body));
-  assert.equal(r.status, 200, JSON.stringify(r.error));
-  assert.equal(r.reached, 1);
-}
-
 describe('n and best_of', () => {
   test('a 30-byte body asking for a hundred million choices is refused', async () => {
     const text = '{"prompt":"x","n":100000000}';
     assert.ok(text.length <= 30);
-    const r = await post(defaults, PATHS.completions.path, text);
+    const r = await postText(defaults, LIMIT_PATHS.completions.path, text);
     assert.deepEqual([r.status, r.error?.param, r.reached], [400, 'n', 0]);
     assert.match(r.error!.message, /^n must be an integer from 1 to 128/);
   });
-  for (const { path } of Object.values(PATHS)) {
+  for (const { path } of Object.values(LIMIT_PATHS)) {
     test(`over maxChoices is refused, at it passes (${path})`, async () => {
       await refused(defaults, path, { n: 129 }, 'n');
       await refused(defaults, path, { best_of: 129 }, 'best_of');
@@ -77,20 +42,20 @@ describe('n and best_of', () => {
   }
   test('a number the engines would coerce from a string is refused, as the OpenAI API refuses it', async () => {
     // pydantic (vLLM, SGLang) reads "100000000" as the integer
-    await refused(defaults, PATHS.completions.path, { n: '100000000' }, 'n');
-    await refused(defaults, PATHS.completions.path, { best_of: '2' }, 'best_of');
-    await refused(defaults, PATHS.completions.path, { n: 0 }, 'n');
-    await refused(defaults, PATHS.completions.path, { n: 2.5 }, 'n');
-    await refused(defaults, PATHS.completions.path, { n: true }, 'n');
+    await refused(defaults, LIMIT_PATHS.completions.path, { n: '100000000' }, 'n');
+    await refused(defaults, LIMIT_PATHS.completions.path, { best_of: '2' }, 'best_of');
+    await refused(defaults, LIMIT_PATHS.completions.path, { n: 0 }, 'n');
+    await refused(defaults, LIMIT_PATHS.completions.path, { n: 2.5 }, 'n');
+    await refused(defaults, LIMIT_PATHS.completions.path, { n: true }, 'n');
   });
   test('absent or null is the engine’s default', async () => {
-    await passes(defaults, PATHS.completions.path, { n: null, best_of: null });
-    await passes(defaults, PATHS.chat.path, {});
+    await passes(defaults, LIMIT_PATHS.completions.path, { n: null, best_of: null });
+    await passes(defaults, LIMIT_PATHS.chat.path, {});
   });
 });
 
 describe('stop', () => {
-  for (const { path } of Object.values(PATHS)) {
+  for (const { path } of Object.values(LIMIT_PATHS)) {
     test(`more stop sequences than maxStopSequences are refused, as many pass (${path})`, async () => {
       const many = (count: number) => Array.from({ length: count }, (_, i) => `s${i}`);
       const message = await refused(defaults, path, { stop: many(65) }, 'stop');
@@ -101,7 +66,7 @@ describe('stop', () => {
     });
   }
   test('each stop string is at most 4 × maxIdBytes UTF-8 bytes, in a list or alone', async () => {
-    const { path } = PATHS.completions;
+    const { path } = LIMIT_PATHS.completions;
     await passes(defaults, path, { stop: ['x'.repeat(1024)] });
     await passes(defaults, path, { stop: 'é'.repeat(512) });
     const message = await refused(defaults, path, { stop: ['ok', 'x'.repeat(1025)] }, 'stop');
@@ -111,7 +76,7 @@ describe('stop', () => {
     await passes(tight, path, { stop: ['x'.repeat(32)] });
   });
   test('what the OpenAI API and the engines’ own examples send passes', async () => {
-    const { path } = PATHS.chat;
+    const { path } = LIMIT_PATHS.chat;
     for (const stop of ['\n', ['\n\n', '</s>', '<|im_end|>', 'Observation:'], [], null])
       await passes(defaults, path, { stop });
   });
@@ -119,7 +84,7 @@ describe('stop', () => {
 
 describe('bad_words and stop_token_ids', () => {
   const many = (count: number) => Array.from({ length: count }, (_, i) => `w${i}`);
-  for (const { path } of Object.values(PATHS)) {
+  for (const { path } of Object.values(LIMIT_PATHS)) {
     test(`more bad_words than maxStopSequences are refused, as many pass (${path})`, async () => {
       const message = await refused(defaults, path, { bad_words: many(65) }, 'bad_words');
       assert.match(message, /^bad_words has more than 64 /);
@@ -137,7 +102,7 @@ describe('bad_words and stop_token_ids', () => {
     });
   }
   test('each bad word is at most 4 × maxIdBytes UTF-8 bytes, as a stop string is', async () => {
-    const { path } = PATHS.completions;
+    const { path } = LIMIT_PATHS.completions;
     await passes(defaults, path, { bad_words: ['x'.repeat(1024), 'é'.repeat(512)] });
     const message = await refused(defaults, path, { bad_words: ['ok', 'x'.repeat(1025)] }, 'bad_words');
     assert.match(message, /bad_words\[1\] is longer than 1024 bytes/);
@@ -145,8 +110,8 @@ describe('bad_words and stop_token_ids', () => {
     await passes(tight, path, { bad_words: ['x'.repeat(32)] });
   });
   test('absent, null or empty is the engine’s default', async () => {
-    await passes(defaults, PATHS.completions.path, { bad_words: null, stop_token_ids: null });
-    await passes(defaults, PATHS.chat.path, { bad_words: [], stop_token_ids: [] });
+    await passes(defaults, LIMIT_PATHS.completions.path, { bad_words: null, stop_token_ids: null });
+    await passes(defaults, LIMIT_PATHS.chat.path, { bad_words: [], stop_token_ids: [] });
   });
 });
 
