@@ -72,10 +72,9 @@ export const STOP_BYTES_PER_ID_BYTE = 4;
 /**
  * A name's UTF-8 bytes at most, per byte of maxIdBytes: `model` and `user` (checkName), 1 KiB by
  * default. A model name is a Hugging Face repository id (at most 96 characters: huggingface_hub
- * validate_repo_id refuses longer ones, "max length is 96"), a
- * local path, a `--served-model-name` or a LoRA adapter's name (vLLM's `--lora-modules
- * name=path`, SGLang's `--lora-paths name=path`, or SGLang's `base-model:adapter` form), all far
- * shorter; the OpenAI API's `user` is an end user's id or a hash of one. Without a bound a 16 MiB
+ * validate_repo_id refuses longer ones, "max length is 96"), a local path, a
+ * `--served-model-name` or a LoRA adapter's name (vLLM's `--lora-modules name=path`, SGLang's
+ * `--lora-paths name=path`, or SGLang's `base-model:adapter` form), all far shorter; the OpenAI API's `user` is an end user's id or a hash of one. Without a bound a 16 MiB
  * model name would be looked up in every worker's model list, keyed into the index as a LoRA
  * name and hashed, for one request.
  */
