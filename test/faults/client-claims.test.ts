@@ -109,7 +109,7 @@ test('a metadata header given twice is refused naming it, not read as the values
   assert.equal(ok.status, 200, ok.text);
 });
 
-test('a model no worker serves is a 404 that does not echo a 1 MB model name', async () => {
+test('a model no worker serves is a 404 that does not echo a long model name; a 1 MB one is a 400', async () => {
   const gw = await createGateway({
     router: new KVAwareRouter({ blockSize: 16 }),
     workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}`, models: ['mock'] }],
@@ -118,16 +118,22 @@ test('a model no worker serves is a 404 that does not echo a 1 MB model name', a
   });
   try {
     const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
-    const res = await fetch(`${url}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ prompt: 'x', model: 'm'.repeat(1 << 20) }),
-    });
-    assert.equal(res.status, 404);
-    const text = await res.text();
-    const { error } = JSON.parse(text) as { error: { param: string; code: string } };
-    assert.deepEqual([error.param, error.code], ['model', 'model_not_found']);
-    assert.ok(text.length < 1024, `the error is ${text.length} bytes`);
+    // the longest name the limits take (4 × maxIdBytes) and one far past them
+    for (const [model, status, code] of [
+      ['m'.repeat(1024), 404, 'model_not_found'],
+      ['m'.repeat(1 << 20), 400, null],
+    ] as const) {
+      const res = await fetch(`${url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ prompt: 'x', model }),
+      });
+      assert.equal(res.status, status, `a ${model.length}-byte model name`);
+      const text = await res.text();
+      const { error } = JSON.parse(text) as { error: { param: string; code: string | null } };
+      assert.deepEqual([error.param, error.code], ['model', code]);
+      assert.ok(text.length < 1024, `the error is ${text.length} bytes`);
+    }
   } finally {
     await gw.close();
   }
