@@ -188,8 +188,8 @@ export class RouterPicker implements EndpointPicker {
     let routeRequest: RouteRequest = {};
     let forwarded: Buffer | undefined;
     let preparedBody: Record<string, unknown> | undefined;
-    /** The client's body text and the edits it takes (editedBodyText), when its bytes were kept. */
-    let edit: { text: string; model: string | undefined; removed: readonly string[] | undefined } | undefined;
+    /** The client's body bytes and the edits they take (editedBodyText), when they were kept. */
+    let edit: { bytes: Buffer; model: string | undefined; removed: readonly string[] | undefined } | undefined;
     let model: unknown;
     let modelRewrite: { engine: string; client: string } | undefined;
     // the first response byte is the first token only for a streamed answer
@@ -258,12 +258,12 @@ export class RouterPicker implements EndpointPicker {
         if (bytes === undefined) forwarded = Buffer.from(JSON.stringify(prepared.body));
         else {
           const newModel = rewritten && typeof body.model === 'string' ? body.model : undefined;
-          // kept for an isolated request, whose private salt is known only once it is routed
-          const text = bytes.toString('utf8');
-          edit = { text, model: newModel, removed: prepared.removed };
+          // kept for an isolated request, whose private salt is known only once it is routed;
+          // decoded only when edited
+          edit = { bytes, model: newModel, removed: prepared.removed };
           if (!prepared.unchanged || rewritten) {
             const salt = typeof prepared.body.cache_salt === 'string' ? prepared.body.cache_salt : undefined;
-            forwarded = Buffer.from(editedBodyText(text, salt, newModel, prepared.removed));
+            forwarded = Buffer.from(editedBodyText(bytes.toString('utf8'), salt, newModel, prepared.removed));
           }
         }
         const withoutModel = this.backend.workersWithoutModel(model);
@@ -335,7 +335,9 @@ export class RouterPicker implements EndpointPicker {
     // an isolated request carries its private salt to the engine: the client's text edited when
     // it was kept (serialising the parsed body again would round a 64-bit seed)
     if (decision.cacheSalt && edit !== undefined)
-      forwarded = Buffer.from(editedBodyText(edit.text, decision.cacheSalt, edit.model, edit.removed));
+      forwarded = Buffer.from(
+        editedBodyText(edit.bytes.toString('utf8'), decision.cacheSalt, edit.model, edit.removed),
+      );
     else if (decision.cacheSalt && preparedBody !== undefined)
       forwarded = Buffer.from(JSON.stringify({ ...preparedBody, cache_salt: decision.cacheSalt }));
 
