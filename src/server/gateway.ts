@@ -786,6 +786,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // --------------------------------------------------------------- health, metrics
 
   app.get('/healthz', async () => ({ status: 'ok' }));
+  const availableWorkers = () => router.listWorkers().filter((w) => w.available).length;
   const inRotation = (reply: FastifyReply, available: number) =>
     reply
       .code(available > 0 ? 200 : 503)
@@ -793,7 +794,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // ready too while requests are panic-routed: a readiness probe that failed then would take the
   // gateway out of its Service exactly when it serves over workers whose probes only time out
   app.get('/readyz', async (_req, reply) => {
-    const available = router.listWorkers().filter((w) => w.available).length;
+    const available = availableWorkers();
     const panicWorkers = available === 0 ? (proxyDeps.panic?.eligibleWorkers() ?? 0) : 0;
     if (panicWorkers === 0) return inRotation(reply, available);
     return reply.code(200).send({ status: 'ready', availableWorkers: 0, panic: true, panicWorkers });
@@ -802,7 +803,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // gateway's worker is in rotation while one of its workers is, out of it while none is, panic
   // routing or not: the gateway above may have workers in rotation to prefer to one whose
   // engines' probes all time out
-  app.get('/health', async (_req, reply) => inRotation(reply, router.listWorkers().filter((w) => w.available).length));
+  app.get('/health', async (_req, reply) => inRotation(reply, availableWorkers()));
   app.get('/metrics', async (_req, reply) =>
     reply.type(metrics.registry.contentType).send(await metrics.registry.metrics()),
   );
