@@ -189,9 +189,16 @@ type Headers = Readonly<Record<string, string | string[] | undefined>>;
 export function checkId(value: unknown, param: string, maxBytes: number): string {
   if (typeof value !== 'string') throw new RequestLimitError(`${param} must be a string`, param);
   if (value === '') throw new RequestLimitError(`${param} must not be empty`, param);
-  if (value.length > maxBytes || (value.length * 3 > maxBytes && Buffer.byteLength(value) > maxBytes))
-    throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes`, param);
+  if (longerThanBytes(value, maxBytes)) throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes`, param);
   return value;
+}
+
+/**
+ * Whether `s` takes more than `maxBytes` bytes in UTF-8. The length is compared first (a UTF-16
+ * unit is 1 to 3 UTF-8 bytes), so a short string costs no byte count.
+ */
+function longerThanBytes(s: string, maxBytes: number): boolean {
+  return s.length > maxBytes || (s.length * 3 > maxBytes && Buffer.byteLength(s) > maxBytes);
 }
 
 const DECIMAL = /^\d{1,15}$/;
@@ -312,8 +319,7 @@ export function checkName(value: unknown, param: string, maxIdBytes: number, wha
   if (value === undefined || value === null) return;
   if (typeof value !== 'string') throw new RequestLimitError(`${param} must be a string (${what})`, param);
   const maxBytes = NAME_BYTES_PER_ID_BYTE * maxIdBytes;
-  if (value.length > maxBytes || (value.length * 3 > maxBytes && Buffer.byteLength(value) > maxBytes))
-    throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes`, param);
+  if (longerThanBytes(value, maxBytes)) throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes`, param);
 }
 
 /** A `cache_salt` as vLLM takes it: a non-empty string (and no longer than an id here). */
@@ -346,8 +352,22 @@ export function checkChoices(value: unknown, param: string, max: number): void {
  * message (`stop[3]`), `param` in the error. A module function, not a closure per call.
  */
 function checkStopString(s: unknown, at: string, param: string, maxBytes: number): void {
-  if (typeof s === 'string' && s.length * 3 > maxBytes && Buffer.byteLength(s) > maxBytes)
+  if (typeof s === 'string' && longerThanBytes(s, maxBytes))
     throw new RequestLimitError(`${at} is longer than ${maxBytes} bytes`, param);
+}
+
+/**
+ * A list of markers the engine checks the output against at every step (`stop`, `bad_words`):
+ * at most `limits.maxStopSequences` of them (`noun` names them in the message), each string at
+ * most STOP_BYTES_PER_ID_BYTE × `limits.maxIdBytes` UTF-8 bytes. Anything that is not a list,
+ * and elements that are not strings, are the engine's to refuse.
+ */
+function checkMarkers(value: unknown, param: string, noun: string, limits: RequestLimits): void {
+  if (!Array.isArray(value)) return;
+  if (value.length > limits.maxStopSequences)
+    throw new RequestLimitError(`${param} has more than ${limits.maxStopSequences} ${noun}`, param);
+  const maxBytes = STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes;
+  for (let i = 0; i < value.length; i++) checkStopString(value[i], `${param}[${i}]`, param, maxBytes);
 }
 
 /**
@@ -356,11 +376,8 @@ function checkStopString(s: unknown, at: string, param: string, maxBytes: number
  * are the engine's to refuse.
  */
 export function checkStop(value: unknown, limits: RequestLimits): void {
-  const maxBytes = STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes;
-  if (!Array.isArray(value)) return checkStopString(value, 'stop', 'stop', maxBytes);
-  if (value.length > limits.maxStopSequences)
-    throw new RequestLimitError(`stop has more than ${limits.maxStopSequences} sequences`, 'stop');
-  for (let i = 0; i < value.length; i++) checkStopString(value[i], `stop[${i}]`, 'stop', maxBytes);
+  if (Array.isArray(value)) return checkMarkers(value, 'stop', 'sequences', limits);
+  checkStopString(value, 'stop', 'stop', STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes);
 }
 
 /**
@@ -373,11 +390,7 @@ export function checkStop(value: unknown, limits: RequestLimits): void {
  * is the engine's to refuse.
  */
 export function checkBadWords(value: unknown, limits: RequestLimits): void {
-  if (!Array.isArray(value)) return;
-  const maxBytes = STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes;
-  if (value.length > limits.maxStopSequences)
-    throw new RequestLimitError(`bad_words has more than ${limits.maxStopSequences} words`, 'bad_words');
-  for (let i = 0; i < value.length; i++) checkStopString(value[i], `bad_words[${i}]`, 'bad_words', maxBytes);
+  checkMarkers(value, 'bad_words', 'words', limits);
 }
 
 /**
