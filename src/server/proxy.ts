@@ -248,6 +248,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
             share,
             firstTokenReported: streaming,
             panicCandidates: heldOut,
+            // one attempt counts one decision in the router's stats: the one this call takes
+            replaces: decision,
           });
           if (!decision) return answered(reply);
           if (!decision.noWorker) {

@@ -20,6 +20,38 @@ describe('route()', () => {
     assert.equal(r.route({ tokens: prompt(30, 4) }, { dryRun: true }).workerId, 'w1', 'without them, the healthy one');
   });
 
+  test('replaces: a decision taken again for a request that found no worker counts once, as the decision taken', () => {
+    const r = fleet(2);
+    for (const id of ['w0', 'w1']) r.setWorkerHealth(id, false);
+    const panicCandidates = new Set(['w0', 'w1']);
+    const first = r.route({ tokens: prompt(2, 4) }, { track: false });
+    assert.ok(first.noWorker);
+    const again = r.route({ tokens: prompt(2, 4) }, { track: false, panicCandidates, replaces: first });
+    assert.ok(!again.noWorker);
+    const counts = r.getStats().decisionsByReason;
+    assert.equal(counts[again.reason], 1, JSON.stringify(counts));
+    assert.equal(counts.none ?? 0, 0, JSON.stringify(counts));
+    // found no worker again: still one count, as no worker
+    r.drainWorker('w0');
+    r.drainWorker('w1');
+    const none = r.route({ tokens: prompt(3, 4) }, { track: false });
+    assert.ok(none.noWorker);
+    const still = r.route({ tokens: prompt(3, 4) }, { track: false, panicCandidates, replaces: none });
+    assert.ok(still.noWorker);
+    assert.equal(r.getStats().decisionsByReason.none, 1);
+    // a dry run counts nothing and withdraws nothing
+    r.route({ tokens: prompt(4, 4) }, { dryRun: true, replaces: none });
+    assert.equal(r.getStats().decisionsByReason.none, 1);
+    // a decision never counted is not withdrawn below zero
+    const fresh = fleet(1);
+    fresh.route({ tokens: prompt(4, 4) }, { track: false, replaces: none });
+    assert.equal(fresh.getStats().decisionsByReason.none ?? 0, 0);
+    assert.throws(
+      () => r.route({ tokens: prompt(5, 4) }, { replaces: again as never }),
+      (e: unknown) => e instanceof TypeError && /replaces/.test(e.message),
+    );
+  });
+
   test('approximate mode: a request sharing a prefix follows the first one, with its cached tokens predicted', () => {
     const r = fleet(4);
     const first = r.route({ tokens: prompt(1, 10) });

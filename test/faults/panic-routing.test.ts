@@ -525,3 +525,47 @@ test('panic routing ends at the next request in rotation once the last worker he
     await y.close();
   }
 });
+
+const DECISIONS = 'contextforge_route_decisions_total';
+
+/** The samples of the routing decisions counter, by reason (labels as prom-client writes them). */
+async function decisionsByReason(registry: Registry): Promise<Record<string, number>> {
+  const out: Record<string, number> = {};
+  for (const line of (await registry.metrics()).split('\n')) {
+    if (!line.startsWith(`${DECISIONS}{`)) continue;
+    const reason = /reason="([^"]*)"/.exec(line)?.[1];
+    if (reason !== undefined) out[reason] = (out[reason] ?? 0) + Number(line.slice(line.lastIndexOf(' ') + 1));
+  }
+  return out;
+}
+
+test('a panic-routed request counts one decision, the one taken, in the router stats and the metrics: no no-worker decision beside it', async () => {
+  const x = await engine(() => 200);
+  const y = await engine(() => 200);
+  const g = await overTwoModels(x, y);
+  try {
+    g.gateway.health.set('x', 'health-check', false, PROBE_TIMEOUT);
+    const n = 3;
+    for (let i = 0; i < n; i++) {
+      const r = await post(g.base, '/v1/completions', { model: 'X', prompt: `x${i}`, max_tokens: 1 });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'x');
+    }
+    assert.equal(await sample(g.gateway.metrics, PANIC_ROUTED), n);
+    const stats = g.router.getStats().decisionsByReason;
+    assert.equal(stats.rotation, n, JSON.stringify(stats));
+    assert.equal(stats.none ?? 0, 0, `a panic-routed request counted as unroutable too: ${JSON.stringify(stats)}`);
+    assert.deepEqual(await decisionsByReason(g.gateway.metrics), { rotation: n });
+    // a request no worker can take, even in panic, still counts once as such
+    g.router.drainWorker('x');
+    const none = await post(g.base, '/v1/completions', { model: 'X', prompt: 'drained', max_tokens: 1 });
+    assert.equal(none.status, 503, none.text);
+    const after = g.router.getStats().decisionsByReason;
+    assert.equal(after.none, 1, JSON.stringify(after));
+    assert.equal(after.rotation, n, JSON.stringify(after));
+  } finally {
+    await g.gateway.close();
+    await x.close();
+    await y.close();
+  }
+});

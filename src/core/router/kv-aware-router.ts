@@ -272,6 +272,9 @@ export class KVAwareRouter {
    */
   route(request: RouteRequest, options: RouteOptions = NO_OPTIONS): RouteResult {
     if (request === null || typeof request !== 'object') throw new TypeError('request must be an object');
+    const replaces = options.replaces;
+    if (replaces !== undefined && (replaces === null || typeof replaces !== 'object' || !replaces.noWorker))
+      throw new TypeError('replaces must be a route() result that found no worker (noWorker set)');
     const now = options.now ?? this.clock();
     const fields = this.fields;
     readRouteFields(request, this.judgeRoles, fields);
@@ -354,6 +357,8 @@ export class KVAwareRouter {
     if (options.explain) result.explain = explainCandidates(candidates, features, choice.index, this.policy);
     if (options.dryRun) return result;
 
+    // a decision taken again counts in place of the one it replaces (a count never goes below zero)
+    if (replaces !== undefined && (this.decisions[replaces.reason] ?? 0) > 0) this.decisions[replaces.reason]!--;
     this.decisions[choice.reason] = (this.decisions[choice.reason] ?? 0) + 1;
     if (!chosen) return result;
     const worker = chosen.worker;

@@ -62,6 +62,13 @@ export interface RouteOptions {
    * by a health check or a metrics scrape that timed out when none is in rotation.
    */
   panicCandidates?: ReadonlySet<string>;
+  /**
+   * What an earlier route() of the same request answered when it found no worker, when this
+   * call decides again for it (the gateway's panic routing asks again with `panicCandidates`):
+   * that decision leaves getStats().decisionsByReason as this one is counted, so the request
+   * counts once, as the decision taken. Nothing is withdrawn by a dry run (it counts nothing).
+   */
+  replaces?: NoWorkerResult;
   /** Put what the decision recorded in `result.shared`, for other router replicas (allocates). */
   share?: boolean;
   /**
