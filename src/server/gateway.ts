@@ -717,12 +717,26 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       const prepared = await readRequest(path, req, reply);
       if (!prepared) return reply;
       const { routeRequest } = prepared;
-      const r = routeOr400(router, reply, routeRequest, {
-        dryRun: true,
-        explain: true,
-        exclude: connections.withoutModel(prepared.body.model),
-      });
+      const exclude = connections.withoutModel(prepared.body.model);
+      let r = routeOr400(router, reply, routeRequest, { dryRun: true, explain: true, exclude });
       if (!r) return reply;
+      // what a completion would do: with no worker in rotation for it, panic routing asks again
+      // over the workers held out only by probes that timed out (proxy.ts), and so does the dry run
+      let panic = false;
+      const heldOut = r.noWorker ? proxyDeps.panic?.candidates(exclude) : undefined;
+      if (heldOut !== undefined) {
+        const again = routeOr400(router, reply, routeRequest, {
+          dryRun: true,
+          explain: true,
+          exclude,
+          panicCandidates: heldOut,
+        });
+        if (!again) return reply;
+        if (!again.noWorker) {
+          r = again;
+          panic = true;
+        }
+      }
       // a data-parallel rank is answered as the worker and its rank
       const c = connections.get(r.workerId);
       const target = c && c.rank !== null ? { worker: c.workerId, rank: c.rank } : { worker: r.workerId };
@@ -735,6 +749,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         promptTokens: r.promptTokens,
         explain: r.explain,
         ...(r.noWorker ? { noWorker: r.noWorker } : {}),
+        // as /readyz says it: present only while panic-routed
+        ...(panic ? { panic: true } : {}),
       };
     },
   );

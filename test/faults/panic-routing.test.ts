@@ -569,3 +569,53 @@ test('a panic-routed request counts one decision, the one taken, in the router s
     await y.close();
   }
 });
+
+test('/v1/route answers the worker a completion is panic-routed to, with panic: true; with panic routing off, noWorker as before', async () => {
+  const x = await engine(() => 200);
+  const y = await engine(() => 200);
+  const g = await overTwoModels(x, y, { publicRouteApi: true });
+  const off = await overTwoModels(x, y, { publicRouteApi: true, panicRouting: false });
+  const route = async (base: string, model: string) => {
+    const r = await post(base, '/v1/route', { model, prompt: 'dry run' });
+    assert.equal(r.status, 200, r.text);
+    return JSON.parse(r.text) as Record<string, unknown>;
+  };
+  try {
+    const inRotation = await route(g.base, 'X');
+    assert.equal(inRotation.worker, 'x');
+    assert.equal('panic' in inRotation, false, 'no panic key while a worker is in rotation');
+    g.gateway.health.set('x', 'health-check', false, PROBE_TIMEOUT);
+    off.gateway.health.set('x', 'health-check', false, PROBE_TIMEOUT);
+
+    const panicked = await route(g.base, 'X');
+    assert.equal(panicked.worker, 'x', JSON.stringify(panicked));
+    assert.equal(panicked.panic, true, JSON.stringify(panicked));
+    assert.equal(panicked.reason, 'rotation');
+    assert.equal(panicked.policy, 'round-robin');
+    assert.equal('noWorker' in panicked, false, JSON.stringify(panicked));
+    for (const key of ['cachedTokens', 'confidence', 'promptTokens', 'explain'])
+      assert.ok(key in panicked, `${key} kept: ${JSON.stringify(panicked)}`);
+    // a dry run routes nothing: no panic-routed attempt, no decision counted
+    assert.equal(await sample(g.gateway.metrics, PANIC_ROUTED), 0);
+    assert.deepEqual(g.router.getStats().decisionsByReason, {});
+    // what a completion does
+    const r = await post(g.base, '/v1/completions', { model: 'X', prompt: 'dry run', max_tokens: 1 });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.headers.get('x-contextforge-worker'), panicked.worker);
+    // the other model is in rotation: no panic there
+    const other = await route(g.base, 'Y');
+    assert.equal(other.worker, 'y');
+    assert.equal('panic' in other, false);
+
+    const refused = await route(off.base, 'X');
+    assert.equal(refused.worker, '', JSON.stringify(refused));
+    assert.equal(refused.reason, 'none');
+    assert.equal(typeof refused.noWorker, 'object', JSON.stringify(refused));
+    assert.equal('panic' in refused, false, JSON.stringify(refused));
+  } finally {
+    await g.gateway.close();
+    await off.gateway.close();
+    await x.close();
+    await y.close();
+  }
+});
