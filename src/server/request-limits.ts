@@ -15,8 +15,9 @@ import type { RouteRequest } from '../core/router/index.js';
 export interface RequestLimits {
   /**
    * Longest workflow id, agent role, content-anchor id and cache_salt, in UTF-8 bytes. What names
-   * something the client chose outside the router — `model` and `user` — takes
-   * NAME_BYTES_PER_ID_BYTE times as many, and a stop string STOP_BYTES_PER_ID_BYTE times.
+   * something the client chose outside the router — `model`, `user` and the ids an engine keeps
+   * a request by (checkEngineKeys) — takes NAME_BYTES_PER_ID_BYTE times as many, and a stop
+   * string or SGLang stop pattern STOP_BYTES_PER_ID_BYTE times.
    */
   maxIdBytes: number;
   /** Most content anchors per request. */
@@ -55,6 +56,20 @@ export interface RequestLimits {
    * strings are, and `stop_token_ids` in number (checkBadWords, checkStopTokenIds).
    */
   maxStopSequences: number;
+  /**
+   * Most log probabilities a request may ask for at each token: `logprobs` (completions),
+   * `top_logprobs` (chat) and SGLang's `top_logprobs_num`, each an integer from 0 to it. The
+   * engine ranks the whole vocabulary and answers that many alternatives for every token it
+   * generates (and, with echo, for every prompt token), so the number multiplies both the work
+   * and the answer. vLLM refuses more than its max_logprobs (ModelConfig.max_logprobs in
+   * vllm/config/model.py, 20 by default, "the default for the OpenAI Chat Completions API"), or
+   * nothing when a server sets it to -1, where a client's -1 asks for the whole vocabulary;
+   * SGLang's OpenAI layer hands either field to the engine as top_logprobs_num
+   * (python/sglang/srt/entrypoints/openai/serving_completions.py, serving_chat.py). The
+   * default, 20, is the OpenAI API's maximum of top_logprobs
+   * (https://platform.openai.com/docs/api-reference/chat/create); a client's -1 is refused.
+   */
+  maxLogprobs: number;
 }
 
 export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
@@ -64,6 +79,7 @@ export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
   maxJsonContainers: 100_000,
   maxChoices: 128,
   maxStopSequences: 64,
+  maxLogprobs: 20,
 });
 
 /** A stop string's UTF-8 bytes at most, per byte of maxIdBytes (see RequestLimits.maxStopSequences). */
@@ -81,6 +97,18 @@ export const STOP_BYTES_PER_ID_BYTE = 4;
 export const NAME_BYTES_PER_ID_BYTE = 4;
 
 /**
+ * The longest SGLang `custom_logit_processor`, in UTF-8 bytes: 64 KiB. It is a serialized
+ * class, `{"callable": "<hex>"}` where the hex is dill.dumps of the class, two characters a byte
+ * (CustomLogitProcessor.to_str, python/sglang/srt/sampling/custom_logit_processor.py): 64 KiB
+ * holds 32 KiB of pickled code, room for a processor of many methods (the ones SGLang ships have
+ * a few each). The engine unpickles it through `_cache_from_str`, an lru_cache with maxsize=None
+ * keyed by the string, so every distinct string a client sends stays in the engine's memory
+ * with the class it makes, for the engine's lifetime: without a bound, up to a whole body per
+ * request. A callable is not an id, so the bound does not follow maxIdBytes.
+ */
+export const CUSTOM_LOGIT_PROCESSOR_BYTES = 64 * 1024;
+
+/**
  * The limits' types and ranges, declared once: checkRequestLimits parses through it and
  * `serve`'s settings (flags, environment, config file) take their entries from it.
  */
@@ -91,6 +119,7 @@ export const REQUEST_LIMITS_SCHEMA = z.strictObject({
   maxJsonContainers: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonContainers),
   maxChoices: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxChoices),
   maxStopSequences: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxStopSequences),
+  maxLogprobs: z.int().min(0).default(DEFAULT_REQUEST_LIMITS.maxLogprobs),
 });
 
 /** Token ids are unsigned 32-bit integers in every engine the router fronts. */
@@ -309,6 +338,15 @@ function anchorFromString(s: string, param: string, limits: RequestLimits): Cont
 }
 
 /**
+ * Throws unless `value` is a string of at most `maxBytes` UTF-8 bytes; `at` names it in the
+ * message (`rid[2]`), `param` in the error. The message never repeats the value.
+ */
+function checkString(value: unknown, at: string, param: string, maxBytes: number, what: string): void {
+  if (typeof value !== 'string') throw new RequestLimitError(`${at} must be a string (${what})`, param);
+  if (longerThanBytes(value, maxBytes)) throw new RequestLimitError(`${at} is longer than ${maxBytes} bytes`, param);
+}
+
+/**
  * `model` or `user`: absent, null (the engine's default) or a string of at most
  * NAME_BYTES_PER_ID_BYTE × `maxIdBytes` UTF-8 bytes; anything else is refused, as the
  * engines' request models refuse it (vLLM's and SGLang's protocol.py declare both `str`, and
@@ -317,9 +355,84 @@ function anchorFromString(s: string, param: string, limits: RequestLimits): Cont
  */
 export function checkName(value: unknown, param: string, maxIdBytes: number, what: string): void {
   if (value === undefined || value === null) return;
-  if (typeof value !== 'string') throw new RequestLimitError(`${param} must be a string (${what})`, param);
-  const maxBytes = NAME_BYTES_PER_ID_BYTE * maxIdBytes;
-  if (longerThanBytes(value, maxBytes)) throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes`, param);
+  checkString(value, param, param, NAME_BYTES_PER_ID_BYTE * maxIdBytes, what);
+}
+
+/**
+ * Absent, null, a string of at most `maxBytes` UTF-8 bytes, or a list of such strings and
+ * nulls: SGLang's form for a field given once per prompt of a batch (`rid`, `lora_path`,
+ * `extra_key`, `custom_logit_processor`; a null in the list is the engine's default for that
+ * prompt, where it takes one). Anything else is refused, as SGLang's request models refuse it.
+ */
+function checkStringOrList(value: unknown, param: string, maxBytes: number, what: string): void {
+  if (value === undefined || value === null) return;
+  if (!Array.isArray(value)) {
+    if (typeof value !== 'string')
+      throw new RequestLimitError(`${param} must be a string or a list of strings (${what})`, param);
+    checkString(value, param, param, maxBytes, what);
+    return;
+  }
+  for (let i = 0; i < value.length; i++)
+    if (value[i] !== null) checkString(value[i], `${param}[${i}]`, param, maxBytes, what);
+}
+
+/**
+ * The strings an engine keys, logs or looks up a request by, bounded as names are
+ * (NAME_BYTES_PER_ID_BYTE × `limits.maxIdBytes` UTF-8 bytes; the gateway itself reads none of
+ * them), and SGLang's `custom_logit_processor` (CUSTOM_LOGIT_PROCESSOR_BYTES):
+ *
+ * - vLLM's `request_id` (vllm/entrypoints/openai/chat_completion/protocol.py: "used through out
+ *   the inference process and return in response"), the key of the request in the engine;
+ * - SGLang's `rid` (python/sglang/srt/entrypoints/openai/protocol.py), the same for SGLang, one
+ *   per prompt in a list; a single string is the prefix of every prompt's id
+ *   (python/sglang/srt/managers/io_struct.py, GenerateReqInput.rid);
+ * - `session_id` (vLLM and SGLang: a session's id shared by related requests), and SGLang's
+ *   `session_params.id`, by which the scheduler looks up or creates a Session, and
+ *   `session_params.rid`, a request in it (io_struct.py, SessionParams);
+ * - SGLang's `lora_path`, an adapter looked up among the loaded ones, one per prompt in a list;
+ * - SGLang's `extra_key`, a key of the engine's prefix cache for caller-defined classes of
+ *   requests, beside `cache_salt` (bounded as an id: checkCacheSalt);
+ * - SGLang's `custom_logit_processor` (see CUSTOM_LOGIT_PROCESSOR_BYTES).
+ *
+ * `request_id` and `session_id` are one string each (both engines declare `str`); the others
+ * may be SGLang's lists. A `session_params` that is not an object is the engine's to refuse.
+ */
+export function checkEngineKeys(body: Readonly<Record<string, unknown>>, limits: RequestLimits): void {
+  const { maxIdBytes } = limits;
+  const nameBytes = NAME_BYTES_PER_ID_BYTE * maxIdBytes;
+  checkName(body.request_id, 'request_id', maxIdBytes, 'an id of the request');
+  checkStringOrList(body.rid, 'rid', nameBytes, 'an id of the request');
+  checkName(body.session_id, 'session_id', maxIdBytes, 'an id of the session');
+  const session = body.session_params;
+  if (session !== null && typeof session === 'object' && !Array.isArray(session)) {
+    const { id, rid } = session as { id?: unknown; rid?: unknown };
+    checkName(id, 'session_params.id', maxIdBytes, 'an id of the session');
+    checkName(rid, 'session_params.rid', maxIdBytes, 'an id of a request in the session');
+  }
+  checkStringOrList(body.lora_path, 'lora_path', nameBytes, 'the name or path of a LoRA adapter');
+  checkStringOrList(body.extra_key, 'extra_key', nameBytes, 'a key of the prefix cache');
+  checkStringOrList(
+    body.custom_logit_processor,
+    'custom_logit_processor',
+    CUSTOM_LOGIT_PROCESSOR_BYTES,
+    'a serialized CustomLogitProcessor',
+  );
+}
+
+/**
+ * `logprobs` (completions), `top_logprobs` (chat) or SGLang's `top_logprobs_num`: absent, null
+ * or an integer from 0 to `max` (RequestLimits.maxLogprobs). vLLM's -1 ("the whole vocabulary")
+ * is refused, and so is a string, as checkChoices refuses one. `isSwitch`: chat's `logprobs`,
+ * true or false (a number is bounded as the count, though the engines take only 0 and 1).
+ */
+export function checkLogprobs(value: unknown, param: string, max: number, isSwitch = false): void {
+  if (value === undefined || value === null) return;
+  if (isSwitch && typeof value === 'boolean') return;
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > max)
+    throw new RequestLimitError(
+      `${param} must be ${isSwitch ? 'true, false or ' : ''}an integer from 0 to ${max} (the most log probabilities a token may report)`,
+      param,
+    );
 }
 
 /** A `cache_salt` as vLLM takes it: a non-empty string (and no longer than an id here). */
@@ -378,6 +491,18 @@ function checkMarkers(value: unknown, param: string, noun: string, limits: Reque
 export function checkStop(value: unknown, limits: RequestLimits): void {
   if (Array.isArray(value)) return checkMarkers(value, 'stop', 'sequences', limits);
   checkStopString(value, 'stop', 'stop', STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes);
+}
+
+/**
+ * SGLang's `stop_regex`, bounded as `stop`: absent, null, a string or a list of at most
+ * `limits.maxStopSequences`, each at most STOP_BYTES_PER_ID_BYTE × `limits.maxIdBytes` UTF-8
+ * bytes. At every step SGLang decodes the output's last tokens and searches them for each
+ * pattern as for each stop string (python/sglang/srt/managers/schedule_batch.py, Req's
+ * check_finished: stop_strs and stop_regex_strs), in the loop that serves every request.
+ */
+export function checkStopRegex(value: unknown, limits: RequestLimits): void {
+  if (Array.isArray(value)) return checkMarkers(value, 'stop_regex', 'patterns', limits);
+  checkStopString(value, 'stop_regex', 'stop_regex', STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes);
 }
 
 /**
@@ -539,8 +664,9 @@ export interface ReadRequest {
 
 /**
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
- * must be an object; metadata, model, user, cache_salt, stream, n, best_of, stop and the prompt or
- * messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
+ * must be an object; metadata, model, user, cache_salt, stream, n, best_of, stop, stop_regex,
+ * bad_words, stop_token_ids, the log-probability counts, the ids the engine keeps
+ * (checkEngineKeys) and the prompt or messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
  * to forward is the one received without `contextforge` and, unless `forwardKvTransferParams`,
  * without the KV_TRANSFER_FIELDS.
  */
@@ -592,9 +718,16 @@ export function readRouteRequest(
   checkChoices(body.n, 'n', limits.maxChoices);
   checkChoices(body.best_of, 'best_of', limits.maxChoices);
   checkStop(body.stop, limits);
+  checkStopRegex(body.stop_regex, limits);
   checkBadWords(body.bad_words, limits);
   checkStopTokenIds(body.stop_token_ids, limits);
-  if (path === '/v1/chat/completions') routeRequest.messages = readMessages(body.messages);
+  const chat = path === '/v1/chat/completions';
+  checkLogprobs(body.logprobs, 'logprobs', limits.maxLogprobs, chat);
+  checkLogprobs(body.top_logprobs, 'top_logprobs', limits.maxLogprobs);
+  checkLogprobs(body.top_logprobs_num, 'top_logprobs_num', limits.maxLogprobs);
+  // what the engine keeps the request by
+  checkEngineKeys(body, limits);
+  if (chat) routeRequest.messages = readMessages(body.messages);
   else Object.assign(routeRequest, readPrompt(body.prompt));
   return { routeRequest, body, unchanged: removed === undefined, removed: removed ?? NO_FIELDS_REMOVED };
 }

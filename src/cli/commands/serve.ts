@@ -194,6 +194,7 @@ export async function startGateway(
       maxJsonContainers: c.maxJsonContainers,
       maxChoices: c.maxChoices,
       maxStopSequences: c.maxStopSequences,
+      maxLogprobs: c.maxLogprobs,
     },
     timeouts: {
       headersTimeoutMs: c.headersTimeoutMs,

@@ -145,7 +145,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   maxIdBytes: {
     arg: '<n>',
-    help: 'longest workflow id, agent role, anchor id and cache_salt (UTF-8 bytes); model and user take 4 ×',
+    help: 'longest workflow id, agent role, anchor id and cache_salt (UTF-8 bytes); model, user, request_id, rid, session_id, lora_path and extra_key take 4 ×',
   },
   maxAnchors: { arg: '<n>', help: 'most content anchors per request' },
   maxJsonDepth: { arg: '<n>', help: 'deepest nesting of a JSON body' },
@@ -156,7 +156,11 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   maxStopSequences: {
     arg: '<n>',
-    help: 'most stop strings, bad_words and stop_token_ids in a request (each string at most 4 × --max-id-bytes UTF-8 bytes)',
+    help: 'most stop strings, stop_regex patterns, bad_words and stop_token_ids in a request (each string at most 4 × --max-id-bytes UTF-8 bytes)',
+  },
+  maxLogprobs: {
+    arg: '<n>',
+    help: 'most log probabilities a request may ask for at each token: logprobs (completions), top_logprobs (chat) and top_logprobs_num (SGLang) each',
   },
   headersTimeoutMs: { arg: '<ms>', help: "time for a client to send a request's headers" },
   requestTimeoutMs: { arg: '<ms>', help: 'time for a client to send a whole request (headers and body)' },

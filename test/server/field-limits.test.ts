@@ -1,0 +1,242 @@
+/**
+ * The client-controlled fields the engines key, log or look up by, and those that size what an
+ * engine computes per token, are bounded, not by the body size alone:
+ *
+ * - ids and names the engines keep (vLLM's `request_id`, SGLang's `rid`, `session_id`,
+ *   `session_params.id`/`.rid`, `lora_path`, `extra_key`): at most 4 × maxIdBytes UTF-8 bytes,
+ *   as `model` and `user`;
+ * - SGLang's `custom_logit_processor` (a serialized callable): at most 64 KiB;
+ * - `logprobs` (completions), `top_logprobs` (chat) and SGLang's `top_logprobs_num`: integers
+ *   from 0 to maxLogprobs (20);
+ * - SGLang's `stop_regex`: as `stop`, at most maxStopSequences patterns of at most
+ *   4 × maxIdBytes bytes.
+ *
+ * Over a limit is a 400 naming the field, whose message never repeats the value, and nothing
+ * reaches the engine; at the limit passes. The endpoint picker reads the body through the same
+ * checks.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import {
+  checkRequestLimits,
+  CUSTOM_LOGIT_PROCESSOR_BYTES,
+  DEFAULT_REQUEST_LIMITS,
+} from '../../src/server/request-limits.js';
+import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
+import { LIMIT_PATHS, passes, refused as refusedOn } from '../helpers/limit-checks.js';
+import { resolveServe } from '../helpers/serve-config.js';
+import { EnvoyRole } from '../epp/envoy-role.js';
+import { startPickerFleet, type PickerFleet } from '../epp/harness.js';
+
+/** Refused on the fast path and on Fastify's route (a query string takes a request past the fast path). */
+const refused = (setup: GatewayOnEngine, path: string, fields: object, param: string) =>
+  refusedOn(setup, path, fields, param, ['', '?via=fastify']);
+
+let defaults: GatewayOnEngine;
+let tight: GatewayOnEngine;
+before(async () => {
+  defaults = await gatewayOnEngine();
+  tight = await gatewayOnEngine({ limits: { maxIdBytes: 8, maxLogprobs: 2, maxStopSequences: 2 } });
+});
+after(async () => {
+  await defaults.close();
+  await tight.close();
+});
+
+describe('ids and names the engines keep', () => {
+  for (const param of ['request_id', 'rid', 'session_id', 'lora_path', 'extra_key'] as const) {
+    for (const { path } of Object.values(LIMIT_PATHS)) {
+      test(`${param}: over 4 × maxIdBytes bytes is refused, at it passes (${path})`, async () => {
+        const message = await refused(defaults, path, { [param]: 'x'.repeat(1025) }, param);
+        assert.equal(message, `${param} is longer than 1024 bytes`);
+        await passes(defaults, path, { [param]: 'x'.repeat(1024) });
+        await refused(defaults, path, { [param]: 'é'.repeat(513) }, param);
+        await passes(defaults, path, { [param]: 'é'.repeat(512) });
+        await refused(tight, path, { [param]: 'x'.repeat(33) }, param);
+        await passes(tight, path, { [param]: 'x'.repeat(32) });
+      });
+    }
+    test(`${param}: a megabyte value is refused without being echoed back; absent or null passes`, async () => {
+      const message = await refused(defaults, LIMIT_PATHS.chat.path, { [param]: 'y'.repeat(1 << 20) }, param);
+      assert.ok(!message.includes('yyyy'), message.slice(0, 80));
+      await passes(defaults, LIMIT_PATHS.completions.path, { [param]: null });
+    });
+    test(`${param}: a value that is neither a string nor a list is refused, as the engines refuse it`, async () => {
+      for (const value of [5, true, { id: 'x' }]) {
+        const message = await refused(defaults, LIMIT_PATHS.completions.path, { [param]: value }, param);
+        assert.match(message, new RegExp(`^${param} must be a string`));
+      }
+    });
+  }
+  test('SGLang’s lists (one per prompt) of rid, lora_path and extra_key: each element is bounded', async () => {
+    const { path } = LIMIT_PATHS.completions;
+    for (const param of ['rid', 'lora_path', 'extra_key']) {
+      const message = await refused(defaults, path, { [param]: ['ok', 'x'.repeat(1025)] }, param);
+      assert.equal(message, `${param}[1] is longer than 1024 bytes`);
+      await passes(defaults, path, { prompt: ['a', 'b'], [param]: ['x'.repeat(1024), 'ok'] });
+      await refused(defaults, path, { [param]: ['ok', 7] }, param);
+    }
+    // SGLang's lora_path list takes null for "the base model" (List[Optional[str]])
+    await passes(defaults, path, { prompt: ['a', 'b'], lora_path: [null, 'adapter'] });
+  });
+  test('request_id and session_id are one string each (vLLM and SGLang declare str): a list is refused', async () => {
+    await refused(defaults, LIMIT_PATHS.chat.path, { request_id: ['a'] }, 'request_id');
+    await refused(defaults, LIMIT_PATHS.chat.path, { session_id: ['a'] }, 'session_id');
+  });
+  test('SGLang’s session_params: its id and rid are bounded as names', async () => {
+    for (const { path } of Object.values(LIMIT_PATHS)) {
+      for (const key of ['id', 'rid']) {
+        const message = await refused(
+          defaults,
+          path,
+          { session_params: { [key]: 'x'.repeat(1025) } },
+          `session_params.${key}`,
+        );
+        assert.equal(message, `session_params.${key} is longer than 1024 bytes`);
+        await refused(tight, path, { session_params: { [key]: 'x'.repeat(33) } }, `session_params.${key}`);
+      }
+      await passes(defaults, path, { session_params: { id: 'x'.repeat(1024), rid: 'r', offset: 3, replace: false } });
+      await passes(defaults, path, { session_params: null });
+    }
+  });
+});
+
+describe('custom_logit_processor', () => {
+  test('a serialized callable of at most 64 KiB passes, a longer one is refused and not echoed', async () => {
+    assert.equal(CUSTOM_LOGIT_PROCESSOR_BYTES, 64 * 1024);
+    for (const { path } of Object.values(LIMIT_PATHS)) {
+      const big = 'a'.repeat(CUSTOM_LOGIT_PROCESSOR_BYTES);
+      await passes(defaults, path, { custom_logit_processor: big });
+      const message = await refused(defaults, path, { custom_logit_processor: big + 'b' }, 'custom_logit_processor');
+      assert.equal(message, `custom_logit_processor is longer than ${CUSTOM_LOGIT_PROCESSOR_BYTES} bytes`);
+      // not scaled by maxIdBytes: a callable is not an id
+      await passes(tight, path, { custom_logit_processor: big });
+    }
+  });
+  test('SGLang’s chat list form: each element is bounded', async () => {
+    const { path } = LIMIT_PATHS.chat;
+    const message = await refused(
+      defaults,
+      path,
+      { custom_logit_processor: [null, 'a'.repeat(CUSTOM_LOGIT_PROCESSOR_BYTES + 1)] },
+      'custom_logit_processor',
+    );
+    assert.match(message, /^custom_logit_processor\[1\] is longer than/);
+    await passes(defaults, path, { custom_logit_processor: [null, '{"callable": "80"}'] });
+    await refused(defaults, path, { custom_logit_processor: 5 }, 'custom_logit_processor');
+  });
+});
+
+describe('logprobs, top_logprobs and top_logprobs_num', () => {
+  const cases = [
+    { param: 'logprobs', path: LIMIT_PATHS.completions.path },
+    { param: 'top_logprobs', path: LIMIT_PATHS.chat.path },
+    { param: 'top_logprobs_num', path: LIMIT_PATHS.completions.path },
+    { param: 'top_logprobs_num', path: LIMIT_PATHS.chat.path },
+  ];
+  for (const { param, path } of cases) {
+    test(`${param}: an integer from 0 to maxLogprobs (${path})`, async () => {
+      const extra = param === 'top_logprobs' ? { logprobs: true } : {};
+      const message = await refused(defaults, path, { ...extra, [param]: 21 }, param);
+      assert.match(message, new RegExp(`^${param} must be an integer from 0 to 20`));
+      await passes(defaults, path, { ...extra, [param]: 20 });
+      await passes(defaults, path, { ...extra, [param]: 0 });
+      await passes(defaults, path, { ...extra, [param]: null });
+      await refused(defaults, path, { ...extra, [param]: 1e9 }, param);
+      await refused(tight, path, { ...extra, [param]: 3 }, param);
+      await passes(tight, path, { ...extra, [param]: 2 });
+    });
+    test(`${param}: -1 (vLLM's "the whole vocabulary"), a string, a fraction or a boolean is refused (${path})`, async () => {
+      for (const value of [-1, '5', 2.5, true]) await refused(defaults, path, { [param]: value }, param);
+    });
+  }
+  test('chat’s logprobs is a switch: true and false pass, a number is bounded as a count', async () => {
+    const { path } = LIMIT_PATHS.chat;
+    await passes(defaults, path, { logprobs: true, top_logprobs: 5 });
+    await passes(defaults, path, { logprobs: false });
+    await refused(defaults, path, { logprobs: 21 }, 'logprobs');
+    await refused(defaults, path, { logprobs: -1 }, 'logprobs');
+  });
+});
+
+describe('stop_regex', () => {
+  const many = (count: number) => Array.from({ length: count }, (_, i) => `r${i}\\d+`);
+  for (const { path } of Object.values(LIMIT_PATHS)) {
+    test(`more patterns than maxStopSequences are refused, as many pass (${path})`, async () => {
+      const message = await refused(defaults, path, { stop_regex: many(65) }, 'stop_regex');
+      assert.match(message, /^stop_regex has more than 64 /);
+      await passes(defaults, path, { stop_regex: many(64) });
+      await refused(tight, path, { stop_regex: many(3) }, 'stop_regex');
+      await passes(tight, path, { stop_regex: many(2) });
+    });
+  }
+  test('each pattern is at most 4 × maxIdBytes UTF-8 bytes, in a list or alone', async () => {
+    const { path } = LIMIT_PATHS.completions;
+    await passes(defaults, path, { stop_regex: 'x'.repeat(1024) });
+    await passes(defaults, path, { stop_regex: ['é'.repeat(512)] });
+    const message = await refused(defaults, path, { stop_regex: ['ok', 'x'.repeat(1025)] }, 'stop_regex');
+    assert.equal(message, 'stop_regex[1] is longer than 1024 bytes');
+    await refused(defaults, path, { stop_regex: 'é'.repeat(513) }, 'stop_regex');
+    await refused(tight, path, { stop_regex: 'x'.repeat(33) }, 'stop_regex');
+    await passes(tight, path, { stop_regex: ['x'.repeat(32)] });
+    await passes(defaults, path, { stop_regex: null });
+  });
+});
+
+describe('through the endpoint picker', () => {
+  let fleet: PickerFleet;
+  let envoy: EnvoyRole;
+  before(async () => {
+    fleet = await startPickerFleet({ engines: 1 });
+    envoy = new EnvoyRole(fleet.addresses[0]);
+  });
+  after(async () => {
+    envoy.close();
+    await fleet.close();
+  });
+  const CASES = [
+    { path: '/v1/completions', fields: { prompt: 'p', logprobs: 21 }, param: 'logprobs' },
+    { path: '/v1/completions', fields: { prompt: 'p', rid: 'x'.repeat(1025) }, param: 'rid' },
+    {
+      path: '/v1/chat/completions',
+      fields: { messages: [{ role: 'user', content: 'p' }], stop_regex: Array(65).fill('a') },
+      param: 'stop_regex',
+    },
+    {
+      path: '/v1/chat/completions',
+      fields: { messages: [{ role: 'user', content: 'p' }], session_params: { id: 'x'.repeat(1025) } },
+      param: 'session_params.id',
+    },
+  ];
+  for (const { path, fields, param } of CASES) {
+    test(`${param} over its limit is refused with 400 naming it (${path})`, async () => {
+      const out = await envoy.request({
+        headers: { ':path': path },
+        body: JSON.stringify({ model: 'mock', ...fields }),
+      });
+      assert.equal(out.kind, 'immediate');
+      if (out.kind !== 'immediate') return;
+      assert.equal(out.status, 400);
+      const { error } = JSON.parse(out.body) as { error: { param: string; message: string } };
+      assert.equal(error.param, param);
+      assert.ok(!error.message.includes('xxxx'), error.message.slice(0, 80));
+    });
+  }
+  test('at the limits the request is routed', async () => {
+    const out = await envoy.request({
+      headers: { ':path': '/v1/completions' },
+      body: JSON.stringify({ model: 'mock', prompt: 'p', logprobs: 20, rid: 'x'.repeat(1024), stop_regex: ['a'] }),
+    });
+    assert.equal(out.kind, 'routed');
+    if (out.kind === 'routed') await out.stream.end();
+  });
+});
+
+test('maxLogprobs is a setting: default 20 (the OpenAI API’s top_logprobs maximum), 0 or more', () => {
+  assert.equal(DEFAULT_REQUEST_LIMITS.maxLogprobs, 20);
+  assert.equal(checkRequestLimits({ maxLogprobs: 0 }).maxLogprobs, 0);
+  assert.throws(() => checkRequestLimits({ maxLogprobs: -1 }), { message: 'limits.maxLogprobs must be >= 0 (got -1)' });
+  assert.equal(resolveServe(['--max-logprobs', '5']).config.maxLogprobs, 5);
+  assert.equal(resolveServe([], { CONTEXTFORGE_MAX_LOGPROBS: '7' }).config.maxLogprobs, 7);
+  assert.equal(resolveServe([]).config.maxLogprobs, 20);
+});
