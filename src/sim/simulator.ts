@@ -1,7 +1,12 @@
 import { BlockHashes } from '../core/hashing.js';
 import { LLMD_SCRAPE_INTERVAL_MS } from '../core/policies/llmd.js';
 import { createRng } from '../core/rng.js';
-import { KVAwareRouter, type KVAwareRouterOptions, type SharedDecision } from '../core/router/index.js';
+import {
+  KVAwareRouter,
+  type CandidateExplain,
+  type KVAwareRouterOptions,
+  type SharedDecision,
+} from '../core/router/index.js';
 import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/index.js';
 import { requestBlocks } from './request-blocks.js';
 import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
@@ -45,6 +50,14 @@ export interface SimulationOptions {
     worker: number,
     metrics: { kvUsage: number; waitingRequests: number; runningRequests: number },
   ) => void;
+  /**
+   * Called at every request routed to a worker, with what each engine held of its prompt at
+   * that moment (for diagnostics: what a decision gives up, and, against the request's
+   * outcome, what eviction takes before the engine admits it).
+   */
+  onRoute?: (decision: RouteTrace) => void;
+  /** Ask the router to explain every decision (each candidate's policy terms, in `RouteTrace.explain`). */
+  explainRoutes?: boolean;
   /** Called now and then with the number of requests finished. */
   onProgress?: (finished: number, total: number) => void;
 }
@@ -63,6 +76,24 @@ export interface RequestOutcome {
   arrival: number;
   /** Set when the request did not complete: its worker failed mid-answer, or its client went away. */
   status?: 'failed' | 'cancelled';
+}
+
+/** One routing decision as the simulator saw it (SimulationOptions.onRoute). */
+export interface RouteTrace {
+  /** 0-based line of the request in the trace file (as RequestOutcome.request). */
+  request: number;
+  /** Simulated time of the decision (ms after the first request). */
+  timeMs: number;
+  /** Worker index chosen, 0..N-1. */
+  worker: number;
+  promptTokens: number;
+  /**
+   * Per worker index, the prompt's leading tokens that engine held (cached or being computed)
+   * when the request was routed: the full blocks of its prefix, no content anchors.
+   */
+  heldTokens: number[];
+  /** With SimulationOptions.explainRoutes: the router's explanation (candidate `worker` is `w<index>`). */
+  explain?: CandidateExplain[];
 }
 
 export interface Percentiles {
@@ -316,7 +347,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
         // block; an isolated request (a judge) reuses nothing, so it names none
         anchor: policy === 'seed' && !req.isolate ? seedAnchor(req) : undefined,
       },
-      { firstTokenReported: !whole },
+      { firstTokenReported: !whole, ...(options.explainRoutes ? { explain: true } : {}) },
     );
     const w = ids.indexOf(d.workerId);
     if (w < 0) {
@@ -333,6 +364,21 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       return;
     }
     const blocks = requestBlocks(req, d.cacheSalt, scratch);
+    if (options.onRoute) {
+      const heldTokens = engines.map((e) => {
+        let k = 0;
+        while (k < blocks.keys.length && e.holds(blocks.keys[k])) k++;
+        return k * blockTokens;
+      });
+      options.onRoute({
+        request: req.index,
+        timeMs: now,
+        worker: w,
+        promptTokens: Math.max(1, req.inputLength),
+        heldTokens,
+        ...(d.explain ? { explain: d.explain } : {}),
+      });
+    }
     const engineReq: EngineRequest = {
       id: index,
       ...blocks,

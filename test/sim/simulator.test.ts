@@ -63,3 +63,41 @@ test('prompts past the router default maxPromptTokens run where the engines take
   assert.equal(r.outcomes.length, 2);
   assert.ok(r.hitRate > 0.4, 'the second request reuses the first one’s KV');
 });
+
+test('onRoute reports what every engine held of each prompt when it was routed', () => {
+  // three requests sharing a 4-block prefix, far apart: the second and third find it where the first ran
+  const trace = [0, 1, 2].map((i) => ({
+    index: i,
+    timestamp: i * 60_000,
+    inputLength: 6 * 512,
+    outputLength: 4,
+    hashIds: [1, 2, 3, 4, 10 + i, 20 + i],
+    blockSize: 512,
+  }));
+  const seen: Array<{ request: number; worker: number; heldTokens: number[]; explained: boolean }> = [];
+  const r = simulate(trace, {
+    workers: 3,
+    policy: 'cost',
+    explainRoutes: true,
+    onRoute: (d) =>
+      seen.push({ request: d.request, worker: d.worker, heldTokens: d.heldTokens, explained: d.explain !== undefined }),
+  });
+  assert.deepEqual(
+    seen.map((d) => d.request),
+    [0, 1, 2],
+  );
+  assert.deepEqual(seen[0].heldTokens, [0, 0, 0]);
+  for (const d of seen) {
+    assert.equal(d.heldTokens.length, 3);
+    assert.equal(d.explained, true);
+    assert.equal(d.worker, r.outcomes.find((o) => o.request === d.request)!.worker);
+  }
+  // the shared prefix (4 blocks; the rest of the first prompt is its own) is held where it ran, and only there
+  const first = seen[0].worker;
+  assert.deepEqual(
+    seen[1].heldTokens,
+    [0, 1, 2].map((w) => (w === first ? 4 * 512 : 0)),
+  );
+  // the second found its 4-block prefix where it went: the engine reports it at admission too
+  assert.equal(seen[1].heldTokens[seen[1].worker], r.outcomes.find((o) => o.request === 1)!.cachedTokens);
+});
