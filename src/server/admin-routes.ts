@@ -87,6 +87,8 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     const { id } = req.params as { id: string };
     if (!connections.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
     for (const rid of connections.routerIdsOf(id)) router.resumeWorker(rid);
+    // back in rotation unless a health verdict holds it out: requests kept elsewhere may move to it
+    connections.rotationGained();
     return { resumed: id };
   });
   admin.get('/admin/stats', async () => ({ ...router.getStats(), state: state.stats() }));

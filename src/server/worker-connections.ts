@@ -44,7 +44,10 @@ export interface WorkerConnection {
   adapters: Map<string, string>;
   /** Headers of every request to the engine: its API key (or the credentials of its URL), its rank. */
   headers: Record<string, string>;
-  /** Give-ups of its requests that have sent nothing to their client yet: called when it leaves rotation, they move elsewhere. */
+  /**
+   * Give-ups of its requests that have sent nothing to their client yet: called when it leaves
+   * rotation and a worker serving its models is in rotation (or comes into it), they move there.
+   */
   unanswered: Set<() => void>;
 }
 
@@ -148,6 +151,8 @@ export class WorkerConnections {
   private readonly mayHaveRestarted = new Set<string>();
   private readonly slowProbeGraceMs: number;
   private readonly graceTimers = new Set<NodeJS.Timeout>();
+  /** Workers out of rotation keeping their unanswered requests: no worker serving their models was in rotation. */
+  private readonly keeping = new Set<string>();
 
   private readonly engineConnections: number;
 
@@ -186,29 +191,61 @@ export class WorkerConnections {
 
   /**
    * A worker left rotation: the requests it has not answered at all move to other workers
-   * (nothing reached their clients). When only its probes timed out (a busy engine answers
-   * /health late too), they move only if it is still out a grace period later: a loaded engine
-   * must not have its whole queue thrown onto the others; nor then, with panic routing, when no
-   * worker serving its models is in rotation: they would move only to workers held out alike,
-   * the client waiting again from the start (or, once the retries are spent, failed). Engines
-   * announce no AllBlocksCleared when they start, so one its health check holds out is
+   * (nothing reached their clients), but only when a worker serving each of its models is in
+   * rotation. With none, they stay where they are, bounded by their first-byte and request
+   * timeouts: the engine may still answer them (when vLLM's engine core dies, its API server
+   * fails every request in flight with an error of its own, vllm/v1/engine/async_llm.py's
+   * output_handler; SGLang's /health answers 503 while it shuts down gracefully, finishing what
+   * it runs, or while a probe waits behind its scheduler, sglang/srt/entrypoints/http_server.py),
+   * and a retry would find no worker and turn them into errors at once. They are kept until a
+   * worker serving its models comes into rotation (then they move) or it returns itself. When
+   * only its probes timed out (a busy engine answers /health late too), they move only if it is
+   * still out a grace period later: a loaded engine must not have its whole queue thrown onto the
+   * others; nor then, with panic routing, when no worker serving its models is in rotation: they
+   * would move only to workers held out alike, the client waiting again from the start (or, once
+   * the retries are spent, failed). A connection that fails fails its request whatever the
+   * rotation (forward.ts). Draining is no health verdict: it leaves a worker's requests alone.
+   * Engines announce no AllBlocksCleared when they start, so one its health check holds out is
    * remembered as possibly restarted.
    */
   private outOfRotation(id: string): void {
     const { health } = this.options;
     if (health.reasons(id).includes('health-check')) this.mayHaveRestarted.add(id);
-    const giveUpAll = () => {
-      const c = this.connections.get(id);
-      if (c && health.reasons(id).length > 0) for (const giveUp of [...c.unanswered]) giveUp();
-    };
-    if (!health.heldOutBySlowProbesOnly(id)) return giveUpAll();
+    if (!health.heldOutBySlowProbesOnly(id)) return this.moveOrKeep(id);
     const t = setTimeout(() => {
       this.graceTimers.delete(t);
       if (this.options.panicRouting && !this.modelsInRotation(id)) return;
-      giveUpAll();
+      this.giveUpAll(id);
     }, this.slowProbeGraceMs);
     t.unref();
     this.graceTimers.add(t);
+  }
+
+  /** Its unanswered requests move if a worker serving its models is in rotation; else they are kept on it. */
+  private moveOrKeep(id: string): void {
+    if (this.modelsInRotation(id)) {
+      this.keeping.delete(id);
+      this.giveUpAll(id);
+    } else this.keeping.add(id);
+  }
+
+  /** Gives up every request the worker, still out of rotation, has not answered: each moves to another worker. */
+  private giveUpAll(id: string): void {
+    const c = this.connections.get(id);
+    if (c && this.options.health.reasons(id).length > 0) for (const giveUp of [...c.unanswered]) giveUp();
+  }
+
+  /**
+   * A worker may have come into rotation (back from its health verdicts, added, resumed from
+   * draining): the workers out of rotation keeping their unanswered requests decide again.
+   */
+  rotationGained(): void {
+    for (const id of [...this.keeping]) {
+      const c = this.connections.get(id);
+      // back in rotation itself, or nothing left waiting on it: nothing to move
+      if (!c || this.options.health.reasons(id).length === 0 || c.unanswered.size === 0) this.keeping.delete(id);
+      else this.moveOrKeep(id);
+    }
   }
 
   /**
@@ -230,8 +267,12 @@ export class WorkerConnections {
     return true;
   }
 
-  /** Back in rotation after its health check held it out: what the index says it holds is forgotten. */
+  /**
+   * Back in rotation: requests kept on workers out may move to it; after its health check held it
+   * out, what the index says it holds is forgotten.
+   */
   private backInRotation(id: string): void {
+    this.rotationGained();
     if (!this.mayHaveRestarted.delete(id) || !this.connections.has(id)) return;
     this.options.applier.clearWorker(id);
     this.options.log(`${id}: index entries dropped (it was unreachable and may have restarted)`);
@@ -378,6 +419,7 @@ export class WorkerConnections {
     });
     this.groups.set(w.id, ids);
     void this.readAdapters(w.id);
+    this.rotationGained();
     return record;
   }
 
@@ -431,6 +473,7 @@ export class WorkerConnections {
       this.checker?.remove(rid);
       this.options.health.forget(rid);
       this.mayHaveRestarted.delete(rid);
+      this.keeping.delete(rid);
       this.options.applier.clearWorker(rid);
       removed = this.options.router.removeWorker(rid) || removed;
     }

@@ -91,6 +91,49 @@ export const recordingEngine = (received: string[]) =>
     });
   });
 
+export interface HoldingEngine extends FakeEngine {
+  /** POSTs received. */
+  readonly posts: number;
+  /** POSTs whose connection closed before their answer was written. */
+  readonly abandoned: number;
+  /** Answers every POST held so far with one completion naming the engine. */
+  release(): void;
+}
+
+/**
+ * An engine that holds every POST, once read, until release() (an engine still computing it),
+ * then answers it with one completion whose text is `name`; other methods get 404. Its /health
+ * answers `healthStatus()`.
+ */
+export async function holdingEngine(name: string, healthStatus: () => number = () => 200): Promise<HoldingEngine> {
+  const waiting: Array<() => void> = [];
+  const answer = JSON.stringify({ choices: [{ text: name }], usage: { prompt_tokens: 1, completion_tokens: 1 } });
+  const counts = { posts: 0, abandoned: 0 };
+  const engine = await fakeEngine((req, res) => {
+    req.resume();
+    if (req.method !== 'POST') return void res.writeHead(404).end();
+    counts.posts++;
+    res.on('close', () => {
+      if (!res.writableFinished) counts.abandoned++;
+    });
+    req.on('end', () =>
+      waiting.push(() => {
+        if (!res.destroyed) res.writeHead(200, { 'content-type': 'application/json' }).end(answer);
+      }),
+    );
+  }, healthStatus);
+  // the counts are read live: the engine object is the one fakeEngine's close and requests use
+  return Object.defineProperties(engine, {
+    posts: { get: () => counts.posts },
+    abandoned: { get: () => counts.abandoned },
+    release: {
+      value: () => {
+        for (const send of waiting.splice(0)) send();
+      },
+    },
+  }) as HoldingEngine;
+}
+
 /** An engine that answers every request with HTTP 500. */
 export const failingEngine = () => answeringEngine(500, '{"error":{"message":"engine exploded"}}');
 
