@@ -11,6 +11,9 @@ export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
     maxJsonDepth: gateway.limits.maxJsonDepth,
     maxJsonContainers: gateway.limits.maxJsonContainers,
     maxIdBytes: gateway.limits.maxIdBytes,
+    maxChoices: gateway.limits.maxChoices,
+    maxStopSequences: gateway.limits.maxStopSequences,
+    maxLogprobs: gateway.limits.maxLogprobs,
     forwardKvTransferParams: gateway.forwardKvTransferParams,
     *workers() {
       for (const w of router.listWorkers()) {

@@ -9,7 +9,15 @@ import {
   parseRequestBody,
   SINGLE_VALUE_HEADERS,
 } from '../server/openai-request.js';
-import { checkName, DEFAULT_REQUEST_LIMITS, kvTransferFieldsIn, RequestLimitError } from '../server/request-limits.js';
+import {
+  checkGenerateRequest,
+  checkName,
+  checkRequestLimits,
+  DEFAULT_REQUEST_LIMITS,
+  kvTransferFieldsIn,
+  RequestLimitError,
+  type RequestLimits,
+} from '../server/request-limits.js';
 import { methodNotAllowedMessage } from '../server/route-methods.js';
 import { endpointOfUrl, inSubset, INFERENCE_OBJECTIVE_HEADER, MODEL_NAME_REWRITE_HEADER } from './protocol.js';
 
@@ -44,6 +52,12 @@ export interface RoutingBackend {
   readonly maxJsonContainers?: number;
   /** Longest id in UTF-8 bytes, as the gateway allows (default 256); a model name takes 4 × as many. */
   readonly maxIdBytes?: number;
+  /** Most choices (`n`) a request may ask for, as the gateway allows (default 128). */
+  readonly maxChoices?: number;
+  /** Most stop strings, stop_regex patterns and stop_token_ids in a request, as the gateway allows (default 64). */
+  readonly maxStopSequences?: number;
+  /** Most log probabilities a token may report (`top_logprobs_num`), as the gateway allows (default 20). */
+  readonly maxLogprobs?: number;
   /**
    * Forward the KV-transfer fields a client sends (request-limits.ts KV_TRANSFER_FIELDS), as the
    * gateway's setting says; otherwise they are removed from every JSON object body (default).
@@ -84,6 +98,8 @@ export interface RouterPickerOptions {
 
 const CHAT = '/v1/chat/completions';
 const COMPLETIONS = '/v1/completions';
+/** SGLang's native generation API. */
+const GENERATE = '/generate';
 /** The methods the inference APIs are served with (the gateway's routes for them). */
 const INFERENCE_METHODS: readonly string[] = ['POST'];
 
@@ -97,6 +113,8 @@ export class RouterPicker implements EndpointPicker {
   private readonly objectives: ReadonlyMap<string, number>;
   private readonly shedQueueDepth: number;
   private readonly shedKvUsage: number;
+  /** The backend's limits, for the bodies of SGLang's `/generate` (checkGenerateRequest). */
+  private readonly limits: RequestLimits;
   private readonly outcomes: Counter<'outcome'>;
   private readonly servedElsewhere: Counter;
   private readonly decisions?: Counter<'policy' | 'reason'>;
@@ -119,6 +137,12 @@ export class RouterPicker implements EndpointPicker {
     this.shedKvUsage = options.shedKvUsage ?? 0.8;
     if (!(this.shedQueueDepth > 0)) throw new RangeError('shedQueueDepth must be positive');
     if (!(this.shedKvUsage > 0 && this.shedKvUsage <= 1)) throw new RangeError('shedKvUsage must be in (0, 1]');
+    this.limits = checkRequestLimits({
+      maxIdBytes: backend.maxIdBytes,
+      maxChoices: backend.maxChoices,
+      maxStopSequences: backend.maxStopSequences,
+      maxLogprobs: backend.maxLogprobs,
+    });
     const m = backend.metrics;
     this.outcomes =
       (m.getSingleMetric('contextforge_epp_requests_total') as Counter<'outcome'> | undefined) ??
@@ -215,6 +239,18 @@ export class RouterPicker implements EndpointPicker {
         return { ok: false, status: 400, message: 'the body must be a JSON object', param: 'body' };
       const body = parsed as Record<string, unknown>;
       firstTokenReported = body.stream === true;
+      // SGLang's native /generate takes the fields the gateway bounds on the OpenAI paths, some
+      // of them inside sampling_params: checked on its path, whatever the body's shape (one with
+      // a `prompt` is read as a completions body below, and SGLang reads its sampling_params)
+      if (isGenerate(target)) {
+        try {
+          checkGenerateRequest(body, this.limits);
+        } catch (err) {
+          if (err instanceof RequestLimitError)
+            return { ok: false, status: err.status, message: err.message, param: err.param };
+          throw err;
+        }
+      }
       let rewritten = false;
       const rewrite = input.headers.get(MODEL_NAME_REWRITE_HEADER);
       if (rewrite && body.model !== rewrite) {
@@ -278,7 +314,9 @@ export class RouterPicker implements EndpointPicker {
         }
       } else {
         // another API (SGLang's /generate, /v1/responses, a path with a trailing slash): not
-        // routed on its body, but an engine reads the KV-transfer fields from it all the same
+        // routed on its body, but an engine reads the KV-transfer fields from it all the same.
+        // Only /generate's body is checked against the request limits (above); /v1/responses and
+        // the other paths are forwarded without those checks
         const removed = this.backend.forwardKvTransferParams === true ? undefined : kvTransferFieldsIn(body);
         if (removed !== undefined || rewritten) {
           const bytes = forwardableBytes(input.body);
@@ -461,6 +499,18 @@ function requestHeaders(input: PickInput): Record<string, string | string[]> {
   for (const [name, values] of input.repeatedHeaders ?? [])
     if (SINGLE_VALUE_HEADERS.includes(name)) out[name] = [...values];
   return out;
+}
+
+/**
+ * Whether the request is for SGLang's native `/generate` (python/sglang/srt/entrypoints/http_server.py),
+ * a query string allowed. Not with a trailing slash, which SGLang answers with a redirect (see
+ * apiPath). No string is made for the comparison.
+ */
+function isGenerate(path: string | undefined): boolean {
+  return (
+    path !== undefined &&
+    (path === GENERATE || (path.startsWith(GENERATE) && path.charCodeAt(GENERATE.length) === 0x3f))
+  );
 }
 
 /**

@@ -398,9 +398,14 @@ function checkStringOrList(value: unknown, param: string, maxBytes: number, what
  * may be SGLang's lists. A `session_params` that is not an object is the engine's to refuse.
  */
 export function checkEngineKeys(body: Readonly<Record<string, unknown>>, limits: RequestLimits): void {
+  checkName(body.request_id, 'request_id', limits.maxIdBytes, 'an id of the request');
+  checkSGLangKeys(body, limits);
+}
+
+/** The SGLang fields of checkEngineKeys: all of them but vLLM's `request_id`. */
+function checkSGLangKeys(body: Readonly<Record<string, unknown>>, limits: RequestLimits): void {
   const { maxIdBytes } = limits;
   const nameBytes = NAME_BYTES_PER_ID_BYTE * maxIdBytes;
-  checkName(body.request_id, 'request_id', maxIdBytes, 'an id of the request');
   checkStringOrList(body.rid, 'rid', nameBytes, 'an id of the request');
   checkName(body.session_id, 'session_id', maxIdBytes, 'an id of the session');
   const session = body.session_params;
@@ -486,11 +491,12 @@ function checkMarkers(value: unknown, param: string, noun: string, limits: Reque
 /**
  * `stop`: absent, null, a string or a list of at most `limits.maxStopSequences`; each string at
  * most STOP_BYTES_PER_ID_BYTE × `limits.maxIdBytes` UTF-8 bytes. Elements that are not strings
- * are the engine's to refuse.
+ * are the engine's to refuse. `param` names the field (SGLang's `/generate` has it inside
+ * `sampling_params`).
  */
-export function checkStop(value: unknown, limits: RequestLimits): void {
-  if (Array.isArray(value)) return checkMarkers(value, 'stop', 'sequences', limits);
-  checkStopString(value, 'stop', 'stop', STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes);
+export function checkStop(value: unknown, limits: RequestLimits, param = 'stop'): void {
+  if (Array.isArray(value)) return checkMarkers(value, param, 'sequences', limits);
+  checkStopString(value, param, param, STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes);
 }
 
 /**
@@ -499,10 +505,11 @@ export function checkStop(value: unknown, limits: RequestLimits): void {
  * bytes. At every step SGLang decodes the output's last tokens and searches them for each
  * pattern as for each stop string (python/sglang/srt/managers/schedule_batch.py, Req's
  * check_finished: stop_strs and stop_regex_strs), in the loop that serves every request.
+ * `param` names the field, as checkStop's.
  */
-export function checkStopRegex(value: unknown, limits: RequestLimits): void {
-  if (Array.isArray(value)) return checkMarkers(value, 'stop_regex', 'patterns', limits);
-  checkStopString(value, 'stop_regex', 'stop_regex', STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes);
+export function checkStopRegex(value: unknown, limits: RequestLimits, param = 'stop_regex'): void {
+  if (Array.isArray(value)) return checkMarkers(value, param, 'patterns', limits);
+  checkStopString(value, param, param, STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes);
 }
 
 /**
@@ -524,11 +531,11 @@ export function checkBadWords(value: unknown, limits: RequestLimits): void {
  * sampling_params.stop_token_ids`, a list: every id is compared at every step of every request,
  * in the scheduler's loop, so their number multiplies the work as stop strings do (SGLang keeps
  * them in a set). A few ids are what models need (Llama 3's end markers are three); the elements
- * are the engine's to check.
+ * are the engine's to check. `param` names the field, as checkStop's.
  */
-export function checkStopTokenIds(value: unknown, limits: RequestLimits): void {
+export function checkStopTokenIds(value: unknown, limits: RequestLimits, param = 'stop_token_ids'): void {
   if (Array.isArray(value) && value.length > limits.maxStopSequences)
-    throw new RequestLimitError(`stop_token_ids has more than ${limits.maxStopSequences} ids`, 'stop_token_ids');
+    throw new RequestLimitError(`${param} has more than ${limits.maxStopSequences} ids`, param);
 }
 
 /** Token ids: integers in [0, 2^32); throws a RequestLimitError naming the first that is not. */
@@ -730,4 +737,41 @@ export function readRouteRequest(
   if (chat) routeRequest.messages = readMessages(body.messages);
   else Object.assign(routeRequest, readPrompt(body.prompt));
   return { routeRequest, body, unchanged: removed === undefined, removed: removed ?? NO_FIELDS_REMOVED };
+}
+
+/**
+ * Checks the body of SGLang's native `/generate` (GenerateReqInput in
+ * python/sglang/srt/managers/io_struct.py) against `limits`, on the fields where they sit
+ * there: `rid`, `session_id`, `session_params`, `lora_path`, `extra_key` and
+ * `custom_logit_processor` as checkEngineKeys bounds them (vLLM's `request_id` is no field of
+ * it); `top_logprobs_num`, an integer or SGLang's list of one per prompt, as checkLogprobs
+ * (`return_logprob` is the switch, true or false, and sizes nothing); and inside
+ * `sampling_params`, an object or a list of one per prompt (SamplingParams in
+ * python/sglang/srt/sampling/sampling_params.py), `n`, `stop`, `stop_regex` and
+ * `stop_token_ids`, named by their path (`sampling_params.n`, `sampling_params[1].stop`).
+ * SGLang multiplies the batch by `n` (GenerateReqInput._handle_parallel_sampling) and checks
+ * every stop string and pattern at every step, as the OpenAI paths' engines do. Nothing else is
+ * read: the prompt (`text`, `input_ids`), the other sampling parameters and anything of the
+ * wrong shape are the engine's to check. Throws a RequestLimitError naming the field.
+ */
+export function checkGenerateRequest(body: Readonly<Record<string, unknown>>, limits: RequestLimits): void {
+  checkSGLangKeys(body, limits);
+  const top = body.top_logprobs_num;
+  if (Array.isArray(top))
+    for (let i = 0; i < top.length; i++) checkLogprobs(top[i], `top_logprobs_num[${i}]`, limits.maxLogprobs);
+  else checkLogprobs(top, 'top_logprobs_num', limits.maxLogprobs);
+  const sampling = body.sampling_params;
+  if (Array.isArray(sampling))
+    for (let i = 0; i < sampling.length; i++) checkSamplingParams(sampling[i], `sampling_params[${i}]`, limits);
+  else checkSamplingParams(sampling, 'sampling_params', limits);
+}
+
+/** One of SGLang's `sampling_params` objects (`at` names it); anything but an object is the engine's. */
+function checkSamplingParams(value: unknown, at: string, limits: RequestLimits): void {
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) return;
+  const params = value as Record<string, unknown>;
+  checkChoices(params.n, `${at}.n`, limits.maxChoices);
+  checkStop(params.stop, limits, `${at}.stop`);
+  checkStopRegex(params.stop_regex, limits, `${at}.stop_regex`);
+  checkStopTokenIds(params.stop_token_ids, limits, `${at}.stop_token_ids`);
 }

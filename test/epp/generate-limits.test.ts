@@ -1,0 +1,202 @@
+/**
+ * The endpoint picker checks SGLang's native `/generate` bodies against the request limits the
+ * gateway applies to the OpenAI paths, on the fields where they sit in SGLang's GenerateReqInput
+ * (python/sglang/srt/managers/io_struct.py): `rid`, `session_id`, `session_params`, `lora_path`,
+ * `extra_key`, `custom_logit_processor` and `top_logprobs_num` at the top level; `n`, `stop`,
+ * `stop_regex` and `stop_token_ids` inside `sampling_params` (an object, or a list of them, one
+ * per prompt). A violation is an immediate 400 naming the field, and nothing is forwarded; at
+ * the limits the body is routed as the client wrote it. `/v1/responses` and other paths are read
+ * for the KV-transfer fields only, as before.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { EnvoyRole } from './envoy-role.js';
+import { startPickerFleet, type PickerFleet } from './harness.js';
+
+let defaults: PickerFleet;
+let tight: PickerFleet;
+let defaultsEnvoy: EnvoyRole;
+let tightEnvoy: EnvoyRole;
+/** Limits small enough that a body at them is short; they come from the gateway's settings. */
+const TIGHT = { maxIdBytes: 8, maxChoices: 2, maxStopSequences: 2, maxLogprobs: 2 };
+before(async () => {
+  defaults = await startPickerFleet({ engines: 1 });
+  tight = await startPickerFleet({ engines: 1, gateway: { limits: TIGHT } });
+  defaultsEnvoy = new EnvoyRole(defaults.addresses[0]);
+  tightEnvoy = new EnvoyRole(tight.addresses[0]);
+});
+after(async () => {
+  defaultsEnvoy.close();
+  tightEnvoy.close();
+  await defaults.close();
+  await tight.close();
+});
+
+/** The immediate response's status and error for `body` sent to `path`; fails if it was routed. */
+async function refusal(envoy: EnvoyRole, path: string, body: string): Promise<{ status: number; param: string }> {
+  const out = await envoy.request({ headers: { ':path': path }, body });
+  if (out.kind === 'routed') await out.stream.end();
+  assert.equal(out.kind, 'immediate', `${path} ${body.slice(0, 120)}: routed, not refused`);
+  if (out.kind !== 'immediate') return { status: 0, param: '' };
+  const { error } = JSON.parse(out.body) as { error: { param: string; message: string } };
+  assert.ok(!error.message.includes('xxxx'), `the message repeats the value: ${error.message.slice(0, 80)}`);
+  return { status: out.status, param: error.param };
+}
+
+/** The body Envoy forwards for `body` sent to `path` (the client's own when the picker changed nothing). */
+async function forwarded(envoy: EnvoyRole, path: string, body: string): Promise<string> {
+  const out = await envoy.request({ headers: { ':path': path }, body });
+  assert.equal(out.kind, 'routed', out.kind === 'immediate' ? out.body : '');
+  if (out.kind !== 'routed') return '';
+  const text = out.body.length > 0 ? out.body.toString() : body;
+  await out.stream.end();
+  return text;
+}
+
+const LONG_NAME = 'x'.repeat(1025); // 4 × maxIdBytes (256) + 1
+
+describe("SGLang's /generate through the endpoint picker (default limits)", () => {
+  const CASES: Array<{ name: string; body: object; param: string; path?: string }> = [
+    {
+      name: 'n of 10^8 in sampling_params',
+      body: { text: 'hi', sampling_params: { n: 100_000_000 } },
+      param: 'sampling_params.n',
+    },
+    { name: 'n as a string', body: { text: 'hi', sampling_params: { n: '100000000' } }, param: 'sampling_params.n' },
+    {
+      name: 'one bad element of list-form sampling_params',
+      body: { text: ['a', 'b'], sampling_params: [{ max_new_tokens: 4 }, { n: 129 }] },
+      param: 'sampling_params[1].n',
+    },
+    {
+      name: '65 stop strings',
+      body: { text: 'hi', sampling_params: { stop: Array(65).fill('a') } },
+      param: 'sampling_params.stop',
+    },
+    {
+      name: 'a stop string over 1 KiB in list-form sampling_params',
+      body: { text: ['a', 'b'], sampling_params: [{ stop: 'a' }, { stop: ['b', 'x'.repeat(1025)] }] },
+      param: 'sampling_params[1].stop',
+    },
+    {
+      name: 'a stop_regex pattern over 1 KiB',
+      body: { text: 'hi', sampling_params: { stop_regex: 'x'.repeat(1025) } },
+      param: 'sampling_params.stop_regex',
+    },
+    {
+      name: '65 stop_token_ids',
+      body: { text: 'hi', sampling_params: { stop_token_ids: Array(65).fill(2) } },
+      param: 'sampling_params.stop_token_ids',
+    },
+    { name: 'an over-long rid', body: { text: 'hi', rid: LONG_NAME }, param: 'rid' },
+    { name: 'an over-long rid in a list', body: { text: ['a', 'b'], rid: ['r0', LONG_NAME] }, param: 'rid' },
+    { name: 'an over-long lora_path', body: { text: 'hi', lora_path: LONG_NAME }, param: 'lora_path' },
+    { name: 'an over-long extra_key', body: { text: 'hi', extra_key: LONG_NAME }, param: 'extra_key' },
+    { name: 'an over-long session_id', body: { text: 'hi', session_id: LONG_NAME }, param: 'session_id' },
+    {
+      name: 'an over-long session_params.id',
+      body: { text: 'hi', session_params: { id: LONG_NAME } },
+      param: 'session_params.id',
+    },
+    {
+      name: 'a custom_logit_processor over 64 KiB',
+      body: { text: 'hi', custom_logit_processor: 'x'.repeat(64 * 1024 + 1) },
+      param: 'custom_logit_processor',
+    },
+    {
+      name: 'top_logprobs_num of 21',
+      body: { text: 'hi', return_logprob: true, top_logprobs_num: 21 },
+      param: 'top_logprobs_num',
+    },
+    {
+      name: 'top_logprobs_num of -1 in a list',
+      body: { text: ['a', 'b'], return_logprob: [true, true], top_logprobs_num: [0, -1] },
+      param: 'top_logprobs_num[1]',
+    },
+    {
+      name: 'n of 10^8 with a query string',
+      path: '/generate?trace=1',
+      body: { text: 'hi', sampling_params: { n: 100_000_000 } },
+      param: 'sampling_params.n',
+    },
+    {
+      // a body with `prompt` is read as a completions body by its shape; its sampling_params
+      // reach SGLang all the same
+      name: 'n of 10^8 beside a prompt field',
+      body: { model: 'mock', prompt: 'p', text: 'hi', sampling_params: { n: 100_000_000 } },
+      param: 'sampling_params.n',
+    },
+  ];
+  for (const { name, body, param, path } of CASES) {
+    test(`${name}: 400 naming ${param}, nothing forwarded`, async () => {
+      const { status, param: named } = await refusal(defaultsEnvoy, path ?? '/generate', JSON.stringify(body));
+      assert.equal(status, 400);
+      assert.equal(named, param);
+    });
+  }
+
+  test('a body at the default limits is routed unchanged', async () => {
+    const sent = JSON.stringify({
+      text: ['a', 'b'],
+      rid: ['x'.repeat(1024), null],
+      lora_path: 'x'.repeat(1024),
+      extra_key: ['k', 'x'.repeat(1024)],
+      session_params: { id: 'x'.repeat(1024), rid: 'r' },
+      custom_logit_processor: 'x'.repeat(64 * 1024),
+      return_logprob: true,
+      top_logprobs_num: [20, 0],
+      sampling_params: [
+        { n: 128, stop: Array(64).fill('x'.repeat(1024)), stop_token_ids: Array(64).fill(2) },
+        { n: 128, stop_regex: Array(64).fill('x'.repeat(1024)), max_new_tokens: 4 },
+      ],
+    });
+    assert.equal(await forwarded(defaultsEnvoy, '/generate', sent), sent);
+  });
+
+  test('what the limits do not cover passes as written: text, input_ids, other sampling_params', async () => {
+    const sent =
+      '{"input_ids":[[1,2],[3]],"sampling_params":{"temperature":-5,"n":null,"stop":null,"stop_token_ids":"x"},"seed":18446744073709551557}';
+    assert.equal(await forwarded(defaultsEnvoy, '/generate', sent), sent);
+  });
+
+  test('/v1/responses with n of 10^8 is forwarded as before', async () => {
+    const sent = JSON.stringify({ model: 'mock', input: 'hi', n: 100_000_000, sampling_params: { n: 100_000_000 } });
+    assert.equal(await forwarded(defaultsEnvoy, '/v1/responses', sent), sent);
+  });
+
+  test('a trailing slash is not /generate (SGLang redirects it): forwarded as before', async () => {
+    const sent = JSON.stringify({ text: 'hi', sampling_params: { n: 100_000_000 } });
+    assert.equal(await forwarded(defaultsEnvoy, '/generate/', sent), sent);
+  });
+});
+
+describe("SGLang's /generate follows the gateway's configured limits", () => {
+  test('at the limits the body is routed unchanged', async () => {
+    const sent = JSON.stringify({
+      text: 'hi',
+      rid: 'x'.repeat(32),
+      top_logprobs_num: 2,
+      sampling_params: { n: 2, stop: ['x'.repeat(32), 'b'], stop_regex: 'r', stop_token_ids: [1, 2] },
+    });
+    assert.equal(await forwarded(tightEnvoy, '/generate', sent), sent);
+  });
+
+  const CASES: Array<{ body: object; param: string }> = [
+    { body: { text: 'hi', sampling_params: { n: 3 } }, param: 'sampling_params.n' },
+    { body: { text: 'hi', sampling_params: { stop: ['a', 'b', 'c'] } }, param: 'sampling_params.stop' },
+    { body: { text: 'hi', sampling_params: { stop: 'x'.repeat(33) } }, param: 'sampling_params.stop' },
+    {
+      body: { text: 'hi', sampling_params: [{ stop_token_ids: [1, 2, 3] }] },
+      param: 'sampling_params[0].stop_token_ids',
+    },
+    { body: { text: 'hi', rid: 'x'.repeat(33) }, param: 'rid' },
+    { body: { text: 'hi', top_logprobs_num: 3 }, param: 'top_logprobs_num' },
+  ];
+  for (const { body, param } of CASES) {
+    test(`one past the limit: 400 naming ${param}`, async () => {
+      const { status, param: named } = await refusal(tightEnvoy, '/generate', JSON.stringify(body));
+      assert.equal(status, 400);
+      assert.equal(named, param);
+    });
+  }
+});
