@@ -58,10 +58,10 @@ export interface RequestLimits {
   maxStopSequences: number;
   /**
    * Most log probabilities a request may ask for at each token: `logprobs` (completions),
-   * `top_logprobs` (chat) and SGLang's `top_logprobs_num`, each an integer from 0 to it. The
-   * engine ranks the whole vocabulary and answers that many alternatives for every token it
-   * generates (and, with echo, for every prompt token), so the number multiplies both the work
-   * and the answer. vLLM refuses more than its max_logprobs (ModelConfig.max_logprobs in
+   * `top_logprobs` (chat), vLLM's `prompt_logprobs` and SGLang's `top_logprobs_num`, each an
+   * integer from 0 to it. The engine ranks the whole vocabulary and answers that many
+   * alternatives for every token it generates (and, with echo or prompt_logprobs, for every
+   * prompt token), so the number multiplies both the work and the answer. vLLM refuses more than its max_logprobs (ModelConfig.max_logprobs in
    * vllm/config/model.py, 20 by default, "the default for the OpenAI Chat Completions API"), or
    * nothing when a server sets it to -1, where a client's -1 asks for the whole vocabulary;
    * SGLang's OpenAI layer hands either field to the engine as top_logprobs_num
@@ -409,11 +409,10 @@ function checkSGLangKeys(body: Readonly<Record<string, unknown>>, limits: Reques
   checkStringOrList(body.rid, 'rid', nameBytes, 'an id of the request');
   checkName(body.session_id, 'session_id', maxIdBytes, 'an id of the session');
   const session = body.session_params;
-  if (session !== null && typeof session === 'object' && !Array.isArray(session)) {
-    const { id, rid } = session as { id?: unknown; rid?: unknown };
-    checkName(id, 'session_params.id', maxIdBytes, 'an id of the session');
-    checkName(rid, 'session_params.rid', maxIdBytes, 'an id of a request in the session');
-  }
+  // SGLang's /generate takes a list of them too, one per prompt (GenerateReqInput.session_params)
+  if (Array.isArray(session))
+    for (let i = 0; i < session.length; i++) checkSessionParams(session[i], `session_params[${i}]`, maxIdBytes);
+  else checkSessionParams(session, 'session_params', maxIdBytes);
   checkStringOrList(body.lora_path, 'lora_path', nameBytes, 'the name or path of a LoRA adapter');
   checkStringOrList(body.extra_key, 'extra_key', nameBytes, 'a key of the prefix cache');
   checkStringOrList(
@@ -424,15 +423,32 @@ function checkSGLangKeys(body: Readonly<Record<string, unknown>>, limits: Reques
   );
 }
 
+/** One SGLang `session_params` object (`at` names it): its `id` and `rid` are bounded as names; anything else is the engine's. */
+function checkSessionParams(session: unknown, at: string, maxIdBytes: number): void {
+  if (session === null || typeof session !== 'object' || Array.isArray(session)) return;
+  const { id, rid } = session as { id?: unknown; rid?: unknown };
+  checkName(id, `${at}.id`, maxIdBytes, 'an id of the session');
+  checkName(rid, `${at}.rid`, maxIdBytes, 'an id of a request in the session');
+}
+
 /**
- * `logprobs` (completions), `top_logprobs` (chat) or SGLang's `top_logprobs_num`: absent, null
- * or an integer from 0 to `max` (RequestLimits.maxLogprobs). vLLM's -1 ("the whole vocabulary")
- * is refused, and so is a string, as checkChoices refuses one. `isSwitch`: chat's `logprobs`,
- * true or false (a number is bounded as the count, though the engines take only 0 and 1).
+ * `logprobs` (completions), `top_logprobs` (chat), vLLM's `prompt_logprobs` or SGLang's
+ * `top_logprobs_num`: absent, null or an integer from 0 to `max` (RequestLimits.maxLogprobs).
+ * vLLM's -1 ("the whole vocabulary") is refused, and so is a string, as checkChoices refuses one.
+ * A boolean counts as 0 or 1: vLLM's request models declare these Optional[int], and pydantic's
+ * lax mode reads true as 1. `isSwitch`: chat's `logprobs`, where true or false only turns the
+ * log probabilities on or off (a number is bounded as the count, though the engines take only 0
+ * and 1).
  */
 export function checkLogprobs(value: unknown, param: string, max: number, isSwitch = false): void {
   if (value === undefined || value === null) return;
-  if (isSwitch && typeof value === 'boolean') return;
+  if (typeof value === 'boolean') {
+    if (isSwitch || !value || max >= 1) return;
+    throw new RequestLimitError(
+      `${param} must be false or an integer from 0 to ${max} (the most log probabilities a token may report)`,
+      param,
+    );
+  }
   if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > max)
     throw new RequestLimitError(
       `${param} must be ${isSwitch ? 'true, false or ' : ''}an integer from 0 to ${max} (the most log probabilities a token may report)`,
@@ -732,6 +748,7 @@ export function readRouteRequest(
   checkLogprobs(body.logprobs, 'logprobs', limits.maxLogprobs, chat);
   checkLogprobs(body.top_logprobs, 'top_logprobs', limits.maxLogprobs);
   checkLogprobs(body.top_logprobs_num, 'top_logprobs_num', limits.maxLogprobs);
+  checkLogprobs(body.prompt_logprobs, 'prompt_logprobs', limits.maxLogprobs);
   // what the engine keeps the request by
   checkEngineKeys(body, limits);
   if (chat) routeRequest.messages = readMessages(body.messages);

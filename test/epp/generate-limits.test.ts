@@ -99,6 +99,16 @@ describe("SGLang's /generate through the endpoint picker (default limits)", () =
       param: 'session_params.id',
     },
     {
+      name: 'an over-long session_params.id in list-form session_params',
+      body: { text: ['a', 'b'], session_params: [{ id: 's' }, { id: LONG_NAME }] },
+      param: 'session_params[1].id',
+    },
+    {
+      name: 'an over-long session_params.rid in list-form session_params',
+      body: { text: ['a', 'b'], session_params: [null, { rid: LONG_NAME }] },
+      param: 'session_params[1].rid',
+    },
+    {
       name: 'a custom_logit_processor over 64 KiB',
       body: { text: 'hi', custom_logit_processor: 'x'.repeat(64 * 1024 + 1) },
       param: 'custom_logit_processor',

@@ -34,13 +34,17 @@ const refused = (setup: GatewayOnEngine, path: string, fields: object, param: st
 
 let defaults: GatewayOnEngine;
 let tight: GatewayOnEngine;
+/** No log probabilities at all. */
+let none: GatewayOnEngine;
 before(async () => {
   defaults = await gatewayOnEngine();
   tight = await gatewayOnEngine({ limits: { maxIdBytes: 8, maxLogprobs: 2, maxStopSequences: 2 } });
+  none = await gatewayOnEngine({ limits: { maxLogprobs: 0 } });
 });
 after(async () => {
   await defaults.close();
   await tight.close();
+  await none.close();
 });
 
 describe('ids and names the engines keep', () => {
@@ -146,10 +150,26 @@ describe('logprobs, top_logprobs and top_logprobs_num', () => {
       await refused(tight, path, { ...extra, [param]: 3 }, param);
       await passes(tight, path, { ...extra, [param]: 2 });
     });
-    test(`${param}: -1 (vLLM's "the whole vocabulary"), a string, a fraction or a boolean is refused (${path})`, async () => {
-      for (const value of [-1, '5', 2.5, true]) await refused(defaults, path, { [param]: value }, param);
+    test(`${param}: -1 (vLLM's "the whole vocabulary"), a string or a fraction is refused (${path})`, async () => {
+      for (const value of [-1, '5', 2.5]) await refused(defaults, path, { [param]: value }, param);
+    });
+    test(`${param}: a boolean counts as 0 or 1, as vLLM's request models take it (${path})`, async () => {
+      // pydantic's lax mode reads true as 1 for an Optional[int] field
+      await passes(defaults, path, { [param]: true });
+      await passes(defaults, path, { [param]: false });
+      await refused(none, path, { [param]: true }, param);
+      await passes(none, path, { [param]: false });
     });
   }
+  test('vLLM’s prompt_logprobs is bounded as the others: an integer from 0 to maxLogprobs', async () => {
+    for (const { path } of Object.values(LIMIT_PATHS)) {
+      await passes(defaults, path, { prompt_logprobs: 20 });
+      await passes(defaults, path, { prompt_logprobs: null });
+      for (const value of [21, -1, 1000, '5'])
+        await refused(defaults, path, { prompt_logprobs: value }, 'prompt_logprobs');
+      await refused(tight, path, { prompt_logprobs: 3 }, 'prompt_logprobs');
+    }
+  });
   test('chat’s logprobs is a switch: true and false pass, a number is bounded as a count', async () => {
     const { path } = LIMIT_PATHS.chat;
     await passes(defaults, path, { logprobs: true, top_logprobs: 5 });

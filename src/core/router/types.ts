@@ -67,6 +67,8 @@ export interface RouteOptions {
    * call decides again for it (the gateway's panic routing asks again with `panicCandidates`):
    * that decision leaves getStats().decisionsByReason as this one is counted, so the request
    * counts once, as the decision taken. Nothing is withdrawn by a dry run (it counts nothing).
+   * The router cannot tell a result it counted from one it did not: pass only the result of a
+   * call that was not a dry run, and only once.
    */
   replaces?: NoWorkerResult;
   /** Put what the decision recorded in `result.shared`, for other router replicas (allocates). */
