@@ -70,7 +70,7 @@ export interface RoutingBackend {
    * counted and logged with the gateway's own, so /readyz and the metric tell of both. Absent
    * (--panic-routing false): such a request is answered 503.
    */
-  readonly panic?: Pick<PanicRouting, 'decide'>;
+  readonly panic?: Pick<PanicRouting, 'decide' | 'routedInRotation'>;
   /** Every registered worker's id and engine base URL. */
   workers(): Iterable<{ id: string; url: string }>;
   /** Workers that list their models, `model` not among them. */
@@ -370,7 +370,9 @@ export class RouterPicker implements EndpointPicker {
       const first = router.route(routeRequest, { exclude: excluded, share: state.sharesDecisions, firstTokenReported });
       decision = first;
       const { panic } = this.backend;
-      if (panic !== undefined) {
+      // a request that found a worker allocates nothing more for panic routing
+      if (panic !== undefined && !first.noWorker) panic.routedInRotation();
+      else if (panic !== undefined) {
         // no worker in rotation can take it: those held out only by slow probes may, among the
         // workers it may go to (its model's, in the subset hint), as in the gateway's proxy
         const panicked = panic.decide(

@@ -238,7 +238,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       if (!first) return answered(reply);
       panicCandidates = undefined;
       let decision = first;
-      if (panic !== undefined) {
+      // a request that found a worker allocates nothing more for panic routing (the closures
+      // below are made only for one that found none)
+      if (panic !== undefined && !first.noWorker) panic.routedInRotation();
+      else if (panic !== undefined) {
         // no worker in rotation can take it: those held out only by slow probes may (panic
         // routing), among the workers serving its model (`excluded` is not what may not take
         // it: it holds those that failed the request too, which route() leaves out still)
