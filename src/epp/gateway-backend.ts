@@ -15,6 +15,7 @@ export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
     maxStopSequences: gateway.limits.maxStopSequences,
     maxLogprobs: gateway.limits.maxLogprobs,
     forwardKvTransferParams: gateway.forwardKvTransferParams,
+    panic: gateway.panic,
     *workers() {
       for (const w of router.listWorkers()) {
         const c = connections.get(w.id);

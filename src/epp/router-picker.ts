@@ -18,6 +18,7 @@ import {
   RequestLimitError,
   type RequestLimits,
 } from '../server/request-limits.js';
+import type { PanicRouting } from '../server/panic-routing.js';
 import { methodNotAllowedMessage } from '../server/route-methods.js';
 import { endpointOfUrl, inSubset, INFERENCE_OBJECTIVE_HEADER, MODEL_NAME_REWRITE_HEADER } from './protocol.js';
 
@@ -63,6 +64,13 @@ export interface RoutingBackend {
    * gateway's setting says; otherwise they are removed from every JSON object body (default).
    */
   readonly forwardKvTransferParams?: boolean;
+  /**
+   * The gateway's panic routing (panic-routing.ts): a request no worker in rotation can take is
+   * picked among the workers held out only by a health check or metrics scrape that timed out,
+   * counted and logged with the gateway's own, so /readyz and the metric tell of both. Absent
+   * (--panic-routing false): such a request is answered 503.
+   */
+  readonly panic?: Pick<PanicRouting, 'decide' | 'routedInRotation'>;
   /** Every registered worker's id and engine base URL. */
   workers(): Iterable<{ id: string; url: string }>;
   /** Workers that list their models, `model` not among them. */
@@ -356,8 +364,32 @@ export class RouterPicker implements EndpointPicker {
     const learning = state.beforeRoute(routeRequest);
     if (learning) await learning;
     let decision: RouteResult;
+    /** The workers the request was panic-routed over, when it was: its fallbacks may be among them too. */
+    let panicCandidates: ReadonlySet<string> | undefined;
     try {
-      decision = router.route(routeRequest, { exclude: excluded, share: state.sharesDecisions, firstTokenReported });
+      const first = router.route(routeRequest, { exclude: excluded, share: state.sharesDecisions, firstTokenReported });
+      decision = first;
+      const { panic } = this.backend;
+      // a request that found a worker allocates nothing more for panic routing
+      if (panic !== undefined && !first.noWorker) panic.routedInRotation();
+      else if (panic !== undefined) {
+        // no worker in rotation can take it: those held out only by slow probes may, among the
+        // workers it may go to (its model's, in the subset hint), as in the gateway's proxy
+        const panicked = panic.decide(
+          first,
+          () => excluded,
+          (heldOut, replaces) =>
+            router.route(routeRequest, {
+              exclude: excluded,
+              share: state.sharesDecisions,
+              firstTokenReported,
+              panicCandidates: heldOut,
+              replaces,
+            }),
+        );
+        decision = panicked.decision;
+        panicCandidates = panicked.panicCandidates;
+      }
     } catch (err) {
       // metadata the router refuses (a malformed anchor list, say) is the client's to fix
       if (err instanceof RangeError || err instanceof TypeError)
@@ -384,7 +416,7 @@ export class RouterPicker implements EndpointPicker {
     const tried = new Set(excluded);
     tried.add(decision.workerId);
     while (endpoints.length <= this.fallbacks && tried.size < this.endpointOfWorker.size) {
-      const next = router.route(routeRequest, { exclude: tried, dryRun: true });
+      const next = router.route(routeRequest, { exclude: tried, dryRun: true, panicCandidates });
       if (next.noWorker) break;
       tried.add(next.workerId);
       const endpoint = this.endpointOf(next.workerId);
@@ -395,7 +427,7 @@ export class RouterPicker implements EndpointPicker {
       endpoints,
       body: forwarded,
       modelRewrite,
-      inFlight: this.track(decision, routeRequest, firstTokenReported),
+      inFlight: this.track(decision, routeRequest, firstTokenReported, panicCandidates),
     };
   }
 
@@ -411,7 +443,13 @@ export class RouterPicker implements EndpointPicker {
     return n === 0 ? 1 : sum / n;
   }
 
-  private track(first: RouteResult, routeRequest: RouteRequest, firstTokenReported: boolean): InFlightRequest {
+  /** `panicCandidates`: the workers the request was panic-routed over, when it was (the gateway may serve it on one). */
+  private track(
+    first: RouteResult,
+    routeRequest: RouteRequest,
+    firstTokenReported: boolean,
+    panicCandidates: ReadonlySet<string> | undefined,
+  ): InFlightRequest {
     const { router, state } = this.backend;
     let decision: RouteResult | undefined = first;
     const started = performance.now();
@@ -434,7 +472,12 @@ export class RouterPicker implements EndpointPicker {
         release();
         const others = new Set<string>();
         for (const w of router.listWorkers()) if (w.id !== id) others.add(w.id);
-        const moved = router.route(routeRequest, { exclude: others, share: state.sharesDecisions, firstTokenReported });
+        const moved = router.route(routeRequest, {
+          exclude: others,
+          share: state.sharesDecisions,
+          firstTokenReported,
+          panicCandidates,
+        });
         if (moved.workerId === id) {
           if (moved.shared) state.decisionMade(moved.shared);
           decision = moved;

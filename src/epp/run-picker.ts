@@ -59,7 +59,9 @@ export async function startPicker(
     bodyTimeoutMs: c.requestTimeoutMs,
     log: o.log,
     onOutcome: (outcome) => picker.countOutcome(outcome),
-    ready: () => gateway.router.listWorkers().some((w) => w.available),
+    // as /readyz: ready too while requests are panic-routed, or the Service would drop the picker
+    // exactly when it routes over engines whose probes only time out
+    ready: () => gateway.ready(),
     readinessIntervalMs: o.readinessIntervalMs,
     // the gateway's cap, per listener: Envoy's connections are clients of this process too
     capConnections: (listener) => gateway.capClientConnections(listener, 'ext_proc'),

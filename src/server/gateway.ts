@@ -205,6 +205,16 @@ export interface Gateway {
   adminToken: string;
   /** Who holds which worker out of rotation (health check, metrics scrape, circuit breaker). */
   health: WorkerHealth;
+  /**
+   * Panic routing (panic-routing.ts), shared by the proxy and the endpoint picker so that
+   * /readyz and contextforge_panic_routed_total see both; undefined with `panicRouting: false`.
+   */
+  panic: PanicRouting | undefined;
+  /**
+   * Whether /readyz answers ready: a worker is in rotation, or requests can be panic-routed (the
+   * endpoint picker's gRPC readiness says the same).
+   */
+  ready(): boolean;
   addWorker(w: GatewayWorker): void;
   removeWorker(id: string): boolean;
   /** Shared state for the replicas. */
@@ -679,8 +689,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     releaseBody: (req) => bodyCharges.get(req)?.release(),
     answerBudget,
     onAnswerBudgetFull: () => answerBudgetPassthroughs.inc(),
+    // one for every front end (the proxy, /v1/route, the endpoint picker): one state, one count
     panic:
-      options.panicRouting === false || !openAi
+      options.panicRouting === false
         ? undefined
         : new PanicRouting({ router, health, log, onRouted: () => metrics.panicRouted.inc() }),
   };
@@ -807,11 +818,13 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     reply
       .code(available > 0 ? 200 : 503)
       .send({ status: available > 0 ? 'ready' : 'no available worker', availableWorkers: available });
+  /** The workers requests can be panic-routed over when none is in rotation (0 while one is). */
+  const panicEligible = (available: number) => (available === 0 ? (proxyDeps.panic?.eligibleWorkers() ?? 0) : 0);
   // ready too while requests are panic-routed: a readiness probe that failed then would take the
   // gateway out of its Service exactly when it serves over workers whose probes only time out
   app.get('/readyz', async (_req, reply) => {
     const available = availableWorkers();
-    const panicWorkers = available === 0 ? (proxyDeps.panic?.eligibleWorkers() ?? 0) : 0;
+    const panicWorkers = panicEligible(available);
     if (panicWorkers === 0) return inRotation(reply, available);
     return reply.code(200).send({ status: 'ready', availableWorkers: 0, panic: true, panicWorkers });
   });
@@ -832,6 +845,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     router,
     metrics: metrics.registry,
     health,
+    panic: proxyDeps.panic,
+    ready: () => {
+      const available = availableWorkers();
+      return available > 0 || panicEligible(available) > 0;
+    },
     addWorker,
     removeWorker,
     adminToken: adminTokenText,

@@ -16,7 +16,7 @@
  * operator's decision). A request that fails on a panic-routed worker takes the usual way:
  * retried on another, counted by the breaker, 502 once every attempt failed.
  */
-import type { KVAwareRouter } from '../core/router/index.js';
+import type { KVAwareRouter, NoWorkerResult, RouteResult } from '../core/router/index.js';
 import type { WorkerState } from '../core/worker-registry.js';
 import type { WorkerHealth } from '../engines/health.js';
 
@@ -39,6 +39,14 @@ export interface PanicRoutingOptions {
   log: (message: string) => void;
   /** A request routed over workers held out of rotation. */
   onRouted: () => void;
+}
+
+/** A request's decision with panic routing (PanicRouting.decide); `A`: what asking again answers. */
+export interface PanicDecision<A extends RouteResult | undefined> {
+  /** The decision taken (undefined only when asking again answered so: the caller refused the request). */
+  decision: RouteResult | A;
+  /** The workers it was panic-routed over: set only when it was (a retry or a fallback may take them too). */
+  panicCandidates: ReadonlySet<string> | undefined;
 }
 
 export class PanicRouting {
@@ -72,6 +80,31 @@ export class PanicRouting {
       (out ??= new Set()).add(w.id);
     }
     return out;
+  }
+
+  /**
+   * A request's decision, for each front end (the proxy, the endpoint picker): `first`, route()'s
+   * answer as usual, when it found a worker (which may end panic routing); when it found none
+   * and workers outside `without()` (those that may not take the request) are held out only by
+   * probes that timed out, route() asked again over them by `again`, which passes its arguments
+   * as `panicCandidates` and `replaces` (one request, one decision in the router's stats).
+   * A request routed so is counted and logged (routed()).
+   */
+  decide<A extends RouteResult | undefined>(
+    first: RouteResult,
+    without: () => ReadonlySet<string>,
+    again: (panicCandidates: ReadonlySet<string>, replaces: NoWorkerResult) => A,
+  ): PanicDecision<A> {
+    if (!first.noWorker) {
+      this.routedInRotation();
+      return { decision: first, panicCandidates: undefined };
+    }
+    const heldOut = this.candidates(without());
+    if (heldOut === undefined) return { decision: first, panicCandidates: undefined };
+    const decision = again(heldOut, first);
+    if (decision === undefined || decision.noWorker) return { decision, panicCandidates: undefined };
+    this.routed(heldOut);
+    return { decision, panicCandidates: heldOut };
   }
 
   /**

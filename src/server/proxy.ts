@@ -230,34 +230,38 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         return reply;
       }
       // a whole answer shows no first token: the router reads it off the engine's queue
-      let decision = routeOr400(router, reply, prepared.routeRequest, {
+      const first = routeOr400(router, reply, prepared.routeRequest, {
         exclude: excluded,
         share,
         firstTokenReported: streaming,
       });
-      if (!decision) return answered(reply);
+      if (!first) return answered(reply);
       panicCandidates = undefined;
-      if (decision.noWorker && panic !== undefined) {
+      let decision = first;
+      // a request that found a worker allocates nothing more for panic routing (the closures
+      // below are made only for one that found none)
+      if (panic !== undefined && !first.noWorker) panic.routedInRotation();
+      else if (panic !== undefined) {
         // no worker in rotation can take it: those held out only by slow probes may (panic
-        // routing), among the workers serving its model (asked again: `excluded` holds those
-        // that failed the request too)
-        const heldOut = panic.candidates(connections.withoutModel(prepared.body.model));
-        if (heldOut !== undefined) {
-          decision = routeOr400(router, reply, prepared.routeRequest, {
-            exclude: excluded,
-            share,
-            firstTokenReported: streaming,
-            panicCandidates: heldOut,
-            // one attempt counts one decision in the router's stats: the one this call takes
-            replaces: decision,
-          });
-          if (!decision) return answered(reply);
-          if (!decision.noWorker) {
-            panicCandidates = heldOut;
-            panic.routed(heldOut);
-          }
-        }
-      } else if (!decision.noWorker) panic?.routedInRotation();
+        // routing), among the workers serving its model (`excluded` is not what may not take
+        // it: it holds those that failed the request too, which route() leaves out still)
+        const panicked = panic.decide(
+          first,
+          // (the closures run now, before any await: the body is still held)
+          () => connections.withoutModel(prepared!.body.model),
+          (heldOut, replaces) =>
+            routeOr400(router, reply, prepared!.routeRequest, {
+              exclude: excluded,
+              share,
+              firstTokenReported: streaming,
+              panicCandidates: heldOut,
+              replaces,
+            }),
+        );
+        if (!panicked.decision) return answered(reply);
+        decision = panicked.decision;
+        panicCandidates = panicked.panicCandidates;
+      }
       if (decision.noWorker) {
         // engines tried and failed: 502 (429 when they were all overloaded); nothing to try at all: 503
         if (failedAttempts > 0) return exhausted();

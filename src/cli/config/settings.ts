@@ -214,7 +214,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   breakerCooldownMs: { arg: '<ms>', help: 'how long an open circuit keeps a worker out' },
   panicRouting: {
     arg: '<true|false>',
-    help: 'when no worker is in rotation for a request, route it over the workers held out only because their health check or metrics scrape timed out, instead of answering 503 (never over a worker whose probe got an error status or a refused connection, an open circuit or a draining worker; /readyz stays ready meanwhile; the OpenAI routes only, not the endpoint picker)',
+    help: 'when no worker is in rotation for a request, route it over the workers held out only because their health check or metrics scrape timed out, instead of answering 503 (never over a worker whose probe got an error status or a refused connection, an open circuit or a draining worker; /readyz and the gRPC readiness of the endpoint picker stay ready meanwhile; the OpenAI routes and the endpoint picker alike)',
   },
   shutdownGraceMs: {
     arg: '<ms>',
