@@ -279,6 +279,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         workerId: target.workerId,
         rank: target.rank,
         cachedTokens: cachedTokensHeader ? cachedTokens : undefined,
+        model: prepared.body.model,
         streaming,
         via,
         firstByteTimeoutMs: streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs,
