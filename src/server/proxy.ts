@@ -332,6 +332,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           noConnection++;
           metrics.connectionWaitTimeouts.inc({ worker: decision.workerId });
           for (const id of connections.routerIdsOf(decision.workerId)) excluded.add(id);
+        } else {
+          // its worker left rotation (or was removed): the other ranks of its engine fail with it
+          // (worker-connections.ts moves a request only when a worker of another engine can take it)
+          for (const id of connections.routerIdsOf(decision.workerId)) excluded.add(id);
         }
         // a connection that broke before any answer, with no other worker to take the request, is
         // what a connection gone stale in the pool looks like (the engine restarted, something on

@@ -349,3 +349,40 @@ test('a worker of two models out of rotation: when a worker of one of them comes
     await closeAll(g.gateway, [a, b]);
   }
 });
+
+test('a request moved off a data-parallel rank leaving rotation goes to another engine, not to a rank of the same one', async () => {
+  const a = await holdingEngine('from-a');
+  const b = await holdingEngine('from-b');
+  const g = await gatewayOver(
+    [
+      { id: 'b', url: b.url },
+      { id: 'a', url: a.url, dpSize: 2 },
+    ],
+    { healthCheckIntervalMs: 0 },
+  );
+  try {
+    assert.deepEqual(
+      g.router.listWorkers().map((w) => w.id),
+      ['b', 'a#0', 'a#1'],
+    );
+    // round robin: one request on each of b, a#0 and a#1; the next turn over b and a#1 is a#1's
+    const pending = ['on b', 'moves', 'on a#1'].map((prompt) =>
+      post(g.base, '/v1/completions', { prompt, max_tokens: 1 }),
+    );
+    await until(() => a.posts === 2 && b.posts === 1, 'a request on b and one on each rank of a');
+    g.gateway.health.set('a#0', 'health-check', false, 'HTTP 500');
+    await until(() => a.posts + b.posts === 4, 'the request on a#0 sent again');
+    assert.equal(b.posts, 2, 'moved to b');
+    const answers = await releaseUntilAnswered([a, b], pending);
+    assert.deepEqual(
+      answers.map((r) => [r.status, r.headers.get('x-contextforge-worker')]),
+      [
+        [200, 'b'],
+        [200, 'b'],
+        [200, 'a'],
+      ],
+    );
+  } finally {
+    await closeAll(g.gateway, [a, b]);
+  }
+});
