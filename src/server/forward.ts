@@ -45,6 +45,8 @@ export interface ForwardOptions {
   rank: number | null;
   /** Predicted cached tokens for the response header, when it is enabled. */
   cachedTokens: number | undefined;
+  /** The request's `model` field as the client sent it: a worker leaving rotation moves the request only to one serving it. */
+  model: unknown;
   /** The client asked for a stream. */
   streaming: boolean;
   /** The Via header the engine gets: the client's, with this gateway's entry appended (via.ts). */
@@ -390,7 +392,7 @@ class Attempt implements Dispatcher.DispatchHandler {
     };
     res.once('close', this.onClientGone);
     this.onWorkerOut = () => this.giveUp('worker-out');
-    connection.unanswered.add(this.onWorkerOut);
+    connection.unanswered.set(this.onWorkerOut, o.model);
     // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
     // non-streamed answer's first byte is the whole answer, due within the inter-chunk timeout
     // (undici's timeouts bound it too, but only from when the request is sent: one that waits

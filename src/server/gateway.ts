@@ -278,7 +278,6 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     engineConnections: options.engineConnections,
     metricsIntervalMs: options.metricsIntervalMs ?? 1000,
     healthCheckIntervalMs: options.healthCheckIntervalMs ?? 2000,
-    panicRouting: options.panicRouting !== false,
     // what the gateway asks the workers on its own (health, metrics, models, /tokenize) carries its Via
     via: ownVia(via),
   });

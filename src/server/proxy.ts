@@ -283,6 +283,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         workerId: target.workerId,
         rank: target.rank,
         cachedTokens: cachedTokensHeader ? cachedTokens : undefined,
+        model: prepared.body.model,
         streaming,
         via,
         firstByteTimeoutMs: streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs,
@@ -334,6 +335,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           // the engine's ranks share its connections, so none of them can take it either
           noConnection++;
           metrics.connectionWaitTimeouts.inc({ worker: decision.workerId });
+          for (const id of connections.routerIdsOf(decision.workerId)) excluded.add(id);
+        } else {
+          // its worker left rotation (or was removed): the other ranks of its engine fail with it
+          // (worker-connections.ts moves a request only when a worker of another engine can take it)
           for (const id of connections.routerIdsOf(decision.workerId)) excluded.add(id);
         }
         // a connection that broke before any answer, with no other worker to take the request, is

@@ -11,7 +11,7 @@
  */
 import { Pool, request as upstreamRequest } from 'undici';
 import type { KVAwareRouter, RouteRequest } from '../core/router/index.js';
-import { MAX_WORKERS } from '../core/worker-registry.js';
+import { MAX_WORKERS, type WorkerState } from '../core/worker-registry.js';
 import { readBoundedText } from '../engines/bounded-body.js';
 import { HealthChecker, type WorkerHealth } from '../engines/health.js';
 import type { KvEventApplier } from '../engines/kv-events/applier.js';
@@ -45,10 +45,11 @@ export interface WorkerConnection {
   /** Headers of every request to the engine: its API key (or the credentials of its URL), its rank. */
   headers: Record<string, string>;
   /**
-   * Give-ups of its requests that have sent nothing to their client yet: called when it leaves
-   * rotation and a worker serving its models is in rotation (or comes into it), they move there.
+   * Give-ups of its requests that have sent nothing to their client yet, each with the request's
+   * `model` field as the client sent it: called when it leaves rotation and a worker serving that
+   * model is in rotation (or comes into it), the request moves there.
    */
-  unanswered: Set<() => void>;
+  unanswered: Map<() => void, unknown>;
 }
 
 /** Largest /v1/models answer read (vLLM lists each model and adapter in a few hundred bytes). */
@@ -109,12 +110,6 @@ export interface WorkerConnectionsOptions {
    * loop on them too (the periodic /v1/models read would otherwise go round once more unseen).
    */
   via?: string;
-  /**
-   * Panic routing is on (panic-routing.ts): while no worker serving its models is in rotation, a
-   * worker whose probes only timed out keeps its unanswered requests past the grace period, as
-   * requests go on reaching it and the others held out alike.
-   */
-  panicRouting?: boolean;
 }
 
 /**
@@ -151,7 +146,10 @@ export class WorkerConnections {
   private readonly mayHaveRestarted = new Set<string>();
   private readonly slowProbeGraceMs: number;
   private readonly graceTimers = new Set<NodeJS.Timeout>();
-  /** Workers out of rotation keeping their unanswered requests: no worker serving their models was in rotation. */
+  /**
+   * Workers out of rotation whose unanswered requests are decided by the rotation (past the grace
+   * period for slow probes): each request still on them had no worker serving its model in rotation.
+   */
   private readonly keeping = new Set<string>();
 
   private readonly engineConnections: number;
@@ -190,23 +188,25 @@ export class WorkerConnections {
   }
 
   /**
-   * A worker left rotation: the requests it has not answered at all move to other workers
-   * (nothing reached their clients), but only when a worker serving each of its models is in
-   * rotation. With none, they stay where they are, bounded by their first-byte and request
-   * timeouts: the engine may still answer them (when vLLM's engine core dies, its API server
-   * fails every request in flight with an error of its own, vllm/v1/engine/async_llm.py's
-   * output_handler; SGLang's /health answers 503 while it shuts down gracefully, finishing what
-   * it runs, or while a probe waits behind its scheduler, sglang/srt/entrypoints/http_server.py),
-   * and a retry would find no worker and turn them into errors at once. They are kept until a
-   * worker serving its models comes into rotation (then they move) or it returns itself. When
-   * only its probes timed out (a busy engine answers /health late too), they move only if it is
-   * still out a grace period later: a loaded engine must not have its whole queue thrown onto the
-   * others; nor then, with panic routing, when no worker serving its models is in rotation: they
-   * would move only to workers held out alike, the client waiting again from the start (or, once
-   * the retries are spent, failed). A connection that fails fails its request whatever the
-   * rotation (forward.ts). Draining is no health verdict: it leaves a worker's requests alone.
-   * Engines announce no AllBlocksCleared when they start, so one its health check holds out is
-   * remembered as possibly restarted.
+   * A worker left rotation: each request it has not answered at all moves to another worker
+   * (nothing reached its client), but only when a worker serving the request's model is in
+   * rotation, other than the ranks of the same engine (they fail with it: the health check probes
+   * each rank, so they leave rotation one after the other). With none, it stays where it is,
+   * bounded by its first-byte deadline: a streamed request's (twice the worker's mean time to first
+   * byte plus the first-byte timeout, timeouts.ts FirstByteDeadlines) or, not streamed, the
+   * inter-chunk timeout (proxy.ts gives forward.ts either as firstByteTimeoutMs): the
+   * engine may still answer it (when vLLM's engine core dies, its API server fails every request
+   * in flight with an error of its own, vllm/v1/engine/async_llm.py's output_handler; SGLang's
+   * /health answers 503 while it shuts down gracefully, finishing what it runs, or while a probe
+   * waits behind its scheduler, sglang/srt/entrypoints/http_server.py), and a retry would find no
+   * worker and turn it into an error at once. It is kept until a worker serving its model comes
+   * into rotation (then it moves) or the worker returns itself. When only its probes timed out (a
+   * busy engine answers /health late too), the decision waits a grace period, and is taken only if
+   * the worker is still out then: a loaded engine must not have its whole queue thrown onto the
+   * others. A connection that fails fails its request whatever the rotation (forward.ts). Draining
+   * is no health verdict: it leaves a worker's requests alone. Engines announce no
+   * AllBlocksCleared when they start, so one its health check holds out is remembered as possibly
+   * restarted.
    */
   private outOfRotation(id: string): void {
     const { health } = this.options;
@@ -214,57 +214,57 @@ export class WorkerConnections {
     if (!health.heldOutBySlowProbesOnly(id)) return this.moveOrKeep(id);
     const t = setTimeout(() => {
       this.graceTimers.delete(t);
-      if (this.options.panicRouting && !this.modelsInRotation(id)) return;
-      this.giveUpAll(id);
+      this.moveOrKeep(id);
     }, this.slowProbeGraceMs);
     t.unref();
     this.graceTimers.add(t);
   }
 
-  /** Its unanswered requests move if a worker serving its models is in rotation; else they are kept on it. */
+  /**
+   * Each unanswered request of a worker out of rotation moves if a worker serving its model is in
+   * rotation (movable); the others are kept on it, and the worker decides again when one comes
+   * into rotation (rotationGained). A worker back in rotation, or removed, is no longer followed.
+   */
   private moveOrKeep(id: string): void {
-    if (this.modelsInRotation(id)) {
+    const c = this.connections.get(id);
+    if (!c || this.options.health.reasons(id).length === 0) {
       this.keeping.delete(id);
-      this.giveUpAll(id);
-    } else this.keeping.add(id);
+      return;
+    }
+    this.keeping.add(id);
+    if (c.unanswered.size === 0) return;
+    const workers = this.options.router.listWorkers();
+    // requests of one model decide alike: the fleet is looked over once per model
+    let decided: Map<unknown, boolean> | undefined;
+    for (const [giveUp, model] of [...c.unanswered]) {
+      let moves = decided?.get(model);
+      if (moves === undefined) (decided ??= new Map()).set(model, (moves = this.movable(c, model, workers)));
+      if (moves) giveUp();
+    }
   }
 
-  /** Gives up every request the worker, still out of rotation, has not answered: each moves to another worker. */
-  private giveUpAll(id: string): void {
-    const c = this.connections.get(id);
-    if (c && this.options.health.reasons(id).length > 0) for (const giveUp of [...c.unanswered]) giveUp();
+  /**
+   * Whether a request for `model` on the worker `c` (out of rotation) has a worker in rotation to
+   * move to, the ranks of c's engine not counting. A worker that lists no models may hold a
+   * request for a model no listing worker serves: only a worker in rotation that lists none
+   * serves all its requests.
+   */
+  private movable(c: WorkerConnection, model: unknown, workers: readonly WorkerState[]): boolean {
+    let without: Set<string>;
+    if (c.models === undefined) {
+      without = new Set();
+      for (const [rid, other] of this.connections) if (other.models !== undefined) without.add(rid);
+    } else without = this.withoutModel(model);
+    for (const rid of this.routerIdsOf(c.workerId)) without.add(rid);
+    return inRotationFor(workers, without);
   }
 
   /**
    * A worker may have come into rotation (back from its health verdicts, added, resumed from
-   * draining): the workers out of rotation keeping their unanswered requests decide again.
+   * draining): the workers out of rotation keeping unanswered requests decide again.
    */
   rotationGained(): void {
-    for (const id of [...this.keeping]) {
-      const c = this.connections.get(id);
-      // back in rotation itself, or nothing left waiting on it: nothing to move
-      if (!c || this.options.health.reasons(id).length === 0 || c.unanswered.size === 0) this.keeping.delete(id);
-      else this.moveOrKeep(id);
-    }
-  }
-
-  /**
-   * Whether every model the worker serves has a worker in rotation serving it (the worker being
-   * out itself): then each of its requests could move to one. A worker that lists no models may
-   * hold a request for any model: only a worker in rotation that lists none serves them all.
-   */
-  private modelsInRotation(id: string): boolean {
-    const c = this.connections.get(id);
-    if (!c) return true;
-    const workers = this.options.router.listWorkers();
-    if (c.models === undefined) {
-      const listing = new Set<string>();
-      for (const [rid, other] of this.connections) if (other.models !== undefined) listing.add(rid);
-      return inRotationFor(workers, listing);
-    }
-    for (const model of [...c.models, ...c.adapters.keys()])
-      if (!inRotationFor(workers, this.withoutModel(model))) return false;
-    return true;
+    for (const id of [...this.keeping]) this.moveOrKeep(id);
   }
 
   /**
@@ -407,7 +407,7 @@ export class WorkerConnections {
         workerId: w.id,
         rank: dpSize > 1 ? r : null,
         headers: dpSize > 1 ? { ...headers, [DP_RANK_HEADER]: String(r) } : headers,
-        unanswered: new Set(),
+        unanswered: new Map(),
         subscriber: subscribers[r],
       });
       this.scraper?.add({

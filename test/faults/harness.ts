@@ -27,8 +27,13 @@ export interface FakeEngine {
   port: number;
   /** Requests received on the OpenAI paths. */
   requests: number;
+  /** Health probes received. */
+  probes: number;
   close(): Promise<void>;
 }
+
+/** What a fake engine's /health answers: a status, or 'hang' (no answer until the engine closes: a probe times out). */
+export type HealthAnswer = number | 'hang';
 
 /**
  * An HTTP engine whose OpenAI paths are answered by `handler`; /health answers 200 and
@@ -36,11 +41,17 @@ export interface FakeEngine {
  */
 export async function fakeEngine(
   handler: (req: IncomingMessage, res: ServerResponse) => void,
-  healthStatus: () => number = () => 200,
+  healthStatus: () => HealthAnswer = () => 200,
 ): Promise<FakeEngine> {
-  const engine = { url: '', port: 0, requests: 0, close: async () => {} };
+  const engine = { url: '', port: 0, requests: 0, probes: 0, close: async () => {} };
   const server = createServer((req, res) => {
-    if (req.url === '/health') return void res.writeHead(healthStatus()).end();
+    if (req.url === '/health') {
+      engine.probes++;
+      const h = healthStatus();
+      // a hung probe's response is left open: it ends with the engine's connections
+      if (h !== 'hang') res.writeHead(h).end();
+      return;
+    }
     if (req.url === '/metrics') return void res.writeHead(404).end();
     engine.requests++;
     handler(req, res);
@@ -105,7 +116,10 @@ export interface HoldingEngine extends FakeEngine {
  * then answers it with one completion whose text is `name`; other methods get 404. Its /health
  * answers `healthStatus()`.
  */
-export async function holdingEngine(name: string, healthStatus: () => number = () => 200): Promise<HoldingEngine> {
+export async function holdingEngine(
+  name: string,
+  healthStatus: () => HealthAnswer = () => 200,
+): Promise<HoldingEngine> {
   const waiting: Array<() => void> = [];
   const answer = JSON.stringify({ choices: [{ text: name }], usage: { prompt_tokens: 1, completion_tokens: 1 } });
   const counts = { posts: 0, abandoned: 0 };

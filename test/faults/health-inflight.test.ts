@@ -7,14 +7,21 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
-import { createGateway, type GatewayWorker } from '../../src/server/gateway.js';
+import { createGateway, type GatewayOptions, type GatewayWorker } from '../../src/server/gateway.js';
 import { until } from '../helpers/wait.js';
-import { holdingEngine, post } from './harness.js';
+import { holdingEngine, post, type HoldingEngine } from './harness.js';
 
-/** A round-robin gateway probing its workers' /health every 20 ms, no metrics scrape. */
-async function gatewayOver(workers: GatewayWorker[]) {
+/** A round-robin gateway probing its workers' /health every 20 ms (unless `options` says otherwise), no metrics scrape. */
+async function gatewayOver(workers: GatewayWorker[], options: Partial<GatewayOptions> = {}) {
   const router = new KVAwareRouter({ policy: 'round-robin' });
-  const gateway = await createGateway({ router, workers, metricsIntervalMs: 0, healthCheckIntervalMs: 20 });
+  const gateway = await createGateway({
+    router,
+    workers,
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 20,
+    log: () => {},
+    ...options,
+  });
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const out = (id: string) => router.listWorkers().find((w) => w.id === id)?.available === false;
   return { router, gateway, base, out };
@@ -154,5 +161,228 @@ test('a request kept on a worker out of rotation moves to a worker of its model 
     await g.gateway.close();
     await a.close();
     await d.close();
+  }
+});
+
+/** Answers what the engines still hold (a request held would hold the gateway's close), then closes all. */
+async function closeAll(gateway: { close: () => Promise<void> }, engines: HoldingEngine[]): Promise<void> {
+  for (const e of engines) e.release();
+  await gateway.close();
+  for (const e of engines) await e.close();
+}
+
+/**
+ * Answers what the engines hold until every request in `pending` is answered: a request moved
+ * (given up and sent again) reaches an engine after an earlier release, and is answered by a later one.
+ */
+async function releaseUntilAnswered<T>(engines: HoldingEngine[], pending: Array<Promise<T>>): Promise<T[]> {
+  let answers: T[] | undefined;
+  void Promise.all(pending).then((all) => (answers = all));
+  await until(() => {
+    for (const e of engines) e.release();
+    return answers !== undefined;
+  }, 'every request answered');
+  return answers!;
+}
+
+test('a data-parallel worker whose ranks leave rotation one after the other keeps the requests of both, and sends none twice when they come back', async () => {
+  const a = await holdingEngine('from-a');
+  // no checker: the verdicts come rank by rank, as the health check probing each rank gives them
+  const g = await gatewayOver([{ id: 'a', url: a.url, dpSize: 2 }], { healthCheckIntervalMs: 0 });
+  try {
+    const ranks = g.router.listWorkers().map((w) => w.id);
+    assert.deepEqual(ranks, ['a#0', 'a#1']);
+    const pending = [0, 1].map((i) => post(g.base, '/v1/completions', { prompt: `rank ${i}`, max_tokens: 1 }));
+    await until(() => a.posts === 2, 'a request on each rank');
+    // the other rank, in rotation for a moment longer, is the same engine: no place to move to
+    for (const id of ranks) g.gateway.health.set(id, 'health-check', false, 'HTTP 500');
+    // the first rank back is the engine the other's request is on already
+    for (const id of ranks) g.gateway.health.set(id, 'health-check', true);
+    const answers = await releaseUntilAnswered([a], pending);
+    assert.deepEqual(
+      answers.map((r) => r.status),
+      [200, 200],
+      answers.map((r) => r.text).join('\n'),
+    );
+    assert.equal(a.posts, 2, 'each sent once');
+    assert.equal(a.abandoned, 0, 'the engine kept both');
+  } finally {
+    await closeAll(g.gateway, [a]);
+  }
+});
+
+test('a data-parallel worker whose /health turns 500 and back with a request on each rank: both get the engine answer, each sent once', async () => {
+  let health = 200;
+  const a = await holdingEngine('from-a', () => health);
+  const g = await gatewayOver([{ id: 'a', url: a.url, dpSize: 2 }]);
+  try {
+    const pending = [0, 1].map((i) => post(g.base, '/v1/completions', { prompt: `rank ${i}`, max_tokens: 1 }));
+    await until(() => a.posts === 2, 'a request on each rank');
+    health = 500;
+    await until(() => g.router.listWorkers().every((w) => !w.available), 'both ranks out of rotation');
+    health = 200;
+    await until(() => g.router.listWorkers().every((w) => w.available), 'both ranks back in rotation');
+    const answers = await releaseUntilAnswered([a], pending);
+    assert.deepEqual(
+      answers.map((r) => r.status),
+      [200, 200],
+      answers.map((r) => r.text).join('\n'),
+    );
+    assert.equal(a.posts, 2, 'each sent once');
+    assert.equal(a.abandoned, 0, 'the engine kept both');
+  } finally {
+    await closeAll(g.gateway, [a]);
+  }
+});
+
+test('with panic routing off, the only worker whose probes time out keeps its request past the grace period', async () => {
+  let health: number | 'hang' = 200;
+  const a = await holdingEngine('from-a', () => health);
+  const g = await gatewayOver([{ id: 'a', url: a.url }], { panicRouting: false });
+  try {
+    const pending = post(g.base, '/v1/completions', { prompt: 'kept', max_tokens: 1 });
+    await until(() => a.posts === 1, 'the request on the engine');
+    health = 'hang';
+    await until(() => g.out('a'), 'a out of rotation after its probes timed out');
+    assert.equal(g.gateway.health.heldOutBySlowProbesOnly('a'), true);
+    const left = a.probes;
+    // each probe waits its 500 ms timeout before the next: four more outlast the 1 s grace period
+    await until(() => a.probes >= left + 4, 'the grace period for slow probes over', { timeoutMs: 20_000 });
+    a.release();
+    const r = await pending;
+    assert.equal(r.status, 200, r.text);
+    assert.match(r.text, /from-a/);
+    assert.equal(a.abandoned, 0, 'the engine kept the request');
+    assert.equal(a.posts, 1, 'sent once');
+  } finally {
+    await closeAll(g.gateway, [a]);
+  }
+});
+
+test('a request kept past the grace period on a worker whose probes time out moves once a worker of its model comes into rotation', async () => {
+  let healthA: number | 'hang' = 200;
+  let healthB = 500;
+  const a = await holdingEngine('from-a', () => healthA);
+  const b = await holdingEngine('from-b', () => healthB);
+  const g = await gatewayOver([
+    { id: 'a', url: a.url, models: ['m'] },
+    { id: 'b', url: b.url, models: ['m'] },
+  ]);
+  try {
+    await until(() => g.out('b'), 'b out of rotation');
+    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'waits', max_tokens: 1 });
+    await until(() => a.posts === 1, 'the request on a');
+    healthA = 'hang';
+    await until(() => g.out('a'), 'a out of rotation after its probes timed out');
+    const left = a.probes;
+    // each probe waits its 500 ms timeout before the next: four more outlast the 1 s grace period
+    await until(() => a.probes >= left + 4, 'the grace period for slow probes over', { timeoutMs: 20_000 });
+    assert.equal(b.posts, 0, 'no worker in rotation to move to');
+    healthB = 200;
+    await until(() => b.posts === 1, 'the kept request moved to b once b is back in rotation');
+    b.release();
+    const r = await pending;
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'b');
+    await until(() => a.abandoned === 1, 'a let go of the request');
+  } finally {
+    await closeAll(g.gateway, [a, b]);
+  }
+});
+
+test('a worker of two models leaving rotation: its request of the model another worker in rotation serves moves there, the other stays', async () => {
+  let health = 200;
+  const a = await holdingEngine('from-a', () => health);
+  const b = await holdingEngine('from-b');
+  const g = await gatewayOver([
+    { id: 'a', url: a.url, models: ['m1', 'm2'] },
+    { id: 'b', url: b.url, models: ['m1'] },
+  ]);
+  try {
+    // round robin: the first request goes to the first worker; only a serves m2
+    const m1 = post(g.base, '/v1/completions', { model: 'm1', prompt: 'moves', max_tokens: 1 });
+    await until(() => a.posts === 1, 'the m1 request on a');
+    const m2 = post(g.base, '/v1/completions', { model: 'm2', prompt: 'stays', max_tokens: 1 });
+    await until(() => a.posts === 2, 'the m2 request on a');
+    health = 500;
+    await until(() => b.posts === 1, 'the m1 request moved to b');
+    const [r1, r2] = await releaseUntilAnswered([a, b], [m1, m2]);
+    assert.equal(r1.status, 200, r1.text);
+    assert.equal(r1.headers.get('x-contextforge-worker'), 'b');
+    assert.equal(r2.status, 200, r2.text);
+    assert.equal(r2.headers.get('x-contextforge-worker'), 'a');
+    assert.equal(a.posts, 2, 'the m2 request sent once');
+    assert.equal(a.abandoned, 1, 'a let go of the m1 request only');
+  } finally {
+    await closeAll(g.gateway, [a, b]);
+  }
+});
+
+test('a worker of two models out of rotation: when a worker of one of them comes into rotation, only the requests of that model move', async () => {
+  let healthA = 200;
+  let healthB = 500;
+  const a = await holdingEngine('from-a', () => healthA);
+  const b = await holdingEngine('from-b', () => healthB);
+  const g = await gatewayOver([
+    { id: 'a', url: a.url, models: ['m1', 'm2'] },
+    { id: 'b', url: b.url, models: ['m1'] },
+  ]);
+  try {
+    await until(() => g.out('b'), 'b out of rotation');
+    const pending = ['m1', 'm2'].map((model) =>
+      post(g.base, '/v1/completions', { model, prompt: model, max_tokens: 1 }),
+    );
+    await until(() => a.posts === 2, 'both requests on a');
+    healthA = 500;
+    await until(() => g.out('a'), 'a out of rotation');
+    assert.equal(b.posts, 0, 'no worker in rotation to move to');
+    healthB = 200;
+    await until(() => b.posts === 1, 'the m1 request moved to b once b is back in rotation');
+    const [r1, r2] = await releaseUntilAnswered([a, b], pending);
+    assert.equal(r1.status, 200, r1.text);
+    assert.equal(r1.headers.get('x-contextforge-worker'), 'b');
+    assert.equal(r2.status, 200, r2.text);
+    assert.equal(r2.headers.get('x-contextforge-worker'), 'a');
+    assert.equal(a.posts, 2, 'the m2 request sent once');
+    assert.equal(a.abandoned, 1, 'a let go of the m1 request only');
+  } finally {
+    await closeAll(g.gateway, [a, b]);
+  }
+});
+
+test('a request moved off a data-parallel rank leaving rotation goes to another engine, not to a rank of the same one', async () => {
+  const a = await holdingEngine('from-a');
+  const b = await holdingEngine('from-b');
+  const g = await gatewayOver(
+    [
+      { id: 'b', url: b.url },
+      { id: 'a', url: a.url, dpSize: 2 },
+    ],
+    { healthCheckIntervalMs: 0 },
+  );
+  try {
+    assert.deepEqual(
+      g.router.listWorkers().map((w) => w.id),
+      ['b', 'a#0', 'a#1'],
+    );
+    // round robin: one request on each of b, a#0 and a#1; the next turn over b and a#1 is a#1's
+    const pending = ['on b', 'moves', 'on a#1'].map((prompt) =>
+      post(g.base, '/v1/completions', { prompt, max_tokens: 1 }),
+    );
+    await until(() => a.posts === 2 && b.posts === 1, 'a request on b and one on each rank of a');
+    g.gateway.health.set('a#0', 'health-check', false, 'HTTP 500');
+    await until(() => a.posts + b.posts === 4, 'the request on a#0 sent again');
+    assert.equal(b.posts, 2, 'moved to b');
+    const answers = await releaseUntilAnswered([a, b], pending);
+    assert.deepEqual(
+      answers.map((r) => [r.status, r.headers.get('x-contextforge-worker')]),
+      [
+        [200, 'b'],
+        [200, 'b'],
+        [200, 'a'],
+      ],
+    );
+  } finally {
+    await closeAll(g.gateway, [a, b]);
   }
 });

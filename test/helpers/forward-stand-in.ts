@@ -74,7 +74,7 @@ export function forwardTo(
     },
     slots: new ConnectionSlots(1),
     headers: {},
-    unanswered: new Set<() => void>(),
+    unanswered: new Map<() => void, unknown>(),
   } as unknown as WorkerConnection;
   const reply = {
     raw: res as unknown as ServerResponse,
@@ -88,6 +88,7 @@ export function forwardTo(
     workerId: 'e0',
     rank: null,
     cachedTokens: undefined,
+    model: undefined,
     streaming: true,
     via: '1.1 contextforge-000000000000',
     firstByteTimeoutMs: 600_000,
