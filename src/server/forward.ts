@@ -14,7 +14,7 @@ import { errorAnswerStatus, errorEventStatus, holdsDone, isEngineFailure } from 
 import { markCutByGateway } from './metrics.js';
 import type { ProxyReply } from './openai-request.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
-import type { WorkerConnection } from './worker-connections.js';
+import type { UnansweredRequest, WorkerConnection } from './worker-connections.js';
 
 /** How one attempt on one engine ended. */
 export type ForwardOutcome =
@@ -47,6 +47,14 @@ export interface ForwardOptions {
   cachedTokens: number | undefined;
   /** The request's `model` field as the client sent it: a worker leaving rotation moves the request only to one serving it. */
   model: unknown;
+  /**
+   * The workers the request may not go to (those not serving its model, those that failed it),
+   * as the next attempt would leave them out: a worker leaving rotation moves the request only
+   * to another. Read while the attempt waits, not copied.
+   */
+  excluded: ReadonlySet<string>;
+  /** No retry is left after this attempt: a worker leaving rotation keeps the request. */
+  lastAttempt: boolean;
   /** The client asked for a stream. */
   streaming: boolean;
   /** The Via header the engine gets: the client's, with this gateway's entry appended (via.ts). */
@@ -294,7 +302,7 @@ const NOT_WAITING = (): boolean => false;
  * One attempt on one engine, as an undici dispatch handler: the engine's answer is written to
  * the client as it arrives (a complete JSON answer of known size is gathered and written once).
  */
-class Attempt implements Dispatcher.DispatchHandler {
+class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   private why: GiveUpReason | undefined;
   /** Takes the request out of the wait for a free connection; false once it has one. */
   withdraw: () => boolean = NOT_WAITING;
@@ -361,7 +369,6 @@ class Attempt implements Dispatcher.DispatchHandler {
   private doneSeen = false;
   private settled = false;
   private readonly onClientGone: () => void;
-  private readonly onWorkerOut: () => void;
   /** undici's resume: the engine's socket reads again. */
   private resumeUpstream: (() => void) | undefined;
   /**
@@ -391,13 +398,29 @@ class Attempt implements Dispatcher.DispatchHandler {
       if (!res.writableFinished) this.giveUp('client');
     };
     res.once('close', this.onClientGone);
-    this.onWorkerOut = () => this.giveUp('worker-out');
-    connection.unanswered.set(this.onWorkerOut, o.model);
+    connection.unanswered.add(this);
     // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
     // non-streamed answer's first byte is the whole answer, due within the inter-chunk timeout
     // (undici's timeouts bound it too, but only from when the request is sent: one that waits
     // for a free connection to the engine is bounded by this timer alone)
     this.timer = setTimeout(() => this.giveUp('first-byte'), o.firstByteTimeoutMs);
+  }
+
+  get model(): unknown {
+    return this.o.model;
+  }
+
+  get excluded(): ReadonlySet<string> {
+    return this.o.excluded;
+  }
+
+  get lastAttempt(): boolean {
+    return this.o.lastAttempt;
+  }
+
+  /** Its worker left rotation and another can take the request: given up, to be sent there. */
+  workerOut(): void {
+    this.giveUp('worker-out');
   }
 
   private giveUp(reason: GiveUpReason): void {
@@ -444,7 +467,7 @@ class Attempt implements Dispatcher.DispatchHandler {
       this.awaitingDrain = false;
       this.res.off('drain', this.onDrain);
     }
-    this.connection.unanswered.delete(this.onWorkerOut);
+    this.connection.unanswered.delete(this);
     this.resolve(outcome);
   }
 
@@ -592,7 +615,7 @@ class Attempt implements Dispatcher.DispatchHandler {
 
   /** From here on the answer belongs to the client: headers out, no retry, no give-up on worker-out. */
   private startResponse(extra?: number): void {
-    this.connection.unanswered.delete(this.onWorkerOut);
+    this.connection.unanswered.delete(this);
     this.reply.hijack();
     this.sent = true;
     // an error (a 4xx passed on, an engine's error object) is answered at once, without the

@@ -23,7 +23,7 @@ import type { WorkerHealth } from '../engines/health.js';
 /**
  * Whether a worker outside `without` is in rotation: one a request could be routed to now, when
  * `without` holds the workers that do not serve its model. Panic routing starts for a request
- * only when none is; a worker leaving rotation keeps its unanswered requests on the same terms.
+ * only when none is.
  */
 export function inRotationFor(workers: readonly WorkerState[], without: ReadonlySet<string>): boolean {
   return workers.some((w) => w.available && !without.has(w.id));

@@ -284,6 +284,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         rank: target.rank,
         cachedTokens: cachedTokensHeader ? cachedTokens : undefined,
         model: prepared.body.model,
+        excluded,
+        lastAttempt: attempt >= maxRetries,
         streaming,
         via,
         firstByteTimeoutMs: streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs,

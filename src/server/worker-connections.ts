@@ -21,7 +21,6 @@ import type { WorkerRecord } from '../state/state-store.js';
 import { ConnectionSlots, DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from './connection-slots.js';
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
 import { isTokenId } from './request-limits.js';
-import { inRotationFor } from './panic-routing.js';
 import { MAX_TIMER_MS } from './timeouts.js';
 import { engineAuthorization, parseWorkerRecord, splitCredentials } from './worker-input.js';
 
@@ -45,11 +44,22 @@ export interface WorkerConnection {
   /** Headers of every request to the engine: its API key (or the credentials of its URL), its rank. */
   headers: Record<string, string>;
   /**
-   * Give-ups of its requests that have sent nothing to their client yet, each with the request's
-   * `model` field as the client sent it: called when it leaves rotation and a worker serving that
-   * model is in rotation (or comes into it), the request moves there.
+   * Its requests that have sent nothing to their client yet: when it leaves rotation and a worker
+   * that can take one is in rotation (or comes into it), that request moves there.
    */
-  unanswered: Map<() => void, unknown>;
+  unanswered: Set<UnansweredRequest>;
+}
+
+/** An attempt on a worker that has sent nothing to its client yet: it can still move to another worker. */
+export interface UnansweredRequest {
+  /** The request's `model` field as the client sent it: it moves only to a worker serving it. */
+  readonly model: unknown;
+  /** The workers the request may not go to (those not serving its model, those that failed it): it does not move to them. */
+  readonly excluded: ReadonlySet<string>;
+  /** No retry is left: moved, it would fail at once, where the engine may still answer it. */
+  readonly lastAttempt: boolean;
+  /** Gives the attempt up so the request goes to another worker (outcome 'worker-out'). */
+  workerOut(): void;
 }
 
 /** Largest /v1/models answer read (vLLM lists each model and adapter in a few hundred bytes). */
@@ -189,8 +199,9 @@ export class WorkerConnections {
 
   /**
    * A worker left rotation: each request it has not answered at all moves to another worker
-   * (nothing reached its client), but only when a worker serving the request's model is in
-   * rotation, other than the ranks of the same engine (they fail with it: the health check probes
+   * (nothing reached its client), but only when it has a retry left and a worker serving the
+   * request's model is in rotation, other than those that failed the request already (the retry
+   * leaves them out) and the ranks of the same engine (they fail with it: the health check probes
    * each rank, so they leave rotation one after the other). With none, it stays where it is,
    * bounded by its first-byte deadline: a streamed request's (twice the worker's mean time to first
    * byte plus the first-byte timeout, timeouts.ts FirstByteDeadlines) or, not streamed, the
@@ -221,7 +232,7 @@ export class WorkerConnections {
   }
 
   /**
-   * Each unanswered request of a worker out of rotation moves if a worker serving its model is in
+   * Each unanswered request of a worker out of rotation moves if a worker that can take it is in
    * rotation (movable); the others are kept on it, and the worker decides again when one comes
    * into rotation (rotationGained). A worker back in rotation, or removed, is no longer followed.
    */
@@ -233,30 +244,17 @@ export class WorkerConnections {
     }
     this.keeping.add(id);
     if (c.unanswered.size === 0) return;
+    // the fleet is read once per call, and the workers not serving a model once per model: the
+    // rest of the decision is the request's own (the workers that failed it, its retries left)
     const workers = this.options.router.listWorkers();
-    // requests of one model decide alike: the fleet is looked over once per model
-    let decided: Map<unknown, boolean> | undefined;
-    for (const [giveUp, model] of [...c.unanswered]) {
-      let moves = decided?.get(model);
-      if (moves === undefined) (decided ??= new Map()).set(model, (moves = this.movable(c, model, workers)));
-      if (moves) giveUp();
+    const ranks = this.routerIdsOf(c.workerId);
+    let withoutModel: Map<unknown, Set<string>> | undefined;
+    for (const req of [...c.unanswered]) {
+      if (req.lastAttempt) continue;
+      let without = withoutModel?.get(req.model);
+      if (without === undefined) (withoutModel ??= new Map()).set(req.model, (without = this.withoutModel(req.model)));
+      if (movable(workers, without, ranks, req.excluded)) req.workerOut();
     }
-  }
-
-  /**
-   * Whether a request for `model` on the worker `c` (out of rotation) has a worker in rotation to
-   * move to, the ranks of c's engine not counting. A worker that lists no models may hold a
-   * request for a model no listing worker serves: only a worker in rotation that lists none
-   * serves all its requests.
-   */
-  private movable(c: WorkerConnection, model: unknown, workers: readonly WorkerState[]): boolean {
-    let without: Set<string>;
-    if (c.models === undefined) {
-      without = new Set();
-      for (const [rid, other] of this.connections) if (other.models !== undefined) without.add(rid);
-    } else without = this.withoutModel(model);
-    for (const rid of this.routerIdsOf(c.workerId)) without.add(rid);
-    return inRotationFor(workers, without);
   }
 
   /**
@@ -407,7 +405,7 @@ export class WorkerConnections {
         workerId: w.id,
         rank: dpSize > 1 ? r : null,
         headers: dpSize > 1 ? { ...headers, [DP_RANK_HEADER]: String(r) } : headers,
-        unanswered: new Map(),
+        unanswered: new Set(),
         subscriber: subscribers[r],
       });
       this.scraper?.add({
@@ -481,6 +479,14 @@ export class WorkerConnections {
     // when one of its streams ends, onto the closed pool (as an engine failure of a removed worker)
     first.slots.withdrawAll();
     return removed;
+  }
+
+  /**
+   * Whether a health verdict holds the router worker out of rotation now (draining is none: it
+   * leaves a worker's requests alone).
+   */
+  isHeldOut(id: string): boolean {
+    return this.options.health.reasons(id).length > 0;
   }
 
   /** Workers that list their models and `model` is not among them (nor among their LoRA adapters). */
@@ -597,6 +603,21 @@ export class WorkerConnections {
     await Promise.all([...this.connections.values()].map((c) => c.subscriber?.close()));
     await Promise.all(this.closing);
   }
+}
+
+/**
+ * Whether a request on a worker out of rotation has a worker in rotation to move to: one serving
+ * its model (not in `withoutModel`), not a rank of the same engine (`ranks`: they fail with it, the
+ * health check probing each rank in turn), and not one that failed the request already
+ * (`excluded`: the retry would leave it out, and find no worker).
+ */
+function movable(
+  workers: readonly WorkerState[],
+  withoutModel: ReadonlySet<string>,
+  ranks: readonly string[],
+  excluded: ReadonlySet<string>,
+): boolean {
+  return workers.some((w) => w.available && !withoutModel.has(w.id) && !excluded.has(w.id) && !ranks.includes(w.id));
 }
 
 /**

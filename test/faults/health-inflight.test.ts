@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type GatewayOptions, type GatewayWorker } from '../../src/server/gateway.js';
 import { until } from '../helpers/wait.js';
-import { holdingEngine, post, type HoldingEngine } from './harness.js';
+import { failingEngine, holdingEngine, post, type HoldingEngine } from './harness.js';
 
 /** A round-robin gateway probing its workers' /health every 20 ms (unless `options` says otherwise), no metrics scrape. */
 async function gatewayOver(workers: GatewayWorker[], options: Partial<GatewayOptions> = {}) {
@@ -382,6 +382,83 @@ test('a request moved off a data-parallel rank leaving rotation goes to another 
         [200, 'a'],
       ],
     );
+  } finally {
+    await closeAll(g.gateway, [a, b]);
+  }
+});
+
+test('a request retried after a server error stays on the worker whose /health turns 500 when the only other worker in rotation is the one that failed it', async () => {
+  let healthB = 200;
+  const a = await failingEngine();
+  const b = await holdingEngine('from-b', () => healthB);
+  const g = await gatewayOver([
+    { id: 'a', url: a.url, models: ['m'] },
+    { id: 'b', url: b.url, models: ['m'] },
+  ]);
+  try {
+    // round robin: the first attempt goes to a, which answers 500; the retry goes to b
+    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'retried', max_tokens: 1 });
+    await until(() => b.posts === 1, 'the request retried on b');
+    healthB = 500;
+    await until(() => g.out('b'), 'b out of rotation');
+    assert.equal(g.out('a'), false, 'a, which failed the request, is in rotation');
+    b.release();
+    const r = await pending;
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'b');
+    assert.match(r.text, /from-b/);
+    assert.equal(b.abandoned, 0, 'b kept the request');
+    assert.equal(b.posts, 1, 'sent to b once');
+  } finally {
+    await closeAll(g.gateway, [b]);
+    await a.close();
+  }
+});
+
+test('a request on its last attempt stays on the worker whose /health turns 500, though another worker of its model is in rotation', async () => {
+  let healthA = 200;
+  const a = await holdingEngine('from-a', () => healthA);
+  const b = await holdingEngine('from-b');
+  const g = await gatewayOver(
+    [
+      { id: 'a', url: a.url, models: ['m'] },
+      { id: 'b', url: b.url, models: ['m'] },
+    ],
+    { maxRetries: 0 },
+  );
+  try {
+    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'last', max_tokens: 1 });
+    await until(() => a.posts === 1, 'the request on a');
+    healthA = 500;
+    await until(() => g.out('a'), 'a out of rotation');
+    a.release();
+    const r = await pending;
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'a');
+    assert.equal(a.abandoned, 0, 'a kept the request');
+    assert.equal(b.posts, 0, 'no retry left to move it with');
+  } finally {
+    await closeAll(g.gateway, [a, b]);
+  }
+});
+
+test("a worker that lists no models leaving rotation: its request moves to a worker in rotation that lists the request's model", async () => {
+  let healthA = 200;
+  const a = await holdingEngine('from-a', () => healthA);
+  const b = await holdingEngine('from-b');
+  const g = await gatewayOver([
+    { id: 'a', url: a.url },
+    { id: 'b', url: b.url, models: ['m'] },
+  ]);
+  try {
+    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'moves', max_tokens: 1 });
+    await until(() => a.posts === 1, 'the request on a');
+    healthA = 500;
+    await until(() => b.posts === 1, 'the request moved to b');
+    const [r] = await releaseUntilAnswered([a, b], [pending]);
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.headers.get('x-contextforge-worker'), 'b');
+    await until(() => a.abandoned === 1, 'a let go of the request');
   } finally {
     await closeAll(g.gateway, [a, b]);
   }

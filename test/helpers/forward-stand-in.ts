@@ -74,7 +74,7 @@ export function forwardTo(
     },
     slots: new ConnectionSlots(1),
     headers: {},
-    unanswered: new Map<() => void, unknown>(),
+    unanswered: new Set(),
   } as unknown as WorkerConnection;
   const reply = {
     raw: res as unknown as ServerResponse,
@@ -89,6 +89,8 @@ export function forwardTo(
     rank: null,
     cachedTokens: undefined,
     model: undefined,
+    excluded: new Set(),
+    lastAttempt: false,
     streaming: true,
     via: '1.1 contextforge-000000000000',
     firstByteTimeoutMs: 600_000,
