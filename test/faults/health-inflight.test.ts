@@ -463,3 +463,24 @@ test("a worker that lists no models leaving rotation: its request moves to a wor
     await closeAll(g.gateway, [a, b]);
   }
 });
+
+test('a request kept on a data-parallel rank out of rotation that times out is not retried on another rank of the same engine', async () => {
+  const a = await holdingEngine('from-a');
+  const g = await gatewayOver([{ id: 'a', url: a.url, dpSize: 2 }], {
+    healthCheckIntervalMs: 0,
+    upstreamTimeoutMs: 300,
+  });
+  try {
+    // round robin: the first request goes to a#0
+    const pending = post(g.base, '/v1/completions', { prompt: 'kept', max_tokens: 1 });
+    await until(() => a.posts === 1, 'the request on a#0');
+    g.gateway.health.set('a#0', 'health-check', false, 'HTTP 500');
+    assert.equal(g.out('a#1'), false, 'a#1 is in rotation');
+    const r = await pending;
+    assert.equal(r.status, 502, r.text);
+    assert.equal(r.headers.get('x-contextforge-worker'), null);
+    assert.equal(a.posts, 1, 'not sent again to the engine that timed out');
+  } finally {
+    await closeAll(g.gateway, [a]);
+  }
+});
