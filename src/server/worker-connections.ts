@@ -155,7 +155,12 @@ export class WorkerConnections {
   /** Workers their health check holds out: they may come back as a new process with an empty cache. */
   private readonly mayHaveRestarted = new Set<string>();
   private readonly slowProbeGraceMs: number;
-  private readonly graceTimers = new Set<NodeJS.Timeout>();
+  /**
+   * The grace period of each worker held out only by slow probes, by router worker id: one per
+   * worker, ended when it comes back or is removed, so an earlier outage's does not decide for a
+   * later one.
+   */
+  private readonly graceTimers = new Map<string, NodeJS.Timeout>();
   /**
    * Workers out of rotation whose unanswered requests are decided by the rotation (past the grace
    * period for slow probes): each request still on them had no worker serving its model in rotation.
@@ -223,12 +228,21 @@ export class WorkerConnections {
     const { health } = this.options;
     if (health.reasons(id).includes('health-check')) this.mayHaveRestarted.add(id);
     if (!health.heldOutBySlowProbesOnly(id)) return this.moveOrKeep(id);
+    this.endGrace(id);
     const t = setTimeout(() => {
-      this.graceTimers.delete(t);
+      this.graceTimers.delete(id);
       this.moveOrKeep(id);
     }, this.slowProbeGraceMs);
     t.unref();
-    this.graceTimers.add(t);
+    this.graceTimers.set(id, t);
+  }
+
+  /** Ends the grace period of a worker held out by slow probes, if one runs. */
+  private endGrace(id: string): void {
+    const t = this.graceTimers.get(id);
+    if (t === undefined) return;
+    clearTimeout(t);
+    this.graceTimers.delete(id);
   }
 
   /**
@@ -270,6 +284,7 @@ export class WorkerConnections {
    * out, what the index says it holds is forgotten.
    */
   private backInRotation(id: string): void {
+    this.endGrace(id);
     this.rotationGained();
     if (!this.mayHaveRestarted.delete(id) || !this.connections.has(id)) return;
     this.options.applier.clearWorker(id);
@@ -472,6 +487,7 @@ export class WorkerConnections {
       this.options.health.forget(rid);
       this.mayHaveRestarted.delete(rid);
       this.keeping.delete(rid);
+      this.endGrace(rid);
       this.options.applier.clearWorker(rid);
       removed = this.options.router.removeWorker(rid) || removed;
     }
@@ -593,7 +609,8 @@ export class WorkerConnections {
     this.scraper?.stop();
     this.checker?.stop();
     clearInterval(this.modelsTimer);
-    for (const t of this.graceTimers) clearTimeout(t);
+    for (const t of this.graceTimers.values()) clearTimeout(t);
+    this.graceTimers.clear();
   }
 
   /** Stops polling, drops every pool and waits for the subscribers to close. */
