@@ -442,8 +442,14 @@ export class WorkerConnections {
     const models = first && (await this.listModels(first));
     // an engine that does not answer keeps what it listed before
     if (!models) return;
+    const listed = adaptersFromModels(models);
+    let gained = false;
+    for (const name of listed.keys()) if (!first.adapters.has(name)) gained = true;
     first.adapters.clear();
-    for (const [name, parent] of adaptersFromModels(models)) first.adapters.set(name, parent);
+    for (const [name, parent] of listed) first.adapters.set(name, parent);
+    // a worker listing an adapter it did not list before serves its requests from now: those kept
+    // for it on workers out of rotation may move there, as when a worker comes into rotation
+    if (gained) this.rotationGained();
   }
 
   /**
