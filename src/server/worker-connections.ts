@@ -163,7 +163,7 @@ export class WorkerConnections {
   private readonly graceTimers = new Map<string, NodeJS.Timeout>();
   /**
    * Workers out of rotation whose unanswered requests are decided by the rotation (past the grace
-   * period for slow probes): each request still on them had no worker serving its model in rotation.
+   * period for slow probes): each request still on them had no worker in rotation to move to, or no retry left.
    */
   private readonly keeping = new Set<string>();
 
