@@ -11,23 +11,13 @@ import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
-import type { Registry } from 'prom-client';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { startPicker, type RunningPicker } from '../../src/epp/run-picker.js';
 import { createGateway, type Gateway, type GatewayOptions } from '../../src/server/gateway.js';
+import { OK_COMPLETION, PANIC_ROUTED, sample } from '../faults/harness.js';
 import { until } from '../helpers/wait.js';
 import { EnvoyRole } from './envoy-role.js';
 import { startLoopbackEnvoy } from './loopback-envoy.js';
-
-const PANIC_ROUTED = 'contextforge_panic_routed_total';
-const ANSWER = '{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}';
-
-/** A sample of the registry's text, or 0 when it has none. */
-async function sample(registry: Registry, series: string): Promise<number> {
-  const text = await registry.metrics();
-  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
-  return line === undefined ? 0 : Number(line.slice(series.length + 1));
-}
 
 interface TestEngine {
   url: string;
@@ -51,7 +41,7 @@ async function engine(probe: number | 'hang'): Promise<TestEngine> {
     if (!req.url?.endsWith('/completions')) return void res.writeHead(404).end();
     e.completions++;
     req.resume();
-    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end(ANSWER));
+    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end(OK_COMPLETION));
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   const { port } = server.address() as AddressInfo;
@@ -153,7 +143,7 @@ test('a worker whose /health and /metrics time out but whose completions answer:
       body: JSON.stringify({ model: 'm', prompt: 'served', max_tokens: 1 }),
     });
     assert.equal(r.status, 200, await r.clone().text());
-    assert.deepEqual(await r.json(), JSON.parse(ANSWER));
+    assert.deepEqual(await r.json(), JSON.parse(OK_COMPLETION));
     assert.equal(e.completions, 1);
     assert.equal(await sample(s.gateway.metrics, PANIC_ROUTED), 2);
     // /readyz says it as it does for the proxy's panic routing: one instance, one state

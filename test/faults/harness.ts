@@ -11,6 +11,7 @@ import { createConnection, createServer as createTcpServer, type AddressInfo } f
 import { MockEngine, type MockEngineOptions } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway, type GatewayOptions } from '../../src/server/gateway.js';
+import type { Registry } from 'prom-client';
 import type { StateStore } from '../../src/state/state-store.js';
 import { until } from '../helpers/wait.js';
 
@@ -457,4 +458,17 @@ export async function stateReplicas(
   }
   await until(() => stores.every((s) => s.stats().connected === true), 'the replicas to connect');
   return bases;
+}
+
+/** The counter of requests routed over workers held out only by slow probes (panic routing). */
+export const PANIC_ROUTED = 'contextforge_panic_routed_total';
+
+/** A whole completion answer, as a fake engine sends it. */
+export const OK_COMPLETION = '{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}';
+
+/** A sample of the registry's text, or 0 when it has none. */
+export async function sample(registry: Registry, series: string): Promise<number> {
+  const text = await registry.metrics();
+  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
+  return line === undefined ? 0 : Number(line.slice(series.length + 1));
 }

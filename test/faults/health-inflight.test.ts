@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type GatewayOptions, type GatewayWorker } from '../../src/server/gateway.js';
 import { until } from '../helpers/wait.js';
-import { failingEngine, holdingEngine, post, type HoldingEngine } from './harness.js';
+import { failingEngine, holdingEngine, post, type FakeEngine, type HoldingEngine } from './harness.js';
 
 /** A round-robin gateway probing its workers' /health every 20 ms (unless `options` says otherwise), no metrics scrape. */
 async function gatewayOver(workers: GatewayWorker[], options: Partial<GatewayOptions> = {}) {
@@ -27,148 +27,60 @@ async function gatewayOver(workers: GatewayWorker[], options: Partial<GatewayOpt
   return { router, gateway, base, out };
 }
 
-test("one worker whose /health turns 500 with a request in flight: the request stays and gets the engine's answer", async () => {
-  let health = 200;
-  const a = await holdingEngine('from-a', () => health);
-  const g = await gatewayOver([{ id: 'a', url: a.url }]);
-  try {
-    const pending = post(g.base, '/v1/completions', { prompt: 'kept', max_tokens: 1 });
-    await until(() => a.posts === 1, 'the request on the engine');
-    health = 500;
-    await until(() => g.out('a'), 'a out of rotation');
-    assert.deepEqual(g.gateway.health.reasons('a'), ['health-check']);
-    a.release();
-    const r = await pending;
-    assert.equal(r.status, 200, r.text);
-    assert.equal(r.headers.get('x-contextforge-worker'), 'a');
-    assert.match(r.text, /from-a/);
-    assert.equal(a.abandoned, 0, 'the engine kept the request');
-    assert.equal(a.posts, 1, 'sent once');
-  } finally {
-    await g.gateway.close();
-    await a.close();
-  }
-});
+/** A worker of `model` for each engine, named by its key. */
+function ofModel(model: string, engines: Record<string, FakeEngine>): GatewayWorker[] {
+  return Object.entries(engines).map(([id, e]) => ({ id, url: e.url, models: [model] }));
+}
 
-test('two workers of one model: the request unanswered on the one whose /health turns 500 moves to the other', async () => {
-  let health = 200;
-  const a = await holdingEngine('from-a', () => health);
-  const b = await holdingEngine('from-b');
-  const g = await gatewayOver([
-    { id: 'a', url: a.url, models: ['m'] },
-    { id: 'b', url: b.url, models: ['m'] },
-  ]);
-  try {
-    // round robin: the first request goes to the first worker
-    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'moves', max_tokens: 1 });
-    await until(() => a.posts === 1, 'the request on a');
-    health = 500;
-    await until(() => b.posts === 1, 'the request moved to b');
-    b.release();
-    const r = await pending;
-    assert.equal(r.status, 200, r.text);
-    assert.equal(r.headers.get('x-contextforge-worker'), 'b');
-    assert.match(r.text, /from-b/);
-    await until(() => a.abandoned === 1, 'a let go of the request');
-  } finally {
-    await g.gateway.close();
-    await a.close();
-    await b.close();
-  }
-});
+type Fleet = Awaited<ReturnType<typeof gatewayOver>>;
+type Answer = Awaited<ReturnType<typeof post>>;
+type FleetBody = (g: Fleet) => Promise<void>;
 
-test('a request kept on a worker out of rotation moves once a worker serving its model comes into rotation', async () => {
-  let healthA = 200;
-  let healthB = 500;
-  const a = await holdingEngine('from-a', () => healthA);
-  const b = await holdingEngine('from-b', () => healthB);
-  const g = await gatewayOver([
-    { id: 'a', url: a.url, models: ['m'] },
-    { id: 'b', url: b.url, models: ['m'] },
-  ]);
+/**
+ * Runs `body` over a gateway in front of `workers` (see gatewayOver), then, however it ends,
+ * answers what the engines still hold (a request held would hold the gateway's close) and closes
+ * the gateway and `engines`.
+ */
+async function withFleet(
+  engines: Array<FakeEngine | HoldingEngine>,
+  workers: GatewayWorker[],
+  ...rest: [body: FleetBody] | [options: Partial<GatewayOptions>, body: FleetBody]
+): Promise<void> {
+  const options = rest.length === 2 ? rest[0] : {};
+  const body = rest.length === 2 ? rest[1] : rest[0];
+  let g: Fleet | undefined;
   try {
-    await until(() => g.out('b'), 'b out of rotation');
-    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'waits', max_tokens: 1 });
-    await until(() => a.posts === 1, 'the request on a');
-    healthA = 500;
-    await until(() => g.out('a'), 'a out of rotation');
-    assert.equal(b.posts, 0, 'no worker in rotation to move to');
-    healthB = 200;
-    await until(() => b.posts === 1, 'the kept request moved to b once b is back in rotation');
-    b.release();
-    const r = await pending;
-    assert.equal(r.status, 200, r.text);
-    assert.equal(r.headers.get('x-contextforge-worker'), 'b');
-    await until(() => a.abandoned === 1, 'a let go of the request');
+    g = await gatewayOver(workers, options);
+    await body(g);
   } finally {
-    await g.gateway.close();
-    await a.close();
-    await b.close();
+    for (const e of engines) if ('release' in e) e.release();
+    await g?.gateway.close();
+    for (const e of engines) await e.close();
   }
-});
+}
 
-test('a request kept on a worker out of rotation moves to a worker of its model added meanwhile', async () => {
-  let health = 200;
-  const a = await holdingEngine('from-a', () => health);
-  const c = await holdingEngine('from-c');
-  const g = await gatewayOver([{ id: 'a', url: a.url, models: ['m'] }]);
-  try {
-    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'waits', max_tokens: 1 });
-    await until(() => a.posts === 1, 'the request on a');
-    health = 500;
-    await until(() => g.out('a'), 'a out of rotation');
-    g.gateway.addWorker({ id: 'c', url: c.url, models: ['m'] });
-    await until(() => c.posts === 1, 'the kept request moved to the worker added');
-    c.release();
-    const r = await pending;
-    assert.equal(r.status, 200, r.text);
-    assert.equal(r.headers.get('x-contextforge-worker'), 'c');
-    await until(() => a.abandoned === 1, 'a let go of the request');
-  } finally {
-    await g.gateway.close();
-    await a.close();
-    await c.close();
-  }
-});
+/**
+ * POSTs a completion of `body` (max_tokens 1) through the gateway and waits until `engine` has
+ * received `posts` requests; the answer comes in `pending`, left to the test to await.
+ */
+async function sendTo(
+  g: Fleet,
+  engine: HoldingEngine,
+  body: Record<string, unknown>,
+  what: string,
+  posts = 1,
+): Promise<{ pending: Promise<Answer> }> {
+  const pending = post(g.base, '/v1/completions', { ...body, max_tokens: 1 });
+  await until(() => engine.posts === posts, what);
+  return { pending };
+}
 
-test('a request kept on a worker out of rotation moves to a worker of its model resumed from draining', async () => {
-  let health = 200;
-  const a = await holdingEngine('from-a', () => health);
-  const d = await holdingEngine('from-d');
-  const g = await gatewayOver([
-    { id: 'a', url: a.url, models: ['m'] },
-    { id: 'd', url: d.url, models: ['m'] },
-  ]);
-  try {
-    g.router.drainWorker('d');
-    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'waits', max_tokens: 1 });
-    await until(() => a.posts === 1, 'the request on a');
-    health = 500;
-    await until(() => g.out('a'), 'a out of rotation');
-    assert.equal(d.posts, 0, 'a draining worker takes no request');
-    const resumed = await fetch(`${g.base}/admin/workers/d/resume`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${g.gateway.adminToken}` },
-    });
-    assert.equal(resumed.status, 200, await resumed.text());
-    await until(() => d.posts === 1, 'the kept request moved to the worker resumed');
-    d.release();
-    const r = await pending;
-    assert.equal(r.status, 200, r.text);
-    assert.equal(r.headers.get('x-contextforge-worker'), 'd');
-    await until(() => a.abandoned === 1, 'a let go of the request');
-  } finally {
-    await g.gateway.close();
-    await a.close();
-    await d.close();
-  }
-});
-
-/** Answers what the engines still hold (a request held would hold the gateway's close), then closes all. */
-async function closeAll(gateway: { close: () => Promise<void> }, engines: HoldingEngine[]): Promise<void> {
-  for (const e of engines) e.release();
-  await gateway.close();
-  for (const e of engines) await e.close();
+/** Awaits `answer` and asserts it is a 200 from `worker`; returns it for further checks. */
+async function answeredBy(answer: Answer | Promise<Answer>, worker: string): Promise<Answer> {
+  const r = await answer;
+  assert.equal(r.status, 200, r.text);
+  assert.equal(r.headers.get('x-contextforge-worker'), worker);
+  return r;
 }
 
 /**
@@ -185,11 +97,102 @@ async function releaseUntilAnswered<T>(engines: HoldingEngine[], pending: Array<
   return answers!;
 }
 
+test("one worker whose /health turns 500 with a request in flight: the request stays and gets the engine's answer", async () => {
+  let health = 200;
+  const a = await holdingEngine('from-a', () => health);
+  await withFleet([a], [{ id: 'a', url: a.url }], async (g) => {
+    const { pending } = await sendTo(g, a, { prompt: 'kept' }, 'the request on the engine');
+    health = 500;
+    await until(() => g.out('a'), 'a out of rotation');
+    assert.deepEqual(g.gateway.health.reasons('a'), ['health-check']);
+    a.release();
+    const r = await answeredBy(pending, 'a');
+    assert.match(r.text, /from-a/);
+    assert.equal(a.abandoned, 0, 'the engine kept the request');
+    assert.equal(a.posts, 1, 'sent once');
+  });
+});
+
+test('two workers of one model: the request unanswered on the one whose /health turns 500 moves to the other', async () => {
+  let health = 200;
+  const a = await holdingEngine('from-a', () => health);
+  const b = await holdingEngine('from-b');
+  const workers = ofModel('m', { a, b });
+  await withFleet([a, b], workers, async (g) => {
+    // round robin: the first request goes to the first worker
+    const { pending } = await sendTo(g, a, { model: 'm', prompt: 'moves' }, 'the request on a');
+    health = 500;
+    await until(() => b.posts === 1, 'the request moved to b');
+    b.release();
+    const r = await answeredBy(pending, 'b');
+    assert.match(r.text, /from-b/);
+    await until(() => a.abandoned === 1, 'a let go of the request');
+  });
+});
+
+test('a request kept on a worker out of rotation moves once a worker serving its model comes into rotation', async () => {
+  let healthA = 200;
+  let healthB = 500;
+  const a = await holdingEngine('from-a', () => healthA);
+  const b = await holdingEngine('from-b', () => healthB);
+  const workers = ofModel('m', { a, b });
+  await withFleet([a, b], workers, async (g) => {
+    await until(() => g.out('b'), 'b out of rotation');
+    const { pending } = await sendTo(g, a, { model: 'm', prompt: 'waits' }, 'the request on a');
+    healthA = 500;
+    await until(() => g.out('a'), 'a out of rotation');
+    assert.equal(b.posts, 0, 'no worker in rotation to move to');
+    healthB = 200;
+    await until(() => b.posts === 1, 'the kept request moved to b once b is back in rotation');
+    b.release();
+    await answeredBy(pending, 'b');
+    await until(() => a.abandoned === 1, 'a let go of the request');
+  });
+});
+
+test('a request kept on a worker out of rotation moves to a worker of its model added meanwhile', async () => {
+  let health = 200;
+  const a = await holdingEngine('from-a', () => health);
+  const c = await holdingEngine('from-c');
+  await withFleet([a, c], [{ id: 'a', url: a.url, models: ['m'] }], async (g) => {
+    const { pending } = await sendTo(g, a, { model: 'm', prompt: 'waits' }, 'the request on a');
+    health = 500;
+    await until(() => g.out('a'), 'a out of rotation');
+    g.gateway.addWorker({ id: 'c', url: c.url, models: ['m'] });
+    await until(() => c.posts === 1, 'the kept request moved to the worker added');
+    c.release();
+    await answeredBy(pending, 'c');
+    await until(() => a.abandoned === 1, 'a let go of the request');
+  });
+});
+
+test('a request kept on a worker out of rotation moves to a worker of its model resumed from draining', async () => {
+  let health = 200;
+  const a = await holdingEngine('from-a', () => health);
+  const d = await holdingEngine('from-d');
+  const workers = ofModel('m', { a, d });
+  await withFleet([a, d], workers, async (g) => {
+    g.router.drainWorker('d');
+    const { pending } = await sendTo(g, a, { model: 'm', prompt: 'waits' }, 'the request on a');
+    health = 500;
+    await until(() => g.out('a'), 'a out of rotation');
+    assert.equal(d.posts, 0, 'a draining worker takes no request');
+    const resumed = await fetch(`${g.base}/admin/workers/d/resume`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${g.gateway.adminToken}` },
+    });
+    assert.equal(resumed.status, 200, await resumed.text());
+    await until(() => d.posts === 1, 'the kept request moved to the worker resumed');
+    d.release();
+    await answeredBy(pending, 'd');
+    await until(() => a.abandoned === 1, 'a let go of the request');
+  });
+});
+
 test('a data-parallel worker whose ranks leave rotation one after the other keeps the requests of both, and sends none twice when they come back', async () => {
   const a = await holdingEngine('from-a');
   // no checker: the verdicts come rank by rank, as the health check probing each rank gives them
-  const g = await gatewayOver([{ id: 'a', url: a.url, dpSize: 2 }], { healthCheckIntervalMs: 0 });
-  try {
+  await withFleet([a], [{ id: 'a', url: a.url, dpSize: 2 }], { healthCheckIntervalMs: 0 }, async (g) => {
     const ranks = g.router.listWorkers().map((w) => w.id);
     assert.deepEqual(ranks, ['a#0', 'a#1']);
     const pending = [0, 1].map((i) => post(g.base, '/v1/completions', { prompt: `rank ${i}`, max_tokens: 1 }));
@@ -206,16 +209,13 @@ test('a data-parallel worker whose ranks leave rotation one after the other keep
     );
     assert.equal(a.posts, 2, 'each sent once');
     assert.equal(a.abandoned, 0, 'the engine kept both');
-  } finally {
-    await closeAll(g.gateway, [a]);
-  }
+  });
 });
 
 test('a data-parallel worker whose /health turns 500 and back with a request on each rank: both get the engine answer, each sent once', async () => {
   let health = 200;
   const a = await holdingEngine('from-a', () => health);
-  const g = await gatewayOver([{ id: 'a', url: a.url, dpSize: 2 }]);
-  try {
+  await withFleet([a], [{ id: 'a', url: a.url, dpSize: 2 }], async (g) => {
     const pending = [0, 1].map((i) => post(g.base, '/v1/completions', { prompt: `rank ${i}`, max_tokens: 1 }));
     await until(() => a.posts === 2, 'a request on each rank');
     health = 500;
@@ -230,18 +230,14 @@ test('a data-parallel worker whose /health turns 500 and back with a request on 
     );
     assert.equal(a.posts, 2, 'each sent once');
     assert.equal(a.abandoned, 0, 'the engine kept both');
-  } finally {
-    await closeAll(g.gateway, [a]);
-  }
+  });
 });
 
 test('with panic routing off, the only worker whose probes time out keeps its request past the grace period', async () => {
   let health: number | 'hang' = 200;
   const a = await holdingEngine('from-a', () => health);
-  const g = await gatewayOver([{ id: 'a', url: a.url }], { panicRouting: false });
-  try {
-    const pending = post(g.base, '/v1/completions', { prompt: 'kept', max_tokens: 1 });
-    await until(() => a.posts === 1, 'the request on the engine');
+  await withFleet([a], [{ id: 'a', url: a.url }], { panicRouting: false }, async (g) => {
+    const { pending } = await sendTo(g, a, { prompt: 'kept' }, 'the request on the engine');
     health = 'hang';
     await until(() => g.out('a'), 'a out of rotation after its probes timed out');
     assert.equal(g.gateway.health.heldOutBySlowProbesOnly('a'), true);
@@ -254,9 +250,7 @@ test('with panic routing off, the only worker whose probes time out keeps its re
     assert.match(r.text, /from-a/);
     assert.equal(a.abandoned, 0, 'the engine kept the request');
     assert.equal(a.posts, 1, 'sent once');
-  } finally {
-    await closeAll(g.gateway, [a]);
-  }
+  });
 });
 
 test('a request kept past the grace period on a worker whose probes time out moves once a worker of its model comes into rotation', async () => {
@@ -264,14 +258,10 @@ test('a request kept past the grace period on a worker whose probes time out mov
   let healthB = 500;
   const a = await holdingEngine('from-a', () => healthA);
   const b = await holdingEngine('from-b', () => healthB);
-  const g = await gatewayOver([
-    { id: 'a', url: a.url, models: ['m'] },
-    { id: 'b', url: b.url, models: ['m'] },
-  ]);
-  try {
+  const workers = ofModel('m', { a, b });
+  await withFleet([a, b], workers, async (g) => {
     await until(() => g.out('b'), 'b out of rotation');
-    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'waits', max_tokens: 1 });
-    await until(() => a.posts === 1, 'the request on a');
+    const { pending } = await sendTo(g, a, { model: 'm', prompt: 'waits' }, 'the request on a');
     healthA = 'hang';
     await until(() => g.out('a'), 'a out of rotation after its probes timed out');
     const left = a.probes;
@@ -281,41 +271,31 @@ test('a request kept past the grace period on a worker whose probes time out mov
     healthB = 200;
     await until(() => b.posts === 1, 'the kept request moved to b once b is back in rotation');
     b.release();
-    const r = await pending;
-    assert.equal(r.status, 200, r.text);
-    assert.equal(r.headers.get('x-contextforge-worker'), 'b');
+    await answeredBy(pending, 'b');
     await until(() => a.abandoned === 1, 'a let go of the request');
-  } finally {
-    await closeAll(g.gateway, [a, b]);
-  }
+  });
 });
 
 test('a worker of two models leaving rotation: its request of the model another worker in rotation serves moves there, the other stays', async () => {
   let health = 200;
   const a = await holdingEngine('from-a', () => health);
   const b = await holdingEngine('from-b');
-  const g = await gatewayOver([
+  const workers = [
     { id: 'a', url: a.url, models: ['m1', 'm2'] },
     { id: 'b', url: b.url, models: ['m1'] },
-  ]);
-  try {
+  ];
+  await withFleet([a, b], workers, async (g) => {
     // round robin: the first request goes to the first worker; only a serves m2
-    const m1 = post(g.base, '/v1/completions', { model: 'm1', prompt: 'moves', max_tokens: 1 });
-    await until(() => a.posts === 1, 'the m1 request on a');
-    const m2 = post(g.base, '/v1/completions', { model: 'm2', prompt: 'stays', max_tokens: 1 });
-    await until(() => a.posts === 2, 'the m2 request on a');
+    const m1 = await sendTo(g, a, { model: 'm1', prompt: 'moves' }, 'the m1 request on a');
+    const m2 = await sendTo(g, a, { model: 'm2', prompt: 'stays' }, 'the m2 request on a', 2);
     health = 500;
     await until(() => b.posts === 1, 'the m1 request moved to b');
-    const [r1, r2] = await releaseUntilAnswered([a, b], [m1, m2]);
-    assert.equal(r1.status, 200, r1.text);
-    assert.equal(r1.headers.get('x-contextforge-worker'), 'b');
-    assert.equal(r2.status, 200, r2.text);
-    assert.equal(r2.headers.get('x-contextforge-worker'), 'a');
+    const [r1, r2] = await releaseUntilAnswered([a, b], [m1.pending, m2.pending]);
+    await answeredBy(r1, 'b');
+    await answeredBy(r2, 'a');
     assert.equal(a.posts, 2, 'the m2 request sent once');
     assert.equal(a.abandoned, 1, 'a let go of the m1 request only');
-  } finally {
-    await closeAll(g.gateway, [a, b]);
-  }
+  });
 });
 
 test('a worker of two models out of rotation: when a worker of one of them comes into rotation, only the requests of that model move', async () => {
@@ -323,11 +303,11 @@ test('a worker of two models out of rotation: when a worker of one of them comes
   let healthB = 500;
   const a = await holdingEngine('from-a', () => healthA);
   const b = await holdingEngine('from-b', () => healthB);
-  const g = await gatewayOver([
+  const workers = [
     { id: 'a', url: a.url, models: ['m1', 'm2'] },
     { id: 'b', url: b.url, models: ['m1'] },
-  ]);
-  try {
+  ];
+  await withFleet([a, b], workers, async (g) => {
     await until(() => g.out('b'), 'b out of rotation');
     const pending = ['m1', 'm2'].map((model) =>
       post(g.base, '/v1/completions', { model, prompt: model, max_tokens: 1 }),
@@ -339,28 +319,21 @@ test('a worker of two models out of rotation: when a worker of one of them comes
     healthB = 200;
     await until(() => b.posts === 1, 'the m1 request moved to b once b is back in rotation');
     const [r1, r2] = await releaseUntilAnswered([a, b], pending);
-    assert.equal(r1.status, 200, r1.text);
-    assert.equal(r1.headers.get('x-contextforge-worker'), 'b');
-    assert.equal(r2.status, 200, r2.text);
-    assert.equal(r2.headers.get('x-contextforge-worker'), 'a');
+    await answeredBy(r1, 'b');
+    await answeredBy(r2, 'a');
     assert.equal(a.posts, 2, 'the m2 request sent once');
     assert.equal(a.abandoned, 1, 'a let go of the m1 request only');
-  } finally {
-    await closeAll(g.gateway, [a, b]);
-  }
+  });
 });
 
 test('a request moved off a data-parallel rank leaving rotation goes to another engine, not to a rank of the same one', async () => {
   const a = await holdingEngine('from-a');
   const b = await holdingEngine('from-b');
-  const g = await gatewayOver(
-    [
-      { id: 'b', url: b.url },
-      { id: 'a', url: a.url, dpSize: 2 },
-    ],
-    { healthCheckIntervalMs: 0 },
-  );
-  try {
+  const workers = [
+    { id: 'b', url: b.url },
+    { id: 'a', url: a.url, dpSize: 2 },
+  ];
+  await withFleet([a, b], workers, { healthCheckIntervalMs: 0 }, async (g) => {
     assert.deepEqual(
       g.router.listWorkers().map((w) => w.id),
       ['b', 'a#0', 'a#1'],
@@ -382,105 +355,73 @@ test('a request moved off a data-parallel rank leaving rotation goes to another 
         [200, 'a'],
       ],
     );
-  } finally {
-    await closeAll(g.gateway, [a, b]);
-  }
+  });
 });
 
 test('a request retried after a server error stays on the worker whose /health turns 500 when the only other worker in rotation is the one that failed it', async () => {
   let healthB = 200;
   const a = await failingEngine();
   const b = await holdingEngine('from-b', () => healthB);
-  const g = await gatewayOver([
-    { id: 'a', url: a.url, models: ['m'] },
-    { id: 'b', url: b.url, models: ['m'] },
-  ]);
-  try {
+  const workers = ofModel('m', { a, b });
+  await withFleet([b, a], workers, async (g) => {
     // round robin: the first attempt goes to a, which answers 500; the retry goes to b
-    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'retried', max_tokens: 1 });
-    await until(() => b.posts === 1, 'the request retried on b');
+    const { pending } = await sendTo(g, b, { model: 'm', prompt: 'retried' }, 'the request retried on b');
     healthB = 500;
     await until(() => g.out('b'), 'b out of rotation');
     assert.equal(g.out('a'), false, 'a, which failed the request, is in rotation');
     b.release();
-    const r = await pending;
-    assert.equal(r.status, 200, r.text);
-    assert.equal(r.headers.get('x-contextforge-worker'), 'b');
+    const r = await answeredBy(pending, 'b');
     assert.match(r.text, /from-b/);
     assert.equal(b.abandoned, 0, 'b kept the request');
     assert.equal(b.posts, 1, 'sent to b once');
-  } finally {
-    await closeAll(g.gateway, [b]);
-    await a.close();
-  }
+  });
 });
 
 test('a request on its last attempt stays on the worker whose /health turns 500, though another worker of its model is in rotation', async () => {
   let healthA = 200;
   const a = await holdingEngine('from-a', () => healthA);
   const b = await holdingEngine('from-b');
-  const g = await gatewayOver(
-    [
-      { id: 'a', url: a.url, models: ['m'] },
-      { id: 'b', url: b.url, models: ['m'] },
-    ],
-    { maxRetries: 0 },
-  );
-  try {
-    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'last', max_tokens: 1 });
-    await until(() => a.posts === 1, 'the request on a');
+  const workers = ofModel('m', { a, b });
+  await withFleet([a, b], workers, { maxRetries: 0 }, async (g) => {
+    const { pending } = await sendTo(g, a, { model: 'm', prompt: 'last' }, 'the request on a');
     healthA = 500;
     await until(() => g.out('a'), 'a out of rotation');
     a.release();
-    const r = await pending;
-    assert.equal(r.status, 200, r.text);
-    assert.equal(r.headers.get('x-contextforge-worker'), 'a');
+    await answeredBy(pending, 'a');
     assert.equal(a.abandoned, 0, 'a kept the request');
     assert.equal(b.posts, 0, 'no retry left to move it with');
-  } finally {
-    await closeAll(g.gateway, [a, b]);
-  }
+  });
 });
 
 test("a worker that lists no models leaving rotation: its request moves to a worker in rotation that lists the request's model", async () => {
   let healthA = 200;
   const a = await holdingEngine('from-a', () => healthA);
   const b = await holdingEngine('from-b');
-  const g = await gatewayOver([
+  const workers = [
     { id: 'a', url: a.url },
     { id: 'b', url: b.url, models: ['m'] },
-  ]);
-  try {
-    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'moves', max_tokens: 1 });
-    await until(() => a.posts === 1, 'the request on a');
+  ];
+  await withFleet([a, b], workers, async (g) => {
+    const { pending } = await sendTo(g, a, { model: 'm', prompt: 'moves' }, 'the request on a');
     healthA = 500;
     await until(() => b.posts === 1, 'the request moved to b');
     const [r] = await releaseUntilAnswered([a, b], [pending]);
-    assert.equal(r.status, 200, r.text);
-    assert.equal(r.headers.get('x-contextforge-worker'), 'b');
+    await answeredBy(r, 'b');
     await until(() => a.abandoned === 1, 'a let go of the request');
-  } finally {
-    await closeAll(g.gateway, [a, b]);
-  }
+  });
 });
 
 test('a request kept on a data-parallel rank out of rotation that times out is not retried on another rank of the same engine', async () => {
   const a = await holdingEngine('from-a');
-  const g = await gatewayOver([{ id: 'a', url: a.url, dpSize: 2 }], {
-    healthCheckIntervalMs: 0,
-    upstreamTimeoutMs: 300,
-  });
-  try {
+  const options = { healthCheckIntervalMs: 0, upstreamTimeoutMs: 300 };
+  await withFleet([a], [{ id: 'a', url: a.url, dpSize: 2 }], options, async (g) => {
     // round robin: the first request goes to a#0
-    const pending = post(g.base, '/v1/completions', { prompt: 'kept', max_tokens: 1 });
-    await until(() => a.posts === 1, 'the request on a#0');
+    const { pending } = await sendTo(g, a, { prompt: 'kept' }, 'the request on a#0');
     g.gateway.health.set('a#0', 'health-check', false, 'HTTP 500');
     assert.equal(g.out('a#1'), false, 'a#1 is in rotation');
     const r = await pending;
     assert.equal(r.status, 502, r.text);
     assert.equal(r.headers.get('x-contextforge-worker'), null);
     assert.equal(a.posts, 1, 'not sent again to the engine that timed out');
-  } finally {
-    await closeAll(g.gateway, [a]);
-  }
+  });
 });

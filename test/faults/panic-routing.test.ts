@@ -13,17 +13,7 @@ import type { Registry } from 'prom-client';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type GatewayOptions } from '../../src/server/gateway.js';
 import { until } from '../helpers/wait.js';
-import { post } from './harness.js';
-
-const PANIC_ROUTED = 'contextforge_panic_routed_total';
-const ANSWER = '{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}';
-
-/** A sample of the registry's text, or 0 when it has none. */
-async function sample(registry: Registry, series: string): Promise<number> {
-  const text = await registry.metrics();
-  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
-  return line === undefined ? 0 : Number(line.slice(series.length + 1));
-}
+import { PANIC_ROUTED, post, sample, OK_COMPLETION } from './harness.js';
 
 /** A fake engine: what its /health answers (a status, or 'hang': no answer until it closes) and its answer to completions. */
 interface TestEngine {
@@ -39,7 +29,12 @@ interface TestEngine {
   close: () => Promise<void>;
 }
 
-async function engine(health: () => number | 'hang', status = 200, body = ANSWER, hold = false): Promise<TestEngine> {
+async function engine(
+  health: () => number | 'hang',
+  status = 200,
+  body = OK_COMPLETION,
+  hold = false,
+): Promise<TestEngine> {
   const hung: ServerResponse[] = [];
   const waiting: Array<() => void> = [];
   const e: TestEngine = {
@@ -161,7 +156,7 @@ test('an engine whose health check hangs past its timeout still gets requests wh
 });
 
 test('a request panic-routed to a worker whose probes time out is not taken off it when the grace period for slow probes ends', async () => {
-  const e = await engine(() => 'hang', 200, ANSWER, true);
+  const e = await engine(() => 'hang', 200, OK_COMPLETION, true);
   const g = await gatewayOver({ slow: e.url }, { healthCheckIntervalMs: 20 });
   try {
     await until(() => g.out('slow'), 'the worker out of rotation after its probes timed out');
@@ -345,7 +340,7 @@ test('a worker whose health check timed out and then answers an error status lea
 });
 
 test('a request panic-routed to a worker whose probes time out stays on it past the grace period while a worker of another model is in rotation', async () => {
-  const x = await engine(() => 'hang', 200, ANSWER, true);
+  const x = await engine(() => 'hang', 200, OK_COMPLETION, true);
   const y = await engine(() => 200);
   const g = await overTwoModels(x, y, { healthCheckIntervalMs: 20 });
   try {
@@ -371,7 +366,7 @@ test('a request panic-routed to a worker whose probes time out stays on it past 
 
 test('a slow worker gives up its requests past the grace period when a worker serving its model is in rotation', async () => {
   let hang = false;
-  const x = await engine(() => (hang ? 'hang' : 200), 200, ANSWER, true);
+  const x = await engine(() => (hang ? 'hang' : 200), 200, OK_COMPLETION, true);
   const y = await engine(() => 200);
   const g = await gatewayOver(
     {},
@@ -405,8 +400,8 @@ test('a slow worker gives up its requests past the grace period when a worker se
 test('requests in flight when the health checks of every worker start timing out stay on their workers', async () => {
   let hang = false;
   const engines = [
-    await engine(() => (hang ? 'hang' : 200), 200, ANSWER, true),
-    await engine(() => (hang ? 'hang' : 200), 200, ANSWER, true),
+    await engine(() => (hang ? 'hang' : 200), 200, OK_COMPLETION, true),
+    await engine(() => (hang ? 'hang' : 200), 200, OK_COMPLETION, true),
   ];
   const g = await gatewayOver(Object.fromEntries(engines.map((e, i) => [`w${i}`, e.url])), {
     healthCheckIntervalMs: 20,

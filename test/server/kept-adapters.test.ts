@@ -5,11 +5,8 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { KVAwareRouter } from '../../src/index.js';
-import { WorkerHealth } from '../../src/engines/health.js';
-import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
-import { WorkerConnections } from '../../src/server/worker-connections.js';
 import { fakeEngine } from '../faults/harness.js';
+import { keptRequest, quietConnections } from '../helpers/worker-connections.js';
 
 test('a request kept for an adapter moves once a worker in rotation lists the adapter in its /v1/models', async (t) => {
   // b's /v1/models: its base model, then the adapter too
@@ -18,18 +15,7 @@ test('a request kept for an adapter moves once a worker in rotation lists the ad
     req.resume();
     res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ data: listed }));
   });
-  const router = new KVAwareRouter({ policy: 'round-robin' });
-  const health = new WorkerHealth(router);
-  const connections = new WorkerConnections({
-    router,
-    applier: new KvEventApplier(router),
-    health,
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-    modelsIntervalMs: 0,
-    log: () => {},
-    env: {},
-  });
+  const { health, connections } = quietConnections();
   t.after(async () => {
     await connections.close();
     await b.close();
@@ -38,17 +24,11 @@ test('a request kept for an adapter moves once a worker in rotation lists the ad
   connections.add({ id: 'a', url: 'http://127.0.0.1:9', models: ['m'] });
   connections.add({ id: 'b', url: b.url, models: ['m'] });
   await connections.readAdapters('b');
-  let moved = 0;
-  connections.get('a')!.unanswered.add({
-    model: 'm-lora',
-    excluded: new Set(),
-    lastAttempt: false,
-    workerOut: () => moved++,
-  });
+  const moved = keptRequest(connections, 'a', 'm-lora');
   health.set('a', 'health-check', false, 'HTTP 500');
-  assert.equal(moved, 0, 'no worker in rotation lists the adapter: kept');
+  assert.equal(moved(), 0, 'no worker in rotation lists the adapter: kept');
   listed = [{ id: 'm' }, { id: 'm-lora', parent: 'm' }];
   await connections.readAdapters('b');
   assert.equal(connections.loraOf('m-lora'), 'm-lora', 'b lists it');
-  assert.equal(moved, 1, 'moved once b lists the adapter');
+  assert.equal(moved(), 1, 'moved once b lists the adapter');
 });

@@ -5,49 +5,32 @@
  * never as wall time.
  */
 import assert from 'node:assert/strict';
-import { mock, test } from 'node:test';
-import { KVAwareRouter } from '../../src/index.js';
-import { WorkerHealth } from '../../src/engines/health.js';
-import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
-import { slowProbeGraceMs, WorkerConnections } from '../../src/server/worker-connections.js';
+import { mock, test, type TestContext } from 'node:test';
+import { slowProbeGraceMs } from '../../src/server/worker-connections.js';
+import { keptRequest, quietConnections } from '../helpers/worker-connections.js';
 
-/** Two workers, a and b, with no health check, scrape or model listing of their own: the test gives the verdicts. */
-function twoWorkers() {
-  const router = new KVAwareRouter({ policy: 'round-robin' });
-  const health = new WorkerHealth(router);
-  const connections = new WorkerConnections({
-    router,
-    applier: new KvEventApplier(router),
-    health,
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-    modelsIntervalMs: 0,
-    log: () => {},
-    env: {},
+/**
+ * Two workers, a and b, with no health check, scrape or model listing of their own (the test
+ * gives the verdicts), a request kept on a, and setTimeout faked until the test ends.
+ */
+function twoWorkers(t: TestContext) {
+  mock.timers.enable({ apis: ['setTimeout'] });
+  const { health, connections } = quietConnections();
+  t.after(async () => {
+    mock.timers.reset();
+    await connections.close();
   });
   // nothing listens there: the model listing read at the start finds nothing
   connections.add({ id: 'a', url: 'http://127.0.0.1:9' });
   connections.add({ id: 'b', url: 'http://127.0.0.1:9' });
-  let moved = 0;
-  connections.get('a')!.unanswered.add({
-    model: undefined,
-    excluded: new Set(),
-    lastAttempt: false,
-    workerOut: () => moved++,
-  });
-  return { health, connections, moved: () => moved };
+  return { health, moved: keptRequest(connections, 'a', undefined), grace: slowProbeGraceMs(0) };
 }
 
 const TIMED_OUT = 'The operation was aborted due to timeout';
 
 test('a worker out by slow probes, back, then out again within the grace period keeps its request a whole grace period from the second outage', async (t) => {
-  mock.timers.enable({ apis: ['setTimeout'] });
-  const w = twoWorkers();
-  t.after(async () => {
-    mock.timers.reset();
-    await w.connections.close();
-  });
-  const grace = slowProbeGraceMs(0);
+  const w = twoWorkers(t);
+  const grace = w.grace;
   w.health.set('a', 'health-check', false, TIMED_OUT);
   mock.timers.tick(grace / 2);
   w.health.set('a', 'health-check', true);
@@ -59,13 +42,8 @@ test('a worker out by slow probes, back, then out again within the grace period 
 });
 
 test('a worker out by slow probes and back within the grace period keeps its request', async (t) => {
-  mock.timers.enable({ apis: ['setTimeout'] });
-  const w = twoWorkers();
-  t.after(async () => {
-    mock.timers.reset();
-    await w.connections.close();
-  });
-  const grace = slowProbeGraceMs(0);
+  const w = twoWorkers(t);
+  const grace = w.grace;
   w.health.set('a', 'health-check', false, TIMED_OUT);
   mock.timers.tick(grace / 2);
   w.health.set('a', 'health-check', true);
