@@ -61,6 +61,17 @@ export class WorkerHealth {
     this.listeners.push(listener);
   }
 
+  /**
+   * Whether a probe of the engine (its health check or metrics scrape) holds the worker out; an
+   * open circuit alone does not: it counts the gateway's own requests failing there. Allocates nothing.
+   */
+  heldOutByProbes(workerId: string): boolean {
+    const reasons = this.down.get(workerId);
+    if (reasons === undefined) return false;
+    for (const source of reasons.keys()) if (source !== 'breaker') return true;
+    return false;
+  }
+
   /** The sources currently holding the worker out (empty when it takes requests). */
   reasons(workerId: string): HealthVerdictSource[] {
     return [...(this.down.get(workerId)?.keys() ?? [])];

@@ -328,10 +328,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       if (outcome === 'retry' || outcome === 'worker-out' || outcome === 'no-connection') {
         failedAttempts++;
         if (outcome === 'retry') {
-          // a worker out of rotation when its attempt fails (a request it kept, timed out): the
-          // other ranks of its engine fail with it, as when it leaves rotation (read before the
-          // breaker counts this failure: a circuit it opens is no engine's verdict on its ranks)
-          if (connections.isHeldOut(decision.workerId))
+          // a worker a probe of its engine holds out when its attempt fails (a request it kept,
+          // timed out): the other ranks of its engine fail with it, as when it leaves rotation. An
+          // open circuit, this failure's or earlier ones', is no verdict on the engine's other ranks
+          if (connections.heldOutByProbes(decision.workerId))
             for (const id of connections.routerIdsOf(decision.workerId)) if (id !== decision.workerId) excluded.add(id);
           // a connection that failed, a timeout, a broken answer count at once: they say nothing of the request
           if (serverErrorAnswer) (answeredServerError ??= []).push(decision.workerId);

@@ -442,14 +442,8 @@ export class WorkerConnections {
     const models = first && (await this.listModels(first));
     // an engine that does not answer keeps what it listed before
     if (!models) return;
-    const listed = adaptersFromModels(models);
-    let gained = false;
-    for (const name of listed.keys()) if (!first.adapters.has(name)) gained = true;
     first.adapters.clear();
-    for (const [name, parent] of listed) first.adapters.set(name, parent);
-    // a worker listing an adapter it did not list before serves its requests from now: those kept
-    // for it on workers out of rotation may move there, as when a worker comes into rotation
-    if (gained) this.rotationGained();
+    for (const [name, parent] of adaptersFromModels(models)) first.adapters.set(name, parent);
   }
 
   /**
@@ -504,11 +498,12 @@ export class WorkerConnections {
   }
 
   /**
-   * Whether a health verdict holds the router worker out of rotation now (draining is none: it
-   * leaves a worker's requests alone).
+   * Whether a probe of its engine (health check, metrics scrape) holds the router worker out of
+   * rotation now: an open circuit alone does not (it is no verdict on the engine's other ranks),
+   * nor does draining.
    */
-  isHeldOut(id: string): boolean {
-    return this.options.health.reasons(id).length > 0;
+  heldOutByProbes(id: string): boolean {
+    return this.options.health.heldOutByProbes(id);
   }
 
   /** Workers that list their models and `model` is not among them (nor among their LoRA adapters). */

@@ -411,6 +411,23 @@ test("a worker that lists no models leaving rotation: its request moves to a wor
   });
 });
 
+test('a rank held out only by its open circuit: a request that times out there is retried on another rank of its engine', async () => {
+  // an open circuit is the gateway's count of its own requests failing on that rank, no verdict
+  // on the engine: its other ranks stay where the request may go
+  const a = await holdingEngine('from-a');
+  const options = { healthCheckIntervalMs: 0, upstreamTimeoutMs: 300 };
+  await withFleet([a], [{ id: 'a', url: a.url, dpSize: 2 }], options, async (g) => {
+    // round robin: the first request goes to a#0
+    const { pending } = await sendTo(g, a, { prompt: 'kept' }, 'the request on a#0');
+    g.gateway.health.set('a#0', 'breaker', false, 'circuit open');
+    assert.equal(g.out('a#1'), false, 'a#1 is in rotation');
+    await until(() => a.posts === 2, 'the request sent again, to a#1');
+    a.release();
+    const r = await pending;
+    assert.equal(r.status, 200, r.text);
+  });
+});
+
 test('a request kept on a data-parallel rank out of rotation that times out is not retried on another rank of the same engine', async () => {
   const a = await holdingEngine('from-a');
   const options = { healthCheckIntervalMs: 0, upstreamTimeoutMs: 300 };
