@@ -8,12 +8,7 @@ export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
     router,
     state,
     metrics,
-    maxJsonDepth: gateway.limits.maxJsonDepth,
-    maxJsonContainers: gateway.limits.maxJsonContainers,
-    maxIdBytes: gateway.limits.maxIdBytes,
-    maxChoices: gateway.limits.maxChoices,
-    maxStopSequences: gateway.limits.maxStopSequences,
-    maxLogprobs: gateway.limits.maxLogprobs,
+    limits: gateway.limits,
     forwardKvTransferParams: gateway.forwardKvTransferParams,
     panic: gateway.panic,
     *workers() {

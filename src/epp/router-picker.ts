@@ -13,7 +13,6 @@ import {
   checkGenerateRequest,
   checkName,
   checkRequestLimits,
-  DEFAULT_REQUEST_LIMITS,
   kvTransferFieldsIn,
   RequestLimitError,
   type RequestLimits,
@@ -47,18 +46,12 @@ export interface RoutingBackend {
   readonly router: KVAwareRouter;
   readonly state: StateStore;
   readonly metrics: Registry;
-  /** Deepest nesting of arrays and objects in a JSON body, as the gateway allows (default 64). */
-  readonly maxJsonDepth?: number;
-  /** Most arrays and objects in a JSON body, as the gateway allows (default 100,000). */
-  readonly maxJsonContainers?: number;
-  /** Longest id in UTF-8 bytes, as the gateway allows (default 256); a model name takes 4 × as many. */
-  readonly maxIdBytes?: number;
-  /** Most choices (`n`) a request may ask for, as the gateway allows (default 128). */
-  readonly maxChoices?: number;
-  /** Most stop strings, stop_regex patterns and stop_token_ids in a request, as the gateway allows (default 64). */
-  readonly maxStopSequences?: number;
-  /** Most log probabilities a token may report (`top_logprobs_num`), as the gateway allows (default 20). */
-  readonly maxLogprobs?: number;
+  /**
+   * The gateway's request limits (DEFAULT_REQUEST_LIMITS for those not given): the JSON body's
+   * nesting and size, the client's model name, and those SGLang's `/generate` body is checked
+   * against (checkGenerateRequest).
+   */
+  readonly limits?: Partial<RequestLimits>;
   /**
    * Forward the KV-transfer fields a client sends (request-limits.ts KV_TRANSFER_FIELDS), as the
    * gateway's setting says; otherwise they are removed from every JSON object body (default).
@@ -145,12 +138,7 @@ export class RouterPicker implements EndpointPicker {
     this.shedKvUsage = options.shedKvUsage ?? 0.8;
     if (!(this.shedQueueDepth > 0)) throw new RangeError('shedQueueDepth must be positive');
     if (!(this.shedKvUsage > 0 && this.shedKvUsage <= 1)) throw new RangeError('shedKvUsage must be in (0, 1]');
-    this.limits = checkRequestLimits({
-      maxIdBytes: backend.maxIdBytes,
-      maxChoices: backend.maxChoices,
-      maxStopSequences: backend.maxStopSequences,
-      maxLogprobs: backend.maxLogprobs,
-    });
+    this.limits = checkRequestLimits(backend.limits ?? {});
     const m = backend.metrics;
     this.outcomes =
       (m.getSingleMetric('contextforge_epp_requests_total') as Counter<'outcome'> | undefined) ??
@@ -233,15 +221,9 @@ export class RouterPicker implements EndpointPicker {
       try {
         // as the gateway reads a body: no compressed body, the nesting depth checked before parsing
         checkContentEncoding(input.headers.get('content-encoding'));
-        parsed = parseRequestBody(
-          input.body,
-          this.backend.maxJsonDepth ?? DEFAULT_REQUEST_LIMITS.maxJsonDepth,
-          this.backend.maxJsonContainers ?? DEFAULT_REQUEST_LIMITS.maxJsonContainers,
-        );
+        parsed = parseRequestBody(input.body, this.limits.maxJsonDepth, this.limits.maxJsonContainers);
       } catch (err) {
-        if (err instanceof RequestLimitError)
-          return { ok: false, status: err.status, message: err.message, param: err.param };
-        throw err;
+        return limitRefusal(err);
       }
       if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
         return { ok: false, status: 400, message: 'the body must be a JSON object', param: 'body' };
@@ -254,9 +236,7 @@ export class RouterPicker implements EndpointPicker {
         try {
           checkGenerateRequest(body, this.limits);
         } catch (err) {
-          if (err instanceof RequestLimitError)
-            return { ok: false, status: err.status, message: err.message, param: err.param };
-          throw err;
+          return limitRefusal(err);
         }
       }
       let rewritten = false;
@@ -265,16 +245,9 @@ export class RouterPicker implements EndpointPicker {
         // the client's name is bounded as the gateway bounds it (and given back in the response),
         // though the engine's name replaces it before the gateway reads the body
         try {
-          checkName(
-            body.model,
-            'model',
-            this.backend.maxIdBytes ?? DEFAULT_REQUEST_LIMITS.maxIdBytes,
-            'the name of a model the workers serve',
-          );
+          checkName(body.model, 'model', this.limits.maxIdBytes, 'the name of a model the workers serve');
         } catch (err) {
-          if (err instanceof RequestLimitError)
-            return { ok: false, status: err.status, message: err.message, param: err.param };
-          throw err;
+          return limitRefusal(err);
         }
         // the reference picker gives the client its own name back in the response
         if (typeof body.model === 'string' && body.model !== '') modelRewrite = { engine: rewrite, client: body.model };
@@ -573,4 +546,11 @@ function apiPath(
   if (Array.isArray(body.messages)) return CHAT;
   if (body.prompt !== undefined) return COMPLETIONS;
   return undefined;
+}
+
+/** A request limit's refusal as the picker answers it (400 naming the field); anything else is rethrown. */
+function limitRefusal(err: unknown): PickOutcome {
+  if (err instanceof RequestLimitError)
+    return { ok: false, status: err.status, message: err.message, param: err.param };
+  throw err;
 }
