@@ -408,11 +408,8 @@ function checkSGLangKeys(body: Readonly<Record<string, unknown>>, limits: Reques
   const nameBytes = NAME_BYTES_PER_ID_BYTE * maxIdBytes;
   checkStringOrList(body.rid, 'rid', nameBytes, 'an id of the request');
   checkName(body.session_id, 'session_id', maxIdBytes, 'an id of the session');
-  const session = body.session_params;
   // SGLang's /generate takes a list of them too, one per prompt (GenerateReqInput.session_params)
-  if (Array.isArray(session))
-    for (let i = 0; i < session.length; i++) checkSessionParams(session[i], `session_params[${i}]`, maxIdBytes);
-  else checkSessionParams(session, 'session_params', maxIdBytes);
+  perPrompt(body.session_params, 'session_params', limits, checkSessionParams);
   checkStringOrList(body.lora_path, 'lora_path', nameBytes, 'the name or path of a LoRA adapter');
   checkStringOrList(body.extra_key, 'extra_key', nameBytes, 'a key of the prefix cache');
   checkStringOrList(
@@ -424,11 +421,25 @@ function checkSGLangKeys(body: Readonly<Record<string, unknown>>, limits: Reques
 }
 
 /** One SGLang `session_params` object (`at` names it): its `id` and `rid` are bounded as names; anything else is the engine's. */
-function checkSessionParams(session: unknown, at: string, maxIdBytes: number): void {
+function checkSessionParams(session: unknown, at: string, limits: RequestLimits): void {
   if (session === null || typeof session !== 'object' || Array.isArray(session)) return;
   const { id, rid } = session as { id?: unknown; rid?: unknown };
-  checkName(id, `${at}.id`, maxIdBytes, 'an id of the session');
-  checkName(rid, `${at}.rid`, maxIdBytes, 'an id of a request in the session');
+  checkName(id, `${at}.id`, limits.maxIdBytes, 'an id of the session');
+  checkName(rid, `${at}.rid`, limits.maxIdBytes, 'an id of a request in the session');
+}
+
+/**
+ * `check` on a field SGLang takes once or as a list, one per prompt of a batch (`session_params`,
+ * `top_logprobs_num`, `sampling_params`): on the value, or on each element, named `at[i]`.
+ */
+function perPrompt(
+  value: unknown,
+  at: string,
+  limits: RequestLimits,
+  check: (value: unknown, at: string, limits: RequestLimits) => void,
+): void {
+  if (!Array.isArray(value)) return check(value, at, limits);
+  for (let i = 0; i < value.length; i++) check(value[i], `${at}[${i}]`, limits);
 }
 
 /**
@@ -505,26 +516,16 @@ function checkMarkers(value: unknown, param: string, noun: string, limits: Reque
 }
 
 /**
- * `stop`: absent, null, a string or a list of at most `limits.maxStopSequences`; each string at
- * most STOP_BYTES_PER_ID_BYTE × `limits.maxIdBytes` UTF-8 bytes. Elements that are not strings
- * are the engine's to refuse. `param` names the field (SGLang's `/generate` has it inside
- * `sampling_params`).
+ * `stop`, or SGLang's `stop_regex` (`noun` 'patterns'): absent, null, a string or a list of at
+ * most `limits.maxStopSequences`; each string at most STOP_BYTES_PER_ID_BYTE × `limits.maxIdBytes`
+ * UTF-8 bytes. Elements that are not strings are the engine's to refuse. `param` names the field
+ * (SGLang's `/generate` has both inside `sampling_params`). At every step SGLang decodes the
+ * output's last tokens and searches them for each stop string and each pattern
+ * (python/sglang/srt/managers/schedule_batch.py, Req's check_finished: stop_strs and
+ * stop_regex_strs), in the loop that serves every request.
  */
-export function checkStop(value: unknown, limits: RequestLimits, param = 'stop'): void {
-  if (Array.isArray(value)) return checkMarkers(value, param, 'sequences', limits);
-  checkStopString(value, param, param, STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes);
-}
-
-/**
- * SGLang's `stop_regex`, bounded as `stop`: absent, null, a string or a list of at most
- * `limits.maxStopSequences`, each at most STOP_BYTES_PER_ID_BYTE × `limits.maxIdBytes` UTF-8
- * bytes. At every step SGLang decodes the output's last tokens and searches them for each
- * pattern as for each stop string (python/sglang/srt/managers/schedule_batch.py, Req's
- * check_finished: stop_strs and stop_regex_strs), in the loop that serves every request.
- * `param` names the field, as checkStop's.
- */
-export function checkStopRegex(value: unknown, limits: RequestLimits, param = 'stop_regex'): void {
-  if (Array.isArray(value)) return checkMarkers(value, param, 'patterns', limits);
+export function checkStop(value: unknown, limits: RequestLimits, param = 'stop', noun = 'sequences'): void {
+  if (Array.isArray(value)) return checkMarkers(value, param, noun, limits);
   checkStopString(value, param, param, STOP_BYTES_PER_ID_BYTE * limits.maxIdBytes);
 }
 
@@ -741,7 +742,7 @@ export function readRouteRequest(
   checkChoices(body.n, 'n', limits.maxChoices);
   checkChoices(body.best_of, 'best_of', limits.maxChoices);
   checkStop(body.stop, limits);
-  checkStopRegex(body.stop_regex, limits);
+  checkStop(body.stop_regex, limits, 'stop_regex', 'patterns');
   checkBadWords(body.bad_words, limits);
   checkStopTokenIds(body.stop_token_ids, limits);
   const chat = path === '/v1/chat/completions';
@@ -773,14 +774,13 @@ export function readRouteRequest(
  */
 export function checkGenerateRequest(body: Readonly<Record<string, unknown>>, limits: RequestLimits): void {
   checkSGLangKeys(body, limits);
-  const top = body.top_logprobs_num;
-  if (Array.isArray(top))
-    for (let i = 0; i < top.length; i++) checkLogprobs(top[i], `top_logprobs_num[${i}]`, limits.maxLogprobs);
-  else checkLogprobs(top, 'top_logprobs_num', limits.maxLogprobs);
-  const sampling = body.sampling_params;
-  if (Array.isArray(sampling))
-    for (let i = 0; i < sampling.length; i++) checkSamplingParams(sampling[i], `sampling_params[${i}]`, limits);
-  else checkSamplingParams(sampling, 'sampling_params', limits);
+  perPrompt(body.top_logprobs_num, 'top_logprobs_num', limits, checkTopLogprobsNum);
+  perPrompt(body.sampling_params, 'sampling_params', limits, checkSamplingParams);
+}
+
+/** One of SGLang's `top_logprobs_num` (`at` names it), as checkLogprobs bounds it. */
+function checkTopLogprobsNum(value: unknown, at: string, limits: RequestLimits): void {
+  checkLogprobs(value, at, limits.maxLogprobs);
 }
 
 /** One of SGLang's `sampling_params` objects (`at` names it); anything but an object is the engine's. */
@@ -789,6 +789,6 @@ function checkSamplingParams(value: unknown, at: string, limits: RequestLimits):
   const params = value as Record<string, unknown>;
   checkChoices(params.n, `${at}.n`, limits.maxChoices);
   checkStop(params.stop, limits, `${at}.stop`);
-  checkStopRegex(params.stop_regex, limits, `${at}.stop_regex`);
+  checkStop(params.stop_regex, limits, `${at}.stop_regex`, 'patterns');
   checkStopTokenIds(params.stop_token_ids, limits, `${at}.stop_token_ids`);
 }
