@@ -399,9 +399,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       if (!res.writableFinished) this.giveUp('client');
     };
     res.once('close', this.onClientGone);
-    // a worker leaving rotation may move it until the engine starts answering: the first body
-    // byte of an answer that is no stream (firstByte), or a stream's first whole event reaching
-    // the client (startResponse); until then the first-byte deadline bounds it
+    // a worker leaving rotation may move it until the engine starts answering: a failure's status
+    // (onHeaders), the first body byte of an answer that is no stream (firstByte), or a stream's
+    // first whole event reaching the client (startResponse); until then the first-byte deadline
+    // bounds it
     connection.unanswered.add(this);
     // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
     // non-streamed answer's first byte is the whole answer, due within the inter-chunk timeout
@@ -498,7 +499,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     const redirect = statusCode >= 300 && statusCode < 400;
     if (isEngineFailure(statusCode) || redirect || noContent) {
       this.discarding = true;
-      // the first-byte deadline no longer applies: the engine answered, with a failure
+      // the first-byte deadline no longer applies: the engine answered, with a failure, and the
+      // attempt ends as that failure whatever the rotation does meanwhile (a worker leaving it
+      // must not turn the engine's server error into a move, which the breaker does not count)
+      this.connection.unanswered.delete(this);
       if (this.timer) clearTimeout(this.timer);
       this.timer = setTimeout(() => this.abortUpstream?.(new Error('discarded')), MAX_DISCARD_MS);
       if (statusCode >= 500) this.o.onServerErrorAnswer();

@@ -44,10 +44,10 @@ export interface WorkerConnection {
   /** Headers of every request to the engine: its API key (or the credentials of its URL), its rank. */
   headers: Record<string, string>;
   /**
-   * Its requests the engine has not started answering: no byte of a whole answer's body yet, no
-   * whole event of a stream passed to the client. When it leaves rotation and a worker that can
-   * take one is in rotation (or comes into it), that request moves there; an answer under way is
-   * left to end where it is.
+   * Its requests the engine has not started answering: no failure's status yet, no byte of a
+   * whole answer's body, no whole event of a stream passed to the client. When it leaves rotation
+   * and a worker that can take one is in rotation (or comes into it), that request moves there;
+   * an answer under way is left to end where it is.
    */
   unanswered: Set<UnansweredRequest>;
 }
@@ -224,10 +224,11 @@ export class WorkerConnections {
    * the worker is still out then: a loaded engine must not have its whole queue thrown onto the
    * others. An answer the engine has begun stays: a whole answer whose body is arriving (moved, it
    * would be thrown away and computed again; the rest is due within the inter-chunk timeout, and
-   * an engine that dies meanwhile fails the attempt then). A connection that fails fails its
-   * request whatever the rotation (forward.ts). Draining is no health verdict: it leaves a
-   * worker's requests alone. Engines announce no AllBlocksCleared when they start, so one its
-   * health check holds out is remembered as possibly restarted.
+   * an engine that dies meanwhile fails the attempt then), and a failure's status, whose body is
+   * read and dropped (the attempt ends as that failure, counted by the breaker, not as a move). A
+   * connection that fails fails its request whatever the rotation (forward.ts). Draining is no
+   * health verdict: it leaves a worker's requests alone. Engines announce no AllBlocksCleared when
+   * they start, so one its health check holds out is remembered as possibly restarted.
    */
   private outOfRotation(id: string): void {
     const { health } = this.options;

@@ -3,7 +3,7 @@
  * core died, SGLang busy or starting a drain). The engine may still answer them, so they move
  * only to a worker in rotation serving their model; with none, they stay, bounded by the usual
  * timeouts, and move once such a worker comes into rotation. An answer the engine has begun (a
- * whole answer's body arriving) stays where it is.
+ * whole answer's body arriving, a server error's status) stays where it is.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -527,5 +527,27 @@ test("a 2xx whose body has not begun when its worker's /health turns 500: the re
     await until(() => b.posts === 1, 'the request moved to b');
     const [r] = await releaseUntilAnswered([b], [pending]);
     await answeredBy(r, 'b');
+  });
+});
+
+test("a server error being read and dropped when its worker's /health turns 500: it counts against the worker as any other", async () => {
+  let healthA = 200;
+  const error = JSON.stringify({ error: { message: 'engine exploded', type: 'server_error' } });
+  const a = await partEngine(500, error.slice(0, 10), error.slice(10), () => healthA);
+  const b = await holdingEngine('from-b');
+  const workers = ofModel('m', { a, b });
+  // one failure opens a circuit: the breaker's count shows in a's reasons
+  await withFleet([a, b], workers, { breakerFailures: 1 }, async (g) => {
+    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'fails on a', max_tokens: 1 });
+    // (written before the flip: the gateway reads it before the answer to any probe sent after)
+    await until(() => a.partSent, "a's server error on its way");
+    healthA = 500;
+    await until(() => g.out('a'), 'a out of rotation');
+    a.finish();
+    const [r] = await releaseUntilAnswered([b], [pending]);
+    await answeredBy(r, 'b');
+    assert.equal(await sample(g.gateway.metrics, 'contextforge_upstream_failures_total{worker="a"}'), 1);
+    // b answered the request a failed: a's server error counts against it
+    assert.deepEqual(g.gateway.health.reasons('a').sort(), ['breaker', 'health-check']);
   });
 });
