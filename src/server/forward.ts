@@ -28,7 +28,7 @@ export type ForwardOutcome =
   | 'cut'
   /** the engine failed before anything reached the client: another worker can take it */
   | 'retry'
-  /** the worker left rotation before answering anything: another worker can take it */
+  /** the worker left rotation before its engine started answering: another worker can take it */
   | 'worker-out'
   /**
    * every connection the gateway keeps to the engine stayed busy until the deadline: the
@@ -231,8 +231,9 @@ function eventsEnd(chunk: Buffer, before: StreamPosition): number {
  * Sends the request to one engine and passes its answer to the client: a stream chunk by
  * chunk, a complete JSON answer in one write with its length. Nothing is sent to the client
  * before the engine's first body byte, so until then a failure (connection error, 5xx, first-
- * byte timeout, the worker leaving rotation) can be retried on another worker. A failure after
- * the first byte ends an SSE stream with an OpenAI-style error event, and drops the client's
+ * byte timeout) can be retried on another worker, and until the engine starts answering (see
+ * WorkerConnection.unanswered) so can the worker leaving rotation. A failure after the first
+ * byte ends an SSE stream with an OpenAI-style error event, and drops the client's
  * connection under any other body (it must not end like a whole answer). Exported for the
  * tests of its flow control, which drive it with a stand-in pool and response.
  */
@@ -398,6 +399,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       if (!res.writableFinished) this.giveUp('client');
     };
     res.once('close', this.onClientGone);
+    // a worker leaving rotation may move it until the engine starts answering: a failure's status
+    // (onHeaders), the first body byte of an answer that is no stream (firstByte), or a stream's
+    // first whole event reaching the client (startResponse); until then the first-byte deadline
+    // bounds it
     connection.unanswered.add(this);
     // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
     // non-streamed answer's first byte is the whole answer, due within the inter-chunk timeout
@@ -494,7 +499,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     const redirect = statusCode >= 300 && statusCode < 400;
     if (isEngineFailure(statusCode) || redirect || noContent) {
       this.discarding = true;
-      // the first-byte deadline no longer applies: the engine answered, with a failure
+      // the first-byte deadline no longer applies: the engine answered, with a failure, and the
+      // attempt ends as that failure whatever the rotation does meanwhile (a worker leaving it
+      // must not turn the engine's server error into a move, which the breaker does not count)
+      this.connection.unanswered.delete(this);
       if (this.timer) clearTimeout(this.timer);
       this.timer = setTimeout(() => this.abortUpstream?.(new Error('discarded')), MAX_DISCARD_MS);
       if (statusCode >= 500) this.o.onServerErrorAnswer();
@@ -568,6 +576,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     // inter-chunk timeout (an engine writes a whole answer at once, and one that trickles it must
     // not hold the request for ever)
     if (!this.eventStream) {
+      // the engine is sending its answer: a worker leaving rotation no longer moves the request
+      // (the answer computed would be thrown away and computed again elsewhere); an engine that
+      // dies now leaves the rest overdue, and the attempt fails then, as any other
+      this.connection.unanswered.delete(this);
       if (this.gather || !this.o.streaming) this.stallAfter('answer');
       else if (this.timer) {
         clearTimeout(this.timer);

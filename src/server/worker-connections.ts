@@ -44,13 +44,15 @@ export interface WorkerConnection {
   /** Headers of every request to the engine: its API key (or the credentials of its URL), its rank. */
   headers: Record<string, string>;
   /**
-   * Its requests that have sent nothing to their client yet: when it leaves rotation and a worker
-   * that can take one is in rotation (or comes into it), that request moves there.
+   * Its requests the engine has not started answering: no failure's status yet, no byte of a
+   * whole answer's body, no whole event of a stream passed to the client. When it leaves rotation
+   * and a worker that can take one is in rotation (or comes into it), that request moves there;
+   * an answer under way is left to end where it is.
    */
   unanswered: Set<UnansweredRequest>;
 }
 
-/** An attempt on a worker that has sent nothing to its client yet: it can still move to another worker. */
+/** An attempt whose engine has not started answering it: it can still move to another worker. */
 export interface UnansweredRequest {
   /** The request's `model` field as the client sent it: it moves only to a worker serving it. */
   readonly model: unknown;
@@ -203,11 +205,12 @@ export class WorkerConnections {
   }
 
   /**
-   * A worker left rotation: each request it has not answered at all moves to another worker
-   * (nothing reached its client), but only when it has a retry left and a worker serving the
-   * request's model is in rotation, other than those that failed the request already (the retry
-   * leaves them out) and the ranks of the same engine (they fail with it: the health check probes
-   * each rank, so they leave rotation one after the other). With none, it stays where it is,
+   * A worker left rotation: each request its engine has not started answering (unanswered:
+   * nothing reached its client, and no answer is on its way) moves to another worker, but only
+   * when it has a retry left and a worker serving the request's model is in rotation, other than
+   * those that failed the request already (the retry leaves them out) and the ranks of the same
+   * engine (they fail with it: the health check probes each rank, so they leave rotation one after
+   * the other). With none, it stays where it is,
    * bounded by its first-byte deadline: a streamed request's (twice the worker's mean time to first
    * byte plus the first-byte timeout, timeouts.ts FirstByteDeadlines) or, not streamed, the
    * inter-chunk timeout (proxy.ts gives forward.ts either as firstByteTimeoutMs): the
@@ -219,10 +222,13 @@ export class WorkerConnections {
    * into rotation (then it moves) or the worker returns itself. When only its probes timed out (a
    * busy engine answers /health late too), the decision waits a grace period, and is taken only if
    * the worker is still out then: a loaded engine must not have its whole queue thrown onto the
-   * others. A connection that fails fails its request whatever the rotation (forward.ts). Draining
-   * is no health verdict: it leaves a worker's requests alone. Engines announce no
-   * AllBlocksCleared when they start, so one its health check holds out is remembered as possibly
-   * restarted.
+   * others. An answer the engine has begun stays: a whole answer whose body is arriving (moved, it
+   * would be thrown away and computed again; the rest is due within the inter-chunk timeout, and
+   * an engine that dies meanwhile fails the attempt then), and a failure's status, whose body is
+   * read and dropped (the attempt ends as that failure, counted by the breaker, not as a move). A
+   * connection that fails fails its request whatever the rotation (forward.ts). Draining is no
+   * health verdict: it leaves a worker's requests alone. Engines announce no AllBlocksCleared when
+   * they start, so one its health check holds out is remembered as possibly restarted.
    */
   private outOfRotation(id: string): void {
     const { health } = this.options;

@@ -2,14 +2,24 @@
  * Requests in flight on a worker whose health check fails (its /health answers 500: vLLM's engine
  * core died, SGLang busy or starting a drain). The engine may still answer them, so they move
  * only to a worker in rotation serving their model; with none, they stay, bounded by the usual
- * timeouts, and move once such a worker comes into rotation.
+ * timeouts, and move once such a worker comes into rotation. An answer the engine has begun (a
+ * whole answer's body arriving, a server error's status) stays where it is.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type GatewayOptions, type GatewayWorker } from '../../src/server/gateway.js';
 import { until } from '../helpers/wait.js';
-import { failingEngine, holdingEngine, post, type FakeEngine, type HoldingEngine } from './harness.js';
+import {
+  failingEngine,
+  fakeEngine,
+  holdingEngine,
+  post,
+  sample,
+  type FakeEngine,
+  type HealthAnswer,
+  type HoldingEngine,
+} from './harness.js';
 
 /** A round-robin gateway probing its workers' /health every 20 ms (unless `options` says otherwise), no metrics scrape. */
 async function gatewayOver(workers: GatewayWorker[], options: Partial<GatewayOptions> = {}) {
@@ -81,6 +91,44 @@ async function answeredBy(answer: Answer | Promise<Answer>, worker: string): Pro
   assert.equal(r.status, 200, r.text);
   assert.equal(r.headers.get('x-contextforge-worker'), worker);
   return r;
+}
+
+interface PartEngine extends FakeEngine {
+  /** The answer's headers and first part were written to the gateway's connection. */
+  readonly partSent: boolean;
+  /** Writes the rest of the answer and ends it. */
+  finish(): void;
+}
+
+/**
+ * An engine that answers a POST, once read, with `status`, a JSON body's `first` part (none
+ * when empty), and holds the `rest` until finish(): an answer under way. Its /health answers
+ * `healthStatus()`. With `declared`, the answer carries its Content-Length; else it is chunked.
+ */
+async function partEngine(
+  status: number,
+  first: string,
+  rest: string,
+  healthStatus: () => HealthAnswer,
+  declared = false,
+): Promise<PartEngine> {
+  let partSent = false;
+  let finish = () => {};
+  const engine = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      const headers: Record<string, string | number> = { 'content-type': 'application/json' };
+      if (declared) headers['content-length'] = Buffer.byteLength(first + rest);
+      res.writeHead(status, headers);
+      // headers alone are written (and flushed) with the first write
+      res.write(first, () => (partSent = true));
+      finish = () => res.end(rest);
+    });
+  }, healthStatus);
+  return Object.defineProperties(engine, {
+    partSent: { get: () => partSent },
+    finish: { value: () => finish() },
+  }) as PartEngine;
 }
 
 /**
@@ -440,5 +488,66 @@ test('a request kept on a data-parallel rank out of rotation that times out is n
     assert.equal(r.status, 502, r.text);
     assert.equal(r.headers.get('x-contextforge-worker'), null);
     assert.equal(a.posts, 1, 'not sent again to the engine that timed out');
+  });
+});
+
+test("a non-streamed answer being gathered when its worker's /health turns 500: the client gets that answer, sent once", async () => {
+  let healthA = 200;
+  const answer = JSON.stringify({ choices: [{ text: 'from-a' }], usage: { prompt_tokens: 1, completion_tokens: 1 } });
+  const a = await partEngine(200, answer.slice(0, 20), answer.slice(20), () => healthA);
+  const b = await holdingEngine('from-b');
+  const workers = ofModel('m', { a, b });
+  await withFleet([a, b], workers, async (g) => {
+    // round robin: the first request goes to a, whose chunked answer takes its bytes from the
+    // answer budget as they come: the gateway holds part of it
+    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'gathered', max_tokens: 1 });
+    await until(() => a.partSent && g.gateway.answerBudget.used > 0, 'part of the answer gathered from a');
+    healthA = 500;
+    await until(() => g.out('a'), 'a out of rotation');
+    a.finish();
+    const [r] = await releaseUntilAnswered([b], [pending]);
+    await answeredBy(r, 'a');
+    assert.equal(r.text, answer);
+    assert.equal(b.posts, 0, 'not sent again');
+    assert.equal(await sample(g.gateway.metrics, 'contextforge_upstream_failures_total{worker="a"}'), 0);
+  });
+});
+
+test("a 2xx whose body has not begun when its worker's /health turns 500: the request moves, the headers alone are no answer", async () => {
+  let healthA = 200;
+  const answer = JSON.stringify({ choices: [{ text: 'from-a' }] });
+  const a = await partEngine(200, '', answer, () => healthA, true);
+  const b = await holdingEngine('from-b');
+  const workers = ofModel('m', { a, b });
+  await withFleet([a, b], workers, async (g) => {
+    // an answer of declared length takes all of it from the answer budget when its headers arrive
+    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'headers only', max_tokens: 1 });
+    await until(() => g.gateway.answerBudget.used === answer.length, "a's headers at the gateway");
+    healthA = 500;
+    await until(() => b.posts === 1, 'the request moved to b');
+    const [r] = await releaseUntilAnswered([b], [pending]);
+    await answeredBy(r, 'b');
+  });
+});
+
+test("a server error being read and dropped when its worker's /health turns 500: it counts against the worker as any other", async () => {
+  let healthA = 200;
+  const error = JSON.stringify({ error: { message: 'engine exploded', type: 'server_error' } });
+  const a = await partEngine(500, error.slice(0, 10), error.slice(10), () => healthA);
+  const b = await holdingEngine('from-b');
+  const workers = ofModel('m', { a, b });
+  // one failure opens a circuit: the breaker's count shows in a's reasons
+  await withFleet([a, b], workers, { breakerFailures: 1 }, async (g) => {
+    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'fails on a', max_tokens: 1 });
+    // (written before the flip: the gateway reads it before the answer to any probe sent after)
+    await until(() => a.partSent, "a's server error on its way");
+    healthA = 500;
+    await until(() => g.out('a'), 'a out of rotation');
+    a.finish();
+    const [r] = await releaseUntilAnswered([b], [pending]);
+    await answeredBy(r, 'b');
+    assert.equal(await sample(g.gateway.metrics, 'contextforge_upstream_failures_total{worker="a"}'), 1);
+    // b answered the request a failed: a's server error counts against it
+    assert.deepEqual(g.gateway.health.reasons('a').sort(), ['breaker', 'health-check']);
   });
 });
