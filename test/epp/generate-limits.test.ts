@@ -4,8 +4,9 @@
  * (python/sglang/srt/managers/io_struct.py): `rid`, `session_id`, `session_params`, `lora_path`,
  * `extra_key`, `custom_logit_processor` and `top_logprobs_num` at the top level; `n`, `stop`,
  * `stop_regex` and `stop_token_ids` inside `sampling_params` (an object, or a list of them, one
- * per prompt). A violation is an immediate 400 naming the field, and nothing is forwarded; at
- * the limits the body is routed as the client wrote it. `/v1/responses` and other paths are read
+ * per prompt). SGLang's lists hold at most one entry per prompt of the body.
+ * A violation is an immediate 400 naming the field, and nothing is forwarded; at the limits the
+ * body is routed as the client wrote it. `/v1/responses` and other paths are read
  * for the KV-transfer fields only, as before.
  */
 import assert from 'node:assert/strict';
@@ -122,6 +123,38 @@ describe("SGLang's /generate through the endpoint picker (default limits)", () =
       name: 'top_logprobs_num of -1 in a list',
       body: { text: ['a', 'b'], return_logprob: [true, true], top_logprobs_num: [0, -1] },
       param: 'top_logprobs_num[1]',
+    },
+    { name: 'three rids for two prompts', body: { text: ['a', 'b'], rid: ['r0', 'r1', 'r2'] }, param: 'rid' },
+    {
+      name: 'two rids for one prompt with n of 4 (one per prompt, not per sequence)',
+      body: { text: ['a'], rid: ['r0', 'r1'], sampling_params: { n: 4 } },
+      param: 'rid',
+    },
+    { name: 'two lora_paths for one prompt', body: { text: 'hi', lora_path: ['a', 'b'] }, param: 'lora_path' },
+    {
+      name: 'three extra_keys for two token-id prompts',
+      body: { input_ids: [[1], [2]], extra_key: ['a', 'b', 'c'] },
+      param: 'extra_key',
+    },
+    {
+      name: 'two custom_logit_processors for one token-id prompt',
+      body: { input_ids: [1, 2, 3], custom_logit_processor: [null, null] },
+      param: 'custom_logit_processor',
+    },
+    {
+      name: 'two session_params for one prompt',
+      body: { text: 'hi', session_params: [{ id: 's' }, { id: 's' }] },
+      param: 'session_params',
+    },
+    {
+      name: 'three top_logprobs_num for two prompts',
+      body: { text: ['a', 'b'], return_logprob: true, top_logprobs_num: [1, 1, 1] },
+      param: 'top_logprobs_num',
+    },
+    {
+      name: 'a hundred thousand sampling_params for one prompt',
+      body: { text: 'hi', sampling_params: Array(100_000).fill(null) },
+      param: 'sampling_params',
     },
     {
       name: 'n of 10^8 with a query string',
