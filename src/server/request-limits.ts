@@ -68,6 +68,8 @@ export interface RequestLimits {
    * (python/sglang/srt/entrypoints/openai/serving_completions.py, serving_chat.py). The
    * default, 20, is the OpenAI API's maximum of top_logprobs
    * (https://platform.openai.com/docs/api-reference/chat/create); a client's -1 is refused.
+   * SGLang's `token_ids_logprob` (on `/generate`) names the ids to report at each token: at most
+   * this many (checkTokenIdsLogprob).
    */
   maxLogprobs: number;
 }
@@ -813,10 +815,10 @@ export function readRouteRequest(
  * there: `rid`, `session_id`, `session_params`, `lora_path`, `extra_key` and
  * `custom_logit_processor` as checkEngineKeys bounds them (vLLM's `request_id` is no field of
  * it); `top_logprobs_num`, an integer or SGLang's list of one per prompt, as checkLogprobs
- * (`return_logprob` is the switch, true or false, and sizes nothing); and inside
- * `sampling_params`, an object or a list of one per prompt (SamplingParams in
- * python/sglang/srt/sampling/sampling_params.py), `n`, `stop`, `stop_regex` and
- * `stop_token_ids`, named by their path (`sampling_params.n`, `sampling_params[1].stop`).
+ * (`return_logprob` is the switch, true or false, and sizes nothing); `token_ids_logprob`
+ * (checkTokenIdsLogprob); and inside `sampling_params`, an object or a list of one per prompt
+ * (SamplingParams in python/sglang/srt/sampling/sampling_params.py), `n`, `stop`, `stop_regex`
+ * and `stop_token_ids`, named by their path (`sampling_params.n`, `sampling_params[1].stop`).
  * SGLang multiplies the batch by `n` (GenerateReqInput._handle_parallel_sampling) and checks
  * every stop string and pattern at every step, as the OpenAI paths' engines do. Each of SGLang's
  * per-prompt lists has at most one entry per prompt of the body (generatePrompts). Nothing else
@@ -828,7 +830,51 @@ export function checkGenerateRequest(body: Readonly<Record<string, unknown>>, li
   const prompts = generatePrompts(body);
   checkSGLangKeys(body, limits, prompts);
   perPrompt(body.top_logprobs_num, 'top_logprobs_num', limits, prompts, checkTopLogprobsNum);
+  checkTokenIdsLogprob(body.token_ids_logprob, limits, prompts);
   perPrompt(body.sampling_params, 'sampling_params', limits, prompts, checkSamplingParams);
+}
+
+/**
+ * SGLang's `token_ids_logprob` on `/generate`: absent, null, a list of at most
+ * `limits.maxLogprobs` token ids (isTokenId), or a list of such lists, one per prompt
+ * (checkPromptList). SGLang reports the log probability of every listed id at every position it
+ * reports on, as it reports `top_logprobs_num` alternatives: at every generated token (the
+ * sampler's get_token_ids_logprobs in python/sglang/srt/layers/: `logprobs[i,
+ * token_ids].tolist()`, in the step that serves the whole batch) and, from `logprob_start_len`,
+ * at every prompt token (get_token_ids_logprobs_prefill in logits_processor.py: a positions ×
+ * ids block of the prompt's log probabilities made a Python list). It bounds neither the number
+ * of ids nor, before recent versions, their range (an id past the vocabulary indexes past the
+ * tensor). The bound is `--max-logprobs`, "the most log probabilities a request may ask for at
+ * each token": an id listed is one more log probability per token, as an alternative ranked
+ * is, so an operator who allows 20 (or none) allows 20 (or none) either way; classification by
+ * a few label tokens (SGLang's own scoring API lists them here) stays well within it. A flat
+ * list is copied to every prompt of a batch (GenerateReqInput._normalize_logprob_params); an
+ * empty one is none. Only `/generate` reads the field: SGLang's OpenAI request models have none
+ * (python/sglang/srt/entrypoints/openai/protocol.py).
+ */
+function checkTokenIdsLogprob(value: unknown, limits: RequestLimits, prompts: number): void {
+  if (value === undefined || value === null) return;
+  const param = 'token_ids_logprob';
+  if (!Array.isArray(value))
+    throw new RequestLimitError(`${param} must be a list of token ids, or one such list per prompt`, param);
+  if (!Array.isArray(value[0])) return checkLogprobIds(value, param, limits.maxLogprobs);
+  checkPromptList(value, param, prompts);
+  for (let i = 0; i < value.length; i++) {
+    const at = `${param}[${i}]`;
+    const ids: unknown = value[i];
+    if (!Array.isArray(ids)) throw new RequestLimitError(`${at} must be a list of token ids`, at);
+    checkLogprobIds(ids, at, limits.maxLogprobs);
+  }
+}
+
+/** One list of `token_ids_logprob` (`param` names it): at most `max` token ids. */
+function checkLogprobIds(ids: readonly unknown[], param: string, max: number): void {
+  if (ids.length > max)
+    throw new RequestLimitError(
+      `${param} has more than ${max} token ids (the most log probabilities a token may report)`,
+      param,
+    );
+  checkTokenIds(ids, param);
 }
 
 /** One of SGLang's `top_logprobs_num` (`at` names it), as checkLogprobs bounds it. */

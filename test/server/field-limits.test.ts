@@ -118,6 +118,10 @@ describe("SGLang's per-prompt lists", () => {
       await passes(defaults, LIMIT_PATHS.chat.path, { [param]: ['x'] });
     }
   });
+  test("token_ids_logprob is not read on SGLang's OpenAI paths (its request models have no such field)", async () => {
+    for (const { path } of Object.values(LIMIT_PATHS))
+      await passes(defaults, path, { token_ids_logprob: Array(100).fill(1) });
+  });
 });
 
 describe('custom_logit_processor', () => {

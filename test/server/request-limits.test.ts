@@ -260,6 +260,7 @@ describe("SGLang's per-prompt lists: at most one entry per prompt", () => {
     { field: 'session_params', entry: { id: 's' } },
     { field: 'top_logprobs_num', entry: 1 },
     { field: 'sampling_params', entry: { max_new_tokens: 4 } },
+    { field: 'token_ids_logprob', entry: [1, 2] },
   ];
   for (const { field, entry } of LISTS) {
     test(`${field}: as many entries as prompts pass, one more is refused naming it`, () => {
@@ -292,5 +293,55 @@ describe("SGLang's per-prompt lists: at most one entry per prompt", () => {
     chat({ custom_logit_processor: [null], lora_path: ['a'] });
     rejects(() => chat({ custom_logit_processor: [null, null] }), 'custom_logit_processor');
     rejects(() => chat({ extra_key: ['a', 'b'] }), 'extra_key');
+  });
+});
+
+describe("SGLang's token_ids_logprob", () => {
+  test('a list of at most maxLogprobs token ids, or one such list per prompt', () => {
+    const ids = (count: number) => Array.from({ length: count }, (_, i) => i);
+    checkGenerateRequest({ text: 'a', token_ids_logprob: ids(20) }, limits);
+    checkGenerateRequest({ text: ['a', 'b'], token_ids_logprob: [ids(20), ids(1)] }, limits);
+    for (const absent of [undefined, null, []]) checkGenerateRequest({ text: 'a', token_ids_logprob: absent }, limits);
+    rejects(
+      () => checkGenerateRequest({ text: 'a', token_ids_logprob: ids(21) }, limits),
+      'token_ids_logprob',
+      /^token_ids_logprob has more than 20 token ids \(the most log probabilities a token may report\)$/,
+    );
+    rejects(
+      () => checkGenerateRequest({ text: ['a', 'b'], token_ids_logprob: [ids(1), ids(21)] }, limits),
+      'token_ids_logprob[1]',
+      /^token_ids_logprob\[1\] has more than 20 token ids/,
+    );
+    const tight = checkRequestLimits({ maxLogprobs: 2 });
+    checkGenerateRequest({ text: 'a', token_ids_logprob: ids(2) }, tight);
+    rejects(() => checkGenerateRequest({ text: 'a', token_ids_logprob: ids(3) }, tight), 'token_ids_logprob');
+    // no log probabilities at all: no ids either
+    const none = checkRequestLimits({ maxLogprobs: 0 });
+    checkGenerateRequest({ text: 'a', token_ids_logprob: [] }, none);
+    rejects(() => checkGenerateRequest({ text: 'a', token_ids_logprob: [5] }, none), 'token_ids_logprob');
+  });
+  test('entries are token ids (integers from 0 to 2^32 - 1); anything but a list is refused', () => {
+    for (const bad of [-1, 1.5, '7', 4294967296, null, true])
+      rejects(
+        () => checkGenerateRequest({ text: 'a', token_ids_logprob: [1, bad] }, limits),
+        'token_ids_logprob',
+        /^token_ids_logprob\[1\] must be a token id \(an integer from 0 to 4294967295\)$/,
+      );
+    rejects(
+      () => checkGenerateRequest({ text: ['a', 'b'], token_ids_logprob: [[1], [2, -3]] }, limits),
+      'token_ids_logprob[1]',
+      /^token_ids_logprob\[1\]\[1\] must be a token id/,
+    );
+    rejects(
+      () => checkGenerateRequest({ text: ['a', 'b'], token_ids_logprob: [[1], 2] }, limits),
+      'token_ids_logprob[1]',
+      /^token_ids_logprob\[1\] must be a list of token ids$/,
+    );
+    for (const bad of [5, 'x', { 0: 1 }])
+      rejects(
+        () => checkGenerateRequest({ text: 'a', token_ids_logprob: bad }, limits),
+        'token_ids_logprob',
+        /^token_ids_logprob must be a list of token ids, or one such list per prompt$/,
+      );
   });
 });
