@@ -68,6 +68,8 @@ export interface RequestLimits {
    * (python/sglang/srt/entrypoints/openai/serving_completions.py, serving_chat.py). The
    * default, 20, is the OpenAI API's maximum of top_logprobs
    * (https://platform.openai.com/docs/api-reference/chat/create); a client's -1 is refused.
+   * SGLang's `token_ids_logprob` (on `/generate`) names the ids to report at each token: at most
+   * this many (checkTokenIdsLogprob).
    */
   maxLogprobs: number;
 }
@@ -360,11 +362,12 @@ export function checkName(value: unknown, param: string, maxIdBytes: number, wha
 
 /**
  * Absent, null, a string of at most `maxBytes` UTF-8 bytes, or a list of such strings and
- * nulls: SGLang's form for a field given once per prompt of a batch (`rid`, `lora_path`,
- * `extra_key`, `custom_logit_processor`; a null in the list is the engine's default for that
- * prompt, where it takes one). Anything else is refused, as SGLang's request models refuse it.
+ * nulls, at most one per prompt (checkPromptList): SGLang's form for a field given once per
+ * prompt of a batch (`rid`, `lora_path`, `extra_key`, `custom_logit_processor`; a null in the
+ * list is the engine's default for that prompt, where it takes one). Anything else is refused,
+ * as SGLang's request models refuse it.
  */
-function checkStringOrList(value: unknown, param: string, maxBytes: number, what: string): void {
+function checkStringOrList(value: unknown, param: string, maxBytes: number, what: string, prompts: number): void {
   if (value === undefined || value === null) return;
   if (!Array.isArray(value)) {
     if (typeof value !== 'string')
@@ -372,6 +375,7 @@ function checkStringOrList(value: unknown, param: string, maxBytes: number, what
     checkString(value, param, param, maxBytes, what);
     return;
   }
+  checkPromptList(value, param, prompts);
   for (let i = 0; i < value.length; i++)
     if (value[i] !== null) checkString(value[i], `${param}[${i}]`, param, maxBytes, what);
 }
@@ -395,28 +399,30 @@ function checkStringOrList(value: unknown, param: string, maxBytes: number, what
  * - SGLang's `custom_logit_processor` (see CUSTOM_LOGIT_PROCESSOR_BYTES).
  *
  * `request_id` and `session_id` are one string each (both engines declare `str`); the others
- * may be SGLang's lists. A `session_params` that is not an object is the engine's to refuse.
+ * may be SGLang's lists, of at most `prompts` entries (checkPromptList). A `session_params` that
+ * is not an object is the engine's to refuse.
  */
-export function checkEngineKeys(body: Readonly<Record<string, unknown>>, limits: RequestLimits): void {
+export function checkEngineKeys(body: Readonly<Record<string, unknown>>, limits: RequestLimits, prompts: number): void {
   checkName(body.request_id, 'request_id', limits.maxIdBytes, 'an id of the request');
-  checkSGLangKeys(body, limits);
+  checkSGLangKeys(body, limits, prompts);
 }
 
 /** The SGLang fields of checkEngineKeys: all of them but vLLM's `request_id`. */
-function checkSGLangKeys(body: Readonly<Record<string, unknown>>, limits: RequestLimits): void {
+function checkSGLangKeys(body: Readonly<Record<string, unknown>>, limits: RequestLimits, prompts: number): void {
   const { maxIdBytes } = limits;
   const nameBytes = NAME_BYTES_PER_ID_BYTE * maxIdBytes;
-  checkStringOrList(body.rid, 'rid', nameBytes, 'an id of the request');
+  checkStringOrList(body.rid, 'rid', nameBytes, 'an id of the request', prompts);
   checkName(body.session_id, 'session_id', maxIdBytes, 'an id of the session');
   // SGLang's /generate takes a list of them too, one per prompt (GenerateReqInput.session_params)
-  perPrompt(body.session_params, 'session_params', limits, checkSessionParams);
-  checkStringOrList(body.lora_path, 'lora_path', nameBytes, 'the name or path of a LoRA adapter');
-  checkStringOrList(body.extra_key, 'extra_key', nameBytes, 'a key of the prefix cache');
+  perPrompt(body.session_params, 'session_params', limits, prompts, checkSessionParams);
+  checkStringOrList(body.lora_path, 'lora_path', nameBytes, 'the name or path of a LoRA adapter', prompts);
+  checkStringOrList(body.extra_key, 'extra_key', nameBytes, 'a key of the prefix cache', prompts);
   checkStringOrList(
     body.custom_logit_processor,
     'custom_logit_processor',
     CUSTOM_LOGIT_PROCESSOR_BYTES,
     'a serialized CustomLogitProcessor',
+    prompts,
   );
 }
 
@@ -430,16 +436,61 @@ function checkSessionParams(session: unknown, at: string, limits: RequestLimits)
 
 /**
  * `check` on a field SGLang takes once or as a list, one per prompt of a batch (`session_params`,
- * `top_logprobs_num`, `sampling_params`): on the value, or on each element, named `at[i]`.
+ * `top_logprobs_num`, `sampling_params`): on the value, or on each of at most `prompts` elements
+ * (checkPromptList), named `at[i]`.
  */
 function perPrompt(
   value: unknown,
   at: string,
   limits: RequestLimits,
+  prompts: number,
   check: (value: unknown, at: string, limits: RequestLimits) => void,
 ): void {
   if (!Array.isArray(value)) return check(value, at, limits);
+  checkPromptList(value, at, prompts);
   for (let i = 0; i < value.length; i++) check(value[i], `${at}[${i}]`, limits);
+}
+
+/**
+ * A list SGLang takes one entry of per prompt of a batch has at most `prompts` entries. SGLang
+ * (python/sglang/srt/managers/io_struct.py, GenerateReqInput.normalize_batch_and_arguments)
+ * refuses a `rid` or `extra_key` list of another length than the batch, and reads the others
+ * by the prompt's index (`__getitem__`), so entries past the last prompt are never used; `n`
+ * does not lengthen them (SGLang repeats the lists n times itself, or refuses a list with n > 1).
+ * Without the bound the body size alone limits them, and the elements are checked and parsed
+ * one by one, here and in the engine. Checked before the elements, so a long list costs no
+ * element checks. A shorter list is the engine's to refuse.
+ */
+function checkPromptList(value: readonly unknown[], param: string, prompts: number): void {
+  if (value.length > prompts)
+    throw new RequestLimitError(
+      `${param} must have at most ${prompts} ${prompts === 1 ? 'entry' : 'entries'}, one per prompt`,
+      param,
+    );
+}
+
+/**
+ * How many prompts a completions `prompt` holds: a list of strings or of token-id lists has
+ * one per element; a string or a list of token ids is one. Read after readPrompt checked it.
+ */
+function completionPrompts(prompt: unknown): number {
+  return Array.isArray(prompt) && typeof prompt[0] !== 'number' ? prompt.length : 1;
+}
+
+/**
+ * How many prompts a body of SGLang's `/generate` holds, as SGLang counts them
+ * (GenerateReqInput._determine_batch_size in python/sglang/srt/managers/io_struct.py): `text`
+ * (a string is one, a list one per element), else `input_ids` (a list of token ids is one, a
+ * list of lists one per list), else `input_embeds` (a list of vectors is one, a list of such
+ * lists one per element). A body with none of them, or one SGLang cannot read, is refused by
+ * SGLang; it counts as one prompt here.
+ */
+function generatePrompts(body: Readonly<Record<string, unknown>>): number {
+  const { text, input_ids: ids, input_embeds: embeds } = body;
+  if (text !== undefined && text !== null) return Array.isArray(text) ? text.length : 1;
+  if (ids !== undefined && ids !== null) return Array.isArray(ids) && Array.isArray(ids[0]) ? ids.length : 1;
+  if (Array.isArray(embeds) && Array.isArray(embeds[0]) && Array.isArray(embeds[0][0])) return embeds.length;
+  return 1;
 }
 
 /**
@@ -750,10 +801,11 @@ export function readRouteRequest(
   checkLogprobs(body.top_logprobs, 'top_logprobs', limits.maxLogprobs);
   checkLogprobs(body.top_logprobs_num, 'top_logprobs_num', limits.maxLogprobs);
   checkLogprobs(body.prompt_logprobs, 'prompt_logprobs', limits.maxLogprobs);
-  // what the engine keeps the request by
-  checkEngineKeys(body, limits);
   if (chat) routeRequest.messages = readMessages(body.messages);
   else Object.assign(routeRequest, readPrompt(body.prompt));
+  // what the engine keeps the request by: SGLang's lists hold one entry per prompt, and a chat
+  // is one prompt (SGLang's serving_chat.py makes one GenerateReqInput of the conversation)
+  checkEngineKeys(body, limits, chat ? 1 : completionPrompts(body.prompt));
   return { routeRequest, body, unchanged: removed === undefined, removed: removed ?? NO_FIELDS_REMOVED };
 }
 
@@ -763,19 +815,66 @@ export function readRouteRequest(
  * there: `rid`, `session_id`, `session_params`, `lora_path`, `extra_key` and
  * `custom_logit_processor` as checkEngineKeys bounds them (vLLM's `request_id` is no field of
  * it); `top_logprobs_num`, an integer or SGLang's list of one per prompt, as checkLogprobs
- * (`return_logprob` is the switch, true or false, and sizes nothing); and inside
- * `sampling_params`, an object or a list of one per prompt (SamplingParams in
- * python/sglang/srt/sampling/sampling_params.py), `n`, `stop`, `stop_regex` and
- * `stop_token_ids`, named by their path (`sampling_params.n`, `sampling_params[1].stop`).
+ * (`return_logprob` is the switch, true or false, and sizes nothing); `token_ids_logprob`
+ * (checkTokenIdsLogprob); and inside `sampling_params`, an object or a list of one per prompt
+ * (SamplingParams in python/sglang/srt/sampling/sampling_params.py), `n`, `stop`, `stop_regex`
+ * and `stop_token_ids`, named by their path (`sampling_params.n`, `sampling_params[1].stop`).
  * SGLang multiplies the batch by `n` (GenerateReqInput._handle_parallel_sampling) and checks
- * every stop string and pattern at every step, as the OpenAI paths' engines do. Nothing else is
- * read: the prompt (`text`, `input_ids`), the other sampling parameters and anything of the
- * wrong shape are the engine's to check. Throws a RequestLimitError naming the field.
+ * every stop string and pattern at every step, as the OpenAI paths' engines do. Each of SGLang's
+ * per-prompt lists has at most one entry per prompt of the body (generatePrompts). Nothing else
+ * is read: the prompt (`text`, `input_ids`) but for its number, the other sampling parameters and
+ * anything of the wrong shape are the engine's to check. Throws a RequestLimitError naming the
+ * field.
  */
 export function checkGenerateRequest(body: Readonly<Record<string, unknown>>, limits: RequestLimits): void {
-  checkSGLangKeys(body, limits);
-  perPrompt(body.top_logprobs_num, 'top_logprobs_num', limits, checkTopLogprobsNum);
-  perPrompt(body.sampling_params, 'sampling_params', limits, checkSamplingParams);
+  const prompts = generatePrompts(body);
+  checkSGLangKeys(body, limits, prompts);
+  perPrompt(body.top_logprobs_num, 'top_logprobs_num', limits, prompts, checkTopLogprobsNum);
+  checkTokenIdsLogprob(body.token_ids_logprob, limits, prompts);
+  perPrompt(body.sampling_params, 'sampling_params', limits, prompts, checkSamplingParams);
+}
+
+/**
+ * SGLang's `token_ids_logprob` on `/generate`: absent, null, a list of at most
+ * `limits.maxLogprobs` token ids (isTokenId), or a list of such lists, one per prompt
+ * (checkPromptList). SGLang reports the log probability of every listed id at every position it
+ * reports on, as it reports `top_logprobs_num` alternatives: at every generated token (the
+ * sampler's get_token_ids_logprobs in python/sglang/srt/layers/: `logprobs[i,
+ * token_ids].tolist()`, in the step that serves the whole batch) and, from `logprob_start_len`,
+ * at every prompt token (get_token_ids_logprobs_prefill in logits_processor.py: a positions ×
+ * ids block of the prompt's log probabilities made a Python list). It bounds neither the number
+ * of ids nor, before recent versions, their range (an id past the vocabulary indexes past the
+ * tensor). The bound is `--max-logprobs`, "the most log probabilities a request may ask for at
+ * each token": an id listed is one more log probability per token, as an alternative ranked
+ * is, so an operator who allows 20 (or none) allows 20 (or none) either way; classification by
+ * a few label tokens (SGLang's own scoring API lists them here) stays well within it. A flat
+ * list is copied to every prompt of a batch (GenerateReqInput._normalize_logprob_params); an
+ * empty one is none. Only `/generate` reads the field: SGLang's OpenAI request models have none
+ * (python/sglang/srt/entrypoints/openai/protocol.py).
+ */
+function checkTokenIdsLogprob(value: unknown, limits: RequestLimits, prompts: number): void {
+  if (value === undefined || value === null) return;
+  const param = 'token_ids_logprob';
+  if (!Array.isArray(value))
+    throw new RequestLimitError(`${param} must be a list of token ids, or one such list per prompt`, param);
+  if (!Array.isArray(value[0])) return checkLogprobIds(value, param, limits.maxLogprobs);
+  checkPromptList(value, param, prompts);
+  for (let i = 0; i < value.length; i++) {
+    const at = `${param}[${i}]`;
+    const ids: unknown = value[i];
+    if (!Array.isArray(ids)) throw new RequestLimitError(`${at} must be a list of token ids`, at);
+    checkLogprobIds(ids, at, limits.maxLogprobs);
+  }
+}
+
+/** One list of `token_ids_logprob` (`param` names it): at most `max` token ids. */
+function checkLogprobIds(ids: readonly unknown[], param: string, max: number): void {
+  if (ids.length > max)
+    throw new RequestLimitError(
+      `${param} has more than ${max} token ids (the most log probabilities a token may report)`,
+      param,
+    );
+  checkTokenIds(ids, param);
 }
 
 /** One of SGLang's `top_logprobs_num` (`at` names it), as checkLogprobs bounds it. */

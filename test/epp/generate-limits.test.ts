@@ -2,11 +2,12 @@
  * The endpoint picker checks SGLang's native `/generate` bodies against the request limits the
  * gateway applies to the OpenAI paths, on the fields where they sit in SGLang's GenerateReqInput
  * (python/sglang/srt/managers/io_struct.py): `rid`, `session_id`, `session_params`, `lora_path`,
- * `extra_key`, `custom_logit_processor` and `top_logprobs_num` at the top level; `n`, `stop`,
- * `stop_regex` and `stop_token_ids` inside `sampling_params` (an object, or a list of them, one
- * per prompt). A violation is an immediate 400 naming the field, and nothing is forwarded; at
- * the limits the body is routed as the client wrote it. `/v1/responses` and other paths are read
- * for the KV-transfer fields only, as before.
+ * `extra_key`, `custom_logit_processor`, `top_logprobs_num` and `token_ids_logprob` at the top
+ * level; `n`, `stop`, `stop_regex` and `stop_token_ids` inside `sampling_params` (an object, or a
+ * list of them, one per prompt). SGLang's lists hold at most one entry per prompt of the body.
+ * A violation is an immediate 400 naming the field, and nothing is forwarded; at the limits the
+ * body is routed as the client wrote it. `/v1/responses` and other paths are read for the
+ * KV-transfer fields only, as before.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
@@ -123,6 +124,58 @@ describe("SGLang's /generate through the endpoint picker (default limits)", () =
       body: { text: ['a', 'b'], return_logprob: [true, true], top_logprobs_num: [0, -1] },
       param: 'top_logprobs_num[1]',
     },
+    { name: 'three rids for two prompts', body: { text: ['a', 'b'], rid: ['r0', 'r1', 'r2'] }, param: 'rid' },
+    {
+      name: 'two rids for one prompt with n of 4 (one per prompt, not per sequence)',
+      body: { text: ['a'], rid: ['r0', 'r1'], sampling_params: { n: 4 } },
+      param: 'rid',
+    },
+    { name: 'two lora_paths for one prompt', body: { text: 'hi', lora_path: ['a', 'b'] }, param: 'lora_path' },
+    {
+      name: 'three extra_keys for two token-id prompts',
+      body: { input_ids: [[1], [2]], extra_key: ['a', 'b', 'c'] },
+      param: 'extra_key',
+    },
+    {
+      name: 'two custom_logit_processors for one token-id prompt',
+      body: { input_ids: [1, 2, 3], custom_logit_processor: [null, null] },
+      param: 'custom_logit_processor',
+    },
+    {
+      name: 'two session_params for one prompt',
+      body: { text: 'hi', session_params: [{ id: 's' }, { id: 's' }] },
+      param: 'session_params',
+    },
+    {
+      name: 'three top_logprobs_num for two prompts',
+      body: { text: ['a', 'b'], return_logprob: true, top_logprobs_num: [1, 1, 1] },
+      param: 'top_logprobs_num',
+    },
+    {
+      name: 'a hundred thousand sampling_params for one prompt',
+      body: { text: 'hi', sampling_params: Array(100_000).fill(null) },
+      param: 'sampling_params',
+    },
+    {
+      name: '21 token_ids_logprob',
+      body: { text: 'hi', return_logprob: true, token_ids_logprob: Array(21).fill(7) },
+      param: 'token_ids_logprob',
+    },
+    {
+      name: 'a negative id in token_ids_logprob',
+      body: { text: 'hi', return_logprob: true, token_ids_logprob: [1, -1] },
+      param: 'token_ids_logprob',
+    },
+    {
+      name: '21 ids in the second of list-form token_ids_logprob',
+      body: { text: ['a', 'b'], return_logprob: true, token_ids_logprob: [[1], Array(21).fill(7)] },
+      param: 'token_ids_logprob[1]',
+    },
+    {
+      name: 'three token_ids_logprob lists for two prompts',
+      body: { text: ['a', 'b'], return_logprob: true, token_ids_logprob: [[1], [2], [3]] },
+      param: 'token_ids_logprob',
+    },
     {
       name: 'n of 10^8 with a query string',
       path: '/generate?trace=1',
@@ -155,6 +208,7 @@ describe("SGLang's /generate through the endpoint picker (default limits)", () =
       custom_logit_processor: 'x'.repeat(64 * 1024),
       return_logprob: true,
       top_logprobs_num: [20, 0],
+      token_ids_logprob: [Array.from({ length: 20 }, (_, i) => i), [4294967295]],
       sampling_params: [
         { n: 128, stop: Array(64).fill('x'.repeat(1024)), stop_token_ids: Array(64).fill(2) },
         { n: 128, stop_regex: Array(64).fill('x'.repeat(1024)), max_new_tokens: 4 },
@@ -186,6 +240,7 @@ describe("SGLang's /generate follows the gateway's configured limits", () => {
       text: 'hi',
       rid: 'x'.repeat(32),
       top_logprobs_num: 2,
+      token_ids_logprob: [5, 6],
       sampling_params: { n: 2, stop: ['x'.repeat(32), 'b'], stop_regex: 'r', stop_token_ids: [1, 2] },
     });
     assert.equal(await forwarded(tightEnvoy, '/generate', sent), sent);
@@ -201,6 +256,7 @@ describe("SGLang's /generate follows the gateway's configured limits", () => {
     },
     { body: { text: 'hi', rid: 'x'.repeat(33) }, param: 'rid' },
     { body: { text: 'hi', top_logprobs_num: 3 }, param: 'top_logprobs_num' },
+    { body: { text: 'hi', token_ids_logprob: [5, 6, 7] }, param: 'token_ids_logprob' },
   ];
   for (const { body, param } of CASES) {
     test(`one past the limit: 400 naming ${param}`, async () => {

@@ -75,10 +75,10 @@ describe('ids and names the engines keep', () => {
   test('SGLang’s lists (one per prompt) of rid, lora_path and extra_key: each element is bounded', async () => {
     const { path } = LIMIT_PATHS.completions;
     for (const param of ['rid', 'lora_path', 'extra_key']) {
-      const message = await refused(defaults, path, { [param]: ['ok', 'x'.repeat(1025)] }, param);
+      const message = await refused(defaults, path, { prompt: ['a', 'b'], [param]: ['ok', 'x'.repeat(1025)] }, param);
       assert.equal(message, `${param}[1] is longer than 1024 bytes`);
       await passes(defaults, path, { prompt: ['a', 'b'], [param]: ['x'.repeat(1024), 'ok'] });
-      await refused(defaults, path, { [param]: ['ok', 7] }, param);
+      await refused(defaults, path, { prompt: ['a', 'b'], [param]: ['ok', 7] }, param);
     }
     // SGLang's lora_path list takes null for "the base model" (List[Optional[str]])
     await passes(defaults, path, { prompt: ['a', 'b'], lora_path: [null, 'adapter'] });
@@ -105,6 +105,25 @@ describe('ids and names the engines keep', () => {
   });
 });
 
+describe("SGLang's per-prompt lists", () => {
+  test('at most one entry per prompt of `prompt`; a chat is one prompt', async () => {
+    const { path } = LIMIT_PATHS.completions;
+    for (const param of ['rid', 'lora_path', 'extra_key']) {
+      const message = await refused(defaults, path, { prompt: ['a', 'b'], [param]: ['x', 'y', 'z'] }, param);
+      assert.equal(message, `${param} must have at most 2 entries, one per prompt`);
+      await passes(defaults, path, { prompt: [[1], [2], [3]], [param]: ['x', 'y', 'z'] });
+      await refused(defaults, path, { prompt: [1, 2, 3], [param]: ['x', 'y'] }, param);
+      const chat = await refused(defaults, LIMIT_PATHS.chat.path, { [param]: ['x', 'y'] }, param);
+      assert.equal(chat, `${param} must have at most 1 entry, one per prompt`);
+      await passes(defaults, LIMIT_PATHS.chat.path, { [param]: ['x'] });
+    }
+  });
+  test("token_ids_logprob is not read on SGLang's OpenAI paths (its request models have no such field)", async () => {
+    for (const { path } of Object.values(LIMIT_PATHS))
+      await passes(defaults, path, { token_ids_logprob: Array(100).fill(1) });
+  });
+});
+
 describe('custom_logit_processor', () => {
   test('a serialized callable of at most 64 KiB passes, a longer one is refused and not echoed', async () => {
     assert.equal(CUSTOM_LOGIT_PROCESSOR_BYTES, 64 * 1024);
@@ -122,11 +141,12 @@ describe('custom_logit_processor', () => {
     const message = await refused(
       defaults,
       path,
-      { custom_logit_processor: [null, 'a'.repeat(CUSTOM_LOGIT_PROCESSOR_BYTES + 1)] },
+      { custom_logit_processor: ['a'.repeat(CUSTOM_LOGIT_PROCESSOR_BYTES + 1)] },
       'custom_logit_processor',
     );
-    assert.match(message, /^custom_logit_processor\[1\] is longer than/);
-    await passes(defaults, path, { custom_logit_processor: [null, '{"callable": "80"}'] });
+    assert.match(message, /^custom_logit_processor\[0\] is longer than/);
+    await passes(defaults, path, { custom_logit_processor: ['{"callable": "80"}'] });
+    await passes(defaults, path, { custom_logit_processor: [null] });
     await refused(defaults, path, { custom_logit_processor: 5 }, 'custom_logit_processor');
   });
 });

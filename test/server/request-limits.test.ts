@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import {
+  checkGenerateRequest,
   checkJsonDepth,
   checkRequestLimits,
   clientMessage,
@@ -236,4 +237,111 @@ test('a body with nothing to remove shares one frozen empty list of removed fiel
   assert.equal(a.removed, b.removed, 'one list for every such request, not one each');
   const c = readRouteRequest('/v1/completions', { prompt: 'c', kv_transfer_params: {} }, {}, limits);
   assert.deepEqual(c.removed, ['kv_transfer_params']);
+});
+
+describe("SGLang's per-prompt lists: at most one entry per prompt", () => {
+  // SGLang (python/sglang/srt/managers/io_struct.py, GenerateReqInput._determine_batch_size)
+  // counts the prompts of `text`, else `input_ids`, else `input_embeds`
+  const PROMPTS: Array<{ prompt: object; count: number }> = [
+    { prompt: { text: 'a' }, count: 1 },
+    { prompt: { text: ['a', 'b', 'c'] }, count: 3 },
+    { prompt: { input_ids: [1, 2, 3] }, count: 1 },
+    { prompt: { input_ids: [[1], [2]] }, count: 2 },
+    { prompt: { input_embeds: [[0.5, 0.25]] }, count: 1 },
+    { prompt: { input_embeds: [[[0.5]], [[0.25]]] }, count: 2 },
+    { prompt: { text: null, input_ids: [[1], [2]] }, count: 2 },
+    { prompt: {}, count: 1 },
+  ];
+  const LISTS: Array<{ field: string; entry: unknown }> = [
+    { field: 'rid', entry: 'r' },
+    { field: 'lora_path', entry: null },
+    { field: 'extra_key', entry: 'k' },
+    { field: 'custom_logit_processor', entry: null },
+    { field: 'session_params', entry: { id: 's' } },
+    { field: 'top_logprobs_num', entry: 1 },
+    { field: 'sampling_params', entry: { max_new_tokens: 4 } },
+    { field: 'token_ids_logprob', entry: [1, 2] },
+  ];
+  for (const { field, entry } of LISTS) {
+    test(`${field}: as many entries as prompts pass, one more is refused naming it`, () => {
+      for (const { prompt, count } of PROMPTS) {
+        checkGenerateRequest({ ...prompt, [field]: Array(count).fill(entry) }, limits);
+        rejects(
+          () => checkGenerateRequest({ ...prompt, [field]: Array(count + 1).fill(entry) }, limits),
+          field,
+          new RegExp(`^${field} must have at most ${count} entr(y|ies), one per prompt$`),
+        );
+      }
+    });
+  }
+  test('one per prompt, not per sequence: SGLang multiplies the lists by n itself', () => {
+    const body = { text: ['a', 'b'], sampling_params: { n: 4 } };
+    checkGenerateRequest({ ...body, rid: ['r0', 'r1'] }, limits);
+    rejects(() => checkGenerateRequest({ ...body, rid: ['r0', 'r1', 'r2'] }, limits), 'rid');
+  });
+  test('the OpenAI paths count the prompts of `prompt`; a chat is one prompt', async () => {
+    const { readRouteRequest } = await import('../../src/server/request-limits.js');
+    const completions = (prompt: unknown, rid: unknown) =>
+      readRouteRequest('/v1/completions', { prompt, rid }, {}, limits);
+    completions(['a', 'b'], ['r0', 'r1']);
+    completions([[1], [2]], ['r0', 'r1']);
+    rejects(() => completions(['a', 'b'], ['r0', 'r1', 'r2']), 'rid', /^rid must have at most 2 entries/);
+    rejects(() => completions([1, 2, 3], ['r0', 'r1']), 'rid', /^rid must have at most 1 entry, one per prompt$/);
+    rejects(() => completions('a', ['r0', 'r1']), 'rid');
+    const chat = (fields: object) =>
+      readRouteRequest('/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], ...fields }, {}, limits);
+    chat({ custom_logit_processor: [null], lora_path: ['a'] });
+    rejects(() => chat({ custom_logit_processor: [null, null] }), 'custom_logit_processor');
+    rejects(() => chat({ extra_key: ['a', 'b'] }), 'extra_key');
+  });
+});
+
+describe("SGLang's token_ids_logprob", () => {
+  test('a list of at most maxLogprobs token ids, or one such list per prompt', () => {
+    const ids = (count: number) => Array.from({ length: count }, (_, i) => i);
+    checkGenerateRequest({ text: 'a', token_ids_logprob: ids(20) }, limits);
+    checkGenerateRequest({ text: ['a', 'b'], token_ids_logprob: [ids(20), ids(1)] }, limits);
+    for (const absent of [undefined, null, []]) checkGenerateRequest({ text: 'a', token_ids_logprob: absent }, limits);
+    rejects(
+      () => checkGenerateRequest({ text: 'a', token_ids_logprob: ids(21) }, limits),
+      'token_ids_logprob',
+      /^token_ids_logprob has more than 20 token ids \(the most log probabilities a token may report\)$/,
+    );
+    rejects(
+      () => checkGenerateRequest({ text: ['a', 'b'], token_ids_logprob: [ids(1), ids(21)] }, limits),
+      'token_ids_logprob[1]',
+      /^token_ids_logprob\[1\] has more than 20 token ids/,
+    );
+    const tight = checkRequestLimits({ maxLogprobs: 2 });
+    checkGenerateRequest({ text: 'a', token_ids_logprob: ids(2) }, tight);
+    rejects(() => checkGenerateRequest({ text: 'a', token_ids_logprob: ids(3) }, tight), 'token_ids_logprob');
+    // no log probabilities at all: no ids either
+    const none = checkRequestLimits({ maxLogprobs: 0 });
+    checkGenerateRequest({ text: 'a', token_ids_logprob: [] }, none);
+    rejects(() => checkGenerateRequest({ text: 'a', token_ids_logprob: [5] }, none), 'token_ids_logprob');
+  });
+  test('entries are token ids (integers from 0 to 2^32 - 1); anything but a list is refused', () => {
+    for (const bad of [-1, 1.5, '7', 4294967296, null, true])
+      rejects(
+        () => checkGenerateRequest({ text: 'a', token_ids_logprob: [1, bad] }, limits),
+        'token_ids_logprob',
+        /^token_ids_logprob\[1\] must be a token id \(an integer from 0 to 4294967295\)$/,
+      );
+    rejects(
+      () => checkGenerateRequest({ text: ['a', 'b'], token_ids_logprob: [[1], [2, -3]] }, limits),
+      'token_ids_logprob[1]',
+      /^token_ids_logprob\[1\]\[1\] must be a token id/,
+    );
+    rejects(
+      () => checkGenerateRequest({ text: ['a', 'b'], token_ids_logprob: [[1], 2] }, limits),
+      'token_ids_logprob[1]',
+      /^token_ids_logprob\[1\] must be a list of token ids$/,
+    );
+    for (const bad of [5, 'x', { 0: 1 }])
+      rejects(
+        () => checkGenerateRequest({ text: 'a', token_ids_logprob: bad }, limits),
+        'token_ids_logprob',
+        /^token_ids_logprob must be a list of token ids, or one such list per prompt$/,
+      );
+  });
 });

@@ -160,7 +160,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   maxLogprobs: {
     arg: '<n>',
-    help: 'most log probabilities a request may ask for at each token: logprobs (completions), top_logprobs (chat), prompt_logprobs (vLLM) and top_logprobs_num (SGLang) each',
+    help: "most log probabilities a request may ask for at each token: logprobs (completions), top_logprobs (chat), prompt_logprobs (vLLM), top_logprobs_num (SGLang) and the token ids of SGLang's token_ids_logprob each",
   },
   headersTimeoutMs: { arg: '<ms>', help: "time for a client to send a request's headers" },
   requestTimeoutMs: { arg: '<ms>', help: 'time for a client to send a whole request (headers and body)' },
