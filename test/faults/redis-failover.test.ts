@@ -38,7 +38,16 @@ test('Redis failed over behind one address: a replica left on the demoted server
   const unhandled = unhandledRejections();
   const replica = async () => {
     const i = stores.length;
-    const state = new RedisStateStore({ url: address.url, prefix: 'cf-fo:', syncIntervalMs: 50 });
+    // the demoted server loads the new primary's snapshot before it answers again: on a busy
+    // machine that takes over the default second of silence, and the replica would leave it as a
+    // stalled server instead of on the READONLY this test is about
+    const state = new RedisStateStore({
+      url: address.url,
+      prefix: 'cf-fo:',
+      syncIntervalMs: 50,
+      stallTimeoutMs: 15_000,
+      commandTimeoutMs: 2_000,
+    });
     stores.push(state);
     const { gateway, base } = await stateReplica(state, `http://127.0.0.1:${engine.port}`, (m) => logs[i].push(m));
     gateways.push(gateway);
