@@ -158,7 +158,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       metrics.latency.observe((performance.now() - started) / 1000);
       return answer;
     };
-    const excluded = connections.withoutModel(prepared.body.model);
+    // a set of the request's own, which the workers that fail it join (withoutModel() keeps its answer for the model)
+    const excluded = new Set(connections.withoutModel(prepared.body.model));
     if (excluded.size > 0 && excluded.size === connections.size) {
       return answered(reply)
         .code(404)
