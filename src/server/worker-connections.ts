@@ -54,10 +54,13 @@ export interface WorkerConnection {
 
 /** An attempt whose engine has not started answering it: it can still move to another worker. */
 export interface UnansweredRequest {
-  /** The request's `model` field as the client sent it: it moves only to a worker serving it. */
+  /**
+   * The request's `model` field as the client sent it: it moves only to a worker serving it when
+   * the move is decided (withoutModel() read then: a worker may have come to list it since).
+   */
   readonly model: unknown;
-  /** The workers the request may not go to (those not serving its model, those that failed it): it does not move to them. */
-  readonly excluded: ReadonlySet<string>;
+  /** The workers that failed the request, and the ranks of their engines that fail with them: it does not move to them. */
+  readonly failedWorkers: ReadonlySet<string>;
   /** No retry is left: moved, it would fail at once, where the engine may still answer it. */
   readonly lastAttempt: boolean;
   /** Gives the attempt up so the request goes to another worker (outcome 'worker-out'). */
@@ -282,20 +285,21 @@ export class WorkerConnections {
     }
     this.keeping.add(id);
     if (c.unanswered.size === 0) return;
-    // the fleet is read once per call, and the workers not serving a model once per change of the
-    // model lists (withoutModel() keeps them): the rest of the decision is the request's own (the
-    // workers that failed it, its retries left)
+    // the fleet is read once per call, and the workers not serving a model as they are now (kept
+    // per model by withoutModel()): the rest of the decision is the request's own (the workers
+    // that failed it, its retries left)
     const workers = this.options.router.listWorkers();
     const ranks = this.routerIdsOf(c.workerId);
     for (const req of [...c.unanswered]) {
       if (req.lastAttempt) continue;
-      if (movable(workers, this.withoutModel(req.model), ranks, req.excluded)) req.workerOut();
+      if (movable(workers, this.withoutModel(req.model), ranks, req.failedWorkers)) req.workerOut();
     }
   }
 
   /**
    * A worker may have come into rotation (back from its health verdicts, added, resumed from
-   * draining): the workers out of rotation keeping unanswered requests decide again.
+   * draining) or to serve a model it did not (a LoRA adapter its /v1/models lists now): the
+   * workers out of rotation keeping unanswered requests decide again.
    */
   rotationGained(): void {
     for (const id of [...this.keeping]) this.moveOrKeep(id);
@@ -459,7 +463,11 @@ export class WorkerConnections {
     return record;
   }
 
-  /** Reads a worker's LoRA adapters from its /v1/models (entries with a parent, as vLLM lists them). */
+  /**
+   * Reads a worker's LoRA adapters from its /v1/models (entries with a parent, as vLLM lists them).
+   * A worker that lists an adapter it did not serves its requests from now: those kept on workers
+   * out of rotation may move there, as when a worker comes into rotation.
+   */
   async readAdapters(workerId: string): Promise<void> {
     const firstId = this.groups.get(workerId)?.[0] ?? '';
     const first = this.connections.get(firstId);
@@ -467,11 +475,13 @@ export class WorkerConnections {
     // an engine that does not answer keeps what it listed before; one removed meanwhile serves nothing
     if (!models || this.connections.get(firstId) !== first) return;
     const listed = adaptersFromModels(models);
-    let changed = listed.size !== first.adapters.size;
-    for (const name of listed.keys()) if (!first.adapters.has(name)) changed = true;
+    let gained = false;
+    for (const name of listed.keys()) if (!first.adapters.has(name)) gained = true;
+    const changed = gained || listed.size !== first.adapters.size;
     first.adapters.clear();
     for (const [name, parent] of listed) first.adapters.set(name, parent);
     if (changed) this.modelsChanged();
+    if (gained) this.rotationGained();
   }
 
   /**
@@ -682,17 +692,19 @@ export class WorkerConnections {
 
 /**
  * Whether a request on a worker out of rotation has a worker in rotation to move to: one serving
- * its model (not in `withoutModel`), not a rank of the same engine (`ranks`: they fail with it, the
+ * its model now (not in `withoutModel`), not a rank of the same engine (`ranks`: they fail with it, the
  * health check probing each rank in turn), and not one that failed the request already
- * (`excluded`: the retry would leave it out, and find no worker).
+ * (`failedWorkers`: the retry would leave it out, and find no worker).
  */
 function movable(
   workers: readonly WorkerState[],
   withoutModel: ReadonlySet<string>,
   ranks: readonly string[],
-  excluded: ReadonlySet<string>,
+  failedWorkers: ReadonlySet<string>,
 ): boolean {
-  return workers.some((w) => w.available && !withoutModel.has(w.id) && !excluded.has(w.id) && !ranks.includes(w.id));
+  return workers.some(
+    (w) => w.available && !withoutModel.has(w.id) && !failedWorkers.has(w.id) && !ranks.includes(w.id),
+  );
 }
 
 /**

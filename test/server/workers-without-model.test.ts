@@ -1,12 +1,13 @@
 /**
  * WorkerConnections.withoutModel(): the workers not serving a model, as their model lists are
- * now. The answer for a model is kept until a list changes (a worker added or removed, a
- * /v1/models read listing other adapters): the same set, asked again, allocates nothing.
+ * now. The proxy asks at each attempt, so the answer for a model is kept until a list changes (a
+ * worker added or removed, a /v1/models read listing other adapters), and a worker that comes to
+ * list a request's LoRA adapter takes the requests kept for it.
  */
 import assert from 'node:assert/strict';
 import { test, type TestContext } from 'node:test';
 import { fakeEngine, type FakeEngine } from '../faults/harness.js';
-import { quietConnections } from '../helpers/worker-connections.js';
+import { keptRequest, quietConnections } from '../helpers/worker-connections.js';
 
 /** An engine whose /v1/models lists `listed.entries` (changed by the test), and connections with no polling of their own. */
 async function listingEngine(t: TestContext) {
@@ -56,4 +57,19 @@ test('models no worker lists share one answer: the workers that list their model
   assert.equal(connections.withoutModel('made-up-2'), unknown);
   assert.deepEqual([...connections.withoutModel('m')], []);
   assert.deepEqual([...connections.withoutModel(null)], []);
+});
+
+test('a request kept for an adapter moves once a worker in rotation lists the adapter in its /v1/models', async (t) => {
+  const { listed, engine, health, connections } = await listingEngine(t);
+  connections.add({ id: 'a', url: 'http://127.0.0.1:9', models: ['m'] });
+  connections.add({ id: 'b', url: engine.url, models: ['m'] });
+  await connections.readAdapters('b');
+  const moved = keptRequest(connections, 'a', 'm-lora');
+  health.set('a', 'health-check', false, 'HTTP 500');
+  assert.equal(moved(), 0, 'no worker in rotation lists the adapter: kept');
+  listed.entries = WITH_ADAPTER;
+  await connections.readAdapters('b');
+  assert.equal(moved(), 1, 'moved once b lists the adapter');
+  await connections.readAdapters('b');
+  assert.equal(moved(), 1, 'a read listing the same adapters decides nothing again');
 });
