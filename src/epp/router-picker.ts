@@ -67,7 +67,7 @@ export interface RoutingBackend {
   /** Every registered worker's id and engine base URL. */
   workers(): Iterable<{ id: string; url: string }>;
   /** Workers that list their models, `model` not among them. */
-  workersWithoutModel(model: unknown): Set<string>;
+  workersWithoutModel(model: unknown): ReadonlySet<string>;
   /**
    * Reads an OpenAI body (parsed JSON) and its headers as the gateway does, token ids included
    * when the gateway tokenizes; a RequestRejection for a malformed request.

@@ -45,14 +45,17 @@ export interface ForwardOptions {
   rank: number | null;
   /** Predicted cached tokens for the response header, when it is enabled. */
   cachedTokens: number | undefined;
-  /** The request's `model` field as the client sent it: a worker leaving rotation moves the request only to one serving it. */
+  /**
+   * The request's `model` field as the client sent it: a worker leaving rotation moves the request
+   * only to one serving it when the move is decided.
+   */
   model: unknown;
   /**
-   * The workers the request may not go to (those not serving its model, those that failed it),
-   * as the next attempt would leave them out: a worker leaving rotation moves the request only
-   * to another. Read while the attempt waits, not copied.
+   * The workers that failed the request, and the ranks of their engines that fail with them, as
+   * the next attempt would leave them out: a worker leaving rotation moves the request only to
+   * another. Read while the attempt waits, not copied.
    */
-  excluded: ReadonlySet<string>;
+  failedWorkers: ReadonlySet<string>;
   /** No retry is left after this attempt: a worker leaving rotation keeps the request. */
   lastAttempt: boolean;
   /** The client asked for a stream. */
@@ -415,8 +418,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     return this.o.model;
   }
 
-  get excluded(): ReadonlySet<string> {
-    return this.o.excluded;
+  get failedWorkers(): ReadonlySet<string> {
+    return this.o.failedWorkers;
   }
 
   get lastAttempt(): boolean {

@@ -44,7 +44,7 @@ import {
 import { clientMessage } from './request-limits.js';
 import type { FirstByteDeadlines } from './timeouts.js';
 import { forwardedVia } from './via.js';
-import type { WorkerConnections } from './worker-connections.js';
+import { NO_WORKERS, type WorkerConnections } from './worker-connections.js';
 
 export interface ProxyDeps {
   router: KVAwareRouter;
@@ -158,13 +158,15 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       metrics.latency.observe((performance.now() - started) / 1000);
       return answer;
     };
-    const excluded = connections.withoutModel(prepared.body.model);
-    if (excluded.size > 0 && excluded.size === connections.size) {
+    // (the name is a string of its own, not part of the body's text: holding it holds no body bytes)
+    const model = prepared.body.model;
+    const notServing = connections.withoutModel(model);
+    if (notServing.size > 0 && notServing.size === connections.size) {
       return answered(reply)
         .code(404)
         .send({
           error: {
-            message: `The model '${shown(String(prepared.body.model))}' does not exist on any worker`,
+            message: `The model '${shown(String(model))}' does not exist on any worker`,
             type: 'invalid_request_error',
             param: 'model',
             code: 'model_not_found',
@@ -221,6 +223,15 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     };
     // the worker whose failure the next attempt retries: counted once another worker takes it
     let retryOf: string | undefined;
+    /**
+     * The workers that failed the request, and the ranks of their engines that fail with them: no
+     * attempt goes to them again. Kept apart from the workers not serving its model, which each
+     * attempt reads as they are then (connections.withoutModel): a worker may come to serve it
+     * (list its LoRA adapter) while it waits or before its retry. Made at the first failure, as is
+     * `excludedNow`, route()'s exclusions once there is one: most requests have none.
+     */
+    let failedWorkers: Set<string> | undefined;
+    let excludedNow: Set<string> | undefined;
     // the workers out of rotation the attempt could be routed over (panic routing), when it was
     let panicCandidates: ReadonlySet<string> | undefined;
     for (let attempt = 0; ; attempt++) {
@@ -229,6 +240,11 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         reply.hijack();
         return reply;
       }
+      // the workers route() leaves out: those not serving the model now and those that failed the
+      // request (until one does, the set withoutModel() keeps for the model: nothing is made)
+      const without = connections.withoutModel(model);
+      const excluded =
+        failedWorkers === undefined ? without : union((excludedNow ??= new Set()), without, failedWorkers);
       // a whole answer shows no first token: the router reads it off the engine's queue
       const first = routeOr400(router, reply, prepared.routeRequest, {
         exclude: excluded,
@@ -243,12 +259,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       if (panic !== undefined && !first.noWorker) panic.routedInRotation();
       else if (panic !== undefined) {
         // no worker in rotation can take it: those held out only by slow probes may (panic
-        // routing), among the workers serving its model (`excluded` is not what may not take
-        // it: it holds those that failed the request too, which route() leaves out still)
+        // routing), among the workers serving its model (not `excluded`: the workers that failed
+        // the request may not take it either, but route() leaves them out still)
         const panicked = panic.decide(
           first,
           // (the closures run now, before any await: the body is still held)
-          () => connections.withoutModel(prepared!.body.model),
+          () => without,
           (heldOut, replaces) =>
             routeOr400(router, reply, prepared!.routeRequest, {
               exclude: excluded,
@@ -283,8 +299,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         workerId: target.workerId,
         rank: target.rank,
         cachedTokens: cachedTokensHeader ? cachedTokens : undefined,
-        model: prepared.body.model,
-        excluded,
+        model,
+        failedWorkers: failedWorkers ?? NO_WORKERS,
         lastAttempt: attempt >= maxRetries,
         streaming,
         via,
@@ -332,7 +348,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           // timed out): the other ranks of its engine fail with it, as when it leaves rotation. An
           // open circuit, this failure's or earlier ones', is no verdict on the engine's other ranks
           if (connections.heldOutByProbes(decision.workerId))
-            for (const id of connections.routerIdsOf(decision.workerId)) if (id !== decision.workerId) excluded.add(id);
+            for (const id of connections.routerIdsOf(decision.workerId))
+              if (id !== decision.workerId) (failedWorkers ??= new Set()).add(id);
           // a connection that failed, a timeout, a broken answer count at once: they say nothing of the request
           if (serverErrorAnswer) (answeredServerError ??= []).push(decision.workerId);
           else breaker.failed(decision.workerId);
@@ -342,23 +359,28 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           // the engine's ranks share its connections, so none of them can take it either
           noConnection++;
           metrics.connectionWaitTimeouts.inc({ worker: decision.workerId });
-          for (const id of connections.routerIdsOf(decision.workerId)) excluded.add(id);
+          for (const id of connections.routerIdsOf(decision.workerId)) (failedWorkers ??= new Set()).add(id);
         } else {
           // its worker left rotation (or was removed): the other ranks of its engine fail with it
           // (worker-connections.ts moves a request only when a worker of another engine can take it)
-          for (const id of connections.routerIdsOf(decision.workerId)) excluded.add(id);
+          for (const id of connections.routerIdsOf(decision.workerId)) (failedWorkers ??= new Set()).add(id);
         }
         // a connection that broke before any answer, with no other worker to take the request, is
         // what a connection gone stale in the pool looks like (the engine restarted, something on
         // the way closed it): the same worker is tried again, on another connection (undici drops
         // the broken one), within the retries; its failure still counts
+        // (the workers serving the model are read as they are now: the next attempt reads them so)
+        const notServingNow = connections.withoutModel(model);
         const sameAgain =
           connectionLost &&
           attempt < maxRetries &&
-          !hasOtherCandidate(router, excluded, panicCandidates, decision.workerId);
-        if (!sameAgain) excluded.add(decision.workerId);
+          !hasOtherCandidate(router, notServingNow, failedWorkers, panicCandidates, decision.workerId);
+        if (!sameAgain) (failedWorkers ??= new Set()).add(decision.workerId);
         // the pause spaces attempts; with none left to try there is nothing to wait for
-        if (attempt < maxRetries && (sameAgain || hasOtherCandidate(router, excluded, panicCandidates))) {
+        if (
+          attempt < maxRetries &&
+          (sameAgain || hasOtherCandidate(router, notServingNow, failedWorkers, panicCandidates))
+        ) {
           retryOf = decision.workerId;
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
@@ -382,14 +404,15 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
 }
 
 /**
- * Whether a worker not in `excluded` (nor `besides`) is available, or one of `panicCandidates`
- * not draining: one the next attempt's route() could choose (route() takes its candidates from
- * the available workers outside its exclusions, and in panic routing from those held out only
- * by probes that timed out).
+ * Whether a worker neither in `notServing` nor in `failedWorkers` (nor `besides`) is available, or one of
+ * `panicCandidates` not draining: one the next attempt's route() could choose (route() takes its
+ * candidates from the available workers outside its exclusions, and in panic routing from those
+ * held out only by probes that timed out).
  */
 function hasOtherCandidate(
   router: KVAwareRouter,
-  excluded: ReadonlySet<string>,
+  notServing: ReadonlySet<string>,
+  failedWorkers: ReadonlySet<string> | undefined,
   panicCandidates: ReadonlySet<string> | undefined,
   besides?: string,
 ): boolean {
@@ -398,9 +421,18 @@ function hasOtherCandidate(
     .some(
       (w) =>
         (w.available || (panicCandidates?.has(w.id) === true && !w.draining)) &&
-        !excluded.has(w.id) &&
+        !notServing.has(w.id) &&
+        failedWorkers?.has(w.id) !== true &&
         w.id !== besides,
     );
+}
+
+/** `into`, emptied and filled with the workers of `a` and of `b` (one set a request fills at each attempt). */
+function union(into: Set<string>, a: ReadonlySet<string>, b: ReadonlySet<string>): Set<string> {
+  into.clear();
+  for (const id of a) into.add(id);
+  for (const id of b) into.add(id);
+  return into;
 }
 
 /**

@@ -54,15 +54,27 @@ export interface WorkerConnection {
 
 /** An attempt whose engine has not started answering it: it can still move to another worker. */
 export interface UnansweredRequest {
-  /** The request's `model` field as the client sent it: it moves only to a worker serving it. */
+  /**
+   * The request's `model` field as the client sent it: it moves only to a worker serving it when
+   * the move is decided (withoutModel() read then: a worker may have come to list it since).
+   */
   readonly model: unknown;
-  /** The workers the request may not go to (those not serving its model, those that failed it): it does not move to them. */
-  readonly excluded: ReadonlySet<string>;
+  /** The workers that failed the request, and the ranks of their engines that fail with them: it does not move to them. */
+  readonly failedWorkers: ReadonlySet<string>;
   /** No retry is left: moved, it would fail at once, where the engine may still answer it. */
   readonly lastAttempt: boolean;
   /** Gives the attempt up so the request goes to another worker (outcome 'worker-out'). */
   workerOut(): void;
 }
+
+/** No worker: the set of workers that nothing leaves out. */
+export const NO_WORKERS: ReadonlySet<string> = new Set();
+
+/**
+ * Most model names whose workers not serving them are kept between changes of the workers' model
+ * lists (withoutModel()): names past it are answered as they are asked, never kept.
+ */
+const MAX_KEPT_MODELS = 1024;
 
 /** Largest /v1/models answer read (vLLM lists each model and adapter in a few hundred bytes). */
 const MAX_MODELS_BYTES = 4 * 1024 * 1024;
@@ -168,6 +180,15 @@ export class WorkerConnections {
    * period for slow probes): each request still on them had no worker in rotation to move to, or no retry left.
    */
   private readonly keeping = new Set<string>();
+  /**
+   * withoutModel()'s answers, by model name, since the workers' model lists last changed (a worker
+   * added or removed, a /v1/models read that lists other adapters): the proxy reads one at each
+   * attempt, the rotation at each decision on a kept request. Only names some worker lists are
+   * kept (at most MAX_KEPT_MODELS): a client's made-up names would grow it without bound.
+   */
+  private readonly withoutModelByName = new Map<string, ReadonlySet<string>>();
+  /** The workers that list their models: those not serving a name none of them lists (made when first asked). */
+  private listing: ReadonlySet<string> | undefined;
 
   private readonly engineConnections: number;
 
@@ -264,22 +285,21 @@ export class WorkerConnections {
     }
     this.keeping.add(id);
     if (c.unanswered.size === 0) return;
-    // the fleet is read once per call, and the workers not serving a model once per model: the
-    // rest of the decision is the request's own (the workers that failed it, its retries left)
+    // the fleet is read once per call, and the workers not serving a model as they are now (kept
+    // per model by withoutModel()): the rest of the decision is the request's own (the workers
+    // that failed it, its retries left)
     const workers = this.options.router.listWorkers();
     const ranks = this.routerIdsOf(c.workerId);
-    let withoutModel: Map<unknown, Set<string>> | undefined;
     for (const req of [...c.unanswered]) {
       if (req.lastAttempt) continue;
-      let without = withoutModel?.get(req.model);
-      if (without === undefined) (withoutModel ??= new Map()).set(req.model, (without = this.withoutModel(req.model)));
-      if (movable(workers, without, ranks, req.excluded)) req.workerOut();
+      if (movable(workers, this.withoutModel(req.model), ranks, req.failedWorkers)) req.workerOut();
     }
   }
 
   /**
    * A worker may have come into rotation (back from its health verdicts, added, resumed from
-   * draining): the workers out of rotation keeping unanswered requests decide again.
+   * draining) or to serve a model it did not (a LoRA adapter its /v1/models lists now): the
+   * workers out of rotation keeping unanswered requests decide again.
    */
   rotationGained(): void {
     for (const id of [...this.keeping]) this.moveOrKeep(id);
@@ -437,19 +457,31 @@ export class WorkerConnections {
       this.checker?.add(id, base);
     });
     this.groups.set(w.id, ids);
+    this.modelsChanged();
     void this.readAdapters(w.id);
     this.rotationGained();
     return record;
   }
 
-  /** Reads a worker's LoRA adapters from its /v1/models (entries with a parent, as vLLM lists them). */
+  /**
+   * Reads a worker's LoRA adapters from its /v1/models (entries with a parent, as vLLM lists them).
+   * A worker that lists an adapter it did not serves its requests from now: those kept on workers
+   * out of rotation may move there, as when a worker comes into rotation.
+   */
   async readAdapters(workerId: string): Promise<void> {
-    const first = this.connections.get(this.groups.get(workerId)?.[0] ?? '');
+    const firstId = this.groups.get(workerId)?.[0] ?? '';
+    const first = this.connections.get(firstId);
     const models = first && (await this.listModels(first));
-    // an engine that does not answer keeps what it listed before
-    if (!models) return;
+    // an engine that does not answer keeps what it listed before; one removed meanwhile serves nothing
+    if (!models || this.connections.get(firstId) !== first) return;
+    const listed = adaptersFromModels(models);
+    let gained = false;
+    for (const name of listed.keys()) if (!first.adapters.has(name)) gained = true;
+    const changed = gained || listed.size !== first.adapters.size;
     first.adapters.clear();
-    for (const [name, parent] of adaptersFromModels(models)) first.adapters.set(name, parent);
+    for (const [name, parent] of listed) first.adapters.set(name, parent);
+    if (changed) this.modelsChanged();
+    if (gained) this.rotationGained();
   }
 
   /**
@@ -497,6 +529,7 @@ export class WorkerConnections {
       this.options.applier.clearWorker(rid);
       removed = this.options.router.removeWorker(rid) || removed;
     }
+    this.modelsChanged();
     // requests waiting for one of its connections move to other workers now (worker-out), not
     // when one of its streams ends, onto the closed pool (as an engine failure of a removed worker)
     first.slots.withdrawAll();
@@ -512,12 +545,40 @@ export class WorkerConnections {
     return this.options.health.heldOutByProbes(id);
   }
 
-  /** Workers that list their models and `model` is not among them (nor among their LoRA adapters). */
-  withoutModel(model: unknown): Set<string> {
+  /**
+   * Workers that list their models and `model` is not among them (nor among their LoRA adapters),
+   * as they are now. Kept per model until the model lists change (the same set is answered until
+   * then, a new one after): the proxy asks at each attempt, and most requests ask for a model the
+   * workers list.
+   */
+  withoutModel(model: unknown): ReadonlySet<string> {
+    if (typeof model !== 'string') return NO_WORKERS;
+    const kept = this.withoutModelByName.get(model);
+    if (kept !== undefined) return kept;
+    let listed = false;
+    for (const c of this.connections.values())
+      if (c.models?.has(model) || c.adapters.has(model)) {
+        listed = true;
+        break;
+      }
+    if (!listed) return (this.listing ??= this.listingWorkers());
     const out = new Set<string>();
-    if (typeof model !== 'string') return out;
     for (const [id, c] of this.connections) if (c.models && !c.models.has(model) && !c.adapters.has(model)) out.add(id);
+    if (this.withoutModelByName.size < MAX_KEPT_MODELS) this.withoutModelByName.set(model, out);
     return out;
+  }
+
+  /** The workers that list their models. */
+  private listingWorkers(): Set<string> {
+    const out = new Set<string>();
+    for (const [id, c] of this.connections) if (c.models) out.add(id);
+    return out;
+  }
+
+  /** The workers' model lists changed: withoutModel() answers from them again. */
+  private modelsChanged(): void {
+    this.withoutModelByName.clear();
+    this.listing = undefined;
   }
 
   /**
@@ -631,17 +692,19 @@ export class WorkerConnections {
 
 /**
  * Whether a request on a worker out of rotation has a worker in rotation to move to: one serving
- * its model (not in `withoutModel`), not a rank of the same engine (`ranks`: they fail with it, the
+ * its model now (not in `withoutModel`), not a rank of the same engine (`ranks`: they fail with it, the
  * health check probing each rank in turn), and not one that failed the request already
- * (`excluded`: the retry would leave it out, and find no worker).
+ * (`failedWorkers`: the retry would leave it out, and find no worker).
  */
 function movable(
   workers: readonly WorkerState[],
   withoutModel: ReadonlySet<string>,
   ranks: readonly string[],
-  excluded: ReadonlySet<string>,
+  failedWorkers: ReadonlySet<string>,
 ): boolean {
-  return workers.some((w) => w.available && !withoutModel.has(w.id) && !excluded.has(w.id) && !ranks.includes(w.id));
+  return workers.some(
+    (w) => w.available && !withoutModel.has(w.id) && !failedWorkers.has(w.id) && !ranks.includes(w.id),
+  );
 }
 
 /**

@@ -112,20 +112,35 @@ export interface HoldingEngine extends FakeEngine {
   release(): void;
 }
 
+/** What a holding engine answers besides its completions. */
+export interface HoldingEngineOptions {
+  /** The status its held POSTs are answered with (default 200; another: an error object naming the engine). */
+  status?: number;
+  /** The entries its GET /v1/models lists, read at each request (default: none, 404). */
+  models?: () => Array<{ id: string; parent?: string }>;
+}
+
 /**
  * An engine that holds every POST, once read, until release() (an engine still computing it),
- * then answers it with one completion whose text is `name`; other methods get 404. Its /health
+ * then answers it with one completion whose text is `name` (with `options.status`, an error);
+ * GET /v1/models lists `options.models()` when given; other requests get 404. Its /health
  * answers `healthStatus()`.
  */
 export async function holdingEngine(
   name: string,
   healthStatus: () => HealthAnswer = () => 200,
+  { status = 200, models }: HoldingEngineOptions = {},
 ): Promise<HoldingEngine> {
   const waiting: Array<() => void> = [];
-  const answer = JSON.stringify({ choices: [{ text: name }], usage: { prompt_tokens: 1, completion_tokens: 1 } });
+  const answer =
+    status === 200
+      ? JSON.stringify({ choices: [{ text: name }], usage: { prompt_tokens: 1, completion_tokens: 1 } })
+      : JSON.stringify({ error: { message: name } });
   const counts = { posts: 0, abandoned: 0 };
   const engine = await fakeEngine((req, res) => {
     req.resume();
+    if (req.method === 'GET' && req.url === '/v1/models' && models !== undefined)
+      return void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ data: models() }));
     if (req.method !== 'POST') return void res.writeHead(404).end();
     counts.posts++;
     res.on('close', () => {
@@ -133,7 +148,7 @@ export async function holdingEngine(
     });
     req.on('end', () =>
       waiting.push(() => {
-        if (!res.destroyed) res.writeHead(200, { 'content-type': 'application/json' }).end(answer);
+        if (!res.destroyed) res.writeHead(status, { 'content-type': 'application/json' }).end(answer);
       }),
     );
   }, healthStatus);

@@ -324,6 +324,57 @@ test('a request kept past the grace period on a worker whose probes time out mov
   });
 });
 
+/** A base model `m` and its LoRA adapter `m-lora`, as an engine serving the adapter lists them in /v1/models. */
+const WITH_ADAPTER = [{ id: 'm' }, { id: 'm-lora', parent: 'm' }];
+
+/**
+ * Waits until the gateway read the adapter from a's /v1/models and b read b's at least once (the
+ * reads made when the workers were added), so a later read of b is the one the test makes.
+ */
+async function adaptersRead(g: Fleet, b: FakeEngine): Promise<void> {
+  await until(() => g.gateway.connections.loraOf('m-lora') === 'm-lora', "a's adapter read");
+  await until(() => b.requests >= 1, "b's /v1/models read");
+}
+
+test('a request kept for a LoRA adapter moves to a worker in rotation once its /v1/models lists the adapter', async () => {
+  let healthA = 200;
+  let listedB = [{ id: 'm' }];
+  const a = await holdingEngine('from-a', () => healthA, { models: () => WITH_ADAPTER });
+  const b = await holdingEngine('from-b', () => 200, { models: () => listedB });
+  await withFleet([a, b], ofModel('m', { a, b }), async (g) => {
+    await adaptersRead(g, b);
+    const { pending } = await sendTo(g, a, { model: 'm-lora', prompt: 'waits' }, 'the request on a');
+    healthA = 500;
+    await until(() => g.out('a'), 'a out of rotation');
+    assert.equal(b.posts, 0, 'no worker in rotation lists the adapter: kept');
+    listedB = WITH_ADAPTER;
+    await g.gateway.connections.readAdapters('b');
+    await until(() => b.posts === 1, 'the kept request moved to b once b lists the adapter');
+    b.release();
+    const r = await answeredBy(pending, 'b');
+    assert.match(r.text, /from-b/);
+    await until(() => a.abandoned === 1, 'a let go of the request');
+  });
+});
+
+test('a request that fails on the only worker listing its LoRA adapter is retried on a worker that lists the adapter by then', async () => {
+  let listedB = [{ id: 'm' }];
+  // a holds the request, then answers it 500
+  const a = await holdingEngine('a exploded', () => 200, { status: 500, models: () => WITH_ADAPTER });
+  const b = await holdingEngine('from-b', () => 200, { models: () => listedB });
+  await withFleet([a, b], ofModel('m', { a, b }), async (g) => {
+    await adaptersRead(g, b);
+    const { pending } = await sendTo(g, a, { model: 'm-lora', prompt: 'retried' }, 'the request on a');
+    listedB = WITH_ADAPTER;
+    await g.gateway.connections.readAdapters('b');
+    a.release();
+    // b serves the adapter now: the retry goes there
+    const [r] = await releaseUntilAnswered([b], [pending]);
+    assert.match((await answeredBy(r, 'b')).text, /from-b/);
+    assert.equal(a.posts, 1, 'a, which failed it, tried once');
+  });
+});
+
 test('a worker of two models leaving rotation: its request of the model another worker in rotation serves moves there, the other stays', async () => {
   let health = 200;
   const a = await holdingEngine('from-a', () => health);

@@ -89,7 +89,7 @@ export function forwardTo(
     rank: null,
     cachedTokens: undefined,
     model: undefined,
-    excluded: new Set(),
+    failedWorkers: new Set(),
     lastAttempt: false,
     streaming: true,
     via: '1.1 contextforge-000000000000',

@@ -31,7 +31,7 @@ export function keptRequest(connections: WorkerConnections, id: string, model: s
   let moved = 0;
   connections.get(id)!.unanswered.add({
     model,
-    excluded: new Set(),
+    failedWorkers: new Set(),
     lastAttempt: false,
     workerOut: () => moved++,
   });
