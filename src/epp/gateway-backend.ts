@@ -10,6 +10,7 @@ export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
     metrics,
     limits: gateway.limits,
     forwardKvTransferParams: gateway.forwardKvTransferParams,
+    forwardCustomLogitProcessor: gateway.forwardCustomLogitProcessor,
     panic: gateway.panic,
     *workers() {
       for (const w of router.listWorkers()) {

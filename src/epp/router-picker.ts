@@ -13,7 +13,7 @@ import {
   checkGenerateRequest,
   checkName,
   checkRequestLimits,
-  kvTransferFieldsIn,
+  removedFieldsIn,
   RequestLimitError,
   type RequestLimits,
 } from '../server/request-limits.js';
@@ -57,6 +57,11 @@ export interface RoutingBackend {
    * gateway's setting says; otherwise they are removed from every JSON object body (default).
    */
   readonly forwardKvTransferParams?: boolean;
+  /**
+   * Forward the code fields a client sends (request-limits.ts CLIENT_CODE_FIELDS), as the
+   * gateway's setting says; otherwise they are removed from every JSON object body (default).
+   */
+  readonly forwardCustomLogitProcessor?: boolean;
   /**
    * The gateway's panic routing (panic-routing.ts): a request no worker in rotation can take is
    * picked among the workers held out only by a health check or metrics scrape that timed out,
@@ -295,10 +300,10 @@ export class RouterPicker implements EndpointPicker {
         }
       } else {
         // another API (SGLang's /generate, /v1/responses, a path with a trailing slash): not
-        // routed on its body, but an engine reads the KV-transfer fields from it all the same.
-        // Only /generate's body is checked against the request limits (above); /v1/responses and
-        // the other paths are forwarded without those checks
-        const removed = this.backend.forwardKvTransferParams === true ? undefined : kvTransferFieldsIn(body);
+        // routed on its body, but an engine reads the KV-transfer and code fields from it all the
+        // same. Only /generate's body is checked against the request limits (above); /v1/responses
+        // and the other paths are forwarded without those checks
+        const removed = removedFieldsIn(body, this.backend);
         if (removed !== undefined || rewritten) {
           const bytes = forwardableBytes(input.body);
           if (bytes === undefined) {
@@ -534,7 +539,8 @@ function isGenerate(path: string | undefined): boolean {
  * A path with a trailing slash (`/v1/completions/`) names none: vLLM and SGLang serve the APIs
  * with FastAPI, whose router (Starlette, redirect_slashes) answers it 307 with the path without
  * the slash, and never runs the API on it; a client that follows the redirect comes back through
- * the picker on the API's own path and is read then. Its body still loses the KV-transfer fields.
+ * the picker on the API's own path and is read then. Its body still loses the KV-transfer and
+ * code fields.
  */
 function apiPath(
   path: string | undefined,

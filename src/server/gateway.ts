@@ -122,6 +122,15 @@ export interface GatewayOptions {
    * removed, as a client could otherwise make an engine fetch KV from a host of its choosing.
    */
   forwardKvTransferParams?: boolean;
+  /**
+   * Forward the body fields that carry a client's code for an engine to run (SGLang's
+   * `custom_logit_processor`, a pickled class an engine started with
+   * `--enable-custom-logit-processor` unpickles; vLLM's `logits_processors`, names it imports and
+   * constructs: request-limits.ts CLIENT_CODE_FIELDS) as a client sends them. Off by default: they
+   * are removed, as the gateway's clients could otherwise run code on engines that allow it for
+   * callers trusted with it. Forwarded, a `custom_logit_processor` is bounded as before.
+   */
+  forwardCustomLogitProcessor?: boolean;
   /** Client-side and engine-side timeouts (timeouts.ts). */
   timeouts?: Partial<GatewayTimeouts>;
   /** Where workers' `apiKeyEnv` variables are read (default process.env). */
@@ -229,6 +238,8 @@ export interface Gateway {
   limits: Readonly<RequestLimits>;
   /** Whether the KV-transfer fields a client sends are forwarded (GatewayOptions.forwardKvTransferParams). */
   forwardKvTransferParams: boolean;
+  /** Whether the code fields a client sends are forwarded (GatewayOptions.forwardCustomLogitProcessor). */
+  forwardCustomLogitProcessor: boolean;
   /** The request-body bytes held now over all requests, and their limit (the endpoint picker's too). */
   bodyBudget: BodyBudget;
   /** The bytes of complete answers gathered now over all requests, and their limit. */
@@ -668,6 +679,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     loraOf: (model) => connections.loraOf(model),
     limits,
     forwardKvTransferParams: options.forwardKvTransferParams === true,
+    forwardCustomLogitProcessor: options.forwardCustomLogitProcessor === true,
   };
   const readRequest = createRequestReader(readerOptions);
   // for every front end on this router: the proxy and the endpoint picker
@@ -858,6 +870,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     parseRequest: createRequestParser(readerOptions),
     limits,
     forwardKvTransferParams: readerOptions.forwardKvTransferParams === true,
+    forwardCustomLogitProcessor: readerOptions.forwardCustomLogitProcessor === true,
     bodyBudget,
     capClientConnections: capListener,
     answerBudget,

@@ -24,6 +24,7 @@ import {
   parseJsonBody,
   readRouteRequest,
   RequestLimitError,
+  type ForwardedFields,
   type ReadRequest,
   type RequestLimits,
 } from './request-limits.js';
@@ -87,7 +88,7 @@ export function parseRequestBody(
 
 /**
  * The text of a JSON object body with its top-level `removed` members (`contextforge`, and the
- * KV-transfer fields the gateway does not forward: ReadRequest.removed) removed and, when
+ * KV-transfer and code fields the gateway does not forward: ReadRequest.removed) removed and, when
  * `cacheSalt` is given, its `cache_salt` members replaced by that one (and likewise `model`, which
  * the endpoint picker may rewrite); every other member is kept as the client wrote it.
  * Re-serialising the parsed body instead would change what JSON.parse cannot hold: a 64-bit
@@ -276,6 +277,8 @@ export interface RequestReaderOptions {
   limits: RequestLimits;
   /** Forward the KV-transfer fields a client sends (request-limits.ts KV_TRANSFER_FIELDS); removed by default. */
   forwardKvTransferParams?: boolean;
+  /** Forward the code fields a client sends (request-limits.ts CLIENT_CODE_FIELDS); removed by default. */
+  forwardCustomLogitProcessor?: boolean;
 }
 
 /** A malformed request as data: the HTTP status, the message, the offending field. */
@@ -295,12 +298,16 @@ export interface RequestRejection {
  */
 export function createRequestParser(options: RequestReaderOptions) {
   const { tokenize: tokenizeMode, promptTokenizer, tokenizeOnEngine, loraOf, limits } = options;
-  const forwardKvTransferParams = options.forwardKvTransferParams === true;
+  // one object for every request, read by removedFieldsIn
+  const forward: ForwardedFields = {
+    forwardKvTransferParams: options.forwardKvTransferParams === true,
+    forwardCustomLogitProcessor: options.forwardCustomLogitProcessor === true,
+  };
   return async (path: string, req: RequestSource): Promise<ParsedRequest | RequestRejection> => {
     let parsed: ParsedRequest;
     try {
       const headers = req.raw === undefined ? req.headers : metadataHeaders(req.raw);
-      parsed = readRouteRequest(path, req.body, headers, limits, forwardKvTransferParams);
+      parsed = readRouteRequest(path, req.body, headers, limits, forward);
     } catch (err) {
       if (err instanceof RequestLimitError) {
         return { status: err.status, message: err.message, param: err.param };

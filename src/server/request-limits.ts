@@ -106,7 +106,9 @@ export const NAME_BYTES_PER_ID_BYTE = 4;
  * a few each). The engine unpickles it through `_cache_from_str`, an lru_cache with maxsize=None
  * keyed by the string, so every distinct string a client sends stays in the engine's memory
  * with the class it makes, for the engine's lifetime: without a bound, up to a whole body per
- * request. A callable is not an id, so the bound does not follow maxIdBytes.
+ * request. A callable is not an id, so the bound does not follow maxIdBytes. The field is
+ * removed from what is forwarded unless the operator keeps it (CLIENT_CODE_FIELDS); it is
+ * bounded either way.
  */
 export const CUSTOM_LOGIT_PROCESSOR_BYTES = 64 * 1024;
 
@@ -715,12 +717,68 @@ export const KV_TRANSFER_FIELDS: readonly string[] = [
 ];
 
 /**
- * The KV_TRANSFER_FIELDS that are own keys of `body`, or undefined when it has none: a few
- * own-key lookups on the parsed object (escaped spellings of a key are parsed to it).
+ * Top-level body fields that carry a client's code for an engine to run. An engine runs it only
+ * when its operator allowed that at its start, and then for whoever reaches it: the gateway
+ * fronts clients its operator may not trust with code execution on the engines, while callers
+ * that reach the engines directly may be trusted with it.
+ *
+ * - SGLang's `custom_logit_processor`: `{"callable": "<hex>"}`, the hex dill.dumps of a class
+ *   (CustomLogitProcessor.to_str, python/sglang/srt/sampling/custom_logit_processor.py). An
+ *   engine started with `--enable-custom-logit-processor` unpickles it (`_cache_from_str`:
+ *   dill.loads, when SamplingBatchInfo.from_schedule_batch builds the batch), and unpickling
+ *   runs whatever code the pickle names, in the scheduler process; without the flag the
+ *   tokenizer manager refuses the request (_validate_one_request). Taken at the top level of
+ *   GenerateReqInput (python/sglang/srt/managers/io_struct.py, the native `/generate`: a string
+ *   or a list of one per prompt), of CompletionRequest (a string) and of ChatCompletionRequest
+ *   (a string or a list) in python/sglang/srt/entrypoints/openai/protocol.py; no other request
+ *   model there takes it (EmbeddingRequest, ClassifyRequest, ScoringRequest, V1RerankReqInput,
+ *   ResponsesRequest). `custom_params` (top level, or in `/generate`'s `sampling_params`) is
+ *   kept: a JSON object the processor reads as its per-request arguments, data only.
+ * - vLLM's `logits_processors` (ChatCompletionRequest and CompletionRequest in
+ *   vllm/entrypoints/openai/protocol.py, later chat_completion/protocol.py and
+ *   completion/protocol.py): a list of qualified names, or of `{"qualname", "args", "kwargs"}`
+ *   (LogitsProcessorConstructor). When a name matches the server's `--logits-processor-pattern`
+ *   (re.match; no pattern, the default, refuses the field), get_logits_processors resolves it
+ *   with resolve_obj_by_qualname, importlib.import_module of the module the client named (its
+ *   top-level code runs on first import) and getattr, and calls a constructor object with the
+ *   client's args and kwargs, in the API server, while building the request's SamplingParams:
+ *   before the V1 engine refuses per-request processors ("vLLM V1 does not support per request
+ *   user provided logits processors", v1/engine/processor.py), so a V1 server with a pattern
+ *   still imports and constructs what a client names. A pattern wide enough for a package's
+ *   processors admits every object of that package and of any module whose name starts alike,
+ *   with constructor arguments the client chooses. The same trust as SGLang's field: removed
+ *   with it, by the same setting. vLLM dropped the field with the pattern
+ *   (vllm-project/vllm#34400); a newer engine ignores it, so removing it costs nothing there.
+ *
+ * The gateway removes them from what it forwards unless `forwardCustomLogitProcessor` keeps them
+ * (engines whose operator trusts the gateway's clients with code); the endpoint picker removes
+ * them from every JSON object body it reads, whatever its path, as it removes the
+ * KV_TRANSFER_FIELDS.
  */
-export function kvTransferFieldsIn(body: Readonly<Record<string, unknown>>): string[] | undefined {
+export const CLIENT_CODE_FIELDS: readonly string[] = ['custom_logit_processor', 'logits_processors'];
+
+/** Which of the fields the gateway removes by default it forwards instead: the operator's settings. */
+export interface ForwardedFields {
+  /** Forward the KV_TRANSFER_FIELDS a client sends. */
+  forwardKvTransferParams?: boolean;
+  /** Forward the CLIENT_CODE_FIELDS a client sends. */
+  forwardCustomLogitProcessor?: boolean;
+}
+
+/**
+ * The fields of KV_TRANSFER_FIELDS and CLIENT_CODE_FIELDS that are own keys of `body` and that
+ * `forward` does not keep, or undefined when there are none: a few own-key lookups on the parsed
+ * object (escaped spellings of a key are parsed to it), no list unless one is found.
+ */
+export function removedFieldsIn(
+  body: Readonly<Record<string, unknown>>,
+  forward: Readonly<ForwardedFields>,
+): string[] | undefined {
   let found: string[] | undefined;
-  for (const key of KV_TRANSFER_FIELDS) if (Object.hasOwn(body, key)) (found ??= []).push(key);
+  if (forward.forwardKvTransferParams !== true)
+    for (const key of KV_TRANSFER_FIELDS) if (Object.hasOwn(body, key)) (found ??= []).push(key);
+  if (forward.forwardCustomLogitProcessor !== true)
+    for (const key of CLIENT_CODE_FIELDS) if (Object.hasOwn(body, key)) (found ??= []).push(key);
   return found;
 }
 
@@ -733,7 +791,7 @@ export interface ReadRequest {
   body: Record<string, unknown>;
   /** True when the body to forward is the body as received (nothing removed). */
   unchanged: boolean;
-  /** The top-level fields removed from the body as received (`contextforge`, KV_TRANSFER_FIELDS). */
+  /** The top-level fields removed from the body as received (`contextforge`, removedFieldsIn). */
   removed: readonly string[];
 }
 
@@ -742,15 +800,15 @@ export interface ReadRequest {
  * must be an object; metadata, model, user, cache_salt, stream, n, best_of, stop, stop_regex,
  * bad_words, stop_token_ids, the log-probability counts, the ids the engine keeps
  * (checkEngineKeys) and the prompt or messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
- * to forward is the one received without `contextforge` and, unless `forwardKvTransferParams`,
- * without the KV_TRANSFER_FIELDS.
+ * to forward is the one received without `contextforge` and without the KV_TRANSFER_FIELDS and
+ * CLIENT_CODE_FIELDS that `forward` does not keep (removedFieldsIn).
  */
 export function readRouteRequest(
   path: string,
   raw: unknown,
   headers: Headers,
   limits: RequestLimits,
-  forwardKvTransferParams = false,
+  forward: Readonly<ForwardedFields> = {},
 ): ReadRequest {
   if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
     throw new RequestLimitError('the body must be a JSON object', 'body');
@@ -760,10 +818,8 @@ export function readRouteRequest(
   // on the parsed object (escaped spellings of a key are parsed to it), no copy per request
   let removed: string[] | undefined;
   if (Object.hasOwn(received, 'contextforge')) removed = ['contextforge'];
-  if (!forwardKvTransferParams) {
-    const fields = kvTransferFieldsIn(received);
-    if (fields !== undefined) removed = removed === undefined ? fields : removed.concat(fields);
-  }
+  const fields = removedFieldsIn(received, forward);
+  if (fields !== undefined) removed = removed === undefined ? fields : removed.concat(fields);
   let body = received;
   if (removed !== undefined) {
     // spread defines every key as an own property ("__proto__" included), never a prototype
@@ -804,8 +860,10 @@ export function readRouteRequest(
   if (chat) routeRequest.messages = readMessages(body.messages);
   else Object.assign(routeRequest, readPrompt(body.prompt));
   // what the engine keeps the request by: SGLang's lists hold one entry per prompt, and a chat
-  // is one prompt (SGLang's serving_chat.py makes one GenerateReqInput of the conversation)
-  checkEngineKeys(body, limits, chat ? 1 : completionPrompts(body.prompt));
+  // is one prompt (SGLang's serving_chat.py makes one GenerateReqInput of the conversation).
+  // Read on the body as received, so a custom_logit_processor is bounded whether it is forwarded
+  // or removed, as the endpoint picker bounds it on /generate before removing it
+  checkEngineKeys(received, limits, chat ? 1 : completionPrompts(body.prompt));
   return { routeRequest, body, unchanged: removed === undefined, removed: removed ?? NO_FIELDS_REMOVED };
 }
 

@@ -270,6 +270,30 @@ test('serve refuses a bad config with a message and exit code 2', () => {
   assert.match(r.stderr, /^error: --config .*unknown key 'colour'/m);
 });
 
+test('the fields removed from forwarded bodies: each setting off by default, on by flag, environment or file', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
+  const file = join(dir, 'router.yaml');
+  writeFileSync(file, 'forward-custom-logit-processor: true\n');
+  const d = resolve([]);
+  assert.deepEqual([d.forwardCustomLogitProcessor, d.forwardKvTransferParams], [false, false]);
+  const flag = resolve(['--forward-custom-logit-processor', 'true']);
+  // one setting does not turn on the other
+  assert.deepEqual([flag.forwardCustomLogitProcessor, flag.forwardKvTransferParams], [true, false]);
+  const env = resolve([], { CONTEXTFORGE_FORWARD_CUSTOM_LOGIT_PROCESSOR: 'true' });
+  assert.equal(env.forwardCustomLogitProcessor, true);
+  assert.equal(resolve(['--config', file]).forwardCustomLogitProcessor, true);
+  // the flag wins over the file
+  assert.equal(
+    resolve(['--config', file, '--forward-custom-logit-processor', 'false']).forwardCustomLogitProcessor,
+    false,
+  );
+  assert.equal(resolve(['--forward-kv-transfer-params', 'true']).forwardCustomLogitProcessor, false);
+  assert.throws(
+    () => resolve([], { CONTEXTFORGE_FORWARD_CUSTOM_LOGIT_PROCESSOR: 'maybe' }),
+    /'CONTEXTFORGE_FORWARD_CUSTOM_LOGIT_PROCESSOR' is invalid\. --forward-custom-logit-processor must be true or false \(got 'maybe'\)/,
+  );
+});
+
 test('serve security settings: switches, token file, keys file, limits, timeouts, engine key variables', () => {
   const c = resolve([
     '--public-route-api',

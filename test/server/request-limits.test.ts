@@ -239,6 +239,31 @@ test('a body with nothing to remove shares one frozen empty list of removed fiel
   assert.deepEqual(c.removed, ['kv_transfer_params']);
 });
 
+test('the fields removed by default: the KV-transfer fields and the code fields, each kept by its own setting', async () => {
+  const { readRouteRequest } = await import('../../src/server/request-limits.js');
+  const body = {
+    contextforge: {},
+    prompt: 'p',
+    kv_transfer_params: {},
+    custom_logit_processor: '{"callable": "80"}',
+    logits_processors: ['m.P'],
+    custom_params: { k: 1 },
+  };
+  const read = (forward?: object) => readRouteRequest('/v1/completions', body, {}, limits, forward);
+  const removed = (forward?: object) => [...read(forward).removed].sort();
+  assert.deepEqual(removed(), ['contextforge', 'custom_logit_processor', 'kv_transfer_params', 'logits_processors']);
+  assert.deepEqual(read().body, { prompt: 'p', custom_params: { k: 1 } });
+  assert.deepEqual(removed({ forwardKvTransferParams: true }), [
+    'contextforge',
+    'custom_logit_processor',
+    'logits_processors',
+  ]);
+  assert.deepEqual(removed({ forwardCustomLogitProcessor: true }), ['contextforge', 'kv_transfer_params']);
+  assert.deepEqual(removed({ forwardKvTransferParams: true, forwardCustomLogitProcessor: true }), ['contextforge']);
+  // the body as received is left as it is
+  assert.equal(body.custom_logit_processor, '{"callable": "80"}');
+});
+
 describe("SGLang's per-prompt lists: at most one entry per prompt", () => {
   // SGLang (python/sglang/srt/managers/io_struct.py, GenerateReqInput._determine_batch_size)
   // counts the prompts of `text`, else `input_ids`, else `input_embeds`

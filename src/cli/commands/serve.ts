@@ -187,6 +187,7 @@ export async function startGateway(
     apiKeys,
     cachedTokensHeader: c.cachedTokensHeader,
     forwardKvTransferParams: c.forwardKvTransferParams,
+    forwardCustomLogitProcessor: c.forwardCustomLogitProcessor,
     limits: {
       maxIdBytes: c.maxIdBytes,
       maxAnchors: c.maxAnchors,

@@ -66,6 +66,7 @@ const gatewayShape = {
   apiKeysFile: text().optional(),
   cachedTokensHeader: z.boolean().default(false),
   forwardKvTransferParams: z.boolean().default(false),
+  forwardCustomLogitProcessor: z.boolean().default(false),
   // the gateway's limits and timeouts as the gateway declares them
   ...REQUEST_LIMITS_SCHEMA.shape,
   headersTimeoutMs: TIMEOUTS_SCHEMA.shape.headersTimeoutMs,
@@ -142,6 +143,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   forwardKvTransferParams: {
     arg: '<true|false>',
     help: "forward a client's kv_transfer_params and ec_transfer_params (vLLM), bootstrap_host/port/room and the other KV-transfer fields (SGLang), which direct an engine's disaggregated KV transfer; removed by default",
+  },
+  forwardCustomLogitProcessor: {
+    arg: '<true|false>',
+    help: "forward a client's custom_logit_processor (SGLang: a pickled class an engine started with --enable-custom-logit-processor runs) and logits_processors (vLLM: names an engine with --logits-processor-pattern imports and constructs), code the engines would run for the gateway's clients; removed by default",
   },
   maxIdBytes: {
     arg: '<n>',
