@@ -247,6 +247,7 @@ describe('through the endpoint picker', () => {
       fields: { messages: [{ role: 'user', content: 'p' }], session_params: { id: 'x'.repeat(1025) } },
       param: 'session_params.id',
     },
+    { path: '/v1/completions', fields: { prompt: Array(257).fill('p') }, param: 'prompt' },
   ];
   for (const { path, fields, param } of CASES) {
     test(`${param} over its limit is refused with 400 naming it (${path})`, async () => {
@@ -265,7 +266,13 @@ describe('through the endpoint picker', () => {
   test('at the limits the request is routed', async () => {
     const out = await envoy.request({
       headers: { ':path': '/v1/completions' },
-      body: JSON.stringify({ model: 'mock', prompt: 'p', logprobs: 20, rid: 'x'.repeat(1024), stop_regex: ['a'] }),
+      body: JSON.stringify({
+        model: 'mock',
+        prompt: Array(256).fill('p'),
+        logprobs: 20,
+        rid: 'x'.repeat(1024),
+        stop_regex: ['a'],
+      }),
     });
     assert.equal(out.kind, 'routed');
     if (out.kind === 'routed') await out.stream.end();

@@ -370,3 +370,60 @@ describe("SGLang's token_ids_logprob", () => {
       );
   });
 });
+
+describe('prompts per request', () => {
+  const strings = (count: number) => Array<string>(count).fill('a');
+  const idLists = (count: number) => Array.from({ length: count }, () => [1, 2]);
+  test('a completions prompt of more than maxPrompts strings or token-id lists is refused naming prompt', async () => {
+    const { readRouteRequest } = await import('../../src/server/request-limits.js');
+    const completions = (prompt: unknown, l = limits) => readRouteRequest('/v1/completions', { prompt }, {}, l);
+    assert.equal(DEFAULT_REQUEST_LIMITS.maxPrompts, 256);
+    completions(strings(256));
+    completions(idLists(256));
+    rejects(() => completions(strings(257)), 'prompt', /^prompt has more than 256 prompts \(--max-prompts\)$/);
+    rejects(() => completions(idLists(257)), 'prompt', /^prompt has more than 256 prompts/);
+    // a list of token ids is one prompt, however long
+    completions(Array.from({ length: 10_000 }, (_, i) => i));
+    const two = checkRequestLimits({ maxPrompts: 2 });
+    completions(['a', 'b'], two);
+    rejects(() => completions(['a', 'b', 'c'], two), 'prompt', /^prompt has more than 2 prompts/);
+  });
+  test('the count is checked before the elements: a long list is refused without reading them', async () => {
+    const { readRouteRequest } = await import('../../src/server/request-limits.js');
+    const bad = [[1], [2, -1], ...idLists(255)];
+    // within the count, the bad element is what is refused
+    rejects(() => readRouteRequest('/v1/completions', { prompt: bad.slice(0, 256) }, {}, limits), 'prompt[1]');
+    rejects(
+      () => readRouteRequest('/v1/completions', { prompt: bad }, {}, limits),
+      'prompt',
+      /^prompt has more than 256 prompts/,
+    );
+  });
+  test("vLLM's prompt_embeds list is bounded as prompt is", async () => {
+    const { readRouteRequest } = await import('../../src/server/request-limits.js');
+    const embeds = (count: number) =>
+      readRouteRequest('/v1/completions', { prompt: 'p', prompt_embeds: strings(count) }, {}, limits);
+    embeds(256);
+    rejects(() => embeds(257), 'prompt_embeds', /^prompt_embeds has more than 256 prompts/);
+  });
+  test("SGLang's /generate: text, input_ids and input_embeds batches of at most maxPrompts, each named", () => {
+    const embedBatch = (count: number) => Array.from({ length: count }, () => [[0.5, 0.25]]);
+    for (const body of [{ text: strings(256) }, { input_ids: idLists(256) }, { input_embeds: embedBatch(256) }])
+      checkGenerateRequest(body, limits);
+    rejects(() => checkGenerateRequest({ text: strings(257) }, limits), 'text', /^text has more than 256 prompts/);
+    rejects(() => checkGenerateRequest({ input_ids: idLists(257) }, limits), 'input_ids');
+    rejects(() => checkGenerateRequest({ input_embeds: embedBatch(257) }, limits), 'input_embeds');
+    // one prompt each, however long
+    checkGenerateRequest({ input_ids: Array.from({ length: 10_000 }, (_, i) => i) }, limits);
+    checkGenerateRequest({ input_embeds: Array.from({ length: 1000 }, () => [0.5]) }, limits);
+    // SGLang reads text before input_ids, but either list is bounded
+    rejects(() => checkGenerateRequest({ text: 'a', input_ids: idLists(257) }, limits), 'input_ids');
+    const two = checkRequestLimits({ maxPrompts: 2 });
+    checkGenerateRequest({ text: ['a', 'b'] }, two);
+    rejects(() => checkGenerateRequest({ text: ['a', 'b', 'c'] }, two), 'text', /^text has more than 2 prompts/);
+  });
+  test('maxPrompts is a setting of at least 1', () => {
+    assert.equal(checkRequestLimits({ maxPrompts: 1 }).maxPrompts, 1);
+    assert.throws(() => checkRequestLimits({ maxPrompts: 0 }), { message: 'limits.maxPrompts must be >= 1 (got 0)' });
+  });
+});
