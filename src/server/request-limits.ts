@@ -68,8 +68,9 @@ export interface RequestLimits {
    * (python/sglang/srt/entrypoints/openai/serving_completions.py, serving_chat.py). The
    * default, 20, is the OpenAI API's maximum of top_logprobs
    * (https://platform.openai.com/docs/api-reference/chat/create); a client's -1 is refused.
-   * SGLang's `token_ids_logprob` (on `/generate`) names the ids to report at each token: at most
-   * this many (checkTokenIdsLogprob).
+   * SGLang's `token_ids_logprob` (on `/generate`) and vLLM's `logprob_token_ids` (on the OpenAI
+   * paths) name the ids to report at each token: at most this many (checkTokenIdsLogprob,
+   * checkLogprobTokenIds).
    */
   maxLogprobs: number;
   /**
@@ -855,7 +856,8 @@ export interface ReadRequest {
 /**
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
  * must be an object; metadata, model, user, cache_salt, stream, n, best_of, stop, stop_regex,
- * bad_words, stop_token_ids, the log-probability counts, the number of prompts (checked before the prompt is read), the ids the engine keeps
+ * bad_words, stop_token_ids, the log-probability counts and vLLM's logprob_token_ids, the
+ * number of prompts (checked before the prompt is read), the ids the engine keeps
  * (checkEngineKeys) and the prompt or messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
  * to forward is the one received without `contextforge` and without the KV_TRANSFER_FIELDS and
  * CLIENT_CODE_FIELDS that `forward` does not keep (removedFieldsIn).
@@ -914,6 +916,7 @@ export function readRouteRequest(
   checkLogprobs(body.top_logprobs, 'top_logprobs', limits.maxLogprobs);
   checkLogprobs(body.top_logprobs_num, 'top_logprobs_num', limits.maxLogprobs);
   checkLogprobs(body.prompt_logprobs, 'prompt_logprobs', limits.maxLogprobs);
+  checkLogprobTokenIds(body.logprob_token_ids, limits);
   // a chat is one prompt (SGLang's serving_chat.py makes one GenerateReqInput of the
   // conversation, vLLM's serving one engine request); a completion's are counted before read
   const prompts = chat ? 1 : checkPromptCount(completionPrompts(body.prompt), 'prompt', limits);
@@ -986,7 +989,26 @@ function checkTokenIdsLogprob(value: unknown, limits: RequestLimits, prompts: nu
   }
 }
 
-/** One list of `token_ids_logprob` (`param` names it): at most `max` token ids. */
+/**
+ * vLLM's `logprob_token_ids` on the OpenAI paths (CompletionRequest and ChatCompletionRequest
+ * in vllm/entrypoints/openai/completion/protocol.py and chat_completion/protocol.py,
+ * vllm-project/vllm#43463): absent, null or a list of at most `limits.maxLogprobs` token ids
+ * (isTokenId); an empty list is none. vLLM reports the log probability of every listed id at
+ * every generated token, in place of the `logprobs` ranked alternatives (SamplingParams
+ * .logprob_token_ids, gathered by the sampler at every step), so an id listed is one more log
+ * probability per token, as with SGLang's `token_ids_logprob` (checkTokenIdsLogprob), and is
+ * bounded alike. vLLM's own bound, MAX_LOGPROB_TOKEN_IDS (vllm/sampling_params.py), is 128;
+ * older vLLM ignores the field. Anything but a list is refused, as vLLM's `list[int]` refuses
+ * it. The endpoint picker reads OpenAI bodies through the same checks.
+ */
+function checkLogprobTokenIds(value: unknown, limits: RequestLimits): void {
+  if (value === undefined || value === null) return;
+  const param = 'logprob_token_ids';
+  if (!Array.isArray(value)) throw new RequestLimitError(`${param} must be a list of token ids`, param);
+  checkLogprobIds(value, param, limits.maxLogprobs);
+}
+
+/** One list of `token_ids_logprob` or `logprob_token_ids` (`param` names it): at most `max` token ids. */
 function checkLogprobIds(ids: readonly unknown[], param: string, max: number): void {
   if (ids.length > max)
     throw new RequestLimitError(

@@ -427,3 +427,42 @@ describe('prompts per request', () => {
     assert.throws(() => checkRequestLimits({ maxPrompts: 0 }), { message: 'limits.maxPrompts must be >= 1 (got 0)' });
   });
 });
+
+describe("vLLM's logprob_token_ids", () => {
+  const ids = (count: number) => Array.from({ length: count }, (_, i) => i);
+  for (const path of ['/v1/completions', '/v1/chat/completions']) {
+    const read = (fields: object, l = limits) =>
+      import('../../src/server/request-limits.js').then(({ readRouteRequest }) =>
+        readRouteRequest(path, { prompt: 'p', messages: [{ role: 'user', content: 'hi' }], ...fields }, {}, l),
+      );
+    test(`at most maxLogprobs token ids (${path})`, async () => {
+      await read({ logprobs: 1, logprob_token_ids: ids(20) });
+      for (const absent of [undefined, null, []]) await read({ logprob_token_ids: absent });
+      await assert.rejects(read({ logprob_token_ids: ids(21) }), (e: unknown) => {
+        assert.ok(e instanceof RequestLimitError);
+        assert.equal(e.param, 'logprob_token_ids');
+        assert.equal(
+          e.message,
+          'logprob_token_ids has more than 20 token ids (the most log probabilities a token may report)',
+        );
+        return true;
+      });
+      await read({ logprob_token_ids: ids(2) }, checkRequestLimits({ maxLogprobs: 2 }));
+      await assert.rejects(read({ logprob_token_ids: ids(3) }, checkRequestLimits({ maxLogprobs: 2 })), {
+        param: 'logprob_token_ids',
+      });
+      await assert.rejects(read({ logprob_token_ids: [5] }, checkRequestLimits({ maxLogprobs: 0 })), {
+        param: 'logprob_token_ids',
+      });
+    });
+    test(`entries are token ids; anything but a list is refused (${path})`, async () => {
+      for (const bad of [-1, 1.5, '7', 4294967296, null])
+        await assert.rejects(read({ logprob_token_ids: [1, bad] }), {
+          param: 'logprob_token_ids',
+          message: 'logprob_token_ids[1] must be a token id (an integer from 0 to 4294967295)',
+        });
+      for (const bad of [5, 'x', { 0: 1 }, [[1]]])
+        await assert.rejects(read({ logprob_token_ids: bad }), { param: 'logprob_token_ids' });
+    });
+  }
+});

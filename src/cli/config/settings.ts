@@ -165,7 +165,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   maxLogprobs: {
     arg: '<n>',
-    help: "most log probabilities a request may ask for at each token: logprobs (completions), top_logprobs (chat), prompt_logprobs (vLLM), top_logprobs_num (SGLang) and the token ids of SGLang's token_ids_logprob each",
+    help: "most log probabilities a request may ask for at each token: logprobs (completions), top_logprobs (chat), prompt_logprobs (vLLM), top_logprobs_num (SGLang) and the token ids of SGLang's token_ids_logprob and vLLM's logprob_token_ids each",
   },
   maxPrompts: {
     arg: '<n>',
