@@ -68,10 +68,34 @@ export interface RequestLimits {
    * (python/sglang/srt/entrypoints/openai/serving_completions.py, serving_chat.py). The
    * default, 20, is the OpenAI API's maximum of top_logprobs
    * (https://platform.openai.com/docs/api-reference/chat/create); a client's -1 is refused.
-   * SGLang's `token_ids_logprob` (on `/generate`) names the ids to report at each token: at most
-   * this many (checkTokenIdsLogprob).
+   * SGLang's `token_ids_logprob` (on `/generate`) and vLLM's `logprob_token_ids` (on the OpenAI
+   * paths) name the ids to report at each token: at most this many (checkTokenIdsLogprob,
+   * checkLogprobTokenIds).
    */
   maxLogprobs: number;
+  /**
+   * Most prompts in one request: the entries of a completions `prompt` list of strings or of
+   * token-id lists (a list of token ids is one prompt) and of vLLM's `prompt_embeds` list, and of
+   * SGLang's `/generate` batch, `text`, `input_ids` (a list of lists) or `input_embeds` (a list of
+   * embedding lists); a chat is one prompt. The engine runs every prompt as a request of its own
+   * (n times over). SGLang bounds their number by nothing but the body size, and so did vLLM
+   * before VLLM_MAX_COMPLETION_PROMPTS (recent vLLM: validate_prompt_list_length in
+   * vllm/entrypoints/openai/completion/protocol.py). An engine runs at most max_num_seqs sequences
+   * per step: vLLM's default is 256 on GPUs under 70 GiB and on the A100, 1024 on larger ones
+   * (EngineArgs._set_default_args in vllm/engine/arg_utils.py, UsageContext.OPENAI_API_SERVER).
+   * Beyond that a batch only queues inside the one request, where the router can neither see nor
+   * spread it over the workers, so the default is 256: a client with more prompts sends more
+   * requests, which the router routes one by one. The count is checked before any element is
+   * read, so a long list costs nothing more.
+   *
+   * The product of prompts and `n` is not bounded apart: each factor has its bound, as every
+   * field that multiplies the work has (the stop strings are checked at every token of every
+   * sequence, and are bounded alone too), so a request refused always names the one field past
+   * its own limit, and an operator lowers either. At the defaults a request holds at most
+   * 256 × 128 sequences, a bounded multiple of what one prompt with the OpenAI API's largest `n`
+   * may ask.
+   */
+  maxPrompts: number;
 }
 
 export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
@@ -82,6 +106,7 @@ export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
   maxChoices: 128,
   maxStopSequences: 64,
   maxLogprobs: 20,
+  maxPrompts: 256,
 });
 
 /** A stop string's UTF-8 bytes at most, per byte of maxIdBytes (see RequestLimits.maxStopSequences). */
@@ -124,6 +149,7 @@ export const REQUEST_LIMITS_SCHEMA = z.strictObject({
   maxChoices: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxChoices),
   maxStopSequences: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxStopSequences),
   maxLogprobs: z.int().min(0).default(DEFAULT_REQUEST_LIMITS.maxLogprobs),
+  maxPrompts: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxPrompts),
 });
 
 /** Token ids are unsigned 32-bit integers in every engine the router fronts. */
@@ -473,26 +499,58 @@ function checkPromptList(value: readonly unknown[], param: string, prompts: numb
 
 /**
  * How many prompts a completions `prompt` holds: a list of strings or of token-id lists has
- * one per element; a string or a list of token ids is one. Read after readPrompt checked it.
+ * one per element; a string or a list of token ids is one. Reads the list's length and first
+ * element only, so it is counted before readPrompt checks the elements.
  */
 function completionPrompts(prompt: unknown): number {
   return Array.isArray(prompt) && typeof prompt[0] !== 'number' ? prompt.length : 1;
 }
 
 /**
- * How many prompts a body of SGLang's `/generate` holds, as SGLang counts them
- * (GenerateReqInput._determine_batch_size in python/sglang/srt/managers/io_struct.py): `text`
- * (a string is one, a list one per element), else `input_ids` (a list of token ids is one, a
- * list of lists one per list), else `input_embeds` (a list of vectors is one, a list of such
- * lists one per element). A body with none of them, or one SGLang cannot read, is refused by
- * SGLang; it counts as one prompt here.
+ * `count`, the prompts of the field `param`, unless more than `limits.maxPrompts`: then a
+ * RequestLimitError naming the field.
  */
-function generatePrompts(body: Readonly<Record<string, unknown>>): number {
-  const { text, input_ids: ids, input_embeds: embeds } = body;
-  if (text !== undefined && text !== null) return Array.isArray(text) ? text.length : 1;
-  if (ids !== undefined && ids !== null) return Array.isArray(ids) && Array.isArray(ids[0]) ? ids.length : 1;
-  if (Array.isArray(embeds) && Array.isArray(embeds[0]) && Array.isArray(embeds[0][0])) return embeds.length;
-  return 1;
+function checkPromptCount(count: number, param: string, limits: RequestLimits): number {
+  if (count > limits.maxPrompts)
+    throw new RequestLimitError(`${param} has more than ${limits.maxPrompts} prompts (--max-prompts)`, param);
+  return count;
+}
+
+/** The prompt fields of SGLang's `/generate`, in the order SGLang reads them. */
+const GENERATE_PROMPT_FIELDS = ['text', 'input_ids', 'input_embeds'] as const;
+
+/**
+ * How many prompts one prompt field of SGLang's `/generate` holds, or undefined when it is
+ * absent: `text` (a string is one, a list one per element), `input_ids` (a list of token ids is
+ * one, a list of lists one per list), `input_embeds` (a list of vectors is one, a list of such
+ * lists one per element). Reads the length and the first element only.
+ */
+function generateFieldPrompts(field: (typeof GENERATE_PROMPT_FIELDS)[number], value: unknown): number | undefined {
+  if (value === undefined || value === null) return undefined;
+  if (!Array.isArray(value)) return 1;
+  if (field === 'text') return value.length;
+  const first: unknown = value[0];
+  if (field === 'input_ids') return Array.isArray(first) ? value.length : 1;
+  return Array.isArray(first) && Array.isArray(first[0]) ? value.length : 1;
+}
+
+/**
+ * How many prompts a body of SGLang's `/generate` holds, as SGLang counts them
+ * (GenerateReqInput._determine_batch_size in python/sglang/srt/managers/io_struct.py): those of
+ * `text`, else `input_ids`, else `input_embeds` (generateFieldPrompts). Each of the three fields
+ * present holds at most `limits.maxPrompts` (checkPromptCount names the one past it), whichever
+ * SGLang reads: a body with two of them is SGLang's to refuse, not a way past the bound. A body
+ * with none, or one SGLang cannot read, is refused by SGLang; it counts as one prompt here.
+ */
+function generatePrompts(body: Readonly<Record<string, unknown>>, limits: RequestLimits): number {
+  let prompts: number | undefined;
+  for (const field of GENERATE_PROMPT_FIELDS) {
+    const count = generateFieldPrompts(field, body[field]);
+    if (count === undefined) continue;
+    checkPromptCount(count, field, limits);
+    prompts ??= count;
+  }
+  return prompts ?? 1;
 }
 
 /**
@@ -798,7 +856,8 @@ export interface ReadRequest {
 /**
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
  * must be an object; metadata, model, user, cache_salt, stream, n, best_of, stop, stop_regex,
- * bad_words, stop_token_ids, the log-probability counts, the ids the engine keeps
+ * bad_words, stop_token_ids, the log-probability counts and vLLM's logprob_token_ids, the
+ * number of prompts (checked before the prompt is read), the ids the engine keeps
  * (checkEngineKeys) and the prompt or messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
  * to forward is the one received without `contextforge` and without the KV_TRANSFER_FIELDS and
  * CLIENT_CODE_FIELDS that `forward` does not keep (removedFieldsIn).
@@ -857,13 +916,17 @@ export function readRouteRequest(
   checkLogprobs(body.top_logprobs, 'top_logprobs', limits.maxLogprobs);
   checkLogprobs(body.top_logprobs_num, 'top_logprobs_num', limits.maxLogprobs);
   checkLogprobs(body.prompt_logprobs, 'prompt_logprobs', limits.maxLogprobs);
+  checkLogprobTokenIds(body.logprob_token_ids, limits);
+  // a chat is one prompt (SGLang's serving_chat.py makes one GenerateReqInput of the
+  // conversation, vLLM's serving one engine request); a completion's are counted before read
+  const prompts = chat ? 1 : checkPromptCount(completionPrompts(body.prompt), 'prompt', limits);
+  if (!chat && Array.isArray(body.prompt_embeds)) checkPromptCount(body.prompt_embeds.length, 'prompt_embeds', limits);
   if (chat) routeRequest.messages = readMessages(body.messages);
   else Object.assign(routeRequest, readPrompt(body.prompt));
-  // what the engine keeps the request by: SGLang's lists hold one entry per prompt, and a chat
-  // is one prompt (SGLang's serving_chat.py makes one GenerateReqInput of the conversation).
-  // Read on the body as received, so a custom_logit_processor is bounded whether it is forwarded
-  // or removed, as the endpoint picker bounds it on /generate before removing it
-  checkEngineKeys(received, limits, chat ? 1 : completionPrompts(body.prompt));
+  // what the engine keeps the request by: SGLang's lists hold one entry per prompt. Read on the
+  // body as received, so a custom_logit_processor is bounded whether it is forwarded or removed,
+  // as the endpoint picker bounds it on /generate before removing it
+  checkEngineKeys(received, limits, prompts);
   return { routeRequest, body, unchanged: removed === undefined, removed: removed ?? NO_FIELDS_REMOVED };
 }
 
@@ -879,13 +942,14 @@ export function readRouteRequest(
  * and `stop_token_ids`, named by their path (`sampling_params.n`, `sampling_params[1].stop`).
  * SGLang multiplies the batch by `n` (GenerateReqInput._handle_parallel_sampling) and checks
  * every stop string and pattern at every step, as the OpenAI paths' engines do. Each of SGLang's
- * per-prompt lists has at most one entry per prompt of the body (generatePrompts). Nothing else
- * is read: the prompt (`text`, `input_ids`) but for its number, the other sampling parameters and
+ * per-prompt lists has at most one entry per prompt of the body, and the body at most
+ * `limits.maxPrompts` prompts (generatePrompts). Nothing else is read: the prompt (`text`,
+ * `input_ids`, `input_embeds`) but for its number, the other sampling parameters and
  * anything of the wrong shape are the engine's to check. Throws a RequestLimitError naming the
  * field.
  */
 export function checkGenerateRequest(body: Readonly<Record<string, unknown>>, limits: RequestLimits): void {
-  const prompts = generatePrompts(body);
+  const prompts = generatePrompts(body, limits);
   checkSGLangKeys(body, limits, prompts);
   perPrompt(body.top_logprobs_num, 'top_logprobs_num', limits, prompts, checkTopLogprobsNum);
   checkTokenIdsLogprob(body.token_ids_logprob, limits, prompts);
@@ -925,7 +989,26 @@ function checkTokenIdsLogprob(value: unknown, limits: RequestLimits, prompts: nu
   }
 }
 
-/** One list of `token_ids_logprob` (`param` names it): at most `max` token ids. */
+/**
+ * vLLM's `logprob_token_ids` on the OpenAI paths (CompletionRequest and ChatCompletionRequest
+ * in vllm/entrypoints/openai/completion/protocol.py and chat_completion/protocol.py,
+ * vllm-project/vllm#43463): absent, null or a list of at most `limits.maxLogprobs` token ids
+ * (isTokenId); an empty list is none. vLLM reports the log probability of every listed id at
+ * every generated token, in place of the `logprobs` ranked alternatives (SamplingParams
+ * .logprob_token_ids, gathered by the sampler at every step), so an id listed is one more log
+ * probability per token, as with SGLang's `token_ids_logprob` (checkTokenIdsLogprob), and is
+ * bounded alike. vLLM's own bound, MAX_LOGPROB_TOKEN_IDS (vllm/sampling_params.py), is 128;
+ * older vLLM ignores the field. Anything but a list is refused, as vLLM's `list[int]` refuses
+ * it. The endpoint picker reads OpenAI bodies through the same checks.
+ */
+function checkLogprobTokenIds(value: unknown, limits: RequestLimits): void {
+  if (value === undefined || value === null) return;
+  const param = 'logprob_token_ids';
+  if (!Array.isArray(value)) throw new RequestLimitError(`${param} must be a list of token ids`, param);
+  checkLogprobIds(value, param, limits.maxLogprobs);
+}
+
+/** One list of `token_ids_logprob` or `logprob_token_ids` (`param` names it): at most `max` token ids. */
 function checkLogprobIds(ids: readonly unknown[], param: string, max: number): void {
   if (ids.length > max)
     throw new RequestLimitError(

@@ -4,7 +4,8 @@
  * (python/sglang/srt/managers/io_struct.py): `rid`, `session_id`, `session_params`, `lora_path`,
  * `extra_key`, `custom_logit_processor`, `top_logprobs_num` and `token_ids_logprob` at the top
  * level; `n`, `stop`, `stop_regex` and `stop_token_ids` inside `sampling_params` (an object, or a
- * list of them, one per prompt). SGLang's lists hold at most one entry per prompt of the body.
+ * list of them, one per prompt). SGLang's lists hold at most one entry per prompt of the body,
+ * and `text`, `input_ids` and `input_embeds` at most maxPrompts prompts.
  * A violation is an immediate 400 naming the field, and nothing is forwarded; at the limits the
  * body is routed as the client wrote it (but for the KV-transfer and code fields, removed by
  * default). `/v1/responses` and other paths are read for those fields only, as before.
@@ -19,7 +20,7 @@ let tight: PickerFleet;
 let defaultsEnvoy: EnvoyRole;
 let tightEnvoy: EnvoyRole;
 /** Limits small enough that a body at them is short; they come from the gateway's settings. */
-const TIGHT = { maxIdBytes: 8, maxChoices: 2, maxStopSequences: 2, maxLogprobs: 2 };
+const TIGHT = { maxIdBytes: 8, maxChoices: 2, maxStopSequences: 2, maxLogprobs: 2, maxPrompts: 2 };
 before(async () => {
   defaults = await startPickerFleet({ engines: 1 });
   tight = await startPickerFleet({ engines: 1, gateway: { limits: TIGHT } });
@@ -176,6 +177,13 @@ describe("SGLang's /generate through the endpoint picker (default limits)", () =
       body: { text: ['a', 'b'], return_logprob: true, token_ids_logprob: [[1], [2], [3]] },
       param: 'token_ids_logprob',
     },
+    { name: '257 prompts in text', body: { text: Array(257).fill('a') }, param: 'text' },
+    { name: '257 token-id prompts in input_ids', body: { input_ids: Array(257).fill([1]) }, param: 'input_ids' },
+    {
+      name: '257 prompts in an input_embeds batch',
+      body: { input_embeds: Array(257).fill([[0.5]]) },
+      param: 'input_embeds',
+    },
     {
       name: 'n of 10^8 with a query string',
       path: '/generate?trace=1',
@@ -238,7 +246,7 @@ describe("SGLang's /generate through the endpoint picker (default limits)", () =
 describe("SGLang's /generate follows the gateway's configured limits", () => {
   test('at the limits the body is routed unchanged', async () => {
     const sent = JSON.stringify({
-      text: 'hi',
+      text: ['hi', 'there'],
       rid: 'x'.repeat(32),
       top_logprobs_num: 2,
       token_ids_logprob: [5, 6],
@@ -258,6 +266,8 @@ describe("SGLang's /generate follows the gateway's configured limits", () => {
     { body: { text: 'hi', rid: 'x'.repeat(33) }, param: 'rid' },
     { body: { text: 'hi', top_logprobs_num: 3 }, param: 'top_logprobs_num' },
     { body: { text: 'hi', token_ids_logprob: [5, 6, 7] }, param: 'token_ids_logprob' },
+    { body: { text: ['a', 'b', 'c'] }, param: 'text' },
+    { body: { input_ids: [[1], [2], [3]] }, param: 'input_ids' },
   ];
   for (const { body, param } of CASES) {
     test(`one past the limit: 400 naming ${param}`, async () => {

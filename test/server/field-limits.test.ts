@@ -9,7 +9,8 @@
  * - `logprobs` (completions), `top_logprobs` (chat) and SGLang's `top_logprobs_num`: integers
  *   from 0 to maxLogprobs (20);
  * - SGLang's `stop_regex`: as `stop`, at most maxStopSequences patterns of at most
- *   4 × maxIdBytes bytes.
+ *   4 × maxIdBytes bytes;
+ * - vLLM's `logprob_token_ids`: at most maxLogprobs token ids.
  *
  * Over a limit is a 400 naming the field, whose message never repeats the value, and nothing
  * reaches the engine; at the limit passes. The endpoint picker reads the body through the same
@@ -199,6 +200,27 @@ describe('logprobs, top_logprobs and top_logprobs_num', () => {
   });
 });
 
+describe("vLLM's logprob_token_ids", () => {
+  const ids = (count: number) => Array.from({ length: count }, (_, i) => i);
+  for (const { path } of Object.values(LIMIT_PATHS)) {
+    test(`at most maxLogprobs token ids, each a token id (${path})`, async () => {
+      const message = await refused(defaults, path, { logprobs: 1, logprob_token_ids: ids(21) }, 'logprob_token_ids');
+      assert.equal(
+        message,
+        'logprob_token_ids has more than 20 token ids (the most log probabilities a token may report)',
+      );
+      await passes(defaults, path, { logprobs: 1, logprob_token_ids: ids(20) });
+      await passes(defaults, path, { logprob_token_ids: null });
+      await refused(defaults, path, { logprob_token_ids: [1, -1] }, 'logprob_token_ids');
+      await refused(defaults, path, { logprob_token_ids: 5 }, 'logprob_token_ids');
+      await refused(tight, path, { logprob_token_ids: ids(3) }, 'logprob_token_ids');
+      await passes(tight, path, { logprob_token_ids: ids(2) });
+      await refused(none, path, { logprob_token_ids: [5] }, 'logprob_token_ids');
+      await passes(none, path, { logprob_token_ids: [] });
+    });
+  }
+});
+
 describe('stop_regex', () => {
   const many = (count: number) => Array.from({ length: count }, (_, i) => `r${i}\\d+`);
   for (const { path } of Object.values(LIMIT_PATHS)) {
@@ -247,6 +269,12 @@ describe('through the endpoint picker', () => {
       fields: { messages: [{ role: 'user', content: 'p' }], session_params: { id: 'x'.repeat(1025) } },
       param: 'session_params.id',
     },
+    {
+      path: '/v1/chat/completions',
+      fields: { messages: [{ role: 'user', content: 'p' }], logprobs: true, logprob_token_ids: Array(21).fill(7) },
+      param: 'logprob_token_ids',
+    },
+    { path: '/v1/completions', fields: { prompt: Array(257).fill('p') }, param: 'prompt' },
   ];
   for (const { path, fields, param } of CASES) {
     test(`${param} over its limit is refused with 400 naming it (${path})`, async () => {
@@ -265,7 +293,14 @@ describe('through the endpoint picker', () => {
   test('at the limits the request is routed', async () => {
     const out = await envoy.request({
       headers: { ':path': '/v1/completions' },
-      body: JSON.stringify({ model: 'mock', prompt: 'p', logprobs: 20, rid: 'x'.repeat(1024), stop_regex: ['a'] }),
+      body: JSON.stringify({
+        model: 'mock',
+        prompt: Array(256).fill('p'),
+        logprobs: 20,
+        logprob_token_ids: Array(20).fill(7),
+        rid: 'x'.repeat(1024),
+        stop_regex: ['a'],
+      }),
     });
     assert.equal(out.kind, 'routed');
     if (out.kind === 'routed') await out.stream.end();

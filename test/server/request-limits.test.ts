@@ -370,3 +370,99 @@ describe("SGLang's token_ids_logprob", () => {
       );
   });
 });
+
+describe('prompts per request', () => {
+  const strings = (count: number) => Array<string>(count).fill('a');
+  const idLists = (count: number) => Array.from({ length: count }, () => [1, 2]);
+  test('a completions prompt of more than maxPrompts strings or token-id lists is refused naming prompt', async () => {
+    const { readRouteRequest } = await import('../../src/server/request-limits.js');
+    const completions = (prompt: unknown, l = limits) => readRouteRequest('/v1/completions', { prompt }, {}, l);
+    assert.equal(DEFAULT_REQUEST_LIMITS.maxPrompts, 256);
+    completions(strings(256));
+    completions(idLists(256));
+    rejects(() => completions(strings(257)), 'prompt', /^prompt has more than 256 prompts \(--max-prompts\)$/);
+    rejects(() => completions(idLists(257)), 'prompt', /^prompt has more than 256 prompts/);
+    // a list of token ids is one prompt, however long
+    completions(Array.from({ length: 10_000 }, (_, i) => i));
+    const two = checkRequestLimits({ maxPrompts: 2 });
+    completions(['a', 'b'], two);
+    rejects(() => completions(['a', 'b', 'c'], two), 'prompt', /^prompt has more than 2 prompts/);
+  });
+  test('the count is checked before the elements: a long list is refused without reading them', async () => {
+    const { readRouteRequest } = await import('../../src/server/request-limits.js');
+    const bad = [[1], [2, -1], ...idLists(255)];
+    // within the count, the bad element is what is refused
+    rejects(() => readRouteRequest('/v1/completions', { prompt: bad.slice(0, 256) }, {}, limits), 'prompt[1]');
+    rejects(
+      () => readRouteRequest('/v1/completions', { prompt: bad }, {}, limits),
+      'prompt',
+      /^prompt has more than 256 prompts/,
+    );
+  });
+  test("vLLM's prompt_embeds list is bounded as prompt is", async () => {
+    const { readRouteRequest } = await import('../../src/server/request-limits.js');
+    const embeds = (count: number) =>
+      readRouteRequest('/v1/completions', { prompt: 'p', prompt_embeds: strings(count) }, {}, limits);
+    embeds(256);
+    rejects(() => embeds(257), 'prompt_embeds', /^prompt_embeds has more than 256 prompts/);
+  });
+  test("SGLang's /generate: text, input_ids and input_embeds batches of at most maxPrompts, each named", () => {
+    const embedBatch = (count: number) => Array.from({ length: count }, () => [[0.5, 0.25]]);
+    for (const body of [{ text: strings(256) }, { input_ids: idLists(256) }, { input_embeds: embedBatch(256) }])
+      checkGenerateRequest(body, limits);
+    rejects(() => checkGenerateRequest({ text: strings(257) }, limits), 'text', /^text has more than 256 prompts/);
+    rejects(() => checkGenerateRequest({ input_ids: idLists(257) }, limits), 'input_ids');
+    rejects(() => checkGenerateRequest({ input_embeds: embedBatch(257) }, limits), 'input_embeds');
+    // one prompt each, however long
+    checkGenerateRequest({ input_ids: Array.from({ length: 10_000 }, (_, i) => i) }, limits);
+    checkGenerateRequest({ input_embeds: Array.from({ length: 1000 }, () => [0.5]) }, limits);
+    // SGLang reads text before input_ids, but either list is bounded
+    rejects(() => checkGenerateRequest({ text: 'a', input_ids: idLists(257) }, limits), 'input_ids');
+    const two = checkRequestLimits({ maxPrompts: 2 });
+    checkGenerateRequest({ text: ['a', 'b'] }, two);
+    rejects(() => checkGenerateRequest({ text: ['a', 'b', 'c'] }, two), 'text', /^text has more than 2 prompts/);
+  });
+  test('maxPrompts is a setting of at least 1', () => {
+    assert.equal(checkRequestLimits({ maxPrompts: 1 }).maxPrompts, 1);
+    assert.throws(() => checkRequestLimits({ maxPrompts: 0 }), { message: 'limits.maxPrompts must be >= 1 (got 0)' });
+  });
+});
+
+describe("vLLM's logprob_token_ids", () => {
+  const ids = (count: number) => Array.from({ length: count }, (_, i) => i);
+  for (const path of ['/v1/completions', '/v1/chat/completions']) {
+    const read = (fields: object, l = limits) =>
+      import('../../src/server/request-limits.js').then(({ readRouteRequest }) =>
+        readRouteRequest(path, { prompt: 'p', messages: [{ role: 'user', content: 'hi' }], ...fields }, {}, l),
+      );
+    test(`at most maxLogprobs token ids (${path})`, async () => {
+      await read({ logprobs: 1, logprob_token_ids: ids(20) });
+      for (const absent of [undefined, null, []]) await read({ logprob_token_ids: absent });
+      await assert.rejects(read({ logprob_token_ids: ids(21) }), (e: unknown) => {
+        assert.ok(e instanceof RequestLimitError);
+        assert.equal(e.param, 'logprob_token_ids');
+        assert.equal(
+          e.message,
+          'logprob_token_ids has more than 20 token ids (the most log probabilities a token may report)',
+        );
+        return true;
+      });
+      await read({ logprob_token_ids: ids(2) }, checkRequestLimits({ maxLogprobs: 2 }));
+      await assert.rejects(read({ logprob_token_ids: ids(3) }, checkRequestLimits({ maxLogprobs: 2 })), {
+        param: 'logprob_token_ids',
+      });
+      await assert.rejects(read({ logprob_token_ids: [5] }, checkRequestLimits({ maxLogprobs: 0 })), {
+        param: 'logprob_token_ids',
+      });
+    });
+    test(`entries are token ids; anything but a list is refused (${path})`, async () => {
+      for (const bad of [-1, 1.5, '7', 4294967296, null])
+        await assert.rejects(read({ logprob_token_ids: [1, bad] }), {
+          param: 'logprob_token_ids',
+          message: 'logprob_token_ids[1] must be a token id (an integer from 0 to 4294967295)',
+        });
+      for (const bad of [5, 'x', { 0: 1 }, [[1]]])
+        await assert.rejects(read({ logprob_token_ids: bad }), { param: 'logprob_token_ids' });
+    });
+  }
+});

@@ -1,7 +1,7 @@
 /**
- * The fields that multiply an engine's work for one request — `n` and `best_of` (sequences
- * run), `stop`, `bad_words` and `stop_token_ids` (checked at every generated token) — are
- * bounded by maxChoices and maxStopSequences, not by the body size alone: over a limit is a 400 naming the field and
+ * The fields that multiply an engine's work for one request — the prompts of `prompt`, `n` and
+ * `best_of` (sequences run), `stop`, `bad_words` and `stop_token_ids` (checked at every generated
+ * token) — are bounded by maxPrompts, maxChoices and maxStopSequences, not by the body size alone: over a limit is a 400 naming the field and
  * nothing reaches the engine; at the limit, and whatever the OpenAI API accepts, passes.
  */
 import assert from 'node:assert/strict';
@@ -9,12 +9,13 @@ import { after, before, describe, test } from 'node:test';
 import { checkRequestLimits, DEFAULT_REQUEST_LIMITS } from '../../src/server/request-limits.js';
 import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
 import { LIMIT_PATHS, passes, postText, refused } from '../helpers/limit-checks.js';
+import { resolveServe } from '../helpers/serve-config.js';
 
 let defaults: GatewayOnEngine;
 let tight: GatewayOnEngine;
 before(async () => {
   defaults = await gatewayOnEngine();
-  tight = await gatewayOnEngine({ limits: { maxChoices: 3, maxStopSequences: 2, maxIdBytes: 8 } });
+  tight = await gatewayOnEngine({ limits: { maxChoices: 3, maxStopSequences: 2, maxIdBytes: 8, maxPrompts: 2 } });
 });
 after(async () => {
   await defaults.close();
@@ -51,6 +52,26 @@ describe('n and best_of', () => {
   test('absent or null is the engine’s default', async () => {
     await passes(defaults, LIMIT_PATHS.completions.path, { n: null, best_of: null });
     await passes(defaults, LIMIT_PATHS.chat.path, {});
+  });
+});
+
+describe('prompts', () => {
+  const { path } = LIMIT_PATHS.completions;
+  test('a list of more than maxPrompts prompts is refused before its elements are read; at it passes', async () => {
+    const message = await refused(defaults, path, { prompt: Array(257).fill('a') }, 'prompt');
+    assert.equal(message, 'prompt has more than 256 prompts (--max-prompts)');
+    await refused(defaults, path, { prompt: Array(257).fill([1, 2]) }, 'prompt');
+    // the count, not the bad element, is what a long list is refused for
+    assert.match(
+      await refused(defaults, path, { prompt: [[1], [-1], ...Array(255).fill([1])] }, 'prompt'),
+      /^prompt has/,
+    );
+    await passes(defaults, path, { prompt: Array(256).fill('a'), n: 128 });
+    await refused(tight, path, { prompt: ['a', 'b', 'c'] }, 'prompt');
+    await passes(tight, path, { prompt: [[1], [2]] });
+  });
+  test('a list of token ids is one prompt, however long', async () => {
+    await passes(tight, path, { prompt: Array.from({ length: 5000 }, (_, i) => i) });
   });
 });
 
@@ -115,9 +136,14 @@ describe('bad_words and stop_token_ids', () => {
   });
 });
 
-test('the limits are settings with defaults past what the OpenAI API accepts (n <= 128, stop <= 4)', () => {
+test('the limits are settings with defaults past what the OpenAI API accepts (n <= 128, stop <= 4), prompts 256', () => {
   assert.equal(DEFAULT_REQUEST_LIMITS.maxChoices, 128);
   assert.equal(DEFAULT_REQUEST_LIMITS.maxStopSequences, 64);
+  assert.equal(DEFAULT_REQUEST_LIMITS.maxPrompts, 256);
+  assert.equal(resolveServe(['--max-prompts', '5']).config.maxPrompts, 5);
+  assert.equal(resolveServe([], { CONTEXTFORGE_MAX_PROMPTS: '7' }).config.maxPrompts, 7);
+  assert.equal(resolveServe([]).config.maxPrompts, 256);
+  assert.throws(() => checkRequestLimits({ maxPrompts: 0 }), { message: 'limits.maxPrompts must be >= 1 (got 0)' });
   assert.equal(checkRequestLimits({ maxChoices: 1, maxStopSequences: 1 }).maxStopSequences, 1);
   assert.throws(() => checkRequestLimits({ maxChoices: 0 }), { message: 'limits.maxChoices must be >= 1 (got 0)' });
   assert.throws(() => checkRequestLimits({ maxStopSequences: 0 }), {

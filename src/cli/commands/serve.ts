@@ -196,6 +196,7 @@ export async function startGateway(
       maxChoices: c.maxChoices,
       maxStopSequences: c.maxStopSequences,
       maxLogprobs: c.maxLogprobs,
+      maxPrompts: c.maxPrompts,
     },
     timeouts: {
       headersTimeoutMs: c.headersTimeoutMs,

@@ -165,7 +165,11 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   maxLogprobs: {
     arg: '<n>',
-    help: "most log probabilities a request may ask for at each token: logprobs (completions), top_logprobs (chat), prompt_logprobs (vLLM), top_logprobs_num (SGLang) and the token ids of SGLang's token_ids_logprob each",
+    help: "most log probabilities a request may ask for at each token: logprobs (completions), top_logprobs (chat), prompt_logprobs (vLLM), top_logprobs_num (SGLang) and the token ids of SGLang's token_ids_logprob and vLLM's logprob_token_ids each",
+  },
+  maxPrompts: {
+    arg: '<n>',
+    help: "most prompts in a request: a completion's prompt or prompt_embeds list, SGLang's /generate text, input_ids or input_embeds batch (each runs as a request of its own in the engine; keep it near the engine's --max-num-seqs)",
   },
   headersTimeoutMs: { arg: '<ms>', help: "time for a client to send a request's headers" },
   requestTimeoutMs: { arg: '<ms>', help: 'time for a client to send a whole request (headers and body)' },
