@@ -235,8 +235,7 @@ export class RouterPicker implements EndpointPicker {
       const body = parsed as Record<string, unknown>;
       firstTokenReported = body.stream === true;
       // SGLang's native /generate takes the fields the gateway bounds on the OpenAI paths, some
-      // of them inside sampling_params: checked on its path, whatever the body's shape (one with
-      // a `prompt` is read as a completions body below, and SGLang reads its sampling_params)
+      // of them inside sampling_params: checked on its path, whatever the body's shape
       if (isGenerate(target)) {
         try {
           checkGenerateRequest(body, this.limits);
@@ -260,7 +259,10 @@ export class RouterPicker implements EndpointPicker {
         rewritten = true;
       }
       model = body.model;
-      const path = apiPath(target, body);
+      // a /generate body is SGLang's, whatever fields it carries: a `prompt` or `messages` in it is
+      // nothing SGLang reads, so it is not routed on as a completion or chat, whose checks would
+      // count SGLang's per-prompt lists by it
+      const path = isGenerate(target) ? undefined : apiPath(target, body);
       if (path) {
         const prepared = await this.backend.prepare(path, body, requestHeaders(input));
         if ('status' in prepared)

@@ -232,6 +232,16 @@ describe("SGLang's /generate through the endpoint picker (default limits)", () =
     assert.equal(await forwarded(defaultsEnvoy, '/generate', sent), sent);
   });
 
+  test('a stray prompt or messages (SGLang reads neither on /generate) does not change what the lists are counted by', async () => {
+    for (const stray of [{ prompt: 'ignored by SGLang' }, { messages: [{ role: 'user', content: 'ignored' }] }]) {
+      const sent = JSON.stringify({ text: ['a', 'b'], rid: ['r0', 'r1'], ...stray });
+      assert.equal(await forwarded(defaultsEnvoy, '/generate', sent), sent);
+    }
+    // and the prompt SGLang does read is the one counted
+    const over = JSON.stringify({ text: 'a', rid: ['r0', 'r1'], prompt: ['x', 'y'] });
+    assert.deepEqual(await refusal(defaultsEnvoy, '/generate', over), { status: 400, param: 'rid' });
+  });
+
   test('/v1/responses with n of 10^8 is forwarded as before', async () => {
     const sent = JSON.stringify({ model: 'mock', input: 'hi', n: 100_000_000, sampling_params: { n: 100_000_000 } });
     assert.equal(await forwarded(defaultsEnvoy, '/v1/responses', sent), sent);
