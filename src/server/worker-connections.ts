@@ -553,6 +553,10 @@ export class WorkerConnections {
    */
   withoutModel(model: unknown): ReadonlySet<string> {
     if (typeof model !== 'string') return NO_WORKERS;
+    // no worker lists its models (the usual fleet): every worker serves every model, and no name
+    // costs a look at each worker
+    const listing = (this.listing ??= this.listingWorkers());
+    if (listing.size === 0) return NO_WORKERS;
     const kept = this.withoutModelByName.get(model);
     if (kept !== undefined) return kept;
     let listed = false;
@@ -561,10 +565,13 @@ export class WorkerConnections {
         listed = true;
         break;
       }
-    if (!listed) return (this.listing ??= this.listingWorkers());
+    if (!listed) return listing;
     const out = new Set<string>();
     for (const [id, c] of this.connections) if (c.models && !c.models.has(model) && !c.adapters.has(model)) out.add(id);
-    if (this.withoutModelByName.size < MAX_KEPT_MODELS) this.withoutModelByName.set(model, out);
+    // full (clients cycling through more adapters than are kept): started again, so the names
+    // asked for now are kept, not only the first ones ever asked for
+    if (this.withoutModelByName.size >= MAX_KEPT_MODELS) this.withoutModelByName.clear();
+    this.withoutModelByName.set(model, out);
     return out;
   }
 

@@ -73,3 +73,29 @@ test('a request kept for an adapter moves once a worker in rotation lists the ad
   await connections.readAdapters('b');
   assert.equal(moved(), 1, 'a read listing the same adapters decides nothing again');
 });
+
+test('past the kept answers, a name listed is still answered from what is kept, not made again at every call', async (t) => {
+  const { listed, engine, connections } = await listingEngine(t);
+  connections.add({ id: 'a', url: 'http://127.0.0.1:9', models: ['m'] });
+  connections.add({ id: 'b', url: engine.url, models: ['m'] });
+  listed.entries = [{ id: 'm' }, ...Array.from({ length: 1100 }, (_, i) => ({ id: `lora-${i}`, parent: 'm' }))];
+  await connections.readAdapters('b');
+  // clients cycling through more adapters than are kept
+  for (let i = 0; i < 1100; i++) assert.deepEqual([...connections.withoutModel(`lora-${i}`)], ['a']);
+  const base = connections.withoutModel('m');
+  assert.deepEqual([...base], []);
+  assert.equal(connections.withoutModel('m'), base, 'the base model answered from what is kept');
+  const adapter = connections.withoutModel('lora-7');
+  assert.equal(connections.withoutModel('lora-7'), adapter);
+});
+
+test('a fleet whose workers list no models: every name is served everywhere, one shared answer', async (t) => {
+  const { listed, engine, connections } = await listingEngine(t);
+  connections.add({ id: 'a', url: 'http://127.0.0.1:9' });
+  connections.add({ id: 'b', url: engine.url });
+  listed.entries = WITH_ADAPTER;
+  await connections.readAdapters('b');
+  const answer = connections.withoutModel('m');
+  assert.deepEqual([...answer], []);
+  for (const name of ['m-lora', 'made-up', 'm']) assert.equal(connections.withoutModel(name), answer, name);
+});
