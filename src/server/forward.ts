@@ -403,9 +403,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     };
     res.once('close', this.onClientGone);
     // a worker leaving rotation may move it until the engine starts answering: a failure's status
-    // (onHeaders), the first body byte of an answer that is no stream (firstByte), or a stream's
-    // first whole event reaching the client (startResponse); until then the first-byte deadline
-    // bounds it
+    // (onHeaders) or the first body byte of an answer (firstByte); until then the first-byte
+    // deadline bounds it
     connection.unanswered.add(this);
     // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
     // non-streamed answer's first byte is the whole answer, due within the inter-chunk timeout
@@ -577,12 +576,12 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     // answered, and each byte would reset undici's body timeout); the rest of a whole answer
     // (one being gathered, or any answer to a request that is not streamed) is due within the
     // inter-chunk timeout (an engine writes a whole answer at once, and one that trickles it must
-    // not hold the request for ever)
+    // not hold the request for ever). Either way the engine is sending its answer: a worker
+    // leaving rotation no longer moves the request (what it computed would be thrown away and
+    // computed again elsewhere, a stream's prefill with it); an engine that dies now leaves the
+    // rest overdue, and the attempt fails then, as any other, retried while nothing reached the client
+    this.connection.unanswered.delete(this);
     if (!this.eventStream) {
-      // the engine is sending its answer: a worker leaving rotation no longer moves the request
-      // (the answer computed would be thrown away and computed again elsewhere); an engine that
-      // dies now leaves the rest overdue, and the attempt fails then, as any other
-      this.connection.unanswered.delete(this);
       if (this.gather || !this.o.streaming) this.stallAfter('answer');
       else if (this.timer) {
         clearTimeout(this.timer);

@@ -44,8 +44,8 @@ export interface WorkerConnection {
   /** Headers of every request to the engine: its API key (or the credentials of its URL), its rank. */
   headers: Record<string, string>;
   /**
-   * Its requests the engine has not started answering: no failure's status yet, no byte of a
-   * whole answer's body, no whole event of a stream passed to the client. When it leaves rotation
+   * Its requests the engine has not started answering: no failure's status yet, no byte of an
+   * answer's body (a whole answer's or a stream's). When it leaves rotation
    * and a worker that can take one is in rotation (or comes into it), that request moves there;
    * an answer under way is left to end where it is.
    */

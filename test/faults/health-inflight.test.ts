@@ -111,13 +111,14 @@ async function partEngine(
   rest: string,
   healthStatus: () => HealthAnswer,
   declared = false,
+  contentType = 'application/json',
 ): Promise<PartEngine> {
   let partSent = false;
   let finish = () => {};
   const engine = await fakeEngine((req, res) => {
     req.resume();
     req.on('end', () => {
-      const headers: Record<string, string | number> = { 'content-type': 'application/json' };
+      const headers: Record<string, string | number> = { 'content-type': contentType };
       if (declared) headers['content-length'] = Buffer.byteLength(first + rest);
       res.writeHead(status, headers);
       // headers alone are written (and flushed) with the first write
@@ -561,6 +562,26 @@ test("a non-streamed answer being gathered when its worker's /health turns 500: 
     assert.equal(r.text, answer);
     assert.equal(b.posts, 0, 'not sent again');
     assert.equal(await sample(g.gateway.metrics, 'contextforge_upstream_failures_total{worker="a"}'), 0);
+  });
+});
+
+test("a stream whose first event is partly sent when its worker's /health turns 500: the client gets that stream, sent once", async () => {
+  let healthA = 200;
+  const events = 'data: {"choices":[{"text":"from-a"}]}\n\ndata: [DONE]\n\n';
+  const a = await partEngine(200, events.slice(0, 20), events.slice(20), () => healthA, false, 'text/event-stream');
+  const b = await holdingEngine('from-b');
+  const workers = ofModel('m', { a, b });
+  await withFleet([a, b], workers, async (g) => {
+    const pending = post(g.base, '/v1/completions', { model: 'm', prompt: 'streamed', max_tokens: 1, stream: true });
+    // (written before the flip: the gateway reads it before the answer to any probe sent after)
+    await until(() => a.partSent, "the first bytes of a's first event on their way");
+    healthA = 500;
+    await until(() => g.out('a'), 'a out of rotation');
+    a.finish();
+    const [r] = await releaseUntilAnswered([b], [pending]);
+    await answeredBy(r, 'a');
+    assert.equal(r.text, events);
+    assert.equal(b.posts, 0, 'not sent again');
   });
 });
 
