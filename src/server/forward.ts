@@ -64,7 +64,7 @@ export interface ForwardOptions {
   via: string;
   /** Longest wait for the first byte of an answer (of a stream: for its first whole event). */
   firstByteTimeoutMs: number;
-  /** Longest gap between two whole events of a stream; longest wait for the rest of an answer being gathered. */
+  /** Longest gap between two whole events of a stream; longest wait for the rest of an answer that is no stream. */
   interChunkTimeoutMs: number;
   /**
    * The answer reached the client, and its first body byte had come `seconds` after the attempt
@@ -336,6 +336,11 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   private discarded = 0;
   private headers: Record<string, string> | undefined;
   private eventStream = false;
+  /**
+   * An event stream in a content coding the gateway cannot read (`encoded` in onHeaders): it passes
+   * through as it comes, with no deadline for its whole (see firstByte).
+   */
+  private encodedEventStream = false;
   /** A complete answer (of known length, or not streamed): gathered, then written with its length. */
   private gather = false;
   private parts: Buffer[] | undefined;
@@ -543,6 +548,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     contentType ??= 'application/json';
     const eventStream = contentType.includes('event-stream');
     this.eventStream = eventStream && !encoded;
+    this.encodedEventStream = eventStream && encoded;
     const o = this.o;
     const headers: Record<string, string> = { 'content-type': contentType, 'x-contextforge-worker': o.workerId };
     if (encoded) headers['content-encoding'] = contentEncoding!;
@@ -573,16 +579,22 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     this.firstByteS = (performance.now() - this.started) / 1000;
     // a stream has answered once its first whole event reaches the client: the first-byte
     // deadline holds until then (an engine that trickles bytes that never make an event has not
-    // answered, and each byte would reset undici's body timeout); the rest of a whole answer
-    // (one being gathered, or any answer to a request that is not streamed) is due within the
-    // inter-chunk timeout (an engine writes a whole answer at once, and one that trickles it must
-    // not hold the request for ever). Either way the engine is sending its answer: a worker
-    // leaving rotation no longer moves the request (what it computed would be thrown away and
-    // computed again elsewhere, a stream's prefill with it); an engine that dies now leaves the
-    // rest overdue, and the attempt fails then, as any other, retried while nothing reached the client
+    // answered, and each byte would reset undici's body timeout); the rest of any other answer
+    // (a whole answer, gathered or passed through, an error page, whether the request was
+    // streamed or not) is due within the inter-chunk timeout (an engine writes a whole answer at
+    // once, and one that trickles it must not hold the request for ever). Either way the engine
+    // is sending its answer: a worker leaving rotation no longer moves the request (what it
+    // computed would be thrown away and computed again elsewhere, a stream's prefill with it); an
+    // engine that dies now leaves the rest overdue, and the attempt fails then, as any other,
+    // retried while nothing reached the client
     this.connection.unanswered.delete(this);
     if (!this.eventStream) {
-      if (this.gather || !this.o.streaming) this.stallAfter('answer');
+      // except a compressed event stream to a streamed request: the gateway cannot tell its events
+      // apart, so it has neither a deadline per event nor one for its whole (that would cut every
+      // generation longer than the inter-chunk timeout); only undici's body timeout bounds it, the
+      // gap between two of its bytes, and an engine trickling bytes of it can hold it for as long
+      // as it keeps them coming
+      if (!this.o.streaming || !this.encodedEventStream) this.stallAfter('answer');
       else if (this.timer) {
         clearTimeout(this.timer);
         this.timer = undefined;
@@ -776,13 +788,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   private stopGathering(): void {
     this.gather = false;
     this.checkWhole = false;
-    // it passes through from here: an answer to a streamed request has no deadline for its end
-    // (one that is not streamed keeps it, less the time the client takes to read)
-    if (this.o.streaming && this.timer) {
-      clearTimeout(this.timer);
-      this.timer = undefined;
-      this.stallDeadline = undefined;
-    }
+    // it passes through from here, its rest still due by the deadline of the whole answer (less
+    // the time the client takes to read)
     this.startResponse();
     const parts = this.parts ?? [];
     this.parts = undefined;

@@ -9,8 +9,8 @@
  * bytes: an engine that trickles bytes that never end an event is not answering. A non-streamed
  * answer's first byte is the whole answer, after the whole generation: it is bounded by the
  * inter-chunk timeout only (and so is its rest, once its first byte came: an engine writes it at
- * once), and an engine that hangs on it is caught by its health check (the request then moves
- * elsewhere).
+ * once, and so is the rest of a whole answer to a streamed request), and an engine that hangs on
+ * it is caught by its health check (the request then moves elsewhere).
  */
 import { z } from 'zod';
 import { describeIssue, issueError } from '../core/schema-issues.js';
@@ -25,8 +25,8 @@ export interface GatewayTimeouts {
   /** Allowance past the worker's expected time to first byte of a streamed answer. */
   firstByteTimeoutMs: number;
   /**
-   * Longest gap between two whole events of a streamed answer, and longest wait for a
-   * non-streamed answer (and for its rest after its first byte).
+   * Longest gap between two whole events of a streamed answer, longest wait for a non-streamed
+   * answer, and for the rest of any answer that is no event stream after its first byte.
    */
   interChunkTimeoutMs: number;
 }

@@ -10,7 +10,7 @@ import { request, type IncomingMessage, type ServerResponse } from 'node:http';
 import { test } from 'node:test';
 import { brotliCompressSync, gzipSync } from 'node:zlib';
 import { KVAwareRouter } from '../../src/index.js';
-import { createGateway } from '../../src/server/gateway.js';
+import { createGateway, type GatewayOptions } from '../../src/server/gateway.js';
 import { fakeEngine, post } from './harness.js';
 
 const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0 };
@@ -18,12 +18,17 @@ const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0 };
 const completion = JSON.stringify({ id: 'c1', object: 'text_completion', choices: [{ index: 0, text: 'ok' }] });
 const events = `data: ${completion}\n\ndata: [DONE]\n\n`;
 
-/** A gateway in front of the one engine `url` (worker e0); `check` runs with its address. */
-async function through(url: string, check: (base: string) => Promise<void>): Promise<void> {
+/** A gateway in front of the one engine `url` (worker e0), with `options`; `check` runs with its address. */
+async function through(
+  url: string,
+  check: (base: string) => Promise<void>,
+  options: Partial<GatewayOptions> = {},
+): Promise<void> {
   const gateway = await createGateway({
     router: new KVAwareRouter({ policy: 'round-robin' }),
     workers: [{ id: 'e0', url }],
     ...quiet,
+    ...options,
   });
   try {
     await check(await gateway.app.listen({ host: '127.0.0.1', port: 0 }));
@@ -148,6 +153,41 @@ test('a compressed event stream that fails after it reached the client is cut, n
       assert.equal(r.whole, false, 'the answer is cut, not ended as if whole');
       assert.deepEqual(r.bytes, compressed.subarray(0, 20), 'only what the engine sent');
     });
+  } finally {
+    await engine.close();
+  }
+});
+
+test('a compressed event stream that flows for longer than the inter-chunk timeout reaches its end', async () => {
+  // a long generation: its events cannot be told apart, but each piece comes well within the
+  // inter-chunk timeout, and the whole takes several times it
+  const compressed = gzipSync(events.repeat(40));
+  const pieces = 24;
+  const size = Math.ceil(compressed.length / pieces);
+  const engine = await engineAnswering((res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'content-encoding': 'gzip' });
+    let at = 0;
+    const t = setInterval(() => {
+      const piece = compressed.subarray(at, (at += size));
+      if (at < compressed.length) res.write(piece);
+      else {
+        clearInterval(t);
+        res.end(piece);
+      }
+    }, 50);
+    res.on('close', () => clearInterval(t));
+  });
+  try {
+    await through(
+      engine.url,
+      async (base) => {
+        const r = await rawAnswer(base, { prompt: 'p', stream: true });
+        assert.equal(r.headers['content-encoding'], 'gzip');
+        assert.ok(r.whole, 'the stream ended whole, not cut');
+        assert.deepEqual(r.bytes, compressed);
+      },
+      { timeouts: { firstByteTimeoutMs: 60_000, interChunkTimeoutMs: 300 } },
+    );
   } finally {
     await engine.close();
   }

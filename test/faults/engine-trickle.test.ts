@@ -164,3 +164,37 @@ test('a whole answer passing through ungathered (the answer budget full) that tr
     await bad.close();
   }
 });
+
+// an engine answering a streamed request with no event stream (a whole JSON answer of undeclared
+// length, an error page) passes it through as it comes, and writes it at once like any whole answer
+for (const [status, contentType, head] of [
+  [200, 'application/json', '{"choices":[{"text":"'],
+  [404, 'text/html', '<html><body>'],
+] as const) {
+  test(`a whole answer (${status} ${contentType}) to a streamed request that trickles is cut at the inter-chunk timeout`, async () => {
+    const bad = await tricklingEngine((res) => {
+      res.writeHead(status, { 'content-type': contentType });
+      res.write(head);
+    }, ' ');
+    const g = await badFirstGateway(bad.url, false, {
+      breakerFailures: 1,
+      timeouts: { firstByteTimeoutMs: 60_000, interChunkTimeoutMs: 300 },
+    });
+    try {
+      const res = await fetch(`${g.base}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ prompt: 'p', max_tokens: 2, stream: true }),
+        signal: AbortSignal.timeout(30_000),
+      });
+      assert.equal(res.status, status);
+      // cut by the gateway, never ended as if whole, and not left for the client to give up on
+      await assert.rejects(res.text(), (err: Error) => !/aborted due to timeout/.test(String(err.cause ?? err)));
+      await assertLetGo(bad, g);
+      assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], 'the stalled answer counts as the engine failing');
+    } finally {
+      await g.close();
+      await bad.close();
+    }
+  });
+}

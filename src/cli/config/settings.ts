@@ -215,7 +215,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   upstreamTimeoutMs: {
     arg: '<ms>',
-    help: 'longest gap between two whole events of a streamed answer (after the first), and longest wait for a non-streamed answer and for its rest after its first byte',
+    help: 'longest gap between two whole events of a streamed answer (after the first), longest wait for a non-streamed answer, and for the rest of any answer that is no event stream after its first byte',
   },
   metricsIntervalMs: { arg: '<ms>', help: 'load-metrics scrape interval (0: off)' },
   healthIntervalMs: { arg: '<ms>', help: 'active health-check interval, GET /health (0: off)' },
