@@ -18,7 +18,9 @@
  * - Per worker a reverse list of the node ids it stores (GPU, offload), so removing a worker
  *   or applying AllBlocksCleared costs O(that worker's blocks). Lists may hold stale ids;
  *   they are compacted when stale ids outnumber live ones. Predictions churn too fast for
- *   that; they are found through the generation lists below.
+ *   that; they are found through the generation lists below, which hold every worker's, so
+ *   a clear walks them only while the worker still has predicted bits (counted exactly per
+ *   worker): clearing a worker that has none, or clearing it again, costs nothing there.
  * - Predicted entries expire by generation: time is cut into generations of ttl/2 and each
  *   node keeps one predicted mask per generation slot. Three generations are live, so an
  *   entry lives at least `ttl` and less than 1.5 × ttl after it was last recorded, without
@@ -148,6 +150,9 @@ export class BlockIndex {
   private reverse: Int32Array[] = [];
   private reverseLength: number[] = [];
   private entriesOf: number[] = [];
+  /** Predicted bits per worker, in every generation row (the one being swept included): a
+   * clear walks the generation lists only while its worker's count is above 0. */
+  private predictedOf: number[] = [];
   private markEpoch = 0;
 
   // predicted generations
@@ -248,7 +253,10 @@ export class BlockIndex {
     );
   }
 
-  /** The worker dropped everything (AllBlocksCleared), or was lost. O(that worker's blocks). */
+  /**
+   * The worker dropped everything (AllBlocksCleared), or was lost. O(that worker's stored
+   * blocks), plus, only if it has predictions, the generation lists up to its last one.
+   */
   applyCleared(slot: number): void {
     if (slot >= this.words * 32) return;
     // stored entries through the worker's reverse list; predicted ones through the
@@ -256,10 +264,11 @@ export class BlockIndex {
     const n = this.reverseLength[slot] ?? 0;
     for (let i = 0; i < n; i++) this.dropWorkerFromNode(this.reverse[slot][i], slot);
     if (n > 0) this.reverseLength[slot] = 0;
-    for (let g = 0; g < GENERATIONS; g++) {
+    // the lists hold every worker's predictions: stop once this worker's are all dropped
+    for (let g = 0; g < GENERATIONS && this.predictedOf[slot] > 0; g++) {
       const list = this.generationNodes[g];
       const len = this.generationLength[g];
-      for (let i = 0; i < len; i++) this.dropWorkerFromNode(list[i], slot);
+      for (let i = 0; i < len && this.predictedOf[slot] > 0; i++) this.dropWorkerFromNode(list[i], slot);
     }
   }
 
@@ -269,7 +278,9 @@ export class BlockIndex {
     const bit = 1 << (slot & 31);
     let had = 0;
     for (let r = 0; r < ROWS; r++) {
-      had |= this.masks[base + r] & bit;
+      const b = this.masks[base + r] & bit;
+      if (b !== 0 && r >= ROW_PREDICTED) this.predictedOf[slot]--;
+      had |= b;
       this.masks[base + r] &= ~bit;
     }
     if (had !== 0) {
@@ -716,6 +727,7 @@ export class BlockIndex {
       this.reverse.push(new Int32Array(64));
       this.reverseLength.push(0);
       this.entriesOf.push(0);
+      this.predictedOf.push(0);
     }
   }
 
@@ -735,6 +747,7 @@ export class BlockIndex {
     const hadStored = (this.masks[base + ROW_GPU] | this.masks[base + ROW_OFFLOAD]) & bit;
     const had = hadStored !== 0 || this.holds(node, w, bit);
     this.masks[idx] |= bit;
+    if (row >= ROW_PREDICTED) this.predictedOf[slot]++;
     if (!had) {
       this.entriesOf[slot]++;
       this.totalEntries++;
@@ -749,6 +762,7 @@ export class BlockIndex {
     const idx = node * this.stride + w * ROWS + row;
     if ((this.masks[idx] & bit) === 0) return;
     this.masks[idx] &= ~bit;
+    if (row >= ROW_PREDICTED) this.predictedOf[slot]--;
     if (!this.holds(node, w, bit)) {
       this.entriesOf[slot]--;
       this.totalEntries--;
@@ -845,12 +859,13 @@ export class BlockIndex {
         let others = 0;
         for (let r = 0; r < ROWS; r++) others |= masks[base + r];
         left |= others;
-        // entries still held through another row are not lost
-        bits &= ~others;
         while (bits !== 0) {
           const low = bits & -bits;
           bits ^= low;
           const slot = (w << 5) + (31 - Math.clz32(low));
+          this.predictedOf[slot]--;
+          // entries still held through another row are not lost
+          if ((others & low) !== 0) continue;
           this.entriesOf[slot]--;
           this.totalEntries--;
           this.expiredCount++;
@@ -886,6 +901,14 @@ export class BlockIndex {
     for (let w = 0; w < this.words; w++) {
       let bits = 0;
       for (let r = 0; r < ROWS; r++) bits |= this.masks[base + w * ROWS + r];
+      for (let r = ROW_PREDICTED; r < ROWS; r++) {
+        let predicted = this.masks[base + w * ROWS + r];
+        while (predicted !== 0) {
+          const low = predicted & -predicted;
+          predicted ^= low;
+          this.predictedOf[(w << 5) + (31 - Math.clz32(low))]--;
+        }
+      }
       while (bits !== 0) {
         const low = bits & -bits;
         bits ^= low;

@@ -26,6 +26,21 @@ function predicted(index: BlockIndex, slot: number, ids: number[], now: number) 
   const k = keys(ids);
   index.recordPredicted(slot, k.hi, k.lo, 0, k.n, now);
 }
+function holderOf(index: BlockIndex, slot: number, id: number) {
+  const k = keys([id]);
+  return index.holder(slot, k.hi[0], k.lo[0]);
+}
+/** Counts the nodes clears drop a worker from (a private step of applyCleared). */
+function countClearVisits(index: BlockIndex): { count: number } {
+  const visits = { count: 0 };
+  const inner = index as unknown as { dropWorkerFromNode(node: number, slot: number): void };
+  const drop = inner.dropWorkerFromNode;
+  inner.dropWorkerFromNode = function (node, slot) {
+    visits.count++;
+    drop.call(this, node, slot);
+  };
+  return visits;
+}
 function overlap(index: BlockIndex, ids: number[], now?: number): OverlapResult {
   const k = keys(ids);
   // 160 slots: slots the index has never seen read as 0
@@ -91,6 +106,105 @@ describe('BlockIndex', () => {
     assert.equal(index.blockCount, 2);
     stored(index, 0, [1, 2, 3]); // rebuilt from new events
     assert.equal(overlap(index, [1, 2, 3]).blocks[0], 3);
+  });
+
+  test("AllBlocksCleared with predictions present drops that worker's stored and predicted entries only", () => {
+    const index = new BlockIndex({ predictedTtlMs: 1000 });
+    stored(index, 0, [1, 2, 3]);
+    stored(index, 0, [3], Tier.Offload);
+    predicted(index, 0, [1, 2, 3, 4, 5], 0); // 4, 5 only predicted
+    predicted(index, 0, [6, 7], 600); // a later generation
+    predicted(index, 1, [1, 2, 3, 4, 5], 600);
+    stored(index, 1, [8]);
+    stored(index, 2, [1, 2]);
+    predicted(index, 2, [4], 0);
+    const before = { one: index.entriesFor(1), two: index.entriesFor(2) };
+    index.applyCleared(0);
+    const check = () => {
+      assert.equal(index.entriesFor(0), 0);
+      assert.equal(index.entriesFor(1), before.one);
+      assert.equal(index.entriesFor(2), before.two);
+      assert.equal(index.entryCount, before.one + before.two);
+      const o = overlap(index, [1, 2, 3, 4, 5, 6, 7], 600);
+      assert.equal(o.blocks[0], 0);
+      assert.equal(o.blocks[1], 5);
+      assert.equal(o.predictedBlocks[1], 5);
+      assert.equal(o.blocks[2], 2);
+      for (const id of [6, 7]) assert.equal(holderOf(index, 0, id), null, `id ${id}`);
+      assert.equal(holderOf(index, 1, 8), 'gpu');
+      assert.equal(holderOf(index, 2, 4), 'predicted');
+    };
+    check();
+    index.applyCleared(0); // a repeated clear changes nothing
+    index.applyCleared(0);
+    check();
+    // recorded again after the clear, and cleared again
+    predicted(index, 0, [1, 2], 700);
+    assert.equal(overlap(index, [1, 2], 700).predictedBlocks[0], 2);
+    index.applyCleared(0);
+    check();
+  });
+
+  test('clearing a worker drops its predictions in the generation being swept, counted once', () => {
+    const index = new BlockIndex({ predictedTtlMs: 1000 });
+    predicted(index, 0, range(0, 3000), 0); // generation 0
+    predicted(index, 1, range(0, 10), 0);
+    predicted(index, 0, [5000], 1100); // generation 2
+    overlap(index, [5000], 1600); // generation 3: generation 0 expires and starts being swept
+    index.applyCleared(0); // before the sweep has reached most of it
+    assert.equal(index.entriesFor(0), 0);
+    index.flushExpiry();
+    assert.equal(index.entriesFor(0), 0);
+    assert.equal(index.entriesFor(1), 0, 'worker 1 expired');
+    assert.equal(index.entryCount, 0);
+    assert.equal(index.blockCount, 0);
+    index.applyCleared(0);
+    assert.equal(index.entryCount, 0);
+  });
+
+  test("a clear visits the worker's own blocks, not every worker's predictions", () => {
+    // white-box on purpose: counts the nodes a clear drops the worker from
+    const index = new BlockIndex({ predictedTtlMs: 1000 });
+    const visits = countClearVisits(index);
+    predicted(index, 0, range(0, 500), 0);
+    stored(index, 1, range(1000, 1005));
+    index.applyCleared(1); // holds 5 stored blocks and no prediction
+    assert.equal(visits.count, 5);
+    visits.count = 0;
+    index.applyCleared(1); // empty now
+    assert.equal(visits.count, 0);
+    index.applyCleared(7); // never seen
+    assert.equal(visits.count, 0);
+    index.applyCleared(0);
+    assert.equal(index.entriesFor(0), 0);
+    visits.count = 0;
+    index.applyCleared(0); // its predictions went with the first clear
+    assert.equal(visits.count, 0);
+
+    // predictions that left otherwise are not looked for either: withdrawn, removed, expired
+    const k = keys(range(0, 100));
+    predicted(index, 2, range(0, 100), 0);
+    assert.equal(index.withdrawPredicted(2, k.hi, k.lo, 0, k.n), 100);
+    predicted(index, 3, range(0, 100), 0);
+    removed(index, 3, range(0, 100));
+    predicted(index, 4, range(0, 100), 0);
+    predicted(index, 5, range(200, 300), 1600); // generation 3: generation 0 expires
+    index.flushExpiry();
+    assert.equal(index.entriesFor(4), 0);
+    visits.count = 0;
+    for (const slot of [2, 3, 4]) index.applyCleared(slot);
+    assert.equal(visits.count, 0);
+  });
+
+  test('a clear does not look for predictions the entry budget evicted', () => {
+    const index = new BlockIndex({ maxEntries: 100 });
+    const visits = countClearVisits(index);
+    predicted(index, 0, range(0, 100), 0);
+    stored(index, 1, range(1000, 1100)); // beyond the budget: the cold predicted blocks go
+    assert.equal(index.entriesFor(0), 0);
+    assert.equal(index.entriesFor(1), 100);
+    index.applyCleared(0);
+    assert.equal(visits.count, 0);
   });
 
   test('predicted entries live at least the TTL and less than 1.5 × TTL', () => {
@@ -320,6 +434,12 @@ function checkAgainstReference(slots: number): void {
       }),
       fc.record({ kind: fc.constant('cleared' as const), slot: fc.nat(slots - 1) }),
       fc.record({
+        kind: fc.constant('withdrawn' as const),
+        slot: fc.nat(slots - 1),
+        path: fc.nat(400),
+        depth: fc.integer({ min: 1, max: 12 }),
+      }),
+      fc.record({
         kind: fc.constant('predicted' as const),
         slot: fc.nat(slots - 1),
         path: fc.nat(400),
@@ -341,6 +461,7 @@ function checkAgainstReference(slots: number): void {
     fc.assert(
       fc.property(fc.array(op, { minLength: 10, maxLength: 150 }), (ops) => {
         const index = new BlockIndex({ predictedTtlMs: ttl });
+        const visits = countClearVisits(index);
         const gpu = new Map<number, Set<number>>();
         const off = new Map<number, Set<number>>();
         const pred = new Map<number, Map<number, number>>(); // id -> slot -> generation
@@ -367,6 +488,10 @@ function checkAgainstReference(slots: number): void {
             index.applyCleared(o.slot);
             for (const m of [gpu, off]) for (const s of m.values()) s.delete(o.slot);
             for (const m of pred.values()) m.delete(o.slot);
+          } else if (o.kind === 'withdrawn') {
+            const k = keys(walk(o.path, o.depth));
+            index.withdrawPredicted(o.slot, k.hi, k.lo, 0, k.n);
+            for (const id of walk(o.path, o.depth)) pred.get(id)?.delete(o.slot);
           } else if (o.kind === 'predicted') {
             const ids = walk(o.path, o.depth);
             predicted(index, o.slot, ids, now);
@@ -406,6 +531,14 @@ function checkAgainstReference(slots: number): void {
           }
         }
         assert.equal(index.entryCount, expected);
+        // clearing every worker leaves nothing (no prediction missed), and clearing them
+        // again walks nothing (no prediction counted that is not there)
+        for (let slot = 0; slot < slots; slot++) index.applyCleared(slot);
+        assert.equal(index.entryCount, 0);
+        assert.equal(index.blockCount, 0);
+        visits.count = 0;
+        for (let slot = 0; slot < slots; slot++) index.applyCleared(slot);
+        assert.equal(visits.count, 0);
       }),
       { numRuns: Number(process.env.PROPERTY_RUNS ?? 300) },
     );
