@@ -8,6 +8,15 @@ import { optionalNonNegativeInt, requireId } from './validate.js';
  */
 export const MAX_WORKERS = 4096;
 
+/**
+ * The most requests an engine's reported queue or batch is taken for: a larger count (an
+ * exporter's 1e308) is read as this many. Far past what an engine holds (it keeps every waiting
+ * request's prompt in memory), and small enough that a sum over MAX_WORKERS workers stays an
+ * exact integer: the policies' and the endpoint picker's arithmetic on the counts never reaches
+ * Infinity (nor, subtracting it, NaN), so a huge queue still orders below a short one.
+ */
+export const MAX_ENGINE_REQUESTS = 1_000_000_000;
+
 /** What a caller may say about a worker when registering it. */
 export interface WorkerInfo {
   /** CLA groups (KV-compatibility classes) the worker serves from the start. */

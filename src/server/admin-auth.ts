@@ -17,6 +17,7 @@ import {
   statSync,
   writeSync,
 } from 'node:fs';
+import type { IncomingMessage } from 'node:http';
 import { dirname } from 'node:path';
 import { fileErrorMessage, shownText } from '../core/shown-text.js';
 
@@ -123,6 +124,22 @@ export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken 
 }
 
 type Headers = Readonly<Record<string, string | string[] | undefined>>;
+
+/**
+ * Why a request's credentials (an API key, the admin token) are not read, or undefined: it has
+ * more than one Authorization line. Node keeps the first and drops the others, and a proxy in
+ * front may have read another one (checked it, logged it, passed it on as the caller's): the
+ * gateway would then act for a caller the proxy never saw. Authorization is not a list
+ * (RFC 9110 §11.6.2), so a request with several is malformed (400), as one with several Host
+ * lines is, whether the lines agree or not. `param` names the header to fix.
+ */
+export function authorizationProblem(
+  req: Pick<IncomingMessage, 'headersDistinct'>,
+): { status: number; message: string; param: string } | undefined {
+  const lines = req.headersDistinct.authorization;
+  if (lines === undefined || lines.length < 2) return undefined;
+  return { status: 400, message: 'the request has more than one Authorization header', param: 'authorization' };
+}
 
 /**
  * Why a request to an admin endpoint is refused before its token is even looked at, or

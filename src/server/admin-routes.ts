@@ -10,7 +10,7 @@ import type { WorkerHealth } from '../engines/health.js';
 import type { KvEventApplier } from '../engines/kv-events/applier.js';
 import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decode.js';
 import type { StateStore, WorkerRecord } from '../state/state-store.js';
-import { adminRequestProblem, type AdminToken } from './admin-auth.js';
+import { adminRequestProblem, authorizationProblem, type AdminToken } from './admin-auth.js';
 import { openAiError } from './openai-request.js';
 import { clientMessage } from './request-limits.js';
 import { parseWorkerRecord, redactUrl, workerErrorField } from './worker-input.js';
@@ -116,7 +116,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
 /** An onRequest hook for the admin endpoints (and /v1/route unless it is public). */
 export function requireAdmin(token: AdminToken) {
   return async (req: FastifyRequest, reply: FastifyReply) => {
-    const problem = adminRequestProblem(req.method, req.headers);
+    const problem = adminRequestProblem(req.method, req.headers) ?? authorizationProblem(req.raw);
     if (problem) return openAiError(reply, problem.status, problem.message, problem.param);
     if (!token.matches(req.headers.authorization))
       return openAiError(reply, 401, 'this endpoint needs the admin token (Authorization: Bearer TOKEN)');

@@ -16,7 +16,7 @@ import { KvEventApplier } from '../engines/kv-events/applier.js';
 import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
 import type { AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
 import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/state-store.js';
-import { AdminToken, generateToken } from './admin-auth.js';
+import { AdminToken, authorizationProblem, generateToken } from './admin-auth.js';
 import { adminRoutes, requireAdmin } from './admin-routes.js';
 import type { ApiKeys } from './api-keys.js';
 import {
@@ -657,6 +657,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   /** With API keys, the OpenAI routes need one; its tenant goes with the request. */
   const requireApiKey = async (req: FastifyRequest, reply: FastifyReply) => {
     if (!options.apiKeys) return;
+    const problem = authorizationProblem(req.raw);
+    if (problem) return openAiError(reply, problem.status, problem.message, problem.param);
     const tenant = options.apiKeys.tenantOf(req.headers.authorization);
     if (tenant === undefined)
       return openAiError(

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
+import { MAX_ENGINE_REQUESTS } from '../../src/core/worker-registry.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { BS, fleet, prompt } from '../helpers/prompts.js';
 
@@ -230,6 +231,38 @@ describe('route()', () => {
     r.removeWorker('w0');
     assert.equal(r.getStats().index.entries, 0);
     assert.throws(() => r.applyStored('w0', r.hashTokens(prompt(1, 1))), /not registered/);
+  });
+
+  test("an engine's queue and batch past any engine's are held at MAX_ENGINE_REQUESTS: scores stay finite and ordered", () => {
+    for (const policy of ['cost', 'llmd', 'seed', 'least-loaded', 'dynamo', 'sglang']) {
+      const r = fleet(3, { policy });
+      r.updateWorkerMetrics('w0', { waitingRequests: 1e308, runningRequests: 1e308, kvUsage: 0.1 });
+      r.updateWorkerMetrics('w1', {
+        waitingRequests: Number.MAX_VALUE,
+        runningRequests: Number.MAX_VALUE,
+        kvUsage: 0.1,
+      });
+      r.updateWorkerMetrics('w2', { waitingRequests: 3, runningRequests: 3, kvUsage: 0.1 });
+      const workers = r.listWorkers();
+      assert.deepEqual(
+        workers.map((w) => [w.waitingRequests, w.runningRequests]),
+        [
+          [MAX_ENGINE_REQUESTS, MAX_ENGINE_REQUESTS],
+          [MAX_ENGINE_REQUESTS, MAX_ENGINE_REQUESTS],
+          [3, 3],
+        ],
+        policy,
+      );
+      // what the endpoint picker and dashboards add up over the workers stays a number
+      assert.ok(Number.isFinite(workers.reduce((sum, w) => sum + w.waitingRequests + w.runningRequests, 0)), policy);
+      const d = r.route({ tokens: prompt(1, 4) }, { dryRun: true, explain: true });
+      for (const c of d.explain!)
+        for (const [term, value] of Object.entries(c.terms))
+          if (typeof value === 'number' && !(term === 'score' && c.terms.excluded === true))
+            assert.ok(Number.isFinite(value), `${policy}: ${c.worker}.${term} = ${value}`);
+      // the queue scorer orders a huge queue below a short one
+      if (policy === 'llmd') assert.equal(d.workerId, 'w2');
+    }
   });
 
   test('bad requests are rejected with errors naming the field', () => {

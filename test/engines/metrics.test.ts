@@ -4,6 +4,7 @@ import type { AddressInfo } from 'node:net';
 import { after, describe, test } from 'node:test';
 import { MetricsFormatError, parsePrometheusText, readEngineLoad } from '../../src/engines/metrics/prometheus.js';
 import { MetricsScraper } from '../../src/engines/metrics/scraper.js';
+import { MAX_ENGINE_REQUESTS } from '../../src/core/worker-registry.js';
 import { KVAwareRouter } from '../../src/index.js';
 
 const VLLM = `# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -52,23 +53,55 @@ describe('Prometheus load metrics', () => {
     assert.equal(readEngineLoad(text, '1').kvUsage, 0.4);
   });
 
-  test('a sample that is not a finite number is skipped, as a malformed line is; a sum past what a number holds is none', () => {
-    // Prometheus writes +Inf, -Inf and NaN; JavaScript's Number() reads "Infinity", "1e400" and "" too
+  test('a line without a number for its value is skipped, as any malformed line is', () => {
     const text = [
-      'vllm:num_requests_running Infinity',
       'vllm:num_requests_running 2',
-      'vllm:num_requests_waiting 1e400',
       'vllm:num_requests_waiting',
       'vllm:num_requests_waiting{engine="0"} ',
+      'vllm:num_requests_waiting many',
       'vllm:num_requests_waiting 3',
-      'vllm:kv_cache_usage_perc NaN',
-      'vllm:kv_cache_usage_perc +Inf',
+      'vllm:kv_cache_usage_perc 0x',
       'vllm:kv_cache_usage_perc 0.5',
     ].join('\n');
     assert.deepEqual(readEngineLoad(text), { running: 2, waiting: 3, kvUsage: 0.5 });
+  });
+
+  test('an out-of-range load sample is read as the worst: usage 1, the queue and batch MAX_ENGINE_REQUESTS', () => {
+    const page = (running: string, waiting: string, usage: string, usageName = 'vllm:kv_cache_usage_perc') =>
+      `vllm:num_requests_running ${running}\nvllm:num_requests_waiting ${waiting}\n${usageName} ${usage}\n`;
+    // Prometheus writes +Inf, -Inf and NaN; JavaScript's Number() reads "Infinity" and "1e400" too.
+    // Usage is a 0-1 fraction in vLLM and SGLang alike: 42 is no percent, -5 no idle engine
+    for (const usageName of ['vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc', 'sglang:token_usage'])
+      for (const usage of ['+Inf', '-Inf', 'NaN', 'Infinity', '1e400', '-5', '-0.01', '1.01', '42'])
+        assert.equal(readEngineLoad(page('1', '0', usage, usageName)).kvUsage, 1, `${usageName} ${usage}`);
+    // within rounding of the range: the nearest end of it
+    assert.equal(readEngineLoad(page('1', '0', '1.0000000001')).kvUsage, 1);
+    assert.equal(readEngineLoad(page('1', '0', '-1e-12')).kvUsage, 0);
+    for (const count of ['+Inf', '-Inf', 'NaN', 'Infinity', '1e400', '-1']) {
+      const load = readEngineLoad(page(count, count, '0.1'));
+      assert.deepEqual(
+        [load.running, load.waiting, load.kvUsage],
+        [MAX_ENGINE_REQUESTS, MAX_ENGINE_REQUESTS, 0.1],
+        count,
+      );
+      const sglang = readEngineLoad(`sglang:num_running_reqs ${count}\nsglang:num_queue_reqs ${count}\n`);
+      assert.deepEqual([sglang.running, sglang.waiting], [MAX_ENGINE_REQUESTS, MAX_ENGINE_REQUESTS], count);
+    }
+    // one rank's series out of range makes the name's reading the worst, whatever the others say
+    const ranks =
+      'vllm:num_requests_waiting{engine="0"} 1\nvllm:num_requests_waiting{engine="1"} NaN\nvllm:kv_cache_usage_perc{engine="0"} 0.2\nvllm:kv_cache_usage_perc{engine="1"} -5\n';
+    assert.deepEqual(readEngineLoad(ranks), { running: 0, waiting: MAX_ENGINE_REQUESTS, kvUsage: 1 });
+    assert.deepEqual(readEngineLoad(ranks, '0'), { running: 0, waiting: 1, kvUsage: 0.2 });
+    // a current name out of range is not passed over for the deprecated one
+    assert.equal(readEngineLoad(`${page('1', '0', 'NaN')}vllm:gpu_cache_usage_perc 0.1\n`).kvUsage, 1);
+    // a huge count, and a sum past what a number holds: held at MAX_ENGINE_REQUESTS, never 0
     const overflowing =
-      'vllm:num_requests_running 1e308\nvllm:num_requests_running 1e308\nvllm:num_requests_waiting 4\n';
-    assert.deepEqual(readEngineLoad(overflowing), { running: 0, waiting: 4, kvUsage: 0 });
+      'vllm:num_requests_running 1e308\nvllm:num_requests_running 1e308\nvllm:num_requests_waiting 1e308\n';
+    assert.deepEqual(readEngineLoad(overflowing), {
+      running: MAX_ENGINE_REQUESTS,
+      waiting: MAX_ENGINE_REQUESTS,
+      kvUsage: 0,
+    });
   });
 
   test('a page without load metrics is an error', () => {
@@ -173,6 +206,52 @@ describe('metrics scraper', () => {
       assert.equal(router.listWorkers()[0].load, 0.42);
     } finally {
       slow.close();
+    }
+  });
+
+  test('engines reporting impossible load are never preferred to healthy ones, and a good reading does not outlive it', async () => {
+    const healthy = 'vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.1\n';
+    const pages: Record<string, string> = {
+      h0: healthy,
+      h1: healthy,
+      inf: 'vllm:num_requests_running 0\nvllm:num_requests_waiting 1e308\nvllm:gpu_cache_usage_perc +Inf\n',
+      nan: 'vllm:num_requests_running NaN\nvllm:num_requests_waiting -3\nvllm:kv_cache_usage_perc -5\n',
+      sglang: 'sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\nsglang:token_usage NaN\n',
+    };
+    const server = createServer((req, res) => res.end(pages[(req.url ?? '').slice(1)]));
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    try {
+      const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+      const router = new KVAwareRouter();
+      for (const id of Object.keys(pages)) router.registerWorker(id);
+      const scraper = new MetricsScraper(
+        router,
+        Object.keys(pages).map((id) => ({ workerId: id, url: `${base}/${id}` })),
+      );
+      await scraper.scrapeAll();
+      const chosen: string[] = [];
+      for (let i = 0; i < 12; i++) {
+        const d = router.route({ tokens: Array.from({ length: 64 }, (_, k) => k + 1000 * i) });
+        chosen.push(d.workerId);
+        router.release(d.ticket);
+      }
+      assert.deepEqual(
+        chosen.filter((id) => !id.startsWith('h')),
+        [],
+        `chosen: ${chosen.join(' ')}`,
+      );
+      const byId = new Map(router.listWorkers().map((w) => [w.id, w]));
+      for (const id of ['inf', 'nan', 'sglang']) assert.equal(byId.get(id)!.load, 1, id);
+      assert.equal(byId.get('inf')!.waitingRequests, MAX_ENGINE_REQUESTS);
+      assert.equal(byId.get('nan')!.waitingRequests, MAX_ENGINE_REQUESTS);
+      assert.equal(byId.get('nan')!.runningRequests, MAX_ENGINE_REQUESTS);
+      // an engine read well before is not kept at its last good reading once it reports nonsense
+      pages.h0 = 'vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc NaN\n';
+      await scraper.scrapeAll();
+      assert.equal(byId.get('h0')!.load, 1);
+      assert.equal(byId.get('h0')!.healthy, true, 'the engine answers: it stays in rotation, as the least attractive');
+    } finally {
+      server.close();
     }
   });
 

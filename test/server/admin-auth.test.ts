@@ -7,6 +7,9 @@ import { KVAwareRouter } from '../../src/index.js';
 import { adminRequestProblem, AdminToken, resolveAdminToken } from '../../src/server/admin-auth.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { ApiKeys, loadApiKeysFile, tenantCacheSalt } from '../../src/server/api-keys.js';
+import { gatewayOnEngine } from '../helpers/gateway-on-engine.js';
+import { rawClient } from '../helpers/raw-client.js';
+import { until } from '../helpers/wait.js';
 import {
   checkApiKeyEnv,
   checkHttpUrl,
@@ -129,6 +132,82 @@ test('API keys map to tenants; the file must be a private mapping', () => {
   for (const clientSalt of [undefined, 'x', '/team-a', '../team-a', 'team-a/'])
     assert.equal(tenantCacheSalt('team-b', clientSalt).split('/')[1], 'team-b');
   assert.notEqual(tenantCacheSalt('team-a', undefined), tenantCacheSalt('team-b', undefined));
+});
+
+/** Sends `head` (the request line and headers, without the blank line) and `body` on a connection of its own; the status and the error's param. */
+async function askRaw(
+  port: number,
+  head: string,
+  body = '',
+): Promise<{ status: number; param: unknown; text: string }> {
+  const client = await rawClient(port);
+  try {
+    client.socket.write(`${head}\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+    const whole = () => {
+      const r = client.received();
+      const end = r.indexOf('\r\n\r\n');
+      const length = end === -1 ? null : /^content-length: *(\d+)/im.exec(r.slice(0, end));
+      return length !== null && r.length >= end + 4 + Number(length[1]);
+    };
+    await until(whole, `a whole answer to ${head.split('\r\n')[0]}`);
+    const received = client.received();
+    const status = Number(/^HTTP\/1\.1 (\d{3}) /.exec(received)?.[1]);
+    const text = received.slice(received.indexOf('\r\n\r\n') + 4);
+    const param = status >= 400 ? (JSON.parse(text) as { error: { param: unknown } }).error.param : undefined;
+    return { status, param, text };
+  } finally {
+    client.socket.destroy();
+  }
+}
+
+test('a request with two Authorization header lines is refused 400 naming authorization, whichever of them is valid', async () => {
+  // Node keeps the first Authorization line and drops the others: a proxy in front may have
+  // read (and checked, or logged) another one
+  const key = 'sk-aaaaaaaaaaaaaaaa';
+  const other = 'sk-bbbbbbbbbbbbbbbb';
+  const token = 'admin-token-for-tests';
+  const setup = await gatewayOnEngine({
+    apiKeys: new ApiKeys({ [key]: 'team-a', [other]: 'team-b' }),
+    adminToken: token,
+  });
+  try {
+    const body = '{"model":"m","prompt":"x","max_tokens":1}';
+    const completion = (auth: string) =>
+      askRaw(setup.port, `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n${auth}`, body);
+    // one line: served, as before
+    assert.equal((await completion(`Authorization: Bearer ${key}`)).status, 200);
+    const served = setup.completions();
+    for (const auth of [
+      `Authorization: Bearer ${key}\r\nAuthorization: Bearer ${other}`,
+      `Authorization: Bearer ${key}\r\nauthorization: Bearer not-a-key`,
+      `Authorization: Bearer ${key}\r\nAUTHORIZATION: Bearer ${key}`,
+      `Authorization: Bearer not-a-key\r\nAuthorization: Bearer ${key}`,
+      `Authorization: Bearer ${key}\r\nAuthorization: `,
+    ]) {
+      const r = await completion(auth);
+      assert.equal(r.status, 400, `${JSON.stringify(auth)}: ${r.text}`);
+      assert.equal(r.param, 'authorization', JSON.stringify(auth));
+    }
+    assert.equal(setup.completions(), served, 'no refused request reached the engine');
+    // the other routes that read a key
+    const models = await askRaw(
+      setup.port,
+      `GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nAuthorization: Bearer ${other}`,
+    );
+    assert.deepEqual([models.status, models.param], [400, 'authorization'], models.text);
+    // the admin token's routes: the token first, and the token second
+    for (const auth of [
+      `Authorization: Bearer ${token}\r\nAuthorization: Bearer wrong-token`,
+      `Authorization: Bearer wrong-token\r\nAuthorization: Bearer ${token}`,
+    ]) {
+      const admin = await askRaw(setup.port, `GET /admin/workers HTTP/1.1\r\nHost: x\r\n${auth}`);
+      assert.deepEqual([admin.status, admin.param], [400, 'authorization'], admin.text);
+    }
+    const one = await askRaw(setup.port, `GET /admin/workers HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${token}`);
+    assert.equal(one.status, 200, one.text);
+  } finally {
+    await setup.close();
+  }
 });
 
 test('worker input: ids, URLs and key variables are checked; credentials are never shown', () => {

@@ -13,7 +13,7 @@ import type { Candidate, RouteFeatures, RouteReason, RoutingPolicy } from '../po
 import { roundHalfEven3 } from '../round-half-even.js';
 import * as check from '../validate.js';
 import { WorkflowTable } from '../workflow-table.js';
-import { WorkerRegistry, type WorkerInfo, type WorkerState } from '../worker-registry.js';
+import { MAX_ENGINE_REQUESTS, WorkerRegistry, type WorkerInfo, type WorkerState } from '../worker-registry.js';
 import { CandidateCollector, explainCandidates } from './candidates.js';
 import { DecisionRecorder } from './decision-recording.js';
 import { InFlightTickets, localLoad, setRemoteLoad } from './in-flight.js';
@@ -208,12 +208,19 @@ export class KVAwareRouter {
     if (metrics.kvUsage !== undefined) w.load = check.load(metrics.kvUsage, 'kvUsage');
     const sampledAt =
       metrics.sampledAt === undefined ? this.clock() : check.finiteNonNegative(metrics.sampledAt, 'sampledAt');
+    // a count past any engine's is held at the bound, where sums over the workers stay exact
     if (metrics.waitingRequests !== undefined) {
-      w.waitingRequests = check.finiteNonNegative(metrics.waitingRequests, 'waitingRequests');
+      w.waitingRequests = Math.min(
+        check.finiteNonNegative(metrics.waitingRequests, 'waitingRequests'),
+        MAX_ENGINE_REQUESTS,
+      );
       this.inFlight.admitUnreported(w, w.waitingRequests, sampledAt, this.prefillDone);
     }
     if (metrics.runningRequests !== undefined)
-      w.runningRequests = check.finiteNonNegative(metrics.runningRequests, 'runningRequests');
+      w.runningRequests = Math.min(
+        check.finiteNonNegative(metrics.runningRequests, 'runningRequests'),
+        MAX_ENGINE_REQUESTS,
+      );
     if (metrics.kvCapacityTokens !== undefined)
       w.kvCapacityTokens = check.finiteNonNegative(metrics.kvCapacityTokens, 'kvCapacityTokens');
   }

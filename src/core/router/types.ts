@@ -209,7 +209,10 @@ export interface UpdateWorkerStateOptions {
 /** Engine-reported load (from /metrics). Omitted fields keep their values. */
 export interface WorkerMetrics {
   kvUsage?: number;
-  /** Requests in the engine's waiting queue (vllm:num_requests_waiting, sglang:num_queue_reqs). */
+  /**
+   * Requests in the engine's waiting queue (vllm:num_requests_waiting, sglang:num_queue_reqs);
+   * a count above MAX_ENGINE_REQUESTS (10^9) is taken as that many, as is runningRequests.
+   */
   waitingRequests?: number;
   /**
    * When the engine was read, on the router's clock (default: now). Requests routed after it

@@ -8,6 +8,8 @@
  * vllm:gpu_prefix_cache_*). Series with labels (model_name, engine) are summed per name,
  * except usage, which is averaged.
  */
+import { MAX_ENGINE_REQUESTS } from '../../core/worker-registry.js';
+
 export interface EngineLoad {
   running: number;
   waiting: number;
@@ -62,12 +64,11 @@ export function parsePrometheusText(text: string, engine?: string): Map<string, 
       }
       rest = rest.slice(close + 1);
     }
-    // a sample that is not a finite number (Prometheus's NaN and ±Inf; Number() also reads an
-    // empty one as 0, and "Infinity" or "1e400" as infinite) says nothing of the load: skipped,
-    // as a malformed line is, rather than failing the scrape or reading as an empty queue
-    const sample = rest.trim().split(/\s+/)[0];
-    const value = sample === '' ? NaN : Number(sample);
-    if (!Number.isFinite(value)) continue;
+    // Prometheus's NaN and ±Inf are values (and "1e400" is infinite): kept, for the reader to
+    // judge; a line whose value is no number at all (Number() would read an empty one as 0) is
+    // malformed: skipped
+    const value = sampleValue(rest.trim().split(/\s+/)[0]);
+    if (value === undefined) continue;
     const list = series.get(name);
     if (list) list.push(value);
     else series.set(name, [value]);
@@ -86,39 +87,101 @@ function findLabelsEnd(s: string): number {
   return -1;
 }
 
-function first(series: Map<string, number[]>, names: readonly string[], reduce: 'sum' | 'mean'): number | undefined {
+/**
+ * A sample's value as Prometheus reads it (Go's strconv.ParseFloat: NaN, Inf and Infinity in
+ * any case, signed or not, besides decimal numbers), or undefined when it is none.
+ */
+function sampleValue(sample: string): number | undefined {
+  const special = /^([+-]?)(?:(nan)|inf(?:inity)?)$/i.exec(sample);
+  if (special) return special[2] !== undefined ? NaN : special[1] === '-' ? -Infinity : Infinity;
+  const value = sample === '' ? NaN : Number(sample);
+  return Number.isNaN(value) ? undefined : value;
+}
+
+/** The samples of the first of `names` the page has, or undefined. */
+function firstSeries(series: Map<string, number[]>, names: readonly string[]): number[] | undefined {
   for (const n of names) {
     const v = series.get(n);
+    if (v && v.length > 0) return v;
+  }
+  return undefined;
+}
+
+/**
+ * A counter's total (prefix-cache queries, hits: shown, never routed on): its finite samples
+ * summed; a sum a number cannot hold is no reading.
+ */
+function counter(series: Map<string, number[]>, names: readonly string[]): number | undefined {
+  for (const n of names) {
+    const v = series.get(n)?.filter(Number.isFinite);
     if (v && v.length > 0) {
       const sum = v.reduce((a, b) => a + b, 0);
-      // finite samples whose sum a number cannot hold: no reading of it
       if (!Number.isFinite(sum)) continue;
-      return reduce === 'sum' ? sum : sum / v.length;
+      return sum;
     }
   }
   return undefined;
 }
 
 /**
+ * How far past 0 and 1 a usage may be and still be read as the nearest of them: 1 − free/total
+ * in floating point may land a rounding error outside the range, never more.
+ */
+const USAGE_ROUNDING = 1e-6;
+
+/** The sum of a count's series, the worst when one is out of range; capped. */
+function count(series: Map<string, number[]>, names: readonly string[]): number | undefined {
+  const v = firstSeries(series, names);
+  if (v === undefined) return undefined;
+  let sum = 0;
+  for (const x of v) {
+    // (NaN fails the test too)
+    if (!(x >= 0 && x < Infinity)) return MAX_ENGINE_REQUESTS;
+    sum += x;
+  }
+  // a sum past what a number holds (Infinity) is held at the bound as well
+  return Math.min(sum, MAX_ENGINE_REQUESTS);
+}
+
+/** The mean of the usage series, 1 when one is out of range. */
+function usage(series: Map<string, number[]>, names: readonly string[]): number | undefined {
+  const v = firstSeries(series, names);
+  if (v === undefined) return undefined;
+  let sum = 0;
+  for (const x of v) {
+    if (!(x >= -USAGE_ROUNDING && x <= 1 + USAGE_ROUNDING)) return 1;
+    sum += Math.min(1, Math.max(0, x));
+  }
+  return sum / v.length;
+}
+
+/**
  * The engine load in a /metrics page (of one data-parallel rank when `engine` is given);
  * throws MetricsFormatError when none of the names is there.
+ *
+ * A load sample out of its range (a usage not from 0 to 1 within rounding, a count not a
+ * finite number >= 0: NaN, ±Inf, -5) is read as the worst its name can say, usage 1 or
+ * MAX_ENGINE_REQUESTS requests, whatever the name's other series say. Skipped or clamped, it
+ * would read as an idle engine (usage 0, no queue), the most attractive of all. It is not
+ * ignored either (the last good reading kept, the scrape failed): a worker added a moment ago
+ * has no good reading, only the registry's idle zeros, which it would keep until enough failed
+ * scrapes took it out; and a release whose exporter wrote such values on every engine would
+ * take the whole fleet out of rotation, where the worst reading leaves every worker in it (the
+ * pressure ceiling leaves out a full worker only while another is below it). Read as the worst,
+ * the sample can only move requests away from its engine, and only while the engine says it.
  */
 export function readEngineLoad(text: string, engine?: string): EngineLoad {
   const s = parsePrometheusText(text, engine);
-  const running = first(s, RUNNING, 'sum');
-  const waiting = first(s, WAITING, 'sum');
-  const usage = first(s, USAGE, 'mean');
-  if (running === undefined && waiting === undefined && usage === undefined) {
+  const running = count(s, RUNNING);
+  const waiting = count(s, WAITING);
+  const kvUsage = usage(s, USAGE);
+  if (running === undefined && waiting === undefined && kvUsage === undefined) {
     throw new MetricsFormatError('no vLLM or SGLang load metrics in the page');
   }
-  const load: EngineLoad = {
-    running: Math.max(0, running ?? 0),
-    waiting: Math.max(0, waiting ?? 0),
-    // some exporters report percent; the contract is a 0-1 fraction
-    kvUsage: Math.min(1, Math.max(0, usage !== undefined && usage > 1 ? usage / 100 : (usage ?? 0))),
-  };
-  const q = first(s, QUERIES, 'sum');
-  const h = first(s, HITS, 'sum');
+  // a name the engine does not export says nothing: read as 0, as before any scrape
+  const load: EngineLoad = { running: running ?? 0, waiting: waiting ?? 0, kvUsage: kvUsage ?? 0 };
+  const q = counter(s, QUERIES);
+  const h = counter(s, HITS);
   if (q !== undefined) load.prefixCacheQueries = q;
   if (h !== undefined) load.prefixCacheHits = h;
   const capacity = readKvCapacityTokens(text);
