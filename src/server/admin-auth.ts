@@ -134,11 +134,21 @@ type Headers = Readonly<Record<string, string | string[] | undefined>>;
  * lines is, whether the lines agree or not. `param` names the header to fix.
  */
 export function authorizationProblem(
-  req: Pick<IncomingMessage, 'headersDistinct'>,
+  req: Partial<Pick<IncomingMessage, 'headersDistinct' | 'rawHeaders'>>,
 ): { status: number; message: string; param: string } | undefined {
-  const lines = req.headersDistinct.authorization;
-  if (lines === undefined || lines.length < 2) return undefined;
+  // a request made in process (Fastify's inject) has no headersDistinct: its raw lines are counted
+  const lines = req.headersDistinct
+    ? (req.headersDistinct.authorization?.length ?? 0)
+    : authorizationLines(req.rawHeaders);
+  if (lines < 2) return undefined;
   return { status: 400, message: 'the request has more than one Authorization header', param: 'authorization' };
+}
+
+/** Authorization lines among raw header lines (name, value, name, value…), any case. */
+function authorizationLines(raw: readonly string[] | undefined): number {
+  let n = 0;
+  if (raw) for (let i = 0; i < raw.length; i += 2) if (raw[i].toLowerCase() === 'authorization') n++;
+  return n;
 }
 
 /**

@@ -210,6 +210,32 @@ test('a request with two Authorization header lines is refused 400 naming author
   }
 });
 
+test('credentials are read the same through the in-process API (app.inject): one Authorization line served, two refused', async () => {
+  const key = 'sk-aaaaaaaaaaaaaaaa';
+  const token = 'admin-token-for-tests';
+  const setup = await gatewayOnEngine({ apiKeys: new ApiKeys({ [key]: 'team-a' }), adminToken: token });
+  try {
+    const { app } = setup.gateway;
+    const admin = await app.inject({
+      method: 'GET',
+      url: '/admin/workers',
+      headers: { authorization: `Bearer ${token}` },
+    });
+    assert.equal(admin.statusCode, 200, admin.body);
+    const models = await app.inject({ method: 'GET', url: '/v1/models', headers: { authorization: `Bearer ${key}` } });
+    assert.equal(models.statusCode, 200, models.body);
+    const two = await app.inject({
+      method: 'GET',
+      url: '/v1/models',
+      headers: { authorization: [`Bearer ${key}`, 'Bearer other'] as unknown as string },
+    });
+    assert.equal(two.statusCode, 400, two.body);
+    assert.equal((JSON.parse(two.body) as { error: { param: string } }).error.param, 'authorization');
+  } finally {
+    await setup.close();
+  }
+});
+
 test('worker input: ids, URLs and key variables are checked; credentials are never shown', () => {
   assert.equal(checkWorkerId('w-1.a:0'), 'w-1.a:0');
   for (const bad of ['', 'a b', '../x', 'x'.repeat(65), 5, '<script>'])
