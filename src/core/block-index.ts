@@ -663,8 +663,10 @@ export class BlockIndex {
       if (node === EMPTY) continue;
       const base = node * this.stride;
       for (let w = 0; w < words; w++) {
-        const gpu = this.masks[base + w];
-        let bits = gpu | this.masks[base + words + w];
+        // each word of 32 workers keeps its rows together (base + w · ROWS + row)
+        const b = base + w * ROWS;
+        const gpu = this.masks[b + ROW_GPU];
+        let bits = gpu | this.masks[b + ROW_OFFLOAD];
         while (bits !== 0) {
           const low = bits & -bits;
           bits ^= low;

@@ -548,3 +548,22 @@ function checkAgainstReference(slots: number): void {
 function range(a: number, b: number): number[] {
   return Array.from({ length: b - a }, (_, i) => a + i);
 }
+
+test('extendToDeepestHeld reads each worker word of the masks: workers past the 32nd slot, predictions not held', () => {
+  const index = new BlockIndex();
+  const ids = [1, 2, 3, 4];
+  const hi = Uint32Array.from(ids, (id) => Math.imul(id + 1, 0x9e3779b1) >>> 0);
+  const lo = Uint32Array.from(ids, (id) => Math.imul(id + 7, 0x85ebca6b) >>> 0);
+  // slot 33 (the second word) stores block 3 only, slot 40 offloaded it; slot 0 only predicts it
+  index.applyStored(33, hi, lo, 3, 4, Tier.Gpu);
+  index.applyStored(40, hi, lo, 3, 4, Tier.Offload);
+  index.recordPredicted(0, hi, lo, 3, 4, 0);
+  const out = new OverlapResult(64);
+  index.overlaps(hi, lo, ids.length, out, 0);
+  index.extendToDeepestHeld(hi, lo, ids.length, out);
+  assert.deepEqual(
+    [out.blocks[33], out.offloadBlocks[33], out.blocks[40], out.offloadBlocks[40], out.blocks[0]],
+    [4, 0, 4, 4, 0],
+    'slots 33 and 40 hold blocks 0..3 (on GPU, offloaded); a prediction is not held',
+  );
+});
