@@ -578,9 +578,16 @@ export function checkLogprobs(value: unknown, param: string, max: number, isSwit
     );
 }
 
-/** A `cache_salt` as vLLM takes it: a non-empty string (and no longer than an id here). */
+/**
+ * A `cache_salt` as vLLM takes it: absent, null or a non-empty string (and no longer than an id
+ * here). Null is no salt: vLLM declares the field Optional[str] and checks it only when it is not
+ * None (check_cache_salt_support), as SGLang declares it Optional, so the engine keeps the
+ * prompt's blocks unsalted and the router routes it unsalted too (undefined), as a request without
+ * the field. The body keeps the null as written; a tenant's salt or an isolated request's private
+ * one replaces it as it replaces any other.
+ */
 export function checkCacheSalt(value: unknown, limits: RequestLimits): string | undefined {
-  if (value === undefined) return undefined;
+  if (value === undefined || value === null) return undefined;
   return checkId(value, 'cache_salt', limits.maxIdBytes);
 }
 

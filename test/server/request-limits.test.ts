@@ -228,6 +228,17 @@ test('a whole request: metadata removed from the body, cache_salt and stream che
   rejects(() => readRouteRequest('/v1/completions', null, {}, limits), 'body');
 });
 
+test('cache_salt null is no salt, as vLLM and SGLang read it (Optional[str]): routed unsalted, forwarded as written', async () => {
+  const { readRouteRequest } = await import('../../src/server/request-limits.js');
+  for (const path of ['/v1/completions', '/v1/chat/completions']) {
+    const body = { prompt: 'x', messages: [{ role: 'user', content: 'hi' }], cache_salt: null };
+    const r = readRouteRequest(path, body, {}, limits);
+    assert.equal(r.routeRequest.cacheSalt, undefined, 'no salt: the blocks the engine keeps are unsalted');
+    assert.equal(r.unchanged, true);
+    assert.equal(r.body.cache_salt, null);
+  }
+});
+
 test('a body with nothing to remove shares one frozen empty list of removed fields', async () => {
   const { readRouteRequest } = await import('../../src/server/request-limits.js');
   const a = readRouteRequest('/v1/completions', { prompt: 'a' }, {}, limits);
