@@ -138,6 +138,28 @@ export const NAME_BYTES_PER_ID_BYTE = 4;
 export const CUSTOM_LOGIT_PROCESSOR_BYTES = 64 * 1024;
 
 /**
+ * The most tokens a request may single out: entries of `logit_bias` (vLLM and SGLang, at the top
+ * level of the OpenAI paths and in `/generate`'s `sampling_params`) and ids of vLLM's
+ * `allowed_token_ids`: 1,024. The OpenAI API documents each bias's range (-100 to 100), not their
+ * number; vLLM checks each id against the vocabulary (a bound of the vocabulary's size would pass
+ * a hundred thousand) and neither engine bounds the count. The work is the engine's, in the loop
+ * that serves every request: vLLM's LogitBiasLogitsProcessor (vllm/v1/sample/logits_processor/
+ * builtin.py) rebuilds flat Python lists of every running request's entries whenever a biased
+ * request joins, leaves or moves in the batch, and adds them all to the logits at every step;
+ * SGLang writes each entry into a batch × vocabulary tensor on the device, one element (one
+ * write) at a time in Python, whenever it forms a batch (SamplingBatchInfo.from_schedule_batch in
+ * python/sglang/srt/sampling/sampling_batch_info.py), and checks each key against the vocabulary
+ * in SamplingParams.verify. `allowed_token_ids`, vLLM's list of the only tokens a
+ * request may produce, is what an OpenAI client says with a bias of 100 on each: vLLM checks
+ * every id in Python and scatters them into a vocabulary mask when the request joins the batch.
+ * Banning or favouring words, each a few tokens in each of its spellings, and classifying by a
+ * few label tokens need tens or hundreds; a constraint over more tokens than that (a script, a
+ * format) is what a grammar or regex says, bounded by RequestLimits.maxGrammarBytes, and what
+ * the engine compiles to the same kind of mask. Like CUSTOM_LOGIT_PROCESSOR_BYTES, a fixed bound.
+ */
+export const MAX_BIASED_TOKENS = 1024;
+
+/**
  * The limits' types and ranges, declared once: checkRequestLimits parses through it and
  * `serve`'s settings (flags, environment, config file) take their entries from it.
  */
@@ -673,6 +695,47 @@ export function checkStopTokenIds(value: unknown, limits: RequestLimits, param =
     throw new RequestLimitError(`${param} has more than ${limits.maxStopSequences} ids`, param);
 }
 
+/**
+ * `logit_bias`: absent, null or an object of at most MAX_BIASED_TOKENS entries, each a number
+ * from -100 to 100, the range the OpenAI API documents (vLLM clamps into it; SGLang adds the
+ * value as it is). A bias that is not a number (a string, a boolean, null, or 1e400, which
+ * JSON.parse reads as Infinity) is refused, as is anything but an object: both engines declare
+ * Dict[str, float]. The keys are the engine's to check against its vocabulary. Counted before
+ * the values are read, so a long map costs no value checks. `param` names the field (SGLang's
+ * `/generate` has it inside `sampling_params`).
+ */
+export function checkLogitBias(value: unknown, param = 'logit_bias'): void {
+  if (value === undefined || value === null) return;
+  if (typeof value !== 'object' || Array.isArray(value))
+    throw new RequestLimitError(`${param} must be an object mapping token ids to biases`, param);
+  const biases = Object.values(value as Record<string, unknown>);
+  if (biases.length > MAX_BIASED_TOKENS)
+    throw new RequestLimitError(
+      `${param} has more than ${MAX_BIASED_TOKENS} entries (the most tokens a request may bias)`,
+      param,
+    );
+  for (const b of biases) {
+    if (typeof b !== 'number' || !(b >= -100 && b <= 100))
+      throw new RequestLimitError(
+        `${param} values must be numbers from -100 to 100 (the bias added to a token’s logit)`,
+        param,
+      );
+  }
+}
+
+/**
+ * vLLM's `allowed_token_ids` (ChatCompletionRequest and CompletionRequest): absent, null or a
+ * list of at most MAX_BIASED_TOKENS ids. Anything that is not a list, and the ids themselves,
+ * are the engine's to check (it refuses an empty list and ids past its vocabulary).
+ */
+export function checkAllowedTokenIds(value: unknown): void {
+  if (Array.isArray(value) && value.length > MAX_BIASED_TOKENS)
+    throw new RequestLimitError(
+      `allowed_token_ids has more than ${MAX_BIASED_TOKENS} ids (the most tokens a request may bias)`,
+      'allowed_token_ids',
+    );
+}
+
 /** Token ids: integers in [0, 2^32); throws a RequestLimitError naming the first that is not. */
 export function checkTokenIds(value: readonly unknown[], param: string): number[] {
   for (let i = 0; i < value.length; i++) {
@@ -863,8 +926,9 @@ export interface ReadRequest {
 /**
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
  * must be an object; metadata, model, user, cache_salt, stream, n, best_of, stop, stop_regex,
- * bad_words, stop_token_ids, the log-probability counts and vLLM's logprob_token_ids, the
- * number of prompts (checked before the prompt is read), the ids the engine keeps
+ * bad_words, stop_token_ids, logit_bias, allowed_token_ids, the log-probability counts and
+ * vLLM's logprob_token_ids, the number of prompts (checked before the prompt is read), the ids
+ * the engine keeps
  * (checkEngineKeys) and the prompt or messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
  * to forward is the one received without `contextforge` and without the KV_TRANSFER_FIELDS and
  * CLIENT_CODE_FIELDS that `forward` does not keep (removedFieldsIn).
@@ -918,6 +982,8 @@ export function readRouteRequest(
   checkStop(body.stop_regex, limits, 'stop_regex', 'patterns');
   checkBadWords(body.bad_words, limits);
   checkStopTokenIds(body.stop_token_ids, limits);
+  checkLogitBias(body.logit_bias);
+  checkAllowedTokenIds(body.allowed_token_ids);
   const chat = path === '/v1/chat/completions';
   checkLogprobs(body.logprobs, 'logprobs', limits.maxLogprobs, chat);
   checkLogprobs(body.top_logprobs, 'top_logprobs', limits.maxLogprobs);
@@ -945,8 +1011,9 @@ export function readRouteRequest(
  * it); `top_logprobs_num`, an integer or SGLang's list of one per prompt, as checkLogprobs
  * (`return_logprob` is the switch, true or false, and sizes nothing); `token_ids_logprob`
  * (checkTokenIdsLogprob); and inside `sampling_params`, an object or a list of one per prompt
- * (SamplingParams in python/sglang/srt/sampling/sampling_params.py), `n`, `stop`, `stop_regex`
- * and `stop_token_ids`, named by their path (`sampling_params.n`, `sampling_params[1].stop`).
+ * (SamplingParams in python/sglang/srt/sampling/sampling_params.py), `n`, `stop`, `stop_regex`,
+ * `stop_token_ids` and `logit_bias`, named by their path (`sampling_params.n`,
+ * `sampling_params[1].stop`).
  * SGLang multiplies the batch by `n` (GenerateReqInput._handle_parallel_sampling) and checks
  * every stop string and pattern at every step, as the OpenAI paths' engines do. Each of SGLang's
  * per-prompt lists has at most one entry per prompt of the body, and the body at most
@@ -1038,4 +1105,5 @@ function checkSamplingParams(value: unknown, at: string, limits: RequestLimits):
   checkStop(params.stop, limits, `${at}.stop`);
   checkStop(params.stop_regex, limits, `${at}.stop_regex`, 'patterns');
   checkStopTokenIds(params.stop_token_ids, limits, `${at}.stop_token_ids`);
+  checkLogitBias(params.logit_bias, `${at}.logit_bias`);
 }

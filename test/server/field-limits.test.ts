@@ -10,7 +10,9 @@
  *   from 0 to maxLogprobs (20);
  * - SGLang's `stop_regex`: as `stop`, at most maxStopSequences patterns of at most
  *   4 × maxIdBytes bytes;
- * - vLLM's `logprob_token_ids`: at most maxLogprobs token ids.
+ * - vLLM's `logprob_token_ids`: at most maxLogprobs token ids;
+ * - `logit_bias`: at most MAX_BIASED_TOKENS (1,024) entries, each a number from -100 to 100;
+ *   vLLM's `allowed_token_ids`: at most MAX_BIASED_TOKENS ids.
  *
  * Over a limit is a 400 naming the field, whose message never repeats the value, and nothing
  * reaches the engine; at the limit passes. The endpoint picker reads the body through the same
@@ -22,6 +24,7 @@ import {
   checkRequestLimits,
   CUSTOM_LOGIT_PROCESSOR_BYTES,
   DEFAULT_REQUEST_LIMITS,
+  MAX_BIASED_TOKENS,
 } from '../../src/server/request-limits.js';
 import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
 import { LIMIT_PATHS, passes, refused as refusedOn } from '../helpers/limit-checks.js';
@@ -245,6 +248,50 @@ describe('stop_regex', () => {
   });
 });
 
+describe('logit_bias and allowed_token_ids', () => {
+  /** A logit_bias of `count` entries, token ids 0, 1, … each biased by `value`. */
+  const bias = (count: number, value: unknown = 1) =>
+    Object.fromEntries(Array.from({ length: count }, (_, i) => [String(i), value]));
+  const ids = (count: number) => Array.from({ length: count }, (_, i) => i);
+  for (const { path } of Object.values(LIMIT_PATHS)) {
+    test(`logit_bias: at most ${MAX_BIASED_TOKENS} entries pass, one more is refused (${path})`, async () => {
+      assert.equal(MAX_BIASED_TOKENS, 1024);
+      await passes(defaults, path, { logit_bias: bias(MAX_BIASED_TOKENS) });
+      const message = await refused(defaults, path, { logit_bias: bias(MAX_BIASED_TOKENS + 1) }, 'logit_bias');
+      assert.equal(message, 'logit_bias has more than 1024 entries (the most tokens a request may bias)');
+      // what a probe sent: a map of a hundred thousand keys reaches no engine
+      await refused(defaults, path, { logit_bias: bias(100_000) }, 'logit_bias');
+    });
+    test(`logit_bias: each bias a number from -100 to 100, as the OpenAI API documents (${path})`, async () => {
+      await passes(defaults, path, { logit_bias: { '50256': -100, '198': 100, '11': 0.5 } });
+      await passes(defaults, path, { logit_bias: null });
+      await passes(defaults, path, { logit_bias: {} });
+      for (const value of [-100.5, 101, 1e9, '5', true, null, [1], { b: 1 }]) {
+        const message = await refused(defaults, path, { logit_bias: { '7': 1, '8': value } }, 'logit_bias');
+        assert.equal(message, 'logit_bias values must be numbers from -100 to 100 (the bias added to a token’s logit)');
+      }
+    });
+    test(`logit_bias: anything but an object is refused (${path})`, async () => {
+      for (const value of [[1, 2], 'x', 5, true]) {
+        const message = await refused(defaults, path, { logit_bias: value }, 'logit_bias');
+        assert.equal(message, 'logit_bias must be an object mapping token ids to biases');
+      }
+    });
+    test(`vLLM’s allowed_token_ids: at most ${MAX_BIASED_TOKENS} ids (${path})`, async () => {
+      await passes(defaults, path, { allowed_token_ids: ids(MAX_BIASED_TOKENS) });
+      await passes(defaults, path, { allowed_token_ids: null });
+      const message = await refused(
+        defaults,
+        path,
+        { allowed_token_ids: ids(MAX_BIASED_TOKENS + 1) },
+        'allowed_token_ids',
+      );
+      assert.equal(message, 'allowed_token_ids has more than 1024 ids (the most tokens a request may bias)');
+      await refused(defaults, path, { allowed_token_ids: ids(100_000) }, 'allowed_token_ids');
+    });
+  }
+});
+
 describe('through the endpoint picker', () => {
   let fleet: PickerFleet;
   let envoy: EnvoyRole;
@@ -275,6 +322,16 @@ describe('through the endpoint picker', () => {
       param: 'logprob_token_ids',
     },
     { path: '/v1/completions', fields: { prompt: Array(257).fill('p') }, param: 'prompt' },
+    {
+      path: '/v1/chat/completions',
+      fields: { messages: [{ role: 'user', content: 'p' }], logit_bias: { '5': 101 } },
+      param: 'logit_bias',
+    },
+    {
+      path: '/v1/completions',
+      fields: { prompt: 'p', allowed_token_ids: Array(1025).fill(1) },
+      param: 'allowed_token_ids',
+    },
   ];
   for (const { path, fields, param } of CASES) {
     test(`${param} over its limit is refused with 400 naming it (${path})`, async () => {

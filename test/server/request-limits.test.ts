@@ -6,6 +6,7 @@ import {
   checkRequestLimits,
   clientMessage,
   DEFAULT_REQUEST_LIMITS,
+  MAX_BIASED_TOKENS,
   parseJsonBody,
   readMessages,
   readMetadata,
@@ -476,4 +477,32 @@ describe("vLLM's logprob_token_ids", () => {
         await assert.rejects(read({ logprob_token_ids: bad }), { param: 'logprob_token_ids' });
     });
   }
+});
+
+describe('logit_bias', () => {
+  const bias = (count: number, value: unknown = 1) =>
+    Object.fromEntries(Array.from({ length: count }, (_, i) => [String(i), value]));
+  test('a bias that JSON.parse read as infinite (1e400) is refused: the OpenAI API takes -100 to 100', async () => {
+    const { readRouteRequest } = await import('../../src/server/request-limits.js');
+    const body = parseJsonBody('{"prompt":"x","logit_bias":{"5":1e400}}', 64);
+    rejects(() => readRouteRequest('/v1/completions', body, {}, limits), 'logit_bias', /from -100 to 100/);
+  });
+  test("SGLang's /generate: in sampling_params (an object, or one per prompt), named by its path", () => {
+    checkGenerateRequest({ text: 'a', sampling_params: { logit_bias: bias(MAX_BIASED_TOKENS) } }, limits);
+    checkGenerateRequest({ text: 'a', sampling_params: { logit_bias: null } }, limits);
+    rejects(
+      () => checkGenerateRequest({ text: 'a', sampling_params: { logit_bias: bias(MAX_BIASED_TOKENS + 1) } }, limits),
+      'sampling_params.logit_bias',
+      /^sampling_params\.logit_bias has more than 1024 entries/,
+    );
+    rejects(
+      () =>
+        checkGenerateRequest(
+          { text: ['a', 'b'], sampling_params: [{ logit_bias: { '1': 2 } }, { logit_bias: { '1': -200 } }] },
+          limits,
+        ),
+      'sampling_params[1].logit_bias',
+      /^sampling_params\[1\]\.logit_bias values must be numbers from -100 to 100/,
+    );
+  });
 });
