@@ -1,7 +1,9 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
+import fc from 'fast-check';
 import {
   checkGenerateRequest,
+  checkGrammar,
   checkJsonDepth,
   checkRequestLimits,
   clientMessage,
@@ -504,5 +506,38 @@ describe('logit_bias', () => {
       'sampling_params[1].logit_bias',
       /^sampling_params\[1\]\.logit_bias values must be numbers from -100 to 100/,
     );
+  });
+});
+
+describe('grammars, regexes and schemas', () => {
+  test('an object is measured as JSON.stringify writes it, to the byte: at its length passes, one less refuses', () => {
+    fc.assert(
+      fc.property(fc.jsonValue(), (value) => {
+        if (value === null || typeof value === 'string') return;
+        const bytes = Buffer.byteLength(JSON.stringify(value));
+        checkGrammar(value, 'guided_json', bytes);
+        rejects(() => checkGrammar(value, 'guided_json', bytes - 1), 'guided_json', /as JSON/);
+      }),
+      { numRuns: 500 },
+    );
+  });
+  test('escapes, surrogate pairs and numbers JSON.parse made infinite count as JSON writes them', () => {
+    for (const text of ['{"a":"\\n\\u0001\\"\\\\"}', '["😀é",1e400,-0,1.5e-7,true,null]', '{"":{}, "k":[[],{}]}']) {
+      const value = JSON.parse(text) as unknown;
+      const bytes = Buffer.byteLength(JSON.stringify(value));
+      checkGrammar(value, 'response_format', bytes);
+      rejects(() => checkGrammar(value, 'response_format', bytes - 1), 'response_format');
+    }
+  });
+  test("SGLang's /generate: json_schema, regex, ebnf and structural_tag in sampling_params, named by their path", () => {
+    const tight = checkRequestLimits({ maxGrammarBytes: 8 });
+    for (const key of ['json_schema', 'regex', 'ebnf', 'structural_tag']) {
+      checkGenerateRequest({ text: 'a', sampling_params: { [key]: 'x'.repeat(8) } }, tight);
+      rejects(
+        () => checkGenerateRequest({ text: ['a', 'b'], sampling_params: [{}, { [key]: 'x'.repeat(9) }] }, tight),
+        `sampling_params[1].${key}`,
+        new RegExp(`^sampling_params\\[1\\]\\.${key} is longer than 8 bytes`),
+      );
+    }
   });
 });
