@@ -284,7 +284,8 @@ export class MockEngine {
       throw new HttpError(400, 'max_tokens must be an integer from 1 to 100000', 'max_tokens');
     if (body.stream !== undefined && typeof body.stream !== 'boolean')
       throw new HttpError(400, 'stream must be a boolean', 'stream');
-    const salt = body.cache_salt;
+    // null is no salt, as vLLM reads it (Optional[str], checked only when not None)
+    const salt = body.cache_salt ?? undefined;
     if (salt !== undefined && (typeof salt !== 'string' || salt === ''))
       throw new HttpError(400, 'cache_salt must be a non-empty string', 'cache_salt');
     const streamOptions = body.stream_options as { include_usage?: unknown } | undefined;

@@ -30,6 +30,24 @@ export interface RequestLimits {
    */
   maxJsonContainers: number;
   /**
+   * Largest constraint an engine compiles for one request, in UTF-8 bytes: a regex, a grammar or
+   * a JSON schema (GRAMMAR_FIELDS, and SGLang's `sampling_params` on `/generate`), a string as it
+   * is, an object or list as its compact JSON. The engine compiles it with its grammar backend
+   * (xgrammar, outlines, guidance, llguidance) before the request's first token: xgrammar turns a
+   * schema into a grammar and precomputes, for each of its states, the tokens of the whole
+   * vocabulary it allows; outlines builds a regex's automaton and walks the vocabulary through
+   * it. The work and the memory grow with the text (a regex's automaton can grow exponentially
+   * with it), they are spent in the engine's process, and the compiled grammars are kept in a
+   * cache keyed by the text, so every distinct one a client sends costs again. Without a bound
+   * the body size alone (16 MiB) limits it. The default, 64 KiB, holds a JSON schema of several
+   * hundred properties, the EBNF grammar of a whole language (JSON's is under 1 KiB, a SQL
+   * dialect's tens of KiB) and a regex of any practical use; the router does not judge a regex's
+   * complexity, only its size. OpenAI's structured outputs take larger schemas (up to 5,000
+   * properties and 120,000 characters of names and enum values): a deployment serving such
+   * clients raises it.
+   */
+  maxGrammarBytes: number;
+  /**
    * Most choices a request may ask for: `n` and `best_of`, each a sequence the engine runs.
    * Without it a 30-byte body with `"n": 100000000` reaches the engine: recent vLLM refuses more
    * than VLLM_MAX_N_SEQUENCES (16,384 by default; vllm/sampling_params.py, _verify_args), older
@@ -103,6 +121,7 @@ export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
   maxAnchors: 128,
   maxJsonDepth: 64,
   maxJsonContainers: 100_000,
+  maxGrammarBytes: 64 * 1024,
   maxChoices: 128,
   maxStopSequences: 64,
   maxLogprobs: 20,
@@ -138,6 +157,61 @@ export const NAME_BYTES_PER_ID_BYTE = 4;
 export const CUSTOM_LOGIT_PROCESSOR_BYTES = 64 * 1024;
 
 /**
+ * The most tokens a request may single out: entries of `logit_bias` (vLLM and SGLang, at the top
+ * level of the OpenAI paths and in `/generate`'s `sampling_params`) and ids of vLLM's
+ * `allowed_token_ids`: 1,024. The OpenAI API documents each bias's range (-100 to 100), not their
+ * number; vLLM checks each id against the vocabulary (a bound of the vocabulary's size would pass
+ * a hundred thousand) and neither engine bounds the count. The work is the engine's, in the loop
+ * that serves every request: vLLM's LogitBiasLogitsProcessor (vllm/v1/sample/logits_processor/
+ * builtin.py) rebuilds flat Python lists of every running request's entries whenever a biased
+ * request joins, leaves or moves in the batch, and adds them all to the logits at every step;
+ * SGLang writes each entry into a batch × vocabulary tensor on the device, one element (one
+ * write) at a time in Python, whenever it forms a batch (SamplingBatchInfo.from_schedule_batch in
+ * python/sglang/srt/sampling/sampling_batch_info.py), and checks each key against the vocabulary
+ * in SamplingParams.verify. `allowed_token_ids`, vLLM's list of the only tokens a
+ * request may produce, is what an OpenAI client says with a bias of 100 on each: vLLM checks
+ * every id in Python and scatters them into a vocabulary mask when the request joins the batch.
+ * Banning or favouring words, each a few tokens in each of its spellings, and classifying by a
+ * few label tokens need tens or hundreds; a constraint over more tokens than that (a script, a
+ * format) is what a grammar or regex says, bounded by RequestLimits.maxGrammarBytes, and what
+ * the engine compiles to the same kind of mask. Like CUSTOM_LOGIT_PROCESSOR_BYTES, a fixed bound.
+ */
+export const MAX_BIASED_TOKENS = 1024;
+
+/**
+ * Top-level fields of the OpenAI paths that carry a constraint the engine compiles, bounded by
+ * RequestLimits.maxGrammarBytes (checkGrammar):
+ *
+ * - vLLM's `structured_outputs` (StructuredOutputsParams in vllm/sampling_params.py: `json`,
+ *   `regex`, `choice`, `grammar`, `structural_tag`, `whitespace_pattern`), measured whole, and
+ *   the fields it replaced in older vLLM (vllm/entrypoints/openai/protocol.py): `guided_json` (a
+ *   schema, as text or an object), `guided_regex`, `guided_choice` (a list of strings, compiled
+ *   to one pattern), `guided_grammar` (EBNF or Lark), `guided_whitespace_pattern` (a regex
+ *   compiled into the JSON grammar) and chat's `structural_tag`;
+ * - `response_format` (both engines, as the OpenAI API: `json_schema`'s schema, or SGLang's and
+ *   vLLM's `structural_tag` with a schema per structure), measured whole;
+ * - SGLang's `regex` and `ebnf` (chat and completions) and completions' `json_schema` (a schema's
+ *   text), python/sglang/srt/entrypoints/openai/protocol.py.
+ *
+ * A field's shape is the engine's to check; its size is bounded whatever the shape. Tools'
+ * parameter schemas, which the engines compile too when `tool_choice` names a tool or is
+ * `required`, are not among them.
+ */
+export const GRAMMAR_FIELDS: readonly string[] = [
+  'structured_outputs',
+  'guided_json',
+  'guided_regex',
+  'guided_choice',
+  'guided_grammar',
+  'guided_whitespace_pattern',
+  'structural_tag',
+  'response_format',
+  'regex',
+  'ebnf',
+  'json_schema',
+];
+
+/**
  * The limits' types and ranges, declared once: checkRequestLimits parses through it and
  * `serve`'s settings (flags, environment, config file) take their entries from it.
  */
@@ -146,6 +220,7 @@ export const REQUEST_LIMITS_SCHEMA = z.strictObject({
   maxAnchors: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxAnchors),
   maxJsonDepth: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonDepth),
   maxJsonContainers: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonContainers),
+  maxGrammarBytes: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxGrammarBytes),
   maxChoices: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxChoices),
   maxStopSequences: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxStopSequences),
   maxLogprobs: z.int().min(0).default(DEFAULT_REQUEST_LIMITS.maxLogprobs),
@@ -578,9 +653,16 @@ export function checkLogprobs(value: unknown, param: string, max: number, isSwit
     );
 }
 
-/** A `cache_salt` as vLLM takes it: a non-empty string (and no longer than an id here). */
+/**
+ * A `cache_salt` as vLLM takes it: absent, null or a non-empty string (and no longer than an id
+ * here). Null is no salt: vLLM declares the field Optional[str] and checks it only when it is not
+ * None (check_cache_salt_support), as SGLang declares it Optional, so the engine keeps the
+ * prompt's blocks unsalted and the router routes it unsalted too (undefined), as a request without
+ * the field. The body keeps the null as written; a tenant's salt or an isolated request's private
+ * one replaces it as it replaces any other.
+ */
 export function checkCacheSalt(value: unknown, limits: RequestLimits): string | undefined {
-  if (value === undefined) return undefined;
+  if (value === undefined || value === null) return undefined;
   return checkId(value, 'cache_salt', limits.maxIdBytes);
 }
 
@@ -664,6 +746,91 @@ export function checkBadWords(value: unknown, limits: RequestLimits): void {
 export function checkStopTokenIds(value: unknown, limits: RequestLimits, param = 'stop_token_ids'): void {
   if (Array.isArray(value) && value.length > limits.maxStopSequences)
     throw new RequestLimitError(`${param} has more than ${limits.maxStopSequences} ids`, param);
+}
+
+/**
+ * `logit_bias`: absent, null or an object of at most MAX_BIASED_TOKENS entries, each a number
+ * from -100 to 100, the range the OpenAI API documents (vLLM clamps into it; SGLang adds the
+ * value as it is). A bias that is not a number (a string, a boolean, null, or 1e400, which
+ * JSON.parse reads as Infinity) is refused, as is anything but an object: both engines declare
+ * Dict[str, float]. The keys are the engine's to check against its vocabulary. Counted before
+ * the values are read, so a long map costs no value checks. `param` names the field (SGLang's
+ * `/generate` has it inside `sampling_params`).
+ */
+export function checkLogitBias(value: unknown, param = 'logit_bias'): void {
+  if (value === undefined || value === null) return;
+  if (typeof value !== 'object' || Array.isArray(value))
+    throw new RequestLimitError(`${param} must be an object mapping token ids to biases`, param);
+  const biases = Object.values(value as Record<string, unknown>);
+  if (biases.length > MAX_BIASED_TOKENS)
+    throw new RequestLimitError(
+      `${param} has more than ${MAX_BIASED_TOKENS} entries (the most tokens a request may bias)`,
+      param,
+    );
+  for (const b of biases) {
+    if (typeof b !== 'number' || !(b >= -100 && b <= 100))
+      throw new RequestLimitError(
+        `${param} values must be numbers from -100 to 100 (the bias added to a token’s logit)`,
+        param,
+      );
+  }
+}
+
+/**
+ * vLLM's `allowed_token_ids` (ChatCompletionRequest and CompletionRequest): absent, null or a
+ * list of at most MAX_BIASED_TOKENS ids. Anything that is not a list, and the ids themselves,
+ * are the engine's to check (it refuses an empty list and ids past its vocabulary).
+ */
+export function checkAllowedTokenIds(value: unknown): void {
+  if (Array.isArray(value) && value.length > MAX_BIASED_TOKENS)
+    throw new RequestLimitError(
+      `allowed_token_ids has more than ${MAX_BIASED_TOKENS} ids (the most tokens a request may bias)`,
+      'allowed_token_ids',
+    );
+}
+
+/**
+ * A constraint the engine compiles (GRAMMAR_FIELDS): absent, null, a string of at most
+ * `maxBytes` UTF-8 bytes, or any other JSON value whose compact JSON text is at most `maxBytes`
+ * bytes (RequestLimits.maxGrammarBytes). `param` names the field; the message never repeats the
+ * value.
+ */
+export function checkGrammar(value: unknown, param: string, maxBytes: number): void {
+  if (value === undefined || value === null) return;
+  const what = 'the largest grammar, regex or schema an engine compiles';
+  if (typeof value === 'string') {
+    if (longerThanBytes(value, maxBytes))
+      throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes (${what})`, param);
+  } else if (jsonBytesLeft(value, maxBytes) < 0)
+    throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes as JSON (${what})`, param);
+}
+
+/**
+ * `budget` less the UTF-8 bytes of `value`'s compact JSON text (as JSON.stringify writes it), or
+ * a negative number as soon as the text is known to be longer: the walk stops there, so a large
+ * value costs about `budget` bytes of work, not its own size, and nothing is serialized but
+ * strings shorter than what is left. Its depth is bounded by maxJsonDepth, checked before the
+ * body was parsed.
+ */
+function jsonBytesLeft(value: unknown, budget: number): number {
+  if (typeof value === 'string') {
+    // quotes and escapes only add to a string's length, so a longer string is over at once
+    if (value.length + 2 > budget) return -1;
+    return budget - Buffer.byteLength(JSON.stringify(value));
+  }
+  if (value === null || typeof value !== 'object') return budget - (JSON.stringify(value) ?? 'null').length;
+  if (Array.isArray(value)) {
+    // the brackets and the commas between the elements
+    budget -= 1 + Math.max(value.length, 1);
+    for (let i = 0; i < value.length && budget >= 0; i++) budget = jsonBytesLeft(value[i], budget);
+    return budget;
+  }
+  const keys = Object.keys(value);
+  // the braces, and a colon and a comma (one fewer) for each member
+  budget -= 1 + Math.max(keys.length, 1) + keys.length;
+  for (let i = 0; i < keys.length && budget >= 0; i++)
+    budget = jsonBytesLeft((value as Record<string, unknown>)[keys[i]], jsonBytesLeft(keys[i], budget));
+  return budget;
 }
 
 /** Token ids: integers in [0, 2^32); throws a RequestLimitError naming the first that is not. */
@@ -856,8 +1023,9 @@ export interface ReadRequest {
 /**
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
  * must be an object; metadata, model, user, cache_salt, stream, n, best_of, stop, stop_regex,
- * bad_words, stop_token_ids, the log-probability counts and vLLM's logprob_token_ids, the
- * number of prompts (checked before the prompt is read), the ids the engine keeps
+ * bad_words, stop_token_ids, logit_bias, allowed_token_ids, the constraints the engine compiles
+ * (GRAMMAR_FIELDS), the log-probability counts and vLLM's logprob_token_ids, the number of
+ * prompts (checked before the prompt is read), the ids the engine keeps
  * (checkEngineKeys) and the prompt or messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
  * to forward is the one received without `contextforge` and without the KV_TRANSFER_FIELDS and
  * CLIENT_CODE_FIELDS that `forward` does not keep (removedFieldsIn).
@@ -911,6 +1079,9 @@ export function readRouteRequest(
   checkStop(body.stop_regex, limits, 'stop_regex', 'patterns');
   checkBadWords(body.bad_words, limits);
   checkStopTokenIds(body.stop_token_ids, limits);
+  checkLogitBias(body.logit_bias);
+  checkAllowedTokenIds(body.allowed_token_ids);
+  for (const key of GRAMMAR_FIELDS) checkGrammar(body[key], key, limits.maxGrammarBytes);
   const chat = path === '/v1/chat/completions';
   checkLogprobs(body.logprobs, 'logprobs', limits.maxLogprobs, chat);
   checkLogprobs(body.top_logprobs, 'top_logprobs', limits.maxLogprobs);
@@ -938,8 +1109,10 @@ export function readRouteRequest(
  * it); `top_logprobs_num`, an integer or SGLang's list of one per prompt, as checkLogprobs
  * (`return_logprob` is the switch, true or false, and sizes nothing); `token_ids_logprob`
  * (checkTokenIdsLogprob); and inside `sampling_params`, an object or a list of one per prompt
- * (SamplingParams in python/sglang/srt/sampling/sampling_params.py), `n`, `stop`, `stop_regex`
- * and `stop_token_ids`, named by their path (`sampling_params.n`, `sampling_params[1].stop`).
+ * (SamplingParams in python/sglang/srt/sampling/sampling_params.py), `n`, `stop`, `stop_regex`,
+ * `stop_token_ids`, `logit_bias` and the constraints SGLang compiles (`json_schema`, `regex`,
+ * `ebnf`, `structural_tag`: RequestLimits.maxGrammarBytes), named by their path
+ * (`sampling_params.n`, `sampling_params[1].stop`).
  * SGLang multiplies the batch by `n` (GenerateReqInput._handle_parallel_sampling) and checks
  * every stop string and pattern at every step, as the OpenAI paths' engines do. Each of SGLang's
  * per-prompt lists has at most one entry per prompt of the body, and the body at most
@@ -1031,4 +1204,13 @@ function checkSamplingParams(value: unknown, at: string, limits: RequestLimits):
   checkStop(params.stop, limits, `${at}.stop`);
   checkStop(params.stop_regex, limits, `${at}.stop_regex`, 'patterns');
   checkStopTokenIds(params.stop_token_ids, limits, `${at}.stop_token_ids`);
+  checkLogitBias(params.logit_bias, `${at}.logit_bias`);
+  for (const key of SAMPLING_GRAMMAR_FIELDS) checkGrammar(params[key], `${at}.${key}`, limits.maxGrammarBytes);
 }
+
+/**
+ * The constraints SGLang compiles, in `/generate`'s `sampling_params` (SamplingParams in
+ * python/sglang/srt/sampling/sampling_params.py): a JSON schema's text, a regex, an EBNF grammar
+ * and a structural tag's JSON, each a string.
+ */
+const SAMPLING_GRAMMAR_FIELDS: readonly string[] = ['json_schema', 'regex', 'ebnf', 'structural_tag'];

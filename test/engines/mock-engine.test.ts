@@ -74,6 +74,9 @@ describe('mock engine: OpenAI API', () => {
     assert.equal(second.usage.prompt_tokens_details.cached_tokens, Math.floor(first.usage.prompt_tokens / 16) * 16);
     const salted = await read(post(e, '/v1/completions', { prompt, max_tokens: 1, cache_salt: 'tenant-b' }));
     assert.equal(salted.usage.prompt_tokens_details.cached_tokens, 0, 'a different cache_salt shares nothing');
+    // null is no salt, as vLLM reads it (Optional[str]): the unsalted prefix is found
+    const unsalted = await read(post(e, '/v1/completions', { prompt, max_tokens: 1, cache_salt: null }));
+    assert.equal(unsalted.usage.prompt_tokens_details.cached_tokens, second.usage.prompt_tokens_details.cached_tokens);
   });
 
   test('a client that disconnects takes its request out of the engine', async () => {

@@ -3,9 +3,10 @@
  * gateway applies to the OpenAI paths, on the fields where they sit in SGLang's GenerateReqInput
  * (python/sglang/srt/managers/io_struct.py): `rid`, `session_id`, `session_params`, `lora_path`,
  * `extra_key`, `custom_logit_processor`, `top_logprobs_num` and `token_ids_logprob` at the top
- * level; `n`, `stop`, `stop_regex` and `stop_token_ids` inside `sampling_params` (an object, or a
- * list of them, one per prompt). SGLang's lists hold at most one entry per prompt of the body,
- * and `text`, `input_ids` and `input_embeds` at most maxPrompts prompts.
+ * level; `n`, `stop`, `stop_regex`, `stop_token_ids`, `logit_bias` and the constraints SGLang
+ * compiles (`json_schema`, `regex`, `ebnf`, `structural_tag`) inside `sampling_params` (an object,
+ * or a list of them, one per prompt). SGLang's lists hold at most one entry per prompt of the
+ * body, and `text`, `input_ids` and `input_embeds` at most maxPrompts prompts.
  * A violation is an immediate 400 naming the field, and nothing is forwarded; at the limits the
  * body is routed as the client wrote it (but for the KV-transfer and code fields, removed by
  * default). `/v1/responses` and other paths are read for those fields only, as before.
@@ -20,7 +21,14 @@ let tight: PickerFleet;
 let defaultsEnvoy: EnvoyRole;
 let tightEnvoy: EnvoyRole;
 /** Limits small enough that a body at them is short; they come from the gateway's settings. */
-const TIGHT = { maxIdBytes: 8, maxChoices: 2, maxStopSequences: 2, maxLogprobs: 2, maxPrompts: 2 };
+const TIGHT = {
+  maxIdBytes: 8,
+  maxChoices: 2,
+  maxStopSequences: 2,
+  maxLogprobs: 2,
+  maxPrompts: 2,
+  maxGrammarBytes: 16,
+};
 before(async () => {
   defaults = await startPickerFleet({ engines: 1 });
   tight = await startPickerFleet({ engines: 1, gateway: { limits: TIGHT } });
@@ -185,6 +193,29 @@ describe("SGLang's /generate through the endpoint picker (default limits)", () =
       param: 'input_embeds',
     },
     {
+      name: 'a logit_bias of 1,025 entries in sampling_params',
+      body: {
+        text: 'hi',
+        sampling_params: { logit_bias: Object.fromEntries(Array.from({ length: 1025 }, (_, i) => [String(i), 1])) },
+      },
+      param: 'sampling_params.logit_bias',
+    },
+    {
+      name: 'a logit_bias of 101 in list-form sampling_params',
+      body: { text: ['a', 'b'], sampling_params: [{ logit_bias: { '1': 5 } }, { logit_bias: { '1': 101 } }] },
+      param: 'sampling_params[1].logit_bias',
+    },
+    ...['regex', 'ebnf', 'json_schema', 'structural_tag'].map((key) => ({
+      name: `a ${key} over 64 KiB in sampling_params`,
+      body: { text: 'hi', sampling_params: { [key]: 'x'.repeat(64 * 1024 + 1) } },
+      param: `sampling_params.${key}`,
+    })),
+    {
+      name: 'a regex over 64 KiB in list-form sampling_params',
+      body: { text: ['a', 'b'], sampling_params: [{ regex: 'a' }, { regex: 'x'.repeat(64 * 1024 + 1) }] },
+      param: 'sampling_params[1].regex',
+    },
+    {
       name: 'n of 10^8 with a query string',
       path: '/generate?trace=1',
       body: { text: 'hi', sampling_params: { n: 100_000_000 } },
@@ -218,7 +249,13 @@ describe("SGLang's /generate through the endpoint picker (default limits)", () =
       token_ids_logprob: [Array.from({ length: 20 }, (_, i) => i), [4294967295]],
       sampling_params: [
         { n: 128, stop: Array(64).fill('x'.repeat(1024)), stop_token_ids: Array(64).fill(2) },
-        { n: 128, stop_regex: Array(64).fill('x'.repeat(1024)), max_new_tokens: 4 },
+        {
+          n: 128,
+          stop_regex: Array(64).fill('x'.repeat(1024)),
+          max_new_tokens: 4,
+          json_schema: 'x'.repeat(64 * 1024),
+          logit_bias: Object.fromEntries(Array.from({ length: 1024 }, (_, i) => [String(i), i % 2 ? 100 : -100])),
+        },
       ],
     };
     // at its bound it is not refused; the code it carries does not reach the engine
@@ -260,7 +297,13 @@ describe("SGLang's /generate follows the gateway's configured limits", () => {
       rid: 'x'.repeat(32),
       top_logprobs_num: 2,
       token_ids_logprob: [5, 6],
-      sampling_params: { n: 2, stop: ['x'.repeat(32), 'b'], stop_regex: 'r', stop_token_ids: [1, 2] },
+      sampling_params: {
+        n: 2,
+        stop: ['x'.repeat(32), 'b'],
+        stop_regex: 'r',
+        stop_token_ids: [1, 2],
+        regex: 'x'.repeat(16),
+      },
     });
     assert.equal(await forwarded(tightEnvoy, '/generate', sent), sent);
   });
@@ -278,6 +321,7 @@ describe("SGLang's /generate follows the gateway's configured limits", () => {
     { body: { text: 'hi', token_ids_logprob: [5, 6, 7] }, param: 'token_ids_logprob' },
     { body: { text: ['a', 'b', 'c'] }, param: 'text' },
     { body: { input_ids: [[1], [2], [3]] }, param: 'input_ids' },
+    { body: { text: 'hi', sampling_params: { ebnf: 'x'.repeat(17) } }, param: 'sampling_params.ebnf' },
   ];
   for (const { body, param } of CASES) {
     test(`one past the limit: 400 naming ${param}`, async () => {

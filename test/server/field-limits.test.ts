@@ -10,7 +10,12 @@
  *   from 0 to maxLogprobs (20);
  * - SGLang's `stop_regex`: as `stop`, at most maxStopSequences patterns of at most
  *   4 × maxIdBytes bytes;
- * - vLLM's `logprob_token_ids`: at most maxLogprobs token ids.
+ * - vLLM's `logprob_token_ids`: at most maxLogprobs token ids;
+ * - `logit_bias`: at most MAX_BIASED_TOKENS (1,024) entries, each a number from -100 to 100;
+ *   vLLM's `allowed_token_ids`: at most MAX_BIASED_TOKENS ids;
+ * - the grammars, regexes and schemas an engine compiles (vLLM's `structured_outputs` and
+ *   `guided_*`, `response_format`, SGLang's `regex`, `ebnf` and `json_schema`): at most
+ *   maxGrammarBytes (64 KiB), a string as it is, an object as compact JSON.
  *
  * Over a limit is a 400 naming the field, whose message never repeats the value, and nothing
  * reaches the engine; at the limit passes. The endpoint picker reads the body through the same
@@ -22,6 +27,8 @@ import {
   checkRequestLimits,
   CUSTOM_LOGIT_PROCESSOR_BYTES,
   DEFAULT_REQUEST_LIMITS,
+  GRAMMAR_FIELDS,
+  MAX_BIASED_TOKENS,
 } from '../../src/server/request-limits.js';
 import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
 import { LIMIT_PATHS, passes, refused as refusedOn } from '../helpers/limit-checks.js';
@@ -37,8 +44,11 @@ let defaults: GatewayOnEngine;
 let tight: GatewayOnEngine;
 /** No log probabilities at all. */
 let none: GatewayOnEngine;
+/** Grammars of at most 64 bytes. */
+let grammar: GatewayOnEngine;
 before(async () => {
   defaults = await gatewayOnEngine();
+  grammar = await gatewayOnEngine({ limits: { maxGrammarBytes: 64 } });
   tight = await gatewayOnEngine({ limits: { maxIdBytes: 8, maxLogprobs: 2, maxStopSequences: 2 } });
   none = await gatewayOnEngine({ limits: { maxLogprobs: 0 } });
 });
@@ -46,6 +56,7 @@ after(async () => {
   await defaults.close();
   await tight.close();
   await none.close();
+  await grammar.close();
 });
 
 describe('ids and names the engines keep', () => {
@@ -245,6 +256,115 @@ describe('stop_regex', () => {
   });
 });
 
+describe('logit_bias and allowed_token_ids', () => {
+  /** A logit_bias of `count` entries, token ids 0, 1, … each biased by `value`. */
+  const bias = (count: number, value: unknown = 1) =>
+    Object.fromEntries(Array.from({ length: count }, (_, i) => [String(i), value]));
+  const ids = (count: number) => Array.from({ length: count }, (_, i) => i);
+  for (const { path } of Object.values(LIMIT_PATHS)) {
+    test(`logit_bias: at most ${MAX_BIASED_TOKENS} entries pass, one more is refused (${path})`, async () => {
+      assert.equal(MAX_BIASED_TOKENS, 1024);
+      await passes(defaults, path, { logit_bias: bias(MAX_BIASED_TOKENS) });
+      const message = await refused(defaults, path, { logit_bias: bias(MAX_BIASED_TOKENS + 1) }, 'logit_bias');
+      assert.equal(message, 'logit_bias has more than 1024 entries (the most tokens a request may bias)');
+      // what a probe sent: a map of a hundred thousand keys reaches no engine
+      await refused(defaults, path, { logit_bias: bias(100_000) }, 'logit_bias');
+    });
+    test(`logit_bias: each bias a number from -100 to 100, as the OpenAI API documents (${path})`, async () => {
+      await passes(defaults, path, { logit_bias: { '50256': -100, '198': 100, '11': 0.5 } });
+      await passes(defaults, path, { logit_bias: null });
+      await passes(defaults, path, { logit_bias: {} });
+      for (const value of [-100.5, 101, 1e9, '5', true, null, [1], { b: 1 }]) {
+        const message = await refused(defaults, path, { logit_bias: { '7': 1, '8': value } }, 'logit_bias');
+        assert.equal(message, 'logit_bias values must be numbers from -100 to 100 (the bias added to a token’s logit)');
+      }
+    });
+    test(`logit_bias: anything but an object is refused (${path})`, async () => {
+      for (const value of [[1, 2], 'x', 5, true]) {
+        const message = await refused(defaults, path, { logit_bias: value }, 'logit_bias');
+        assert.equal(message, 'logit_bias must be an object mapping token ids to biases');
+      }
+    });
+    test(`vLLM’s allowed_token_ids: at most ${MAX_BIASED_TOKENS} ids (${path})`, async () => {
+      await passes(defaults, path, { allowed_token_ids: ids(MAX_BIASED_TOKENS) });
+      await passes(defaults, path, { allowed_token_ids: null });
+      const message = await refused(
+        defaults,
+        path,
+        { allowed_token_ids: ids(MAX_BIASED_TOKENS + 1) },
+        'allowed_token_ids',
+      );
+      assert.equal(message, 'allowed_token_ids has more than 1024 ids (the most tokens a request may bias)');
+      await refused(defaults, path, { allowed_token_ids: ids(100_000) }, 'allowed_token_ids');
+    });
+  }
+});
+
+describe('grammars, regexes and schemas the engine compiles', () => {
+  const KIB64 = 64 * 1024;
+  /** The fields whose value is a string (a regex, a grammar, a schema's text) in the engines' request models. */
+  const STRING_FIELDS = [
+    'guided_regex',
+    'guided_grammar',
+    'guided_whitespace_pattern',
+    'structural_tag',
+    'regex',
+    'ebnf',
+  ];
+  test('the fields: vLLM’s structured_outputs and guided_*, response_format, SGLang’s regex, ebnf and json_schema', () => {
+    assert.deepEqual([...GRAMMAR_FIELDS].sort(), [
+      'ebnf',
+      'guided_choice',
+      'guided_grammar',
+      'guided_json',
+      'guided_regex',
+      'guided_whitespace_pattern',
+      'json_schema',
+      'regex',
+      'response_format',
+      'structural_tag',
+      'structured_outputs',
+    ]);
+    assert.equal(DEFAULT_REQUEST_LIMITS.maxGrammarBytes, KIB64);
+  });
+  for (const { path } of Object.values(LIMIT_PATHS)) {
+    test(`a string of at most maxGrammarBytes UTF-8 bytes passes, a longer one is refused, not echoed (${path})`, async () => {
+      for (const param of [...STRING_FIELDS, 'guided_json', 'json_schema']) {
+        await passes(defaults, path, { [param]: 'x'.repeat(KIB64) });
+        const message = await refused(defaults, path, { [param]: 'x'.repeat(KIB64 + 1) }, param);
+        assert.equal(
+          message,
+          `${param} is longer than ${KIB64} bytes (the largest grammar, regex or schema an engine compiles)`,
+        );
+        await refused(grammar, path, { [param]: 'é'.repeat(33) }, param);
+        await passes(grammar, path, { [param]: 'é'.repeat(32) });
+      }
+    });
+    test(`an object or list is measured as compact JSON (${path})`, async () => {
+      // {"type":"json_schema","json_schema":{"schema":{"x":"…"}}}: 56 bytes and the string
+      const format = (n: number) => ({ type: 'json_schema', json_schema: { schema: { x: 'y'.repeat(n) } } });
+      assert.equal(JSON.stringify(format(8)).length, 64);
+      await passes(grammar, path, { response_format: format(8) });
+      const message = await refused(grammar, path, { response_format: format(9) }, 'response_format');
+      assert.equal(
+        message,
+        'response_format is longer than 64 bytes as JSON (the largest grammar, regex or schema an engine compiles)',
+      );
+      // {"regex":"…"}: 12 bytes and the pattern, its backslashes escaped as JSON writes them
+      await passes(grammar, path, { structured_outputs: { regex: '\\d'.repeat(17) } });
+      await refused(grammar, path, { structured_outputs: { regex: '\\d'.repeat(18) } }, 'structured_outputs');
+      // {"a":["…"]}: 10 bytes and two bytes a character
+      await passes(grammar, path, { guided_json: { a: ['é'.repeat(27)] } });
+      await refused(grammar, path, { guided_json: { a: ['é'.repeat(28)] } }, 'guided_json');
+      // ["a","a",…]: 4 bytes an entry, and the brackets less a comma
+      await passes(grammar, path, { guided_choice: Array(15).fill('a') });
+      await refused(grammar, path, { guided_choice: Array(16).fill('a') }, 'guided_choice');
+      await refused(defaults, path, { guided_choice: Array(100_000).fill('yes') }, 'guided_choice');
+      for (const param of GRAMMAR_FIELDS) await passes(grammar, path, { [param]: null });
+    });
+  }
+});
+
 describe('through the endpoint picker', () => {
   let fleet: PickerFleet;
   let envoy: EnvoyRole;
@@ -275,6 +395,26 @@ describe('through the endpoint picker', () => {
       param: 'logprob_token_ids',
     },
     { path: '/v1/completions', fields: { prompt: Array(257).fill('p') }, param: 'prompt' },
+    {
+      path: '/v1/chat/completions',
+      fields: { messages: [{ role: 'user', content: 'p' }], logit_bias: { '5': 101 } },
+      param: 'logit_bias',
+    },
+    {
+      path: '/v1/completions',
+      fields: { prompt: 'p', allowed_token_ids: Array(1025).fill(1) },
+      param: 'allowed_token_ids',
+    },
+    {
+      path: '/v1/completions',
+      fields: { prompt: 'p', guided_regex: 'x'.repeat(64 * 1024 + 1) },
+      param: 'guided_regex',
+    },
+    {
+      path: '/v1/chat/completions',
+      fields: { messages: [{ role: 'user', content: 'p' }], structured_outputs: { grammar: 'x'.repeat(64 * 1024) } },
+      param: 'structured_outputs',
+    },
   ];
   for (const { path, fields, param } of CASES) {
     test(`${param} over its limit is refused with 400 naming it (${path})`, async () => {
@@ -314,4 +454,14 @@ test('maxLogprobs is a setting: default 20 (the OpenAI API’s top_logprobs maxi
   assert.equal(resolveServe(['--max-logprobs', '5']).config.maxLogprobs, 5);
   assert.equal(resolveServe([], { CONTEXTFORGE_MAX_LOGPROBS: '7' }).config.maxLogprobs, 7);
   assert.equal(resolveServe([]).config.maxLogprobs, 20);
+});
+
+test('maxGrammarBytes is a setting: default 64 KiB, 1 or more', () => {
+  assert.equal(checkRequestLimits({ maxGrammarBytes: 1 }).maxGrammarBytes, 1);
+  assert.throws(() => checkRequestLimits({ maxGrammarBytes: 0 }), {
+    message: 'limits.maxGrammarBytes must be >= 1 (got 0)',
+  });
+  assert.equal(resolveServe(['--max-grammar-bytes', '1024']).config.maxGrammarBytes, 1024);
+  assert.equal(resolveServe([], { CONTEXTFORGE_MAX_GRAMMAR_BYTES: '2048' }).config.maxGrammarBytes, 2048);
+  assert.equal(resolveServe([]).config.maxGrammarBytes, 64 * 1024);
 });

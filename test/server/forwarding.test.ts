@@ -150,6 +150,21 @@ test("a tenant's request reaches the engine with the tenant's cache_salt", async
   });
 });
 
+test("a tenant's request with cache_salt null gets the tenant's own salt, as one without a salt does", async () => {
+  const { res, engineGot } = await post(JSON.stringify({ model: 'm', prompt: 'hi', cache_salt: null }), tenantBase, {
+    authorization: `Bearer ${KEY}`,
+  });
+  assert.equal(res.status, 200);
+  assert.deepEqual(JSON.parse(engineGot!.body.toString()), { model: 'm', prompt: 'hi', cache_salt: 'tenant/team-a' });
+});
+
+test('cache_salt null reaches the engine as written: the engine reads it as no salt', async () => {
+  const text = '{"model":"m","prompt":"hi","cache_salt":null}';
+  const { res, engineGot } = await post(text);
+  assert.equal(res.status, 200);
+  assert.equal(engineGot!.body.toString(), text);
+});
+
 test('bytes that are not UTF-8 reach the engine as the router read them (replacement characters)', async () => {
   const body = Buffer.concat([Buffer.from('{"model":"m","prompt":"a'), Buffer.from([0xff, 0xfe]), Buffer.from('b"}')]);
   const { res, engineGot } = await post(body);

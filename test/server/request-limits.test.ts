@@ -1,11 +1,14 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
+import fc from 'fast-check';
 import {
   checkGenerateRequest,
+  checkGrammar,
   checkJsonDepth,
   checkRequestLimits,
   clientMessage,
   DEFAULT_REQUEST_LIMITS,
+  MAX_BIASED_TOKENS,
   parseJsonBody,
   readMessages,
   readMetadata,
@@ -226,6 +229,17 @@ test('a whole request: metadata removed from the body, cache_salt and stream che
     assert.equal(readRouteRequest('/v1/completions', { prompt: 'x', stream }, {}, limits).body.stream, stream);
   rejects(() => readRouteRequest('/v1/completions', [1], {}, limits), 'body');
   rejects(() => readRouteRequest('/v1/completions', null, {}, limits), 'body');
+});
+
+test('cache_salt null is no salt, as vLLM and SGLang read it (Optional[str]): routed unsalted, forwarded as written', async () => {
+  const { readRouteRequest } = await import('../../src/server/request-limits.js');
+  for (const path of ['/v1/completions', '/v1/chat/completions']) {
+    const body = { prompt: 'x', messages: [{ role: 'user', content: 'hi' }], cache_salt: null };
+    const r = readRouteRequest(path, body, {}, limits);
+    assert.equal(r.routeRequest.cacheSalt, undefined, 'no salt: the blocks the engine keeps are unsalted');
+    assert.equal(r.unchanged, true);
+    assert.equal(r.body.cache_salt, null);
+  }
 });
 
 test('a body with nothing to remove shares one frozen empty list of removed fields', async () => {
@@ -465,4 +479,65 @@ describe("vLLM's logprob_token_ids", () => {
         await assert.rejects(read({ logprob_token_ids: bad }), { param: 'logprob_token_ids' });
     });
   }
+});
+
+describe('logit_bias', () => {
+  const bias = (count: number, value: unknown = 1) =>
+    Object.fromEntries(Array.from({ length: count }, (_, i) => [String(i), value]));
+  test('a bias that JSON.parse read as infinite (1e400) is refused: the OpenAI API takes -100 to 100', async () => {
+    const { readRouteRequest } = await import('../../src/server/request-limits.js');
+    const body = parseJsonBody('{"prompt":"x","logit_bias":{"5":1e400}}', 64);
+    rejects(() => readRouteRequest('/v1/completions', body, {}, limits), 'logit_bias', /from -100 to 100/);
+  });
+  test("SGLang's /generate: in sampling_params (an object, or one per prompt), named by its path", () => {
+    checkGenerateRequest({ text: 'a', sampling_params: { logit_bias: bias(MAX_BIASED_TOKENS) } }, limits);
+    checkGenerateRequest({ text: 'a', sampling_params: { logit_bias: null } }, limits);
+    rejects(
+      () => checkGenerateRequest({ text: 'a', sampling_params: { logit_bias: bias(MAX_BIASED_TOKENS + 1) } }, limits),
+      'sampling_params.logit_bias',
+      /^sampling_params\.logit_bias has more than 1024 entries/,
+    );
+    rejects(
+      () =>
+        checkGenerateRequest(
+          { text: ['a', 'b'], sampling_params: [{ logit_bias: { '1': 2 } }, { logit_bias: { '1': -200 } }] },
+          limits,
+        ),
+      'sampling_params[1].logit_bias',
+      /^sampling_params\[1\]\.logit_bias values must be numbers from -100 to 100/,
+    );
+  });
+});
+
+describe('grammars, regexes and schemas', () => {
+  test('an object is measured as JSON.stringify writes it, to the byte: at its length passes, one less refuses', () => {
+    fc.assert(
+      fc.property(fc.jsonValue(), (value) => {
+        if (value === null || typeof value === 'string') return;
+        const bytes = Buffer.byteLength(JSON.stringify(value));
+        checkGrammar(value, 'guided_json', bytes);
+        rejects(() => checkGrammar(value, 'guided_json', bytes - 1), 'guided_json', /as JSON/);
+      }),
+      { numRuns: 500 },
+    );
+  });
+  test('escapes, surrogate pairs and numbers JSON.parse made infinite count as JSON writes them', () => {
+    for (const text of ['{"a":"\\n\\u0001\\"\\\\"}', '["😀é",1e400,-0,1.5e-7,true,null]', '{"":{}, "k":[[],{}]}']) {
+      const value = JSON.parse(text) as unknown;
+      const bytes = Buffer.byteLength(JSON.stringify(value));
+      checkGrammar(value, 'response_format', bytes);
+      rejects(() => checkGrammar(value, 'response_format', bytes - 1), 'response_format');
+    }
+  });
+  test("SGLang's /generate: json_schema, regex, ebnf and structural_tag in sampling_params, named by their path", () => {
+    const tight = checkRequestLimits({ maxGrammarBytes: 8 });
+    for (const key of ['json_schema', 'regex', 'ebnf', 'structural_tag']) {
+      checkGenerateRequest({ text: 'a', sampling_params: { [key]: 'x'.repeat(8) } }, tight);
+      rejects(
+        () => checkGenerateRequest({ text: ['a', 'b'], sampling_params: [{}, { [key]: 'x'.repeat(9) }] }, tight),
+        `sampling_params[1].${key}`,
+        new RegExp(`^sampling_params\\[1\\]\\.${key} is longer than 8 bytes`),
+      );
+    }
+  });
 });
