@@ -359,6 +359,8 @@ function header(h: Headers, name: string): string | undefined {
 }
 
 const META_KEYS = new Set(['workflowId', 'workflowStep', 'agentRole', 'claGroup', 'anchors', 'isolate']);
+/** What a misspelt metadata field looks like: short, letters, digits and `_-.` (repeated in an error). */
+const FIELD_NAME = /^[A-Za-z0-9_.-]{1,64}$/;
 
 /**
  * Reads and checks the metadata: the body field `contextforge` (an object; its fields win)
@@ -370,11 +372,12 @@ export function readMetadata(meta: unknown, headers: Headers, limits: RequestLim
     throw new RequestLimitError('contextforge must be an object', 'contextforge');
   const m = (meta ?? {}) as Record<string, unknown>;
   for (const key of Object.keys(m)) {
-    if (!META_KEYS.has(key))
-      throw new RequestLimitError(
-        `contextforge.${key} is not a known field (known: ${[...META_KEYS].join(', ')})`,
-        `contextforge.${key}`,
-      );
+    if (META_KEYS.has(key)) continue;
+    const known = [...META_KEYS].join(', ');
+    // a typo of a field is named; anything else (a long or unprintable key) is not repeated
+    if (FIELD_NAME.test(key))
+      throw new RequestLimitError(`contextforge.${key} is not a known field (known: ${known})`, `contextforge.${key}`);
+    throw new RequestLimitError(`contextforge has an unknown field (known: ${known})`, 'contextforge');
   }
   const pick = (field: string, headerName: string): [unknown, string] =>
     m[field] !== undefined ? [m[field], `contextforge.${field}`] : [header(headers, headerName), headerName];
@@ -761,13 +764,17 @@ export function checkLogitBias(value: unknown, param = 'logit_bias'): void {
   if (value === undefined || value === null) return;
   if (typeof value !== 'object' || Array.isArray(value))
     throw new RequestLimitError(`${param} must be an object mapping token ids to biases`, param);
-  const biases = Object.values(value as Record<string, unknown>);
-  if (biases.length > MAX_BIASED_TOKENS)
+  // counted by its keys (strings JSON.parse already made) before any value is read: a map of a
+  // million entries costs one list of its keys, not one of its values too
+  const tokens = Object.keys(value);
+  if (tokens.length > MAX_BIASED_TOKENS)
     throw new RequestLimitError(
       `${param} has more than ${MAX_BIASED_TOKENS} entries (the most tokens a request may bias)`,
       param,
     );
-  for (const b of biases) {
+  const biases = value as Record<string, unknown>;
+  for (const token of tokens) {
+    const b = biases[token];
     if (typeof b !== 'number' || !(b >= -100 && b <= 100))
       throw new RequestLimitError(
         `${param} values must be numbers from -100 to 100 (the bias added to a token’s logit)`,

@@ -128,6 +128,14 @@ describe('metadata', () => {
     rejects(() => readMetadata(5, {}, limits), 'contextforge');
     rejects(() => readMetadata([], {}, limits), 'contextforge');
     rejects(() => readMetadata({ workflowID: 'typo' }, {}, limits), 'contextforge.workflowID', /not a known field/);
+    // a key that is no plausible field name is not repeated, in the message or the param
+    for (const key of ['k'.repeat(100_000), 'a b', 'x\u0000y', '<script>']) {
+      rejects(
+        () => readMetadata({ [key]: 1 }, {}, limits),
+        'contextforge',
+        /^contextforge has an unknown field \(known:/,
+      );
+    }
   });
 });
 
