@@ -7,40 +7,13 @@
  * they pass, a `custom_logit_processor` bounded as before.
  */
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
-import { EnvoyRole } from './envoy-role.js';
-import { startPickerFleet, type PickerFleet } from './harness.js';
+import { describe, test } from 'node:test';
+import { forwardedBody, strippingAndKeeping } from './harness.js';
 
-let stripping: PickerFleet;
-let keeping: PickerFleet;
-let strippingEnvoy: EnvoyRole;
-let keepingEnvoy: EnvoyRole;
-before(async () => {
-  stripping = await startPickerFleet({ engines: 1 });
-  keeping = await startPickerFleet({ engines: 1, gateway: { forwardCustomLogitProcessor: true } });
-  strippingEnvoy = new EnvoyRole(stripping.addresses[0]);
-  keepingEnvoy = new EnvoyRole(keeping.addresses[0]);
-});
-after(async () => {
-  strippingEnvoy.close();
-  keepingEnvoy.close();
-  await stripping.close();
-  await keeping.close();
-});
+const envoys = strippingAndKeeping({ forwardCustomLogitProcessor: true });
 
 /** A 64-bit seed JSON.parse would round: kept only if the body is edited, not serialised again. */
 const SEED = '18446744073709551557';
-
-/** The body Envoy forwards for `body` sent to `path` (the client's own when the picker changed nothing). */
-async function forwarded(envoy: EnvoyRole, path: string, body: string): Promise<string> {
-  const out = await envoy.request({ headers: { ':path': path }, body });
-  assert.equal(out.kind, 'routed', out.kind === 'immediate' ? out.body : '');
-  if (out.kind !== 'routed') return '';
-  const text = out.body.length > 0 ? out.body.toString() : body;
-  if (out.body.length > 0) assert.equal(out.setHeaders.get('content-length'), String(out.body.length));
-  await out.stream.end();
-  return text;
-}
 
 const PROCESSOR = JSON.stringify(JSON.stringify({ callable: '80049500' }));
 
@@ -80,19 +53,19 @@ const CASES = [
 describe('code fields through the endpoint picker', () => {
   for (const { name, path, kept, fields } of CASES) {
     test(`are removed on ${name}; every other member passes as written`, async () => {
-      assert.equal(await forwarded(strippingEnvoy, path, `{${fields},${kept}}`), `{${kept}}`);
+      assert.equal(await forwardedBody(envoys.stripping, path, `{${fields},${kept}}`), `{${kept}}`);
     });
     test(`pass with forwardCustomLogitProcessor on ${name}`, async () => {
       const sent = `{${fields},${kept}}`;
-      assert.equal(await forwarded(keepingEnvoy, path, sent), sent);
+      assert.equal(await forwardedBody(envoys.keeping, path, sent), sent);
     });
   }
 
   test('the KV-transfer fields are removed beside them, and kept as their own setting says', async () => {
     const sent = `{"text":"hi","bootstrap_host":"203.0.113.7","custom_logit_processor":${PROCESSOR}}`;
-    assert.equal(await forwarded(strippingEnvoy, '/generate', sent), '{"text":"hi"}');
+    assert.equal(await forwardedBody(envoys.stripping, '/generate', sent), '{"text":"hi"}');
     assert.equal(
-      await forwarded(keepingEnvoy, '/generate', sent),
+      await forwardedBody(envoys.keeping, '/generate', sent),
       `{"text":"hi","custom_logit_processor":${PROCESSOR}}`,
     );
   });
@@ -100,8 +73,8 @@ describe('code fields through the endpoint picker', () => {
   test('kept on /generate, a custom_logit_processor over 64 KiB is refused naming it', async () => {
     const at = 'x'.repeat(64 * 1024);
     const sent = JSON.stringify({ text: 'hi', custom_logit_processor: at });
-    assert.equal(await forwarded(keepingEnvoy, '/generate', sent), sent);
-    const out = await keepingEnvoy.request({
+    assert.equal(await forwardedBody(envoys.keeping, '/generate', sent), sent);
+    const out = await envoys.keeping.request({
       headers: { ':path': '/generate' },
       body: JSON.stringify({ text: 'hi', custom_logit_processor: `${at}x` }),
     });

@@ -1,3 +1,5 @@
+import assert from 'node:assert/strict';
+import { after, before } from 'node:test';
 import { credentials, makeGenericClientConstructor, type Client, type ClientDuplexStream } from '@grpc/grpc-js';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
@@ -105,4 +107,44 @@ export async function startPickerFleet(
       for (const e of engines) await e.close();
     },
   };
+}
+
+/**
+ * Envoy's role on two one-engine picker fleets, started before the calling file's tests and
+ * closed after them: `stripping` with the gateway's defaults, `keeping` with `keep` (the option
+ * that keeps fields the picker removes by default).
+ */
+export function strippingAndKeeping(keep: Partial<GatewayOptions>): {
+  readonly stripping: EnvoyRole;
+  readonly keeping: EnvoyRole;
+} {
+  const fleets: PickerFleet[] = [];
+  const envoys: EnvoyRole[] = [];
+  before(async () => {
+    fleets.push(await startPickerFleet({ engines: 1 }), await startPickerFleet({ engines: 1, gateway: keep }));
+    for (const f of fleets) envoys.push(new EnvoyRole(f.addresses[0]));
+  });
+  after(async () => {
+    for (const e of envoys) e.close();
+    for (const f of fleets) await f.close();
+  });
+  return {
+    get stripping() {
+      return envoys[0];
+    },
+    get keeping() {
+      return envoys[1];
+    },
+  };
+}
+
+/** The body Envoy forwards for `body` sent to `path` (the client's own when the picker changed nothing). */
+export async function forwardedBody(envoy: EnvoyRole, path: string, body: string): Promise<string> {
+  const out = await envoy.request({ headers: { ':path': path }, body });
+  assert.equal(out.kind, 'routed', out.kind === 'immediate' ? out.body : '');
+  if (out.kind !== 'routed') return '';
+  const text = out.body.length > 0 ? out.body.toString() : body;
+  if (out.body.length > 0) assert.equal(out.setHeaders.get('content-length'), String(out.body.length));
+  await out.stream.end();
+  return text;
 }

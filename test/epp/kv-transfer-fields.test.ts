@@ -6,40 +6,13 @@
  * `forwardKvTransferParams` they pass.
  */
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
-import { EnvoyRole } from './envoy-role.js';
-import { startPickerFleet, type PickerFleet } from './harness.js';
+import { describe, test } from 'node:test';
+import { forwardedBody, strippingAndKeeping } from './harness.js';
 
-let stripping: PickerFleet;
-let keeping: PickerFleet;
-let strippingEnvoy: EnvoyRole;
-let keepingEnvoy: EnvoyRole;
-before(async () => {
-  stripping = await startPickerFleet({ engines: 1 });
-  keeping = await startPickerFleet({ engines: 1, gateway: { forwardKvTransferParams: true } });
-  strippingEnvoy = new EnvoyRole(stripping.addresses[0]);
-  keepingEnvoy = new EnvoyRole(keeping.addresses[0]);
-});
-after(async () => {
-  strippingEnvoy.close();
-  keepingEnvoy.close();
-  await stripping.close();
-  await keeping.close();
-});
+const envoys = strippingAndKeeping({ forwardKvTransferParams: true });
 
 /** A 64-bit seed JSON.parse would round: kept only if the body is edited, not serialised again. */
 const SEED = '18446744073709551557';
-
-/** The body Envoy forwards for `body` sent to `path` (the client's own when the picker changed nothing). */
-async function forwarded(envoy: EnvoyRole, path: string, body: string): Promise<string> {
-  const out = await envoy.request({ headers: { ':path': path }, body });
-  assert.equal(out.kind, 'routed', out.kind === 'immediate' ? out.body : '');
-  if (out.kind !== 'routed') return '';
-  const text = out.body.length > 0 ? out.body.toString() : body;
-  if (out.body.length > 0) assert.equal(out.setHeaders.get('content-length'), String(out.body.length));
-  await out.stream.end();
-  return text;
-}
 
 const CASES = [
   {
@@ -71,22 +44,22 @@ const CASES = [
 describe('KV-transfer fields through the endpoint picker', () => {
   for (const { name, path, kept, fields } of CASES) {
     test(`are removed on ${name}; every other member passes as written`, async () => {
-      const text = await forwarded(strippingEnvoy, path, `{${fields},${kept}}`);
+      const text = await forwardedBody(envoys.stripping, path, `{${fields},${kept}}`);
       assert.equal(text, `{${kept}}`);
     });
     test(`pass with forwardKvTransferParams on ${name}`, async () => {
       const sent = `{${fields},${kept}}`;
-      assert.equal(await forwarded(keepingEnvoy, path, sent), sent);
+      assert.equal(await forwardedBody(envoys.keeping, path, sent), sent);
     });
   }
 
   test('a body without them on another path passes byte for byte', async () => {
     const sent = `{ "text" : "hi", "seed": ${SEED}, "note": "bootstrap_host" }`;
-    assert.equal(await forwarded(strippingEnvoy, '/generate', sent), sent);
+    assert.equal(await forwardedBody(envoys.stripping, '/generate', sent), sent);
   });
 
   test('every copy goes, escaped spellings too, with a model rewrite on another path', async () => {
-    const out = await strippingEnvoy.request({
+    const out = await envoys.stripping.request({
       headers: { ':path': '/v1/responses', 'x-gateway-model-name-rewrite': 'mock' },
       body: `{"model":"other","input":"hi","bootstrap\\u005fhost":"a","bootstrap_host":"b","seed":${SEED}}`,
     });
@@ -97,7 +70,7 @@ describe('KV-transfer fields through the endpoint picker', () => {
   });
 
   test('an isolated request gets its private salt with the rest of the body as written, the fields removed', async () => {
-    const out = await strippingEnvoy.request({
+    const out = await envoys.stripping.request({
       headers: { ':path': '/v1/completions' },
       body: `{"model":"mock","prompt":"p","kv_transfer_params":{"a":1},"contextforge":{"isolate":true},"seed":${SEED}}`,
     });
