@@ -195,7 +195,7 @@ export const MAX_BIASED_TOKENS = 1024;
  *
  * A field's shape is the engine's to check; its size is bounded whatever the shape. Tools'
  * parameter schemas, which the engines compile too when `tool_choice` names a tool or is
- * `required`, are not among them.
+ * `required`, are bounded alike (checkToolGrammars).
  */
 export const GRAMMAR_FIELDS: readonly string[] = [
   'structured_outputs',
@@ -806,6 +806,39 @@ export function checkGrammar(value: unknown, param: string, maxBytes: number): v
 }
 
 /**
+ * The `parameters` schemas of the tools an engine compiles into a constraint on the output,
+ * bounded as GRAMMAR_FIELDS are (checkGrammar, `limits.maxGrammarBytes`) and named
+ * `tools[i].function.parameters`. When `tool_choice` is `required`, vLLM and SGLang constrain
+ * the output to a call of one of the tools, a schema made of every tool's parameters; when it
+ * names a function (`{"type": "function", "function": {"name": "f"}}`), to a call of that one
+ * (SGLang's serving_chat.py builds a tool_call_constraint that ChatCompletionRequest
+ * .to_sampling_params, python/sglang/srt/entrypoints/openai/protocol.py, makes the request's
+ * structured output; vLLM's ChatCompletionRequest._get_json_schema_from_tool). With `auto`,
+ * `none` or no tool_choice nothing is compiled from them, so an agent's long list of tools is
+ * not bounded here (the body size bounds it). Tools or a tool_choice of another shape are the
+ * engine's to refuse.
+ */
+function checkToolGrammars(tools: unknown, toolChoice: unknown, maxBytes: number): void {
+  if (!Array.isArray(tools)) return;
+  let name: unknown;
+  if (toolChoice === 'required') name = undefined;
+  else if (toolChoice !== null && typeof toolChoice === 'object' && !Array.isArray(toolChoice)) {
+    const fn = (toolChoice as { function?: unknown }).function;
+    if (fn === null || typeof fn !== 'object') return;
+    name = (fn as { name?: unknown }).name;
+    if (typeof name !== 'string') return;
+  } else return;
+  for (let i = 0; i < tools.length; i++) {
+    const tool: unknown = tools[i];
+    if (tool === null || typeof tool !== 'object') continue;
+    const fn = (tool as { function?: unknown }).function;
+    if (fn === null || typeof fn !== 'object') continue;
+    const { name: toolName, parameters } = fn as { name?: unknown; parameters?: unknown };
+    if (name === undefined || toolName === name) checkGrammar(parameters, `tools[${i}].function.parameters`, maxBytes);
+  }
+}
+
+/**
  * `budget` less the UTF-8 bytes of `value`'s compact JSON text (as JSON.stringify writes it), or
  * a negative number as soon as the text is known to be longer: the walk stops there, so a large
  * value costs about `budget` bytes of work, not its own size, and nothing is serialized but
@@ -1024,7 +1057,8 @@ export interface ReadRequest {
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
  * must be an object; metadata, model, user, cache_salt, stream, n, best_of, stop, stop_regex,
  * bad_words, stop_token_ids, logit_bias, allowed_token_ids, the constraints the engine compiles
- * (GRAMMAR_FIELDS), the log-probability counts and vLLM's logprob_token_ids, the number of
+ * (GRAMMAR_FIELDS, and the tools' parameters when tool_choice makes the engine compile them),
+ * the log-probability counts and vLLM's logprob_token_ids, the number of
  * prompts (checked before the prompt is read), the ids the engine keeps
  * (checkEngineKeys) and the prompt or messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
  * to forward is the one received without `contextforge` and without the KV_TRANSFER_FIELDS and
@@ -1082,6 +1116,7 @@ export function readRouteRequest(
   checkLogitBias(body.logit_bias);
   checkAllowedTokenIds(body.allowed_token_ids);
   for (const key of GRAMMAR_FIELDS) checkGrammar(body[key], key, limits.maxGrammarBytes);
+  checkToolGrammars(body.tools, body.tool_choice, limits.maxGrammarBytes);
   const chat = path === '/v1/chat/completions';
   checkLogprobs(body.logprobs, 'logprobs', limits.maxLogprobs, chat);
   checkLogprobs(body.top_logprobs, 'top_logprobs', limits.maxLogprobs);

@@ -15,7 +15,9 @@
  *   vLLM's `allowed_token_ids`: at most MAX_BIASED_TOKENS ids;
  * - the grammars, regexes and schemas an engine compiles (vLLM's `structured_outputs` and
  *   `guided_*`, `response_format`, SGLang's `regex`, `ebnf` and `json_schema`): at most
- *   maxGrammarBytes (64 KiB), a string as it is, an object as compact JSON.
+ *   maxGrammarBytes (64 KiB), a string as it is, an object as compact JSON, and so are the
+ *   `parameters` of the tools an engine compiles (every tool's when `tool_choice` is
+ *   `required`, the named one's when it names a function).
  *
  * Over a limit is a 400 naming the field, whose message never repeats the value, and nothing
  * reaches the engine; at the limit passes. The endpoint picker reads the body through the same
@@ -363,6 +365,34 @@ describe('grammars, regexes and schemas the engine compiles', () => {
       for (const param of GRAMMAR_FIELDS) await passes(grammar, path, { [param]: null });
     });
   }
+  describe('tools whose parameters the engine compiles (tool_choice required or naming one)', () => {
+    const chat = LIMIT_PATHS.chat.path;
+    /** A function tool whose parameters schema is {"x":"…"}: 8 bytes and the string. */
+    const tool = (name: string, n: number) => ({
+      type: 'function',
+      function: { name, parameters: { x: 'y'.repeat(n) } },
+    });
+    const named = (name: string) => ({ type: 'function', function: { name } });
+    test('tool_choice "required": every tool’s parameters are bounded, named by index', async () => {
+      const tools = [tool('a', 56), tool('b', 57)];
+      const message = await refused(grammar, chat, { tools, tool_choice: 'required' }, 'tools[1].function.parameters');
+      assert.equal(
+        message,
+        'tools[1].function.parameters is longer than 64 bytes as JSON (the largest grammar, regex or schema an engine compiles)',
+      );
+      await passes(grammar, chat, { tools: [tool('a', 56), tool('b', 56)], tool_choice: 'required' });
+    });
+    test('tool_choice naming a function: that tool’s parameters are bounded, the others are not', async () => {
+      const tools = [tool('big', 1000), tool('f', 57)];
+      await refused(grammar, chat, { tools, tool_choice: named('f') }, 'tools[1].function.parameters');
+      await passes(grammar, chat, { tools: [tool('big', 1000), tool('f', 56)], tool_choice: named('f') });
+    });
+    test('tool_choice auto, none or absent: tool lists are not bounded by maxGrammarBytes', async () => {
+      const tools = [tool('a', 1000), tool('b', 1000)];
+      for (const choice of ['auto', 'none', undefined, null])
+        await passes(grammar, chat, { tools, tool_choice: choice });
+    });
+  });
 });
 
 describe('through the endpoint picker', () => {
