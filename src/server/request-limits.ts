@@ -93,7 +93,8 @@ export interface RequestLimits {
   maxLogprobs: number;
   /**
    * Most prompts in one request: the entries of a completions `prompt` list of strings or of
-   * token-id lists (a list of token ids is one prompt) and of vLLM's `prompt_embeds` list, and of
+   * token-id lists (a list of token ids is one prompt) and of vLLM's `prompt_embeds` list,
+   * together (vLLM runs both; a string of embeds is one prompt), and of
    * SGLang's `/generate` batch, `text`, `input_ids` (a list of lists) or `input_embeds` (a list of
    * embedding lists); a chat is one prompt. The engine runs every prompt as a request of its own
    * (n times over). SGLang bounds their number by nothing but the body size, and so did vLLM
@@ -579,6 +580,49 @@ function checkPromptList(value: readonly unknown[], param: string, prompts: numb
  */
 function completionPrompts(prompt: unknown): number {
   return Array.isArray(prompt) && typeof prompt[0] !== 'number' ? prompt.length : 1;
+}
+
+/**
+ * How many prompts vLLM's `prompt_embeds` holds (CompletionRequest: `bytes | list[bytes]`, each
+ * a base64 tensor): a list one per element, a string one, absent or null none. A value of
+ * another shape is refused, naming the field. Reads the list's elements' types only.
+ */
+function embedPrompts(value: unknown): number {
+  if (value === undefined || value === null) return 0;
+  const bad = () =>
+    new RequestLimitError('prompt_embeds must be a base64 string of a tensor, or a list of them', 'prompt_embeds');
+  if (typeof value === 'string') return 1;
+  if (!Array.isArray(value)) throw bad();
+  for (const e of value) if (typeof e !== 'string') throw bad();
+  return value.length;
+}
+
+/** Whether a completions body gives vLLM's `prompt_embeds` and no `prompt` (absent or null). */
+function onlyPromptEmbeds(body: Readonly<Record<string, unknown>>): boolean {
+  return (body.prompt === undefined || body.prompt === null) && embedPrompts(body.prompt_embeds) > 0;
+}
+
+/**
+ * The prompts of a completions request: those of `prompt` and of vLLM's `prompt_embeds`
+ * together, each field and their sum at most `limits.maxPrompts`. vLLM runs both when both are
+ * given (one of them is required; "prompt embeds are always returned first", then the text
+ * and token prompts: serving_completion.py), so either alone within the bound is no way past
+ * it. `prompt` counts unless it is absent or null and there are prompt embeds: then the body
+ * holds only those (a body with neither counts the prompt, and readPrompt refuses it). Counted
+ * before the prompt's elements are read; the embeds' are counted first, as
+ * checkPromptCount refuses a long list before its elements are looked at.
+ */
+function completionPromptCount(body: Readonly<Record<string, unknown>>, limits: RequestLimits): number {
+  const given = body.prompt_embeds;
+  if (Array.isArray(given)) checkPromptCount(given.length, 'prompt_embeds', limits);
+  const embeds = embedPrompts(given);
+  const textPrompts = onlyPromptEmbeds(body) ? 0 : checkPromptCount(completionPrompts(body.prompt), 'prompt', limits);
+  if (textPrompts + embeds > limits.maxPrompts)
+    throw new RequestLimitError(
+      `prompt and prompt_embeds have more than ${limits.maxPrompts} prompts together (--max-prompts)`,
+      'prompt_embeds',
+    );
+  return textPrompts + embeds;
 }
 
 /**
@@ -1125,10 +1169,11 @@ export function readRouteRequest(
   checkLogprobTokenIds(body.logprob_token_ids, limits);
   // a chat is one prompt (SGLang's serving_chat.py makes one GenerateReqInput of the
   // conversation, vLLM's serving one engine request); a completion's are counted before read
-  const prompts = chat ? 1 : checkPromptCount(completionPrompts(body.prompt), 'prompt', limits);
-  if (!chat && Array.isArray(body.prompt_embeds)) checkPromptCount(body.prompt_embeds.length, 'prompt_embeds', limits);
+  const prompts = chat ? 1 : completionPromptCount(body, limits);
   if (chat) routeRequest.messages = readMessages(body.messages);
-  else Object.assign(routeRequest, readPrompt(body.prompt));
+  // vLLM takes prompt_embeds without prompt: nothing the router can hash, so it routes on the
+  // metadata and the workers' load alone
+  else if (!onlyPromptEmbeds(body)) Object.assign(routeRequest, readPrompt(body.prompt));
   // what the engine keeps the request by: SGLang's lists hold one entry per prompt. Read on the
   // body as received, so a custom_logit_processor is bounded whether it is forwarded or removed,
   // as the endpoint picker bounds it on /generate before removing it

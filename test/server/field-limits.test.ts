@@ -395,6 +395,12 @@ describe('grammars, regexes and schemas the engine compiles', () => {
   });
 });
 
+test('vLLM’s prompt_embeds without prompt is forwarded, routed with nothing to hash', async () => {
+  await passes(defaults, LIMIT_PATHS.completions.path, { prompt: undefined, prompt_embeds: 'AAAA' });
+  await passes(defaults, LIMIT_PATHS.completions.path, { prompt: undefined, prompt_embeds: ['AAAA', 'BBBB'] });
+  await refused(defaults, LIMIT_PATHS.completions.path, { prompt: undefined }, 'prompt');
+});
+
 describe('through the endpoint picker', () => {
   let fleet: PickerFleet;
   let envoy: EnvoyRole;
