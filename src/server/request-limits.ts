@@ -704,9 +704,23 @@ export function checkLogprobs(value: unknown, param: string, max: number, isSwit
  * prompt's blocks unsalted and the router routes it unsalted too (undefined), as a request without
  * the field. The body keeps the null as written; a tenant's salt or an isolated request's private
  * one replaces it as it replaces any other.
+ *
+ * A list is refused, naming the field. SGLang's request models declare
+ * `Optional[Union[List[str], str]]` (python/sglang/srt/entrypoints/openai/protocol.py), but the
+ * only code that reads the field, OpenAIServingBase._compute_extra_key (serving_base.py), raises
+ * a TypeError on any non-empty value that is not a string, which its handle_request answers as a
+ * 500, and treats an empty list as no salt; vLLM's pydantic model refuses a list. Forwarded, a
+ * list would come back as an engine's failure counted against the worker, so it is refused here
+ * as a client error. A tenant's salt and an isolated request's salt are one string for the whole
+ * request, which is all either engine takes.
  */
 export function checkCacheSalt(value: unknown, limits: RequestLimits): string | undefined {
   if (value === undefined || value === null) return undefined;
+  if (Array.isArray(value))
+    throw new RequestLimitError(
+      'cache_salt must be a string, not a list (one salt for the whole request)',
+      'cache_salt',
+    );
   return checkId(value, 'cache_salt', limits.maxIdBytes);
 }
 

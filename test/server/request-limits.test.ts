@@ -242,6 +242,19 @@ test('cache_salt null is no salt, as vLLM and SGLang read it (Optional[str]): ro
   }
 });
 
+test('cache_salt as a list is refused with 400: SGLang declares the list form but its OpenAI serving fails on one', async () => {
+  const { readRouteRequest } = await import('../../src/server/request-limits.js');
+  for (const path of ['/v1/completions', '/v1/chat/completions'])
+    for (const cache_salt of [['a'], ['a', 'b'], [], [null]]) {
+      const body = { prompt: ['x', 'y'], messages: [{ role: 'user', content: 'hi' }], cache_salt };
+      rejects(
+        () => readRouteRequest(path, body, {}, limits),
+        'cache_salt',
+        /^cache_salt must be a string, not a list \(one salt for the whole request\)$/,
+      );
+    }
+});
+
 test('a body with nothing to remove shares one frozen empty list of removed fields', async () => {
   const { readRouteRequest } = await import('../../src/server/request-limits.js');
   const a = readRouteRequest('/v1/completions', { prompt: 'a' }, {}, limits);
