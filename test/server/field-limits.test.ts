@@ -451,6 +451,22 @@ describe('through the endpoint picker', () => {
       fields: { messages: [{ role: 'user', content: 'p' }], structured_outputs: { grammar: 'x'.repeat(64 * 1024) } },
       param: 'structured_outputs',
     },
+    {
+      path: '/v1/chat/completions',
+      fields: {
+        messages: [{ role: 'user', content: 'p' }],
+        tools: [{ type: 'function', function: { name: 'f', parameters: { x: 'x'.repeat(64 * 1024) } } }],
+        tool_choice: 'required',
+      },
+      param: 'tools[0].function.parameters',
+    },
+    {
+      path: '/v1/completions',
+      fields: { prompt: Array(200).fill('p'), prompt_embeds: Array(57).fill('A') },
+      param: 'prompt_embeds',
+    },
+    // a path the picker does not know: a body with prompt_embeds is a completion, as one with prompt is
+    { path: '/predict', fields: { prompt_embeds: Array(257).fill('A') }, param: 'prompt_embeds' },
   ];
   for (const { path, fields, param } of CASES) {
     test(`${param} over its limit is refused with 400 naming it (${path})`, async () => {
@@ -466,6 +482,14 @@ describe('through the endpoint picker', () => {
       assert.ok(!error.message.includes('xxxx'), error.message.slice(0, 80));
     });
   }
+  test('prompt_embeds without prompt is routed', async () => {
+    const out = await envoy.request({
+      headers: { ':path': '/v1/completions' },
+      body: JSON.stringify({ model: 'mock', prompt_embeds: ['AAAA', 'BBBB'] }),
+    });
+    assert.equal(out.kind, 'routed');
+    if (out.kind === 'routed') await out.stream.end();
+  });
   test('at the limits the request is routed', async () => {
     const out = await envoy.request({
       headers: { ':path': '/v1/completions' },
