@@ -864,8 +864,8 @@ export function checkGrammar(value: unknown, param: string, maxBytes: number): v
 }
 
 /**
- * The `parameters` schemas of the tools an engine compiles into a constraint on the output,
- * bounded as GRAMMAR_FIELDS are (checkGrammar, `limits.maxGrammarBytes`) and named
+ * The `parameters` schemas of a chat's tools that an engine compiles into a constraint on the
+ * output, bounded as GRAMMAR_FIELDS are (checkGrammar, `limits.maxGrammarBytes`) and named
  * `tools[i].function.parameters`. When `tool_choice` is `required`, vLLM and SGLang constrain
  * the output to a call of one of the tools, a schema made of every tool's parameters; when it
  * names a function (`{"type": "function", "function": {"name": "f"}}`), to a call of that one
@@ -1174,8 +1174,9 @@ export function readRouteRequest(
   checkLogitBias(body.logit_bias);
   checkAllowedTokenIds(body.allowed_token_ids);
   for (const key of GRAMMAR_FIELDS) checkGrammar(body[key], key, limits.maxGrammarBytes);
-  checkToolGrammars(body.tools, body.tool_choice, limits.maxGrammarBytes);
   const chat = path === '/v1/chat/completions';
+  // tools are a chat's: neither engine's completions request reads them
+  if (chat) checkToolGrammars(body.tools, body.tool_choice, limits.maxGrammarBytes);
   checkLogprobs(body.logprobs, 'logprobs', limits.maxLogprobs, chat);
   checkLogprobs(body.top_logprobs, 'top_logprobs', limits.maxLogprobs);
   checkLogprobs(body.top_logprobs_num, 'top_logprobs_num', limits.maxLogprobs);

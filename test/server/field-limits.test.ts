@@ -387,6 +387,9 @@ describe('grammars, regexes and schemas the engine compiles', () => {
       await refused(grammar, chat, { tools, tool_choice: named('f') }, 'tools[1].function.parameters');
       await passes(grammar, chat, { tools: [tool('big', 1000), tool('f', 56)], tool_choice: named('f') });
     });
+    test('completions take no tools (neither engine reads them there): not bounded there', async () => {
+      await passes(grammar, LIMIT_PATHS.completions.path, { tools: [tool('a', 1000)], tool_choice: 'required' });
+    });
     test('tool_choice auto, none or absent: tool lists are not bounded by maxGrammarBytes', async () => {
       const tools = [tool('a', 1000), tool('b', 1000)];
       for (const choice of ['auto', 'none', undefined, null])
