@@ -537,7 +537,8 @@ function isGenerate(path: string | undefined): boolean {
 }
 
 /**
- * Which OpenAI API a body is for: the request path when it names one, else the body's shape.
+ * Which OpenAI API a body is for: the request path when it names one, else the body's shape
+ * (`messages` a chat, `prompt` or vLLM's `prompt_embeds` a completion).
  * A path with a trailing slash (`/v1/completions/`) names none: vLLM and SGLang serve the APIs
  * with FastAPI, whose router (Starlette, redirect_slashes) answers it 307 with the path without
  * the slash, and never runs the API on it; a client that follows the redirect comes back through
@@ -552,7 +553,8 @@ function apiPath(
   if (p?.endsWith(CHAT)) return CHAT;
   if (p?.endsWith(COMPLETIONS)) return COMPLETIONS;
   if (Array.isArray(body.messages)) return CHAT;
-  if (body.prompt !== undefined) return COMPLETIONS;
+  // vLLM's completions take prompt_embeds in place of a prompt
+  if (body.prompt !== undefined || body.prompt_embeds !== undefined) return COMPLETIONS;
   return undefined;
 }
 

@@ -329,7 +329,10 @@ export function createRequestParser(options: RequestReaderOptions) {
     // an adapter's blocks are keyed by its name, as vLLM keys them (lora_name, extra_keys)
     const lora = loraOf?.(parsed.body.model);
     if (lora !== undefined) parsed.routeRequest.lora = lora;
-    // a prompt given as token ids is hashed as tokens in every mode
+    // a prompt given as token ids is hashed as tokens in every mode; a completion of prompt
+    // embeds alone has no prompt to tokenize, and routes with nothing to hash
+    const r = parsed.routeRequest;
+    if (r.tokens === undefined && r.text === undefined && r.messages === undefined) return parsed;
     if (tokenizeMode === 'engine') {
       const tokens = await tokenizeOnEngine(parsed.routeRequest, parsed.body);
       if (tokens) parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };

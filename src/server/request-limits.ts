@@ -93,7 +93,8 @@ export interface RequestLimits {
   maxLogprobs: number;
   /**
    * Most prompts in one request: the entries of a completions `prompt` list of strings or of
-   * token-id lists (a list of token ids is one prompt) and of vLLM's `prompt_embeds` list, and of
+   * token-id lists (a list of token ids is one prompt) and of vLLM's `prompt_embeds` list,
+   * together (vLLM runs both; a string of embeds is one prompt), and of
    * SGLang's `/generate` batch, `text`, `input_ids` (a list of lists) or `input_embeds` (a list of
    * embedding lists); a chat is one prompt. The engine runs every prompt as a request of its own
    * (n times over). SGLang bounds their number by nothing but the body size, and so did vLLM
@@ -195,7 +196,7 @@ export const MAX_BIASED_TOKENS = 1024;
  *
  * A field's shape is the engine's to check; its size is bounded whatever the shape. Tools'
  * parameter schemas, which the engines compile too when `tool_choice` names a tool or is
- * `required`, are not among them.
+ * `required`, are bounded alike (checkToolGrammars).
  */
 export const GRAMMAR_FIELDS: readonly string[] = [
   'structured_outputs',
@@ -585,6 +586,49 @@ function completionPrompts(prompt: unknown): number {
 }
 
 /**
+ * How many prompts vLLM's `prompt_embeds` holds (CompletionRequest: `bytes | list[bytes]`, each
+ * a base64 tensor): a list one per element, a string one, absent or null none. A value of
+ * another shape is refused, naming the field. Reads the list's elements' types only.
+ */
+function embedPrompts(value: unknown): number {
+  if (value === undefined || value === null) return 0;
+  const bad = () =>
+    new RequestLimitError('prompt_embeds must be a base64 string of a tensor, or a list of them', 'prompt_embeds');
+  if (typeof value === 'string') return 1;
+  if (!Array.isArray(value)) throw bad();
+  for (const e of value) if (typeof e !== 'string') throw bad();
+  return value.length;
+}
+
+/** Whether a completions body gives vLLM's `prompt_embeds` and no `prompt` (absent or null). */
+function onlyPromptEmbeds(body: Readonly<Record<string, unknown>>): boolean {
+  return (body.prompt === undefined || body.prompt === null) && embedPrompts(body.prompt_embeds) > 0;
+}
+
+/**
+ * The prompts of a completions request: those of `prompt` and of vLLM's `prompt_embeds`
+ * together, each field and their sum at most `limits.maxPrompts`. vLLM runs both when both are
+ * given (one of them is required; "prompt embeds are always returned first", then the text
+ * and token prompts: serving_completion.py), so either alone within the bound is no way past
+ * it. `prompt` counts unless it is absent or null and there are prompt embeds: then the body
+ * holds only those (a body with neither counts the prompt, and readPrompt refuses it). Counted
+ * before the prompt's elements are read; the embeds' are counted first, as
+ * checkPromptCount refuses a long list before its elements are looked at.
+ */
+function completionPromptCount(body: Readonly<Record<string, unknown>>, limits: RequestLimits): number {
+  const given = body.prompt_embeds;
+  if (Array.isArray(given)) checkPromptCount(given.length, 'prompt_embeds', limits);
+  const embeds = embedPrompts(given);
+  const textPrompts = onlyPromptEmbeds(body) ? 0 : checkPromptCount(completionPrompts(body.prompt), 'prompt', limits);
+  if (textPrompts + embeds > limits.maxPrompts)
+    throw new RequestLimitError(
+      `prompt and prompt_embeds have more than ${limits.maxPrompts} prompts together (--max-prompts)`,
+      'prompt_embeds',
+    );
+  return textPrompts + embeds;
+}
+
+/**
  * `count`, the prompts of the field `param`, unless more than `limits.maxPrompts`: then a
  * RequestLimitError naming the field.
  */
@@ -663,9 +707,23 @@ export function checkLogprobs(value: unknown, param: string, max: number, isSwit
  * prompt's blocks unsalted and the router routes it unsalted too (undefined), as a request without
  * the field. The body keeps the null as written; a tenant's salt or an isolated request's private
  * one replaces it as it replaces any other.
+ *
+ * A list is refused, naming the field. SGLang's request models declare
+ * `Optional[Union[List[str], str]]` (python/sglang/srt/entrypoints/openai/protocol.py), but the
+ * only code that reads the field, OpenAIServingBase._compute_extra_key (serving_base.py), raises
+ * a TypeError on any non-empty value that is not a string, which its handle_request answers as a
+ * 500, and treats an empty list as no salt; vLLM's pydantic model refuses a list. Forwarded, a
+ * list would come back as an engine's failure counted against the worker, so it is refused here
+ * as a client error. A tenant's salt and an isolated request's salt are one string for the whole
+ * request, which is all either engine takes.
  */
 export function checkCacheSalt(value: unknown, limits: RequestLimits): string | undefined {
   if (value === undefined || value === null) return undefined;
+  if (Array.isArray(value))
+    throw new RequestLimitError(
+      'cache_salt must be a string, not a list (one salt for the whole request)',
+      'cache_salt',
+    );
   return checkId(value, 'cache_salt', limits.maxIdBytes);
 }
 
@@ -810,6 +868,39 @@ export function checkGrammar(value: unknown, param: string, maxBytes: number): v
       throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes (${what})`, param);
   } else if (jsonBytesLeft(value, maxBytes) < 0)
     throw new RequestLimitError(`${param} is longer than ${maxBytes} bytes as JSON (${what})`, param);
+}
+
+/**
+ * The `parameters` schemas of a chat's tools that an engine compiles into a constraint on the
+ * output, bounded as GRAMMAR_FIELDS are (checkGrammar, `limits.maxGrammarBytes`) and named
+ * `tools[i].function.parameters`. When `tool_choice` is `required`, vLLM and SGLang constrain
+ * the output to a call of one of the tools, a schema made of every tool's parameters; when it
+ * names a function (`{"type": "function", "function": {"name": "f"}}`), to a call of that one
+ * (SGLang's serving_chat.py builds a tool_call_constraint that ChatCompletionRequest
+ * .to_sampling_params, python/sglang/srt/entrypoints/openai/protocol.py, makes the request's
+ * structured output; vLLM's ChatCompletionRequest._get_json_schema_from_tool). With `auto`,
+ * `none` or no tool_choice nothing is compiled from them, so an agent's long list of tools is
+ * not bounded here (the body size bounds it). Tools or a tool_choice of another shape are the
+ * engine's to refuse.
+ */
+function checkToolGrammars(tools: unknown, toolChoice: unknown, maxBytes: number): void {
+  if (!Array.isArray(tools)) return;
+  let name: unknown;
+  if (toolChoice === 'required') name = undefined;
+  else if (toolChoice !== null && typeof toolChoice === 'object' && !Array.isArray(toolChoice)) {
+    const fn = (toolChoice as { function?: unknown }).function;
+    if (fn === null || typeof fn !== 'object') return;
+    name = (fn as { name?: unknown }).name;
+    if (typeof name !== 'string') return;
+  } else return;
+  for (let i = 0; i < tools.length; i++) {
+    const tool: unknown = tools[i];
+    if (tool === null || typeof tool !== 'object') continue;
+    const fn = (tool as { function?: unknown }).function;
+    if (fn === null || typeof fn !== 'object') continue;
+    const { name: toolName, parameters } = fn as { name?: unknown; parameters?: unknown };
+    if (name === undefined || toolName === name) checkGrammar(parameters, `tools[${i}].function.parameters`, maxBytes);
+  }
 }
 
 /**
@@ -1031,7 +1122,8 @@ export interface ReadRequest {
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
  * must be an object; metadata, model, user, cache_salt, stream, n, best_of, stop, stop_regex,
  * bad_words, stop_token_ids, logit_bias, allowed_token_ids, the constraints the engine compiles
- * (GRAMMAR_FIELDS), the log-probability counts and vLLM's logprob_token_ids, the number of
+ * (GRAMMAR_FIELDS, and the tools' parameters when tool_choice makes the engine compile them),
+ * the log-probability counts and vLLM's logprob_token_ids, the number of
  * prompts (checked before the prompt is read), the ids the engine keeps
  * (checkEngineKeys) and the prompt or messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
  * to forward is the one received without `contextforge` and without the KV_TRANSFER_FIELDS and
@@ -1090,6 +1182,8 @@ export function readRouteRequest(
   checkAllowedTokenIds(body.allowed_token_ids);
   for (const key of GRAMMAR_FIELDS) checkGrammar(body[key], key, limits.maxGrammarBytes);
   const chat = path === '/v1/chat/completions';
+  // tools are a chat's: neither engine's completions request reads them
+  if (chat) checkToolGrammars(body.tools, body.tool_choice, limits.maxGrammarBytes);
   checkLogprobs(body.logprobs, 'logprobs', limits.maxLogprobs, chat);
   checkLogprobs(body.top_logprobs, 'top_logprobs', limits.maxLogprobs);
   checkLogprobs(body.top_logprobs_num, 'top_logprobs_num', limits.maxLogprobs);
@@ -1097,10 +1191,11 @@ export function readRouteRequest(
   checkLogprobTokenIds(body.logprob_token_ids, limits);
   // a chat is one prompt (SGLang's serving_chat.py makes one GenerateReqInput of the
   // conversation, vLLM's serving one engine request); a completion's are counted before read
-  const prompts = chat ? 1 : checkPromptCount(completionPrompts(body.prompt), 'prompt', limits);
-  if (!chat && Array.isArray(body.prompt_embeds)) checkPromptCount(body.prompt_embeds.length, 'prompt_embeds', limits);
+  const prompts = chat ? 1 : completionPromptCount(body, limits);
   if (chat) routeRequest.messages = readMessages(body.messages);
-  else Object.assign(routeRequest, readPrompt(body.prompt));
+  // vLLM takes prompt_embeds without prompt: nothing the router can hash, so it routes on the
+  // metadata and the workers' load alone
+  else if (!onlyPromptEmbeds(body)) Object.assign(routeRequest, readPrompt(body.prompt));
   // what the engine keeps the request by: SGLang's lists hold one entry per prompt. Read on the
   // body as received, so a custom_logit_processor is bounded whether it is forwarded or removed,
   // as the endpoint picker bounds it on /generate before removing it

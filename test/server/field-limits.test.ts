@@ -15,7 +15,9 @@
  *   vLLM's `allowed_token_ids`: at most MAX_BIASED_TOKENS ids;
  * - the grammars, regexes and schemas an engine compiles (vLLM's `structured_outputs` and
  *   `guided_*`, `response_format`, SGLang's `regex`, `ebnf` and `json_schema`): at most
- *   maxGrammarBytes (64 KiB), a string as it is, an object as compact JSON.
+ *   maxGrammarBytes (64 KiB), a string as it is, an object as compact JSON, and so are the
+ *   `parameters` of the tools an engine compiles (every tool's when `tool_choice` is
+ *   `required`, the named one's when it names a function).
  *
  * Over a limit is a 400 naming the field, whose message never repeats the value, and nothing
  * reaches the engine; at the limit passes. The endpoint picker reads the body through the same
@@ -363,6 +365,43 @@ describe('grammars, regexes and schemas the engine compiles', () => {
       for (const param of GRAMMAR_FIELDS) await passes(grammar, path, { [param]: null });
     });
   }
+  describe('tools whose parameters the engine compiles (tool_choice required or naming one)', () => {
+    const chat = LIMIT_PATHS.chat.path;
+    /** A function tool whose parameters schema is {"x":"…"}: 8 bytes and the string. */
+    const tool = (name: string, n: number) => ({
+      type: 'function',
+      function: { name, parameters: { x: 'y'.repeat(n) } },
+    });
+    const named = (name: string) => ({ type: 'function', function: { name } });
+    test('tool_choice "required": every tool’s parameters are bounded, named by index', async () => {
+      const tools = [tool('a', 56), tool('b', 57)];
+      const message = await refused(grammar, chat, { tools, tool_choice: 'required' }, 'tools[1].function.parameters');
+      assert.equal(
+        message,
+        'tools[1].function.parameters is longer than 64 bytes as JSON (the largest grammar, regex or schema an engine compiles)',
+      );
+      await passes(grammar, chat, { tools: [tool('a', 56), tool('b', 56)], tool_choice: 'required' });
+    });
+    test('tool_choice naming a function: that tool’s parameters are bounded, the others are not', async () => {
+      const tools = [tool('big', 1000), tool('f', 57)];
+      await refused(grammar, chat, { tools, tool_choice: named('f') }, 'tools[1].function.parameters');
+      await passes(grammar, chat, { tools: [tool('big', 1000), tool('f', 56)], tool_choice: named('f') });
+    });
+    test('completions take no tools (neither engine reads them there): not bounded there', async () => {
+      await passes(grammar, LIMIT_PATHS.completions.path, { tools: [tool('a', 1000)], tool_choice: 'required' });
+    });
+    test('tool_choice auto, none or absent: tool lists are not bounded by maxGrammarBytes', async () => {
+      const tools = [tool('a', 1000), tool('b', 1000)];
+      for (const choice of ['auto', 'none', undefined, null])
+        await passes(grammar, chat, { tools, tool_choice: choice });
+    });
+  });
+});
+
+test('vLLM’s prompt_embeds without prompt is forwarded, routed with nothing to hash', async () => {
+  await passes(defaults, LIMIT_PATHS.completions.path, { prompt: undefined, prompt_embeds: 'AAAA' });
+  await passes(defaults, LIMIT_PATHS.completions.path, { prompt: undefined, prompt_embeds: ['AAAA', 'BBBB'] });
+  await refused(defaults, LIMIT_PATHS.completions.path, { prompt: undefined }, 'prompt');
 });
 
 describe('through the endpoint picker', () => {
@@ -415,6 +454,22 @@ describe('through the endpoint picker', () => {
       fields: { messages: [{ role: 'user', content: 'p' }], structured_outputs: { grammar: 'x'.repeat(64 * 1024) } },
       param: 'structured_outputs',
     },
+    {
+      path: '/v1/chat/completions',
+      fields: {
+        messages: [{ role: 'user', content: 'p' }],
+        tools: [{ type: 'function', function: { name: 'f', parameters: { x: 'x'.repeat(64 * 1024) } } }],
+        tool_choice: 'required',
+      },
+      param: 'tools[0].function.parameters',
+    },
+    {
+      path: '/v1/completions',
+      fields: { prompt: Array(200).fill('p'), prompt_embeds: Array(57).fill('A') },
+      param: 'prompt_embeds',
+    },
+    // a path the picker does not know: a body with prompt_embeds is a completion, as one with prompt is
+    { path: '/predict', fields: { prompt_embeds: Array(257).fill('A') }, param: 'prompt_embeds' },
   ];
   for (const { path, fields, param } of CASES) {
     test(`${param} over its limit is refused with 400 naming it (${path})`, async () => {
@@ -430,6 +485,14 @@ describe('through the endpoint picker', () => {
       assert.ok(!error.message.includes('xxxx'), error.message.slice(0, 80));
     });
   }
+  test('prompt_embeds without prompt is routed', async () => {
+    const out = await envoy.request({
+      headers: { ':path': '/v1/completions' },
+      body: JSON.stringify({ model: 'mock', prompt_embeds: ['AAAA', 'BBBB'] }),
+    });
+    assert.equal(out.kind, 'routed');
+    if (out.kind === 'routed') await out.stream.end();
+  });
   test('at the limits the request is routed', async () => {
     const out = await envoy.request({
       headers: { ':path': '/v1/completions' },

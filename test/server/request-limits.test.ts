@@ -250,6 +250,19 @@ test('cache_salt null is no salt, as vLLM and SGLang read it (Optional[str]): ro
   }
 });
 
+test('cache_salt as a list is refused with 400: SGLang declares the list form but its OpenAI serving fails on one', async () => {
+  const { readRouteRequest } = await import('../../src/server/request-limits.js');
+  for (const path of ['/v1/completions', '/v1/chat/completions'])
+    for (const cache_salt of [['a'], ['a', 'b'], [], [null]]) {
+      const body = { prompt: ['x', 'y'], messages: [{ role: 'user', content: 'hi' }], cache_salt };
+      rejects(
+        () => readRouteRequest(path, body, {}, limits),
+        'cache_salt',
+        /^cache_salt must be a string, not a list \(one salt for the whole request\)$/,
+      );
+    }
+});
+
 test('a body with nothing to remove shares one frozen empty list of removed fields', async () => {
   const { readRouteRequest } = await import('../../src/server/request-limits.js');
   const a = readRouteRequest('/v1/completions', { prompt: 'a' }, {}, limits);
@@ -424,9 +437,68 @@ describe('prompts per request', () => {
   test("vLLM's prompt_embeds list is bounded as prompt is", async () => {
     const { readRouteRequest } = await import('../../src/server/request-limits.js');
     const embeds = (count: number) =>
-      readRouteRequest('/v1/completions', { prompt: 'p', prompt_embeds: strings(count) }, {}, limits);
+      readRouteRequest('/v1/completions', { prompt_embeds: strings(count) }, {}, limits);
     embeds(256);
     rejects(() => embeds(257), 'prompt_embeds', /^prompt_embeds has more than 256 prompts/);
+  });
+  test('prompt_embeds only: no tokenizer is asked, in either tokenize mode (there is no text to tokenize)', async () => {
+    const { createRequestParser } = await import('../../src/server/openai-request.js');
+    let asked = 0;
+    for (const tokenize of ['engine', 'tokenizer'] as const) {
+      const parse = createRequestParser({
+        tokenize,
+        limits,
+        promptTokenizer: { tokenize: () => (asked++, [1]) },
+        tokenizeOnEngine: () => (asked++, Promise.resolve([1])),
+      });
+      const parsed = await parse('/v1/completions', { body: { model: 'm', prompt_embeds: 'AAAA' }, headers: {} });
+      assert.ok(!('status' in parsed), JSON.stringify(parsed));
+      assert.equal(parsed.routeRequest.tokens, undefined);
+      assert.equal(asked, 0, `${tokenize}: nothing to tokenize`);
+    }
+  });
+  test('prompt_embeds must be a base64 string or a list of them', async () => {
+    const { readRouteRequest } = await import('../../src/server/request-limits.js');
+    for (const prompt_embeds of [5, { a: 1 }, ['AAAA', 5], [[0.5]]])
+      rejects(
+        () => readRouteRequest('/v1/completions', { prompt_embeds }, {}, limits),
+        'prompt_embeds',
+        /^prompt_embeds must be a base64 string of a tensor, or a list of them$/,
+      );
+  });
+  test('prompt and prompt_embeds are bounded together: vLLM runs the prompts of both', async () => {
+    const { readRouteRequest } = await import('../../src/server/request-limits.js');
+    const both = (prompt: unknown, embeds: unknown) =>
+      readRouteRequest('/v1/completions', { prompt, prompt_embeds: embeds }, {}, limits);
+    both(strings(200), strings(56));
+    both('p', strings(255));
+    both(strings(255), 'e');
+    rejects(
+      () => both(strings(200), strings(57)),
+      'prompt_embeds',
+      /^prompt and prompt_embeds have more than 256 prompts together \(--max-prompts\)$/,
+    );
+    rejects(() => both('p', strings(256)), 'prompt_embeds', /more than 256 prompts together/);
+    rejects(() => both(strings(256), 'e'), 'prompt_embeds', /more than 256 prompts together/);
+  });
+  test('prompt_embeds without prompt is a completion with nothing to hash; neither keeps the prompt error', async () => {
+    const { readRouteRequest } = await import('../../src/server/request-limits.js');
+    for (const prompt_embeds of ['AAAA', ['AAAA', 'BBBB']]) {
+      const { routeRequest } = readRouteRequest('/v1/completions', { model: 'm', prompt_embeds }, {}, limits);
+      assert.equal(routeRequest.text, undefined);
+      assert.equal(routeRequest.tokens, undefined);
+      assert.equal(routeRequest.messages, undefined);
+    }
+    // with both, the prompt is read (and checked) as before
+    const { routeRequest } = readRouteRequest('/v1/completions', { prompt: 'p', prompt_embeds: 'AAAA' }, {}, limits);
+    assert.equal(routeRequest.text, 'p');
+    rejects(() => readRouteRequest('/v1/completions', { prompt: 5, prompt_embeds: 'AAAA' }, {}, limits), 'prompt');
+    for (const body of [{ model: 'm' }, { prompt_embeds: null }, { prompt: null }, { prompt_embeds: [] }])
+      rejects(
+        () => readRouteRequest('/v1/completions', body, {}, limits),
+        'prompt',
+        /^prompt must be a string, a list of strings, token ids, or a list of token-id lists$/,
+      );
   });
   test("SGLang's /generate: text, input_ids and input_embeds batches of at most maxPrompts, each named", () => {
     const embedBatch = (count: number) => Array.from({ length: count }, () => [[0.5, 0.25]]);

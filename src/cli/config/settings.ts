@@ -173,7 +173,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   maxPrompts: {
     arg: '<n>',
-    help: "most prompts in a request: a completion's prompt or prompt_embeds list, SGLang's /generate text, input_ids or input_embeds batch (each runs as a request of its own in the engine; keep it near the engine's --max-num-seqs)",
+    help: "most prompts in a request: a completion's prompt and prompt_embeds lists together, SGLang's /generate text, input_ids or input_embeds batch (each runs as a request of its own in the engine; keep it near the engine's --max-num-seqs)",
   },
   headersTimeoutMs: { arg: '<ms>', help: "time for a client to send a request's headers" },
   requestTimeoutMs: { arg: '<ms>', help: 'time for a client to send a whole request (headers and body)' },
