@@ -553,8 +553,11 @@ function apiPath(
   if (p?.endsWith(CHAT)) return CHAT;
   if (p?.endsWith(COMPLETIONS)) return COMPLETIONS;
   if (Array.isArray(body.messages)) return CHAT;
-  // vLLM's completions take prompt_embeds in place of a prompt
-  if (body.prompt !== undefined || body.prompt_embeds !== undefined) return COMPLETIONS;
+  // a completion's prompt is a string or a list (vLLM's completions take prompt_embeds in its
+  // place); another API's `prompt` (the Responses API's template object) or a null one is not
+  const { prompt, prompt_embeds: embeds } = body;
+  if (typeof prompt === 'string' || Array.isArray(prompt)) return COMPLETIONS;
+  if (typeof embeds === 'string' || Array.isArray(embeds)) return COMPLETIONS;
   return undefined;
 }
 

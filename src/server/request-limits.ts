@@ -195,8 +195,9 @@ export const MAX_BIASED_TOKENS = 1024;
  *   text), python/sglang/srt/entrypoints/openai/protocol.py.
  *
  * A field's shape is the engine's to check; its size is bounded whatever the shape. Tools'
- * parameter schemas, which the engines compile too when `tool_choice` names a tool or is
- * `required`, are bounded alike (checkToolGrammars).
+ * parameter schemas, which the engines compile too (when `tool_choice` names a tool or is
+ * `required`, and SGLang a `strict` tool's under `auto`), are bounded alike, together
+ * (checkToolGrammars).
  */
 export const GRAMMAR_FIELDS: readonly string[] = [
   'structured_outputs',
@@ -872,34 +873,50 @@ export function checkGrammar(value: unknown, param: string, maxBytes: number): v
 
 /**
  * The `parameters` schemas of a chat's tools that an engine compiles into a constraint on the
- * output, bounded as GRAMMAR_FIELDS are (checkGrammar, `limits.maxGrammarBytes`) and named
- * `tools[i].function.parameters`. When `tool_choice` is `required`, vLLM and SGLang constrain
- * the output to a call of one of the tools, a schema made of every tool's parameters; when it
- * names a function (`{"type": "function", "function": {"name": "f"}}`), to a call of that one
- * (SGLang's serving_chat.py builds a tool_call_constraint that ChatCompletionRequest
- * .to_sampling_params, python/sglang/srt/entrypoints/openai/protocol.py, makes the request's
- * structured output; vLLM's ChatCompletionRequest._get_json_schema_from_tool). With `auto`,
- * `none` or no tool_choice nothing is compiled from them, so an agent's long list of tools is
- * not bounded here (the body size bounds it). Tools or a tool_choice of another shape are the
- * engine's to refuse.
+ * output, bounded together by `limits.maxGrammarBytes` (as GRAMMAR_FIELDS are, checkGrammar)
+ * and named by the tool that takes them past it (`tools[i].function.parameters`). The engine
+ * compiles one constraint of them, so a schema split over many tools is no smaller. Which tools:
+ * - `tool_choice` `required`: every tool's (vLLM and SGLang constrain the output to a call of one
+ *   of them; vLLM's ChatCompletionRequest._get_json_schema_from_tool, SGLang's serving_chat.py
+ *   tool_call_constraint, made the request's structured output by ChatCompletionRequest
+ *   .to_sampling_params, python/sglang/srt/entrypoints/openai/protocol.py);
+ * - a named function (`{"type": "function", "function": {"name": "f"}}`): that one's;
+ * - `auto` or none given: the tools marked `strict` (SGLang's FunctionCallParser
+ *   .get_structure_constraint, python/sglang/srt/function_call/function_call_parser.py, builds a
+ *   structural tag of them under `auto`); an agent's long list of other tools is not bounded
+ *   here (the body size bounds it);
+ * - `none`: nothing is compiled.
+ * Tools or a tool_choice of another shape are the engine's to refuse.
  */
 function checkToolGrammars(tools: unknown, toolChoice: unknown, maxBytes: number): void {
   if (!Array.isArray(tools)) return;
   let name: unknown;
+  let strictOnly = false;
   if (toolChoice === 'required') name = undefined;
-  else if (toolChoice !== null && typeof toolChoice === 'object' && !Array.isArray(toolChoice)) {
+  else if (toolChoice === undefined || toolChoice === null || toolChoice === 'auto') strictOnly = true;
+  else if (typeof toolChoice === 'object' && !Array.isArray(toolChoice)) {
     const fn = (toolChoice as { function?: unknown }).function;
     if (fn === null || typeof fn !== 'object') return;
     name = (fn as { name?: unknown }).name;
     if (typeof name !== 'string') return;
   } else return;
+  let left = maxBytes;
   for (let i = 0; i < tools.length; i++) {
     const tool: unknown = tools[i];
     if (tool === null || typeof tool !== 'object') continue;
     const fn = (tool as { function?: unknown }).function;
     if (fn === null || typeof fn !== 'object') continue;
-    const { name: toolName, parameters } = fn as { name?: unknown; parameters?: unknown };
-    if (name === undefined || toolName === name) checkGrammar(parameters, `tools[${i}].function.parameters`, maxBytes);
+    const { name: toolName, parameters, strict } = fn as { name?: unknown; parameters?: unknown; strict?: unknown };
+    if ((name !== undefined && toolName !== name) || (strictOnly && strict !== true)) continue;
+    if (parameters === undefined || parameters === null) continue;
+    left = jsonBytesLeft(parameters, left);
+    if (left < 0) {
+      const param = `tools[${i}].function.parameters`;
+      throw new RequestLimitError(
+        `${param} takes the tools' parameters the engine compiles past ${maxBytes} bytes as JSON (the largest grammar, regex or schema an engine compiles)`,
+        param,
+      );
+    }
   }
 }
 

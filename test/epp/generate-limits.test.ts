@@ -279,6 +279,17 @@ describe("SGLang's /generate through the endpoint picker (default limits)", () =
     assert.deepEqual(await refusal(defaultsEnvoy, '/generate', over), { status: 400, param: 'rid' });
   });
 
+  test('/v1/responses with a prompt template or a null prompt_embeds is forwarded, not read as a completion', async () => {
+    for (const extra of [
+      { prompt: { id: 'pmpt_1', variables: { x: 'y' } } },
+      { prompt_embeds: null },
+      { prompt: null },
+    ]) {
+      const sent = JSON.stringify({ model: 'mock', input: 'hi', ...extra });
+      assert.equal(await forwarded(defaultsEnvoy, '/v1/responses', sent), sent);
+    }
+  });
+
   test('/v1/responses with n of 10^8 is forwarded as before', async () => {
     const sent = JSON.stringify({ model: 'mock', input: 'hi', n: 100_000_000, sampling_params: { n: 100_000_000 } });
     assert.equal(await forwarded(defaultsEnvoy, '/v1/responses', sent), sent);

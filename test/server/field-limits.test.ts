@@ -17,7 +17,7 @@
  *   `guided_*`, `response_format`, SGLang's `regex`, `ebnf` and `json_schema`): at most
  *   maxGrammarBytes (64 KiB), a string as it is, an object as compact JSON, and so are the
  *   `parameters` of the tools an engine compiles (every tool's when `tool_choice` is
- *   `required`, the named one's when it names a function).
+ *   `required`, the named one's when it names a function, the `strict` ones' under `auto`), together.
  *
  * Over a limit is a 400 naming the field, whose message never repeats the value, and nothing
  * reaches the engine; at the limit passes. The endpoint picker reads the body through the same
@@ -373,14 +373,37 @@ describe('grammars, regexes and schemas the engine compiles', () => {
       function: { name, parameters: { x: 'y'.repeat(n) } },
     });
     const named = (name: string) => ({ type: 'function', function: { name } });
-    test('tool_choice "required": every tool’s parameters are bounded, named by index', async () => {
-      const tools = [tool('a', 56), tool('b', 57)];
+    test('tool_choice "required": every tool’s parameters are bounded together (one schema is compiled of them), named by the tool that passes the bound', async () => {
+      const tools = [tool('a', 24), tool('b', 25)];
       const message = await refused(grammar, chat, { tools, tool_choice: 'required' }, 'tools[1].function.parameters');
       assert.equal(
         message,
-        'tools[1].function.parameters is longer than 64 bytes as JSON (the largest grammar, regex or schema an engine compiles)',
+        "tools[1].function.parameters takes the tools' parameters the engine compiles past 64 bytes as JSON (the largest grammar, regex or schema an engine compiles)",
       );
-      await passes(grammar, chat, { tools: [tool('a', 56), tool('b', 56)], tool_choice: 'required' });
+      await passes(grammar, chat, { tools: [tool('a', 24), tool('b', 24)], tool_choice: 'required' });
+      // split over many tools, a schema is no smaller
+      await refused(
+        grammar,
+        chat,
+        { tools: Array.from({ length: 16 }, (_, i) => tool(`t${i}`, 30)), tool_choice: 'required' },
+        'tools[1].function.parameters',
+      );
+    });
+    test('tool_choice auto or absent: the tools marked strict are compiled (SGLang) and bounded', async () => {
+      const strict = (name: string, n: number) => ({
+        type: 'function',
+        function: { ...tool(name, n).function, strict: true },
+      });
+      for (const choice of ['auto', undefined, null]) {
+        await refused(
+          grammar,
+          chat,
+          { tools: [tool('big', 1000), strict('s', 57)], tool_choice: choice },
+          'tools[1].function.parameters',
+        );
+        await passes(grammar, chat, { tools: [tool('big', 1000), strict('s', 56)], tool_choice: choice });
+      }
+      await passes(grammar, chat, { tools: [strict('s', 1000)], tool_choice: 'none' });
     });
     test('tool_choice naming a function: that tool’s parameters are bounded, the others are not', async () => {
       const tools = [tool('big', 1000), tool('f', 57)];
