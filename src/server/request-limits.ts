@@ -601,9 +601,16 @@ function embedPrompts(value: unknown): number {
   return value.length;
 }
 
-/** Whether a completions body gives vLLM's `prompt_embeds` and no `prompt` (absent or null). */
+/**
+ * Whether a completions body gives vLLM's `prompt_embeds` and no `prompt` (absent or null). Read
+ * after completionPromptCount checked the embeds' shape: their elements are not read again.
+ */
 function onlyPromptEmbeds(body: Readonly<Record<string, unknown>>): boolean {
-  return (body.prompt === undefined || body.prompt === null) && embedPrompts(body.prompt_embeds) > 0;
+  const embeds = body.prompt_embeds;
+  return (
+    (body.prompt === undefined || body.prompt === null) &&
+    (typeof embeds === 'string' || (Array.isArray(embeds) && embeds.length > 0))
+  );
 }
 
 /**
