@@ -30,6 +30,15 @@ export interface RequestLimits {
    */
   maxJsonContainers: number;
   /**
+   * Most members of any one object in a JSON body (counted before parsing; arrays are not
+   * bounded by it). JSON.parse slows down on an object of very many distinct keys: a 16 MiB body
+   * that is one object of 1.4 million keys holds the event loop for about 2.7 s, where the same
+   * bytes as objects of 4,096 keys each take about 0.5 s. No object of the OpenAI API or of
+   * SGLang's `/generate` has thousands of members (`logit_bias` holds at most MAX_BIASED_TOKENS,
+   * a tool's JSON schema some hundreds of properties), so the default is 4,096.
+   */
+  maxJsonObjectMembers: number;
+  /**
    * Largest constraint an engine compiles for one request, in UTF-8 bytes: a regex, a grammar or
    * a JSON schema (GRAMMAR_FIELDS, and SGLang's `sampling_params` on `/generate`), a string as it
    * is, an object or list as its compact JSON. The engine compiles it with its grammar backend
@@ -122,6 +131,7 @@ export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
   maxAnchors: 128,
   maxJsonDepth: 64,
   maxJsonContainers: 100_000,
+  maxJsonObjectMembers: 4096,
   maxGrammarBytes: 64 * 1024,
   maxChoices: 128,
   maxStopSequences: 64,
@@ -222,6 +232,7 @@ export const REQUEST_LIMITS_SCHEMA = z.strictObject({
   maxAnchors: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxAnchors),
   maxJsonDepth: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonDepth),
   maxJsonContainers: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonContainers),
+  maxJsonObjectMembers: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonObjectMembers),
   maxGrammarBytes: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxGrammarBytes),
   maxChoices: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxChoices),
   maxStopSequences: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxStopSequences),
@@ -272,14 +283,34 @@ export function jsonStringEnd(text: string, i: number): number {
 }
 
 /**
- * Throws a RequestLimitError when `text` (a JSON document) nests arrays and objects deeper
- * than `maxDepth`, or has more than `maxContainers` of them. A linear scan that skips strings:
- * it runs before JSON.parse, so a 10,000-deep body is refused without recursion anywhere, and
- * a body of millions of `[1]` without the seconds JSON.parse would spend building them.
+ * The members counted so far of each array or object open during a checkJsonDepth scan, by its
+ * depth (1 for the body itself). One array for every scan (a scan is synchronous, so never two
+ * at once), grown as a deeper body arrives, never past its maxDepth + 1 entries.
  */
-export function checkJsonDepth(text: string, maxDepth: number, maxContainers = Infinity): void {
+let openMembers = new Int32Array(65);
+
+/** openMembers with room for index `depth` (at most maxDepth), its counts so far kept. */
+function growOpenMembers(depth: number, maxDepth: number): Int32Array<ArrayBuffer> {
+  const grown = new Int32Array(Math.max(depth + 1, Math.min(maxDepth + 1, openMembers.length * 2)));
+  grown.set(openMembers);
+  openMembers = grown;
+  return grown;
+}
+
+/**
+ * Throws a RequestLimitError when `text` (a JSON document) nests arrays and objects deeper
+ * than `maxDepth`, has more than `maxContainers` of them, or has an object of more than
+ * `maxMembers` members. A linear scan that skips strings: it runs before JSON.parse, so a
+ * 10,000-deep body is refused without recursion anywhere, a body of millions of `[1]` without
+ * the seconds JSON.parse would spend building them, and one object of a million keys without
+ * the seconds JSON.parse would spend adding them. A member is counted at its `:` (outside a
+ * string, the only place one may stand is between an object's key and its value), against the
+ * innermost open object; an array never has one, so its elements are not counted.
+ */
+export function checkJsonDepth(text: string, maxDepth: number, maxContainers = Infinity, maxMembers = Infinity): void {
   let depth = 0;
   let containers = 0;
+  let members = openMembers;
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
     if (c === 0x22) {
@@ -287,11 +318,20 @@ export function checkJsonDepth(text: string, maxDepth: number, maxContainers = I
       const end = jsonStringEnd(text, i);
       if (end === -1) return; // unterminated: JSON.parse says so
       i = end;
+    } else if (c === 0x3a) {
+      // outside any object (before the body's first brace) a ':' is not JSON: JSON.parse says so
+      if (depth > 0 && ++members[depth] > maxMembers)
+        throw new RequestLimitError(`an object in the body has more than ${maxMembers} members`, 'body');
     } else if (c === 0x5b || c === 0x7b) {
       if (++depth > maxDepth) throw new RequestLimitError(`the body nests deeper than ${maxDepth} levels`, 'body');
       if (++containers > maxContainers)
         throw new RequestLimitError(`the body has more than ${maxContainers} arrays and objects`, 'body');
-    } else if (c === 0x5d || c === 0x7d) depth--;
+      if (depth >= members.length) members = growOpenMembers(depth, maxDepth);
+      members[depth] = 0;
+    } else if (c === 0x5d || c === 0x7d) {
+      // a bracket closing none: not JSON, JSON.parse says so
+      if (--depth < 0) return;
+    }
   }
 }
 
@@ -300,8 +340,9 @@ export function parseJsonBody(
   text: string,
   maxDepth: number,
   maxContainers = DEFAULT_REQUEST_LIMITS.maxJsonContainers,
+  maxMembers = DEFAULT_REQUEST_LIMITS.maxJsonObjectMembers,
 ): unknown {
-  checkJsonDepth(text, maxDepth, maxContainers);
+  checkJsonDepth(text, maxDepth, maxContainers, maxMembers);
   try {
     return JSON.parse(text);
   } catch {

@@ -342,6 +342,18 @@ test('serve security settings: switches, token file, keys file, limits, timeouts
   assert.throws(() => parseWorkerSpec('id=w1,url=http://x/?q=1'), /query/);
 });
 
+test('--max-json-object-members: 4096 by default, from a flag, the environment or the config file', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
+  const file = join(dir, 'router.yaml');
+  writeFileSync(file, 'max-json-object-members: 300\n');
+  assert.equal(resolve([]).maxJsonObjectMembers, 4096);
+  assert.equal(resolve(['--max-json-object-members', '100']).maxJsonObjectMembers, 100);
+  assert.equal(resolve([], { CONTEXTFORGE_MAX_JSON_OBJECT_MEMBERS: '200' }).maxJsonObjectMembers, 200);
+  assert.equal(resolve(['--config', file]).maxJsonObjectMembers, 300);
+  assert.equal(resolve(['--config', file, '--max-json-object-members', '100']).maxJsonObjectMembers, 100);
+  assert.throws(() => resolve(['--max-json-object-members', '0']), /--max-json-object-members must be >= 1/);
+});
+
 test('serve --block-hash vllm with PYTHONHASHSEED from the environment, and a dp-size worker', async () => {
   const e = await new MockEngine({ blockHash: 'vllm', pythonHashSeed: '5' }).start();
   engines.push(e);

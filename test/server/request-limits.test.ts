@@ -62,6 +62,112 @@ describe('JSON arrays and objects', () => {
   });
 });
 
+describe('JSON object members', () => {
+  /** An object of `n` members `"k0": 0, …` (each value `value`, when given). */
+  const object = (n: number, value?: unknown) =>
+    Object.fromEntries(Array.from({ length: n }, (_, i) => [`k${i}`, value ?? i])) as Record<string, unknown>;
+  const tooMany = (n: number) => new RegExp(`^an object in the body has more than ${n} members$`);
+
+  test('an object of exactly maxJsonObjectMembers members passes, one more is refused before parsing', () => {
+    checkJsonDepth(JSON.stringify(object(4)), 64, Infinity, 4);
+    rejects(() => checkJsonDepth(JSON.stringify(object(5)), 64, Infinity, 4), 'body', tooMany(4));
+    // compact or spaced, as a client writes it
+    checkJsonDepth(JSON.stringify(object(4), null, 2), 64, Infinity, 4);
+    rejects(() => checkJsonDepth(JSON.stringify(object(5), null, 2), 64, Infinity, 4), 'body', tooMany(4));
+    assert.deepEqual(parseJsonBody(JSON.stringify(object(4)), 64, 100, 4), object(4));
+    rejects(() => parseJsonBody(JSON.stringify(object(5)), 64, 100, 4), 'body', tooMany(4));
+  });
+
+  test('nested objects are counted each on its own, the outer one resuming after an inner one closes', () => {
+    // four members at each level: within a limit of 4
+    checkJsonDepth(
+      JSON.stringify({ a: object(4), b: object(4), c: [object(4), object(4)], d: object(4) }),
+      64,
+      Infinity,
+      4,
+    );
+    // an inner object after the outer one's fourth member: still four each
+    checkJsonDepth('{"a":1,"b":2,"c":3,"d":{"x":1,"y":2,"z":3,"w":4}}', 64, Infinity, 4);
+    // the outer object's fifth member comes after an inner object closed
+    rejects(() => checkJsonDepth('{"a":1,"b":{"x":1},"c":3,"d":4,"e":5}', 64, Infinity, 4), 'body', tooMany(4));
+    rejects(() => checkJsonDepth('{"a":{"x":{"y":1}},"b":[{"z":1}],"c":3,"d":4,"e":5}', 64, Infinity, 4), 'body');
+    // a fifth member deep inside
+    rejects(
+      () => checkJsonDepth(JSON.stringify({ a: { b: [{ c: object(5) }] } }), 64, Infinity, 4),
+      'body',
+      tooMany(4),
+    );
+    // empty objects have no members, and an object of them has as many as it lists
+    checkJsonDepth('{}', 64, Infinity, 1);
+    checkJsonDepth('{"a":{},"b":{ }}', 64, Infinity, 2);
+    checkJsonDepth(JSON.stringify([{}, {}, { a: {} }, {}]), 64, Infinity, 1);
+    rejects(() => checkJsonDepth('{"a":{},"b":{},"c":{}}', 64, Infinity, 2), 'body', tooMany(2));
+  });
+
+  test('every level of a deep body keeps its own count', () => {
+    // 5,000 objects, one inside the other, of two members each: {"v":0,"o":{"v":0,"o":…}}
+    const deep = (depth: number, innermost: string) =>
+      '{"v":0,"o":'.repeat(depth - 1) + innermost + '}'.repeat(depth - 1);
+    checkJsonDepth(deep(5_000, '{"v":0,"w":1}'), 10_000, Infinity, 2);
+    rejects(() => checkJsonDepth(deep(5_000, '{"v":0,"w":1,"x":2}'), 10_000, Infinity, 2), 'body', tooMany(2));
+    // a shallower body scanned after it starts from clean counts
+    checkJsonDepth(JSON.stringify({ a: object(2), b: object(2) }), 64, Infinity, 2);
+  });
+
+  test("':' and braces inside strings are not members", () => {
+    const text = JSON.stringify({ 'a:b:c:d': 'x:y:z:{"p":1,"q":2}', 'k\\":{': ':::' });
+    assert.deepEqual(parseJsonBody(text, 64, 100, 2), JSON.parse(text));
+    checkJsonDepth(JSON.stringify({ s: '{"a":1,"b":2,"c":3}'.repeat(100) }), 64, Infinity, 1);
+    // a key ending in an escaped backslash closes at its quote: the members after it count
+    rejects(() => checkJsonDepth('{"a\\\\":1,"b":2,"c":3}', 64, Infinity, 2), 'body', tooMany(2));
+  });
+
+  test('arrays are not bounded by it, however many elements they hold', () => {
+    const longList = {
+      prompt: Array.from({ length: 20_000 }, (_, i) => i),
+      more: Array.from({ length: 100 }, () => 'x:y'),
+    };
+    checkJsonDepth(JSON.stringify(longList), 64, Infinity, 2);
+    checkJsonDepth(JSON.stringify(Array.from({ length: 20_000 }, () => ({ a: 1 }))), 64, Infinity, 1);
+    checkJsonDepth(
+      JSON.stringify([
+        [1, 2, 3, 4, 5],
+        [6, 7, 8, 9, 10],
+      ]),
+      64,
+      Infinity,
+      1,
+    );
+  });
+
+  test('a body is refused exactly when one of its objects has more members than the limit', () => {
+    const mostMembers = (v: unknown): number =>
+      Array.isArray(v)
+        ? Math.max(0, ...v.map(mostMembers))
+        : v !== null && typeof v === 'object'
+          ? Math.max(Object.keys(v).length, ...Object.values(v).map(mostMembers))
+          : 0;
+    fc.assert(
+      fc.property(fc.jsonValue({ maxDepth: 6 }), fc.integer({ min: 1, max: 8 }), fc.boolean(), (value, max, spaced) => {
+        const text = JSON.stringify(value, null, spaced ? 1 : undefined);
+        if (mostMembers(value) > max) rejects(() => checkJsonDepth(text, 64, Infinity, max), 'body', tooMany(max));
+        else checkJsonDepth(text, 64, Infinity, max);
+      }),
+    );
+  });
+
+  test('the default, 4,096, is past any object of the OpenAI API or /generate', () => {
+    assert.equal(DEFAULT_REQUEST_LIMITS.maxJsonObjectMembers, 4096);
+    assert.equal(checkRequestLimits({}).maxJsonObjectMembers, 4096);
+    assert.equal(checkRequestLimits({ maxJsonObjectMembers: 10 }).maxJsonObjectMembers, 10);
+    assert.throws(() => checkRequestLimits({ maxJsonObjectMembers: 0 }), /maxJsonObjectMembers/);
+    assert.throws(() => checkRequestLimits({ maxJsonObjectMembers: 1.5 }), /maxJsonObjectMembers/);
+    // parseJsonBody applies the default when not given
+    assert.equal(Object.keys(parseJsonBody(JSON.stringify(object(4096)), 64) as object).length, 4096);
+    rejects(() => parseJsonBody(JSON.stringify(object(4097)), 64), 'body', tooMany(4096));
+  });
+});
+
 describe('metadata', () => {
   test('ids: strings of at most maxIdBytes UTF-8 bytes, never numbers or empty', () => {
     assert.equal(readMetadata({ workflowId: 'w'.repeat(256) }, {}, limits).workflowId, 'w'.repeat(256));

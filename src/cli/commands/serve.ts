@@ -193,6 +193,7 @@ export async function startGateway(
       maxAnchors: c.maxAnchors,
       maxJsonDepth: c.maxJsonDepth,
       maxJsonContainers: c.maxJsonContainers,
+      maxJsonObjectMembers: c.maxJsonObjectMembers,
       maxGrammarBytes: c.maxGrammarBytes,
       maxChoices: c.maxChoices,
       maxStopSequences: c.maxStopSequences,

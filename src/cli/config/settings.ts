@@ -155,6 +155,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   maxAnchors: { arg: '<n>', help: 'most content anchors per request' },
   maxJsonDepth: { arg: '<n>', help: 'deepest nesting of a JSON body' },
   maxJsonContainers: { arg: '<n>', help: 'most arrays and objects in a JSON body (counted before it is parsed)' },
+  maxJsonObjectMembers: {
+    arg: '<n>',
+    help: 'most members of any one object in a JSON body (counted before it is parsed; arrays are not bounded by it)',
+  },
   maxGrammarBytes: {
     arg: '<bytes>',
     help: "largest constraint an engine compiles for a request: a regex, grammar or JSON schema (vLLM's structured_outputs and guided_*, response_format, SGLang's regex, ebnf, json_schema and structural_tag), a string in UTF-8 bytes, an object as compact JSON",
