@@ -226,7 +226,12 @@ export class RouterPicker implements EndpointPicker {
       try {
         // as the gateway reads a body: no compressed body, the nesting depth checked before parsing
         checkContentEncoding(input.headers.get('content-encoding'));
-        parsed = parseRequestBody(input.body, this.limits.maxJsonDepth, this.limits.maxJsonContainers);
+        parsed = parseRequestBody(
+          input.body,
+          this.limits.maxJsonDepth,
+          this.limits.maxJsonContainers,
+          this.limits.maxJsonObjectMembers,
+        );
       } catch (err) {
         return limitRefusal(err);
       }

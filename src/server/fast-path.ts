@@ -27,6 +27,7 @@ export interface FastPathOptions {
   bodyLimit: number;
   maxJsonDepth: number;
   maxJsonContainers: number;
+  maxJsonObjectMembers: number;
   /** Answers an error as the gateway's error handler does. */
   answerError: (err: unknown, path: OpenAiPath, reply: ProxyReply) => void;
   /** Counts the request once its response has closed (the gateway's request metric, with closedStatus). */
@@ -91,7 +92,7 @@ class FastRequest implements ProxyReply {
     const bytes = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
     let body: unknown;
     try {
-      body = parseRequestBody(bytes, this.o.maxJsonDepth, this.o.maxJsonContainers);
+      body = parseRequestBody(bytes, this.o.maxJsonDepth, this.o.maxJsonContainers, this.o.maxJsonObjectMembers);
     } catch (err) {
       // as Fastify answers a body its parser rejects: the connection is not reused, so what
       // the client sent after an unreadable body is not read as a request

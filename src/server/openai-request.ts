@@ -82,8 +82,11 @@ export function parseRequestBody(
   bytes: Buffer,
   maxJsonDepth: number,
   maxJsonContainers = DEFAULT_REQUEST_LIMITS.maxJsonContainers,
+  maxJsonObjectMembers = DEFAULT_REQUEST_LIMITS.maxJsonObjectMembers,
 ): unknown {
-  return bytes.length === 0 ? undefined : parseJsonBody(bytes.toString('utf8'), maxJsonDepth, maxJsonContainers);
+  return bytes.length === 0
+    ? undefined
+    : parseJsonBody(bytes.toString('utf8'), maxJsonDepth, maxJsonContainers, maxJsonObjectMembers);
 }
 
 /**
@@ -161,21 +164,23 @@ export function forwardableBytes(bytes: Buffer): Buffer | undefined {
 /**
  * JSON bodies are parsed once and kept as received, so an unchanged body is forwarded
  * without serialising it again; clients that send JSON without saying so (curl -d) are
- * read as JSON too. The nesting depth and the number of arrays and objects are checked before
- * parsing: a 10,000-deep body is a 400, not a stack overflow, and a body of a million `[1]` a
- * 400, not seconds of JSON.parse. JSON.parse makes "__proto__" an own key, never the prototype.
+ * read as JSON too. The nesting depth, the number of arrays and objects and the members of each
+ * object are checked before parsing: a 10,000-deep body is a 400, not a stack overflow, and a
+ * body of a million `[1]` or an object of a million keys a 400, not seconds of JSON.parse.
+ * JSON.parse makes "__proto__" an own key, never the prototype.
  */
 export function useJsonBodies(
   app: FastifyInstance,
   maxJsonDepth: number,
   maxJsonContainers = DEFAULT_REQUEST_LIMITS.maxJsonContainers,
+  maxJsonObjectMembers = DEFAULT_REQUEST_LIMITS.maxJsonObjectMembers,
 ): void {
   app.decorateRequest('rawBody', undefined);
   app.decorateRequest('tenant', undefined);
   const parseJson = (req: FastifyRequest, body: string | Buffer, done: (err: Error | null, body?: unknown) => void) => {
     try {
       checkContentEncoding(req.headers['content-encoding']);
-      const parsed = parseRequestBody(body as Buffer, maxJsonDepth, maxJsonContainers);
+      const parsed = parseRequestBody(body as Buffer, maxJsonDepth, maxJsonContainers, maxJsonObjectMembers);
       req.rawBody = forwardableBytes(body as Buffer);
       done(null, parsed);
     } catch (err) {

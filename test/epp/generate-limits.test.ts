@@ -28,6 +28,7 @@ const TIGHT = {
   maxLogprobs: 2,
   maxPrompts: 2,
   maxGrammarBytes: 16,
+  maxJsonObjectMembers: 8,
 };
 before(async () => {
   defaults = await startPickerFleet({ engines: 1 });
@@ -339,6 +340,47 @@ describe("SGLang's /generate follows the gateway's configured limits", () => {
       const { status, param: named } = await refusal(tightEnvoy, '/generate', JSON.stringify(body));
       assert.equal(status, 400);
       assert.equal(named, param);
+    });
+  }
+});
+
+describe("the picker bounds the members of a body's objects as the gateway does", () => {
+  /** An object of `n` members `"k0": 1, …`. */
+  const members = (n: number) => Object.fromEntries(Array.from({ length: n }, (_, i) => [`k${i}`, 1]));
+  /** The immediate response's status and error for `body` sent to `path`; fails if it was routed. */
+  async function refused(
+    envoy: EnvoyRole,
+    path: string,
+    body: string,
+  ): Promise<{ status: number; error: { param: string; message: string } }> {
+    const out = await envoy.request({ headers: { ':path': path }, body });
+    if (out.kind === 'routed') await out.stream.end();
+    if (out.kind !== 'immediate') assert.fail(`${path}: routed, not refused`);
+    return { status: out.status, error: (JSON.parse(out.body) as { error: { param: string; message: string } }).error };
+  }
+
+  for (const [name, limit] of [
+    ['default', 4096],
+    ['configured', 8],
+  ] as const) {
+    test(`${name} limit (${limit}): one member past it is a 400 naming the body, at it the body is routed unchanged`, async () => {
+      const envoy = limit === 8 ? tightEnvoy : defaultsEnvoy;
+      for (const [path, body] of [
+        ['/generate', { text: 'hi', sampling_params: { n: 1, ...members(limit) } }],
+        ['/v1/completions', { model: 'mock', prompt: 'hi', extra: [members(limit + 1)] }],
+      ] as const) {
+        const { status, error } = await refused(envoy, path, JSON.stringify(body));
+        assert.equal(status, 400, path);
+        assert.equal(error.param, 'body', path);
+        assert.equal(error.message, `an object in the body has more than ${limit} members`, path);
+      }
+      // a list of more elements than the limit is not bounded by it
+      const sent = JSON.stringify({
+        text: 'hi',
+        sampling_params: members(limit),
+        padding: Array.from({ length: limit * 2 }, () => 1),
+      });
+      assert.equal(await forwarded(envoy, '/generate', sent), sent);
     });
   }
 });
