@@ -6,6 +6,7 @@ import { KVAwareRouter } from '../../core/router/index.js';
 import { isPythonHashSeed, PYTHON_HASH_SEED_RULE } from '../../core/router/options-schema.js';
 import { fileErrorMessage, quotedText } from '../../core/shown-text.js';
 import { createGateway, type GatewayOptions } from '../../server/gateway.js';
+import type { RequestLimits } from '../../server/request-limits.js';
 import { connectionTimeoutProblem } from '../../server/timeouts.js';
 import { startPicker, type PickerConfig } from '../../epp/run-picker.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
@@ -188,6 +189,7 @@ export async function startGateway(
     cachedTokensHeader: c.cachedTokensHeader,
     forwardKvTransferParams: c.forwardKvTransferParams,
     forwardCustomLogitProcessor: c.forwardCustomLogitProcessor,
+    // every limit, not a Partial: the compiler names a limit added to RequestLimits and not passed here
     limits: {
       maxIdBytes: c.maxIdBytes,
       maxAnchors: c.maxAnchors,
@@ -199,7 +201,7 @@ export async function startGateway(
       maxStopSequences: c.maxStopSequences,
       maxLogprobs: c.maxLogprobs,
       maxPrompts: c.maxPrompts,
-    },
+    } satisfies RequestLimits,
     timeouts: {
       headersTimeoutMs: c.headersTimeoutMs,
       requestTimeoutMs: c.requestTimeoutMs,
