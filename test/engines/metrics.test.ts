@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, describe, test } from 'node:test';
@@ -47,7 +48,11 @@ describe('Prometheus load metrics', () => {
     const load = readEngineLoad(text);
     assert.equal(load.running, 5);
     assert.ok(Math.abs(load.kvUsage - 0.3) < 1e-12);
-    assert.equal(parsePrometheusText('x{a="}"} 1 1700000000').get('x')![0], 1);
+    assert.deepEqual(parsePrometheusText('x{a="}"} 1 1700000000').get('x'), [
+      { value: 1, labels: new Map([['a', '}']]) },
+    ]);
+    // with names, the other names are not read
+    assert.deepEqual([...parsePrometheusText('x 1\ny{a="b"} 2\n', undefined, new Set(['y'])).keys()], ['y']);
     // one data-parallel rank's series (vLLM labels each rank's with engine="r")
     assert.equal(readEngineLoad(text, '1').running, 3);
     assert.equal(readEngineLoad(text, '1').kvUsage, 0.4);
@@ -106,6 +111,90 @@ describe('Prometheus load metrics', () => {
 
   test('a page without load metrics is an error', () => {
     assert.throws(() => readEngineLoad('# nothing here\nprocess_cpu_seconds_total 3\n'), MetricsFormatError);
+  });
+});
+
+/** A page scripts/gen-metrics-fixtures.py rendered with prometheus_client, as the engine renders it. */
+const fixture = (name: string): string => readFileSync(new URL(`../fixtures/metrics/${name}`, import.meta.url), 'utf8');
+
+describe('series of one quantity, as the engines export them', () => {
+  test('vLLM with 4 API servers, kv_cache_usage_perc without a multiprocess mode: one series per process, the busy one is read', () => {
+    const page = fixture('vllm-api-servers.txt');
+    // the page the engines write: 4 pid series, the one process holding the engine's stats at 0.653
+    assert.equal(page.match(/^vllm:kv_cache_usage_perc\{/gm)?.length, 4);
+    const load = {
+      running: 7,
+      waiting: 3,
+      kvUsage: 0.6530455880475035,
+      prefixCacheQueries: 12000,
+      prefixCacheHits: 9000,
+      kvCapacityTokens: 17854 * 16,
+    };
+    assert.deepEqual(readEngineLoad(page), load);
+    assert.deepEqual(readEngineLoad(page, '0'), load);
+  });
+
+  test('SGLang with priority scheduling: the priority="" total is read, not added to its breakdown', () => {
+    const page = fixture('sglang-priority.txt');
+    assert.match(page, /^sglang:num_running_reqs\{.*priority="5".*\} 4\.0$/m);
+    assert.deepEqual(readEngineLoad(page), { running: 10, waiting: 8, kvUsage: 0.5 });
+  });
+
+  test('SGLang with metrics for all schedulers: TP ranks are one count, DP ranks are summed (usage averaged)', () => {
+    // --tp 2 --dp 2: dp_rank 0 runs 10 and queues 4 at usage 0.5, dp_rank 1 runs 6 and queues 2 at 0.25
+    assert.deepEqual(readEngineLoad(fixture('sglang-all-schedulers.txt')), { running: 16, waiting: 6, kvUsage: 0.375 });
+    // --tp 2 --ep-size 2: the TP ranks differ in moe_ep_rank as well, and still say one thing
+    assert.deepEqual(readEngineLoad(fixture('sglang-expert-parallel.txt')), { running: 5, waiting: 1, kvUsage: 0.7 });
+  });
+
+  test('process and rank series: the largest of a group is read, groups are summed (usage averaged)', () => {
+    // vLLM data parallel with several API servers: pid series within each engine rank
+    const dp = [
+      'vllm:num_requests_running{engine="0",pid="11"} 0',
+      'vllm:num_requests_running{engine="0",pid="12"} 4',
+      'vllm:num_requests_running{engine="1",pid="11"} 2',
+      'vllm:num_requests_running{engine="1",pid="12"} 0',
+      'vllm:kv_cache_usage_perc{engine="0",pid="11"} 0.8',
+      'vllm:kv_cache_usage_perc{engine="0",pid="12"} 0',
+      'vllm:kv_cache_usage_perc{engine="1",pid="11"} 0',
+      'vllm:kv_cache_usage_perc{engine="1",pid="12"} 0.4',
+    ].join('\n');
+    const load = readEngineLoad(dp);
+    assert.deepEqual([load.running, load.waiting], [6, 0]);
+    assert.ok(Math.abs(load.kvUsage - 0.6) < 1e-12, String(load.kvUsage));
+    assert.deepEqual(readEngineLoad(dp, '1'), { running: 2, waiting: 0, kvUsage: 0.4 });
+    // pp_rank too: pipeline stages of one scheduler report its one count
+    assert.equal(
+      readEngineLoad('sglang:num_queue_reqs{pp_rank="0"} 3\nsglang:num_queue_reqs{pp_rank="1"} 3\n').waiting,
+      3,
+    );
+  });
+
+  test('a sample out of range in a group of one quantity is still read as the worst', () => {
+    const page = [
+      'sglang:num_running_reqs{tp_rank="0"} 3',
+      'sglang:num_running_reqs{tp_rank="1"} -1',
+      'vllm:kv_cache_usage_perc{pid="1"} 0.5',
+      'vllm:kv_cache_usage_perc{pid="2"} NaN',
+    ].join('\n');
+    const load = readEngineLoad(page);
+    assert.deepEqual([load.running, load.kvUsage], [MAX_ENGINE_REQUESTS, 1]);
+  });
+
+  test('a priority breakdown without its total is the parts of it: summed', () => {
+    const page = 'sglang:num_queue_reqs{priority="0"} 2\nsglang:num_queue_reqs{priority="5"} 3\n';
+    assert.equal(readEngineLoad(page).waiting, 5);
+  });
+
+  test('label values are read with their escapes; a line whose labels cannot be read is skipped', () => {
+    const page = [
+      'vllm:num_requests_running{model_name="a\\"b,pid=\\"9",pid="1"} 2',
+      'vllm:num_requests_running{model_name="a\\"b,pid=\\"9",pid="2"} 5',
+      'vllm:num_requests_waiting{engine=0} 7',
+      'vllm:num_requests_waiting{="x"} 7',
+      'vllm:num_requests_waiting{engine="0"} 1',
+    ].join('\n');
+    assert.deepEqual(readEngineLoad(page), { running: 5, waiting: 1, kvUsage: 0 });
   });
 });
 

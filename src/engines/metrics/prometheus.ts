@@ -5,7 +5,11 @@
  * when the current one is absent: requests running and waiting, KV-cache usage as a 0-1
  * fraction (vllm:kv_cache_usage_perc, formerly vllm:gpu_cache_usage_perc; SGLang:
  * token_usage), prefix-cache queries and hits (vllm:prefix_cache_*, formerly
- * vllm:gpu_prefix_cache_*). Series with labels (model_name, engine) are summed per name,
+ * vllm:gpu_prefix_cache_*).
+ *
+ * A name's series are read as the engines mean them (see `quantities`): series of one
+ * quantity seen from several processes or ranks are one reading (their largest); the others
+ * (vLLM's data-parallel `engine` ranks, SGLang's `dp_rank`) are parts of the engine, summed,
  * except usage, which is averaged.
  */
 import { MAX_ENGINE_REQUESTS } from '../../core/worker-registry.js';
@@ -37,15 +41,27 @@ const HITS = [
   'vllm:gpu_prefix_cache_hits',
 ];
 
+const LOAD_NAMES: ReadonlySet<string> = new Set([...RUNNING, ...WAITING, ...USAGE, ...QUERIES, ...HITS]);
+
 export class MetricsFormatError extends Error {}
 
+/** One sample of a name: its value and its labels (name → value, escapes read). */
+export interface Sample {
+  value: number;
+  labels: ReadonlyMap<string, string>;
+}
+
+const NO_LABELS: ReadonlyMap<string, string> = new Map();
+
 /**
- * Parses exposition text into name → values (comments and malformed lines skipped). With
- * `engine`, series labelled with another `engine` are left out: vLLM with data-parallel
- * ranks exports one series per rank (engine="r") on its one /metrics page.
+ * Parses exposition text into name → samples (comments and malformed lines skipped: a line
+ * whose labels cannot be read as name="value" pairs is malformed). With `engine`, series
+ * labelled with another `engine` are left out: vLLM with data-parallel ranks exports one
+ * series per rank (engine="r") on its one /metrics page. With `names`, only those names are
+ * read: the other lines (most of a page: histograms) are passed over before their labels.
  */
-export function parsePrometheusText(text: string, engine?: string): Map<string, number[]> {
-  const series = new Map<string, number[]>();
+export function parsePrometheusText(text: string, engine?: string, names?: ReadonlySet<string>): Map<string, Sample[]> {
+  const series = new Map<string, Sample[]>();
   for (const raw of text.split('\n')) {
     const line = raw.trim();
     if (line === '' || line.startsWith('#')) continue;
@@ -53,14 +69,18 @@ export function parsePrometheusText(text: string, engine?: string): Map<string, 
     let nameEnd = 0;
     while (nameEnd < line.length && /[a-zA-Z0-9_:]/.test(line[nameEnd])) nameEnd++;
     const name = line.slice(0, nameEnd);
-    if (!name) continue;
+    if (!name || (names !== undefined && !names.has(name))) continue;
     let rest = line.slice(nameEnd);
+    let labels = NO_LABELS;
     if (rest.startsWith('{')) {
       const close = findLabelsEnd(rest);
       if (close < 0) continue;
+      const read = readLabels(rest.slice(1, close));
+      if (read === undefined) continue;
+      labels = read;
       if (engine !== undefined) {
-        const m = /(?:^|[{,])\s*engine="([^"]*)"/.exec(rest.slice(0, close + 1));
-        if (m && m[1] !== engine) continue;
+        const e = labels.get('engine');
+        if (e !== undefined && e !== engine) continue;
       }
       rest = rest.slice(close + 1);
     }
@@ -69,11 +89,31 @@ export function parsePrometheusText(text: string, engine?: string): Map<string, 
     // malformed: skipped
     const value = sampleValue(rest.trim().split(/\s+/)[0]);
     if (value === undefined) continue;
+    const sample = { value, labels };
     const list = series.get(name);
-    if (list) list.push(value);
-    else series.set(name, [value]);
+    if (list) list.push(sample);
+    else series.set(name, [sample]);
   }
   return series;
+}
+
+const LABEL = /\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)/y;
+
+/** The labels between a sample's braces, undefined when they are not name="value" pairs. */
+function readLabels(body: string): Map<string, string> | undefined {
+  const labels = new Map<string, string>();
+  LABEL.lastIndex = 0;
+  while (LABEL.lastIndex < body.length) {
+    if (/^\s*$/.test(body.slice(LABEL.lastIndex))) break;
+    const m = LABEL.exec(body);
+    if (!m) return undefined;
+    labels.set(
+      m[1],
+      m[2].replace(/\\(.)/g, (_, c: string) => (c === 'n' ? '\n' : c)),
+    );
+    if (m[3] === '') break;
+  }
+  return labels;
 }
 
 function findLabelsEnd(s: string): number {
@@ -99,7 +139,7 @@ function sampleValue(sample: string): number | undefined {
 }
 
 /** The samples of the first of `names` the page has, or undefined. */
-function firstSeries(series: Map<string, number[]>, names: readonly string[]): number[] | undefined {
+function firstSeries(series: Map<string, Sample[]>, names: readonly string[]): Sample[] | undefined {
   for (const n of names) {
     const v = series.get(n);
     if (v && v.length > 0) return v;
@@ -108,17 +148,64 @@ function firstSeries(series: Map<string, number[]>, names: readonly string[]): n
 }
 
 /**
- * A counter's total (prefix-cache queries, hits: shown, never routed on): its finite samples
- * summed; a sum a number cannot hold is no reading.
+ * Labels whose series are one quantity seen from several places, not parts of it:
+ * - `pid`: prometheus_client's multiprocess collector labels a gauge's samples with the
+ *   process that wrote them when the gauge has no multiprocess_mode (its default, "all").
+ *   vLLM's vllm:kv_cache_usage_perc had none until vllm-project/vllm#28792 (2025-11-16;
+ *   vllm/v1/metrics/loggers.py PrometheusStatLogger, e.g. at 005a810b, where the running and
+ *   waiting gauges and gpu_cache_usage_perc are "mostrecent"): with --api-server-count > 1
+ *   each API server exports a series, the one that receives the engine's scheduler stats
+ *   holds the value and the others the 0 they initialized it to. The early V1 logger (e.g.
+ *   at a6f0308c, one API server) gave no gauge a mode, running and waiting included: any name
+ *   can come with pid series when the multiprocess directory is set, so the rule holds for
+ *   all. Counters are summed by the collector and carry no pid.
+ * - `tp_rank`, `pp_rank`, `moe_ep_rank`: SGLang's scheduler labels
+ *   (python/sglang/srt/observability/metrics_collector.py SchedulerMetricsCollector.init_new,
+ *   formerly set up in scheduler_metrics_mixin.py). Only attention-TP rank 0 writes them, but
+ *   with --enable-metrics-for-all-schedulers every TP rank (and pipeline stage) of a
+ *   scheduler writes the same counts; moe_ep_rank is tp_rank // (tp_size // ep_size) at
+ *   scheduler launch, so it differs between those ranks too.
+ * Such series are read as their largest: the process holding the engine's state says it, the
+ * others say 0 or the same. `dp_rank` (SGLang) and `engine` (vLLM) are separate ranks.
  */
-function counter(series: Map<string, number[]>, names: readonly string[]): number | undefined {
+const SAME_QUANTITY = new Set(['pid', 'tp_rank', 'pp_rank', 'moe_ep_rank']);
+
+/**
+ * A name's samples as the quantities they are parts of, each a group of samples of one
+ * quantity (`SAME_QUANTITY`). When some sample has an empty `priority` label, the samples
+ * with a non-empty one are left out: SGLang with --enable-priority-scheduling writes the
+ * queue and running totals under priority="" and each priority's part under priority="<n>"
+ * (metrics_collector.py SchedulerMetricsCollector._log_gauge_queue_count).
+ */
+function quantities(samples: readonly Sample[]): number[][] {
+  const totals = samples.some((s) => s.labels.get('priority') === '');
+  const groups = new Map<string, number[]>();
+  for (const s of samples) {
+    if (totals && (s.labels.get('priority') ?? '') !== '') continue;
+    const key: string[] = [];
+    for (const [k, v] of s.labels) if (!SAME_QUANTITY.has(k)) key.push(`${k}=${JSON.stringify(v)}`);
+    const id = key.sort().join(',');
+    const group = groups.get(id);
+    if (group) group.push(s.value);
+    else groups.set(id, [s.value]);
+  }
+  return [...groups.values()];
+}
+
+/**
+ * A counter's total (prefix-cache queries, hits: shown, never routed on): the largest finite
+ * sample of each quantity, summed; a sum a number cannot hold is no reading.
+ */
+function counter(series: Map<string, Sample[]>, names: readonly string[]): number | undefined {
   for (const n of names) {
-    const v = series.get(n)?.filter(Number.isFinite);
-    if (v && v.length > 0) {
-      const sum = v.reduce((a, b) => a + b, 0);
-      if (!Number.isFinite(sum)) continue;
-      return sum;
+    const v = series.get(n);
+    if (!v) continue;
+    let sum: number | undefined;
+    for (const group of quantities(v)) {
+      const finite = group.filter(Number.isFinite);
+      if (finite.length > 0) sum = (sum ?? 0) + Math.max(...finite);
     }
+    if (sum !== undefined && Number.isFinite(sum)) return sum;
   }
   return undefined;
 }
@@ -129,30 +216,39 @@ function counter(series: Map<string, number[]>, names: readonly string[]): numbe
  */
 const USAGE_ROUNDING = 1e-6;
 
-/** The sum of a count's series, the worst when one is out of range; capped. */
-function count(series: Map<string, number[]>, names: readonly string[]): number | undefined {
+/** The sum of a count's quantities, the worst when a sample is out of range; capped. */
+function count(series: Map<string, Sample[]>, names: readonly string[]): number | undefined {
   const v = firstSeries(series, names);
   if (v === undefined) return undefined;
   let sum = 0;
-  for (const x of v) {
-    // (NaN fails the test too)
-    if (!(x >= 0 && x < Infinity)) return MAX_ENGINE_REQUESTS;
-    sum += x;
+  for (const group of quantities(v)) {
+    let most = 0;
+    for (const x of group) {
+      // (NaN fails the test too)
+      if (!(x >= 0 && x < Infinity)) return MAX_ENGINE_REQUESTS;
+      most = Math.max(most, x);
+    }
+    sum += most;
   }
   // a sum past what a number holds (Infinity) is held at the bound as well
   return Math.min(sum, MAX_ENGINE_REQUESTS);
 }
 
-/** The mean of the usage series, 1 when one is out of range. */
-function usage(series: Map<string, number[]>, names: readonly string[]): number | undefined {
+/** The mean of the usage quantities, 1 when a sample is out of range. */
+function usage(series: Map<string, Sample[]>, names: readonly string[]): number | undefined {
   const v = firstSeries(series, names);
   if (v === undefined) return undefined;
+  const groups = quantities(v);
   let sum = 0;
-  for (const x of v) {
-    if (!(x >= -USAGE_ROUNDING && x <= 1 + USAGE_ROUNDING)) return 1;
-    sum += Math.min(1, Math.max(0, x));
+  for (const group of groups) {
+    let most = 0;
+    for (const x of group) {
+      if (!(x >= -USAGE_ROUNDING && x <= 1 + USAGE_ROUNDING)) return 1;
+      most = Math.max(most, Math.min(1, Math.max(0, x)));
+    }
+    sum += most;
   }
-  return sum / v.length;
+  return sum / groups.length;
 }
 
 /**
@@ -171,7 +267,7 @@ function usage(series: Map<string, number[]>, names: readonly string[]): number 
  * the sample can only move requests away from its engine, and only while the engine says it.
  */
 export function readEngineLoad(text: string, engine?: string): EngineLoad {
-  const s = parsePrometheusText(text, engine);
+  const s = parsePrometheusText(text, engine, LOAD_NAMES);
   const running = count(s, RUNNING);
   const waiting = count(s, WAITING);
   const kvUsage = usage(s, USAGE);

@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+"""Writes /metrics pages to test/fixtures/metrics/, rendered the way the engines render them.
+
+Both engines export their load with prometheus_client in multiprocess mode: the processes that
+own the numbers write them to mmap files under PROMETHEUS_MULTIPROC_DIR, and the process that
+answers /metrics merges the files with multiprocess.MultiProcessCollector. This script does
+the same: it forks one process per engine process, each declaring the metrics as the upstream
+release declares them (name, documentation, label names, multiprocess_mode) and writing the
+values that process writes, then renders the merged page with generate_latest, as the HTTP
+process does. How the collector merges the files (a gauge's `pid` label, kept only in the
+default multiprocess_mode "all") is prometheus_client's own code, not imitated here.
+
+Pages (what each must read as is in test/engines/metrics.test.ts):
+
+  vllm-api-servers.txt   vLLM with --api-server-count 4, a release before
+      vllm-project/vllm#28792 (vllm/v1/metrics/loggers.py at commit 005a810b,
+      PrometheusStatLogger): vllm:kv_cache_usage_perc has no multiprocess_mode, so the
+      collector exports one series per API-server process with a `pid` label; the process
+      that receives the engine's scheduler stats holds the usage, the others hold the 0.0 their
+      make_per_engine() wrote. num_requests_running/waiting, gpu_cache_usage_perc and
+      cache_config_info are "mostrecent" (one series); counters are summed (one series).
+  sglang-priority.txt    SGLang with --enable-metrics --enable-priority-scheduling
+      (python/sglang/srt/observability/metrics_collector.py at commit 016d8605,
+      SchedulerMetricsCollector.init_new and _log_gauge_queue_count): labels gain
+      priority="", the queue/running totals are written under it and each priority's part
+      under priority="<n>" (every priority seen so far, 0 when none is queued now).
+  sglang-all-schedulers.txt  SGLang with --tp 2 --dp 2 --enable-metrics-for-all-schedulers:
+      every scheduler process (tp_rank 0 and 1 of each dp_rank) writes its DP rank's counts;
+      the two TP ranks of a DP rank write the same numbers.
+  sglang-expert-parallel.txt SGLang with --tp 2 --ep-size 2 --enable-metrics-for-all-schedulers:
+      moe_ep_rank = tp_rank // (tp_size // ep_size) at scheduler launch, so the two TP ranks
+      differ in moe_ep_rank too and still write the same numbers.
+
+Run: pip install prometheus_client && python3 scripts/gen-metrics-fixtures.py
+"""
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent.parent / "test" / "fixtures" / "metrics"
+
+
+def render(processes):
+    """Runs each (process id, writer) in a forked process sharing one PROMETHEUS_MULTIPROC_DIR,
+    then renders the merged page. The process id is given to prometheus_client's
+    process_identifier hook, so the `pid` labels are the same on every run."""
+    with tempfile.TemporaryDirectory() as d:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = d
+        for ident, writer in processes:
+            child = os.fork()
+            if child == 0:
+                code = 0
+                try:
+                    from prometheus_client import values
+
+                    values.ValueClass = values.MultiProcessValue(process_identifier=lambda: ident)
+                    writer()
+                except BaseException:
+                    traceback.print_exc()
+                    code = 1
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(child, 0)
+            if status != 0:
+                sys.exit(f"writer {ident} failed")
+        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=d)
+        page = generate_latest(registry).decode()
+        del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+        return page
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM, vllm/v1/metrics/loggers.py at 005a810bc40faa25b8870fbc8559c3462581eee3
+# ---------------------------------------------------------------------------------------------
+
+VLLM_MODEL = "Qwen/Qwen3-VL-8B-Instruct"
+# CacheConfig.metrics_info(): the config's fields as strings (those the router reads, and a few)
+VLLM_CACHE_CONFIG = {
+    "block_size": "16",
+    "cache_dtype": "auto",
+    "enable_prefix_caching": "True",
+    "gpu_memory_utilization": "0.9",
+    "num_cpu_blocks": "None",
+    "num_gpu_blocks": "17854",
+    "prefix_caching_hash_algo": "builtin",
+    "swap_space": "4",
+}
+
+
+def vllm_api_server(scheduler_stats):
+    """One API-server process: PrometheusStatLogger(vllm_config, engine_indexes=[0]), then
+    log_engine_initialized(); record() only in the process that receives scheduler stats."""
+
+    def run():
+        import prometheus_client as pc
+
+        labelnames = ["model_name", "engine"]
+        engine_indexes = [0]
+
+        def make_per_engine(metric):
+            return {idx: metric.labels(VLLM_MODEL, str(idx)) for idx in engine_indexes}
+
+        running = make_per_engine(
+            pc.Gauge(
+                name="vllm:num_requests_running",
+                documentation="Number of requests in model execution batches.",
+                multiprocess_mode="mostrecent",
+                labelnames=labelnames,
+            )
+        )
+        waiting = make_per_engine(
+            pc.Gauge(
+                name="vllm:num_requests_waiting",
+                documentation="Number of requests waiting to be processed.",
+                multiprocess_mode="mostrecent",
+                labelnames=labelnames,
+            )
+        )
+        gpu_cache_usage = make_per_engine(
+            pc.Gauge(
+                name="vllm:gpu_cache_usage_perc",
+                documentation=(
+                    "GPU KV-cache usage. 1 means 100 percent usage."
+                    "DEPRECATED: Use vllm:kv_cache_usage_perc instead."
+                ),
+                multiprocess_mode="mostrecent",
+                labelnames=labelnames,
+            )
+        )
+        gpu_prefix_queries = make_per_engine(
+            pc.Counter(
+                name="vllm:gpu_prefix_cache_queries",
+                documentation=(
+                    "GPU prefix cache queries, in terms of number of queried"
+                    "tokens. DEPRECATED: Use vllm:prefix_cache_queries instead."
+                ),
+                labelnames=labelnames,
+            )
+        )
+        gpu_prefix_hits = make_per_engine(
+            pc.Counter(
+                name="vllm:gpu_prefix_cache_hits",
+                documentation=(
+                    "GPU prefix cache hits, in terms of number of cached "
+                    "tokens. DEPRECATED: Use vllm:prefix_cache_hits instead."
+                ),
+                labelnames=labelnames,
+            )
+        )
+        # no multiprocess_mode: prometheus_client's default, "all" (fixed by #28792)
+        kv_cache_usage = make_per_engine(
+            pc.Gauge(
+                name="vllm:kv_cache_usage_perc",
+                documentation="KV-cache usage. 1 means 100 percent usage.",
+                labelnames=labelnames,
+            )
+        )
+        prefix_queries = make_per_engine(
+            pc.Counter(
+                name="vllm:prefix_cache_queries",
+                documentation="Prefix cache queries, in terms of number of queried tokens.",
+                labelnames=labelnames,
+            )
+        )
+        prefix_hits = make_per_engine(
+            pc.Counter(
+                name="vllm:prefix_cache_hits",
+                documentation="Prefix cache hits, in terms of number of cached tokens.",
+                labelnames=labelnames,
+            )
+        )
+        make_per_engine(
+            pc.Counter(
+                name="vllm:num_preemptions",
+                documentation="Cumulative number of preemption from the engine.",
+                labelnames=labelnames,
+            )
+        )
+        ttft = make_per_engine(
+            pc.Histogram(
+                name="vllm:time_to_first_token_seconds",
+                documentation="Histogram of time to first token in seconds.",
+                buckets=[
+                    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+                ],
+                labelnames=labelnames,
+            )
+        )
+
+        # log_engine_initialized() -> log_metrics_info("cache_config", ...)
+        info = dict(VLLM_CACHE_CONFIG, engine="")
+        info_gauge = pc.Gauge(
+            name="vllm:cache_config_info",
+            documentation="Information of the LLMEngine CacheConfig",
+            multiprocess_mode="mostrecent",
+            labelnames=info.keys(),
+        )
+        for idx in engine_indexes:
+            info_gauge.labels(**dict(VLLM_CACHE_CONFIG, engine=str(idx))).set(1)
+
+        if scheduler_stats is not None:
+            idx = 0
+            running[idx].set(scheduler_stats["num_running_reqs"])
+            waiting[idx].set(scheduler_stats["num_waiting_reqs"])
+            gpu_cache_usage[idx].set(scheduler_stats["kv_cache_usage"])
+            kv_cache_usage[idx].set(scheduler_stats["kv_cache_usage"])
+            gpu_prefix_queries[idx].inc(scheduler_stats["queries"])
+            gpu_prefix_hits[idx].inc(scheduler_stats["hits"])
+            prefix_queries[idx].inc(scheduler_stats["queries"])
+            prefix_hits[idx].inc(scheduler_stats["hits"])
+            ttft[idx].observe(0.042)
+
+    return run
+
+
+def vllm_api_servers():
+    stats = {
+        "num_running_reqs": 7,
+        "num_waiting_reqs": 3,
+        "kv_cache_usage": 0.6530455880475035,
+        "queries": 12000,
+        "hits": 9000,
+    }
+    # four API-server processes; the third receives the scheduler stats
+    return render([(271 + i, vllm_api_server(stats if i == 2 else None)) for i in range(4)])
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang, python/sglang/srt/observability/metrics_collector.py at
+# 016d8605e45876180312e29d6988e1de06562472 (SchedulerMetricsCollector)
+# ---------------------------------------------------------------------------------------------
+
+SGLANG_MODEL = "Qwen/Qwen3-8B"
+
+
+def sglang_scheduler(*, tp_rank, pp_rank=0, dp_rank=None, tp_size=1, ep_size=1, priority, stats):
+    """One scheduler process: SchedulerMetricsCollector.init_new(...) then log_stats(stats).
+    stats: running/queue as (total, {priority: count} or None), token_usage."""
+
+    def run():
+        from prometheus_client import Gauge
+
+        # init_new: labels, in this order
+        labels = {
+            "model_name": SGLANG_MODEL,
+            "engine_type": "unified",
+            "tp_rank": tp_rank,
+            "pp_rank": pp_rank,
+            # the scheduler is launched with moe_ep_rank = tp_rank // (tp_size // ep_size)
+            "moe_ep_rank": tp_rank // (tp_size // ep_size),
+        }
+        if priority:
+            labels["priority"] = ""
+        if dp_rank is not None:
+            labels["dp_rank"] = dp_rank
+
+        num_running_reqs = Gauge(
+            name="sglang:num_running_reqs",
+            documentation="The number of running requests.",
+            labelnames=labels.keys(),
+            multiprocess_mode="mostrecent",
+        )
+        num_queue_reqs = Gauge(
+            name="sglang:num_queue_reqs",
+            documentation="The number of requests in the waiting queue.",
+            labelnames=labels.keys(),
+            multiprocess_mode="mostrecent",
+        )
+        num_grammar_queue_reqs = Gauge(
+            name="sglang:num_grammar_queue_reqs",
+            documentation="The number of requests in the grammar waiting queue.",
+            labelnames=labels.keys(),
+            multiprocess_mode="mostrecent",
+        )
+        gen_throughput = Gauge(
+            name="sglang:gen_throughput",
+            documentation="The generation throughput (token/s).",
+            labelnames=labels.keys(),
+            multiprocess_mode="mostrecent",
+        )
+        token_usage = Gauge(
+            name="sglang:token_usage",
+            documentation="The token usage.",
+            labelnames=labels.keys(),
+            multiprocess_mode="mostrecent",
+        )
+
+        known_priorities = set()
+
+        def log_gauge(gauge, data):
+            gauge.labels(**labels).set(data)
+
+        def log_gauge_queue_count(gauge, data):
+            total, by_priority = data
+            gauge.labels(**labels).set(total)
+            if by_priority is not None:
+                known_priorities.update(by_priority.keys())
+                for p in known_priorities:
+                    value = by_priority.get(p, 0)
+                    with_priority = dict(labels)
+                    with_priority["priority"] = str(p)
+                    gauge.labels(**with_priority).set(value)
+
+        # log_stats(stats), the lines for the names above, in its order
+        log_gauge_queue_count(num_running_reqs, stats["running"])
+        log_gauge_queue_count(num_queue_reqs, stats["queue"])
+        log_gauge(num_grammar_queue_reqs, 0)
+        log_gauge(gen_throughput, stats.get("gen_throughput", 0.0))
+        log_gauge(token_usage, stats["token_usage"])
+
+    return run
+
+
+def sglang_priority():
+    # QueueCount.from_reqs with enable_priority_scheduling: a Counter of the requests' priorities
+    stats = {
+        "running": (10, {0: 6, 5: 4}),
+        "queue": (8, {0: 8}),
+        "token_usage": 0.5,
+        "gen_throughput": 812.5,
+    }
+    return render([(4101, sglang_scheduler(tp_rank=0, priority=True, stats=stats))])
+
+
+def sglang_all_schedulers():
+    per_dp = {
+        0: {"running": (10, None), "queue": (4, None), "token_usage": 0.5},
+        1: {"running": (6, None), "queue": (2, None), "token_usage": 0.25},
+    }
+    processes = []
+    for dp_rank in (0, 1):
+        for tp_rank in (0, 1):
+            writer = sglang_scheduler(
+                tp_rank=tp_rank, dp_rank=dp_rank, tp_size=2, priority=False, stats=per_dp[dp_rank]
+            )
+            processes.append((4200 + 10 * dp_rank + tp_rank, writer))
+    return render(processes)
+
+
+def sglang_expert_parallel():
+    stats = {"running": (5, None), "queue": (1, None), "token_usage": 0.7}
+    return render(
+        [
+            (4300 + tp_rank, sglang_scheduler(tp_rank=tp_rank, tp_size=2, ep_size=2, priority=False, stats=stats))
+            for tp_rank in (0, 1)
+        ]
+    )
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    pages = {
+        "vllm-api-servers.txt": vllm_api_servers(),
+        "sglang-priority.txt": sglang_priority(),
+        "sglang-all-schedulers.txt": sglang_all_schedulers(),
+        "sglang-expert-parallel.txt": sglang_expert_parallel(),
+    }
+    for name, page in pages.items():
+        (OUT / name).write_text(page)
+        print(f"wrote {OUT / name} ({len(page)} bytes)")
+
+
+if __name__ == "__main__":
+    main()
