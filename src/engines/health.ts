@@ -94,6 +94,18 @@ export class WorkerHealth {
   }
 }
 
+/**
+ * How long a health probe waits for its answer by default: well past what a healthy engine takes.
+ * vLLM's /health answers at once (it reads whether its engine core died); SGLang's, with
+ * SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION on (its default), sends a one-token generation and looks
+ * for output once a second before it answers (sgl-project/sglang,
+ * python/sglang/srt/entrypoints/http_server.py, health_generate), so a second at least, more under
+ * load; a wedged one answers 503 by itself after SGLANG_HEALTH_CHECK_TIMEOUT (20 s). Tied to the probe
+ * interval, a timeout of a second or less would hold every SGLang engine out. Longer only makes an
+ * engine that accepts connections but never answers linger: one that is gone refuses at once.
+ */
+export const DEFAULT_HEALTH_CHECK_TIMEOUT_MS = 5000;
+
 /** Largest /health answer read (vLLM's and SGLang's are empty). */
 const MAX_HEALTH_BYTES = 64 * 1024;
 

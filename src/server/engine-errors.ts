@@ -7,7 +7,9 @@
  * event `event: error` or spread its JSON over several data lines. Each is read as the status
  * it names, so that the gateway treats it as it treats that status: a server error is the
  * engine's failure, a client error the engine's answer to the client. The same byte-level reading
- * finds a stream's end (`data: [DONE]`), which tells a whole answer from one cut short.
+ * finds a stream's end (`data: [DONE]`), which tells a whole answer from one cut short. One
+ * error of a server error's status is no failure of the engine's: SGLang's refusal of a request
+ * it will not queue (isQueueFull), which says the engine is overloaded for now, as a 429 does.
  */
 
 import { utf8BomLength } from './whole-json.js';
@@ -61,6 +63,53 @@ function statusOf(error: unknown): number {
 }
 
 /**
+ * What SGLang's scheduler says when it will not queue a request, each with HTTPStatus.SERVICE_UNAVAILABLE
+ * and no Retry-After (sgl-project/sglang, python/sglang/srt/managers/scheduler.py):
+ * Scheduler._abort_on_queued_limit refuses a request arriving at a full waiting queue
+ * (`--max-queued-requests`), or, with `--enable-priority-scheduling`, drops a waiting one of lower
+ * priority in its place; Scheduler._abort_on_waiting_timeout drops one that waited past
+ * SGLANG_REQ_WAITING_TIMEOUT. TokenizerManager turns the abort into an HTTPException(503) for a
+ * whole answer, which OpenAIServingBase.handle_request (entrypoints/openai/serving_base.py) writes
+ * as its ErrorResponse `{"object": "error", "message", "type": "503", "param": null, "code": 503}`;
+ * a stream gets `data: {"error": {"message", "type": "SERVICE_UNAVAILABLE", "code": 503}}` as its
+ * first event (serving_chat.py, serving_completions.py), then `data: [DONE]`. The engine is
+ * serving, at its limit: another can take the request. Only these messages, whole, are read so:
+ * any other 503 (a dead engine's, a proxy's) stays the engine's failure.
+ */
+const QUEUE_FULL_MESSAGES: ReadonlySet<string> = new Set([
+  'The request queue is full.',
+  'The request is aborted by a higher priority request.',
+  'Request waiting timeout reached.',
+]);
+
+/** Whether an engine's error object (as statusOf reads it) is SGLang's refusal of a request it will not queue. */
+function isQueueFull(error: unknown): boolean {
+  if (typeof error !== 'object' || error === null) return false;
+  const { message } = error as { message?: unknown };
+  return typeof message === 'string' && QUEUE_FULL_MESSAGES.has(message) && statusOf(error) === 503;
+}
+
+/** An engine's error as the gateway reads it: the status it stands for, and whether it is a queue-full refusal (isQueueFull). */
+export interface EngineError {
+  status: number;
+  queueFull: boolean;
+}
+
+/** No error: what a value, an answer or events that hold none read as. */
+const NO_ERROR: EngineError = Object.freeze({ status: 0, queueFull: false });
+
+/**
+ * The error in a parsed JSON value, as errorStatusOf reads it (NO_ERROR when it holds none).
+ * Allocates only for an error.
+ */
+function errorOf(value: unknown, typedError: boolean): EngineError {
+  const status = errorStatusOf(value, typedError);
+  if (status !== 503) return status === 0 ? NO_ERROR : { status, queueFull: false };
+  const { error } = value as { error?: unknown };
+  return { status, queueFull: isQueueFull(error ? error : value) };
+}
+
+/**
  * The status an error in a parsed JSON value stands for, 0 when it holds none: an object whose
  * `error` member is set (truthy, as the OpenAI clients test it: `null` or `false` is no error),
  * or one whose `object` is "error". `typedError`: the value is the data of an event of type
@@ -79,7 +128,15 @@ function errorStatusOf(value: unknown, typedError: boolean): number {
  * answer is parsed: every other answer is passed over by one search.
  */
 export function errorAnswerStatus(answer: Buffer): number {
-  if (answer.length > MAX_ERROR_ANSWER_BYTES || answer.indexOf(QUOTED_ERROR) < 0) return 0;
+  return errorAnswer(answer).status;
+}
+
+/**
+ * The error a complete answer is, read as errorAnswerStatus reads it, with whether it is a
+ * queue-full refusal (isQueueFull): of a 200, or the body of an error status.
+ */
+export function errorAnswer(answer: Buffer): EngineError {
+  if (answer.length > MAX_ERROR_ANSWER_BYTES || answer.indexOf(QUOTED_ERROR) < 0) return NO_ERROR;
   // a UTF-8 byte order mark before the object (some servers and proxies write one) is no JSON:
   // one is skipped, as a decoder reading UTF-8 would
   const text = answer.subarray(utf8BomLength(answer));
@@ -87,9 +144,9 @@ export function errorAnswerStatus(answer: Buffer): number {
   try {
     value = JSON.parse(text.toString('utf8'));
   } catch {
-    return 0;
+    return NO_ERROR;
   }
-  return errorStatusOf(value, false);
+  return errorOf(value, false);
 }
 
 /**
@@ -149,10 +206,18 @@ function isField(bytes: Buffer, at: number, end: number, name: Buffer): boolean 
  * first dispatched event is judged (an event the client reads before it is no error of the request's).
  */
 export function errorEventStatus(events: Buffer, atStreamStart = false, firstEventOnly = false): number {
-  if (events.indexOf(ERROR_WORD) < 0) return 0;
+  return errorEvent(events, atStreamStart, firstEventOnly).status;
+}
+
+/**
+ * The error among whole events of a stream, read as errorEventStatus reads it, with whether it
+ * is a queue-full refusal (isQueueFull).
+ */
+export function errorEvent(events: Buffer, atStreamStart = false, firstEventOnly = false): EngineError {
+  if (events.indexOf(ERROR_WORD) < 0) return NO_ERROR;
   const n = events.length;
   const start = atStreamStart ? utf8BomLength(events) : 0;
-  let clientError = 0;
+  let clientError = NO_ERROR;
   // the event being read: its type is `error`, its data may hold an error object, its data values' [start, end)
   let typedError = false;
   let mayHoldError = false;
@@ -176,9 +241,9 @@ export function errorEventStatus(events: Buffer, atStreamStart = false, firstEve
     if (end === at) {
       // a blank line: the event is dispatched
       if (data !== undefined && (typedError || mayHoldError)) {
-        const status = eventErrorStatus(events, data, typedError);
-        if (isEngineFailure(status)) return status;
-        if (status !== 0 && clientError === 0) clientError = status;
+        const error = eventError(events, data, typedError);
+        if (isEngineFailure(error.status)) return error;
+        if (error.status !== 0 && clientError.status === 0) clientError = error;
       }
       if (data !== undefined && firstEventOnly) return clientError;
       typedError = false;
@@ -207,8 +272,8 @@ export function errorEventStatus(events: Buffer, atStreamStart = false, firstEve
   return clientError;
 }
 
-/** The error status of one dispatched event (its data values' [start, end) in `events`), 0 when it is not an error. */
-function eventErrorStatus(events: Buffer, data: readonly number[], typedError: boolean): number {
+/** The error of one dispatched event (its data values' [start, end) in `events`); NO_ERROR when it is not one. */
+function eventError(events: Buffer, data: readonly number[], typedError: boolean): EngineError {
   let text = events.toString('utf8', data[0], data[1]);
   for (let i = 2; i < data.length; i += 2) text += '\n' + events.toString('utf8', data[i], data[i + 1]);
   let value: unknown;
@@ -216,7 +281,7 @@ function eventErrorStatus(events: Buffer, data: readonly number[], typedError: b
     value = JSON.parse(text);
   } catch {
     // an error event whose data is not JSON (plain text, say) is the engine's failure all the same
-    return typedError ? 500 : 0;
+    return typedError ? { status: 500, queueFull: false } : NO_ERROR;
   }
-  return errorStatusOf(value, typedError);
+  return errorOf(value, typedError);
 }

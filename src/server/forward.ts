@@ -10,7 +10,7 @@
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import type { BodyBudget, BodyCharge } from './body-budget.js';
-import { errorAnswerStatus, errorEventStatus, holdsDone, isEngineFailure } from './engine-errors.js';
+import { errorAnswer, errorEvent, holdsDone, isEngineFailure } from './engine-errors.js';
 import { markCutByGateway } from './metrics.js';
 import type { ProxyReply } from './openai-request.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
@@ -84,6 +84,14 @@ export interface ForwardOptions {
   onUnavailable: (retryAfterS: number) => void;
   /** The engine answered 508 Loop Detected: a gateway on the way saw the request come back. */
   onLoop: () => void;
+  /**
+   * The engine will not queue the request (SGLang's 503 refusal, engine-errors.ts isQueueFull: its
+   * waiting queue is full, a request of higher priority took its place, or it waited too long): as a
+   * 429 without a Retry-After, it is overloaded for now, and a failed attempt another worker can
+   * take; unlike one, it is neither a server error answer nor a failure for the breaker: the engine
+   * is serving, at the limit its operator set.
+   */
+  onQueueFull: () => void;
   /**
    * The engine answered the request with a server error before anything reached the client: a
    * 5xx status, or a 2xx whose error object or first error event names one. Unlike a connection
@@ -169,6 +177,12 @@ function retryAfterSeconds(rawHeaders: Buffer[]): number | undefined {
   }
   return undefined;
 }
+
+/**
+ * The body of a 503 without a Retry-After is kept up to this size, to read whether it is an
+ * engine's queue-full refusal (SGLang's is about a hundred bytes); a longer one is not.
+ */
+const MAX_REFUSAL_BYTES = 4096;
 
 /** Errors of a connection that was made and then broke: reset, or closed by the other side. */
 const CONNECTION_LOST = new Set(['ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET']);
@@ -334,6 +348,12 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   /** The engine answered 5xx, 429, 401/403, 408/421, 3xx, 204 or 205: its body is read and dropped, then the attempt fails. */
   private discarding = false;
   private discarded = 0;
+  /**
+   * The body of a 503 without a Retry-After, while it may still be an engine's queue-full refusal
+   * (up to MAX_REFUSAL_BYTES): read once it ends (judgeRefusal), a server error answer unless it
+   * says so.
+   */
+  private refusal: Buffer[] | undefined;
   private headers: Record<string, string> | undefined;
   private eventStream = false;
   /**
@@ -512,12 +532,14 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       this.connection.unanswered.delete(this);
       if (this.timer) clearTimeout(this.timer);
       this.timer = setTimeout(() => this.abortUpstream?.(new Error('discarded')), MAX_DISCARD_MS);
-      if (statusCode >= 500) this.o.onServerErrorAnswer();
-      if (statusCode === 429) this.o.onOverloaded(retryAfterSeconds(rawHeaders));
-      else if (statusCode === 503) {
-        const retryAfterS = retryAfterSeconds(rawHeaders);
-        if (retryAfterS !== undefined) this.o.onUnavailable(retryAfterS);
-      } else if (statusCode === 508) this.o.onLoop();
+      const retryAfterS = statusCode === 429 || statusCode === 503 ? retryAfterSeconds(rawHeaders) : undefined;
+      // a 503 without a Retry-After may be SGLang refusing a request it will not queue, which its
+      // body says (engine-errors.ts isQueueFull): it is judged once the body has come
+      if (statusCode === 503 && retryAfterS === undefined) this.refusal = [];
+      else if (statusCode >= 500) this.o.onServerErrorAnswer();
+      if (statusCode === 429) this.o.onOverloaded(retryAfterS);
+      else if (statusCode === 503 && retryAfterS !== undefined) this.o.onUnavailable(retryAfterS);
+      else if (statusCode === 508) this.o.onLoop();
       return true;
     }
     let contentType: string | undefined;
@@ -656,6 +678,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   onData(chunk: Buffer): boolean {
     if (this.discarding) {
       this.discarded += chunk.length;
+      if (this.refusal !== undefined) {
+        if (this.discarded <= MAX_REFUSAL_BYTES) this.refusal.push(chunk);
+        else this.judgeRefusal(false);
+      }
       if (this.discarded > MAX_DISCARDED_BYTES) this.abortUpstream?.(new Error('discarded'));
       return true;
     }
@@ -693,20 +719,23 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       chunk = whole;
       this.doneSeen ||= holdsDone(chunk, !this.sent);
       // until something is sent, these events are the stream's first (what was held back comes first)
-      const errorStatus = this.failedInStream ? 0 : errorEventStatus(chunk, !this.sent);
+      const error = this.failedInStream ? undefined : errorEvent(chunk, !this.sent);
+      const errorStatus = error?.status ?? 0;
       if (isEngineFailure(errorStatus)) {
         // the engine failed the request before anything reached the client: it holds none of it
         // (as when it answers a 5xx), and another worker can take it
         if (!this.sent) {
           this.o.onRefused();
-          if (errorStatus >= 500) this.o.onServerErrorAnswer();
+          // SGLang refuses a stream it will not queue with an error event of its own (isQueueFull)
+          if (error!.queueFull) this.o.onQueueFull();
+          else if (errorStatus >= 500) this.o.onServerErrorAnswer();
           this.abortUpstream?.(new Error('the engine failed the stream before its first event'));
           return false;
         }
         // the client has part of the answer: it gets the rest as the engine sent it, and the engine's
         // failure counts as a stream it broke off
         this.failedInStream = true;
-      } else if (errorStatus !== 0 && !this.sent && errorEventStatus(chunk, true, true) !== 0) {
+      } else if (errorStatus !== 0 && !this.sent && errorEvent(chunk, true, true).status !== 0) {
         // the engine's answer to the client's error, before any of the answer: it computed none
         // of the request, as when it answers with that status (once: the response starts below).
         // A client's error after events of the answer is no refusal: the engine computed the prefill
@@ -808,6 +837,18 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     return this.parts![0];
   }
 
+  /**
+   * The body of a 503 without a Retry-After was read (`whole`), or grew too long or never ended:
+   * the engine refused the request as overloaded when the body is its queue-full refusal, else
+   * it answered with a server error.
+   */
+  private judgeRefusal(whole: boolean): void {
+    const parts = this.refusal!;
+    this.refusal = undefined;
+    if (whole && errorAnswer(Buffer.concat(parts)).queueFull) this.o.onQueueFull();
+    else this.o.onServerErrorAnswer();
+  }
+
   /** undici is done with the request (it completed or failed): its connection is free for the next. */
   private releaseConnection(): void {
     if (!this.holdsConnection) return;
@@ -817,6 +858,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
 
   onComplete(): void {
     this.releaseConnection();
+    if (this.refusal !== undefined) this.judgeRefusal(true);
     if (this.discarding) return this.settle(this.failed());
     if (this.why !== undefined && !this.sent) return this.settle(this.failed());
     // the start of an event whose end never came (it goes as it was sent, or, when it is all
@@ -852,13 +894,15 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
         return this.settle('retry');
       }
       // a 2xx whose body is the engine's error object is handled as the status its code names
-      const errorStatus = this.status < 300 ? errorAnswerStatus(payload) : 0;
+      const error = this.status < 300 ? errorAnswer(payload) : undefined;
+      const errorStatus = error?.status ?? 0;
       if (errorStatus !== 0) {
         // the engine computed none of the request, as when it answers with that status
         this.o.onRefused();
         if (isEngineFailure(errorStatus)) {
           if (errorStatus === 429) this.o.onOverloaded(undefined);
-          if (errorStatus >= 500) this.o.onServerErrorAnswer();
+          if (error!.queueFull) this.o.onQueueFull();
+          else if (errorStatus >= 500) this.o.onServerErrorAnswer();
           return this.settle('retry');
         }
         // the client's error: it gets it as the engine wrote it, with the status it names
@@ -881,6 +925,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   onError(err?: Error): void {
     this.releaseConnection();
     if (this.settled) return;
+    // a 503's body cut short, or dropped as too long or too slow: no refusal the engine finished saying
+    if (this.refusal !== undefined) this.judgeRefusal(false);
     // no answer at all, and not because the gateway stopped waiting: the request never
     // reached the engine (connection refused, reset) or the engine died with it
     if (this.status === 0 && this.why === undefined && !isTimeout(err)) {

@@ -195,6 +195,11 @@ export interface GatewayOptions {
   metricsIntervalMs?: number;
   /** Interval of the active health check, GET {url}/health (default 2000 ms; 0: none). */
   healthCheckIntervalMs?: number;
+  /**
+   * Longest wait for one health probe's answer (default 5000 ms, DEFAULT_HEALTH_CHECK_TIMEOUT_MS:
+   * SGLang's /health generates a token first, and takes a second or more).
+   */
+  healthCheckTimeoutMs?: number;
   /** One line per notable event (health changes, event-stream gaps). */
   log?: (message: string) => void;
   /** Shared state for several replicas (default: in memory, this replica only). */
@@ -289,6 +294,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     engineConnections: options.engineConnections,
     metricsIntervalMs: options.metricsIntervalMs ?? 1000,
     healthCheckIntervalMs: options.healthCheckIntervalMs ?? 2000,
+    healthCheckTimeoutMs: options.healthCheckTimeoutMs,
     // what the gateway asks the workers on its own (health, metrics, models, /tokenize) carries its Via
     via: ownVia(via),
   });

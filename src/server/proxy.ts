@@ -182,7 +182,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       if (decision.shared) state.decisionEnded(decision.shared);
     };
     let failedAttempts = 0;
-    // attempts the engines refused as overloaded (429), and the longest wait they asked for
+    // attempts the engines refused as overloaded (429, or SGLang's 503 for a request it will not
+    // queue), and the longest wait they asked for
     let overloaded = 0;
     let overloadedRetryAfterS = 1;
     // attempts answered 508 Loop Detected: the worker's URL leads back to a gateway on the way
@@ -293,6 +294,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       const target = connections.get(decision.workerId)!;
       let connectionLost = false;
       let serverErrorAnswer = false;
+      // the engine refused the request as one it will not queue (ForwardOptions.onQueueFull)
+      let queueFull = false;
       // the bytes forwarded are an argument only: forward() lets go of them once they are sent
       const outcome = await forward(reply, target, path, forwardedBody(prepared, req, decision.cacheSalt), {
         // the worker's own id (a data-parallel rank's worker) and the rank, for the response headers
@@ -321,6 +324,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
         },
         onLoop: () => looped++,
+        onQueueFull: () => {
+          overloaded++;
+          queueFull = true;
+        },
         onServerErrorAnswer: () => (serverErrorAnswer = true),
         onIncomplete: () => incomplete++,
         onRefused: () => {
@@ -350,9 +357,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           if (connections.heldOutByProbes(decision.workerId))
             for (const id of connections.routerIdsOf(decision.workerId))
               if (id !== decision.workerId) (failedWorkers ??= new Set()).add(id);
-          // a connection that failed, a timeout, a broken answer count at once: they say nothing of the request
+          // a connection that failed, a timeout, a broken answer count at once: they say nothing of
+          // the request; an engine refusing a request it will not queue is serving, at its limit
           if (serverErrorAnswer) (answeredServerError ??= []).push(decision.workerId);
-          else breaker.failed(decision.workerId);
+          else if (!queueFull) breaker.failed(decision.workerId);
           metrics.upstreamFailures.inc({ worker: decision.workerId });
         } else if (outcome === 'no-connection') {
           // the gateway's own limit, not the engine's failure: no breaker count, no failure metric;
@@ -452,7 +460,7 @@ function forwardedBody(prepared: ParsedRequest, req: RequestSource, cacheSalt: s
 /** How the attempts on the engines tried went, for the answer when all of them failed. */
 interface ExhaustedAttempts {
   failedAttempts: number;
-  /** Attempts the engines refused as overloaded (429). */
+  /** Attempts the engines refused as overloaded (429, or an engine's queue-full refusal). */
   overloaded: number;
   /** The longest Retry-After the engines asked for (s), at least 1. */
   retryAfterS: number;

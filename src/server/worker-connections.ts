@@ -13,7 +13,7 @@ import { Pool, request as upstreamRequest } from 'undici';
 import type { KVAwareRouter, RouteRequest } from '../core/router/index.js';
 import { MAX_WORKERS, type WorkerState } from '../core/worker-registry.js';
 import { readBoundedText } from '../engines/bounded-body.js';
-import { HealthChecker, type WorkerHealth } from '../engines/health.js';
+import { DEFAULT_HEALTH_CHECK_TIMEOUT_MS, HealthChecker, type WorkerHealth } from '../engines/health.js';
 import type { KvEventApplier } from '../engines/kv-events/applier.js';
 import { KvEventSubscriber, type SubscriberStats } from '../engines/kv-events/subscriber.js';
 import { MetricsScraper } from '../engines/metrics/scraper.js';
@@ -121,6 +121,8 @@ export interface WorkerConnectionsOptions {
   metricsIntervalMs: number;
   /** Interval of the active health check (0: none). */
   healthCheckIntervalMs: number;
+  /** Longest wait for one health probe's answer (default DEFAULT_HEALTH_CHECK_TIMEOUT_MS). */
+  healthCheckTimeoutMs?: number;
   /** Interval of re-reading each worker's /v1/models for LoRA adapters (default 30 s; 0: at start only). */
   modelsIntervalMs?: number;
   log: (message: string) => void;
@@ -200,17 +202,23 @@ export class WorkerConnections {
         `engineConnections must be an integer from 1 to ${MAX_ENGINE_CONNECTIONS}, got ${engineConnections}`,
       );
     this.engineConnections = engineConnections;
+    const healthCheckTimeoutMs = options.healthCheckTimeoutMs ?? DEFAULT_HEALTH_CHECK_TIMEOUT_MS;
+    if (!Number.isInteger(healthCheckTimeoutMs) || healthCheckTimeoutMs < 1 || healthCheckTimeoutMs > MAX_TIMER_MS)
+      throw new RangeError(
+        `healthCheckTimeoutMs must be an integer from 1 to ${MAX_TIMER_MS}, got ${healthCheckTimeoutMs}`,
+      );
     const headers = options.via === undefined ? undefined : { via: options.via };
     this.scraper =
       metricsIntervalMs > 0
         ? new MetricsScraper(router, [], { intervalMs: metricsIntervalMs, health, log, headers }).start()
         : undefined;
-    // a probe's timeout is at least half a second, so a busy engine (or router) is not taken for a dead one
+    // a probe waits as long as a healthy engine may take to answer, whatever the interval (the
+    // next round starts an interval after the last probe of this one ended)
     this.checker =
       healthCheckIntervalMs > 0
         ? new HealthChecker(health, {
             intervalMs: healthCheckIntervalMs,
-            timeoutMs: Math.min(2000, Math.max(500, healthCheckIntervalMs)),
+            timeoutMs: healthCheckTimeoutMs,
             headers,
           }).start()
         : undefined;

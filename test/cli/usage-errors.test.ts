@@ -50,6 +50,7 @@ test('a delay longer than a timer holds (2^31 - 1 ms) is refused, wherever it is
     assert.throws(() => resolveServe(args, env), /must be <= 2147483647 \(got 2147483648\)/, args.join(' '));
   for (const flag of [
     '--health-interval-ms',
+    '--health-timeout-ms',
     '--metrics-interval-ms',
     '--breaker-cooldown-ms',
     '--shutdown-grace-ms',
@@ -70,6 +71,13 @@ test('a delay longer than a timer holds (2^31 - 1 ms) is refused, wherever it is
     /timeouts\.interChunkTimeoutMs must be <= 2147483647/,
   );
   assert.equal(resolveServe(['--health-interval-ms', '2147483647']).config.healthIntervalMs, 2 ** 31 - 1);
+});
+
+test('a health-probe timeout is at least a millisecond, 5 s unless given', () => {
+  assert.equal(resolveServe([]).config.healthTimeoutMs, 5000);
+  assert.equal(resolveServe(['--health-timeout-ms', '1']).config.healthTimeoutMs, 1);
+  assert.equal(resolveServe([], { CONTEXTFORGE_HEALTH_TIMEOUT_MS: '20000' }).config.healthTimeoutMs, 20_000);
+  assert.throws(() => resolveServe(['--health-timeout-ms', '0']), /--health-timeout-ms must be >= 1 \(got 0\)/);
 });
 
 test('a config file is read up to a bound, as text, with every YAML problem an error naming its source', () => {

@@ -317,9 +317,11 @@ describe('mock engine: data parallel, LoRA, vLLM block hashes', () => {
         });
         router.registerWorker('w0');
         const applier = new KvEventApplier(router);
-        const s = new KvEventSubscriber({ workerId: 'w0', endpoint: e.eventsEndpoint, applier, log: () => {} }).start();
+        const logs: string[] = [];
+        const log = (m: string) => logs.push(m);
+        const s = new KvEventSubscriber({ workerId: 'w0', endpoint: e.eventsEndpoint, applier, log }).start();
         closers.push(() => s.close());
-        return { router, applier, s };
+        return { router, applier, s, logs };
       };
       const same = subscribed(algo);
       const mismatched = subscribed(other);
@@ -336,6 +338,15 @@ describe('mock engine: data parallel, LoRA, vLLM block hashes', () => {
       );
       assert.equal(mismatched.router.getStats().index.entries, 0, `${other} router, ${algo} engine`);
       assert.equal(mismatched.router.route({ tokens }, { dryRun: true }).cachedTokens, 0, `${other} router`);
+      // the log names every cause: the algorithm and seed, and vLLM hashing at another step than its block
+      const told = mismatched.logs.find((l) => l.includes('hash_mismatch'));
+      assert.ok(told !== undefined, mismatched.logs.join('\n'));
+      assert.match(told, /--prefix-caching-hash-algo/);
+      assert.match(told, /PYTHONHASHSEED/);
+      assert.match(told, /hybrid/);
+      assert.match(told, /prefix_match_unit/);
+      assert.match(told, /--decode-context-parallel-size/);
+      assert.equal(same.logs.filter((l) => l.includes('hash_mismatch')).length, 0, 'nothing to tell where they match');
     }
   });
 });

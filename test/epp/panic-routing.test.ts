@@ -80,6 +80,8 @@ async function pickerOver(
     openAiRoutes: false,
     metricsIntervalMs: 20,
     healthCheckIntervalMs: 20,
+    // a hung probe gives up soon (the default waits for SGLang's slow /health)
+    healthCheckTimeoutMs: 500,
     log: (m) => logs.push(m),
     ...options,
   });

@@ -29,6 +29,8 @@ async function gatewayOver(workers: GatewayWorker[], options: Partial<GatewayOpt
     workers,
     metricsIntervalMs: 0,
     healthCheckIntervalMs: 20,
+    // a hung probe gives up soon (the default waits for SGLang's slow /health)
+    healthCheckTimeoutMs: 500,
     log: () => {},
     ...options,
   });

@@ -83,6 +83,8 @@ async function gatewayOver(urls: Record<string, string>, options: Partial<Gatewa
     workers: Object.entries(urls).map(([id, url]) => ({ id, url })),
     metricsIntervalMs: 0,
     healthCheckIntervalMs: 0,
+    // a hung probe gives up soon (the default waits for SGLang's slow /health)
+    healthCheckTimeoutMs: 500,
     breakerFailures: 3,
     breakerCooldownMs: 60_000,
     log: (m) => logs.push(m),

@@ -99,6 +99,7 @@ export function forwardTo(
     onOverloaded: () => {},
     onUnavailable: () => {},
     onLoop: () => {},
+    onQueueFull: () => {},
     onServerErrorAnswer: () => {},
     onIncomplete: () => {},
     onRefused: () => {},

@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { errorAnswerStatus, errorEventStatus } from '../../src/server/engine-errors.js';
+import { errorAnswer, errorAnswerStatus, errorEvent, errorEventStatus } from '../../src/server/engine-errors.js';
 
 const events = (text: string) => errorEventStatus(Buffer.from(text));
 const answer = (text: string) => errorAnswerStatus(Buffer.from(text));
@@ -100,4 +100,42 @@ test("a UTF-8 byte order mark is skipped at the stream's start only, as the SSE 
   assert.equal(errorEventStatus(Buffer.from(bom), false), 0, 'elsewhere: the field is not `data`');
   assert.equal(errorEventStatus(Buffer.from('data: {"error": {"code": 500}}\n\n'), true), 500, 'no BOM');
   assert.equal(errorEventStatus(Buffer.from('\uFEFF\uFEFFdata: {"error": {"code": 500}}\n\n'), true), 0, 'only one');
+});
+
+test("SGLang's refusal of a request it will not queue is read as such, and nothing else is", () => {
+  const whole = (message: string, code: unknown = 503) =>
+    errorAnswer(Buffer.from(JSON.stringify({ object: 'error', message, type: '503', param: null, code })));
+  const event = (message: string, code: unknown = 503) =>
+    errorEvent(
+      Buffer.from(
+        `data: ${JSON.stringify({ error: { message, type: 'SERVICE_UNAVAILABLE', code } })}\n\ndata: [DONE]\n\n`,
+      ),
+      true,
+    );
+  for (const message of [
+    'The request queue is full.',
+    'The request is aborted by a higher priority request.',
+    'Request waiting timeout reached.',
+  ]) {
+    assert.deepEqual(whole(message), { status: 503, queueFull: true }, message);
+    assert.deepEqual(whole(message, '503'), { status: 503, queueFull: true }, `${message}, a numeric string`);
+    assert.deepEqual(event(message), { status: 503, queueFull: true }, message);
+  }
+  for (const [message, code] of [
+    ['The request queue is full.', 500],
+    ['The request queue is full.', 429],
+    ['Request running timeout reached.', 503],
+    ['the request queue is full.', 503],
+    ['The request queue is full. ', 503],
+    ['Using priority is disabled for this server. Please send a new request without a priority.', 503],
+    ['Internal server error', 503],
+  ] as const) {
+    assert.equal(whole(message, code).queueFull, false, `${message} (${code})`);
+    assert.equal(event(message, code).queueFull, false, `${message} (${code})`);
+  }
+  assert.deepEqual(errorAnswer(Buffer.from('{"error": "The request queue is full."}')), {
+    status: 500,
+    queueFull: false,
+  });
+  assert.deepEqual(errorAnswer(Buffer.from('')), { status: 0, queueFull: false });
 });

@@ -220,6 +220,7 @@ export async function startGateway(
     upstreamTimeoutMs: c.upstreamTimeoutMs,
     metricsIntervalMs: c.metricsIntervalMs,
     healthCheckIntervalMs: c.healthIntervalMs,
+    healthCheckTimeoutMs: c.healthTimeoutMs,
     breakerFailures: c.breakerFailures,
     breakerCooldownMs: c.breakerCooldownMs,
     panicRouting: c.panicRouting,

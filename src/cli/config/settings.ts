@@ -12,6 +12,7 @@ import {
   DEFAULT_BUFFERED_BODY_LIMIT,
   MAX_BODY_LIMIT,
 } from '../../server/body-budget.js';
+import { DEFAULT_HEALTH_CHECK_TIMEOUT_MS } from '../../engines/health.js';
 import { DEFAULT_MIN_BODY_RATE, DEFAULT_MIN_BODY_RATE_GRACE_MS } from '../../server/body-rate.js';
 import { DEFAULT_MAX_CLIENT_CONNECTIONS, MAX_CLIENT_CONNECTIONS } from '../../server/client-connections.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
@@ -95,6 +96,7 @@ const gatewayShape = {
   upstreamTimeoutMs: TIMEOUTS_SCHEMA.shape.interChunkTimeoutMs,
   metricsIntervalMs: timerMs(0).default(1000),
   healthIntervalMs: timerMs(0).default(2000),
+  healthTimeoutMs: timerMs(1).default(DEFAULT_HEALTH_CHECK_TIMEOUT_MS),
   breakerFailures: positiveInt().default(3),
   breakerCooldownMs: timerMs(1).default(5000),
   panicRouting: z.boolean().default(true),
@@ -227,6 +229,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   metricsIntervalMs: { arg: '<ms>', help: 'load-metrics scrape interval (0: off)' },
   healthIntervalMs: { arg: '<ms>', help: 'active health-check interval, GET /health (0: off)' },
+  healthTimeoutMs: {
+    arg: '<ms>',
+    help: "longest wait for one /health answer, whatever the interval (SGLang's /health generates a token first and takes a second or more; two probes in a row without an answer take a worker out)",
+  },
   breakerFailures: { arg: '<n>', help: "consecutive failures that open a worker's circuit" },
   breakerCooldownMs: { arg: '<ms>', help: 'how long an open circuit keeps a worker out' },
   panicRouting: {

@@ -260,10 +260,17 @@ export class KvEventSubscriber {
     const mismatchesBefore = this.stats.applied.hashMismatches;
     try {
       this.options.applier.apply(worker, batch, this.stats.applied);
+      // what makes vLLM's hashes differ from the router's: the algorithm and seed, or the step its
+      // hashes are chained at (vllm/v1/core/kv_cache_utils.py: resolve_kv_cache_block_sizes gives
+      // get_request_block_hasher a step finer than the block for several KV cache groups, the GCD
+      // of their block sizes, or cache_config.prefix_match_unit; and one of block size times the
+      // decode-context-parallel size for one group)
       if (mismatchesBefore === 0 && this.stats.applied.hashMismatches > 0)
         this.log(
-          `worker ${worker}: its block hashes are not the ones the router computes (vLLM's ${this.options.applier.vllmHashAlgo} under the router's PYTHONHASHSEED); ` +
-            `its stores are skipped (reason hash_mismatch): give the router the engine's --prefix-caching-hash-algo (vLLM's default is sha256) and PYTHONHASHSEED, or start the engine with --prefix-caching-hash-algo ${this.options.applier.vllmHashAlgo} and the router's PYTHONHASHSEED`,
+          `worker ${worker}: its block hashes are not the ones the router computes (vLLM's ${this.options.applier.vllmHashAlgo} under the router's PYTHONHASHSEED, one per block of the worker's block size, each chained to the last); ` +
+            `its stores are skipped (reason hash_mismatch): give the router the engine's --prefix-caching-hash-algo (vLLM's default is sha256) and PYTHONHASHSEED, or start the engine with --prefix-caching-hash-algo ${this.options.applier.vllmHashAlgo} and the router's PYTHONHASHSEED. ` +
+            `If those agree, the engine chains its hashes at another step than its block: vLLM does at a finer one for a hybrid model (several KV cache groups: the greatest common divisor of their block sizes) or when its cache config sets prefix_match_unit, which the router does not reproduce (serve --block-hash router keys blocks by the router's own hash of the events' token ids instead); ` +
+            `and with --decode-context-parallel-size N its step is --block-size times N: the worker's block-size must be that product`,
         );
     } catch (err) {
       // e.g. the worker was removed from the router meanwhile
