@@ -116,6 +116,12 @@ export interface GatewayOptions {
   /** Limits on what a client controls (ids, anchors, JSON depth and size, choices, stop sequences). */
   limits?: Partial<RequestLimits>;
   /**
+   * The page `/metrics` answers, when it is not this gateway's registry alone: `serve --processes
+   * N` merges every process's (process-metrics.ts). A rejection answers 503, a failed scrape,
+   * rather than one process's counters, which would read as a reset.
+   */
+  metricsPage?: () => Promise<string>;
+  /**
    * Forward the body fields that direct an engine's disaggregated prefill/decode KV transfer
    * (vLLM's `kv_transfer_params`, SGLang's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`
    * and the others of request-limits.ts KV_TRANSFER_FIELDS) as a client sends them. Off by default: they are
@@ -853,9 +859,18 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // routing or not: the gateway above may have workers in rotation to prefer to one whose
   // engines' probes all time out
   app.get('/health', async (_req, reply) => inRotation(reply, availableWorkers()));
-  app.get('/metrics', async (_req, reply) =>
-    reply.type(metrics.registry.contentType).send(await metrics.registry.metrics()),
-  );
+  const metricsPage = options.metricsPage;
+  app.get('/metrics', async (_req, reply) => {
+    if (metricsPage === undefined)
+      return reply.type(metrics.registry.contentType).send(await metrics.registry.metrics());
+    let page: string;
+    try {
+      page = await metricsPage();
+    } catch (err) {
+      return openAiError(reply, 503, (err as Error).message);
+    }
+    return reply.type(metrics.registry.contentType).send(page);
+  });
 
   app.register(adminRoutes, { router, connections, health, state, applier, adminToken, addWorker, removeWorker });
 

@@ -165,6 +165,7 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     name: 'contextforge_worker_kv_usage',
     help: 'KV-cache usage per worker, as last reported.',
     labelNames: ['worker'],
+    aggregator: 'average',
     registers,
     collect() {
       this.reset();
@@ -175,6 +176,7 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     name: 'contextforge_worker_in_flight',
     help: "The router's in-flight requests per worker.",
     labelNames: ['worker'],
+    aggregator: 'average',
     registers,
     collect() {
       this.reset();
@@ -184,6 +186,7 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
   new Gauge({
     name: 'contextforge_index_entries',
     help: '(block, worker) entries in the block index.',
+    aggregator: 'average',
     registers,
     collect() {
       this.set(router.index.entryCount);

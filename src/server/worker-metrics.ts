@@ -24,6 +24,7 @@ export function registerWorkerStateMetrics(registry: Registry, source: WorkerSta
     name: 'contextforge_worker_waiting_requests',
     help: "The engine's waiting requests per worker, as last scraped (vllm:num_requests_waiting).",
     labelNames: ['worker'],
+    aggregator: 'average',
     registers,
     collect() {
       this.reset();
@@ -34,6 +35,7 @@ export function registerWorkerStateMetrics(registry: Registry, source: WorkerSta
     name: 'contextforge_worker_available',
     help: 'Whether a worker takes new requests (1) or is out of rotation or draining (0).',
     labelNames: ['worker'],
+    aggregator: 'min',
     registers,
     collect() {
       this.reset();
@@ -44,6 +46,7 @@ export function registerWorkerStateMetrics(registry: Registry, source: WorkerSta
     name: 'contextforge_worker_out_of_rotation',
     help: 'Whether a check holds a worker out of rotation, by reason (health-check, metrics, breaker: an open circuit).',
     labelNames: ['worker', 'reason'],
+    aggregator: 'max',
     registers,
     collect() {
       this.reset();
@@ -57,6 +60,7 @@ export function registerWorkerStateMetrics(registry: Registry, source: WorkerSta
     name: 'contextforge_kv_event_lag_seconds',
     help: "Age of a worker's newest KV-event batch when it arrived (engine timestamp to router clock).",
     labelNames: ['worker'],
+    aggregator: 'max',
     registers,
     collect() {
       this.reset();

@@ -237,3 +237,54 @@ test('serve --processes 2 names an unknown CONTEXTFORGE_ variable once, not once
   assert.equal(await exited, 0);
   assert.equal(output().match(/CONTEXTFORGE_POLCY is not a setting/g)?.length, 1, output());
 });
+
+/** A sample's value in a Prometheus page (the line `name{labels} value`), or undefined. */
+function sample(page: string, series: string): number | undefined {
+  for (const line of page.split('\n')) if (line.startsWith(`${series} `)) return Number(line.slice(series.length + 1));
+  return undefined;
+}
+
+test('serve --processes 2: /metrics on any process counts the requests of every process', async () => {
+  const engine = await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 100_000 }).start();
+  engines.push(engine);
+  const { child, base } = await startServe([
+    '--port',
+    '0',
+    '--processes',
+    '2',
+    '--health-interval-ms',
+    '0',
+    '--worker',
+    `id=e0,url=http://127.0.0.1:${engine.port}`,
+  ]);
+  const [a, b, pa, pb] = await connectionsOnTwoProcesses(base, 30_000);
+  assert.notEqual(pa, pb);
+  // three requests on process A, two on B
+  for (const [client, n] of [
+    [a, 3],
+    [b, 2],
+  ] as const)
+    for (let i = 0; i < n; i++) await chat(client, `m-${pa}-${i}-${n}`, 0, [{ role: 'user', content: `hello ${i}` }]);
+  const series = 'contextforge_requests_total{path="/v1/chat/completions",status="200"}';
+  // a scrape on either process reads all five: never one process's count, which would read as a reset
+  for (const client of [a, b, a, b]) {
+    const res = await client.request({ path: '/metrics', method: 'GET' });
+    assert.equal(res.statusCode, 200);
+    const page = await res.body.text();
+    assert.equal(
+      sample(page, series),
+      5,
+      page
+        .split('\n')
+        .filter((l) => l.startsWith('contextforge_requests_total'))
+        .join('\n'),
+    );
+    // a gauge of one quantity each process reads (the engine's KV usage) is not added up
+    const usage = sample(page, 'contextforge_worker_kv_usage{worker="e0"}');
+    assert.ok(usage !== undefined && usage >= 0 && usage <= 1, `kv usage ${usage}`);
+    assert.equal(sample(page, 'contextforge_worker_available{worker="e0"}'), 1);
+  }
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+});

@@ -1,9 +1,11 @@
 import cluster from 'node:cluster';
+import type { Serializable } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { resolveAdminToken } from '../../server/admin-auth.js';
 import { MAX_TIMER_MS } from '../../server/timeouts.js';
 import { ClusterRelay } from '../../state/cluster-state-store.js';
+import { MetricsAggregator } from '../../server/process-metrics.js';
 import type { ServeConfig } from './serve.js';
 
 /**
@@ -19,6 +21,8 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
   if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
   process.env.CONTEXTFORGE_ADMIN_TOKEN = admin.token;
   const relay = c.state === 'memory' ? new ClusterRelay() : undefined;
+  // /metrics of any process answers every process's counters, merged here
+  const metrics = new MetricsAggregator();
   let stopping = false;
   const listening = new Set<number>();
   let announced = false;
@@ -26,16 +30,17 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
     const fork = () => {
       const worker = cluster.fork();
       const id = String(worker.id);
-      relay?.add({
-        id,
-        send: (m) => {
-          // a process that is exiting may close its channel after the check: the write then
-          // fails with EPIPE, reported to the callback (not as an 'error' that would stop the
-          // primary); its 'exit' removes it from the relay
-          if (worker.isConnected()) worker.send(m, undefined, undefined, ignoreClosedChannel);
-        },
+      const send = (m: unknown) => {
+        // a process that is exiting may close its channel after the check: the write then
+        // fails with EPIPE, reported to the callback (not as an 'error' that would stop the
+        // primary); its 'exit' removes it from the relay
+        if (worker.isConnected()) worker.send(m as Serializable, undefined, undefined, ignoreClosedChannel);
+      };
+      relay?.add({ id, send });
+      metrics.add(id, { send });
+      worker.on('message', (m: unknown) => {
+        if (!metrics.receive(id, m)) relay?.receive(id, m);
       });
-      worker.on('message', (m: unknown) => relay?.receive(id, m));
       worker.on('listening', (address) => {
         listening.add(worker.id);
         if (announced || listening.size < c.processes) return;
@@ -48,6 +53,7 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
       });
       worker.on('exit', (code, signal) => {
         relay?.remove(id);
+        metrics.remove(id);
         const started = listening.delete(worker.id);
         if (stopping || (code === 0 && signal === null)) return;
         // one that never served is a configuration error: restarting would only repeat it

@@ -6,6 +6,7 @@ import { KVAwareRouter } from '../../core/router/index.js';
 import { isPythonHashSeed, PYTHON_HASH_SEED_RULE } from '../../core/router/options-schema.js';
 import { fileErrorMessage, quotedText } from '../../core/shown-text.js';
 import { createGateway, type GatewayOptions } from '../../server/gateway.js';
+import { ProcessMetrics, type ProcessMetricsMessage } from '../../server/process-metrics.js';
 import type { RequestLimits } from '../../server/request-limits.js';
 import { connectionTimeoutProblem } from '../../server/timeouts.js';
 import { startPicker, type PickerConfig } from '../../epp/run-picker.js';
@@ -176,8 +177,11 @@ export async function startGateway(
     worker && c.state === 'memory'
       ? new ClusterStateStore({ replicaId: String(worker.id), channel: processChannel() })
       : createStateStore(c.state, { prefix: c.statePrefix });
+  // with --processes, /metrics merges every process's registry through the primary
+  let processMetrics: ProcessMetrics | undefined;
   const gateway = await createGateway({
     state,
+    ...(worker ? { metricsPage: () => processMetrics!.mergedMetrics() } : {}),
     router,
     workers: c.workers,
     adminToken: admin.token,
@@ -227,6 +231,11 @@ export async function startGateway(
     log,
     ...extra,
   });
+  const onPrimaryMessage = (m: unknown) => void processMetrics?.receive(m);
+  if (worker) {
+    processMetrics = new ProcessMetrics(gateway.metrics, processChannel());
+    process.on('message', onPrimaryMessage);
+  }
   const tokenizing =
     c.tokenize === 'tokenizer'
       ? ` on ${tokenizerThreads === 0 ? 'the event loop' : `${tokenizerThreads} thread${tokenizerThreads === 1 ? '' : 's'}`}`
@@ -240,6 +249,7 @@ export async function startGateway(
   const describe = `policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}${tokenizing}, ${indexMode} index, block hash ${c.blockHash}, state ${stateName}`;
   const close = async () => {
     await gateway.close(c.shutdownGraceMs);
+    process.off('message', onPrimaryMessage);
     if (promptTokenizer instanceof TokenizerPool) await promptTokenizer.close();
   };
   return { gateway, describe, close };
@@ -314,7 +324,7 @@ export async function listening<T>(
 /** This gateway process's IPC channel to the primary. */
 function processChannel() {
   return {
-    send: (m: ClusterMessage) => {
+    send: (m: ClusterMessage | ProcessMetricsMessage) => {
       // the primary stopping may close the channel after the check: drop the message (EPIPE
       // goes to the callback, not to an 'error' that would stop this process mid-shutdown)
       if (process.connected) process.send!(m, undefined, undefined, () => {});

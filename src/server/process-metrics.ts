@@ -1,0 +1,189 @@
+/**
+ * `/metrics` of `serve --processes N`: node:cluster hands each connection to one process, so a
+ * scrape would read only that process's registry, and Prometheus, reading another process at
+ * each scrape, would see every counter go back and forth (a reset at every scrape: rate() and
+ * increase() wrong). The process that receives the scrape asks the primary, which collects
+ * every process's registry over the cluster's IPC channels and merges them (prom-client's
+ * AggregatorRegistry.aggregate: each metric by its `aggregator`, a sum unless the metric says
+ * otherwise), and answers the merged page.
+ *
+ * The messages carry `cfMetrics` (their kind) and no `cf`, so the state relay on the same
+ * channels (cluster-state-store.ts) passes them over.
+ */
+import { AggregatorRegistry, type MetricObjectWithValues, type MetricValue, type Registry } from 'prom-client';
+
+/** How long the primary waits for every process's registry before it answers with those it has. */
+export const COLLECT_TIMEOUT_MS = 2000;
+/** How long a process waits for the primary's merged page before its scrape fails (503). */
+export const AGGREGATE_TIMEOUT_MS = COLLECT_TIMEOUT_MS + 1000;
+
+type Metrics = MetricObjectWithValues<MetricValue<string>>[];
+
+/** A gateway process asks the primary for the merged page. */
+interface RequestMessage {
+  cfMetrics: 'request';
+  id: number;
+}
+/** The primary asks every gateway process for its registry. */
+interface CollectMessage {
+  cfMetrics: 'collect';
+  id: number;
+}
+/** A gateway process's registry, as JSON. */
+interface CollectedMessage {
+  cfMetrics: 'collected';
+  id: number;
+  metrics: Metrics;
+}
+/** The merged page, or why there is none. */
+interface AggregatedMessage {
+  cfMetrics: 'aggregated';
+  id: number;
+  text?: string;
+  error?: string;
+}
+export type ProcessMetricsMessage = RequestMessage | CollectMessage | CollectedMessage | AggregatedMessage;
+
+function isMetricsMessage(m: unknown): m is ProcessMetricsMessage {
+  return (
+    m !== null &&
+    typeof m === 'object' &&
+    typeof (m as { cfMetrics?: unknown }).cfMetrics === 'string' &&
+    Number.isSafeInteger((m as { id?: unknown }).id)
+  );
+}
+
+/** One IPC channel: to a gateway process (in the primary), or to the primary (in a gateway process). */
+export interface MetricsChannel {
+  send(m: ProcessMetricsMessage): void;
+}
+
+/**
+ * The primary's side: merges the registries of the live gateway processes for the one that
+ * was scraped. A process that does not answer within COLLECT_TIMEOUT_MS is left out of that
+ * page (it is stopping, or stuck); the others still count.
+ */
+export class MetricsAggregator {
+  private readonly processes = new Map<string, MetricsChannel>();
+  private readonly pending = new Map<
+    number,
+    { from: string; id: number; waiting: Set<string>; got: Metrics[]; timer: NodeJS.Timeout }
+  >();
+  private nextId = 1;
+
+  add(id: string, channel: MetricsChannel): void {
+    this.processes.set(id, channel);
+  }
+
+  /** A process stopped: no page waits for it any more. */
+  remove(id: string): void {
+    this.processes.delete(id);
+    for (const [key, p] of this.pending) {
+      p.waiting.delete(id);
+      if (p.from === id) this.drop(key);
+      else if (p.waiting.size === 0) this.finish(key);
+    }
+  }
+
+  /** A message from gateway process `from`; true when it was one of these (the caller passes the others on). */
+  receive(from: string, m: unknown): boolean {
+    if (!isMetricsMessage(m)) return false;
+    if (m.cfMetrics === 'request') this.start(from, m.id);
+    else if (m.cfMetrics === 'collected') {
+      const p = this.pending.get(m.id);
+      if (p && p.waiting.delete(from)) {
+        if (Array.isArray(m.metrics)) p.got.push(m.metrics);
+        if (p.waiting.size === 0) this.finish(m.id);
+      }
+    }
+    return true;
+  }
+
+  private start(from: string, requestId: number): void {
+    const key = this.nextId++;
+    const waiting = new Set(this.processes.keys());
+    const timer = setTimeout(() => this.finish(key), COLLECT_TIMEOUT_MS);
+    this.pending.set(key, { from, id: requestId, waiting, got: [], timer });
+    for (const [, channel] of this.processes) channel.send({ cfMetrics: 'collect', id: key });
+    if (waiting.size === 0) this.finish(key);
+  }
+
+  private finish(key: number): void {
+    const p = this.pending.get(key);
+    if (!p) return;
+    this.drop(key);
+    const to = this.processes.get(p.from);
+    if (!to) return;
+    const fail = (err: unknown) => to.send({ cfMetrics: 'aggregated', id: p.id, error: String(err) });
+    try {
+      // the page is written here and crosses the channel as text: the scraped process answers it as it is
+      AggregatorRegistry.aggregate(p.got)
+        .metrics()
+        .then((text) => to.send({ cfMetrics: 'aggregated', id: p.id, text }), fail);
+    } catch (err) {
+      fail(err);
+    }
+  }
+
+  private drop(key: number): void {
+    const p = this.pending.get(key);
+    if (!p) return;
+    clearTimeout(p.timer);
+    this.pending.delete(key);
+  }
+}
+
+/**
+ * A gateway process's side: answers the primary's collect requests with its registry, and
+ * asks it for the merged page when scraped (`mergedMetrics`).
+ */
+export class ProcessMetrics {
+  private readonly waiting = new Map<number, { resolve: (text: string) => void; reject: (err: Error) => void }>();
+  private nextId = 1;
+
+  constructor(
+    private readonly registry: Registry,
+    private readonly primary: MetricsChannel,
+  ) {}
+
+  /** A message from the primary; true when it was one of these. */
+  receive(m: unknown): boolean {
+    if (!isMetricsMessage(m)) return false;
+    if (m.cfMetrics === 'collect') {
+      const id = m.id;
+      void this.registry.getMetricsAsJSON().then(
+        (metrics) => this.primary.send({ cfMetrics: 'collected', id, metrics }),
+        () => this.primary.send({ cfMetrics: 'collected', id, metrics: [] }),
+      );
+    } else if (m.cfMetrics === 'aggregated') {
+      const w = this.waiting.get(m.id);
+      if (!w) return true;
+      this.waiting.delete(m.id);
+      if (typeof m.text === 'string') w.resolve(m.text);
+      else w.reject(new Error(m.error ?? 'no merged metrics'));
+    }
+    return true;
+  }
+
+  /** Every process's metrics merged into one page; rejects when the primary does not answer in time. */
+  mergedMetrics(): Promise<string> {
+    const id = this.nextId++;
+    return new Promise<string>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.waiting.delete(id);
+        reject(new Error(`the primary process did not merge the metrics within ${AGGREGATE_TIMEOUT_MS} ms`));
+      }, AGGREGATE_TIMEOUT_MS);
+      this.waiting.set(id, {
+        resolve: (text) => {
+          clearTimeout(timer);
+          resolve(text);
+        },
+        reject: (err) => {
+          clearTimeout(timer);
+          reject(err);
+        },
+      });
+      this.primary.send({ cfMetrics: 'request', id });
+    });
+  }
+}
