@@ -10,7 +10,6 @@ import {
   SINGLE_VALUE_HEADERS,
 } from '../server/openai-request.js';
 import {
-  checkGenerateRequest,
   checkName,
   checkRequestLimits,
   removedFieldsIn,
@@ -48,8 +47,8 @@ export interface RoutingBackend {
   readonly metrics: Registry;
   /**
    * The gateway's request limits (DEFAULT_REQUEST_LIMITS for those not given): the JSON body's
-   * nesting and size, the client's model name, and those SGLang's `/generate` body is checked
-   * against (checkGenerateRequest).
+   * nesting and size and the client's model name, read before `prepare`, which checks the rest
+   * (SGLang's `/generate` bodies included) with the gateway's own.
    */
   readonly limits?: Partial<RequestLimits>;
   /**
@@ -75,10 +74,12 @@ export interface RoutingBackend {
   workersWithoutModel(model: unknown): ReadonlySet<string>;
   /**
    * Reads an OpenAI body (parsed JSON) and its headers as the gateway does, token ids included
-   * when the gateway tokenizes; a RequestRejection for a malformed request.
+   * when the gateway tokenizes; a RequestRejection for a malformed request. `/generate`: SGLang's
+   * native body, read into the same route request as a completion of its prompt
+   * (request-limits.ts readGenerateRouteRequest).
    */
   prepare(
-    path: '/v1/completions' | '/v1/chat/completions',
+    path: '/v1/completions' | '/v1/chat/completions' | '/generate',
     body: unknown,
     headers: Readonly<Record<string, string | string[]>>,
   ): Promise<PreparedRequest | RequestRejection>;
@@ -106,6 +107,8 @@ const CHAT = '/v1/chat/completions';
 const COMPLETIONS = '/v1/completions';
 /** SGLang's native generation API. */
 const GENERATE = '/generate';
+/** No worker excluded. */
+const NO_WORKERS: ReadonlySet<string> = new Set();
 /** The methods the inference APIs are served with (the gateway's routes for them). */
 const INFERENCE_METHODS: readonly string[] = ['POST'];
 
@@ -119,7 +122,7 @@ export class RouterPicker implements EndpointPicker {
   private readonly objectives: ReadonlyMap<string, number>;
   private readonly shedQueueDepth: number;
   private readonly shedKvUsage: number;
-  /** The backend's limits, for the bodies of SGLang's `/generate` (checkGenerateRequest). */
+  /** The backend's limits, for what is read before `prepare` (the JSON body, a rewritten model). */
   private readonly limits: RequestLimits;
   private readonly outcomes: Counter<'outcome'>;
   private readonly servedElsewhere: Counter;
@@ -239,15 +242,6 @@ export class RouterPicker implements EndpointPicker {
         return { ok: false, status: 400, message: 'the body must be a JSON object', param: 'body' };
       const body = parsed as Record<string, unknown>;
       firstTokenReported = body.stream === true;
-      // SGLang's native /generate takes the fields the gateway bounds on the OpenAI paths, some
-      // of them inside sampling_params: checked on its path, whatever the body's shape
-      if (isGenerate(target)) {
-        try {
-          checkGenerateRequest(body, this.limits);
-        } catch (err) {
-          return limitRefusal(err);
-        }
-      }
       let rewritten = false;
       const rewrite = input.headers.get(MODEL_NAME_REWRITE_HEADER);
       if (rewrite && body.model !== rewrite) {
@@ -264,10 +258,12 @@ export class RouterPicker implements EndpointPicker {
         rewritten = true;
       }
       model = body.model;
-      // a /generate body is SGLang's, whatever fields it carries: a `prompt` or `messages` in it is
-      // nothing SGLang reads, so it is not routed on as a completion or chat, whose checks would
-      // count SGLang's per-prompt lists by it
-      const path = isGenerate(target) ? undefined : apiPath(target, body);
+      // a /generate body is SGLang's, whatever fields it carries: checked against the limits on
+      // the fields where SGLang takes them (some inside sampling_params) and routed on the prompt
+      // SGLang computes, as a completion of it; a `prompt` or `messages` in it is nothing SGLang
+      // reads, so it is never routed on, nor are SGLang's per-prompt lists counted by it
+      const generate = isGenerate(target);
+      const path = generate ? GENERATE : apiPath(target, body);
       if (path) {
         const prepared = await this.backend.prepare(path, body, requestHeaders(input));
         if ('status' in prepared)
@@ -295,7 +291,9 @@ export class RouterPicker implements EndpointPicker {
             forwarded = Buffer.from(editedBodyText(bytes.toString('utf8'), salt, newModel, prepared.removed));
           }
         }
-        const withoutModel = this.backend.workersWithoutModel(model);
+        // SGLang's /generate names no model (GenerateReqInput has none; `lora_path` names the
+        // adapter): it is not narrowed to a model's workers
+        const withoutModel = generate ? NO_WORKERS : this.backend.workersWithoutModel(model);
         for (const id of withoutModel) excluded.add(id);
         if (withoutModel.size > 0 && withoutModel.size === this.endpointOfWorker.size) {
           return {
@@ -306,10 +304,9 @@ export class RouterPicker implements EndpointPicker {
           };
         }
       } else {
-        // another API (SGLang's /generate, /v1/responses, a path with a trailing slash): not
-        // routed on its body, but an engine reads the KV-transfer and code fields from it all the
-        // same. Only /generate's body is checked against the request limits (above); /v1/responses
-        // and the other paths are forwarded without those checks
+        // another API (/v1/responses, a path with a trailing slash): not routed on its body, nor
+        // checked against the request limits, but an engine reads the KV-transfer and code fields
+        // from it all the same
         const removed = removedFieldsIn(body, this.backend);
         if (removed !== undefined || rewritten) {
           const bytes = forwardableBytes(input.body);

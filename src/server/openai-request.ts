@@ -22,6 +22,7 @@ import {
   DEFAULT_REQUEST_LIMITS,
   jsonStringEnd,
   parseJsonBody,
+  readGenerateRouteRequest,
   readRouteRequest,
   RequestLimitError,
   type ForwardedFields,
@@ -39,6 +40,9 @@ declare module 'fastify' {
 }
 
 export type OpenAiPath = '/v1/completions' | '/v1/chat/completions';
+
+/** SGLang's native generation API, read for the endpoint picker (readGenerateRouteRequest); the gateway does not serve it. */
+export const GENERATE_PATH = '/generate';
 
 /** What the OpenAI routes use of a reply: Fastify's, or the gateway's fast path's (fast-path.ts). */
 export interface ProxyReply {
@@ -297,7 +301,8 @@ export interface RequestRejection {
 
 /**
  * Returns a parser of requests into what to route on (token ids when the tokenize mode gives
- * them) and the body to forward, or a RequestRejection for a malformed request. A tenant's
+ * them) and the body to forward, or a RequestRejection for a malformed request: the OpenAI
+ * paths' bodies, and SGLang's `/generate` (GENERATE_PATH) for the endpoint picker. A tenant's
  * requests get the tenant's cache salt: the engine keys its cache on it, the router its block
  * hashes, so tenants never share KV; their workflow and content-anchor ids are the tenant's own.
  */
@@ -312,7 +317,10 @@ export function createRequestParser(options: RequestReaderOptions) {
     let parsed: ParsedRequest;
     try {
       const headers = req.raw === undefined ? req.headers : metadataHeaders(req.raw);
-      parsed = readRouteRequest(path, req.body, headers, limits, forward);
+      parsed =
+        path === GENERATE_PATH
+          ? readGenerateRouteRequest(req.body, headers, limits, forward)
+          : readRouteRequest(path, req.body, headers, limits, forward);
     } catch (err) {
       if (err instanceof RequestLimitError) {
         return { status: err.status, message: err.message, param: err.param };
@@ -331,8 +339,9 @@ export function createRequestParser(options: RequestReaderOptions) {
       parsed.body.cache_salt = salt;
       parsed.unchanged = false;
     }
-    // an adapter's blocks are keyed by its name, as vLLM keys them (lora_name, extra_keys)
-    const lora = loraOf?.(parsed.body.model);
+    // an adapter's blocks are keyed by its name, as vLLM keys them (lora_name, extra_keys); on
+    // SGLang's /generate by its lora_path (read with the body), whatever a `model` there says
+    const lora = path === GENERATE_PATH ? undefined : loraOf?.(parsed.body.model);
     if (lora !== undefined) parsed.routeRequest.lora = lora;
     // a prompt given as token ids is hashed as tokens in every mode; a completion of prompt
     // embeds alone has no prompt to tokenize, and routes with nothing to hash

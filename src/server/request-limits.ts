@@ -1007,15 +1007,17 @@ export function checkTokenIds(value: readonly unknown[], param: string): number[
 
 /**
  * The prompt of a completions request: a string, a list of strings, token ids, or a list of
- * token-id lists; every element is checked (the router hashes the first).
+ * token-id lists; every element is checked (the router hashes the first). `param` names the
+ * field in errors and `forms` says what it takes (SGLang's `text` and `input_ids` on
+ * `/generate`, read by readGenerateRouteRequest, each take some of these forms only).
  */
-export function readPrompt(prompt: unknown): Pick<RouteRequest, 'text' | 'tokens'> {
+export function readPrompt(
+  prompt: unknown,
+  param = 'prompt',
+  forms = 'a string, a list of strings, token ids, or a list of token-id lists',
+): Pick<RouteRequest, 'text' | 'tokens'> {
   if (typeof prompt === 'string') return { text: prompt };
-  const bad = () =>
-    new RequestLimitError(
-      'prompt must be a string, a list of strings, token ids, or a list of token-id lists',
-      'prompt',
-    );
+  const bad = () => new RequestLimitError(`${param} must be ${forms}`, param);
   if (!Array.isArray(prompt) || prompt.length === 0) throw bad();
   if (typeof prompt[0] === 'string') {
     if (!prompt.every((p) => typeof p === 'string')) throw bad();
@@ -1024,11 +1026,11 @@ export function readPrompt(prompt: unknown): Pick<RouteRequest, 'text' | 'tokens
   if (Array.isArray(prompt[0])) {
     prompt.forEach((p, i) => {
       if (!Array.isArray(p) || p.length === 0) throw bad();
-      checkTokenIds(p, `prompt[${i}]`);
+      checkTokenIds(p, `${param}[${i}]`);
     });
     return { tokens: prompt[0] as number[] };
   }
-  return { tokens: checkTokenIds(prompt, 'prompt') };
+  return { tokens: checkTokenIds(prompt, param) };
 }
 
 /** Chat messages, checked as everywhere (core/chat-messages.ts); a bad one is a 400 naming the field. */
@@ -1204,28 +1206,8 @@ export function readRouteRequest(
   if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
     throw new RequestLimitError('the body must be a JSON object', 'body');
   const received = raw as Record<string, unknown>;
-  const meta = received.contextforge;
-  // the body to forward is the one received unless it has a field to drop: a few own-key lookups
-  // on the parsed object (escaped spellings of a key are parsed to it), no copy per request
-  let removed: string[] | undefined;
-  if (Object.hasOwn(received, 'contextforge')) removed = ['contextforge'];
-  const fields = removedFieldsIn(received, forward);
-  if (fields !== undefined) removed = removed === undefined ? fields : removed.concat(fields);
-  let body = received;
-  if (removed !== undefined) {
-    // spread defines every key as an own property ("__proto__" included), never a prototype
-    body = { ...received };
-    for (const key of removed) delete body[key];
-  }
-  const m = readMetadata(meta, headers, limits);
-  const routeRequest: RouteRequest = {
-    workflowId: m.workflowId,
-    workflowStep: m.workflowStep,
-    agentRole: m.agentRole,
-    claGroup: m.claGroup,
-    contentAnchors: m.contentAnchors,
-    isolate: m.isolate,
-  };
+  const { body, removed } = bodyToForward(received, forward);
+  const routeRequest = metadataRouteRequest(readMetadata(received.contextforge, headers, limits));
   // the gateway routes on it (workers that list their models): a model it cannot read would be
   // routed past every list, and an engine failing on it would count against the worker
   checkName(body.model, 'model', limits.maxIdBytes, 'the name of a model the workers serve');
@@ -1269,11 +1251,144 @@ export function readRouteRequest(
 }
 
 /**
+ * The body to forward: the one received unless it has a field to drop (`contextforge`, and the
+ * KV_TRANSFER_FIELDS and CLIENT_CODE_FIELDS that `forward` does not keep), then a copy without
+ * them. A few own-key lookups on the parsed object (escaped spellings of a key are parsed to
+ * it), no copy per request.
+ */
+function bodyToForward(
+  received: Record<string, unknown>,
+  forward: Readonly<ForwardedFields>,
+): { body: Record<string, unknown>; removed: string[] | undefined } {
+  let removed: string[] | undefined;
+  if (Object.hasOwn(received, 'contextforge')) removed = ['contextforge'];
+  const fields = removedFieldsIn(received, forward);
+  if (fields !== undefined) removed = removed === undefined ? fields : removed.concat(fields);
+  if (removed === undefined) return { body: received, removed };
+  // spread defines every key as an own property ("__proto__" included), never a prototype
+  const body = { ...received };
+  for (const key of removed) delete body[key];
+  return { body, removed };
+}
+
+/** A RouteRequest of the request's metadata alone, its prompt still to be read. */
+function metadataRouteRequest(m: RequestMetadata): RouteRequest {
+  return {
+    workflowId: m.workflowId,
+    workflowStep: m.workflowStep,
+    agentRole: m.agentRole,
+    claGroup: m.claGroup,
+    contentAnchors: m.contentAnchors,
+    isolate: m.isolate,
+  };
+}
+
+/**
+ * Reads and checks a body of SGLang's native `/generate` (GenerateReqInput in
+ * python/sglang/srt/managers/io_struct.py) into what the router routes on, as readRouteRequest
+ * reads a completion: the metadata (the `contextforge` field or the headers), and the prompt
+ * SGLang computes, as a completion's prompt of that text or those token ids:
+ *
+ * - `input_ids` when given (token ids, or a list of token-id lists: the first, as a completion's
+ *   list). SGLang's TokenizerManager._tokenize_one_request takes them over `text` when a body
+ *   has both, so they are what its radix cache holds;
+ * - else `text` (a string, or a list of them: the first);
+ * - else nothing: a body of `input_embeds` alone (SGLang caches none of it: it needs
+ *   `--disable-radix-cache`) or without a prompt is routed on its metadata and the workers' load.
+ *
+ * A `prompt` or `messages` in the body is nothing SGLang reads, and is not read here.
+ * The blocks are keyed as SGLang keys its radix cache (RadixKey in
+ * python/sglang/srt/mem_cache/radix_cache.py: the token ids under `extra_key` and, since
+ * sgl-project/sglang#30827, `cache_salt` apart from it; an adapter's blocks apart from the base
+ * model's). Of SGLang's per-prompt lists, the first prompt's entry keys it, as that prompt's
+ * blocks are the ones hashed; a null or empty entry is none, as SGLang reads `""`
+ * (GenerateReqInput._normalize_single_inputs):
+ *
+ * - `lora_path` names the adapter (SGLang looks it up by name), the LoRA of the chain's root, as
+ *   an OpenAI request's `model` naming an adapter is;
+ * - `cache_salt` is the chain's salt, as an OpenAI request's: SGLang's KV events carry it, so the
+ *   router's keys meet the engine's;
+ * - `extra_key` makes a salt of its own with it (generateCacheSalt): SGLang's KV events do not
+ *   carry it, so such blocks are matched by the router's own decisions only.
+ *
+ * The limits are checkGenerateRequest's; a prompt of the wrong shape is refused naming `text` or
+ * `input_ids` (`input_ids[1]` for an element of a batch). The body to forward is the one received
+ * without `contextforge` and the fields `forward` does not keep, as readRouteRequest's. Read for
+ * the endpoint picker, which serves no API keys: a tenant's salt is not joined to it. Throws a
+ * RequestLimitError naming the field.
+ */
+export function readGenerateRouteRequest(
+  raw: unknown,
+  headers: Headers,
+  limits: RequestLimits,
+  forward: Readonly<ForwardedFields> = {},
+): ReadRequest {
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
+    throw new RequestLimitError('the body must be a JSON object', 'body');
+  const received = raw as Record<string, unknown>;
+  checkGenerateRequest(received, limits);
+  const { body, removed } = bodyToForward(received, forward);
+  const routeRequest = metadataRouteRequest(readMetadata(received.contextforge, headers, limits));
+  const prompt = readGeneratePrompt(received);
+  if (prompt !== undefined) Object.assign(routeRequest, prompt);
+  const lora = firstPromptEntry(received.lora_path);
+  if (lora !== undefined) routeRequest.lora = lora;
+  const salt = generateCacheSalt(firstPromptEntry(received.cache_salt), firstPromptEntry(received.extra_key));
+  if (salt !== undefined) routeRequest.cacheSalt = salt;
+  return { routeRequest, body, unchanged: removed === undefined, removed: removed ?? NO_FIELDS_REMOVED };
+}
+
+/** The prompt SGLang computes for a `/generate` body (see readGenerateRouteRequest), or undefined for none. */
+function readGeneratePrompt(
+  body: Readonly<Record<string, unknown>>,
+): Pick<RouteRequest, 'text' | 'tokens'> | undefined {
+  const ids = body.input_ids;
+  if (ids !== undefined && ids !== null) {
+    const forms = 'token ids or a list of token-id lists';
+    // a list of strings is a completion's prompt, not SGLang's input_ids
+    if (!Array.isArray(ids) || typeof ids[0] === 'string')
+      throw new RequestLimitError(`input_ids must be ${forms}`, 'input_ids');
+    return readPrompt(ids, 'input_ids', forms);
+  }
+  const text = body.text;
+  if (text === undefined || text === null) return undefined;
+  const forms = 'a string or a list of strings';
+  // token ids are a completion's prompt, not SGLang's text
+  if (Array.isArray(text) && text.length > 0 && typeof text[0] !== 'string')
+    throw new RequestLimitError(`text must be ${forms}`, 'text');
+  return readPrompt(text, 'text', forms);
+}
+
+/**
+ * The string of one of SGLang's fields given once or as a list, one per prompt (`lora_path`,
+ * `cache_salt`, `extra_key`), for the first prompt: undefined when it is absent, null or empty.
+ * Its shape was checked by checkGenerateRequest.
+ */
+function firstPromptEntry(value: unknown): string | undefined {
+  const entry: unknown = Array.isArray(value) ? value[0] : value;
+  return typeof entry === 'string' && entry !== '' ? entry : undefined;
+}
+
+/**
+ * The salt a `/generate` prompt's blocks are keyed by: its `cache_salt` alone, as an OpenAI
+ * request's (SGLang's KV events carry it, so precise mode matches them), unless the prompt has an
+ * `extra_key`. SGLang keys its radix cache by the pair (sgl-project/sglang#30827 keeps them apart,
+ * because a concatenation collides), so the pair is spelled unambiguously as a JSON list: requests
+ * differing in either never share a chain, and a client's own `cache_salt` meets it only by
+ * spelling out that list.
+ */
+function generateCacheSalt(cacheSalt: string | undefined, extraKey: string | undefined): string | undefined {
+  if (extraKey === undefined) return cacheSalt;
+  return JSON.stringify([extraKey, cacheSalt ?? null]);
+}
+
+/**
  * Checks the body of SGLang's native `/generate` (GenerateReqInput in
  * python/sglang/srt/managers/io_struct.py) against `limits`, on the fields where they sit
  * there: `rid`, `session_id`, `session_params`, `lora_path`, `extra_key` and
  * `custom_logit_processor` as checkEngineKeys bounds them (vLLM's `request_id` is no field of
- * it); `top_logprobs_num`, an integer or SGLang's list of one per prompt, as checkLogprobs
+ * it); `cache_salt`, a string of at most `limits.maxIdBytes` bytes as an OpenAI request's, or
+ * SGLang's list of them, one per prompt (sgl-project/sglang#30827; `""` is none); `top_logprobs_num`, an integer or SGLang's list of one per prompt, as checkLogprobs
  * (`return_logprob` is the switch, true or false, and sizes nothing); `token_ids_logprob`
  * (checkTokenIdsLogprob); and inside `sampling_params`, an object or a list of one per prompt
  * (SamplingParams in python/sglang/srt/sampling/sampling_params.py), `n`, `stop`, `stop_regex`,
@@ -1283,14 +1398,17 @@ export function readRouteRequest(
  * SGLang multiplies the batch by `n` (GenerateReqInput._handle_parallel_sampling) and checks
  * every stop string and pattern at every step, as the OpenAI paths' engines do. Each of SGLang's
  * per-prompt lists has at most one entry per prompt of the body, and the body at most
- * `limits.maxPrompts` prompts (generatePrompts). Nothing else is read: the prompt (`text`,
- * `input_ids`, `input_embeds`) but for its number, the other sampling parameters and
- * anything of the wrong shape are the engine's to check. Throws a RequestLimitError naming the
- * field.
+ * `limits.maxPrompts` prompts (generatePrompts). Nothing else is read here: the prompt the
+ * router routes on is read by readGenerateRouteRequest; the other prompts of a batch, the other
+ * sampling parameters and anything of the wrong shape are the engine's to check. Throws a
+ * RequestLimitError naming the field.
  */
 export function checkGenerateRequest(body: Readonly<Record<string, unknown>>, limits: RequestLimits): void {
   const prompts = generatePrompts(body, limits);
   checkSGLangKeys(body, limits, prompts);
+  // the router keys the prompt's blocks by it (readGenerateRouteRequest), as it keys an OpenAI
+  // request's; SGLang takes one per prompt too, and reads "" as none
+  checkStringOrList(body.cache_salt, 'cache_salt', limits.maxIdBytes, 'a salt of the prefix cache', prompts);
   perPrompt(body.top_logprobs_num, 'top_logprobs_num', limits, prompts, checkTopLogprobsNum);
   checkTokenIdsLogprob(body.token_ids_logprob, limits, prompts);
   perPrompt(body.sampling_params, 'sampling_params', limits, prompts, checkSamplingParams);
