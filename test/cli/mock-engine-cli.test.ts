@@ -47,13 +47,29 @@ test('mock-engine rejects bad flags', async () => {
   assert.match(stderr, /--replay needs --events/);
 });
 
+/**
+ * startMockEngine with KV events on two consecutive ports from `base`, chosen at random below
+ * the kernel's ephemeral range (32768 up), where no test's outgoing connection takes one; a pair
+ * that another test's listener holds meanwhile is tried again with another.
+ */
+async function startMockEngineOnPortPair(args: (base: number) => string[]) {
+  for (let attempt = 1; ; attempt++) {
+    const base = 10_000 + Math.floor(Math.random() * 20_000);
+    try {
+      return { base, ...(await startMockEngine(args(base))) };
+    } catch (err) {
+      if (attempt === 5 || !/Address already in use/.test((err as Error).message)) throw err;
+    }
+  }
+}
+
 test('mock-engine --data-parallel-size and --lora-modules', async () => {
-  const base = 20_000 + Math.floor(Math.random() * 30_000);
   const {
+    base,
     child,
     url,
     stderr: err,
-  } = await startMockEngine([
+  } = await startMockEngineOnPortPair((base) => [
     '--port',
     '0',
     '--events',
