@@ -442,6 +442,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
        * refused is not asked for (RFC 9110 §10.1.1).
        */
       const serve = (req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): void => {
+        // a response queued behind another on its connection closes when the connection does
+        pipelined.closeWithConnection(req, res);
         // the response a refusal on the socket (answerClientError: a body too slow) belongs to
         responseOnSocket.set(req.socket, res);
         // a connection closed after an answer while its request's body comes in reads it on (lingeringClose)
@@ -507,9 +509,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       // without this listener Node says 100 Continue before any check has run
       server.on('checkContinue', (req: IncomingMessage, res: ServerResponse) => serve(req, res, true));
       // an Expect other than 100-continue: Node's own answer is a 417 without a body
-      server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) =>
-        answerMalformed(res, 417, `the expectation '${shownHeader(req.headers.expect)}' is not supported`, 'expect'),
-      );
+      server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
+        pipelined.closeWithConnection(req, res);
+        answerMalformed(res, 417, `the expectation '${shownHeader(req.headers.expect)}' is not supported`, 'expect');
+      });
       // CONNECT comes to this event, not to the routes; without a listener Node drops the socket unanswered
       server.on('connect', (req: IncomingMessage, socket: Duplex) =>
         answerMethodNotAllowed(socket, req.method ?? 'CONNECT', req.url ?? '', routeMethods.allowed(req.url ?? '')),

@@ -11,6 +11,13 @@
  * They are served at once, not one after the other: a request waiting for the one before it
  * to be answered would leave its body unread, and a request that has not arrived whole within
  * the request timeout is refused 408 (after the answers before it) and its connection closed.
+ *
+ * A client may close the connection while answers wait their turn on it. Node closes the
+ * response being written (it has the connection) but never the ones queued behind it: they
+ * never get the connection, so they never emit 'close', and everything that waits for a
+ * response to close (the engine request aborted for a client gone, the router's in-flight
+ * ticket, the request body's and the gathered answer's bytes given back, the request counted)
+ * would wait for ever. closeWithConnection() closes them with their connection.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
@@ -22,11 +29,42 @@ import type { Duplex } from 'node:stream';
  */
 export const MAX_PIPELINED_REQUESTS = 16;
 
+/** A response as Node's server keeps it: `_closed` once it has emitted 'close' (Node's emitCloseNT sets it). */
+type ClosableResponse = ServerResponse & { _closed?: boolean };
+
 export class PipelinedRequests {
   /** Per connection: its requests being served (their answers not closed yet). */
   private readonly served = new WeakMap<Duplex, number>();
   /** Connections that had a request refused: closing after its answer, nothing more is served. */
   private readonly refused = new WeakSet<Duplex>();
+  /** Per connection: the responses of its requests that have not closed yet. */
+  private readonly open = new WeakMap<Duplex, Set<ServerResponse>>();
+
+  /**
+   * Closes `res` with its request's connection if the connection closes first: a response queued
+   * behind another (pipelined) never gets the connection, and Node never closes it. It closes as
+   * one whose client left: destroyed (nothing written to it is kept or sent), unfinished, 'close'
+   * emitted once. Called for every request before anything else listens to its response.
+   */
+  closeWithConnection(req: IncomingMessage, res: ServerResponse): void {
+    const socket = req.socket;
+    let open = this.open.get(socket);
+    if (open === undefined) {
+      const responses = new Set<ServerResponse>();
+      this.open.set(socket, (open = responses));
+      // before Node's own listeners: the queued requests give up (those waiting for a connection
+      // to an engine leave the wait) before the answer that had the connection frees anything
+      socket.prependOnceListener('close', () => {
+        this.open.delete(socket);
+        for (const queued of responses) closeQueued(queued);
+        responses.clear();
+      });
+      // (a connection closed already has emitted its 'close': Node hands over no request from it)
+    }
+    const responses = open;
+    responses.add(res);
+    res.once('close', () => responses.delete(res));
+  }
 
   /** Whether `req` may be served now: false when MAX_PIPELINED_REQUESTS of its connection are. */
   admit(req: IncomingMessage, res: ServerResponse): boolean {
@@ -45,4 +83,17 @@ export class PipelinedRequests {
     });
     return true;
   }
+}
+
+/**
+ * Closes a response whose connection closed before it got it. The response that has the
+ * connection (`res.socket` set) is Node's to close, as is one that finished (Node closes it on
+ * the next tick): neither is touched.
+ */
+function closeQueued(res: ClosableResponse): void {
+  if (res.socket || res.writableFinished || res._closed === true) return;
+  res.destroy();
+  // as Node closes a response (emitCloseNT): once
+  res._closed = true;
+  res.emit('close');
 }

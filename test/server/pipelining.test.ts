@@ -10,7 +10,7 @@ import { createServer, type ServerResponse } from 'node:http';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
-import { MAX_PIPELINED_REQUESTS } from '../../src/server/pipelining.js';
+import { MAX_PIPELINED_REQUESTS, PipelinedRequests } from '../../src/server/pipelining.js';
 import { listening } from '../helpers/listening.js';
 import { rawClient } from '../helpers/raw-client.js';
 import { until } from '../helpers/wait.js';
@@ -92,5 +92,43 @@ test('past the pipelining depth a request reaches no engine, is answered 503 in 
     engine.finish();
     await gateway.close(0);
     await engine.close();
+  }
+});
+
+test('responses queued behind another close, once each, when the client closes the connection', async () => {
+  const pipelined = new PipelinedRequests();
+  const responses: ServerResponse[] = [];
+  const closes: number[] = [];
+  const server = await listening(
+    createServer((req, res) => {
+      pipelined.closeWithConnection(req, res);
+      const i = responses.push(res) - 1;
+      closes[i] = 0;
+      res.on('close', () => closes[i]++);
+      req.resume();
+    }),
+  );
+  const port = Number(new URL(server.url).port);
+  let closed = false;
+  try {
+    const client = await rawClient(port);
+    client.socket.write(completion('a') + completion('b') + completion('c'));
+    await until(() => responses.length === 3, 'the three requests handed over');
+    // the first has the connection; those behind it wait for it
+    assert.equal(responses[0].socket !== null, true);
+    assert.equal(responses[1].socket, null);
+    client.socket.destroy();
+    await until(() => closes.every((n) => n > 0), 'every response closed');
+    // what the gateway writes to a response closed so is dropped, and closes nothing again
+    const late = responses[2];
+    assert.equal(late.destroyed, true);
+    assert.equal(late.writableFinished, false, 'closed unanswered: a client that left');
+    late.writeHead(200, { 'content-type': 'application/json' });
+    late.end('{}');
+    await server.close();
+    closed = true;
+    assert.deepEqual(closes, [1, 1, 1]);
+  } finally {
+    if (!closed) await server.close();
   }
 });
