@@ -61,7 +61,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     } catch (err) {
       return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'), workerErrorField(err));
     }
-    if (connections.has(record.id)) return openAiError(reply, 409, `worker '${record.id}' exists`);
+    if (connections.has(record.id)) return openAiError(reply, 409, `worker '${record.id}' exists`, 'id');
     try {
       addWorker(record);
     } catch (err) {

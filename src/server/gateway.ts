@@ -939,7 +939,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
  * in its turn, after them. Closing at once would cut answers the client asked for properly,
  * and writing the refusal at once would put it in the middle of one. While the refusal waits,
  * what the client sends is read and dropped: nothing more is a request, and a body is not held.
- * `release` gives the refused request's body bytes back to the budget.
+ * A client whose input ends in the middle of a request's body gave that request up: it is not
+ * answered, and counts as a client that left (499). `release` gives the refused request's body
+ * bytes back to the budget.
  */
 function answerClientError(
   err: Error & { code?: string },
@@ -969,6 +971,13 @@ function answerClientError(
     if (!queued) return lingeringClose.call(socket as Socket);
     stopReading(socket);
     res.once('close', () => lingeringClose.call(socket as Socket));
+    return;
+  }
+  if (err.code === 'HPE_INVALID_EOF_STATE' && res !== undefined && !res.req.complete && !queued) {
+    // the client ended its input in the middle of a request's body: it gave the request up. Its
+    // FIN says as much whether it closed the connection whole (no answer can reach it) or only
+    // its sending side: no answer is written, and the request counts as a client that left (499)
+    socket.destroy();
     return;
   }
   const [status, message, param, code] = clientErrorAnswer(err);

@@ -2,12 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { encode } from '@msgpack/msgpack';
 import { KvEventApplier, MAX_OFFLOAD_SPAN } from '../../src/engines/kv-events/applier.js';
-import {
-  decodeEventBatch,
-  decodeJsonEvents,
-  KvEventFormatError,
-  type KvEvent,
-} from '../../src/engines/kv-events/decode.js';
+import { decodeEventBatch, decodeJsonEvents, type KvEvent } from '../../src/engines/kv-events/decode.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { storedTokens, tokenRange } from '../helpers/kv-event-builders.js';
 
@@ -69,12 +64,16 @@ describe('KV events from a hostile publisher', () => {
     assert.deepEqual(s.applier.copies('w0', 1n), { gpu: 2, offload: 0 });
   });
 
-  test('a JSON hash of 2^64 or more is refused, not wrapped to another block', () => {
+  test('a JSON hash of 2^64 or more skips its event, not wrapped to another block', () => {
     for (const h of ['18446744073709551616', '99999999999999999999']) {
-      assert.throws(
-        () => decodeJsonEvents([{ type: 'BlockStored', block_hashes: [h], token_ids: tokens(0, 4), block_size: 4 }]),
-        (e: unknown) => e instanceof KvEventFormatError && /block_hashes\[0\].*below 2\^64/.test(e.message),
-      );
+      const b = decodeJsonEvents([
+        { type: 'BlockStored', block_hashes: [h], token_ids: tokens(0, 4), block_size: 4 },
+        { type: 'AllBlocksCleared' },
+      ]);
+      assert.deepEqual(b.events, [{ type: 'AllBlocksCleared' }]);
+      assert.equal(b.skipped?.length, 1);
+      assert.equal(b.skipped![0].reason, 'bad_field');
+      assert.match(b.skipped![0].message, /block_hashes\[0\].*below 2\^64/);
     }
     const ok = decodeJsonEvents([
       { type: 'BlockStored', block_hashes: ['18446744073709551615'], token_ids: tokens(0, 4), block_size: 4 },

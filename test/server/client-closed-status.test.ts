@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
 import { test } from 'node:test';
 import { Agent, fetch } from 'undici';
 import { KVAwareRouter } from '../../src/index.js';
@@ -185,3 +185,40 @@ test('a request the gateway answers before any route runs counts with the status
     await engine.close();
   }
 });
+
+for (const route of ['fast path', 'Fastify route'] as const) {
+  test(`a client that ends its input in the middle of a body counts as 499, not 400 (${route})`, async () => {
+    const engine = await fakeEngine((_req: IncomingMessage, res: ServerResponse) => void res.writeHead(404).end());
+    const gateway = await createGateway({
+      router: new KVAwareRouter(),
+      workers: [{ id: 'e0', url: engine.url }],
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+      ...(route === 'Fastify route' ? { apiKeys: new ApiKeys({ [KEY]: 'team' }) } : {}),
+    });
+    try {
+      await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+      const port = (gateway.app.server.address() as AddressInfo).port;
+      let requests = 0;
+      gateway.app.server.on('request', () => requests++);
+      const head =
+        'POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
+        `authorization: Bearer ${KEY}\r\ncontent-length: 1000\r\n\r\n`;
+      const counted = () => completionCounts(() => gateway.metrics.metrics());
+      // closed whole, and only its sending side closed (a FIN looks the same to the gateway)
+      for (const [i, leave] of [(s: Socket) => s.destroy(), (s: Socket) => s.end()].entries()) {
+        const client = await rawClient(port);
+        client.socket.write(head + '{"prompt":"x');
+        await until(() => requests === i + 1, 'the request in the gateway, its body being read');
+        leave(client.socket);
+        await until(client.closed, 'the connection closed');
+        assert.equal(client.received(), '', 'no answer: the request was given up, not refused');
+        const counts = await settled(counted, (c) => c['499'] === i + 1);
+        assert.deepEqual(counts, { '499': i + 1 }, `request ${i} counted 499`);
+      }
+    } finally {
+      await gateway.close();
+      await engine.close();
+    }
+  });
+}

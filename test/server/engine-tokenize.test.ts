@@ -157,7 +157,7 @@ test('/admin/events applies KV events given as JSON', async () => {
   for (const [body, message] of [
     [{ worker: 'zz', events }, /known worker/],
     [{ worker: 'b', events: 'x' }, /must be an array/],
-    [{ worker: 'b', events: [{ type: 'BlockStored', block_hashes: ['12ab'] }] }, /decimal\/0x-hex/],
+    [{ worker: 'b', events: [{ type: 'AllBlocksCleared' }, 7] }, /events\[1\] must be an object/],
   ] as const) {
     const bad = await post(base, '/admin/events', body);
     assert.equal(bad.status, 400);
@@ -179,4 +179,44 @@ test('/admin/events applies KV events given as JSON', async () => {
     [[0, 'unknown_type']],
   );
   assert.match(out.skipped[0].message, /unknown event type "Nope"/);
+});
+
+test('/admin/events: a bad hash string skips its own event as a bad_field; the events around it apply', async () => {
+  const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+  const gateway = await createGateway({ router, workers: [{ id: 'b', url: 'http://127.0.0.1:2' }], adminToken });
+  cleanup.push(() => gateway.close());
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const stored = (hash: unknown, parent: unknown = null) => ({
+    type: 'BlockStored',
+    block_hashes: [hash],
+    parent_block_hash: parent,
+    token_ids: [1, 2, 3, 4],
+    block_size: 4,
+  });
+  const bad = ['-5', '0x', '1e5', '18446744073709551616', '12ab', ''];
+  const res = await post(base, '/admin/events', {
+    worker: 'b',
+    events: [
+      stored('0x10'),
+      ...bad.map((h) => stored(h)),
+      stored('17', '-1'),
+      stored(1.5), // a bad number, skipped the same way
+      { type: 'BlockRemoved', block_hashes: ['0x10', '1e5'] },
+      stored('18446744073709551615'),
+    ],
+  });
+  assert.equal(res.status, 200);
+  const out = (await res.json()) as {
+    applied: { storedBlocks: number; removedBlocks: number };
+    skipped: Array<{ index: number; reason: string; message: string }>;
+  };
+  assert.deepEqual(
+    out.skipped.map((x) => [x.index, x.reason]),
+    [1, 2, 3, 4, 5, 6, 7, 8, 9].map((i) => [i, 'bad_field']),
+  );
+  assert.match(out.skipped[0].message, /^events\[1\]\.block_hashes\[0\] must be .*decimal\/0x-hex string below 2\^64/);
+  assert.match(out.skipped[6].message, /^events\[7\]\.parent_block_hash must be/);
+  assert.match(out.skipped[8].message, /^events\[9\]\.block_hashes\[1\] must be/);
+  assert.equal(out.applied.storedBlocks, 2, 'the events before and after the bad ones apply');
+  assert.equal(out.applied.removedBlocks, 0, 'a removal with one bad hash removes nothing');
 });

@@ -1,6 +1,7 @@
 /**
  * A router holds at most MAX_WORKERS workers (each data-parallel rank is one): the admin API
- * answers 409 naming the field past it, and the router itself refuses one more.
+ * answers 409 naming the field past it, and the router itself refuses one more. An id that
+ * exists is a 409 naming `id` too.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -56,6 +57,33 @@ test('POST /admin/workers past MAX_WORKERS answers 409 naming the field', async 
     assert.equal(gateway.router.listWorkers().length, MAX_WORKERS);
     assert.equal(gateway.connections.has('past'), false);
     assert.equal(gateway.connections.has('two-ranks'), false);
+  } finally {
+    await gateway.close();
+  }
+});
+
+test('POST /admin/workers with an id that exists answers 409 naming the id', async () => {
+  const adminToken = 'worker-exists-admin';
+  const url = 'http://127.0.0.1:1';
+  const gateway = await createGateway({
+    adminToken,
+    router: new KVAwareRouter({ blockSize: 16 }),
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    workers: [{ id: 'w3', url }],
+  });
+  try {
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const res = await fetch(`${base}/admin/workers`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}` },
+      body: JSON.stringify({ id: 'w3', url: 'http://127.0.0.1:2' }),
+    });
+    const body = (await res.json()) as { error?: { message: string; param: string | null } };
+    assert.equal(res.status, 409, JSON.stringify(body));
+    assert.equal(body.error?.param, 'id');
+    assert.match(body.error?.message ?? '', /worker 'w3' exists/);
+    assert.equal(gateway.connections.get('w3')?.record.url, url, 'the worker is left as it was');
   } finally {
     await gateway.close();
   }

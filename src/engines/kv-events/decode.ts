@@ -164,12 +164,18 @@ export function decodeEventBatch(payload: Uint8Array): KvEventBatch {
   return decodeEvents(tsNumber, events, rank === null ? null : toInt(rank, 'data_parallel_rank'));
 }
 
-function decodeEvents(ts: number, events: unknown[], dataParallelRank: number | null): KvEventBatch {
+/** `prepare` rewrites an event before it is decoded; a KvEventFormatError of it skips the event. */
+function decodeEvents(
+  ts: number,
+  events: unknown[],
+  dataParallelRank: number | null,
+  prepare: (e: unknown, i: number) => unknown = (e) => e,
+): KvEventBatch {
   const out: KvEvent[] = [];
   let skipped: SkippedEvent[] | undefined;
   for (let i = 0; i < events.length; i++) {
     try {
-      out.push(decodeEvent(events[i], i));
+      out.push(decodeEvent(prepare(events[i], i), i));
     } catch (err) {
       if (!(err instanceof KvEventFormatError)) throw err;
       (skipped ??= []).push({ index: i, reason: err.reason, message: err.message });
@@ -359,7 +365,8 @@ function optionalString(v: unknown, at: string): string | null {
 /**
  * KV events given as JSON (the gateway's /admin/events, for engines without ZeroMQ): a list
  * of events with vLLM's field names; hashes as integers or as decimal or 0x-hex strings
- * (JSON numbers lose bits above 2^53, so large hashes must be strings).
+ * (JSON numbers lose bits above 2^53, so large hashes must be strings). A list that is not
+ * one of objects throws; an event with a bad field, a bad hash string among them, is skipped.
  */
 export function decodeJsonEvents(events: unknown): KvEventBatch {
   if (!Array.isArray(events)) throw new KvEventFormatError('events must be an array');
@@ -372,9 +379,12 @@ export function decodeJsonEvents(events: unknown): KvEventBatch {
     }
     return v;
   };
-  const converted = events.map((e, i) => {
+  events.forEach((e, i) => {
     if (e === null || typeof e !== 'object' || Array.isArray(e))
       throw new KvEventFormatError(`events[${i}] must be an object`);
+  });
+  // a bad hash string skips its own event (a bad_field), as a bad number does
+  return decodeEvents(Date.now() / 1000, events, null, (e, i) => {
     const m = { ...(e as Record<string, unknown>) };
     if (Array.isArray(m.block_hashes))
       m.block_hashes = m.block_hashes.map((h, k) => toHash(h, `events[${i}].block_hashes[${k}]`));
@@ -382,5 +392,4 @@ export function decodeJsonEvents(events: unknown): KvEventBatch {
       m.parent_block_hash = toHash(m.parent_block_hash, `events[${i}].parent_block_hash`);
     return m;
   });
-  return decodeEvents(Date.now() / 1000, converted, null);
 }
