@@ -283,7 +283,11 @@ export class ClusterStateStore implements StateStore {
           if (m.r !== this.replicaId && host.listWorkers().some((w) => w.id === m.id)) host.removeWorkerFromState(m.id);
           return;
         case 'worker-drained':
-          if (m.r !== this.replicaId && typeof m.id === 'string' && typeof m.draining === 'boolean')
+          if (
+            m.r !== this.replicaId &&
+            typeof m.draining === 'boolean' &&
+            host.listWorkers().some((w) => w.id === m.id)
+          )
             host.drainWorkerFromState?.(m.id, m.draining);
           return;
         case 'kv-events':
@@ -310,7 +314,8 @@ export class ClusterStateStore implements StateStore {
           for (const w of [...host.listWorkers()]) if (removed.has(w.id)) host.removeWorkerFromState(w.id);
           for (const w of m.workers) if (!host.listWorkers().some((x) => x.id === w.id)) host.addWorkerFromState(w);
           this.registered = new Set(m.workers.map((w) => w.id));
-          for (const id of m.draining ?? []) host.drainWorkerFromState?.(id, true);
+          for (const id of m.draining ?? [])
+            if (host.listWorkers().some((w) => w.id === id)) host.drainWorkerFromState?.(id, true);
           for (const [id, w, s] of m.workflows) host.router.setWorkflowAffinity(id, w, s);
           // not kept to withdraw: whether they are past refusal was not heard here
           for (const d of m.decisions)
