@@ -28,10 +28,12 @@ export interface AdminRoutesOptions {
   addWorker(w: WorkerRecord): void;
   /** Removes a worker here and from the shared state; false when unknown. */
   removeWorker(id: string): boolean;
+  /** Drains (true) or resumes (false) a worker here and in the shared state; false when unknown. */
+  drainWorker(id: string, draining: boolean): boolean;
 }
 
 export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin, options) => {
-  const { router, connections, health, state, applier, addWorker, removeWorker } = options;
+  const { router, connections, health, state, applier, addWorker, removeWorker, drainWorker } = options;
   admin.addHook('onRequest', requireAdmin(options.adminToken));
   admin.get('/admin/workers', async () => ({
     workers: router.listWorkers().map((w) => {
@@ -79,17 +81,12 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
   });
   admin.post('/admin/workers/:id/drain', async (req, reply) => {
     const { id } = req.params as { id: string };
-    if (!connections.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
-    for (const rid of connections.routerIdsOf(id)) router.drainWorker(rid); // every rank of it
-    return { draining: id };
+    // every rank of it, in every replica
+    return drainWorker(id, true) ? { draining: id } : openAiError(reply, 404, `no worker '${id}'`);
   });
   admin.post('/admin/workers/:id/resume', async (req, reply) => {
     const { id } = req.params as { id: string };
-    if (!connections.has(id)) return openAiError(reply, 404, `no worker '${id}'`);
-    for (const rid of connections.routerIdsOf(id)) router.resumeWorker(rid);
-    // back in rotation unless a health verdict holds it out: requests kept elsewhere may move to it
-    connections.rotationGained();
-    return { resumed: id };
+    return drainWorker(id, false) ? { resumed: id } : openAiError(reply, 404, `no worker '${id}'`);
   });
   admin.get('/admin/stats', async () => ({ ...router.getStats(), state: state.stats() }));
   // KV events as JSON, for engines that cannot publish over ZeroMQ: vLLM's field names
@@ -105,7 +102,10 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     try {
       const batch = decodeJsonEvents(b.events);
       // an event that cannot be read is skipped (listed with its reason), as on the ZeroMQ path
-      return { applied: applier.apply(b.worker, batch), skipped: batch.skipped ?? [] };
+      const applied = applier.apply(b.worker, batch);
+      // the other replicas' indexes take them too (the engine posted to whichever replica it reached)
+      state.kvEventsPosted(b.worker, b.events);
+      return { applied, skipped: batch.skipped ?? [] };
     } catch (err) {
       if (err instanceof KvEventFormatError) return openAiError(reply, 400, err.message, 'events');
       throw err;

@@ -13,6 +13,7 @@ import type { Registry } from 'prom-client';
 import type { KVAwareRouter } from '../core/router/index.js';
 import { WorkerHealth } from '../engines/health.js';
 import { KvEventApplier } from '../engines/kv-events/applier.js';
+import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decode.js';
 import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
 import type { AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
 import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/state-store.js';
@@ -564,6 +565,22 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     if (removed) state.workerRemoved(id);
     return removed;
   };
+  /** Drains (or resumes) every rank of a worker here; false when unknown. */
+  const drainWorkerLocally = (id: string, draining: boolean) => {
+    if (!connections.has(id)) return false;
+    for (const rid of connections.routerIdsOf(id)) {
+      if (draining) router.drainWorker(rid);
+      else router.resumeWorker(rid);
+    }
+    // back in rotation unless a health verdict holds it out: requests kept elsewhere may move to it
+    if (!draining) connections.rotationGained();
+    return true;
+  };
+  const drainWorker = (id: string, draining: boolean) => {
+    const known = drainWorkerLocally(id, draining);
+    if (known) state.workerDrained(id, draining);
+    return known;
+  };
   for (const w of options.workers ?? []) connections.add(w);
   try {
     await state.attach({
@@ -576,6 +593,19 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       removeWorkerFromState: (id) => {
         removeWorkerLocally(id);
         log(`worker '${id}' removed by another replica`);
+      },
+      drainWorkerFromState: (id, draining) => {
+        if (drainWorkerLocally(id, draining))
+          log(`worker '${id}' ${draining ? 'drained' : 'resumed'} by another replica`);
+      },
+      applyKvEventsFromState: (id, events) => {
+        if (connections.get(id) === undefined) return;
+        try {
+          applier.apply(id, decodeJsonEvents(events));
+        } catch (err) {
+          // checked by the replica that took them: a newer one's format, or a message garbled
+          if (!(err instanceof KvEventFormatError)) throw err;
+        }
       },
       log,
     });
@@ -875,7 +905,17 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     return reply.type(metrics.registry.contentType).send(page);
   });
 
-  app.register(adminRoutes, { router, connections, health, state, applier, adminToken, addWorker, removeWorker });
+  app.register(adminRoutes, {
+    router,
+    connections,
+    health,
+    state,
+    applier,
+    adminToken,
+    addWorker,
+    removeWorker,
+    drainWorker,
+  });
 
   await app.ready();
   return {

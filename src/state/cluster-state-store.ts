@@ -38,6 +38,10 @@ export type ClusterMessage =
   | { cf: 'refused'; r: string; w: string; i: string }
   | { cf: 'worker-added'; r: string; worker: WorkerRecord }
   | { cf: 'worker-removed'; r: string; id: string }
+  /** A worker drained (true) or resumed (false) through a process's admin API. */
+  | { cf: 'worker-drained'; r: string; id: string; draining: boolean }
+  /** KV events posted to a process's admin API (JSON, as it took them), for the others to apply. */
+  | { cf: 'kv-events'; r: string; w: string; events: unknown }
   | { cf: 'workflow?'; r: string; q: number; id: string }
   | { cf: 'workflow'; q: number; id: string; w?: string; s?: number | null }
   | { cf: 'hello'; r: string }
@@ -48,6 +52,10 @@ export type ClusterMessage =
       decisions: ClusterDecision[];
       /** [replica, worker, requests, prefill, decode] */
       loads: Array<[string, string, number, number, number]>;
+      /** Workers drained through the admin API and not resumed. */
+      draining?: string[];
+      /** Workers removed through the admin API (and not added again): a process configured with one does not bring it back. */
+      removed?: string[];
     }
   | { cf: 'gone'; r: string }
   | { cf: 'batch'; m: ClusterMessage[] };
@@ -118,6 +126,8 @@ export class ClusterStateStore implements StateStore {
   private snapshotArrived: (() => void) | undefined;
   /** Workflows the relay did not know: the decision that follows claims them. */
   private readonly unclaimed = new Set<string>();
+  /** The workers the relay's start snapshot named: this process announces only those it adds. */
+  private registered: Set<string> | undefined;
   private readonly counters = {
     decisionsSent: 0,
     decisionsApplied: 0,
@@ -148,8 +158,11 @@ export class ClusterStateStore implements StateStore {
     this.outbox.now({ cf: 'hello', r: this.replicaId });
     await arrived;
     this.snapshotArrived = undefined;
-    // what this process was configured with, for processes that start later
-    for (const w of host.listWorkers()) this.outbox.push({ cf: 'worker-added', r: this.replicaId, worker: w });
+    // what this process was configured with and the registry lacks, for the other processes
+    // and those that start later; without a snapshot (the relay did not answer) all of it
+    for (const w of host.listWorkers())
+      if (!this.registered?.has(w.id)) this.outbox.push({ cf: 'worker-added', r: this.replicaId, worker: w });
+    this.registered = undefined;
   }
 
   beforeRoute(request: RouteRequest): Promise<void> | undefined {
@@ -213,6 +226,14 @@ export class ClusterStateStore implements StateStore {
     this.outbox.push({ cf: 'worker-removed', r: this.replicaId, id: workerId });
   }
 
+  workerDrained(workerId: string, draining: boolean): void {
+    this.outbox.push({ cf: 'worker-drained', r: this.replicaId, id: workerId, draining });
+  }
+
+  kvEventsPosted(workerId: string, events: unknown): void {
+    this.outbox.push({ cf: 'kv-events', r: this.replicaId, w: workerId, events });
+  }
+
   stats(): StateStats {
     return { kind: 'cluster', replicaId: this.replicaId, ...this.counters };
   }
@@ -261,6 +282,17 @@ export class ClusterStateStore implements StateStore {
         case 'worker-removed':
           if (m.r !== this.replicaId && host.listWorkers().some((w) => w.id === m.id)) host.removeWorkerFromState(m.id);
           return;
+        case 'worker-drained':
+          if (
+            m.r !== this.replicaId &&
+            typeof m.draining === 'boolean' &&
+            host.listWorkers().some((w) => w.id === m.id)
+          )
+            host.drainWorkerFromState?.(m.id, m.draining);
+          return;
+        case 'kv-events':
+          if (m.r !== this.replicaId && typeof m.w === 'string') host.applyKvEventsFromState?.(m.w, m.events);
+          return;
         case 'workflow': {
           // the relay's word wins: it is the first step any process routed
           if (m.w !== undefined) host.router.setWorkflowAffinity(m.id, m.w, m.s ?? null);
@@ -275,8 +307,15 @@ export class ClusterStateStore implements StateStore {
         case 'gone':
           if (this.remote.drop(m.r)) for (const w of host.router.listWorkers()) this.applyRemote(w.id);
           return;
-        case 'snapshot':
+        case 'snapshot': {
+          // the shared registry wins over this process's flags: a worker removed through the
+          // admin API stays removed when a process configured with it (re)starts
+          const removed = new Set(m.removed ?? []);
+          for (const w of [...host.listWorkers()]) if (removed.has(w.id)) host.removeWorkerFromState(w.id);
           for (const w of m.workers) if (!host.listWorkers().some((x) => x.id === w.id)) host.addWorkerFromState(w);
+          this.registered = new Set(m.workers.map((w) => w.id));
+          for (const id of m.draining ?? [])
+            if (host.listWorkers().some((w) => w.id === id)) host.drainWorkerFromState?.(id, true);
           for (const [id, w, s] of m.workflows) host.router.setWorkflowAffinity(id, w, s);
           // not kept to withdraw: whether they are past refusal was not heard here
           for (const d of m.decisions)
@@ -286,6 +325,7 @@ export class ClusterStateStore implements StateStore {
               this.applyRemote(worker);
           this.snapshotArrived?.();
           return;
+        }
         default:
           return;
       }
@@ -343,6 +383,10 @@ export class ClusterRelay {
   /** Workflow → its worker and step, least recently routed dropped first. */
   private readonly workflows: LRUCache<string, { w: string; s: number | null }>;
   private readonly workers = new Map<string, WorkerRecord>();
+  /** Workers drained through a process's admin API, until resumed or removed. */
+  private readonly draining = new Set<string>();
+  /** Workers removed through a process's admin API, until added again. */
+  private readonly removed = new Set<string>();
   private readonly recent: Array<{ d: ClusterDecision; at: number }> = [];
   /** Each process's in-flight work, for the snapshot a process that starts later gets. */
   private readonly loads = new RemoteLoad();
@@ -419,10 +463,21 @@ export class ClusterRelay {
       }
       case 'worker-added':
         this.workers.set(m.worker.id, m.worker);
+        this.removed.delete(m.worker.id);
         this.broadcast(m, from);
         return;
       case 'worker-removed':
         this.workers.delete(m.id);
+        this.draining.delete(m.id);
+        if (this.removed.size < 100_000) this.removed.add(m.id);
+        this.broadcast(m, from);
+        return;
+      case 'worker-drained':
+        if (m.draining) this.draining.add(m.id);
+        else this.draining.delete(m.id);
+        this.broadcast(m, from);
+        return;
+      case 'kv-events':
         this.broadcast(m, from);
         return;
       case 'workflow?': {
@@ -456,6 +511,8 @@ export class ClusterRelay {
       }),
       decisions: this.recent.slice(start).map((r) => r.d),
       loads,
+      draining: [...this.draining],
+      removed: [...this.removed],
     };
   }
 

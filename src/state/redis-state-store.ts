@@ -19,7 +19,9 @@ import {
   RedisKeys,
   type WireDecision,
   type WireMessage,
+  type WireKvEvents,
   type WireWorkerAdded,
+  type WireWorkerDrained,
   type WireWorkerRemoved,
 } from './redis-wire.js';
 import { RemoteLoad } from './remote-load.js';
@@ -168,6 +170,12 @@ export class RedisStateStore implements StateStore {
   private readonly remote = new RemoteLoad();
   /** Own decisions whose prefill-done was published: their release takes decode tokens off, not prefill. */
   private readonly prefilled = new WeakSet<SharedDecision>();
+  /** Workers drained through an admin API (this replica's or another's) and not resumed, by id. */
+  private draining = new Set<string>();
+  /** Workers added (the record) or removed (null) through this replica's admin API while Redis was out of reach. */
+  private readonly unsyncedWorkers = new Map<string, WorkerRecord | null>();
+  /** Drains (true) and resumes (false) made through this replica's admin API while Redis was out of reach. */
+  private readonly unsyncedDrains = new Map<string, boolean>();
   private readonly counters: RedisStats = {
     outages: 0,
     stalls: 0,
@@ -304,29 +312,72 @@ export class RedisStateStore implements StateStore {
   }
 
   workerAdded(worker: WorkerRecord): void {
-    if (!this.up) return;
-    const message = JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded);
-    void this.run(
-      this.cmd.pipeline().hset(this.key('workers'), worker.id, JSON.stringify(worker)).publish(this.channel, message),
-      'a worker added',
-    ).catch(() => {
+    this.draining.delete(worker.id);
+    this.unsyncedDrains.delete(worker.id);
+    if (!this.up) return void this.unsyncedWorkers.set(worker.id, worker); // written when Redis is back
+    const m = this.cmd.pipeline();
+    this.writeAdded(m, worker);
+    void this.run(m, 'a worker added').catch(() => {
       this.counters.errors++;
     });
   }
 
   workerRemoved(workerId: string): void {
-    if (!this.up) return;
-    const message = JSON.stringify({ r: this.replicaId, k: 'wr', id: workerId } satisfies WireWorkerRemoved);
-    void this.run(
-      this.cmd
-        .pipeline()
-        .hdel(this.key('workers'), workerId)
-        .del(this.key('load', this.replicaId))
-        .publish(this.channel, message),
-      'a worker removed',
-    ).catch(() => {
+    this.draining.delete(workerId);
+    this.unsyncedDrains.delete(workerId);
+    if (!this.up) return void this.unsyncedWorkers.set(workerId, null);
+    const m = this.cmd.pipeline();
+    this.writeRemoved(m, workerId);
+    void this.run(m.del(this.key('load', this.replicaId)), 'a worker removed').catch(() => {
       this.counters.errors++;
     });
+  }
+
+  workerDrained(workerId: string, draining: boolean): void {
+    if (draining) this.draining.add(workerId);
+    else this.draining.delete(workerId);
+    if (!this.up) return void this.unsyncedDrains.set(workerId, draining);
+    const m = this.cmd.pipeline();
+    this.writeDrained(m, workerId, draining);
+    void this.run(m, draining ? 'a worker drained' : 'a worker resumed').catch(() => {
+      this.counters.errors++;
+    });
+  }
+
+  kvEventsPosted(workerId: string, events: unknown): void {
+    // not kept while Redis is out of reach: the engine's next events, or a replay, bring the rest
+    if (!this.up) return;
+    this.publish(JSON.stringify({ r: this.replicaId, k: 'ev', w: workerId, e: events } satisfies WireKvEvents));
+  }
+
+  /** A worker added to the registry (and no longer recorded as removed), announced. */
+  private writeAdded(m: ChainableCommander, worker: WorkerRecord): void {
+    const message = JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded);
+    m.hset(this.key('workers'), worker.id, JSON.stringify(worker))
+      .hdel(this.key('removed'), worker.id)
+      .publish(this.channel, message);
+  }
+
+  /**
+   * A worker taken out of the registry and recorded as removed, announced: a replica that
+   * (re)starts configured with it does not write it back (resync()).
+   */
+  private writeRemoved(m: ChainableCommander, workerId: string): void {
+    const message = JSON.stringify({ r: this.replicaId, k: 'wr', id: workerId } satisfies WireWorkerRemoved);
+    m.hdel(this.key('workers'), workerId)
+      .hset(this.key('removed'), workerId, String(Date.now()))
+      .hdel(this.key('draining'), workerId)
+      .publish(this.channel, message);
+  }
+
+  /** A drain (or resume) recorded in the registry, announced. */
+  private writeDrained(m: ChainableCommander, workerId: string, draining: boolean): void {
+    if (draining) m.hset(this.key('draining'), workerId, '1');
+    else m.hdel(this.key('draining'), workerId);
+    m.publish(
+      this.channel,
+      JSON.stringify({ r: this.replicaId, k: 'dr', id: workerId, on: draining } satisfies WireWorkerDrained),
+    );
   }
 
   /** Closes the store and throws a RangeError naming Redis's refusal when `err` is one of access. */
@@ -483,7 +534,16 @@ export class RedisStateStore implements StateStore {
       } else if (msg.k === 'wa') {
         if (!this.host.listWorkers().some((w) => w.id === msg.worker.id)) this.host.addWorkerFromState(msg.worker);
       } else if (msg.k === 'wr') {
+        this.draining.delete(msg.id);
         if (this.host.listWorkers().some((w) => w.id === msg.id)) this.host.removeWorkerFromState(msg.id);
+      } else if (msg.k === 'dr') {
+        if (typeof msg.id !== 'string' || typeof msg.on !== 'boolean') return void this.counters.malformedMessages++;
+        if (msg.on) this.draining.add(msg.id);
+        else this.draining.delete(msg.id);
+        if (this.host.listWorkers().some((w) => w.id === msg.id)) this.host.drainWorkerFromState?.(msg.id, msg.on);
+      } else if (msg.k === 'ev') {
+        if (typeof msg.w !== 'string') return void this.counters.malformedMessages++;
+        this.host.applyKvEventsFromState?.(msg.w, msg.e);
       } else this.counters.malformedMessages++;
     } catch {
       this.counters.malformedMessages++;
@@ -631,7 +691,14 @@ export class RedisStateStore implements StateStore {
     const router = host.router;
     const now = Date.now();
     const push = this.cmd.pipeline();
-    for (const w of host.listWorkers()) push.hsetnx(this.key('workers'), w.id, JSON.stringify(w));
+    // registry changes made here while Redis was out of reach
+    const workerChanges = [...this.unsyncedWorkers];
+    const drainChanges = [...this.unsyncedDrains];
+    for (const [id, w] of workerChanges) {
+      if (w) this.writeAdded(push, w);
+      else this.writeRemoved(push, id);
+    }
+    for (const [id, on] of drainChanges) this.writeDrained(push, id, on);
     for (const [id, e] of router.workflowAffinities())
       push.set(this.key('wf', id), encodeWorkflow(e.workerId, e.step), 'PX', this.workflowTtlMs, 'NX');
     const expired: string[] = [];
@@ -642,18 +709,11 @@ export class RedisStateStore implements StateStore {
     for (const chain of expired) this.recent!.delete(chain);
     // what Redis refuses to take back (out of memory, read-only) is counted; the rest still loads
     await this.run(push, 'the state written back');
+    // (changes made meanwhile stay for the next resynchronisation)
+    for (const [id, w] of workerChanges) if (this.unsyncedWorkers.get(id) === w) this.unsyncedWorkers.delete(id);
+    for (const [id, on] of drainChanges) if (this.unsyncedDrains.get(id) === on) this.unsyncedDrains.delete(id);
 
-    // the registry: workers other replicas added
-    const workers = await this.unlessWrongKind(this.cmd.hgetall(this.key('workers')), {}, 'workers');
-    const local = new Set(host.listWorkers().map((w) => w.id));
-    for (const [id, json] of Object.entries(workers)) {
-      if (local.has(id)) continue;
-      try {
-        host.addWorkerFromState(JSON.parse(json) as WorkerRecord);
-      } catch (err) {
-        host.log(`state: worker '${id}' from redis not added: ${(err as Error).message}`);
-      }
-    }
+    await this.loadRegistry(host);
     // workflows: Redis's word wins
     for await (const keys of this.scan(this.key('wf', '*'))) {
       const values = await this.cmd.mget(...keys);
@@ -678,6 +738,70 @@ export class RedisStateStore implements StateStore {
         }
       }
     }
+  }
+
+  /**
+   * The shared registry wins over this replica's own (its flags, or what it held through an
+   * outage): a worker removed through an admin API is removed here too, and one the registry
+   * lacks but never removed is written back (HSETNX) and announced, so the replicas that are
+   * running add it as well. Drains are Redis's word; when Redis holds no registry at all (a
+   * fresh fleet, or Redis lost its data) this replica's drains are written back instead.
+   */
+  private async loadRegistry(host: StateStoreHost): Promise<void> {
+    const [workers, removed, drains] = await Promise.all([
+      this.unlessWrongKind(this.cmd.hgetall(this.key('workers')), {}, 'workers'),
+      this.unlessWrongKind(this.cmd.hgetall(this.key('removed')), {}, 'removed'),
+      this.unlessWrongKind(this.cmd.hgetall(this.key('draining')), {}, 'draining'),
+    ]);
+    const shared = Object.keys(workers).length > 0 || Object.keys(removed).length > 0;
+    for (const w of [...host.listWorkers()])
+      if (Object.hasOwn(removed, w.id) && !Object.hasOwn(workers, w.id)) {
+        host.removeWorkerFromState(w.id);
+        this.draining.delete(w.id);
+      }
+    const missing = host.listWorkers().filter((w) => !Object.hasOwn(workers, w.id));
+    const localDrains = shared ? [] : [...this.draining].filter((id) => !Object.hasOwn(drains, id));
+    if (missing.length > 0 || localDrains.length > 0) {
+      const back = this.cmd.pipeline();
+      for (const w of missing) back.hsetnx(this.key('workers'), w.id, JSON.stringify(w));
+      for (const id of localDrains) back.hsetnx(this.key('draining'), id, '1');
+      const res = await this.run(back, 'the workers written back');
+      // what this replica wrote the others learn now, not at their next resynchronisation
+      const announce = this.cmd.pipeline();
+      missing.forEach((worker, i) => {
+        if (res[i]?.[0] === null && res[i][1] === 1)
+          announce.publish(
+            this.channel,
+            JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded),
+          );
+      });
+      for (const id of localDrains)
+        announce.publish(
+          this.channel,
+          JSON.stringify({ r: this.replicaId, k: 'dr', id, on: true } satisfies WireWorkerDrained),
+        );
+      if (announce.length > 0) await this.run(announce, 'the workers written back');
+      for (const id of localDrains) drains[id] = '1';
+    }
+    // workers other replicas added
+    const local = new Set(host.listWorkers().map((w) => w.id));
+    for (const [id, json] of Object.entries(workers)) {
+      if (local.has(id)) continue;
+      try {
+        host.addWorkerFromState(JSON.parse(json) as WorkerRecord);
+      } catch (err) {
+        host.log(`state: worker '${id}' from redis not added: ${(err as Error).message}`);
+      }
+    }
+    // drains: the registry's word (with what this replica just wrote back); made meanwhile here, kept
+    const draining = new Set([
+      ...Object.keys(drains),
+      ...[...this.unsyncedDrains].filter(([, on]) => on).map(([id]) => id),
+    ]);
+    for (const [id, on] of this.unsyncedDrains) if (!on) draining.delete(id);
+    for (const w of host.listWorkers())
+      if (draining.has(w.id) !== this.draining.has(w.id)) host.drainWorkerFromState?.(w.id, draining.has(w.id));
+    this.draining = draining;
   }
 
   /**

@@ -24,9 +24,12 @@ export interface WireDecision extends DecisionFields {
  * the decision's id `i` (on `d`, `pd` and `rl`) and `rf`: an earlier replica ignores both (it
  * counts an `rf` among its malformed messages and goes on), and a decision from one comes
  * without an id, so nothing of it is kept to withdraw. 4 added `ld`: a version-3 replica
- * ignores it (counting it among its malformed messages) and keeps the tally it had.
+ * ignores it (counting it among its malformed messages) and keeps the tally it had. 5 added
+ * `dr` and `ev` and the `draining` and `removed` hashes: an earlier replica ignores both
+ * messages (counting them among its malformed ones), so it neither drains with the others nor
+ * takes their posted KV events, and never reads the hashes.
  */
-export const STATE_WIRE_VERSION = 4;
+export const STATE_WIRE_VERSION = 5;
 
 /** A tracked request's prefill finished (its first token): its tokens move from queued prefill to decode. */
 export interface WirePrefilled {
@@ -80,8 +83,31 @@ export interface WireWorkerRemoved {
   k: 'wr';
   id: string;
 }
+/** A worker drained (`on`) or resumed through a replica's admin API (version 5). */
+export interface WireWorkerDrained {
+  r: string;
+  k: 'dr';
+  id: string;
+  on: boolean;
+}
+/** KV events posted to a replica's admin API, as JSON (version 5): the others apply them too. */
+export interface WireKvEvents {
+  r: string;
+  k: 'ev';
+  /** The worker (or data-parallel rank, `ID#r`) they are of. */
+  w: string;
+  e: unknown;
+}
 export type WireMessage =
-  WireDecision | WirePrefilled | WireReleased | WireRefused | WireLoad | WireWorkerAdded | WireWorkerRemoved;
+  | WireDecision
+  | WirePrefilled
+  | WireReleased
+  | WireRefused
+  | WireLoad
+  | WireWorkerAdded
+  | WireWorkerRemoved
+  | WireWorkerDrained
+  | WireKvEvents;
 
 /** Key names of one fleet: everything lives under its prefix (default `contextforge:`). */
 export class RedisKeys {

@@ -31,6 +31,10 @@ export interface StateStoreHost {
   addWorkerFromState(worker: WorkerRecord): void;
   /** Removes a worker because another replica did; must not call back into the store. */
   removeWorkerFromState(workerId: string): void;
+  /** Drains (true) or resumes (false) a worker because another replica did; must not call back into the store. */
+  drainWorkerFromState?(workerId: string, draining: boolean): void;
+  /** Applies KV events (JSON, as `POST /admin/events` takes them) another replica was given; must not call back. */
+  applyKvEventsFromState?(workerId: string, events: unknown): void;
   log(message: string): void;
 }
 
@@ -73,6 +77,13 @@ export interface StateStore {
   /** The registry changed through this replica's admin API or configuration. */
   workerAdded(worker: WorkerRecord): void;
   workerRemoved(workerId: string): void;
+  /** A worker was drained (true) or resumed (false) through this replica's admin API. */
+  workerDrained(workerId: string, draining: boolean): void;
+  /**
+   * KV events were posted to this replica's admin API (JSON, already applied here): the
+   * other replicas apply them too. `workerId` may name a data-parallel rank (`ID#r`).
+   */
+  kvEventsPosted(workerId: string, events: unknown): void;
   stats(): StateStats;
   close(): Promise<void>;
 }
@@ -91,6 +102,8 @@ export class MemoryStateStore implements StateStore {
   decisionRefused(): void {}
   workerAdded(): void {}
   workerRemoved(): void {}
+  workerDrained(): void {}
+  kvEventsPosted(): void {}
   stats(): StateStats {
     return { kind: 'memory' };
   }

@@ -1,9 +1,10 @@
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
 import { Client } from 'undici';
 import { MockEngine } from '../../src/engines/mock-engine.js';
+import { settled, until } from '../helpers/wait.js';
 
 const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const engines: MockEngine[] = [];
@@ -236,6 +237,154 @@ test('serve --processes 2 names an unknown CONTEXTFORGE_ variable once, not once
   child.kill('SIGTERM');
   assert.equal(await exited, 0);
   assert.equal(output().match(/CONTEXTFORGE_POLCY is not a setting/g)?.length, 1, output());
+});
+
+test('serve --processes 2: a drain, a resume and posted KV events through one process hold in every process', async () => {
+  for (let i = 0; i < 2; i++)
+    engines.push(await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 100_000 }).start());
+  const pair = engines.slice(-2);
+  const { child, base } = await startServe([
+    '--port',
+    '0',
+    '--processes',
+    '2',
+    '--health-interval-ms',
+    '0',
+    '--metrics-interval-ms',
+    '0',
+    ...pair.flatMap((e, i) => ['--worker', `id=e${i},url=http://127.0.0.1:${e.port}`]),
+  ]);
+  const [a, b] = await connectionsOnTwoProcesses(base, 30_000);
+  const admin = async (client: Client, method: 'GET' | 'POST', path: string, body?: unknown) => {
+    const res = await client.request({
+      path,
+      method,
+      headers: { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    assert.equal(res.statusCode, 200, path);
+    return res.body.json();
+  };
+  type Workers = { workers: Array<{ id: string; draining: boolean; indexEntries: number }> };
+  const workerOf = async (client: Client, id: string) =>
+    ((await admin(client, 'GET', '/admin/workers')) as Workers).workers.find((w) => w.id === id)!;
+
+  await admin(a, 'POST', '/admin/workers/e0/drain');
+  assert.equal(
+    (
+      await settled(
+        () => workerOf(b, 'e0'),
+        (w) => w.draining,
+      )
+    ).draining,
+    true,
+    'the other process drains it too',
+  );
+  // new connections land on either process: none sends to the drained worker
+  const used = new Set<string>();
+  for (let i = 0; i < 10; i++) {
+    const c = new Client(base, { pipelining: 1 });
+    clients.push(c);
+    used.add(await chat(c, `drained-${i}`, 0, [{ role: 'user', content: `request ${i} ${'text '.repeat(20)}` }]));
+    await c.close();
+  }
+  assert.deepEqual([...used], ['e1']);
+
+  await admin(b, 'POST', '/admin/workers/e0/resume');
+  assert.equal(
+    (
+      await settled(
+        () => workerOf(a, 'e0'),
+        (w) => !w.draining,
+      )
+    ).draining,
+    false,
+  );
+
+  // KV events as JSON, posted to A: B's index has them too
+  const before = (await workerOf(b, 'e1')).indexEntries;
+  const events = [
+    {
+      type: 'BlockStored',
+      block_hashes: [101, 102],
+      parent_block_hash: null,
+      token_ids: Array.from({ length: 32 }, (_, i) => i + 1),
+      block_size: 16,
+      lora_id: null,
+      medium: 'GPU',
+    },
+  ];
+  const posted = (await admin(a, 'POST', '/admin/events', { worker: 'e1', events })) as {
+    applied: { storedBlocks: number };
+  };
+  assert.equal(posted.applied.storedBlocks, 2);
+  assert.equal(
+    (
+      await settled(
+        () => workerOf(b, 'e1'),
+        (w) => w.indexEntries > before,
+      )
+    ).indexEntries,
+    before + 2,
+  );
+
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+});
+
+test('serve --processes 2: a worker removed through the admin API stays removed after a process crashes and is replaced', async () => {
+  for (let i = 0; i < 2; i++)
+    engines.push(await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 100_000 }).start());
+  const pair = engines.slice(-2);
+  const { child, base, output } = await startServe([
+    '--port',
+    '0',
+    '--processes',
+    '2',
+    '--health-interval-ms',
+    '0',
+    '--metrics-interval-ms',
+    '0',
+    ...pair.flatMap((e, i) => ['--worker', `id=e${i},url=http://127.0.0.1:${e.port}`]),
+  ]);
+  const [a] = await connectionsOnTwoProcesses(base, 30_000);
+  const auth = { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' };
+  const removed = await a.request({ path: '/admin/workers/e1', method: 'DELETE', headers: auth });
+  assert.equal(removed.statusCode, 200, await removed.body.text());
+  // one gateway process dies; the primary starts a third in its place
+  const pids = execFileSync('pgrep', ['-P', String(child.pid)], { encoding: 'utf8' })
+    .trim()
+    .split('\n');
+  assert.equal(pids.length, 2, `two gateway processes: ${pids.join(' ')}`);
+  process.kill(Number(pids[0]), 'SIGKILL');
+  await until(() => /starting another/.test(output()), 'the primary to replace the process');
+  /** The workers each process that new connections reach lists, until one is the replacement ('3'). */
+  const seen = new Map<string, string[]>();
+  await until(
+    async () => {
+      const c = new Client(base, { pipelining: 1 });
+      clients.push(c);
+      try {
+        const res = await c.request({ path: '/admin/workers', method: 'GET', headers: auth });
+        const replica = await processOf(c);
+        const { workers } = (await res.body.json()) as { workers: Array<{ id: string }> };
+        seen.set(replica, workers.map((w) => w.id).sort());
+      } catch {
+        // the connection reached the process that was killed
+      } finally {
+        await c.close();
+      }
+      return seen.has('3') && seen.size >= 2;
+    },
+    'connections to reach the replacement and a process that kept running',
+    { timeoutMs: 30_000 },
+  );
+  for (const [replica, ids] of seen) assert.deepEqual(ids, ['e0'], `process ${replica}`);
+
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
 });
 
 /** A sample's value in a Prometheus page (the line `name{labels} value`), or undefined. */

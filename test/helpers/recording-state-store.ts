@@ -28,6 +28,8 @@ export class RecordingStateStore implements StateStore {
   }
   workerAdded(): void {}
   workerRemoved(): void {}
+  workerDrained(): void {}
+  kvEventsPosted(): void {}
   stats(): StateStats {
     return { kind: 'recording' };
   }

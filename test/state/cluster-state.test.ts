@@ -7,24 +7,30 @@ import { prompt, tiers } from '../helpers/prompts.js';
 import { settled, until } from '../helpers/wait.js';
 
 /** Gateway processes and the primary's relay in one thread: messages are delivered asynchronously, in order. */
-function fleet(n: number) {
+function fleet(n: number, configured: string[] = ['e0', 'e1']) {
   const relay = new ClusterRelay();
   const processes = Array.from({ length: n }, (_, i) => {
     const id = String(i + 1);
     const listeners = new Set<(m: unknown) => void>();
     /** What this process wrote to its channel: one entry per IPC message. */
     const sent: ClusterMessage[] = [];
-    relay.add({
-      id,
-      send: (m) =>
-        queueMicrotask(() => {
-          for (const l of listeners) l(structuredClone(m));
-        }),
-    });
+    // the relay knows the process from its first message (its hello): what was relayed
+    // before it listened is not its
+    let joined = false;
     const store = new ClusterStateStore({
       replicaId: id,
       channel: {
         send: (m: ClusterMessage) => {
+          if (!joined) {
+            joined = true;
+            relay.add({
+              id,
+              send: (out) =>
+                queueMicrotask(() => {
+                  for (const l of listeners) l(structuredClone(out));
+                }),
+            });
+          }
           sent.push(m);
           queueMicrotask(() => relay.receive(id, structuredClone(m)));
         },
@@ -33,11 +39,10 @@ function fleet(n: number) {
       },
     });
     const router = new KVAwareRouter({ policy: 'cost' });
-    const workers: WorkerRecord[] = [
-      { id: 'e0', url: 'http://e0' },
-      { id: 'e1', url: 'http://e1' },
-    ];
+    const workers: WorkerRecord[] = configured.map((w) => ({ id: w, url: `http://${w}` }));
     for (const w of workers) router.registerWorker(w.id);
+    /** KV events posted to another process, as this one was given them. */
+    const posted: Array<[string, unknown]> = [];
     const host: StateStoreHost = {
       router,
       listWorkers: () => workers,
@@ -52,9 +57,11 @@ function fleet(n: number) {
         );
         router.removeWorker(wid);
       },
+      drainWorkerFromState: (wid, draining) => (draining ? router.drainWorker(wid) : router.resumeWorker(wid)),
+      applyKvEventsFromState: (wid, events) => void posted.push([wid, events]),
       log: () => {},
     };
-    return { id, store, router, host, sent };
+    return { id, store, router, host, sent, posted, workers };
   });
   return { relay, processes };
 }
@@ -243,4 +250,92 @@ test("A's refused request withdraws at B what B applied of it, and a process tha
   await refused(await routed(prompt(33, 3)), prompt(33, 3));
   assert.deepEqual(heldBy(b, kept.workerId, prompt(32, 4)), Array(4).fill('predicted'));
   assert.equal(b.store.stats().refusalsWithdrawn, 2);
+});
+
+const drained = (p: ReturnType<typeof fleet>['processes'][number]) =>
+  p.router
+    .listWorkers()
+    .filter((w) => w.draining)
+    .map((w) => w.id);
+
+test('a drain or resume on one process reaches the others and a process that starts later', async () => {
+  const {
+    processes: [a, b, c],
+  } = fleet(3);
+  await Promise.all([a.store.attach(a.host), b.store.attach(b.host)]);
+  a.router.drainWorker('e1');
+  a.store.workerDrained('e1', true);
+  assert.deepEqual(
+    await settled(
+      () => drained(b),
+      (d) => d.length === 1,
+    ),
+    ['e1'],
+  );
+  await c.store.attach(c.host);
+  assert.deepEqual(drained(c), ['e1'], 'the relay keeps which workers are draining');
+  b.router.resumeWorker('e1');
+  b.store.workerDrained('e1', false);
+  for (const p of [a, c])
+    assert.deepEqual(
+      await settled(
+        () => drained(p),
+        (d) => d.length === 0,
+      ),
+      [],
+    );
+});
+
+test('KV events posted to one process are given to every other', async () => {
+  const {
+    processes: [a, b, c],
+  } = fleet(3);
+  await Promise.all([a.store.attach(a.host), b.store.attach(b.host), c.store.attach(c.host)]);
+  const events = [{ type: 'AllBlocksCleared' }];
+  a.store.kvEventsPosted('e0', events);
+  for (const p of [b, c])
+    assert.deepEqual(
+      await settled(
+        () => p.posted,
+        (x) => x.length > 0,
+      ),
+      [['e0', events]],
+    );
+  assert.deepEqual(a.posted, [], 'not back to the process that applied them');
+});
+
+test('a removed worker stays removed for a process that (re)starts with it configured; a new one it announces', async () => {
+  const {
+    processes: [a, b, c],
+  } = fleet(3, ['e0', 'e1']);
+  await a.store.attach(a.host);
+  a.host.removeWorkerFromState('e1');
+  a.store.workerRemoved('e1');
+  a.router.drainWorker('e0');
+  a.store.workerDrained('e0', true);
+  await settle();
+  // B starts (a replacement for a process that crashed) with e1 in its flags, and e2 besides
+  b.workers.push({ id: 'e2', url: 'http://e2' });
+  b.router.registerWorker('e2');
+  await b.store.attach(b.host);
+  assert.deepEqual(
+    b.workers.map((w) => w.id),
+    ['e0', 'e2'],
+    'e1 was removed: it is not back',
+  );
+  assert.deepEqual(drained(b), ['e0']);
+  assert.deepEqual(
+    await settled(
+      () => a.workers.map((w) => w.id),
+      (ids) => ids.includes('e2'),
+    ),
+    ['e0', 'e2'],
+    'what B added is announced',
+  );
+  // added again after its removal: a process that starts later keeps it
+  a.host.addWorkerFromState({ id: 'e1', url: 'http://e1' });
+  a.store.workerAdded({ id: 'e1', url: 'http://e1' });
+  await settle();
+  await c.store.attach(c.host);
+  assert.deepEqual(c.workers.map((w) => w.id).sort(), ['e0', 'e1', 'e2']);
 });

@@ -73,9 +73,15 @@ test('version 3: a version-2 replica ignores a refusal and reads the other messa
 });
 
 test('version 4: a replica back from an outage says what it holds; earlier replicas ignore it', () => {
-  assert.equal(STATE_WIRE_VERSION, 4);
   const load = encodeLoad('r1', { e0: encodeLoadEntry(2, 300, 500) });
   assert.deepEqual(load, { r: 'r1', k: 'ld', l: { e0: '2,300,500' } });
   // a version-3 replica reads kinds as version 2 did, plus rf: ld is neither
   assert.equal(actionOfVersion2(wire(load)), 'ignored');
+});
+
+test('version 5: drains and posted KV events are shared; earlier replicas ignore both', () => {
+  assert.equal(STATE_WIRE_VERSION, 5);
+  // a version-4 replica reads kinds as version 2 did, plus rf and ld: dr and ev are neither
+  assert.equal(actionOfVersion2(wire({ r: 'r1', k: 'dr', id: 'e0', on: true })), 'ignored');
+  assert.equal(actionOfVersion2(wire({ r: 'r1', k: 'ev', w: 'e0', e: [{ type: 'AllBlocksCleared' }] })), 'ignored');
 });

@@ -1,0 +1,211 @@
+/**
+ * Admin changes shared through Redis: a drain or resume on one replica holds at every replica
+ * and at one that starts later, KV events posted to one replica reach the others, and a worker
+ * removed through the admin API stays removed when a replica configured with it restarts.
+ */
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, test } from 'node:test';
+import { Redis } from 'ioredis';
+import { KVAwareRouter } from '../../src/core/router/index.js';
+import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
+import { RedisProcess } from '../faults/harness.js';
+import { REDIS_URL } from '../helpers/redis-routers.js';
+import { settled, until } from '../helpers/wait.js';
+
+const prefixes: string[] = [];
+const stores: RedisStateStore[] = [];
+after(async () => {
+  for (const s of stores) await s.close();
+  const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
+  await r.connect();
+  for (const prefix of prefixes) {
+    const keys = await r.keys(`${prefix}*`);
+    if (keys.length > 0) await r.del(...keys);
+  }
+  r.disconnect();
+});
+
+/** Whether Redis's registry under `prefix` holds the worker. */
+async function inRegistry(prefix: string, id: string): Promise<boolean> {
+  const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
+  await r.connect();
+  try {
+    return (await r.hexists(`${prefix}workers`, id)) === 1;
+  } finally {
+    r.disconnect();
+  }
+}
+
+function freshPrefix(): string {
+  const prefix = `cf-test-admin-${randomBytes(4).toString('hex')}:`;
+  prefixes.push(prefix);
+  return prefix;
+}
+
+/** A replica as the gateway binds it: configured with `configured` workers, sharing under `prefix`. */
+async function replica(id: string, prefix: string, configured: string[], url = REDIS_URL) {
+  const router = new KVAwareRouter({ blockSize: 16 });
+  const workers: WorkerRecord[] = configured.map((w) => ({ id: w, url: `http://${w}` }));
+  for (const w of workers) router.registerWorker(w.id);
+  const posted: Array<[string, unknown]> = [];
+  const host: StateStoreHost = {
+    router,
+    listWorkers: () => workers,
+    addWorkerFromState: (w) => {
+      workers.push(w);
+      router.registerWorker(w.id);
+    },
+    removeWorkerFromState: (wid) => {
+      workers.splice(
+        workers.findIndex((w) => w.id === wid),
+        1,
+      );
+      router.removeWorker(wid);
+    },
+    drainWorkerFromState: (wid, draining) => (draining ? router.drainWorker(wid) : router.resumeWorker(wid)),
+    applyKvEventsFromState: (wid, events) => void posted.push([wid, events]),
+    log: () => {},
+  };
+  const store = new RedisStateStore({ url, prefix, replicaId: id, syncIntervalMs: 60_000 });
+  stores.push(store);
+  await store.attach(host);
+  return { id, router, store, host, workers, posted };
+}
+type Replica = Awaited<ReturnType<typeof replica>>;
+
+const drained = (p: Replica) =>
+  p.router
+    .listWorkers()
+    .filter((w) => w.draining)
+    .map((w) => w.id);
+const ids = (p: Replica) => p.workers.map((w) => w.id).sort();
+
+test('a drain or resume on one replica holds at every replica and at one that starts later', async () => {
+  const prefix = freshPrefix();
+  const a = await replica('a', prefix, ['e0', 'e1']);
+  const b = await replica('b', prefix, ['e0', 'e1']);
+  a.router.drainWorker('e1');
+  a.store.workerDrained('e1', true);
+  assert.deepEqual(
+    await settled(
+      () => drained(b),
+      (d) => d.length === 1,
+    ),
+    ['e1'],
+  );
+  const c = await replica('c', prefix, ['e0', 'e1']);
+  assert.deepEqual(drained(c), ['e1'], 'the shared registry records the drain');
+  c.router.resumeWorker('e1');
+  c.store.workerDrained('e1', false);
+  for (const p of [a, b])
+    assert.deepEqual(
+      await settled(
+        () => drained(p),
+        (d) => d.length === 0,
+      ),
+      [],
+    );
+  const d = await replica('d', prefix, ['e0', 'e1']);
+  assert.deepEqual(drained(d), []);
+});
+
+test('KV events posted to one replica are given to the others', async () => {
+  const prefix = freshPrefix();
+  const a = await replica('a', prefix, ['e0']);
+  const b = await replica('b', prefix, ['e0']);
+  const events = [{ type: 'AllBlocksCleared' }];
+  a.store.kvEventsPosted('e0', events);
+  assert.deepEqual(
+    await settled(
+      () => b.posted,
+      (x) => x.length > 0,
+    ),
+    [['e0', events]],
+  );
+  assert.deepEqual(a.posted, []);
+});
+
+test('a removed worker stays removed when a replica configured with it restarts; what it writes back it announces', async () => {
+  const prefix = freshPrefix();
+  const a = await replica('a', prefix, ['e0', 'e1']);
+  a.host.removeWorkerFromState('e1');
+  a.store.workerRemoved('e1');
+  await until(async () => (await inRegistry(prefix, 'e1')) === false, "e1's removal to reach Redis");
+  // a replica restarted with its flags: e1 (removed since) and e2 (new to the fleet)
+  const b = await replica('b', prefix, ['e0', 'e1', 'e2']);
+  assert.deepEqual(ids(b), ['e0', 'e2'], 'e1 was removed: it does not come back');
+  assert.deepEqual(
+    await settled(
+      () => ids(a),
+      (x) => x.includes('e2'),
+    ),
+    ['e0', 'e2'],
+    'the worker B wrote to the registry is announced to A',
+  );
+  // added again through the admin API: a replica that starts later keeps it
+  a.host.addWorkerFromState({ id: 'e1', url: 'http://e1' });
+  a.store.workerAdded({ id: 'e1', url: 'http://e1' });
+  assert.deepEqual(
+    await settled(
+      () => ids(b),
+      (x) => x.includes('e1'),
+    ),
+    ['e0', 'e1', 'e2'],
+  );
+  const c = await replica('c', prefix, ['e1']);
+  assert.deepEqual(ids(c), ['e0', 'e1', 'e2']);
+});
+
+test('a removal and a drain made while Redis is down reach Redis and the other replicas when it is back', async () => {
+  const redis = await new RedisProcess().start();
+  try {
+    const prefix = 'cf-admin-outage:';
+    const a = await replica('a', prefix, ['e0', 'e1'], redis.url);
+    const b = await replica('b', prefix, ['e0', 'e1'], redis.url);
+    await redis.kill();
+    await until(() => !a.store.stats().connected && !b.store.stats().connected, 'both replicas to see Redis gone');
+    a.host.removeWorkerFromState('e0');
+    a.store.workerRemoved('e0');
+    a.router.drainWorker('e1');
+    a.store.workerDrained('e1', true);
+    await redis.start(); // empty: whichever replica resynchronises first, they converge
+    for (const p of [a, b]) {
+      await until(() => p.store.stats().connected === true, `${p.id} to resynchronise`);
+      assert.deepEqual(
+        await settled(
+          () => [ids(p), drained(p)],
+          ([w, d]) => w.length === 1 && d.length === 1,
+        ),
+        [['e1'], ['e1']],
+        p.id,
+      );
+    }
+    const c = await replica('c', prefix, ['e0', 'e1'], redis.url);
+    assert.deepEqual([ids(c), drained(c)], [['e1'], ['e1']]);
+  } finally {
+    for (const s of stores.splice(0)) await s.close();
+    await redis.kill();
+  }
+});
+
+test('a drain message that is not well formed is counted and changes nothing', async () => {
+  const prefix = freshPrefix();
+  const a = await replica('a', prefix, ['e0']);
+  const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
+  await r.connect();
+  try {
+    for (const m of [
+      { r: 'x', k: 'dr', id: 5, on: true },
+      { r: 'x', k: 'dr', id: 'e0', on: 'yes' },
+      { r: 'x', k: 'ev', w: 7, e: [] },
+    ])
+      await r.publish(`${prefix}events`, JSON.stringify(m));
+    await until(() => a.store.stats().malformedMessages === 3, 'the three messages to be counted');
+    assert.deepEqual(drained(a), []);
+    assert.deepEqual(a.posted, []);
+  } finally {
+    r.disconnect();
+  }
+});
