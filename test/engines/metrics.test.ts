@@ -198,6 +198,22 @@ describe('series of one quantity, as the engines export them', () => {
   });
 });
 
+describe('hostile label sets', () => {
+  test('a line whose labels are longer than any engine writes is skipped, not a failed page', () => {
+    const good = 'vllm:num_requests_running{engine="0"} 2\nvllm:num_requests_waiting{engine="0"} 1\n';
+    // a label value of 12 million characters made the label pattern overflow the stack (a
+    // RangeError that failed the whole scrape); the line is skipped as malformed, as the docs say
+    for (const line of [
+      `vllm:num_requests_waiting{engine="0",model_name="${'x'.repeat(12_000_000)}"} 7`,
+      `vllm:num_requests_waiting{engine="0",model_name="${'\\"'.repeat(6_000_000)}"} 7`,
+    ]) {
+      const load = readEngineLoad(good + line + '\n');
+      assert.equal(load.waiting, 1);
+      assert.equal(load.running, 2);
+    }
+  });
+});
+
 describe('metrics scraper', () => {
   let page = VLLM;
   let status = 200;

@@ -74,7 +74,9 @@ export function parsePrometheusText(text: string, engine?: string, names?: Reado
     let labels = NO_LABELS;
     if (rest.startsWith('{')) {
       const close = findLabelsEnd(rest);
-      if (close < 0) continue;
+      // a label set no engine writes (theirs are a few names of tens of characters) is malformed:
+      // skipped before the pattern reads it, which on millions of characters overflows the stack
+      if (close < 0 || close > MAX_LABELS_CHARS) continue;
       const read = readLabels(rest.slice(1, close));
       if (read === undefined) continue;
       labels = read;
@@ -96,6 +98,9 @@ export function parsePrometheusText(text: string, engine?: string, names?: Reado
   }
   return series;
 }
+
+/** The longest label set read, in characters (`{...}`): 64 KiB, a thousand times an engine's. */
+const MAX_LABELS_CHARS = 64 * 1024;
 
 const LABEL = /\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)/y;
 
