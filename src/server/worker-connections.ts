@@ -140,11 +140,15 @@ export interface WorkerConnectionsOptions {
 
 /**
  * How long a worker whose health probes were only too slow keeps its unanswered requests: two
- * probe intervals, at least a second, and never past what a timer holds (twice the longest
- * interval would make the timer fire at once).
+ * probe intervals, at least a second, and at least one probe round and a quarter second: its
+ * next probe starts an interval after the one that took it out ended, and may take the whole
+ * probe timeout (`healthCheckTimeoutMs`) to bring it back. Never past what a timer holds (twice
+ * the longest interval would make the timer fire at once).
  */
-export function slowProbeGraceMs(healthCheckIntervalMs: number): number {
-  return Math.min(Math.max(1000, 2 * healthCheckIntervalMs), MAX_TIMER_MS);
+export function slowProbeGraceMs(healthCheckIntervalMs: number, healthCheckTimeoutMs = 0): number {
+  const probeRound =
+    healthCheckIntervalMs > 0 && healthCheckTimeoutMs > 0 ? healthCheckIntervalMs + healthCheckTimeoutMs + 250 : 0;
+  return Math.min(Math.max(1000, 2 * healthCheckIntervalMs, probeRound), MAX_TIMER_MS);
 }
 
 /** A worker refused because the router would hold more than MAX_WORKERS; `field` is the one at fault. */
@@ -223,7 +227,7 @@ export class WorkerConnections {
           }).start()
         : undefined;
     health.onChange((id, available) => (available ? this.backInRotation(id) : this.outOfRotation(id)));
-    this.slowProbeGraceMs = slowProbeGraceMs(healthCheckIntervalMs);
+    this.slowProbeGraceMs = slowProbeGraceMs(healthCheckIntervalMs, healthCheckTimeoutMs);
     const modelsMs = options.modelsIntervalMs ?? 30_000;
     if (modelsMs > 0) {
       this.modelsTimer = setInterval(() => {
