@@ -60,14 +60,17 @@ export interface MetricsChannel {
 
 /**
  * The primary's side: merges the registries of the live gateway processes for the one that
- * was scraped. A process that does not answer within COLLECT_TIMEOUT_MS is left out of that
- * page (it is stopping, or stuck); the others still count.
+ * was scraped. A process that does not answer within COLLECT_TIMEOUT_MS (busy, or stuck)
+ * counts with the last registry it sent: left out, its counters would drop from the page and
+ * read as a reset. One that never answered yet has counted nothing a scrape has seen.
  */
 export class MetricsAggregator {
   private readonly processes = new Map<string, MetricsChannel>();
+  /** Each live process's latest registry. */
+  private readonly latest = new Map<string, Metrics>();
   private readonly pending = new Map<
     number,
-    { from: string; id: number; waiting: Set<string>; got: Metrics[]; timer: NodeJS.Timeout }
+    { from: string; id: number; waiting: Set<string>; timer: NodeJS.Timeout }
   >();
   private nextId = 1;
 
@@ -78,6 +81,7 @@ export class MetricsAggregator {
   /** A process stopped: no page waits for it any more. */
   remove(id: string): void {
     this.processes.delete(id);
+    this.latest.delete(id);
     for (const [key, p] of this.pending) {
       p.waiting.delete(id);
       if (p.from === id) this.drop(key);
@@ -91,10 +95,8 @@ export class MetricsAggregator {
     if (m.cfMetrics === 'request') this.start(from, m.id);
     else if (m.cfMetrics === 'collected') {
       const p = this.pending.get(m.id);
-      if (p && p.waiting.delete(from)) {
-        if (Array.isArray(m.metrics)) p.got.push(m.metrics);
-        if (p.waiting.size === 0) this.finish(m.id);
-      }
+      if (Array.isArray(m.metrics) && this.processes.has(from)) this.latest.set(from, m.metrics);
+      if (p && p.waiting.delete(from) && p.waiting.size === 0) this.finish(m.id);
     }
     return true;
   }
@@ -103,7 +105,7 @@ export class MetricsAggregator {
     const key = this.nextId++;
     const waiting = new Set(this.processes.keys());
     const timer = setTimeout(() => this.finish(key), COLLECT_TIMEOUT_MS);
-    this.pending.set(key, { from, id: requestId, waiting, got: [], timer });
+    this.pending.set(key, { from, id: requestId, waiting, timer });
     for (const [, channel] of this.processes) channel.send({ cfMetrics: 'collect', id: key });
     if (waiting.size === 0) this.finish(key);
   }
@@ -117,7 +119,7 @@ export class MetricsAggregator {
     const fail = (err: unknown) => to.send({ cfMetrics: 'aggregated', id: p.id, error: String(err) });
     try {
       // the page is written here and crosses the channel as text: the scraped process answers it as it is
-      AggregatorRegistry.aggregate(p.got)
+      AggregatorRegistry.aggregate([...this.latest.values()])
         .metrics()
         .then((text) => to.send({ cfMetrics: 'aggregated', id: p.id, text }), fail);
     } catch (err) {
