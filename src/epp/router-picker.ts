@@ -198,6 +198,11 @@ export class RouterPicker implements EndpointPicker {
 
   async pick(input: PickInput): Promise<PickOutcome> {
     const { router, state } = this.backend;
+    // HTTP/2 and HTTP/3 give each pseudo-header once (RFC 9113 §8.3): repeated, it would read as
+    // one comma-joined value (a path no API has), and the refusal would name some other field
+    for (const name of input.repeatedHeaders?.keys() ?? [])
+      if (name.startsWith(':'))
+        return { ok: false, status: 400, message: `the pseudo-header ${name} must be given once`, param: name };
     const target = input.headers.get(':path');
     const method = input.headers.get(':method');
     // the inference APIs take POST, as the gateway serves them; a CORS preflight (OPTIONS) goes
