@@ -13,23 +13,28 @@ import { until } from '../helpers/wait.js';
 // was served on that endpoint leaves the decision (and its rank) as it was.
 
 let dpEngine: MockEngine;
+let dp2Engine: MockEngine;
 let soloEngine: MockEngine;
 let gateway: Gateway;
 let picker: RunningPicker;
 let envoy: EnvoyRole;
 let dp: string;
+let dp2: string;
 let solo: string;
 
 before(async () => {
   const opts = { kvBlocks: 4096, prefillTokS: 200_000, decodeTokS: 4000 };
   dpEngine = await new MockEngine({ ...opts, dataParallelSize: 2 }).start();
+  dp2Engine = await new MockEngine({ ...opts, dataParallelSize: 2 }).start();
   soloEngine = await new MockEngine(opts).start();
   dp = `127.0.0.1:${dpEngine.port}`;
+  dp2 = `127.0.0.1:${dp2Engine.port}`;
   solo = `127.0.0.1:${soloEngine.port}`;
   gateway = await createGateway({
     router: new KVAwareRouter({ blockSize: 16 }),
     workers: [
       { id: 'dp', url: `http://${dp}`, dpSize: 2 },
+      { id: 'dp2', url: `http://${dp2}`, dpSize: 2 },
       { id: 'solo', url: `http://${solo}` },
     ],
     state: new MemoryStateStore(),
@@ -49,6 +54,7 @@ after(async () => {
   await picker.close();
   await gateway.close();
   await dpEngine.close();
+  await dp2Engine.close();
   await soloEngine.close();
 });
 
@@ -95,7 +101,7 @@ test("a rank's fallbacks are endpoints where that rank exists; a client's rank h
   const open: PickerStream[] = [];
   const seen = new Set<string>();
   try {
-    for (let i = 0; i < 9 && seen.size < 3; i++) {
+    for (let i = 0; i < 15 && seen.size < 3; i++) {
       const out = await envoy.request({
         headers: { ':path': '/v1/completions', 'x-data-parallel-rank': '1' },
         body: body(),
@@ -109,18 +115,47 @@ test("a rank's fallbacks are endpoints where that rank exists; a client's rank h
         assert.equal(rank, undefined, 'no rank is set for a worker without ranks');
         assert.ok(out.removedHeaders.includes('x-data-parallel-rank'), "the client's rank header is removed");
       } else {
-        assert.equal(out.endpoints[0], dp);
-        seen.add(`dp#${String(rank)}`);
+        assert.ok(rank === '0' || rank === '1', `the rank is named: ${String(rank)}`);
+        seen.add(`rank ${rank}`);
         // rank 1 does not exist on the engine without ranks: it would refuse the request
-        if (rank === '1') assert.deepEqual(out.endpoints, [dp], 'no fallback without rank 1');
-        else assert.deepEqual(out.endpoints, [dp, solo], 'rank 0 exists on every engine');
+        const others = new Set(out.endpoints.slice(1));
+        const expected = new Set([dp, dp2, solo].filter((e) => e !== out.endpoints[0] && (rank === '0' || e !== solo)));
+        assert.deepEqual(others, expected, `the fallbacks of rank ${rank}`);
       }
     }
-    assert.deepEqual([...seen].sort(), ['dp#0', 'dp#1', 'solo']);
+    assert.deepEqual([...seen].sort(), ['rank 0', 'rank 1', 'solo']);
   } finally {
     for (const s of open) {
       await s.respondHeaders({}, true);
       await finish(s);
     }
   }
+});
+
+test('served on a fallback endpoint: the accounting moves to the same rank there', async () => {
+  const before = await fallbacks();
+  const open: Array<{ worker: string; stream: PickerStream }> = [];
+  const ranks = new Set<string>();
+  try {
+    for (let i = 0; i < 8 && ranks.size < 2; i++) {
+      const out = await envoy.request({ headers: { ':path': '/v1/completions' }, body: body(), subset: [dp, dp2] });
+      assert.equal(out.kind, 'routed', out.kind === 'immediate' ? out.body : '');
+      if (out.kind !== 'routed') return;
+      const rank = String(out.setHeaders.get('x-data-parallel-rank'));
+      ranks.add(rank);
+      assert.equal(out.endpoints.length, 2, 'the other engine is the fallback');
+      const fallback = out.endpoints[1];
+      const set = await out.stream.respondHeaders({ served: fallback }, true);
+      const worker = `${fallback === dp ? 'dp' : 'dp2'}#${rank}`;
+      open.push({ worker, stream: out.stream });
+      assert.equal(set.get('x-contextforge-worker'), worker);
+    }
+    assert.deepEqual([...ranks].sort(), ['0', '1'], 'both ranks were chosen');
+    for (const id of ['dp#0', 'dp#1', 'dp2#0', 'dp2#1'])
+      assert.equal(inFlightOf(id), open.filter((o) => o.worker === id).length, `${id} holds what it served`);
+    assert.equal(await fallbacks(), before + open.length);
+  } finally {
+    for (const o of open) await finish(o.stream);
+  }
+  await until(() => ['dp#0', 'dp#1', 'dp2#0', 'dp2#1'].every((id) => inFlightOf(id) === 0), 'the requests to end');
 });
