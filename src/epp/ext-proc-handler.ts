@@ -70,6 +70,10 @@ export type PickOutcome =
       body?: Buffer;
       /** The model was renamed for the engine: the response body gets the client's name back. */
       modelRewrite?: { engine: string; client: string };
+      /** Request headers set for the engine (X-data-parallel-rank naming the chosen rank). */
+      headers?: Readonly<Record<string, string>>;
+      /** Request headers removed before the engine (a client's X-data-parallel-rank). */
+      removeHeaders?: readonly string[];
       inFlight: InFlightRequest;
     }
   | {
@@ -254,11 +258,11 @@ export function createProcessHandler(
       options.onOutcome?.('routed');
       const forwarded = body === undefined ? undefined : (outcome.body ?? body);
       // Envoy drops content-length in FULL_DUPLEX_STREAMED mode; the engine gets it back, exact
-      const extra: Record<string, string> =
-        forwarded === undefined ? {} : { 'content-length': String(forwarded.length) };
+      const extra: Record<string, string> = { ...outcome.headers };
+      if (forwarded !== undefined) extra['content-length'] = String(forwarded.length);
       // the engine logs the same id as the picker (vLLM reads x-request-id)
       if (requestIdGenerated) extra[REQUEST_ID_HEADER] = requestId;
-      await send(routingHeadersResponse(outcome.endpoints, extra));
+      await send(routingHeadersResponse(outcome.endpoints, extra, outcome.removeHeaders));
       if (forwarded !== undefined) {
         if (requestBodyMode !== undefined && requestBodyMode !== 'FULL_DUPLEX_STREAMED') {
           // the other modes expect one answer per body message: Envoy forwards what they say, so

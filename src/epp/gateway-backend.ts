@@ -15,7 +15,7 @@ export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
     *workers() {
       for (const w of router.listWorkers()) {
         const c = connections.get(w.id);
-        if (c) yield { id: w.id, url: c.record.url };
+        if (c) yield { id: w.id, url: c.record.url, rank: c.rank };
       }
     },
     workersWithoutModel: (model) => connections.withoutModel(model),

@@ -18,6 +18,7 @@ import {
 } from '../server/request-limits.js';
 import type { PanicRouting } from '../server/panic-routing.js';
 import { methodNotAllowedMessage } from '../server/route-methods.js';
+import { DP_RANK_HEADER } from '../server/engine-deployments.js';
 import { endpointOfUrl, inSubset, INFERENCE_OBJECTIVE_HEADER, MODEL_NAME_REWRITE_HEADER } from './protocol.js';
 
 /** An OpenAI request read into what the router routes on (the gateway's own parsing and tokenization). */
@@ -68,8 +69,11 @@ export interface RoutingBackend {
    * (--panic-routing false): such a request is answered 503.
    */
   readonly panic?: Pick<PanicRouting, 'decide' | 'routedInRotation'>;
-  /** Every registered worker's id and engine base URL. */
-  workers(): Iterable<{ id: string; url: string }>;
+  /**
+   * Every registered worker's id and engine base URL, and its data-parallel rank when the
+   * worker is one rank of an engine with several (they share the engine's URL).
+   */
+  workers(): Iterable<{ id: string; url: string; rank?: number | null }>;
   /** Workers that list their models, `model` not among them. */
   workersWithoutModel(model: unknown): ReadonlySet<string>;
   /**
@@ -130,9 +134,12 @@ export class RouterPicker implements EndpointPicker {
   private readonly cachedTokens?: Counter;
   private readonly promptTokens?: Counter;
   private readonly ttft?: Histogram;
-  /** endpoint (host:port) → worker id and back, rebuilt when the worker set changes */
-  private endpointCache = new Map<string, string>();
-  private endpointOfWorker = new Map<string, { url: string; endpoint: string }>();
+  /**
+   * endpoint (host:port) → the workers there (the ranks of a data-parallel engine, in the order
+   * registered) and back, rebuilt when the worker set changes
+   */
+  private endpointCache = new Map<string, Array<{ id: string; rank: number | null }>>();
+  private endpointOfWorker = new Map<string, { url: string; endpoint: string; rank: number | null }>();
 
   constructor(
     private readonly backend: RoutingBackend,
@@ -176,14 +183,26 @@ export class RouterPicker implements EndpointPicker {
     this.outcomes.inc({ outcome: String(outcome) });
   }
 
-  /** The worker id serving an endpoint (host:port), if any. */
-  workerAt(endpoint: string): string | undefined {
+  /**
+   * The worker id serving an endpoint (host:port), if any. An engine with data-parallel ranks is
+   * several workers at one endpoint: the one of `rank` when given and there, else the first
+   * registered (the engine picks the rank of a request that names none).
+   */
+  workerAt(endpoint: string, rank?: number | null): string | undefined {
     this.refreshEndpoints();
-    return this.endpointCache.get(endpoint.toLowerCase());
+    const there = this.endpointCache.get(endpoint.toLowerCase());
+    if (there === undefined) return undefined;
+    if (rank !== undefined && rank !== null) for (const w of there) if (w.rank === rank) return w.id;
+    return there[0].id;
   }
 
   async pick(input: PickInput): Promise<PickOutcome> {
     const { router, state } = this.backend;
+    // HTTP/2 and HTTP/3 give each pseudo-header once (RFC 9113 §8.3): repeated, it would read as
+    // one comma-joined value (a path no API has), and the refusal would name some other field
+    for (const name of input.repeatedHeaders?.keys() ?? [])
+      if (name.startsWith(':'))
+        return { ok: false, status: 400, message: `the pseudo-header ${name} must be given once`, param: name };
     const target = input.headers.get(':path');
     const method = input.headers.get(':method');
     // the inference APIs take POST, as the gateway serves them; a CORS preflight (OPTIONS) goes
@@ -394,9 +413,18 @@ export class RouterPicker implements EndpointPicker {
       forwarded = Buffer.from(JSON.stringify({ ...preparedBody, cache_salt: decision.cacheSalt }));
 
     const endpoints = [this.endpointOf(decision.workerId)];
+    // a rank of a data-parallel engine is named to it in X-data-parallel-rank (as the gateway
+    // names it); a client's own never reaches an engine the router did not choose a rank of
+    const rank = this.endpointOfWorker.get(decision.workerId)?.rank ?? null;
     // ordered fallbacks: the policy's next choices, without changing any state
     const tried = new Set(excluded);
     tried.add(decision.workerId);
+    if (rank !== null) {
+      // Envoy sends a fallback the same header: only an engine where that rank exists can take
+      // it (vLLM refuses a rank outside its --data-parallel-size; every engine has rank 0)
+      for (const [id, e] of this.endpointOfWorker)
+        if (e.rank !== rank && !(rank === 0 && e.rank === null)) tried.add(id);
+    }
     while (endpoints.length <= this.fallbacks && tried.size < this.endpointOfWorker.size) {
       const next = router.route(routeRequest, { exclude: tried, dryRun: true, panicCandidates });
       if (next.noWorker) break;
@@ -409,7 +437,8 @@ export class RouterPicker implements EndpointPicker {
       endpoints,
       body: forwarded,
       modelRewrite,
-      inFlight: this.track(decision, routeRequest, firstTokenReported, panicCandidates),
+      ...(rank === null ? { removeHeaders: [DP_RANK_HEADER] } : { headers: { [DP_RANK_HEADER]: String(rank) } }),
+      inFlight: this.track(decision, routeRequest, firstTokenReported, panicCandidates, rank),
     };
   }
 
@@ -425,15 +454,21 @@ export class RouterPicker implements EndpointPicker {
     return n === 0 ? 1 : sum / n;
   }
 
-  /** `panicCandidates`: the workers the request was panic-routed over, when it was (the gateway may serve it on one). */
+  /**
+   * `panicCandidates`: the workers the request was panic-routed over, when it was (the gateway
+   * may serve it on one); `rank`: the data-parallel rank named to the engine, if any.
+   */
   private track(
     first: RouteResult,
     routeRequest: RouteRequest,
     firstTokenReported: boolean,
     panicCandidates: ReadonlySet<string> | undefined,
+    rank: number | null,
   ): InFlightRequest {
     const { router, state } = this.backend;
     let decision: RouteResult | undefined = first;
+    /** The endpoint of the decision: the ranks of an engine share it. */
+    let decidedEndpoint = this.endpointOf(first.workerId);
     const started = performance.now();
     // the engine may yet be found to hold none of the request: until its first byte or a refusal
     let withdrawable = true;
@@ -447,8 +482,11 @@ export class RouterPicker implements EndpointPicker {
       served: (endpoint) => {
         if (!decision) return undefined;
         if (endpoint === undefined) return decision.workerId;
-        const id = this.workerAt(endpoint);
-        if (id === undefined || id === decision.workerId) return id ?? decision.workerId;
+        // served where it was sent: the decision stands, whichever of the engine's ranks it is
+        if (endpoint.toLowerCase() === decidedEndpoint) return decision.workerId;
+        // elsewhere: on the rank the request named, which a fallback has (see pick)
+        const id = this.workerAt(endpoint, rank);
+        if (id === undefined || id === decision.workerId) return decision.workerId;
         // the gateway fell back: the work (and the blocks it caches) moved to that worker
         this.servedElsewhere.inc();
         release();
@@ -463,6 +501,7 @@ export class RouterPicker implements EndpointPicker {
         if (moved.workerId === id) {
           if (moved.shared) state.decisionMade(moved.shared);
           decision = moved;
+          decidedEndpoint = endpoint.toLowerCase();
         } else if (moved.ticket) router.release(moved.ticket);
         return id;
       },
@@ -495,19 +534,23 @@ export class RouterPicker implements EndpointPicker {
     let same = true;
     for (const w of this.backend.workers()) {
       n++;
-      if (this.endpointOfWorker.get(w.id)?.url !== w.url) {
+      const known = this.endpointOfWorker.get(w.id);
+      if (known?.url !== w.url || known.rank !== (w.rank ?? null)) {
         same = false;
         break;
       }
     }
     if (same && n === this.endpointOfWorker.size) return;
-    const byEndpoint = new Map<string, string>();
-    const byWorker = new Map<string, { url: string; endpoint: string }>();
+    const byEndpoint = new Map<string, Array<{ id: string; rank: number | null }>>();
+    const byWorker = new Map<string, { url: string; endpoint: string; rank: number | null }>();
     for (const w of this.backend.workers()) {
       const endpoint = endpointOfUrl(w.url).toLowerCase();
-      byWorker.set(w.id, { url: w.url, endpoint });
+      const rank = w.rank ?? null;
+      byWorker.set(w.id, { url: w.url, endpoint, rank });
       // workers sharing a host:port (data-parallel ranks behind one API server) are one endpoint
-      if (!byEndpoint.has(endpoint)) byEndpoint.set(endpoint, w.id);
+      const there = byEndpoint.get(endpoint);
+      if (there) there.push({ id: w.id, rank });
+      else byEndpoint.set(endpoint, [{ id: w.id, rank }]);
     }
     this.endpointCache = byEndpoint;
     this.endpointOfWorker = byWorker;

@@ -60,6 +60,8 @@ export type RequestOutcome =
       endpoints: string[];
       headerValue: string;
       setHeaders: Map<string, string>;
+      /** The request headers the picker's answer removes. */
+      removedHeaders: string[];
       body: Buffer;
       stream: PickerStream;
     }
@@ -288,6 +290,7 @@ export class EnvoyRole {
       endpoints,
       headerValue,
       setHeaders,
+      removedHeaders: common.header_mutation?.remove_headers ?? [],
       body: Buffer.concat(echoed),
       stream: new PickerStream(call, inbox, next, this),
     };

@@ -209,6 +209,41 @@ test('a metadata header that takes one value, repeated → 400 naming it, as the
   await stillServing();
 });
 
+test('a pseudo-header given twice → 400 naming it, not read as one comma-joined value', async () => {
+  for (const [name, a, b] of [
+    [':path', '/v1/completions', '/v1/chat/completions'],
+    [':method', 'POST', 'POST'],
+  ]) {
+    const out = await exchange([
+      {
+        request_headers: {
+          headers: {
+            headers: [
+              { key: ':method', raw_value: Buffer.from('POST') },
+              { key: ':path', raw_value: Buffer.from('/v1/completions') },
+            ]
+              .filter((h) => h.key !== name)
+              .concat([
+                { key: name, raw_value: Buffer.from(a) },
+                { key: name, raw_value: Buffer.from(b) },
+              ]),
+          },
+          end_of_stream: false,
+        },
+      },
+      BODY,
+    ]);
+    assert.equal(out.code, GrpcStatus.OK);
+    const reply = out.answers[0]?.immediate_response;
+    assert.ok(reply, `${name}: a local reply, got ${out.answers.map((x) => x.response).join(', ')}`);
+    assert.equal(reply.status.code, 'BadRequest');
+    const error = JSON.parse(Buffer.from(reply.body ?? []).toString()).error as { message: string; param: string };
+    assert.equal(error.param, name);
+    assert.match(error.message, new RegExp(`${name} .*once`));
+  }
+  await stillServing();
+});
+
 test('a request to an inference path without a body → 400 naming the body, the gateway’s own answer', async () => {
   const gateway = await fleet.gateways[0].app.inject({
     method: 'POST',
