@@ -365,7 +365,7 @@ export function registerKvEventMetrics(
 ): void {
   new Counter({
     name: 'contextforge_kv_events_skipped_total',
-    help: 'KV events skipped (not applied), per worker and reason; a malformed_batch is a whole message.',
+    help: 'KV events skipped (not applied), per worker and reason; a malformed_batch or unknown_rank is a whole batch.',
     labelNames: ['worker', 'reason'] as const,
     registers: [registry],
     collect() {

@@ -35,7 +35,12 @@ export interface KvEventSubscriberOptions {
   endpoint: string;
   replayEndpoint?: string;
   applier: KvEventApplier;
-  /** Worker of a data-parallel rank (batches carry data_parallel_rank); default: workerId. */
+  /**
+   * Worker of a data-parallel rank (batches carry data_parallel_rank): a batch of a rank it
+   * gives no worker for is skipped and counted (`unknownRanks`). Without it every batch of
+   * the endpoint is workerId's, whatever its rank (an engine started with
+   * --data-parallel-rank R, listed as a worker of its own, stamps its batches with R).
+   */
   workerForRank?: (rank: number) => string | undefined;
   /** Longest wait for each message of a replay (default 2000 ms). */
   replayTimeoutMs?: number;
@@ -60,6 +65,7 @@ export interface SubscriberStats {
   restarts: number;
   disconnects: number;
   malformed: number;
+  /** Batches of a data-parallel rank the worker does not have (skipped). */
   unknownRanks: number;
   /** Replays accepted from the oldest batch the engine still buffered (joined late). */
   lateJoins: number;
@@ -76,6 +82,7 @@ export class KvEventSubscriber {
   private lastSeq: bigint | null = null;
   /** The last sequence number a replay delivered: live copies up to it are duplicates. */
   private replayedThrough: bigint | null = null;
+  private unknownRankLogged = false;
   private running = false;
   private loop: Promise<void> | undefined;
   private watch: Promise<void> | undefined;
@@ -248,6 +255,14 @@ export class KvEventSubscriber {
       const w = this.options.workerForRank(batch.dataParallelRank);
       if (w === undefined) {
         this.stats.unknownRanks++;
+        if (!this.unknownRankLogged) {
+          this.unknownRankLogged = true;
+          this.log(
+            `batch ${seq} is from data-parallel rank ${batch.dataParallelRank}, which the worker's dp-size does not cover: ` +
+              `batches of ranks it does not have are skipped (reason unknown_rank). Give the worker the engine's ` +
+              `--data-parallel-size as dp-size, or list an engine that serves one rank (--data-parallel-rank) as its own worker without dp-size`,
+          );
+        }
         return;
       }
       worker = w;
