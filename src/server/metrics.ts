@@ -384,6 +384,16 @@ export function registerKvEventMetrics(
     },
   });
   new Counter({
+    name: 'contextforge_kv_event_duplicates_total',
+    help: 'Live KV-event batches skipped as copies of batches a replay had delivered, per worker.',
+    labelNames: ['worker'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const [worker, stats] of subscribers()) this.inc({ worker }, stats.duplicates);
+    },
+  });
+  new Counter({
     name: 'contextforge_kv_event_late_joins_total',
     help: 'Replays accepted from the oldest batch an engine still buffered (the router joined late or lost a stretch).',
     labelNames: ['worker'] as const,

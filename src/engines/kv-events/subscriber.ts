@@ -20,6 +20,11 @@ import { decodeEventBatch, KV_EVENT_LIMITS, KvEventFormatError, type KvEventBatc
  *   parents were in the dropped part are orphans (counted; `--block-hash vllm` applies them);
  * - a replay that itself has a gap (the buffer moved on) drops the worker's entries and
  *   rebuilds from the oldest batch it has, rather than asking again for what is gone;
+ * - a replay asked for by a live batch applies batches up to that one only (later ones come
+ *   live); one that jumps past it, leaving a hole, fails: numbered ahead of the stream, it
+ *   would make every live batch look like one it had delivered;
+ * - a live copy of a batch a replay delivered is skipped and counted (`duplicates`); a number
+ *   below the first batch the replay delivered was never delivered by it: a restart;
  * - losing the connection makes the engine's state unknown (it may have died): its entries
  *   are dropped, and on reconnection rebuilt from the replay buffer;
  * - a quiet stream is polled through the replay endpoint every `idleReplayMs`, so the last
@@ -67,6 +72,8 @@ export interface SubscriberStats {
   malformed: number;
   /** Batches of a data-parallel rank the worker does not have (skipped). */
   unknownRanks: number;
+  /** Live copies of batches a replay had delivered (skipped). */
+  duplicates: number;
   /** Replays accepted from the oldest batch the engine still buffered (joined late). */
   lateJoins: number;
   lastSeq: number | null;
@@ -82,6 +89,8 @@ export class KvEventSubscriber {
   private lastSeq: bigint | null = null;
   /** The last sequence number a replay delivered: live copies up to it are duplicates. */
   private replayedThrough: bigint | null = null;
+  /** The first sequence number the replays since the last live batch delivered. */
+  private replayedFrom: bigint | null = null;
   private unknownRankLogged = false;
   private running = false;
   private loop: Promise<void> | undefined;
@@ -100,6 +109,7 @@ export class KvEventSubscriber {
     disconnects: 0,
     malformed: 0,
     unknownRanks: 0,
+    duplicates: 0,
     lateJoins: 0,
     lastSeq: null,
     lagSeconds: 0,
@@ -162,7 +172,7 @@ export class KvEventSubscriber {
     if (!this.running || !this.options.replayEndpoint) return;
     this.lastMessageAt = Date.now();
     const from = this.lastSeq === null ? 0n : this.lastSeq + 1n;
-    await this.replayFrom(from, from);
+    await this.replayFrom(from, null);
   }
 
   private async watchConnection(): Promise<void> {
@@ -176,6 +186,7 @@ export class KvEventSubscriber {
             this.dropWorkerEntries();
             this.lastSeq = null;
             this.replayedThrough = null;
+            this.replayedFrom = null;
           });
         } else if (event.type === 'connect') {
           await this.serial(() => this.catchUp());
@@ -210,13 +221,23 @@ export class KvEventSubscriber {
     const seq = frames[1].readBigInt64BE();
     if (this.lastSeq !== null && seq <= this.lastSeq) {
       // PUB never repeats a message: an old number is one a replay already delivered, or
-      // the engine restarted (with an empty cache) and counts from 0 again
-      if (this.replayedThrough !== null && seq <= this.replayedThrough) return;
+      // the engine restarted (with an empty cache) and counts from 0 again. A number below
+      // the first one the replay delivered is not one it delivered
+      if (
+        this.replayedThrough !== null &&
+        this.replayedFrom !== null &&
+        seq <= this.replayedThrough &&
+        seq >= this.replayedFrom
+      ) {
+        this.stats.duplicates++;
+        return;
+      }
       this.stats.restarts++;
       this.log(`sequence went back from ${this.lastSeq} to ${seq}: engine restarted, its entries are dropped`);
       this.dropWorkerEntries();
       this.lastSeq = null;
       this.replayedThrough = null;
+      this.replayedFrom = null;
     }
     const expected = this.lastSeq === null ? 0n : this.lastSeq + 1n;
     if (seq > expected) {
@@ -232,7 +253,10 @@ export class KvEventSubscriber {
     }
     this.applyPayload(seq, frames[2]);
     // live delivery has caught up with the replay: older numbers now mean a restart
-    if (this.replayedThrough !== null && seq > this.replayedThrough) this.replayedThrough = null;
+    if (this.replayedThrough !== null && seq > this.replayedThrough) {
+      this.replayedThrough = null;
+      this.replayedFrom = null;
+    }
   }
 
   private applyPayload(seq: bigint, payload: Uint8Array): void {
@@ -299,10 +323,11 @@ export class KvEventSubscriber {
   }
 
   /**
-   * Asks the engine's ROUTER for every batch from `from` on and applies them in order.
-   * Returns whether the stream is whole again up to `until`.
+   * Asks the engine's ROUTER for every batch from `from` on and applies them in order: up to
+   * `until`, the live batch that asked for the replay, when there is one (later batches come
+   * live). Returns whether the stream is whole again up to `until`.
    */
-  private async replayFrom(from: bigint, until: bigint): Promise<boolean> {
+  private async replayFrom(from: bigint, until: bigint | null): Promise<boolean> {
     const dealer = new Dealer({
       linger: 0,
       receiveTimeout: this.options.replayTimeoutMs ?? 2000,
@@ -310,7 +335,11 @@ export class KvEventSubscriber {
     });
     const deadlineMs = this.options.replayDeadlineMs ?? 10_000;
     const deadline = performance.now() + deadlineMs;
-    const [lastSeqBefore, replayedThroughBefore] = [this.lastSeq, this.replayedThrough];
+    const [lastSeqBefore, replayedThroughBefore, replayedFromBefore] = [
+      this.lastSeq,
+      this.replayedThrough,
+      this.replayedFrom,
+    ];
     let next = from;
     try {
       dealer.connect(this.options.replayEndpoint!);
@@ -327,6 +356,13 @@ export class KvEventSubscriber {
         if (seq === -1n) break;
         if (performance.now() > deadline) throw new Error(`it did not end within ${deadlineMs} ms`);
         if (seq < next) continue;
+        if (until !== null && seq > until) {
+          // past the live batch that asked: it comes live. A replay that jumps past it, leaving
+          // a hole before it, numbers its batches ahead of the stream: taken, every live batch
+          // would look like one it had delivered
+          if (next < until) throw new Error(`it answered batch ${seq}, past the live batch ${until} that asked for it`);
+          continue;
+        }
         if (seq > next) {
           // the engine's buffer no longer has batches from `next` on: take what it has, from
           // its oldest batch. With no state yet (joining late) nothing is lost but the older
@@ -346,11 +382,13 @@ export class KvEventSubscriber {
           this.stats.lateJoins++;
         }
         this.applyPayload(seq, frames.at(-1)!);
+        if (this.replayedThrough === null) this.replayedFrom = seq;
         this.replayedThrough = seq;
         next = seq + 1n;
       }
       this.stats.replays++;
-      return next > from || next > until || this.lastSeq === null || this.lastSeq >= until - 1n;
+      const upTo = until ?? from;
+      return next > from || next > upTo || this.lastSeq === null || this.lastSeq >= upTo - 1n;
     } catch (err) {
       this.stats.replayFailures++;
       this.log(`replay from ${from} failed: ${(err as Error).message}`);
@@ -361,6 +399,7 @@ export class KvEventSubscriber {
         this.dropWorkerEntries();
         this.lastSeq = lastSeqBefore;
         this.replayedThrough = replayedThroughBefore;
+        this.replayedFrom = replayedFromBefore;
         this.stats.lastSeq = lastSeqBefore === null ? null : Number(lastSeqBefore);
       }
       return false;
