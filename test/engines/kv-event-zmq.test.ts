@@ -647,4 +647,23 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
     await until(() => sub.stats.restarts === 1, 'the restart');
     assert.equal(sub.stats.duplicates, 1);
   });
+
+  test('a negative sequence number is a malformed message; a bad sequence frame is named in the log', async () => {
+    const { pub, sub, logs } = await rigWithReplay(() => []);
+    const malformed = sub.stats.malformed;
+    const lastSeq = sub.stats.lastSeq;
+    await pub.sendRaw(['', seqBytes(-5n), encodeEventBatch(batch(stored([1n], null, 0)))]);
+    await pub.sendRaw(['', Buffer.alloc(4), encodeEventBatch(batch(stored([1n], null, 0)))]);
+    await until(() => sub.stats.malformed === malformed + 2, 'both messages counted as malformed');
+    assert.equal(sub.stats.lastSeq, lastSeq, 'the stream position did not move');
+    assert.equal(sub.stats.restarts, 0);
+    assert.ok(
+      logs.some((l) => /sequence number/.test(l) && /-5|negative|2\^63/.test(l)),
+      `the negative number is logged: ${logs.join(' | ')}`,
+    );
+    assert.ok(
+      logs.some((l) => /sequence frame/.test(l) && /4 bytes/.test(l)),
+      `the short seq frame is named: ${logs.join(' | ')}`,
+    );
+  });
 });

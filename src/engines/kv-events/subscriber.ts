@@ -29,7 +29,8 @@ import { decodeEventBatch, KV_EVENT_LIMITS, KvEventFormatError, type KvEventBatc
  *   are dropped, and on reconnection rebuilt from the replay buffer;
  * - a quiet stream is polled through the replay endpoint every `idleReplayMs`, so the last
  *   batches before a silence are not lost for good (PUB/SUB drops silently).
- * A malformed message (bad frames, or a payload whose decoding fails in any way) is counted
+ * A malformed message (bad frames, a sequence number with its top bit set — vLLM counts up
+ * from 0 —, or a payload whose decoding fails in any way) is counted
  * and skipped; it never clears or corrupts the index, nor stops the stream. An event of a
  * batch that cannot be read or applied is skipped and counted per reason (`applied.skipped`);
  * the rest of its batch applies.
@@ -213,12 +214,25 @@ export class KvEventSubscriber {
   }
 
   private async onMessage(frames: Buffer[]): Promise<void> {
-    if (frames.length !== 3 || frames[1].length !== 8) {
+    if (frames.length !== 3) {
       this.stats.malformed++;
-      this.log(`skipped a message of ${frames.length} frames`);
+      this.log(`skipped a message of ${frames.length} frames (expected 3: topic, sequence number, payload)`);
+      return;
+    }
+    if (frames[1].length !== 8) {
+      this.stats.malformed++;
+      this.log(`skipped a message whose sequence frame is ${frames[1].length} bytes, not 8`);
       return;
     }
     const seq = frames[1].readBigInt64BE();
+    if (seq < 0n) {
+      // an unsigned 64-bit number from 2^63 on: no engine counts that far from 0
+      this.stats.malformed++;
+      this.log(
+        `skipped a message whose sequence number ${frames[1].readBigUInt64BE()} is 2^63 or more (negative as signed: ${seq})`,
+      );
+      return;
+    }
     if (this.lastSeq !== null && seq <= this.lastSeq) {
       // PUB never repeats a message: an old number is one a replay already delivered, or
       // the engine restarted (with an empty cache) and counts from 0 again. A number below
@@ -355,6 +369,7 @@ export class KvEventSubscriber {
         const seq = frames.at(-2)!.readBigInt64BE();
         if (seq === -1n) break;
         if (performance.now() > deadline) throw new Error(`it did not end within ${deadlineMs} ms`);
+        if (seq < 0n) throw new Error(`bad replay sequence number ${seq}`);
         if (seq < next) continue;
         if (until !== null && seq > until) {
           // past the live batch that asked: it comes live. A replay that jumps past it, leaving
