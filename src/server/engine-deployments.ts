@@ -92,7 +92,10 @@ export function chatTemplateRequest(body: Record<string, unknown>): ChatTemplate
   };
 }
 
-/** Skipped KV events per (worker, reason), summed over a worker's subscribers, for /metrics. */
+/**
+ * Skipped KV events per (worker, reason), summed over a worker's subscribers, for /metrics;
+ * `malformed_batch` and `unknown_rank` count whole batches.
+ */
 export function skippedEventCounts(
   subscribers: Iterable<[string, SubscriberStats]>,
 ): Array<{ worker: string; reason: string; count: number }> {
@@ -100,6 +103,7 @@ export function skippedEventCounts(
   for (const [worker, stats] of subscribers) {
     for (const [reason, count] of Object.entries(stats.applied.skipped)) out.push({ worker, reason, count });
     if (stats.malformed > 0) out.push({ worker, reason: 'malformed_batch', count: stats.malformed });
+    if (stats.unknownRanks > 0) out.push({ worker, reason: 'unknown_rank', count: stats.unknownRanks });
   }
   return out;
 }

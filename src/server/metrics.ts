@@ -365,7 +365,7 @@ export function registerKvEventMetrics(
 ): void {
   new Counter({
     name: 'contextforge_kv_events_skipped_total',
-    help: 'KV events skipped (not applied), per worker and reason; a malformed_batch is a whole message.',
+    help: 'KV events skipped (not applied), per worker and reason; a malformed_batch or unknown_rank is a whole batch.',
     labelNames: ['worker', 'reason'] as const,
     registers: [registry],
     collect() {
@@ -381,6 +381,16 @@ export function registerKvEventMetrics(
     collect() {
       this.reset();
       for (const [worker, stats] of subscribers()) this.inc({ worker }, stats.batches);
+    },
+  });
+  new Counter({
+    name: 'contextforge_kv_event_duplicates_total',
+    help: 'Live KV-event batches skipped as copies of batches a replay had delivered, per worker.',
+    labelNames: ['worker'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const [worker, stats] of subscribers()) this.inc({ worker }, stats.duplicates);
     },
   });
   new Counter({

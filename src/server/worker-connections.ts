@@ -409,7 +409,11 @@ export class WorkerConnections {
     const headers: Record<string, string> = authorization
       ? { 'content-type': 'application/json', 'accept-encoding': 'identity', authorization }
       : { 'content-type': 'application/json', 'accept-encoding': 'identity' };
-    const workerForRank = (rank: number) => (rank < dpSize ? rankWorkerId(w.id, rank, dpSize) : undefined);
+    // with ranks, a batch goes to its rank's worker; without, the endpoint is the worker's own
+    // and every batch of it is the worker's whatever its rank (vLLM stamps its global rank:
+    // an engine serving one rank behind its own API server, --data-parallel-rank R, stamps R)
+    const workerForRank =
+      dpSize > 1 ? (rank: number) => (rank < dpSize ? rankWorkerId(w.id, rank, dpSize) : undefined) : undefined;
     // the subscribers and the router's registration can still refuse the worker (ZeroMQ has the
     // last word on an endpoint): then nothing of it may stay, neither a worker the router routes
     // to without a connection nor a socket

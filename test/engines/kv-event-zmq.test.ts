@@ -529,3 +529,141 @@ describe('KV events over ZeroMQ', () => {
     assert.equal(router.route({ tokens: tokens(100, 4) }, { dryRun: true }).cachedTokens, 4);
   });
 });
+
+describe('KV events: replays against the live stream, sequence numbers', () => {
+  const seqBytes = (n: bigint) => {
+    const b = Buffer.alloc(8);
+    b.writeBigInt64BE(n);
+    return b;
+  };
+
+  /**
+   * A stream from this project's publisher whose replay endpoint is a bare ROUTER answering as
+   * `answer` says (given the start it was asked for; the end marker follows).
+   */
+  async function rigWithReplay(answer: (from: bigint) => Array<[bigint, Uint8Array]>) {
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+    router.registerWorker('w0');
+    const applier = new KvEventApplier(router);
+    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
+    const replay = new Router({ linger: 0 });
+    await replay.bind('tcp://127.0.0.1:*');
+    const asked: bigint[] = [];
+    const serving = (async () => {
+      for await (const [id, , start] of replay) {
+        const from = start.readBigInt64BE();
+        asked.push(from);
+        for (const [s, p] of answer(from)) await replay.send([id, '', '', seqBytes(s), p]);
+        await replay.send([id, '', '', seqBytes(-1n), '']);
+      }
+    })().catch(() => {});
+    const logs: string[] = [];
+    const sub = new KvEventSubscriber({
+      workerId: 'w0',
+      endpoint: pub.endpoint,
+      replayEndpoint: replay.lastEndpoint!,
+      applier,
+      idleReplayMs: 0,
+      log: (m) => logs.push(m),
+    }).start();
+    closers.push(
+      () => sub.close(),
+      async () => {
+        await pub.close();
+        replay.close();
+        await serving;
+      },
+    );
+    const probe = batch({ type: 'AllBlocksCleared' });
+    await until(
+      async () => {
+        if (sub.stats.batches > 0) return true;
+        await pub.publish(probe);
+        return false;
+      },
+      'the subscription to receive a probe',
+      { intervalMs: 20 },
+    );
+    return { router, applier, pub, sub, logs, asked };
+  }
+
+  test('a replay answering batches numbered past the live batch that asked for it fails: the live stream goes on', async () => {
+    let ahead = false;
+    const { applier, pub, sub } = await rigWithReplay(() =>
+      ahead ? [[2n ** 62n, encodeEventBatch(batch(stored([42n], null, 400)))]] : [],
+    );
+    ahead = true;
+    const failuresBefore = sub.stats.replayFailures;
+    pub.loseNext(1);
+    await pub.publish(batch(stored([1n], null, 0))); // lost: the next one asks for a replay
+    await pub.publish(batch(stored([2n], null, 8)));
+    await until(() => sub.stats.replayFailures === failuresBefore + 1, 'the failed replay');
+    const batchesBefore = sub.stats.batches;
+    await pub.publish(batch(stored([3n], null, 16)));
+    await pub.publish(batch(stored([4n], null, 24)));
+    await until(() => sub.stats.batches >= batchesBefore + 2, 'the live batches after the replay');
+    assert.ok(sub.stats.lastSeq! < 1000, `lastSeq ${sub.stats.lastSeq} follows the live stream`);
+    assert.deepEqual(
+      applier.trackedHashes('w0').sort(),
+      [...ownHex(8, 1), ...ownHex(16, 1), ...ownHex(24, 1)].sort(),
+      'the live batches are applied, the replayed one is not',
+    );
+  });
+
+  test('a replay carrying batches published after the live one that asked applies up to it; the later ones apply live', async () => {
+    const buffered = new Map<bigint, Uint8Array>();
+    const { applier, pub, sub } = await rigWithReplay((from) => [...buffered].filter(([s]) => s >= from));
+    const l = BigInt(sub.stats.lastSeq!);
+    for (let i = 1n; i <= 4n; i++) buffered.set(l + i, encodeEventBatch(batch(stored([i], null, 8 * Number(i)))));
+    const failures = sub.stats.replayFailures;
+    // l + 1 is lost; l + 2 asks for a replay, which also has l + 3 and l + 4 (a busy engine)
+    await pub.sendRaw(['', seqBytes(l + 2n), buffered.get(l + 2n)!]);
+    await until(() => sub.stats.lastSeq === Number(l + 2n), 'the replay up to the live batch');
+    assert.equal(sub.stats.replayFailures, failures);
+    const batches = sub.stats.batches;
+    await pub.sendRaw(['', seqBytes(l + 3n), buffered.get(l + 3n)!]);
+    await pub.sendRaw(['', seqBytes(l + 4n), buffered.get(l + 4n)!]);
+    await until(() => sub.stats.lastSeq === Number(l + 4n), 'the later batches, live');
+    assert.equal(sub.stats.batches, batches + 2, 'applied live');
+    assert.equal(sub.stats.duplicates, 0);
+    assert.equal(applier.trackedHashes('w0').length, 4);
+  });
+
+  test('live copies of batches a replay delivered are counted as duplicates; one numbered below what it delivered is a restart', async () => {
+    const buffered = new Map<bigint, Uint8Array>();
+    const { pub, sub } = await rigWithReplay((from) => [...buffered].filter(([s]) => s >= from));
+    const l = BigInt(sub.stats.lastSeq!);
+    buffered.set(l + 1n, encodeEventBatch(batch(stored([5n], null, 40))));
+    buffered.set(l + 2n, encodeEventBatch(batch(stored([6n], null, 48))));
+    // l + 1 is lost: l + 2 asks for a replay from l + 1, which delivers both
+    await pub.sendRaw(['', seqBytes(l + 2n), buffered.get(l + 2n)!]);
+    await until(() => sub.stats.lastSeq === Number(l + 2n), 'the replayed batches');
+    assert.equal(sub.stats.duplicates, 0, 'the batch that asked for the replay is not a duplicate');
+    await pub.sendRaw(['', seqBytes(l + 1n), buffered.get(l + 1n)!]); // a late live copy
+    await until(() => sub.stats.duplicates === 1, 'the duplicate counted');
+    assert.equal(sub.stats.restarts, 0);
+    // a number below the replay's first batch was never delivered by it: the engine restarted
+    await pub.sendRaw(['', seqBytes(l), encodeEventBatch(batch(stored([9n], null, 200)))]);
+    await until(() => sub.stats.restarts === 1, 'the restart');
+    assert.equal(sub.stats.duplicates, 1);
+  });
+
+  test('a negative sequence number is a malformed message; a bad sequence frame is named in the log', async () => {
+    const { pub, sub, logs } = await rigWithReplay(() => []);
+    const malformed = sub.stats.malformed;
+    const lastSeq = sub.stats.lastSeq;
+    await pub.sendRaw(['', seqBytes(-5n), encodeEventBatch(batch(stored([1n], null, 0)))]);
+    await pub.sendRaw(['', Buffer.alloc(4), encodeEventBatch(batch(stored([1n], null, 0)))]);
+    await until(() => sub.stats.malformed === malformed + 2, 'both messages counted as malformed');
+    assert.equal(sub.stats.lastSeq, lastSeq, 'the stream position did not move');
+    assert.equal(sub.stats.restarts, 0);
+    assert.ok(
+      logs.some((l) => /sequence number/.test(l) && /-5|negative|2\^63/.test(l)),
+      `the negative number is logged: ${logs.join(' | ')}`,
+    );
+    assert.ok(
+      logs.some((l) => /sequence frame/.test(l) && /4 bytes/.test(l)),
+      `the short seq frame is named: ${logs.join(' | ')}`,
+    );
+  });
+});

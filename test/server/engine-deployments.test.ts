@@ -248,6 +248,77 @@ describe('gateway: engine deployment shapes', () => {
     }, 'the skip counter');
   });
 
+  test('a worker listed without dp-size takes every batch of its endpoint whatever its rank (one API server per rank)', async () => {
+    // vLLM with --data-parallel-rank 3 (external load balancing, one pod per rank) stamps its
+    // batches with rank 3; listed as a plain worker, its stream is its own
+    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
+    cleanup.push(() => pub.close());
+    const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+    const gateway = await createGateway({
+      adminToken,
+      router,
+      tokenize: 'engine',
+      kvEvents: true,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+      workers: [{ id: 'w', url: 'http://127.0.0.1:1', events: pub.endpoint }],
+    });
+    cleanup.push(() => gateway.close());
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const stored = {
+      type: 'BlockStored' as const,
+      blockHashes: [1n],
+      parentBlockHash: null,
+      tokenIds: [1, 2, 3, 4],
+      blockSize: 4,
+      loraId: null,
+      medium: 'GPU',
+      loraName: null,
+      groupIdx: null,
+    };
+    const workers = async () =>
+      (
+        (await (
+          await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${adminToken}` } })
+        ).json()) as Json
+      ).workers as Json[];
+    await until(async () => {
+      await pub.publish({ ts: Date.now() / 1000, events: [stored], dataParallelRank: 3 });
+      return ((await workers())[0].kvEvents?.batches ?? 0) > 0;
+    }, 'a batch of rank 3 applied');
+    const w = (await workers())[0];
+    assert.equal(w.kvEvents.unknownRanks, 0);
+    assert.ok(w.indexEntries > 0, 'its blocks are indexed');
+  });
+
+  test('with dp-size, a batch of a rank the worker does not have is skipped, counted as unknown_rank and logged once', async () => {
+    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
+    cleanup.push(() => pub.close());
+    const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+    const logs: string[] = [];
+    const gateway = await createGateway({
+      adminToken,
+      router,
+      tokenize: 'engine',
+      kvEvents: true,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+      log: (m) => logs.push(m),
+      workers: [{ id: 'w', url: 'http://127.0.0.1:1', events: pub.endpoint, dpSize: 2 }],
+    });
+    cleanup.push(() => gateway.close());
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    await until(async () => {
+      await pub.publish({ ts: Date.now() / 1000, events: [], dataParallelRank: 5 });
+      return /contextforge_kv_events_skipped_total\{worker="w#0",reason="unknown_rank"\} ([2-9]|\d\d)/.test(
+        await (await fetch(`${base}/metrics`)).text(),
+      );
+    }, 'two batches counted under unknown_rank');
+    const lines = logs.filter((l) => /rank 5/.test(l));
+    assert.equal(lines.length, 1, `logged once: ${logs.join(' | ')}`);
+    assert.match(lines[0], /dp-size/);
+  });
+
   test('a prompt given as token ids is hashed as those tokens in every tokenize mode', async () => {
     const { ChatTokenizer } = await import('../../src/engines/chat-tokenizer.js');
     const promptTokenizer = ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname);

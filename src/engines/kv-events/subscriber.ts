@@ -20,11 +20,17 @@ import { decodeEventBatch, KV_EVENT_LIMITS, KvEventFormatError, type KvEventBatc
  *   parents were in the dropped part are orphans (counted; `--block-hash vllm` applies them);
  * - a replay that itself has a gap (the buffer moved on) drops the worker's entries and
  *   rebuilds from the oldest batch it has, rather than asking again for what is gone;
+ * - a replay asked for by a live batch applies batches up to that one only (later ones come
+ *   live); one that jumps past it, leaving a hole, fails: numbered ahead of the stream, it
+ *   would make every live batch look like one it had delivered;
+ * - a live copy of a batch a replay delivered is skipped and counted (`duplicates`); a number
+ *   below the first batch the replay delivered was never delivered by it: a restart;
  * - losing the connection makes the engine's state unknown (it may have died): its entries
  *   are dropped, and on reconnection rebuilt from the replay buffer;
  * - a quiet stream is polled through the replay endpoint every `idleReplayMs`, so the last
  *   batches before a silence are not lost for good (PUB/SUB drops silently).
- * A malformed message (bad frames, or a payload whose decoding fails in any way) is counted
+ * A malformed message (bad frames, a sequence number with its top bit set — vLLM counts up
+ * from 0 —, or a payload whose decoding fails in any way) is counted
  * and skipped; it never clears or corrupts the index, nor stops the stream. An event of a
  * batch that cannot be read or applied is skipped and counted per reason (`applied.skipped`);
  * the rest of its batch applies.
@@ -35,7 +41,12 @@ export interface KvEventSubscriberOptions {
   endpoint: string;
   replayEndpoint?: string;
   applier: KvEventApplier;
-  /** Worker of a data-parallel rank (batches carry data_parallel_rank); default: workerId. */
+  /**
+   * Worker of a data-parallel rank (batches carry data_parallel_rank): a batch of a rank it
+   * gives no worker for is skipped and counted (`unknownRanks`). Without it every batch of
+   * the endpoint is workerId's, whatever its rank (an engine started with
+   * --data-parallel-rank R, listed as a worker of its own, stamps its batches with R).
+   */
   workerForRank?: (rank: number) => string | undefined;
   /** Longest wait for each message of a replay (default 2000 ms). */
   replayTimeoutMs?: number;
@@ -60,7 +71,10 @@ export interface SubscriberStats {
   restarts: number;
   disconnects: number;
   malformed: number;
+  /** Batches of a data-parallel rank the worker does not have (skipped). */
   unknownRanks: number;
+  /** Live copies of batches a replay had delivered (skipped). */
+  duplicates: number;
   /** Replays accepted from the oldest batch the engine still buffered (joined late). */
   lateJoins: number;
   lastSeq: number | null;
@@ -76,6 +90,9 @@ export class KvEventSubscriber {
   private lastSeq: bigint | null = null;
   /** The last sequence number a replay delivered: live copies up to it are duplicates. */
   private replayedThrough: bigint | null = null;
+  /** The first sequence number the replays since the last live batch delivered. */
+  private replayedFrom: bigint | null = null;
+  private unknownRankLogged = false;
   private running = false;
   private loop: Promise<void> | undefined;
   private watch: Promise<void> | undefined;
@@ -93,6 +110,7 @@ export class KvEventSubscriber {
     disconnects: 0,
     malformed: 0,
     unknownRanks: 0,
+    duplicates: 0,
     lateJoins: 0,
     lastSeq: null,
     lagSeconds: 0,
@@ -155,7 +173,7 @@ export class KvEventSubscriber {
     if (!this.running || !this.options.replayEndpoint) return;
     this.lastMessageAt = Date.now();
     const from = this.lastSeq === null ? 0n : this.lastSeq + 1n;
-    await this.replayFrom(from, from);
+    await this.replayFrom(from, null);
   }
 
   private async watchConnection(): Promise<void> {
@@ -169,6 +187,7 @@ export class KvEventSubscriber {
             this.dropWorkerEntries();
             this.lastSeq = null;
             this.replayedThrough = null;
+            this.replayedFrom = null;
           });
         } else if (event.type === 'connect') {
           await this.serial(() => this.catchUp());
@@ -195,21 +214,44 @@ export class KvEventSubscriber {
   }
 
   private async onMessage(frames: Buffer[]): Promise<void> {
-    if (frames.length !== 3 || frames[1].length !== 8) {
+    if (frames.length !== 3) {
       this.stats.malformed++;
-      this.log(`skipped a message of ${frames.length} frames`);
+      this.log(`skipped a message of ${frames.length} frames (expected 3: topic, sequence number, payload)`);
+      return;
+    }
+    if (frames[1].length !== 8) {
+      this.stats.malformed++;
+      this.log(`skipped a message whose sequence frame is ${frames[1].length} bytes, not 8`);
       return;
     }
     const seq = frames[1].readBigInt64BE();
+    if (seq < 0n) {
+      // an unsigned 64-bit number from 2^63 on: no engine counts that far from 0
+      this.stats.malformed++;
+      this.log(
+        `skipped a message whose sequence number ${frames[1].readBigUInt64BE()} is 2^63 or more (negative as signed: ${seq})`,
+      );
+      return;
+    }
     if (this.lastSeq !== null && seq <= this.lastSeq) {
       // PUB never repeats a message: an old number is one a replay already delivered, or
-      // the engine restarted (with an empty cache) and counts from 0 again
-      if (this.replayedThrough !== null && seq <= this.replayedThrough) return;
+      // the engine restarted (with an empty cache) and counts from 0 again. A number below
+      // the first one the replay delivered is not one it delivered
+      if (
+        this.replayedThrough !== null &&
+        this.replayedFrom !== null &&
+        seq <= this.replayedThrough &&
+        seq >= this.replayedFrom
+      ) {
+        this.stats.duplicates++;
+        return;
+      }
       this.stats.restarts++;
       this.log(`sequence went back from ${this.lastSeq} to ${seq}: engine restarted, its entries are dropped`);
       this.dropWorkerEntries();
       this.lastSeq = null;
       this.replayedThrough = null;
+      this.replayedFrom = null;
     }
     const expected = this.lastSeq === null ? 0n : this.lastSeq + 1n;
     if (seq > expected) {
@@ -225,7 +267,10 @@ export class KvEventSubscriber {
     }
     this.applyPayload(seq, frames[2]);
     // live delivery has caught up with the replay: older numbers now mean a restart
-    if (this.replayedThrough !== null && seq > this.replayedThrough) this.replayedThrough = null;
+    if (this.replayedThrough !== null && seq > this.replayedThrough) {
+      this.replayedThrough = null;
+      this.replayedFrom = null;
+    }
   }
 
   private applyPayload(seq: bigint, payload: Uint8Array): void {
@@ -248,6 +293,14 @@ export class KvEventSubscriber {
       const w = this.options.workerForRank(batch.dataParallelRank);
       if (w === undefined) {
         this.stats.unknownRanks++;
+        if (!this.unknownRankLogged) {
+          this.unknownRankLogged = true;
+          this.log(
+            `batch ${seq} is from data-parallel rank ${batch.dataParallelRank}, which the worker's dp-size does not cover: ` +
+              `batches of ranks it does not have are skipped (reason unknown_rank). Give the worker the engine's ` +
+              `--data-parallel-size as dp-size, or list an engine that serves one rank (--data-parallel-rank) as its own worker without dp-size`,
+          );
+        }
         return;
       }
       worker = w;
@@ -284,10 +337,11 @@ export class KvEventSubscriber {
   }
 
   /**
-   * Asks the engine's ROUTER for every batch from `from` on and applies them in order.
-   * Returns whether the stream is whole again up to `until`.
+   * Asks the engine's ROUTER for every batch from `from` on and applies them in order: up to
+   * `until`, the live batch that asked for the replay, when there is one (later batches come
+   * live). Returns whether the stream is whole again up to `until`.
    */
-  private async replayFrom(from: bigint, until: bigint): Promise<boolean> {
+  private async replayFrom(from: bigint, until: bigint | null): Promise<boolean> {
     const dealer = new Dealer({
       linger: 0,
       receiveTimeout: this.options.replayTimeoutMs ?? 2000,
@@ -295,7 +349,11 @@ export class KvEventSubscriber {
     });
     const deadlineMs = this.options.replayDeadlineMs ?? 10_000;
     const deadline = performance.now() + deadlineMs;
-    const [lastSeqBefore, replayedThroughBefore] = [this.lastSeq, this.replayedThrough];
+    const [lastSeqBefore, replayedThroughBefore, replayedFromBefore] = [
+      this.lastSeq,
+      this.replayedThrough,
+      this.replayedFrom,
+    ];
     let next = from;
     try {
       dealer.connect(this.options.replayEndpoint!);
@@ -311,7 +369,15 @@ export class KvEventSubscriber {
         const seq = frames.at(-2)!.readBigInt64BE();
         if (seq === -1n) break;
         if (performance.now() > deadline) throw new Error(`it did not end within ${deadlineMs} ms`);
+        if (seq < 0n) throw new Error(`bad replay sequence number ${seq}`);
         if (seq < next) continue;
+        if (until !== null && seq > until) {
+          // past the live batch that asked: it comes live. A replay that jumps past it, leaving
+          // a hole before it, numbers its batches ahead of the stream: taken, every live batch
+          // would look like one it had delivered
+          if (next < until) throw new Error(`it answered batch ${seq}, past the live batch ${until} that asked for it`);
+          continue;
+        }
         if (seq > next) {
           // the engine's buffer no longer has batches from `next` on: take what it has, from
           // its oldest batch. With no state yet (joining late) nothing is lost but the older
@@ -331,11 +397,13 @@ export class KvEventSubscriber {
           this.stats.lateJoins++;
         }
         this.applyPayload(seq, frames.at(-1)!);
+        if (this.replayedThrough === null) this.replayedFrom = seq;
         this.replayedThrough = seq;
         next = seq + 1n;
       }
       this.stats.replays++;
-      return next > from || next > until || this.lastSeq === null || this.lastSeq >= until - 1n;
+      const upTo = until ?? from;
+      return next > from || next > upTo || this.lastSeq === null || this.lastSeq >= upTo - 1n;
     } catch (err) {
       this.stats.replayFailures++;
       this.log(`replay from ${from} failed: ${(err as Error).message}`);
@@ -346,6 +414,7 @@ export class KvEventSubscriber {
         this.dropWorkerEntries();
         this.lastSeq = lastSeqBefore;
         this.replayedThrough = replayedThroughBefore;
+        this.replayedFrom = replayedFromBefore;
         this.stats.lastSeq = lastSeqBefore === null ? null : Number(lastSeqBefore);
       }
       return false;
