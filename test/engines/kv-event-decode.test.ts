@@ -98,10 +98,16 @@ describe('vLLM KV event decoding', () => {
     ['batch array of 1', encode([1.5]), /at least 2 elements/],
     ['ts not a number', encode({ ts: 'now', events: [] }), /ts must be a number/],
     ['events not an array', encode({ ts: 1.5, events: {} }), /events must be an array/],
-    // an array header claiming 2^32-1 elements with no data: rejected before allocating
+    // an array header claiming 2^32-1 elements with no data: rejected before allocating,
+    // for the events it claims, or for the bytes it lacks when it is not the events list
     [
       'huge array header',
       Uint8Array.from([0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff]),
+      /batch has 4294967295 events, over the limit/,
+    ],
+    [
+      'huge nested array header',
+      Uint8Array.from([0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0xdd, 0xff, 0xff, 0xff, 0xff]),
       /not msgpack/,
     ],
   ];
@@ -245,5 +251,86 @@ describe('vLLM KV event decoding', () => {
     const b = decodeEventBatch(encode([1.5, [['BlockRemoved', [7], 'GPU', 0, 'new-field', 42]], 0, 'batch-extra']));
     assert.equal(b.events.length, 1);
     assert.equal(b.skipped, undefined);
+  });
+});
+
+describe('KV event batch size limits', () => {
+  const small = ['BlockStored', [1], null, [1, 2, 3, 4], 4] as const;
+
+  test('a store of more than a million token ids (a long prompt in one event) decodes with its batch', () => {
+    const blocks = 62_501; // 1,000,016 token ids of block size 16
+    const big = [
+      'BlockStored',
+      Array.from({ length: blocks }, (_, i) => i + 1),
+      null,
+      new Array(blocks * 16).fill(3),
+      16,
+    ];
+    const b = decodeEventBatch(encode([1.5, [small, big]]));
+    assert.equal(b.skipped, undefined, JSON.stringify(b.skipped));
+    assert.deepEqual(
+      b.events.map((e) => (e.type === 'BlockStored' ? e.tokenIds.length : -1)),
+      [4, blocks * 16],
+    );
+  });
+
+  test('an event over a per-event limit is skipped alone (too_large); the rest of its batch decodes', () => {
+    const tokensOver = KV_EVENT_LIMITS.maxTokensPerEvent + 1;
+    const hashesOver = KV_EVENT_LIMITS.maxBlocksPerEvent + 1;
+    const b = decodeEventBatch(
+      encode([
+        1.5,
+        [
+          small,
+          ['BlockStored', [1], null, new Array(tokensOver).fill(3), tokensOver],
+          ['BlockRemoved', new Array(hashesOver).fill(9), 'GPU'],
+          ['BlockRemoved', [7], 'GPU'],
+        ],
+      ]),
+    );
+    assert.deepEqual(
+      b.events.map((e) => e.type),
+      ['BlockStored', 'BlockRemoved'],
+    );
+    assert.deepEqual(
+      b.skipped?.map(({ index, reason }) => ({ index, reason })),
+      [
+        { index: 1, reason: 'too_large' },
+        { index: 2, reason: 'too_large' },
+      ],
+    );
+    assert.match(b.skipped![0].message, /token_ids has \d+ ids, over the limit/);
+    assert.match(b.skipped![1].message, /block_hashes has \d+ hashes, over the limit/);
+  });
+
+  test('a batch with more events than the limit is refused from its header, before any event is read', () => {
+    // {ts: 1, events: array32 of maxEvents + 1} and not one event after it: refused for the
+    // count the header claims, not for the bytes missing (which decoding would have reached)
+    const header = Buffer.alloc(5);
+    header[0] = 0xdd;
+    header.writeUInt32BE(KV_EVENT_LIMITS.maxEvents + 1, 1);
+    const payload = Buffer.concat([Buffer.from([0x82]), encode('ts'), encode(1), encode('events'), header]);
+    assert.throws(
+      () => decodeEventBatch(payload),
+      (err: unknown) =>
+        err instanceof KvEventFormatError &&
+        err.reason === 'too_large' &&
+        /batch has \d+ events, over the limit of \d+/.test(err.message),
+    );
+    // at the limit, the count is taken and the payload is read: here it is cut short
+    header.writeUInt32BE(KV_EVENT_LIMITS.maxEvents, 1);
+    assert.throws(
+      () => decodeEventBatch(Buffer.concat([Buffer.from([0x82]), encode('ts'), encode(1), encode('events'), header])),
+      (err: unknown) => err instanceof KvEventFormatError && err.reason === 'bad_field',
+    );
+  });
+
+  test('limits leave room for the largest batches engines publish', () => {
+    // vLLM: one batch per scheduler step, at most max_num_batched_tokens / block_size stored
+    // blocks plus as many evictions; SGLang at page size 1: one event per token and page
+    const sglangPage1 = 2 * 131_072;
+    assert.ok(KV_EVENT_LIMITS.maxEvents >= 2 * sglangPage1, 'events per batch');
+    assert.ok(KV_EVENT_LIMITS.maxPayloadBytes >= 2 * 9_400_000, 'bytes per batch');
+    assert.ok(KV_EVENT_LIMITS.maxTokensPerEvent >= 1_048_576, 'token ids per event');
   });
 });

@@ -1,4 +1,4 @@
-import { decode as msgpackDecode } from '@msgpack/msgpack';
+import { Decoder } from '@msgpack/msgpack';
 
 /**
  * vLLM KV events (vllm/distributed/kv_events.py), decoded from msgpack into one shape
@@ -85,11 +85,37 @@ export class KvEventFormatError extends Error {
   }
 }
 
-/** Upper bounds that keep a hostile or corrupt payload from exhausting memory. */
+/**
+ * Upper bounds that keep a hostile or corrupt payload from exhausting memory or holding the
+ * event loop, sized on what engines publish (docs/engines.md):
+ * - vLLM publishes one batch per scheduler step (vllm/v1/core/sched/scheduler.py: the block
+ *   pool's take_events() and the connector's, as one KVEventBatch). A step stores at most
+ *   max_num_batched_tokens / block_size blocks, one BlockStored per request and KV group
+ *   (vllm/v1/core/block_pool.py cache_full_blocks), and evicts at most as many blocks as it
+ *   allocates, one BlockRemoved per block (_maybe_evict_cached_block): at 131,072 batched
+ *   tokens and blocks of 16, about 8,200 stores' worth of 8,192 blocks and 8,192 removals,
+ *   ~1 MB. A KV connector that loads a whole prompt caches it in one store: up to
+ *   max_model_len tokens in one event.
+ * - SGLang (python/sglang/srt/mem_cache, events of python/sglang/srt/disaggregation/kv_events.py)
+ *   sends one BlockStored per page and one BlockRemoved per evicted page: at page size 1 a
+ *   prefill chunk of 131,072 tokens gives 131,072 stores and as many evictions, 262,144
+ *   events in ~9.3 MB — the largest legitimate batches.
+ * The batch bounds leave four (events) and three (bytes) times that; such a batch is read
+ * and applied in slices (the subscriber yields between them), so it does not hold the loop
+ * whole. What is over a bound is refused before it is decoded: a payload over the bytes
+ * bound by ZeroMQ as it arrives, a batch over the events bound from its array header.
+ */
 export const KV_EVENT_LIMITS = {
-  maxPayloadBytes: 64 * 1024 * 1024,
-  maxEvents: 1_000_000,
-  maxBlocksPerEvent: 1_000_000,
+  maxPayloadBytes: 32 * 1024 * 1024,
+  maxEvents: 1_048_576,
+  /**
+   * Per event: the blocks of one store or removal, and the token ids of one store. One event
+   * is decoded and applied at once, so these bound what one event may cost: twice a whole
+   * 1M-token prompt in blocks of 16 (131,072 blocks, 2,097,152 token ids). An event over them
+   * is skipped (`too_large`); the rest of its batch applies.
+   */
+  maxBlocksPerEvent: 131_072,
+  maxTokensPerEvent: 2_097_152,
   /**
    * Levels an extra_keys entry may nest, the entry itself being the first. vLLM's are a tuple
    * of strings, bytes and (identifier, offset) pairs: two levels, three at most. msgpack
@@ -123,45 +149,287 @@ const REMOVED_FIELDS = ['block_hashes', 'medium', 'group_idx'] as const;
  */
 const SGLANG_METADATA_INDEX = 7;
 
+/** Decodes the small fields of a batch (ts, data_parallel_rank, map keys). */
+const fieldDecoder = new Decoder({
+  useBigInt64: true,
+  maxArrayLength: 64,
+  maxMapLength: 64,
+  maxStrLength: 1024,
+  maxBinLength: 1024,
+});
+/**
+ * Decodes one event: its arrays may reach the per-event bounds (token ids, block hashes),
+ * which the event's own checks then enforce field by field.
+ */
+const eventDecoder = new Decoder({
+  useBigInt64: true,
+  maxArrayLength: Math.max(KV_EVENT_LIMITS.maxTokensPerEvent, KV_EVENT_LIMITS.maxBlocksPerEvent) + 1,
+  maxMapLength: 64,
+  maxStrLength: 1 << 20,
+  maxBinLength: 1 << 20,
+});
+
+/**
+ * A batch whose structure has been checked, its events not yet decoded: `read` decodes the
+ * events of a range, so that a large batch can be decoded and applied in slices.
+ */
+export interface EventBatchReader {
+  ts: number;
+  dataParallelRank: number | null;
+  /** Events in the batch. */
+  count: number;
+  /** Encoded size of the events [from, to), in bytes (to weigh a slice). */
+  bytes(from: number, to: number): number;
+  /** The events [from, to) decoded; `skipped` indexes count from the batch's start. */
+  read(from: number, to: number): KvEventBatch;
+}
+
+/**
+ * Checks a payload's structure and reads its header fields without decoding its events: one
+ * pass over its bytes, allocating nothing per element. A payload that is not a batch throws a
+ * KvEventFormatError: over the byte or event bound (`too_large`, the event count being read
+ * from the events array's header), not msgpack, or not shaped as a batch.
+ */
+export function readEventBatch(payload: Uint8Array): EventBatchReader {
+  if (payload.byteLength > KV_EVENT_LIMITS.maxPayloadBytes)
+    throw new KvEventFormatError(`payload of ${payload.byteLength} bytes is over the limit`, 'too_large');
+  const view = new DataView(payload.buffer, payload.byteOffset, payload.byteLength);
+  const field = (from: number, to: number): unknown => {
+    try {
+      return fieldDecoder.decode(payload.subarray(from, to));
+    } catch (err) {
+      throw new KvEventFormatError(`not msgpack: ${(err as Error).message}`);
+    }
+  };
+  let ts: unknown;
+  let rank: unknown = null;
+  let events: number | undefined;
+  // the events count is checked from its header, before the events are walked
+  const countEvents = (at: number): void => {
+    const h = header(payload, view, at);
+    if (h.kind === 'array' && h.count > KV_EVENT_LIMITS.maxEvents)
+      throw new KvEventFormatError(
+        `batch has ${h.count} events, over the limit of ${KV_EVENT_LIMITS.maxEvents}`,
+        'too_large',
+      );
+  };
+  const top = header(payload, view, 0);
+  let pos = top.next;
+  if (top.kind === 'array') {
+    if (top.count < 2)
+      throw new KvEventFormatError(`batch array must have at least 2 elements (ts, events), got ${top.count}`);
+    // [ts, events] or [ts, events, data_parallel_rank]; later fields are ignored
+    for (let i = 0; i < top.count; i++) {
+      if (i === 1) countEvents(pos);
+      const end = skip(payload, view, pos);
+      if (i === 0) ts = field(pos, end);
+      else if (i === 1) events = pos;
+      else if (i === 2) rank = field(pos, end);
+      pos = end;
+    }
+  } else if (top.kind === 'map') {
+    for (let i = 0; i < top.count; i++) {
+      const keyEnd = skip(payload, view, pos);
+      const key = field(pos, keyEnd);
+      if (key === 'events') countEvents(keyEnd);
+      const end = skip(payload, view, keyEnd);
+      if (key === 'ts') ts = field(keyEnd, end);
+      else if (key === 'events') events = keyEnd;
+      else if (key === 'data_parallel_rank') rank = field(keyEnd, end);
+      pos = end;
+    }
+  } else {
+    skip(payload, view, 0);
+    throw new KvEventFormatError('batch must be an array or a map');
+  }
+  if (pos !== payload.length)
+    throw new KvEventFormatError(`not msgpack: ${payload.length - pos} extra bytes after the batch`);
+  const tsNumber = typeof ts === 'bigint' ? Number(ts) : ts;
+  if (typeof tsNumber !== 'number' || !Number.isFinite(tsNumber))
+    throw new KvEventFormatError('batch ts must be a number');
+  const list = events === undefined ? undefined : header(payload, view, events);
+  if (!list || list.kind !== 'array') throw new KvEventFormatError('batch events must be an array');
+  const dataParallelRank = rank === null || rank === undefined ? null : toInt(rank, 'data_parallel_rank');
+  // where each event starts (the events' structure was checked when the batch was skipped)
+  const starts = new Uint32Array(list.count + 1);
+  let at = list.next;
+  for (let i = 0; i < list.count; i++) {
+    starts[i] = at;
+    at = skip(payload, view, at);
+  }
+  starts[list.count] = at;
+  return {
+    ts: tsNumber,
+    dataParallelRank,
+    count: list.count,
+    bytes: (from, to) => starts[to] - starts[from],
+    read(from, to) {
+      const raw = new Array<unknown>(to - from);
+      const failed = new Map<number, KvEventFormatError>();
+      for (let i = from; i < to; i++) {
+        try {
+          raw[i - from] = eventDecoder.decode(payload.subarray(starts[i], starts[i + 1]));
+        } catch (err) {
+          // the structure is sound: what fails is an array, a string or a map over its bound
+          const message = (err as Error).message;
+          failed.set(
+            i,
+            new KvEventFormatError(
+              `events[${i}]: ${message}`,
+              /length exceeded/i.test(message) ? 'too_large' : 'bad_field',
+            ),
+          );
+        }
+      }
+      return decodeEvents(
+        tsNumber,
+        raw,
+        dataParallelRank,
+        (e, k) => {
+          const err = failed.get(k + from);
+          if (err) throw err;
+          return e;
+        },
+        from,
+      );
+    },
+  };
+}
+
 /**
  * Decodes one batch. A payload that is not a batch throws a KvEventFormatError; an event that
  * cannot be read is left out and listed in `skipped`, and the rest of the batch still applies.
  */
 export function decodeEventBatch(payload: Uint8Array): KvEventBatch {
-  if (payload.byteLength > KV_EVENT_LIMITS.maxPayloadBytes)
-    throw new KvEventFormatError(`payload of ${payload.byteLength} bytes is over the limit`, 'too_large');
-  let raw: unknown;
-  try {
-    raw = msgpackDecode(payload, {
-      useBigInt64: true,
-      maxArrayLength: KV_EVENT_LIMITS.maxEvents,
-      maxMapLength: 64,
-      maxStrLength: 1 << 20,
-      maxBinLength: 1 << 20,
-    });
-  } catch (err) {
-    throw new KvEventFormatError(`not msgpack: ${(err as Error).message}`);
+  const reader = readEventBatch(payload);
+  return reader.read(0, reader.count);
+}
+
+type Header = { kind: 'array' | 'map' | 'other'; count: number; next: number };
+
+function header(b: Uint8Array, view: DataView, pos: number): Header {
+  if (pos >= b.length) throw truncated();
+  const t = b[pos];
+  if (t >= 0x90 && t <= 0x9f) return { kind: 'array', count: t & 0x0f, next: pos + 1 };
+  if (t >= 0x80 && t <= 0x8f) return { kind: 'map', count: t & 0x0f, next: pos + 1 };
+  if (t === 0xdc || t === 0xde) {
+    if (pos + 3 > b.length) throw truncated();
+    return { kind: t === 0xdc ? 'array' : 'map', count: view.getUint16(pos + 1), next: pos + 3 };
   }
-  let ts: unknown;
-  let events: unknown;
-  let rank: unknown;
-  if (Array.isArray(raw)) {
-    if (raw.length < 2)
-      throw new KvEventFormatError(`batch array must have at least 2 elements (ts, events), got ${raw.length}`);
-    // [ts, events] or [ts, events, data_parallel_rank]; later fields are ignored
-    [ts, events, rank = null] = raw;
-  } else if (isMap(raw)) {
-    ts = raw.ts;
-    events = raw.events;
-    rank = raw.data_parallel_rank ?? null;
-  } else {
-    throw new KvEventFormatError('batch must be an array or a map');
+  if (t === 0xdd || t === 0xdf) {
+    if (pos + 5 > b.length) throw truncated();
+    return { kind: t === 0xdd ? 'array' : 'map', count: view.getUint32(pos + 1), next: pos + 5 };
   }
-  const tsNumber = typeof ts === 'bigint' ? Number(ts) : ts;
-  if (typeof tsNumber !== 'number' || !Number.isFinite(tsNumber))
-    throw new KvEventFormatError('batch ts must be a number');
-  if (!Array.isArray(events)) throw new KvEventFormatError('batch events must be an array');
-  return decodeEvents(tsNumber, events, rank === null ? null : toInt(rank, 'data_parallel_rank'));
+  return { kind: 'other', count: 0, next: pos };
+}
+
+const truncated = () => new KvEventFormatError('not msgpack: the payload ends inside an object');
+
+/**
+ * The offset just past the msgpack object at `pos`, found without decoding it: iterative
+ * (any nesting depth), and bounded by the payload's length (every element takes a byte, so a
+ * count larger than the bytes left is refused at once).
+ */
+function skip(b: Uint8Array, view: DataView, pos: number): number {
+  const n = b.length;
+  let pending = 1;
+  while (pending > 0) {
+    if (pos >= n) throw truncated();
+    const t = b[pos++];
+    pending--;
+    if (t <= 0x7f || t >= 0xe0) continue; // fixint
+    if (t <= 0x8f)
+      pending += 2 * (t & 0x0f); // fixmap
+    else if (t <= 0x9f)
+      pending += t & 0x0f; // fixarray
+    else if (t <= 0xbf)
+      pos += t & 0x1f; // fixstr
+    else {
+      switch (t) {
+        case 0xc0: // nil
+        case 0xc2: // false
+        case 0xc3: // true
+          break;
+        case 0xcc: // uint8
+        case 0xd0: // int8
+          pos += 1;
+          break;
+        case 0xcd: // uint16
+        case 0xd1: // int16
+          pos += 2;
+          break;
+        case 0xca: // float32
+        case 0xce: // uint32
+        case 0xd2: // int32
+          pos += 4;
+          break;
+        case 0xcb: // float64
+        case 0xcf: // uint64
+        case 0xd3: // int64
+          pos += 8;
+          break;
+        case 0xd4: // fixext 1, 2, 4, 8, 16: a type byte and the data
+        case 0xd5:
+        case 0xd6:
+        case 0xd7:
+        case 0xd8:
+          pos += 1 + (1 << (t - 0xd4));
+          break;
+        case 0xc4: // bin 8
+        case 0xd9: // str 8
+          if (pos + 1 > n) throw truncated();
+          pos += 1 + b[pos];
+          break;
+        case 0xc5: // bin 16
+        case 0xda: // str 16
+          if (pos + 2 > n) throw truncated();
+          pos += 2 + view.getUint16(pos);
+          break;
+        case 0xc6: // bin 32
+        case 0xdb: // str 32
+          if (pos + 4 > n) throw truncated();
+          pos += 4 + view.getUint32(pos);
+          break;
+        case 0xc7: // ext 8, 16, 32: a length, a type byte and the data
+          if (pos + 1 > n) throw truncated();
+          pos += 2 + b[pos];
+          break;
+        case 0xc8:
+          if (pos + 2 > n) throw truncated();
+          pos += 3 + view.getUint16(pos);
+          break;
+        case 0xc9:
+          if (pos + 4 > n) throw truncated();
+          pos += 5 + view.getUint32(pos);
+          break;
+        case 0xdc: // array 16
+          if (pos + 2 > n) throw truncated();
+          pending += view.getUint16(pos);
+          pos += 2;
+          break;
+        case 0xdd: // array 32
+          if (pos + 4 > n) throw truncated();
+          pending += view.getUint32(pos);
+          pos += 4;
+          break;
+        case 0xde: // map 16
+          if (pos + 2 > n) throw truncated();
+          pending += 2 * view.getUint16(pos);
+          pos += 2;
+          break;
+        case 0xdf: // map 32
+          if (pos + 4 > n) throw truncated();
+          pending += 2 * view.getUint32(pos);
+          pos += 4;
+          break;
+        default: // 0xc1, never used
+          throw new KvEventFormatError(`not msgpack: invalid byte 0x${t.toString(16)} at ${pos - 1}`);
+      }
+    }
+    if (pending > n - pos) throw truncated();
+  }
+  if (pos > n) throw truncated();
+  return pos;
 }
 
 /** `prepare` rewrites an event before it is decoded; a KvEventFormatError of it skips the event. */
@@ -170,15 +438,17 @@ function decodeEvents(
   events: unknown[],
   dataParallelRank: number | null,
   prepare: (e: unknown, i: number) => unknown = (e) => e,
+  /** Index in its batch of the first of `events` (when read in slices). */
+  first = 0,
 ): KvEventBatch {
   const out: KvEvent[] = [];
   let skipped: SkippedEvent[] | undefined;
   for (let i = 0; i < events.length; i++) {
     try {
-      out.push(decodeEvent(prepare(events[i], i), i));
+      out.push(decodeEvent(prepare(events[i], i), first + i));
     } catch (err) {
       if (!(err instanceof KvEventFormatError)) throw err;
-      (skipped ??= []).push({ index: i, reason: err.reason, message: err.message });
+      (skipped ??= []).push({ index: first + i, reason: err.reason, message: err.message });
     }
   }
   const batch: KvEventBatch = { ts, events: out, dataParallelRank };
@@ -215,7 +485,7 @@ function decodeEvent(e: unknown, i: number): KvEvent {
       const blockHashes = hashList(fields.block_hashes, `${at}.block_hashes`);
       const tokenIds = fields.token_ids;
       if (!Array.isArray(tokenIds)) throw new KvEventFormatError(`${at}.token_ids must be an array`);
-      if (tokenIds.length > KV_EVENT_LIMITS.maxBlocksPerEvent * 64)
+      if (tokenIds.length > KV_EVENT_LIMITS.maxTokensPerEvent)
         throw new KvEventFormatError(`${at}.token_ids has ${tokenIds.length} ids, over the limit`, 'too_large');
       const tokens = new Array<number>(tokenIds.length);
       for (let k = 0; k < tokenIds.length; k++) {
@@ -328,7 +598,7 @@ function isMap(v: unknown): v is Record<string, unknown> {
 function hashList(v: unknown, at: string): EngineBlockHash[] {
   if (!Array.isArray(v)) throw new KvEventFormatError(`${at} must be an array`);
   if (v.length > KV_EVENT_LIMITS.maxBlocksPerEvent)
-    throw new KvEventFormatError(`${at} has ${v.length} hashes, over the limit`);
+    throw new KvEventFormatError(`${at} has ${v.length} hashes, over the limit`, 'too_large');
   return v.map((h, k) => hash(h, `${at}[${k}]`));
 }
 
