@@ -292,6 +292,43 @@ describe('KV events over ZeroMQ', () => {
     assert.equal(sub.stats.lastSeq, null);
   });
 
+  test('a large batch applies in slices, the loop turning between them, and before the next batch', async () => {
+    const { router, applier, pub, sub } = await rig();
+    // count the loop's turns, and note at each apply how many had passed
+    let turns = 0;
+    let ticking = true;
+    const tick = () => {
+      turns++;
+      if (ticking) setImmediate(tick);
+    };
+    setImmediate(tick);
+    const calls: Array<{ events: number; turn: number }> = [];
+    const apply = applier.apply.bind(applier);
+    applier.apply = (worker, b, counts) => {
+      // (the rig's probes, AllBlocksCleared, may still be arriving)
+      if (b.events[0]?.type !== 'AllBlocksCleared') calls.push({ events: b.events.length, turn: turns });
+      return apply(worker, b, counts);
+    };
+    const n = 20_000;
+    const hashes = Array.from({ length: n }, (_, i) => BigInt(1_000 + i));
+    const [stores, removals] = [sub.stats.applied.storedBlocks, sub.stats.applied.removedBlocks];
+    await pub.publish(batch(...hashes.map((h, i) => stored([h], null, i * BS))));
+    await pub.publish(batch({ type: 'BlockRemoved', blockHashes: hashes, medium: 'GPU', groupIdx: null }));
+    await until(() => sub.stats.applied.removedBlocks - removals === n, 'both batches');
+    ticking = false;
+    assert.equal(sub.stats.applied.storedBlocks - stores, n);
+    assert.equal(sub.stats.applied.unknownRemovals, 0, 'every removal came after its store');
+    assert.equal(router.getStats().index.entries, 0);
+    const slices = calls.slice(0, -1);
+    assert.ok(slices.length > 1, `the stores applied in ${slices.length} call(s)`);
+    assert.equal(
+      slices.reduce((t, c) => t + c.events, 0),
+      n,
+    );
+    assert.ok(slices.at(-1)!.turn > slices[0].turn, 'the loop turned while the batch applied');
+    assert.deepEqual(calls.at(-1), { events: 1, turn: calls.at(-1)!.turn });
+  });
+
   test('an event whose extra_keys nest 100,000 deep is skipped alone: the rest of its batch and the next batch apply', async () => {
     const { router, pub, sub } = await rig();
     const seen = sub.stats.batches;

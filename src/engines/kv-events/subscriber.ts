@@ -2,7 +2,7 @@ import { Dealer, Subscriber } from 'zeromq';
 import { quotedText, shownText } from '../../core/shown-text.js';
 import type { KvEventApplier } from './applier.js';
 import { emptyCounts, type ApplyCounts } from './applier.js';
-import { decodeEventBatch, KV_EVENT_LIMITS, KvEventFormatError, type KvEventBatch } from './decode.js';
+import { KV_EVENT_LIMITS, KvEventFormatError, readEventBatch, type EventBatchReader } from './decode.js';
 
 /**
  * One subscriber per engine endpoint (docs/architecture.md §8): a ZMQ SUB socket connected to the
@@ -31,7 +31,10 @@ import { decodeEventBatch, KV_EVENT_LIMITS, KvEventFormatError, type KvEventBatc
  *   batches before a silence are not lost for good (PUB/SUB drops silently).
  * A malformed message (bad frames, a sequence number with its top bit set — vLLM counts up
  * from 0 —, or a payload whose decoding fails in any way) is counted
- * and skipped; it never clears or corrupts the index, nor stops the stream. An event of a
+ * and skipped; it never clears or corrupts the index, nor stops the stream. A large batch is
+ * decoded and applied in slices (`APPLY_SLICE_EVENTS` events or `APPLY_SLICE_BYTES` bytes),
+ * yielding to the event loop between them so that requests are routed meanwhile; the next
+ * message waits for the batch to end (every handler runs in order on one chain). An event of a
  * batch that cannot be read or applied is skipped and counted per reason (`applied.skipped`);
  * the rest of its batch applies.
  * Reconnection is libzmq's, with exponential backoff up to `reconnectMaxMs`.
@@ -82,6 +85,14 @@ export interface SubscriberStats {
   lagSeconds: number;
   applied: ApplyCounts;
 }
+
+/**
+ * A slice of a batch decoded and applied at once: tens of milliseconds at most. Most batches
+ * (a vLLM step, ~1 MB at 131,072 batched tokens) take one or a few; SGLang's at page size 1
+ * (one event per token) take many.
+ */
+export const APPLY_SLICE_EVENTS = 4096;
+export const APPLY_SLICE_BYTES = 256 * 1024;
 
 export class KvEventSubscriber {
   // ZeroMQ buffers a whole frame before handing it over: past the decode limit it disconnects
@@ -265,7 +276,7 @@ export class KvEventSubscriber {
       }
       if (this.lastSeq !== null && seq <= this.lastSeq) return; // the replay covered it
     }
-    this.applyPayload(seq, frames[2]);
+    await this.applyPayload(seq, frames[2]);
     // live delivery has caught up with the replay: older numbers now mean a restart
     if (this.replayedThrough !== null && seq > this.replayedThrough) {
       this.replayedThrough = null;
@@ -273,12 +284,12 @@ export class KvEventSubscriber {
     }
   }
 
-  private applyPayload(seq: bigint, payload: Uint8Array): void {
+  private async applyPayload(seq: bigint, payload: Uint8Array): Promise<void> {
     this.lastSeq = seq;
     this.stats.lastSeq = Number(seq);
-    let batch: KvEventBatch;
+    let reader: EventBatchReader;
     try {
-      batch = decodeEventBatch(payload);
+      reader = readEventBatch(payload);
     } catch (err) {
       // a payload that is not a batch throws a KvEventFormatError (a bad event only skips
       // itself); any other error would be a case the decoding did not foresee. Either way
@@ -289,14 +300,14 @@ export class KvEventSubscriber {
       return;
     }
     let worker = this.options.workerId;
-    if (batch.dataParallelRank !== null && this.options.workerForRank) {
-      const w = this.options.workerForRank(batch.dataParallelRank);
+    if (reader.dataParallelRank !== null && this.options.workerForRank) {
+      const w = this.options.workerForRank(reader.dataParallelRank);
       if (w === undefined) {
         this.stats.unknownRanks++;
         if (!this.unknownRankLogged) {
           this.unknownRankLogged = true;
           this.log(
-            `batch ${seq} is from data-parallel rank ${batch.dataParallelRank}, which the worker's dp-size does not cover: ` +
+            `batch ${seq} is from data-parallel rank ${reader.dataParallelRank}, which the worker's dp-size does not cover: ` +
               `batches of ranks it does not have are skipped (reason unknown_rank). Give the worker the engine's ` +
               `--data-parallel-size as dp-size, or list an engine that serves one rank (--data-parallel-rank) as its own worker without dp-size`,
           );
@@ -305,35 +316,53 @@ export class KvEventSubscriber {
       }
       worker = w;
     }
-    if (batch.skipped) {
-      const skipped = this.stats.applied.skipped;
-      for (const s of batch.skipped) skipped[s.reason] = (skipped[s.reason] ?? 0) + 1;
-      this.log(`batch ${seq}: skipped ${batch.skipped.length} event(s): ${batch.skipped[0].message}`);
-    }
     const mismatchesBefore = this.stats.applied.hashMismatches;
-    try {
-      this.options.applier.apply(worker, batch, this.stats.applied);
-      // what makes vLLM's hashes differ from the router's: the algorithm and seed, or the step its
-      // hashes are chained at (vllm/v1/core/kv_cache_utils.py: resolve_kv_cache_block_sizes gives
-      // get_request_block_hasher a step finer than the block for several KV cache groups, the GCD
-      // of their block sizes, or cache_config.prefix_match_unit; and one of block size times the
-      // decode-context-parallel size for one group)
-      if (mismatchesBefore === 0 && this.stats.applied.hashMismatches > 0)
-        this.log(
-          `worker ${worker}: its block hashes are not the ones the router computes (vLLM's ${this.options.applier.vllmHashAlgo} under the router's PYTHONHASHSEED, one per block of the worker's block size, each chained to the last); ` +
-            `its stores are skipped (reason hash_mismatch): give the router the engine's --prefix-caching-hash-algo (vLLM's default is sha256) and PYTHONHASHSEED, or start the engine with --prefix-caching-hash-algo ${this.options.applier.vllmHashAlgo} and the router's PYTHONHASHSEED. ` +
-            `If those agree, the engine chains its hashes at another step than its block: vLLM does at a finer one for a hybrid model (several KV cache groups: the greatest common divisor of their block sizes) or when its cache config sets prefix_match_unit, which the router does not reproduce (serve --block-hash router keys blocks by the router's own hash of the events' token ids instead); ` +
-            `and with --decode-context-parallel-size N its step is --block-size times N: the worker's block-size must be that product`,
-        );
-    } catch (err) {
-      // e.g. the worker was removed from the router meanwhile
-      this.stats.malformed++;
-      this.log(`could not apply batch ${seq}: ${(err as Error).message}`);
-      return;
+    let skippedEvents = 0;
+    let firstSkip: string | undefined;
+    let events = 0;
+    for (let from = 0; from < reader.count || from === 0;) {
+      // a slice: up to APPLY_SLICE_EVENTS events or APPLY_SLICE_BYTES bytes (one event at least)
+      let to = Math.min(reader.count, from + APPLY_SLICE_EVENTS);
+      while (to > from + 1 && reader.bytes(from, to) > APPLY_SLICE_BYTES) to = from + Math.ceil((to - from) / 2);
+      if (from > 0) {
+        await new Promise<void>((resolve) => setImmediate(resolve));
+        if (!this.running) return;
+      }
+      const batch = reader.read(from, to);
+      if (batch.skipped) {
+        const skipped = this.stats.applied.skipped;
+        for (const s of batch.skipped) skipped[s.reason] = (skipped[s.reason] ?? 0) + 1;
+        skippedEvents += batch.skipped.length;
+        firstSkip ??= batch.skipped[0].message;
+      }
+      try {
+        this.options.applier.apply(worker, batch, this.stats.applied);
+      } catch (err) {
+        // e.g. the worker was removed from the router meanwhile
+        this.stats.malformed++;
+        this.log(`could not apply batch ${seq}: ${(err as Error).message}`);
+        return;
+      }
+      events += batch.events.length;
+      if (to >= reader.count) break;
+      from = to;
     }
+    if (firstSkip !== undefined) this.log(`batch ${seq}: skipped ${skippedEvents} event(s): ${firstSkip}`);
+    // what makes vLLM's hashes differ from the router's: the algorithm and seed, or the step its
+    // hashes are chained at (vllm/v1/core/kv_cache_utils.py: resolve_kv_cache_block_sizes gives
+    // get_request_block_hasher a step finer than the block for several KV cache groups, the GCD
+    // of their block sizes, or cache_config.prefix_match_unit; and one of block size times the
+    // decode-context-parallel size for one group)
+    if (mismatchesBefore === 0 && this.stats.applied.hashMismatches > 0)
+      this.log(
+        `worker ${worker}: its block hashes are not the ones the router computes (vLLM's ${this.options.applier.vllmHashAlgo} under the router's PYTHONHASHSEED, one per block of the worker's block size, each chained to the last); ` +
+          `its stores are skipped (reason hash_mismatch): give the router the engine's --prefix-caching-hash-algo (vLLM's default is sha256) and PYTHONHASHSEED, or start the engine with --prefix-caching-hash-algo ${this.options.applier.vllmHashAlgo} and the router's PYTHONHASHSEED. ` +
+          `If those agree, the engine chains its hashes at another step than its block: vLLM does at a finer one for a hybrid model (several KV cache groups: the greatest common divisor of their block sizes) or when its cache config sets prefix_match_unit, which the router does not reproduce (serve --block-hash router keys blocks by the router's own hash of the events' token ids instead); ` +
+          `and with --decode-context-parallel-size N its step is --block-size times N: the worker's block-size must be that product`,
+      );
     this.stats.batches++;
-    this.stats.events += batch.events.length;
-    this.stats.lagSeconds = Math.max(0, Date.now() / 1000 - batch.ts);
+    this.stats.events += events;
+    this.stats.lagSeconds = Math.max(0, Date.now() / 1000 - reader.ts);
   }
 
   /**
@@ -396,7 +425,7 @@ export class KvEventSubscriber {
           }
           this.stats.lateJoins++;
         }
-        this.applyPayload(seq, frames.at(-1)!);
+        await this.applyPayload(seq, frames.at(-1)!);
         if (this.replayedThrough === null) this.replayedFrom = seq;
         this.replayedThrough = seq;
         next = seq + 1n;
