@@ -237,7 +237,12 @@ export interface Gateway {
    */
   ready(): boolean;
   addWorker(w: GatewayWorker): void;
-  removeWorker(id: string): boolean;
+  /**
+   * Removes a worker (every rank of it) here and from the shared state; false when unknown.
+   * `record` false (DNS discovery's removals): the shared state does not keep the removal for
+   * replicas that start later (state-store.ts).
+   */
+  removeWorker(id: string, options?: { record?: boolean }): boolean;
   /** Shared state for the replicas. */
   state: StateStore;
   /** The workers and what the gateway keeps per worker. */
@@ -560,9 +565,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     for (const rid of connections.routerIdsOf(id)) breaker.forget(rid);
     return connections.remove(id);
   };
-  const removeWorker = (id: string) => {
+  const removeWorker = (id: string, options?: { record?: boolean }) => {
     const removed = removeWorkerLocally(id);
-    if (removed) state.workerRemoved(id);
+    if (removed) state.workerRemoved(id, options);
     return removed;
   };
   /** Drains (or resumes) every rank of a worker here; false when unknown. */
