@@ -33,7 +33,8 @@ export async function startPicker(
   const discovery = c.discover
     ? await new DnsDiscovery(c.discover, {
         addWorker: (w) => gateway.addWorker(w),
-        removeWorker: (id) => gateway.removeWorker(id),
+        // gone from DNS: not recorded as an admin removal (every replica reads the records itself)
+        removeWorker: (id) => gateway.removeWorker(id, { record: false }),
         hasWorker: (id) => gateway.router.listWorkers().some((w) => w.id === id),
         log: o.log,
       }).start()

@@ -77,11 +77,15 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
   });
   admin.delete('/admin/workers/:id', async (req, reply) => {
     const { id } = req.params as { id: string };
+    // a rank is not removed alone (the engine serves them all): removing the worker is asked by its own id
+    const rankOf = connections.get(id)?.workerId;
+    if (rankOf !== undefined && rankOf !== id)
+      return openAiError(reply, 400, `'${id}' is a rank of worker '${rankOf}'; remove '${rankOf}'`, 'id');
     return removeWorker(id) ? { removed: id } : openAiError(reply, 404, `no worker '${id}'`);
   });
   admin.post('/admin/workers/:id/drain', async (req, reply) => {
     const { id } = req.params as { id: string };
-    // every rank of it, in every replica
+    // every rank of it (a rank's id names its worker), in every replica
     return drainWorker(id, true) ? { draining: id } : openAiError(reply, 404, `no worker '${id}'`);
   });
   admin.post('/admin/workers/:id/resume', async (req, reply) => {

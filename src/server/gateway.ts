@@ -237,7 +237,12 @@ export interface Gateway {
    */
   ready(): boolean;
   addWorker(w: GatewayWorker): void;
-  removeWorker(id: string): boolean;
+  /**
+   * Removes a worker (every rank of it) here and from the shared state; false when unknown.
+   * `record` false (DNS discovery's removals): the shared state does not keep the removal for
+   * replicas that start later (state-store.ts).
+   */
+  removeWorker(id: string, options?: { record?: boolean }): boolean;
   /** Shared state for the replicas. */
   state: StateStore;
   /** The workers and what the gateway keeps per worker. */
@@ -560,9 +565,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     for (const rid of connections.routerIdsOf(id)) breaker.forget(rid);
     return connections.remove(id);
   };
-  const removeWorker = (id: string) => {
+  /** The worker a router worker id belongs to (a data-parallel rank's `ID#r`), or the id itself: what the shared state knows. */
+  const workerIdOf = (id: string) => connections.get(id)?.workerId ?? id;
+  const removeWorker = (id: string, options?: { record?: boolean }) => {
+    const workerId = workerIdOf(id);
     const removed = removeWorkerLocally(id);
-    if (removed) state.workerRemoved(id);
+    if (removed) state.workerRemoved(workerId, options);
     return removed;
   };
   /** Drains (or resumes) every rank of a worker here; false when unknown. */
@@ -578,7 +586,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   };
   const drainWorker = (id: string, draining: boolean) => {
     const known = drainWorkerLocally(id, draining);
-    if (known) state.workerDrained(id, draining);
+    // the other replicas know the worker, not its ranks: a rank's id drains the whole worker here too
+    if (known) state.workerDrained(workerIdOf(id), draining);
     return known;
   };
   for (const w of options.workers ?? []) connections.add(w);

@@ -37,7 +37,8 @@ export type ClusterMessage =
   /** A tracked request's engine refused it, holding none of it: what decision i alone added is withdrawn. */
   | { cf: 'refused'; r: string; w: string; i: string }
   | { cf: 'worker-added'; r: string; worker: WorkerRecord }
-  | { cf: 'worker-removed'; r: string; id: string }
+  /** `record` false: a removal the relay does not keep for processes that start later (DNS discovery's). */
+  | { cf: 'worker-removed'; r: string; id: string; record?: boolean }
   /** A worker drained (true) or resumed (false) through a process's admin API. */
   | { cf: 'worker-drained'; r: string; id: string; draining: boolean }
   /** KV events posted to a process's admin API (JSON, as it took them), for the others to apply. */
@@ -222,8 +223,10 @@ export class ClusterStateStore implements StateStore {
     this.outbox.push({ cf: 'worker-added', r: this.replicaId, worker });
   }
 
-  workerRemoved(workerId: string): void {
-    this.outbox.push({ cf: 'worker-removed', r: this.replicaId, id: workerId });
+  workerRemoved(workerId: string, options: { record?: boolean } = {}): void {
+    const m: ClusterMessage = { cf: 'worker-removed', r: this.replicaId, id: workerId };
+    if (options.record === false) m.record = false;
+    this.outbox.push(m);
   }
 
   workerDrained(workerId: string, draining: boolean): void {
@@ -364,7 +367,12 @@ export interface ClusterRelayOptions {
   decisionTtlMs?: number;
   /** Most workflows remembered (default 100,000; least recently routed dropped first). */
   workflows?: number;
+  /** Most admin removals remembered (default 100,000; the oldest forgotten first). */
+  removals?: number;
 }
+
+/** How long the relay remembers a removal through the admin API (the Redis store keeps its record as long). */
+const REMOVAL_KEPT_MS = 24 * 3_600_000;
 
 /** A gateway process as the relay sees it (a cluster worker, or a test double). */
 export interface RelayPeer {
@@ -385,8 +393,9 @@ export class ClusterRelay {
   private readonly workers = new Map<string, WorkerRecord>();
   /** Workers drained through a process's admin API, until resumed or removed. */
   private readonly draining = new Set<string>();
-  /** Workers removed through a process's admin API, until added again. */
-  private readonly removed = new Set<string>();
+  /** Workers removed through a process's admin API, until added again (or forgotten: a day, the bound), by when, oldest first. */
+  private readonly removed = new Map<string, number>();
+  private readonly removalLimit: number;
   private readonly recent: Array<{ d: ClusterDecision; at: number }> = [];
   /** Each process's in-flight work, for the snapshot a process that starts later gets. */
   private readonly loads = new RemoteLoad();
@@ -401,6 +410,7 @@ export class ClusterRelay {
     this.recentLimit = options.recentDecisions ?? 10_000;
     this.ttlMs = options.decisionTtlMs ?? 120_000;
     this.workflows = new LRUCache({ max: options.workflows ?? 100_000 });
+    this.removalLimit = options.removals ?? 100_000;
   }
 
   add(peer: RelayPeer): void {
@@ -469,7 +479,15 @@ export class ClusterRelay {
       case 'worker-removed':
         this.workers.delete(m.id);
         this.draining.delete(m.id);
-        if (this.removed.size < 100_000) this.removed.add(m.id);
+        // discovery's removals are not kept: every process reads the DNS records itself
+        if (m.record !== false) {
+          this.removed.delete(m.id); // to the end: the newest
+          this.removed.set(m.id, this.clock());
+          for (const id of this.removed.keys()) {
+            if (this.removed.size <= this.removalLimit) break;
+            this.removed.delete(id);
+          }
+        }
         this.broadcast(m, from);
         return;
       case 'worker-drained':
@@ -498,6 +516,10 @@ export class ClusterRelay {
     let live = 0;
     while (live < this.recent.length && now - this.recent[live].at > this.ttlMs) live++;
     if (live > 0) this.recent.splice(0, live);
+    for (const [id, at] of this.removed) {
+      if (now - at <= REMOVAL_KEPT_MS) break;
+      this.removed.delete(id);
+    }
     const start = Math.max(0, this.recent.length - this.recentLimit);
     const loads: Array<[string, string, number, number, number]> = [];
     for (const [replica, worker, l] of this.loads.entries())
@@ -512,7 +534,7 @@ export class ClusterRelay {
       decisions: this.recent.slice(start).map((r) => r.d),
       loads,
       draining: [...this.draining],
-      removed: [...this.removed],
+      removed: [...this.removed.keys()],
     };
   }
 

@@ -20,6 +20,7 @@ import {
   type WireDecision,
   type WireMessage,
   type WireKvEvents,
+  type WireReadMark,
   type WireWorkerAdded,
   type WireWorkerDrained,
   type WireWorkerRemoved,
@@ -44,6 +45,45 @@ const READONLY_RETRY_MAX_MS = 30_000;
 
 /** Deletes KEYS[1] only while it holds ARGV[1] (one round trip, atomic). */
 const DELETE_IF_EQUAL = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+/**
+ * Writes back workers the registry (KEYS[1]) lacks, ARGV[1] id → ARGV[2] record and so on,
+ * unless recorded as removed (KEYS[2]) since they were read: one answer per worker, 1 written,
+ * 0 there already, -1 removed. Atomic, and only with the commands the state's ACL grants.
+ */
+const WRITE_BACK_WORKERS =
+  "local removed = {} local all = redis.call('HGETALL', KEYS[2]) for i = 1, #all, 2 do removed[all[i]] = true end local out = {} for i = 1, #ARGV, 2 do if removed[ARGV[i]] then out[#out + 1] = -1 else out[#out + 1] = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end end return out";
+
+/**
+ * How long a worker removed through the admin API stays recorded in `{prefix}removed` (a replica
+ * configured with it that starts meanwhile does not bring it back); older records are dropped
+ * by the next resynchronisation, so the hash does not grow for good.
+ */
+const REMOVAL_KEPT_MS = 24 * 3_600_000;
+
+/**
+ * Largest batch of posted KV events (as its `ev` message) relayed to the other replicas: one
+ * message the size of a whole request body (16 MiB by default) would hold the command
+ * connection long enough to look stalled, and every replica would parse it. A larger batch
+ * is applied only by the replica it was posted to (counted, logged once).
+ */
+export const MAX_RELAYED_EVENTS_BYTES = 1 << 20;
+
+/** A registry change made here while Redis was out of reach: a worker added, or removed (recorded or not). */
+type UnsyncedWorker = { added: WorkerRecord } | { removed: { record: boolean } };
+
+/**
+ * Registry messages heard after a resynchronisation's mark (published just before it reads the
+ * registry): as new as what it read or newer, they win over it (a worker added (its record) or
+ * removed (null); drained or resumed).
+ */
+interface HeardChanges {
+  /** The mark's nonce; `past` once it was heard back. */
+  mark: string;
+  past: boolean;
+  workers: Map<string, WorkerRecord | null>;
+  drains: Map<string, boolean>;
+}
 
 export interface RedisStateOptions {
   /** redis://[user:password@]host:port[/db] */
@@ -89,6 +129,8 @@ interface RedisStats {
   workflowClaimsLost: number;
   malformedMessages: number;
   replicasSeen: number;
+  /** Posted KV-event batches larger than MAX_RELAYED_EVENTS_BYTES: applied only here. */
+  eventBatchesNotShared: number;
 }
 
 /**
@@ -172,10 +214,15 @@ export class RedisStateStore implements StateStore {
   private readonly prefilled = new WeakSet<SharedDecision>();
   /** Workers drained through an admin API (this replica's or another's) and not resumed, by id. */
   private draining = new Set<string>();
-  /** Workers added (the record) or removed (null) through this replica's admin API while Redis was out of reach. */
-  private readonly unsyncedWorkers = new Map<string, WorkerRecord | null>();
-  /** Drains (true) and resumes (false) made through this replica's admin API while Redis was out of reach. */
+  /** Workers added or removed through this replica's admin API (or discovery) while Redis was out of reach, or during a resynchronisation. */
+  private readonly unsyncedWorkers = new Map<string, UnsyncedWorker>();
+  /** Drains (true) and resumes (false) made through this replica's admin API while Redis was out of reach, or during a resynchronisation. */
   private readonly unsyncedDrains = new Map<string, boolean>();
+  /** Whether the subscriber is subscribed to the channel (on its current connection). */
+  private subscribed = false;
+  private readonly subscribedWaiters: Array<() => void> = [];
+  /** What the resynchronisations reading the registry now have heard since they started reading. */
+  private readonly hearing = new Set<HeardChanges>();
   private readonly counters: RedisStats = {
     outages: 0,
     stalls: 0,
@@ -191,6 +238,7 @@ export class RedisStateStore implements StateStore {
     workflowClaimsLost: 0,
     malformedMessages: 0,
     replicasSeen: 0,
+    eventBatchesNotShared: 0,
   };
 
   constructor(options: RedisStateOptions) {
@@ -230,6 +278,7 @@ export class RedisStateStore implements StateStore {
     this.cmd.on('close', () => this.wentDown());
     this.cmd.on('ready', () => void this.cameUp());
     this.sub.on('ready', () => this.subscribe());
+    this.sub.on('close', () => (this.subscribed = false));
     this.sub.on('messageBuffer', (_channel: Buffer, message: Buffer) => this.onMessage(message));
   }
 
@@ -314,7 +363,7 @@ export class RedisStateStore implements StateStore {
   workerAdded(worker: WorkerRecord): void {
     this.draining.delete(worker.id);
     this.unsyncedDrains.delete(worker.id);
-    if (!this.up) return void this.unsyncedWorkers.set(worker.id, worker); // written when Redis is back
+    if (!this.up) return void this.unsyncedWorkers.set(worker.id, { added: worker }); // written when Redis is back
     const m = this.cmd.pipeline();
     this.writeAdded(m, worker);
     void this.run(m, 'a worker added').catch(() => {
@@ -322,12 +371,13 @@ export class RedisStateStore implements StateStore {
     });
   }
 
-  workerRemoved(workerId: string): void {
+  workerRemoved(workerId: string, options: { record?: boolean } = {}): void {
+    const record = options.record ?? true;
     this.draining.delete(workerId);
     this.unsyncedDrains.delete(workerId);
-    if (!this.up) return void this.unsyncedWorkers.set(workerId, null);
+    if (!this.up) return void this.unsyncedWorkers.set(workerId, { removed: { record } });
     const m = this.cmd.pipeline();
-    this.writeRemoved(m, workerId);
+    this.writeRemoved(m, workerId, record);
     void this.run(m.del(this.key('load', this.replicaId)), 'a worker removed').catch(() => {
       this.counters.errors++;
     });
@@ -347,27 +397,82 @@ export class RedisStateStore implements StateStore {
   kvEventsPosted(workerId: string, events: unknown): void {
     // not kept while Redis is out of reach: the engine's next events, or a replay, bring the rest
     if (!this.up) return;
-    this.publish(JSON.stringify({ r: this.replicaId, k: 'ev', w: workerId, e: events } satisfies WireKvEvents));
-  }
-
-  /** A worker added to the registry (and no longer recorded as removed), announced. */
-  private writeAdded(m: ChainableCommander, worker: WorkerRecord): void {
-    const message = JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded);
-    m.hset(this.key('workers'), worker.id, JSON.stringify(worker))
-      .hdel(this.key('removed'), worker.id)
-      .publish(this.channel, message);
+    const message = JSON.stringify({ r: this.replicaId, k: 'ev', w: workerId, e: events } satisfies WireKvEvents);
+    if (Buffer.byteLength(message) > MAX_RELAYED_EVENTS_BYTES) {
+      if (this.counters.eventBatchesNotShared++ === 0)
+        this.host?.log(
+          `state: a batch of KV events posted for '${workerId}' is larger than ${MAX_RELAYED_EVENTS_BYTES} bytes: applied here, not shared with the other replicas (post smaller batches); further ones are only counted (state.eventBatchesNotShared)`,
+        );
+      return;
+    }
+    this.publish(message);
   }
 
   /**
-   * A worker taken out of the registry and recorded as removed, announced: a replica that
-   * (re)starts configured with it does not write it back (resync()).
+   * A worker added to the registry (no longer recorded as removed, nor draining: a worker
+   * removed and added again starts afresh), announced, and announced resumed: a replica that
+   * did not hear of its removal (this one was cut off then) may hold it drained.
    */
-  private writeRemoved(m: ChainableCommander, workerId: string): void {
+  private writeAdded(m: ChainableCommander, worker: WorkerRecord): void {
+    const message = JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded);
+    const resumed = JSON.stringify({
+      r: this.replicaId,
+      k: 'dr',
+      id: worker.id,
+      on: false,
+    } satisfies WireWorkerDrained);
+    m.hset(this.key('workers'), worker.id, JSON.stringify(worker))
+      .hdel(this.key('removed'), worker.id)
+      .hdel(this.key('draining'), worker.id)
+      .publish(this.channel, message)
+      .publish(this.channel, resumed);
+  }
+
+  /**
+   * A worker taken out of the registry, announced, and with `record` (a removal through the
+   * admin API) recorded as removed: a replica that (re)starts configured with it does not
+   * write it back (loadRegistry()). Discovery's removals are not recorded: the engine's DNS
+   * records, which every replica reads, say whether it is back.
+   */
+  private writeRemoved(m: ChainableCommander, workerId: string, record: boolean): void {
     const message = JSON.stringify({ r: this.replicaId, k: 'wr', id: workerId } satisfies WireWorkerRemoved);
-    m.hdel(this.key('workers'), workerId)
-      .hset(this.key('removed'), workerId, String(Date.now()))
-      .hdel(this.key('draining'), workerId)
-      .publish(this.channel, message);
+    m.hdel(this.key('workers'), workerId);
+    if (record) m.hset(this.key('removed'), workerId, String(Date.now()));
+    m.hdel(this.key('draining'), workerId).publish(this.channel, message);
+  }
+
+  /**
+   * Writes the registry changes made here while Redis was out of reach (or a resynchronisation
+   * ran) into `m`; the function returned forgets those still unchanged once `m` has run.
+   */
+  private writeUnsynced(m: ChainableCommander): () => void {
+    const workerChanges = [...this.unsyncedWorkers];
+    const drainChanges = [...this.unsyncedDrains];
+    for (const [id, change] of workerChanges) {
+      if ('added' in change) this.writeAdded(m, change.added);
+      else this.writeRemoved(m, id, change.removed.record);
+    }
+    for (const [id, on] of drainChanges) this.writeDrained(m, id, on);
+    return () => {
+      // (changes made meanwhile stay for the next write)
+      for (const [id, w] of workerChanges) if (this.unsyncedWorkers.get(id) === w) this.unsyncedWorkers.delete(id);
+      for (const [id, on] of drainChanges) if (this.unsyncedDrains.get(id) === on) this.unsyncedDrains.delete(id);
+    };
+  }
+
+  /**
+   * The registry changes made through this replica while its resynchronisation ran (it was
+   * not up yet, so they waited), written and announced once it is up: the resynchronisation
+   * wrote only those made before it.
+   */
+  private flushUnsynced(): void {
+    if (this.unsyncedWorkers.size === 0 && this.unsyncedDrains.size === 0) return;
+    const m = this.cmd.pipeline();
+    const forget = this.writeUnsynced(m);
+    // on failure they stay for the next resynchronisation
+    void this.run(m, 'the registry changes made while resynchronising').then(forget, () => {
+      this.counters.errors++;
+    });
   }
 
   /** A drain (or resume) recorded in the registry, announced. */
@@ -466,11 +571,17 @@ export class RedisStateStore implements StateStore {
   }
 
   private subscribe(): void {
-    this.sub.subscribe(this.channel).catch(() => {
-      if (this.closed) return;
-      this.counters.errors++;
-      this.sub.disconnect(true); // reconnects, and 'ready' subscribes again
-    });
+    this.sub.subscribe(this.channel).then(
+      () => {
+        this.subscribed = true;
+        for (const done of this.subscribedWaiters.splice(0)) done();
+      },
+      () => {
+        if (this.closed) return;
+        this.counters.errors++;
+        this.sub.disconnect(true); // reconnects, and 'ready' subscribes again
+      },
+    );
   }
 
   private remember(chain: string, message: string): void {
@@ -510,6 +621,10 @@ export class RedisStateStore implements StateStore {
       this.counters.malformedMessages++;
       return;
     }
+    if (msg.k === 'rm') {
+      if (msg.r === this.replicaId) for (const h of this.hearing) if (h.mark === msg.n) h.past = true;
+      return;
+    }
     if (msg.r === this.replicaId || !this.host) return;
     try {
       if (msg.k === 'd') {
@@ -532,12 +647,20 @@ export class RedisStateStore implements StateStore {
         this.remote.replace(msg.r, decodeLoadSnapshot(Object.fromEntries(entries)));
         for (const id of known) this.applyRemote(id);
       } else if (msg.k === 'wa') {
-        if (!this.host.listWorkers().some((w) => w.id === msg.worker.id)) this.host.addWorkerFromState(msg.worker);
+        const id = msg.worker.id;
+        for (const h of this.hearing) if (h.past) h.workers.set(id, msg.worker);
+        if (!this.host.listWorkers().some((w) => w.id === id)) this.host.addWorkerFromState(msg.worker);
       } else if (msg.k === 'wr') {
+        for (const h of this.hearing)
+          if (h.past) {
+            h.workers.set(msg.id, null);
+            h.drains.set(msg.id, false);
+          }
         this.draining.delete(msg.id);
         if (this.host.listWorkers().some((w) => w.id === msg.id)) this.host.removeWorkerFromState(msg.id);
       } else if (msg.k === 'dr') {
         if (typeof msg.id !== 'string' || typeof msg.on !== 'boolean') return void this.counters.malformedMessages++;
+        for (const h of this.hearing) if (h.past) h.drains.set(msg.id, msg.on);
         if (msg.on) this.draining.add(msg.id);
         else this.draining.delete(msg.id);
         if (this.host.listWorkers().some((w) => w.id === msg.id)) this.host.drainWorkerFromState?.(msg.id, msg.on);
@@ -658,31 +781,49 @@ export class RedisStateStore implements StateStore {
     if (this.closed || !this.host) return;
     const first = this.counters.resyncs === 0;
     this.remote.clear(); // messages were missed: start again from the snapshots
-    this.resyncing = this.resync().then(
-      () => {
-        this.up = true;
-        this.lastAnswerAt = Date.now();
-        this.dropReason = undefined; // left by a drop while it was not up: it named no outage
-        this.loggedRefusals.clear();
-        this.resyncError = undefined;
-        this.counters.resyncs++;
-        // the others may still count requests whose releases went unpublished while this was cut off
-        this.publish(JSON.stringify(encodeLoad(this.replicaId, this.ownLoad())));
-        if (!first) this.host!.log('state: redis is back; state written back and reloaded');
-      },
-      (err: Error) => {
-        if (this.closed) return; // close() cut the sync short: nothing to retry
-        this.counters.errors++;
-        // the same failure again (an ACL that still lacks a command) is not logged every retry
-        if (err.message !== this.resyncError?.message)
-          this.host!.log(`state: resynchronising with redis failed (${err.message}); will retry`);
-        this.resyncError = err;
-        // at start, attach() decides whether to retry: a refusal of access fails the start
-        if (first && ACCESS_REFUSED.test(err.message)) return;
-        this.cmd.disconnect(true); // reconnects, and 'ready' tries again
-      },
-    );
+    // what changes after the registry is read must be heard: the subscriber reconnects on its
+    // own, and a resynchronisation that read before it subscribed would miss what came between
+    this.resyncing = this.untilSubscribed()
+      .then(() => this.resync())
+      .then(
+        () => {
+          this.up = true;
+          this.flushUnsynced();
+          this.lastAnswerAt = Date.now();
+          this.dropReason = undefined; // left by a drop while it was not up: it named no outage
+          this.loggedRefusals.clear();
+          this.resyncError = undefined;
+          this.counters.resyncs++;
+          // the others may still count requests whose releases went unpublished while this was cut off
+          this.publish(JSON.stringify(encodeLoad(this.replicaId, this.ownLoad())));
+          if (!first) this.host!.log('state: redis is back; state written back and reloaded');
+        },
+        (err: Error) => {
+          if (this.closed) return; // close() cut the sync short: nothing to retry
+          this.counters.errors++;
+          // the same failure again (an ACL that still lacks a command) is not logged every retry
+          if (err.message !== this.resyncError?.message)
+            this.host!.log(`state: resynchronising with redis failed (${err.message}); will retry`);
+          this.resyncError = err;
+          // at start, attach() decides whether to retry: a refusal of access fails the start
+          if (first && ACCESS_REFUSED.test(err.message)) return;
+          this.cmd.disconnect(true); // reconnects, and 'ready' tries again
+        },
+      );
     await this.resyncing;
+  }
+
+  /** Resolves once the subscriber is subscribed, or after stallTimeoutMs (it may be the one cut off). */
+  private untilSubscribed(): Promise<void> {
+    if (this.subscribed) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, this.stallTimeoutMs);
+      timer.unref();
+      this.subscribedWaiters.push(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
   }
 
   /** Writes back what Redis may have lost (SET NX: never over newer state) and loads the rest. */
@@ -692,13 +833,7 @@ export class RedisStateStore implements StateStore {
     const now = Date.now();
     const push = this.cmd.pipeline();
     // registry changes made here while Redis was out of reach
-    const workerChanges = [...this.unsyncedWorkers];
-    const drainChanges = [...this.unsyncedDrains];
-    for (const [id, w] of workerChanges) {
-      if (w) this.writeAdded(push, w);
-      else this.writeRemoved(push, id);
-    }
-    for (const [id, on] of drainChanges) this.writeDrained(push, id, on);
+    const forgetUnsynced = this.writeUnsynced(push);
     for (const [id, e] of router.workflowAffinities())
       push.set(this.key('wf', id), encodeWorkflow(e.workerId, e.step), 'PX', this.workflowTtlMs, 'NX');
     const expired: string[] = [];
@@ -709,9 +844,7 @@ export class RedisStateStore implements StateStore {
     for (const chain of expired) this.recent!.delete(chain);
     // what Redis refuses to take back (out of memory, read-only) is counted; the rest still loads
     await this.run(push, 'the state written back');
-    // (changes made meanwhile stay for the next resynchronisation)
-    for (const [id, w] of workerChanges) if (this.unsyncedWorkers.get(id) === w) this.unsyncedWorkers.delete(id);
-    for (const [id, on] of drainChanges) if (this.unsyncedDrains.get(id) === on) this.unsyncedDrains.delete(id);
+    forgetUnsynced();
 
     await this.loadRegistry(host);
     // workflows: Redis's word wins
@@ -746,13 +879,71 @@ export class RedisStateStore implements StateStore {
    * lacks but never removed is written back (HSETNX) and announced, so the replicas that are
    * running add it as well. Drains are Redis's word; when Redis holds no registry at all (a
    * fresh fleet, or Redis lost its data) this replica's drains are written back instead.
+   * What this replica hears from the others while it reads is newer than what it read, and
+   * wins over it. Removals recorded more than REMOVAL_KEPT_MS ago are forgotten.
    */
   private async loadRegistry(host: StateStoreHost): Promise<void> {
-    const [workers, removed, drains] = await Promise.all([
-      this.unlessWrongKind(this.cmd.hgetall(this.key('workers')), {}, 'workers'),
-      this.unlessWrongKind(this.cmd.hgetall(this.key('removed')), {}, 'removed'),
-      this.unlessWrongKind(this.cmd.hgetall(this.key('draining')), {}, 'draining'),
-    ]);
+    const heard: HeardChanges = {
+      mark: randomBytes(6).toString('hex'),
+      past: false,
+      workers: new Map(),
+      drains: new Map(),
+    };
+    this.hearing.add(heard);
+    try {
+      await this.loadRegistryHearing(host, heard);
+    } finally {
+      this.hearing.delete(heard);
+    }
+  }
+
+  private async loadRegistryHearing(host: StateStoreHost, heard: HeardChanges): Promise<void> {
+    // the mark, then the three reads, on one connection (so in that order): what is heard after
+    // the mark was published after it, so it is as new as the reads or newer, and wins over them
+    const mark = JSON.stringify({ r: this.replicaId, k: 'rm', n: heard.mark } satisfies WireReadMark);
+    const read =
+      (await this.cmd
+        .pipeline()
+        .publish(this.channel, mark)
+        .hgetall(this.key('workers'))
+        .hgetall(this.key('removed'))
+        .hgetall(this.key('draining'))
+        .exec()) ?? [];
+    // a mark Redis refused is never heard: nothing then wins over the reads
+    if (read[0]?.[0]) this.failed(read[0][0], 'the registry read');
+    const [workers, removed, drains] = await Promise.all(
+      (['workers', 'removed', 'draining'] as const).map((key, i) => {
+        const [err, value] = read[i + 1] ?? [new Error('no answer'), undefined];
+        return this.unlessWrongKind(
+          err ? Promise.reject(err) : Promise.resolve(value as Record<string, string>),
+          {},
+          key,
+        );
+      }),
+    );
+    /** What was read, with what was heard since laid over it. */
+    const overlay = () => {
+      for (const [id, w] of heard.workers) {
+        if (w) {
+          workers[id] = JSON.stringify(w);
+          delete removed[id];
+        } else delete workers[id]; // removed here already (onMessage)
+      }
+      for (const [id, on] of heard.drains) {
+        if (on) drains[id] = '1';
+        else delete drains[id];
+      }
+    };
+    // removals recorded long ago (or unreadable) are forgotten, unless recorded again meanwhile
+    const cutoff = Date.now() - REMOVAL_KEPT_MS;
+    const forgotten = Object.entries(removed).filter(([, at]) => !(Number(at) > cutoff));
+    for (const [id] of forgotten) delete removed[id];
+    if (forgotten.length > 0)
+      await this.cmd.hdel(this.key('removed'), ...forgotten.map(([id]) => id)).catch((err: Error) => {
+        if (!(err instanceof ReplyError)) throw err;
+        this.failed(err, 'the old removals forgotten');
+      });
+    overlay();
     const shared = Object.keys(workers).length > 0 || Object.keys(removed).length > 0;
     for (const w of [...host.listWorkers()])
       if (Object.hasOwn(removed, w.id) && !Object.hasOwn(workers, w.id)) {
@@ -763,17 +954,31 @@ export class RedisStateStore implements StateStore {
     const localDrains = shared ? [] : [...this.draining].filter((id) => !Object.hasOwn(drains, id));
     if (missing.length > 0 || localDrains.length > 0) {
       const back = this.cmd.pipeline();
-      for (const w of missing) back.hsetnx(this.key('workers'), w.id, JSON.stringify(w));
+      // not over a removal another replica recorded since the registry was read
+      if (missing.length > 0)
+        back.eval(
+          WRITE_BACK_WORKERS,
+          2,
+          this.key('workers'),
+          this.key('removed'),
+          ...missing.flatMap((w) => [w.id, JSON.stringify(w)]),
+        );
       for (const id of localDrains) back.hsetnx(this.key('draining'), id, '1');
       const res = await this.run(back, 'the workers written back');
+      const written = missing.length > 0 && res[0]?.[0] === null ? (res[0][1] as number[]) : [];
       // what this replica wrote the others learn now, not at their next resynchronisation
       const announce = this.cmd.pipeline();
       missing.forEach((worker, i) => {
-        if (res[i]?.[0] === null && res[i][1] === 1)
+        if (written[i] === 1)
           announce.publish(
             this.channel,
             JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded),
           );
+        // removed meanwhile through another replica (unless added here, or heard added, since)
+        else if (written[i] === -1 && !this.unsyncedWorkers.has(worker.id) && !heard.workers.get(worker.id)) {
+          host.removeWorkerFromState(worker.id);
+          this.draining.delete(worker.id);
+        }
       });
       for (const id of localDrains)
         announce.publish(
@@ -782,6 +987,7 @@ export class RedisStateStore implements StateStore {
         );
       if (announce.length > 0) await this.run(announce, 'the workers written back');
       for (const id of localDrains) drains[id] = '1';
+      overlay(); // what was heard during the write-back
     }
     // workers other replicas added
     const local = new Set(host.listWorkers().map((w) => w.id));

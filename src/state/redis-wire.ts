@@ -27,9 +27,10 @@ export interface WireDecision extends DecisionFields {
  * ignores it (counting it among its malformed messages) and keeps the tally it had. 5 added
  * `dr` and `ev` and the `draining` and `removed` hashes: an earlier replica ignores both
  * messages (counting them among its malformed ones), so it neither drains with the others nor
- * takes their posted KV events, and never reads the hashes.
+ * takes their posted KV events, and never reads the hashes. 6 added `rm`: a version-5 replica
+ * ignores it (counting it among its malformed messages).
  */
-export const STATE_WIRE_VERSION = 5;
+export const STATE_WIRE_VERSION = 6;
 
 /** A tracked request's prefill finished (its first token): its tokens move from queued prefill to decode. */
 export interface WirePrefilled {
@@ -98,7 +99,17 @@ export interface WireKvEvents {
   w: string;
   e: unknown;
 }
+/**
+ * A mark a replica publishes just before it reads the registry (on the same connection): what
+ * it hears after its own mark is as new as what it read, or newer. The others ignore it.
+ */
+export interface WireReadMark {
+  r: string;
+  k: 'rm';
+  n: string;
+}
 export type WireMessage =
+  | WireReadMark
   | WireDecision
   | WirePrefilled
   | WireReleased

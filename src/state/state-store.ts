@@ -74,9 +74,14 @@ export interface StateStore {
    * there (KVAwareRouter.refuseSharedDecision()). Called before decisionPrefilled() and decisionEnded().
    */
   decisionRefused(decision: SharedDecision): void;
-  /** The registry changed through this replica's admin API or configuration. */
+  /** The registry changed through this replica's admin API, configuration or DNS discovery. */
   workerAdded(worker: WorkerRecord): void;
-  workerRemoved(workerId: string): void;
+  /**
+   * `record` (default true: a removal through the admin API): the removal is recorded, so a
+   * replica configured with the worker that starts later does not bring it back. DNS
+   * discovery's removals are not (every replica reads the DNS records itself).
+   */
+  workerRemoved(workerId: string, options?: { record?: boolean }): void;
   /** A worker was drained (true) or resumed (false) through this replica's admin API. */
   workerDrained(workerId: string, draining: boolean): void;
   /**

@@ -339,3 +339,26 @@ test('a removed worker stays removed for a process that (re)starts with it confi
   await c.store.attach(c.host);
   assert.deepEqual(c.workers.map((w) => w.id).sort(), ['e0', 'e1', 'e2']);
 });
+
+test('the relay keeps only admin removals, for a day, and forgets the oldest past its bound', () => {
+  let now = 0;
+  const relay = new ClusterRelay({ removals: 2 }, () => now);
+  const snapshots: ClusterMessage[] = [];
+  relay.add({ id: 'a', send: () => {} });
+  relay.add({ id: 'late', send: (m) => void snapshots.push(m) });
+  const removedAtStart = () => {
+    relay.receive('late', { cf: 'hello', r: 'late' });
+    let s = snapshots.pop(); // after the removals relayed to it, in one batch
+    if (s?.cf === 'batch') s = s.m.at(-1);
+    assert.equal(s?.cf, 'snapshot');
+    return s.cf === 'snapshot' ? s.removed : undefined;
+  };
+  relay.receive('a', { cf: 'worker-removed', r: 'a', id: 'gone-from-dns', record: false });
+  assert.deepEqual(removedAtStart(), [], "discovery's removal is not kept");
+  for (const id of ['r1', 'r2', 'r3']) relay.receive('a', { cf: 'worker-removed', r: 'a', id });
+  assert.deepEqual(removedAtStart(), ['r2', 'r3'], 'the oldest forgotten past the bound, the newest kept');
+  now = 12 * 3_600_000;
+  relay.receive('a', { cf: 'worker-removed', r: 'a', id: 'r2' }); // removed again (after being added back)
+  now = 25 * 3_600_000;
+  assert.deepEqual(removedAtStart(), ['r2'], 'a removal recorded more than a day ago is forgotten');
+});

@@ -127,6 +127,36 @@ test('KV events posted to one replica are given to the others', async () => {
   assert.deepEqual(a.posted, []);
 });
 
+test('a posted batch of KV events larger than 1 MiB is applied only where it was posted, and said so once', async () => {
+  const prefix = freshPrefix();
+  const a = await replica('a', prefix, ['e0']);
+  const b = await replica('b', prefix, ['e0']);
+  const logs: string[] = [];
+  a.host.log = (m) => void logs.push(m);
+  const stored = (i: number) => ({
+    type: 'BlockStored',
+    block_hashes: [String(1e15 + i)],
+    parent_block_hash: null,
+    token_ids: Array.from({ length: 16 }, (_, k) => 100_000 + k),
+    block_size: 16,
+  });
+  const big = Array.from({ length: 8000 }, (_, i) => stored(i)); // about 1.3 MB of JSON
+  assert.ok(JSON.stringify(big).length > 1 << 20);
+  a.store.kvEventsPosted('e0', big);
+  a.store.kvEventsPosted('e0', big);
+  const small = [stored(0)];
+  a.store.kvEventsPosted('e0', small);
+  assert.deepEqual(
+    await settled(
+      () => b.posted,
+      (x) => x.length > 0,
+    ),
+    [['e0', small]],
+  );
+  assert.equal(a.store.stats().eventBatchesNotShared, 2);
+  assert.equal(logs.filter((m) => /not shared/.test(m)).length, 1, logs.join('\n'));
+});
+
 test('a removed worker stays removed when a replica configured with it restarts; what it writes back it announces', async () => {
   const prefix = freshPrefix();
   const a = await replica('a', prefix, ['e0', 'e1']);
