@@ -25,6 +25,20 @@ after(async () => {
   for (const c of closers) await c();
 });
 
+/** PUB/SUB slow joiner: publish a probe until the subscription is live. */
+async function untilSubscribed(pub: KvEventPublisher, sub: KvEventSubscriber): Promise<void> {
+  const probe = batch({ type: 'AllBlocksCleared' });
+  await until(
+    async () => {
+      if (sub.stats.batches > 0) return true;
+      await pub.publish(probe);
+      return false;
+    },
+    'the subscription to receive a probe',
+    { intervalMs: 20 },
+  );
+}
+
 async function rig(encoding: 'map' | 'array' = 'map', replay = true) {
   const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
   router.registerWorker('w0');
@@ -44,17 +58,7 @@ async function rig(encoding: 'map' | 'array' = 'map', replay = true) {
     () => sub.close(),
     () => pub.close(),
   );
-  // PUB/SUB slow joiner: publish a probe until the subscription is live
-  const probe = batch({ type: 'AllBlocksCleared' });
-  await until(
-    async () => {
-      if (sub.stats.batches > 0) return true;
-      await pub.publish(probe);
-      return false;
-    },
-    'the subscription to receive a probe',
-    { intervalMs: 20 },
-  );
+  await untilSubscribed(pub, sub);
   return { router, applier, pub, sub };
 }
 
@@ -611,16 +615,7 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
         await serving;
       },
     );
-    const probe = batch({ type: 'AllBlocksCleared' });
-    await until(
-      async () => {
-        if (sub.stats.batches > 0) return true;
-        await pub.publish(probe);
-        return false;
-      },
-      'the subscription to receive a probe',
-      { intervalMs: 20 },
-    );
+    await untilSubscribed(pub, sub);
     return { router, applier, pub, sub, logs, asked };
   }
 

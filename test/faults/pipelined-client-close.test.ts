@@ -11,7 +11,7 @@ import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { ApiKeys } from '../../src/server/api-keys.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { createGateway, type Gateway, type GatewayOptions } from '../../src/server/gateway.js';
 import { rawClient } from '../helpers/raw-client.js';
 import { until } from '../helpers/wait.js';
 import { fakeEngine } from './harness.js';
@@ -86,49 +86,21 @@ const bodyBytesHeld = (gateway: Gateway) => sample(gateway, 'contextforge_reques
 const counted = (gateway: Gateway, status: number) =>
   sample(gateway, `contextforge_requests_total{path="/v1/completions",status="${status}"}`);
 
-for (const route of ['fast path', 'Fastify route'] as const) {
-  test(`pipelined requests behind a pending one, whose client closes the connection, end as requests whose client left (${route})`, async () => {
-    const engine = await promptEngine();
-    const router = new KVAwareRouter();
-    const gateway = await createGateway({
-      router,
-      workers: [{ id: 'e0', url: engine.url }],
-      healthCheckIntervalMs: 0,
-      metricsIntervalMs: 0,
-      ...(route === 'Fastify route' ? { apiKeys: new ApiKeys({ [KEY]: 'team' }) } : {}),
-    });
-    try {
-      await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-      const port = (gateway.app.server.address() as AddressInfo).port;
-      const client = await rawClient(port);
-      // a held request, large answers gathered behind it, a stream and a small answer
-      client.socket.write(
-        completion('hold') + completion('large').repeat(3) + completion('stream', true) + completion('small'),
-      );
-      await until(() => engine.prompts.length === 6, 'every whole request at the engine');
-      await until(async () => (await answerBytesHeld(gateway)) >= 3 * LARGE, 'the large answers gathered');
-      await until(() => engine.streamed() > 0, 'the stream under way');
-      // in flight: the held request and the stream at least (the others may be answered, waiting their turn)
-      assert.ok(router.getStats().inFlightRequests >= 2);
-
-      client.socket.destroy();
-      await until(() => router.getStats().inFlightRequests === 0, 'no request in flight');
-      await until(async () => (await answerBytesHeld(gateway)) === 0, 'every gathered answer given back');
-      await until(async () => (await counted(gateway, 499)) === 6, 'every request counted 499');
-      await until(() => engine.streamsClosed() === 1, 'the stream aborted at the engine');
-      await until(() => gateway.connections.get('e0')!.slots.inUse === 0, 'no connection to the engine held');
-      assert.equal(await counted(gateway, 200), 0, 'nothing counted answered');
-      // each counted once: still 6 once everything else has settled
-      assert.equal(await counted(gateway, 499), 6);
-    } finally {
-      engine.finish();
-      await gateway.close(0);
-      await engine.close();
-    }
-  });
-}
-
-test('pipelined requests waiting for the one engine connection are never sent once their client closed, and the connection serves the next client', async () => {
+/**
+ * A gateway (with `options` added) in front of a promptEngine, listening on a free port, and a raw
+ * client connected to it; `body` runs with them, then the engine's held requests are let go and
+ * the gateway and engine closed.
+ */
+async function withPipelinedClient(
+  options: Partial<GatewayOptions>,
+  body: (rig: {
+    engine: Awaited<ReturnType<typeof promptEngine>>;
+    router: KVAwareRouter;
+    gateway: Gateway;
+    port: number;
+    client: Awaited<ReturnType<typeof rawClient>>;
+  }) => Promise<void>,
+): Promise<void> {
   const engine = await promptEngine();
   const router = new KVAwareRouter();
   const gateway = await createGateway({
@@ -136,12 +108,50 @@ test('pipelined requests waiting for the one engine connection are never sent on
     workers: [{ id: 'e0', url: engine.url }],
     healthCheckIntervalMs: 0,
     metricsIntervalMs: 0,
-    engineConnections: 1,
+    ...options,
   });
   try {
     await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const port = (gateway.app.server.address() as AddressInfo).port;
-    const client = await rawClient(port);
+    await body({ engine, router, gateway, port, client: await rawClient(port) });
+  } finally {
+    engine.finish();
+    await gateway.close(0);
+    await engine.close();
+  }
+}
+
+for (const route of ['fast path', 'Fastify route'] as const) {
+  test(`pipelined requests behind a pending one, whose client closes the connection, end as requests whose client left (${route})`, async () => {
+    await withPipelinedClient(
+      route === 'Fastify route' ? { apiKeys: new ApiKeys({ [KEY]: 'team' }) } : {},
+      async ({ engine, router, gateway, client }) => {
+        // a held request, large answers gathered behind it, a stream and a small answer
+        client.socket.write(
+          completion('hold') + completion('large').repeat(3) + completion('stream', true) + completion('small'),
+        );
+        await until(() => engine.prompts.length === 6, 'every whole request at the engine');
+        await until(async () => (await answerBytesHeld(gateway)) >= 3 * LARGE, 'the large answers gathered');
+        await until(() => engine.streamed() > 0, 'the stream under way');
+        // in flight: the held request and the stream at least (the others may be answered, waiting their turn)
+        assert.ok(router.getStats().inFlightRequests >= 2);
+
+        client.socket.destroy();
+        await until(() => router.getStats().inFlightRequests === 0, 'no request in flight');
+        await until(async () => (await answerBytesHeld(gateway)) === 0, 'every gathered answer given back');
+        await until(async () => (await counted(gateway, 499)) === 6, 'every request counted 499');
+        await until(() => engine.streamsClosed() === 1, 'the stream aborted at the engine');
+        await until(() => gateway.connections.get('e0')!.slots.inUse === 0, 'no connection to the engine held');
+        assert.equal(await counted(gateway, 200), 0, 'nothing counted answered');
+        // each counted once: still 6 once everything else has settled
+        assert.equal(await counted(gateway, 499), 6);
+      },
+    );
+  });
+}
+
+test('pipelined requests waiting for the one engine connection are never sent once their client closed, and the connection serves the next client', async () => {
+  await withPipelinedClient({ engineConnections: 1 }, async ({ engine, router, gateway, port, client }) => {
     client.socket.write(completion('hold') + completion('large') + completion('stream', true) + completion('small'));
     await until(() => engine.prompts.length === 1, 'the held request at the engine');
     const slots = gateway.connections.get('e0')!.slots;
@@ -160,26 +170,11 @@ test('pipelined requests waiting for the one engine connection are never sent on
     assert.match(next.received(), /^HTTP\/1\.1 200 /);
     next.socket.destroy();
     assert.deepEqual(engine.prompts, ['hold', 'fresh'], 'the pipelined requests never reached the engine');
-  } finally {
-    engine.finish();
-    await gateway.close(0);
-    await engine.close();
-  }
+  });
 });
 
 test('a pipelined request whose body has not arrived whole when its connection is reset is counted 499 and holds no budget', async () => {
-  const engine = await promptEngine();
-  const router = new KVAwareRouter();
-  const gateway = await createGateway({
-    router,
-    workers: [{ id: 'e0', url: engine.url }],
-    healthCheckIntervalMs: 0,
-    metricsIntervalMs: 0,
-  });
-  try {
-    await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-    const port = (gateway.app.server.address() as AddressInfo).port;
-    const client = await rawClient(port);
+  await withPipelinedClient({}, async ({ engine, router, gateway, client }) => {
     const partial = completion('never whole');
     client.socket.write(completion('hold') + partial.slice(0, partial.length - 5));
     await until(() => engine.prompts.length === 1, 'the held request at the engine');
@@ -190,9 +185,5 @@ test('a pipelined request whose body has not arrived whole when its connection i
     await until(async () => (await counted(gateway, 499)) === 2, 'both requests counted 499');
     assert.equal(await bodyBytesHeld(gateway), 0);
     assert.deepEqual(engine.prompts, ['hold'], 'the request behind never reached the engine');
-  } finally {
-    engine.finish();
-    await gateway.close(0);
-    await engine.close();
-  }
+  });
 });

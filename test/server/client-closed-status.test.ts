@@ -10,7 +10,7 @@ import { test } from 'node:test';
 import { Agent, fetch } from 'undici';
 import { KVAwareRouter } from '../../src/index.js';
 import { ApiKeys } from '../../src/server/api-keys.js';
-import { createGateway } from '../../src/server/gateway.js';
+import { createGateway, type Gateway, type GatewayOptions } from '../../src/server/gateway.js';
 import { fakeEngine } from '../faults/harness.js';
 import { rawClient } from '../helpers/raw-client.js';
 import { settled, until } from '../helpers/wait.js';
@@ -25,6 +25,31 @@ async function completionCounts(metrics: () => Promise<string>): Promise<Record<
     if (m) counts[m[1]] = Number(m[2]);
   }
   return counts;
+}
+
+/**
+ * A gateway (with `options` added) in front of an engine that answers 404 to everything, listening
+ * on a free port; `body` runs with it and its port, then both are closed.
+ */
+async function withNotFoundEngine(
+  options: Partial<GatewayOptions>,
+  body: (gateway: Gateway, port: number) => Promise<void>,
+): Promise<void> {
+  const engine = await fakeEngine((_req: IncomingMessage, res: ServerResponse) => void res.writeHead(404).end());
+  const gateway = await createGateway({
+    router: new KVAwareRouter(),
+    workers: [{ id: 'e0', url: engine.url }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    ...options,
+  });
+  try {
+    await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    await body(gateway, (gateway.app.server.address() as AddressInfo).port);
+  } finally {
+    await gateway.close();
+    await engine.close();
+  }
 }
 
 for (const route of ['fast path', 'Fastify route'] as const) {
@@ -148,18 +173,8 @@ test('an answer the gateway cuts because its engine broke it off counts with the
 });
 
 test('a request the gateway answers before any route runs counts with the status it was answered', async () => {
-  const engine = await fakeEngine((_req: IncomingMessage, res: ServerResponse) => void res.writeHead(404).end());
-  const gateway = await createGateway({
-    router: new KVAwareRouter(),
-    workers: [{ id: 'e0', url: engine.url }],
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-    // a body that does not arrive in time is answered 408 by the gateway, not left by the client
-    timeouts: { requestTimeoutMs: 300, headersTimeoutMs: 300 },
-  });
-  try {
-    await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-    const port = (gateway.app.server.address() as AddressInfo).port;
+  // a body that does not arrive in time is answered 408 by the gateway, not left by the client
+  await withNotFoundEngine({ timeouts: { requestTimeoutMs: 300, headersTimeoutMs: 300 } }, async (gateway, port) => {
     /** What the gateway answers to `request`, written on a connection of its own that it closes. */
     const answer = async (request: string) => {
       const client = await rawClient(port);
@@ -180,45 +195,32 @@ test('a request the gateway answers before any route runs counts with the status
     assert.equal(counts['408'], 1, JSON.stringify(counts));
     assert.equal(counts['503'], 1, JSON.stringify(counts));
     assert.equal(counts['499'], undefined, JSON.stringify(counts));
-  } finally {
-    await gateway.close();
-    await engine.close();
-  }
+  });
 });
 
 for (const route of ['fast path', 'Fastify route'] as const) {
   test(`a client that ends its input in the middle of a body counts as 499, not 400 (${route})`, async () => {
-    const engine = await fakeEngine((_req: IncomingMessage, res: ServerResponse) => void res.writeHead(404).end());
-    const gateway = await createGateway({
-      router: new KVAwareRouter(),
-      workers: [{ id: 'e0', url: engine.url }],
-      metricsIntervalMs: 0,
-      healthCheckIntervalMs: 0,
-      ...(route === 'Fastify route' ? { apiKeys: new ApiKeys({ [KEY]: 'team' }) } : {}),
-    });
-    try {
-      await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-      const port = (gateway.app.server.address() as AddressInfo).port;
-      let requests = 0;
-      gateway.app.server.on('request', () => requests++);
-      const head =
-        'POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
-        `authorization: Bearer ${KEY}\r\ncontent-length: 1000\r\n\r\n`;
-      const counted = () => completionCounts(() => gateway.metrics.metrics());
-      // closed whole, and only its sending side closed (a FIN looks the same to the gateway)
-      for (const [i, leave] of [(s: Socket) => s.destroy(), (s: Socket) => s.end()].entries()) {
-        const client = await rawClient(port);
-        client.socket.write(head + '{"prompt":"x');
-        await until(() => requests === i + 1, 'the request in the gateway, its body being read');
-        leave(client.socket);
-        await until(client.closed, 'the connection closed');
-        assert.equal(client.received(), '', 'no answer: the request was given up, not refused');
-        const counts = await settled(counted, (c) => c['499'] === i + 1);
-        assert.deepEqual(counts, { '499': i + 1 }, `request ${i} counted 499`);
-      }
-    } finally {
-      await gateway.close();
-      await engine.close();
-    }
+    await withNotFoundEngine(
+      route === 'Fastify route' ? { apiKeys: new ApiKeys({ [KEY]: 'team' }) } : {},
+      async (gateway, port) => {
+        let requests = 0;
+        gateway.app.server.on('request', () => requests++);
+        const head =
+          'POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n' +
+          `authorization: Bearer ${KEY}\r\ncontent-length: 1000\r\n\r\n`;
+        const counted = () => completionCounts(() => gateway.metrics.metrics());
+        // closed whole, and only its sending side closed (a FIN looks the same to the gateway)
+        for (const [i, leave] of [(s: Socket) => s.destroy(), (s: Socket) => s.end()].entries()) {
+          const client = await rawClient(port);
+          client.socket.write(head + '{"prompt":"x');
+          await until(() => requests === i + 1, 'the request in the gateway, its body being read');
+          leave(client.socket);
+          await until(client.closed, 'the connection closed');
+          assert.equal(client.received(), '', 'no answer: the request was given up, not refused');
+          const counts = await settled(counted, (c) => c['499'] === i + 1);
+          assert.deepEqual(counts, { '499': i + 1 }, `request ${i} counted 499`);
+        }
+      },
+    );
   });
 }

@@ -3,7 +3,7 @@ import { after, describe, test } from 'node:test';
 import { MockEngine, mockTokenize } from '../../src/engines/mock-engine.js';
 import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
 import { KVAwareRouter } from '../../src/index.js';
-import { createGateway } from '../../src/server/gateway.js';
+import { createGateway, type GatewayOptions } from '../../src/server/gateway.js';
 import { until } from '../helpers/wait.js';
 
 // The gateway in front of the mock engine's deployment shapes: data-parallel ranks, LoRA
@@ -41,23 +41,55 @@ async function engineOnPorts(options: ConstructorParameters<typeof MockEngine>[0
   }
 }
 
+/** A gateway with the admin token and no background polling, listening on a free port (closed after the file). */
+async function listeningGateway(options: Omit<GatewayOptions, 'adminToken'>): Promise<string> {
+  const gateway = await createGateway({ adminToken, metricsIntervalMs: 0, healthCheckIntervalMs: 0, ...options });
+  cleanup.push(() => gateway.close());
+  return gateway.app.listen({ host: '127.0.0.1', port: 0 });
+}
+
+/**
+ * A KV-event publisher (with `publisher` options) and a gateway (tokenize engine, KV events, a
+ * precise router of 4-token blocks, with `options` added) whose one worker 'w', at a port nothing
+ * listens on, reads that publisher's stream; both closed after the file.
+ */
+async function gatewayOnPublisher(
+  publisher: { encoding?: 'map' | 'array' } = {},
+  worker: { dpSize?: number } = {},
+  options: Partial<GatewayOptions> = {},
+) {
+  const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*', ...publisher }).start();
+  cleanup.push(() => pub.close());
+  const base = await listeningGateway({
+    router: new KVAwareRouter({ blockSize: 4, indexMode: 'precise' }),
+    tokenize: 'engine',
+    kvEvents: true,
+    ...options,
+    workers: [{ id: 'w', url: 'http://127.0.0.1:1', events: pub.endpoint, ...worker }],
+  });
+  return { pub, base };
+}
+
+/** A BlockStored event of the engine's GPU cache, of no LoRA adapter. */
+const blockStored = (fields: {
+  blockHashes: bigint[];
+  parentBlockHash: bigint | null;
+  tokenIds: number[];
+  blockSize: number;
+}) => ({ type: 'BlockStored' as const, ...fields, loraId: null, medium: 'GPU', loraName: null, groupIdx: null });
+
 const words = (n: number, seed: number) => Array.from({ length: n }, (_, i) => `w${(i * 13 + seed) % 991}`).join(' ');
 
 describe('gateway: engine deployment shapes', () => {
   test('dp-size: one index per rank; requests carry X-data-parallel-rank; /v1/route answers the rank', async () => {
     const { e, events, replay } = await engineOnPorts({ dataParallelSize: 2, blockSize: 4 });
     const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise', speculativeBlocks: 0 });
-    const gateway = await createGateway({
-      adminToken,
+    const base = await listeningGateway({
       router,
       tokenize: 'engine',
       kvEvents: true,
-      metricsIntervalMs: 0,
-      healthCheckIntervalMs: 0,
       workers: [{ id: 'w', url: `http://127.0.0.1:${e.port}`, events, replay, dpSize: 2 }],
     });
-    cleanup.push(() => gateway.close());
-    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const prompt = words(60, 1);
     // the engine puts it on rank 1 (the header given by the client is the engine's business)
     const direct = await post(
@@ -91,13 +123,10 @@ describe('gateway: engine deployment shapes', () => {
     }).start();
     cleanup.push(() => e.close());
     const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise', speculativeBlocks: 0 });
-    const gateway = await createGateway({
-      adminToken,
+    const base = await listeningGateway({
       router,
       tokenize: 'engine',
       kvEvents: true,
-      metricsIntervalMs: 0,
-      healthCheckIntervalMs: 0,
       workers: [
         {
           id: 'w',
@@ -108,8 +137,6 @@ describe('gateway: engine deployment shapes', () => {
         },
       ],
     });
-    cleanup.push(() => gateway.close());
-    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const prompt = words(60, 2);
     await until(
       async () => (await post(base, '/v1/completions', { model: 'sql', prompt, max_tokens: 1 })).status === 200,
@@ -135,34 +162,24 @@ describe('gateway: engine deployment shapes', () => {
     });
     const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
     cleanup.push(() => pub.close());
-    const gateway = await createGateway({
-      adminToken,
+    const base = await listeningGateway({
       router,
       tokenize: 'engine',
       kvEvents: true,
-      metricsIntervalMs: 0,
-      healthCheckIntervalMs: 0,
       workers: [{ id: 'w', url: `http://127.0.0.1:${e.port}`, events: pub.endpoint }],
     });
-    cleanup.push(() => gateway.close());
-    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const prompt = words(40, 3);
     const tokens = mockTokenize(prompt);
     // the engine's store of blocks 2.. of the prompt, whose parent (block 1) the router never saw stored
     const { VllmBlockHasher } = await import('../../src/core/vllm-block-hash.js');
     const { BlockHashes } = await import('../../src/core/hashing.js');
     const keys = new VllmBlockHasher('0').hashBlocks(tokens, 4, {}, new BlockHashes());
-    const stored = {
-      type: 'BlockStored' as const,
+    const stored = blockStored({
       blockHashes: [keys.toBigInt(2), keys.toBigInt(3)],
       parentBlockHash: keys.toBigInt(1),
       tokenIds: tokens.slice(8, 16),
       blockSize: 4,
-      loraId: null,
-      medium: 'GPU',
-      loraName: null,
-      groupIdx: null,
-    };
+    });
     await until(async () => {
       await pub.publish({ ts: Date.now() / 1000, events: [stored], dataParallelRank: 0 });
       return ((await (await post(base, '/v1/route', { prompt })).json()) as Json).cachedTokens === 16;
@@ -177,19 +194,14 @@ describe('gateway: engine deployment shapes', () => {
       () => b.close(),
     );
     const router = new KVAwareRouter({ blockSize: 4 });
-    const gateway = await createGateway({
-      adminToken,
+    const base = await listeningGateway({
       router,
       tokenize: 'engine',
-      metricsIntervalMs: 0,
-      healthCheckIntervalMs: 0,
       workers: [
         { id: 'a', url: `http://127.0.0.1:${a.port}`, models: ['alpha'] },
         { id: 'b', url: `http://127.0.0.1:${b.port}`, models: ['beta'] },
       ],
     });
-    cleanup.push(() => gateway.close());
-    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const messages = [{ role: 'user', content: 'weather?' }];
     const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object' } } }];
     const plain = (await (await post(base, '/v1/route', { model: 'beta', messages })).json()) as Json;
@@ -215,31 +227,13 @@ describe('gateway: engine deployment shapes', () => {
   });
 
   test('skipped KV events are counted per worker and reason in /metrics', async () => {
-    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*', encoding: 'array' }).start();
-    cleanup.push(() => pub.close());
-    const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
-    const gateway = await createGateway({
-      adminToken,
-      router,
-      tokenize: 'engine',
-      kvEvents: true,
-      metricsIntervalMs: 0,
-      healthCheckIntervalMs: 0,
-      workers: [{ id: 'w', url: 'http://127.0.0.1:1', events: pub.endpoint }],
-    });
-    cleanup.push(() => gateway.close());
-    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-    const wrongSize = {
-      type: 'BlockStored' as const,
+    const { pub, base } = await gatewayOnPublisher({ encoding: 'array' });
+    const wrongSize = blockStored({
       blockHashes: [1n],
       parentBlockHash: null,
       tokenIds: [1, 2, 3, 4, 5, 6, 7, 8],
       blockSize: 8,
-      loraId: null,
-      medium: 'GPU',
-      loraName: null,
-      groupIdx: null,
-    };
+    });
     await until(async () => {
       await pub.publish({ ts: Date.now() / 1000, events: [wrongSize], dataParallelRank: 0 });
       return /contextforge_kv_events_skipped_total\{worker="w",reason="block_size"\} [1-9]/.test(
@@ -251,31 +245,8 @@ describe('gateway: engine deployment shapes', () => {
   test('a worker listed without dp-size takes every batch of its endpoint whatever its rank (one API server per rank)', async () => {
     // vLLM with --data-parallel-rank 3 (external load balancing, one pod per rank) stamps its
     // batches with rank 3; listed as a plain worker, its stream is its own
-    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
-    cleanup.push(() => pub.close());
-    const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
-    const gateway = await createGateway({
-      adminToken,
-      router,
-      tokenize: 'engine',
-      kvEvents: true,
-      metricsIntervalMs: 0,
-      healthCheckIntervalMs: 0,
-      workers: [{ id: 'w', url: 'http://127.0.0.1:1', events: pub.endpoint }],
-    });
-    cleanup.push(() => gateway.close());
-    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-    const stored = {
-      type: 'BlockStored' as const,
-      blockHashes: [1n],
-      parentBlockHash: null,
-      tokenIds: [1, 2, 3, 4],
-      blockSize: 4,
-      loraId: null,
-      medium: 'GPU',
-      loraName: null,
-      groupIdx: null,
-    };
+    const { pub, base } = await gatewayOnPublisher();
+    const stored = blockStored({ blockHashes: [1n], parentBlockHash: null, tokenIds: [1, 2, 3, 4], blockSize: 4 });
     const workers = async () =>
       (
         (await (
@@ -292,22 +263,8 @@ describe('gateway: engine deployment shapes', () => {
   });
 
   test('with dp-size, a batch of a rank the worker does not have is skipped, counted as unknown_rank and logged once', async () => {
-    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
-    cleanup.push(() => pub.close());
-    const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
     const logs: string[] = [];
-    const gateway = await createGateway({
-      adminToken,
-      router,
-      tokenize: 'engine',
-      kvEvents: true,
-      metricsIntervalMs: 0,
-      healthCheckIntervalMs: 0,
-      log: (m) => logs.push(m),
-      workers: [{ id: 'w', url: 'http://127.0.0.1:1', events: pub.endpoint, dpSize: 2 }],
-    });
-    cleanup.push(() => gateway.close());
-    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const { pub, base } = await gatewayOnPublisher({}, { dpSize: 2 }, { log: (m) => logs.push(m) });
     await until(async () => {
       await pub.publish({ ts: Date.now() / 1000, events: [], dataParallelRank: 5 });
       return /contextforge_kv_events_skipped_total\{worker="w#0",reason="unknown_rank"\} ([2-9]|\d\d)/.test(
@@ -324,17 +281,12 @@ describe('gateway: engine deployment shapes', () => {
     const promptTokenizer = ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname);
     for (const tokenize of ['text', 'tokenizer', 'engine'] as const) {
       const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
-      const gateway = await createGateway({
-        adminToken,
+      const base = await listeningGateway({
         router,
         tokenize,
         promptTokenizer,
-        metricsIntervalMs: 0,
-        healthCheckIntervalMs: 0,
         workers: [{ id: 'a', url: 'http://127.0.0.1:1' }],
       });
-      cleanup.push(() => gateway.close());
-      const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
       const events = [
         {
           type: 'BlockStored',
@@ -358,17 +310,12 @@ describe('gateway: engine deployment shapes', () => {
     const { ChatTokenizer } = await import('../../src/engines/chat-tokenizer.js');
     const promptTokenizer = ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname);
     const router = new KVAwareRouter({ blockSize: 4 });
-    const gateway = await createGateway({
-      adminToken,
+    const base = await listeningGateway({
       router,
       tokenize: 'tokenizer',
       promptTokenizer,
-      metricsIntervalMs: 0,
-      healthCheckIntervalMs: 0,
       workers: [{ id: 'a', url: 'http://127.0.0.1:1' }],
     });
-    cleanup.push(() => gateway.close());
-    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
     const messages = [
       {
         role: 'user',
