@@ -726,6 +726,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
         // (as when it answers a 5xx), and another worker can take it
         if (!this.sent) {
           this.o.onRefused();
+          // an engine overloaded says so in its first event as in a 429 answer (no Retry-After there)
+          if (errorStatus === 429) this.o.onOverloaded(undefined);
           // SGLang refuses a stream it will not queue with an error event of its own (isQueueFull)
           if (error!.queueFull) this.o.onQueueFull();
           else if (errorStatus >= 500) this.o.onServerErrorAnswer();

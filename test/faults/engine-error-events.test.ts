@@ -306,3 +306,29 @@ test("a stream whose first event is a client's error withdraws what the router p
     }
   }
 });
+
+test('streams whose first event is an engine overloaded (code 429) on every worker: the client gets 429 with Retry-After, as for a 429 answer', async () => {
+  const engines = [
+    await streamingEngine(errorEvent(429, 'TooManyRequests') + 'data: [DONE]\n\n'),
+    await streamingEngine(errorEvent(429, 'TooManyRequests') + 'data: [DONE]\n\n'),
+  ];
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: engines.map((e, i) => ({ id: `e${i}`, url: e.url })),
+    ...quiet,
+  });
+  try {
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const r = await post(base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
+    assert.equal(r.status, 429, r.text);
+    assert.ok(Number(r.headers.get('retry-after')) >= 1, 'a Retry-After');
+    assert.ok(
+      engines.every((e) => e.requests >= 1),
+      'every engine was tried',
+    );
+    assert.equal(gateway.router.getStats().inFlightRequests, 0);
+  } finally {
+    await gateway.close();
+    for (const e of engines) await e.close();
+  }
+});
