@@ -40,6 +40,22 @@ function startServe(
   });
 }
 
+/** `serve` on any free port with two gateway processes, health polling off. */
+const TWO_PROCESSES = ['--port', '0', '--processes', '2', '--health-interval-ms', '0'];
+/** As TWO_PROCESSES, with metrics polling off too. */
+const TWO_PROCESSES_QUIET = [...TWO_PROCESSES, '--metrics-interval-ms', '0'];
+
+/** Starts two mock engines and `serve --processes 2` with them as workers e0 and e1, polling off. */
+async function serveOnTwoEngines(): ReturnType<typeof startServe> {
+  for (let i = 0; i < 2; i++)
+    engines.push(await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 100_000 }).start());
+  const pair = engines.slice(-2);
+  return startServe([
+    ...TWO_PROCESSES_QUIET,
+    ...pair.flatMap((e, i) => ['--worker', `id=e${i},url=http://127.0.0.1:${e.port}`]),
+  ]);
+}
+
 /** Which gateway process a connection landed on (its replica id in /admin/stats). */
 async function processOf(client: Client): Promise<string> {
   const res = await client.request({
@@ -86,19 +102,7 @@ async function chat(
 }
 
 test('serve --processes 2: two processes on one port route as one router (a workflow is not split)', async () => {
-  for (let i = 0; i < 2; i++)
-    engines.push(await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 100_000 }).start());
-  const { child, base, output } = await startServe([
-    '--port',
-    '0',
-    '--processes',
-    '2',
-    '--health-interval-ms',
-    '0',
-    '--metrics-interval-ms',
-    '0',
-    ...engines.flatMap((e, i) => ['--worker', `id=e${i},url=http://127.0.0.1:${e.port}`]),
-  ]);
+  const { child, base, output } = await serveOnTwoEngines();
   assert.match(output(), /2 processes/);
   const [a, b, pa, pb] = await connectionsOnTwoProcesses(base, 30_000);
   assert.notEqual(pa, pb);
@@ -194,14 +198,7 @@ test('serve --processes 2 with the longest --shutdown-grace-ms lets a request in
   const engine = await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 20 }).start();
   engines.push(engine);
   const { child, base, output } = await startServe([
-    '--port',
-    '0',
-    '--processes',
-    '2',
-    '--health-interval-ms',
-    '0',
-    '--metrics-interval-ms',
-    '0',
+    ...TWO_PROCESSES_QUIET,
     '--shutdown-grace-ms',
     '2147483647',
     '--worker',
@@ -229,10 +226,7 @@ test('serve --processes 2 with the longest --shutdown-grace-ms lets a request in
 });
 
 test('serve --processes 2 names an unknown CONTEXTFORGE_ variable once, not once per process', async () => {
-  const { child, output } = await startServe(
-    ['--port', '0', '--processes', '2', '--health-interval-ms', '0', '--metrics-interval-ms', '0'],
-    { CONTEXTFORGE_POLCY: 'dynamo' },
-  );
+  const { child, output } = await startServe(TWO_PROCESSES_QUIET, { CONTEXTFORGE_POLCY: 'dynamo' });
   const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
   child.kill('SIGTERM');
   assert.equal(await exited, 0);
@@ -240,20 +234,7 @@ test('serve --processes 2 names an unknown CONTEXTFORGE_ variable once, not once
 });
 
 test('serve --processes 2: a drain, a resume and posted KV events through one process hold in every process', async () => {
-  for (let i = 0; i < 2; i++)
-    engines.push(await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 100_000 }).start());
-  const pair = engines.slice(-2);
-  const { child, base } = await startServe([
-    '--port',
-    '0',
-    '--processes',
-    '2',
-    '--health-interval-ms',
-    '0',
-    '--metrics-interval-ms',
-    '0',
-    ...pair.flatMap((e, i) => ['--worker', `id=e${i},url=http://127.0.0.1:${e.port}`]),
-  ]);
+  const { child, base } = await serveOnTwoEngines();
   const [a, b] = await connectionsOnTwoProcesses(base, 30_000);
   const admin = async (client: Client, method: 'GET' | 'POST', path: string, body?: unknown) => {
     const res = await client.request({
@@ -334,20 +315,7 @@ test('serve --processes 2: a drain, a resume and posted KV events through one pr
 });
 
 test('serve --processes 2: a worker removed through the admin API stays removed after a process crashes and is replaced', async () => {
-  for (let i = 0; i < 2; i++)
-    engines.push(await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 100_000 }).start());
-  const pair = engines.slice(-2);
-  const { child, base, output } = await startServe([
-    '--port',
-    '0',
-    '--processes',
-    '2',
-    '--health-interval-ms',
-    '0',
-    '--metrics-interval-ms',
-    '0',
-    ...pair.flatMap((e, i) => ['--worker', `id=e${i},url=http://127.0.0.1:${e.port}`]),
-  ]);
+  const { child, base, output } = await serveOnTwoEngines();
   const [a] = await connectionsOnTwoProcesses(base, 30_000);
   const auth = { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' };
   const removed = await a.request({ path: '/admin/workers/e1', method: 'DELETE', headers: auth });
@@ -396,16 +364,7 @@ function sample(page: string, series: string): number | undefined {
 test('serve --processes 2: /metrics on any process counts the requests of every process', async () => {
   const engine = await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 100_000 }).start();
   engines.push(engine);
-  const { child, base } = await startServe([
-    '--port',
-    '0',
-    '--processes',
-    '2',
-    '--health-interval-ms',
-    '0',
-    '--worker',
-    `id=e0,url=http://127.0.0.1:${engine.port}`,
-  ]);
+  const { child, base } = await startServe([...TWO_PROCESSES, '--worker', `id=e0,url=http://127.0.0.1:${engine.port}`]);
   const [a, b, pa, pb] = await connectionsOnTwoProcesses(base, 30_000);
   assert.notEqual(pa, pb);
   // three requests on process A, two on B

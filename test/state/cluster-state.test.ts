@@ -2,8 +2,8 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { ClusterRelay, ClusterStateStore, type ClusterMessage } from '../../src/state/cluster-state-store.js';
-import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
 import { prompt, tiers } from '../helpers/prompts.js';
+import { drainAndSettle, drainingAt, workerHost } from '../helpers/state-host.js';
 import { settled, until } from '../helpers/wait.js';
 
 /** Gateway processes and the primary's relay in one thread: messages are delivered asynchronously, in order. */
@@ -39,28 +39,9 @@ function fleet(n: number, configured: string[] = ['e0', 'e1']) {
       },
     });
     const router = new KVAwareRouter({ policy: 'cost' });
-    const workers: WorkerRecord[] = configured.map((w) => ({ id: w, url: `http://${w}` }));
-    for (const w of workers) router.registerWorker(w.id);
     /** KV events posted to another process, as this one was given them. */
     const posted: Array<[string, unknown]> = [];
-    const host: StateStoreHost = {
-      router,
-      listWorkers: () => workers,
-      addWorkerFromState: (w) => {
-        workers.push(w);
-        router.registerWorker(w.id);
-      },
-      removeWorkerFromState: (wid) => {
-        workers.splice(
-          workers.findIndex((w) => w.id === wid),
-          1,
-        );
-        router.removeWorker(wid);
-      },
-      drainWorkerFromState: (wid, draining) => (draining ? router.drainWorker(wid) : router.resumeWorker(wid)),
-      applyKvEventsFromState: (wid, events) => void posted.push([wid, events]),
-      log: () => {},
-    };
+    const { host, workers } = workerHost(router, configured, posted);
     return { id, store, router, host, sent, posted, workers };
   });
   return { relay, processes };
@@ -252,26 +233,14 @@ test("A's refused request withdraws at B what B applied of it, and a process tha
   assert.equal(b.store.stats().refusalsWithdrawn, 2);
 });
 
-const drained = (p: ReturnType<typeof fleet>['processes'][number]) =>
-  p.router
-    .listWorkers()
-    .filter((w) => w.draining)
-    .map((w) => w.id);
+const drained = (p: ReturnType<typeof fleet>['processes'][number]) => drainingAt(p.router);
 
 test('a drain or resume on one process reaches the others and a process that starts later', async () => {
   const {
     processes: [a, b, c],
   } = fleet(3);
   await Promise.all([a.store.attach(a.host), b.store.attach(b.host)]);
-  a.router.drainWorker('e1');
-  a.store.workerDrained('e1', true);
-  assert.deepEqual(
-    await settled(
-      () => drained(b),
-      (d) => d.length === 1,
-    ),
-    ['e1'],
-  );
+  assert.deepEqual(await drainAndSettle(a, b, 'e1'), ['e1']);
   await c.store.attach(c.host);
   assert.deepEqual(drained(c), ['e1'], 'the relay keeps which workers are draining');
   b.router.resumeWorker('e1');

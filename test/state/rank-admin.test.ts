@@ -13,6 +13,7 @@ import { ClusterRelay, ClusterStateStore, type ClusterMessage } from '../../src/
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import type { StateStore } from '../../src/state/state-store.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
+import { dropPrefixes } from '../helpers/state-host.js';
 import { settled } from '../helpers/wait.js';
 
 const TOKEN = 'rank-admin-test-token-0123456789abcdef';
@@ -20,13 +21,7 @@ const gateways: Gateway[] = [];
 const prefixes: string[] = [];
 after(async () => {
   for (const g of gateways) await g.close();
-  const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
-  await r.connect();
-  for (const prefix of prefixes) {
-    const keys = await r.keys(`${prefix}*`);
-    if (keys.length > 0) await r.del(...keys);
-  }
-  r.disconnect();
+  await dropPrefixes(prefixes);
 });
 
 async function gateway(state: StateStore): Promise<Gateway> {

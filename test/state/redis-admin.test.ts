@@ -9,22 +9,16 @@ import { after, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
-import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
 import { RedisProcess } from '../faults/harness.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
+import { drainAndSettle, drainingAt, dropPrefixes, workerHost } from '../helpers/state-host.js';
 import { settled, until } from '../helpers/wait.js';
 
 const prefixes: string[] = [];
 const stores: RedisStateStore[] = [];
 after(async () => {
   for (const s of stores) await s.close();
-  const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
-  await r.connect();
-  for (const prefix of prefixes) {
-    const keys = await r.keys(`${prefix}*`);
-    if (keys.length > 0) await r.del(...keys);
-  }
-  r.disconnect();
+  await dropPrefixes(prefixes);
 });
 
 /** Whether Redis's registry under `prefix` holds the worker. */
@@ -47,27 +41,8 @@ function freshPrefix(): string {
 /** A replica as the gateway binds it: configured with `configured` workers, sharing under `prefix`. */
 async function replica(id: string, prefix: string, configured: string[], url = REDIS_URL) {
   const router = new KVAwareRouter({ blockSize: 16 });
-  const workers: WorkerRecord[] = configured.map((w) => ({ id: w, url: `http://${w}` }));
-  for (const w of workers) router.registerWorker(w.id);
   const posted: Array<[string, unknown]> = [];
-  const host: StateStoreHost = {
-    router,
-    listWorkers: () => workers,
-    addWorkerFromState: (w) => {
-      workers.push(w);
-      router.registerWorker(w.id);
-    },
-    removeWorkerFromState: (wid) => {
-      workers.splice(
-        workers.findIndex((w) => w.id === wid),
-        1,
-      );
-      router.removeWorker(wid);
-    },
-    drainWorkerFromState: (wid, draining) => (draining ? router.drainWorker(wid) : router.resumeWorker(wid)),
-    applyKvEventsFromState: (wid, events) => void posted.push([wid, events]),
-    log: () => {},
-  };
+  const { host, workers } = workerHost(router, configured, posted);
   const store = new RedisStateStore({ url, prefix, replicaId: id, syncIntervalMs: 60_000 });
   stores.push(store);
   await store.attach(host);
@@ -75,26 +50,14 @@ async function replica(id: string, prefix: string, configured: string[], url = R
 }
 type Replica = Awaited<ReturnType<typeof replica>>;
 
-const drained = (p: Replica) =>
-  p.router
-    .listWorkers()
-    .filter((w) => w.draining)
-    .map((w) => w.id);
+const drained = (p: Replica) => drainingAt(p.router);
 const ids = (p: Replica) => p.workers.map((w) => w.id).sort();
 
 test('a drain or resume on one replica holds at every replica and at one that starts later', async () => {
   const prefix = freshPrefix();
   const a = await replica('a', prefix, ['e0', 'e1']);
   const b = await replica('b', prefix, ['e0', 'e1']);
-  a.router.drainWorker('e1');
-  a.store.workerDrained('e1', true);
-  assert.deepEqual(
-    await settled(
-      () => drained(b),
-      (d) => d.length === 1,
-    ),
-    ['e1'],
-  );
+  assert.deepEqual(await drainAndSettle(a, b, 'e1'), ['e1']);
   const c = await replica('c', prefix, ['e0', 'e1']);
   assert.deepEqual(drained(c), ['e1'], 'the shared registry records the drain');
   c.router.resumeWorker('e1');

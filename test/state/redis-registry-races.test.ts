@@ -11,8 +11,8 @@ import { after, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
-import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
+import { drainingAt, workerHost } from '../helpers/state-host.js';
 import { settled, until } from '../helpers/wait.js';
 
 const prefixes: string[] = [];
@@ -35,25 +35,7 @@ function freshPrefix(): string {
 
 async function replica(id: string, prefix: string, configured: string[]) {
   const router = new KVAwareRouter({ blockSize: 16 });
-  const workers: WorkerRecord[] = configured.map((w) => ({ id: w, url: `http://${w}` }));
-  for (const w of workers) router.registerWorker(w.id);
-  const host: StateStoreHost = {
-    router,
-    listWorkers: () => workers,
-    addWorkerFromState: (w) => {
-      workers.push(w);
-      router.registerWorker(w.id);
-    },
-    removeWorkerFromState: (wid) => {
-      workers.splice(
-        workers.findIndex((w) => w.id === wid),
-        1,
-      );
-      router.removeWorker(wid);
-    },
-    drainWorkerFromState: (wid, draining) => (draining ? router.drainWorker(wid) : router.resumeWorker(wid)),
-    log: () => {},
-  };
+  const { host, workers } = workerHost(router, configured);
   const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: id, syncIntervalMs: 60_000 });
   stores.push(store);
   await store.attach(host);
@@ -61,11 +43,7 @@ async function replica(id: string, prefix: string, configured: string[]) {
 }
 type Replica = Awaited<ReturnType<typeof replica>>;
 
-const drained = (p: Replica) =>
-  p.router
-    .listWorkers()
-    .filter((w) => w.draining)
-    .map((w) => w.id);
+const drained = (p: Replica) => drainingAt(p.router);
 const ids = (p: Replica) => p.workers.map((w) => w.id).sort();
 
 /** Runs `during` right after the store read the registry (its pipeline answered, the answer not yet used). */

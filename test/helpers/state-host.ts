@@ -1,0 +1,73 @@
+import { Redis } from 'ioredis';
+import type { KVAwareRouter } from '../../src/core/router/index.js';
+import type { StateStore, StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
+import { REDIS_URL } from './redis-routers.js';
+import { settled } from './wait.js';
+
+/**
+ * The host a state store attaches to, as the gateway binds it: `configured` workers registered
+ * with `router`, changes from the shared state applied to both. With `posted`, KV events from
+ * another replica or process are recorded there as this one was given them.
+ */
+export function workerHost(
+  router: KVAwareRouter,
+  configured: string[],
+  posted?: Array<[string, unknown]>,
+): { host: StateStoreHost; workers: WorkerRecord[] } {
+  const workers: WorkerRecord[] = configured.map((w) => ({ id: w, url: `http://${w}` }));
+  for (const w of workers) router.registerWorker(w.id);
+  const host: StateStoreHost = {
+    router,
+    listWorkers: () => workers,
+    addWorkerFromState: (w) => {
+      workers.push(w);
+      router.registerWorker(w.id);
+    },
+    removeWorkerFromState: (wid) => {
+      workers.splice(
+        workers.findIndex((w) => w.id === wid),
+        1,
+      );
+      router.removeWorker(wid);
+    },
+    drainWorkerFromState: (wid, draining) => (draining ? router.drainWorker(wid) : router.resumeWorker(wid)),
+    ...(posted && { applyKvEventsFromState: (wid: string, events: unknown) => void posted.push([wid, events]) }),
+    log: () => {},
+  };
+  return { host, workers };
+}
+
+/** The ids of the workers `router` holds draining. */
+export const drainingAt = (router: KVAwareRouter): string[] =>
+  router
+    .listWorkers()
+    .filter((w) => w.draining)
+    .map((w) => w.id);
+
+/**
+ * Drains `workerId` at `from` as the admin API does and shares it; returns what `to` holds
+ * draining once it holds one worker so (or the last value read at the deadline).
+ */
+export async function drainAndSettle(
+  from: { router: KVAwareRouter; store: Pick<StateStore, 'workerDrained'> },
+  to: { router: KVAwareRouter },
+  workerId: string,
+): Promise<string[]> {
+  from.router.drainWorker(workerId);
+  from.store.workerDrained(workerId, true);
+  return settled(
+    () => drainingAt(to.router),
+    (d) => d.length === 1,
+  );
+}
+
+/** Deletes every Redis key under each of `prefixes`. */
+export async function dropPrefixes(prefixes: string[]): Promise<void> {
+  const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
+  await r.connect();
+  for (const prefix of prefixes) {
+    const keys = await r.keys(`${prefix}*`);
+    if (keys.length > 0) await r.del(...keys);
+  }
+  r.disconnect();
+}
