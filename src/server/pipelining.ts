@@ -33,11 +33,9 @@ export const MAX_PIPELINED_REQUESTS = 16;
 type ClosableResponse = ServerResponse & { _closed?: boolean };
 
 export class PipelinedRequests {
-  /** Per connection: its requests being served (their answers not closed yet). */
-  private readonly served = new WeakMap<Duplex, number>();
   /** Connections that had a request refused: closing after its answer, nothing more is served. */
   private readonly refused = new WeakSet<Duplex>();
-  /** Per connection: the responses of its requests that have not closed yet. */
+  /** Per connection: the responses of its requests that have not closed yet (the requests being served). */
   private readonly open = new WeakMap<Duplex, Set<ServerResponse>>();
 
   /**
@@ -47,40 +45,47 @@ export class PipelinedRequests {
    * emitted once. Called for every request before anything else listens to its response.
    */
   closeWithConnection(req: IncomingMessage, res: ServerResponse): void {
-    const socket = req.socket;
-    let open = this.open.get(socket);
-    if (open === undefined) {
-      const responses = new Set<ServerResponse>();
-      this.open.set(socket, (open = responses));
-      // before Node's own listeners: the queued requests give up (those waiting for a connection
-      // to an engine leave the wait) before the answer that had the connection frees anything
-      socket.prependOnceListener('close', () => {
-        this.open.delete(socket);
-        for (const queued of responses) closeQueued(queued);
-        responses.clear();
-      });
-      // (a connection closed already has emitted its 'close': Node hands over no request from it)
+    this.track(req.socket, res);
+  }
+
+  /** Counts `res` among its connection's open responses until it closes; the connection's responses. */
+  private track(socket: Duplex, res: ServerResponse): Set<ServerResponse> {
+    const responses = this.openOn(socket);
+    if (!responses.has(res)) {
+      responses.add(res);
+      res.once('close', () => responses.delete(res));
     }
-    const responses = open;
-    responses.add(res);
-    res.once('close', () => responses.delete(res));
+    return responses;
+  }
+
+  /** The connection's open responses, tracked from the first request on it. */
+  private openOn(socket: Duplex): Set<ServerResponse> {
+    let responses = this.open.get(socket);
+    if (responses !== undefined) return responses;
+    const created = new Set<ServerResponse>();
+    this.open.set(socket, created);
+    // before Node's own listeners: the queued requests give up (those waiting for a connection
+    // to an engine leave the wait) before the answer that had the connection frees anything
+    socket.prependOnceListener('close', () => {
+      this.open.delete(socket);
+      for (const queued of created) closeQueued(queued);
+      created.clear();
+    });
+    // (a connection closed already has emitted its 'close': Node hands over no request from it)
+    responses = created;
+    return responses;
   }
 
   /** Whether `req` may be served now: false when MAX_PIPELINED_REQUESTS of its connection are. */
   admit(req: IncomingMessage, res: ServerResponse): boolean {
     const socket = req.socket;
     if (this.refused.has(socket)) return false;
-    const n = this.served.get(socket) ?? 0;
-    if (n >= MAX_PIPELINED_REQUESTS) {
+    const responses = this.track(socket, res);
+    // the requests before this one whose answers have not closed
+    if (responses.size - 1 >= MAX_PIPELINED_REQUESTS) {
       this.refused.add(socket);
       return false;
     }
-    this.served.set(socket, n + 1);
-    res.once('close', () => {
-      const left = (this.served.get(socket) ?? 1) - 1;
-      if (left > 0) this.served.set(socket, left);
-      else this.served.delete(socket);
-    });
     return true;
   }
 }
