@@ -248,12 +248,7 @@ export class RouterPicker implements EndpointPicker {
       try {
         // as the gateway reads a body: no compressed body, the nesting depth checked before parsing
         checkContentEncoding(input.headers.get('content-encoding'));
-        parsed = parseRequestBody(
-          input.body,
-          this.limits.maxJsonDepth,
-          this.limits.maxJsonContainers,
-          this.limits.maxJsonObjectMembers,
-        );
+        parsed = parseRequestBody(input.body, this.limits);
       } catch (err) {
         return limitRefusal(err);
       }

@@ -17,6 +17,7 @@ import {
   type ProxyReply,
   type RequestSource,
 } from './openai-request.js';
+import type { JsonLimits } from './request-limits.js';
 
 /** application/json, with or without parameters. */
 const JSON_TYPE = /^application\/json\s*(;|$)/i;
@@ -25,9 +26,8 @@ export interface FastPathOptions {
   /** The proxy handler of each path. */
   handlers: ReadonlyMap<string, (req: RequestSource, reply: ProxyReply) => Promise<unknown>>;
   bodyLimit: number;
-  maxJsonDepth: number;
-  maxJsonContainers: number;
-  maxJsonObjectMembers: number;
+  /** The gateway's limits on a JSON body. */
+  jsonLimits: JsonLimits;
   /** Answers an error as the gateway's error handler does. */
   answerError: (err: unknown, path: OpenAiPath, reply: ProxyReply) => void;
   /** Counts the request once its response has closed (the gateway's request metric, with closedStatus). */
@@ -92,7 +92,7 @@ class FastRequest implements ProxyReply {
     const bytes = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
     let body: unknown;
     try {
-      body = parseRequestBody(bytes, this.o.maxJsonDepth, this.o.maxJsonContainers, this.o.maxJsonObjectMembers);
+      body = parseRequestBody(bytes, this.o.jsonLimits);
     } catch (err) {
       // as Fastify answers a body its parser rejects: the connection is not reused, so what
       // the client sent after an unreadable body is not read as a request

@@ -626,7 +626,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   }
 
   app.addHook('onRoute', (route) => routeMethods.add(route.method, route.url));
-  useJsonBodies(app, limits.maxJsonDepth, limits.maxJsonContainers, limits.maxJsonObjectMembers);
+  useJsonBodies(app, limits);
   /** An error a route threw, answered: a client's mistake as a 4xx naming it, anything else a 500 (logged). */
   const answerError = (err: Error & { statusCode?: number }, where: string, reply: ProxyReply) => {
     if (err instanceof BodyBudgetError) {
@@ -775,9 +775,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           ['/v1/chat/completions', chat],
         ]),
         bodyLimit,
-        maxJsonDepth: limits.maxJsonDepth,
-        maxJsonContainers: limits.maxJsonContainers,
-        maxJsonObjectMembers: limits.maxJsonObjectMembers,
+        jsonLimits: limits,
         answerError: (err, path, reply) => answerError(toError(err), `POST ${path}`, reply),
         countRequest: (path, status) => metrics.countRequest(path, status),
         closing: () => closing,

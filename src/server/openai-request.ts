@@ -19,13 +19,13 @@ import { tenantCacheSalt, tenantScopedId } from './api-keys.js';
 import { chatTemplateRequest } from './engine-deployments.js';
 import {
   clientMessage,
-  DEFAULT_REQUEST_LIMITS,
   jsonStringEnd,
   parseJsonBody,
   readGenerateRouteRequest,
   readRouteRequest,
   RequestLimitError,
   type ForwardedFields,
+  type JsonLimits,
   type ReadRequest,
   type RequestLimits,
 } from './request-limits.js';
@@ -82,15 +82,8 @@ export function openAiError<R extends ErrorReply>(
 }
 
 /** Parses a JSON request body as the OpenAI routes take it (see useJsonBodies); throws a RequestLimitError. */
-export function parseRequestBody(
-  bytes: Buffer,
-  maxJsonDepth: number,
-  maxJsonContainers = DEFAULT_REQUEST_LIMITS.maxJsonContainers,
-  maxJsonObjectMembers = DEFAULT_REQUEST_LIMITS.maxJsonObjectMembers,
-): unknown {
-  return bytes.length === 0
-    ? undefined
-    : parseJsonBody(bytes.toString('utf8'), maxJsonDepth, maxJsonContainers, maxJsonObjectMembers);
+export function parseRequestBody(bytes: Buffer, limits: JsonLimits): unknown {
+  return bytes.length === 0 ? undefined : parseJsonBody(bytes.toString('utf8'), limits);
 }
 
 /**
@@ -173,18 +166,13 @@ export function forwardableBytes(bytes: Buffer): Buffer | undefined {
  * body of a million `[1]` or an object of a million keys a 400, not seconds of JSON.parse.
  * JSON.parse makes "__proto__" an own key, never the prototype.
  */
-export function useJsonBodies(
-  app: FastifyInstance,
-  maxJsonDepth: number,
-  maxJsonContainers = DEFAULT_REQUEST_LIMITS.maxJsonContainers,
-  maxJsonObjectMembers = DEFAULT_REQUEST_LIMITS.maxJsonObjectMembers,
-): void {
+export function useJsonBodies(app: FastifyInstance, limits: JsonLimits): void {
   app.decorateRequest('rawBody', undefined);
   app.decorateRequest('tenant', undefined);
   const parseJson = (req: FastifyRequest, body: string | Buffer, done: (err: Error | null, body?: unknown) => void) => {
     try {
       checkContentEncoding(req.headers['content-encoding']);
-      const parsed = parseRequestBody(body as Buffer, maxJsonDepth, maxJsonContainers, maxJsonObjectMembers);
+      const parsed = parseRequestBody(body as Buffer, limits);
       req.rawBody = forwardableBytes(body as Buffer);
       done(null, parsed);
     } catch (err) {

@@ -335,14 +335,12 @@ export function checkJsonDepth(text: string, maxDepth: number, maxContainers = I
   }
 }
 
+/** The limits a JSON body is checked against before it is parsed (a RequestLimits satisfies it). */
+export type JsonLimits = Pick<RequestLimits, 'maxJsonDepth' | 'maxJsonContainers' | 'maxJsonObjectMembers'>;
+
 /** JSON.parse behind the depth and size checks; a syntax error is a 400 that does not echo the body. */
-export function parseJsonBody(
-  text: string,
-  maxDepth: number,
-  maxContainers = DEFAULT_REQUEST_LIMITS.maxJsonContainers,
-  maxMembers = DEFAULT_REQUEST_LIMITS.maxJsonObjectMembers,
-): unknown {
-  checkJsonDepth(text, maxDepth, maxContainers, maxMembers);
+export function parseJsonBody(text: string, limits: JsonLimits): unknown {
+  checkJsonDepth(text, limits.maxJsonDepth, limits.maxJsonContainers, limits.maxJsonObjectMembers);
   try {
     return JSON.parse(text);
   } catch {

@@ -14,9 +14,16 @@ import {
   readMetadata,
   readPrompt,
   RequestLimitError,
+  type JsonLimits,
 } from '../../src/server/request-limits.js';
 
 const limits = DEFAULT_REQUEST_LIMITS;
+/** The JSON limits with the given depth, containers and members (the defaults for those not given). */
+const jsonLimits = (
+  maxJsonDepth: number,
+  maxJsonContainers = limits.maxJsonContainers,
+  maxJsonObjectMembers = limits.maxJsonObjectMembers,
+): JsonLimits => ({ maxJsonDepth, maxJsonContainers, maxJsonObjectMembers });
 /** Asserts `fn` throws a RequestLimitError naming `param`. */
 const rejects = (fn: () => unknown, param: string, message?: RegExp) =>
   assert.throws(fn, (e: unknown) => {
@@ -29,12 +36,12 @@ const rejects = (fn: () => unknown, param: string, message?: RegExp) =>
 
 describe('JSON depth', () => {
   test('a 10,000-deep body is refused before parsing, without recursion', () => {
-    rejects(() => parseJsonBody('['.repeat(10_000) + ']'.repeat(10_000), 64), 'body', /deeper than 64/);
-    rejects(() => parseJsonBody(`{"a":${'{"a":'.repeat(100)}1${'}'.repeat(101)}`, 64), 'body');
+    rejects(() => parseJsonBody('['.repeat(10_000) + ']'.repeat(10_000), jsonLimits(64)), 'body', /deeper than 64/);
+    rejects(() => parseJsonBody(`{"a":${'{"a":'.repeat(100)}1${'}'.repeat(101)}`, jsonLimits(64)), 'body');
   });
   test('brackets inside strings (with escaped quotes) do not count', () => {
     const deepText = JSON.stringify({ s: '[[[[[[[[[[{{{{{{{{ \\" [[[[', t: 'x"[[' });
-    assert.deepEqual(parseJsonBody(deepText, 2), JSON.parse(deepText));
+    assert.deepEqual(parseJsonBody(deepText, jsonLimits(2)), JSON.parse(deepText));
     checkJsonDepth('[[1]]', 2);
     rejects(() => checkJsonDepth('[[[1]]]', 2), 'body');
     // a string ending in escaped backslashes closes at its quote: the brackets after it count
@@ -43,7 +50,7 @@ describe('JSON depth', () => {
     checkJsonDepth(JSON.stringify(['\\"[[[', '\\\\']), 1);
   });
   test('invalid JSON is a 400 that does not echo the body', () => {
-    rejects(() => parseJsonBody('{"secret": nope', 64), 'body', /^the body is not valid JSON$/);
+    rejects(() => parseJsonBody('{"secret": nope', jsonLimits(64)), 'body', /^the body is not valid JSON$/);
   });
 });
 
@@ -51,8 +58,8 @@ describe('JSON arrays and objects', () => {
   test('a body of more arrays and objects than maxJsonContainers is refused before parsing', () => {
     // 1,002: the body object, its prompt list and a thousand one-token prompts
     const many = JSON.stringify({ prompt: Array.from({ length: 1000 }, () => [1]) });
-    rejects(() => parseJsonBody(many, 64, 1001), 'body', /more than 1001 arrays and objects/);
-    assert.equal((parseJsonBody(many, 64, 1002) as { prompt: unknown[] }).prompt.length, 1000);
+    rejects(() => parseJsonBody(many, jsonLimits(64, 1001)), 'body', /more than 1001 arrays and objects/);
+    assert.equal((parseJsonBody(many, jsonLimits(64, 1002)) as { prompt: unknown[] }).prompt.length, 1000);
     // brackets inside strings are no arrays
     checkJsonDepth(JSON.stringify({ s: '[]{}'.repeat(100) }), 64, 1);
   });
@@ -74,8 +81,8 @@ describe('JSON object members', () => {
     // compact or spaced, as a client writes it
     checkJsonDepth(JSON.stringify(object(4), null, 2), 64, Infinity, 4);
     rejects(() => checkJsonDepth(JSON.stringify(object(5), null, 2), 64, Infinity, 4), 'body', tooMany(4));
-    assert.deepEqual(parseJsonBody(JSON.stringify(object(4)), 64, 100, 4), object(4));
-    rejects(() => parseJsonBody(JSON.stringify(object(5)), 64, 100, 4), 'body', tooMany(4));
+    assert.deepEqual(parseJsonBody(JSON.stringify(object(4)), jsonLimits(64, 100, 4)), object(4));
+    rejects(() => parseJsonBody(JSON.stringify(object(5)), jsonLimits(64, 100, 4)), 'body', tooMany(4));
   });
 
   test('nested objects are counted each on its own, the outer one resuming after an inner one closes', () => {
@@ -116,7 +123,7 @@ describe('JSON object members', () => {
 
   test("':' and braces inside strings are not members", () => {
     const text = JSON.stringify({ 'a:b:c:d': 'x:y:z:{"p":1,"q":2}', 'k\\":{': ':::' });
-    assert.deepEqual(parseJsonBody(text, 64, 100, 2), JSON.parse(text));
+    assert.deepEqual(parseJsonBody(text, jsonLimits(64, 100, 2)), JSON.parse(text));
     checkJsonDepth(JSON.stringify({ s: '{"a":1,"b":2,"c":3}'.repeat(100) }), 64, Infinity, 1);
     // a key ending in an escaped backslash closes at its quote: the members after it count
     rejects(() => checkJsonDepth('{"a\\\\":1,"b":2,"c":3}', 64, Infinity, 2), 'body', tooMany(2));
@@ -163,8 +170,8 @@ describe('JSON object members', () => {
     assert.throws(() => checkRequestLimits({ maxJsonObjectMembers: 0 }), /maxJsonObjectMembers/);
     assert.throws(() => checkRequestLimits({ maxJsonObjectMembers: 1.5 }), /maxJsonObjectMembers/);
     // parseJsonBody applies the default when not given
-    assert.equal(Object.keys(parseJsonBody(JSON.stringify(object(4096)), 64) as object).length, 4096);
-    rejects(() => parseJsonBody(JSON.stringify(object(4097)), 64), 'body', tooMany(4096));
+    assert.equal(Object.keys(parseJsonBody(JSON.stringify(object(4096)), jsonLimits(64)) as object).length, 4096);
+    rejects(() => parseJsonBody(JSON.stringify(object(4097)), jsonLimits(64)), 'body', tooMany(4096));
   });
 });
 
@@ -672,7 +679,7 @@ describe('logit_bias', () => {
     Object.fromEntries(Array.from({ length: count }, (_, i) => [String(i), value]));
   test('a bias that JSON.parse read as infinite (1e400) is refused: the OpenAI API takes -100 to 100', async () => {
     const { readRouteRequest } = await import('../../src/server/request-limits.js');
-    const body = parseJsonBody('{"prompt":"x","logit_bias":{"5":1e400}}', 64);
+    const body = parseJsonBody('{"prompt":"x","logit_bias":{"5":1e400}}', jsonLimits(64));
     rejects(() => readRouteRequest('/v1/completions', body, {}, limits), 'logit_bias', /from -100 to 100/);
   });
   test("SGLang's /generate: in sampling_params (an object, or one per prompt), named by its path", () => {
