@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { Counter, Gauge, Registry } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { MetricsAggregator, ProcessMetrics, type ProcessMetricsMessage } from '../../src/server/process-metrics.js';
 
 /** A gateway process's registry: a request counter and a gauge of one quantity every process reads. */
@@ -11,24 +11,61 @@ function registry(requests: number, usage: number): Registry {
   return r;
 }
 
-/** The primary and `n` processes, wired as node:cluster's channels would be (asynchronously). */
+/** A gateway process wired to the primary as node:cluster's channel would be (asynchronously). */
+function join(
+  primary: MetricsAggregator,
+  id: string,
+  r: Registry,
+  answers: () => boolean = () => true,
+): ProcessMetrics {
+  const pm: ProcessMetrics = new ProcessMetrics(r, {
+    send: (m: ProcessMetricsMessage) => queueMicrotask(() => primary.receive(id, m)),
+  });
+  primary.add(id, {
+    send: (m) =>
+      queueMicrotask(() => {
+        // a stuck process hears the collect request and never answers it
+        if (answers() || m.cfMetrics !== 'collect') pm.receive(m);
+      }),
+  });
+  return pm;
+}
+
+/** The primary and `n` processes. */
 function cluster(registries: Registry[], answering = registries.map(() => true)) {
   const primary = new MetricsAggregator();
-  const processes = registries.map((r, i) => {
-    const id = String(i + 1);
-    const pm: ProcessMetrics = new ProcessMetrics(r, {
-      send: (m: ProcessMetricsMessage) => queueMicrotask(() => primary.receive(id, m)),
-    });
-    primary.add(id, {
-      send: (m) =>
-        queueMicrotask(() => {
-          // a stuck process hears the collect request and never answers it
-          if (answering[i] || m.cfMetrics !== 'collect') pm.receive(m);
-        }),
-    });
-    return pm;
-  });
+  const processes = registries.map((r, i) => join(primary, String(i + 1), r, () => answering[i]));
   return { primary, processes };
+}
+
+/** A gateway process's registry with requests by worker, a request-duration histogram and a gauge. */
+function served(requests: Record<string, number>, durations: number[], usage: number): Registry {
+  const r = new Registry();
+  const c = new Counter({ name: 'requests_total', help: 'h', labelNames: ['worker'], registers: [r] });
+  for (const [worker, n] of Object.entries(requests)) c.inc({ worker }, n);
+  const h = new Histogram({ name: 'duration_seconds', help: 'h', buckets: [0.1, 1], registers: [r] });
+  for (const d of durations) h.observe(d);
+  new Gauge({ name: 'usage', help: 'h', aggregator: 'average', registers: [r] }).set(usage);
+  return r;
+}
+
+/** A page's samples: `name{labels}` to value. */
+function samples(page: string): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const line of page.split('\n')) {
+    if (line === '' || line.startsWith('#')) continue;
+    const at = line.lastIndexOf(' ');
+    out.set(line.slice(0, at), Number(line.slice(at + 1)));
+  }
+  return out;
+}
+
+/** Every counter and histogram sample of `before` is in `after`, not lower. */
+function notLower(before: Map<string, number>, after: Map<string, number>): void {
+  for (const [key, value] of before) {
+    if (!key.startsWith('requests_total') && !key.startsWith('duration_seconds')) continue;
+    assert.ok((after.get(key) ?? -1) >= value, `${key}: ${after.get(key)} after ${value}`);
+  }
 }
 
 describe('serve --processes: one /metrics page for every process', () => {
@@ -71,5 +108,114 @@ describe('serve --processes: one /metrics page for every process', () => {
     assert.equal(primary.receive('1', { cf: 'batch', m: [] }), false);
     assert.equal(primary.receive('1', null), false);
     assert.equal(new ProcessMetrics(new Registry(), { send: () => {} }).receive({ cf: 'decision' }), false);
+  });
+
+  test('a process that stops leaves its counters and histograms in the page, not its gauges', async () => {
+    const primary = new MetricsAggregator();
+    const p1 = join(primary, '1', served({ a: 3, b: 1 }, [0.05, 0.5, 2], 0.5));
+    join(primary, '2', served({ a: 2 }, [0.5], 0.7));
+    const before = samples(await p1.mergedMetrics());
+    assert.equal(before.get('requests_total{worker="a"}'), 5);
+    assert.equal(before.get('usage'), 0.6);
+    primary.remove('1');
+    // its replacement has counted nothing yet
+    const p3 = join(primary, '3', served({}, [], 0.9));
+    const after = samples(await p3.mergedMetrics());
+    notLower(before, after);
+    assert.equal(after.get('requests_total{worker="a"}'), 5);
+    assert.equal(after.get('requests_total{worker="b"}'), 1);
+    assert.equal(after.get('duration_seconds_bucket{le="0.1"}'), 1);
+    assert.equal(after.get('duration_seconds_bucket{le="1"}'), 3);
+    assert.equal(after.get('duration_seconds_bucket{le="+Inf"}'), 4);
+    assert.equal(after.get('duration_seconds_count'), 4);
+    assert.equal(after.get('duration_seconds_sum'), 3.05);
+    // the gauge is what the live processes read now: the stopped one's 0.5 is gone
+    assert.equal(after.get('usage'), 0.8);
+    // and what the survivors count next adds to it
+    const requests = served({ a: 1 }, [], 0);
+    const p4 = join(primary, '4', requests);
+    assert.equal(samples(await p4.mergedMetrics()).get('requests_total{worker="a"}'), 6);
+  });
+
+  test('a process that never sent its registry leaves nothing behind', async () => {
+    const primary = new MetricsAggregator();
+    const p1 = join(primary, '1', served({ a: 3 }, [0.5], 0.5));
+    join(primary, '2', served({ a: 2 }, [0.5], 0.7), () => false);
+    primary.remove('2');
+    assert.equal(primary.retiredSeries, 0);
+    assert.equal(samples(await p1.mergedMetrics()).get('requests_total{worker="a"}'), 3);
+  });
+
+  test('processes replaced again and again are folded into one retired count, not kept one by one', async () => {
+    const primary = new MetricsAggregator();
+    const survivor = join(primary, '0', served({ a: 1 }, [0.5], 0.5));
+    let size = -1;
+    let series = -1;
+    for (let i = 1; i <= 50; i++) {
+      join(primary, String(i), served({ a: 1, b: 2 }, [0.05, 2], 0.5));
+      const page = samples(await survivor.mergedMetrics());
+      assert.equal(page.get('requests_total{worker="a"}'), i + 1);
+      assert.equal(page.get('requests_total{worker="b"}'), 2 * i);
+      assert.equal(page.get('duration_seconds_count'), 1 + 2 * i);
+      if (series === -1) series = page.size;
+      assert.equal(page.size, series);
+      primary.remove(String(i));
+      if (size === -1) size = primary.retiredSeries;
+      assert.equal(primary.retiredSeries, size, `after ${i} processes stopped`);
+    }
+    assert.ok(size > 0);
+    const page = samples(await survivor.mergedMetrics());
+    assert.equal(page.get('requests_total{worker="a"}'), 51);
+    assert.equal(page.get('requests_total{worker="b"}'), 100);
+    assert.equal(page.size, series);
+  });
+
+  test('a scrape under way when a process stops answers no lower counters than the one before', async () => {
+    // the removal lands at each step of the scrape in turn: request, collect, answers, merge
+    for (let step = 0; step < 12; step++) {
+      const primary = new MetricsAggregator();
+      join(primary, '1', served({ a: 3 }, [0.5, 2], 0.5));
+      const p2 = join(primary, '2', served({ a: 2, b: 4 }, [0.05], 0.7));
+      const before = samples(await p2.mergedMetrics());
+      const page = p2.mergedMetrics();
+      for (let i = 0; i < step; i++) await Promise.resolve();
+      primary.remove('1');
+      const after = samples(await page);
+      notLower(before, after);
+      assert.equal(after.get('requests_total{worker="a"}'), 5, `removed at step ${step}`);
+      // the next scrape, with the stopped process gone, too
+      notLower(before, samples(await p2.mergedMetrics()));
+    }
+  });
+
+  test('retired series of one metric are capped; the drops are logged once', async () => {
+    const lines: string[] = [];
+    const primary = new MetricsAggregator({ maxRetiredLabelSets: 3, log: (m) => lines.push(m) });
+    const r = new Registry();
+    const c = new Counter({ name: 'requests_total', help: 'h', labelNames: ['worker'], registers: [r] });
+    for (const w of ['a', 'b', 'c', 'd', 'e']) c.inc({ worker: w });
+    const h = new Histogram({
+      name: 'duration_seconds',
+      help: 'h',
+      labelNames: ['worker'],
+      buckets: [1],
+      registers: [r],
+    });
+    for (const w of ['a', 'b', 'c', 'd']) h.observe({ worker: w }, 0.5);
+    const p1 = join(primary, '1', r);
+    const p2 = join(primary, '2', new Registry());
+    await p1.mergedMetrics();
+    primary.remove('1');
+    const page = samples(await p2.mergedMetrics());
+    for (const w of ['a', 'b', 'c']) {
+      assert.equal(page.get(`requests_total{worker="${w}"}`), 1);
+      // a histogram's label set is kept whole or not at all
+      assert.equal(page.get(`duration_seconds_bucket{le="1",worker="${w}"}`), 1);
+      assert.equal(page.get(`duration_seconds_count{worker="${w}"}`), 1);
+    }
+    assert.equal(page.has('requests_total{worker="d"}'), false);
+    assert.equal(page.has('duration_seconds_count{worker="d"}'), false);
+    assert.equal(lines.length, 1);
+    assert.match(lines[0], /3 label sets/);
   });
 });

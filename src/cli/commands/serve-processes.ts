@@ -21,8 +21,8 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
   if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
   process.env.CONTEXTFORGE_ADMIN_TOKEN = admin.token;
   const relay = c.state === 'memory' ? new ClusterRelay() : undefined;
-  // /metrics of any process answers every process's counters, merged here
-  const metrics = new MetricsAggregator();
+  // /metrics of any process answers every process's counters, merged here (a stopped one's kept)
+  const metrics = new MetricsAggregator({ log });
   let stopping = false;
   const listening = new Set<number>();
   let announced = false;
