@@ -154,7 +154,8 @@ export function errorAnswer(answer: Buffer): EngineError {
  * `data: [DONE]`, the event vLLM and SGLang end every stream of the completion APIs with (after
  * an error event of their own too). It counts wherever it is among them: an engine, or a proxy
  * in front of it, may write more after it in the same write (a keep-alive comment, another
- * event), and the client has the stream's end all the same. One search for `[DONE]` passes over
+ * event), and the client has the stream's end all the same (the gateway passes on nothing after
+ * that event: doneEventEnd). One search for `[DONE]` passes over
  * a chunk without it (nearly every chunk); each one found is judged by the bytes around it, with
  * no view and no copy. Spaces and tabs may follow it on its line: the OpenAI SDKs take any data
  * that starts with `[DONE]` as the end, and an engine or proxy padding the line still ended it.
@@ -162,6 +163,33 @@ export function errorAnswer(answer: Buffer): EngineError {
  * first line is dropped, as a client's decoder drops it.
  */
 export function holdsDone(events: Buffer, atStreamStart = false): boolean {
+  return doneLineEnd(events, atStreamStart) >= 0;
+}
+
+/**
+ * Where the event that holds the first `data: [DONE]` line of `events` ends (after the line end
+ * of its blank line, as eventsEnd in forward.ts reads it), as holdsDone finds that line; -1 when
+ * there is none, or when the bytes end before its event does. A comment or another field after
+ * the line, before the blank line, is still of that event; what follows the blank line is not.
+ */
+export function doneEventEnd(events: Buffer, atStreamStart = false): number {
+  let at = doneLineEnd(events, atStreamStart);
+  if (at < 0) return -1;
+  const n = events.length;
+  // `at` is at the end of a line that is not empty (the [DONE] line first)
+  for (;;) {
+    if (at >= n) return -1;
+    at += events[at] === CR && events[at + 1] === LF ? 2 : 1;
+    if (at >= n) return -1;
+    // an empty line ends the event; a CR at the end of the bytes ends its line whatever comes next
+    if (events[at] === LF) return at + 1;
+    if (events[at] === CR) return events[at + 1] === LF ? at + 2 : at + 1;
+    while (at < n && events[at] !== LF && events[at] !== CR) at++;
+  }
+}
+
+/** Where the first `data: [DONE]` line of `events` ends, before its line end (see holdsDone); -1 when none is there. */
+function doneLineEnd(events: Buffer, atStreamStart: boolean): number {
   const lineStart = atStreamStart ? utf8BomLength(events) : 0;
   const n = events.length;
   for (let at = events.indexOf(DONE); at >= 0; at = events.indexOf(DONE, at + DONE.length)) {
@@ -172,9 +200,9 @@ export function holdsDone(events: Buffer, atStreamStart = false): boolean {
     // the data field, its optional space, then it, from the start of a line
     const field = at - DATA_COLON.length - (at > 0 && events[at - 1] === SPACE ? 1 : 0);
     if (field < 0 || !startsWith(events, field, DATA_COLON)) continue;
-    if (field === lineStart || events[field - 1] === LF || events[field - 1] === CR) return true;
+    if (field === lineStart || events[field - 1] === LF || events[field - 1] === CR) return end;
   }
-  return false;
+  return -1;
 }
 
 /** Whether `bytes` hold `word` at `at` (a look at the bytes: no view, no copy). */

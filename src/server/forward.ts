@@ -10,7 +10,7 @@
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import type { BodyBudget, BodyCharge } from './body-budget.js';
-import { errorAnswer, errorEvent, holdsDone, isEngineFailure } from './engine-errors.js';
+import { doneEventEnd, errorAnswer, errorEvent, holdsDone, isEngineFailure } from './engine-errors.js';
 import { markCutByGateway } from './metrics.js';
 import type { ProxyReply } from './openai-request.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
@@ -142,6 +142,13 @@ export interface ForwardOptions {
  */
 const MAX_DISCARDED_BYTES = 128 * 1024;
 const MAX_DISCARD_MS = 2000;
+/**
+ * Once a stream's `data: [DONE]` event has reached the client (its response ended there), the
+ * engine's own end of its response is waited for this long, keeping the connection for the next
+ * request (vLLM and SGLang end it right after); an engine that leaves it open longer, or writes
+ * anything more, has its connection dropped.
+ */
+const MAX_END_AFTER_DONE_MS = 2000;
 /**
  * The unfinished last event of a stream's chunk is held back until its end arrives, up to this
  * size (an event larger than this passes through as it comes): an engine that fails mid-event
@@ -396,6 +403,18 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   private failedInStream = false;
   /** The stream's events so far hold `data: [DONE]`: its end, where vLLM and SGLang put it. */
   private doneSeen = false;
+  /**
+   * The client's response ended with the stream's `data: [DONE]` event and the attempt settled:
+   * the engine's connection waits for the end of its response (MAX_END_AFTER_DONE_MS), and any
+   * more of it drops the connection.
+   */
+  private endedAtDone = false;
+  /**
+   * The stream's data: [DONE] event reached the client ending in a CR at the end of a chunk:
+   * an LF first in the next chunk still belongs to it (AFTER_EVENT_CR), and the client's
+   * response ends once it is known whether one comes.
+   */
+  private doneLfDue = false;
   private settled = false;
   private readonly onClientGone: () => void;
   /** undici's resume: the engine's socket reads again. */
@@ -676,6 +695,17 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   }
 
   onData(chunk: Buffer): boolean {
+    if (this.endedAtDone) {
+      // the engine writes after its stream's end: the rest goes nowhere, and the connection,
+      // somewhere in the middle of a response, cannot take another request
+      if (chunk.length > 0) this.abortUpstream?.(new Error('more after data: [DONE]'));
+      return true;
+    }
+    if (this.doneLfDue) {
+      if (chunk.length === 0) return true;
+      const lf = chunk[0] === LF ? 1 : 0;
+      return this.endAtDone(lf === 1 ? chunk.subarray(0, 1) : undefined, chunk.length > lf);
+    }
     if (this.discarding) {
       this.discarded += chunk.length;
       if (this.refusal !== undefined) {
@@ -687,6 +717,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     }
     // given up (the abort is under way): nothing more goes anywhere
     if (this.why !== undefined && !this.sent) return false;
+    /** Where the stream's data: [DONE] event ends in `chunk`, when it does. */
+    let doneEnd = -1;
+    /** That event ends the chunk in a CR: an LF may still come for it. */
+    let doneLfDue = false;
     this.bodyBytes += chunk.length;
     if (!this.firstByteSeen) this.firstByte();
     if (this.gather) {
@@ -717,7 +751,15 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       const whole = this.wholeEvents(chunk);
       if (whole === undefined) return true;
       chunk = whole;
-      this.doneSeen ||= holdsDone(chunk, !this.sent);
+      // the stream's end: its data: [DONE] event is the last the client gets (unless the gateway
+      // has given up, the abort under way); one whose end has not come (in an event too large to
+      // hold back) is only recorded
+      doneEnd = this.why === undefined ? doneEventEnd(chunk, !this.sent) : -1;
+      if (doneEnd >= 0) {
+        this.doneSeen = true;
+        if (doneEnd < chunk.length) chunk = chunk.subarray(0, doneEnd);
+        else doneLfDue = chunk[doneEnd - 1] === CR;
+      } else this.doneSeen ||= holdsDone(chunk, !this.sent);
       // until something is sent, these events are the stream's first (what was held back comes first)
       const error = this.failedInStream ? undefined : errorEvent(chunk, !this.sent);
       const errorStatus = error?.status ?? 0;
@@ -746,6 +788,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       }
     }
     if (!this.sent) this.startResponse();
+    if (doneLfDue) return this.awaitDoneLf(chunk);
+    if (doneEnd >= 0) return this.endAtDone(chunk);
     if (this.eventStream) this.nextEventDue(this.eventEnded);
     if (this.res.write(chunk)) return true;
     // the client reads slower than the engine writes: the engine's socket waits for 'drain'
@@ -761,6 +805,46 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       }
     }
     return false;
+  }
+
+  /**
+   * The stream's data: [DONE] event ends `last`: the client's response ends with it, as when the
+   * engine ends its response there, and the attempt is settled as such (the request released,
+   * answered, or broken off by an error event of the engine's before). The engine's connection
+   * is kept if the engine ends its response soon (onComplete), else dropped.
+   */
+  private endAtDone(last?: Buffer, more = false): boolean {
+    const paused = this.awaitingDrain;
+    this.doneLfDue = false;
+    this.res.end(last);
+    this.settle(this.failedInStream ? 'cut' : 'done');
+    this.endedAtDone = true;
+    if (more) {
+      this.abortUpstream?.(new Error('more after data: [DONE]'));
+      return true;
+    }
+    this.timer = setTimeout(() => this.abortUpstream?.(new Error('no end after data: [DONE]')), MAX_END_AFTER_DONE_MS);
+    this.timer.unref();
+    // the engine's socket, stopped for a client slow to read, reads on to the response's end
+    // (not from within undici's parser, which is delivering this chunk)
+    if (paused) setImmediate(() => this.resumeUpstream?.());
+    return true;
+  }
+
+  /**
+   * The stream's data: [DONE] event ends `chunk` with a CR, whose LF may come first in the next
+   * chunk (onData) or not at all: `chunk` goes to the client, whose response ends with what comes
+   * next, or with the engine's end of its response (onComplete, onError), or after
+   * MAX_END_AFTER_DONE_MS without either.
+   */
+  private awaitDoneLf(chunk: Buffer): boolean {
+    this.res.write(chunk);
+    this.doneLfDue = true;
+    // no next event is due, only the end
+    this.stallDeadline = undefined;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.endAtDone(undefined, true), MAX_END_AFTER_DONE_MS);
+    return true;
   }
 
   /**
@@ -860,6 +944,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
 
   onComplete(): void {
     this.releaseConnection();
+    if (this.endedAtDone) return clearTimeout(this.timer);
     if (this.refusal !== undefined) this.judgeRefusal(true);
     if (this.discarding) return this.settle(this.failed());
     if (this.why !== undefined && !this.sent) return this.settle(this.failed());
@@ -926,6 +1011,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
 
   onError(err?: Error): void {
     this.releaseConnection();
+    if (this.endedAtDone) clearTimeout(this.timer);
     if (this.settled) return;
     // a 503's body cut short, or dropped as too long or too slow: no refusal the engine finished saying
     if (this.refusal !== undefined) this.judgeRefusal(false);
