@@ -13,7 +13,7 @@ import type { StateStore, WorkerRecord } from '../state/state-store.js';
 import { adminRequestProblem, authorizationProblem, type AdminToken } from './admin-auth.js';
 import { openAiError } from './openai-request.js';
 import { clientMessage } from './request-limits.js';
-import { parseWorkerRecord, redactUrl, workerErrorField } from './worker-input.js';
+import { KeyEnvError, parseWorkerRecord, redactUrl, workerErrorField } from './worker-input.js';
 import { WorkerLimitError, type WorkerConnections } from './worker-connections.js';
 
 export interface AdminRoutesOptions {
@@ -69,6 +69,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     } catch (err) {
       // the router is full: the request is sound, the state refuses it
       if (err instanceof WorkerLimitError) return openAiError(reply, 409, err.message, err.field);
+      if (err instanceof KeyEnvError) return openAiError(reply, 400, err.message, err.field);
       if (err instanceof RangeError || err instanceof TypeError)
         return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'));
       throw err;

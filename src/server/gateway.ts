@@ -68,6 +68,7 @@ import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimit
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
 import { forwardedVia, ownVia, viaPseudonym } from './via.js';
 import { WorkerConnections } from './worker-connections.js';
+import { EngineKeyEnvs } from './worker-input.js';
 import { registerWorkerStateMetrics } from './worker-metrics.js';
 import { methodNotAllowedMessage, RouteMethods, shownHeader } from './route-methods.js';
 
@@ -142,6 +143,11 @@ export interface GatewayOptions {
   timeouts?: Partial<GatewayTimeouts>;
   /** Where workers' `apiKeyEnv` variables are read (default process.env). */
   env?: NodeJS.ProcessEnv;
+  /**
+   * Variables (names, `PREFIX*`, or `*`) that workers added while the gateway runs (the admin API,
+   * another replica) may name in `apiKeyEnv`, besides those the configured workers name (EngineKeyEnvs).
+   */
+  engineKeyEnvs?: readonly string[];
   bodyLimit?: number;
   /**
    * Most request-body bytes held at once over all requests (default 256 MiB, at least
@@ -302,6 +308,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     health,
     log,
     env: options.env ?? process.env,
+    keyEnvs: new EngineKeyEnvs(options.engineKeyEnvs),
     kvEvents: options.kvEvents,
     engineConnections: options.engineConnections,
     metricsIntervalMs: options.metricsIntervalMs ?? 1000,
@@ -590,13 +597,22 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     if (known) state.workerDrained(workerIdOf(id), draining);
     return known;
   };
-  for (const w of options.workers ?? []) connections.add(w);
+  for (const w of options.workers ?? []) connections.add(w, true);
   try {
     await state.attach({
       router,
       listWorkers: () => connections.records(),
       addWorkerFromState: (w) => {
-        connections.add(w);
+        try {
+          connections.add(w);
+        } catch (err) {
+          // another replica's worker this one cannot take (an engine-key variable it may not read
+          // or does not have, a full router): said here, where the operator looks for it
+          log(
+            `worker '${String(w?.id).slice(0, 64)}' added by another replica not added here: ${(err as Error).message}`,
+          );
+          return;
+        }
         log(`worker '${w.id}' added by another replica`);
       },
       removeWorkerFromState: (id) => {

@@ -22,7 +22,13 @@ import { ConnectionSlots, DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } f
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
 import { isTokenId } from './request-limits.js';
 import { MAX_TIMER_MS } from './timeouts.js';
-import { engineAuthorization, parseWorkerRecord, splitCredentials } from './worker-input.js';
+import {
+  EngineKeyEnvs,
+  engineAuthorization,
+  KeyEnvError,
+  parseWorkerRecord,
+  splitCredentials,
+} from './worker-input.js';
 
 export interface WorkerConnection {
   record: WorkerRecord;
@@ -130,6 +136,8 @@ export interface WorkerConnectionsOptions {
   engineConnections?: number;
   /** Where workers' `apiKeyEnv` variables are read. */
   env: NodeJS.ProcessEnv;
+  /** The variables a worker added while the router runs may name (default: those configured workers name). */
+  keyEnvs?: EngineKeyEnvs;
   /**
    * The Via of the gateway's own requests to the workers (`1.1 <pseudonym>`, via.ts): a worker
    * URL that leads back to this gateway, directly or through another gateway, then shows the
@@ -197,8 +205,10 @@ export class WorkerConnections {
   private listing: ReadonlySet<string> | undefined;
 
   private readonly engineConnections: number;
+  private readonly keyEnvs: EngineKeyEnvs;
 
   constructor(private readonly options: WorkerConnectionsOptions) {
+    this.keyEnvs = options.keyEnvs ?? new EngineKeyEnvs();
     const { router, health, log, metricsIntervalMs, healthCheckIntervalMs } = options;
     const engineConnections = options.engineConnections ?? DEFAULT_ENGINE_CONNECTIONS;
     if (!Number.isInteger(engineConnections) || engineConnections < 1 || engineConnections > MAX_ENGINE_CONNECTIONS)
@@ -365,16 +375,27 @@ export class WorkerConnections {
     return [...this.groups.values()].map((ids) => this.connections.get(ids[0])!.record);
   }
 
-  /** Checks a worker's settings, registers it (each rank) and starts its pool, subscribers, scrapes and checks. */
-  add(input: WorkerRecord): WorkerRecord {
+  /**
+   * Checks a worker's settings, registers it (each rank) and starts its pool, subscribers, scrapes
+   * and checks. `configured`: given at start (flags, config file), not added while running (the
+   * admin API, another replica), which may name only the engine-key variables EngineKeyEnvs allows.
+   */
+  add(input: WorkerRecord, configured = false): WorkerRecord {
     const { router, applier, log } = this.options;
     // ids: letters, digits and . _ : - ('#' is reserved for data-parallel ranks, ID#r)
     const w = parseWorkerRecord(input, `worker ${typeof input?.id === 'string' ? input.id.slice(0, 64) : '(no id)'}`);
     let apiKey: string | undefined;
     if (w.apiKeyEnv !== undefined) {
+      if (configured) this.keyEnvs.permit(w.apiKeyEnv);
+      else if (!this.keyEnvs.allows(w.apiKeyEnv))
+        throw new KeyEnvError(
+          `worker ${w.id}: apiKeyEnv ${w.apiKeyEnv} is not a variable a worker added while the router runs may read (list it in --engine-key-envs)`,
+        );
       apiKey = this.options.env[w.apiKeyEnv];
       if (!apiKey)
-        throw new RangeError(`worker ${w.id}: the environment variable ${w.apiKeyEnv} (its engine API key) is not set`);
+        throw new KeyEnvError(
+          `worker ${w.id}: the environment variable ${w.apiKeyEnv} (its engine API key) is not set`,
+        );
     }
     const dpSize = w.dpSize ?? 1;
     if (this.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);

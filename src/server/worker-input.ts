@@ -14,8 +14,13 @@ import type { WorkerRecord } from '../state/state-store.js';
 export const WORKER_ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$/;
 /** Environment variable names for engine API keys. */
 export const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
-/** Variables an engine key may never be read from: the router's own secrets. */
-const FORBIDDEN_KEY_VARS = new Set(['CONTEXTFORGE_ADMIN_TOKEN']);
+/**
+ * Variables an engine key may never be read from: the router's own settings (CONTEXTFORGE_*),
+ * among them the admin token and the state URL with its password.
+ */
+const ROUTER_VARS = /^CONTEXTFORGE_/i;
+/** An entry of --engine-key-envs: a variable's name, a prefix ending in `*`, or `*` alone (any). */
+export const KEY_ENV_PATTERN = /^(?:[A-Za-z_][A-Za-z0-9_]{0,127}\*?|\*)$/;
 const MAX_URL_LENGTH = 2048;
 
 export function checkWorkerId(id: unknown, where = 'worker id'): string {
@@ -64,8 +69,50 @@ export function checkZmqEndpoint(endpoint: unknown, what: string): string {
 export function checkApiKeyEnv(name: unknown, what = 'api-key-env'): string {
   if (typeof name !== 'string' || !ENV_NAME.test(name))
     throw new RangeError(`${what} must be an environment variable name`);
-  if (FORBIDDEN_KEY_VARS.has(name)) throw new RangeError(`${what} may not name ${name}`);
+  if (ROUTER_VARS.test(name))
+    throw new RangeError(`${what} may not name ${name}: the router's own settings (CONTEXTFORGE_*) are no engine key`);
   return name;
+}
+
+/** A worker's engine key that cannot be read: a variable it may not name, or one that is not set. */
+export class KeyEnvError extends RangeError {
+  readonly field = 'apiKeyEnv';
+}
+
+/**
+ * The environment variables engine keys may be read from. A worker configured at start (flags,
+ * config file) may name any but the router's own (the operator wrote it, on the router's host);
+ * one added while the router runs (the admin API, another replica through the shared state)
+ * only a variable a configured worker names or one `--engine-key-envs` lists: the admin token
+ * alone must not read the router's environment, whose value would go as a bearer token to a URL
+ * the caller chose.
+ */
+export class EngineKeyEnvs {
+  private readonly names = new Set<string>();
+  private readonly prefixes: string[] = [];
+
+  /** `patterns`: names, prefixes ending in `*`, or `*` (any); see KEY_ENV_PATTERN. */
+  constructor(patterns: readonly string[] = []) {
+    for (const p of patterns) {
+      if (typeof p !== 'string' || !KEY_ENV_PATTERN.test(p))
+        throw new RangeError(
+          `engine-key-envs: ${JSON.stringify(String(p).slice(0, 64))} is not a variable name, NAME* or *`,
+        );
+      if (p.endsWith('*')) this.prefixes.push(p.slice(0, -1));
+      else this.names.add(p);
+    }
+  }
+
+  /** A configured worker's variable: workers added later may name it too. */
+  permit(name: string): void {
+    this.names.add(name);
+  }
+
+  allows(name: string): boolean {
+    if (this.names.has(name)) return true;
+    for (const p of this.prefixes) if (name.startsWith(p)) return true;
+    return false;
+  }
 }
 
 /** The URL with any user name and password replaced by `***`, for display. */

@@ -194,7 +194,7 @@ describe('hostile clients', () => {
       [{ id: 'ok', url: 'http://h:1', events: 'http://x' }, /events must be a tcp:\/\/ or ipc:\/\//, 'events'],
       [{ id: 'ok', url: 'http://h:1', claGroups: ['a'] }, /claGroups\[0\] must be an integer/, 'claGroups'],
       [{ id: 'ok', url: 'http://h:1', apiKeyEnv: 'CONTEXTFORGE_ADMIN_TOKEN' }, /may not name/, 'apiKeyEnv'],
-      [{ id: 'ok', url: 'http://h:1', apiKeyEnv: 'CF_TEST_UNSET_VARIABLE' }, /is not set/, null],
+      [{ id: 'ok', url: 'http://h:1', apiKeyEnv: 'CF_TEST_UNSET_VARIABLE' }, /--engine-key-envs/, 'apiKeyEnv'],
       [{ id: 'ok', url: 'http://h:1', color: 'red' }, /worker: color is not a known key/, 'color'],
       [{ url: 'http://h:1' }, /worker: id is required/, 'id'],
     ] as const) {

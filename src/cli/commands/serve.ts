@@ -193,6 +193,7 @@ export async function startGateway(
     cachedTokensHeader: c.cachedTokensHeader,
     forwardKvTransferParams: c.forwardKvTransferParams,
     forwardCustomLogitProcessor: c.forwardCustomLogitProcessor,
+    engineKeyEnvs: c.engineKeyEnvs,
     // every limit, not a Partial: the compiler names a limit added to RequestLimits and not passed here
     limits: {
       maxIdBytes: c.maxIdBytes,

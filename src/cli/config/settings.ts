@@ -19,6 +19,7 @@ import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
 import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
 import { DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from '../../server/connection-slots.js';
 import { parseRedisUrl } from '../../state/redis-state-store.js';
+import { KEY_ENV_PATTERN } from '../../server/worker-input.js';
 
 export interface SettingHelp {
   /** The flag's argument; '' for a switch (on when given; environment and file: true/false). */
@@ -68,6 +69,10 @@ const gatewayShape = {
   cachedTokensHeader: z.boolean().default(false),
   forwardKvTransferParams: z.boolean().default(false),
   forwardCustomLogitProcessor: z.boolean().default(false),
+  engineKeyEnvs: z
+    .array(z.string().regex(KEY_ENV_PATTERN, { error: 'must be a variable name, NAME* or *' }))
+    .max(256)
+    .default([]),
   // the gateway's limits and timeouts as the gateway declares them
   ...REQUEST_LIMITS_SCHEMA.shape,
   headersTimeoutMs: TIMEOUTS_SCHEMA.shape.headersTimeoutMs,
@@ -149,6 +154,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   forwardCustomLogitProcessor: {
     arg: '<true|false>',
     help: "forward a client's custom_logit_processor (SGLang: a pickled class an engine started with --enable-custom-logit-processor runs) and logits_processors (vLLM: names an engine with --logits-processor-pattern imports and constructs), code the engines would run for the gateway's clients; removed by default",
+  },
+  engineKeyEnvs: {
+    arg: '<list>',
+    help: 'environment variables (NAME, PREFIX* or *) that workers added while the router runs (admin API, another replica) may name as their engine key, besides those configured workers name; CONTEXTFORGE_* never',
   },
   maxIdBytes: {
     arg: '<n>',
