@@ -75,13 +75,14 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
       `"block_size" must be a whole number of tokens from 1 to ${MAX_TRACE_REQUEST_TOKENS}`,
     );
   const req: TraceRequest = { index, timestamp, inputLength, outputLength, hashIds: hashIds as number[], blockSize };
-  if (r.session_id !== undefined) {
-    if (typeof r.session_id !== 'string' && typeof r.session_id !== 'number')
-      throw new TraceFormatError(index, '"session_id" must be a string');
-    req.sessionId = String(r.session_id);
+  // The fields below reach the router's request check (readRouteFields) as they are read here:
+  // whatever it would refuse mid-replay is refused now, naming the line and the trace's field.
+  if (r.session_id !== undefined) req.sessionId = traceId(r.session_id, 'session_id', index);
+  if (r.step !== undefined && r.step !== null) {
+    if (typeof r.step !== 'number' || !Number.isInteger(r.step) || r.step < 0)
+      throw new TraceFormatError(index, '"step" must be a non-negative integer');
+    req.step = r.step;
   }
-  const step = num('step', false);
-  if (step !== undefined) req.step = step;
   const cla = num('cla_group', false);
   if (cla !== undefined) {
     if (!Number.isInteger(cla)) throw new TraceFormatError(index, '"cla_group" must be an integer');
@@ -101,7 +102,7 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
       const t = lengths[k];
       if (typeof t !== 'number' || !Number.isInteger(t) || t < 0)
         throw new TraceFormatError(index, `"anchor_lengths[${k}]" must be a non-negative integer`);
-      return { id: String(id), tokens: t };
+      return { id: traceId(id, `anchors[${k}]`, index), tokens: t };
     });
   }
   if (r.isolate !== undefined) {
@@ -113,6 +114,15 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
     req.model = r.model;
   }
   return req;
+}
+
+/**
+ * An id of a trace (a workflow, a content anchor) as the router takes it: a non-empty string,
+ * or a number (Mooncake-style traces number them) as its decimal text.
+ */
+function traceId(value: unknown, key: string, index: number): string {
+  if ((typeof value === 'string' && value !== '') || typeof value === 'number') return String(value);
+  throw new TraceFormatError(index, `"${key}" must be a non-empty string or a number`);
 }
 
 /** The blocks a request counts against MAX_TRACE_BLOCKS: its hash ids, then each anchor's ceil(tokens / block size). */

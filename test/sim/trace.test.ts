@@ -37,6 +37,34 @@ describe('Mooncake trace loader', () => {
     assert.equal(iso.isolate, true);
   });
 
+  test('a field the router would refuse mid-replay is refused as the line is read, naming the line and the field', () => {
+    const line = (extra: string) =>
+      `{"timestamp":0,"input_length":10,"output_length":1,"hash_ids":[1]${extra ? `,${extra}` : ''}}`;
+    const cases: Array<[string, string]> = [
+      ['"session_id":"s","step":1.5', '"step" must be a non-negative integer'],
+      ['"step":-1', '"step" must be a non-negative integer'],
+      ['"session_id":""', '"session_id" must be a non-empty string or a number'],
+      ['"session_id":true', '"session_id" must be a non-empty string or a number'],
+      ['"anchors":[""],"anchor_lengths":[10]', '"anchors[0]" must be a non-empty string or a number'],
+      ['"anchors":["a",{"id":1}],"anchor_lengths":[1,2]', '"anchors[1]" must be a non-empty string or a number'],
+      ['"anchors":[null],"anchor_lengths":[1]', '"anchors[0]" must be a non-empty string or a number'],
+    ];
+    for (const [extra, message] of cases)
+      assert.throws(
+        () => parseTraceLine(line(extra), 3000),
+        (e: unknown) => e instanceof TraceFormatError && e.message === `trace line 3001: ${message}`,
+        extra,
+      );
+    // what the router takes: ids as strings, numbers as their decimal text, whole steps
+    const ok = parseTraceLine(line('"session_id":7,"step":2,"anchors":[5,"doc"],"anchor_lengths":[3,4]'), 0);
+    assert.equal(ok.sessionId, '7');
+    assert.equal(ok.step, 2);
+    assert.deepEqual(ok.anchors, [
+      { id: '5', tokens: 3 },
+      { id: 'doc', tokens: 4 },
+    ]);
+  });
+
   test('a malformed line is an error naming the line and the field', () => {
     assert.throws(
       () => parseTraceLine('{"timestamp": 0}', 4),
