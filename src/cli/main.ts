@@ -9,6 +9,7 @@ import { registerServeCommand } from './commands/serve.js';
 import { registerSimulateCommand } from './commands/simulate.js';
 import { registerTuneCommand } from './commands/tune.js';
 import { shortenCommanderMessage } from './options.js';
+import { reportOutputErrors } from './output.js';
 
 const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string };
 
@@ -20,6 +21,8 @@ const program = new Command()
   .exitOverride()
   // (before the commands are added: they take the program's output settings as they are then)
   .configureOutput({ outputError: (message, write) => write(shortenCommanderMessage(message)) });
+// a reader that went away, a full disk: one handler for every command's output (and commander's help)
+reportOutputErrors(process.stdout);
 registerDemoCommand(program);
 registerEppCommand(program);
 registerLiveDemoCommand(program);
