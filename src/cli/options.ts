@@ -46,6 +46,19 @@ export function fractionOption(flag: string): (value: string) => number {
 }
 
 /**
+ * The policies of --policies (comma-separated, trimmed): none at all, an empty name (`a,,b`,
+ * `a,`) or a name given twice is refused with a message naming the flag, not run as listed.
+ */
+export function policyList(value: string): string[] {
+  const names = value.split(',').map((p) => p.trim());
+  if (names.every((n) => n === '')) throw new RangeError('--policies lists no policy');
+  if (names.includes('')) throw new RangeError('--policies has an empty name');
+  const twice = names.find((n, i) => names.indexOf(n) !== i);
+  if (twice !== undefined) throw new RangeError(`--policies names ${quotedText(twice)} twice`);
+  return names;
+}
+
+/**
  * The fields of a `key=value,key=value` spec (the value of --worker or --discover): a part
  * without `=`, an unknown key or a key given twice is refused with a message naming the flag
  * (or `where` the spec came from) and the key.

@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { runAgentWorkload, type AgentWorkloadResult } from '../../sim/agent-workload.js';
 import { formatTable, pct } from '../format.js';
-import { intOption } from '../options.js';
+import { intOption, policyList } from '../options.js';
 
 export function registerDemoCommand(program: Command): void {
   program
@@ -19,11 +19,7 @@ export function registerDemoCommand(program: Command): void {
     .option('--json', 'print one JSON object instead of tables')
     .action(async (opts: { workers: number; workflows: number; seed: number; policies: string; json?: boolean }) => {
       const results: AgentWorkloadResult[] = [];
-      const policies = opts.policies
-        .split(',')
-        .map((p) => p.trim())
-        .filter(Boolean);
-      if (policies.length === 0) throw new RangeError('--policies lists no policy');
+      const policies = policyList(opts.policies);
       for (const policy of policies) {
         results.push(
           await runAgentWorkload(policy, { workers: opts.workers, workflows: opts.workflows, seed: opts.seed }),

@@ -11,7 +11,7 @@ import { parseWorkerEvent, type ScenarioOptions } from '../../sim/scenarios.js';
 import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
 
 const DEFAULT_KV_TOKENS = ENGINE_DEFAULTS.kvTokens;
-import { checkClusterKv, fractionOption, intOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
+import { checkClusterKv, fractionOption, intOption, policyList, positiveNumberOption, SIM_LIMITS } from '../options.js';
 
 /** Scenario flags that map one to one onto ScenarioOptions. */
 type ScenarioFlags = Pick<
@@ -204,11 +204,7 @@ export function registerSimulateCommand(program: Command): void {
     .action(async (flags: SimulateFlags) => {
       if (flags.format !== 'table' && flags.format !== 'json')
         throw new RangeError(`--format must be table or json, got ${quotedText(flags.format)}`);
-      const policies = flags.policies
-        .split(',')
-        .map((p) => p.trim())
-        .filter(Boolean);
-      if (policies.length === 0) throw new RangeError('--policies lists no policy');
+      const policies = policyList(flags.policies);
       for (const p of policies)
         if (!POLICY_NAMES.includes(policyVariant(p).policy))
           throw new RangeError(`--policies: unknown policy ${quotedText(p)} (known: ${POLICY_NAMES.join(', ')})`);
