@@ -72,6 +72,11 @@ export interface MockEngineOptions {
   prefixCachingHashAlgo?: VllmHashAlgo;
 }
 
+/** A name a LoRA adapter may be served under: 1 to 128 letters, digits or `_ . : / -`. */
+export function isAdapterName(name: string): boolean {
+  return /^[\w.:/-]{1,128}$/.test(name);
+}
+
 export class MockEngine {
   readonly model: string;
   readonly blockSize: number;
@@ -97,7 +102,7 @@ export class MockEngine {
       throw new RangeError(`dataParallelSize must be an integer from 1 to 64, got ${options.dataParallelSize}`);
     this.loraModules = [...(options.loraModules ?? [])];
     for (const name of this.loraModules) {
-      if (typeof name !== 'string' || !/^[\w.:/-]{1,128}$/.test(name) || name === this.model)
+      if (typeof name !== 'string' || !isAdapterName(name) || name === this.model)
         throw new RangeError(`loraModules: '${String(name)}' is not a usable adapter name`);
     }
     const prefill = options.prefillTokS ?? 20_000;

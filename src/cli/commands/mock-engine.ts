@@ -3,7 +3,7 @@ import { isPythonHashSeed, PYTHON_HASH_SEED_RULE } from '../../core/router/optio
 import { quotedText } from '../../core/shown-text.js';
 import { VLLM_HASH_ALGOS, type VllmHashAlgo } from '../../core/vllm-block-hash.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
-import { MockEngine, offsetEndpointPort } from '../../engines/mock-engine.js';
+import { isAdapterName, MockEngine, offsetEndpointPort } from '../../engines/mock-engine.js';
 import { InvalidArgumentError } from 'commander';
 import { intOption, positiveNumberOption } from '../options.js';
 
@@ -142,27 +142,35 @@ export function registerMockEngineCommand(program: Command): void {
         if (loraModules.some((m) => m === '')) throw new RangeError('--lora-modules has an empty name');
         if (new Set(loraModules).size !== loraModules.length)
           throw new RangeError('--lora-modules names an adapter twice');
+        for (const name of loraModules) {
+          if (name === o.model)
+            throw new RangeError(`--lora-modules: ${quotedText(name)} is the model's name (--model), not an adapter's`);
+          if (!isAdapterName(name))
+            throw new RangeError(
+              `--lora-modules: ${quotedText(name)} is not a usable adapter name (1 to 128 letters, digits or _ . : / -)`,
+            );
+        }
         const tokenizer = o.tokenizer === undefined ? undefined : ChatTokenizer.load(o.tokenizer);
-        const engine = await startEngine(o, () =>
-          new MockEngine({
-            port: o.port,
-            host: o.host,
-            model: o.model,
-            blockSize: o.blockSize,
-            kvBlocks: o.kvBlocks,
-            maxModelLen: o.maxModelLen,
-            events: o.events,
-            replay: o.replay,
-            prefillTokS: o.prefillTokS,
-            decodeTokS: o.decodeTokS,
-            tokenizer,
-            dataParallelSize: o.dataParallelSize,
-            loraModules,
-            blockHash: o.blockHash as 'mock' | 'vllm',
-            pythonHashSeed,
-            prefixCachingHashAlgo: algo as VllmHashAlgo | undefined,
-          }).start(),
-        );
+        // built before the listening starts: what the engine refuses in its options is not a listen error
+        const mock = new MockEngine({
+          port: o.port,
+          host: o.host,
+          model: o.model,
+          blockSize: o.blockSize,
+          kvBlocks: o.kvBlocks,
+          maxModelLen: o.maxModelLen,
+          events: o.events,
+          replay: o.replay,
+          prefillTokS: o.prefillTokS,
+          decodeTokS: o.decodeTokS,
+          tokenizer,
+          dataParallelSize: o.dataParallelSize,
+          loraModules,
+          blockHash: o.blockHash as 'mock' | 'vllm',
+          pythonHashSeed,
+          prefixCachingHashAlgo: algo as VllmHashAlgo | undefined,
+        });
+        const engine = await startEngine(o, () => mock.start());
         // listening for the stop signals before saying where it serves: a supervisor may send
         // one as soon as it reads that line, and it must close the engine, not kill the process
         const stopped = new Promise<void>((resolve) => {
