@@ -180,7 +180,10 @@ test('simulate, tune, demo and live-demo bound the cluster, the workload and the
     [['demo', '--workers', '100000'], /--workers must be <= 1024/],
     [['live-demo', '--workers', '100000'], /--workers must be <= 64/],
     [['live-demo', '--workflows', '100000000'], /--workflows must be <= 1000/],
-    [['live-demo', '--speed', '100000'], /--speed must be <= 1000/],
+    // live-demo takes the speeds simulate takes
+    [['live-demo', '--speed', '1e7'], /--speed must be from 0\.001 to 1000000, got 10000000/],
+    [['live-demo', '--speed', '0.0001'], /--speed must be from 0\.001 to 1000000/],
+    [['live-demo', '--speed', '0x10'], /--speed must be a positive number, got '0x10'/],
     [
       ['simulate', '--trace', 'workflows:1', '--policy-options', '{"llmd":{"scrapeIntervalMs":0}}'],
       /--policy-options: policyOptions\.llmd\.scrapeIntervalMs must be >= 1 \(got 0\)/,
@@ -191,6 +194,15 @@ test('simulate, tune, demo and live-demo bound the cluster, the workload and the
     ],
   ];
   for (const [args, message] of cases) assert.match(await refusal(args), message, args.join(' '));
+});
+
+test('live-demo takes a fractional --speed, as simulate does', () => {
+  const program = new Command();
+  registerLiveDemoCommand(program);
+  const speed = program.commands.find((c) => c.name() === 'live-demo')!.options.find((o) => o.long === '--speed')!;
+  assert.equal(speed.parseArg!('0.5', undefined), 0.5);
+  assert.equal(speed.parseArg!('2.5', undefined), 2.5);
+  assert.equal(speed.parseArg!('1000000', undefined), 1e6);
 });
 
 test('mock-engine refuses a port, size, speed, address or name it cannot serve, naming the flag', async () => {

@@ -8,7 +8,7 @@ import { createGateway } from '../../server/gateway.js';
 import { generateWorkflowTrace, promptText } from '../../sim/workflows.js';
 import type { TraceRequest } from '../../sim/trace.js';
 import { formatTable, pct } from '../format.js';
-import { intOption } from '../options.js';
+import { intOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
 import { percentile } from '../../sim/percentile.js';
 
 /**
@@ -148,7 +148,9 @@ export function registerLiveDemoCommand(program: Command): void {
     )
     .option('--workflows <n>', 'workflows to replay', intOption('--workflows', 1, 1000), 40)
     .option('--workers <n>', 'mock engines', intOption('--workers', 1, 64), 4)
-    .option('--speed <x>', 'arrival speed-up', intOption('--speed', 1, 1000), 4)
+    // simulate's bounds: at the slowest, the longest workload (1000 workflows, under 8 minutes of
+    // arrivals) stretches to under 6 days, within what one timer waits (2^31 - 1 ms, 24.8 days)
+    .option('--speed <x>', 'arrival speed-up', positiveNumberOption('--speed', SIM_LIMITS.speed), 4)
     .option('--json', 'print one JSON object')
     .action(async (o: { workflows: number; workers: number; speed: number; json?: boolean }) => {
       const trace = generateWorkflowTrace({ workflows: o.workflows, seed: 11 });
