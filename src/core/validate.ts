@@ -71,6 +71,35 @@ export function finiteNonNegative(value: unknown, name: string): number {
   return value;
 }
 
+/** A time in ms (a `now`, a clock's reading): any finite number; NaN or an infinity is an error. */
+export function time(value: unknown, name: string): number {
+  if (typeof value !== 'number') throw new TypeError(`${name} must be a finite number of ms, got ${describe(value)}`);
+  if (!Number.isFinite(value)) throw new RangeError(`${name} must be a finite number of ms, got ${value}`);
+  return value;
+}
+
+/** An argument that must be an object (not null, not an array). */
+export function object(value: unknown, name: string): void {
+  if (value === null || typeof value !== 'object' || Array.isArray(value))
+    throw new TypeError(`${name} must be an object, got ${describe(value)}`);
+}
+
+/** A set of ids given as a ReadonlySet; undefined means "none". */
+export function optionalSet(value: unknown, name: string): void {
+  if (value !== undefined && !(value instanceof Set))
+    throw new TypeError(`${name} must be a Set of worker ids, got ${describe(value)}`);
+}
+
+/** Tokens per block: an integer from 1 to 65536 (what the router and the engines support). */
+export const MAX_BLOCK_SIZE = 1 << 16;
+
+export function blockSize(value: unknown, name: string): number {
+  if (typeof value !== 'number') throw new TypeError(`${name} must be an integer, got ${describe(value)}`);
+  if (!Number.isInteger(value) || value < 1 || value > MAX_BLOCK_SIZE)
+    throw new RangeError(`${name} must be an integer from 1 to ${MAX_BLOCK_SIZE}, got ${value}`);
+  return value;
+}
+
 function describe(value: unknown): string {
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'an array';

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { DEFAULT_COST_WEIGHTS, KVAwareRouter } from '../../src/index.js';
+import { createPolicy, DEFAULT_COST_WEIGHTS, KVAwareRouter, type RoutingPolicy } from '../../src/index.js';
 
 async function fleet(n: number, opts: ConstructorParameters<typeof KVAwareRouter>[0] = {}): Promise<KVAwareRouter> {
   const r = new KVAwareRouter(opts);
@@ -102,6 +102,41 @@ describe("policy 'cost'", () => {
     assert.throws(() => new KVAwareRouter({ costWeights: { pressureKnee: 1 } }), /pressureKnee/);
     assert.equal(DEFAULT_COST_WEIGHTS.pressureCeiling, 0.95);
   });
+});
+
+describe("policy 'cost' given a time that is no finite number", () => {
+  // route() rejects such a time; the policy, usable on its own, keeps none of it in its state
+  for (const bad of [NaN, Infinity, -Infinity]) {
+    test(`${bad}: the decision counts and later decisions still choose a worker`, () => {
+      const cost = createPolicy('cost', {}, { random: Math.random });
+      let given: number | undefined = bad;
+      const policy: RoutingPolicy = {
+        name: 'cost-given-times',
+        speculative: cost.speculative,
+        readsBlocks: cost.readsBlocks,
+        choose: (candidates, request) => {
+          if (given !== undefined) (request as { now?: number }).now = given;
+          return cost.choose(candidates, request);
+        },
+        onRouted: (worker, request, ticket, now) => cost.onRouted!(worker, request, ticket, given ?? now),
+        onReleased: (ticket) => cost.onReleased!(ticket),
+        onPrefillDone: (ticket) => cost.onPrefillDone!(ticket),
+        onWorkerRemoved: (worker) => cost.onWorkerRemoved!(worker),
+      };
+      const r = new KVAwareRouter({ policy, blockSize: 16 });
+      r.registerWorker('w0');
+      r.registerWorker('w1');
+      const prompt = (n: number): number[] => Array.from({ length: 64 }, (_, i) => n * 1000 + i);
+      for (let i = 0; i < 3; i++) assert.notEqual(r.route({ tokens: prompt(i) }).workerId, '');
+      given = undefined;
+      for (let i = 3; i < 9; i++) {
+        const x = r.route({ tokens: prompt(i) });
+        assert.equal(x.noWorker, undefined, JSON.stringify(x.noWorker));
+        assert.match(x.workerId, /^w[01]$/);
+        r.release(x.ticket);
+      }
+    });
+  }
 });
 
 describe('workflow continuity', () => {

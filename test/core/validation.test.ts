@@ -103,3 +103,189 @@ test('a prompt over maxPromptTokens throws PromptTooLongError and leaves nothing
   assert.equal(router.route({ promptTokens: 5000 }).workerId, 'w0');
   assert.throws(() => new KVAwareRouter({ maxPromptTokens: 0 }), /maxPromptTokens/);
 });
+
+describe('bad library arguments throw an error naming them, and the router keeps working', () => {
+  const toks = Array.from({ length: 64 }, (_, i) => i + 1);
+  const fleet = (): KVAwareRouter => {
+    const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise' });
+    router.registerWorker('a');
+    router.registerWorker('b');
+    router.applyStored('b', router.hashTokens(toks));
+    return router;
+  };
+  const snapshot = (router: KVAwareRouter): string =>
+    JSON.stringify([router.getStats(), router.listWorkers().map((w) => ({ ...w, claGroups: [...w.claGroups] }))]);
+  const works = (router: KVAwareRouter): void => {
+    for (const tokens of [toks, toks.map((t) => t + 1000)]) {
+      const x = router.route({ tokens });
+      assert.equal(x.noWorker, undefined, JSON.stringify(x.noWorker));
+      assert.notEqual(x.workerId, '');
+      router.release(x.ticket);
+    }
+  };
+  const u32 = (n: number): Uint32Array => new Uint32Array(n);
+  const cases: Array<[string, (r: KVAwareRouter) => unknown, ErrorConstructor, RegExp]> = [
+    ['route: now NaN', (x) => x.route({ tokens: toks }, { now: NaN }), RangeError, /\bnow\b/],
+    ['route: now Infinity', (x) => x.route({ tokens: toks }, { now: Infinity }), RangeError, /\bnow\b/],
+    ['route: now -Infinity', (x) => x.route({ tokens: toks }, { now: -Infinity }), RangeError, /\bnow\b/],
+    ['route: now a string', (x) => x.route({ tokens: toks }, { now: 'x' as never }), TypeError, /\bnow\b/],
+    ['route: options null', (x) => x.route({ tokens: toks }, null as never), TypeError, /\boptions\b/],
+    ['route: options a string', (x) => x.route({ tokens: toks }, 'x' as never), TypeError, /\boptions\b/],
+    ['route: exclude an array', (x) => x.route({ tokens: toks }, { exclude: ['b'] as never }), TypeError, /exclude/],
+    ['route: exclude a string', (x) => x.route({ tokens: toks }, { exclude: 'b' as never }), TypeError, /exclude/],
+    [
+      'route: panicCandidates an array',
+      (x) => x.route({ tokens: toks }, { panicCandidates: ['b'] as never }),
+      TypeError,
+      /panicCandidates/,
+    ],
+    ['applyStored: blocks null', (x) => x.applyStored('a', null as never), TypeError, /\bblocks\b/],
+    ['applyStored: blocks {}', (x) => x.applyStored('a', {} as never), TypeError, /blocks\.hi/],
+    [
+      'applyStored: plain arrays',
+      (x) => x.applyStored('a', { hi: [1, 2], lo: [3, 4], length: 2 } as never),
+      TypeError,
+      /blocks\.hi/,
+    ],
+    [
+      'applyStored: strings',
+      (x) => x.applyStored('a', { hi: 'xy', lo: 'zw', length: 2 } as never),
+      TypeError,
+      /blocks\.hi/,
+    ],
+    [
+      'applyStored: lo not a Uint32Array',
+      (x) => x.applyStored('a', { hi: u32(2), lo: [3, 4], length: 2 } as never),
+      TypeError,
+      /blocks\.lo/,
+    ],
+    [
+      'applyStored: length 1e9 past 2-element arrays',
+      (x) => x.applyStored('a', { hi: u32(2), lo: u32(2), length: 1e9 }),
+      RangeError,
+      /blocks\.length/,
+    ],
+    [
+      'applyStored: length past the shorter array',
+      (x) => x.applyStored('a', { hi: u32(4), lo: u32(1), length: 2 }),
+      RangeError,
+      /blocks\.length/,
+    ],
+    [
+      'applyStored: negative length',
+      (x) => x.applyStored('a', { hi: u32(1), lo: u32(1), length: -5 }),
+      RangeError,
+      /blocks\.length/,
+    ],
+    [
+      'applyStored: fractional length',
+      (x) => x.applyStored('a', { hi: u32(2), lo: u32(2), length: 1.5 }),
+      RangeError,
+      /blocks\.length/,
+    ],
+    [
+      'applyStored: length a string',
+      (x) => x.applyStored('a', { hi: u32(2), lo: u32(2), length: '2' } as never),
+      TypeError,
+      /blocks\.length/,
+    ],
+    ['applyStored: tier bogus', (x) => x.applyStored('a', x.hashTokens(toks), 'bogus' as never), RangeError, /tier/],
+    ['applyStored: tier a number', (x) => x.applyStored('a', x.hashTokens(toks), 1 as never), TypeError, /tier/],
+    ['applyRemoved: blocks null', (x) => x.applyRemoved('b', null as never), TypeError, /\bblocks\b/],
+    [
+      'applyRemoved: length past the arrays',
+      (x) => x.applyRemoved('b', { hi: u32(1), lo: u32(1), length: 100_000 }),
+      RangeError,
+      /blocks\.length/,
+    ],
+    ['applyRemoved: tier bogus', (x) => x.applyRemoved('b', x.hashTokens(toks), 'bogus' as never), RangeError, /tier/],
+    ['updateWorkerMetrics: null', (x) => x.updateWorkerMetrics('a', null as never), TypeError, /metrics/],
+    [
+      'updateWorkerMetrics: a bad sampledAt after a good kvUsage',
+      (x) => x.updateWorkerMetrics('a', { kvUsage: 0.5, waitingRequests: 3, sampledAt: NaN }),
+      RangeError,
+      /sampledAt/,
+    ],
+    [
+      'updateWorkerMetrics: a bad runningRequests after a good waitingRequests',
+      (x) => x.updateWorkerMetrics('a', { waitingRequests: 3, runningRequests: -1 }),
+      RangeError,
+      /runningRequests/,
+    ],
+    ['setRemoteLoad: null', (x) => x.setRemoteLoad('a', null as never), TypeError, /\bload\b/],
+    ['applySharedDecision: null', (x) => x.applySharedDecision(null as never), TypeError, /decision/],
+    [
+      'applySharedDecision: now NaN',
+      (x) => x.applySharedDecision({ workerId: 'a', hi: u32(1), lo: u32(1), workflowStep: null, claGroup: null }, NaN),
+      RangeError,
+      /\bnow\b/,
+    ],
+    [
+      'applySharedDecision: now a string',
+      (x) =>
+        x.applySharedDecision(
+          { workerId: 'a', hi: u32(1), lo: u32(1), workflowStep: null, claGroup: null },
+          'x' as never,
+        ),
+      TypeError,
+      /\bnow\b/,
+    ],
+    ['settleSharedDecision: null', (x) => x.settleSharedDecision(null as never), TypeError, /decision/],
+    ['refuseSharedDecision: null', (x) => x.refuseSharedDecision(null as never), TypeError, /decision/],
+    ['hashTokens: tokens null', (x) => x.hashTokens(null as never), TypeError, /tokens/],
+    ['hashTokens: tokens a number', (x) => x.hashTokens(5 as never), TypeError, /tokens/],
+    ['hashTokens: ns a number', (x) => x.hashTokens(toks, 5 as never), TypeError, /\bns\b/],
+    ['hashTokens: blockSize -1', (x) => x.hashTokens(toks, undefined, -1), RangeError, /blockSize/],
+    ['hashTokens: blockSize 0', (x) => x.hashTokens(toks, undefined, 0), RangeError, /blockSize/],
+    ['hashTokens: blockSize 1.5', (x) => x.hashTokens(toks, undefined, 1.5), RangeError, /blockSize/],
+    ['hashTokens: blockSize NaN', (x) => x.hashTokens(toks, undefined, NaN), RangeError, /blockSize/],
+    ['hashTokens: blockSize 65537', (x) => x.hashTokens(toks, undefined, 65_537), RangeError, /blockSize.*65536/],
+    ['hashTokens: blockSize a string', (x) => x.hashTokens(toks, undefined, '16' as never), TypeError, /blockSize/],
+  ];
+  for (const [name, fn, type, message] of cases) {
+    test(name, () => {
+      const router = fleet();
+      works(router); // the worker the cost policy counted are in its state before the bad call
+      const before = snapshot(router);
+      assert.throws(
+        () => fn(router),
+        (e: unknown) => e instanceof type && message.test((e as Error).message),
+      );
+      assert.equal(snapshot(router), before, 'a rejected call changes nothing');
+      works(router);
+    });
+  }
+
+  test('a clock that returns no finite time is named by the call that reads it, which changes nothing', () => {
+    let time = 1_000;
+    const router = new KVAwareRouter({ blockSize: 16, clock: () => time });
+    router.registerWorker('a');
+    router.registerWorker('b');
+    works(router);
+    for (const bad of [NaN, Infinity, 'x' as unknown as number]) {
+      time = bad;
+      const before = snapshot(router);
+      const named = (e: unknown): boolean =>
+        (e instanceof RangeError || e instanceof TypeError) && /\bclock\b/.test((e as Error).message);
+      assert.throws(() => router.route({ tokens: toks }), named);
+      assert.throws(() => router.updateWorkerMetrics('a', { waitingRequests: 1 }), named);
+      assert.throws(
+        () => router.applySharedDecision({ workerId: 'a', hi: u32(1), lo: u32(1), workflowStep: null, claGroup: null }),
+        named,
+      );
+      assert.throws(() => router.now(), named);
+      assert.equal(snapshot(router), before);
+      time = 2_000;
+      works(router);
+    }
+  });
+
+  test('capacities past what the router can hold name the option and its maximum', () => {
+    for (const option of ['anchorCapacity', 'workflowCapacity', 'contentAnchorCapacity'] as const) {
+      assert.throws(
+        () => new KVAwareRouter({ [option]: 1e12 }),
+        (e: unknown) => e instanceof RangeError && new RegExp(`${option} must be <= 10000000`).test(e.message),
+      );
+    }
+  });
+});

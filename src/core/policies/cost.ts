@@ -353,7 +353,9 @@ export class CostPolicy implements RoutingPolicy {
     if (candidates.length === 0) return NO_CHOICE;
     this.request = request;
     // rates are read at this decision's time: after a quiet spell the last one's would overstate them
-    if (request.now !== undefined && request.now > this.lastNow) this.lastNow = request.now;
+    // (route() checks its times; one that is no finite number, given some other way, is ignored)
+    const now = request.now;
+    if (now !== undefined && Number.isFinite(now) && now > this.lastNow) this.lastNow = now;
     let mostCached = 0;
     for (const c of candidates) if (c.cachedTokens > mostCached) mostCached = c.cachedTokens;
     this.pending.lookup(candidates, request.blocks, Math.ceil(mostCached / request.blockSize));
@@ -485,9 +487,11 @@ export class CostPolicy implements RoutingPolicy {
       cached.set(this.cachedQueued);
       this.cachedQueued = cached;
     }
-    this.routedCounts[slot] = this.routedCounts[slot] * Math.exp(-(now - this.routedAt[slot]) / ARRIVAL_WINDOW_MS) + 1;
-    this.routedAt[slot] = now;
-    this.lastNow = now;
+    // a time that is no finite number is not kept: the decision counts at the last known time
+    const t = Number.isFinite(now) ? now : this.lastNow;
+    this.routedCounts[slot] = this.routedCounts[slot] * Math.exp(-(t - this.routedAt[slot]) / ARRIVAL_WINDOW_MS) + 1;
+    this.routedAt[slot] = t;
+    this.lastNow = t;
   }
 
   /** A routed request: the mean work, the hit rate and the prefix's count learn from it; its prefix is pending on the worker. */

@@ -11,6 +11,7 @@ import { BlockHashes, hashString32, type HashNamespace } from '../hashing.js';
 import type { CostWeights } from '../policies/index.js';
 import type { Candidate, RouteFeatures, RouteReason, RoutingPolicy } from '../policies/types.js';
 import { roundHalfEven3 } from '../round-half-even.js';
+import { quotedText } from '../shown-text.js';
 import * as check from '../validate.js';
 import { WorkflowTable } from '../workflow-table.js';
 import { MAX_ENGINE_REQUESTS, WorkerRegistry, type WorkerInfo, type WorkerState } from '../worker-registry.js';
@@ -205,24 +206,30 @@ export class KVAwareRouter {
   /** Engine-reported load, e.g. scraped from /metrics. */
   updateWorkerMetrics(workerId: string, metrics: WorkerMetrics): void {
     const w = this.requireRegistered(workerId);
-    if (metrics.kvUsage !== undefined) w.load = check.load(metrics.kvUsage, 'kvUsage');
-    const sampledAt =
-      metrics.sampledAt === undefined ? this.clock() : check.finiteNonNegative(metrics.sampledAt, 'sampledAt');
+    check.object(metrics, 'metrics');
+    const { kvUsage, waitingRequests, runningRequests, kvCapacityTokens, sampledAt } = metrics;
+    // every field is checked before any is applied: a rejected call changes nothing
+    const load = kvUsage === undefined ? undefined : check.load(kvUsage, 'kvUsage');
     // a count past any engine's is held at the bound, where sums over the workers stay exact
-    if (metrics.waitingRequests !== undefined) {
-      w.waitingRequests = Math.min(
-        check.finiteNonNegative(metrics.waitingRequests, 'waitingRequests'),
-        MAX_ENGINE_REQUESTS,
-      );
-      this.inFlight.admitUnreported(w, w.waitingRequests, sampledAt, this.prefillDone);
+    const waiting =
+      waitingRequests === undefined
+        ? undefined
+        : Math.min(check.finiteNonNegative(waitingRequests, 'waitingRequests'), MAX_ENGINE_REQUESTS);
+    const running =
+      runningRequests === undefined
+        ? undefined
+        : Math.min(check.finiteNonNegative(runningRequests, 'runningRequests'), MAX_ENGINE_REQUESTS);
+    const capacity =
+      kvCapacityTokens === undefined ? undefined : check.finiteNonNegative(kvCapacityTokens, 'kvCapacityTokens');
+    const at = sampledAt === undefined ? undefined : check.finiteNonNegative(sampledAt, 'sampledAt');
+    const readAt = waiting === undefined ? 0 : (at ?? this.readClock());
+    if (load !== undefined) w.load = load;
+    if (waiting !== undefined) {
+      w.waitingRequests = waiting;
+      this.inFlight.admitUnreported(w, waiting, readAt, this.prefillDone);
     }
-    if (metrics.runningRequests !== undefined)
-      w.runningRequests = Math.min(
-        check.finiteNonNegative(metrics.runningRequests, 'runningRequests'),
-        MAX_ENGINE_REQUESTS,
-      );
-    if (metrics.kvCapacityTokens !== undefined)
-      w.kvCapacityTokens = check.finiteNonNegative(metrics.kvCapacityTokens, 'kvCapacityTokens');
+    if (running !== undefined) w.runningRequests = running;
+    if (capacity !== undefined) w.kvCapacityTokens = capacity;
   }
 
   /** Workers in registration order (read-only views). */
@@ -235,14 +242,8 @@ export class KVAwareRouter {
   /** The worker stored these blocks (sequence hashes as from hashTokens). */
   applyStored(workerId: string, blocks: BlockSequence, tier: 'gpu' | 'offload' = 'gpu'): void {
     const w = this.requireRegistered(workerId);
-    this.index.applyStored(
-      w.slot,
-      blocks.hi,
-      blocks.lo,
-      0,
-      blocks.length,
-      tier === 'offload' ? Tier.Offload : Tier.Gpu,
-    );
+    checkBlocks(blocks);
+    this.index.applyStored(w.slot, blocks.hi, blocks.lo, 0, blocks.length, tierOf(tier));
     if (this.inFlight.awaitsBlocks(w))
       this.inFlight.storedBlocks(w, blocks.hi, blocks.lo, blocks.length, this.prefillDone);
   }
@@ -250,8 +251,15 @@ export class KVAwareRouter {
   /** The worker evicted these blocks; without a tier, from every tier. */
   applyRemoved(workerId: string, blocks: BlockSequence, tier?: 'gpu' | 'offload'): void {
     const w = this.requireRegistered(workerId);
-    const t = tier === undefined ? undefined : tier === 'offload' ? Tier.Offload : Tier.Gpu;
-    this.index.applyRemoved(w.slot, blocks.hi, blocks.lo, 0, blocks.length, t);
+    checkBlocks(blocks);
+    this.index.applyRemoved(
+      w.slot,
+      blocks.hi,
+      blocks.lo,
+      0,
+      blocks.length,
+      tier === undefined ? undefined : tierOf(tier),
+    );
   }
 
   /** The worker dropped all its blocks (AllBlocksCleared), or its events can no longer be trusted. */
@@ -262,6 +270,11 @@ export class KVAwareRouter {
 
   /** Block keys of token ids as this router computes them (a fresh copy); `blockSize` default: the router's. */
   hashTokens(tokens: ArrayLike<number>, ns?: HashNamespace, blockSize: number = this.blockSize): BlockHashes {
+    if (tokens === null || typeof tokens !== 'object')
+      throw new TypeError(`tokens must be an array of token ids, got ${tokens === null ? 'null' : typeof tokens}`);
+    if (ns !== undefined && ns !== null && typeof ns !== 'object')
+      throw new TypeError(`ns must be an object (lora, cacheSalt, claGroup), got ${typeof ns}`);
+    check.blockSize(blockSize, 'blockSize');
     return this.keying.hashTokens(
       tokens,
       blockSize,
@@ -279,10 +292,14 @@ export class KVAwareRouter {
    */
   route(request: RouteRequest, options: RouteOptions = NO_OPTIONS): RouteResult {
     if (request === null || typeof request !== 'object') throw new TypeError('request must be an object');
+    check.object(options, 'options');
     const replaces = options.replaces;
     if (replaces !== undefined && (replaces === null || typeof replaces !== 'object' || !replaces.noWorker))
       throw new TypeError('replaces must be a route() result that found no worker (noWorker set)');
-    const now = options.now ?? this.clock();
+    check.optionalSet(options.exclude, 'exclude');
+    check.optionalSet(options.panicCandidates, 'panicCandidates');
+    // a time that is no number would stay in the policy's and the index's bookkeeping
+    const now = options.now === undefined ? this.readClock() : check.time(options.now, 'now');
     const fields = this.fields;
     readRouteFields(request, this.judgeRoles, fields);
     const { claGroup, workflowId, anchor, isolated } = fields;
@@ -413,11 +430,9 @@ export class KVAwareRouter {
    * engine refused it), or at the latest the prediction lifetime, past which they are gone anyway
    * (a message that never came does not keep them).
    */
-  applySharedDecision(
-    d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>,
-    now: number = this.clock(),
-  ): boolean {
+  applySharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>, now?: number): boolean {
     checkSharedDecision(d);
+    const at = now === undefined ? this.readClock() : check.time(now, 'now');
     const worker = this.workers.get(d.workerId);
     if (!worker) return false;
     // no decision made here records more blocks than the longest prompt has on that worker
@@ -426,18 +441,19 @@ export class KVAwareRouter {
       throw new RangeError(
         `a shared decision of ${d.hi.length} blocks is longer than the longest prompt (maxPromptTokens ${this.maxPromptTokens}) allows`,
       );
-    this.expireAppliedDecisions(now);
+    this.expireAppliedDecisions(at);
     if (d.id !== undefined) this.settleSharedDecision(d); // the same decision again replaces it
-    this.recorder.applyShared(worker, d, now);
+    this.recorder.applyShared(worker, d, at);
     if (d.id !== undefined) {
       const key = --this.lastAppliedKey;
-      if (this.recorder.keepAdded(key, worker)) this.appliedDecisions.set(d.id, { key, at: now });
+      if (this.recorder.keepAdded(key, worker)) this.appliedDecisions.set(d.id, { key, at });
     }
     return true;
   }
 
   /** Another replica's decision applied here has passed refusal (its prefill ended, or it ended): its blocks stay. */
   settleSharedDecision(d: Pick<SharedDecision, 'id'>): void {
+    check.object(d, 'decision');
     if (d.id === undefined) return;
     const applied = this.appliedDecisions.get(d.id);
     if (!applied) return;
@@ -452,6 +468,7 @@ export class KVAwareRouter {
    * many index entries were withdrawn (0 for a decision unknown here, or settled).
    */
   refuseSharedDecision(d: Pick<SharedDecision, 'id'>): number {
+    check.object(d, 'decision');
     if (d.id === undefined) return 0;
     const applied = this.appliedDecisions.get(d.id);
     if (!applied) return 0;
@@ -503,7 +520,9 @@ export class KVAwareRouter {
    * whole fleet's load, not just this replica's, and replicas do not pile onto one worker.
    */
   setRemoteLoad(workerId: string, load: InFlightLoad): void {
-    setRemoteLoad(this.requireRegistered(workerId), load);
+    const w = this.requireRegistered(workerId);
+    check.object(load, 'load');
+    setRemoteLoad(w, load);
   }
 
   /** The request's prefill finished (first token seen): its work moves from prefill to decode. */
@@ -585,7 +604,7 @@ export class KVAwareRouter {
 
   /** The router's clock (ms): what `now` and `sampledAt` are measured on. */
   now(): number {
-    return this.clock();
+    return this.readClock();
   }
 
   /** The request completed, failed or was abandoned: its work leaves the worker. Idempotent. */
@@ -652,6 +671,18 @@ export class KVAwareRouter {
 
   // ------------------------------------------------------------------------ internals
 
+  /**
+   * The clock's reading, checked where it is read (the clock is the caller's): a time that is
+   * no finite number would stay in the policy's and the index's bookkeeping for good.
+   */
+  private readClock(): number {
+    const t: unknown = this.clock();
+    if (typeof t === 'number' && Number.isFinite(t)) return t;
+    const got = typeof t === 'number' ? String(t) : t === null ? 'null' : typeof t;
+    const message = `clock must return a finite number of ms, got ${got}`;
+    throw typeof t === 'number' ? new RangeError(message) : new TypeError(message);
+  }
+
   private requireRegistered(workerId: string): WorkerState {
     check.requireId(workerId, 'workerId');
     const state = this.workers.get(workerId);
@@ -685,6 +716,7 @@ function newFeatures(): FeaturesScratch {
  * same rules as a request's own fields, each error naming the field.
  */
 function checkSharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>): void {
+  check.object(d, 'decision');
   check.requireId(d.workerId, 'workerId');
   if (!(d.hi instanceof Uint32Array) || !(d.lo instanceof Uint32Array) || d.hi.length !== d.lo.length)
     throw new TypeError('hi and lo must be Uint32Arrays of one length');
@@ -694,4 +726,31 @@ function checkSharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'decodeTo
   check.optionalNonNegativeInt(d.claGroup, 'claGroup');
   if (d.contentAnchors !== undefined) checkContentAnchors(d.contentAnchors);
   check.optionalId(d.id, 'id');
+}
+
+/**
+ * Checks a KV event's blocks before any is applied: key halves as Uint32Arrays (what
+ * hashTokens() and the event decoders give) and a length within both, each error naming the field.
+ */
+function checkBlocks(blocks: BlockSequence): void {
+  check.object(blocks, 'blocks');
+  const { hi, lo, length } = blocks;
+  if (!(hi instanceof Uint32Array)) throw new TypeError('blocks.hi must be a Uint32Array');
+  if (!(lo instanceof Uint32Array)) throw new TypeError('blocks.lo must be a Uint32Array');
+  if (typeof length !== 'number') throw new TypeError(`blocks.length must be a number, got ${typeof length}`);
+  const most = Math.min(hi.length, lo.length);
+  if (!(Number.isInteger(length) && length >= 0 && length <= most))
+    throw new RangeError(
+      `blocks.length must be an integer from 0 to ${most} (the length of blocks.hi and blocks.lo), got ${length}`,
+    );
+}
+
+/** A KV event's tier, as the index keeps it. */
+function tierOf(tier: 'gpu' | 'offload'): Tier {
+  if (tier === 'gpu') return Tier.Gpu;
+  if (tier === 'offload') return Tier.Offload;
+  const message = "tier must be 'gpu' or 'offload'";
+  const given: unknown = tier;
+  if (typeof given === 'string') throw new RangeError(`${message}, got ${quotedText(given)}`);
+  throw new TypeError(`${message}, got ${given === null ? 'null' : typeof given}`);
 }

@@ -26,6 +26,14 @@ export function isPythonHashSeed(seed: unknown): boolean {
 const nonNegativeInt = () => z.int().min(0);
 const fraction = () => z.number().min(0).max(1);
 
+/**
+ * Most entries a remembered table (anchors, workflows, content anchors) may be given: each is
+ * allocated for its capacity when the router is built, about 16 bytes an entry, and at this
+ * bound that takes seconds and 160 MB per table; past 2^32 it cannot be allocated at all.
+ */
+export const MAX_TABLE_CAPACITY = 10_000_000;
+const tableCapacity = () => positiveInt().max(MAX_TABLE_CAPACITY);
+
 export const ROUTER_DEFAULTS = {
   anchorCapacity: 100_000,
   workflowCapacity: 10_000,
@@ -55,8 +63,8 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
   costWeights: COST_WEIGHTS_SCHEMA.optional(),
   policyOptions: POLICY_OPTIONS_SCHEMA.optional(),
   randomSeed: nonNegativeInt().default(1),
-  anchorCapacity: positiveInt().default(ROUTER_DEFAULTS.anchorCapacity),
-  workflowCapacity: positiveInt().default(ROUTER_DEFAULTS.workflowCapacity),
+  anchorCapacity: tableCapacity().default(ROUTER_DEFAULTS.anchorCapacity),
+  workflowCapacity: tableCapacity().default(ROUTER_DEFAULTS.workflowCapacity),
   blockSize: positiveInt()
     .max(1 << 16)
     .default(ROUTER_DEFAULTS.blockSize),
@@ -79,7 +87,7 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
   speculativeBlocks: nonNegativeInt().default(ROUTER_DEFAULTS.speculativeBlocks),
   offloadCredit: fraction().default(ROUTER_DEFAULTS.offloadCredit),
   predictedCredit: fraction().default(ROUTER_DEFAULTS.predictedCredit),
-  contentAnchorCapacity: positiveInt().default(ROUTER_DEFAULTS.contentAnchorCapacity),
+  contentAnchorCapacity: tableCapacity().default(ROUTER_DEFAULTS.contentAnchorCapacity),
   contentAnchorTtlMs: nonNegative().default(ROUTER_DEFAULTS.contentAnchorTtlMs),
   judgeRoles: z.array(z.string().min(1)).max(1024).default([]),
   instanceId: z.string().min(1).max(256).optional(),

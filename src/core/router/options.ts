@@ -27,9 +27,9 @@ export interface KVAwareRouterOptions {
    * the caller's implementing RoutingPolicy (one per router: its hooks see this router's decisions).
    */
   policy?: string | RoutingPolicy;
-  /** Most seed-API anchors remembered, least recently used evicted beyond (default 100,000). */
+  /** Most seed-API anchors remembered, least recently used evicted beyond (default 100,000, at most 10,000,000). */
   anchorCapacity?: number;
-  /** Most workflows remembered for step continuity (default 10,000). */
+  /** Most workflows remembered for step continuity (default 10,000, at most 10,000,000). */
   workflowCapacity?: number;
   /** Tokens per KV block; must equal the engines' block size (default 16, vLLM's). */
   blockSize?: number;
@@ -71,7 +71,7 @@ export interface KVAwareRouterOptions {
   predictedCredit?: number;
   /** Score content anchors a worker holds as cached tokens (default true); false scores the prefix only. */
   contentAnchorScoring?: boolean;
-  /** Most content anchors remembered (default 100,000). */
+  /** Most content anchors remembered (default 100,000, at most 10,000,000). */
   contentAnchorCapacity?: number;
   /** How long a content anchor stays recorded on a worker (default 600 s). */
   contentAnchorTtlMs?: number;
