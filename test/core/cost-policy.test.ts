@@ -139,6 +139,27 @@ describe("policy 'cost' given a time that is no finite number", () => {
   }
 });
 
+test("policy 'cost': a decision timed far from the clock does not keep its worker from later ones", () => {
+  // e.g. a caller's `now` on another clock: times before a worker's last decision do not inflate its arrivals
+  for (const skewed of [1e15, -1e15]) {
+    let time = 1_000_000;
+    const r = new KVAwareRouter({ blockSize: 16, indexMode: 'precise', clock: () => time });
+    r.registerWorker('w0');
+    r.registerWorker('w1');
+    const held = Array.from({ length: 256 }, (_, i) => i + 1);
+    r.applyStored('w1', r.hashTokens(held));
+    const first = r.route({ tokens: held }, { now: skewed });
+    assert.equal(first.workerId, 'w1');
+    r.release(first.ticket);
+    for (let i = 0; i < 4; i++) {
+      time += 1_000;
+      const x = r.route({ tokens: [...held, 5_000 + i] });
+      assert.equal(x.workerId, 'w1', `after a decision at ${skewed}, the worker holding the prompt is chosen`);
+      r.release(x.ticket);
+    }
+  }
+});
+
 describe('workflow continuity', () => {
   test('consecutive steps of a workflow stay on the worker of the previous step', async () => {
     const r = await fleet(4);

@@ -146,6 +146,15 @@ const MAX_REUSE_HIT = 0.75;
  * follows sessions that end or move.
  */
 export const ARRIVAL_WINDOW_MS = 60_000;
+
+/**
+ * What is left of a worker's decayed count `elapsed` ms after it was last counted. A time before
+ * that (a clock set back, a caller's `now` on another clock) counts as no time passed: the
+ * count would otherwise grow without bound, to Infinity, and keep its worker from every decision.
+ */
+function decayOver(elapsed: number): number {
+  return elapsed > 0 ? Math.exp(-elapsed / ARRIVAL_WINDOW_MS) : 1;
+}
 /** Slots of the table of queued requests' attention work, by ticket (a power of two; tickets are sequential). */
 const QUEUED_TICKETS = 65_536;
 /** Smoothing of the mean work per request (decisions). */
@@ -466,7 +475,7 @@ export class CostPolicy implements RoutingPolicy {
   private arrivalRate(c: Candidate): number {
     const slot = c.worker.slot;
     if (slot >= this.routedCounts.length) return 0;
-    const decayed = this.routedCounts[slot] * Math.exp(-(this.lastNow - this.routedAt[slot]) / ARRIVAL_WINDOW_MS);
+    const decayed = this.routedCounts[slot] * decayOver(this.lastNow - this.routedAt[slot]);
     return (decayed / ARRIVAL_WINDOW_MS) * (1000 / this.weights.prefillTokensPerSecond);
   }
 
@@ -489,7 +498,7 @@ export class CostPolicy implements RoutingPolicy {
     }
     // a time that is no finite number is not kept: the decision counts at the last known time
     const t = Number.isFinite(now) ? now : this.lastNow;
-    this.routedCounts[slot] = this.routedCounts[slot] * Math.exp(-(t - this.routedAt[slot]) / ARRIVAL_WINDOW_MS) + 1;
+    this.routedCounts[slot] = this.routedCounts[slot] * decayOver(t - this.routedAt[slot]) + 1;
     this.routedAt[slot] = t;
     this.lastNow = t;
   }
