@@ -34,6 +34,21 @@ const MAX_LOGGED_REFUSALS = 16;
 /** Redis's refusals of this replica's credentials or of a command its ACL user lacks: no retry mends them. */
 const ACCESS_REFUSED = /^(WRONGPASS|NOAUTH|NOPERM)\b/;
 
+/** The highest database a redis:// URL may name (SELECT takes a 32-bit signed index). */
+export const MAX_REDIS_DB = 2_147_483_647;
+
+/**
+ * Redis refused the database the URL names (SELECT: an index past its `databases`, or a
+ * cluster, which has database 0 only). ioredis only reports a SELECT its connection handshake
+ * sent that failed, and goes on, on database 0: another fleet's state.
+ */
+class DatabaseRefused extends Error {}
+
+/** Whether `err` is Redis's refusal of a SELECT (the handshake's or the store's own). */
+function selectRefused(err: Error): boolean {
+  return err instanceof ReplyError && (err as Error & { command?: { name?: string } }).command?.name === 'select';
+}
+
 /**
  * A reconnection that READONLY prompted is followed by the next one no sooner than this,
  * doubled each time up to READONLY_RETRY_MAX_MS, until a heartbeat is taken: a reconnection
@@ -174,11 +189,17 @@ export class RedisStateStore implements StateStore {
   private connectionError: Error | undefined;
   /** Why the last resynchronisation failed, if it did; logged once until one succeeds. */
   private resyncError: Error | undefined;
+  /** The database the URL names. */
+  private readonly db: number;
+  /** Redis's refusal of the SELECT of the current connection's handshake, if it refused it. */
+  private selectError: Error | undefined;
   private readonly cmd: Redis;
   private readonly sub: Redis;
   private host: StateStoreHost | undefined;
   private up = false;
   private closed = false;
+  /** While attach() waits on the first resynchronisation: a refusal then fails the start rather than being retried. */
+  private starting = true;
   private timer: NodeJS.Timeout | undefined;
   private syncing = false;
   private resyncing: Promise<void> | undefined;
@@ -244,6 +265,7 @@ export class RedisStateStore implements StateStore {
   constructor(options: RedisStateOptions) {
     const url = parseRedisUrl(options.url);
     this.address = `${url.host}:${url.port}`;
+    this.db = url.db ?? 0;
     this.keys = new RedisKeys(options.prefix ?? 'contextforge:');
     this.channel = this.keys.channel;
     this.replicaId = options.replicaId ?? randomBytes(6).toString('hex');
@@ -273,7 +295,12 @@ export class RedisStateStore implements StateStore {
     // promise nobody holds and take the process down
     this.sub = new Redis({ ...common, commandTimeout: undefined, enableOfflineQueue: true, autoResubscribe: false });
     // state changes are handled below; errors are counted where they surface
-    this.cmd.on('error', (err: Error) => (this.connectionError = err));
+    this.cmd.on('error', (err: Error) => {
+      this.connectionError = err;
+      if (selectRefused(err)) this.selectError = err;
+    });
+    // each connection's handshake selects the database anew: 'connect' comes before it
+    this.cmd.on('connect', () => (this.selectError = undefined));
     this.sub.on('error', () => {});
     this.cmd.on('close', () => this.wentDown());
     this.cmd.on('ready', () => void this.cameUp());
@@ -299,6 +326,7 @@ export class RedisStateStore implements StateStore {
         `state: redis unreachable at start (${(err as Error).message}); routing on local state until it answers`,
       );
     }
+    this.starting = false;
     if (this.closed) return;
     // a password Redis refused, or an ACL user without a command the state needs, is a
     // configuration to fix: the replica would otherwise retry for good
@@ -485,8 +513,12 @@ export class RedisStateStore implements StateStore {
     );
   }
 
-  /** Closes the store and throws a RangeError naming Redis's refusal when `err` is one of access. */
+  /** Closes the store and throws a RangeError naming Redis's refusal when `err` is one of access, or of the database. */
   private async refuseStart(err: Error | undefined): Promise<void> {
+    if (err instanceof DatabaseRefused) {
+      await this.close();
+      throw new RangeError(err.message);
+    }
     const message = err instanceof ReplyError ? (err as Error).message : '';
     if (!ACCESS_REFUSED.test(message)) return;
     await this.close();
@@ -781,9 +813,12 @@ export class RedisStateStore implements StateStore {
     if (this.closed || !this.host) return;
     const first = this.counters.resyncs === 0;
     this.remote.clear(); // messages were missed: start again from the snapshots
-    // what changes after the registry is read must be heard: the subscriber reconnects on its
-    // own, and a resynchronisation that read before it subscribed would miss what came between
-    this.resyncing = this.untilSubscribed()
+    // nothing is sent on this connection before its database is known to be the URL's (the
+    // SELECT goes first: anything sent after it runs after it); what changes after the
+    // registry is read must be heard: the subscriber reconnects on its own, and a
+    // resynchronisation that read before it subscribed would miss what came between
+    this.resyncing = this.checkDatabase()
+      .then(() => this.untilSubscribed())
       .then(() => this.resync())
       .then(
         () => {
@@ -801,16 +836,38 @@ export class RedisStateStore implements StateStore {
         (err: Error) => {
           if (this.closed) return; // close() cut the sync short: nothing to retry
           this.counters.errors++;
+          // at start, attach() decides whether to retry: a refusal of access, or of the
+          // database, fails the start (with this error: no retry to announce)
+          const fatal = this.starting && (ACCESS_REFUSED.test(err.message) || err instanceof DatabaseRefused);
           // the same failure again (an ACL that still lacks a command) is not logged every retry
-          if (err.message !== this.resyncError?.message)
+          if (!fatal && err.message !== this.resyncError?.message)
             this.host!.log(`state: resynchronising with redis failed (${err.message}); will retry`);
           this.resyncError = err;
-          // at start, attach() decides whether to retry: a refusal of access fails the start
-          if (first && ACCESS_REFUSED.test(err.message)) return;
+          if (fatal) return;
           this.cmd.disconnect(true); // reconnects, and 'ready' tries again
         },
       );
     await this.resyncing;
+  }
+
+  /**
+   * Rejects with a DatabaseRefused when this connection is not on the URL's database: its
+   * handshake's SELECT was refused, or the SELECT sent again here is (the connection stays
+   * down, retried as after any failed resynchronisation, rather than sharing database 0).
+   */
+  private async checkDatabase(): Promise<void> {
+    // a refusal of access (an ACL without SELECT) is told as one
+    const refused = (err: Error) =>
+      !selectRefused(err) || ACCESS_REFUSED.test(err.message)
+        ? err
+        : new DatabaseRefused(
+            `state: redis at ${this.address} refused database ${this.db} of the --state URL (${err.message}); name a database it has (0 to its 'databases' setting less one; a cluster has 0 only)`,
+          );
+    if (this.selectError) throw refused(this.selectError);
+    if (this.db === 0) return; // every connection starts on database 0
+    await this.cmd.select(this.db).catch((err: Error) => {
+      throw refused(err);
+    });
   }
 
   /** Resolves once the subscriber is subscribed, or after stallTimeoutMs (it may be the one cut off). */
@@ -1125,9 +1182,10 @@ export function parseRedisUrl(spec: string): Pick<RedisOptions, 'host' | 'port' 
   if (u.protocol !== 'redis:') throw new RangeError(`state: ${quotedText(spec)} is not a redis:// URL`);
   const port = u.port === '' ? 6379 : Number(u.port);
   const dbPath = u.pathname.replace(/^\//, '');
-  const db = dbPath === '' ? 0 : Number(dbPath);
-  if (!Number.isInteger(db) || db < 0)
+  if (!/^\d*$/.test(dbPath))
     throw new RangeError(`state: database ${quotedText(dbPath)} in ${quotedText(spec)} is not a number`);
+  const db = dbPath === '' ? 0 : Number(dbPath);
+  if (db > MAX_REDIS_DB) throw new RangeError(`state: database ${dbPath} of the redis:// URL is past ${MAX_REDIS_DB}`);
   return {
     host: u.hostname.replace(/^\[|\]$/g, '') || '127.0.0.1',
     port,

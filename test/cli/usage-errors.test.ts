@@ -401,7 +401,12 @@ test('an address serve or epp cannot listen on stops it with the flags named, an
 });
 
 test('a Redis URL the store cannot use is refused before start, without showing its password', () => {
-  for (const state of ['redis://:hunter2@127.0.0.1:99999', 'redis://:hunter2@127.0.0.1:0']) {
+  for (const state of [
+    'redis://:hunter2@127.0.0.1:99999',
+    'redis://:hunter2@127.0.0.1:0',
+    'redis://:hunter2@127.0.0.1:6379/2147483648',
+    'redis://:hunter2@127.0.0.1:6379/99999999999',
+  ]) {
     for (const [args, env, source] of [
       [['--state', state], {}, '--state'],
       [[], { CONTEXTFORGE_STATE: state }, 'CONTEXTFORGE_STATE'],
@@ -409,7 +414,8 @@ test('a Redis URL the store cannot use is refused before start, without showing 
       assert.throws(
         () => resolveServe([...args], { ...env }),
         (err: Error) =>
-          err.message === `${source} must be memory or redis://HOST:PORT[/DB] with a port from 1 to 65535` &&
+          err.message ===
+            `${source} must be memory or redis://HOST:PORT[/DB] with a port from 1 to 65535 and a database from 0 to 2147483647` &&
           !err.message.includes('hunter2'),
         `${source} ${state}`,
       );
@@ -420,6 +426,7 @@ test('a Redis URL the store cannot use is refused before start, without showing 
     (err: Error) => !err.message.includes('hunter2'),
   );
   assert.equal(resolveServe(['--state', 'redis://:pw@127.0.0.1:6379/1']).config.state, 'redis://:pw@127.0.0.1:6379/1');
+  assert.equal(resolveServe(['--state', 'redis://h:1/2147483647']).config.state, 'redis://h:1/2147483647');
 });
 
 test('a worker id given twice is refused naming where the workers came from', () => {

@@ -18,7 +18,7 @@ import { DEFAULT_MAX_CLIENT_CONNECTIONS, MAX_CLIENT_CONNECTIONS } from '../../se
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
 import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
 import { DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from '../../server/connection-slots.js';
-import { parseRedisUrl } from '../../state/redis-state-store.js';
+import { MAX_REDIS_DB, parseRedisUrl } from '../../state/redis-state-store.js';
 import { KEY_ENV_PATTERN } from '../../server/worker-input.js';
 
 export interface SettingHelp {
@@ -35,7 +35,8 @@ function usableStateUrl(spec: string): boolean {
   if (spec === 'memory') return true;
   try {
     const { port, db } = parseRedisUrl(spec);
-    return port !== undefined && port >= 1 && port <= 65535 && db !== undefined && Number.isSafeInteger(db);
+    // parseRedisUrl refuses a database past MAX_REDIS_DB
+    return port !== undefined && port >= 1 && port <= 65535 && db !== undefined;
   } catch {
     return false;
   }
@@ -83,7 +84,9 @@ const gatewayShape = {
     .string()
     .regex(/^(memory|redis:\/\/[^/\s]+(\/\d+)?)$/, { error: 'must be memory or redis://HOST:PORT[/DB]' })
     // the URL as the store will read it; the message never shows it (it may hold a password)
-    .refine(usableStateUrl, { error: 'must be memory or redis://HOST:PORT[/DB] with a port from 1 to 65535' })
+    .refine(usableStateUrl, {
+      error: `must be memory or redis://HOST:PORT[/DB] with a port from 1 to 65535 and a database from 0 to ${MAX_REDIS_DB}`,
+    })
     .default('memory'),
   statePrefix: text().default('contextforge:'),
   bodyLimit: z
