@@ -21,6 +21,9 @@ import type { IncomingMessage } from 'node:http';
 import { dirname } from 'node:path';
 import { fileErrorMessage, shownText } from '../core/shown-text.js';
 
+/** The shortest admin token: anything shorter is guessed too easily. */
+export const MIN_ADMIN_TOKEN_LENGTH = 8;
+
 /** The longest admin token an `Authorization: Bearer …` header of at most 4096 characters holds. */
 export const MAX_ADMIN_TOKEN_LENGTH = 4096 - 'Bearer '.length;
 
@@ -29,8 +32,8 @@ export class AdminToken {
   private readonly digest: Buffer;
 
   constructor(token: string) {
-    if (typeof token !== 'string' || token.length < 8)
-      throw new RangeError('the admin token must be a string of at least 8 characters');
+    if (typeof token !== 'string' || token.length < MIN_ADMIN_TOKEN_LENGTH)
+      throw new RangeError(`the admin token must be a string of at least ${MIN_ADMIN_TOKEN_LENGTH} characters`);
     // what `matches` can ever accept: `Bearer TOKEN` within its 4096 characters, the token trimmed
     if (token.length > MAX_ADMIN_TOKEN_LENGTH)
       throw new RangeError(`the admin token must be at most ${MAX_ADMIN_TOKEN_LENGTH} characters`);

@@ -9,7 +9,7 @@ import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
 import { shortenCommanderMessage } from '../../src/cli/options.js';
 import { quotedText, shownText } from '../../src/core/shown-text.js';
 import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
-import { resolveAdminToken } from '../../src/server/admin-auth.js';
+import { MIN_ADMIN_TOKEN_LENGTH, resolveAdminToken } from '../../src/server/admin-auth.js';
 import { loadApiKeysFile } from '../../src/server/api-keys.js';
 import { parseWorkerRecord } from '../../src/server/worker-input.js';
 import { createStateStore } from '../../src/state/create-state-store.js';
@@ -178,4 +178,29 @@ test('a long file path is named cut short by the files serve reads at start', ()
   short(() => ChatTokenizer.load(path), /^tokenizer: /);
   short(() => loadApiKeysFile(path), /^--api-keys-file /);
   short(() => resolveAdminToken({ tokenFile: `${path}/admin-token` }), /^--admin-token-file /);
+});
+
+test('an admin token shorter than the gateway takes is refused by the setting, naming it', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-token-'));
+  const f = join(dir, 'router.yaml');
+  writeFileSync(f, 'admin-token: abc123\n');
+  for (const [args, env, named] of [
+    [['--admin-token', 'abc123'], {}, '--admin-token'],
+    [[], { CONTEXTFORGE_ADMIN_TOKEN: 'abc123' }, 'CONTEXTFORGE_ADMIN_TOKEN'],
+    [['--config', f], {}, `--config ${f}: admin-token`],
+  ] as const) {
+    assert.equal(
+      messageOf(() => resolveServe([...args], { ...env })),
+      `${named} must have at least ${MIN_ADMIN_TOKEN_LENGTH} characters`,
+    );
+  }
+  assert.equal(
+    messageOf(() => resolveServe(['--admin-token', ' padded-token'])),
+    '--admin-token must not begin or end with whitespace',
+  );
+  assert.equal(resolveServe(['--admin-token', 'abcd1234']).config.adminToken, 'abcd1234');
+  // --print-config checks it as serve does: the same one line, exit 2
+  const printed = await cli(['serve', '--admin-token', 'abc123', '--print-config', 'json']);
+  assert.equal(printed.status, 2, printed.stderr);
+  assert.equal(printed.stderr, `error: --admin-token must have at least ${MIN_ADMIN_TOKEN_LENGTH} characters\n`);
 });

@@ -158,7 +158,7 @@ test('serve settings: flag over environment over config file over default; every
   }
   assert.equal(
     resolve([], {
-      CONTEXTFORGE_ADMIN_TOKEN: 't0k',
+      CONTEXTFORGE_ADMIN_TOKEN: 'env-admin-token',
       CONTEXTFORGE_TOKENIZE: 'engine',
       CONTEXTFORGE_BREAKER_COOLDOWN_MS: '750',
     }).breakerCooldownMs,

@@ -13,6 +13,7 @@ import {
   MAX_BODY_LIMIT,
 } from '../../server/body-budget.js';
 import { DEFAULT_HEALTH_CHECK_TIMEOUT_MS } from '../../engines/health.js';
+import { MAX_ADMIN_TOKEN_LENGTH, MIN_ADMIN_TOKEN_LENGTH } from '../../server/admin-auth.js';
 import { DEFAULT_MIN_BODY_RATE, DEFAULT_MIN_BODY_RATE_GRACE_MS } from '../../server/body-rate.js';
 import { DEFAULT_MAX_CLIENT_CONNECTIONS, MAX_CLIENT_CONNECTIONS } from '../../server/client-connections.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
@@ -63,7 +64,13 @@ const gatewayShape = {
   tokenizerThreads: z.int().min(0).max(256).optional(),
   processes: z.int().min(1).max(256).default(1),
   chatTemplate: text().optional(),
-  adminToken: text().optional(),
+  // what the gateway's AdminToken takes, checked here so that the message names the setting
+  adminToken: z
+    .string()
+    .min(MIN_ADMIN_TOKEN_LENGTH)
+    .max(MAX_ADMIN_TOKEN_LENGTH)
+    .refine((t) => t.trim() === t, { error: 'must not begin or end with whitespace' })
+    .optional(),
   adminTokenFile: text().optional(),
   publicRouteApi: z.boolean().default(false),
   apiKeysFile: text().optional(),
