@@ -77,6 +77,16 @@ export function describeIssue(issue: RawIssue): string {
   }
 }
 
+/**
+ * describeIssue without the value given: for a secret setting (a token, a URL with a
+ * password), whose value no message may repeat.
+ */
+export function describeIssueHidingValue(issue: RawIssue): string {
+  const phrase = describeIssue(issue);
+  const got = gotPhrase(issue.input);
+  return got !== '' && phrase.endsWith(got) ? phrase.slice(0, -got.length) : phrase;
+}
+
 /** The known key closest to a misspelt one (at most two edits, or a prefix), for a did-you-mean. */
 export function closestKey(key: string, known: Iterable<string>): string | undefined {
   let best: string | undefined;

@@ -180,6 +180,25 @@ test('a long file path is named cut short by the files serve reads at start', ()
   short(() => resolveAdminToken({ tokenFile: `${path}/admin-token` }), /^--admin-token-file /);
 });
 
+test('a secret setting of the wrong type or form is refused without its value', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-secret-'));
+  const file = (text: string) => {
+    const f = join(dir, `${Math.random().toString(36).slice(2)}.yaml`);
+    writeFileSync(f, text);
+    return f;
+  };
+  for (const [args, env, named] of [
+    [['--config', file('admin-token: 12345\n')], {}, /admin-token must be a string$/],
+    [['--config', file('admin-token: [12345, 67]\n')], {}, /admin-token must be a string$/],
+    [['--config', file('state: 12345\n')], {}, /state must be a string$/],
+    [[], { CONTEXTFORGE_STATE: '12345' }, /^CONTEXTFORGE_STATE must be memory or redis:/],
+  ] as const) {
+    const message = messageOf(() => resolveServe([...args], { ...env }));
+    assert.match(message, named, message);
+    assert.doesNotMatch(message, /12345/, message);
+  }
+});
+
 test('an admin token shorter than the gateway takes is refused by the setting, naming it', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'cf-token-'));
   const f = join(dir, 'router.yaml');

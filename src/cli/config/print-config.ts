@@ -6,14 +6,14 @@ import { Document, isMap, isScalar, type Pair, type Scalar } from 'yaml';
 import { redactUrl } from '../../server/worker-input.js';
 import type { WorkerRecord } from '../../state/state-store.js';
 import type { Origin, ResolvedSettings } from './resolve.js';
-import { kebab, SERVE_HELP } from './settings.js';
+import { kebab, secretSetting } from './settings.js';
 
 const SECRET = '<redacted>';
 
 /** A value as it may be shown: secrets hidden, credentials in URLs masked. */
 export function redactSetting(key: string, value: unknown): unknown {
   if (key === 'state' && typeof value === 'string') return redactUrl(value);
-  if (Object.hasOwn(SERVE_HELP, key) && SERVE_HELP[key as keyof typeof SERVE_HELP].secret) return SECRET;
+  if (secretSetting(key)) return SECRET;
   return value;
 }
 

@@ -7,7 +7,7 @@ import { closeSync, openSync, readSync } from 'node:fs';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { parse as parseYaml, parseAllDocuments } from 'yaml';
 import type { z } from 'zod';
-import { closestKey, describeIssue, issueMessage } from '../../core/schema-issues.js';
+import { closestKey, describeIssue, describeIssueHidingValue, issueMessage } from '../../core/schema-issues.js';
 import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
 import { MAX_WORKERS } from '../../core/worker-registry.js';
 import { parseWorkerRecord, WORKER_SPEC_KEYS } from '../../server/worker-input.js';
@@ -19,6 +19,7 @@ import {
   EPP_SCHEMA,
   kebab,
   ROUTER_SETTING_KEYS,
+  secretSetting,
   SERVE_SCHEMA,
   unwrapSchema,
   type SettingHelp,
@@ -318,7 +319,8 @@ export function resolveSettings<S extends z.ZodObject>(
       if (parsed.success && parsed.data !== undefined) origins[key] = 'default';
       continue;
     }
-    const parsed = setting.safeParse(value, { error: describeIssue });
+    // a secret's value is never repeated (the message may reach a log)
+    const parsed = setting.safeParse(value, { error: secretSetting(key) ? describeIssueHidingValue : describeIssue });
     if (!parsed.success) {
       const issue = parsed.error.issues[0];
       const message = settingMessage(issue, setting, where, path, origins[key] === 'file');

@@ -351,5 +351,11 @@ export function unwrapSchema(schema: z.ZodType): z.ZodType {
   return s;
 }
 
+/** Whether the setting is a secret (redacted by --print-config; no message repeats its value). */
+export function secretSetting(key: string): boolean {
+  const help = (Object.hasOwn(SERVE_HELP, key) ? SERVE_HELP : EPP_HELP) as Readonly<Record<string, SettingHelp>>;
+  return help[key]?.secret === true;
+}
+
 export const kebab = (key: string) => key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`);
 export const envName = (flag: string) => `CONTEXTFORGE_${flag.toUpperCase().replace(/-/g, '_')}`;
