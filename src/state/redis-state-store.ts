@@ -266,7 +266,7 @@ export class RedisStateStore implements StateStore {
     const url = parseRedisUrl(options.url);
     this.address = `${url.host}:${url.port}`;
     this.db = url.db ?? 0;
-    this.keys = new RedisKeys(options.prefix ?? 'contextforge:');
+    this.keys = new RedisKeys(options.prefix ?? 'contextforge:', this.db);
     this.channel = this.keys.channel;
     this.replicaId = options.replicaId ?? randomBytes(6).toString('hex');
     this.syncIntervalMs = positive(options.syncIntervalMs ?? 100, 'syncIntervalMs');

@@ -122,11 +122,19 @@ export type WireMessage =
 
 /** Key names of one fleet: everything lives under its prefix (default `contextforge:`). */
 export class RedisKeys {
-  /** The channel decisions, releases and registry changes are published on. */
+  /**
+   * The channel decisions, releases and registry changes are published on: `{prefix}events`, and
+   * `{prefix}events:db{N}` on a database N other than 0. Redis's channels are one namespace for the
+   * whole server, whatever database a connection selected: fleets kept apart by database, with
+   * one prefix, would otherwise hear each other's messages and add each other's workers.
+   */
   readonly channel: string;
 
-  constructor(readonly prefix: string) {
-    this.channel = `${prefix}events`;
+  constructor(
+    readonly prefix: string,
+    db = 0,
+  ) {
+    this.channel = db === 0 ? `${prefix}events` : `${prefix}events:db${db}`;
   }
 
   key(...parts: string[]): string {

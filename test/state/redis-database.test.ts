@@ -40,12 +40,12 @@ async function withClient<T>(url: string, db: number, use: (r: Redis) => Promise
 const keysIn = (url: string, db: number) => withClient(url, db, (r) => r.keys(`${prefix}*`));
 
 /** A replica configured with worker e0 (written to the registry once up), logging into `logs`. */
-function replica(url: string) {
+function replica(url: string, replicaId = 'r1') {
   const router = new KVAwareRouter({ blockSize: 16 });
   const { host } = workerHost(router, ['e0']);
   const logs: string[] = [];
   host.log = (m) => void logs.push(m);
-  const store = new RedisStateStore({ url, prefix, replicaId: 'r1', syncIntervalMs: 50 });
+  const store = new RedisStateStore({ url, prefix, replicaId, syncIntervalMs: 50 });
   stores.push(store);
   return { store, host, logs };
 }
@@ -116,4 +116,41 @@ test('a reconnection to a server without the database stays down, writing nothin
   );
   assert.equal(await withClient(again.url, 0, (r) => r.dbsize()), 0);
   await store.close();
+});
+
+test('fleets on databases 0 and 5 with one prefix do not hear each other (channels are per server)', async () => {
+  const zero = replica(REDIS_URL, 'zero');
+  const five = replica(`${REDIS_URL}/5`, 'five');
+  await zero.store.attach(zero.host);
+  await five.store.attach(five.host);
+  const added: string[] = [];
+  const addTo = five.host.addWorkerFromState.bind(five.host);
+  five.host.addWorkerFromState = (w) => {
+    added.push(w.id);
+    addTo(w);
+  };
+  zero.store.workerAdded({ id: 'only-in-zero', url: 'http://z' });
+  five.store.workerAdded({ id: 'only-in-five', url: 'http://f' });
+  // each fleet's own registry has its worker; the message of each went on its own channel
+  await until(
+    async () => (await withClient(REDIS_URL, 0, (r) => r.hexists(`${prefix}workers`, 'only-in-zero'))) === 1,
+    'the db-0 worker written',
+  );
+  await until(
+    async () => (await withClient(REDIS_URL, 5, (r) => r.hexists(`${prefix}workers`, 'only-in-five'))) === 1,
+    'the db-5 worker written',
+  );
+  // a third replica on database 5 hears a change there: the channel works within the database
+  const late = replica(`${REDIS_URL}/5`, 'late');
+  const heard: string[] = [];
+  const addLate = late.host.addWorkerFromState.bind(late.host);
+  late.host.addWorkerFromState = (w) => {
+    heard.push(w.id);
+    addLate(w);
+  };
+  await late.store.attach(late.host);
+  five.store.workerAdded({ id: 'second-in-five', url: 'http://f2' });
+  await until(() => heard.includes('second-in-five'), 'the db-5 replica to hear its own fleet');
+  assert.deepEqual(added, [], 'nothing from database 0 reached the database-5 fleet');
+  for (const s of [zero, five, late]) await s.store.close();
 });
