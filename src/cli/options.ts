@@ -1,4 +1,5 @@
 import { InvalidArgumentError } from 'commander';
+import { POLICY_NAMES } from '../core/policies/index.js';
 import { quotedText } from '../core/shown-text.js';
 
 /** A decimal number as people write one (`0.5`, `1e3`); not hexadecimal, octal or binary. */
@@ -56,6 +57,16 @@ export function policyList(value: string): string[] {
   const twice = names.find((n, i) => names.indexOf(n) !== i);
   if (twice !== undefined) throw new RangeError(`--policies names ${quotedText(twice)} twice`);
   return names;
+}
+
+/**
+ * Refuses a name of `names` that is no policy, before any policy runs (`policyOf`: the policy a
+ * name stands for, e.g. a variant's base policy).
+ */
+export function checkPolicyNames(names: readonly string[], policyOf: (name: string) => string = (n) => n): void {
+  for (const name of names)
+    if (!POLICY_NAMES.includes(policyOf(name)))
+      throw new RangeError(`--policies: unknown policy ${quotedText(name)} (known: ${POLICY_NAMES.join(', ')})`);
 }
 
 /**

@@ -153,6 +153,8 @@ test('simulate, tune, demo and live-demo bound the cluster, the workload and the
     [['demo', '--policies', ''], /--policies lists no policy/],
     [['demo', '--policies', 'cost,,seed'], /^--policies has an empty name$/],
     [['demo', '--policies', 'cost,seed,cost'], /^--policies names 'cost' twice$/],
+    // refused before any policy's run: the demo's first policy takes seconds
+    [['demo', '--policies', 'cost,bogus'], /^--policies: unknown policy 'bogus' \(known: .*cost.*\)$/],
     [['simulate', '--trace', 'workflows:1', '--policies', 'cost,'], /^--policies has an empty name$/],
     [['simulate', '--trace', 'workflows:1', '--policies', 'cost, cost'], /^--policies names 'cost' twice$/],
     [['simulate', '--trace', 'workflows:1', '--workers', '100000'], /--workers must be <= 1024, got 100000/],

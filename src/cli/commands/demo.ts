@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { runAgentWorkload, type AgentWorkloadResult } from '../../sim/agent-workload.js';
 import { formatTable, pct } from '../format.js';
-import { intOption, policyList } from '../options.js';
+import { checkPolicyNames, intOption, policyList } from '../options.js';
 
 export function registerDemoCommand(program: Command): void {
   program
@@ -20,6 +20,7 @@ export function registerDemoCommand(program: Command): void {
     .action(async (opts: { workers: number; workflows: number; seed: number; policies: string; json?: boolean }) => {
       const results: AgentWorkloadResult[] = [];
       const policies = policyList(opts.policies);
+      checkPolicyNames(policies);
       for (const policy of policies) {
         results.push(
           await runAgentWorkload(policy, { workers: opts.workers, workflows: opts.workflows, seed: opts.seed }),

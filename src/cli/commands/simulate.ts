@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { closeSync, createWriteStream, openSync } from 'node:fs';
 import cliProgress from 'cli-progress';
-import { checkPolicyOptions, POLICY_NAMES, type PolicyOptions } from '../../core/policies/index.js';
+import { checkPolicyOptions, type PolicyOptions } from '../../core/policies/index.js';
 import { assignmentLines, comparePolicies, policyVariant, type ComparisonReport } from '../../sim/compare.js';
 import { loadTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
@@ -11,7 +11,15 @@ import { parseWorkerEvent, type ScenarioOptions } from '../../sim/scenarios.js';
 import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
 
 const DEFAULT_KV_TOKENS = ENGINE_DEFAULTS.kvTokens;
-import { checkClusterKv, fractionOption, intOption, policyList, positiveNumberOption, SIM_LIMITS } from '../options.js';
+import {
+  checkClusterKv,
+  checkPolicyNames,
+  fractionOption,
+  intOption,
+  policyList,
+  positiveNumberOption,
+  SIM_LIMITS,
+} from '../options.js';
 
 /** Scenario flags that map one to one onto ScenarioOptions. */
 type ScenarioFlags = Pick<
@@ -205,9 +213,7 @@ export function registerSimulateCommand(program: Command): void {
       if (flags.format !== 'table' && flags.format !== 'json')
         throw new RangeError(`--format must be table or json, got ${quotedText(flags.format)}`);
       const policies = policyList(flags.policies);
-      for (const p of policies)
-        if (!POLICY_NAMES.includes(policyVariant(p).policy))
-          throw new RangeError(`--policies: unknown policy ${quotedText(p)} (known: ${POLICY_NAMES.join(', ')})`);
+      checkPolicyNames(policies, (p) => policyVariant(p).policy);
       const scenario = scenarioFromFlags(flags);
       // the output files are opened before the run: a path that cannot be written stops it at once
       if (flags.report) closeSync(openOutput('--report', flags.report));
