@@ -104,6 +104,25 @@ test('a prompt over maxPromptTokens throws PromptTooLongError and leaves nothing
   assert.throws(() => new KVAwareRouter({ maxPromptTokens: 0 }), /maxPromptTokens/);
 });
 
+test('a token list of a billion ids is refused by its length before hashing; a length that is no count names tokens', () => {
+  const router = new KVAwareRouter({ blockSize: 16 });
+  router.registerWorker('w0');
+  const huge = { length: 1e9 } as unknown as number[];
+  assert.throws(
+    () => router.route({ tokens: huge }),
+    (err: unknown) => err instanceof PromptTooLongError && err.maxPromptTokens === 1_048_576,
+  );
+  for (const length of [NaN, -1, 1.5, Infinity]) {
+    assert.throws(
+      () => router.route({ tokens: { length } as unknown as number[] }),
+      (err: unknown) => err instanceof TypeError && /tokens must be an array of token ids/.test((err as Error).message),
+      String(length),
+    );
+  }
+  assert.throws(() => router.route({ tokens: null as unknown as number[] }), TypeError);
+  assert.equal(router.route({ tokens: [1, 2, 3] }).workerId, 'w0');
+});
+
 describe('bad library arguments throw an error naming them, and the router keeps working', () => {
   const toks = Array.from({ length: 64 }, (_, i) => i + 1);
   const fleet = (): KVAwareRouter => {

@@ -312,6 +312,11 @@ export class KVAwareRouter {
     ns.lora = check.optionalId(request.lora, 'lora') ?? null;
     ns.cacheSalt = cacheSalt ?? null;
     ns.claGroup = claGroup;
+    // a token list past the longest prompt is refused before it is hashed (as it would be after):
+    // hashing a billion-long list would take the memory and the time the bound is there to spare
+    const tokenCount = request.tokens?.length ?? 0;
+    if (Number.isSafeInteger(tokenCount) && tokenCount > this.maxPromptTokens && tokenCount >= this.blockSize)
+      throw new PromptTooLongError(tokenCount, this.maxPromptTokens);
     const hashes = this.prefix.hashRequest(request, ns);
     const promptTokens = this.prefix.promptTokensOf(request, hashes);
     // a prompt given (not only its length, as the seed API gives it) is what fills the index

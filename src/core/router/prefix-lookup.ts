@@ -66,7 +66,12 @@ export class PrefixLookup {
   hashRequest(request: RouteRequest, ns: HashNamespace): BlockHashes {
     const hashes = this.hashes;
     if (request.tokens !== undefined) {
-      if (typeof request.tokens !== 'object' || typeof request.tokens.length !== 'number')
+      if (
+        typeof request.tokens !== 'object' ||
+        request.tokens === null ||
+        !Number.isSafeInteger(request.tokens.length) ||
+        request.tokens.length < 0
+      )
         throw new TypeError('tokens must be an array of token ids');
       if (this.keying.mode === 'router' && this.keysOnDemand) {
         this.tokenKeys.reset(request.tokens, this.blockSize, ns);
