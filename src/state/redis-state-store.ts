@@ -57,6 +57,14 @@ function selectRefused(err: Error): boolean {
  */
 const READONLY_RETRY_MIN_MS = 1000;
 const READONLY_RETRY_MAX_MS = 30_000;
+/**
+ * A connection whose database Redis refused (DatabaseRefused, after the start) reconnects no
+ * sooner than this, doubled each time up to READONLY_RETRY_MAX_MS, until a resynchronisation
+ * succeeds: ioredis counts its attempts from the last connection it made, and every one of
+ * these connects, so its own delay would stay at its first (100 ms), a reconnection storm for
+ * as long as the server lacks the database.
+ */
+const DATABASE_RETRY_MIN_MS = 1000;
 
 /** Deletes KEYS[1] only while it holds ARGV[1] (one round trip, atomic). */
 const DELETE_IF_EQUAL = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
@@ -201,6 +209,9 @@ export class RedisStateStore implements StateStore {
   /** While attach() waits on the first resynchronisation: a refusal then fails the start rather than being retried. */
   private starting = true;
   private timer: NodeJS.Timeout | undefined;
+  /** The reconnection after a refused database, while it waits (see DATABASE_RETRY_MIN_MS). */
+  private databaseRetry: NodeJS.Timeout | undefined;
+  private databaseBackoffMs = DATABASE_RETRY_MIN_MS;
   private syncing = false;
   private resyncing: Promise<void> | undefined;
   private readonly syncIntervalMs: number;
@@ -540,6 +551,7 @@ export class RedisStateStore implements StateStore {
   async close(): Promise<void> {
     this.closed = true;
     clearInterval(this.timer);
+    clearTimeout(this.databaseRetry);
     if (this.up)
       await this.cmd
         .multi()
@@ -828,6 +840,7 @@ export class RedisStateStore implements StateStore {
           this.dropReason = undefined; // left by a drop while it was not up: it named no outage
           this.loggedRefusals.clear();
           this.resyncError = undefined;
+          this.databaseBackoffMs = DATABASE_RETRY_MIN_MS;
           this.counters.resyncs++;
           // the others may still count requests whose releases went unpublished while this was cut off
           this.publish(JSON.stringify(encodeLoad(this.replicaId, this.ownLoad())));
@@ -844,10 +857,25 @@ export class RedisStateStore implements StateStore {
             this.host!.log(`state: resynchronising with redis failed (${err.message}); will retry`);
           this.resyncError = err;
           if (fatal) return;
+          if (err instanceof DatabaseRefused) return this.reconnectLater();
           this.cmd.disconnect(true); // reconnects, and 'ready' tries again
         },
       );
     await this.resyncing;
+  }
+
+  /** Drops the connection on a refused database and makes the next one after a growing delay. */
+  private reconnectLater(): void {
+    const delay = this.databaseBackoffMs;
+    this.databaseBackoffMs = Math.min(2 * delay, READONLY_RETRY_MAX_MS);
+    this.cmd.disconnect(); // no reconnection of ioredis's own: the timer makes it
+    clearTimeout(this.databaseRetry);
+    this.databaseRetry = setTimeout(() => {
+      this.databaseRetry = undefined;
+      // a connection that fails is retried by ioredis from here on, as after any drop
+      if (!this.closed) this.cmd.connect().catch(() => {});
+    }, delay);
+    this.databaseRetry.unref();
   }
 
   /**
