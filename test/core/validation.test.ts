@@ -123,6 +123,18 @@ test('a token list of a billion ids is refused by its length before hashing; a l
   assert.equal(router.route({ tokens: [1, 2, 3] }).workerId, 'w0');
 });
 
+test('applyStored takes block hashes as plain arrays of numbers, as BlockSequence allows', () => {
+  const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise' });
+  router.registerWorker('a');
+  router.registerWorker('b');
+  const tokens = Array.from({ length: 64 }, (_, i) => i + 1);
+  const keys = router.hashTokens(tokens);
+  router.applyStored('b', { hi: Array.from(keys.hi), lo: Array.from(keys.lo), length: keys.length });
+  const d = router.route({ tokens });
+  assert.equal(d.workerId, 'b');
+  assert.equal(d.cachedTokens, 64);
+});
+
 describe('bad library arguments throw an error naming them, and the router keeps working', () => {
   const toks = Array.from({ length: 64 }, (_, i) => i + 1);
   const fleet = (): KVAwareRouter => {
@@ -161,8 +173,8 @@ describe('bad library arguments throw an error naming them, and the router keeps
     ['applyStored: blocks null', (x) => x.applyStored('a', null as never), TypeError, /\bblocks\b/],
     ['applyStored: blocks {}', (x) => x.applyStored('a', {} as never), TypeError, /blocks\.hi/],
     [
-      'applyStored: plain arrays',
-      (x) => x.applyStored('a', { hi: [1, 2], lo: [3, 4], length: 2 } as never),
+      'applyStored: an array holding no block hash',
+      (x) => x.applyStored('a', { hi: ['x', 2], lo: [3, 4], length: 2 } as never),
       TypeError,
       /blocks\.hi/,
     ],
@@ -173,8 +185,8 @@ describe('bad library arguments throw an error naming them, and the router keeps
       /blocks\.hi/,
     ],
     [
-      'applyStored: lo not a Uint32Array',
-      (x) => x.applyStored('a', { hi: u32(2), lo: [3, 4], length: 2 } as never),
+      'applyStored: lo a hash past 32 bits',
+      (x) => x.applyStored('a', { hi: u32(2), lo: [3, 2 ** 32], length: 2 } as never),
       TypeError,
       /blocks\.lo/,
     ],

@@ -740,14 +740,32 @@ function checkSharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'decodeTo
 function checkBlocks(blocks: BlockSequence): void {
   check.object(blocks, 'blocks');
   const { hi, lo, length } = blocks;
-  if (!(hi instanceof Uint32Array)) throw new TypeError('blocks.hi must be a Uint32Array');
-  if (!(lo instanceof Uint32Array)) throw new TypeError('blocks.lo must be a Uint32Array');
+  checkHashHalf(hi, 'blocks.hi');
+  checkHashHalf(lo, 'blocks.lo');
   if (typeof length !== 'number') throw new TypeError(`blocks.length must be a number, got ${typeof length}`);
   const most = Math.min(hi.length, lo.length);
   if (!(Number.isInteger(length) && length >= 0 && length <= most))
     throw new RangeError(
       `blocks.length must be an integer from 0 to ${most} (the length of blocks.hi and blocks.lo), got ${length}`,
     );
+  // a plain array is read as the index reads it (>>> 0): each entry must be a 32-bit half already
+  if (!(hi instanceof Uint32Array)) checkHashEntries(hi, length, 'blocks.hi');
+  if (!(lo instanceof Uint32Array)) checkHashEntries(lo, length, 'blocks.lo');
+}
+
+/** One half of the block hashes: a Uint32Array, or another array of numbers (not a string). */
+function checkHashHalf(half: unknown, name: string): void {
+  if (half instanceof Uint32Array) return;
+  if (half === null || typeof half !== 'object' || !Number.isSafeInteger((half as ArrayLike<number>).length))
+    throw new TypeError(`${name} must be a Uint32Array or an array of 32-bit numbers`);
+}
+
+function checkHashEntries(half: ArrayLike<number>, length: number, name: string): void {
+  for (let i = 0; i < length; i++) {
+    const v = half[i];
+    if (!(Number.isInteger(v) && v >= 0 && v <= 0xffff_ffff))
+      throw new TypeError(`${name}[${i}] must be an integer from 0 to 2^32 - 1`);
+  }
 }
 
 /** A KV event's tier, as the index keeps it. */

@@ -263,8 +263,8 @@ export interface RouterStats {
 
 /** Blocks hashed into a block sequence: what applyStored/applyRemoved take. */
 export interface BlockSequence {
-  readonly hi: Uint32Array;
-  readonly lo: Uint32Array;
+  readonly hi: ArrayLike<number>;
+  readonly lo: ArrayLike<number>;
   /** Blocks given: the first `length` of `hi` and `lo` (at most their length). */
   readonly length: number;
 }
