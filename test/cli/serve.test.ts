@@ -10,6 +10,7 @@ import { Redis } from 'ioredis';
 import { envName, parseWorkerSpec, resolveTokenizeMode } from '../../src/cli/commands/serve.js';
 import { kebab, SERVE_SCHEMA } from '../../src/cli/config/settings.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
+import { serveExit } from '../helpers/serve-exit.js';
 import { resolveServe } from '../helpers/serve-config.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 
@@ -268,31 +269,16 @@ test('serve --state naming a database Redis does not have exits 2 naming --state
   const e = await new MockEngine().start();
   engines.push(e);
   const prefix = `cf-test-serve-db-${randomBytes(4).toString('hex')}:`;
-  const child = spawn(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      main,
-      'serve',
-      '--port',
-      '0',
-      '--worker',
-      `id=e0,url=http://127.0.0.1:${e.port}`,
-      '--state',
-      `${REDIS_URL}/16`,
-      '--state-prefix',
-      prefix,
-    ],
-    { stdio: ['ignore', 'ignore', 'pipe'] },
-  );
-  let stderr = '';
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  const code = await new Promise<number | null>((r) => {
-    child.once('exit', (c) => r(c));
-    // a start that does not fail goes on serving: stopped, it fails the test rather than hanging it
-    setTimeout(() => child.kill('SIGKILL'), 30_000).unref();
-  });
+  const { code, stderr } = await serveExit([
+    '--port',
+    '0',
+    '--worker',
+    `id=e0,url=http://127.0.0.1:${e.port}`,
+    '--state',
+    `${REDIS_URL}/16`,
+    '--state-prefix',
+    prefix,
+  ]);
   assert.equal(code, 2, stderr);
   assert.match(stderr, /^error: state: .*refused database 16 of the --state URL \(ERR DB index is out of range\)/m);
   const r = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });

@@ -5,10 +5,8 @@
  * (a refused password) or restarting its synchronisation every second (a refused command).
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { MockEngine } from '../../src/engines/mock-engine.js';
@@ -16,11 +14,11 @@ import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { RedisProcess } from './harness.js';
+import { serveExit } from '../helpers/serve-exit.js';
 import { until } from '../helpers/wait.js';
 
 const PASSWORD = 'cf-auth-secret-7f3a';
 const redis = new RedisProcess(['--requirepass', PASSWORD]);
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 
 before(async () => {
   await redis.start();
@@ -113,31 +111,16 @@ test('a gateway whose start Redis refused stops polling its workers', async () =
 
 test('serve with a wrong Redis password exits 2 with one line that does not echo it', async () => {
   const engine = await new MockEngine().start();
-  const child = spawn(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      main,
-      'serve',
-      '--port',
-      '0',
-      '--admin-token',
-      'cf-auth-admin',
-      '--worker',
-      `id=e0,url=http://127.0.0.1:${engine.port}`,
-      '--state',
-      `redis://:wrong-${PASSWORD}@127.0.0.1:${redis.port}`,
-    ],
-    { stdio: ['ignore', 'ignore', 'pipe'] },
-  );
-  let stderr = '';
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  const code = await new Promise<number | null>((r) => {
-    child.once('exit', (c) => r(c));
-    // a start that does not fail goes on serving: stopped, it fails the test rather than hanging it
-    setTimeout(() => child.kill('SIGKILL'), 30_000).unref();
-  });
+  const { code, stderr } = await serveExit([
+    '--port',
+    '0',
+    '--admin-token',
+    'cf-auth-admin',
+    '--worker',
+    `id=e0,url=http://127.0.0.1:${engine.port}`,
+    '--state',
+    `redis://:wrong-${PASSWORD}@127.0.0.1:${redis.port}`,
+  ]);
   assert.equal(code, 2, stderr);
   const lines = stderr.trim().split('\n');
   assert.equal(lines.length, 1, stderr);
