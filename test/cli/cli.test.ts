@@ -34,7 +34,7 @@ test('bad flags exit non-zero with a message naming the flag', () => {
   assert.match(r.stderr, /--workers must be an integer/);
   const p = cli('demo', '--policies', 'nope', '--workflows', '2');
   assert.equal(p.status, 2);
-  assert.match(p.stderr, /policy must be one of/);
+  assert.match(p.stderr, /--policies: unknown policy 'nope' \(known: .*cost/);
   assert.doesNotMatch(p.stderr, /at .*\.ts/); // a message, not a stack trace
 });
 
