@@ -1,4 +1,4 @@
-import { optionalNonNegativeInt, requireId } from './validate.js';
+import { blockSize as checkBlockSize, optionalNonNegativeInt, requireId } from './validate.js';
 
 /**
  * Most workers a router holds (each data-parallel rank is one). Every block-index node keeps,
@@ -139,8 +139,7 @@ function checkInfo(info: unknown): WorkerInfo {
     throw new TypeError('info must be an object');
   }
   const { claGroups, url, models, blockSize } = info as WorkerInfo;
-  if (blockSize !== undefined && (!Number.isInteger(blockSize) || blockSize < 1 || blockSize > 1 << 16))
-    throw new RangeError(`info.blockSize must be an integer from 1 to 65536, got ${String(blockSize)}`);
+  if (blockSize !== undefined) checkBlockSize(blockSize, 'info.blockSize');
   if (claGroups !== undefined) {
     if (!Array.isArray(claGroups)) throw new TypeError('info.claGroups must be an array of integers');
     claGroups.forEach((g, i) => optionalNonNegativeInt(g, `info.claGroups[${i}]`));

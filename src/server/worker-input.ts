@@ -7,6 +7,7 @@
 import { z } from 'zod';
 import { describeIssue, issueError } from '../core/schema-issues.js';
 import { redactUserinfo } from '../core/shown-text.js';
+import { MAX_BLOCK_SIZE } from '../core/validate.js';
 export { splitCredentials } from '../engines/url-credentials.js';
 import type { WorkerRecord } from '../state/state-store.js';
 
@@ -171,11 +172,7 @@ export const WORKER_RECORD_SCHEMA = z
     metrics: refined(checkHttpUrl).optional(),
     apiKeyEnv: refined(checkApiKeyEnv).optional(),
     dpSize: z.int().min(1).max(64).optional(),
-    blockSize: z
-      .int()
-      .min(1)
-      .max(1 << 16)
-      .optional(),
+    blockSize: z.int().min(1).max(MAX_BLOCK_SIZE).optional(),
   })
   .superRefine((w, ctx) => {
     if (w.replay !== undefined && w.events === undefined)

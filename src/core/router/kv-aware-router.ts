@@ -681,11 +681,7 @@ export class KVAwareRouter {
    * no finite number would stay in the policy's and the index's bookkeeping for good.
    */
   private readClock(): number {
-    const t: unknown = this.clock();
-    if (typeof t === 'number' && Number.isFinite(t)) return t;
-    const got = typeof t === 'number' ? String(t) : t === null ? 'null' : typeof t;
-    const message = `clock must return a finite number of ms, got ${got}`;
-    throw typeof t === 'number' ? new RangeError(message) : new TypeError(message);
+    return check.time(this.clock(), 'clock');
   }
 
   private requireRegistered(workerId: string): WorkerState {

@@ -9,6 +9,7 @@ import { POLICY_NAMES } from '../policies/index.js';
 import { COST_WEIGHTS_SCHEMA, nonNegative, POLICY_OPTIONS_SCHEMA } from '../policies/options-schema.js';
 import type { RoutingPolicy } from '../policies/types.js';
 import { gotPhrase } from '../schema-issues.js';
+import { MAX_BLOCK_SIZE } from '../validate.js';
 import { VLLM_HASH_ALGOS } from '../vllm-block-hash.js';
 
 const positiveInt = () => z.int().min(1);
@@ -65,9 +66,7 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
   randomSeed: nonNegativeInt().default(1),
   anchorCapacity: tableCapacity().default(ROUTER_DEFAULTS.anchorCapacity),
   workflowCapacity: tableCapacity().default(ROUTER_DEFAULTS.workflowCapacity),
-  blockSize: positiveInt()
-    .max(1 << 16)
-    .default(ROUTER_DEFAULTS.blockSize),
+  blockSize: positiveInt().max(MAX_BLOCK_SIZE).default(ROUTER_DEFAULTS.blockSize),
   textChunkBytes: positiveInt().multipleOf(4).default(ROUTER_DEFAULTS.textChunkBytes),
   blockHash: z.enum(['router', 'vllm']).default('router'),
   pythonHashSeed: z
