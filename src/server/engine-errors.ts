@@ -166,11 +166,16 @@ export function holdsDone(events: Buffer, atStreamStart = false): boolean {
   return doneLineEnd(events, atStreamStart) >= 0;
 }
 
+/** doneEventEnd's answer when `events` hold a `data: [DONE]` line whose event ends past them. */
+export const DONE_EVENT_UNENDED = -2;
+
 /**
  * Where the event that holds the first `data: [DONE]` line of `events` ends (after the line end
  * of its blank line, as eventsEnd in forward.ts reads it), as holdsDone finds that line; -1 when
- * there is none, or when the bytes end before its event does. A comment or another field after
- * the line, before the blank line, is still of that event; what follows the blank line is not.
+ * there is none, DONE_EVENT_UNENDED when the bytes end before its event does (one search either
+ * way: a chunk's end and whether it holds the stream's end are read together). A comment or
+ * another field after the line, before the blank line, is still of that event; what follows the
+ * blank line is not.
  */
 export function doneEventEnd(events: Buffer, atStreamStart = false): number {
   let at = doneLineEnd(events, atStreamStart);
@@ -178,9 +183,9 @@ export function doneEventEnd(events: Buffer, atStreamStart = false): number {
   const n = events.length;
   // `at` is at the end of a line that is not empty (the [DONE] line first)
   for (;;) {
-    if (at >= n) return -1;
+    if (at >= n) return DONE_EVENT_UNENDED;
     at += events[at] === CR && events[at + 1] === LF ? 2 : 1;
-    if (at >= n) return -1;
+    if (at >= n) return DONE_EVENT_UNENDED;
     // an empty line ends the event; a CR at the end of the bytes ends its line whatever comes next
     if (events[at] === LF) return at + 1;
     if (events[at] === CR) return events[at + 1] === LF ? at + 2 : at + 1;

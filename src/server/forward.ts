@@ -754,12 +754,13 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       // the stream's end: its data: [DONE] event is the last the client gets (unless the gateway
       // has given up, the abort under way); one whose end has not come (in an event too large to
       // hold back) is only recorded
-      doneEnd = this.why === undefined ? doneEventEnd(chunk, !this.sent) : -1;
-      if (doneEnd >= 0) {
-        this.doneSeen = true;
+      const done = doneEventEnd(chunk, !this.sent);
+      if (done !== -1) this.doneSeen = true;
+      if (done >= 0 && this.why === undefined) {
+        doneEnd = done;
         if (doneEnd < chunk.length) chunk = chunk.subarray(0, doneEnd);
         else doneLfDue = chunk[doneEnd - 1] === CR;
-      } else this.doneSeen ||= holdsDone(chunk, !this.sent);
+      }
       // until something is sent, these events are the stream's first (what was held back comes first)
       const error = this.failedInStream ? undefined : errorEvent(chunk, !this.sent);
       const errorStatus = error?.status ?? 0;

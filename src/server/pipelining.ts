@@ -60,7 +60,7 @@ export class PipelinedRequests {
 
   /** The connection's open responses, tracked from the first request on it. */
   private openOn(socket: Duplex): Set<ServerResponse> {
-    let responses = this.open.get(socket);
+    const responses = this.open.get(socket);
     if (responses !== undefined) return responses;
     const created = new Set<ServerResponse>();
     this.open.set(socket, created);
@@ -72,8 +72,7 @@ export class PipelinedRequests {
       created.clear();
     });
     // (a connection closed already has emitted its 'close': Node hands over no request from it)
-    responses = created;
-    return responses;
+    return created;
   }
 
   /** Whether `req` may be served now: false when MAX_PIPELINED_REQUESTS of its connection are. */
