@@ -8,8 +8,30 @@ cd "$(dirname "$0")/.."
 shared_state() { find test/state -name '*.test.ts'; find test/faults -name 'redis-*.test.ts'; echo test/epp/replicas.test.ts; }
 mapfile -t serial < <(shared_state | sort)
 mapfile -t rest < <(find test -name '*.test.ts' | sort | grep -vxF -f <(printf '%s\n' "${serial[@]}"))
+
+# TAP goes to standard output as before; each pass also writes the spec reporter's text to a file,
+# whose closing "failing tests" section is printed again at the very end: a long run's log is
+# often read from its tail, and a failure in the first pass would otherwise be far above it
+reports=$(mktemp -d)
+trap 'rm -rf "$reports"' EXIT
+pass() {
+  local name=$1 concurrency=$2
+  shift 2
+  node --import tsx --test --test-concurrency="$concurrency" --test-timeout=240000 \
+    --test-reporter=tap --test-reporter-destination=stdout \
+    --test-reporter=spec --test-reporter-destination="$reports/$name.txt" "$@"
+}
+
 # both passes run whatever the first one's outcome; either failing fails the run
 status=0
-node --import tsx --test --test-concurrency=2 --test-timeout=240000 "${rest[@]}" || status=$?
-node --import tsx --test --test-concurrency=1 --test-timeout=240000 "${serial[@]}" || status=$?
+pass rest 2 "${rest[@]}" || status=$?
+pass shared-state 1 "${serial[@]}" || status=$?
+if [ "$status" -ne 0 ]; then
+  for name in rest shared-state; do
+    [ -f "$reports/$name.txt" ] || continue
+    grep -q 'failing tests:' "$reports/$name.txt" || continue
+    printf '\n# npm test: what failed in the %s pass\n' "$name"
+    sed -n '/failing tests:/,$p' "$reports/$name.txt"
+  done
+fi
 exit "$status"
