@@ -78,6 +78,18 @@ export function time(value: unknown, name: string): number {
   return value;
 }
 
+/**
+ * A ticket route() returned: a non-negative integer. An unknown one (ended, untracked: 0) is
+ * not an error, since release() and the rest are idempotent; a value that cannot be a ticket is.
+ */
+export function ticket(value: unknown, name = 'ticket'): number {
+  if (typeof value !== 'number')
+    throw new TypeError(`${name} must be a ticket route() returned, got ${describe(value)}`);
+  if (!Number.isSafeInteger(value) || value < 0)
+    throw new RangeError(`${name} must be a ticket route() returned (an integer >= 0), got ${value}`);
+  return value;
+}
+
 /** An argument that must be an object (not null, not an array). */
 export function object(value: unknown, name: string): void {
   if (value === null || typeof value !== 'object' || Array.isArray(value))

@@ -27,15 +27,28 @@ function bytesPerCall(calls: number, fn: (i: number) => void): number {
 }
 
 /**
- * The fewest bytes per call over up to `rounds` rounds, stopping at the first round under
- * `enough`: the first rounds run while the JIT is still optimising the code (unoptimised code
- * boxes every fractional number it computes), and V8 optimises on a background thread, which
- * on a busy machine can take many rounds to finish; the steady state is what a busy router
- * runs. Code that allocates in its steady state stays over `enough` in every round.
+ * How long the rounds below go on for a bound not met yet. The first rounds run while the JIT
+ * is still optimising the code (unoptimised code boxes every fractional number it computes), and
+ * V8 optimises on a background thread, which on a busy machine may get no core for seconds: a
+ * fixed number of rounds can all run before it does. The steady state is what a busy router
+ * runs; code that allocates in its steady state stays over the bound in every round, so a
+ * failing bound takes this long to fail, and a passing one stops at the first round it holds.
  */
-function steadyBytesPerCall(rounds: number, calls: number, fn: (i: number) => void, enough = 0): number {
+const STEADY_DEADLINE_MS = 60_000;
+
+/** Runs `round` until `done()` or the deadline. */
+function roundsUntil(round: () => void, done: () => boolean): void {
+  const deadline = Date.now() + STEADY_DEADLINE_MS;
+  while (!done() && Date.now() < deadline) round();
+}
+
+/** The fewest bytes per call over rounds of `calls`, stopping at the first round under `enough` (or the deadline). */
+function steadyBytesPerCall(calls: number, fn: (i: number) => void, enough = 0): number {
   let least = Infinity;
-  for (let r = 0; r < rounds && least >= enough; r++) least = Math.min(least, bytesPerCall(calls, fn));
+  roundsUntil(
+    () => (least = Math.min(least, bytesPerCall(calls, fn))),
+    () => least < enough,
+  );
   return least;
 }
 
@@ -91,7 +104,7 @@ describe('route path allocation', () => {
       ['a follow-up', candidates],
       ['a new session', newSession],
     ] as const) {
-      const bytes = steadyBytesPerCall(40, 2000, () => p.choose(cs, followUp), 8 * WORKERS);
+      const bytes = steadyBytesPerCall(2000, () => p.choose(cs, followUp), 8 * WORKERS);
       // the choice it returns (64 bytes) and little else; a number boxed per candidate would
       // be 16 bytes each, 512 over the 32
       assert.ok(bytes < 8 * WORKERS, `${what}: ${bytes.toFixed(1)} bytes per choose() over ${WORKERS} candidates`);
@@ -103,7 +116,6 @@ describe('route path allocation', () => {
     const w = new WorkerState('w0', {}, 0);
     const held: number[] = [];
     const bytes = steadyBytesPerCall(
-      40,
       5000,
       (i) => {
         held.push(tickets.open(w, 100, 1000, i));
@@ -197,19 +209,24 @@ describe('route path allocation', () => {
     };
     const base = rig(WORKERS, PROMPT);
     const doubled = rig(2 * WORKERS, 2 * PROMPT);
-    // the fewest bytes of each over alternating rounds, until both are in bounds or 100 rounds
-    // have passed: on a busy machine V8 may take many rounds to optimise (see
-    // steadyBytesPerCall); code that allocates per candidate or per block stays over in every round
+    // the fewest bytes of each over alternating rounds, until both are in bounds (or the
+    // deadline: see STEADY_DEADLINE_MS); code that allocates per candidate or per block stays
+    // over in every round
     let baseLeast = Infinity;
     let doubledLeast = Infinity;
     const rounds: string[] = [];
-    for (let r = 0; r < 100 && !(baseLeast < 512 && doubledLeast - baseLeast < 64); r++) {
-      const b = base();
-      const d = doubled();
-      rounds.push(`${b.toFixed(0)}/${d.toFixed(0)}`);
-      baseLeast = Math.min(baseLeast, b);
-      doubledLeast = Math.min(doubledLeast, d);
-    }
+    roundsUntil(
+      () => {
+        const b = base();
+        const d = doubled();
+        // the first rounds and the last: what the message shows
+        if (rounds.length === 60) rounds.splice(10, 1);
+        rounds.push(`${b.toFixed(0)}/${d.toFixed(0)}`);
+        baseLeast = Math.min(baseLeast, b);
+        doubledLeast = Math.min(doubledLeast, d);
+      },
+      () => baseLeast < 512 && doubledLeast - baseLeast < 64,
+    );
     // what a decision must allocate is its result and the views the prompt's keys are copied
     // through out of wasm memory, about 400 bytes here; a number boxed per candidate would be 512
     // bytes more over the 32 more workers, and anything per block thousands over the 512 more
@@ -262,14 +279,17 @@ describe('route path allocation', () => {
         router.release(router.route(request).ticket);
       });
     // the fewest bytes of each over rounds of both, until the namespace costs under 16 bytes more
-    // or 40 rounds have passed: on a busy machine V8 may take many rounds to optimise either path
-    // (see steadyBytesPerCall); a namespace that allocates in the steady state stays over in every round
+    // (or the deadline: see STEADY_DEADLINE_MS); a namespace that allocates in the steady state
+    // stays over in every round
     let plainLeast = Infinity;
     let namespacedLeast = Infinity;
-    for (let r = 0; r < 40 && !(namespacedLeast - plainLeast < 16); r++) {
-      plainLeast = Math.min(plainLeast, run(plain));
-      namespacedLeast = Math.min(namespacedLeast, run(namespaced));
-    }
+    roundsUntil(
+      () => {
+        plainLeast = Math.min(plainLeast, run(plain));
+        namespacedLeast = Math.min(namespacedLeast, run(namespaced));
+      },
+      () => namespacedLeast - plainLeast < 16,
+    );
     const extra = namespacedLeast - plainLeast;
     // 'lora:adapter-a', 'salt:tenant-1', '12345' and 'cla:12345' built, and a pair per field
     // returned, would be well over 100 bytes

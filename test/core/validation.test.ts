@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { KVAwareRouter, PromptTooLongError } from '../../src/index.js';
+import { MAX_INDEX_ENTRIES } from '../../src/core/router/options-schema.js';
 
 const r = new KVAwareRouter();
 r.registerWorker('w0');
@@ -102,6 +103,14 @@ test('a prompt over maxPromptTokens throws PromptTooLongError and leaves nothing
   assert.equal(router.route({ tokens: Array.from({ length: 1024 }, (_, i) => i) }).workerId, 'w0');
   assert.equal(router.route({ promptTokens: 5000 }).workerId, 'w0');
   assert.throws(() => new KVAwareRouter({ maxPromptTokens: 0 }), /maxPromptTokens/);
+});
+
+test('maxIndexEntries past what the index can allocate is refused when the router is built', () => {
+  assert.throws(
+    () => new KVAwareRouter({ maxIndexEntries: 1e12 }),
+    (err: unknown) => err instanceof RangeError && /maxIndexEntries/.test(err.message) && /100000000/.test(err.message),
+  );
+  assert.equal(new KVAwareRouter({ maxIndexEntries: MAX_INDEX_ENTRIES }).index.maxEntries, MAX_INDEX_ENTRIES);
 });
 
 test('a token list of a billion ids is refused by its length before hashing; a length that is no count names tokens', () => {
@@ -244,6 +253,12 @@ describe('bad library arguments throw an error naming them, and the router keeps
       /runningRequests/,
     ],
     ['setRemoteLoad: null', (x) => x.setRemoteLoad('a', null as never), TypeError, /\bload\b/],
+    ['release: NaN', (x) => x.release(NaN), RangeError, /\bticket\b/],
+    ['release: a string', (x) => x.release('1' as never), TypeError, /\bticket\b/],
+    ['release: -1', (x) => x.release(-1), RangeError, /\bticket\b/],
+    ['markPrefillDone: 1.5', (x) => x.markPrefillDone(1.5), RangeError, /\bticket\b/],
+    ['markPrefillDone: undefined', (x) => x.markPrefillDone(undefined as never), TypeError, /\bticket\b/],
+    ['markRefused: Infinity', (x) => x.markRefused(Infinity), RangeError, /\bticket\b/],
     ['applySharedDecision: null', (x) => x.applySharedDecision(null as never), TypeError, /decision/],
     [
       'applySharedDecision: now NaN',

@@ -532,6 +532,7 @@ export class KVAwareRouter {
 
   /** The request's prefill finished (first token seen): its work moves from prefill to decode. */
   markPrefillDone(ticket: number): void {
+    check.ticket(ticket);
     this.policy.onPrefillDone?.(ticket);
     this.inFlight.markPrefillDone(ticket);
     this.withdrawable.drop(ticket);
@@ -553,6 +554,7 @@ export class KVAwareRouter {
    * many index entries were withdrawn (0 for an unknown, untracked or ended ticket).
    */
   markRefused(ticket: number): number {
+    check.ticket(ticket);
     // a removed worker's decisions were dropped with it (its slot may be reused since)
     return this.withdrawKept(ticket);
   }
@@ -614,6 +616,7 @@ export class KVAwareRouter {
 
   /** The request completed, failed or was abandoned: its work leaves the worker. Idempotent. */
   release(ticket: number): void {
+    check.ticket(ticket);
     this.policy.onReleased?.(ticket);
     this.inFlight.release(ticket);
     this.withdrawable.drop(ticket);

@@ -35,6 +35,13 @@ const fraction = () => z.number().min(0).max(1);
 export const MAX_TABLE_CAPACITY = 10_000_000;
 const tableCapacity = () => positiveInt().max(MAX_TABLE_CAPACITY);
 
+/**
+ * Most (block, worker) entries the block index may be given: it holds them in typed arrays that
+ * double as they fill, about 40 bytes a block with its hash table, so at this bound it may take
+ * 4 GB; much past it a doubling cannot be allocated and the route that needed it would fail.
+ */
+export const MAX_INDEX_ENTRIES = 100_000_000;
+
 export const ROUTER_DEFAULTS = {
   anchorCapacity: 100_000,
   workflowCapacity: 10_000,
@@ -80,7 +87,7 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
   prefixCachingHashAlgo: z.enum(VLLM_HASH_ALGOS).default('sha256_cbor'),
   indexMode: z.enum(['precise', 'approximate']).default('approximate'),
   predictionTtlMs: nonNegative().optional(),
-  maxIndexEntries: positiveInt().default(ROUTER_DEFAULTS.maxIndexEntries),
+  maxIndexEntries: positiveInt().max(MAX_INDEX_ENTRIES).default(ROUTER_DEFAULTS.maxIndexEntries),
   maxPromptTokens: positiveInt().default(ROUTER_DEFAULTS.maxPromptTokens),
   contentAnchorScoring: z.boolean().default(true),
   speculativeBlocks: nonNegativeInt().default(ROUTER_DEFAULTS.speculativeBlocks),
