@@ -556,6 +556,8 @@ export class WorkerConnections {
       const c = this.connections.get(rid);
       if (!c) continue;
       this.connections.delete(rid);
+      // close() stops it at once (a replay under way is cancelled): from here it applies and
+      // drops nothing, so the worker's entries cleared below stay cleared, whatever is added under its id
       if (c.subscriber) this.closing.push(c.subscriber.close().catch(() => {}));
       this.scraper?.remove(rid);
       this.checker?.remove(rid);
