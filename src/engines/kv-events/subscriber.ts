@@ -45,12 +45,15 @@ export interface KvEventSubscriberOptions {
   replayEndpoint?: string;
   applier: KvEventApplier;
   /**
-   * Worker of a data-parallel rank (batches carry data_parallel_rank): a batch of a rank it
-   * gives no worker for is skipped and counted (`unknownRanks`). Without it every batch of
-   * the endpoint is workerId's, whatever its rank (an engine started with
-   * --data-parallel-rank R, listed as a worker of its own, stamps its batches with R).
+   * The endpoint is data-parallel rank `rank`'s of an engine of `size` ranks (workerId is that
+   * rank's worker). vLLM publishes each rank's events on a port of its own (the events port +
+   * rank, vllm/distributed/kv_events.py offset_endpoint_port), stamped with the rank: a batch
+   * stamped with another rank (outside 0…size−1, negative, or another rank's) is skipped and
+   * counted (`unknownRanks`), logged once. Without it every batch of the endpoint is workerId's,
+   * whatever its rank (an engine started with --data-parallel-rank R, listed as a worker of its
+   * own, stamps its batches with R).
    */
-  workerForRank?: (rank: number) => string | undefined;
+  dataParallel?: { rank: number; size: number };
   /** Longest wait for each message of a replay (default 2000 ms). */
   replayTimeoutMs?: number;
   /**
@@ -309,22 +312,26 @@ export class KvEventSubscriber {
       this.log(`skipped malformed batch ${seq}: ${why}`);
       return;
     }
-    let worker = this.options.workerId;
-    if (reader.dataParallelRank !== null && this.options.workerForRank) {
-      const w = this.options.workerForRank(reader.dataParallelRank);
-      if (w === undefined) {
-        this.stats.unknownRanks++;
-        if (!this.unknownRankLogged) {
-          this.unknownRankLogged = true;
-          this.log(
-            `batch ${seq} is from data-parallel rank ${reader.dataParallelRank}, which the worker's dp-size does not cover: ` +
-              `batches of ranks it does not have are skipped (reason unknown_rank). Give the worker the engine's ` +
-              `--data-parallel-size as dp-size, or list an engine that serves one rank (--data-parallel-rank) as its own worker without dp-size`,
-          );
-        }
-        return;
+    const worker = this.options.workerId;
+    const dp = this.options.dataParallel;
+    const rank = reader.dataParallelRank;
+    if (dp && rank !== null && rank !== dp.rank) {
+      // the rank's entries are another subscriber's, cleared when its own stream breaks: a
+      // batch applied to them from here would outlive that
+      this.stats.unknownRanks++;
+      if (!this.unknownRankLogged) {
+        this.unknownRankLogged = true;
+        this.log(
+          rank >= 0 && rank < dp.size
+            ? `batch ${seq} is from data-parallel rank ${rank} but came on rank ${dp.rank}'s endpoint: vLLM publishes each rank's events on a port of its own ` +
+                `(the events port + rank), so batches of other ranks are skipped here (reason unknown_rank). Check that the worker's events= is rank 0's port ` +
+                `and that nothing else publishes on the ports after it`
+            : `batch ${seq} is from data-parallel rank ${rank}, which the worker's dp-size does not cover: ` +
+                `batches of ranks it does not have are skipped (reason unknown_rank). Give the worker the engine's ` +
+                `--data-parallel-size as dp-size, or list an engine that serves one rank (--data-parallel-rank) as its own worker without dp-size`,
+        );
       }
-      worker = w;
+      return;
     }
     const mismatchesBefore = this.stats.applied.hashMismatches;
     let skippedEvents = 0;
