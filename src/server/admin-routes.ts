@@ -7,11 +7,11 @@
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
 import type { KVAwareRouter } from '../core/router/index.js';
 import type { WorkerHealth } from '../engines/health.js';
-import type { KvEventApplier } from '../engines/kv-events/applier.js';
-import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decode.js';
+import { KvEventFormatError, readJsonEvents, type JsonEventsReader } from '../engines/kv-events/decode.js';
 import type { StateStore, WorkerRecord } from '../state/state-store.js';
 import { adminRequestProblem, authorizationProblem, type AdminToken } from './admin-auth.js';
 import { openAiError } from './openai-request.js';
+import type { PostedEvents } from './posted-events.js';
 import { clientMessage } from './request-limits.js';
 import { KeyEnvError, parseWorkerRecord, redactUrl, workerErrorField } from './worker-input.js';
 import { WorkerLimitError, type WorkerConnections } from './worker-connections.js';
@@ -21,7 +21,8 @@ export interface AdminRoutesOptions {
   connections: WorkerConnections;
   health: WorkerHealth;
   state: StateStore;
-  applier: KvEventApplier;
+  /** Applies posted KV events (in slices, each worker's lists in turn). */
+  postedEvents: PostedEvents;
   /** The admin bearer token. */
   adminToken: AdminToken;
   /** Adds a worker here and in the shared state. */
@@ -33,7 +34,7 @@ export interface AdminRoutesOptions {
 }
 
 export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin, options) => {
-  const { router, connections, health, state, applier, addWorker, removeWorker, drainWorker } = options;
+  const { router, connections, health, state, postedEvents, addWorker, removeWorker, drainWorker } = options;
   admin.addHook('onRequest', requireAdmin(options.adminToken));
   admin.get('/admin/workers', async () => ({
     workers: router.listWorkers().map((w) => {
@@ -104,17 +105,27 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
         'events need the id of a known worker (ID#r for a data-parallel rank) in "worker"',
         'worker',
       );
+    let reader: JsonEventsReader;
     try {
-      const batch = decodeJsonEvents(b.events);
-      // an event that cannot be read is skipped (listed with its reason), as on the ZeroMQ path
-      const applied = applier.apply(b.worker, batch);
-      // the other replicas' indexes take them too (the engine posted to whichever replica it reached)
-      state.kvEventsPosted(b.worker, b.events);
-      return { applied, skipped: batch.skipped ?? [] };
+      reader = readJsonEvents(b.events);
     } catch (err) {
       if (err instanceof KvEventFormatError) return openAiError(reply, 400, err.message, 'events');
       throw err;
     }
+    const worker = b.worker;
+    const connection = connections.get(worker);
+    // an event that cannot be read is skipped (listed with its reason), as on the ZeroMQ path
+    const out = await postedEvents.apply(worker, reader, () => connections.get(worker) === connection);
+    if ('removedAfter' in out)
+      return openAiError(
+        reply,
+        409,
+        `worker '${worker}' was removed while its events were applied (${out.removedAfter} of ${reader.count} applied)`,
+        'worker',
+      );
+    // the other replicas' indexes take them too (the engine posted to whichever replica it reached)
+    state.kvEventsPosted(worker, b.events);
+    return { applied: out.applied, skipped: out.skipped };
   });
 };
 

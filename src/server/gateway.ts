@@ -13,7 +13,7 @@ import type { Registry } from 'prom-client';
 import type { KVAwareRouter } from '../core/router/index.js';
 import { WorkerHealth } from '../engines/health.js';
 import { KvEventApplier } from '../engines/kv-events/applier.js';
-import { decodeJsonEvents, KvEventFormatError } from '../engines/kv-events/decode.js';
+import { KvEventFormatError, readJsonEvents, type JsonEventsReader } from '../engines/kv-events/decode.js';
 import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
 import type { AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
 import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/state-store.js';
@@ -63,6 +63,7 @@ import { isValidHost } from './host-header.js';
 import { MAX_PIPELINED_REQUESTS, PipelinedRequests } from './pipelining.js';
 import { sharePrefillReads } from '../state/prefill-sharing.js';
 import { PanicRouting } from './panic-routing.js';
+import { PostedEvents } from './posted-events.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
@@ -284,6 +285,7 @@ export interface Gateway {
 export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const { router } = options;
   const applier = options.applier ?? new KvEventApplier(router);
+  const postedEvents = new PostedEvents(applier);
   const tokenizeMode = options.tokenize ?? 'text';
   if (tokenizeMode === 'tokenizer' && !options.promptTokenizer)
     throw new TypeError("tokenize 'tokenizer' needs a promptTokenizer");
@@ -624,13 +626,20 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           log(`worker '${id}' ${draining ? 'drained' : 'resumed'} by another replica`);
       },
       applyKvEventsFromState: (id, events) => {
-        if (connections.get(id) === undefined) return;
+        const connection = connections.get(id);
+        if (connection === undefined) return;
+        let reader: JsonEventsReader;
         try {
-          applier.apply(id, decodeJsonEvents(events));
+          reader = readJsonEvents(events);
         } catch (err) {
           // checked by the replica that took them: a newer one's format, or a message garbled
           if (!(err instanceof KvEventFormatError)) throw err;
+          return;
         }
+        // in slices, as where they were posted
+        void postedEvents
+          .apply(id, reader, () => connections.get(id) === connection)
+          .catch((err: Error) => log(`KV events for '${id}' from another replica not applied: ${err.message}`));
       },
       log,
     });
@@ -933,7 +942,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     connections,
     health,
     state,
-    applier,
+    postedEvents,
     adminToken,
     addWorker,
     removeWorker,

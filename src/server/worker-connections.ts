@@ -430,11 +430,10 @@ export class WorkerConnections {
     const headers: Record<string, string> = authorization
       ? { 'content-type': 'application/json', 'accept-encoding': 'identity', authorization }
       : { 'content-type': 'application/json', 'accept-encoding': 'identity' };
-    // with ranks, a batch goes to its rank's worker; without, the endpoint is the worker's own
-    // and every batch of it is the worker's whatever its rank (vLLM stamps its global rank:
-    // an engine serving one rank behind its own API server, --data-parallel-rank R, stamps R)
-    const workerForRank =
-      dpSize > 1 ? (rank: number) => (rank < dpSize ? rankWorkerId(w.id, rank, dpSize) : undefined) : undefined;
+    // with ranks, each rank's endpoint (port + rank) takes its rank's batches only; without, the
+    // endpoint is the worker's own and every batch of it is the worker's whatever its rank (vLLM
+    // stamps its global rank: an engine serving one rank behind its own API server,
+    // --data-parallel-rank R, stamps R)
     // the subscribers and the router's registration can still refuse the worker (ZeroMQ has the
     // last word on an endpoint): then nothing of it may stay, neither a worker the router routes
     // to without a connection nor a socket
@@ -454,7 +453,7 @@ export class WorkerConnections {
                 replayEndpoint: replays?.[r],
                 applier,
                 log,
-                workerForRank,
+                dataParallel: dpSize > 1 ? { rank: r, size: dpSize } : undefined,
               }).start()
             : undefined,
         );
@@ -556,6 +555,8 @@ export class WorkerConnections {
       const c = this.connections.get(rid);
       if (!c) continue;
       this.connections.delete(rid);
+      // close() stops it at once (a replay under way is cancelled): from here it applies and
+      // drops nothing, so the worker's entries cleared below stay cleared, whatever is added under its id
       if (c.subscriber) this.closing.push(c.subscriber.close().catch(() => {}));
       this.scraper?.remove(rid);
       this.checker?.remove(rid);

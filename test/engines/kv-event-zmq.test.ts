@@ -153,33 +153,45 @@ describe('KV events over ZeroMQ', () => {
     assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 0);
   });
 
-  test('data-parallel ranks are separate workers', async () => {
+  test("a data-parallel rank's endpoint takes its rank's batches only: another rank's is skipped as unknown", async () => {
     const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
-    router.registerWorker('w0');
-    router.registerWorker('w0-dp1');
+    router.registerWorker('w#0');
+    router.registerWorker('w#1');
     const applier = new KvEventApplier(router);
+    // rank 1's port (vLLM offsets each rank's publisher by its rank)
     const pub = await new KvEventPublisher({
       endpoint: 'tcp://127.0.0.1:*',
       replayEndpoint: 'tcp://127.0.0.1:*',
     }).start();
+    const logs: string[] = [];
     const sub = new KvEventSubscriber({
-      workerId: 'w0',
+      workerId: 'w#1',
       endpoint: pub.endpoint,
       replayEndpoint: pub.replayEndpoint,
       applier,
-      workerForRank: (rank) => (rank === 0 ? 'w0' : rank === 1 ? 'w0-dp1' : undefined),
+      dataParallel: { rank: 1, size: 2 },
+      log: (m) => logs.push(m),
     }).start();
     closers.push(
       () => sub.close(),
       () => pub.close(),
     );
     await pub.publish({ ts: Date.now() / 1000, events: [stored([1n], null, 0)], dataParallelRank: 1 });
+    await pub.publish({ ts: Date.now() / 1000, events: [stored([2n], null, 20)], dataParallelRank: 0 });
     await pub.publish({ ts: Date.now() / 1000, events: [stored([5n], null, 40)], dataParallelRank: 7 });
-    await until(() => sub.stats.unknownRanks === 1, 'the unknown rank');
+    await pub.publish({ ts: Date.now() / 1000, events: [stored([6n], null, 60)], dataParallelRank: null });
+    await until(() => applier.trackedBlocks('w#1') === 2 && sub.stats.unknownRanks === 2, 'the four batches');
     const d = router.route({ tokens: tokens(0, 4) }, { dryRun: true });
-    assert.equal(d.workerId, 'w0-dp1');
+    assert.equal(d.workerId, 'w#1');
     assert.equal(d.cachedTokens, 4);
-    assert.equal(applier.trackedBlocks('w0'), 0);
+    assert.equal(
+      router.route({ tokens: tokens(60, 4) }, { dryRun: true }).cachedTokens,
+      4,
+      "an unstamped batch is the port's",
+    );
+    assert.equal(applier.trackedBlocks('w#0'), 0, "rank 0's batch on rank 1's port is not rank 0's");
+    assert.equal(router.route({ tokens: tokens(20, 4) }, { dryRun: true }).cachedTokens, 0);
+    assert.equal(logs.filter((l) => /unknown_rank/.test(l)).length, 1, `logged once: ${logs.join(' | ')}`);
   });
 
   test('malformed messages are counted and skipped; the index and the subscriber survive', async () => {

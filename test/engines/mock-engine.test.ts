@@ -208,7 +208,7 @@ describe('mock engine: data parallel, LoRA, vLLM block hashes', () => {
     router.registerWorker('w#0');
     router.registerWorker('w#1');
     const applier = new KvEventApplier(router);
-    const ranks: number[] = [];
+    const subscribers: KvEventSubscriber[] = [];
     for (const [r, ep] of e.eventsEndpoints.entries()) {
       const replayEndpoint = offsetEndpointPort(e.replayEndpoint, r);
       const s = new KvEventSubscriber({
@@ -216,8 +216,9 @@ describe('mock engine: data parallel, LoRA, vLLM block hashes', () => {
         endpoint: ep,
         replayEndpoint,
         applier,
-        workerForRank: (rank) => (ranks.push(rank), `w#${rank}`),
+        dataParallel: { rank: r, size: 2 },
       }).start();
+      subscribers.push(s);
       closers.push(() => s.close());
     }
     const prompt = words(40, 3);
@@ -233,7 +234,8 @@ describe('mock engine: data parallel, LoRA, vLLM block hashes', () => {
       return applier.trackedBlocks('w#1') > 0;
     }, "rank 1's events");
     assert.equal(applier.trackedBlocks('w#0'), 0, 'rank 0 computed nothing');
-    assert.ok(ranks.every((r) => r === 1));
+    // each rank's port carries its own rank's batches only
+    assert.ok(subscribers.every((s) => s.stats.unknownRanks === 0));
     assert.equal(e.cacheListing(1).length, Math.floor(mockTokenize(prompt).length / 4), "the prompt's full blocks");
     assert.equal(e.cacheListing(0).length, 0);
     const bad = await send(2);

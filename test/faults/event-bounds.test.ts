@@ -4,7 +4,14 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { KvEventApplier, emptyCounts } from '../../src/engines/kv-events/applier.js';
+import {
+  KvEventApplier,
+  MAX_KV_GROUPS_PER_WORKER,
+  MAX_MEDIA_PER_WORKER,
+  MAX_MEDIUM_CHARS,
+  emptyCounts,
+} from '../../src/engines/kv-events/applier.js';
+import type { KvEvent } from '../../src/engines/kv-events/decode.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { eventBatch, storedEvent } from '../helpers/kv-event-builders.js';
 
@@ -34,4 +41,108 @@ test("the bound defaults to the router's own index capacity (maxIndexEntries)", 
     applier.apply('w', eventBatch(null, storedEvent([BigInt(n + 1)], null, n * 4, 4)), counts);
   assert.ok(applier.trackedBlocks('w') <= 50, `tracked ${applier.trackedBlocks('w')} blocks`);
   assert.equal(counts.skipped.over_capacity, 2);
+});
+
+const offloadCopy = (hash: bigint, medium: string): KvEvent => ({
+  type: 'BlockStored',
+  blockHashes: [hash],
+  parentBlockHash: null,
+  tokenIds: [],
+  blockSize: 0,
+  loraId: null,
+  medium,
+  loraName: null,
+  groupIdx: null,
+});
+
+test('offload copies of unknown blocks, under ever new media, leave nothing behind', () => {
+  const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+  router.registerWorker('w');
+  const applier = new KvEventApplier(router);
+  const counts = emptyCounts();
+  for (let n = 0; n < 5000; n++) applier.apply('w', eventBatch(null, offloadCopy(BigInt(n + 1), `m${n}`)), counts);
+  assert.deepEqual(applier.trackedState('w'), { blocks: 0, media: 0, groups: 0 });
+  assert.equal(applier.trackedWorkers(), 0);
+  assert.equal(counts.skipped.unknown_offload, 5000);
+  // removals of blocks never stored create nothing either
+  applier.apply(
+    'w',
+    eventBatch(null, { type: 'BlockRemoved', blockHashes: [1n, 2n], medium: 'm1', groupIdx: null }),
+    counts,
+  );
+  assert.equal(applier.trackedWorkers(), 0);
+  assert.equal(counts.unknownRemovals, 2);
+});
+
+test('offload media kept per worker are bounded in number and name length; what is past them is skipped and counted', () => {
+  const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+  router.registerWorker('w');
+  const applier = new KvEventApplier(router);
+  const counts = emptyCounts();
+  applier.apply('w', eventBatch(null, storedEvent([1n], null, 0, 4)), counts);
+  for (let n = 0; n < 5000; n++) applier.apply('w', eventBatch(null, offloadCopy(1n, `m${n}`)), counts);
+  assert.equal(applier.trackedState('w').media, MAX_MEDIA_PER_WORKER);
+  assert.equal(counts.offloadBlocks, MAX_MEDIA_PER_WORKER);
+  assert.equal(counts.skipped.unknown_offload, 5000 - MAX_MEDIA_PER_WORKER);
+  // a medium named at length is not kept, even with room left
+  applier.clearWorker('w');
+  applier.apply('w', eventBatch(null, storedEvent([1n], null, 0, 4)), counts);
+  applier.apply('w', eventBatch(null, offloadCopy(1n, 'x'.repeat(MAX_MEDIUM_CHARS + 1))), counts);
+  assert.equal(applier.trackedState('w').media, 0);
+  assert.deepEqual(applier.copies('w', 1n), { gpu: 1, offload: 0 });
+  // the media vLLM uses are kept
+  applier.apply('w', eventBatch(null, offloadCopy(1n, 'CPU')), counts);
+  assert.equal(applier.trackedState('w').media, 1);
+  assert.deepEqual(applier.copies('w', 1n), { gpu: 1, offload: 1 });
+});
+
+test('KV group kinds kept per worker are bounded; a store of a group past them is not indexed', () => {
+  const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+  router.registerWorker('w');
+  const applier = new KvEventApplier(router);
+  const counts = emptyCounts();
+  for (let n = 0; n < 5000; n++)
+    applier.apply(
+      'w',
+      eventBatch(null, {
+        ...storedEvent([BigInt(n + 1)], null, 4 * n, 4),
+        groupIdx: n + 1,
+        kvCacheSpecKind: 'sliding_window',
+      } as KvEvent),
+      counts,
+    );
+  assert.equal(applier.trackedState('w').groups, MAX_KV_GROUPS_PER_WORKER);
+  assert.equal(counts.skipped.other_group, 5000);
+  const full = {
+    ...storedEvent([9n], null, 40_000, 4),
+    groupIdx: 99_999,
+    kvCacheSpecKind: 'full_attention',
+  } as KvEvent;
+  applier.apply('w', eventBatch(null, full), counts);
+  assert.equal(counts.skipped.other_group, 5001, 'a full-attention group past the bound is not indexed');
+  assert.equal(applier.trackedState('w').groups, MAX_KV_GROUPS_PER_WORKER);
+  assert.equal(applier.trackedBlocks('w'), 0);
+});
+
+test('clearing a worker (a gap, a restart, its removal) frees everything kept for it', () => {
+  const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+  router.registerWorker('w');
+  router.registerWorker('v');
+  const applier = new KvEventApplier(router);
+  applier.apply(
+    'w',
+    eventBatch(
+      null,
+      { ...storedEvent([1n], null, 0, 4), groupIdx: 0, kvCacheSpecKind: 'full_attention' } as KvEvent,
+      { ...storedEvent([2n], null, 100, 4), groupIdx: 1, kvCacheSpecKind: 'sliding_window' } as KvEvent,
+      offloadCopy(1n, 'CPU'),
+    ),
+  );
+  applier.apply('v', eventBatch(null, storedEvent([1n], null, 0, 4)));
+  assert.deepEqual(applier.trackedState('w'), { blocks: 1, media: 1, groups: 2 });
+  applier.clearWorker('w');
+  assert.deepEqual(applier.trackedState('w'), { blocks: 0, media: 0, groups: 0 });
+  assert.equal(applier.trackedWorkers(), 1, "only the other worker's state is left");
+  applier.clearWorker('v');
+  assert.equal(applier.trackedWorkers(), 0);
 });

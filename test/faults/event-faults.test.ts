@@ -6,6 +6,8 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { encode } from '@msgpack/msgpack';
 import fc from 'fast-check';
+import { Router } from 'zeromq';
+import { WorkerHealth } from '../../src/engines/health.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
 import {
   decodeEventBatch,
@@ -18,6 +20,7 @@ import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
+import { WorkerConnections } from '../../src/server/worker-connections.js';
 import {} from './harness.js';
 import { eventBatch, storedEvent, tokenRange } from '../helpers/kv-event-builders.js';
 import { until } from '../helpers/wait.js';
@@ -69,6 +72,79 @@ test('through the gateway: a gap is replayed, a restarted publisher has its old 
   assert.equal(cached(0, 20), 0, 'nothing from before the restart');
   await gateway.close();
   await restarted.close();
+});
+
+test("a removed worker's replay still under way applies nothing to a worker added again under its id", async () => {
+  const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
+  // the replay endpoint: answers at once, except for the lost batch, whose replay delivers one
+  // batch, then waits for `gate` before the next one and its end
+  const replay = new Router({ linger: 0 });
+  await replay.bind('tcp://127.0.0.1:*');
+  let lostSeq = -1n;
+  let openGate = () => {};
+  const gate = new Promise<void>((resolve) => (openGate = resolve));
+  const seqBytes = (n: bigint) => {
+    const b = Buffer.alloc(8);
+    b.writeBigInt64BE(n);
+    return b;
+  };
+  const serving = (async () => {
+    for await (const [id, , start] of replay) {
+      const from = start.readBigInt64BE();
+      if (from === lostSeq) {
+        await replay.send([id, '', seqBytes(from), encodeEventBatch(batch(stored([1n, 2n], null, 0)))]);
+        await gate;
+        await replay.send([id, '', seqBytes(from + 1n), encodeEventBatch(batch(stored([3n], null, 100)))]);
+      }
+      await replay.send([id, '', seqBytes(-1n), '']);
+    }
+  })().catch(() => {});
+  const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise', speculativeBlocks: 0 });
+  const applier = new KvEventApplier(router);
+  const connections = new WorkerConnections({
+    router,
+    applier,
+    health: new WorkerHealth(router),
+    kvEvents: true,
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    modelsIntervalMs: 0,
+    log: () => {},
+    env: {},
+  });
+  const cached = (from: number, n: number) => router.route({ tokens: tokens(from, n) }, { dryRun: true }).cachedTokens;
+  try {
+    connections.add({ id: 'w0', url: 'http://127.0.0.1:1', events: pub.endpoint, replay: replay.lastEndpoint! });
+    const sub = connections.get('w0')!.subscriber!;
+    await until(
+      async () => {
+        if (sub.stats.batches > 0) return true;
+        await pub.publish(batch());
+        return false;
+      },
+      'the subscription to be live',
+      { intervalMs: 20 },
+    );
+    pub.loseNext(1);
+    lostSeq = await pub.publish(batch()); // lost: the next batch asks for its replay
+    await pub.publish(batch());
+    await until(() => cached(0, 8) === 8, "the replay's first batch");
+    // removed and added again, without events, while the replay waits for its engine
+    connections.remove('w0');
+    connections.add({ id: 'w0', url: 'http://127.0.0.1:1' });
+    applier.apply('w0', batch(stored([9n], null, 300)));
+    openGate();
+    await connections.close(); // waits for the removed worker's subscriber to end
+    assert.equal(cached(0, 8), 0, "the old worker's entries are gone");
+    assert.equal(cached(100, 4), 0, "the rest of the old worker's replay applied nothing");
+    assert.equal(cached(300, 4), 4, "the new worker's own entries stay");
+  } finally {
+    openGate();
+    await connections.close();
+    await pub.close();
+    replay.close();
+    await serving;
+  }
 });
 
 /** Payloads: random bytes, random msgpack values, and valid-shaped batches with hostile field values. */

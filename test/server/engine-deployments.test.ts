@@ -276,6 +276,45 @@ describe('gateway: engine deployment shapes', () => {
     assert.match(lines[0], /dp-size/);
   });
 
+  test("with dp-size, a batch stamped with another rank than its port's is skipped as unknown_rank, not applied to that rank", async () => {
+    // vLLM publishes each rank's events on its own port (the events port + rank): rank 1's
+    // entries are cleared when rank 1's stream breaks, so a batch of rank 1 arriving on rank 0's
+    // port must not write into them
+    const logs: string[] = [];
+    const { pub, base } = await gatewayOnPublisher({}, { dpSize: 2 }, { log: (m) => logs.push(m) });
+    const stored = blockStored({ blockHashes: [1n], parentBlockHash: null, tokenIds: [1, 2, 3, 4], blockSize: 4 });
+    await until(async () => {
+      await pub.publish({ ts: Date.now() / 1000, events: [stored], dataParallelRank: 1 });
+      return /contextforge_kv_events_skipped_total\{worker="w#0",reason="unknown_rank"\} ([2-9]|\d\d)/.test(
+        await (await fetch(`${base}/metrics`)).text(),
+      );
+    }, 'two batches counted under unknown_rank');
+    const workers = (
+      (await (
+        await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${adminToken}` } })
+      ).json()) as Json
+    ).workers as Json[];
+    for (const w of workers) assert.equal(w.indexEntries, 0, `${w.id} holds nothing`);
+    const lines = logs.filter((l) => /rank 1/.test(l) && /unknown_rank/.test(l));
+    assert.equal(lines.length, 1, `logged once: ${logs.join(' | ')}`);
+    assert.match(lines[0], /port/);
+  });
+
+  test('with dp-size, a batch stamped with a negative rank is unknown_rank, logged once, not a malformed batch', async () => {
+    const logs: string[] = [];
+    const { pub, base } = await gatewayOnPublisher({}, { dpSize: 2 }, { log: (m) => logs.push(m) });
+    let metrics = '';
+    await until(async () => {
+      await pub.publish({ ts: Date.now() / 1000, events: [], dataParallelRank: -3 });
+      metrics = await (await fetch(`${base}/metrics`)).text();
+      return /contextforge_kv_events_skipped_total\{worker="w#0",reason="unknown_rank"\} ([2-9]|\d\d)/.test(metrics);
+    }, 'two batches counted under unknown_rank');
+    assert.doesNotMatch(metrics, /reason="malformed_batch"/);
+    const lines = logs.filter((l) => /rank -3/.test(l));
+    assert.equal(lines.length, 1, `logged once: ${logs.join(' | ')}`);
+    assert.match(lines[0], /dp-size/);
+  });
+
   test('a prompt given as token ids is hashed as those tokens in every tokenize mode', async () => {
     const { ChatTokenizer } = await import('../../src/engines/chat-tokenizer.js');
     const promptTokenizer = ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname);

@@ -220,3 +220,87 @@ test('/admin/events: a bad hash string skips its own event as a bad_field; the e
   assert.equal(out.applied.storedBlocks, 2, 'the events before and after the bad ones apply');
   assert.equal(out.applied.removedBlocks, 0, 'a removal with one bad hash removes nothing');
 });
+
+/** BlockStored events of one block each, `n` of them, hashes from 1, token ids from `firstToken` on. */
+const oneBlockStores = (n: number, firstToken = 0) =>
+  Array.from({ length: n }, (_, i) => ({
+    type: 'BlockStored',
+    block_hashes: [i + 1],
+    parent_block_hash: null,
+    token_ids: [0, 1, 2, 3].map((k) => firstToken + 4 * i + k),
+    block_size: 4,
+  }));
+
+/** Calls `look` at every turn of the event loop until `done` resolves. */
+async function everyTurn<T>(done: Promise<T>, look: () => void): Promise<T> {
+  let running = true;
+  const turn = () => {
+    if (!running) return;
+    look();
+    setImmediate(turn);
+  };
+  setImmediate(turn);
+  try {
+    return await done;
+  } finally {
+    running = false;
+  }
+}
+
+test('/admin/events: a large list applies in slices, the event loop turning between them; the answer covers it all', async () => {
+  const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+  const applier = new KvEventApplier(router);
+  const gateway = await createGateway({
+    router,
+    applier,
+    workers: [{ id: 'b', url: 'http://127.0.0.1:2' }],
+    adminToken,
+  });
+  cleanup.push(() => gateway.close());
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const events: unknown[] = oneBlockStores(20_000);
+  events[15_000] = { type: 'Nope' };
+  const seen = new Set<number>();
+  const res = await everyTurn(post(base, '/admin/events', { worker: 'b', events }), () =>
+    seen.add(applier.trackedBlocks('b')),
+  );
+  assert.equal(res.status, 200);
+  const out = (await res.json()) as {
+    applied: { storedBlocks: number };
+    skipped: Array<{ index: number; reason: string; message: string }>;
+  };
+  assert.equal(out.applied.storedBlocks, 19_999);
+  assert.deepEqual(
+    out.skipped.map((x) => [x.index, x.reason]),
+    [[15_000, 'unknown_type']],
+  );
+  assert.match(out.skipped[0].message, /events\[15000\]/);
+  assert.equal(applier.trackedBlocks('b'), 19_999);
+  const partly = [...seen].filter((n) => n > 0 && n < 19_999);
+  assert.ok(partly.length >= 2, `the loop turned while the list was partly applied: saw ${[...seen].join(', ')}`);
+});
+
+test('/admin/events: a worker removed while its list applies, and added again under its id, takes nothing more of it', async () => {
+  const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
+  const applier = new KvEventApplier(router);
+  const gateway = await createGateway({
+    router,
+    applier,
+    workers: [{ id: 'b', url: 'http://127.0.0.1:2' }],
+    adminToken,
+  });
+  cleanup.push(() => gateway.close());
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  let replaced = false;
+  const res = await everyTurn(post(base, '/admin/events', { worker: 'b', events: oneBlockStores(20_000) }), () => {
+    if (replaced || applier.trackedBlocks('b') === 0) return;
+    replaced = true;
+    gateway.removeWorker('b');
+    gateway.addWorker({ id: 'b', url: 'http://127.0.0.1:2' });
+  });
+  assert.ok(replaced, 'the worker was replaced while its list applied');
+  assert.equal(res.status, 409);
+  assert.match(((await res.json()) as { error: { message: string } }).error.message, /removed while its events/);
+  assert.equal(applier.trackedBlocks('b'), 0, 'the new worker holds nothing of the list');
+  assert.equal(router.route({ tokens: [0, 1, 2, 3] }, { dryRun: true }).cachedTokens, 0);
+});

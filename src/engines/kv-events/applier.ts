@@ -42,6 +42,9 @@ import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatc
  * - Bounded: a worker that reports holding more blocks than `maxTrackedBlocks` (the index's own
  *   capacity by default; no engine holds that many, so its removals were lost or it is broken)
  *   has its entries dropped and rebuilt from its next events ('over_capacity'), as after a gap.
+ *   What else is kept per worker is bounded too (MAX_MEDIA_PER_WORKER offload media of names up
+ *   to MAX_MEDIUM_CHARS, MAX_KV_GROUPS_PER_WORKER group kinds), created only for blocks the
+ *   worker holds, and freed with its entries (clearWorker: a gap, a restart, its removal).
  */
 export type ApplySkipReason =
   'block_size' | 'orphan' | 'token_count' | 'other_group' | 'unknown_offload' | 'unknown_removal' | 'over_capacity';
@@ -52,6 +55,23 @@ export type ApplySkipReason =
  * rather than walked (and allocated for) block by block.
  */
 export const MAX_OFFLOAD_SPAN = 1024;
+
+/**
+ * Longest `medium` name an offload copy's span is kept under: vLLM's are "GPU", "CPU" and
+ * "STORAGE". A copy of a longer one is skipped ('unknown_offload'), never remembered.
+ */
+export const MAX_MEDIUM_CHARS = 64;
+/**
+ * Offload media whose span is kept per worker (vLLM's connectors use one or two): a copy of a
+ * medium past them is skipped ('unknown_offload').
+ */
+export const MAX_MEDIA_PER_WORKER = 16;
+/**
+ * KV groups whose kind is kept per worker (a hybrid model has a few: one per kind and layer
+ * ratio). A store of a group past them is not indexed ('other_group'), and its removals then
+ * find nothing to remove.
+ */
+export const MAX_KV_GROUPS_PER_WORKER = 256;
 
 export interface ApplyCounts {
   storedBlocks: number;
@@ -135,7 +155,7 @@ export class KvEventApplier {
   private readonly otherGroups = new Map<string, Set<number>>();
   private readonly fullGroups = new Map<string, Set<number>>();
   /** GPU blocks an offload block spans, per worker and medium (learned from its stores). */
-  private readonly offloadSpans = new Map<string, number>();
+  private readonly offloadSpans = new Map<string, Map<string, number>>();
   private readonly scratch = new BlockHashes(64);
   private readonly root = new Uint32Array(2);
   private readonly key = new Uint32Array(2);
@@ -173,6 +193,26 @@ export class KvEventApplier {
     return [...(this.maps.get(workerId)?.keys() ?? [])].map((h) => h.toString());
   }
 
+  /**
+   * What the applier keeps for a worker: blocks, offload media whose span it learned, KV groups
+   * whose kind it learned. All of it goes with clearWorker().
+   */
+  trackedState(workerId: string): { blocks: number; media: number; groups: number } {
+    return {
+      blocks: this.trackedBlocks(workerId),
+      media: this.offloadSpans.get(workerId)?.size ?? 0,
+      groups: (this.fullGroups.get(workerId)?.size ?? 0) + (this.otherGroups.get(workerId)?.size ?? 0),
+    };
+  }
+
+  /** Workers the applier keeps anything for. */
+  trackedWorkers(): number {
+    const ids = new Set<string>();
+    for (const m of [this.maps, this.fullGroups, this.otherGroups, this.offloadSpans, this.hashesConfirmed])
+      for (const id of m.keys()) ids.add(id);
+    return ids.size;
+  }
+
   /** Own hashes (hex) of what the worker reported holding, for comparing with the engine. */
   trackedHashes(workerId: string): string[] {
     const m = this.maps.get(workerId);
@@ -200,11 +240,18 @@ export class KvEventApplier {
     return counts;
   }
 
-  /** Forgets a worker's blocks: in the index (as AllBlocksCleared) and in the hash map. */
+  /**
+   * Forgets a worker's blocks, in the index (as AllBlocksCleared) and in the hash map, and
+   * everything else kept for it (also when it is removed): its offload spans and KV group kinds
+   * (its next stores teach them again).
+   */
   clearWorker(workerId: string): void {
     this.maps.delete(workerId);
     // an engine that started over may hash otherwise now: check it again
     this.hashesConfirmed.delete(workerId);
+    this.offloadSpans.delete(workerId);
+    this.fullGroups.delete(workerId);
+    this.otherGroups.delete(workerId);
     this.router.applyCleared(workerId);
   }
 
@@ -218,16 +265,23 @@ export class KvEventApplier {
     return this.namespaces.get(workerId)?.blockSize ?? this.router.blockSizeOf(workerId);
   }
 
-  /** Whether an event's KV group is a full-attention one (the only kind indexed). */
+  /**
+   * Whether an event's KV group is a full-attention one (the only kind indexed). A store of a
+   * group past MAX_KV_GROUPS_PER_WORKER is not: its kind could not be kept for its removals.
+   */
   private fullAttention(workerId: string, groupIdx: number | null, kind: string | null | undefined): boolean {
     if (groupIdx === null && (kind === null || kind === undefined)) return true;
     if (kind !== null && kind !== undefined) {
       const full = kind === 'full_attention';
       if (groupIdx !== null) {
         const sets = full ? this.fullGroups : this.otherGroups;
-        let s = sets.get(workerId);
-        if (!s) sets.set(workerId, (s = new Set()));
-        s.add(groupIdx);
+        const s = sets.get(workerId);
+        if (!s?.has(groupIdx)) {
+          const known = (this.fullGroups.get(workerId)?.size ?? 0) + (this.otherGroups.get(workerId)?.size ?? 0);
+          if (known >= MAX_KV_GROUPS_PER_WORKER) return false;
+          if (s) s.add(groupIdx);
+          else sets.set(workerId, new Set([groupIdx]));
+        }
       }
       return full;
     }
@@ -240,8 +294,6 @@ export class KvEventApplier {
   private applyEvent(workerId: string, e: KvEvent, counts: ApplyCounts): void {
     if (e.type === 'AllBlocksCleared') {
       this.clearWorker(workerId);
-      this.fullGroups.delete(workerId);
-      this.otherGroups.delete(workerId);
       counts.cleared++;
       return;
     }
@@ -260,9 +312,14 @@ export class KvEventApplier {
     // BlockRemoved
     if (!this.fullAttention(workerId, e.groupIdx, undefined)) return skip(counts, 'other_group', e.blockHashes.length);
     const gpu = e.medium === null || e.medium === 'GPU';
-    const map = this.mapFor(workerId);
+    const map = this.maps.get(workerId);
+    if (!map) {
+      // nothing stored: nothing to remove, and nothing is created for it
+      counts.unknownRemovals += e.blockHashes.length;
+      return skip(counts, 'unknown_removal', e.blockHashes.length);
+    }
     // an offload copy spans several GPU blocks, walked through their parents as when stored
-    const span = gpu ? 1 : (this.offloadSpans.get(`${workerId}\u0000${e.medium}`) ?? 1);
+    const span = gpu ? 1 : (this.offloadSpans.get(workerId)?.get(e.medium!) ?? 1);
     const seq = this.scratchSeq(e.blockHashes.length);
     let n = 0;
     const walked = this.walked;
@@ -393,26 +450,39 @@ export class KvEventApplier {
    * span (a prefix hit on blocks the engine cannot load alone would be a false one).
    */
   private applyOffloadCopies(workerId: string, e: BlockStoredEvent, gpu: boolean, counts: ApplyCounts): void {
-    const map = this.mapFor(workerId);
+    // made only for a block it creates (vllm hash mode): copies of unknown blocks leave nothing
+    let map = this.maps.get(workerId);
     const gpuBlockSize = this.blockSizeOf(workerId);
     const span = e.blockSize > 0 && e.blockSize % gpuBlockSize === 0 ? e.blockSize / gpuBlockSize : 1;
     if (span > MAX_OFFLOAD_SPAN) {
       counts.blockSizeMismatches++;
       return skip(counts, 'block_size');
     }
-    if (!gpu) this.offloadSpans.set(`${workerId}\u0000${e.medium}`, span);
+    let spans = gpu ? undefined : this.offloadSpans.get(workerId);
+    if (!gpu && !spans?.has(e.medium!)) {
+      // a medium whose span cannot be kept: its copies are not marked, or their removals would
+      // walk another span than they were stored with
+      if (e.medium!.length > MAX_MEDIUM_CHARS || (spans?.size ?? 0) >= MAX_MEDIA_PER_WORKER)
+        return skip(counts, 'unknown_offload', e.blockHashes.length);
+    }
     const seq = this.scratchSeq(e.blockHashes.length);
     let n = 0;
     const walked = this.walked;
     for (const h of e.blockHashes) {
-      let b = map.get(h);
+      let b = map?.get(h);
       if (!b && this.hashMode === 'vllm') {
         engineHashKey(h, this.key);
+        map ??= this.mapFor(workerId);
         map.set(h, (b = { hi: this.key[0], lo: this.key[1], gpu: 0, offload: 0, parent: null }));
       }
       if (!b) {
         skip(counts, 'unknown_offload');
         continue;
+      }
+      // the span is learned from a copy of a block the worker holds, never from an unknown one
+      if (!gpu && spans?.get(e.medium!) !== span) {
+        if (!spans) this.offloadSpans.set(workerId, (spans = new Map()));
+        spans.set(e.medium!, span);
       }
       let cur: OwnBlock | undefined = b;
       let curHash: EngineBlockHash | null = h;
@@ -426,7 +496,7 @@ export class KvEventApplier {
         seq.lo[n] = cur.lo;
         n++;
         curHash = cur.parent;
-        cur = curHash === null ? undefined : map.get(curHash);
+        cur = curHash === null ? undefined : map!.get(curHash);
       }
     }
     seq.length = n;

@@ -639,6 +639,25 @@ function optionalString(v: unknown, at: string): string | null {
  * one of objects throws; an event with a bad field, a bad hash string among them, is skipped.
  */
 export function decodeJsonEvents(events: unknown): KvEventBatch {
+  const reader = readJsonEvents(events);
+  return reader.read(0, reader.count);
+}
+
+/** KV events given as JSON, checked as a list and read in slices (decodeJsonEvents reads them at once). */
+export interface JsonEventsReader {
+  /** Events in the list. */
+  count: number;
+  /** Token ids and block hashes of event `i` as given (what decoding and applying it costs); 0 when it has none. */
+  size(i: number): number;
+  /** The events [from, to) decoded; `skipped` indexes count from the list's start. */
+  read(from: number, to: number): KvEventBatch;
+}
+
+/**
+ * Checks a list of KV events given as JSON (decodeJsonEvents): throws a KvEventFormatError when
+ * it is not a list of at most 100,000 objects; its events are decoded as they are read.
+ */
+export function readJsonEvents(events: unknown): JsonEventsReader {
   if (!Array.isArray(events)) throw new KvEventFormatError('events must be an array');
   if (events.length > 100_000) throw new KvEventFormatError('too many events in one call');
   const toHash = (v: unknown, at: string): unknown => {
@@ -653,13 +672,29 @@ export function decodeJsonEvents(events: unknown): KvEventBatch {
     if (e === null || typeof e !== 'object' || Array.isArray(e))
       throw new KvEventFormatError(`events[${i}] must be an object`);
   });
-  // a bad hash string skips its own event (a bad_field), as a bad number does
-  return decodeEvents(Date.now() / 1000, events, null, (e, i) => {
-    const m = { ...(e as Record<string, unknown>) };
-    if (Array.isArray(m.block_hashes))
-      m.block_hashes = m.block_hashes.map((h, k) => toHash(h, `events[${i}].block_hashes[${k}]`));
-    if (m.parent_block_hash !== undefined && m.parent_block_hash !== null)
-      m.parent_block_hash = toHash(m.parent_block_hash, `events[${i}].parent_block_hash`);
-    return m;
-  });
+  const ts = Date.now() / 1000;
+  const lengthOf = (v: unknown) => (Array.isArray(v) ? v.length : 0);
+  return {
+    count: events.length,
+    size: (i) => {
+      const e = events[i] as Record<string, unknown>;
+      return lengthOf(e.token_ids) + lengthOf(e.block_hashes);
+    },
+    // a bad hash string skips its own event (a bad_field), as a bad number does
+    read: (from, to) =>
+      decodeEvents(
+        ts,
+        events.slice(from, to),
+        null,
+        (e, i) => {
+          const m = { ...(e as Record<string, unknown>) };
+          if (Array.isArray(m.block_hashes))
+            m.block_hashes = m.block_hashes.map((h, k) => toHash(h, `events[${from + i}].block_hashes[${k}]`));
+          if (m.parent_block_hash !== undefined && m.parent_block_hash !== null)
+            m.parent_block_hash = toHash(m.parent_block_hash, `events[${from + i}].parent_block_hash`);
+          return m;
+        },
+        from,
+      ),
+  };
 }

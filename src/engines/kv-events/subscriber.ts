@@ -45,12 +45,15 @@ export interface KvEventSubscriberOptions {
   replayEndpoint?: string;
   applier: KvEventApplier;
   /**
-   * Worker of a data-parallel rank (batches carry data_parallel_rank): a batch of a rank it
-   * gives no worker for is skipped and counted (`unknownRanks`). Without it every batch of
-   * the endpoint is workerId's, whatever its rank (an engine started with
-   * --data-parallel-rank R, listed as a worker of its own, stamps its batches with R).
+   * The endpoint is data-parallel rank `rank`'s of an engine of `size` ranks (workerId is that
+   * rank's worker). vLLM publishes each rank's events on a port of its own (the events port +
+   * rank, vllm/distributed/kv_events.py offset_endpoint_port), stamped with the rank: a batch
+   * stamped with another rank (outside 0…size−1, negative, or another rank's) is skipped and
+   * counted (`unknownRanks`), logged once. Without it every batch of the endpoint is workerId's,
+   * whatever its rank (an engine started with --data-parallel-rank R, listed as a worker of its
+   * own, stamps its batches with R).
    */
-  workerForRank?: (rank: number) => string | undefined;
+  dataParallel?: { rank: number; size: number };
   /** Longest wait for each message of a replay (default 2000 ms). */
   replayTimeoutMs?: number;
   /**
@@ -105,6 +108,8 @@ export class KvEventSubscriber {
   private replayedFrom: bigint | null = null;
   private unknownRankLogged = false;
   private running = false;
+  /** The replay under way: closed with the subscriber, so that a replay ends with it. */
+  private replayDealer: Dealer | undefined;
   private loop: Promise<void> | undefined;
   private watch: Promise<void> | undefined;
   /** Every handler runs in order on this chain: replays must not interleave with messages. */
@@ -161,9 +166,15 @@ export class KvEventSubscriber {
     return this;
   }
 
+  /**
+   * Stops the subscriber. From the call on it applies nothing and drops nothing (the worker may
+   * be added again under its id at once): a replay under way is cancelled, and the handler
+   * running ends at its next step. Resolves once everything it started has ended.
+   */
   async close(): Promise<void> {
     this.running = false;
     clearInterval(this.idleTimer);
+    this.replayDealer?.close();
     if (!this.sub.closed) {
       // closed already when start() was refused its endpoint (a closed socket's events throw)
       this.sub.events.close(); // ends the connection watch
@@ -268,6 +279,7 @@ export class KvEventSubscriber {
     if (seq > expected) {
       if (this.lastSeq !== null) this.stats.gaps++;
       const recovered = this.options.replayEndpoint ? await this.replayFrom(expected, seq) : false;
+      if (!this.running) return;
       if (!recovered && this.lastSeq !== null) {
         this.log(
           `lost events ${expected}..${seq - 1n} and could not replay them: entries dropped, rebuilt from new events`,
@@ -285,6 +297,7 @@ export class KvEventSubscriber {
   }
 
   private async applyPayload(seq: bigint, payload: Uint8Array): Promise<void> {
+    if (!this.running) return;
     this.lastSeq = seq;
     this.stats.lastSeq = Number(seq);
     let reader: EventBatchReader;
@@ -299,22 +312,26 @@ export class KvEventSubscriber {
       this.log(`skipped malformed batch ${seq}: ${why}`);
       return;
     }
-    let worker = this.options.workerId;
-    if (reader.dataParallelRank !== null && this.options.workerForRank) {
-      const w = this.options.workerForRank(reader.dataParallelRank);
-      if (w === undefined) {
-        this.stats.unknownRanks++;
-        if (!this.unknownRankLogged) {
-          this.unknownRankLogged = true;
-          this.log(
-            `batch ${seq} is from data-parallel rank ${reader.dataParallelRank}, which the worker's dp-size does not cover: ` +
-              `batches of ranks it does not have are skipped (reason unknown_rank). Give the worker the engine's ` +
-              `--data-parallel-size as dp-size, or list an engine that serves one rank (--data-parallel-rank) as its own worker without dp-size`,
-          );
-        }
-        return;
+    const worker = this.options.workerId;
+    const dp = this.options.dataParallel;
+    const rank = reader.dataParallelRank;
+    if (dp && rank !== null && rank !== dp.rank) {
+      // the rank's entries are another subscriber's, cleared when its own stream breaks: a
+      // batch applied to them from here would outlive that
+      this.stats.unknownRanks++;
+      if (!this.unknownRankLogged) {
+        this.unknownRankLogged = true;
+        this.log(
+          rank >= 0 && rank < dp.size
+            ? `batch ${seq} is from data-parallel rank ${rank} but came on rank ${dp.rank}'s endpoint: vLLM publishes each rank's events on a port of its own ` +
+                `(the events port + rank), so batches of other ranks are skipped here (reason unknown_rank). Check that the worker's events= is rank 0's port ` +
+                `and that nothing else publishes on the ports after it`
+            : `batch ${seq} is from data-parallel rank ${rank}, which the worker's dp-size does not cover: ` +
+                `batches of ranks it does not have are skipped (reason unknown_rank). Give the worker the engine's ` +
+                `--data-parallel-size as dp-size, or list an engine that serves one rank (--data-parallel-rank) as its own worker without dp-size`,
+        );
       }
-      worker = w;
+      return;
     }
     const mismatchesBefore = this.stats.applied.hashMismatches;
     let skippedEvents = 0;
@@ -324,10 +341,9 @@ export class KvEventSubscriber {
       // a slice: up to APPLY_SLICE_EVENTS events or APPLY_SLICE_BYTES bytes (one event at least)
       let to = Math.min(reader.count, from + APPLY_SLICE_EVENTS);
       while (to > from + 1 && reader.bytes(from, to) > APPLY_SLICE_BYTES) to = from + Math.ceil((to - from) / 2);
-      if (from > 0) {
-        await new Promise<void>((resolve) => setImmediate(resolve));
-        if (!this.running) return;
-      }
+      if (from > 0) await new Promise<void>((resolve) => setImmediate(resolve));
+      // closed meanwhile (the worker removed, perhaps added again under its id): nothing more
+      if (!this.running) return;
       const batch = reader.read(from, to);
       if (batch.skipped) {
         const skipped = this.stats.applied.skipped;
@@ -384,13 +400,16 @@ export class KvEventSubscriber {
       this.replayedFrom,
     ];
     let next = from;
+    this.replayDealer = dealer;
     try {
+      if (!this.running) throw new Error('the subscriber closed');
       dealer.connect(this.options.replayEndpoint!);
       const start = Buffer.alloc(8);
       start.writeBigInt64BE(from);
       await dealer.send(['', start]);
       for (;;) {
         const frames = await dealer.receive();
+        if (!this.running) throw new Error('the subscriber closed');
         // ["", seq, payload] (SGLang, vLLM before #45177) or ["", topic, seq, payload] (vLLM
         // since): the sequence number is the second frame from the end either way
         if ((frames.length !== 3 && frames.length !== 4) || frames.at(-2)!.length !== 8)
@@ -434,6 +453,7 @@ export class KvEventSubscriber {
       const upTo = until ?? from;
       return next > from || next > upTo || this.lastSeq === null || this.lastSeq >= upTo - 1n;
     } catch (err) {
+      if (!this.running) return false; // cancelled by close(): no failure of the engine's
       this.stats.replayFailures++;
       this.log(`replay from ${from} failed: ${(err as Error).message}`);
       if (next > from) {
@@ -448,11 +468,14 @@ export class KvEventSubscriber {
       }
       return false;
     } finally {
-      dealer.close();
+      this.replayDealer = undefined;
+      if (!dealer.closed) dealer.close();
     }
   }
 
   private dropWorkerEntries(): void {
+    // closed: the worker's entries are no longer this subscriber's (it may have been added again)
+    if (!this.running) return;
     try {
       this.options.applier.clearWorker(this.options.workerId);
     } catch (err) {
