@@ -475,7 +475,7 @@ export class RouterPicker implements EndpointPicker {
       body: forwarded,
       modelRewrite,
       ...(rank === null ? { removeHeaders: [DP_RANK_HEADER] } : { headers: { [DP_RANK_HEADER]: String(rank) } }),
-      inFlight: this.track(decision, routeRequest, firstTokenReported, panicCandidates, rank),
+      inFlight: this.track(decision, routeRequest, firstTokenReported, rank),
     };
   }
 
@@ -492,14 +492,14 @@ export class RouterPicker implements EndpointPicker {
   }
 
   /**
-   * `panicCandidates`: the workers the request was panic-routed over, when it was (the gateway
-   * may serve it on one); `rank`: the data-parallel rank named to the engine, if any.
+   * `rank`: the data-parallel rank named to the engine, if any. A request the gateway serves on
+   * a fallback is counted there, whether that worker is in rotation or not (a panic candidate,
+   * drained or found unhealthy since).
    */
   private track(
     first: RouteResult,
     routeRequest: RouteRequest,
     firstTokenReported: boolean,
-    panicCandidates: ReadonlySet<string> | undefined,
     rank: number | null,
   ): InFlightRequest {
     const { router, state } = this.backend;
@@ -524,17 +524,11 @@ export class RouterPicker implements EndpointPicker {
         // elsewhere: on the rank the request named, which a fallback has (see pick)
         const id = this.workerAt(endpoint, rank);
         if (id === undefined || id === decision.workerId) return decision.workerId;
-        // the gateway fell back: the work (and the blocks it caches) moved to that worker
+        // the gateway fell back: the work (and the blocks it caches) moved to that worker, which
+        // counts it while it runs even if it has been drained or found unhealthy since
         this.servedElsewhere.inc();
         release();
-        const others = new Set<string>();
-        for (const w of router.listWorkers()) if (w.id !== id) others.add(w.id);
-        const moved = router.route(routeRequest, {
-          exclude: others,
-          share: state.sharesDecisions,
-          firstTokenReported,
-          panicCandidates,
-        });
+        const moved = router.route(routeRequest, { servedBy: id, share: state.sharesDecisions, firstTokenReported });
         if (moved.workerId === id) {
           if (moved.shared) state.decisionMade(moved.shared);
           decision = moved;

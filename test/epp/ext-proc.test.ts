@@ -346,6 +346,40 @@ test('served by a fallback: the in-flight count moves to the endpoint Envoy repo
   await until(() => inFlight() === 0, 'release');
 });
 
+test('served by a fallback that is draining or unhealthy by then: counted on it until the response ends', async () => {
+  const changes: Array<[string, (id: string) => void, (id: string) => void]> = [
+    ['draining', (id) => router().drainWorker(id), (id) => router().resumeWorker(id)],
+    ['unhealthy', (id) => router().setWorkerHealth(id, false), (id) => router().setWorkerHealth(id, true)],
+  ];
+  for (const [name, change, undo] of changes) {
+    const out = await envoy.request({
+      headers: {},
+      body: JSON.stringify({ model: 'mock', prompt: `fallback ${name} `.repeat(100) }),
+    });
+    assert.equal(out.kind, 'routed');
+    if (out.kind !== 'routed') return;
+    const [first, second] = out.endpoints;
+    const id = fleet.workerAt.get(second)!;
+    const count = (e: string) =>
+      router()
+        .listWorkers()
+        .find((w) => w.id === fleet.workerAt.get(e))!.inFlightRequests;
+    change(id);
+    try {
+      const setHeaders = await out.stream.respondHeaders({ served: second }, true);
+      assert.equal(setHeaders.get('x-contextforge-worker'), id, name);
+      assert.equal(count(first), 0, `${name}: released on the endpoint that did not serve`);
+      assert.equal(count(second), 1, `${name}: counted on the one that serves it while it runs`);
+      await out.stream.respondBody(['{"ok":true}']);
+      assert.equal(count(second), 0, `${name}: released at the end of the response`);
+      await out.stream.end();
+    } finally {
+      undo(id);
+    }
+    await until(() => inFlight() === 0, 'release');
+  }
+});
+
 test('Envoy resetting the stream releases the request', async () => {
   const out = await envoy.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'abandoned' }) });
   assert.equal(out.kind, 'routed');
