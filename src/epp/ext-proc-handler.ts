@@ -6,11 +6,14 @@ import {
   BODY_BUDGET_RETRY_AFTER_S,
   type BodyBudget,
 } from '../server/body-budget.js';
+import { MAX_HEADER_LINES } from '../server/gateway.js';
 import { MAX_TIMER_MS } from '../server/timeouts.js';
 import type { BodySendMode, ProcessingRequest, ProcessingResponse } from './proto.js';
 import {
   continueResponse,
+  headerBytes,
   immediateResponse,
+  MAX_REQUEST_HEADER_BYTES,
   ModelNameRestorer,
   perMessageBodyResponses,
   readHeaders,
@@ -96,8 +99,9 @@ export interface ExtProcHandlerOptions {
   bodyLimit: number;
   /**
    * Request-body bytes buffered at once over all streams (shared with the gateway in one
-   * process): a body chunk that does not fit gets a 503 with Retry-After; a stream gives its
-   * bytes back once its body is routed on, or when it ends, fails or is cancelled.
+   * process), a stream's request headers counted with its body: headers or a body chunk that
+   * do not fit get a 503 with Retry-After; a stream gives its bytes back once its body is
+   * routed on, or when it ends, fails or is cancelled.
    */
   bodyBudget?: BodyBudget;
   /**
@@ -220,11 +224,16 @@ export function createProcessHandler(
       }
     };
 
-    /** Routes on the body and echoes it; then the body is no longer held, and its bytes go back to the budget. */
+    /**
+     * Routes on the body and echoes it; then the headers and body are no longer held, and their
+     * bytes go back to the budget.
+     */
     const route = async (body: Buffer | undefined, endOfStream: boolean) => {
       try {
         await routeOn(body, endOfStream);
       } finally {
+        headers = new Map();
+        repeatedHeaders.clear();
         charge?.release();
       }
     };
@@ -285,6 +294,16 @@ export function createProcessHandler(
       switch (req.request) {
         case 'request_headers': {
           if (phase !== 'headers') return fail(GrpcStatus.FAILED_PRECONDITION, 'request_headers arrived twice');
+          // bounded as the gateway bounds an HTTP request's, and held (until the body is routed
+          // on) out of the same budget as a body
+          const list = req.request_headers?.headers?.headers ?? [];
+          if (list.length > MAX_HEADER_LINES)
+            return reject(431, `the request has more than ${MAX_HEADER_LINES} headers`, 'headers');
+          const bytes = headerBytes(list);
+          if (bytes > MAX_REQUEST_HEADER_BYTES)
+            return reject(431, `the request headers are larger than ${MAX_REQUEST_HEADER_BYTES} bytes`, 'headers');
+          if (charge && !charge.take(bytes))
+            return reject(503, BODY_BUDGET_MESSAGE, null, BODY_BUDGET_RETRY_AFTER_S, BODY_BUDGET_CODE);
           headers = readHeaders(req.request_headers, repeatedHeaders);
           requestId = headers.get(REQUEST_ID_HEADER) ?? '';
           if (requestId === '' || requestId.length > 256) {
