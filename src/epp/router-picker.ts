@@ -264,6 +264,24 @@ export class RouterPicker implements EndpointPicker {
         } catch (err) {
           return limitRefusal(err);
         }
+        // the engine's name is the gateway's (its configuration sets the header), bounded as a
+        // model name: past the bound it is no fault of the client's, answered as the gateway's
+        try {
+          checkName(
+            rewrite,
+            MODEL_NAME_REWRITE_HEADER,
+            this.limits.maxIdBytes,
+            'the name the workers serve the model by',
+          );
+        } catch (err) {
+          if (!(err instanceof RequestLimitError)) throw err;
+          return {
+            ok: false,
+            status: 503,
+            message: `the gateway's header ${err.message}`,
+            param: MODEL_NAME_REWRITE_HEADER,
+          };
+        }
         // the reference picker gives the client its own name back in the response
         if (typeof body.model === 'string' && body.model !== '') modelRewrite = { engine: rewrite, client: body.model };
         body.model = rewrite;

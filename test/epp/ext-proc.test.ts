@@ -306,6 +306,22 @@ test('a client model over 4 × maxIdBytes bytes is refused with 400 naming model
   await out.stream.end();
 });
 
+test('an x-gateway-model-name-rewrite over 4 × maxIdBytes bytes is the gateway’s: 503 naming the header, not the client’s model', async () => {
+  const out = await envoy.request({
+    headers: { 'x-gateway-model-name-rewrite': 'r'.repeat(1025) },
+    body: JSON.stringify({ model: 'mock', prompt: 'p' }),
+  });
+  assert.equal(out.kind, 'immediate');
+  if (out.kind !== 'immediate') return;
+  assert.equal(out.status, 503);
+  const { error } = JSON.parse(out.body) as { error: { param: string; message: string; type: string } };
+  assert.equal(error.param, 'x-gateway-model-name-rewrite');
+  assert.equal(error.type, 'server_error');
+  assert.match(error.message, /x-gateway-model-name-rewrite .*longer than 1024 bytes/);
+  assert.equal(out.headers.get('retry-after'), undefined, 'a retry meets the same header');
+  assert.equal(inFlight(), 0);
+});
+
 test('requests sharing a prefix go to the same endpoint (KV-aware, not round-robin)', async () => {
   const system = 'You are a meticulous assistant for a large retrieval corpus. '.repeat(40);
   const chosen = new Set<string>();
