@@ -154,6 +154,8 @@ export function createProcessHandler(
     let inFlight: InFlightRequest | undefined;
     let restorer: ModelNameRestorer | undefined;
     let firstByteSeen = false;
+    /** The response's headers arrived (its body and trailers follow them, once). */
+    let responseHeadersSeen = false;
     /** The response is an error (4xx, 5xx): its first byte is not the request's. */
     let errorAnswer = false;
     /** The request body's end (end_of_stream or trailers) arrived. */
@@ -285,7 +287,10 @@ export function createProcessHandler(
     };
 
     const handle = async (req: ProcessingRequest) => {
-      if (closed || phase === 'finished') return;
+      if (closed) return;
+      // the response ended (its end_of_stream, or trailers): nothing of this request may follow
+      if (phase === 'finished' && req.request !== undefined)
+        return fail(GrpcStatus.FAILED_PRECONDITION, `${req.request} arrived after the response ended`);
       if (req.protocol_config) {
         // proto3 leaves a zero enum off the wire: an absent mode inside protocol_config is NONE
         requestBodyMode = bodyMode(req.protocol_config.request_body_mode ?? 0);
@@ -338,6 +343,11 @@ export function createProcessHandler(
           if (phase === 'routed') {
             // the body was routed on and echoed: nothing of it may follow
             if (bodyEnded) return fail(GrpcStatus.FAILED_PRECONDITION, 'request_body arrived after the body ended');
+            if (headersOnly)
+              return fail(
+                GrpcStatus.FAILED_PRECONDITION,
+                'request_body arrived after the request ended with its headers',
+              );
             // a mode where the body follows our header answer: it passes unchanged
             return send(continueResponse('request_body'));
           }
@@ -372,6 +382,8 @@ export function createProcessHandler(
         case 'response_headers': {
           if (phase !== 'routed')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'response_headers arrived before the request was routed');
+          if (responseHeadersSeen) return fail(GrpcStatus.FAILED_PRECONDITION, 'response_headers arrived twice');
+          responseHeadersSeen = true;
           const worker = inFlight?.served(readServedEndpoint(req));
           // after served(): a fallback's error is refused on the worker that answered, and
           // before the body, whose first byte would take the predictions as computed. Envoy's
@@ -403,6 +415,8 @@ export function createProcessHandler(
         case 'response_body': {
           if (phase !== 'routed')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'response_body arrived before the request was routed');
+          if (!responseHeadersSeen)
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'response_body arrived before response_headers');
           const chunk = req.response_body?.body;
           const eos = req.response_body?.end_of_stream === true;
           if (!firstByteSeen && chunk && chunk.length > 0) {
@@ -422,6 +436,8 @@ export function createProcessHandler(
         case 'response_trailers': {
           if (phase !== 'routed')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'response_trailers arrived before the request was routed');
+          if (!responseHeadersSeen)
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'response_trailers arrived before response_headers');
           // trailers end the body: what the model-name restorer held back goes out before them
           const rest = restorer?.push(Buffer.alloc(0), true);
           if (rest && rest.length > 0)
