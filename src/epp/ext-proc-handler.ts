@@ -371,6 +371,9 @@ export function createProcessHandler(
         case 'request_trailers': {
           if (phase === 'headers')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'request_trailers arrived before request_headers');
+          // trailers end a body still coming; after its end (or headers that ended the request) none follow
+          if (phase === 'routed' && (bodyEnded || headersOnly))
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'request_trailers arrived after the body ended');
           if (phase === 'body') {
             bodyEnded = true;
             // trailers end the body instead of an end_of_stream chunk

@@ -104,6 +104,21 @@ test('messages out of order end the stream with FAILED_PRECONDITION naming them,
       ],
       /request_body arrived after the request ended with its headers/,
     ],
+    [
+      'request_trailers twice',
+      [
+        REQUEST_HEADERS,
+        { request_body: { body: Buffer.from('{"model":"mock","prompt":"t"}'), end_of_stream: false } },
+        { request_trailers: { trailers: headers({}) } },
+        { request_trailers: { trailers: headers({}) } },
+      ],
+      /request_trailers arrived after the body ended/,
+    ],
+    [
+      'request_trailers after the body ended',
+      [...ROUTED, { request_trailers: { trailers: headers({}) } }],
+      /request_trailers arrived after the body ended/,
+    ],
     ['response_headers twice', [...ROUTED, RESPONSE_HEADERS, RESPONSE_HEADERS], /response_headers arrived twice/],
     [
       'response_body before response_headers',
