@@ -6,11 +6,14 @@ import {
   BODY_BUDGET_RETRY_AFTER_S,
   type BodyBudget,
 } from '../server/body-budget.js';
+import { MAX_HEADER_LINES } from '../server/gateway.js';
 import { MAX_TIMER_MS } from '../server/timeouts.js';
 import type { BodySendMode, ProcessingRequest, ProcessingResponse } from './proto.js';
 import {
   continueResponse,
+  headerBytes,
   immediateResponse,
+  MAX_REQUEST_HEADER_BYTES,
   ModelNameRestorer,
   perMessageBodyResponses,
   readHeaders,
@@ -96,8 +99,9 @@ export interface ExtProcHandlerOptions {
   bodyLimit: number;
   /**
    * Request-body bytes buffered at once over all streams (shared with the gateway in one
-   * process): a body chunk that does not fit gets a 503 with Retry-After; a stream gives its
-   * bytes back once its body is routed on, or when it ends, fails or is cancelled.
+   * process), a stream's request headers counted with its body: headers or a body chunk that
+   * do not fit get a 503 with Retry-After; a stream gives its bytes back once its body is
+   * routed on, or when it ends, fails or is cancelled.
    */
   bodyBudget?: BodyBudget;
   /**
@@ -150,6 +154,8 @@ export function createProcessHandler(
     let inFlight: InFlightRequest | undefined;
     let restorer: ModelNameRestorer | undefined;
     let firstByteSeen = false;
+    /** The response's headers arrived (its body and trailers follow them, once). */
+    let responseHeadersSeen = false;
     /** The response is an error (4xx, 5xx): its first byte is not the request's. */
     let errorAnswer = false;
     /** The request body's end (end_of_stream or trailers) arrived. */
@@ -220,11 +226,16 @@ export function createProcessHandler(
       }
     };
 
-    /** Routes on the body and echoes it; then the body is no longer held, and its bytes go back to the budget. */
+    /**
+     * Routes on the body and echoes it; then the headers and body are no longer held, and their
+     * bytes go back to the budget.
+     */
     const route = async (body: Buffer | undefined, endOfStream: boolean) => {
       try {
         await routeOn(body, endOfStream);
       } finally {
+        headers = new Map();
+        repeatedHeaders.clear();
         charge?.release();
       }
     };
@@ -276,7 +287,10 @@ export function createProcessHandler(
     };
 
     const handle = async (req: ProcessingRequest) => {
-      if (closed || phase === 'finished') return;
+      if (closed) return;
+      // the response ended (its end_of_stream, or trailers): nothing of this request may follow
+      if (phase === 'finished' && req.request !== undefined)
+        return fail(GrpcStatus.FAILED_PRECONDITION, `${req.request} arrived after the response ended`);
       if (req.protocol_config) {
         // proto3 leaves a zero enum off the wire: an absent mode inside protocol_config is NONE
         requestBodyMode = bodyMode(req.protocol_config.request_body_mode ?? 0);
@@ -285,6 +299,16 @@ export function createProcessHandler(
       switch (req.request) {
         case 'request_headers': {
           if (phase !== 'headers') return fail(GrpcStatus.FAILED_PRECONDITION, 'request_headers arrived twice');
+          // bounded as the gateway bounds an HTTP request's, and held (until the body is routed
+          // on) out of the same budget as a body
+          const list = req.request_headers?.headers?.headers ?? [];
+          if (list.length > MAX_HEADER_LINES)
+            return reject(431, `the request has more than ${MAX_HEADER_LINES} headers`, 'headers');
+          const bytes = headerBytes(list);
+          if (bytes > MAX_REQUEST_HEADER_BYTES)
+            return reject(431, `the request headers are larger than ${MAX_REQUEST_HEADER_BYTES} bytes`, 'headers');
+          if (charge && !charge.take(bytes))
+            return reject(503, BODY_BUDGET_MESSAGE, null, BODY_BUDGET_RETRY_AFTER_S, BODY_BUDGET_CODE);
           headers = readHeaders(req.request_headers, repeatedHeaders);
           requestId = headers.get(REQUEST_ID_HEADER) ?? '';
           if (requestId === '' || requestId.length > 256) {
@@ -319,6 +343,11 @@ export function createProcessHandler(
           if (phase === 'routed') {
             // the body was routed on and echoed: nothing of it may follow
             if (bodyEnded) return fail(GrpcStatus.FAILED_PRECONDITION, 'request_body arrived after the body ended');
+            if (headersOnly)
+              return fail(
+                GrpcStatus.FAILED_PRECONDITION,
+                'request_body arrived after the request ended with its headers',
+              );
             // a mode where the body follows our header answer: it passes unchanged
             return send(continueResponse('request_body'));
           }
@@ -342,6 +371,9 @@ export function createProcessHandler(
         case 'request_trailers': {
           if (phase === 'headers')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'request_trailers arrived before request_headers');
+          // trailers end a body still coming; after its end (or headers that ended the request) none follow
+          if (phase === 'routed' && (bodyEnded || headersOnly))
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'request_trailers arrived after the body ended');
           if (phase === 'body') {
             bodyEnded = true;
             // trailers end the body instead of an end_of_stream chunk
@@ -353,6 +385,8 @@ export function createProcessHandler(
         case 'response_headers': {
           if (phase !== 'routed')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'response_headers arrived before the request was routed');
+          if (responseHeadersSeen) return fail(GrpcStatus.FAILED_PRECONDITION, 'response_headers arrived twice');
+          responseHeadersSeen = true;
           const worker = inFlight?.served(readServedEndpoint(req));
           // after served(): a fallback's error is refused on the worker that answered, and
           // before the body, whose first byte would take the predictions as computed. Envoy's
@@ -384,6 +418,8 @@ export function createProcessHandler(
         case 'response_body': {
           if (phase !== 'routed')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'response_body arrived before the request was routed');
+          if (!responseHeadersSeen)
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'response_body arrived before response_headers');
           const chunk = req.response_body?.body;
           const eos = req.response_body?.end_of_stream === true;
           if (!firstByteSeen && chunk && chunk.length > 0) {
@@ -403,6 +439,8 @@ export function createProcessHandler(
         case 'response_trailers': {
           if (phase !== 'routed')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'response_trailers arrived before the request was routed');
+          if (!responseHeadersSeen)
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'response_trailers arrived before response_headers');
           // trailers end the body: what the model-name restorer held back goes out before them
           const rest = restorer?.push(Buffer.alloc(0), true);
           if (rest && rest.length > 0)

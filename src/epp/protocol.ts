@@ -33,6 +33,22 @@ export const REQUEST_ID_HEADER = 'x-request-id';
  */
 export const BODY_CHUNK_BYTES = 62_000;
 
+/**
+ * Most bytes of names and values one request_headers message may carry: above Envoy's own
+ * default bound (max_request_headers_kb, 60 KiB), far below the message limit.
+ */
+export const MAX_REQUEST_HEADER_BYTES = 64 * 1024;
+
+/** Bytes of the names and values of `headers`: what the picker holds of them. */
+export function headerBytes(headers: readonly HeaderValue[]): number {
+  let n = 0;
+  for (const h of headers) {
+    n += typeof h.key === 'string' ? Buffer.byteLength(h.key) : 0;
+    n += h.raw_value && h.raw_value.length > 0 ? h.raw_value.length : Buffer.byteLength(h.value ?? '');
+  }
+  return n;
+}
+
 /** A header's value: Envoy sends it in raw_value (bytes), older builds in value. */
 function headerText(h: HeaderValue): string {
   return h.raw_value && h.raw_value.length > 0 ? Buffer.from(h.raw_value).toString('utf8') : (h.value ?? '');

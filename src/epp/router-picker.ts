@@ -1,5 +1,5 @@
 import { Counter, Histogram, type Registry } from 'prom-client';
-import type { KVAwareRouter, RouteRequest, RouteResult } from '../core/router/index.js';
+import type { KVAwareRouter, RoutedResult, RouteRequest, RouteResult } from '../core/router/index.js';
 import type { StateStore } from '../state/state-store.js';
 import type { EndpointPicker, InFlightRequest, PickInput, PickOutcome } from './ext-proc-handler.js';
 import {
@@ -140,6 +140,8 @@ export class RouterPicker implements EndpointPicker {
    */
   private endpointCache = new Map<string, Array<{ id: string; rank: number | null }>>();
   private endpointOfWorker = new Map<string, { url: string; endpoint: string; rank: number | null }>();
+  /** Counts the rebuilds of the endpoints: a pick that waited tells whether they changed meanwhile. */
+  private endpointsVersion = 0;
 
   constructor(
     private readonly backend: RoutingBackend,
@@ -218,18 +220,12 @@ export class RouterPicker implements EndpointPicker {
     }
     const preflight = method === 'OPTIONS';
     this.refreshEndpoints();
+    const endpointsRead = this.endpointsVersion;
     // workers outside the subset hint are not eligible
     const excluded = new Set<string>();
     if (input.subset !== undefined) {
-      for (const [id, e] of this.endpointOfWorker) if (!inSubset(e.endpoint, input.subset)) excluded.add(id);
-      if (excluded.size === this.endpointOfWorker.size) {
-        return {
-          ok: false,
-          status: 503,
-          message: 'no endpoint in the subset hint is a worker of this picker',
-          retryAfterSeconds: 1,
-        };
-      }
+      this.excludeOutsideSubset(input.subset, excluded);
+      if (excluded.size === this.endpointOfWorker.size) return outsideSubset();
     }
 
     let routeRequest: RouteRequest = {};
@@ -238,6 +234,8 @@ export class RouterPicker implements EndpointPicker {
     /** The client's body bytes and the edits they take (editedBodyText), when they were kept. */
     let edit: { bytes: Buffer; model: string | undefined; removed: readonly string[] | undefined } | undefined;
     let model: unknown;
+    /** Only the workers serving `model` are eligible. */
+    let modelNarrows = false;
     let modelRewrite: { engine: string; client: string } | undefined;
     // the first response byte is the first token only for a streamed answer
     let firstTokenReported = true;
@@ -265,6 +263,24 @@ export class RouterPicker implements EndpointPicker {
           checkName(body.model, 'model', this.limits.maxIdBytes, 'the name of a model the workers serve');
         } catch (err) {
           return limitRefusal(err);
+        }
+        // the engine's name is the gateway's (its configuration sets the header), bounded as a
+        // model name: past the bound it is no fault of the client's, answered as the gateway's
+        try {
+          checkName(
+            rewrite,
+            MODEL_NAME_REWRITE_HEADER,
+            this.limits.maxIdBytes,
+            'the name the workers serve the model by',
+          );
+        } catch (err) {
+          if (!(err instanceof RequestLimitError)) throw err;
+          return {
+            ok: false,
+            status: 503,
+            message: `the gateway's header ${err.message}`,
+            param: MODEL_NAME_REWRITE_HEADER,
+          };
         }
         // the reference picker gives the client its own name back in the response
         if (typeof body.model === 'string' && body.model !== '') modelRewrite = { engine: rewrite, client: body.model };
@@ -307,6 +323,7 @@ export class RouterPicker implements EndpointPicker {
         }
         // SGLang's /generate names no model (GenerateReqInput has none; `lora_path` names the
         // adapter): it is not narrowed to a model's workers
+        modelNarrows = !generate;
         const withoutModel = generate ? NO_WORKERS : this.backend.workersWithoutModel(model);
         for (const id of withoutModel) excluded.add(id);
         if (withoutModel.size > 0 && withoutModel.size === this.endpointOfWorker.size) {
@@ -359,6 +376,17 @@ export class RouterPicker implements EndpointPicker {
 
     const learning = state.beforeRoute(routeRequest);
     if (learning) await learning;
+    // workers may have come, gone or moved while the request was read and the state learnt:
+    // the endpoints are those the router routes to now, and which are eligible is decided again
+    this.refreshEndpoints();
+    if (this.endpointsVersion !== endpointsRead) {
+      excluded.clear();
+      if (input.subset !== undefined) {
+        this.excludeOutsideSubset(input.subset, excluded);
+        if (excluded.size === this.endpointOfWorker.size) return outsideSubset();
+      }
+      if (modelNarrows) for (const id of this.backend.workersWithoutModel(model)) excluded.add(id);
+    }
     let decision: RouteResult;
     /** The workers the request was panic-routed over, when it was: its fallbacks may be among them too. */
     let panicCandidates: ReadonlySet<string> | undefined;
@@ -395,6 +423,38 @@ export class RouterPicker implements EndpointPicker {
     if (decision.noWorker)
       return { ok: false, status: 503, message: 'no worker can take the request now', retryAfterSeconds: 1 };
     if (decision.shared) state.decisionMade(decision.shared);
+    try {
+      return this.routed(decision, routeRequest, excluded, panicCandidates, firstTokenReported, {
+        forwarded,
+        edit,
+        preparedBody,
+        modelRewrite,
+      });
+    } catch (err) {
+      // the decision counts the request in flight: nothing will end it if the pick fails now
+      router.release(decision.ticket);
+      if (decision.shared) state.decisionEnded(decision.shared);
+      throw err;
+    }
+  }
+
+  /** The outcome of a request the router decided on: its endpoints, the body to forward and its accounting. */
+  private routed(
+    decision: RoutedResult,
+    routeRequest: RouteRequest,
+    excluded: ReadonlySet<string>,
+    panicCandidates: ReadonlySet<string> | undefined,
+    firstTokenReported: boolean,
+    body: {
+      forwarded: Buffer | undefined;
+      edit: { bytes: Buffer; model: string | undefined; removed: readonly string[] | undefined } | undefined;
+      preparedBody: Record<string, unknown> | undefined;
+      modelRewrite: { engine: string; client: string } | undefined;
+    },
+  ): PickOutcome {
+    const { router } = this.backend;
+    const { edit, preparedBody, modelRewrite } = body;
+    let { forwarded } = body;
     this.decisions?.inc({ policy: decision.policy, reason: decision.reason });
     this.cachedTokens?.inc(decision.cachedTokens);
     this.promptTokens?.inc(decision.promptTokens);
@@ -433,7 +493,7 @@ export class RouterPicker implements EndpointPicker {
       body: forwarded,
       modelRewrite,
       ...(rank === null ? { removeHeaders: [DP_RANK_HEADER] } : { headers: { [DP_RANK_HEADER]: String(rank) } }),
-      inFlight: this.track(decision, routeRequest, firstTokenReported, panicCandidates, rank),
+      inFlight: this.track(decision, routeRequest, firstTokenReported, rank),
     };
   }
 
@@ -450,14 +510,14 @@ export class RouterPicker implements EndpointPicker {
   }
 
   /**
-   * `panicCandidates`: the workers the request was panic-routed over, when it was (the gateway
-   * may serve it on one); `rank`: the data-parallel rank named to the engine, if any.
+   * `rank`: the data-parallel rank named to the engine, if any. A request the gateway serves on
+   * a fallback is counted there, whether that worker is in rotation or not (a panic candidate,
+   * drained or found unhealthy since).
    */
   private track(
     first: RouteResult,
     routeRequest: RouteRequest,
     firstTokenReported: boolean,
-    panicCandidates: ReadonlySet<string> | undefined,
     rank: number | null,
   ): InFlightRequest {
     const { router, state } = this.backend;
@@ -482,17 +542,11 @@ export class RouterPicker implements EndpointPicker {
         // elsewhere: on the rank the request named, which a fallback has (see pick)
         const id = this.workerAt(endpoint, rank);
         if (id === undefined || id === decision.workerId) return decision.workerId;
-        // the gateway fell back: the work (and the blocks it caches) moved to that worker
+        // the gateway fell back: the work (and the blocks it caches) moved to that worker, which
+        // counts it while it runs even if it has been drained or found unhealthy since
         this.servedElsewhere.inc();
         release();
-        const others = new Set<string>();
-        for (const w of router.listWorkers()) if (w.id !== id) others.add(w.id);
-        const moved = router.route(routeRequest, {
-          exclude: others,
-          share: state.sharesDecisions,
-          firstTokenReported,
-          panicCandidates,
-        });
+        const moved = router.route(routeRequest, { servedBy: id, share: state.sharesDecisions, firstTokenReported });
         if (moved.workerId === id) {
           if (moved.shared) state.decisionMade(moved.shared);
           decision = moved;
@@ -523,6 +577,11 @@ export class RouterPicker implements EndpointPicker {
     return e.endpoint;
   }
 
+  /** Adds the workers whose endpoint is outside the subset hint to `excluded`. */
+  private excludeOutsideSubset(subset: readonly string[], excluded: Set<string>): void {
+    for (const [id, e] of this.endpointOfWorker) if (!inSubset(e.endpoint, subset)) excluded.add(id);
+  }
+
   /** Checks the cached endpoints against the backend's workers (no allocation when nothing changed). */
   private refreshEndpoints(): void {
     let n = 0;
@@ -549,7 +608,18 @@ export class RouterPicker implements EndpointPicker {
     }
     this.endpointCache = byEndpoint;
     this.endpointOfWorker = byWorker;
+    this.endpointsVersion++;
   }
+}
+
+/** The answer when no endpoint of the subset hint is a worker. */
+function outsideSubset(): PickOutcome {
+  return {
+    ok: false,
+    status: 503,
+    message: 'no endpoint in the subset hint is a worker of this picker',
+    retryAfterSeconds: 1,
+  };
 }
 
 /**

@@ -14,6 +14,13 @@ const MESSAGE_OVERHEAD_BYTES = 64 * 1024;
 const GRPC_DEFAULT_MAX_RECEIVE_BYTES = 4 * 1024 * 1024;
 
 /**
+ * Most streams (requests) open at once on one gateway connection, announced in HTTP/2's
+ * SETTINGS_MAX_CONCURRENT_STREAMS: Envoy opens another connection past it (each counted under
+ * --max-client-connections), so one connection cannot hold an unbounded number of requests.
+ */
+export const MAX_CONCURRENT_STREAMS = 1024;
+
+/**
  * The largest gRPC message the picker reads. grpc-js ends a stream whose next message is
  * larger with RESOURCE_EXHAUSTED as soon as it reads the message's length, before the handler
  * sees anything: Envoy then answers the client 500 (ext_proc_error_gRPC_error_8), since
@@ -67,6 +74,7 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
   const server = new Server({
     'grpc.max_receive_message_length': maxReceiveMessageBytes(options.bodyLimit),
     'grpc.max_send_message_length': options.bodyLimit + MESSAGE_OVERHEAD_BYTES,
+    'grpc.max_concurrent_streams': MAX_CONCURRENT_STREAMS,
     // Envoy keeps one HTTP/2 connection per worker thread; let its keepalive pings through
     'grpc.keepalive_permit_without_calls': 1,
     'grpc.http2.min_ping_interval_without_data_ms': 10_000,

@@ -21,6 +21,23 @@ describe('route()', () => {
     assert.equal(r.route({ tokens: prompt(30, 4) }, { dryRun: true }).workerId, 'w1', 'without them, the healthy one');
   });
 
+  test('servedBy: the worker serving the request is the only candidate, available or not', () => {
+    const r = fleet(3);
+    r.drainWorker('w1');
+    r.setWorkerHealth('w2', false);
+    for (const id of ['w0', 'w1', 'w2']) {
+      const d = r.route({ tokens: prompt(40, 4) }, { servedBy: id, exclude: new Set([id]) });
+      assert.equal(d.workerId, id);
+      assert.equal(r.listWorkers().find((w) => w.id === id)!.inFlightRequests, 1, `${id} counts it`);
+      r.release(d.ticket);
+    }
+    assert.ok(r.route({ tokens: prompt(41, 4) }, { servedBy: 'gone' }).noWorker, 'a worker not registered is none');
+    assert.throws(
+      () => r.route({ tokens: prompt(42, 4) }, { servedBy: 7 as never }),
+      (e: unknown) => e instanceof TypeError && /servedBy/.test(e.message),
+    );
+  });
+
   test('replaces: a decision taken again for a request that found no worker counts once, as the decision taken', () => {
     const r = fleet(2);
     for (const id of ['w0', 'w1']) r.setWorkerHealth(id, false);

@@ -5,10 +5,12 @@
  * that speak the HTTP/2 connection preface; every wait has a deadline.
  */
 import assert from 'node:assert/strict';
+import { connect, type Settings } from 'node:http2';
 import type { Socket } from 'node:net';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { startPicker } from '../../src/epp/run-picker.js';
+import { MAX_CONCURRENT_STREAMS } from '../../src/epp/server.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { rawClient } from '../helpers/raw-client.js';
 import { until } from '../helpers/wait.js';
@@ -82,5 +84,30 @@ test('the picker refuses a connection over --max-client-connections, counts it, 
     for (const p of peers) p.socket.destroy();
     await picker.close();
     await gateway.close(0);
+  }
+});
+
+test('the picker caps the streams on one connection (SETTINGS_MAX_CONCURRENT_STREAMS)', async () => {
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ blockSize: 16 }),
+    workers: [],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    log: () => {},
+  });
+  const picker = await startPicker(
+    gateway,
+    { shedQueueDepth: 5, shedKvUsage: 0.8, eppFallbacks: 2, bodyLimit: 1024 * 1024 },
+    { host: '127.0.0.1', port: 0, log: () => {} },
+  );
+  const session = connect(`http://127.0.0.1:${picker.eppPort}`);
+  session.on('error', () => {});
+  try {
+    const settings = await new Promise<Settings>((resolve) => session.once('remoteSettings', resolve));
+    assert.equal(settings.maxConcurrentStreams, MAX_CONCURRENT_STREAMS);
+  } finally {
+    session.destroy();
+    await picker.close();
+    await gateway.close();
   }
 });

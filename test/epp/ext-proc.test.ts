@@ -306,6 +306,22 @@ test('a client model over 4 × maxIdBytes bytes is refused with 400 naming model
   await out.stream.end();
 });
 
+test('an x-gateway-model-name-rewrite over 4 × maxIdBytes bytes is the gateway’s: 503 naming the header, not the client’s model', async () => {
+  const out = await envoy.request({
+    headers: { 'x-gateway-model-name-rewrite': 'r'.repeat(1025) },
+    body: JSON.stringify({ model: 'mock', prompt: 'p' }),
+  });
+  assert.equal(out.kind, 'immediate');
+  if (out.kind !== 'immediate') return;
+  assert.equal(out.status, 503);
+  const { error } = JSON.parse(out.body) as { error: { param: string; message: string; type: string } };
+  assert.equal(error.param, 'x-gateway-model-name-rewrite');
+  assert.equal(error.type, 'server_error');
+  assert.match(error.message, /x-gateway-model-name-rewrite .*longer than 1024 bytes/);
+  assert.equal(out.headers.get('retry-after'), undefined, 'a retry meets the same header');
+  assert.equal(inFlight(), 0);
+});
+
 test('requests sharing a prefix go to the same endpoint (KV-aware, not round-robin)', async () => {
   const system = 'You are a meticulous assistant for a large retrieval corpus. '.repeat(40);
   const chosen = new Set<string>();
@@ -344,6 +360,40 @@ test('served by a fallback: the in-flight count moves to the endpoint Envoy repo
   assert.equal(count(second), 0, 'released at the end of the response');
   await out.stream.end();
   await until(() => inFlight() === 0, 'release');
+});
+
+test('served by a fallback that is draining or unhealthy by then: counted on it until the response ends', async () => {
+  const changes: Array<[string, (id: string) => void, (id: string) => void]> = [
+    ['draining', (id) => router().drainWorker(id), (id) => router().resumeWorker(id)],
+    ['unhealthy', (id) => router().setWorkerHealth(id, false), (id) => router().setWorkerHealth(id, true)],
+  ];
+  for (const [name, change, undo] of changes) {
+    const out = await envoy.request({
+      headers: {},
+      body: JSON.stringify({ model: 'mock', prompt: `fallback ${name} `.repeat(100) }),
+    });
+    assert.equal(out.kind, 'routed');
+    if (out.kind !== 'routed') return;
+    const [first, second] = out.endpoints;
+    const id = fleet.workerAt.get(second)!;
+    const count = (e: string) =>
+      router()
+        .listWorkers()
+        .find((w) => w.id === fleet.workerAt.get(e))!.inFlightRequests;
+    change(id);
+    try {
+      const setHeaders = await out.stream.respondHeaders({ served: second }, true);
+      assert.equal(setHeaders.get('x-contextforge-worker'), id, name);
+      assert.equal(count(first), 0, `${name}: released on the endpoint that did not serve`);
+      assert.equal(count(second), 1, `${name}: counted on the one that serves it while it runs`);
+      await out.stream.respondBody(['{"ok":true}']);
+      assert.equal(count(second), 0, `${name}: released at the end of the response`);
+      await out.stream.end();
+    } finally {
+      undo(id);
+    }
+    await until(() => inFlight() === 0, 'release');
+  }
 });
 
 test('Envoy resetting the stream releases the request', async () => {

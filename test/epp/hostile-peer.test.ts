@@ -31,6 +31,10 @@ const BODY: ProcessingRequest = {
   request_body: { body: Buffer.from(JSON.stringify({ model: 'mock', prompt: 'hello' })), end_of_stream: true },
 };
 const EMPTY_BODY_END: ProcessingRequest = { request_body: { body: Buffer.alloc(0), end_of_stream: true } };
+/** A request routed on its body, ready for its response. */
+const ROUTED: ProcessingRequest[] = [REQUEST_HEADERS, BODY];
+const RESPONSE_HEADERS: ProcessingRequest = { response_headers: { headers: headers({ ':status': '200' }) } };
+const RESPONSE_END: ProcessingRequest = { response_body: { body: Buffer.from('{}'), end_of_stream: true } };
 
 interface Ended {
   answers: ProcessingResponse[];
@@ -87,13 +91,72 @@ test('messages out of order end the stream with FAILED_PRECONDITION naming them,
       [REQUEST_HEADERS, BODY, { request_body: { body: Buffer.from('more'), end_of_stream: true } }],
       /after the body ended/,
     ],
+    [
+      'request_body after a request that ended with its headers',
+      [
+        {
+          request_headers: {
+            headers: headers({ ':method': 'GET', ':path': '/v1/models' }),
+            end_of_stream: true,
+          },
+        },
+        BODY,
+      ],
+      /request_body arrived after the request ended with its headers/,
+    ],
+    [
+      'request_trailers twice',
+      [
+        REQUEST_HEADERS,
+        { request_body: { body: Buffer.from('{"model":"mock","prompt":"t"}'), end_of_stream: false } },
+        { request_trailers: { trailers: headers({}) } },
+        { request_trailers: { trailers: headers({}) } },
+      ],
+      /request_trailers arrived after the body ended/,
+    ],
+    [
+      'request_trailers after the body ended',
+      [...ROUTED, { request_trailers: { trailers: headers({}) } }],
+      /request_trailers arrived after the body ended/,
+    ],
+    ['response_headers twice', [...ROUTED, RESPONSE_HEADERS, RESPONSE_HEADERS], /response_headers arrived twice/],
+    [
+      'response_body before response_headers',
+      [...ROUTED, RESPONSE_END],
+      /response_body arrived before response_headers/,
+    ],
+    [
+      'response_trailers before response_headers',
+      [...ROUTED, { response_trailers: { trailers: headers({}) } }],
+      /response_trailers arrived before response_headers/,
+    ],
+    [
+      'response_body after the response ended',
+      [...ROUTED, RESPONSE_HEADERS, RESPONSE_END, RESPONSE_END],
+      /response_body arrived after the response ended/,
+    ],
+    [
+      'request_headers after a response that ended with its headers',
+      [
+        ...ROUTED,
+        { response_headers: { headers: headers({ ':status': '204' }), end_of_stream: true } },
+        REQUEST_HEADERS,
+      ],
+      /request_headers arrived after the response ended/,
+    ],
+    [
+      'response_headers after the response trailers',
+      [...ROUTED, RESPONSE_HEADERS, { response_trailers: { trailers: headers({}) } }, RESPONSE_HEADERS],
+      /response_headers arrived after the response ended/,
+    ],
   ];
   for (const [name, messages, details] of cases) {
     const out = await exchange(messages);
     assert.equal(out.code, GrpcStatus.FAILED_PRECONDITION, `${name}: status ${out.code} ${out.details}`);
     assert.match(out.details, details, name);
+    const routed = out.answers.some((a) => a.response === 'request_headers');
     assert.ok(
-      out.answers.every((a) => a.response !== 'response_trailers' && a.response !== 'request_trailers'),
+      routed || out.answers.every((a) => a.response !== 'response_trailers' && a.response !== 'request_trailers'),
       `${name}: no trailers answer to a request that was never routed`,
     );
   }

@@ -222,7 +222,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   bufferedBodyLimit: {
     arg: '<bytes>',
-    help: 'most request-body bytes held at once over all requests (gateway and endpoint picker; at least --body-limit); a request whose body does not fit gets 503 with retry-after',
+    help: 'most request-body bytes held at once over all requests (gateway and endpoint picker, whose streams count their request headers too; at least --body-limit); a request whose body does not fit gets 503 with retry-after',
   },
   minBodyRate: {
     arg: '<bytes/s>',

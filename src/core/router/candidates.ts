@@ -42,7 +42,8 @@ export class CandidateCollector {
 
   /**
    * Available workers (registered, not draining, healthy) in registration order, with their
-   * features; an unhealthy one too when it is in `panic` (panic routing), never a draining one. `overlap` is the index lookup for the request's blocks (all zeros when
+   * features; an unhealthy one too when it is in `panic` (panic routing), never a draining one;
+   * with `only`, that worker alone, available or not (the one already serving the request). `overlap` is the index lookup for the request's blocks (all zeros when
    * locality is off); `tokensPerBlock` 0 means the router's block size. The returned list and
    * its objects are overwritten by the next call. Positional arguments: this runs on every
    * route() and allocates nothing once the list has grown to the fleet's size.
@@ -59,6 +60,7 @@ export class CandidateCollector {
     now: number,
     exclude: ReadonlySet<string> | undefined,
     panic: ReadonlySet<string> | undefined,
+    only?: string,
   ): readonly Candidate[] {
     const { workers, anchors, workflows, contentAnchors: contentIndex, index } = this.sources;
     const settings = this.settings;
@@ -78,7 +80,10 @@ export class CandidateCollector {
     const claGroups = settings.claAffinityEnabled && claGroup !== null;
     let n = 0;
     for (const worker of workers.values()) {
-      if (
+      if (only !== undefined) {
+        // the worker serving the request: whether it is available does not matter
+        if (worker.id !== only) continue;
+      } else if (
         !(worker.available || (panicking !== undefined && !worker.draining && panicking.has(worker.id))) ||
         (excluded !== undefined && excluded.has(worker.id))
       )

@@ -298,6 +298,7 @@ export class KVAwareRouter {
       throw new TypeError('replaces must be a route() result that found no worker (noWorker set)');
     check.optionalSet(options.exclude, 'exclude');
     check.optionalSet(options.panicCandidates, 'panicCandidates');
+    const servedBy = check.optionalId(options.servedBy, 'servedBy');
     // a time that is no number would stay in the policy's and the index's bookkeeping
     const now = options.now === undefined ? this.readClock() : check.time(options.now, 'now');
     const fields = this.fields;
@@ -340,6 +341,7 @@ export class KVAwareRouter {
       now,
       options.exclude,
       options.panicCandidates,
+      servedBy,
     );
     const features = this.features ?? newFeatures();
     features.claGroup = claGroup;

@@ -63,6 +63,13 @@ export interface RouteOptions {
    */
   panicCandidates?: ReadonlySet<string>;
   /**
+   * The worker already serving the request (a gateway sent it to a fallback it had been given):
+   * the only candidate, taken whether or not it is available now (draining, unhealthy), so the
+   * work is counted where it runs. `exclude` and `panicCandidates` do not apply; a worker not
+   * registered is no worker.
+   */
+  servedBy?: string;
+  /**
    * What an earlier route() of the same request answered when it found no worker, when this
    * call decides again for it (the gateway's panic routing asks again with `panicCandidates`):
    * that decision leaves getStats().decisionsByReason as this one is counted, so the request
