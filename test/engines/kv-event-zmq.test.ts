@@ -10,7 +10,7 @@ import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { skippedEventCounts } from '../../src/server/engine-deployments.js';
-import { eventBatch, storedEvent, tokenRange } from '../helpers/kv-event-builders.js';
+import { eventBatch, sequenceFrame, storedEvent, tokenRange } from '../helpers/kv-event-builders.js';
 import { until } from '../helpers/wait.js';
 
 // Real ZeroMQ sockets on loopback: the publisher speaks vLLM's wire format, the subscriber
@@ -410,21 +410,16 @@ describe('KV events over ZeroMQ', () => {
         encodeEventBatch(batch(stored([1n], null, 0)), 'array'),
         encodeEventBatch(batch(stored([2n], 1n, 4)), 'array'),
       ];
-      const seqBytes = (n: bigint) => {
-        const b = Buffer.alloc(8);
-        b.writeBigInt64BE(n);
-        return b;
-      };
       const serving = (async () => {
         for await (const [id, , start] of replay) {
           const from = Number(start.readBigUInt64BE());
           for (let s = from; s < buffered.length; s++)
             await replay.send(
               withTopic
-                ? [id, '', 'kv-events', seqBytes(BigInt(s)), buffered[s]]
-                : [id, '', seqBytes(BigInt(s)), buffered[s]],
+                ? [id, '', 'kv-events', sequenceFrame(BigInt(s)), buffered[s]]
+                : [id, '', sequenceFrame(BigInt(s)), buffered[s]],
             );
-          await replay.send(withTopic ? [id, '', '', seqBytes(-1n), ''] : [id, '', seqBytes(-1n), '']);
+          await replay.send(withTopic ? [id, '', '', sequenceFrame(-1n), ''] : [id, '', sequenceFrame(-1n), '']);
         }
       })().catch(() => {});
       const sub = new KvEventSubscriber({
@@ -542,9 +537,7 @@ describe('KV events over ZeroMQ', () => {
     const served = (async () => {
       for await (const [identity, , start] of endless) {
         for (let seq = start.readBigInt64BE(); serving; seq++) {
-          const seqBytes = Buffer.alloc(8);
-          seqBytes.writeBigInt64BE(seq);
-          await endless.send([identity, '', seqBytes, empty]);
+          await endless.send([identity, '', sequenceFrame(seq), empty]);
           await new Promise((r) => setImmediate(r));
         }
       }
@@ -584,12 +577,6 @@ describe('KV events over ZeroMQ', () => {
 });
 
 describe('KV events: replays against the live stream, sequence numbers', () => {
-  const seqBytes = (n: bigint) => {
-    const b = Buffer.alloc(8);
-    b.writeBigInt64BE(n);
-    return b;
-  };
-
   /**
    * A stream from this project's publisher whose replay endpoint is a bare ROUTER answering as
    * `answer` says (given the start it was asked for; the end marker follows).
@@ -606,8 +593,8 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
       for await (const [id, , start] of replay) {
         const from = start.readBigInt64BE();
         asked.push(from);
-        for (const [s, p] of answer(from)) await replay.send([id, '', '', seqBytes(s), p]);
-        await replay.send([id, '', '', seqBytes(-1n), '']);
+        for (const [s, p] of answer(from)) await replay.send([id, '', '', sequenceFrame(s), p]);
+        await replay.send([id, '', '', sequenceFrame(-1n), '']);
       }
     })().catch(() => {});
     const logs: string[] = [];
@@ -661,12 +648,12 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
     for (let i = 1n; i <= 4n; i++) buffered.set(l + i, encodeEventBatch(batch(stored([i], null, 8 * Number(i)))));
     const failures = sub.stats.replayFailures;
     // l + 1 is lost; l + 2 asks for a replay, which also has l + 3 and l + 4 (a busy engine)
-    await pub.sendRaw(['', seqBytes(l + 2n), buffered.get(l + 2n)!]);
+    await pub.sendRaw(['', sequenceFrame(l + 2n), buffered.get(l + 2n)!]);
     await until(() => sub.stats.lastSeq === Number(l + 2n), 'the replay up to the live batch');
     assert.equal(sub.stats.replayFailures, failures);
     const batches = sub.stats.batches;
-    await pub.sendRaw(['', seqBytes(l + 3n), buffered.get(l + 3n)!]);
-    await pub.sendRaw(['', seqBytes(l + 4n), buffered.get(l + 4n)!]);
+    await pub.sendRaw(['', sequenceFrame(l + 3n), buffered.get(l + 3n)!]);
+    await pub.sendRaw(['', sequenceFrame(l + 4n), buffered.get(l + 4n)!]);
     await until(() => sub.stats.lastSeq === Number(l + 4n), 'the later batches, live');
     assert.equal(sub.stats.batches, batches + 2, 'applied live');
     assert.equal(sub.stats.duplicates, 0);
@@ -680,14 +667,14 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
     buffered.set(l + 1n, encodeEventBatch(batch(stored([5n], null, 40))));
     buffered.set(l + 2n, encodeEventBatch(batch(stored([6n], null, 48))));
     // l + 1 is lost: l + 2 asks for a replay from l + 1, which delivers both
-    await pub.sendRaw(['', seqBytes(l + 2n), buffered.get(l + 2n)!]);
+    await pub.sendRaw(['', sequenceFrame(l + 2n), buffered.get(l + 2n)!]);
     await until(() => sub.stats.lastSeq === Number(l + 2n), 'the replayed batches');
     assert.equal(sub.stats.duplicates, 0, 'the batch that asked for the replay is not a duplicate');
-    await pub.sendRaw(['', seqBytes(l + 1n), buffered.get(l + 1n)!]); // a late live copy
+    await pub.sendRaw(['', sequenceFrame(l + 1n), buffered.get(l + 1n)!]); // a late live copy
     await until(() => sub.stats.duplicates === 1, 'the duplicate counted');
     assert.equal(sub.stats.restarts, 0);
     // a number below the replay's first batch was never delivered by it: the engine restarted
-    await pub.sendRaw(['', seqBytes(l), encodeEventBatch(batch(stored([9n], null, 200)))]);
+    await pub.sendRaw(['', sequenceFrame(l), encodeEventBatch(batch(stored([9n], null, 200)))]);
     await until(() => sub.stats.restarts === 1, 'the restart');
     assert.equal(sub.stats.duplicates, 1);
   });
@@ -696,7 +683,7 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
     const { pub, sub, logs } = await rigWithReplay(() => []);
     const malformed = sub.stats.malformed;
     const lastSeq = sub.stats.lastSeq;
-    await pub.sendRaw(['', seqBytes(-5n), encodeEventBatch(batch(stored([1n], null, 0)))]);
+    await pub.sendRaw(['', sequenceFrame(-5n), encodeEventBatch(batch(stored([1n], null, 0)))]);
     await pub.sendRaw(['', Buffer.alloc(4), encodeEventBatch(batch(stored([1n], null, 0)))]);
     await until(() => sub.stats.malformed === malformed + 2, 'both messages counted as malformed');
     assert.equal(sub.stats.lastSeq, lastSeq, 'the stream position did not move');

@@ -22,7 +22,7 @@ import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { WorkerConnections } from '../../src/server/worker-connections.js';
 import {} from './harness.js';
-import { eventBatch, storedEvent, tokenRange } from '../helpers/kv-event-builders.js';
+import { eventBatch, sequenceFrame, storedEvent, tokenRange } from '../helpers/kv-event-builders.js';
 import { until } from '../helpers/wait.js';
 
 const BS = 4;
@@ -83,20 +83,15 @@ test("a removed worker's replay still under way applies nothing to a worker adde
   let lostSeq = -1n;
   let openGate = () => {};
   const gate = new Promise<void>((resolve) => (openGate = resolve));
-  const seqBytes = (n: bigint) => {
-    const b = Buffer.alloc(8);
-    b.writeBigInt64BE(n);
-    return b;
-  };
   const serving = (async () => {
     for await (const [id, , start] of replay) {
       const from = start.readBigInt64BE();
       if (from === lostSeq) {
-        await replay.send([id, '', seqBytes(from), encodeEventBatch(batch(stored([1n, 2n], null, 0)))]);
+        await replay.send([id, '', sequenceFrame(from), encodeEventBatch(batch(stored([1n, 2n], null, 0)))]);
         await gate;
-        await replay.send([id, '', seqBytes(from + 1n), encodeEventBatch(batch(stored([3n], null, 100)))]);
+        await replay.send([id, '', sequenceFrame(from + 1n), encodeEventBatch(batch(stored([3n], null, 100)))]);
       }
-      await replay.send([id, '', seqBytes(-1n), '']);
+      await replay.send([id, '', sequenceFrame(-1n), '']);
     }
   })().catch(() => {});
   const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise', speculativeBlocks: 0 });

@@ -48,3 +48,10 @@ export const eventBatch = (rank: number | null, ...events: KvEvent[]): KvEventBa
   events,
   dataParallelRank: rank,
 });
+
+/** A sequence-number frame as the publisher and its replay socket send it: 8 bytes, big-endian, signed (-1 ends a replay). */
+export const sequenceFrame = (n: bigint): Buffer => {
+  const b = Buffer.alloc(8);
+  b.writeBigInt64BE(n);
+  return b;
+};

@@ -247,7 +247,8 @@ async function everyTurn<T>(done: Promise<T>, look: () => void): Promise<T> {
   }
 }
 
-test('/admin/events: a large list applies in slices, the event loop turning between them; the answer covers it all', async () => {
+/** A gateway with an applier (precise mode, blocks of 4) and one worker `b`, listening; closed after the file. */
+async function eventsGateway() {
   const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
   const applier = new KvEventApplier(router);
   const gateway = await createGateway({
@@ -258,6 +259,11 @@ test('/admin/events: a large list applies in slices, the event loop turning betw
   });
   cleanup.push(() => gateway.close());
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  return { router, applier, gateway, base };
+}
+
+test('/admin/events: a large list applies in slices, the event loop turning between them; the answer covers it all', async () => {
+  const { applier, base } = await eventsGateway();
   const events: unknown[] = oneBlockStores(20_000);
   events[15_000] = { type: 'Nope' };
   const seen = new Set<number>();
@@ -281,16 +287,7 @@ test('/admin/events: a large list applies in slices, the event loop turning betw
 });
 
 test('/admin/events: a worker removed while its list applies, and added again under its id, takes nothing more of it', async () => {
-  const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise' });
-  const applier = new KvEventApplier(router);
-  const gateway = await createGateway({
-    router,
-    applier,
-    workers: [{ id: 'b', url: 'http://127.0.0.1:2' }],
-    adminToken,
-  });
-  cleanup.push(() => gateway.close());
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const { router, applier, gateway, base } = await eventsGateway();
   let replaced = false;
   const res = await everyTurn(post(base, '/admin/events', { worker: 'b', events: oneBlockStores(20_000) }), () => {
     if (replaced || applier.trackedBlocks('b') === 0) return;
