@@ -4,6 +4,7 @@ import { encode } from '@msgpack/msgpack';
 import { Dealer, Publisher, Router } from 'zeromq';
 import { BlockHashes, hashTokenBlocks } from '../../src/core/hashing.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
+import { bindEndpoint } from '../../src/engines/kv-events/bind.js';
 import { decodeEventBatch, KV_EVENT_LIMITS, type KvEvent } from '../../src/engines/kv-events/decode.js';
 import { encodeEventBatch } from '../../src/engines/kv-events/encode.js';
 import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
@@ -277,8 +278,8 @@ describe('KV events over ZeroMQ', () => {
     router.registerWorker('w0');
     const pub = new Publisher({ linger: 0 });
     const replay = new Router({ linger: 0 });
-    await pub.bind('tcp://127.0.0.1:*');
-    await replay.bind('tcp://127.0.0.1:*');
+    await bindEndpoint(pub, 'tcp://127.0.0.1:*');
+    await bindEndpoint(replay, 'tcp://127.0.0.1:*');
     const serving = (async () => {
       for await (const [id] of replay) {
         await replay.send([id, '', seqFrame(0n), oversized()]);
@@ -404,8 +405,8 @@ describe('KV events over ZeroMQ', () => {
       router.registerWorker('w0');
       const pub = new Publisher({ linger: 0 });
       const replay = new Router({ linger: 0 });
-      await pub.bind('tcp://127.0.0.1:*');
-      await replay.bind('tcp://127.0.0.1:*');
+      await bindEndpoint(pub, 'tcp://127.0.0.1:*');
+      await bindEndpoint(replay, 'tcp://127.0.0.1:*');
       const buffered = [
         encodeEventBatch(batch(stored([1n], null, 0)), 'array'),
         encodeEventBatch(batch(stored([2n], 1n, 4)), 'array'),
@@ -531,7 +532,7 @@ describe('KV events over ZeroMQ', () => {
     // the end marker: each one well within the receive timeout
     // (mandatory: a full queue to the subscriber makes it wait, never drops a batch, which would end the replay)
     const endless = new Router({ linger: 0, mandatory: true });
-    await endless.bind('tcp://127.0.0.1:*');
+    await bindEndpoint(endless, 'tcp://127.0.0.1:*');
     let serving = true;
     const empty = encodeEventBatch(batch());
     const served = (async () => {
@@ -587,7 +588,7 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
     const applier = new KvEventApplier(router);
     const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
     const replay = new Router({ linger: 0 });
-    await replay.bind('tcp://127.0.0.1:*');
+    await bindEndpoint(replay, 'tcp://127.0.0.1:*');
     const asked: bigint[] = [];
     const serving = (async () => {
       for await (const [id, , start] of replay) {

@@ -9,6 +9,7 @@ import fc from 'fast-check';
 import { Router } from 'zeromq';
 import { WorkerHealth } from '../../src/engines/health.js';
 import { KvEventApplier } from '../../src/engines/kv-events/applier.js';
+import { bindEndpoint } from '../../src/engines/kv-events/bind.js';
 import {
   decodeEventBatch,
   KvEventFormatError,
@@ -79,7 +80,7 @@ test("a removed worker's replay still under way applies nothing to a worker adde
   // the replay endpoint: answers at once, except for the lost batch, whose replay delivers one
   // batch, then waits for `gate` before the next one and its end
   const replay = new Router({ linger: 0 });
-  await replay.bind('tcp://127.0.0.1:*');
+  await bindEndpoint(replay, 'tcp://127.0.0.1:*');
   let lostSeq = -1n;
   let openGate = () => {};
   const gate = new Promise<void>((resolve) => (openGate = resolve));

@@ -1,4 +1,5 @@
 import { Publisher, Router } from 'zeromq';
+import { bindEndpoint } from './bind.js';
 import type { KvEventBatch } from './decode.js';
 import { encodeEventBatch } from './encode.js';
 
@@ -45,13 +46,21 @@ export class KvEventPublisher {
   }
 
   async start(): Promise<this> {
-    await this.pub.bind(this.options.endpoint);
-    this.endpoint = this.pub.lastEndpoint ?? this.options.endpoint;
-    if (this.options.replayEndpoint) {
-      this.replay = new Router({ linger: 0 });
-      await this.replay.bind(this.options.replayEndpoint);
-      this.replayEndpoint = this.replay.lastEndpoint ?? this.options.replayEndpoint;
-      void this.serveReplays(this.replay);
+    try {
+      await bindEndpoint(this.pub, this.options.endpoint);
+      this.endpoint = this.pub.lastEndpoint ?? this.options.endpoint;
+      if (this.options.replayEndpoint) {
+        this.replay = new Router({ linger: 0 });
+        await bindEndpoint(this.replay, this.options.replayEndpoint);
+        this.replayEndpoint = this.replay.lastEndpoint ?? this.options.replayEndpoint;
+        void this.serveReplays(this.replay);
+      }
+    } catch (err) {
+      // sockets left open would keep the process alive after a failed start
+      this.closed = true;
+      this.pub.close();
+      this.replay?.close();
+      throw err;
     }
     return this;
   }
