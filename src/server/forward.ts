@@ -176,7 +176,8 @@ function retryAfterSeconds(rawHeaders: Buffer[]): number | undefined {
     const name = rawHeaders[i];
     if (name.length !== 11 || name.toString('latin1').toLowerCase() !== 'retry-after') continue;
     const v = rawHeaders[i + 1].toString('latin1').trim();
-    if (/^\d{1,6}$/.test(v)) return Math.min(Number(v), MAX_RETRY_AFTER_S);
+    // any number of digits: a longer wait than a day is a day (Number reads too many as Infinity)
+    if (/^\d+$/.test(v)) return Math.min(Number(v), MAX_RETRY_AFTER_S);
     if (v.length > 64 || !/ GMT$/.test(v)) return undefined;
     const at = Date.parse(v);
     if (!Number.isFinite(at)) return undefined;
