@@ -598,8 +598,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
     if (eventStream) headers['cache-control'] = 'no-cache';
     this.headers = headers;
-    // a whole answer is gathered, so one cut short is retried, unless it is too large to hold
-    this.gather = !eventStream && (length === undefined ? !o.streaming : length <= MAX_GATHERED_BYTES);
+    // a whole answer is gathered, so one cut short is retried, unless it is too large to hold;
+    // one to a streamed request too (JSON instead of events, chunked or of a declared length): it
+    // is checked as a whole answer is, an error object or JSON cut short never passed as success
+    this.gather = !eventStream && (length === undefined || length <= MAX_GATHERED_BYTES);
     this.declaredLength = length;
     // an answer of declared length takes all of it from the budget at once, or is not gathered
     if (this.gather && length !== undefined && !this.takeAnswer(length)) {

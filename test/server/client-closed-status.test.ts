@@ -134,7 +134,8 @@ for (const route of ['fast path', 'Fastify route'] as const) {
 }
 
 test('an answer the gateway cuts because its engine broke it off counts with the status it was sent with, not 499', async () => {
-  // a stream was asked for, the engine answers JSON without a length (passed through as it comes), then dies
+  // a stream was asked for, the engine answers JSON without a length (passed through as it comes:
+  // the answer budget cannot take it), then dies
   const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
     req.resume();
     if (req.url !== '/v1/completions') return void res.writeHead(404).end();
@@ -148,6 +149,7 @@ test('an answer the gateway cuts because its engine broke it off counts with the
     workers: [{ id: 'e0', url: engine.url }],
     metricsIntervalMs: 0,
     healthCheckIntervalMs: 0,
+    bufferedAnswerLimit: 1,
   });
   const clients = new Agent();
   try {
