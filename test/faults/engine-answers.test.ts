@@ -158,6 +158,66 @@ test('a streamed request answered 200 with an error object for a server error, c
     res.end(JSON.stringify({ error: { message: 'Internal server error', type: 'InternalServerError', code: 500 } }));
   }, 'nothing stays on the worker whose chunked 200 was an error'));
 
+test('a request that is not streamed answered with an event stream: a failed attempt, retried on another worker', async () => {
+  const bad = await engineAnswering((res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.end('data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n');
+  });
+  const g = await gatewayWith(bad.url, true);
+  const alone = await gatewayWith(bad.url, false);
+  try {
+    for (let i = 0; i < 2; i++) {
+      const r = await post(g.base, '/v1/completions', { prompt: `e${i}`, max_tokens: 2 });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+      assert.match(r.headers.get('content-type') ?? '', /^application\/json/);
+      assert.equal((JSON.parse(r.text) as { usage: { completion_tokens: number } }).usage.completion_tokens, 2);
+    }
+    assert.ok(bad.requests >= 1, 'the engine answering a stream was tried');
+    // alone: the client is told the engine failed; a streamed request takes the stream as ever
+    const r = await post(alone.base, '/v1/completions', { prompt: 'e', max_tokens: 2 });
+    assert.equal(r.status, 502, r.text);
+    const streamed = await post(alone.base, '/v1/completions', { prompt: 'e', max_tokens: 2, stream: true });
+    assert.equal(streamed.status, 200, streamed.text);
+    assert.match(streamed.text, /data: \[DONE\]\n\n$/);
+    assert.equal(g.router.getStats().inFlightRequests, 0);
+    assert.equal(alone.router.getStats().inFlightRequests, 0);
+  } finally {
+    await g.close();
+    await alone.close();
+    await bad.close();
+  }
+});
+
+test('an engine answering 200 with an HTML page (a sign-in page of a proxy in front): not passed to the client, retried elsewhere', () =>
+  checkNotAnAnswer(
+    (res) => res.writeHead(200, { 'content-type': 'text/html; charset=utf-8' }).end('<html>Sign in</html>'),
+    'nothing stays on the worker that answered a page',
+  ));
+
+test('a 200 typed text/plain is read as JSON: whole JSON is an answer, anything else a failed attempt', async () => {
+  const json = await engineAnswering((res) =>
+    res.writeHead(200, { 'content-type': 'text/plain' }).end('{"choices":[{"text":"plain"}]}'),
+  );
+  const text = await engineAnswering((res) => res.writeHead(200, { 'content-type': 'text/plain' }).end('Sign in'));
+  const ok = await gatewayWith(json.url, false);
+  const bad = await gatewayWith(text.url, false);
+  try {
+    for (const stream of [false, true]) {
+      const r = await post(ok.base, '/v1/completions', { prompt: 'p', max_tokens: 1, stream });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.text, '{"choices":[{"text":"plain"}]}');
+      const refused = await post(bad.base, '/v1/completions', { prompt: 'p', max_tokens: 1, stream });
+      assert.equal(refused.status, 502, refused.text);
+    }
+  } finally {
+    await ok.close();
+    await bad.close();
+    await json.close();
+    await text.close();
+  }
+});
+
 test('an answer too large to hold passes through as it comes instead of being gathered in memory', async () => {
   const MiB = 1024 * 1024;
   for (const withLength of [true, false]) {
