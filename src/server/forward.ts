@@ -176,7 +176,8 @@ function retryAfterSeconds(rawHeaders: Buffer[]): number | undefined {
     const name = rawHeaders[i];
     if (name.length !== 11 || name.toString('latin1').toLowerCase() !== 'retry-after') continue;
     const v = rawHeaders[i + 1].toString('latin1').trim();
-    if (/^\d{1,6}$/.test(v)) return Math.min(Number(v), MAX_RETRY_AFTER_S);
+    // any number of digits: a longer wait than a day is a day (Number reads too many as Infinity)
+    if (/^\d+$/.test(v)) return Math.min(Number(v), MAX_RETRY_AFTER_S);
     if (v.length > 64 || !/ GMT$/.test(v)) return undefined;
     const at = Date.parse(v);
     if (!Number.isFinite(at)) return undefined;
@@ -198,6 +199,21 @@ const CONNECTION_LOST = new Set(['ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET']);
 function isTimeout(err: Error | undefined): boolean {
   const code = (err as { code?: unknown } | undefined)?.code;
   return code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT';
+}
+
+/** A Content-Type of plain text: an answer (2xx) so labelled is read as JSON. */
+const PLAIN_TEXT = /^\s*text\/plain\s*(?:[;,]|$)/i;
+
+/**
+ * Why a 2xx answer of `contentType` (undefined: none declared) is no answer to a request that
+ * is `streaming` or not: 'stream' for an event stream to a request that is not streamed, 'page'
+ * for a type that is neither JSON, plain text (read as JSON) nor an event stream; undefined
+ * when it may be one.
+ */
+function wrongForm(contentType: string | undefined, streaming: boolean): 'stream' | 'page' | undefined {
+  if (contentType === undefined || declaresJson(contentType) || PLAIN_TEXT.test(contentType)) return undefined;
+  if (contentType.includes('event-stream')) return streaming ? undefined : 'stream';
+  return 'page';
 }
 
 /** A Content-Encoding that names no coding but identity: the bytes are the answer itself. */
@@ -576,6 +592,23 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
         contentEncoding = contentEncoding === undefined ? v : `${contentEncoding},${v}`;
       }
     }
+    // an answer (2xx) in a form the request did not ask for is none: an event stream to a request
+    // that is not streamed (its client reads one JSON object), or a body of a type that is neither
+    // JSON nor an event stream (an HTML sign-in page of a proxy in front of the engine). text/plain
+    // is read as JSON (checkWhole, below): a whole JSON answer passes. Another worker can take it
+    const form = this.status < 300 ? wrongForm(contentType, this.o.streaming) : undefined;
+    if (form !== undefined) {
+      this.discarding = true;
+      this.connection.unanswered.delete(this);
+      if (this.timer) clearTimeout(this.timer);
+      // a page is read and dropped, keeping the connection, as an error body is; a stream would
+      // go on for the whole generation: dropped at once
+      const keepFor = form === 'page' ? MAX_DISCARD_MS : 0;
+      this.timer = setTimeout(() => this.abortUpstream?.(new Error('not an answer')), keepFor);
+      // as a 204 or a redirect: nothing of it is kept, and what was predicted of it is withdrawn
+      this.o.onRefused();
+      return true;
+    }
     // the gateway asks for answers without a content coding (accept-encoding: identity); one
     // compressed anyway passes on as it came, its coding with it (the client's HTTP stack decodes
     // it): its bytes are neither JSON nor events the gateway can read, so it is not checked as
@@ -585,7 +618,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     // an engine that declares JSON is held to it, and so is an answer (2xx) that declares nothing:
     // the client gets it labelled JSON (below), and an error page or an empty body labelled so is
     // no answer. A client error of no declared type is the engine's word on the request, passed on
-    this.checkWhole = (contentType === undefined ? this.status < 300 : declaresJson(contentType)) && !encoded;
+    this.checkWhole =
+      (contentType === undefined
+        ? this.status < 300
+        : declaresJson(contentType) || (this.status < 300 && PLAIN_TEXT.test(contentType))) && !encoded;
     contentType ??= 'application/json';
     const eventStream = contentType.includes('event-stream');
     this.eventStream = eventStream && !encoded;
@@ -597,8 +633,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
     if (eventStream) headers['cache-control'] = 'no-cache';
     this.headers = headers;
-    // a whole answer is gathered, so one cut short is retried, unless it is too large to hold
-    this.gather = !eventStream && (length === undefined ? !o.streaming : length <= MAX_GATHERED_BYTES);
+    // a whole answer is gathered, so one cut short is retried, unless it is too large to hold;
+    // one to a streamed request too (JSON instead of events, chunked or of a declared length): it
+    // is checked as a whole answer is, an error object or JSON cut short never passed as success
+    this.gather = !eventStream && (length === undefined || length <= MAX_GATHERED_BYTES);
     this.declaredLength = length;
     // an answer of declared length takes all of it from the budget at once, or is not gathered
     if (this.gather && length !== undefined && !this.takeAnswer(length)) {

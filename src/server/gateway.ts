@@ -414,6 +414,25 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     answerBodyBudgetExceeded(res);
     return false;
   };
+  /**
+   * A client connection's idle timer fired while `res` was its current response. A request read
+   * whole whose answer has not begun is not idle: the gateway is working on it (waiting for an
+   * engine, retrying on another, keeping it on a worker out of rotation), which can take several
+   * times the upstream timeout, and the timer starts again. Otherwise the connection is closed,
+   * and the request counts with what the gateway did, never as a client that left: a body that
+   * stopped arriving is answered 408, an answer the client stopped reading is cut with its status.
+   */
+  const idleWithResponse = (req: IncomingMessage, res: ServerResponse): void => {
+    const socket = req.socket;
+    if (res.writableEnded) return void socket.destroy();
+    if (res.headersSent) {
+      markCutByGateway(res);
+      return void socket.destroy();
+    }
+    if (req.complete) return void socket.setTimeout(timeouts.connectionTimeoutMs);
+    bodyCharges.get(req)?.release();
+    answerMalformed(res, 408, `the request body stopped arriving for ${timeouts.connectionTimeoutMs} ms`, 'body');
+  };
   /** The OpenAI routes' common case before Fastify (set once the routes exist), and whether the gateway is closing. */
   let fastPath: ((req: IncomingMessage, res: ServerResponse) => boolean) | undefined;
   let closing = false;
@@ -463,6 +482,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         responseOnSocket.set(req.socket, res);
         // a connection closed after an answer while its request's body comes in reads it on (lingeringClose)
         if (req.socket.destroySoon !== lingeringClose) req.socket.destroySoon = lingeringClose;
+        // the connection's idle timer fires while this response is its current one: the gateway decides
+        res.on('timeout', () => idleWithResponse(req, res));
         // Node's parser hands over HTTP/2.0 and HTTP/0.9 (a request line without a version too)
         // as if they were HTTP/1.x; RFC 9110 §15.6.6: a major version not supported is a 505
         if (req.httpVersionMajor !== 1) {

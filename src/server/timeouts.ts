@@ -34,7 +34,8 @@ export interface GatewayTimeouts {
 export const DEFAULT_TIMEOUTS: Readonly<GatewayTimeouts> = Object.freeze({
   headersTimeoutMs: 10_000,
   requestTimeoutMs: 60_000,
-  // above the inter-chunk timeout: a client waiting for a long non-streamed answer is idle
+  // above the inter-chunk timeout: a client reading an answer waits that long between its parts
+  // (a request still waiting for its answer to begin is not idle: gateway.ts)
   connectionTimeoutMs: 330_000,
   firstByteTimeoutMs: 10_000,
   interChunkTimeoutMs: 300_000,
@@ -102,7 +103,7 @@ export function connectionTimeoutProblem(
     t.connectionTimeoutMs = Math.min(t.interChunkTimeoutMs + CONNECTION_MARGIN_MS, MAX_TIMER_MS);
     return undefined;
   }
-  return `${connection} (${t.connectionTimeoutMs}) must be more than ${interChunk} (${t.interChunkTimeoutMs}): a client waiting for an answer is idle that long, and its connection would be closed under it`;
+  return `${connection} (${t.connectionTimeoutMs}) must be more than ${interChunk} (${t.interChunkTimeoutMs}): a client reading an answer waits that long between its parts, and its connection would be closed under it`;
 }
 
 /**

@@ -8,7 +8,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
-import { createGateway } from '../../src/server/gateway.js';
+import { createGateway, type GatewayOptions } from '../../src/server/gateway.js';
 import type { GatewayTimeouts } from '../../src/server/timeouts.js';
 import { failingEngine, fakeEngine, post } from './harness.js';
 import { tiers } from '../helpers/prompts.js';
@@ -24,12 +24,17 @@ const engineAnswering = (answer: (res: ServerResponse) => void) =>
   });
 
 /** A gateway in front of `bad` alone, or `bad` first and a good mock engine second (round robin). */
-async function gatewayWith(badUrl: string, withGood: boolean, timeouts?: Partial<GatewayTimeouts>) {
+async function gatewayWith(
+  badUrl: string,
+  withGood: boolean,
+  timeouts?: Partial<GatewayTimeouts>,
+  options: Partial<GatewayOptions> = {},
+) {
   const good = withGood ? await new MockEngine().start() : undefined;
   const router = new KVAwareRouter({ policy: 'round-robin' });
   const workers = [{ id: 'bad', url: badUrl }];
   if (good) workers.push({ id: 'good', url: `http://127.0.0.1:${good.port}` });
-  const gateway = await createGateway({ router, workers, ...quiet, timeouts });
+  const gateway = await createGateway({ router, workers, ...quiet, timeouts, ...options });
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   return {
     router,
@@ -103,13 +108,14 @@ test('a non-streamed answer without a length, cut short, is retried on another w
 });
 
 test('an answer that is not an event stream, cut after it reached the client, is cut for the client too', async () => {
-  // a stream was asked for, the engine answers plain JSON without a length (passed through as it comes)
+  // a stream was asked for, the engine answers plain JSON without a length, passed through as it
+  // comes (the answer budget cannot take it)
   const bad = await engineAnswering((res) => {
     res.writeHead(200, { 'content-type': 'application/json' });
     res.write('{"id":"cmpl-1","choices":[{"text":"hel');
     setImmediate(() => res.socket?.destroy());
   });
-  const g = await gatewayWith(bad.url, false);
+  const g = await gatewayWith(bad.url, false, undefined, { bufferedAnswerLimit: 1 });
   const answer = fetch(`${g.base}/v1/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
@@ -119,6 +125,97 @@ test('an answer that is not an event stream, cut after it reached the client, is
   assert.equal(g.router.getStats().inFlightRequests, 0);
   await g.close();
   await bad.close();
+});
+
+test('a streamed request answered with JSON without a length, cut short: retried on another worker (never a truncated 200)', async () => {
+  // chunked, or delimited by the connection's close: checked whole as an answer with a length is
+  for (const close of [false, true]) {
+    const bad = await engineAnswering((res) => {
+      if (close) res.shouldKeepAlive = false;
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('{"id":"cmpl-1","choices":[{"text":"hel', () => res.end());
+    });
+    const g = await gatewayWith(bad.url, true);
+    try {
+      for (let i = 0; i < 2; i++) {
+        const r = await post(g.base, '/v1/completions', { prompt: `s${i}`, max_tokens: 2, stream: true });
+        assert.equal(r.status, 200, r.text);
+        assert.equal(r.headers.get('x-contextforge-worker'), 'good', `close: ${close}`);
+        assert.match(r.text, /data: \[DONE\]\n\n$/);
+      }
+      assert.ok(bad.requests >= 1, 'the failing engine was tried');
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+    } finally {
+      await g.close();
+      await bad.close();
+    }
+  }
+});
+
+test('a streamed request answered 200 with an error object for a server error, chunked: retried elsewhere, not passed as success', () =>
+  checkNotAnAnswer((res) => {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ error: { message: 'Internal server error', type: 'InternalServerError', code: 500 } }));
+  }, 'nothing stays on the worker whose chunked 200 was an error'));
+
+test('a request that is not streamed answered with an event stream: a failed attempt, retried on another worker', async () => {
+  const bad = await engineAnswering((res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.end('data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n');
+  });
+  const g = await gatewayWith(bad.url, true);
+  const alone = await gatewayWith(bad.url, false);
+  try {
+    for (let i = 0; i < 2; i++) {
+      const r = await post(g.base, '/v1/completions', { prompt: `e${i}`, max_tokens: 2 });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+      assert.match(r.headers.get('content-type') ?? '', /^application\/json/);
+      assert.equal((JSON.parse(r.text) as { usage: { completion_tokens: number } }).usage.completion_tokens, 2);
+    }
+    assert.ok(bad.requests >= 1, 'the engine answering a stream was tried');
+    // alone: the client is told the engine failed; a streamed request takes the stream as ever
+    const r = await post(alone.base, '/v1/completions', { prompt: 'e', max_tokens: 2 });
+    assert.equal(r.status, 502, r.text);
+    const streamed = await post(alone.base, '/v1/completions', { prompt: 'e', max_tokens: 2, stream: true });
+    assert.equal(streamed.status, 200, streamed.text);
+    assert.match(streamed.text, /data: \[DONE\]\n\n$/);
+    assert.equal(g.router.getStats().inFlightRequests, 0);
+    assert.equal(alone.router.getStats().inFlightRequests, 0);
+  } finally {
+    await g.close();
+    await alone.close();
+    await bad.close();
+  }
+});
+
+test('an engine answering 200 with an HTML page (a sign-in page of a proxy in front): not passed to the client, retried elsewhere', () =>
+  checkNotAnAnswer(
+    (res) => res.writeHead(200, { 'content-type': 'text/html; charset=utf-8' }).end('<html>Sign in</html>'),
+    'nothing stays on the worker that answered a page',
+  ));
+
+test('a 200 typed text/plain is read as JSON: whole JSON is an answer, anything else a failed attempt', async () => {
+  const json = await engineAnswering((res) =>
+    res.writeHead(200, { 'content-type': 'text/plain' }).end('{"choices":[{"text":"plain"}]}'),
+  );
+  const text = await engineAnswering((res) => res.writeHead(200, { 'content-type': 'text/plain' }).end('Sign in'));
+  const ok = await gatewayWith(json.url, false);
+  const bad = await gatewayWith(text.url, false);
+  try {
+    for (const stream of [false, true]) {
+      const r = await post(ok.base, '/v1/completions', { prompt: 'p', max_tokens: 1, stream });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.text, '{"choices":[{"text":"plain"}]}');
+      const refused = await post(bad.base, '/v1/completions', { prompt: 'p', max_tokens: 1, stream });
+      assert.equal(refused.status, 502, refused.text);
+    }
+  } finally {
+    await ok.close();
+    await bad.close();
+    await json.close();
+    await text.close();
+  }
 });
 
 test('an answer too large to hold passes through as it comes instead of being gathered in memory', async () => {

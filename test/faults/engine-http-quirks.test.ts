@@ -58,6 +58,24 @@ test('a 429 whose Retry-After is an HTTP date gives the client the wait that dat
   }
 });
 
+test('a 429 whose Retry-After is a longer number of seconds than a day gives the client a day, however many digits', async () => {
+  for (const [retryAfter, expected] of [
+    ['86399', '86399'],
+    ['100000', '86400'],
+    ['1000000', '86400'],
+    ['99999999999999999999999', '86400'],
+    ['0000000000007', '7'],
+  ] as const) {
+    const engine = await answeringEngine(429, '{"error":{"message":"too many requests"}}', {
+      'retry-after': retryAfter,
+    });
+    await withAnswer([engine], (res) => {
+      assert.equal(res.status, 429);
+      assert.equal(res.headers.get('retry-after'), expected, `engine's Retry-After ${retryAfter}`);
+    });
+  }
+});
+
 /** How long vLLM and SGLang keep an idle connection (uvicorn's timeout_keep_alive; VLLM_HTTP_TIMEOUT_KEEP_ALIVE). */
 const ENGINE_KEEP_ALIVE_MS = 5000;
 

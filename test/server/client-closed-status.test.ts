@@ -134,7 +134,8 @@ for (const route of ['fast path', 'Fastify route'] as const) {
 }
 
 test('an answer the gateway cuts because its engine broke it off counts with the status it was sent with, not 499', async () => {
-  // a stream was asked for, the engine answers JSON without a length (passed through as it comes), then dies
+  // a stream was asked for, the engine answers JSON without a length (passed through as it comes:
+  // the answer budget cannot take it), then dies
   const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
     req.resume();
     if (req.url !== '/v1/completions') return void res.writeHead(404).end();
@@ -148,6 +149,7 @@ test('an answer the gateway cuts because its engine broke it off counts with the
     workers: [{ id: 'e0', url: engine.url }],
     metricsIntervalMs: 0,
     healthCheckIntervalMs: 0,
+    bufferedAnswerLimit: 1,
   });
   const clients = new Agent();
   try {
@@ -222,5 +224,57 @@ for (const route of ['fast path', 'Fastify route'] as const) {
         }
       },
     );
+  });
+}
+
+for (const route of ['fast path', 'Fastify route'] as const) {
+  test(`a request retried past the connection timeout is answered, its connection kept while it waits (${route})`, async () => {
+    // the first attempt breaks after a while, the retry answers after as long: together longer
+    // than the client connection's idle timeout, each within the upstream timeout
+    const waitMs = 350;
+    let posts = 0;
+    const slow = () =>
+      fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+        req.resume();
+        if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+        req.on('end', () => {
+          const first = ++posts === 1;
+          setTimeout(() => {
+            if (first) return void res.socket?.destroy();
+            res.writeHead(200, { 'content-type': 'application/json' }).end('{"choices":[{"text":"late"}]}');
+          }, waitMs);
+        });
+      });
+    const engines = [await slow(), await slow()];
+    const gateway = await createGateway({
+      router: new KVAwareRouter(),
+      workers: engines.map((e, i) => ({ id: `e${i}`, url: e.url })),
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+      timeouts: { interChunkTimeoutMs: 2 * waitMs - 300, connectionTimeoutMs: 2 * waitMs - 200 },
+      ...(route === 'Fastify route' ? { apiKeys: new ApiKeys({ [KEY]: 'team' }) } : {}),
+    });
+    const clients = new Agent();
+    try {
+      const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+      const res = await fetch(`${base}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+        body: JSON.stringify({ prompt: 'retried', max_tokens: 1 }),
+        dispatcher: clients,
+      });
+      assert.equal(res.status, 200);
+      assert.match(await res.text(), /late/);
+      assert.equal(posts, 2, 'answered by the retry');
+      const counts = await settled(
+        () => completionCounts(() => gateway.metrics.metrics()),
+        (c) => Object.keys(c).length > 0,
+      );
+      assert.deepEqual(counts, { '200': 1 });
+    } finally {
+      await clients.destroy();
+      await gateway.close();
+      for (const e of engines) await e.close();
+    }
   });
 }

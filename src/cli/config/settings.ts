@@ -204,7 +204,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   requestTimeoutMs: { arg: '<ms>', help: 'time for a client to send a whole request (headers and body)' },
   connectionTimeoutMs: {
     arg: '<ms>',
-    help: 'a client connection idle this long is closed; more than --upstream-timeout-ms, as a client waiting for an answer is idle that long (raised 30 s past it when not set)',
+    help: 'a client connection idle this long is closed (not while its request, read whole, waits for its answer to begin: retries may take several --upstream-timeout-ms); more than --upstream-timeout-ms, as a client reading an answer waits that long between its parts (raised 30 s past it when not set)',
   },
   firstByteTimeoutMs: {
     arg: '<ms>',
