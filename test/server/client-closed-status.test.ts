@@ -200,6 +200,29 @@ test('a request the gateway answers before any route runs counts with the status
   });
 });
 
+test('a body that stops arriving for the connection timeout is answered 408 naming body, counted 408', async () => {
+  // the whole-request deadline is far off: the connection's idle timer is what ends the wait
+  await withNotFoundEngine(
+    { timeouts: { requestTimeoutMs: 60_000, interChunkTimeoutMs: 200, connectionTimeoutMs: 400 } },
+    async (gateway, port) => {
+      const client = await rawClient(port);
+      client.socket.write(
+        'POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"prompt":',
+      );
+      await until(client.closed, 'the gateway to answer and close the connection');
+      const answer = client.received();
+      assert.match(answer, /^HTTP\/1\.1 408 /, answer);
+      assert.match(answer, /"param":"body"/, answer);
+      assert.match(answer, /stopped arriving for 400 ms/, answer);
+      const counts = await settled(
+        () => completionCounts(() => gateway.metrics.metrics()),
+        (c) => Object.keys(c).length > 0,
+      );
+      assert.deepEqual(counts, { '408': 1 });
+    },
+  );
+});
+
 for (const route of ['fast path', 'Fastify route'] as const) {
   test(`a client that ends its input in the middle of a body counts as 499, not 400 (${route})`, async () => {
     await withNotFoundEngine(
