@@ -5,6 +5,7 @@
  *
  *   npm run bench:sim [-- --json] [--split evaluation|train|fresh] [--samples 5] [--points 5]
  *                     [--workers 8] [--traces mooncake-conversation,ragpulse,...] [--out bench/results]
+ *                     [--policies cost,sglang,...] [--prompt-scale 0.88] [--rate-scale 1.13]
  *
  * Data split (docs/simulator.md, "Training and evaluation data"): a recorded trace's first
  * half is training data, its second half evaluation data; a generated workload uses the first
@@ -22,6 +23,12 @@
  * equal request counts; each window is replayed from an empty cluster. A generated workload
  * is generated once per seed. This keeps the whole sweep to minutes on one core.
  *
+ * Perturbed samples: `--prompt-scale F` cuts each prompt of a recorded trace to F of its
+ * length (its last blocks), `--rate-scale R` makes its arrivals R times as dense (perturbTrace
+ * in src/sim/sweep.ts); generated workloads are left as they are, and the load points are still
+ * chosen on the unperturbed training split, so a perturbed sweep runs at the same rates. They
+ * check a candidate on the training split reshaped like data it has not seen (docs/simulator.md).
+ *
  * Writes bench/results/sim-sweep.json and bench/results/sim-sweep.html (the charts).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -30,6 +37,7 @@ import { renderSweepReport } from '../src/sim/html-report.js';
 import { loadTrace } from '../src/sim/load-trace.js';
 import {
   chooseLoadPoints,
+  perturbTrace,
   splitTrace,
   sweepTrace,
   windows,
@@ -60,7 +68,38 @@ if (split !== 'evaluation' && split !== 'train' && split !== 'fresh') {
   process.exit(2);
 }
 const OUT = String(flags.get('out') ?? 'bench/results');
-const POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
+const ALL_POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
+const onlyPolicies = flags.get('policies');
+const POLICIES = typeof onlyPolicies === 'string' ? onlyPolicies.split(',') : ALL_POLICIES;
+if (
+  POLICIES.length === 0 ||
+  POLICIES.some((p) => !ALL_POLICIES.includes(p)) ||
+  new Set(POLICIES).size !== POLICIES.length
+) {
+  process.stderr.write(`error: --policies must name some of ${ALL_POLICIES.join(', ')}, each once\n`);
+  process.exit(2);
+}
+/** A positive number flag, or `fallback`; a bad one ends the run naming it. */
+function scaleFlag(name: string, fallback: number): number {
+  const v = flags.get(name);
+  if (v === undefined) return fallback;
+  const n = typeof v === 'string' ? Number(v) : NaN;
+  if (!Number.isFinite(n)) {
+    process.stderr.write(`error: --${name} must be a number, got '${String(v)}'\n`);
+    process.exit(2);
+  }
+  return n;
+}
+const perturbation = { promptScale: scaleFlag('prompt-scale', 1), rateScale: scaleFlag('rate-scale', 1) };
+const perturbed = perturbation.promptScale !== 1 || perturbation.rateScale !== 1;
+try {
+  perturbTrace([], perturbation);
+} catch (err) {
+  process.stderr.write(
+    `error: --${(err as Error).message.startsWith('promptScale') ? 'prompt-scale' : 'rate-scale'}: ${(err as Error).message}\n`,
+  );
+  process.exit(2);
+}
 
 /** Seeds of generated workloads: training and evaluation never share one. */
 const TRAIN_SEEDS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
@@ -72,6 +111,8 @@ interface TraceSpec {
   name: string;
   /** `count` independent samples of the split; none for a split the workload does not have (fresh, of a recorded trace). */
   samples(part: 'train' | 'evaluation' | 'fresh', count: number): Promise<TraceRequest[][]>;
+  /** A recorded trace, which --prompt-scale and --rate-scale reshape. */
+  perturbable?: boolean;
 }
 
 /** A recorded trace: halves by arrival, each cut into windows. */
@@ -84,6 +125,7 @@ function recorded(name: string, path: string, transform: (r: TraceRequest) => Tr
       cache ??= splitTrace((await loadTrace(path)).requests.map(transform));
       return windows(cache[part], count);
     },
+    perturbable: true,
   };
 }
 
@@ -131,7 +173,15 @@ const report: SweepReport = { traces: [] };
 const started = performance.now();
 for (const spec of traces) {
   const t0 = performance.now();
-  const samples = await spec.samples(split as 'train' | 'evaluation' | 'fresh', SAMPLES);
+  const asRecorded = await spec.samples(split as 'train' | 'evaluation' | 'fresh', SAMPLES);
+  let samples = asRecorded;
+  try {
+    if (perturbed && spec.perturbable) samples = asRecorded.map((s) => perturbTrace(s, perturbation));
+  } catch (err) {
+    // a trace whose prompts cannot be cut (content anchors) is not swept rather than swept as recorded
+    log(`${spec.name}: skipped (${(err as Error).message})`);
+    continue;
+  }
   if (samples.length === 0) {
     log(`${spec.name}: skipped (a recorded trace has no ${split} split)`);
     continue;
@@ -147,7 +197,9 @@ for (const spec of traces) {
 log(`sweep: ${((performance.now() - started) / 1000).toFixed(1)} s`);
 
 const json = JSON.stringify(report);
-const suffix = split === 'evaluation' ? '' : `-${split}`;
+const suffix =
+  (split === 'evaluation' ? '' : `-${split}`) +
+  (perturbed ? `-prompt${perturbation.promptScale}-rate${perturbation.rateScale}` : '');
 writeFileSync(`${OUT}/sim-sweep${suffix}.json`, JSON.stringify(report, null, 1) + '\n');
 writeFileSync(
   `${OUT}/sim-sweep${suffix}.html`,

@@ -88,6 +88,36 @@ export function splitTrace(requests: readonly TraceRequest[]): { train: TraceReq
   return { train: requests.slice(0, half), evaluation: requests.slice(half) };
 }
 
+/** How a recorded sample is reshaped: prompts shorter by `promptScale`, arrivals denser by `rateScale`. */
+export interface Perturbation {
+  /** Each prompt's length × this, in (0, 1]: its last blocks are cut, the prefixes it shares kept. */
+  promptScale: number;
+  /** Arrivals this many times as dense (timestamps ÷ it), from 0.1 to 10. */
+  rateScale: number;
+}
+
+/**
+ * `requests` reshaped by `p`: the same sessions and prefixes, as more and shorter requests
+ * arrive. At promptScale 0.88 and rateScale 1.13 the Mooncake conversation trace's first half
+ * takes the shape of its second (13% more requests a second, 12% shorter prompts, the same
+ * tokens a second), so a policy can be checked on that shape without reading the second half.
+ * A prompt with content anchors cannot be cut without moving them: RangeError.
+ */
+export function perturbTrace(requests: readonly TraceRequest[], p: Perturbation): TraceRequest[] {
+  const { promptScale, rateScale } = p;
+  if (!(promptScale > 0 && promptScale <= 1)) throw new RangeError(`promptScale must be in (0, 1], got ${promptScale}`);
+  if (!(rateScale >= 0.1 && rateScale <= 10))
+    throw new RangeError(`rateScale must be from 0.1 to 10, got ${rateScale}`);
+  return requests.map((r) => {
+    if (promptScale === 1) return { ...r, timestamp: r.timestamp / rateScale };
+    if (r.anchors !== undefined && r.anchors.length > 0)
+      throw new RangeError(`request ${r.index} has content anchors: its prompt cannot be cut (promptScale)`);
+    const inputLength = Math.max(1, Math.round(r.inputLength * promptScale));
+    const hashIds = r.hashIds.slice(0, Math.ceil(inputLength / r.blockSize));
+    return { ...r, timestamp: r.timestamp / rateScale, inputLength, hashIds };
+  });
+}
+
 /** `k` consecutive windows of (nearly) equal request counts: independent time samples. */
 export function windows(requests: readonly TraceRequest[], k: number): TraceRequest[][] {
   if (!Number.isInteger(k) || k < 1) throw new RangeError(`windows must be a positive integer, got ${k}`);

@@ -9,6 +9,7 @@ import {
   compareWithBestPeer,
   loadPoints,
   meanCi95,
+  perturbTrace,
   splitTrace,
   summarise,
   sweepTrace,
@@ -16,7 +17,7 @@ import {
   windows,
   type SweepReport,
 } from '../../src/sim/sweep.js';
-import { loadMooncakeTrace } from '../../src/sim/trace.js';
+import { loadMooncakeTrace, type TraceRequest } from '../../src/sim/trace.js';
 import { renderSweepTables } from '../../bench/sim-readme.js';
 
 const head = await loadMooncakeTrace(
@@ -158,4 +159,50 @@ describe('HTML reports', () => {
     assert.match(html, /<polyline/);
     assert.doesNotMatch(html, /NaN|Infinity/);
   });
+});
+
+test('perturbTrace: shorter prompts keep their leading blocks, arrivals come denser; bad scales and anchored prompts are refused', () => {
+  const req = (index: number, timestamp: number, inputLength: number, hashIds: number[]): TraceRequest => ({
+    index,
+    timestamp,
+    inputLength,
+    outputLength: 10,
+    hashIds,
+    blockSize: 512,
+  });
+  const trace = [req(0, 0, 2048, [1, 2, 3, 4]), req(1, 1250, 1500, [1, 2, 5]), req(2, 2500, 100, [9])];
+  const out = perturbTrace(trace, { promptScale: 0.5, rateScale: 1.25 });
+  assert.deepEqual(
+    out.map((r) => [r.timestamp, r.inputLength, r.hashIds]),
+    [
+      [0, 1024, [1, 2]],
+      [1000, 750, [1, 2]],
+      [2000, 50, [9]],
+    ],
+  );
+  // the input is left as it was
+  assert.deepEqual(trace[0].hashIds, [1, 2, 3, 4]);
+  // arrivals alone: prompts untouched
+  assert.deepEqual(
+    perturbTrace(trace, { promptScale: 1, rateScale: 2 }).map((r) => [r.timestamp, r.inputLength, r.hashIds.length]),
+    [
+      [0, 2048, 4],
+      [625, 1500, 3],
+      [1250, 100, 1],
+    ],
+  );
+  for (const [p, name] of [
+    [{ promptScale: 0, rateScale: 1 }, /promptScale/],
+    [{ promptScale: 1.5, rateScale: 1 }, /promptScale/],
+    [{ promptScale: NaN, rateScale: 1 }, /promptScale/],
+    [{ promptScale: 1, rateScale: 0.05 }, /rateScale/],
+    [{ promptScale: 1, rateScale: Infinity }, /rateScale/],
+  ] as const)
+    assert.throws(
+      () => perturbTrace(trace, p),
+      (e: unknown) => e instanceof RangeError && name.test(e.message),
+    );
+  const anchored = { ...trace[0], anchors: [{ id: 'doc', tokens: 512 }] };
+  assert.throws(() => perturbTrace([anchored], { promptScale: 0.9, rateScale: 1 }), /content anchors/);
+  assert.equal(perturbTrace([anchored], { promptScale: 1, rateScale: 2 })[0].anchors?.length, 1);
 });
