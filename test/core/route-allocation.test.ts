@@ -1,10 +1,13 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import {
+  BLOCK,
   bytesPerCall,
   chooseAllocationInProcess,
+  PROMPT,
   roundsUntil,
   steadyBytesPerCall,
+  WORKERS,
 } from '../helpers/choose-allocation.js';
 import type { Candidate, RouteFeatures } from '../../src/core/policies/types.js';
 import { WorkerState } from '../../src/core/worker-registry.js';
@@ -12,10 +15,6 @@ import { chainRoot, fmix32, mixIntoChain } from '../../src/core/hashing.js';
 import { InFlightTickets } from '../../src/core/router/in-flight.js';
 import { createRng } from '../../src/core/rng.js';
 import { KVAwareRouter } from '../../src/index.js';
-
-const WORKERS = 32;
-const BLOCK = 16;
-const PROMPT = 8192;
 
 describe('route path allocation', () => {
   test("the cost policy's choose() allocates nothing per candidate", async () => {

@@ -54,9 +54,10 @@ export function steadyBytesPerCall(calls: number, fn: (i: number) => void, enoug
   return least;
 }
 
-const WORKERS = 32;
-const BLOCK = 16;
-const PROMPT = 8192;
+/** The fleet and prompt the route path is measured with, here and in the test. */
+export const WORKERS = 32;
+export const BLOCK = 16;
+export const PROMPT = 8192;
 
 /** One measurement of choose(): bytes per call for a follow-up and for a new session, and the bound. */
 export interface ChooseAllocation {
