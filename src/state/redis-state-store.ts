@@ -1059,9 +1059,10 @@ export class RedisStateStore implements StateStore {
             this.channel,
             JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded),
           );
-        // removed meanwhile through another replica (unless added here, or heard added, since)
+        // removed meanwhile through another replica (unless added here, or heard added, since);
+        // its message may have been heard during the write-back, and removed it already
         else if (written[i] === -1 && !this.unsyncedWorkers.has(worker.id) && !heard.workers.get(worker.id)) {
-          host.removeWorkerFromState(worker.id);
+          if (host.listWorkers().some((w) => w.id === worker.id)) host.removeWorkerFromState(worker.id);
           this.draining.delete(worker.id);
         }
       });

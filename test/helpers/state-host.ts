@@ -7,14 +7,16 @@ import { settled } from './wait.js';
 /**
  * The host a state store attaches to, as the gateway binds it: `configured` workers registered
  * with `router`, changes from the shared state applied to both. With `posted`, KV events from
- * another replica or process are recorded there as this one was given them.
+ * another replica or process are recorded there as this one was given them. `unheldRemovals`
+ * lists the removals the store asked for of workers the host no longer held.
  */
 export function workerHost(
   router: KVAwareRouter,
   configured: string[],
   posted?: Array<[string, unknown]>,
-): { host: StateStoreHost; workers: WorkerRecord[] } {
+): { host: StateStoreHost; workers: WorkerRecord[]; unheldRemovals: string[] } {
   const workers: WorkerRecord[] = configured.map((w) => ({ id: w, url: `http://${w}` }));
+  const unheldRemovals: string[] = [];
   for (const w of workers) router.registerWorker(w.id);
   const host: StateStoreHost = {
     router,
@@ -24,17 +26,17 @@ export function workerHost(
       router.registerWorker(w.id);
     },
     removeWorkerFromState: (wid) => {
-      workers.splice(
-        workers.findIndex((w) => w.id === wid),
-        1,
-      );
+      const at = workers.findIndex((w) => w.id === wid);
+      // as the gateway: nothing to remove; recorded, for a store must not ask it
+      if (at === -1) return void unheldRemovals.push(wid);
+      workers.splice(at, 1);
       router.removeWorker(wid);
     },
     drainWorkerFromState: (wid, draining) => (draining ? router.drainWorker(wid) : router.resumeWorker(wid)),
     ...(posted && { applyKvEventsFromState: (wid: string, events: unknown) => void posted.push([wid, events]) }),
     log: () => {},
   };
-  return { host, workers };
+  return { host, workers, unheldRemovals };
 }
 
 /** The ids of the workers `router` holds draining. */

@@ -42,11 +42,11 @@ function freshPrefix(): string {
 async function replica(id: string, prefix: string, configured: string[], url = REDIS_URL) {
   const router = new KVAwareRouter({ blockSize: 16 });
   const posted: Array<[string, unknown]> = [];
-  const { host, workers } = workerHost(router, configured, posted);
+  const { host, workers, unheldRemovals } = workerHost(router, configured, posted);
   const store = new RedisStateStore({ url, prefix, replicaId: id, syncIntervalMs: 60_000 });
   stores.push(store);
   await store.attach(host);
-  return { id, router, store, host, workers, posted };
+  return { id, router, store, host, workers, posted, unheldRemovals };
 }
 type Replica = Awaited<ReturnType<typeof replica>>;
 
@@ -200,5 +200,54 @@ test('a drain message that is not well formed is counted and changes nothing', a
     assert.deepEqual(a.posted, []);
   } finally {
     r.disconnect();
+  }
+});
+
+test('a worker removed through another replica while this one resynchronises is removed here once', async () => {
+  // the removal lands between this replica's registry read and its write-back: the write-back
+  // answers "removed" (-1) and the removal's message is heard too; the host is asked once
+  const rounds = 12;
+  const watcher = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
+  const writer = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
+  await watcher.connect();
+  await writer.connect();
+  try {
+    for (let round = 0; round < rounds; round++) {
+      const prefix = freshPrefix();
+      // a removal recorded long ago: forgetting it costs the resynchronisation a round trip
+      // between its read and its write-back, in which the removal lands
+      await writer.hset(`${prefix}removed`, 'gone', '0');
+      await watcher.subscribe(`${prefix}events`);
+      const removedThere = new Promise<void>((resolve) => {
+        const onMessage = (_channel: string, raw: string) => {
+          const m = JSON.parse(raw) as { r: string; k: string };
+          if (m.r !== 'b' || m.k !== 'rm') return;
+          watcher.off('message', onMessage);
+          void writer
+            .multi()
+            .hdel(`${prefix}workers`, 'e0')
+            .hset(`${prefix}removed`, 'e0', String(Date.now()))
+            .publish(`${prefix}events`, JSON.stringify({ r: 'a', k: 'wr', id: 'e0' }))
+            .exec()
+            .then(() => resolve());
+        };
+        watcher.on('message', onMessage);
+      });
+      const b = await replica('b', prefix, ['e0', 'e1']);
+      await removedThere;
+      await watcher.unsubscribe(`${prefix}events`);
+      assert.deepEqual(
+        await settled(
+          () => ids(b),
+          (x) => x.length === 1,
+        ),
+        ['e1'],
+        `round ${round}`,
+      );
+      assert.deepEqual(b.unheldRemovals, [], `round ${round}: removals of workers it no longer held`);
+    }
+  } finally {
+    watcher.disconnect();
+    writer.disconnect();
   }
 });
