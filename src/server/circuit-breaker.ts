@@ -4,7 +4,9 @@
  * it) is taken out of rotation for `cooldownMs`, then tried
  * again; one more failure opens it again. The proxy decides what is a failure: a 5xx answer is
  * reported only once another worker answered the same request (proxy.ts), or, when no other
- * worker answered that request, through serverErrorAnswerAlone. It acts through WorkerHealth (source 'breaker'), so
+ * worker answered that request, through serverErrorAnswerAlone; a streamed answer's first byte
+ * overdue through firstByteOverdue. An engine that says it is busy (429, SGLang's queue-full
+ * refusal) is no failure at all. It acts through WorkerHealth (source 'breaker'), so
  * the breaker, the health check and the metrics scrape agree on who is out and why.
  */
 import type { WorkerHealth } from '../engines/health.js';
@@ -29,6 +31,8 @@ export class CircuitBreaker {
    * the worker answers.
    */
   private readonly lastAlone = new Map<string, { servedAt: number; counted: boolean }>();
+  /** Per worker, its last streamed answer whose first byte was overdue (firstByteOverdue), as `lastAlone`. */
+  private readonly lastOverdue = new Map<string, { servedAt: number; counted: boolean }>();
 
   /** `isKnown` says whether a worker is still configured: removed workers are never reopened. */
   constructor(
@@ -65,6 +69,7 @@ export class CircuitBreaker {
   answered(id: string, served = true): void {
     this.failures.delete(id);
     this.lastAlone.delete(id);
+    this.lastOverdue.delete(id);
     if (served) this.served++;
   }
 
@@ -82,19 +87,52 @@ export class CircuitBreaker {
    */
   serverErrorAnswerAlone(id: string): void {
     if (!this.isKnown(id)) return;
-    const previous = this.lastAlone.get(id);
+    this.countedInRun(this.lastAlone, id);
+  }
+
+  /**
+   * The first byte of a streamed answer did not come within the worker's deadline. A deadline
+   * missed while the rest of the fleet serves is the worker's failure (an engine stuck with the
+   * request); one missed when nothing is served anywhere is the fleet's pace: a fleet that is
+   * healthy but slower than the deadlines (a long queue on every engine, long prompts) misses
+   * them on every worker alike, and counting that would open every circuit and leave the
+   * clients with 503 while every engine works. So it is judged as serverErrorAnswerAlone judges
+   * a server error answer: it counts, with the worker's previous overdue first byte not yet
+   * counted, only when that previous one came with no answer of the worker since and another
+   * worker answered a request (below 400) in between. Returns whether it is the worker's failure
+   * (it counted, or the worker was removed: nothing to learn of it); when it is not,
+   * the proxy lets the worker's first-byte deadline learn the wait (FirstByteDeadlines
+   * .waitedAtLeast), so the deadlines grow to the fleet's real latency and the fleet serves again.
+   * A hung engine among serving ones still opens its circuit after as many overdue first bytes
+   * as before (its first one held back until the second counts, and the only one that teaches its
+   * deadline). A connection refused or reset counts at once, as ever: an engine that is down is
+   * not slow.
+   */
+  firstByteOverdue(id: string): boolean {
+    if (!this.isKnown(id)) return true;
+    return this.countedInRun(this.lastOverdue, id);
+  }
+
+  /**
+   * Records a failure of `id` in a run of such failures (`runs`, the worker's last one): counted,
+   * with the previous one when that was not, when a request was served since the previous one.
+   */
+  private countedInRun(runs: Map<string, { servedAt: number; counted: boolean }>, id: string): boolean {
+    const previous = runs.get(id);
     const counted = previous !== undefined && this.served > previous.servedAt;
-    this.lastAlone.set(id, { servedAt: this.served, counted });
-    if (!counted) return;
+    runs.set(id, { servedAt: this.served, counted });
+    if (!counted) return false;
     // the previous one, held back until now, adds to the streak without opening it by itself
     if (!previous.counted) this.failures.set(id, (this.failures.get(id) ?? 0) + 1);
     this.failed(id);
+    return true;
   }
 
   /** The worker was removed: its streak is dropped. */
   forget(id: string): void {
     this.failures.delete(id);
     this.lastAlone.delete(id);
+    this.lastOverdue.delete(id);
   }
 
   /** Cancels pending cooldowns (the gateway is closing). */

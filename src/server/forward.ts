@@ -73,6 +73,13 @@ export interface ForwardOptions {
    * it, whatever bytes it had received: its first byte is not the request's.
    */
   onFirstByte: (seconds: number) => void;
+  /**
+   * The first byte did not come within `firstByteTimeoutMs` of the request reaching the engine
+   * (its connection made, the request handed to it): the engine is slow or stuck. Not called when
+   * the attempt was still waiting for a connection of the gateway's own, or for its connection to
+   * the engine to be made.
+   */
+  onFirstByteOverdue: () => void;
   /** The engine answered 429, asking to be tried again after `retryAfterS` seconds (when it said). */
   onOverloaded: (retryAfterS: number | undefined) => void;
   /**
@@ -493,7 +500,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   private giveUp(reason: GiveUpReason): void {
     if (this.why !== undefined || this.settled) return;
     this.why = reason;
-    if (this.abortUpstream) return this.abortUpstream(new Error(`given up: ${reason}`));
+    if (this.abortUpstream) {
+      if (reason === 'first-byte') this.o.onFirstByteOverdue();
+      return this.abortUpstream(new Error(`given up: ${reason}`));
+    }
     if (this.withdraw()) return this.leftWait();
     // handed to undici but not sent yet (its connection to the engine is still being made: the
     // engine's doing): undici calls onConnect once it is, and the attempt aborts there; the

@@ -8,9 +8,11 @@
  * error (its error object as the JSON, an error event before the stream's first), a streamed
  * answer's first byte overdue, the
  * worker leaving rotation, every connection the gateway keeps to the engine busy past the
- * deadline — is retried on another worker (and, except when the worker was taken out or the
- * gateway's connections to it were all busy, counted by the circuit breaker: an engine's server
- * error answer only once another worker answers the request, as the request may be what fails). A client that
+ * deadline — is retried on another worker (and, except when the worker was taken out, the
+ * gateway's connections to it were all busy or the engine said it is busy — a 429, a request it
+ * will not queue —, counted by the circuit breaker: an engine's server error answer only once
+ * another worker answers the request, as the request may be what fails; a first byte overdue only
+ * when the rest of the fleet served meanwhile, else the worker's deadline learns the wait). A client that
  * goes away is not an engine failure: no breaker count, no failure metric, no retry. The router's in-flight ticket
  * follows the request: prefill until the first byte of a streamed answer that reaches the client
  * (a failed attempt's first byte is neither the end of the prefill nor the request's time to first
@@ -294,8 +296,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       const target = connections.get(decision.workerId)!;
       let connectionLost = false;
       let serverErrorAnswer = false;
-      // the engine refused the request as one it will not queue (ForwardOptions.onQueueFull)
-      let queueFull = false;
+      // the engine said it is busy: a 429 (as the status, a 2xx's error object or a stream's first
+      // error event), or a request it will not queue (ForwardOptions.onQueueFull)
+      let busy = false;
+      // a streamed answer's first byte did not come within the deadline (ForwardOptions.onFirstByteOverdue)
+      let firstByteOverdue = false;
+      const firstByteTimeoutMs = streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs;
       // the bytes forwarded are an argument only: forward() lets go of them once they are sent
       const outcome = await forward(reply, target, path, forwardedBody(prepared, req, decision.cacheSalt), {
         // the worker's own id (a data-parallel rank's worker) and the rank, for the response headers
@@ -307,7 +313,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         lastAttempt: attempt >= maxRetries,
         streaming,
         via,
-        firstByteTimeoutMs: streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs,
+        firstByteTimeoutMs,
         interChunkTimeoutMs,
         onFirstByte: (seconds) => {
           metrics.ttft.observe(seconds);
@@ -315,8 +321,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           router.markPrefillDone(decision.ticket);
           if (decision.shared) state.decisionPrefilled(decision.shared);
         },
+        onFirstByteOverdue: () => (firstByteOverdue = streaming),
         onOverloaded: (retryAfterS) => {
           overloaded++;
+          busy = true;
           if (retryAfterS !== undefined) overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
         },
         onUnavailable: (retryAfterS) => {
@@ -326,7 +334,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         onLoop: () => looped++,
         onQueueFull: () => {
           overloaded++;
-          queueFull = true;
+          busy = true;
         },
         onServerErrorAnswer: () => (serverErrorAnswer = true),
         onIncomplete: () => incomplete++,
@@ -357,10 +365,24 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           if (connections.heldOutByProbes(decision.workerId))
             for (const id of connections.routerIdsOf(decision.workerId))
               if (id !== decision.workerId) (failedWorkers ??= new Set()).add(id);
-          // a connection that failed, a timeout, a broken answer count at once: they say nothing of
-          // the request; an engine refusing a request it will not queue is serving, at its limit
+          // a connection that failed, a broken answer count at once: they say nothing of the
+          // request. An engine that says it is busy (a 429, a request it will not queue) is
+          // serving, at its limit, and counts for nothing: opening its circuit would take its
+          // capacity away while it works through its queue, and push its load onto the others.
+          // Envoy's outlier detection counts only 5xx and local failures (consecutive_5xx,
+          // consecutive_gateway_failure: 502/503/504), never a 429; SGLang's gateway counts every
+          // status that is not a success, a 400 as a 429
+          // (sgl-model-gateway/src/routers/http/router.rs, route_typed_request:
+          // worker.record_outcome(response.status().is_success())), which this gateway does not
+          // follow for either: a client's error is already no failure here. A streamed answer's
+          // first byte overdue counts only when the rest of the fleet served meanwhile
+          // (CircuitBreaker.firstByteOverdue); otherwise the fleet is slow, not this worker, and the
+          // worker's deadline learns that it waited at least this long (FirstByteDeadlines)
           if (serverErrorAnswer) (answeredServerError ??= []).push(decision.workerId);
-          else if (!queueFull) breaker.failed(decision.workerId);
+          else if (firstByteOverdue) {
+            if (!breaker.firstByteOverdue(decision.workerId))
+              firstByte.waitedAtLeast(decision.workerId, firstByteTimeoutMs);
+          } else if (!busy) breaker.failed(decision.workerId);
           metrics.upstreamFailures.inc({ worker: decision.workerId });
         } else if (outcome === 'no-connection') {
           // the gateway's own limit, not the engine's failure: no breaker count, no failure metric;

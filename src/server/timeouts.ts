@@ -109,7 +109,20 @@ export function connectionTimeoutProblem(
 /**
  * Each worker's usual time to the first byte of a streamed answer (an exponentially weighted
  * mean over its recent requests, so it follows the queue as it grows and drains). The
- * deadline is twice that plus the allowance: a queue that doubles is still waited for.
+ * deadline is twice that plus the allowance: a queue that doubles is still waited for, up to
+ * the cap (the inter-chunk timeout).
+ *
+ * Learning from answers alone, the mean never learns that a fleet has become slow: when every
+ * engine takes longer to its first byte than the deadline (a long queue, long prompts), no
+ * streamed answer arrives within it and the deadline stays where it was, every request timing
+ * out on every worker tried. So an attempt that waited out its deadline while the fleet did no
+ * better (the proxy asks the breaker: CircuitBreaker.firstByteOverdue) teaches the worker a lower
+ * bound (waitedAtLeast): its usual time is at least what was waited, and the next deadline is
+ * twice that plus the allowance. One such wait at most triples a fresh worker's deadline, a
+ * burst of them no more than one (they all waited the same), and answers bring the mean back
+ * down as before. An attempt that timed out while other workers answered is the worker's
+ * failure, not the fleet's pace: it teaches nothing, so an engine that hangs is not waited for
+ * longer each time it is tried.
  */
 export class FirstByteDeadlines {
   private readonly meanMs = new Map<string, number>();
@@ -129,6 +142,17 @@ export class FirstByteDeadlines {
     if (!(ms >= 0)) return;
     const prev = this.meanMs.get(workerId);
     this.meanMs.set(workerId, prev === undefined ? ms : prev + this.weight * (ms - prev));
+  }
+
+  /**
+   * An attempt on the worker waited `ms` for its first byte and gave up: the worker's usual time
+   * is taken to be at least that (a wait cut short is a lower bound of the time it would have
+   * taken, not a sample of it to average in).
+   */
+  waitedAtLeast(workerId: string, ms: number): void {
+    if (!(ms >= 0)) return;
+    const prev = this.meanMs.get(workerId) ?? 0;
+    if (ms > prev) this.meanMs.set(workerId, ms);
   }
 
   forget(workerId: string): void {

@@ -96,6 +96,7 @@ export function forwardTo(
     firstByteTimeoutMs: 600_000,
     interChunkTimeoutMs: 600_000,
     onFirstByte: () => {},
+    onFirstByteOverdue: () => {},
     onOverloaded: () => {},
     onUnavailable: () => {},
     onLoop: () => {},

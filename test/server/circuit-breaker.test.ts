@@ -61,6 +61,31 @@ test("a worker's own answer ends the run of its server error answers", (t) => {
   assert.deepEqual(health.reasons('w'), ['breaker']);
 });
 
+test('a first byte overdue counts only when the fleet served since the previous one: timeouts that hit every worker alike count against none', (t) => {
+  const router = new KVAwareRouter();
+  const health = new WorkerHealth(router);
+  for (const id of ['w', 'v']) router.registerWorker(id, { url: 'http://127.0.0.1:1' });
+  const breaker = new CircuitBreaker({ failures: 3, cooldownMs: 60_000 }, health, () => true);
+  t.after(() => breaker.close());
+  // a slow fleet: every worker's deadline passes, nothing is answered anywhere
+  for (let i = 0; i < 5; i++) {
+    assert.equal(breaker.firstByteOverdue('w'), false, 'not the worker: the fleet is slow');
+    assert.equal(breaker.firstByteOverdue('v'), false);
+  }
+  assert.deepEqual(health.reasons('w'), []);
+  assert.deepEqual(health.reasons('v'), []);
+  // `v` serves, `w` keeps missing its deadline: `w` is stuck, and its overdue first bytes count
+  breaker.answered('v', true);
+  assert.equal(breaker.firstByteOverdue('w'), true, 'the fleet served since: the worker is stuck');
+  assert.deepEqual(health.reasons('w'), [], 'two counted so far (the held-back one with it)');
+  breaker.answered('v', true);
+  assert.equal(breaker.firstByteOverdue('w'), true);
+  assert.deepEqual(health.reasons('w'), ['breaker']);
+  // a worker's own answer ends its run: its next overdue first byte is the first of a new one
+  breaker.answered('v', true);
+  assert.equal(breaker.firstByteOverdue('v'), false);
+});
+
 test("removing a worker with data-parallel ranks drops each rank's streak", async () => {
   // a refused connection counts at once (a server error answer only once another worker answers)
   const url = `http://127.0.0.1:${await freePort()}`;

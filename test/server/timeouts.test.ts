@@ -43,6 +43,25 @@ test('the first-byte deadline is twice the usual time plus the allowance, capped
   assert.equal(d.deadlineMs('w0'), 1000);
 });
 
+test('a first-byte deadline waited out teaches the worker that it takes at least that long, capped as the deadline is', () => {
+  const d = new FirstByteDeadlines(1000, 20_000);
+  d.waitedAtLeast('w0', 1000);
+  assert.equal(d.deadlineMs('w0'), 3000, 'at least 1 s usually: twice that plus the allowance');
+  // a burst of attempts that all waited the same deadline teaches no more than one did
+  d.waitedAtLeast('w0', 1000);
+  assert.equal(d.deadlineMs('w0'), 3000);
+  d.waitedAtLeast('w0', 3000);
+  assert.equal(d.deadlineMs('w0'), 7000);
+  // a wait shorter than the usual time teaches nothing; answers bring the mean back down
+  d.waitedAtLeast('w0', 500);
+  assert.equal(d.deadlineMs('w0'), 7000);
+  d.observe('w0', 1000); // 3000 + 0.2 × (1000 - 3000) = 2600
+  assert.equal(d.deadlineMs('w0'), 6200);
+  d.waitedAtLeast('w0', 50_000);
+  assert.equal(d.deadlineMs('w0'), 20_000, 'never past the cap');
+  assert.equal(d.deadlineMs('w1'), 1000, "another worker's deadline is its own");
+});
+
 test('a client connection outlasts the inter-chunk timeout: an answer it waits for is not cut under it', () => {
   // an inter-chunk timeout past the default connection timeout raises it when it is not given
   assert.equal(checkTimeouts({ interChunkTimeoutMs: 600_000 }).connectionTimeoutMs, 630_000);
