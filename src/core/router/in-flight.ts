@@ -31,12 +31,29 @@ class Ticket {
 }
 
 /**
- * The open tickets by number: open addressing with linear probing over the ticket's low bits,
- * and released records kept on a free list for the next ones. Opening and releasing a ticket
- * allocate nothing once the table has grown to the most tickets open at once (it doubles and
- * never shrinks, kept at most half full); a Map would reallocate its table as entries come and go.
+ * The entry a ticket number probes first: its bits mixed (murmur3's finaliser over the low word
+ * and the high word), so the sequential numbers the router hands out scatter over the table. On
+ * the numbers themselves the open tickets would fill one run of adjacent entries, and removing
+ * one scans to the end of that run to close the gap: releasing N open tickets would take N²/2
+ * steps (20,000 open at once: about a second).
  */
-class TicketTable {
+function homeOf(ticket: number, mask: number): number {
+  let h = (ticket >>> 0) ^ Math.imul((ticket / 4294967296) >>> 0, 0x9e3779b1);
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  h ^= h >>> 16;
+  return h & mask;
+}
+
+/**
+ * The open tickets by number: open addressing with linear probing from homeOf(), and released
+ * records kept on a free list for the next ones. Opening and releasing a ticket allocate nothing
+ * once the table has grown to the most tickets open at once (it doubles and never shrinks, kept
+ * at most half full); a Map would reallocate its table as entries come and go.
+ */
+export class TicketTable {
   /** Ticket numbers by entry (0: empty; tickets count up from 1). */
   private keys = new Float64Array(64);
   private records: Array<Ticket | undefined> = new Array<Ticket | undefined>(64).fill(undefined);
@@ -66,7 +83,7 @@ class TicketTable {
     } else t = new Ticket(worker);
     if (2 * (this.size + 1) > this.keys.length) this.rehash(2 * this.keys.length);
     const mask = this.keys.length - 1;
-    let i = ticket & mask;
+    let i = homeOf(ticket, mask);
     while (this.keys[i] !== 0) i = (i + 1) & mask;
     this.keys[i] = ticket;
     this.records[i] = t;
@@ -89,7 +106,7 @@ class TicketTable {
     // empty entry i, moving back the entries after it that probing would no longer reach
     const mask = this.keys.length - 1;
     for (let j = (i + 1) & mask; this.keys[j] !== 0; j = (j + 1) & mask) {
-      const home = this.keys[j] & mask;
+      const home = homeOf(this.keys[j], mask);
       // entry j stays if its home lies cyclically in (i, j]
       const stays = i < j ? home > i && home <= j : home > i || home <= j;
       if (stays) continue;
@@ -104,7 +121,7 @@ class TicketTable {
   private find(ticket: number): number {
     if (!(ticket > 0)) return -1;
     const mask = this.keys.length - 1;
-    for (let i = ticket & mask; this.keys[i] !== 0; i = (i + 1) & mask) if (this.keys[i] === ticket) return i;
+    for (let i = homeOf(ticket, mask); this.keys[i] !== 0; i = (i + 1) & mask) if (this.keys[i] === ticket) return i;
     return -1;
   }
 
@@ -116,7 +133,7 @@ class TicketTable {
     const mask = size - 1;
     for (let k = 0; k < keys.length; k++) {
       if (keys[k] === 0) continue;
-      let i = keys[k] & mask;
+      let i = homeOf(keys[k], mask);
       while (this.keys[i] !== 0) i = (i + 1) & mask;
       this.keys[i] = keys[k];
       this.records[i] = records[k];
