@@ -7,7 +7,7 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { badFirstGateway, fakeEngine, post, sample } from './harness.js';
+import { badFirstGateway, cannedEngine, fakeEngine, post, sample } from './harness.js';
 
 /** The three ways an engine says it is busy, for a request streamed or not. */
 const BUSY: Record<string, (stream: boolean) => { status: number; type: string; body: string }> = {
@@ -36,21 +36,11 @@ const BUSY: Record<string, (stream: boolean) => { status: number; type: string; 
 };
 
 /** An engine answering every completion as busy, in the `shape` given, with a Retry-After of 7 s. */
-async function busyEngine(shape: (stream: boolean) => { status: number; type: string; body: string }) {
-  let completions = 0;
-  const engine = await fakeEngine((req, res) => {
-    const parts: Buffer[] = [];
-    req.on('data', (c: Buffer) => parts.push(c));
-    req.on('end', () => {
-      if (req.url !== '/v1/completions') return void res.writeHead(404).end();
-      completions++;
-      const { stream } = JSON.parse(Buffer.concat(parts).toString()) as { stream?: boolean };
-      const answer = shape(stream === true);
-      res.writeHead(answer.status, { 'content-type': answer.type, 'retry-after': '7' }).end(answer.body);
-    });
+const busyEngine = (shape: (stream: boolean) => { status: number; type: string; body: string }) =>
+  cannedEngine((stream) => {
+    const a = shape(stream);
+    return { status: a.status, headers: { 'content-type': a.type, 'retry-after': '7' }, body: a.body };
   });
-  return Object.assign(engine, { completions: () => completions });
-}
 
 for (const [name, shape] of Object.entries(BUSY)) {
   test(`an engine that says it is busy (${name}): another worker takes the request, and the busy engine's circuit stays closed`, async () => {

@@ -8,10 +8,8 @@
  * still counts against the engine that answered it.
  */
 import assert from 'node:assert/strict';
-import type { IncomingMessage, ServerResponse } from 'node:http';
 import { test } from 'node:test';
-import type { Registry } from 'prom-client';
-import { badFirstGateway, fakeEngine, post } from './harness.js';
+import { badFirstGateway, cannedEngine, fakeEngine, post, sample } from './harness.js';
 
 /** SGLang's whole answer for a request its scheduler aborted with 503 (OpenAIServingBase.handle_request). */
 const sglangAnswer = (message: string) =>
@@ -28,28 +26,12 @@ const REFUSALS = [
 ];
 
 /** An engine answering every completion as SGLang does when it will not queue it (`message`). */
-async function refusingEngine(message: string) {
-  let completions = 0;
-  const engine = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
-    const parts: Buffer[] = [];
-    req.on('data', (c: Buffer) => parts.push(c));
-    req.on('end', () => {
-      if (req.url !== '/v1/completions') return void res.writeHead(404).end();
-      completions++;
-      const { stream } = JSON.parse(Buffer.concat(parts).toString()) as { stream?: boolean };
-      if (stream === true) res.writeHead(200, { 'content-type': 'text/event-stream' }).end(sglangStream(message));
-      else res.writeHead(503, { 'content-type': 'application/json' }).end(sglangAnswer(message));
-    });
-  });
-  return Object.assign(engine, { completions: () => completions });
-}
-
-/** A sample of the registry's text, or 0 when it has none. */
-async function sample(registry: Registry, series: string): Promise<number> {
-  const text = await registry.metrics();
-  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
-  return line === undefined ? 0 : Number(line.slice(series.length + 1));
-}
+const refusingEngine = (message: string) =>
+  cannedEngine((stream) =>
+    stream
+      ? { status: 200, headers: { 'content-type': 'text/event-stream' }, body: sglangStream(message) }
+      : { status: 503, headers: { 'content-type': 'application/json' }, body: sglangAnswer(message) },
+  );
 
 for (const stream of [false, true]) {
   test(`an SGLang engine that will not queue a request (${stream ? 'streamed' : 'whole answer'}): another worker takes it, and its circuit stays closed`, async () => {

@@ -68,6 +68,35 @@ export async function fakeEngine(
   return engine;
 }
 
+/** What a canned engine answers a completion with. */
+export interface CannedAnswer {
+  status: number;
+  headers: Record<string, string>;
+  body: string;
+}
+
+/**
+ * A fake engine answering every `/v1/completions` with `answer(stream)` (the request's `stream`
+ * flag), and 404 elsewhere; `completions()` counts the completions it answered.
+ */
+export async function cannedEngine(
+  answer: (stream: boolean) => CannedAnswer,
+): Promise<FakeEngine & { completions: () => number }> {
+  let completions = 0;
+  const engine = await fakeEngine((req, res) => {
+    const parts: Buffer[] = [];
+    req.on('data', (c: Buffer) => parts.push(c));
+    req.on('end', () => {
+      if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+      completions++;
+      const { stream } = JSON.parse(Buffer.concat(parts).toString()) as { stream?: boolean };
+      const a = answer(stream === true);
+      res.writeHead(a.status, a.headers).end(a.body);
+    });
+  });
+  return Object.assign(engine, { completions: () => completions });
+}
+
 /** An engine that reads the request and never answers. */
 export const hangingEngine = () => fakeEngine((req) => req.resume());
 

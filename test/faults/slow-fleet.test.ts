@@ -43,18 +43,24 @@ async function slowEngine() {
   return engine;
 }
 
-test('a fleet whose every engine is slower than the first deadline keeps serving: no circuit opens, the deadlines learn the wait', async () => {
-  const engines = await Promise.all([slowEngine(), slowEngine(), slowEngine()]);
+/** A round-robin gateway over `workers` whose circuits open after 3 failures, with the short first-byte allowance. */
+async function breakerGateway(workers: Array<{ id: string; url: string }>) {
   const router = new KVAwareRouter({ policy: 'round-robin' });
   const gateway = await createGateway({
     router,
-    workers: engines.map((e, i) => ({ id: `s${i}`, url: e.url })),
+    workers,
     ...quiet,
     breakerFailures: 3,
     breakerCooldownMs: 60_000,
     timeouts: { firstByteTimeoutMs: FIRST_BYTE_ALLOWANCE_MS },
   });
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  return { router, gateway, base };
+}
+
+test('a fleet whose every engine is slower than the first deadline keeps serving: no circuit opens, the deadlines learn the wait', async () => {
+  const engines = await Promise.all([slowEngine(), slowEngine(), slowEngine()]);
+  const { router, gateway, base } = await breakerGateway(engines.map((e, i) => ({ id: `s${i}`, url: e.url })));
   try {
     // waves of concurrent streams, as clients keep sending: the first wave's first attempts all
     // time out, on every worker alike
@@ -97,19 +103,10 @@ test('an engine that hangs while the others serve still has its circuit opened b
     else res.writeHead(404).end();
   });
   const good = await new MockEngine().start();
-  const router = new KVAwareRouter({ policy: 'round-robin' });
-  const gateway = await createGateway({
-    router,
-    workers: [
-      { id: 'hang', url: hanging.url },
-      { id: 'good', url: `http://127.0.0.1:${good.port}` },
-    ],
-    ...quiet,
-    breakerFailures: 3,
-    breakerCooldownMs: 60_000,
-    timeouts: { firstByteTimeoutMs: FIRST_BYTE_ALLOWANCE_MS },
-  });
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const { router, gateway, base } = await breakerGateway([
+    { id: 'hang', url: hanging.url },
+    { id: 'good', url: `http://127.0.0.1:${good.port}` },
+  ]);
   try {
     let sent = 0;
     await until(
