@@ -352,7 +352,7 @@ function checkTokens(tokens: ArrayLike<number>): void {
  * Sequence hashes of caller-supplied block ids (a trace's hash_ids, an engine's own chained
  * hashes). The ids are assumed chained already (equal id ⇒ equal prefix); they are mixed with
  * the namespace's root so LoRA, salt and CLA group still separate them. Numbers must be
- * integers in [0, 2^53); bigints are taken modulo 2^64.
+ * integers in [0, 2^53), bigints in [0, 2^64): anything else is refused, not wrapped onto another id.
  */
 export function hashPrecomputedBlocks(
   ids: ArrayLike<number | bigint>,
@@ -377,6 +377,11 @@ export function hashPrecomputedBlocks(
       hi = Math.floor(id / 4294967296) >>> 0;
       lo = id >>> 0;
     } else if (typeof id === 'bigint') {
+      // a 64-bit id is unsigned (vLLM's and Dynamo's block hashes): -1n is no id, not 2^64 - 1
+      if (id < 0n || id > 0xffff_ffff_ffff_ffffn)
+        throw new RangeError(
+          `blockHashes[${i}] must be a bigint in [0, 2^64), got ${id > -(1n << 128n) && id < 1n << 128n ? String(id) : 'one of more than 128 bits'}`,
+        );
       hi = Number((id >> 32n) & 0xffffffffn);
       lo = Number(id & 0xffffffffn);
     } else {

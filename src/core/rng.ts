@@ -1,6 +1,18 @@
-/** mulberry32: a small, fast, seedable PRNG so that every simulated run is reproducible. */
+/**
+ * Largest seed: mulberry32's state is 32 bits, so a larger seed would only repeat a smaller one
+ * (2^32 would be 0). Every seed a caller gives (flags, trace specs, options) is bounded by it.
+ */
+export const MAX_SEED = 0xffff_ffff;
+
+/**
+ * mulberry32: a small, fast, seedable PRNG so that every simulated run is reproducible. The
+ * seed is an integer from 0 to MAX_SEED; a seed derived from another (seed * K + c) is reduced
+ * to 32 bits by its maker (`>>> 0`), which then decides what repeats what.
+ */
 export function createRng(seed: number): () => number {
-  let a = seed >>> 0;
+  if (!(Number.isInteger(seed) && seed >= 0 && seed <= MAX_SEED))
+    throw new RangeError(`seed must be an integer from 0 to ${MAX_SEED}, got ${seed}`);
+  let a = seed;
   return () => {
     a = (a + 0x6d2b79f5) >>> 0;
     let t = a;

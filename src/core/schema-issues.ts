@@ -115,6 +115,21 @@ function editDistance(a: string, b: string): number {
   return prev[b.length];
 }
 
+/**
+ * `WHERE is not a known key (did you mean GUESS?)`, or with the known keys listed when none is
+ * close: what the constructor's options, the router's option objects and the settings all say.
+ */
+export function unknownKeyMessage(
+  where: string,
+  key: string,
+  known: Iterable<string>,
+  phrase = 'is not a known key',
+): string {
+  const guess = closestKey(key.slice(0, 64), known);
+  const names = [...known];
+  return `${where} ${phrase}${guess ? ` (did you mean ${guess}?)` : names.length > 0 ? ` (known: ${names.join(', ')})` : ''}`;
+}
+
 /** Known keys of the object schema an unknown key was found in (for the message). */
 function knownKeys(issue: z.core.$ZodIssue, root: z.ZodType): string[] {
   let schema: unknown = root;
@@ -144,10 +159,7 @@ export function issueMessage(issue: z.core.$ZodIssue, root: z.ZodType, prefix = 
   };
   if (issue.code === 'unrecognized_keys') {
     const key = issue.keys[0].slice(0, 64);
-    const known = knownKeys(issue, root);
-    const guess = closestKey(key, known);
-    const where = join([...issue.path, key]);
-    return `${where} ${issue.message}${guess ? ` (did you mean ${guess}?)` : known.length > 0 ? ` (known: ${known.join(', ')})` : ''}`;
+    return unknownKeyMessage(join([...issue.path, key]), key, knownKeys(issue, root), issue.message);
   }
   const where = join(issue.path);
   return where === '' ? issue.message : `${where} ${issue.message}`;

@@ -2,6 +2,7 @@
  * Argument checks shared by the public API. Validation lives at the edges so the
  * route path itself can trust its inputs; every message names the argument.
  */
+import { unknownKeyMessage } from './schema-issues.js';
 
 export function requireId(value: unknown, name: string): string {
   if (typeof value !== 'string') {
@@ -9,6 +10,46 @@ export function requireId(value: unknown, name: string): string {
   }
   if (value.length === 0) throw new RangeError(`${name} must be a non-empty string`);
   return value;
+}
+
+/**
+ * Longest worker id the router takes, in UTF-16 code units. The gateway's ids are at most 64
+ * characters (WORKER_ID in src/server/worker-input.ts), and it registers a data-parallel rank
+ * as `id#rank`, so the router must take longer ones; a library caller may name workers after
+ * what it has, such as a Kubernetes pod's name (at most 253 characters). An id is kept in every
+ * table that names the worker and repeated in stats and messages, so it stays short.
+ */
+export const MAX_WORKER_ID_LENGTH = 256;
+
+/** A UTF-16 surrogate without its other half: such a string has no UTF-8 form (a metric label, a log line, JSON). */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/** A worker id: a non-empty string of at most MAX_WORKER_ID_LENGTH code units, well-formed UTF-16. */
+export function workerId(value: unknown, name: string): string {
+  requireId(value, name);
+  const id = value as string;
+  if (id.length > MAX_WORKER_ID_LENGTH)
+    throw new RangeError(`${name} must be at most ${MAX_WORKER_ID_LENGTH} characters, got ${id.length}`);
+  if (LONE_SURROGATE.test(id)) throw new RangeError(`${name} must be well-formed UTF-16 (it has a lone surrogate)`);
+  return id;
+}
+
+/** The keys of an options type, as knownKeys() takes them: naming every key of T, and no other, is checked when compiled. */
+export function keySet<T>(keys: { readonly [K in keyof Required<T>]: true }): ReadonlySet<string> {
+  return new Set(Object.keys(keys));
+}
+
+/**
+ * Refuses a key of an options object that is not one of `known` (a misspelt `dryrun` would
+ * otherwise be ignored, and the call do what was not asked). A key given as undefined counts
+ * as not given, as with the constructor's options. Allocates nothing unless it throws: route()
+ * checks its options with it on every call.
+ */
+export function knownKeys(value: object, known: ReadonlySet<string>, name: string): void {
+  for (const key in value) {
+    if (!known.has(key) && (value as Record<string, unknown>)[key] !== undefined)
+      throw new TypeError(unknownKeyMessage(`${name}.${key.slice(0, 64)}`, key, known));
+  }
 }
 
 /** A CLA group, a workflow step: null/undefined means "not given". */

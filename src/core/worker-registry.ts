@@ -1,4 +1,11 @@
-import { blockSize as checkBlockSize, optionalNonNegativeInt, requireId } from './validate.js';
+import {
+  blockSize as checkBlockSize,
+  keySet,
+  knownKeys,
+  optionalNonNegativeInt,
+  requireId,
+  workerId as checkWorkerId,
+} from './validate.js';
 
 /**
  * Most workers a router holds (each data-parallel rank is one). Every block-index node keeps,
@@ -82,15 +89,21 @@ export class WorkerRegistry {
   private readonly workers = new Map<string, WorkerState>();
   private readonly bySlot: Array<WorkerState | undefined> = [];
 
-  /** Registers a worker; a known id is left as it is. Returns the worker's state. */
+  /**
+   * Registers a worker; a known id is left as it is. Returns the worker's state. The id and
+   * the info are checked whether or not the id is known: a call refused for a new id is
+   * refused for a known one too.
+   */
   register(workerId: string, info: WorkerInfo = {}): WorkerState {
+    checkWorkerId(workerId, 'workerId');
+    const checked = checkInfo(info);
     const existing = this.workers.get(workerId);
     if (existing) return existing;
     if (this.workers.size >= MAX_WORKERS)
       throw new RangeError(`worker '${workerId}' not registered: the router holds at most ${MAX_WORKERS} workers`);
     let slot = this.bySlot.indexOf(undefined);
     if (slot < 0) slot = this.bySlot.length;
-    const state = new WorkerState(workerId, checkInfo(info), slot);
+    const state = new WorkerState(workerId, checked, slot);
     for (const g of state.info.claGroups ?? []) state.claGroups.add(g);
     this.workers.set(workerId, state);
     this.bySlot[slot] = state;
@@ -133,11 +146,15 @@ export class WorkerRegistry {
   }
 }
 
+/** The keys of WorkerInfo: any other is refused (a misspelt `blocksize` would be ignored). */
+const WORKER_INFO_KEYS = keySet<WorkerInfo>({ claGroups: true, url: true, models: true, blockSize: true });
+
 function checkInfo(info: unknown): WorkerInfo {
   if (info === undefined || info === null) return {};
   if (typeof info !== 'object' || Array.isArray(info)) {
     throw new TypeError('info must be an object');
   }
+  knownKeys(info, WORKER_INFO_KEYS, 'info');
   const { claGroups, url, models, blockSize } = info as WorkerInfo;
   if (blockSize !== undefined) checkBlockSize(blockSize, 'info.blockSize');
   if (claGroups !== undefined) {

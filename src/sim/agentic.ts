@@ -83,7 +83,7 @@ export function generateAgenticTrace(options: AgenticTraceOptions): TraceRequest
     throw new RangeError(`blockSize must be a positive integer, got ${o.blockSize}`);
   if (!(o.meanSessionGapMs >= 0) || !Number.isFinite(o.meanSessionGapMs))
     throw new RangeError(`meanSessionGapMs must be a finite number >= 0, got ${o.meanSessionGapMs}`);
-  const rng = createRng(o.seed * 2_654_435_761 + 17);
+  const rng = createRng((o.seed * 2_654_435_761 + 17) >>> 0);
   const bs = o.blockSize;
   let nextId = 1;
   const fresh = () => nextId++;

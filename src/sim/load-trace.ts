@@ -1,4 +1,5 @@
 import { existsSync, statSync } from 'node:fs';
+import { MAX_SEED } from '../core/rng.js';
 import { quotedText, shownText } from '../core/shown-text.js';
 import { basename, join } from 'node:path';
 import { generateAgenticTrace } from './agentic.js';
@@ -11,7 +12,7 @@ export const MAX_TRACE_WORKFLOWS = 10_000;
 /** Most sessions `agentic:N` generates: ~60 requests of ~1,500 blocks each, so ~30,000 requests at most. */
 export const MAX_TRACE_AGENTIC_SESSIONS = 500;
 /** Generator seeds are 32-bit: larger ones would only repeat smaller ones. */
-const MAX_TRACE_SEED = 0xffff_ffff;
+const MAX_TRACE_SEED = MAX_SEED;
 
 /** N and SEED of a `KIND:N[:SEED]` generated-trace spec, each checked against its range. */
 function generatorSpec(kind: string, spec: string, max: number): { n: number; seed: number } {

@@ -154,7 +154,7 @@ export class RouterFleet {
     this.lag = scenario.stateLagMs ?? 20;
     this.jitter = scenario.eventJitterMs ?? 0;
     this.loss = scenario.eventLoss ?? 0;
-    this.random = createRng((scenario.seed ?? 1) * 7919 + 17);
+    this.random = createRng(((scenario.seed ?? 1) * 7919 + 17) >>> 0);
     this.remote = replicas.map(() => new RemoteLoad());
     // a prefill a replica reads off the engine reaches the others as a first token would
     replicas.forEach((r, i) =>

@@ -259,12 +259,12 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   );
   const stepping = new Array<boolean>(n).fill(false);
   const dead = new Array<boolean>(n).fill(false);
-  const scenarioRandom = createRng((scenario.seed ?? 1) * 104_729 + 3);
+  const scenarioRandom = createRng(((scenario.seed ?? 1) * 104_729 + 3) >>> 0);
   const cancelRate = scenario.cancelRate ?? 0;
   const cancelWithin = scenario.cancelWithinMs ?? 10_000;
   // a source of its own: other scenario draws stay the same whatever the share
   const nonStreamingShare = scenario.nonStreamingShare ?? 0;
-  const streamingRandom = createRng((scenario.seed ?? 1) * 15_485_863 + 11);
+  const streamingRandom = createRng(((scenario.seed ?? 1) * 15_485_863 + 11) >>> 0);
   let rejected = 0;
   let cancelled = 0;
   let failed = 0;

@@ -146,6 +146,18 @@ async function refusal(args: string[]): Promise<string> {
   return assert.fail(`accepted: ${args.join(' ')}`);
 }
 
+test('seeds past 32 bits are refused, naming the flag: they would repeat smaller seeds', async () => {
+  const cases: Array<[string[], RegExp]> = [
+    [
+      ['simulate', '--trace', 'workflows:1', '--scenario-seed', '4294967296'],
+      /--scenario-seed must be <= 4294967295, got 4294967296$/,
+    ],
+    [['tune', '--trace', 'workflows:2', '--seed', '4294967296'], /--seed must be <= 4294967295, got 4294967296$/],
+    [['demo', '--seed', '9007199254740991'], /--seed must be <= 4294967295, got 9007199254740991$/],
+  ];
+  for (const [args, message] of cases) assert.match(await refusal(args), message, args.join(' '));
+});
+
 test('simulate, tune, demo and live-demo bound the cluster, the workload and the speed', async () => {
   const cases: Array<[string[], RegExp]> = [
     [['simulate', '--trace', 'workflows:1', '--policies', ''], /--policies lists no policy/],

@@ -158,6 +158,49 @@ describe('route path allocation', () => {
     );
   });
 
+  test("route()'s options, unknown keys refused among them, are checked without allocating", () => {
+    let now = 0;
+    const router = new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: BLOCK, clock: () => now });
+    for (let w = 0; w < WORKERS; w++) router.registerWorker(`w${w}`);
+    const requests = Array.from({ length: 16 }, (_, k) =>
+      Uint32Array.from({ length: 2048 }, (_, i) => (i < 1024 ? i : i * 7 + k * 13) >>> 0),
+    );
+    const request = { tokens: requests[0] };
+    // what the gateway and the endpoint picker pass on every request (one object reused here,
+    // as a caller's own is made by the caller whether or not the router checks it)
+    const options = {
+      exclude: new Set<string>(),
+      share: false,
+      firstTokenReported: true,
+      now: 0,
+      servedBy: undefined,
+      track: true,
+    };
+    const run = (withOptions: boolean) =>
+      bytesPerCall(2000, (i) => {
+        now += 1;
+        options.now = now;
+        request.tokens = requests[i % requests.length];
+        router.release(router.route(request, withOptions ? options : undefined).ticket);
+      });
+    // the fewest bytes of each over rounds of both (at least 3, past the first optimisations),
+    // until the options cost under 16 bytes more (or the deadline: see STEADY_DEADLINE_MS)
+    let plainLeast = Infinity;
+    let optionsLeast = Infinity;
+    let rounds = 0;
+    roundsUntil(
+      () => {
+        rounds++;
+        plainLeast = Math.min(plainLeast, run(false));
+        optionsLeast = Math.min(optionsLeast, run(true));
+      },
+      () => rounds >= 3 && optionsLeast - plainLeast < 16,
+    );
+    // a list of the keys kept, or a string built per key, would be 50 bytes and more a call
+    const extra = optionsLeast - plainLeast;
+    assert.ok(extra < 16, `${extra.toFixed(1)} more bytes per decision with options`);
+  });
+
   test("a policy object of the caller's own gets features of its own for every decision", () => {
     const kept: RouteFeatures[] = [];
     const router = new KVAwareRouter({

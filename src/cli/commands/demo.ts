@@ -1,6 +1,7 @@
 import type { Command } from 'commander';
 import { runAgentWorkload, type AgentWorkloadResult } from '../../sim/agent-workload.js';
 import { formatTable, pct } from '../format.js';
+import { MAX_SEED } from '../../core/rng.js';
 import { checkPolicyNames, intOption, policyList } from '../options.js';
 
 export function registerDemoCommand(program: Command): void {
@@ -14,7 +15,7 @@ export function registerDemoCommand(program: Command): void {
       intOption('--workflows', 1, 10_000),
       80,
     )
-    .option('--seed <n>', 'workload random seed', intOption('--seed', 0), 7)
+    .option('--seed <n>', 'workload random seed', intOption('--seed', 0, MAX_SEED), 7)
     .option('--policies <list>', 'comma-separated policies to compare', 'seed,cost')
     .option('--json', 'print one JSON object instead of tables')
     .action(async (opts: { workers: number; workflows: number; seed: number; policies: string; json?: boolean }) => {

@@ -2,6 +2,7 @@ import type { Command } from 'commander';
 import { closeSync, createWriteStream, openSync } from 'node:fs';
 import cliProgress from 'cli-progress';
 import { checkPolicyOptions, type PolicyOptions } from '../../core/policies/index.js';
+import { MAX_SEED } from '../../core/rng.js';
 import { assignmentLines, comparePolicies, policyVariant, type ComparisonReport } from '../../sim/compare.js';
 import { loadTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
@@ -199,7 +200,7 @@ export function registerSimulateCommand(program: Command): void {
     .option(
       '--scenario-seed <n>',
       'seed of jitter, loss and cancellations (default 1)',
-      intOption('--scenario-seed', 0),
+      intOption('--scenario-seed', 0, MAX_SEED),
     )
     .option(
       '--policy-options <json>',

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { MAX_SEED } from '../../core/rng.js';
 import { quotedText } from '../../core/shown-text.js';
 import { loadTrace } from '../../sim/load-trace.js';
 import { renderRouterOptions, renderWeightsConfig, tuneCostWeights } from '../../sim/tune.js';
@@ -18,7 +19,7 @@ export function registerTuneCommand(program: Command): void {
       positiveNumberOption('--train-fraction'),
       0.6,
     )
-    .option('--seed <n>', 'search seed', intOption('--seed', 0), 7)
+    .option('--seed <n>', 'search seed', intOption('--seed', 0, MAX_SEED), 7)
     .option(
       '--format <yaml|options|json>',
       'yaml: a commented serve --config block; options: the router options as JSON (for --config and new KVAwareRouter()); json: the whole search',

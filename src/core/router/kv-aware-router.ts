@@ -159,9 +159,12 @@ export class KVAwareRouter {
 
   // ------------------------------------------------------------------------- workers
 
-  /** Registers a worker; registering a known id again changes nothing. */
+  /**
+   * Registers a worker; registering a known id again changes nothing, though its id and info
+   * are checked as for a new one. An id is at most 256 characters (MAX_WORKER_ID_LENGTH).
+   */
   registerWorker(workerId: string, info?: WorkerInfo): void {
-    this.workers.register(check.requireId(workerId, 'workerId'), info);
+    this.workers.register(workerId, info);
     this.prefix.groupBlockSizes(this.workers.values());
   }
 
@@ -207,6 +210,7 @@ export class KVAwareRouter {
   updateWorkerMetrics(workerId: string, metrics: WorkerMetrics): void {
     const w = this.requireRegistered(workerId);
     check.object(metrics, 'metrics');
+    check.knownKeys(metrics, METRICS_KEYS, 'metrics');
     const { kvUsage, waitingRequests, runningRequests, kvCapacityTokens, sampledAt } = metrics;
     // every field is checked before any is applied: a rejected call changes nothing
     const load = kvUsage === undefined ? undefined : check.load(kvUsage, 'kvUsage');
@@ -293,6 +297,7 @@ export class KVAwareRouter {
   route(request: RouteRequest, options: RouteOptions = NO_OPTIONS): RouteResult {
     if (request === null || typeof request !== 'object') throw new TypeError('request must be an object');
     check.object(options, 'options');
+    if (options !== NO_OPTIONS) check.knownKeys(options, ROUTE_OPTION_KEYS, 'options');
     const replaces = options.replaces;
     if (replaces !== undefined && (replaces === null || typeof replaces !== 'object' || !replaces.noWorker))
       throw new TypeError('replaces must be a route() result that found no worker (noWorker set)');
@@ -640,7 +645,7 @@ export class KVAwareRouter {
   async broadcastNewBlocks(anchorHash: string, blockIds: string[], targetWorkerId: string): Promise<void> {
     check.requireId(anchorHash, 'anchorHash');
     check.idList(blockIds, 'blockIds');
-    check.requireId(targetWorkerId, 'targetWorkerId');
+    check.workerId(targetWorkerId, 'targetWorkerId');
     this.anchors.recordBlocks(anchorHash, blockIds, targetWorkerId);
   }
 
@@ -699,6 +704,29 @@ export class KVAwareRouter {
 
 /** route()'s options when none are given: one object, not a new one per call. */
 const NO_OPTIONS: RouteOptions = Object.freeze({});
+
+/** route()'s option keys: any other is refused (a misspelt `dryrun` would route for real). */
+const ROUTE_OPTION_KEYS = check.keySet<RouteOptions>({
+  explain: true,
+  track: true,
+  dryRun: true,
+  now: true,
+  exclude: true,
+  panicCandidates: true,
+  servedBy: true,
+  replaces: true,
+  share: true,
+  firstTokenReported: true,
+});
+
+/** updateWorkerMetrics()'s keys: any other is refused (a misspelt `kvusage` would leave the load as it was). */
+const METRICS_KEYS = check.keySet<WorkerMetrics>({
+  kvUsage: true,
+  waitingRequests: true,
+  sampledAt: true,
+  runningRequests: true,
+  kvCapacityTokens: true,
+});
 
 /** RouteFeatures as route() fills them in. */
 type FeaturesScratch = { -readonly [K in keyof RouteFeatures]: RouteFeatures[K] };

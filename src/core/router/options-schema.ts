@@ -8,6 +8,7 @@ import { z } from 'zod';
 import { POLICY_NAMES } from '../policies/index.js';
 import { COST_WEIGHTS_SCHEMA, nonNegative, POLICY_OPTIONS_SCHEMA } from '../policies/options-schema.js';
 import type { RoutingPolicy } from '../policies/types.js';
+import { MAX_SEED } from '../rng.js';
 import { gotPhrase } from '../schema-issues.js';
 import { MAX_BLOCK_SIZE } from '../validate.js';
 import { VLLM_HASH_ALGOS } from '../vllm-block-hash.js';
@@ -70,7 +71,7 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
   policy: z.enum(POLICY_NAMES as [string, ...string[]]).default('cost'),
   costWeights: COST_WEIGHTS_SCHEMA.optional(),
   policyOptions: POLICY_OPTIONS_SCHEMA.optional(),
-  randomSeed: nonNegativeInt().default(1),
+  randomSeed: nonNegativeInt().max(MAX_SEED).default(1),
   anchorCapacity: tableCapacity().default(ROUTER_DEFAULTS.anchorCapacity),
   workflowCapacity: tableCapacity().default(ROUTER_DEFAULTS.workflowCapacity),
   blockSize: positiveInt().max(MAX_BLOCK_SIZE).default(ROUTER_DEFAULTS.blockSize),

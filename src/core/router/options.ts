@@ -81,7 +81,7 @@ export interface KVAwareRouterOptions {
   costWeights?: Partial<CostWeights>;
   /** Options of the peer policies (dynamo, sglang, llmd, seed); defaults are the peers' shipped ones. */
   policyOptions?: Omit<PolicyOptions, 'costWeights'>;
-  /** Seed of the random source sampling policies use (default 1). */
+  /** Seed of the random source sampling policies use, from 0 to 4294967295 (default 1). */
   randomSeed?: number;
   /** Clock in ms for TTLs (default Date.now); the simulator passes simulated time. */
   clock?: () => number;

@@ -7,10 +7,19 @@ import * as check from '../validate.js';
 import type { WorkerRegistry } from '../worker-registry.js';
 import type { RouteRequest, SelectWorkerOptions, UpdateWorkerStateOptions } from './types.js';
 
+const SELECT_WORKER_KEYS = check.keySet<SelectWorkerOptions>({
+  claGroup: true,
+  workflowStep: true,
+  tokenLength: true,
+  workflowId: true,
+});
+const UPDATE_WORKER_STATE_KEYS = check.keySet<UpdateWorkerStateOptions>({ claGroup: true, workflowStep: true });
+
 /** The route() request selectWorker(anchorHash, opts) makes (untracked, as the seed counts nothing in flight). */
 export function seedRouteRequest(anchorHash: string, opts: SelectWorkerOptions): RouteRequest {
   check.requireId(anchorHash, 'anchorHash');
   if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
+  check.knownKeys(opts, SELECT_WORKER_KEYS, 'opts');
   const tokenLength = check.nonNegativeInt(opts.tokenLength, 'tokenLength', 0);
   return {
     anchor: anchorHash,
@@ -28,9 +37,10 @@ export function applySeedWorkerState(
   load: number,
   opts: UpdateWorkerStateOptions,
 ): void {
-  check.requireId(workerId, 'workerId');
+  check.workerId(workerId, 'workerId');
   const clamped = check.load(load, 'load');
   if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
+  check.knownKeys(opts, UPDATE_WORKER_STATE_KEYS, 'opts');
   const claGroup = check.optionalNonNegativeInt(opts.claGroup, 'claGroup');
   const workflowStep = check.optionalNonNegativeInt(opts.workflowStep, 'workflowStep');
   const state = workers.register(workerId);

@@ -29,8 +29,6 @@ export interface RouteRequest {
   blockTokens?: number;
   /** Prompt length in tokens when it cannot be read off `tokens`. */
   promptTokens?: number;
-  /** Expected output tokens (for decode load); default 0. */
-  outputTokens?: number;
   /** Position-independent chunks the prompt contains. */
   contentAnchors?: readonly ContentAnchor[];
   /** A seed-style opaque anchor (what selectWorker routes on). */
