@@ -116,6 +116,15 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     const connection = connections.get(worker);
     // an event that cannot be read is skipped (listed with its reason), as on the ZeroMQ path
     const out = await postedEvents.apply(worker, reader, () => connections.get(worker) === connection);
+    if ('refusedWaiting' in out) {
+      void reply.header('retry-after', '1');
+      return openAiError(
+        reply,
+        429,
+        `${out.refusedWaiting} lists of events for worker '${worker}' are waiting to be applied; post this one again once they are (each answer says when its list applied)`,
+        'worker',
+      );
+    }
     if ('removedAfter' in out)
       return openAiError(
         reply,

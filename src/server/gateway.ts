@@ -286,6 +286,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const { router } = options;
   const applier = options.applier ?? new KvEventApplier(router);
   const postedEvents = new PostedEvents(applier);
+  /** Lists of KV events relayed by other replicas refused because too many of their worker's were waiting. */
+  let relayedListsRefused = 0;
   const tokenizeMode = options.tokenize ?? 'text';
   if (tokenizeMode === 'tokenizer' && !options.promptTokenizer)
     throw new TypeError("tokenize 'tokenizer' needs a promptTokenizer");
@@ -660,7 +662,16 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         // in slices, as where they were posted
         void postedEvents
           .apply(id, reader, () => connections.get(id) === connection)
-          .catch((err: Error) => log(`KV events for '${id}' from another replica not applied: ${err.message}`));
+          .then(
+            (out) => {
+              // the posting replica bounds its own lists alike: this is a burst from several of them
+              if ('refusedWaiting' in out && relayedListsRefused++ === 0)
+                log(
+                  `KV events for '${id}' from another replica not applied: ${out.refusedWaiting} lists of it are waiting (further ones are not logged)`,
+                );
+            },
+            (err: Error) => log(`KV events for '${id}' from another replica not applied: ${err.message}`),
+          );
       },
       log,
     });

@@ -15,12 +15,25 @@ import { APPLY_SLICE_EVENTS } from '../engines/kv-events/subscriber.js';
  */
 export const POSTED_SLICE_ITEMS = 65_536;
 
-/** What a posted list did: its counts and skipped events, or how many of its events applied before its worker went. */
-export type PostedOutcome = { applied: ApplyCounts; skipped: SkippedEvent[] } | { removedAfter: number };
+/**
+ * Lists of one worker that may wait to be applied (the one applying included). A list holds
+ * its parsed events (up to the body limit) while it waits, so without a bound a client posting
+ * for one worker faster than its lists apply would grow the gateway's memory without end.
+ */
+export const MAX_WAITING_LISTS = 16;
+
+/**
+ * What a posted list did: its counts and skipped events, how many of its events applied before
+ * its worker went, or nothing, refused because MAX_WAITING_LISTS of the worker's lists were waiting.
+ */
+export type PostedOutcome =
+  { applied: ApplyCounts; skipped: SkippedEvent[] } | { removedAfter: number } | { refusedWaiting: number };
 
 export class PostedEvents {
   /** Per worker, the last list being applied: each waits for the one before. */
   private readonly posting = new Map<string, Promise<unknown>>();
+  /** Per worker, its lists waiting or applying. */
+  private readonly waiting = new Map<string, number>();
 
   constructor(private readonly applier: KvEventApplier) {}
 
@@ -28,13 +41,20 @@ export class PostedEvents {
    * Applies a worker's checked list, after the lists posted for it before (in the order they
    * came, never interleaved). `current` says whether the worker is still the one the list was
    * posted for: once it is not (removed, perhaps added again under its id), nothing more of the
-   * list applies.
+   * list applies. With MAX_WAITING_LISTS of the worker's lists waiting already, the list is
+   * refused at once (`refusedWaiting`) and nothing of it applies.
    */
   apply(worker: string, reader: JsonEventsReader, current: () => boolean): Promise<PostedOutcome> {
+    const waiting = this.waiting.get(worker) ?? 0;
+    if (waiting >= MAX_WAITING_LISTS) return Promise.resolve({ refusedWaiting: waiting });
+    this.waiting.set(worker, waiting + 1);
     const run = (this.posting.get(worker) ?? Promise.resolve()).then(() => this.slices(worker, reader, current));
     const last = run.catch(() => {});
     this.posting.set(worker, last);
     void last.then(() => {
+      const left = (this.waiting.get(worker) ?? 1) - 1;
+      if (left > 0) this.waiting.set(worker, left);
+      else this.waiting.delete(worker);
       if (this.posting.get(worker) === last) this.posting.delete(worker);
     });
     return run;

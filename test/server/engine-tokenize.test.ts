@@ -301,3 +301,36 @@ test('/admin/events: a worker removed while its list applies, and added again un
   assert.equal(applier.trackedBlocks('b'), 0, 'the new worker holds nothing of the list');
   assert.equal(router.route({ tokens: [0, 1, 2, 3] }, { dryRun: true }).cachedTokens, 0);
 });
+
+test('/admin/events: lists posted at once for one worker each apply in full, or, past 16 waiting, are answered 429 naming the worker', async () => {
+  const { base } = await eventsGateway();
+  // lists of 20,000 events apply over several turns, so many wait at once: how many depends on
+  // how the bodies arrive (posted-events.test.ts refuses one deterministically)
+  const posts = Array.from({ length: 24 }, (_, i) =>
+    post(base, '/admin/events', { worker: 'b', events: oneBlockStores(20_000, 100_000 * i) }),
+  );
+  const answers = await Promise.all(
+    posts.map(async (p) => {
+      const res = await p;
+      return { status: res.status, retryAfter: res.headers.get('retry-after'), body: (await res.json()) as unknown };
+    }),
+  );
+  const refused = answers.filter((a) => a.status === 429);
+  assert.deepEqual(
+    answers.filter((a) => a.status !== 200 && a.status !== 429),
+    [],
+  );
+  for (const a of refused) {
+    assert.equal(a.retryAfter, '1');
+    const error = (a.body as { error: { param: string; message: string } }).error;
+    assert.equal(error.param, 'worker');
+    assert.match(error.message, /lists of events for worker 'b' are waiting/);
+  }
+  const accepted = answers.filter((a) => a.status === 200);
+  assert.ok(accepted.length >= 16, `at least the 16 that may wait were taken (${accepted.length})`);
+  for (const a of accepted)
+    assert.equal((a.body as { applied: { storedBlocks: number } }).applied.storedBlocks, 20_000, 'applied in full');
+  // the queue drained: the next post is taken
+  const next = await post(base, '/admin/events', { worker: 'b', events: oneBlockStores(1, 9_000_000) });
+  assert.equal(next.status, 200);
+});
