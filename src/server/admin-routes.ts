@@ -14,7 +14,7 @@ import { openAiError } from './openai-request.js';
 import type { PostedEvents } from './posted-events.js';
 import { clientMessage } from './request-limits.js';
 import { KeyEnvError, parseWorkerRecord, redactUrl, workerErrorField } from './worker-input.js';
-import { WorkerLimitError, type WorkerConnections } from './worker-connections.js';
+import { SocketLimitError, WorkerLimitError, type WorkerConnections } from './worker-connections.js';
 
 export interface AdminRoutesOptions {
   router: KVAwareRouter;
@@ -70,6 +70,8 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     } catch (err) {
       // the router is full: the request is sound, the state refuses it
       if (err instanceof WorkerLimitError) return openAiError(reply, 409, err.message, err.field);
+      // out of ZeroMQ sockets: the request is sound, the process cannot take it until some close
+      if (err instanceof SocketLimitError) return openAiError(reply, 503, err.message, 'events');
       if (err instanceof KeyEnvError) return openAiError(reply, 400, err.message, err.field);
       if (err instanceof RangeError || err instanceof TypeError)
         return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'));

@@ -15,7 +15,12 @@ import { MAX_WORKERS, type WorkerState } from '../core/worker-registry.js';
 import { readBoundedText } from '../engines/bounded-body.js';
 import { DEFAULT_HEALTH_CHECK_TIMEOUT_MS, HealthChecker, type WorkerHealth } from '../engines/health.js';
 import type { KvEventApplier } from '../engines/kv-events/applier.js';
-import { KvEventSubscriber, type SubscriberStats } from '../engines/kv-events/subscriber.js';
+import {
+  KvEventSubscriber,
+  SOCKETS_PER_SUBSCRIBER,
+  subscriberRoom,
+  type SubscriberStats,
+} from '../engines/kv-events/subscriber.js';
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import type { WorkerRecord } from '../state/state-store.js';
 import { ConnectionSlots, DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from './connection-slots.js';
@@ -167,6 +172,17 @@ export class WorkerLimitError extends RangeError {
   ) {
     super(message);
     this.name = 'WorkerLimitError';
+  }
+}
+
+/**
+ * A worker with KV events refused because ZeroMQ's socket limit (its context's max_sockets) has
+ * no room for its subscribers: the request is sound, the process is out of sockets for now.
+ */
+export class SocketLimitError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'SocketLimitError';
   }
 }
 
@@ -410,6 +426,17 @@ export class WorkerConnections {
     // every rank's endpoints first: a bad one refuses the worker before anything starts
     const events = w.events === undefined ? undefined : ids.map((_, r) => rankEndpoint(w.events!, r));
     const replays = w.replay === undefined ? undefined : ids.map((_, r) => rankEndpoint(w.replay!, r));
+    // ZeroMQ refuses sockets past its max_sockets, a replay's included: a worker whose subscribers
+    // would leave another subscriber no room for its replay is refused, not the others' replays
+    const socketLimit = (open: number, maxSockets: number) =>
+      new SocketLimitError(
+        `worker '${w.id}' not added: ZeroMQ's socket limit (max_sockets ${maxSockets}) has no room for its KV-event subscriber${dpSize > 1 ? `s (one per rank, ${dpSize})` : ''}: ` +
+          `each may hold ${SOCKETS_PER_SUBSCRIBER} sockets and ${open} are open. Remove a worker with events first, or add this one without events`,
+      );
+    if (this.options.kvEvents && events) {
+      const { open, room, maxSockets } = subscriberRoom();
+      if (room < dpSize) throw socketLimit(open, maxSockets);
+    }
     // credentials in the URL travel as a Basic authorization header (an engine key wins)
     const plain = splitCredentials(w.url);
     const base = plain.url.replace(/\/+$/, '');
@@ -465,6 +492,11 @@ export class WorkerConnections {
       }
     } catch (err) {
       undo();
+      // out of sockets or descriptors all the same (the process's open-file limit): a ZeroMQ EMFILE
+      if ((err as { code?: unknown } | null)?.code === 'EMFILE') {
+        const { open, maxSockets } = subscriberRoom();
+        throw socketLimit(open, maxSockets);
+      }
       throw err;
     }
     const pool = new Pool(base, { connections: this.engineConnections, keepAliveTimeout: ENGINE_KEEP_ALIVE_MS });

@@ -1,4 +1,4 @@
-import { Dealer, Subscriber } from 'zeromq';
+import { context, Dealer, Subscriber, type Observer } from 'zeromq';
 import { quotedText, shownText } from '../../core/shown-text.js';
 import type { KvEventApplier } from './applier.js';
 import { emptyCounts, type ApplyCounts } from './applier.js';
@@ -97,6 +97,44 @@ export interface SubscriberStats {
 export const APPLY_SLICE_EVENTS = 4096;
 export const APPLY_SLICE_BYTES = 256 * 1024;
 
+/**
+ * ZeroMQ sockets a subscriber holds at most: its SUB, the PAIR libzmq reports the SUB's
+ * connections on and the PAIR its observer reads them from, and a replay's DEALER while one is
+ * under way. ZeroMQ's context refuses sockets past its max_sockets (1023 by default), replays'
+ * included: subscribers are only started while each can still open its replay's.
+ */
+export const SOCKETS_PER_SUBSCRIBER = 4;
+
+/**
+ * Sockets kept spare: a closed subscriber's are counted out once its SUB is released, but ZeroMQ
+ * releases its two PAIRs and a cancelled replay's DEALER a moment later.
+ */
+const SPARE_SOCKETS = 2 * SOCKETS_PER_SUBSCRIBER;
+
+/** Longest close() waits for ZeroMQ to release the socket (its observer's last event). */
+const WATCH_END_WAIT_MS = 5000;
+
+let openSubscribers = 0;
+
+/**
+ * Sockets whose observer ZeroMQ could not open, kept open for good: see start(). Referenced here
+ * so that no collection closes them either.
+ */
+const unclosable: Subscriber[] = [];
+
+/** Subscribers open (constructed, not yet released), and how many more ZeroMQ's max_sockets leaves room for. */
+export function subscriberRoom(): { open: number; room: number; maxSockets: number } {
+  const maxSockets = context.maxSockets;
+  return {
+    open: openSubscribers,
+    room: Math.max(
+      0,
+      Math.floor((maxSockets - SPARE_SOCKETS - 2 * unclosable.length) / SOCKETS_PER_SUBSCRIBER) - openSubscribers,
+    ),
+    maxSockets,
+  };
+}
+
 export class KvEventSubscriber {
   // ZeroMQ buffers a whole frame before handing it over: past the decode limit it disconnects
   // the sender instead, so a hostile frame is refused before it is held in memory
@@ -116,6 +154,8 @@ export class KvEventSubscriber {
   private chain: Promise<void> = Promise.resolve();
   private lastMessageAt = Date.now();
   private idleTimer: NodeJS.Timeout | undefined;
+  /** Whether it was counted out of the open subscribers (closed, or refused at its start). */
+  private released = false;
   readonly stats: SubscriberStats = {
     batches: 0,
     events: 0,
@@ -134,22 +174,40 @@ export class KvEventSubscriber {
   };
 
   constructor(private readonly options: KvEventSubscriberOptions) {
+    openSubscribers++;
     this.sub.reconnectInterval = 100;
     this.sub.reconnectMaxInterval = options.reconnectMaxMs ?? 5000;
   }
 
-  /** Throws a RangeError, with nothing left open, when ZeroMQ refuses the endpoint. */
+  /**
+   * Throws a RangeError, with nothing left open, when ZeroMQ refuses the endpoint, and ZeroMQ's
+   * error (code EMFILE) when it is out of sockets or descriptors.
+   */
   start(): this {
     this.running = true;
-    this.watch = this.watchConnection();
+    // taken here, not in the watch: an observer ZeroMQ cannot open (out of sockets or
+    // descriptors) refuses the subscriber at once rather than leave it running unwatched. Its
+    // socket is not closed: libzmq may have set up the socket's monitor before the observer's
+    // own socket failed, and closing a socket whose monitor has no reader blocks ZeroMQ's reaper
+    // for good (see close()). Never connected, it reports nothing; it stays open, two sockets
+    let events: Observer;
+    try {
+      events = this.sub.events;
+    } catch (err) {
+      this.running = false;
+      unclosable.push(this.sub);
+      this.release();
+      throw err;
+    }
+    this.watch = this.watchConnection(events);
     try {
       this.sub.connect(this.options.endpoint);
     } catch (err) {
-      // an endpoint of the right scheme ZeroMQ still refuses (no port, a wildcard host):
-      // the watch already started must end and the socket close, or both outlive the refusal
+      // an endpoint of the right scheme ZeroMQ still refuses (no port, a wildcard host): the
+      // socket closes, which ends the watch already started (see close() for the order)
       this.running = false;
-      this.sub.events.close();
       this.sub.close();
+      this.release();
       throw new RangeError(`kv-events endpoint ${quotedText(this.options.endpoint)}: ${(err as Error).message}`, {
         cause: err,
       });
@@ -175,14 +233,39 @@ export class KvEventSubscriber {
     this.running = false;
     clearInterval(this.idleTimer);
     this.replayDealer?.close();
-    if (!this.sub.closed) {
-      // closed already when start() was refused its endpoint (a closed socket's events throw)
-      this.sub.events.close(); // ends the connection watch
-      this.sub.close();
-    }
+    // The socket alone is closed, never its observer first (zeromq/zeromq.js#716): libzmq's
+    // reaper thread (4.3.5, socket_base_t::stop_monitor), destroying the socket, sends its
+    // monitor's PAIR a last event (MONITOR_STOPPED) with a blocking send. The observer's PAIR,
+    // its only peer, closed first, that send waits forever: the reaper is stuck, and no socket of
+    // the process is released from then on (a worker added and removed left four file
+    // descriptors, until max_sockets refused every new socket, other workers' replays included).
+    // Closed alone, the socket's last event reaches the observer, which closes itself on it,
+    // ending the watch's iteration. Closed already when start() was refused.
+    if (!this.sub.closed && !unclosable.includes(this.sub)) this.sub.close();
     await this.loop?.catch(() => {});
-    await this.watch?.catch(() => {});
+    // the observer's last event comes once ZeroMQ released the socket: counted out then. Waited
+    // for a while only: a close never hangs on ZeroMQ's reaper (nor is the observer closed
+    // early, which would stop that reaper for good)
+    if (this.watch) {
+      let timer: NodeJS.Timeout | undefined;
+      const ended = await Promise.race([
+        this.watch.then(
+          () => true,
+          () => true,
+        ),
+        new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), WATCH_END_WAIT_MS).unref())),
+      ]);
+      clearTimeout(timer);
+      if (!ended) this.log(`ZeroMQ did not release the socket within ${WATCH_END_WAIT_MS} ms of its close`);
+    }
+    this.release();
     await this.chain.catch(() => {});
+  }
+
+  private release(): void {
+    if (this.released) return;
+    this.released = true;
+    openSubscribers--;
   }
 
   private serial(fn: () => Promise<void> | void): Promise<void> {
@@ -198,10 +281,12 @@ export class KvEventSubscriber {
     await this.replayFrom(from, null);
   }
 
-  private async watchConnection(): Promise<void> {
+  private async watchConnection(events: Observer): Promise<void> {
     try {
-      for await (const event of this.sub.events) {
-        if (!this.running) break;
+      // read to the end (the 'end' event of the socket's close, after which the observer is
+      // closed): an observer left unread fills, and libzmq's send to it blocks (see close())
+      for await (const event of events) {
+        if (!this.running) continue;
         if (event.type === 'disconnect') {
           this.stats.disconnects++;
           await this.serial(() => {
