@@ -439,7 +439,8 @@ export class WorkerConnections {
     }
     // credentials in the URL travel as a Basic authorization header (an engine key wins)
     const plain = splitCredentials(w.url);
-    const base = plain.url.replace(/\/+$/, '');
+    // the origin alone (the URL has no path: checkWorkerUrl), as the parser writes it
+    const base = new URL(plain.url).origin;
     const record: WorkerRecord = {
       id: w.id,
       url: w.url,
@@ -461,16 +462,27 @@ export class WorkerConnections {
     // endpoint is the worker's own and every batch of it is the worker's whatever its rank (vLLM
     // stamps its global rank: an engine serving one rank behind its own API server,
     // --data-parallel-rank R, stamps R)
-    // the subscribers and the router's registration can still refuse the worker (ZeroMQ has the
-    // last word on an endpoint): then nothing of it may stay, neither a worker the router routes
-    // to without a connection nor a socket
+    // the pool, the subscribers and the router's registration can still refuse the worker (undici
+    // and ZeroMQ have the last word on an origin and an endpoint), and so can anything started
+    // after: then nothing of it may stay, neither a worker the router routes to without a
+    // connection nor a socket. Whatever throws, everything started so far is undone.
+    let pool: Pool | undefined;
     const subscribers: Array<KvEventSubscriber | undefined> = [];
     const registered: string[] = [];
+    const connected: string[] = [];
     const undo = () => {
+      for (const id of connected) {
+        this.connections.delete(id);
+        this.scraper?.remove(id);
+        this.checker?.remove(id);
+        this.options.health.forget(id);
+      }
+      if (pool) void pool.destroy().catch(() => {});
       for (const s of subscribers) if (s) this.closing.push(s.close().catch(() => {}));
       for (const id of registered) router.removeWorker(id);
     };
     try {
+      pool = new Pool(base, { connections: this.engineConnections, keepAliveTimeout: ENGINE_KEEP_ALIVE_MS });
       ids.forEach((id, r) => {
         subscribers.push(
           this.options.kvEvents && events
@@ -490,6 +502,31 @@ export class WorkerConnections {
         router.registerWorker(id, { url: w.url, claGroups: w.claGroups, blockSize: w.blockSize });
         registered.push(id);
       }
+      const slots = new ConnectionSlots(this.engineConnections);
+      const adapters = new Map<string, string>();
+      const models = w.models ? new Set(w.models) : undefined;
+      ids.forEach((id, r) => {
+        connected.push(id);
+        this.connections.set(id, {
+          record,
+          base,
+          pool: pool!,
+          slots,
+          models,
+          adapters,
+          workerId: w.id,
+          rank: dpSize > 1 ? r : null,
+          headers: dpSize > 1 ? { ...headers, [DP_RANK_HEADER]: String(r) } : headers,
+          unanswered: new Set(),
+          subscriber: subscribers[r],
+        });
+        this.scraper?.add({
+          workerId: id,
+          url: w.metrics ?? `${base}/metrics`,
+          engine: dpSize > 1 ? String(r) : undefined,
+        });
+        this.checker?.add(id, base);
+      });
     } catch (err) {
       undo();
       // out of sockets or descriptors all the same (the process's open-file limit): a ZeroMQ EMFILE
@@ -499,31 +536,6 @@ export class WorkerConnections {
       }
       throw err;
     }
-    const pool = new Pool(base, { connections: this.engineConnections, keepAliveTimeout: ENGINE_KEEP_ALIVE_MS });
-    const slots = new ConnectionSlots(this.engineConnections);
-    const adapters = new Map<string, string>();
-    const models = w.models ? new Set(w.models) : undefined;
-    ids.forEach((id, r) => {
-      this.connections.set(id, {
-        record,
-        base,
-        pool,
-        slots,
-        models,
-        adapters,
-        workerId: w.id,
-        rank: dpSize > 1 ? r : null,
-        headers: dpSize > 1 ? { ...headers, [DP_RANK_HEADER]: String(r) } : headers,
-        unanswered: new Set(),
-        subscriber: subscribers[r],
-      });
-      this.scraper?.add({
-        workerId: id,
-        url: w.metrics ?? `${base}/metrics`,
-        engine: dpSize > 1 ? String(r) : undefined,
-      });
-      this.checker?.add(id, base);
-    });
     this.groups.set(w.id, ids);
     this.modelsChanged();
     void this.readAdapters(w.id);

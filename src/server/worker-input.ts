@@ -49,7 +49,37 @@ export function checkHttpUrl(url: unknown, what: string): string {
   if (u.search !== '' || u.hash !== '') throw new RangeError(`${what} must not have a query or fragment`);
   // the URL parser refuses ports past 65535; port 0 parses but nothing can be reached on it
   if (u.port === '0') throw new RangeError(`${what} must have a port from 1 to 65535`);
+  // credentials travel decoded as a Basic authorization header (splitCredentials): checked here,
+  // where the message can name the field, not where a request is first made
+  if (!decodes(u.username) || !decodes(u.password))
+    throw new RangeError(`${what} has a user name or password with a malformed percent-escape (write % as %25)`);
   return url;
+}
+
+function decodes(text: string): boolean {
+  try {
+    decodeURIComponent(text);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * A worker's URL: its engine's origin, `http(s)://[user:password@]host:port` (a trailing `/` is
+ * allowed), as checkHttpUrl takes it, without a path. The gateway adds every path itself
+ * (/v1/chat/completions, /v1/models, /tokenize, /health, /metrics) to the origin: the pool
+ * forwarding the requests takes no path, so one given here could be honoured by some requests
+ * and not others.
+ */
+export function checkWorkerUrl(url: unknown, what: string): string {
+  checkHttpUrl(url, what);
+  const path = new URL(url as string).pathname;
+  if (path !== '/')
+    throw new RangeError(
+      `${what} must be the engine's origin without a path (http://host:port; the router adds /v1/… itself), not one ending in ${JSON.stringify(path.length > 64 ? `${path.slice(0, 64)}…` : path)}`,
+    );
+  return url as string;
 }
 
 /** A ZeroMQ endpoint the subscriber can connect to: `tcp://HOST:PORT` or `ipc://PATH`. */
@@ -164,7 +194,7 @@ const refined = <T>(check: (v: unknown, what: string) => T) =>
 export const WORKER_RECORD_SCHEMA = z
   .strictObject({
     id: refined(checkWorkerId),
-    url: refined(checkHttpUrl),
+    url: refined(checkWorkerUrl),
     claGroups: z.array(z.int().min(0)).max(1024).optional(),
     models: z.array(z.string().min(1).max(512)).max(1024).optional(),
     events: refined(checkZmqEndpoint).optional(),

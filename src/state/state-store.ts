@@ -3,7 +3,7 @@ import type { KVAwareRouter, RouteRequest, SharedDecision } from '../core/router
 /** A worker as the gateway takes it and the replicas share it. */
 export interface WorkerRecord {
   id: string;
-  /** Base URL of the engine's OpenAI API, e.g. http://10.0.0.5:8000 */
+  /** The engine's origin, without a path (the router adds /v1/…), e.g. http://10.0.0.5:8000 */
   url: string;
   claGroups?: number[];
   /** Models the engine serves; a request naming another model is not sent to it (absent: any). */

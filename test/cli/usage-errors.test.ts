@@ -102,6 +102,19 @@ test('a config file is read up to a bound, as text, with every YAML problem an e
   assert.equal(resolveServe(['--config', write('empty.yaml', '')]).config.port, 8080);
 });
 
+test('a worker URL with a path or a malformed escape in its credentials exits 2 naming url, before anything starts', () => {
+  for (const [url, message] of [
+    ['http://127.0.0.1:1/v1', /url must be the engine's origin without a path/],
+    ['http://u:p%@127.0.0.1:1', /url has a user name or password with a malformed percent-escape/],
+  ] as const) {
+    const run = cli(['serve', '--port', '0', '--worker', `id=x,url=${url}`, '--print-config']);
+    assert.equal(run.status, 2, run.stderr);
+    assert.match(run.stderr, message);
+    assert.doesNotMatch(run.stderr, /\n\s+at /, 'no stack trace');
+    assert.equal(run.stderr.trim().split('\n').length, 1, run.stderr);
+  }
+});
+
 test('a worker or discovery spec with a key given twice, or an address nothing listens on, is refused', () => {
   const bad = (spec: string, message: RegExp) => assert.throws(() => parseWorkerSpec(spec), message, spec);
   bad('id=a,url=http://h:8000,id=b', /--worker 'id=a,url=http:\/\/h:8000,id=b': 'id' is given twice/);
