@@ -593,8 +593,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const addWorker = (w: GatewayWorker) => state.workerAdded(connections.add(w));
   const removeWorkerLocally = (id: string) => {
     if (!connections.has(id)) return false;
-    // the breaker counts by router worker id: each data-parallel rank has its own streak
-    for (const rid of connections.routerIdsOf(id)) breaker.forget(rid);
+    // the breaker counts by router worker id: each data-parallel rank has its own streak, and its own series
+    for (const rid of connections.routerIdsOf(id)) {
+      breaker.forget(rid);
+      metrics.forgetWorker(rid);
+    }
     return connections.remove(id);
   };
   /** The worker a router worker id belongs to (a data-parallel rank's `ID#r`), or the id itself: what the shared state knows. */

@@ -75,6 +75,12 @@ export interface GatewayMetrics {
    * that timed out, because no worker was in rotation for the request (panic-routing.ts).
    */
   panicRouted: Counter;
+  /**
+   * Drops the series of a removed router worker (a data-parallel rank is one) from the per-worker
+   * counters: workers that come and go (DNS discovery, the admin API) would otherwise grow the
+   * page for good. (The per-worker gauges are read from the router, and leave with it.)
+   */
+  forgetWorker(workerId: string): void;
 }
 
 /**
@@ -223,6 +229,9 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     upstreamFailures,
     connectionWaitTimeouts,
     panicRouted,
+    forgetWorker(workerId) {
+      for (const counter of [retries, upstreamFailures, connectionWaitTimeouts]) counter.remove({ worker: workerId });
+    },
   };
 }
 

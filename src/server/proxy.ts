@@ -288,7 +288,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         return openAiError(answered(reply), 503, 'no worker can take the request now');
       }
       // (each attempt that fails sets it again before the next one)
-      if (retryOf !== undefined) metrics.retries.inc({ worker: retryOf });
+      // (a worker removed meanwhile has no series left to count in: counting would bring one back)
+      if (retryOf !== undefined && connections.get(retryOf)) metrics.retries.inc({ worker: retryOf });
       metrics.countDecision(decision.policy, decision.reason);
       if (decision.shared) state.decisionMade(decision.shared);
       // what anchors claim is the client's word: no more of the prompt is cached than the prompt itself
@@ -383,12 +384,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
             if (!breaker.firstByteOverdue(decision.workerId))
               firstByte.waitedAtLeast(decision.workerId, firstByteTimeoutMs);
           } else if (!busy) breaker.failed(decision.workerId);
-          metrics.upstreamFailures.inc({ worker: decision.workerId });
+          if (connections.get(decision.workerId)) metrics.upstreamFailures.inc({ worker: decision.workerId });
         } else if (outcome === 'no-connection') {
           // the gateway's own limit, not the engine's failure: no breaker count, no failure metric;
           // the engine's ranks share its connections, so none of them can take it either
           noConnection++;
-          metrics.connectionWaitTimeouts.inc({ worker: decision.workerId });
+          if (connections.get(decision.workerId)) metrics.connectionWaitTimeouts.inc({ worker: decision.workerId });
           for (const id of connections.routerIdsOf(decision.workerId)) (failedWorkers ??= new Set()).add(id);
         } else {
           // its worker left rotation (or was removed): the other ranks of its engine fail with it
