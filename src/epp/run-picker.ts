@@ -1,4 +1,5 @@
-import { DnsDiscovery, type DnsDiscoverySpec } from '../server/dns-discovery.js';
+import { DnsDiscovery, type DnsDiscoveryHost, type DnsDiscoverySpec } from '../server/dns-discovery.js';
+import type { WorkerRecord } from '../state/state-store.js';
 import type { Gateway } from '../server/gateway.js';
 import { gatewayRoutingBackend } from './gateway-backend.js';
 import { RouterPicker } from './router-picker.js';
@@ -30,15 +31,7 @@ export async function startPicker(
   c: PickerConfig & { bodyLimit: number; shutdownGraceMs?: number },
   o: { host: string; port: number | undefined; log: (m: string) => void; readinessIntervalMs?: number },
 ): Promise<RunningPicker> {
-  const discovery = c.discover
-    ? await new DnsDiscovery(c.discover, {
-        addWorker: (w) => gateway.addWorker(w),
-        // gone from DNS: not recorded as an admin removal (every replica reads the records itself)
-        removeWorker: (id) => gateway.removeWorker(id, { record: false }),
-        hasWorker: (id) => gateway.router.listWorkers().some((w) => w.id === id),
-        log: o.log,
-      }).start()
-    : undefined;
+  const discovery = c.discover ? await new DnsDiscovery(c.discover, discoveryHost(gateway, o.log)).start() : undefined;
   if (o.port === undefined) {
     return { eppPort: undefined, close: async () => discovery?.stop() };
   }
@@ -73,5 +66,28 @@ export async function startPicker(
       discovery?.stop();
       await server.close(c.shutdownGraceMs);
     },
+  };
+}
+
+/** Whether a worker's record is `discovered`, as discovery makes it (no field it leaves unset is set). */
+function sameRecord(record: WorkerRecord | undefined, discovered: WorkerRecord): boolean {
+  if (record === undefined) return false;
+  const fields = new Set([...Object.keys(record), ...Object.keys(discovered)] as Array<keyof WorkerRecord>);
+  for (const f of fields) if (JSON.stringify(record[f]) !== JSON.stringify(discovered[f])) return false;
+  return true;
+}
+
+/** What DNS discovery does to a gateway's workers. */
+export function discoveryHost(gateway: Gateway, log: (m: string) => void): DnsDiscoveryHost {
+  return {
+    addWorker: (w) => gateway.addWorker(w),
+    // gone from DNS: not recorded as an admin removal (every replica reads the records itself)
+    removeWorker: (id) => gateway.removeWorker(id, { record: false }),
+    hasWorker: (id) => gateway.connections.has(id),
+    claimable: (w) => !gateway.addedByOperator(w.id) && sameRecord(gateway.connections.get(w.id)?.record, w),
+    // (asked only as discovery removes a worker: a look through the list is fine there)
+    isDraining: (id) => gateway.router.listWorkers().some((w) => w.id === id && w.draining),
+    drainWorker: (id) => void gateway.drainWorker(id, true),
+    log,
   };
 }

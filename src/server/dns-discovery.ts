@@ -26,10 +26,43 @@ export interface DnsDiscoveryHost {
   addWorker(w: WorkerRecord): void;
   removeWorker(id: string): boolean;
   hasWorker(id: string): boolean;
+  /**
+   * Whether a worker there already under the id of `w` is discovery's own: its record is `w`, as
+   * discovery makes it, and no operator added it (the worker of another replica's discovery,
+   * or of this one's before a restart, read from the shared state). Absent: only the workers
+   * this discovery added are its own.
+   */
+  claimable?(w: WorkerRecord): boolean;
+  /** Whether the operator drained the worker (asked when discovery removes it). */
+  isDraining?(id: string): boolean;
+  /** Drains the worker (one that was drained when it left DNS, back). */
+  drainWorker?(id: string): void;
   log(message: string): void;
 }
 
 export type Resolver = (name: string) => Promise<string[]>;
+
+export interface DnsDiscoveryOptions {
+  /** Longest wait for one lookup's answer (default DEFAULT_LOOKUP_TIMEOUT_MS). */
+  lookupTimeoutMs?: number;
+}
+
+/**
+ * How long a lookup may take before the resolution fails (and the next interval tries again):
+ * glibc's resolver gives each name server 5 s and tries twice (resolv.conf `timeout:5
+ * attempts:2`), so an answer is rarely later than this.
+ */
+export const DEFAULT_LOOKUP_TIMEOUT_MS = 10_000;
+
+/**
+ * Lookups given up on but still unanswered, at most: node's lookup (getaddrinfo) cannot be
+ * cancelled and holds one of libuv's four threads (shared with file, crypto and zlib work) until
+ * it ends. Past this many, a resolution fails at once instead of taking another thread.
+ */
+const MAX_UNANSWERED_LOOKUPS = 2;
+
+/** Addresses kept as drained after they left DNS, at most (the oldest is forgotten first). */
+const MAX_DRAINED_GONE = 4096;
 
 const resolveAll: Resolver = async (name) => (await lookup(name, { all: true, verbatim: true })).map((a) => a.address);
 
@@ -76,8 +109,17 @@ export function workerForAddress(spec: DnsDiscoverySpec, address: string): Worke
 /**
  * Resolves the name now and every interval: new addresses are added as workers; an address is
  * removed after it is missing from two resolutions in a row (one lookup that races a rollout
- * does not drop a pod). A failed lookup changes nothing. An address that cannot be added is
- * tried again at every resolution but logged once while it keeps failing the same way.
+ * does not drop a pod). Only workers this discovery added are removed: one the operator added
+ * (the admin API, the configuration, another replica through the shared state) under an
+ * address's id stays, whatever DNS says. As for Envoy's STRICT_DNS, an answer is the whole set
+ * (one with no address would remove every worker after two resolutions) and a failed lookup (an
+ * error, or no answer within the lookup timeout) changes nothing: the workers found last stay,
+ * their health checks saying whether they serve. getaddrinfo reports a name without addresses
+ * as an error (ENOTFOUND), so a Service scaled to zero keeps its last workers. A worker drained when it is removed comes back drained (an
+ * operator's drain is of the address, and must not end with a stay out of DNS: a pod that fails
+ * its readiness for a while). A failure is logged once per kind until a lookup succeeds;
+ * an address that cannot be added is tried again at every resolution but logged once while it
+ * keeps failing the same way.
  */
 export class DnsDiscovery {
   private timer: NodeJS.Timeout | undefined;
@@ -87,12 +129,22 @@ export class DnsDiscovery {
   private refused = new Map<string, string>();
   private running: Promise<void> | undefined;
   private stopped = false;
+  /** The kind of the failure last logged (its code, or message), until a lookup succeeds. */
+  private failing: string | undefined;
+  /** Lookups given up on at their deadline that have not ended yet. */
+  private unanswered = 0;
+  private readonly lookupTimeoutMs: number;
+  /** Workers this discovery removed while they were drained: they come back drained. */
+  private readonly drainedGone = new Set<string>();
 
   constructor(
     private readonly spec: DnsDiscoverySpec,
     private readonly host: DnsDiscoveryHost,
     private readonly resolve: Resolver = resolveAll,
-  ) {}
+    options: DnsDiscoveryOptions = {},
+  ) {
+    this.lookupTimeoutMs = options.lookupTimeoutMs ?? DEFAULT_LOOKUP_TIMEOUT_MS;
+  }
 
   /** Resolves once (awaited), then keeps resolving in the background. */
   async start(): Promise<this> {
@@ -117,17 +169,49 @@ export class DnsDiscovery {
     return this.running;
   }
 
+  /** The name's addresses, or a rejection: the lookup failed, or did not answer within the lookup timeout. */
+  private lookup(): Promise<string[]> {
+    if (this.unanswered >= MAX_UNANSWERED_LOOKUPS)
+      return Promise.reject(
+        Object.assign(new Error(`${this.unanswered} earlier lookups have not answered yet`), { code: 'UNANSWERED' }),
+      );
+    const lookup = this.resolve(this.spec.dns);
+    let timer: NodeJS.Timeout | undefined;
+    const deadline = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        // given up on, not ended: counted until it ends (a late answer is not taken)
+        this.unanswered++;
+        void lookup.then(
+          () => this.unanswered--,
+          () => this.unanswered--,
+        );
+        reject(Object.assign(new Error(`no answer within ${this.lookupTimeoutMs} ms`), { code: 'TIMEOUT' }));
+      }, this.lookupTimeoutMs);
+      // (not unref'd: the lookup under way keeps the process alive as long anyway)
+    });
+    return Promise.race([lookup, deadline]).finally(() => clearTimeout(timer));
+  }
+
   private async resolveOnce(): Promise<void> {
     let addresses: string[];
     try {
-      addresses = await this.resolve(this.spec.dns);
+      addresses = await this.lookup();
     } catch (err) {
-      this.host.log(
-        `discovery: cannot resolve ${this.spec.dns}: ${(err as Error).message}; keeping ${this.known.size} workers`,
-      );
+      const e = err as Error & { code?: unknown };
+      const kind = typeof e.code === 'string' ? e.code : String(e.message);
+      // the same failure at every interval says nothing new
+      if (this.failing !== kind)
+        this.host.log(
+          `discovery: cannot resolve ${this.spec.dns}: ${e.message}; keeping ${this.known.size} workers (logged once until it resolves)`,
+        );
+      this.failing = kind;
       return;
     }
     if (this.stopped) return;
+    if (this.failing !== undefined) {
+      this.failing = undefined;
+      this.host.log(`discovery: ${this.spec.dns} resolves again (${addresses.length} addresses)`);
+    }
     const seen = new Set<string>();
     const refused = new Map<string, string>();
     for (const address of addresses.slice(0, 4096)) {
@@ -136,10 +220,21 @@ export class DnsDiscovery {
         const w = workerForAddress(this.spec, address);
         id = w.id;
         seen.add(w.id);
-        this.known.set(w.id, 0);
-        if (this.host.hasWorker(w.id)) continue;
+        if (this.host.hasWorker(w.id)) {
+          // one of its own, still listed; a worker the operator added under this id is theirs
+          const own = this.host.claimable ? this.host.claimable(w) : this.known.has(w.id);
+          if (own) this.known.set(w.id, 0);
+          else this.known.delete(w.id);
+          continue;
+        }
         this.host.addWorker(w);
-        this.host.log(`discovery: worker ${w.id} added (${this.spec.dns})`);
+        this.known.set(w.id, 0);
+        // the operator's drain holds for the address, not for one stay in DNS
+        const drained = this.drainedGone.delete(w.id) && this.host.drainWorker !== undefined;
+        if (drained) this.host.drainWorker!(w.id);
+        this.host.log(
+          `discovery: worker ${w.id} added${drained ? ' drained (as it was when it left DNS; resume it through the admin API)' : ''} (${this.spec.dns})`,
+        );
       } catch (err) {
         const message = `discovery: cannot add ${id}: ${(err as Error).message}`;
         // the same refusal again at every interval says nothing new
@@ -155,7 +250,13 @@ export class DnsDiscovery {
         continue;
       }
       this.known.delete(id);
-      if (this.host.removeWorker(id)) this.host.log(`discovery: worker ${id} removed (gone from ${this.spec.dns})`);
+      const drained = this.host.isDraining?.(id) === true;
+      if (!this.host.removeWorker(id)) continue;
+      this.host.log(`discovery: worker ${id} removed (gone from ${this.spec.dns})`);
+      if (drained) {
+        if (this.drainedGone.size >= MAX_DRAINED_GONE) this.drainedGone.delete(this.drainedGone.values().next().value!);
+        this.drainedGone.add(id);
+      }
     }
   }
 }

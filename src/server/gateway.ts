@@ -250,6 +250,10 @@ export interface Gateway {
    * replicas that start later (state-store.ts).
    */
   removeWorker(id: string, options?: { record?: boolean }): boolean;
+  /** Whether an operator added the worker here: through the admin API, or configured at start. */
+  addedByOperator(id: string): boolean;
+  /** Drains (true) or resumes (false) a worker (every rank) here and in the shared state; false when unknown. */
+  drainWorker(id: string, draining: boolean): boolean;
   /** Shared state for the replicas. */
   state: StateStore;
   /** The workers and what the gateway keeps per worker. */
@@ -591,8 +595,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   );
 
   const addWorker = (w: GatewayWorker) => state.workerAdded(connections.add(w));
+  /** Workers added here through the admin API or configured at start: DNS discovery leaves them alone. */
+  const operatorWorkers = new Set<string>();
   const removeWorkerLocally = (id: string) => {
     if (!connections.has(id)) return false;
+    operatorWorkers.delete(connections.get(id)?.workerId ?? id);
     // the breaker counts by router worker id: each data-parallel rank has its own streak, and its own series
     for (const rid of connections.routerIdsOf(id)) {
       breaker.forget(rid);
@@ -625,7 +632,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     if (known) state.workerDrained(workerIdOf(id), draining);
     return known;
   };
-  for (const w of options.workers ?? []) connections.add(w, true);
+  for (const w of options.workers ?? []) {
+    connections.add(w, true);
+    operatorWorkers.add(w.id);
+  }
   try {
     await state.attach({
       router,
@@ -979,7 +989,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     state,
     postedEvents,
     adminToken,
-    addWorker,
+    addWorker: (w) => {
+      addWorker(w);
+      operatorWorkers.add(w.id);
+    },
     removeWorker,
     drainWorker,
   });
@@ -997,6 +1010,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     },
     addWorker,
     removeWorker,
+    addedByOperator: (id) => operatorWorkers.has(id),
+    drainWorker,
     adminToken: adminTokenText,
     state,
     connections,

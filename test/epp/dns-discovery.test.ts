@@ -1,7 +1,10 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { parseDiscoverySpec } from '../../src/cli/commands/epp.js';
-import { DnsDiscovery } from '../../src/server/dns-discovery.js';
+import { discoveryHost } from '../../src/epp/run-picker.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway } from '../../src/server/gateway.js';
+import { DnsDiscovery, workerForAddress } from '../../src/server/dns-discovery.js';
 import { WORKER_ID, parseWorkerRecord } from '../../src/server/worker-input.js';
 import type { WorkerRecord } from '../../src/state/state-store.js';
 
@@ -143,4 +146,200 @@ test('stop() during start() leaves no resolution running afterwards', async (t) 
   await Promise.resolve();
   assert.equal(calls, 1, 'no interval resolves after stop()');
   assert.equal(h.workers.size, 0, 'a resolution that ends after stop() adds nothing');
+});
+
+test("a worker the operator added under an address's id is never removed by discovery", async () => {
+  const h = host();
+  h.addWorker({ id: '10.0.0.4:8000', url: 'http://10.0.0.4:8000' });
+  let answer = ['10.0.0.4', '10.0.0.5'];
+  const d = new DnsDiscovery(parseDiscoverySpec('dns=vllm,port=8000'), h, async () => answer);
+  await d.refresh();
+  assert.deepEqual([...h.workers.keys()].sort(), ['10.0.0.4:8000', '10.0.0.5:8000']);
+  answer = [];
+  await d.refresh();
+  await d.refresh();
+  await d.refresh();
+  assert.deepEqual([...h.workers.keys()], ['10.0.0.4:8000'], "only discovery's own worker is removed");
+  assert.deepEqual(
+    h.logs.filter((m) => m.includes('removed')),
+    ['discovery: worker 10.0.0.5:8000 removed (gone from vllm)'],
+  );
+  // the operator removes it while DNS lists it: discovery adds it as its own, and removes it when it goes
+  answer = ['10.0.0.4'];
+  await d.refresh();
+  h.removeWorker('10.0.0.4:8000');
+  await d.refresh();
+  assert.ok(h.workers.has('10.0.0.4:8000'));
+  answer = [];
+  await d.refresh();
+  await d.refresh();
+  assert.equal(h.workers.size, 0);
+  d.stop();
+});
+
+test('a lookup that does not answer is given up at its deadline, and discovery goes on', async () => {
+  const h = host();
+  let hang = true;
+  const hung: Array<(addresses: string[]) => void> = [];
+  const d = new DnsDiscovery(
+    parseDiscoverySpec('dns=vllm,port=8000'),
+    h,
+    async () => (hang ? new Promise<string[]>((resolve) => hung.push(resolve)) : ['10.0.0.1']),
+    { lookupTimeoutMs: 20 },
+  );
+  await d.refresh();
+  await d.refresh();
+  assert.equal(h.workers.size, 0);
+  assert.match(h.logs.join('\n'), /cannot resolve vllm: no answer within 20 ms/);
+  // lookups left unanswered are bounded (each holds a thread of libuv's pool): past them, a
+  // resolution fails at once, and waits for none
+  for (let i = 0; i < 5; i++) await d.refresh();
+  assert.equal(hung.length, 2, 'at most two lookups are left unanswered at once');
+  hang = false;
+  // a late answer is not taken (a newer lookup says what the name resolves to now)
+  for (const answer of hung) answer(['10.0.0.9']);
+  await new Promise((resolve) => setImmediate(resolve)); // the lookups' ends are seen
+  await d.refresh();
+  assert.deepEqual([...h.workers.keys()], ['10.0.0.1:8000']);
+  d.stop();
+});
+
+test('lookups that fail alike are logged once until the name resolves again', async () => {
+  const h = host();
+  let answer: string[] | Error = Object.assign(new Error('getaddrinfo ENOTFOUND vllm'), { code: 'ENOTFOUND' });
+  const d = new DnsDiscovery(parseDiscoverySpec('dns=vllm,port=8000'), h, async () => {
+    if (answer instanceof Error) throw answer;
+    return answer;
+  });
+  for (let i = 0; i < 5; i++) await d.refresh();
+  assert.equal(h.logs.filter((m) => m.includes('cannot resolve')).length, 1, h.logs.join('\n'));
+  answer = Object.assign(new Error('getaddrinfo EAI_AGAIN vllm'), { code: 'EAI_AGAIN' });
+  await d.refresh();
+  await d.refresh();
+  assert.equal(h.logs.filter((m) => m.includes('cannot resolve')).length, 2, 'another kind of failure is logged');
+  answer = ['10.0.0.1'];
+  await d.refresh();
+  assert.ok(
+    h.logs.some((m) => /vllm resolves again/.test(m)),
+    h.logs.join('\n'),
+  );
+  answer = Object.assign(new Error('getaddrinfo ENOTFOUND vllm'), { code: 'ENOTFOUND' });
+  await d.refresh();
+  assert.equal(h.logs.filter((m) => m.includes('cannot resolve')).length, 3, 'logged again after a success');
+  d.stop();
+});
+
+test('a worker drained when it left DNS comes back drained', async () => {
+  const h = host();
+  const draining = new Set<string>();
+  const d = new DnsDiscovery(
+    parseDiscoverySpec('dns=vllm,port=8000'),
+    {
+      ...h,
+      removeWorker: (id: string) => {
+        draining.delete(id);
+        return h.removeWorker(id);
+      },
+      isDraining: (id: string) => draining.has(id),
+      drainWorker: (id: string) => void draining.add(id),
+    },
+    async () => answer,
+  );
+  let answer = ['10.0.0.1', '10.0.0.2'];
+  await d.refresh();
+  draining.add('10.0.0.1:8000'); // the operator drains it
+  answer = [];
+  await d.refresh();
+  await d.refresh();
+  assert.equal(h.workers.size, 0);
+  answer = ['10.0.0.1', '10.0.0.2'];
+  await d.refresh();
+  assert.deepEqual([...h.workers.keys()].sort(), ['10.0.0.1:8000', '10.0.0.2:8000']);
+  assert.deepEqual([...draining], ['10.0.0.1:8000'], 'drained as it was; the other one not');
+  assert.ok(
+    h.logs.some((m) => /10\.0\.0\.1:8000 added drained/.test(m)),
+    h.logs.join('\n'),
+  );
+  // resumed by the operator, it leaves and comes back in rotation
+  draining.clear();
+  answer = [];
+  await d.refresh();
+  await d.refresh();
+  answer = ['10.0.0.1'];
+  await d.refresh();
+  assert.deepEqual([...draining], []);
+  d.stop();
+});
+
+test("a worker discovery would have added, found already there (a replica's, before a restart), is discovery's to remove", async () => {
+  const h = host();
+  const operators = new Set<string>(['10.0.0.4:8000']);
+  // the gateway's answer: the worker's record is the one discovery makes, and no operator added it here
+  const claimable = (w: WorkerRecord) =>
+    !operators.has(w.id) && JSON.stringify(h.workers.get(w.id)) === JSON.stringify(w);
+  const spec = parseDiscoverySpec('dns=vllm,port=8000');
+  h.addWorker({
+    id: '10.0.0.4:8000',
+    url: 'http://10.0.0.4:8000',
+    events: undefined,
+    replay: undefined,
+    models: undefined,
+  });
+  // loaded from the shared state at start: another replica's discovery added them
+  h.addWorker(workerForAddress(spec, '10.0.0.5'));
+  h.addWorker({ ...workerForAddress(spec, '10.0.0.6'), models: ['m'] }); // not as discovery makes it
+  let answer = ['10.0.0.4', '10.0.0.5', '10.0.0.6'];
+  const d = new DnsDiscovery(spec, { ...h, claimable }, async () => answer);
+  await d.refresh();
+  answer = [];
+  await d.refresh();
+  await d.refresh();
+  assert.deepEqual([...h.workers.keys()].sort(), ['10.0.0.4:8000', '10.0.0.6:8000']);
+  d.stop();
+});
+
+test("with a gateway: the admin API's worker stays when DNS drops its address; a drained one returns drained", async () => {
+  const adminToken = 'dns-discovery-admin';
+  const gateway = await createGateway({
+    adminToken,
+    router: new KVAwareRouter({ blockSize: 16 }),
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  const logs: string[] = [];
+  try {
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const admin = (method: string, path: string, body?: unknown) =>
+      fetch(`${base}${path}`, {
+        method,
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}` },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+    const added = await admin('POST', '/admin/workers', { id: '127.0.0.4:8000', url: 'http://127.0.0.4:8000' });
+    assert.equal(added.status, 201, await added.text());
+    let answer = ['127.0.0.4', '127.0.0.5'];
+    const d = new DnsDiscovery(
+      parseDiscoverySpec('dns=engines,port=8000'),
+      discoveryHost(gateway, (m) => logs.push(m)),
+      async () => answer,
+    );
+    await d.refresh();
+    const drained = await admin('POST', '/admin/workers/127.0.0.5:8000/drain');
+    assert.equal(drained.status, 200, await drained.text());
+    answer = [];
+    await d.refresh();
+    await d.refresh();
+    assert.deepEqual(
+      gateway.router.listWorkers().map((w) => w.id),
+      ['127.0.0.4:8000'],
+      logs.join('\n'),
+    );
+    answer = ['127.0.0.5'];
+    await d.refresh();
+    const back = gateway.router.listWorkers().find((w) => w.id === '127.0.0.5:8000');
+    assert.equal(back?.draining, true, logs.join('\n'));
+    d.stop();
+  } finally {
+    await gateway.close();
+  }
 });
