@@ -77,7 +77,7 @@ export function checkWorkerUrl(url: unknown, what: string): string {
   const path = new URL(url as string).pathname;
   if (path !== '/')
     throw new RangeError(
-      `${what} must be the engine's origin without a path (http://host:port; the router adds /v1/… itself), not one ending in ${JSON.stringify(path.length > 64 ? `${path.slice(0, 64)}…` : path)}`,
+      `${what} must be the engine's origin without a path, http(s)://host:port (the router adds /v1/… itself); its path is ${JSON.stringify(path.length > 64 ? `${path.slice(0, 64)}…` : path)}`,
     );
   return url as string;
 }
