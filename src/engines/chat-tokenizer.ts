@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
@@ -8,6 +8,12 @@ import type { ChatMessage } from '../core/hashing.js';
 import { checkChatMessages } from '../core/chat-messages.js';
 import type { RouteRequest } from '../core/router/index.js';
 import { fileErrorMessage, quotedText } from '../core/shown-text.js';
+import {
+  MAX_CHAT_TEMPLATE_BYTES,
+  MAX_TOKENIZER_CONFIG_BYTES,
+  MAX_TOKENIZER_JSON_BYTES,
+  readRegularFile,
+} from './bounded-file.js';
 
 /** Turns a request into the token ids the engine will see (`--tokenize tokenizer`). */
 export interface PromptTokenizer {
@@ -180,8 +186,8 @@ export class ChatTokenizer implements PromptTokenizer {
     if (!existsSync(file)) throw new RangeError(`tokenizer: ${quotedText(file)} does not exist`);
     const configFile = join(dirname(file), 'tokenizer_config.json');
     const jinjaFile = join(dirname(file), 'chat_template.jinja');
-    const tokenizerJson = readJson(file, 'tokenizer');
-    const config = existsSync(configFile) ? readJson(configFile, 'tokenizer config') : {};
+    const tokenizerJson = readJson(file, 'tokenizer', MAX_TOKENIZER_JSON_BYTES);
+    const config = existsSync(configFile) ? readJson(configFile, 'tokenizer config', MAX_TOKENIZER_CONFIG_BYTES) : {};
     let tokenizer: Tokenizer;
     try {
       tokenizer = new Tokenizer(tokenizerJson, config);
@@ -193,7 +199,9 @@ export class ChatTokenizer implements PromptTokenizer {
         },
       );
     }
-    const chatTemplate = options.chatTemplate ?? (existsSync(jinjaFile) ? readFileSync(jinjaFile, 'utf8') : undefined);
+    const chatTemplate =
+      options.chatTemplate ??
+      (existsSync(jinjaFile) ? readText(jinjaFile, 'chat template', MAX_CHAT_TEMPLATE_BYTES) : undefined);
     return new ChatTokenizer(tokenizer, config, { ...options, chatTemplate });
   }
 
@@ -449,9 +457,19 @@ function digest(previous: string, message: unknown): string {
   return createHash('sha256').update(previous).update('\u0000').update(JSON.stringify(message)).digest('base64');
 }
 
-function readJson(file: string, what: string): Record<string, unknown> {
+function readJson(file: string, what: string, maxBytes: number): Record<string, unknown> {
+  const text = readText(file, what, maxBytes);
   try {
-    return JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown>;
+    return JSON.parse(text) as Record<string, unknown>;
+  } catch (err) {
+    throw new RangeError(`${what}: cannot read ${quotedText(file)}: ${fileErrorMessage(err, file)}`, { cause: err });
+  }
+}
+
+/** A file of the model's as text, bounded (see bounded-file.ts); RangeError naming `what` and the file. */
+function readText(file: string, what: string, maxBytes: number): string {
+  try {
+    return readRegularFile(file, maxBytes);
   } catch (err) {
     throw new RangeError(`${what}: cannot read ${quotedText(file)}: ${fileErrorMessage(err, file)}`, { cause: err });
   }

@@ -140,8 +140,20 @@ test("mock-engine --prefix-caching-hash-algo takes vLLM's four names, as serve d
   // without --block-hash vllm it keys nothing: said, as serve says it
   const unused = await startMockEngine(['--port', '0', '--prefix-caching-hash-algo', 'sha256']);
   assert.match(unused.stderr(), /^warning: --prefix-caching-hash-algo has no effect without --block-hash vllm$/m);
+  assert.doesNotMatch(unused.stderr(), /--python-hash-seed/);
   const done = new Promise<number | null>((r) => unused.child.once('exit', (code) => r(code)));
   unused.child.kill('SIGTERM');
+  assert.equal(await done, 0);
+});
+
+test('mock-engine --python-hash-seed without --block-hash vllm is said to have no effect', async () => {
+  const unused = await startMockEngine(['--port', '0', '--python-hash-seed', '5']);
+  const done = new Promise<number | null>((r) => unused.child.once('exit', (code) => r(code)));
+  try {
+    assert.match(unused.stderr(), /^warning: --python-hash-seed has no effect without --block-hash vllm$/m);
+  } finally {
+    unused.child.kill('SIGTERM');
+  }
   assert.equal(await done, 0);
 });
 

@@ -374,6 +374,17 @@ test("--prefix-caching-hash-algo takes vLLM's four names, from a flag, the envir
     ),
     [],
   );
+  // the seed likewise; with vllm it is needed, so no warning there
+  assert.deepEqual(
+    resolveServe(['--python-hash-seed', '5']).resolved.warnings.filter((w) => w.includes('--python-hash-seed')),
+    ['--python-hash-seed has no effect without --block-hash vllm'],
+  );
+  for (const args of [vllm, []])
+    assert.deepEqual(
+      resolveServe(args).resolved.warnings.filter((w) => w.includes('--python-hash-seed')),
+      [],
+      args.join(' '),
+    );
   const bad = cli([
     'serve',
     '--block-hash',

@@ -115,6 +115,10 @@ export function registerMockEngineCommand(program: Command): void {
           );
         if (algo !== undefined && o.blockHash !== 'vllm')
           process.stderr.write('warning: --prefix-caching-hash-algo has no effect without --block-hash vllm\n');
+        // the seed only keys vLLM's block hashes: said, as for the algorithm (PYTHONHASHSEED may be
+        // set in the environment for other programs, so only the flag is)
+        if (o.pythonHashSeed !== undefined && o.blockHash !== 'vllm')
+          process.stderr.write('warning: --python-hash-seed has no effect without --block-hash vllm\n');
         const pythonHashSeed = o.pythonHashSeed ?? process.env.PYTHONHASHSEED;
         if (pythonHashSeed !== undefined && o.blockHash === 'vllm' && !isPythonHashSeed(pythonHashSeed))
           throw new RangeError(

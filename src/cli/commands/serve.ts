@@ -1,5 +1,4 @@
 import cluster from 'node:cluster';
-import { readFileSync } from 'node:fs';
 import { Option, type Command } from 'commander';
 import type { z } from 'zod';
 import { KVAwareRouter } from '../../core/router/index.js';
@@ -10,6 +9,7 @@ import { ProcessMetrics, type ProcessMetricsMessage } from '../../server/process
 import type { RequestLimits } from '../../server/request-limits.js';
 import { connectionTimeoutProblem } from '../../server/timeouts.js';
 import { startPicker, type PickerConfig } from '../../epp/run-picker.js';
+import { MAX_CHAT_TEMPLATE_BYTES, readRegularFile } from '../../engines/bounded-file.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { defaultTokenizerThreads, TokenizerPool } from '../../engines/tokenizer-pool.js';
 import { ClusterStateStore, type ClusterMessage } from '../../state/cluster-state-store.js';
@@ -73,6 +73,8 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
   // routers in either mode, so it is a warning, as KV events with --tokenize text are
   if (config.blockHash !== 'vllm' && resolved.origins.prefixCachingHashAlgo !== 'default')
     resolved.warnings.push('--prefix-caching-hash-algo has no effect without --block-hash vllm');
+  if (config.blockHash !== 'vllm' && config.pythonHashSeed !== undefined)
+    resolved.warnings.push('--python-hash-seed has no effect without --block-hash vllm');
   if (config.blockHash === 'vllm') {
     if (config.pythonHashSeed === undefined && env.PYTHONHASHSEED) {
       if (!isPythonHashSeed(env.PYTHONHASHSEED))
@@ -337,7 +339,7 @@ function processChannel() {
 
 function readTemplate(file: string): string {
   try {
-    return readFileSync(file, 'utf8');
+    return readRegularFile(file, MAX_CHAT_TEMPLATE_BYTES);
   } catch (err) {
     throw new RangeError(`--chat-template: cannot read ${quotedText(file)}: ${fileErrorMessage(err, file)}`, {
       cause: err,
