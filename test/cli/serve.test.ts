@@ -194,6 +194,12 @@ test('serve settings: bad config files and values are refused with the key named
     () => resolve(['--config', write('workers:\n  - {id: a, url: "http://a:1", gpu: 3}\n')]),
     /workers\[0\]: gpu is not a known key/,
   );
+  // "__proto__" is a key like any other: refused by name, in YAML and JSON, never taken as a prototype
+  for (const text of [
+    'workers:\n  - {id: a, url: "http://a:1", "__proto__": {dpSize: 99}}\n',
+    '{"workers": [{"id": "a", "url": "http://a:1", "__proto__": {"dpSize": 99}}]}\n',
+  ])
+    assert.throws(() => resolve(['--config', write(text)]), /workers\[0\]: __proto__ is not a known key/);
   assert.throws(() => resolve(['--config', write('workers: {id: a}\n')]), /workers must be a list/);
   assert.throws(
     () => resolve(['--worker', 'id=a,url=http://a:1', '--worker', 'id=a,url=http://b:1']),

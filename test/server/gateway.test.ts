@@ -224,6 +224,12 @@ describe('the gateway over plain HTTP', () => {
     assert.equal((await post('/admin/workers', { id: 'dead', url: 'http://127.0.0.1:1' }, auth)).status, 201);
     assert.equal((await post('/admin/workers', { id: 'dead', url: 'http://127.0.0.1:1' }, auth)).status, 409);
     assert.equal((await post('/admin/workers', { id: 'x', url: 'ftp://nope' }, auth)).status, 400);
+    // a "__proto__" key is refused by name, as any unknown key is, not dropped unseen
+    const proto = await post('/admin/workers', '{"id":"p","url":"http://127.0.0.1:1","__proto__":{"dpSize":2}}', auth);
+    assert.equal(proto.status, 400);
+    const protoError = (await proto.json()) as { error: { message: string; param: string | null } };
+    assert.match(protoError.error.message, /__proto__ is not a known key/);
+    assert.equal(protoError.error.param, '__proto__');
     // a worker that refuses connections: requests fail over to the others, none is lost
     for (let i = 0; i < 6; i++) {
       const res = await post('/v1/completions', { prompt: `failover ${i}`, max_tokens: 1 });

@@ -362,7 +362,9 @@ export function parseWorkerSpec(spec: string, where = `--worker ${quotedText(spe
 
 /** Spec fields (or a config entry by spec names or record names) as record fields; `a;b` lists split. */
 function workerFields(fields: Record<string, unknown>): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
+  // gathered as entries: assigning out['__proto__'] would set the prototype, and the key would
+  // pass the schema's check of unknown keys unseen; as an own key it is refused by name
+  const out: Array<[string, unknown]> = [];
   const specKeys: Record<string, string> = WORKER_SPEC_KEYS;
   for (const [key, value] of Object.entries(fields)) {
     const field = Object.hasOwn(specKeys, key) ? specKeys[key] : key;
@@ -375,9 +377,9 @@ function workerFields(fields: Record<string, unknown>): Record<string, unknown> 
       v = v.map((g) => (typeof g === 'string' && /^-?\d+$/.test(g) ? Number(g) : g));
     // a negative number too, so that the message says what its range is, not that it is no integer
     if ((field === 'dpSize' || field === 'blockSize') && typeof v === 'string' && /^-?\d+$/.test(v)) v = Number(v);
-    out[field] = v;
+    out.push([field, v]);
   }
-  return out;
+  return Object.fromEntries(out);
 }
 
 function resolveWorkers(
