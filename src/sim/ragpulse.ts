@@ -98,7 +98,9 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
     for (const [component, list] of Object.entries(ids))
       if (!Array.isArray(list) || !list.every(isId))
         throw fail(`"hash_ids.${component}" must be an array of non-negative integers`);
-    if (r.session_id !== undefined && typeof r.session_id !== 'string') throw fail('"session_id" must be a string');
+    // the router takes a workflow id only non-empty: an empty one is refused here, not mid-replay
+    if (r.session_id !== undefined && (typeof r.session_id !== 'string' || r.session_id === ''))
+      throw fail('"session_id" must be a non-empty string');
     const chunks = ids as Record<string, number[]>;
     const hashIds = prefixBlockIds(chunks, lengths, blockSize, Math.floor(Math.max(1, inputLength) / blockSize));
     const anchors = (chunks.passages_ids ?? []).map((id) => ({

@@ -31,25 +31,28 @@ export interface TraceRequest {
  */
 export const MAX_TRACE_REQUEST_TOKENS = 16 * 1024 * 1024;
 
-/** Parses one Mooncake JSONL line; throws TraceFormatError naming the line and field. */
-export function parseTraceLine(text: string, index: number, defaultBlockSize = 512): TraceRequest {
+/**
+ * Parses one Mooncake JSONL line; throws TraceFormatError naming the file (`source`), the line
+ * and the field.
+ */
+export function parseTraceLine(text: string, index: number, defaultBlockSize = 512, source = 'trace'): TraceRequest {
   let raw: unknown;
   try {
     raw = JSON.parse(text);
   } catch {
-    throw new TraceFormatError(index, 'not valid JSON');
+    throw new TraceFormatError(index, 'not valid JSON', source);
   }
   if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
-    throw new TraceFormatError(index, 'not a JSON object');
+    throw new TraceFormatError(index, 'not a JSON object', source);
   const r = raw as Record<string, unknown>;
   const num = (key: string, required: boolean): number | undefined => {
     const v = r[key];
     if (v === undefined || v === null) {
-      if (required) throw new TraceFormatError(index, `missing "${key}"`);
+      if (required) throw new TraceFormatError(index, `missing "${key}"`, source);
       return undefined;
     }
     if (typeof v !== 'number' || !Number.isFinite(v) || v < 0)
-      throw new TraceFormatError(index, `"${key}" must be a non-negative number`);
+      throw new TraceFormatError(index, `"${key}" must be a non-negative number`, source);
     return v;
   };
   const timestamp = num('timestamp', true)!;
@@ -59,6 +62,7 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
       throw new TraceFormatError(
         index,
         `"${key}" must be a whole number of tokens from 0 to ${MAX_TRACE_REQUEST_TOKENS}`,
+        source,
       );
     return v;
   };
@@ -66,51 +70,52 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
   const outputLength = tokens('output_length');
   const hashIds = r.hash_ids;
   if (!Array.isArray(hashIds) || hashIds.some((h) => typeof h !== 'number' || !Number.isSafeInteger(h) || h < 0)) {
-    throw new TraceFormatError(index, '"hash_ids" must be an array of non-negative integers');
+    throw new TraceFormatError(index, '"hash_ids" must be an array of non-negative integers', source);
   }
   const blockSize = num('block_size', false) ?? defaultBlockSize;
   if (!Number.isInteger(blockSize) || blockSize < 1 || blockSize > MAX_TRACE_REQUEST_TOKENS)
     throw new TraceFormatError(
       index,
       `"block_size" must be a whole number of tokens from 1 to ${MAX_TRACE_REQUEST_TOKENS}`,
+      source,
     );
   const req: TraceRequest = { index, timestamp, inputLength, outputLength, hashIds: hashIds as number[], blockSize };
   // The fields below reach the router's request check (readRouteFields) as they are read here:
   // whatever it would refuse mid-replay is refused now, naming the line and the trace's field.
-  if (r.session_id !== undefined) req.sessionId = traceId(r.session_id, 'session_id', index);
+  if (r.session_id !== undefined) req.sessionId = traceId(r.session_id, 'session_id', index, source);
   if (r.step !== undefined && r.step !== null) {
     if (typeof r.step !== 'number' || !Number.isInteger(r.step) || r.step < 0)
-      throw new TraceFormatError(index, '"step" must be a non-negative integer');
+      throw new TraceFormatError(index, '"step" must be a non-negative integer', source);
     req.step = r.step;
   }
   const cla = num('cla_group', false);
   if (cla !== undefined) {
-    if (!Number.isInteger(cla)) throw new TraceFormatError(index, '"cla_group" must be an integer');
+    if (!Number.isInteger(cla)) throw new TraceFormatError(index, '"cla_group" must be an integer', source);
     req.claGroup = cla;
   }
   if (r.agent_role !== undefined) {
-    if (typeof r.agent_role !== 'string') throw new TraceFormatError(index, '"agent_role" must be a string');
+    if (typeof r.agent_role !== 'string') throw new TraceFormatError(index, '"agent_role" must be a string', source);
     req.agentRole = r.agent_role;
   }
   if (r.anchors !== undefined) {
     const ids = r.anchors;
     const lengths = r.anchor_lengths;
     if (!Array.isArray(ids) || !Array.isArray(lengths) || ids.length !== lengths.length) {
-      throw new TraceFormatError(index, '"anchors" and "anchor_lengths" must be arrays of equal length');
+      throw new TraceFormatError(index, '"anchors" and "anchor_lengths" must be arrays of equal length', source);
     }
     req.anchors = ids.map((id, k) => {
       const t = lengths[k];
       if (typeof t !== 'number' || !Number.isInteger(t) || t < 0)
-        throw new TraceFormatError(index, `"anchor_lengths[${k}]" must be a non-negative integer`);
-      return { id: traceId(id, `anchors[${k}]`, index), tokens: t };
+        throw new TraceFormatError(index, `"anchor_lengths[${k}]" must be a non-negative integer`, source);
+      return { id: traceId(id, `anchors[${k}]`, index, source), tokens: t };
     });
   }
   if (r.isolate !== undefined) {
-    if (typeof r.isolate !== 'boolean') throw new TraceFormatError(index, '"isolate" must be a boolean');
+    if (typeof r.isolate !== 'boolean') throw new TraceFormatError(index, '"isolate" must be a boolean', source);
     req.isolate = r.isolate;
   }
   if (r.model !== undefined) {
-    if (typeof r.model !== 'string') throw new TraceFormatError(index, '"model" must be a string');
+    if (typeof r.model !== 'string') throw new TraceFormatError(index, '"model" must be a string', source);
     req.model = r.model;
   }
   return req;
@@ -120,9 +125,9 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
  * An id of a trace (a workflow, a content anchor) as the router takes it: a non-empty string,
  * or a number (Mooncake-style traces number them) as its decimal text.
  */
-function traceId(value: unknown, key: string, index: number): string {
+function traceId(value: unknown, key: string, index: number, source: string): string {
   if ((typeof value === 'string' && value !== '') || typeof value === 'number') return String(value);
-  throw new TraceFormatError(index, `"${key}" must be a non-empty string or a number`);
+  throw new TraceFormatError(index, `"${key}" must be a non-empty string or a number`, source);
 }
 
 /** The blocks a request counts against MAX_TRACE_BLOCKS: its hash ids, then each anchor's ceil(tokens / block size). */
@@ -142,10 +147,18 @@ export function heldBlocks(req: TraceRequest): number {
 export async function loadMooncakeTrace(path: string, defaultBlockSize = 512): Promise<TraceRequest[]> {
   const requests: TraceRequest[] = [];
   const countBlocks = traceBlockCounter(path);
-  for await (const { text, index } of traceLines(path)) {
+  for await (const { text, index } of traceLines(path, path)) {
     if (!text.trim()) continue;
     if (requests.length === MAX_TRACE_REQUESTS) throw tooManyRecords(path);
-    const req = parseTraceLine(text, index, defaultBlockSize);
+    const req = parseTraceLine(text, index, defaultBlockSize, path);
+    // the engines have one block size: a line with another is refused here, naming the file
+    const first = requests[0];
+    if (first !== undefined && req.blockSize !== first.blockSize)
+      throw new TraceFormatError(
+        index,
+        `"block_size" ${req.blockSize} differs from ${first.blockSize} (line ${first.index + 1}): a trace has one block size`,
+        path,
+      );
     countBlocks(index, heldBlocks(req));
     requests.push(req);
   }

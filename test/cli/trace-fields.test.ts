@@ -51,7 +51,7 @@ test('a late trace line the router would refuse stops simulate and tune as the t
       const r = cli(args);
       assert.equal(r.error, undefined, `${args[0]} ${name}: ${r.error?.message}`);
       assert.equal(r.status, 2, `${args[0]} ${name}: ${r.stderr}`);
-      assert.equal(r.stderr, `error: trace line 3001: ${message}\n`, `${args[0]} ${name}`);
+      assert.equal(r.stderr, `error: ${trace} line 3001: ${message}\n`, `${args[0]} ${name}`);
       assert.equal(r.stdout, '', 'nothing was run');
     }
   }

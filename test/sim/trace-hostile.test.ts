@@ -50,23 +50,44 @@ describe('Mooncake trace loader, hostile files', () => {
 
   test('a line longer than the bound is an error naming it, the rest unread', async () => {
     const path = write(`${line({})}\n{"hash_ids": [${'1,'.repeat(MAX_TRACE_LINE_CHARS / 2)}1]}\n${line({})}\n`);
-    await assert.rejects(loadMooncakeTrace(path), /^TraceFormatError: trace line 2: longer than/);
+    await assert.rejects(loadMooncakeTrace(path), (e: unknown) => {
+      assert.ok(e instanceof Error && e.name === 'TraceFormatError', String(e));
+      assert.ok(e.message.startsWith(`${path} line 2: longer than`), e.message);
+      return true;
+    });
   });
 
   test('token counts must be whole numbers within the bound, named by line', async () => {
     for (const bad of [1024.5, 1e12]) {
       await assert.rejects(
         loadMooncakeTrace(write(`${line({})}\n\n${line({ input_length: bad })}\n`)),
-        /trace line 3: "input_length" must be a whole number of tokens/,
+        /t\d+\.jsonl line 3: "input_length" must be a whole number of tokens/,
       );
       await assert.rejects(
         loadMooncakeTrace(write(`${line({ output_length: bad })}\n`)),
-        /trace line 1: "output_length" must be a whole number of tokens/,
+        /t\d+\.jsonl line 1: "output_length" must be a whole number of tokens/,
       );
       await assert.rejects(
         loadMooncakeTrace(write(`${line({ block_size: bad })}\n`)),
-        /trace line 1: "block_size" must be a whole number of tokens/,
+        /t\d+\.jsonl line 1: "block_size" must be a whole number of tokens/,
       );
+    }
+  });
+
+  test('every line error names the file, the line and the field', async () => {
+    const cases: Array<[string, string]> = [
+      ['{"timestamp": 0,', 'line 2: not valid JSON'],
+      ['[1]', 'line 2: not a JSON object'],
+      [line({ session_id: '' }), 'line 2: "session_id" must be a non-empty string or a number'],
+      [line({ block_size: 128 }), 'line 2: "block_size" 128 differs from 512 (line 1): a trace has one block size'],
+    ];
+    for (const [bad, message] of cases) {
+      const path = write(`${line({})}\n${bad}\n${line({})}\n`);
+      await assert.rejects(loadMooncakeTrace(path), (e: unknown) => {
+        assert.ok(e instanceof RangeError, String(e));
+        assert.equal(e.message, `${path} ${message}`);
+        return true;
+      });
     }
   });
 });
@@ -104,6 +125,12 @@ describe('RAGPulse loader, hostile directories', () => {
       ],
       ['0_trace.jsonl', 2, (s) => s.replace('"hash_ids": {', '"hash_ids": [1], "x": {'), /line 2: "hash_ids" must be/],
       ['0_trace.jsonl', 2, (s) => `\n\n${s.slice(0, 20)}`, /0_trace\.jsonl line 4: not valid JSON/],
+      [
+        '0_trace.jsonl',
+        2,
+        (s) => s.replace(/"session_id": "[^"]*"/, '"session_id": ""'),
+        /^0_trace\.jsonl line 2: "session_id" must be a non-empty string$/,
+      ],
     ];
     for (const [file, n, replace, expected] of cases) {
       await assert.rejects(loadRagpulse(copy((d) => editLine(d, file, n, replace))), (e: unknown) => {
