@@ -13,8 +13,11 @@ import { checkReplayable, type TraceRequest } from './trace.js';
  *   requests never hit, CLA groups never share;
  * - idealTtftMean: the mean TTFT (s) if every request ran alone on an idle engine holding
  *   every earlier block, i.e. only its truly new tokens are prefilled, in budget-sized chunks.
- * Requests the engine would refuse (over the context limit) are left out, as the simulator
- * leaves them out of its figures.
+ * Requests the engine would refuse (over the context limit, or needing more KV blocks than it
+ * has) are left out, as the simulator leaves them out of its figures. With `workerKvTokens`
+ * (workers of their own KV capacities, as the scenario gives them) a request is left out when
+ * every worker would refuse it, as the simulator refuses it before routing; one that some
+ * worker can hold counts, though a policy may send it to one too small and have it rejected.
  */
 export interface Bounds {
   infiniteCacheHitRate: number;
@@ -24,11 +27,17 @@ export interface Bounds {
 export function computeBounds(
   trace: readonly TraceRequest[],
   engine: Partial<Omit<EngineConfig, 'blockTokens'>> = {},
+  workerKvTokens?: readonly number[],
 ): Bounds {
   if (trace.length === 0) return { infiniteCacheHitRate: 0, idealTtftMean: 0 };
   checkReplayable(trace);
   const bt = trace[0].blockSize;
-  const model = new EngineModel({ ...engine, blockTokens: bt });
+  const models =
+    workerKvTokens !== undefined && workerKvTokens.length > 0
+      ? workerKvTokens.map((kvTokens) => new EngineModel({ ...engine, kvTokens, blockTokens: bt }))
+      : [new EngineModel({ ...engine, blockTokens: bt })];
+  // the step times and the blend share do not depend on the KV capacity: any worker's model gives them
+  const model = models[0];
   const { maxBatchTokens: budget, blendRecompute } = model.config;
   const seen = new Set<number>();
   const isSeen = (key: number) => seen.has(key);
@@ -41,11 +50,8 @@ export function computeBounds(
   for (const req of trace) {
     const input = Math.max(1, req.inputLength);
     const blocks = requestBlocks(req, req.isolate ? `bound-${salt++}` : undefined, scratch);
-    if (
-      model.rejection({ inputTokens: input, outputTokens: Math.max(1, req.outputLength), anchors: blocks.anchors }) !==
-      null
-    )
-      continue;
+    const limits = { inputTokens: input, outputTokens: Math.max(1, req.outputLength), anchors: blocks.anchors };
+    if (models.every((m) => m.rejection(limits) !== null)) continue;
     const cached = cachedTokensOf(blocks, input, bt, blendRecompute, isSeen);
     for (const key of blocks.keys) seen.add(key);
     for (const a of blocks.anchors) for (const key of a.keys) seen.add(key);

@@ -49,7 +49,7 @@ export function comparePolicies(
       simulate(trace, { ...options, policy: v.policy, label: policy, router: { ...options.router, ...v.router } }),
     );
   });
-  const bounds = computeBounds(trace, options.engine);
+  const bounds = computeBounds(trace, options.engine, options.scenario?.workerKvTokens);
   return {
     results,
     report: {

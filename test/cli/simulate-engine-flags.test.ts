@@ -64,3 +64,86 @@ test('simulate --trace agentic:N[:SEED] and --blend-recompute run; bad values ex
     assert.match(bad.stderr, message, args.join(' '));
   }
 });
+
+test('simulate bounds count only the requests a worker of --worker-kv-tokens can hold', () => {
+  // 2,000 tokens per worker: all but one of the generated requests need more KV blocks
+  const r = cli(
+    'simulate',
+    '--trace',
+    'workflows:40',
+    '--workers',
+    '2',
+    '--policies',
+    'cost',
+    '--worker-kv-tokens',
+    '2000,2000',
+    '--format',
+    'json',
+    '--no-progress',
+  );
+  assert.equal(r.status, 0, r.stderr);
+  const out = JSON.parse(r.stdout);
+  const [cost] = out.policies;
+  assert.ok(cost.rejected > 0, 'the small workers reject requests');
+  assert.ok(out.bounds.idealTtftMean <= cost.ttft.mean + 1e-9, `ideal ${out.bounds.idealTtftMean} > ${cost.ttft.mean}`);
+  assert.ok(out.bounds.infiniteCacheHitRate >= cost.hitRate - 1e-9);
+  // the same capacity given as --kv-tokens gives the same bounds
+  const same = cli(
+    'simulate',
+    '--trace',
+    'workflows:40',
+    '--workers',
+    '2',
+    '--policies',
+    'cost',
+    '--kv-tokens',
+    '2000',
+    '--format',
+    'json',
+    '--no-progress',
+  );
+  assert.equal(same.status, 0, same.stderr);
+  assert.deepEqual(JSON.parse(same.stdout).bounds, out.bounds);
+});
+
+test('simulate refuses a flag whose companion is missing, and an engine smaller than one KV block', () => {
+  const run = (...args: string[]) =>
+    cli('simulate', '--trace', 'workflows:2', '--policies', 'cost', '--no-progress', ...args);
+  const cases: Array<[string[], string]> = [
+    [
+      ['--state-lag-ms', '5'],
+      '--state-lag-ms needs --replicas 2 or more: it delays the state router replicas share, and one router shares none',
+    ],
+    [
+      ['--replicas', '1', '--state-lag-ms', '5'],
+      '--state-lag-ms needs --replicas 2 or more: it delays the state router replicas share, and one router shares none',
+    ],
+    [
+      ['--cancel-within-ms', '5'],
+      '--cancel-within-ms needs --cancel-rate above 0: it times the cancellations that rate draws',
+    ],
+    [
+      ['--kv-tokens', '1'],
+      "--kv-tokens 1 is less than one KV block (64 tokens, the trace's block size): the engine could hold no request",
+    ],
+    [
+      ['--workers', '2', '--worker-kv-tokens', '600,63'],
+      "--worker-kv-tokens: entry 2 (63) is less than one KV block (64 tokens, the trace's block size): the engine could hold no request",
+    ],
+  ];
+  for (const [args, message] of cases) {
+    const r = run(...args);
+    assert.equal(r.status, 2, `${args.join(' ')}: ${r.stderr}`);
+    assert.equal(r.stderr, `error: ${message}\n`);
+    assert.equal(r.stdout, '');
+  }
+  // with their companions (and a block's worth of KV) they run
+  for (const args of [
+    ['--replicas', '2', '--state-lag-ms', '5'],
+    ['--cancel-rate', '0.5', '--cancel-within-ms', '5'],
+    ['--kv-tokens', '64'],
+  ]) {
+    const r = run(...args);
+    assert.equal(r.status, 0, `${args.join(' ')}: ${r.stderr}`);
+  }
+});

@@ -126,10 +126,13 @@ describe('bounds and the pooled-LRU reference count as the engine counts', () =>
       fc.property(
         traceArb,
         fc.constantFrom('cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'),
-        (trace, policy) => {
+        // or workers of 1,024 KV tokens each, given per worker: requests of more blocks are refused
+        fc.constantFrom(undefined, [1024, 1024]),
+        (trace, policy, workerKvTokens) => {
           const engine = { kvTokens: 4096, maxModelLen: 3000 };
-          const bounds = computeBounds(trace, engine);
-          const r = simulate(trace, { workers: 2, policy, engine });
+          const bounds = computeBounds(trace, engine, workerKvTokens);
+          const scenario = workerKvTokens ? { workerKvTokens } : undefined;
+          const r = simulate(trace, { workers: 2, policy, engine, scenario });
           assert.ok(
             r.hitRate <= bounds.infiniteCacheHitRate + 1e-9,
             `${policy} hit ${r.hitRate} > ${bounds.infiniteCacheHitRate}`,

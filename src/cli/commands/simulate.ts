@@ -98,6 +98,14 @@ export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undef
   for (const key of keys) {
     if (flags[key] !== undefined) s[key] = flags[key];
   }
+  // a flag that only shapes another one's effect would be ignored without it: refused, as
+  // mock-engine refuses --replay without --events, not run as if it had been taken
+  if (flags.stateLagMs !== undefined && (flags.replicas ?? 1) < 2)
+    throw new RangeError(
+      '--state-lag-ms needs --replicas 2 or more: it delays the state router replicas share, and one router shares none',
+    );
+  if (flags.cancelWithinMs !== undefined && !(flags.cancelRate !== undefined && flags.cancelRate > 0))
+    throw new RangeError('--cancel-within-ms needs --cancel-rate above 0: it times the cancellations that rate draws');
   if (flags.workerKvTokens !== undefined) {
     if (flags.workerKvTokens.length !== flags.workers) {
       throw new RangeError(
@@ -220,6 +228,7 @@ export function registerSimulateCommand(program: Command): void {
       if (flags.report) closeSync(openOutput('--report', flags.report));
       const assignmentsFd = flags.assignments ? openOutput('--assignments', flags.assignments) : undefined;
       const { name, requests } = await loadTrace(flags.trace);
+      checkKvHoldsBlock(flags, requests[0]?.blockSize);
       const bar =
         flags.progress && process.stderr.isTTY
           ? new cliProgress.SingleBar(
@@ -272,6 +281,22 @@ export function registerSimulateCommand(program: Command): void {
       }
       process.stdout.write(flags.format === 'json' ? `${JSON.stringify(report)}\n` : renderTable(report));
     });
+}
+
+/**
+ * An engine smaller than one KV block can hold no request: every one would be rejected and the
+ * run would print figures of nothing. The block size is the trace's, known once it is read.
+ */
+function checkKvHoldsBlock(flags: SimulateFlags, blockSize: number | undefined): void {
+  if (blockSize === undefined) return;
+  const why = `less than one KV block (${blockSize} tokens, the trace's block size): the engine could hold no request`;
+  if (flags.workerKvTokens !== undefined) {
+    flags.workerKvTokens.forEach((t, i) => {
+      if (t < blockSize) throw new RangeError(`--worker-kv-tokens: entry ${i + 1} (${t}) is ${why}`);
+    });
+  } else if (flags.kvTokens !== undefined && flags.kvTokens < blockSize) {
+    throw new RangeError(`--kv-tokens ${flags.kvTokens} is ${why}`);
+  }
 }
 
 /** An output file opened (created or emptied) for writing; RangeError naming the flag otherwise. */
