@@ -72,25 +72,18 @@ test('serve --tokenizer refuses a tokenizer.json, tokenizer_config.json or chat_
   const model = join(dir, 'model');
   mkdirSync(model);
   copyFileSync(join(fixture, 'tokenizer.json'), join(model, 'tokenizer.json'));
-  const config = join(model, 'tokenizer_config.json');
-  writeFileSync(config, '');
-  truncateSync(config, MAX_TOKENIZER_CONFIG_BYTES + 1);
-  const r = serve('--tokenize', 'tokenizer', '--tokenizer-threads', '0', '--tokenizer', model);
-  assert.equal(r.status, 2, r.stderr);
-  assert.equal(
-    r.stderr,
-    `error: tokenizer config: cannot read '${config}': is larger than ${MAX_TOKENIZER_CONFIG_BYTES} bytes\n`,
-  );
-  rmSync(config);
-  const jinja = join(model, 'chat_template.jinja');
-  writeFileSync(jinja, '');
-  truncateSync(jinja, MAX_CHAT_TEMPLATE_BYTES + 1);
-  const t = serve('--tokenize', 'tokenizer', '--tokenizer-threads', '0', '--tokenizer', model);
-  assert.equal(t.status, 2, t.stderr);
-  assert.equal(
-    t.stderr,
-    `error: chat template: cannot read '${jinja}': is larger than ${MAX_CHAT_TEMPLATE_BYTES} bytes\n`,
-  );
+  // each file of the model's folder past its own limit, the others as they are
+  const pastLimit = (name: string, limit: number, label: string) => {
+    const file = join(model, name);
+    writeFileSync(file, '');
+    truncateSync(file, limit + 1);
+    const r = serve('--tokenize', 'tokenizer', '--tokenizer-threads', '0', '--tokenizer', model);
+    assert.equal(r.status, 2, r.stderr);
+    assert.equal(r.stderr, `error: ${label}: cannot read '${file}': is larger than ${limit} bytes\n`);
+    rmSync(file);
+  };
+  pastLimit('tokenizer_config.json', MAX_TOKENIZER_CONFIG_BYTES, 'tokenizer config');
+  pastLimit('chat_template.jinja', MAX_CHAT_TEMPLATE_BYTES, 'chat template');
 });
 
 test('serve and mock-engine --tokenizer refuse a file that is not a regular file', () => {

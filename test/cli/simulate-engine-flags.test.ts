@@ -66,21 +66,22 @@ test('simulate --trace agentic:N[:SEED] and --blend-recompute run; bad values ex
 });
 
 test('simulate bounds count only the requests a worker of --worker-kv-tokens can hold', () => {
+  const simulate = (...capacity: string[]) =>
+    cli(
+      'simulate',
+      '--trace',
+      'workflows:40',
+      '--workers',
+      '2',
+      '--policies',
+      'cost',
+      ...capacity,
+      '--format',
+      'json',
+      '--no-progress',
+    );
   // 2,000 tokens per worker: all but one of the generated requests need more KV blocks
-  const r = cli(
-    'simulate',
-    '--trace',
-    'workflows:40',
-    '--workers',
-    '2',
-    '--policies',
-    'cost',
-    '--worker-kv-tokens',
-    '2000,2000',
-    '--format',
-    'json',
-    '--no-progress',
-  );
+  const r = simulate('--worker-kv-tokens', '2000,2000');
   assert.equal(r.status, 0, r.stderr);
   const out = JSON.parse(r.stdout);
   const [cost] = out.policies;
@@ -88,20 +89,7 @@ test('simulate bounds count only the requests a worker of --worker-kv-tokens can
   assert.ok(out.bounds.idealTtftMean <= cost.ttft.mean + 1e-9, `ideal ${out.bounds.idealTtftMean} > ${cost.ttft.mean}`);
   assert.ok(out.bounds.infiniteCacheHitRate >= cost.hitRate - 1e-9);
   // the same capacity given as --kv-tokens gives the same bounds
-  const same = cli(
-    'simulate',
-    '--trace',
-    'workflows:40',
-    '--workers',
-    '2',
-    '--policies',
-    'cost',
-    '--kv-tokens',
-    '2000',
-    '--format',
-    'json',
-    '--no-progress',
-  );
+  const same = simulate('--kv-tokens', '2000');
   assert.equal(same.status, 0, same.stderr);
   assert.deepEqual(JSON.parse(same.stdout).bounds, out.bounds);
 });
