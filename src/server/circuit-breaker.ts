@@ -102,7 +102,7 @@ export class CircuitBreaker {
    * worker answered a request (below 400) in between. Returns whether it is the worker's failure
    * (it counted, or the worker was removed: nothing to learn of it); when it is not,
    * the proxy lets the worker's first-byte deadline learn the wait (FirstByteDeadlines
-   * .waitedAtLeast), so the deadlines grow to the fleet's real latency and the fleet serves again.
+   * .overdue), so the deadlines grow to the fleet's real latency and the fleet serves again.
    * A hung engine among serving ones still opens its circuit after as many overdue first bytes
    * as before (its first one held back until the second counts, and the only one that teaches its
    * deadline). A connection refused or reset counts at once, as ever: an engine that is down is

@@ -378,12 +378,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           // follow for either: a client's error is already no failure here. A streamed answer's
           // first byte overdue counts only when the rest of the fleet served meanwhile
           // (CircuitBreaker.firstByteOverdue); otherwise the fleet is slow, not this worker, and the
-          // worker's deadline learns that it waited at least this long (FirstByteDeadlines)
+          // worker's deadline learns that it waited at least this long; counted, it drops what it
+          // learned (FirstByteDeadlines.overdue)
           if (serverErrorAnswer) (answeredServerError ??= []).push(decision.workerId);
-          else if (firstByteOverdue) {
-            if (!breaker.firstByteOverdue(decision.workerId))
-              firstByte.waitedAtLeast(decision.workerId, firstByteTimeoutMs);
-          } else if (!busy) breaker.failed(decision.workerId);
+          else if (firstByteOverdue)
+            firstByte.overdue(decision.workerId, firstByteTimeoutMs, breaker.firstByteOverdue(decision.workerId));
+          else if (!busy) breaker.failed(decision.workerId);
           if (connections.get(decision.workerId)) metrics.upstreamFailures.inc({ worker: decision.workerId });
         } else if (outcome === 'no-connection') {
           // the gateway's own limit, not the engine's failure: no breaker count, no failure metric;

@@ -121,8 +121,9 @@ export function connectionTimeoutProblem(
  * twice that plus the allowance. One such wait at most triples a fresh worker's deadline, a
  * burst of them no more than one (they all waited the same), and answers bring the mean back
  * down as before. An attempt that timed out while other workers answered is the worker's
- * failure, not the fleet's pace: it teaches nothing, so an engine that hangs is not waited for
- * longer each time it is tried.
+ * failure, not the fleet's pace: it teaches nothing and drops what the worker learned (overdue),
+ * so an engine that hangs is not waited for longer each time it is tried, nor kept at a deadline
+ * a stall of the whole fleet raised.
  */
 export class FirstByteDeadlines {
   private readonly meanMs = new Map<string, number>();
@@ -153,6 +154,20 @@ export class FirstByteDeadlines {
     if (!(ms >= 0)) return;
     const prev = this.meanMs.get(workerId) ?? 0;
     if (ms > prev) this.meanMs.set(workerId, ms);
+  }
+
+  /**
+   * An attempt on the worker waited `ms` for its first byte and gave up. `failed`: the breaker
+   * counted it against the worker (the fleet served meanwhile, CircuitBreaker.firstByteOverdue).
+   * Then what the worker learned of slow waits no longer stands for it: a stall of the whole
+   * fleet may have raised its deadline to the cap, and an engine that stays hung once the others
+   * serve again would keep it, each request sent to it waiting up to the cap before its retry.
+   * It starts again from the allowance, as a worker not yet heard. Otherwise the wait is the
+   * fleet's pace, and teaches a lower bound (waitedAtLeast).
+   */
+  overdue(workerId: string, ms: number, failed: boolean): void {
+    if (failed) this.forget(workerId);
+    else this.waitedAtLeast(workerId, ms);
   }
 
   forget(workerId: string): void {

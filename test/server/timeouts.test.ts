@@ -62,6 +62,23 @@ test('a first-byte deadline waited out teaches the worker that it takes at least
   assert.equal(d.deadlineMs('w1'), 1000, "another worker's deadline is its own");
 });
 
+test('a first byte overdue that counts against the worker drops what it learned while the whole fleet stalled', () => {
+  const d = new FirstByteDeadlines(10_000, 300_000);
+  // the whole fleet stalled: each wait, with nothing served anywhere, teaches a longer deadline
+  const learned: number[] = [];
+  for (let i = 0; i < 5; i++) {
+    d.overdue('w0', d.deadlineMs('w0'), false);
+    learned.push(d.deadlineMs('w0'));
+  }
+  assert.deepEqual(learned, [30_000, 70_000, 150_000, 300_000, 300_000]);
+  // the fleet serves again and w0 still does not answer: its wait is its own failure, and it is
+  // waited for no longer than a worker not yet heard, not the stall's 300 s
+  d.overdue('w0', d.deadlineMs('w0'), true);
+  assert.equal(d.deadlineMs('w0'), 10_000);
+  d.overdue('w0', d.deadlineMs('w0'), true);
+  assert.equal(d.deadlineMs('w0'), 10_000);
+});
+
 test('a client connection outlasts the inter-chunk timeout: an answer it waits for is not cut under it', () => {
   // an inter-chunk timeout past the default connection timeout raises it when it is not given
   assert.equal(checkTimeouts({ interChunkTimeoutMs: 600_000 }).connectionTimeoutMs, 630_000);
