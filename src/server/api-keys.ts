@@ -6,9 +6,10 @@
  * router's block hashes, so one tenant can neither reuse nor probe another's prompts.
  */
 import { createHash } from 'node:crypto';
-import { readFileSync, statSync } from 'node:fs';
+import { statSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { fileErrorMessage, shownText } from '../core/shown-text.js';
+import { readRegularFile } from '../engines/bounded-file.js';
 
 /** Largest keys file read (about 100,000 keys). */
 export const MAX_API_KEYS_FILE_BYTES = 16 * 1024 * 1024;
@@ -59,12 +60,12 @@ export function loadApiKeysFile(file: string): ApiKeys {
   let raw: unknown;
   try {
     const st = statSync(file);
-    // a pipe or device could block or never end: a keys file is a regular file of bounded size
+    // a pipe or device could block or never end: a keys file is a regular file of bounded size,
+    // read as readRegularFile checks it (through the opened file: nothing swapped in between)
     if (!st.isFile()) throw new RangeError('is not a regular file');
-    if (st.size > MAX_API_KEYS_FILE_BYTES) throw new RangeError(`is larger than ${MAX_API_KEYS_FILE_BYTES} bytes`);
     if ((st.mode & 0o077) !== 0)
       throw new RangeError(`is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
-    raw = parseYaml(readFileSync(file, 'utf8'));
+    raw = parseYaml(readRegularFile(file, MAX_API_KEYS_FILE_BYTES));
   } catch (err) {
     throw new RangeError(`--api-keys-file ${shownText(file)}: ${fileErrorMessage(err, file)}`, { cause: err });
   }
