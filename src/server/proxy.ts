@@ -162,7 +162,14 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     };
     // (the name is a string of its own, not part of the body's text: holding it holds no body bytes)
     const model = prepared.body.model;
-    const notServing = connections.withoutModel(model);
+    let notServing = connections.withoutModel(model);
+    // before answering that no worker serves the model, what the engines list is read again (at
+    // most once a second, refreshModels()): an engine may have loaded the adapter, or restarted
+    // with it, since its list was last read
+    if (notServing.size > 0 && notServing.size === connections.size) {
+      await connections.refreshModels();
+      notServing = connections.withoutModel(model);
+    }
     if (notServing.size > 0 && notServing.size === connections.size) {
       return answered(reply)
         .code(404)
@@ -424,6 +431,15 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       else {
         const served = reply.raw.statusCode < 400;
         breaker.answered(decision.workerId, served);
+        // an engine's 404 on a completion path is its model-not-found (vLLM: {"error": {"type":
+        // "NotFoundError", …}}): requests go only to workers whose engines list the model, or whose
+        // list was never read, so its list was unknown or is out of date; it is read again for the
+        // next requests. The 404 itself is passed on, not retried elsewhere: it is the engine's word
+        // on the client's name (a name no engine serves would otherwise cost an attempt on every
+        // worker whose list is unknown, up to the retries, and end as the gateway's 502 instead of
+        // the engine's 404), and a worker whose engine lists the model is chosen over it from the
+        // first read that answers
+        if (reply.raw.statusCode === 404) void connections.refreshModels();
         // another worker answered (a client's error is no answer that clears the request)
         if (served && answeredServerError) for (const id of answeredServerError) breaker.failed(id);
       }

@@ -43,8 +43,14 @@ export interface WorkerConnection {
   pool: Pool;
   /** Its connections as the proxy takes them: a request waits here, not in the pool, for a free one (shared by the ranks, as the pool is). */
   slots: ConnectionSlots;
-  /** The models it serves, when it says. */
+  /** The models it serves, when its operator says (`models=`). */
   models?: ReadonlySet<string>;
+  /**
+   * The ids its engine listed in the last /v1/models read that answered (its models and LoRA
+   * adapters); undefined until one answers. Without `models=`, these decide which requests it
+   * takes (withoutModel()).
+   */
+  listed?: ReadonlySet<string>;
   subscriber?: KvEventSubscriber;
   /** The worker's own id (its ranks share it). */
   workerId: string;
@@ -110,6 +116,11 @@ export function modelEntries(answer: unknown): Array<{ id: string }> | undefined
 
 /** Largest /tokenize answer read (token ids take about 7 bytes each: millions of tokens). */
 const MAX_TOKENIZE_BYTES = 64 * 1024 * 1024;
+/**
+ * Least time between two re-reads of every worker's /v1/models asked by requests
+ * (refreshModels()): a client's made-up model names must not become a stream of reads.
+ */
+const MODELS_REFRESH_MS = 1000;
 /** The whole /v1/models or /tokenize exchange, body included, must end within this (ms). */
 const SIDE_REQUEST_DEADLINE_MS = 4000;
 
@@ -134,7 +145,10 @@ export interface WorkerConnectionsOptions {
   healthCheckIntervalMs: number;
   /** Longest wait for one health probe's answer (default DEFAULT_HEALTH_CHECK_TIMEOUT_MS). */
   healthCheckTimeoutMs?: number;
-  /** Interval of re-reading each worker's /v1/models for LoRA adapters (default 30 s; 0: at start only). */
+  /**
+   * Interval of re-reading each worker's /v1/models for the models and LoRA adapters it serves
+   * (default 30 s; 0: only when it is added or comes back into rotation, and refreshModels()).
+   */
   modelsIntervalMs?: number;
   log: (message: string) => void;
   /** Most connections to one engine (default DEFAULT_ENGINE_CONNECTIONS; the ranks of a worker share them). */
@@ -217,8 +231,19 @@ export class WorkerConnections {
    * kept (at most MAX_KEPT_MODELS): a client's made-up names would grow it without bound.
    */
   private readonly withoutModelByName = new Map<string, ReadonlySet<string>>();
-  /** The workers that list their models: those not serving a name none of them lists (made when first asked). */
+  /**
+   * The workers whose operator lists their models (`models=`): those not serving a name no worker
+   * lists (made when first asked).
+   */
   private listing: ReadonlySet<string> | undefined;
+  /** The workers whose models are known, from `models=` or their engine's /v1/models (made when first asked). */
+  private known: ReadonlySet<string> | undefined;
+  /** Each worker's /v1/models read under way, by the worker's own id: reads asked meanwhile share it. */
+  private readonly reading = new Map<string, Promise<void>>();
+  /** The re-read of every worker's /v1/models under way (refreshModels()). */
+  private refreshing: Promise<void> | undefined;
+  /** When the last refreshModels() re-read began (performance.now()). */
+  private refreshedAt = -Infinity;
 
   private readonly engineConnections: number;
   private readonly keyEnvs: EngineKeyEnvs;
@@ -350,6 +375,10 @@ export class WorkerConnections {
   private backInRotation(id: string): void {
     this.endGrace(id);
     this.rotationGained();
+    // what it serves is read again: an engine that was not up when the worker was added (vLLM
+    // loading its weights), or that restarted with other adapters, lists them now
+    const workerId = this.connections.get(id)?.workerId;
+    if (workerId !== undefined) void this.readAdapters(workerId);
     if (!this.mayHaveRestarted.delete(id) || !this.connections.has(id)) return;
     this.options.applier.clearWorker(id);
     this.options.log(`${id}: index entries dropped (it was unreachable and may have restarted)`);
@@ -544,24 +573,64 @@ export class WorkerConnections {
   }
 
   /**
-   * Reads a worker's LoRA adapters from its /v1/models (entries with a parent, as vLLM lists them).
-   * A worker that lists an adapter it did not serves its requests from now: those kept on workers
-   * out of rotation may move there, as when a worker comes into rotation.
+   * Reads what a worker serves from its /v1/models: the ids it lists, and among them its LoRA
+   * adapters (entries with a parent, as vLLM lists them). A worker that lists a model or an
+   * adapter it did not serves its requests from now: those kept on workers out of rotation may
+   * move there, as when a worker comes into rotation. Reads asked while one is under way share it.
    */
-  async readAdapters(workerId: string): Promise<void> {
-    const firstId = this.groups.get(workerId)?.[0] ?? '';
-    const first = this.connections.get(firstId);
+  readAdapters(workerId: string): Promise<void> {
+    let read = this.reading.get(workerId);
+    if (read === undefined) {
+      const reading = this.readModelList(workerId).finally(() => {
+        if (this.reading.get(workerId) === reading) this.reading.delete(workerId);
+      });
+      this.reading.set(workerId, (read = reading));
+    }
+    return read;
+  }
+
+  private async readModelList(workerId: string): Promise<void> {
+    const ids = this.groups.get(workerId) ?? [];
+    const first = this.connections.get(ids[0] ?? '');
     const models = first && (await this.listModels(first));
     // an engine that does not answer keeps what it listed before; one removed meanwhile serves nothing
-    if (!models || this.connections.get(firstId) !== first) return;
-    const listed = adaptersFromModels(models);
-    let gained = false;
-    for (const name of listed.keys()) if (!first.adapters.has(name)) gained = true;
-    const changed = gained || listed.size !== first.adapters.size;
+    if (!models || this.connections.get(ids[0]!) !== first) return;
+    const adapters = adaptersFromModels(models);
+    const listed = new Set(models.map((m) => m.id));
+    let gained = first.listed === undefined;
+    for (const name of adapters.keys()) if (!first.adapters.has(name)) gained = true;
+    for (const id of listed) if (!first.listed?.has(id)) gained = true;
+    const changed = gained || adapters.size !== first.adapters.size || listed.size !== first.listed?.size;
     first.adapters.clear();
-    for (const [name, parent] of listed) first.adapters.set(name, parent);
+    for (const [name, parent] of adapters) first.adapters.set(name, parent);
+    // the ranks share the engine's answer
+    for (const id of ids) {
+      const c = this.connections.get(id);
+      if (c) c.listed = listed;
+    }
     if (changed) this.modelsChanged();
     if (gained) this.rotationGained();
+  }
+
+  /**
+   * Reads every worker's /v1/models again, at most once per MODELS_REFRESH_MS: before the gateway
+   * answers that no worker serves a model (an engine may list it since its last read: an adapter
+   * loaded, an engine restarted with others), and after an engine answered a request 404. Callers
+   * during a re-read share it; between re-reads nothing is read, so clients asking for names no
+   * engine serves cost the engines one read each per interval, however many they send.
+   */
+  refreshModels(): Promise<void> {
+    if (this.refreshing) return this.refreshing;
+    const now = performance.now();
+    if (now - this.refreshedAt < MODELS_REFRESH_MS) return Promise.resolve();
+    this.refreshedAt = now;
+    const refreshing = Promise.all([...this.groups.keys()].map((id) => this.readAdapters(id))).then(
+      () => {},
+      () => {},
+    );
+    this.refreshing = refreshing;
+    void refreshing.finally(() => (this.refreshing = undefined));
+    return refreshing;
   }
 
   /**
@@ -593,6 +662,8 @@ export class WorkerConnections {
     if (ids.length === 0) return false;
     const first = this.connections.get(ids[0])!;
     this.groups.delete(first.workerId);
+    // a worker added under its id again reads its own list, not the end of this one's read
+    this.reading.delete(first.workerId);
     void first.pool.close().catch(() => {}); // lets its in-flight requests finish
     let removed = false;
     for (const rid of ids) {
@@ -628,28 +699,35 @@ export class WorkerConnections {
   }
 
   /**
-   * Workers that list their models and `model` is not among them (nor among their LoRA adapters),
-   * as they are now. Kept per model until the model lists change (the same set is answered until
-   * then, a new one after): the proxy asks at each attempt, and most requests ask for a model the
-   * workers list.
+   * Workers whose models are known and `model` is not among them, as they are now. A worker's
+   * models are those its operator lists (`models=`) and the LoRA adapters its engine lists, or
+   * without `models=`, every id its engine listed in its last /v1/models read: a fleet of engines
+   * serving different models needs no `models=` for requests to go to the right ones. A worker
+   * whose engine never answered that read is left out of nothing (nothing is refused on
+   * information the gateway does not have). A name no worker serves leaves out only the workers
+   * with `models=`: the others' engines have the last word on it (SGLang takes `base:adapter`
+   * names it does not list; an adapter may be loaded since the last read), and answer it, with
+   * vLLM's 404 when they do not serve it. Kept per model until the model lists change (the same
+   * set is answered until then, a new one after): the proxy asks at each attempt, and most
+   * requests ask for a model the workers list.
    */
   withoutModel(model: unknown): ReadonlySet<string> {
     if (typeof model !== 'string') return NO_WORKERS;
-    // no worker lists its models (the usual fleet): every worker serves every model, and no name
-    // costs a look at each worker
-    const listing = (this.listing ??= this.listingWorkers());
-    if (listing.size === 0) return NO_WORKERS;
+    // no worker's models are known: every worker serves every model, and no name costs a look at
+    // each worker
+    const known = (this.known ??= this.knownWorkers());
+    if (known.size === 0) return NO_WORKERS;
     const kept = this.withoutModelByName.get(model);
     if (kept !== undefined) return kept;
     let listed = false;
     for (const c of this.connections.values())
-      if (c.models?.has(model) || c.adapters.has(model)) {
+      if (serves(c, model)) {
         listed = true;
         break;
       }
-    if (!listed) return listing;
+    if (!listed) return (this.listing ??= this.listingWorkers());
     const out = new Set<string>();
-    for (const [id, c] of this.connections) if (c.models && !c.models.has(model) && !c.adapters.has(model)) out.add(id);
+    for (const [id, c] of this.connections) if (serves(c, model) === false) out.add(id);
     // full (clients cycling through more adapters than are kept): started again, so the names
     // asked for now are kept, not only the first ones ever asked for
     if (this.withoutModelByName.size >= MAX_KEPT_MODELS) this.withoutModelByName.clear();
@@ -657,10 +735,17 @@ export class WorkerConnections {
     return out;
   }
 
-  /** The workers that list their models. */
+  /** The workers whose operator lists their models. */
   private listingWorkers(): Set<string> {
     const out = new Set<string>();
     for (const [id, c] of this.connections) if (c.models) out.add(id);
+    return out;
+  }
+
+  /** The workers whose models are known (from `models=` or their engine's list). */
+  private knownWorkers(): Set<string> {
+    const out = new Set<string>();
+    for (const [id, c] of this.connections) if (c.models || c.listed) out.add(id);
     return out;
   }
 
@@ -668,6 +753,7 @@ export class WorkerConnections {
   private modelsChanged(): void {
     this.withoutModelByName.clear();
     this.listing = undefined;
+    this.known = undefined;
   }
 
   /**
@@ -777,6 +863,15 @@ export class WorkerConnections {
     await Promise.all([...this.connections.values()].map((c) => c.subscriber?.close()));
     await Promise.all(this.closing);
   }
+}
+
+/**
+ * Whether the worker serves `model`: with `models=`, those and its engine's adapters; without, what
+ * its engine listed; undefined when its engine never answered (nothing is known).
+ */
+function serves(c: WorkerConnection, model: string): boolean | undefined {
+  if (c.models) return c.models.has(model) || c.adapters.has(model);
+  return c.listed?.has(model);
 }
 
 /**

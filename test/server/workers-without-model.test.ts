@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { test, type TestContext } from 'node:test';
 import { fakeEngine, type FakeEngine } from '../faults/harness.js';
 import { keptRequest, quietConnections } from '../helpers/worker-connections.js';
+import { until } from '../helpers/wait.js';
 
 /** An engine whose /v1/models lists `listed.entries` (changed by the test), and connections with no polling of their own. */
 async function listingEngine(t: TestContext) {
@@ -89,13 +90,45 @@ test('past the kept answers, a name listed is still answered from what is kept, 
   assert.equal(connections.withoutModel('lora-7'), adapter);
 });
 
-test('a fleet whose workers list no models: every name is served everywhere, one shared answer', async (t) => {
+test('without models=, the lists the engines gave decide; a worker whose list was never read takes every name', async (t) => {
   const { listed, engine, connections } = await listingEngine(t);
+  const other = await fakeEngine((req, res) => {
+    req.resume();
+    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ data: [{ id: 'm2' }] }));
+  });
+  t.after(() => other.close());
+  // nothing listens at a's URL: its list is never read
   connections.add({ id: 'a', url: 'http://127.0.0.1:9' });
   connections.add({ id: 'b', url: engine.url });
+  connections.add({ id: 'c', url: other.url });
   listed.entries = WITH_ADAPTER;
   await connections.readAdapters('b');
-  const answer = connections.withoutModel('m');
-  assert.deepEqual([...answer], []);
-  for (const name of ['m-lora', 'made-up', 'm']) assert.equal(connections.withoutModel(name), answer, name);
+  await connections.readAdapters('c');
+  assert.deepEqual([...connections.withoutModel('m')], ['c']);
+  assert.deepEqual([...connections.withoutModel('m-lora')], ['c']);
+  assert.deepEqual([...connections.withoutModel('m2')], ['b']);
+  // a name no engine lists: the engines have the last word on it (SGLang's base:adapter names,
+  // an adapter loaded since the last read)
+  assert.deepEqual([...connections.withoutModel('made-up')], []);
+});
+
+test('a worker coming back into rotation has its list read again', async (t) => {
+  const { listed, engine, health, connections } = await listingEngine(t);
+  let up = false;
+  const starting = await fakeEngine((req, res) => {
+    req.resume();
+    if (!up) return void res.writeHead(503).end();
+    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ data: listed.entries }));
+  });
+  t.after(() => starting.close());
+  connections.add({ id: 'a', url: engine.url, models: ['m'] });
+  connections.add({ id: 'b', url: starting.url, models: ['m'] });
+  await connections.readAdapters('a');
+  await connections.readAdapters('b');
+  assert.deepEqual([...connections.withoutModel('m-lora')], ['a', 'b']);
+  health.set('b', 'health-check', false, 'connection refused');
+  listed.entries = WITH_ADAPTER;
+  up = true;
+  health.set('b', 'health-check', true);
+  await until(() => !connections.withoutModel('m-lora').has('b'), 'b listing the adapter');
 });
