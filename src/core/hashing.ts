@@ -76,6 +76,7 @@ export interface HashNamespace {
 
 import type { BlockKeySource } from './block-index.js';
 import { BLOCK_HASH_WASM } from './wasm/block-hash-wasm.js';
+import { contentPartText, contentPartType, contentPartUuid } from './chat-messages.js';
 
 const SEED_HI = 0x6a09e667;
 const SEED_LO = 0xbb67ae85;
@@ -419,10 +420,23 @@ export function hashTextBlocks(
   return runWasmHash(Math.floor(written / chunkBytes) * blockWords, blockWords, out);
 }
 
+/**
+ * A chat content part as the OpenAI API and vLLM send it (checked by checkChatMessages): a
+ * `type` with its field (`text`, `image_url`, …), or, without a type or with a `uuid`, a
+ * media field that says what it is.
+ */
+export interface ChatContentPart {
+  type?: string | null;
+  text?: string | null;
+  image_url?: { url: string | null } | string | null;
+  uuid?: string | null;
+  [field: string]: unknown;
+}
+
 /** A chat message as the OpenAI API sends it. */
 export interface ChatMessage {
   role: string;
-  content?: string | null | ReadonlyArray<{ type: string; text?: string; image_url?: { url: string } | string }>;
+  content?: string | null | ReadonlyArray<ChatContentPart | string>;
   name?: string;
 }
 
@@ -436,15 +450,76 @@ export function canonicalChatText(messages: readonly ChatMessage[]): string {
     s += `<|${m.role}${m.name ? ':' + m.name : ''}|>\n`;
     const c = m.content;
     if (typeof c === 'string') s += c;
-    else if (Array.isArray(c)) {
-      for (const part of c) {
-        if (part.type === 'text') s += part.text ?? '';
-        else if (part.image_url)
-          s += `[${part.type}:${typeof part.image_url === 'string' ? part.image_url : part.image_url.url}]`;
-        else s += `[${part.type}]`;
-      }
-    }
+    else if (Array.isArray(c))
+      for (const part of c as ReadonlyArray<ChatContentPart | string>) s += canonicalPartText(part);
     s += '\n';
   }
   return s;
+}
+
+/**
+ * A content part in the canonical text, the same for parts vLLM reads alike: a text-like part
+ * (a plain string, text, input_text, output_text, refusal, thinking) is its text, one vLLM
+ * skips is nothing; media named by a uuid is `[type#uuid]` (the engine's cache knows it by
+ * that id, whatever URL or data comes with it); a URL part is `[type:url]`; inline data is
+ * `[type:digest]`, the digest independent of the order of an object's fields.
+ */
+function canonicalPartText(part: ChatContentPart | string): string {
+  const text = contentPartText(part);
+  if (text !== undefined) return text ?? '';
+  const type = contentPartType(part);
+  const uuid = contentPartUuid(part);
+  if (uuid !== undefined) return `[${type}#${uuid}]`;
+  const p = part as Record<string, unknown>;
+  switch (type) {
+    case 'image_url':
+    case 'audio_url':
+    case 'video_url':
+    case 'input_image': {
+      const media = p[type === 'input_image' ? 'image_url' : type];
+      const url = typeof media === 'string' ? media : (media as { url?: unknown } | null | undefined)?.url;
+      return typeof url === 'string' ? `[${type}:${url}]` : `[${type}]`;
+    }
+    case 'input_audio':
+    case 'image_embeds':
+    case 'audio_embeds':
+      return `[${type}:${dataDigest(p[type])}]`;
+    case 'prompt_embeds':
+      return `[${type}:${dataDigest(p.data)}]`;
+    case 'tool_reference':
+      return `[${type}:${typeof p.name === 'string' ? p.name : ''}]`;
+    default:
+      return `[${type}]`;
+  }
+}
+
+/** A short digest of inline media (a string, or an object of them), its fields in sorted order. */
+function dataDigest(data: unknown): string {
+  let h1 = 0x811c9dc5;
+  let h2 = 0x01000193;
+  let n = 0;
+  const mix = (s: string) => {
+    for (let i = 0; i < s.length; i++) {
+      const c = s.charCodeAt(i);
+      h1 = Math.imul(h1 ^ c, 0x01000193);
+      h2 = Math.imul(h2 ^ c, 0x5bd1e995);
+    }
+    n += s.length;
+    h1 = Math.imul(h1 ^ 0xff, 0x01000193);
+    h2 = Math.imul(h2 ^ 0xff, 0x5bd1e995);
+  };
+  const walk = (v: unknown) => {
+    if (typeof v === 'string') mix(v);
+    else if (Array.isArray(v)) {
+      mix('[');
+      for (const item of v as unknown[]) walk(item);
+    } else if (v !== null && typeof v === 'object' && !Array.isArray(v))
+      for (const key of Object.keys(v).sort()) {
+        mix(key);
+        walk((v as Record<string, unknown>)[key]);
+      }
+    else mix(String(v));
+  };
+  walk(data);
+  return `${n}:${fmix32(h1).toString(16)}${fmix32(h2).toString(16)}`;
 }

@@ -4,8 +4,8 @@ import { dirname, join } from 'node:path';
 import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { LRUCache } from 'lru-cache';
-import type { ChatMessage } from '../core/hashing.js';
-import { checkChatMessages } from '../core/chat-messages.js';
+import type { ChatContentPart, ChatMessage } from '../core/hashing.js';
+import { checkChatMessages, contentPartText, contentPartType } from '../core/chat-messages.js';
 import type { RouteRequest } from '../core/router/index.js';
 import { fileErrorMessage, quotedText } from '../core/shown-text.js';
 import {
@@ -56,13 +56,6 @@ const RESERVED_KWARGS = new Set([
   'tokenize',
   'conversation',
 ]);
-const TEXT_PARTS: Record<string, string> = {
-  text: 'text',
-  input_text: 'text',
-  output_text: 'text',
-  refusal: 'refusal',
-  thinking: 'thinking',
-};
 /** Appended to the final message for continue_final_message, as transformers' render_jinja_template. */
 const CONTINUE_TAG = 'CONTINUE_FINAL_MESSAGE_TAG ';
 
@@ -307,24 +300,21 @@ export class ChatTokenizer implements PromptTokenizer {
   /** One message (checked by checkChatMessages) as vLLM passes it to the template. */
   private message(raw: unknown, i: number): Record<string, unknown> {
     const m = raw as Record<string, unknown>;
-    const parts =
+    const parts: ReadonlyArray<ChatContentPart | string> =
       m.content === null || m.content === undefined
         ? []
         : typeof m.content === 'string'
-          ? [{ type: 'text', text: m.content }]
-          : (m.content as Record<string, unknown>[]);
+          ? [m.content]
+          : (m.content as ReadonlyArray<ChatContentPart | string>);
     const texts: string[] = [];
-    for (const [k, p] of parts.entries()) {
-      const type = p.type as string;
-      const field = TEXT_PARTS[type];
-      if (field === undefined)
+    for (const [k, part] of parts.entries()) {
+      // a plain string and every text-like part are text to vLLM; one with a null text is skipped
+      const text = contentPartText(part);
+      if (text === undefined)
         throw new UntokenizableContentError(
-          `messages[${i}].content[${k}]: a ${type} part cannot be tokenized by the router (text parts only)`,
+          `messages[${i}].content[${k}]: a ${contentPartType(part)} part cannot be tokenized by the router (text parts only)`,
         );
-      const text = p[field];
-      if (text === null || text === undefined) continue;
-      if (typeof text !== 'string') throw new RangeError(`messages[${i}].content[${k}].${field} must be a string`);
-      texts.push(text);
+      if (text !== null) texts.push(text);
     }
     const out: Record<string, unknown> = {
       role: m.role,

@@ -3,10 +3,11 @@ import { readFileSync } from 'node:fs';
 import { after, describe, test } from 'node:test';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { checkChatMessages, CONTENT_PART_TYPES } from '../../src/core/chat-messages.js';
-import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
+import { ChatTokenizer, UntokenizableContentError } from '../../src/engines/chat-tokenizer.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { readMessages, RequestLimitError } from '../../src/server/request-limits.js';
+import { REFUSED_PARTS, VLLM_PARTS } from '../helpers/content-parts.js';
 
 /** Bad messages, the field each is refused for, and the message. */
 const BAD: Array<{ messages: unknown; field: string; message: string | RegExp }> = [
@@ -28,26 +29,12 @@ const BAD: Array<{ messages: unknown; field: string; message: string | RegExp }>
     field: 'messages[0].content',
     message: 'messages[0].content must be a string, null or a list of content parts',
   },
-  {
-    messages: [{ role: 'user', content: ['hi'] }],
-    field: 'messages[0].content[0]',
-    message: 'messages[0].content[0] must be a content part object',
-  },
-  {
-    messages: [{ role: 'user', content: [{ type: 'evil' }] }],
-    field: 'messages[0].content[0].type',
-    message: /^messages\[0\]\.content\[0\]\.type must be one of text, image_url, /,
-  },
-  {
-    messages: [{ role: 'user', content: [{ type: 'text', text: 5 }] }],
-    field: 'messages[0].content[0].text',
-    message: 'messages[0].content[0].text must be a string',
-  },
-  {
-    messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { href: 'x' } }] }],
-    field: 'messages[0].content[0].image_url',
-    message: 'messages[0].content[0].image_url must be a URL string or {url}',
-  },
+  // each part vLLM refuses, after a good one (vllm/entrypoints/chat_utils.py)
+  ...REFUSED_PARTS.map(({ part, field, message }) => ({
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'look' }, part] }],
+    field: `messages[0].content[1]${field}`,
+    message: typeof message === 'string' ? `messages[0].content[1]${message}` : message,
+  })),
 ];
 
 const GOOD = [
@@ -63,6 +50,8 @@ const GOOD = [
   { role: 'user', content: [{ type: 'image_url', image_url: { url: 'http://x/y.png' } }] },
   { role: 'assistant', content: null },
   { role: 'tool' },
+  // each part vLLM takes beyond OpenAI's own, after a good one
+  ...VLLM_PARTS.map(({ part }) => ({ role: 'user', content: [{ type: 'text', text: 'look' }, part] })),
 ];
 
 const matches = (actual: string, expected: string | RegExp) =>
@@ -71,10 +60,14 @@ const matches = (actual: string, expected: string | RegExp) =>
 describe('the chat-message check', () => {
   test('good messages pass and come back as they are', () => {
     assert.equal(checkChatMessages(GOOD), GOOD);
-    for (const type of CONTENT_PART_TYPES) {
-      const part = type === 'text' || type === 'input_text' ? { type, text: 't' } : { type };
-      assert.doesNotThrow(() => checkChatMessages([{ role: 'user', content: [part] }]), type);
-    }
+    for (const { name, part } of VLLM_PARTS)
+      assert.doesNotThrow(() => checkChatMessages([{ role: 'user', content: [part] }]), name);
+    // every type is taken in the shape vLLM reads it in
+    const types = new Set(VLLM_PARTS.map(({ part }) => (part as { type?: unknown }).type));
+    for (const type of CONTENT_PART_TYPES) if (type !== 'file') assert.ok(types.has(type), type);
+    assert.doesNotThrow(() =>
+      checkChatMessages([{ role: 'user', content: [{ type: 'file', file: { file_id: 'f' } }] }]),
+    );
   });
 
   test('each bad field is reported with its path, through the error the caller builds', () => {
@@ -153,7 +146,22 @@ describe('every place messages enter refuses the same messages alike', () => {
       assert.equal(error.param, bad.field);
       matches(error.message, bad.message);
     }
-    assert.equal(router.route({ messages: GOOD }).workerId, 'w0');
+    assert.equal(router.route({ messages: GOOD as never }).workerId, 'w0');
     assert.equal(router.route({ messages: [] }).blocks, 0);
+  });
+
+  test('the chat tokenizer reads a plain string and each text-like part as text; media without a type is media', () => {
+    const tokens = (...content: unknown[]) =>
+      tokenizer.tokenizeChatRequest({ messages: [{ role: 'user', content }] as never });
+    const hi = tokens({ type: 'text', text: 'hi' });
+    assert.deepEqual(tokens('hi'), hi);
+    assert.deepEqual(tokens({ type: 'thinking', thinking: 'hi' }), hi);
+    assert.deepEqual(tokens({ type: 'output_text', text: 'hi' }), hi);
+    assert.deepEqual(tokens({ type: 'text', text: null }, 'hi'), hi);
+    for (const media of [{ image_url: 'http://x/a.png' }, { type: 'image_url', image_url: null, uuid: 'img-1' }])
+      assert.throws(
+        () => tokens('hi', media),
+        (e: Error) => e instanceof UntokenizableContentError && /a image_url part cannot be tokenized/u.test(e.message),
+      );
   });
 });

@@ -153,6 +153,50 @@ describe('text mode', () => {
     assert.match(parts, /look\[image_url:http:\/\/x\/img.png\]/);
   });
 
+  test('content parts vLLM reads alike have the same canonical text', () => {
+    const text = (...content: unknown[]) => canonicalChatText([{ role: 'user', content: content as never }]);
+    // a plain string and each text-like part are text, as vLLM renders them
+    const hi = text({ type: 'text', text: 'hi' });
+    for (const part of [
+      'hi',
+      { type: 'input_text', text: 'hi' },
+      { type: 'output_text', text: 'hi' },
+      { type: 'refusal', refusal: 'hi' },
+      { type: 'thinking', thinking: 'hi' },
+    ])
+      assert.equal(text(part), hi, JSON.stringify(part));
+    // a text part with no text is skipped
+    assert.equal(text({ type: 'text', text: null }, 'hi'), hi);
+    assert.equal(text({ type: 'refusal' }, 'hi'), hi);
+    // a part without a type is the part its media field names
+    const image = text({ type: 'image_url', image_url: { url: 'http://x/a.png' } });
+    assert.equal(text({ image_url: 'http://x/a.png' }), image);
+    assert.equal(text({ type: null, image_url: { url: 'http://x/a.png' } }), image);
+    assert.equal(
+      text({ type: 'video_url', video_url: 'http://x/v.mp4' }),
+      text({ video_url: { url: 'http://x/v.mp4' } }),
+    );
+    assert.notEqual(text({ audio_url: 'http://x/a.png' }), image);
+    // media named by a uuid is that media, whatever else the part says
+    const cached = text({ type: 'image_url', image_url: null, uuid: 'img-1' });
+    assert.equal(text({ image_url: { url: 'http://x/a.png' }, uuid: 'img-1' }), cached);
+    assert.notEqual(text({ type: 'image_url', image_url: null, uuid: 'img-2' }), cached);
+    assert.notEqual(cached, image);
+    assert.notEqual(text({ audio_url: null, uuid: 'img-1' }), cached);
+    // a null uuid is no uuid
+    assert.equal(text({ type: 'image_url', image_url: 'http://x/a.png', uuid: null }), image);
+    // media with different data differ; the same data in a different key order does not
+    assert.notEqual(
+      text({ type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } }),
+      text({ type: 'input_audio', input_audio: { data: 'BBBB', format: 'wav' } }),
+    );
+    assert.equal(
+      text({ type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } }),
+      text({ input_audio: { format: 'wav', data: 'AAAA' } }),
+    );
+    assert.notEqual(text({ type: 'tool_reference', name: 'f' }), text({ type: 'tool_reference', name: 'g' }));
+  });
+
   test('rejects a chunk size that is not a positive multiple of 4', () => {
     assert.throws(() => hashTextBlocks('abc', 6, undefined, new BlockHashes()), /chunkBytes/);
   });
