@@ -25,6 +25,14 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  * estimate. Among workers matching equally deep, the one that touched the deepest matched
  * node last wins (upstream caches the last tenant per node).
  *
+ * As upstream's, the tree takes a prompt when the decision is made, whatever becomes of the
+ * request: one the engine refuses, or that is released unserved, keeps its blocks (the
+ * gateway inserts in `select_worker`, before it sends the request, and never takes a prompt
+ * back). What bounds memory is a cap upstream lacks: a tree never holds more than
+ * SGLANG_HARD_CAP_FACTOR × max_tree_size characters, a decision past it evicting least
+ * recently used blocks to make room for its own, so a flood of distinct prompts cannot grow
+ * the tree for a whole interval.
+ *
  * Defaults are the gateway CLI's (sgl-model-gateway/src/main.rs, what `sglang-router` /
  * `smg launch` run with): cache_threshold 0.3, balance_abs_threshold 64,
  * balance_rel_threshold 1.5, eviction_interval 120 s, max_tree_size 67,108,864. (The
@@ -52,37 +60,173 @@ export const SGLANG_EVICTION_INTERVAL_SECS = Object.freeze({ min: 1, max: 4_294_
 /** Characters per token when sizing the tree (the router's text mode: 64-byte chunks ≈ 16 tokens). */
 export const SGLANG_CHARS_PER_TOKEN = 4;
 
-/** One worker's approximate tree: block → (last access epoch, depth). */
+/**
+ * How far past max_tree_size a tree may grow between eviction passes. Upstream lets a tree
+ * grow freely for the whole interval; at 2× the cap is reached only when a worker takes in a
+ * whole further budget of new prompt text (64 Mi characters by default) within one interval,
+ * far more than an engine's cache holds, so under normal load which prefixes survive is
+ * upstream's, yet memory stays bounded whatever the request rate.
+ */
+export const SGLANG_HARD_CAP_FACTOR = 2;
+
+const INITIAL_TREE_SLOTS = 64;
+
+/** A bucket of the tree's hash index: 32 well-mixed bits of a 53-bit block key. */
+function mixKey(key: number): number {
+  const h = Math.imul((key >>> 0) ^ Math.imul(Math.floor(key / 4294967296), 0x9e3779b1), 0x85ebca6b);
+  return Math.imul(h ^ (h >>> 15), 0xc2b2ae35) ^ (h >>> 13);
+}
+
+/**
+ * One worker's approximate tree: its blocks in least-recently-used order, kept as it changes
+ * (a doubly linked list over slots of typed arrays) so that eviction costs what it removes.
+ * An insert moves the request's blocks to the most recent end deepest first, so the list is
+ * ordered by (last access, depth descending); a node is touched whenever a descendant is, so
+ * that order is leaf-first: no node goes before its descendants and the tree stays
+ * prefix-closed as it shrinks. Blocks are found through an open-addressing index over the
+ * same slots (linear probing, deletion by backward shift): no per-block heap objects for the
+ * collector to trace, and a delete as cheap as a lookup, where a Map of a million float keys
+ * takes hundreds of milliseconds to empty.
+ */
 class ApproxTree {
-  readonly lastAccess = new Map<number, number>();
-  readonly depth = new Map<number, number>();
+  private keyAt = new Float64Array(INITIAL_TREE_SLOTS);
+  private accessAt = new Float64Array(INITIAL_TREE_SLOTS);
+  private prev = new Int32Array(INITIAL_TREE_SLOTS);
+  private next = new Int32Array(INITIAL_TREE_SLOTS);
+  /** Hash index: slot + 1 per bucket, 0 when empty; twice the slots, so at most half full. */
+  private buckets = new Int32Array(2 * INITIAL_TREE_SLOTS);
+  /** Each bucket's mixed key, so that probes and shifts read the index alone. */
+  private bucketHash = new Int32Array(2 * INITIAL_TREE_SLOTS);
+  /** Least recently used slot (evicted first), −1 when empty. */
+  private oldest = -1;
+  private newest = -1;
+  /** Free slots, chained through `next`. */
+  private freeSlot = -1;
+  /** Slots handed out so far (the high-water mark). */
+  private slotsUsed = 0;
   /** Characters the tree holds. */
   chars = 0;
 
+  has(key: number): boolean {
+    return this.find(key) >= 0;
+  }
+
+  /** The epoch of the block's last access; −1 when the tree lacks it. */
+  lastAccess(key: number): number {
+    const slot = this.find(key);
+    return slot < 0 ? -1 : this.accessAt[slot];
+  }
+
   insert(keys: Float64Array, n: number, epoch: number, charsPerBlock: number): void {
-    for (let i = 0; i < n; i++) {
-      const k = keys[i];
-      if (!this.lastAccess.has(k)) {
-        this.depth.set(k, i);
+    for (let i = n - 1; i >= 0; i--) {
+      const key = keys[i];
+      let slot = this.find(key);
+      if (slot < 0) {
+        slot = this.allocate(key);
         this.chars += charsPerBlock;
-      }
-      this.lastAccess.set(k, epoch);
+      } else this.unlink(slot);
+      this.accessAt[slot] = epoch;
+      this.append(slot);
     }
   }
 
   /** Drops least-recently-used leaves until the tree holds at most `max` characters. */
   evict(max: number, charsPerBlock: number): void {
-    if (this.chars <= max) return;
-    // a node is touched whenever a descendant is, so (oldest access, deepest first) is a
-    // leaf-first order: no node goes before its descendants
-    const entries = [...this.lastAccess.entries()];
-    entries.sort((a, b) => a[1] - b[1] || this.depth.get(b[0])! - this.depth.get(a[0])!);
-    for (const [k] of entries) {
-      if (this.chars <= max) break;
-      this.lastAccess.delete(k);
-      this.depth.delete(k);
+    while (this.chars > max && this.oldest >= 0) {
+      const slot = this.oldest;
+      this.unlink(slot);
+      this.unindex(slot);
+      this.next[slot] = this.freeSlot;
+      this.freeSlot = slot;
       this.chars -= charsPerBlock;
     }
+  }
+
+  /** The key's slot, −1 when absent. */
+  private find(key: number): number {
+    const mask = this.buckets.length - 1;
+    const hash = mixKey(key);
+    for (let b = hash & mask; ; b = (b + 1) & mask) {
+      const entry = this.buckets[b];
+      if (entry === 0) return -1;
+      if (this.bucketHash[b] === hash && this.keyAt[entry - 1] === key) return entry - 1;
+    }
+  }
+
+  private index(slot: number): void {
+    const mask = this.buckets.length - 1;
+    const hash = mixKey(this.keyAt[slot]);
+    let b = hash & mask;
+    while (this.buckets[b] !== 0) b = (b + 1) & mask;
+    this.buckets[b] = slot + 1;
+    this.bucketHash[b] = hash;
+  }
+
+  /** Removes the slot from the index, shifting later entries of its probe run back (no tombstones). */
+  private unindex(slot: number): void {
+    const { buckets, bucketHash } = this;
+    const mask = buckets.length - 1;
+    let hole = mixKey(this.keyAt[slot]) & mask;
+    while (buckets[hole] !== slot + 1) hole = (hole + 1) & mask;
+    for (let b = (hole + 1) & mask; buckets[b] !== 0; b = (b + 1) & mask) {
+      const home = bucketHash[b] & mask;
+      // the entry at b may fill the hole unless its home lies cyclically in (hole, b]
+      if (hole <= b ? home > hole && home <= b : home > hole || home <= b) continue;
+      buckets[hole] = buckets[b];
+      bucketHash[hole] = bucketHash[b];
+      hole = b;
+    }
+    buckets[hole] = 0;
+  }
+
+  private allocate(key: number): number {
+    let slot = this.freeSlot;
+    if (slot >= 0) this.freeSlot = this.next[slot];
+    else {
+      if (this.slotsUsed === this.keyAt.length) this.grow();
+      slot = this.slotsUsed++;
+    }
+    this.keyAt[slot] = key;
+    this.index(slot);
+    return slot;
+  }
+
+  /** Doubles the slots and rebuilds the index (only while the tree grows to its cap). */
+  private grow(): void {
+    const size = this.keyAt.length * 2;
+    const keyAt = new Float64Array(size);
+    keyAt.set(this.keyAt);
+    this.keyAt = keyAt;
+    const accessAt = new Float64Array(size);
+    accessAt.set(this.accessAt);
+    this.accessAt = accessAt;
+    const prev = new Int32Array(size);
+    prev.set(this.prev);
+    this.prev = prev;
+    const next = new Int32Array(size);
+    next.set(this.next);
+    this.next = next;
+    this.buckets = new Int32Array(2 * size);
+    this.bucketHash = new Int32Array(2 * size);
+    // every slot is live when the tree grows (none was free)
+    for (let slot = 0; slot < this.slotsUsed; slot++) this.index(slot);
+  }
+
+  private unlink(slot: number): void {
+    const before = this.prev[slot];
+    const after = this.next[slot];
+    if (before >= 0) this.next[before] = after;
+    else this.oldest = after;
+    if (after >= 0) this.prev[after] = before;
+    else this.newest = before;
+  }
+
+  private append(slot: number): void {
+    this.prev[slot] = this.newest;
+    this.next[slot] = -1;
+    if (this.newest >= 0) this.next[this.newest] = slot;
+    else this.oldest = slot;
+    this.newest = slot;
   }
 }
 
@@ -94,6 +238,8 @@ export class SglangPolicy implements RoutingPolicy {
   readonly balanceRelThreshold: number;
   readonly evictionIntervalMs: number;
   readonly maxTreeSize: number;
+  /** Characters past which a decision trims its worker's tree at once (SGLANG_HARD_CAP_FACTOR). */
+  readonly hardMaxTreeSize: number;
   private readonly trees: Array<ApproxTree | undefined> = [];
   private readonly request = new BlockKeys();
   private epoch = 0;
@@ -116,6 +262,7 @@ export class SglangPolicy implements RoutingPolicy {
       );
     this.evictionIntervalMs = interval * 1000;
     this.maxTreeSize = check.finiteNonNegative(options.maxTreeSize ?? 67_108_864, 'sglang.maxTreeSize');
+    this.hardMaxTreeSize = this.maxTreeSize * SGLANG_HARD_CAP_FACTOR;
   }
 
   /** Characters in a worker's approximate tree. */
@@ -148,9 +295,9 @@ export class SglangPolicy implements RoutingPolicy {
     let bestAccess = -1;
     for (let i = 0; i < n; i++) {
       const tree = this.trees[candidates[i].worker.slot];
-      const m = tree ? this.request.presentPrefix(tree.lastAccess) : 0;
+      const m = tree ? this.request.presentPrefix(tree) : 0;
       if (m === 0) continue;
-      const access = tree!.lastAccess.get(this.request.keys[m - 1])!;
+      const access = tree!.lastAccess(this.request.keys[m - 1]);
       if (m > bestMatch || (m === bestMatch && access > bestAccess)) {
         best = i;
         bestMatch = m;
@@ -178,7 +325,17 @@ export class SglangPolicy implements RoutingPolicy {
     }
     this.request.load(request.blocks);
     const tree = (this.trees[worker.slot] ??= new ApproxTree());
+    // Past the cap, the least recently used blocks make room for the request's new blocks
+    // before the insert (so the tree, and the slots behind it, stay within the cap) and what a
+    // prompt larger than the cap brings goes after it. Trimming to the cap, not to
+    // max_tree_size, costs each decision what it inserts, where a trim to max_tree_size would
+    // stall one decision for a whole budget's worth of evictions; the interval pass still
+    // trims to max_tree_size.
+    const incoming = (this.request.length - this.request.presentPrefix(tree)) * charsPerBlock;
+    if (tree.chars + incoming > this.hardMaxTreeSize)
+      tree.evict(Math.max(0, this.hardMaxTreeSize - incoming), charsPerBlock);
     tree.insert(this.request.keys, this.request.length, ++this.epoch, charsPerBlock);
+    if (tree.chars > this.hardMaxTreeSize) tree.evict(this.hardMaxTreeSize, charsPerBlock);
   }
 
   /** Upstream's `remove_tenant`: the worker's tree goes with it. */
@@ -189,7 +346,7 @@ export class SglangPolicy implements RoutingPolicy {
   scoreTerms(c: Candidate, r: RouteFeatures): Record<string, number> {
     this.request.load(r.blocks);
     const tree = this.trees[c.worker.slot];
-    const m = tree ? this.request.presentPrefix(tree.lastAccess) : 0;
+    const m = tree ? this.request.presentPrefix(tree) : 0;
     return { outstanding: outstanding(c), matchRate: this.matchRate(m, r), treeSize: this.treeSize(c.worker.slot) };
   }
 }
