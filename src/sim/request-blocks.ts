@@ -36,12 +36,21 @@ export function requestBlocks(req: TraceRequest, cacheSalt: string | undefined, 
   return blocks;
 }
 
-function computeBlocks(req: TraceRequest, cacheSalt: string | undefined, scratch: BlockHashes): RequestBlocks {
-  const ns = { claGroup: req.claGroup ?? null, cacheSalt: cacheSalt ?? null };
+/**
+ * The hash ids of the request's full prompt blocks outside its content anchors. A trace names
+ * the prompt's last, partial block too; an engine caches full blocks only, and a router hashing
+ * the prompt's tokens keys only those, so the engine model and the simulated router see these.
+ */
+export function fullBlockIds(req: TraceRequest): readonly number[] {
   let anchorTokens = 0;
   for (const a of req.anchors ?? []) anchorTokens += a.tokens;
   const full = Math.max(0, Math.floor((Math.max(1, req.inputLength) - anchorTokens) / req.blockSize));
-  const ids = req.hashIds.length > full ? req.hashIds.slice(0, full) : req.hashIds;
+  return req.hashIds.length > full ? req.hashIds.slice(0, full) : req.hashIds;
+}
+
+function computeBlocks(req: TraceRequest, cacheSalt: string | undefined, scratch: BlockHashes): RequestBlocks {
+  const ns = { claGroup: req.claGroup ?? null, cacheSalt: cacheSalt ?? null };
+  const ids = fullBlockIds(req);
   hashPrecomputedBlocks(ids, req.blockSize, ns, scratch);
   const n = scratch.length;
   const hashHi = scratch.hi.slice(0, n);

@@ -8,7 +8,7 @@ import {
   type SharedDecision,
 } from '../core/router/index.js';
 import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/index.js';
-import { requestBlocks } from './request-blocks.js';
+import { fullBlockIds, requestBlocks } from './request-blocks.js';
 import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
 import { checkReplayable, type TraceRequest } from './trace.js';
 import { percentile } from './percentile.js';
@@ -92,6 +92,8 @@ export interface RouteTrace {
    * when the request was routed: the full blocks of its prefix, no content anchors.
    */
   heldTokens: number[];
+  /** Full blocks the router was given for the prompt (its last, partial block is never one). */
+  routedBlocks: number;
   /** With SimulationOptions.explainRoutes: the router's explanation (candidate `worker` is `w<index>`). */
   explain?: CandidateExplain[];
 }
@@ -334,7 +336,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     const whole = nonStreamingShare > 0 && streamingRandom() < nonStreamingShare;
     const { replica, result: d } = router.route(
       {
-        blockHashes: req.hashIds,
+        blockHashes: fullBlockIds(req),
         blockTokens: req.blockSize,
         promptTokens: Math.max(1, req.inputLength),
         claGroup: req.claGroup ?? null,
@@ -376,6 +378,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
         worker: w,
         promptTokens: Math.max(1, req.inputLength),
         heldTokens,
+        routedBlocks: d.blocks,
         ...(d.explain ? { explain: d.explain } : {}),
       });
     }

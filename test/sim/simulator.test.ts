@@ -64,6 +64,25 @@ test('prompts past the router default maxPromptTokens run where the engines take
   assert.ok(r.hitRate > 0.4, 'the second request reuses the first one’s KV');
 });
 
+test('the router is given the full blocks of a prompt, never its partial last block', () => {
+  // a trace names the prompt's last, partial block too; an engine caches full blocks only, and a
+  // router hashing the prompt's tokens keys only those (Dynamo's, llm-d's and this one's alike)
+  const trace = [600, 1024, 1100, 100].map((inputLength, i) => ({
+    index: i,
+    timestamp: i * 60_000,
+    inputLength,
+    outputLength: 4,
+    hashIds: [1, 2, 3].slice(0, Math.ceil(inputLength / 512)),
+    blockSize: 512,
+  }));
+  const blocks: number[] = [];
+  for (const policy of ['cost', 'dynamo', 'sglang', 'llmd', 'seed']) {
+    blocks.length = 0;
+    simulate(trace, { workers: 2, policy, onRoute: (d) => blocks.push(d.routedBlocks) });
+    assert.deepEqual(blocks, [1, 2, 2, 0], policy);
+  }
+});
+
 test('onRoute reports what every engine held of each prompt when it was routed', () => {
   // three requests sharing a 4-block prefix, far apart: the second and third find it where the first ran
   const trace = [0, 1, 2].map((i) => ({
