@@ -78,6 +78,54 @@ const WRITE_BACK_WORKERS =
   "local removed = {} local all = redis.call('HGETALL', KEYS[2]) for i = 1, #all, 2 do removed[all[i]] = true end local out = {} for i = 1, #ARGV, 2 do if removed[ARGV[i]] then out[#out + 1] = -1 else out[#out + 1] = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end end return out";
 
 /**
+ * Writes workflows' workers and steps under KEYS[2..] (`wf:{id}`), ids and values in ARGV[5..]
+ * (id, value, id, value, …), for ARGV[1] ms, and records each write in the index KEYS[1]
+ * (sorted set id → the write's place: one past the newest, so the order is the order of the
+ * writes, whatever the replicas' clocks). Past ARGV[3] entries the least recently written are
+ * dropped, key (ARGV[4] .. id) and entry. With ARGV[2] = '1' it claims them (SET NX): a
+ * workflow someone wrote is left as it is. Answers 1 per workflow written, 0 per one left.
+ * Atomic: however many replicas write at once, the index holds at most ARGV[3] workflows, and
+ * so do the keys it names (an entry whose key expired stays until pushed out: at most ARGV[3]).
+ * The dropped keys are not among KEYS: a standalone server (which the store requires) allows
+ * that, and the ACL's key pattern covers them. Only commands the state's ACL grants already.
+ */
+const WRITE_WORKFLOWS = `local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+local last = tonumber(newest[2] or '0')
+local written = {}
+for i = 2, #KEYS do
+  local set
+  if ARGV[2] == '1' then set = redis.call('SET', KEYS[i], ARGV[2 * i + 2], 'PX', ARGV[1], 'NX')
+  else set = redis.call('SET', KEYS[i], ARGV[2 * i + 2], 'PX', ARGV[1]) end
+  if set then
+    last = last + 1
+    redis.call('ZADD', KEYS[1], last, ARGV[2 * i + 1])
+    written[i - 1] = 1
+  else written[i - 1] = 0 end
+end
+local over = redis.call('ZRANGE', KEYS[1], 0, -(tonumber(ARGV[3]) + 1))
+for j = 1, #over, 1000 do
+  local ids, keys = {}, {}
+  for k = j, math.min(j + 999, #over) do
+    ids[#ids + 1] = over[k]
+    keys[#keys + 1] = ARGV[4] .. over[k]
+  end
+  redis.call('ZREM', KEYS[1], unpack(ids))
+  redis.call('DEL', unpack(keys))
+end
+return written`;
+
+/** Workflows written back per WRITE_WORKFLOWS call after an outage: one short script each, not one for all. */
+const WORKFLOWS_PER_WRITE = 500;
+
+/**
+ * Workflows kept in Redis by default, per workflow a replica remembers (--workflow-capacity):
+ * a workflow that went quiet while three times as many others ran still returns to its worker
+ * (a replica that forgot it reads it back on first sight), at a few megabytes for the default
+ * 10,000 (40,000 keys; some 30 MB at most with 256-byte ids), whatever number of ids clients send.
+ */
+export const SHARED_WORKFLOWS_PER_CAPACITY = 4;
+
+/**
  * How long a worker removed through the admin API stays recorded in `{prefix}removed` (a replica
  * configured with it that starts meanwhile does not bring it back); older records are dropped
  * by the next resynchronisation, so the hash does not grow for good.
@@ -119,6 +167,12 @@ export interface RedisStateOptions {
   syncIntervalMs?: number;
   /** How long a workflow's worker is remembered after its last step (default 1 h). */
   workflowTtlMs?: number;
+  /**
+   * Most workflows kept in Redis, the least recently used dropped beyond it (default
+   * SHARED_WORKFLOWS_PER_CAPACITY times the router's workflow capacity): every workflow id a
+   * client sends is an entry, so their number must be bounded by the fleet, not the clients.
+   */
+  sharedWorkflows?: number;
   /** Lifetime of shared block entries (default 120 s, the approximate index's own). */
   predictionTtlMs?: number;
   /** Own recent decisions kept to write back after Redis lost them (default 10,000). */
@@ -167,6 +221,8 @@ interface RedisStats {
  * - Workflows: `{prefix}wf:{id}` → worker (TTL refreshed every step). A replica that sees a
  *   workflow for the first time reads it before routing (one round trip, once), and claims a
  *   new one with SET NX, so two replicas starting the same workflow at once end up agreeing.
+ *   `{prefix}workflows` indexes them by last use: past `sharedWorkflows` the least recently
+ *   used is dropped (clients choose the ids), and a replica that starts loads the newest ones.
  * - In-flight work: a decision message counts its request on the worker at every other
  *   replica as queued prefill, a prefill-done message (its first token) moves it to the
  *   decode load, and a release message (when the request ends) takes it off, so a replica sees
@@ -216,6 +272,10 @@ export class RedisStateStore implements StateStore {
   private resyncing: Promise<void> | undefined;
   private readonly syncIntervalMs: number;
   private readonly workflowTtlMs: number;
+  /** The most workflows kept in Redis (set by attach() unless configured). */
+  private sharedWorkflowLimit: number;
+  /** The most workflows looked up and not yet claimed kept (the router's workflow capacity, set by attach()). */
+  private unclaimedLimit = 1;
   private readonly predictionTtlMs: number;
   private readonly recentLimit: number;
   private readonly stallTimeoutMs: number;
@@ -238,7 +298,12 @@ export class RedisStateStore implements StateStore {
   /** Own decisions still alive, by chain key, to write back after an outage. */
   /** Own decisions by chain key, least recently written evicted beyond recentLimit; none when the limit is 0. */
   private readonly recent: LRUCache<string, { message: string; expiresAt: number }> | undefined;
-  /** Workflows looked up and found unclaimed: the decision that follows claims them. */
+  /**
+   * Workflows looked up and found unclaimed: the decision that follows claims them (SET NX).
+   * A lookup no decision follows (no worker to route to, the client gone) stays until it is
+   * the oldest of unclaimedLimit, and is dropped then: a full set must not stop new workflows
+   * from being claimed.
+   */
   private readonly unclaimed = new Set<string>();
   /** Other replicas' in-flight work: kept current by their decision/prefill-done/release messages, seeded from their snapshots. */
   private readonly remote = new RemoteLoad();
@@ -282,6 +347,8 @@ export class RedisStateStore implements StateStore {
     this.replicaId = options.replicaId ?? randomBytes(6).toString('hex');
     this.syncIntervalMs = positive(options.syncIntervalMs ?? 100, 'syncIntervalMs');
     this.workflowTtlMs = positive(options.workflowTtlMs ?? 3_600_000, 'workflowTtlMs');
+    this.sharedWorkflowLimit =
+      options.sharedWorkflows === undefined ? 0 : positiveInteger(options.sharedWorkflows, 'sharedWorkflows');
     this.predictionTtlMs = positive(options.predictionTtlMs ?? 120_000, 'predictionTtlMs');
     this.recentLimit = options.recentDecisions ?? 10_000;
     this.stallTimeoutMs = positive(options.stallTimeoutMs ?? 1000, 'stallTimeoutMs');
@@ -322,6 +389,9 @@ export class RedisStateStore implements StateStore {
 
   async attach(host: StateStoreHost): Promise<void> {
     this.host = host;
+    const capacity = host.router.workflowCapacity;
+    if (this.sharedWorkflowLimit === 0) this.sharedWorkflowLimit = SHARED_WORKFLOWS_PER_CAPACITY * capacity;
+    this.unclaimedLimit = capacity;
     // close() can come while the start waits on Redis (the gateway stopped during its start):
     // a client connected after it would stay open, and reconnect, for good
     if (this.closed) return;
@@ -354,7 +424,7 @@ export class RedisStateStore implements StateStore {
       (value) => {
         const entry = value === null ? undefined : parseWorkflow(value);
         if (entry) this.host!.router.setWorkflowAffinity(id, entry.w, entry.s);
-        else if (this.unclaimed.size < 100_000) this.unclaimed.add(id);
+        else this.markUnclaimed(id);
       },
       () => {
         this.counters.errors++;
@@ -628,6 +698,31 @@ export class RedisStateStore implements StateStore {
     );
   }
 
+  /** A workflow looked up and not found: the decision that follows claims it; the oldest such lookup makes room. */
+  private markUnclaimed(id: string): void {
+    this.unclaimed.delete(id);
+    if (this.unclaimed.size >= this.unclaimedLimit) this.unclaimed.delete(this.unclaimed.values().next().value!);
+    this.unclaimed.add(id);
+  }
+
+  /**
+   * Workflows' workers and steps ([id, encoded value], least recently used first) written into
+   * `m` in one WRITE_WORKFLOWS call, bounded in number; with `claim` only those no one wrote.
+   */
+  private writeWorkflows(m: ChainableCommander, workflows: Array<[string, string]>, claim: boolean): void {
+    m.eval(
+      WRITE_WORKFLOWS,
+      1 + workflows.length,
+      this.key('workflows'),
+      ...workflows.map(([id]) => this.key('wf', id)),
+      String(this.workflowTtlMs),
+      claim ? '1' : '0',
+      String(this.sharedWorkflowLimit),
+      this.key('wf', ''),
+      ...workflows.flat(),
+    );
+  }
+
   private remember(chain: string, message: string): void {
     this.recent?.set(chain, { message, expiresAt: Date.now() + this.predictionTtlMs });
   }
@@ -641,12 +736,11 @@ export class RedisStateStore implements StateStore {
     const value = encodeWorkflow(d.workerId, d.workflowStep);
     const claiming = d.workflowId !== undefined && this.unclaimed.delete(d.workflowId);
     // the first step anyone routed claims the workflow (NX): of two replicas starting it at once, the first wins
-    if (claiming) m.set(this.key('wf', d.workflowId!), value, 'PX', this.workflowTtlMs, 'NX');
-    else if (d.workflowId !== undefined) m.set(this.key('wf', d.workflowId), value, 'PX', this.workflowTtlMs);
+    if (d.workflowId !== undefined) this.writeWorkflows(m, [[d.workflowId, value]], claiming);
     const res = await this.run(m, 'a decision');
     if (res[0]?.[0] === null) this.counters.decisionsPublished++;
     const claim = res[res.length - 1];
-    if (claiming && claim?.[0] === null && claim[1] === null) {
+    if (claiming && claim?.[0] === null && (claim[1] as number[])[0] === 0) {
       // lost the claim: follow the winner, and tell the others who had heard this replica's choice
       this.counters.workflowClaimsLost++;
       const winner = parseWorkflow((await this.cmd.get(this.key('wf', d.workflowId!))) ?? '');
@@ -919,8 +1013,13 @@ export class RedisStateStore implements StateStore {
     const push = this.cmd.pipeline();
     // registry changes made here while Redis was out of reach
     const forgetUnsynced = this.writeUnsynced(push);
-    for (const [id, e] of router.workflowAffinities())
-      push.set(this.key('wf', id), encodeWorkflow(e.workerId, e.step), 'PX', this.workflowTtlMs, 'NX');
+    // least recently used first: written in that order, the index keeps this replica's order
+    const held = [...router.workflowAffinities()].map(([id, e]): [string, string] => [
+      id,
+      encodeWorkflow(e.workerId, e.step),
+    ]);
+    for (let at = 0; at < held.length; at += WORKFLOWS_PER_WRITE)
+      this.writeWorkflows(push, held.slice(at, at + WORKFLOWS_PER_WRITE), true);
     const expired: string[] = [];
     for (const [chain, r] of this.recent?.entries() ?? []) {
       if (r.expiresAt > now) push.set(chain, r.message, 'PX', r.expiresAt - now, 'NX');
@@ -932,12 +1031,18 @@ export class RedisStateStore implements StateStore {
     forgetUnsynced();
 
     await this.loadRegistry(host);
-    // workflows: Redis's word wins
-    for await (const keys of this.scan(this.key('wf', '*'))) {
-      const values = await this.cmd.mget(...keys);
-      keys.forEach((k, i) => {
+    // workflows: Redis's word wins, for the newest as many as the router remembers (older ones
+    // are read on first sight), oldest first so the router's own order is Redis's
+    const newest = await this.unlessWrongKind(
+      this.cmd.zrange(this.key('workflows'), String(-router.workflowCapacity), '-1'),
+      [],
+      'workflows',
+    );
+    for (let at = 0; at < newest.length; at += 1000) {
+      const ids = newest.slice(at, at + 1000);
+      const values = await this.cmd.mget(...ids.map((id) => this.key('wf', id)));
+      ids.forEach((id, i) => {
         const e = values[i] === null ? undefined : parseWorkflow(values[i]!);
-        const id = k.slice(this.key('wf', '').length);
         if (e && id !== '') router.setWorkflowAffinity(id, e.w, e.s);
         else if (values[i] !== null) this.counters.malformedMessages++;
       });
@@ -1193,6 +1298,11 @@ export class RedisStateStore implements StateStore {
       this.syncing = false;
     }
   }
+}
+
+function positiveInteger(v: number, name: string): number {
+  if (!(Number.isSafeInteger(v) && v > 0)) throw new RangeError(`${name} must be a positive integer, got ${v}`);
+  return v;
 }
 
 function positive(v: number, name: string): number {

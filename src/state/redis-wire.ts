@@ -28,9 +28,12 @@ export interface WireDecision extends DecisionFields {
  * `dr` and `ev` and the `draining` and `removed` hashes: an earlier replica ignores both
  * messages (counting them among its malformed ones), so it neither drains with the others nor
  * takes their posted KV events, and never reads the hashes. 6 added `rm`: a version-5 replica
- * ignores it (counting it among its malformed messages).
+ * ignores it (counting it among its malformed messages). 7 added the `workflows` index (sorted
+ * set id → last use) that bounds the `wf:{id}` keys and that a starting replica loads the newest
+ * of: a version-6 replica neither writes nor reads it, so the keys it writes stay outside the
+ * bound until they expire, and it still scans every `wf:` key when it starts.
  */
-export const STATE_WIRE_VERSION = 6;
+export const STATE_WIRE_VERSION = 7;
 
 /** A tracked request's prefill finished (its first token): its tokens move from queued prefill to decode. */
 export interface WirePrefilled {

@@ -89,6 +89,8 @@ test('a replica starting over keys that hold garbage loads the rest and comes up
     .set(`${prefix}wf:neg`, JSON.stringify({ w: 'e0', s: -1 }))
     .set(`${prefix}wf:good`, JSON.stringify({ w: 'e0', s: 3 }))
     .hset(`${prefix}wf:hash`, 'w', 'e0')
+    // the index of workflows by last use names each, and one whose key is gone
+    .zadd(`${prefix}workflows`, '1', '', '2', 'null', '3', 'neg', '4', 'good', '5', 'hash', '6', 'gone')
     .set(`${prefix}chain:e0:junk`, '{"r": 5}')
     .set(`${prefix}chain:e0:good`, chain('1'))
     .zadd(`${prefix}replicas`, String(Date.now() + 60_000), 'ghost')

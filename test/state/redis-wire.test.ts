@@ -80,7 +80,7 @@ test('version 4: a replica back from an outage says what it holds; earlier repli
 });
 
 test('version 5: drains and posted KV events are shared; earlier replicas ignore both', () => {
-  assert.equal(STATE_WIRE_VERSION, 6);
+  assert.equal(STATE_WIRE_VERSION, 7);
   // a version-4 replica reads kinds as version 2 did, plus rf and ld: dr and ev are neither
   assert.equal(actionOfVersion2(wire({ r: 'r1', k: 'dr', id: 'e0', on: true })), 'ignored');
   assert.equal(actionOfVersion2(wire({ r: 'r1', k: 'ev', w: 'e0', e: [{ type: 'AllBlocksCleared' }] })), 'ignored');

@@ -517,6 +517,11 @@ export class KVAwareRouter {
     this.workflows.set(workflowId, workerId, step);
   }
 
+  /** The most workflows this router remembers (--workflow-capacity). */
+  get workflowCapacity(): number {
+    return this.workflows.capacity;
+  }
+
   /** Every workflow this router remembers, least recently used first. */
   workflowAffinities(): IterableIterator<[string, { workerId: string; step: number | null }]> {
     return this.workflows.all();
