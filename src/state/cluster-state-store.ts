@@ -125,8 +125,14 @@ export class ClusterStateStore implements StateStore {
   private nextQuery = 1;
   private readonly queries = new Map<number, () => void>();
   private snapshotArrived: (() => void) | undefined;
-  /** Workflows the relay did not know: the decision that follows claims them. */
+  /**
+   * Workflows the relay did not know: the decision that follows claims them. A lookup no
+   * decision follows (no worker to route to, the client gone) stays until it is the oldest of
+   * unclaimedLimit, and is dropped then: a full set must not stop new workflows from being claimed.
+   */
   private readonly unclaimed = new Set<string>();
+  /** The most unclaimed workflows kept (the router's workflow capacity, set by attach()). */
+  private unclaimedLimit = 1;
   /** The workers the relay's start snapshot named: this process announces only those it adds. */
   private registered: Set<string> | undefined;
   private readonly counters = {
@@ -151,6 +157,7 @@ export class ClusterStateStore implements StateStore {
 
   async attach(host: StateStoreHost): Promise<void> {
     this.host = host;
+    this.unclaimedLimit = host.router.workflowCapacity;
     this.channel.onMessage(this.listener);
     const arrived = new Promise<void>((resolve) => {
       this.snapshotArrived = resolve;
@@ -183,6 +190,13 @@ export class ClusterStateStore implements StateStore {
       });
       this.outbox.now({ cf: 'workflow?', r: this.replicaId, q, id });
     });
+  }
+
+  /** A workflow the relay did not know: the decision that follows claims it; the oldest such lookup makes room. */
+  private markUnclaimed(id: string): void {
+    this.unclaimed.delete(id);
+    if (this.unclaimed.size >= this.unclaimedLimit) this.unclaimed.delete(this.unclaimed.values().next().value!);
+    this.unclaimed.add(id);
   }
 
   decisionMade(d: SharedDecision): void {
@@ -299,7 +313,7 @@ export class ClusterStateStore implements StateStore {
         case 'workflow': {
           // the relay's word wins: it is the first step any process routed
           if (m.w !== undefined) host.router.setWorkflowAffinity(m.id, m.w, m.s ?? null);
-          else if (this.unclaimed.size < 100_000) this.unclaimed.add(m.id);
+          else this.markUnclaimed(m.id);
           const done = this.queries.get(m.q);
           if (done) {
             this.queries.delete(m.q);

@@ -89,6 +89,37 @@ test('two processes starting one workflow at once end up on the first claim; in-
   assert.equal(await settled(onB, (n) => n === before - 1), before - 1);
 });
 
+test('lookups never followed by a decision do not stop later workflows being claimed', async () => {
+  const {
+    relay,
+    processes: [a, b],
+  } = fleet(2);
+  await Promise.all([a.store.attach(a.host), b.store.attach(b.host)]);
+  // requests that looked their workflow up and then were not routed (no worker, client gone)
+  for (let batch = 0; batch < 101; batch++)
+    await Promise.all(
+      Array.from({ length: 1000 }, (_, i) => a.store.beforeRoute({ workflowId: `lost-${batch}-${i}`, text: 'x' })),
+    );
+  // both look the new workflow up before either has claimed it; B claims it first
+  await Promise.all([
+    a.store.beforeRoute({ workflowId: 'wf', text: 'x' }),
+    b.store.beforeRoute({ workflowId: 'wf', text: 'x' }),
+  ]);
+  const rb = b.router.route({ text: 'first step', workflowId: 'wf', workflowStep: 0 }, { share: true });
+  b.store.decisionMade(rb.shared!);
+  await until(() => a.router.workflowAffinity('wf') !== undefined, "A to hear B's claim");
+  const ra = a.router.route({ text: 'first step', workflowId: 'wf', workflowStep: 0 }, { share: true });
+  a.store.decisionMade(ra.shared!);
+  assert.equal(
+    await settled(
+      () => relay.counters.claimsLost,
+      (n) => n === 1,
+    ),
+    1,
+    "A's decision claims the workflow, and loses it to B's",
+  );
+});
+
 test("a process that starts late gets the workflows, blocks and load from the relay; a stopped one's load is dropped", async () => {
   const {
     relay,
