@@ -109,6 +109,15 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
         throw new TraceFormatError(index, `"anchor_lengths[${k}]" must be a non-negative integer`, source);
       return { id: traceId(id, `anchors[${k}]`, index, source), tokens: t };
     });
+    // passages are part of the prompt: more of them than the prompt holds would count cached
+    // tokens the request never sent
+    const anchorTokens = req.anchors.reduce((a, x) => a + x.tokens, 0);
+    if (anchorTokens > inputLength)
+      throw new TraceFormatError(
+        index,
+        `"anchor_lengths" add up to ${anchorTokens} tokens, more than "input_length" (${inputLength})`,
+        source,
+      );
   }
   if (r.isolate !== undefined) {
     if (typeof r.isolate !== 'boolean') throw new TraceFormatError(index, '"isolate" must be a boolean', source);

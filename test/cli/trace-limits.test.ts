@@ -89,7 +89,7 @@ test('the block limit leaves the generated workloads a margin', () => {
 test('the block count adds up hash ids and anchor blocks line by line and names the line that passes it', () => {
   const ids = parseTraceLine('{"timestamp":0,"input_length":4,"output_length":1,"hash_ids":[1,2,3]}', 0);
   const anchored = parseTraceLine(
-    '{"timestamp":0,"input_length":4,"output_length":1,"hash_ids":[1],"block_size":4,"anchors":["a","b"],"anchor_lengths":[9,4]}',
+    '{"timestamp":0,"input_length":17,"output_length":1,"hash_ids":[1],"block_size":4,"anchors":["a","b"],"anchor_lengths":[9,4]}',
     1,
   );
   // 3 hash ids; 1 hash id, then anchors of ceil(9 / 4) and 4 / 4 blocks
@@ -109,14 +109,16 @@ test('the block count adds up hash ids and anchor blocks line by line and names 
 
 test('a trace of more blocks than the limit stops simulate and tune with one line naming the file and line, exit 2', () => {
   const dir = mkdtempSync(join(tmpdir(), 'cf-trace-blocks-'));
-  // a Mooncake trace whose second request's anchor implies more blocks than the limit
+  // a Mooncake trace whose prompts are each one passage of the longest prompt a line may have, in
+  // 1-token blocks: the fourth line passes the limit (4 × (2^24 + 1) blocks)
   const mooncake = join(dir, 'anchors.jsonl');
   writeFileSync(
     mooncake,
-    [
-      '{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}',
-      `{"timestamp": 1, "input_length": 1024, "output_length": 1, "hash_ids": [1], "anchors": ["doc"], "anchor_lengths": [${2 ** 53}]}`,
-    ].join('\n'),
+    Array.from(
+      { length: 5 },
+      (_, i) =>
+        `{"timestamp": ${i}, "input_length": ${MAX_TRACE_REQUEST_TOKENS}, "output_length": 1, "hash_ids": [1], "block_size": 1, "anchors": ["doc"], "anchor_lengths": [${MAX_TRACE_REQUEST_TOKENS}]}`,
+    ).join('\n'),
   );
   // RAGPulse: one request listing a passage of MAX_TRACE_REQUEST_TOKENS tokens (in 64-token blocks) enough times
   const ragpulse = join(dir, 'ragpulse');
@@ -130,8 +132,8 @@ test('a trace of more blocks than the limit stops simulate and tune with one lin
     `{"timestamp": "0", "input_length": 64, "output_length": 1, "hash_ids": {"passages_ids": ${JSON.stringify(new Array<number>(passages).fill(1))}}}\n`,
   );
   const cases: Array<[string[], string]> = [
-    [['simulate', '--trace', mooncake, '--policies', 'round-robin', '--no-progress'], `${mooncake} line 2`],
-    [['tune', '--trace', mooncake, '--trials', '1'], `${mooncake} line 2`],
+    [['simulate', '--trace', mooncake, '--policies', 'round-robin', '--no-progress'], `${mooncake} line 4`],
+    [['tune', '--trace', mooncake, '--trials', '1'], `${mooncake} line 4`],
     [
       ['simulate', '--trace', ragpulse, '--policies', 'round-robin', '--no-progress'],
       `${join(ragpulse, '0_trace.jsonl')} line 1`,

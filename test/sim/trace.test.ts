@@ -55,6 +55,14 @@ describe('Mooncake trace loader', () => {
         (e: unknown) => e instanceof TraceFormatError && e.message === `trace line 3001: ${message}`,
         extra,
       );
+    // passages that claim more tokens than the whole prompt would make its figures inconsistent
+    assert.throws(
+      () => parseTraceLine(line('"anchors":["x","y"],"anchor_lengths":[6,5]'), 4, 512, 'a.jsonl'),
+      (e: unknown) =>
+        e instanceof TraceFormatError &&
+        e.message === 'a.jsonl line 5: "anchor_lengths" add up to 11 tokens, more than "input_length" (10)',
+    );
+    assert.equal(parseTraceLine(line('"anchors":["x","y"],"anchor_lengths":[6,4]'), 0).anchors?.length, 2);
     // what the router takes: ids as strings, numbers as their decimal text, whole steps
     const ok = parseTraceLine(line('"session_id":7,"step":2,"anchors":[5,"doc"],"anchor_lengths":[3,4]'), 0);
     assert.equal(ok.sessionId, '7');
