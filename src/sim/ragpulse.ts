@@ -81,7 +81,6 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
   }
   const source = RAGPULSE_FILES.trace;
   const requests: TraceRequest[] = [];
-  let index = 0;
   const countBlocks = traceBlockCounter(traceFile(join(dir, source)));
   for await (const line of lines(join(dir, source), 'requests')) {
     const r = objectOf(line.text, line.index, source);
@@ -108,7 +107,8 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
       tokens: lengths.passages_ids.get(id) ?? 0,
     }));
     const req: TraceRequest = {
-      index,
+      // the 0-based line in the file, blank lines included, as a Mooncake trace numbers it
+      index: line.index,
       timestamp: timestamp * 1000,
       inputLength,
       outputLength: r.output_length as number,
@@ -119,7 +119,6 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
     };
     countBlocks(line.index, heldBlocks(req));
     requests.push(req);
-    index++;
   }
   return sortByArrival(requests);
 }

@@ -151,6 +151,17 @@ describe('RAGPulse loader, hostile directories', () => {
     for (const r of t) assert.ok(r.hashIds.length <= Math.floor(r.inputLength / r.blockSize), `request ${r.index}`);
   });
 
+  test('a request is numbered by its line in the trace file, blank lines included (--assignments "request")', async () => {
+    const plain = await loadRagpulse(sample);
+    // a blank line before the second line moves every later request one line down
+    const d = copy((d) => editLine(d, '0_trace.jsonl', 2, (s) => `\n${s}`));
+    const shifted = await loadRagpulse(d);
+    assert.deepEqual(
+      shifted.map((r) => r.index),
+      plain.map((r) => (r.index >= 1 ? r.index + 1 : r.index)),
+    );
+  });
+
   test('BOM and CRLF variants load the same requests', async () => {
     const plain = await loadRagpulse(sample);
     const d = copy((d) => {
