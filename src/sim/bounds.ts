@@ -18,6 +18,8 @@ import { checkReplayable, type TraceRequest } from './trace.js';
  * (workers of their own KV capacities, as the scenario gives them) a request is left out when
  * every worker would refuse it, as the simulator refuses it before routing; one that some
  * worker can hold counts, though a policy may send it to one too small and have it rejected.
+ * Such a policy's figures cover fewer requests than these bounds: pass its refused requests
+ * as `leftOut` for the bounds over the requests it answered, the ones its figures are held to.
  */
 export interface Bounds {
   infiniteCacheHitRate: number;
@@ -28,8 +30,23 @@ export function computeBounds(
   trace: readonly TraceRequest[],
   engine: Partial<Omit<EngineConfig, 'blockTokens'>> = {},
   workerKvTokens?: readonly number[],
+  leftOut?: ReadonlySet<number>,
 ): Bounds {
-  if (trace.length === 0) return { infiniteCacheHitRate: 0, idealTtftMean: 0 };
+  return boundsOver(trace, engine, workerKvTokens, leftOut).bounds;
+}
+
+/**
+ * computeBounds, and how many requests it counted. `leftOut` holds positions in `trace` of
+ * requests a policy had refused (PolicyResult.refused): they never reached an engine, so they
+ * are left out too, and the bounds are over the requests that policy answered.
+ */
+export function boundsOver(
+  trace: readonly TraceRequest[],
+  engine: Partial<Omit<EngineConfig, 'blockTokens'>> = {},
+  workerKvTokens?: readonly number[],
+  leftOut?: ReadonlySet<number>,
+): { bounds: Bounds; counted: number } {
+  if (trace.length === 0) return { bounds: { infiniteCacheHitRate: 0, idealTtftMean: 0 }, counted: 0 };
   checkReplayable(trace);
   const bt = trace[0].blockSize;
   const models =
@@ -47,7 +64,9 @@ export function computeBounds(
   let ttftSum = 0;
   let served = 0;
   let salt = 0;
-  for (const req of trace) {
+  for (let i = 0; i < trace.length; i++) {
+    const req = trace[i];
+    if (leftOut?.has(i)) continue;
     const input = Math.max(1, req.inputLength);
     const blocks = requestBlocks(req, req.isolate ? `bound-${salt++}` : undefined, scratch);
     const limits = { inputTokens: input, outputTokens: Math.max(1, req.outputLength), anchors: blocks.anchors };
@@ -69,8 +88,11 @@ export function computeBounds(
     ttftSum += t;
   }
   return {
-    infiniteCacheHitRate: prompt > 0 ? hit / prompt : 0,
-    idealTtftMean: served > 0 ? ttftSum / served / 1000 : 0,
+    bounds: {
+      infiniteCacheHitRate: prompt > 0 ? hit / prompt : 0,
+      idealTtftMean: served > 0 ? ttftSum / served / 1000 : 0,
+    },
+    counted: served,
   };
 }
 

@@ -1,5 +1,5 @@
 import { writeFile } from 'node:fs/promises';
-import type { ComparisonReport } from './compare.js';
+import { comparisonWarnings, type ComparisonReport } from './compare.js';
 import type { PolicyResult } from './simulator.js';
 import type { SweepReport, SweepTrace } from './sweep.js';
 
@@ -43,7 +43,7 @@ const WORKER_COLORS = [
 ];
 const DASHES = ['', '6 3', '2 3', '8 3 2 3', '4 4', '1 3', '10 4', '3 3 8 3', '5 2', '2 2'];
 
-const STYLE = `body{font:14px system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}svg{background:#fff;border:1px solid #e4e4e4;margin:0.5em 0.5em 0.5em 0}svg text{font:12px system-ui,sans-serif;fill:#333}.charts{display:flex;flex-wrap:wrap}.legend{display:flex;flex-wrap:wrap;gap:1.2em;margin:0.5em 0}.legend span{display:inline-flex;align-items:center;gap:0.4em}h2{margin-top:2em}`;
+const STYLE = `body{font:14px system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}svg{background:#fff;border:1px solid #e4e4e4;margin:0.5em 0.5em 0.5em 0}svg text{font:12px system-ui,sans-serif;fill:#333}.charts{display:flex;flex-wrap:wrap}.legend{display:flex;flex-wrap:wrap;gap:1.2em;margin:0.5em 0}.legend span{display:inline-flex;align-items:center;gap:0.4em}h2{margin-top:2em}.warning{background:#fff4e5;border-left:4px solid #D55E00;padding:0.5em 1em}`;
 
 export function renderHtmlReport(report: ComparisonReport, results: readonly PolicyResult[]): string {
   const rows = report.policies
@@ -53,12 +53,20 @@ export function renderHtmlReport(report: ComparisonReport, results: readonly Pol
     )
     .join('\n');
   const names = results.map((r) => r.policy);
+  const own = report.policies
+    .filter((p) => p.bounds)
+    .map(
+      (p) =>
+        `<p>${esc(p.policy)}: bounds over the ${p.answered} requests it answered: hit rate ${(p.bounds!.infiniteCacheHitRate * 100).toFixed(1)}%, ideal mean TTFT ${p.bounds!.idealTtftMean.toFixed(3)} s.</p>`,
+    );
+  const warnings = comparisonWarnings(report).map((w) => `<p class="warning"><strong>Warning:</strong> ${esc(w)}</p>`);
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>contextforge-router simulation: ${esc(report.trace)}</title>
 <style>${STYLE}</style>
 </head><body>
 <h1>Simulation of ${esc(report.trace)}</h1>
 <p>${report.requests} requests on ${report.workers} simulated workers, arrival speed ×${report.speed}. Bounds no policy can pass: infinite-cache hit rate ${(report.bounds.infiniteCacheHitRate * 100).toFixed(1)}%, ideal mean TTFT ${report.bounds.idealTtftMean.toFixed(3)} s.</p>
+${[...warnings, ...own].join('\n')}
 <table><thead><tr><th>policy</th><th>hit rate</th><th>TTFT mean s</th><th>p50</th><th>p90</th><th>p99</th><th>e2e mean s</th><th>e2e p99</th><th>tok/s</th><th>imbalance</th><th>rejected</th></tr></thead><tbody>
 ${rows}
 </tbody></table>

@@ -130,6 +130,11 @@ export interface PolicyResult {
    * worker when workers differ), or with no worker available to take them.
    */
   rejected: number;
+  /**
+   * Positions in the trace of the requests counted in `rejected`, ascending: the bounds over
+   * the requests this policy answered leave them out (computeBounds).
+   */
+  refused: number[];
   /** Preemptions (recompute) over all engines. */
   preemptions: number;
 }
@@ -267,7 +272,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   // a source of its own: other scenario draws stay the same whatever the share
   const nonStreamingShare = scenario.nonStreamingShare ?? 0;
   const streamingRandom = createRng(((scenario.seed ?? 1) * 15_485_863 + 11) >>> 0);
-  let rejected = 0;
+  const refused: number[] = [];
   let cancelled = 0;
   let failed = 0;
   let retried = 0;
@@ -329,7 +334,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     };
     // over every engine's context limit: refused before routing, as vLLM's server refuses it
     if (engines.every((e) => e.rejection(limits) !== null)) {
-      rejected++;
+      refused.push(index);
       finished++;
       return;
     }
@@ -353,7 +358,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     );
     const w = ids.indexOf(d.workerId);
     if (w < 0) {
-      rejected++;
+      refused.push(index);
       finished++;
       return;
     }
@@ -361,7 +366,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     if (engines[w].rejection(limits) !== null) {
       router.markRefused(replica, d.ticket, d.shared);
       router.release(replica, d.ticket, d.shared);
-      rejected++;
+      refused.push(index);
       finished++;
       return;
     }
@@ -557,7 +562,8 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     outcomes: answered,
     workerBusySeconds: busy,
     loadTimeline,
-    rejected,
+    rejected: refused.length,
+    refused: refused.sort((a, b) => a - b),
     preemptions: engines.reduce((a, e) => a + e.preemptions, 0),
   };
 }

@@ -135,7 +135,12 @@ export function loadPoints(light: number, last: number, n: number): number[] {
   return Array.from({ length: n }, (_, i) => Number((light * (last / light) ** (i / (n - 1))).toPrecision(3)));
 }
 
-/** Who wins at a point: the best peer (not `subject`) by mean TTFT, and how `subject` compares. */
+/**
+ * Who wins at a point: the best peer (not `subject`) by mean TTFT, and how `subject` compares.
+ * Rejected requests are left out of hit rate and TTFT, so a policy that rejected more than a
+ * peer was measured on fewer requests: it does not meet the bar (`rejectedOk` false) whatever
+ * its figures.
+ */
 export function compareWithBestPeer(point: SweepPoint, subject: string, peers: readonly string[]) {
   const own = point.policies.find((p) => p.policy === subject);
   const candidates = point.policies.filter((p) => p.policy !== subject && peers.includes(p.policy));
@@ -143,6 +148,7 @@ export function compareWithBestPeer(point: SweepPoint, subject: string, peers: r
   const best = candidates.reduce((a, b) => (b.ttftMean < a.ttftMean ? b : a));
   const bestP99 = Math.min(...candidates.map((p) => p.ttftP99));
   const bestHit = Math.max(...candidates.map((p) => p.hitRate));
+  const fewestPeerRejected = Math.min(...candidates.map((p) => p.rejected));
   return {
     own,
     best,
@@ -150,8 +156,10 @@ export function compareWithBestPeer(point: SweepPoint, subject: string, peers: r
     meanOk: own.ttftMean - own.ci95.ttftMean <= best.ttftMean + best.ci95.ttftMean,
     p99Ok: own.ttftP99 <= 1.05 * bestP99,
     hitOk: own.hitRate >= 0.95 * bestHit,
+    rejectedOk: own.rejected <= fewestPeerRejected,
     bestP99,
     bestHit,
+    fewestPeerRejected,
   };
 }
 

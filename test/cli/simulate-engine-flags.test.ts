@@ -1,5 +1,8 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 
@@ -134,4 +137,42 @@ test('simulate refuses a flag whose companion is missing, and an engine smaller 
     const r = run(...args);
     assert.equal(r.status, 0, `${args.join(' ')}: ${r.stderr}`);
   }
+});
+
+test('simulate warns on stderr when policies rejected different requests, and when one answered none', () => {
+  // long prompts between short ones; round-robin sends some to the worker too small for them
+  const dir = mkdtempSync(join(tmpdir(), 'cf-sim-rejections-'));
+  const file = join(dir, 'hetero.jsonl');
+  writeFileSync(
+    file,
+    Array.from({ length: 24 }, (_, i) => {
+      const long = i % 4 === 0;
+      const ids = Array.from({ length: long ? 23 : 4 }, (_, k) => (long ? k + 1 : 1000 * i + k));
+      return JSON.stringify({
+        timestamp: i * 200,
+        input_length: long ? 1500 : 300,
+        output_length: 10,
+        hash_ids: ids,
+        block_size: 64,
+      });
+    }).join('\n'),
+  );
+  const run = (...args: string[]) =>
+    cli('simulate', '--trace', file, '--policies', 'cost,round-robin', '--no-progress', ...args);
+  const json = run('--workers', '2', '--worker-kv-tokens', '1000,2000000', '--format', 'json');
+  assert.equal(json.status, 0, json.stderr);
+  const [cost, rr] = JSON.parse(json.stdout).policies;
+  assert.equal(rr.rejected, 6);
+  assert.match(
+    json.stderr,
+    new RegExp(`^warning: .*different requests.*\\(cost ${cost.rejected}, round-robin 6\\)`, 'm'),
+  );
+  const table = run('--workers', '2', '--worker-kv-tokens', '1000,2000000');
+  assert.match(table.stdout, /^warning: .*different requests/m);
+  // one worker, failed from the start: nothing is answered
+  const none = run('--workers', '1', '--fail', 'w0@0s', '--format', 'json');
+  assert.equal(none.status, 0, none.stderr);
+  assert.match(none.stderr, /^warning: cost answered no request/m);
+  assert.match(none.stderr, /^warning: round-robin answered no request/m);
+  assert.doesNotMatch(none.stdout, /null|NaN/);
 });

@@ -126,13 +126,15 @@ describe('bounds and the pooled-LRU reference count as the engine counts', () =>
       fc.property(
         traceArb,
         fc.constantFrom('cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'),
-        // or workers of 1,024 KV tokens each, given per worker: requests of more blocks are refused
-        fc.constantFrom(undefined, [1024, 1024]),
+        // or workers of 1,024 KV tokens each, given per worker: requests of more blocks are refused;
+        // or of different sizes, where a policy may send a request to the one too small for it:
+        // its figures are then held to the bounds over the requests it did not refuse
+        fc.constantFrom(undefined, [1024, 1024], [1024, 4096]),
         (trace, policy, workerKvTokens) => {
           const engine = { kvTokens: 4096, maxModelLen: 3000 };
-          const bounds = computeBounds(trace, engine, workerKvTokens);
           const scenario = workerKvTokens ? { workerKvTokens } : undefined;
           const r = simulate(trace, { workers: 2, policy, engine, scenario });
+          const bounds = computeBounds(trace, engine, workerKvTokens, new Set(r.refused));
           assert.ok(
             r.hitRate <= bounds.infiniteCacheHitRate + 1e-9,
             `${policy} hit ${r.hitRate} > ${bounds.infiniteCacheHitRate}`,

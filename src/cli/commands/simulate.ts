@@ -3,7 +3,13 @@ import { closeSync, createWriteStream, openSync } from 'node:fs';
 import cliProgress from 'cli-progress';
 import { checkPolicyOptions, type PolicyOptions } from '../../core/policies/index.js';
 import { MAX_SEED } from '../../core/rng.js';
-import { assignmentLines, comparePolicies, policyVariant, type ComparisonReport } from '../../sim/compare.js';
+import {
+  assignmentLines,
+  comparePolicies,
+  comparisonWarnings,
+  policyVariant,
+  type ComparisonReport,
+} from '../../sim/compare.js';
 import { loadTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
 import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
@@ -279,6 +285,8 @@ export function registerSimulateCommand(program: Command): void {
           );
         }
       }
+      // on stderr too, so that a reader of the JSON alone is told
+      for (const w of comparisonWarnings(report)) process.stderr.write(`warning: ${w}\n`);
       process.stdout.write(flags.format === 'json' ? `${JSON.stringify(report)}\n` : renderTable(report));
     });
 }
@@ -352,7 +360,15 @@ export function renderTable(r: ComparisonReport): string {
       return parts.length > 0 ? `${p.policy}: ${parts.join(', ')}` : '';
     })
     .filter(Boolean);
-  const tail = events.length > 0 ? `\n${events.join('\n')}\n` : '';
+  // policies held to bounds of their own, and what must not be missed, under the table
+  const own = r.policies
+    .filter((p) => p.bounds)
+    .map(
+      (p) =>
+        `${p.policy}: bounds over the ${p.answered} requests it answered: hit rate ${pct(p.bounds!.infiniteCacheHitRate)}, ideal mean TTFT ${p.bounds!.idealTtftMean.toFixed(3)} s`,
+    );
+  const notes = [...events, ...own, ...comparisonWarnings(r).map((w) => `warning: ${w}`)];
+  const tail = notes.length > 0 ? `\n${notes.join('\n')}\n` : '';
   return (
     head +
     formatTable(
