@@ -118,6 +118,10 @@ test('simulate refuses a flag whose companion is missing, and an engine smaller 
       "--kv-tokens 1 is less than one KV block (64 tokens, the trace's block size): the engine could hold no request",
     ],
     [
+      ['--max-model-len', '63'],
+      "--max-model-len 63 is less than one KV block (64 tokens, the trace's block size): the engine could hold no request",
+    ],
+    [
       ['--workers', '2', '--worker-kv-tokens', '600,63'],
       "--worker-kv-tokens: entry 2 (63) is less than one KV block (64 tokens, the trace's block size): the engine could hold no request",
     ],
@@ -133,6 +137,7 @@ test('simulate refuses a flag whose companion is missing, and an engine smaller 
     ['--replicas', '2', '--state-lag-ms', '5'],
     ['--cancel-rate', '0.5', '--cancel-within-ms', '5'],
     ['--kv-tokens', '64'],
+    ['--max-model-len', '64'],
   ]) {
     const r = run(...args);
     assert.equal(r.status, 0, `${args.join(' ')}: ${r.stderr}`);

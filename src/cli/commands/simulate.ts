@@ -292,8 +292,9 @@ export function registerSimulateCommand(program: Command): void {
 }
 
 /**
- * An engine smaller than one KV block can hold no request: every one would be rejected and the
- * run would print figures of nothing. The block size is the trace's, known once it is read.
+ * An engine smaller than one KV block, or serving requests shorter than one, can hold no
+ * request: every one would be rejected and the run would print figures of nothing. The block
+ * size is the trace's, known once it is read.
  */
 function checkKvHoldsBlock(flags: SimulateFlags, blockSize: number | undefined): void {
   if (blockSize === undefined) return;
@@ -305,6 +306,8 @@ function checkKvHoldsBlock(flags: SimulateFlags, blockSize: number | undefined):
   } else if (flags.kvTokens !== undefined && flags.kvTokens < blockSize) {
     throw new RangeError(`--kv-tokens ${flags.kvTokens} is ${why}`);
   }
+  if (flags.maxModelLen !== undefined && flags.maxModelLen < blockSize)
+    throw new RangeError(`--max-model-len ${flags.maxModelLen} is ${why}`);
 }
 
 /** An output file opened (created or emptied) for writing; RangeError naming the flag otherwise. */
