@@ -23,7 +23,8 @@ export type ForwardOutcome =
   /**
    * the engine failed after its answer started reaching the client (reset, stalled past the
    * inter-chunk timeout, cut short, or an error event of its own for a server error): the stream
-   * was ended with an error event, any other body cut; nothing to retry, but an engine failure
+   * was ended with an error event and data: [DONE], any other body cut; nothing to retry, but an
+   * engine failure
    */
   | 'cut'
   /** the engine failed before anything reached the client: another worker can take it */
@@ -229,8 +230,13 @@ const IDENTITY_ONLY = /^[\s,]*(?:identity[\s,]*)*$/i;
 const LF = 0x0a;
 const CR = 0x0d;
 
-/** The event that ends a stream the engine broke off after it reached the client. */
-const MID_STREAM_ERROR_EVENT = `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`;
+/**
+ * The events that end a stream the engine broke off after it reached the client: an error event
+ * with the members of every error body of the gateway's, then `data: [DONE]`, as vLLM ends a
+ * stream that fails (serving_chat.py and serving_completion.py send their error event, then
+ * `data: [DONE]`): a client reading to [DONE] sees the stream end, not a connection closed early.
+ */
+const MID_STREAM_ERROR_EVENTS = `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', param: null, code: null } })}\n\ndata: [DONE]\n\n`;
 
 /**
  * Where an event stream stands just before a chunk, for finding where the chunk's events end:
@@ -280,8 +286,8 @@ function eventsEnd(chunk: Buffer, before: StreamPosition): number {
  * before the engine's first body byte, so until then a failure (connection error, 5xx, first-
  * byte timeout) can be retried on another worker, and until the engine starts answering (see
  * WorkerConnection.unanswered) so can the worker leaving rotation. A failure after the first
- * byte ends an SSE stream with an OpenAI-style error event, and drops the client's
- * connection under any other body (it must not end like a whole answer). Exported for the
+ * byte ends an SSE stream with an OpenAI-style error event and `data: [DONE]`, and drops the
+ * client's connection under any other body (it must not end like a whole answer). Exported for the
  * tests of its flow control, which drive it with a stand-in pool and response.
  */
 export function forward(
@@ -1012,7 +1018,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       // the request; after, the client is told as when the engine breaks off, and the engine
       // did not answer
       if (!this.sent) return this.settle('retry');
-      this.res.end(`${this.midEvent ? '\n\n' : ''}${MID_STREAM_ERROR_EVENT}`);
+      this.res.end(`${this.midEvent ? '\n\n' : ''}${MID_STREAM_ERROR_EVENTS}`);
       return this.settle('cut');
     }
     // a 2xx without a byte of body, of any type, is no answer to a completion (as a 204 is not):
@@ -1082,7 +1088,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     if (this.why !== 'client' && this.eventStream) {
       // an unfinished event held back is dropped; one that passed through is ended first, so
       // the error event is an event of its own
-      this.res.write(`${this.midEvent ? '\n\n' : ''}${MID_STREAM_ERROR_EVENT}`);
+      this.res.write(`${this.midEvent ? '\n\n' : ''}${MID_STREAM_ERROR_EVENTS}`);
     }
     // an answer that is not a stream cannot say it failed: it is cut, never ended as if whole
     if (this.eventStream || this.why === 'client') this.res.end();

@@ -57,6 +57,8 @@ test('a stream cut in the middle of an event ends with a clean error event, not 
   const r = await post(g.base, '/v1/completions', { prompt: 'p', max_tokens: 4, stream: true });
   assert.equal(r.status, 200);
   const events = r.text.split('\n\n').filter(Boolean);
+  // the stream ends with data: [DONE], after the error event
+  assert.equal(events.pop(), 'data: [DONE]');
   for (const e of events) {
     assert.match(e, /^data: /, `an SSE event: ${JSON.stringify(e)}`);
     assert.doesNotThrow(() => JSON.parse(e.slice('data: '.length)), `every event is whole JSON: ${JSON.stringify(e)}`);

@@ -42,9 +42,14 @@ test('a stream that ends cleanly without data: [DONE] after its first event ends
   await streamedThrough(await streamingEngine(first), false, (r, g) => {
     assert.equal(r.status, 200);
     const events = r.text.split('\n\n').filter(Boolean);
-    assert.equal(events.length, 2, JSON.stringify(r.text));
+    assert.equal(events.length, 3, JSON.stringify(r.text));
     assert.equal(`${events[0]}\n\n`, first);
     assert.match(events[1], /^data: \{"error":.*"the engine failed mid-stream"/);
+    assert.equal(
+      events[2],
+      'data: [DONE]',
+      'the stream ends with data: [DONE], as an engine ends one after its error event',
+    );
     assert.equal(g.router.getStats().inFlightRequests, 0);
     assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], 'the cut stream counts as the engine failing');
   });
@@ -146,7 +151,7 @@ test('[DONE] anywhere but as the whole data of an event is no end of the stream'
       assert.ok(r.text.startsWith(body), `${JSON.stringify(body)}: the events as the engine sent them`);
       assert.match(
         r.text.slice(body.length),
-        /^data: \{"error":.*"the engine failed mid-stream"/,
+        /^data: \{"error":.*"the engine failed mid-stream".*\n\ndata: \[DONE\]\n\n$/,
         JSON.stringify(body),
       );
       assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], `${JSON.stringify(body)}: a stream cut short`);

@@ -101,8 +101,9 @@ test('a stream that trickles bytes after its first event, never making another, 
     assert.equal(r.status, 200);
     const events = r.text.split('\n\n').filter(Boolean);
     assert.equal(events[0], 'data: {"choices":[{"text":"a"}]}');
-    assert.match(events.at(-1)!, /"the engine failed mid-stream"/, 'the stream ends with the error event');
-    assert.equal(events.length, 2, `the whole event, then the error event: ${JSON.stringify(r.text)}`);
+    assert.match(events[1], /"the engine failed mid-stream"/, 'the stream ends with the error event');
+    assert.equal(events[2], 'data: [DONE]', 'then data: [DONE]');
+    assert.equal(events.length, 3, `the whole event, then the error event and data: [DONE]: ${JSON.stringify(r.text)}`);
     await assertLetGo(bad, g);
     assert.deepEqual(g.gateway.health.reasons('bad'), ['breaker'], 'the stalled stream counts as the engine failing');
   } finally {

@@ -88,9 +88,17 @@ test('an engine failing mid-stream: the stream ends with an OpenAI-style error e
   });
   assert.equal(res.status, 200);
   const text = await res.text(); // ends: the router closes the stream instead of hanging
+  // the error event has every member of the gateway's other error bodies, and data: [DONE] follows
+  // it, as it follows vLLM's own error event (serving_chat.py, chat_completion_stream_generator)
+  assert.ok(
+    text.endsWith(
+      '\n\ndata: {"error":{"message":"the engine failed mid-stream","type":"server_error","param":null,"code":null}}\n\ndata: [DONE]\n\n',
+    ),
+    JSON.stringify(text.slice(-200)),
+  );
   const events = text
     .split('\n\n')
-    .filter(Boolean)
+    .filter((e) => e !== '' && e !== 'data: [DONE]')
     .map(
       (e) => JSON.parse(e.replace(/^data: /, '')) as { choices?: unknown; error?: { message: string; type: string } },
     );

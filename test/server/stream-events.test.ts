@@ -9,10 +9,15 @@ import { forwardTo, SlowClientResponse } from '../helpers/forward-stand-in.js';
 
 const MiB = 1024 * 1024;
 
-/** The stream's last event, which must be the gateway's error event, whole. */
-function lastEvent(text: string): unknown {
-  assert.ok(text.endsWith('\n\n'), 'the stream ends at the end of an event');
-  const events = text.slice(0, -2).split('\n\n');
+const DONE = 'data: [DONE]\n\n';
+
+/**
+ * The gateway's error event, which must be whole and the stream's last but one: `data: [DONE]`
+ * follows it, as it follows vLLM's own error event.
+ */
+function errorBeforeDone(text: string): unknown {
+  assert.ok(text.endsWith(`\n\n${DONE}`), 'the stream ends with data: [DONE], an event of its own');
+  const events = text.slice(0, -2 - DONE.length).split('\n\n');
   const last = events[events.length - 1];
   assert.match(
     last,
@@ -37,8 +42,8 @@ test('an event too large to hold, then an empty chunk, then the engine fails: th
   h.onData!(piece);
   h.onError!(new Error('other side closed'));
   assert.equal(await outcome, 'cut');
-  assert.deepEqual(lastEvent(res.text()), {
-    error: { message: 'the engine failed mid-stream', type: 'server_error', code: null },
+  assert.deepEqual(errorBeforeDone(res.text()), {
+    error: { message: 'the engine failed mid-stream', type: 'server_error', param: null, code: null },
   });
 });
 

@@ -58,7 +58,7 @@ function due(s: string, k: number): string {
   return s.slice(0, upTo);
 }
 
-const ERROR_EVENT = `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', code: null } })}\n\n`;
+const ERROR_EVENT = `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', param: null, code: null } })}\n\ndata: [DONE]\n\n`;
 
 for (const [style, s] of Object.entries(STREAMS)) {
   test(`${style} line ends, cut into three chunks at every pair of positions: each event passes when its end arrives, the bytes unchanged`, async () => {
