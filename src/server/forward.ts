@@ -12,6 +12,7 @@ import type { Dispatcher } from 'undici';
 import type { BodyBudget, BodyCharge } from './body-budget.js';
 import { doneEventEnd, errorAnswer, errorEvent, holdsDone, isEngineFailure } from './engine-errors.js';
 import { markCutByGateway } from './metrics.js';
+import { MAX_PASSED_HEADER_BYTES } from './passed-headers.js';
 import type { ProxyReply } from './openai-request.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
 import type { UnansweredRequest, WorkerConnection } from './worker-connections.js';
@@ -63,6 +64,8 @@ export interface ForwardOptions {
   streaming: boolean;
   /** The Via header the engine gets: the client's, with this gateway's entry appended (via.ts). */
   via: string;
+  /** The client's x-request-id, traceparent and tracestate the engine gets (passed-headers.ts), when it sent any. */
+  passedHeaders: Readonly<Record<string, string>> | undefined;
   /** Longest wait for the first byte of an answer (of a stream: for its first whole event). */
   firstByteTimeoutMs: number;
   /** Longest gap between two whole events of a stream; longest wait for the rest of an answer that is no stream. */
@@ -224,6 +227,12 @@ function wrongForm(contentType: string | undefined, streaming: boolean): 'stream
   return 'page';
 }
 
+/**
+ * A header value Node writes without refusing it (its checkInvalidHeaderChar): tabs, visible
+ * ASCII, spaces and Latin-1 bytes past ASCII; not empty.
+ */
+const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]+$/;
+
 /** A Content-Encoding that names no coding but identity: the bytes are the answer itself. */
 const IDENTITY_ONLY = /^[\s,]*(?:identity[\s,]*)*$/i;
 
@@ -314,9 +323,10 @@ export function forward(
           method: 'POST',
           // undici takes an Iterable body (its Dispatcher docs), which its type definitions leave out
           body: (length > 0 ? new SentOnce(bytes) : null) as Dispatcher.DispatchOptions['body'],
-          // what the worker's connection sends (content type, the engine's key, the rank), the Via,
-          // and the body's length (undici cannot tell the length of an iterable body)
-          headers: { ...connection.headers, via: o.via, 'content-length': String(length) },
+          // the client's request id and trace context, what the worker's connection sends (content
+          // type, the engine's key, the rank), the Via, and the body's length (undici cannot tell
+          // the length of an iterable body)
+          headers: { ...o.passedHeaders, ...connection.headers, via: o.via, 'content-length': String(length) },
           headersTimeout: o.streaming ? o.firstByteTimeoutMs + 1000 : o.interChunkTimeoutMs,
           bodyTimeout: o.interChunkTimeoutMs,
         },
@@ -596,12 +606,16 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     let contentType: string | undefined;
     let length: number | undefined;
     let contentEncoding: string | undefined;
+    let requestId: string | undefined;
     for (let i = 0; i < rawHeaders.length; i += 2) {
       const name = rawHeaders[i];
-      if (name.length === 12 && name.toString('latin1').toLowerCase() === 'content-type') {
+      // content-type and x-request-id are both 12 bytes long
+      const name12 = name.length === 12 ? name.toString('latin1').toLowerCase() : undefined;
+      if (name12 === 'content-type') {
         const v = rawHeaders[i + 1].toString('latin1');
         contentType = contentType === undefined ? v : `${contentType},${v}`;
-      } else if (name.length === 14 && name.toString('latin1').toLowerCase() === 'content-length')
+      } else if (name12 === 'x-request-id') requestId ??= rawHeaders[i + 1].toString('latin1');
+      else if (name.length === 14 && name.toString('latin1').toLowerCase() === 'content-length')
         length = Number(rawHeaders[i + 1].toString('latin1'));
       else if (name.length === 16 && name.toString('latin1').toLowerCase() === 'content-encoding') {
         const v = rawHeaders[i + 1].toString('latin1');
@@ -648,6 +662,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     if (o.rank !== null) headers['x-contextforge-rank'] = String(o.rank);
     if (o.cachedTokens !== undefined) headers['x-contextforge-cached-tokens'] = String(Math.round(o.cachedTokens));
     if (eventStream) headers['cache-control'] = 'no-cache';
+    // the engine's id of the request (vLLM's, with --enable-request-id-headers: the client's
+    // x-request-id when it sent one), when it is one a response header can carry as it is
+    if (requestId !== undefined && requestId.length <= MAX_PASSED_HEADER_BYTES && HEADER_VALUE.test(requestId))
+      headers['x-request-id'] = requestId;
     this.headers = headers;
     // a whole answer is gathered, so one cut short is retried, unless it is too large to hold;
     // one to a streamed request too (JSON instead of events, chunked or of a declared length): it

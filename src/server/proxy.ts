@@ -45,6 +45,7 @@ import {
 } from './openai-request.js';
 import { clientMessage } from './request-limits.js';
 import type { FirstByteDeadlines } from './timeouts.js';
+import { passedHeaders, PassedHeaderRejection } from './passed-headers.js';
 import { forwardedVia } from './via.js';
 import { NO_WORKERS, type WorkerConnections } from './worker-connections.js';
 
@@ -134,6 +135,9 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     // a request that has been here before is a routing loop: answered before any work is done
     const via = forwardedVia(req.headers.via, viaPseudonym, req.raw?.httpVersion);
     if (typeof via !== 'string') return openAiError(reply, via.status, via.message, 'via', via.code);
+    // the client's request id and trace context go to every engine tried, as they came
+    const passed = passedHeaders(req.headers, req.raw);
+    if (passed instanceof PassedHeaderRejection) return openAiError(reply, 400, passed.message, passed.param);
     let prepared = await readRequest(path, req, reply);
     /**
      * The body is needed while the request may be retried: until its answer is committed to the
@@ -321,6 +325,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         lastAttempt: attempt >= maxRetries,
         streaming,
         via,
+        passedHeaders: passed,
         firstByteTimeoutMs,
         interChunkTimeoutMs,
         onFirstByte: (seconds) => {

@@ -93,6 +93,7 @@ export function forwardTo(
     lastAttempt: false,
     streaming: true,
     via: '1.1 contextforge-000000000000',
+    passedHeaders: undefined,
     firstByteTimeoutMs: 600_000,
     interChunkTimeoutMs: 600_000,
     onFirstByte: () => {},

@@ -1,0 +1,76 @@
+/**
+ * The client's headers an engine reads to name and trace a request, forwarded as they came:
+ * `x-request-id`, which vLLM takes as the request's id (its logs, its metrics, and its answer's
+ * own `x-request-id` with --enable-request-id-headers), and W3C Trace Context's `traceparent` and
+ * `tracestate`, which vLLM's OpenTelemetry tracing (--otlp-traces-endpoint) continues. No other
+ * header of the client's reaches an engine. Each is bounded, and the two that hold one value
+ * must be given once: a request that breaks either is refused before any routing.
+ */
+import type { IncomingMessage } from 'node:http';
+
+/**
+ * Longest x-request-id, traceparent or tracestate forwarded, in bytes (Node reads header bytes
+ * as Latin-1: one character a byte): 1 KiB, as a Via and a body's `request_id` (by default). A
+ * traceparent of today's version is 55 bytes; W3C Trace Context asks that at least 512 bytes of a
+ * tracestate be passed on (and OpenTelemetry's JavaScript API reads no longer one).
+ */
+export const MAX_PASSED_HEADER_BYTES = 1024;
+
+/** A refused header: the message, and the header's name as the error's `param`. */
+export class PassedHeaderRejection {
+  constructor(
+    readonly message: string,
+    readonly param: string,
+  ) {}
+}
+
+/**
+ * The client's x-request-id, traceparent and tracestate to forward to the engine (undefined when
+ * the request has none: the common case allocates nothing), or why they are refused: one over
+ * MAX_PASSED_HEADER_BYTES, or an x-request-id or traceparent given on more than one line (Node
+ * joins a repeated header's lines with ", ", which would be read as one odd id; W3C Trace
+ * Context gives two traceparents no meaning). A tracestate's lines join as one list, as RFC 9110
+ * §5.3 combines them. An empty value is not forwarded.
+ */
+export function passedHeaders(
+  headers: Readonly<Record<string, string | string[] | undefined>>,
+  raw: IncomingMessage | undefined,
+): Record<string, string> | PassedHeaderRejection | undefined {
+  const requestId = headers['x-request-id'];
+  const traceparent = headers.traceparent;
+  const tracestate = headers.tracestate;
+  if (requestId === undefined && traceparent === undefined && tracestate === undefined) return undefined;
+  const out: Record<string, string> = {};
+  return (
+    pass(out, 'x-request-id', requestId, true, raw) ??
+    pass(out, 'traceparent', traceparent, true, raw) ??
+    pass(out, 'tracestate', tracestate, false, raw) ??
+    out
+  );
+}
+
+/** Adds the header `name` of `value` to `out` (unless absent or empty); the rejection when it is refused. */
+function pass(
+  out: Record<string, string>,
+  name: string,
+  value: string | readonly string[] | undefined,
+  singleValue: boolean,
+  raw: IncomingMessage | undefined,
+): PassedHeaderRejection | undefined {
+  if (value === undefined) return undefined;
+  // a source built by hand may give a header as the list of its lines
+  const text = typeof value === 'string' ? value : value.join(', ');
+  if (text.length > MAX_PASSED_HEADER_BYTES)
+    return new PassedHeaderRejection(`the ${name} header is longer than ${MAX_PASSED_HEADER_BYTES} bytes`, name);
+  if (singleValue && repeated(name, value, raw))
+    return new PassedHeaderRejection(`the ${name} header must be given once`, name);
+  if (text !== '') out[name] = text;
+  return undefined;
+}
+
+/** The header was given on more than one line; only a value holding ", " (Node's join) is looked at further. */
+function repeated(name: string, value: string | readonly string[], raw: IncomingMessage | undefined): boolean {
+  if (typeof value !== 'string') return value.length > 1;
+  if (!value.includes(', ') || raw === undefined) return false;
+  return (raw.headersDistinct[name]?.length ?? 0) > 1;
+}
