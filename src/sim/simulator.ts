@@ -523,7 +523,18 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       if (loadTimeline.length === 0 || now - loadTimeline[loadTimeline.length - 1].t * 1000 >= 5000)
         loadTimeline.push({ t: now / 1000, kvUsage: sample });
       const busy = nextArrival < trace.length || live.size > 0;
-      if (busy) queue.push({ time: now + scrapeInterval, seq: seq++, kind: KIND_SCRAPE, worker: -1 });
+      if (busy) {
+        let next = now + scrapeInterval;
+        // nothing runs and nothing is due before the next arrival: every scrape until then would
+        // read what this one read, so only the last one before it is kept (same times, same
+        // values; a trace with hours between requests would otherwise scrape every worker
+        // through them)
+        if (live.size === 0 && queue.size === 0 && nextArrival < trace.length) {
+          const arrival = arrivalOf(trace[nextArrival]);
+          while (next + scrapeInterval <= arrival) next += scrapeInterval;
+        }
+        queue.push({ time: next, seq: seq++, kind: KIND_SCRAPE, worker: -1 });
+      }
     }
   }
   options.onProgress?.(trace.length, trace.length);

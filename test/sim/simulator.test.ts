@@ -64,6 +64,29 @@ test('prompts past the router default maxPromptTokens run where the engines take
   assert.ok(r.hitRate > 0.4, 'the second request reuses the first one’s KV');
 });
 
+test('an idle fleet is not scraped through a gap between requests, and decides as if it were', () => {
+  // two requests a day apart: scraping every 200 ms through the gap reads the same idle engines
+  // 432,000 times; the scrape kept is the last one before the second request
+  const day = 24 * 3_600_000;
+  const trace = [0, day].map((timestamp, i) => ({
+    index: i,
+    timestamp,
+    inputLength: 2048,
+    outputLength: 8,
+    hashIds: [1, 2, 3, 4],
+    blockSize: 512,
+  }));
+  const scrapes: number[] = [];
+  const r = simulate(trace, { workers: 2, policy: 'cost', onScrape: (at, w) => w === 0 && scrapes.push(at) });
+  assert.ok(scrapes.length < 50, `${scrapes.length} scrapes of worker 0`);
+  // the scrape before the second request is on the same 200 ms grid, at most one interval before it
+  const before = scrapes.filter((t) => t <= day);
+  assert.equal(before.at(-1)! % 200, 0);
+  assert.ok(day - before.at(-1)! <= 200);
+  assert.equal(r.outcomes.length, 2);
+  assert.equal(r.outcomes[1].cachedTokens, 3 * 512, 'the second request found the first one’s prefix');
+});
+
 test('the router is given the full blocks of a prompt, never its partial last block', () => {
   // a trace names the prompt's last, partial block too; an engine caches full blocks only, and a
   // router hashing the prompt's tokens keys only those (Dynamo's, llm-d's and this one's alike)
