@@ -70,12 +70,15 @@ const DATABASE_RETRY_MIN_MS = 1000;
 const DELETE_IF_EQUAL = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
 /**
- * Writes back workers the registry (KEYS[1]) lacks, ARGV[1] id → ARGV[2] record and so on,
- * unless recorded as removed (KEYS[2]) since they were read: one answer per worker, 1 written,
- * 0 there already, -1 removed. Atomic, and only with the commands the state's ACL grants.
+ * Writes back workers the registry (KEYS[1]) lacks, ARGV[2] id → ARGV[3] record and so on (with
+ * ARGV[4] the message announcing it, published on channel ARGV[1] when it is written), unless
+ * recorded as removed (KEYS[2]) since they were read: one answer per worker, 1 written, 0 there
+ * already, -1 removed. Atomic, announcement included: a removal another replica records just
+ * after the write is published after its announcement, so every replica hears the two in the
+ * order Redis applied them. Only with the commands the state's ACL grants.
  */
 const WRITE_BACK_WORKERS =
-  "local removed = {} local all = redis.call('HGETALL', KEYS[2]) for i = 1, #all, 2 do removed[all[i]] = true end local out = {} for i = 1, #ARGV, 2 do if removed[ARGV[i]] then out[#out + 1] = -1 else out[#out + 1] = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end end return out";
+  "local removed = {} local all = redis.call('HGETALL', KEYS[2]) for i = 1, #all, 2 do removed[all[i]] = true end local out = {} for i = 2, #ARGV, 3 do if removed[ARGV[i]] then out[#out + 1] = -1 else local set = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) out[#out + 1] = set if set == 1 then redis.call('PUBLISH', ARGV[1], ARGV[i + 2]) end end end return out";
 
 /**
  * Writes workflows' workers and steps under KEYS[2..] (`wf:{id}`), ids and values in ARGV[5..]
@@ -313,6 +316,13 @@ export class RedisStateStore implements StateStore {
   private draining = new Set<string>();
   /** Workers added or removed through this replica's admin API (or discovery) while Redis was out of reach, or during a resynchronisation. */
   private readonly unsyncedWorkers = new Map<string, UnsyncedWorker>();
+  /**
+   * Workers removed here whose removal this replica has not yet heard back on the channel. An
+   * addition announced before it (another replica's write-back that Redis applied before the
+   * removal, heard after the worker was removed here) is older than the removal and is not
+   * followed: the registry has the removal, and following it would keep the worker here alone.
+   */
+  private readonly removalsInFlight = new Set<string>();
   /** Drains (true) and resumes (false) made through this replica's admin API while Redis was out of reach, or during a resynchronisation. */
   private readonly unsyncedDrains = new Map<string, boolean>();
   /** Whether the subscriber is subscribed to the channel (on its current connection). */
@@ -470,6 +480,7 @@ export class RedisStateStore implements StateStore {
   }
 
   workerAdded(worker: WorkerRecord): void {
+    this.removalsInFlight.delete(worker.id);
     this.draining.delete(worker.id);
     this.unsyncedDrains.delete(worker.id);
     if (!this.up) return void this.unsyncedWorkers.set(worker.id, { added: worker }); // written when Redis is back
@@ -485,6 +496,7 @@ export class RedisStateStore implements StateStore {
     this.draining.delete(workerId);
     this.unsyncedDrains.delete(workerId);
     if (!this.up) return void this.unsyncedWorkers.set(workerId, { removed: { record } });
+    this.removalsInFlight.add(workerId);
     const m = this.cmd.pipeline();
     this.writeRemoved(m, workerId, record);
     void this.run(m.del(this.key('load', this.replicaId)), 'a worker removed').catch(() => {
@@ -763,6 +775,8 @@ export class RedisStateStore implements StateStore {
       if (msg.r === this.replicaId) for (const h of this.hearing) if (h.mark === msg.n) h.past = true;
       return;
     }
+    // this replica's own removal, heard back: what was announced before it has been heard
+    if (msg.r === this.replicaId && msg.k === 'wr') this.removalsInFlight.delete(msg.id);
     if (msg.r === this.replicaId || !this.host) return;
     try {
       if (msg.k === 'd') {
@@ -786,6 +800,7 @@ export class RedisStateStore implements StateStore {
         for (const id of known) this.applyRemote(id);
       } else if (msg.k === 'wa') {
         const id = msg.worker.id;
+        if (this.removalsInFlight.has(id)) return; // announced before this replica's removal of it
         for (const h of this.hearing) if (h.past) h.workers.set(id, msg.worker);
         if (!this.host.listWorkers().some((w) => w.id === id)) this.host.addWorkerFromState(msg.worker);
       } else if (msg.k === 'wr') {
@@ -907,6 +922,8 @@ export class RedisStateStore implements StateStore {
     this.up = false;
     this.heartbeatWritten = false;
     this.counters.outages++;
+    // a removal's message may never come back now; the resynchronisation reads the registry
+    this.removalsInFlight.clear();
     // other replicas' counts can no longer be kept current: route on this replica's own
     this.remote.clear();
     for (const w of this.host?.router.listWorkers() ?? []) this.applyRemote(w.id);
@@ -1151,22 +1168,23 @@ export class RedisStateStore implements StateStore {
           2,
           this.key('workers'),
           this.key('removed'),
-          ...missing.flatMap((w) => [w.id, JSON.stringify(w)]),
+          this.channel,
+          ...missing.flatMap((worker) => [
+            worker.id,
+            JSON.stringify(worker),
+            JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded),
+          ]),
         );
       for (const id of localDrains) back.hsetnx(this.key('draining'), id, '1');
       const res = await this.run(back, 'the workers written back');
       const written = missing.length > 0 && res[0]?.[0] === null ? (res[0][1] as number[]) : [];
-      // what this replica wrote the others learn now, not at their next resynchronisation
+      // the drains this replica wrote the others learn now, not at their next resynchronisation
       const announce = this.cmd.pipeline();
       missing.forEach((worker, i) => {
-        if (written[i] === 1)
-          announce.publish(
-            this.channel,
-            JSON.stringify({ r: this.replicaId, k: 'wa', worker } satisfies WireWorkerAdded),
-          );
+        // (a worker written was announced by the write itself)
         // removed meanwhile through another replica (unless added here, or heard added, since);
         // its message may have been heard during the write-back, and removed it already
-        else if (written[i] === -1 && !this.unsyncedWorkers.has(worker.id) && !heard.workers.get(worker.id)) {
+        if (written[i] === -1 && !this.unsyncedWorkers.has(worker.id) && !heard.workers.get(worker.id)) {
           if (host.listWorkers().some((w) => w.id === worker.id)) host.removeWorkerFromState(worker.id);
           this.draining.delete(worker.id);
         }
