@@ -5,6 +5,7 @@ import { BlockHashes, hashTokenBlocks, hashTokenBlocksFrom } from '../../src/cor
 import { decodeEventBatch, type KvEvent } from '../../src/engines/kv-events/decode.js';
 import { VllmBlockHasher } from '../../src/core/vllm-block-hash.js';
 import { KvEventApplier, emptyCounts } from '../../src/engines/kv-events/applier.js';
+import { encodeEventBatch } from '../../src/engines/kv-events/encode.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { storedTokens, tokenRange } from '../helpers/kv-event-builders.js';
 
@@ -200,6 +201,33 @@ describe('KV event applier on engine-encoded fixtures', () => {
       assert.equal(c.skipped.other_group, name === 'hybrid' ? 3 : 2, name); // sliding + mamba stores (+ the sliding removal)
       assert.equal(c.removedBlocks, 0, name);
       assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 32, name);
+    }
+  });
+
+  test('MLA and sink-attention groups hold every token as full attention does: their stores are indexed', () => {
+    for (const encoding of ['map', 'array'] as const) {
+      for (const kind of ['full_attention', 'mla_attention', 'sink_full_attention']) {
+        const router = router16();
+        const applier = new KvEventApplier(router);
+        const payload = encodeEventBatch(
+          {
+            ts: 1,
+            dataParallelRank: null,
+            events: [
+              storedTokens([1n, 2n], null, prompt, 16, { groupIdx: 0, kvCacheSpecKind: kind }),
+              { type: 'BlockRemoved', blockHashes: [2n], medium: 'GPU', groupIdx: 0 },
+            ],
+          },
+          encoding,
+        );
+        const c = applier.apply('w0', decodeEventBatch(payload));
+        const what = `${kind} (${encoding})`;
+        assert.deepEqual(c.skipped, {}, what);
+        assert.equal(c.storedBlocks, 2, what);
+        // the group's removal applies too: it is known as a full-prefix group from its store
+        assert.equal(c.removedBlocks, 1, what);
+        assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 16, what);
+      }
     }
   });
 

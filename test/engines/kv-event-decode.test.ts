@@ -140,6 +140,24 @@ describe('vLLM KV event decoding', () => {
       'bad_field',
       /token_ids\[0\] must be a uint32/,
     ],
+    // MLA and sink attention keep every token's KV as full attention does: their token ids fill their blocks
+    ...(['mla_attention', 'sink_full_attention'] as const).map((kind): [string, unknown, string, RegExp] => [
+      `token ids that do not fill the blocks of a ${kind} group`,
+      {
+        type: 'BlockStored',
+        block_hashes: [1],
+        parent_block_hash: null,
+        token_ids: [1, 2, 3],
+        block_size: 16,
+        lora_id: null,
+        medium: 'GPU',
+        lora_name: null,
+        group_idx: 0,
+        kv_cache_spec_kind: kind,
+      },
+      'token_count',
+      /3 token ids for 1 blocks of 16/,
+    ]),
     ['SGLang token pairs', ['BlockStored', [1], null, [[5, 6]], 1, null], 'bigram_tokens', /token pair/],
     [
       'medium not a string',

@@ -1,7 +1,14 @@
 import { BlockHashes, chainRoot, hashHex, hashTokenBlocksFrom, mixIntoChain } from '../../core/hashing.js';
 import type { KVAwareRouter } from '../../core/router/index.js';
 import { engineHashKey, type VllmHashAlgo } from '../../core/vllm-block-hash.js';
-import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatch } from './decode.js';
+import {
+  isFullPrefixKind,
+  type BlockStoredEvent,
+  type EngineBlockHash,
+  type ExtraKeys,
+  type KvEvent,
+  type KvEventBatch,
+} from './decode.js';
 
 /**
  * Applies decoded KV events of one worker to the router's block index. Pure: no I/O; the
@@ -30,9 +37,11 @@ import type { BlockStoredEvent, EngineBlockHash, ExtraKeys, KvEvent, KvEventBatc
  *   self_describing_kv_events (vllm-project/vllm#43468) its copies carry token ids, the parent
  *   and the GPU block size, and apply as stores in the offload tier.
  * - Hybrid models (sliding window, Mamba): group_idx / kv_cache_spec_kind say which KV
- *   group an event is for. Only full-attention groups are indexed (a prefix hit needs every
- *   block); events of other groups are skipped without error. Without kv_cache_spec_kind
- *   (releases before vllm-project/vllm#40984), group 0 is taken as the full-attention one.
+ *   group an event is for. Only groups that hold every token of the prefix are indexed (a
+ *   prefix hit needs every block): full attention, and MLA and sink attention, which vLLM
+ *   keeps as full attention does (FULL_PREFIX_KINDS); events of other groups are skipped
+ *   without error. Without kv_cache_spec_kind (releases before vllm-project/vllm#40984),
+ *   group 0 is taken as the full-attention one.
  * - extra_keys: the first block's cache salt keys the chain as the request's cache_salt does;
  *   multimodal (identifier, offset) keys are mixed into their block's hash, so an image block
  *   never matches a text block with the same placeholder tokens.
@@ -151,7 +160,7 @@ export class KvEventApplier {
   readonly vllmHashAlgo: VllmHashAlgo;
   private readonly maxTrackedBlocks: number;
   private readonly maps = new Map<string, Map<EngineBlockHash, OwnBlock>>();
-  /** Per worker, KV groups known not to be full attention (learned from kv_cache_spec_kind). */
+  /** Per worker, KV groups known not to hold the full prefix (learned from kv_cache_spec_kind). */
   private readonly otherGroups = new Map<string, Set<number>>();
   private readonly fullGroups = new Map<string, Set<number>>();
   /** GPU blocks an offload block spans, per worker and medium (learned from its stores). */
@@ -266,13 +275,13 @@ export class KvEventApplier {
   }
 
   /**
-   * Whether an event's KV group is a full-attention one (the only kind indexed). A store of a
+   * Whether an event's KV group holds the full prefix (the only kinds indexed). A store of a
    * group past MAX_KV_GROUPS_PER_WORKER is not: its kind could not be kept for its removals.
    */
   private fullAttention(workerId: string, groupIdx: number | null, kind: string | null | undefined): boolean {
     if (groupIdx === null && (kind === null || kind === undefined)) return true;
     if (kind !== null && kind !== undefined) {
-      const full = kind === 'full_attention';
+      const full = isFullPrefixKind(kind);
       if (groupIdx !== null) {
         const sets = full ? this.fullGroups : this.otherGroups;
         const s = sets.get(workerId);

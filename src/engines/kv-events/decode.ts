@@ -32,7 +32,10 @@ export interface BlockStoredEvent {
   loraName: string | null;
   groupIdx: number | null;
   extraKeys?: ExtraKeys[] | null;
-  /** The KV group's kind: "full_attention", "sliding_window", "mamba", … (null: not sent). */
+  /**
+   * The KV group's kind: "full_attention", "mla_attention", "sink_full_attention" (the
+   * full-prefix kinds, FULL_PREFIX_KINDS), "sliding_window", "mamba", … (null: not sent).
+   */
   kvCacheSpecKind?: string | null;
   kvCacheSpecSlidingWindow?: number | null;
   /**
@@ -55,6 +58,23 @@ export interface AllBlocksClearedEvent {
 }
 
 export type KvEvent = BlockStoredEvent | BlockRemovedEvent | AllBlocksClearedEvent;
+
+/**
+ * KV group kinds whose blocks hold the KV of every token of the prefix, as full attention does
+ * (vllm/v1/kv_cache_interface.py: MLAAttentionSpec and SinkFullAttentionSpec subclass
+ * FullAttentionSpec): a prefix hit needs each of their blocks, so they are the ones indexed.
+ * Sliding-window, chunked-local and Mamba groups drop (or never keep) earlier tokens' KV.
+ */
+export const FULL_PREFIX_KINDS: ReadonlySet<string> = new Set([
+  'full_attention',
+  'mla_attention',
+  'sink_full_attention',
+]);
+
+/** Whether a KV group of this kv_cache_spec_kind holds every token of its prefix (FULL_PREFIX_KINDS). */
+export function isFullPrefixKind(kind: string): boolean {
+  return FULL_PREFIX_KINDS.has(kind);
+}
 
 /** Why an event of a batch was skipped (a label of the skip counters in /metrics). */
 export type DecodeSkipReason = 'unknown_type' | 'bad_field' | 'token_count' | 'bigram_tokens' | 'too_large';
@@ -512,8 +532,8 @@ function decodeEvent(e: unknown, i: number): KvEvent {
       const groupIdx = optionalInt(fields.group_idx, `${at}.group_idx`);
       // token_ids covers every block (empty for an offloaded copy). A sliding-window or Mamba
       // group leaves its null blocks out of block_hashes while token_ids spans the range, so
-      // only a full-attention (or unlabelled first) group must match exactly.
-      const fullAttention = kind === null ? groupIdx === null || groupIdx === 0 : kind === 'full_attention';
+      // only a full-prefix (or unlabelled first) group must match exactly.
+      const fullAttention = kind === null ? groupIdx === null || groupIdx === 0 : isFullPrefixKind(kind);
       if (tokens.length !== 0 && tokens.length !== blockHashes.length * blockSize && fullAttention) {
         throw new KvEventFormatError(
           `${at}: ${tokens.length} token ids for ${blockHashes.length} blocks of ${blockSize}`,
