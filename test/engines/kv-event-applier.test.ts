@@ -4,7 +4,7 @@ import { describe, test } from 'node:test';
 import { BlockHashes, hashTokenBlocks, hashTokenBlocksFrom } from '../../src/core/hashing.js';
 import { decodeEventBatch, type KvEvent } from '../../src/engines/kv-events/decode.js';
 import { VllmBlockHasher } from '../../src/core/vllm-block-hash.js';
-import { KvEventApplier, emptyCounts } from '../../src/engines/kv-events/applier.js';
+import { KvEventApplier, MISMATCHES_BEFORE_GIVING_UP, emptyCounts } from '../../src/engines/kv-events/applier.js';
 import { encodeEventBatch } from '../../src/engines/kv-events/encode.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { storedTokens, tokenRange } from '../helpers/kv-event-builders.js';
@@ -330,7 +330,11 @@ describe('KV event applier on engine-encoded fixtures', () => {
     assert.equal(ok.hashMismatches, 0);
     assert.equal(matching.route(request, { dryRun: true }).cachedTokens, 32);
     // vLLM's default sha256 (pickle), or sha256_cbor under another seed: keys no request can match
-    for (const name of ['vllm-sha256-pickle-first-blocks', 'vllm-seed1-first-blocks']) {
+    const engines = {
+      'vllm-sha256-pickle-first-blocks': { algo: 'sha256', seed: '0' },
+      'vllm-seed1-first-blocks': { algo: 'sha256_cbor', seed: '1' },
+    } as const;
+    for (const [name, engine] of Object.entries(engines)) {
       const router = vllmRouter();
       const applier = new KvEventApplier(router);
       const c = applier.apply('w0', decodeEventBatch(fixture(name)));
@@ -339,6 +343,15 @@ describe('KV event applier on engine-encoded fixtures', () => {
       assert.equal(c.storedBlocks, 0, name);
       assert.equal(applier.trackedBlocks('w0'), 0, name);
       assert.equal(router.getStats().index.entries, 0, name);
+      // the fixture sends no extra_keys (a salted prompt would differ too): the worker is given up
+      // on once as many distinct prompts' first blocks have differed, none matching
+      const hasher = new VllmBlockHasher(engine.seed, engine.algo);
+      for (let k = 1; k < MISMATCHES_BEFORE_GIVING_UP; k++) {
+        const toks = tokens(100_000 * k, 16);
+        const h = hasher.hashBlocks(toks, 16, {}, new BlockHashes()).toBigInt(0);
+        const more = applier.apply('w0', batch(storedTokens([h], null, toks, 16)));
+        assert.deepEqual(more.skipped, { hash_mismatch: 1 }, `${name}, prompt ${k}`);
+      }
       // the prompt's next block, chained from the last skipped one: no better, skipped too
       const last = (decodeEventBatch(fixture(name)).events[0] as { blockHashes: bigint[] }).blockHashes[1];
       const next = applier.apply('w0', batch(storedTokens([77n], last, cases[0].tokens.slice(32, 48), 16)));
@@ -349,6 +362,68 @@ describe('KV event applier on engine-encoded fixtures', () => {
       const fresh = applier.apply('w0', decodeEventBatch(fixture('vllm-seed0-first-blocks')));
       assert.equal(fresh.storedBlocks, 2, name);
     }
+  });
+
+  test('vllm hash mode: a salted prompt of a release that sends no extra_keys does not shut its worker out', () => {
+    const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise', blockHash: 'vllm', pythonHashSeed: '0' });
+    router.registerWorker('w0');
+    const applier = new KvEventApplier(router);
+    const hasher = new VllmBlockHasher('0', 'sha256_cbor');
+    const engineHashes = (toks: number[], cacheSalt?: string) => {
+      const h = hasher.hashBlocks(toks, 16, cacheSalt ? { cacheSalt } : {}, new BlockHashes());
+      return Array.from({ length: h.length }, (_, i) => h.toBigInt(i));
+    };
+    const send = (event: KvEvent) => applier.apply('w0', decodeEventBatch(encodeEventBatch(batch(event))));
+    // vLLM hashes the salt into the first block but this release does not send it: the router
+    // cannot tell this store from one hashed otherwise, so it is skipped, the worker kept
+    const salted = tokens(5000, 32);
+    const first = send(storedTokens(engineHashes(salted, 'tenant-a'), null, salted, 16));
+    assert.deepEqual(first.skipped, { hash_mismatch: 1 });
+    for (let k = 0; k < 3; k++) {
+      const plain = tokens(6000 + 100 * k, 32);
+      const c = send(storedTokens(engineHashes(plain), null, plain, 16));
+      assert.deepEqual(c.skipped, {}, `plain prompt ${k}`);
+      assert.equal(c.storedBlocks, 2, `plain prompt ${k}`);
+      assert.equal(router.route({ tokens: plain }, { dryRun: true }).cachedTokens, 32, `plain prompt ${k}`);
+    }
+    // once a first block has matched, salted ones without their keys are that prompt's own mismatch
+    for (let k = 0; k < MISMATCHES_BEFORE_GIVING_UP; k++) {
+      const more = tokens(7000 + 100 * k, 16);
+      assert.deepEqual(send(storedTokens(engineHashes(more, `t${k}`), null, more, 16)).skipped, { hash_mismatch: 1 });
+    }
+    const later = tokens(9000, 32);
+    assert.equal(send(storedTokens(engineHashes(later), null, later, 16)).storedBlocks, 2);
+    // a release that sends extra_keys names the salt: the store matches and is indexed
+    router.registerWorker('w1');
+    const withKeys = new KvEventApplier(router);
+    const c = withKeys.apply(
+      'w1',
+      decodeEventBatch(
+        encodeEventBatch(
+          batch(storedTokens(engineHashes(salted, 'tenant-a'), null, salted, 16, { extraKeys: [['tenant-a'], null] })),
+        ),
+      ),
+    );
+    assert.deepEqual(c.skipped, {});
+    assert.equal(c.storedBlocks, 2);
+  });
+
+  test('vllm hash mode: a first block that differs though its extra_keys were sent gives the worker up at once', () => {
+    const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise', blockHash: 'vllm', pythonHashSeed: '0' });
+    router.registerWorker('w0');
+    const applier = new KvEventApplier(router);
+    // the engine hashes with sha256 (pickle), the router sha256_cbor
+    const other = new VllmBlockHasher('0', 'sha256');
+    const toks = tokens(5000, 32);
+    const h = other.hashBlocks(toks, 16, {}, new BlockHashes());
+    const hashes = [h.toBigInt(0), h.toBigInt(1)];
+    const send = (event: KvEvent) => applier.apply('w0', decodeEventBatch(encodeEventBatch(batch(event))));
+    assert.deepEqual(send(storedTokens(hashes, null, toks, 16, { extraKeys: [null, null] })).skipped, {
+      hash_mismatch: 1,
+    });
+    // its continuation is no better: skipped too
+    assert.deepEqual(send(storedTokens([77n], hashes[1], tokens(6000, 16), 16)).skipped, { hash_mismatch: 1 });
+    assert.equal(router.getStats().index.entries, 0);
   });
 
   test("vllm hash mode: the first-block check judges by the engines' --prefix-caching-hash-algo", () => {

@@ -345,6 +345,7 @@ describe('mock engine: data parallel, LoRA, vLLM block hashes', () => {
       assert.ok(told !== undefined, mismatched.logs.join('\n'));
       assert.match(told, /--prefix-caching-hash-algo/);
       assert.match(told, /PYTHONHASHSEED/);
+      assert.match(told, /cache_salt/);
       assert.match(told, /hybrid/);
       assert.match(told, /prefix_match_unit/);
       assert.match(told, /--decode-context-parallel-size/);

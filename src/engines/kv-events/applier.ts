@@ -100,7 +100,9 @@ export interface ApplyCounts {
   blockSizeMismatches: number;
   /**
    * vllm hash mode: stores whose first block's hash is not the one the router computes from its
-   * tokens (the engine hashes with another --prefix-caching-hash-algo or PYTHONHASHSEED).
+   * tokens (the engine hashes with another --prefix-caching-hash-algo or PYTHONHASHSEED, or the
+   * prompt was salted by a release that does not send extra_keys), and stores of a worker found
+   * to hash otherwise.
    */
   hashMismatches: number;
   /** Events (or blocks, for removals) skipped, per reason; decode reasons are added by the subscriber. */
@@ -140,6 +142,18 @@ interface OwnBlock {
 /** First blocks whose hash matched before a worker's stores are taken without checking (vllm hash mode). */
 const CONFIRMED_HASHES = 16;
 
+/**
+ * vllm hash mode: distinct prompts' first blocks that must differ from the router's hash, none
+ * having matched, before a worker whose stores send no extra_keys is taken to hash otherwise.
+ * Such a release hashes a salted prompt's first block with its cache_salt without sending the
+ * salt (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys), so one mismatch may be
+ * one salted prompt; an engine hashing otherwise misses on every prompt and is given up on
+ * after this many (its continuations meanwhile land under keys no request matches, and are
+ * removed as it evicts them), while a well-configured one is shut out only if its first 8
+ * distinct prompts are all salted.
+ */
+export const MISMATCHES_BEFORE_GIVING_UP = 8;
+
 export interface WorkerNamespace {
   /** The CLA group the worker's KV is made under, if it serves exactly one. */
   claGroup?: number | null;
@@ -173,9 +187,14 @@ export class KvEventApplier {
   private readonly walked = new Set<EngineBlockHash>();
   /**
    * vllm hash mode: per worker, the prompts' first blocks whose hash has been found to be the
-   * router's; -1 when the first one judged was not (the worker hashes otherwise).
+   * router's; -1 once the worker is found to hash otherwise (judgeMismatch).
    */
   private readonly hashesConfirmed = new Map<string, number>();
+  /**
+   * vllm hash mode: per worker none of whose first blocks has matched yet, the first blocks of
+   * stores without extra_keys that did not (at most MISMATCHES_BEFORE_GIVING_UP).
+   */
+  private readonly unexplainedMismatches = new Map<string, Set<EngineBlockHash>>();
   private readonly checkHashes = new BlockHashes(1);
 
   constructor(
@@ -217,7 +236,14 @@ export class KvEventApplier {
   /** Workers the applier keeps anything for. */
   trackedWorkers(): number {
     const ids = new Set<string>();
-    for (const m of [this.maps, this.fullGroups, this.otherGroups, this.offloadSpans, this.hashesConfirmed])
+    for (const m of [
+      this.maps,
+      this.fullGroups,
+      this.otherGroups,
+      this.offloadSpans,
+      this.hashesConfirmed,
+      this.unexplainedMismatches,
+    ])
       for (const id of m.keys()) ids.add(id);
     return ids.size;
   }
@@ -258,6 +284,7 @@ export class KvEventApplier {
     this.maps.delete(workerId);
     // an engine that started over may hash otherwise now: check it again
     this.hashesConfirmed.delete(workerId);
+    this.unexplainedMismatches.delete(workerId);
     this.offloadSpans.delete(workerId);
     this.fullGroups.delete(workerId);
     this.otherGroups.delete(workerId);
@@ -534,8 +561,12 @@ export class KvEventApplier {
    * index with keys no request ever matches. Once CONFIRMED_HASHES first blocks of a worker
    * have matched, its stores are taken without the check (its cost is one block hash each); a
    * store the check cannot judge (no tokens, a parent, multimodal or embedding keys, a LoRA known
-   * only by id) is taken as it is, unless the worker's first judged store differed: then none
+   * only by id) is taken as it is, unless the worker has been found to hash otherwise: then none
    * of its stores is taken until its entries are cleared (it restarted, or was removed).
+   * A worker hashes otherwise when, none of its first blocks having matched, one that sent its
+   * extra_keys differs (the salt, if any, was in them), or MISMATCHES_BEFORE_GIVING_UP distinct
+   * ones without extra_keys differ (each may be a salted prompt of a release that does not send
+   * them). A store that differs is skipped either way.
    */
   private hashIsRouters(workerId: string, e: BlockStoredEvent): boolean {
     const confirmed = this.hashesConfirmed.get(workerId) ?? 0;
@@ -555,11 +586,31 @@ export class KvEventApplier {
     );
     engineHashKey(e.blockHashes[0], this.key);
     if (keys.length !== 1 || keys.hi[0] !== this.key[0] || keys.lo[0] !== this.key[1]) {
-      if (confirmed === 0) this.hashesConfirmed.set(workerId, -1);
+      // once one has matched, a mismatch is that prompt's own, never the worker's
+      if (confirmed === 0) this.judgeMismatch(workerId, e);
       return false;
     }
     this.hashesConfirmed.set(workerId, confirmed + 1);
+    this.unexplainedMismatches.delete(workerId);
     return true;
+  }
+
+  /** A first block differed and none of the worker's has matched: whether it now hashes otherwise. */
+  private judgeMismatch(workerId: string, e: BlockStoredEvent): void {
+    if (e.extraKeys !== null && e.extraKeys !== undefined) {
+      // its keys were sent, the salt among them: the router hashed what the engine hashed
+      this.hashesConfirmed.set(workerId, -1);
+      this.unexplainedMismatches.delete(workerId);
+      return;
+    }
+    // a release without extra_keys: the prompt may be salted with a cache_salt not sent
+    let seen = this.unexplainedMismatches.get(workerId);
+    if (!seen) this.unexplainedMismatches.set(workerId, (seen = new Set()));
+    seen.add(e.blockHashes[0]);
+    if (seen.size >= MISMATCHES_BEFORE_GIVING_UP) {
+      this.hashesConfirmed.set(workerId, -1);
+      this.unexplainedMismatches.delete(workerId);
+    }
   }
 
   private scratchSeq(n: number): { hi: Uint32Array; lo: Uint32Array; length: number } {

@@ -1,7 +1,7 @@
 import { context, Dealer, Subscriber, type Observer } from 'zeromq';
 import { quotedText, shownText } from '../../core/shown-text.js';
 import type { KvEventApplier } from './applier.js';
-import { emptyCounts, type ApplyCounts } from './applier.js';
+import { emptyCounts, MISMATCHES_BEFORE_GIVING_UP, type ApplyCounts } from './applier.js';
 import { KV_EVENT_LIMITS, KvEventFormatError, readEventBatch, type EventBatchReader } from './decode.js';
 
 /**
@@ -449,15 +449,18 @@ export class KvEventSubscriber {
       from = to;
     }
     if (firstSkip !== undefined) this.log(`batch ${seq}: skipped ${skippedEvents} event(s): ${firstSkip}`);
-    // what makes vLLM's hashes differ from the router's: the algorithm and seed, or the step its
-    // hashes are chained at (vllm/v1/core/kv_cache_utils.py: resolve_kv_cache_block_sizes gives
-    // get_request_block_hasher a step finer than the block for several KV cache groups, the GCD
-    // of their block sizes, or cache_config.prefix_match_unit; and one of block size times the
-    // decode-context-parallel size for one group)
+    // what makes vLLM's hashes differ from the router's: a cache salt the event does not carry
+    // (releases before extra_keys hash it into the first block without sending it), the
+    // algorithm and seed, or the step its hashes are chained at (vllm/v1/core/kv_cache_utils.py:
+    // resolve_kv_cache_block_sizes gives get_request_block_hasher a step finer than the block for
+    // several KV cache groups, the GCD of their block sizes, or cache_config.prefix_match_unit;
+    // and one of block size times the decode-context-parallel size for one group)
     if (mismatchesBefore === 0 && this.stats.applied.hashMismatches > 0)
       this.log(
-        `worker ${worker}: its block hashes are not the ones the router computes (vLLM's ${this.options.applier.vllmHashAlgo} under the router's PYTHONHASHSEED, one per block of the worker's block size, each chained to the last); ` +
-          `its stores are skipped (reason hash_mismatch): give the router the engine's --prefix-caching-hash-algo (vLLM's default is sha256) and PYTHONHASHSEED, or start the engine with --prefix-caching-hash-algo ${this.options.applier.vllmHashAlgo} and the router's PYTHONHASHSEED. ` +
+        `worker ${worker}: a block hash is not the one the router computes (vLLM's ${this.options.applier.vllmHashAlgo} under the router's PYTHONHASHSEED, one per block of the worker's block size, each chained to the last); ` +
+          `such stores are skipped (reason hash_mismatch). If the engine's events carry no extra_keys (vLLM releases before they were added), a prompt sent with a cache_salt is hashed with the salt, which the event does not carry: ` +
+          `its store is skipped alone, and the worker's stores are all skipped only once ${MISMATCHES_BEFORE_GIVING_UP} distinct prompts have differed with none matching (or one whose extra_keys were sent). ` +
+          `Otherwise give the router the engine's --prefix-caching-hash-algo (vLLM's default is sha256) and PYTHONHASHSEED, or start the engine with --prefix-caching-hash-algo ${this.options.applier.vllmHashAlgo} and the router's PYTHONHASHSEED. ` +
           `If those agree, the engine chains its hashes at another step than its block: vLLM does at a finer one for a hybrid model (several KV cache groups: the greatest common divisor of their block sizes) or when its cache config sets prefix_match_unit, which the router does not reproduce (serve --block-hash router keys blocks by the router's own hash of the events' token ids instead); ` +
           `and with --decode-context-parallel-size N its step is --block-size times N: the worker's block-size must be that product`,
       );
