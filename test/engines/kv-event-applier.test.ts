@@ -231,6 +231,21 @@ describe('KV event applier on engine-encoded fixtures', () => {
     }
   });
 
+  test('blocks hashed by digests longer than 64 bytes are stored and removed by them', () => {
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    // 4 x 32-byte sub-block digests per block, as vLLM concatenates them (hex in, bytes on the wire)
+    const digest = (i: number) => `${i.toString(16).padStart(2, '0')}`.repeat(128);
+    const send = (event: KvEvent) => applier.apply('w0', decodeEventBatch(encodeEventBatch(batch(event))));
+    const c = send(storedTokens([digest(1), digest(2)], null, prompt, 16));
+    assert.deepEqual(c.skipped, {});
+    assert.equal(c.storedBlocks, 2);
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 32);
+    const r = send({ type: 'BlockRemoved', blockHashes: [digest(2)], medium: 'GPU', groupIdx: null });
+    assert.equal(r.removedBlocks, 1);
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 16);
+  });
+
   test("cache salt in extra_keys keys the chain as the request's cache_salt; multimodal blocks never match text", () => {
     const router = router16();
     const applier = new KvEventApplier(router);

@@ -81,6 +81,42 @@ describe('vLLM KV event decoding', () => {
     });
   }
 
+  test('digests longer than 64 bytes (concatenated sub-block digests) are kept under a bounded key ending in their low 64 bits', () => {
+    // vLLM hashing a KV group at a step finer than its block publishes each block's sub-block
+    // digests concatenated: 4 x 32 bytes here
+    const long = (i: number) =>
+      Buffer.alloc(128, i)
+        .fill(0xab, 120)
+        .fill(i + 1, 127);
+    const b = decodeEventBatch(
+      encode([
+        1.5,
+        [
+          ['BlockStored', [long(1), long(2)], null, Array.from({ length: 32 }, (_, k) => k), 16, null, 'GPU'],
+          ['BlockRemoved', [long(2)], 'GPU'],
+          ['BlockRemoved', [new Uint8Array(KV_EVENT_LIMITS.maxBlockHashBytes)], 'GPU'],
+          ['BlockRemoved', [new Uint8Array(KV_EVENT_LIMITS.maxBlockHashBytes + 1)], 'GPU'],
+        ],
+      ]),
+    );
+    assert.deepEqual(
+      b.skipped?.map(({ index, reason }) => ({ index, reason })),
+      [{ index: 3, reason: 'bad_field' }],
+    );
+    const [stored, removed, largest] = b.events as Array<{ blockHashes: string[] }>;
+    const [k1, k2] = stored.blockHashes;
+    assert.equal(k1.length, 64);
+    assert.notEqual(k1, k2);
+    // the digest's last 8 bytes, as vLLM's int form takes them, end the key
+    assert.ok(k1.endsWith(long(1).subarray(120).toString('hex')), k1);
+    // the same digest gets the same key wherever it is sent
+    assert.deepEqual(removed.blockHashes, [k2]);
+    assert.equal(largest.blockHashes[0].length, 64);
+    // digests of up to 64 bytes stay their hex, as before
+    const short = decodeEventBatch(encode([1.5, [['BlockRemoved', [Buffer.alloc(64, 7)], 'GPU']]]));
+    assert.deepEqual((short.events[0] as { blockHashes: string[] }).blockHashes, ['07'.repeat(64)]);
+  });
+
   test('uint64 hashes above 2^53 keep every bit', () => {
     const b = decodeEventBatch(new Uint8Array(readFileSync(new URL('map-removed-int.bin', dir))));
     const e = b.events[0];

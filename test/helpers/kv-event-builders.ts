@@ -1,4 +1,4 @@
-import type { KvEvent, KvEventBatch } from '../../src/engines/kv-events/decode.js';
+import type { EngineBlockHash, KvEvent, KvEventBatch } from '../../src/engines/kv-events/decode.js';
 
 /** Token ids from, from + 1, …: n of them. */
 export const tokenRange = (from: number, n: number): number[] => Array.from({ length: n }, (_, i) => from + i);
@@ -23,8 +23,8 @@ export const storedEvent = (
 
 /** A GPU BlockStored event for `hashes` with the given token ids; `extra` overrides any field. */
 export const storedTokens = (
-  hashes: bigint[],
-  parent: bigint | null,
+  hashes: EngineBlockHash[],
+  parent: EngineBlockHash | null,
   tokenIds: number[],
   blockSize: number,
   extra: Partial<KvEvent> = {},

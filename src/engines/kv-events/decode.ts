@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { Decoder } from '@msgpack/msgpack';
 
 /**
@@ -6,7 +7,9 @@ import { Decoder } from '@msgpack/msgpack';
  * or an array [ts, events] / [ts, events, dp_rank]; each event as a map whose "type" names
  * it (newer releases, fields at their default omitted) or an array whose first element is
  * the type (older releases, trailing fields nil or absent). Block hashes are uint64 (kept as
- * BigInt: plain numbers lose bits) or 32-byte binary digests (kept as hex strings).
+ * BigInt: plain numbers lose bits) or binary digests (kept as hex strings): 32 bytes, or
+ * several such concatenated (up to KV_EVENT_LIMITS.maxBlockHashBytes), which are kept as a
+ * 32-byte key (longDigestKey).
  */
 export type EngineBlockHash = bigint | string;
 
@@ -144,7 +147,28 @@ export const KV_EVENT_LIMITS = {
    * event is skipped.
    */
   maxExtraKeyDepth: 8,
+  /**
+   * Bytes of one binary block hash. vLLM's are a 32-byte digest (sha256; 16 for xxhash), or,
+   * for a KV group hashed at a step finer than its block (BlockHashListWithBlockSize in
+   * vllm/v1/core/kv_cache_utils.py), its sub-blocks' digests concatenated: block size over
+   * step times 32 bytes, 4 KiB at a ratio of 128. A longer hash is a `bad_field`.
+   */
+  maxBlockHashBytes: 4096,
 };
+
+/** Binary block hashes up to this long are kept as their hex; longer ones by longDigestKey. */
+const HEX_DIGEST_BYTES = 64;
+
+/**
+ * The key of a block hash longer than HEX_DIGEST_BYTES (concatenated sub-block digests): the
+ * first 24 bytes of its sha256, then its own last 8 bytes, in hex. Every block a worker holds
+ * keeps its key, so a 4 KiB digest is not kept whole (8 KiB of hex per block, millions of
+ * blocks); it still ends in the digest's low 64 bits, the index key vLLM's int form gives.
+ */
+function longDigestKey(digest: Uint8Array): string {
+  const head = createHash('sha256').update(digest).digest().subarray(0, 24);
+  return Buffer.concat([head, digest.subarray(digest.byteLength - 8)]).toString('hex');
+}
 
 // Field order of vLLM's structs (vllm/distributed/kv_events.py), which array-like releases
 // encode positionally. Older releases send a prefix of these; newer ones may append fields
@@ -629,9 +653,9 @@ function hash(v: unknown, at: string): EngineBlockHash {
   if (typeof v === 'number' && Number.isInteger(v))
     throw new KvEventFormatError(`${at} is a number past 2^53, which has lost bits: send it as an integer or string`);
   if (v instanceof Uint8Array) {
-    if (v.byteLength === 0 || v.byteLength > 64)
-      throw new KvEventFormatError(`${at} must be 1-64 bytes, got ${v.byteLength}`);
-    return Buffer.from(v).toString('hex');
+    if (v.byteLength === 0 || v.byteLength > KV_EVENT_LIMITS.maxBlockHashBytes)
+      throw new KvEventFormatError(`${at} must be 1-${KV_EVENT_LIMITS.maxBlockHashBytes} bytes, got ${v.byteLength}`);
+    return v.byteLength > HEX_DIGEST_BYTES ? longDigestKey(v) : Buffer.from(v).toString('hex');
   }
   throw new KvEventFormatError(`${at} must be an integer or bytes`);
 }
