@@ -277,8 +277,35 @@ describe('KV event applier on engine-encoded fixtures', () => {
     ]);
     const batch = decodeEventBatch(payload);
     assert.deepEqual((batch.events[0] as { extraKeys: unknown }).extraKeys, [[{ bytes: '010203' }]]);
-    applier.apply('w0', batch);
-    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 16);
+    const c = applier.apply('w0', batch);
+    assert.deepEqual(c.skipped, {});
+    assert.equal(c.storedBlocks, 1);
+    // keyed by its digest, not by a salt: the block holds KV of embeddings, which no token prompt has
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 0);
+  });
+
+  test('prompt-embeds blocks (token ids 0, an embedding digest in extra_keys) never match a token prompt or each other', () => {
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    const zeros = new Array<number>(16).fill(0);
+    // vLLM sends token ids 0 for a prompt given as embeddings, and a digest of each block's
+    // embeddings (bytes) in its extra_keys
+    const digest = (i: number) => Uint8Array.from(Buffer.alloc(32, i));
+    const send = (event: KvEvent) => applier.apply('w0', decodeEventBatch(encodeEventBatch(batch(event))));
+    const embeds = (hash: bigint, parent: bigint | null, i: number) =>
+      storedTokens([hash], parent, zeros, 16, { extraKeys: [[digest(i)]] });
+    let c = send(embeds(1n, null, 1));
+    c = applier.apply('w0', decodeEventBatch(encodeEventBatch(batch(embeds(2n, null, 2), embeds(3n, 1n, 3)))), c);
+    assert.deepEqual(c.skipped, {});
+    assert.equal(c.storedBlocks, 3);
+    // three blocks, three keys: the same token ids under different embeddings are different KV
+    assert.equal(new Set(applier.trackedHashes('w0')).size, 3);
+    // a prompt of token 0 holds other KV than any of them
+    assert.equal(router.route({ tokens: [...zeros, ...zeros] }, { dryRun: true }).cachedTokens, 0);
+    // each is removed by its own hash
+    const r = send({ type: 'BlockRemoved', blockHashes: [2n], medium: 'GPU', groupIdx: null });
+    assert.equal(r.removedBlocks, 1);
+    assert.equal(applier.trackedBlocks('w0'), 2);
   });
 
   test('every historical shape applies the same way', () => {

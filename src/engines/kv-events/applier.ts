@@ -43,8 +43,9 @@ import {
  *   without error. Without kv_cache_spec_kind (releases before vllm-project/vllm#40984),
  *   group 0 is taken as the full-attention one.
  * - extra_keys: the first block's cache salt keys the chain as the request's cache_salt does;
- *   multimodal (identifier, offset) keys are mixed into their block's hash, so an image block
- *   never matches a text block with the same placeholder tokens.
+ *   multimodal (identifier, offset) keys and prompt-embedding digests are mixed into their
+ *   block's hash, so an image block never matches a text block with the same placeholder
+ *   tokens, nor a block of embeddings (token ids 0) a prompt of token 0 or other embeddings.
  * - Block size per worker: a store whose block size differs from the worker's is skipped and
  *   counted ('block_size'); SGLang's page size 1 gives one event per token, which works with
  *   `block-size=1` on that worker.
@@ -436,7 +437,7 @@ export class KvEventApplier {
         parentHi = parent.hi;
         parentLo = parent.lo;
       }
-      if (e.extraKeys && e.extraKeys.some(hasMultimodal)) this.hashWithMultimodal(parentHi, parentLo, e, own);
+      if (e.extraKeys && e.extraKeys.some(hasBlockContentKeys)) this.hashWithContentKeys(parentHi, parentLo, e, own);
       else hashTokenBlocksFrom(parentHi, parentLo, e.tokenIds, e.blockSize, own);
     }
     let parent = e.parentBlockHash;
@@ -457,8 +458,11 @@ export class KvEventApplier {
     counts.storedBlocks += own.length;
   }
 
-  /** Blocks hashed one by one, each multimodal block's identifiers mixed into its chain. */
-  private hashWithMultimodal(parentHi: number, parentLo: number, e: BlockStoredEvent, out: BlockHashes): void {
+  /**
+   * Blocks hashed one by one, the content keys of each block (multimodal identifiers, prompt
+   * embedding digests: blockContentKeys) mixed into its chain.
+   */
+  private hashWithContentKeys(parentHi: number, parentLo: number, e: BlockStoredEvent, out: BlockHashes): void {
     const n = e.blockHashes.length;
     out.ensureCapacity(n);
     const one = new BlockHashes(1);
@@ -466,8 +470,8 @@ export class KvEventApplier {
     let lo = parentLo;
     for (let i = 0; i < n; i++) {
       const keys = e.extraKeys![i];
-      if (keys && hasMultimodal(keys)) {
-        mixIntoChain(hi, lo, JSON.stringify(keys.filter((k) => Array.isArray(k))), this.root);
+      if (keys && hasBlockContentKeys(keys)) {
+        mixIntoChain(hi, lo, JSON.stringify(keys.filter(isBlockContentKey)), this.root);
         hi = this.root[0];
         lo = this.root[1];
       }
@@ -645,6 +649,17 @@ function saltOf(e: BlockStoredEvent): string | null {
   return null;
 }
 
-function hasMultimodal(keys: ExtraKeys): boolean {
-  return keys !== null && keys.some((k) => Array.isArray(k));
+/**
+ * Whether an extra key stands for what a block's KV was computed from besides its token ids:
+ * a multimodal (identifier, offset) pair, whose placeholder tokens are the same for every
+ * image, or a prompt-embedding digest (bytes: vLLM sends token ids 0 for a prompt given as
+ * embeddings). Requests the router hashes are token ids alone, so a block keyed by these never
+ * matches one, nor one of other content.
+ */
+function isBlockContentKey(k: unknown): boolean {
+  return Array.isArray(k) || (k !== null && typeof k === 'object' && 'bytes' in k);
+}
+
+function hasBlockContentKeys(keys: ExtraKeys): boolean {
+  return keys !== null && keys.some(isBlockContentKey);
 }
