@@ -1,5 +1,8 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
 import { Client } from 'undici';
@@ -395,4 +398,79 @@ test('serve --processes 2: /metrics on any process counts the requests of every 
   const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
   child.kill('SIGTERM');
   assert.equal(await exited, 0);
+});
+
+/** The pids of a primary's gateway processes (its children), [] when it has none. */
+function childPids(primary: ChildProcess): number[] {
+  try {
+    return execFileSync('pgrep', ['-P', String(primary.pid)], { encoding: 'utf8' })
+      .trim()
+      .split('\n')
+      .filter(Boolean)
+      .map(Number);
+  } catch {
+    return []; // pgrep exits 1 when it finds none
+  }
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** GET /healthz on a new connection: its status, or 0 when no process answered. */
+async function healthStatus(base: string): Promise<number> {
+  const c = new Client(base, { pipelining: 1 });
+  try {
+    const res = await c.request({ path: '/healthz', method: 'GET' });
+    await res.body.text();
+    return res.statusCode;
+  } catch {
+    return 0;
+  } finally {
+    await c.close().catch(() => {});
+  }
+}
+
+test('serve --processes 2: a replacement that cannot start is retried while the other process keeps serving', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'contextforge-processes-'));
+  const template = join(dir, 'chat-template.jinja');
+  writeFileSync(template, '{% for m in messages %}{{ m.content }}{% endfor %}');
+  try {
+    const { child, base, output } = await startServe([...TWO_PROCESSES_QUIET, '--chat-template', template]);
+    const [first, second] = childPids(child);
+    assert.ok(first !== undefined && second !== undefined, 'two gateway processes');
+    // from now on a new process fails to start (its chat template is gone)
+    renameSync(template, `${template}.away`);
+    process.kill(first, 'SIGKILL');
+    await until(
+      () => {
+        assert.equal(child.exitCode, null, `the primary keeps running: ${output()}`);
+        return (output().match(/exited before it served .*; starting another in/g)?.length ?? 0) >= 2;
+      },
+      'the primary to retry a replacement that cannot start',
+      { timeoutMs: 60_000 },
+    );
+    assert.equal(child.exitCode, null, 'the primary keeps running');
+    assert.ok(alive(second), 'the healthy process keeps running');
+    assert.equal(await healthStatus(base), 200, 'the healthy process serves');
+    // once it can start again, a replacement serves
+    renameSync(`${template}.away`, template);
+    await until(
+      () => childPids(child).length === 2 && /\[process (?![12]\])\d+\] contextforge-router process/.test(output()),
+      'a replacement to serve',
+      {
+        timeoutMs: 60_000,
+      },
+    );
+    const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+    child.kill('SIGTERM');
+    assert.equal(await exited, 0);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

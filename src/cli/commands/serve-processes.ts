@@ -26,6 +26,9 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
   let stopping = false;
   const listening = new Set<number>();
   let announced = false;
+  /** The pause before the next replacement after one exited before it served; 0 once one serves. */
+  let restartDelayMs = 0;
+  let restartTimer: NodeJS.Timeout | undefined;
   const failedToStart = new Promise<never>((_resolve, reject) => {
     const fork = () => {
       const worker = cluster.fork();
@@ -43,6 +46,7 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
       });
       worker.on('listening', (address) => {
         listening.add(worker.id);
+        restartDelayMs = 0;
         if (announced || listening.size < c.processes) return;
         announced = true;
         const host =
@@ -56,13 +60,22 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
         metrics.remove(id);
         const started = listening.delete(worker.id);
         if (stopping || (code === 0 && signal === null)) return;
-        // one that never served is a configuration error: restarting would only repeat it
-        if (!started)
-          return reject(
-            new RangeError(`a gateway process failed to start (exit ${signal ?? code}); its error is above`),
-          );
-        log(`gateway process ${id} stopped (${signal ?? `exit ${code}`}); starting another`);
-        fork();
+        const how = signal ?? `exit ${code}`;
+        // one of the first that never served is a configuration error: restarting would only repeat it
+        if (!started && !announced)
+          return reject(new RangeError(`a gateway process failed to start (${how}); its error is above`));
+        if (started) {
+          log(`gateway process ${id} stopped (${how}); starting another`);
+          return fork();
+        }
+        // a replacement that died starting (killed, or what it reads is gone): the others keep
+        // serving while it is tried again, less often each time it fails
+        restartDelayMs = Math.min(Math.max(restartDelayMs * 2, MIN_RESTART_DELAY_MS), MAX_RESTART_DELAY_MS);
+        log(`gateway process ${id} exited before it served (${how}); starting another in ${restartDelayMs} ms`);
+        restartTimer = setTimeout(() => {
+          restartTimer = undefined;
+          if (!stopping) fork();
+        }, restartDelayMs);
       });
     };
     for (let i = 0; i < c.processes; i++) fork();
@@ -75,6 +88,7 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
     await Promise.race([failedToStart, signalled]);
   } finally {
     stopping = true;
+    clearTimeout(restartTimer);
     // the margin may carry a grace near a timer's limit past it (such a timer fires at once)
     await stopWorkers(Math.min(c.shutdownGraceMs + STOP_MARGIN_MS, MAX_TIMER_MS));
   }
@@ -82,6 +96,10 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
 
 /** A message to a process whose channel has just closed is dropped: the process is going away. */
 function ignoreClosedChannel(): void {}
+
+/** The first pause before a replacement that exited before it served is tried again; it doubles up to the max. */
+const MIN_RESTART_DELAY_MS = 100;
+const MAX_RESTART_DELAY_MS = 10_000;
 
 /** Time a gateway process has, past its grace, to close its engine connections and state. */
 const STOP_MARGIN_MS = 5000;
