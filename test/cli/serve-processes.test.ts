@@ -474,3 +474,65 @@ test('serve --processes 2: a replacement that cannot start is retried while the 
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+/** Starts a slow stream through `base` and returns it once its first chunk arrived. */
+async function slowStream(base: string): Promise<{ rest: () => Promise<string> }> {
+  const client = new Client(base);
+  clients.push(client);
+  const res = await client.request({
+    path: '/v1/chat/completions',
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'mock', messages: [{ role: 'user', content: 'hi' }], max_tokens: 20, stream: true }),
+  });
+  assert.equal(res.statusCode, 200);
+  const iterator = res.body.setEncoding('utf8')[Symbol.asyncIterator]();
+  const chunks = [String((await iterator.next()).value)];
+  return {
+    rest: async () => {
+      try {
+        for (let next = await iterator.next(); !next.done; next = await iterator.next())
+          chunks.push(String(next.value));
+      } catch (err) {
+        chunks.push(`\n(stream broken: ${(err as Error).message})`);
+      }
+      return chunks.join('');
+    },
+  };
+}
+
+/** `serve --processes 2` on one slow engine (a stream takes about a second), long grace. */
+async function serveOnSlowEngine(): ReturnType<typeof startServe> {
+  const engine = await new MockEngine({ prefillTokS: 1_000_000, decodeTokS: 20 }).start();
+  engines.push(engine);
+  return startServe([
+    ...TWO_PROCESSES_QUIET,
+    '--shutdown-grace-ms',
+    '60000',
+    '--worker',
+    `id=e0,url=http://127.0.0.1:${engine.port}`,
+  ]);
+}
+
+test('serve --processes 2: a primary killed outright leaves its processes to finish their streams and exit', async () => {
+  const { child, base } = await serveOnSlowEngine();
+  const pids = childPids(child);
+  assert.equal(pids.length, 2);
+  const stream = await slowStream(base);
+  child.kill('SIGKILL');
+  assert.match(await stream.rest(), /data: \[DONE\]/, 'the stream ran to its end');
+  await until(() => !pids.some(alive), 'the orphaned gateway processes to exit', { timeoutMs: 60_000 });
+});
+
+test('serve --processes 2: a second SIGTERM while stopping does not cut a stream in flight', async () => {
+  const { child, base, output } = await serveOnSlowEngine();
+  const stream = await slowStream(base);
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  await until(() => /stopping/.test(output()), 'the primary to say it is stopping', { timeoutMs: 30_000 });
+  child.kill('SIGTERM');
+  child.kill('SIGINT');
+  assert.match(await stream.rest(), /data: \[DONE\]/, 'the stream ran to its end');
+  assert.equal(await exited, 0);
+  assert.match(output(), /already stopping/);
+});

@@ -80,17 +80,28 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
     };
     for (let i = 0; i < c.processes; i++) fork();
   });
-  const signalled = new Promise<void>((resolve) => {
-    process.once('SIGINT', resolve);
-    process.once('SIGTERM', resolve);
-  });
+  let signalled = (): void => {};
+  const stopSignal = new Promise<void>((resolve) => (signalled = resolve));
+  // handled for as long as the processes stop: a second SIGINT/SIGTERM would otherwise take its
+  // default action, end the primary and with it the processes' channels, cutting their requests
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (!stopping) return signalled();
+    log(
+      `${signal}: already stopping; the gateway processes finish their requests (within --shutdown-grace-ms ${c.shutdownGraceMs})`,
+    );
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
   try {
-    await Promise.race([failedToStart, signalled]);
+    await Promise.race([failedToStart, stopSignal]);
   } finally {
     stopping = true;
     clearTimeout(restartTimer);
+    log(`stopping: the gateway processes finish their requests (within --shutdown-grace-ms ${c.shutdownGraceMs})`);
     // the margin may carry a grace near a timer's limit past it (such a timer fires at once)
     await stopWorkers(Math.min(c.shutdownGraceMs + STOP_MARGIN_MS, MAX_TIMER_MS));
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
   }
 }
 

@@ -298,8 +298,13 @@ async function serveProcess(c: ServeConfig): Promise<void> {
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);
-    // the primary is gone: no more connections come, and nothing relays the state
-    if (worker) process.once('disconnect', resolve);
+    if (!worker) return;
+    // the primary is gone (killed, say): no more connections come and nothing relays the state,
+    // but the requests in flight finish within the grace. Node's own handler would exit at once
+    // on a disconnect it did not ask for; marking it expected lets this one drain first.
+    worker.exitedAfterDisconnect = true;
+    if (!process.connected) return resolve();
+    process.once('disconnect', resolve);
   });
   await picker.close();
   await close();
