@@ -536,3 +536,34 @@ test('serve --processes 2: a second SIGTERM while stopping does not cut a stream
   assert.equal(await exited, 0);
   assert.match(output(), /already stopping/);
 });
+
+/** How many gateway processes have said they serve (each says so once its SIGTERM handler is set). */
+function processesServing(output: string): number {
+  return output.match(/\[process \d+\] contextforge-router process/g)?.length ?? 0;
+}
+
+test('serve --processes 2: a process that exits cleanly is replaced and logged, and so are all of them', async () => {
+  const { child, base, output } = await startServe(TWO_PROCESSES_QUIET);
+  await until(() => processesServing(output()) === 2, 'both processes to serve', { timeoutMs: 30_000 });
+  const [first, second] = childPids(child);
+  assert.ok(first !== undefined && second !== undefined, 'two gateway processes');
+  process.kill(first, 'SIGTERM');
+  await until(() => /gateway process \d+ stopped \(exit 0\); starting another/.test(output()), 'the replacement', {
+    timeoutMs: 30_000,
+  });
+  await until(() => processesServing(output()) === 3, 'the replacement to serve', { timeoutMs: 30_000 });
+  assert.equal(await healthStatus(base), 200);
+  // (once none is left node:cluster closes the port: with --port 0 their replacements get another)
+  // every one of them stopped: the primary replaces them all rather than exit with nothing serving
+  for (const pid of childPids(child)) process.kill(pid, 'SIGTERM');
+  await until(
+    () => (output().match(/stopped \(exit 0\); starting another/g)?.length ?? 0) >= 3,
+    'the primary to replace all of them',
+    { timeoutMs: 30_000 },
+  );
+  await until(() => processesServing(output()) === 5, 'their replacements to serve', { timeoutMs: 60_000 });
+  assert.equal(child.exitCode, null, 'the primary keeps running');
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+});

@@ -59,12 +59,13 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
         relay?.remove(id);
         metrics.remove(id);
         const started = listening.delete(worker.id);
-        if (stopping || (code === 0 && signal === null)) return;
+        if (stopping) return;
         const how = signal ?? `exit ${code}`;
         // one of the first that never served is a configuration error: restarting would only repeat it
         if (!started && !announced)
           return reject(new RangeError(`a gateway process failed to start (${how}); its error is above`));
         if (started) {
+          // whatever its code (exit 0 too: SIGTERM to it alone): the port is short of a process
           log(`gateway process ${id} stopped (${how}); starting another`);
           return fork();
         }
