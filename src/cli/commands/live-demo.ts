@@ -163,6 +163,15 @@ export function registerLiveDemoCommand(program: Command): void {
       process.once('SIGINT', onSigint);
       const results: DemoResult[] = [];
       try {
+        // an untimed pass of a few workflows per policy first: the first pass through the gateway
+        // and the engines is the slowest whichever policy runs it (code not yet compiled by the
+        // JIT), and would be charged to the policy that happens to run first
+        const warmUp = generateWorkflowTrace({ workflows: Math.min(8, o.workflows), seed: 12 });
+        for (const policy of ['cost', 'round-robin']) {
+          if (ac.signal.aborted) break;
+          process.stderr.write(`${policy}: warming up (${warmUp.length} requests, not counted)\n`);
+          await runPolicy(policy, warmUp, o.workers, o.speed, ac.signal, () => {});
+        }
         for (const policy of ['cost', 'round-robin']) {
           if (ac.signal.aborted) break;
           const quarter = Math.max(1, Math.ceil(trace.length / 4));
