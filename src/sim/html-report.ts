@@ -1,33 +1,58 @@
 import { writeFile } from 'node:fs/promises';
+import { ENGINE_DEFAULTS } from '../engine-model/config.js';
 import { comparisonWarnings, type ComparisonReport } from './compare.js';
-import type { PolicyResult } from './simulator.js';
+import type { WorkerEvent } from './scenarios.js';
+import type { PolicyResult, SimulationOptions } from './simulator.js';
 import type { SweepReport, SweepTrace } from './sweep.js';
+
+/** What produced a comparison, for the settings line of its report. */
+export interface ReportSettings {
+  /** The options every policy ran with. */
+  simulation: Omit<SimulationOptions, 'policy' | 'label' | 'onScrape' | 'onRoute' | 'onProgress' | 'explainRoutes'>;
+  /** Tokens per KV block (the trace's). */
+  blockSize?: number;
+}
 
 /** Writes the self-contained HTML report of one comparison (inline SVG, no scripts, no external files). */
 export async function writeHtmlReport(
   path: string,
   report: ComparisonReport,
   results: readonly PolicyResult[],
+  settings?: ReportSettings,
 ): Promise<void> {
-  await writeFile(path, renderHtmlReport(report, results));
+  await writeFile(path, renderHtmlReport(report, results, settings));
 }
 
 /**
- * Okabe & Ito's colour-blind-safe palette (black moved last), each with its own dash
- * pattern, so lines stay distinguishable in grey print too.
+ * Okabe & Ito's colour-blind-safe palette, each colour with its own dash pattern, so lines
+ * stay distinguishable in grey print too. Each policy has its own colour and dash, the same
+ * in every chart and report whichever policies are shown and in whatever order.
  */
-const COLORS = [
-  '#0072B2',
-  '#D55E00',
-  '#009E73',
-  '#CC79A7',
-  '#E69F00',
-  '#56B4E9',
-  '#000000',
-  '#8C6D31',
-  '#999999',
-  '#F0E442',
-];
+const POLICY_STYLES: Readonly<Record<string, { color: string; dash: string }>> = {
+  cost: { color: '#0072B2', dash: '' },
+  seed: { color: '#D55E00', dash: '6 3' },
+  dynamo: { color: '#009E73', dash: '2 3' },
+  sglang: { color: '#CC79A7', dash: '8 3 2 3' },
+  llmd: { color: '#E69F00', dash: '4 4' },
+  'round-robin': { color: '#56B4E9', dash: '1 3' },
+};
+/** Colours and dashes for other names, picked by a hash of the name (not its position). */
+const OTHER_COLORS = ['#000000', '#8C6D31', '#999999', '#F0E442'];
+const OTHER_DASHES = ['10 4', '3 3 8 3', '5 2', '2 2'];
+const PREFIX_ONLY = '-prefix-only';
+
+/** The colour and dash of a policy's lines: a `-prefix-only` variant keeps its policy's colour, long dashes. */
+function policyStyle(name: string): { color: string; dash: string } {
+  const own = POLICY_STYLES[name];
+  if (own) return own;
+  if (name.endsWith(PREFIX_ONLY)) {
+    const base = POLICY_STYLES[name.slice(0, -PREFIX_ONLY.length)];
+    if (base) return { color: base.color, dash: '10 4' };
+  }
+  let h = 0;
+  for (const ch of name) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
+  return { color: OTHER_COLORS[h % OTHER_COLORS.length], dash: OTHER_DASHES[(h >>> 4) % OTHER_DASHES.length] };
+}
 /** Workers get their own palette (Tableau 10), distinct from the policies' colours. */
 const WORKER_COLORS = [
   '#4e79a7',
@@ -41,17 +66,56 @@ const WORKER_COLORS = [
   '#9c755f',
   '#bab0ac',
 ];
-const DASHES = ['', '6 3', '2 3', '8 3 2 3', '4 4', '1 3', '10 4', '3 3 8 3', '5 2', '2 2'];
 
 const STYLE = `body{font:14px system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}svg{background:#fff;border:1px solid #e4e4e4;margin:0.5em 0.5em 0.5em 0}svg text{font:12px system-ui,sans-serif;fill:#333}.charts{display:flex;flex-wrap:wrap}.legend{display:flex;flex-wrap:wrap;gap:1.2em;margin:0.5em 0}.legend span{display:inline-flex;align-items:center;gap:0.4em}h2{margin-top:2em}.warning{background:#fff4e5;border-left:4px solid #D55E00;padding:0.5em 1em}`;
 
-export function renderHtmlReport(report: ComparisonReport, results: readonly PolicyResult[]): string {
-  const rows = report.policies
-    .map(
-      (p) =>
-        `<tr><td>${esc(p.policy)}</td><td>${(p.hitRate * 100).toFixed(1)}%</td><td>${p.ttft.mean.toFixed(3)}</td><td>${p.ttft.p50.toFixed(3)}</td><td>${p.ttft.p90.toFixed(3)}</td><td>${p.ttft.p99.toFixed(3)}</td><td>${p.e2e.mean.toFixed(2)}</td><td>${p.e2e.p99.toFixed(2)}</td><td>${p.throughputTokPerS}</td><td>${p.loadImbalance.toFixed(3)}</td><td>${p.rejected ?? 0}</td></tr>`,
-    )
-    .join('\n');
+/** Scenario counts that get a column of the table when some policy has one. */
+const SCENARIO_COUNTS = ['cancelled', 'failed', 'retried', 'eventBatchesLost'] as const;
+const SCENARIO_HEADERS: Record<(typeof SCENARIO_COUNTS)[number], string> = {
+  cancelled: 'cancelled',
+  failed: 'failed',
+  retried: 'retried',
+  eventBatchesLost: 'event batches lost',
+};
+
+export function renderHtmlReport(
+  report: ComparisonReport,
+  results: readonly PolicyResult[],
+  settings?: ReportSettings,
+): string {
+  const counts = SCENARIO_COUNTS.filter((k) => report.policies.some((p) => (p[k] ?? 0) > 0));
+  const rows = report.policies.map((p) => {
+    // a policy that answered nothing has figures of 0 that measure nothing: shown as such
+    const measured = (text: string) => (p.answered > 0 ? text : '—');
+    const cells = [
+      measured(`${(p.hitRate * 100).toFixed(1)}%`),
+      measured(p.ttft.mean.toFixed(3)),
+      measured(p.ttft.p50.toFixed(3)),
+      measured(p.ttft.p90.toFixed(3)),
+      measured(p.ttft.p99.toFixed(3)),
+      measured(p.e2e.mean.toFixed(2)),
+      measured(p.e2e.p99.toFixed(2)),
+      String(p.throughputTokPerS),
+      measured(p.loadImbalance.toFixed(3)),
+      String(p.rejected ?? 0),
+      ...counts.map((k) => String(p[k] ?? 0)),
+    ];
+    return `<tr><td>${esc(p.policy)}</td>${cells.map((c) => `<td>${c}</td>`).join('')}</tr>`;
+  });
+  const headers = [
+    'policy',
+    'hit rate',
+    'TTFT mean s',
+    'TTFT p50 s',
+    'TTFT p90 s',
+    'TTFT p99 s',
+    'e2e mean s',
+    'e2e p99 s',
+    'tok/s',
+    'imbalance',
+    'rejected',
+    ...counts.map((k) => SCENARIO_HEADERS[k]),
+  ];
   const names = results.map((r) => r.policy);
   const own = report.policies
     .filter((p) => p.bounds)
@@ -59,34 +123,109 @@ export function renderHtmlReport(report: ComparisonReport, results: readonly Pol
       (p) =>
         `<p>${esc(p.policy)}: bounds over the ${p.answered} requests it answered: hit rate ${(p.bounds!.infiniteCacheHitRate * 100).toFixed(1)}%, ideal mean TTFT ${p.bounds!.idealTtftMean.toFixed(3)} s.</p>`,
     );
-  const warnings = comparisonWarnings(report).map((w) => `<p class="warning"><strong>Warning:</strong> ${esc(w)}</p>`);
+  const warnings = comparisonWarnings(report).map(
+    (w) =>
+      `<p class="warning"><strong>Warning:</strong> ${esc(w.replace('(policies[].bounds)', '(the per-policy bounds above)'))}</p>`,
+  );
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>contextforge-router simulation: ${esc(report.trace)}</title>
 <style>${STYLE}</style>
 </head><body>
 <h1>Simulation of ${esc(report.trace)}</h1>
 <p>${report.requests} requests on ${report.workers} simulated workers, arrival speed ×${report.speed}. Bounds no policy can pass: infinite-cache hit rate ${(report.bounds.infiniteCacheHitRate * 100).toFixed(1)}%, ideal mean TTFT ${report.bounds.idealTtftMean.toFixed(3)} s.</p>
-${[...warnings, ...own].join('\n')}
-<table><thead><tr><th>policy</th><th>hit rate</th><th>TTFT mean s</th><th>p50</th><th>p90</th><th>p99</th><th>e2e mean s</th><th>e2e p99</th><th>tok/s</th><th>imbalance</th><th>rejected</th></tr></thead><tbody>
-${rows}
+${settings ? settingsLine(settings) : ''}
+${[...own, ...warnings].join('\n')}
+<table><thead><tr>${headers.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>
+${rows.join('\n')}
 </tbody></table>
+<p>Hit rate and TTFT cover the requests each policy answered. imbalance: the busiest worker's busy time over the mean busy time of the workers (1 = even). A policy that answered no request shows —.${counts.length > 0 ? ' The scenario columns count requests cancelled by their client, failed with their worker, retried on another worker, and KV-event batches the router never received.' : ''}</p>
 <h2>TTFT distribution (CDF, log scale)</h2>
 ${legend(names)}
-${ttftCdf(results)}
+${ttftCdf(results, report.requests)}
+<p>Each curve is over all ${report.requests} requests of the run: it levels off at the share its policy answered.</p>
 <h2>KV usage per worker over time</h2>
 ${results.map((r) => `<h3>${esc(r.policy)}</h3>${loadChart(r)}`).join('\n')}
 </body></html>
 `;
 }
 
+/** `w3@600s`, as the flags take it. */
+function workerEvent(e: WorkerEvent): string {
+  return `w${e.worker}@${e.atMs % 1000 === 0 ? `${e.atMs / 1000}s` : `${e.atMs}ms`}`;
+}
+
+/** The simulation settings as the `simulate` flags that give them, defaults resolved and marked. */
+function settingsLine({ simulation: o, blockSize }: ReportSettings): string {
+  const flag = (name: string, value: string | number, isDefault = false) =>
+    `<code>${esc(`${name} ${value}`)}</code>${isDefault ? ' (default)' : ''}`;
+  const sc = o.scenario ?? {};
+  const kv = sc.workerKvTokens
+    ? flag('--worker-kv-tokens', sc.workerKvTokens.join(','))
+    : flag('--kv-tokens', o.engine?.kvTokens ?? ENGINE_DEFAULTS.kvTokens, o.engine?.kvTokens === undefined);
+  // an engine serves no request longer than its KV capacity, whatever --max-model-len says
+  const maxModelLen = o.engine?.maxModelLen ?? ENGINE_DEFAULTS.maxModelLen;
+  const smallestKv = sc.workerKvTokens
+    ? Math.min(...sc.workerKvTokens)
+    : (o.engine?.kvTokens ?? ENGINE_DEFAULTS.kvTokens);
+  const items = [
+    flag('--workers', o.workers),
+    flag('--speed', o.speed ?? 1, o.speed === undefined),
+    kv,
+    flag('--max-model-len', maxModelLen, o.engine?.maxModelLen === undefined) +
+      (maxModelLen > smallestKv ? ` (capped at each worker's KV tokens, ${smallestKv} on the smallest)` : ''),
+    flag(
+      '--blend-recompute',
+      o.engine?.blendRecompute ?? ENGINE_DEFAULTS.blendRecompute,
+      o.engine?.blendRecompute === undefined,
+    ),
+    flag('--event-delay-ms', o.eventDelayMs ?? 50, o.eventDelayMs === undefined),
+    o.scrapeIntervalMs === undefined
+      ? '<code>--scrape-interval-ms</code> 200, llmd 50 (default)'
+      : flag('--scrape-interval-ms', o.scrapeIntervalMs),
+  ];
+  const scenario = [
+    ...(sc.fail?.length ? [flag('--fail', sc.fail.map(workerEvent).join(','))] : []),
+    ...(sc.drain?.length ? [flag('--drain', sc.drain.map(workerEvent).join(','))] : []),
+    ...(
+      [
+        ['--event-jitter-ms', sc.eventJitterMs],
+        ['--event-loss', sc.eventLoss],
+        ['--replicas', sc.replicas],
+        ['--state-lag-ms', sc.stateLagMs],
+        ['--cancel-rate', sc.cancelRate],
+        ['--cancel-within-ms', sc.cancelWithinMs],
+        ['--non-streaming-share', sc.nonStreamingShare],
+        ['--scenario-seed', sc.seed],
+      ] as const
+    )
+      .filter(([, v]) => v !== undefined)
+      .map(([name, v]) => flag(name, v!)),
+  ];
+  const policyOptions = o.router?.policyOptions
+    ? [flag('--policy-options', JSON.stringify(o.router.policyOptions))]
+    : [];
+  return `<p>Settings: ${[...items, ...policyOptions].join(', ')}; ${
+    scenario.length > 0
+      ? `scenario: ${scenario.join(', ')}`
+      : 'no scenario (no failures, drains, cancellations, event loss or jitter; one router)'
+  }${blockSize !== undefined ? `; KV block size ${blockSize} tokens (the trace's)` : ''}.</p>`;
+}
+
+/** What a sweep page needs besides the JSON: how it was run, and the requests of each trace's samples. */
+export interface SweepMeta {
+  workers: number;
+  samples: number;
+  split: string;
+  /** Requests over all samples of each trace, by trace name (the figure `rejected` is out of). */
+  requests?: Readonly<Record<string, number>>;
+}
+
 /** The sweep of `bench:sim`: per trace, hit rate and TTFT (mean, p99) against arrival rate, with 95% bands. */
-export function renderSweepReport(
-  report: SweepReport,
-  meta: { workers: number; samples: number; split: string },
-): string {
+export function renderSweepReport(report: SweepReport, meta: SweepMeta): string {
   const sections = report.traces.map((t) => {
     const names = t.points[0]?.policies.map((p) => p.policy) ?? [];
     return `<h2>${esc(t.trace)}</h2>
+${sweepRejections(t, meta)}
 ${legend(names)}
 <div class="charts">${sweepChart(t, 'hitRate', 'hit rate (axis zoomed)')}${sweepChart(t, 'ttftMean', 'mean TTFT (s, log scale)')}${sweepChart(t, 'ttftP99', 'p99 TTFT (s, log scale)')}</div>`;
   });
@@ -95,16 +234,44 @@ ${legend(names)}
 <style>${STYLE}</style>
 </head><body>
 <h1>Policies against arrival rate</h1>
-<p>${meta.workers} simulated workers; each point is the mean over ${meta.samples} independent samples of the ${esc(meta.split)} split, the shaded band its 95% confidence interval. The x axis is the arrival-rate multiplier (×1 = the trace's recorded rate), log scale. Made by <code>npm run bench:sim</code>.</p>
+<p>${meta.workers} simulated workers; each point is the mean over ${meta.samples} independent samples of the ${esc(meta.split)} split, the shaded band its 95% confidence interval. The x axis is the arrival-rate multiplier (×1 = the trace's recorded rate), log scale. Hit rate and TTFT cover the requests a policy answered, not those rejected. Made by <code>npm run bench:sim</code>.</p>
 ${sections.join('\n')}
 </body></html>
 `;
 }
 
+/**
+ * How many of a trace's requests were rejected (summed over the samples, as in the JSON), and a
+ * warning at each rate where the policies rejected different numbers: their figures there
+ * cover different requests.
+ */
+function sweepRejections(t: SweepTrace, meta: SweepMeta): string {
+  const all = t.points.flatMap((p) => p.policies.map((q) => q.rejected));
+  const [lo, hi] = extent(all);
+  const total = meta.requests?.[t.trace];
+  const warnings = t.points
+    .filter((p) => p.policies.some((q) => q.rejected !== p.policies[0].rejected))
+    .map(
+      (p) =>
+        `<p class="warning"><strong>Warning:</strong> at ×${p.speed} the policies rejected different numbers of requests (${esc(p.policies.map((q) => `${q.policy} ${q.rejected}`).join(', '))}): their hit rates and TTFTs there cover different requests.</p>`,
+    );
+  if (all.length === 0 || hi === 0) return `<p>No request rejected${total !== undefined ? ` (of ${total})` : ''}.</p>`;
+  const count = lo === hi ? `${lo}` : `${lo}–${hi}`;
+  const share = total ? ` (${lo === hi ? pctOf(lo, total) : `${pctOf(lo, total)}–${pctOf(hi, total)}`})` : '';
+  const where = lo === hi ? ' at every rate, by every policy' : '';
+  const line =
+    total !== undefined
+      ? `<p>${count} of ${total} requests${share} rejected (over the context limit)${where}, summed over the ${meta.samples} samples.</p>`
+      : `<p>${count} requests rejected (over the context limit), summed over the ${meta.samples} samples${where}.</p>`;
+  return [line, ...warnings].join('\n');
+}
+
+const pctOf = (n: number, of: number) => `${((n / of) * 100).toFixed(1)}%`;
+
 function legend(names: readonly string[]): string {
-  const items = names.map((name, i) => {
-    const c = COLORS[i % COLORS.length];
-    return `<span><svg width="36" height="14" style="border:0;margin:0"><line x1="2" x2="34" y1="7" y2="7" stroke="${c}" stroke-width="${name === 'cost' ? 3.5 : 2.5}" stroke-dasharray="${DASHES[i % DASHES.length]}"/><circle cx="18" cy="7" r="3.5" fill="${c}"/></svg>${esc(name)}</span>`;
+  const items = names.map((name) => {
+    const { color: c, dash } = policyStyle(name);
+    return `<span><svg width="36" height="14" style="border:0;margin:0"><line x1="2" x2="34" y1="7" y2="7" stroke="${c}" stroke-width="${name === 'cost' ? 3.5 : 2.5}" stroke-dasharray="${dash}"/><circle cx="18" cy="7" r="3.5" fill="${c}"/></svg>${esc(name)}</span>`;
   });
   return `<div class="legend">${items.join('')}</div>`;
 }
@@ -148,7 +315,8 @@ function fmtSeconds(v: number): string {
   return v >= 1 ? `${Number(v.toPrecision(3))} s` : `${Number((v * 1000).toPrecision(3))} ms`;
 }
 
-function ttftCdf(results: readonly PolicyResult[]): string {
+/** The CDF of each policy's TTFTs over all `requests` of the run: a policy that answered fewer levels off lower. */
+function ttftCdf(results: readonly PolicyResult[], requests: number): string {
   const W = 900,
     H = 340,
     L = 64,
@@ -164,7 +332,8 @@ function ttftCdf(results: readonly PolicyResult[]): string {
   const x = (v: number) =>
     L + ((Math.log10(Math.max(v, lo)) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo) || 1)) * (W - L - R);
   const y = (f: number) => H - B - f * (H - B - T);
-  const lines = results.map((r, i) => {
+  const total = Math.max(1, requests);
+  const lines = results.map((r) => {
     const s = r.outcomes
       .filter(Boolean)
       .map((o) => o.ttft)
@@ -172,9 +341,10 @@ function ttftCdf(results: readonly PolicyResult[]): string {
     if (s.length === 0) return '';
     const step = Math.max(1, Math.floor(s.length / 300));
     const pts: string[] = [];
-    for (let k = 0; k < s.length; k += step) pts.push(`${x(s[k]).toFixed(1)},${y((k + 1) / s.length).toFixed(1)}`);
-    pts.push(`${x(s[s.length - 1]).toFixed(1)},${y(1).toFixed(1)}`);
-    return `<polyline fill="none" stroke="${COLORS[i % COLORS.length]}" stroke-dasharray="${DASHES[i % DASHES.length]}" stroke-width="${r.policy === 'cost' ? 3 : 2}" points="${pts.join(' ')}"><title>${esc(r.policy)}</title></polyline>`;
+    for (let k = 0; k < s.length; k += step) pts.push(`${x(s[k]).toFixed(1)},${y((k + 1) / total).toFixed(1)}`);
+    pts.push(`${x(s[s.length - 1]).toFixed(1)},${y(s.length / total).toFixed(1)}`);
+    const { color, dash } = policyStyle(r.policy);
+    return `<polyline fill="none" stroke="${color}" stroke-dasharray="${dash}" stroke-width="${r.policy === 'cost' ? 3 : 2}" points="${pts.join(' ')}"><title>${esc(r.policy)}</title></polyline>`;
   });
   const xt = logTicks(lo, hi).map(
     (v) =>
@@ -184,7 +354,7 @@ function ttftCdf(results: readonly PolicyResult[]): string {
     (f) =>
       `<line x1="${L}" x2="${W - R}" y1="${y(f)}" y2="${y(f)}" stroke="#eee"/><text x="${L - 6}" y="${y(f) + 4}" text-anchor="end">${f * 100}%</text>`,
   );
-  return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg">${xt.join('')}${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/><text x="${(L + W - R) / 2}" y="${H - 8}" text-anchor="middle">time to first token (log scale)</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">requests answered</text>${lines.join('')}</svg>`;
+  return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg">${xt.join('')}${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/><text x="${(L + W - R) / 2}" y="${H - 8}" text-anchor="middle">time to first token (log scale)</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">share of all ${requests} requests</text>${lines.join('')}</svg>`;
 }
 
 function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', title: string): string {
@@ -216,8 +386,8 @@ function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', titl
   const names = t.points[0].policies.map((p) => p.policy);
   const bands: string[] = [];
   const lines: string[] = [];
-  names.forEach((name, i) => {
-    const c = COLORS[i % COLORS.length];
+  names.forEach((name) => {
+    const { color: c, dash } = policyStyle(name);
     const pts = t.points.map((p) => ({ s: p.speed, q: p.policies.find((q) => q.policy === name)! })).filter((p) => p.q);
     const upper = pts.map((p) => `${x(p.s).toFixed(1)},${y(p.q[key] + p.q.ci95[key]).toFixed(1)}`);
     const lower = pts
@@ -232,7 +402,7 @@ function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', titl
       )
       .join('');
     lines.push(
-      `<polyline fill="none" stroke="${c}" stroke-width="${name === 'cost' ? 3 : 2}" stroke-dasharray="${DASHES[i % DASHES.length]}" points="${line}"><title>${esc(name)}</title></polyline>${marks}`,
+      `<polyline fill="none" stroke="${c}" stroke-width="${name === 'cost' ? 3 : 2}" stroke-dasharray="${dash}" points="${line}"><title>${esc(name)}</title></polyline>${marks}`,
     );
   });
   const yTicks = log ? logTicks(yLo, yHi) : linear;

@@ -243,24 +243,25 @@ export function registerSimulateCommand(program: Command): void {
             )
           : undefined;
       let policyName = '';
+      // also the settings line of the HTML report
+      const simulation = {
+        workers: flags.workers,
+        speed: flags.speed,
+        eventDelayMs: flags.eventDelayMs,
+        scrapeIntervalMs: flags.scrapeIntervalMs,
+        engine: {
+          ...(flags.kvTokens !== undefined ? { kvTokens: flags.kvTokens } : {}),
+          ...(flags.maxModelLen !== undefined ? { maxModelLen: flags.maxModelLen } : {}),
+          blendRecompute: flags.blendRecompute,
+        },
+        scenario,
+        router: flags.policyOptions ? { policyOptions: flags.policyOptions } : undefined,
+      };
       const { report, results } = comparePolicies(
         name,
         requests,
         policies,
-        {
-          workers: flags.workers,
-          speed: flags.speed,
-          eventDelayMs: flags.eventDelayMs,
-          scrapeIntervalMs: flags.scrapeIntervalMs,
-          engine: {
-            ...(flags.kvTokens !== undefined ? { kvTokens: flags.kvTokens } : {}),
-            ...(flags.maxModelLen !== undefined ? { maxModelLen: flags.maxModelLen } : {}),
-            blendRecompute: flags.blendRecompute,
-          },
-          scenario,
-          router: flags.policyOptions ? { policyOptions: flags.policyOptions } : undefined,
-          onProgress: (done) => bar?.update(done, { policy: policyName }),
-        },
+        { ...simulation, onProgress: (done) => bar?.update(done, { policy: policyName }) },
         (policy, i) => {
           policyName = policy;
           if (bar) {
@@ -275,7 +276,7 @@ export function registerSimulateCommand(program: Command): void {
       if (flags.report) {
         const { writeHtmlReport } = await import('../../sim/html-report.js');
         try {
-          await writeHtmlReport(flags.report, report, results);
+          await writeHtmlReport(flags.report, report, results, { simulation, blockSize: requests[0]?.blockSize });
         } catch (err) {
           throw new RangeError(
             `--report ${shownText(flags.report)}: cannot write: ${fileErrorMessage(err, flags.report)}`,
