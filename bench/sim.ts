@@ -5,7 +5,7 @@
  *
  *   npm run bench:sim [-- --json] [--split evaluation|train|fresh] [--samples 5] [--points 5]
  *                     [--workers 8] [--traces mooncake-conversation,ragpulse,...] [--out bench/results]
- *                     [--policies cost,sglang,...] [--prompt-scale 0.88] [--rate-scale 1.13]
+ *                     [--policies cost,sglang,...] [--prompt-scale 0.88] [--rate-scale 1.13] [--render-only]
  *
  * Data split (docs/simulator.md, "Training and evaluation data"): a recorded trace's first
  * half is training data, its second half evaluation data; a generated workload uses the first
@@ -30,8 +30,14 @@
  * check a candidate on the training split reshaped like data it has not seen (docs/simulator.md).
  *
  * Writes bench/results/sim-sweep.json and bench/results/sim-sweep.html (the charts).
+ *
+ * `--render-only` runs no simulation: it reads the sim-sweep JSON in `--out` and writes its
+ * HTML page again, with the page's renderer of today. The page also states the run's
+ * `--workers`, `--samples` and `--split`, which the JSON does not hold: give the ones the
+ * sweep was run with. It loads each trace's samples to count their requests (what the
+ * page's rejected counts are out of), as the run did.
  */
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { ENGINE_DEFAULTS } from '../src/engine-model/index.js';
 import { renderSweepReport } from '../src/sim/html-report.js';
 import { loadTrace } from '../src/sim/load-trace.js';
@@ -161,6 +167,30 @@ if (traces.length === 0) {
 }
 
 const log = (s: string) => process.stderr.write(`${s}\n`);
+const suffix =
+  (split === 'evaluation' ? '' : `-${split}`) +
+  (perturbed ? `-prompt${perturbation.promptScale}-rate${perturbation.rateScale}` : '');
+
+/** A trace's samples of the split, reshaped as --prompt-scale and --rate-scale ask (throws for one that cannot be). */
+async function splitSamples(spec: TraceSpec): Promise<TraceRequest[][]> {
+  const asRecorded = await spec.samples(split as 'train' | 'evaluation' | 'fresh', SAMPLES);
+  return perturbed && spec.perturbable ? asRecorded.map((s) => perturbTrace(s, perturbation)) : asRecorded;
+}
+/** Requests over all samples of each trace: what its rejected counts are out of. */
+const requests: Record<string, number> = {};
+const meta = () => ({ workers: WORKERS, samples: SAMPLES, split, requests });
+
+if (flags.has('render-only')) {
+  const path = `${OUT}/sim-sweep${suffix}.json`;
+  const saved = JSON.parse(readFileSync(path, 'utf8')) as SweepReport;
+  for (const t of saved.traces) {
+    const spec = ALL_TRACES.find((s) => s.name === t.trace);
+    if (spec) requests[t.trace] = (await splitSamples(spec)).reduce((a, s) => a + s.length, 0);
+  }
+  writeFileSync(`${OUT}/sim-sweep${suffix}.html`, renderSweepReport(saved, meta()));
+  log(`${OUT}/sim-sweep${suffix}.html: rendered from ${path}, no simulation run`);
+  process.exit(0);
+}
 const sweepOptions: SweepOptions = {
   policies: POLICIES,
   points: POINTS,
@@ -173,10 +203,9 @@ const report: SweepReport = { traces: [] };
 const started = performance.now();
 for (const spec of traces) {
   const t0 = performance.now();
-  const asRecorded = await spec.samples(split as 'train' | 'evaluation' | 'fresh', SAMPLES);
-  let samples = asRecorded;
+  let samples: TraceRequest[][];
   try {
-    if (perturbed && spec.perturbable) samples = asRecorded.map((s) => perturbTrace(s, perturbation));
+    samples = await splitSamples(spec);
   } catch (err) {
     // a trace whose prompts cannot be cut (content anchors) is not swept rather than swept as recorded
     log(`${spec.name}: skipped (${(err as Error).message})`);
@@ -189,6 +218,7 @@ for (const spec of traces) {
   const calibration = (await spec.samples('train', SAMPLES)).slice(0, 3);
   const speeds = chooseLoadPoints(calibration, sweepOptions);
   const out = sweepTrace(spec.name, samples, speeds, sweepOptions);
+  requests[spec.name] = samples.reduce((a, s) => a + s.length, 0);
   report.traces.push(out);
   log(
     `${spec.name}: ${samples.length} samples of ${samples.map((s) => s.length).join('/')} requests (${split}), speeds ${speeds.join(', ')}, ${((performance.now() - t0) / 1000).toFixed(1)} s`,
@@ -197,13 +227,7 @@ for (const spec of traces) {
 log(`sweep: ${((performance.now() - started) / 1000).toFixed(1)} s`);
 
 const json = JSON.stringify(report);
-const suffix =
-  (split === 'evaluation' ? '' : `-${split}`) +
-  (perturbed ? `-prompt${perturbation.promptScale}-rate${perturbation.rateScale}` : '');
 writeFileSync(`${OUT}/sim-sweep${suffix}.json`, JSON.stringify(report, null, 1) + '\n');
-writeFileSync(
-  `${OUT}/sim-sweep${suffix}.html`,
-  renderSweepReport(report, { workers: WORKERS, samples: SAMPLES, split }),
-);
+writeFileSync(`${OUT}/sim-sweep${suffix}.html`, renderSweepReport(report, meta()));
 if (flags.has('json')) process.stdout.write(`${json}\n`);
 else process.stdout.write(renderSweepTables(report));
