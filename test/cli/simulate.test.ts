@@ -64,6 +64,12 @@ test('simulate --format json prints the keys of docs/architecture.md §7', () =>
   const html = readFileSync(report, 'utf8');
   assert.match(html, /<svg/);
   assert.doesNotMatch(html, /<script|src="http/);
+  // the page names the settings the run was given, defaults resolved
+  assert.match(
+    html,
+    /<p>Settings: <code>--workers 4<\/code>, <code>--speed 1<\/code>, <code>--kv-tokens 300000<\/code> \(default\)/,
+  );
+  assert.match(html, /no scenario .*; KV block size 512 tokens \(the trace's\)/);
 });
 
 test('simulate prints a table by default', () => {
