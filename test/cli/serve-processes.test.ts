@@ -207,23 +207,10 @@ test('serve --processes 2 with the longest --shutdown-grace-ms lets a request in
     '--worker',
     `id=e0,url=http://127.0.0.1:${engine.port}`,
   ]);
-  const client = new Client(base);
-  clients.push(client);
-  const res = await client.request({
-    path: '/v1/chat/completions',
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'mock', messages: [{ role: 'user', content: 'hi' }], max_tokens: 20, stream: true }),
-  });
-  assert.equal(res.statusCode, 200);
-  const chunks: string[] = [];
-  const body = res.body.setEncoding('utf8');
-  const iterator = body[Symbol.asyncIterator]();
-  chunks.push(String((await iterator.next()).value));
+  const stream = await slowStream(base);
   const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
   child.kill('SIGTERM');
-  for (let next = await iterator.next(); !next.done; next = await iterator.next()) chunks.push(String(next.value));
-  assert.match(chunks.join(''), /data: \[DONE\]/, 'the stream ran to its end');
+  assert.match(await stream.rest(), /data: \[DONE\]/, 'the stream ran to its end');
   assert.equal(await exited, 0);
   assert.doesNotMatch(output(), /TimeoutOverflowWarning/);
 });
