@@ -155,3 +155,14 @@ test('bad values are refused by the chart', () => {
   assert.throws(() => render(['--set', 'mode=epp', '--set', 'httpRoute.enabled=true']), /parentRefs/);
   assert.throws(() => render(['--set', 'state.redisUrl=http://x']), /redisUrl/);
 });
+
+test('epp mode: discovery dials the InferencePool targetPort unless router.discovery.port says otherwise', () => {
+  const discoverArg = (args: string[]) => {
+    const c = podSpec(one(render(['--set', 'mode=epp', ...args]), 'Deployment', 'cfr-contextforge-router')).spec.containers[0];
+    return c.args.find((a) => a.startsWith('--discover=')) ?? '';
+  };
+  // SGLang listens on 30000: the pool's targetPort and the picker's discovered port must agree
+  assert.match(discoverArg(['--set', 'inferencePool.targetPort=30000']), /,port=30000,/);
+  assert.match(discoverArg([]), /,port=8000,/);
+  assert.match(discoverArg(['--set', 'inferencePool.targetPort=30000', '--set', 'router.discovery.port=31000']), /,port=31000,/);
+});
