@@ -166,3 +166,20 @@ test('epp mode: discovery dials the InferencePool targetPort unless router.disco
   assert.match(discoverArg([]), /,port=8000,/);
   assert.match(discoverArg(['--set', 'inferencePool.targetPort=30000', '--set', 'router.discovery.port=31000']), /,port=31000,/);
 });
+
+test('the gateway-mode helm install command of docs/kubernetes.md renders both workers', () => {
+  const doc = readFileSync(`${root}docs/kubernetes.md`, 'utf8');
+  const command = /```sh\n(helm install router [^`]+)```/.exec(doc)?.[1];
+  assert.ok(command, 'docs/kubernetes.md shows a `helm install router` command');
+  // the same arguments, through a shell as a reader would paste them, with `helm template`
+  const out = execFileSync('bash', ['-c', command.replace(/^helm install /, '"$HELM" template --namespace inference ')], {
+    encoding: 'utf8',
+    cwd: root,
+    env: { ...process.env, HELM: helm },
+  });
+  const ms = parseAllDocuments(out).map((d) => d.toJSON() as Manifest).filter((m) => m !== null);
+  ms.forEach(validate);
+  const routerYaml = one(ms, 'ConfigMap').data!['router.yaml'];
+  assert.match(routerYaml, /- "id=w0,url=http:\/\/vllm-0\.vllm:8000"/);
+  assert.match(routerYaml, /- "id=w1,url=http:\/\/vllm-1\.vllm:8000"/);
+});
