@@ -183,3 +183,24 @@ test('the gateway-mode helm install command of docs/kubernetes.md renders both w
   assert.match(routerYaml, /- "id=w0,url=http:\/\/vllm-0\.vllm:8000"/);
   assert.match(routerYaml, /- "id=w1,url=http:\/\/vllm-1\.vllm:8000"/);
 });
+
+test('a rollout lets the longest request the HTTPRoute allows finish, after a preStop pause', () => {
+  for (const values of ['ci/epp-values.yaml', 'ci/gateway-values.yaml']) {
+    const ms = render(['-f', `${chart}/${values}`]);
+    const spec = podSpec(one(ms, 'Deployment', 'cfr-contextforge-router')).spec as unknown as {
+      terminationGracePeriodSeconds: number;
+      containers: Array<Container & { lifecycle?: { preStop?: { exec?: { command: string[] } } } }>;
+    };
+    const c = spec.containers[0];
+    const routeTimeoutSeconds = 300; // httpRoute.requestTimeout's default, as --upstream-timeout-ms's
+    const graceMs = Number(/^--shutdown-grace-ms=(\d+)$/.exec(c.args.find((a) => a.startsWith('--shutdown-grace-ms=')) ?? '')?.[1]);
+    const preStop = c.lifecycle?.preStop?.exec?.command;
+    assert.deepEqual(preStop, ['sleep', '5'], `${values}: a preStop pause lets the endpoints go before the listener closes`);
+    assert.ok(graceMs >= routeTimeoutSeconds * 1000, `${values}: --shutdown-grace-ms=${graceMs} cuts requests the route allows ${routeTimeoutSeconds} s`);
+    // the kubelet counts the preStop hook inside the grace period, then SIGTERM, then SIGKILL
+    assert.ok(5 + graceMs / 1000 < spec.terminationGracePeriodSeconds, `${values}: preStop + drain exceed terminationGracePeriodSeconds=${spec.terminationGracePeriodSeconds}`);
+  }
+  const noPause = podSpec(one(render(['--set', 'preStopSleepSeconds=0']), 'Deployment')).spec.containers[0] as Container & { lifecycle?: unknown };
+  assert.equal(noPause.lifecycle, undefined);
+  assert.throws(() => render(['--set', 'terminationGracePeriodSeconds=8']), /terminationGracePeriodSeconds/);
+});
