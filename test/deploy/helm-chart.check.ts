@@ -204,3 +204,19 @@ test('a rollout lets the longest request the HTTPRoute allows finish, after a pr
   assert.equal(noPause.lifecycle, undefined);
   assert.throws(() => render(['--set', 'terminationGracePeriodSeconds=8']), /terminationGracePeriodSeconds/);
 });
+
+test('one replica gets no PodDisruptionBudget (it would block node drains); replicas spread over nodes', () => {
+  assert.equal(byKind(render(['--set', 'replicaCount=1']), 'PodDisruptionBudget').length, 0);
+  const ms = render(['--set', 'replicaCount=2']);
+  ms.forEach(validate);
+  assert.equal((one(ms, 'PodDisruptionBudget').spec as { minAvailable: number }).minAvailable, 1);
+  const template = podSpec(one(ms, 'Deployment'));
+  const spread = (template.spec as unknown as { topologySpreadConstraints?: Array<{ topologyKey: string; whenUnsatisfiable: string; labelSelector: { matchLabels: Record<string, string> } }> }).topologySpreadConstraints;
+  assert.equal(spread?.length, 1, 'a default spread constraint');
+  assert.equal(spread[0].topologyKey, 'kubernetes.io/hostname');
+  assert.equal(spread[0].whenUnsatisfiable, 'ScheduleAnyway');
+  for (const [k, v] of Object.entries(spread[0].labelSelector.matchLabels)) assert.equal(template.metadata.labels[k], v, `spread selector ${k}=${v} does not match the pods`);
+  const own = [{ maxSkew: 1, topologyKey: 'topology.kubernetes.io/zone', whenUnsatisfiable: 'DoNotSchedule', labelSelector: { matchLabels: { a: 'b' } } }];
+  const custom = podSpec(one(render(['--set-json', `topologySpreadConstraints=${JSON.stringify(own)}`]), 'Deployment')).spec as unknown as { topologySpreadConstraints: unknown };
+  assert.deepEqual(custom.topologySpreadConstraints, own);
+});
