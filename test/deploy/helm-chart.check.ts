@@ -29,7 +29,14 @@ type Manifest = { apiVersion: string; kind: string; metadata: { name: string; la
 
 function render(args: string[]): Manifest[] {
   const out = run(['template', 'cfr', chart, '--namespace', 'inference', ...args]);
-  return parseAllDocuments(out).map((d) => d.toJSON() as Manifest).filter((m) => m !== null);
+  return parseManifests(out);
+}
+
+/** The documents of helm's output; a YAML error (a duplicate key, say) fails, as kubectl would refuse it. */
+function parseManifests(out: string): Manifest[] {
+  const docs = parseAllDocuments(out);
+  for (const d of docs) assert.deepEqual(d.errors.map((e) => e.message), [], 'a rendered manifest does not parse');
+  return docs.map((d) => d.toJSON() as Manifest).filter((m) => m !== null);
 }
 
 const inferencePool = JSON.parse(readFileSync(`${root}test/fixtures/crds/inferencepool-v1.schema.json`, 'utf8')) as { schema: object };
@@ -177,7 +184,7 @@ test('the gateway-mode helm install command of docs/kubernetes.md renders both w
     cwd: root,
     env: { ...process.env, HELM: helm },
   });
-  const ms = parseAllDocuments(out).map((d) => d.toJSON() as Manifest).filter((m) => m !== null);
+  const ms = parseManifests(out);
   ms.forEach(validate);
   const routerYaml = one(ms, 'ConfigMap').data!['router.yaml'];
   assert.match(routerYaml, /- "id=w0,url=http:\/\/vllm-0\.vllm:8000"/);

@@ -23,8 +23,15 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- end -}}
 
 {{- define "cfr.labels" -}}
+{{ include "cfr.labelsWithoutComponent" . }}
+app.kubernetes.io/component: {{ .Values.mode }}
+{{- end -}}
+
+{{/* The release's labels less the component, for manifests of another component (the Redis). */}}
+{{- define "cfr.labelsWithoutComponent" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
-{{ include "cfr.selectorLabels" . }}
+app.kubernetes.io/name: {{ include "cfr.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: contextforge-router
