@@ -42,6 +42,9 @@ test('multi-stage: the build stage compiles, the runtime stage installs producti
   assert.ok(runtime.lines.some((l) => /^COPY --from=\S+ \/app\/dist/.test(l)), 'the compiled code comes from the build stage');
   const user = runtime.lines.filter((l) => /^USER\s/.test(l)).pop();
   assert.ok(user && !/^USER\s+(root|0)(:|\s|$)/.test(user), `the runtime stage ends as a non-root user (${user ?? 'none'})`);
+  // numeric, so the kubelet can check runAsNonRoot without a runAsUser; 1000:1000 is the
+  // official Node image's `node` user and group, and the chart's runAsUser/runAsGroup
+  assert.match(user, /^USER\s+1000:1000$/, 'the runtime user is numeric (uid:gid)');
   // the CLI reads proto/ (the endpoint picker) and package.json (--version) at run time
   assert.ok(runtime.lines.some((l) => /^COPY proto /.test(l)), 'proto/ is in the image');
   assert.ok(runtime.lines.some((l) => /^COPY package\.json/.test(l)), 'package.json is in the image');
