@@ -227,3 +227,17 @@ test('one replica gets no PodDisruptionBudget (it would block node drains); repl
   const custom = podSpec(one(render(['--set-json', `topologySpreadConstraints=${JSON.stringify(own)}`]), 'Deployment')).spec as unknown as { topologySpreadConstraints: unknown };
   assert.deepEqual(custom.topologySpreadConstraints, own);
 });
+
+test('state.redisUrlSecret: the Redis URL comes from a Secret, never the ConfigMap', () => {
+  const ms = render(['--set', 'state.redisUrlSecret.name=router-redis', '--set', 'state.redis.enabled=true']);
+  ms.forEach(validate);
+  const c = podSpec(one(ms, 'Deployment')).spec.containers[0] as Container & { env?: Array<{ name: string; valueFrom?: { secretKeyRef?: { name: string; key: string } } }> };
+  // CONTEXTFORGE_STATE wins over router.yaml's state; the file leaves it out so nothing suggests otherwise
+  const env = c.env?.find((e) => e.name === 'CONTEXTFORGE_STATE');
+  assert.deepEqual(env?.valueFrom?.secretKeyRef, { name: 'router-redis', key: 'url' });
+  assert.doesNotMatch(one(ms, 'ConfigMap').data!['router.yaml'], /^state:/m);
+  assert.equal(byKind(ms, 'Deployment').length, 1, 'no chart Redis when the URL comes from a Secret');
+  const notes = run(['install', 'cfr', chart, '--dry-run=client', '--namespace', 'inference', '--set', 'state.redisUrlSecret.name=router-redis']);
+  assert.match(notes, /Shared state: the Redis URL in Secret router-redis \(key url\)/);
+  assert.throws(() => render(['--set', 'state.redisUrlSecret.name=router-redis', '--set', 'state.redisUrl=redis://r:6379']), /redisUrlSecret/);
+});

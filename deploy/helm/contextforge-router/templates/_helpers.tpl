@@ -53,9 +53,13 @@ app.kubernetes.io/part-of: contextforge-router
 {{- printf "%s-redis" (include "cfr.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The shared-state URL: an external Redis, the chart's own, or memory. */}}
+{{/* The shared-state URL: an external Redis, the chart's own, or memory ("" when a Secret holds it). */}}
 {{- define "cfr.stateUrl" -}}
+{{- if .Values.state.redisUrlSecret.name -}}
 {{- if .Values.state.redisUrl -}}
+{{- fail "state.redisUrlSecret and state.redisUrl both name the Redis: keep one" -}}
+{{- end -}}
+{{- else if .Values.state.redisUrl -}}
 {{- .Values.state.redisUrl -}}
 {{- else if .Values.state.redis.enabled -}}
 {{- printf "redis://%s:6379" (include "cfr.redisName" .) -}}
