@@ -241,3 +241,20 @@ test('state.redisUrlSecret: the Redis URL comes from a Secret, never the ConfigM
   assert.match(notes, /Shared state: the Redis URL in Secret router-redis \(key url\)/);
   assert.throws(() => render(['--set', 'state.redisUrlSecret.name=router-redis', '--set', 'state.redisUrl=redis://r:6379']), /redisUrlSecret/);
 });
+
+test('extraVolumes and extraVolumeMounts reach the pod, next to the config and /tmp', () => {
+  const volumes = [{ name: 'api-keys', secret: { secretName: 'router-api-keys' } }];
+  const mounts = [{ name: 'api-keys', mountPath: '/etc/contextforge-keys', readOnly: true }];
+  const ms = render([
+    '--set-json', `extraVolumes=${JSON.stringify(volumes)}`,
+    '--set-json', `extraVolumeMounts=${JSON.stringify(mounts)}`,
+    '--set', 'router.extraArgs[0]=--api-keys-file=/etc/contextforge-keys/keys.yaml',
+  ]);
+  ms.forEach(validate);
+  const spec = podSpec(one(ms, 'Deployment')).spec as unknown as { volumes: Array<{ name: string }>; containers: Array<Container & { volumeMounts: Array<{ name: string }> }> };
+  assert.deepEqual(spec.volumes.map((v) => v.name), ['config', 'tmp', 'api-keys']);
+  assert.deepEqual(spec.volumes[2], volumes[0]);
+  assert.deepEqual(spec.containers[0].volumeMounts.map((m) => m.name), ['config', 'tmp', 'api-keys']);
+  assert.deepEqual(spec.containers[0].volumeMounts[2], mounts[0]);
+  assertFlagsKnown(spec.containers[0].args);
+});
