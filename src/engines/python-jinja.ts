@@ -1,0 +1,164 @@
+/**
+ * Renders a chat template (@huggingface/jinja) over data that holds JsonNumbers (from
+ * parseLosslessJson) so numbers print as Python prints them: `tojson` writes json.dumps' text
+ * (`0.0`, `1e-07`, every digit of a big int) and `{{ x }}` writes str(). @huggingface/jinja
+ * turns JS numbers into its IntegerValue/FloatValue (1.0 becomes an integer) and writes them with
+ * JSON.stringify. Here a JsonNumber becomes a subclass of the library's FloatValue or
+ * IntegerValue: templates compare and compute with it as a number, and its text is Python's.
+ */
+import { randomUUID } from 'node:crypto';
+import { Environment, Interpreter, Template } from '@huggingface/jinja';
+import { JsonNumber } from '../core/lossless-json.js';
+
+type RuntimeValue = ReturnType<Environment['set']>;
+type Program = Template['parsed'];
+interface NumberValue {
+  type: string;
+  value: number;
+  toString(): string;
+}
+type ValueClass<V> = new (value: V) => RuntimeValue;
+
+// The library exports no value classes; each is the class of a value it makes from JS data.
+const probe = new Environment();
+let probes = 0;
+const classOf = <V>(data: unknown): ValueClass<V> => probe.set(`probe${probes++}`, data).constructor as ValueClass<V>;
+const IntegerValue = classOf<number>(1) as unknown as new (value: number) => NumberValue;
+const FloatValue = classOf<number>(0.5) as unknown as new (value: number) => NumberValue;
+const StringValue = classOf<string>('');
+const BooleanValue = classOf<boolean>(true);
+const NullValue = classOf<null>(null);
+const UndefinedValue = classOf<undefined>(undefined);
+const ArrayValue = classOf<RuntimeValue[]>([]);
+const ObjectValue = classOf<Map<string, RuntimeValue>>({});
+const FunctionValue = classOf<unknown>(() => null);
+
+/** A Python float from JSON: str() and json.dumps as Python writes them. */
+class PythonFloatValue extends FloatValue {
+  constructor(readonly number: JsonNumber) {
+    super(number.value);
+  }
+  override toString(): string {
+    return this.number.strText;
+  }
+}
+
+/** A Python int from JSON: every digit of it, though the value used in arithmetic is rounded. */
+class PythonIntValue extends IntegerValue {
+  constructor(readonly number: JsonNumber) {
+    super(number.value);
+  }
+  override toString(): string {
+    return this.number.strText;
+  }
+}
+
+type PythonNumberValue = PythonFloatValue | PythonIntValue;
+const isPythonNumber = (v: unknown): v is PythonNumberValue =>
+  v instanceof PythonFloatValue || v instanceof PythonIntValue;
+
+/** JS data as template values, as the library converts it, with JsonNumbers as Python numbers. */
+function toRuntime(data: unknown): RuntimeValue {
+  if (data instanceof JsonNumber)
+    return (data.isFloat ? new PythonFloatValue(data) : new PythonIntValue(data)) as unknown as RuntimeValue;
+  switch (typeof data) {
+    case 'number':
+      return (Number.isInteger(data) ? new IntegerValue(data) : new FloatValue(data)) as unknown as RuntimeValue;
+    case 'string':
+      return new StringValue(data);
+    case 'boolean':
+      return new BooleanValue(data);
+    case 'undefined':
+      return new UndefinedValue(undefined);
+    case 'object':
+      if (data === null) return new NullValue(null);
+      if (Array.isArray(data)) return new ArrayValue(data.map(toRuntime));
+      return new ObjectValue(new Map(Object.entries(data).map(([k, v]) => [k, toRuntime(v)])));
+    default:
+      return new Environment().set('value', data);
+  }
+}
+
+// The globals Template.render gives a template (its setupGlobals is not exported): range and
+// strftime_now are taken from a rendering, the rest are plain values.
+const captured: unknown[] = [];
+new Template('{{ keep(range, strftime_now) }}').render({ keep: (...fns: unknown[]) => void captured.push(...fns) });
+const GLOBALS: ReadonlyArray<[string, () => RuntimeValue]> = [
+  ['false', () => new BooleanValue(false)],
+  ['true', () => new BooleanValue(true)],
+  ['none', () => new NullValue(null)],
+  [
+    'raise_exception',
+    () =>
+      toRuntime((message: unknown) => {
+        throw new Error(String(message));
+      }),
+  ],
+  ['range', () => new FunctionValue(captured[0])],
+  ['strftime_now', () => new FunctionValue(captured[1])],
+  ['True', () => new BooleanValue(true)],
+  ['False', () => new BooleanValue(false)],
+  ['None', () => new NullValue(null)],
+];
+
+interface FilterNode {
+  type: string;
+  value?: unknown;
+  callee?: { type: string; value?: unknown };
+}
+type ApplyFilter = (this: Interpreter, operand: RuntimeValue, filter: FilterNode, env: Environment) => RuntimeValue;
+
+/**
+ * The library's filters, but `tojson` writes Python numbers with json.dumps' text: the
+ * library's own tojson runs over the value with each Python number swapped for a marker string,
+ * and each quoted marker is then replaced by the number's text (so indent, separators, sort_keys
+ * and ensure_ascii stay the library's). Set on each interpreter (its applyFilter is private).
+ */
+const libraryApplyFilter = (Interpreter.prototype as unknown as { applyFilter: ApplyFilter }).applyFilter;
+const applyFilterWithPythonNumbers: ApplyFilter = function (operand, filter, env) {
+  const isTojson =
+    (filter.type === 'Identifier' && filter.value === 'tojson') ||
+    (filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' && filter.callee.value === 'tojson');
+  if (!isTojson) return libraryApplyFilter.call(this, operand, filter, env);
+  const numbers: PythonNumberValue[] = [];
+  const marked = markNumbers(operand, numbers);
+  const result = libraryApplyFilter.call(this, marked, filter, env);
+  if (numbers.length === 0) return result;
+  const text = (result.value as string).replace(MARKER, (_, i: string) => numbers[Number(i)].number.jsonText);
+  return new StringValue(text);
+};
+
+// ASCII letters and digits only: JSON.stringify and ensure_ascii leave a marker as it is. The
+// random part keeps a marker from ever being text a request sent.
+const MARKER_PREFIX = `pyjson${randomUUID().replaceAll('-', '')}n`;
+const MARKER = new RegExp(`"${MARKER_PREFIX}(\\d+)"`, 'g');
+
+/** The value with each Python number swapped for a marker string (numbers[i] for marker i). */
+function markNumbers(value: RuntimeValue, numbers: PythonNumberValue[]): RuntimeValue {
+  if (isPythonNumber(value)) {
+    numbers.push(value);
+    return new StringValue(`${MARKER_PREFIX}${numbers.length - 1}`);
+  }
+  if (value instanceof ArrayValue) {
+    // an array or a tuple, rebuilt as what it is
+    const items = value.value as RuntimeValue[];
+    const marked = items.map((v) => markNumbers(v, numbers));
+    return marked.every((v, i) => v === items[i]) ? value : new (value.constructor as typeof ArrayValue)(marked);
+  }
+  if (value instanceof ObjectValue && value.type === 'ObjectValue') {
+    const entries = [...(value.value as Map<string, RuntimeValue>)];
+    const marked = entries.map(([k, v]): [string, RuntimeValue] => [k, markNumbers(v, numbers)]);
+    return marked.every(([, v], i) => v === entries[i][1]) ? value : new ObjectValue(new Map(marked));
+  }
+  return value;
+}
+
+/** Renders a parsed template over `items` (as Template.render does), Python numbers as Python writes them. */
+export function renderWithPythonNumbers(program: Program, items: Record<string, unknown>): string {
+  const env = new Environment();
+  for (const [name, make] of GLOBALS) env.setVariable(name, make());
+  for (const [name, value] of Object.entries(items)) env.setVariable(name, toRuntime(value));
+  const interpreter = new Interpreter(env);
+  (interpreter as unknown as { applyFilter: ApplyFilter }).applyFilter = applyFilterWithPythonNumbers;
+  return interpreter.run(program).value as string;
+}

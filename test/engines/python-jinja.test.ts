@@ -1,0 +1,42 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { Template } from '@huggingface/jinja';
+import { parseLosslessJson } from '../../src/core/lossless-json.js';
+import { renderWithPythonNumbers } from '../../src/engines/python-jinja.js';
+
+const render = (source: string, x: unknown): string => renderWithPythonNumbers(new Template(source).parsed, { x });
+const data = () =>
+  parseLosslessJson('{"a": 1.0, "b": [1e-7, 2], "i": 12345678901234567890, "o": 1E400, "s": "1.0"}', 8);
+
+test('numbers read from JSON render as Python renders them (expected texts from jinja2 + json.dumps)', () => {
+  assert.equal(
+    render('{{ x | tojson }}', data()),
+    '{"a": 1.0, "b": [1e-07, 2], "i": 12345678901234567890, "o": Infinity, "s": "1.0"}',
+  );
+  assert.equal(render('{{ x.b | tojson(indent=2) }}', data()), '[\n  1e-07,\n  2\n]');
+  assert.equal(render('{{ x.a }} {{ x.b[0] }} {{ x.i }} {{ x.o }}', data()), '1.0 1e-07 12345678901234567890 inf');
+});
+
+test('they stay numbers to a template: comparisons, arithmetic, tests', () => {
+  assert.equal(render('{% if x.a > 0.5 and x.b[0] < 1 %}yes{% endif %}', data()), 'yes');
+  assert.equal(render('{{ x.a + 1 }} {{ x.b[1] * 3 }}', data()), '2.0 6');
+  assert.equal(
+    render(
+      "{{ 'y' if x.a is number else 'n' }}{{ 'y' if x.a is integer else 'n' }}{{ 'y' if x.i is integer else 'n' }}",
+      data(),
+    ),
+    'yny',
+  );
+  assert.equal(render("{{ 'y' if x.a == 1 else 'n' }}", data()), 'y');
+});
+
+test('everything else renders as Template.render renders it', () => {
+  const source =
+    '{{ x | tojson }}|{{ x.n | tojson(sort_keys=true, indent=1) }}|{% for i in range(3) %}{{ i }}{% endfor %}|{{ none }}{{ true }}';
+  const plain = { n: { b: 1.5, a: [1, 'é'] }, s: 'pyjson-marker' };
+  assert.equal(
+    renderWithPythonNumbers(new Template(source).parsed, { x: plain }),
+    new Template(source).render({ x: plain }),
+  );
+  assert.throws(() => render('{{ raise_exception("no") }}', null), /no/);
+});
