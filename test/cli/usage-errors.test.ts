@@ -552,9 +552,10 @@ test('an unknown CONTEXTFORGE_ variable, ignored, is named in a warning with the
     new URL('../../deploy/helm/contextforge-router/templates/deployment.yaml', import.meta.url),
     'utf8',
   );
-  // (a value every one takes: the admin token has at least 8 characters)
+  // (a value each takes: the admin token has at least 8 characters; the state is a store's URL)
+  const valueOf = (name: string) => (name === 'CONTEXTFORGE_STATE' ? 'redis://redis:6379' : 'chart-value');
   const set = Object.fromEntries(
-    [...chart.matchAll(/name: (CONTEXTFORGE_[A-Z0-9_]+)/g)].map((m) => [m[1], 'chart-value']),
+    [...chart.matchAll(/name: (CONTEXTFORGE_[A-Z0-9_]+)/g)].map((m) => [m[1], valueOf(m[1])]),
   );
   assert.ok(Object.keys(set).length > 0);
   assert.deepEqual(
