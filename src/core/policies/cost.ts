@@ -1,5 +1,6 @@
 import { PendingPrefixes } from './pending-prefixes.js';
 import { pickMaxScore } from './pick.js';
+import { resized } from '../typed-arrays.js';
 import type { WorkerState } from '../worker-registry.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
 
@@ -483,18 +484,10 @@ export class CostPolicy implements RoutingPolicy {
   private countRouted(slot: number, now: number): void {
     if (slot >= this.routedCounts.length) {
       const n = Math.max(16, slot * 2);
-      const counts = new Float64Array(n);
-      counts.set(this.routedCounts);
-      const at = new Float64Array(n);
-      at.set(this.routedAt);
-      this.routedCounts = counts;
-      this.routedAt = at;
-      const attention = new Float64Array(n);
-      attention.set(this.attentionQueued);
-      this.attentionQueued = attention;
-      const cached = new Float64Array(n);
-      cached.set(this.cachedQueued);
-      this.cachedQueued = cached;
+      this.routedCounts = resized(this.routedCounts, n);
+      this.routedAt = resized(this.routedAt, n);
+      this.attentionQueued = resized(this.attentionQueued, n);
+      this.cachedQueued = resized(this.cachedQueued, n);
     }
     // a time that is no finite number is not kept: the decision counts at the last known time
     const t = Number.isFinite(now) ? now : this.lastNow;

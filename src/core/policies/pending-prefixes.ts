@@ -1,3 +1,4 @@
+import { resized } from '../typed-arrays.js';
 import type { Candidate, RequestBlocks } from './types.js';
 
 /** Slots of the block table (a power of two; a colliding block overwrites the older entry). */
@@ -148,7 +149,5 @@ function tableSlot(hi: number, lo: number): number {
 }
 
 function grow(a: Float64Array, n: number): Float64Array<ArrayBuffer> {
-  const b = new Float64Array(Math.max(n, a.length * 2));
-  b.set(a);
-  return b;
+  return resized(a, Math.max(n, a.length * 2));
 }

@@ -1,4 +1,5 @@
 import * as check from '../validate.js';
+import { resized } from '../typed-arrays.js';
 import type { WorkerState } from '../worker-registry.js';
 import { outstanding } from './pick.js';
 import { BlockKeys } from './block-keys.js';
@@ -194,18 +195,10 @@ class ApproxTree {
   /** Doubles the slots and rebuilds the index (only while the tree grows to its cap). */
   private grow(): void {
     const size = this.keyAt.length * 2;
-    const keyAt = new Float64Array(size);
-    keyAt.set(this.keyAt);
-    this.keyAt = keyAt;
-    const accessAt = new Float64Array(size);
-    accessAt.set(this.accessAt);
-    this.accessAt = accessAt;
-    const prev = new Int32Array(size);
-    prev.set(this.prev);
-    this.prev = prev;
-    const next = new Int32Array(size);
-    next.set(this.next);
-    this.next = next;
+    this.keyAt = resized(this.keyAt, size);
+    this.accessAt = resized(this.accessAt, size);
+    this.prev = resized(this.prev, size);
+    this.next = resized(this.next, size);
     this.buckets = new Int32Array(2 * size);
     this.bucketHash = new Int32Array(2 * size);
     // every slot is live when the tree grows (none was free)
