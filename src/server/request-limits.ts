@@ -349,23 +349,22 @@ export function parseJsonBody(text: string, limits: JsonLimits): unknown {
     throw new RequestLimitError('the body is not valid JSON', 'body');
   }
   const tools = (body as { tools?: unknown } | null)?.tools;
-  if (Array.isArray(tools)) {
-    const source = memberSourceText(text, 'tools');
-    if (source !== undefined) toolsSources.set(tools, source);
-  }
+  if (Array.isArray(tools)) bodiesOfTools.set(tools, text);
   return body;
 }
 
 /**
- * The JSON text of each parsed body's `tools` array, by the array (which a body copied without
- * some of its fields still holds): the tokenizer reads the tools again from it, to render their
- * numbers as vLLM does (JSON.parse turns `0.0` into `0`).
+ * The JSON text of each parsed body that has a `tools` array, by the array (which a body copied
+ * without some of its fields still holds): the tokenizer reads the tools again from it, to render
+ * their numbers as vLLM does (JSON.parse turns `0.0` into `0`). The tools' own text is found only
+ * when asked (toolsSourceText): only `--tokenize tokenizer` reads it.
  */
-const toolsSources = new WeakMap<unknown[], string>();
+const bodiesOfTools = new WeakMap<unknown[], string>();
 
 /** The JSON text a body's `tools` array was parsed from (by parseJsonBody), or undefined. */
 export function toolsSourceText(tools: unknown): string | undefined {
-  return Array.isArray(tools) ? toolsSources.get(tools) : undefined;
+  const text = Array.isArray(tools) ? bodiesOfTools.get(tools) : undefined;
+  return text === undefined ? undefined : memberSourceText(text, 'tools');
 }
 
 /** The request metadata of docs/architecture.md §5, from the `contextforge` body field or the headers. */
