@@ -6,8 +6,8 @@
  *
  * A worker with data-parallel ranks (`dpSize` K) is K router workers sharing its URL and
  * pool, one per rank (engine-deployments.ts): each with its own KV-event subscriber (the
- * events port + rank), metrics series (vLLM's engine="r") and index entries. Connections are
- * keyed by router worker id; admin operations take the worker's own id.
+ * events port + rank), metrics series (vLLM's engine="r", SGLang's dp_rank="r") and index
+ * entries. Connections are keyed by router worker id; admin operations take the worker's own id.
  */
 import { Pool, request as upstreamRequest } from 'undici';
 import type { KVAwareRouter, RouteRequest } from '../core/router/index.js';

@@ -225,7 +225,7 @@ export interface WorkerMetrics {
    */
   sampledAt?: number;
   runningRequests?: number;
-  /** KV-cache capacity in tokens (vLLM: num_gpu_blocks × block_size of cache_config_info). */
+  /** KV-cache capacity in tokens (vLLM: num_gpu_blocks × block_size of cache_config_info; SGLang: max_total_num_tokens). */
   kvCapacityTokens?: number;
 }
 

@@ -10,7 +10,8 @@
  * A name's series are read as the engines mean them (see `quantities`): series of one
  * quantity seen from several processes or ranks are one reading (their largest); the others
  * (vLLM's data-parallel `engine` ranks, SGLang's `dp_rank`) are parts of the engine, summed,
- * except usage, which is averaged.
+ * except usage, which is averaged. Read for one data-parallel rank, only that rank's series
+ * count (`parsePrometheusText`).
  */
 import { MAX_ENGINE_REQUESTS } from '../../core/worker-registry.js';
 
@@ -21,7 +22,10 @@ export interface EngineLoad {
   /** Prefix-cache queries and hits (vLLM counters), when exported. */
   prefixCacheQueries?: number;
   prefixCacheHits?: number;
-  /** KV-cache capacity in tokens: vLLM's cache_config_info num_gpu_blocks × block_size. */
+  /**
+   * KV-cache capacity in tokens: vLLM's cache_config_info num_gpu_blocks × block_size, or
+   * SGLang's sglang:max_total_num_tokens.
+   */
   kvCapacityTokens?: number;
 }
 
@@ -41,7 +45,23 @@ const HITS = [
   'vllm:gpu_prefix_cache_hits',
 ];
 
-const LOAD_NAMES: ReadonlySet<string> = new Set([...RUNNING, ...WAITING, ...USAGE, ...QUERIES, ...HITS]);
+/**
+ * SGLang's KV capacity in tokens: the scheduler's token pool size, a gauge with the scheduler's
+ * labels (dp_rank among them), written with its other stats (python/sglang/srt/observability/
+ * metrics_collector.py SchedulerMetricsCollector, `sglang:max_total_num_tokens`, "Maximum
+ * total number of tokens in the KV cache pool"; set from scheduler_metrics_mixin.py
+ * `self.stats.max_total_num_tokens = self.max_total_num_tokens`).
+ */
+const SGLANG_CAPACITY = ['sglang:max_total_num_tokens'];
+
+const LOAD_NAMES: ReadonlySet<string> = new Set([
+  ...RUNNING,
+  ...WAITING,
+  ...USAGE,
+  ...QUERIES,
+  ...HITS,
+  ...SGLANG_CAPACITY,
+]);
 
 export class MetricsFormatError extends Error {}
 
@@ -54,11 +74,20 @@ export interface Sample {
 const NO_LABELS: ReadonlyMap<string, string> = new Map();
 
 /**
+ * The labels that name a data-parallel rank's series on an engine's one /metrics page: vLLM's
+ * `engine="r"` (vllm/v1/metrics/loggers.py, one series per engine index) and SGLang's
+ * `dp_rank="r"` (python/sglang/srt/observability/metrics_collector.py
+ * SchedulerMetricsCollector.init_new: `if dp_rank is not None: labels["dp_rank"] = dp_rank`).
+ */
+const RANK_LABELS = ['engine', 'dp_rank'] as const;
+
+/**
  * Parses exposition text into name → samples (comments and malformed lines skipped: a line
- * whose labels cannot be read as name="value" pairs is malformed). With `engine`, series
- * labelled with another `engine` are left out: vLLM with data-parallel ranks exports one
- * series per rank (engine="r") on its one /metrics page. With `names`, only those names are
- * read: the other lines (most of a page: histograms) are passed over before their labels.
+ * whose labels cannot be read as name="value" pairs is malformed). With `engine` (a
+ * data-parallel rank), series labelled with another rank (`RANK_LABELS`: vLLM's `engine`,
+ * SGLang's `dp_rank`) are left out; a series with neither label is kept. With `names`, only
+ * those names are read: the other lines (most of a page: histograms) are passed over before
+ * their labels.
  */
 export function parsePrometheusText(text: string, engine?: string, names?: ReadonlySet<string>): Map<string, Sample[]> {
   const series = new Map<string, Sample[]>();
@@ -80,10 +109,8 @@ export function parsePrometheusText(text: string, engine?: string, names?: Reado
       const read = readLabels(rest.slice(1, close));
       if (read === undefined) continue;
       labels = read;
-      if (engine !== undefined) {
-        const e = labels.get('engine');
-        if (e !== undefined && e !== engine) continue;
-      }
+      if (engine !== undefined && RANK_LABELS.some((k) => labels.get(k) !== undefined && labels.get(k) !== engine))
+        continue;
       rest = rest.slice(close + 1);
     }
     // Prometheus's NaN and ±Inf are values (and "1e400" is infinite): kept, for the reader to
@@ -285,7 +312,7 @@ export function readEngineLoad(text: string, engine?: string): EngineLoad {
   const h = counter(s, HITS);
   if (q !== undefined) load.prefixCacheQueries = q;
   if (h !== undefined) load.prefixCacheHits = h;
-  const capacity = readKvCapacityTokens(text);
+  const capacity = vllmKvCapacityTokens(text) ?? sglangKvCapacityTokens(s);
   if (capacity !== undefined) load.kvCapacityTokens = capacity;
   return load;
 }
@@ -293,11 +320,43 @@ export function readEngineLoad(text: string, engine?: string): EngineLoad {
 const CACHE_CONFIG_INFO = 'vllm:cache_config_info{';
 
 /**
+ * The KV capacity in tokens in a /metrics page (of one data-parallel rank when `engine` is
+ * given): vLLM's cache_config_info, else SGLang's max_total_num_tokens; undefined when the page
+ * has neither or they say no positive count.
+ */
+export function readKvCapacityTokens(text: string, engine?: string): number | undefined {
+  return vllmKvCapacityTokens(text) ?? sglangKvCapacityTokens(parsePrometheusText(text, engine, CAPACITY_NAMES));
+}
+
+const CAPACITY_NAMES: ReadonlySet<string> = new Set(SGLANG_CAPACITY);
+
+/**
+ * SGLang's capacity: the largest sample of each quantity (the TP ranks of a scheduler write the
+ * same pool size), summed over the dp_rank ranks the page was read for. Undefined when a
+ * sample is no finite count or the sum is 0: the gauge reads 0 until the scheduler's first stats
+ * (SchedulerStats.max_total_num_tokens defaults to 0).
+ */
+function sglangKvCapacityTokens(series: Map<string, Sample[]>): number | undefined {
+  const v = firstSeries(series, SGLANG_CAPACITY);
+  if (v === undefined) return undefined;
+  let sum = 0;
+  for (const group of quantities(v)) {
+    let most = 0;
+    for (const x of group) {
+      if (!(x >= 0 && Number.isSafeInteger(Math.floor(x)))) return undefined;
+      most = Math.max(most, Math.floor(x));
+    }
+    sum += most;
+  }
+  return Number.isSafeInteger(sum) && sum > 0 ? sum : undefined;
+}
+
+/**
  * The KV capacity in tokens from vLLM's info gauge, whose labels are the engine's
  * CacheConfig (`vllm:cache_config_info{block_size="16",…,num_gpu_blocks="17854",…} 1.0`);
  * undefined when the page has none or its labels are not positive integers.
  */
-export function readKvCapacityTokens(text: string): number | undefined {
+function vllmKvCapacityTokens(text: string): number | undefined {
   const at = text.indexOf(CACHE_CONFIG_INFO);
   if (at < 0) return undefined;
   const end = findLabelsEnd(text.slice(at + CACHE_CONFIG_INFO.length - 1, at + CACHE_CONFIG_INFO.length + 4096));

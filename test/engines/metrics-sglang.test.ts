@@ -1,0 +1,77 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { readEngineLoad, readKvCapacityTokens } from '../../src/engines/metrics/prometheus.js';
+
+// SGLang's scheduler labels (python/sglang/srt/observability/metrics_collector.py,
+// SchedulerMetricsCollector.init_new): dp_rank only when the scheduler has one (--dp-size > 1)
+const labels = (dp?: string, tp = '0') =>
+  `${dp === undefined ? '' : `dp_rank="${dp}",`}engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="${tp}"`;
+const rank = (dp: string | undefined, running: number, waiting: number, usage: number, capacity?: number) =>
+  [
+    `sglang:num_running_reqs{${labels(dp)}} ${running}.0`,
+    `sglang:num_queue_reqs{${labels(dp)}} ${waiting}.0`,
+    `sglang:token_usage{${labels(dp)}} ${usage}`,
+    ...(capacity === undefined ? [] : [`sglang:max_total_num_tokens{${labels(dp)}} ${capacity}.0`]),
+  ].join('\n');
+
+const DP2 = `${rank('0', 1, 0, 0.1, 100000)}\n${rank('1', 30, 40, 0.9, 80000)}\n`;
+
+test("a rank of a data-parallel SGLang worker reads only its dp_rank's series", () => {
+  assert.deepEqual(readEngineLoad(DP2, '0'), { running: 1, waiting: 0, kvUsage: 0.1, kvCapacityTokens: 100000 });
+  assert.deepEqual(readEngineLoad(DP2, '1'), { running: 30, waiting: 40, kvUsage: 0.9, kvCapacityTokens: 80000 });
+  // the worker as one (no rank): the ranks are parts of it, summed (usage averaged)
+  const whole = readEngineLoad(DP2);
+  assert.equal(whole.running, 31);
+  assert.equal(whole.waiting, 40);
+  assert.equal(whole.kvCapacityTokens, 180000);
+});
+
+test("vLLM's engine label still selects a rank, and a page with neither label is read whole", () => {
+  const vllm =
+    'vllm:num_requests_running{engine="0"} 2\nvllm:num_requests_running{engine="1"} 3\nvllm:kv_cache_usage_perc{engine="0"} 0.2\nvllm:kv_cache_usage_perc{engine="1"} 0.4\n';
+  assert.equal(readEngineLoad(vllm, '1').running, 3);
+  assert.equal(readEngineLoad(vllm, '0').kvUsage, 0.2);
+  // single-rank SGLang: no dp_rank at all, or dp_rank="0" only
+  assert.deepEqual(readEngineLoad(`${rank(undefined, 4, 2, 0.25, 50000)}\n`), {
+    running: 4,
+    waiting: 2,
+    kvUsage: 0.25,
+    kvCapacityTokens: 50000,
+  });
+  assert.deepEqual(readEngineLoad(`${rank('0', 4, 2, 0.25, 50000)}\n`), {
+    running: 4,
+    waiting: 2,
+    kvUsage: 0.25,
+    kvCapacityTokens: 50000,
+  });
+  assert.equal(readEngineLoad(`${rank('0', 4, 2, 0.25)}\n`, '0').running, 4);
+});
+
+test("SGLang's KV capacity is sglang:max_total_num_tokens; every TP rank writes the same one", () => {
+  const allSchedulers = [
+    `sglang:max_total_num_tokens{${labels('0', '0')}} 100000.0`,
+    `sglang:max_total_num_tokens{${labels('0', '1')}} 100000.0`,
+    `sglang:max_total_num_tokens{${labels('1', '0')}} 90000.0`,
+    `sglang:max_total_num_tokens{${labels('1', '1')}} 90000.0`,
+    `sglang:num_running_reqs{${labels('0')}} 0`,
+    `sglang:num_running_reqs{${labels('1')}} 0`,
+  ].join('\n');
+  assert.equal(readKvCapacityTokens(allSchedulers, '0'), 100000);
+  assert.equal(readKvCapacityTokens(allSchedulers, '1'), 90000);
+  assert.equal(readKvCapacityTokens(allSchedulers), 190000);
+  assert.equal(readEngineLoad(allSchedulers, '1').kvCapacityTokens, 90000);
+  // before the scheduler's first stats the gauge reads 0 (SchedulerStats' default): no capacity
+  assert.equal(
+    readEngineLoad(`sglang:max_total_num_tokens{${labels()}} 0\nsglang:num_running_reqs 1\n`).kvCapacityTokens,
+    undefined,
+  );
+  for (const bad of ['NaN', '+Inf', '-5', '1e400'])
+    assert.equal(readKvCapacityTokens(`sglang:max_total_num_tokens{${labels()}} ${bad}\n`), undefined, bad);
+  // vLLM's cache_config_info is read as before, and wins on a page with both
+  assert.equal(
+    readKvCapacityTokens(
+      `vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1\nsglang:max_total_num_tokens{${labels()}} 5\n`,
+    ),
+    1600,
+  );
+});
