@@ -43,6 +43,7 @@ import {
   markAnsweredOnSocket,
   markCutByGateway,
   createGatewayMetrics,
+  registerTokenizeRefusalMetrics,
   registerAnswerBudgetMetrics,
   registerBodyBudgetMetrics,
   registerBodyRateMetrics,
@@ -570,6 +571,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   });
   const metrics = createGatewayMetrics(router);
   registerKvEventMetrics(metrics.registry, () => connections.subscriberStats());
+  registerTokenizeRefusalMetrics(metrics.registry, () => connections.tokenizeRefusalCounts());
   const bodyBudgetRefusals = registerBodyBudgetMetrics(metrics.registry, bodyBudget);
   const bodyTooSlow = registerBodyRateMetrics(metrics.registry);
   const clientConnectionMetrics = registerClientConnectionMetrics(metrics.registry);

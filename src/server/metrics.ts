@@ -364,6 +364,28 @@ export function registerAnswerBudgetMetrics(registry: Registry, budget: { used: 
 }
 
 /**
+ * Answers other than 200 from the engines' /tokenize (--tokenize engine, or auto with KV
+ * events), per router worker and status, read from the worker connections when scraped: a
+ * request none of them tokenized is routed without token ids (no cached prefix seen). The
+ * status label is the HTTP status, `other` outside 100-599; a removed worker's series leave with it.
+ */
+export function registerTokenizeRefusalMetrics(
+  registry: Registry,
+  refusals: () => Iterable<{ worker: string; status: string; count: number }>,
+): void {
+  new Counter({
+    name: 'contextforge_engine_tokenize_refusals_total',
+    help: "Answers other than 200 from a worker's engine /tokenize, per worker and HTTP status (the request is asked of another engine or routed without token ids).",
+    labelNames: ['worker', 'status'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const { worker, status, count } of refusals()) this.inc({ worker, status }, count);
+    },
+  });
+}
+
+/**
  * KV-event counters per worker (a data-parallel rank is a worker), read from the subscribers
  * when scraped: events skipped by reason (one bad event never costs its batch; see
  * docs/engines.md for the reasons) and the subscriber's own counts.

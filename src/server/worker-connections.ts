@@ -9,7 +9,7 @@
  * events port + rank), metrics series (vLLM's engine="r", SGLang's dp_rank="r") and index
  * entries. Connections are keyed by router worker id; admin operations take the worker's own id.
  */
-import { Pool, request as upstreamRequest } from 'undici';
+import { Pool, request as upstreamRequest, type Dispatcher } from 'undici';
 import type { KVAwareRouter, RouteRequest } from '../core/router/index.js';
 import { MAX_WORKERS, type WorkerState } from '../core/worker-registry.js';
 import { readBoundedText } from '../engines/bounded-body.js';
@@ -54,6 +54,11 @@ export interface WorkerConnection {
   subscriber?: KvEventSubscriber;
   /** The worker's own id (its ranks share it). */
   workerId: string;
+  /**
+   * Its engine's /tokenize answers other than 200, by status (`tokenizeRefusalStatus`): counted
+   * in contextforge_engine_tokenize_refusals_total under this router worker's id.
+   */
+  tokenizeRefusals: Map<string, number>;
   /** The data-parallel rank this router worker is, when the worker has ranks. */
   rank: number | null;
   /** LoRA adapters the engine lists in /v1/models (name → base model); shared by the ranks. */
@@ -244,6 +249,8 @@ export class WorkerConnections {
   private refreshing: Promise<void> | undefined;
   /** When the last refreshModels() re-read began (performance.now()). */
   private refreshedAt = -Infinity;
+  /** Workers (their own ids) whose engine's first /tokenize refusal was logged: one line per worker, not per request. */
+  private readonly tokenizeRefusalLogged = new Set<string>();
 
   private readonly engineConnections: number;
   private readonly keyEnvs: EngineKeyEnvs;
@@ -415,6 +422,12 @@ export class WorkerConnections {
     for (const [id, c] of this.connections) if (c.subscriber) yield [id, c.subscriber.stats];
   }
 
+  /** /tokenize refusals counted so far, per router worker and status (the metric's series). */
+  *tokenizeRefusalCounts(): IterableIterator<{ worker: string; status: string; count: number }> {
+    for (const [worker, c] of this.connections)
+      for (const [status, count] of c.tokenizeRefusals) yield { worker, status, count };
+  }
+
   /** The workers as configured (once each, whatever their ranks), for the shared state. */
   records(): WorkerRecord[] {
     return [...this.groups.values()].map((ids) => this.connections.get(ids[0])!.record);
@@ -544,6 +557,7 @@ export class WorkerConnections {
           models,
           adapters,
           workerId: w.id,
+          tokenizeRefusals: new Map(),
           rank: dpSize > 1 ? r : null,
           headers: dpSize > 1 ? { ...headers, [DP_RANK_HEADER]: String(r) } : headers,
           unanswered: new Set(),
@@ -664,6 +678,7 @@ export class WorkerConnections {
     this.groups.delete(first.workerId);
     // a worker added under its id again reads its own list, not the end of this one's read
     this.reading.delete(first.workerId);
+    this.tokenizeRefusalLogged.delete(first.workerId);
     void first.pool.close().catch(() => {}); // lets its in-flight requests finish
     let removed = false;
     for (const rid of ids) {
@@ -830,7 +845,7 @@ export class WorkerConnections {
         signal: deadline,
       });
       try {
-        if (res.statusCode !== 200) return void (await res.body.dump());
+        if (res.statusCode !== 200) return void (await this.tokenizeRefused(c, res.statusCode, res.body));
         const out = JSON.parse(await readBoundedText(res.body, MAX_TOKENIZE_BYTES, '/tokenize')) as {
           tokens?: unknown;
         } | null;
@@ -845,6 +860,30 @@ export class WorkerConnections {
     } finally {
       c.slots.release();
     }
+  }
+
+  /**
+   * Counts a /tokenize answer other than 200 and, for the first of its worker, logs it with the
+   * start of the engine's message (SGLang releases whose /tokenize takes only a `prompt` refuse
+   * a chat's `messages` with 400, entrypoints/openai/serving_tokenize.py): without it, requests
+   * were routed without token ids, their cached prefix unseen, and nothing said why.
+   */
+  private async tokenizeRefused(
+    c: WorkerConnection,
+    statusCode: number,
+    body: Dispatcher.ResponseData['body'],
+  ): Promise<void> {
+    const status = tokenizeRefusalStatus(statusCode);
+    c.tokenizeRefusals.set(status, (c.tokenizeRefusals.get(status) ?? 0) + 1);
+    if (this.tokenizeRefusalLogged.has(c.workerId)) return void (await body.dump());
+    this.tokenizeRefusalLogged.add(c.workerId);
+    // an error answer is a short JSON object: a longer one is logged without it
+    const said = refusalMessage(await readBoundedText(body, MAX_REFUSAL_BYTES, '/tokenize').catch(() => ''));
+    this.options.log(
+      `worker '${c.workerId}': its engine's /tokenize answered ${statusCode}${said === '' ? '' : ` ${JSON.stringify(said)}`}; ` +
+        'the request was asked of another engine or routed without token ids, its cached prefix unseen ' +
+        '(SGLang releases whose /tokenize takes only a prompt refuse chats: docs/engines.md). Its further refusals are not logged: /metrics counts them in contextforge_engine_tokenize_refusals_total',
+    );
   }
 
   /** Stops the metrics scrapes and health checks (first step of closing the gateway). */
@@ -863,6 +902,33 @@ export class WorkerConnections {
     await Promise.all([...this.connections.values()].map((c) => c.subscriber?.close()));
     await Promise.all(this.closing);
   }
+}
+
+/**
+ * A /tokenize refusal's status label: the HTTP status, or `other` for a code outside 100-599
+ * (the label takes a few hundred values at most per worker).
+ */
+export function tokenizeRefusalStatus(statusCode: number): string {
+  return Number.isInteger(statusCode) && statusCode >= 100 && statusCode <= 599 ? String(statusCode) : 'other';
+}
+
+/** The most of a /tokenize refusal's body read for its log line. */
+const MAX_REFUSAL_BYTES = 4096;
+
+/**
+ * What an engine's error answer says, for a log line: the `message` of an OpenAI-style error
+ * (`{"message"}`, SGLang's and vLLM's `{"error": {"message"}}`) or FastAPI's `detail`, else the
+ * text; at most 200 characters.
+ */
+function refusalMessage(text: string): string {
+  let said: unknown = text;
+  try {
+    const e = JSON.parse(text) as { message?: unknown; detail?: unknown; error?: { message?: unknown } } | null;
+    said = e?.message ?? e?.error?.message ?? e?.detail ?? text;
+  } catch {
+    // not JSON: the text itself
+  }
+  return (typeof said === 'string' ? said : JSON.stringify(said)).trim().slice(0, 200);
 }
 
 /**
