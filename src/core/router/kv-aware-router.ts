@@ -75,7 +75,10 @@ export class KVAwareRouter {
   private readonly instanceId: string;
   /** The seed never counts blocks; under policy 'seed' activeBlocks stays 0 as there. */
   private readonly countsBlocks: boolean;
-  private readonly decisions: Partial<Record<RouteReason, number>> = {};
+  /** Decisions by reason; no prototype, so that a policy's reason named like one of Object's members is a key as any other. */
+  private readonly decisions: Partial<Record<RouteReason, number>> = Object.create(null) as Partial<
+    Record<RouteReason, number>
+  >;
   private readonly inFlight = new InFlightTickets();
   /** The blocks pending decisions alone added to the index, withdrawn if their engine refuses them. */
   private readonly withdrawable: WithdrawablePredictions;
@@ -663,11 +666,11 @@ export class KVAwareRouter {
     const workerLoads: Record<string, WorkerLoadStats> = {};
     const drainingWorkers: string[] = [];
     for (const w of this.workers.values()) {
-      workerLoads[w.id] = {
+      setOwn(workerLoads, w.id, {
         load: roundHalfEven3(w.load),
         claGroups: w.claGroups.size,
         activeBlocks: this.countsBlocks ? this.anchors.blocksOn(w.id) + this.index.entriesFor(w.slot) : 0,
-      };
+      });
       if (w.draining) drainingWorkers.push(w.id);
     }
     return {
@@ -732,6 +735,16 @@ const METRICS_KEYS = check.keySet<WorkerMetrics>({
   runningRequests: true,
   kvCapacityTokens: true,
 });
+
+/**
+ * Sets `key` on a plain object as its own property, whatever the key: assigning '__proto__'
+ * would set the object's prototype instead (a worker may be named so), and the key be lost.
+ */
+function setOwn<T>(map: Record<string, T>, key: string, value: T): void {
+  if (key === '__proto__')
+    Object.defineProperty(map, key, { value, enumerable: true, writable: true, configurable: true });
+  else map[key] = value;
+}
 
 /** RouteFeatures as route() fills them in. */
 type FeaturesScratch = { -readonly [K in keyof RouteFeatures]: RouteFeatures[K] };

@@ -1,0 +1,77 @@
+/**
+ * The library API at its edges, as a caller outside the gateway reaches it: ids that are
+ * Object.prototype's own names, lengths past any prompt, options of the wrong type or with a
+ * misspelt key, arrays where objects belong, and the exported constants.
+ */
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import { AnchorTable } from '../../src/core/anchor-table.js';
+import * as api from '../../src/index.js';
+import {
+  createPolicy,
+  KVAwareRouter,
+  NoEndpointsError,
+  POLICY_NAMES,
+  PromptTooLongError,
+  type RoutingPolicy,
+} from '../../src/index.js';
+
+/** What a refused call must leave as it was. */
+function snapshot(router: KVAwareRouter) {
+  return JSON.stringify({
+    workers: router.listWorkers().map((w) => ({
+      id: w.id,
+      load: w.load,
+      inFlight: w.inFlightRequests,
+      queued: w.queuedPrefillTokens,
+      decode: w.activeDecodeTokens,
+    })),
+    stats: router.getStats(),
+  });
+}
+
+function refuses(router: KVAwareRouter, call: () => unknown, error: typeof TypeError, message: RegExp): void {
+  const before = snapshot(router);
+  assert.throws(call, (err: unknown) => {
+    assert.ok(err instanceof error, `${String(err)} is not a ${error.name}`);
+    assert.match((err as Error).message, message);
+    return true;
+  });
+  assert.equal(snapshot(router), before, `state changed by a refused call (${message.source})`);
+}
+
+function throwsNaming(call: () => unknown, error: typeof TypeError, message: RegExp): void {
+  assert.throws(call, (err: unknown) => {
+    assert.ok(err instanceof error, `${String(err)} is not a ${error.name}`);
+    assert.match((err as Error).message, message);
+    return true;
+  });
+}
+
+describe('ids that are names of Object.prototype', () => {
+  test('a worker named __proto__ is a key of getStats().workerLoads like any other', () => {
+    const router = new KVAwareRouter({ policy: 'seed' });
+    for (const id of ['a', '__proto__', 'constructor', 'toString']) router.registerWorker(id);
+    void router.updateWorkerState('__proto__', 0.5);
+    const loads = router.getStats().workerLoads;
+    assert.deepEqual(Object.keys(loads), ['a', '__proto__', 'constructor', 'toString']);
+    assert.ok(Object.hasOwn(loads, '__proto__'));
+    assert.equal(Object.getOwnPropertyDescriptor(loads, '__proto__')?.value.load, 0.5);
+    assert.equal(Object.getPrototypeOf(loads), Object.prototype);
+    assert.deepEqual(Object.keys(JSON.parse(JSON.stringify(loads))), ['a', '__proto__', 'constructor', 'toString']);
+  });
+
+  test("a policy's reason named __proto__ is counted in decisionsByReason", () => {
+    const policy: RoutingPolicy = {
+      name: 'mine',
+      choose: () => ({ index: 0, confidence: 1, reason: '__proto__' as never }),
+    };
+    const router = new KVAwareRouter({ policy });
+    router.registerWorker('a');
+    router.route({ tokens: [1, 2, 3] });
+    router.route({ tokens: [1, 2, 3] });
+    const byReason = router.getStats().decisionsByReason;
+    assert.equal(Object.getOwnPropertyDescriptor(byReason, '__proto__')?.value, 2);
+    assert.equal(Object.getPrototypeOf(byReason), Object.prototype);
+  });
+});
