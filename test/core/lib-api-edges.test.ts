@@ -75,3 +75,40 @@ describe('ids that are names of Object.prototype', () => {
     assert.equal(Object.getPrototypeOf(byReason), Object.prototype);
   });
 });
+
+describe('a prompt length past maxPromptTokens', () => {
+  test('is refused whether or not the request gives blocks, naming promptTokens', () => {
+    const router = new KVAwareRouter({ policy: 'dynamo', maxPromptTokens: 1024 });
+    router.registerWorker('w0');
+    router.registerWorker('w1');
+    for (const promptTokens of [1e308, 2 ** 60, 1025])
+      for (const options of [{}, { servedBy: 'w0' }, { dryRun: true }])
+        refuses(
+          router,
+          () => router.route({ promptTokens }, options),
+          RangeError,
+          new RegExp(
+            `^promptTokens must be at most 1024 \\(maxPromptTokens\\), got ${String(promptTokens).replace('+', '\\+')}$`,
+          ),
+        );
+    assert.throws(() => router.route({ promptTokens: 2 ** 60 }), PromptTooLongError);
+    // with precomputed blocks, as before
+    refuses(router, () => router.route({ blockHashes: [1, 2], promptTokens: 5000 }), RangeError, /promptTokens/);
+    // at the bound it routes, and the counters stay numbers
+    const r = router.route({ promptTokens: 1024 });
+    assert.equal(router.localLoad(r.workerId).queuedPrefillTokens, 1024);
+    router.release(r.ticket);
+    assert.equal(router.localLoad(r.workerId).queuedPrefillTokens, 0);
+  });
+
+  test("the seed API's tokenLength too, naming tokenLength", async () => {
+    const router = new KVAwareRouter({ policy: 'seed', maxPromptTokens: 1024 });
+    router.registerWorker('w0');
+    await assert.rejects(router.selectWorker('a', { tokenLength: 2 ** 60 }), {
+      name: 'PromptTooLongError',
+      message: /^tokenLength must be at most 1024 \(maxPromptTokens\), got 1152921504606847000$/,
+    });
+    assert.equal(router.getWorkerForAnchor('a'), undefined);
+    assert.equal((await router.selectWorker('a', { tokenLength: 1024 })).targetWorkerId, 'w0');
+  });
+});

@@ -99,9 +99,10 @@ test('a prompt over maxPromptTokens throws PromptTooLongError and leaves nothing
   assert.equal(router.index.entryCount, 0);
   assert.equal(router.localLoad('w0').inFlightRequests, 0);
   assert.deepEqual(router.getStats().decisionsByReason, {});
-  // at the limit it routes; a length alone (the seed API's tokenLength) records no blocks and is not refused
+  // at the limit it routes; a length alone records no blocks but is counted in flight, so it is refused too
   assert.equal(router.route({ tokens: Array.from({ length: 1024 }, (_, i) => i) }).workerId, 'w0');
-  assert.equal(router.route({ promptTokens: 5000 }).workerId, 'w0');
+  assert.throws(() => router.route({ promptTokens: 5000 }), PromptTooLongError);
+  assert.equal(router.route({ promptTokens: 1024 }).workerId, 'w0');
   assert.throws(() => new KVAwareRouter({ maxPromptTokens: 0 }), /maxPromptTokens/);
 });
 

@@ -328,9 +328,15 @@ export class KVAwareRouter {
       throw new PromptTooLongError(tokenCount, this.maxPromptTokens);
     const hashes = this.prefix.hashRequest(request, ns);
     const promptTokens = this.prefix.promptTokensOf(request, hashes);
-    // a prompt given (not only its length, as the seed API gives it) is what fills the index
-    if (promptTokens > this.maxPromptTokens && this.prefix.blockCount(hashes) > 0)
-      throw new PromptTooLongError(promptTokens, this.maxPromptTokens);
+    // a prompt given is what fills the index; a length alone (the seed API's) fills the in-flight
+    // counts, where a length past any prompt (1e308) would stay as Infinity or NaN for good.
+    // A token list shorter than one block records nothing and is not refused
+    if (promptTokens > this.maxPromptTokens && (request.tokens === undefined || this.prefix.blockCount(hashes) > 0))
+      throw new PromptTooLongError(
+        promptTokens,
+        this.maxPromptTokens,
+        request.tokens === undefined && request.promptTokens !== undefined ? 'promptTokens' : undefined,
+      );
     const matching = !isolated && this.anchorLocalityEnabled;
     const overlap = this.prefix.lookup(request, hashes, ns, matching, this.workers.slotCount, now);
     // keys of token ids are computed on demand: `hashes` holds those computed so far
@@ -640,7 +646,7 @@ export class KVAwareRouter {
   // --------------------------------------------------------------- the seed's API
 
   async selectWorker(anchorHash: string, opts: SelectWorkerOptions = {}): Promise<RouteDecision> {
-    const r = this.route(seedRouteRequest(anchorHash, opts), { track: false });
+    const r = this.route(seedRouteRequest(anchorHash, opts, this.maxPromptTokens), { track: false });
     const claGroup = opts.claGroup ?? null;
     return { targetWorkerId: r.workerId, anchorHash, claGroup, confidence: r.confidence, preRope: true };
   }

@@ -5,6 +5,7 @@
  */
 import * as check from '../validate.js';
 import type { WorkerRegistry } from '../worker-registry.js';
+import { PromptTooLongError } from './prompt-too-long.js';
 import type { RouteRequest, SelectWorkerOptions, UpdateWorkerStateOptions } from './types.js';
 
 const SELECT_WORKER_KEYS = check.keySet<SelectWorkerOptions>({
@@ -15,12 +16,17 @@ const SELECT_WORKER_KEYS = check.keySet<SelectWorkerOptions>({
 });
 const UPDATE_WORKER_STATE_KEYS = check.keySet<UpdateWorkerStateOptions>({ claGroup: true, workflowStep: true });
 
-/** The route() request selectWorker(anchorHash, opts) makes (untracked, as the seed counts nothing in flight). */
-export function seedRouteRequest(anchorHash: string, opts: SelectWorkerOptions): RouteRequest {
+/**
+ * The route() request selectWorker(anchorHash, opts) makes (untracked, as the seed counts
+ * nothing in flight). A tokenLength past `maxPromptTokens` is refused, as route() refuses
+ * such a promptTokens, but named as the seed names it.
+ */
+export function seedRouteRequest(anchorHash: string, opts: SelectWorkerOptions, maxPromptTokens: number): RouteRequest {
   check.requireId(anchorHash, 'anchorHash');
-  if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
+  check.object(opts, 'opts');
   check.knownKeys(opts, SELECT_WORKER_KEYS, 'opts');
   const tokenLength = check.nonNegativeInt(opts.tokenLength, 'tokenLength', 0);
+  if (tokenLength > maxPromptTokens) throw new PromptTooLongError(tokenLength, maxPromptTokens, 'tokenLength');
   return {
     anchor: anchorHash,
     claGroup: opts.claGroup,
@@ -39,7 +45,7 @@ export function applySeedWorkerState(
 ): void {
   check.workerId(workerId, 'workerId');
   const clamped = check.load(load, 'load');
-  if (opts === null || typeof opts !== 'object') throw new TypeError('opts must be an object');
+  check.object(opts, 'opts');
   check.knownKeys(opts, UPDATE_WORKER_STATE_KEYS, 'opts');
   const claGroup = check.optionalNonNegativeInt(opts.claGroup, 'claGroup');
   const workflowStep = check.optionalNonNegativeInt(opts.workflowStep, 'workflowStep');
