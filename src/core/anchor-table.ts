@@ -1,10 +1,19 @@
 import { LRUCache } from 'lru-cache';
 
 /**
+ * Most block ids (broadcastNewBlocks()) the anchor table keeps over all its anchors when it
+ * counts them: about 50 bytes an id, so some 50 MB at the bound (and more for long ids). Ids past
+ * it are not kept, nor counted in activeBlocks, until anchors holding some are evicted, moved to
+ * another worker or dropped with theirs.
+ */
+export const MAX_ANCHOR_BLOCK_IDS = 1_000_000;
+
+/**
  * Anchor → home worker, as the seed's `_anchor_to_worker`, but bounded: at capacity the
  * least recently used anchor is evicted (the seed's table grows without limit). Each entry
  * also remembers the CLA group its KV was made under and the block ids recorded for it,
- * so the router can count blocks per worker (the seed's never-updated `active_blocks`).
+ * so the router can count blocks per worker (the seed's never-updated `active_blocks`);
+ * a table that counts none (policy 'seed', which reports 0 as the seed does) keeps none.
  */
 export interface AnchorEntry {
   workerId: string;
@@ -18,8 +27,16 @@ export class AnchorTable {
   private readonly entries: LRUCache<string, AnchorEntry>;
   private readonly blocksByWorker = new Map<string, number>();
   private evicted = 0;
+  private kept = 0;
 
-  constructor(readonly capacity: number) {
+  /**
+   * @param capacity most anchors remembered
+   * @param maxBlockIds most block ids kept over all anchors (0: none, and none counted)
+   */
+  constructor(
+    readonly capacity: number,
+    readonly maxBlockIds: number = MAX_ANCHOR_BLOCK_IDS,
+  ) {
     this.entries = new LRUCache({
       max: capacity,
       dispose: (entry, _anchor, reason) => {
@@ -36,6 +53,11 @@ export class AnchorTable {
 
   get evictions(): number {
     return this.evicted;
+  }
+
+  /** Block ids kept over all anchors (at most maxBlockIds). */
+  get keptBlockIds(): number {
+    return this.kept;
   }
 
   /** Reads without touching recency. */
@@ -71,10 +93,14 @@ export class AnchorTable {
   recordBlocks(anchor: string, blockIds: readonly string[], workerId: string): void {
     const existing = this.entries.peek(anchor);
     const entry = this.home(anchor, workerId, existing?.workerId === workerId ? existing.claGroup : null);
-    if (blockIds.length === 0) return;
+    if (blockIds.length === 0 || this.kept >= this.maxBlockIds) return;
     const blocks = (entry.blocks ??= new Set());
     const before = blocks.size;
-    for (const id of blockIds) blocks.add(id);
+    const room = this.maxBlockIds - this.kept;
+    for (const id of blockIds) {
+      if (blocks.size - before >= room) break;
+      blocks.add(id);
+    }
     this.addBlocks(workerId, blocks.size - before);
   }
 
@@ -88,6 +114,7 @@ export class AnchorTable {
     const gone: string[] = [];
     for (const [anchor, entry] of this.entries.entries()) if (entry.workerId === workerId) gone.push(anchor);
     for (const anchor of gone) this.entries.delete(anchor);
+    this.kept -= this.blocksOn(workerId);
     this.blocksByWorker.delete(workerId);
     return gone.length;
   }
@@ -99,6 +126,7 @@ export class AnchorTable {
 
   private addBlocks(workerId: string, delta: number): void {
     if (delta === 0) return;
+    this.kept += delta;
     const next = (this.blocksByWorker.get(workerId) ?? 0) + delta;
     if (next === 0) this.blocksByWorker.delete(workerId);
     else this.blocksByWorker.set(workerId, next);

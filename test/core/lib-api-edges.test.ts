@@ -112,3 +112,36 @@ describe('a prompt length past maxPromptTokens', () => {
     assert.equal((await router.selectWorker('a', { tokenLength: 1024 })).targetWorkerId, 'w0');
   });
 });
+
+describe("broadcastNewBlocks' block ids", () => {
+  test('are not kept when blocks are not counted (policy seed)', async () => {
+    const table = new AnchorTable(10, 0);
+    table.recordBlocks('a', ['b1', 'b2', 'b3'], 'w0');
+    assert.equal(table.peek('a')?.workerId, 'w0');
+    assert.equal(table.peek('a')?.blocks, null);
+    assert.equal(table.blocksOn('w0'), 0);
+    const router = new KVAwareRouter({ policy: 'seed' });
+    router.registerWorker('w0');
+    await router.broadcastNewBlocks('one-anchor', ['x', 'y'], 'w0');
+    assert.equal(router.getWorkerForAnchor('one-anchor'), 'w0');
+    assert.equal(router.getStats().workerLoads.w0.activeBlocks, 0);
+  });
+
+  test('are kept up to a bound over all anchors when counted; ids past it are counted no more', () => {
+    const table = new AnchorTable(10, 5);
+    table.recordBlocks('a', ['b1', 'b2', 'b3'], 'w0');
+    table.recordBlocks('b', ['c1', 'c2', 'c3', 'c4'], 'w1');
+    assert.equal(table.blocksOn('w0'), 3);
+    assert.equal(table.blocksOn('w1'), 2);
+    assert.equal(table.keptBlockIds, 5);
+    table.recordBlocks('a', ['b1', 'b9'], 'w0'); // b1 is kept already; b9 is past the bound
+    assert.equal(table.blocksOn('w0'), 3);
+    // moving an anchor frees what it kept
+    table.recordBlocks('b', ['d1'], 'w0');
+    assert.equal(table.blocksOn('w1'), 0);
+    assert.equal(table.blocksOn('w0'), 4);
+    assert.equal(table.keptBlockIds, 4);
+    table.dropWorker('w0');
+    assert.equal(table.keptBlockIds, 0);
+  });
+});

@@ -3,7 +3,7 @@
  * tickets) and the operations on it. Types, option handling, in-flight bookkeeping and
  * candidate collection live in the sibling modules of src/core/router/.
  */
-import { AnchorTable } from '../anchor-table.js';
+import { AnchorTable, MAX_ANCHOR_BLOCK_IDS } from '../anchor-table.js';
 import type { BlockKeying } from '../block-keying.js';
 import { BlockIndex, Tier } from '../block-index.js';
 import { ContentAnchorIndex } from '../content-anchors.js';
@@ -114,7 +114,8 @@ export class KVAwareRouter {
     this.policy = o.policy;
     this.features = o.builtInPolicy ? newFeatures() : undefined;
     this.countsBlocks = o.countsBlocks;
-    this.anchors = new AnchorTable(o.anchorCapacity);
+    // the seed counts no blocks: then none of broadcastNewBlocks()' ids is kept
+    this.anchors = new AnchorTable(o.anchorCapacity, o.countsBlocks ? MAX_ANCHOR_BLOCK_IDS : 0);
     this.workflows = new WorkflowTable(o.workflowCapacity);
     this.blockSize = o.blockSize;
     this.textChunkBytes = o.textChunkBytes;
