@@ -137,6 +137,12 @@ export function object(value: unknown, name: string): void {
     throw new TypeError(`${name} must be an object, got ${describe(value)}`);
 }
 
+/** A flag that may be left out: a boolean or undefined (a string 'false' would read as true). */
+export function optionalBoolean(value: unknown, name: string): void {
+  if (value !== undefined && typeof value !== 'boolean')
+    throw new TypeError(`${name} must be a boolean, got ${describe(value)}`);
+}
+
 /** A set of ids given as a ReadonlySet; undefined means "none". */
 export function optionalSet(value: unknown, name: string): void {
   if (value !== undefined && !(value instanceof Set))

@@ -177,6 +177,10 @@ describe('a request', () => {
   test('has no outputTokens: nothing in the router reads an expected output length', () => {
     // @ts-expect-error outputTokens is not a field of a request
     const request: RouteRequest = { tokens: [1, 2, 3], outputTokens: 5 };
-    assert.equal(new KVAwareRouter().route(request).workerId, '');
+    // and, as any key a request does not have, it is refused rather than silently ignored
+    assert.throws(() => new KVAwareRouter().route(request), {
+      name: 'TypeError',
+      message: /^request\.outputTokens is not a known key/,
+    });
   });
 });

@@ -145,3 +145,142 @@ describe("broadcastNewBlocks' block ids", () => {
     assert.equal(table.keptBlockIds, 0);
   });
 });
+
+describe("route()'s boolean options", () => {
+  test('are booleans: a string is refused, naming the option', () => {
+    const router = new KVAwareRouter({ policy: 'seed' });
+    router.registerWorker('w0');
+    for (const name of ['dryRun', 'track', 'explain', 'share', 'firstTokenReported'])
+      for (const value of ['false', 0, 1, null])
+        refuses(
+          router,
+          () => router.route({ promptTokens: 3, anchor: 'q' }, { [name]: value } as never),
+          TypeError,
+          new RegExp(`^options\\.${name} must be a boolean, got `),
+        );
+    assert.equal(router.getWorkerForAnchor('q'), undefined);
+  });
+});
+
+describe('unknown keys', () => {
+  test('of a route() request are refused, naming the key', () => {
+    const router = new KVAwareRouter({ policy: 'seed' });
+    router.registerWorker('w0');
+    refuses(
+      router,
+      () => router.route({ promptTokens: 1, clagroup: 1 } as never, { track: false }),
+      TypeError,
+      /^request\.clagroup is not a known key \(did you mean claGroup\?\)$/,
+    );
+    // a key given as undefined is not given
+    router.route({ promptTokens: 1, clagroup: undefined } as never, { dryRun: true });
+  });
+
+  test("of setRemoteLoad()'s load, applySharedDecision()'s decision and hashTokens()'s ns", () => {
+    const router = new KVAwareRouter();
+    router.registerWorker('w0');
+    const load = { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 };
+    refuses(
+      router,
+      () => router.setRemoteLoad('w0', { ...load, bogus: 1 } as never),
+      TypeError,
+      /^load\.bogus is not a known key/,
+    );
+    const decision = {
+      workerId: 'w0',
+      hi: new Uint32Array(0),
+      lo: new Uint32Array(0),
+      workflowStep: null,
+      claGroup: null,
+    };
+    refuses(
+      router,
+      () => router.applySharedDecision({ ...decision, bogus: 1 } as never),
+      TypeError,
+      /^decision\.bogus is not a known key/,
+    );
+    throwsNaming(
+      () => router.hashTokens([1, 2], { lroa: 'x' } as never),
+      TypeError,
+      /^ns\.lroa is not a known key \(did you mean lora\?\)$/,
+    );
+    // a decision as route() shared it, every key of SharedDecision, is applied
+    const shared = router.route({ tokens: Array.from({ length: 32 }, (_, i) => i) }, { share: true }).shared!;
+    assert.equal(router.applySharedDecision(shared), true);
+    router.setRemoteLoad('w0', load);
+  });
+});
+
+describe('errors that name the argument', () => {
+  test('hashTokens() of something that is no token list', () => {
+    const router = new KVAwareRouter();
+    for (const tokens of [{}, { length: -1 }, { length: 1.5 }, { length: NaN }, { length: Infinity }])
+      throwsNaming(() => router.hashTokens(tokens as never), TypeError, /^tokens must be an array of token ids/);
+    throwsNaming(() => router.hashTokens([1], [] as never), TypeError, /^ns must be an object/);
+    throwsNaming(() => router.hashTokens([1], { lora: 5 } as never), TypeError, /^ns\.lora must be a string/);
+    throwsNaming(() => router.hashTokens([1], { claGroup: -1 }), RangeError, /^ns\.claGroup must be/);
+    assert.equal(router.hashTokens([]).length, 0);
+  });
+
+  test('route() with blockHashes null', () => {
+    const router = new KVAwareRouter();
+    router.registerWorker('w0');
+    refuses(router, () => router.route({ blockHashes: null as never }), TypeError, /^blockHashes must be an array/);
+  });
+
+  test('createPolicy() without options takes none; a name that is no string is refused', () => {
+    assert.equal(createPolicy('seed').name, 'seed');
+    throwsNaming(() => createPolicy({} as never, {}), TypeError, /^policy must be a policy name \(a string\)/);
+    throwsNaming(() => createPolicy('seed', {}, null as never), TypeError, /^ctx must be an object/);
+  });
+
+  test('new NoEndpointsError() of no diagnosis', () => {
+    throwsNaming(() => new (NoEndpointsError as unknown as new () => Error)(), TypeError, /^noWorker must be/);
+    throwsNaming(() => new NoEndpointsError({ reason: 'nope' } as never, 'p'), TypeError, /^noWorker\.reason must be/);
+    throwsNaming(
+      () => new NoEndpointsError({ reason: 'no-workers', workers: 0, unavailable: 0, excluded: 0 }, 5 as never),
+      TypeError,
+      /^policy must be a string/,
+    );
+    const e = new NoEndpointsError({ reason: 'no-workers', workers: 0, unavailable: 0, excluded: 0 }, 'seed');
+    assert.equal(e.reason, 'no-workers');
+  });
+});
+
+describe('arrays where objects belong', () => {
+  test('are refused by the constructor, route() and the seed API', async () => {
+    throwsNaming(() => new KVAwareRouter([] as never), TypeError, /^options must be an object, got an array$/);
+    const router = new KVAwareRouter();
+    router.registerWorker('w0');
+    refuses(router, () => router.route([] as never), TypeError, /^request must be an object, got an array$/);
+    await assert.rejects(router.selectWorker('a', [] as never), {
+      name: 'TypeError',
+      message: /^opts must be an object/,
+    });
+    await assert.rejects(router.updateWorkerState('w0', 0.5, [] as never), {
+      name: 'TypeError',
+      message: /^opts must be an object/,
+    });
+    assert.equal(router.getWorkerForAnchor('a'), undefined);
+  });
+});
+
+describe('workflow and agent-role arguments', () => {
+  test('are type-checked, naming the argument', () => {
+    const router = new KVAwareRouter();
+    router.registerWorker('w0');
+    throwsNaming(() => router.workflowAffinity(5 as never), TypeError, /^workflowId must be a string/);
+    throwsNaming(() => router.workflowAffinity(''), RangeError, /^workflowId must be a non-empty string/);
+    throwsNaming(() => router.setWorkflowAffinity('wf', 5 as never), TypeError, /^workerId must be a string/);
+    refuses(
+      router,
+      () => router.route({ tokens: [1], agentRole: 5 as never }),
+      TypeError,
+      /^agentRole must be a string/,
+    );
+    router.setWorkflowAffinity('wf', 'w0', 2);
+    assert.deepEqual(router.workflowAffinity('wf'), { workerId: 'w0', step: 2 });
+    router.setWorkflowAffinity('wf', 'unknown'); // an unknown worker is still ignored
+    assert.deepEqual(router.workflowAffinity('wf'), { workerId: 'w0', step: 2 });
+  });
+});

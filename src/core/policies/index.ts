@@ -9,6 +9,7 @@ import { RoundRobinPolicy } from './round-robin.js';
 import { SeedPolicy, type SeedOptions } from './seed.js';
 import { SglangPolicy, type SglangOptions } from './sglang.js';
 import type { PolicyContext, RoutingPolicy } from './types.js';
+import { createRng } from '../rng.js';
 import { describeIssue, issueError } from '../schema-issues.js';
 import { COST_WEIGHTS_SCHEMA, definedOnly, POLICY_OPTIONS_SCHEMA } from './options-schema.js';
 
@@ -55,8 +56,17 @@ export function checkPolicyOptions(options: unknown): void {
  * reads it, cost weights as much as the peers' knobs (and as the router checks them): a bad
  * value is an error even where the chosen policy leaves it unread.
  */
-export function createPolicy(name: string, options: PolicyOptions, ctx: PolicyContext): RoutingPolicy {
+export function createPolicy(
+  name: string,
+  options: PolicyOptions = {},
+  // without a context, a random source of its own seeded as the router's default (1)
+  ctx: PolicyContext = { random: createRng(1) },
+): RoutingPolicy {
+  if (typeof name !== 'string')
+    throw new TypeError(`policy must be a policy name (a string), got ${name === null ? 'null' : typeof name}`);
   checkPolicyOptions(options);
+  if (ctx === null || typeof ctx !== 'object' || typeof ctx.random !== 'function')
+    throw new TypeError('ctx must be an object with a random() function (PolicyContext)');
   const costWeights = resolveCostWeights(options.costWeights);
   const factory = Object.hasOwn(POLICY_FACTORIES, name) ? POLICY_FACTORIES[name] : undefined;
   if (!factory) {

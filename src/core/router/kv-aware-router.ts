@@ -280,8 +280,10 @@ export class KVAwareRouter {
   hashTokens(tokens: ArrayLike<number>, ns?: HashNamespace, blockSize: number = this.blockSize): BlockHashes {
     if (tokens === null || typeof tokens !== 'object')
       throw new TypeError(`tokens must be an array of token ids, got ${tokens === null ? 'null' : typeof tokens}`);
-    if (ns !== undefined && ns !== null && typeof ns !== 'object')
-      throw new TypeError(`ns must be an object (lora, cacheSalt, claGroup), got ${typeof ns}`);
+    const length: unknown = tokens.length;
+    if (!(Number.isSafeInteger(length) && (length as number) >= 0))
+      throw new TypeError(`tokens must be an array of token ids (its length a count), got length ${String(length)}`);
+    if (ns !== undefined && ns !== null) checkHashNamespace(ns);
     check.blockSize(blockSize, 'blockSize');
     return this.keying.hashTokens(
       tokens,
@@ -299,9 +301,17 @@ export class KVAwareRouter {
    * unless `track: false`, counted as in-flight work until release().
    */
   route(request: RouteRequest, options: RouteOptions = NO_OPTIONS): RouteResult {
-    if (request === null || typeof request !== 'object') throw new TypeError('request must be an object');
+    check.object(request, 'request');
+    check.knownKeys(request, ROUTE_REQUEST_KEYS, 'request');
     check.object(options, 'options');
-    if (options !== NO_OPTIONS) check.knownKeys(options, ROUTE_OPTION_KEYS, 'options');
+    if (options !== NO_OPTIONS) {
+      check.knownKeys(options, ROUTE_OPTION_KEYS, 'options');
+      check.optionalBoolean(options.explain, 'options.explain');
+      check.optionalBoolean(options.track, 'options.track');
+      check.optionalBoolean(options.dryRun, 'options.dryRun');
+      check.optionalBoolean(options.share, 'options.share');
+      check.optionalBoolean(options.firstTokenReported, 'options.firstTokenReported');
+    }
     const replaces = options.replaces;
     if (replaces !== undefined && (replaces === null || typeof replaces !== 'object' || !replaces.noWorker))
       throw new TypeError('replaces must be a route() result that found no worker (noWorker set)');
@@ -516,12 +526,14 @@ export class KVAwareRouter {
 
   /** The worker a workflow's latest step ran on, as far as this router knows. */
   workflowAffinity(workflowId: string): { workerId: string; step: number | null } | undefined {
+    check.requireId(workflowId, 'workflowId');
     return this.workflows.peek(workflowId);
   }
 
   /** Sets a workflow's worker (the shared state's word for it, which wins); ignored for unknown workers. */
   setWorkflowAffinity(workflowId: string, workerId: string, step: number | null = null): void {
     check.requireId(workflowId, 'workflowId');
+    check.requireId(workerId, 'workerId');
     check.optionalNonNegativeInt(step, 'step');
     if (!this.workers.get(workerId)) return;
     this.workflows.set(workflowId, workerId, step);
@@ -549,6 +561,7 @@ export class KVAwareRouter {
   setRemoteLoad(workerId: string, load: InFlightLoad): void {
     const w = this.requireRegistered(workerId);
     check.object(load, 'load');
+    check.knownKeys(load, IN_FLIGHT_LOAD_KEYS, 'load');
     setRemoteLoad(w, load);
   }
 
@@ -734,6 +747,60 @@ const ROUTE_OPTION_KEYS = check.keySet<RouteOptions>({
   firstTokenReported: true,
 });
 
+/** A route() request's keys: any other is refused (a misspelt `clagroup` would route without the CLA group). */
+const ROUTE_REQUEST_KEYS = check.keySet<RouteRequest>({
+  tokens: true,
+  text: true,
+  messages: true,
+  blockHashes: true,
+  blockTokens: true,
+  promptTokens: true,
+  contentAnchors: true,
+  anchor: true,
+  claGroup: true,
+  workflowId: true,
+  workflowStep: true,
+  agentRole: true,
+  isolate: true,
+  lora: true,
+  cacheSalt: true,
+});
+
+/** setRemoteLoad()'s keys. */
+const IN_FLIGHT_LOAD_KEYS = check.keySet<InFlightLoad>({
+  inFlightRequests: true,
+  queuedPrefillTokens: true,
+  activeDecodeTokens: true,
+});
+
+/** applySharedDecision()'s keys: a decision as route() shares it (`result.shared`) has them all. */
+const SHARED_DECISION_KEYS = check.keySet<SharedDecision>({
+  workerId: true,
+  hi: true,
+  lo: true,
+  workflowId: true,
+  workflowStep: true,
+  anchor: true,
+  claGroup: true,
+  contentAnchors: true,
+  prefillTokens: true,
+  decodeTokens: true,
+  tracked: true,
+  id: true,
+});
+
+/** hashTokens()'s namespace keys. */
+const HASH_NAMESPACE_KEYS = check.keySet<HashNamespace>({ lora: true, cacheSalt: true, claGroup: true });
+
+/** A hash namespace given to hashTokens(): its keys and their values, as a request's own are checked. */
+function checkHashNamespace(ns: HashNamespace): void {
+  check.object(ns, 'ns');
+  check.knownKeys(ns, HASH_NAMESPACE_KEYS, 'ns');
+  check.optionalId(ns.lora, 'ns.lora');
+  check.optionalId(ns.cacheSalt, 'ns.cacheSalt');
+  check.optionalNonNegativeInt(ns.claGroup, 'ns.claGroup');
+}
+
 /** updateWorkerMetrics()'s keys: any other is refused (a misspelt `kvusage` would leave the load as it was). */
 const METRICS_KEYS = check.keySet<WorkerMetrics>({
   kvUsage: true,
@@ -776,6 +843,7 @@ function newFeatures(): FeaturesScratch {
  */
 function checkSharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>): void {
   check.object(d, 'decision');
+  check.knownKeys(d, SHARED_DECISION_KEYS, 'decision');
   check.requireId(d.workerId, 'workerId');
   if (!(d.hi instanceof Uint32Array) || !(d.lo instanceof Uint32Array) || d.hi.length !== d.lo.length)
     throw new TypeError('hi and lo must be Uint32Arrays of one length');

@@ -54,7 +54,29 @@ export class NoEndpointsError extends Error {
     readonly noWorker: NoWorker,
     readonly policy: string,
   ) {
-    super(`no worker can take the request: ${describeNoWorker(noWorker, policy)}`);
+    super(`no worker can take the request: ${describeNoWorker(checkNoWorker(noWorker), checkPolicyName(policy))}`);
     this.reason = noWorker.reason;
   }
+}
+
+const NO_WORKER_REASONS: ReadonlySet<string> = new Set<NoWorker['reason']>([
+  'no-workers',
+  'none-available',
+  'all-excluded',
+  'policy-declined',
+]);
+
+/** A NoWorker as route() gives it (`result.noWorker`), checked when a caller builds the error itself. */
+function checkNoWorker(n: NoWorker): NoWorker {
+  if (n === null || typeof n !== 'object')
+    throw new TypeError(`noWorker must be a route() result's noWorker, got ${n === null ? 'null' : typeof n}`);
+  if (!NO_WORKER_REASONS.has(n.reason))
+    throw new TypeError(`noWorker.reason must be one of ${[...NO_WORKER_REASONS].join(', ')}`);
+  return n;
+}
+
+function checkPolicyName(policy: string): string {
+  if (typeof policy !== 'string')
+    throw new TypeError(`policy must be a string (the policy's name), got ${typeof policy}`);
+  return policy;
 }

@@ -11,6 +11,7 @@ import { checkPolicyObject } from '../policies/policy-object.js';
 import type { RoutingPolicy } from '../policies/types.js';
 import { createRng } from '../rng.js';
 import { describeIssue, issueError } from '../schema-issues.js';
+import * as check from '../validate.js';
 import type { z } from 'zod';
 import { ROUTER_DEFAULTS, ROUTER_OPTIONS_SCHEMA } from './options-schema.js';
 import type { IndexMode } from './types.js';
@@ -130,7 +131,7 @@ export interface ResolvedRouterOptions {
 
 /** Checks the options against the schema (the first bad one is reported) and fills in defaults. */
 export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRouterOptions {
-  if (options === null || typeof options !== 'object') throw new TypeError('options must be an object');
+  check.object(options, 'options');
   // an option given as undefined means "not given", as with the hand-written checks before
   const given = Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined));
   const parsed = ROUTER_OPTIONS_SCHEMA.safeParse(given, { error: describeIssue });

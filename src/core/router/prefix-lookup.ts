@@ -79,7 +79,11 @@ export class PrefixLookup {
       }
       this.keying.hashTokens(request.tokens, this.blockSize, ns, hashes);
     } else if (request.blockHashes !== undefined) {
-      if (typeof request.blockHashes !== 'object' || typeof request.blockHashes.length !== 'number')
+      if (
+        typeof request.blockHashes !== 'object' ||
+        request.blockHashes === null ||
+        typeof request.blockHashes.length !== 'number'
+      )
         throw new TypeError('blockHashes must be an array');
       hashPrecomputedBlocks(
         request.blockHashes,

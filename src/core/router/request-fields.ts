@@ -26,7 +26,8 @@ export function readRouteFields(request: RouteRequest, judgeRoles: ReadonlySet<s
   into.contentAnchors = request.contentAnchors ? checkContentAnchors(request.contentAnchors) : undefined;
   if (request.isolate !== undefined && typeof request.isolate !== 'boolean')
     throw new TypeError('isolate must be a boolean');
-  into.isolated = request.isolate === true || (request.agentRole !== undefined && judgeRoles.has(request.agentRole));
+  const agentRole = check.optionalId(request.agentRole, 'agentRole');
+  into.isolated = request.isolate === true || (agentRole !== undefined && judgeRoles.has(agentRole));
 }
 
 export function checkContentAnchors(anchors: unknown): ContentAnchor[] {
