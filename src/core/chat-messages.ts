@@ -22,13 +22,13 @@
 import type { ChatContentPart, ChatMessage } from './hashing.js';
 
 /** Text-like part types, and the field that holds each one's text. */
-export const TEXT_PART_FIELDS: Readonly<Record<string, string>> = {
+export const TEXT_PART_FIELDS: Readonly<Record<string, string>> = Object.freeze({
   text: 'text',
   input_text: 'text',
   output_text: 'text',
   refusal: 'refusal',
   thinking: 'thinking',
-};
+});
 
 /** Text-like types whose part vLLM skips when its text is null or missing. */
 const SKIPPED_WHEN_NULL: ReadonlySet<string> = new Set(['text', 'refusal']);
@@ -40,7 +40,7 @@ const URL_PART_TYPES: ReadonlySet<string> = new Set(['image_url', 'audio_url', '
  * The fields a part without a type, or with a uuid, is read by, in the order vLLM looks for
  * them; each names the part's type.
  */
-export const MEDIA_FIELDS: readonly string[] = [
+export const MEDIA_FIELDS: readonly string[] = Object.freeze([
   'image_url',
   'image_pil',
   'image_embeds',
@@ -50,7 +50,7 @@ export const MEDIA_FIELDS: readonly string[] = [
   'input_audio',
   'video_url',
   'tool_reference',
-];
+]);
 
 /**
  * Chat content-part types taken by their `type` field: those vLLM has a parser for, and

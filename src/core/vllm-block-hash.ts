@@ -48,7 +48,7 @@ export interface VllmExtraKeys {
 }
 
 /** vLLM's `--prefix-caching-hash-algo` values (vllm/config/cache.py PrefixCachingHashAlgo). */
-export const VLLM_HASH_ALGOS = ['sha256', 'sha256_cbor', 'xxhash', 'xxhash_cbor'] as const;
+export const VLLM_HASH_ALGOS = Object.freeze(['sha256', 'sha256_cbor', 'xxhash', 'xxhash_cbor'] as const);
 export type VllmHashAlgo = (typeof VLLM_HASH_ALGOS)[number];
 
 // pickle opcodes (Lib/pickle.py)

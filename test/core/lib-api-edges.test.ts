@@ -265,6 +265,15 @@ describe('arrays where objects belong', () => {
   });
 });
 
+describe('exported constants', () => {
+  test('are frozen: a caller cannot change what the router accepts', () => {
+    for (const [name, value] of Object.entries(api))
+      if (value !== null && typeof value === 'object') assert.ok(Object.isFrozen(value), `${name} is not frozen`);
+    assert.throws(() => (POLICY_NAMES as string[]).push('evil'), TypeError);
+    assert.throws(() => new KVAwareRouter({ policy: 'evil' }), /policy/);
+  });
+});
+
 describe('workflow and agent-role arguments', () => {
   test('are type-checked, naming the argument', () => {
     const router = new KVAwareRouter();

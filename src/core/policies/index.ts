@@ -37,7 +37,8 @@ const POLICY_FACTORIES: Readonly<Record<string, PolicyFactory>> = {
   llmd: (o, ctx) => new LlmdPolicy(ctx, o.llmd),
 };
 
-export const POLICY_NAMES: readonly string[] = Object.keys(POLICY_FACTORIES);
+/** The policies' names (frozen: a caller cannot add or remove a name the router takes). */
+export const POLICY_NAMES: readonly string[] = Object.freeze(Object.keys(POLICY_FACTORIES));
 
 /** Rejects misspelt policy options (a typo would otherwise silently keep a default). */
 export function checkPolicyOptions(options: unknown): void {

@@ -43,7 +43,7 @@ const tableCapacity = () => positiveInt().max(MAX_TABLE_CAPACITY);
  */
 export const MAX_INDEX_ENTRIES = 100_000_000;
 
-export const ROUTER_DEFAULTS = {
+export const ROUTER_DEFAULTS = Object.freeze({
   anchorCapacity: 100_000,
   workflowCapacity: 10_000,
   blockSize: 16,
@@ -58,7 +58,7 @@ export const ROUTER_DEFAULTS = {
   predictedCredit: 1,
   contentAnchorCapacity: 100_000,
   contentAnchorTtlMs: 600_000,
-};
+});
 
 /**
  * The options that can be written down (in a file, a flag, a variable): all but `clock`.
@@ -114,7 +114,7 @@ export const ROUTER_OPTIONS_SCHEMA = ROUTER_SETTINGS_SCHEMA.extend({
 export type RouterSettings = z.input<typeof ROUTER_SETTINGS_SCHEMA>;
 
 /** One line of help per setting (for `serve --help` and the configuration document). */
-export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>> = {
+export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>> = Object.freeze({
   numWorkers: 'informational, as in the seed API',
   enableClaAffinity: "prefer workers that serve the request's CLA group",
   enableAnchorLocality: "prefer workers that hold the request's KV",
@@ -143,4 +143,4 @@ export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>
   contentAnchorTtlMs: 'how long a content anchor stays recorded on a worker',
   judgeRoles: "agent roles that never reuse other requests' KV (judges)",
   instanceId: "distinguishes this router's isolation salts from other replicas' (default random)",
-};
+});
