@@ -293,3 +293,11 @@ describe('workflow and agent-role arguments', () => {
     assert.deepEqual(router.workflowAffinity('wf'), { workerId: 'w0', step: 2 });
   });
 });
+
+describe('numWorkers', () => {
+  test('is informational, as in the seed: any finite number from 0', () => {
+    for (const n of [0, 2.5, 4]) assert.equal(new KVAwareRouter({ numWorkers: n }).numWorkers, n);
+    for (const n of [-1, NaN, Infinity]) assert.throws(() => new KVAwareRouter({ numWorkers: n }), /numWorkers/);
+    assert.throws(() => new KVAwareRouter({ numWorkers: '4' as never }), TypeError);
+  });
+});

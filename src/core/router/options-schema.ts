@@ -65,7 +65,8 @@ export const ROUTER_DEFAULTS = Object.freeze({
  * Order is the order of validation (the first bad option is reported).
  */
 export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
-  numWorkers: positiveInt().default(1),
+  // informational, as in the seed, which takes any number (0, a fraction): nothing reads it
+  numWorkers: z.number().min(0).default(1),
   enableClaAffinity: z.boolean().default(true),
   enableAnchorLocality: z.boolean().default(true),
   policy: z.enum(POLICY_NAMES as [string, ...string[]]).default('cost'),
