@@ -93,7 +93,14 @@ describe('a prompt length past maxPromptTokens', () => {
         );
     assert.throws(() => router.route({ promptTokens: 2 ** 60 }), PromptTooLongError);
     // with precomputed blocks, as before
-    refuses(router, () => router.route({ blockHashes: [1, 2], promptTokens: 5000 }), RangeError, /promptTokens/);
+    refuses(router, () => router.route({ blockHashes: [1, 2], promptTokens: 5000 }), RangeError, /^promptTokens/);
+    // a length estimated from the blocks (promptTokens 0: not given) is the prompt's, not the field's
+    refuses(
+      router,
+      () => router.route({ text: 'z'.repeat(8000), promptTokens: 0 }),
+      RangeError,
+      /^the prompt has \d+ tokens/,
+    );
     // at the bound it routes, and the counters stay numbers
     const r = router.route({ promptTokens: 1024 });
     assert.equal(router.localLoad(r.workerId).queuedPrefillTokens, 1024);

@@ -346,7 +346,8 @@ export class KVAwareRouter {
       throw new PromptTooLongError(
         promptTokens,
         this.maxPromptTokens,
-        request.tokens === undefined && request.promptTokens !== undefined ? 'promptTokens' : undefined,
+        // the length is the field's when it is given (0 means "estimate it from the blocks")
+        request.tokens === undefined && (request.promptTokens ?? 0) > 0 ? 'promptTokens' : undefined,
       );
     const matching = !isolated && this.anchorLocalityEnabled;
     const overlap = this.prefix.lookup(request, hashes, ns, matching, this.workers.slotCount, now);
