@@ -12,7 +12,7 @@ import type { Dispatcher } from 'undici';
 import type { BodyBudget, BodyCharge } from './body-budget.js';
 import { doneEventEnd, errorAnswer, errorEvent, holdsDone, isEngineFailure } from './engine-errors.js';
 import { markCutByGateway } from './metrics.js';
-import { MAX_PASSED_HEADER_BYTES } from './passed-headers.js';
+import { answerableRequestId } from './passed-headers.js';
 import type { ProxyReply } from './openai-request.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
 import type { UnansweredRequest, WorkerConnection } from './worker-connections.js';
@@ -226,12 +226,6 @@ function wrongForm(contentType: string | undefined, streaming: boolean): 'stream
   if (contentType.includes('event-stream')) return streaming ? undefined : 'stream';
   return 'page';
 }
-
-/**
- * A header value Node writes without refusing it (its checkInvalidHeaderChar): tabs, visible
- * ASCII, spaces and Latin-1 bytes past ASCII; not empty.
- */
-const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]+$/;
 
 /** A Content-Encoding that names no coding but identity: the bytes are the answer itself. */
 const IDENTITY_ONLY = /^[\s,]*(?:identity[\s,]*)*$/i;
@@ -664,8 +658,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     if (eventStream) headers['cache-control'] = 'no-cache';
     // the engine's id of the request (vLLM's, with --enable-request-id-headers: the client's
     // x-request-id when it sent one), when it is one a response header can carry as it is
-    if (requestId !== undefined && requestId.length <= MAX_PASSED_HEADER_BYTES && HEADER_VALUE.test(requestId))
-      headers['x-request-id'] = requestId;
+    if (answerableRequestId(requestId)) headers['x-request-id'] = requestId;
     this.headers = headers;
     // a whole answer is gathered, so one cut short is retried, unless it is too large to hold;
     // one to a streamed request too (JSON instead of events, chunked or of a declared length): it
@@ -763,6 +756,9 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     this.o.onCommitted();
     const headers = this.headers!;
     if (extra !== undefined) headers['content-length'] = String(extra);
+    // the answer is the engine's: the client's x-request-id set for the gateway's own answers
+    // (carryRequestId) does not stand in for an engine that gave none
+    if (headers['x-request-id'] === undefined) this.res.removeHeader('x-request-id');
     this.res.writeHead(this.status, headers);
   }
 

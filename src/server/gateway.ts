@@ -68,6 +68,7 @@ import { PostedEvents } from './posted-events.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
+import { carryRequestId, requestIdLine } from './passed-headers.js';
 import { forwardedVia, ownVia, viaPseudonym } from './via.js';
 import { WorkerConnections } from './worker-connections.js';
 import { EngineKeyEnvs } from './worker-input.js';
@@ -483,6 +484,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
        * refused is not asked for (RFC 9110 §10.1.1).
        */
       const serve = (req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): void => {
+        // every answer the gateway writes itself carries the client's x-request-id back
+        carryRequestId(req, res);
         // a response queued behind another on its connection closes when the connection does
         pipelined.closeWithConnection(req, res);
         // the response a refusal on the socket (answerClientError: a body too slow) belongs to
@@ -554,11 +557,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       // an Expect other than 100-continue: Node's own answer is a 417 without a body
       server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
         pipelined.closeWithConnection(req, res);
+        carryRequestId(req, res);
         answerMalformed(res, 417, `the expectation '${shownHeader(req.headers.expect)}' is not supported`, 'expect');
       });
       // CONNECT comes to this event, not to the routes; without a listener Node drops the socket unanswered
       server.on('connect', (req: IncomingMessage, socket: Duplex) =>
-        answerMethodNotAllowed(socket, req.method ?? 'CONNECT', req.url ?? '', routeMethods.allowed(req.url ?? '')),
+        answerMethodNotAllowed(socket, req, routeMethods.allowed(req.url ?? '')),
       );
       // one more than a request may have: a request that has it is refused, not read without the rest
       server.maxHeadersCount = MAX_HEADER_LINES + 1;
@@ -1111,7 +1115,10 @@ function answerClientError(
     release(res.req);
     return refuseInTurn(res, status, message, param, code);
   }
-  const text = clientErrorText(status, message, param, code);
+  // the refusal answers the request still being read on the socket, when there is one (the
+  // client's x-request-id goes back with it); else what follows the answers, no request yet
+  const reading = res !== undefined && !inFlight && !res.writableEnded;
+  const text = clientErrorText(status, message, param, code, reading ? requestIdLine(res.req) : '');
   if (inFlight) {
     refusedAfterAnswers.add(socket);
     stopReading(socket);
@@ -1125,7 +1132,7 @@ function answerClientError(
   }
   // a request still being read (its body too slow, or malformed) counts with this status when
   // its response closes, not as a client that left
-  if (res !== undefined && !res.writableEnded) markAnsweredOnSocket(res, status);
+  if (reading) markAnsweredOnSocket(res, status);
   if (socket.writable) socket.write(text);
   socket.destroy();
 }
@@ -1163,9 +1170,15 @@ function clientErrorAnswer(
 }
 
 /** A whole refusal as written on the socket: status line, headers closing the connection, OpenAI error body. */
-function clientErrorText(status: number, message: string, param: string | null, code: string | null): string {
+function clientErrorText(
+  status: number,
+  message: string,
+  param: string | null,
+  code: string | null,
+  idLine = '',
+): string {
   const body = clientErrorBody(message, param, code);
-  return `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
+  return `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\n${idLine}Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
 }
 
 /** Connections whose refusal waits for the answers in flight on them (answerClientError). */
@@ -1361,12 +1374,12 @@ function answerPipelineFull(res: ServerResponse): void {
  * Answers a CONNECT (handed over by Node outside the routes, with the raw socket) with 405, an
  * Allow header and an OpenAI error body, then closes the connection: the gateway tunnels nothing.
  */
-function answerMethodNotAllowed(socket: Duplex, method: string, target: string, allowed: readonly string[]): void {
+function answerMethodNotAllowed(socket: Duplex, req: IncomingMessage, allowed: readonly string[]): void {
   socket.on('error', () => {});
   if (!socket.writable) return void socket.destroy();
-  const body = clientErrorBody(methodNotAllowedMessage(method, target, allowed), 'method');
+  const body = clientErrorBody(methodNotAllowedMessage(req.method ?? 'CONNECT', req.url ?? '', allowed), 'method');
   socket.end(
-    `HTTP/1.1 405 ${STATUS_CODES[405]}\r\nConnection: close\r\nAllow: ${allowed.join(', ')}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+    `HTTP/1.1 405 ${STATUS_CODES[405]}\r\nConnection: close\r\n${requestIdLine(req)}Allow: ${allowed.join(', ')}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
     () => socket.destroy(),
   );
 }

@@ -4,9 +4,11 @@
  * own `x-request-id` with --enable-request-id-headers), and W3C Trace Context's `traceparent` and
  * `tracestate`, which vLLM's OpenTelemetry tracing (--otlp-traces-endpoint) continues. No other
  * header of the client's reaches an engine. Each is bounded, and the two that hold one value
- * must be given once: a request that breaks either is refused before any routing.
+ * must be given once: a request that breaks either is refused before any routing. The client's
+ * x-request-id, when valid, also comes back on every answer the gateway writes itself
+ * (carryRequestId).
  */
-import type { IncomingMessage } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 
 /**
  * Longest x-request-id, traceparent or tracestate forwarded, in bytes (Node reads header bytes
@@ -73,4 +75,42 @@ function repeated(name: string, value: string | readonly string[], raw: Incoming
   if (typeof value !== 'string') return value.length > 1;
   if (!value.includes(', ') || raw === undefined) return false;
   return (raw.headersDistinct[name]?.length ?? 0) > 1;
+}
+
+/** What a response header's value may hold as it is (what Node writes): tab, space, visible ASCII, obs-text. */
+const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]+$/;
+
+/** Whether `id` can go back to the client in an x-request-id header as it is: not empty, within MAX_PASSED_HEADER_BYTES, header-safe. */
+export function answerableRequestId(id: string | undefined): id is string {
+  return id !== undefined && id.length <= MAX_PASSED_HEADER_BYTES && HEADER_VALUE.test(id);
+}
+
+/**
+ * The client's x-request-id the gateway's own answers carry back: undefined when it sent none,
+ * or one passedHeaders refuses (too long, or on more than one line) or that a response header
+ * cannot carry as it is.
+ */
+export function clientRequestId(req: IncomingMessage): string | undefined {
+  const id = req.headers['x-request-id'];
+  if (typeof id !== 'string' || !answerableRequestId(id)) return undefined;
+  // Node joins a repeated header's lines with ", "
+  if (id.includes(', ') && (req.headersDistinct['x-request-id']?.length ?? 0) > 1) return undefined;
+  return id;
+}
+
+/**
+ * Sets the client's x-request-id (clientRequestId) on `res` as it arrives, so that every answer
+ * the gateway writes itself — on the fast path, through Fastify, or refused before any route —
+ * carries it back (writeHead merges it with the answer's own headers). An engine's answer
+ * carries the engine's x-request-id instead (forward.ts takes this one off).
+ */
+export function carryRequestId(req: IncomingMessage, res: ServerResponse): void {
+  const id = clientRequestId(req);
+  if (id !== undefined) res.setHeader('x-request-id', id);
+}
+
+/** The client's x-request-id as a header line of an answer written on the raw socket ('' without one). */
+export function requestIdLine(req: IncomingMessage | undefined): string {
+  const id = req && clientRequestId(req);
+  return id === undefined ? '' : `X-Request-Id: ${id}\r\n`;
 }

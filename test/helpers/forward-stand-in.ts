@@ -22,6 +22,8 @@ export class SlowClientResponse extends EventEmitter {
   writeHead(): this {
     return this;
   }
+  /** forward() takes the client's x-request-id (set for the gateway's own answers) off an engine's answer. */
+  removeHeader(): void {}
   write(chunk: Buffer | string): boolean {
     this.written.push(Buffer.from(chunk));
     return !this.full;
