@@ -1,4 +1,4 @@
-import { closeSync, constants, fstatSync, openSync, readSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, readSync, type Stats } from 'node:fs';
 
 /**
  * Largest tokenizer.json read. Real ones are a few MB to a few tens of MB (Llama 3 ~9 MB,
@@ -24,12 +24,14 @@ export const MAX_CHAT_TEMPLATE_BYTES = 1024 * 1024;
  * than N bytes`) without reading it whole: a pipe or device could block or never end. The file
  * is opened non-blocking and checked through its descriptor, so a FIFO neither hangs the open
  * nor slips in between a check and the read; a file growing while read stops at the limit.
+ * `check` looks at the opened file's status too (its mode, its owner), and throws to refuse it.
  */
-export function readRegularFile(file: string, maxBytes: number): string {
+export function readRegularFile(file: string, maxBytes: number, check?: (st: Stats) => void): string {
   const fd = openSync(file, constants.O_RDONLY | constants.O_NONBLOCK);
   try {
     const st = fstatSync(fd);
     if (!st.isFile()) throw new RangeError('is not a regular file');
+    check?.(st);
     if (st.size > maxBytes) throw new RangeError(`is larger than ${maxBytes} bytes`);
     const chunks: Buffer[] = [];
     let total = 0;

@@ -6,26 +6,23 @@
  * local process, or a browser page making a request to 127.0.0.1, is a loopback client.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import {
-  closeSync,
-  linkSync,
-  mkdirSync,
-  openSync,
-  readFileSync,
-  renameSync,
-  rmSync,
-  statSync,
-  writeSync,
-} from 'node:fs';
+import { closeSync, linkSync, mkdirSync, openSync, renameSync, rmSync, writeSync } from 'node:fs';
 import type { IncomingMessage } from 'node:http';
 import { dirname } from 'node:path';
 import { fileErrorMessage, shownText } from '../core/shown-text.js';
+import { readRegularFile } from '../engines/bounded-file.js';
 
 /** The shortest admin token: anything shorter is guessed too easily. */
 export const MIN_ADMIN_TOKEN_LENGTH = 8;
 
 /** The longest admin token an `Authorization: Bearer …` header of at most 4096 characters holds. */
 export const MAX_ADMIN_TOKEN_LENGTH = 4096 - 'Bearer '.length;
+
+/**
+ * Largest admin token file read: the longest token and its line end fit; a larger file (a stray
+ * dump, a huge sparse file) is refused before it is read into memory.
+ */
+export const MAX_ADMIN_TOKEN_FILE_BYTES = 4096;
 
 /** SHA-256 of the token: comparing digests takes the same time whatever the guess. */
 export class AdminToken {
@@ -88,16 +85,17 @@ export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken 
   const named = `--admin-token-file ${shownText(file)}`;
   let existing: string | undefined;
   try {
-    const st = statSync(file);
-    if (!st.isFile()) throw new RangeError(`${named} is not a regular file`);
-    if ((st.mode & 0o077) !== 0)
-      throw new RangeError(`${named} is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
-    if (typeof process.getuid === 'function' && st.uid !== process.getuid())
-      throw new RangeError(`${named} belongs to another user`);
-    existing = readFileSync(file, 'utf8').trim();
+    // a regular file of bounded size, checked through the opened file (nothing swapped in between):
+    // a device or a pipe could block or never end, a huge file would fill memory
+    existing = readRegularFile(file, MAX_ADMIN_TOKEN_FILE_BYTES, (st) => {
+      if ((st.mode & 0o077) !== 0)
+        throw new RangeError(`is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
+      if (typeof process.getuid === 'function' && st.uid !== process.getuid())
+        throw new RangeError('belongs to another user');
+    }).trim();
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'ENOENT')
-      throw err instanceof RangeError ? err : new RangeError(`${named}: ${fileErrorMessage(err, file)}`);
+      throw new RangeError(`${named}: ${fileErrorMessage(err, file)}`, { cause: err });
   }
   if (existing !== undefined && existing !== '') {
     new AdminToken(existing);

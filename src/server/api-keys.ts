@@ -6,7 +6,6 @@
  * router's block hashes, so one tenant can neither reuse nor probe another's prompts.
  */
 import { createHash } from 'node:crypto';
-import { statSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { fileErrorMessage, shownText } from '../core/shown-text.js';
 import { readRegularFile } from '../engines/bounded-file.js';
@@ -59,13 +58,13 @@ function digest(key: string): string {
 export function loadApiKeysFile(file: string): ApiKeys {
   let raw: unknown;
   try {
-    const st = statSync(file);
     // a pipe or device could block or never end: a keys file is a regular file of bounded size,
     // read as readRegularFile checks it (through the opened file: nothing swapped in between)
-    if (!st.isFile()) throw new RangeError('is not a regular file');
-    if ((st.mode & 0o077) !== 0)
-      throw new RangeError(`is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
-    raw = parseYaml(readRegularFile(file, MAX_API_KEYS_FILE_BYTES));
+    const text = readRegularFile(file, MAX_API_KEYS_FILE_BYTES, (st) => {
+      if ((st.mode & 0o077) !== 0)
+        throw new RangeError(`is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
+    });
+    raw = parseYaml(text);
   } catch (err) {
     throw new RangeError(`--api-keys-file ${shownText(file)}: ${fileErrorMessage(err, file)}`, { cause: err });
   }

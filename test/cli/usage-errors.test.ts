@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { constants } from 'node:buffer';
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, truncateSync, writeFileSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -574,6 +574,16 @@ test('an admin token no request can present, and a keys file that is no regular 
   const big = join(dir, 'keys.yaml');
   writeFileSync(big, `# ${'x'.repeat(16 * 1024 * 1024)}\n`, { mode: 0o600 });
   assert.throws(() => loadApiKeysFile(big), /--api-keys-file .*: is larger than 16777216 bytes/);
+});
+
+test('serve refuses an admin token file over 4 KiB, naming the flag, and exits 2', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-token-'));
+  const file = join(dir, 'admin-token');
+  writeFileSync(file, '', { mode: 0o600 });
+  truncateSync(file, 4 * 1024 * 1024 * 1024);
+  const run = cli(['serve', '--port', '0', '--admin-token-file', file]);
+  assert.equal(run.status, 2, run.stderr);
+  assert.match(run.stderr, /^error: --admin-token-file .*admin-token: is larger than 4096 bytes$/m);
 });
 
 test('mock-engine stops with the flag named when its HTTP port or its event endpoint is taken', async () => {

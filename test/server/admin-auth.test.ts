@@ -1,10 +1,16 @@
 import assert from 'node:assert/strict';
-import { chmodSync, mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readFileSync, statSync, truncateSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
-import { adminRequestProblem, AdminToken, resolveAdminToken } from '../../src/server/admin-auth.js';
+import {
+  adminRequestProblem,
+  AdminToken,
+  MAX_ADMIN_TOKEN_FILE_BYTES,
+  MAX_ADMIN_TOKEN_LENGTH,
+  resolveAdminToken,
+} from '../../src/server/admin-auth.js';
 import { createGateway } from '../../src/server/gateway.js';
 import { ApiKeys, loadApiKeysFile, tenantCacheSalt } from '../../src/server/api-keys.js';
 import { gatewayOnEngine } from '../helpers/gateway-on-engine.js';
@@ -60,6 +66,31 @@ test('a token file others can read is refused', () => {
   assert.throws(() => resolveAdminToken({ tokenFile: file }), /readable by others/);
   chmodSync(file, 0o600);
   assert.equal(resolveAdminToken({ tokenFile: file }).token, 'a-long-enough-token');
+});
+
+test('a token file larger than 4 KiB is refused naming the flag, without reading it whole', () => {
+  // a valid token padded past the bound: refused, not trimmed
+  const padded = join(dir, 'padded');
+  writeFileSync(padded, `a-long-enough-token${' '.repeat(MAX_ADMIN_TOKEN_FILE_BYTES)}\n`, { mode: 0o600 });
+  assert.throws(
+    () => resolveAdminToken({ tokenFile: padded }),
+    new RegExp(`^RangeError: --admin-token-file .*padded: is larger than ${MAX_ADMIN_TOKEN_FILE_BYTES} bytes$`),
+  );
+  // a huge (sparse) one is refused at once, never read into memory
+  const huge = join(dir, 'huge');
+  writeFileSync(huge, '', { mode: 0o600 });
+  truncateSync(huge, 8 * 1024 * 1024 * 1024);
+  const started = performance.now();
+  assert.throws(() => resolveAdminToken({ tokenFile: huge }), /--admin-token-file .*huge: is larger than 4096 bytes/);
+  assert.ok(performance.now() - started < 2000, 'refused without reading it');
+  // at the bound, a token with its newline is read
+  const atBound = join(dir, 'at-bound');
+  writeFileSync(atBound, `${'t'.repeat(MAX_ADMIN_TOKEN_LENGTH)}\n`, { mode: 0o600 });
+  assert.equal(resolveAdminToken({ tokenFile: atBound }).token, 't'.repeat(MAX_ADMIN_TOKEN_LENGTH));
+});
+
+test('a token file that is a device is refused naming the flag', () => {
+  assert.throws(() => resolveAdminToken({ tokenFile: '/dev/zero' }), /^RangeError: --admin-token-file .*\/dev\/zero/);
 });
 
 test('admin requests: cross-site and non-JSON bodies are refused before the token is looked at', () => {
