@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { basename, join } from 'node:path';
+import { join } from 'node:path';
 import { fmix32 } from '../core/hashing.js';
 import { heldBlocks, MAX_TRACE_REQUEST_TOKENS, sortByArrival, type TraceRequest } from './trace.js';
 import { MAX_TRACE_REQUESTS, tooManyRecords, traceBlockCounter, TraceFormatError, traceLines } from './trace-lines.js';
@@ -30,17 +30,18 @@ export const RAGPULSE_FILES = {
 const traceFile = (path: string): string => (existsSync(path) ? path : `${path}.gz`);
 
 /**
- * The lines of `path` (or `path.gz`), blank ones skipped; a missing file, or one of more than
- * MAX_TRACE_REQUESTS lines (`records`), is a RangeError naming it.
+ * The lines of `path` (or `path.gz`), blank ones skipped, each with the file read (`source`: the
+ * name a malformed line's error gives, its directory included); a missing file, or one of more
+ * than MAX_TRACE_REQUESTS lines (`records`), is a RangeError naming it.
  */
-async function* lines(path: string, records: string): AsyncGenerator<{ text: string; index: number }> {
+async function* lines(path: string, records: string): AsyncGenerator<{ text: string; index: number; source: string }> {
   const file = traceFile(path);
   if (!existsSync(file)) throw new RangeError(`RAGPulse: missing ${path}`);
   let count = 0;
-  for await (const line of traceLines(file, basename(file))) {
+  for await (const line of traceLines(file, file)) {
     if (!line.text.trim()) continue;
     if (count++ === MAX_TRACE_REQUESTS) throw tooManyRecords(file, records);
-    yield line;
+    yield { ...line, source: file };
   }
 }
 
@@ -66,25 +67,25 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
   for (const component of ['sys_prompt', 'passages_ids', 'history', 'user_input', 'web_search'] as const) {
     const [file, key] = RAGPULSE_FILES[component];
     const m = new Map<number, number>();
-    for await (const { text, index } of lines(join(dir, file), 'chunk lengths')) {
-      const r = objectOf(text, index, file);
-      if (!isId(r[key])) throw new TraceFormatError(index, `"${key}" must be a non-negative integer`, file);
+    for await (const { text, index, source } of lines(join(dir, file), 'chunk lengths')) {
+      const r = objectOf(text, index, source);
+      if (!isId(r[key])) throw new TraceFormatError(index, `"${key}" must be a non-negative integer`, source);
       if (!isTokens(r.token_length))
         throw new TraceFormatError(
           index,
           `"token_length" must be a whole number of tokens from 0 to ${MAX_TRACE_REQUEST_TOKENS}`,
-          file,
+          source,
         );
       m.set(r[key], r.token_length);
     }
     lengths[component] = m;
   }
-  const source = RAGPULSE_FILES.trace;
+  const path = join(dir, RAGPULSE_FILES.trace);
   const requests: TraceRequest[] = [];
-  const countBlocks = traceBlockCounter(traceFile(join(dir, source)));
-  for await (const line of lines(join(dir, source), 'requests')) {
-    const r = objectOf(line.text, line.index, source);
-    const fail = (message: string) => new TraceFormatError(line.index, message, source);
+  const countBlocks = traceBlockCounter(traceFile(path));
+  for await (const line of lines(path, 'requests')) {
+    const r = objectOf(line.text, line.index, line.source);
+    const fail = (message: string) => new TraceFormatError(line.index, message, line.source);
     const timestamp = typeof r.timestamp === 'string' && r.timestamp.trim() !== '' ? Number(r.timestamp) : r.timestamp;
     if (typeof timestamp !== 'number' || !Number.isFinite(timestamp) || timestamp < 0)
       throw fail('"timestamp" must be a non-negative number of seconds');

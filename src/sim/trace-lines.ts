@@ -71,7 +71,8 @@ export function traceBlockCounter(source: string): (index: number, blocks: numbe
  * The lines of a text file, gunzipped if its name ends in `.gz`, with their 0-based indices
  * (blank lines included). `\n`, `\r\n` and a lone `\r` end a line; a leading byte-order mark is
  * dropped. A line over MAX_TRACE_LINE_CHARS is a TraceFormatError (the rest of the file is not
- * read); a file that cannot be read or decompressed is a RangeError naming it.
+ * read); a file that cannot be read or decompressed is a RangeError naming it (and the line
+ * it stopped in, past the first).
  */
 export async function* traceLines(path: string, source = 'trace'): AsyncGenerator<{ text: string; index: number }> {
   const file = createReadStream(path);
@@ -107,7 +108,9 @@ export async function* traceLines(path: string, source = 'trace'): AsyncGenerato
   } catch (err) {
     if (err instanceof TraceFormatError) throw err;
     const gz = path.endsWith('.gz') ? ' (not gzip, or cut short?)' : '';
-    throw new RangeError(`cannot read ${path}${gz}: ${(err as Error).message}`, { cause: err });
+    // past whole lines: the line the reading stopped in
+    const at = index > 0 ? ` at line ${index + 1}` : '';
+    throw new RangeError(`cannot read ${path}${at}${gz}: ${(err as Error).message}`, { cause: err });
   } finally {
     input.destroy();
   }

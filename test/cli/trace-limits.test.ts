@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
@@ -146,4 +146,29 @@ test('a trace of more blocks than the limit stops simulate and tune with one lin
     assert.ok(r.stderr.startsWith(`error: ${at}: the trace passes ${MAX_TRACE_BLOCKS} blocks `), r.stderr);
     assert.match(r.stderr, /the most a trace may hold/);
   }
+});
+
+test('a malformed line in the middle of a trace stops simulate and tune with one line naming the file and line, exit 2', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-trace-malformed-'));
+  const mooncake = join(dir, 'mid.jsonl');
+  const good = (t: number) => `{"timestamp": ${t}, "input_length": 100, "output_length": 1, "hash_ids": [1]}`;
+  writeFileSync(mooncake, [good(0), good(1), '{"timestamp": 2, "input_len', good(3)].join('\n'));
+  const ragpulse = join(dir, 'ragpulse');
+  cpSync(fileURLToPath(new URL('../fixtures/ragpulse-sample', import.meta.url)), ragpulse, { recursive: true });
+  const trace = join(ragpulse, '0_trace.jsonl');
+  const lines = readFileSync(trace, 'utf8').split('\n');
+  lines[2] = lines[2].slice(0, 30);
+  writeFileSync(trace, lines.join('\n'));
+  for (const [spec, at] of [
+    [mooncake, `${mooncake} line 3`],
+    [ragpulse, `${trace} line 3`],
+  ])
+    for (const args of [
+      ['simulate', '--trace', spec, '--policies', 'round-robin', '--no-progress'],
+      ['tune', '--trace', spec, '--trials', '1'],
+    ]) {
+      const r = cli(args);
+      assert.equal(r.status, 2, `${args.join(' ')}: ${r.error?.message ?? r.stderr}`);
+      assert.equal(r.stderr, `error: ${at}: not valid JSON\n`, args.join(' '));
+    }
 });

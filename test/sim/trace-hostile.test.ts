@@ -37,6 +37,16 @@ describe('Mooncake trace loader, hostile files', () => {
     );
   });
 
+  test('a .gz cut short after whole lines names the file and the line it stopped at', async () => {
+    const gz = gzipSync(head);
+    const path = write(gz.subarray(0, gz.length >> 1), '.jsonl.gz');
+    await assert.rejects(loadMooncakeTrace(path), (e: unknown) => {
+      assert.ok(e instanceof RangeError, String(e));
+      assert.match(e.message, new RegExp(`^cannot read ${path} at line \\d+ \\(not gzip, or cut short\\?\\): `));
+      return true;
+    });
+  });
+
   test('a truncated or garbage .gz is a RangeError naming the file', async () => {
     const gz = gzipSync(head);
     for (const content of [gz.subarray(0, gz.length >> 1), Buffer.from('not gzip at all, just text\n'.repeat(20))]) {
@@ -129,16 +139,32 @@ describe('RAGPulse loader, hostile directories', () => {
         '0_trace.jsonl',
         2,
         (s) => s.replace(/"session_id": "[^"]*"/, '"session_id": ""'),
-        /^0_trace\.jsonl line 2: "session_id" must be a non-empty string$/,
+        /0_trace\.jsonl line 2: "session_id" must be a non-empty string$/,
       ],
     ];
     for (const [file, n, replace, expected] of cases) {
-      await assert.rejects(loadRagpulse(copy((d) => editLine(d, file, n, replace))), (e: unknown) => {
+      const d = copy((d) => editLine(d, file, n, replace));
+      await assert.rejects(loadRagpulse(d), (e: unknown) => {
         assert.ok(e instanceof RangeError, String(e));
         assert.match(e.message, expected);
+        // the file as it was opened, its directory included: the directory is what --trace named
+        assert.ok(e.message.startsWith(`${join(d, file)} line `), e.message);
         return true;
       });
     }
+  });
+
+  test('a malformed line of a gzipped file names the .gz file', async () => {
+    const d = copy((d) => {
+      editLine(d, '0_trace.jsonl', 3, (s) => s.slice(0, 20));
+      writeFileSync(join(d, '0_trace.jsonl.gz'), gzipSync(readFileSync(join(d, '0_trace.jsonl'))));
+      rmSync(join(d, '0_trace.jsonl'));
+    });
+    await assert.rejects(loadRagpulse(d), (e: unknown) => {
+      assert.ok(e instanceof RangeError, String(e));
+      assert.equal(e.message, `${join(d, '0_trace.jsonl.gz')} line 3: not valid JSON`);
+      return true;
+    });
   });
 
   test('a huge chunk length gives no more prefix blocks than the prompt holds', async () => {
