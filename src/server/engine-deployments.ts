@@ -14,7 +14,10 @@ import { toolsSourceText } from './request-limits.js';
  *   otherwise; the router picks a (worker, rank) and the gateway sets the header.
  * - LoRA adapters. vLLM lists each adapter in /v1/models with `parent` = the base model
  *   (vllm/entrypoints/openai/serving_models.py show_available_models); a request naming an
- *   adapter is hashed under the adapter's name, as vLLM keys that adapter's blocks.
+ *   adapter is hashed under the adapter's name, as vLLM keys that adapter's blocks. SGLang
+ *   lists its adapters alike (`parent` = its served model) but takes a request's adapter from
+ *   `model: "base:adapter"` or the body's `lora_path` (WorkerConnections.loraOf and
+ *   openai-request.ts requestAdapter).
  */
 export const DP_RANK_HEADER = 'x-data-parallel-rank';
 

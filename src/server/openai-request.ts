@@ -19,6 +19,7 @@ import { tenantCacheSalt, tenantScopedId } from './api-keys.js';
 import { chatTemplateRequest } from './engine-deployments.js';
 import {
   clientMessage,
+  firstPromptEntry,
   jsonStringEnd,
   parseJsonBody,
   readGenerateRouteRequest,
@@ -268,7 +269,10 @@ export interface RequestReaderOptions {
   promptTokenizer?: PromptTokenizer | AsyncPromptTokenizer;
   /** Token ids from an engine's /tokenize (given the request's body); undefined when none answers (text mode then). */
   tokenizeOnEngine: (r: RouteRequest, body: Record<string, unknown>) => Promise<number[] | undefined>;
-  /** The LoRA adapter a request's model names, if it names one (its blocks are keyed by it). */
+  /**
+   * The LoRA adapter a request's model names, if it names one (its blocks are keyed by it): an
+   * adapter's own name (vLLM) or SGLang's `base:adapter` (WorkerConnections.loraOf).
+   */
   loraOf?: (model: unknown) => string | undefined;
   /** Limits on what the client controls. */
   limits: RequestLimits;
@@ -327,9 +331,10 @@ export function createRequestParser(options: RequestReaderOptions) {
       parsed.body.cache_salt = salt;
       parsed.unchanged = false;
     }
-    // an adapter's blocks are keyed by its name, as vLLM keys them (lora_name, extra_keys); on
-    // SGLang's /generate by its lora_path (read with the body), whatever a `model` there says
-    const lora = path === GENERATE_PATH ? undefined : loraOf?.(parsed.body.model);
+    // an adapter's blocks are keyed by its name, as the engines key them (vLLM's lora_name and
+    // extra_keys; SGLang's radix cache keeps each adapter's blocks apart); on SGLang's /generate
+    // by its lora_path (read with the body), whatever a `model` there says
+    const lora = path === GENERATE_PATH ? undefined : requestAdapter(parsed.body, loraOf);
     if (lora !== undefined) parsed.routeRequest.lora = lora;
     // a prompt given as token ids is hashed as tokens in every mode; a completion of prompt
     // embeds alone has no prompt to tokenize, and routes with nothing to hash
@@ -364,6 +369,24 @@ export function createRequestParser(options: RequestReaderOptions) {
 }
 
 export type RequestParser = ReturnType<typeof createRequestParser>;
+
+/**
+ * The adapter an OpenAI-route request runs under, as the engine that serves it reads it: the one
+ * its `model` names (an adapter's own name, vLLM's form; or SGLang's `base:adapter`), else
+ * SGLang's `lora_path` (a name, or a list of one per prompt: the first prompt's keys the chain).
+ * SGLang takes the adapter in `model` first, then `lora_path`
+ * (python/sglang/srt/entrypoints/openai/serving_base.py, _resolve_lora_path). vLLM ignores a
+ * `lora_path` and runs the base model: the router cannot know which engine will serve the request
+ * when it hashes it, and keys it by the adapter, since a request that sends `lora_path` is meant
+ * for SGLang, and keyed as the base model it would count the base model's blocks as cached on an
+ * SGLang worker, which holds none for it (a false hit); on vLLM it only misses (docs/engines.md).
+ */
+function requestAdapter(
+  body: Readonly<Record<string, unknown>>,
+  loraOf: ((model: unknown) => string | undefined) | undefined,
+): string | undefined {
+  return loraOf?.(body.model) ?? firstPromptEntry(body.lora_path);
+}
 
 /** The chat fields besides messages that shape a prompt, as the start of a check's message (with an index). */
 const CHAT_FIELD =

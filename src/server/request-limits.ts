@@ -1381,7 +1381,7 @@ function readGeneratePrompt(
  * `cache_salt`, `extra_key`), for the first prompt: undefined when it is absent, null or empty.
  * Its shape was checked by checkGenerateRequest.
  */
-function firstPromptEntry(value: unknown): string | undefined {
+export function firstPromptEntry(value: unknown): string | undefined {
   const entry: unknown = Array.isArray(value) ? value[0] : value;
   return typeof entry === 'string' && entry !== '' ? entry : undefined;
 }

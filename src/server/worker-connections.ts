@@ -406,11 +406,23 @@ export class WorkerConnections {
     return this.groups.get(id) ?? this.groups.get(this.connections.get(id)?.workerId ?? '') ?? [];
   }
 
-  /** The adapter a model name is, on some worker (undefined: a base model or unknown). */
+  /**
+   * The adapter a model name selects (undefined: a base model or unknown): an adapter some worker
+   * lists (vLLM's form: the adapter's own name), else SGLang's `base:adapter`, the adapter being
+   * what follows the first colon, both parts stripped, none when empty (SGLang's
+   * _parse_model_parameter in python/sglang/srt/entrypoints/openai/serving_base.py; SGLang refuses
+   * a bare adapter name). SGLang takes that adapter whether its /v1/models lists it or not (one
+   * loaded since the last read), so it is not looked up; a name with a colon that a worker lists as
+   * its own (`--served-model-name llama3:8b`, or `models=`) is that model.
+   */
   loraOf(model: unknown): string | undefined {
     if (typeof model !== 'string') return undefined;
     for (const c of this.connections.values()) if (c.adapters.has(model)) return model;
-    return undefined;
+    const colon = model.indexOf(':');
+    if (colon < 0) return undefined;
+    for (const c of this.connections.values()) if (serves(c, model)) return undefined;
+    const adapter = model.slice(colon + 1).trim();
+    return adapter === '' ? undefined : adapter;
   }
 
   get(id: string): WorkerConnection | undefined {
