@@ -470,6 +470,24 @@ def main():
                                "lora_id": None, "medium": "GPU"}),
               ("BlockRemoved", {"block_hashes": [7], "medium": "GPU"})]
     names.append(fixture("sglang-page16", "sglang-medium", page16))
+    # SGLang's page events as first published (sgl-project/sglang#6824, mem_cache/radix_cache.py
+    # _record_store_event): a page's hash is Python's hash(tuple(page_tokens)), the same at any
+    # position, and with `if node.parent is None or node != self.root_node` every radix node's
+    # first page goes without a parent. Three requests of 4-token pages, as that radix cache emits
+    # them: [P, Q] (a node under the root), [P, X] (the node split, a node [X] under [P]) and
+    # [R, P, S] (a node under the root, P again after R).
+    def position_free_node(pages):
+        out, parent = [], None
+        for page in pages:
+            h = hash(tuple(page))
+            out.append(("BlockStored", {"block_hashes": [h], "parent_block_hash": parent, "token_ids": page,
+                                        "block_size": len(page), "lora_id": None}))
+            parent = h
+        return out
+    pf = {name: [base + i for i in range(4)] for name, base in (("P", 110), ("Q", 120), ("X", 130), ("R", 140), ("S", 150))}
+    names.append(fixture("sglang-position-free", "sglang",
+                         position_free_node([pf["P"], pf["Q"]]) + position_free_node([pf["X"]])
+                         + position_free_node([pf["R"], pf["P"], pf["S"]])))
     # SGLang salted stores: the salt namespaces the page chain from its root
     salted = [("BlockStored", {"block_hashes": [-11], "parent_block_hash": None, "token_ids": tokens[:16], "block_size": 16,
                                "lora_id": None, "medium": "GPU", "cache_salt": "tenant-a", "session_id": "s-1"}),

@@ -52,16 +52,26 @@ describe('KV events from a hostile publisher', () => {
     }
   });
 
-  test('parents made to loop by repeated hashes: an offload walk visits each block once', () => {
-    // hash 1 stored twice in one event: its second copy names itself as parent
+  test('parents made to loop by repeated hashes: refused by router keying; under vLLM keying an offload walk visits each block once', () => {
+    // hash 1 stored twice in one event: its second copy names itself as parent, a hash that
+    // names no position; the worker is refused, and no loop forms
     const s = setup();
-    s.applier.apply('w0', batch(stored([1n, 1n], null, tokens(0, 8))));
-    const c = s.applier.apply('w0', batch(stored([1n], null, [], { medium: 'CPU', blockSize: BS * 1000 })));
-    assert.equal(c.offloadBlocks, 1);
-    assert.deepEqual(s.applier.copies('w0', 1n), { gpu: 2, offload: 1 });
+    const refused = s.applier.apply('w0', batch(stored([1n, 1n], null, tokens(0, 8))));
+    assert.equal(refused.positionFreeHashes, 1);
+    assert.equal(s.applier.trackedBlocks('w0'), 0);
+    // --block-hash vllm records a parent proven by a store, so stores can make 1 → 2 → 1
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise', blockHash: 'vllm', pythonHashSeed: '0' });
+    router.registerWorker('w0');
+    const applier = new KvEventApplier(router);
+    applier.apply('w0', batch(stored([1n], 2n, tokens(0, 4)), stored([2n], 1n, tokens(4, 4))));
+    const c = applier.apply('w0', batch(stored([1n], null, [], { medium: 'CPU', blockSize: BS * 1000 })));
+    assert.equal(c.offloadBlocks, 2);
+    assert.deepEqual(applier.copies('w0', 1n), { gpu: 1, offload: 1 });
+    assert.deepEqual(applier.copies('w0', 2n), { gpu: 2, offload: 1 });
     // the CPU copy's removal takes it back out: nothing left offloaded
-    s.applier.apply('w0', batch(removed([1n], 'CPU')));
-    assert.deepEqual(s.applier.copies('w0', 1n), { gpu: 2, offload: 0 });
+    applier.apply('w0', batch(removed([1n], 'CPU')));
+    assert.deepEqual(applier.copies('w0', 1n), { gpu: 1, offload: 0 });
+    assert.deepEqual(applier.copies('w0', 2n), { gpu: 2, offload: 0 });
   });
 
   test('a JSON hash of 2^64 or more skips its event, not wrapped to another block', () => {

@@ -49,6 +49,15 @@ import {
  * - Block size per worker: a store whose block size differs from the worker's is skipped and
  *   counted ('block_size'); SGLang's page size 1 gives one event per token, which works with
  *   `block-size=1` on that worker.
+ * - Position-free hashes (router hash mode): the router chains a block from its parent's own
+ *   hash, so an engine hash must name one block at one position. SGLang's first page events
+ *   (sgl-project/sglang#6824, until sgl-project/sglang#13488 made them sequence-aware) hash a
+ *   page as Python's hash(tuple(page_tokens)) wherever it sits, and some of those releases send
+ *   every radix node's first page without a parent: a page stored again after another keeps the
+ *   chain of its first position, and a node's first page lands at the root, both false hits. A
+ *   worker whose engine hash is stored again under another parent, or whose page stored after
+ *   another has CPython's hash of its tokens alone (cpythonTupleHash), has its entries dropped and
+ *   its stores refused ('position_free_hash') until they are cleared (a restart, a removal).
  * - Bounded: a worker that reports holding more blocks than `maxTrackedBlocks` (the index's own
  *   capacity by default; no engine holds that many, so its removals were lost or it is broken)
  *   has its entries dropped and rebuilt from its next events ('over_capacity'), as after a gap.
@@ -57,7 +66,14 @@ import {
  *   worker holds, and freed with its entries (clearWorker: a gap, a restart, its removal).
  */
 export type ApplySkipReason =
-  'block_size' | 'orphan' | 'token_count' | 'other_group' | 'unknown_offload' | 'unknown_removal' | 'over_capacity';
+  | 'block_size'
+  | 'orphan'
+  | 'token_count'
+  | 'other_group'
+  | 'unknown_offload'
+  | 'unknown_removal'
+  | 'over_capacity'
+  | 'position_free_hash';
 
 /**
  * Most GPU blocks one offload block may span (its block size over the worker's): vLLM's
@@ -106,6 +122,12 @@ export interface ApplyCounts {
    * to hash otherwise.
    */
   hashMismatches: number;
+  /**
+   * Router hash mode: workers found to hash blocks without their position (an engine hash stored
+   * again under another parent, or SGLang's first page events' hash(tuple(page_tokens))); their
+   * stores are then skipped as 'position_free_hash'.
+   */
+  positionFreeHashes: number;
   /** Events (or blocks, for removals) skipped, per reason; decode reasons are added by the subscriber. */
   skipped: Record<string, number>;
 }
@@ -122,6 +144,7 @@ export function emptyCounts(): ApplyCounts {
     unknownRemovals: 0,
     blockSizeMismatches: 0,
     hashMismatches: 0,
+    positionFreeHashes: 0,
     skipped: {},
   };
 }
@@ -188,7 +211,9 @@ export class KvEventApplier {
   private readonly walked = new Set<EngineBlockHash>();
   /**
    * vllm hash mode: per worker, the prompts' first blocks whose hash has been found to be the
-   * router's; -1 once the worker is found to hash otherwise (judgeMismatch).
+   * router's; -1 once the worker is found to hash otherwise (judgeMismatch). Router hash mode:
+   * the blocks stored after a parent found not to be CPython's hash of their tokens alone
+   * (hashedByPosition); -1 once the worker is found to hash without position (refusePositionFree).
    */
   private readonly hashesConfirmed = new Map<string, number>();
   /**
@@ -419,6 +444,8 @@ export class KvEventApplier {
         counts.parentsProven++;
       }
     } else {
+      if (this.hashesConfirmed.get(workerId) === -1) return skip(counts, 'position_free_hash');
+      if (!this.hashedByPosition(workerId, e)) return this.refusePositionFree(workerId, counts);
       let parentHi: number;
       let parentLo: number;
       if (e.parentBlockHash === null) {
@@ -445,6 +472,9 @@ export class KvEventApplier {
       const h = e.blockHashes[i];
       const prev = map.get(h);
       if (prev) {
+        // a chained hash names one block at one position: under another parent, it does not
+        // (in vllm hash mode a parent proven from a store is recorded without its own parent)
+        if (this.hashMode === 'router' && prev.parent !== parent) return this.refusePositionFree(workerId, counts);
         if ((gpu ? prev.gpu : prev.offload) > 0) counts.duplicateCopies++;
         if (gpu) prev.gpu++;
         else prev.offload++;
@@ -456,6 +486,39 @@ export class KvEventApplier {
     }
     this.router.applyStored(workerId, own, gpu ? 'gpu' : 'offload');
     counts.storedBlocks += own.length;
+  }
+
+  /**
+   * Router hash mode: false when a store's block that follows a parent has, as its engine hash,
+   * CPython's hash(tuple(page_tokens)) of its own tokens, the hash of SGLang's first page events
+   * (python/sglang/srt/mem_cache/radix_cache.py _record_store_event, sgl-project/sglang#6824):
+   * a chained hash of a block after another depends on that other. Only the first block after a
+   * parent is looked at, and only until CONFIRMED_HASHES such blocks were not (then the worker
+   * is taken to chain its hashes; an engine hash stored again under another parent still refuses
+   * it). A prompt's first block is not looked at: an engine may start its chain from that hash.
+   */
+  private hashedByPosition(workerId: string, e: BlockStoredEvent): boolean {
+    const confirmed = this.hashesConfirmed.get(workerId) ?? 0;
+    if (confirmed >= CONFIRMED_HASHES) return true;
+    const i = e.parentBlockHash !== null ? 0 : 1;
+    const h = e.blockHashes[i];
+    if (typeof h !== 'bigint' || e.blockSize < 1 || e.tokenIds.length < (i + 1) * e.blockSize) return true;
+    const page = e.tokenIds.slice(i * e.blockSize, (i + 1) * e.blockSize);
+    if (BigInt.asUintN(64, cpythonTupleHash(page)) === BigInt.asUintN(64, h)) return false;
+    this.hashesConfirmed.set(workerId, confirmed + 1);
+    return true;
+  }
+
+  /**
+   * Router hash mode: the worker's engine hashes blocks without their position. What it stored
+   * may be chained under the wrong prefix, so its entries go (clearWorker), and its stores are
+   * refused until they are cleared again (a restart, a removal).
+   */
+  private refusePositionFree(workerId: string, counts: ApplyCounts): void {
+    this.clearWorker(workerId);
+    this.hashesConfirmed.set(workerId, -1);
+    counts.positionFreeHashes++;
+    skip(counts, 'position_free_hash');
   }
 
   /**
@@ -662,4 +725,32 @@ function isBlockContentKey(k: unknown): boolean {
 
 function hasBlockContentKeys(keys: ExtraKeys): boolean {
   return keys !== null && keys.some(isBlockContentKey);
+}
+
+const U64 = (1n << 64n) - 1n;
+const XXPRIME_1 = 11400714785074694791n;
+const XXPRIME_2 = 14029467366897019727n;
+const XXPRIME_5 = 2870177450012600261n;
+/** Python's hash modulus for ints (sys.hash_info.modulus, 64-bit builds). */
+const HASH_MODULUS = (1n << 61n) - 1n;
+
+/**
+ * CPython's hash(tuple(ints)) (3.8 and later, 64-bit builds: tuplehash in Objects/tupleobject.c,
+ * an xxHash-like mix of each item's hash; an int's hash is the int modulo 2^61 − 1, with its sign,
+ * −1 being −2), as a signed 64-bit value. Ints hash the same under any PYTHONHASHSEED. SGLang's
+ * first page events hash a page as hash(tuple(page_tokens)) (KvEventApplier.hashedByPosition).
+ */
+export function cpythonTupleHash(items: ArrayLike<number>): bigint {
+  let acc = XXPRIME_5;
+  for (let i = 0; i < items.length; i++) {
+    const n = BigInt(items[i]);
+    let lane = n < 0n ? -(-n % HASH_MODULUS) : n % HASH_MODULUS;
+    if (lane === -1n) lane = -2n;
+    acc = (acc + ((BigInt.asUintN(64, lane) * XXPRIME_2) & U64)) & U64;
+    acc = ((acc << 31n) | (acc >> 33n)) & U64;
+    acc = (acc * XXPRIME_1) & U64;
+  }
+  acc = (acc + (BigInt(items.length) ^ (XXPRIME_5 ^ 3527539n))) & U64;
+  if (acc === U64) return 1546275796n;
+  return BigInt.asIntN(64, acc);
 }

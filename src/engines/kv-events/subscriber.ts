@@ -419,6 +419,7 @@ export class KvEventSubscriber {
       return;
     }
     const mismatchesBefore = this.stats.applied.hashMismatches;
+    const positionFreeBefore = this.stats.applied.positionFreeHashes;
     let skippedEvents = 0;
     let firstSkip: string | undefined;
     let events = 0;
@@ -463,6 +464,14 @@ export class KvEventSubscriber {
           `Otherwise give the router the engine's --prefix-caching-hash-algo (vLLM's default is sha256) and PYTHONHASHSEED, or start the engine with --prefix-caching-hash-algo ${this.options.applier.vllmHashAlgo} and the router's PYTHONHASHSEED. ` +
           `If those agree, the engine chains its hashes at another step than its block: vLLM does at a finer one for a hybrid model (several KV cache groups: the greatest common divisor of their block sizes) or when its cache config sets prefix_match_unit, which the router does not reproduce (serve --block-hash router keys blocks by the router's own hash of the events' token ids instead); ` +
           `and with --decode-context-parallel-size N its step is --block-size times N: the worker's block-size must be that product`,
+      );
+    if (positionFreeBefore === 0 && this.stats.applied.positionFreeHashes > 0)
+      this.log(
+        `worker ${worker}: its engine's block hashes do not depend on a block's position (one was stored again under another parent, or a page stored after another ` +
+          `has Python's hash(tuple(page_tokens)) of its own tokens, as SGLang's first page events hash, sgl-project/sglang#6824). Chained by them, its blocks would be indexed ` +
+          `under the wrong prefix and count as cached where they are not: its entries are dropped and its stores refused (reason position_free_hash) until they are cleared ` +
+          `(a restart, a removal), so requests are routed to it without its cache. Run an SGLang release with sequence-aware (sha256-chained) KV event hashes, ` +
+          `sgl-project/sglang#13488 or later (docs/engines.md)`,
       );
     this.stats.batches++;
     this.stats.events += events;
