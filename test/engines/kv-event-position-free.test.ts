@@ -86,6 +86,15 @@ describe('KV events of an engine whose block hashes are not chained to their pos
     assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 8);
   });
 
+  test("a KV connector's copy (not GPU) naming another parent is not the engine's hashing: no refusal", () => {
+    const { applier } = setup();
+    applier.apply('w0', batch(stored([10n, 11n], null, tokens(0, 8))));
+    const copy = storedTokens([11n], null, tokens(4, 4), BS, { medium: 'CPU' });
+    const c = applier.apply('w0', batch(copy));
+    assert.equal(c.positionFreeHashes, 0);
+    assert.equal(applier.trackedBlocks('w0'), 2);
+  });
+
   test("cpythonTupleHash is CPython's hash(tuple(page_tokens)), as SGLang's first page events hash", () => {
     const expected = JSON.parse(readFileSync(new URL('sglang-position-free.json', fixtureDir), 'utf8')) as {
       events: Array<{ blockHashes: Array<{ bigint: string }>; tokenIds: number[] }>;

@@ -473,8 +473,10 @@ export class KvEventApplier {
       const prev = map.get(h);
       if (prev) {
         // a chained hash names one block at one position: under another parent, it does not
-        // (in vllm hash mode a parent proven from a store is recorded without its own parent)
-        if (this.hashMode === 'router' && prev.parent !== parent) return this.refusePositionFree(workerId, counts);
+        // (in vllm hash mode a parent proven from a store is recorded without its own parent).
+        // Judged on the engine's own (GPU) stores: a KV connector's copy is not its hashing
+        if (this.hashMode === 'router' && gpu && prev.parent !== parent)
+          return this.refusePositionFree(workerId, counts);
         if ((gpu ? prev.gpu : prev.offload) > 0) counts.duplicateCopies++;
         if (gpu) prev.gpu++;
         else prev.offload++;
