@@ -119,7 +119,16 @@ export function modelEntries(answer: unknown): Array<{ id: string }> | undefined
   return out;
 }
 
-/** Largest /tokenize answer read (token ids take about 7 bytes each: millions of tokens). */
+/**
+ * Largest /tokenize answer read, per token of the longest prompt the router takes (token ids take
+ * at most 7 bytes each with their comma: vocabularies have fewer than a million entries), plus
+ * what the answer's other members take: an answer larger than that holds more tokens than any
+ * prompt the router routes, and is no answer (maxPromptTokens' default allows about 12 MiB; a
+ * fixed bound of tens of MiB would let a few such answers hold hundreds of MB).
+ */
+const TOKENIZE_BYTES_PER_TOKEN = 12;
+const TOKENIZE_ANSWER_OVERHEAD_BYTES = 64 * 1024;
+/** Largest /tokenize answer read whatever maxPromptTokens allows. */
 const MAX_TOKENIZE_BYTES = 64 * 1024 * 1024;
 /**
  * Least time between two re-reads of every worker's /v1/models asked by requests
@@ -858,11 +867,20 @@ export class WorkerConnections {
       });
       try {
         if (res.statusCode !== 200) return void (await this.tokenizeRefused(c, res.statusCode, res.body));
-        const out = JSON.parse(await readBoundedText(res.body, MAX_TOKENIZE_BYTES, '/tokenize')) as {
+        const maxTokens = this.options.router.maxPromptTokens;
+        const maxBytes = Math.min(
+          MAX_TOKENIZE_BYTES,
+          maxTokens * TOKENIZE_BYTES_PER_TOKEN + TOKENIZE_ANSWER_OVERHEAD_BYTES,
+        );
+        const out = JSON.parse(await readBoundedText(res.body, maxBytes, '/tokenize')) as {
           tokens?: unknown;
         } | null;
-        // an engine's answer is checked like a client's token ids: a bad one is the engine's fault, not the client's
-        return isTokenIdList(out?.tokens) ? out.tokens : undefined;
+        // an engine's answer is checked like a client's token ids: a bad one is the engine's fault,
+        // not the client's. More tokens than the longest prompt the router takes is a bad one (the
+        // router would refuse the client's request for it): the request goes without token ids,
+        // and an engine that finds the prompt too long says so itself
+        const tokens = out?.tokens;
+        return Array.isArray(tokens) && tokens.length <= maxTokens && isTokenIdList(tokens) ? tokens : undefined;
       } finally {
         // an answer left unread would keep its connection busy after the slot is given back
         if (!res.body.readableEnded) res.body.destroy();

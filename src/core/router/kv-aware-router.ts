@@ -69,7 +69,8 @@ export class KVAwareRouter {
   private readonly workflows: WorkflowTable;
   private readonly contentAnchors: ContentAnchorIndex;
   private readonly speculativeBlocks: number;
-  private readonly maxPromptTokens: number;
+  /** The longest prompt routed, in tokens: a longer one is refused before anything is recorded for it. */
+  readonly maxPromptTokens: number;
   private readonly judgeRoles: ReadonlySet<string>;
   private readonly clock: () => number;
   private readonly instanceId: string;
