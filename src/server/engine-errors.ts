@@ -30,6 +30,7 @@ const DATA_FIELD = Buffer.from('data');
 const EVENT_FIELD = Buffer.from('event');
 const DATA_COLON = Buffer.from('data:');
 const DONE = Buffer.from('[DONE]');
+const NEWLINE = Buffer.from('\n');
 
 /** The type of an error whose code is missing or not a status, when the client caused it (vLLM's, SGLang's and OpenAI's names). */
 const CLIENT_ERROR_TYPE = /invalid_request|bad_?request|not_?found/i;
@@ -208,6 +209,66 @@ function doneLineEnd(events: Buffer, atStreamStart: boolean): number {
     if (field === lineStart || events[field - 1] === LF || events[field - 1] === CR) return end;
   }
   return -1;
+}
+
+/**
+ * Whether whole events of a stream hold a data line: whether any of them is an event a client
+ * dispatches (WHATWG HTML, "Server-sent events": an event without data is not dispatched). A
+ * block of comments alone (`: ping`, the keep-alives sse-starlette and TGI send while a request
+ * waits) or of other fields alone (`event: ping`, `id:`, `retry:`) is none. A chunk that starts
+ * with its data line (nearly every chunk) is answered at once; any other is searched for `data` at
+ * the start of a line, with no copy. `atStreamStart`: the bytes are the stream's first, where one
+ * UTF-8 byte order mark is dropped.
+ */
+export function holdsDataLine(events: Buffer, atStreamStart = false): boolean {
+  const start = atStreamStart ? utf8BomLength(events) : 0;
+  const n = events.length;
+  for (let at = events.indexOf(DATA_FIELD, start); at >= 0; at = events.indexOf(DATA_FIELD, at + DATA_FIELD.length)) {
+    if (at !== start && events[at - 1] !== LF && events[at - 1] !== CR) continue;
+    const after = at + DATA_FIELD.length;
+    if (after >= n || events[after] === COLON || events[after] === LF || events[after] === CR) return true;
+  }
+  return false;
+}
+
+/**
+ * The data of the first event among whole events of a stream that a client dispatches (its data
+ * lines' values joined with "\n", as eventError reads them), undefined when none of them is one.
+ * Read once per stream, on the events that would be its first to reach the client.
+ */
+export function firstEventData(events: Buffer, atStreamStart = false): Buffer | undefined {
+  const n = events.length;
+  let data: number[] | undefined;
+  for (let at = atStreamStart ? utf8BomLength(events) : 0; at < n;) {
+    let end = at;
+    while (end < n && events[end] !== LF && events[end] !== CR) end++;
+    if (end === n) return undefined;
+    if (end === at) {
+      if (data !== undefined) {
+        if (data.length === 2) return events.subarray(data[0], data[1]);
+        const parts: Buffer[] = [];
+        for (let i = 0; i < data.length; i += 2) {
+          if (i > 0) parts.push(NEWLINE);
+          parts.push(events.subarray(data[i], data[i + 1]));
+        }
+        return Buffer.concat(parts);
+      }
+    } else if (isField(events, at, end, DATA_FIELD)) {
+      let value = at + DATA_FIELD.length + 1;
+      if (value < end && events[value] === SPACE) value++;
+      if (value > end) value = end;
+      (data ??= []).push(value, end);
+    }
+    at = events[end] === CR && events[end + 1] === LF ? end + 2 : end + 1;
+  }
+  return undefined;
+}
+
+/** Whether an event's data is `[DONE]` (spaces or tabs after it allowed, as holdsDone reads it). */
+export function isDoneData(data: Buffer): boolean {
+  if (data.length < DONE.length || !startsWith(data, 0, DONE)) return false;
+  for (let i = DONE.length; i < data.length; i++) if (data[i] !== SPACE && data[i] !== TAB) return false;
+  return true;
 }
 
 /** Whether `bytes` hold `word` at `at` (a look at the bytes: no view, no copy). */

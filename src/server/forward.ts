@@ -10,8 +10,19 @@
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import type { BodyBudget, BodyCharge } from './body-budget.js';
-import { doneEventEnd, errorAnswer, errorEvent, holdsDone, isEngineFailure } from './engine-errors.js';
-import { markCutByGateway } from './metrics.js';
+import {
+  doneEventEnd,
+  errorAnswer,
+  errorEvent,
+  firstEventData,
+  holdsDataLine,
+  holdsDone,
+  isDoneData,
+  isEngineFailure,
+} from './engine-errors.js';
+import { markCutByGateway, type FailureReason } from './metrics.js';
+
+export type { FailureReason };
 import { answerableRequestId } from './passed-headers.js';
 import type { ProxyReply } from './openai-request.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
@@ -144,6 +155,8 @@ export interface ForwardOptions {
    * be made at all (refused, timed out): a new one would not get further.
    */
   onConnectionLost: () => void;
+  /** The attempt ended 'retry': why (called once, just before the outcome is known). */
+  onFailed?: (reason: FailureReason) => void;
 }
 
 /**
@@ -203,6 +216,9 @@ function retryAfterSeconds(rawHeaders: Buffer[]): number | undefined {
  */
 const MAX_REFUSAL_BYTES = 4096;
 
+/** Errors of a connection that could not be made. */
+const CONNECT_FAILED = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH']);
+
 /** Errors of a connection that was made and then broke: reset, or closed by the other side. */
 const CONNECTION_LOST = new Set(['ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET']);
 
@@ -211,6 +227,9 @@ function isTimeout(err: Error | undefined): boolean {
   const code = (err as { code?: unknown } | undefined)?.code;
   return code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT';
 }
+
+/** A Content-Type that names an event stream; media types are case-insensitive (RFC 9110 §8.3.1). */
+const EVENT_STREAM = /event-stream/i;
 
 /** A Content-Type of plain text: an answer (2xx) so labelled is read as JSON. */
 const PLAIN_TEXT = /^\s*text\/plain\s*(?:[;,]|$)/i;
@@ -223,7 +242,7 @@ const PLAIN_TEXT = /^\s*text\/plain\s*(?:[;,]|$)/i;
  */
 function wrongForm(contentType: string | undefined, streaming: boolean): 'stream' | 'page' | undefined {
   if (contentType === undefined || declaresJson(contentType) || PLAIN_TEXT.test(contentType)) return undefined;
-  if (contentType.includes('event-stream')) return streaming ? undefined : 'stream';
+  if (EVENT_STREAM.test(contentType)) return streaming ? undefined : 'stream';
   return 'page';
 }
 
@@ -232,6 +251,30 @@ const IDENTITY_ONLY = /^[\s,]*(?:identity[\s,]*)*$/i;
 
 const LF = 0x0a;
 const CR = 0x0d;
+
+/** How much of an engine's page is quoted in the error object that stands for it. */
+const MAX_QUOTED_PAGE_CHARS = 200;
+
+/**
+ * The OpenAI error object a client error of `status` gets for the engine's `page` (a body that is
+ * not JSON): its text, tags and runs of white space dropped, quoted up to MAX_QUOTED_PAGE_CHARS.
+ */
+function pageError(status: number, page: Buffer): unknown {
+  const text = page
+    .toString('utf8', 0, Math.min(page.length, 16 * MAX_QUOTED_PAGE_CHARS))
+    .replace(/<[^>]*>/g, ' ')
+    .replace(/\s+/g, ' ')
+    .trim();
+  const quoted = text.length > MAX_QUOTED_PAGE_CHARS ? `${text.slice(0, MAX_QUOTED_PAGE_CHARS)}…` : text;
+  return {
+    error: {
+      message: `the engine answered ${status} with a body that is not JSON${quoted === '' ? '' : `: ${quoted}`}`,
+      type: 'invalid_request_error',
+      param: null,
+      code: status,
+    },
+  };
+}
 
 /**
  * The events that end a stream the engine broke off after it reached the client: an error event
@@ -362,6 +405,8 @@ const NOT_WAITING = (): boolean => false;
  */
 class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   private why: GiveUpReason | undefined;
+  /** Why the attempt failed, once it did: the first cause seen (an abort that follows it is its consequence). */
+  private failure: FailureReason | undefined;
   /** Takes the request out of the wait for a free connection; false once it has one. */
   withdraw: () => boolean = NOT_WAITING;
   /** undici has the request: one of the engine's connections is counted as its until undici reports its end. */
@@ -396,6 +441,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   private refusal: Buffer[] | undefined;
   private headers: Record<string, string> | undefined;
   private eventStream = false;
+  /** The answer declared its Content-Type. */
+  private typeDeclared = false;
   /**
    * An event stream in a content coding the gateway cannot read (`encoded` in onHeaders): it passes
    * through as it comes, with no deadline for its whole (see firstByte).
@@ -510,6 +557,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   private giveUp(reason: GiveUpReason): void {
     if (this.why !== undefined || this.settled) return;
     this.why = reason;
+    if (reason === 'first-byte' || reason === 'stalled') this.failure ??= 'timeout';
     if (this.abortUpstream) {
       if (reason === 'first-byte') this.o.onFirstByteOverdue();
       return this.abortUpstream(new Error(`given up: ${reason}`));
@@ -548,6 +596,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     // an answer written gives its bytes back once they are (onComplete, stopGathering); any other
     // end drops what was gathered
     if (outcome !== 'done') this.giveBackAnswer();
+    if (outcome === 'retry') this.o.onFailed?.(this.failure ?? 'reset');
     if (this.timer) clearTimeout(this.timer);
     this.res.off('close', this.onClientGone);
     if (this.awaitingDrain) {
@@ -581,6 +630,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     const redirect = statusCode >= 300 && statusCode < 400;
     if (isEngineFailure(statusCode) || redirect || noContent) {
       this.discarding = true;
+      this.failure ??= 'status';
       // the first-byte deadline no longer applies: the engine answered, with a failure, and the
       // attempt ends as that failure whatever the rotation does meanwhile (a worker leaving it
       // must not turn the engine's server error into a move, which the breaker does not count)
@@ -623,6 +673,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     const form = this.status < 300 ? wrongForm(contentType, this.o.streaming) : undefined;
     if (form !== undefined) {
       this.discarding = true;
+      this.failure ??= 'malformed';
       this.connection.unanswered.delete(this);
       if (this.timer) clearTimeout(this.timer);
       // a page is read and dropped, keeping the connection, as an error body is; a stream would
@@ -646,8 +697,9 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       (contentType === undefined
         ? this.status < 300
         : declaresJson(contentType) || (this.status < 300 && PLAIN_TEXT.test(contentType))) && !encoded;
+    this.typeDeclared = contentType !== undefined;
     contentType ??= 'application/json';
-    const eventStream = contentType.includes('event-stream');
+    const eventStream = EVENT_STREAM.test(contentType);
     this.eventStream = eventStream && !encoded;
     this.encodedEventStream = eventStream && encoded;
     const o = this.o;
@@ -790,7 +842,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     /** That event ends the chunk in a CR: an LF may still come for it. */
     let doneLfDue = false;
     this.bodyBytes += chunk.length;
-    if (!this.firstByteSeen) this.firstByte();
+    // a stream's first byte is that of its first event (below): keep-alives before it are no answer
+    if (!this.firstByteSeen && !this.eventStream) this.firstByte();
     if (this.gather) {
       this.gathered += chunk.length;
       const fits = this.gathered <= MAX_GATHERED_BYTES;
@@ -803,6 +856,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
         if (this.gathered === this.declaredLength && this.checkWhole) {
           this.checkWhole = false;
           if (!isWholeJson(this.gatheredPayload())) {
+            this.failure ??= 'malformed';
             this.o.onIncomplete();
             this.abortUpstream?.(new Error('incomplete JSON answer'));
             return false;
@@ -815,10 +869,29 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       if (fits) this.o.onAnswerBudgetFull();
       this.stopGathering();
     }
+    /** The chunk holds an event the client dispatches (one with data), or passes through mid-event. */
+    let dispatched = true;
     if (this.eventStream) {
+      // the rest of an event too large to hold, passed through as it came, is of that event
+      const continued = this.midEvent;
       const whole = this.wholeEvents(chunk);
-      if (whole === undefined) return true;
+      if (whole === undefined) {
+        // the start of an event: the engine is answering (a worker leaving rotation no longer
+        // moves the request), though its first event is not due until the event ends
+        if (!this.firstByteSeen && chunk.length > 0) this.firstByte();
+        return true;
+      }
       chunk = whole;
+      // blocks without a data line (keep-alive comments, `event: ping`) are no events: before
+      // the first event they are dropped and the attempt goes on waiting for it (its deadline
+      // unchanged: an engine that sends only keep-alives has not answered); after it they pass on
+      // to the client (keep-alives on its connection) but do not make the next event less due
+      dispatched = continued || this.midEvent || holdsDataLine(chunk, !this.sent);
+      if (!dispatched && !this.sent) {
+        if (this.held !== undefined && !this.firstByteSeen) this.firstByte();
+        return true;
+      }
+      if (!this.firstByteSeen) this.firstByte();
       // the stream's end: its data: [DONE] event is the last the client gets (unless the gateway
       // has given up, the abort under way); one whose end has not come (in an event too large to
       // hold back) is only recorded
@@ -836,6 +909,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
         // the engine failed the request before anything reached the client: it holds none of it
         // (as when it answers a 5xx), and another worker can take it
         if (!this.sent) {
+          this.failure ??= 'status';
           this.o.onRefused();
           // an engine overloaded says so in its first event as in a 429 answer (no Retry-After there)
           if (errorStatus === 429) this.o.onOverloaded(undefined);
@@ -855,11 +929,22 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
         this.o.onRefused();
         this.errorAnswer = true;
       }
+      // the stream's first event is read as JSON (an OpenAI chunk) or its end: anything else (an
+      // engine or a proxy writing text, JSON cut short) is no answer, and another worker can take it
+      if (!this.sent && !this.midEvent && !this.errorAnswer) {
+        const first = firstEventData(chunk, true);
+        if (first !== undefined && !isWholeJson(first) && !isDoneData(first)) {
+          this.failure ??= 'malformed';
+          this.o.onIncomplete();
+          this.abortUpstream?.(new Error('the first event of the stream is not JSON'));
+          return false;
+        }
+      }
     }
     if (!this.sent) this.startResponse();
     if (doneLfDue) return this.awaitDoneLf(chunk);
     if (doneEnd >= 0) return this.endAtDone(chunk);
-    if (this.eventStream) this.nextEventDue(this.eventEnded);
+    if (this.eventStream) this.nextEventDue(this.eventEnded && dispatched);
     if (this.res.write(chunk)) return true;
     // the client reads slower than the engine writes: the engine's socket waits for 'drain'
     // (one listener, however many chunks arrive before it fires)
@@ -1031,21 +1116,26 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       // end every stream with it): before anything reached the client another worker can take
       // the request; after, the client is told as when the engine breaks off, and the engine
       // did not answer
-      if (!this.sent) return this.settle('retry');
+      if (!this.sent) {
+        this.failure ??= 'malformed';
+        return this.settle('retry');
+      }
       this.res.end(`${this.midEvent ? '\n\n' : ''}${MID_STREAM_ERROR_EVENTS}`);
       return this.settle('cut');
     }
     // a 2xx without a byte of body, of any type, is no answer to a completion (as a 204 is not):
     // with nothing sent to the client yet, another worker can take the request
     if (this.status < 300 && this.bodyBytes === 0 && !this.sent) {
+      this.failure ??= 'malformed';
       this.o.onIncomplete();
       return this.settle('retry');
     }
     if (!this.firstByteSeen) this.firstByte();
     if (this.gather) {
-      const payload = this.gatheredPayload();
+      let payload = this.gatheredPayload();
       // an answer without a Content-Length (or an empty one) is checked at its end
       if (this.checkWhole && !isWholeJson(payload)) {
+        this.failure ??= 'malformed';
         this.o.onIncomplete();
         return this.settle('retry');
       }
@@ -1059,11 +1149,25 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
           if (errorStatus === 429) this.o.onOverloaded(undefined);
           if (error!.queueFull) this.o.onQueueFull();
           else if (errorStatus >= 500) this.o.onServerErrorAnswer();
+          this.failure ??= 'status';
           return this.settle('retry');
         }
         // the client's error: it gets it as the engine wrote it, with the status it names
         this.status = errorStatus;
         this.errorAnswer = true;
+      }
+      if (this.status >= 400 && this.headers!['content-encoding'] === undefined && !isWholeJson(payload)) {
+        // a client error that is no JSON: a page of something in front of the engine (nginx's
+        // 413, a text/plain 400). A 404 page of a declared type (text/html, text/plain) is no
+        // engine's word on the request (vLLM's model-not-found is JSON) but a URL that leads to
+        // another service: a failed attempt, as a redirect is. Any other (a 404 of no declared
+        // type too) reaches the client as an OpenAI error object, which its SDK can read
+        if (this.status === 404 && this.typeDeclared) {
+          this.failure ??= 'status';
+          return this.settle('retry');
+        }
+        payload = Buffer.from(JSON.stringify(pageError(this.status, payload)));
+        this.headers!['content-type'] = 'application/json';
       }
       this.startResponse(payload.length);
       this.parts = undefined;
@@ -1084,11 +1188,14 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     if (this.settled) return;
     // a 503's body cut short, or dropped as too long or too slow: no refusal the engine finished saying
     if (this.refusal !== undefined) this.judgeRefusal(false);
+    const code = String((err as { code?: unknown } | undefined)?.code);
+    this.failure ??=
+      isTimeout(err) || code === 'UND_ERR_CONNECT_TIMEOUT' ? 'timeout' : CONNECT_FAILED.has(code) ? 'refused' : 'reset';
     // no answer at all, and not because the gateway stopped waiting: the request never
     // reached the engine (connection refused, reset) or the engine died with it
     if (this.status === 0 && this.why === undefined && !isTimeout(err)) {
       this.o.onRefused();
-      if (CONNECTION_LOST.has(String((err as { code?: unknown } | undefined)?.code))) this.o.onConnectionLost();
+      if (CONNECTION_LOST.has(code)) this.o.onConnectionLost();
     }
     if (!this.sent) return this.settle(this.failed());
     // the stream's last event (data: [DONE]) reached the client: it has the whole answer, and a

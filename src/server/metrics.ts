@@ -11,6 +11,17 @@ import type { SubscriberStats } from '../engines/kv-events/subscriber.js';
 import { skippedEventCounts } from './engine-deployments.js';
 
 /**
+ * Why an attempt failed before anything reached the client (a bounded set: the label `reason` of
+ * contextforge_upstream_failures_total, and the word the gateway's 502 ends with): the engine's
+ * answer or next event was overdue (`timeout`), the connection could not be made (`refused`) or
+ * broke (`reset`), the engine answered with a status (or an error object or event) that is no
+ * answer (`status`), or its answer was not one the client could read (`malformed`: JSON cut short
+ * or not JSON, a stream without its end or whose first event is not JSON, a body of the wrong type).
+ */
+export type FailureReason = 'timeout' | 'refused' | 'reset' | 'status' | 'malformed';
+export const FAILURE_REASONS: readonly FailureReason[] = ['timeout', 'refused', 'reset', 'status', 'malformed'];
+
+/**
  * The status a request is counted with when its client closed the connection before the answer
  * was complete: nginx's 499 (Client Closed Request), which log and metric tooling knows.
  */
@@ -64,7 +75,7 @@ export interface GatewayMetrics {
   ttft: Histogram;
   latency: Histogram;
   /** Connection failures and 5xx before the first byte, per worker (what opens a breaker). */
-  upstreamFailures: Counter<'worker'>;
+  upstreamFailures: Counter<'worker' | 'reason'>;
   /**
    * Attempts that waited for a free connection to a worker's engine until their deadline (every
    * connection the gateway keeps to it was busy), per worker: the gateway's limit, not the engine's failure.
@@ -200,8 +211,8 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
   });
   const upstreamFailures = new Counter({
     name: 'contextforge_upstream_failures_total',
-    help: 'Connection failures and 5xx before the first byte, per worker.',
-    labelNames: ['worker'] as const,
+    help: 'Failed attempts before the first byte (retried elsewhere or answered 502), per worker and reason: timeout, refused (connection not made), reset (connection broke), status (an error status, object or event that is no answer), malformed (an answer the client could not read).',
+    labelNames: ['worker', 'reason'] as const,
     registers,
   });
   const connectionWaitTimeouts = new Counter({
@@ -230,7 +241,8 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     connectionWaitTimeouts,
     panicRouted,
     forgetWorker(workerId) {
-      for (const counter of [retries, upstreamFailures, connectionWaitTimeouts]) counter.remove({ worker: workerId });
+      for (const counter of [retries, connectionWaitTimeouts]) counter.remove({ worker: workerId });
+      for (const reason of FAILURE_REASONS) upstreamFailures.remove({ worker: workerId, reason });
     },
   };
 }

@@ -31,7 +31,7 @@ import { PromptTooLongError, type KVAwareRouter, type RouteRequest, type RouteRe
 import type { StateStore } from '../state/state-store.js';
 import type { BodyBudget } from './body-budget.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
-import { forward } from './forward.js';
+import { forward, type FailureReason } from './forward.js';
 import type { GatewayMetrics } from './metrics.js';
 import type { PanicRouting } from './panic-routing.js';
 import {
@@ -219,7 +219,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     // (made at the first such answer: most requests have none)
     let answeredServerError: string[] | undefined;
     /** The answer once every attempt failed: what the attempts' outcomes say (answerExhausted). */
-    const exhausted = (lastWorker?: string) => {
+    const exhausted = (lastWorker?: string, lastReason?: FailureReason) => {
       // one worker answered with a server error and no other answered the request: whether that
       // counts depends on what the worker and the fleet did before (serverErrorAnswerAlone); two
       // or more such answers point at the request, and count against none of them
@@ -233,6 +233,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         incomplete,
         unavailable,
         lastWorker,
+        lastReason,
       });
     };
     // the worker whose failure the next attempt retries: counted once another worker takes it
@@ -313,6 +314,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       let busy = false;
       // a streamed answer's first byte did not come within the deadline (ForwardOptions.onFirstByteOverdue)
       let firstByteOverdue = false;
+      // why the attempt failed, when it did (ForwardOptions.onFailed)
+      let failure: FailureReason = 'reset';
       const firstByteTimeoutMs = streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs;
       // the bytes forwarded are an argument only: forward() lets go of them once they are sent
       const outcome = await forward(reply, target, path, forwardedBody(prepared, req, decision.cacheSalt), {
@@ -356,6 +359,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           if (decision.shared) state.decisionRefused(decision.shared);
         },
         onConnectionLost: () => (connectionLost = true),
+        onFailed: (reason) => (failure = reason),
         onCommitted: dropBody,
         answerBudget,
         onAnswerBudgetFull,
@@ -396,7 +400,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           else if (firstByteOverdue)
             firstByte.overdue(decision.workerId, firstByteTimeoutMs, breaker.firstByteOverdue(decision.workerId));
           else if (!busy) breaker.failed(decision.workerId);
-          if (connections.get(decision.workerId)) metrics.upstreamFailures.inc({ worker: decision.workerId });
+          if (connections.get(decision.workerId))
+            metrics.upstreamFailures.inc({ worker: decision.workerId, reason: failure });
         } else if (outcome === 'no-connection') {
           // the gateway's own limit, not the engine's failure: no breaker count, no failure metric;
           // the engine's ranks share its connections, so none of them can take it either
@@ -428,7 +433,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
         }
-        return exhausted(decision.workerId);
+        return exhausted(decision.workerId, outcome === 'retry' ? failure : undefined);
       }
       // an answer the engine broke off after it reached the client cannot be retried, but it is
       // the engine's failure: an engine that stalls or dies mid-answer opens its circuit too
@@ -518,6 +523,8 @@ interface ExhaustedAttempts {
   unavailable: number;
   /** The worker of the last attempt, when the retries ran out. */
   lastWorker?: string;
+  /** Why the last attempt failed, when it was the engine's failure (not a move, nor a busy connection). */
+  lastReason?: FailureReason;
 }
 
 /**
@@ -541,6 +548,7 @@ function answerExhausted(
     incomplete,
     unavailable,
     lastWorker,
+    lastReason,
   }: ExhaustedAttempts,
 ): ProxyReply {
   if (looped === failedAttempts)
@@ -576,7 +584,8 @@ function answerExhausted(
         );
   }
   reply.header('retry-after', '1');
-  const last = lastWorker === undefined ? '' : ` (last: ${lastWorker})`;
+  const last =
+    lastWorker === undefined ? '' : ` (last: ${lastWorker}${lastReason === undefined ? '' : `, ${lastReason}`})`;
   if (incomplete === failedAttempts)
     return openAiError(
       reply,

@@ -130,8 +130,8 @@ test('a JSON answer whose Content-Length is short of its body is a failed attemp
     }
     assert.ok(bad.requests >= 1, 'the lying engine was tried');
     assert.equal(
-      await g.metricLine('contextforge_upstream_failures_total{worker="bad"}'),
-      `contextforge_upstream_failures_total{worker="bad"} ${bad.requests}`,
+      await g.metricLine('contextforge_upstream_failures_total{worker="bad"'),
+      `contextforge_upstream_failures_total{worker="bad",reason="malformed"} ${bad.requests}`,
       'each cut answer counts as an engine failure',
     );
     // the connection that carried the cut answer has bytes of it left unread: it is not kept
@@ -157,8 +157,8 @@ test('a JSON answer cut by its Content-Length, with no other worker, is a 502 na
     assert.equal(body.error.code, 'engine_answer_incomplete');
     assert.match(body.error.message, /not a whole JSON document/);
     assert.equal(
-      await g.metricLine('contextforge_upstream_failures_total{worker="bad"}'),
-      'contextforge_upstream_failures_total{worker="bad"} 1',
+      await g.metricLine('contextforge_upstream_failures_total{worker="bad"'),
+      'contextforge_upstream_failures_total{worker="bad",reason="malformed"} 1',
     );
   } finally {
     await g.close();

@@ -12,8 +12,7 @@
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { test } from 'node:test';
-import type { Registry } from 'prom-client';
-import { badFirstGateway, fakeEngine, post } from './harness.js';
+import { badFirstGateway, fakeEngine, post, sample } from './harness.js';
 
 /** vLLM's ErrorResponse (0.10 and later), as json.dumps / JSONResponse write it. */
 const vllmError = (code: number, message = 'Internal server error', type = 'InternalServerError') =>
@@ -39,13 +38,6 @@ const answering200 = (body: string) =>
   engineAnswering((res) =>
     res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }).end(body),
   );
-
-/** A sample of the registry's text, or 0 when it has none. */
-async function sample(registry: Registry, series: string): Promise<number> {
-  const text = await registry.metrics();
-  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
-  return line === undefined ? 0 : Number(line.slice(series.length + 1));
-}
 
 /**
  * A gateway in front of `bad` alone, or `bad` first and a good mock engine second (round robin);

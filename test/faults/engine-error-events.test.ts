@@ -77,7 +77,7 @@ test('a stream whose first event is an engine error (code 500) is retried on ano
     assert.ok(bad.requests >= 1, 'the failing engine was tried');
     assert.match(
       await gateway.metrics.metrics(),
-      /contextforge_upstream_failures_total\{worker="bad"\} [1-9]/,
+      /contextforge_upstream_failures_total\{worker="bad",reason="status"\} [1-9]/,
       'its failures are counted',
     );
     assert.equal(gateway.router.getStats().inFlightRequests, 0);
@@ -175,7 +175,7 @@ test('an engine error event spread over several lines, or typed `event: error`, 
       assert.ok(bad.requests >= 1, `${what}: the failing engine was tried`);
       assert.match(
         await gateway.metrics.metrics(),
-        /contextforge_upstream_failures_total\{worker="bad"\} [1-9]/,
+        /contextforge_upstream_failures_total\{worker="bad",reason="status"\} [1-9]/,
         `${what}: its failures are counted`,
       );
     } finally {
@@ -219,7 +219,7 @@ test("a spread error event for a client's error, and events that only mention er
       assert.equal(r.text, all, `${what}: the client gets the stream as the engine sent it`);
       assert.equal(completions, 1, `${what}: not retried`);
       const metrics = await gateway.metrics.metrics();
-      assert.doesNotMatch(metrics, /contextforge_upstream_failures_total\{worker="e"\} [1-9]/);
+      assert.doesNotMatch(metrics, /contextforge_upstream_failures_total\{worker="e",[^}]*\} [1-9]/);
       assert.match(
         metrics,
         new RegExp(`contextforge_time_to_first_byte_seconds_count ${answered ? 1 : 0}\n`),

@@ -510,9 +510,32 @@ export const PANIC_ROUTED = 'contextforge_panic_routed_total';
 /** A whole completion answer, as a fake engine sends it. */
 export const OK_COMPLETION = '{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}';
 
-/** A sample of the registry's text, or 0 when it has none. */
+/**
+ * A sample of the registry's text, or 0 when it has none; a series named with some of its labels
+ * (`name{worker="w"}` of a counter also labelled by reason) is the sum of the samples that have them.
+ */
 export async function sample(registry: Registry, series: string): Promise<number> {
   const text = await registry.metrics();
-  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
-  return line === undefined ? 0 : Number(line.slice(series.length + 1));
+  const brace = series.indexOf('{');
+  const name = brace < 0 ? series : series.slice(0, brace);
+  const labels =
+    brace < 0
+      ? []
+      : series
+          .slice(brace + 1, -1)
+          .split(/,(?=[a-z_]+=")/)
+          .filter((l) => l !== '');
+  let sum = 0;
+  let found = false;
+  for (const line of text.split('\n')) {
+    const space = line.lastIndexOf(' ');
+    if (space < 0) continue;
+    const key = line.slice(0, space);
+    if (key !== name && !key.startsWith(`${name}{`)) continue;
+    const have = key === name ? [] : key.slice(name.length + 1, -1).split(/,(?=[a-z_]+=")/);
+    if (!labels.every((l) => have.includes(l))) continue;
+    sum += Number(line.slice(space + 1));
+    found = true;
+  }
+  return found ? sum : 0;
 }

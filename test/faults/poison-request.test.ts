@@ -8,10 +8,9 @@
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { test } from 'node:test';
-import type { Registry } from 'prom-client';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { fakeEngine, failingEngine, freePort, post, type FakeEngine } from './harness.js';
+import { fakeEngine, failingEngine, freePort, post, sample, type FakeEngine } from './harness.js';
 
 /** The prompt text that makes the engines below fail. */
 const MARKER = 'POISON';
@@ -68,13 +67,6 @@ async function gatewayOver(
     maxRetries,
   });
   return { gateway, base: await gateway.app.listen({ host: '127.0.0.1', port: 0 }) };
-}
-
-/** A sample of the registry's text, or 0 when it has none. */
-async function sample(registry: Registry, series: string): Promise<number> {
-  const text = await registry.metrics();
-  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
-  return line === undefined ? 0 : Number(line.slice(series.length + 1));
 }
 
 async function closeAll(gateway: Gateway | undefined, engines: FakeEngine[]): Promise<void> {

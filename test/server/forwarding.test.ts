@@ -39,7 +39,8 @@ function answer(kind: string, res: ServerResponse): void {
       return;
     case 'large-sse': {
       res.writeHead(200, { 'content-type': 'text/event-stream' });
-      const line = `data: ${'x'.repeat(1000)}\n\n`;
+      // each event's data a JSON object of 1000 bytes, as a chunk is (a first event that is not JSON is no answer)
+      const line = `data: {"x":"${'x'.repeat(992)}"}\n\n`;
       for (let i = 0; i < 4000; i++) res.write(line);
       res.end('data: [DONE]\n\n');
       return;

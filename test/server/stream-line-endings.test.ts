@@ -21,7 +21,7 @@ const STREAMS: Record<string, string> = {
   CR: 'data: {"n":0}\r\rdata: {"n":1}\r\rdata: [DONE]\r\r',
   // events of several lines, each line end of another kind; every blank line's end is unlike the last
   mixed:
-    'data: {"n":0}\r\ndata: {"m":0}\r\r\n' +
+    'data: {"n":0,\r\ndata: "m":0}\r\r\n' +
     'id: 1\ndata: {"n":1}\r\n\n' +
     ': note\rdata: {"n":2}\n\r\n' +
     'data: {"n":3}\n\r' +
