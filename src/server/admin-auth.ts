@@ -6,7 +6,7 @@
  * local process, or a browser page making a request to 127.0.0.1, is a loopback client.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import { closeSync, linkSync, mkdirSync, openSync, renameSync, rmSync, writeSync } from 'node:fs';
+import { closeSync, linkSync, mkdirSync, openSync, rmSync, writeSync } from 'node:fs';
 import type { IncomingMessage } from 'node:http';
 import { dirname } from 'node:path';
 import { fileErrorMessage, shownText } from '../core/shown-text.js';
@@ -24,6 +24,15 @@ export const MAX_ADMIN_TOKEN_LENGTH = 4096 - 'Bearer '.length;
  */
 export const MAX_ADMIN_TOKEN_FILE_BYTES = 4096;
 
+/**
+ * What an admin token may hold: visible ASCII (RFC 9110 VCHAR, which RFC 6750's b64token is a
+ * part of). A header line cannot carry a line break or other control character, and a non-ASCII
+ * character reaches the server as other bytes: such a token could never be sent.
+ */
+export const ADMIN_TOKEN_PATTERN = /^[\x21-\x7e]*$/;
+export const ADMIN_TOKEN_RULE =
+  'must hold visible ASCII characters only (letters, digits, punctuation; no spaces, line breaks or other control characters), as an Authorization header carries it';
+
 /** SHA-256 of the token: comparing digests takes the same time whatever the guess. */
 export class AdminToken {
   private readonly digest: Buffer;
@@ -35,6 +44,7 @@ export class AdminToken {
     if (token.length > MAX_ADMIN_TOKEN_LENGTH)
       throw new RangeError(`the admin token must be at most ${MAX_ADMIN_TOKEN_LENGTH} characters`);
     if (token.trim() !== token) throw new RangeError('the admin token must not begin or end with whitespace');
+    if (!ADMIN_TOKEN_PATTERN.test(token)) throw new RangeError(`the admin token ${ADMIN_TOKEN_RULE}`);
     this.digest = createHash('sha256').update(token).digest();
   }
 
@@ -60,6 +70,11 @@ export interface AdminTokenSource {
   token?: string;
   /** A file holding the token; created with a random token (mode 0600) when it does not exist. */
   tokenFile?: string;
+  /**
+   * Whether the token file's missing directories are created (mode 0700) (default true). False
+   * for a file the user named: a typo there should not make directories anywhere.
+   */
+  createDirectory?: boolean;
 }
 
 export interface ResolvedAdminToken {
@@ -97,26 +112,42 @@ export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken 
     if ((err as NodeJS.ErrnoException).code !== 'ENOENT')
       throw new RangeError(`${named}: ${fileErrorMessage(err, file)}`, { cause: err });
   }
-  if (existing !== undefined && existing !== '') {
-    new AdminToken(existing);
+  if (existing !== undefined) {
+    // a file emptied by mistake is not replaced: whoever holds the old token would be locked out unseen
+    if (existing === '')
+      throw new RangeError(`${named} is empty: write a token in it, or remove it to have one generated`);
+    try {
+      new AdminToken(existing);
+    } catch (err) {
+      throw new RangeError(`${named}: ${(err as Error).message}`, { cause: err });
+    }
     return { token: existing, origin: 'file', file };
   }
   const token = generateToken();
-  mkdirSync(dirname(file), { recursive: true, mode: 0o700 });
+  try {
+    if (source.createDirectory !== false) mkdirSync(dirname(file), { recursive: true, mode: 0o700 });
+  } catch (err) {
+    throw new RangeError(`${named}: ${fileErrorMessage(err, file)}`, { cause: err });
+  }
   // written whole to a private temporary file, then linked into place: another process starting
   // at the same moment either wins (and this one reads its token) or loses, never half-writes
   const tmp = `${file}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`;
-  const fd = openSync(tmp, 'wx', 0o600);
+  let fd: number;
+  try {
+    fd = openSync(tmp, 'wx', 0o600);
+  } catch (err) {
+    throw new RangeError(`${named}: ${fileErrorMessage(err, file)}`, { cause: err });
+  }
   try {
     writeSync(fd, `${token}\n`);
   } finally {
     closeSync(fd);
   }
   try {
-    if (existing === '') renameSync(tmp, file);
-    else linkSync(tmp, file);
+    linkSync(tmp, file);
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'EEXIST') return resolveAdminToken({ tokenFile: file });
+    if ((err as NodeJS.ErrnoException).code === 'EEXIST')
+      return resolveAdminToken({ tokenFile: file, createDirectory: false });
     throw new RangeError(`${named}: ${fileErrorMessage(err, file)}`, { cause: err });
   } finally {
     rmSync(tmp, { force: true });

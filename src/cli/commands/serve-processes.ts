@@ -17,7 +17,12 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
   const log = (m: string) => process.stderr.write(`${m}\n`);
   cluster.setupPrimary({ serialization: 'advanced' });
   // one admin token for every process: resolved (or generated) here, inherited through the environment
-  const admin = resolveAdminToken({ token: c.adminToken, tokenFile: c.adminTokenFile ?? defaultAdminTokenFile() });
+  const admin = resolveAdminToken({
+    token: c.adminToken,
+    tokenFile: c.adminTokenFile ?? defaultAdminTokenFile(),
+    // only the default file's directory is made: a named file's is the user's to create
+    createDirectory: c.adminTokenFile === undefined,
+  });
   if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
   process.env.CONTEXTFORGE_ADMIN_TOKEN = admin.token;
   const relay = c.state === 'memory' ? new ClusterRelay() : undefined;

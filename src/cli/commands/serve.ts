@@ -169,7 +169,12 @@ export async function startGateway(
   const router = new KVAwareRouter({ ...routerOptions, indexMode });
   // the admin token: configured (flag, CONTEXTFORGE_ADMIN_TOKEN, config), else the token file,
   // else a random one written to a private default file the operator can read
-  const admin = resolveAdminToken({ token: c.adminToken, tokenFile: c.adminTokenFile ?? defaultAdminTokenFile() });
+  const admin = resolveAdminToken({
+    token: c.adminToken,
+    tokenFile: c.adminTokenFile ?? defaultAdminTokenFile(),
+    // only the default file's directory is made: a named file's is the user's to create
+    createDirectory: c.adminTokenFile === undefined,
+  });
   if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
   else if (admin.origin === 'file') log(`admin token read from ${admin.file}`);
   const apiKeys = c.apiKeysFile ? loadApiKeysFile(c.apiKeysFile) : undefined;

@@ -13,7 +13,12 @@ import {
   MAX_BODY_LIMIT,
 } from '../../server/body-budget.js';
 import { DEFAULT_HEALTH_CHECK_TIMEOUT_MS } from '../../engines/health.js';
-import { MAX_ADMIN_TOKEN_LENGTH, MIN_ADMIN_TOKEN_LENGTH } from '../../server/admin-auth.js';
+import {
+  ADMIN_TOKEN_PATTERN,
+  ADMIN_TOKEN_RULE,
+  MAX_ADMIN_TOKEN_LENGTH,
+  MIN_ADMIN_TOKEN_LENGTH,
+} from '../../server/admin-auth.js';
 import { DEFAULT_MIN_BODY_RATE, DEFAULT_MIN_BODY_RATE_GRACE_MS } from '../../server/body-rate.js';
 import { DEFAULT_MAX_CLIENT_CONNECTIONS, MAX_CLIENT_CONNECTIONS } from '../../server/client-connections.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
@@ -70,6 +75,7 @@ const gatewayShape = {
     .min(MIN_ADMIN_TOKEN_LENGTH)
     .max(MAX_ADMIN_TOKEN_LENGTH)
     .refine((t) => t.trim() === t, { error: 'must not begin or end with whitespace' })
+    .refine((t) => ADMIN_TOKEN_PATTERN.test(t), { error: ADMIN_TOKEN_RULE })
     .optional(),
   adminTokenFile: text().optional(),
   publicRouteApi: z.boolean().default(false),

@@ -1,0 +1,77 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { test } from 'node:test';
+import { AdminToken, resolveAdminToken } from '../../src/server/admin-auth.js';
+
+const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+const dir = mkdtempSync(join(tmpdir(), 'cf-token-source-'));
+
+function cli(args: string[], env: Record<string, string> = {}) {
+  const inherited = { ...process.env };
+  delete inherited.CONTEXTFORGE_ADMIN_TOKEN;
+  return spawnSync(process.execPath, ['--import', 'tsx', main, ...args], {
+    encoding: 'utf8',
+    // a serve that starts would run until killed
+    timeout: 30_000,
+    env: { ...inherited, ...env },
+  });
+}
+
+function tokenFile(name: string, text: string): string {
+  const file = join(dir, name);
+  writeFileSync(file, text, { mode: 0o600 });
+  return file;
+}
+
+test('an admin token an Authorization header cannot carry is refused, naming where it came from', () => {
+  for (const bad of [
+    'abcdefgh\nijklmnop',
+    'abcdefgh\tijklmnop',
+    'abcd efgh ijkl',
+    'tökenwithumlaut',
+    'abcdefgh\u0000x',
+  ])
+    assert.throws(() => new AdminToken(bad), /visible ASCII/, JSON.stringify(bad));
+  assert.doesNotThrow(() => new AdminToken('A-z0-9._~+/=!#$%&*@^|'));
+  const env = cli(['serve', '--print-config'], { CONTEXTFORGE_ADMIN_TOKEN: 'abcdefgh\nijklmnop' });
+  assert.equal(env.status, 2, env.stderr);
+  assert.match(env.stderr, /^error: CONTEXTFORGE_ADMIN_TOKEN must hold visible ASCII characters only/m);
+  assert.doesNotMatch(env.stderr, /abcdefgh|ijklmnop/);
+  const flag = cli(['serve', '--print-config', '--admin-token', 'abcdefgh\rijklmnop']);
+  assert.equal(flag.status, 2, flag.stderr);
+  assert.match(flag.stderr, /^error: --admin-token must hold visible ASCII characters only/m);
+  const file = tokenFile('two-lines', 'abcdefgh\nijklmnop\n');
+  assert.throws(
+    () => resolveAdminToken({ tokenFile: file }),
+    (err: Error) => err.message.startsWith(`--admin-token-file ${file}: `) && /visible ASCII/.test(err.message),
+  );
+  const served = cli(['serve', '--port', '0', '--admin-token-file', file]);
+  assert.equal(served.status, 2, served.stderr);
+  assert.match(served.stderr, /^error: --admin-token-file .*two-lines: the admin token must hold visible ASCII/m);
+  assert.doesNotMatch(served.stderr, /ijklmnop/);
+});
+
+test('a named token file is created only in a directory that exists; a blank one is refused, not replaced', () => {
+  const missing = join(dir, 'no-such-dir', 'admin-token');
+  assert.throws(() => resolveAdminToken({ tokenFile: missing, createDirectory: false }), /--admin-token-file .*ENOENT/);
+  assert.equal(existsSync(join(dir, 'no-such-dir')), false);
+  const cliRun = cli(['serve', '--port', '0', '--admin-token-file', join(dir, 'other-missing', 'x')]);
+  assert.equal(cliRun.status, 2, cliRun.stderr);
+  assert.match(cliRun.stderr, /^error: --admin-token-file .*other-missing\/x: /m);
+  assert.equal(existsSync(join(dir, 'other-missing')), false);
+  // in a directory that exists, a missing file is still created with a new token
+  const fresh = resolveAdminToken({ tokenFile: join(dir, 'fresh'), createDirectory: false });
+  assert.equal(fresh.origin, 'generated');
+  for (const [name, text] of [
+    ['empty', ''],
+    ['blank', ' \n\t\n'],
+  ]) {
+    const file = tokenFile(name, text);
+    assert.throws(() => resolveAdminToken({ tokenFile: file }), /--admin-token-file .* is empty/, name);
+    assert.equal(readFileSync(file, 'utf8'), text, `${name} is left as it was`);
+  }
+});
