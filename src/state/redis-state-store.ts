@@ -3,6 +3,7 @@ import { LRUCache } from 'lru-cache';
 import { Redis, ReplyError, type ChainableCommander, type RedisOptions } from 'ioredis';
 import { quotedText } from '../core/shown-text.js';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
+import { MAX_PREDICTION_TTL_MS } from '../core/router/options-schema.js';
 import {
   decodeHashes,
   decodeLoadSnapshot,
@@ -359,7 +360,10 @@ export class RedisStateStore implements StateStore {
     this.workflowTtlMs = positive(options.workflowTtlMs ?? 3_600_000, 'workflowTtlMs');
     this.sharedWorkflowLimit =
       options.sharedWorkflows === undefined ? 0 : positiveInteger(options.sharedWorkflows, 'sharedWorkflows');
-    this.predictionTtlMs = positive(options.predictionTtlMs ?? 120_000, 'predictionTtlMs');
+    // what `SET … PX` takes, as the router's option does (MAX_PREDICTION_TTL_MS)
+    this.predictionTtlMs = positiveInteger(options.predictionTtlMs ?? 120_000, 'predictionTtlMs');
+    if (this.predictionTtlMs > MAX_PREDICTION_TTL_MS)
+      throw new RangeError(`predictionTtlMs must be at most ${MAX_PREDICTION_TTL_MS}, got ${this.predictionTtlMs}`);
     this.recentLimit = options.recentDecisions ?? 10_000;
     this.stallTimeoutMs = positive(options.stallTimeoutMs ?? 1000, 'stallTimeoutMs');
     this.recent = this.recentLimit > 0 ? new LRUCache({ max: this.recentLimit }) : undefined;

@@ -183,7 +183,8 @@ export async function startGateway(
   const state: StateStore =
     worker && c.state === 'memory'
       ? new ClusterStateStore({ replicaId: String(worker.id), channel: processChannel() })
-      : createStateStore(c.state, { prefix: c.statePrefix });
+      : // the shared chain entries live as long as the router's own predictions when that is set
+        createStateStore(c.state, { prefix: c.statePrefix, predictionTtlMs: c.predictionTtlMs });
   // with --processes, /metrics merges every process's registry through the primary
   let processMetrics: ProcessMetrics | undefined;
   const gateway = await createGateway({

@@ -26,6 +26,13 @@ export function isPythonHashSeed(seed: unknown): boolean {
   return typeof seed === 'string' && (seed === 'random' || (/^\d{1,10}$/.test(seed) && Number(seed) <= 0xffff_ffff));
 }
 const nonNegativeInt = () => z.int().min(0);
+
+/**
+ * Longest lifetime of a predicted block, in whole milliseconds (about 24.8 days, what a timer
+ * holds): the shared state keeps it with Redis's `SET … PX`, which takes a whole number of at
+ * least 1, and every store reads it the same way.
+ */
+export const MAX_PREDICTION_TTL_MS = 2 ** 31 - 1;
 const fraction = () => z.number().min(0).max(1);
 
 /**
@@ -88,7 +95,7 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
   // the others; vLLM's own default is sha256, so the engines' value must be passed
   prefixCachingHashAlgo: z.enum(VLLM_HASH_ALGOS).default('sha256_cbor'),
   indexMode: z.enum(['precise', 'approximate']).default('approximate'),
-  predictionTtlMs: nonNegative().optional(),
+  predictionTtlMs: positiveInt().max(MAX_PREDICTION_TTL_MS).optional(),
   maxIndexEntries: positiveInt().max(MAX_INDEX_ENTRIES).default(ROUTER_DEFAULTS.maxIndexEntries),
   maxPromptTokens: positiveInt().default(ROUTER_DEFAULTS.maxPromptTokens),
   contentAnchorScoring: z.boolean().default(true),
@@ -133,7 +140,8 @@ export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>
   pythonHashSeed: 'the PYTHONHASHSEED the vLLM engines run with (blockHash vllm)',
   prefixCachingHashAlgo: `the vLLM engines' --prefix-caching-hash-algo (${VLLM_HASH_ALGOS.join(', ')}; blockHash vllm). vLLM's own default is sha256: pass the engines' value`,
   indexMode: "approximate (the router's own decisions, expired by TTL) or precise (the engines' KV events)",
-  predictionTtlMs: "lifetime of the router's own block records (default 120000 approximate, 5000 precise)",
+  predictionTtlMs:
+    "lifetime in ms of the router's own block records and, with --state redis, of the shared ones (default 120000 approximate, 5000 precise; the shared ones 120000)",
   maxIndexEntries: 'most (block, worker) entries in the block index',
   maxPromptTokens: 'longest prompt routed, in tokens (a longer one is refused before anything is recorded for it)',
   contentAnchorScoring: 'score content anchors a worker holds as cached tokens (false: the prefix only)',
