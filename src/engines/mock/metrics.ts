@@ -1,12 +1,23 @@
 import type { RankCore } from './rank-core.js';
 
+/**
+ * A label value as the Prometheus text format writes it: backslash, double quote and line feed
+ * escaped (`\\`, `\"`, `\n`), so that a model named with one still makes a readable page.
+ */
+export function labelValue(value: string): string {
+  return value.replace(/[\\"\n]/g, (c) => (c === '\n' ? '\\n' : `\\${c}`));
+}
+
 /** /metrics in vLLM's metric names, one series per engine core. */
 export function metricsText(model: string, cores: readonly RankCore[]): string {
   const lines: string[] = [];
+  const modelLabel = labelValue(model);
   const metric = (name: string, type: string, help: string, value: (c: RankCore) => number) => {
     lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
     for (const c of cores)
-      lines.push(`${name}${type === 'counter' ? '_total' : ''}{model_name="${model}",engine="${c.rank}"} ${value(c)}`);
+      lines.push(
+        `${name}${type === 'counter' ? '_total' : ''}{model_name="${modelLabel}",engine="${c.rank}"} ${value(c)}`,
+      );
   };
   metric(
     'vllm:num_requests_running',
