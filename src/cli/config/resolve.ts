@@ -202,14 +202,36 @@ function parseConfigText(text: string): unknown {
   return doc.toJS();
 }
 
+/** How a config file shared by serve and epp is read by one of them. */
+export interface SharedConfigOptions {
+  /** The command reading it (serve or epp): hints name its --help. */
+  command?: string;
+  /** Receives the other command's keys found in the file, by the file's spelling: ignored, to be named in a warning. */
+  ignored?: string[];
+}
+
+/** The other command's settings (serve's for epp, epp's for serve), by flag name and by camelCase name. */
+function otherCommandKeys(shape: Shape, command: string): Map<string, string> {
+  const other = command === 'epp' ? SERVE_SCHEMA : EPP_SCHEMA;
+  const out = new Map<string, string>();
+  for (const key of Object.keys(other.shape))
+    if (!Object.hasOwn(shape, key)) {
+      out.set(kebab(key), key);
+      out.set(key, key);
+    }
+  return out;
+}
+
 /**
- * Reads router.yaml (YAML or JSON) into one value per setting, by the key the file used.
+ * Reads router.yaml (YAML or JSON) into one value per setting, by the key the file used. One
+ * file may serve both serve and epp: the other command's own keys are passed over (into `ignored`).
  * `where` names the file in messages (`--config FILE`, or the variable that gave it).
  */
 export function readConfigFile(
   file: string,
   shape: Shape,
   where = `--config ${file}`,
+  { command = 'serve', ignored = [] }: SharedConfigOptions = {},
 ): Map<string, { value: unknown; key: string }> {
   let raw: unknown;
   try {
@@ -227,6 +249,7 @@ export function readConfigFile(
     byName.set(key, key);
   }
   const routerKeys = new Set<string>(ROUTER_SETTING_KEYS);
+  const otherKeys = otherCommandKeys(shape, command);
   const put = (setting: string, fileKey: string, value: unknown) => {
     // `key:` with nothing after it (or ~, null) is most often a value that went missing
     if (value === null) throw new RangeError(`${where}: ${fileKey} has no value (leave the key out for the default)`);
@@ -255,9 +278,13 @@ export function readConfigFile(
     }
     const setting = byName.get(key);
     if (setting === undefined) {
+      if (otherKeys.has(key)) {
+        ignored.push(key);
+        continue;
+      }
       const guess = closestKey(key, [...byName.keys(), 'workers', 'router']);
       throw new RangeError(
-        `${where}: unknown key '${shownKey(key)}'${guess ? ` (did you mean ${guess}?)` : ' (see serve --help for the settings)'}`,
+        `${where}: unknown key '${shownKey(key)}'${guess ? ` (did you mean ${guess}?)` : ` (see ${command} --help for the settings)`}`,
       );
     }
     put(setting, key, value);
@@ -282,8 +309,10 @@ export function resolveSettings<S extends z.ZodObject>(
   // an empty name (a variable set to nothing) is a file that went missing, not "no file"
   if (configFile === '') throw new RangeError(`${configFlag} must name a file (got '')`);
   const configWhere = `${configFlag} ${configFile === undefined ? '' : shownText(configFile)}`;
+  const command = cmd.name();
+  const ignored: string[] = [];
   const file = configFile
-    ? readConfigFile(configFile, shape, configWhere)
+    ? readConfigFile(configFile, shape, configWhere, { command, ignored })
     : new Map<string, { value: unknown; key: string }>();
   const input: Record<string, unknown> = {};
   const origins: Record<string, Origin> = {};
@@ -330,7 +359,15 @@ export function resolveSettings<S extends z.ZodObject>(
   }
   const values = schema.parse(input, { error: describeIssue }) as z.output<S>;
   const { workers, origin: workersOrigin } = resolveWorkers(flags.worker as string[], env, file, configWhere);
-  return { values, origins, workers, workersOrigin, configFile, warnings: unknownVariables(env) };
+  const warnings = unknownVariables(env, command);
+  if (ignored.length > 0) {
+    const other = command === 'epp' ? 'serve' : 'epp';
+    const keys = ignored.map((k) => shownKey(k)).join(', ');
+    warnings.unshift(
+      `${configWhere}: ${keys} ${ignored.length === 1 ? 'is a setting' : 'are settings'} of ${other}, not of ${command}: ignored`,
+    );
+  }
+  return { values, origins, workers, workersOrigin, configFile, warnings };
 }
 
 /**
@@ -339,7 +376,7 @@ export function resolveSettings<S extends z.ZodObject>(
  * config key is refused (a variable is only named: the environment may be shared with other
  * tools). epp's settings are known to serve and the other way round: one environment may serve both.
  */
-function unknownVariables(env: NodeJS.ProcessEnv): string[] {
+function unknownVariables(env: NodeJS.ProcessEnv, command: string): string[] {
   const known = new Set(['CONTEXTFORGE_CONFIG', 'CONTEXTFORGE_WORKERS']);
   for (const schema of [SERVE_SCHEMA, EPP_SCHEMA])
     for (const key of Object.keys(schema.shape)) known.add(envName(kebab(key)));
@@ -348,7 +385,7 @@ function unknownVariables(env: NodeJS.ProcessEnv): string[] {
     if (!name.startsWith('CONTEXTFORGE_') || known.has(name)) continue;
     const guess = closestKey(name, known);
     out.push(
-      `${shownText(name, 64)} is not a setting and is ignored (${guess ? `did you mean ${guess}?` : 'see serve --help for the settings'})`,
+      `${shownText(name, 64)} is not a setting and is ignored (${guess ? `did you mean ${guess}?` : `see ${command} --help for the settings`})`,
     );
   }
   return out;
