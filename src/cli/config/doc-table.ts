@@ -16,11 +16,15 @@ function defaultOf(schema: z.ZodType): string {
 }
 
 export function settingsTable(): string {
-  const router = new Set<string>(ROUTER_SETTING_KEYS);
+  // what readConfigFile takes: the flag's name, the camelCase name (every setting), and under
+  // `router:` the router's options and indexMode
+  const router = new Set<string>([...ROUTER_SETTING_KEYS, 'indexMode']);
   const rows = Object.entries(SERVE_SCHEMA.shape).map(([key, schema]) => {
     const help = SERVE_HELP[key as keyof typeof SERVE_HELP];
     const flag = kebab(key);
-    const fileKeys = router.has(key) ? `\`${flag}\`, \`${key}\`, \`router.${key}\`` : `\`${flag}\``;
+    const names = [...new Set([flag, key])];
+    if (router.has(key)) names.push(`router.${key}`);
+    const fileKeys = names.map((k) => `\`${k}\``).join(', ');
     const cells = [
       `\`--${flag}${help.arg === '' ? '' : ` ${help.arg}`}\``,
       `\`${envName(flag)}\``,

@@ -51,7 +51,7 @@ export function addSettingOptions(cmd: Command, shape: Shape, help: Readonly<Rec
   cmd.addOption(
     new Option(
       '--config <file>',
-      'router.yaml (or .json): any setting below by its flag name, the router options also by their KVAwareRouter names (or under router:), and workers',
+      'router.yaml (or .json): any setting below by its flag name or in camelCase (the router options also under router:), and workers',
     ).env(envName('config')),
   );
   for (const [key, schema] of Object.entries(shape)) {

@@ -2,8 +2,8 @@
  * Every setting of `serve` and `epp`, declared once as a zod schema (type, default, range)
  * with one line of help each. Each setting's flag is its name in kebab case (`--block-size`),
  * its environment variable CONTEXTFORGE_ + the flag in capitals, and its config-file key the
- * flag's name (the router's options also by their `new KVAwareRouter()` names, at the top
- * level or under `router:`). The router's own options come from the router's schema.
+ * flag's name or its camelCase name (the router's options, by their `new KVAwareRouter()`
+ * names, also under `router:`). The router's own options come from the router's schema.
  */
 import { z } from 'zod';
 import { ROUTER_SETTINGS_HELP, ROUTER_SETTINGS_SCHEMA } from '../../core/router/options-schema.js';
