@@ -53,3 +53,28 @@ export function quotedText(text: string, max = SHOWN_CHARS): string {
   const { shown, cut } = head(text, max);
   return cut ? `'${shown}…' (${text.length} characters)` : `'${shown}'`;
 }
+
+/**
+ * What a terminal would act on rather than show: C0 controls (line breaks and tabs too), DEL,
+ * C1 controls, the Unicode line separators and the bidirectional overrides; and U+FFFD, what
+ * binary bytes decode to, so that an excerpt of a binary file reads as such.
+ */
+// eslint-disable-next-line no-control-regex -- the characters escaped
+const UNPRINTABLE = /[\u0000-\u001f\u007f-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufffd]/g;
+
+/**
+ * A text from outside (a parser's message quoting a file) on one line, as a message repeats
+ * it: every character UNPRINTABLE matches escaped (`\x07`, `\u2028`), and cut after `max`
+ * characters with the total length.
+ */
+export function escapedText(text: string, max = 2 * SHOWN_CHARS): string {
+  let end = Math.min(max, text.length);
+  // a surrogate pair is kept whole
+  const code = text.charCodeAt(end - 1);
+  if (end < text.length && code >= 0xd800 && code <= 0xdbff) end--;
+  const shown = text.slice(0, end).replace(UNPRINTABLE, (c) => {
+    const n = c.charCodeAt(0);
+    return n <= 0xff ? `\\x${n.toString(16).padStart(2, '0')}` : `\\u${n.toString(16).padStart(4, '0')}`;
+  });
+  return end < text.length ? `${shown}… (${text.length} characters)` : shown;
+}

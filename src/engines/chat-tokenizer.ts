@@ -8,7 +8,7 @@ import type { ChatContentPart, ChatMessage } from '../core/hashing.js';
 import { checkChatMessages, contentPartText, contentPartType } from '../core/chat-messages.js';
 import { parseLosslessJson } from '../core/lossless-json.js';
 import type { RouteRequest } from '../core/router/index.js';
-import { fileErrorMessage, quotedText } from '../core/shown-text.js';
+import { escapedText, fileErrorMessage, quotedText } from '../core/shown-text.js';
 import {
   MAX_CHAT_TEMPLATE_BYTES,
   MAX_TOKENIZER_CONFIG_BYTES,
@@ -71,6 +71,11 @@ export interface ChatTokenizerOptions {
   chatTemplate?: string;
   /** Cached message segments, least recently used dropped first (default 50,000). */
   cacheEntries?: number;
+  /**
+   * What load()'s messages call the path (the CLI's `--tokenizer`); by default they name the
+   * file's part: tokenizer, tokenizer config, chat template.
+   */
+  source?: string;
 }
 
 export interface ChatTokenizerStats {
@@ -181,19 +186,24 @@ export class ChatTokenizer implements PromptTokenizer {
    * snapshot).
    */
   static load(path: string, options: ChatTokenizerOptions = {}): ChatTokenizer {
-    if (!existsSync(path)) throw new RangeError(`tokenizer: no such file or directory ${quotedText(path)}`);
+    // `--tokenizer`, `--tokenizer (tokenizer config)`; or the part alone
+    const named = (part: string) =>
+      options.source === undefined ? part : part === 'tokenizer' ? options.source : `${options.source} (${part})`;
+    if (!existsSync(path)) throw new RangeError(`${named('tokenizer')}: no such file or directory ${quotedText(path)}`);
     const file = statSync(path).isDirectory() ? join(path, 'tokenizer.json') : path;
-    if (!existsSync(file)) throw new RangeError(`tokenizer: ${quotedText(file)} does not exist`);
+    if (!existsSync(file)) throw new RangeError(`${named('tokenizer')}: ${quotedText(file)} does not exist`);
     const configFile = join(dirname(file), 'tokenizer_config.json');
     const jinjaFile = join(dirname(file), 'chat_template.jinja');
-    const tokenizerJson = readJson(file, 'tokenizer', MAX_TOKENIZER_JSON_BYTES);
-    const config = existsSync(configFile) ? readJson(configFile, 'tokenizer config', MAX_TOKENIZER_CONFIG_BYTES) : {};
+    const tokenizerJson = readJson(file, named('tokenizer'), MAX_TOKENIZER_JSON_BYTES);
+    const config = existsSync(configFile)
+      ? readJson(configFile, named('tokenizer config'), MAX_TOKENIZER_CONFIG_BYTES)
+      : {};
     let tokenizer: Tokenizer;
     try {
       tokenizer = new Tokenizer(tokenizerJson, config);
     } catch (err) {
       throw new RangeError(
-        `tokenizer: ${quotedText(file)} is not a tokenizer this library reads: ${(err as Error).message}`,
+        `${named('tokenizer')}: ${quotedText(file)} is not a tokenizer this library reads: ${escapedText((err as Error).message)}`,
         {
           cause: err,
         },
@@ -201,7 +211,7 @@ export class ChatTokenizer implements PromptTokenizer {
     }
     const chatTemplate =
       options.chatTemplate ??
-      (existsSync(jinjaFile) ? readText(jinjaFile, 'chat template', MAX_CHAT_TEMPLATE_BYTES) : undefined);
+      (existsSync(jinjaFile) ? readText(jinjaFile, named('chat template'), MAX_CHAT_TEMPLATE_BYTES) : undefined);
     return new ChatTokenizer(tokenizer, config, { ...options, chatTemplate });
   }
 
@@ -474,7 +484,10 @@ function readJson(file: string, what: string, maxBytes: number): Record<string, 
   try {
     return JSON.parse(text) as Record<string, unknown>;
   } catch (err) {
-    throw new RangeError(`${what}: cannot read ${quotedText(file)}: ${fileErrorMessage(err, file)}`, { cause: err });
+    // JSON.parse's message quotes the text: of a binary file, bytes a terminal would act on
+    throw new RangeError(`${what}: cannot read ${quotedText(file)}: ${escapedText((err as Error).message)}`, {
+      cause: err,
+    });
   }
 }
 

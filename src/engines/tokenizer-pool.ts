@@ -20,6 +20,8 @@ export interface TokenizerPoolOptions {
   threads?: number;
   /** Cached message segments per thread (ChatTokenizer's cacheEntries). */
   cacheEntries?: number;
+  /** What a thread's load errors call the path (ChatTokenizer's source). */
+  source?: string;
   /** Most requests waiting or being tokenized; beyond, tokenize() rejects with TokenizerBusyError (default 1024). */
   maxPending?: number;
   log?: (message: string) => void;
@@ -39,6 +41,7 @@ export interface TokenizerThreadData {
   path: string;
   chatTemplate?: string;
   cacheEntries?: number;
+  source?: string;
 }
 /** One request to a thread: only what tokenizing needs crosses the thread boundary. */
 export interface TokenizeJob {
@@ -118,7 +121,12 @@ export class TokenizerPool implements AsyncPromptTokenizer {
   private readonly counters = { completed: 0, failed: 0, rejectedBusy: 0, threadRestarts: 0 };
 
   private constructor(options: TokenizerPoolOptions) {
-    this.data = { path: options.path, chatTemplate: options.chatTemplate, cacheEntries: options.cacheEntries };
+    this.data = {
+      path: options.path,
+      chatTemplate: options.chatTemplate,
+      cacheEntries: options.cacheEntries,
+      source: options.source,
+    };
     this.maxPending = options.maxPending ?? 1024;
     if (!Number.isInteger(this.maxPending) || this.maxPending < 1)
       throw new RangeError(`maxPending must be a positive integer, got ${options.maxPending}`);

@@ -12,7 +12,11 @@ const port = parentPort!;
 const data = workerData as TokenizerThreadData;
 let tokenizer: ChatTokenizer;
 try {
-  tokenizer = ChatTokenizer.load(data.path, { chatTemplate: data.chatTemplate, cacheEntries: data.cacheEntries });
+  tokenizer = ChatTokenizer.load(data.path, {
+    chatTemplate: data.chatTemplate,
+    cacheEntries: data.cacheEntries,
+    source: data.source,
+  });
   port.postMessage({ ready: true });
 } catch (err) {
   port.postMessage({ ready: false, error: (err as Error).message });

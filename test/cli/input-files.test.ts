@@ -65,7 +65,7 @@ test('serve --tokenizer refuses a tokenizer.json, tokenizer_config.json or chat_
     assert.equal(r.status, 2, r.stderr);
     assert.match(
       r.stderr,
-      new RegExp(`tokenizer: cannot read '${big}': is larger than ${MAX_TOKENIZER_JSON_BYTES} bytes`),
+      new RegExp(`--tokenizer: cannot read '${big}': is larger than ${MAX_TOKENIZER_JSON_BYTES} bytes`),
     );
     assert.equal(r.stderr.trim().split('\n').length, 1, r.stderr);
   }
@@ -79,7 +79,7 @@ test('serve --tokenizer refuses a tokenizer.json, tokenizer_config.json or chat_
     truncateSync(file, limit + 1);
     const r = serve('--tokenize', 'tokenizer', '--tokenizer-threads', '0', '--tokenizer', model);
     assert.equal(r.status, 2, r.stderr);
-    assert.equal(r.stderr, `error: ${label}: cannot read '${file}': is larger than ${limit} bytes\n`);
+    assert.equal(r.stderr, `error: --tokenizer (${label}): cannot read '${file}': is larger than ${limit} bytes\n`);
     rmSync(file);
   };
   pastLimit('tokenizer_config.json', MAX_TOKENIZER_CONFIG_BYTES, 'tokenizer config');
@@ -90,8 +90,8 @@ test('serve and mock-engine --tokenizer refuse a file that is not a regular file
   const pipe = fifo('tokenizer.fifo');
   const r = serve('--tokenize', 'tokenizer', '--tokenizer-threads', '0', '--tokenizer', pipe);
   assert.equal(r.status, 2, r.stderr);
-  assert.equal(r.stderr, `error: tokenizer: cannot read '${pipe}': is not a regular file\n`);
+  assert.equal(r.stderr, `error: --tokenizer: cannot read '${pipe}': is not a regular file\n`);
   const m = cli(['mock-engine', '--port', '0', '--tokenizer', pipe]);
   assert.equal(m.status, 2, m.stderr);
-  assert.equal(m.stderr, `error: tokenizer: cannot read '${pipe}': is not a regular file\n`);
+  assert.equal(m.stderr, `error: --tokenizer: cannot read '${pipe}': is not a regular file\n`);
 });

@@ -154,7 +154,8 @@ export function registerMockEngineCommand(program: Command): void {
               `--lora-modules: ${quotedText(name)} is not a usable adapter name (1 to 128 letters, digits or _ . : / -)`,
             );
         }
-        const tokenizer = o.tokenizer === undefined ? undefined : ChatTokenizer.load(o.tokenizer);
+        const tokenizer =
+          o.tokenizer === undefined ? undefined : ChatTokenizer.load(o.tokenizer, { source: '--tokenizer' });
         // built before the listening starts: what the engine refuses in its options is not a listen error
         const mock = new MockEngine({
           port: o.port,

@@ -161,8 +161,14 @@ export async function startGateway(
     c.tokenize !== 'tokenizer'
       ? undefined
       : tokenizerThreads === 0
-        ? ChatTokenizer.load(c.tokenizer!, { chatTemplate })
-        : await TokenizerPool.start({ path: c.tokenizer!, chatTemplate, threads: tokenizerThreads, log });
+        ? ChatTokenizer.load(c.tokenizer!, { chatTemplate, source: '--tokenizer' })
+        : await TokenizerPool.start({
+            path: c.tokenizer!,
+            chatTemplate,
+            threads: tokenizerThreads,
+            source: '--tokenizer',
+            log,
+          });
   const precise = eventsUsable && (c.workers.some((w) => w.events) || discoveredEvents);
   const routerOptions = Object.fromEntries(ROUTER_SETTING_KEYS.map((k) => [k, c[k]]));
   const indexMode = c.indexMode === 'auto' ? (precise ? 'precise' : 'approximate') : c.indexMode;
