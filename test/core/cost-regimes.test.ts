@@ -438,7 +438,11 @@ describe('cost policy regimes', () => {
     for (let i = 0; i < 10; i++) routed += Math.exp(-(18_000 - 2000 * i) / 60_000);
     const perToken = (routed / 60_000) * (1000 / DEFAULT_COST_WEIGHTS.prefillTokensPerSecond);
     const work = prefillWork(118_453 - system, 118_453, DEFAULT_COST_WEIGHTS.attention);
-    const expected = (perToken * work * work) / 2 / DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
+    // each of them would leave at the cost of recomputing the 50k it held there beyond the system
+    // prompt every worker holds (M < the prefill): an arrival at a uniform time waits
+    // E[min(U, M)] = M·(1 − M/(2·work))
+    const leave = prefillWork(50_000 - system, 50_000, DEFAULT_COST_WEIGHTS.attention);
+    const expected = (perToken * work * leave * (1 - leave / (2 * work))) / DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
     assert.ok(
       Math.abs(w1.arrivalDelaySeconds - expected) < 1e-6 * expected,
       `${w1.arrivalDelaySeconds} vs ${expected}`,
@@ -468,6 +472,56 @@ describe('cost policy regimes', () => {
     assert.ok(Math.abs(later - atLast / Math.E) < 1e-9 * atLast, `${later} vs ${atLast / Math.E}`);
     // a decision stamped before the last one never moves the clock back
     assert.equal(at(40_000), later);
+  });
+
+  test('arrival delay: arrivals that can leave cheaply count for what leaving costs them, not for the wait', () => {
+    const p = new CostPolicy();
+    const system = 9728; // a system prompt every worker holds
+    // w0 receives twenty short chats a minute, each holding 2k tokens there (cheap to move);
+    // w1 receives three turns of one long session, each holding 110k there (a recompute of minutes)
+    for (let i = 0; i < 20; i++) {
+      const cs = fleet([{ cached: system + 2048 }, { cached: system }, { cached: system }]);
+      const r = request(system + 3000);
+      assert.equal(p.choose(cs, r).index, 0);
+      p.onRouted(cs[0].worker, r, 0, 3000 * i);
+    }
+    for (let i = 0; i < 3; i++) {
+      const cs = fleet([{ cached: system }, { cached: 110_000 }, { cached: system }]);
+      const r = request(120_000);
+      assert.equal(p.choose(cs, r).index, 1);
+      p.onRouted(cs[1].worker, r, 0, 20_000 * i);
+    }
+    // a new 100k-token session: w2 is 20% slower (outside the slack), w0 and w1 equally fast
+    const work = prefillWork(100_000 - system, 100_000, DEFAULT_COST_WEIGHTS.attention);
+    const cs = fleet([{ cached: system }, { cached: system }, { cached: system, queued: 0.2 * work }]);
+    const r: RouteFeatures = { ...request(100_000), now: 60_000 };
+    const [w0, w1] = cs.map((c) => terms(p, c, r));
+    // counted by the wait alone, w0's twenty arrivals would weigh more than w1's three
+    assert.ok(
+      (w0.arrivalDelaySeconds as number) < (w1.arrivalDelaySeconds as number),
+      `${w0.arrivalDelaySeconds} vs ${w1.arrivalDelaySeconds}`,
+    );
+    assert.equal(p.choose(cs, r).index, 0, 'w0: its chats go elsewhere for little; the long session cannot');
+  });
+
+  test('arrival delay: requests that held nothing on the worker delay nothing there', () => {
+    const p = new CostPolicy();
+    const system = 9728;
+    // w1 received ten new sessions (nothing of theirs held anywhere beyond the system prompt)
+    for (let i = 0; i < 10; i++) {
+      const cs = fleet([
+        { cached: system, queued: 1_000_000 },
+        { cached: system },
+        { cached: system, queued: 1_000_000 },
+      ]);
+      const r = request(system);
+      assert.equal(p.choose(cs, r).index, 1);
+      p.onRouted(cs[1].worker, r, 0, 1000 * i);
+    }
+    const r: RouteFeatures = { ...request(60_000), now: 10_000 };
+    const cs = fleet([{ cached: system }, { cached: system }, { cached: system }]);
+    p.choose(cs, r);
+    assert.equal(terms(p, cs[1], r).arrivalDelaySeconds, 0);
   });
 
   test('new session: within its TTFT slack, it keeps off the worker whose sessions would wait behind it', () => {

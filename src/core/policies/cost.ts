@@ -44,9 +44,11 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    (the affinity bonuses only for prompts without
  *                                                    blocks, the seed API: otherwise cachedTokens
  *                                                    already counts what they stand for)
- *   arrivalDelay = λ · (W(u) · slow)² / 2             the requests the worker receives during this
- *                                                    prefill (λ: the rate this router sends it
- *                                                    requests) wait behind it, half of it on average
+ *   arrivalDelay = W · Σ λ_M · E[min(U, M)]          the requests the worker receives during this
+ *                  (W = W(u) · slow)                 prefill (λ_M: the rate this router sent it
+ *                                                    requests that held M there beyond what every
+ *                                                    worker holds) wait what is left of it (U), or
+ *                                                    leave when recomputing M elsewhere costs less
  *   cost   = wait + kvWait + recompute + guard + arrivalDelay
  *
  * A new session (no worker holds more of it than every worker does) has no worker of its own:
@@ -204,8 +206,15 @@ class Terms {
   // fractional number passed to a function that is not inlined is boxed (16 bytes a call)
   /** What the worker holds or is about to hold of the prompt (see CostPolicy.cachedOn). */
   cached = 0;
-  /** The rate of requests this router sends the worker (see CostPolicy.arrivalRate). */
-  arrivalRate = 0;
+  /**
+   * The requests this router sent the worker lately, by what leaving it would cost each (see
+   * CostPolicy.countRouted): decayed counts and sums of that work per bucket, the worker's
+   * buckets from `stuckBase`, and the factor their decay since last counted leaves.
+   */
+  stuckCounts: Float64Array = EMPTY;
+  stuckSums: Float64Array = EMPTY;
+  stuckBase = -1;
+  stuckDecay = 0;
   /** Attention work of this router's requests queued on the worker (see CostPolicy.queuedAttention). */
   queuedAttention = 0;
   /** Cached prompt tokens of this router's requests queued on the worker (see CostPolicy.queuedCached). */
@@ -228,10 +237,40 @@ class Terms {
   cost = 0;
 }
 
+const EMPTY = new Float64Array(0);
+/** Buckets of the work a request would recompute elsewhere: [0, 1), then [2^(b−1), 2^b) token equivalents. */
+const STUCK_BUCKETS = 32;
+
+/** The bucket of a request whose move elsewhere would cost `work` token equivalents. */
+function stuckBucket(work: number): number {
+  return work < 1 ? 0 : Math.min(STUCK_BUCKETS - 1, 1 + Math.floor(Math.log2(work)));
+}
+
+/**
+ * The wait per token-equivalent of this prefill that the requests arriving at the worker while
+ * it runs (at the rates this router sent it requests lately) suffer: an arrival at a uniform
+ * time of a `prefill`-long run would wait U, uniform on [0, prefill], but leaves for another
+ * worker when that costs it less: recomputing what it holds here, M. E[min(U, M)] is
+ * M·(1 − M/(2·prefill)) below `prefill`, prefill/2 above it. A request that holds nothing here
+ * (a new session) goes elsewhere at no cost and waits for nothing. The requests of a bucket are
+ * taken at their mean M.
+ */
+function stuckWait(t: Terms, prefill: number, w: Readonly<CostWeights>): number {
+  if (t.stuckBase < 0 || prefill <= 0) return 0;
+  const perTokenEquivalent = (t.stuckDecay / ARRIVAL_WINDOW_MS) * (1000 / w.prefillTokensPerSecond);
+  let sum = 0;
+  for (let b = 0; b < STUCK_BUCKETS; b++) {
+    const count = t.stuckCounts[t.stuckBase + b];
+    if (count <= 0) continue;
+    const m = t.stuckSums[t.stuckBase + b] / count;
+    sum += count * (m < prefill ? m * (1 - m / (2 * prefill)) : prefill / 2);
+  }
+  return sum * perTokenEquivalent;
+}
+
 /** Fills `t` with candidate `c`'s terms from the inputs already in `t`; allocates nothing. */
 function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<CostWeights>, fleet: FleetView): Terms {
   const cached = t.cached;
-  const arrivalRate = t.arrivalRate;
   const queuedAttention = t.queuedAttention;
   const known = r.promptTokens > 0;
   const prompt = known ? r.promptTokens : REFERENCE_PROMPT_TOKENS;
@@ -274,16 +313,17 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   // seed API); with blocks, cachedTokens already counts it and a bonus would count it twice
   const affinity = r.requestBlocks > 0 ? 0 : (c.servesCla ? w.cla : 0) + (c.continuity ? w.workflow : 0);
   t.guard = prompt * (w.load * kv + w.pressure * overKnee - affinity);
-  // the requests the worker receives while this prefill runs (its sessions' next turns, which
-  // must run where their KV is) wait behind it, half of it on average: λ·W arrivals, W/2 each,
-  // a queue's residual work. An idle worker that receives nothing costs nobody anything; an
-  // idle one whose sessions are between turns is not free. A new session weighs it only among
+  // the requests the worker receives while this prefill runs wait behind it (λ·W arrivals, what
+  // is left of it each, W/2 on average) or leave for another worker, when recomputing what they
+  // hold there costs less: its sessions' next turns wait, a chat holding a few thousand tokens
+  // there leaves, a new session holds nothing there. An idle worker that receives nothing costs
+  // nobody anything; an idle one whose sessions are between turns is not free. A new session weighs it only among
   // the workers within its TTFT bound (fleet.ttftBound, applied by the caller). A prompt without
   // blocks that has a workflow or CLA worker (the seed API) is held nowhere more than everywhere
   // and is no new session: its affinity bonus, not its arrivals, decides
   const prefill = work * slowdown;
   const ownWorker = fleet.bestCachedTokens - fleet.leastCachedTokens >= r.blockSize;
-  t.arrivalDelay = ownWorker || fleet.newSession ? (arrivalRate * prefill * prefill) / 2 : 0;
+  t.arrivalDelay = ownWorker || fleet.newSession ? prefill * stuckWait(t, prefill, w) : 0;
   t.cost = t.wait + kvWait + t.recompute + t.guard + t.arrivalDelay;
   return t;
 }
@@ -334,6 +374,7 @@ export class CostPolicy implements RoutingPolicy {
   private chosenPending = 0;
   private chosenHit = 0;
   private chosenWork = 0;
+  private chosenMoveWork = 0;
   /** This router's requests still in prefill, by ticket: the worker slot (+1; 0 none), their attention work and cached tokens. */
   private readonly queuedTicket = new Float64Array(QUEUED_TICKETS);
   private readonly queuedSlot = new Int32Array(QUEUED_TICKETS);
@@ -349,7 +390,8 @@ export class CostPolicy implements RoutingPolicy {
   /** Prefixes of this router's in-flight requests: what a worker is about to hold. */
   private readonly pending = new PendingPrefixes();
   /** Decayed count of requests routed to each worker slot, when each was last counted, and the last decision's time (ms). */
-  private routedCounts = new Float64Array(0);
+  private stuckCounts = new Float64Array(0);
+  private stuckSums = new Float64Array(0);
   private routedAt = new Float64Array(0);
   /** Attention work (W(u) − u) of this router's requests not yet past prefill, per worker slot. */
   private attentionQueued = new Float64Array(0);
@@ -380,6 +422,10 @@ export class CostPolicy implements RoutingPolicy {
     this.chosenUncached = t.uncached;
     this.chosenPending = Math.min(t.prompt, this.pending.blocksOn(chosen) * request.blockSize);
     this.chosenWork = t.work;
+    // what the request would have recomputed elsewhere: the prefix it found there beyond what
+    // every worker holds (a turn arriving later is counted as this one would have been)
+    const held = t.prompt - t.uncached;
+    this.chosenMoveWork = prefillWork(Math.max(0, held - this.fleet.leastCachedTokens), held, this.weights.attention);
     this.chosenHit = t.prompt > 0 ? 1 - t.uncached / t.prompt : 0;
     // recomputing a prefix another worker holds, because the queue it saves costs more
     const replicate = this.fleet.bestCachedTokens - cached >= request.blockSize && t.work > this.fleet.bestWork;
@@ -416,7 +462,7 @@ export class CostPolicy implements RoutingPolicy {
   /** Candidate `c`'s terms for request `r`, written into `into` (the reused scratch unless given). */
   private termsOf(c: Candidate, r: RouteFeatures, into: Terms = this.terms): Terms {
     into.cached = this.cachedOn(c, r);
-    into.arrivalRate = this.arrivalRate(c);
+    this.stuckInto(into, c);
     into.queuedAttention = this.queuedAttention(c);
     into.queuedCached = this.queuedCached(c);
     return computeTerms(into, c, r, this.weights, this.fleet);
@@ -469,36 +515,49 @@ export class CostPolicy implements RoutingPolicy {
     return Math.max(c.cachedTokens, this.pending.blocksOn(c) * r.blockSize);
   }
 
-  /**
-   * The rate of requests this router sends the worker, per token-equivalent of prefill: those
-   * of the last ARRIVAL_WINDOW_MS, exponentially decayed, read at the decision's time.
-   */
-  private arrivalRate(c: Candidate): number {
+  /** Points `t` at the worker's table of recently routed requests, by what leaving would cost each. */
+  private stuckInto(t: Terms, c: Candidate): void {
     const slot = c.worker.slot;
-    if (slot >= this.routedCounts.length) return 0;
-    const decayed = this.routedCounts[slot] * decayOver(this.lastNow - this.routedAt[slot]);
-    return (decayed / ARRIVAL_WINDOW_MS) * (1000 / this.weights.prefillTokensPerSecond);
+    t.stuckCounts = this.stuckCounts;
+    t.stuckSums = this.stuckSums;
+    if (slot >= this.routedAt.length) {
+      t.stuckBase = -1;
+      return;
+    }
+    t.stuckBase = slot * STUCK_BUCKETS;
+    t.stuckDecay = decayOver(this.lastNow - this.routedAt[slot]);
   }
 
   /** Counts a request routed to the worker (grows the tables on a new slot only). */
-  private countRouted(slot: number, now: number): void {
-    if (slot >= this.routedCounts.length) {
+  private countRouted(slot: number, now: number, moveWork: number): void {
+    if (slot >= this.routedAt.length) {
       const n = Math.max(16, slot * 2);
-      this.routedCounts = resized(this.routedCounts, n);
+      this.stuckCounts = resized(this.stuckCounts, n * STUCK_BUCKETS);
+      this.stuckSums = resized(this.stuckSums, n * STUCK_BUCKETS);
       this.routedAt = resized(this.routedAt, n);
       this.attentionQueued = resized(this.attentionQueued, n);
       this.cachedQueued = resized(this.cachedQueued, n);
     }
     // a time that is no finite number is not kept: the decision counts at the last known time
     const t = Number.isFinite(now) ? now : this.lastNow;
-    this.routedCounts[slot] = this.routedCounts[slot] * decayOver(t - this.routedAt[slot]) + 1;
+    const decay = decayOver(t - this.routedAt[slot]);
+    const base = slot * STUCK_BUCKETS;
+    if (decay !== 1) {
+      for (let b = base; b < base + STUCK_BUCKETS; b++) {
+        this.stuckCounts[b] *= decay;
+        this.stuckSums[b] *= decay;
+      }
+    }
+    const b = base + stuckBucket(moveWork);
+    this.stuckCounts[b] += 1;
+    this.stuckSums[b] += moveWork;
     this.routedAt[slot] = t;
     this.lastNow = t;
   }
 
   /** A routed request: the mean work, the hit rate and the prefix's count learn from it; its prefix is pending on the worker. */
   onRouted(worker: WorkerState, request: RouteFeatures, ticket = 0, now = 0): void {
-    this.countRouted(worker.slot, now);
+    this.countRouted(worker.slot, now, this.chosenMoveWork);
     // the attention work is known for the request just chosen (the router passes the same features)
     if (ticket > 0 && request === this.request) {
       // a slot still held by a ticket 65,536 older is overwritten: its work stops counting early
@@ -562,7 +621,11 @@ export class CostPolicy implements RoutingPolicy {
     this.pending.removeWorker(worker.slot);
     if (worker.slot < this.attentionQueued.length) this.attentionQueued[worker.slot] = 0;
     if (worker.slot < this.cachedQueued.length) this.cachedQueued[worker.slot] = 0;
-    if (worker.slot < this.routedCounts.length) this.routedCounts[worker.slot] = 0;
+    if (worker.slot < this.routedAt.length) {
+      const base = worker.slot * STUCK_BUCKETS;
+      this.stuckCounts.fill(0, base, base + STUCK_BUCKETS);
+      this.stuckSums.fill(0, base, base + STUCK_BUCKETS);
+    }
   }
 
   /** Saturation, hotness and the best-cached candidate: what every candidate's cost shares. */
