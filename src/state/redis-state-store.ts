@@ -409,17 +409,26 @@ export class RedisStateStore implements StateStore {
     // close() can come while the start waits on Redis (the gateway stopped during its start):
     // a client connected after it would stay open, and reconnect, for good
     if (this.closed) return;
-    await this.sub.connect().catch(() => {}); // 'ready' subscribes, now or when Redis answers
-    if (this.closed) return;
+    // both connections at once: the subscriber's 'ready' subscribes, now or when Redis answers,
+    // and the first sync waits for that (stallTimeoutMs at most) before it reads anything
+    this.sub.connect().catch(() => {});
+    const started = this.cmd.connect().then(() => this.resyncing); // 'ready' runs the first sync
     try {
-      await this.cmd.connect(); // 'ready' runs the first sync
-      await this.resyncing;
+      // a Redis that takes the connection and answers nothing (stopped, paused) is not waited
+      // for longer than one that refuses it: requests never wait for Redis
+      if (!(await this.answeredWithinStall(started))) {
+        started.catch(() => {}); // ioredis reconnects; 'ready' runs the sync then
+        if (this.closed) return;
+        host.log(
+          `state: redis unreachable at start (redis at ${this.address} did not answer within ${this.stallTimeoutMs} ms); routing on local state until it answers`,
+        );
+      }
     } catch (err) {
       if (this.closed) return;
       await this.refuseStart(this.connectionError);
-      host.log(
-        `state: redis unreachable at start (${(err as Error).message}); routing on local state until it answers`,
-      );
+      // ioredis rejects the connection as closed: the error it reported before says why
+      const cause = this.connectionError?.message ?? (err as Error).message;
+      host.log(`state: redis unreachable at start (${cause}); routing on local state until it answers`);
     }
     this.starting = false;
     if (this.closed) return;
@@ -428,6 +437,24 @@ export class RedisStateStore implements StateStore {
     if (!this.up) await this.refuseStart(this.resyncError);
     this.timer = setInterval(() => void this.syncLoad(), this.syncIntervalMs);
     this.timer.unref();
+  }
+
+  /**
+   * Whether the start settled (true) before stallTimeoutMs passed without Redis answering the
+   * command connection's handshake (false); rejects as the start does. A connection Redis has
+   * answered is waited on: every command of the first sync has the command timeout.
+   */
+  private answeredWithinStall(started: Promise<void>): Promise<boolean> {
+    return new Promise<boolean>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        if (this.cmd.status !== 'ready') resolve(false);
+      }, this.stallTimeoutMs);
+      started.then(
+        () => resolve(true),
+        (err: unknown) => reject(err as Error),
+      );
+      void started.finally(() => clearTimeout(timer)).catch(() => {});
+    });
   }
 
   beforeRoute(request: RouteRequest): Promise<void> | undefined {
