@@ -390,6 +390,10 @@ export class RedisStateStore implements StateStore {
     this.cmd.on('error', (err: Error) => {
       this.connectionError = err;
       if (selectRefused(err)) this.selectError = err;
+      // a refusal of the handshake after the start (the password changed, the ACL user gone):
+      // logged once, counted, and retried by ioredis's reconnection; at start it fails the start
+      else if (!this.starting && !this.closed && err instanceof ReplyError)
+        this.failed(err, `the connection to ${this.address}`);
     });
     // each connection's handshake selects the database anew: 'connect' comes before it
     this.cmd.on('connect', () => (this.selectError = undefined));

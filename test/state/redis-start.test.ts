@@ -108,3 +108,49 @@ test('nothing listening at start: the log names the cause (ECONNREFUSED), not a 
     await store.close();
   }
 });
+
+test('a password Redis refuses after the start: logged once without it, counted, retried until it is taken again', async () => {
+  const PASSWORD = 'cf-start-secret-5d1e';
+  const CHANGED = 'cf-start-changed-9b7c';
+  const redis = await new RedisProcess(['--requirepass', PASSWORD]).start();
+  const admin = new Redis({ port: redis.port, password: PASSWORD, maxRetriesPerRequest: 0 });
+  const url = `redis://:${PASSWORD}@127.0.0.1:${redis.port}`;
+  const store = new RedisStateStore({ url, prefix: 'cf-start-auth:', syncIntervalMs: 50 });
+  const { host: h, logs } = host();
+  try {
+    await store.attach(h);
+    assert.equal(store.stats().connected, true);
+    // the password changes, and the replica's connections drop: every reconnection is refused
+    await admin.config('SET', 'requirepass', CHANGED);
+    await admin.call('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
+    await until(
+      () => (store.stats().refused as number) >= 2,
+      'the refusal to be counted on two reconnections (it is retried)',
+    );
+    const stats = store.stats();
+    assert.equal(stats.connected, false);
+    assert.equal(stats.lastRefusal, 'WRONGPASS');
+    assert.ok((stats.errors as number) >= (stats.refused as number), JSON.stringify(stats));
+    const refusals = logs.filter((m) => m.includes('WRONGPASS'));
+    assert.equal(refusals.length, 1, logs.join('\n'));
+    assert.match(refusals[0], new RegExp(`127\\.0\\.0\\.1:${redis.port}`), refusals[0]);
+    for (const m of logs) {
+      assert.doesNotMatch(m, new RegExp(PASSWORD));
+      assert.doesNotMatch(m, new RegExp(CHANGED));
+    }
+    // the password taken again: the next reconnection resynchronises
+    const resyncs = stats.resyncs as number;
+    const admin2 = new Redis({ port: redis.port, password: CHANGED, maxRetriesPerRequest: 0 });
+    await admin2.config('SET', 'requirepass', PASSWORD);
+    admin2.disconnect();
+    await until(
+      () => store.stats().connected === true && (store.stats().resyncs as number) > resyncs,
+      'the replica to reconnect once its password is taken',
+    );
+    assert.equal(logs.filter((m) => m.includes('WRONGPASS')).length, 1, logs.join('\n'));
+  } finally {
+    admin.disconnect();
+    await store.close();
+    await redis.kill();
+  }
+});
