@@ -1363,7 +1363,7 @@ function positive(v: number, name: string): number {
   return v;
 }
 
-/** redis://[user:password@]host[:port][/db] → ioredis options; anything else is a RangeError. */
+/** redis://[user:password@]host[:port][/db] → ioredis options; anything else (a query or fragment too) is a RangeError. */
 export function parseRedisUrl(spec: string): Pick<RedisOptions, 'host' | 'port' | 'db' | 'username' | 'password'> {
   let u: URL;
   try {
@@ -1372,6 +1372,11 @@ export function parseRedisUrl(spec: string): Pick<RedisOptions, 'host' | 'port' 
     throw new RangeError(`state: ${quotedText(spec)} is not a redis:// URL`);
   }
   if (u.protocol !== 'redis:') throw new RangeError(`state: ${quotedText(spec)} is not a redis:// URL`);
+  // not shown: a query may hold a password
+  if (u.search !== '' || u.hash !== '')
+    throw new RangeError(
+      'state: the redis:// URL has a query or fragment, which the store does not read: put the database in the path, redis://HOST:PORT/DB',
+    );
   const port = u.port === '' ? 6379 : Number(u.port);
   const dbPath = u.pathname.replace(/^\//, '');
   if (!/^\d*$/.test(dbPath))

@@ -20,6 +20,7 @@ import { parse as parseYaml } from 'yaml';
 import { AdminToken } from '../../src/server/admin-auth.js';
 import { loadApiKeysFile } from '../../src/server/api-keys.js';
 import { checkTimeouts } from '../../src/server/timeouts.js';
+import { parseRedisUrl } from '../../src/state/redis-state-store.js';
 import { resolveServe } from '../helpers/serve-config.js';
 
 const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
@@ -465,6 +466,40 @@ test('a Redis URL the store cannot use is refused before start, without showing 
   );
   assert.equal(resolveServe(['--state', 'redis://:pw@127.0.0.1:6379/1']).config.state, 'redis://:pw@127.0.0.1:6379/1');
   assert.equal(resolveServe(['--state', 'redis://h:1/2147483647']).config.state, 'redis://h:1/2147483647');
+});
+
+test('a Redis URL with a query or fragment is refused, saying the database goes in the path', () => {
+  const refusal =
+    'must not have a query or fragment (the store reads neither): put the database in the path, redis://HOST:PORT/DB';
+  for (const state of [
+    'redis://:hunter2@127.0.0.1:6379?db=3',
+    'redis://127.0.0.1:6379/2?db=3',
+    'redis://127.0.0.1:6379#3',
+    'redis://127.0.0.1:6379/?password=hunter2',
+  ]) {
+    for (const [args, env, source] of [
+      [['--state', state], {}, '--state'],
+      [[], { CONTEXTFORGE_STATE: state }, 'CONTEXTFORGE_STATE'],
+    ] as const) {
+      assert.throws(
+        () => resolveServe([...args], { ...env }),
+        (err: Error) => err.message === `${source} ${refusal}` && !err.message.includes('hunter2'),
+        `${source} ${state}`,
+      );
+    }
+  }
+  // the store itself, for a program that builds one
+  assert.throws(
+    () => parseRedisUrl('redis://:hunter2@h:1?db=3'),
+    (err: Error) =>
+      err instanceof RangeError &&
+      /put the database in the path, redis:\/\/HOST:PORT\/DB/.test(err.message) &&
+      !err.message.includes('hunter2'),
+  );
+  assert.equal(parseRedisUrl('redis://h:1/3').db, 3);
+  const serve = cli(['serve', '--state', 'redis://127.0.0.1:6379?db=3', '--print-config']);
+  assert.equal(serve.status, 2, serve.stderr);
+  assert.equal(serve.stderr.trim(), `error: --state ${refusal}`);
 });
 
 test('a worker id given twice is refused naming where the workers came from', () => {

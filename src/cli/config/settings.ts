@@ -47,6 +47,15 @@ function usableStateUrl(spec: string): boolean {
     return false;
   }
 }
+/** Whether a URL has a non-empty query or fragment (`memory`, no URL, has neither). */
+function hasQueryOrFragment(spec: string): boolean {
+  try {
+    const u = new URL(spec);
+    return u.search !== '' || u.hash !== '';
+  } catch {
+    return false;
+  }
+}
 const positiveInt = () => z.int().min(1);
 const text = () => z.string().min(1).max(4096);
 
@@ -95,6 +104,12 @@ const gatewayShape = {
   firstByteTimeoutMs: TIMEOUTS_SCHEMA.shape.firstByteTimeoutMs,
   state: z
     .string()
+    // a query or fragment (?db=3) would be ignored: the state would land on database 0
+    .refine((s) => !hasQueryOrFragment(s), {
+      error:
+        'must not have a query or fragment (the store reads neither): put the database in the path, redis://HOST:PORT/DB',
+      abort: true,
+    })
     .regex(/^(memory|redis:\/\/[^/\s]+(\/\d+)?)$/, { error: 'must be memory or redis://HOST:PORT[/DB]' })
     // the URL as the store will read it; the message never shows it (it may hold a password)
     .refine(usableStateUrl, {
