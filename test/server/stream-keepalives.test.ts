@@ -10,7 +10,7 @@
  */
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { test } from 'node:test';
+import { test, type TestContext } from 'node:test';
 import { badFirstGateway, fakeEngine } from '../faults/harness.js';
 
 const CHUNK = JSON.stringify({ id: 'c1', object: 'text_completion', choices: [{ index: 0, text: 'tok' }] });
@@ -48,19 +48,42 @@ async function complete(base: string, stream = true) {
 
 const FAST = { timeouts: { firstByteTimeoutMs: 300, interChunkTimeoutMs: 600 } };
 
+/**
+ * Puts an engine that answers with `answer` first behind a gateway (with a good engine after it
+ * when `withGood`), both closed with the test, and sends it one completion (streamed unless
+ * `stream` is false). Returns the answer, the gateway's base URL and how long the completion took.
+ */
+async function viaBadFirst(
+  t: TestContext,
+  answer: (res: ServerResponse) => void,
+  {
+    withGood = false,
+    stream = true,
+    options = FAST,
+  }: { withGood?: boolean; stream?: boolean; options?: Parameters<typeof badFirstGateway>[2] } = {},
+) {
+  const bad = await engine(answer);
+  const gw = await badFirstGateway(bad.url, withGood, options);
+  t.after(async () => {
+    await gw.close();
+    await bad.close();
+  });
+  const started = Date.now();
+  const r = await complete(gw.base, stream);
+  return { r, base: gw.base, ms: Date.now() - started };
+}
+
 for (const block of [': ping\n\n', 'event: ping\n\n', ': ping\r\n\r\nid: 4\r\n\r\n']) {
   test(`an engine that sends only ${JSON.stringify(block)} has not answered: its first event is overdue and another worker takes the request`, async (t) => {
-    const bad = await engine((res) => {
-      res.writeHead(200, SSE);
-      res.write(block);
-      every50ms(res, block);
-    });
-    const gw = await badFirstGateway(bad.url, true, FAST);
-    t.after(async () => {
-      await gw.close();
-      await bad.close();
-    });
-    const r = await complete(gw.base);
+    const { r } = await viaBadFirst(
+      t,
+      (res) => {
+        res.writeHead(200, SSE);
+        res.write(block);
+        every50ms(res, block);
+      },
+      { withGood: true },
+    );
     assert.equal(r.status, 200);
     assert.equal(r.worker, 'good', 'the request moved to the engine that answered');
     assert.ok(!r.text.includes('ping'), 'nothing of the failed attempt reached the client');
@@ -69,123 +92,100 @@ for (const block of [': ping\n\n', 'event: ping\n\n', ': ping\r\n\r\nid: 4\r\n\r
 }
 
 test('alone, an engine that sends only keep-alive comments is answered 502 once its first event is overdue, saying so', async (t) => {
-  const bad = await engine((res) => {
-    res.writeHead(200, SSE);
-    every50ms(res, ': ping\n\n');
-  });
-  const gw = await badFirstGateway(bad.url, false, { ...FAST, maxRetries: 0 });
-  t.after(async () => {
-    await gw.close();
-    await bad.close();
-  });
-  const r = await complete(gw.base);
+  const { r, base } = await viaBadFirst(
+    t,
+    (res) => {
+      res.writeHead(200, SSE);
+      every50ms(res, ': ping\n\n');
+    },
+    { options: { ...FAST, maxRetries: 0 } },
+  );
   assert.equal(r.status, 502);
   assert.match(r.text, /timeout/, 'the 502 names why the engine failed');
-  const metrics = await (await fetch(`${gw.base}/metrics`)).text();
+  const metrics = await (await fetch(`${base}/metrics`)).text();
   assert.match(metrics, /contextforge_upstream_failures_total\{worker="bad",reason="timeout"\} 1/);
 });
 
 test('after the first event, keep-alive comments pass on but do not hold off the inter-event deadline', async (t) => {
-  const bad = await engine((res) => {
+  const { r, ms } = await viaBadFirst(t, (res) => {
     res.writeHead(200, SSE);
     res.write(`data: ${CHUNK}\n\n`);
     every50ms(res, ': keep-alive\n\n');
   });
-  const gw = await badFirstGateway(bad.url, false, FAST);
-  t.after(async () => {
-    await gw.close();
-    await bad.close();
-  });
-  const started = Date.now();
-  const r = await complete(gw.base);
   assert.equal(r.status, 200);
   assert.ok(r.text.startsWith(`data: ${CHUNK}\n\n`));
   assert.match(r.text, /: keep-alive\n\n/, 'the keep-alives reached the client');
   assert.match(r.text, /the engine failed mid-stream/, 'the stream was cut once no event came');
   assert.ok(r.text.endsWith('data: [DONE]\n\n'));
-  assert.ok(Date.now() - started < 5000, 'cut at the inter-event deadline, not held by the comments');
+  assert.ok(ms < 5000, 'cut at the inter-event deadline, not held by the comments');
 });
 
 test("a keep-alive comment, then the engine's error event: another worker takes the request", async (t) => {
-  const bad = await engine((res) => {
-    res.writeHead(200, SSE);
-    res.write(': ping\n\n');
-    // the error event comes once the comment has reached the gateway (a write of its own)
-    setImmediate(() =>
-      res.end(
-        'data: {"error":{"message":"engine dead","type":"InternalServerError","param":null,"code":500}}\n\ndata: [DONE]\n\n',
-      ),
-    );
-  });
-  const gw = await badFirstGateway(bad.url, true, FAST);
-  t.after(async () => {
-    await gw.close();
-    await bad.close();
-  });
-  const r = await complete(gw.base);
+  const { r } = await viaBadFirst(
+    t,
+    (res) => {
+      res.writeHead(200, SSE);
+      res.write(': ping\n\n');
+      // the error event comes once the comment has reached the gateway (a write of its own)
+      setImmediate(() =>
+        res.end(
+          'data: {"error":{"message":"engine dead","type":"InternalServerError","param":null,"code":500}}\n\ndata: [DONE]\n\n',
+        ),
+      );
+    },
+    { withGood: true },
+  );
   assert.equal(r.status, 200);
   assert.equal(r.worker, 'good');
   assert.ok(!r.text.includes('engine dead'));
 });
 
 test('a keep-alive comment, then the connection closes: another worker takes the request', async (t) => {
-  const bad = await engine((res) => {
-    res.writeHead(200, SSE);
-    res.write(': ping\n\n', () => res.socket?.destroy());
-  });
-  const gw = await badFirstGateway(bad.url, true, FAST);
-  t.after(async () => {
-    await gw.close();
-    await bad.close();
-  });
-  const r = await complete(gw.base);
+  const { r } = await viaBadFirst(
+    t,
+    (res) => {
+      res.writeHead(200, SSE);
+      res.write(': ping\n\n', () => res.socket?.destroy());
+    },
+    { withGood: true },
+  );
   assert.equal(r.status, 200);
   assert.equal(r.worker, 'good');
 });
 
 test('an event stream whose media type is written in capitals is one (RFC 9110: case-insensitive)', async (t) => {
-  const bad = await engine((res) => {
+  const { r } = await viaBadFirst(t, (res) => {
     res.writeHead(200, { 'content-type': 'Text/Event-Stream; charset=utf-8' });
     res.end(`data: ${CHUNK}\n\ndata: [DONE]\n\n`);
   });
-  const gw = await badFirstGateway(bad.url, false, FAST);
-  t.after(async () => {
-    await gw.close();
-    await bad.close();
-  });
-  const r = await complete(gw.base);
   assert.equal(r.status, 200);
   assert.equal(r.text, `data: ${CHUNK}\n\ndata: [DONE]\n\n`);
   // and one to a request that is not streamed is no answer, whatever its case
-  const bad2 = await engine((res) => {
-    res.writeHead(200, { 'content-type': 'TEXT/EVENT-STREAM' });
-    res.end(`data: ${CHUNK}\n\ndata: [DONE]\n\n`);
-  });
-  const gw2 = await badFirstGateway(bad2.url, true, FAST);
-  t.after(async () => {
-    await gw2.close();
-    await bad2.close();
-  });
-  const j = await complete(gw2.base, false);
+  const { r: j } = await viaBadFirst(
+    t,
+    (res) => {
+      res.writeHead(200, { 'content-type': 'TEXT/EVENT-STREAM' });
+      res.end(`data: ${CHUNK}\n\ndata: [DONE]\n\n`);
+    },
+    { withGood: true, stream: false },
+  );
   assert.equal(j.status, 200);
   assert.equal(j.worker, 'good');
 });
 
 test('a first event whose data is not JSON is a failed attempt: another worker takes the request', async (t) => {
-  const bad = await engine((res) => {
-    res.writeHead(200, SSE);
-    res.end(`data: {"id": "c1", "choices": [ {oops\n\ndata: ${CHUNK}\n\ndata: [DONE]\n\n`);
-  });
-  const gw = await badFirstGateway(bad.url, true, FAST);
-  t.after(async () => {
-    await gw.close();
-    await bad.close();
-  });
-  const r = await complete(gw.base);
+  const { r, base } = await viaBadFirst(
+    t,
+    (res) => {
+      res.writeHead(200, SSE);
+      res.end(`data: {"id": "c1", "choices": [ {oops\n\ndata: ${CHUNK}\n\ndata: [DONE]\n\n`);
+    },
+    { withGood: true },
+  );
   assert.equal(r.status, 200);
   assert.equal(r.worker, 'good');
   assert.ok(!r.text.includes('oops'));
-  const metrics = await (await fetch(`${gw.base}/metrics`)).text();
+  const metrics = await (await fetch(`${base}/metrics`)).text();
   assert.match(metrics, /contextforge_upstream_failures_total\{worker="bad",reason="malformed"\} 1/);
 });
 
@@ -221,18 +221,15 @@ test("an engine's client error as a page that is not JSON reaches the client as 
 });
 
 test("an engine's 404 page that is not JSON (a wrong URL, another service) is a failed attempt, as a redirect is", async (t) => {
-  const bad = await engine((res) =>
-    res.writeHead(404, { 'content-type': 'text/html' }).end('<html><body><h1>404 Not Found</h1>nginx</body></html>'),
+  const { r, base } = await viaBadFirst(
+    t,
+    (res) =>
+      res.writeHead(404, { 'content-type': 'text/html' }).end('<html><body><h1>404 Not Found</h1>nginx</body></html>'),
+    { withGood: true, stream: false },
   );
-  const gw = await badFirstGateway(bad.url, true, FAST);
-  t.after(async () => {
-    await gw.close();
-    await bad.close();
-  });
-  const r = await complete(gw.base, false);
   assert.equal(r.status, 200);
   assert.equal(r.worker, 'good');
-  const metrics = await (await fetch(`${gw.base}/metrics`)).text();
+  const metrics = await (await fetch(`${base}/metrics`)).text();
   assert.match(metrics, /contextforge_upstream_failures_total\{worker="bad",reason="status"\} 1/);
 });
 
