@@ -3,10 +3,11 @@ import { spawn, spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
 import { Command } from 'commander';
-import { registerEppCommand, resolveEppConfig } from '../../src/cli/commands/epp.js';
+import { registerEppCommand } from '../../src/cli/commands/epp.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { parseDiscoverySpec } from '../../src/cli/commands/epp.js';
 import { EnvoyRole } from '../epp/envoy-role.js';
+import { resolveEpp } from '../helpers/epp-config.js';
 
 const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const engines: MockEngine[] = [];
@@ -144,18 +145,7 @@ test('--discover specs', () => {
 });
 
 test('epp runs one process: --processes above 1 is named in a warning and not used to size anything', () => {
-  const resolve = (args: string[]) => {
-    const program = new Command().exitOverride().configureOutput({ writeErr: () => {} });
-    registerEppCommand(program);
-    const epp = program.commands.find((c) => c.name() === 'epp')!;
-    let out: ReturnType<typeof resolveEppConfig> | undefined;
-    epp.action(() => {
-      out = resolveEppConfig(epp, {});
-    });
-    program.parse(['node', 'contextforge-router', 'epp', ...args]);
-    return out!;
-  };
-  const { config, resolved } = resolve(['--processes', '4']);
+  const { config, resolved } = resolveEpp(['--processes', '4']);
   assert.equal(config.processes, 1);
   assert.deepEqual(
     resolved.warnings.filter((w) => w.includes('--processes')),
@@ -164,7 +154,7 @@ test('epp runs one process: --processes above 1 is named in a warning and not us
     ],
   );
   assert.deepEqual(
-    resolve([]).resolved.warnings.filter((w) => w.includes('--processes')),
+    resolveEpp([]).resolved.warnings.filter((w) => w.includes('--processes')),
     [],
   );
 });

@@ -3,8 +3,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { Command } from 'commander';
-import { registerEppCommand, resolveEppConfig } from '../../src/cli/commands/epp.js';
+import { resolveEpp } from '../helpers/epp-config.js';
 import { resolveServe } from '../helpers/serve-config.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'cf-shared-config-'));
@@ -14,19 +13,6 @@ const write = (text: string) => {
   writeFileSync(f, text);
   return f;
 };
-
-/** epp's settings resolved from a command line, without running it. */
-function resolveEpp(args: string[]) {
-  const program = new Command().exitOverride().configureOutput({ writeErr: () => {} });
-  registerEppCommand(program);
-  const epp = program.commands.find((c) => c.name() === 'epp')!;
-  let out: ReturnType<typeof resolveEppConfig> | undefined;
-  epp.action(() => {
-    out = resolveEppConfig(epp, {});
-  });
-  program.parse(['node', 'contextforge-router', 'epp', ...args]);
-  return out!;
-}
 
 test("one config file serves both serve and epp: the other command's keys are named once and ignored", () => {
   const file = write('epp-port: 9002\nmetrics-port: 9091\nmax-retries: 3\nport: 8181\n');
