@@ -68,9 +68,8 @@ async function viaBadFirst(
     await gw.close();
     await bad.close();
   });
-  const started = Date.now();
   const r = await complete(gw.base, stream);
-  return { r, base: gw.base, ms: Date.now() - started };
+  return { r, base: gw.base };
 }
 
 for (const block of [': ping\n\n', 'event: ping\n\n', ': ping\r\n\r\nid: 4\r\n\r\n']) {
@@ -107,7 +106,7 @@ test('alone, an engine that sends only keep-alive comments is answered 502 once 
 });
 
 test('after the first event, keep-alive comments pass on but do not hold off the inter-event deadline', async (t) => {
-  const { r, ms } = await viaBadFirst(t, (res) => {
+  const { r } = await viaBadFirst(t, (res) => {
     res.writeHead(200, SSE);
     res.write(`data: ${CHUNK}\n\n`);
     every50ms(res, ': keep-alive\n\n');
@@ -116,8 +115,8 @@ test('after the first event, keep-alive comments pass on but do not hold off the
   assert.ok(r.text.startsWith(`data: ${CHUNK}\n\n`));
   assert.match(r.text, /: keep-alive\n\n/, 'the keep-alives reached the client');
   assert.match(r.text, /the engine failed mid-stream/, 'the stream was cut once no event came');
+  // held by the comments, the stream would run until the client's 8 s deadline fails the test
   assert.ok(r.text.endsWith('data: [DONE]\n\n'));
-  assert.ok(ms < 5000, 'cut at the inter-event deadline, not held by the comments');
 });
 
 test("a keep-alive comment, then the engine's error event: another worker takes the request", async (t) => {
