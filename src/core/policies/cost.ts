@@ -317,10 +317,11 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   // is left of it each, W/2 on average) or leave for another worker, when recomputing what they
   // hold there costs less: its sessions' next turns wait, a chat holding a few thousand tokens
   // there leaves, a new session holds nothing there. An idle worker that receives nothing costs
-  // nobody anything; an idle one whose sessions are between turns is not free. A new session weighs it only among
-  // the workers within its TTFT bound (fleet.ttftBound, applied by the caller). A prompt without
-  // blocks that has a workflow or CLA worker (the seed API) is held nowhere more than everywhere
-  // and is no new session: its affinity bonus, not its arrivals, decides
+  // nobody anything; an idle one whose sessions are between turns is not free. A new session
+  // weighs it only among the workers within its TTFT bound (fleet.ttftBound, applied by the
+  // caller). A prompt without blocks that has a workflow or CLA worker (the seed API) is held
+  // nowhere more than everywhere and is no new session: its affinity bonus, not its arrivals,
+  // decides
   const prefill = work * slowdown;
   const ownWorker = fleet.bestCachedTokens - fleet.leastCachedTokens >= r.blockSize;
   t.arrivalDelay = ownWorker || fleet.newSession ? prefill * stuckWait(t, prefill, w) : 0;
@@ -389,7 +390,11 @@ export class CostPolicy implements RoutingPolicy {
   private prefixKey = 0;
   /** Prefixes of this router's in-flight requests: what a worker is about to hold. */
   private readonly pending = new PendingPrefixes();
-  /** Decayed count of requests routed to each worker slot, when each was last counted, and the last decision's time (ms). */
+  /**
+   * Requests routed to each worker slot, by what leaving would have cost each (STUCK_BUCKETS per
+   * slot): decayed counts and sums of that work; when each slot was last counted; the last
+   * decision's time (ms).
+   */
   private stuckCounts = new Float64Array(0);
   private stuckSums = new Float64Array(0);
   private routedAt = new Float64Array(0);
