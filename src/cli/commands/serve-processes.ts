@@ -17,12 +17,7 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
   const log = (m: string) => process.stderr.write(`${m}\n`);
   cluster.setupPrimary({ serialization: 'advanced' });
   // one admin token for every process: resolved (or generated) here, inherited through the environment
-  const admin = resolveAdminToken({
-    token: c.adminToken,
-    tokenFile: c.adminTokenFile ?? defaultAdminTokenFile(),
-    // only the default file's directory is made: a named file's is the user's to create
-    createDirectory: c.adminTokenFile === undefined,
-  });
+  const admin = serveAdminToken(c);
   if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
   process.env.CONTEXTFORGE_ADMIN_TOKEN = admin.token;
   // decisions replayed to a process that starts later live as long as the router's predictions
@@ -142,6 +137,19 @@ async function stopWorkers(killAfterMs: number): Promise<void> {
 }
 
 /** Where a generated admin token goes when no file is named: a per-user private directory. */
+/**
+ * `serve`'s admin token: configured (flag, CONTEXTFORGE_ADMIN_TOKEN, config), else the token
+ * file, else a random one written to a private default file the operator can read.
+ */
+export function serveAdminToken(c: Pick<ServeConfig, 'adminToken' | 'adminTokenFile'>) {
+  return resolveAdminToken({
+    token: c.adminToken,
+    tokenFile: c.adminTokenFile ?? defaultAdminTokenFile(),
+    // only the default file's directory is made: a named file's is the user's to create
+    createDirectory: c.adminTokenFile === undefined,
+  });
+}
+
 export function defaultAdminTokenFile(): string {
   const uid = typeof process.getuid === 'function' ? process.getuid() : 'user';
   return join(process.env.XDG_RUNTIME_DIR || tmpdir(), `contextforge-router-${uid}`, 'admin-token');

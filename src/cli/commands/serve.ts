@@ -15,12 +15,11 @@ import { defaultTokenizerThreads, TokenizerPool } from '../../engines/tokenizer-
 import { ClusterStateStore, type ClusterMessage } from '../../state/cluster-state-store.js';
 import { createStateStore } from '../../state/create-state-store.js';
 import type { StateStore, WorkerRecord } from '../../state/state-store.js';
-import { resolveAdminToken } from '../../server/admin-auth.js';
 import { loadApiKeysFile } from '../../server/api-keys.js';
 import { printConfig } from '../config/print-config.js';
 import { addSettingOptions, resolveSettings, type ResolvedSettings } from '../config/resolve.js';
 import { EPP_SCHEMA, GATEWAY_SCHEMA, ROUTER_SETTING_KEYS, SERVE_HELP, SERVE_SCHEMA } from '../config/settings.js';
-import { defaultAdminTokenFile, runPrimary } from './serve-processes.js';
+import { runPrimary, serveAdminToken } from './serve-processes.js';
 
 export { envName } from '../config/settings.js';
 export { parseWorkerSpec } from '../config/resolve.js';
@@ -173,14 +172,7 @@ export async function startGateway(
   const routerOptions = Object.fromEntries(ROUTER_SETTING_KEYS.map((k) => [k, c[k]]));
   const indexMode = c.indexMode === 'auto' ? (precise ? 'precise' : 'approximate') : c.indexMode;
   const router = new KVAwareRouter({ ...routerOptions, indexMode });
-  // the admin token: configured (flag, CONTEXTFORGE_ADMIN_TOKEN, config), else the token file,
-  // else a random one written to a private default file the operator can read
-  const admin = resolveAdminToken({
-    token: c.adminToken,
-    tokenFile: c.adminTokenFile ?? defaultAdminTokenFile(),
-    // only the default file's directory is made: a named file's is the user's to create
-    createDirectory: c.adminTokenFile === undefined,
-  });
+  const admin = serveAdminToken(c);
   if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
   else if (admin.origin === 'file') log(`admin token read from ${admin.file}`);
   const apiKeys = c.apiKeysFile ? loadApiKeysFile(c.apiKeysFile) : undefined;
