@@ -22,7 +22,6 @@ import {
 } from './engine-errors.js';
 import { markCutByGateway, type FailureReason } from './metrics.js';
 
-export type { FailureReason };
 import { answerableRequestId } from './passed-headers.js';
 import type { ProxyReply } from './openai-request.js';
 import { declaresJson, isWholeJson } from './whole-json.js';

@@ -18,8 +18,8 @@ import { skippedEventCounts } from './engine-deployments.js';
  * answer (`status`), or its answer was not one the client could read (`malformed`: JSON cut short
  * or not JSON, a stream without its end or whose first event is not JSON, a body of the wrong type).
  */
-export type FailureReason = 'timeout' | 'refused' | 'reset' | 'status' | 'malformed';
-export const FAILURE_REASONS: readonly FailureReason[] = ['timeout', 'refused', 'reset', 'status', 'malformed'];
+export const FAILURE_REASONS = ['timeout', 'refused', 'reset', 'status', 'malformed'] as const;
+export type FailureReason = (typeof FAILURE_REASONS)[number];
 
 /**
  * The status a request is counted with when its client closed the connection before the answer

@@ -92,9 +92,7 @@ export function answerableRequestId(id: string | undefined): id is string {
  */
 export function clientRequestId(req: IncomingMessage): string | undefined {
   const id = req.headers['x-request-id'];
-  if (typeof id !== 'string' || !answerableRequestId(id)) return undefined;
-  // Node joins a repeated header's lines with ", "
-  if (id.includes(', ') && (req.headersDistinct['x-request-id']?.length ?? 0) > 1) return undefined;
+  if (typeof id !== 'string' || !answerableRequestId(id) || repeated('x-request-id', id, req)) return undefined;
   return id;
 }
 

@@ -31,8 +31,8 @@ import { PromptTooLongError, type KVAwareRouter, type RouteRequest, type RouteRe
 import type { StateStore } from '../state/state-store.js';
 import type { BodyBudget } from './body-budget.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
-import { forward, type FailureReason } from './forward.js';
-import type { GatewayMetrics } from './metrics.js';
+import { forward } from './forward.js';
+import type { FailureReason, GatewayMetrics } from './metrics.js';
 import type { PanicRouting } from './panic-routing.js';
 import {
   editedBodyText,
