@@ -24,8 +24,7 @@ export function readRouteFields(request: RouteRequest, judgeRoles: ReadonlySet<s
   into.workflowId = check.optionalId(request.workflowId, 'workflowId');
   into.anchor = check.optionalId(request.anchor, 'anchor');
   into.contentAnchors = request.contentAnchors ? checkContentAnchors(request.contentAnchors) : undefined;
-  if (request.isolate !== undefined && typeof request.isolate !== 'boolean')
-    throw new TypeError('isolate must be a boolean');
+  check.optionalBoolean(request.isolate, 'isolate');
   const agentRole = check.optionalId(request.agentRole, 'agentRole');
   into.isolated = request.isolate === true || (agentRole !== undefined && judgeRoles.has(agentRole));
 }

@@ -109,8 +109,7 @@ export function parsePrometheusText(text: string, engine?: string, names?: Reado
       const read = readLabels(rest.slice(1, close));
       if (read === undefined) continue;
       labels = read;
-      if (engine !== undefined && RANK_LABELS.some((k) => labels.get(k) !== undefined && labels.get(k) !== engine))
-        continue;
+      if (engine !== undefined && ofOtherRank(labels, engine)) continue;
       rest = rest.slice(close + 1);
     }
     // Prometheus's NaN and ±Inf are values (and "1e400" is infinite): kept, for the reader to
@@ -368,4 +367,13 @@ function vllmKvCapacityTokens(text: string): number | undefined {
   };
   const tokens = label('num_gpu_blocks') * label('block_size');
   return Number.isSafeInteger(tokens) && tokens > 0 ? tokens : undefined;
+}
+
+/** A series of another rank than `engine`: by vLLM's `engine` label or SGLang's `dp_rank`. */
+function ofOtherRank(labels: ReadonlyMap<string, string>, engine: string): boolean {
+  for (const k of RANK_LABELS) {
+    const v = labels.get(k);
+    if (v !== undefined && v !== engine) return true;
+  }
+  return false;
 }
