@@ -2,7 +2,13 @@ import { writeFile } from 'node:fs/promises';
 import { ENGINE_DEFAULTS } from '../engine-model/config.js';
 import { comparisonWarnings, type ComparisonReport } from './compare.js';
 import type { WorkerEvent } from './scenarios.js';
-import type { PolicyResult, SimulationOptions } from './simulator.js';
+import { LLMD_SCRAPE_INTERVAL_MS } from '../core/policies/llmd.js';
+import {
+  DEFAULT_EVENT_DELAY_MS,
+  DEFAULT_SCRAPE_INTERVAL_MS,
+  type PolicyResult,
+  type SimulationOptions,
+} from './simulator.js';
 import type { SweepReport, SweepTrace } from './sweep.js';
 
 /** What produced a comparison, for the settings line of its report. */
@@ -178,9 +184,9 @@ function settingsLine({ simulation: o, blockSize }: ReportSettings): string {
       o.engine?.blendRecompute ?? ENGINE_DEFAULTS.blendRecompute,
       o.engine?.blendRecompute === undefined,
     ),
-    flag('--event-delay-ms', o.eventDelayMs ?? 50, o.eventDelayMs === undefined),
+    flag('--event-delay-ms', o.eventDelayMs ?? DEFAULT_EVENT_DELAY_MS, o.eventDelayMs === undefined),
     o.scrapeIntervalMs === undefined
-      ? '<code>--scrape-interval-ms</code> 200, llmd 50 (default)'
+      ? `<code>--scrape-interval-ms</code> ${DEFAULT_SCRAPE_INTERVAL_MS}, llmd ${o.router?.policyOptions?.llmd?.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS} (default)`
       : flag('--scrape-interval-ms', o.scrapeIntervalMs),
   ];
   const scenario = [

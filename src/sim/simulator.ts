@@ -211,15 +211,22 @@ export function percentiles(values: number[]): Percentiles {
   };
 }
 
+/** Delay from an engine step to the router applying its KV events (ms), unless the options say. */
+export const DEFAULT_EVENT_DELAY_MS = 50;
+/** Interval of load scrapes (ms), unless the options say; llmd scrapes at its own (LLMD_SCRAPE_INTERVAL_MS). */
+export const DEFAULT_SCRAPE_INTERVAL_MS = 200;
+
 export function simulate(trace: readonly TraceRequest[], options: SimulationOptions): PolicyResult {
   const { workers: n, policy } = options;
   if (!Number.isInteger(n) || n < 1) throw new RangeError(`workers must be a positive integer, got ${n}`);
   const speed = options.speed ?? 1;
   if (!(speed > 0)) throw new RangeError(`speed must be > 0, got ${speed}`);
-  const eventDelay = options.eventDelayMs ?? 50;
+  const eventDelay = options.eventDelayMs ?? DEFAULT_EVENT_DELAY_MS;
   const scrapeInterval =
     options.scrapeIntervalMs ??
-    (policy === 'llmd' ? (options.router?.policyOptions?.llmd?.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS) : 200);
+    (policy === 'llmd'
+      ? (options.router?.policyOptions?.llmd?.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS)
+      : DEFAULT_SCRAPE_INTERVAL_MS);
   if (!(scrapeInterval > 0)) throw new RangeError(`scrapeIntervalMs must be > 0, got ${scrapeInterval}`);
   if (trace.length === 0) throw new RangeError('the trace has no requests');
   checkReplayable(trace, speed);
