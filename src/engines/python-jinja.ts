@@ -83,17 +83,15 @@ function toRuntime(data: unknown): RuntimeValue {
 // strftime_now are taken from a rendering, the rest are plain values.
 const captured: unknown[] = [];
 new Template('{{ keep(range, strftime_now) }}').render({ keep: (...fns: unknown[]) => void captured.push(...fns) });
+// made once: it holds no state, and building it for each rendering allocates an Environment
+const RAISE_EXCEPTION = toRuntime((message: unknown) => {
+  throw new Error(String(message));
+});
 const GLOBALS: ReadonlyArray<[string, () => RuntimeValue]> = [
   ['false', () => new BooleanValue(false)],
   ['true', () => new BooleanValue(true)],
   ['none', () => new NullValue(null)],
-  [
-    'raise_exception',
-    () =>
-      toRuntime((message: unknown) => {
-        throw new Error(String(message));
-      }),
-  ],
+  ['raise_exception', () => RAISE_EXCEPTION],
   ['range', () => new FunctionValue(captured[0])],
   ['strftime_now', () => new FunctionValue(captured[1])],
   ['True', () => new BooleanValue(true)],

@@ -86,10 +86,13 @@ export function chatTemplateRequest(body: Record<string, unknown>): ChatTemplate
   for (const k of ['add_generation_prompt', 'continue_final_message'] as const)
     if (body[k] !== undefined && body[k] !== null && typeof body[k] !== 'boolean')
       throw new TypeError(`${k} must be true or false`);
+  // the tools' JSON text when the body holds it (parsed again losslessly by the tokenizer), else
+  // the parsed tools: one of the two goes to the tokenizer thread, not both
+  const toolsJson = toolsSourceText(body.tools);
   return {
     messages: body.messages as unknown[],
-    tools: body.tools as unknown[] | undefined,
-    toolsJson: toolsSourceText(body.tools),
+    tools: toolsJson === undefined ? (body.tools as unknown[] | undefined) : undefined,
+    toolsJson,
     documents: body.documents as unknown[] | undefined,
     chat_template_kwargs: body.chat_template_kwargs as Record<string, unknown> | undefined,
     add_generation_prompt: (body.add_generation_prompt ?? undefined) as boolean | undefined,
