@@ -439,44 +439,9 @@ test('an address serve or epp cannot listen on stops it with the flags named, an
   }
 });
 
-test('a Redis URL the store cannot use is refused before start, without showing its password', () => {
-  for (const state of [
-    'redis://:hunter2@127.0.0.1:99999',
-    'redis://:hunter2@127.0.0.1:0',
-    'redis://:hunter2@127.0.0.1:6379/2147483648',
-    'redis://:hunter2@127.0.0.1:6379/99999999999',
-  ]) {
-    for (const [args, env, source] of [
-      [['--state', state], {}, '--state'],
-      [[], { CONTEXTFORGE_STATE: state }, 'CONTEXTFORGE_STATE'],
-    ] as const) {
-      assert.throws(
-        () => resolveServe([...args], { ...env }),
-        (err: Error) =>
-          err.message ===
-            `${source} must be memory or redis://HOST:PORT[/DB] with a port from 1 to 65535 and a database from 0 to 2147483647` &&
-          !err.message.includes('hunter2'),
-        `${source} ${state}`,
-      );
-    }
-  }
-  assert.throws(
-    () => resolveServe(['--state', 'redis://:hunter2@h/x']),
-    (err: Error) => !err.message.includes('hunter2'),
-  );
-  assert.equal(resolveServe(['--state', 'redis://:pw@127.0.0.1:6379/1']).config.state, 'redis://:pw@127.0.0.1:6379/1');
-  assert.equal(resolveServe(['--state', 'redis://h:1/2147483647']).config.state, 'redis://h:1/2147483647');
-});
-
-test('a Redis URL with a query or fragment is refused, saying the database goes in the path', () => {
-  const refusal =
-    'must not have a query or fragment (the store reads neither): put the database in the path, redis://HOST:PORT/DB';
-  for (const state of [
-    'redis://:hunter2@127.0.0.1:6379?db=3',
-    'redis://127.0.0.1:6379/2?db=3',
-    'redis://127.0.0.1:6379#3',
-    'redis://127.0.0.1:6379/?password=hunter2',
-  ]) {
+/** Each state URL is refused, by flag and by environment variable alike, with `${source} ${refusal}` and no password. */
+function assertStatesRefused(states: readonly string[], refusal: string): void {
+  for (const state of states) {
     for (const [args, env, source] of [
       [['--state', state], {}, '--state'],
       [[], { CONTEXTFORGE_STATE: state }, 'CONTEXTFORGE_STATE'],
@@ -488,6 +453,38 @@ test('a Redis URL with a query or fragment is refused, saying the database goes 
       );
     }
   }
+}
+
+test('a Redis URL the store cannot use is refused before start, without showing its password', () => {
+  assertStatesRefused(
+    [
+      'redis://:hunter2@127.0.0.1:99999',
+      'redis://:hunter2@127.0.0.1:0',
+      'redis://:hunter2@127.0.0.1:6379/2147483648',
+      'redis://:hunter2@127.0.0.1:6379/99999999999',
+    ],
+    'must be memory or redis://HOST:PORT[/DB] with a port from 1 to 65535 and a database from 0 to 2147483647',
+  );
+  assert.throws(
+    () => resolveServe(['--state', 'redis://:hunter2@h/x']),
+    (err: Error) => !err.message.includes('hunter2'),
+  );
+  assert.equal(resolveServe(['--state', 'redis://:pw@127.0.0.1:6379/1']).config.state, 'redis://:pw@127.0.0.1:6379/1');
+  assert.equal(resolveServe(['--state', 'redis://h:1/2147483647']).config.state, 'redis://h:1/2147483647');
+});
+
+test('a Redis URL with a query or fragment is refused, saying the database goes in the path', () => {
+  const refusal =
+    'must not have a query or fragment (the store reads neither): put the database in the path, redis://HOST:PORT/DB';
+  assertStatesRefused(
+    [
+      'redis://:hunter2@127.0.0.1:6379?db=3',
+      'redis://127.0.0.1:6379/2?db=3',
+      'redis://127.0.0.1:6379#3',
+      'redis://127.0.0.1:6379/?password=hunter2',
+    ],
+    refusal,
+  );
   // the store itself, for a program that builds one
   assert.throws(
     () => parseRedisUrl('redis://:hunter2@h:1?db=3'),
