@@ -89,9 +89,13 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
     const timestamp = typeof r.timestamp === 'string' && r.timestamp.trim() !== '' ? Number(r.timestamp) : r.timestamp;
     if (typeof timestamp !== 'number' || !Number.isFinite(timestamp) || timestamp < 0)
       throw fail('"timestamp" must be a non-negative number of seconds');
-    for (const key of ['input_length', 'output_length'])
-      if (!isTokens(r[key]))
-        throw fail(`"${key}" must be a whole number of tokens from 0 to ${MAX_TRACE_REQUEST_TOKENS}`);
+    // a request has at least one prompt token (as in a Mooncake trace)
+    for (const [key, min] of [
+      ['input_length', 1],
+      ['output_length', 0],
+    ] as const)
+      if (!isTokens(r[key]) || r[key] < min)
+        throw fail(`"${key}" must be a whole number of tokens from ${min} to ${MAX_TRACE_REQUEST_TOKENS}`);
     const inputLength = r.input_length as number;
     const ids = r.hash_ids ?? {};
     if (ids === null || typeof ids !== 'object' || Array.isArray(ids)) throw fail('"hash_ids" must be an object');

@@ -56,23 +56,26 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
     return v;
   };
   const timestamp = num('timestamp', true)!;
-  const tokens = (key: string): number => {
+  const tokens = (key: string, min: number): number => {
     const v = num(key, true)!;
-    if (!Number.isInteger(v) || v > MAX_TRACE_REQUEST_TOKENS)
+    if (!Number.isInteger(v) || v < min || v > MAX_TRACE_REQUEST_TOKENS)
       throw new TraceFormatError(
         index,
-        `"${key}" must be a whole number of tokens from 0 to ${MAX_TRACE_REQUEST_TOKENS}`,
+        `"${key}" must be a whole number of tokens from ${min} to ${MAX_TRACE_REQUEST_TOKENS}`,
         source,
       );
     return v;
   };
-  const inputLength = tokens('input_length');
-  const outputLength = tokens('output_length');
+  // a request has at least one prompt token; an output of 0 tokens is served as the one token
+  // an engine always produces (the first, which ends the prefill)
+  const inputLength = tokens('input_length', 1);
+  const outputLength = tokens('output_length', 0);
   const hashIds = r.hash_ids;
   if (!Array.isArray(hashIds) || hashIds.some((h) => typeof h !== 'number' || !Number.isSafeInteger(h) || h < 0)) {
     throw new TraceFormatError(index, '"hash_ids" must be an array of non-negative integers', source);
   }
-  const blockSize = num('block_size', false) ?? defaultBlockSize;
+  const lineBlockSize = num('block_size', false);
+  const blockSize = lineBlockSize ?? defaultBlockSize;
   if (!Number.isInteger(blockSize) || blockSize < 1 || blockSize > MAX_TRACE_REQUEST_TOKENS)
     throw new TraceFormatError(
       index,
@@ -119,6 +122,7 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
         source,
       );
   }
+  checkBlockCount(req, lineBlockSize !== undefined, source);
   if (r.isolate !== undefined) {
     if (typeof r.isolate !== 'boolean') throw new TraceFormatError(index, '"isolate" must be a boolean', source);
     req.isolate = r.isolate;
@@ -128,6 +132,53 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
     req.model = r.model;
   }
   return req;
+}
+
+/**
+ * The hash ids a prompt of `inputLength` tokens, `anchorTokens` of them in content anchors, has
+ * in blocks of `blockSize` tokens: one per block, the last partial block included
+ * (ceil(input_length / block_size), as in the Mooncake traces). With anchors the ids may name
+ * the whole prompt or only the part outside the anchors, so any count from the one to the other.
+ */
+function blockCountRange(inputLength: number, anchorTokens: number, blockSize: number): [number, number] {
+  return [Math.ceil((inputLength - anchorTokens) / blockSize), Math.ceil(inputLength / blockSize)];
+}
+
+/**
+ * Refuses a request whose hash ids are not one per block of its prompt (blockCountRange): a
+ * trace written in blocks of another size than it declares (or than the default, when it
+ * declares none) would replay with every prefix the wrong length. The message names the
+ * counts and, when one would explain them, a block size that fits (a power of two if one does).
+ */
+function checkBlockCount(req: TraceRequest, declared: boolean, source: string): void {
+  const n = req.hashIds.length;
+  const anchorTokens = (req.anchors ?? []).reduce((a, x) => a + x.tokens, 0);
+  const fits = (size: number) => {
+    const [low, high] = blockCountRange(req.inputLength, anchorTokens, size);
+    return low <= n && n <= high;
+  };
+  if (fits(req.blockSize)) return;
+  const [low, high] = blockCountRange(req.inputLength, anchorTokens, req.blockSize);
+  let other: string | undefined;
+  for (let size = 1; size <= MAX_TRACE_REQUEST_TOKENS && other === undefined; size *= 2)
+    if (fits(size)) other = `a block size of ${size}`;
+  if (other === undefined && anchorTokens === 0 && n > 0) {
+    // ceil(input / size) == n exactly for input / n <= size < input / (n − 1)
+    const min = Math.ceil(req.inputLength / n);
+    const max =
+      n === 1 ? MAX_TRACE_REQUEST_TOKENS : Math.min(MAX_TRACE_REQUEST_TOKENS, Math.ceil(req.inputLength / (n - 1)) - 1);
+    if (min === max) other = `a block size of ${min}`;
+    else if (min < max) other = `a block size from ${min} to ${max}`;
+  }
+  const prompt = anchorTokens > 0 ? ` (${anchorTokens} of them in "anchors")` : '';
+  const at = declared ? `"block_size" ${req.blockSize}` : `the default block size ${req.blockSize}`;
+  const needs = low === high ? `${high}` : `from ${low} to ${high}`;
+  const hint = other === undefined ? '' : ` (${other} would fit${declared ? '' : ': set "block_size" on every line'})`;
+  throw new TraceFormatError(
+    req.index,
+    `"hash_ids" has ${n} ${n === 1 ? 'entry' : 'entries'} but "input_length" ${req.inputLength}${prompt} at ${at} needs ${needs}${hint}`,
+    source,
+  );
 }
 
 /**

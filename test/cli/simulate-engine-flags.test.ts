@@ -152,7 +152,7 @@ test('simulate warns on stderr when policies rejected different requests, and wh
     file,
     Array.from({ length: 24 }, (_, i) => {
       const long = i % 4 === 0;
-      const ids = Array.from({ length: long ? 23 : 4 }, (_, k) => (long ? k + 1 : 1000 * i + k));
+      const ids = Array.from({ length: long ? 24 : 5 }, (_, k) => (long ? k + 1 : 1000 * i + k));
       return JSON.stringify({
         timestamp: i * 200,
         input_length: long ? 1500 : 300,

@@ -56,3 +56,26 @@ test('a late trace line the router would refuse stops simulate and tune as the t
     }
   }
 });
+
+test('a trace whose hash_ids do not fit its block size stops simulate with one line naming the file, line and fit, exit 2', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-trace-blocks-fit-'));
+  // written in 16-token blocks without "block_size": read as 512-token blocks it would replay wrong
+  const trace = join(dir, 'sixteen.jsonl');
+  const ids = (n: number) => Array.from({ length: n }, (_, i) => i);
+  writeFileSync(
+    trace,
+    [
+      JSON.stringify({ timestamp: 0, input_length: 1000, output_length: 8, hash_ids: ids(2) }),
+      JSON.stringify({ timestamp: 10, input_length: 1000, output_length: 8, hash_ids: ids(63) }),
+    ].join('\n'),
+  );
+  const r = cli(['simulate', '--trace', trace, '--workers', '2', '--no-progress']);
+  assert.equal(r.error, undefined, r.error?.message);
+  assert.equal(r.status, 2, r.stderr);
+  assert.equal(
+    r.stderr,
+    `error: ${trace} line 2: "hash_ids" has 63 entries but "input_length" 1000 at the default block size 512 needs 2 ` +
+      '(a block size of 16 would fit: set "block_size" on every line)\n',
+  );
+  assert.equal(r.stdout, '');
+});

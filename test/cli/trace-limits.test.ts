@@ -39,7 +39,7 @@ test('a trace of more requests than the limit stops simulate and tune with one l
   const over = MAX_TRACE_REQUESTS + 1;
   const mooncake = gzLines(
     join(dir, 'huge.jsonl.gz'),
-    '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": []}',
+    '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}',
     over,
   );
   // RAGPulse: the trace file, then a side file, over the limit
@@ -87,7 +87,7 @@ test('the block limit leaves the generated workloads a margin', () => {
 });
 
 test('the block count adds up hash ids and anchor blocks line by line and names the line that passes it', () => {
-  const ids = parseTraceLine('{"timestamp":0,"input_length":4,"output_length":1,"hash_ids":[1,2,3]}', 0);
+  const ids = parseTraceLine('{"timestamp":0,"input_length":1536,"output_length":1,"hash_ids":[1,2,3]}', 0);
   const anchored = parseTraceLine(
     '{"timestamp":0,"input_length":17,"output_length":1,"hash_ids":[1],"block_size":4,"anchors":["a","b"],"anchor_lengths":[9,4]}',
     1,

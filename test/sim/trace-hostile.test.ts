@@ -89,7 +89,10 @@ describe('Mooncake trace loader, hostile files', () => {
       ['{"timestamp": 0,', 'line 2: not valid JSON'],
       ['[1]', 'line 2: not a JSON object'],
       [line({ session_id: '' }), 'line 2: "session_id" must be a non-empty string or a number'],
-      [line({ block_size: 128 }), 'line 2: "block_size" 128 differs from 512 (line 1): a trace has one block size'],
+      [
+        line({ block_size: 128, hash_ids: [1, 2, 3, 4, 5, 6, 7, 8] }),
+        'line 2: "block_size" 128 differs from 512 (line 1): a trace has one block size',
+      ],
     ];
     for (const [bad, message] of cases) {
       const path = write(`${line({})}\n${bad}\n${line({})}\n`);
@@ -126,6 +129,12 @@ describe('RAGPulse loader, hostile directories', () => {
       ['0_trace.jsonl', 2, (s) => s.replace('"timestamp": "93", ', ''), /line 2: "timestamp"/],
       ['0_trace.jsonl', 2, (s) => s.replace('"timestamp": "93"', '"timestamp": "soon"'), /line 2: "timestamp"/],
       ['0_trace.jsonl', 2, (s) => s.replace('"input_length": 3167, ', ''), /line 2: "input_length"/],
+      [
+        '0_trace.jsonl',
+        2,
+        (s) => s.replace('"input_length": 3167', '"input_length": 0'),
+        /line 2: "input_length" must be a whole number of tokens from 1 to 16777216$/,
+      ],
       ['0_trace.jsonl', 2, (s) => s.replace('"sys_prompt": [', '"sys_prompt": [-3, '), /line 2: "hash_ids.sys_prompt"/],
       [
         '0_trace.jsonl',
