@@ -12,6 +12,7 @@ import {
 import {
   checkName,
   checkRequestLimits,
+  deleteRemovedFields,
   removedFieldsIn,
   RequestLimitError,
   type RequestLimits,
@@ -342,7 +343,7 @@ export class RouterPicker implements EndpointPicker {
         if (removed !== undefined || rewritten) {
           const bytes = forwardableBytes(input.body);
           if (bytes === undefined) {
-            for (const key of removed ?? []) delete body[key];
+            deleteRemovedFields(body, removed ?? []);
             forwarded = Buffer.from(JSON.stringify(body));
           } else {
             const newModel = rewritten && typeof body.model === 'string' ? body.model : undefined;

@@ -25,6 +25,7 @@ import {
   readGenerateRouteRequest,
   readRouteRequest,
   RequestLimitError,
+  REMOVED_MEMBERS,
   type ForwardedFields,
   type JsonLimits,
   type ReadRequest,
@@ -88,8 +89,9 @@ export function parseRequestBody(bytes: Buffer, limits: JsonLimits): unknown {
 }
 
 /**
- * The text of a JSON object body with its top-level `removed` members (`contextforge`, and the
- * KV-transfer and code fields the gateway does not forward: ReadRequest.removed) removed and, when
+ * The text of a JSON object body with its `removed` members (`contextforge`, and the KV-transfer
+ * and code fields the gateway does not forward: ReadRequest.removed) removed (an `outer.inner`
+ * entry of REMOVED_MEMBERS names the member `inner` of each object `outer`) and, when
  * `cacheSalt` is given, its `cache_salt` members replaced by that one (and likewise `model`, which
  * the endpoint picker may rewrite); every other member is kept as the client wrote it.
  * Re-serialising the parsed body instead would change what JSON.parse cannot hold: a 64-bit
@@ -116,12 +118,27 @@ export function editedBodyText(
       removed.includes(key) ||
       (cacheSalt !== undefined && key === 'cache_salt') ||
       (model !== undefined && key === 'model');
-    if (!replaced) kept.push(text.slice(i, valueEnd));
+    const inner = replaced || text.charCodeAt(valueStart) !== 0x7b ? undefined : innerRemoved(key, removed);
+    if (inner !== undefined)
+      kept.push(
+        text.slice(i, valueStart) + editedBodyText(text.slice(valueStart, valueEnd), undefined, undefined, inner),
+      );
+    else if (!replaced) kept.push(text.slice(i, valueEnd));
     i = skipSpace(text, valueEnd);
     if (text.charCodeAt(i) !== 0x2c) break; // the closing brace
     i = skipSpace(text, i + 1);
   }
   return `{${kept.join(',')}}`;
+}
+
+/** The members of the object `key` that `removed` names (`key.inner`, REMOVED_MEMBERS), or undefined for none. */
+function innerRemoved(key: string, removed: readonly string[]): string[] | undefined {
+  if (!Object.hasOwn(REMOVED_MEMBERS, key)) return undefined;
+  let inner: string[] | undefined;
+  for (const entry of removed)
+    if (entry.length > key.length && entry.charCodeAt(key.length) === 0x2e && entry.startsWith(key))
+      (inner ??= []).push(entry.slice(key.length + 1));
+  return inner;
 }
 
 /** The index of the first character at or after `i` that is not JSON whitespace. */

@@ -1164,6 +1164,27 @@ export const KV_TRANSFER_FIELDS: readonly string[] = [
  */
 export const CLIENT_CODE_FIELDS: readonly string[] = ['custom_logit_processor', 'logits_processors'];
 
+/**
+ * Members of a top-level object the gateway always removes from what it forwards, named
+ * `outer.inner` in ReadRequest.removed.
+ *
+ * - vLLM's `kv_cache_report_mode` in `vllm_xargs` (vllm-project/vllm#45261): vLLM's CompletionRequest
+ *   and ChatCompletionRequest hand `vllm_xargs` to the engine as SamplingParams.extra_args, and
+ *   with `"full"` there the engine emits BlockStored again for each block the request reuses from
+ *   its prefix cache, the block's state unchanged; evicting the block still emits one
+ *   BlockRemoved. The router counts every BlockStored as one more copy of the block (vLLM may
+ *   hold two physical blocks of one hash, stored and removed apart: kv-events/applier.ts), so a
+ *   client sending it would keep the router's entries alive past the engine's cache: hits routed
+ *   to an engine that no longer holds the blocks. The report mode is for a caller that reads the
+ *   engine's events itself; the gateway's own index must not take it from its clients. The other
+ *   members of `vllm_xargs` are kept, and one emptied is forwarded as an empty object.
+ */
+export const REMOVED_MEMBERS: Readonly<Record<string, readonly string[]>> = {
+  vllm_xargs: ['kv_cache_report_mode'],
+};
+
+const REMOVED_MEMBER_ENTRIES = Object.entries(REMOVED_MEMBERS);
+
 /** Which of the fields the gateway removes by default it forwards instead: the operator's settings. */
 export interface ForwardedFields {
   /** Forward the KV_TRANSFER_FIELDS a client sends. */
@@ -1174,8 +1195,9 @@ export interface ForwardedFields {
 
 /**
  * The fields of KV_TRANSFER_FIELDS and CLIENT_CODE_FIELDS that are own keys of `body` and that
- * `forward` does not keep, or undefined when there are none: a few own-key lookups on the parsed
- * object (escaped spellings of a key are parsed to it), no list unless one is found.
+ * `forward` does not keep, and the REMOVED_MEMBERS found (as `outer.inner`), or undefined when
+ * there are none: a few own-key lookups on the parsed object (escaped spellings of a key are
+ * parsed to it), no list unless one is found.
  */
 export function removedFieldsIn(
   body: Readonly<Record<string, unknown>>,
@@ -1186,7 +1208,33 @@ export function removedFieldsIn(
     for (const key of KV_TRANSFER_FIELDS) if (Object.hasOwn(body, key)) (found ??= []).push(key);
   if (forward.forwardCustomLogitProcessor !== true)
     for (const key of CLIENT_CODE_FIELDS) if (Object.hasOwn(body, key)) (found ??= []).push(key);
+  for (const [outer, inners] of REMOVED_MEMBER_ENTRIES) {
+    const value = Object.hasOwn(body, outer) ? body[outer] : undefined;
+    if (value === null || typeof value !== 'object' || Array.isArray(value)) continue;
+    for (const inner of inners) if (Object.hasOwn(value, inner)) (found ??= []).push(`${outer}.${inner}`);
+  }
   return found;
+}
+
+/**
+ * Deletes the `removed` fields (removedFieldsIn's: top-level keys, and `outer.inner` members of
+ * REMOVED_MEMBERS) from `body`, a copy of the body received: an object member is removed from a
+ * copy of that object, never from the object received.
+ */
+export function deleteRemovedFields(body: Record<string, unknown>, removed: readonly string[]): void {
+  for (const key of removed) {
+    const dot = key.indexOf('.');
+    const outer = dot < 0 ? undefined : key.slice(0, dot);
+    if (outer === undefined || !Object.hasOwn(REMOVED_MEMBERS, outer)) {
+      delete body[key];
+      continue;
+    }
+    const value = body[outer];
+    if (value === null || typeof value !== 'object' || Array.isArray(value)) continue;
+    const copy = { ...(value as Record<string, unknown>) };
+    delete copy[key.slice(dot + 1)];
+    body[outer] = copy;
+  }
 }
 
 /** The `removed` of every request with nothing to remove: one frozen list, not one per request. */
@@ -1198,7 +1246,10 @@ export interface ReadRequest {
   body: Record<string, unknown>;
   /** True when the body to forward is the body as received (nothing removed). */
   unchanged: boolean;
-  /** The top-level fields removed from the body as received (`contextforge`, removedFieldsIn). */
+  /**
+   * The fields removed from the body as received (`contextforge`, removedFieldsIn): top-level
+   * keys, and `outer.inner` for a member of a top-level object (REMOVED_MEMBERS).
+   */
   removed: readonly string[];
 }
 
@@ -1210,8 +1261,8 @@ export interface ReadRequest {
  * the log-probability counts and vLLM's logprob_token_ids, the number of
  * prompts (checked before the prompt is read), the ids the engine keeps
  * (checkEngineKeys) and the prompt or messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
- * to forward is the one received without `contextforge` and without the KV_TRANSFER_FIELDS and
- * CLIENT_CODE_FIELDS that `forward` does not keep (removedFieldsIn).
+ * to forward is the one received without `contextforge`, without the KV_TRANSFER_FIELDS and
+ * CLIENT_CODE_FIELDS that `forward` does not keep and without the REMOVED_MEMBERS (removedFieldsIn).
  */
 export function readRouteRequest(
   path: string,
@@ -1268,9 +1319,9 @@ export function readRouteRequest(
 }
 
 /**
- * The body to forward: the one received unless it has a field to drop (`contextforge`, and the
- * KV_TRANSFER_FIELDS and CLIENT_CODE_FIELDS that `forward` does not keep), then a copy without
- * them. A few own-key lookups on the parsed object (escaped spellings of a key are parsed to
+ * The body to forward: the one received unless it has a field to drop (`contextforge`, the
+ * KV_TRANSFER_FIELDS and CLIENT_CODE_FIELDS that `forward` does not keep, the REMOVED_MEMBERS),
+ * then a copy without them. A few own-key lookups on the parsed object (escaped spellings of a key are parsed to
  * it), no copy per request.
  */
 function bodyToForward(
@@ -1284,7 +1335,7 @@ function bodyToForward(
   if (removed === undefined) return { body: received, removed };
   // spread defines every key as an own property ("__proto__" included), never a prototype
   const body = { ...received };
-  for (const key of removed) delete body[key];
+  deleteRemovedFields(body, removed);
   return { body, removed };
 }
 

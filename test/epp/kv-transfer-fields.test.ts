@@ -83,3 +83,15 @@ describe('KV-transfer fields through the endpoint picker', () => {
     await out.stream.end();
   });
 });
+
+describe("vllm_xargs' kv_cache_report_mode through the endpoint picker", () => {
+  for (const path of ['/v1/completions', '/v1/chat/completions', '/v1/responses']) {
+    test(`is removed on ${path}, with forwardKvTransferParams too; the other members pass as written`, async () => {
+      const body = path === '/v1/chat/completions' ? '"messages":[{"role":"user","content":"hi"}]' : '"prompt":"hi"';
+      const sent = `{"model":"mock",${body},"vllm_xargs":{"kv_cache_report_mode":"full","k":${SEED}},"seed":${SEED}}`;
+      const expected = `{"model":"mock",${body},"vllm_xargs":{"k":${SEED}},"seed":${SEED}}`;
+      assert.equal(await forwardedBody(envoys.stripping, path, sent), expected);
+      assert.equal(await forwardedBody(envoys.keeping, path, sent), expected);
+    });
+  }
+});
