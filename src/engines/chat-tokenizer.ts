@@ -19,7 +19,11 @@ import { renderWithPythonNumbers } from './python-jinja.js';
 
 /** Turns a request into the token ids the engine will see (`--tokenize tokenizer`). */
 export interface PromptTokenizer {
-  tokenize(request: RouteRequest): number[];
+  /**
+   * A completion's prompt with the tokenizer's special tokens when `addSpecialTokens` (the
+   * request's `add_special_tokens`: default true, as vLLM's CompletionRequest), or a chat.
+   */
+  tokenize(request: RouteRequest, addSpecialTokens?: boolean): number[];
   /** A chat request with what besides the messages shapes its prompt (tools, template options). */
   tokenizeChatRequest?(request: ChatTemplateRequest): number[];
 }
@@ -38,6 +42,11 @@ export interface ChatTemplateRequest {
   /** Default true, as vLLM's ChatCompletionRequest. */
   add_generation_prompt?: boolean;
   continue_final_message?: boolean;
+  /**
+   * The tokenizer's special tokens (a BOS) around the rendered prompt, on top of what the
+   * template writes. Default false, as vLLM's ChatCompletionRequest.
+   */
+  add_special_tokens?: boolean;
 }
 
 /**
@@ -63,6 +72,8 @@ const RESERVED_KWARGS = new Set([
   'tokenize',
   'conversation',
 ]);
+/** A text whose ids show where a tokenizer's post-processor puts its special tokens. */
+const PROBE_TEXT = 'a';
 /** Appended to the final message for continue_final_message, as transformers' render_jinja_template. */
 const CONTINUE_TAG = 'CONTINUE_FINAL_MESSAGE_TAG ';
 
@@ -148,6 +159,8 @@ export class ChatTokenizer implements PromptTokenizer {
   private readonly cacheEntries: number;
   /** The template iterates over content parts (vLLM's "openai" content format). */
   private readonly partsContent: boolean;
+  /** specialTokensAround's answer; null until asked. */
+  private around: { before: number[]; after: number[] } | undefined | null = null;
 
   constructor(
     private readonly tokenizer: Tokenizer,
@@ -215,10 +228,10 @@ export class ChatTokenizer implements PromptTokenizer {
     return new ChatTokenizer(tokenizer, config, { ...options, chatTemplate });
   }
 
-  tokenize(request: RouteRequest): number[] {
+  tokenize(request: RouteRequest, addSpecialTokens = true): number[] {
     if (request.tokens) return Array.from(request.tokens);
     if (request.messages) return this.tokenizeChat(request.messages);
-    return this.tokenizer.encode(request.text ?? '', { add_special_tokens: true }).ids;
+    return this.tokenizer.encode(request.text ?? '', { add_special_tokens: addSpecialTokens }).ids;
   }
 
   /** Token ids of a chat as the engine renders it (with the generation prompt). */
@@ -311,7 +324,28 @@ export class ChatTokenizer implements PromptTokenizer {
     if (i < cacheable) this.stats.wholeRenders++;
     const rest = whole.slice(rendered.length);
     if (rest.length > 0) for (const t of this.tokenizer.encode(rest, { add_special_tokens: false }).ids) out.push(t);
-    return out;
+    if (request.add_special_tokens !== true) return out;
+    // vLLM encodes the rendered prompt with the special tokens: the tokenizer's post-processor
+    // puts them around the text's ids, wherever the text was cut
+    const around = this.specialTokensAround();
+    if (around === undefined) return this.tokenizer.encode(whole, { add_special_tokens: true }).ids;
+    return around.before.length === 0 && around.after.length === 0 ? out : [...around.before, ...out, ...around.after];
+  }
+
+  /** The special tokens the tokenizer's post-processor puts before and after a text's ids, once. */
+  private specialTokensAround(): { before: number[]; after: number[] } | undefined {
+    if (this.around !== null) return this.around;
+    const plain: number[] = this.tokenizer.encode(PROBE_TEXT, { add_special_tokens: false }).ids;
+    const special: number[] = this.tokenizer.encode(PROBE_TEXT, { add_special_tokens: true }).ids;
+    let at = -1;
+    for (let i = 0; at < 0 && i + plain.length <= special.length; i++)
+      if (plain.every((t, j) => special[i + j] === t)) at = i;
+    // a post-processor that changes the text's own ids: the whole prompt is encoded each time
+    this.around =
+      plain.length === 0 || at < 0
+        ? undefined
+        : { before: special.slice(0, at), after: special.slice(at + plain.length) };
+    return this.around;
   }
 
   /** One message (checked by checkChatMessages) as vLLM passes it to the template. */

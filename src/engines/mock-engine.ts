@@ -267,7 +267,7 @@ export class MockEngine {
     const tokens =
       body.messages !== undefined
         ? chatTokens(this.options.tokenizer, body.messages, body)
-        : promptTokens(this.options.tokenizer, body.prompt);
+        : promptTokens(this.options.tokenizer, body.prompt, body.add_special_tokens !== false);
     return { tokens, count: tokens.length, max_model_len: this.cores[0].engine.maxModelLen };
   }
 
@@ -282,7 +282,7 @@ export class MockEngine {
     const core = this.coreFor(rankHeader);
     const tokens = chat
       ? chatTokens(this.options.tokenizer, body.messages, body)
-      : promptTokens(this.options.tokenizer, body.prompt);
+      : promptTokens(this.options.tokenizer, body.prompt, body.add_special_tokens !== false);
     if (tokens.length === 0) throw new HttpError(400, 'the prompt is empty', chat ? 'messages' : 'prompt');
     const maxTokens = body.max_tokens ?? body.max_completion_tokens ?? 16;
     if (!Number.isInteger(maxTokens) || (maxTokens as number) < 1 || (maxTokens as number) > 100_000)

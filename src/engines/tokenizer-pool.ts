@@ -7,8 +7,11 @@ import type { RouteRequest } from '../core/router/index.js';
 /** A tokenizer that answers later: what `--tokenize tokenizer` uses with worker threads. */
 export interface AsyncPromptTokenizer {
   readonly async: true;
-  /** Token ids of the request; a chat with its template options (tools, kwargs) when `chat` is given. */
-  tokenize(request: RouteRequest, chat?: ChatTemplateRequest): Promise<ArrayLike<number>>;
+  /**
+   * Token ids of the request; a chat with its template options (tools, kwargs) when `chat` is
+   * given; a prompt with the special tokens when `addSpecialTokens` (default true).
+   */
+  tokenize(request: RouteRequest, chat?: ChatTemplateRequest, addSpecialTokens?: boolean): Promise<ArrayLike<number>>;
 }
 
 export interface TokenizerPoolOptions {
@@ -47,6 +50,8 @@ export interface TokenizerThreadData {
 export interface TokenizeJob {
   id: number;
   request: { messages?: readonly ChatMessage[]; text?: string };
+  /** A prompt's `add_special_tokens`, when false (default true). */
+  addSpecialTokens?: false;
   /** A chat request with what besides the messages shapes its prompt (tools, template options). */
   chat?: ChatTemplateRequest;
 }
@@ -155,7 +160,7 @@ export class TokenizerPool implements AsyncPromptTokenizer {
 
   readonly async = true as const;
 
-  tokenize(request: RouteRequest, chat?: ChatTemplateRequest): Promise<ArrayLike<number>> {
+  tokenize(request: RouteRequest, chat?: ChatTemplateRequest, addSpecialTokens = true): Promise<ArrayLike<number>> {
     if (request.tokens) return Promise.resolve(request.tokens);
     if (this.closed) return Promise.reject(new TokenizerUnavailableError('the tokenizer pool is closed'));
     if (this.jobs.size >= this.maxPending) {
@@ -167,6 +172,7 @@ export class TokenizerPool implements AsyncPromptTokenizer {
       request: request.messages ? { messages: request.messages } : { text: request.text ?? '' },
       chat,
     };
+    if (!addSpecialTokens) job.addSpecialTokens = false;
     const index = this.pick(request);
     if (index < 0) return Promise.reject(new TokenizerUnavailableError('no tokenizer thread is running'));
     const thread = this.threads[index];

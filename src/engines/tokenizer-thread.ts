@@ -26,7 +26,9 @@ try {
 port.on('message', (job: TokenizeJob) => {
   let reply: TokenizeReply;
   try {
-    const ids = job.chat ? tokenizer.tokenizeChatRequest(job.chat) : tokenizer.tokenize(job.request);
+    const ids = job.chat
+      ? tokenizer.tokenizeChatRequest(job.chat)
+      : tokenizer.tokenize(job.request, job.addSpecialTokens);
     const tokens = Uint32Array.from(ids);
     reply = { id: job.id, tokens };
     port.postMessage(reply, [tokens.buffer]);

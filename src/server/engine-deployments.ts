@@ -48,12 +48,15 @@ export function adaptersFromModels(models: ReadonlyArray<{ id: string }>): Map<s
 
 /**
  * The body of a vLLM /tokenize request giving the same prompt tokens as the request: the
- * model, and for a chat everything that shapes the rendered prompt (vLLM's TokenizeChatRequest
- * fields), so the ids match what the engine will compute for the request itself.
+ * model, `add_special_tokens` when the request gives it (vLLM's /tokenize defaults it as its
+ * generation endpoints do: true for a prompt, false for messages), and for a chat everything
+ * that shapes the rendered prompt (vLLM's TokenizeChatRequest fields), so the ids match what
+ * the engine will compute for the request itself.
  */
 export function tokenizeBody(body: Record<string, unknown>, r: RouteRequest): Record<string, unknown> {
   const out: Record<string, unknown> = {};
   if (typeof body.model === 'string') out.model = body.model;
+  if (typeof body.add_special_tokens === 'boolean') out.add_special_tokens = body.add_special_tokens;
   if (r.messages) {
     out.messages = r.messages;
     for (const k of [
@@ -97,6 +100,8 @@ export function chatTemplateRequest(body: Record<string, unknown>): ChatTemplate
     chat_template_kwargs: body.chat_template_kwargs as Record<string, unknown> | undefined,
     add_generation_prompt: (body.add_generation_prompt ?? undefined) as boolean | undefined,
     continue_final_message: (body.continue_final_message ?? undefined) as boolean | undefined,
+    // checked by readRouteRequest
+    add_special_tokens: (body.add_special_tokens ?? undefined) as boolean | undefined,
   };
 }
 

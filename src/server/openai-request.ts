@@ -364,7 +364,8 @@ export function createRequestParser(options: RequestReaderOptions) {
       try {
         // a chat is tokenized with what else shapes its prompt (tools, template options), as vLLM does
         const chat = parsed.routeRequest.messages ? chatTemplateRequest(parsed.body) : undefined;
-        const tokens = await tokenizeWith(promptTokenizer!, parsed.routeRequest, chat);
+        const special = parsed.body.add_special_tokens;
+        const tokens = await tokenizeWith(promptTokenizer!, parsed.routeRequest, chat, special !== false);
         parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
       } catch (err) {
         // images and other media: the engine makes their tokens; route on the text instead
@@ -428,14 +429,20 @@ export function createRequestReader(options: RequestReaderOptions) {
 
 export type RequestReader = ReturnType<typeof createRequestReader>;
 
-/** Token ids from an in-process tokenizer or a thread pool, for a chat (with its options) or a plain prompt. */
+/**
+ * Token ids from an in-process tokenizer or a thread pool, for a chat (with its options, its
+ * add_special_tokens among them) or a plain prompt (with the special tokens when `addSpecialTokens`).
+ */
 function tokenizeWith(
   tokenizer: PromptTokenizer | AsyncPromptTokenizer,
   request: RouteRequest,
   chat: ChatTemplateRequest | undefined,
+  addSpecialTokens: boolean,
 ): ArrayLike<number> | Promise<ArrayLike<number>> {
-  if (isAsyncTokenizer(tokenizer)) return tokenizer.tokenize(request, chat);
-  return chat && tokenizer.tokenizeChatRequest ? tokenizer.tokenizeChatRequest(chat) : tokenizer.tokenize(request);
+  if (isAsyncTokenizer(tokenizer)) return tokenizer.tokenize(request, chat, addSpecialTokens);
+  return chat && tokenizer.tokenizeChatRequest
+    ? tokenizer.tokenizeChatRequest(chat)
+    : tokenizer.tokenize(request, addSpecialTokens);
 }
 
 function isAsyncTokenizer(t: PromptTokenizer | AsyncPromptTokenizer): t is AsyncPromptTokenizer {

@@ -1286,6 +1286,10 @@ export function readRouteRequest(
   // the gateway's timeouts and accounting follow it, so it must mean what the engine reads
   if (body.stream !== undefined && body.stream !== null && typeof body.stream !== 'boolean')
     throw new RequestLimitError('stream must be a boolean', 'stream');
+  // the router's token ids follow it (a BOS or not), on the engine's /tokenize and in process
+  const special = body.add_special_tokens;
+  if (special !== undefined && special !== null && typeof special !== 'boolean')
+    throw new RequestLimitError('add_special_tokens must be true or false', 'add_special_tokens');
   // what multiplies the engine's work for this one request
   checkChoices(body.n, 'n', limits.maxChoices);
   checkChoices(body.best_of, 'best_of', limits.maxChoices);

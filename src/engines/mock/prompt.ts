@@ -45,6 +45,7 @@ export function chatTokens(
         chat_template_kwargs: kwargs as Record<string, unknown> | undefined,
         add_generation_prompt: body.add_generation_prompt as boolean | undefined,
         continue_final_message: body.continue_final_message as boolean | undefined,
+        add_special_tokens: body.add_special_tokens === true,
       });
     }
     return tokenizer.tokenize({ messages: checked });
@@ -53,12 +54,20 @@ export function chatTokens(
   }
 }
 
-/** A completion's prompt tokens: a string (tokenized), token ids, or a list of one of those. */
-export function promptTokens(tokenizer: PromptTokenizer | undefined, prompt: unknown): number[] {
-  if (typeof prompt === 'string') return tokenizer ? tokenizer.tokenize({ text: prompt }) : mockTokenize(prompt);
+/**
+ * A completion's prompt tokens: a string (tokenized, with the tokenizer's special tokens unless
+ * `addSpecialTokens` is false, as vLLM's `add_special_tokens`), token ids, or a list of one of those.
+ */
+export function promptTokens(
+  tokenizer: PromptTokenizer | undefined,
+  prompt: unknown,
+  addSpecialTokens = true,
+): number[] {
+  if (typeof prompt === 'string')
+    return tokenizer ? tokenizer.tokenize({ text: prompt }, addSpecialTokens) : mockTokenize(prompt);
   if (Array.isArray(prompt) && prompt.every((t) => Number.isInteger(t) && t >= 0 && t < 2 ** 32))
     return prompt as number[];
-  if (Array.isArray(prompt) && prompt.length === 1) return promptTokens(tokenizer, prompt[0]);
+  if (Array.isArray(prompt) && prompt.length === 1) return promptTokens(tokenizer, prompt[0], addSpecialTokens);
   throw new HttpError(400, 'prompt must be a string, a list of token ids, or a list with one of those', 'prompt');
 }
 
