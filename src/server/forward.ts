@@ -154,7 +154,10 @@ export interface ForwardOptions {
    * be made at all (refused, timed out): a new one would not get further.
    */
   onConnectionLost: () => void;
-  /** The attempt ended 'retry': why (called once, just before the outcome is known). */
+  /**
+   * The attempt ended 'retry' (the engine failed before anything reached the client) or 'cut'
+   * (it failed after): why (called once, just before the outcome is known).
+   */
   onFailed?: (reason: FailureReason) => void;
 }
 
@@ -595,7 +598,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     // an answer written gives its bytes back once they are (onComplete, stopGathering); any other
     // end drops what was gathered
     if (outcome !== 'done') this.giveBackAnswer();
-    if (outcome === 'retry') this.o.onFailed?.(this.failure ?? 'reset');
+    if (outcome === 'retry' || outcome === 'cut') this.o.onFailed?.(this.failure ?? 'reset');
     if (this.timer) clearTimeout(this.timer);
     this.res.off('close', this.onClientGone);
     if (this.awaitingDrain) {
@@ -921,6 +924,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
         // the client has part of the answer: it gets the rest as the engine sent it, and the engine's
         // failure counts as a stream it broke off
         this.failedInStream = true;
+        this.failure ??= 'status';
       } else if (errorStatus !== 0 && !this.sent && errorEvent(chunk, true, true).status !== 0) {
         // the engine's answer to the client's error, before any of the answer: it computed none
         // of the request, as when it answers with that status (once: the response starts below).
@@ -1119,6 +1123,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
         this.failure ??= 'malformed';
         return this.settle('retry');
       }
+      this.failure ??= 'malformed';
       this.res.end(`${this.midEvent ? '\n\n' : ''}${MID_STREAM_ERROR_EVENTS}`);
       return this.settle('cut');
     }

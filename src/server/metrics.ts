@@ -11,12 +11,13 @@ import type { SubscriberStats } from '../engines/kv-events/subscriber.js';
 import { skippedEventCounts } from './engine-deployments.js';
 
 /**
- * Why an attempt failed before anything reached the client (a bounded set: the label `reason` of
- * contextforge_upstream_failures_total, and the word the gateway's 502 ends with): the engine's
- * answer or next event was overdue (`timeout`), the connection could not be made (`refused`) or
- * broke (`reset`), the engine answered with a status (or an error object or event) that is no
- * answer (`status`), or its answer was not one the client could read (`malformed`: JSON cut short
- * or not JSON, a stream without its end or whose first event is not JSON, a body of the wrong type).
+ * Why an attempt failed (a bounded set: the label `reason` of contextforge_upstream_failures_total
+ * before anything reached the client, and the word the gateway's 502 ends with; of
+ * contextforge_stream_failures_total after): the engine's answer or next event was overdue
+ * (`timeout`), the connection could not be made (`refused`) or broke (`reset`), the engine answered
+ * with a status (or an error object or event) that is no answer (`status`), or its answer was not
+ * one the client could read (`malformed`: JSON cut short or not JSON, a stream without its end or
+ * whose first event is not JSON, a body of the wrong type).
  */
 export const FAILURE_REASONS = ['timeout', 'refused', 'reset', 'status', 'malformed'] as const;
 export type FailureReason = (typeof FAILURE_REASONS)[number];
@@ -76,6 +77,13 @@ export interface GatewayMetrics {
   latency: Histogram;
   /** Connection failures and 5xx before the first byte, per worker (what opens a breaker). */
   upstreamFailures: Counter<'worker' | 'reason'>;
+  /**
+   * Attempts the engine failed after their answer started reaching the client (a stream ended
+   * with the gateway's error event, any other answer cut), per worker and reason (FAILURE_REASONS):
+   * not retried, and answered with the status already sent, so contextforge_requests_total does
+   * not show them. Each counts for the worker's breaker.
+   */
+  streamFailures: Counter<'worker' | 'reason'>;
   /**
    * Attempts that waited for a free connection to a worker's engine until their deadline (every
    * connection the gateway keeps to it was busy), per worker: the gateway's limit, not the engine's failure.
@@ -215,6 +223,12 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     labelNames: ['worker', 'reason'] as const,
     registers,
   });
+  const streamFailures = new Counter({
+    name: 'contextforge_stream_failures_total',
+    help: 'Failed attempts after the answer started reaching the client (the stream ended with an error event, any other answer cut; not retried, counted with the status already sent), per worker and reason: timeout (next event overdue), reset (connection broke), status (an error event of the engine for a server error), malformed (a stream ended without data: [DONE]).',
+    labelNames: ['worker', 'reason'] as const,
+    registers,
+  });
   const connectionWaitTimeouts = new Counter({
     name: 'contextforge_engine_connection_wait_timeouts_total',
     help: "Attempts that found every connection the gateway keeps to a worker's engine busy until their deadline, per worker (not engine failures).",
@@ -238,11 +252,13 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     ttft,
     latency,
     upstreamFailures,
+    streamFailures,
     connectionWaitTimeouts,
     panicRouted,
     forgetWorker(workerId) {
       for (const counter of [retries, connectionWaitTimeouts]) counter.remove({ worker: workerId });
-      for (const reason of FAILURE_REASONS) upstreamFailures.remove({ worker: workerId, reason });
+      for (const reason of FAILURE_REASONS)
+        for (const counter of [upstreamFailures, streamFailures]) counter.remove({ worker: workerId, reason });
     },
   };
 }

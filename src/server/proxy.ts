@@ -436,9 +436,14 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         return exhausted(decision.workerId, outcome === 'retry' ? failure : undefined);
       }
       // an answer the engine broke off after it reached the client cannot be retried, but it is
-      // the engine's failure: an engine that stalls or dies mid-answer opens its circuit too
-      if (outcome === 'cut') breaker.failed(decision.workerId);
-      else {
+      // the engine's failure: an engine that stalls or dies mid-answer opens its circuit too, and
+      // it is counted apart from the failures before the first byte (the client got the status
+      // already sent, which contextforge_requests_total counts)
+      if (outcome === 'cut') {
+        breaker.failed(decision.workerId);
+        if (connections.get(decision.workerId))
+          metrics.streamFailures.inc({ worker: decision.workerId, reason: failure });
+      } else {
         const served = reply.raw.statusCode < 400;
         breaker.answered(decision.workerId, served);
         // an engine's 404 on a completion path is its model-not-found (vLLM: {"error": {"type":
