@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict';
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { promisify } from 'node:util';
 import { after, before, test } from 'node:test';
@@ -14,7 +16,7 @@ import { until } from '../helpers/wait.js';
 
 // Every query of the Grafana dashboard, run by a real Prometheus against the router's own
 // /metrics: a gateway with the endpoint picker beside it, engines publishing KV events, one
-// worker that fails, traffic through both the OpenAI API and a loopback Envoy. Prometheus
+// worker that fails, one whose streams break off after their first event, traffic through both the OpenAI API and a loopback Envoy. Prometheus
 // (Debian's package) scrapes it every second; promtool runs each panel's expression with the
 // dashboard's variables filled in, and each must return series. Run by
 // scripts/ci-deploy-checks.sh (it needs prometheus and promtool).
@@ -36,6 +38,8 @@ let prometheus: ChildProcess | undefined;
 let promUrl = '';
 let dataDir = '';
 let traffic: NodeJS.Timeout | undefined;
+/** An engine that answers a streamed completion with its first event, then breaks the connection. */
+let cutEngine: Server | undefined;
 
 
 let n = 0;
@@ -53,6 +57,16 @@ async function sendTraffic(): Promise<void> {
 before(async () => {
   for (let i = 0; i < 2; i++) engines.push(await new MockEngine({ decodeTokS: 4000, events: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*' }).start());
   const deadPorts = [await freePort(), await freePort()];
+  cutEngine = createServer((req, res) => {
+    req.resume();
+    if (req.url !== '/v1/completions') return void res.writeHead(404).end();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write('data: {"choices":[{"index":0,"text":"a"}]}\n\n', () => setImmediate(() => res.socket?.destroy()));
+    });
+  });
+  await new Promise<void>((r) => cutEngine!.listen(0, '127.0.0.1', r));
+  const cutPort = (cutEngine.address() as AddressInfo).port;
   gateway = await createGateway({
     router: new KVAwareRouter({ blockSize: 16, indexMode: 'precise' }),
     workers: [
@@ -64,6 +78,8 @@ before(async () => {
         url: `http://127.0.0.1:${port}`,
         metrics: `http://127.0.0.1:${engines[i].port}/metrics`,
       })),
+      // a stream on this one fails after its first event (a failure after the first byte)
+      { id: 'engine-cut', url: `http://127.0.0.1:${cutPort}`, metrics: `http://127.0.0.1:${engines[0].port}/metrics` },
     ],
     tokenize: 'engine', kvEvents: true, metricsIntervalMs: 250, healthCheckIntervalMs: 0, breakerFailures: 1, breakerCooldownMs: 600_000,
   });
@@ -72,8 +88,11 @@ before(async () => {
   envoy = await startLoopbackEnvoy({ extProc: `127.0.0.1:${String(picker.eppPort)}` });
   // one request that can only go to the failing workers: it fails on one, is retried on the
   // other (a retry counts once another worker takes it), fails again, and opens both circuits
-  for (const e of ['engine-0', 'engine-1']) gateway.router.drainWorker(e);
+  for (const e of ['engine-0', 'engine-1', 'engine-cut']) gateway.router.drainWorker(e);
   await fetch(`${gatewayUrl}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'mock', prompt: 'x', max_tokens: 1 }) }).then((r) => r.arrayBuffer());
+  // then one stream that only the breaking worker can take: it fails mid-stream and opens its circuit
+  gateway.router.resumeWorker('engine-cut');
+  await fetch(`${gatewayUrl}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'mock', prompt: 'x', max_tokens: 1, stream: true }) }).then((r) => r.arrayBuffer());
   for (const e of ['engine-0', 'engine-1']) gateway.router.resumeWorker(e);
   for (let i = 0; i < 5; i++) await sendTraffic();
   traffic = setInterval(() => void sendTraffic(), 200);
@@ -104,6 +123,10 @@ after(async () => {
   await picker?.close();
   await gateway?.close();
   for (const e of engines) await e.close();
+  if (cutEngine) {
+    cutEngine.closeAllConnections();
+    await new Promise<void>((r) => cutEngine!.close(() => r()));
+  }
   if (dataDir) rmSync(dataDir, { recursive: true, force: true });
 });
 
