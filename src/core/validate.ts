@@ -24,6 +24,13 @@ export const MAX_WORKER_ID_LENGTH = 256;
 /** A UTF-16 surrogate without its other half: such a string has no UTF-8 form (a metric label, a log line, JSON). */
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
 
+/** Whether workerId() takes `value`: for ids read from elsewhere (another replica), skipped rather than thrown on. */
+export function isWorkerId(value: unknown): value is string {
+  return (
+    typeof value === 'string' && value.length > 0 && value.length <= MAX_WORKER_ID_LENGTH && !LONE_SURROGATE.test(value)
+  );
+}
+
 /** A worker id: a non-empty string of at most MAX_WORKER_ID_LENGTH code units, well-formed UTF-16. */
 export function workerId(value: unknown, name: string): string {
   requireId(value, name);
@@ -109,6 +116,14 @@ export function fraction(value: unknown, name: string): number {
 export function finiteNonNegative(value: unknown, name: string): number {
   if (typeof value !== 'number') throw new TypeError(`${name} must be a number, got ${describe(value)}`);
   if (!Number.isFinite(value) || value < 0) throw new RangeError(`${name} must be a finite number >= 0, got ${value}`);
+  return value;
+}
+
+/** A number from 0 to `max` (a fraction too); NaN, an infinity or a negative one is an error. */
+export function numberUpTo(value: unknown, name: string, max: number): number {
+  if (typeof value !== 'number')
+    throw new TypeError(`${name} must be a number from 0 to ${max}, got ${describe(value)}`);
+  if (!(value >= 0 && value <= max)) throw new RangeError(`${name} must be a number from 0 to ${max}, got ${value}`);
   return value;
 }
 

@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { AnchorTable } from '../../src/core/anchor-table.js';
+import { MAX_REMOTE_LOAD } from '../../src/core/router/in-flight.js';
 import * as api from '../../src/index.js';
 import {
   createPolicy,
@@ -306,5 +307,43 @@ describe('numWorkers', () => {
     for (const n of [0, 2.5, 4]) assert.equal(new KVAwareRouter({ numWorkers: n }).numWorkers, n);
     for (const n of [-1, NaN, Infinity]) assert.throws(() => new KVAwareRouter({ numWorkers: n }), /numWorkers/);
     assert.throws(() => new KVAwareRouter({ numWorkers: '4' as never }), TypeError);
+  });
+});
+
+describe("setRemoteLoad()'s amounts", () => {
+  test('are numbers from 0 to MAX_REMOTE_LOAD, each named; a refused one changes nothing', () => {
+    const router = new KVAwareRouter();
+    router.registerWorker('w0');
+    const t = router.route({ tokens: Array.from({ length: 64 }, (_, i) => i) }).ticket;
+    assert.ok(t > 0);
+    const ok = { inFlightRequests: 2, queuedPrefillTokens: 300, activeDecodeTokens: 40 };
+    router.setRemoteLoad('w0', ok);
+    for (const key of ['inFlightRequests', 'queuedPrefillTokens', 'activeDecodeTokens'] as const) {
+      for (const bad of [1e308, MAX_REMOTE_LOAD + 1, Infinity, NaN, -1])
+        refuses(
+          router,
+          () => router.setRemoteLoad('w0', { ...ok, [key]: bad }),
+          RangeError,
+          new RegExp(`^load\\.${key} must be a number from 0 to ${MAX_REMOTE_LOAD}, got `),
+        );
+      refuses(
+        router,
+        () => router.setRemoteLoad('w0', { ...ok, [key]: '5' as never }),
+        TypeError,
+        new RegExp(`^load\\.${key} must be a number`),
+      );
+    }
+    // at the bound it is taken, and replacing it leaves this router's own counts exact
+    const own = router.localLoad('w0');
+    router.setRemoteLoad('w0', {
+      inFlightRequests: MAX_REMOTE_LOAD,
+      queuedPrefillTokens: MAX_REMOTE_LOAD,
+      activeDecodeTokens: MAX_REMOTE_LOAD,
+    });
+    assert.equal(router.listWorkers()[0].queuedPrefillTokens, MAX_REMOTE_LOAD + own.queuedPrefillTokens);
+    router.setRemoteLoad('w0', { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+    assert.deepEqual(router.localLoad('w0'), own);
+    const w = router.listWorkers()[0];
+    assert.deepEqual([w.inFlightRequests, w.queuedPrefillTokens, w.activeDecodeTokens], [1, 64, 0]);
   });
 });

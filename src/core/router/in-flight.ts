@@ -370,11 +370,26 @@ export function localLoad(w: WorkerState): InFlightLoad {
   };
 }
 
-/** Replaces the remote part of a worker's counts with `load`, adjusting the totals by the difference. */
+/**
+ * Largest amount setRemoteLoad() takes for each of a worker's counts (2^40, about 1.1e12):
+ * requests, or tokens of queued prefill or of decode, summed over the other replicas. Far past
+ * any real load (a worker's KV cache holds some millions of tokens, its queue some thousands of
+ * requests; 2^40 tokens are 8,192 prompts of the longest maxPromptTokens allows, 2^27), and small
+ * enough that the worker's totals, which setRemoteLoad() moves by the difference between the
+ * old and the new remote amount, stay whole numbers below 2^53, where floating point is exact:
+ * replacing a remote amount then restores this replica's own counts exactly. A larger one (1e308)
+ * would swamp every score, and replacing it would lose the replica's own counts to rounding.
+ */
+export const MAX_REMOTE_LOAD = 2 ** 40;
+
+/**
+ * Replaces the remote part of a worker's counts with `load`, adjusting the totals by the
+ * difference. Every amount is checked before anything changes.
+ */
 export function setRemoteLoad(w: WorkerState, load: InFlightLoad): void {
-  const requests = check.finiteNonNegative(load.inFlightRequests, 'inFlightRequests');
-  const prefill = check.finiteNonNegative(load.queuedPrefillTokens, 'queuedPrefillTokens');
-  const decode = check.finiteNonNegative(load.activeDecodeTokens, 'activeDecodeTokens');
+  const requests = check.numberUpTo(load.inFlightRequests, 'load.inFlightRequests', MAX_REMOTE_LOAD);
+  const prefill = check.numberUpTo(load.queuedPrefillTokens, 'load.queuedPrefillTokens', MAX_REMOTE_LOAD);
+  const decode = check.numberUpTo(load.activeDecodeTokens, 'load.activeDecodeTokens', MAX_REMOTE_LOAD);
   w.inFlightRequests += requests - w.remoteInFlightRequests;
   w.queuedPrefillTokens += prefill - w.remoteQueuedPrefillTokens;
   w.activeDecodeTokens += decode - w.remoteActiveDecodeTokens;

@@ -559,6 +559,8 @@ export class KVAwareRouter {
   /**
    * The in-flight work other replicas have on a worker (their sum): policies then see the
    * whole fleet's load, not just this replica's, and replicas do not pile onto one worker.
+   * Each amount is a number from 0 to MAX_REMOTE_LOAD (2^40; a RangeError naming it otherwise,
+   * a TypeError for one that is no number), and nothing changes unless all three are.
    */
   setRemoteLoad(workerId: string, load: InFlightLoad): void {
     const w = this.requireRegistered(workerId);
