@@ -252,7 +252,7 @@ export class ClusterStateStore implements StateStore {
   }
 
   stats(): StateStats {
-    return { kind: 'cluster', replicaId: this.replicaId, ...this.counters };
+    return { kind: 'cluster', replicaId: this.replicaId, ...this.counters, remoteLoadClamped: this.remote.clamped };
   }
 
   async close(): Promise<void> {

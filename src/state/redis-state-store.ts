@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { LRUCache } from 'lru-cache';
 import { Redis, ReplyError, type ChainableCommander, type RedisOptions } from 'ioredis';
 import { quotedText } from '../core/shown-text.js';
+import { isWorkerId } from '../core/validate.js';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import { MAX_PREDICTION_TTL_MS } from '../core/router/options-schema.js';
 import {
@@ -16,6 +17,7 @@ import {
   encodeRefused,
   encodeReleased,
   encodeWorkflow,
+  namesWorker,
   parseWorkflow,
   RedisKeys,
   type WireDecision,
@@ -660,6 +662,7 @@ export class RedisStateStore implements StateStore {
       kind: 'redis',
       replicaId: this.replicaId,
       ...this.counters,
+      remoteLoadClamped: this.remote.clamped,
       lastRefusal: this.lastRefusal,
       connected: this.up,
     };
@@ -813,6 +816,8 @@ export class RedisStateStore implements StateStore {
     // this replica's own removal, heard back: what was announced before it has been heard
     if (msg.r === this.replicaId && msg.k === 'wr') this.removalsInFlight.delete(msg.id);
     if (msg.r === this.replicaId || !this.host) return;
+    // the worker a message names is checked as the router checks one given through its API
+    if (!namesWorker(msg)) return void this.counters.malformedMessages++;
     try {
       if (msg.k === 'd') {
         this.applyDecision(msg);
@@ -829,9 +834,11 @@ export class RedisStateStore implements StateStore {
       } else if (msg.k === 'ld') {
         // what it says it holds replaces what this replica counted of it (releases it could
         // not publish while cut off would otherwise stay counted for good); only known workers
+        if (msg.l === null || typeof msg.l !== 'object') return void this.counters.malformedMessages++;
         const known = new Set(this.host.router.listWorkers().map((w) => w.id));
-        const entries = Object.entries(msg.l).filter(([id]) => known.has(id));
-        this.remote.replace(msg.r, decodeLoadSnapshot(Object.fromEntries(entries)));
+        const load = decodeLoadSnapshot(msg.l);
+        for (const id of load.keys()) if (!known.has(id)) load.delete(id);
+        this.remote.replace(msg.r, load);
         for (const id of known) this.applyRemote(id);
       } else if (msg.k === 'wa') {
         const id = msg.worker.id;
@@ -847,13 +854,12 @@ export class RedisStateStore implements StateStore {
         this.draining.delete(msg.id);
         if (this.host.listWorkers().some((w) => w.id === msg.id)) this.host.removeWorkerFromState(msg.id);
       } else if (msg.k === 'dr') {
-        if (typeof msg.id !== 'string' || typeof msg.on !== 'boolean') return void this.counters.malformedMessages++;
+        if (typeof msg.on !== 'boolean') return void this.counters.malformedMessages++;
         for (const h of this.hearing) if (h.past) h.drains.set(msg.id, msg.on);
         if (msg.on) this.draining.add(msg.id);
         else this.draining.delete(msg.id);
         if (this.host.listWorkers().some((w) => w.id === msg.id)) this.host.drainWorkerFromState?.(msg.id, msg.on);
       } else if (msg.k === 'ev') {
-        if (typeof msg.w !== 'string') return void this.counters.malformedMessages++;
         this.host.applyKvEventsFromState?.(msg.w, msg.e);
       } else this.counters.malformedMessages++;
     } catch {
@@ -1153,47 +1159,50 @@ export class RedisStateStore implements StateStore {
         .exec()) ?? [];
     // a mark Redis refused is never heard: nothing then wins over the reads
     if (read[0]?.[0]) this.failed(read[0][0], 'the registry read');
+    // kept in Maps, by worker id: ids are read from Redis and heard from the others, and an id
+    // such as `__proto__` assigned as a plain object's key would set its prototype instead
     const [workers, removed, drains] = await Promise.all(
-      (['workers', 'removed', 'draining'] as const).map((key, i) => {
+      (['workers', 'removed', 'draining'] as const).map(async (key, i) => {
         const [err, value] = read[i + 1] ?? [new Error('no answer'), undefined];
-        return this.unlessWrongKind(
+        const hash = await this.unlessWrongKind(
           err ? Promise.reject(err) : Promise.resolve(value as Record<string, string>),
           {},
           key,
         );
+        return new Map(Object.entries(hash));
       }),
     );
     /** What was read, with what was heard since laid over it. */
     const overlay = () => {
       for (const [id, w] of heard.workers) {
         if (w) {
-          workers[id] = JSON.stringify(w);
-          delete removed[id];
-        } else delete workers[id]; // removed here already (onMessage)
+          workers.set(id, JSON.stringify(w));
+          removed.delete(id);
+        } else workers.delete(id); // removed here already (onMessage)
       }
       for (const [id, on] of heard.drains) {
-        if (on) drains[id] = '1';
-        else delete drains[id];
+        if (on) drains.set(id, '1');
+        else drains.delete(id);
       }
     };
     // removals recorded long ago (or unreadable) are forgotten, unless recorded again meanwhile
     const cutoff = Date.now() - REMOVAL_KEPT_MS;
-    const forgotten = Object.entries(removed).filter(([, at]) => !(Number(at) > cutoff));
-    for (const [id] of forgotten) delete removed[id];
+    const forgotten = [...removed].filter(([, at]) => !(Number(at) > cutoff)).map(([id]) => id);
+    for (const id of forgotten) removed.delete(id);
     if (forgotten.length > 0)
-      await this.cmd.hdel(this.key('removed'), ...forgotten.map(([id]) => id)).catch((err: Error) => {
+      await this.cmd.hdel(this.key('removed'), ...forgotten).catch((err: Error) => {
         if (!(err instanceof ReplyError)) throw err;
         this.failed(err, 'the old removals forgotten');
       });
     overlay();
-    const shared = Object.keys(workers).length > 0 || Object.keys(removed).length > 0;
+    const shared = workers.size > 0 || removed.size > 0;
     for (const w of [...host.listWorkers()])
-      if (Object.hasOwn(removed, w.id) && !Object.hasOwn(workers, w.id)) {
+      if (removed.has(w.id) && !workers.has(w.id)) {
         host.removeWorkerFromState(w.id);
         this.draining.delete(w.id);
       }
-    const missing = host.listWorkers().filter((w) => !Object.hasOwn(workers, w.id));
-    const localDrains = shared ? [] : [...this.draining].filter((id) => !Object.hasOwn(drains, id));
+    const missing = host.listWorkers().filter((w) => !workers.has(w.id));
+    const localDrains = shared ? [] : [...this.draining].filter((id) => !drains.has(id));
     if (missing.length > 0 || localDrains.length > 0) {
       const back = this.cmd.pipeline();
       // not over a removal another replica recorded since the registry was read
@@ -1230,13 +1239,19 @@ export class RedisStateStore implements StateStore {
           JSON.stringify({ r: this.replicaId, k: 'dr', id, on: true } satisfies WireWorkerDrained),
         );
       if (announce.length > 0) await this.run(announce, 'the workers written back');
-      for (const id of localDrains) drains[id] = '1';
+      for (const id of localDrains) drains.set(id, '1');
       overlay(); // what was heard during the write-back
     }
     // workers other replicas added
     const local = new Set(host.listWorkers().map((w) => w.id));
-    for (const [id, json] of Object.entries(workers)) {
+    for (const [id, json] of workers) {
       if (local.has(id)) continue;
+      // an id the router refuses through its API (too long, not well-formed text) is not taken from here either
+      if (!isWorkerId(id)) {
+        this.counters.malformedMessages++;
+        host.log(`state: a worker in ${this.key('workers')} whose id no router takes (${quotedText(id)}) skipped`);
+        continue;
+      }
       try {
         host.addWorkerFromState(JSON.parse(json) as WorkerRecord);
       } catch (err) {
@@ -1244,10 +1259,7 @@ export class RedisStateStore implements StateStore {
       }
     }
     // drains: the registry's word (with what this replica just wrote back); made meanwhile here, kept
-    const draining = new Set([
-      ...Object.keys(drains),
-      ...[...this.unsyncedDrains].filter(([, on]) => on).map(([id]) => id),
-    ]);
+    const draining = new Set([...drains.keys(), ...[...this.unsyncedDrains].filter(([, on]) => on).map(([id]) => id)]);
     for (const [id, on] of this.unsyncedDrains) if (!on) draining.delete(id);
     for (const w of host.listWorkers())
       if (draining.has(w.id) !== this.draining.has(w.id)) host.drainWorkerFromState?.(w.id, draining.has(w.id));
@@ -1279,10 +1291,14 @@ export class RedisStateStore implements StateStore {
     } while (cursor !== '0');
   }
 
-  /** This replica's own in-flight work per worker, as its snapshot holds it. */
+  /**
+   * This replica's own in-flight work per worker, as its snapshot holds it. Without a prototype:
+   * a worker named `__proto__` is a key like any other (on a plain object, assigning it sets the
+   * object's prototype instead, and the worker's load would go unshared).
+   */
   private ownLoad(): Record<string, string> {
     const router = this.host!.router;
-    const load: Record<string, string> = {};
+    const load = Object.create(null) as Record<string, string>;
     for (const w of router.listWorkers()) {
       const l = router.localLoad(w.id);
       load[w.id] = encodeLoadEntry(l.inFlightRequests, l.queuedPrefillTokens, l.activeDecodeTokens);

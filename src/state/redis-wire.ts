@@ -10,6 +10,7 @@ import type { SharedDecision } from '../core/router/index.js';
 import type { WorkerRecord } from './state-store.js';
 import { isRemoteAmount, type ReplicaLoad } from './remote-load.js';
 import { hashHex } from '../core/hashing.js';
+import { isWorkerId } from '../core/validate.js';
 
 /** A decision on the wire: short keys, block hashes as base64 of (hi, lo) uint32 pairs. */
 export interface WireDecision extends DecisionFields {
@@ -220,6 +221,29 @@ export function decisionIdOf(msg: { r: string; i?: unknown }): string | undefine
   return typeof msg.i === 'string' ? `${msg.r}/${msg.i}` : undefined;
 }
 
+/**
+ * Whether the worker a message names (`w`, `id`, or its worker record's id) is one the router
+ * takes through its API (isWorkerId): a message naming anything else is malformed. True for
+ * the messages that name none.
+ */
+export function namesWorker(msg: WireMessage): boolean {
+  switch (msg.k) {
+    case 'd':
+    case 'pd':
+    case 'rl':
+    case 'rf':
+    case 'ev':
+      return isWorkerId(msg.w);
+    case 'wr':
+    case 'dr':
+      return isWorkerId(msg.id);
+    case 'wa':
+      return msg.worker !== null && typeof msg.worker === 'object' && isWorkerId(msg.worker.id);
+    default:
+      return true;
+  }
+}
+
 /** Parses a channel message; throws on anything that is not an object with a replica id. */
 export function decodeMessage(raw: Buffer): WireMessage {
   const msg = JSON.parse(raw.toString('utf8')) as WireMessage;
@@ -252,10 +276,15 @@ export function encodeLoadEntry(
   return `${inFlightRequests},${queuedPrefillTokens},${activeDecodeTokens}`;
 }
 
-/** A replica's load snapshot; malformed, negative or out-of-range entries are left out. */
-export function decodeLoadSnapshot(hash: Record<string, string>): ReplicaLoad {
+/**
+ * A replica's load snapshot (a `load:{replica}` hash, or an `ld` message's `l`); entries that
+ * are malformed, negative or out of range, or of an id the router would refuse (isWorkerId),
+ * are left out. Kept in a Map: an id such as `__proto__` is a key like any other.
+ */
+export function decodeLoadSnapshot(hash: Readonly<Record<string, unknown>>): ReplicaLoad {
   const load: ReplicaLoad = new Map();
   for (const [id, v] of Object.entries(hash)) {
+    if (!isWorkerId(id) || typeof v !== 'string') continue;
     const [requests, prefill, decode] = v.split(',').map(Number);
     if ([requests, prefill, decode].every(isRemoteAmount)) load.set(id, { requests, prefill, decode });
   }

@@ -6,6 +6,7 @@
  * the bookkeeping is tested without Redis.
  */
 import type { InFlightLoad } from '../core/router/index.js';
+import { MAX_REMOTE_LOAD } from '../core/router/in-flight.js';
 
 /** One replica's work on one worker. */
 export interface WorkerTally {
@@ -18,10 +19,11 @@ export interface WorkerTally {
 export type ReplicaLoad = Map<string, WorkerTally>;
 
 /**
- * Largest count or token amount one message or snapshot entry may carry (2^40): far past any
- * real load, and small enough that sums over replicas stay finite.
+ * Largest count or token amount one message or snapshot entry may carry: what the router takes
+ * for a whole sum (MAX_REMOTE_LOAD, 2^40), far past any real load. Sums over replicas, and a
+ * replica's tally over many messages, may pass it: sum() clamps them to it.
  */
-export const MAX_REMOTE_AMOUNT = 2 ** 40;
+export const MAX_REMOTE_AMOUNT = MAX_REMOTE_LOAD;
 
 /** A count or token amount another replica sent: a number from 0 to MAX_REMOTE_AMOUNT. */
 export function isRemoteAmount(v: unknown): v is number {
@@ -30,6 +32,11 @@ export function isRemoteAmount(v: unknown): v is number {
 
 export class RemoteLoad {
   private readonly replicas = new Map<string, ReplicaLoad>();
+  /**
+   * Sums sum() clamped to MAX_REMOTE_LOAD (other replicas claiming more work on a worker than
+   * the router takes: a buggy or hostile peer): each such sum counts once.
+   */
+  clamped = 0;
 
   /**
    * Adds a message's change to a replica's tally on a worker; counts never go below 0.
@@ -72,7 +79,11 @@ export class RemoteLoad {
     return isRemoteAmount(decodeTokens) && this.add(replica, workerId, -1, 0, -decodeTokens);
   }
 
-  /** The other replicas' work on a worker, summed. */
+  /**
+   * The other replicas' work on a worker, summed: each amount at most MAX_REMOTE_LOAD, what
+   * KVAwareRouter.setRemoteLoad() takes (a larger one is clamped, and counted in `clamped`), so
+   * the stores can pass it on from a timer or a message handler without it throwing.
+   */
   sum(workerId: string): InFlightLoad {
     let requests = 0;
     let prefill = 0;
@@ -83,6 +94,12 @@ export class RemoteLoad {
       requests += l.requests;
       prefill += l.prefill;
       decode += l.decode;
+    }
+    if (requests > MAX_REMOTE_LOAD || prefill > MAX_REMOTE_LOAD || decode > MAX_REMOTE_LOAD) {
+      this.clamped++;
+      requests = Math.min(requests, MAX_REMOTE_LOAD);
+      prefill = Math.min(prefill, MAX_REMOTE_LOAD);
+      decode = Math.min(decode, MAX_REMOTE_LOAD);
     }
     return { inFlightRequests: requests, queuedPrefillTokens: prefill, activeDecodeTokens: decode };
   }

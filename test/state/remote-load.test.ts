@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { decodeLoadSnapshot, encodeLoadEntry } from '../../src/state/redis-wire.js';
-import { RemoteLoad } from '../../src/state/remote-load.js';
+import { MAX_REMOTE_LOAD } from '../../src/core/router/in-flight.js';
+import { MAX_REMOTE_AMOUNT, RemoteLoad } from '../../src/state/remote-load.js';
 
 describe('RemoteLoad', () => {
   test('decisions and releases move one replica’s tally; the sum covers every replica', () => {
@@ -79,5 +80,41 @@ describe('RemoteLoad', () => {
     r.clear();
     assert.equal(r.has('a'), false);
     assert.deepEqual(r.sum('w1'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+  });
+
+  test('a sum past what the router takes is clamped to MAX_REMOTE_LOAD, and counted', () => {
+    const r = new RemoteLoad();
+    // each amount in range, their sum over replicas (and over messages of one) past it
+    for (const replica of ['a', 'b', 'c']) assert.equal(r.decided(replica, 'w1', MAX_REMOTE_AMOUNT), true);
+    r.decided('a', 'w1', MAX_REMOTE_AMOUNT);
+    r.add('a', 'w2', 1e300, 7, 1e300); // a snapshot entry (the relay's) is only checked to be finite
+    assert.equal(r.clamped, 0);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 4, queuedPrefillTokens: MAX_REMOTE_LOAD, activeDecodeTokens: 0 });
+    assert.equal(r.clamped, 1);
+    assert.deepEqual(r.sum('w2'), {
+      inFlightRequests: MAX_REMOTE_LOAD,
+      queuedPrefillTokens: 7,
+      activeDecodeTokens: MAX_REMOTE_LOAD,
+    });
+    assert.equal(r.clamped, 2);
+    assert.deepEqual(r.sum('w3'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+    assert.equal(r.clamped, 2);
+  });
+
+  test('snapshot entries of ids the router would refuse are left out; __proto__ is an id like any other', () => {
+    const hash = JSON.parse(
+      JSON.stringify({
+        ['x'.repeat(257)]: '1,1,1',
+        '\uD800': '1,1,1',
+        '': '1,1,1',
+        ['__proto__']: '1,2,3',
+        constructor: '4,5,6',
+        bad: 5,
+      }),
+    ) as Record<string, string>;
+    hash['x'.repeat(256)] = '7,8,9';
+    const load = decodeLoadSnapshot(hash);
+    assert.deepEqual([...load.keys()].sort(), ['__proto__', 'constructor', 'x'.repeat(256)].sort());
+    assert.deepEqual(load.get('__proto__'), { requests: 1, prefill: 2, decode: 3 });
   });
 });
