@@ -7,6 +7,7 @@ import {
   type KVAwareRouterOptions,
   type SharedDecision,
 } from '../core/router/index.js';
+import { MAX_PROMPT_TOKENS } from '../core/router/options-schema.js';
 import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/index.js';
 import { fullBlockIds, requestBlocks } from './request-blocks.js';
 import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
@@ -244,8 +245,9 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     (_, i) =>
       new KVAwareRouter({
         // the engines refuse a prompt over their context (counted in `rejected`), as vLLM does;
-        // the router's own bound must not stop a run whose engines take longer prompts
-        maxPromptTokens: Number.MAX_SAFE_INTEGER,
+        // the router's own bound must not stop a run whose engines take longer prompts (a
+        // trace's are at most MAX_TRACE_REQUEST_TOKENS, below the largest bound a router takes)
+        maxPromptTokens: MAX_PROMPT_TOKENS,
         ...options.router,
         policy,
         indexMode: 'precise',

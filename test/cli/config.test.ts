@@ -116,6 +116,12 @@ test('errors name the source and the key, and the value given', () => {
   const k = write('block-size: 16\nblockSize: 32\n');
   assert.match(bad(['--config', k]), /give block-size or blockSize, not both/);
   assert.match(bad(['--offload-credit', '1.5']), /--offload-credit must be <= 1 \(got 1.5\)/);
+  // the longest prompt a router takes is bounded (2^27 tokens), from a flag or a variable alike
+  assert.match(bad(['--max-prompt-tokens', '134217729']), /--max-prompt-tokens must be <= 134217728 \(got 134217729\)/);
+  assert.match(
+    bad([], { CONTEXTFORGE_MAX_PROMPT_TOKENS: '999999999999' }),
+    /CONTEXTFORGE_MAX_PROMPT_TOKENS.*--max-prompt-tokens must be <= 134217728/,
+  );
   assert.match(
     bad([], { CONTEXTFORGE_TEXT_CHUNK_BYTES: '6' }),
     /from env 'CONTEXTFORGE_TEXT_CHUNK_BYTES'.*--text-chunk-bytes must be a multiple of 4 \(got 6\)/,

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { KVAwareRouter, PromptTooLongError } from '../../src/index.js';
-import { MAX_INDEX_ENTRIES } from '../../src/core/router/options-schema.js';
+import { MAX_INDEX_ENTRIES, MAX_PROMPT_TOKENS } from '../../src/core/router/options-schema.js';
 
 const r = new KVAwareRouter();
 r.registerWorker('w0');
@@ -104,6 +104,18 @@ test('a prompt over maxPromptTokens throws PromptTooLongError and leaves nothing
   assert.throws(() => router.route({ promptTokens: 5000 }), PromptTooLongError);
   assert.equal(router.route({ promptTokens: 1024 }).workerId, 'w0');
   assert.throws(() => new KVAwareRouter({ maxPromptTokens: 0 }), /maxPromptTokens/);
+});
+
+test('maxPromptTokens past MAX_PROMPT_TOKENS (2^27) is refused when the router is built', () => {
+  assert.equal(MAX_PROMPT_TOKENS, 2 ** 27);
+  for (const n of [MAX_PROMPT_TOKENS + 1, Number.MAX_SAFE_INTEGER])
+    assert.throws(
+      () => new KVAwareRouter({ maxPromptTokens: n }),
+      (err: unknown) =>
+        err instanceof RangeError && err.message === `maxPromptTokens must be <= ${MAX_PROMPT_TOKENS} (got ${n})`,
+      String(n),
+    );
+  assert.equal(new KVAwareRouter({ maxPromptTokens: MAX_PROMPT_TOKENS }).maxPromptTokens, MAX_PROMPT_TOKENS);
 });
 
 test('maxIndexEntries past what the index can allocate is refused when the router is built', () => {

@@ -50,6 +50,14 @@ const tableCapacity = () => positiveInt().max(MAX_TABLE_CAPACITY);
  */
 export const MAX_INDEX_ENTRIES = 100_000_000;
 
+/**
+ * Longest prompt a router may be set to take (maxPromptTokens), in tokens: 2^27, about 134
+ * million, past the longest contexts models serve today (10 million) with room to grow. The
+ * bound keeps what one request adds to the index, and a /tokenize answer the gateway reads
+ * for it, finite, and keeps token counts far below 2^53 when summed over many requests.
+ */
+export const MAX_PROMPT_TOKENS = 2 ** 27;
+
 export const ROUTER_DEFAULTS = Object.freeze({
   anchorCapacity: 100_000,
   workflowCapacity: 10_000,
@@ -97,7 +105,7 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
   indexMode: z.enum(['precise', 'approximate']).default('approximate'),
   predictionTtlMs: positiveInt().max(MAX_PREDICTION_TTL_MS).optional(),
   maxIndexEntries: positiveInt().max(MAX_INDEX_ENTRIES).default(ROUTER_DEFAULTS.maxIndexEntries),
-  maxPromptTokens: positiveInt().default(ROUTER_DEFAULTS.maxPromptTokens),
+  maxPromptTokens: positiveInt().max(MAX_PROMPT_TOKENS).default(ROUTER_DEFAULTS.maxPromptTokens),
   contentAnchorScoring: z.boolean().default(true),
   speculativeBlocks: nonNegativeInt().default(ROUTER_DEFAULTS.speculativeBlocks),
   offloadCredit: fraction().default(ROUTER_DEFAULTS.offloadCredit),
@@ -143,7 +151,7 @@ export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>
   predictionTtlMs:
     "lifetime in ms of the router's own block records and, with --state redis, of the shared ones (default 120000 approximate, 5000 precise; the shared ones 120000)",
   maxIndexEntries: 'most (block, worker) entries in the block index',
-  maxPromptTokens: 'longest prompt routed, in tokens (a longer one is refused before anything is recorded for it)',
+  maxPromptTokens: `longest prompt routed, in tokens, at most ${MAX_PROMPT_TOKENS} (a longer one is refused before anything is recorded for it)`,
   contentAnchorScoring: 'score content anchors a worker holds as cached tokens (false: the prefix only)',
   speculativeBlocks: 'precise mode: blocks recorded past what the chosen worker already holds',
   offloadCredit: 'credit of an offloaded (CPU/disk) block relative to a GPU block, from 0 to 1',

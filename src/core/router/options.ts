@@ -62,8 +62,9 @@ export interface KVAwareRouterOptions {
   /** Most (block, worker) entries in the block index (default 4,000,000). */
   maxIndexEntries?: number;
   /**
-   * Longest prompt routed, in tokens (default 1,048,576): route() throws a PromptTooLongError
-   * for a longer one and records nothing, so no single request can fill the index.
+   * Longest prompt routed, in tokens (default 1,048,576; at most MAX_PROMPT_TOKENS, 2^27):
+   * route() throws a PromptTooLongError for a longer one and records nothing, so no single
+   * request can fill the index.
    */
   maxPromptTokens?: number;
   /** Credit of an offloaded (CPU/disk) block relative to a GPU block (default 0.75). */
