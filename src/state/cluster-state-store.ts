@@ -45,7 +45,8 @@ export type ClusterMessage =
   | { cf: 'kv-events'; r: string; w: string; events: unknown }
   | { cf: 'workflow?'; r: string; q: number; id: string }
   | { cf: 'workflow'; q: number; id: string; w?: string; s?: number | null }
-  | { cf: 'hello'; r: string }
+  /** `ttl`: the process's router's prediction lifetime (older decisions are not replayed to it). */
+  | { cf: 'hello'; r: string; ttl?: number }
   | {
       cf: 'snapshot';
       workers: WorkerRecord[];
@@ -163,7 +164,7 @@ export class ClusterStateStore implements StateStore {
       this.snapshotArrived = resolve;
       setTimeout(resolve, 4 * this.timeoutMs).unref();
     });
-    this.outbox.now({ cf: 'hello', r: this.replicaId });
+    this.outbox.now({ cf: 'hello', r: this.replicaId, ttl: host.router.predictionTtlMs });
     await arrived;
     this.snapshotArrived = undefined;
     // what this process was configured with and the registry lacks, for the other processes
@@ -377,7 +378,11 @@ export class ClusterStateStore implements StateStore {
 export interface ClusterRelayOptions {
   /** Most recent decisions kept for processes that start later (default 10,000). */
   recentDecisions?: number;
-  /** How long those decisions are kept (default 120 s, the approximate index's lifetime). */
+  /**
+   * How long those decisions are kept (default 120 s, the approximate index's lifetime). A
+   * process that starts is replayed only those younger than its own router's prediction
+   * lifetime, which its hello names (5 s in precise mode).
+   */
   decisionTtlMs?: number;
   /** Most workflows remembered (default 100,000; least recently routed dropped first). */
   workflows?: number;
@@ -518,14 +523,19 @@ export class ClusterRelay {
         return;
       }
       case 'hello':
-        peer.now(this.snapshot(from));
+        peer.now(this.snapshot(from, typeof m.ttl === 'number' ? m.ttl : this.ttlMs));
         return;
       default:
         this.counters.malformed++;
     }
   }
 
-  private snapshot(to: string): ClusterMessage {
+  /**
+   * The start snapshot for process `to`, whose router keeps a predicted block `ttlMs`: the
+   * decisions replayed are those younger than that (and than the relay's own lifetime), as
+   * its maker's router, configured alike, still holds them.
+   */
+  private snapshot(to: string, ttlMs: number): ClusterMessage {
     const now = this.clock();
     let live = 0;
     while (live < this.recent.length && now - this.recent[live].at > this.ttlMs) live++;
@@ -534,7 +544,8 @@ export class ClusterRelay {
       if (now - at <= REMOVAL_KEPT_MS) break;
       this.removed.delete(id);
     }
-    const start = Math.max(0, this.recent.length - this.recentLimit);
+    let start = Math.max(0, this.recent.length - this.recentLimit);
+    while (start < this.recent.length && now - this.recent[start].at > ttlMs) start++;
     const loads: Array<[string, string, number, number, number]> = [];
     for (const [replica, worker, l] of this.loads.entries())
       if (replica !== to) loads.push([replica, worker, l.requests, l.prefill, l.decode]);

@@ -179,7 +179,13 @@ export interface RedisStateOptions {
    * client sends is an entry, so their number must be bounded by the fleet, not the clients.
    */
   sharedWorkflows?: number;
-  /** Lifetime of shared block entries (default 120 s, the approximate index's own). */
+  /**
+   * Lifetime of shared block entries (default: the attached router's predictionTtlMs, 120 s in
+   * approximate mode, 5 s in precise mode). They are what a replica that starts, or comes
+   * back, loads as predicted blocks: one kept longer than its maker's router keeps the
+   * prediction (an unconfirmed speculative entry in precise mode) would be recorded there,
+   * anew, after its maker dropped it, and the replicas would disagree.
+   */
   predictionTtlMs?: number;
   /** Own recent decisions kept to write back after Redis lost them (default 10,000). */
   recentDecisions?: number;
@@ -282,7 +288,8 @@ export class RedisStateStore implements StateStore {
   private sharedWorkflowLimit: number;
   /** The most workflows looked up and not yet claimed kept (the router's workflow capacity, set by attach()). */
   private unclaimedLimit = 1;
-  private readonly predictionTtlMs: number;
+  /** Set by attach() from the router unless given. */
+  private predictionTtlMs: number;
   private readonly recentLimit: number;
   private readonly stallTimeoutMs: number;
   /** When Redis last answered the load sync (a reply, or an error reply): what tells a stalled server. */
@@ -363,7 +370,8 @@ export class RedisStateStore implements StateStore {
     this.sharedWorkflowLimit =
       options.sharedWorkflows === undefined ? 0 : positiveInteger(options.sharedWorkflows, 'sharedWorkflows');
     // what `SET … PX` takes, as the router's option does (MAX_PREDICTION_TTL_MS)
-    this.predictionTtlMs = positiveInteger(options.predictionTtlMs ?? 120_000, 'predictionTtlMs');
+    this.predictionTtlMs =
+      options.predictionTtlMs === undefined ? 0 : positiveInteger(options.predictionTtlMs, 'predictionTtlMs');
     if (this.predictionTtlMs > MAX_PREDICTION_TTL_MS)
       throw new RangeError(`predictionTtlMs must be at most ${MAX_PREDICTION_TTL_MS}, got ${this.predictionTtlMs}`);
     this.recentLimit = options.recentDecisions ?? 10_000;
@@ -409,6 +417,7 @@ export class RedisStateStore implements StateStore {
 
   async attach(host: StateStoreHost): Promise<void> {
     this.host = host;
+    if (this.predictionTtlMs === 0) this.predictionTtlMs = host.router.predictionTtlMs;
     const capacity = host.router.workflowCapacity;
     if (this.sharedWorkflowLimit === 0) this.sharedWorkflowLimit = SHARED_WORKFLOWS_PER_CAPACITY * capacity;
     this.unclaimedLimit = capacity;

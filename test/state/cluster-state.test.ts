@@ -362,3 +362,52 @@ test('the relay keeps only admin removals, for a day, and forgets the oldest pas
   now = 25 * 3_600_000;
   assert.deepEqual(removedAtStart(), ['r2'], 'a removal recorded more than a day ago is forgotten');
 });
+
+test("the relay replays to a starting process only decisions younger than that process's prediction lifetime", () => {
+  let now = 0;
+  const relay = new ClusterRelay({}, () => now);
+  const snapshots: ClusterMessage[] = [];
+  relay.add({ id: 'a', send: () => {} });
+  relay.add({ id: 'late', send: (m) => void snapshots.push(m) });
+  const replayed = (ttl?: number) => {
+    relay.receive('late', { cf: 'hello', r: 'late', ...(ttl === undefined ? {} : { ttl }) });
+    let s = snapshots.pop();
+    if (s?.cf === 'batch') s = s.m.at(-1);
+    assert.equal(s?.cf, 'snapshot');
+    return s.cf === 'snapshot' ? s.decisions.length : -1;
+  };
+  const block = { hi: new Uint32Array([1]), lo: new Uint32Array([2]) };
+  relay.receive('a', { cf: 'decision', r: 'a', w: 'e0', ...block });
+  now = 10_000;
+  // a precise-mode process (5 s) would record it for 5 s more, where its maker dropped it 5 s ago
+  assert.equal(replayed(5_000), 0);
+  assert.equal(replayed(120_000), 1, 'an approximate-mode process still takes it');
+  assert.equal(replayed(), 1, 'a process that says nothing of its lifetime: the relay keeps it 120 s');
+  now = 130_000;
+  assert.equal(replayed(200_000), 0, 'never past what the relay keeps');
+});
+
+test("a process tells the relay its router's prediction lifetime when it starts", async () => {
+  const sent: ClusterMessage[] = [];
+  const relay = new ClusterRelay();
+  let listener: ((m: unknown) => void) | undefined;
+  relay.add({ id: 'p', send: (m) => queueMicrotask(() => listener?.(m)) });
+  const store = new ClusterStateStore({
+    replicaId: 'p',
+    channel: {
+      send: (m) => {
+        sent.push(m);
+        relay.receive('p', m);
+      },
+      onMessage: (l) => void (listener = l),
+      offMessage: () => void (listener = undefined),
+    },
+  });
+  const router = new KVAwareRouter({ indexMode: 'precise' });
+  await store.attach(workerHost(router, ['e0']).host);
+  assert.deepEqual(sent[0], { cf: 'hello', r: 'p', ttl: 5_000 });
+  assert.equal(router.predictionTtlMs, 5_000);
+  assert.equal(new KVAwareRouter().predictionTtlMs, 120_000);
+  assert.equal(new KVAwareRouter({ predictionTtlMs: 777 }).predictionTtlMs, 777);
+  await store.close();
+});

@@ -181,7 +181,7 @@ export async function startGateway(
   const state: StateStore =
     worker && c.state === 'memory'
       ? new ClusterStateStore({ replicaId: String(worker.id), channel: processChannel() })
-      : // the shared chain entries live as long as the router's own predictions when that is set
+      : // the shared chain entries live as long as the router's own predictions (the store takes the router's when unset)
         createStateStore(c.state, { prefix: c.statePrefix, predictionTtlMs: c.predictionTtlMs });
   // with --processes, /metrics merges every process's registry through the primary
   let processMetrics: ProcessMetrics | undefined;

@@ -546,6 +546,15 @@ export class KVAwareRouter {
     return this.workflows.capacity;
   }
 
+  /**
+   * How long this router keeps a predicted block record, in ms: `predictionTtlMs`, else 120 s
+   * in approximate mode and 5 s (the speculative entries) in precise mode. The shared state
+   * keeps the decisions it replays to a replica that starts later for as long.
+   */
+  get predictionTtlMs(): number {
+    return this.predictedTtlMs;
+  }
+
   /** Every workflow this router remembers, least recently used first. */
   workflowAffinities(): IterableIterator<[string, { workerId: string; step: number | null }]> {
     return this.workflows.all();

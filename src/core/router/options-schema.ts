@@ -149,7 +149,7 @@ export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>
   prefixCachingHashAlgo: `the vLLM engines' --prefix-caching-hash-algo (${VLLM_HASH_ALGOS.join(', ')}; blockHash vllm). vLLM's own default is sha256: pass the engines' value`,
   indexMode: "approximate (the router's own decisions, expired by TTL) or precise (the engines' KV events)",
   predictionTtlMs:
-    "lifetime in ms of the router's own block records and, with --state redis, of the shared ones (default 120000 approximate, 5000 precise; the shared ones 120000)",
+    "lifetime in ms of the router's own block records and of the shared ones (--state redis, --processes) (default 120000 approximate, 5000 precise)",
   maxIndexEntries: 'most (block, worker) entries in the block index',
   maxPromptTokens: `longest prompt routed, in tokens, at most ${MAX_PROMPT_TOKENS} (a longer one is refused before anything is recorded for it)`,
   contentAnchorScoring: 'score content anchors a worker holds as cached tokens (false: the prefix only)',
