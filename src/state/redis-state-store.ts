@@ -28,17 +28,17 @@ import {
   type WireWorkerDrained,
   type WireWorkerRemoved,
 } from './redis-wire.js';
+import { MAX_REDIS_DB, parseRedisUrl } from './redis-url.js';
 import { RemoteLoad } from './remote-load.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
+
+export { MAX_REDIS_DB, parseRedisUrl };
 
 /** Kinds of refusal (error codes) logged once per connection: Redis names a handful, a stranger server could name any. */
 const MAX_LOGGED_REFUSALS = 16;
 
 /** Redis's refusals of this replica's credentials or of a command its ACL user lacks: no retry mends them. */
 const ACCESS_REFUSED = /^(WRONGPASS|NOAUTH|NOPERM)\b/;
-
-/** The highest database a redis:// URL may name (SELECT takes a 32-bit signed index). */
-export const MAX_REDIS_DB = 2_147_483_647;
 
 /**
  * Redis refused the database the URL names (SELECT: an index past its `databases`, or a
@@ -1386,33 +1386,4 @@ function positiveInteger(v: number, name: string): number {
 function positive(v: number, name: string): number {
   if (!(Number.isFinite(v) && v > 0)) throw new RangeError(`${name} must be a positive number, got ${v}`);
   return v;
-}
-
-/** redis://[user:password@]host[:port][/db] → ioredis options; anything else (a query or fragment too) is a RangeError. */
-export function parseRedisUrl(spec: string): Pick<RedisOptions, 'host' | 'port' | 'db' | 'username' | 'password'> {
-  let u: URL;
-  try {
-    u = new URL(spec);
-  } catch {
-    throw new RangeError(`state: ${quotedText(spec)} is not a redis:// URL`);
-  }
-  if (u.protocol !== 'redis:') throw new RangeError(`state: ${quotedText(spec)} is not a redis:// URL`);
-  // not shown: a query may hold a password
-  if (u.search !== '' || u.hash !== '')
-    throw new RangeError(
-      'state: the redis:// URL has a query or fragment, which the store does not read: put the database in the path, redis://HOST:PORT/DB',
-    );
-  const port = u.port === '' ? 6379 : Number(u.port);
-  const dbPath = u.pathname.replace(/^\//, '');
-  if (!/^\d*$/.test(dbPath))
-    throw new RangeError(`state: database ${quotedText(dbPath)} in ${quotedText(spec)} is not a number`);
-  const db = dbPath === '' ? 0 : Number(dbPath);
-  if (db > MAX_REDIS_DB) throw new RangeError(`state: database ${dbPath} of the redis:// URL is past ${MAX_REDIS_DB}`);
-  return {
-    host: u.hostname.replace(/^\[|\]$/g, '') || '127.0.0.1',
-    port,
-    db,
-    username: u.username ? decodeURIComponent(u.username) : undefined,
-    password: u.password ? decodeURIComponent(u.password) : undefined,
-  };
 }

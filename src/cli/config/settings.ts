@@ -24,7 +24,7 @@ import { DEFAULT_MAX_CLIENT_CONNECTIONS, MAX_CLIENT_CONNECTIONS } from '../../se
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
 import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
 import { DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from '../../server/connection-slots.js';
-import { MAX_REDIS_DB, parseRedisUrl } from '../../state/redis-state-store.js';
+import { MAX_REDIS_DB, parseRedisUrl } from '../../state/redis-url.js';
 import { KEY_ENV_PATTERN } from '../../server/worker-input.js';
 
 export interface SettingHelp {
