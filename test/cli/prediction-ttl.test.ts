@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { test } from 'node:test';
 import { Redis } from 'ioredis';
-import { startGateway } from '../../src/cli/commands/serve.js';
+import { startGateway } from '../../src/cli/commands/serve-run.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { resolveServe } from '../helpers/serve-config.js';
 import { until } from '../helpers/wait.js';

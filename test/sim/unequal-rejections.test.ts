@@ -6,7 +6,7 @@ import { renderHtmlReport } from '../../src/sim/html-report.js';
 import { simulate } from '../../src/sim/simulator.js';
 import { compareWithBestPeer } from '../../src/sim/sweep.js';
 import type { TraceRequest } from '../../src/sim/trace.js';
-import { renderTable } from '../../src/cli/commands/simulate.js';
+import { renderTable } from '../../src/cli/commands/simulate-run.js';
 import { renderSweepTables } from '../../bench/sim-readme.js';
 
 /**

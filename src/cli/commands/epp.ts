@@ -1,8 +1,7 @@
 import type { Command } from 'commander';
-import { startPicker } from '../../epp/run-picker.js';
 import { addSettingOptions } from '../config/resolve.js';
 import { EPP_HELP, EPP_SCHEMA } from '../config/settings.js';
-import { listening, resolveConfig, startGateway } from './serve.js';
+import { resolveConfig } from './serve.js';
 
 export { parseDiscoverySpec } from '../config/picker-text.js';
 
@@ -30,36 +29,9 @@ export function registerEppCommand(program: Command): void {
     );
   addSettingOptions(cmd, EPP_SCHEMA.shape, EPP_HELP);
   cmd.action(async () => {
-    const { config: c, resolved } = resolveEppConfig(cmd);
-    const log = (m: string) => process.stderr.write(`${m}\n`);
-    for (const w of resolved.warnings) log(`warning: ${w}`);
-    if (c.workers.length === 0 && !c.discover)
-      log(
-        'warning: no workers (--worker, CONTEXTFORGE_WORKERS, the config file, --discover); add them with POST /admin/workers',
-      );
-    // the HTTP side serves metrics, health and admin only: clients reach the engines through the gateway
-    const { gateway, describe, close } = await startGateway(c, log, { openAiRoutes: false });
-    const picker = await listening(
-      `--host ${c.host} --port ${c.port}`,
-      () => startPicker(gateway, c, { host: c.host, port: c.port, log }),
-      close,
-    );
-    const address = await listening(
-      `--host ${c.host} --metrics-port ${c.metricsPort}`,
-      () => gateway.app.listen({ host: c.host, port: c.metricsPort }),
-      async () => {
-        await picker.close();
-        await close();
-      },
-    );
-    log(
-      `contextforge-router endpoint picker (ext_proc gRPC) on ${c.host}:${String(picker.eppPort)}, metrics and admin on ${address} (${describe})`,
-    );
-    await new Promise<void>((resolve) => {
-      process.once('SIGINT', resolve);
-      process.once('SIGTERM', resolve);
-    });
-    await picker.close();
-    await close();
+    const { config, resolved } = resolveEppConfig(cmd);
+    for (const w of resolved.warnings) process.stderr.write(`warning: ${w}\n`);
+    // the gateway, the picker and what they run on are loaded only to run them
+    await (await import('./epp-run.js')).runEpp(config);
   });
 }

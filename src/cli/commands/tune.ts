@@ -1,8 +1,6 @@
 import type { Command } from 'commander';
 import { MAX_SEED } from '../../core/rng.js';
-import { quotedText } from '../../core/shown-text.js';
-import { loadTrace } from '../../sim/load-trace.js';
-import { renderRouterOptions, renderWeightsConfig, tuneCostWeights } from '../../sim/tune.js';
+import type { TuneFlags } from './tune-run.js';
 import { intOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
 
 export function registerTuneCommand(program: Command): void {
@@ -25,37 +23,6 @@ export function registerTuneCommand(program: Command): void {
       'yaml: a commented serve --config block; options: the router options as JSON (for --config and new KVAwareRouter()); json: the whole search',
       'yaml',
     )
-    .action(
-      async (flags: {
-        trace: string;
-        workers: number;
-        speed: number;
-        trials: number;
-        trainFraction: number;
-        seed: number;
-        format: string;
-      }) => {
-        if (!['yaml', 'options', 'json'].includes(flags.format))
-          throw new RangeError(`--format must be yaml, options or json, got ${quotedText(flags.format)}`);
-        if (flags.trainFraction >= 1) throw new RangeError('--train-fraction must be below 1');
-        const { name, requests } = await loadTrace(flags.trace);
-        if (requests.length < 2) throw new RangeError('--trace needs at least 2 requests to hold some out');
-        const result = tuneCostWeights(requests, {
-          workers: flags.workers,
-          speed: flags.speed,
-          trials: flags.trials,
-          trainFraction: flags.trainFraction,
-          seed: flags.seed,
-          onTrial: (i, n) => process.stderr.isTTY && process.stderr.write(`\rtrial ${i}/${n}`),
-        });
-        if (process.stderr.isTTY) process.stderr.write('\n');
-        const out =
-          flags.format === 'json'
-            ? `${JSON.stringify(result)}\n`
-            : flags.format === 'options'
-              ? renderRouterOptions(result)
-              : renderWeightsConfig(name, result);
-        process.stdout.write(out);
-      },
-    );
+    // the simulator and the search are loaded only to run them
+    .action(async (flags: TuneFlags) => (await import('./tune-run.js')).runTune(flags));
 }

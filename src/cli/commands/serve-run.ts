@@ -1,0 +1,254 @@
+import cluster from 'node:cluster';
+import { KVAwareRouter } from '../../core/router/index.js';
+import { fileErrorMessage, quotedText } from '../../core/shown-text.js';
+import { createGateway, type GatewayOptions } from '../../server/gateway.js';
+import { ProcessMetrics, type ProcessMetricsMessage } from '../../server/process-metrics.js';
+import type { RequestLimits } from '../../server/request-limits.js';
+import { startPicker } from '../../epp/run-picker.js';
+import { MAX_CHAT_TEMPLATE_BYTES, readRegularFile } from '../../engines/bounded-file.js';
+import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
+import { defaultTokenizerThreads, TokenizerPool } from '../../engines/tokenizer-pool.js';
+import { ClusterStateStore, type ClusterMessage } from '../../state/cluster-state-store.js';
+import { createStateStore } from '../../state/create-state-store.js';
+import type { StateStore } from '../../state/state-store.js';
+import { loadApiKeysFile } from '../../server/api-keys.js';
+import { ROUTER_SETTING_KEYS } from '../config/settings.js';
+import { runPrimary, serveAdminToken } from './serve-processes.js';
+import type { GatewayConfig, ServeConfig } from './serve.js';
+
+/**
+ * What `serve` runs (and `epp` with it): the router, its shared state, the gateway and the
+ * endpoint picker, loaded by the command's action once its settings are resolved.
+ */
+
+/**
+ * The tokenize mode `auto` stands for: the engine's /tokenize when a worker publishes KV
+ * events (they carry token ids, so only requests hashed from token ids can match them) or
+ * vLLM block hashes are asked for; text otherwise.
+ */
+export function resolveTokenizeMode(
+  c: Pick<GatewayConfig, 'tokenize' | 'workers' | 'blockHash' | 'discover'>,
+): 'text' | 'tokenizer' | 'engine' {
+  if (c.tokenize !== 'auto') return c.tokenize;
+  return c.blockHash === 'vllm' || c.workers.some((w) => w.events) || c.discover?.eventsPort !== undefined
+    ? 'engine'
+    : 'text';
+}
+
+/** The router, its shared state and the gateway, as `serve` (each of its processes) and `epp` run them. */
+export async function startGateway(
+  config: GatewayConfig,
+  log: (m: string) => void,
+  extra: Partial<GatewayOptions> = {},
+) {
+  const c = { ...config, tokenize: resolveTokenizeMode(config) };
+  const worker = cluster.isWorker ? cluster.worker! : undefined;
+  // KV events carry token ids: only requests hashed from token ids can match them
+  const eventsUsable = c.tokenize !== 'text';
+  const discoveredEvents = c.discover?.eventsPort !== undefined;
+  if (!eventsUsable && (c.workers.some((w) => w.events) || discoveredEvents)) {
+    log(
+      'warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize auto, tokenizer or engine',
+    );
+  }
+  const chatTemplate = c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate);
+  const tokenizerThreads = c.tokenizerThreads ?? defaultTokenizerThreads(c.processes ?? 1);
+  const promptTokenizer =
+    c.tokenize !== 'tokenizer'
+      ? undefined
+      : tokenizerThreads === 0
+        ? ChatTokenizer.load(c.tokenizer!, { chatTemplate, source: '--tokenizer' })
+        : await TokenizerPool.start({
+            path: c.tokenizer!,
+            chatTemplate,
+            threads: tokenizerThreads,
+            source: '--tokenizer',
+            log,
+          });
+  const precise = eventsUsable && (c.workers.some((w) => w.events) || discoveredEvents);
+  const routerOptions = Object.fromEntries(ROUTER_SETTING_KEYS.map((k) => [k, c[k]]));
+  const indexMode = c.indexMode === 'auto' ? (precise ? 'precise' : 'approximate') : c.indexMode;
+  const router = new KVAwareRouter({ ...routerOptions, indexMode });
+  const admin = serveAdminToken(c);
+  if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
+  else if (admin.origin === 'file') log(`admin token read from ${admin.file}`);
+  const apiKeys = c.apiKeysFile ? loadApiKeysFile(c.apiKeysFile) : undefined;
+  if (apiKeys) log(`client API keys: ${apiKeys.size} (requests without one get 401)`);
+  // several processes share what they learn: through the primary, or through Redis
+  const state: StateStore =
+    worker && c.state === 'memory'
+      ? new ClusterStateStore({ replicaId: String(worker.id), channel: processChannel() })
+      : // the shared chain entries live as long as the router's own predictions (the store takes the router's when unset)
+        createStateStore(c.state, { prefix: c.statePrefix, predictionTtlMs: c.predictionTtlMs });
+  // with --processes, /metrics merges every process's registry through the primary
+  let processMetrics: ProcessMetrics | undefined;
+  const gateway = await createGateway({
+    state,
+    ...(worker ? { metricsPage: () => processMetrics!.mergedMetrics() } : {}),
+    router,
+    workers: c.workers,
+    adminToken: admin.token,
+    tokenize: c.tokenize,
+    promptTokenizer,
+    kvEvents: eventsUsable,
+    publicRouteApi: c.publicRouteApi,
+    apiKeys,
+    cachedTokensHeader: c.cachedTokensHeader,
+    forwardKvTransferParams: c.forwardKvTransferParams,
+    forwardCustomLogitProcessor: c.forwardCustomLogitProcessor,
+    engineKeyEnvs: c.engineKeyEnvs,
+    // every limit, not a Partial: the compiler names a limit added to RequestLimits and not passed here
+    limits: {
+      maxIdBytes: c.maxIdBytes,
+      maxAnchors: c.maxAnchors,
+      maxJsonDepth: c.maxJsonDepth,
+      maxJsonContainers: c.maxJsonContainers,
+      maxJsonObjectMembers: c.maxJsonObjectMembers,
+      maxGrammarBytes: c.maxGrammarBytes,
+      maxChoices: c.maxChoices,
+      maxStopSequences: c.maxStopSequences,
+      maxLogprobs: c.maxLogprobs,
+      maxPrompts: c.maxPrompts,
+    } satisfies RequestLimits,
+    timeouts: {
+      headersTimeoutMs: c.headersTimeoutMs,
+      requestTimeoutMs: c.requestTimeoutMs,
+      connectionTimeoutMs: c.connectionTimeoutMs,
+      firstByteTimeoutMs: c.firstByteTimeoutMs,
+      interChunkTimeoutMs: c.upstreamTimeoutMs,
+    },
+    bodyLimit: c.bodyLimit,
+    bufferedBodyLimit: c.bufferedBodyLimit,
+    minBodyRate: c.minBodyRate,
+    minBodyRateGraceMs: c.minBodyRateGraceMs,
+    maxClientConnections: c.maxClientConnections,
+    bufferedAnswerLimit: c.bufferedAnswerLimit,
+    maxRetries: c.maxRetries,
+    engineConnections: c.engineConnections,
+    upstreamTimeoutMs: c.upstreamTimeoutMs,
+    metricsIntervalMs: c.metricsIntervalMs,
+    healthCheckIntervalMs: c.healthIntervalMs,
+    healthCheckTimeoutMs: c.healthTimeoutMs,
+    breakerFailures: c.breakerFailures,
+    breakerCooldownMs: c.breakerCooldownMs,
+    panicRouting: c.panicRouting,
+    log,
+    ...extra,
+  });
+  const onPrimaryMessage = (m: unknown) => void processMetrics?.receive(m);
+  if (worker) {
+    processMetrics = new ProcessMetrics(gateway.metrics, processChannel());
+    process.on('message', onPrimaryMessage);
+  }
+  const tokenizing =
+    c.tokenize === 'tokenizer'
+      ? ` on ${tokenizerThreads === 0 ? 'the event loop' : `${tokenizerThreads} thread${tokenizerThreads === 1 ? '' : 's'}`}`
+      : '';
+  const stateName =
+    c.state === 'memory'
+      ? worker
+        ? 'shared by the processes'
+        : 'memory'
+      : `redis (replica ${String(state.stats().replicaId)})`;
+  const describe = `policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}${tokenizing}, ${indexMode} index, block hash ${c.blockHash}, state ${stateName}`;
+  const close = async () => {
+    await gateway.close(c.shutdownGraceMs);
+    process.off('message', onPrimaryMessage);
+    if (promptTokenizer instanceof TokenizerPool) await promptTokenizer.close();
+  };
+  return { gateway, describe, close };
+}
+
+export async function runServe(config: ServeConfig): Promise<void> {
+  if (config.processes > 1 && cluster.isPrimary)
+    return runPrimary({ ...config, tokenize: resolveTokenizeMode(config) });
+  if (!cluster.isWorker) return serveProcess(config);
+  // a gateway process that cannot start says why and exits (its IPC channel would keep it alive)
+  try {
+    await serveProcess(config);
+  } catch (err) {
+    process.stderr.write(`[process ${String(cluster.worker!.id)}] error: ${(err as Error).message}\n`);
+    process.exit(1);
+  }
+}
+
+/** One gateway process (and its endpoint picker, with --epp-port): alone, or one of `--processes N`. */
+async function serveProcess(c: ServeConfig): Promise<void> {
+  const worker = cluster.isWorker ? cluster.worker! : undefined;
+  const log = (m: string) => process.stderr.write(worker ? `[process ${String(worker.id)}] ${m}\n` : `${m}\n`);
+  if (c.workers.length === 0 && !c.discover)
+    log(
+      'warning: no workers (--worker, CONTEXTFORGE_WORKERS, the config file, --discover); add them with POST /admin/workers',
+    );
+  const { gateway, describe, close } = await startGateway(c, log);
+  const start = () => startPicker(gateway, c, { host: c.host, port: c.eppPort, log });
+  const picker =
+    c.eppPort === undefined ? await start() : await listening(`--host ${c.host} --epp-port ${c.eppPort}`, start, close);
+  const address = await listening(
+    `--host ${c.host} --port ${c.port}`,
+    () => gateway.app.listen({ host: c.host, port: c.port }),
+    async () => {
+      await picker.close();
+      await close();
+    },
+  );
+  // with several processes the primary says where they serve, once all of them do
+  log(
+    `contextforge-router ${worker ? 'process' : 'serving on'} ${address}${picker.eppPort === undefined ? '' : `, endpoint picker (ext_proc gRPC) on port ${picker.eppPort}`} (${describe})`,
+  );
+  await new Promise<void>((resolve) => {
+    process.once('SIGINT', resolve);
+    process.once('SIGTERM', resolve);
+    if (!worker) return;
+    // the primary is gone (killed, say): no more connections come and nothing relays the state,
+    // but the requests in flight finish within the grace. Node's own handler would exit at once
+    // on a disconnect it did not ask for; marking it expected lets this one drain first.
+    worker.exitedAfterDisconnect = true;
+    if (!process.connected) return resolve();
+    process.once('disconnect', resolve);
+  });
+  await picker.close();
+  await close();
+  if (worker) process.exit(0);
+}
+
+/**
+ * Binds a listening socket; an address that cannot be taken (in use, not this host's, not
+ * allowed) stops the command with the flags that chose it, not a stack trace.
+ */
+export async function listening<T>(
+  flags: string,
+  bind: () => Promise<T>,
+  closeStarted: () => Promise<void>,
+): Promise<T> {
+  try {
+    return await bind();
+  } catch (err) {
+    // what is already running (timers, the other socket) would keep the process alive
+    await closeStarted().catch(() => {});
+    throw new RangeError(`${flags}: cannot listen: ${(err as Error).message.split('\n')[0]}`, { cause: err });
+  }
+}
+
+/** This gateway process's IPC channel to the primary. */
+function processChannel() {
+  return {
+    send: (m: ClusterMessage | ProcessMetricsMessage) => {
+      // the primary stopping may close the channel after the check: drop the message (EPIPE
+      // goes to the callback, not to an 'error' that would stop this process mid-shutdown)
+      if (process.connected) process.send!(m, undefined, undefined, () => {});
+    },
+    onMessage: (listener: (m: unknown) => void) => void process.on('message', listener),
+    offMessage: (listener: (m: unknown) => void) => void process.off('message', listener),
+  };
+}
+
+function readTemplate(file: string): string {
+  try {
+    return readRegularFile(file, MAX_CHAT_TEMPLATE_BYTES);
+  } catch (err) {
+    throw new RangeError(`--chat-template: cannot read ${quotedText(file)}: ${fileErrorMessage(err, file)}`, {
+      cause: err,
+    });
+  }
+}

@@ -1,0 +1,232 @@
+import { closeSync, createWriteStream, openSync } from 'node:fs';
+import cliProgress from 'cli-progress';
+import {
+  assignmentLines,
+  comparePolicies,
+  comparisonWarnings,
+  policyVariant,
+  type ComparisonReport,
+} from '../../sim/compare.js';
+import { loadTrace } from '../../sim/load-trace.js';
+import { formatTable, pct } from '../format.js';
+import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
+import { parseWorkerEvent, type ScenarioOptions } from '../../sim/scenarios.js';
+import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
+import { checkClusterKv, checkPolicyNames, policyList } from '../options.js';
+import type { SimulateFlags } from './simulate.js';
+
+const DEFAULT_KV_TOKENS = ENGINE_DEFAULTS.kvTokens;
+
+/** `simulate` with its flags parsed: every policy over the trace, the comparison on stdout. */
+export async function runSimulate(flags: SimulateFlags): Promise<void> {
+  if (flags.format !== 'table' && flags.format !== 'json')
+    throw new RangeError(`--format must be table or json, got ${quotedText(flags.format)}`);
+  const policies = policyList(flags.policies);
+  checkPolicyNames(policies, (p) => policyVariant(p).policy);
+  const scenario = scenarioFromFlags(flags);
+  // the output files are opened before the run: a path that cannot be written stops it at once
+  if (flags.report) closeSync(openOutput('--report', flags.report));
+  const assignmentsFd = flags.assignments ? openOutput('--assignments', flags.assignments) : undefined;
+  const { name, requests } = await loadTrace(flags.trace);
+  checkKvHoldsBlock(flags, requests[0]?.blockSize);
+  const bar =
+    flags.progress && process.stderr.isTTY
+      ? new cliProgress.SingleBar(
+          { format: '{policy} [{bar}] {value}/{total} requests', stream: process.stderr },
+          cliProgress.Presets.shades_classic,
+        )
+      : undefined;
+  let policyName = '';
+  // also the settings line of the HTML report
+  const simulation = {
+    workers: flags.workers,
+    speed: flags.speed,
+    eventDelayMs: flags.eventDelayMs,
+    scrapeIntervalMs: flags.scrapeIntervalMs,
+    engine: {
+      ...(flags.kvTokens !== undefined ? { kvTokens: flags.kvTokens } : {}),
+      ...(flags.maxModelLen !== undefined ? { maxModelLen: flags.maxModelLen } : {}),
+      blendRecompute: flags.blendRecompute,
+    },
+    scenario,
+    router: flags.policyOptions ? { policyOptions: flags.policyOptions } : undefined,
+  };
+  const { report, results } = comparePolicies(
+    name,
+    requests,
+    policies,
+    { ...simulation, onProgress: (done) => bar?.update(done, { policy: policyName }) },
+    (policy, i) => {
+      policyName = policy;
+      if (bar) {
+        if (i > 0) bar.stop();
+        bar.start(requests.length, 0, { policy });
+      }
+    },
+  );
+  bar?.stop();
+  if (flags.assignments && assignmentsFd !== undefined)
+    await writeLines(assignmentsFd, assignmentLines(results), `--assignments ${shownText(flags.assignments)}`);
+  if (flags.report) {
+    const { writeHtmlReport } = await import('../../sim/html-report.js');
+    try {
+      await writeHtmlReport(flags.report, report, results, { simulation, blockSize: requests[0]?.blockSize });
+    } catch (err) {
+      throw new RangeError(
+        `--report ${shownText(flags.report)}: cannot write: ${fileErrorMessage(err, flags.report)}`,
+        {
+          cause: err,
+        },
+      );
+    }
+  }
+  // on stderr too, so that a reader of the JSON alone is told
+  for (const w of comparisonWarnings(report)) process.stderr.write(`warning: ${w}\n`);
+  process.stdout.write(flags.format === 'json' ? `${JSON.stringify(report)}\n` : renderTable(report));
+}
+
+/** The scenario a simulate invocation asks for (undefined when it asks for none). */
+export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undefined {
+  const s: ScenarioOptions = {};
+  if (flags.fail.length > 0) s.fail = flags.fail.map((f) => parseWorkerEvent(f, '--fail', flags.workers));
+  if (flags.drain.length > 0) s.drain = flags.drain.map((f) => parseWorkerEvent(f, '--drain', flags.workers));
+  const keys = [
+    'eventJitterMs',
+    'eventLoss',
+    'replicas',
+    'stateLagMs',
+    'cancelRate',
+    'cancelWithinMs',
+    'nonStreamingShare',
+  ] as const;
+  for (const key of keys) {
+    if (flags[key] !== undefined) s[key] = flags[key];
+  }
+  // a flag that only shapes another one's effect would be ignored without it: refused, as
+  // mock-engine refuses --replay without --events, not run as if it had been taken
+  if (flags.stateLagMs !== undefined && (flags.replicas ?? 1) < 2)
+    throw new RangeError(
+      '--state-lag-ms needs --replicas 2 or more: it delays the state router replicas share, and one router shares none',
+    );
+  if (flags.cancelWithinMs !== undefined && !(flags.cancelRate !== undefined && flags.cancelRate > 0))
+    throw new RangeError('--cancel-within-ms needs --cancel-rate above 0: it times the cancellations that rate draws');
+  if (flags.workerKvTokens !== undefined) {
+    if (flags.workerKvTokens.length !== flags.workers) {
+      throw new RangeError(
+        `--worker-kv-tokens lists ${flags.workerKvTokens.length} workers but --workers is ${flags.workers}`,
+      );
+    }
+    s.workerKvTokens = flags.workerKvTokens;
+  }
+  checkClusterKv(
+    flags.workers,
+    flags.workerKvTokens ?? [flags.kvTokens ?? DEFAULT_KV_TOKENS],
+    flags.workerKvTokens ? '--worker-kv-tokens' : '--workers × --kv-tokens',
+  );
+  if (flags.scenarioSeed !== undefined) s.seed = flags.scenarioSeed;
+  return Object.keys(s).length > 0 ? s : undefined;
+}
+
+/**
+ * An engine smaller than one KV block, or serving requests shorter than one, can hold no
+ * request: every one would be rejected and the run would print figures of nothing. The block
+ * size is the trace's, known once it is read.
+ */
+function checkKvHoldsBlock(flags: SimulateFlags, blockSize: number | undefined): void {
+  if (blockSize === undefined) return;
+  const why = `less than one KV block (${blockSize} tokens, the trace's block size): the engine could hold no request`;
+  if (flags.workerKvTokens !== undefined) {
+    flags.workerKvTokens.forEach((t, i) => {
+      if (t < blockSize) throw new RangeError(`--worker-kv-tokens: entry ${i + 1} (${t}) is ${why}`);
+    });
+  } else if (flags.kvTokens !== undefined && flags.kvTokens < blockSize) {
+    throw new RangeError(`--kv-tokens ${flags.kvTokens} is ${why}`);
+  }
+  if (flags.maxModelLen !== undefined && flags.maxModelLen < blockSize)
+    throw new RangeError(`--max-model-len ${flags.maxModelLen} is ${why}`);
+}
+
+/** An output file opened (created or emptied) for writing; RangeError naming the flag otherwise. */
+function openOutput(flag: string, path: string): number {
+  try {
+    return openSync(path, 'w');
+  } catch (err) {
+    throw new RangeError(`${flag} ${shownText(path)}: cannot write: ${fileErrorMessage(err, path)}`, { cause: err });
+  }
+}
+
+/** Writes lines to an open file and closes it; a failed write is a RangeError naming `where`. */
+async function writeLines(fd: number, lines: Iterable<string>, where: string): Promise<void> {
+  const out = createWriteStream('', { fd });
+  const failed = new Promise<never>((_, reject) => out.once('error', reject));
+  failed.catch(() => {}); // raced below; a late error must not go unhandled
+  try {
+    for (const line of lines)
+      if (!out.write(`${line}\n`)) await Promise.race([new Promise<void>((r) => out.once('drain', () => r())), failed]);
+    await Promise.race([
+      new Promise<void>((resolve, reject) => out.end((err?: Error | null) => (err ? reject(err) : resolve()))),
+      failed,
+    ]);
+  } catch (err) {
+    out.destroy();
+    throw new RangeError(`${where}: cannot write: ${(err as Error).message}`, { cause: err });
+  }
+}
+
+export function renderTable(r: ComparisonReport): string {
+  const head =
+    `${r.trace}: ${r.requests} requests, ${r.workers} workers, speed ×${r.speed}\n` +
+    `bounds: infinite-cache hit rate ${pct(r.bounds.infiniteCacheHitRate)}, ideal mean TTFT ${r.bounds.idealTtftMean.toFixed(3)} s\n\n`;
+  const rows = r.policies.map((p) => [
+    p.policy,
+    pct(p.hitRate),
+    p.ttft.mean.toFixed(3),
+    p.ttft.p50.toFixed(3),
+    p.ttft.p90.toFixed(3),
+    p.ttft.p99.toFixed(3),
+    p.e2e.mean.toFixed(2),
+    p.e2e.p99.toFixed(2),
+    String(p.throughputTokPerS),
+    p.loadImbalance.toFixed(3),
+    String(p.rejected),
+  ]);
+  // scenario counts, when a run has any
+  const events = r.policies
+    .map((p) => {
+      const parts = (['cancelled', 'failed', 'retried', 'eventBatchesLost'] as const)
+        .filter((k) => (p[k] ?? 0) > 0)
+        .map((k) => `${k} ${p[k]}`);
+      return parts.length > 0 ? `${p.policy}: ${parts.join(', ')}` : '';
+    })
+    .filter(Boolean);
+  // policies held to bounds of their own, and what must not be missed, under the table
+  const own = r.policies
+    .filter((p) => p.bounds)
+    .map(
+      (p) =>
+        `${p.policy}: bounds over the ${p.answered} requests it answered: hit rate ${pct(p.bounds!.infiniteCacheHitRate)}, ideal mean TTFT ${p.bounds!.idealTtftMean.toFixed(3)} s`,
+    );
+  const notes = [...events, ...own, ...comparisonWarnings(r).map((w) => `warning: ${w}`)];
+  const tail = notes.length > 0 ? `\n${notes.join('\n')}\n` : '';
+  return (
+    head +
+    formatTable(
+      [
+        'policy',
+        'hit rate',
+        'TTFT mean s',
+        'p50',
+        'p90',
+        'p99',
+        'e2e mean s',
+        'e2e p99',
+        'tok/s',
+        'imbalance',
+        'rejected',
+      ],
+      rows,
+    ) +
+    '\n' +
+    tail
+  );
+}
