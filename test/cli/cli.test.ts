@@ -2,11 +2,10 @@ import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
-
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+import { CLI } from '../helpers/cli-entry.js';
 
 function cli(...args: string[]) {
-  return spawnSync(process.execPath, ['--import', 'tsx', main, ...args], { encoding: 'utf8' });
+  return spawnSync(process.execPath, [...CLI, ...args], { encoding: 'utf8' });
 }
 
 test('demo --json prints one JSON object comparing the policies', () => {
@@ -80,7 +79,7 @@ test('live-demo runs a small workload through mock engines and the router over H
 });
 
 test('live-demo stops cleanly on Ctrl-C mid-run: engines and router closed, exit 130', async () => {
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'live-demo', '--workflows', '40', '--speed', '1'], {
+  const child = spawn(process.execPath, [...CLI, 'live-demo', '--workflows', '40', '--speed', '1'], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let stderr = '';

@@ -3,7 +3,6 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
 import { parse as parseYaml } from 'yaml';
 import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
@@ -12,8 +11,8 @@ import { ROUTER_SETTINGS_SCHEMA } from '../../src/core/router/options-schema.js'
 import { KVAwareRouter } from '../../src/index.js';
 import { resolveServe } from '../helpers/serve-config.js';
 import { createGateway } from '../../src/server/gateway.js';
+import { CLI } from '../helpers/cli-entry.js';
 
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const dir = mkdtempSync(join(tmpdir(), 'cf-config-schema-'));
 let files = 0;
 const write = (text: string, ext = 'yaml') => {
@@ -131,7 +130,7 @@ test('errors name the source and the key, and the value given', () => {
     /--index-mode must be one of auto, precise, approximate \(got 'exact'\)/,
   );
   // the CLI exits non-zero with the message
-  const r = spawnSync(process.execPath, ['--import', 'tsx', main, 'serve', '--config', f], { encoding: 'utf8' });
+  const r = spawnSync(process.execPath, [...CLI, 'serve', '--config', f], { encoding: 'utf8' });
   assert.equal(r.status, 2);
   assert.match(r.stderr, /router\.costWeights\.prefillTokensPerSecond must be a finite number >= 0 \(got -1\)/);
 });
@@ -149,7 +148,7 @@ test('--print-config: every value with its source, secrets redacted; the YAML lo
     ].join('\n'),
   );
   const run = (...args: string[]) =>
-    spawnSync(process.execPath, ['--import', 'tsx', main, 'serve', '--config', file, ...args], {
+    spawnSync(process.execPath, [...CLI, 'serve', '--config', file, ...args], {
       encoding: 'utf8',
       env: { ...process.env, CONTEXTFORGE_MAX_RETRIES: '4' },
     });

@@ -3,7 +3,6 @@ import { spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
 import { shortenCommanderMessage } from '../../src/cli/options.js';
@@ -15,12 +14,11 @@ import { parseWorkerRecord } from '../../src/server/worker-input.js';
 import { createStateStore } from '../../src/state/create-state-store.js';
 import { parseRedisUrl } from '../../src/state/redis-state-store.js';
 import { resolveServe } from '../helpers/serve-config.js';
-
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+import { CLI } from '../helpers/cli-entry.js';
 
 /** Runs the CLI; resolves with its exit status and what it wrote to stderr. */
 function cli(args: string[], env: Record<string, string> = {}): Promise<{ status: number | null; stderr: string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', main, ...args], {
+  const child = spawn(process.execPath, [...CLI, ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, ...env },
   });

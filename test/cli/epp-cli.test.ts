@@ -1,6 +1,5 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
 import { Command } from 'commander';
 import { registerEppCommand } from '../../src/cli/commands/epp.js';
@@ -8,8 +7,8 @@ import { MockEngine } from '../../src/engines/mock-engine.js';
 import { parseDiscoverySpec } from '../../src/cli/commands/epp.js';
 import { EnvoyRole } from '../epp/envoy-role.js';
 import { resolveEpp } from '../helpers/epp-config.js';
+import { CLI } from '../helpers/cli-entry.js';
 
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const engines: MockEngine[] = [];
 after(async () => {
   for (const e of engines) await e.close();
@@ -17,7 +16,7 @@ after(async () => {
 
 /** Starts a CLI command and resolves once its stderr matches `ready`. */
 async function start(args: string[], ready: RegExp) {
-  const child = spawn(process.execPath, ['--import', 'tsx', main, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(process.execPath, [...CLI, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
   const match = await new Promise<RegExpExecArray>((resolve, reject) => {
     child.stderr.on('data', (d: Buffer) => {
@@ -123,7 +122,7 @@ test('bad epp flags are refused with a message naming the flag (in process), and
     [['--discover', 'port=8000'], /dns must be a host name/],
   ] as Array<[string[], RegExp]>)
     assert.match(parse(args), message);
-  const r = spawnSync(process.execPath, ['--import', 'tsx', main, 'epp', '--epp-fallbacks', 'two'], {
+  const r = spawnSync(process.execPath, [...CLI, 'epp', '--epp-fallbacks', 'two'], {
     encoding: 'utf8',
     timeout: 60_000,
   });

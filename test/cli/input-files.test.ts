@@ -10,15 +10,15 @@ import {
   MAX_TOKENIZER_CONFIG_BYTES,
   MAX_TOKENIZER_JSON_BYTES,
 } from '../../src/engines/bounded-file.js';
+import { CLI } from '../helpers/cli-entry.js';
 
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const fixture = fileURLToPath(new URL('../fixtures/tokenizer/', import.meta.url));
 const dir = mkdtempSync(join(tmpdir(), 'cf-input-files-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
 
 /** The CLI run to its end; a read that hangs is killed at the deadline (status null, not 2). */
 function cli(args: string[]) {
-  return spawnSync(process.execPath, ['--import', 'tsx', main, ...args], {
+  return spawnSync(process.execPath, [...CLI, ...args], {
     encoding: 'utf8',
     timeout: 60_000,
     killSignal: 'SIGKILL',

@@ -1,15 +1,14 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 import { BlockHashes } from '../../src/core/hashing.js';
 import { VllmBlockHasher } from '../../src/core/vllm-block-hash.js';
 import { mockTokenize } from '../../src/engines/mock-engine.js';
+import { CLI } from '../helpers/cli-entry.js';
 
 /** Starts `contextforge-router mock-engine` and resolves once it says where it serves. */
 async function startMockEngine(args: string[]) {
-  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-engine', ...args], {
+  const child = spawn(process.execPath, [...CLI, 'mock-engine', ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let stderr = '';
@@ -36,8 +35,7 @@ test('contextforge-router mock-engine serves until SIGTERM and exits cleanly', a
 });
 
 test('mock-engine rejects bad flags', async () => {
-  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-engine', '--replay', 'tcp://127.0.0.1:*'], {
+  const child = spawn(process.execPath, [...CLI, 'mock-engine', '--replay', 'tcp://127.0.0.1:*'], {
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let stderr = '';
@@ -98,9 +96,8 @@ test('mock-engine --data-parallel-size and --lora-modules', async () => {
 });
 
 test("mock-engine --prefix-caching-hash-algo takes vLLM's four names, as serve does", async () => {
-  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
   const run = (args: string[]) =>
-    spawnSync(process.execPath, ['--import', 'tsx', main, 'mock-engine', '--port', '0', ...args], {
+    spawnSync(process.execPath, [...CLI, 'mock-engine', '--port', '0', ...args], {
       encoding: 'utf8',
       timeout: 60_000,
     });

@@ -2,16 +2,14 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { closeSync, existsSync, openSync } from 'node:fs';
 import { test } from 'node:test';
-import { fileURLToPath } from 'node:url';
-
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+import { CLI } from '../helpers/cli-entry.js';
 
 /** A command whose standard output is `stdout`: a pipe closed at once (no reader), or a file descriptor. */
 async function run(
   args: string[],
   stdout: 'closed-pipe' | number,
 ): Promise<{ code: number | null; signal: NodeJS.Signals | null; stderr: string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', main, ...args], {
+  const child = spawn(process.execPath, [...CLI, ...args], {
     stdio: ['ignore', stdout === 'closed-pipe' ? 'pipe' : stdout, 'pipe'],
   });
   // the reader goes away before the command writes, as `| true` or `| head -0` does

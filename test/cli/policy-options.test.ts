@@ -4,7 +4,6 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { Command } from 'commander';
 import { registerSimulateCommand } from '../../src/cli/commands/simulate.js';
 import { DynamoPolicy } from '../../src/core/policies/dynamo.js';
@@ -13,10 +12,9 @@ import { POLICY_OPTIONS_SCHEMA } from '../../src/core/policies/options-schema.js
 import { SeedPolicy } from '../../src/core/policies/seed.js';
 import { SglangPolicy } from '../../src/core/policies/sglang.js';
 import { resolveServe } from '../helpers/serve-config.js';
+import { CLI } from '../helpers/cli-entry.js';
 
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
-const cli = (args: string[]) =>
-  spawnSync(process.execPath, ['--import', 'tsx', main, ...args], { encoding: 'utf8', timeout: 60_000 });
+const cli = (args: string[]) => spawnSync(process.execPath, [...CLI, ...args], { encoding: 'utf8', timeout: 60_000 });
 
 /** What `simulate ARGS` reports when commander refuses a flag (without running anything). */
 async function simulateRefusal(args: string[]): Promise<string> {

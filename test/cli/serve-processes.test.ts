@@ -3,13 +3,12 @@ import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { after, test } from 'node:test';
 import { Client } from 'undici';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { settled, until } from '../helpers/wait.js';
+import { CLI } from '../helpers/cli-entry.js';
 
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const engines: MockEngine[] = [];
 const children: ChildProcess[] = [];
 const clients: Client[] = [];
@@ -27,7 +26,7 @@ function startServe(
   args: string[],
   env: Record<string, string> = {},
 ): Promise<{ child: ChildProcess; base: string; output: () => string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', ...args], {
+  const child = spawn(process.execPath, [...CLI, 'serve', ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, CONTEXTFORGE_ADMIN_TOKEN: ADMIN_TOKEN, ...env },
   });
@@ -152,11 +151,9 @@ test('bad --processes and --tokenizer-threads values exit with a message naming 
     ['--tokenizer-threads', '-1'],
     ['--tokenizer-threads', 'many'],
   ]) {
-    const child = spawn(
-      process.execPath,
-      ['--import', 'tsx', main, 'serve', flag, value, '--worker', 'id=e0,url=http://127.0.0.1:1'],
-      { stdio: ['ignore', 'ignore', 'pipe'] },
-    );
+    const child = spawn(process.execPath, [...CLI, 'serve', flag, value, '--worker', 'id=e0,url=http://127.0.0.1:1'], {
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
     children.push(child);
     let stderr = '';
     child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
@@ -170,9 +167,7 @@ test('serve --processes 2 whose processes cannot start exits with their error, n
   const child = spawn(
     process.execPath,
     [
-      '--import',
-      'tsx',
-      main,
+      ...CLI,
       'serve',
       '--port',
       '0',

@@ -14,6 +14,7 @@ import { REDIS_URL } from '../helpers/redis-routers.js';
 import { serveExit } from '../helpers/serve-exit.js';
 import { resolveServe } from '../helpers/serve-config.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
+import { CLI } from '../helpers/cli-entry.js';
 
 test('--worker specs are parsed, and bad ones are refused with the reason', () => {
   assert.deepEqual(parseWorkerSpec('id=w1,url=http://127.0.0.1:9001,events=tcp://127.0.0.1:5557,cla=1;2'), {
@@ -46,11 +47,10 @@ test('--worker specs are parsed, and bad ones are refused with the reason', () =
 });
 
 const engines: MockEngine[] = [];
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 
 /** Starts `contextforge-router serve` and resolves once it says where it listens. */
 async function startServe(args: string[], env: Record<string, string> = {}) {
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', ...args], {
+  const child = spawn(process.execPath, [...CLI, 'serve', ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, ...env },
   });
@@ -301,7 +301,7 @@ test('serve refuses a bad config with a message and exit code 2', () => {
   const dir = mkdtempSync(join(tmpdir(), 'cf-config-'));
   const file = join(dir, 'router.yaml');
   writeFileSync(file, 'colour: red\n');
-  const r = spawnSync(process.execPath, ['--import', 'tsx', main, 'serve', '--config', file], { encoding: 'utf8' });
+  const r = spawnSync(process.execPath, [...CLI, 'serve', '--config', file], { encoding: 'utf8' });
   assert.equal(r.status, 2);
   assert.match(r.stderr, /^error: --config .*unknown key 'colour'/m);
 });
@@ -409,11 +409,10 @@ test('serve --block-hash vllm with PYTHONHASHSEED from the environment, and a dp
   child.kill('SIGTERM');
   assert.equal(await exited, 0);
   // without a seed it refuses to start, naming what to set
-  const refused = spawnSync(
-    process.execPath,
-    ['--import', 'tsx', main, 'serve', '--port', '0', '--block-hash', 'vllm'],
-    { env: { ...process.env, PYTHONHASHSEED: '' }, encoding: 'utf8' },
-  );
+  const refused = spawnSync(process.execPath, [...CLI, 'serve', '--port', '0', '--block-hash', 'vllm'], {
+    env: { ...process.env, PYTHONHASHSEED: '' },
+    encoding: 'utf8',
+  });
   assert.notEqual(refused.status, 0);
   assert.match(refused.stderr, /PYTHONHASHSEED/);
 });

@@ -5,11 +5,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
+import { CLI } from '../helpers/cli-entry.js';
 
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const trace = fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url));
-const cli = (...args: string[]) =>
-  spawnSync(process.execPath, ['--import', 'tsx', main, ...args], { encoding: 'utf8' });
+const cli = (...args: string[]) => spawnSync(process.execPath, [...CLI, ...args], { encoding: 'utf8' });
 
 test('simulate --format json prints the keys of docs/architecture.md §7', () => {
   const dir = mkdtempSync(join(tmpdir(), 'cf-sim-'));

@@ -3,15 +3,14 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 import { escapedText } from '../../src/core/shown-text.js';
+import { CLI } from '../helpers/cli-entry.js';
 
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const dir = mkdtempSync(join(tmpdir(), 'cf-tokenizer-errors-'));
 
 function cli(args: string[]) {
-  return spawnSync(process.execPath, ['--import', 'tsx', main, ...args], {
+  return spawnSync(process.execPath, [...CLI, ...args], {
     encoding: 'utf8',
     timeout: 60_000,
     killSignal: 'SIGKILL',

@@ -15,11 +15,10 @@ import {
   parseTraceLine,
 } from '../../src/sim/trace.js';
 import { traceBlockCounter } from '../../src/sim/trace-lines.js';
+import { CLI } from '../helpers/cli-entry.js';
 
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 // a command that does not stop at the limit would replay a million requests: the deadline fails it
-const cli = (args: string[]) =>
-  spawnSync(process.execPath, ['--import', 'tsx', main, ...args], { encoding: 'utf8', timeout: 120_000 });
+const cli = (args: string[]) => spawnSync(process.execPath, [...CLI, ...args], { encoding: 'utf8', timeout: 120_000 });
 
 /** A gzipped file of `count` copies of `line`. */
 function gzLines(path: string, line: string, count: number): string {

@@ -3,32 +3,17 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 import { Command } from 'commander';
 import { parse as parseYaml } from 'yaml';
 import { registerServeCommand, resolveServeConfig } from '../../src/cli/commands/serve.js';
 import { DEFAULT_COST_WEIGHTS, KVAwareRouter } from '../../src/index.js';
-
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+import { CLI } from '../helpers/cli-entry.js';
 
 function tune(format: string): string {
   const r = spawnSync(
     process.execPath,
-    [
-      '--import',
-      'tsx',
-      main,
-      'tune',
-      '--trace',
-      'workflows:30:5',
-      '--workers',
-      '2',
-      '--trials',
-      '3',
-      '--format',
-      format,
-    ],
+    [...CLI, 'tune', '--trace', 'workflows:30:5', '--workers', '2', '--trials', '3', '--format', format],
     { encoding: 'utf8' },
   );
   assert.equal(r.status, 0, r.stderr);

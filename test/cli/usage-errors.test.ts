@@ -5,7 +5,6 @@ import { existsSync, mkdtempSync, readFileSync, truncateSync, writeFileSync } fr
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 import { Command } from 'commander';
 import { registerDemoCommand } from '../../src/cli/commands/demo.js';
@@ -22,11 +21,10 @@ import { loadApiKeysFile } from '../../src/server/api-keys.js';
 import { checkTimeouts } from '../../src/server/timeouts.js';
 import { parseRedisUrl } from '../../src/state/redis-state-store.js';
 import { resolveServe } from '../helpers/serve-config.js';
-
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+import { CLI } from '../helpers/cli-entry.js';
 
 function cli(args: string[], env: Record<string, string> = {}) {
-  return spawnSync(process.execPath, ['--import', 'tsx', main, ...args], {
+  return spawnSync(process.execPath, [...CLI, ...args], {
     encoding: 'utf8',
     env: { ...process.env, ...env },
   });
@@ -411,18 +409,7 @@ test('an address serve or epp cannot listen on stops it with the flags named, an
     // the gRPC side starts first: the process must still end when the HTTP side cannot
     const epp = spawnSync(
       process.execPath,
-      [
-        '--import',
-        'tsx',
-        main,
-        'epp',
-        '--port',
-        '0',
-        '--metrics-port',
-        port,
-        '--worker',
-        'id=a,url=http://127.0.0.1:9',
-      ],
+      [...CLI, 'epp', '--port', '0', '--metrics-port', port, '--worker', 'id=a,url=http://127.0.0.1:9'],
       { encoding: 'utf8', env: { ...process.env, ...env }, timeout: 60_000 },
     );
     assert.equal(epp.status, 2, epp.stderr);
@@ -623,7 +610,7 @@ test('mock-engine stops with the flag named when its HTTP port or its event endp
   await new Promise<void>((r) => taken.listen(0, '127.0.0.1', r));
   const port = String((taken.address() as AddressInfo).port);
   try {
-    const http = spawnSync(process.execPath, ['--import', 'tsx', main, 'mock-engine', '--port', port], {
+    const http = spawnSync(process.execPath, [...CLI, 'mock-engine', '--port', port], {
       encoding: 'utf8',
       timeout: 60_000,
     });
@@ -631,11 +618,10 @@ test('mock-engine stops with the flag named when its HTTP port or its event endp
     assert.match(http.stderr, new RegExp(`^error: --host 127\\.0\\.0\\.1 --port ${port}: cannot listen: .*EADDRINUSE`));
     assert.doesNotMatch(http.stderr, /\n\s+at /, 'a message, not a stack trace');
     const events = `tcp://127.0.0.1:${port}`;
-    const zmq = spawnSync(
-      process.execPath,
-      ['--import', 'tsx', main, 'mock-engine', '--port', '0', '--events', events],
-      { encoding: 'utf8', timeout: 60_000 },
-    );
+    const zmq = spawnSync(process.execPath, [...CLI, 'mock-engine', '--port', '0', '--events', events], {
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
     assert.equal(zmq.status, 2, zmq.stderr);
     assert.match(zmq.stderr, new RegExp(`^error: --events ${events}: cannot bind ${events}: Address already in use`));
   } finally {

@@ -1,7 +1,5 @@
 import { spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
-
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+import { CLI } from './cli-entry.js';
 
 /**
  * Runs `contextforge-router serve ARGS` for a start that must fail, and resolves with its exit
@@ -12,7 +10,7 @@ export async function serveExit(
   args: string[],
   killAfterMs = 30_000,
 ): Promise<{ code: number | null; stderr: string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'serve', ...args], {
+  const child = spawn(process.execPath, [...CLI, 'serve', ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let stderr = '';

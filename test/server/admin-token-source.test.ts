@@ -3,17 +3,16 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 import { AdminToken, resolveAdminToken } from '../../src/server/admin-auth.js';
+import { CLI } from '../helpers/cli-entry.js';
 
-const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const dir = mkdtempSync(join(tmpdir(), 'cf-token-source-'));
 
 function cli(args: string[], env: Record<string, string> = {}) {
   const inherited = { ...process.env };
   delete inherited.CONTEXTFORGE_ADMIN_TOKEN;
-  return spawnSync(process.execPath, ['--import', 'tsx', main, ...args], {
+  return spawnSync(process.execPath, [...CLI, ...args], {
     encoding: 'utf8',
     // a serve that starts would run until killed
     timeout: 30_000,

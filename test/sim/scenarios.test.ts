@@ -8,6 +8,7 @@ import { simulate, type PolicyResult } from '../../src/sim/simulator.js';
 import { loadMooncakeTrace } from '../../src/sim/trace.js';
 import { generateWorkflowTrace } from '../../src/sim/workflows.js';
 import { tiers } from '../helpers/prompts.js';
+import { CLI } from '../helpers/cli-entry.js';
 
 const head = await loadMooncakeTrace(
   fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)),
@@ -331,14 +332,11 @@ describe('scenarios', () => {
   });
 
   test('the CLI takes the scenario flags and rejects bad ones with a message', () => {
-    const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
     const trace = fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url));
     const cli = (...args: string[]) =>
-      spawnSync(
-        process.execPath,
-        ['--import', 'tsx', main, 'simulate', '--trace', trace, '--policies', 'cost', ...args],
-        { encoding: 'utf8' },
-      );
+      spawnSync(process.execPath, [...CLI, 'simulate', '--trace', trace, '--policies', 'cost', ...args], {
+        encoding: 'utf8',
+      });
     const ok = cli(
       '--workers',
       '3',

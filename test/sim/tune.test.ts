@@ -1,10 +1,10 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 import { DEFAULT_COST_WEIGHTS } from '../../src/index.js';
 import { renderWeightsConfig, tuneCostWeights } from '../../src/sim/tune.js';
 import { generateWorkflowTrace } from '../../src/sim/workflows.js';
+import { CLI } from '../helpers/cli-entry.js';
 
 const trace = generateWorkflowTrace({ workflows: 60, seed: 3 });
 
@@ -30,19 +30,16 @@ test('tune rejects bad settings', () => {
 });
 
 test('contextforge-router tune prints a config block, or a clear error', () => {
-  const main = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
   const ok = spawnSync(
     process.execPath,
-    ['--import', 'tsx', main, 'tune', '--trace', 'workflows:40', '--workers', '2', '--trials', '3'],
+    [...CLI, 'tune', '--trace', 'workflows:40', '--workers', '2', '--trials', '3'],
     { encoding: 'utf8' },
   );
   assert.equal(ok.status, 0, ok.stderr);
   assert.match(ok.stdout, /^costWeights:$/m);
-  const bad = spawnSync(
-    process.execPath,
-    ['--import', 'tsx', main, 'tune', '--trace', 'workflows:40', '--train-fraction', '1.5'],
-    { encoding: 'utf8' },
-  );
+  const bad = spawnSync(process.execPath, [...CLI, 'tune', '--trace', 'workflows:40', '--train-fraction', '1.5'], {
+    encoding: 'utf8',
+  });
   assert.notEqual(bad.status, 0);
   assert.match(bad.stderr, /--train-fraction/);
 });
