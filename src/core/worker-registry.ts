@@ -58,6 +58,8 @@ export class WorkerState {
   runningRequests = 0;
   /** KV-cache capacity in tokens, when the engine's metrics report it (0: unknown). */
   kvCapacityTokens = 0;
+  /** When the engine's metrics were last read (router clock, ms); undefined until they are. */
+  metricsAt: number | undefined = undefined;
   /** Health as decided by the gateway's checks; an unhealthy worker gets no requests. */
   healthy = true;
   readonly claGroups = new Set<number>();

@@ -106,6 +106,12 @@ export interface RouterPickerOptions {
    */
   shedQueueDepth?: number;
   shedKvUsage?: number;
+  /**
+   * Age (ms, router clock) past which a worker's last metrics reading is stale: such a worker,
+   * or one not read yet, counts as saturated (saturation 1), as in the utilization detector.
+   * Absent: readings are used however old (the engines' metrics are not scraped).
+   */
+  shedMetricsStaleMs?: number;
 }
 
 const CHAT = '/v1/chat/completions';
@@ -127,6 +133,7 @@ export class RouterPicker implements EndpointPicker {
   private readonly objectives: ReadonlyMap<string, number>;
   private readonly shedQueueDepth: number;
   private readonly shedKvUsage: number;
+  private readonly shedMetricsStaleMs: number | undefined;
   /** The backend's limits, for what is read before `prepare` (the JSON body, a rewritten model). */
   private readonly limits: RequestLimits;
   private readonly outcomes: Counter<'outcome'>;
@@ -156,6 +163,9 @@ export class RouterPicker implements EndpointPicker {
     this.shedKvUsage = options.shedKvUsage ?? 0.8;
     if (!(this.shedQueueDepth > 0)) throw new RangeError('shedQueueDepth must be positive');
     if (!(this.shedKvUsage > 0 && this.shedKvUsage <= 1)) throw new RangeError('shedKvUsage must be in (0, 1]');
+    this.shedMetricsStaleMs = options.shedMetricsStaleMs;
+    if (this.shedMetricsStaleMs !== undefined && !(this.shedMetricsStaleMs > 0))
+      throw new RangeError('shedMetricsStaleMs must be positive');
     this.limits = checkRequestLimits(backend.limits ?? {});
     const m = backend.metrics;
     this.outcomes =
@@ -498,14 +508,23 @@ export class RouterPicker implements EndpointPicker {
     };
   }
 
-  /** Mean saturation of the eligible workers (1 when none is eligible). */
+  /**
+   * Mean saturation of the eligible workers (1 when none is eligible); a worker whose metrics
+   * are stale or not read yet counts as saturated.
+   */
   private saturation(excluded: ReadonlySet<string>): number {
+    const { router } = this.backend;
+    const staleBefore = this.shedMetricsStaleMs === undefined ? undefined : router.now() - this.shedMetricsStaleMs;
     let sum = 0;
     let n = 0;
-    for (const w of this.backend.router.listWorkers()) {
+    for (const w of router.listWorkers()) {
       if (excluded.has(w.id) || !w.available) continue;
-      sum += Math.max(w.waitingRequests / this.shedQueueDepth, w.load / this.shedKvUsage);
       n++;
+      if (staleBefore !== undefined && (w.metricsAt === undefined || w.metricsAt < staleBefore)) {
+        sum += 1;
+        continue;
+      }
+      sum += Math.max(w.waitingRequests / this.shedQueueDepth, w.load / this.shedKvUsage);
     }
     return n === 0 ? 1 : sum / n;
   }

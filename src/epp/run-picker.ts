@@ -4,6 +4,7 @@ import type { Gateway } from '../server/gateway.js';
 import { gatewayRoutingBackend } from './gateway-backend.js';
 import { RouterPicker } from './router-picker.js';
 import { startEppServer } from './server.js';
+import { scrapeGapMs } from '../engines/metrics/scraper.js';
 
 /** Settings of the endpoint picker and engine discovery, shared by `epp` and `serve --epp-port`. */
 export interface PickerConfig {
@@ -11,6 +12,10 @@ export interface PickerConfig {
   objectives?: ReadonlyMap<string, number>;
   shedQueueDepth: number;
   shedKvUsage: number;
+  /** See RouterPickerOptions; absent: from the scrape interval (pickerStaleMs). */
+  shedMetricsStaleMs?: number;
+  /** The gateway's metrics scrape interval (0: no scrapes). */
+  metricsIntervalMs?: number;
   eppFallbacks: number;
   /** Time from a stream's request headers to its body's end (the gateway's --request-timeout-ms). */
   requestTimeoutMs?: number;
@@ -41,6 +46,7 @@ export async function startPicker(
     objectives: c.objectives,
     shedQueueDepth: c.shedQueueDepth,
     shedKvUsage: c.shedKvUsage,
+    shedMetricsStaleMs: pickerStaleMs(c),
   });
   const server = await startEppServer({
     host: o.host,
@@ -67,6 +73,18 @@ export async function startPicker(
       await server.close(c.shutdownGraceMs);
     },
   };
+}
+
+/**
+ * The age past which shedding counts a worker's metrics as stale: the setting, else the longest
+ * gap between two readings of an engine that answers every scrape plus one more interval (a
+ * reading is stale once a whole round has gone by without one); none when metrics are not scraped.
+ */
+export function pickerStaleMs(c: Pick<PickerConfig, 'shedMetricsStaleMs' | 'metricsIntervalMs'>): number | undefined {
+  if (c.metricsIntervalMs === 0) return undefined;
+  if (c.shedMetricsStaleMs !== undefined) return c.shedMetricsStaleMs;
+  if (c.metricsIntervalMs === undefined) return undefined;
+  return scrapeGapMs(c.metricsIntervalMs) + c.metricsIntervalMs;
 }
 
 /** Whether a worker's record is `discovered`, as discovery makes it (no field it leaves unset is set). */

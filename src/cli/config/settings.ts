@@ -304,6 +304,7 @@ const pickerShape = {
   objectives: z.record(z.string().min(1).max(256), z.int()).optional(),
   shedQueueDepth: positiveInt().default(5),
   shedKvUsage: z.number().gt(0).max(1).default(0.8),
+  shedMetricsStaleMs: timerMs(1).optional(),
   eppFallbacks: z.int().min(0).max(64).default(2),
 };
 
@@ -318,6 +319,10 @@ const pickerHelp: Record<keyof typeof pickerShape, SettingHelp> = {
   },
   shedQueueDepth: { arg: '<n>', help: 'endpoint picker: waiting requests at which a worker counts as saturated' },
   shedKvUsage: { arg: '<fraction>', help: 'endpoint picker: KV-cache usage at which a worker counts as saturated' },
+  shedMetricsStaleMs: {
+    arg: '<ms>',
+    help: "endpoint picker: age of a worker's last metrics reading past which it counts as saturated, as does a worker not read yet (default: the scrape interval plus twice the scrape timeout, plus one more interval: 4000 at the default interval; more than the interval plus twice the timeout when set; unused with --metrics-interval-ms 0)",
+  },
   eppFallbacks: { arg: '<n>', help: 'endpoint picker: fallback endpoints listed after the chosen one' },
 };
 

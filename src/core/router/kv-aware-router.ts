@@ -239,6 +239,7 @@ export class KVAwareRouter {
     }
     if (running !== undefined) w.runningRequests = running;
     if (capacity !== undefined) w.kvCapacityTokens = capacity;
+    w.metricsAt = at ?? this.readClock();
   }
 
   /** Workers in registration order (read-only views). */

@@ -41,6 +41,24 @@ export interface TargetState extends CheckStreak {
   lastError?: string;
 }
 
+/**
+ * A scrape's deadline for an interval: at least half a second, as a health probe's (a scrape
+ * timing out after a short interval's few ms would take every worker out of rotation; rounds
+ * never overlap: the next one waits), at most two.
+ */
+export function scrapeTimeoutMs(intervalMs: number): number {
+  return Math.min(2000, Math.max(500, intervalMs));
+}
+
+/**
+ * How old a worker's last reading gets between two scrapes that succeed, at most: a round waits
+ * for its slowest scrape (up to its deadline), the next starts an interval after, and its
+ * reading lands up to a deadline later.
+ */
+export function scrapeGapMs(intervalMs: number): number {
+  return intervalMs + 2 * scrapeTimeoutMs(intervalMs);
+}
+
 export class MetricsScraper {
   private readonly states = new Map<string, TargetState>();
   /** Each target as it is fetched: its URL's credentials (fetch refuses them in a URL) as a header. */
@@ -56,9 +74,7 @@ export class MetricsScraper {
     private readonly options: ScraperOptions = {},
   ) {
     const intervalMs = options.intervalMs ?? 1000;
-    // at least half a second, as a health probe's: a scrape timing out after a short interval's
-    // few ms would take every worker out of rotation (rounds never overlap: the next one waits)
-    this.timeoutMs = options.timeoutMs ?? Math.min(2000, Math.max(500, intervalMs));
+    this.timeoutMs = options.timeoutMs ?? scrapeTimeoutMs(intervalMs);
     this.pollLoop = new PollLoop(() => this.scrapeAll(), intervalMs);
     this.failuresToUnhealthy = options.failuresToUnhealthy ?? 3;
     this.successesToHealthy = options.successesToHealthy ?? 2;
