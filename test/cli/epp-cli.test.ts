@@ -8,6 +8,8 @@ import { parseDiscoverySpec } from '../../src/cli/commands/epp.js';
 import { EnvoyRole } from '../epp/envoy-role.js';
 import { resolveEpp } from '../helpers/epp-config.js';
 import { CLI } from '../helpers/cli-entry.js';
+import { resolveServe } from '../helpers/serve-config.js';
+import { pickerStaleMs } from '../../src/epp/run-picker.js';
 
 const engines: MockEngine[] = [];
 after(async () => {
@@ -156,4 +158,48 @@ test('epp runs one process: --processes above 1 is named in a warning and not us
     resolveEpp([]).resolved.warnings.filter((w) => w.includes('--processes')),
     [],
   );
+});
+
+test('--shed-metrics-stale-ms: the default follows the scrape interval; a value a healthy scrape reaches is refused', () => {
+  assert.equal(resolveEpp([]).config.shedMetricsStaleMs, undefined);
+  assert.equal(pickerStaleMs(resolveEpp([]).config), 4000, 'interval 1000 + twice the 1000 ms timeout + 1000');
+  assert.equal(pickerStaleMs(resolveEpp(['--metrics-interval-ms', '100']).config), 1200);
+  assert.equal(pickerStaleMs(resolveEpp(['--metrics-interval-ms', '0']).config), undefined, 'no scrapes: not used');
+  assert.equal(pickerStaleMs(resolveEpp(['--shed-metrics-stale-ms', '3001']).config), 3001);
+  assert.throws(
+    () => resolveEpp(['--shed-metrics-stale-ms', '3000']),
+    /--shed-metrics-stale-ms \(3000\) must be more than 3000 ms/,
+  );
+  assert.deepEqual(
+    resolveEpp(['--metrics-interval-ms', '0', '--shed-metrics-stale-ms', '500']).resolved.warnings.filter((w) =>
+      w.includes('--shed-metrics-stale-ms'),
+    ),
+    ['--shed-metrics-stale-ms has no effect with --metrics-interval-ms 0 (no metrics are read)'],
+  );
+});
+
+test('a static worker whose URL names a host, not an IP address, is refused: Envoy is sent ip:port', () => {
+  for (const url of ['http://vllm-0:8000', 'http://localhost:8000', 'http://vllm.default.svc:8000'])
+    assert.throws(
+      () => resolveEpp(['--worker', `id=w0,url=${url}`]),
+      (err: Error) =>
+        err instanceof RangeError &&
+        /^--worker w0: the endpoint picker sends Envoy ip:port, and '[^']+' is no IP address: give the engine's IP address \(url=http:\/\/10\.0\.0\.5:8000\), or find engines by DNS with --discover$/.test(
+          err.message,
+        ),
+    );
+  for (const url of ['http://10.0.0.5:8000', 'http://[fd00::5]:8000', 'https://127.0.0.1'])
+    assert.equal(resolveEpp(['--worker', `id=w0,url=${url}`]).config.workers.length, 1);
+  // serve names the hosts it proxies to by name; with --epp-port the picker sends them to Envoy
+  assert.equal(resolveServe(['--worker', 'id=w0,url=http://vllm-0:8000']).config.workers.length, 1);
+  assert.throws(
+    () => resolveServe(['--epp-port', '9002', '--worker', 'id=w0,url=http://vllm-0:8000']),
+    /^RangeError: --worker w0: the endpoint picker sends Envoy ip:port, and 'vllm-0' is no IP address/,
+  );
+  const r = spawnSync(process.execPath, [...CLI, 'epp', '--worker', 'id=w0,url=http://vllm-0:8000'], {
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
+  assert.equal(r.status, 2);
+  assert.match(r.stderr, /--worker w0: the endpoint picker sends Envoy ip:port/);
 });

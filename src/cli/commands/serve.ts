@@ -6,6 +6,8 @@ import { quotedText } from '../../core/shown-text.js';
 import { connectionTimeoutProblem } from '../../server/timeouts.js';
 import type { PickerConfig } from '../../epp/run-picker.js';
 import type { WorkerRecord } from '../../state/state-store.js';
+import { checkPickerWorkerHosts } from '../../epp/protocol.js';
+import { scrapeGapMs } from '../../engines/metrics/scraper.js';
 import { printConfig } from '../config/print-config.js';
 import { addSettingOptions, resolveSettings, type ResolvedSettings } from '../config/resolve.js';
 import { EPP_SCHEMA, GATEWAY_SCHEMA, SERVE_HELP, SERVE_SCHEMA } from '../config/settings.js';
@@ -55,6 +57,11 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
   if (problem !== undefined) throw new RangeError(problem);
   config.connectionTimeoutMs = connection.connectionTimeoutMs;
   (resolved.values as { connectionTimeoutMs: number }).connectionTimeoutMs = connection.connectionTimeoutMs;
+  checkPickerSettings(
+    schema === EPP_SCHEMA || (config as { eppPort?: number }).eppPort !== undefined,
+    config,
+    resolved,
+  );
   if (config.tokenize === 'tokenizer' && !config.tokenizer)
     throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
   // the algorithm only keys blocks in vllm mode; a shared config or environment may set it for
@@ -84,6 +91,33 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
       );
   }
   return { config, resolved };
+}
+
+/**
+ * The endpoint picker's settings, checked when it runs (`epp`, `serve --epp-port`): its static
+ * workers' hosts and the staleness of metrics against the scrape interval.
+ */
+function checkPickerSettings(
+  picks: boolean,
+  config: WithWorkers<{ metricsIntervalMs: number; shedMetricsStaleMs?: number; eppPort?: number }>,
+  resolved: ResolvedSettings<object>,
+): void {
+  if (!picks) return;
+  const source = {
+    flag: '--worker',
+    env: 'CONTEXTFORGE_WORKERS',
+    file: `--config ${resolved.configFile ?? ''}: workers`,
+    default: '',
+  }[resolved.workersOrigin];
+  checkPickerWorkerHosts(config.workers, source);
+  const stale = config.shedMetricsStaleMs;
+  if (stale === undefined) return;
+  if (config.metricsIntervalMs === 0)
+    resolved.warnings.push('--shed-metrics-stale-ms has no effect with --metrics-interval-ms 0 (no metrics are read)');
+  else if (stale <= scrapeGapMs(config.metricsIntervalMs))
+    throw new RangeError(
+      `--shed-metrics-stale-ms (${stale}) must be more than ${scrapeGapMs(config.metricsIntervalMs)} ms: the scrape interval plus twice the scrape timeout, as old as a reading gets between two scrapes that succeed`,
+    );
 }
 
 /** `serve`'s settings from its parsed command line, the environment and the config file. */
