@@ -1,3 +1,4 @@
+import { isIP } from 'node:net';
 import { Counter, Histogram, type Registry } from 'prom-client';
 import type { KVAwareRouter, RoutedResult, RouteRequest, RouteResult } from '../core/router/index.js';
 import type { StateStore } from '../state/state-store.js';
@@ -20,7 +21,13 @@ import {
 import type { PanicRouting } from '../server/panic-routing.js';
 import { methodNotAllowedMessage } from '../server/route-methods.js';
 import { DP_RANK_HEADER } from '../server/engine-deployments.js';
-import { endpointOfUrl, inSubset, INFERENCE_OBJECTIVE_HEADER, MODEL_NAME_REWRITE_HEADER } from './protocol.js';
+import {
+  endpointOfUrl,
+  inSubset,
+  INFERENCE_OBJECTIVE_HEADER,
+  MODEL_NAME_REWRITE_HEADER,
+  splitEndpoint,
+} from './protocol.js';
 
 /** An OpenAI request read into what the router routes on (the gateway's own parsing and tokenization). */
 export interface PreparedRequest {
@@ -112,6 +119,8 @@ export interface RouterPickerOptions {
    * Absent: readings are used however old (the engines' metrics are not scraped).
    */
   shedMetricsStaleMs?: number;
+  /** Where a worker named by host name (Envoy is sent the name, not ip:port) is reported, once. */
+  log?: (message: string) => void;
 }
 
 const CHAT = '/v1/chat/completions';
@@ -150,6 +159,9 @@ export class RouterPicker implements EndpointPicker {
   private endpointOfWorker = new Map<string, { url: string; endpoint: string; rank: number | null }>();
   /** Counts the rebuilds of the endpoints: a pick that waited tells whether they changed meanwhile. */
   private endpointsVersion = 0;
+  /** The workers named by host name that were reported (see refreshEndpoints). */
+  private namedHostsReported = new Set<string>();
+  private readonly log?: (message: string) => void;
 
   constructor(
     private readonly backend: RoutingBackend,
@@ -164,6 +176,7 @@ export class RouterPicker implements EndpointPicker {
     if (!(this.shedQueueDepth > 0)) throw new RangeError('shedQueueDepth must be positive');
     if (!(this.shedKvUsage > 0 && this.shedKvUsage <= 1)) throw new RangeError('shedKvUsage must be in (0, 1]');
     this.shedMetricsStaleMs = options.shedMetricsStaleMs;
+    this.log = options.log;
     if (this.shedMetricsStaleMs !== undefined && !(this.shedMetricsStaleMs > 0))
       throw new RangeError('shedMetricsStaleMs must be positive');
     this.limits = checkRequestLimits(backend.limits ?? {});
@@ -629,6 +642,27 @@ export class RouterPicker implements EndpointPicker {
     this.endpointCache = byEndpoint;
     this.endpointOfWorker = byWorker;
     this.endpointsVersion++;
+    this.reportNamedHosts();
+  }
+
+  /**
+   * Reports, once per worker, one whose URL names its host by name: the protocol's endpoints are
+   * ip:port, which Envoy's original-destination and override-host load balancing need. Those
+   * given at start are refused there; these came later (the admin API, another replica's state).
+   */
+  private reportNamedHosts(): void {
+    if (this.log === undefined) return;
+    const reported = new Set<string>();
+    for (const [id, e] of this.endpointOfWorker) {
+      const { host } = splitEndpoint(e.endpoint);
+      if (isIP(host) !== 0) continue;
+      reported.add(id);
+      if (!this.namedHostsReported.has(id))
+        this.log(
+          `endpoint picker: worker ${id}'s URL names the host '${host}', no IP address: Envoy is sent ${e.endpoint}, where the protocol wants ip:port (give the engine's IP address, or find engines with --discover)`,
+        );
+    }
+    this.namedHostsReported = reported;
   }
 }
 

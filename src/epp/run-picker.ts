@@ -47,6 +47,7 @@ export async function startPicker(
     shedQueueDepth: c.shedQueueDepth,
     shedKvUsage: c.shedKvUsage,
     shedMetricsStaleMs: pickerStaleMs(c),
+    log: o.log,
   });
   const server = await startEppServer({
     host: o.host,
