@@ -1,4 +1,3 @@
-import { isIP } from 'node:net';
 import type {
   HeaderValue,
   HeaderValueOption,
@@ -156,22 +155,6 @@ export function endpointOfUrl(url: string): string {
   const u = new URL(url);
   const port = u.port || (u.protocol === 'https:' ? '443' : '80');
   return `${u.hostname}:${port}`;
-}
-
-/**
- * Refuses a worker whose URL names its host by a DNS name: the endpoint picker sends Envoy
- * `ip:port` (the protocol's form; Envoy's original-destination and override-host load
- * balancing take an address), and a name resolved once at start would go stale as pods move,
- * which discovery (--discover) follows. `source` names where the workers were given.
- */
-export function checkPickerWorkerHosts(workers: Iterable<{ id: string; url: string }>, source: string): void {
-  for (const w of workers) {
-    const host = new URL(w.url).hostname.replace(/^\[(.*)\]$/, '$1');
-    if (isIP(host) === 0)
-      throw new RangeError(
-        `${source} ${w.id}: the endpoint picker sends Envoy ip:port, and '${host}' is no IP address: give the engine's IP address (url=http://10.0.0.5:8000), or find engines by DNS with --discover`,
-      );
-  }
 }
 
 /** Whether `endpoint` (host:port) is one the subset names (an entry without a port allows every port). */

@@ -6,7 +6,7 @@ import { quotedText } from '../../core/shown-text.js';
 import { connectionTimeoutProblem } from '../../server/timeouts.js';
 import type { PickerConfig } from '../../epp/run-picker.js';
 import type { WorkerRecord } from '../../state/state-store.js';
-import { checkPickerWorkerHosts } from '../../epp/protocol.js';
+import { checkPickerWorkerHosts } from '../../epp/worker-hosts.js';
 import { scrapeGapMs } from '../../engines/metrics/scraper.js';
 import { printConfig } from '../config/print-config.js';
 import { addSettingOptions, resolveSettings, type ResolvedSettings } from '../config/resolve.js';
