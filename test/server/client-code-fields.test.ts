@@ -12,6 +12,7 @@ import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway, type GatewayOptions } from '../../src/server/gateway.js';
 import { CUSTOM_LOGIT_PROCESSOR_BYTES } from '../../src/server/request-limits.js';
 import { recordingEngine, type FakeEngine } from '../faults/harness.js';
+import { parsedWithSeed, SEED_64_BIT } from '../helpers/forwarded-text.js';
 
 const received: string[] = [];
 let engine: FakeEngine;
@@ -63,8 +64,6 @@ async function forwarded(url: string, path: string, text: string): Promise<strin
   return got;
 }
 
-const SEED = '18446744073709551557';
-
 /** What a client sending its own code would send: SGLang's serialized class and vLLM's processor names. */
 const CODE_FIELDS = {
   custom_logit_processor: JSON.stringify({ callable: '80049500'.repeat(8) }),
@@ -82,13 +81,7 @@ function clientText(body: object, stream: boolean): string {
     1,
     -1,
   );
-  return `{${members},"seed":${SEED}}`;
-}
-
-/** The text parsed with the seed as written (a string), so a rounded seed would not compare equal. */
-function parsedWithSeed(text: string): Record<string, unknown> {
-  assert.match(text, new RegExp(`"seed":\\s*${SEED}[,}]`));
-  return JSON.parse(text.replace(SEED, `"${SEED}"`)) as Record<string, unknown>;
+  return `{${members},"seed":${SEED_64_BIT}}`;
 }
 
 describe('code fields a client sends', () => {
@@ -149,7 +142,7 @@ describe('code fields a client sends', () => {
   });
 
   test('a body without them is forwarded byte for byte', async () => {
-    const sent = `{ "prompt" : "hi", "seed": ${SEED}, "note": "custom_logit_processor" }`;
+    const sent = `{ "prompt" : "hi", "seed": ${SEED_64_BIT}, "note": "custom_logit_processor" }`;
     assert.equal(await forwarded(strippingUrl, '/v1/completions', sent), sent);
   });
 });

@@ -13,6 +13,7 @@ import { loadApiKeysFile } from '../../src/server/api-keys.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { editedBodyText } from '../../src/server/openai-request.js';
 import { recordingEngine, type FakeEngine } from '../faults/harness.js';
+import { forwardedTo, SEED_64_BIT } from '../helpers/forwarded-text.js';
 
 const received: string[] = [];
 let engine: FakeEngine;
@@ -39,41 +40,33 @@ after(async () => {
   await engine.close();
 });
 
-/** POSTs `text` as it is to `path`; returns the body the engine received. */
-async function forwarded(url: string, text: string, headers: Record<string, string> = {}): Promise<string> {
-  const before = received.length;
-  const res = await fetch(`${url}/v1/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', ...headers },
-    body: text,
-  });
-  assert.equal(res.status, 200, await res.text());
-  assert.equal(received.length, before + 1);
-  return received[before];
-}
-
-const SEED = '18446744073709551557';
+/** POSTs `text` as it is to `path` at `url`; returns the body the engine received. */
+const forwarded = forwardedTo(received);
+const COMPLETIONS = '/v1/completions';
 
 test("a tenant's request reaches the engine with its 64-bit seed as written", async () => {
-  const body = await forwarded(keyedUrl, `{"prompt":"hi","seed":${SEED},"max_tokens":3}`, {
+  const body = await forwarded(keyedUrl, COMPLETIONS, `{"prompt":"hi","seed":${SEED_64_BIT},"max_tokens":3}`, {
     authorization: 'Bearer sk-tenant-a-0123456789',
   });
-  assert.match(body, new RegExp(`"seed":\\s*${SEED}[,}]`));
+  assert.match(body, new RegExp(`"seed":\\s*${SEED_64_BIT}[,}]`));
   assert.equal((JSON.parse(body) as { cache_salt: string }).cache_salt, 'tenant/team-a');
 });
 
 test('a body with the contextforge field reaches the engine without it, the rest as written', async () => {
   const body = await forwarded(
     openUrl,
-    `{"contextforge":{"workflowId":"wf"},"prompt":"hi","seed":${SEED},"logit_bias":{"50256":-100}}`,
+    COMPLETIONS,
+    `{"contextforge":{"workflowId":"wf"},"prompt":"hi","seed":${SEED_64_BIT},"logit_bias":{"50256":-100}}`,
   );
-  assert.match(body, new RegExp(`"seed":\\s*${SEED}[,}]`));
+  assert.match(body, new RegExp(`"seed":\\s*${SEED_64_BIT}[,}]`));
   assert.deepEqual(Object.keys(JSON.parse(body) as object), ['prompt', 'seed', 'logit_bias']);
 });
 
 test('an isolated request gets its private cache_salt, the rest as written', async () => {
-  const body = await forwarded(openUrl, `{"prompt":"hi","seed":${SEED},"cache_salt":"mine"}`, { 'x-kv-isolate': '1' });
-  assert.match(body, new RegExp(`"seed":\\s*${SEED}[,}]`));
+  const body = await forwarded(openUrl, COMPLETIONS, `{"prompt":"hi","seed":${SEED_64_BIT},"cache_salt":"mine"}`, {
+    'x-kv-isolate': '1',
+  });
+  assert.match(body, new RegExp(`"seed":\\s*${SEED_64_BIT}[,}]`));
   const salt = (JSON.parse(body) as { cache_salt: string }).cache_salt;
   assert.ok(salt !== 'mine' && salt.startsWith('cf-'), salt);
 });

@@ -10,6 +10,7 @@ import { after, before, describe, test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { recordingEngine, type FakeEngine } from '../faults/harness.js';
+import { forwardedTo, parsedWithSeed, SEED_64_BIT } from '../helpers/forwarded-text.js';
 
 const received: string[] = [];
 let engine: FakeEngine;
@@ -32,20 +33,8 @@ after(async () => {
   await engine.close();
 });
 
-/** POSTs `text` as it is to `path`; returns the body the engine received. */
-async function forwarded(url: string, path: string, text: string): Promise<string> {
-  const before = received.length;
-  const res = await fetch(`${url}${path}`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: text,
-  });
-  assert.equal(res.status, 200, await res.text());
-  assert.equal(received.length, before + 1);
-  return received[before]!;
-}
-
-const SEED = '18446744073709551557';
+/** POSTs `text` as it is to `path` at `url`; returns the body the engine received. */
+const forwarded = forwardedTo(received);
 
 /** What a client aiming a decode engine at a host of its choosing would send. */
 const KV_FIELDS = {
@@ -76,13 +65,7 @@ const CASES = [
 /** The client's text: the body, the KV-transfer fields among its members, and a 64-bit seed JSON.parse would round. */
 function clientText(body: object, stream: boolean): string {
   const members = JSON.stringify({ ...body, ...KV_FIELDS, stream, temperature: 0.5 }).slice(1, -1);
-  return `{${members},"seed":${SEED}}`;
-}
-
-/** The text parsed with the seed as written (a string), so a rounded seed would not compare equal. */
-function parsedWithSeed(text: string): Record<string, unknown> {
-  assert.match(text, new RegExp(`"seed":\\s*${SEED}[,}]`));
-  return JSON.parse(text.replace(SEED, `"${SEED}"`)) as Record<string, unknown>;
+  return `{${members},"seed":${SEED_64_BIT}}`;
 }
 
 describe('KV-transfer fields a client sends', () => {
@@ -117,7 +100,7 @@ describe('KV-transfer fields a client sends', () => {
   });
 
   test('a body without them is forwarded byte for byte', async () => {
-    const sent = `{ "prompt" : "hi", "seed": ${SEED}, "note": "kv_transfer_params" }`;
+    const sent = `{ "prompt" : "hi", "seed": ${SEED_64_BIT}, "note": "kv_transfer_params" }`;
     assert.equal(await forwarded(strippingUrl, '/v1/completions', sent), sent);
   });
 });

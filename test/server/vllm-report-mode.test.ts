@@ -11,6 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { recordingEngine, type FakeEngine } from '../faults/harness.js';
+import { forwardedTo, SEED_64_BIT } from '../helpers/forwarded-text.js';
 
 const received: string[] = [];
 let engine: FakeEngine;
@@ -34,21 +35,8 @@ after(async () => {
   await engine.close();
 });
 
-/** POSTs `text` as it is to `path`; returns the body the engine received. */
-async function forwarded(path: string, text: string): Promise<string> {
-  const before = received.length;
-  const res = await fetch(`${url}${path}`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: text,
-  });
-  assert.equal(res.status, 200, await res.text());
-  assert.equal(received.length, before + 1);
-  return received[before]!;
-}
-
-/** A 64-bit seed JSON.parse would round: kept only if the body is edited, not serialised again. */
-const SEED = '18446744073709551557';
+/** POSTs `text` as it is to `path` at `url`; returns the body the engine received. */
+const forwarded = forwardedTo(received);
 
 const CASES = [
   { path: '/v1/completions', kept: '"model":"m","prompt":"hi","max_tokens":3' },
@@ -60,10 +48,13 @@ describe("vllm_xargs' kv_cache_report_mode", () => {
     for (const stream of [false, true]) {
       test(`is removed, the other vllm_xargs members kept as written (${path}${stream ? ', streamed' : ''})`, async () => {
         const sent =
-          `{${kept},"stream":${stream},"vllm_xargs":{"a":${SEED},"kv_cache_report_mode":"full","b":["x",1.5]},` +
-          `"seed":${SEED}}`;
-        const got = await forwarded(path, sent);
-        assert.equal(got, `{${kept},"stream":${stream},"vllm_xargs":{"a":${SEED},"b":["x",1.5]},"seed":${SEED}}`);
+          `{${kept},"stream":${stream},"vllm_xargs":{"a":${SEED_64_BIT},"kv_cache_report_mode":"full","b":["x",1.5]},` +
+          `"seed":${SEED_64_BIT}}`;
+        const got = await forwarded(url, path, sent);
+        assert.equal(
+          got,
+          `{${kept},"stream":${stream},"vllm_xargs":{"a":${SEED_64_BIT},"b":["x",1.5]},"seed":${SEED_64_BIT}}`,
+        );
       });
     }
   }
@@ -74,7 +65,7 @@ describe("vllm_xargs' kv_cache_report_mode", () => {
       '"vllm_xargs":{ "kv\\u005fcache_report_mode" : "full" , "kv_cache_report_mode":"full"},' +
       '"extra":{"kv_cache_report_mode":"full"}}';
     assert.equal(
-      await forwarded('/v1/completions', sent),
+      await forwarded(url, '/v1/completions', sent),
       '{"prompt":"hi","vllm_xargs":{},"vllm_xargs":{},"extra":{"kv_cache_report_mode":"full"}}',
     );
   });
@@ -84,13 +75,13 @@ describe("vllm_xargs' kv_cache_report_mode", () => {
       '{"prompt":"hi","contextforge":{"workflowId":"w"},"vllm_xargs":{"kv_cache_report_mode":"full","k":1},' +
       '"kv_transfer_params":{"a":1}}';
     assert.equal(
-      await forwarded('/v1/completions', sent),
+      await forwarded(url, '/v1/completions', sent),
       '{"prompt":"hi","vllm_xargs":{"k":1},"kv_transfer_params":{"a":1}}',
     );
   });
 
   test('a body whose vllm_xargs lacks it is forwarded byte for byte', async () => {
-    const sent = `{ "prompt" : "hi", "vllm_xargs" : { "k" : "kv_cache_report_mode" }, "seed": ${SEED} }`;
-    assert.equal(await forwarded('/v1/completions', sent), sent);
+    const sent = `{ "prompt" : "hi", "vllm_xargs" : { "k" : "kv_cache_report_mode" }, "seed": ${SEED_64_BIT} }`;
+    assert.equal(await forwarded(url, '/v1/completions', sent), sent);
   });
 });
