@@ -11,20 +11,10 @@
  * alone goes to another (idle) endpoint, one that shares the first one's cached prefix joins it.
  */
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
-import { EnvoyRole } from './envoy-role.js';
-import { startPickerFleet, type PickerFleet } from './harness.js';
+import { describe, test } from 'node:test';
+import { pickerFleetWithEnvoy } from './harness.js';
 
-let fleet: PickerFleet;
-let envoy: EnvoyRole;
-before(async () => {
-  fleet = await startPickerFleet({ engines: 3 });
-  envoy = new EnvoyRole(fleet.addresses[0]);
-});
-after(async () => {
-  envoy.close();
-  await fleet.close();
-});
+const picker = pickerFleetWithEnvoy({ engines: 3 });
 
 /** A request in flight: the endpoint it was sent to, and the end of its stream. */
 interface Routed {
@@ -36,7 +26,7 @@ interface Routed {
 /** Routes `body` on `/generate` and keeps the request in flight until end(). */
 async function route(body: object | string, headers: Record<string, string> = {}): Promise<Routed> {
   const sent = typeof body === 'string' ? body : JSON.stringify(body);
-  const out = await envoy.request({ headers: { ':path': '/generate', ...headers }, body: sent });
+  const out = await picker.envoy.request({ headers: { ':path': '/generate', ...headers }, body: sent });
   assert.equal(out.kind, 'routed', out.kind === 'immediate' ? out.body : '');
   if (out.kind !== 'routed') throw new Error('not routed');
   return {
@@ -55,7 +45,7 @@ async function endpointOf(body: object): Promise<string> {
 
 /** The immediate answer's status and param for `body` on `/generate`; fails if it was routed. */
 async function refusal(body: object, headers: Record<string, string> = {}): Promise<{ status: number; param: string }> {
-  const out = await envoy.request({ headers: { ':path': '/generate', ...headers }, body: JSON.stringify(body) });
+  const out = await picker.envoy.request({ headers: { ':path': '/generate', ...headers }, body: JSON.stringify(body) });
   if (out.kind === 'routed') await out.stream.end();
   assert.equal(out.kind, 'immediate', `${JSON.stringify(body).slice(0, 80)}: routed, not refused`);
   if (out.kind !== 'immediate') return { status: 0, param: '' };

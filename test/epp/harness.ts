@@ -110,6 +110,37 @@ export async function startPickerFleet(
 }
 
 /**
+ * Envoy's role on a picker fleet started with `o` before the calling file's (or suite's) tests
+ * and closed after them; `fleet` and `envoy` are there once those tests run.
+ */
+export function pickerFleetWithEnvoy(o: Parameters<typeof startPickerFleet>[0] = {}): {
+  readonly fleet: PickerFleet;
+  readonly envoy: EnvoyRole;
+} {
+  let started: { fleet: PickerFleet; envoy: EnvoyRole } | undefined;
+  before(async () => {
+    const fleet = await startPickerFleet(o);
+    started = { fleet, envoy: new EnvoyRole(fleet.addresses[0]) };
+  });
+  after(async () => {
+    started?.envoy.close();
+    await started?.fleet.close();
+  });
+  const running = () => {
+    assert.ok(started, 'the picker fleet starts before the tests');
+    return started;
+  };
+  return {
+    get fleet() {
+      return running().fleet;
+    },
+    get envoy() {
+      return running().envoy;
+    },
+  };
+}
+
+/**
  * Envoy's role on two one-engine picker fleets, started before the calling file's tests and
  * closed after them: `stripping` with the gateway's defaults, `keeping` with `keep` (the option
  * that keeps fields the picker removes by default).

@@ -35,8 +35,7 @@ import {
 import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
 import { LIMIT_PATHS, passes, refused as refusedOn } from '../helpers/limit-checks.js';
 import { resolveServe } from '../helpers/serve-config.js';
-import { EnvoyRole } from '../epp/envoy-role.js';
-import { startPickerFleet, type PickerFleet } from '../epp/harness.js';
+import { pickerFleetWithEnvoy } from '../epp/harness.js';
 
 /** Refused on the fast path and on Fastify's route (a query string takes a request past the fast path). */
 const refused = (setup: GatewayOnEngine, path: string, fields: object, param: string) =>
@@ -432,16 +431,7 @@ test('vLLM’s prompt_embeds without prompt is forwarded, routed with nothing to
 });
 
 describe('through the endpoint picker', () => {
-  let fleet: PickerFleet;
-  let envoy: EnvoyRole;
-  before(async () => {
-    fleet = await startPickerFleet({ engines: 1 });
-    envoy = new EnvoyRole(fleet.addresses[0]);
-  });
-  after(async () => {
-    envoy.close();
-    await fleet.close();
-  });
+  const picker = pickerFleetWithEnvoy({ engines: 1 });
   const CASES = [
     { path: '/v1/completions', fields: { prompt: 'p', logprobs: 21 }, param: 'logprobs' },
     { path: '/v1/completions', fields: { prompt: 'p', rid: 'x'.repeat(1025) }, param: 'rid' },
@@ -500,7 +490,7 @@ describe('through the endpoint picker', () => {
   ];
   for (const { path, fields, param } of CASES) {
     test(`${param} over its limit is refused with 400 naming it (${path})`, async () => {
-      const out = await envoy.request({
+      const out = await picker.envoy.request({
         headers: { ':path': path },
         body: JSON.stringify({ model: 'mock', ...fields }),
       });
@@ -513,7 +503,7 @@ describe('through the endpoint picker', () => {
     });
   }
   test('prompt_embeds without prompt is routed', async () => {
-    const out = await envoy.request({
+    const out = await picker.envoy.request({
       headers: { ':path': '/v1/completions' },
       body: JSON.stringify({ model: 'mock', prompt_embeds: ['AAAA', 'BBBB'] }),
     });
@@ -521,7 +511,7 @@ describe('through the endpoint picker', () => {
     if (out.kind === 'routed') await out.stream.end();
   });
   test('at the limits the request is routed', async () => {
-    const out = await envoy.request({
+    const out = await picker.envoy.request({
       headers: { ':path': '/v1/completions' },
       body: JSON.stringify({
         model: 'mock',
