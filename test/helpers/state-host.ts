@@ -1,5 +1,7 @@
+import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
 import type { KVAwareRouter } from '../../src/core/router/index.js';
+import type { RedisStateStore } from '../../src/state/redis-state-store.js';
 import type { StateStore, StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
 import { REDIS_URL } from './redis-routers.js';
 import { settled } from './wait.js';
@@ -61,6 +63,25 @@ export async function drainAndSettle(
     () => drainingAt(to.router),
     (d) => d.length === 1,
   );
+}
+
+/** The pub/sub channel `store` publishes on and listens to (a private member of RedisStateStore). */
+export const channelOf = (store: RedisStateStore): string => (store as unknown as { channel: string }).channel;
+
+/**
+ * Fresh Redis key prefixes (`cf-test-<tag>-<random>:`) for one test file: `fresh()` makes one and
+ * records it, `drop()` deletes every key under those made (after the stores using them close).
+ */
+export function testPrefixes(tag: string): { fresh(): string; drop(): Promise<void> } {
+  const made: string[] = [];
+  return {
+    fresh() {
+      const prefix = `cf-test-${tag}-${randomBytes(4).toString('hex')}:`;
+      made.push(prefix);
+      return prefix;
+    },
+    drop: () => dropPrefixes(made),
+  };
 }
 
 /** Deletes every Redis key under each of `prefixes`. */

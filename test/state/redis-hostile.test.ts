@@ -1,5 +1,4 @@
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
 import { after, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { KVAwareRouter } from '../../src/core/router/index.js';
@@ -7,23 +6,20 @@ import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { encodeHashes } from '../../src/state/redis-wire.js';
 import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
 import { REDIS_URL, redisRouters } from '../helpers/redis-routers.js';
+import { channelOf, testPrefixes } from '../helpers/state-host.js';
 import { until } from '../helpers/wait.js';
 
 // What another "replica" (anything that can publish on the channel or write the keys) sends:
 // nothing of a malformed message or key may reach the router, and the rest still works.
 const routers = redisRouters();
 const redis = new Redis(REDIS_URL, { maxRetriesPerRequest: 0 });
-const prefixes: string[] = [];
+const prefixes = testPrefixes('hostile');
 after(async () => {
   await routers.close();
-  for (const p of prefixes) {
-    const keys = await redis.keys(`${p}*`);
-    if (keys.length > 0) await redis.del(...keys);
-  }
+  await prefixes.drop();
   redis.disconnect();
 });
 
-const channelOf = (store: RedisStateStore) => (store as unknown as { channel: string }).channel;
 const hashes = encodeHashes(new Uint32Array([1, 2]), new Uint32Array([3, 4]));
 
 test('decisions with fields of the wrong type or range are counted and apply nothing', async () => {
@@ -78,8 +74,7 @@ test('load amounts out of range move nothing; later messages still update the vi
 });
 
 test('a replica starting over keys that hold garbage loads the rest and comes up', async () => {
-  const prefix = `cf-test-${randomBytes(4).toString('hex')}:`;
-  prefixes.push(prefix);
+  const prefix = prefixes.fresh();
   const chain = (id: string) => JSON.stringify({ r: 'other', k: 'd', w: 'e0', h: hashes, i: id });
   await redis
     .multi()

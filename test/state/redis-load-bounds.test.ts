@@ -1,5 +1,4 @@
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
 import { after, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { KVAwareRouter } from '../../src/core/router/index.js';
@@ -8,6 +7,7 @@ import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { encodeLoadEntry } from '../../src/state/redis-wire.js';
 import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
 import { REDIS_URL, redisRouters } from '../helpers/redis-routers.js';
+import { channelOf, testPrefixes } from '../helpers/state-host.js';
 import { until } from '../helpers/wait.js';
 
 // What other "replicas" on the machine's Redis claim of their in-flight work, and the worker
@@ -16,22 +16,17 @@ import { until } from '../helpers/wait.js';
 // are names of Object.prototype are ids like any other.
 const routers = redisRouters();
 const redis = new Redis(REDIS_URL, { maxRetriesPerRequest: 0 });
-const prefixes: string[] = [];
+const prefixes = testPrefixes('load-bounds');
 const stores: RedisStateStore[] = [];
 after(async () => {
   for (const s of stores) await s.close();
   await routers.close();
-  for (const p of prefixes) {
-    const keys = await redis.keys(`${p}*`);
-    if (keys.length > 0) await redis.del(...keys);
-  }
+  await prefixes.drop();
   redis.disconnect();
 });
 
-const channelOf = (store: RedisStateStore) => (store as unknown as { channel: string }).channel;
-
 /** A replica with its own router and workers, under a fresh prefix. */
-async function replica(id: string, workerIds: string[], syncIntervalMs: number, prefix = freshPrefix()) {
+async function replica(id: string, workerIds: string[], syncIntervalMs: number, prefix = prefixes.fresh()) {
   const router = new KVAwareRouter({ blockSize: 16 });
   for (const w of workerIds) router.registerWorker(w);
   const workers: WorkerRecord[] = workerIds.map((w) => ({ id: w, url: `http://${w}` }));
@@ -48,12 +43,6 @@ async function replica(id: string, workerIds: string[], syncIntervalMs: number, 
   await store.attach(host);
   const view = (w: string) => router.listWorkers().find((x) => x.id === w)!;
   return { router, store, logs, prefix, view };
-}
-
-function freshPrefix(): string {
-  const prefix = `cf-test-${randomBytes(4).toString('hex')}:`;
-  prefixes.push(prefix);
-  return prefix;
 }
 
 test('decisions whose amounts sum past MAX_REMOTE_LOAD are clamped and counted, not refused', async () => {
@@ -78,7 +67,7 @@ test('decisions whose amounts sum past MAX_REMOTE_LOAD are clamped and counted, 
 });
 
 test('snapshots whose sum is past MAX_REMOTE_LOAD are clamped in the load sync; every worker is updated', async () => {
-  const prefix = freshPrefix();
+  const prefix = prefixes.fresh();
   const far = String(Date.now() + 60_000);
   for (const r of ['x', 'y'])
     await redis

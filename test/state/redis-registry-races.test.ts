@@ -6,32 +6,22 @@
  * removals, for a day.
  */
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
 import { after, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
-import { drainingAt, workerHost } from '../helpers/state-host.js';
+import { drainingAt, testPrefixes, workerHost } from '../helpers/state-host.js';
 import { settled, until } from '../helpers/wait.js';
 
-const prefixes: string[] = [];
+const prefixes = testPrefixes('races');
 const stores: RedisStateStore[] = [];
 const redis = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
 after(async () => {
   for (const s of stores) await s.close();
-  for (const prefix of prefixes) {
-    const keys = await redis.keys(`${prefix}*`);
-    if (keys.length > 0) await redis.del(...keys);
-  }
+  await prefixes.drop();
   redis.disconnect();
 });
-
-function freshPrefix(): string {
-  const prefix = `cf-test-races-${randomBytes(4).toString('hex')}:`;
-  prefixes.push(prefix);
-  return prefix;
-}
 
 async function replica(id: string, prefix: string, configured: string[]) {
   const router = new KVAwareRouter({ blockSize: 16 });
@@ -72,7 +62,7 @@ function afterRead(p: Replica, during: () => Promise<void> | void): void {
 const resync = (p: Replica) => (p.store as unknown as { resync(): Promise<void> }).resync();
 
 test("a drain another replica makes while this one resynchronises is not undone by this one's older read", async () => {
-  const prefix = freshPrefix();
+  const prefix = prefixes.fresh();
   const a = await replica('a', prefix, ['e0', 'e1']);
   const b = await replica('b', prefix, ['e0', 'e1']);
   afterRead(a, async () => {
@@ -85,7 +75,7 @@ test("a drain another replica makes while this one resynchronises is not undone 
 });
 
 test('a removal and an addition another replica makes while this one resynchronises hold at this one', async () => {
-  const prefix = freshPrefix();
+  const prefix = prefixes.fresh();
   const a = await replica('a', prefix, ['e0', 'e1']);
   const b = await replica('b', prefix, ['e0', 'e1']);
   afterRead(a, async () => {
@@ -100,7 +90,7 @@ test('a removal and an addition another replica makes while this one resynchroni
 });
 
 test("a drain made through this replica's admin API while it resynchronises reaches Redis and the others", async () => {
-  const prefix = freshPrefix();
+  const prefix = prefixes.fresh();
   await redis.connect().catch(() => {});
   const a = await replica('a', prefix, ['e0', 'e1']);
   const b = await replica('b', prefix, ['e0', 'e1']);
@@ -124,7 +114,7 @@ test("a drain made through this replica's admin API while it resynchronises reac
 });
 
 test('a drained worker removed and added again while Redis is out of reach is not drained when it is back', async () => {
-  const prefix = freshPrefix();
+  const prefix = prefixes.fresh();
   const a = await replica('a', prefix, ['e0', 'e1']);
   const b = await replica('b', prefix, ['e0', 'e1']);
   a.router.drainWorker('e1');
@@ -152,7 +142,7 @@ test('a drained worker removed and added again while Redis is out of reach is no
 });
 
 test('only admin removals are recorded in {prefix}removed, and a resynchronisation forgets those older than a day', async () => {
-  const prefix = freshPrefix();
+  const prefix = prefixes.fresh();
   await redis.connect().catch(() => {});
   const a = await replica('a', prefix, ['e0', 'e1', 'e2']);
   const b = await replica('b', prefix, ['e0', 'e1', 'e2']);
@@ -169,7 +159,7 @@ test('only admin removals are recorded in {prefix}removed, and a resynchronisati
 });
 
 test('a worker this replica writes back is not written over a removal another replica recorded since the read', async () => {
-  const prefix = freshPrefix();
+  const prefix = prefixes.fresh();
   await redis.connect().catch(() => {});
   const a = await replica('a', prefix, ['e0', 'e1']);
   const b = await replica('b', prefix, ['e0', 'e1']);
