@@ -41,6 +41,24 @@ export function workerHost(
   return { host, workers, unheldRemovals };
 }
 
+/**
+ * The host of a store whose workers stay as configured: `workerIds` registered with `router`,
+ * the shared registry's changes ignored, the store's log lines recorded in `logs`.
+ */
+export function fixedWorkersHost(router: KVAwareRouter, workerIds: string[]): { host: StateStoreHost; logs: string[] } {
+  for (const w of workerIds) router.registerWorker(w);
+  const workers: WorkerRecord[] = workerIds.map((w) => ({ id: w, url: `http://${w}` }));
+  const logs: string[] = [];
+  const host: StateStoreHost = {
+    router,
+    listWorkers: () => workers,
+    addWorkerFromState: () => {},
+    removeWorkerFromState: () => {},
+    log: (m) => logs.push(m),
+  };
+  return { host, logs };
+}
+
 /** The ids of the workers `router` holds draining. */
 export const drainingAt = (router: KVAwareRouter): string[] =>
   router

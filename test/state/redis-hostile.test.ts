@@ -4,9 +4,8 @@ import { Redis } from 'ioredis';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { encodeHashes } from '../../src/state/redis-wire.js';
-import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
 import { REDIS_URL, redisRouters } from '../helpers/redis-routers.js';
-import { channelOf, testPrefixes } from '../helpers/state-host.js';
+import { channelOf, fixedWorkersHost, testPrefixes } from '../helpers/state-host.js';
 import { until } from '../helpers/wait.js';
 
 // What another "replica" (anything that can publish on the channel or write the keys) sends:
@@ -92,16 +91,7 @@ test('a replica starting over keys that hold garbage loads the rest and comes up
     .set(`${prefix}load:ghost`, 'not a hash')
     .exec();
   const router = new KVAwareRouter({ blockSize: 16 });
-  router.registerWorker('e0');
-  const workers: WorkerRecord[] = [{ id: 'e0', url: 'http://e0' }];
-  const logs: string[] = [];
-  const host: StateStoreHost = {
-    router,
-    listWorkers: () => workers,
-    addWorkerFromState: () => {},
-    removeWorkerFromState: () => {},
-    log: (m) => logs.push(m),
-  };
+  const { host, logs } = fixedWorkersHost(router, ['e0']);
   const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: 'D', syncIntervalMs: 20 });
   try {
     await store.attach(host);

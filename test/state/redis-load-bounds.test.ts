@@ -5,9 +5,8 @@ import { KVAwareRouter } from '../../src/core/router/index.js';
 import { MAX_REMOTE_LOAD } from '../../src/core/router/in-flight.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { encodeLoadEntry } from '../../src/state/redis-wire.js';
-import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
 import { REDIS_URL, redisRouters } from '../helpers/redis-routers.js';
-import { channelOf, testPrefixes } from '../helpers/state-host.js';
+import { channelOf, fixedWorkersHost, testPrefixes } from '../helpers/state-host.js';
 import { until } from '../helpers/wait.js';
 
 // What other "replicas" on the machine's Redis claim of their in-flight work, and the worker
@@ -28,16 +27,7 @@ after(async () => {
 /** A replica with its own router and workers, under a fresh prefix. */
 async function replica(id: string, workerIds: string[], syncIntervalMs: number, prefix = prefixes.fresh()) {
   const router = new KVAwareRouter({ blockSize: 16 });
-  for (const w of workerIds) router.registerWorker(w);
-  const workers: WorkerRecord[] = workerIds.map((w) => ({ id: w, url: `http://${w}` }));
-  const logs: string[] = [];
-  const host: StateStoreHost = {
-    router,
-    listWorkers: () => workers,
-    addWorkerFromState: () => {},
-    removeWorkerFromState: () => {},
-    log: (m) => logs.push(m),
-  };
+  const { host, logs } = fixedWorkersHost(router, workerIds);
   const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: id, syncIntervalMs });
   stores.push(store);
   await store.attach(host);
