@@ -43,30 +43,36 @@ describe('Mooncake trace loader: hash_ids against input_length and the block siz
   });
 
   test('a trace of 16-token blocks without block_size is refused, naming the block size that fits', () => {
-    refuses(
-      line({ input_length: 1000, hash_ids: ids(63) }),
-      '"hash_ids" has 63 entries but "input_length" 1000 at the default block size 512 needs 2 ' +
-        '(a block size of 16 would fit: set "block_size" on every line)',
-    );
-    refuses(
-      line({ input_length: 1000, hash_ids: ids(8), block_size: 16 }),
-      '"hash_ids" has 8 entries but "input_length" 1000 at "block_size" 16 needs 63 (a block size of 128 would fit)',
-    );
-    // too few ids, and no power of two fits: the block sizes that would are named
-    refuses(
-      line({ input_length: 1000, hash_ids: ids(3) }),
-      '"hash_ids" has 3 entries but "input_length" 1000 at the default block size 512 needs 2 ' +
-        '(a block size from 334 to 499 would fit: set "block_size" on every line)',
-    );
-    // no block size gives more blocks than tokens, or none at all
-    refuses(
-      line({ input_length: 4, hash_ids: ids(5), block_size: 4 }),
-      '"hash_ids" has 5 entries but "input_length" 4 at "block_size" 4 needs 1',
-    );
-    refuses(
-      line({ input_length: 10, hash_ids: [] }),
-      '"hash_ids" has 0 entries but "input_length" 10 at the default block size 512 needs 1',
-    );
+    const refusals: Array<{ fields: Record<string, unknown>; message: string }> = [
+      {
+        fields: { input_length: 1000, hash_ids: ids(63) },
+        message:
+          '"hash_ids" has 63 entries but "input_length" 1000 at the default block size 512 needs 2 ' +
+          '(a block size of 16 would fit: set "block_size" on every line)',
+      },
+      {
+        fields: { input_length: 1000, hash_ids: ids(8), block_size: 16 },
+        message:
+          '"hash_ids" has 8 entries but "input_length" 1000 at "block_size" 16 needs 63 (a block size of 128 would fit)',
+      },
+      // too few ids, and no power of two fits: the block sizes that would are named
+      {
+        fields: { input_length: 1000, hash_ids: ids(3) },
+        message:
+          '"hash_ids" has 3 entries but "input_length" 1000 at the default block size 512 needs 2 ' +
+          '(a block size from 334 to 499 would fit: set "block_size" on every line)',
+      },
+      // no block size gives more blocks than tokens, or none at all
+      {
+        fields: { input_length: 4, hash_ids: ids(5), block_size: 4 },
+        message: '"hash_ids" has 5 entries but "input_length" 4 at "block_size" 4 needs 1',
+      },
+      {
+        fields: { input_length: 10, hash_ids: [] },
+        message: '"hash_ids" has 0 entries but "input_length" 10 at the default block size 512 needs 1',
+      },
+    ];
+    for (const { fields, message } of refusals) refuses(line(fields), message);
   });
 
   test('with content anchors, the ids may cover the prompt outside them or the whole prompt', () => {
