@@ -3,7 +3,7 @@ import type { WorkerRecord } from '../state/state-store.js';
 import type { Gateway } from '../server/gateway.js';
 import { gatewayRoutingBackend } from './gateway-backend.js';
 import { RouterPicker } from './router-picker.js';
-import { startEppServer } from './server.js';
+import { startEppServer, type EppServerOptions } from './server.js';
 import { scrapeGapMs } from '../engines/metrics/scraper.js';
 
 /** Settings of the endpoint picker and engine discovery, shared by `epp` and `serve --epp-port`. */
@@ -24,6 +24,8 @@ export interface PickerConfig {
 export interface RunningPicker {
   /** The bound gRPC port, when the picker serves. */
   eppPort: number | undefined;
+  /** The bound plaintext gRPC health port, when one was asked for. */
+  healthPort: number | undefined;
   close(): Promise<void>;
 }
 
@@ -34,11 +36,20 @@ export interface RunningPicker {
 export async function startPicker(
   gateway: Gateway,
   c: PickerConfig & { bodyLimit: number; shutdownGraceMs?: number },
-  o: { host: string; port: number | undefined; log: (m: string) => void; readinessIntervalMs?: number },
+  o: {
+    host: string;
+    port: number | undefined;
+    log: (m: string) => void;
+    readinessIntervalMs?: number;
+    /** TLS of the ext_proc port (default: plaintext). */
+    tls?: EppServerOptions['tls'];
+    /** A plaintext port of the gRPC health services alone (default: none). */
+    healthPort?: number;
+  },
 ): Promise<RunningPicker> {
   const discovery = c.discover ? await new DnsDiscovery(c.discover, discoveryHost(gateway, o.log)).start() : undefined;
   if (o.port === undefined) {
-    return { eppPort: undefined, close: async () => discovery?.stop() };
+    return { eppPort: undefined, healthPort: undefined, close: async () => discovery?.stop() };
   }
   const backend = gatewayRoutingBackend(gateway);
   const picker = new RouterPicker(backend, {
@@ -66,9 +77,12 @@ export async function startPicker(
     readinessIntervalMs: o.readinessIntervalMs,
     // the gateway's cap, per listener: Envoy's connections are clients of this process too
     capConnections: (listener) => gateway.capClientConnections(listener, 'ext_proc'),
+    tls: o.tls,
+    healthPort: o.healthPort,
   });
   return {
     eppPort: server.port,
+    healthPort: server.healthPort,
     close: async () => {
       discovery?.stop();
       await server.close(c.shutdownGraceMs);

@@ -4,9 +4,20 @@ import { HealthImplementation } from 'grpc-health-check';
 import { createProcessHandler, type ExtProcHandlerOptions } from './ext-proc-handler.js';
 import { EXT_PROC_SERVICE, extProcService } from './proto.js';
 import { capClientConnections, DEFAULT_MAX_CLIENT_CONNECTIONS } from '../server/client-connections.js';
+import { EppServerCredentials, watchTlsIdentity, type TlsIdentity } from './tls.js';
 
-/** gRPC health service names the Gateway API Inference Extension's probes ask for. */
-export const HEALTH_SERVICES = ['liveness', 'readiness', EXT_PROC_SERVICE] as const;
+/**
+ * gRPC health service names the Gateway API Inference Extension's probes ask for, and '', the
+ * server's overall health (what Envoy's grpc_health_check and a Kubernetes gRPC probe ask for
+ * when given no service name), which answers as readiness.
+ */
+export const HEALTH_SERVICES = ['liveness', 'readiness', EXT_PROC_SERVICE, ''] as const;
+
+/** The services that answer whether the picker can route now. */
+const READINESS_SERVICES = ['readiness', EXT_PROC_SERVICE, ''] as const;
+
+/** Most connections the plaintext health port holds at once: probes, not traffic. */
+const MAX_HEALTH_CONNECTIONS = 64;
 
 /** Room in a message for what comes with a body chunk: its framing, attributes and metadata. */
 const MESSAGE_OVERHEAD_BYTES = 64 * 1024;
@@ -55,11 +66,24 @@ export interface EppServerOptions extends ExtProcHandlerOptions {
    * cap and its metrics are the gateway's); default: DEFAULT_MAX_CLIENT_CONNECTIONS, not counted.
    */
   capConnections?: (listener: NetServer) => void;
+  /**
+   * Serve the ext_proc port over TLS with this certificate (default: plaintext). With `reload`,
+   * the certificate directory is re-read every `intervalMs` and a changed, valid pair replaces
+   * the certificate for new connections.
+   */
+  tls?: { identity: TlsIdentity; reload?: { certPath: string; intervalMs: number } };
+  /**
+   * Also serve grpc.health.v1.Health alone, in plaintext, on this port (0: any free port):
+   * kubelet gRPC probes speak no TLS. Default: none.
+   */
+  healthPort?: number;
 }
 
 export interface EppServer {
   /** The bound port. */
   port: number;
+  /** The bound plaintext health port, when one was asked for. */
+  healthPort: number | undefined;
   server: Server;
   /** Stops taking streams, lets open ones finish up to `graceMs`, then cancels them. */
   close(graceMs?: number): Promise<void>;
@@ -67,8 +91,9 @@ export interface EppServer {
 
 /**
  * The endpoint picker's gRPC server: envoy.service.ext_proc.v3.ExternalProcessor/Process and
- * grpc.health.v1.Health with the services `liveness` (the process answers), `readiness` and
- * the ExternalProcessor's own name (both: the picker can route now).
+ * grpc.health.v1.Health with the services `liveness` (the process answers), `readiness`, the
+ * ExternalProcessor's own name and '' (these three: the picker can route now); over TLS when
+ * `tls` is given. With `healthPort`, the same health services in plaintext on a port of their own.
  */
 export async function startEppServer(options: EppServerOptions): Promise<EppServer> {
   const server = new Server({
@@ -85,53 +110,79 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
   server.addService(extProcService(), { Process: createProcessHandler(options) });
   const health = new HealthImplementation({
     liveness: 'SERVING',
-    readiness: 'NOT_SERVING',
-    [EXT_PROC_SERVICE]: 'NOT_SERVING',
+    ...Object.fromEntries(READINESS_SERVICES.map((s) => [s, 'NOT_SERVING'])),
   });
   health.addToServer(server);
+  const setReady = (ready: boolean) => {
+    for (const s of READINESS_SERVICES) health.setStatus(s, ready ? 'SERVING' : 'NOT_SERVING');
+  };
   let lastReady: boolean | undefined;
   const refresh = () => {
     const ready = options.ready();
     if (ready === lastReady) return;
     lastReady = ready;
-    health.setStatus('readiness', ready ? 'SERVING' : 'NOT_SERVING');
-    health.setStatus(EXT_PROC_SERVICE, ready ? 'SERVING' : 'NOT_SERVING');
+    setReady(ready);
   };
   refresh();
   const timer = setInterval(refresh, options.readinessIntervalMs ?? 1000);
   timer.unref();
 
+  const credentials = options.tls ? new EppServerCredentials(options.tls.identity) : ServerCredentials.createInsecure();
   // the picker's own listener hands its connections to the gRPC server: grpc-js's listeners
   // take no cap on connections, a net.Server does (client-connections.ts)
-  const injector = server.createConnectionInjector(ServerCredentials.createInsecure());
+  const injector = server.createConnectionInjector(credentials);
   const listener = createNetServer((socket) => injector.injectConnection(socket));
   if (options.capConnections) options.capConnections(listener);
   else capClientConnections(listener, DEFAULT_MAX_CLIENT_CONNECTIONS, () => {});
   const closeListener = () => new Promise<void>((resolve) => listener.close(() => resolve()));
-  let port: number;
-  try {
-    port = await new Promise<number>((resolve, reject) => {
-      listener.once('error', reject);
-      // an IPv6 address as listen() takes it: without brackets
-      listener.listen(options.port, (options.host ?? '0.0.0.0').replace(/^\[(.*)\]$/, '$1'), () => {
-        listener.off('error', reject);
-        resolve((listener.address() as AddressInfo).port);
-      });
+
+  // kubelet probes: the health services alone, plaintext, on a gRPC server of their own
+  const healthServer = options.healthPort === undefined ? undefined : new Server();
+  let healthListener: NetServer | undefined;
+  if (healthServer) {
+    health.addToServer(healthServer);
+    const healthInjector = healthServer.createConnectionInjector(ServerCredentials.createInsecure());
+    healthListener = createNetServer((socket) => healthInjector.injectConnection(socket));
+    capClientConnections(healthListener, MAX_HEALTH_CONNECTIONS, () => {});
+  }
+  const closeHealth = () =>
+    new Promise<void>((resolve) => {
+      healthServer?.forceShutdown();
+      if (healthListener?.listening) healthListener.close(() => resolve());
+      else resolve();
     });
+
+  let port: number;
+  let healthPort: number | undefined;
+  try {
+    port = await listen(listener, options.port, options.host);
+    if (healthListener) healthPort = await listen(healthListener, options.healthPort!, options.host);
   } catch (err) {
     // nobody gets a close() for a server that did not start: the readiness poll would run
     // (and keep the picker and its gateway reachable) for the life of the process
     clearInterval(timer);
+    if (listener.listening) await closeListener();
+    await closeHealth();
     server.forceShutdown();
     throw err;
   }
+  const stopReload =
+    options.tls?.reload &&
+    watchTlsIdentity(
+      options.tls.reload.certPath,
+      options.tls.identity,
+      options.tls.reload.intervalMs,
+      (identity) => (credentials as EppServerCredentials).replace(identity),
+      options.log ?? (() => {}),
+    );
   return {
     port,
+    healthPort,
     server,
     close: async (graceMs = 5000) => {
       clearInterval(timer);
-      health.setStatus('readiness', 'NOT_SERVING');
-      health.setStatus(EXT_PROC_SERVICE, 'NOT_SERVING');
+      stopReload?.();
+      setReady(false);
       await new Promise<void>((resolve) => {
         // no new connections meanwhile; those open are the gRPC server's to close
         void closeListener();
@@ -145,6 +196,19 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
           resolve();
         });
       });
+      await closeHealth();
     },
   };
+}
+
+/** Listens on `port` of `host` (default every IPv4 address); the bound port. */
+function listen(listener: NetServer, port: number, host = '0.0.0.0'): Promise<number> {
+  return new Promise<number>((resolve, reject) => {
+    listener.once('error', reject);
+    // an IPv6 address as listen() takes it: without brackets
+    listener.listen(port, host.replace(/^\[(.*)\]$/, '$1'), () => {
+      listener.off('error', reject);
+      resolve((listener.address() as AddressInfo).port);
+    });
+  });
 }

@@ -1,7 +1,12 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, test } from 'node:test';
 import { Command } from 'commander';
+import { credentials } from '@grpc/grpc-js';
+import { selfSignedIdentity } from '../../src/epp/tls.js';
 import { registerEppCommand } from '../../src/cli/commands/epp.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { parseDiscoverySpec } from '../../src/cli/commands/epp.js';
@@ -37,7 +42,14 @@ async function stop(child: ReturnType<typeof spawn>): Promise<number | null> {
   return exited;
 }
 
-test('contextforge-router epp serves ext_proc and gRPC health, metrics on HTTP, no OpenAI API there', async () => {
+/** epp's startup line: the ext_proc port's TLS, its port, the health port, the HTTP address. */
+const EPP_READY =
+  /ext_proc gRPC, ([^)]+)\) on [\d.]+:(\d+), gRPC health \(plaintext\) on [\d.]+:(\d+), metrics and admin on (http:\/\/[\d.]+:\d+)/;
+
+/** A TLS client that does not verify the picker's certificate, as the Inference Extension's gateways. */
+const tlsNoVerify = () => credentials.createSsl(null, null, null, { rejectUnauthorized: false });
+
+test('contextforge-router epp serves ext_proc over TLS and gRPC health, metrics on HTTP, no OpenAI API there', async () => {
   const e = await new MockEngine({}).start();
   engines.push(e);
   const { child, match } = await start(
@@ -47,28 +59,38 @@ test('contextforge-router epp serves ext_proc and gRPC health, metrics on HTTP, 
       '0',
       '--metrics-port',
       '0',
+      '--health-port',
+      '0',
       '--worker',
       `id=m0,url=http://127.0.0.1:${e.port}`,
       '--objectives',
       'batch=-1,chat=0',
     ],
-    /ext_proc gRPC\) on [\d.]+:(\d+), metrics and admin on (http:\/\/[\d.]+:\d+)/,
+    EPP_READY,
   );
-  const envoy = new EnvoyRole(`127.0.0.1:${match[1]}`);
+  assert.equal(match[1], 'TLS, self-signed');
+  const envoy = new EnvoyRole(`127.0.0.1:${match[2]}`, tlsNoVerify());
+  // kubelet gRPC probes: plaintext, on the health port
+  const probe = new EnvoyRole(`127.0.0.1:${match[3]}`);
+  const plaintext = new EnvoyRole(`127.0.0.1:${match[2]}`);
   try {
-    assert.equal(await envoy.healthStatus('liveness'), 'SERVING');
-    assert.equal(await envoy.healthStatus('readiness'), 'SERVING');
-    assert.equal(await envoy.healthStatus('envoy.service.ext_proc.v3.ExternalProcessor'), 'SERVING');
+    for (const role of [envoy, probe]) {
+      assert.equal(await role.healthStatus('liveness'), 'SERVING');
+      assert.equal(await role.healthStatus('readiness'), 'SERVING');
+      assert.equal(await role.healthStatus(''), 'SERVING');
+      assert.equal(await role.healthStatus('envoy.service.ext_proc.v3.ExternalProcessor'), 'SERVING');
+    }
+    await assert.rejects(plaintext.healthStatus('liveness', 5000), 'no plaintext on the TLS port');
     const out = await envoy.request({
       headers: { ':path': '/v1/completions' },
       body: JSON.stringify({ model: 'mock', prompt: 'hello' }),
     });
     assert.equal(out.kind === 'routed' && out.headerValue, `127.0.0.1:${e.port}`);
     if (out.kind === 'routed') await out.stream.end();
-    const metrics = await (await fetch(`${match[2]}/metrics`)).text();
+    const metrics = await (await fetch(`${match[4]}/metrics`)).text();
     assert.match(metrics, /contextforge_epp_requests_total\{outcome="routed"\} 1/);
-    assert.equal((await fetch(`${match[2]}/readyz`)).status, 200);
-    const proxy = await fetch(`${match[2]}/v1/completions`, {
+    assert.equal((await fetch(`${match[4]}/readyz`)).status, 200);
+    const proxy = await fetch(`${match[4]}/v1/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
       body: '{"prompt":"x"}',
@@ -76,8 +98,94 @@ test('contextforge-router epp serves ext_proc and gRPC health, metrics on HTTP, 
     assert.equal(proxy.status, 404, 'the picker does not proxy: clients go through the gateway');
   } finally {
     envoy.close();
+    probe.close();
+    plaintext.close();
   }
   assert.equal(await stop(child), 0);
+});
+
+test('epp --secure-serving false serves ext_proc in plaintext (h2c)', async () => {
+  const e = await new MockEngine({}).start();
+  engines.push(e);
+  const { child, match } = await start(
+    [
+      'epp',
+      '--port',
+      '0',
+      '--metrics-port',
+      '0',
+      '--health-port',
+      '0',
+      '--secure-serving',
+      'false',
+      '--worker',
+      `id=m0,url=http://127.0.0.1:${e.port}`,
+    ],
+    EPP_READY,
+  );
+  assert.equal(match[1], 'plaintext');
+  const envoy = new EnvoyRole(`127.0.0.1:${match[2]}`);
+  try {
+    assert.equal(await envoy.healthStatus(''), 'SERVING');
+    const out = await envoy.request({ headers: {}, body: JSON.stringify({ prompt: 'hi' }) });
+    assert.equal(out.kind === 'routed' && out.headerValue, `127.0.0.1:${e.port}`);
+    if (out.kind === 'routed') await out.stream.end();
+  } finally {
+    envoy.close();
+  }
+  assert.equal(await stop(child), 0);
+});
+
+test('epp --cert-path serves the certificate given; a bad one stops epp (exit 2) with one line naming the flag', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'epp-cli-tls-'));
+  after(() => rmSync(dir, { recursive: true, force: true }));
+  const identity = selfSignedIdentity('picker.example');
+  writeFileSync(join(dir, 'tls.crt'), identity.cert);
+  writeFileSync(join(dir, 'tls.key'), identity.key);
+  const e = await new MockEngine({}).start();
+  engines.push(e);
+  const args = ['epp', '--port', '0', '--metrics-port', '0', '--health-port', '0'];
+  const { child, match } = await start(
+    [...args, '--cert-path', dir, '--worker', `id=m0,url=http://127.0.0.1:${e.port}`],
+    EPP_READY,
+  );
+  assert.match(match[1], /^TLS, /);
+  // the certificate presented is the one given, and a client trusting it gets through
+  const envoy = new EnvoyRole(
+    `127.0.0.1:${match[2]}`,
+    credentials.createSsl(Buffer.from(identity.cert), null, null, { checkServerIdentity: () => undefined }),
+  );
+  try {
+    assert.equal(await envoy.healthStatus('readiness'), 'SERVING');
+  } finally {
+    envoy.close();
+  }
+  assert.equal(await stop(child), 0);
+
+  const other = selfSignedIdentity();
+  for (const [files, message] of [
+    [{}, /^error: --cert-path: cannot read .*tls\.crt.*ENOENT/],
+    [{ 'tls.crt': 'junk' }, /^error: --cert-path: .*tls\.crt.* is not a PEM certificate/],
+    [{ 'tls.crt': identity.cert, 'tls.key': other.key }, /^error: --cert-path: .*tls\.key.* does not match/],
+  ] as Array<[Record<string, string>, RegExp]>) {
+    const bad = mkdtempSync(join(tmpdir(), 'epp-cli-tls-'));
+    after(() => rmSync(bad, { recursive: true, force: true }));
+    for (const [name, text] of Object.entries(files)) writeFileSync(join(bad, name), text);
+    if (!files['tls.key']) writeFileSync(join(bad, 'tls.key'), identity.key);
+    const r = spawnSync(process.execPath, [...CLI, ...args, '--cert-path', bad], {
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
+    assert.equal(r.status, 2, r.stderr);
+    assert.match(r.stderr, message);
+    assert.equal(r.stderr.trimEnd().split('\n').length, 1, r.stderr);
+  }
+  const reload = spawnSync(process.execPath, [...CLI, ...args, '--enable-cert-reload'], {
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
+  assert.equal(reload.status, 2, reload.stderr);
+  assert.match(reload.stderr, /^error: --enable-cert-reload needs --cert-path/);
 });
 
 test('serve --epp-port runs the gateway and the picker in one process', async () => {
@@ -202,4 +310,14 @@ test('a static worker whose URL names a host, not an IP address, is refused: Env
   });
   assert.equal(r.status, 2);
   assert.match(r.stderr, /--worker w0: the endpoint picker sends Envoy ip:port/);
+});
+
+test("epp serves TLS and a plaintext health port by default, as the Inference Extension's pickers", () => {
+  const { config } = resolveEpp([]);
+  assert.equal(config.secureServing, true);
+  assert.equal(config.healthPort, 9003);
+  assert.equal(config.certPath, undefined);
+  assert.equal(config.enableCertReload, false);
+  assert.equal(resolveEpp(['--secure-serving', 'false']).config.secureServing, false);
+  assert.equal(resolveEpp(['--secure-serving=false']).config.secureServing, false);
 });

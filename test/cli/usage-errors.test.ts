@@ -409,7 +409,18 @@ test('an address serve or epp cannot listen on stops it with the flags named, an
     // the gRPC side starts first: the process must still end when the HTTP side cannot
     const epp = spawnSync(
       process.execPath,
-      [...CLI, 'epp', '--port', '0', '--metrics-port', port, '--worker', 'id=a,url=http://127.0.0.1:9'],
+      [
+        ...CLI,
+        'epp',
+        '--port',
+        '0',
+        '--health-port',
+        '0',
+        '--metrics-port',
+        port,
+        '--worker',
+        'id=a,url=http://127.0.0.1:9',
+      ],
       { encoding: 'utf8', env: { ...process.env, ...env }, timeout: 60_000 },
     );
     assert.equal(epp.status, 2, epp.stderr);

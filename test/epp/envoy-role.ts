@@ -1,5 +1,11 @@
 import assert from 'node:assert/strict';
-import { credentials, makeGenericClientConstructor, type ClientDuplexStream, type Client } from '@grpc/grpc-js';
+import {
+  credentials,
+  makeGenericClientConstructor,
+  type ChannelCredentials,
+  type ClientDuplexStream,
+  type Client,
+} from '@grpc/grpc-js';
 import { loadSync } from '@grpc/proto-loader';
 import { protoPath as healthProtoPath } from 'grpc-health-check';
 import { loadPackageDefinition } from '@grpc/grpc-js';
@@ -77,23 +83,31 @@ interface Inbox {
 export class EnvoyRole {
   private readonly client: Client & { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse> };
   private readonly health: Client & {
-    Check(req: { service: string }, cb: (err: Error | null, res?: { status: string }) => void): void;
+    Check(
+      req: { service: string },
+      options: { deadline?: number },
+      cb: (err: Error | null, res?: { status: string }) => void,
+    ): void;
   };
 
-  constructor(readonly address: string) {
+  /** `creds`: plaintext by default; a TLS picker takes credentials.createSsl(). */
+  constructor(
+    readonly address: string,
+    creds: ChannelCredentials = credentials.createInsecure(),
+  ) {
     const Ctor = makeGenericClientConstructor(extProcService(), 'ExternalProcessor');
-    this.client = new Ctor(address, credentials.createInsecure()) as unknown as EnvoyRole['client'];
+    this.client = new Ctor(address, creds) as unknown as EnvoyRole['client'];
     const hpkg = loadPackageDefinition(loadSync(healthProtoPath, PROTO_LOADER_OPTIONS)) as unknown as {
       grpc: {
         health: {
           v1: {
-            Health: new (a: string, c: ReturnType<typeof credentials.createInsecure>, o: object) => EnvoyRole['health'];
+            Health: new (a: string, c: ChannelCredentials, o: object) => EnvoyRole['health'];
           };
         };
       };
     };
     // the same channel: a health round trip is ordered after everything sent before it
-    this.health = new hpkg.grpc.health.v1.Health(address, credentials.createInsecure(), {
+    this.health = new hpkg.grpc.health.v1.Health(address, creds, {
       channelOverride: this.client.getChannel(),
     });
   }
@@ -102,10 +116,12 @@ export class EnvoyRole {
     this.client.close();
   }
 
-  /** gRPC health status of a service ('liveness', 'readiness', the ExternalProcessor). */
-  healthStatus(service: string): Promise<string> {
+  /** gRPC health status of a service ('liveness', 'readiness', the ExternalProcessor, '' the server's). */
+  healthStatus(service: string, deadlineMs = 30_000): Promise<string> {
     return new Promise((resolve, reject) =>
-      this.health.Check({ service }, (err, res) => (err ? reject(err) : resolve(res!.status))),
+      this.health.Check({ service }, { deadline: Date.now() + deadlineMs }, (err, res) =>
+        err ? reject(err) : resolve(res!.status),
+      ),
     );
   }
 

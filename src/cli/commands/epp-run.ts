@@ -1,10 +1,39 @@
+import { shownText } from '../../core/shown-text.js';
 import { startPicker } from '../../epp/run-picker.js';
+import type { EppServerOptions } from '../../epp/server.js';
+import { readTlsIdentity, selfSignedIdentity } from '../../epp/tls.js';
 import type { EppConfig } from './serve.js';
 import { listening, startGateway } from './serve-run.js';
+
+/** How often --enable-cert-reload re-reads --cert-path. */
+export const CERT_RELOAD_INTERVAL_MS = 10_000;
+
+/**
+ * The ext_proc port's TLS from epp's settings (checkEppTlsSettings has checked they go
+ * together), and how to describe it: --cert-path's pair (checked now: a bad one stops epp
+ * before anything runs), else a self-signed certificate; none with --secure-serving false.
+ */
+export function eppTls(c: { secureServing: boolean; certPath?: string; enableCertReload: boolean }): {
+  tls: EppServerOptions['tls'];
+  describe: string;
+} {
+  if (!c.secureServing) return { tls: undefined, describe: 'plaintext' };
+  if (c.certPath === undefined) return { tls: { identity: selfSignedIdentity() }, describe: 'TLS, self-signed' };
+  const identity = readTlsIdentity(c.certPath, '--cert-path');
+  return {
+    tls: {
+      identity,
+      reload: c.enableCertReload ? { certPath: c.certPath, intervalMs: CERT_RELOAD_INTERVAL_MS } : undefined,
+    },
+    describe: `TLS, ${shownText(c.certPath)}${c.enableCertReload ? ' reloaded' : ''}`,
+  };
+}
 
 /** `epp` with its settings resolved: the gateway and its endpoint picker, until SIGINT or SIGTERM. */
 export async function runEpp(c: EppConfig): Promise<void> {
   const log = (m: string) => process.stderr.write(`${m}\n`);
+  // before anything runs: a bad certificate stops epp with nothing left running
+  const tls = eppTls(c);
   if (c.workers.length === 0 && !c.discover)
     log(
       'warning: no workers (--worker, CONTEXTFORGE_WORKERS, the config file, --discover); add them with POST /admin/workers',
@@ -12,8 +41,8 @@ export async function runEpp(c: EppConfig): Promise<void> {
   // the HTTP side serves metrics, health and admin only: clients reach the engines through the gateway
   const { gateway, describe, close } = await startGateway(c, log, { openAiRoutes: false });
   const picker = await listening(
-    `--host ${c.host} --port ${c.port}`,
-    () => startPicker(gateway, c, { host: c.host, port: c.port, log }),
+    `--host ${c.host} --port ${c.port} --health-port ${c.healthPort}`,
+    () => startPicker(gateway, c, { host: c.host, port: c.port, log, tls: tls.tls, healthPort: c.healthPort }),
     close,
   );
   const address = await listening(
@@ -25,7 +54,7 @@ export async function runEpp(c: EppConfig): Promise<void> {
     },
   );
   log(
-    `contextforge-router endpoint picker (ext_proc gRPC) on ${c.host}:${String(picker.eppPort)}, metrics and admin on ${address} (${describe})`,
+    `contextforge-router endpoint picker (ext_proc gRPC, ${tls.describe}) on ${c.host}:${String(picker.eppPort)}, gRPC health (plaintext) on ${c.host}:${String(picker.healthPort)}, metrics and admin on ${address} (${describe})`,
   );
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);

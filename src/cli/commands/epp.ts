@@ -21,6 +21,21 @@ export function resolveEppConfig(cmd: Command, env: NodeJS.ProcessEnv = process.
   return { config, resolved };
 }
 
+/**
+ * The TLS settings that go together, checked before anything runs: --enable-cert-reload needs
+ * --cert-path (a self-signed certificate is never reloaded); --cert-path with --secure-serving
+ * false is named in a warning.
+ */
+export function checkEppTlsSettings(
+  c: { secureServing: boolean; certPath?: string; enableCertReload: boolean },
+  warnings: string[],
+): void {
+  if (c.enableCertReload && c.certPath === undefined)
+    throw new RangeError('--enable-cert-reload needs --cert-path (a self-signed certificate is never reloaded)');
+  if (!c.secureServing && c.certPath !== undefined)
+    warnings.push('--cert-path has no effect with --secure-serving false');
+}
+
 export function registerEppCommand(program: Command): void {
   const cmd = program
     .command('epp')
@@ -30,8 +45,9 @@ export function registerEppCommand(program: Command): void {
   addSettingOptions(cmd, EPP_SCHEMA.shape, EPP_HELP);
   cmd.action(async () => {
     const { config, resolved } = resolveEppConfig(cmd);
+    checkEppTlsSettings(config, resolved.warnings);
     for (const w of resolved.warnings) process.stderr.write(`warning: ${w}\n`);
-    // the gateway, the picker and what they run on are loaded only to run them
+    // the gateway, the picker, TLS and what they run on are loaded only to run them
     await (await import('./epp-run.js')).runEpp(config);
   });
 }

@@ -360,6 +360,10 @@ export const EPP_SCHEMA = z.strictObject({
   ...gatewayShape,
   port: port().default(9002),
   metricsPort: port().default(9090),
+  healthPort: port().default(9003),
+  secureServing: z.boolean().default(true),
+  certPath: text().optional(),
+  enableCertReload: z.boolean().default(false),
   ...pickerShape,
 });
 export const EPP_HELP: Readonly<Record<keyof typeof EPP_SCHEMA.shape, SettingHelp>> = {
@@ -368,6 +372,22 @@ export const EPP_HELP: Readonly<Record<keyof typeof EPP_SCHEMA.shape, SettingHel
   ...pickerHelp,
   port: { arg: '<n>', help: 'ext_proc gRPC port (0: any free port)' },
   metricsPort: { arg: '<n>', help: 'HTTP port for /metrics, /healthz, /readyz and /admin (0: any free port)' },
+  healthPort: {
+    arg: '<n>',
+    help: "plaintext gRPC health port (liveness, readiness, '' and the ExternalProcessor's name, as on the ext_proc port) for Kubernetes gRPC probes, which speak no TLS (0: any free port)",
+  },
+  secureServing: {
+    arg: '<true|false>',
+    help: "serve the ext_proc port over TLS, as the Inference Extension's gateways connect to a picker: with the certificate in --cert-path, else a self-signed one made at start; false: plaintext (h2c)",
+  },
+  certPath: {
+    arg: '<dir>',
+    help: 'directory holding tls.crt and tls.key (a kubernetes.io/tls Secret mounted) for --secure-serving',
+  },
+  enableCertReload: {
+    arg: '',
+    help: 're-read --cert-path every 10 s and serve a changed certificate to new connections (a pair that does not check is logged and not taken)',
+  },
 };
 
 /** A schema without its default / optional wrappers: what the value itself must be. */
