@@ -132,14 +132,22 @@ test('epp mode: InferencePool points at the picker Service and gRPC port; gRPC h
   assert.equal(c.args[0], 'epp');
   assertFlagsKnown(c.args);
   assert.ok(c.args.includes('--port=9002'));
-  assert.deepEqual(c.livenessProbe.grpc, { port: 9002, service: 'liveness' });
-  assert.deepEqual(c.readinessProbe.grpc, { port: 9002, service: 'readiness' });
+  // the ext_proc port serves TLS (as the Inference Extension's gateways connect); kubelet gRPC
+  // probes speak no TLS: they ask the plaintext health port
+  assert.ok(c.args.includes('--secure-serving=true'), c.args.join(' '));
+  assert.ok(c.args.includes('--health-port=9003'), c.args.join(' '));
+  assert.ok(!c.args.some((a) => a.startsWith('--cert-path')), 'a self-signed certificate unless a Secret is given');
+  assert.deepEqual(c.startupProbe.grpc, { port: 9003, service: 'liveness' });
+  assert.deepEqual(c.livenessProbe.grpc, { port: 9003, service: 'liveness' });
+  assert.deepEqual(c.readinessProbe.grpc, { port: 9003, service: 'readiness' });
+  assert.ok(c.ports.some((p) => p.name === 'health' && p.containerPort === 9003));
   const pool = one(ms, 'InferencePool');
   const ref = (pool.spec as { endpointPickerRef: { name: string; port: { number: number }; failureMode: string } }).endpointPickerRef;
   const svc = one(ms, 'Service', ref.name);
   const grpcPort = (svc.spec as { ports: Array<{ name: string; port: number; appProtocol?: string }> }).ports.find((p) => p.port === ref.port.number);
   assert.ok(grpcPort, `the picker Service ${ref.name} has no port ${ref.port.number}`);
-  assert.equal(grpcPort.appProtocol, 'kubernetes.io/h2c');
+  // HTTP/2 over TLS, as the Inference Extension's own chart declares its picker's port
+  assert.equal(grpcPort.appProtocol, 'http2');
   assert.equal(ref.failureMode, 'FailClose');
   // discovery resolves the headless Service over the pool's pods
   const headless = one(ms, 'Service', `${pool.metadata.name}-endpoints`);
@@ -154,6 +162,32 @@ test('epp mode: InferencePool points at the picker Service and gRPC port; gRPC h
   assert.deepEqual(backend, { group: 'inference.networking.k8s.io', kind: 'InferencePool', name: pool.metadata.name });
   const sm = one(ms, 'ServiceMonitor');
   assert.equal((sm.spec as { endpoints: Array<{ port: string }> }).endpoints[0].port, 'metrics');
+});
+
+test('epp mode: plaintext ext_proc with epp.secureServing false; a TLS Secret mounted for --cert-path', () => {
+  const container = (args: string[]) => {
+    const ms = render(['--set', 'mode=epp', ...args]);
+    ms.forEach(validate);
+    const d = one(ms, 'Deployment', 'cfr-contextforge-router');
+    const svc = one(ms, 'Service', 'cfr-contextforge-router');
+    const grpc = (svc.spec as { ports: Array<{ name: string; appProtocol?: string }> }).ports.find((p) => p.name === 'grpc');
+    return { c: podSpec(d).spec.containers[0], pod: podSpec(d).spec as unknown as { volumes: Array<{ name: string; secret?: { secretName: string } }> }, appProtocol: grpc?.appProtocol };
+  };
+  const plain = container(['--set', 'epp.secureServing=false']);
+  assertFlagsKnown(plain.c.args);
+  assert.ok(plain.c.args.includes('--secure-serving=false'));
+  assert.equal(plain.appProtocol, 'kubernetes.io/h2c');
+  const secret = container(['--set', 'epp.tls.secretName=picker-tls', '--set', 'epp.tls.reload=true']);
+  assertFlagsKnown(secret.c.args);
+  assert.ok(secret.c.args.includes('--cert-path=/etc/contextforge-tls'), secret.c.args.join(' '));
+  assert.ok(secret.c.args.includes('--enable-cert-reload'), secret.c.args.join(' '));
+  assert.equal(secret.appProtocol, 'http2');
+  const volume = secret.pod.volumes.find((v) => v.secret?.secretName === 'picker-tls');
+  assert.ok(volume, 'the Secret is a volume');
+  const mounts = (secret.c as unknown as { volumeMounts: Array<{ name: string; mountPath: string; readOnly?: boolean }> }).volumeMounts;
+  assert.ok(mounts.some((m) => m.name === volume.name && m.mountPath === '/etc/contextforge-tls' && m.readOnly === true));
+  // the health port is the probes' whatever the TLS
+  assert.deepEqual(plain.c.readinessProbe.grpc, { port: 9003, service: 'readiness' });
 });
 
 test('bad values are refused by the chart', () => {
