@@ -1,10 +1,23 @@
 // Rewrites the settings table of docs/configuration.md from the settings' schema.
 import { readFileSync, writeFileSync } from 'node:fs';
-import { settingsTable, TABLE_END, TABLE_START } from '../src/cli/config/doc-table.js';
+import {
+  EPP_TABLE_END,
+  EPP_TABLE_START,
+  eppSettingsTable,
+  settingsTable,
+  TABLE_END,
+  TABLE_START,
+} from '../src/cli/config/doc-table.js';
 
 const file = new URL('../docs/configuration.md', import.meta.url);
-const doc = readFileSync(file, 'utf8');
-const start = doc.indexOf(TABLE_START);
-const end = doc.indexOf(TABLE_END);
-if (start < 0 || end < 0) throw new Error('docs/configuration.md has no settings table markers');
-writeFileSync(file, doc.slice(0, start) + settingsTable() + doc.slice(end + TABLE_END.length));
+let doc = readFileSync(file, 'utf8');
+for (const [startMarker, endMarker, table] of [
+  [TABLE_START, TABLE_END, settingsTable()],
+  [EPP_TABLE_START, EPP_TABLE_END, eppSettingsTable()],
+]) {
+  const start = doc.indexOf(startMarker);
+  const end = doc.indexOf(endMarker);
+  if (start < 0 || end < 0) throw new Error(`docs/configuration.md has no markers ${startMarker}`);
+  doc = doc.slice(0, start) + table + doc.slice(end + endMarker.length);
+}
+writeFileSync(file, doc);

@@ -1,14 +1,14 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
-import { settingsTable } from '../../src/cli/config/doc-table.js';
-import { kebab, SERVE_SCHEMA } from '../../src/cli/config/settings.js';
+import { eppSettingsTable, settingsTable } from '../../src/cli/config/doc-table.js';
+import { EPP_SCHEMA, kebab, SERVE_SCHEMA } from '../../src/cli/config/settings.js';
 
 const doc = readFileSync(new URL('../../docs/configuration.md', import.meta.url), 'utf8');
 
 test('docs/configuration.md lists exactly the settings of the schema', () => {
   const documented = [...doc.matchAll(/^\| `--([a-z0-9-]+)[ `]/gm)].map((m) => m[1]);
-  const declared = Object.keys(SERVE_SCHEMA.shape).map(kebab);
+  const declared = [...new Set([...Object.keys(SERVE_SCHEMA.shape), ...Object.keys(EPP_SCHEMA.shape)])].map(kebab);
   assert.deepEqual(
     documented.filter((f) => !declared.includes(f)),
     [],
@@ -21,4 +21,8 @@ test('docs/configuration.md lists exactly the settings of the schema', () => {
   );
   // defaults and help too: the table is the generated one (npm run docs:config rewrites it)
   assert.ok(doc.includes(settingsTable()), 'docs/configuration.md is out of date: run npm run docs:config');
+  assert.ok(
+    doc.includes(eppSettingsTable()),
+    "docs/configuration.md's epp table is out of date: run npm run docs:config",
+  );
 });
