@@ -21,14 +21,29 @@ const CONCURRENCY = intFlag(flags, 'concurrency', 16);
 function startPicker(args: string[]): Promise<{ child: ChildProcess; port: number }> {
   const child = spawn(
     process.execPath,
-    ['--import', 'tsx', 'src/cli/main.ts', 'epp', '--port', '0', '--metrics-port', '0', ...args],
+    // plaintext: the request phase is measured, not TLS (the numbers stay comparable across runs)
+    [
+      '--import',
+      'tsx',
+      'src/cli/main.ts',
+      'epp',
+      '--port',
+      '0',
+      '--metrics-port',
+      '0',
+      '--health-port',
+      '0',
+      '--secure-serving',
+      'false',
+      ...args,
+    ],
     { stdio: ['ignore', 'ignore', 'pipe'] },
   );
   let stderr = '';
   return new Promise((resolve, reject) => {
     child.stderr!.on('data', (d: Buffer) => {
       stderr += d.toString();
-      const m = /ext_proc gRPC\) on [\d.]+:(\d+)/.exec(stderr);
+      const m = /ext_proc gRPC, [^)]*\) on [\d.]+:(\d+)/.exec(stderr);
       if (m) resolve({ child, port: Number(m[1]) });
     });
     child.once('exit', (code) => reject(new Error(`epp exited ${code}: ${stderr}`)));
