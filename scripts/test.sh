@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# npm test: every test/**/*.test.ts. Two files run at a time, but the files that measure how
-# replicas share state over Redis in real time (test/state, the Redis fault tests, the endpoint
-# picker's replicas) run one at a time after the rest: what they check is how far the replicas'
-# views lag, and a second file's CPU on this machine's cores would be part of that lag.
+# npm test: every test/**/*.test.ts. Three files run at a time (a test file spends most of its
+# time waiting on sockets, timers and child processes, not on the two cores), but the files that
+# measure how replicas share state over Redis in real time (test/state, the Redis fault tests, the
+# endpoint picker's replicas) run one at a time after the rest: what they check is how far the
+# replicas' views lag, and another file's CPU on this machine's cores would be part of that lag.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 shared_state() { find test/state -name '*.test.ts'; find test/faults -name 'redis-*.test.ts'; echo test/epp/replicas.test.ts; }
@@ -28,7 +29,7 @@ pass() {
 
 # both passes run whatever the first one's outcome; either failing fails the run
 status=0
-pass rest 2 "${rest[@]}" || status=$?
+pass rest 3 "${rest[@]}" || status=$?
 pass shared-state 1 "${serial[@]}" || status=$?
 if [ "$status" -ne 0 ]; then
   for name in rest shared-state; do
