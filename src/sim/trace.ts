@@ -145,10 +145,12 @@ function blockCountRange(inputLength: number, anchorTokens: number, blockSize: n
 }
 
 /**
- * Refuses a request whose hash ids are not one per block of its prompt (blockCountRange): a
- * trace written in blocks of another size than it declares (or than the default, when it
- * declares none) would replay with every prefix the wrong length. The message names the
- * counts and, when one would explain them, a block size that fits (a power of two if one does).
+ * Refuses a request whose hash ids are not one per block of its prompt (blockCountRange), give
+ * or take one: a trace written in blocks of another size than it declares (or than the default,
+ * when it declares none) would replay with every prefix the wrong length. One id more or fewer
+ * is read: trace writers round the last block differently (floor, or `n // size + 1`), and a
+ * count one off moves no prefix. The message names the counts and, when one would explain them
+ * exactly, a block size that fits (a power of two if one does).
  */
 function checkBlockCount(req: TraceRequest, declared: boolean, source: string): void {
   const n = req.hashIds.length;
@@ -157,8 +159,9 @@ function checkBlockCount(req: TraceRequest, declared: boolean, source: string): 
     const [low, high] = blockCountRange(req.inputLength, anchorTokens, size);
     return low <= n && n <= high;
   };
-  if (fits(req.blockSize)) return;
   const [low, high] = blockCountRange(req.inputLength, anchorTokens, req.blockSize);
+  // no id at all for a prompt with blocks outside its anchors is no rounding
+  if (Math.max(low - 1, low > 0 ? 1 : 0) <= n && n <= high + 1) return;
   let other: string | undefined;
   for (let size = 1; size <= MAX_TRACE_REQUEST_TOKENS && other === undefined; size *= 2)
     if (fits(size)) other = `a block size of ${size}`;
