@@ -46,28 +46,27 @@ async function stop(child: ReturnType<typeof spawn>): Promise<number | null> {
 const EPP_READY =
   /ext_proc gRPC, ([^)]+)\) on [\d.]+:(\d+), gRPC health \(plaintext\) on [\d.]+:(\d+), metrics and admin on (http:\/\/[\d.]+:\d+)/;
 
+/** epp on any free ports (ext_proc, metrics, health) with `extra` flags and one worker at `enginePort`. */
+const eppArgs = (enginePort: number, ...extra: string[]) => [
+  'epp',
+  '--port',
+  '0',
+  '--metrics-port',
+  '0',
+  '--health-port',
+  '0',
+  ...extra,
+  '--worker',
+  `id=m0,url=http://127.0.0.1:${enginePort}`,
+];
+
 /** A TLS client that does not verify the picker's certificate, as the Inference Extension's gateways. */
 const tlsNoVerify = () => credentials.createSsl(null, null, null, { rejectUnauthorized: false });
 
 test('contextforge-router epp serves ext_proc over TLS and gRPC health, metrics on HTTP, no OpenAI API there', async () => {
   const e = await new MockEngine({}).start();
   engines.push(e);
-  const { child, match } = await start(
-    [
-      'epp',
-      '--port',
-      '0',
-      '--metrics-port',
-      '0',
-      '--health-port',
-      '0',
-      '--worker',
-      `id=m0,url=http://127.0.0.1:${e.port}`,
-      '--objectives',
-      'batch=-1,chat=0',
-    ],
-    EPP_READY,
-  );
+  const { child, match } = await start(eppArgs(e.port, '--objectives', 'batch=-1,chat=0'), EPP_READY);
   assert.equal(match[1], 'TLS, self-signed');
   const envoy = new EnvoyRole(`127.0.0.1:${match[2]}`, tlsNoVerify());
   // kubelet gRPC probes: plaintext, on the health port
@@ -107,22 +106,7 @@ test('contextforge-router epp serves ext_proc over TLS and gRPC health, metrics 
 test('epp --secure-serving false serves ext_proc in plaintext (h2c)', async () => {
   const e = await new MockEngine({}).start();
   engines.push(e);
-  const { child, match } = await start(
-    [
-      'epp',
-      '--port',
-      '0',
-      '--metrics-port',
-      '0',
-      '--health-port',
-      '0',
-      '--secure-serving',
-      'false',
-      '--worker',
-      `id=m0,url=http://127.0.0.1:${e.port}`,
-    ],
-    EPP_READY,
-  );
+  const { child, match } = await start(eppArgs(e.port, '--secure-serving', 'false'), EPP_READY);
   assert.equal(match[1], 'plaintext');
   const envoy = new EnvoyRole(`127.0.0.1:${match[2]}`);
   try {
@@ -145,10 +129,7 @@ test('epp --cert-path serves the certificate given; a bad one stops epp (exit 2)
   const e = await new MockEngine({}).start();
   engines.push(e);
   const args = ['epp', '--port', '0', '--metrics-port', '0', '--health-port', '0'];
-  const { child, match } = await start(
-    [...args, '--cert-path', dir, '--worker', `id=m0,url=http://127.0.0.1:${e.port}`],
-    EPP_READY,
-  );
+  const { child, match } = await start(eppArgs(e.port, '--cert-path', dir), EPP_READY);
   assert.match(match[1], /^TLS, /);
   // the certificate presented is the one given, and a client trusting it gets through
   const envoy = new EnvoyRole(
