@@ -11,12 +11,10 @@ import { fileURLToPath } from 'node:url';
 const built = process.env.CFR_TEST_BUILT_CLI === '1';
 
 /** The CLI's entry file. */
-export const CLI_MAIN = fileURLToPath(
-  new URL(built ? '../../dist/cli/main.js' : '../../src/cli/main.ts', import.meta.url),
-);
+const CLI_MAIN = fileURLToPath(new URL(built ? '../../dist/cli/main.js' : '../../src/cli/main.ts', import.meta.url));
 
 /** Node's flags the entry file needs. */
-export const CLI_FLAGS: readonly string[] = built ? [] : ['--import', 'tsx'];
+const CLI_FLAGS: readonly string[] = built ? [] : ['--import', 'tsx'];
 
 /** Node's arguments that start the CLI; the command and its flags follow. */
 export const CLI: readonly string[] = [...CLI_FLAGS, CLI_MAIN];

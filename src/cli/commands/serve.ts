@@ -114,10 +114,13 @@ function checkPickerSettings(
   if (stale === undefined) return;
   if (config.metricsIntervalMs === 0)
     resolved.warnings.push('--shed-metrics-stale-ms has no effect with --metrics-interval-ms 0 (no metrics are read)');
-  else if (stale <= scrapeGapMs(config.metricsIntervalMs))
-    throw new RangeError(
-      `--shed-metrics-stale-ms (${stale}) must be more than ${scrapeGapMs(config.metricsIntervalMs)} ms: the scrape interval plus twice the scrape timeout, as old as a reading gets between two scrapes that succeed`,
-    );
+  else {
+    const gap = scrapeGapMs(config.metricsIntervalMs);
+    if (stale <= gap)
+      throw new RangeError(
+        `--shed-metrics-stale-ms (${stale}) must be more than ${gap} ms: the scrape interval plus twice the scrape timeout, as old as a reading gets between two scrapes that succeed`,
+      );
+  }
 }
 
 /** `serve`'s settings from its parsed command line, the environment and the config file. */
