@@ -46,6 +46,9 @@ async function stop(child: ReturnType<typeof spawn>): Promise<number | null> {
 const EPP_READY =
   /ext_proc gRPC, ([^)]+)\) on [\d.]+:(\d+), gRPC health \(plaintext\) on [\d.]+:(\d+), metrics and admin on (http:\/\/[\d.]+:\d+)/;
 
+/** serve's startup line with --epp-port: the HTTP address, the ext_proc port's TLS, its port. */
+const SERVE_READY = /serving on (http:\/\/[\d.]+:\d+), endpoint picker \(ext_proc gRPC, ([^)]+)\) on port (\d+)/;
+
 /** epp on any free ports (ext_proc, metrics, health) with `extra` flags and one worker at `enginePort`. */
 const eppArgs = (enginePort: number, ...extra: string[]) => [
   'epp',
@@ -174,9 +177,10 @@ test('serve --epp-port runs the gateway and the picker in one process', async ()
   engines.push(e);
   const { child, match } = await start(
     ['serve', '--port', '0', '--epp-port', '0', '--worker', `id=m0,url=http://127.0.0.1:${e.port}`],
-    /serving on (http:\/\/[\d.]+:\d+), endpoint picker \(ext_proc gRPC\) on port (\d+)/,
+    SERVE_READY,
   );
-  const envoy = new EnvoyRole(`127.0.0.1:${match[2]}`);
+  assert.equal(match[2], 'plaintext', 'serve --epp-port serves plaintext unless asked');
+  const envoy = new EnvoyRole(`127.0.0.1:${match[3]}`);
   try {
     const res = await fetch(`${match[1]}/v1/completions`, {
       method: 'POST',
@@ -191,6 +195,72 @@ test('serve --epp-port runs the gateway and the picker in one process', async ()
     envoy.close();
   }
   assert.equal(await stop(child), 0);
+});
+
+test('serve --epp-secure-serving serves the picker over TLS: self-signed, or --epp-cert-path; a bad pair stops serve', async () => {
+  const e = await new MockEngine({}).start();
+  engines.push(e);
+  const serveArgs = (...extra: string[]) => [
+    'serve',
+    '--port',
+    '0',
+    '--epp-port',
+    '0',
+    '--epp-secure-serving',
+    'true',
+    ...extra,
+    '--worker',
+    `id=m0,url=http://127.0.0.1:${e.port}`,
+  ];
+  const dir = mkdtempSync(join(tmpdir(), 'serve-epp-tls-'));
+  const identity = selfSignedIdentity('serve-epp-test');
+  writeFileSync(join(dir, 'tls.crt'), identity.cert);
+  writeFileSync(join(dir, 'tls.key'), identity.key);
+  try {
+    for (const [extra, shown] of [
+      [[], /^TLS, self-signed$/],
+      [['--epp-cert-path', dir, '--epp-enable-cert-reload'], /^TLS, .*serve-epp-tls-.* reloaded$/],
+    ] as const) {
+      const { child, match } = await start(serveArgs(...extra), SERVE_READY);
+      assert.match(match[2], shown);
+      const envoy = new EnvoyRole(`127.0.0.1:${match[3]}`, tlsNoVerify());
+      const plaintext = new EnvoyRole(`127.0.0.1:${match[3]}`);
+      try {
+        const out = await envoy.request({ headers: {}, body: JSON.stringify({ prompt: 'hi' }) });
+        assert.equal(out.kind, 'routed');
+        if (out.kind === 'routed') await out.stream.end();
+        await assert.rejects(plaintext.healthStatus('liveness', 5000), 'no plaintext on the TLS port');
+      } finally {
+        envoy.close();
+        plaintext.close();
+      }
+      assert.equal(await stop(child), 0);
+    }
+    const bad = spawnSync(process.execPath, [...CLI, ...serveArgs('--epp-cert-path', join(dir, 'missing'))], {
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
+    assert.equal(bad.status, 2, bad.stderr);
+    assert.match(bad.stderr, /error: --epp-cert-path: cannot read .*tls\.crt/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("serve's --epp-port TLS flags are checked as epp's, and named when there is no --epp-port", () => {
+  const { config } = resolveServe([]);
+  assert.equal(config.eppSecureServing, false);
+  assert.equal(config.eppEnableCertReload, false);
+  assert.throws(
+    () => resolveServe(['--epp-port', '0', '--epp-enable-cert-reload']),
+    /^RangeError: --epp-enable-cert-reload needs --epp-cert-path/,
+  );
+  assert.deepEqual(resolveServe(['--epp-port', '0', '--epp-cert-path', '/x']).resolved.warnings, [
+    '--epp-cert-path has no effect with --epp-secure-serving false',
+  ]);
+  assert.deepEqual(resolveServe(['--epp-secure-serving', 'true']).resolved.warnings, [
+    '--epp-secure-serving has no effect without --epp-port',
+  ]);
 });
 
 test('bad epp flags are refused with a message naming the flag (in process), and the CLI exits non-zero', () => {

@@ -1,33 +1,7 @@
-import { shownText } from '../../core/shown-text.js';
 import { startPicker } from '../../epp/run-picker.js';
-import type { EppServerOptions } from '../../epp/server.js';
-import { readTlsIdentity, selfSignedIdentity } from '../../epp/tls.js';
+import { eppTls } from './epp-tls-run.js';
 import type { EppConfig } from './serve.js';
 import { listening, startGateway } from './serve-run.js';
-
-/** How often --enable-cert-reload re-reads --cert-path. */
-export const CERT_RELOAD_INTERVAL_MS = 10_000;
-
-/**
- * The ext_proc port's TLS from epp's settings (checkEppTlsSettings has checked they go
- * together), and how to describe it: --cert-path's pair (checked now: a bad one stops epp
- * before anything runs), else a self-signed certificate; none with --secure-serving false.
- */
-export function eppTls(c: { secureServing: boolean; certPath?: string; enableCertReload: boolean }): {
-  tls: EppServerOptions['tls'];
-  describe: string;
-} {
-  if (!c.secureServing) return { tls: undefined, describe: 'plaintext' };
-  if (c.certPath === undefined) return { tls: { identity: selfSignedIdentity() }, describe: 'TLS, self-signed' };
-  const identity = readTlsIdentity(c.certPath, '--cert-path');
-  return {
-    tls: {
-      identity,
-      reload: c.enableCertReload ? { certPath: c.certPath, intervalMs: CERT_RELOAD_INTERVAL_MS } : undefined,
-    },
-    describe: `TLS, ${shownText(c.certPath)}${c.enableCertReload ? ' reloaded' : ''}`,
-  };
-}
 
 /** `epp` with its settings resolved: the gateway and its endpoint picker, until SIGINT or SIGTERM. */
 export async function runEpp(c: EppConfig): Promise<void> {

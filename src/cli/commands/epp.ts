@@ -1,6 +1,7 @@
 import type { Command } from 'commander';
 import { addSettingOptions } from '../config/resolve.js';
 import { EPP_HELP, EPP_SCHEMA } from '../config/settings.js';
+import { checkEppTlsSettings } from '../config/epp-tls.js';
 import { resolveConfig } from './serve.js';
 
 export { parseDiscoverySpec } from '../config/picker-text.js';
@@ -19,21 +20,6 @@ export function resolveEppConfig(cmd: Command, env: NodeJS.ProcessEnv = process.
     config.processes = 1;
   }
   return { config, resolved };
-}
-
-/**
- * The TLS settings that go together, checked before anything runs: --enable-cert-reload needs
- * --cert-path (a self-signed certificate is never reloaded); --cert-path with --secure-serving
- * false is named in a warning.
- */
-export function checkEppTlsSettings(
-  c: { secureServing: boolean; certPath?: string; enableCertReload: boolean },
-  warnings: string[],
-): void {
-  if (c.enableCertReload && c.certPath === undefined)
-    throw new RangeError('--enable-cert-reload needs --cert-path (a self-signed certificate is never reloaded)');
-  if (!c.secureServing && c.certPath !== undefined)
-    warnings.push('--cert-path has no effect with --secure-serving false');
 }
 
 export function registerEppCommand(program: Command): void {

@@ -14,7 +14,8 @@ import type { StateStore } from '../../state/state-store.js';
 import { loadApiKeysFile } from '../../server/api-keys.js';
 import { ROUTER_SETTING_KEYS } from '../config/settings.js';
 import { runPrimary, serveAdminToken } from './serve-processes.js';
-import type { GatewayConfig, ServeConfig } from './serve.js';
+import { serveEppTlsSettings, type GatewayConfig, type ServeConfig } from './serve.js';
+import { SERVE_EPP_TLS_FLAGS } from '../config/epp-tls.js';
 
 /**
  * What `serve` runs (and `epp` with it): the router, its shared state, the gateway and the
@@ -180,8 +181,13 @@ async function serveProcess(c: ServeConfig): Promise<void> {
     log(
       'warning: no workers (--worker, CONTEXTFORGE_WORKERS, the config file, --discover); add them with POST /admin/workers',
     );
+  // before anything runs: a bad certificate stops the process with nothing left running
+  const tls =
+    c.eppPort === undefined
+      ? undefined
+      : (await import('./epp-tls-run.js')).eppTls(serveEppTlsSettings(c), SERVE_EPP_TLS_FLAGS);
   const { gateway, describe, close } = await startGateway(c, log);
-  const start = () => startPicker(gateway, c, { host: c.host, port: c.eppPort, log });
+  const start = () => startPicker(gateway, c, { host: c.host, port: c.eppPort, log, tls: tls?.tls });
   const picker =
     c.eppPort === undefined ? await start() : await listening(`--host ${c.host} --epp-port ${c.eppPort}`, start, close);
   const address = await listening(
@@ -194,7 +200,7 @@ async function serveProcess(c: ServeConfig): Promise<void> {
   );
   // with several processes the primary says where they serve, once all of them do
   log(
-    `contextforge-router ${worker ? 'process' : 'serving on'} ${address}${picker.eppPort === undefined ? '' : `, endpoint picker (ext_proc gRPC) on port ${picker.eppPort}`} (${describe})`,
+    `contextforge-router ${worker ? 'process' : 'serving on'} ${address}${picker.eppPort === undefined ? '' : `, endpoint picker (ext_proc gRPC, ${tls?.describe ?? 'plaintext'}) on port ${picker.eppPort}`} (${describe})`,
   );
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);

@@ -8,6 +8,7 @@ import type { PickerConfig } from '../../epp/run-picker.js';
 import type { WorkerRecord } from '../../state/state-store.js';
 import { checkPickerWorkerHosts } from '../../epp/worker-hosts.js';
 import { scrapeGapMs } from '../../engines/metrics/scraper.js';
+import { checkEppTlsSettings, SERVE_EPP_TLS_FLAGS, type EppTlsSettings } from '../config/epp-tls.js';
 import { printConfig } from '../config/print-config.js';
 import { addSettingOptions, resolveSettings, type ResolvedSettings } from '../config/resolve.js';
 import { EPP_SCHEMA, GATEWAY_SCHEMA, SERVE_HELP, SERVE_SCHEMA } from '../config/settings.js';
@@ -62,6 +63,8 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
     config,
     resolved,
   );
+  if (schema === SERVE_SCHEMA)
+    checkServeEppTls(config as unknown as ServeConfig, resolved as unknown as ResolvedSettings<ServeConfig>);
   if (config.tokenize === 'tokenizer' && !config.tokenizer)
     throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
   // the algorithm only keys blocks in vllm mode; a shared config or environment may set it for
@@ -91,6 +94,30 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
       );
   }
   return { config, resolved };
+}
+
+/** The TLS of serve's --epp-port: as epp's, and named when there is no --epp-port for it. */
+function checkServeEppTls(c: ServeConfig, resolved: ResolvedSettings<ServeConfig>): void {
+  checkEppTlsSettings(serveEppTlsSettings(c), resolved.warnings, SERVE_EPP_TLS_FLAGS);
+  if (c.eppPort !== undefined) return;
+  const set = (['eppSecureServing', 'eppCertPath', 'eppEnableCertReload'] as const).filter(
+    (k) => resolved.origins[k] !== undefined && resolved.origins[k] !== 'default',
+  );
+  if (set.length > 0)
+    resolved.warnings.push(
+      `${set.map((k) => SERVE_EPP_TLS_FLAGS[TLS_KEYS[k]]).join(', ')} ${set.length === 1 ? 'has' : 'have'} no effect without --epp-port`,
+    );
+}
+
+const TLS_KEYS = {
+  eppSecureServing: 'secureServing',
+  eppCertPath: 'certPath',
+  eppEnableCertReload: 'enableCertReload',
+} as const;
+
+/** serve's --epp-port TLS settings under the names epp gives them. */
+export function serveEppTlsSettings(c: ServeConfig): EppTlsSettings {
+  return { secureServing: c.eppSecureServing, certPath: c.eppCertPath, enableCertReload: c.eppEnableCertReload };
 }
 
 /**

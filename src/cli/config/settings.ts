@@ -348,12 +348,27 @@ export const SERVE_SCHEMA = z.strictObject({
   ...gatewayShape,
   ...pickerShape,
   eppPort: port().optional(),
+  eppSecureServing: z.boolean().default(false),
+  eppCertPath: text().optional(),
+  eppEnableCertReload: z.boolean().default(false),
 });
 export const SERVE_HELP: Readonly<Record<keyof typeof SERVE_SCHEMA.shape, SettingHelp>> = {
   ...gatewayHelp,
   ...routerHelp,
   ...pickerHelp,
   eppPort: { arg: '<n>', help: 'also serve the Envoy ext_proc endpoint picker (gRPC) on this port' },
+  eppSecureServing: {
+    arg: '<true|false>',
+    help: "serve --epp-port over TLS, as epp's --secure-serving: with the certificate in --epp-cert-path, else a self-signed one made at start (one per process with --processes); default false: plaintext (h2c)",
+  },
+  eppCertPath: {
+    arg: '<dir>',
+    help: 'directory holding tls.crt and tls.key (a kubernetes.io/tls Secret mounted) for --epp-secure-serving',
+  },
+  eppEnableCertReload: {
+    arg: '',
+    help: 're-read --epp-cert-path every 10 s and serve a changed certificate to new connections (a pair that does not check is logged and not taken)',
+  },
 };
 
 export const EPP_SCHEMA = z.strictObject({
