@@ -256,11 +256,14 @@ export function encodeWorkflow(workerId: string, step: number | null): string {
   return JSON.stringify({ w: workerId, s: step });
 }
 
-/** A `wf:{id}` value; undefined unless its worker is a non-empty string (a step that is not a non-negative integer reads as none). */
+/**
+ * A `wf:{id}` value; undefined unless its worker is an id the router takes (isWorkerId; a step
+ * that is not a non-negative integer reads as none).
+ */
 export function parseWorkflow(value: string): { w: string; s: number | null } | undefined {
   try {
     const v = JSON.parse(value) as { w?: unknown; s?: unknown } | null;
-    if (v === null || typeof v !== 'object' || typeof v.w !== 'string' || v.w === '') return undefined;
+    if (v === null || typeof v !== 'object' || !isWorkerId(v.w)) return undefined;
     return { w: v.w, s: typeof v.s === 'number' && Number.isInteger(v.s) && v.s >= 0 ? v.s : null };
   } catch {
     return undefined;

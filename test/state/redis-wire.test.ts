@@ -9,6 +9,8 @@ import {
   encodePrefilled,
   encodeRefused,
   encodeReleased,
+  encodeWorkflow,
+  parseWorkflow,
   STATE_WIRE_VERSION,
 } from '../../src/state/redis-wire.js';
 
@@ -84,4 +86,11 @@ test('version 5: drains and posted KV events are shared; earlier replicas ignore
   // a version-4 replica reads kinds as version 2 did, plus rf and ld: dr and ev are neither
   assert.equal(actionOfVersion2(wire({ r: 'r1', k: 'dr', id: 'e0', on: true })), 'ignored');
   assert.equal(actionOfVersion2(wire({ r: 'r1', k: 'ev', w: 'e0', e: [{ type: 'AllBlocksCleared' }] })), 'ignored');
+});
+
+test('a workflow value names its worker by the id rule the router takes (isWorkerId), or reads as none', () => {
+  assert.deepEqual(parseWorkflow(encodeWorkflow('e0', 3)), { w: 'e0', s: 3 });
+  assert.deepEqual(parseWorkflow(encodeWorkflow('x'.repeat(256), null)), { w: 'x'.repeat(256), s: null });
+  for (const w of ['', 'x'.repeat(257), '\uD800', 5, null])
+    assert.equal(parseWorkflow(JSON.stringify({ w, s: 1 })), undefined);
 });
