@@ -1,6 +1,6 @@
 import { LRUCache } from 'lru-cache';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
-import { RemoteLoad } from './remote-load.js';
+import { RemoteLoad, routerWorkerIds } from './remote-load.js';
 import { decisionIdOf, writeDecisionFields, type DecisionFields } from './redis-wire.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
 
@@ -119,8 +119,14 @@ export class ClusterStateStore implements StateStore {
   private readonly channel: ClusterChannel;
   private readonly timeoutMs: number;
   private host: StateStoreHost | undefined;
-  /** The other processes' in-flight work. */
-  private readonly remote = new RemoteLoad();
+  /** The other processes' in-flight work, on the workers this process's router has (see RemoteLoad). */
+  private readonly remote = new RemoteLoad({
+    workers: () => routerWorkerIds(this.host),
+    onRefused: (why) =>
+      this.host?.log(
+        `state: other processes' load refused past a bound (${why}); further refusals are only counted (state.remoteLoadRefused)`,
+      ),
+  });
   /** Own decisions whose 'prefilled' was sent: their release takes decode tokens off, not prefill. */
   private readonly prefilled = new WeakSet<SharedDecision>();
   private nextQuery = 1;
@@ -239,6 +245,8 @@ export class ClusterStateStore implements StateStore {
   }
 
   workerRemoved(workerId: string, options: { record?: boolean } = {}): void {
+    // its tallies (its ranks') go with it: a worker added again starts from nothing
+    this.remote.forgetUnknownWorkers();
     const m: ClusterMessage = { cf: 'worker-removed', r: this.replicaId, id: workerId };
     if (options.record === false) m.record = false;
     this.outbox.push(m);
@@ -253,7 +261,14 @@ export class ClusterStateStore implements StateStore {
   }
 
   stats(): StateStats {
-    return { kind: 'cluster', replicaId: this.replicaId, ...this.counters, remoteLoadClamped: this.remote.clamped };
+    return {
+      kind: 'cluster',
+      replicaId: this.replicaId,
+      ...this.counters,
+      remoteLoadClamped: this.remote.clamped,
+      remoteLoadUnknownWorkers: this.remote.unknownWorkers,
+      remoteLoadRefused: this.remote.refused,
+    };
   }
 
   async close(): Promise<void> {
@@ -298,7 +313,10 @@ export class ClusterStateStore implements StateStore {
             host.addWorkerFromState(m.worker);
           return;
         case 'worker-removed':
-          if (m.r !== this.replicaId && host.listWorkers().some((w) => w.id === m.id)) host.removeWorkerFromState(m.id);
+          if (m.r !== this.replicaId && host.listWorkers().some((w) => w.id === m.id)) {
+            host.removeWorkerFromState(m.id);
+            this.remote.forgetUnknownWorkers();
+          }
           return;
         case 'worker-drained':
           if (
@@ -330,6 +348,7 @@ export class ClusterStateStore implements StateStore {
           // admin API stays removed when a process configured with it (re)starts
           const removed = new Set(m.removed ?? []);
           for (const w of [...host.listWorkers()]) if (removed.has(w.id)) host.removeWorkerFromState(w.id);
+          this.remote.forgetUnknownWorkers();
           for (const w of m.workers) if (!host.listWorkers().some((x) => x.id === w.id)) host.addWorkerFromState(w);
           this.registered = new Set(m.workers.map((w) => w.id));
           for (const id of m.draining ?? [])
@@ -416,7 +435,10 @@ export class ClusterRelay {
   private readonly removed = new Map<string, number>();
   private readonly removalLimit: number;
   private readonly recent: Array<{ d: ClusterDecision; at: number }> = [];
-  /** Each process's in-flight work, for the snapshot a process that starts later gets. */
+  /**
+   * Each process's in-flight work, for the snapshot a process that starts later gets (which
+   * keeps only its router's workers of it): no registry here, so bounded by RemoteLoad's caps.
+   */
   private readonly loads = new RemoteLoad();
   private readonly recentLimit: number;
   private readonly ttlMs: number;

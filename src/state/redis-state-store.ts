@@ -29,7 +29,7 @@ import {
   type WireWorkerRemoved,
 } from './redis-wire.js';
 import { MAX_REDIS_DB, parseRedisUrl } from './redis-url.js';
-import { RemoteLoad } from './remote-load.js';
+import { MAX_REMOTE_REPLICAS, MAX_REPLICA_ID_LENGTH, RemoteLoad, routerWorkerIds } from './remote-load.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
 
 export { MAX_REDIS_DB, parseRedisUrl };
@@ -167,7 +167,7 @@ export interface RedisStateOptions {
   url: string;
   /** Prefix of every key and of the channel (default `contextforge:`): several fleets can share a server. */
   prefix?: string;
-  /** This replica's id in the shared state (default: random). */
+  /** This replica's id in the shared state (default: random); at most MAX_REPLICA_ID_LENGTH characters, or the others would not count its load. */
   replicaId?: string;
   /** How often in-flight counts are exchanged (default 100 ms). */
   syncIntervalMs?: number;
@@ -318,8 +318,17 @@ export class RedisStateStore implements StateStore {
    * from being claimed.
    */
   private readonly unclaimed = new Set<string>();
-  /** Other replicas' in-flight work: kept current by their decision/prefill-done/release messages, seeded from their snapshots. */
-  private readonly remote = new RemoteLoad();
+  /**
+   * Other replicas' in-flight work: kept current by their decision/prefill-done/release
+   * messages, seeded from their snapshots; only on workers this router has (see RemoteLoad).
+   */
+  private readonly remote = new RemoteLoad({
+    workers: () => routerWorkerIds(this.host),
+    onRefused: (why) =>
+      this.host?.log(
+        `state: other replicas' load refused past a bound (${why}); further refusals are only counted (state.remoteLoadRefused)`,
+      ),
+  });
   /** Own decisions whose prefill-done was published: their release takes decode tokens off, not prefill. */
   private readonly prefilled = new WeakSet<SharedDecision>();
   /** Workers drained through an admin API (this replica's or another's) and not resumed, by id. */
@@ -365,6 +374,10 @@ export class RedisStateStore implements StateStore {
     this.keys = new RedisKeys(options.prefix ?? 'contextforge:', this.db);
     this.channel = this.keys.channel;
     this.replicaId = options.replicaId ?? randomBytes(6).toString('hex');
+    if (this.replicaId.length > MAX_REPLICA_ID_LENGTH)
+      throw new RangeError(
+        `replicaId must be at most ${MAX_REPLICA_ID_LENGTH} characters, got ${this.replicaId.length}`,
+      );
     this.syncIntervalMs = positive(options.syncIntervalMs ?? 100, 'syncIntervalMs');
     this.workflowTtlMs = positive(options.workflowTtlMs ?? 3_600_000, 'workflowTtlMs');
     this.sharedWorkflowLimit =
@@ -541,6 +554,8 @@ export class RedisStateStore implements StateStore {
     const record = options.record ?? true;
     this.draining.delete(workerId);
     this.unsyncedDrains.delete(workerId);
+    // its tallies (its ranks') go with it: a worker added again starts from nothing
+    this.remote.forgetUnknownWorkers();
     if (!this.up) return void this.unsyncedWorkers.set(workerId, { removed: { record } });
     this.removalsInFlight.add(workerId);
     const m = this.cmd.pipeline();
@@ -672,6 +687,8 @@ export class RedisStateStore implements StateStore {
       replicaId: this.replicaId,
       ...this.counters,
       remoteLoadClamped: this.remote.clamped,
+      remoteLoadUnknownWorkers: this.remote.unknownWorkers,
+      remoteLoadRefused: this.remote.refused,
       lastRefusal: this.lastRefusal,
       connected: this.up,
     };
@@ -844,11 +861,8 @@ export class RedisStateStore implements StateStore {
         // what it says it holds replaces what this replica counted of it (releases it could
         // not publish while cut off would otherwise stay counted for good); only known workers
         if (msg.l === null || typeof msg.l !== 'object') return void this.counters.malformedMessages++;
-        const known = new Set(this.host.router.listWorkers().map((w) => w.id));
-        const load = decodeLoadSnapshot(msg.l);
-        for (const id of load.keys()) if (!known.has(id)) load.delete(id);
-        this.remote.replace(msg.r, load);
-        for (const id of known) this.applyRemote(id);
+        this.remote.replace(msg.r, decodeLoadSnapshot(msg.l));
+        for (const w of this.host.router.listWorkers()) this.applyRemote(w.id);
       } else if (msg.k === 'wa') {
         const id = msg.worker.id;
         if (this.removalsInFlight.has(id)) return; // announced before this replica's removal of it
@@ -862,6 +876,7 @@ export class RedisStateStore implements StateStore {
           }
         this.draining.delete(msg.id);
         if (this.host.listWorkers().some((w) => w.id === msg.id)) this.host.removeWorkerFromState(msg.id);
+        this.remote.forgetUnknownWorkers();
       } else if (msg.k === 'dr') {
         if (typeof msg.on !== 'boolean') return void this.counters.malformedMessages++;
         for (const h of this.hearing) if (h.past) h.drains.set(msg.id, msg.on);
@@ -1273,6 +1288,8 @@ export class RedisStateStore implements StateStore {
     for (const w of host.listWorkers())
       if (draining.has(w.id) !== this.draining.has(w.id)) host.drainWorkerFromState?.(w.id, draining.has(w.id));
     this.draining = draining;
+    // the tallies of workers removed here go with them
+    this.remote.forgetUnknownWorkers();
   }
 
   /**
@@ -1358,8 +1375,11 @@ export class RedisStateStore implements StateStore {
       this.counters.replicasSeen = replicas.length + 1;
       // replicas that stopped heartbeating: their requests are gone with them
       let changed = this.remote.retain(new Set(replicas));
-      // replicas not heard from yet (joined, or after an outage) start from their snapshot
-      const fresh = replicas.filter((r) => !this.remote.has(r));
+      // replicas not heard from yet (joined, or after an outage) start from their snapshot;
+      // past the replicas tallied, none is read (the rest are refused, and counted)
+      const unseen = replicas.filter((r) => !this.remote.has(r));
+      const fresh = unseen.slice(0, Math.max(0, MAX_REMOTE_REPLICAS - this.remote.size));
+      for (const r of unseen.slice(fresh.length)) this.remote.seed(r, new Map());
       const snapshots = await Promise.all(
         fresh.map((r) => this.unlessWrongKind(this.cmd.hgetall(this.key('load', r)), {}, `load:${r}`)),
       );

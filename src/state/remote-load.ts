@@ -4,9 +4,16 @@
  * their first token and end, and snapshots seed a replica not heard from yet. The router is given the sum over replicas;
  * dropping a replica (it stopped heartbeating) drops its requests with it. No I/O here, so
  * the bookkeeping is tested without Redis.
+ *
+ * What it holds is bounded whatever the peers send (anything on the fleet's Redis can publish
+ * on its channel): tallies are kept only for workers this router has (`workers`), a worker's tally
+ * is forgotten once it is back to nothing, and past MAX_REMOTE_REPLICAS replicas, or
+ * MAX_WORKERS workers with work of one replica, the rest is refused and counted (`refused`).
  */
 import type { InFlightLoad } from '../core/router/index.js';
 import { MAX_REMOTE_LOAD } from '../core/router/in-flight.js';
+import { MAX_WORKERS } from '../core/worker-registry.js';
+import type { StateStoreHost } from './state-store.js';
 
 /** One replica's work on one worker. */
 export interface WorkerTally {
@@ -30,28 +37,81 @@ export function isRemoteAmount(v: unknown): v is number {
   return typeof v === 'number' && v >= 0 && v <= MAX_REMOTE_AMOUNT;
 }
 
+/**
+ * Most other replicas (or gateway processes) whose tallies are kept at once: far past any fleet
+ * of router replicas (each replica keeps one connection to every engine), so only a buggy or
+ * hostile peer inventing replica ids reaches it. A replica past it is refused (counted in
+ * `refused`, said once through `onRefused`) until one tallied is dropped: with Redis, a
+ * replica that does not heartbeat is dropped at the next load sync.
+ */
+export const MAX_REMOTE_REPLICAS = 256;
+
+/**
+ * Longest replica id kept: a random id is 12 characters and a gateway process's a number, so
+ * a longer one is a peer's garbage, which MAX_REMOTE_REPLICAS copies of would weigh.
+ */
+export const MAX_REPLICA_ID_LENGTH = 256;
+
+export interface RemoteLoadOptions {
+  /**
+   * The ids of the workers this router has (its registry, read on each change): a change or
+   * snapshot entry of any other worker is dropped (counted in `unknownWorkers`). Default: every
+   * id is kept (the relay, which has no router, keeps what the processes send, within
+   * MAX_WORKERS per process).
+   */
+  workers?: () => Iterable<string>;
+  /** Told the first time something is refused (`refused`); later refusals are only counted. */
+  onRefused?: (why: string) => void;
+}
+
 export class RemoteLoad {
   private readonly replicas = new Map<string, ReplicaLoad>();
+  private readonly workers: (() => Iterable<string>) | undefined;
+  private readonly onRefused: ((why: string) => void) | undefined;
   /**
    * Sums sum() clamped to MAX_REMOTE_LOAD (other replicas claiming more work on a worker than
    * the router takes: a buggy or hostile peer): each such sum counts once.
    */
   clamped = 0;
+  /** Changes and snapshot entries dropped because they name a worker this router does not have (`workers`). */
+  unknownWorkers = 0;
+  /**
+   * Changes and snapshots refused at a bound: of a replica past MAX_REMOTE_REPLICAS or with an
+   * id past MAX_REPLICA_ID_LENGTH, or of a worker past MAX_WORKERS with work of one replica.
+   */
+  refused = 0;
+
+  constructor(options: RemoteLoadOptions = {}) {
+    this.workers = options.workers;
+    this.onRefused = options.onRefused;
+  }
 
   /**
-   * Adds a message's change to a replica's tally on a worker; counts never go below 0.
-   * Ignored (false) when a change is not a finite number (a malformed message); decided(),
-   * prefilled() and released() also ignore amounts that are not isRemoteAmount().
+   * Adds a message's change to a replica's tally on a worker; counts never go below 0, and a
+   * tally back to nothing is forgotten. Ignored (false) when a change is not a finite number
+   * (a malformed message), names a worker this router does not have, or is refused at a bound
+   * (see the class); decided(), prefilled() and released() also ignore amounts that are not
+   * isRemoteAmount().
    */
   add(replica: string, workerId: string, requests: number, prefill: number, decode: number): boolean {
     if (!(Number.isFinite(requests) && Number.isFinite(prefill) && Number.isFinite(decode))) return false;
-    let load = this.replicas.get(replica);
-    if (!load) this.replicas.set(replica, (load = new Map()));
-    const l = load.get(workerId) ?? { requests: 0, prefill: 0, decode: 0 };
+    if (!this.knows(workerId)) {
+      this.unknownWorkers++;
+      return false;
+    }
+    const load = this.replicas.get(replica) ?? this.admit(replica, new Map());
+    if (!load) return false;
+    let l = load.get(workerId);
+    if (!l) {
+      if (load.size >= MAX_WORKERS)
+        return this.refuse(`replica '${clip(replica)}' names more than ${MAX_WORKERS} workers with work`);
+      l = { requests: 0, prefill: 0, decode: 0 };
+    }
     l.requests = Math.max(0, l.requests + requests);
     l.prefill = Math.max(0, l.prefill + prefill);
     l.decode = Math.max(0, l.decode + decode);
-    load.set(workerId, l);
+    if (l.requests === 0 && l.prefill === 0 && l.decode === 0) load.delete(workerId);
+    else load.set(workerId, l);
     return true;
   }
 
@@ -108,14 +168,44 @@ export class RemoteLoad {
     return this.replicas.has(replica);
   }
 
-  /** Replaces a replica's tally with what it says it holds (it came back: messages of it may have been lost). */
-  replace(replica: string, load: ReplicaLoad): void {
-    this.replicas.set(replica, load);
+  /**
+   * Replaces a replica's tally with what it says it holds (it came back: messages of it may
+   * have been lost); entries of workers this router does not have are left out. False when the
+   * replica is refused (see the class).
+   */
+  replace(replica: string, load: ReplicaLoad): boolean {
+    const kept = this.within(replica, load);
+    if (this.replicas.has(replica)) this.replicas.set(replica, kept);
+    else if (!this.admit(replica, kept)) return false;
+    return true;
   }
 
-  /** Starts a replica from its snapshot, unless messages already started its tally. */
-  seed(replica: string, load: ReplicaLoad): void {
-    if (!this.replicas.has(replica)) this.replicas.set(replica, load);
+  /** Starts a replica from its snapshot (as replace()), unless messages already started its tally. */
+  seed(replica: string, load: ReplicaLoad): boolean {
+    return this.replicas.has(replica) || this.replace(replica, load);
+  }
+
+  /**
+   * Forgets every tally on a worker this router no longer has (`workers`), for the stores to call
+   * once a worker is removed: a tally kept for it would count again if it came back. True when
+   * one was forgotten.
+   */
+  forgetUnknownWorkers(): boolean {
+    const known = this.knownSet();
+    if (!known) return false;
+    let changed = false;
+    for (const load of this.replicas.values())
+      for (const id of load.keys())
+        if (!known.has(id)) {
+          load.delete(id);
+          changed = true;
+        }
+    return changed;
+  }
+
+  /** The replicas tallied now. */
+  get size(): number {
+    return this.replicas.size;
   }
 
   /** Every replica's tally on every worker. */
@@ -144,4 +234,62 @@ export class RemoteLoad {
   clear(): void {
     this.replicas.clear();
   }
+
+  /** Starts a replica's tally with `load`, unless that passes a bound: undefined then (refused, counted). */
+  private admit(replica: string, load: ReplicaLoad): ReplicaLoad | undefined {
+    if (replica.length > MAX_REPLICA_ID_LENGTH) {
+      this.refuse(`a replica id of ${replica.length} characters (at most ${MAX_REPLICA_ID_LENGTH})`);
+      return undefined;
+    }
+    if (this.replicas.size >= MAX_REMOTE_REPLICAS) {
+      this.refuse(`replica '${clip(replica)}' past the ${MAX_REMOTE_REPLICAS} replicas tallied`);
+      return undefined;
+    }
+    this.replicas.set(replica, load);
+    return load;
+  }
+
+  /** `load` without its entries of workers this router does not have, nor those past MAX_WORKERS, nor empty ones. */
+  private within(replica: string, load: ReplicaLoad): ReplicaLoad {
+    const kept: ReplicaLoad = new Map();
+    const known = this.knownSet();
+    for (const [id, l] of load) {
+      if (known && !known.has(id)) this.unknownWorkers++;
+      else if (l.requests === 0 && l.prefill === 0 && l.decode === 0) continue;
+      else if (kept.size >= MAX_WORKERS)
+        this.refuse(`replica '${clip(replica)}' names more than ${MAX_WORKERS} workers with work`);
+      else kept.set(id, l);
+    }
+    return kept;
+  }
+
+  /** Whether this router has the worker (one pass over its registry: one change needs no set built). */
+  private knows(workerId: string): boolean {
+    if (!this.workers) return true;
+    for (const id of this.workers()) if (id === workerId) return true;
+    return false;
+  }
+
+  /** The ids of the workers this router has, or undefined when every id is kept. */
+  private knownSet(): ReadonlySet<string> | undefined {
+    return this.workers && new Set(this.workers());
+  }
+
+  private refuse(why: string): false {
+    if (this.refused++ === 0) this.onRefused?.(why);
+    return false;
+  }
+}
+
+/**
+ * The ids of the workers a host's router has (a data-parallel rank's `ID#r`, as decisions name
+ * it): what the stores keep other replicas' load for (RemoteLoadOptions.workers).
+ */
+export function* routerWorkerIds(host: StateStoreHost | undefined): Generator<string> {
+  for (const w of host?.router.listWorkers() ?? []) yield w.id;
+}
+
+/** A peer's id for a log line: at most 64 characters. */
+function clip(id: string): string {
+  return id.length > 64 ? `${id.slice(0, 64)}…` : id;
 }

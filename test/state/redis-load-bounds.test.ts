@@ -4,6 +4,7 @@ import { Redis } from 'ioredis';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { MAX_REMOTE_LOAD } from '../../src/core/router/in-flight.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { MAX_REMOTE_REPLICAS, MAX_REPLICA_ID_LENGTH, type RemoteLoad } from '../../src/state/remote-load.js';
 import { encodeLoadEntry } from '../../src/state/redis-wire.js';
 import { REDIS_URL, redisRouters } from '../helpers/redis-routers.js';
 import { channelOf, fixedWorkersHost, testPrefixes } from '../helpers/state-host.js';
@@ -103,4 +104,45 @@ test("a worker named __proto__ has its load in this replica's snapshot, and the 
   const b = await replica('P2', ['__proto__', 'constructor'], 20, a.prefix);
   await until(() => b.view(d.workerId).inFlightRequests === 1, "B to count A's request");
   assert.equal(b.view(d.workerId).queuedPrefillTokens, 64);
+});
+
+test('tallies are kept only for workers this replica has, and for at most MAX_REMOTE_REPLICAS replicas; the refusal is logged once', async () => {
+  const { router, store, logs, view } = await replica('T', ['e0'], 60_000);
+  const channel = channelOf(store);
+  const remote = (store as unknown as { remote: RemoteLoad }).remote;
+  const send = (m: object) => redis.publish(channel, JSON.stringify({ k: 'd', h: '', q: 1, ...m }));
+  // well-formed ids no worker here has: nothing kept
+  for (let i = 0; i < 500; i++) await send({ r: 'x', w: `nowhere-${i}` });
+  // more replica ids than are tallied, each with one request on e0
+  for (let i = 0; i < MAX_REMOTE_REPLICAS + 20; i++) await send({ r: `peer-${i}`, w: 'e0' });
+  await until(
+    () => (store.stats().remoteLoadUnknownWorkers as number) + (store.stats().remoteLoadRefused as number) >= 520,
+    'every message to be taken or refused',
+  );
+  assert.equal(store.stats().remoteLoadUnknownWorkers, 500);
+  assert.equal(store.stats().remoteLoadRefused, 20);
+  assert.equal(remote.size, MAX_REMOTE_REPLICAS);
+  assert.deepEqual([...new Set([...remote.entries()].map(([, id]) => id))], ['e0']);
+  await until(() => view('e0').inFlightRequests === MAX_REMOTE_REPLICAS, "the tallied replicas' requests on e0");
+  assert.equal(logs.filter((l) => l.includes('refused past a bound')).length, 1, logs.join('\n'));
+  assert.equal(store.stats().malformedMessages, 0);
+  // a worker registered here later counts from the next messages about it
+  router.registerWorker('late');
+  await send({ r: 'peer-0', w: 'late', q: 30 });
+  await until(() => view('late').inFlightRequests === 1, "the late worker's request");
+  assert.equal(view('late').queuedPrefillTokens, 30);
+  // and a worker removed here has its tallies forgotten
+  router.removeWorker('late');
+  store.workerRemoved('late', { record: false });
+  assert.equal(
+    [...remote.entries()].some(([, id]) => id === 'late'),
+    false,
+  );
+});
+
+test('a replica id the others would refuse is refused when the store is made', () => {
+  assert.throws(
+    () => new RedisStateStore({ url: REDIS_URL, replicaId: 'r'.repeat(MAX_REPLICA_ID_LENGTH + 1) }),
+    /replicaId must be at most 256 characters/,
+  );
 });

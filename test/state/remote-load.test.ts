@@ -2,7 +2,13 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { decodeLoadSnapshot, encodeLoadEntry } from '../../src/state/redis-wire.js';
 import { MAX_REMOTE_LOAD } from '../../src/core/router/in-flight.js';
-import { MAX_REMOTE_AMOUNT, RemoteLoad } from '../../src/state/remote-load.js';
+import { MAX_WORKERS } from '../../src/core/worker-registry.js';
+import {
+  MAX_REMOTE_AMOUNT,
+  MAX_REMOTE_REPLICAS,
+  MAX_REPLICA_ID_LENGTH,
+  RemoteLoad,
+} from '../../src/state/remote-load.js';
 
 describe('RemoteLoad', () => {
   test('decisions and releases move one replica’s tally; the sum covers every replica', () => {
@@ -116,5 +122,90 @@ describe('RemoteLoad', () => {
     const load = decodeLoadSnapshot(hash);
     assert.deepEqual([...load.keys()].sort(), ['__proto__', 'constructor', 'x'.repeat(256)].sort());
     assert.deepEqual(load.get('__proto__'), { requests: 1, prefill: 2, decode: 3 });
+  });
+
+  test('tallies are kept only for workers this router has; one registered later counts from the next messages', () => {
+    const workers = new Set(['w1']);
+    const r = new RemoteLoad({ workers: () => workers });
+    assert.equal(r.decided('a', 'w1', 10), true);
+    // any well-formed id another replica names, none of them here
+    for (let i = 0; i < 1000; i++) assert.equal(r.decided('a', `not-here-${i}`, 10), false);
+    r.seed('b', decodeLoadSnapshot({ w1: encodeLoadEntry(1, 5, 0), w9: encodeLoadEntry(3, 30, 0) }));
+    r.replace('c', decodeLoadSnapshot({ w9: encodeLoadEntry(2, 20, 0) }));
+    assert.equal(r.unknownWorkers, 1002);
+    assert.deepEqual(
+      [...r.entries()].map(([replica, id]) => `${replica}/${id}`),
+      ['a/w1', 'b/w1'],
+    );
+    // w9 registered here: what the others had on it before is not counted, what follows is
+    workers.add('w9');
+    assert.deepEqual(r.sum('w9'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+    assert.equal(r.decided('b', 'w9', 7), true);
+    assert.deepEqual(r.sum('w9'), { inFlightRequests: 1, queuedPrefillTokens: 7, activeDecodeTokens: 0 });
+    // and what a replica seeded from now on says of it
+    r.seed('d', decodeLoadSnapshot({ w9: encodeLoadEntry(2, 20, 0) }));
+    assert.deepEqual(r.sum('w9'), { inFlightRequests: 3, queuedPrefillTokens: 27, activeDecodeTokens: 0 });
+    // removed here: its tallies are forgotten, so it starts from nothing if it comes back
+    workers.delete('w9');
+    assert.equal(r.forgetUnknownWorkers(), true);
+    assert.equal(r.forgetUnknownWorkers(), false);
+    workers.add('w9');
+    assert.deepEqual(r.sum('w9'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+    assert.equal(r.refused, 0);
+  });
+
+  test('a tally back to nothing is forgotten', () => {
+    const r = new RemoteLoad();
+    for (let i = 0; i < 100; i++) r.decided('a', `w${i}`, 10);
+    r.prefilled('a', 'w0', 10, 40);
+    for (let i = 0; i < 100; i++) r.released('a', `w${i}`, 10, i === 0 ? 40 : undefined);
+    assert.equal([...r.entries()].length, 0);
+    assert.equal(r.has('a'), true);
+  });
+
+  test(`past ${MAX_REMOTE_REPLICAS} replicas, or a replica id past ${MAX_REPLICA_ID_LENGTH} characters, the rest is refused, counted and said once`, () => {
+    const said: string[] = [];
+    const r = new RemoteLoad({ workers: () => ['w1'], onRefused: (why) => said.push(why) });
+    for (let i = 0; i < MAX_REMOTE_REPLICAS; i++) assert.equal(r.decided(`r${i}`, 'w1', 1), true);
+    assert.equal(r.decided('one-too-many', 'w1', 1), false);
+    assert.equal(r.seed('another', decodeLoadSnapshot({ w1: encodeLoadEntry(1, 1, 0) })), false);
+    assert.equal(r.replace('and-another', decodeLoadSnapshot({ w1: encodeLoadEntry(1, 1, 0) })), false);
+    assert.equal(r.size, MAX_REMOTE_REPLICAS);
+    assert.equal(r.has('one-too-many'), false);
+    assert.deepEqual(r.sum('w1'), {
+      inFlightRequests: MAX_REMOTE_REPLICAS,
+      queuedPrefillTokens: MAX_REMOTE_REPLICAS,
+      activeDecodeTokens: 0,
+    });
+    // those tallied still move
+    assert.equal(r.released('r0', 'w1', 1, undefined), true);
+    assert.equal(r.refused, 3);
+    assert.equal(said.length, 1);
+    assert.match(said[0], /one-too-many.*256 replicas/);
+    // one dropped (it stopped heartbeating): a new one takes its place
+    r.drop('r1');
+    assert.equal(r.decided('one-too-many', 'w1', 1), true);
+    r.clear();
+    assert.equal(r.decided('x'.repeat(MAX_REPLICA_ID_LENGTH + 1), 'w1', 1), false);
+    assert.equal(r.decided('x'.repeat(MAX_REPLICA_ID_LENGTH), 'w1', 1), true);
+    assert.equal(r.refused, 4);
+  });
+
+  test(`one replica's work on more than ${MAX_WORKERS} workers (what a router holds) is refused past them`, () => {
+    // the relay's tally: no registry to keep to
+    const r = new RemoteLoad();
+    for (let i = 0; i < MAX_WORKERS; i++) assert.equal(r.decided('a', `w${i}`, 1), true);
+    assert.equal(r.decided('a', 'one-more', 1), false);
+    assert.equal(r.decided('b', 'one-more', 1), true);
+    assert.equal(r.refused, 1);
+    // a worker whose work ended makes room
+    r.released('a', 'w0', 1, undefined);
+    assert.equal(r.decided('a', 'one-more', 1), true);
+    const big = new Map(
+      Array.from({ length: MAX_WORKERS + 5 }, (_, i) => [`w${i}`, { requests: 1, prefill: 1, decode: 0 }]),
+    );
+    assert.equal(r.replace('c', big), true);
+    assert.equal([...r.entries()].filter(([replica]) => replica === 'c').length, MAX_WORKERS);
+    assert.equal(r.refused, 6);
   });
 });
