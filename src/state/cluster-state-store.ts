@@ -1,6 +1,25 @@
 import { LRUCache } from 'lru-cache';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import { RemoteLoad, routerWorkerIds } from './remote-load.js';
+import { isWorkerId } from '../core/validate.js';
+import {
+  DECIDED,
+  hasShape,
+  isFlag,
+  isText,
+  isWorkerRecord,
+  isWorkflowStep,
+  KV_EVENTS,
+  optional,
+  PREFILLED,
+  REFUSED,
+  RELEASED,
+  WORKER_ADDED,
+  WORKER_REMOVED,
+  workerDrained,
+  type FieldCheck,
+  type Shape,
+} from './message-checks.js';
 import { decisionIdOf, writeDecisionFields, type DecisionFields } from './redis-wire.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
 
@@ -80,6 +99,68 @@ export interface ClusterStateOptions {
 
 function isMessage(m: unknown): m is ClusterMessage {
   return m !== null && typeof m === 'object' && typeof (m as { cf?: unknown }).cf === 'string';
+}
+
+const isArray: FieldCheck = (v) => Array.isArray(v);
+const isNumber: FieldCheck = (v) => typeof v === 'number';
+const isHashHalf: FieldCheck = (v) => v instanceof Uint32Array;
+/** A workflow id, as the router takes one: a non-empty string. */
+const isWorkflowId: FieldCheck = (v) => typeof v === 'string' && v !== '';
+
+/**
+ * The shape each kind of message must have beside `cf`: the fields the Redis channel carries
+ * too are checked by the same rules (message-checks.ts), so a defect in one process (a bad id,
+ * an amount out of range, a field of the wrong kind) is counted and dropped by the relay and by
+ * every process, and corrupts no other's index or tallies. What a decision adds to the index
+ * beside these the router checks as it applies it (applySharedDecision()).
+ */
+const SHAPES: { readonly [K in ClusterMessage['cf']]: Shape } = {
+  decision: {
+    ...DECIDED,
+    hi: isHashHalf,
+    lo: isHashHalf,
+    wf: optional(isWorkflowId),
+    s: isWorkflowStep,
+    claim: optional(isFlag),
+  },
+  prefilled: PREFILLED,
+  released: RELEASED,
+  refused: REFUSED,
+  'worker-added': WORKER_ADDED,
+  'worker-removed': { ...WORKER_REMOVED, record: optional(isFlag) },
+  'worker-drained': workerDrained('draining'),
+  'kv-events': KV_EVENTS,
+  'workflow?': { r: isText, q: isNumber, id: isWorkflowId },
+  workflow: { q: isNumber, id: isWorkflowId, w: optional(isWorkerId), s: isWorkflowStep },
+  hello: { r: isText, ttl: optional((v) => typeof v === 'number' && v > 0 && Number.isFinite(v)) },
+  snapshot: {
+    workers: isArray,
+    workflows: isArray,
+    decisions: isArray,
+    loads: isArray,
+    draining: optional(isArray),
+    removed: optional(isArray),
+  },
+  gone: { r: isText },
+  batch: { m: isArray },
+};
+
+/** Whether a message has its kind's shape (a decision's two halves also of one length). */
+function isWellFormed(m: ClusterMessage): boolean {
+  if (!Object.hasOwn(SHAPES, m.cf) || !hasShape(m, SHAPES[m.cf])) return false;
+  return m.cf !== 'decision' || m.hi.length === m.lo.length;
+}
+
+/** A start snapshot's workflow entry: [workflow, worker, step]. */
+function isWorkflowEntry(e: unknown): e is [string, string, number | null] {
+  return Array.isArray(e) && isWorkflowId(e[0]) && isWorkerId(e[1]) && isWorkflowStep(e[2]);
+}
+
+/** A start snapshot's load entry: [process, worker, requests, prefill, decode] (RemoteLoad.add() checks the amounts). */
+function isLoadEntry(e: unknown): e is [string, string, number, number, number | undefined] {
+  return (
+    Array.isArray(e) && isText(e[0]) && isWorkerId(e[1]) && isNumber(e[2]) && isNumber(e[3]) && optional(isNumber)(e[4])
+  );
 }
 
 /** Messages to one destination, sent as one batch per turn of the event loop (see above). */
@@ -282,12 +363,14 @@ export class ClusterStateStore implements StateStore {
 
   private onMessage(m: unknown): void {
     if (!isMessage(m) || !this.host) return;
+    if (!isWellFormed(m)) return void this.counters.malformedMessages++;
     const host = this.host;
     try {
       switch (m.cf) {
         case 'batch':
-          if (Array.isArray(m.m))
-            for (const inner of m.m) if (isMessage(inner) && inner.cf !== 'batch') this.onMessage(inner);
+          for (const inner of m.m)
+            if (isMessage(inner) && inner.cf !== 'batch') this.onMessage(inner);
+            else this.counters.malformedMessages++;
           return;
         case 'decision':
           if (m.r === this.replicaId) return;
@@ -319,15 +402,11 @@ export class ClusterStateStore implements StateStore {
           }
           return;
         case 'worker-drained':
-          if (
-            m.r !== this.replicaId &&
-            typeof m.draining === 'boolean' &&
-            host.listWorkers().some((w) => w.id === m.id)
-          )
+          if (m.r !== this.replicaId && host.listWorkers().some((w) => w.id === m.id))
             host.drainWorkerFromState?.(m.id, m.draining);
           return;
         case 'kv-events':
-          if (m.r !== this.replicaId && typeof m.w === 'string') host.applyKvEventsFromState?.(m.w, m.events);
+          if (m.r !== this.replicaId) host.applyKvEventsFromState?.(m.w, m.events);
           return;
         case 'workflow': {
           // the relay's word wins: it is the first step any process routed
@@ -344,20 +423,26 @@ export class ClusterStateStore implements StateStore {
           if (this.remote.drop(m.r)) for (const w of host.router.listWorkers()) this.applyRemote(w.id);
           return;
         case 'snapshot': {
+          // each entry checked on its own: one malformed entry is counted, the rest still loads
+          const valid = <T>(entries: readonly unknown[], check: (e: unknown) => e is T): T[] =>
+            entries.filter((e): e is T => check(e) || (this.counters.malformedMessages++, false));
+          const isDecision = (d: unknown): d is ClusterDecision =>
+            isMessage(d) && d.cf === 'decision' && isWellFormed(d);
           // the shared registry wins over this process's flags: a worker removed through the
           // admin API stays removed when a process configured with it (re)starts
-          const removed = new Set(m.removed ?? []);
+          const removed = new Set(valid(m.removed ?? [], isWorkerId));
           for (const w of [...host.listWorkers()]) if (removed.has(w.id)) host.removeWorkerFromState(w.id);
           this.remote.forgetUnknownWorkers();
-          for (const w of m.workers) if (!host.listWorkers().some((x) => x.id === w.id)) host.addWorkerFromState(w);
-          this.registered = new Set(m.workers.map((w) => w.id));
-          for (const id of m.draining ?? [])
+          const workers = valid(m.workers, isWorkerRecord);
+          for (const w of workers) if (!host.listWorkers().some((x) => x.id === w.id)) host.addWorkerFromState(w);
+          this.registered = new Set(workers.map((w) => w.id));
+          for (const id of valid(m.draining ?? [], isWorkerId))
             if (host.listWorkers().some((w) => w.id === id)) host.drainWorkerFromState?.(id, true);
-          for (const [id, w, s] of m.workflows) host.router.setWorkflowAffinity(id, w, s);
+          for (const [id, w, s] of valid(m.workflows, isWorkflowEntry)) host.router.setWorkflowAffinity(id, w, s);
           // not kept to withdraw: whether they are past refusal was not heard here
-          for (const d of m.decisions)
-            if (d.r !== this.replicaId) this.apply({ ...d, wf: undefined, s: undefined, i: undefined });
-          for (const [replica, worker, requests, prefill, decode] of m.loads)
+          for (const d of valid(m.decisions, isDecision))
+            if (d.r !== this.replicaId) this.applyOne({ ...d, wf: undefined, s: undefined, i: undefined });
+          for (const [replica, worker, requests, prefill, decode] of valid(m.loads, isLoadEntry))
             if (replica !== this.replicaId && this.remote.add(replica, worker, requests, prefill, decode ?? 0))
               this.applyRemote(worker);
           this.snapshotArrived?.();
@@ -375,6 +460,15 @@ export class ClusterStateStore implements StateStore {
   private applyRemote(workerId: string): void {
     const router = this.host!.router;
     if (router.listWorkers().some((w) => w.id === workerId)) router.setRemoteLoad(workerId, this.remote.sum(workerId));
+  }
+
+  /** apply(), a malformed decision counted (one of a snapshot's: the rest still loads). */
+  private applyOne(m: ClusterDecision): void {
+    try {
+      this.apply(m);
+    } catch {
+      this.counters.malformedMessages++;
+    }
   }
 
   private apply(m: ClusterDecision): void {
@@ -469,9 +563,12 @@ export class ClusterRelay {
     if (!isMessage(m)) return;
     const peer = this.peers.get(from)?.outbox;
     if (!peer) return;
+    // checked as every process checks it (isWellFormed): what the relay keeps and passes on is
+    // well formed, and names its sender, so one process's defect costs no other its tallies
+    const r = (m as { r?: unknown }).r;
+    if (!isWellFormed(m) || (r !== undefined && r !== from)) return void this.counters.malformed++;
     switch (m.cf) {
       case 'batch':
-        if (!Array.isArray(m.m)) return void this.counters.malformed++;
         for (const inner of m.m) {
           if (isMessage(inner) && inner.cf !== 'batch') this.receive(from, inner);
           else this.counters.malformed++;
@@ -545,7 +642,7 @@ export class ClusterRelay {
         return;
       }
       case 'hello':
-        peer.now(this.snapshot(from, typeof m.ttl === 'number' ? m.ttl : this.ttlMs));
+        peer.now(this.snapshot(from, m.ttl ?? this.ttlMs));
         return;
       default:
         this.counters.malformed++;

@@ -17,7 +17,7 @@ import {
   encodeRefused,
   encodeReleased,
   encodeWorkflow,
-  namesWorker,
+  isWellFormed,
   parseWorkflow,
   RedisKeys,
   type WireDecision,
@@ -842,8 +842,8 @@ export class RedisStateStore implements StateStore {
     // this replica's own removal, heard back: what was announced before it has been heard
     if (msg.r === this.replicaId && msg.k === 'wr') this.removalsInFlight.delete(msg.id);
     if (msg.r === this.replicaId || !this.host) return;
-    // the worker a message names is checked as the router checks one given through its API
-    if (!namesWorker(msg)) return void this.counters.malformedMessages++;
+    // its worker as the router checks one given through its API, its amounts and flags (as the process channel's)
+    if (!isWellFormed(msg)) return void this.counters.malformedMessages++;
     try {
       if (msg.k === 'd') {
         this.applyDecision(msg);
@@ -878,7 +878,6 @@ export class RedisStateStore implements StateStore {
         if (this.host.listWorkers().some((w) => w.id === msg.id)) this.host.removeWorkerFromState(msg.id);
         this.remote.forgetUnknownWorkers();
       } else if (msg.k === 'dr') {
-        if (typeof msg.on !== 'boolean') return void this.counters.malformedMessages++;
         for (const h of this.hearing) if (h.past) h.drains.set(msg.id, msg.on);
         if (msg.on) this.draining.add(msg.id);
         else this.draining.delete(msg.id);

@@ -11,6 +11,19 @@ import type { WorkerRecord } from './state-store.js';
 import { isRemoteAmount, type ReplicaLoad } from './remote-load.js';
 import { hashHex } from '../core/hashing.js';
 import { isWorkerId } from '../core/validate.js';
+import {
+  DECIDED,
+  hasShape,
+  isWorkflowStep,
+  KV_EVENTS,
+  PREFILLED,
+  REFUSED,
+  RELEASED,
+  WORKER_ADDED,
+  WORKER_REMOVED,
+  workerDrained,
+  type Shape,
+} from './message-checks.js';
 
 /** A decision on the wire: short keys, block hashes as base64 of (hi, lo) uint32 pairs. */
 export interface WireDecision extends DecisionFields {
@@ -221,27 +234,25 @@ export function decisionIdOf(msg: { r: string; i?: unknown }): string | undefine
   return typeof msg.i === 'string' ? `${msg.r}/${msg.i}` : undefined;
 }
 
+/** The shape each kind of message must have (message-checks.ts, as the process channel's): one failing it is malformed. */
+const SHAPES: Partial<Record<WireMessage['k'], Shape>> = {
+  d: DECIDED,
+  pd: PREFILLED,
+  rl: RELEASED,
+  rf: REFUSED,
+  ev: KV_EVENTS,
+  wa: WORKER_ADDED,
+  wr: WORKER_REMOVED,
+  dr: workerDrained('on'),
+};
+
 /**
- * Whether the worker a message names (`w`, `id`, or its worker record's id) is one the router
- * takes through its API (isWorkerId): a message naming anything else is malformed. True for
- * the messages that name none.
+ * Whether a message has its kind's shape: the worker it names (`w`, `id`, or its worker
+ * record's id) one the router takes through its API (isWorkerId), its amounts in range
+ * (isRemoteAmount), its decision id and flags of their kinds. True for kinds without one.
  */
-export function namesWorker(msg: WireMessage): boolean {
-  switch (msg.k) {
-    case 'd':
-    case 'pd':
-    case 'rl':
-    case 'rf':
-    case 'ev':
-      return isWorkerId(msg.w);
-    case 'wr':
-    case 'dr':
-      return isWorkerId(msg.id);
-    case 'wa':
-      return msg.worker !== null && typeof msg.worker === 'object' && isWorkerId(msg.worker.id);
-    default:
-      return true;
-  }
+export function isWellFormed(msg: WireMessage): boolean {
+  return !Object.hasOwn(SHAPES, msg.k) || hasShape(msg, SHAPES[msg.k]!);
 }
 
 /** Parses a channel message; throws on anything that is not an object with a replica id. */
@@ -264,7 +275,7 @@ export function parseWorkflow(value: string): { w: string; s: number | null } | 
   try {
     const v = JSON.parse(value) as { w?: unknown; s?: unknown } | null;
     if (v === null || typeof v !== 'object' || !isWorkerId(v.w)) return undefined;
-    return { w: v.w, s: typeof v.s === 'number' && Number.isInteger(v.s) && v.s >= 0 ? v.s : null };
+    return { w: v.w, s: isWorkflowStep(v.s) ? (v.s ?? null) : null };
   } catch {
     return undefined;
   }

@@ -411,3 +411,124 @@ test("a process tells the relay its router's prediction lifetime when it starts"
   assert.equal(new KVAwareRouter({ predictionTtlMs: 777 }).predictionTtlMs, 777);
   await store.close();
 });
+
+test('the relay counts and drops what a process sends malformed, as the Redis channel does; the rest still works', async () => {
+  const {
+    relay,
+    processes: [a, b],
+  } = fleet(2);
+  await Promise.all([a.store.attach(a.host), b.store.attach(b.host)]);
+  const blocks = { hi: Uint32Array.of(1, 2), lo: Uint32Array.of(3, 4) };
+  const bad: unknown[] = [
+    { cf: 'decision', r: a.id, w: 'x'.repeat(257), ...blocks, q: 10 },
+    { cf: 'decision', r: a.id, w: '\uD800', ...blocks },
+    { cf: 'decision', r: a.id, w: 'e0', q: 10 }, // no blocks: the relay read hi.length of nothing
+    { cf: 'decision', r: a.id, w: 'e0', hi: Uint32Array.of(1), lo: Uint32Array.of(1, 2) },
+    { cf: 'decision', r: a.id, w: 'e0', ...blocks, q: -1 },
+    { cf: 'decision', r: a.id, w: 'e0', ...blocks, wf: { a: 1 } },
+    { cf: 'decision', r: a.id, w: 'e0', ...blocks, wf: 'wf-bad', s: 1.5 },
+    { cf: 'decision', r: b.id, w: 'e0', ...blocks, q: 10 }, // in another process's name
+    { cf: 'prefilled', r: a.id, w: 'e0', q: 10, d: Number.NaN },
+    { cf: 'released', r: a.id, w: 'e0', q: 2 ** 41 },
+    { cf: 'refused', r: a.id, w: 'e0', i: 5 },
+    { cf: 'worker-added', r: a.id, worker: { id: '', url: 'http://x' } },
+    { cf: 'worker-removed', r: a.id, id: 7 },
+    { cf: 'worker-drained', r: a.id, id: 'e0', draining: 'yes' },
+    { cf: 'kv-events', r: a.id, w: null, events: [] },
+    { cf: 'workflow?', r: a.id, q: 1, id: '' },
+    { cf: 'hello', r: a.id, ttl: Number.NaN },
+    { cf: 'batch', m: 'not a list' },
+  ];
+  for (const m of bad) relay.receive(a.id, m);
+  assert.equal(relay.counters.malformed, bad.length);
+  assert.equal(relay.counters.relayed, 0);
+  await settle();
+  const e0 = () => b.router.listWorkers().find((w) => w.id === 'e0')!;
+  assert.equal(e0().inFlightRequests, 0);
+  assert.equal(b.router.getStats().index.entries, 0);
+  assert.equal(b.router.workflowAffinity('wf-bad'), undefined);
+  assert.deepEqual(drainingAt(b.router), []);
+  assert.equal(b.store.stats().malformedMessages, 0, 'nothing malformed relayed');
+  // a well-formed one still goes through
+  relay.receive(a.id, { cf: 'decision', r: a.id, w: 'e0', ...blocks, q: 10 });
+  await settle();
+  assert.equal(e0().inFlightRequests, 1);
+  assert.equal(b.router.getStats().index.entries, 2);
+});
+
+test('a process counts and drops what the relay passes on malformed; a start snapshot keeps its well-formed entries', async () => {
+  const listeners = new Set<(m: unknown) => void>();
+  const store = new ClusterStateStore({
+    replicaId: '9',
+    timeoutMs: 20,
+    channel: { send: () => {}, onMessage: (l) => void listeners.add(l), offMessage: (l) => void listeners.delete(l) },
+  });
+  const router = new KVAwareRouter({ policy: 'cost' });
+  const { host } = workerHost(router, ['e0', 'e1']);
+  const attached = store.attach(host);
+  const deliver = (m: unknown) => {
+    for (const l of listeners) l(structuredClone(m));
+  };
+  const blocks = { hi: Uint32Array.of(1, 2), lo: Uint32Array.of(3, 4) };
+  deliver({
+    cf: 'snapshot',
+    workers: [
+      { id: 'x'.repeat(257), url: 'http://x' },
+      { id: 'e2', url: 'http://e2' },
+    ],
+    workflows: [
+      ['wf-good', 'e1', 2],
+      ['wf-bad', 'e1', -1],
+      ['', 'e1', null],
+    ],
+    decisions: [
+      { cf: 'decision', r: '1', w: 'e0', ...blocks },
+      { cf: 'decision', r: '1', w: 'e0', hi: 'no' },
+      { cf: 'decision', r: '1', w: 'e0', ...blocks, ca: 'passages' },
+    ],
+    loads: [
+      ['1', 'e0', 2, 20, 0],
+      ['1', '\uD800', 2, 20, 0],
+      ['1', 'e1', '2', 20, 0],
+    ],
+    draining: ['e1', 5],
+    removed: [null],
+  });
+  await attached;
+  // a worker, two workflows, two decisions, two loads, a drain, a removal
+  const malformedAtStart = 9;
+  assert.equal(store.stats().malformedMessages, malformedAtStart);
+  assert.deepEqual(
+    router.listWorkers().map((w) => w.id),
+    ['e0', 'e1', 'e2'],
+  );
+  assert.deepEqual(router.workflowAffinity('wf-good'), { workerId: 'e1', step: 2 });
+  assert.equal(router.workflowAffinity('wf-bad'), undefined);
+  assert.equal(router.getStats().index.entries, 2);
+  const on = (id: string) => router.listWorkers().find((w) => w.id === id)!;
+  assert.equal(on('e0').inFlightRequests, 2);
+  assert.equal(on('e1').inFlightRequests, 0);
+  assert.deepEqual(drainingAt(router), ['e1']);
+  // messages after the start, alone and in a batch
+  const bad: unknown[] = [
+    { cf: 'prefilled', r: '1', w: 'e0', q: -5, d: 1 },
+    { cf: 'released', r: '1', w: 'x'.repeat(300), q: 1 },
+    { cf: 'released', r: '1', w: 'e0', q: 1, d: Number.POSITIVE_INFINITY },
+    { cf: 'worker-removed', r: '1', id: { id: 'e0' } },
+    { cf: 'worker-drained', r: '1', id: 'e0', draining: 1 },
+    { cf: 'workflow', q: 0, id: 'wf-x', w: '' },
+    { cf: 'gone', r: 3 },
+  ];
+  deliver({ cf: 'batch', m: [...bad, 'not a message'] });
+  for (const m of bad) deliver(m);
+  await settle();
+  assert.equal(store.stats().malformedMessages, malformedAtStart + 2 * bad.length + 1);
+  assert.equal(on('e0').inFlightRequests, 2);
+  assert.equal(on('e0').queuedPrefillTokens, 20);
+  assert.deepEqual(drainingAt(router), ['e1']);
+  assert.equal(router.workflowAffinity('wf-x'), undefined);
+  // a well-formed release still counts
+  deliver({ cf: 'released', r: '1', w: 'e0', q: 10 });
+  assert.equal(on('e0').inFlightRequests, 1);
+  await store.close();
+});

@@ -52,7 +52,7 @@ test('decisions with fields of the wrong type or range are counted and apply not
   assert.equal(router.getStats().index.entries, 2);
 });
 
-test('load amounts out of range move nothing; later messages still update the view', async () => {
+test('messages with load amounts out of range are counted and move nothing; later messages still update the view', async () => {
   const { router, store } = await routers.replica('C');
   const channel = channelOf(store);
   const load = () => router.listWorkers()[0];
@@ -67,6 +67,8 @@ test('load amounts out of range move nothing; later messages still update the vi
   await until(() => load().inFlightRequests > 0, 'the good decision to count');
   assert.equal(load().inFlightRequests, 1);
   assert.equal(load().queuedPrefillTokens, 300);
+  // each counted among the malformed, as the process channel counts them (message-checks.ts)
+  assert.equal(store.stats().malformedMessages, 5);
   await send({ r: 'z', k: 'rl', q: 300 });
   await until(() => load().inFlightRequests === 0, 'its release to count');
   assert.equal(load().queuedPrefillTokens, 0);
