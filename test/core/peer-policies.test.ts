@@ -241,10 +241,11 @@ describe('peer and baseline policies', () => {
     // 4 of 10 blocks matched: 0.4 > 0.3 → the matching worker, although the index says nothing
     const r = request(10, 16, [...range(1, 4), ...range(50, 6)]);
     assert.deepEqual([p.choose(cs, r).index, p.choose(cs, r).reason], [1, 'cache-match']);
-    // the same 4 blocks in a prompt twice as long (text past the hashed blocks): 0.2 → smallest tree
+    // the same 4 blocks in a prompt twice as long (text past the hashed blocks): 0.2 → the least loaded
     const long = { ...r, promptTokens: 20 * 16 };
     assert.equal(p.choose(cs, long).reason, 'least-loaded');
-    assert.notEqual(p.choose(cs, long).index, 1, 'worker 1 has the biggest tree');
+    const busy = candidates([{ inFlight: 2 }, { inFlight: 1 }, { inFlight: 3 }]);
+    assert.equal(p.choose(busy, long).index, 1, 'worker 1 has the biggest tree but the fewest requests');
     // exactly 0.3 is not above the threshold
     const edge = request(10, 16, [...range(1, 3), ...range(70, 7)]);
     assert.equal(p.choose(cs, edge).reason, 'least-loaded');
@@ -279,7 +280,7 @@ describe('peer and baseline policies', () => {
     assert.equal(explain[slot].terms.matchRate, 1, 'the recent prompt survives');
   });
 
-  test("sglang: upstream's own cases (cache_aware.rs tests): repeat and prefix go home; imbalance wins; a cache miss takes the smallest tree even if it is busy", () => {
+  test("sglang: upstream's own cases (cache_aware.rs tests): repeat and prefix go home; imbalance wins; a cache miss takes the least-loaded worker, not the smallest tree", () => {
     const p = policy('sglang', { sglang: { cacheThreshold: 0.5 } }) as SglangPolicy;
     const cs = candidates([{}, {}]);
     const first = p.choose(cs, request(8, 16, range(1, 8))).index;
@@ -292,14 +293,32 @@ describe('peer and baseline policies', () => {
     const loaded = candidates([{ inFlight: 20 }, {}]);
     imbalanced.onRouted(loaded[0].worker, request(4, 16, range(1, 4)), 0, 0);
     for (let i = 0; i < 5; i++) assert.equal(imbalanced.choose(loaded, request(4, 16, range(1, 4))).index, 1);
-    // test_prove_cache_aware_overload_flaw: load 50 vs 0 under thresholds 100 / 10, a short tree vs a long one
+    // load 50 vs 0 under thresholds 100 / 10 (balanced), a short tree vs a long one: the miss
+    // goes to the idle worker, whatever its tree (before sgl-project/sglang#14650 it went to the
+    // busy worker with the smaller tree)
     const flaw = policy('sglang', {
       sglang: { cacheThreshold: 0.5, balanceAbsThreshold: 100, balanceRelThreshold: 10 },
     }) as SglangPolicy;
     const pair = candidates([{ inFlight: 50 }, {}]);
     flaw.onRouted(pair[0].worker, request(1, 16, [500]), 0, 0);
     flaw.onRouted(pair[1].worker, request(60, 16, range(600, 60)), 0, 0);
-    assert.equal(flaw.choose(pair, request(3, 16, range(900, 3))).index, 0);
+    assert.deepEqual(flaw.choose(pair, request(3, 16, range(900, 3))), {
+      index: 1,
+      confidence: 0,
+      reason: 'least-loaded',
+    });
+  });
+
+  test('sglang: a cache miss among equally loaded workers is drawn at random (seeded, so runs repeat)', () => {
+    const cs = candidates([{ inFlight: 1 }, {}, {}, {}, { inFlight: 1 }]);
+    const draw = (p: SglangPolicy) =>
+      Array.from({ length: 200 }, (_, k) => p.choose(cs, request(4, 16, range(1000 + 10 * k, 4))).index);
+    const picks = draw(policy('sglang') as SglangPolicy);
+    assert.deepEqual([...new Set(picks)].sort(), [1, 2, 3], 'every idle worker is drawn, no busy one');
+    assert.deepEqual(draw(policy('sglang') as SglangPolicy), picks, 'the same seed draws the same workers');
+    // the imbalance branch keeps the first least-loaded worker (upstream's min_by_key)
+    const skew = candidates([{ inFlight: 100 }, {}, {}]);
+    for (let k = 0; k < 20; k++) assert.equal(policy('sglang').choose(skew, request(4)).index, 1);
   });
 
   test('sglang: among equal matches the worker that touched the prefix last wins', () => {

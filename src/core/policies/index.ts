@@ -33,7 +33,7 @@ const POLICY_FACTORIES: Readonly<Record<string, PolicyFactory>> = {
   'power-of-two': (_o, ctx) => new PowerOfTwoPolicy(ctx),
   'consistent-hash': () => new ConsistentHashPolicy(),
   dynamo: (o, ctx) => new DynamoPolicy(ctx, o.dynamo),
-  sglang: (o) => new SglangPolicy(o.sglang),
+  sglang: (o, ctx) => new SglangPolicy(o.sglang, ctx),
   llmd: (o, ctx) => new LlmdPolicy(ctx, o.llmd),
 };
 

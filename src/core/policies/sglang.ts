@@ -1,9 +1,17 @@
 import * as check from '../validate.js';
 import { resized } from '../typed-arrays.js';
 import type { WorkerState } from '../worker-registry.js';
+import { createRng } from '../rng.js';
 import { outstanding } from './pick.js';
 import { BlockKeys } from './block-keys.js';
-import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
+import {
+  NO_CHOICE,
+  type Candidate,
+  type PolicyChoice,
+  type PolicyContext,
+  type RouteFeatures,
+  type RoutingPolicy,
+} from './types.js';
 
 /**
  * SGLang's router (sgl-project/sglang, sgl-model-gateway/src/policies/cache_aware.rs, formerly
@@ -14,7 +22,12 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  * - otherwise the worker with the longest prefix match in the router's *approximate tree*
  *   wins if the match rate (matched / whole prompt; upstream counts characters of the request
  *   text) exceeds cache_threshold;
- * - otherwise the tenant with the smallest tree (`get_smallest_tenant`: fewest characters).
+ * - otherwise the least-loaded worker, ties drawn at random (`min_by_key(load)` over the
+ *   healthy workers, sgl-project/sglang#14650, December 2025, which replaced the tenant with the
+ *   smallest tree, `get_smallest_tenant`; a random draw among the least loaded since
+ *   sgl-project/sglang#33138, July 2026). The draw uses the router's seeded random source, so a
+ *   simulated run repeats; the imbalance branch keeps the first least-loaded worker, as
+ *   upstream's `select_worker_min_load` does.
  * Every decision, balancing ones included, inserts the prompt into the chosen worker's tree.
  *
  * The approximate tree (sgl-model-gateway/src/policies/tree.rs) is fed only by routing
@@ -235,10 +248,15 @@ export class SglangPolicy implements RoutingPolicy {
   readonly hardMaxTreeSize: number;
   private readonly trees: Array<ApproxTree | undefined> = [];
   private readonly request = new BlockKeys();
+  /** Scratch for the least-loaded workers a cache miss draws from. */
+  private readonly ties: number[] = [];
   private epoch = 0;
   private nextEviction = Number.NaN;
 
-  constructor(options: SglangOptions = {}) {
+  constructor(
+    options: SglangOptions = {},
+    private readonly ctx: PolicyContext = { random: createRng(1) },
+  ) {
     this.cacheThreshold = check.fraction(options.cacheThreshold ?? 0.3, 'sglang.cacheThreshold');
     this.balanceAbsThreshold = check.finiteNonNegative(options.balanceAbsThreshold ?? 64, 'sglang.balanceAbsThreshold');
     this.balanceRelThreshold = check.finiteNonNegative(
@@ -303,10 +321,10 @@ export class SglangPolicy implements RoutingPolicy {
     if (best >= 0 && this.matchRate(bestMatch, request) > this.cacheThreshold) {
       return { index: best, confidence: candidates[best].cachedFraction, reason: 'cache-match' };
     }
-    let smallest = 0;
-    for (let i = 1; i < n; i++)
-      if (this.treeSize(candidates[i].worker.slot) < this.treeSize(candidates[smallest].worker.slot)) smallest = i;
-    return { index: smallest, confidence: candidates[smallest].cachedFraction, reason: 'least-loaded' };
+    let ties = 0;
+    for (let i = 0; i < n; i++) if (outstanding(candidates[i]) === minLoad) this.ties[ties++] = i;
+    const least = ties === 1 ? this.ties[0] : this.ties[Math.floor(this.ctx.random() * ties)];
+    return { index: least, confidence: candidates[least].cachedFraction, reason: 'least-loaded' };
   }
 
   onRouted(worker: WorkerState, request: RouteFeatures, _ticket: number, now: number): void {
