@@ -364,7 +364,7 @@ describe('peer and baseline policies', () => {
     const s = policy('sglang') as SglangPolicy;
     assert.deepEqual(
       [s.cacheThreshold, s.balanceAbsThreshold, s.balanceRelThreshold, s.evictionIntervalMs, s.maxTreeSize],
-      [0.3, 64, 1.5, 120_000, 67_108_864],
+      [0.3, 64, 1.5, 60_000, 67_108_864],
     );
     assert.equal((policy('llmd') as LlmdPolicy).scrapeIntervalMs, 50);
     assert.throws(() => policy('sglang', { sglang: { cacheTreshold: 0.5 } }), /sglang\.cacheTreshold is not an option/);

@@ -47,16 +47,21 @@ import {
  * recently used blocks to make room for its own, so a flood of distinct prompts cannot grow
  * the tree for a whole interval.
  *
- * Defaults are the gateway CLI's (sgl-model-gateway/src/main.rs, what `sglang-router` /
- * `smg launch` run with): cache_threshold 0.3, balance_abs_threshold 64,
- * balance_rel_threshold 1.5, eviction_interval 120 s, max_tree_size 67,108,864. (The
- * library's `CacheAwareConfig::default` differs: 0.5 / 32 / 1.1 / 30 s / 10,000.)
+ * Defaults are those of the launcher SGLang's docs tell users to run,
+ * `python -m sglang_router.launch_router` (docs/advanced_features/sgl_model_gateway.md; `smg
+ * launch` parses the same arguments): `RouterArgs` in
+ * sgl-model-gateway/bindings/python/src/sglang_router/router_args.py gives cache_threshold 0.3,
+ * balance_abs_threshold 64, balance_rel_threshold 1.5, eviction_interval_secs 60,
+ * max_tree_size 2^26 = 67,108,864. The Rust binary's own CLI (sgl-model-gateway/src/main.rs,
+ * `--eviction-interval`) defaults the interval to 120 s, the figure those docs' tuning table
+ * gives; its other defaults are the launcher's. (The library's `CacheAwareConfig::default`
+ * differs: 0.5 / 32 / 1.1 / 30 s / 10,000.)
  */
 export interface SglangOptions {
   cacheThreshold?: number;
   balanceAbsThreshold?: number;
   balanceRelThreshold?: number;
-  /** Seconds between eviction passes over the approximate trees (default 120; see SGLANG_EVICTION_INTERVAL_SECS). */
+  /** Seconds between eviction passes over the approximate trees (default 60; see SGLANG_EVICTION_INTERVAL_SECS). */
   evictionIntervalSecs?: number;
   /** Characters a worker's tree may hold before eviction trims it (default 67,108,864). */
   maxTreeSize?: number;
@@ -263,7 +268,7 @@ export class SglangPolicy implements RoutingPolicy {
       options.balanceRelThreshold ?? 1.5,
       'sglang.balanceRelThreshold',
     );
-    const interval: unknown = options.evictionIntervalSecs ?? 120;
+    const interval: unknown = options.evictionIntervalSecs ?? 60;
     if (typeof interval !== 'number')
       throw new TypeError(`sglang.evictionIntervalSecs must be a number, got ${typeof interval}`);
     const { min, max } = SGLANG_EVICTION_INTERVAL_SECS;
