@@ -21,7 +21,7 @@ msgspec's own msgpack encoder, so the bytes are what an engine of that release s
 plus SGLang's (array_like, one BlockStored per page with block_size = len(page), signed
 64-bit hashes; newer releases add medium; since sgl-project/sglang#30827 a salted store
 appends a {cache_salt} metadata map after medium; since sgl-project/sglang#37482 events are
-tagged maps with cache_salt and session_id fields), vLLM's offloading connector (BlockStored with
+tagged maps with cache_salt and session_id fields, and later lora_name), vLLM's offloading connector (BlockStored with
 token_ids [], parent None, medium "CPU", its own block size), hybrid models (group_idx,
 kv_cache_spec_kind "sliding_window"/"mamba"), and a future release adding a field.
 
@@ -155,7 +155,9 @@ def sglang_shapes():
         block_hashes: list[int]
         medium: Optional[str] = None
 
-    # sgl-project/sglang#37482: events are tagged maps; the salt is a field of BlockStored
+    # sgl-project/sglang#37482: events are tagged maps; the salt is a field of BlockStored. Newer
+    # releases add lora_name (mem_cache/events.py record_store passes lora_name= with lora_id
+    # None, and namespaces a LoRA page's hash by the name: kv_event_lora_seed)
     class MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
         pass
 
@@ -168,6 +170,7 @@ def sglang_shapes():
         medium: Optional[str] = None
         cache_salt: Optional[str] = None
         session_id: Optional[str] = None
+        lora_name: Optional[str] = None
 
     class MapBlockRemoved(MapEvent, tag="BlockRemoved"):
         block_hashes: list[int]
@@ -185,7 +188,7 @@ def sglang_shapes():
         if kind == "BlockRemoved":
             return MapBlockRemoved(block_hashes=f["block_hashes"], medium=f.get("medium"))
         return MapBlockStored(**{k: f.get(k) for k in ("block_hashes", "parent_block_hash", "token_ids", "block_size",
-                                                       "lora_id", "medium", "cache_salt", "session_id")})
+                                                       "lora_id", "medium", "cache_salt", "session_id", "lora_name")})
 
     return dict(Batch=Batch, positional=positional, tagged_map=tagged_map)
 
@@ -197,7 +200,8 @@ def sglang_expected(kind, f):
     e = {"type": kind, "blockHashes": [expected_hash(h) for h in f["block_hashes"]],
          "parentBlockHash": None if f.get("parent_block_hash") is None else expected_hash(f["parent_block_hash"]),
          "tokenIds": f["token_ids"], "blockSize": f["block_size"], "loraId": f.get("lora_id"), "medium": f.get("medium"),
-         "loraName": None, "extraKeys": None, "groupIdx": None, "kvCacheSpecKind": None, "kvCacheSpecSlidingWindow": None}
+         "loraName": f.get("lora_name"), "extraKeys": None, "groupIdx": None, "kvCacheSpecKind": None,
+         "kvCacheSpecSlidingWindow": None}
     if f.get("cache_salt"):
         e["cacheSalt"] = f["cache_salt"]
     return e
@@ -500,6 +504,13 @@ def main():
                                "lora_id": None, "medium": "GPU", "cache_salt": "tenant-a"})]
     names.append(sglang_fixture("sglang-salt-array", "positional", salted, 0))
     names.append(sglang_fixture("sglang-salt-map", "tagged_map", salted, 0))
+    # SGLang LoRA pages as current releases publish them: lora_id None, the adapter's name in
+    # lora_name, hashes namespaced by it (so unlike the base model's)
+    lora_pages = [("BlockStored", {"block_hashes": [-31], "parent_block_hash": None, "token_ids": tokens[:16], "block_size": 16,
+                                   "lora_id": None, "medium": "GPU", "lora_name": "sql-adapter"}),
+                  ("BlockStored", {"block_hashes": [33], "parent_block_hash": -31, "token_ids": tokens[16:], "block_size": 16,
+                                   "lora_id": None, "medium": "GPU", "lora_name": "sql-adapter"})]
+    names.append(sglang_fixture("sglang-lora-map", "tagged_map", lora_pages, 0))
 
     # one bad event among good ones (hand-made: no engine sends it, a corrupt or future one might)
     bad = [["BlockStored", big, None, tokens, 16, None, "GPU", None],

@@ -355,6 +355,17 @@ describe('KV event applier on engine-encoded fixtures', () => {
     }
   });
 
+  test("SGLang's LoRA pages (lora_name in its tagged maps, lora_id None) are the adapter's: its requests hit, the base model's do not", () => {
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    const c = applier.apply('w0', decodeEventBatch(fixture('sglang-lora-map')));
+    assert.deepEqual(c.skipped, {});
+    assert.equal(c.storedBlocks, 2);
+    assert.equal(router.route({ tokens: prompt, lora: 'sql-adapter' }, { dryRun: true }).cachedTokens, 32);
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 0);
+    assert.equal(router.route({ tokens: prompt, lora: 'other-adapter' }, { dryRun: true }).cachedTokens, 0);
+  });
+
   test("vllm hash mode: a prompt's first blocks hashed otherwise than the router hashes them are skipped, not indexed", () => {
     const cases = JSON.parse(
       readFileSync(new URL('../fixtures/kv-events/vllm-block-hash.json', import.meta.url), 'utf8'),

@@ -57,6 +57,7 @@ describe('vLLM KV event decoding', () => {
       'sglang-page16',
       'sglang-salt-array',
       'sglang-salt-map',
+      'sglang-lora-map',
       'sglang-position-free',
       'mixed-bad',
     ])
