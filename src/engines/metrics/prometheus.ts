@@ -47,9 +47,10 @@ const HITS = [
 
 /**
  * SGLang's KV capacity in tokens: the scheduler's token pool size, a gauge with the scheduler's
- * labels (dp_rank among them), written with its other stats (python/sglang/srt/observability/
- * metrics_collector.py SchedulerMetricsCollector, `sglang:max_total_num_tokens`, "Maximum
- * total number of tokens in the KV cache pool"; set from scheduler_metrics_mixin.py
+ * labels (dp_rank among them) (python/sglang/srt/observability/metrics_collector.py
+ * SchedulerMetricsCollector, `sglang:max_total_num_tokens`, "Maximum total number of tokens in
+ * the KV cache pool"). Current releases set it once when the scheduler starts (`emit_constants`);
+ * older ones wrote it with each stats pass (scheduler_metrics_mixin.py
  * `self.stats.max_total_num_tokens = self.max_total_num_tokens`).
  */
 const SGLANG_CAPACITY = ['sglang:max_total_num_tokens'];
@@ -332,8 +333,10 @@ const CAPACITY_NAMES: ReadonlySet<string> = new Set(SGLANG_CAPACITY);
 /**
  * SGLang's capacity: the largest sample of each quantity (the TP ranks of a scheduler write the
  * same pool size), summed over the dp_rank ranks the page was read for. Undefined when a
- * sample is no finite count or the sum is 0: the gauge reads 0 until the scheduler's first stats
- * (SchedulerStats.max_total_num_tokens defaults to 0).
+ * sample is no finite count or the sum is 0. Current releases set the gauge once at startup
+ * (`emit_constants`), so it is never 0 on a serving engine; releases that wrote it with each
+ * stats pass read 0 until the scheduler's first one (SchedulerStats.max_total_num_tokens
+ * defaulted to 0), taken as no capacity yet.
  */
 function sglangKvCapacityTokens(series: Map<string, Sample[]>): number | undefined {
   const v = firstSeries(series, SGLANG_CAPACITY);
