@@ -1,4 +1,4 @@
-import { createServer as createNetServer, type AddressInfo, type Server as NetServer } from 'node:net';
+import { createServer as createNetServer, type AddressInfo, type Server as NetServer, type Socket } from 'node:net';
 import { Server, ServerCredentials } from '@grpc/grpc-js';
 import { HealthImplementation } from 'grpc-health-check';
 import { createProcessHandler, type ExtProcHandlerOptions } from './ext-proc-handler.js';
@@ -16,8 +16,18 @@ export const HEALTH_SERVICES = ['liveness', 'readiness', EXT_PROC_SERVICE, ''] a
 /** The services that answer whether the picker can route now. */
 const READINESS_SERVICES = ['readiness', EXT_PROC_SERVICE, ''] as const;
 
-/** Most connections the plaintext health port holds at once: probes, not traffic. */
-const MAX_HEALTH_CONNECTIONS = 64;
+/**
+ * Most connections the plaintext health port holds at once: probes, not traffic. One more
+ * closes the oldest (a probe connects, asks once and goes: the oldest is the likeliest to be
+ * one held open for nothing), so connections that hold the port cannot keep the probes out.
+ */
+export const MAX_HEALTH_CONNECTIONS = 64;
+
+/**
+ * What a client sends first on an HTTP/2 connection at the least: the 24-byte connection
+ * preface and the header of its SETTINGS frame.
+ */
+const HTTP2_PREFACE_BYTES = 24 + 9;
 
 /** Room in a message for what comes with a body chunk: its framing, attributes and metadata. */
 const MESSAGE_OVERHEAD_BYTES = 64 * 1024;
@@ -77,6 +87,13 @@ export interface EppServerOptions extends ExtProcHandlerOptions {
    * kubelet gRPC probes speak no TLS. Default: none.
    */
   healthPort?: number;
+  /**
+   * Time a connection to the health port has to send its HTTP/2 preface before it is closed
+   * (default 5000 ms).
+   */
+  healthPrefaceTimeoutMs?: number;
+  /** Time a health-port connection with no call in flight stays open (default 10,000 ms). */
+  healthIdleTimeoutMs?: number;
 }
 
 export interface EppServer {
@@ -96,16 +113,19 @@ export interface EppServer {
  * `tls` is given. With `healthPort`, the same health services in plaintext on a port of their own.
  */
 export async function startEppServer(options: EppServerOptions): Promise<EppServer> {
-  const server = new Server({
-    'grpc.max_receive_message_length': maxReceiveMessageBytes(options.bodyLimit),
-    'grpc.max_send_message_length': options.bodyLimit + MESSAGE_OVERHEAD_BYTES,
-    'grpc.max_concurrent_streams': MAX_CONCURRENT_STREAMS,
+  const keepalive = {
     // Envoy keeps one HTTP/2 connection per worker thread; let its keepalive pings through
     'grpc.keepalive_permit_without_calls': 1,
     'grpc.http2.min_ping_interval_without_data_ms': 10_000,
     // grpc-js sends no keepalive pings from a server unless asked: a dead peer's streams never end
     'grpc.keepalive_time_ms': options.keepaliveTimeMs ?? 30_000,
     'grpc.keepalive_timeout_ms': options.keepaliveTimeoutMs ?? 10_000,
+  };
+  const server = new Server({
+    'grpc.max_receive_message_length': maxReceiveMessageBytes(options.bodyLimit),
+    'grpc.max_send_message_length': options.bodyLimit + MESSAGE_OVERHEAD_BYTES,
+    'grpc.max_concurrent_streams': MAX_CONCURRENT_STREAMS,
+    ...keepalive,
   });
   server.addService(extProcService(), { Process: createProcessHandler(options) });
   const health = new HealthImplementation({
@@ -136,14 +156,35 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
   else capClientConnections(listener, DEFAULT_MAX_CLIENT_CONNECTIONS, () => {});
   const closeListener = () => new Promise<void>((resolve) => listener.close(() => resolve()));
 
-  // kubelet probes: the health services alone, plaintext, on a gRPC server of their own
-  const healthServer = options.healthPort === undefined ? undefined : new Server();
+  // kubelet probes: the health services alone, plaintext, on a gRPC server of their own, whose
+  // connections are closed once idle (a probe asks once) or when they send no HTTP/2 preface
+  const healthServer =
+    options.healthPort === undefined
+      ? undefined
+      : new Server({ ...keepalive, 'grpc.max_connection_idle_ms': options.healthIdleTimeoutMs ?? 10_000 });
   let healthListener: NetServer | undefined;
   if (healthServer) {
     health.addToServer(healthServer);
     const healthInjector = healthServer.createConnectionInjector(ServerCredentials.createInsecure());
-    healthListener = createNetServer((socket) => healthInjector.injectConnection(socket));
-    capClientConnections(healthListener, MAX_HEALTH_CONNECTIONS, () => {});
+    const prefaceTimeoutMs = options.healthPrefaceTimeoutMs ?? 5000;
+    // oldest first (a Set keeps its insertion order)
+    const held = new Set<Socket>();
+    healthListener = createNetServer((socket) => {
+      if (held.size >= MAX_HEALTH_CONNECTIONS) {
+        const oldest = held.values().next().value!;
+        held.delete(oldest);
+        oldest.destroy();
+      }
+      held.add(socket);
+      socket.once('close', () => held.delete(socket));
+      // a client that has not sent its HTTP/2 preface by then is no probe
+      const preface = setTimeout(() => {
+        if (socket.bytesRead < HTTP2_PREFACE_BYTES) socket.destroy();
+      }, prefaceTimeoutMs);
+      preface.unref();
+      socket.once('close', () => clearTimeout(preface));
+      healthInjector.injectConnection(socket);
+    });
   }
   const closeHealth = () =>
     new Promise<void>((resolve) => {
