@@ -113,6 +113,11 @@ export interface ExtProcHandlerOptions {
   log?: (message: string) => void;
   /** Called once per request with its outcome: 'routed' or the status of the local reply. */
   onOutcome?: (outcome: 'routed' | number) => void;
+  /**
+   * Called for each request refused (503) because its headers or a body chunk did not fit in
+   * `bodyBudget` (the gateway counts it in contextforge_request_body_budget_refusals_total).
+   */
+  onBodyBudgetRefusal?: () => void;
 }
 
 type Phase = 'headers' | 'body' | 'routed' | 'finished';
@@ -226,6 +231,12 @@ export function createProcessHandler(
       }
     };
 
+    /** The request's headers or a body chunk do not fit in the body budget. */
+    const refuseForBudget = () => {
+      options.onBodyBudgetRefusal?.();
+      return reject(503, BODY_BUDGET_MESSAGE, null, BODY_BUDGET_RETRY_AFTER_S, BODY_BUDGET_CODE);
+    };
+
     /**
      * Routes on the body and echoes it; then the headers and body are no longer held, and their
      * bytes go back to the budget.
@@ -307,8 +318,7 @@ export function createProcessHandler(
           const bytes = headerBytes(list);
           if (bytes > MAX_REQUEST_HEADER_BYTES)
             return reject(431, `the request headers are larger than ${MAX_REQUEST_HEADER_BYTES} bytes`, 'headers');
-          if (charge && !charge.take(bytes))
-            return reject(503, BODY_BUDGET_MESSAGE, null, BODY_BUDGET_RETRY_AFTER_S, BODY_BUDGET_CODE);
+          if (charge && !charge.take(bytes)) return refuseForBudget();
           headers = readHeaders(req.request_headers, repeatedHeaders);
           requestId = headers.get(REQUEST_ID_HEADER) ?? '';
           if (requestId === '' || requestId.length > 256) {
@@ -358,8 +368,7 @@ export function createProcessHandler(
           if (chunk && chunk.length > 0) {
             if (received.length + chunk.length > options.bodyLimit)
               return reject(413, `request body too large: over ${options.bodyLimit} bytes`);
-            if (charge && !charge.take(chunk.length))
-              return reject(503, BODY_BUDGET_MESSAGE, null, BODY_BUDGET_RETRY_AFTER_S, BODY_BUDGET_CODE);
+            if (charge && !charge.take(chunk.length)) return refuseForBudget();
             received.append(chunk);
           }
           if (req.request_body?.end_of_stream) {

@@ -293,8 +293,8 @@ function registerBudgetMetrics(
 
 /**
  * The request-body budget (body-budget.ts): the bytes held now over all requests, their limit,
- * and the requests the gateway refused (503) because their body did not fit. Returns the
- * refusals counter.
+ * and the requests the gateway or its endpoint picker refused (503) because their body (the
+ * picker: or its headers) did not fit. Returns the refusals counter.
  */
 export function registerBodyBudgetMetrics(registry: Registry, budget: { used: number; limit: number }): Counter {
   return registerBudgetMetrics(registry, budget, {
@@ -308,7 +308,7 @@ export function registerBodyBudgetMetrics(registry: Registry, budget: { used: nu
     ],
     overflows: [
       'contextforge_request_body_budget_refusals_total',
-      'Requests refused with 503 because their body did not fit in the buffered-body budget.',
+      'Requests refused with 503 because their body (or, at the endpoint picker, headers) did not fit in the buffered-body budget.',
     ],
   });
 }

@@ -27,6 +27,10 @@ before(async () => {
 after(() => close());
 
 const held = () => fleet.gateways[0].bodyBudget.used;
+/** contextforge_request_body_budget_refusals_total: the gateway's and the picker's refusals. */
+const refusals = async () =>
+  (await fleet.gateways[0].metrics.getSingleMetric('contextforge_request_body_budget_refusals_total')!.get()).values[0]
+    ?.value ?? 0;
 
 const REQUEST_HEADERS: ProcessingRequest = {
   request_headers: {
@@ -59,6 +63,7 @@ test('a body chunk over the budget gets an immediate 503 with retry-after; cance
   const b = openStream();
   b.call.write(chunk(30_000));
   await until(() => held() === 2 * H + 90_000, "the second stream's headers and first chunk taken");
+  const refusedBefore = await refusals();
   // this one does not fit: answered at once, and what the stream took goes back
   b.call.write(chunk(20_000));
   await until(() => b.answers.length > 0, 'the answer to the chunk that does not fit', { timeoutMs: 5000 });
@@ -72,6 +77,7 @@ test('a body chunk over the budget gets an immediate 503 with retry-after; cance
     ]),
   );
   assert.equal(set.get('retry-after'), '1');
+  assert.equal(await refusals(), refusedBefore + 1, 'the refusal counted');
   assert.equal(set.get('content-type'), 'application/json');
   assert.deepEqual(JSON.parse(Buffer.from(immediate.body ?? []).toString()), {
     error: {
@@ -133,10 +139,12 @@ test('request headers held while the body arrives are taken from the budget; wha
   const answers: ProcessingResponse[] = [];
   b.on('data', (m: ProcessingResponse) => answers.push(m));
   b.on('error', () => {});
+  const refusedBefore = await refusals();
   b.write(headersOf({ 'x-big': 'h'.repeat(40_000) }).message);
   const { code, error } = await refusal(answers);
   assert.equal(code, 'ServiceUnavailable');
   assert.equal(error.code, 'body_budget_exceeded');
+  assert.equal(await refusals(), refusedBefore + 1, 'the refusal counted');
   assert.equal(held(), big.bytes + 20_000, 'the refused stream holds nothing');
 
   a.cancel();
@@ -159,6 +167,7 @@ test('a header message over 64 KiB or 1,000 headers gets 431 naming the headers,
     ['over 64 KiB', headersOf({ 'x-big': 'h'.repeat(64 * 1024) }).message, /larger than 65536 bytes/],
     ['over 1,000 headers', headersOf(many).message, /more than 1000 headers/],
   ];
+  const refusedBefore = await refusals();
   for (const [name, message, text] of cases) {
     const call = client.Process();
     const answers: ProcessingResponse[] = [];
@@ -170,6 +179,7 @@ test('a header message over 64 KiB or 1,000 headers gets 431 naming the headers,
     assert.equal(error.param, 'headers', name);
     assert.match(String(error.message), text, name);
     assert.equal(held(), 0, name);
+    assert.equal(await refusals(), refusedBefore, `${name}: no budget refusal`);
     call.cancel();
   }
 });
