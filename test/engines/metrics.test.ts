@@ -5,6 +5,7 @@ import type { AddressInfo } from 'node:net';
 import { after, describe, test } from 'node:test';
 import { MetricsFormatError, parsePrometheusText, readEngineLoad } from '../../src/engines/metrics/prometheus.js';
 import { MetricsScraper } from '../../src/engines/metrics/scraper.js';
+import { WorkerHealth } from '../../src/engines/health.js';
 import { MAX_ENGINE_REQUESTS } from '../../src/core/worker-registry.js';
 import { KVAwareRouter } from '../../src/index.js';
 
@@ -294,6 +295,23 @@ describe('metrics scraper', () => {
     } finally {
       guarded.close();
     }
+  });
+
+  test('a worker the scrape takes out of rotation is logged once with the scrape error, named once as metrics', async () => {
+    const router = new KVAwareRouter();
+    router.registerWorker('w0');
+    const logged: string[] = [];
+    const health = new WorkerHealth(router, (m) => logged.push(m));
+    const scraper = new MetricsScraper(router, [{ workerId: 'w0', url: 'http://127.0.0.1:1/metrics' }], {
+      failuresToUnhealthy: 1,
+      timeoutMs: 500,
+      health,
+    });
+    await scraper.scrapeAll();
+    assert.equal(router.listWorkers()[0].healthy, false);
+    const line = logged.find((l) => l.startsWith('w0 is out of rotation'));
+    assert.ok(line, logged.join('\n'));
+    assert.match(line, /^w0 is out of rotation \(metrics: (?!metrics:)/);
   });
 
   test('a short scrape interval does not make the scrape time out sooner than an engine answers', async () => {

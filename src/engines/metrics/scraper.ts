@@ -156,13 +156,13 @@ export class MetricsScraper {
       if (flipped !== undefined) this.setHealth(workerId, s, flipped);
       // still out: the latest failure says why (a scrape that timed out may now be refused)
       else if (!s.healthy && this.states.get(workerId) === s)
-        this.options.health?.set(workerId, 'metrics', false, `metrics: ${s.lastError}`);
+        this.options.health?.set(workerId, 'metrics', false, s.lastError);
     }
   }
 
   private setHealth(workerId: string, s: TargetState, healthy: boolean): void {
     if (this.options.health)
-      return this.options.health.set(workerId, 'metrics', healthy, healthy ? '' : `metrics: ${s.lastError}`);
+      return this.options.health.set(workerId, 'metrics', healthy, healthy ? '' : s.lastError);
     try {
       this.router.setWorkerHealth(workerId, healthy);
       this.options.log?.(`metrics: ${workerId} is ${healthy ? 'healthy again' : `unhealthy (${s.lastError})`}`);
