@@ -1,6 +1,6 @@
 import { LRUCache } from 'lru-cache';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
-import { RemoteLoad, routerWorkerIds } from './remote-load.js';
+import { isRemoteAmount, RemoteLoad, routerWorkerIds, type ReplicaLoad } from './remote-load.js';
 import { isWorkerId } from '../core/validate.js';
 import {
   DECIDED,
@@ -156,10 +156,15 @@ function isWorkflowEntry(e: unknown): e is [string, string, number | null] {
   return Array.isArray(e) && isWorkflowId(e[0]) && isWorkerId(e[1]) && isWorkflowStep(e[2]);
 }
 
-/** A start snapshot's load entry: [process, worker, requests, prefill, decode] (RemoteLoad.add() checks the amounts). */
+/** A start snapshot's load entry: [process, worker, requests, prefill, decode], each amount isRemoteAmount(). */
 function isLoadEntry(e: unknown): e is [string, string, number, number, number | undefined] {
   return (
-    Array.isArray(e) && isText(e[0]) && isWorkerId(e[1]) && isNumber(e[2]) && isNumber(e[3]) && optional(isNumber)(e[4])
+    Array.isArray(e) &&
+    isText(e[0]) &&
+    isWorkerId(e[1]) &&
+    isRemoteAmount(e[2]) &&
+    isRemoteAmount(e[3]) &&
+    optional(isRemoteAmount)(e[4])
   );
 }
 
@@ -442,9 +447,19 @@ export class ClusterStateStore implements StateStore {
           // not kept to withdraw: whether they are past refusal was not heard here
           for (const d of valid(m.decisions, isDecision))
             if (d.r !== this.replicaId) this.applyOne({ ...d, wf: undefined, s: undefined, i: undefined });
-          for (const [replica, worker, requests, prefill, decode] of valid(m.loads, isLoadEntry))
-            if (replica !== this.replicaId && this.remote.add(replica, worker, requests, prefill, decode ?? 0))
-              this.applyRemote(worker);
+          // the relay's tallies count every message it sent this process before the snapshot (the
+          // relay sends it after them): those heard here, and any sent before this process
+          // listened. They replace what was heard, else a request relayed just before the
+          // snapshot would count twice and stay counted once released
+          const loads = new Map<string, ReplicaLoad>();
+          for (const [replica, worker, requests, prefill, decode] of valid(m.loads, isLoadEntry)) {
+            if (replica === this.replicaId) continue;
+            const load = loads.get(replica) ?? loads.set(replica, new Map()).get(replica)!;
+            load.set(worker, { requests, prefill, decode: decode ?? 0 });
+          }
+          this.remote.clear();
+          for (const [replica, load] of loads) this.remote.replace(replica, load);
+          for (const w of host.router.listWorkers()) this.applyRemote(w.id);
           this.snapshotArrived?.();
           return;
         }

@@ -141,6 +141,75 @@ test("a process that starts late gets the workflows, blocks and load from the re
   assert.equal(b.store.stats().kind, 'cluster');
 });
 
+test('a process that starts while others route counts each of their requests once: relayed before its snapshot, and in it', async () => {
+  const relay = new ClusterRelay();
+  // the primary adds a process to the relay when it forks it, before the process says hello:
+  // what the others decide meanwhile is relayed to it before its snapshot (which counts it too)
+  const connect = (id: string, inbox?: unknown[]) => {
+    const listeners = new Set<(m: unknown) => void>();
+    relay.add({
+      id,
+      send: (m) => (inbox ? inbox.push(structuredClone(m)) : queueMicrotask(() => deliver(m))),
+    });
+    const deliver = (m: unknown) => {
+      for (const l of listeners) l(structuredClone(m));
+    };
+    const store = new ClusterStateStore({
+      replicaId: id,
+      timeoutMs: 20,
+      channel: {
+        send: (m) => relay.receive(id, structuredClone(m)),
+        onMessage: (l) => void listeners.add(l),
+        offMessage: (l) => void listeners.delete(l),
+      },
+    });
+    const router = new KVAwareRouter({ policy: 'cost' });
+    return { store, router, host: workerHost(router, ['e0', 'e1']).host, deliver };
+  };
+  const a = connect('1');
+  /** What the relay sent the starting process, delivered when the test says. */
+  const inbox: unknown[] = [];
+  const b = connect('2', inbox);
+  await a.store.attach(a.host);
+  const r = a.router.route(
+    { text: 'a request routed while another process starts', promptTokens: 400 },
+    { share: true },
+  );
+  a.store.decisionMade(r.shared!);
+  await until(() => relay.counters.relayed > 0, "the relay to take A's decision");
+  const attached = b.store.attach(b.host); // listens, then says hello: the decision comes first, then the snapshot
+  for (const m of inbox.splice(0)) b.deliver(m);
+  await attached;
+  const onB = () => {
+    const w = b.router.listWorkers().find((x) => x.id === r.workerId)!;
+    return [w.inFlightRequests, w.queuedPrefillTokens];
+  };
+  assert.deepEqual(onB(), [1, 400]);
+  a.router.release(r.ticket);
+  a.store.decisionEnded(r.shared!);
+  await until(() => inbox.length > 0, "the relay to pass on A's release");
+  for (const m of inbox.splice(0)) b.deliver(m);
+  assert.deepEqual(onB(), [0, 0]);
+  // A dies with a request in flight: B drops it, and what A sent that reaches the primary after its exit is not relayed
+  const again = a.router.route({ text: 'a request A never ends', promptTokens: 400 }, { share: true });
+  a.store.decisionMade(again.shared!);
+  await until(() => inbox.length > 0, "the relay to pass on A's second decision");
+  for (const m of inbox.splice(0)) b.deliver(m);
+  const onAgain = () => b.router.listWorkers().find((x) => x.id === again.workerId)!.inFlightRequests;
+  assert.equal(onAgain(), 1);
+  relay.remove('1');
+  await until(() => inbox.length > 0, 'the relay to say A is gone');
+  for (const m of inbox.splice(0)) b.deliver(m);
+  assert.equal(onAgain(), 0);
+  const relayed = relay.counters.relayed;
+  a.store.decisionMade(a.router.route({ text: 'sent as A was killed' }, { share: true }).shared!);
+  await settle();
+  await settle();
+  assert.equal(relay.counters.relayed, relayed);
+  assert.equal(onAgain(), 0);
+  await Promise.all([a.store.close(), b.store.close()]);
+});
+
 test("messages that are not the relay's are ignored", async () => {
   const {
     processes: [a],
