@@ -161,8 +161,7 @@ export class MetricsScraper {
   }
 
   private setHealth(workerId: string, s: TargetState, healthy: boolean): void {
-    if (this.options.health)
-      return this.options.health.set(workerId, 'metrics', healthy, healthy ? '' : s.lastError);
+    if (this.options.health) return this.options.health.set(workerId, 'metrics', healthy, healthy ? '' : s.lastError);
     try {
       this.router.setWorkerHealth(workerId, healthy);
       this.options.log?.(`metrics: ${workerId} is ${healthy ? 'healthy again' : `unhealthy (${s.lastError})`}`);
