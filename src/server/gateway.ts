@@ -89,6 +89,26 @@ const CHUNKED_ONLY = /^[ \t]*chunked[ \t]*$/i;
  */
 export const MAX_MODEL_LISTS_GATHERED = 16;
 
+/** A /v1/models list gathered from the workers: the models, how many workers were asked, those that gave none. */
+interface GatheredModels {
+  data: unknown[];
+  asked: number;
+  failed: Array<{ worker: string; failure: string }>;
+}
+
+/** Most workers named in a client's error message; the others are counted. */
+const MAX_WORKERS_NAMED = 8;
+
+/** The workers that gave no model list and why, a few named and the rest counted: bounded for any fleet. */
+function failedWorkersText(failed: Array<{ worker: string; failure: string }>): string {
+  const named = failed
+    .slice(0, MAX_WORKERS_NAMED)
+    .map((f) => `${f.worker.slice(0, 64)} ${f.failure}`)
+    .join(', ');
+  const more = failed.length - MAX_WORKERS_NAMED;
+  return more > 0 ? `${named} and ${more} more` : named;
+}
+
 /**
  * Most header lines a request may have (Envoy's default is 100; clients send a few dozen). Node
  * keeps at most the server's maxHeadersCount and drops the rest without a word, so the server
@@ -909,22 +929,24 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   );
 
   /** The model lists being gathered now, by the Via their reads carry (MAX_MODEL_LISTS_GATHERED). */
-  const modelLists = new Map<string, Promise<unknown[]>>();
-  /** Every available worker's models, each listed once, its reads carrying `forwarded` as their Via. */
-  const gatherModels = async (forwarded: string): Promise<unknown[]> => {
+  const modelLists = new Map<string, Promise<GatheredModels>>();
+  /**
+   * Every available worker's models, each listed once, its reads carrying `forwarded` as their
+   * Via; with how many workers were asked and those that gave no list, and why.
+   */
+  const gatherModels = async (forwarded: string): Promise<GatheredModels> => {
     const seen = new Map<string, unknown>();
+    const failed: Array<{ worker: string; failure: string }> = [];
+    const asked = router.listWorkers().filter((w) => w.available);
     await Promise.all(
-      router
-        .listWorkers()
-        .filter((w) => w.available)
-        .map(async (w) => {
-          const c = connections.get(w.id);
-          // an engine that does not answer contributes nothing
-          const models = c && (await connections.listModels(c, forwarded));
-          for (const m of models ?? []) if (!seen.has(m.id)) seen.set(m.id, m);
-        }),
+      asked.map(async (w) => {
+        const c = connections.get(w.id);
+        const read = c ? await connections.readModels(c, forwarded) : { failure: 'removed' };
+        if ('failure' in read) return void failed.push({ worker: w.id, failure: read.failure });
+        for (const m of read.models) if (!seen.has(m.id)) seen.set(m.id, m);
+      }),
     );
-    return [...seen.values()];
+    return { data: [...seen.values()], asked: asked.length, failed };
   };
   if (openAi)
     app.get('/v1/models', apiKeyHook, async (req, reply) => {
@@ -949,7 +971,22 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         modelLists.set(forwarded, gathering);
         models = gathering;
       }
-      return { object: 'list', data: await models };
+      const gathered = await models;
+      // an empty list would say no model is served, when the gateway only could not ask: an error
+      // (some workers answering is a list: the models of those that did not are left out)
+      if (gathered.asked === 0) {
+        reply.header('retry-after', '1');
+        return openAiError(reply, 503, 'no worker is available to list its models', null, 'no_worker_available');
+      }
+      if (gathered.failed.length === gathered.asked)
+        return openAiError(
+          reply,
+          502,
+          `no worker answered with its model list: ${failedWorkersText(gathered.failed)}`,
+          null,
+          'engine_models_failed',
+        );
+      return { object: 'list', data: gathered.data };
     });
 
   // --------------------------------------------------------------- health, metrics

@@ -12,7 +12,7 @@
 import { Pool, request as upstreamRequest, type Dispatcher } from 'undici';
 import type { KVAwareRouter, RouteRequest } from '../core/router/index.js';
 import { MAX_WORKERS, type WorkerState } from '../core/worker-registry.js';
-import { readBoundedText } from '../engines/bounded-body.js';
+import { BodyTooLargeError, readBoundedText } from '../engines/bounded-body.js';
 import { DEFAULT_HEALTH_CHECK_TIMEOUT_MS, HealthChecker, type WorkerHealth } from '../engines/health.js';
 import type { KvEventApplier } from '../engines/kv-events/applier.js';
 import {
@@ -104,6 +104,20 @@ const MAX_MODELS_BYTES = 4 * 1024 * 1024;
 const MAX_MODEL_ENTRIES = 4096;
 /** Longest model id kept (Hugging Face repository ids are at most 96 characters; adapter names are the operator's). */
 const MAX_MODEL_ID_CHARS = 1024;
+
+/** What a side request to an engine (/v1/models, /tokenize) failed of: no answer in time, an answer that is no answer, or no connection. */
+export type SideRequestFailureKind = 'timeout' | 'malformed' | 'error';
+
+/** The kind of a side request's failure, and a few words on it (no engine text: it is shown to clients). */
+export function sideRequestFailure(err: unknown): { kind: SideRequestFailureKind; text: string } {
+  const e = err as { name?: unknown; code?: unknown; cause?: { code?: unknown } } | null;
+  const code = typeof e?.code === 'string' ? e.code : typeof e?.cause?.code === 'string' ? e.cause.code : '';
+  if (e?.name === 'TimeoutError' || code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT')
+    return { kind: 'timeout', text: 'timed out' };
+  if (err instanceof BodyTooLargeError) return { kind: 'malformed', text: 'answered too large' };
+  if (err instanceof SyntaxError) return { kind: 'malformed', text: 'answered with no JSON' };
+  return { kind: 'error', text: code !== '' ? `failed (${code})` : 'failed' };
+}
 
 /** The well-formed entries of a /v1/models answer (`{data: [{id, …}, …]}`); undefined when it has no list. */
 export function modelEntries(answer: unknown): Array<{ id: string }> | undefined {
@@ -675,6 +689,18 @@ export class WorkerConnections {
    * gateway's entry; default: this gateway's own).
    */
   async listModels(c: WorkerConnection, via = this.options.via): Promise<Array<{ id: string }> | undefined> {
+    const read = await this.readModels(c, via);
+    return 'models' in read ? read.models : undefined;
+  }
+
+  /**
+   * As listModels, with why a worker gave no list when it did not (a few words, for a client's
+   * error message): its headers are waited for 2 s, the whole answer SIDE_REQUEST_DEADLINE_MS.
+   */
+  async readModels(
+    c: WorkerConnection,
+    via = this.options.via,
+  ): Promise<{ models: Array<{ id: string }> } | { failure: string }> {
     try {
       const res = await upstreamRequest(`${c.base}/v1/models`, {
         // the Via goes on (a worker URL that leads back is a routing loop)
@@ -684,10 +710,14 @@ export class WorkerConnections {
         // bodyTimeout bounds the gaps between chunks, not a body that trickles forever
         signal: AbortSignal.timeout(SIDE_REQUEST_DEADLINE_MS),
       });
-      if (res.statusCode !== 200) return void (await res.body.dump());
-      return modelEntries(JSON.parse(await readBoundedText(res.body, MAX_MODELS_BYTES, '/v1/models')));
-    } catch {
-      return undefined;
+      if (res.statusCode !== 200) {
+        await res.body.dump();
+        return { failure: `answered ${res.statusCode}` };
+      }
+      const models = modelEntries(JSON.parse(await readBoundedText(res.body, MAX_MODELS_BYTES, '/v1/models')));
+      return models ? { models } : { failure: 'answered with no model list' };
+    } catch (err) {
+      return { failure: sideRequestFailure(err).text };
     }
   }
 

@@ -254,7 +254,9 @@ test('credentials are read the same through the in-process API (app.inject): one
     });
     assert.equal(admin.statusCode, 200, admin.body);
     const models = await app.inject({ method: 'GET', url: '/v1/models', headers: { authorization: `Bearer ${key}` } });
-    assert.equal(models.statusCode, 200, models.body);
+    // the key is taken: the list is asked of the engine, whose stand-in answers it with no list
+    assert.equal(models.statusCode, 502, models.body);
+    assert.equal((JSON.parse(models.body) as { error: { code: string } }).error.code, 'engine_models_failed');
     const two = await app.inject({
       method: 'GET',
       url: '/v1/models',

@@ -90,10 +90,13 @@ test(
       // each client request came back once: the inner one was answered 508 before it was forwarded again
       assert.equal(await answered(base, 508), 4, 'two client requests, each seen twice');
       assert.equal(gateway.router.getStats().inFlightRequests, 0);
-      // the workers' model lists are gathered through the same Via: the loop contributes nothing
+      // the workers' model lists are gathered through the same Via: the loop contributes nothing,
+      // and with no other worker the list is an error naming it, not an empty list
       const models = await fetch(`${base}/v1/models`);
-      assert.equal(models.status, 200);
-      assert.deepEqual(await models.json(), { object: 'list', data: [] });
+      assert.equal(models.status, 502);
+      const { error } = (await models.json()) as { error: { code: string; message: string } };
+      assert.equal(error.code, 'engine_models_failed');
+      assert.match(error.message, /\bself answered 508\b/);
       // healthy: it answers, and serves as soon as it has a real engine
       assert.equal((await fetch(`${base}/healthz`)).status, 200);
       const engine = await new MockEngine().start();
