@@ -28,6 +28,7 @@
  */
 import type { IncomingMessage } from 'node:http';
 import { PromptTooLongError, type KVAwareRouter, type RouteRequest, type RouteResult } from '../core/router/index.js';
+import type { WorkerState } from '../core/worker-registry.js';
 import type { StateStore } from '../state/state-store.js';
 import type { BodyBudget } from './body-budget.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
@@ -297,7 +298,13 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         // engines tried and failed: 502 (429 when they were all overloaded); nothing to try at all: 503
         if (failedAttempts > 0) return exhausted();
         reply.header('retry-after', '1');
-        return openAiError(answered(reply), 503, 'no worker can take the request now');
+        return openAiError(
+          answered(reply),
+          503,
+          `no worker can take the request now (${noWorkerSummary(router, connections, excluded)})`,
+          null,
+          'no_worker_available',
+        );
       }
       // (each attempt that fails sets it again before the next one)
       // (a worker removed meanwhile has no series left to count in: counting would bring one back)
@@ -600,4 +607,40 @@ function answerExhausted(
       'engine_answer_incomplete',
     );
   return openAiError(reply, 502, `the engines failed to answer${last}`);
+}
+
+/** Why a worker takes no request now, as the 503 no_worker_available counts it (the first that applies). */
+function workerOutReason(w: WorkerState, connections: WorkerConnections, excluded: ReadonlySet<string>): string {
+  if (w.draining) return 'draining';
+  if (!w.healthy) {
+    const reasons = connections.outOfRotationReasons(w.id);
+    if (reasons.includes('breaker')) return 'circuit breaker open';
+    if (reasons.includes('health-check')) return 'health check failing';
+    if (reasons.includes('metrics')) return 'metrics scrape failing';
+    return 'unhealthy';
+  }
+  if (excluded.has(w.id)) return 'not serving the model';
+  return 'not chosen by the policy';
+}
+
+/**
+ * Why no worker can take a request, as a count of workers per reason ("3 workers: 2 circuit
+ * breaker open, 1 draining"): as long for a fleet of thousands as for one (GET /admin/workers
+ * lists each worker's).
+ */
+export function noWorkerSummary(
+  router: KVAwareRouter,
+  connections: WorkerConnections,
+  excluded: ReadonlySet<string>,
+): string {
+  const counts = new Map<string, number>();
+  let workers = 0;
+  for (const w of router.listWorkers()) {
+    workers++;
+    const reason = workerOutReason(w, connections, excluded);
+    counts.set(reason, (counts.get(reason) ?? 0) + 1);
+  }
+  if (workers === 0) return 'no worker is registered';
+  const parts = [...counts].sort((a, b) => b[1] - a[1]).map(([reason, n]) => `${n} ${reason}`);
+  return `${workers} worker${workers === 1 ? '' : 's'}: ${parts.join(', ')}`;
 }

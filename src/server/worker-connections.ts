@@ -13,7 +13,12 @@ import { Pool, request as upstreamRequest, type Dispatcher } from 'undici';
 import type { KVAwareRouter, RouteRequest } from '../core/router/index.js';
 import { MAX_WORKERS, type WorkerState } from '../core/worker-registry.js';
 import { BodyTooLargeError, readBoundedText } from '../engines/bounded-body.js';
-import { DEFAULT_HEALTH_CHECK_TIMEOUT_MS, HealthChecker, type WorkerHealth } from '../engines/health.js';
+import {
+  DEFAULT_HEALTH_CHECK_TIMEOUT_MS,
+  HealthChecker,
+  type HealthVerdictSource,
+  type WorkerHealth,
+} from '../engines/health.js';
 import type { KvEventApplier } from '../engines/kv-events/applier.js';
 import {
   KvEventSubscriber,
@@ -762,6 +767,11 @@ export class WorkerConnections {
    */
   heldOutByProbes(id: string): boolean {
     return this.options.health.heldOutByProbes(id);
+  }
+
+  /** What holds the router worker out of rotation now (its circuit, its health check, its metrics scrape); none while it is in. */
+  outOfRotationReasons(id: string): HealthVerdictSource[] {
+    return this.options.health.reasons(id);
   }
 
   /**
