@@ -197,9 +197,9 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     };
     let failedAttempts = 0;
     // attempts the engines refused as overloaded (429, or SGLang's 503 for a request it will not
-    // queue), and the longest wait they asked for
+    // queue), and the shortest wait those that named one asked for (clientRetryAfter())
     let overloaded = 0;
-    let overloadedRetryAfterS = 1;
+    let engineRetryAfterS: number | undefined;
     // attempts answered 508 Loop Detected: the worker's URL leads back to a gateway on the way
     let looped = 0;
     // attempts that found every connection the gateway keeps to the engine busy until their deadline
@@ -228,7 +228,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       return answerExhausted(answered(reply), {
         failedAttempts,
         overloaded,
-        retryAfterS: overloadedRetryAfterS,
+        retryAfterS: clientRetryAfter(engineRetryAfterS),
         looped,
         noConnection,
         incomplete,
@@ -348,11 +348,11 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         onOverloaded: (retryAfterS) => {
           overloaded++;
           busy = true;
-          if (retryAfterS !== undefined) overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
+          if (retryAfterS !== undefined) engineRetryAfterS = Math.min(engineRetryAfterS ?? retryAfterS, retryAfterS);
         },
         onUnavailable: (retryAfterS) => {
           unavailable++;
-          overloadedRetryAfterS = Math.max(overloadedRetryAfterS, retryAfterS);
+          engineRetryAfterS = Math.min(engineRetryAfterS ?? retryAfterS, retryAfterS);
         },
         onLoop: () => looped++,
         onQueueFull: () => {
@@ -607,6 +607,24 @@ function answerExhausted(
       'engine_answer_incomplete',
     );
   return openAiError(reply, 502, `the engines failed to answer${last}`);
+}
+
+/**
+ * Longest Retry-After given to a client (s). An engine's Retry-After speaks for that engine alone,
+ * while the client's retry may go to any of them, and which are in rotation changes within
+ * seconds (health checks, circuit cooldowns): one engine asking for a day (a misconfigured rate
+ * limiter, a hostile or broken proxy) must not tell every client to wait a day.
+ */
+export const MAX_CLIENT_RETRY_AFTER_S = 60;
+
+/**
+ * The Retry-After given to a client when the engines tried were busy or unavailable: the shortest
+ * wait among those that named one (the request may go through once any of them frees), within 1
+ * and MAX_CLIENT_RETRY_AFTER_S; 1 when none named one.
+ */
+function clientRetryAfter(engineRetryAfterS: number | undefined): number {
+  if (engineRetryAfterS === undefined) return 1;
+  return Math.min(Math.max(engineRetryAfterS, 1), MAX_CLIENT_RETRY_AFTER_S);
 }
 
 /** Why a worker takes no request now, as the 503 no_worker_available counts it (the first that applies). */

@@ -3,7 +3,7 @@
  * its limit, not broken: the request is tried on another worker, and the busy engine's circuit
  * does not count it, whether the 429 comes as the status, as a 200's error object or as a
  * stream's first error event. When every engine tried says so, the client gets 429 with the
- * longest Retry-After they asked for.
+ * shortest Retry-After they asked for (at most a minute).
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';

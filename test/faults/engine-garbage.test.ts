@@ -181,7 +181,7 @@ test("an engine refusing the gateway's credentials (401/403): the request goes e
   }
 });
 
-test('engines that all answer 429 give the client a 429 with the longest Retry-After they asked for', async () => {
+test('engines that all answer 429 give the client a 429 with the shortest Retry-After they asked for', async () => {
   const busy = (retryAfter: string) =>
     answeringEngine(
       429,
@@ -205,7 +205,7 @@ test('engines that all answer 429 give the client a 429 with the longest Retry-A
       });
       const { error } = (await res.json()) as { error: { type: string } };
       assert.equal(res.status, 429, `stream: ${stream}`);
-      assert.equal(res.headers.get('retry-after'), '7', `stream: ${stream}`);
+      assert.equal(res.headers.get('retry-after'), '3', `stream: ${stream}`);
       assert.equal(error.type, 'rate_limit_error');
     }
     assert.ok(

@@ -40,8 +40,11 @@ test('a 429 whose Retry-After is an HTTP date gives the client the wait that dat
   // RFC 9110 §10.2.3: Retry-After = HTTP-date / delay-seconds; an hour from now, in the preferred format
   const inAnHour = new Date(Date.now() + 3600_000).toUTCString();
   const inThePast = new Date(Date.now() - 3600_000).toUTCString();
+  const inHalfAMinute = new Date(Date.now() + 30_000).toUTCString();
   for (const [retryAfter, low, high] of [
-    [inAnHour, 3000, 3600],
+    [inHalfAMinute, 25, 30],
+    // past a minute, a minute (MAX_CLIENT_RETRY_AFTER_S)
+    [inAnHour, 60, 60],
     [inThePast, 1, 1],
   ] as const) {
     const engine = await answeringEngine(429, '{"error":{"message":"too many requests"}}', {
@@ -58,12 +61,13 @@ test('a 429 whose Retry-After is an HTTP date gives the client the wait that dat
   }
 });
 
-test('a 429 whose Retry-After is a longer number of seconds than a day gives the client a day, however many digits', async () => {
+test('a 429 whose Retry-After is a longer number of seconds than a minute gives the client a minute, however many digits', async () => {
   for (const [retryAfter, expected] of [
-    ['86399', '86399'],
-    ['100000', '86400'],
-    ['1000000', '86400'],
-    ['99999999999999999999999', '86400'],
+    ['59', '59'],
+    ['61', '60'],
+    ['86399', '60'],
+    ['1000000', '60'],
+    ['99999999999999999999999', '60'],
     ['0000000000007', '7'],
   ] as const) {
     const engine = await answeringEngine(429, '{"error":{"message":"too many requests"}}', {
@@ -144,7 +148,7 @@ test('the gateway closes an idle engine connection before the engine does (no re
   });
 });
 
-test('engines that all answer 503 with a Retry-After give the client a 503 with the longest, not a 502', async () => {
+test('engines that all answer 503 with a Retry-After give the client a 503 with the shortest, not a 502', async () => {
   // vLLM answers 503 while it cannot serve (sleeping, shutting down) and a proxy in front of an
   // engine answers 503 + Retry-After during a rollout: the client should wait, not report a fault
   const engines = [
@@ -153,9 +157,27 @@ test('engines that all answer 503 with a Retry-After give the client a 503 with 
   ];
   await withAnswer(engines, (res) => {
     assert.equal(res.status, 503);
-    assert.equal(res.headers.get('retry-after'), '45');
+    assert.equal(res.headers.get('retry-after'), '30');
     assert.equal((JSON.parse(res.text) as { error: { code: string } }).error.code, 'engines_unavailable');
   });
+});
+
+test('one engine asking for a day does not tell the client to wait a day while another asks for a second', async () => {
+  // the request may go through as soon as any engine frees: the shortest wait, not the longest
+  for (const [first, second, expected] of [
+    ['86400', '1', '1'],
+    ['1', '86400', '1'],
+    ['86400', '86400', '60'],
+  ] as const) {
+    const engines = [
+      await answeringEngine(503, '{"error":{"message":"unavailable"}}', { 'retry-after': first }),
+      await answeringEngine(429, '{"error":{"message":"too many requests"}}', { 'retry-after': second }),
+    ];
+    await withAnswer(engines, (res) => {
+      assert.equal(res.status, 503);
+      assert.equal(res.headers.get('retry-after'), expected, `engines' Retry-After ${first} and ${second}`);
+    });
+  }
 });
 
 test('a 503 without a Retry-After is an engine failure: the client gets 502 when every engine failed', async () => {
