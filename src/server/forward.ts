@@ -48,9 +48,16 @@ export type ForwardOutcome =
    */
   | 'no-connection'
   /** the client went away: nothing to retry, and nothing the engine did wrong */
-  | 'client-gone';
+  | 'client-gone'
+  /**
+   * the gateway's shutdown grace ended with the stream under way (ShutdownCuts): it was ended
+   * with an error event and data: [DONE]; nothing to retry, and nothing the engine did wrong
+   */
+  | 'shut-down';
 
 export interface ForwardOptions {
+  /** The streams under way, for the gateway to end when its shutdown grace ends (ShutdownCuts). */
+  streams?: ShutdownCuts;
   /** The worker's own id, for the response header. */
   workerId: string;
   /** The data-parallel rank the request ran on (the connection's headers name it to the engine), or null. */
@@ -286,6 +293,51 @@ function pageError(status: number, page: Buffer): unknown {
  */
 const MID_STREAM_ERROR_EVENTS = `data: ${JSON.stringify({ error: { message: 'the engine failed mid-stream', type: 'server_error', param: null, code: null } })}\n\ndata: [DONE]\n\n`;
 
+/** As MID_STREAM_ERROR_EVENTS, for a stream the gateway's shutdown grace ended. */
+const SHUTDOWN_ERROR_EVENTS = `data: ${JSON.stringify({ error: { message: 'the gateway shut down mid-stream', type: 'server_error', param: null, code: 'gateway_shutdown' } })}\n\ndata: [DONE]\n\n`;
+
+/**
+ * The streams under way (attempts whose event stream has begun reaching the client), for the
+ * gateway's shutdown: when its grace ends, each is ended as an engine's failure mid-stream ends
+ * one (an error event, then data: [DONE]) before the connections are cut, so a client reading to
+ * [DONE] sees the stream end rather than a connection closed early.
+ */
+export class ShutdownCuts {
+  private readonly open = new Set<{ shutDown(): void }>();
+  /** The responses of the streams ended, until written. */
+  private readonly ending: Array<Promise<void>> = [];
+
+  add(attempt: { shutDown(): void }): void {
+    this.open.add(attempt);
+  }
+
+  delete(attempt: { shutDown(): void }): void {
+    this.open.delete(attempt);
+  }
+
+  get size(): number {
+    return this.open.size;
+  }
+
+  /** Ends every stream under way; resolves once their last events are written (or their clients gone). */
+  endAll(): Promise<void> {
+    for (const a of [...this.open]) a.shutDown();
+    const ending = this.ending.splice(0);
+    return Promise.all(ending).then(() => {});
+  }
+
+  /** A stream ended by endAll(): its response is waited for. */
+  ended(res: ServerResponse): void {
+    if (res.writableFinished || res.destroyed) return;
+    this.ending.push(
+      new Promise<void>((resolve) => {
+        res.once('finish', resolve);
+        res.once('close', resolve);
+      }),
+    );
+  }
+}
+
 /**
  * Where an event stream stands just before a chunk, for finding where the chunk's events end:
  * in the middle of a line, at the start of one (after an LF, or at the start of the stream),
@@ -396,7 +448,7 @@ class SentOnce implements Iterable<Buffer> {
  * its first whole event) was overdue, the worker left rotation, or the answer stalled (a
  * stream's next event, or the rest of a whole answer, overdue past the inter-chunk timeout).
  */
-type GiveUpReason = 'client' | 'first-byte' | 'worker-out' | 'stalled';
+type GiveUpReason = 'client' | 'first-byte' | 'worker-out' | 'stalled' | 'shutdown';
 
 /** A withdrawal that has nothing to withdraw: the request was handed to undici. */
 const NOT_WAITING = (): boolean => false;
@@ -556,6 +608,25 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     this.giveUp('worker-out');
   }
 
+  /**
+   * The gateway's shutdown grace ended: a stream under way is ended with an error event and
+   * data: [DONE], as an engine's failure mid-stream ends one (onError), and its engine request
+   * aborted. Only streams whose answer has begun are in ShutdownCuts.
+   */
+  shutDown(): void {
+    if (this.settled || this.why !== undefined) return;
+    this.why = 'shutdown';
+    if (!this.res.writableEnded) {
+      // an unfinished event held back is dropped; one that passed through is ended first, so the
+      // error event is an event of its own (a stream whose [DONE] reached the client only ends)
+      this.res.end(this.doneSeen ? undefined : `${this.midEvent ? '\n\n' : ''}${SHUTDOWN_ERROR_EVENTS}`);
+      this.o.streams?.ended(this.res);
+    }
+    // settled first: undici reports the abort (onError) at once, and finds it settled
+    this.settle('shut-down');
+    this.abortUpstream?.(new Error('given up: shutdown'));
+  }
+
   private giveUp(reason: GiveUpReason): void {
     if (this.why !== undefined || this.settled) return;
     this.why = reason;
@@ -606,6 +677,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       this.res.off('drain', this.onDrain);
     }
     this.connection.unanswered.delete(this);
+    this.o.streams?.delete(this);
     this.resolve(outcome);
   }
 
@@ -814,6 +886,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     // (carryRequestId) does not stand in for an engine that gave none
     if (headers['x-request-id'] === undefined) this.res.removeHeader('x-request-id');
     this.res.writeHead(this.status, headers);
+    // a stream under way is ended with its error event if the gateway's shutdown grace ends first
+    if (this.eventStream) this.o.streams?.add(this);
   }
 
   onData(chunk: Buffer): boolean {

@@ -32,6 +32,7 @@ import {
 } from './body-budget.js';
 import { BodyRates, DEFAULT_MIN_BODY_RATE, DEFAULT_MIN_BODY_RATE_GRACE_MS, type WatchedBody } from './body-rate.js';
 import { CircuitBreaker } from './circuit-breaker.js';
+import { ShutdownCuts } from './forward.js';
 import {
   capClientConnections,
   checkMaxClientConnections,
@@ -88,6 +89,13 @@ const CHUNKED_ONLY = /^[ \t]*chunked[ \t]*$/i;
  * to every engine and take the descriptors the engines' requests need.
  */
 export const MAX_MODEL_LISTS_GATHERED = 16;
+
+/**
+ * Longest wait, once the shutdown grace ends, for the error events of the streams under way to be
+ * written before every connection is cut: they are a few hundred bytes, written at once to a
+ * client that reads.
+ */
+const SHUTDOWN_FLUSH_MS = 1000;
 
 /** A /v1/models list gathered from the workers: the models, how many workers were asked, those that gave none. */
 interface GatheredModels {
@@ -837,8 +845,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // for every front end on this router: the proxy and the endpoint picker
   const stopSharingPrefills = sharePrefillReads(router, state);
   const openAi = options.openAiRoutes ?? true;
+  // the streams under way, ended with an error event and data: [DONE] when the shutdown grace ends
+  const streams = new ShutdownCuts();
   const proxyDeps: ProxyDeps = {
     router,
+    streams,
     state,
     connections,
     breaker,
@@ -1077,8 +1088,20 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       // for the keep-alive timeout (72 s): closed as soon as it is idle
       const sweep = setInterval(() => app.server.closeIdleConnections(), IDLE_SWEEP_MS);
       // a stream a client keeps open (or an engine that never ends) must not hold the process
-      // past its grace: Kubernetes kills it at terminationGracePeriodSeconds anyway, uncleanly
-      const cut = graceMs === undefined ? undefined : setTimeout(() => app.server.closeAllConnections(), graceMs);
+      // past its grace: Kubernetes kills it at terminationGracePeriodSeconds anyway, uncleanly. A
+      // stream under way gets the error event and data: [DONE] an engine's failure mid-stream
+      // gets, first (within SHUTDOWN_FLUSH_MS: a client that does not read is cut without them)
+      const cutAll = () => app.server.closeAllConnections();
+      const cut =
+        graceMs === undefined
+          ? undefined
+          : setTimeout(() => {
+              const flushed = setTimeout(cutAll, SHUTDOWN_FLUSH_MS).unref();
+              void streams.endAll().then(() => {
+                clearTimeout(flushed);
+                cutAll();
+              });
+            }, graceMs);
       try {
         await closed;
       } finally {

@@ -32,7 +32,7 @@ import type { WorkerState } from '../core/worker-registry.js';
 import type { StateStore } from '../state/state-store.js';
 import type { BodyBudget } from './body-budget.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
-import { forward } from './forward.js';
+import { forward, type ShutdownCuts } from './forward.js';
 import type { FailureReason, GatewayMetrics } from './metrics.js';
 import type { PanicRouting } from './panic-routing.js';
 import {
@@ -52,6 +52,8 @@ import { NO_WORKERS, type WorkerConnections } from './worker-connections.js';
 
 export interface ProxyDeps {
   router: KVAwareRouter;
+  /** The streams under way, ended with an error event when the shutdown grace ends. */
+  streams?: ShutdownCuts;
   state: StateStore;
   connections: WorkerConnections;
   breaker: CircuitBreaker;
@@ -368,11 +370,14 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         onConnectionLost: () => (connectionLost = true),
         onFailed: (reason) => (failure = reason),
         onCommitted: dropBody,
+        streams: deps.streams,
         answerBudget,
         onAnswerBudgetFull,
       });
       release(decision);
       // a client that went away says nothing about the engine: no failure, no retry
+      // (a stream the shutdown grace ended: nothing the engine did wrong either; its events are written)
+      if (outcome === 'shut-down') return reply;
       if (outcome === 'client-gone') {
         if (!reply.sent) {
           reply.hijack();

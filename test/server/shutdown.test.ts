@@ -1,6 +1,7 @@
 /**
  * Shutting down: requests in flight finish within the grace, and a stream that outlives it is
- * cut (its engine request aborted) instead of holding the process open.
+ * ended with an error event and data: [DONE] and cut (its engine request aborted) instead of
+ * holding the process open.
  */
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
@@ -71,7 +72,8 @@ test('close() lets a request in flight finish, answers it whole, and ends once i
   }
 });
 
-test('close(grace) cuts a stream that outlives the grace and aborts its engine request', async () => {
+/** A stream that outlives the grace, its engine having sent one event and `tail` (part of another). */
+async function streamCutAtGrace(tail: string): Promise<void> {
   let engineRequestClosed = false;
   const engine = await fakeEngine((req, res) => {
     if (!completionsOnly(req, res)) return;
@@ -79,7 +81,7 @@ test('close(grace) cuts a stream that outlives the grace and aborts its engine r
     req.on('end', () => {
       res.writeHead(200, { 'content-type': 'text/event-stream' });
       res.write(
-        `data: ${JSON.stringify({ id: 'c1', object: 'text_completion', choices: [{ index: 0, text: 'a' }] })}\n\n`,
+        `data: ${JSON.stringify({ id: 'c1', object: 'text_completion', choices: [{ index: 0, text: 'a' }] })}\n\n${tail}`,
       );
       // and never ends
     });
@@ -97,7 +99,7 @@ test('close(grace) cuts a stream that outlives the grace and aborts its engine r
     const first = await reader.read();
     assert.match(Buffer.from(first.value!).toString(), /"a"/);
     await within(gateway.close(100), 30_000, 'close(100) with a stream that never ends');
-    // the client's stream ends (cut, so either a read error or an end without [DONE])
+    // the client's stream ends as a stream an engine broke off does: its error event, then [DONE]
     const rest = await within(
       (async () => {
         let text = '';
@@ -114,13 +116,23 @@ test('close(grace) cuts a stream that outlives the grace and aborts its engine r
       30_000,
       'the client stream ending',
     );
-    assert.doesNotMatch(rest, /\[DONE\]/, 'a cut stream does not claim to be complete');
+    const events = rest.split('\n\n').filter((e) => e !== '');
+    assert.deepEqual(events.slice(-1), ['data: [DONE]'], rest);
+    const error = JSON.parse(events.at(-2)!.replace(/^data: /, '')) as { error: { type: string; code: string } };
+    assert.equal(error.error.type, 'server_error');
+    assert.equal(error.error.code, 'gateway_shutdown');
     await until(() => engineRequestClosed, "the engine's request is aborted");
     await until(() => gateway.router.listWorkers()[0].inFlightRequests === 0, 'the cut request is released');
   } finally {
     await engine.close();
   }
-});
+}
+
+test('close(grace) ends a stream that outlives the grace with an error event and [DONE], and aborts its engine request', () =>
+  streamCutAtGrace(''));
+
+test('close(grace) ends a stream cut in the middle of an event with the error event as an event of its own', () =>
+  streamCutAtGrace('data: {"id":"c1","object":"text_'));
 
 test('close() refuses a negative grace', async () => {
   const gateway = await createGateway({ router: new KVAwareRouter({ policy: 'round-robin' }), workers: [], ...quiet });
