@@ -52,6 +52,7 @@ import {
   registerKvEventMetrics,
 } from './metrics.js';
 import {
+  checkContentEncoding,
   createRequestParser,
   createRequestReader,
   openAiError,
@@ -509,7 +510,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
        * first. `expectsContinue`: the client waits for a 100 before it sends the body (Expect:
        * 100-continue); it is told to go on only once none of them applies, and not when the body
        * is over the limit (Fastify refuses it, 413, on its Content-Length): a body about to be
-       * refused is not asked for (RFC 9110 §10.1.1).
+       * refused is not asked for (RFC 9110 §10.1.1). Nor is one a route refuses on the headers
+       * (no route, another method, a compressed body, no valid API key): the 100 goes once the
+       * body is read (continueOnRead), and a refusal before that is the only answer.
        */
       const serve = (req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): void => {
         // every answer the gateway writes itself carries the client's x-request-id back
@@ -577,7 +580,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           return answerPipelineFull(res);
         }
         if (!admitBody(req, res)) return countOnClose(req, res);
-        if (expectsContinue && !(Number(req.headers['content-length']) > bodyLimit)) res.writeContinue();
+        if (expectsContinue && !(Number(req.headers['content-length']) > bodyLimit)) continueOnRead(req, res);
         if (fastPath === undefined || !fastPath(req, res)) handler(req, res);
       };
       // without this listener Node says 100 Continue before any check has run
@@ -790,6 +793,17 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // a body of undeclared length (chunked) takes its bytes from the budget as they are read; a
   // callback hook, not an async one: no promise per request
   app.addHook('preParsing', (req, _reply, payload, done) => {
+    // a client waiting for its 100 (continueOnRead) has sent no body: what its headers alone
+    // refuse is answered without asking for it (the error handler answers a path with no route
+    // 404 or 405, as it does whatever is wrong with the body)
+    if (awaitingContinue.has(req.raw)) {
+      if (req.is404) return done(Object.assign(new Error('no route'), { statusCode: 404 }));
+      try {
+        checkContentEncoding(req.headers['content-encoding']);
+      } catch (err) {
+        return done(err as Error);
+      }
+    }
     const charge = req.headers['transfer-encoding'] === undefined ? undefined : bodyCharges.get(req.raw);
     done(null, charge === undefined ? payload : chargedBody(payload, charge, bodyLimit));
   });
@@ -1112,6 +1126,26 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       await connections.close();
       await state.close();
     },
+  };
+}
+
+/** Requests whose client waits for a 100 Continue the gateway has not said yet (continueOnRead). */
+const awaitingContinue = new WeakSet<IncomingMessage>();
+
+/**
+ * Says 100 Continue to a client that waits for it before it sends the body only once the body is
+ * read (the fast path's, Fastify's read): an answer given before that (a 401, 404, 405, 415) is
+ * given without a 100, and the client never sends a body that would not be read (RFC 9110
+ * §10.1.1). Node's checkContinue leaves the 100 to the server; a stream asks for data with _read.
+ */
+function continueOnRead(req: IncomingMessage, res: ServerResponse): void {
+  awaitingContinue.add(req);
+  const read = req._read;
+  req._read = function (this: IncomingMessage, size: number) {
+    req._read = read;
+    awaitingContinue.delete(req);
+    if (!res.headersSent && !res.writableEnded) res.writeContinue();
+    return read.call(this, size);
   };
 }
 

@@ -3,10 +3,13 @@
  * before it sends the body, so that a request refused on its headers alone is refused before
  * the body is sent (RFC 9110 §10.1.1). The gateway says 100 only to a request it will read: one
  * over the body limit, over the body budget, without a Host or with a transfer coding it does
- * not decode gets its refusal at once, and no 100. Real sockets; every wait has a deadline.
+ * not decode gets its refusal at once, and no 100; so does one a route's checks on its headers
+ * refuse (no route, a method the path is not served with, a compressed body, no valid API key):
+ * the 100 is said once the body is read. Real sockets; every wait has a deadline.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
+import { ApiKeys } from '../../src/server/api-keys.js';
 import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
 import { rawClient } from '../helpers/raw-client.js';
 import { until } from '../helpers/wait.js';
@@ -79,5 +82,52 @@ test('a request the gateway will read gets its 100 Continue, then its answer', a
     assert.match(client.received(), /"text":"ok"/);
   } finally {
     client.socket.destroy();
+  }
+});
+
+test('a request refused on its headers by a route check gets the refusal as its first line, not a 100', async () => {
+  // RFC 9110 §10.1.1: a server that will refuse the request on its headers answers that at
+  // once; Node says 100 whenever asked, so the gateway says it only when the body is read
+  for (const [what, raw, status] of [
+    ['a compressed body', head(10, 'Host: x\r\nContent-Encoding: gzip\r\n'), 415],
+    ['no route', head(10).replace('/v1/completions', '/v1/nowhere'), 404],
+    ['a method the path is not served with', head(10).replace('POST /v1/completions', 'PUT /v1/completions'), 405],
+  ] as const) {
+    const received = await headersOnly(raw);
+    assert.match(received, new RegExp(`^HTTP/1\\.1 ${status} `), `${what}: ${received}`);
+  }
+});
+
+test('with API keys, a request without a valid key gets its 401 as the first line, not a 100', async () => {
+  const keyed = await gatewayOnEngine({
+    bodyLimit: BODY_LIMIT,
+    bufferedBodyLimit: BODY_LIMIT,
+    apiKeys: new ApiKeys({ 'sk-valid-key-0123456789': 'tenant' }),
+  });
+  try {
+    const client = await rawClient(keyed.port);
+    try {
+      client.socket.write(head(10, 'Host: x\r\nAuthorization: Bearer sk-wrong-key-0123456789\r\n'));
+      await until(
+        () => /HTTP\/1\.1 [1-5]\d\d /.test(client.received()) || client.closed(),
+        'an answer to the headers alone',
+      );
+      assert.match(client.received(), /^HTTP\/1\.1 401 /, client.received());
+    } finally {
+      client.socket.destroy();
+    }
+    // a valid key: the 100, then the answer (Fastify reads the body)
+    const body = '{"model":"m","prompt":"x","max_tokens":1}';
+    const valid = await rawClient(keyed.port);
+    try {
+      valid.socket.write(head(body.length, 'Host: x\r\nAuthorization: Bearer sk-valid-key-0123456789\r\n'));
+      await until(() => valid.received().startsWith('HTTP/1.1 100 Continue\r\n\r\n'), 'the 100 Continue');
+      valid.socket.write(body);
+      await until(() => /HTTP\/1\.1 200 /.test(valid.received()), 'the answer');
+    } finally {
+      valid.socket.destroy();
+    }
+  } finally {
+    await keyed.close();
   }
 });
