@@ -44,6 +44,7 @@ import {
   markAnsweredOnSocket,
   markCutByGateway,
   createGatewayMetrics,
+  registerStateRefusalMetrics,
   registerTokenizeRefusalMetrics,
   registerAnswerBudgetMetrics,
   registerBodyBudgetMetrics,
@@ -90,6 +91,12 @@ const CHUNKED_ONLY = /^[ \t]*chunked[ \t]*$/i;
  * to every engine and take the descriptors the engines' requests need.
  */
 export const MAX_MODEL_LISTS_GATHERED = 16;
+
+/**
+ * Most worker ids whose refusal (another replica's worker this one cannot take) is logged, once
+ * each; past them refusals are only counted (contextforge_state_workers_not_added_total).
+ */
+export const MAX_REFUSED_WORKERS_LOGGED = 100;
 
 /**
  * Longest wait, once the shutdown grace ends, for the error events of the streams under way to be
@@ -673,6 +680,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     connections.add(w, true);
     operatorWorkers.add(w.id);
   }
+  // the worker ids whose refusal (addWorkerFromState) was logged; '' once the bound was said
+  const refusedWorkersLogged = new Set<string>();
+  const workersNotAdded = registerStateRefusalMetrics(metrics.registry);
   try {
     await state.attach({
       router,
@@ -682,15 +692,30 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           connections.add(w);
         } catch (err) {
           // another replica's worker this one cannot take (an engine-key variable it may not read
-          // or does not have, a full router): said here, where the operator looks for it
-          log(
-            `worker '${String(w?.id).slice(0, 64)}' added by another replica not added here: ${(err as Error).message}`,
-          );
+          // or does not have, a full router): said here, where the operator looks for it, once
+          // per worker id (a peer may send the same message, or garbage, thousands of times);
+          // every refusal is counted
+          workersNotAdded.inc();
+          const id = String(w?.id).slice(0, 64);
+          if (refusedWorkersLogged.has(id)) return;
+          if (refusedWorkersLogged.size >= MAX_REFUSED_WORKERS_LOGGED) {
+            if (refusedWorkersLogged.size === MAX_REFUSED_WORKERS_LOGGED) {
+              refusedWorkersLogged.add('');
+              log(
+                `${MAX_REFUSED_WORKERS_LOGGED} workers added by another replica were not added here: more are counted in contextforge_state_workers_not_added_total, not logged`,
+              );
+            }
+            return;
+          }
+          refusedWorkersLogged.add(id);
+          log(`worker '${id}' added by another replica not added here: ${(err as Error).message}`);
           return;
         }
+        refusedWorkersLogged.delete(w.id);
         log(`worker '${w.id}' added by another replica`);
       },
       removeWorkerFromState: (id) => {
+        refusedWorkersLogged.delete(String(id).slice(0, 64));
         removeWorkerLocally(id);
         log(`worker '${id}' removed by another replica`);
       },

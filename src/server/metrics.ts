@@ -313,6 +313,15 @@ export function registerBodyBudgetMetrics(registry: Registry, budget: { used: nu
   });
 }
 
+/** Workers another replica added (shared state) that this one could not take; the counter to increment. */
+export function registerStateRefusalMetrics(registry: Registry): Counter {
+  return new Counter({
+    name: 'contextforge_state_workers_not_added_total',
+    help: 'Workers added by another replica (shared state) that this replica could not add (an engine-key variable it may not read, a full router, a malformed record).',
+    registers: [registry],
+  });
+}
+
 /** Requests cut because their body arrived too slowly (body-rate.ts); the counter to increment. */
 export function registerBodyRateMetrics(registry: Registry): Counter {
   return new Counter({
