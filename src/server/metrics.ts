@@ -402,22 +402,25 @@ export function registerAnswerBudgetMetrics(registry: Registry, budget: { used: 
 
 /**
  * Answers other than 200 from the engines' /tokenize (--tokenize engine, or auto with KV
- * events), per router worker and status, read from the worker connections when scraped: a
- * request none of them tokenized is routed without token ids (no cached prefix seen). The
- * status label is the HTTP status, `other` outside 100-599; a removed worker's series leave with it.
+ * events) and its failures, per router worker, status and reason, read from the worker
+ * connections when scraped: a request none of them tokenized is routed without token ids (no
+ * cached prefix seen). An answer other than 200 has reason `refused` and the HTTP status
+ * (`other` outside 100-599); a failure has status `none` and reason `timeout` (no answer within
+ * the deadline), `malformed` (an answer that is no list of token ids the router takes) or
+ * `error` (the connection failed). A removed worker's series leave with it.
  */
 export function registerTokenizeRefusalMetrics(
   registry: Registry,
-  refusals: () => Iterable<{ worker: string; status: string; count: number }>,
+  refusals: () => Iterable<{ worker: string; status: string; reason: string; count: number }>,
 ): void {
   new Counter({
     name: 'contextforge_engine_tokenize_refusals_total',
-    help: "Answers other than 200 from a worker's engine /tokenize, per worker and HTTP status (the request is asked of another engine or routed without token ids).",
-    labelNames: ['worker', 'status'] as const,
+    help: "Answers other than 200 (reason refused, by HTTP status) and failures (status none; reason timeout, malformed or error) of a worker's engine /tokenize (the request is asked of another engine or routed without token ids).",
+    labelNames: ['worker', 'status', 'reason'] as const,
     registers: [registry],
     collect() {
       this.reset();
-      for (const { worker, status, count } of refusals()) this.inc({ worker, status }, count);
+      for (const { worker, status, reason, count } of refusals()) this.inc({ worker, status, reason }, count);
     },
   });
 }

@@ -60,8 +60,10 @@ export interface WorkerConnection {
   /** The worker's own id (its ranks share it). */
   workerId: string;
   /**
-   * Its engine's /tokenize answers other than 200, by status (`tokenizeRefusalStatus`): counted
-   * in contextforge_engine_tokenize_refusals_total under this router worker's id.
+   * Its engine's /tokenize answers other than 200 and failures, by `${status} ${reason}` (the
+   * status as tokenizeRefusalStatus gives it and reason `refused`, or status `none` and the
+   * failure's kind): counted in contextforge_engine_tokenize_refusals_total under this router
+   * worker's id.
    */
   tokenizeRefusals: Map<string, number>;
   /** The data-parallel rank this router worker is, when the worker has ranks. */
@@ -279,6 +281,8 @@ export class WorkerConnections {
   private refreshedAt = -Infinity;
   /** Workers (their own ids) whose engine's first /tokenize refusal was logged: one line per worker, not per request. */
   private readonly tokenizeRefusalLogged = new Set<string>();
+  /** Workers (their own ids) whose engine's first /tokenize failure (timeout, malformed answer, error) was logged. */
+  private readonly tokenizeFailureLogged = new Set<string>();
 
   private readonly engineConnections: number;
   private readonly keyEnvs: EngineKeyEnvs;
@@ -463,9 +467,12 @@ export class WorkerConnections {
   }
 
   /** /tokenize refusals counted so far, per router worker and status (the metric's series). */
-  *tokenizeRefusalCounts(): IterableIterator<{ worker: string; status: string; count: number }> {
+  *tokenizeRefusalCounts(): IterableIterator<{ worker: string; status: string; reason: string; count: number }> {
     for (const [worker, c] of this.connections)
-      for (const [status, count] of c.tokenizeRefusals) yield { worker, status, count };
+      for (const [key, count] of c.tokenizeRefusals) {
+        const [status, reason] = key.split(' ') as [string, string];
+        yield { worker, status, reason, count };
+      }
   }
 
   /** The workers as configured (once each, whatever their ranks), for the shared state. */
@@ -735,6 +742,7 @@ export class WorkerConnections {
     // a worker added under its id again reads its own list, not the end of this one's read
     this.reading.delete(first.workerId);
     this.tokenizeRefusalLogged.delete(first.workerId);
+    this.tokenizeFailureLogged.delete(first.workerId);
     void first.pool.close().catch(() => {}); // lets its in-flight requests finish
     let removed = false;
     for (const rid of ids) {
@@ -906,7 +914,8 @@ export class WorkerConnections {
         signal: deadline,
       });
       try {
-        if (res.statusCode !== 200) return void (await this.tokenizeRefused(c, res.statusCode, res.body));
+        if (res.statusCode !== 200)
+          return void (await this.tokenizeRefused(c, res.statusCode, res.body).catch(() => {}));
         const maxTokens = this.options.router.maxPromptTokens;
         const maxBytes = Math.min(
           MAX_TOKENIZE_BYTES,
@@ -920,13 +929,17 @@ export class WorkerConnections {
         // router would refuse the client's request for it): the request goes without token ids,
         // and an engine that finds the prompt too long says so itself
         const tokens = out?.tokens;
-        return Array.isArray(tokens) && tokens.length <= maxTokens && isTokenIdList(tokens) ? tokens : undefined;
+        if (Array.isArray(tokens) && tokens.length <= maxTokens && isTokenIdList(tokens)) return tokens;
+        this.tokenizeFailed(c, { kind: 'malformed', text: 'answered without a list of token ids the router takes' });
+        return undefined;
       } finally {
         // an answer left unread would keep its connection busy after the slot is given back
         if (!res.body.readableEnded) res.body.destroy();
       }
-    } catch {
-      return undefined; // the next engine is asked
+    } catch (err) {
+      // the next engine is asked (the deadline is the request's, for every engine asked in turn)
+      this.tokenizeFailed(c, deadline.aborted ? { kind: 'timeout', text: 'timed out' } : sideRequestFailure(err));
+      return undefined;
     } finally {
       c.slots.release();
     }
@@ -943,8 +956,8 @@ export class WorkerConnections {
     statusCode: number,
     body: Dispatcher.ResponseData['body'],
   ): Promise<void> {
-    const status = tokenizeRefusalStatus(statusCode);
-    c.tokenizeRefusals.set(status, (c.tokenizeRefusals.get(status) ?? 0) + 1);
+    const key = `${tokenizeRefusalStatus(statusCode)} refused`;
+    c.tokenizeRefusals.set(key, (c.tokenizeRefusals.get(key) ?? 0) + 1);
     if (this.tokenizeRefusalLogged.has(c.workerId)) return void (await body.dump());
     this.tokenizeRefusalLogged.add(c.workerId);
     // an error answer is a short JSON object: a longer one is logged without it
@@ -953,6 +966,23 @@ export class WorkerConnections {
       `worker '${c.workerId}': its engine's /tokenize answered ${statusCode}${said === '' ? '' : ` ${JSON.stringify(said)}`}; ` +
         'the request was asked of another engine or routed without token ids, its cached prefix unseen ' +
         '(SGLang releases whose /tokenize takes only a prompt refuse chats: docs/engines.md). Its further refusals are not logged: /metrics counts them in contextforge_engine_tokenize_refusals_total',
+    );
+  }
+
+  /**
+   * Counts a /tokenize that gave no answer in time, an answer that is no list of token ids, or a
+   * connection that failed, and logs the first of its worker: the request was routed without
+   * token ids, and nothing said why.
+   */
+  private tokenizeFailed(c: WorkerConnection, failure: { kind: SideRequestFailureKind; text: string }): void {
+    const key = `none ${failure.kind}`;
+    c.tokenizeRefusals.set(key, (c.tokenizeRefusals.get(key) ?? 0) + 1);
+    if (this.tokenizeFailureLogged.has(c.workerId)) return;
+    this.tokenizeFailureLogged.add(c.workerId);
+    this.options.log(
+      `worker '${c.workerId}': its engine's /tokenize ${failure.text} (${failure.kind}); ` +
+        'the request was asked of another engine or routed without token ids, its cached prefix unseen. ' +
+        'Its further failures are not logged: /metrics counts them in contextforge_engine_tokenize_refusals_total{reason}',
     );
   }
 
