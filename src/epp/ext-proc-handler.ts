@@ -85,6 +85,8 @@ export type PickOutcome =
       message: string;
       param?: string | null;
       retryAfterSeconds?: number;
+      /** The error body's `code` (as the gateway's for the same refusal). */
+      code?: string | null;
       /** Headers of the local reply besides its content type (allow: on a 405). */
       headers?: Readonly<Record<string, string>>;
     };
@@ -266,7 +268,7 @@ export function createProcessHandler(
           outcome.message,
           outcome.param ?? null,
           outcome.retryAfterSeconds,
-          null,
+          outcome.code ?? null,
           outcome.headers,
         );
       if (closed) {

@@ -445,7 +445,13 @@ export class RouterPicker implements EndpointPicker {
       throw err;
     }
     if (decision.noWorker)
-      return { ok: false, status: 503, message: 'no worker can take the request now', retryAfterSeconds: 1 };
+      return {
+        ok: false,
+        status: 503,
+        message: 'no worker can take the request now',
+        retryAfterSeconds: 1,
+        code: 'no_worker_available',
+      };
     if (decision.shared) state.decisionMade(decision.shared);
     try {
       return this.routed(decision, routeRequest, excluded, panicCandidates, firstTokenReported, {

@@ -227,7 +227,11 @@ test('a worker whose /health answers 500 is not panic-routed: the picker answers
     assert.equal(s.gateway.health.heldOutBySlowProbesOnly('failing'), false);
     const out = await envoy.request(completion('error status'));
     assert.equal(out.kind, 'immediate');
-    if (out.kind === 'immediate') assert.equal(out.status, 503, out.body);
+    if (out.kind === 'immediate') {
+      assert.equal(out.status, 503, out.body);
+      // the gateway's code for the same refusal
+      assert.equal((JSON.parse(out.body) as { error: { code: string } }).error.code, 'no_worker_available');
+    }
     assert.equal(await sample(s.gateway.metrics, PANIC_ROUTED), 0);
     assert.equal(e.completions, 0);
   } finally {
