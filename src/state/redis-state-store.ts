@@ -69,6 +69,17 @@ const READONLY_RETRY_MAX_MS = 30_000;
  */
 const DATABASE_RETRY_MIN_MS = 1000;
 
+/**
+ * How far ahead of this replica's clock a heartbeat in `{prefix}replicas` may be dated and still
+ * count (another replica's clock running ahead); one dated further is garbage, and dropped.
+ */
+const HEARTBEAT_AHEAD_MS = 60_000;
+
+/** Whether `err` is Redis's refusal of a command for the kind of value its key holds. */
+function isWrongKind(err: Error | null | undefined): boolean {
+  return err instanceof ReplyError && /^WRONGTYPE\b/.test((err as Error).message);
+}
+
 /** Deletes KEYS[1] only while it holds ARGV[1] (one round trip, atomic). */
 const DELETE_IF_EQUAL = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
@@ -119,6 +130,13 @@ for j = 1, #over, 1000 do
   redis.call('DEL', unpack(keys))
 end
 return written`;
+
+/**
+ * Block entries read per MGET when the state is loaded: an entry holds a decision's whole
+ * chain, tens of kilobytes for a long prompt, and one read of every entry would outlast the
+ * command timeout.
+ */
+const CHAINS_PER_READ = 100;
 
 /** Workflows written back per WRITE_WORKFLOWS call after an outage: one short script each, not one for all. */
 const WORKFLOWS_PER_WRITE = 500;
@@ -220,6 +238,8 @@ interface RedisStats {
   replicasSeen: number;
   /** Posted KV-event batches larger than MAX_RELAYED_EVENTS_BYTES: applied only here. */
   eventBatchesNotShared: number;
+  /** Block entries a resynchronisation could not read (a batch that timed out) and skipped. */
+  chainsSkipped: number;
 }
 
 /**
@@ -300,6 +320,8 @@ export class RedisStateStore implements StateStore {
   private heartbeatWritten = false;
   /** A write-back after Redis lost its data, while it runs. */
   private rewriting = false;
+  /** The keys found holding another kind of value, logged once each (replaceWrongKind()). */
+  private readonly loggedWrongKinds = new Set<string>();
   /** The kinds of refusal already logged on this connection. */
   private readonly loggedRefusals = new Set<string>();
   /** Before this time a READONLY refusal does not reconnect (see READONLY_RETRY_MIN_MS). */
@@ -346,6 +368,10 @@ export class RedisStateStore implements StateStore {
   private readonly unsyncedDrains = new Map<string, boolean>();
   /** Whether the subscriber is subscribed to the channel (on its current connection). */
   private subscribed = false;
+  /** Whether the subscriber was ever subscribed: subscribing again means it lost messages. */
+  private subscribedBefore = false;
+  /** Set when the other replicas' tallies must be reseeded from their snapshots at the next load sync. */
+  private reseedLoad = false;
   private readonly subscribedWaiters: Array<() => void> = [];
   /** What the resynchronisations reading the registry now have heard since they started reading. */
   private readonly hearing = new Set<HeardChanges>();
@@ -365,6 +391,7 @@ export class RedisStateStore implements StateStore {
     malformedMessages: 0,
     replicasSeen: 0,
     eventBatchesNotShared: 0,
+    chainsSkipped: 0,
   };
 
   constructor(options: RedisStateOptions) {
@@ -408,7 +435,13 @@ export class RedisStateStore implements StateStore {
     // subscribed on every 'ready' below rather than by ioredis's autoResubscribe, whose
     // SUBSCRIBE has no handler: a connection closed before Redis answers it would reject a
     // promise nobody holds and take the process down
-    this.sub = new Redis({ ...common, commandTimeout: undefined, enableOfflineQueue: true, autoResubscribe: false });
+    this.sub = new Redis({
+      ...common,
+      commandTimeout: undefined,
+      enableOfflineQueue: true,
+      autoResubscribe: false,
+      connectionName: `contextforge-${this.replicaId}-sub`,
+    });
     // state changes are handled below; errors are counted where they surface
     this.cmd.on('error', (err: Error) => {
       this.connectionError = err;
@@ -753,11 +786,32 @@ export class RedisStateStore implements StateStore {
    * beside it (the PUBLISH that needs no memory), as it would in a transaction. Rejects when
    * a command got no answer (timeout, connection lost).
    */
-  private async run(batch: ChainableCommander, what: string): Promise<[Error | null, unknown][]> {
+  private async run(
+    batch: ChainableCommander,
+    what: string,
+    handled: (err: Error) => boolean = () => false,
+  ): Promise<[Error | null, unknown][]> {
     const res = (await batch.exec()) ?? [];
     for (const [err] of res) if (err && !(err instanceof ReplyError)) throw err;
-    for (const [err] of res) if (err) this.failed(err, what);
+    for (const [err] of res) if (err && !handled(err)) this.failed(err, what);
     return res;
+  }
+
+  /**
+   * One of the fleet's own keys holds a value of another kind (WRONGTYPE: written by hand, or
+   * by another program sharing the prefix): it is deleted, for the store to write it anew.
+   * Counted among the errors; logged once per key.
+   */
+  private async replaceWrongKind(key: string): Promise<void> {
+    this.counters.errors++;
+    const name = this.key(key);
+    if (!this.loggedWrongKinds.has(name)) {
+      this.loggedWrongKinds.add(name);
+      this.host?.log(`state: ${name} in redis holds another kind of value (WRONGTYPE); deleted, written anew`);
+    }
+    // the next heartbeat is then added, not updated: not a sign that Redis lost the state
+    this.heartbeatWritten = false;
+    await this.cmd.del(name);
   }
 
   private subscribe(): void {
@@ -765,6 +819,9 @@ export class RedisStateStore implements StateStore {
       () => {
         this.subscribed = true;
         for (const done of this.subscribedWaiters.splice(0)) done();
+        // subscribed again on a connection that stayed up: what was published meanwhile is lost
+        if (this.subscribedBefore) this.subscriberCameBack();
+        this.subscribedBefore = true;
       },
       () => {
         if (this.closed) return;
@@ -962,6 +1019,32 @@ export class RedisStateStore implements StateStore {
   }
 
   /**
+   * The subscriber lost its connection and subscribed again while the command connection
+   * stayed up (Redis killed it: `CLIENT KILL TYPE pubsub`, or a subscriber past its
+   * client-output-buffer-limit): every message published meanwhile was missed, so the other
+   * replicas' tallies and the registry may be wrong for good. Treated as an outage: logged,
+   * counted, the tallies reseeded from the load snapshots and the state resynchronised. A
+   * subscriber back while the replica is down is left to the reconnection's resynchronisation.
+   */
+  private subscriberCameBack(): void {
+    if (!this.up || this.closed || !this.host) return;
+    this.counters.outages++;
+    this.host.log(
+      "state: lost the subscription to redis's channel (messages were missed); resynchronising with the shared state",
+    );
+    this.reseedLoad = true;
+    void this.syncLoad();
+    if (this.rewriting) return;
+    this.rewriting = true;
+    void this.resync()
+      .then(
+        () => void this.counters.resyncs++,
+        (err: Error) => this.failed(err, 'the resynchronisation after the subscription was lost'),
+      )
+      .finally(() => (this.rewriting = false));
+  }
+
+  /**
    * READONLY: the server this connection reached was a primary and is a replica now (a
    * failover: Sentinel, a managed Redis, a Kubernetes Service whose endpoint moved), and the
    * connection stays on it for as long as it lives. Reconnecting reaches the new primary
@@ -1128,18 +1211,40 @@ export class RedisStateStore implements StateStore {
         else if (values[i] !== null) this.counters.malformedMessages++;
       });
     }
-    // block entries other replicas recorded
-    for await (const keys of this.scan(this.key('chain', '*'))) {
-      const values = await this.cmd.mget(...keys);
-      for (const v of values) {
-        if (v === null) continue;
-        try {
-          const msg = JSON.parse(v) as WireDecision;
-          // nor kept to withdraw: whether it was refused, or is past refusal, was not heard here
-          if (msg.r !== this.replicaId) this.applyDecision({ ...msg, wf: undefined, s: undefined, i: undefined });
-        } catch {
-          this.counters.malformedMessages++;
-        }
+    // block entries other replicas recorded, best effort: read a bounded batch at a time (an
+    // entry can hold thousands of blocks), and a batch that fails is counted and skipped; the
+    // rest still loads, and the replica comes up (the blocks come back with the next requests)
+    let skipped = 0;
+    for await (const keys of this.scan(this.key('chain', '*')))
+      for (let at = 0; at < keys.length; at += CHAINS_PER_READ) {
+        const batch = keys.slice(at, at + CHAINS_PER_READ);
+        const values = await this.cmd.mget(...batch).catch((err: Error) => {
+          // a connection gone fails the resynchronisation, which is retried once it is back
+          if (this.cmd.status !== 'ready') throw err;
+          this.failed(err, 'the block entries read');
+          skipped += batch.length;
+          return [];
+        });
+        this.applyChains(values);
+      }
+    if (skipped > 0) {
+      this.counters.chainsSkipped += skipped;
+      this.host?.log(
+        `state: ${skipped} block entries in redis could not be read in time and were skipped (state.chainsSkipped); routing goes on without them`,
+      );
+    }
+  }
+
+  /** Applies block entries other replicas recorded (their decisions' messages). */
+  private applyChains(values: Array<string | null>): void {
+    for (const v of values) {
+      if (v === null) continue;
+      try {
+        const msg = JSON.parse(v) as WireDecision;
+        // nor kept to withdraw: whether it was refused, or is past refusal, was not heard here
+        if (msg.r !== this.replicaId) this.applyDecision({ ...msg, wf: undefined, s: undefined, i: undefined });
+      } catch {
+        this.counters.malformedMessages++;
       }
     }
   }
@@ -1349,18 +1454,25 @@ export class RedisStateStore implements StateStore {
         (err: Error) => err,
       );
       // the heartbeat apart from it: a refused snapshot (out of memory) must not cost the replica list
+      // heartbeats dated past any clock's lead are garbage (or a clock to fix): dropped with the
+      // stale ones before the set is read, so only the replicas within the window are
+      const ahead = now + Math.max(ttl, HEARTBEAT_AHEAD_MS);
       const res = await this.run(
         this.cmd
           .pipeline()
           .zadd(this.key('replicas'), String(now), this.replicaId)
           .zremrangebyscore(this.key('replicas'), '-inf', now - ttl)
+          .zremrangebyscore(this.key('replicas'), `(${ahead}`, '+inf')
           .zrange(this.key('replicas'), '0', '-1'),
         'the load sync',
+        isWrongKind,
       );
       const unwritten = await written;
       if (unwritten && !(unwritten instanceof ReplyError)) throw unwritten;
       this.lastAnswerAt = Date.now();
       if (unwritten) this.failed(unwritten, "this replica's load");
+      // the fleet's own key holds another kind of value: deleted, rewritten by the next sync
+      if (res.some(([err]) => isWrongKind(err))) return await this.replaceWrongKind('replicas');
       // no heartbeat could be written (out of memory, read-only), so none of the others' either:
       // which replicas are gone is unknown, and their load stays as their messages keep it
       if (res[0]?.[0] !== null) return;
@@ -1370,10 +1482,16 @@ export class RedisStateStore implements StateStore {
       // the heartbeat was added, not updated: Redis lost what this replica wrote
       if (res[0][1] === 1 && this.heartbeatWritten) this.writeBackLost();
       this.heartbeatWritten = true;
-      const replicas = ((res[2]?.[1] as string[] | undefined) ?? []).filter((r) => r !== this.replicaId);
+      const replicas = ((res[3]?.[1] as string[] | undefined) ?? []).filter((r) => r !== this.replicaId);
       this.counters.replicasSeen = replicas.length + 1;
       // replicas that stopped heartbeating: their requests are gone with them
       let changed = this.remote.retain(new Set(replicas));
+      if (this.reseedLoad) {
+        // messages were missed: every tally starts again from its replica's snapshot
+        this.reseedLoad = false;
+        this.remote.clear();
+        changed = true;
+      }
       // replicas not heard from yet (joined, or after an outage) start from their snapshot;
       // past the replicas tallied, none is read (the rest are refused, and counted)
       const unseen = replicas.filter((r) => !this.remote.has(r));
@@ -1382,7 +1500,10 @@ export class RedisStateStore implements StateStore {
       const snapshots = await Promise.all(
         fresh.map((r) => this.unlessWrongKind(this.cmd.hgetall(this.key('load', r)), {}, `load:${r}`)),
       );
+      // a replica without a snapshot (idle, or a member no replica wrote) is not tallied:
+      // its messages, or its next snapshot, start its tally
       fresh.forEach((r, i) => {
+        if (Object.keys(snapshots[i]).length === 0) return;
         this.remote.seed(r, decodeLoadSnapshot(snapshots[i]));
         changed = true;
       });

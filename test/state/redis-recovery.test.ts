@@ -1,0 +1,125 @@
+/**
+ * What a replica recovers from on the machine's Redis without losing its connection: its
+ * subscriber alone cut off (messages missed), its own keys holding another kind of value,
+ * garbage heartbeats in the replica set, and chain entries too large to read in one command.
+ */
+import assert from 'node:assert/strict';
+import { after, test } from 'node:test';
+import { Redis } from 'ioredis';
+import { KVAwareRouter } from '../../src/core/router/index.js';
+import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { encodeLoadEntry } from '../../src/state/redis-wire.js';
+import type { RemoteLoad } from '../../src/state/remote-load.js';
+import { REDIS_URL } from '../helpers/redis-routers.js';
+import { fixedWorkersHost, testPrefixes } from '../helpers/state-host.js';
+import { until } from '../helpers/wait.js';
+
+const redis = new Redis(REDIS_URL, { maxRetriesPerRequest: 0 });
+const prefixes = testPrefixes('recovery');
+const stores: RedisStateStore[] = [];
+after(async () => {
+  for (const s of stores) await s.close();
+  await prefixes.drop();
+  redis.disconnect();
+});
+
+/** A replica with worker `e0`, under `prefix`. */
+async function replica(id: string, prefix: string, syncIntervalMs = 50) {
+  const router = new KVAwareRouter({ blockSize: 16 });
+  const { host, logs } = fixedWorkersHost(router, ['e0']);
+  const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: id, syncIntervalMs });
+  stores.push(store);
+  await store.attach(host);
+  const view = () => router.listWorkers().find((x) => x.id === 'e0')!;
+  return { router, store, logs, view };
+}
+
+const remoteOf = (store: RedisStateStore) => (store as unknown as { remote: RemoteLoad }).remote;
+
+/** The id Redis gives the connection named `name` (CLIENT LIST). */
+async function clientId(name: string): Promise<string> {
+  const list = (await redis.call('CLIENT', 'LIST')) as string;
+  const line = list.split('\n').find((l) => l.includes(` name=${name} `));
+  assert.ok(line, `a connection named ${name}`);
+  return /\bid=(\d+)/.exec(line)![1];
+}
+
+test("a replica whose subscriber alone was cut off resynchronises: the others' tallies converge", async () => {
+  const prefix = prefixes.fresh();
+  const a = await replica('A', prefix);
+  const b = await replica('B', prefix);
+  // A has read B's heartbeat: B's tally is kept from here on, not dropped and seeded anew
+  await until(() => a.store.stats().replicasSeen === 2, "A to see B's heartbeat");
+  const route = (text: string) => b.router.route({ text: text.repeat(4000), promptTokens: 1000 }, { share: true });
+  const ended = route('x');
+  const running = route('y');
+  b.store.decisionMade(ended.shared!);
+  b.store.decisionMade(running.shared!);
+  await until(() => a.view().inFlightRequests === 2, "A to count B's two requests");
+  const outages = a.store.stats().outages as number;
+
+  // only A's subscriber is dropped (as Redis drops a slow one past its output buffer limit),
+  // and B's release is published before it is back: A never hears it
+  await redis.call('CLIENT', 'KILL', 'ID', await clientId('contextforge-A-sub'));
+  b.router.release(ended.ticket);
+  b.store.decisionEnded(ended.shared!);
+
+  await until(() => a.view().inFlightRequests === 1, "A to count only B's request still running", {
+    timeoutMs: 5000,
+  });
+  assert.equal(a.view().queuedPrefillTokens, b.router.localLoad('e0').queuedPrefillTokens);
+  assert.equal(a.store.stats().outages, outages + 1);
+  assert.equal(a.store.stats().connected, true);
+  assert.equal(a.logs.filter((l) => /subscription/.test(l)).length, 1, a.logs.join('\n'));
+});
+
+test('a replica set holding another kind of value is deleted and rewritten: a stopped replica is dropped', async () => {
+  const prefix = prefixes.fresh();
+  await redis
+    .multi()
+    .zadd(`${prefix}replicas`, String(Date.now()), 'X')
+    .hset(`${prefix}load:X`, 'e0', encodeLoadEntry(3, 30, 0))
+    .exec();
+  const a = await replica('A', prefix, 20);
+  await until(() => a.view().inFlightRequests === 3, "X's load from its snapshot");
+  // X stops; something writes a string where the replica set was
+  await redis.set(`${prefix}replicas`, 'garbage');
+  await until(() => a.view().inFlightRequests === 0, "X's load to be dropped", { timeoutMs: 5000 });
+  assert.equal(await redis.type(`${prefix}replicas`), 'zset');
+  assert.deepEqual(await redis.zrange(`${prefix}replicas`, '0', '-1'), ['A']);
+  const named = a.logs.filter((l) => l.includes(`${prefix}replicas`));
+  assert.equal(named.length, 1, a.logs.join('\n'));
+});
+
+test('heartbeats dated far ahead are trimmed, and replicas without a snapshot are not tallied', async () => {
+  const prefix = prefixes.fresh();
+  const far = '4000000000000';
+  for (let at = 0; at < 50_000; at += 5000) {
+    const args: string[] = [];
+    for (let i = at; i < at + 5000; i++) args.push(far, `fake${i}`);
+    await redis.zadd(`${prefix}replicas`, ...args);
+  }
+  // within the window, but with no load snapshot: nothing to tally
+  const soon = String(Date.now() + 500);
+  await redis.zadd(`${prefix}replicas`, soon, 'quiet1', soon, 'quiet2');
+  const a = await replica('A', prefix, 20);
+  await until(async () => (await redis.zcard(`${prefix}replicas`)) <= 3, 'the future heartbeats to be trimmed');
+  assert.equal(remoteOf(a.store).size, 0);
+  assert.equal(a.store.stats().remoteLoadRefused, 0);
+  assert.equal(a.view().inFlightRequests, 0);
+});
+
+test('chain entries too large for one read are loaded in batches', async () => {
+  const prefix = prefixes.fresh();
+  // 300 entries of 64 KiB of hashes (some 87 KB of JSON each): 26 MB, past one read in 250 ms
+  const h = Buffer.alloc(8192 * 8, 7).toString('base64');
+  for (let at = 0; at < 300; at += 50) {
+    const m = redis.pipeline();
+    for (let i = at; i < at + 50; i++)
+      m.set(`${prefix}chain:e0:${i}`, JSON.stringify({ r: 'X', k: 'd', w: 'e0', h }), 'PX', 60_000);
+    await m.exec();
+  }
+  const a = await replica('A', prefix);
+  assert.equal(a.store.stats().connected, true, a.logs.join('\n'));
+  assert.equal(a.store.stats().decisionsApplied, 300);
+});
