@@ -8,6 +8,7 @@ import type { ServerResponse } from 'node:http';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { KVAwareRouter } from '../core/router/index.js';
 import type { SubscriberStats } from '../engines/kv-events/subscriber.js';
+import type { StateStats } from '../state/state-store.js';
 import { skippedEventCounts } from './engine-deployments.js';
 
 /**
@@ -474,4 +475,48 @@ export function registerKvEventMetrics(
       for (const [worker, stats] of subscribers()) this.inc({ worker }, stats.lateJoins);
     },
   });
+}
+
+/**
+ * The shared state's health, read from its stats() when scraped: whether it is connected
+ * (Redis), its outages, its errors (failed commands, refusals included) and the malformed
+ * messages or entries it skipped. Only the series the store reports are registered (the
+ * in-memory store reports none). `serve --processes N` takes the lowest `connected` (1 only
+ * when every process is) and sums the counters.
+ */
+export function registerStateMetrics(registry: Registry, state: { stats(): StateStats }): void {
+  const stats = state.stats();
+  if (typeof stats.connected === 'boolean')
+    new Gauge({
+      name: 'contextforge_state_connected',
+      help: 'Whether the shared state (Redis) is connected and resynchronised: 1, or 0 while routing on local state.',
+      aggregator: 'min',
+      registers: [registry],
+      collect() {
+        this.set(state.stats().connected === true ? 1 : 0);
+      },
+    });
+  for (const [field, name, help] of [
+    [
+      'outages',
+      'contextforge_state_outages_total',
+      'Times the shared state was lost (Redis unreachable, stalled, or its subscription cut).',
+    ],
+    ['errors', 'contextforge_state_errors_total', 'Shared-state commands that failed (refusals included).'],
+    [
+      'malformedMessages',
+      'contextforge_state_malformed_messages_total',
+      'Shared-state messages and entries skipped as malformed.',
+    ],
+  ] as const)
+    if (typeof stats[field] === 'number')
+      new Counter({
+        name,
+        help,
+        registers: [registry],
+        collect() {
+          this.reset();
+          this.inc(Number(state.stats()[field]) || 0);
+        },
+      });
 }

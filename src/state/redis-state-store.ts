@@ -294,6 +294,8 @@ export class RedisStateStore implements StateStore {
   private host: StateStoreHost | undefined;
   private up = false;
   private closed = false;
+  /** Whether the start said Redis was unreachable, and its connection has not been said since (saidConnected()). */
+  private unreachableAtStart = false;
   /** While attach() waits on the first resynchronisation: a refusal then fails the start rather than being retried. */
   private starting = true;
   private timer: NodeJS.Timeout | undefined;
@@ -480,6 +482,7 @@ export class RedisStateStore implements StateStore {
       if (!(await this.answeredWithinStall(started))) {
         started.catch(() => {}); // ioredis reconnects; 'ready' runs the sync then
         if (this.closed) return;
+        this.unreachableAtStart = true;
         host.log(
           `state: redis unreachable at start (redis at ${this.address} did not answer within ${this.stallTimeoutMs} ms); routing on local state until it answers`,
         );
@@ -489,8 +492,11 @@ export class RedisStateStore implements StateStore {
       await this.refuseStart(this.connectionError);
       // ioredis rejects the connection as closed: the error it reported before says why
       const cause = this.connectionError?.message ?? (err as Error).message;
+      this.unreachableAtStart = true;
       host.log(`state: redis unreachable at start (${cause}); routing on local state until it answers`);
     }
+    // (the first resynchronisation may have ended since the start gave up waiting on it)
+    if (this.up) this.saidConnected();
     this.starting = false;
     if (this.closed) return;
     // a password Redis refused, or an ACL user without a command the state needs, is a
@@ -1103,6 +1109,7 @@ export class RedisStateStore implements StateStore {
           // the others may still count requests whose releases went unpublished while this was cut off
           this.publish(JSON.stringify(encodeLoad(this.replicaId, this.ownLoad())));
           if (!first) this.host!.log('state: redis is back; state written back and reloaded');
+          else this.saidConnected();
         },
         (err: Error) => {
           if (this.closed) return; // close() cut the sync short: nothing to retry
@@ -1120,6 +1127,13 @@ export class RedisStateStore implements StateStore {
         },
       );
     await this.resyncing;
+  }
+
+  /** After a start that found Redis unreachable (and said so), says once that it answers now. */
+  private saidConnected(): void {
+    if (!this.unreachableAtStart) return;
+    this.unreachableAtStart = false;
+    this.host?.log(`state: redis connected (${this.address}); shared state loaded, sharing with the other replicas`);
   }
 
   /** Drops the connection on a refused database and makes the next one after a growing delay. */

@@ -6,12 +6,15 @@
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
 import { Redis } from 'ioredis';
+import { Registry } from 'prom-client';
 import { KVAwareRouter } from '../../src/core/router/index.js';
+import { registerStateMetrics } from '../../src/server/metrics.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { MemoryStateStore } from '../../src/state/state-store.js';
 import { encodeLoadEntry } from '../../src/state/redis-wire.js';
 import type { RemoteLoad } from '../../src/state/remote-load.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
-import { fixedWorkersHost, testPrefixes } from '../helpers/state-host.js';
+import { channelOf, fixedWorkersHost, testPrefixes } from '../helpers/state-host.js';
 import { until } from '../helpers/wait.js';
 
 const redis = new Redis(REDIS_URL, { maxRetriesPerRequest: 0 });
@@ -122,4 +125,27 @@ test('chain entries too large for one read are loaded in batches', async () => {
   const a = await replica('A', prefix);
   assert.equal(a.store.stats().connected, true, a.logs.join('\n'));
   assert.equal(a.store.stats().decisionsApplied, 300);
+});
+
+test("/metrics shows the shared state's connection, outages, errors and malformed messages", async () => {
+  const prefix = prefixes.fresh();
+  const a = await replica('M', prefix);
+  const registry = new Registry();
+  registerStateMetrics(registry, a.store);
+  const value = async (name: string) => {
+    const line = (await registry.metrics()).split('\n').find((l) => l.startsWith(`${name} `));
+    assert.ok(line, `${name} on the page`);
+    return Number(line.split(' ')[1]);
+  };
+  assert.equal(await value('contextforge_state_connected'), 1);
+  assert.equal(await value('contextforge_state_outages_total'), 0);
+  assert.equal(await value('contextforge_state_errors_total'), 0);
+  await redis.publish(channelOf(a.store), 'not json');
+  await until(async () => (await value('contextforge_state_malformed_messages_total')) === 1, 'the malformed message');
+  await redis.call('CLIENT', 'KILL', 'ID', await clientId('contextforge-M-sub'));
+  await until(async () => (await value('contextforge_state_outages_total')) === 1, 'the outage to show');
+  // the in-memory store has no shared state to report
+  const memory = new Registry();
+  registerStateMetrics(memory, new MemoryStateStore());
+  assert.equal((await memory.metrics()).trim(), '');
 });

@@ -66,6 +66,9 @@ test('Redis stopped (SIGSTOP) at start: the start ends within the stall timeout;
     await until(() => store.stats().connected === true, 'the replica to connect once Redis answers');
     assert.equal(await workersIn(redis.url, prefix), 1, 'its registry was written on the resynchronisation');
     assert.equal(logs.filter((m) => m.includes('unreachable')).length, 1, logs.join('\n'));
+    // the replica says when the shared state is there after all, once
+    await until(() => logs.some((m) => m.includes('redis connected')), 'the connection to be logged');
+    assert.equal(logs.filter((m) => m.includes('redis connected')).length, 1, logs.join('\n'));
   } finally {
     redis.resume();
     await store.close();

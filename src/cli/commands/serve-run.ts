@@ -2,6 +2,7 @@ import cluster from 'node:cluster';
 import { KVAwareRouter } from '../../core/router/index.js';
 import { fileErrorMessage, quotedText } from '../../core/shown-text.js';
 import { createGateway, type GatewayOptions } from '../../server/gateway.js';
+import { registerStateMetrics } from '../../server/metrics.js';
 import { ProcessMetrics, type ProcessMetricsMessage } from '../../server/process-metrics.js';
 import type { RequestLimits } from '../../server/request-limits.js';
 import { startPicker } from '../../epp/run-picker.js';
@@ -136,6 +137,7 @@ export async function startGateway(
     log,
     ...extra,
   });
+  registerStateMetrics(gateway.metrics, state);
   const onPrimaryMessage = (m: unknown) => void processMetrics?.receive(m);
   if (worker) {
     processMetrics = new ProcessMetrics(gateway.metrics, processChannel());
