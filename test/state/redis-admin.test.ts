@@ -8,10 +8,11 @@ import { randomBytes } from 'node:crypto';
 import { after, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { KVAwareRouter } from '../../src/core/router/index.js';
-import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { parseRedisUrl, RedisStateStore } from '../../src/state/redis-state-store.js';
+import { RedisKeys } from '../../src/state/redis-wire.js';
 import { RedisProcess } from '../faults/harness.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
-import { drainAndSettle, drainingAt, dropPrefixes, workerHost } from '../helpers/state-host.js';
+import { channelOf, drainAndSettle, drainingAt, dropPrefixes, workerHost } from '../helpers/state-host.js';
 import { settled, until } from '../helpers/wait.js';
 
 const prefixes: string[] = [];
@@ -194,7 +195,7 @@ test('a drain message that is not well formed is counted and changes nothing', a
       { r: 'x', k: 'dr', id: 'e0', on: 'yes' },
       { r: 'x', k: 'ev', w: 7, e: [] },
     ])
-      await r.publish(`${prefix}events`, JSON.stringify(m));
+      await r.publish(channelOf(a.store), JSON.stringify(m));
     await until(() => a.store.stats().malformedMessages === 3, 'the three messages to be counted');
     assert.deepEqual(drained(a), []);
     assert.deepEqual(a.posted, []);
@@ -217,7 +218,9 @@ test('a worker removed through another replica while this one resynchronises is 
       // a removal recorded long ago: forgetting it costs the resynchronisation a round trip
       // between its read and its write-back, in which the removal lands
       await writer.hset(`${prefix}removed`, 'gone', '0');
-      await watcher.subscribe(`${prefix}events`);
+      // the store's channel (per database: not `${prefix}events` on a database other than 0)
+      const channel = new RedisKeys(prefix, parseRedisUrl(REDIS_URL).db ?? 0).channel;
+      await watcher.subscribe(channel);
       const removedThere = new Promise<void>((resolve) => {
         const onMessage = (_channel: string, raw: string) => {
           const m = JSON.parse(raw) as { r: string; k: string };
@@ -227,7 +230,7 @@ test('a worker removed through another replica while this one resynchronises is 
             .multi()
             .hdel(`${prefix}workers`, 'e0')
             .hset(`${prefix}removed`, 'e0', String(Date.now()))
-            .publish(`${prefix}events`, JSON.stringify({ r: 'a', k: 'wr', id: 'e0' }))
+            .publish(channel, JSON.stringify({ r: 'a', k: 'wr', id: 'e0' }))
             .exec()
             .then(() => resolve());
         };
@@ -235,7 +238,7 @@ test('a worker removed through another replica while this one resynchronises is 
       });
       const b = await replica('b', prefix, ['e0', 'e1']);
       await removedThere;
-      await watcher.unsubscribe(`${prefix}events`);
+      await watcher.unsubscribe(channel);
       assert.deepEqual(
         await settled(
           () => ids(b),
