@@ -44,6 +44,28 @@ export function capClientConnections(server: Server, limit: number, onRefused: (
   server.on('drop', onRefused);
 }
 
+/** Descriptors kept beside the client cap for the engines' connections, KV-event sockets, Redis and files. */
+export const DESCRIPTOR_RESERVE = 256;
+
+/**
+ * The soft "Max open files" limit of a Linux `/proc/<pid>/limits` text; undefined when the text
+ * does not say (another system) or says "unlimited".
+ */
+export function openFileLimit(limitsText: string): number | undefined {
+  const m = /^Max open files\s+(\d+)/m.exec(limitsText);
+  return m ? Number(m[1]) : undefined;
+}
+
+/**
+ * A warning when the process's open-file limit cannot hold its client cap and the reserve: past
+ * the limit the kernel refuses new sockets, to clients and engines alike, and nothing counts it
+ * (the cap never refuses: it is not reached). Undefined when the limit holds them or is unknown.
+ */
+export function descriptorLimitWarning(limit: number | undefined, maxClientConnections: number): string | undefined {
+  if (limit === undefined || limit >= maxClientConnections + DESCRIPTOR_RESERVE) return undefined;
+  return `warning: the open-file limit (${limit}) is below --max-client-connections (${maxClientConnections}) plus ${DESCRIPTOR_RESERVE} for the engines, KV events and Redis: clients past the limit fail to connect before the cap refuses any, and the engines' connections fail with them; raise the limit (ulimit -n, the container's nofile) or lower --max-client-connections`;
+}
+
 /** The connections `server` holds now. */
 export function openConnections(server: Server): Promise<number> {
   return new Promise((resolve) => server.getConnections((err, n) => resolve(err ? 0 : n)));

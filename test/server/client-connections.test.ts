@@ -5,10 +5,13 @@
  * closes, a new connection is served. Real sockets against a real gateway; every wait has a deadline.
  */
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { createServer, type ServerResponse } from 'node:http';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
+import { DESCRIPTOR_RESERVE, descriptorLimitWarning, openFileLimit } from '../../src/server/client-connections.js';
+import { CLI } from '../helpers/cli-entry.js';
 import { listening } from '../helpers/listening.js';
 import { rawClient, type RawClient } from '../helpers/raw-client.js';
 import { resolveServe } from '../helpers/serve-config.js';
@@ -114,4 +117,43 @@ test('maxClientConnections must be a positive integer, named where it is wrong',
   assert.throws(() => resolveServe(['--max-client-connections', '0']), /--max-client-connections must be >= 1/);
   assert.equal(resolveServe(['--max-client-connections', '100']).config.maxClientConnections, 100);
   assert.equal(resolveServe([], { CONTEXTFORGE_MAX_CLIENT_CONNECTIONS: '50' }).config.maxClientConnections, 50);
+});
+
+test("the open-file limit is read from /proc's text, and a limit the client cap cannot fit in is named", () => {
+  const limits = [
+    'Limit                     Soft Limit           Hard Limit           Units     ',
+    'Max processes             unlimited            unlimited            processes ',
+    'Max open files            600                  4096                 files     ',
+  ].join('\n');
+  assert.equal(openFileLimit(limits), 600);
+  assert.equal(openFileLimit('Max open files            unlimited            unlimited            files'), undefined);
+  assert.equal(openFileLimit(''), undefined);
+  assert.match(
+    descriptorLimitWarning(600, 16_384) ?? '',
+    /^warning: the open-file limit \(600\) is below --max-client-connections \(16384\) plus 256/,
+  );
+  assert.equal(descriptorLimitWarning(16_384 + DESCRIPTOR_RESERVE, 16_384), undefined);
+  assert.equal(descriptorLimitWarning(undefined, 16_384), undefined);
+});
+
+test('serve started under an open-file limit below its client cap says so once at start', async () => {
+  const child = spawn(
+    'bash',
+    ['-c', `ulimit -n 600 && exec "$0" "$@"`, process.execPath, ...CLI, 'serve', '--port', '0'],
+    {
+      stdio: ['ignore', 'ignore', 'pipe'],
+    },
+  );
+  let stderr = '';
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  try {
+    await until(() => /serving on http:/.test(stderr), 'serve to listen', { timeoutMs: 60_000 });
+    const lines = stderr.split('\n').filter((l) => l.includes('open-file limit'));
+    assert.equal(lines.length, 1, stderr);
+    assert.match(lines[0], /open-file limit \(600\) is below --max-client-connections \(16384\)/);
+  } finally {
+    const exited = new Promise((r) => child.once('exit', r));
+    child.kill('SIGTERM');
+    await exited;
+  }
 });

@@ -1,4 +1,6 @@
 import cluster from 'node:cluster';
+import { readFileSync } from 'node:fs';
+import { descriptorLimitWarning, openFileLimit } from '../../server/client-connections.js';
 import { KVAwareRouter } from '../../core/router/index.js';
 import { fileErrorMessage, quotedText } from '../../core/shown-text.js';
 import { createGateway, type GatewayOptions } from '../../server/gateway.js';
@@ -37,6 +39,15 @@ export function resolveTokenizeMode(
     : 'text';
 }
 
+/** This process's open-file limit (Linux's /proc; undefined elsewhere or unreadable). */
+function readOpenFileLimit(): number | undefined {
+  try {
+    return openFileLimit(readFileSync('/proc/self/limits', 'utf8'));
+  } catch {
+    return undefined;
+  }
+}
+
 /** The router, its shared state and the gateway, as `serve` (each of its processes) and `epp` run them. */
 export async function startGateway(
   config: GatewayConfig,
@@ -71,6 +82,8 @@ export async function startGateway(
   const routerOptions = Object.fromEntries(ROUTER_SETTING_KEYS.map((k) => [k, c[k]]));
   const indexMode = c.indexMode === 'auto' ? (precise ? 'precise' : 'approximate') : c.indexMode;
   const router = new KVAwareRouter({ ...routerOptions, indexMode });
+  const fileLimit = descriptorLimitWarning(readOpenFileLimit(), c.maxClientConnections);
+  if (fileLimit !== undefined) log(fileLimit);
   const admin = serveAdminToken(c);
   if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
   else if (admin.origin === 'file') log(`admin token read from ${admin.file}`);
