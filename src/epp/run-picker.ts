@@ -1,4 +1,3 @@
-import type { Counter } from 'prom-client';
 import { DnsDiscovery, type DnsDiscoveryHost, type DnsDiscoverySpec } from '../server/dns-discovery.js';
 import type { WorkerRecord } from '../state/state-store.js';
 import type { Gateway } from '../server/gateway.js';
@@ -53,9 +52,6 @@ export async function startPicker(
     return { eppPort: undefined, healthPort: undefined, close: async () => discovery?.stop() };
   }
   const backend = gatewayRoutingBackend(gateway);
-  // the gateway's counter: the picker's streams draw on the gateway's budget
-  const bodyBudgetRefusals = gateway.metrics.getSingleMetric('contextforge_request_body_budget_refusals_total') as
-    Counter | undefined;
   const picker = new RouterPicker(backend, {
     fallbacks: c.eppFallbacks,
     objectives: c.objectives,
@@ -71,7 +67,8 @@ export async function startPicker(
     bodyLimit: c.bodyLimit,
     // one budget for the process: the gateway's HTTP requests and the picker's streams
     bodyBudget: gateway.bodyBudget,
-    onBodyBudgetRefusal: () => bodyBudgetRefusals?.inc(),
+    // counted with the gateway's: the picker's streams draw on the gateway's budget
+    onBodyBudgetRefusal: () => gateway.countBodyBudgetRefusal(),
     // an ext_proc stream's body gets the time an HTTP client's request gets
     bodyTimeoutMs: c.requestTimeoutMs,
     log: o.log,

@@ -308,6 +308,8 @@ export interface Gateway {
   forwardCustomLogitProcessor: boolean;
   /** The request-body bytes held now over all requests, and their limit (the endpoint picker's too). */
   bodyBudget: BodyBudget;
+  /** Counts a request refused because its body did not fit in `bodyBudget` (the endpoint picker's too). */
+  countBodyBudgetRefusal(): void;
   /** The bytes of complete answers gathered now over all requests, and their limit. */
   answerBudget: BodyBudget;
   /**
@@ -1114,6 +1116,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     forwardKvTransferParams: readerOptions.forwardKvTransferParams === true,
     forwardCustomLogitProcessor: readerOptions.forwardCustomLogitProcessor === true,
     bodyBudget,
+    countBodyBudgetRefusal: () => bodyBudgetRefusals.inc(),
     capClientConnections: capListener,
     answerBudget,
     close: async (graceMs?: number) => {
