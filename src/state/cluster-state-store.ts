@@ -1,6 +1,6 @@
 import { LRUCache } from 'lru-cache';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
-import { isRemoteAmount, RemoteLoad, routerWorkerIds, type ReplicaLoad } from './remote-load.js';
+import { isRemoteAmount, RemoteLoad, type ReplicaLoad } from './remote-load.js';
 import { isWorkerId } from '../core/validate.js';
 import {
   DECIDED,
@@ -207,7 +207,8 @@ export class ClusterStateStore implements StateStore {
   private host: StateStoreHost | undefined;
   /** The other processes' in-flight work, on the workers this process's router has (see RemoteLoad). */
   private readonly remote = new RemoteLoad({
-    workers: () => routerWorkerIds(this.host),
+    // a data-parallel rank's `ID#r`, as decisions name it, is a worker of the router too
+    hasWorker: (id) => this.host?.router.hasWorker(id) === true,
     onRefused: (why) =>
       this.host?.log(
         `state: other processes' load refused past a bound (${why}); further refusals are only counted (state.remoteLoadRefused)`,

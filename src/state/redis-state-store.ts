@@ -29,7 +29,7 @@ import {
   type WireWorkerRemoved,
 } from './redis-wire.js';
 import { MAX_REDIS_DB, parseRedisUrl } from './redis-url.js';
-import { MAX_REMOTE_REPLICAS, MAX_REPLICA_ID_LENGTH, RemoteLoad, routerWorkerIds } from './remote-load.js';
+import { MAX_REMOTE_REPLICAS, MAX_REPLICA_ID_LENGTH, RemoteLoad } from './remote-load.js';
 import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
 
 export { MAX_REDIS_DB, parseRedisUrl };
@@ -347,7 +347,8 @@ export class RedisStateStore implements StateStore {
    * messages, seeded from their snapshots; only on workers this router has (see RemoteLoad).
    */
   private readonly remote = new RemoteLoad({
-    workers: () => routerWorkerIds(this.host),
+    // a data-parallel rank's `ID#r`, as decisions name it, is a worker of the router too
+    hasWorker: (id) => this.host?.router.hasWorker(id) === true,
     onRefused: (why) =>
       this.host?.log(
         `state: other replicas' load refused past a bound (${why}); further refusals are only counted (state.remoteLoadRefused)`,

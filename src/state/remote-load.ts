@@ -13,7 +13,6 @@
 import type { InFlightLoad } from '../core/router/index.js';
 import { MAX_REMOTE_LOAD } from '../core/router/in-flight.js';
 import { MAX_WORKERS } from '../core/worker-registry.js';
-import type { StateStoreHost } from './state-store.js';
 
 /** One replica's work on one worker. */
 export interface WorkerTally {
@@ -54,19 +53,19 @@ export const MAX_REPLICA_ID_LENGTH = 256;
 
 export interface RemoteLoadOptions {
   /**
-   * The ids of the workers this router has (its registry, read on each change): a change or
-   * snapshot entry of any other worker is dropped (counted in `unknownWorkers`). Default: every
-   * id is kept (the relay, which has no router, keeps what the processes send, within
-   * MAX_WORKERS per process).
+   * Whether this router has a worker (its registry, asked on each change): a change or snapshot
+   * entry of any other worker is dropped (counted in `unknownWorkers`). Default: every id is kept
+   * (the relay, which has no router, keeps what the processes send, within MAX_WORKERS per
+   * process).
    */
-  workers?: () => Iterable<string>;
+  hasWorker?: (workerId: string) => boolean;
   /** Told the first time something is refused (`refused`); later refusals are only counted. */
   onRefused?: (why: string) => void;
 }
 
 export class RemoteLoad {
   private readonly replicas = new Map<string, ReplicaLoad>();
-  private readonly workers: (() => Iterable<string>) | undefined;
+  private readonly hasWorker: ((workerId: string) => boolean) | undefined;
   private readonly onRefused: ((why: string) => void) | undefined;
   /**
    * Sums sum() clamped to MAX_REMOTE_LOAD (other replicas claiming more work on a worker than
@@ -82,7 +81,7 @@ export class RemoteLoad {
   refused = 0;
 
   constructor(options: RemoteLoadOptions = {}) {
-    this.workers = options.workers;
+    this.hasWorker = options.hasWorker;
     this.onRefused = options.onRefused;
   }
 
@@ -191,12 +190,11 @@ export class RemoteLoad {
    * one was forgotten.
    */
   forgetUnknownWorkers(): boolean {
-    const known = this.knownSet();
-    if (!known) return false;
+    if (!this.hasWorker) return false;
     let changed = false;
     for (const load of this.replicas.values())
       for (const id of load.keys())
-        if (!known.has(id)) {
+        if (!this.hasWorker(id)) {
           load.delete(id);
           changed = true;
         }
@@ -252,9 +250,8 @@ export class RemoteLoad {
   /** `load` without its entries of workers this router does not have, nor those past MAX_WORKERS, nor empty ones. */
   private within(replica: string, load: ReplicaLoad): ReplicaLoad {
     const kept: ReplicaLoad = new Map();
-    const known = this.knownSet();
     for (const [id, l] of load) {
-      if (known && !known.has(id)) this.unknownWorkers++;
+      if (!this.knows(id)) this.unknownWorkers++;
       else if (l.requests === 0 && l.prefill === 0 && l.decode === 0) continue;
       else if (kept.size >= MAX_WORKERS)
         this.refuse(`replica '${clip(replica)}' names more than ${MAX_WORKERS} workers with work`);
@@ -263,30 +260,15 @@ export class RemoteLoad {
     return kept;
   }
 
-  /** Whether this router has the worker (one pass over its registry: one change needs no set built). */
+  /** Whether this router has the worker (every id, without `hasWorker`). */
   private knows(workerId: string): boolean {
-    if (!this.workers) return true;
-    for (const id of this.workers()) if (id === workerId) return true;
-    return false;
-  }
-
-  /** The ids of the workers this router has, or undefined when every id is kept. */
-  private knownSet(): ReadonlySet<string> | undefined {
-    return this.workers && new Set(this.workers());
+    return this.hasWorker === undefined || this.hasWorker(workerId);
   }
 
   private refuse(why: string): false {
     if (this.refused++ === 0) this.onRefused?.(why);
     return false;
   }
-}
-
-/**
- * The ids of the workers a host's router has (a data-parallel rank's `ID#r`, as decisions name
- * it): what the stores keep other replicas' load for (RemoteLoadOptions.workers).
- */
-export function* routerWorkerIds(host: StateStoreHost | undefined): Generator<string> {
-  for (const w of host?.router.listWorkers() ?? []) yield w.id;
 }
 
 /** A peer's id for a log line: at most 64 characters. */

@@ -126,7 +126,7 @@ describe('RemoteLoad', () => {
 
   test('tallies are kept only for workers this router has; one registered later counts from the next messages', () => {
     const workers = new Set(['w1']);
-    const r = new RemoteLoad({ workers: () => workers });
+    const r = new RemoteLoad({ hasWorker: (id) => workers.has(id) });
     assert.equal(r.decided('a', 'w1', 10), true);
     // any well-formed id another replica names, none of them here
     for (let i = 0; i < 1000; i++) assert.equal(r.decided('a', `not-here-${i}`, 10), false);
@@ -165,7 +165,7 @@ describe('RemoteLoad', () => {
 
   test(`past ${MAX_REMOTE_REPLICAS} replicas, or a replica id past ${MAX_REPLICA_ID_LENGTH} characters, the rest is refused, counted and said once`, () => {
     const said: string[] = [];
-    const r = new RemoteLoad({ workers: () => ['w1'], onRefused: (why) => said.push(why) });
+    const r = new RemoteLoad({ hasWorker: (id) => id === 'w1', onRefused: (why) => said.push(why) });
     for (let i = 0; i < MAX_REMOTE_REPLICAS; i++) assert.equal(r.decided(`r${i}`, 'w1', 1), true);
     assert.equal(r.decided('one-too-many', 'w1', 1), false);
     assert.equal(r.seed('another', decodeLoadSnapshot({ w1: encodeLoadEntry(1, 1, 0) })), false);

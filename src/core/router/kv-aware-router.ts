@@ -243,6 +243,11 @@ export class KVAwareRouter {
   }
 
   /** Workers in registration order (read-only views). */
+  /** Whether a worker (or a data-parallel rank, `ID#r`) is registered under this id. */
+  hasWorker(workerId: string): boolean {
+    return this.workers.has(workerId);
+  }
+
   listWorkers(): readonly WorkerState[] {
     return [...this.workers.values()];
   }
