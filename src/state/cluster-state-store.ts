@@ -111,8 +111,8 @@ const isWorkflowId: FieldCheck = (v) => typeof v === 'string' && v !== '';
  * The shape each kind of message must have beside `cf`: the fields the Redis channel carries
  * too are checked by the same rules (message-checks.ts), so a defect in one process (a bad id,
  * an amount out of range, a field of the wrong kind) is counted and dropped by the relay and by
- * every process, and corrupts no other's index or tallies. What a decision adds to the index
- * beside these the router checks as it applies it (applySharedDecision()).
+ * every process, and corrupts no other's index or tallies. How many blocks a decision may have
+ * depends on the router's settings: the router checks that as it applies it (applySharedDecision()).
  */
 const SHAPES: { readonly [K in ClusterMessage['cf']]: Shape } = {
   decision: {

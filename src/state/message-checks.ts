@@ -36,8 +36,40 @@ export function isWorkflowStep(v: unknown): v is number | null | undefined {
   return v === undefined || v === null || (typeof v === 'number' && Number.isInteger(v) && v >= 0);
 }
 
-/** A decision's load fields (its blocks and other fields are the router's to check, applySharedDecision()). */
-export const DECIDED: Shape = { r: isText, w: isWorkerId, q: optional(isRemoteAmount), i: optional(isText) };
+/** An id the router takes for an anchor or a content anchor: a non-empty string. */
+const isId = (v: unknown): v is string => typeof v === 'string' && v !== '';
+
+const isCount = (v: unknown): v is number => typeof v === 'number' && Number.isInteger(v) && v >= 0;
+
+/** A decision's content anchors: a list of { id, tokens? }, as the router takes them (checkContentAnchors()). */
+export function isContentAnchors(v: unknown): boolean {
+  return (
+    Array.isArray(v) &&
+    v.every(
+      (a: unknown) =>
+        a !== null &&
+        typeof a === 'object' &&
+        isId((a as { id?: unknown }).id) &&
+        optional(isCount)((a as { tokens?: unknown }).tokens),
+    )
+  );
+}
+
+/**
+ * A decision's fields beside its blocks (each transport carries those its own way): its load,
+ * its id, and what the router records of it beside the blocks, by the rules the router applies
+ * them by (applySharedDecision()), so that a decision the replicas drop is also one no relay
+ * counts. How many blocks the router takes depends on its settings: the router checks that.
+ */
+export const DECIDED: Shape = {
+  r: isText,
+  w: isWorkerId,
+  q: optional(isRemoteAmount),
+  i: optional(isText),
+  a: optional(isId),
+  c: (v) => v === undefined || v === null || isCount(v),
+  ca: optional(isContentAnchors),
+};
 /** A tracked request's prefill done: its tokens move from queued prefill to decode. */
 export const PREFILLED: Shape = { r: isText, w: isWorkerId, q: isRemoteAmount, d: isRemoteAmount, i: optional(isText) };
 /** A tracked request ended; `d` present when its prefill-done was sent. */

@@ -496,6 +496,11 @@ test('the relay counts and drops what a process sends malformed, as the Redis ch
     { cf: 'decision', r: a.id, w: 'e0', ...blocks, q: -1 },
     { cf: 'decision', r: a.id, w: 'e0', ...blocks, wf: { a: 1 } },
     { cf: 'decision', r: a.id, w: 'e0', ...blocks, wf: 'wf-bad', s: 1.5 },
+    { cf: 'decision', r: a.id, w: 'e0', ...blocks, q: 10, a: '' },
+    { cf: 'decision', r: a.id, w: 'e0', ...blocks, q: 10, a: 'anchor', c: -1 },
+    { cf: 'decision', r: a.id, w: 'e0', ...blocks, q: 10, ca: 'passages' },
+    { cf: 'decision', r: a.id, w: 'e0', ...blocks, q: 10, ca: [{ id: 'p', tokens: 1.5 }] },
+    { cf: 'decision', r: a.id, w: 'e0', ...blocks, q: 10, ca: [null] },
     { cf: 'decision', r: b.id, w: 'e0', ...blocks, q: 10 }, // in another process's name
     { cf: 'prefilled', r: a.id, w: 'e0', q: 10, d: Number.NaN },
     { cf: 'released', r: a.id, w: 'e0', q: 2 ** 41 },
@@ -523,6 +528,32 @@ test('the relay counts and drops what a process sends malformed, as the Redis ch
   await settle();
   assert.equal(e0().inFlightRequests, 1);
   assert.equal(b.router.getStats().index.entries, 2);
+});
+
+test('the relay counts no load of a decision the processes drop as malformed: a process that starts later sees none', async () => {
+  const {
+    relay,
+    processes: [a, b, c],
+  } = fleet(3);
+  await Promise.all([a.store.attach(a.host), b.store.attach(b.host)]);
+  const blocks = { hi: Uint32Array.of(1, 2), lo: Uint32Array.of(3, 4) };
+  // its content anchors are not { id, tokens }: B's router refuses it, as would every process's
+  relay.receive(a.id, { cf: 'decision', r: a.id, w: 'e0', ...blocks, q: 10, ca: [{ id: '', tokens: 5 }] });
+  relay.receive(a.id, { cf: 'decision', r: a.id, w: 'e1', ...blocks, q: 20 });
+  const e = (p: typeof b, id: string) => p.router.listWorkers().find((w) => w.id === id)!.inFlightRequests;
+  assert.equal(
+    await settled(
+      () => e(b, 'e1'),
+      (n) => n === 1,
+    ),
+    1,
+  );
+  assert.equal(relay.counters.malformed, 1);
+  await c.store.attach(c.host);
+  assert.deepEqual([e(c, 'e0'), e(c, 'e1')], [e(b, 'e0'), e(b, 'e1')]);
+  assert.deepEqual([e(c, 'e0'), e(c, 'e1')], [0, 1]);
+  assert.equal(b.store.stats().malformedMessages, 0, 'nothing malformed relayed');
+  assert.equal(c.store.stats().malformedMessages, 0, 'nor replayed');
 });
 
 test('a process counts and drops what the relay passes on malformed; a start snapshot keeps its well-formed entries', async () => {
