@@ -48,6 +48,11 @@ export type ClusterMessage =
       hi: Uint32Array;
       lo: Uint32Array;
       claim?: boolean;
+      /**
+       * The relay's number for the decision, set as it relays it (and kept in a start snapshot):
+       * a process that applied the decision before its snapshot does not apply it again.
+       */
+      n?: number;
     } & DecisionFields)
   /** A tracked request's first token: q tokens leave its queued prefill, d join the decode load; i its decision's id. */
   | { cf: 'prefilled'; r: string; w: string; q: number; d: number; i?: string }
@@ -106,6 +111,15 @@ const isNumber: FieldCheck = (v) => typeof v === 'number';
 const isHashHalf: FieldCheck = (v) => v instanceof Uint32Array;
 /** A workflow id, as the router takes one: a non-empty string. */
 const isWorkflowId: FieldCheck = (v) => typeof v === 'string' && v !== '';
+/** The relay's number of a decision it relayed: from 1 up. */
+const isDecisionNumber: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) > 0;
+
+/**
+ * Most decisions a starting process remembers having applied until its start snapshot comes
+ * (the snapshot replays at most the relay's recentDecisions, 10,000 by default): past it, the
+ * oldest are forgotten, and a snapshot that comes that late applies them again.
+ */
+const HEARD_BEFORE_SNAPSHOT = 100_000;
 
 /**
  * The shape each kind of message must have beside `cf`: the fields the Redis channel carries
@@ -122,6 +136,7 @@ const SHAPES: { readonly [K in ClusterMessage['cf']]: Shape } = {
     wf: optional(isWorkflowId),
     s: isWorkflowStep,
     claim: optional(isFlag),
+    n: optional(isDecisionNumber),
   },
   prefilled: PREFILLED,
   released: RELEASED,
@@ -220,6 +235,12 @@ export class ClusterStateStore implements StateStore {
   private readonly queries = new Map<number, () => void>();
   private snapshotArrived: (() => void) | undefined;
   /**
+   * Until the start snapshot comes: the relay's numbers of the decisions applied here, which the
+   * snapshot holds too (the relay sends it after them). Applied once: a second time, without its
+   * id, a decision would take over its own blocks, and its refusal would withdraw none of them.
+   */
+  private heardBeforeSnapshot: Set<number> | undefined;
+  /**
    * Workflows the relay did not know: the decision that follows claims them. A lookup no
    * decision follows (no worker to route to, the client gone) stays until it is the oldest of
    * unclaimedLimit, and is dropped then: a full set must not stop new workflows from being claimed.
@@ -252,6 +273,7 @@ export class ClusterStateStore implements StateStore {
   async attach(host: StateStoreHost): Promise<void> {
     this.host = host;
     this.unclaimedLimit = host.router.workflowCapacity;
+    this.heardBeforeSnapshot = new Set();
     this.channel.onMessage(this.listener);
     const arrived = new Promise<void>((resolve) => {
       this.snapshotArrived = resolve;
@@ -380,7 +402,7 @@ export class ClusterStateStore implements StateStore {
           return;
         case 'decision':
           if (m.r === this.replicaId) return;
-          this.apply(m);
+          if (this.apply(m) && m.n !== undefined) this.heardBefore(m.n);
           if (typeof m.q === 'number' && this.remote.decided(m.r, m.w, m.q)) this.applyRemote(m.w);
           return;
         case 'prefilled':
@@ -445,9 +467,13 @@ export class ClusterStateStore implements StateStore {
           for (const id of valid(m.draining ?? [], isWorkerId))
             if (host.listWorkers().some((w) => w.id === id)) host.drainWorkerFromState?.(id, true);
           for (const [id, w, s] of valid(m.workflows, isWorkflowEntry)) host.router.setWorkflowAffinity(id, w, s);
-          // not kept to withdraw: whether they are past refusal was not heard here
+          // not kept to withdraw: whether they are past refusal was not heard here; those
+          // relayed to this process before the snapshot and applied then are not applied again
+          const heard = this.heardBeforeSnapshot;
+          this.heardBeforeSnapshot = undefined;
           for (const d of valid(m.decisions, isDecision))
-            if (d.r !== this.replicaId) this.applyOne({ ...d, wf: undefined, s: undefined, i: undefined });
+            if (d.r !== this.replicaId && !(d.n !== undefined && heard?.has(d.n)))
+              this.applyOne({ ...d, wf: undefined, s: undefined, i: undefined });
           // the relay's tallies count every message it sent this process before the snapshot (the
           // relay sends it after them): those heard here, and any sent before this process
           // listened. They replace what was heard, else a request relayed just before the
@@ -478,6 +504,14 @@ export class ClusterStateStore implements StateStore {
     if (router.listWorkers().some((w) => w.id === workerId)) router.setRemoteLoad(workerId, this.remote.sum(workerId));
   }
 
+  /** A decision relayed before the start snapshot was applied: the snapshot does not apply it again. */
+  private heardBefore(n: number): void {
+    const heard = this.heardBeforeSnapshot;
+    if (!heard) return;
+    if (heard.size >= HEARD_BEFORE_SNAPSHOT) heard.delete(heard.values().next().value!);
+    heard.add(n);
+  }
+
   /** apply(), a malformed decision counted (one of a snapshot's: the rest still loads). */
   private applyOne(m: ClusterDecision): void {
     try {
@@ -487,7 +521,8 @@ export class ClusterStateStore implements StateStore {
     }
   }
 
-  private apply(m: ClusterDecision): void {
+  /** Applies another process's decision; false when its worker is not this router's (nothing applied). */
+  private apply(m: ClusterDecision): boolean {
     const applied = this.host!.router.applySharedDecision({
       workerId: m.w,
       hi: m.hi,
@@ -501,6 +536,7 @@ export class ClusterStateStore implements StateStore {
     });
     if (applied) this.counters.decisionsApplied++;
     else this.counters.decisionsUnknownWorker++;
+    return applied;
   }
 }
 
@@ -552,6 +588,8 @@ export class ClusterRelay {
   private readonly loads = new RemoteLoad();
   private readonly recentLimit: number;
   private readonly ttlMs: number;
+  /** The number given the last decision relayed (ClusterMessage's `n`). */
+  private decisionNumber = 0;
   readonly counters = { relayed: 0, claimsLost: 0, malformed: 0 };
 
   constructor(
@@ -602,6 +640,7 @@ export class ClusterRelay {
             this.workflows.set(m.wf, { w: m.w, s: m.s ?? null });
           }
         }
+        m.n = ++this.decisionNumber; // whatever its sender set
         if (m.hi.length > 0) {
           this.recent.push({ d: m, at: this.clock() });
           if (this.recent.length > this.recentLimit * 2) this.recent.splice(0, this.recent.length - this.recentLimit);

@@ -141,35 +141,39 @@ test("a process that starts late gets the workflows, blocks and load from the re
   assert.equal(b.store.stats().kind, 'cluster');
 });
 
+/**
+ * A gateway process as the primary starts one: added to the relay when it is forked, before it
+ * says hello, so what the others decide meanwhile is relayed to it before its snapshot (which
+ * holds it too). With `inbox`, what the relay sends it waits there until the test delivers it.
+ */
+function connect(relay: ClusterRelay, id: string, inbox?: unknown[]) {
+  const listeners = new Set<(m: unknown) => void>();
+  relay.add({
+    id,
+    send: (m) => (inbox ? inbox.push(structuredClone(m)) : queueMicrotask(() => deliver(m))),
+  });
+  const deliver = (m: unknown) => {
+    for (const l of listeners) l(structuredClone(m));
+  };
+  const store = new ClusterStateStore({
+    replicaId: id,
+    timeoutMs: 20,
+    channel: {
+      send: (m) => relay.receive(id, structuredClone(m)),
+      onMessage: (l) => void listeners.add(l),
+      offMessage: (l) => void listeners.delete(l),
+    },
+  });
+  const router = new KVAwareRouter({ policy: 'cost' });
+  return { store, router, host: workerHost(router, ['e0', 'e1']).host, deliver };
+}
+
 test('a process that starts while others route counts each of their requests once: relayed before its snapshot, and in it', async () => {
   const relay = new ClusterRelay();
-  // the primary adds a process to the relay when it forks it, before the process says hello:
-  // what the others decide meanwhile is relayed to it before its snapshot (which counts it too)
-  const connect = (id: string, inbox?: unknown[]) => {
-    const listeners = new Set<(m: unknown) => void>();
-    relay.add({
-      id,
-      send: (m) => (inbox ? inbox.push(structuredClone(m)) : queueMicrotask(() => deliver(m))),
-    });
-    const deliver = (m: unknown) => {
-      for (const l of listeners) l(structuredClone(m));
-    };
-    const store = new ClusterStateStore({
-      replicaId: id,
-      timeoutMs: 20,
-      channel: {
-        send: (m) => relay.receive(id, structuredClone(m)),
-        onMessage: (l) => void listeners.add(l),
-        offMessage: (l) => void listeners.delete(l),
-      },
-    });
-    const router = new KVAwareRouter({ policy: 'cost' });
-    return { store, router, host: workerHost(router, ['e0', 'e1']).host, deliver };
-  };
-  const a = connect('1');
+  const a = connect(relay, '1');
   /** What the relay sent the starting process, delivered when the test says. */
   const inbox: unknown[] = [];
-  const b = connect('2', inbox);
+  const b = connect(relay, '2', inbox);
   await a.store.attach(a.host);
   const r = a.router.route(
     { text: 'a request routed while another process starts', promptTokens: 400 },
@@ -207,6 +211,57 @@ test('a process that starts while others route counts each of their requests onc
   await settle();
   assert.equal(relay.counters.relayed, relayed);
   assert.equal(onAgain(), 0);
+  await Promise.all([a.store.close(), b.store.close()]);
+});
+
+test('a decision relayed to a starting process before its snapshot is applied once there, so its refusal withdraws it', async () => {
+  const relay = new ClusterRelay();
+  const a = connect(relay, '1');
+  const inbox: unknown[] = [];
+  const b = connect(relay, '2', inbox);
+  await a.store.attach(a.host);
+  const tokens = prompt(41, 4);
+  const d = a.router.route({ tokens }, { share: true });
+  a.store.decisionMade(d.shared!);
+  await until(() => inbox.length > 0, "the relay to pass on A's decision");
+  const attached = b.store.attach(b.host);
+  for (const m of inbox.splice(0)) b.deliver(m); // the decision, then the snapshot that holds it too
+  await attached;
+  assert.deepEqual(tiers(b.router, d.workerId, tokens), Array(4).fill('predicted'));
+  assert.equal(b.store.stats().decisionsApplied, 1);
+  // A's engine refuses it: B withdraws what it alone added (applied a second time, without its
+  // id, the snapshot's copy would have taken those blocks over, and they would stay)
+  a.router.markRefused(d.ticket);
+  a.store.decisionRefused(d.shared!);
+  await until(() => inbox.length > 0, "the relay to pass on A's refusal");
+  for (const m of inbox.splice(0)) b.deliver(m);
+  assert.deepEqual(tiers(b.router, d.workerId, tokens), Array(4).fill(null));
+  assert.equal(b.store.stats().refusalsWithdrawn, 1);
+  await Promise.all([a.store.close(), b.store.close()]);
+});
+
+test('a decision relayed to a starting process before it knew the worker is applied from its snapshot', async () => {
+  const relay = new ClusterRelay();
+  const a = connect(relay, '1');
+  const inbox: unknown[] = [];
+  const b = connect(relay, '2', inbox);
+  await a.store.attach(a.host);
+  a.router.registerWorker('e2');
+  a.store.workerAdded({ id: 'e2', url: 'http://e2' });
+  await until(() => inbox.length > 0, "the relay to pass on A's worker");
+  inbox.length = 0; // relayed before B listened: B learns of e2 from its snapshot
+  a.router.drainWorker('e0');
+  a.router.drainWorker('e1');
+  const tokens = prompt(42, 3);
+  const d = a.router.route({ tokens }, { share: true });
+  assert.equal(d.workerId, 'e2');
+  a.store.decisionMade(d.shared!);
+  await until(() => inbox.length > 0, "the relay to pass on A's decision");
+  const attached = b.store.attach(b.host);
+  for (const m of inbox.splice(0)) b.deliver(m); // the decision on a worker B lacks, then the snapshot
+  await attached;
+  assert.deepEqual(tiers(b.router, 'e2', tokens), Array(3).fill('predicted'));
+  assert.equal(b.store.stats().decisionsApplied, 1);
   await Promise.all([a.store.close(), b.store.close()]);
 });
 
