@@ -4,10 +4,11 @@ import { recordOutcome, PollLoop, type CheckStreak } from './poll-loop.js';
 
 /**
  * Why a worker is out of rotation. Several checks have a say — the active health check, the
- * metrics scrape, the gateway's circuit breaker — and a worker takes requests only when none
- * of them holds it out; one check recovering must not undo another's verdict.
+ * metrics scrape, the gateway's circuit breaker, the engine's progress as its metrics show it
+ * (`stall`, metrics/stall.ts) — and a worker takes requests only when none of them holds it out;
+ * one check recovering must not undo another's verdict.
  */
-export type HealthVerdictSource = 'health-check' | 'metrics' | 'breaker';
+export type HealthVerdictSource = 'health-check' | 'metrics' | 'breaker' | 'stall';
 
 /**
  * Whether a failed probe's detail says it timed out or was aborted (AbortSignal.timeout's "The
@@ -40,8 +41,9 @@ export class WorkerHealth {
     if (healthy) reasons?.delete(source);
     else {
       if (!reasons) this.down.set(workerId, (reasons = new Map()));
-      // the breaker counts the gateway's own requests failing: never a slow probe
-      reasons.set(source, source !== 'breaker' && isProbeTimeout(detail));
+      // the breaker counts the gateway's own requests failing, a stall the engine's own counters
+      // standing still: never a slow probe
+      reasons.set(source, (source === 'health-check' || source === 'metrics') && isProbeTimeout(detail));
     }
     const isUp = reasons === undefined || reasons.size === 0;
     if (wasUp === isUp) return;
@@ -62,8 +64,9 @@ export class WorkerHealth {
   }
 
   /**
-   * Whether a probe of the engine (its health check or metrics scrape) holds the worker out; an
-   * open circuit alone does not: it counts the gateway's own requests failing there. Allocates nothing.
+   * Whether a probe of the engine (its health check or metrics scrape, or its metrics showing it
+   * stalled) holds the worker out; an open circuit alone does not: it counts the gateway's own
+   * requests failing there. Allocates nothing.
    */
   heldOutByProbes(workerId: string): boolean {
     const reasons = this.down.get(workerId);

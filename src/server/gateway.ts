@@ -252,6 +252,13 @@ export interface GatewayOptions {
    * SGLang's /health generates a token first, and takes a second or more).
    */
   healthCheckTimeoutMs?: number;
+  /**
+   * How long an engine may show no progress in its metrics (its counters still) while requests of
+   * the gateway wait on it and it reports requests running or waiting, before it is held out of
+   * rotation until they move (default 60 s, DEFAULT_STALL_TIMEOUT_MS; 0: never; nothing without
+   * scraping or on engines that export none of the counters).
+   */
+  stallTimeoutMs?: number;
   /** One line per notable event (health changes, event-stream gaps). */
   log?: (message: string) => void;
   /** Shared state for several replicas (default: in memory, this replica only). */
@@ -362,6 +369,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     metricsIntervalMs: options.metricsIntervalMs ?? 1000,
     healthCheckIntervalMs: options.healthCheckIntervalMs ?? 2000,
     healthCheckTimeoutMs: options.healthCheckTimeoutMs,
+    stallTimeoutMs: options.stallTimeoutMs,
     // what the gateway asks the workers on its own (health, metrics, models, /tokenize) carries its Via
     via: ownVia(via),
   });
@@ -633,6 +641,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     router,
     health,
     eventLagSeconds: (id) => connections.get(id)?.subscriber?.stats.lagSeconds,
+    stallCounts: () => connections.stallCounts(),
   });
   const breaker = new CircuitBreaker(
     { failures: options.breakerFailures, cooldownMs: options.breakerCooldownMs },

@@ -640,6 +640,7 @@ function workerOutReason(w: WorkerState, connections: WorkerConnections, exclude
     if (reasons.includes('breaker')) return 'circuit breaker open';
     if (reasons.includes('health-check')) return 'health check failing';
     if (reasons.includes('metrics')) return 'metrics scrape failing';
+    if (reasons.includes('stall')) return 'engine stalled';
     return 'unhealthy';
   }
   if (excluded.has(w.id)) return 'not serving the model';

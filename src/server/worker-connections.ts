@@ -27,6 +27,7 @@ import {
   type SubscriberStats,
 } from '../engines/kv-events/subscriber.js';
 import { MetricsScraper } from '../engines/metrics/scraper.js';
+import { DEFAULT_STALL_TIMEOUT_MS, StallWatch } from '../engines/metrics/stall.js';
 import type { WorkerRecord } from '../state/state-store.js';
 import { ConnectionSlots, DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from './connection-slots.js';
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
@@ -181,6 +182,12 @@ export interface WorkerConnectionsOptions {
   /** Longest wait for one health probe's answer (default DEFAULT_HEALTH_CHECK_TIMEOUT_MS). */
   healthCheckTimeoutMs?: number;
   /**
+   * How long an engine may show no progress in its metrics while the gateway's requests wait on it
+   * and it reports requests running or waiting, before it is held out of rotation (default
+   * DEFAULT_STALL_TIMEOUT_MS; 0: never; nothing without scraping). metrics/stall.ts.
+   */
+  stallTimeoutMs?: number;
+  /**
    * Interval of re-reading each worker's /v1/models for the models and LoRA adapters it serves
    * (default 30 s; 0: only when it is added or comes back into rotation, and refreshModels()).
    */
@@ -240,6 +247,8 @@ export class WorkerConnections {
   private readonly connections = new Map<string, WorkerConnection>();
   private readonly scraper?: MetricsScraper;
   private readonly checker?: HealthChecker;
+  /** Whether the engines make progress, judged from the scrapes (none without scraping). */
+  private readonly stall?: StallWatch;
   /** Router worker ids of each worker (its ranks, or itself), by the worker's id. */
   private readonly groups = new Map<string, string[]>();
   /** Subscribers of removed workers, still closing. */
@@ -302,9 +311,27 @@ export class WorkerConnections {
         `healthCheckTimeoutMs must be an integer from 1 to ${MAX_TIMER_MS}, got ${healthCheckTimeoutMs}`,
       );
     const headers = options.via === undefined ? undefined : { via: options.via };
+    const stallTimeoutMs = options.stallTimeoutMs ?? DEFAULT_STALL_TIMEOUT_MS;
+    if (!Number.isInteger(stallTimeoutMs) || stallTimeoutMs < 0 || stallTimeoutMs > MAX_TIMER_MS)
+      throw new RangeError(`stallTimeoutMs must be an integer from 0 to ${MAX_TIMER_MS}, got ${stallTimeoutMs}`);
+    this.stall =
+      metricsIntervalMs > 0 && stallTimeoutMs > 0
+        ? new StallWatch({
+            timeoutMs: stallTimeoutMs,
+            health,
+            log,
+            inFlight: (id) => (router.hasWorker(id) ? router.localLoad(id).inFlightRequests : 0),
+          })
+        : undefined;
     this.scraper =
       metricsIntervalMs > 0
-        ? new MetricsScraper(router, [], { intervalMs: metricsIntervalMs, health, log, headers }).start()
+        ? new MetricsScraper(router, [], {
+            intervalMs: metricsIntervalMs,
+            health,
+            log,
+            headers,
+            stall: this.stall,
+          }).start()
         : undefined;
     // a probe waits as long as a healthy engine may take to answer, whatever the interval (the
     // next round starts an interval after the last probe of this one ended)
@@ -766,6 +793,11 @@ export class WorkerConnections {
     // when one of its streams ends, onto the closed pool (as an engine failure of a removed worker)
     first.slots.withdrawAll();
     return removed;
+  }
+
+  /** Stalls found so far, per router worker watched (metrics/stall.ts). */
+  *stallCounts(): IterableIterator<[string, number]> {
+    if (this.stall) yield* this.stall.stallCounts();
   }
 
   /**

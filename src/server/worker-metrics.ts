@@ -1,15 +1,17 @@
-import { Gauge, type Registry } from 'prom-client';
+import { Counter, Gauge, type Registry } from 'prom-client';
 import type { KVAwareRouter } from '../core/router/index.js';
 import type { HealthVerdictSource, WorkerHealth } from '../engines/health.js';
 
 /** Every source that can hold a worker out of rotation: each gets a series, 0 or 1, so dashboards never see gaps. */
-const OUT_OF_ROTATION_REASONS: readonly HealthVerdictSource[] = ['health-check', 'metrics', 'breaker'];
+const OUT_OF_ROTATION_REASONS: readonly HealthVerdictSource[] = ['health-check', 'metrics', 'breaker', 'stall'];
 
 export interface WorkerStateMetricsSource {
   router: KVAwareRouter;
   health: WorkerHealth;
   /** The KV-event lag of a worker's subscription (seconds), undefined without one. */
   eventLagSeconds(workerId: string): number | undefined;
+  /** Stalls found so far per router worker whose engine's progress is watched (metrics/stall.ts). */
+  stallCounts(): Iterable<[string, number]>;
 }
 
 /**
@@ -44,7 +46,7 @@ export function registerWorkerStateMetrics(registry: Registry, source: WorkerSta
   });
   new Gauge({
     name: 'contextforge_worker_out_of_rotation',
-    help: 'Whether a check holds a worker out of rotation, by reason (health-check, metrics, breaker: an open circuit).',
+    help: 'Whether a check holds a worker out of rotation, by reason (health-check, metrics, breaker: an open circuit, stall: its engine shows no progress).',
     labelNames: ['worker', 'reason'],
     aggregator: 'max',
     registers,
@@ -68,6 +70,19 @@ export function registerWorkerStateMetrics(registry: Registry, source: WorkerSta
         const lag = source.eventLagSeconds(w.id);
         if (lag !== undefined) this.set({ worker: w.id }, lag);
       }
+    },
+  });
+  new Counter({
+    name: 'contextforge_worker_stalls_total',
+    help: 'Times a worker was held out of rotation because its engine showed no progress in its metrics (counters still) while requests of the gateway waited on it and it reported requests running or waiting (--stall-timeout-ms).',
+    labelNames: ['worker'],
+    // each process of --processes N judges the engines on its own scrapes
+    aggregator: 'max',
+    registers,
+    collect() {
+      this.reset();
+      const counts = new Map(source.stallCounts());
+      for (const w of router.listWorkers()) this.inc({ worker: w.id }, counts.get(w.id) ?? 0);
     },
   });
 }

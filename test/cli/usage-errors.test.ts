@@ -50,6 +50,7 @@ test('a delay longer than a timer holds (2^31 - 1 ms) is refused, wherever it is
   for (const flag of [
     '--health-interval-ms',
     '--health-timeout-ms',
+    '--stall-timeout-ms',
     '--metrics-interval-ms',
     '--breaker-cooldown-ms',
     '--shutdown-grace-ms',
@@ -77,6 +78,9 @@ test('a health-probe timeout is at least a millisecond, 5 s unless given', () =>
   assert.equal(resolveServe(['--health-timeout-ms', '1']).config.healthTimeoutMs, 1);
   assert.equal(resolveServe([], { CONTEXTFORGE_HEALTH_TIMEOUT_MS: '20000' }).config.healthTimeoutMs, 20_000);
   assert.throws(() => resolveServe(['--health-timeout-ms', '0']), /--health-timeout-ms must be >= 1 \(got 0\)/);
+  assert.equal(resolveServe([]).config.stallTimeoutMs, 60_000);
+  assert.equal(resolveServe(['--stall-timeout-ms', '0']).config.stallTimeoutMs, 0);
+  assert.equal(resolveServe([], { CONTEXTFORGE_STALL_TIMEOUT_MS: '120000' }).config.stallTimeoutMs, 120_000);
 });
 
 test('a config file is read up to a bound, as text, with every YAML problem an error naming its source', () => {

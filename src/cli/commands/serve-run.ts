@@ -144,6 +144,7 @@ export async function startGateway(
     metricsIntervalMs: c.metricsIntervalMs,
     healthCheckIntervalMs: c.healthIntervalMs,
     healthCheckTimeoutMs: c.healthTimeoutMs,
+    stallTimeoutMs: c.stallTimeoutMs,
     breakerFailures: c.breakerFailures,
     breakerCooldownMs: c.breakerCooldownMs,
     panicRouting: c.panicRouting,

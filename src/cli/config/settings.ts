@@ -13,6 +13,7 @@ import {
   MAX_BODY_LIMIT,
 } from '../../server/body-budget.js';
 import { DEFAULT_HEALTH_CHECK_TIMEOUT_MS } from '../../engines/health.js';
+import { DEFAULT_STALL_TIMEOUT_MS } from '../../engines/metrics/stall.js';
 import {
   ADMIN_TOKEN_PATTERN,
   ADMIN_TOKEN_RULE,
@@ -133,6 +134,7 @@ const gatewayShape = {
   metricsIntervalMs: timerMs(0).default(1000),
   healthIntervalMs: timerMs(0).default(2000),
   healthTimeoutMs: timerMs(1).default(DEFAULT_HEALTH_CHECK_TIMEOUT_MS),
+  stallTimeoutMs: timerMs(0).default(DEFAULT_STALL_TIMEOUT_MS),
   breakerFailures: positiveInt().default(3),
   breakerCooldownMs: timerMs(1).default(5000),
   panicRouting: z.boolean().default(true),
@@ -272,6 +274,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   healthTimeoutMs: {
     arg: '<ms>',
     help: "longest wait for one /health answer, whatever the interval (SGLang's /health generates a token first and takes a second or more; two probes in a row without an answer take a worker out)",
+  },
+  stallTimeoutMs: {
+    arg: '<ms>',
+    help: "hold a worker out of rotation when its engine's metrics show no progress this long (its token counters, running and waiting counts and KV usage all still) while requests of the gateway wait on it and it reports requests running or waiting: a hung engine loop whose /health and /metrics still answer; back as soon as they move (0: off; needs the metrics scrape and an engine exporting vLLM's or SGLang's token counters). vLLM and SGLang move them with every scheduler step or prefill chunk: the default minute is well past one step, even of a long prompt prefilled whole",
   },
   breakerFailures: { arg: '<n>', help: "consecutive failures that open a worker's circuit" },
   breakerCooldownMs: { arg: '<ms>', help: 'how long an open circuit keeps a worker out' },

@@ -27,6 +27,12 @@ export interface EngineLoad {
    * SGLang's sglang:max_total_num_tokens.
    */
   kvCapacityTokens?: number;
+  /**
+   * What moves while the engine works (`PROGRESS_COUNTERS`, then the running and waiting counts and
+   * the KV usage as read): undefined when the page has none of the counters. Compared between two
+   * scrapes only (stall.ts): any change is progress.
+   */
+  progress?: readonly number[];
 }
 
 const RUNNING = ['vllm:num_requests_running', 'sglang:num_running_reqs'];
@@ -55,7 +61,47 @@ const HITS = [
  */
 const SGLANG_CAPACITY = ['sglang:max_total_num_tokens'];
 
+/**
+ * Counters an engine's own loop moves as it works, read to tell an engine that makes progress from
+ * one whose loop hangs while its HTTP server still answers /health and /metrics (stall.ts). None of
+ * them moves on every step of every engine, so the running and waiting counts and the KV usage,
+ * which both engines set from their scheduler as it steps, count as progress too:
+ * - vLLM (v1): `vllm:prompt_tokens_total` grows by a request's whole prompt once its prefill is
+ *   complete, not per chunk (vllm/v1/metrics/stats.py IterationStats.update_from_output adds
+ *   prompt_len when the first output of a prefilling request arrives; vllm/v1/core/sched/scheduler.py
+ *   update_from_output makes no output for a partial prefill), `vllm:generation_tokens_total` with
+ *   each token, and `vllm:iteration_tokens_total` (a histogram: its `_count`) once per batch of
+ *   outputs: the API server's output handler makes iteration stats only when a step brought outputs
+ *   (vllm/v1/engine/async_llm.py output_handler). So during a long chunked prefill with nothing else
+ *   running none of them moves; the scheduler stats each step still sends, even without outputs
+ *   (scheduler.py update_from_output: "We must return the stats even if there are no request
+ *   outputs this step"), set the running and waiting gauges and vllm:kv_cache_usage_perc, which
+ *   grows with each chunk's blocks (vllm/v1/metrics/loggers.py PrometheusStatLogger.record).
+ *   `vllm:estimated_flops_per_gpu_total` (--enable-mfu-metrics, vllm/v1/metrics/perf.py) comes
+ *   with those scheduler stats: it moves on every step.
+ * - SGLang: `sglang:prompt_tokens_total` and `sglang:generation_tokens_total` grow when a request
+ *   finishes (python/sglang/srt/observability/metrics_collector.py TokenizerMetricsCollector
+ *   observe_one_finished_request); `sglang:realtime_tokens_total{mode}` with each prefill batch,
+ *   every chunk of a chunked prefill among them (scheduler_metrics_mixin.py log_prefill_stats,
+ *   increment_realtime_tokens with the batch's new and cached tokens), which also sets the running,
+ *   queue and token-usage gauges (log_stats); decode batches set them every
+ *   --decode-log-interval steps (40). `sglang:forward_execution_seconds_total` and
+ *   `sglang:estimated_flops_per_gpu_total` grow with forward passes where the release has them.
+ */
+const PROGRESS_COUNTERS = [
+  'vllm:iteration_tokens_total_count',
+  'vllm:prompt_tokens_total',
+  'vllm:generation_tokens_total',
+  'vllm:estimated_flops_per_gpu_total',
+  'sglang:realtime_tokens_total',
+  'sglang:prompt_tokens_total',
+  'sglang:generation_tokens_total',
+  'sglang:forward_execution_seconds_total',
+  'sglang:estimated_flops_per_gpu_total',
+] as const;
+
 const LOAD_NAMES: ReadonlySet<string> = new Set([
+  ...PROGRESS_COUNTERS,
   ...RUNNING,
   ...WAITING,
   ...USAGE,
@@ -314,7 +360,26 @@ export function readEngineLoad(text: string, engine?: string): EngineLoad {
   if (h !== undefined) load.prefixCacheHits = h;
   const capacity = vllmKvCapacityTokens(text) ?? sglangKvCapacityTokens(s);
   if (capacity !== undefined) load.kvCapacityTokens = capacity;
+  const progress = engineProgress(s, load);
+  if (progress !== undefined) load.progress = progress;
   return load;
+}
+
+/**
+ * The progress readings of a page (`EngineLoad.progress`): each of PROGRESS_COUNTERS (NaN when
+ * the page lacks it), then the load as read; undefined when the page has none of the counters.
+ */
+function engineProgress(series: Map<string, Sample[]>, load: EngineLoad): number[] | undefined {
+  let found = false;
+  const readings: number[] = [];
+  for (const name of PROGRESS_COUNTERS) {
+    const v = counter(series, [name]);
+    if (v !== undefined) found = true;
+    readings.push(v ?? NaN);
+  }
+  if (!found) return undefined;
+  readings.push(load.running, load.waiting, load.kvUsage);
+  return readings;
 }
 
 const CACHE_CONFIG_INFO = 'vllm:cache_config_info{';

@@ -5,6 +5,7 @@ import type { WorkerHealth } from '../health.js';
 import { recordOutcome, PollLoop, type CheckStreak } from '../poll-loop.js';
 import { splitCredentials } from '../url-credentials.js';
 import { readEngineLoad, type EngineLoad } from './prometheus.js';
+import type { StallWatch } from './stall.js';
 
 /** Largest /metrics page read (vLLM's, with every histogram and adapter label, is well under it). */
 export const MAX_METRICS_BYTES = 16 * 1024 * 1024;
@@ -32,6 +33,8 @@ export interface ScraperOptions {
   health?: WorkerHealth;
   /** Headers of every scrape (the gateway's Via, so a gateway scraped as a worker can tell who asks). */
   headers?: Readonly<Record<string, string>>;
+  /** Judges from each good scrape whether the engine makes progress (the gateway). */
+  stall?: StallWatch;
 }
 
 export interface TargetState extends CheckStreak {
@@ -85,6 +88,7 @@ export class MetricsScraper {
     const { url, authorization } = splitCredentials(t.url);
     const headers = authorization === undefined ? this.options.headers : { ...this.options.headers, authorization };
     this.targets.set(t.workerId, { url, engine: t.engine, headers });
+    this.options.stall?.forget(t.workerId);
     this.states.set(t.workerId, {
       consecutiveFailures: 0,
       consecutiveSuccesses: 0,
@@ -97,6 +101,7 @@ export class MetricsScraper {
   remove(workerId: string): void {
     this.targets.delete(workerId);
     this.states.delete(workerId);
+    this.options.stall?.forget(workerId);
   }
 
   state(workerId: string): TargetState | undefined {
@@ -148,6 +153,7 @@ export class MetricsScraper {
       });
       const flipped = recordOutcome(s, true, this.failuresToUnhealthy, this.successesToHealthy);
       if (flipped !== undefined) this.setHealth(workerId, s, flipped);
+      this.options.stall?.observe(workerId, load.progress, load.running + load.waiting, this.router.now());
     } catch (err) {
       s.failures++;
       // (an error may name the URL: it is shown, so without a password)
