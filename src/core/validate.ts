@@ -4,12 +4,19 @@
  */
 import { unknownKeyMessage } from './schema-issues.js';
 
+/**
+ * Whether requireId() takes `value`: a non-empty string. The rule for the ids the router takes
+ * as they come (workflows, anchors, content anchors), for ids read from elsewhere (another
+ * replica), which are skipped rather than thrown on.
+ */
+export function isId(value: unknown): value is string {
+  return typeof value === 'string' && value.length > 0;
+}
+
 export function requireId(value: unknown, name: string): string {
-  if (typeof value !== 'string') {
-    throw new TypeError(`${name} must be a string, got ${describe(value)}`);
-  }
-  if (value.length === 0) throw new RangeError(`${name} must be a non-empty string`);
-  return value;
+  if (isId(value)) return value;
+  if (typeof value !== 'string') throw new TypeError(`${name} must be a string, got ${describe(value)}`);
+  throw new RangeError(`${name} must be a non-empty string`);
 }
 
 /**

@@ -1,7 +1,7 @@
 import { LRUCache } from 'lru-cache';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import { isRemoteAmount, RemoteLoad, type ReplicaLoad } from './remote-load.js';
-import { isWorkerId } from '../core/validate.js';
+import { isId, isWorkerId } from '../core/validate.js';
 import {
   DECIDED,
   hasShape,
@@ -109,8 +109,8 @@ function isMessage(m: unknown): m is ClusterMessage {
 const isArray: FieldCheck = (v) => Array.isArray(v);
 const isNumber: FieldCheck = (v) => typeof v === 'number';
 const isHashHalf: FieldCheck = (v) => v instanceof Uint32Array;
-/** A workflow id, as the router takes one: a non-empty string. */
-const isWorkflowId: FieldCheck = (v) => typeof v === 'string' && v !== '';
+/** A workflow id, as the router takes one (isId). */
+const isWorkflowId: FieldCheck = isId;
 /** The relay's number of a decision it relayed: from 1 up. */
 const isDecisionNumber: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) > 0;
 

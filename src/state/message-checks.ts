@@ -6,7 +6,7 @@
  * decision's id), so each shape below is checked on either; a message that fails one is
  * counted among the malformed and dropped. No I/O here.
  */
-import { isWorkerId } from '../core/validate.js';
+import { isId, isWorkerId } from '../core/validate.js';
 import { isRemoteAmount } from './remote-load.js';
 import type { WorkerRecord } from './state-store.js';
 
@@ -35,9 +35,6 @@ export function isWorkerRecord(v: unknown): v is WorkerRecord {
 export function isWorkflowStep(v: unknown): v is number | null | undefined {
   return v === undefined || v === null || (typeof v === 'number' && Number.isInteger(v) && v >= 0);
 }
-
-/** An id the router takes for an anchor or a content anchor: a non-empty string. */
-const isId = (v: unknown): v is string => typeof v === 'string' && v !== '';
 
 const isCount = (v: unknown): v is number => typeof v === 'number' && Number.isInteger(v) && v >= 0;
 
