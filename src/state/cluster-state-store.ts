@@ -1,6 +1,7 @@
 import { LRUCache } from 'lru-cache';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import { isRemoteAmount, RemoteLoad, type ReplicaLoad } from './remote-load.js';
+import { ROUTER_DEFAULTS } from '../core/router/options-schema.js';
 import { isId, isWorkerId } from '../core/validate.js';
 import {
   DECIDED,
@@ -126,7 +127,8 @@ const HEARD_BEFORE_SNAPSHOT = 100_000;
  * too are checked by the same rules (message-checks.ts), so a defect in one process (a bad id,
  * an amount out of range, a field of the wrong kind) is counted and dropped by the relay and by
  * every process, and corrupts no other's index or tallies. How many blocks a decision may have
- * depends on the router's settings: the router checks that as it applies it (applySharedDecision()).
+ * depends on the router's settings: the router checks that as it applies it (applySharedDecision()),
+ * and the relay, given the same settings, before it counts or keeps any of it (mostBlocks()).
  */
 const SHAPES: { readonly [K in ClusterMessage['cf']]: Shape } = {
   decision: {
@@ -553,6 +555,13 @@ export interface ClusterRelayOptions {
   workflows?: number;
   /** Most admin removals remembered (default 100,000; the oldest forgotten first). */
   removals?: number;
+  /**
+   * The processes' routers' longest prompt and block size, as they are configured (defaults:
+   * the router's): a decision with more blocks than a router takes for its worker
+   * (applySharedDecision()) is counted and dropped here, before any of it counts.
+   */
+  maxPromptTokens?: number;
+  blockSize?: number;
 }
 
 /** How long the relay remembers a removal through the admin API (the Redis store keeps its record as long). */
@@ -588,9 +597,17 @@ export class ClusterRelay {
   private readonly loads = new RemoteLoad();
   private readonly recentLimit: number;
   private readonly ttlMs: number;
+  private readonly maxPromptTokens: number;
+  private readonly blockSize: number;
   /** The number given the last decision relayed (ClusterMessage's `n`). */
   private decisionNumber = 0;
-  readonly counters = { relayed: 0, claimsLost: 0, malformed: 0 };
+  readonly counters = {
+    relayed: 0,
+    claimsLost: 0,
+    malformed: 0,
+    /** Decisions with more blocks than the processes' routers take (dropped). */
+    tooLong: 0,
+  };
 
   constructor(
     options: ClusterRelayOptions = {},
@@ -600,6 +617,8 @@ export class ClusterRelay {
     this.ttlMs = options.decisionTtlMs ?? 120_000;
     this.workflows = new LRUCache({ max: options.workflows ?? 100_000 });
     this.removalLimit = options.removals ?? 100_000;
+    this.maxPromptTokens = options.maxPromptTokens ?? ROUTER_DEFAULTS.maxPromptTokens;
+    this.blockSize = options.blockSize ?? ROUTER_DEFAULTS.blockSize;
   }
 
   add(peer: RelayPeer): void {
@@ -629,6 +648,8 @@ export class ClusterRelay {
         }
         return;
       case 'decision': {
+        // one that every process's router would refuse is no one's load, nor kept, nor a claim
+        if (m.hi.length > this.mostBlocks(m.w)) return void this.counters.tooLong++;
         if (m.wf !== undefined) {
           const held = this.workflows.get(m.wf);
           if (m.claim && held) {
@@ -702,6 +723,17 @@ export class ClusterRelay {
       default:
         this.counters.malformed++;
     }
+  }
+
+  /**
+   * Most blocks a process's router takes of a decision on worker `w` (applySharedDecision()): its
+   * longest prompt in the worker's blocks (a data-parallel rank's are its worker's). Of a worker
+   * the relay was not told of, in the smallest blocks a worker may have (1 token).
+   */
+  private mostBlocks(w: string): number {
+    const hash = w.indexOf('#');
+    const record = this.workers.get(hash < 0 ? w : w.slice(0, hash));
+    return Math.ceil(this.maxPromptTokens / (record ? (record.blockSize ?? this.blockSize) : 1));
   }
 
   /**

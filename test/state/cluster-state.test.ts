@@ -1,14 +1,23 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { KVAwareRouter } from '../../src/core/router/index.js';
-import { ClusterRelay, ClusterStateStore, type ClusterMessage } from '../../src/state/cluster-state-store.js';
+import { KVAwareRouter, type KVAwareRouterOptions } from '../../src/core/router/index.js';
+import {
+  ClusterRelay,
+  ClusterStateStore,
+  type ClusterMessage,
+  type ClusterRelayOptions,
+} from '../../src/state/cluster-state-store.js';
 import { prompt, tiers } from '../helpers/prompts.js';
 import { drainAndSettle, drainingAt, workerHost } from '../helpers/state-host.js';
 import { settled, until } from '../helpers/wait.js';
 
 /** Gateway processes and the primary's relay in one thread: messages are delivered asynchronously, in order. */
-function fleet(n: number, configured: string[] = ['e0', 'e1']) {
-  const relay = new ClusterRelay();
+function fleet(
+  n: number,
+  configured: string[] = ['e0', 'e1'],
+  settings: { relay?: ClusterRelayOptions; router?: KVAwareRouterOptions } = {},
+) {
+  const relay = new ClusterRelay(settings.relay);
   const processes = Array.from({ length: n }, (_, i) => {
     const id = String(i + 1);
     const listeners = new Set<(m: unknown) => void>();
@@ -38,7 +47,7 @@ function fleet(n: number, configured: string[] = ['e0', 'e1']) {
         offMessage: (l) => void listeners.delete(l),
       },
     });
-    const router = new KVAwareRouter({ policy: 'cost' });
+    const router = new KVAwareRouter({ policy: 'cost', ...settings.router });
     /** KV events posted to another process, as this one was given them. */
     const posted: Array<[string, unknown]> = [];
     const { host, workers } = workerHost(router, configured, posted);
@@ -686,4 +695,87 @@ test('a process counts and drops what the relay passes on malformed; a start sna
   deliver({ cf: 'released', r: '1', w: 'e0', q: 10 });
   assert.equal(on('e0').inFlightRequests, 1);
   await store.close();
+});
+
+/** The relay's start snapshot for a process that says hello now (after what was relayed to it before). */
+function snapshotOf(relay: ClusterRelay, to: string, sent: ClusterMessage[]) {
+  relay.receive(to, { cf: 'hello', r: to });
+  let s = sent.pop();
+  if (s?.cf === 'batch') s = s.m.at(-1);
+  assert.equal(s?.cf, 'snapshot');
+  return s as Extract<ClusterMessage, { cf: 'snapshot' }>;
+}
+
+test("the relay counts and drops a decision longer than the processes' routers take, before any of it counts", async () => {
+  // 64 tokens at most: 4 blocks of 16 (the routers' block size), 8 on a worker of 8-token blocks
+  const settings = { relay: { maxPromptTokens: 64, blockSize: 16 }, router: { maxPromptTokens: 64, blockSize: 16 } };
+  const {
+    relay,
+    processes: [a, b, c],
+  } = fleet(3, ['e0', 'e1'], settings);
+  await Promise.all([a.store.attach(a.host), b.store.attach(b.host)]);
+  await settle(); // the workers they announce reach the relay
+  await settle();
+  const blocks = (n: number) => ({ hi: new Uint32Array(n).fill(1), lo: new Uint32Array(n).fill(2) });
+  const send = (m: ClusterMessage) => relay.receive(a.id, m);
+  send({ cf: 'decision', r: a.id, w: 'e0', ...blocks(5), q: 10, wf: 'wf-long', s: 0 });
+  send({ cf: 'decision', r: a.id, w: 'e1', ...blocks(4), q: 20 });
+  const inFlight = (p: typeof b, id: string) => p.router.listWorkers().find((w) => w.id === id)!.inFlightRequests;
+  assert.equal(
+    await settled(
+      () => inFlight(b, 'e1'),
+      (x) => x === 1,
+    ),
+    1,
+  );
+  assert.equal(relay.counters.tooLong, 1);
+  assert.equal(b.store.stats().malformedMessages, 0, 'not relayed');
+  await c.store.attach(c.host);
+  assert.deepEqual([inFlight(c, 'e0'), inFlight(c, 'e1')], [0, 1], 'nor its load kept for a process that starts later');
+  assert.equal(c.store.stats().malformedMessages, 0, 'nor its blocks');
+  assert.equal(c.router.workflowAffinity('wf-long'), undefined, 'nor its workflow claimed');
+
+  // the bound is the worker's: its own block size, a rank's its worker's; the smallest block
+  // (1 token) for a worker the relay was not told of
+  const sent: ClusterMessage[] = [];
+  const solo = new ClusterRelay({ maxPromptTokens: 64, blockSize: 16 });
+  solo.add({ id: 'a', send: () => {} });
+  solo.add({ id: 'late', send: (m) => void sent.push(m) });
+  solo.receive('a', { cf: 'worker-added', r: 'a', worker: { id: 'e0', url: 'http://e0' } });
+  solo.receive('a', { cf: 'worker-added', r: 'a', worker: { id: 'e1', url: 'http://e1', blockSize: 8 } });
+  solo.receive('a', {
+    cf: 'worker-added',
+    r: 'a',
+    worker: { id: 'dp', url: 'http://dp', dpSize: 2, blockSize: 32 },
+  });
+  for (const [w, most] of [
+    ['e0', 4],
+    ['e1', 8],
+    ['dp#1', 2],
+    ['unknown', 64],
+  ] as const) {
+    solo.receive('a', { cf: 'decision', r: 'a', w, ...blocks(most), q: 1 });
+    solo.receive('a', { cf: 'decision', r: 'a', w, ...blocks(most + 1), q: 1 });
+  }
+  assert.equal(solo.counters.tooLong, 4);
+  const s = snapshotOf(solo, 'late', sent);
+  assert.deepEqual(
+    s.decisions.map((d) => [d.w, d.hi.length]),
+    [
+      ['e0', 4],
+      ['e1', 8],
+      ['dp#1', 2],
+      ['unknown', 64],
+    ],
+  );
+  assert.deepEqual(
+    s.loads.map(([, w, requests]) => [w, requests]),
+    [
+      ['e0', 1],
+      ['e1', 1],
+      ['dp#1', 1],
+      ['unknown', 1],
+    ],
+  );
+  await Promise.all([a.store.close(), b.store.close(), c.store.close()]);
 });

@@ -21,7 +21,15 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
   if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
   process.env.CONTEXTFORGE_ADMIN_TOKEN = admin.token;
   // decisions replayed to a process that starts later live as long as the router's predictions
-  const relay = c.state === 'memory' ? new ClusterRelay({ decisionTtlMs: c.predictionTtlMs }) : undefined;
+  const relay =
+    c.state === 'memory'
+      ? new ClusterRelay({
+          decisionTtlMs: c.predictionTtlMs,
+          // the decisions the processes' routers take: configured alike, as this process is
+          maxPromptTokens: c.maxPromptTokens,
+          blockSize: c.blockSize,
+        })
+      : undefined;
   // /metrics of any process answers every process's counters, merged here (a stopped one's kept)
   const metrics = new MetricsAggregator({ log });
   let stopping = false;
