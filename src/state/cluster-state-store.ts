@@ -3,6 +3,7 @@ import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import { isRemoteAmount, RemoteLoad, type ReplicaLoad } from './remote-load.js';
 import { ROUTER_DEFAULTS } from '../core/router/options-schema.js';
 import { isId, isWorkerId } from '../core/validate.js';
+import { parseWorkerRecord } from '../server/worker-input.js';
 import {
   DECIDED,
   hasShape,
@@ -607,6 +608,8 @@ export class ClusterRelay {
     malformed: 0,
     /** Decisions with more blocks than the processes' routers take (dropped). */
     tooLong: 0,
+    /** Worker records a gateway would not accept (dropped). */
+    workersRefused: 0,
   };
 
   constructor(
@@ -685,11 +688,20 @@ export class ClusterRelay {
         this.broadcast(m, from);
         return;
       }
-      case 'worker-added':
-        this.workers.set(m.worker.id, m.worker);
-        this.removed.delete(m.worker.id);
+      case 'worker-added': {
+        // checked as a gateway checks a worker it is told of (WorkerConnections.add()): one no
+        // gateway would take does not undo a removal, nor reach a process that starts later
+        let worker: WorkerRecord;
+        try {
+          worker = parseWorkerRecord(m.worker, 'worker');
+        } catch {
+          return void this.counters.workersRefused++;
+        }
+        this.workers.set(worker.id, worker);
+        this.removed.delete(worker.id);
         this.broadcast(m, from);
         return;
+      }
       case 'worker-removed':
         this.workers.delete(m.id);
         this.draining.delete(m.id);

@@ -779,3 +779,35 @@ test("the relay counts and drops a decision longer than the processes' routers t
   );
   await Promise.all([a.store.close(), b.store.close(), c.store.close()]);
 });
+
+test('the relay keeps, and passes on, only a worker record a gateway would accept', () => {
+  const sent: ClusterMessage[] = [];
+  const relay = new ClusterRelay();
+  relay.add({ id: 'a', send: () => {} });
+  relay.add({ id: 'b', send: () => {} });
+  relay.add({ id: 'late', send: (m) => void sent.push(m) });
+  relay.receive('a', { cf: 'worker-removed', r: 'a', id: 'e9' });
+  assert.equal(relay.counters.relayed, 2);
+  const bad: unknown[] = [
+    { id: 'e9' }, // no URL
+    { id: 'e9', url: 'ftp://e9' },
+    { id: 'e9', url: 'http://e9/v1' }, // a path
+    { id: 'e9', url: 'http://e9', dpSize: 0 },
+    { id: 'e9', url: 'http://e9', blockSize: 1.5 },
+    { id: 'e9', url: 'http://e9', apiKeyEnv: 'CONTEXTFORGE_ADMIN_TOKEN' },
+    { id: 'e9', url: 'http://e9', replay: 'tcp://e9:5558' }, // a replay without events
+    { id: 'e9', url: 'http://e9', shard: 1 }, // a field no worker has
+    { id: 'e 9', url: 'http://e9' }, // an id the gateway does not take
+  ];
+  for (const worker of bad) relay.receive('a', { cf: 'worker-added', r: 'a', worker } as ClusterMessage);
+  assert.equal(relay.counters.workersRefused, bad.length);
+  assert.equal(relay.counters.relayed, 2, 'none passed on');
+  const s = snapshotOf(relay, 'late', sent);
+  assert.deepEqual(s.workers, []);
+  assert.deepEqual(s.removed, ['e9'], 'the removal stays');
+  relay.receive('a', { cf: 'worker-added', r: 'a', worker: { id: 'e9', url: 'http://e9', blockSize: 8 } });
+  const after = snapshotOf(relay, 'late', sent);
+  assert.deepEqual(after.workers, [{ id: 'e9', url: 'http://e9', blockSize: 8 }]);
+  assert.deepEqual(after.removed, []);
+  assert.equal(relay.counters.workersRefused, bad.length);
+});
