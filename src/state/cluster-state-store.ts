@@ -2,7 +2,9 @@ import { LRUCache } from 'lru-cache';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import { isRemoteAmount, RemoteLoad, type ReplicaLoad } from './remote-load.js';
 import { ROUTER_DEFAULTS } from '../core/router/options-schema.js';
+import { MAX_WORKERS } from '../core/worker-registry.js';
 import { isId, isWorkerId } from '../core/validate.js';
+import { shownText } from '../core/shown-text.js';
 import { parseWorkerRecord } from '../server/worker-input.js';
 import {
   DECIDED,
@@ -563,6 +565,8 @@ export interface ClusterRelayOptions {
    */
   maxPromptTokens?: number;
   blockSize?: number;
+  /** Where the relay says it refused something past a bound (once for each bound). */
+  log?: (message: string) => void;
 }
 
 /** How long the relay remembers a removal through the admin API (the Redis store keeps its record as long). */
@@ -585,7 +589,9 @@ export class ClusterRelay {
   /** Workflow → its worker and step, least recently routed dropped first. */
   private readonly workflows: LRUCache<string, { w: string; s: number | null }>;
   private readonly workers = new Map<string, WorkerRecord>();
-  /** Workers drained through a process's admin API, until resumed or removed. */
+  /** Their data-parallel ranks, in all: each is one of a router's workers (at most MAX_WORKERS). */
+  private workerRanks = 0;
+  /** Workers drained through a process's admin API, until resumed or removed (at most MAX_WORKERS). */
   private readonly draining = new Set<string>();
   /** Workers removed through a process's admin API, until added again (or forgotten: a day, the bound), by when, oldest first. */
   private readonly removed = new Map<string, number>();
@@ -600,6 +606,9 @@ export class ClusterRelay {
   private readonly ttlMs: number;
   private readonly maxPromptTokens: number;
   private readonly blockSize: number;
+  private readonly log: (message: string) => void;
+  /** The bounds whose refusal was logged. */
+  private readonly refusalsLogged = new Set<'workers' | 'draining'>();
   /** The number given the last decision relayed (ClusterMessage's `n`). */
   private decisionNumber = 0;
   readonly counters = {
@@ -610,6 +619,8 @@ export class ClusterRelay {
     tooLong: 0,
     /** Worker records a gateway would not accept (dropped). */
     workersRefused: 0,
+    /** Workers and drains not kept past MAX_WORKERS. */
+    refusedPastBound: 0,
   };
 
   constructor(
@@ -622,6 +633,7 @@ export class ClusterRelay {
     this.removalLimit = options.removals ?? 100_000;
     this.maxPromptTokens = options.maxPromptTokens ?? ROUTER_DEFAULTS.maxPromptTokens;
     this.blockSize = options.blockSize ?? ROUTER_DEFAULTS.blockSize;
+    this.log = options.log ?? (() => {});
   }
 
   add(peer: RelayPeer): void {
@@ -697,12 +709,23 @@ export class ClusterRelay {
         } catch {
           return void this.counters.workersRefused++;
         }
+        // each process is told of every worker kept: past a router's bound, none would take it
+        const kept = this.workers.get(worker.id);
+        const after = this.workerRanks - (kept ? (kept.dpSize ?? 1) : 0) + (worker.dpSize ?? 1);
+        if (after > MAX_WORKERS)
+          return this.refusePastBound(
+            'workers',
+            `worker '${worker.id}' added by gateway process ${from} not kept nor passed on: the processes' routers hold at most ${MAX_WORKERS} workers (each data-parallel rank is one), ${this.workerRanks} are kept`,
+          );
+        this.workerRanks = after;
         this.workers.set(worker.id, worker);
         this.removed.delete(worker.id);
         this.broadcast(m, from);
         return;
       }
-      case 'worker-removed':
+      case 'worker-removed': {
+        const kept = this.workers.get(m.id);
+        if (kept) this.workerRanks -= kept.dpSize ?? 1;
         this.workers.delete(m.id);
         this.draining.delete(m.id);
         // discovery's removals are not kept: every process reads the DNS records itself
@@ -716,9 +739,17 @@ export class ClusterRelay {
         }
         this.broadcast(m, from);
         return;
+      }
       case 'worker-drained':
-        if (m.draining) this.draining.add(m.id);
-        else this.draining.delete(m.id);
+        // past the bound a drain is not kept for processes that start later; those running,
+        // which drain a worker only if they have it, still get it
+        if (!m.draining) this.draining.delete(m.id);
+        else if (this.draining.has(m.id) || this.draining.size < MAX_WORKERS) this.draining.add(m.id);
+        else
+          this.refusePastBound(
+            'draining',
+            `drain of worker ${JSON.stringify(shownText(m.id, 64))} by gateway process ${from} not kept for processes that start later: at most ${MAX_WORKERS} drained workers are kept`,
+          );
         this.broadcast(m, from);
         return;
       case 'kv-events':
@@ -746,6 +777,14 @@ export class ClusterRelay {
     const hash = w.indexOf('#');
     const record = this.workers.get(hash < 0 ? w : w.slice(0, hash));
     return Math.ceil(this.maxPromptTokens / (record ? (record.blockSize ?? this.blockSize) : 1));
+  }
+
+  /** Counts a refusal past a bound; the first of each bound is logged. */
+  private refusePastBound(bound: 'workers' | 'draining', message: string): void {
+    this.counters.refusedPastBound++;
+    if (this.refusalsLogged.has(bound)) return;
+    this.refusalsLogged.add(bound);
+    this.log(`${message}; further refusals are only counted`);
   }
 
   /**

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { KVAwareRouter, type KVAwareRouterOptions } from '../../src/core/router/index.js';
+import { MAX_WORKERS } from '../../src/core/worker-registry.js';
 import {
   ClusterRelay,
   ClusterStateStore,
@@ -810,4 +811,52 @@ test('the relay keeps, and passes on, only a worker record a gateway would accep
   assert.deepEqual(after.workers, [{ id: 'e9', url: 'http://e9', blockSize: 8 }]);
   assert.deepEqual(after.removed, []);
   assert.equal(relay.counters.workersRefused, bad.length);
+});
+
+test("the relay keeps at most a router's workers and drained workers: past that it counts, and logs once", () => {
+  const sent: ClusterMessage[] = [];
+  const logs: string[] = [];
+  const relay = new ClusterRelay({ log: (m) => logs.push(m) });
+  relay.add({ id: 'a', send: () => {} });
+  relay.add({ id: 'late', send: (m) => void sent.push(m) });
+  const add = (id: string, more: object = {}) =>
+    relay.receive('a', { cf: 'worker-added', r: 'a', worker: { id, url: `http://${id}`, ...more } });
+  // each data-parallel rank is one of the router's workers, as the gateway counts them
+  add('dp', { dpSize: 4 });
+  for (let i = 0; i < MAX_WORKERS - 5; i++) add(`w${i}`);
+  add('dp2', { dpSize: 2 }); // 2 ranks where one is left
+  assert.equal(relay.counters.refusedPastBound, 1);
+  add('last');
+  const relayed = relay.counters.relayed;
+  add('one-more');
+  assert.equal(relay.counters.relayed, relayed, 'not passed on: no process would take it');
+  add('w0', { blockSize: 8 }); // the same worker again replaces its record
+  add('dp', { dpSize: 2 }); // with fewer ranks: room for one more
+  add('one-more');
+  assert.equal(relay.counters.refusedPastBound, 2);
+  const s = snapshotOf(relay, 'late', sent);
+  assert.equal(s.workers.length, MAX_WORKERS - 5 + 3);
+  assert.deepEqual(
+    s.workers.filter((w) => ['w0', 'dp', 'dp2', 'one-more'].includes(w.id)),
+    [
+      { id: 'dp', url: 'http://dp', dpSize: 2 },
+      { id: 'w0', url: 'http://w0', blockSize: 8 },
+      { id: 'one-more', url: 'http://one-more' },
+    ],
+  );
+  // drains: of at most as many workers
+  const drain = (id: string, draining = true) => relay.receive('a', { cf: 'worker-drained', r: 'a', id, draining });
+  for (let i = 0; i < MAX_WORKERS; i++) drain(`d${i}`);
+  const drains = relay.counters.relayed;
+  drain('d-past');
+  assert.equal(relay.counters.relayed, drains + 1, 'passed on: a process with the worker drains it');
+  drain('d0'); // already kept
+  assert.equal(relay.counters.refusedPastBound, 3);
+  drain('d1', false);
+  drain('d-past');
+  assert.equal(relay.counters.refusedPastBound, 3);
+  const d = snapshotOf(relay, 'late', sent).draining!;
+  assert.equal(d.length, MAX_WORKERS);
+  assert.ok(d.includes('d-past') && !d.includes('d1'));
+  assert.equal(logs.length, 2, `one line for the workers, one for the drains: ${logs.join(' | ')}`);
 });

@@ -28,6 +28,7 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
           // the decisions the processes' routers take: configured alike, as this process is
           maxPromptTokens: c.maxPromptTokens,
           blockSize: c.blockSize,
+          log,
         })
       : undefined;
   // /metrics of any process answers every process's counters, merged here (a stopped one's kept)
