@@ -549,3 +549,30 @@ test('serve --processes 2: a process that exits cleanly is replaced and logged, 
   child.kill('SIGTERM');
   assert.equal(await exited, 0);
 });
+
+test('serve --processes 2: a process that keeps crashing soon after it starts serving is restarted less often each time', async () => {
+  const { child, base, output } = await startServe(TWO_PROCESSES_QUIET);
+  await until(() => processesServing(output()) === 2, 'both processes to serve', { timeoutMs: 30_000 });
+  const [first, second] = childPids(child);
+  assert.ok(first !== undefined && second !== undefined, 'two gateway processes');
+  // each process in the first one's place crashes as soon as it serves, as one would on its
+  // first requests: the primary waits longer before each replacement
+  let victim = first;
+  const delays = () =>
+    [...output().matchAll(/stopped \(SIGKILL\); starting another in (\d+) ms/g)].map((m) => Number(m[1]));
+  for (let crash = 1; crash <= 4; crash++) {
+    process.kill(victim, 'SIGKILL');
+    await until(() => delays().length === crash, `the primary to log crash ${crash}`, { timeoutMs: 30_000 });
+    await until(() => processesServing(output()) === 2 + crash, `replacement ${crash} to serve`, { timeoutMs: 60_000 });
+    const replacement = childPids(child).find((pid) => pid !== second && alive(pid));
+    assert.ok(replacement !== undefined, `replacement ${crash} runs`);
+    victim = replacement;
+  }
+  assert.deepEqual(delays(), [100, 200, 400, 800], output());
+  assert.doesNotMatch(output(), /stopped \(SIGKILL\); starting another\n/, 'no replacement started at once');
+  assert.ok(alive(second), 'the other process keeps running');
+  assert.equal(await healthStatus(base), 200, 'the port is served throughout');
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+});

@@ -36,9 +36,9 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
   let stopping = false;
   const listening = new Set<number>();
   let announced = false;
-  /** The pause before the next replacement after one exited before it served; 0 once one serves. */
-  let restartDelayMs = 0;
-  let restartTimer: NodeJS.Timeout | undefined;
+  const backoff = new RestartBackoff();
+  /** Replacements waiting out their pause (several when several processes failed at once). */
+  const restartTimers = new Set<NodeJS.Timeout>();
   const failedToStart = new Promise<never>((_resolve, reject) => {
     const fork = () => {
       const worker = cluster.fork();
@@ -56,7 +56,7 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
       });
       worker.on('listening', (address) => {
         listening.add(worker.id);
-        restartDelayMs = 0;
+        backoff.listening(worker.id);
         if (announced || listening.size < c.processes) return;
         announced = true;
         const host =
@@ -74,19 +74,26 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
         // one of the first that never served is a configuration error: restarting would only repeat it
         if (!started && !announced)
           return reject(new RangeError(`a gateway process failed to start (${how}); its error is above`));
-        if (started) {
-          // whatever its code (exit 0 too: SIGTERM to it alone): the port is short of a process
+        // whatever its code (exit 0 too: SIGTERM to it alone) the port is short of a process: one
+        // that served long is replaced at once; one that died starting (killed, or what it reads is
+        // gone) or soon after it started serving (a crash on its first requests, or on a message
+        // every process receives) is tried again while the others keep serving, less often each
+        // time it fails, so that a crash loop does not spin
+        const { delayMs, servedMs } = backoff.exited(worker.id);
+        if (delayMs === 0) {
           log(`gateway process ${id} stopped (${how}); starting another`);
           return fork();
         }
-        // a replacement that died starting (killed, or what it reads is gone): the others keep
-        // serving while it is tried again, less often each time it fails
-        restartDelayMs = Math.min(Math.max(restartDelayMs * 2, MIN_RESTART_DELAY_MS), MAX_RESTART_DELAY_MS);
-        log(`gateway process ${id} exited before it served (${how}); starting another in ${restartDelayMs} ms`);
-        restartTimer = setTimeout(() => {
-          restartTimer = undefined;
+        log(
+          servedMs === undefined
+            ? `gateway process ${id} exited before it served (${how}); starting another in ${delayMs} ms`
+            : `gateway process ${id} stopped (${how}); starting another in ${delayMs} ms, as it served only ${servedMs} ms`,
+        );
+        const timer = setTimeout(() => {
+          restartTimers.delete(timer);
           if (!stopping) fork();
-        }, restartDelayMs);
+        }, delayMs);
+        restartTimers.add(timer);
       });
     };
     for (let i = 0; i < c.processes; i++) fork();
@@ -107,7 +114,7 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
     await Promise.race([failedToStart, stopSignal]);
   } finally {
     stopping = true;
-    clearTimeout(restartTimer);
+    for (const timer of restartTimers) clearTimeout(timer);
     log(`stopping: the gateway processes finish their requests (within --shutdown-grace-ms ${c.shutdownGraceMs})`);
     // the margin may carry a grace near a timer's limit past it (such a timer fires at once)
     await stopWorkers(Math.min(c.shutdownGraceMs + STOP_MARGIN_MS, MAX_TIMER_MS));
@@ -119,9 +126,57 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
 /** A message to a process whose channel has just closed is dropped: the process is going away. */
 function ignoreClosedChannel(): void {}
 
-/** The first pause before a replacement that exited before it served is tried again; it doubles up to the max. */
+/** The first pause before a replacement that failed (see RestartBackoff) is tried again; it doubles up to the max. */
 const MIN_RESTART_DELAY_MS = 100;
 const MAX_RESTART_DELAY_MS = 10_000;
+
+/**
+ * How long a gateway process serves before its start counts as good. A process that crashes on
+ * its first requests, or on a message every process receives (its start snapshot, a relayed
+ * decision), does so within a second or two of listening: 10 s catches those with room to spare
+ * on a loaded machine, and costs little when it misjudges (a process that crashes once, by
+ * chance, this early is replaced after MIN_RESTART_DELAY_MS). It equals MAX_RESTART_DELAY_MS: a
+ * process that keeps crashing just after this long is started no more often than the longest
+ * pause would start it.
+ */
+const SERVED_OK_MS = 10_000;
+
+/**
+ * When to start a gateway process in place of one that exited: at once after one that served
+ * SERVED_OK_MS; else (it exited before it listened, or soon after) after a pause that starts at
+ * MIN_RESTART_DELAY_MS and doubles with each such failure up to MAX_RESTART_DELAY_MS. The pause
+ * goes back to the start once a process that started serving after the last failure has served
+ * SERVED_OK_MS.
+ */
+export class RestartBackoff {
+  /** When each process that listens started listening. */
+  private readonly servingSince = new Map<number, number>();
+  private delayMs = 0;
+  private lastFailureAt = -Infinity;
+
+  constructor(private readonly now: () => number = Date.now) {}
+
+  /** Process `id` listens (on its first port: one with --epp-port listens twice). */
+  listening(id: number): void {
+    if (!this.servingSince.has(id)) this.servingSince.set(id, this.now());
+  }
+
+  /** Process `id` exited: the pause before its replacement (0: none), and how long it served (undefined: never). */
+  exited(id: number): { delayMs: number; servedMs: number | undefined } {
+    const at = this.now();
+    const since = this.servingSince.get(id);
+    // a process that started serving since the last failure (this one too) has served long
+    // enough: what made the others fail is gone (one serving since before proves nothing)
+    if ([...this.servingSince.values()].some((s) => s >= this.lastFailureAt && s + SERVED_OK_MS <= at))
+      this.delayMs = 0;
+    this.servingSince.delete(id);
+    const servedMs = since === undefined ? undefined : at - since;
+    if (servedMs !== undefined && servedMs >= SERVED_OK_MS) return { delayMs: 0, servedMs };
+    this.lastFailureAt = at;
+    this.delayMs = Math.min(Math.max(this.delayMs * 2, MIN_RESTART_DELAY_MS), MAX_RESTART_DELAY_MS);
+    return { delayMs: this.delayMs, servedMs };
+  }
+}
 
 /** Time a gateway process has, past its grace, to close its engine connections and state. */
 const STOP_MARGIN_MS = 5000;
