@@ -79,6 +79,14 @@ export const CONTENT_PART_TYPES: ReadonlySet<string> = new Set([
 /** Builds the error for a bad message; `field` is its path, e.g. `messages[2].content[0].type`. */
 export type ChatMessageFault = (message: string, field: string) => Error;
 
+/**
+ * Called with each media URL an engine would fetch (an image_url, audio_url or video_url part's
+ * URL, an input_image part's image_url), `at` naming its part's media field
+ * (`messages[2].content[0].image_url`) and `inObject` true when the URL is that field's `url`;
+ * it throws to refuse the request. Only parts with a URL string call it.
+ */
+export type MediaUrlCheck = (url: string, at: string, inObject: boolean) => void;
+
 const typeError: ChatMessageFault = (message) => new TypeError(message);
 
 /** A part's media field, for a part read by one (vLLM skips an input_audio that is null). */
@@ -125,12 +133,14 @@ export function contentPartText(part: ChatContentPart | string): string | null |
  * role, an optional string name, and content that is a string, null or a list of content
  * parts vLLM takes (see the top of this file); otherwise throws `fault(message, field)` for
  * the first bad field. `allowEmpty`: an empty list passes (route() hashes it to no blocks;
- * the OpenAI API refuses it).
+ * the OpenAI API refuses it). `onMediaUrl`, when given, is called with each media URL an engine
+ * would fetch, in the same walk (the gateway's allowlist of media hosts).
  */
 export function checkChatMessages(
   messages: unknown,
   fault: ChatMessageFault = typeError,
   allowEmpty = false,
+  onMediaUrl?: MediaUrlCheck,
 ): ChatMessage[] {
   if (!Array.isArray(messages) || (messages.length === 0 && !allowEmpty))
     throw fault(allowEmpty ? 'messages must be an array' : 'messages must be a non-empty array', 'messages');
@@ -144,12 +154,12 @@ export function checkChatMessages(
     if (content === undefined || content === null || typeof content === 'string') continue;
     if (!Array.isArray(content))
       throw fault(`${at}.content must be a string, null or a list of content parts`, `${at}.content`);
-    for (let k = 0; k < content.length; k++) checkContentPart(content[k], `${at}.content[${k}]`, fault);
+    for (let k = 0; k < content.length; k++) checkContentPart(content[k], `${at}.content[${k}]`, fault, onMediaUrl);
   }
   return messages as ChatMessage[];
 }
 
-function checkContentPart(part: unknown, at: string, fault: ChatMessageFault): void {
+function checkContentPart(part: unknown, at: string, fault: ChatMessageFault, onMediaUrl?: MediaUrlCheck): void {
   if (typeof part === 'string') return;
   if (part === null || typeof part !== 'object' || Array.isArray(part))
     throw fault(`${at} must be a string or a content part object`, at);
@@ -186,20 +196,36 @@ function checkContentPart(part: unknown, at: string, fault: ChatMessageFault): v
   } else if (type === 'prompt_embeds') {
     if (typeof p.data !== 'string' || p.data === '') throw fault(`${at}.data must be a non-empty string`, `${at}.data`);
   } else if (URL_PART_TYPES.has(type)) {
-    checkMediaUrl(p[type], withUuid, `${at}.${type}`, fault);
+    checkMediaUrl(p[type], withUuid, `${at}.${type}`, fault, onMediaUrl);
+  } else if (type === 'input_image' && onMediaUrl !== undefined && typeof p.image_url === 'string') {
+    // the Responses API's image part: vLLM fetches its image_url string as an image_url part's
+    onMediaUrl(p.image_url, `${at}.image_url`, false);
   }
 }
 
 /** A URL part's media: a URL string or {url}; null (or a null url) only with a uuid. */
-function checkMediaUrl(media: unknown, withUuid: boolean, at: string, fault: ChatMessageFault): void {
-  if (typeof media === 'string') return;
+function checkMediaUrl(
+  media: unknown,
+  withUuid: boolean,
+  at: string,
+  fault: ChatMessageFault,
+  onMediaUrl: MediaUrlCheck | undefined,
+): void {
+  if (typeof media === 'string') {
+    onMediaUrl?.(media, at, false);
+    return;
+  }
   if (media === null) {
     if (withUuid) return;
     throw fault(`${at} must be a URL string or {url}; it may be null only with a uuid naming cached media`, at);
   }
   if (typeof media === 'object' && !Array.isArray(media)) {
     const url = (media as { url?: unknown }).url;
-    if (typeof url === 'string' || (withUuid && (url === undefined || url === null))) return;
+    if (typeof url === 'string') {
+      onMediaUrl?.(url, at, true);
+      return;
+    }
+    if (withUuid && (url === undefined || url === null)) return;
   }
   throw fault(`${at} must be a URL string or {url}`, at);
 }

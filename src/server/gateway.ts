@@ -49,6 +49,7 @@ import {
   registerAnswerBudgetMetrics,
   registerBodyBudgetMetrics,
   registerBodyRateMetrics,
+  registerMediaUrlMetrics,
   registerClientConnectionMetrics,
   registerKvEventMetrics,
 } from './metrics.js';
@@ -70,6 +71,7 @@ import { PanicRouting } from './panic-routing.js';
 import { PostedEvents } from './posted-events.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
+import { mediaDomains } from './media-domains.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
 import { carryRequestId, requestIdLine } from './passed-headers.js';
 import { forwardedVia, ownVia, viaPseudonym } from './via.js';
@@ -178,6 +180,13 @@ export interface GatewayOptions {
    * callers trusted with it. Forwarded, a `custom_logit_processor` is bounded as before.
    */
   forwardCustomLogitProcessor?: boolean;
+  /**
+   * The only hosts a chat's media URLs (image_url, audio_url, video_url, input_image) may name,
+   * as vLLM's `--allowed-media-domains` (media-domains.ts): exact host names or IP addresses.
+   * With a list, a URL naming another host, or of a scheme other than http, https and data, is a
+   * 400 naming the field. Empty or unset: no restriction.
+   */
+  allowedMediaDomains?: readonly string[];
   /** Client-side and engine-side timeouts (timeouts.ts). */
   timeouts?: Partial<GatewayTimeouts>;
   /** Where workers' `apiKeyEnv` variables are read (default process.env). */
@@ -346,6 +355,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     throw new RangeError('kvEvents needs token ids: tokenize must be tokenizer or engine');
   const log = options.log ?? (() => {});
   const limits = checkRequestLimits(options.limits);
+  const allowedMediaDomains = mediaDomains(options.allowedMediaDomains);
   const timeouts = checkTimeouts({ interChunkTimeoutMs: options.upstreamTimeoutMs, ...options.timeouts });
   const bodyLimit = options.bodyLimit ?? 16 * 1024 * 1024;
   if (!Number.isSafeInteger(bodyLimit) || bodyLimit < 1 || bodyLimit > MAX_BODY_LIMIT)
@@ -626,6 +636,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   registerTokenizeRefusalMetrics(metrics.registry, () => connections.tokenizeRefusalCounts());
   const bodyBudgetRefusals = registerBodyBudgetMetrics(metrics.registry, bodyBudget);
   const bodyTooSlow = registerBodyRateMetrics(metrics.registry);
+  const mediaUrlRefusals = registerMediaUrlMetrics(metrics.registry);
   const clientConnectionMetrics = registerClientConnectionMetrics(metrics.registry);
   /** Caps `server`'s connections at maxClientConnections, its connections and refusals shown as `listener`'s. */
   const capListener = (server: NetServer, listener: string) => {
@@ -890,6 +901,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     limits,
     forwardKvTransferParams: options.forwardKvTransferParams === true,
     forwardCustomLogitProcessor: options.forwardCustomLogitProcessor === true,
+    allowedMediaDomains,
+    onMediaUrlRefusal: (reason) => mediaUrlRefusals.inc({ reason }),
   };
   const readRequest = createRequestReader(readerOptions);
   // for every front end on this router: the proxy and the endpoint picker

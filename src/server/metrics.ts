@@ -10,6 +10,7 @@ import type { KVAwareRouter } from '../core/router/index.js';
 import type { SubscriberStats } from '../engines/kv-events/subscriber.js';
 import type { StateStats } from '../state/state-store.js';
 import { skippedEventCounts } from './engine-deployments.js';
+import { MEDIA_URL_REFUSAL_REASONS } from './media-domains.js';
 
 /**
  * Why an attempt failed (a bounded set: the label `reason` of contextforge_upstream_failures_total
@@ -330,6 +331,23 @@ export function registerBodyRateMetrics(registry: Registry): Counter {
     help: 'Requests cut with 408 because their body arrived slower than --min-body-rate after --min-body-rate-grace-ms.',
     registers: [registry],
   });
+}
+
+/**
+ * Requests refused with 400 for a media URL of their chat (--allowed-media-domains,
+ * media-domains.ts), by reason: host (not in the list), scheme (not http, https or data) or
+ * malformed (not a URL, or one other parsers may read as another host). Every reason is shown
+ * at 0 from the start. Returns the counter to increment.
+ */
+export function registerMediaUrlMetrics(registry: Registry): Counter<'reason'> {
+  const refusals = new Counter({
+    name: 'contextforge_media_url_refusals_total',
+    help: 'Requests refused with 400 because a media URL of their chat names a host not in --allowed-media-domains (host), has a scheme other than http, https or data (scheme), or is not a URL or one other parsers may read as another host (malformed).',
+    labelNames: ['reason'] as const,
+    registers: [registry],
+  });
+  for (const reason of MEDIA_URL_REFUSAL_REASONS) refusals.inc({ reason }, 0);
+  return refusals;
 }
 
 /** The client connections of a process's listeners, counted per listener (`http`, `ext_proc`). */

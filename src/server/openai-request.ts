@@ -17,6 +17,7 @@ import {
 import { TokenizerUnavailableError, type AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
 import { tenantCacheSalt, tenantScopedId } from './api-keys.js';
 import { chatTemplateRequest } from './engine-deployments.js';
+import { checkMediaUrl, MediaUrlRefusal, type MediaDomains, type MediaUrlRefusalReason } from './media-domains.js';
 import {
   clientMessage,
   firstPromptEntry,
@@ -297,6 +298,13 @@ export interface RequestReaderOptions {
   forwardKvTransferParams?: boolean;
   /** Forward the code fields a client sends (request-limits.ts CLIENT_CODE_FIELDS); removed by default. */
   forwardCustomLogitProcessor?: boolean;
+  /**
+   * The hosts a chat's media URLs may name (media-domains.ts, normalised by mediaDomains());
+   * undefined: any (the engines' own settings apply).
+   */
+  allowedMediaDomains?: MediaDomains;
+  /** Counts a request refused for a media URL (contextforge_media_url_refusals_total), by why. */
+  onMediaUrlRefusal?: (reason: MediaUrlRefusalReason) => void;
 }
 
 /** A malformed request as data: the HTTP status, the message, the offending field. */
@@ -322,6 +330,12 @@ export function createRequestParser(options: RequestReaderOptions) {
     forwardKvTransferParams: options.forwardKvTransferParams === true,
     forwardCustomLogitProcessor: options.forwardCustomLogitProcessor === true,
   };
+  // one function for every request, called only for the media URLs a chat holds
+  const allowed = options.allowedMediaDomains;
+  const onMediaUrl =
+    allowed === undefined || allowed.size === 0
+      ? undefined
+      : (url: string, at: string, inObject: boolean) => checkMediaUrl(url, at, inObject, allowed);
   return async (path: string, req: RequestSource): Promise<ParsedRequest | RequestRejection> => {
     let parsed: ParsedRequest;
     try {
@@ -329,9 +343,10 @@ export function createRequestParser(options: RequestReaderOptions) {
       parsed =
         path === GENERATE_PATH
           ? readGenerateRouteRequest(req.body, headers, limits, forward)
-          : readRouteRequest(path, req.body, headers, limits, forward);
+          : readRouteRequest(path, req.body, headers, limits, forward, onMediaUrl);
     } catch (err) {
       if (err instanceof RequestLimitError) {
+        if (err instanceof MediaUrlRefusal) options.onMediaUrlRefusal?.(err.reason);
         return { status: err.status, message: err.message, param: err.param };
       }
       throw err;

@@ -6,7 +6,7 @@
  * anything is hashed or recorded, so a rejected request leaves no trace in the index.
  */
 import { z } from 'zod';
-import { checkChatMessages } from '../core/chat-messages.js';
+import { checkChatMessages, type ChatMessageFault, type MediaUrlCheck } from '../core/chat-messages.js';
 import { memberSourceText } from '../core/lossless-json.js';
 import { describeIssue, issueError } from '../core/schema-issues.js';
 import type { ChatMessage } from '../core/hashing.js';
@@ -1050,10 +1050,16 @@ export function readPrompt(
   return { tokens: checkTokenIds(prompt, param) };
 }
 
-/** Chat messages, checked as everywhere (core/chat-messages.ts); a bad one is a 400 naming the field. */
-export function readMessages(messages: unknown): ChatMessage[] {
-  return checkChatMessages(messages, (message, field) => new RequestLimitError(message, field));
+/**
+ * Chat messages, checked as everywhere (core/chat-messages.ts); a bad one is a 400 naming the
+ * field. `onMediaUrl` is called with each media URL an engine would fetch (media-domains.ts).
+ */
+export function readMessages(messages: unknown, onMediaUrl?: MediaUrlCheck): ChatMessage[] {
+  return checkChatMessages(messages, limitFault, false, onMediaUrl);
 }
+
+/** A bad message's error: a RequestLimitError naming the field (one function for every request). */
+const limitFault: ChatMessageFault = (message, field) => new RequestLimitError(message, field);
 
 /**
  * An error's message for a client: the checks' own messages (which name an argument, "x must
@@ -1263,6 +1269,8 @@ export interface ReadRequest {
  * (checkEngineKeys) and the prompt or messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
  * to forward is the one received without `contextforge`, without the KV_TRANSFER_FIELDS and
  * CLIENT_CODE_FIELDS that `forward` does not keep and without the REMOVED_MEMBERS (removedFieldsIn).
+ * `onMediaUrl` is called with each media URL of a chat's messages (the allowlist of media hosts,
+ * media-domains.ts), in the walk that checks them.
  */
 export function readRouteRequest(
   path: string,
@@ -1270,6 +1278,7 @@ export function readRouteRequest(
   headers: Headers,
   limits: RequestLimits,
   forward: Readonly<ForwardedFields> = {},
+  onMediaUrl?: MediaUrlCheck,
 ): ReadRequest {
   if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
     throw new RequestLimitError('the body must be a JSON object', 'body');
@@ -1311,7 +1320,7 @@ export function readRouteRequest(
   // a chat is one prompt (SGLang's serving_chat.py makes one GenerateReqInput of the
   // conversation, vLLM's serving one engine request); a completion's are counted before read
   const prompts = chat ? 1 : completionPromptCount(body, limits);
-  if (chat) routeRequest.messages = readMessages(body.messages);
+  if (chat) routeRequest.messages = readMessages(body.messages, onMediaUrl);
   // vLLM takes prompt_embeds without prompt: nothing the router can hash, so it routes on the
   // metadata and the workers' load alone
   else if (!onlyPromptEmbeds(body)) Object.assign(routeRequest, readPrompt(body.prompt));

@@ -112,6 +112,7 @@ export async function startGateway(
     forwardKvTransferParams: c.forwardKvTransferParams,
     forwardCustomLogitProcessor: c.forwardCustomLogitProcessor,
     engineKeyEnvs: c.engineKeyEnvs,
+    allowedMediaDomains: c.allowedMediaDomains,
     // every limit, not a Partial: the compiler names a limit added to RequestLimits and not passed here
     limits: {
       maxIdBytes: c.maxIdBytes,

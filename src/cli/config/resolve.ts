@@ -44,6 +44,8 @@ export interface ResolvedSettings<T> {
 const TEXT_FORMS: Readonly<Record<string, (text: string) => unknown>> = {
   discover: parseDiscoverySpec,
   objectives: parseObjectives,
+  // host names separated by commas or spaces (vLLM's flag takes them separated by spaces); '' is none
+  allowedMediaDomains: (text) => text.split(/[\s,]+/).filter((e) => e !== ''),
 };
 
 /** The settings' flags (each also read from its environment variable), --config and --worker. */

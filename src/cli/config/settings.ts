@@ -23,6 +23,7 @@ import {
 import { DEFAULT_MIN_BODY_RATE, DEFAULT_MIN_BODY_RATE_GRACE_MS } from '../../server/body-rate.js';
 import { DEFAULT_MAX_CLIENT_CONNECTIONS, MAX_CLIENT_CONNECTIONS } from '../../server/client-connections.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
+import { MAX_MEDIA_DOMAINS, normalizeMediaDomain } from '../../server/media-domains.js';
 import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
 import { DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from '../../server/connection-slots.js';
 import { MAX_REDIS_DB, parseRedisUrl } from '../../state/redis-url.js';
@@ -55,6 +56,15 @@ function hasQueryOrFragment(spec: string): boolean {
     return u.search !== '' || u.hash !== '';
   } catch {
     return false;
+  }
+}
+/** What is wrong with an entry of --allowed-media-domains, or undefined when it is usable. */
+function mediaDomainProblem(entry: string): string | undefined {
+  try {
+    normalizeMediaDomain(entry);
+    return undefined;
+  } catch (err) {
+    return (err as Error).message;
   }
 }
 const positiveInt = () => z.int().min(1);
@@ -96,6 +106,15 @@ const gatewayShape = {
   engineKeyEnvs: z
     .array(z.string().regex(KEY_ENV_PATTERN, { error: 'must be a variable name, NAME* or *' }))
     .max(256)
+    .default([]),
+  // each entry as the gateway normalises it (media-domains.ts), so a bad one stops the start
+  allowedMediaDomains: z
+    .array(
+      z.string().refine((e) => mediaDomainProblem(e) === undefined, {
+        error: (issue) => `must be a host name or an IP address: ${mediaDomainProblem(issue.input as string)}`,
+      }),
+    )
+    .max(MAX_MEDIA_DOMAINS)
     .default([]),
   // the gateway's limits and timeouts as the gateway declares them
   ...REQUEST_LIMITS_SCHEMA.shape,
@@ -191,6 +210,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   engineKeyEnvs: {
     arg: '<list>',
     help: 'environment variables (NAME, PREFIX* or *) that workers added while the router runs (admin API, another replica) may name as their engine key, besides those configured workers name; CONTEXTFORGE_* never',
+  },
+  allowedMediaDomains: {
+    arg: '<list>',
+    help: "the only hosts a chat's media URLs (image_url, audio_url, video_url, input_image) may name, as vLLM's --allowed-media-domains: exact host names or IP addresses, separated by commas (subdomains are not matched; names compared as URL() reads them, in lower case and punycode); with a list, a URL naming another host, or of a scheme other than http, https and data (file: included), is a 400 naming the field. Redirects the engine follows are its own setting (vLLM: VLLM_MEDIA_URL_ALLOW_REDIRECTS=0). Empty: no restriction",
   },
   maxIdBytes: {
     arg: '<n>',
