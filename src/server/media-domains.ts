@@ -130,6 +130,8 @@ export function checkMediaUrl(url: string, at: string, inObject: boolean, allowe
     throw new MediaUrlRefusal(`${field} is not a valid URL: ${shownUrl(url)}`, field, 'malformed');
   }
   const scheme = parsed.protocol;
+  // a data: URL URL() reads past leading whitespace: not fetched either
+  if (scheme === 'data:') return;
   if (scheme !== 'http:' && scheme !== 'https:')
     throw new MediaUrlRefusal(
       `${field} is a ${scheme} URL: with --allowed-media-domains only http, https and data URLs are taken`,

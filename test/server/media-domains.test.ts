@@ -97,6 +97,7 @@ describe('with --allowed-media-domains', () => {
       // data: URLs are not fetched
       imageUrl('data:image/png;base64,iVBORw0KGgo='),
       { type: 'input_image', image_url: 'DATA:image/png;base64,AAAA' },
+      imageUrl(' data:image/png;base64,AAAA'),
     ];
     for (const target of TARGETS) for (const part of parts) await forwardedAsWritten(listedUrl, chatText(part), target);
   });
@@ -144,6 +145,7 @@ describe('with --allowed-media-domains', () => {
     const cases: Array<[string, RegExp]> = [
       ['file:///etc/passwd', /is a file: URL: with --allowed-media-domains only http, https and data URLs/],
       ['ftp://images.example/x.png', /is a ftp: URL/],
+      [' http://169.254.169.254/', /other parsers may read as another host/],
       ['gopher://images.example/', /is a gopher: URL/],
       ['javascript:alert(1)', /is a javascript: URL/],
       ['images.example/x.png', /is not a valid URL: "images\.example\/x\.png"/],
