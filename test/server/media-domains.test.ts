@@ -259,3 +259,16 @@ describe('the list itself', () => {
     );
   });
 });
+
+describe('the endpoint picker reads requests with the gateway parser', () => {
+  test('a media URL outside the list is refused there too, naming the field and the host', async () => {
+    const body = JSON.parse(chatText(imageUrl('http://169.254.169.254/latest/meta-data/'))) as Record<string, unknown>;
+    const refusal = await listed.parseRequest(CHAT, { body, headers: {} });
+    assert.ok('status' in refusal, 'refused');
+    assert.equal(refusal.status, 400);
+    assert.equal(refusal.param, 'messages[2].content[0].image_url.url');
+    assert.match(refusal.message, /169\.254\.169\.254/);
+    const allowed = JSON.parse(chatText(imageUrl('https://images.example/cat.png'))) as Record<string, unknown>;
+    assert.ok(!('status' in (await listed.parseRequest(CHAT, { body: allowed, headers: {} }))), 'listed host passes');
+  });
+});
