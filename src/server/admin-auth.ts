@@ -70,10 +70,7 @@ export interface AdminTokenSource {
   token?: string;
   /** A file holding the token; created with a random token (mode 0600) when it does not exist. */
   tokenFile?: string;
-  /**
-   * Whether the token file's missing directories are created (mode 0700) (default true). False
-   * for a file the user named: a typo there should not make directories anywhere.
-   */
+  /** Whether the token file's missing directories are created (mode 0700) (default true). */
   createDirectory?: boolean;
 }
 
@@ -136,7 +133,7 @@ export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken 
   try {
     fd = openSync(tmp, 'wx', 0o600);
   } catch (err) {
-    throw new RangeError(`${named}: ${fileErrorMessage(err, file)}`, { cause: err });
+    throw new RangeError(`${named}: cannot write: ${writeErrorReason(err)}`, { cause: err });
   }
   try {
     writeSync(fd, `${token}\n`);
@@ -148,11 +145,26 @@ export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken 
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'EEXIST')
       return resolveAdminToken({ tokenFile: file, createDirectory: false });
-    throw new RangeError(`${named}: ${fileErrorMessage(err, file)}`, { cause: err });
+    throw new RangeError(`${named}: cannot write: ${writeErrorReason(err)}`, { cause: err });
   } finally {
     rmSync(tmp, { force: true });
   }
   return { token, origin: 'generated', file };
+}
+
+/**
+ * Why the token file could not be written, without the paths Node's message names: those are
+ * the temporary file's (`FILE.PID.HEX.tmp`), a name the user never gave. `ENOSPC: no space
+ * left on device`, or the message's first line when it has no code.
+ */
+function writeErrorReason(err: unknown): string {
+  const message = String((err as Error).message).split('\n')[0];
+  const code = (err as NodeJS.ErrnoException).code;
+  if (typeof code !== 'string' || !message.startsWith(`${code}: `)) return shownText(message);
+  // `CODE: description, syscall 'path'…`: the description ends before the system call
+  const syscall = (err as NodeJS.ErrnoException).syscall;
+  const end = syscall === undefined ? -1 : message.indexOf(`, ${syscall} `);
+  return end === -1 ? code : message.slice(0, end);
 }
 
 type Headers = Readonly<Record<string, string | string[] | undefined>>;

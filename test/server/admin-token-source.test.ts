@@ -1,10 +1,11 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { AdminToken, resolveAdminToken } from '../../src/server/admin-auth.js';
+import { serveAdminToken } from '../../src/cli/commands/serve-processes.js';
 import { CLI } from '../helpers/cli-entry.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'cf-token-source-'));
@@ -54,14 +55,31 @@ test('an admin token an Authorization header cannot carry is refused, naming whe
   assert.doesNotMatch(served.stderr, /ijklmnop/);
 });
 
-test('a named token file is created only in a directory that exists; a blank one is refused, not replaced', () => {
+test('a named token file is created in a directory made 0700; a failure names that file; a blank one is refused, not replaced', () => {
+  // with createDirectory false (a file another process just linked in place), no directory is made
   const missing = join(dir, 'no-such-dir', 'admin-token');
   assert.throws(() => resolveAdminToken({ tokenFile: missing, createDirectory: false }), /--admin-token-file .*ENOENT/);
   assert.equal(existsSync(join(dir, 'no-such-dir')), false);
-  const cliRun = cli(['serve', '--port', '0', '--admin-token-file', join(dir, 'other-missing', 'x')]);
-  assert.equal(cliRun.status, 2, cliRun.stderr);
-  assert.match(cliRun.stderr, /^error: --admin-token-file .*other-missing\/x: /m);
-  assert.equal(existsSync(join(dir, 'other-missing')), false);
+  // serve makes a named file's missing directories, mode 0700, as it does for the default file
+  const named = join(dir, 'other-missing', 'deeper', 'admin-token');
+  assert.equal(serveAdminToken({ adminTokenFile: named }).origin, 'generated');
+  assert.equal(statSync(join(dir, 'other-missing')).mode & 0o777, 0o700);
+  assert.equal(statSync(join(dir, 'other-missing', 'deeper')).mode & 0o777, 0o700);
+  assert.equal(statSync(named).mode & 0o777, 0o600);
+  assert.equal(resolveAdminToken({ tokenFile: named }).origin, 'file');
+  // a file that cannot be written is named as given, never by the temporary file written first
+  const blocker = tokenFile('a-file', 'x');
+  const under = cli(['serve', '--port', '0', '--admin-token-file', join(blocker, 'admin-token')]);
+  assert.equal(under.status, 2, under.stderr);
+  assert.match(under.stderr, /^error: --admin-token-file .*a-file\/admin-token: .*ENOTDIR/m);
+  const long = join(dir, 'x'.repeat(250));
+  assert.throws(
+    () => resolveAdminToken({ tokenFile: long }),
+    (err: Error) =>
+      err.message.startsWith(`--admin-token-file ${dir}/xxx`) &&
+      err.message.endsWith(': cannot write: ENAMETOOLONG: name too long') &&
+      !err.message.includes('.tmp'),
+  );
   // in a directory that exists, a missing file is still created with a new token
   const fresh = resolveAdminToken({ tokenFile: join(dir, 'fresh'), createDirectory: false });
   assert.equal(fresh.origin, 'generated');

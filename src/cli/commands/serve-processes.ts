@@ -200,7 +200,6 @@ async function stopWorkers(killAfterMs: number): Promise<void> {
   );
 }
 
-/** Where a generated admin token goes when no file is named: a per-user private directory. */
 /**
  * `serve`'s admin token: configured (flag, CONTEXTFORGE_ADMIN_TOKEN, config), else the token
  * file, else a random one written to a private default file the operator can read.
@@ -208,12 +207,13 @@ async function stopWorkers(killAfterMs: number): Promise<void> {
 export function serveAdminToken(c: Pick<ServeConfig, 'adminToken' | 'adminTokenFile'>) {
   return resolveAdminToken({
     token: c.adminToken,
+    // a missing directory is made (mode 0700) for a named file too, as for the default one: the
+    // path is logged at start, so a typo in it shows
     tokenFile: c.adminTokenFile ?? defaultAdminTokenFile(),
-    // only the default file's directory is made: a named file's is the user's to create
-    createDirectory: c.adminTokenFile === undefined,
   });
 }
 
+/** Where a generated admin token goes when no file is named: a per-user private directory. */
 export function defaultAdminTokenFile(): string {
   const uid = typeof process.getuid === 'function' ? process.getuid() : 'user';
   return join(process.env.XDG_RUNTIME_DIR || tmpdir(), `contextforge-router-${uid}`, 'admin-token');

@@ -188,7 +188,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   adminTokenFile: {
     arg: '<file>',
-    help: 'file holding the admin token; created with a random token (mode 0600) when absent',
+    help: 'file holding the admin token; created with a random token (mode 0600, missing directories 0700) when absent',
   },
   publicRouteApi: { arg: '', help: '/v1/route without the admin token (it reveals what is cached)' },
   apiKeysFile: {
