@@ -185,6 +185,36 @@ test('--print-config: every value with its source, secrets redacted; the YAML lo
   assert.equal(again.config.maxRetries, 4);
 });
 
+test('--print-config read back as the config file: no warning, and the same configuration printed', () => {
+  // only the variables given: serve warns of CONTEXTFORGE_ variables it does not know
+  const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('CONTEXTFORGE_')));
+  const print = (...args: string[]) => {
+    const r = spawnSync(process.execPath, [...CLI, 'serve', '--print-config', ...args], { encoding: 'utf8', env });
+    assert.equal(r.status, 0, r.stderr);
+    return r;
+  };
+  // every value a default (the settings that warn when they have no effect among them)
+  const first = print();
+  const one = write(first.stdout);
+  const second = print('--config', one);
+  assert.equal(second.stderr, '', 'reading back the defaults warns of nothing');
+  assert.deepEqual(parseYaml(second.stdout), parseYaml(first.stdout));
+  assert.match(second.stdout, /^prefix-caching-hash-algo: sha256_cbor # file$/m);
+  // printed again from its own output: the same text but for the file's name
+  const two = write(second.stdout);
+  const third = print('--config', two);
+  assert.equal(third.stderr, '');
+  assert.equal(third.stdout.replace(two, 'FILE'), second.stdout.replace(one, 'FILE'));
+  // a value other than the default, read back, still warns that it does nothing
+  const changed = print(
+    '--config',
+    write(`${second.stdout}\nepp-secure-serving: true\n`.replace(/^epp-secure-serving: false.*$/m, '')),
+  );
+  assert.match(changed.stderr, /^warning: --epp-secure-serving has no effect without --epp-port$/m);
+  const algo = print('--prefix-caching-hash-algo', 'sha256', '--config', one);
+  assert.match(algo.stderr, /^warning: --prefix-caching-hash-algo has no effect without --block-hash vllm$/m);
+});
+
 const gateways: { close(): Promise<void> }[] = [];
 after(async () => {
   for (const g of gateways) await g.close();

@@ -10,7 +10,7 @@ import { checkPickerWorkerHosts } from '../../epp/worker-hosts.js';
 import { scrapeGapMs } from '../../engines/metrics/scraper.js';
 import { checkEppTlsSettings, SERVE_EPP_TLS_FLAGS, type EppTlsSettings } from '../config/epp-tls.js';
 import { printConfig } from '../config/print-config.js';
-import { addSettingOptions, resolveSettings, type ResolvedSettings } from '../config/resolve.js';
+import { addSettingOptions, resolveSettings, setOtherThanDefault, type ResolvedSettings } from '../config/resolve.js';
 import { EPP_SCHEMA, GATEWAY_SCHEMA, SERVE_HELP, SERVE_SCHEMA } from '../config/settings.js';
 
 export { envName } from '../config/settings.js';
@@ -69,7 +69,7 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
     throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
   // the algorithm only keys blocks in vllm mode; a shared config or environment may set it for
   // routers in either mode, so it is a warning, as KV events with --tokenize text are
-  if (config.blockHash !== 'vllm' && resolved.origins.prefixCachingHashAlgo !== 'default')
+  if (config.blockHash !== 'vllm' && setOtherThanDefault(resolved, schema, 'prefixCachingHashAlgo'))
     resolved.warnings.push('--prefix-caching-hash-algo has no effect without --block-hash vllm');
   if (config.blockHash !== 'vllm' && config.pythonHashSeed !== undefined)
     resolved.warnings.push('--python-hash-seed has no effect without --block-hash vllm');
@@ -100,8 +100,8 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
 function checkServeEppTls(c: ServeConfig, resolved: ResolvedSettings<ServeConfig>): void {
   checkEppTlsSettings(serveEppTlsSettings(c), resolved.warnings, SERVE_EPP_TLS_FLAGS);
   if (c.eppPort !== undefined) return;
-  const set = (['eppSecureServing', 'eppCertPath', 'eppEnableCertReload'] as const).filter(
-    (k) => resolved.origins[k] !== undefined && resolved.origins[k] !== 'default',
+  const set = (['eppSecureServing', 'eppCertPath', 'eppEnableCertReload'] as const).filter((k) =>
+    setOtherThanDefault(resolved, SERVE_SCHEMA, k),
   );
   if (set.length > 0)
     resolved.warnings.push(

@@ -4,6 +4,7 @@
  * schema; a bad one stops `serve` with a message naming the source and the key.
  */
 import { closeSync, openSync, readSync } from 'node:fs';
+import { isDeepStrictEqual } from 'node:util';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { parse as parseYaml, parseAllDocuments } from 'yaml';
 import type { z } from 'zod';
@@ -38,6 +39,19 @@ export interface ResolvedSettings<T> {
   configFile?: string;
   /** What the user may have meant otherwise (an unknown CONTEXTFORGE_ variable), to print. */
   warnings: string[];
+}
+
+/**
+ * Whether `key` was set (flag, environment, config file) to a value other than its default.
+ * What a warning that a setting has no effect asks, rather than only where the value came
+ * from: --print-config's output read back as the config file sets every default from the file.
+ */
+export function setOtherThanDefault(resolved: ResolvedSettings<object>, schema: z.ZodObject, key: string): boolean {
+  const origin = resolved.origins[key];
+  if (origin === undefined || origin === 'default') return false;
+  const fallback = (schema.shape as Shape)[key]?.safeParse(undefined);
+  const value = (resolved.values as Record<string, unknown>)[key];
+  return !(fallback?.success === true && isDeepStrictEqual(fallback.data, value));
 }
 
 /** Settings whose text form (flag, environment) is not YAML: a spec string. */
