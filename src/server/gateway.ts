@@ -709,7 +709,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     await state.attach({
       router,
       listWorkers: () => connections.records(),
-      addWorkerFromState: (w) => {
+      addWorkerFromState: (w, from = 'replica') => {
+        // a worker read from the registry may be any replica's, one long stopped too
+        const source = from === 'registry' ? 'from the shared registry' : 'added by another replica';
         try {
           connections.add(w);
         } catch (err) {
@@ -730,16 +732,20 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
             return;
           }
           refusedWorkersLogged.add(id);
-          log(`worker '${id}' added by another replica not added here: ${(err as Error).message}`);
+          log(`worker '${id}' ${source} not added here: ${(err as Error).message}`);
           return;
         }
         refusedWorkersLogged.delete(w.id);
-        log(`worker '${w.id}' added by another replica`);
+        log(`worker '${w.id}' ${source}`);
       },
-      removeWorkerFromState: (id) => {
+      removeWorkerFromState: (id, from = 'replica') => {
         refusedWorkersLogged.delete(String(id).slice(0, 64));
         removeWorkerLocally(id);
-        log(`worker '${id}' removed by another replica`);
+        log(
+          from === 'registry'
+            ? `worker '${id}' removed: the shared registry records its removal through the admin API`
+            : `worker '${id}' removed by another replica`,
+        );
       },
       drainWorkerFromState: (id, draining) => {
         if (drainWorkerLocally(id, draining))

@@ -464,10 +464,11 @@ export class ClusterStateStore implements StateStore {
           // the shared registry wins over this process's flags: a worker removed through the
           // admin API stays removed when a process configured with it (re)starts
           const removed = new Set(valid(m.removed ?? [], isWorkerId));
-          for (const w of [...host.listWorkers()]) if (removed.has(w.id)) host.removeWorkerFromState(w.id);
+          for (const w of [...host.listWorkers()]) if (removed.has(w.id)) host.removeWorkerFromState(w.id, 'registry');
           this.remote.forgetUnknownWorkers();
           const workers = valid(m.workers, isWorkerRecord);
-          for (const w of workers) if (!host.listWorkers().some((x) => x.id === w.id)) host.addWorkerFromState(w);
+          for (const w of workers)
+            if (!host.listWorkers().some((x) => x.id === w.id)) host.addWorkerFromState(w, 'registry');
           this.registered = new Set(workers.map((w) => w.id));
           for (const id of valid(m.draining ?? [], isWorkerId))
             if (host.listWorkers().some((w) => w.id === id)) host.drainWorkerFromState?.(id, true);

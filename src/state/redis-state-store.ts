@@ -1341,7 +1341,7 @@ export class RedisStateStore implements StateStore {
     const shared = workers.size > 0 || removed.size > 0;
     for (const w of [...host.listWorkers()])
       if (removed.has(w.id) && !workers.has(w.id)) {
-        host.removeWorkerFromState(w.id);
+        host.removeWorkerFromState(w.id, 'registry');
         this.draining.delete(w.id);
       }
     const missing = host.listWorkers().filter((w) => !workers.has(w.id));
@@ -1396,7 +1396,7 @@ export class RedisStateStore implements StateStore {
         continue;
       }
       try {
-        host.addWorkerFromState(JSON.parse(json) as WorkerRecord);
+        host.addWorkerFromState(JSON.parse(json) as WorkerRecord, 'registry');
       } catch (err) {
         host.log(`state: worker '${id}' from redis not added: ${(err as Error).message}`);
       }

@@ -22,15 +22,25 @@ export interface WorkerRecord {
   blockSize?: number;
 }
 
+/** Where a worker change comes from: a running replica's message, or the shared registry read. */
+export type WorkerChangeSource = 'replica' | 'registry';
+
 /** What a state store needs from the gateway it serves. */
 export interface StateStoreHost {
   router: KVAwareRouter;
   /** The gateway's workers (what this replica would register in the shared registry). */
   listWorkers(): WorkerRecord[];
-  /** Adds a worker because another replica did; must not call back into the store. */
-  addWorkerFromState(worker: WorkerRecord): void;
-  /** Removes a worker because another replica did; must not call back into the store. */
-  removeWorkerFromState(workerId: string): void;
+  /**
+   * Adds a worker because another replica did; must not call back into the store. `from`
+   * 'registry': read from the shared registry (at start, or on resynchronising), where any
+   * replica may have put it, running or not; else heard from a replica that is running.
+   */
+  addWorkerFromState(worker: WorkerRecord, from?: WorkerChangeSource): void;
+  /**
+   * Removes a worker because another replica did; must not call back into the store. `from`
+   * 'registry': the shared registry records its removal (through the admin API, by any replica).
+   */
+  removeWorkerFromState(workerId: string, from?: WorkerChangeSource): void;
   /** Drains (true) or resumes (false) a worker because another replica did; must not call back into the store. */
   drainWorkerFromState?(workerId: string, draining: boolean): void;
   /** Applies KV events (JSON, as `POST /admin/events` takes them) another replica was given; must not call back. */

@@ -15,6 +15,8 @@ import { serveExit } from '../helpers/serve-exit.js';
 import { resolveServe } from '../helpers/serve-config.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { CLI } from '../helpers/cli-entry.js';
+import { dropPrefixes } from '../helpers/state-host.js';
+import { until } from '../helpers/wait.js';
 
 test('--worker specs are parsed, and bad ones are refused with the reason', () => {
   assert.deepEqual(parseWorkerSpec('id=w1,url=http://127.0.0.1:9001,events=tcp://127.0.0.1:5557,cla=1;2'), {
@@ -415,4 +417,73 @@ test('serve --block-hash vllm with PYTHONHASHSEED from the environment, and a dp
   });
   assert.notEqual(refused.status, 0);
   assert.match(refused.stderr, /PYTHONHASHSEED/);
+});
+
+test('a replica started after a fleet says which workers come from the shared registry, and counts them', async () => {
+  const prefix = `cf-test-serve-registry-${randomBytes(4).toString('hex')}:`;
+  const env = { CONTEXTFORGE_ADMIN_TOKEN: 'registry-test-token' };
+  const common = ['--port', '0', '--state', REDIS_URL, '--state-prefix', prefix, '--health-interval-ms', '600000'];
+  /** Starts serve; resolves once `ready` matches its stderr, which `stderr()` reads as it grows. */
+  const start = async (args: string[], ready: RegExp) => {
+    const child = spawn(process.execPath, [...CLI, 'serve', ...common, ...args], {
+      stdio: ['ignore', 'ignore', 'pipe'],
+      env: { ...process.env, ...env },
+    });
+    let stderr = '';
+    const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    await until(() => ready.test(stderr) || child.exitCode !== null, `serve to start: ${ready}`, { timeoutMs: 30_000 });
+    assert.match(stderr, ready);
+    return {
+      stderr: () => stderr,
+      stop: async () => {
+        child.kill('SIGTERM');
+        assert.equal(await exited, 0, stderr);
+      },
+    };
+  };
+  try {
+    // a fleet registered a and b, and stopped (the registry keeps them)
+    const fleet = await start(
+      ['--worker', 'id=a,url=http://127.0.0.1:18798', '--worker', 'id=b,url=http://127.0.0.1:18799'],
+      /serving on .*\(policy cost, 2 workers, /,
+    );
+    await fleet.stop();
+    // one replica alone, configured with c: a and b are the registry's, not another replica's
+    const alone = await start(['--worker', 'id=c,url=http://127.0.0.1:18797'], /serving on /);
+    await alone.stop();
+    assert.match(alone.stderr(), /^worker 'a' from the shared registry$/m);
+    assert.match(alone.stderr(), /^worker 'b' from the shared registry$/m);
+    assert.doesNotMatch(alone.stderr(), /another replica/);
+    assert.match(
+      alone.stderr(),
+      /serving on .*\(policy cost, 3 workers \(1 configured, 2 from the shared registry\), /,
+    );
+    // with --processes 2: each process says so; the primary counts what it was configured with
+    const processes = await start(
+      ['--processes', '2', '--worker', 'id=c,url=http://127.0.0.1:18797'],
+      /serving on .*\(2 processes, /,
+    );
+    await until(
+      () => (processes.stderr().match(/contextforge-router process /g) ?? []).length === 2,
+      'both processes to say where they serve',
+    );
+    await processes.stop();
+    const out = processes.stderr();
+    assert.equal(out.match(/^\[process \d+\] worker 'a' from the shared registry$/gm)?.length, 2, out);
+    assert.equal(
+      out.match(
+        /^\[process \d+\] contextforge-router process .*3 workers \(1 configured, 2 from the shared registry\)/gm,
+      )?.length,
+      2,
+      out,
+    );
+    assert.match(
+      out,
+      /serving on .*\(2 processes, policy cost, 1 workers configured \(each process counts those of the shared registry too\), /,
+    );
+    assert.doesNotMatch(out, /another replica/);
+  } finally {
+    await dropPrefixes([prefix]);
+  }
 });

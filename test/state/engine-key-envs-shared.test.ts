@@ -61,4 +61,12 @@ test('a worker whose engine-key variable this replica may not read is not added 
   );
   assert.deepEqual(workerIds(strict), ['base']);
   assert.deepEqual(workerIds(allowing), ['base', 'keyed']);
+  // a replica that starts later reads it from the shared registry, and says that
+  const laterLogs: string[] = [];
+  const later = await replica(prefix, { log: (m) => laterLogs.push(m) });
+  assert.ok(
+    laterLogs.some((m) => /^worker 'keyed' from the shared registry not added here: .*--engine-key-envs/.test(m)),
+    laterLogs.join('\n'),
+  );
+  assert.deepEqual(workerIds(later), ['base']);
 });

@@ -62,7 +62,7 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
         const host =
           address.address && address.address.includes(':') ? `[${address.address}]` : address.address || c.host;
         log(
-          `contextforge-router serving on http://${host}:${address.port} (${c.processes} processes, policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}, state ${c.state === 'memory' ? 'shared by the processes' : 'redis'})`,
+          `contextforge-router serving on http://${host}:${address.port} (${c.processes} processes, policy ${c.policy}, ${c.workers.length} workers${c.state === 'memory' ? '' : ' configured (each process counts those of the shared registry too)'}, tokenize ${c.tokenize}, state ${c.state === 'memory' ? 'shared by the processes' : 'redis'})`,
         );
       });
       worker.on('exit', (code, signal) => {

@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs';
 import { descriptorLimitWarning, openFileLimit } from '../../server/client-connections.js';
 import { KVAwareRouter } from '../../core/router/index.js';
 import { fileErrorMessage, quotedText } from '../../core/shown-text.js';
-import { createGateway, type GatewayOptions } from '../../server/gateway.js';
+import { createGateway, type Gateway, type GatewayOptions } from '../../server/gateway.js';
 import { registerStateMetrics } from '../../server/metrics.js';
 import { ProcessMetrics, type ProcessMetricsMessage } from '../../server/process-metrics.js';
 import type { RequestLimits } from '../../server/request-limits.js';
@@ -168,13 +168,26 @@ export async function startGateway(
         ? 'shared by the processes'
         : 'memory'
       : `redis (replica ${String(state.stats().replicaId)})`;
-  const describe = `policy ${c.policy}, ${c.workers.length} workers, tokenize ${c.tokenize}${tokenizing}, ${indexMode} index, block hash ${c.blockHash}, state ${stateName}`;
+  const describe = `policy ${c.policy}, ${workerCount(gateway)}, tokenize ${c.tokenize}${tokenizing}, ${indexMode} index, block hash ${c.blockHash}, state ${stateName}`;
   const close = async () => {
     await gateway.close(c.shutdownGraceMs);
     process.off('message', onPrimaryMessage);
     if (promptTokenizer instanceof TokenizerPool) await promptTokenizer.close();
   };
   return { gateway, describe, close };
+}
+
+/**
+ * The workers the gateway has once the shared state is read: those configured, and those the
+ * shared registry held (any replica's, running or not; docs/state.md says how to start afresh).
+ */
+function workerCount(gateway: Gateway): string {
+  const records = gateway.connections.records();
+  const configured = records.filter((w) => gateway.addedByOperator(w.id)).length;
+  const shared = records.length - configured;
+  return shared === 0
+    ? `${records.length} workers`
+    : `${records.length} workers (${configured} configured, ${shared} from the shared registry)`;
 }
 
 export async function runServe(config: ServeConfig): Promise<void> {
