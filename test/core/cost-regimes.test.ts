@@ -15,6 +15,8 @@ interface Spec {
   load?: number;
   inFlight?: number;
   capacity?: number;
+  /** Blocks the index holds for the worker (all its prefixes, not only this request's). */
+  entries?: number;
 }
 
 function fleet(specs: Spec[]): Candidate[] {
@@ -35,7 +37,7 @@ function fleet(specs: Spec[]): Candidate[] {
       cachedFraction: 0,
       servesCla: false,
       continuity: false,
-      indexEntries: 0,
+      indexEntries: s.entries ?? 0,
     };
   });
 }
@@ -633,7 +635,8 @@ describe('cost policy regimes', () => {
   test('KV wait: the cached prefixes of the requests queued before a request take the free KV first', () => {
     const p = new CostPolicy();
     // w0 has 300,000 tokens of KV, half held by running requests: 150,000 free
-    const cs = fleet([{ cached: 60_000, load: 0.5, capacity: 300_000 }, { capacity: 300_000 }]);
+    // it holds the turn's 60,000 and the two queued turns' 96,000 each (16-token blocks)
+    const cs = fleet([{ cached: 60_000, load: 0.5, capacity: 300_000, entries: 15_750 }, { capacity: 300_000 }]);
     const w0 = cs[0];
     const turn = request(64_000);
     const kvWait = () => terms(p, w0, turn).kvWaitSeconds * DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
@@ -664,7 +667,8 @@ describe('cost policy regimes', () => {
   test('KV wait: a prefix shared by queued requests counts once, whoever brought it', () => {
     const p = new CostPolicy();
     // w0: 100,000 tokens of KV, half held (50,000 free), and a 30,000-token prefix cached
-    const cs = fleet([{ cached: 30_000, load: 0.5, capacity: 100_000 }, { capacity: 100_000 }]);
+    // (the index holds 4,000 blocks for it: the prefix and other sessions')
+    const cs = fleet([{ cached: 30_000, load: 0.5, capacity: 100_000, entries: 4_000 }, { capacity: 100_000 }]);
     const w0 = cs[0];
     // 2,000 blocks: the first 1,875 (30,000 tokens) shared, the rest the sibling's own
     const sibling = (n: number): RouteFeatures => ({
@@ -691,6 +695,41 @@ describe('cost policy regimes', () => {
     const kvWait = terms(p, w0, ninth).kvWaitSeconds * DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
     assert.ok(Math.abs(kvWait - (queued + 32_000 - 50_000)) < 1e-6, `K + 32,000 against 50,000 free, got ${kvWait}`);
     assert.equal(p.choose(cs, ninth).index, 0, 'the ninth sibling joins its context');
+  });
+
+  test('KV wait: a prefix held on several workers is not counted again for each sibling queued there', () => {
+    const p = new CostPolicy();
+    // three workers of 40,000 tokens of KV, each holding a hot 10,240-token prefix and a little
+    // else (800 blocks of 16 tokens), a quarter of their KV held by running requests
+    const hot = { cached: 10_240, load: 0.25, capacity: 40_000, entries: 800 };
+    const cs = fleet([hot, hot, hot, { capacity: 40_000 }]);
+    // 650 blocks: the first 640 (10,240 tokens) the shared prefix, the rest each request's own
+    const sibling = (n: number): RouteFeatures => ({
+      ...request(10_400),
+      blocks: {
+        hi: Array.from({ length: 650 }, (_, i) => (i < 640 ? i : n * 1_000_000 + i)),
+        lo: Array.from({ length: 650 }, (_, i) => (i < 640 ? 5 * i + 2 : n * 1_000_000 + 5 * i)),
+        length: 650,
+      },
+    });
+    // twelve siblings queued, sent in turn to the three holders: the pending table knows the
+    // prefix on the last holder only, so each finds it pinned by no request of its own holder
+    for (let n = 1; n <= 12; n++) {
+      const r = sibling(n);
+      const holder = cs[(n - 1) % 3];
+      p.choose([holder], r);
+      p.onRouted(holder.worker, r, n, 0);
+    }
+    const next = sibling(13);
+    p.choose(cs, next);
+    for (const holder of cs.slice(0, 3)) {
+      const queued = terms(p, holder, next).queuedCachedTokens;
+      // four siblings each would count 40,960 (the whole KV); the prefixes they pin are the
+      // worker's own blocks: at most the 12,800 tokens the index holds for it
+      assert.ok(queued <= 800 * 16, `at most what the worker holds, got ${queued}`);
+      assert.ok(queued >= 10_240, `the prefix they pin, got ${queued}`);
+    }
+    assert.notEqual(p.choose(cs, next).index, 3, 'the next sibling joins a holder, not an empty worker');
   });
 
   test('queue by work: a turn leaves a holder whose queued long context costs more than its tokens say', () => {

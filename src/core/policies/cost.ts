@@ -373,6 +373,8 @@ export class CostPolicy implements RoutingPolicy {
   private chosenUncached = 0;
   /** The prefix of the last choice that requests this router sent the same worker were bringing or holding. */
   private chosenPending = 0;
+  /** The tokens of the last choice's content anchors held on the chosen worker (tracked apart from its blocks). */
+  private chosenAnchorTokens = 0;
   private chosenHit = 0;
   private chosenWork = 0;
   private chosenMoveWork = 0;
@@ -381,6 +383,8 @@ export class CostPolicy implements RoutingPolicy {
   private readonly queuedSlot = new Int32Array(QUEUED_TICKETS);
   private readonly queuedWork = new Float64Array(QUEUED_TICKETS);
   private readonly queuedCachedTokens = new Float64Array(QUEUED_TICKETS);
+  /** Of those cached tokens, the ones of content anchors (not index entries: not bounded by them). */
+  private readonly queuedCachedAnchorTokens = new Float64Array(QUEUED_TICKETS);
   /** Decayed count of recent decisions per shared-prefix key, and when each slot was last decayed. */
   private readonly hotKeys = new Int32Array(HOT_SLOTS);
   private readonly hotCounts = new Float64Array(HOT_SLOTS);
@@ -402,6 +406,8 @@ export class CostPolicy implements RoutingPolicy {
   private attentionQueued = new Float64Array(0);
   /** Cached prompt tokens of this router's requests not yet past prefill, per worker slot. */
   private cachedQueued = new Float64Array(0);
+  /** Of those, the tokens of content anchors, per worker slot. */
+  private anchorsQueued = new Float64Array(0);
   private lastNow = 0;
 
   constructor(readonly weights: Readonly<CostWeights> = DEFAULT_COST_WEIGHTS) {}
@@ -426,6 +432,7 @@ export class CostPolicy implements RoutingPolicy {
     // what the decision teaches, applied in onRouted() if the router acts on it (not a dry run)
     this.chosenUncached = t.uncached;
     this.chosenPending = Math.min(t.prompt, this.pending.blocksOn(chosen) * request.blockSize);
+    this.chosenAnchorTokens = chosen.anchorTokens > 0 ? chosen.anchorTokens : 0;
     this.chosenWork = t.work;
     // what the request would have recomputed elsewhere: the prefix it found there beyond what
     // every worker holds (a turn arriving later is counted as this one would have been)
@@ -469,7 +476,7 @@ export class CostPolicy implements RoutingPolicy {
     into.cached = this.cachedOn(c, r);
     this.stuckInto(into, c);
     into.queuedAttention = this.queuedAttention(c);
-    into.queuedCached = this.queuedCached(c);
+    into.queuedCached = this.queuedCached(c, r.blockSize);
     return computeTerms(into, c, r, this.weights, this.fleet);
   }
 
@@ -542,6 +549,7 @@ export class CostPolicy implements RoutingPolicy {
       this.routedAt = resized(this.routedAt, n);
       this.attentionQueued = resized(this.attentionQueued, n);
       this.cachedQueued = resized(this.cachedQueued, n);
+      this.anchorsQueued = resized(this.anchorsQueued, n);
     }
     // a time that is no finite number is not kept: the decision counts at the last known time
     const t = Number.isFinite(now) ? now : this.lastNow;
@@ -576,8 +584,11 @@ export class CostPolicy implements RoutingPolicy {
       // a prefix another request in flight there brings or holds is pinned once: by that request
       // when admitted (counted with it) or already (a running request's blocks are in kvUsage)
       const cached = Math.max(0, request.promptTokens - this.chosenUncached - this.chosenPending);
+      const anchors = Math.min(cached, this.chosenAnchorTokens);
       this.queuedCachedTokens[i] = cached;
+      this.queuedCachedAnchorTokens[i] = anchors;
       this.cachedQueued[worker.slot] += cached;
+      this.anchorsQueued[worker.slot] += anchors;
     }
     const u = this.chosenUncached;
     this.meanWork = this.meanWork === 0 ? Math.max(1, u) : this.meanWork + (u - this.meanWork) / WORK_SMOOTHING;
@@ -603,6 +614,7 @@ export class CostPolicy implements RoutingPolicy {
     this.queuedSlot[i] = 0;
     this.attentionQueued[slot] = Math.max(0, this.attentionQueued[slot] - this.queuedWork[i]);
     this.cachedQueued[slot] = Math.max(0, this.cachedQueued[slot] - this.queuedCachedTokens[i]);
+    this.anchorsQueued[slot] = Math.max(0, this.anchorsQueued[slot] - this.queuedCachedAnchorTokens[i]);
   }
 
   /** Attention work of this router's requests queued on the worker (what their token count leaves out). */
@@ -618,14 +630,24 @@ export class CostPolicy implements RoutingPolicy {
    * (siblings of one context, a turn queued behind its previous turn) counts once: each request
    * counts only what it reuses beyond the prefixes requests in flight there already bring.
    */
-  private queuedCached(c: Candidate): number {
-    return c.worker.slot < this.cachedQueued.length ? this.cachedQueued[c.worker.slot] : 0;
+  private queuedCached(c: Candidate, blockSize: number): number {
+    const slot = c.worker.slot;
+    if (slot >= this.cachedQueued.length) return 0;
+    // the prefixes they pin are blocks the worker holds: their union is at most what the index
+    // holds for it. The pending table knows one worker per block, so a prefix several workers
+    // hold, pending on the last one sent a request that shares it, looks pinned by no request on
+    // the others, and each of their queued requests counts it again: a hot prefix held on three
+    // workers of 40,000 tokens of KV made each look short of several times its whole KV
+    const anchors = this.anchorsQueued[slot];
+    const blocks = Math.max(0, this.cachedQueued[slot] - anchors);
+    return Math.min(blocks, c.indexEntries * blockSize) + anchors;
   }
 
   onWorkerRemoved(worker: WorkerState): void {
     this.pending.removeWorker(worker.slot);
     if (worker.slot < this.attentionQueued.length) this.attentionQueued[worker.slot] = 0;
     if (worker.slot < this.cachedQueued.length) this.cachedQueued[worker.slot] = 0;
+    if (worker.slot < this.anchorsQueued.length) this.anchorsQueued[worker.slot] = 0;
     if (worker.slot < this.routedAt.length) {
       const base = worker.slot * STUCK_BUCKETS;
       this.stuckCounts.fill(0, base, base + STUCK_BUCKETS);
@@ -748,7 +770,7 @@ export class CostPolicy implements RoutingPolicy {
       /** Attention work of this router's requests queued there, beyond their tokens. */
       queuedAttentionTokens: this.queuedAttention(c),
       /** Cached prompt tokens of this router's requests queued there: KV they take when admitted. */
-      queuedCachedTokens: this.queuedCached(c),
+      queuedCachedTokens: this.queuedCached(c, request.blockSize),
       queueSeconds: seconds(t.queue * t.slowdown),
       prefillSeconds: seconds(t.work * t.slowdown),
       decodeSlowdown: t.slowdown,
