@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""A few hot shared prefixes on workers with little KV, a Mooncake-format trace shape the routing
+defaults were not chosen on (docs/routing.md §7, "Queued prefixes held on several workers").
+
+    python3 scripts/gen-hot-prefix-traces.py bench/traces/hot-prefixes
+
+writes hot-prefixes.{1,2}.jsonl.gz: 3,000 requests arriving at 15 a second (Poisson), each one
+of 5 shared prefixes of 4,096-16,384 tokens (8-32 blocks, drawn once per file) picked uniformly,
+followed by 50-800 tokens of its own; answers of 50-600 tokens. Timestamps in ms; one hash id per
+512-token block. Run them on workers whose KV holds a few such prefixes at once:
+`simulate --trace FILE --kv-tokens 40000 --speed 2` (or 100,000 tokens at ×3).
+"""
+import gzip, json, math, os, random, sys
+
+BLOCK = 512
+REQUESTS = 3000
+RATE_PER_S = 15.0
+
+
+def write(path, seed):
+    rng = random.Random(seed)
+    next_id = [1]
+
+    def new(k):
+        ids = list(range(next_id[0], next_id[0] + k))
+        next_id[0] += k
+        return ids
+
+    prefixes = [new(rng.randint(8, 32)) for _ in range(5)]
+    t = 0.0
+    with gzip.open(path, 'wt') as f:
+        for _ in range(REQUESTS):
+            t += rng.expovariate(RATE_PER_S)
+            prefix = rng.choice(prefixes)
+            prompt = len(prefix) * BLOCK + rng.randint(50, 800)
+            own = math.ceil(prompt / BLOCK) - len(prefix)
+            line = {
+                'timestamp': int(t * 1000),
+                'input_length': prompt,
+                'output_length': rng.randint(50, 600),
+                'hash_ids': prefix + new(own),
+            }
+            f.write(json.dumps(line) + '\n')
+
+
+if __name__ == '__main__':
+    out = sys.argv[1] if len(sys.argv) > 1 else 'bench/traces/hot-prefixes'
+    os.makedirs(out, exist_ok=True)
+    for seed in (1, 2):
+        write(os.path.join(out, f'hot-prefixes.{seed}.jsonl.gz'), seed)
