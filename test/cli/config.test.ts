@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { after, test } from 'node:test';
 import { parse as parseYaml } from 'yaml';
 import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
-import { kebab, SERVE_SCHEMA } from '../../src/cli/config/settings.js';
+import { EPP_SCHEMA, kebab, SERVE_SCHEMA } from '../../src/cli/config/settings.js';
 import { ROUTER_SETTINGS_SCHEMA } from '../../src/core/router/options-schema.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { resolveServe } from '../helpers/serve-config.js';
@@ -213,6 +213,74 @@ test('--print-config read back as the config file: no warning, and the same conf
   assert.match(changed.stderr, /^warning: --epp-secure-serving has no effect without --epp-port$/m);
   const algo = print('--prefix-caching-hash-algo', 'sha256', '--config', one);
   assert.match(algo.stderr, /^warning: --prefix-caching-hash-algo has no effect without --block-hash vllm$/m);
+});
+
+test('epp --print-config: its settings, secrets redacted; read back as epp --config, no warning and the same configuration', () => {
+  // only the variables given: epp warns of CONTEXTFORGE_ variables it does not know
+  const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('CONTEXTFORGE_')));
+  const print = (args: string[], extra: NodeJS.ProcessEnv = {}) => {
+    const r = spawnSync(process.execPath, [...CLI, 'epp', '--print-config', ...args], {
+      encoding: 'utf8',
+      env: { ...env, ...extra },
+      timeout: 120_000,
+    });
+    assert.equal(r.status, 0, r.stderr);
+    return r;
+  };
+  const file = write(
+    [
+      'admin-token: file-secret-token',
+      'state: redis://:hunter2@127.0.0.1:6379/1',
+      'router:',
+      '  anchorCapacity: 500',
+      'workers:',
+      '  - id=w1,url=http://user:pa55word@127.0.0.1:9001',
+      '',
+    ].join('\n'),
+  );
+  const json = print(['json', '--config', file, '--policy', 'least-loaded'], { CONTEXTFORGE_MAX_RETRIES: '4' });
+  assert.equal(json.stderr, '');
+  assert.doesNotMatch(json.stdout, /file-secret-token|hunter2|pa55word/);
+  const printed = JSON.parse(json.stdout) as {
+    settings: Record<string, { value: unknown; from: string }>;
+    workers: { value: { id: string; url: string }[]; from: string };
+  };
+  assert.deepEqual(printed.settings.policy, { value: 'least-loaded', from: 'flag' });
+  assert.deepEqual(printed.settings['max-retries'], { value: 4, from: 'env' });
+  assert.deepEqual(printed.settings['anchor-capacity'], { value: 500, from: 'file' });
+  assert.deepEqual(printed.settings.port, { value: 9002, from: 'default' });
+  assert.deepEqual(printed.settings['secure-serving'], { value: true, from: 'default' });
+  assert.deepEqual(printed.settings['admin-token'], { value: '<redacted>', from: 'file' });
+  assert.deepEqual(printed.settings.state, { value: 'redis://***@127.0.0.1:6379/1', from: 'file' });
+  assert.deepEqual(printed.workers, { value: [{ id: 'w1', url: 'http://***@127.0.0.1:9001' }], from: 'file' });
+  // epp's settings, each with a value listed under its flag name, and none of serve's own
+  for (const key of Object.keys(EPP_SCHEMA.shape))
+    if (EPP_SCHEMA.shape[key as keyof typeof EPP_SCHEMA.shape].safeParse(undefined).data !== undefined)
+      assert.ok(printed.settings[kebab(key)], `${kebab(key)} is printed`);
+  const eppFlags = Object.keys(EPP_SCHEMA.shape).map(kebab);
+  for (const flag of Object.keys(printed.settings)) assert.ok(eppFlags.includes(flag), `${flag} is an epp setting`);
+  // every value a default: read back, the same values and no warning
+  const first = print([]);
+  assert.match(first.stdout, /^port: 9002 # default$/m);
+  const one = write(first.stdout);
+  const second = print(['--config', one]);
+  assert.equal(second.stderr, '', 'reading back the defaults warns of nothing');
+  assert.deepEqual(parseYaml(second.stdout), parseYaml(first.stdout));
+  assert.match(second.stdout, /^prefix-caching-hash-algo: sha256_cbor # file$/m);
+  const two = write(second.stdout);
+  const third = print(['--config', two]);
+  assert.equal(third.stderr, '');
+  assert.equal(third.stdout.replace(two, 'FILE'), second.stdout.replace(one, 'FILE'));
+  // --processes above 1 is named once and printed as what epp runs: 1
+  const many = print([], { CONTEXTFORGE_PROCESSES: '4' });
+  assert.match(many.stderr, /^warning: --processes 4 has no effect on epp/m);
+  assert.match(many.stdout, /^processes: 1 # env$/m);
+  const back = print(['--config', write(many.stdout)]);
+  assert.equal(back.stderr, '', 'reading back what was printed warns of nothing');
+  assert.deepEqual(parseYaml(back.stdout), parseYaml(second.stdout));
+  // a value other than the default, read back, still warns that it does nothing
+  const changed = print(['--secure-serving', 'false', '--cert-path', '/nonexistent', '--config', one]);
+  assert.match(changed.stderr, /^warning: --cert-path has no effect with --secure-serving false$/m);
 });
 
 const gateways: { close(): Promise<void> }[] = [];

@@ -30,6 +30,7 @@ test('help, a command that prints its settings and a usage error load none of th
     ['simulate', '--help'],
     ['serve', '--help'],
     ['serve', '--print-config'],
+    ['epp', '--print-config'],
     ['mock-engine', '--port', 'x'],
   ]) {
     const r = cli(args);

@@ -2,7 +2,8 @@ import type { Command } from 'commander';
 import { addSettingOptions } from '../config/resolve.js';
 import { EPP_HELP, EPP_SCHEMA } from '../config/settings.js';
 import { checkEppTlsSettings } from '../config/epp-tls.js';
-import { resolveConfig } from './serve.js';
+import { printConfig } from '../config/print-config.js';
+import { printConfigOption, resolveConfig } from './serve.js';
 
 export { parseDiscoverySpec } from '../config/picker-text.js';
 
@@ -18,6 +19,8 @@ export function resolveEppConfig(cmd: Command, env: NodeJS.ProcessEnv = process.
       `--processes ${config.processes} has no effect on epp: it runs one process (run more epp replicas, sharing --state redis://…, instead)`,
     );
     config.processes = 1;
+    // --print-config shows what runs: read back, it warns of nothing
+    (resolved.values as { processes: number }).processes = 1;
   }
   return { config, resolved };
 }
@@ -29,10 +32,16 @@ export function registerEppCommand(program: Command): void {
       "run the endpoint picker of an Envoy-based gateway (Gateway API Inference Extension, ext_proc gRPC): the same router as serve, endpoints are the workers' host:port",
     );
   addSettingOptions(cmd, EPP_SCHEMA.shape, EPP_HELP);
+  cmd.addOption(printConfigOption());
   cmd.action(async () => {
     const { config, resolved } = resolveEppConfig(cmd);
     checkEppTlsSettings(config, resolved.warnings);
     for (const w of resolved.warnings) process.stderr.write(`warning: ${w}\n`);
+    const format = cmd.opts<{ printConfig?: string | true }>().printConfig;
+    if (format !== undefined) {
+      process.stdout.write(printConfig(resolved, format === 'json' ? 'json' : 'yaml'));
+      return;
+    }
     // the gateway, the picker, TLS and what they run on are loaded only to run them
     await (await import('./epp-run.js')).runEpp(config);
   });

@@ -155,15 +155,18 @@ export function resolveServeConfig(cmd: Command, env: NodeJS.ProcessEnv = proces
   return resolveConfig(cmd, env, SERVE_SCHEMA).config;
 }
 
+/** serve's and epp's --print-config. */
+export function printConfigOption(): Option {
+  return new Option(
+    '--print-config [format]',
+    'print the effective configuration (yaml or json) with where each value came from, secrets redacted, and exit',
+  ).choices(['yaml', 'json']);
+}
+
 export function registerServeCommand(program: Command): void {
   const cmd = program.command('serve').description('run the OpenAI-compatible routing gateway in front of the engines');
   addSettingOptions(cmd, SERVE_SCHEMA.shape, SERVE_HELP);
-  cmd.addOption(
-    new Option(
-      '--print-config [format]',
-      'print the effective configuration (yaml or json) with where each value came from, secrets redacted, and exit',
-    ).choices(['yaml', 'json']),
-  );
+  cmd.addOption(printConfigOption());
   cmd.action(async () => {
     const { config, resolved } = resolveConfig(cmd, process.env, SERVE_SCHEMA);
     // the gateway processes of --processes N resolve the same settings again: the primary warns for them

@@ -1,6 +1,7 @@
 /**
- * `serve --print-config`: the effective configuration, each value with where it came from
- * (default, file, env, flag), secrets redacted. The YAML form is itself a config file.
+ * `serve --print-config` and `epp --print-config`: the effective configuration, each value with
+ * where it came from (default, file, env, flag), secrets redacted. The YAML form is itself a
+ * config file.
  */
 import { Document, isMap, isScalar, type Pair, type Scalar } from 'yaml';
 import { redactUrl } from '../../server/worker-input.js';
