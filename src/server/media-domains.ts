@@ -31,7 +31,8 @@
  * comparison is exact as vLLM's and case-insensitive; a trailing dot is part of the host
  * (a.example. is not a.example), and an IP address passes only when listed itself. With a list,
  * `file:` and every scheme but http, https and data are refused: the gateway cannot know an
- * engine's local-media directory.
+ * engine's local-media directory. SGLang's native `/generate` names its media otherwise, in
+ * `image_data`, `video_data` and `audio_data`: checkGenerateMedia below.
  */
 import { RequestLimitError } from './request-limits.js';
 
@@ -171,4 +172,120 @@ function plainAuthority(url: string): boolean {
   }
   const percent = url.indexOf('%', at === -1 ? start : at + 1);
   return percent === -1 || percent >= end;
+}
+
+/**
+ * SGLang's native `/generate` media fields (GenerateReqInput in
+ * python/sglang/srt/managers/io_struct.py, read at commit
+ * 001067fffe33427bee0ed2f007fb7551a1d76b44): `image_data`, `video_data` and `audio_data` each take
+ * one item, a list of items (one per prompt, or one prompt's items) or a list of such lists (a
+ * batch, several items a prompt); an item is a string, a dict (`{"format": "processor_output"}` or
+ * `"precomputed_embedding"` holds no media to load; BaseMultimodalProcessor._load_single_item in
+ * python/sglang/srt/multimodal/processors/base_processor.py) or, from Python only, bytes, a PIL
+ * image, an ImageData({url}). How SGLang loads a string (python/sglang/srt/utils/common.py, read at
+ * commits 004f0c7a8d398a9c4b6844c1d8071502fa88e78c and 4e75f4684b6b67cbb5a02b4106cf1b629d616dba):
+ * - load_image: fetches one starting `http://` or `https://` (as written: the prefix test is
+ *   case-sensitive); opens one ending in png, jpg, jpeg, webp or gif (any case) as a local file,
+ *   before any other test, and `file://` as a local path in newer versions; decodes `data:` and
+ *   any other string as base64. An image_data string `video:<path>` is opened as a video file
+ *   (BaseMultimodalProcessor.get_estimated_frames_list).
+ * - load_video: fetches http(s); decodes `data:`; reads `file://` and any string naming an
+ *   existing file (os.path.isfile) as a local file; decodes the rest as base64. A path made of
+ *   base64 characters (`/etc//passwd`) is both, so which one SGLang takes depends on the engine's
+ *   disk.
+ * - load_audio: fetches http(s); decodes `data:`; reads every other string as a local file.
+ * With a list, each string SGLang would fetch is checked as a chat's media URL (checkMediaUrl),
+ * and so is any other string with a URL scheme (a `file:` URL is refused, as for a chat); a string
+ * SGLang could read as a local file is refused: an image_data string ending in an image
+ * extension or starting `video:`, and every video_data and audio_data string that is not a
+ * `data:` URL (send base64 video or audio as one). A base64 image passes. A dict is checked by its
+ * `url` when that is a string (ImageData's field; the gateway does not rely on SGLang refusing
+ * it). These fields are bounded by the body limit alone: the walk is over at most two levels of
+ * lists, touches each item once and allocates only for the strings it checks as URLs.
+ */
+export function checkGenerateMedia(body: Readonly<Record<string, unknown>>, allowed: MediaDomains): void {
+  checkGenerateMediaField(body.image_data, 'image_data', 'image', allowed);
+  checkGenerateMediaField(body.video_data, 'video_data', 'video', allowed);
+  checkGenerateMediaField(body.audio_data, 'audio_data', 'audio', allowed);
+}
+
+type GenerateMedia = 'image' | 'video' | 'audio';
+
+function checkGenerateMediaField(value: unknown, field: string, kind: GenerateMedia, allowed: MediaDomains): void {
+  if (!Array.isArray(value)) {
+    checkGenerateMediaItem(value, field, kind, allowed);
+    return;
+  }
+  for (let i = 0; i < value.length; i++) {
+    const item: unknown = value[i];
+    if (!Array.isArray(item)) {
+      checkGenerateMediaItem(item, `${field}[${i}]`, kind, allowed);
+      continue;
+    }
+    for (let j = 0; j < item.length; j++) {
+      const inner: unknown = item[j];
+      if (Array.isArray(inner))
+        throw new RequestLimitError(
+          `${field}[${i}][${j}] is a list: SGLang takes an item, a list of items or a list of such lists`,
+          `${field}[${i}][${j}]`,
+        );
+      checkGenerateMediaItem(inner, `${field}[${i}][${j}]`, kind, allowed);
+    }
+  }
+}
+
+/** One item: a string, or a dict checked by its string `url`; anything else is not loaded from a URL or path. */
+function checkGenerateMediaItem(item: unknown, at: string, kind: GenerateMedia, allowed: MediaDomains): void {
+  if (typeof item === 'string') checkGenerateMediaString(item, at, false, kind, allowed);
+  else if (item !== null && typeof item === 'object') {
+    const url = (item as { url?: unknown }).url;
+    if (typeof url === 'string') checkGenerateMediaString(url, at, true, kind, allowed);
+  }
+}
+
+/** A URL scheme and its colon at the start of a string; base64 has no colon. */
+const SCHEME_START = /^[a-z][a-z0-9+.-]*:/i;
+
+function checkGenerateMediaString(
+  s: string,
+  at: string,
+  inObject: boolean,
+  kind: GenerateMedia,
+  allowed: MediaDomains,
+): void {
+  if (s.startsWith('http://') || s.startsWith('https://')) return checkMediaUrl(s, at, inObject, allowed);
+  if (kind === 'image') {
+    if (s.startsWith('video:')) {
+      const path = s.slice(6);
+      if (path.startsWith('http://') || path.startsWith('https://')) return checkMediaUrl(path, at, inObject, allowed);
+      throw localPath(at, inObject, 'an image_data string starting video: is opened as a video file');
+    }
+    if (hasImageExtension(s))
+      throw localPath(at, inObject, 'SGLang opens an image_data string ending in an image extension as a file');
+  }
+  if (s.startsWith('data:')) return;
+  if (SCHEME_START.test(s)) return checkMediaUrl(s, at, inObject, allowed);
+  if (kind !== 'image')
+    throw localPath(
+      at,
+      inObject,
+      `SGLang reads a ${kind}_data string that is not an http(s) or data: URL as a file path when one exists${kind === 'video' ? ' (before base64)' : ''}: send base64 ${kind} as a data: URL`,
+    );
+}
+
+/** Whether `s` ends in png, jpg, jpeg, webp or gif, in any case (load_image's file-name test). */
+function hasImageExtension(s: string): boolean {
+  const n = s.length;
+  if (n < 3) return false;
+  const tail = s.slice(Math.max(0, n - 4)).toLowerCase();
+  return tail.endsWith('png') || tail.endsWith('jpg') || tail === 'jpeg' || tail === 'webp' || tail.endsWith('gif');
+}
+
+function localPath(at: string, inObject: boolean, why: string): MediaUrlRefusal {
+  const field = fieldOf(at, inObject);
+  return new MediaUrlRefusal(
+    `${field} could be read as a local file path, which --allowed-media-domains refuses (${why})`,
+    field,
+    'scheme',
+  );
 }

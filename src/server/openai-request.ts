@@ -17,7 +17,13 @@ import {
 import { TokenizerUnavailableError, type AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
 import { tenantCacheSalt, tenantScopedId } from './api-keys.js';
 import { chatTemplateRequest } from './engine-deployments.js';
-import { checkMediaUrl, MediaUrlRefusal, type MediaDomains, type MediaUrlRefusalReason } from './media-domains.js';
+import {
+  checkGenerateMedia,
+  checkMediaUrl,
+  MediaUrlRefusal,
+  type MediaDomains,
+  type MediaUrlRefusalReason,
+} from './media-domains.js';
 import {
   clientMessage,
   firstPromptEntry,
@@ -299,7 +305,8 @@ export interface RequestReaderOptions {
   /** Forward the code fields a client sends (request-limits.ts CLIENT_CODE_FIELDS); removed by default. */
   forwardCustomLogitProcessor?: boolean;
   /**
-   * The hosts a chat's media URLs may name (media-domains.ts, normalised by mediaDomains());
+   * The hosts a chat's media URLs, and the URLs of a /generate body's image_data, video_data and
+   * audio_data, may name (media-domains.ts, normalised by mediaDomains());
    * undefined: any (the engines' own settings apply).
    */
   allowedMediaDomains?: MediaDomains;
@@ -330,7 +337,8 @@ export function createRequestParser(options: RequestReaderOptions) {
     forwardKvTransferParams: options.forwardKvTransferParams === true,
     forwardCustomLogitProcessor: options.forwardCustomLogitProcessor === true,
   };
-  // one function for every request, called only for the media URLs a chat holds
+  // one function for every request, called only for the media URLs a chat holds (a /generate
+  // body's media fields are walked by checkGenerateMedia)
   const allowed = options.allowedMediaDomains;
   const onMediaUrl =
     allowed === undefined || allowed.size === 0
@@ -340,10 +348,12 @@ export function createRequestParser(options: RequestReaderOptions) {
     let parsed: ParsedRequest;
     try {
       const headers = req.raw === undefined ? req.headers : metadataHeaders(req.raw);
-      parsed =
-        path === GENERATE_PATH
-          ? readGenerateRouteRequest(req.body, headers, limits, forward)
-          : readRouteRequest(path, req.body, headers, limits, forward, onMediaUrl);
+      if (path === GENERATE_PATH) {
+        parsed = readGenerateRouteRequest(req.body, headers, limits, forward);
+        // SGLang's image_data, video_data and audio_data: URLs it fetches, paths it reads
+        if (allowed !== undefined && allowed.size > 0)
+          checkGenerateMedia(req.body as Readonly<Record<string, unknown>>, allowed);
+      } else parsed = readRouteRequest(path, req.body, headers, limits, forward, onMediaUrl);
     } catch (err) {
       if (err instanceof RequestLimitError) {
         if (err instanceof MediaUrlRefusal) options.onMediaUrlRefusal?.(err.reason);

@@ -3,7 +3,9 @@
  * audio_url, video_url, input_image; every message, every part) must name a listed host, as
  * vLLM's flag of that name requires, or the request is a 400 naming the field and the host,
  * refused before any engine sees it; data: URLs pass; file: and other schemes are refused. A
- * request that passes is forwarded as the client wrote it. Without a list nothing changes.
+ * request that passes is forwarded as the client wrote it. SGLang's `/generate` (read by the
+ * endpoint picker) has its image_data, video_data and audio_data checked the same way, and a
+ * string SGLang could read as a local file refused. Without a list nothing changes.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
@@ -270,5 +272,91 @@ describe('the endpoint picker reads requests with the gateway parser', () => {
     assert.match(refusal.message, /169\.254\.169\.254/);
     const allowed = JSON.parse(chatText(imageUrl('https://images.example/cat.png'))) as Record<string, unknown>;
     assert.ok(!('status' in (await listed.parseRequest(CHAT, { body: allowed, headers: {} }))), 'listed host passes');
+  });
+});
+
+describe("SGLang's /generate media fields (image_data, video_data, audio_data)", () => {
+  const GENERATE = '/generate';
+  const parse = (gateway: Gateway, fields: Record<string, unknown>) =>
+    gateway.parseRequest(GENERATE, { body: { text: 'look <image>', ...fields }, headers: {} });
+  /** Asserts `fields` are refused by the listed gateway naming `param`, with a message matching `message`. */
+  async function refusedGenerate(fields: Record<string, unknown>, param: string, message: RegExp): Promise<void> {
+    const refusal = await parse(listed, fields);
+    assert.ok('status' in refusal, `refused: ${JSON.stringify(fields).slice(0, 200)}`);
+    assert.equal(refusal.status, 400);
+    assert.equal(refusal.param, param, refusal.message);
+    assert.match(refusal.message, message);
+  }
+  async function passes(gateway: Gateway, fields: Record<string, unknown>): Promise<void> {
+    const parsed = await parse(gateway, fields);
+    assert.ok(!('status' in parsed), `passes: ${'status' in parsed ? parsed.message : ''}`);
+  }
+  const PNG_B64 = 'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg==';
+
+  test('http(s) URLs naming an unlisted host are refused naming the field, in every form SGLang takes', async () => {
+    const evil = 'http://169.254.169.254/latest/meta-data/';
+    await refusedGenerate({ image_data: evil }, 'image_data', /169\.254\.169\.254.*not in --allowed-media-domains/);
+    await refusedGenerate({ image_data: ['https://images.example/a.png', evil] }, 'image_data[1]', /169\.254/);
+    await refusedGenerate(
+      { image_data: [['https://images.example/a.png'], [PNG_B64, evil]] },
+      'image_data[1][1]',
+      /169\.254/,
+    );
+    await refusedGenerate({ image_data: [{ url: evil, detail: 'auto' }] }, 'image_data[0].url', /169\.254/);
+    await refusedGenerate({ image_data: { url: evil } }, 'image_data.url', /169\.254/);
+    await refusedGenerate({ video_data: [evil] }, 'video_data[0]', /169\.254/);
+    await refusedGenerate({ audio_data: 'https://localhost/a.wav' }, 'audio_data', /localhost/);
+    await refusedGenerate({ image_data: 'http://127.0.0.1\\@images.example/' }, 'image_data', /other parsers/);
+    await refusedGenerate({ image_data: 'file:///etc/passwd' }, 'image_data', /file: URL/);
+    await refusedGenerate({ image_data: 'ftp://images.example/a' }, 'image_data', /ftp: URL/);
+  });
+
+  test('what SGLang would read as a local file path is refused', async () => {
+    // load_image opens a string ending in an image extension as a file
+    await refusedGenerate({ image_data: '/etc/secret.png' }, 'image_data', /file path/);
+    await refusedGenerate({ image_data: [PNG_B64, 'cat.JPG'] }, 'image_data[1]', /file path/);
+    await refusedGenerate({ image_data: 'video:/data/clip.mp4' }, 'image_data', /file path/);
+    // load_video reads an existing file before base64, load_audio every other string
+    await refusedGenerate({ video_data: '/etc//passwd' }, 'video_data', /file path/);
+    await refusedGenerate({ audio_data: [['/etc/passwd']] }, 'audio_data[0][0]', /file path/);
+  });
+
+  test('listed hosts, data: URLs and base64 images pass; so do preprocessed inputs', async () => {
+    await passes(listed, {
+      image_data: [
+        ['https://images.example/a.png', 'http://cdn.example.org/b'],
+        [`data:image/png;base64,${PNG_B64}`, PNG_B64, { url: 'https://images.example/c' }, null],
+      ],
+      video_data: ['data:video/mp4;base64,AAAA', 'https://images.example/v.mp4'],
+      audio_data: 'data:audio/wav;base64,UklGRg==',
+    });
+    await passes(listed, { image_data: [{ format: 'precomputed_embedding', feature: [[0.5]] }] });
+    await passes(listed, { image_data: null, video_data: [], audio_data: [] });
+  });
+
+  test('a list nested deeper than SGLang takes is refused', async () => {
+    const refusal = await parse(listed, { image_data: [[['https://images.example/a.png']]] });
+    assert.ok('status' in refusal);
+    assert.equal(refusal.param, 'image_data[0][0]');
+  });
+
+  test('without a list nothing is checked', async () => {
+    await passes(open, {
+      image_data: ['http://169.254.169.254/', '/etc/secret.png'],
+      video_data: '/etc/passwd',
+      audio_data: [['file:///etc/passwd']],
+    });
+  });
+
+  test('refusals are counted', async () => {
+    const count = async () =>
+      Number(
+        /^contextforge_media_url_refusals_total\{reason="host"\} (\d+)$/m.exec(
+          await (await fetch(`${listedUrl}/metrics`)).text(),
+        )?.[1],
+      );
+    const before = await count();
+    await refusedGenerate({ image_data: 'http://10.0.0.8/' }, 'image_data', /10\.0\.0\.8/);
+    assert.equal(await count(), before + 1);
   });
 });
