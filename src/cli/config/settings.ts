@@ -213,7 +213,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   allowedMediaDomains: {
     arg: '<list>',
-    help: "the only hosts a chat's media URLs (image_url, audio_url, video_url, input_image) may name, as vLLM's --allowed-media-domains: exact host names or IP addresses, separated by commas (subdomains are not matched; names compared as URL() reads them, in lower case and punycode); with a list, a URL naming another host, or of a scheme other than http, https and data (file: included), is a 400 naming the field. Redirects the engine follows are its own setting (vLLM: VLLM_MEDIA_URL_ALLOW_REDIRECTS=0). Empty: no restriction",
+    help: "the only hosts a chat's media URLs (image_url, audio_url, video_url, input_image) may name, as vLLM's --allowed-media-domains: exact host names or IP addresses, separated by commas (subdomains are not matched; names compared as URL() reads them, in lower case and punycode); with a list, a URL naming another host, or of a scheme other than http, https and data (file: included), is a 400 naming the field; the endpoint picker checks SGLang's /generate image_data, video_data and audio_data the same way and refuses strings SGLang could read as local files. Redirects the engine follows are its own setting (vLLM: VLLM_MEDIA_URL_ALLOW_REDIRECTS=0). Empty: no restriction",
   },
   maxIdBytes: {
     arg: '<n>',
