@@ -135,18 +135,39 @@ test('errors name the source and the key, and the value given', () => {
   assert.match(r.stderr, /router\.costWeights\.prefillTokensPerSecond must be a finite number >= 0 \(got -1\)/);
 });
 
+/** A config file holding a secret of each kind --print-config redacts (admin token, Redis password, worker URL password). */
+const SECRETS_CONFIG = [
+  'admin-token: file-secret-token',
+  'state: redis://:hunter2@127.0.0.1:6379/1',
+  'router:',
+  '  anchorCapacity: 500',
+  'workers:',
+  '  - id=w1,url=http://user:pa55word@127.0.0.1:9001',
+  '',
+].join('\n');
+
+/**
+ * `--print-config json`'s output for SECRETS_CONFIG with `--policy least-loaded` and
+ * CONTEXTFORGE_MAX_RETRIES=4: parsed, each value's source checked, every secret redacted.
+ */
+function printedSecretsConfig(stdout: string, defaultPort: number) {
+  assert.doesNotMatch(stdout, /file-secret-token|hunter2|pa55word/);
+  const printed = JSON.parse(stdout) as {
+    settings: Record<string, { value: unknown; from: string }>;
+    workers: { value: { id: string; url: string }[]; from: string };
+  };
+  assert.deepEqual(printed.settings.policy, { value: 'least-loaded', from: 'flag' });
+  assert.deepEqual(printed.settings['max-retries'], { value: 4, from: 'env' });
+  assert.deepEqual(printed.settings['anchor-capacity'], { value: 500, from: 'file' });
+  assert.deepEqual(printed.settings.port, { value: defaultPort, from: 'default' });
+  assert.deepEqual(printed.settings['admin-token'], { value: '<redacted>', from: 'file' });
+  assert.deepEqual(printed.settings.state, { value: 'redis://***@127.0.0.1:6379/1', from: 'file' });
+  assert.deepEqual(printed.workers, { value: [{ id: 'w1', url: 'http://***@127.0.0.1:9001' }], from: 'file' });
+  return printed;
+}
+
 test('--print-config: every value with its source, secrets redacted; the YAML loads back as a config', () => {
-  const file = write(
-    [
-      'admin-token: file-secret-token',
-      'state: redis://:hunter2@127.0.0.1:6379/1',
-      'router:',
-      '  anchorCapacity: 500',
-      'workers:',
-      '  - id=w1,url=http://user:pa55word@127.0.0.1:9001',
-      '',
-    ].join('\n'),
-  );
+  const file = write(SECRETS_CONFIG);
   const run = (...args: string[]) =>
     spawnSync(process.execPath, [...CLI, 'serve', '--config', file, ...args], {
       encoding: 'utf8',
@@ -154,18 +175,7 @@ test('--print-config: every value with its source, secrets redacted; the YAML lo
     });
   const json = run('--print-config', 'json', '--policy', 'least-loaded');
   assert.equal(json.status, 0, json.stderr);
-  assert.doesNotMatch(json.stdout, /file-secret-token|hunter2|pa55word/);
-  const printed = JSON.parse(json.stdout) as {
-    settings: Record<string, { value: unknown; from: string }>;
-    workers: { value: { id: string; url: string }[]; from: string };
-  };
-  assert.deepEqual(printed.settings.policy, { value: 'least-loaded', from: 'flag' });
-  assert.deepEqual(printed.settings['max-retries'], { value: 4, from: 'env' });
-  assert.deepEqual(printed.settings['anchor-capacity'], { value: 500, from: 'file' });
-  assert.deepEqual(printed.settings.port, { value: 8080, from: 'default' });
-  assert.deepEqual(printed.settings['admin-token'], { value: '<redacted>', from: 'file' });
-  assert.deepEqual(printed.settings.state, { value: 'redis://***@127.0.0.1:6379/1', from: 'file' });
-  assert.deepEqual(printed.workers, { value: [{ id: 'w1', url: 'http://***@127.0.0.1:9001' }], from: 'file' });
+  const printed = printedSecretsConfig(json.stdout, 8080);
   // every setting with a value is listed under its flag name
   for (const key of Object.keys(SERVE_SCHEMA.shape))
     if (SERVE_SCHEMA.shape[key as keyof typeof SERVE_SCHEMA.shape].safeParse(undefined).data !== undefined)
@@ -227,32 +237,11 @@ test('epp --print-config: its settings, secrets redacted; read back as epp --con
     assert.equal(r.status, 0, r.stderr);
     return r;
   };
-  const file = write(
-    [
-      'admin-token: file-secret-token',
-      'state: redis://:hunter2@127.0.0.1:6379/1',
-      'router:',
-      '  anchorCapacity: 500',
-      'workers:',
-      '  - id=w1,url=http://user:pa55word@127.0.0.1:9001',
-      '',
-    ].join('\n'),
-  );
+  const file = write(SECRETS_CONFIG);
   const json = print(['json', '--config', file, '--policy', 'least-loaded'], { CONTEXTFORGE_MAX_RETRIES: '4' });
   assert.equal(json.stderr, '');
-  assert.doesNotMatch(json.stdout, /file-secret-token|hunter2|pa55word/);
-  const printed = JSON.parse(json.stdout) as {
-    settings: Record<string, { value: unknown; from: string }>;
-    workers: { value: { id: string; url: string }[]; from: string };
-  };
-  assert.deepEqual(printed.settings.policy, { value: 'least-loaded', from: 'flag' });
-  assert.deepEqual(printed.settings['max-retries'], { value: 4, from: 'env' });
-  assert.deepEqual(printed.settings['anchor-capacity'], { value: 500, from: 'file' });
-  assert.deepEqual(printed.settings.port, { value: 9002, from: 'default' });
+  const printed = printedSecretsConfig(json.stdout, 9002);
   assert.deepEqual(printed.settings['secure-serving'], { value: true, from: 'default' });
-  assert.deepEqual(printed.settings['admin-token'], { value: '<redacted>', from: 'file' });
-  assert.deepEqual(printed.settings.state, { value: 'redis://***@127.0.0.1:6379/1', from: 'file' });
-  assert.deepEqual(printed.workers, { value: [{ id: 'w1', url: 'http://***@127.0.0.1:9001' }], from: 'file' });
   // epp's settings, each with a value listed under its flag name, and none of serve's own
   for (const key of Object.keys(EPP_SCHEMA.shape))
     if (EPP_SCHEMA.shape[key as keyof typeof EPP_SCHEMA.shape].safeParse(undefined).data !== undefined)
