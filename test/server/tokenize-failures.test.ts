@@ -10,6 +10,7 @@ import { createServer } from 'node:http';
 import { after, before, test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { sample } from '../faults/harness.js';
 import { listening } from '../helpers/listening.js';
 
 type Mode = 'timeout' | 'malformed' | 'error';
@@ -53,18 +54,9 @@ after(async () => {
   await engine.close();
 });
 
-async function failures(reason: Mode): Promise<number> {
-  const text = await (await fetch(`${base}/metrics`, { signal: AbortSignal.timeout(10_000) })).text();
-  const line = text
-    .split('\n')
-    .find(
-      (l) =>
-        l.startsWith('contextforge_engine_tokenize_refusals_total{') &&
-        l.includes('worker="e"') &&
-        l.includes(`reason="${reason}"`),
-    );
-  return line === undefined ? 0 : Number(line.slice(line.lastIndexOf(' ') + 1));
-}
+/** The gateway's count of /tokenize failures of worker `e` for `reason` (0 when absent). */
+const failures = (reason: Mode) =>
+  sample(gateway.metrics, `contextforge_engine_tokenize_refusals_total{worker="e",reason="${reason}"}`);
 
 const complete = async (i: number) => {
   const res = await fetch(`${base}/v1/completions`, {
