@@ -507,7 +507,7 @@ export class ClusterStateStore implements StateStore {
   /** Sums the other processes' work on a worker into the router's view. */
   private applyRemote(workerId: string): void {
     const router = this.host!.router;
-    if (router.listWorkers().some((w) => w.id === workerId)) router.setRemoteLoad(workerId, this.remote.sum(workerId));
+    if (router.hasWorker(workerId)) router.setRemoteLoad(workerId, this.remote.sum(workerId));
   }
 
   /** A decision relayed before the start snapshot was applied: the snapshot does not apply it again. */

@@ -977,7 +977,7 @@ export class RedisStateStore implements StateStore {
   /** Sums the other replicas' work on a worker into the router's view. */
   private applyRemote(workerId: string): void {
     const router = this.host!.router;
-    if (!router.listWorkers().some((w) => w.id === workerId)) return;
+    if (!router.hasWorker(workerId)) return;
     router.setRemoteLoad(workerId, this.remote.sum(workerId));
   }
 

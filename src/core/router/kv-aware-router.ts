@@ -242,12 +242,12 @@ export class KVAwareRouter {
     w.metricsAt = at ?? this.readClock();
   }
 
-  /** Workers in registration order (read-only views). */
   /** Whether a worker (or a data-parallel rank, `ID#r`) is registered under this id. */
   hasWorker(workerId: string): boolean {
     return this.workers.has(workerId);
   }
 
+  /** Workers in registration order (read-only views). */
   listWorkers(): readonly WorkerState[] {
     return [...this.workers.values()];
   }
