@@ -27,13 +27,15 @@ export async function runEpp(c: EppConfig): Promise<void> {
       await close();
     },
   );
-  log(
-    `contextforge-router endpoint picker (ext_proc gRPC, ${tls.describe}) on ${c.host}:${String(picker.eppPort)}, gRPC health (plaintext) on ${c.host}:${String(picker.healthPort)}, metrics and admin on ${address} (${describe})`,
-  );
-  await new Promise<void>((resolve) => {
+  // the stop signals are taken before the start is announced (serve-run.ts says why)
+  const stopped = new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);
   });
+  log(
+    `contextforge-router endpoint picker (ext_proc gRPC, ${tls.describe}) on ${c.host}:${String(picker.eppPort)}, gRPC health (plaintext) on ${c.host}:${String(picker.healthPort)}, metrics and admin on ${address} (${describe})`,
+  );
+  await stopped;
   await picker.close();
   await close();
 }

@@ -228,11 +228,9 @@ async function serveProcess(c: ServeConfig): Promise<void> {
       await close();
     },
   );
-  // with several processes the primary says where they serve, once all of them do
-  log(
-    `contextforge-router ${worker ? 'process' : 'serving on'} ${address}${picker.eppPort === undefined ? '' : `, endpoint picker (ext_proc gRPC, ${tls?.describe ?? 'plaintext'}) on port ${picker.eppPort}`} (${describe})`,
-  );
-  await new Promise<void>((resolve) => {
+  // the stop signals are taken before the start is announced: one sent as soon as the line is read
+  // (a supervisor, a test) would otherwise end the process by the signal's default action
+  const stopped = new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);
     if (!worker) return;
@@ -243,6 +241,11 @@ async function serveProcess(c: ServeConfig): Promise<void> {
     if (!process.connected) return resolve();
     process.once('disconnect', resolve);
   });
+  // with several processes the primary says where they serve, once all of them do
+  log(
+    `contextforge-router ${worker ? 'process' : 'serving on'} ${address}${picker.eppPort === undefined ? '' : `, endpoint picker (ext_proc gRPC, ${tls?.describe ?? 'plaintext'}) on port ${picker.eppPort}`} (${describe})`,
+  );
+  await stopped;
   await picker.close();
   await close();
   if (worker) process.exit(0);
