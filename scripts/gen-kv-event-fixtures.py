@@ -17,6 +17,10 @@ msgspec's own msgpack encoder, so the bytes are what an engine of that release s
   spec     BlockStored gains kv_cache_spec_kind, kv_cache_spec_sliding_window = None (#40984)
   mapev    events are tagged maps, the batch stays an array                 (#42892)
   map      the batch is a map too (EventBatch without array_like, as on vLLM main)
+  typed    BlockStored gains event_version (1 when its extra_keys are typed) and its extra_keys
+           entries are tuples of tagged ExtraKey maps (LoRAKey, CacheSaltKey, PromptEmbedsKey,
+           MultiModalKey, LegacyExtraKey) built by extra_keys_to_typed; with the placement
+           fields, the batch positional
 
 plus SGLang's (array_like, one BlockStored per page with block_size = len(page), signed
 64-bit hashes; newer releases add medium; since sgl-project/sglang#30827 a salted store
@@ -50,12 +54,88 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "fi
 Hash = Union[bytes, int]
 
 
+# vLLM's typed extra keys (vllm/distributed/kv_events.py: ExtraKey, its subclasses and
+# ExtraKeyUnion), field for field: each encodes as a map {"type": tag, fields...}
+class ExtraKey(msgspec.Struct, gc=False, frozen=True, tag=True):
+    pass
+
+
+class LoRAKey(ExtraKey, frozen=True, tag="lora"):
+    name: str
+
+
+class CacheSaltKey(ExtraKey, frozen=True, tag="cache_salt"):
+    salt: str
+
+
+class PromptEmbedsKey(ExtraKey, frozen=True, tag="prompt_embeds"):
+    hash: bytes
+
+
+class MultiModalKey(ExtraKey, frozen=True, tag="mm"):
+    modality: str
+    hash: str
+    block_offset: int
+
+
+class LegacyExtraKey(ExtraKey, frozen=True, tag="legacy"):
+    value: Any
+
+
+ExtraKeyUnion = Union[ExtraKey, LoRAKey, CacheSaltKey, PromptEmbedsKey, MultiModalKey, LegacyExtraKey]
+
+
+def extra_keys_to_typed(extra_keys_list, lora_name=None, cache_salt=None, mm_features=()):
+    """vllm/distributed/kv_events.py extra_keys_to_typed, the request given by its LoRA name, its
+    cache_salt and its mm_features as (identifier, modality, mm_hash): each block's bare keys
+    (generate_block_hash_extra_keys) as typed ones, an unknown shape kept as LegacyExtraKey."""
+    if extra_keys_list is None:
+        return None
+    id_to_mm = {identifier: (modality, mm_hash or identifier) for identifier, modality, mm_hash in mm_features}
+    out = []
+    for block_keys in extra_keys_list:
+        if block_keys is None:
+            out.append(None)
+            continue
+        typed = []
+        for key in block_keys:
+            if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str) and isinstance(key[1], int):
+                modality, mm_hash = id_to_mm.get(key[0], ("", key[0]))
+                typed.append(MultiModalKey(modality=modality, hash=mm_hash, block_offset=key[1]))
+            elif isinstance(key, bytes):
+                typed.append(PromptEmbedsKey(hash=key))
+            elif isinstance(key, str) and lora_name is not None and key == lora_name:
+                typed.append(LoRAKey(name=key))
+            elif isinstance(key, str) and cache_salt is not None and key == cache_salt:
+                typed.append(CacheSaltKey(salt=key))
+            else:
+                typed.append(LegacyExtraKey(value=key))
+        out.append(tuple(typed))
+    return out
+
+
+def expected_extra_key(k):
+    """An extra key as the decoder gives it: a typed key as the bare key it stands for (its
+    to_tuple() in vLLM, one value unwrapped, a multimodal one [hash, block_offset]), bytes as
+    {bytes: hex}, tuples as lists."""
+    if isinstance(k, (LoRAKey, CacheSaltKey, PromptEmbedsKey, LegacyExtraKey)):
+        k = {LoRAKey: lambda x: x.name, CacheSaltKey: lambda x: x.salt, PromptEmbedsKey: lambda x: x.hash,
+             LegacyExtraKey: lambda x: x.value}[type(k)](k)
+    elif isinstance(k, MultiModalKey):
+        k = (k.hash, k.block_offset)
+    if isinstance(k, bytes):
+        return {"bytes": k.hex()}
+    if isinstance(k, (tuple, list)):
+        return [expected_extra_key(x) for x in k]
+    return k
+
+
 def shapes():
     """One namespace of msgspec Structs per historical shape (class names are the wire tags)."""
     out = {}
 
     def family(name, *, batch_array, events_array, rank, medium, lora_name, extra, group, spec, future=False,
-               placement=False):
+               placement=False, typed=False):
         ev_kw = dict(omit_defaults=True, gc=False, tag=True)
         if events_array:
             ev_kw["array_like"] = True
@@ -74,7 +154,10 @@ def shapes():
             removed_fields.append(("medium", Optional[str]))
         if lora_name:
             stored_fields.append(("lora_name", Optional[str]))
-        if extra:
+        if typed:
+            stored_fields.append(("event_version", Optional[int], None))
+            stored_fields.append(("extra_keys", Optional[list[Optional[tuple[ExtraKeyUnion, ...]]]], None))
+        elif extra:
             stored_fields.append(("extra_keys", Optional[list[Optional[tuple]]], None))
         if group:
             stored_fields.append(("group_idx", Optional[int], None))
@@ -114,6 +197,11 @@ def shapes():
     # positional, events tagged maps, as tests/v1/core/test_kv_events_contract.py pins them
     family("placement", batch_array=True, events_array=False, rank=True, medium=True, lora_name=True, extra=True, group=True,
            spec=True, placement=True)
+    # vLLM with typed extra keys (vllm/distributed/kv_events.py ExtraKey): event_version is None
+    # unless the extra_keys are typed, then 1 (BlockStored.to_typed(), as vLLM's kv_events tests
+    # pin it on the wire: a default of 1 would be dropped by omit_defaults)
+    family("typed", batch_array=True, events_array=False, rank=True, medium=True, lora_name=True, extra=True, group=True,
+           spec=True, placement=True, typed=True)
     # SGLang (python/sglang/srt/disaggregation/kv_events.py): vLLM's first schema, no rank
     family("sglang", **arr, rank=False, medium=False, lora_name=False, extra=False, group=False, spec=False)
     family("sglang-medium", **arr, rank=False, medium=True, lora_name=False, extra=False, group=False, spec=False)
@@ -230,7 +318,7 @@ def expected_event(kind, f, shape):
                 "parentBlockHash": None if f.get("parent_block_hash") is None else expected_hash(f["parent_block_hash"]),
                 "tokenIds": f["token_ids"], "blockSize": f["block_size"], "loraId": f.get("lora_id"),
                 "medium": get("medium"), "loraName": get("lora_name"),
-                "extraKeys": None if ek is None else [None if k is None else [list(x) if isinstance(x, tuple) else x for x in k] for k in ek],
+                "extraKeys": None if ek is None else [None if k is None else [expected_extra_key(x) for x in k] for k in ek],
                 "groupIdx": get("group_idx"), "kvCacheSpecKind": get("kv_cache_spec_kind"),
                 "kvCacheSpecSlidingWindow": get("kv_cache_spec_sliding_window")}
     if kind == "BlockRemoved":
@@ -244,7 +332,7 @@ def build(shape, events, rank=None):
     objs = []
     for kind, f in events:
         names = s["stored"] if kind == "BlockStored" else s["removed"] if kind == "BlockRemoved" else []
-        objs.append(s[kind](**{n: f.get(n) for n in names if n in f or n not in ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "future_field", "locality", "ownership", "session_id")}))
+        objs.append(s[kind](**{n: f.get(n) for n in names if n in f or n not in ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "future_field", "locality", "ownership", "session_id", "event_version")}))
     batch = s["EventBatch"](ts=TS, events=objs, **({"data_parallel_rank": rank} if s["rank"] else {}))
     return msgspec.msgpack.encode(batch)
 
@@ -457,6 +545,21 @@ def main():
     # multimodal and salted blocks: extra_keys per block ((mm identifier, offset), salt on block 0)
     mm = dict(gpu, extra_keys=[("salt-a", ), (("img-sha", 3),)])
     names.append(fixture("extra-keys-mm-salt", "mapev", [("BlockStored", mm)], 0))
+
+    # the same store from a release with typed extra keys: what it must decode to is the same
+    typed_mm = dict(gpu, event_version=1, extra_keys=extra_keys_to_typed(mm["extra_keys"], cache_salt="salt-a",
+                                                                         mm_features=[("img-sha", "image", "img-sha")]))
+    names.append(fixture("typed-extra-keys-mm-salt", "typed", [("BlockStored", typed_mm)], 0))
+    # every typed key: the LoRA name on each block, an image (its identifier prefixed by the LoRA
+    # name, its hash not), the salt and a prompt-embedding digest on block 0, a key of a shape
+    # vLLM does not classify on block 1
+    typed_all = dict(gpu, lora_name="sql-adapter", session_id="s-1", locality="LOCAL", event_version=1,
+                     extra_keys=extra_keys_to_typed(
+                         [("sql-adapter", ("sql-adapter:img-a", 5), "tenant-a", b"\x01\x02\x03"),
+                          ("sql-adapter", ("future", "key"))],
+                         lora_name="sql-adapter", cache_salt="tenant-a",
+                         mm_features=[("sql-adapter:img-a", "image", "img-a")]))
+    names.append(fixture("typed-extra-keys-all", "typed", [("BlockStored", typed_all)], 0))
 
     # SGLang: one BlockStored per page, signed 64-bit hashes, parent = the previous page
     sg_events = []

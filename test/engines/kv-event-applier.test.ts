@@ -255,6 +255,54 @@ describe('KV event applier on engine-encoded fixtures', () => {
     assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 0);
   });
 
+  test('typed extra keys (event_version 1): the cache_salt isolates and the image keeps its block from text, as the bare keys do', () => {
+    for (const name of ['extra-keys-mm-salt', 'typed-extra-keys-mm-salt']) {
+      const router = router16();
+      const c = new KvEventApplier(router).apply('w0', decodeEventBatch(fixture(name)));
+      assert.deepEqual(c.skipped, {}, name);
+      assert.equal(c.storedBlocks, 2, name);
+      // block 0 salted with "salt-a", block 1 an image's: only the salted request finds block 0
+      assert.equal(router.route({ tokens: prompt, cacheSalt: 'salt-a' }, { dryRun: true }).cachedTokens, 16, name);
+      assert.equal(router.route({ tokens: prompt, cacheSalt: 'salt-b' }, { dryRun: true }).cachedTokens, 0, name);
+      assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 0, name);
+    }
+  });
+
+  test('a typed image key on unsalted blocks keeps them from a text prompt and from another image, as the bare pair does', () => {
+    const image = (hash: string) => ({
+      typed: { type: 'mm', modality: 'image', hash, block_offset: 0 },
+      legacy: [hash, 0],
+    });
+    for (const form of ['typed', 'legacy'] as const) {
+      const router = router16();
+      const applier = new KvEventApplier(router);
+      const send = (h: bigint, img: string) =>
+        applier.apply(
+          'w0',
+          decodeEventBatch(
+            encodeEventBatch(
+              batch(storedTokens([h, h + 1n], null, prompt, 16, { extraKeys: [[image(img)[form]], null] })),
+            ),
+          ),
+        );
+      assert.equal(send(10n, 'imgA').storedBlocks, 2, form);
+      // the same tokens (the image's placeholders) with another image: other blocks, no hit on A's
+      assert.equal(send(20n, 'imgB').storedBlocks, 2, form);
+      assert.equal(router.getStats().index.entries, 4, form);
+      assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 0, form);
+    }
+  });
+
+  test('a typed extra key of a kind the decoder does not know is taken for block content, never for text', () => {
+    const router = router16();
+    const future = { type: 'audio_span', start: 0, end: 16 };
+    const event = storedTokens([10n, 11n], null, prompt, 16, { extraKeys: [[future], null] });
+    const c = new KvEventApplier(router).apply('w0', decodeEventBatch(encodeEventBatch(batch(event))));
+    assert.deepEqual(c.skipped, {});
+    assert.equal(c.storedBlocks, 2);
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 0);
+  });
+
   test('a prompt-embedding digest (bytes) in extra_keys is not taken for a cache salt', async () => {
     const { encode } = await import('@msgpack/msgpack');
     const router = router16();
@@ -477,6 +525,32 @@ describe('KV event applier on engine-encoded fixtures', () => {
     // its continuation is no better: skipped too
     assert.deepEqual(send(storedTokens([77n], hashes[1], tokens(6000, 16), 16)).skipped, { hash_mismatch: 1 });
     assert.equal(router.getStats().index.entries, 0);
+  });
+
+  test('vllm hash mode: a typed cache_salt is checked as the bare salt is', () => {
+    const toks = tokens(5000, 32);
+    const salt = [{ type: 'cache_salt', salt: 'tenant-a' }];
+    for (const [algo, matches] of [
+      ['sha256_cbor', true],
+      ['sha256', false],
+    ] as const) {
+      const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise', blockHash: 'vllm', pythonHashSeed: '0' });
+      router.registerWorker('w0');
+      const applier = new KvEventApplier(router);
+      // the engine hashes the salt into the first block with its algorithm; the router with sha256_cbor
+      const h = new VllmBlockHasher('0', algo).hashBlocks(toks, 16, { cacheSalt: 'tenant-a' }, new BlockHashes());
+      const event = storedTokens([h.toBigInt(0), h.toBigInt(1)], null, toks, 16, { extraKeys: [salt, null] });
+      const c = applier.apply('w0', decodeEventBatch(encodeEventBatch(batch(event))));
+      if (matches) {
+        assert.deepEqual(c.skipped, {}, algo);
+        assert.equal(router.route({ tokens: toks, cacheSalt: 'tenant-a' }, { dryRun: true }).cachedTokens, 32, algo);
+        assert.equal(router.route({ tokens: toks }, { dryRun: true }).cachedTokens, 0, algo);
+      } else {
+        // its keys were sent, the salt among them: the worker hashes otherwise
+        assert.deepEqual(c.skipped, { hash_mismatch: 1 }, algo);
+        assert.equal(router.getStats().index.entries, 0, algo);
+      }
+    }
   });
 
   test("vllm hash mode: the first-block check judges by the engines' --prefix-caching-hash-algo", () => {

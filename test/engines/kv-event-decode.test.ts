@@ -53,6 +53,8 @@ describe('vLLM KV event decoding', () => {
       'hybrid',
       'hybrid-array',
       'extra-keys-mm-salt',
+      'typed-extra-keys-mm-salt',
+      'typed-extra-keys-all',
       'sglang-page1',
       'sglang-page16',
       'sglang-salt-array',
@@ -219,6 +221,35 @@ describe('vLLM KV event decoding', () => {
       'bad_field',
       /2 entries for 1 blocks/,
     ],
+    // vLLM's typed extra keys (event_version 1) missing a field, or with one of the wrong type
+    ...(
+      [
+        [{ type: 'cache_salt' }, /extra_keys\[0\]\[0\] \(cache_salt\) must have a string salt/],
+        [{ type: 'cache_salt', salt: 5 }, /\(cache_salt\) must have a string salt/],
+        [{ type: 'lora', name: null }, /\(lora\) must have a string name/],
+        [{ type: 'mm', modality: 'image', hash: 'img', block_offset: 'x' }, /\(mm\) must have an integer block_offset/],
+        [{ type: 'mm', modality: 'image', block_offset: 0 }, /\(mm\) must have a string hash/],
+        [{ type: 'mm', hash: 'img', block_offset: 0 }, /\(mm\) must have a string modality/],
+        [{ type: 'prompt_embeds', hash: 'abc' }, /\(prompt_embeds\) must have a bytes hash/],
+        [{ type: 'legacy' }, /\(legacy\) must have a value/],
+      ] as const
+    ).map(([key, message]): [string, unknown, string, RegExp] => [
+      `a malformed typed extra key ${JSON.stringify(key)}`,
+      {
+        type: 'BlockStored',
+        block_hashes: [1],
+        parent_block_hash: null,
+        token_ids: [1],
+        block_size: 1,
+        lora_id: null,
+        medium: 'GPU',
+        lora_name: null,
+        event_version: 1,
+        extra_keys: [[key]],
+      },
+      'bad_field',
+      message,
+    ]),
   ];
   for (const [name, bad, reason, message] of badEvents) {
     test(`skips an event with ${name} and keeps the rest of its batch`, () => {
@@ -301,6 +332,31 @@ describe('vLLM KV event decoding', () => {
     );
     assert.equal(d.skipped?.[0].reason, 'bad_field');
     assert.match(d.skipped![0].message, /extra_keys\[0\] nests deeper than 8 levels/);
+  });
+
+  test("vLLM's typed extra keys read as the bare keys of earlier releases; a tag it does not know stays a map", () => {
+    const typed = new Uint8Array(readFileSync(new URL('typed-extra-keys-mm-salt.bin', dir)));
+    const legacy = new Uint8Array(readFileSync(new URL('extra-keys-mm-salt.bin', dir)));
+    const raw = decode(typed, { useBigInt64: true }) as [number, Array<Record<string, unknown>>];
+    assert.equal(raw[1][0].event_version, 1);
+    assert.deepEqual(raw[1][0].extra_keys, [
+      [{ type: 'cache_salt', salt: 'salt-a' }],
+      [{ type: 'mm', modality: 'image', hash: 'img-sha', block_offset: 3 }],
+    ]);
+    assert.deepEqual(normalise(decodeEventBatch(typed)), normalise(decodeEventBatch(legacy)));
+    const all = decodeEventBatch(new Uint8Array(readFileSync(new URL('typed-extra-keys-all.bin', dir))));
+    assert.ok(all.events[0].type === 'BlockStored');
+    assert.deepEqual(all.events[0].extraKeys, [
+      ['sql-adapter', ['img-a', 5], 'tenant-a', { bytes: '010203' }],
+      ['sql-adapter', ['future', 'key']],
+    ]);
+    const future = { type: 'audio_span', start: 2n ** 63n };
+    const b = decodeEventBatch(
+      encode([1.5, [['BlockStored', [1], null, [1], 1, null, 'GPU', null, [[future]]]]], { useBigInt64: true }),
+    );
+    assert.equal(b.skipped, undefined);
+    assert.ok(b.events[0].type === 'BlockStored');
+    assert.deepEqual(b.events[0].extraKeys, [[{ type: 'audio_span', start: '9223372036854775808' }]]);
   });
 
   test('ignores fields a newer release appends to the array form', () => {

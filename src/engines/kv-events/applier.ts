@@ -702,7 +702,8 @@ function loraOf(e: BlockStoredEvent): string | null {
  * The cache salt of a prompt's first block: SGLang's cache_salt, which salts the whole page
  * chain from its root, or vLLM's, read from the block's extra_keys: vLLM lists the LoRA name
  * first, then multimodal (identifier, offset) pairs, then the salt, then prompt-embedding
- * digests (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys).
+ * digests (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys); releases that send
+ * them typed (event_version 1) keep that order, and the decoder reads them as these.
  */
 function saltOf(e: BlockStoredEvent): string | null {
   if (e.cacheSalt !== undefined) return e.cacheSalt;
@@ -719,10 +720,12 @@ function saltOf(e: BlockStoredEvent): string | null {
  * a multimodal (identifier, offset) pair, whose placeholder tokens are the same for every
  * image, or a prompt-embedding digest (bytes: vLLM sends token ids 0 for a prompt given as
  * embeddings). Requests the router hashes are token ids alone, so a block keyed by these never
- * matches one, nor one of other content.
+ * matches one, nor one of other content. A map that is no digest is a typed key of a kind the
+ * decoder does not know (a newer vLLM's): taken for content too, which may cost a hit on the
+ * block, never give one that its content does not have.
  */
 function isBlockContentKey(k: unknown): boolean {
-  return Array.isArray(k) || (k !== null && typeof k === 'object' && 'bytes' in k);
+  return k !== null && typeof k === 'object';
 }
 
 function hasBlockContentKeys(keys: ExtraKeys): boolean {

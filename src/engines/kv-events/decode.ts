@@ -17,8 +17,10 @@ export type EngineBlockHash = bigint | string;
  * What keyed a block besides its tokens, one entry per block (null: nothing): vLLM's
  * `extra_keys` (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys) — the LoRA
  * name, multimodal (identifier, offset) pairs, the cache salt on a prompt's first block,
- * prompt-embedding digests. Strings, numbers, nested arrays (and maps, which vLLM does not send),
- * at most KV_EVENT_LIMITS.maxExtraKeyDepth levels deep; bytes as {bytes: hex}.
+ * prompt-embedding digests. Strings, numbers, nested arrays (and maps, which vLLM does not send
+ * but as typed keys of a tag this router does not know), at most
+ * KV_EVENT_LIMITS.maxExtraKeyDepth levels deep; bytes as {bytes: hex}. Releases that send typed
+ * keys (event_version 1) have them read as these bare keys (typedExtraKey).
  */
 export type ExtraKeys = ReadonlyArray<unknown> | null;
 
@@ -613,8 +615,52 @@ function extraKeyList(v: unknown, at: string): ExtraKeys[] | null {
   return v.map((k, i) => {
     if (k === null || k === undefined) return null;
     if (!Array.isArray(k)) throw new KvEventFormatError(`${at}[${i}] must be an array or null`);
-    return plainKey(k, 1, `${at}[${i}]`) as unknown[];
+    return k.map((key, j) => typedExtraKey(key, `${at}[${i}]`, j));
   });
+}
+
+/**
+ * Key `j` of the extra_keys entry at `at` (the entry being level 1, the key level 2). Releases with
+ * event_version 1 send each key as a tagged map (vllm/distributed/kv_events.py ExtraKey, built
+ * by extra_keys_to_typed): it is read as the bare key of earlier releases it stands for, the
+ * form the applier reads — {type: "lora", name} as the name, {type: "cache_salt", salt} as the
+ * salt, {type: "mm", modality, hash, block_offset} as the pair [hash, block_offset],
+ * {type: "prompt_embeds", hash} as the digest ({bytes: hex}), {type: "legacy", value} as the
+ * value. A map of one of these tags without its fields (or with one of the wrong type) skips
+ * its event; a map of another tag (a newer kind of key) is kept as it is.
+ */
+function typedExtraKey(key: unknown, at: string, j: number): unknown {
+  const tag = isMap(key) ? key.type : undefined;
+  if (!isMap(key) || typeof tag !== 'string') return plainKey(key, 2, at);
+  const field = (name: string, valid: (v: unknown) => boolean, what: string): unknown => {
+    const v = Object.hasOwn(key, name) ? key[name] : undefined;
+    if (!valid(v)) throw new KvEventFormatError(`${at}[${j}] (${tag}) must have ${what} ${name}`);
+    return v;
+  };
+  const isString = (v: unknown) => typeof v === 'string';
+  switch (tag) {
+    case 'lora':
+      return field('name', isString, 'a string');
+    case 'cache_salt':
+      return field('salt', isString, 'a string');
+    case 'mm': {
+      field('modality', isString, 'a string');
+      const hash = field('hash', isString, 'a string');
+      const offset = field('block_offset', (v) => typeof v === 'bigint' || Number.isSafeInteger(v), 'an integer');
+      return [hash, toInt(offset, `${at}[${j}].block_offset`)];
+    }
+    case 'prompt_embeds': {
+      const digest = field('hash', (v) => v instanceof Uint8Array, 'a bytes');
+      return plainKey(digest, 2, at);
+    }
+    case 'legacy': {
+      // the key as vLLM had it, of any shape; it is within the map, so a level deeper
+      const value = field('value', (v) => v !== undefined, 'a');
+      return plainKey(value, 3, at);
+    }
+    default:
+      return plainKey(key, 2, at);
+  }
 }
 
 /**
