@@ -19,6 +19,12 @@ Pages (what each must read as is in test/engines/metrics.test.ts):
       that receives the engine's scheduler stats holds the usage, the others hold the 0.0 their
       make_per_engine() wrote. num_requests_running/waiting, gpu_cache_usage_perc and
       cache_config_info are "mostrecent" (one series); counters are summed (one series).
+  vllm-hybrid-kv-size.txt  vLLM serving a hybrid (attention + Mamba) model, one API server,
+      a release whose CacheConfig has kv_cache_size_tokens (vllm/config/cache.py: set after KV
+      cache initialisation, the per-engine capacity in tokens, group-aware: num_gpu_blocks *
+      block_size is wrong for hybrid models, whose requests occupy several KV cache groups).
+      cache_config_info's labels are CacheConfig.metrics_info(), every field as a string, so
+      the label is there as it is; the other gauges as in vllm-api-servers.txt.
   sglang-priority.txt    SGLang with --enable-metrics --enable-priority-scheduling
       (python/sglang/srt/observability/metrics_collector.py at commit 016d8605,
       SchedulerMetricsCollector.init_new and _log_gauge_queue_count): labels gain
@@ -90,11 +96,25 @@ VLLM_CACHE_CONFIG = {
     "prefix_caching_hash_algo": "builtin",
     "swap_space": "4",
 }
+# a hybrid model's CacheConfig on a release with kv_cache_size_tokens and kv_cache_max_concurrency:
+# 320 blocks of 8 hold far fewer tokens than the engine's group-aware 463,459
+VLLM_HYBRID_CACHE_CONFIG = {
+    "block_size": "8",
+    "cache_dtype": "auto",
+    "enable_prefix_caching": "True",
+    "gpu_memory_utilization": "0.8",
+    "kv_cache_max_concurrency": "1.77",
+    "kv_cache_size_tokens": "463459",
+    "num_cpu_blocks": "None",
+    "num_gpu_blocks": "320",
+    "prefix_caching_hash_algo": "sha256",
+}
 
 
-def vllm_api_server(scheduler_stats):
+def vllm_api_server(scheduler_stats, cache_config=VLLM_CACHE_CONFIG):
     """One API-server process: PrometheusStatLogger(vllm_config, engine_indexes=[0]), then
-    log_engine_initialized(); record() only in the process that receives scheduler stats."""
+    log_engine_initialized(); record() only in the process that receives scheduler stats.
+    cache_config: CacheConfig.metrics_info() of the engine."""
 
     def run():
         import prometheus_client as pc
@@ -194,7 +214,7 @@ def vllm_api_server(scheduler_stats):
         )
 
         # log_engine_initialized() -> log_metrics_info("cache_config", ...)
-        info = dict(VLLM_CACHE_CONFIG, engine="")
+        info = dict(cache_config, engine="")
         info_gauge = pc.Gauge(
             name="vllm:cache_config_info",
             documentation="Information of the LLMEngine CacheConfig",
@@ -202,7 +222,7 @@ def vllm_api_server(scheduler_stats):
             labelnames=info.keys(),
         )
         for idx in engine_indexes:
-            info_gauge.labels(**dict(VLLM_CACHE_CONFIG, engine=str(idx))).set(1)
+            info_gauge.labels(**dict(cache_config, engine=str(idx))).set(1)
 
         if scheduler_stats is not None:
             idx = 0
@@ -229,6 +249,11 @@ def vllm_api_servers():
     }
     # four API-server processes; the third receives the scheduler stats
     return render([(271 + i, vllm_api_server(stats if i == 2 else None)) for i in range(4)])
+
+
+def vllm_hybrid_kv_size():
+    stats = {"num_running_reqs": 2, "num_waiting_reqs": 0, "kv_cache_usage": 0.25, "queries": 4000, "hits": 1000}
+    return render([(301, vllm_api_server(stats, VLLM_HYBRID_CACHE_CONFIG))])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,6 +382,7 @@ def main():
     OUT.mkdir(parents=True, exist_ok=True)
     pages = {
         "vllm-api-servers.txt": vllm_api_servers(),
+        "vllm-hybrid-kv-size.txt": vllm_hybrid_kv_size(),
         "sglang-priority.txt": sglang_priority(),
         "sglang-all-schedulers.txt": sglang_all_schedulers(),
         "sglang-expert-parallel.txt": sglang_expert_parallel(),

@@ -22,6 +22,25 @@ test("the KV capacity is read from vLLM's cache_config_info: num_gpu_blocks × b
   );
 });
 
+test('kv_cache_size_tokens (the group-aware capacity) is read before num_gpu_blocks × block_size, when it is a positive number', () => {
+  const info = (size: string) =>
+    `vllm:cache_config_info{block_size="8",kv_cache_size_tokens="${size}",num_gpu_blocks="320"} 1.0\n`;
+  assert.equal(readKvCapacityTokens(info('463459')), 463459);
+  assert.equal(readEngineLoad(`${info('463459')}vllm:num_requests_running 1\n`).kvCapacityTokens, 463459);
+  // vLLM writes "None" until the KV cache is initialised (and for models without one)
+  for (const size of ['None', '0', '-5', '', 'nan', 'inf', '1e400'])
+    assert.equal(readKvCapacityTokens(info(size)), 320 * 8, size);
+  // a label that only ends in the name is not it
+  assert.equal(
+    readKvCapacityTokens('vllm:cache_config_info{block_size="8",max_kv_cache_size_tokens="9",num_gpu_blocks="320"} 1'),
+    2560,
+  );
+  assert.equal(
+    readKvCapacityTokens('vllm:cache_config_info{kv_cache_size_tokens="1000",num_gpu_blocks="None"} 1'),
+    1000,
+  );
+});
+
 test('no capacity when the gauge is missing or its labels are not counts', () => {
   assert.equal(readKvCapacityTokens('vllm:num_requests_running 1'), undefined);
   assert.equal(readEngineLoad('vllm:num_requests_running 1').kvCapacityTokens, undefined);

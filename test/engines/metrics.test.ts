@@ -3,7 +3,12 @@ import { readFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, describe, test } from 'node:test';
-import { MetricsFormatError, parsePrometheusText, readEngineLoad } from '../../src/engines/metrics/prometheus.js';
+import {
+  MetricsFormatError,
+  parsePrometheusText,
+  readEngineLoad,
+  readKvCapacityTokens,
+} from '../../src/engines/metrics/prometheus.js';
 import { MetricsScraper } from '../../src/engines/metrics/scraper.js';
 import { WorkerHealth } from '../../src/engines/health.js';
 import { MAX_ENGINE_REQUESTS } from '../../src/core/worker-registry.js';
@@ -133,6 +138,14 @@ describe('series of one quantity, as the engines export them', () => {
     };
     assert.deepEqual(readEngineLoad(page), load);
     assert.deepEqual(readEngineLoad(page, '0'), load);
+  });
+
+  test("vLLM serving a hybrid model: the capacity is cache_config_info's kv_cache_size_tokens, not num_gpu_blocks × block_size", () => {
+    const page = fixture('vllm-hybrid-kv-size.txt');
+    assert.match(page, /kv_cache_size_tokens="463459".*num_gpu_blocks="320"/);
+    assert.equal(readKvCapacityTokens(page), 463459);
+    assert.equal(readEngineLoad(page).kvCapacityTokens, 463459);
+    assert.equal(readEngineLoad(page, '0').kvCapacityTokens, 463459);
   });
 
   test('SGLang with priority scheduling: the priority="" total is read, not added to its breakdown', () => {

@@ -225,7 +225,10 @@ export interface WorkerMetrics {
    */
   sampledAt?: number;
   runningRequests?: number;
-  /** KV-cache capacity in tokens (vLLM: num_gpu_blocks × block_size of cache_config_info; SGLang: max_total_num_tokens). */
+  /**
+   * KV-cache capacity in tokens (vLLM: kv_cache_size_tokens of cache_config_info, else
+   * num_gpu_blocks × block_size; SGLang: max_total_num_tokens).
+   */
   kvCapacityTokens?: number;
 }
 

@@ -23,8 +23,8 @@ export interface EngineLoad {
   prefixCacheQueries?: number;
   prefixCacheHits?: number;
   /**
-   * KV-cache capacity in tokens: vLLM's cache_config_info num_gpu_blocks × block_size, or
-   * SGLang's sglang:max_total_num_tokens.
+   * KV-cache capacity in tokens: vLLM's cache_config_info kv_cache_size_tokens (else
+   * num_gpu_blocks × block_size, on releases without it), or SGLang's sglang:max_total_num_tokens.
    */
   kvCapacityTokens?: number;
   /**
@@ -420,8 +420,12 @@ function sglangKvCapacityTokens(series: Map<string, Sample[]>): number | undefin
 
 /**
  * The KV capacity in tokens from vLLM's info gauge, whose labels are the engine's
- * CacheConfig (`vllm:cache_config_info{block_size="16",…,num_gpu_blocks="17854",…} 1.0`);
- * undefined when the page has none or its labels are not positive integers.
+ * CacheConfig (`vllm:cache_config_info{block_size="16",…,num_gpu_blocks="17854",…} 1.0`):
+ * its `kv_cache_size_tokens` when that is a positive number (releases that have it:
+ * vllm/config/cache.py, the capacity counted over the KV cache groups, which
+ * num_gpu_blocks × block_size gets wrong for hybrid models whose requests hold blocks in
+ * several groups), else num_gpu_blocks × block_size (earlier releases; "None" before the KV
+ * cache is set up); undefined when the page has none or its labels are not positive integers.
  */
 function vllmKvCapacityTokens(text: string): number | undefined {
   const at = text.indexOf(CACHE_CONFIG_INFO);
@@ -433,6 +437,9 @@ function vllmKvCapacityTokens(text: string): number | undefined {
     const m = new RegExp(`(?:^|,)\\s*${name}="(\\d+)"`).exec(labels);
     return m ? Number(m[1]) : NaN;
   };
+  const size = /(?:^|,)\s*kv_cache_size_tokens="([^"]*)"/.exec(labels);
+  const sized = size && size[1].trim() !== '' ? Math.floor(Number(size[1])) : NaN;
+  if (Number.isSafeInteger(sized) && sized > 0) return sized;
   const tokens = label('num_gpu_blocks') * label('block_size');
   return Number.isSafeInteger(tokens) && tokens > 0 ? tokens : undefined;
 }
