@@ -461,8 +461,10 @@ export function canonicalChatText(messages: readonly ChatMessage[]): string {
  * A content part in the canonical text, the same for parts vLLM reads alike: a text-like part
  * (a plain string, text, input_text, output_text, refusal, thinking) is its text, one vLLM
  * skips is nothing; media named by a uuid is `[type#uuid]` (the engine's cache knows it by
- * that id, whatever URL or data comes with it); a URL part is `[type:url]`; inline data is
- * `[type:digest]`, the digest independent of the order of an object's fields.
+ * that id, whatever URL or data comes with it); a URL part is `[type:url]`, or
+ * `[type:data:digest]` for a `data:` URL; other inline data is `[type:digest]`, the digest
+ * independent of the order of an object's fields. Inline media thus counts as a few tokens of
+ * the text's estimate, not as its base64: the engine makes the media's tokens.
  */
 function canonicalPartText(part: ChatContentPart | string): string {
   const text = contentPartText(part);
@@ -478,7 +480,10 @@ function canonicalPartText(part: ChatContentPart | string): string {
     case 'input_image': {
       const media = p[type === 'input_image' ? 'image_url' : type];
       const url = typeof media === 'string' ? media : (media as { url?: unknown } | null | undefined)?.url;
-      return typeof url === 'string' ? `[${type}:${url}]` : `[${type}]`;
+      if (typeof url !== 'string') return `[${type}]`;
+      // inline data (megabytes of base64) is the engine's to make tokens of: a digest of it,
+      // behind the scheme so that it is never the text of a URL the engine fetches
+      return DATA_URL.test(url) ? `[${type}:data:${dataDigest(url)}]` : `[${type}:${url}]`;
     }
     case 'input_audio':
     case 'image_embeds':
@@ -492,6 +497,9 @@ function canonicalPartText(part: ChatContentPart | string): string {
       return `[${type}]`;
   }
 }
+
+/** A `data:` URL, its scheme in any case (as the engine's URL parser reads it). */
+const DATA_URL = /^data:/i;
 
 /** A short digest of inline media (a string, or an object of them), its fields in sorted order. */
 function dataDigest(data: unknown): string {

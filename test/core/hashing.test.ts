@@ -197,6 +197,34 @@ describe('text mode', () => {
     assert.notEqual(text({ type: 'tool_reference', name: 'f' }), text({ type: 'tool_reference', name: 'g' }));
   });
 
+  test('inline media in a data: URL is written by a short digest of it, not its bytes', () => {
+    const text = (...content: unknown[]) => canonicalChatText([{ role: 'user', content: content as never }]);
+    const png = 'data:image/png;base64,' + 'iVBO'.repeat(1_075_000); // a 3 MB PNG, 4.3 MB of base64
+    const other = png.slice(0, -4) + 'iVBP';
+    for (const type of ['image_url', 'audio_url', 'video_url']) {
+      const a = text({ type, [type]: { url: png } });
+      assert.ok(a.length < 100, `${type}: ${a.length} characters`);
+      assert.match(a, new RegExp(`^<\\|user\\|>\n\\[${type}:data:\\d+:[0-9a-f]+\\]\n$`));
+      // the same data is the same text, whichever way the part says it; other data is not
+      assert.equal(text({ [type]: png }), a);
+      assert.equal(text({ type, [type]: png }), a);
+      assert.notEqual(text({ type, [type]: { url: other } }), a);
+      // a URL scheme is read without regard to case, as the engine reads it
+      assert.ok(text({ type, [type]: 'DATA:' + png.slice(5) }).length < 100);
+      assert.notEqual(text({ type, [type]: 'data:,a' }), text({ type, [type]: 'data:,b' }));
+    }
+    // the Responses API's image part, its image_url a string
+    const input = text({ type: 'input_image', image_url: png });
+    assert.ok(input.length < 100);
+    assert.notEqual(text({ type: 'input_image', image_url: other }), input);
+    // media types stay apart, and a URL the engine fetches is still written as it is
+    assert.notEqual(text({ image_url: png }), text({ video_url: png }));
+    assert.equal(text({ image_url: 'http://x/a.png' }), '<|user|>\n[image_url:http://x/a.png]\n');
+    // a data: URL is never written as a URL that merely looks like its digest
+    const short = text({ image_url: 'data:,x' });
+    assert.notEqual(text({ image_url: short.slice('<|user|>\n[image_url:'.length, -2) }), short);
+  });
+
   test('rejects a chunk size that is not a positive multiple of 4', () => {
     assert.throws(() => hashTextBlocks('abc', 6, undefined, new BlockHashes()), /chunkBytes/);
   });

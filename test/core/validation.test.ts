@@ -106,6 +106,22 @@ test('a prompt over maxPromptTokens throws PromptTooLongError and leaves nothing
   assert.throws(() => new KVAwareRouter({ maxPromptTokens: 0 }), /maxPromptTokens/);
 });
 
+test('an inline image is counted by its digest, not its base64, toward maxPromptTokens', () => {
+  const router = new KVAwareRouter({ blockSize: 16, maxPromptTokens: 1024 });
+  router.registerWorker('w0');
+  // 8 KB of base64 would be 2,000 "tokens" of text; the engine makes the image's own tokens
+  const image = (data: string) => ({
+    messages: [
+      { role: 'system', content: 's'.repeat(400) },
+      { role: 'user', content: [{ type: 'image_url', image_url: { url: 'data:image/png;base64,' + data } }] },
+    ],
+  });
+  const a = router.route(image('iVBO'.repeat(2048)));
+  assert.equal(a.workerId !== '', true);
+  // the system prompt's 400 bytes and a few for the image's digest and the roles
+  assert.ok(a.promptTokens > 100 && a.promptTokens < 150, `estimated ${a.promptTokens} tokens`);
+});
+
 test('maxPromptTokens past MAX_PROMPT_TOKENS (2^27) is refused when the router is built', () => {
   assert.equal(MAX_PROMPT_TOKENS, 2 ** 27);
   for (const n of [MAX_PROMPT_TOKENS + 1, Number.MAX_SAFE_INTEGER])
