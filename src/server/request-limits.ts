@@ -813,6 +813,119 @@ export function checkChoices(value: unknown, param: string, max: number): void {
 }
 
 /**
+ * `max_tokens` or `max_completion_tokens` (SGLang's `max_new_tokens` in `/generate`'s
+ * sampling_params): absent, null (the engine's default) or a non-negative integer, as vLLM's and
+ * SGLang's request models declare them (Optional[int]; 0 is vLLM's completion that only echoes
+ * its prompt). A string, a boolean or a fraction is refused, as checkChoices refuses one for `n`;
+ * the bound is the engine's (its context length), but past 2^53 is no count of tokens.
+ */
+export function checkTokenBudget(value: unknown, param: string): void {
+  if (value === undefined || value === null) return;
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0)
+    throw new RequestLimitError(`${param} must be a non-negative integer (the most tokens to generate)`, param);
+}
+
+/**
+ * The members of a body whose JSON the engine renders into the prompt (`messages`, `tools`,
+ * `documents`, `chat_template_kwargs`) or compiles into a grammar (GRAMMAR_FIELDS): their numbers
+ * are data, not parameters. Python's json reads a literal past the largest double as inf there
+ * and writes it back as `Infinity`, as the router's tokenizer does (lossless-json.ts), so an
+ * overflow in them is left to the engine.
+ */
+const JSON_DATA_FIELDS: ReadonlySet<string> = new Set([
+  'messages',
+  'tools',
+  'documents',
+  'chat_template_kwargs',
+  ...GRAMMAR_FIELDS,
+]);
+
+/** An object or list being walked by checkFiniteNumbers: where it sits, and how far it is read. */
+interface WalkedNode {
+  value: object;
+  /** An object's keys (undefined for a list). */
+  keys: string[] | undefined;
+  /** The next member or element to read. */
+  next: number;
+  parent: WalkedNode | undefined;
+  key: string | number;
+}
+
+/** A key as a path names it: `.name`, or `["…"]` (at most 64 characters of it) for any other. */
+const PATH_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+function pathOf(node: WalkedNode, key: string | number): string {
+  const steps: Array<string | number> = [key];
+  for (let n: WalkedNode = node; n.parent !== undefined; n = n.parent) steps.push(n.key);
+  let path = '';
+  for (let i = steps.length - 1; i >= 0; i--) {
+    const k = steps[i];
+    if (typeof k === 'number') path += `[${k}]`;
+    else if (PATH_NAME.test(k)) path += path === '' ? k : `.${k}`;
+    else path += `[${JSON.stringify(k.length > 64 ? k.slice(0, 64) + '…' : k)}]`;
+  }
+  return path;
+}
+
+/**
+ * Throws a RequestLimitError naming the first number of `body` (in the body's order) that
+ * JSON.parse read as ±Infinity: a literal past the largest double (1e999, a 400-digit integer).
+ * The body is forwarded as the client wrote it and the engines read it with Python's json, which
+ * makes the literal inf. Older vLLM bounds temperature and repetition_penalty from below only
+ * (SamplingParams._verify_args), so inf passed them; newer vLLM refuses a non-finite value of
+ * either itself. Refused here wherever it stands (but in the JSON_DATA_FIELDS), such a number
+ * reaches no engine, whatever its version. JSON.parse never makes NaN. Walked without recursion
+ * (a body nests as deep as maxJsonDepth allows); a list of numbers (token ids, embeddings) costs
+ * one test per element.
+ */
+export function checkFiniteNumbers(body: Readonly<Record<string, unknown>>): void {
+  const stack: WalkedNode[] = [walked(body, undefined, '')];
+  while (stack.length > 0) {
+    const node = stack[stack.length - 1];
+    const { value, keys } = node;
+    if (keys === undefined) {
+      // a list: its numbers in one tight loop, up to the next list or object in it
+      const list = value as unknown[];
+      let i = node.next;
+      for (; i < list.length; i++) {
+        const v = list[i];
+        if (typeof v === 'number') {
+          if (v === Infinity || v === -Infinity) throw overflow(node, i);
+        } else if (v !== null && typeof v === 'object') break;
+      }
+      if (i === list.length) stack.pop();
+      else {
+        node.next = i + 1;
+        stack.push(walked(list[i] as object, node, i));
+      }
+      continue;
+    }
+    if (node.next === keys.length) {
+      stack.pop();
+      continue;
+    }
+    const key = keys[node.next++];
+    if (node.parent === undefined && JSON_DATA_FIELDS.has(key)) continue;
+    const v = (value as Record<string, unknown>)[key];
+    if (typeof v === 'number') {
+      if (v === Infinity || v === -Infinity) throw overflow(node, key);
+    } else if (v !== null && typeof v === 'object') stack.push(walked(v, node, key));
+  }
+}
+
+function overflow(node: WalkedNode, key: string | number): RequestLimitError {
+  const at = pathOf(node, key);
+  return new RequestLimitError(
+    `${at} must be a finite number: its literal is past the largest double, which the engine reads as infinity`,
+    at,
+  );
+}
+
+function walked(value: object, parent: WalkedNode | undefined, key: string | number): WalkedNode {
+  return { value, keys: Array.isArray(value) ? undefined : Object.keys(value), next: 0, parent, key };
+}
+
+/**
  * Throws unless `s` (when a string) is at most `maxBytes` UTF-8 bytes; `at` names it in the
  * message (`stop[3]`), `param` in the error. A module function, not a closure per call.
  */
@@ -1261,12 +1374,15 @@ export interface ReadRequest {
 
 /**
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
- * must be an object; metadata, model, user, cache_salt, stream, n, best_of, stop, stop_regex,
- * bad_words, stop_token_ids, logit_bias, allowed_token_ids, the constraints the engine compiles
+ * must be an object; metadata, model, user, cache_salt, stream, n, best_of, max_tokens,
+ * max_completion_tokens, stop, stop_regex, bad_words, stop_token_ids, logit_bias,
+ * allowed_token_ids, the constraints the engine compiles
  * (GRAMMAR_FIELDS, and the tools' parameters when tool_choice makes the engine compile them),
  * the log-probability counts and vLLM's logprob_token_ids, the number of
  * prompts (checked before the prompt is read), the ids the engine keeps
- * (checkEngineKeys) and the prompt or messages are checked against `limits`. Throws a RequestLimitError naming the field. The body
+ * (checkEngineKeys) and the prompt or messages are checked against `limits`, and every number
+ * of the body but those of its JSON data must be finite (checkFiniteNumbers). Throws a
+ * RequestLimitError naming the field. The body
  * to forward is the one received without `contextforge`, without the KV_TRANSFER_FIELDS and
  * CLIENT_CODE_FIELDS that `forward` does not keep and without the REMOVED_MEMBERS (removedFieldsIn).
  * `onMediaUrl` is called with each media URL of a chat's messages (the allowlist of media hosts,
@@ -1302,6 +1418,8 @@ export function readRouteRequest(
   // what multiplies the engine's work for this one request
   checkChoices(body.n, 'n', limits.maxChoices);
   checkChoices(body.best_of, 'best_of', limits.maxChoices);
+  checkTokenBudget(body.max_tokens, 'max_tokens');
+  checkTokenBudget(body.max_completion_tokens, 'max_completion_tokens');
   checkStop(body.stop, limits);
   checkStop(body.stop_regex, limits, 'stop_regex', 'patterns');
   checkBadWords(body.bad_words, limits);
@@ -1328,6 +1446,8 @@ export function readRouteRequest(
   // body as received, so a custom_logit_processor is bounded whether it is forwarded or removed,
   // as the endpoint picker bounds it on /generate before removing it
   checkEngineKeys(received, limits, prompts);
+  // last, so that a field with its own check (n, logit_bias) is named by that check's message
+  checkFiniteNumbers(body);
   return { routeRequest, body, unchanged: removed === undefined, removed: removed ?? NO_FIELDS_REMOVED };
 }
 
@@ -1409,6 +1529,7 @@ export function readGenerateRouteRequest(
   const received = raw as Record<string, unknown>;
   checkGenerateRequest(received, limits);
   const { body, removed } = bodyToForward(received, forward);
+  checkFiniteNumbers(body);
   const routeRequest = metadataRouteRequest(readMetadata(received.contextforge, headers, limits));
   const prompt = readGeneratePrompt(received);
   if (prompt !== undefined) Object.assign(routeRequest, prompt);
@@ -1472,16 +1593,17 @@ function generateCacheSalt(cacheSalt: string | undefined, extraKey: string | und
  * SGLang's list of them, one per prompt (sgl-project/sglang#30827; `""` is none); `top_logprobs_num`, an integer or SGLang's list of one per prompt, as checkLogprobs
  * (`return_logprob` is the switch, true or false, and sizes nothing); `token_ids_logprob`
  * (checkTokenIdsLogprob); and inside `sampling_params`, an object or a list of one per prompt
- * (SamplingParams in python/sglang/srt/sampling/sampling_params.py), `n`, `stop`, `stop_regex`,
- * `stop_token_ids`, `logit_bias` and the constraints SGLang compiles (`json_schema`, `regex`,
+ * (SamplingParams in python/sglang/srt/sampling/sampling_params.py), `n`, `max_new_tokens`,
+ * `stop`, `stop_regex`, `stop_token_ids`, `logit_bias` and the constraints SGLang compiles (`json_schema`, `regex`,
  * `ebnf`, `structural_tag`: RequestLimits.maxGrammarBytes), named by their path
  * (`sampling_params.n`, `sampling_params[1].stop`).
  * SGLang multiplies the batch by `n` (GenerateReqInput._handle_parallel_sampling) and checks
  * every stop string and pattern at every step, as the OpenAI paths' engines do. Each of SGLang's
  * per-prompt lists has at most one entry per prompt of the body, and the body at most
  * `limits.maxPrompts` prompts (generatePrompts). Nothing else is read here: the prompt the
- * router routes on is read by readGenerateRouteRequest; the other prompts of a batch, the other
- * sampling parameters and anything of the wrong shape are the engine's to check. Throws a
+ * router routes on is read by readGenerateRouteRequest, which also refuses a number past the
+ * largest double (checkFiniteNumbers); the other prompts of a batch, the other sampling
+ * parameters and anything of the wrong shape are the engine's to check. Throws a
  * RequestLimitError naming the field.
  */
 export function checkGenerateRequest(body: Readonly<Record<string, unknown>>, limits: RequestLimits): void {
@@ -1567,6 +1689,7 @@ function checkSamplingParams(value: unknown, at: string, limits: RequestLimits):
   if (value === null || typeof value !== 'object' || Array.isArray(value)) return;
   const params = value as Record<string, unknown>;
   checkChoices(params.n, `${at}.n`, limits.maxChoices);
+  checkTokenBudget(params.max_new_tokens, `${at}.max_new_tokens`);
   checkStop(params.stop, limits, `${at}.stop`);
   checkStop(params.stop_regex, limits, `${at}.stop_regex`, 'patterns');
   checkStopTokenIds(params.stop_token_ids, limits, `${at}.stop_token_ids`);

@@ -238,6 +238,28 @@ describe("SGLang's /generate through the endpoint picker (default limits)", () =
     });
   }
 
+  test('a number past the largest double (1e999, which SGLang reads as inf) is a 400 naming its path', async () => {
+    for (const [body, param] of [
+      ['{"text":"hi","sampling_params":{"temperature":1e999}}', 'sampling_params.temperature'],
+      ['{"text":["a","b"],"sampling_params":[{},{"top_p":-1e999}]}', 'sampling_params[1].top_p'],
+      ['{"input_embeds":[[0.5,1e999]]}', 'input_embeds[0][1]'],
+      ['{"text":"hi","sampling_params":{"max_new_tokens":"8"}}', 'sampling_params.max_new_tokens'],
+      ['{"text":"hi","sampling_params":{"max_new_tokens":-1}}', 'sampling_params.max_new_tokens'],
+    ])
+      assert.deepEqual(await refusal(defaultsEnvoy, '/generate', body), { status: 400, param }, body);
+    // the OpenAI paths the picker reads, alike
+    for (const [path, body, param] of [
+      [
+        '/v1/chat/completions',
+        '{"model":"mock","messages":[{"role":"user","content":"hi"}],"temperature":1e999}',
+        'temperature',
+      ],
+      ['/v1/completions', '{"model":"mock","prompt":"hi","max_tokens":-1e999}', 'max_tokens'],
+      ['/v1/completions', '{"model":"mock","prompt":"hi","max_completion_tokens":true}', 'max_completion_tokens'],
+    ])
+      assert.deepEqual(await refusal(defaultsEnvoy, path, body), { status: 400, param }, body);
+  });
+
   test('a body at the default limits is routed unchanged but for custom_logit_processor, removed by default', async () => {
     const fields = {
       text: ['a', 'b'],

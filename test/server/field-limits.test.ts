@@ -33,7 +33,7 @@ import {
   MAX_BIASED_TOKENS,
 } from '../../src/server/request-limits.js';
 import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
-import { LIMIT_PATHS, passes, refused as refusedOn } from '../helpers/limit-checks.js';
+import { bodyWith, LIMIT_PATHS, passes, postText, refused as refusedOn } from '../helpers/limit-checks.js';
 import { resolveServe } from '../helpers/serve-config.js';
 import { pickerFleetWithEnvoy } from '../epp/harness.js';
 
@@ -524,6 +524,51 @@ describe('through the endpoint picker', () => {
     });
     assert.equal(out.kind, 'routed');
     if (out.kind === 'routed') await out.stream.end();
+  });
+});
+
+describe('numbers past the largest double, and max_tokens', () => {
+  /** The body of `path` with `members` (JSON text) added, posted on the fast path and on Fastify's route. */
+  const post = (path: string, members: string, query = '') => {
+    const base = JSON.stringify(bodyWith(path, {}));
+    return postText(defaults, path, `${base.slice(0, -1)},${members}}`, query);
+  };
+  const FIELDS = ['temperature', 'top_p', 'presence_penalty', 'frequency_penalty', 'min_p', 'repetition_penalty'];
+  for (const { path } of Object.values(LIMIT_PATHS)) {
+    test(`a sampling field of 1e999 or -1e999 is a 400 naming it, and reaches no engine (${path})`, async () => {
+      for (const field of [...FIELDS, 'top_k', 'seed', 'max_tokens', 'max_completion_tokens'])
+        for (const literal of ['1e999', '-1e999'])
+          for (const query of ['', '?via=fastify']) {
+            const r = await post(path, `"${field}":${literal}`, query);
+            assert.deepEqual(
+              [r.status, r.error?.param, r.error?.type, r.reached],
+              [400, field, 'invalid_request_error', 0],
+            );
+          }
+      const r = await post(path, '"temperature":1e999');
+      assert.equal(
+        r.error?.message,
+        'temperature must be a finite number: its literal is past the largest double, which the engine reads as infinity',
+      );
+      const nested = await post(path, '"stream_options":{"include_usage":true},"vllm_xargs":{"w":[0.5,-1e999]}');
+      assert.deepEqual([nested.status, nested.error?.param], [400, 'vllm_xargs.w[1]']);
+    });
+    test(`max_tokens and max_completion_tokens: a non-negative integer or null, as n is checked (${path})`, async () => {
+      for (const field of ['max_tokens', 'max_completion_tokens']) {
+        for (const value of [0, 16, null]) await passes(defaults, path, { [field]: value });
+        for (const value of ['16', true, 1.5, -1, 2 ** 53]) {
+          const message = await refused(defaults, path, { [field]: value }, field);
+          assert.equal(message, `${field} must be a non-negative integer (the most tokens to generate)`);
+        }
+      }
+    });
+  }
+  test('numbers the engine renders into the prompt or compiles keep an overflow, forwarded as written', async () => {
+    const tools = '"tools":[{"type":"function","function":{"name":"f","parameters":{"maximum":1E400}}}]';
+    const r = await post(LIMIT_PATHS.chat.path, `${tools},"response_format":{"type":"json_object","x":-1e999}`);
+    assert.deepEqual([r.status, r.reached], [200, 1]);
+    const finite = await post(LIMIT_PATHS.completions.path, '"seed":18446744073709551557,"temperature":1e-999');
+    assert.deepEqual([finite.status, finite.reached], [200, 1]);
   });
 });
 

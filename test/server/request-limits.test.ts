@@ -12,7 +12,9 @@ import {
   parseJsonBody,
   readMessages,
   readMetadata,
+  readGenerateRouteRequest,
   readPrompt,
+  readRouteRequest,
   RequestLimitError,
   type JsonLimits,
 } from '../../src/server/request-limits.js';
@@ -749,4 +751,102 @@ test("a chat body's tools reach the tokenizer as their JSON text, also when the 
     chatTemplateRequest(parseJsonBody('{"messages": []}', limits) as Record<string, unknown>).toolsJson,
     undefined,
   );
+});
+
+describe('numbers past the largest double', () => {
+  const PATHS = ['/v1/completions', '/v1/chat/completions'];
+  const BASE = '"model":"m","prompt":"x","messages":[{"role":"user","content":"hi"}]';
+  /** The body `text` (its members after the base ones) read as the gateway reads it. */
+  const read = (path: string, members: string) =>
+    readRouteRequest(path, parseJsonBody(`{${BASE},${members}}`, limits), {}, limits);
+  const generate = (text: string) => readGenerateRouteRequest(parseJsonBody(text, limits), {}, limits);
+  const OVERFLOWS = ['1e999', '-1e999', '1E400', '-2.5e+309', '1' + '0'.repeat(400), '-' + '9'.repeat(309) + '.5'];
+
+  test('a literal JSON.parse reads as ±Infinity is refused with 400 naming its field (it reaches Python as inf)', () => {
+    const fields = ['temperature', 'top_p', 'presence_penalty', 'frequency_penalty', 'min_p', 'repetition_penalty'];
+    for (const path of PATHS)
+      for (const field of [...fields, 'top_k', 'seed', 'min_tokens', 'priority', 'length_penalty'])
+        for (const literal of OVERFLOWS)
+          rejects(() => read(path, `"${field}":${literal}`), field, new RegExp(`^${field} must be a finite number`));
+  });
+
+  test('anywhere in the body, named by its path; the first one in the body is named', () => {
+    for (const path of PATHS) {
+      rejects(() => read(path, '"stream_options":{"include_usage":true,"x":1e999}'), 'stream_options.x');
+      rejects(() => read(path, '"vllm_xargs":{"a":[1,2,-1e999]}'), 'vllm_xargs.a[2]');
+      rejects(
+        () => read(path, '"mm_processor_kwargs":{"max pixels":[{"v":1e999}]}'),
+        'mm_processor_kwargs["max pixels"][0].v',
+      );
+      rejects(() => read(path, '"temperature":1e999,"top_p":1e999'), 'temperature');
+    }
+  });
+
+  test('a key that names the field is not echoed past 64 characters', () => {
+    const key = 'k'.repeat(1000) + ' ';
+    assert.throws(
+      () => read('/v1/completions', `"x":{"${key}":1e999}`),
+      (e: unknown) => e instanceof RequestLimitError && e.param !== null && e.param.length < 100,
+    );
+  });
+
+  test('large finite numbers, underflows to zero and overflows inside JSON the engine renders as text pass', () => {
+    for (const path of PATHS) {
+      read(path, '"seed":18446744073709551557,"temperature":1.7976931348623157e308,"top_p":1e-999,"top_k":-0');
+      // numbers of the prompt's template and of the grammars: vLLM writes an overflow back as
+      // Infinity, as the router's tokenizer does (the chat parity fixture holds such a tool)
+      read(path, '"tools":[{"type":"function","function":{"name":"f","parameters":{"maximum":1e400}}}]');
+      read(path, '"chat_template_kwargs":{"budget":1e999},"documents":[{"n":-1e999}]');
+      read(path, '"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"maximum":1e999}}}');
+      read(path, '"guided_json":{"maximum":1e999},"structured_outputs":{"json":{"minimum":-1e999}}');
+    }
+  });
+
+  test("SGLang's /generate: in sampling_params and anywhere else", () => {
+    rejects(() => generate('{"text":"a","sampling_params":{"temperature":1e999}}'), 'sampling_params.temperature');
+    rejects(() => generate('{"text":["a","b"],"sampling_params":[{},{"top_p":-1e999}]}'), 'sampling_params[1].top_p');
+    rejects(() => generate('{"input_embeds":[[0.5,1e999]]}'), 'input_embeds[0][1]');
+    rejects(() => generate('{"text":"a","custom_params":{"w":1e999}}'), 'custom_params.w');
+    generate('{"text":"a","sampling_params":{"temperature":0.5,"max_new_tokens":8},"seed":18446744073709551557}');
+  });
+});
+
+describe('max_tokens and max_completion_tokens', () => {
+  const PATHS = ['/v1/completions', '/v1/chat/completions'];
+  const read = (path: string, fields: object) =>
+    readRouteRequest(
+      path,
+      { model: 'm', prompt: 'x', messages: [{ role: 'user', content: 'hi' }], ...fields },
+      {},
+      limits,
+    );
+
+  test('absent, null or a non-negative integer passes (0 is a completion that echoes its prompt only)', () => {
+    for (const path of PATHS)
+      for (const field of ['max_tokens', 'max_completion_tokens'])
+        for (const value of [null, 0, 1, 16, 131072, Number.MAX_SAFE_INTEGER]) read(path, { [field]: value });
+    // 5.0 is read as 5, as vLLM's pydantic model reads it
+    readRouteRequest('/v1/completions', parseJsonBody('{"prompt":"x","max_tokens":5.0}', limits), {}, limits);
+  });
+
+  test('a string, a boolean, a fraction, a negative or a number past 2^53 is refused, as n is', () => {
+    for (const path of PATHS)
+      for (const field of ['max_tokens', 'max_completion_tokens'])
+        for (const value of ['16', true, false, 1.5, -1, 2 ** 53, 1e20, Infinity, [16], { n: 16 }])
+          rejects(() => read(path, { [field]: value }), field, new RegExp(`^${field} must be a non-negative integer`));
+  });
+
+  test("SGLang's /generate: max_new_tokens in sampling_params, named by its path", () => {
+    checkGenerateRequest({ text: 'a', sampling_params: { max_new_tokens: 0 } }, limits);
+    checkGenerateRequest({ text: 'a', sampling_params: { max_new_tokens: null } }, limits);
+    rejects(
+      () => checkGenerateRequest({ text: 'a', sampling_params: { max_new_tokens: '8' } }, limits),
+      'sampling_params.max_new_tokens',
+    );
+    rejects(
+      () => checkGenerateRequest({ text: ['a', 'b'], sampling_params: [{}, { max_new_tokens: -1 }] }, limits),
+      'sampling_params[1].max_new_tokens',
+      /^sampling_params\[1\]\.max_new_tokens must be a non-negative integer/,
+    );
+  });
 });
