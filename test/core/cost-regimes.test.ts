@@ -233,6 +233,34 @@ describe('cost policy regimes', () => {
     assert.equal(p.choose(none, r).index, 0, 'nobody can: the engine rejects it, from the session worker');
   });
 
+  test('full workers: the pressure charges what the request holds there, a hot prefix shared by its siblings', () => {
+    // small workers past the pressure knee: w0 holds a hot 10,240-token prefix its siblings in
+    // flight pin, w1 holds none of it and its KV is at the knee
+    const HOT = 91;
+    const r = request(10_700, HOT);
+    const cs = () =>
+      fleet([
+        { cached: 10_240, queued: 2000, load: 0.97, capacity: 40_000, inFlight: 30, entries: 2400 },
+        { queued: 2000, load: 0.8, capacity: 40_000, inFlight: 30, entries: 2400 },
+      ]);
+    const hot = warmed(200, HOT, 30);
+    const hc = cs();
+    assert.equal(hot.choose(hc, r).index, 0, 'the sibling stays with the prefix its siblings hold');
+    const holder = terms(hot, hc[0], r);
+    assert.ok(holder.hotness > 15, `hotness ${holder.hotness}`);
+    // its own 460 tokens and a share of the prefix: under a tenth of the prompt
+    assert.ok(holder.kvFootprintTokens > 460 && holder.kvFootprintTokens < 1070, `${holder.kvFootprintTokens}`);
+    assert.equal(terms(hot, hc[1], r).kvFootprintTokens, 10_700, 'a copy holds the whole prompt');
+    // a session's history is held by its turn alone: the whole prompt counts on a full holder
+    const cold = warmed(200, 5, 30);
+    const cc = cs();
+    cold.choose(cc, r);
+    const history = terms(cold, cc[0], r);
+    assert.ok(history.hotness < 1, `hotness ${history.hotness}`);
+    assert.ok(history.kvFootprintTokens > 10_000, `${history.kvFootprintTokens}`);
+    assert.ok(history.guardSeconds > holder.guardSeconds + 1);
+  });
+
   test('uneven fleet: a long session leaves a full holder for an idle worker, charged for the queue an arrival finds', () => {
     const p = warmed();
     // an 80k agent turn, 73.6k cached on w0, whose KV 40 requests of several sessions fill and
@@ -346,6 +374,7 @@ describe('cost policy regimes', () => {
         'hotness',
         'recomputeSeconds',
         'pendingTokens',
+        'kvFootprintTokens',
         'guardSeconds',
         'arrivalDelaySeconds',
         'estimatedTtftSeconds',

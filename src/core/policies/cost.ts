@@ -40,7 +40,11 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    a replica of a hot prefix; and every new token
  *                                                    evicts, where the cache is full, a cached one
  *                                                    worth ρ recomputes
- *   guard  = P · (load · kvUsage + pressure · overKnee − cla · servesCla − workflow · continuity)
+ *   F      = u + C / (1 + hot)                        the KV the request holds on the worker: its
+ *                                                    uncached tokens and its share of the cached
+ *                                                    prefix, held with the `hot` in-flight requests
+ *                                                    that reuse it
+ *   guard  = P · (load · kvUsage − cla · servesCla − workflow · continuity) + F · pressure · overKnee
  *                                                    (the affinity bonuses only for prompts without
  *                                                    blocks, the seed API: otherwise cachedTokens
  *                                                    already counts what they stand for)
@@ -232,6 +236,7 @@ class Terms {
   saturation = 0;
   fullness = 0;
   recompute = 0;
+  kvFootprint = 0;
   guard = 0;
   arrivalDelay = 0;
   cost = 0;
@@ -312,7 +317,17 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   // CLA and workflow affinity stand in for the cached KV when the prompt is not hashed (the
   // seed API); with blocks, cachedTokens already counts it and a bonus would count it twice
   const affinity = r.requestBlocks > 0 ? 0 : (c.servesCla ? w.cla : 0) + (c.continuity ? w.workflow : 0);
-  t.guard = prompt * (w.load * kv + w.pressure * overKnee - affinity);
+  // past the knee, a worker's KV is short: what the request holds there is what it takes from
+  // the running requests' room to grow, which they win back by preempting one another. A
+  // session's history is held by its turn alone, all of it (a long turn on a full holder waits
+  // for answers to end); a hot prefix is held once by all the in-flight requests that reuse it,
+  // and each sibling a full holder serves takes little more than its own tokens. Charged for the
+  // whole prompt, a full holder of a hot prefix looked as costly as any full worker: on small
+  // workers the siblings spread until each served several hot prefixes at once, whose KV left
+  // their answers no room (docs/routing.md §7, "Hot prefixes on full workers")
+  const footprint = uncached + (prompt - uncached) / (1 + fleet.hotness);
+  t.kvFootprint = footprint;
+  t.guard = prompt * (w.load * kv - affinity) + footprint * w.pressure * overKnee;
   // the requests the worker receives while this prefill runs wait behind it (λ·W arrivals, what
   // is left of it each, W/2 on average) or leave for another worker, when recomputing what they
   // hold there costs less: its sessions' next turns wait, a chat holding a few thousand tokens
@@ -784,6 +799,8 @@ export class CostPolicy implements RoutingPolicy {
       recomputeSeconds: seconds(t.recompute),
       replicate: f.bestCachedTokens - cached >= request.blockSize && t.work > f.bestWork && !excluded,
       kvUsage: c.worker.load,
+      /** KV the request holds on this worker: its uncached tokens and its share of the cached prefix (the pressure's base). */
+      kvFootprintTokens: t.kvFootprint,
       guardSeconds: seconds(t.guard),
       arrivalDelaySeconds: seconds(t.arrivalDelay),
       newSession: f.newSession,
