@@ -228,8 +228,34 @@ const MAX_REFUSAL_BYTES = 4096;
 /** Errors of a connection that could not be made. */
 const CONNECT_FAILED = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH']);
 
-/** Errors of a connection that was made and then broke: reset, or closed by the other side. */
+/**
+ * Errors of a connection that was made and then broke: reset, or closed by the other side (an
+ * UND_ERR_SOCKET for an answer undici could not read is none: unreadableAnswer).
+ */
 const CONNECTION_LOST = new Set(['ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET']);
+
+/**
+ * Whether `err` is undici's word for an answer that breaks HTTP/1.1, one it could not read
+ * (undici 7, lib/dispatcher/client-h1.js); `answered`: the answer's headers reached the attempt.
+ * - an HTTPParserError, llhttp's refusal: a reply that is not HTTP, a body without a status line,
+ *   Transfer-Encoding with Content-Length, chunked framing broken (its code is HPE_… where undici
+ *   names it; undici 7 leaves it unset);
+ * - UND_ERR_HEADERS_OVERFLOW: headers past the size limit;
+ * - the SocketErrors 'bad response' (a 100 Continue the request never asked for, as a proxy in
+ *   front of an engine may send) and 'bad upgrade' (a 101 to a request that asked for none); any
+ *   other SocketError is a connection that broke;
+ * - UND_ERR_RES_CONTENT_LENGTH_MISMATCH before the headers: undici reports llhttp's refusal of
+ *   headers that declare a Content-Length so (two different Content-Lengths); after them it is a
+ *   body cut short, a connection that broke.
+ * The engine got the request and answered it: no connection was lost on the way to it.
+ */
+function unreadableAnswer(err: Error | undefined, answered: boolean): boolean {
+  const { name, code, message } = (err ?? {}) as { name?: unknown; code?: unknown; message?: unknown };
+  if (name === 'HTTPParserError' || (typeof code === 'string' && code.startsWith('HPE_'))) return true;
+  if (code === 'UND_ERR_HEADERS_OVERFLOW') return true;
+  if (code === 'UND_ERR_SOCKET') return message === 'bad response' || message === 'bad upgrade';
+  return code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH' && !answered;
+}
 
 /** undici's timeouts: the engine may still be computing the request. */
 function isTimeout(err: Error | undefined): boolean {
@@ -1267,11 +1293,21 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     // a 503's body cut short, or dropped as too long or too slow: no refusal the engine finished saying
     if (this.refusal !== undefined) this.judgeRefusal(false);
     const code = String((err as { code?: unknown } | undefined)?.code);
+    // an answer that broke HTTP/1.1 (not when the gateway gave up: its own abort is the error)
+    const unreadable = this.why === undefined && unreadableAnswer(err, this.status !== 0);
     this.failure ??=
-      isTimeout(err) || code === 'UND_ERR_CONNECT_TIMEOUT' ? 'timeout' : CONNECT_FAILED.has(code) ? 'refused' : 'reset';
+      isTimeout(err) || code === 'UND_ERR_CONNECT_TIMEOUT'
+        ? 'timeout'
+        : CONNECT_FAILED.has(code)
+          ? 'refused'
+          : unreadable
+            ? 'malformed'
+            : 'reset';
     // no answer at all, and not because the gateway stopped waiting: the request never
-    // reached the engine (connection refused, reset) or the engine died with it
-    if (this.status === 0 && this.why === undefined && !isTimeout(err)) {
+    // reached the engine (connection refused, reset) or the engine died with it. An answer
+    // undici could not read is none of these: the engine got the request (it may hold it, as
+    // when its JSON is cut short), and the connection was not lost on the way to it
+    if (this.status === 0 && this.why === undefined && !isTimeout(err) && !unreadable) {
       this.o.onRefused();
       if (CONNECTION_LOST.has(code)) this.o.onConnectionLost();
     }

@@ -1,8 +1,10 @@
 /**
  * Engines whose HTTP framing lies: a Content-Length shorter than the body they send. The
  * gathered answer is then a JSON document cut short, and the bytes past the declared length
- * are left on the keep-alive connection. Raw TCP stub engines, since Node's own HTTP server
- * never sends such answers.
+ * are left on the keep-alive connection. And engines (or proxies in front of them) whose answer
+ * breaks HTTP/1.1 itself, which the gateway's HTTP client cannot read at all: the engine got the
+ * request, so it is a malformed answer, not a connection lost before the request arrived. Raw
+ * TCP stub engines, since Node's own HTTP server never sends such answers.
  */
 import assert from 'node:assert/strict';
 import { createServer, type AddressInfo, type Socket } from 'node:net';
@@ -10,6 +12,7 @@ import { test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
+import { tiers } from '../helpers/prompts.js';
 import { until } from '../helpers/wait.js';
 import { post } from './harness.js';
 
@@ -193,5 +196,109 @@ test('bytes past a whole answer’s Content-Length never become the answer to th
       await g.close();
       await bad.close();
     }
+  }
+});
+
+/** Token prompts of whole blocks, distinct per family. */
+const blocksOf = (router: KVAwareRouter, family: number, blocks: number) =>
+  Array.from({ length: blocks * router.blockSize }, (_, i) => family * 1000 + i);
+
+/**
+ * Answers the gateway's HTTP client refuses as no HTTP/1.1 answer; each engine got the request
+ * and may have computed it.
+ */
+const unreadable: ReadonlyArray<readonly [string, (n: number) => string]> = [
+  // an interim 100 the request never asked for (no Expect: 100-continue), then a valid answer
+  ['an unsolicited 100 Continue', (n) => `HTTP/1.1 100 Continue\r\n\r\n${framed(completion(n))}`],
+  [
+    'two different Content-Lengths',
+    (n) =>
+      framed(completion(n)).replace('\r\n\r\n', `\r\ncontent-length: ${Buffer.byteLength(completion(n)) + 5}\r\n\r\n`),
+  ],
+  [
+    'Transfer-Encoding and Content-Length together',
+    (n) => {
+      const body = completion(n);
+      const size = Buffer.byteLength(body);
+      return `HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\ncontent-length: ${size}\r\n\r\n${size.toString(16)}\r\n${body}\r\n0\r\n\r\n`;
+    },
+  ],
+  ['a reply that is not HTTP', () => '-ERR unknown command\r\n'],
+  ['a body without a status line (HTTP/0.9)', (n) => completion(n)],
+  ['a 100 KB header', (n) => framed(completion(n)).replace('\r\n\r\n', `\r\nx-big: ${'h'.repeat(100_000)}\r\n\r\n`)],
+];
+
+for (const [what, answer] of unreadable) {
+  test(`${what}: a malformed answer, tried once on that engine, then on another worker; its predictions stay`, async () => {
+    const bad = await rawEngine(answer);
+    const g = await gatewayWith(bad.url, true); // round robin: the bad worker first
+    try {
+      const prompt = blocksOf(g.router, 1, 4);
+      const r = await post(g.base, '/v1/completions', { prompt, max_tokens: 2 });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'good', r.text);
+      assert.equal(bad.requests, 1, 'the engine got the request once: no second try as on a stale connection');
+      assert.equal(
+        await g.metricLine('contextforge_upstream_failures_total{worker="bad"'),
+        'contextforge_upstream_failures_total{worker="bad",reason="malformed"} 1',
+      );
+      // the engine got the request and may hold it: what was predicted of it is not withdrawn
+      assert.deepEqual(tiers(g.router, 'bad', prompt), Array(4).fill('predicted'));
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+    } finally {
+      await g.close();
+      await bad.close();
+    }
+  });
+
+  test(`${what}, from the only engine: one attempt, then a 502 naming it malformed`, async () => {
+    const bad = await rawEngine(answer);
+    const g = await gatewayWith(bad.url, false);
+    try {
+      for (const stream of [false, true]) {
+        const before = bad.requests;
+        const r = await post(g.base, '/v1/completions', { prompt: 'alone', max_tokens: 2, stream });
+        assert.equal(r.status, 502, r.text);
+        const body = JSON.parse(r.text) as { error: { type: string; message: string } };
+        assert.equal(body.error.type, 'server_error');
+        assert.match(body.error.message, /\(last: bad, malformed\)$/);
+        assert.equal(bad.requests - before, 1, `stream ${stream}: the engine got the request once, not once per retry`);
+      }
+      assert.equal(
+        await g.metricLine('contextforge_upstream_failures_total{worker="bad"'),
+        'contextforge_upstream_failures_total{worker="bad",reason="malformed"} 2',
+      );
+      assert.equal(g.router.getStats().inFlightRequests, 0);
+    } finally {
+      await g.close();
+      await bad.close();
+    }
+  });
+}
+
+test('a stream whose chunked framing breaks after its first event: the client gets an error event, counted as malformed', async () => {
+  const event = `data: ${JSON.stringify({ id: 'cmpl-0', choices: [{ index: 0, text: 'a' }] })}\n\n`;
+  const size = Buffer.byteLength(event).toString(16);
+  // the first chunk is whole; the next one's size line is not hexadecimal
+  const bad = await rawEngine(() => [
+    `HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n${size}\r\n${event}\r\n`,
+    'zz\r\nhello\r\n',
+  ]);
+  const g = await gatewayWith(bad.url, false);
+  try {
+    const r = await post(g.base, '/v1/completions', { prompt: 'framing', max_tokens: 2, stream: true });
+    assert.equal(r.status, 200, r.text);
+    assert.ok(r.text.startsWith(event), r.text);
+    assert.match(r.text, /"error":\{"message":"the engine failed mid-stream"/);
+    assert.ok(r.text.endsWith('data: [DONE]\n\n'), r.text);
+    assert.equal(bad.requests, 1);
+    assert.equal(
+      await g.metricLine('contextforge_stream_failures_total{worker="bad"'),
+      'contextforge_stream_failures_total{worker="bad",reason="malformed"} 1',
+    );
+    assert.equal(g.router.getStats().inFlightRequests, 0);
+  } finally {
+    await g.close();
+    await bad.close();
   }
 });
