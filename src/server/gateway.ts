@@ -37,6 +37,7 @@ import {
   capClientConnections,
   checkMaxClientConnections,
   DEFAULT_MAX_CLIENT_CONNECTIONS,
+  IdleClosingCap,
   openConnections,
 } from './client-connections.js';
 import {
@@ -213,8 +214,9 @@ export interface GatewayOptions {
   /** Time a request body may take before its rate is checked (default 5000 ms). */
   minBodyRateGraceMs?: number;
   /**
-   * Most client connections held at once (default 16,384, client-connections.ts): one more is
-   * closed as it is accepted, unanswered, and counted.
+   * Most client connections held at once (default 16,384, client-connections.ts): one more
+   * takes the place of the connection idle the longest, or when none is idle it is closed as it
+   * is accepted, unanswered; both counted.
    */
   maxClientConnections?: number;
   /**
@@ -504,6 +506,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const routeMethods = new RouteMethods();
   /** How many requests each connection has served at once (pipelining.ts). */
   const pipelined = new PipelinedRequests();
+  const metrics = createGatewayMetrics(router);
+  const clientConnectionMetrics = registerClientConnectionMetrics(metrics.registry);
   const app = Fastify({
     bodyLimit,
     logger: false,
@@ -532,6 +536,15 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         },
         (req, res) => serve(req, res, false),
       );
+      // the HTTP listener's cap makes room for a new connection by closing the one idle the longest
+      const counted = clientConnectionMetrics.listen('http', {
+        limit: maxClientConnections,
+        open: () => openConnections(server),
+      });
+      const connectionCap = new IdleClosingCap(server, maxClientConnections, {
+        refused: () => counted.refused.inc(),
+        idleClosed: () => counted.idleClosed.inc(),
+      });
       /**
        * Every request, before the fast path or Fastify: the refusals on its headers alone come
        * first. `expectsContinue`: the client waits for a 100 before it sends the body (Expect:
@@ -546,6 +559,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         carryRequestId(req, res);
         // a response queued behind another on its connection closes when the connection does
         pipelined.closeWithConnection(req, res);
+        // its connection is not idle until the answer closes: the cap does not close it meanwhile
+        connectionCap.requestStarted(req, res);
         // the response a refusal on the socket (answerClientError: a body too slow) belongs to
         responseOnSocket.set(req.socket, res);
         // a connection closed after an answer while its request's body comes in reads it on (lingeringClose)
@@ -615,6 +630,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       // an Expect other than 100-continue: Node's own answer is a 417 without a body
       server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
         pipelined.closeWithConnection(req, res);
+        connectionCap.requestStarted(req, res);
         carryRequestId(req, res);
         answerMalformed(res, 417, `the expectation '${shownHeader(req.headers.expect)}' is not supported`, 'expect');
       });
@@ -631,22 +647,19 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       return server;
     },
   });
-  const metrics = createGatewayMetrics(router);
   registerKvEventMetrics(metrics.registry, () => connections.subscriberStats());
   registerTokenizeRefusalMetrics(metrics.registry, () => connections.tokenizeRefusalCounts());
   const bodyBudgetRefusals = registerBodyBudgetMetrics(metrics.registry, bodyBudget);
   const bodyTooSlow = registerBodyRateMetrics(metrics.registry);
   const mediaUrlRefusals = registerMediaUrlMetrics(metrics.registry);
-  const clientConnectionMetrics = registerClientConnectionMetrics(metrics.registry);
   /** Caps `server`'s connections at maxClientConnections, its connections and refusals shown as `listener`'s. */
   const capListener = (server: NetServer, listener: string) => {
-    const refusals = clientConnectionMetrics.listen(listener, {
+    const { refused } = clientConnectionMetrics.listen(listener, {
       limit: maxClientConnections,
       open: () => openConnections(server),
     });
-    capClientConnections(server, maxClientConnections, () => refusals.inc());
+    capClientConnections(server, maxClientConnections, () => refused.inc());
   };
-  capListener(app.server, 'http');
   const answerBudgetPassthroughs = registerAnswerBudgetMetrics(metrics.registry, answerBudget);
   registerWorkerStateMetrics(metrics.registry, {
     router,

@@ -354,14 +354,18 @@ export function registerMediaUrlMetrics(registry: Registry): Counter<'reason'> {
 
 /** The client connections of a process's listeners, counted per listener (`http`, `ext_proc`). */
 export interface ClientConnectionMetrics {
-  /** Reports `listener`'s open connections and cap when scraped; returns its refusals counter. */
-  listen(listener: string, connections: { limit: number; open: () => Promise<number> }): Counter.Internal;
+  /** Reports `listener`'s open connections and cap when scraped; returns its counters. */
+  listen(
+    listener: string,
+    connections: { limit: number; open: () => Promise<number> },
+  ): { refused: Counter.Internal; idleClosed: Counter.Internal };
 }
 
 /**
  * Client connections (client-connections.ts) per listener: open now, the cap
- * (--max-client-connections), and the connections closed unanswered because the cap was
- * reached.
+ * (--max-client-connections), the connections closed unanswered because the cap was reached,
+ * and the idle ones closed to make room for a new one at the cap (the HTTP listener's; the
+ * endpoint picker's are never counted there).
  */
 export function registerClientConnectionMetrics(registry: Registry): ClientConnectionMetrics {
   const listeners = new Map<string, { limit: number; open: () => Promise<number> }>();
@@ -385,7 +389,13 @@ export function registerClientConnectionMetrics(registry: Registry): ClientConne
   });
   const refused = new Counter({
     name: 'contextforge_client_connections_refused_total',
-    help: 'Client connections closed as they were accepted because --max-client-connections were open, per listener.',
+    help: 'Client connections closed as they were accepted because --max-client-connections were open (on the HTTP listener: none of them idle), per listener.',
+    labelNames: ['listener'],
+    registers: [registry],
+  });
+  const idleClosed = new Counter({
+    name: 'contextforge_client_connections_idle_closed_total',
+    help: 'Idle client connections (no request in progress) closed, the longest idle first, to make room for a new one because --max-client-connections were open, per listener.',
     labelNames: ['listener'],
     registers: [registry],
   });
@@ -394,7 +404,8 @@ export function registerClientConnectionMetrics(registry: Registry): ClientConne
       listeners.set(listener, connections);
       // shown at 0 from the start, not only after a first refusal
       refused.inc({ listener }, 0);
-      return refused.labels({ listener });
+      idleClosed.inc({ listener }, 0);
+      return { refused: refused.labels({ listener }), idleClosed: idleClosed.labels({ listener }) };
     },
   };
 }

@@ -277,7 +277,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   minBodyRateGraceMs: { arg: '<ms>', help: 'time a request body may take before --min-body-rate is checked' },
   maxClientConnections: {
     arg: '<n>',
-    help: "most client connections held at once per process, on the HTTP port and on the endpoint picker's gRPC port each (idle keep-alive ones count); one more is closed as it is accepted, unanswered: keep clients' and engines' connections together under the descriptor limit (ulimit -n)",
+    help: "most client connections held at once per process, on the HTTP port and on the endpoint picker's gRPC port each (idle keep-alive ones count); on the HTTP port one more takes the place of the connection idle the longest (no request in progress), and when none is idle, as on the gRPC port, it is closed as it is accepted, unanswered: keep clients' and engines' connections together under the descriptor limit (ulimit -n)",
   },
   bufferedAnswerLimit: {
     arg: '<bytes>',
