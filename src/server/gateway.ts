@@ -879,8 +879,15 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
    */
   const countOnClose = (req: IncomingMessage, res: ServerResponse): void => {
     const path = routeMethods.patternOf(req.url ?? '') ?? 'unknown';
-    res.once('close', () => metrics.countRequest(path, closedStatus(res)));
+    res.once('close', () => metrics.countRequest(path, refusalStatus(req, res)));
   };
+  /**
+   * The status a refusal counts with once its response closes: closedStatus, except for one
+   * answered whole but queued behind a pipelining refusal (pipelining.ts) when the gateway closed
+   * the connection after that refusal: it never went out, but its client did not leave.
+   */
+  const refusalStatus = (req: IncomingMessage, res: ServerResponse): number =>
+    res.writableEnded && !res.writableFinished && pipelined.refusedOn(req.socket) ? res.statusCode : closedStatus(res);
   // counted once its response closes, answered or not (a client that left first counts as 499;
   // onResponse runs only for a response written whole); a callback hook, not an async one: no
   // promise per request

@@ -18,6 +18,11 @@
  * response to close (the engine request aborted for a client gone, the router's in-flight
  * ticket, the request body's and the gathered answer's bytes given back, the request counted)
  * would wait for ever. closeWithConnection() closes them with their connection.
+ *
+ * The gateway closes the connection itself after a refusal has gone out: the requests behind it
+ * (refused too, their answers waiting their turn) close with it unanswered, but their client did
+ * not leave. refusedOn() tells them from those of a client that closed the connection, so that
+ * they are counted with the status they were answered with, not as clients that left (499).
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
@@ -33,8 +38,8 @@ export const MAX_PIPELINED_REQUESTS = 16;
 type ClosableResponse = ServerResponse & { _closed?: boolean };
 
 export class PipelinedRequests {
-  /** Connections that had a request refused: closing after its answer, nothing more is served. */
-  private readonly refused = new WeakSet<Duplex>();
+  /** Connections that had a request refused, with its response: closing after it, nothing more is served. */
+  private readonly refused = new WeakMap<Duplex, ServerResponse>();
   /** Per connection: the responses of its requests that have not closed yet (the requests being served). */
   private readonly open = new WeakMap<Duplex, Set<ServerResponse>>();
 
@@ -82,10 +87,19 @@ export class PipelinedRequests {
     const responses = this.track(socket, res);
     // the requests before this one whose answers have not closed
     if (responses.size - 1 >= MAX_PIPELINED_REQUESTS) {
-      this.refused.add(socket);
+      this.refused.set(socket, res);
       return false;
     }
     return true;
+  }
+
+  /**
+   * Whether `socket` had a request refused and the refusal went out whole: the gateway closes the
+   * connection after it, and the responses still queued on it close because of that, not because
+   * their client left (it was still there when the refusal was written).
+   */
+  refusedOn(socket: Duplex): boolean {
+    return this.refused.get(socket)?.writableFinished === true;
   }
 }
 

@@ -13,7 +13,7 @@ import { createGateway } from '../../src/server/gateway.js';
 import { MAX_PIPELINED_REQUESTS, PipelinedRequests } from '../../src/server/pipelining.js';
 import { listening } from '../helpers/listening.js';
 import { rawClient } from '../helpers/raw-client.js';
-import { until } from '../helpers/wait.js';
+import { settled, until } from '../helpers/wait.js';
 
 /** An engine that answers each completion when the test says, and records the prompts it was asked. */
 async function holdingEngine() {
@@ -89,6 +89,50 @@ test('past the pipelining depth a request reaches no engine, is answered 503 in 
   } finally {
     socket.destroy();
     other.destroy();
+    engine.finish();
+    await gateway.close(0);
+    await engine.close();
+  }
+});
+
+/** Every contextforge_requests_total sample of /v1/completions, as status: count. */
+async function completionCounts(metrics: () => Promise<string>): Promise<Record<string, number>> {
+  const counts: Record<string, number> = {};
+  for (const line of (await metrics()).split('\n')) {
+    const m = /^contextforge_requests_total\{path="\/v1\/completions",status="(\d+)"\} (\d+)$/.exec(line);
+    if (m) counts[m[1]] = Number(m[2]);
+  }
+  return counts;
+}
+
+test('requests pipelined behind a refusal, closed with the connection the gateway closes after it, count as refused, not as clients that left', async () => {
+  const engine = await holdingEngine();
+  const gateway = await createGateway({
+    router: new KVAwareRouter(),
+    workers: [{ id: 'e', url: engine.url }],
+    healthCheckIntervalMs: 0,
+    metricsIntervalMs: 0,
+  });
+  await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const port = (gateway.app.server.address() as { port: number }).port;
+  const client = await rawClient(port);
+  try {
+    // the depth served at once, one refused, and two more behind the refusal
+    const n = MAX_PIPELINED_REQUESTS + 3;
+    let all = '';
+    for (let i = 0; i < n; i++) all += completion(`p${i}`);
+    client.socket.write(all);
+    await until(() => engine.prompts.length >= MAX_PIPELINED_REQUESTS, 'the pipelined requests served at once');
+    engine.answerAll();
+    await until(client.closed, 'the connection closed after the refusal');
+    // the two behind the refusal never got the connection: the gateway closed it, the client did not leave
+    const counts = await settled(
+      () => completionCounts(() => gateway.metrics.metrics()),
+      (c) => Object.values(c).reduce((a, b) => a + b, 0) >= n,
+    );
+    assert.deepEqual(counts, { 200: MAX_PIPELINED_REQUESTS, 503: 3 });
+  } finally {
+    client.socket.destroy();
     engine.finish();
     await gateway.close(0);
     await engine.close();
