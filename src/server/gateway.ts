@@ -632,6 +632,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         pipelined.closeWithConnection(req, res);
         connectionCap.requestStarted(req, res);
         carryRequestId(req, res);
+        countOnClose(req, res);
         answerMalformed(res, 417, `the expectation '${shownHeader(req.headers.expect)}' is not supported`, 'expect');
       });
       // CONNECT comes to this event, not to the routes; without a listener Node drops the socket unanswered

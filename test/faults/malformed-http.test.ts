@@ -8,6 +8,7 @@ import { connect } from 'node:net';
 import { gzipSync } from 'node:zlib';
 import { after, before, test } from 'node:test';
 import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
+import { until } from '../helpers/wait.js';
 
 let setup: GatewayOnEngine;
 
@@ -103,6 +104,12 @@ test('a request Node would answer without a body (no Host, an unknown Expect) ge
     assert.equal(res.status, status, what);
     assert.equal(openAiError(res.body).param, param, what);
   }
+  // refused before any route saw them, and counted all the same
+  const counted = async (status: number) =>
+    new RegExp(`^contextforge_requests_total\\{path="/v1/completions",status="${status}"\\} [1-9]`, 'm').test(
+      await (await fetch(`http://127.0.0.1:${setup.port}/metrics`)).text(),
+    );
+  await until(async () => (await counted(400)) && (await counted(417)), 'the 400 and the 417 counted');
   // HTTP/1.0 needs no Host
   const old = await exchange(
     `POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
