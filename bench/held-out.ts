@@ -1,0 +1,81 @@
+/**
+ * bench:held-out — every policy on the generated shapes no default was chosen on, the runs the
+ * README and docs/routing.md §7 quote outside the sweep: hot shared prefixes on workers with
+ * little KV (bench/traces/hot-prefixes/), long agent sessions among short chats
+ * (bench/traces/long-sessions/) and coding-agent loops that outgrow their worker
+ * (bench/traces/agent-loops/). Each run is what `contextforge-router simulate --trace FILE
+ * --speed S --kv-tokens K --max-model-len M --format json` prints for it, one run each (the
+ * simulator is deterministic), written to bench/results/held-out.json with the run's settings.
+ *
+ *   npm run bench:held-out [-- --out bench/results/held-out.json] [--only hot-prefixes,long-sessions,agent-loops]
+ */
+import { writeFileSync } from 'node:fs';
+import { comparePolicies, type ComparisonReport } from '../src/sim/compare.js';
+import { loadTrace } from '../src/sim/load-trace.js';
+import { parseFlags } from './stats.js';
+
+const POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
+
+interface HeldOutRun {
+  shape: string;
+  trace: string;
+  speed: number;
+  kvTokens: number;
+  maxModelLen?: number;
+}
+
+const RUNS: HeldOutRun[] = [
+  ...[
+    [1, 2, 40_000],
+    [2, 2, 40_000],
+    [1, 2, 60_000],
+    [1, 3, 100_000],
+    [2, 2, 60_000],
+    [2, 3, 100_000],
+    [1, 1, 300_000],
+    [1, 3, 300_000],
+  ].map(([n, speed, kvTokens]) => ({
+    shape: 'hot-prefixes',
+    trace: `bench/traces/hot-prefixes/hot-prefixes.${n}.jsonl.gz`,
+    speed,
+    kvTokens,
+  })),
+  ...[1, 2, 3, 4, 5, 6].map((n) => ({
+    shape: 'long-sessions',
+    trace: `bench/traces/long-sessions/long-sessions.${n}.jsonl.gz`,
+    speed: 1,
+    kvTokens: 450_000,
+    maxModelLen: 450_000,
+  })),
+  ...[1, 2, 3].map((n) => ({
+    shape: 'agent-loops',
+    trace: `bench/traces/agent-loops/agent-loops.${n}.jsonl.gz`,
+    speed: 1,
+    kvTokens: 300_000,
+    maxModelLen: 150_000,
+  })),
+];
+
+const flags = parseFlags(process.argv.slice(2));
+const out = String(flags.get('out') ?? 'bench/results/held-out.json');
+const only = flags.has('only') ? new Set(String(flags.get('only')).split(',')) : undefined;
+if (only) {
+  const shapes = new Set(RUNS.map((r) => r.shape));
+  for (const s of only) if (!shapes.has(s)) throw new RangeError(`--only: no shape '${s}' (${[...shapes].join(', ')})`);
+}
+
+const runs: Array<HeldOutRun & { report: ComparisonReport }> = [];
+for (const run of RUNS) {
+  if (only && !only.has(run.shape)) continue;
+  const { name, requests } = await loadTrace(run.trace);
+  const { report } = comparePolicies(name, requests, POLICIES, {
+    workers: 8,
+    speed: run.speed,
+    engine: { kvTokens: run.kvTokens, ...(run.maxModelLen !== undefined ? { maxModelLen: run.maxModelLen } : {}) },
+  });
+  runs.push({ ...run, report });
+  const cell = (p: ComparisonReport['policies'][number]) => `${p.policy} ${p.ttft.mean} · ${p.ttft.p99}`;
+  console.log(`${run.trace} ×${run.speed} ${run.kvTokens}: ${report.policies.map(cell).join(' | ')}`);
+}
+writeFileSync(out, JSON.stringify({ command: 'npm run bench:held-out', policies: POLICIES, runs }, null, 2) + '\n');
+console.log(`wrote ${out}`);
