@@ -41,9 +41,20 @@ export class ApiKeys {
 
   /** The tenant of an `Authorization: Bearer KEY` header, or undefined. */
   tenantOf(authorization: string | string[] | undefined): string | undefined {
+    const id = this.keyIdOf(authorization);
+    return id === undefined ? undefined : this.byDigest.get(id);
+  }
+
+  /**
+   * What tells the key of an `Authorization: Bearer KEY` header apart from the others when it is
+   * one of them (its digest: the key itself is not kept), or undefined.
+   */
+  keyIdOf(authorization: string | string[] | undefined): string | undefined {
     if (typeof authorization !== 'string' || authorization.length > 4096) return undefined;
     const m = /^Bearer +(\S+)\s*$/i.exec(authorization);
-    return m ? this.byDigest.get(digest(m[1])) : undefined;
+    if (!m) return undefined;
+    const id = digest(m[1]);
+    return this.byDigest.has(id) ? id : undefined;
   }
 }
 

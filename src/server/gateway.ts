@@ -41,6 +41,12 @@ import {
   openConnections,
 } from './client-connections.js';
 import {
+  CLIENT_REQUEST_LIMIT_CODE,
+  CLIENT_REQUEST_LIMIT_RETRY_AFTER_S,
+  clientAddressKey,
+  ClientRequests,
+} from './client-requests.js';
+import {
   closedStatus,
   markAnsweredOnSocket,
   markCutByGateway,
@@ -52,6 +58,7 @@ import {
   registerBodyRateMetrics,
   registerMediaUrlMetrics,
   registerClientConnectionMetrics,
+  registerClientRequestMetrics,
   registerKvEventMetrics,
 } from './metrics.js';
 import {
@@ -59,6 +66,7 @@ import {
   createRequestParser,
   createRequestReader,
   openAiError,
+  openAiErrorType,
   useJsonBodies,
   type ProxyReply,
   type RequestParser,
@@ -220,6 +228,13 @@ export interface GatewayOptions {
    */
   maxClientConnections?: number;
   /**
+   * Most requests one client holds in flight at once on the completion paths (default 0: no
+   * limit; at most MAX_REQUESTS_PER_CLIENT, client-requests.ts): a client is its API key when the
+   * request carries a valid one, else its address (IPv6 by its /64). One more is answered 429 with
+   * Retry-After, its body unread.
+   */
+  maxRequestsPerClient?: number;
+  /**
    * Most bytes of complete (non-streamed) answers gathered at once over all requests (default
    * 256 MiB). An answer is gathered so that a failure before its end can be retried; one that
    * does not fit passes through as it comes instead (`gateway.answerBudget`).
@@ -365,6 +380,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const maxClientConnections = checkMaxClientConnections(
     options.maxClientConnections ?? DEFAULT_MAX_CLIENT_CONNECTIONS,
   );
+  const clientRequests = new ClientRequests(options.maxRequestsPerClient ?? 0);
   const adminTokenText = options.adminToken ?? generateToken();
   const adminToken = new AdminToken(adminTokenText);
   const health = new WorkerHealth(router, log);
@@ -479,6 +495,32 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     bodyBudgetRefusals.inc();
     answerBodyBudgetExceeded(res);
     return false;
+  };
+  /**
+   * Counts a completion request against its client's requests in flight (client-requests.ts),
+   * until its response closes: answered, refused later, failed on every engine, cut, or its
+   * client gone (a response queued behind another on its connection closes with the connection:
+   * pipelined.closeWithConnection), as the body budget gives a request's bytes back. False when
+   * its client has the limit in flight already: nothing is counted, and it is to be answered 429.
+   * Health, metrics, admin, /v1/models and /v1/route are not counted.
+   */
+  const admitClientRequest = (req: IncomingMessage, res: ServerResponse): boolean => {
+    if (clientRequests.limit === 0 || req.method !== 'POST') return true;
+    const path = routeMethods.patternOf(req.url ?? '');
+    if (path !== '/v1/completions' && path !== '/v1/chat/completions') return true;
+    // a client already gone sends nothing more, and its response may have closed already
+    if (req.socket.destroyed) return true;
+    // a key that is not valid is refused 401 before its body is read: it counts by address meanwhile
+    const keyId = options.apiKeys?.keyIdOf(req.headers.authorization);
+    const release = clientRequests.admit(
+      keyId === undefined ? clientAddressKey(req.socket.remoteAddress) : `api key ${keyId}`,
+    );
+    if (release === undefined) {
+      clientRequestRefusals.inc({ client: keyId === undefined ? 'address' : 'api_key' });
+      return false;
+    }
+    res.once('close', release);
+    return true;
   };
   /**
    * A client connection's idle timer fired while `res` was its current response. A request read
@@ -621,6 +663,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
           countOnClose(req, res);
           return answerPipelineFull(res);
         }
+        if (!admitClientRequest(req, res)) {
+          countOnClose(req, res);
+          return answerClientRequestLimit(res, clientRequests.limit);
+        }
         if (!admitBody(req, res)) return countOnClose(req, res);
         if (expectsContinue && !(Number(req.headers['content-length']) > bodyLimit)) continueOnRead(req, res);
         if (fastPath === undefined || !fastPath(req, res)) handler(req, res);
@@ -653,6 +699,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const bodyBudgetRefusals = registerBodyBudgetMetrics(metrics.registry, bodyBudget);
   const bodyTooSlow = registerBodyRateMetrics(metrics.registry);
   const mediaUrlRefusals = registerMediaUrlMetrics(metrics.registry);
+  const clientRequestRefusals = registerClientRequestMetrics(metrics.registry, clientRequests);
   /** Caps `server`'s connections at maxClientConnections, its connections and refusals shown as `listener`'s. */
   const capListener = (server: NetServer, listener: string) => {
     const { refused } = clientConnectionMetrics.listen(listener, {
@@ -1503,20 +1550,33 @@ function chargedBody(payload: NodeJS.ReadableStream, charge: BodyCharge, bodyLim
 }
 
 /**
- * Answers a request whose declared body does not fit in the budget, before any of it is read:
- * 503 with Retry-After, and the connection closed (the body that follows is not read).
+ * Answers a request refused on its headers alone, before any route runs and before its body is
+ * read, with an OpenAI error body (openAiError's type for the status) and, when given, a
+ * Retry-After; the connection is closed after it (the body that follows is not read as a request).
  */
-function answerBodyBudgetExceeded(res: ServerResponse): void {
-  const body = JSON.stringify({
-    error: { message: BODY_BUDGET_MESSAGE, type: 'server_error', param: null, code: BODY_BUDGET_CODE },
-  });
-  res.writeHead(503, {
+function answerRefusedOnHeaders(
+  res: ServerResponse,
+  status: number,
+  message: string,
+  code: string,
+  retryAfterS?: number,
+): void {
+  const body = JSON.stringify({ error: { message, type: openAiErrorType(status), param: null, code } });
+  res.writeHead(status, {
     connection: 'close',
-    'retry-after': String(BODY_BUDGET_RETRY_AFTER_S),
+    ...(retryAfterS === undefined ? {} : { 'retry-after': String(retryAfterS) }),
     'content-type': 'application/json; charset=utf-8',
     'content-length': Buffer.byteLength(body),
   });
   res.end(body);
+}
+
+/**
+ * Answers a request whose declared body does not fit in the budget, before any of it is read:
+ * 503 with Retry-After, and the connection closed (the body that follows is not read).
+ */
+function answerBodyBudgetExceeded(res: ServerResponse): void {
+  answerRefusedOnHeaders(res, 503, BODY_BUDGET_MESSAGE, BODY_BUDGET_CODE, BODY_BUDGET_RETRY_AFTER_S);
 }
 
 /**
@@ -1525,20 +1585,27 @@ function answerBodyBudgetExceeded(res: ServerResponse): void {
  * after it (the client sends what came after it again, on a new connection).
  */
 function answerPipelineFull(res: ServerResponse): void {
-  const body = JSON.stringify({
-    error: {
-      message: `more than ${MAX_PIPELINED_REQUESTS} requests pipelined on one connection at once; send the rest on a new connection`,
-      type: 'server_error',
-      param: null,
-      code: 'pipelining_depth_exceeded',
-    },
-  });
-  res.writeHead(503, {
-    connection: 'close',
-    'content-type': 'application/json; charset=utf-8',
-    'content-length': Buffer.byteLength(body),
-  });
-  res.end(body);
+  answerRefusedOnHeaders(
+    res,
+    503,
+    `more than ${MAX_PIPELINED_REQUESTS} requests pipelined on one connection at once; send the rest on a new connection`,
+    'pipelining_depth_exceeded',
+  );
+}
+
+/**
+ * Answers a request whose client has `limit` requests in flight already (client-requests.ts):
+ * 429 with Retry-After, before its body is read, and the connection closed (the body that follows
+ * is not read).
+ */
+function answerClientRequestLimit(res: ServerResponse, limit: number): void {
+  answerRefusedOnHeaders(
+    res,
+    429,
+    `this client has ${limit} requests in flight already, the most it may have at once (--max-requests-per-client ${limit}); send this one again once one of them has ended`,
+    CLIENT_REQUEST_LIMIT_CODE,
+    CLIENT_REQUEST_LIMIT_RETRY_AFTER_S,
+  );
 }
 
 /**

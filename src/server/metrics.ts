@@ -10,6 +10,7 @@ import type { KVAwareRouter } from '../core/router/index.js';
 import type { SubscriberStats } from '../engines/kv-events/subscriber.js';
 import type { StateStats } from '../state/state-store.js';
 import { skippedEventCounts } from './engine-deployments.js';
+import { CLIENT_KEY_KINDS } from './client-requests.js';
 import { MEDIA_URL_REFUSAL_REASONS } from './media-domains.js';
 
 /**
@@ -408,6 +409,42 @@ export function registerClientConnectionMetrics(registry: Registry): ClientConne
       return { refused: refused.labels({ listener }), idleClosed: idleClosed.labels({ listener }) };
     },
   };
+}
+
+/**
+ * The requests each client holds in flight (client-requests.ts, --max-requests-per-client): those
+ * counted now, the clients holding them (the entries of the table), and the requests refused with
+ * 429 because their client held the limit already, by how the client was told apart (`client`:
+ * `api_key` or `address`), each shown at 0 from the start. Returns the refusals counter.
+ */
+export function registerClientRequestMetrics(
+  registry: Registry,
+  table: { readonly clients: number; readonly requests: number },
+): Counter<'client'> {
+  new Gauge({
+    name: 'contextforge_client_requests_in_flight',
+    help: 'Requests on the completion paths counted against --max-requests-per-client now (0 while it is off).',
+    registers: [registry],
+    collect() {
+      this.set(table.requests);
+    },
+  });
+  new Gauge({
+    name: 'contextforge_clients_in_flight',
+    help: 'Clients (API keys, or addresses: IPv6 by its /64) with requests in flight now, as --max-requests-per-client counts them (0 while it is off).',
+    registers: [registry],
+    collect() {
+      this.set(table.clients);
+    },
+  });
+  const refusals = new Counter({
+    name: 'contextforge_client_request_limit_refusals_total',
+    help: 'Requests refused with 429 because their client had --max-requests-per-client requests in flight already, by how the client was told apart: api_key (its API key) or address (its address; IPv6 by its /64).',
+    labelNames: ['client'] as const,
+    registers: [registry],
+  });
+  for (const client of CLIENT_KEY_KINDS) refusals.inc({ client }, 0);
+  return refusals;
 }
 
 /**

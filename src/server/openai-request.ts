@@ -78,16 +78,19 @@ export function openAiError<R extends ErrorReply>(
   param: string | null = null,
   code: string | null = null,
 ): R {
-  const type =
-    status >= 500
-      ? 'server_error'
-      : status === 401
-        ? 'authentication_error'
-        : status === 429
-          ? 'rate_limit_error'
-          : 'invalid_request_error';
-  reply.code(status).send({ error: { message, type, param, code } });
+  reply.code(status).send({ error: { message, type: openAiErrorType(status), param, code } });
   return reply;
+}
+
+/** The OpenAI error `type` of an answer with `status`. */
+export function openAiErrorType(status: number): string {
+  return status >= 500
+    ? 'server_error'
+    : status === 401
+      ? 'authentication_error'
+      : status === 429
+        ? 'rate_limit_error'
+        : 'invalid_request_error';
 }
 
 /** Parses a JSON request body as the OpenAI routes take it (see useJsonBodies); throws a RequestLimitError. */

@@ -216,7 +216,7 @@ async function serveProcess(c: ServeConfig): Promise<void> {
     c.eppPort === undefined
       ? undefined
       : (await import('./epp-tls-run.js')).eppTls(serveEppTlsSettings(c), SERVE_EPP_TLS_FLAGS);
-  const { gateway, describe, close } = await startGateway(c, log);
+  const { gateway, describe, close } = await startGateway(c, log, { maxRequestsPerClient: c.maxRequestsPerClient });
   const start = () => startPicker(gateway, c, { host: c.host, port: c.eppPort, log, tls: tls?.tls });
   const picker =
     c.eppPort === undefined ? await start() : await listening(`--host ${c.host} --epp-port ${c.eppPort}`, start, close);

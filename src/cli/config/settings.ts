@@ -22,6 +22,7 @@ import {
 } from '../../server/admin-auth.js';
 import { DEFAULT_MIN_BODY_RATE, DEFAULT_MIN_BODY_RATE_GRACE_MS } from '../../server/body-rate.js';
 import { DEFAULT_MAX_CLIENT_CONNECTIONS, MAX_CLIENT_CONNECTIONS } from '../../server/client-connections.js';
+import { MAX_REQUESTS_PER_CLIENT } from '../../server/client-requests.js';
 import { REQUEST_LIMITS_SCHEMA } from '../../server/request-limits.js';
 import { MAX_MEDIA_DOMAINS, normalizeMediaDomain } from '../../server/media-domains.js';
 import { TIMEOUTS_SCHEMA, timerMs } from '../../server/timeouts.js';
@@ -375,6 +376,8 @@ export const GATEWAY_SCHEMA = z.strictObject(gatewayShape);
 
 export const SERVE_SCHEMA = z.strictObject({
   ...gatewayShape,
+  // the OpenAI routes' alone: epp serves none (its clients are the gateway's proxies)
+  maxRequestsPerClient: z.int().min(0).max(MAX_REQUESTS_PER_CLIENT).default(0),
   ...pickerShape,
   eppPort: port().optional(),
   eppSecureServing: z.boolean().default(false),
@@ -384,6 +387,10 @@ export const SERVE_SCHEMA = z.strictObject({
 export const SERVE_HELP: Readonly<Record<keyof typeof SERVE_SCHEMA.shape, SettingHelp>> = {
   ...gatewayHelp,
   ...routerHelp,
+  maxRequestsPerClient: {
+    arg: '<n>',
+    help: `most requests one client may have in flight at once on /v1/completions and /v1/chat/completions, per process (0: no limit; at most ${MAX_REQUESTS_PER_CLIENT}); a client is its API key when the request carries a valid one (--api-keys-file), else its connection's address (IPv6 by its /64; X-Forwarded-For is not read: behind a proxy every client without a key is the proxy); one more is answered 429 with retry-after`,
+  },
   ...pickerHelp,
   eppPort: { arg: '<n>', help: 'also serve the Envoy ext_proc endpoint picker (gRPC) on this port' },
   eppSecureServing: {
