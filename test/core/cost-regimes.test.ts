@@ -366,6 +366,7 @@ describe('cost policy regimes', () => {
     for (const e of d.explain!) {
       for (const k of [
         'queueSeconds',
+        'latenessSeconds',
         'prefillSeconds',
         'decodeSlowdown',
         'kvWaitSeconds',
@@ -395,8 +396,9 @@ describe('cost policy regimes', () => {
     for (const id of ['w0', 'w1']) r.registerWorker(id);
     const history = Array.from({ length: 300 * 16 }, (_, i) => i);
     const first = r.route({ tokens: history });
-    // a minute later the first turn is still queued (no KV event, no first token); the cost
-    // policy wrote no speculative entries for it (its pending prefixes hold the whole prompt)
+    // a minute later the first turn is still answering: its first token came, no KV event did;
+    // the cost policy wrote no speculative entries for it (its pending prefixes hold the whole prompt)
+    r.markPrefillDone(first.ticket);
     now = 60_000;
     const next = [...history, ...Array.from({ length: 32 * 16 }, (_, i) => 100_000 + i)];
     const probe = r.route({ tokens: next }, { dryRun: true, explain: true });
@@ -759,6 +761,58 @@ describe('cost policy regimes', () => {
       assert.ok(queued >= 10_240, `the prefix they pin, got ${queued}`);
     }
     assert.notEqual(p.choose(cs, next).index, 3, 'the next sibling joins a holder, not an empty worker');
+  });
+
+  test('a worker running late: a turn leaves a holder whose oldest queued request is past its estimate', () => {
+    const p = new CostPolicy();
+    const cs = fleet([{ cached: 40_000 }, {}]);
+    const w0 = cs[0].worker;
+    // a 45,000-token turn of another session routed to idle w0 at 0 s, estimated to start in 4 s
+    const empty = { ...cs[0], cachedTokens: 0, overlapBlocks: 0 };
+    const other: RouteFeatures = { ...request(45_000), now: 0 };
+    p.choose([empty], other);
+    const due = terms(p, empty, other).estimatedTtftSeconds;
+    p.onRouted(w0, other, 1, 0);
+    // a 50,000-token turn with 40,000 held on w0: at 2 s nothing is late and it stays
+    const turn = (now: number): RouteFeatures => ({ ...request(50_000), now });
+    assert.equal(p.choose(cs, turn(2000)).index, 0);
+    assert.equal(terms(p, cs[0], turn(2000)).latenessSeconds, 0);
+    // 60 s on, the queued turn has had no first token: w0 runs 56 s behind the estimate, and the
+    // turn is recomputed on idle w1 rather than wait behind it
+    assert.equal(p.choose(cs, turn(60_000)).index, 1);
+    const late = terms(p, cs[0], turn(60_000)).latenessSeconds;
+    assert.ok(Math.abs(late - (60 - due)) < 1e-6, `${late} vs ${60 - due}`);
+    assert.equal(terms(p, cs[1], turn(60_000)).latenessSeconds, 0);
+    // once it has its first token, w0 is on time again
+    p.onPrefillDone(1);
+    assert.equal(p.choose(cs, turn(61_000)).index, 0);
+    assert.equal(terms(p, cs[0], turn(61_000)).latenessSeconds, 0);
+  });
+
+  test('a worker running late: a request whose answer is not streamed is not timed', () => {
+    const p = new CostPolicy();
+    const cs = fleet([{ cached: 40_000 }, {}]);
+    // its first token comes with its last: a minute in the queue says nothing of w0's
+    const whole: RouteFeatures = { ...request(45_000), now: 0, firstTokenReported: false };
+    p.choose([{ ...cs[0], cachedTokens: 0, overlapBlocks: 0 }], whole);
+    p.onRouted(cs[0].worker, whole, 1, 0);
+    const turn: RouteFeatures = { ...request(50_000), now: 60_000 };
+    assert.equal(p.choose(cs, turn).index, 0);
+    assert.equal(terms(p, cs[0], turn).latenessSeconds, 0);
+  });
+
+  test('a worker running late: not charged to a prefix the requests in flight share', () => {
+    const key = 0xbeef;
+    const p = warmed(64, key, 8);
+    const cs = fleet([{ cached: 4096, inFlight: 8 }, {}]);
+    const w0 = cs[0].worker;
+    const sibling = (now: number): RouteFeatures => ({ ...request(4608, key), now });
+    p.choose(cs, sibling(0));
+    p.onRouted(w0, sibling(0), 1, 0);
+    assert.ok((terms(p, cs[0], sibling(60_000)).hotness as number) >= 1);
+    // w0's queued sibling is a minute late; the prefix stays where its siblings are
+    assert.equal(terms(p, cs[0], sibling(60_000)).latenessSeconds, 0);
+    assert.equal(p.choose(cs, sibling(60_000)).index, 0);
   });
 
   test('queue by work: a turn leaves a holder whose queued long context costs more than its tokens say', () => {

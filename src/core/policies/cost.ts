@@ -19,7 +19,11 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *   queue  = queuedPrefillTokens + A                 the worker's queued prefill, A the attention
  *                                                    work (W(u) − u) of this router's requests
  *                                                    still in prefill there (until their first token)
- *   wait   = (queue + W(u)) · slow                   estimated TTFT on this worker
+ *   late   = how far past the router's own estimate   a worker running behind what the model
+ *            of its TTFT the oldest request this      says (a queue whose requests recompute
+ *            router queued on the worker is (when     what the others evicted): its backlog
+ *            no in-flight request shares the prefix)  beyond the queue, measured, not modelled
+ *   wait   = (queue + W(u)) · slow + late            estimated TTFT on this worker
  *   kvWait = max(0, K + P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity
  *                                                    known): its prompt, after the cached prefixes
  *                                                    (K) of this router's requests queued there
@@ -164,6 +168,11 @@ function decayOver(elapsed: number): number {
 }
 /** Slots of the table of queued requests' attention work, by ticket (a power of two; tickets are sequential). */
 const QUEUED_TICKETS = 65_536;
+/**
+ * Queued requests per worker whose estimated first-token times are kept, oldest first, for the
+ * lateness (a power of two): past it the oldest are forgotten, which can only understate it.
+ */
+const LATE_RING = 1024;
 /** Smoothing of the mean work per request (decisions). */
 const WORK_SMOOTHING = 64;
 
@@ -223,12 +232,15 @@ class Terms {
   queuedAttention = 0;
   /** Cached prompt tokens of this router's requests queued on the worker (see CostPolicy.queuedCached). */
   queuedCached = 0;
+  /** How late the worker runs past this router's estimates, in token equivalents (see CostPolicy.lateness). */
+  lateness = 0;
 
   prompt = 0;
   uncached = 0;
   work = 0;
   slowdown = 1;
   queue = 0;
+  late = 0;
   wait = 0;
   kvCapacity = 0;
   kvWait = 0;
@@ -296,7 +308,14 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   // the queue is its tokens plus, for the requests this router queued there, the attention
   // over their context: a 100,000-token context recomputed takes ~4× its token count
   t.queue = worker.queuedPrefillTokens + queuedAttention;
-  t.wait = (t.queue + work) * slowdown;
+  // a worker running behind the router's own estimates (its oldest queued request past its
+  // estimated first token) will keep a new request waiting that much more: what the model
+  // missed there (turns recomputing the histories other sessions' turns evicted) is measured.
+  // Not for a prefix in-flight requests share: where every worker runs late, the siblings'
+  // lateness comes from the copies of the prefix, and leaving a late holder makes one more
+  // (docs/routing.md §7, "Agent loops that outgrow their worker")
+  t.late = fleet.hotness < 1 ? t.lateness : 0;
+  t.wait = (t.queue + work) * slowdown + t.late;
   t.kvCapacity = capacity;
   t.kvWait = kvWait;
   t.fits = capacity <= 0 || prompt <= capacity;
@@ -393,6 +412,8 @@ export class CostPolicy implements RoutingPolicy {
   private chosenHit = 0;
   private chosenWork = 0;
   private chosenMoveWork = 0;
+  /** The last choice's estimated TTFT without its lateness (token equivalents). */
+  private chosenEstimate = 0;
   /** This router's requests still in prefill, by ticket: the worker slot (+1; 0 none), their attention work and cached tokens. */
   private readonly queuedTicket = new Float64Array(QUEUED_TICKETS);
   private readonly queuedSlot = new Int32Array(QUEUED_TICKETS);
@@ -400,6 +421,16 @@ export class CostPolicy implements RoutingPolicy {
   private readonly queuedCachedTokens = new Float64Array(QUEUED_TICKETS);
   /** Of those cached tokens, the ones of content anchors (not index entries: not bounded by them). */
   private readonly queuedCachedAnchorTokens = new Float64Array(QUEUED_TICKETS);
+  /** When the router expected each one's first token (ms, on the clock of its `now`), from its estimated TTFT. */
+  private readonly queuedDue = new Float64Array(QUEUED_TICKETS);
+  /**
+   * Per worker slot, its queued tickets in the order they were routed (LATE_RING each): the
+   * oldest still queued is the one that tells how late the worker runs. `lateHead`/`lateTail`
+   * count the tickets taken out and put in.
+   */
+  private lateRing = new Float64Array(0);
+  private lateHead = new Float64Array(0);
+  private lateTail = new Float64Array(0);
   /** Decayed count of recent decisions per shared-prefix key, and when each slot was last decayed. */
   private readonly hotKeys = new Int32Array(HOT_SLOTS);
   private readonly hotCounts = new Float64Array(HOT_SLOTS);
@@ -449,6 +480,8 @@ export class CostPolicy implements RoutingPolicy {
     this.chosenPending = Math.min(t.prompt, this.pending.blocksOn(chosen) * request.blockSize);
     this.chosenAnchorTokens = chosen.anchorTokens > 0 ? chosen.anchorTokens : 0;
     this.chosenWork = t.work;
+    // the model's estimate, not what lateness added to it: lateness is measured against the model
+    this.chosenEstimate = t.wait - t.late + t.kvWait;
     // what the request would have recomputed elsewhere: the prefix it found there beyond what
     // every worker holds (a turn arriving later is counted as this one would have been)
     const held = t.prompt - t.uncached;
@@ -492,6 +525,7 @@ export class CostPolicy implements RoutingPolicy {
     this.stuckInto(into, c);
     into.queuedAttention = this.queuedAttention(c);
     into.queuedCached = this.queuedCached(c, r.blockSize);
+    into.lateness = this.lateness(c.worker.slot);
     return computeTerms(into, c, r, this.weights, this.fleet);
   }
 
@@ -565,6 +599,9 @@ export class CostPolicy implements RoutingPolicy {
       this.attentionQueued = resized(this.attentionQueued, n);
       this.cachedQueued = resized(this.cachedQueued, n);
       this.anchorsQueued = resized(this.anchorsQueued, n);
+      this.lateRing = resized(this.lateRing, n * LATE_RING);
+      this.lateHead = resized(this.lateHead, n);
+      this.lateTail = resized(this.lateTail, n);
     }
     // a time that is no finite number is not kept: the decision counts at the last known time
     const t = Number.isFinite(now) ? now : this.lastNow;
@@ -604,6 +641,10 @@ export class CostPolicy implements RoutingPolicy {
       this.queuedCachedAnchorTokens[i] = anchors;
       this.cachedQueued[worker.slot] += cached;
       this.anchorsQueued[worker.slot] += anchors;
+      const at = Number.isFinite(now) ? now : this.lastNow;
+      this.queuedDue[i] = at + (1000 * this.chosenEstimate) / this.weights.prefillTokensPerSecond;
+      // an answer not streamed has its first token with its last: its wait says nothing of the queue
+      if (request.firstTokenReported !== false) this.queueForLateness(worker.slot, ticket);
     }
     const u = this.chosenUncached;
     this.meanWork = this.meanWork === 0 ? Math.max(1, u) : this.meanWork + (u - this.meanWork) / WORK_SMOOTHING;
@@ -630,6 +671,36 @@ export class CostPolicy implements RoutingPolicy {
     this.attentionQueued[slot] = Math.max(0, this.attentionQueued[slot] - this.queuedWork[i]);
     this.cachedQueued[slot] = Math.max(0, this.cachedQueued[slot] - this.queuedCachedTokens[i]);
     this.anchorsQueued[slot] = Math.max(0, this.anchorsQueued[slot] - this.queuedCachedAnchorTokens[i]);
+  }
+
+  /** Puts a ticket routed to `slot` last in its ring (the oldest is forgotten when it is full). */
+  private queueForLateness(slot: number, ticket: number): void {
+    const base = slot * LATE_RING;
+    if (this.lateTail[slot] - this.lateHead[slot] >= LATE_RING) this.lateHead[slot]++;
+    this.lateRing[base + (this.lateTail[slot] % LATE_RING)] = ticket;
+    this.lateTail[slot]++;
+  }
+
+  /**
+   * How late the worker runs, in token equivalents: how far past its estimated first token
+   * (`queuedDue`) the oldest request this router queued there still is, at the decision's time;
+   * 0 when none is late. The requests queued behind it wait at least that much more than the
+   * router estimated, and so would one routed there now. Tickets that have had their first
+   * token, ended or been overwritten are taken out of the ring first.
+   */
+  private lateness(slot: number): number {
+    if (slot >= this.lateHead.length) return 0;
+    const base = slot * LATE_RING;
+    while (this.lateHead[slot] < this.lateTail[slot]) {
+      const ticket = this.lateRing[base + (this.lateHead[slot] % LATE_RING)];
+      const i = ticket & (QUEUED_TICKETS - 1);
+      if (this.queuedTicket[i] === ticket && this.queuedSlot[i] === slot + 1) {
+        const late = this.lastNow - this.queuedDue[i];
+        return late > 0 ? (late / 1000) * this.weights.prefillTokensPerSecond : 0;
+      }
+      this.lateHead[slot]++;
+    }
+    return 0;
   }
 
   /** Attention work of this router's requests queued on the worker (what their token count leaves out). */
@@ -663,6 +734,7 @@ export class CostPolicy implements RoutingPolicy {
     if (worker.slot < this.attentionQueued.length) this.attentionQueued[worker.slot] = 0;
     if (worker.slot < this.cachedQueued.length) this.cachedQueued[worker.slot] = 0;
     if (worker.slot < this.anchorsQueued.length) this.anchorsQueued[worker.slot] = 0;
+    if (worker.slot < this.lateHead.length) this.lateHead[worker.slot] = this.lateTail[worker.slot];
     if (worker.slot < this.routedAt.length) {
       const base = worker.slot * STUCK_BUCKETS;
       this.stuckCounts.fill(0, base, base + STUCK_BUCKETS);
@@ -787,6 +859,8 @@ export class CostPolicy implements RoutingPolicy {
       /** Cached prompt tokens of this router's requests queued there: KV they take when admitted. */
       queuedCachedTokens: this.queuedCached(c, request.blockSize),
       queueSeconds: seconds(t.queue * t.slowdown),
+      /** How far past the router's own estimate the oldest request it queued there is (0 for a prefix in-flight requests share). */
+      latenessSeconds: seconds(t.late),
       prefillSeconds: seconds(t.work * t.slowdown),
       decodeSlowdown: t.slowdown,
       estimatedTtftSeconds: seconds(t.wait + t.kvWait),

@@ -54,6 +54,12 @@ export interface RouteFeatures {
   readonly sharedPrefixKey?: number;
   /** When the decision is made (ms, the router's clock); policies that measure rates read it. */
   readonly now?: number;
+  /**
+   * Whether the caller reports the request's first token (RouteOptions.firstTokenReported;
+   * default true). A request whose answer is not streamed has its first token with its last:
+   * policies that time prefills leave it out.
+   */
+  readonly firstTokenReported?: boolean;
 }
 
 /** Prefix-chained block hashes of one request (valid while the call that received them runs). */

@@ -391,6 +391,7 @@ export class KVAwareRouter {
           ? hashString32(anchor)
           : 0;
     features.now = now;
+    features.firstTokenReported = options.firstTokenReported !== false;
     const choice = this.policy.choose(candidates, features);
     // a user's policy is not trusted to stay in range; the built-in ones always do
     if (!(Number.isInteger(choice.index) && choice.index >= -1 && choice.index < candidates.length))
@@ -853,6 +854,7 @@ function newFeatures(): FeaturesScratch {
     blocks: undefined,
     sharedPrefixKey: 0,
     now: 0,
+    firstTokenReported: true,
   };
 }
 
