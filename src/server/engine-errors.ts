@@ -12,7 +12,7 @@
  * it will not queue (isQueueFull), which says the engine is overloaded for now, as a 429 does.
  */
 
-import { utf8BomLength } from './whole-json.js';
+import { isWholeJson, utf8BomLength } from './whole-json.js';
 
 /** The longest error answer read: an engine's error is a message and a few fields; an answer longer than this is not one. */
 const MAX_ERROR_ANSWER_BYTES = 64 * 1024;
@@ -262,6 +262,61 @@ export function firstEventData(events: Buffer, atStreamStart = false): Buffer | 
     at = events[end] === CR && events[end + 1] === LF ? end + 2 : end + 1;
   }
   return undefined;
+}
+
+/**
+ * Whether whole events of a stream hold a dispatched event whose data (its data lines' values
+ * joined with "\n", as firstEventData reads them) is neither a whole JSON object or array
+ * (isWholeJson) nor `[DONE]`: text a proxy wrote into the stream, JSON cut short. The OpenAI SDKs
+ * parse every event's data as JSON and fail on such an event. An event the bytes end before its
+ * blank line is not judged. Lines are found with indexOf, and an event of one data line (nearly
+ * every one) is judged on its bytes, with no copy. `atStreamStart`: the bytes are the stream's
+ * first, where one UTF-8 byte order mark is dropped.
+ */
+export function holdsMalformedEvent(events: Buffer, atStreamStart = false): boolean {
+  const n = events.length;
+  /** The data values' [start, end) of the event being read. */
+  let data: number[] | undefined;
+  let nextLf = -1;
+  let nextCr = -1;
+  for (let at = atStreamStart ? utf8BomLength(events) : 0; at < n;) {
+    if (nextLf < at) {
+      nextLf = events.indexOf(LF, at);
+      if (nextLf < 0) nextLf = n;
+    }
+    if (nextCr < at) {
+      nextCr = events.indexOf(CR, at);
+      if (nextCr < 0) nextCr = n;
+    }
+    const end = nextLf < nextCr ? nextLf : nextCr;
+    if (end === n) return false;
+    if (end === at) {
+      if (data !== undefined && !isJsonOrDone(events, data)) return true;
+      data = undefined;
+    } else if (isField(events, at, end, DATA_FIELD)) {
+      let value = at + DATA_FIELD.length + 1;
+      if (value < end && events[value] === SPACE) value++;
+      if (value > end) value = end;
+      (data ??= []).push(value, end);
+    }
+    at = events[end] === CR && events[end + 1] === LF ? end + 2 : end + 1;
+  }
+  return false;
+}
+
+/** Whether the data of one event (its data values' [start, end) in `events`) is whole JSON or `[DONE]`. */
+function isJsonOrDone(events: Buffer, data: readonly number[]): boolean {
+  let value: Buffer;
+  if (data.length === 2) value = events.subarray(data[0], data[1]);
+  else {
+    const parts: Buffer[] = [];
+    for (let i = 0; i < data.length; i += 2) {
+      if (i > 0) parts.push(NEWLINE);
+      parts.push(events.subarray(data[i], data[i + 1]));
+    }
+    value = Buffer.concat(parts);
+  }
+  return isWholeJson(value) || isDoneData(value);
 }
 
 /** Whether an event's data is `[DONE]` (spaces or tabs after it allowed, as holdsDone reads it). */

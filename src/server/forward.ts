@@ -17,6 +17,7 @@ import {
   firstEventData,
   holdsDataLine,
   holdsDone,
+  holdsMalformedEvent,
   isDoneData,
   isEngineFailure,
 } from './engine-errors.js';
@@ -35,7 +36,8 @@ export type ForwardOutcome =
    * the engine failed after its answer started reaching the client (reset, stalled past the
    * inter-chunk timeout, cut short, or an error event of its own for a server error): the stream
    * was ended with an error event and data: [DONE], any other body cut; nothing to retry, but an
-   * engine failure
+   * engine failure. So is a stream that held an event whose data is not JSON after its first
+   * (passed on as the engine sent it: a client may skip such an event)
    */
   | 'cut'
   /** the engine failed before anything reached the client: another worker can take it */
@@ -561,6 +563,11 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   private sent = false;
   /** The stream reached the client with an engine's error event for a server error: the engine failed it. */
   private failedInStream = false;
+  /**
+   * The stream reached the client with an event whose data is neither JSON nor [DONE] (after its
+   * first, which is judged apart): passed on as the engine sent it, but the engine's defect.
+   */
+  private malformedInStream = false;
   /** The stream's events so far hold `data: [DONE]`: its end, where vLLM and SGLang put it. */
   private doneSeen = false;
   /**
@@ -1043,6 +1050,15 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
           return false;
         }
       }
+      // any later event whose data is neither JSON nor [DONE] (text a proxy wrote into the stream,
+      // JSON cut short) fails the OpenAI SDKs, which parse each event's data: the engine's defect,
+      // counted once as a stream it broke (contextforge_stream_failures_total, the breaker). The
+      // stream goes on as the engine sent it: a client that skips such an event keeps its answer.
+      // A chunk that starts inside an event too large to hold is not judged (its start passed on)
+      if (!this.malformedInStream && !continued && holdsMalformedEvent(chunk, !this.sent)) {
+        this.malformedInStream = true;
+        this.failure ??= 'malformed';
+      }
     }
     if (!this.sent) this.startResponse();
     if (doneLfDue) return this.awaitDoneLf(chunk);
@@ -1074,7 +1090,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     const paused = this.awaitingDrain;
     this.doneLfDue = false;
     this.res.end(last);
-    this.settle(this.failedInStream ? 'cut' : 'done');
+    this.settle(this.failedInStream || this.malformedInStream ? 'cut' : 'done');
     this.endedAtDone = true;
     if (more) {
       this.abortUpstream?.(new Error('more after data: [DONE]'));
@@ -1283,7 +1299,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       // the engine ended its stream: what it held back goes as it was sent
       this.res.end(rest);
     }
-    this.settle(this.failedInStream ? 'cut' : 'done');
+    this.settle(this.failedInStream || this.malformedInStream ? 'cut' : 'done');
   }
 
   onError(err?: Error): void {
@@ -1317,7 +1333,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     // loses nothing: no error event after the end, and the engine answered
     if (this.eventStream && this.doneSeen && this.why !== 'client') {
       this.res.end();
-      return this.settle('done');
+      return this.settle(this.malformedInStream ? 'cut' : 'done');
     }
     // after the first byte: end the stream cleanly; the cause stays out of the client's view
     if (this.why !== 'client' && this.eventStream) {

@@ -20,7 +20,7 @@ import { MEDIA_URL_REFUSAL_REASONS } from './media-domains.js';
  * (`timeout`), the connection could not be made (`refused`) or broke (`reset`), the engine answered
  * with a status (or an error object or event) that is no answer (`status`), or its answer was not
  * one the client could read (`malformed`: JSON cut short or not JSON, a stream without its end or
- * whose first event is not JSON, a body of the wrong type, or an answer that breaks HTTP/1.1 so the
+ * with an event that is not JSON, a body of the wrong type, or an answer that breaks HTTP/1.1 so the
  * gateway could not read it: a status line missing, conflicting lengths, headers too large, an
  * interim 100 Continue nothing asked for, chunked framing broken).
  */
@@ -230,7 +230,7 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
   });
   const streamFailures = new Counter({
     name: 'contextforge_stream_failures_total',
-    help: 'Failed attempts after the answer started reaching the client (the stream ended with an error event, any other answer cut; not retried, counted with the status already sent), per worker and reason: timeout (next event overdue), reset (connection broke), status (an error event of the engine for a server error), malformed (a stream ended without data: [DONE], or whose HTTP/1.1 framing broke).',
+    help: 'Failed attempts after the answer started reaching the client (the stream ended with an error event, any other answer cut; not retried, counted with the status already sent), per worker and reason: timeout (next event overdue), reset (connection broke), status (an error event of the engine for a server error), malformed (a stream ended without data: [DONE], one that held an event whose data is not JSON, passed on as sent, or whose HTTP/1.1 framing broke).',
     labelNames: ['worker', 'reason'] as const,
     registers,
   });

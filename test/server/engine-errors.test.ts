@@ -5,7 +5,13 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { errorAnswer, errorAnswerStatus, errorEvent, errorEventStatus } from '../../src/server/engine-errors.js';
+import {
+  errorAnswer,
+  errorAnswerStatus,
+  errorEvent,
+  errorEventStatus,
+  holdsMalformedEvent,
+} from '../../src/server/engine-errors.js';
 
 const events = (text: string) => errorEventStatus(Buffer.from(text));
 const answer = (text: string) => errorAnswerStatus(Buffer.from(text));
@@ -92,6 +98,24 @@ test('a long stream chunk with many lines and no error is passed over whatever i
   const chunk = 'data: {"choices":[{"text":"no error here"}]}\n\n'.repeat(20_000);
   assert.equal(events(chunk), 0);
   assert.equal(events(chunk + 'data: {"error": {"code": 500}}\n\n'), 500);
+});
+
+test('an event whose data is neither whole JSON nor [DONE] is malformed; only whole events are judged', () => {
+  const malformed = (text: string, atStreamStart = false) => holdsMalformedEvent(Buffer.from(text), atStreamStart);
+  assert.equal(malformed('data: {"choices":[]}\n\ndata: [DONE]\n\n'), false);
+  assert.equal(
+    malformed('data: {"choices":\ndata: []}\r\n\r\n'),
+    false,
+    'data lines joined as the SSE format joins them',
+  );
+  assert.equal(malformed(': ping\n\nevent: ping\n\nid: 3\n\n'), false, 'blocks without data are no events');
+  assert.equal(malformed('data:[DONE]\t\r\r'), false);
+  assert.equal(malformed('data: {"choices":[]}\n\ndata: hello\n\n'), true, 'any event of the chunk');
+  assert.equal(malformed('data: {"choices":[{"te\n\n'), true, 'JSON cut short');
+  assert.equal(malformed('data: 42\n\n'), true, 'JSON that is no object or array');
+  assert.equal(malformed('data:\n\n'), true, 'empty data');
+  assert.equal(malformed('data: hello'), false, 'an event the bytes end before its end is not judged');
+  assert.equal(malformed('\uFEFFdata: {}\n\n', true), false, "a byte order mark at the stream's start is dropped");
 });
 
 test("a UTF-8 byte order mark is skipped at the stream's start only, as the SSE format has it", () => {
