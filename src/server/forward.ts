@@ -25,6 +25,7 @@ import { markCutByGateway, type FailureReason } from './metrics.js';
 
 import { answerableRequestId } from './passed-headers.js';
 import type { ProxyReply } from './openai-request.js';
+import { wholeAnswerEvents } from './whole-answer-stream.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
 import type { UnansweredRequest, WorkerConnection } from './worker-connections.js';
 
@@ -81,6 +82,11 @@ export interface ForwardOptions {
   lastAttempt: boolean;
   /** The client asked for a stream. */
   streaming: boolean;
+  /**
+   * The client asked for a stream's usage chunk (stream_options.include_usage): a whole answer
+   * made into a stream (whole-answer-stream.ts) gets one.
+   */
+  includeUsage?: boolean;
   /** The Via header the engine gets: the client's, with this gateway's entry appended (via.ts). */
   via: string;
   /** The client's x-request-id, traceparent and tracestate the engine gets (passed-headers.ts), when it sent any. */
@@ -428,7 +434,7 @@ export function forward(
   const bytes = typeof body === 'string' ? Buffer.from(body) : body;
   const length = bytes.length;
   return new Promise((resolve) => {
-    const attempt = new Attempt(reply, connection, o, resolve);
+    const attempt = new Attempt(reply, connection, o, path.endsWith('/chat/completions'), resolve);
     // it waits for one of the connections the gateway keeps to the engine in the engine's slots,
     // where giving up takes it out at once (and with it these bytes), not in undici's pool queue
     attempt.withdraw = connection.slots.take(() => {
@@ -603,6 +609,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     private readonly reply: ProxyReply,
     private readonly connection: WorkerConnection,
     private readonly o: ForwardOptions,
+    /** The request is a chat completion's (else a text completion's). */
+    private readonly chat: boolean,
     private readonly resolve: (outcome: ForwardOutcome) => void,
   ) {
     const res = reply.raw;
@@ -821,7 +829,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     this.headers = headers;
     // a whole answer is gathered, so one cut short is retried, unless it is too large to hold;
     // one to a streamed request too (JSON instead of events, chunked or of a declared length): it
-    // is checked as a whole answer is, an error object or JSON cut short never passed as success
+    // is checked as a whole answer is, an error object or JSON cut short never passed as success,
+    // and a completion is made into the stream the client asked for (onComplete)
     this.gather = !eventStream && (length === undefined || length <= MAX_GATHERED_BYTES);
     this.declaredLength = length;
     // an answer of declared length takes all of it from the budget at once, or is not gathered
@@ -1275,6 +1284,24 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
         // the client's error: it gets it as the engine wrote it, with the status it names
         this.status = errorStatus;
         this.errorAnswer = true;
+      }
+      if (
+        this.o.streaming &&
+        this.status < 300 &&
+        !this.errorAnswer &&
+        this.headers!['content-encoding'] === undefined
+      ) {
+        // a whole completion to a streamed request (a proxy in front of the engine that does not
+        // stream): the client reads events only, and gets the stream of it; JSON that is no
+        // completion is no answer, and another worker can take the request
+        const events = wholeAnswerEvents(payload, this.chat, this.o.includeUsage === true);
+        if (events === undefined) {
+          this.failure ??= 'malformed';
+          return this.settle('retry');
+        }
+        payload = events;
+        this.headers!['content-type'] = 'text/event-stream';
+        this.headers!['cache-control'] = 'no-cache';
       }
       if (this.status >= 400 && this.headers!['content-encoding'] === undefined && !isWholeJson(payload)) {
         // a client error that is no JSON: a page of something in front of the engine (nginx's

@@ -193,6 +193,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     if (learning) await learning;
     const share = state.sharesDecisions;
     const streaming = prepared.body.stream === true;
+    // (a boolean of its own: holding it holds no body)
+    const includeUsage = streaming && includesUsage(prepared.body.stream_options);
     const release = (decision: RouteResult) => {
       router.release(decision.ticket);
       if (decision.shared) state.decisionEnded(decision.shared);
@@ -336,6 +338,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         failedWorkers: failedWorkers ?? NO_WORKERS,
         lastAttempt: attempt >= maxRetries,
         streaming,
+        includeUsage,
         via,
         passedHeaders: passed,
         firstByteTimeoutMs,
@@ -499,6 +502,15 @@ function hasOtherCandidate(
         failedWorkers?.has(w.id) !== true &&
         w.id !== besides,
     );
+}
+
+/** Whether a request's `stream_options` ask for a stream's usage chunk (`include_usage: true`, as the OpenAI API has it). */
+function includesUsage(streamOptions: unknown): boolean {
+  return (
+    typeof streamOptions === 'object' &&
+    streamOptions !== null &&
+    (streamOptions as { include_usage?: unknown }).include_usage === true
+  );
 }
 
 /** `into`, emptied and filled with the workers of `a` and of `b` (one set a request fills at each attempt). */
