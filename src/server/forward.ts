@@ -299,24 +299,78 @@ const CR = 0x0d;
 const MAX_QUOTED_PAGE_CHARS = 200;
 
 /**
+ * The first bytes of a client error's body kept when the body is too large to pass on whole (over
+ * MAX_GATHERED_BYTES, or more than the answer budget can take): enough to quote its start (a
+ * page's text, tags dropped, is read up to 16 × MAX_QUOTED_PAGE_CHARS), and a whole body this
+ * small is passed on as any client error is.
+ */
+const MAX_CLIENT_ERROR_HEAD_BYTES = 4096;
+
+/** `text` cut to MAX_QUOTED_PAGE_CHARS (an ellipsis where it was cut). */
+function quoted(text: string): string {
+  return text.length > MAX_QUOTED_PAGE_CHARS ? `${text.slice(0, MAX_QUOTED_PAGE_CHARS)}…` : text;
+}
+
+/** The text of an engine's `page` (the start of a body that is not JSON), tags and runs of white space dropped, quoted. */
+function pageText(page: Buffer): string {
+  return quoted(
+    page
+      .toString('utf8', 0, Math.min(page.length, 16 * MAX_QUOTED_PAGE_CHARS))
+      .replace(/<[^>]*>/g, ' ')
+      .replace(/\s+/g, ' ')
+      .trim(),
+  );
+}
+
+/** The OpenAI error object, of a client error's status, that stands for an engine's answer the client cannot be given. */
+function clientErrorObject(status: number, message: string): unknown {
+  return { error: { message, type: 'invalid_request_error', param: null, code: status } };
+}
+
+/**
  * The OpenAI error object a client error of `status` gets for the engine's `page` (a body that is
- * not JSON): its text, tags and runs of white space dropped, quoted up to MAX_QUOTED_PAGE_CHARS.
+ * not JSON): its text quoted (pageText).
  */
 function pageError(status: number, page: Buffer): unknown {
-  const text = page
-    .toString('utf8', 0, Math.min(page.length, 16 * MAX_QUOTED_PAGE_CHARS))
-    .replace(/<[^>]*>/g, ' ')
-    .replace(/\s+/g, ' ')
-    .trim();
-  const quoted = text.length > MAX_QUOTED_PAGE_CHARS ? `${text.slice(0, MAX_QUOTED_PAGE_CHARS)}…` : text;
-  return {
-    error: {
-      message: `the engine answered ${status} with a body that is not JSON${quoted === '' ? '' : `: ${quoted}`}`,
-      type: 'invalid_request_error',
-      param: null,
-      code: status,
-    },
-  };
+  const text = pageText(page);
+  return clientErrorObject(
+    status,
+    `the engine answered ${status} with a body that is not JSON${text === '' ? '' : `: ${text}`}`,
+  );
+}
+
+/** The start of the first `"message"` string of a JSON body's `head` (an engine's error object), up to the end of the head. */
+const MESSAGE_START = /"message"\s*:\s*"((?:[^"\\]|\\.)*)/;
+
+/**
+ * What an engine's error message starts with, read off the `head` of its JSON body (the first
+ * `"message"` string, its escapes decoded, as far as the head holds it); undefined when it holds none.
+ */
+function messageStart(head: Buffer): string | undefined {
+  const raw = MESSAGE_START.exec(head.toString('utf8'))?.[1];
+  if (raw === undefined) return undefined;
+  try {
+    // an escape cut at the head's end is dropped
+    return JSON.parse(`"${raw.replace(/\\(?:u[0-9a-fA-F]{0,3})?$/, '')}"`) as string;
+  } catch {
+    return raw;
+  }
+}
+
+/**
+ * The OpenAI error object a client error of `status` gets for a body too large to pass on whole
+ * (`size`: its length, as known), of which `head` is the start (undefined: in a content coding,
+ * nothing to quote): the engine's message when it is JSON holding one, else its text (pageText),
+ * quoted up to MAX_QUOTED_PAGE_CHARS.
+ */
+function clippedError(status: number, size: string, head: Buffer | undefined): unknown {
+  const message = head === undefined ? undefined : messageStart(head);
+  const text =
+    head === undefined ? '' : message !== undefined ? quoted(message.replace(/\s+/g, ' ').trim()) : pageText(head);
+  return clientErrorObject(
+    status,
+    `the engine answered ${status} with a body too large to pass on (${size})${text === '' ? '' : `: ${text}`}`,
+  );
 }
 
 /**
@@ -544,6 +598,14 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   private declaredLength: number | undefined;
   /** The gathered answer is declared JSON: it is passed on only if it is a whole JSON document. */
   private checkWhole = false;
+  /**
+   * A client error too large to pass on whole (over MAX_GATHERED_BYTES, or more than the answer
+   * budget can take): the first MAX_CLIENT_ERROR_HEAD_BYTES of its body (copies, not views of the
+   * engine's chunks), the rest read and dropped; it is answered as an OpenAI error object quoting
+   * them (answerClipped), or as any client error when the whole body fits in them.
+   */
+  private head: Buffer[] | undefined;
+  private headBytes = 0;
   /** What this answer holds of the answer budget (made at its first take). */
   private answerCharge: BodyCharge | undefined;
   /** Gives this answer's bytes back to the answer budget; once, however many ways the answer ends. */
@@ -839,6 +901,9 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       o.onAnswerBudgetFull();
     }
     this.checkWhole &&= this.gather;
+    // a client error that cannot be gathered is never passed through raw (a page of many megabytes,
+    // or an endless one, the client's SDK cannot read): its start is kept to quote
+    if (!this.gather && this.status >= 400 && !eventStream) this.head = [];
     this.resumeUpstream = resume;
     return true;
   }
@@ -962,6 +1027,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     this.bodyBytes += chunk.length;
     // a stream's first byte is that of its first event (below): keep-alives before it are no answer
     if (!this.firstByteSeen && !this.eventStream) this.firstByte();
+    if (this.head !== undefined) return this.clipped(chunk);
     if (this.gather) {
       this.gathered += chunk.length;
       const fits = this.gathered <= MAX_GATHERED_BYTES;
@@ -983,8 +1049,12 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
         return true;
       }
       // an answer of unknown length grew too large to hold, or larger than the budget could
-      // take: it passes through from here
+      // take: it passes through from here (a client error: its start is kept to quote)
       if (fits) this.o.onAnswerBudgetFull();
+      if (this.status >= 400) {
+        this.clip();
+        return this.clipped(chunk);
+      }
       this.stopGathering();
     }
     /** The chunk holds an event the client dispatches (one with data), or passes through mid-event. */
@@ -1197,6 +1267,71 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     this.res.once('close', this.giveBackAnswer);
   }
 
+  /**
+   * A client error being gathered grew too large for it: what was gathered gives its bytes back
+   * to the budget, its start kept to quote.
+   */
+  private clip(): void {
+    const parts = this.parts ?? [];
+    this.parts = undefined;
+    this.gather = false;
+    this.checkWhole = false;
+    this.head = [];
+    for (const part of parts) this.keepHead(part);
+    this.giveBackAnswer();
+  }
+
+  /** Keeps what `chunk` adds to the start of a client error's body (a copy: a view would hold the chunk's whole buffer). */
+  private keepHead(chunk: Buffer): void {
+    const room = MAX_CLIENT_ERROR_HEAD_BYTES - this.headBytes;
+    if (room <= 0 || chunk.length === 0) return;
+    this.head!.push(Buffer.from(chunk.subarray(0, room)));
+    this.headBytes += Math.min(room, chunk.length);
+  }
+
+  /**
+   * A chunk of a client error too large to pass on whole: its start is kept, the rest dropped.
+   * Once the body is known to be larger than MAX_GATHERED_BYTES (its Content-Length says so, or
+   * that many bytes came) and its start is kept, the client is answered and the engine's rest not
+   * waited for (its connection is dropped): an engine sending an endless body must not hold the
+   * request. A smaller one is read to its end (onComplete), keeping the connection.
+   */
+  private clipped(chunk: Buffer): boolean {
+    this.keepHead(chunk);
+    const size = this.declaredLength ?? this.bodyBytes;
+    if (size <= MAX_GATHERED_BYTES || this.headBytes < Math.min(MAX_CLIENT_ERROR_HEAD_BYTES, size)) return true;
+    this.answerClipped(false);
+    this.abortUpstream?.(new Error('a client error too large to pass on'));
+    return false;
+  }
+
+  /**
+   * Answers a client error too large to pass on whole, from its start (`complete`: its whole body
+   * has come): as an OpenAI error object of its status quoting the engine's message or text. A 404
+   * page of a declared type that is not JSON is a failed attempt, as when it is gathered.
+   */
+  private answerClipped(complete: boolean): void {
+    const head = Buffer.concat(this.head!, this.headBytes);
+    this.head = undefined;
+    const headers = this.headers!;
+    if (this.status === 404 && this.typeDeclared && !declaresJson(headers['content-type'])) {
+      this.failure ??= 'status';
+      return this.settle('retry');
+    }
+    const size =
+      this.declaredLength !== undefined || complete
+        ? `${this.declaredLength ?? this.bodyBytes} bytes`
+        : `over ${MAX_GATHERED_BYTES} bytes`;
+    // a body in a content coding cannot be quoted
+    const encoded = headers['content-encoding'] !== undefined;
+    const payload = Buffer.from(JSON.stringify(clippedError(this.status, size, encoded ? undefined : head)));
+    delete headers['content-encoding'];
+    headers['content-type'] = 'application/json';
+    this.startResponse(payload.length);
+    this.res.end(payload);
+    this.settle('done');
+  }
+
   /** The gathered answer as one buffer (kept as the only part from then on). */
   private gatheredPayload(): Buffer {
     const parts = this.parts;
@@ -1260,6 +1395,14 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       return this.settle('retry');
     }
     if (!this.firstByteSeen) this.firstByte();
+    if (this.head !== undefined) {
+      // a client error whose whole body fits in what was kept of it is answered as one gathered
+      if (this.headBytes < this.bodyBytes) return this.answerClipped(true);
+      this.parts = this.head;
+      this.gathered = this.headBytes;
+      this.head = undefined;
+      this.gather = true;
+    }
     if (this.gather) {
       let payload = this.gatheredPayload();
       // an answer without a Content-Length (or an empty one) is checked at its end
