@@ -38,6 +38,21 @@ function normalise(b: KvEventBatch): { events: unknown; [k: string]: unknown } {
   };
 }
 
+/** A store of one block of one token on the GPU, in the map form of vLLM's releases (fields of a test's own added after it). */
+const ONE_BLOCK_STORED = {
+  type: 'BlockStored',
+  block_hashes: [1],
+  parent_block_hash: null,
+  token_ids: [1],
+  block_size: 1,
+  lora_id: null,
+  medium: 'GPU',
+  lora_name: null,
+} as const;
+
+/** The same store in the array form, up to lora_name (extra_keys, when a test adds them, come next). */
+const ONE_BLOCK_STORED_ARRAY = ['BlockStored', [1], null, [1], 1, null, 'GPU', null] as const;
+
 describe('vLLM KV event decoding', () => {
   test('covers every event type in every historical shape', () => {
     for (const shape of ['v0.9', 'dp', 'medium', 'lora', 'extra', 'group', 'spec', 'mapev', 'map']) {
@@ -208,14 +223,7 @@ describe('vLLM KV event decoding', () => {
     [
       'extra_keys not per block',
       {
-        type: 'BlockStored',
-        block_hashes: [1],
-        parent_block_hash: null,
-        token_ids: [1],
-        block_size: 1,
-        lora_id: null,
-        medium: 'GPU',
-        lora_name: null,
+        ...ONE_BLOCK_STORED,
         extra_keys: [null, null],
       },
       'bad_field',
@@ -236,14 +244,7 @@ describe('vLLM KV event decoding', () => {
     ).map(([key, message]): [string, unknown, string, RegExp] => [
       `a malformed typed extra key ${JSON.stringify(key)}`,
       {
-        type: 'BlockStored',
-        block_hashes: [1],
-        parent_block_hash: null,
-        token_ids: [1],
-        block_size: 1,
-        lora_id: null,
-        medium: 'GPU',
-        lora_name: null,
+        ...ONE_BLOCK_STORED,
         event_version: 1,
         extra_keys: [[key]],
       },
@@ -306,7 +307,7 @@ describe('vLLM KV event decoding', () => {
   });
 
   test('a map in extra_keys counts as a level, and its bytes and uint64s become plain data', () => {
-    const stored = (entry: unknown) => ['BlockStored', [1], null, [1], 1, null, 'GPU', null, [entry]];
+    const stored = (entry: unknown) => [...ONE_BLOCK_STORED_ARRAY, [entry]];
     const b = decodeEventBatch(
       encode([1.5, [stored(['img', { n: 2n ** 63n, d: new Uint8Array([1, 2]) }])]], { useBigInt64: true }),
     );
@@ -318,7 +319,7 @@ describe('vLLM KV event decoding', () => {
       Buffer.from([0x92]), // [ts, events]
       encode(1.5),
       Buffer.from([0x92, 0x99]), // events: two, the first of nine fields
-      ...['BlockStored', [1], null, [1], 1, null, 'GPU', null].map((v) => encode(v)),
+      ...ONE_BLOCK_STORED_ARRAY.map((v) => encode(v)),
       Buffer.from([0x91, 0x92]), // extra_keys: one entry of two keys
       encode('img'),
       ...Array.from({ length: 100_000 }, () => Buffer.from([0x81, 0xa1, 0x61])), // {a: {a: …
@@ -351,9 +352,7 @@ describe('vLLM KV event decoding', () => {
       ['sql-adapter', ['future', 'key']],
     ]);
     const future = { type: 'audio_span', start: 2n ** 63n };
-    const b = decodeEventBatch(
-      encode([1.5, [['BlockStored', [1], null, [1], 1, null, 'GPU', null, [[future]]]]], { useBigInt64: true }),
-    );
+    const b = decodeEventBatch(encode([1.5, [[...ONE_BLOCK_STORED_ARRAY, [[future]]]]], { useBigInt64: true }));
     assert.equal(b.skipped, undefined);
     assert.ok(b.events[0].type === 'BlockStored');
     assert.deepEqual(b.events[0].extraKeys, [[{ type: 'audio_span', start: '9223372036854775808' }]]);
