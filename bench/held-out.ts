@@ -2,12 +2,13 @@
  * bench:held-out — every policy on the generated shapes no default was chosen on, the runs the
  * README and docs/routing.md §7 quote outside the sweep: hot shared prefixes on workers with
  * little KV (bench/traces/hot-prefixes/), long agent sessions among short chats
- * (bench/traces/long-sessions/) and coding-agent loops that outgrow their worker
+ * (bench/traces/long-sessions/), many tenants' system prompts under short sessions on workers
+ * with little KV (bench/traces/tenants/) and coding-agent loops that outgrow their worker
  * (bench/traces/agent-loops/). Each run is what `contextforge-router simulate --trace FILE
  * --speed S --kv-tokens K --max-model-len M --format json` prints for it, one run each (the
  * simulator is deterministic), written to bench/results/held-out.json with the run's settings.
  *
- *   npm run bench:held-out [-- --out bench/results/held-out.json] [--only hot-prefixes,long-sessions,agent-loops]
+ *   npm run bench:held-out [-- --out bench/results/held-out.json] [--only hot-prefixes,long-sessions,tenants,agent-loops]
  */
 import { writeFileSync } from 'node:fs';
 import { comparePolicies, type ComparisonReport } from '../src/sim/compare.js';
@@ -46,6 +47,19 @@ const RUNS: HeldOutRun[] = [
     speed: 1,
     kvTokens: 450_000,
     maxModelLen: 450_000,
+  })),
+  ...[
+    [1, 1],
+    [1, 2],
+    [1, 3],
+    [2, 1],
+    [2, 2],
+    [2, 3],
+  ].map(([n, speed]) => ({
+    shape: 'tenants',
+    trace: `bench/traces/tenants/tenants.${n}.jsonl.gz`,
+    speed,
+    kvTokens: 60_000,
   })),
   ...[1, 2, 3].map((n) => ({
     shape: 'agent-loops',

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Many tenants' system prompts under short user sessions, a Mooncake-format trace shape the
+routing defaults were not chosen on (docs/routing.md §7, "Agent loops that outgrow their
+worker; a worker running late").
+
+    python3 scripts/gen-tenant-traces.py bench/traces/tenants
+
+writes tenants.{1,2}.jsonl.gz: 3,000 requests from user sessions arriving at 2 a second, each
+session 1-5 turns (5-40 s apart) on top of one of 24 tenants' system prompts (2,000-8,000
+tokens, whole blocks; the tenant drawn with Zipf weights 1/k^1.1, so the first few tenants
+carry most sessions). A turn adds 100-1,500 tokens to the session's context, and its answer
+(50-500 tokens) is part of the next turn's. Timestamps in ms; one hash id per 512-token block,
+chained by prefix: a turn's prompt keeps the previous prompt's full blocks. Its figures quoted
+in the docs are on workers with little KV: `simulate --trace FILE --kv-tokens 60000 --speed 3`.
+"""
+import gzip, json, math, os, random, sys
+
+BLOCK = 512
+
+
+class Ids:
+    def __init__(self):
+        self.n = 1
+
+    def new(self, k):
+        r = list(range(self.n, self.n + k))
+        self.n += k
+        return r
+
+
+def tenants(rng, requests=3000, session_rate=2.0, count=24):
+    ids = Ids()
+    lengths = [(rng.randint(2000, 8000) // BLOCK) * BLOCK for _ in range(count)]
+    prompts = [ids.new(length // BLOCK) for length in lengths]
+    weights = [1 / (k + 1) ** 1.1 for k in range(count)]
+    out = []
+    t = 0.0
+    session = 0
+    while len(out) < requests:
+        t += rng.expovariate(session_rate) * 1000
+        k = rng.choices(range(count), weights)[0]
+        cur, length, at = list(prompts[k]), lengths[k], t
+        for _ in range(rng.randint(1, 5)):
+            grown = length + rng.randint(100, 1500)
+            full = length // BLOCK
+            cur = cur[:full] + ids.new(math.ceil(grown / BLOCK) - full)
+            length = grown
+            answer = rng.randint(50, 500)
+            out.append({"timestamp": int(at), "input_length": length, "output_length": answer,
+                        "hash_ids": list(cur), "session_id": f"t{k}s{session}"})
+            length += answer
+            at += rng.uniform(5, 40) * 1000
+        session += 1
+    return out[:requests]
+
+
+if __name__ == "__main__":
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else "bench/traces/tenants"
+    os.makedirs(out_dir, exist_ok=True)
+    for seed in range(1, 3):
+        rng = random.Random(seed * 1000 + sum(map(ord, "tenants")))
+        rows = sorted(tenants(rng), key=lambda d: d["timestamp"])
+        path = os.path.join(out_dir, f"tenants.{seed}.jsonl.gz")
+        # mtime 0: the same seed gives the same bytes
+        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+            for d in rows:
+                f.write((json.dumps(d) + "\n").encode())
