@@ -13,19 +13,9 @@ growing. Timestamps in ms; one hash id per 512-token block, chained by prefix: a
 keeps the previous prompt's full blocks. Run them on the simulator's default workers:
 `simulate --trace FILE --max-model-len 150000`.
 """
-import gzip, json, math, os, random, sys
+import math, os, random, sys
 
-BLOCK = 512
-
-
-class Ids:
-    def __init__(self):
-        self.n = 1
-
-    def new(self, k):
-        r = list(range(self.n, self.n + k))
-        self.n += k
-        return r
+from trace_writing import BLOCK, Ids, write_trace
 
 
 def agent_loops(rng, sessions=40, start_rate=1 / 15):
@@ -56,7 +46,4 @@ if __name__ == "__main__":
         rng = random.Random(seed * 1000 + sum(map(ord, "agentloop")))
         rows = sorted(agent_loops(rng), key=lambda d: d["timestamp"])
         path = os.path.join(out_dir, f"agent-loops.{seed}.jsonl.gz")
-        # mtime 0: the same seed gives the same bytes
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-            for d in rows:
-                f.write((json.dumps(d) + "\n").encode())
+        write_trace(path, rows)

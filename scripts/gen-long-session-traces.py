@@ -12,19 +12,9 @@ keeps the previous prompt's full blocks and replaces its partial last block. Run
 workers whose KV holds about three such sessions, where they cannot all share one worker:
 `simulate --trace FILE --kv-tokens 450000 --max-model-len 450000`.
 """
-import gzip, json, math, os, random, sys
+import math, os, random, sys
 
-BLOCK = 512
-
-
-class Ids:
-    def __init__(self):
-        self.n = 1
-
-    def new(self, k):
-        r = list(range(self.n, self.n + k))
-        self.n += k
-        return r
+from trace_writing import BLOCK, Ids, write_trace
 
 
 def poisson(rng, rate_per_s, n):
@@ -68,7 +58,4 @@ if __name__ == "__main__":
         rng = random.Random(seed * 1000 + sum(map(ord, "longctx")))
         rows = sorted(long_sessions(rng), key=lambda d: d["timestamp"])
         path = os.path.join(out_dir, f"long-sessions.{seed}.jsonl.gz")
-        # mtime 0: the same seed gives the same bytes
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-            for d in rows:
-                f.write((json.dumps(d) + "\n").encode())
+        write_trace(path, rows)

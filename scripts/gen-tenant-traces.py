@@ -13,19 +13,9 @@ carry most sessions). A turn adds 100-1,500 tokens to the session's context, and
 chained by prefix: a turn's prompt keeps the previous prompt's full blocks. Its figures quoted
 in the docs are on workers with little KV: `simulate --trace FILE --kv-tokens 60000 --speed 3`.
 """
-import gzip, json, math, os, random, sys
+import math, os, random, sys
 
-BLOCK = 512
-
-
-class Ids:
-    def __init__(self):
-        self.n = 1
-
-    def new(self, k):
-        r = list(range(self.n, self.n + k))
-        self.n += k
-        return r
+from trace_writing import BLOCK, Ids, write_trace
 
 
 def tenants(rng, requests=3000, session_rate=2.0, count=24):
@@ -61,7 +51,4 @@ if __name__ == "__main__":
         rng = random.Random(seed * 1000 + sum(map(ord, "tenants")))
         rows = sorted(tenants(rng), key=lambda d: d["timestamp"])
         path = os.path.join(out_dir, f"tenants.{seed}.jsonl.gz")
-        # mtime 0: the same seed gives the same bytes
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-            for d in rows:
-                f.write((json.dumps(d) + "\n").encode())
+        write_trace(path, rows)
