@@ -277,18 +277,9 @@ export function holdsMalformedEvent(events: Buffer, atStreamStart = false): bool
   const n = events.length;
   /** The data values' [start, end) of the event being read. */
   let data: number[] | undefined;
-  let nextLf = -1;
-  let nextCr = -1;
+  const breaks = new LineBreaks(events);
   for (let at = atStreamStart ? utf8BomLength(events) : 0; at < n;) {
-    if (nextLf < at) {
-      nextLf = events.indexOf(LF, at);
-      if (nextLf < 0) nextLf = n;
-    }
-    if (nextCr < at) {
-      nextCr = events.indexOf(CR, at);
-      if (nextCr < 0) nextCr = n;
-    }
-    const end = nextLf < nextCr ? nextLf : nextCr;
+    const end = breaks.lineEnd(at);
     if (end === n) return false;
     if (end === at) {
       if (data !== undefined && !isJsonOrDone(events, data)) return true;
@@ -371,20 +362,12 @@ export function errorEvent(events: Buffer, atStreamStart = false, firstEventOnly
   let typedError = false;
   let mayHoldError = false;
   let data: number[] | undefined;
-  // the next LF, CR and `"error"` at or after the line being read (n: none), each searched for once
-  let nextLf = -1;
-  let nextCr = -1;
+  // the next `"error"` at or after the line being read (n: none), searched for once, as the line
+  // breaks are (LineBreaks)
+  const breaks = new LineBreaks(events);
   let nextQuoted = -1;
   for (let at = start; at < n;) {
-    if (nextLf < at) {
-      nextLf = events.indexOf(LF, at);
-      if (nextLf < 0) nextLf = n;
-    }
-    if (nextCr < at) {
-      nextCr = events.indexOf(CR, at);
-      if (nextCr < 0) nextCr = n;
-    }
-    const end = nextLf < nextCr ? nextLf : nextCr;
+    const end = breaks.lineEnd(at);
     // a line the bytes end before its end: its event is not whole
     if (end === n) break;
     if (end === at) {
@@ -433,4 +416,30 @@ function eventError(events: Buffer, data: readonly number[], typedError: boolean
     return typedError ? { status: 500, queueFull: false } : NO_ERROR;
   }
   return errorOf(value, typedError);
+}
+
+/**
+ * The end of each line of an SSE text, read in order: the next LF and the next CR at or after
+ * the line being read are each searched for once (indexOf) and kept until a line passes them,
+ * so a chunk of many short lines is not searched again for every line.
+ */
+class LineBreaks {
+  private nextLf = -1;
+  private nextCr = -1;
+
+  constructor(private readonly events: Buffer) {}
+
+  /** Where the line starting at `at` ends (its LF or CR), or the text's length when it does not end. */
+  lineEnd(at: number): number {
+    const events = this.events;
+    if (this.nextLf < at) {
+      this.nextLf = events.indexOf(LF, at);
+      if (this.nextLf < 0) this.nextLf = events.length;
+    }
+    if (this.nextCr < at) {
+      this.nextCr = events.indexOf(CR, at);
+      if (this.nextCr < 0) this.nextCr = events.length;
+    }
+    return this.nextLf < this.nextCr ? this.nextLf : this.nextCr;
+  }
 }
