@@ -13,19 +13,10 @@ import { ApiKeys } from '../../src/server/api-keys.js';
 import { createGateway, type Gateway, type GatewayOptions } from '../../src/server/gateway.js';
 import { fakeEngine } from '../faults/harness.js';
 import { rawClient } from '../helpers/raw-client.js';
+import { completionCounts } from '../helpers/request-counts.js';
 import { settled, until } from '../helpers/wait.js';
 
 const KEY = 'sk-client-closed-0000';
-
-/** Every contextforge_requests_total sample of /v1/completions, as `status count` pairs. */
-async function completionCounts(metrics: () => Promise<string>): Promise<Record<string, number>> {
-  const counts: Record<string, number> = {};
-  for (const line of (await metrics()).split('\n')) {
-    const m = /^contextforge_requests_total\{path="\/v1\/completions",status="(\d+)"\} (\d+)$/.exec(line);
-    if (m) counts[m[1]] = Number(m[2]);
-  }
-  return counts;
-}
 
 /** The completion counts once the first request is counted (see completionCounts). */
 function firstCounts(gateway: Gateway): Promise<Record<string, number>> {

@@ -13,6 +13,7 @@ import { createGateway } from '../../src/server/gateway.js';
 import { MAX_PIPELINED_REQUESTS, PipelinedRequests } from '../../src/server/pipelining.js';
 import { listening } from '../helpers/listening.js';
 import { rawClient } from '../helpers/raw-client.js';
+import { completionCounts } from '../helpers/request-counts.js';
 import { settled, until } from '../helpers/wait.js';
 
 /** An engine that answers each completion when the test says, and records the prompts it was asked. */
@@ -45,12 +46,8 @@ async function holdingEngine() {
   };
 }
 
-const completion = (prompt: string) => {
-  const body = JSON.stringify({ model: 'm', prompt });
-  return `POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n${body}`;
-};
-
-test('past the pipelining depth a request reaches no engine, is answered 503 in its turn, and the connection closes after it', async () => {
+/** A gateway listening on a free port in front of one holdingEngine(). */
+async function gatewayOnHoldingEngine() {
   const engine = await holdingEngine();
   const gateway = await createGateway({
     router: new KVAwareRouter(),
@@ -60,6 +57,16 @@ test('past the pipelining depth a request reaches no engine, is answered 503 in 
   });
   await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const port = (gateway.app.server.address() as { port: number }).port;
+  return { engine, gateway, port };
+}
+
+const completion = (prompt: string) => {
+  const body = JSON.stringify({ model: 'm', prompt });
+  return `POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n${body}`;
+};
+
+test('past the pipelining depth a request reaches no engine, is answered 503 in its turn, and the connection closes after it', async () => {
+  const { engine, gateway, port } = await gatewayOnHoldingEngine();
   const client = await rawClient(port);
   const { socket } = client;
   const other = (await rawClient(port)).socket;
@@ -95,26 +102,8 @@ test('past the pipelining depth a request reaches no engine, is answered 503 in 
   }
 });
 
-/** Every contextforge_requests_total sample of /v1/completions, as status: count. */
-async function completionCounts(metrics: () => Promise<string>): Promise<Record<string, number>> {
-  const counts: Record<string, number> = {};
-  for (const line of (await metrics()).split('\n')) {
-    const m = /^contextforge_requests_total\{path="\/v1\/completions",status="(\d+)"\} (\d+)$/.exec(line);
-    if (m) counts[m[1]] = Number(m[2]);
-  }
-  return counts;
-}
-
 test('requests pipelined behind a refusal, closed with the connection the gateway closes after it, count as refused, not as clients that left', async () => {
-  const engine = await holdingEngine();
-  const gateway = await createGateway({
-    router: new KVAwareRouter(),
-    workers: [{ id: 'e', url: engine.url }],
-    healthCheckIntervalMs: 0,
-    metricsIntervalMs: 0,
-  });
-  await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  const port = (gateway.app.server.address() as { port: number }).port;
+  const { engine, gateway, port } = await gatewayOnHoldingEngine();
   const client = await rawClient(port);
   try {
     // the depth served at once, one refused, and two more behind the refusal
