@@ -254,10 +254,7 @@ export function firstEventData(events: Buffer, atStreamStart = false): Buffer | 
         return Buffer.concat(parts);
       }
     } else if (isField(events, at, end, DATA_FIELD)) {
-      let value = at + DATA_FIELD.length + 1;
-      if (value < end && events[value] === SPACE) value++;
-      if (value > end) value = end;
-      (data ??= []).push(value, end);
+      (data ??= []).push(dataValueStart(events, at, end), end);
     }
     at = events[end] === CR && events[end + 1] === LF ? end + 2 : end + 1;
   }
@@ -285,10 +282,7 @@ export function holdsMalformedEvent(events: Buffer, atStreamStart = false): bool
       if (data !== undefined && !isJsonOrDone(events, data)) return true;
       data = undefined;
     } else if (isField(events, at, end, DATA_FIELD)) {
-      let value = at + DATA_FIELD.length + 1;
-      if (value < end && events[value] === SPACE) value++;
-      if (value > end) value = end;
-      (data ??= []).push(value, end);
+      (data ??= []).push(dataValueStart(events, at, end), end);
     }
     at = events[end] === CR && events[end + 1] === LF ? end + 2 : end + 1;
   }
@@ -382,9 +376,7 @@ export function errorEvent(events: Buffer, atStreamStart = false, firstEventOnly
       mayHoldError = false;
       data = undefined;
     } else if (isField(events, at, end, DATA_FIELD)) {
-      let value = at + DATA_FIELD.length + 1;
-      if (value < end && events[value] === SPACE) value++;
-      if (value > end) value = end;
+      const value = dataValueStart(events, at, end);
       (data ??= []).push(value, end);
       if (!mayHoldError) {
         if (nextQuoted < value) {
@@ -442,4 +434,11 @@ class LineBreaks {
     }
     return this.nextLf < this.nextCr ? this.nextLf : this.nextCr;
   }
+}
+
+/** Where the value of the data line `events[at, end)` starts: after `data:` and one space, if any. */
+function dataValueStart(events: Buffer, at: number, end: number): number {
+  let value = at + DATA_FIELD.length + 1;
+  if (value < end && events[value] === SPACE) value++;
+  return value > end ? end : value;
 }
