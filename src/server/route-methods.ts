@@ -46,10 +46,28 @@ export class RouteMethods {
   }
 }
 
-/** The segments of a request target's path (its query left out). */
+/**
+ * The segments of a request target's path as Fastify's router matches it: its query and fragment
+ * left out, and percent-decoded (find-my-way decodes the path with decodeURI's rules before it
+ * matches, so `/v1/%63ompletions` is `/v1/completions`; a check made before routing that read
+ * the path as written would miss the route a request reaches). A path whose encoding is not
+ * valid is kept as written: Fastify refuses it.
+ */
 function pathSegments(target: string): string[] {
-  const q = target.indexOf('?');
-  return (q === -1 ? target : target.slice(0, q)).split('/');
+  let end = target.length;
+  const query = target.indexOf('?');
+  if (query !== -1) end = query;
+  const fragment = target.indexOf('#');
+  if (fragment !== -1 && fragment < end) end = fragment;
+  let path = end === target.length ? target : target.slice(0, end);
+  if (path.includes('%')) {
+    try {
+      path = decodeURI(path);
+    } catch {
+      // a malformed escape: no route matches it as written either
+    }
+  }
+  return path.split('/');
 }
 
 /** A pattern's segments against a path's: `:name` matches any non-empty segment, `*` the rest. */

@@ -40,14 +40,18 @@ interface Sent {
 }
 
 /** POSTs a completion of `prompt` on a connection of its own, from `localAddress`, with an API key when given. */
-function post(port: number, prompt: string, o: { from?: string; key?: string; stream?: boolean } = {}): Sent {
+function post(
+  port: number,
+  prompt: string,
+  o: { from?: string; key?: string; stream?: boolean; path?: string } = {},
+): Sent {
   const body = JSON.stringify({ model: 'm', prompt, ...(o.stream ? { stream: true } : {}) });
   let answer: Answer | Error | undefined;
   const req = request({
     host: '127.0.0.1',
     port,
     method: 'POST',
-    path: '/v1/completions',
+    path: o.path ?? '/v1/completions',
     agent: false,
     localAddress: o.from ?? '127.0.0.1',
     headers: {
@@ -184,6 +188,13 @@ test(
       assert.equal(refused.headers.connection, 'close');
       assert.equal(g.completions(), 2);
 
+      // the same route written another way (Fastify matches the percent-decoded path) is the same route
+      for (const path of ['/v1/%63ompletions', '/v1/completions#x', '/v1/c%6Fmpletions?x=1']) {
+        const encoded = await answered(post(g.port, 'hold 4', { path }));
+        assertRefused(encoded, 2);
+      }
+      assert.equal(g.completions(), 2, 'none of them reached the engine');
+
       // another address is another client
       const other = await answered(post(g.port, 'quick', { from: '127.0.0.2' }));
       assert.equal(other.status, 200, other.body);
@@ -195,11 +206,11 @@ test(
         assert.notEqual(res.status, 429, path);
       }
 
-      assert.equal(await metric(g.gateway, 'contextforge_client_request_limit_refusals_total{client="address"}'), 1);
+      assert.equal(await metric(g.gateway, 'contextforge_client_request_limit_refusals_total{client="address"}'), 4);
       assert.equal(await metric(g.gateway, 'contextforge_client_request_limit_refusals_total{client="api_key"}'), 0);
       assert.equal(
         await metric(g.gateway, 'contextforge_requests_total{path="/v1/completions",status="429"}'),
-        1,
+        4,
         'the refusal is counted with its status',
       );
       assert.equal(await inFlight(g.gateway), 2);
