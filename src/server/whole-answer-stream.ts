@@ -7,8 +7,11 @@
  * form as vLLM writes it (protocol.py ChatCompletionStreamResponse, CompletionStreamResponse):
  * - one chunk per choice: `chat.completion.chunk` whose choice holds the message as its `delta`
  *   (a tool call with its `index`, which a stream's tool calls carry), or `text_completion` whose
- *   choice is the answer's own, with every other member of the answer and of the choice as it was
- *   (finish_reason, logprobs, stop_reason, system_fingerprint…);
+ *   choice is the answer's own, with every other member of the choice as it was (finish_reason,
+ *   logprobs, stop_reason…); every other member of the answer (system_fingerprint,
+ *   prompt_logprobs, prompt_token_ids, kv_transfer_params…) in the first chunk only, as vLLM streams
+ *   prompt_token_ids, so the stream is about the answer's size whatever the number of choices (the
+ *   OpenAI SDKs' stream readers keep a member of any chunk);
  * - the usage chunk (`choices` empty, `usage` the answer's) when the client asked for it
  *   (stream_options.include_usage): a client that did not may index choices[0] of every chunk;
  * - `data: [DONE]`.
@@ -41,9 +44,13 @@ export function wholeAnswerEvents(answer: Buffer, chat: boolean, includeUsage: b
   if (!choices.every((c) => isObject(c) && (chat ? isObject(c.message) : typeof c.text === 'string'))) return undefined;
   const chunkObject = chat ? 'chat.completion.chunk' : 'text_completion';
   let events = '';
-  for (const choice of choices as Members[]) {
+  for (const [i, choice] of (choices as Members[]).entries()) {
     const streamed = chat ? chatChoiceDelta(choice) : choice;
-    events += `data: ${JSON.stringify({ id, object: chunkObject, created, model, choices: [streamed], ...others })}\n\n`;
+    // the answer's other members go once, in the first chunk (vLLM's stream sends its
+    // prompt_token_ids so): a copy per choice would make an n-choice stream n times their size (a
+    // client sets n and prompt_logprobs, many megabytes at the top level of vLLM's answer)
+    const chunk = { id, object: chunkObject, created, model, choices: [streamed], ...(i === 0 ? others : {}) };
+    events += `data: ${JSON.stringify(chunk)}\n\n`;
   }
   if (includeUsage)
     events += `data: ${JSON.stringify({ id, object: chunkObject, created, model, choices: [], usage: usage ?? null })}\n\n`;

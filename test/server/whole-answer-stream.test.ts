@@ -31,12 +31,58 @@ test('each choice is a chunk of its own, then the usage chunk when asked for, th
     chunk([{ index: 0, delta: { role: 'assistant', content: 'a' }, finish_reason: 'stop' }], {
       system_fingerprint: 'fp',
     }) +
-      chunk([{ index: 1, delta: { role: 'assistant', content: 'b' }, finish_reason: 'length' }], {
-        system_fingerprint: 'fp',
-      }) +
+      chunk([{ index: 1, delta: { role: 'assistant', content: 'b' }, finish_reason: 'length' }], {}) +
       chunk([], { usage: answer.usage }) +
       'data: [DONE]\n\n',
+    "the answer's other members in the first chunk only",
   );
+});
+
+test("a large member of the answer goes once: the stream is about the answer's size, whatever its number of choices", () => {
+  // vLLM's answer carries prompt_logprobs (and prompt_token_ids) at its top level, as large as
+  // the client makes them, and the client sets n
+  const n = 8;
+  const answer = JSON.stringify({
+    id: 'chatcmpl-1',
+    object: 'chat.completion',
+    created: 1,
+    model: 'm',
+    choices: Array.from({ length: n }, (_, index) => ({
+      index,
+      message: { role: 'assistant', content: 'a' },
+      logprobs: null,
+      finish_reason: 'stop',
+      stop_reason: null,
+    })),
+    usage: { prompt_tokens: 1, completion_tokens: n, total_tokens: n + 1 },
+    prompt_logprobs: [null, { '1': { logprob: 0, rank: 1, decoded_token: 'x'.repeat(1024 * 1024) } }],
+    prompt_token_ids: Array.from({ length: 1000 }, (_, i) => i),
+    kv_transfer_params: null,
+  });
+  const out = wholeAnswerEvents(Buffer.from(answer), true, true)!;
+  // each chunk's own members (id, object, created, model, the SSE framing) and the usage chunk
+  const perChunk = 200;
+  assert.ok(
+    out.length <= answer.length + (n + 2) * perChunk,
+    `a stream of ${out.length} bytes for an answer of ${answer.length}`,
+  );
+  const chunks = out
+    .toString()
+    .split('\n\n')
+    .filter((e) => e !== '' && e !== 'data: [DONE]')
+    .map((e) => JSON.parse(e.slice('data: '.length)) as Record<string, unknown>);
+  assert.equal(chunks.length, n + 1);
+  assert.deepEqual(Object.keys(chunks[0]), [
+    'id',
+    'object',
+    'created',
+    'model',
+    'choices',
+    'prompt_logprobs',
+    'prompt_token_ids',
+    'kv_transfer_params',
+  ]);
+  for (const chunk of chunks.slice(1)) assert.deepEqual(Object.keys(chunk).slice(5), chunk.usage ? ['usage'] : []);
 });
 
 test("a tool call keeps an index of its own, and gets its place's when it has none", () => {
