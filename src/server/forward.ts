@@ -384,6 +384,16 @@ const MID_STREAM_ERROR_EVENTS = `data: ${JSON.stringify({ error: { message: 'the
 /** As MID_STREAM_ERROR_EVENTS, for a stream the gateway's shutdown grace ended. */
 const SHUTDOWN_ERROR_EVENTS = `data: ${JSON.stringify({ error: { message: 'the gateway shut down mid-stream', type: 'server_error', param: null, code: 'gateway_shutdown' } })}\n\ndata: [DONE]\n\n`;
 
+/** The gateway's 500 for a whole completion to a streamed request it failed to make into a stream (onComplete). */
+const STREAM_CONVERSION_ERROR = {
+  error: {
+    message: "the gateway failed to make the engine's whole answer into the stream asked for",
+    type: 'server_error',
+    param: null,
+    code: null,
+  },
+};
+
 /**
  * The streams under way (attempts whose event stream has begun reaching the client), for the
  * gateway's shutdown: when its grace ends, each is ended as an engine's failure mid-stream ends
@@ -1437,14 +1447,31 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
         // a whole completion to a streamed request (a proxy in front of the engine that does not
         // stream): the client reads events only, and gets the stream of it; JSON that is no
         // completion is no answer, and another worker can take the request
-        const events = wholeAnswerEvents(payload, this.chat, this.o.includeUsage === true);
-        if (events === undefined) {
+        let events: Buffer | undefined;
+        let unconverted = false;
+        try {
+          events = wholeAnswerEvents(payload, this.chat, this.o.includeUsage === true);
+        } catch {
+          unconverted = true;
+        }
+        if (unconverted) {
+          // the engine answered: a completion, read whole, that the gateway failed to make into a
+          // stream (a value nested deeper than JSON.stringify recurses, memory). No failure reason
+          // fits (each names what the engine did wrong), and another worker's answer would fare
+          // alike: the client gets the gateway's own 500, and the attempt ends answered, so
+          // neither the worker's breaker nor the failure metrics count it against the engine
+          this.status = 500;
+          this.errorAnswer = true;
+          payload = Buffer.from(JSON.stringify(STREAM_CONVERSION_ERROR));
+          this.headers!['content-type'] = 'application/json';
+        } else if (events === undefined) {
           this.failure ??= 'malformed';
           return this.settle('retry');
+        } else {
+          payload = events;
+          this.headers!['content-type'] = 'text/event-stream';
+          this.headers!['cache-control'] = 'no-cache';
         }
-        payload = events;
-        this.headers!['content-type'] = 'text/event-stream';
-        this.headers!['cache-control'] = 'no-cache';
       }
       if (this.status >= 400 && this.headers!['content-encoding'] === undefined && !isWholeJson(payload)) {
         // a client error that is no JSON: a page of something in front of the engine (nginx's

@@ -235,3 +235,39 @@ test("an engine's error object for a client error, answered 200 to a streamed re
     await bad.close();
   }
 });
+
+test("a completion the gateway fails to make into a stream: the gateway's own 500, no failure of the engine's", async () => {
+  // JSON.parse reads a value nested this deep, JSON.stringify (which recurses) fails to write it
+  // again: a completion, read whole, that the gateway cannot make into a stream
+  const nested = `${'['.repeat(100_000)}${']'.repeat(100_000)}`;
+  const bad = await fakeEngine((req: IncomingMessage, res: ServerResponse) => {
+    req.resume();
+    if (req.method !== 'POST') return void res.writeHead(404).end();
+    req.on('end', () => {
+      const message = { role: 'assistant', content: 'a', nested: null };
+      const text = JSON.stringify(chatCompletion(message)).replace('"nested":null', `"nested":${nested}`);
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) }).end(text);
+    });
+  });
+  const g = await badFirstGateway(bad.url, false);
+  try {
+    // more than open the worker's circuit if they counted as its failures (breakerFailures: 3)
+    for (let i = 0; i < 4; i++) {
+      const r = await post(g.base, '/v1/chat/completions', {
+        model: 'm',
+        messages: [{ role: 'user', content: 'hi' }],
+        stream: true,
+      });
+      assert.equal(r.status, 500, r.text);
+      assert.match(r.headers.get('content-type') ?? '', /^application\/json/);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'bad');
+      assert.equal((JSON.parse(r.text) as { error: { type: string } }).error.type, 'server_error');
+    }
+    assert.equal(await sample(g.gateway.metrics, 'contextforge_upstream_failures_total'), 0);
+    assert.deepEqual(g.gateway.health.reasons('bad'), []);
+    assert.equal(g.router.getStats().inFlightRequests, 0);
+  } finally {
+    await g.close();
+    await bad.close();
+  }
+});
