@@ -789,6 +789,30 @@ describe('cost policy regimes', () => {
     assert.equal(terms(p, cs[0], turn(61_000)).latenessSeconds, 0);
   });
 
+  test('a worker running late: a clock set back hides no lateness and makes none', () => {
+    const p = new CostPolicy();
+    const cs = fleet([{ cached: 40_000 }, {}]);
+    const empty = { ...cs[0], cachedTokens: 0, overlapBlocks: 0 };
+    const other: RouteFeatures = { ...request(45_000), now: 0 };
+    p.choose([empty], other);
+    const due = terms(p, empty, other).estimatedTtftSeconds;
+    p.onRouted(cs[0].worker, other, 1, 0);
+    // a minute on, a request to w1; then the clock is set back by 59 s for the next one
+    const at60: RouteFeatures = { ...request(1000), now: 60_000 };
+    p.choose([cs[1]], at60);
+    p.onRouted(cs[1].worker, at60, 2, 60_000);
+    const back: RouteFeatures = { ...request(1000), now: 1000 };
+    p.choose([cs[1]], back);
+    p.onRouted(cs[1].worker, back, 3, 1000);
+    // w0's queued turn is still a minute old, and w1's requests, routed at or after the clock's
+    // highest reading, are not late
+    const turn: RouteFeatures = { ...request(50_000), now: 1500 };
+    p.choose(cs, turn);
+    const late = terms(p, cs[0], turn).latenessSeconds;
+    assert.ok(Math.abs(late - (60 - due)) < 1e-6, `${late} vs ${60 - due}`);
+    assert.equal(terms(p, cs[1], turn).latenessSeconds, 0);
+  });
+
   test('a worker running late: a request whose answer is not streamed is not timed', () => {
     const p = new CostPolicy();
     const cs = fleet([{ cached: 40_000 }, {}]);

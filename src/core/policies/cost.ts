@@ -617,7 +617,8 @@ export class CostPolicy implements RoutingPolicy {
     this.stuckCounts[b] += 1;
     this.stuckSums[b] += moveWork;
     this.routedAt[slot] = t;
-    this.lastNow = t;
+    // never back: a clock set back would hide how late the requests queued before it are
+    if (t > this.lastNow) this.lastNow = t;
   }
 
   /** A routed request: the mean work, the hit rate and the prefix's count learn from it; its prefix is pending on the worker. */
@@ -641,7 +642,9 @@ export class CostPolicy implements RoutingPolicy {
       this.queuedCachedAnchorTokens[i] = anchors;
       this.cachedQueued[worker.slot] += cached;
       this.anchorsQueued[worker.slot] += anchors;
-      const at = Number.isFinite(now) ? now : this.lastNow;
+      // due on the policy's clock, which never goes back (a request routed after the clock was set
+      // back is not late from the moment it is routed)
+      const at = Number.isFinite(now) && now > this.lastNow ? now : this.lastNow;
       this.queuedDue[i] = at + (1000 * this.chosenEstimate) / this.weights.prefillTokensPerSecond;
       // an answer not streamed has its first token with its last: its wait says nothing of the queue
       if (request.firstTokenReported !== false) this.queueForLateness(worker.slot, ticket);
