@@ -18,9 +18,9 @@ function isJsonSpace(b: number | undefined): boolean {
   return b === 0x20 || b === 0x0a || b === 0x0d || b === 0x09;
 }
 
-/** The length of the UTF-8 byte order mark `bytes` start with: 3, or 0 when they start without one. */
-export function utf8BomLength(bytes: Uint8Array): number {
-  return bytes.length >= 3 && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf ? 3 : 0;
+/** The length of the UTF-8 byte order mark `bytes[at, end)` start with: 3, or 0 when they start without one. */
+export function utf8BomLength(bytes: Uint8Array, at = 0, end = bytes.length): number {
+  return end - at >= 3 && bytes[at] === 0xef && bytes[at + 1] === 0xbb && bytes[at + 2] === 0xbf ? 3 : 0;
 }
 
 /**
@@ -34,37 +34,61 @@ export function utf8BomLength(bytes: Uint8Array): number {
  * a string and build every object in it, for an answer that is passed on as its bytes.
  */
 export function isWholeJson(bytes: Uint8Array): boolean {
-  const n = bytes.length;
+  return isWholeJsonIn(bytes, 0, bytes.length);
+}
+
+/**
+ * The closing brackets isWholeJsonIn waits for, innermost last: one stack for every call (the
+ * check is synchronous and calls nothing that could re-enter it), so that the check of each
+ * streamed event allocates nothing.
+ */
+let closers = new Uint8Array(64);
+/** The largest stack kept for later calls; an input nested deeper gets a larger one for its own call. */
+const MAX_KEPT_CLOSERS = 4096;
+
+/**
+ * isWholeJson of `bytes[start, end)`, read in place: a streamed event's data is judged where it
+ * lies in its chunk, with no view of it made (a UTF-8 byte order mark is skipped at `start`).
+ */
+export function isWholeJsonIn(bytes: Uint8Array, start: number, end: number): boolean {
+  const n = end;
   // a UTF-8 byte order mark at the start, which RFC 8259 §8.1 lets a parser ignore (the error-object check does)
-  let i = utf8BomLength(bytes);
+  let i = start + utf8BomLength(bytes, start, n);
   while (i < n && isJsonSpace(bytes[i])) i++;
   if (i === n || (bytes[i] !== OPEN_BRACE && bytes[i] !== OPEN_BRACKET)) return false;
-  /** The closing bracket each open one needs, innermost last. */
-  const closers: number[] = [];
+  let stack = closers;
+  let depth = 0;
   for (; i < n; i++) {
     const b = bytes[i];
     if (b === QUOTE) {
       // the string ends at the next quote not escaped: one after an even run of backslashes
-      let end = i;
+      let close = i;
       for (;;) {
-        end = bytes.indexOf(QUOTE, end + 1);
-        if (end < 0) return false;
+        close = bytes.indexOf(QUOTE, close + 1);
+        if (close < 0 || close >= n) return false;
         let backslashes = 0;
-        while (bytes[end - 1 - backslashes] === BACKSLASH) backslashes++;
+        // the run stops at the opening quote at the latest, so it never reads before `start`
+        while (bytes[close - 1 - backslashes] === BACKSLASH) backslashes++;
         if (backslashes % 2 === 0) break;
       }
-      i = end;
-    } else if (b === OPEN_BRACE) closers.push(CLOSE_BRACE);
-    else if (b === OPEN_BRACKET) closers.push(CLOSE_BRACKET);
-    else if (b === CLOSE_BRACE || b === CLOSE_BRACKET) {
-      if (closers.pop() !== b) return false;
-      if (closers.length === 0) {
+      i = close;
+    } else if (b === OPEN_BRACE || b === OPEN_BRACKET) {
+      if (depth === stack.length) {
+        const grown = new Uint8Array(stack.length * 2);
+        grown.set(stack);
+        stack = grown;
+        if (grown.length <= MAX_KEPT_CLOSERS) closers = grown;
+      }
+      stack[depth++] = b === OPEN_BRACE ? CLOSE_BRACE : CLOSE_BRACKET;
+    } else if (b === CLOSE_BRACE || b === CLOSE_BRACKET) {
+      if (depth === 0 || stack[--depth] !== b) return false;
+      if (depth === 0) {
         i++;
         break;
       }
     }
   }
-  if (closers.length > 0) return false;
+  if (depth > 0) return false;
   while (i < n && isJsonSpace(bytes[i])) i++;
   return i === n;
 }

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { declaresJson, isWholeJson } from '../../src/server/whole-json.js';
+import { declaresJson, isWholeJson, isWholeJsonIn } from '../../src/server/whole-json.js';
 
 const whole = (text: string) => isWholeJson(Buffer.from(text));
 
@@ -46,6 +46,62 @@ test('what is not one JSON object or array does not pass', () => {
     '}{',
   ])
     assert.equal(whole(text), false, text);
+});
+
+test('a range of a buffer is judged as a buffer of its bytes alone would be', () => {
+  const deep = (depth: number) => `${'[{"a":'.repeat(depth)}"x"${'}]'.repeat(depth)}`;
+  const inputs = [
+    ANSWER,
+    `\uFEFF ${ANSWER}\n`,
+    ` \uFEFF${ANSWER}`,
+    '\uFEFF',
+    '\uFEFF{}',
+    '[{"a":"]"},"}"]',
+    '{"a":"\\"}"}',
+    '{"a":"\\\\"}',
+    '{"a":"\\\\\\"]"}',
+    '{"a":"\\"}',
+    '{"a":"x\\',
+    '[[[]]]',
+    '[[[]]',
+    '[[]]]',
+    '{"a":[1}',
+    '{"a":1]',
+    '}{',
+    '"a string"',
+    '42',
+    '',
+    ' ',
+    `${ANSWER}${ANSWER}`,
+    `${ANSWER}x`,
+    deep(40),
+    deep(5000),
+    deep(5000).slice(0, -1),
+    `${deep(5000)}]`,
+    `${'['.repeat(100_000)}${']'.repeat(100_000)}`,
+    `${'['.repeat(100_000)}${']'.repeat(99_999)}`,
+    ...Array.from({ length: ANSWER.length }, (_, end) => ANSWER.slice(0, end)),
+  ];
+  // bytes around the range that would change the answer were they read: quotes, brackets, backslashes, a BOM
+  const frames: Array<[string, string]> = [
+    ['', ''],
+    ['data: ', '\n\n'],
+    ['\uFEFF"\\', '"}]\\"'],
+    ['{["', '"]}'],
+    ['}]', '[{'],
+  ];
+  for (const text of inputs) {
+    const expected = isWholeJson(Buffer.from(text));
+    for (const [before, after] of frames) {
+      const start = Buffer.byteLength(before);
+      const bytes = Buffer.from(before + text + after);
+      const end = start + Buffer.byteLength(text);
+      assert.equal(isWholeJsonIn(bytes, start, end), expected, `${JSON.stringify(before)} + ${text.slice(0, 60)}`);
+      assert.equal(isWholeJson(bytes.subarray(start, end)), expected, `a view: ${text.slice(0, 60)}`);
+    }
+  }
+  assert.ok(whole(deep(5000)), 'nesting deeper than the kept stack');
+  assert.ok(whole(ANSWER), 'the kept stack still serves after a deeper input');
 });
 
 test('JSON media types', () => {
