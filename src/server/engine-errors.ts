@@ -12,7 +12,7 @@
  * it will not queue (isQueueFull), which says the engine is overloaded for now, as a 429 does.
  */
 
-import { isWholeJson, utf8BomLength } from './whole-json.js';
+import { isWholeJson, isWholeJsonIn, utf8BomLength } from './whole-json.js';
 
 /** The longest error answer read: an engine's error is a message and a few fields; an answer longer than this is not one. */
 const MAX_ERROR_ANSWER_BYTES = 64 * 1024;
@@ -272,42 +272,65 @@ export function firstEventData(events: Buffer, atStreamStart = false): Buffer | 
  */
 export function holdsMalformedEvent(events: Buffer, atStreamStart = false): boolean {
   const n = events.length;
-  /** The data values' [start, end) of the event being read. */
-  let data: number[] | undefined;
-  const breaks = new LineBreaks(events);
+  // the first data value's [start, end) of the event being read, -1 before one; a further value
+  // (rare) puts every one of the event in `more`, so that the common event allocates nothing
+  let first = -1;
+  let firstEnd = -1;
+  let more: number[] | undefined;
+  // line ends found as LineBreaks finds them, kept in locals: this check runs on every chunk of
+  // every streamed answer, and a LineBreaks object per call was its one remaining allocation
+  let nextLf = -1;
+  let nextCr = -1;
   for (let at = atStreamStart ? utf8BomLength(events) : 0; at < n;) {
-    const end = breaks.lineEnd(at);
+    if (nextLf < at) {
+      nextLf = events.indexOf(LF, at);
+      if (nextLf < 0) nextLf = n;
+    }
+    if (nextCr < at) {
+      nextCr = events.indexOf(CR, at);
+      if (nextCr < 0) nextCr = n;
+    }
+    const end = nextLf < nextCr ? nextLf : nextCr;
     if (end === n) return false;
     if (end === at) {
-      if (data !== undefined && !isJsonOrDone(events, data)) return true;
-      data = undefined;
+      if (more !== undefined) {
+        if (!isJsonOrDone(events, more)) return true;
+      } else if (first >= 0 && !isWholeJsonIn(events, first, firstEnd) && !isDoneIn(events, first, firstEnd))
+        return true;
+      first = firstEnd = -1;
+      more = undefined;
     } else if (isField(events, at, end, DATA_FIELD)) {
-      (data ??= []).push(dataValueStart(events, at, end), end);
+      const valueStart = dataValueStart(events, at, end);
+      if (first < 0) {
+        first = valueStart;
+        firstEnd = end;
+      } else (more ??= [first, firstEnd]).push(valueStart, end);
     }
     at = events[end] === CR && events[end + 1] === LF ? end + 2 : end + 1;
   }
   return false;
 }
 
-/** Whether the data of one event (its data values' [start, end) in `events`) is whole JSON or `[DONE]`. */
+/** Whether the data of one event of several data lines (their values' [start, end) in `events`) is whole JSON or `[DONE]`. */
 function isJsonOrDone(events: Buffer, data: readonly number[]): boolean {
-  let value: Buffer;
-  if (data.length === 2) value = events.subarray(data[0], data[1]);
-  else {
-    const parts: Buffer[] = [];
-    for (let i = 0; i < data.length; i += 2) {
-      if (i > 0) parts.push(NEWLINE);
-      parts.push(events.subarray(data[i], data[i + 1]));
-    }
-    value = Buffer.concat(parts);
+  const parts: Buffer[] = [];
+  for (let i = 0; i < data.length; i += 2) {
+    if (i > 0) parts.push(NEWLINE);
+    parts.push(events.subarray(data[i], data[i + 1]));
   }
+  const value = Buffer.concat(parts);
   return isWholeJson(value) || isDoneData(value);
 }
 
 /** Whether an event's data is `[DONE]` (spaces or tabs after it allowed, as holdsDone reads it). */
 export function isDoneData(data: Buffer): boolean {
-  if (data.length < DONE.length || !startsWith(data, 0, DONE)) return false;
-  for (let i = DONE.length; i < data.length; i++) if (data[i] !== SPACE && data[i] !== TAB) return false;
+  return isDoneIn(data, 0, data.length);
+}
+
+/** isDoneData of `bytes[start, end)`, read in place. */
+function isDoneIn(bytes: Buffer, start: number, end: number): boolean {
+  if (end - start < DONE.length || !startsWith(bytes, start, DONE)) return false;
+  for (let i = start + DONE.length; i < end; i++) if (bytes[i] !== SPACE && bytes[i] !== TAB) return false;
   return true;
 }
 

@@ -12,6 +12,7 @@ import {
   errorEventStatus,
   holdsMalformedEvent,
 } from '../../src/server/engine-errors.js';
+import { steadyBytesPerCall } from '../helpers/choose-allocation.js';
 
 const events = (text: string) => errorEventStatus(Buffer.from(text));
 const answer = (text: string) => errorAnswerStatus(Buffer.from(text));
@@ -109,6 +110,10 @@ test('an event whose data is neither whole JSON nor [DONE] is malformed; only wh
     'data lines joined as the SSE format joins them',
   );
   assert.equal(malformed(': ping\n\nevent: ping\n\nid: 3\n\n'), false, 'blocks without data are no events');
+  assert.equal(malformed('data: {}\ndata: {}\n\n'), true, 'two data lines each whole JSON join into no JSON');
+  assert.equal(malformed('data: [DONE]\ndata: x\n\n'), true, '[DONE] and a further line join into no [DONE]');
+  assert.equal(malformed('data: {}\n\ndata: [\ndata: ]\n\ndata: {}\n\n'), false, 'each event read on its own');
+  assert.equal(malformed('data: {"a":\ndata: 1}\n\ndata: {"b"\n\n'), true, 'a cut event after a joined one');
   assert.equal(malformed('data:[DONE]\t\r\r'), false);
   assert.equal(malformed('data: {"choices":[]}\n\ndata: hello\n\n'), true, 'any event of the chunk');
   assert.equal(malformed('data: {"choices":[{"te\n\n'), true, 'JSON cut short');
@@ -116,6 +121,24 @@ test('an event whose data is neither whole JSON nor [DONE] is malformed; only wh
   assert.equal(malformed('data:\n\n'), true, 'empty data');
   assert.equal(malformed('data: hello'), false, 'an event the bytes end before its end is not judged');
   assert.equal(malformed('\uFEFFdata: {}\n\n', true), false, "a byte order mark at the stream's start is dropped");
+});
+
+test('judging a chunk of token events allocates nothing (it runs on every chunk of every stream)', () => {
+  const chunk = Buffer.from(
+    'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" the","logprobs":null,"finish_reason":null}]}\n\n'.repeat(
+      2,
+    ),
+  );
+  let malformed = 0;
+  const bytes = steadyBytesPerCall(
+    20_000,
+    () => {
+      if (holdsMalformedEvent(chunk, false)) malformed++;
+    },
+    4,
+  );
+  assert.equal(malformed, 0);
+  assert.ok(bytes < 4, `${bytes.toFixed(1)} bytes per chunk judged`);
 });
 
 test("a UTF-8 byte order mark is skipped at the stream's start only, as the SSE format has it", () => {
