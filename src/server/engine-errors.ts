@@ -277,20 +277,9 @@ export function holdsMalformedEvent(events: Buffer, atStreamStart = false): bool
   let first = -1;
   let firstEnd = -1;
   let more: number[] | undefined;
-  // line ends found as LineBreaks finds them, kept in locals: this check runs on every chunk of
-  // every streamed answer, and a LineBreaks object per call was its one remaining allocation
-  let nextLf = -1;
-  let nextCr = -1;
+  const breaks = lineBreaks.of(events);
   for (let at = atStreamStart ? utf8BomLength(events) : 0; at < n;) {
-    if (nextLf < at) {
-      nextLf = events.indexOf(LF, at);
-      if (nextLf < 0) nextLf = n;
-    }
-    if (nextCr < at) {
-      nextCr = events.indexOf(CR, at);
-      if (nextCr < 0) nextCr = n;
-    }
-    const end = nextLf < nextCr ? nextLf : nextCr;
+    const end = breaks.lineEnd(at);
     if (end === n) return false;
     if (end === at) {
       if (more !== undefined) {
@@ -381,7 +370,7 @@ export function errorEvent(events: Buffer, atStreamStart = false, firstEventOnly
   let data: number[] | undefined;
   // the next `"error"` at or after the line being read (n: none), searched for once, as the line
   // breaks are (LineBreaks)
-  const breaks = new LineBreaks(events);
+  const breaks = lineBreaks.of(events);
   let nextQuoted = -1;
   for (let at = start; at < n;) {
     const end = breaks.lineEnd(at);
@@ -436,13 +425,22 @@ function eventError(events: Buffer, data: readonly number[], typedError: boolean
 /**
  * The end of each line of an SSE text, read in order: the next LF and the next CR at or after
  * the line being read are each searched for once (indexOf) and kept until a line passes them,
- * so a chunk of many short lines is not searched again for every line.
+ * so a chunk of many short lines is not searched again for every line. One reader serves every
+ * scan (`lineBreaks.of`): the scans run on every chunk of every streamed answer, are synchronous
+ * and never nest, so none allocates one.
  */
 class LineBreaks {
+  private events: Buffer = Buffer.alloc(0);
   private nextLf = -1;
   private nextCr = -1;
 
-  constructor(private readonly events: Buffer) {}
+  /** This reader, set to read `events` from their start. */
+  of(events: Buffer): this {
+    this.events = events;
+    this.nextLf = -1;
+    this.nextCr = -1;
+    return this;
+  }
 
   /** Where the line starting at `at` ends (its LF or CR), or the text's length when it does not end. */
   lineEnd(at: number): number {
@@ -458,6 +456,8 @@ class LineBreaks {
     return this.nextLf < this.nextCr ? this.nextLf : this.nextCr;
   }
 }
+
+const lineBreaks = new LineBreaks();
 
 /** Where the value of the data line `events[at, end)` starts: after `data:` and one space, if any. */
 function dataValueStart(events: Buffer, at: number, end: number): number {
