@@ -97,9 +97,7 @@ export class IdleClosingCap {
     private readonly limit: number,
     private readonly on: { refused: () => void; idleClosed: () => void },
   ) {
-    checkMaxClientConnections(limit);
-    server.maxConnections = limit;
-    server.on('drop', on.refused);
+    capClientConnections(server, limit, on.refused);
     // before the HTTP server's own listener: a connection refused here is closed before it is read
     server.prependListener('connection', (socket: Socket) => this.accepted(socket));
   }
