@@ -232,15 +232,17 @@ class Terms {
   queuedAttention = 0;
   /** Cached prompt tokens of this router's requests queued on the worker (see CostPolicy.queuedCached). */
   queuedCached = 0;
-  /** How late the worker runs past this router's estimates, in token equivalents (see CostPolicy.lateness). */
-  lateness = 0;
+  /**
+   * How late the worker runs past this router's estimates, in token equivalents (see
+   * CostPolicy.lateness); 0 for a prefix the requests in flight share (see termsOf).
+   */
+  late = 0;
 
   prompt = 0;
   uncached = 0;
   work = 0;
   slowdown = 1;
   queue = 0;
-  late = 0;
   wait = 0;
   kvCapacity = 0;
   kvWait = 0;
@@ -310,11 +312,7 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   t.queue = worker.queuedPrefillTokens + queuedAttention;
   // a worker running behind the router's own estimates (its oldest queued request past its
   // estimated first token) will keep a new request waiting that much more: what the model
-  // missed there (turns recomputing the histories other sessions' turns evicted) is measured.
-  // Not for a prefix in-flight requests share: where every worker runs late, the siblings'
-  // lateness comes from the copies of the prefix, and leaving a late holder makes one more
-  // (docs/routing.md §7, "Agent loops that outgrow their worker")
-  t.late = fleet.hotness < 1 ? t.lateness : 0;
+  // missed there (turns recomputing the histories other sessions' turns evicted) is measured
   t.wait = (t.queue + work) * slowdown + t.late;
   t.kvCapacity = capacity;
   t.kvWait = kvWait;
@@ -525,7 +523,10 @@ export class CostPolicy implements RoutingPolicy {
     this.stuckInto(into, c);
     into.queuedAttention = this.queuedAttention(c);
     into.queuedCached = this.queuedCached(c, r.blockSize);
-    into.lateness = this.lateness(c.worker.slot);
+    // not for a prefix in-flight requests share: where every worker runs late, the siblings'
+    // lateness comes from the copies of the prefix, and leaving a late holder makes one more
+    // (docs/routing.md §7, "Agent loops that outgrow their worker")
+    into.late = this.fleet.hotness < 1 ? this.lateness(c.worker.slot) : 0;
     return computeTerms(into, c, r, this.weights, this.fleet);
   }
 
@@ -644,10 +645,12 @@ export class CostPolicy implements RoutingPolicy {
       this.anchorsQueued[worker.slot] += anchors;
       // due on the policy's clock, which never goes back (a request routed after the clock was set
       // back is not late from the moment it is routed)
-      const at = Number.isFinite(now) && now > this.lastNow ? now : this.lastNow;
-      this.queuedDue[i] = at + (1000 * this.chosenEstimate) / this.weights.prefillTokensPerSecond;
       // an answer not streamed has its first token with its last: its wait says nothing of the queue
-      if (request.firstTokenReported !== false) this.queueForLateness(worker.slot, ticket);
+      if (request.firstTokenReported !== false) {
+        const at = Number.isFinite(now) && now > this.lastNow ? now : this.lastNow;
+        this.queuedDue[i] = at + (1000 * this.chosenEstimate) / this.weights.prefillTokensPerSecond;
+        this.queueForLateness(worker.slot, ticket);
+      }
     }
     const u = this.chosenUncached;
     this.meanWork = this.meanWork === 0 ? Math.max(1, u) : this.meanWork + (u - this.meanWork) / WORK_SMOOTHING;
