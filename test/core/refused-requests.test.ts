@@ -1,10 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import type { KVAwareRouter, KVAwareRouterOptions } from '../../src/index.js';
-import { BS, fleet as fleetAnyTime, prompt, tiers } from '../helpers/prompts.js';
-
-/** Routers on a clock that stands still: predictions never age during a test. */
-const fleet = (n: number, opts: KVAwareRouterOptions = {}) => fleetAnyTime(n, { clock: () => 1000, ...opts });
+import type { KVAwareRouter } from '../../src/index.js';
+import { BS, fleet, prompt, tiers } from '../helpers/prompts.js';
 
 // markRefused(): a request its engine refused (nothing computed) withdraws the blocks its
 // decision alone added to the index on its worker, and nothing else.
@@ -159,8 +156,8 @@ describe('refuseSharedDecision()', () => {
 
   test('kept for the prediction lifetime at most', () => {
     let now = 1000;
-    const a = fleetAnyTime(2, { instanceId: 'a', clock: () => now });
-    const b = fleetAnyTime(2, { instanceId: 'b', clock: () => now, predictionTtlMs: 1000 });
+    const a = fleet(2, { instanceId: 'a', clock: () => now });
+    const b = fleet(2, { instanceId: 'b', clock: () => now, predictionTtlMs: 1000 });
     const d = sharedOn(a, b, prompt(19, 4));
     now += 1000;
     sharedOn(a, b, prompt(20, 4)); // applying lets the first go

@@ -4,9 +4,13 @@ import { KVAwareRouter, type KVAwareRouterOptions } from '../../src/index.js';
 /** The block size of the routers and prompts made here. */
 export const BS = 16;
 
-/** A router (block size BS, then `opts`) with workers w0 … w(n−1). */
+/**
+ * A router (block size BS, then `opts`) with workers w0 … w(n−1), on a clock that stands still
+ * unless `opts` gives one: what it decides does not depend on how fast the test runs (a
+ * prediction ages, a queued request runs late, only when the test moves the clock).
+ */
 export function fleet(n: number, opts: KVAwareRouterOptions = {}): KVAwareRouter {
-  const r = new KVAwareRouter({ blockSize: BS, ...opts });
+  const r = new KVAwareRouter({ blockSize: BS, clock: () => 1000, ...opts });
   for (let i = 0; i < n; i++) r.registerWorker(`w${i}`);
   return r;
 }
