@@ -74,7 +74,7 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  * term and works an example per regime.
  */
 export interface CostWeights {
-  /** Prefill throughput of one worker (tokens/s); only scales the seconds `explain` shows. */
+  /** Prefill throughput of one worker (tokens/s): converts token equivalents to the seconds `explain` shows, and a worker's measured lateness back. */
   prefillTokensPerSecond: number;
   /** Prefill cost of one new token per context token it attends to, relative to its linear layers. */
   attention: number;
@@ -98,6 +98,8 @@ export interface CostWeights {
   kvCapacityTokens: number;
   /** Share of its lowest estimated TTFT a new session may give up to spare the sessions of the worker it lands on. */
   newSessionSlack: number;
+  /** How far past the router's estimate (token equivalents) a first token may come before its worker counts as late. */
+  lateGraceTokens: number;
 }
 
 /**
@@ -114,6 +116,11 @@ export interface CostWeights {
  * gives no prompt and no queue counts). newSessionSlack is a bound on a new session's own TTFT,
  * not a derived quantity: 0.1 was chosen on the training split (0, 0.1 and 0.25 tried,
  * docs/routing.md §7).
+ * - lateGraceTokens: what an engine adds to every first token beyond the queue the router
+ *   models: the step in progress when the request arrives (at most one step's token budget,
+ *   vLLM's max_num_batched_tokens, 8,192 when an H100 serves it), the step's own floor, and the
+ *   HTTP and tokenization around it. A worker whose oldest queued request is late by less
+ *   than one full step (8,192 token equivalents, 0.44 s) is not running late, only stepping.
  */
 export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
   prefillTokensPerSecond: 18_500,
@@ -128,6 +135,7 @@ export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
   workflow: 0.6,
   kvCapacityTokens: 0,
   newSessionSlack: 0.1,
+  lateGraceTokens: 8_192,
 });
 
 /**
@@ -689,8 +697,8 @@ export class CostPolicy implements RoutingPolicy {
 
   /**
    * How late the worker runs, in token equivalents: how far past its estimated first token
-   * (`queuedDue`) the oldest request this router queued there still is, at the decision's time;
-   * 0 when none is late. The requests queued behind it wait at least that much more than the
+   * (`queuedDue`) the oldest request this router queued there still is, at the decision's time,
+   * beyond `lateGraceTokens`; 0 when none is later than that. The requests queued behind it wait at least that much more than the
    * router estimated, and so would one routed there now. Tickets that have had their first
    * token, ended or been overwritten are taken out of the ring first.
    */
@@ -701,8 +709,9 @@ export class CostPolicy implements RoutingPolicy {
       const ticket = this.lateRing[base + (this.lateHead[slot] % LATE_RING)];
       const i = ticket & (QUEUED_TICKETS - 1);
       if (this.queuedTicket[i] === ticket && this.queuedSlot[i] === slot + 1) {
-        const late = this.lastNow - this.queuedDue[i];
-        return late > 0 ? (late / 1000) * this.weights.prefillTokensPerSecond : 0;
+        // past what every engine adds to a first token (lateGraceTokens): that says nothing of its queue
+        const late = ((this.lastNow - this.queuedDue[i]) / 1000) * this.weights.prefillTokensPerSecond;
+        return late > this.weights.lateGraceTokens ? late - this.weights.lateGraceTokens : 0;
       }
       this.lateHead[slot]++;
     }
