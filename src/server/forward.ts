@@ -156,6 +156,12 @@ export interface ForwardOptions {
   /** An answer passed through ungathered because `answerBudget` could not take it. */
   onAnswerBudgetFull: () => void;
   /**
+   * A streamed request the engine answered with its whole completion (a proxy in front of it
+   * that does not stream), sent to the client as the stream of it: its first token came with its
+   * last, so the time to it says nothing of the engine's queue.
+   */
+  onWholeAnswerStreamed?: () => void;
+  /**
    * The engine holds none of the request: it answered with an error (4xx, 5xx; as the status,
    * as a 2xx's error object, or as a stream's first error event) or a redirect, or the
    * connection failed before any answer. Not called when the gateway gave up waiting (the
@@ -1471,6 +1477,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
           payload = events;
           this.headers!['content-type'] = 'text/event-stream';
           this.headers!['cache-control'] = 'no-cache';
+          this.o.onWholeAnswerStreamed?.();
         }
       }
       if (this.status >= 400 && this.headers!['content-encoding'] === undefined && !isWholeJson(payload)) {

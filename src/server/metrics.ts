@@ -90,6 +90,12 @@ export interface GatewayMetrics {
    */
   streamFailures: Counter<'worker' | 'reason'>;
   /**
+   * Streamed requests a worker answered with one whole completion, sent to the client as the
+   * stream of it, per worker: an engine behind something that does not stream, whose clients get
+   * their first token with their last.
+   */
+  wholeAnswersStreamed: Counter<'worker'>;
+  /**
    * Attempts that waited for a free connection to a worker's engine until their deadline (every
    * connection the gateway keeps to it was busy), per worker: the gateway's limit, not the engine's failure.
    */
@@ -240,6 +246,12 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     labelNames: ['worker'] as const,
     registers,
   });
+  const wholeAnswersStreamed = new Counter({
+    name: 'contextforge_whole_answers_streamed_total',
+    help: 'Streamed requests a worker answered with one whole completion (a proxy in front of the engine that does not stream), sent to the client as the stream of it, per worker: their first token came with their last.',
+    labelNames: ['worker'] as const,
+    registers,
+  });
   const panicRouted = new Counter({
     name: 'contextforge_panic_routed_total',
     help: 'Attempts routed over workers held out of rotation only by a health check or metrics scrape that timed out, because no worker was in rotation for the request (panic routing; --panic-routing).',
@@ -258,6 +270,7 @@ export function createGatewayMetrics(router: KVAwareRouter): GatewayMetrics {
     latency,
     upstreamFailures,
     streamFailures,
+    wholeAnswersStreamed,
     connectionWaitTimeouts,
     panicRouted,
     forgetWorker(workerId) {

@@ -376,6 +376,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         streams: deps.streams,
         answerBudget,
         onAnswerBudgetFull,
+        onWholeAnswerStreamed: () => metrics.wholeAnswersStreamed.inc({ worker: decision.workerId }),
       });
       release(decision);
       // a client that went away says nothing about the engine: no failure, no retry

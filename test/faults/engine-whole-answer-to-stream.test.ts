@@ -75,6 +75,8 @@ const eventData = (text: string) =>
 async function settled(g: BadFirstGateway) {
   // the answer was the request's first token, and the request is released
   assert.equal(await sample(g.gateway.metrics, 'contextforge_time_to_first_byte_seconds_count'), 1);
+  // the operator sees the worker that answers streams whole
+  assert.equal(await sample(g.gateway.metrics, 'contextforge_whole_answers_streamed_total{worker="bad"}'), 1);
   assert.equal(g.router.getStats().inFlightRequests, 0);
   assert.equal(await sample(g.gateway.metrics, 'contextforge_upstream_failures_total'), 0);
   assert.equal(await sample(g.gateway.metrics, 'contextforge_stream_failures_total'), 0);
@@ -211,6 +213,7 @@ test('JSON that is no completion, answered to a streamed request: a failed attem
     const a = await post(alone.base, '/v1/completions', { prompt: 'p', max_tokens: 2, stream: true });
     assert.equal(a.status, 502, a.text);
     assert.match(a.text, /\(last: bad, malformed\)/);
+    assert.equal(await sample(g.gateway.metrics, 'contextforge_whole_answers_streamed_total'), 0);
     assert.equal(g.router.getStats().inFlightRequests, 0);
     assert.equal(alone.router.getStats().inFlightRequests, 0);
   } finally {
