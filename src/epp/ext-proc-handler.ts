@@ -41,6 +41,13 @@ export interface PickInput {
   /** Endpoints Envoy allows (undefined: no hint, every endpoint is eligible). */
   subset: readonly string[] | undefined;
   requestId: string;
+  /**
+   * false when Envoy will not send the response body as it comes (response body mode NONE,
+   * Envoy's default, or BUFFERED or BUFFERED_PARTIAL): the picker does not see a streamed
+   * answer's first token when the engine sends it, so its prefill is read off the engine as a
+   * whole answer's is. Undefined or true: STREAMED or FULL_DUPLEX_STREAMED, or not said.
+   */
+  responseBodyStreamed?: boolean;
 }
 
 /** The router's accounting of one routed request, completed by the response phase. */
@@ -257,7 +264,19 @@ export function createProcessHandler(
       phase = 'routed';
       let outcome: PickOutcome;
       try {
-        outcome = await options.picker.pick({ headers, repeatedHeaders, body, headersOnly, subset, requestId });
+        const responseBodyStreamed =
+          responseBodyMode === undefined ||
+          responseBodyMode === 'STREAMED' ||
+          responseBodyMode === 'FULL_DUPLEX_STREAMED';
+        outcome = await options.picker.pick({
+          headers,
+          repeatedHeaders,
+          body,
+          headersOnly,
+          subset,
+          requestId,
+          responseBodyStreamed,
+        });
       } catch (err) {
         log(`ext_proc ${requestId}: picking failed: ${(err as Error).stack ?? String(err)}`);
         return reject(500, 'the endpoint picker failed');

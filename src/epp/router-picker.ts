@@ -277,7 +277,8 @@ export class RouterPicker implements EndpointPicker {
       if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
         return { ok: false, status: 400, message: 'the body must be a JSON object', param: 'body' };
       const body = parsed as Record<string, unknown>;
-      firstTokenReported = body.stream === true;
+      // a streamed answer's first token is seen only when Envoy sends the response body as it comes
+      firstTokenReported = body.stream === true && input.responseBodyStreamed !== false;
       let rewritten = false;
       const rewrite = input.headers.get(MODEL_NAME_REWRITE_HEADER);
       if (rewrite && body.model !== rewrite) {

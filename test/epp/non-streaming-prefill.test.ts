@@ -1,8 +1,13 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { Duplex } from 'node:stream';
+import type { ServerDuplexStream } from '@grpc/grpc-js';
 import { Registry } from 'prom-client';
 import { KVAwareRouter } from '../../src/index.js';
+import { createProcessHandler, type PickInput } from '../../src/epp/ext-proc-handler.js';
+import type { ProcessingRequest, ProcessingResponse } from '../../src/epp/proto.js';
 import { RouterPicker, type RoutingBackend } from '../../src/epp/router-picker.js';
+import { until } from '../helpers/wait.js';
 import { sharePrefillReads } from '../../src/state/prefill-sharing.js';
 import { RecordingStateStore } from '../helpers/recording-state-store.js';
 
@@ -64,4 +69,65 @@ test('the endpoint picker: a body that is not streamed has its prefill read off 
   assert.equal(w.inFlightRequests, 0);
   assert.equal(w.activeDecodeTokens, 0);
   stop();
+});
+
+test('the endpoint picker: a streamed answer Envoy does not send as it comes has its prefill read off the engine', async () => {
+  const router = new KVAwareRouter({ blockSize: 16, indexMode: 'precise' });
+  router.registerWorker('w0');
+  const state = new RecordingStateStore();
+  const stop = sharePrefillReads(router, state);
+  const picker = new RouterPicker(backend(router, state), { fallbacks: 0 });
+  // response body mode NONE or BUFFERED: the picker sees no first token while the answer streams
+  const streamed = await picker.pick({
+    headers: new Map([[':path', '/v1/completions']]),
+    body: Buffer.from(JSON.stringify({ model: 'mock', prompt: '3', stream: true })),
+    subset: undefined,
+    requestId: 'r3',
+    responseBodyStreamed: false,
+  });
+  assert.ok(streamed.ok);
+  if (!streamed.ok) return;
+  const w = router.listWorkers()[0];
+  assert.equal(w.queuedPrefillTokens, 64);
+  // the engine stores the prompt: its prefill is done, though no byte of the answer was seen
+  router.applyStored('w0', router.hashTokens(tokens(3)));
+  assert.equal(w.queuedPrefillTokens, 0);
+  assert.equal(state.prefilled.length, 1);
+  streamed.inFlight.end();
+  assert.equal(w.inFlightRequests, 0);
+  stop();
+});
+
+test('the ext_proc handler tells the picker whether Envoy sends the response body as it comes', async () => {
+  const seen = async (mode: string | undefined): Promise<boolean | undefined> => {
+    const call = new Duplex({ objectMode: true, read() {}, write: (_c, _e, done) => done() });
+    let picked: PickInput | undefined;
+    const handler = createProcessHandler({
+      bodyLimit: 1 << 20,
+      picker: {
+        pick: (input) => {
+          picked = input;
+          return { ok: false, status: 400, message: 'seen' };
+        },
+      },
+    });
+    handler(call as unknown as ServerDuplexStream<ProcessingRequest, ProcessingResponse>);
+    call.push({
+      request: 'request_headers',
+      request_headers: { headers: { headers: [] }, end_of_stream: false },
+      ...(mode === undefined
+        ? {}
+        : { protocol_config: { request_body_mode: 'FULL_DUPLEX_STREAMED', response_body_mode: mode } }),
+    });
+    call.push({ request: 'request_body', request_body: { body: Buffer.from('{"stream":true}'), end_of_stream: true } });
+    await until(() => picked !== undefined, 'the pick');
+    call.destroy();
+    return picked!.responseBodyStreamed;
+  };
+  assert.equal(await seen(undefined), true, 'no protocol_config: as the picker is deployed, streamed');
+  assert.equal(await seen('FULL_DUPLEX_STREAMED'), true);
+  assert.equal(await seen('STREAMED'), true);
+  assert.equal(await seen('NONE'), false);
+  assert.equal(await seen('BUFFERED'), false);
+  assert.equal(await seen('BUFFERED_PARTIAL'), false);
 });
