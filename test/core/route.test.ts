@@ -117,6 +117,25 @@ describe('route()', () => {
     assert.equal(r.route({ tokens: prompt(4, 5) }, { dryRun: true }).cachedTokens, 0);
   });
 
+  test('the default clock does not step with the wall clock: a prediction neither ages nor keeps at once', () => {
+    const wall = Date.now;
+    let step = 0;
+    Date.now = () => wall() + step;
+    try {
+      const r = new KVAwareRouter({ blockSize: BS, predictionTtlMs: 60_000 });
+      r.registerWorker('w0');
+      r.registerWorker('w1');
+      const first = r.route({ tokens: prompt(1, 8) });
+      const before = r.now();
+      // the wall clock set an hour forward (an NTP step): the router's time goes on as it went
+      step = 3_600_000;
+      assert.ok(r.now() - before < 60_000, `${r.now() - before} ms passed`);
+      assert.equal(r.route({ tokens: prompt(1, 8) }, { dryRun: true }).workerId, first.workerId);
+    } finally {
+      Date.now = wall;
+    }
+  });
+
   test('hot prefix: when its holder is saturated with queued prefill, spreading to a second worker wins', () => {
     const r = fleet(2, { indexMode: 'precise' });
     r.applyStored('w0', r.hashTokens(prompt(7, 64)));

@@ -85,7 +85,10 @@ export interface KVAwareRouterOptions {
   policyOptions?: Omit<PolicyOptions, 'costWeights'>;
   /** Seed of the random source sampling policies use, from 0 to 4294967295 (default 1). */
   randomSeed?: number;
-  /** Clock in ms for TTLs (default Date.now); the simulator passes simulated time. */
+  /**
+   * Clock in ms for TTLs and the times requests wait (default: the process's monotonic clock,
+   * counted from its time origin, so close to Date.now); the simulator passes simulated time.
+   */
   clock?: () => number;
   /** Distinguishes this router's isolation salts from other replicas' (default random). */
   instanceId?: string;
@@ -130,6 +133,15 @@ export interface ResolvedRouterOptions {
   instanceId: string;
 }
 
+/**
+ * Milliseconds since the epoch as of the process's start, then as a clock that never steps: a
+ * wall clock set forward (an NTP step, a machine resumed) would make every queued request look
+ * late at once and age every prediction, and one set back would keep them.
+ */
+function monotonicClock(): number {
+  return performance.timeOrigin + performance.now();
+}
+
 /** Checks the options against the schema (the first bad one is reported) and fills in defaults. */
 export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRouterOptions {
   check.object(options, 'options');
@@ -172,7 +184,7 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
     contentAnchorCapacity: o.contentAnchorCapacity,
     contentAnchorTtlMs: o.contentAnchorTtlMs,
     judgeRoles: new Set(o.judgeRoles),
-    clock: o.clock ?? Date.now,
+    clock: o.clock ?? monotonicClock,
     instanceId: o.instanceId ?? globalThis.crypto.randomUUID().slice(0, 8),
   };
 }
