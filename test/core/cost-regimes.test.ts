@@ -810,6 +810,32 @@ describe('cost policy regimes', () => {
     assert.ok(Math.abs(late - (3 - due - GRACE)) < 1e-6, `${late} vs ${3 - due - GRACE}`);
   });
 
+  test('a worker running late: not one request held back by itself while the queue moves on', () => {
+    const p = new CostPolicy();
+    const cs = fleet([{ cached: 40_000 }, {}]);
+    const empty = { ...cs[0], cachedTokens: 0, overlapBlocks: 0 };
+    // two requests of other sessions queued on w0: the first one's grammar (or adapter, or
+    // image) keeps it from its first token; the second, routed after it, has had its own
+    const held: RouteFeatures = { ...request(2000), now: 0 };
+    p.choose([empty], held);
+    p.onRouted(cs[0].worker, held, 1, 0);
+    const next: RouteFeatures = { ...request(2000), now: 100 };
+    p.choose([empty], next);
+    p.onRouted(cs[0].worker, next, 2, 100);
+    const turn = (now: number): RouteFeatures => ({ ...request(50_000), now });
+    assert.equal(p.choose(cs, turn(10_000)).index, 1, 'both queued and 10 s past due: w0 runs late');
+    p.onPrefillDone(2);
+    // the queue went past the held request: w0 is on time, and the turn stays with its history
+    assert.equal(p.choose(cs, turn(10_000)).index, 0);
+    assert.equal(terms(p, cs[0], turn(10_000)).latenessSeconds, 0);
+    // a request routed after the one that had its first token is timed again
+    const later: RouteFeatures = { ...request(2000), now: 10_000 };
+    p.choose([empty], later);
+    p.onRouted(cs[0].worker, later, 3, 10_000);
+    assert.equal(p.choose(cs, turn(30_000)).index, 1, 'the next one 20 s past due: late again');
+    assert.ok(terms(p, cs[0], turn(30_000)).latenessSeconds > 15);
+  });
+
   test('a worker running late: a clock set back hides no lateness and makes none', () => {
     const p = new CostPolicy();
     const cs = fleet([{ cached: 40_000 }, {}]);

@@ -437,6 +437,13 @@ export class CostPolicy implements RoutingPolicy {
   private lateRing = new Float64Array(0);
   private lateHead = new Float64Array(0);
   private lateTail = new Float64Array(0);
+  /** Whether each queued ticket was put in its worker's ring (its first token will be reported). */
+  private readonly queuedTimed = new Uint8Array(QUEUED_TICKETS);
+  /**
+   * Per worker slot, the latest-routed timed ticket that has had its first token: a ticket routed
+   * before it and still without one is held back by something of its own, not by the queue.
+   */
+  private firstTokenTicket = new Float64Array(0);
   /** Decayed count of recent decisions per shared-prefix key, and when each slot was last decayed. */
   private readonly hotKeys = new Int32Array(HOT_SLOTS);
   private readonly hotCounts = new Float64Array(HOT_SLOTS);
@@ -611,6 +618,7 @@ export class CostPolicy implements RoutingPolicy {
       this.lateRing = resized(this.lateRing, n * LATE_RING);
       this.lateHead = resized(this.lateHead, n);
       this.lateTail = resized(this.lateTail, n);
+      this.firstTokenTicket = resized(this.firstTokenTicket, n);
     }
     // a time that is no finite number is not kept: the decision counts at the last known time
     const t = Number.isFinite(now) ? now : this.lastNow;
@@ -654,6 +662,7 @@ export class CostPolicy implements RoutingPolicy {
       // due on the policy's clock, which never goes back (a request routed after the clock was set
       // back is not late from the moment it is routed)
       // an answer not streamed has its first token with its last: its wait says nothing of the queue
+      this.queuedTimed[i] = request.firstTokenReported !== false ? 1 : 0;
       if (request.firstTokenReported !== false) {
         const at = Number.isFinite(now) && now > this.lastNow ? now : this.lastNow;
         this.queuedDue[i] = at + (1000 * this.chosenEstimate) / this.weights.prefillTokensPerSecond;
@@ -674,6 +683,11 @@ export class CostPolicy implements RoutingPolicy {
 
   /** The request's first token: its prefill no longer queues on its worker. */
   onPrefillDone(ticket: number): void {
+    const i = ticket & (QUEUED_TICKETS - 1);
+    if (ticket > 0 && this.queuedTicket[i] === ticket && this.queuedSlot[i] !== 0 && this.queuedTimed[i] === 1) {
+      const slot = this.queuedSlot[i] - 1;
+      if (ticket > this.firstTokenTicket[slot]) this.firstTokenTicket[slot] = ticket;
+    }
     this.endPrefill(ticket);
   }
 
@@ -698,9 +712,10 @@ export class CostPolicy implements RoutingPolicy {
   /**
    * How late the worker runs, in token equivalents: how far past its estimated first token
    * (`queuedDue`) the oldest request this router queued there still is, at the decision's time,
-   * beyond `lateGraceTokens`; 0 when none is later than that. The requests queued behind it wait at least that much more than the
-   * router estimated, and so would one routed there now. Tickets that have had their first
-   * token, ended or been overwritten are taken out of the ring first.
+   * beyond `lateGraceTokens`; 0 when none is later than that. The requests queued behind it
+   * wait at least that much more than the router estimated, and so would one routed there now.
+   * Tickets that have had their first token, ended or been overwritten are taken out of the ring
+   * first, and so are those routed before one that has had its first token.
    */
   private lateness(slot: number): number {
     if (slot >= this.lateHead.length) return 0;
@@ -708,7 +723,9 @@ export class CostPolicy implements RoutingPolicy {
     while (this.lateHead[slot] < this.lateTail[slot]) {
       const ticket = this.lateRing[base + (this.lateHead[slot] % LATE_RING)];
       const i = ticket & (QUEUED_TICKETS - 1);
-      if (this.queuedTicket[i] === ticket && this.queuedSlot[i] === slot + 1) {
+      // one routed after it has had its first token: an engine takes its queue in order, so what
+      // holds this one back is its own (a grammar compiling, an adapter or an image loading)
+      if (this.queuedTicket[i] === ticket && this.queuedSlot[i] === slot + 1 && ticket > this.firstTokenTicket[slot]) {
         // past what every engine adds to a first token (lateGraceTokens): that says nothing of its queue
         const late = ((this.lastNow - this.queuedDue[i]) / 1000) * this.weights.prefillTokensPerSecond;
         return late > this.weights.lateGraceTokens ? late - this.weights.lateGraceTokens : 0;
@@ -749,7 +766,10 @@ export class CostPolicy implements RoutingPolicy {
     if (worker.slot < this.attentionQueued.length) this.attentionQueued[worker.slot] = 0;
     if (worker.slot < this.cachedQueued.length) this.cachedQueued[worker.slot] = 0;
     if (worker.slot < this.anchorsQueued.length) this.anchorsQueued[worker.slot] = 0;
-    if (worker.slot < this.lateHead.length) this.lateHead[worker.slot] = this.lateTail[worker.slot];
+    if (worker.slot < this.lateHead.length) {
+      this.lateHead[worker.slot] = this.lateTail[worker.slot];
+      this.firstTokenTicket[worker.slot] = 0;
+    }
     if (worker.slot < this.routedAt.length) {
       const base = worker.slot * STUCK_BUCKETS;
       this.stuckCounts.fill(0, base, base + STUCK_BUCKETS);
