@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
+import { ENGINE_ARRIVAL_MS } from '../../src/core/router/in-flight.js';
 import { KVAwareRouter, type KVAwareRouterOptions, type WorkerState } from '../../src/index.js';
 
 // A request whose answer is not streamed arrives whole, so nobody reports its first token:
@@ -86,6 +87,10 @@ describe('a first token nobody reports', () => {
     const b = r.route({ tokens: [...held, 8, 8] }, { firstTokenReported: false });
     const w = worker(r, 'w0');
     assert.equal(w.queuedPrefillTokens, 4);
+    // an empty queue read 5 ms after b was routed: b may not have reached the engine yet
+    r.updateWorkerMetrics('w0', { waitingRequests: 0, sampledAt: clock.now + 5 });
+    assert.equal(w.queuedPrefillTokens, 4);
+    clock.now += ENGINE_ARRIVAL_MS;
     // both still waiting
     r.updateWorkerMetrics('w0', { waitingRequests: 2 });
     assert.equal(w.queuedPrefillTokens, 4);
@@ -94,7 +99,7 @@ describe('a first token nobody reports', () => {
     assert.equal(w.queuedPrefillTokens, 2);
     assert.equal(w.activeDecodeTokens, 4 * BS + 2);
     r.release(a.ticket);
-    // a reading taken before b was routed says nothing about b
+    // a reading taken before b could reach the engine says nothing about b
     r.updateWorkerMetrics('w0', { waitingRequests: 0, sampledAt: clock.now - 1 });
     assert.equal(w.queuedPrefillTokens, 2);
     r.updateWorkerMetrics('w0', { waitingRequests: 0, sampledAt: clock.now });

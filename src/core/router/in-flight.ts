@@ -288,7 +288,8 @@ export class InFlightTickets {
 
   /**
    * The worker's engine reported `waiting` requests in its waiting queue, as read at
-   * `sampledAt` (router clock; requests opened after it are not in the reading). Of this
+   * `sampledAt` (router clock; requests opened after it, or less than ENGINE_ARRIVAL_MS before,
+   * are not in the reading). Of this
    * router's requests there whose first token nobody reports, at most `waiting` can still be
    * waiting, and the engine admits its waiting queue first come, first served: all but the
    * `waiting` most recent are admitted. For those marked with awaitAdmission(), with less
@@ -298,12 +299,13 @@ export class InFlightTickets {
   admitUnreported(worker: WorkerState, waiting: number, sampledAt: number, done: (ticket: number) => void): void {
     const q = this.unreported.get(worker);
     if (!q || q.live === 0) return;
-    // the live tickets in the reading, oldest first
+    // the live tickets in the reading, oldest first: those routed ENGINE_ARRIVAL_MS or more
+    // before it (one routed just before may not have reached the engine's waiting queue)
     let inReading = 0;
     for (let i = q.head; i < q.tickets.length; i++) {
       const t = this.tickets.get(q.tickets[i]);
       if (!t || t.prefilled) continue;
-      if (t.openedAt > sampledAt) break;
+      if (t.openedAt > sampledAt - ENGINE_ARRIVAL_MS) break;
       inReading++;
     }
     let admit = inReading - waiting;
@@ -381,6 +383,15 @@ export function localLoad(w: WorkerState): InFlightLoad {
  * would swamp every score, and replacing it would lose the replica's own counts to rounding.
  */
 export const MAX_REMOTE_LOAD = 2 ** 40;
+
+/**
+ * How long after it is routed a request may still be missing from its engine's reading of its
+ * waiting queue (ms): the HTTP hop, the engine's API server tokenizing it (about 0.1 s for a
+ * 100,000-token prompt), the hand-over to the engine core, and the step in progress, after
+ * which the engine's gauges count it (up to 0.44 s for a full 8,192-token step). A reading
+ * taken sooner is not taken to have admitted it: it may not have arrived yet.
+ */
+export const ENGINE_ARRIVAL_MS = 500;
 
 /**
  * Replaces the remote part of a worker's counts with `load`, adjusting the totals by the
