@@ -274,6 +274,44 @@ describe('metrics scraper', () => {
     assert.equal(scraper.state('w0')!.failures, 4);
   });
 
+  test('an engine that did nothing between two scrapes, with no request of the router on it, is read as idle', async () => {
+    // SGLang's gauges as its last decode log left them: it refreshes them 30 s after going idle
+    const frozen = (realtime: number) =>
+      'sglang:num_running_reqs{model_name="m"} 3\nsglang:num_queue_reqs{model_name="m"} 2\n' +
+      'sglang:token_usage{model_name="m"} 0.97\nsglang:max_total_num_tokens{model_name="m"} 200000\n' +
+      `sglang:realtime_tokens_total{model_name="m",mode="decode"} ${realtime}\n`;
+    const idle = createServer((_, res) => res.end(page));
+    await new Promise<void>((r) => idle.listen(0, '127.0.0.1', r));
+    try {
+      const url = `http://127.0.0.1:${(idle.address() as AddressInfo).port}/metrics`;
+      const router = new KVAwareRouter({ blockSize: 16 });
+      router.registerWorker('w0');
+      const w0 = router.listWorkers()[0];
+      const scraper = new MetricsScraper(router, [{ workerId: 'w0', url }]);
+      page = frozen(500);
+      await scraper.scrapeAll();
+      assert.equal(w0.load, 0.97, 'a first reading is taken as it is');
+      await scraper.scrapeAll();
+      assert.equal(w0.load, 0, 'nothing moved and nothing of the router there: idle');
+      assert.equal(w0.runningRequests, 0);
+      assert.equal(w0.waitingRequests, 0);
+      assert.equal(w0.kvCapacityTokens, 200_000);
+      // a request of the router's in flight there: the engine's gauges are what it has
+      const d = router.route({ tokens: Array.from({ length: 64 }, (_, i) => i) });
+      await scraper.scrapeAll();
+      assert.equal(w0.load, 0.97);
+      router.release(d.ticket);
+      // working for others (its counter moved): its gauges are read as they are
+      page = frozen(900);
+      await scraper.scrapeAll();
+      assert.equal(w0.load, 0.97);
+      assert.equal(w0.runningRequests, 3);
+    } finally {
+      idle.close();
+      page = VLLM;
+    }
+  });
+
   test('a metrics URL with credentials is scraped with them as Basic authorization, never shown', async () => {
     const seen: (string | undefined)[] = [];
     const guarded = createServer((req, res) => {

@@ -85,7 +85,9 @@ const SGLANG_CAPACITY = ['sglang:max_total_num_tokens'];
  *   every chunk of a chunked prefill among them (scheduler_metrics_mixin.py log_prefill_stats,
  *   increment_realtime_tokens with the batch's new and cached tokens), which also sets the running,
  *   queue and token-usage gauges (log_stats); decode batches set them every
- *   --decode-log-interval steps (40). `sglang:forward_execution_seconds_total` and
+ *   --decode-log-interval steps (40), and idle only 30 s after its last reading
+ *   (scheduler_components/metrics_reporter.py _maybe_log_idle_metrics; scraper.ts isIdle reads
+ *   an engine that did nothing between two scrapes as idle). `sglang:forward_execution_seconds_total` and
  *   `sglang:estimated_flops_per_gpu_total` grow with forward passes where the release has them.
  */
 const PROGRESS_COUNTERS = [

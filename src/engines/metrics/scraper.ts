@@ -45,6 +45,25 @@ export interface TargetState extends CheckStreak {
 }
 
 /**
+ * Whether an engine read twice, `before` then `now`, did nothing in between: its progress
+ * readings (EngineLoad.progress: its counters, and the gauges its scheduler sets) all the same.
+ * Its gauges may then be its last busy step's: SGLang sets them with each prefill batch and every
+ * 40 decode steps, and refreshes them only 30 s after it goes idle
+ * (scheduler_components/metrics_reporter.py, _maybe_log_idle_metrics); vLLM sets them with each
+ * step, and none runs after every request was aborted. With none of this router's requests there
+ * either, nothing holds KV or waits on it: what the gauges say is from before. An engine whose
+ * page has no progress readings is never taken as idle.
+ */
+function isIdle(before: EngineLoad | undefined, now: EngineLoad): boolean {
+  const a = before?.progress;
+  const b = now.progress;
+  if (a === undefined || b === undefined || a.length !== b.length) return false;
+  // NaN: a reading the page does not have, in both
+  for (let i = 0; i < a.length; i++) if (!Object.is(a[i], b[i])) return false;
+  return true;
+}
+
+/**
  * A scrape's deadline for an interval: at least half a second, as a health probe's (a scrape
  * timing out after a short interval's few ms would take every worker out of rotation; rounds
  * never overlap: the next one waits), at most two.
@@ -143,12 +162,14 @@ export class MetricsScraper {
       }
       const load = readEngineLoad(await readBoundedText(res.body, MAX_METRICS_BYTES, '/metrics'), t.engine);
       if (this.states.get(workerId) !== s) return; // removed while scraping
+      const idle = isIdle(s.lastLoad, load) && this.router.localLoad(workerId).inFlightRequests === 0;
       s.lastLoad = load;
+      // an idle engine holds no request's KV and queues nothing, whatever its gauges still say
       this.router.updateWorkerMetrics(workerId, {
-        kvUsage: load.kvUsage,
-        waitingRequests: load.waiting,
+        kvUsage: idle ? 0 : load.kvUsage,
+        waitingRequests: idle ? 0 : load.waiting,
         sampledAt,
-        runningRequests: load.running,
+        runningRequests: idle ? 0 : load.running,
         kvCapacityTokens: load.kvCapacityTokens,
       });
       const flipped = recordOutcome(s, true, this.failuresToUnhealthy, this.successesToHealthy);
