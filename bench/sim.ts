@@ -6,6 +6,10 @@
  *   npm run bench:sim [-- --json] [--split evaluation|train|fresh] [--samples 5] [--points 5]
  *                     [--workers 8] [--traces mooncake-conversation,ragpulse,...] [--out bench/results]
  *                     [--policies cost,sglang,...] [--prompt-scale 0.88] [--rate-scale 1.13] [--render-only]
+ *                     [--closed-loop]
+ *
+ * `--closed-loop` replays sessions closed-loop (a session's next request once its previous one
+ * has ended; ScenarioOptions.closedLoop): only traces with sessions change (`agentic:N`).
  *
  * Data split (docs/simulator.md, "Training and evaluation data"): a recorded trace's first
  * half is training data, its second half evaluation data; a generated workload uses the first
@@ -58,6 +62,8 @@ const flags = parseFlags(process.argv.slice(2));
 const WORKERS = intFlag(flags, 'workers', 8);
 const SAMPLES = intFlag(flags, 'samples', 5);
 const POINTS = intFlag(flags, 'points', 5);
+/** Sessions replayed closed-loop (ScenarioOptions.closedLoop): each turn once the previous one has ended. */
+const CLOSED_LOOP = flags.has('closed-loop');
 for (const [name, value, min, max] of [
   ['samples', SAMPLES, 2, 10],
   ['points', POINTS, 2, 50],
@@ -194,7 +200,7 @@ if (flags.has('render-only')) {
 const sweepOptions: SweepOptions = {
   policies: POLICIES,
   points: POINTS,
-  simulation: { workers: WORKERS },
+  simulation: { workers: WORKERS, ...(CLOSED_LOOP ? { scenario: { closedLoop: true } } : {}) },
   workerPrefillTokensPerSecond: 1000 / ENGINE_DEFAULTS.linearMsPerToken,
 };
 

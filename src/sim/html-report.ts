@@ -192,6 +192,7 @@ function settingsLine({ simulation: o, blockSize }: ReportSettings): string {
   const scenario = [
     ...(sc.fail?.length ? [flag('--fail', sc.fail.map(workerEvent).join(','))] : []),
     ...(sc.drain?.length ? [flag('--drain', sc.drain.map(workerEvent).join(','))] : []),
+    ...(sc.closedLoop === true ? [`<code>--closed-loop</code>`] : []),
     ...(
       [
         ['--event-jitter-ms', sc.eventJitterMs],

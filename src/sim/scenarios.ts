@@ -41,6 +41,13 @@ export interface ScenarioOptions {
    * waiting queues as scraped; the end of the answer is also when it learns of the first token.
    */
   nonStreamingShare?: number;
+  /**
+   * Replays sessions closed-loop (default false: every request at its trace time): a request
+   * of a session (its `session_id`) is sent no sooner than the session's previous request has
+   * ended, as a client that waits for its answer sends its next turn; at its trace time when
+   * that has ended by then. Requests without a session are sent at their trace times.
+   */
+  closedLoop?: boolean;
   /** KV capacity of each worker in tokens (heterogeneous workers); length = workers. */
   workerKvTokens?: readonly number[];
   /** Seed of the random source for jitter, loss and cancellations (default 1). */
@@ -78,6 +85,8 @@ export function checkScenario(s: ScenarioOptions, workers: number): void {
   frac(s.eventLoss, 'eventLoss');
   frac(s.cancelRate, 'cancelRate');
   frac(s.nonStreamingShare, 'nonStreamingShare');
+  if (s.closedLoop !== undefined && typeof s.closedLoop !== 'boolean')
+    throw new TypeError(`closedLoop must be a boolean, got ${typeof s.closedLoop}`);
   nonNeg(s.eventJitterMs, 'eventJitterMs');
   nonNeg(s.stateLagMs, 'stateLagMs');
   nonNeg(s.cancelWithinMs, 'cancelWithinMs');

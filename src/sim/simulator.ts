@@ -286,6 +286,12 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   let failed = 0;
   let retried = 0;
 
+  // closed loop: the request each session has out, and its requests held until it has ended
+  const closedLoop = scenario.closedLoop === true;
+  const sessionOut = new Map<string, number>();
+  const sessionHeld = new Map<string, number[]>();
+  let held = 0;
+
   const t0 = trace[0].timestamp;
   const arrivalOf = (r: TraceRequest) => (r.timestamp - t0) / speed;
   const outcomes: RequestOutcome[] = new Array(trace.length);
@@ -345,6 +351,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     if (engines.every((e) => e.rejection(limits) !== null)) {
       refused.push(index);
       finished++;
+      ended(index);
       return;
     }
     const whole = nonStreamingShare > 0 && streamingRandom() < nonStreamingShare;
@@ -440,7 +447,33 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     router.release(s.replica, s.ticket, s.shared);
     cancelled++;
     if (s.started) record(id, s, 'cancelled');
+    ended(id);
   };
+
+  /** A request from the trace reaches the router now (its client may cancel it later). */
+  const send = (index: number) => {
+    arrive(index);
+    if (cancelRate > 0 && scenarioRandom() < cancelRate)
+      schedule(now + scenarioRandom() * cancelWithin, () => cancel(index));
+  };
+
+  /**
+   * The request ended (answered, refused, failed or cancelled): closed-loop, its session's
+   * next request held behind it is sent now.
+   */
+  function ended(index: number): void {
+    if (!closedLoop) return;
+    const session = trace[index].sessionId;
+    if (session === undefined || sessionOut.get(session) !== index) return;
+    const next = sessionHeld.get(session)?.shift();
+    if (next === undefined) {
+      sessionOut.delete(session);
+      return;
+    }
+    held--;
+    sessionOut.set(session, next);
+    schedule(now, () => send(next));
+  }
 
   /**
    * The worker dies: its cache and its requests are gone. Requests that had no first token
@@ -458,6 +491,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       if (s.started && !s.whole) {
         failed++;
         record(id, s, 'failed');
+        ended(id);
       } else {
         retried++;
         arrive(id, s.arrival);
@@ -478,9 +512,19 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     if (top === undefined || arrivalTime < top.time) {
       now = arrivalTime;
       const index = nextArrival++;
-      arrive(index);
-      if (cancelRate > 0 && scenarioRandom() < cancelRate)
-        schedule(now + scenarioRandom() * cancelWithin, () => cancel(index));
+      const session = closedLoop ? trace[index].sessionId : undefined;
+      if (session !== undefined) {
+        // the session's previous request has not ended: this one waits for it
+        if (sessionOut.has(session)) {
+          let list = sessionHeld.get(session);
+          if (!list) sessionHeld.set(session, (list = []));
+          list.push(index);
+          held++;
+          continue;
+        }
+        sessionOut.set(session, index);
+      }
+      send(index);
       continue;
     }
     queue.pop();
@@ -507,6 +551,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
         router.release(s.replica, s.ticket, s.shared);
         record(request.id, s);
         if (++finished % 500 === 0) options.onProgress?.(finished, trace.length);
+        ended(request.id);
       }
       stepping[w] = false;
       if (!engines[w].idle) startStep(w);
@@ -531,7 +576,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       });
       if (loadTimeline.length === 0 || now - loadTimeline[loadTimeline.length - 1].t * 1000 >= 5000)
         loadTimeline.push({ t: now / 1000, kvUsage: sample });
-      const busy = nextArrival < trace.length || live.size > 0;
+      const busy = nextArrival < trace.length || live.size > 0 || held > 0;
       if (busy) {
         let next = now + scrapeInterval;
         // nothing runs and nothing is due before the next arrival: every scrape until then would

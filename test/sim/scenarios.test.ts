@@ -5,7 +5,7 @@ import { describe, mock, test } from 'node:test';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { parseWorkerEvent, RouterFleet } from '../../src/sim/scenarios.js';
 import { simulate, type PolicyResult } from '../../src/sim/simulator.js';
-import { loadMooncakeTrace } from '../../src/sim/trace.js';
+import { loadMooncakeTrace, type TraceRequest } from '../../src/sim/trace.js';
 import { generateWorkflowTrace } from '../../src/sim/workflows.js';
 import { tiers } from '../helpers/prompts.js';
 import { CLI } from '../helpers/cli-entry.js';
@@ -273,6 +273,55 @@ describe('scenarios', () => {
     );
   });
 
+  test("--closed-loop: a session's next request is sent once its previous one has ended, the others at their times", () => {
+    // two sessions of three turns 100 ms apart, answers of 400 tokens (seconds each), and
+    // requests of no session between them; the second session's first turn is over every
+    // engine's context (refused at once)
+    const turn = (index: number, timestamp: number, sessionId?: string, inputLength = 2000): TraceRequest => ({
+      index,
+      timestamp,
+      inputLength,
+      outputLength: 400,
+      hashIds: Array.from({ length: Math.ceil(inputLength / 16) }, (_, i) => index * 100_000 + i),
+      blockSize: 16,
+      ...(sessionId === undefined ? {} : { sessionId }),
+    });
+    const trace = [
+      turn(0, 0, 'a'),
+      turn(1, 50, undefined),
+      turn(2, 100, 'a'),
+      turn(3, 120, 'b', 400_000),
+      turn(4, 150, undefined),
+      turn(5, 200, 'a'),
+      turn(6, 220, 'b'),
+    ];
+    const run = (closedLoop: boolean) =>
+      simulate(trace, { workers: 2, policy: 'round-robin', speed: 1, scenario: { closedLoop } });
+    const open = run(false);
+    const closed = run(true);
+    assertAccounted(closed, trace.length);
+    assert.equal(closed.rejected, 1);
+    const at = (r: PolicyResult, i: number) => r.outcomes.find((o) => o?.request === i)!;
+    const end = (r: PolicyResult, i: number) => at(r, i).arrival + at(r, i).e2e;
+    // open-loop, session a's turns overlap; closed-loop each waits for the one before it
+    assert.ok(at(open, 2).arrival < end(open, 0), 'open loop: the second turn is sent before the first has ended');
+    assert.ok(Math.abs(at(closed, 2).arrival - end(closed, 0)) < 1e-6);
+    assert.ok(Math.abs(at(closed, 5).arrival - end(closed, 2)) < 1e-6);
+    // requests of no session, and a turn whose previous one was refused, go at their times
+    assert.equal(at(closed, 1).arrival, 0.05);
+    assert.equal(at(closed, 4).arrival, 0.15);
+    assert.equal(at(closed, 6).arrival, 0.22);
+    // a turn its client cancels ends too: the next one is sent, and every request is accounted for
+    const cancelled = simulate(trace, {
+      workers: 2,
+      policy: 'round-robin',
+      speed: 1,
+      scenario: { closedLoop: true, cancelRate: 1, cancelWithinMs: 10 },
+    });
+    assertAccounted(cancelled, trace.length);
+    assert.equal(cancelled.cancelled, trace.length - 1);
+  });
+
   test('--worker-kv-tokens: each worker gets its own KV capacity', () => {
     // round-robin assigns the same requests whatever the caches: only worker 0's capacity differs
     const mixed = simulate(head, {
@@ -358,6 +407,7 @@ describe('scenarios', () => {
       '0.5',
       '--worker-kv-tokens',
       '100000,200000,300000',
+      '--closed-loop',
       '--format',
       'json',
     );

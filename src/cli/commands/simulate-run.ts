@@ -102,6 +102,7 @@ export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undef
   for (const key of keys) {
     if (flags[key] !== undefined) s[key] = flags[key];
   }
+  if (flags.closedLoop === true) s.closedLoop = true;
   // a flag that only shapes another one's effect would be ignored without it: refused, as
   // mock-engine refuses --replay without --events, not run as if it had been taken
   if (flags.stateLagMs !== undefined && (flags.replicas ?? 1) < 2)

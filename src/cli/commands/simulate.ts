@@ -26,6 +26,7 @@ export interface SimulateFlags extends ScenarioFlags {
   eventDelayMs: number;
   scrapeIntervalMs?: number;
   progress: boolean;
+  closedLoop?: boolean;
   fail: string[];
   drain: string[];
   workerKvTokens?: number[];
@@ -141,6 +142,10 @@ export function registerSimulateCommand(program: Command): void {
       '--non-streaming-share <fraction>',
       'fraction of requests whose answer is not streamed (the router reads their prefill off the engines)',
       fractionOption('--non-streaming-share'),
+    )
+    .option(
+      '--closed-loop',
+      "send a session's next request only once its previous one has ended (trace session_id; default: at trace times)",
     )
     .option(
       '--worker-kv-tokens <list>',
