@@ -184,7 +184,13 @@ async function splitSamples(spec: TraceSpec): Promise<TraceRequest[][]> {
 }
 /** Requests over all samples of each trace: what its rejected counts are out of. */
 const requests: Record<string, number> = {};
-const meta = () => ({ workers: WORKERS, samples: SAMPLES, split, requests });
+const meta = () => ({
+  workers: WORKERS,
+  samples: SAMPLES,
+  split,
+  requests,
+  ...(CLOSED_LOOP ? { closedLoop: true } : {}),
+});
 
 if (flags.has('render-only')) {
   const path = `${OUT}/sim-sweep${suffix}.json`;

@@ -225,6 +225,8 @@ export interface SweepMeta {
   split: string;
   /** Requests over all samples of each trace, by trace name (the figure `rejected` is out of). */
   requests?: Readonly<Record<string, number>>;
+  /** Sessions were replayed closed-loop (ScenarioOptions.closedLoop). */
+  closedLoop?: boolean;
 }
 
 /** The sweep of `bench:sim`: per trace, hit rate and TTFT (mean, p99) against arrival rate, with 95% bands. */
@@ -241,7 +243,7 @@ ${legend(names)}
 <style>${STYLE}</style>
 </head><body>
 <h1>Policies against arrival rate</h1>
-<p>${meta.workers} simulated workers; each point is the mean over ${meta.samples} independent samples of the ${esc(meta.split)} split, the shaded band its 95% confidence interval. The x axis is the arrival-rate multiplier (×1 = the trace's recorded rate), log scale. Hit rate and TTFT cover the requests a policy answered, not those rejected. Made by <code>npm run bench:sim</code>.</p>
+<p>${meta.workers} simulated workers; each point is the mean over ${meta.samples} independent samples of the ${esc(meta.split)} split, the shaded band its 95% confidence interval. The x axis is the arrival-rate multiplier (×1 = the trace's recorded rate), log scale. Hit rate and TTFT cover the requests a policy answered, not those rejected. ${meta.closedLoop === true ? " Sessions were replayed closed-loop: a session's request is sent once its previous one has ended." : ''} Made by <code>npm run bench:sim${meta.closedLoop === true ? ' -- --closed-loop' : ''}</code>.</p>
 ${sections.join('\n')}
 </body></html>
 `;
