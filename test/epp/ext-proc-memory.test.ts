@@ -5,37 +5,17 @@
  * hold megabytes per byte of body, all under the body limit.
  */
 import assert from 'node:assert/strict';
-import { Duplex } from 'node:stream';
 import { test } from 'node:test';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
-import type { ServerDuplexStream } from '@grpc/grpc-js';
-import { createProcessHandler, type PickInput } from '../../src/epp/ext-proc-handler.js';
-import type { ProcessingRequest, ProcessingResponse } from '../../src/epp/proto.js';
 import { until } from '../helpers/wait.js';
+import { handlerCapturingPick } from './harness.js';
 
 setFlagsFromString('--expose-gc');
 const gc = runInNewContext('gc') as () => void;
 
 test('a body chunk does not keep the message buffer it was decoded from', async () => {
-  const call = new Duplex({
-    objectMode: true,
-    read() {},
-    write(_chunk, _encoding, callback) {
-      callback();
-    },
-  });
-  let picked: PickInput | undefined;
-  const handler = createProcessHandler({
-    bodyLimit: 1 << 20,
-    picker: {
-      pick: (input) => {
-        picked = input;
-        return { ok: false, status: 400, message: 'seen' };
-      },
-    },
-  });
-  handler(call as unknown as ServerDuplexStream<ProcessingRequest, ProcessingResponse>);
+  const { call, picked } = handlerCapturingPick();
   let collected = 0;
   const registry = new FinalizationRegistry(() => void collected++);
   call.push({ request: 'request_headers', request_headers: { headers: { headers: [] }, end_of_stream: false } });
@@ -56,7 +36,7 @@ test('a body chunk does not keep the message buffer it was decoded from', async 
     return collected === CHUNKS;
   }, `the ${CHUNKS} message buffers to be collected`);
   call.push({ request: 'request_body', request_body: { body: Buffer.alloc(0), end_of_stream: true } });
-  await until(() => picked !== undefined, 'the pick');
-  assert.equal(picked!.body?.toString(), text, 'the body, byte for byte');
+  await until(() => picked() !== undefined, 'the pick');
+  assert.equal(picked()!.body?.toString(), text, 'the body, byte for byte');
   call.destroy();
 });

@@ -1,8 +1,16 @@
 import assert from 'node:assert/strict';
+import { Duplex } from 'node:stream';
 import { after, before } from 'node:test';
-import { credentials, makeGenericClientConstructor, type Client, type ClientDuplexStream } from '@grpc/grpc-js';
+import {
+  credentials,
+  makeGenericClientConstructor,
+  type Client,
+  type ClientDuplexStream,
+  type ServerDuplexStream,
+} from '@grpc/grpc-js';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
+import { createProcessHandler, type PickInput } from '../../src/epp/ext-proc-handler.js';
 import { startPicker, type PickerConfig, type RunningPicker } from '../../src/epp/run-picker.js';
 import { createGateway, type Gateway, type GatewayOptions } from '../../src/server/gateway.js';
 import { MemoryStateStore, type StateStore } from '../../src/state/state-store.js';
@@ -178,4 +186,25 @@ export async function forwardedBody(envoy: EnvoyRole, path: string, body: string
   if (out.body.length > 0) assert.equal(out.setHeaders.get('content-length'), String(out.body.length));
   await out.stream.end();
   return text;
+}
+
+/**
+ * The ext_proc handler on a stream of its own, before any gRPC: `call` takes the messages Envoy
+ * would send (push them), and `picked()` is what the picker was asked, once it was (the picker
+ * refuses every request, 400).
+ */
+export function handlerCapturingPick(bodyLimit = 1 << 20): { call: Duplex; picked: () => PickInput | undefined } {
+  const call = new Duplex({ objectMode: true, read() {}, write: (_c, _e, done: () => void) => done() });
+  let picked: PickInput | undefined;
+  const handler = createProcessHandler({
+    bodyLimit,
+    picker: {
+      pick: (input) => {
+        picked = input;
+        return { ok: false, status: 400, message: 'seen' };
+      },
+    },
+  });
+  handler(call as unknown as ServerDuplexStream<ProcessingRequest, ProcessingResponse>);
+  return { call, picked: () => picked };
 }

@@ -1,13 +1,10 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { Duplex } from 'node:stream';
-import type { ServerDuplexStream } from '@grpc/grpc-js';
 import { Registry } from 'prom-client';
 import { KVAwareRouter } from '../../src/index.js';
-import { createProcessHandler, type PickInput } from '../../src/epp/ext-proc-handler.js';
-import type { ProcessingRequest, ProcessingResponse } from '../../src/epp/proto.js';
 import { RouterPicker, type RoutingBackend } from '../../src/epp/router-picker.js';
 import { until } from '../helpers/wait.js';
+import { handlerCapturingPick } from './harness.js';
 import { sharePrefillReads } from '../../src/state/prefill-sharing.js';
 import { RecordingStateStore } from '../helpers/recording-state-store.js';
 
@@ -100,18 +97,7 @@ test('the endpoint picker: a streamed answer Envoy does not send as it comes has
 
 test('the ext_proc handler tells the picker whether Envoy sends the response body as it comes', async () => {
   const seen = async (mode: string | undefined): Promise<boolean | undefined> => {
-    const call = new Duplex({ objectMode: true, read() {}, write: (_c, _e, done) => done() });
-    let picked: PickInput | undefined;
-    const handler = createProcessHandler({
-      bodyLimit: 1 << 20,
-      picker: {
-        pick: (input) => {
-          picked = input;
-          return { ok: false, status: 400, message: 'seen' };
-        },
-      },
-    });
-    handler(call as unknown as ServerDuplexStream<ProcessingRequest, ProcessingResponse>);
+    const { call, picked } = handlerCapturingPick();
     call.push({
       request: 'request_headers',
       request_headers: { headers: { headers: [] }, end_of_stream: false },
@@ -120,9 +106,9 @@ test('the ext_proc handler tells the picker whether Envoy sends the response bod
         : { protocol_config: { request_body_mode: 'FULL_DUPLEX_STREAMED', response_body_mode: mode } }),
     });
     call.push({ request: 'request_body', request_body: { body: Buffer.from('{"stream":true}'), end_of_stream: true } });
-    await until(() => picked !== undefined, 'the pick');
+    await until(() => picked() !== undefined, 'the pick');
     call.destroy();
-    return picked!.responseBodyStreamed;
+    return picked()!.responseBodyStreamed;
   };
   assert.equal(await seen(undefined), true, 'no protocol_config: as the picker is deployed, streamed');
   assert.equal(await seen('FULL_DUPLEX_STREAMED'), true);
