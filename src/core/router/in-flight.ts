@@ -289,12 +289,12 @@ export class InFlightTickets {
   /**
    * The worker's engine reported `waiting` requests in its waiting queue, as read at
    * `sampledAt` (router clock; requests opened after it, or less than ENGINE_ARRIVAL_MS before,
-   * are not in the reading). Of this
-   * router's requests there whose first token nobody reports, at most `waiting` can still be
-   * waiting, and the engine admits its waiting queue first come, first served: all but the
-   * `waiting` most recent are admitted. For those marked with awaitAdmission(), with less
-   * than a block left to compute, admission ends the prefill: calls `done` with each, oldest
-   * first. A lower bound: other routers' requests in the queue only make it mark fewer.
+   * are not in the reading). Of this router's requests there whose first token nobody reports,
+   * at most `waiting` can still be waiting, and the engine admits its waiting queue first come,
+   * first served: all but the `waiting` most recent are admitted. For those marked with
+   * awaitAdmission(), with less than a block left to compute, admission ends the prefill: calls
+   * `done` with each, oldest first. A lower bound: other routers' requests in the queue only
+   * make it mark fewer.
    */
   admitUnreported(worker: WorkerState, waiting: number, sampledAt: number, done: (ticket: number) => void): void {
     const q = this.unreported.get(worker);
