@@ -17,7 +17,8 @@ msgspec's own msgpack encoder, so the bytes are what an engine of that release s
   spec     BlockStored gains kv_cache_spec_kind, kv_cache_spec_sliding_window = None (#40984)
   mapev    events are tagged maps, the batch stays an array                 (#42892)
   map      the batch is a map too (EventBatch without array_like, as on vLLM main)
-  typed    BlockStored gains event_version (1 when its extra_keys are typed) and its extra_keys
+  typed    (proposed in #55488, closed without merging: no release sends it) BlockStored gains
+           event_version (1 when its extra_keys are typed) and its extra_keys
            entries are tuples of tagged ExtraKey maps (LoRAKey, CacheSaltKey, PromptEmbedsKey,
            MultiModalKey, LegacyExtraKey) built by extra_keys_to_typed; with the placement
            fields, the batch positional
@@ -197,7 +198,8 @@ def shapes():
     # positional, events tagged maps, as tests/v1/core/test_kv_events_contract.py pins them
     family("placement", batch_array=True, events_array=False, rank=True, medium=True, lora_name=True, extra=True, group=True,
            spec=True, placement=True)
-    # vLLM with typed extra keys (vllm/distributed/kv_events.py ExtraKey): event_version is None
+    # typed extra keys as vllm-project/vllm#55488 proposed them (ExtraKey; not merged, no release
+    # sends them): event_version is None
     # unless the extra_keys are typed, then 1 (BlockStored.to_typed(), as vLLM's kv_events tests
     # pin it on the wire: a default of 1 would be dropped by omit_defaults)
     family("typed", batch_array=True, events_array=False, rank=True, medium=True, lora_name=True, extra=True, group=True,

@@ -702,8 +702,9 @@ function loraOf(e: BlockStoredEvent): string | null {
  * The cache salt of a prompt's first block: SGLang's cache_salt, which salts the whole page
  * chain from its root, or vLLM's, read from the block's extra_keys: vLLM lists the LoRA name
  * first, then multimodal (identifier, offset) pairs, then the salt, then prompt-embedding
- * digests (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys); releases that send
- * them typed (event_version 1) keep that order, and the decoder reads them as these.
+ * digests (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys); keys sent typed
+ * (event_version 1, proposed in vllm-project/vllm#55488 and not merged) keep that order, and the
+ * decoder reads them as these.
  */
 function saltOf(e: BlockStoredEvent): string | null {
   if (e.cacheSalt !== undefined) return e.cacheSalt;

@@ -19,8 +19,9 @@ export type EngineBlockHash = bigint | string;
  * name, multimodal (identifier, offset) pairs, the cache salt on a prompt's first block,
  * prompt-embedding digests. Strings, numbers, nested arrays (and maps, which vLLM does not send
  * but as typed keys of a tag this router does not know), at most
- * KV_EVENT_LIMITS.maxExtraKeyDepth levels deep; bytes as {bytes: hex}. Releases that send typed
- * keys (event_version 1) have them read as these bare keys (typedExtraKey).
+ * KV_EVENT_LIMITS.maxExtraKeyDepth levels deep; bytes as {bytes: hex}. Typed keys
+ * (event_version 1, as vllm-project/vllm#55488 proposed; closed without merging, so no release
+ * sends them) are read as these bare keys (typedExtraKey).
  */
 export type ExtraKeys = ReadonlyArray<unknown> | null;
 
@@ -620,9 +621,9 @@ function extraKeyList(v: unknown, at: string): ExtraKeys[] | null {
 }
 
 /**
- * Key `j` of the extra_keys entry at `at` (the entry being level 1, the key level 2). Releases with
- * event_version 1 send each key as a tagged map (vllm/distributed/kv_events.py ExtraKey, built
- * by extra_keys_to_typed): it is read as the bare key of earlier releases it stands for, the
+ * Key `j` of the extra_keys entry at `at` (the entry being level 1, the key level 2). An event
+ * of event_version 1, as vllm-project/vllm#55488 proposed it (closed without merging: no release
+ * sends it), sends each key as a tagged map (ExtraKey, built by extra_keys_to_typed): it is read as the bare key of earlier releases it stands for, the
  * form the applier reads — {type: "lora", name} as the name, {type: "cache_salt", salt} as the
  * salt, {type: "mm", modality, hash, block_offset} as the pair [hash, block_offset],
  * {type: "prompt_embeds", hash} as the digest ({bytes: hex}), {type: "legacy", value} as the
