@@ -286,7 +286,8 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   let failed = 0;
   let retried = 0;
 
-  // closed loop: the request each session has out, and its requests held until it has ended
+  // closed loop: the request each session has out, its requests held until it has ended, and
+  // how many of those are not sent yet (the scrapes go on while any is)
   const closedLoop = scenario.closedLoop === true;
   const sessionOut = new Map<string, number>();
   const sessionHeld = new Map<string, number[]>();
@@ -470,9 +471,13 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       sessionOut.delete(session);
       return;
     }
-    held--;
     sessionOut.set(session, next);
-    schedule(now, () => send(next));
+    // held until sent: a scrape due at this same time runs before the send, and must not find
+    // nothing running or held and stop the scrapes
+    schedule(now, () => {
+      held--;
+      send(next);
+    });
   }
 
   /**
