@@ -662,8 +662,9 @@ export class CostPolicy implements RoutingPolicy {
       // due on the policy's clock, which never goes back (a request routed after the clock was set
       // back is not late from the moment it is routed)
       // an answer not streamed has its first token with its last: its wait says nothing of the queue
-      this.queuedTimed[i] = request.firstTokenReported !== false ? 1 : 0;
-      if (request.firstTokenReported !== false) {
+      const timed = request.firstTokenReported !== false;
+      this.queuedTimed[i] = timed ? 1 : 0;
+      if (timed) {
         const at = Number.isFinite(now) && now > this.lastNow ? now : this.lastNow;
         this.queuedDue[i] = at + (1000 * this.chosenEstimate) / this.weights.prefillTokensPerSecond;
         this.queueForLateness(worker.slot, ticket);
@@ -683,22 +684,21 @@ export class CostPolicy implements RoutingPolicy {
 
   /** The request's first token: its prefill no longer queues on its worker. */
   onPrefillDone(ticket: number): void {
-    const i = ticket & (QUEUED_TICKETS - 1);
-    if (ticket > 0 && this.queuedTicket[i] === ticket && this.queuedSlot[i] !== 0 && this.queuedTimed[i] === 1) {
-      const slot = this.queuedSlot[i] - 1;
-      if (ticket > this.firstTokenTicket[slot]) this.firstTokenTicket[slot] = ticket;
-    }
-    this.endPrefill(ticket);
+    const slot = this.endPrefill(ticket);
+    if (slot >= 0 && this.queuedTimed[ticket & (QUEUED_TICKETS - 1)] === 1 && ticket > this.firstTokenTicket[slot])
+      this.firstTokenTicket[slot] = ticket;
   }
 
-  private endPrefill(ticket: number): void {
+  /** The ticket's prefill no longer queues: its tallies leave its worker's. Returns that worker's slot (-1: none). */
+  private endPrefill(ticket: number): number {
     const i = ticket & (QUEUED_TICKETS - 1);
-    if (ticket <= 0 || this.queuedTicket[i] !== ticket || this.queuedSlot[i] === 0) return;
+    if (ticket <= 0 || this.queuedTicket[i] !== ticket || this.queuedSlot[i] === 0) return -1;
     const slot = this.queuedSlot[i] - 1;
     this.queuedSlot[i] = 0;
     this.attentionQueued[slot] = Math.max(0, this.attentionQueued[slot] - this.queuedWork[i]);
     this.cachedQueued[slot] = Math.max(0, this.cachedQueued[slot] - this.queuedCachedTokens[i]);
     this.anchorsQueued[slot] = Math.max(0, this.anchorsQueued[slot] - this.queuedCachedAnchorTokens[i]);
+    return slot;
   }
 
   /** Puts a ticket routed to `slot` last in its ring (the oldest is forgotten when it is full). */
