@@ -256,34 +256,42 @@ export class BlockIndex {
   /**
    * The worker dropped everything (AllBlocksCleared), or was lost. O(that worker's stored
    * blocks), plus, only if it has predictions, the generation lists up to its last one.
+   * With `keepOffload`, its offload-tier entries stay (an engine whose prefix cache was reset
+   * while its KV connector kept its copies): its GPU and predicted entries go.
    */
-  applyCleared(slot: number): void {
+  applyCleared(slot: number, keepOffload = false): void {
     if (slot >= this.words * 32) return;
     // stored entries through the worker's reverse list; predicted ones through the
     // generation lists (predictions are not kept on reverse lists: they churn too fast)
     const n = this.reverseLength[slot] ?? 0;
-    for (let i = 0; i < n; i++) this.dropWorkerFromNode(this.reverse[slot][i], slot);
-    if (n > 0) this.reverseLength[slot] = 0;
+    for (let i = 0; i < n; i++) this.dropWorkerFromNode(this.reverse[slot][i], slot, keepOffload);
+    // the nodes still held offload stay listed (the others are dropped by compacting)
+    if (n > 0) {
+      if (keepOffload) this.compactReverse(slot);
+      else this.reverseLength[slot] = 0;
+    }
     // the lists hold every worker's predictions: stop once this worker's are all dropped
     for (let g = 0; g < GENERATIONS && this.predictedOf[slot] > 0; g++) {
       const list = this.generationNodes[g];
       const len = this.generationLength[g];
-      for (let i = 0; i < len && this.predictedOf[slot] > 0; i++) this.dropWorkerFromNode(list[i], slot);
+      for (let i = 0; i < len && this.predictedOf[slot] > 0; i++) this.dropWorkerFromNode(list[i], slot, keepOffload);
     }
   }
 
-  private dropWorkerFromNode(node: number, slot: number): void {
+  private dropWorkerFromNode(node: number, slot: number, keepOffload = false): void {
     if (this.ref[node] === FREE) return;
     const base = node * this.stride + (slot >>> 5) * ROWS;
     const bit = 1 << (slot & 31);
     let had = 0;
     for (let r = 0; r < ROWS; r++) {
+      if (keepOffload && r === ROW_OFFLOAD) continue;
       const b = this.masks[base + r] & bit;
       if (b !== 0 && r >= ROW_PREDICTED) this.predictedOf[slot]--;
       had |= b;
       this.masks[base + r] &= ~bit;
     }
-    if (had !== 0) {
+    // an entry held offload is still the worker's
+    if (had !== 0 && (this.masks[base + ROW_OFFLOAD] & bit) === 0) {
       this.entriesOf[slot]--;
       this.totalEntries--;
       this.freeIfEmpty(node);

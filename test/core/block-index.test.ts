@@ -108,6 +108,33 @@ describe('BlockIndex', () => {
     assert.equal(overlap(index, [1, 2, 3]).blocks[0], 3);
   });
 
+  test('a clear that keeps the offload tier drops GPU and predicted entries, and the offload ones stay listed', () => {
+    const index = new BlockIndex({ predictedTtlMs: 1000 });
+    stored(index, 0, [1, 2, 3]);
+    stored(index, 0, [2, 4], Tier.Offload);
+    predicted(index, 0, [5], 0);
+    stored(index, 1, [1]);
+    index.applyCleared(0, true);
+    assert.equal(index.entriesFor(0), 2);
+    assert.equal(index.entriesFor(1), 1);
+    assert.equal(index.entryCount, 3);
+    assert.equal(index.blockCount, 3); // 1 (worker 1), 2 and 4 (offload); 3 and 5 freed
+    const o = overlap(index, [1, 2]);
+    assert.equal(o.blocks[0], 0); // block 1 is gone: the prefix breaks there
+    for (const id of [2, 4]) {
+      const held = overlap(index, [id]);
+      assert.equal(held.blocks[0], 1, `block ${id}`);
+      assert.equal(held.offloadBlocks[0], 1, `block ${id}`);
+    }
+    assert.equal(overlap(index, [3]).blocks[0], 0);
+    assert.equal(overlap(index, [5], 0).blocks[0], 0); // the prediction went too
+    // what stayed goes with a full clear, through the worker's reverse list
+    index.applyCleared(0);
+    assert.equal(index.entriesFor(0), 0);
+    assert.equal(index.entryCount, 1);
+    assert.equal(index.blockCount, 1);
+  });
+
   test("AllBlocksCleared with predictions present drops that worker's stored and predicted entries only", () => {
     const index = new BlockIndex({ predictedTtlMs: 1000 });
     stored(index, 0, [1, 2, 3]);

@@ -73,6 +73,72 @@ describe('KV event applier', () => {
     assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 0);
   });
 
+  test("AllBlocksCleared keeps the offload copies vLLM's connector still holds; they leave with their own removal", () => {
+    const { router, applier } = setup();
+    const explain = () =>
+      router.route({ tokens: tokens(0, 12) }, { dryRun: true, explain: true }).explain!.find((x) => x.worker === 'w0')!;
+    // GPU blocks 10, 11, 12; the OffloadingConnector's tokenless copies of 10 and 11 (block size 0)
+    applier.apply(
+      'w0',
+      batch(
+        stored([10n, 11n, 12n], null, tokens(0, 12)),
+        stored([10n, 11n], null, [], { medium: 'CPU', blockSize: 0 }),
+      ),
+    );
+    // reset_prefix_cache with reset_connector=False: a bare AllBlocksCleared, the CPU tier kept
+    const c = applier.apply('w0', batch({ type: 'AllBlocksCleared' }));
+    assert.equal(c.cleared, 1);
+    assert.deepEqual(applier.copies('w0', 10n), { gpu: 0, offload: 1 });
+    assert.deepEqual(applier.copies('w0', 11n), { gpu: 0, offload: 1 });
+    assert.deepEqual(applier.copies('w0', 12n), { gpu: 0, offload: 0 });
+    assert.equal(applier.trackedBlocks('w0'), 2);
+    let e = explain();
+    assert.equal(e.overlapBlocks, 2);
+    assert.equal(e.offloadBlocks, 2);
+    // the GPU copy stored again is one copy, not a second
+    applier.apply('w0', batch(stored([10n], null, tokens(0, 4))));
+    assert.deepEqual(applier.copies('w0', 10n), { gpu: 1, offload: 1 });
+    const r = applier.apply(
+      'w0',
+      batch(
+        { type: 'BlockRemoved', blockHashes: [10n, 11n], medium: 'CPU', groupIdx: null },
+        { type: 'BlockRemoved', blockHashes: [10n], medium: 'GPU', groupIdx: null },
+      ),
+    );
+    assert.equal(r.removedBlocks, 3);
+    assert.equal(r.unknownRemovals, 0);
+    assert.equal(applier.trackedBlocks('w0'), 0);
+    e = explain();
+    assert.equal(e.overlapBlocks, 0);
+    assert.equal(router.index.entriesFor(0), 0);
+  });
+
+  test("AllBlocksCleared forgets SGLang HiCache's host copies (CPU_PINNED), which its reset clears too", () => {
+    const { router, applier } = setup();
+    applier.apply(
+      'w0',
+      batch(stored([10n, 11n], null, tokens(0, 8)), stored([10n, 11n], null, tokens(0, 8), { medium: 'CPU_PINNED' })),
+    );
+    applier.apply('w0', batch({ type: 'BlockRemoved', blockHashes: [11n], medium: 'GPU', groupIdx: null }));
+    assert.deepEqual(applier.copies('w0', 11n), { gpu: 0, offload: 1 });
+    applier.apply('w0', batch({ type: 'AllBlocksCleared' }));
+    assert.equal(applier.trackedBlocks('w0'), 0);
+    assert.equal(applier.trackedWorkers(), 0);
+    assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 0);
+  });
+
+  test('a sequence gap, a restart or a removal (clearWorker) still forgets the offload copies', () => {
+    const { router, applier } = setup();
+    applier.apply(
+      'w0',
+      batch(stored([10n], null, tokens(0, 4)), stored([10n], null, [], { medium: 'CPU', blockSize: 0 })),
+    );
+    applier.clearWorker('w0');
+    assert.deepEqual(applier.copies('w0', 10n), { gpu: 0, offload: 0 });
+    assert.equal(applier.trackedWorkers(), 0);
+    assert.equal(router.route({ tokens: tokens(0, 4) }, { dryRun: true }).cachedTokens, 0);
+  });
+
   test('a block whose parent was never seen is counted, not guessed', () => {
     const { router, applier } = setup();
     const c = applier.apply('w0', batch(stored([12n], 11n, tokens(8, 4))));

@@ -277,10 +277,14 @@ export class KVAwareRouter {
     );
   }
 
-  /** The worker dropped all its blocks (AllBlocksCleared), or its events can no longer be trusted. */
-  applyCleared(workerId: string): void {
+  /**
+   * The worker dropped all its blocks (AllBlocksCleared), or its events can no longer be trusted.
+   * With `keep` 'offload', only its GPU (and predicted) entries go: its prefix cache was reset
+   * while its offload tier kept its copies.
+   */
+  applyCleared(workerId: string, keep?: 'offload'): void {
     const w = this.requireRegistered(workerId);
-    this.index.applyCleared(w.slot);
+    this.index.applyCleared(w.slot, keep === 'offload');
   }
 
   /** Block keys of token ids as this router computes them (a fresh copy); `blockSize` default: the router's. */

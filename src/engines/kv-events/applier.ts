@@ -36,6 +36,9 @@ import {
  *   sent) as held in the offload tier; an unknown one is skipped, never the batch. With
  *   self_describing_kv_events (vllm-project/vllm#43468) its copies carry token ids, the parent
  *   and the GPU block size, and apply as stores in the offload tier.
+ * - AllBlocksCleared is a reset of the engine's prefix cache: its GPU copies go, and its
+ *   offload copies stay where the engine keeps them (vLLM's connector, reset only on request),
+ *   not where it drops them too (SGLang HiCache's "CPU_PINNED" host copies): clearPrefixCache.
  * - Hybrid models (sliding window, Mamba): group_idx / kv_cache_spec_kind say which KV
  *   group an event is for. Only groups that hold every token of the prefix are indexed (a
  *   prefix hit needs every block): full attention, and MLA and sink attention, which vLLM
@@ -98,6 +101,13 @@ export const MAX_MEDIA_PER_WORKER = 16;
  * find nothing to remove.
  */
 export const MAX_KV_GROUPS_PER_WORKER = 256;
+
+/**
+ * The medium of SGLang HiCache's host copies (StorageMedium.CPU = "CPU_PINNED",
+ * python/sglang/srt/disaggregation/kv_events.py): SGLang clears its host pool with its radix
+ * tree and announces both with one AllBlocksCleared (KvEventApplier.clearPrefixCache).
+ */
+export const SGLANG_HOST_MEDIUM = 'CPU_PINNED';
 
 export interface ApplyCounts {
   storedBlocks: number;
@@ -203,6 +213,11 @@ export class KvEventApplier {
   private readonly fullGroups = new Map<string, Set<number>>();
   /** GPU blocks an offload block spans, per worker and medium (learned from its stores). */
   private readonly offloadSpans = new Map<string, Map<string, number>>();
+  /**
+   * Workers that sent an offload copy in SGLANG_HOST_MEDIUM since their entries were last
+   * cleared: their engine drops its offload copies with its prefix cache (clearPrefixCache).
+   */
+  private readonly offloadClearedWithCache = new Set<string>();
   private readonly scratch = new BlockHashes(64);
   private readonly root = new Uint32Array(2);
   private readonly key = new Uint32Array(2);
@@ -271,6 +286,7 @@ export class KvEventApplier {
       this.unexplainedMismatches,
     ])
       for (const id of m.keys()) ids.add(id);
+    for (const id of this.offloadClearedWithCache) ids.add(id);
     return ids.size;
   }
 
@@ -302,9 +318,11 @@ export class KvEventApplier {
   }
 
   /**
-   * Forgets a worker's blocks, in the index (as AllBlocksCleared) and in the hash map, and
-   * everything else kept for it (also when it is removed): its offload spans and KV group kinds
-   * (its next stores teach them again).
+   * Forgets a worker's blocks, in every tier, in the index and in the hash map, and everything
+   * else kept for it: its offload spans and KV group kinds (its next stores teach them again).
+   * For what the engine's state is no longer known by: a sequence gap, a restart, a worker
+   * removed, a worker found to send what it does not hold. (AllBlocksCleared, a reset of the
+   * engine's prefix cache, may keep its offload copies: clearPrefixCache.)
    */
   clearWorker(workerId: string): void {
     this.maps.delete(workerId);
@@ -314,7 +332,48 @@ export class KvEventApplier {
     this.offloadSpans.delete(workerId);
     this.fullGroups.delete(workerId);
     this.otherGroups.delete(workerId);
+    this.offloadClearedWithCache.delete(workerId);
     this.router.applyCleared(workerId);
+  }
+
+  /**
+   * AllBlocksCleared: the engine reset its prefix cache. Its GPU copies go; its offload copies
+   * stay when its engine keeps them through the reset, and leave with their own BlockRemoved.
+   *
+   * vLLM: Scheduler.reset_prefix_cache(reset_running_requests, reset_connector=False)
+   * (vllm/v1/core/sched/scheduler.py) resets the block pool, whose
+   * BlockPool.reset_prefix_cache (vllm/v1/core/block_pool.py) publishes a bare
+   * AllBlocksCleared, and resets the KV connector (the OffloadingConnector's CPU tier, its
+   * copies sent with medium "CPU" or "STORAGE": CPULoadStoreSpec.medium() in
+   * vllm/v1/kv_offload/cpu/common.py) only with reset_connector=True, which /reset_prefix_cache
+   * does not pass by default: vllm-project/vllm#57296 (closed unmerged) proposed clearing both
+   * on one event, vllm-project/vllm#57727 shows the CPU tier still serving after the reset.
+   *
+   * SGLang: HiRadixCache.reset (python/sglang/srt/mem_cache/hiradix_cache.py) clears its host
+   * pool (token_to_kv_pool_host.clear()) and then RadixCache.reset publishes the same bare
+   * AllBlocksCleared (_record_all_cleared_event): its host copies go with it. They are told
+   * apart by their medium: SGLang sends them as "CPU_PINNED" (StorageMedium.CPU in
+   * python/sglang/srt/disaggregation/kv_events.py), which vLLM never sends. A worker that has
+   * sent such a copy since its entries were last cleared has them all forgotten.
+   *
+   * What else the worker taught stays (KV group kinds, offload spans: the kept copies' removals
+   * need them), but for its hashes, checked again as after clearWorker.
+   */
+  private clearPrefixCache(workerId: string): void {
+    const map = this.maps.get(workerId);
+    let kept = false;
+    if (map && !this.offloadClearedWithCache.has(workerId)) {
+      for (const [h, b] of map) {
+        if (b.offload > 0) {
+          b.gpu = 0;
+          kept = true;
+        } else map.delete(h);
+      }
+    }
+    if (!kept) return this.clearWorker(workerId);
+    this.hashesConfirmed.delete(workerId);
+    this.unexplainedMismatches.delete(workerId);
+    this.router.applyCleared(workerId, 'offload');
   }
 
   private mapFor(workerId: string): Map<EngineBlockHash, OwnBlock> {
@@ -355,13 +414,14 @@ export class KvEventApplier {
 
   private applyEvent(workerId: string, e: KvEvent, counts: ApplyCounts): void {
     if (e.type === 'AllBlocksCleared') {
-      this.clearWorker(workerId);
+      this.clearPrefixCache(workerId);
       counts.cleared++;
       return;
     }
     if (e.type === 'BlockStored') {
       if (!this.fullAttention(workerId, e.groupIdx, e.kvCacheSpecKind)) return skip(counts, 'other_group');
       const gpu = e.medium === null || e.medium === 'GPU';
+      if (e.medium === SGLANG_HOST_MEDIUM) this.offloadClearedWithCache.add(workerId);
       if (e.tokenIds.length === 0) return this.applyOffloadCopies(workerId, e, gpu, counts);
       const blockSize = this.blockSizeOf(workerId);
       if (e.blockSize !== blockSize) {
