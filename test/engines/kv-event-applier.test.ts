@@ -270,6 +270,38 @@ describe('KV event applier on engine-encoded fixtures', () => {
     }
   });
 
+  test("a removal from a group whose kind was never learned is not the full group's once the worker taught kinds", () => {
+    const { router, applier } = setup();
+    const full = (hashes: bigint[]) =>
+      stored(hashes, null, tokens(0, 8), { groupIdx: 1, kvCacheSpecKind: 'full_attention' });
+    const swaRemoval = (h: bigint): KvEvent => ({ type: 'BlockRemoved', blockHashes: [h], medium: 'GPU', groupIdx: 0 });
+    // group 0 (sliding window) stored block 301 before the router subscribed, or before the last
+    // clear: only the full-attention group's store (group 1) and group 0's eviction are seen
+    const c = applier.apply('w0', batch(full([301n, 302n]), swaRemoval(301n)));
+    assert.equal(c.removedBlocks, 0);
+    assert.deepEqual(c.skipped, { other_group: 1 });
+    assert.deepEqual(applier.copies('w0', 301n), { gpu: 1, offload: 0 });
+    assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 8);
+    // the full group's own removal applies
+    const r = applier.apply('w0', batch({ type: 'BlockRemoved', blockHashes: [302n], medium: 'GPU', groupIdx: 1 }));
+    assert.equal(r.removedBlocks, 1);
+  });
+
+  test('a worker that taught no kind (a release without kv_cache_spec_kind) keeps group 0 as the full one', () => {
+    const { router, applier } = setup();
+    applier.apply('w0', batch(stored([10n, 11n], null, tokens(0, 8), { groupIdx: 0 })));
+    const c = applier.apply(
+      'w0',
+      batch(
+        { type: 'BlockRemoved', blockHashes: [11n], medium: 'GPU', groupIdx: 0 },
+        { type: 'BlockRemoved', blockHashes: [10n], medium: 'GPU', groupIdx: 1 },
+      ),
+    );
+    assert.equal(c.removedBlocks, 1);
+    assert.deepEqual(c.skipped, { other_group: 1 });
+    assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 4);
+  });
+
   test('MLA and sink-attention groups hold every token as full attention does: their stores are indexed', () => {
     for (const encoding of ['map', 'array'] as const) {
       for (const kind of ['full_attention', 'mla_attention', 'sink_full_attention']) {

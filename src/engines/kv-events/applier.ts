@@ -44,7 +44,10 @@ import {
  *   prefix hit needs every block): full attention, and MLA and sink attention, which vLLM
  *   keeps as full attention does (FULL_PREFIX_KINDS); events of other groups are skipped
  *   without error. Without kv_cache_spec_kind (releases before vllm-project/vllm#40984),
- *   group 0 is taken as the full-attention one.
+ *   group 0 is taken as the full-attention one. A BlockRemoved carries group_idx but no kind:
+ *   a group's kind is the one its stores taught, and a group never taught is skipped when the
+ *   worker taught kinds of others (its full-prefix groups are among those), group 0's fallback
+ *   being only for a worker that taught none.
  * - extra_keys: the first block's cache salt keys the chain as the request's cache_salt does;
  *   multimodal (identifier, offset) keys and prompt-embedding digests are mixed into their
  *   block's hash, so an image block never matches a text block with the same placeholder
@@ -407,8 +410,16 @@ export class KvEventApplier {
       return full;
     }
     // a removal, or a release without kinds: what the worker's stores said about the group
-    if (this.fullGroups.get(workerId)?.has(groupIdx!)) return true;
-    if (this.otherGroups.get(workerId)?.has(groupIdx!)) return false;
+    const full = this.fullGroups.get(workerId);
+    const other = this.otherGroups.get(workerId);
+    if (full?.has(groupIdx!)) return true;
+    if (other?.has(groupIdx!)) return false;
+    // a group whose kind was never learned. A worker that sent kinds for other groups has its
+    // full-prefix group(s) among them (their stores were indexed under what they taught), so
+    // this one is not: a sliding-window group whose store came before the router subscribed or
+    // before the last clear would otherwise delete the full group's block under the same hash.
+    // Only a worker that taught no kind (a release without them) keeps group 0 as the full one.
+    if ((full?.size ?? 0) + (other?.size ?? 0) > 0) return false;
     return groupIdx === 0;
   }
 
