@@ -302,6 +302,40 @@ describe('KV event applier on engine-encoded fixtures', () => {
     assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 4);
   });
 
+  test('a worker whose only group is of kind unknown (vLLM: mixed layer kinds in one group) is indexed from it', () => {
+    const { router, applier } = setup();
+    const unknown = (hashes: bigint[], first: number, parent: bigint | null = null) =>
+      stored(hashes, parent, tokens(first, hashes.length * BS), { groupIdx: 0, kvCacheSpecKind: 'unknown' });
+    const c = applier.apply('w0', batch(unknown([201n, 202n], 0)));
+    assert.equal(c.storedBlocks, 2);
+    assert.equal(c.unknownKindStores, 1);
+    assert.deepEqual(c.skipped, {});
+    assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 8);
+    // its removals apply too
+    const r = applier.apply('w0', batch({ type: 'BlockRemoved', blockHashes: [202n], medium: 'GPU', groupIdx: 0 }));
+    assert.equal(r.removedBlocks, 1);
+    assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 4);
+  });
+
+  test('once a full-prefix group is seen, unknown groups are skipped and what they stored is dropped', () => {
+    const { router, applier } = setup();
+    const unknownStore = stored([201n, 202n], null, tokens(0, 8), { groupIdx: 0, kvCacheSpecKind: 'unknown' });
+    const fullStore = stored([301n], null, tokens(100, 4), { groupIdx: 1, kvCacheSpecKind: 'full_attention' });
+    const c = applier.apply('w0', batch(unknownStore, fullStore, unknownStore));
+    assert.equal(c.storedBlocks, 3); // 201, 202 from the unknown group, then 301
+    assert.deepEqual(c.skipped, { other_group: 1 });
+    assert.equal(applier.trackedBlocks('w0'), 1);
+    assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 0);
+    assert.equal(router.route({ tokens: tokens(100, 4) }, { dryRun: true }).cachedTokens, 4);
+    const r = applier.apply('w0', batch({ type: 'BlockRemoved', blockHashes: [201n], medium: 'GPU', groupIdx: 0 }));
+    assert.deepEqual(r.skipped, { other_group: 1 });
+    // a worker that started with its full group never indexes the unknown one
+    const fresh = setup();
+    const f = fresh.applier.apply('w0', batch(fullStore, unknownStore));
+    assert.equal(f.unknownKindStores, 0);
+    assert.deepEqual(f.skipped, { other_group: 1 });
+  });
+
   test('MLA and sink-attention groups hold every token as full attention does: their stores are indexed', () => {
     for (const encoding of ['map', 'array'] as const) {
       for (const kind of ['full_attention', 'mla_attention', 'sink_full_attention']) {

@@ -11,7 +11,7 @@ import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
 import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { skippedEventCounts } from '../../src/server/engine-deployments.js';
-import { eventBatch, sequenceFrame, storedEvent, tokenRange } from '../helpers/kv-event-builders.js';
+import { eventBatch, sequenceFrame, storedEvent, storedTokens, tokenRange } from '../helpers/kv-event-builders.js';
 import { until } from '../helpers/wait.js';
 
 // Real ZeroMQ sockets on loopback: the publisher speaks vLLM's wire format, the subscriber
@@ -193,6 +193,32 @@ describe('KV events over ZeroMQ', () => {
     assert.equal(applier.trackedBlocks('w#0'), 0, "rank 0's batch on rank 1's port is not rank 0's");
     assert.equal(router.route({ tokens: tokens(20, 4) }, { dryRun: true }).cachedTokens, 0);
     assert.equal(logs.filter((l) => /unknown_rank/.test(l)).length, 1, `logged once: ${logs.join(' | ')}`);
+  });
+
+  test('a worker indexed from a KV group of kind unknown is logged once', async () => {
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+    router.registerWorker('w');
+    const applier = new KvEventApplier(router);
+    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
+    const logs: string[] = [];
+    const sub = new KvEventSubscriber({
+      workerId: 'w',
+      endpoint: pub.endpoint,
+      applier,
+      log: (m) => logs.push(m),
+    }).start();
+    closers.push(
+      () => sub.close(),
+      () => pub.close(),
+    );
+    await untilSubscribed(pub, sub);
+    const unknown = (h: bigint, from: number): KvEvent =>
+      storedTokens([h], null, tokens(from, BS), BS, { groupIdx: 0, kvCacheSpecKind: 'unknown' });
+    await pub.publish(batch(unknown(1n, 0)));
+    await pub.publish(batch(unknown(2n, 20)));
+    await until(() => applier.trackedBlocks('w') === 2, 'both stores');
+    assert.equal(router.route({ tokens: tokens(20, 4) }, { dryRun: true }).cachedTokens, 4);
+    assert.equal(logs.filter((l) => /"unknown"/.test(l)).length, 1, `logged once: ${logs.join(' | ')}`);
   });
 
   test('malformed messages are counted and skipped; the index and the subscriber survive', async () => {

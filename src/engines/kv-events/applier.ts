@@ -47,7 +47,8 @@ import {
  *   group 0 is taken as the full-attention one. A BlockRemoved carries group_idx but no kind:
  *   a group's kind is the one its stores taught, and a group never taught is skipped when the
  *   worker taught kinds of others (its full-prefix groups are among those), group 0's fallback
- *   being only for a worker that taught none.
+ *   being only for a worker that taught none. A group of kind `unknown` (vLLM's for a group of
+ *   mixed layer kinds) is indexed while the worker has taught no full-prefix group.
  * - extra_keys: the first block's cache salt keys the chain as the request's cache_salt does;
  *   multimodal (identifier, offset) keys and prompt-embedding digests are mixed into their
  *   block's hash, so an image block never matches a text block with the same placeholder
@@ -112,6 +113,9 @@ export const MAX_KV_GROUPS_PER_WORKER = 256;
  */
 export const SGLANG_HOST_MEDIUM = 'CPU_PINNED';
 
+/** vLLM's kv_cache_spec_kind for a group it cannot name (KVCacheSpecKind.UNKNOWN). */
+export const UNKNOWN_KIND = 'unknown';
+
 export interface ApplyCounts {
   storedBlocks: number;
   removedBlocks: number;
@@ -141,6 +145,11 @@ export interface ApplyCounts {
    * stores are then skipped as 'position_free_hash'.
    */
   positionFreeHashes: number;
+  /**
+   * Stores of a KV group of kind `unknown` indexed as the full prefix: the worker has taught no
+   * group of a full-prefix kind (KvEventApplier.fullAttention).
+   */
+  unknownKindStores: number;
   /** Events (or blocks, for removals) skipped, per reason; decode reasons are added by the subscriber. */
   skipped: Record<string, number>;
 }
@@ -158,6 +167,7 @@ export function emptyCounts(): ApplyCounts {
     blockSizeMismatches: 0,
     hashMismatches: 0,
     positionFreeHashes: 0,
+    unknownKindStores: 0,
     skipped: {},
   };
 }
@@ -214,6 +224,10 @@ export class KvEventApplier {
   /** Per worker, KV groups known not to hold the full prefix (learned from kv_cache_spec_kind). */
   private readonly otherGroups = new Map<string, Set<number>>();
   private readonly fullGroups = new Map<string, Set<number>>();
+  /** Per worker, KV groups of kind `unknown` (full-prefix only while no fullGroups: fullAttention). */
+  private readonly unknownGroups = new Map<string, Set<number>>();
+  /** Workers whose entries were stored from an `unknown` group taken as the full prefix. */
+  private readonly indexedFromUnknown = new Set<string>();
   /** GPU blocks an offload block spans, per worker and medium (learned from its stores). */
   private readonly offloadSpans = new Map<string, Map<string, number>>();
   /**
@@ -273,7 +287,7 @@ export class KvEventApplier {
     return {
       blocks: this.trackedBlocks(workerId),
       media: this.offloadSpans.get(workerId)?.size ?? 0,
-      groups: (this.fullGroups.get(workerId)?.size ?? 0) + (this.otherGroups.get(workerId)?.size ?? 0),
+      groups: this.groupsKnown(workerId),
     };
   }
 
@@ -284,12 +298,13 @@ export class KvEventApplier {
       this.maps,
       this.fullGroups,
       this.otherGroups,
+      this.unknownGroups,
       this.offloadSpans,
       this.hashesConfirmed,
       this.unexplainedMismatches,
     ])
       for (const id of m.keys()) ids.add(id);
-    for (const id of this.offloadClearedWithCache) ids.add(id);
+    for (const set of [this.offloadClearedWithCache, this.indexedFromUnknown]) for (const id of set) ids.add(id);
     return ids.size;
   }
 
@@ -335,6 +350,8 @@ export class KvEventApplier {
     this.offloadSpans.delete(workerId);
     this.fullGroups.delete(workerId);
     this.otherGroups.delete(workerId);
+    this.unknownGroups.delete(workerId);
+    this.indexedFromUnknown.delete(workerId);
     this.offloadClearedWithCache.delete(workerId);
     this.router.applyCleared(workerId);
   }
@@ -389,24 +406,47 @@ export class KvEventApplier {
     return this.namespaces.get(workerId)?.blockSize ?? this.router.blockSizeOf(workerId);
   }
 
+  /** KV groups whose kind the worker has taught (full-prefix, other and `unknown` ones). */
+  private groupsKnown(workerId: string): number {
+    return (
+      (this.fullGroups.get(workerId)?.size ?? 0) +
+      (this.otherGroups.get(workerId)?.size ?? 0) +
+      (this.unknownGroups.get(workerId)?.size ?? 0)
+    );
+  }
+
   /**
    * Whether an event's KV group holds the full prefix (the only kinds indexed). A store of a
    * group past MAX_KV_GROUPS_PER_WORKER is not: its kind could not be kept for its removals.
+   *
+   * A group of kind `unknown` is taken as the full prefix while the worker has taught no group
+   * of a full-prefix kind: vLLM's get_kv_cache_spec_kind (vllm/v1/kv_cache_interface.py, the
+   * kinds of vllm-project/vllm#40984) sends `unknown` for a UniformTypeKVCacheSpecs group whose
+   * layers are of several kinds (MLA with full attention) or for a spec class its mapping does
+   * not know, and such a worker's prefix hits come from that group. Once a full-prefix group is
+   * taught, `unknown` groups are skipped, and what was indexed from them is dropped (their
+   * removals would no longer reach it).
    */
   private fullAttention(workerId: string, groupIdx: number | null, kind: string | null | undefined): boolean {
     if (groupIdx === null && (kind === null || kind === undefined)) return true;
     if (kind !== null && kind !== undefined) {
       const full = isFullPrefixKind(kind);
+      const unknown = kind === UNKNOWN_KIND;
       if (groupIdx !== null) {
-        const sets = full ? this.fullGroups : this.otherGroups;
+        const sets = full ? this.fullGroups : unknown ? this.unknownGroups : this.otherGroups;
         const s = sets.get(workerId);
         if (!s?.has(groupIdx)) {
-          const known = (this.fullGroups.get(workerId)?.size ?? 0) + (this.otherGroups.get(workerId)?.size ?? 0);
-          if (known >= MAX_KV_GROUPS_PER_WORKER) return false;
+          if (this.groupsKnown(workerId) >= MAX_KV_GROUPS_PER_WORKER) return false;
+          if (full && !this.fullGroups.has(workerId) && this.indexedFromUnknown.delete(workerId)) {
+            // the worker's full-prefix group is known now: what its `unknown` group stored goes
+            this.maps.delete(workerId);
+            this.router.applyCleared(workerId);
+          }
           if (s) s.add(groupIdx);
           else sets.set(workerId, new Set([groupIdx]));
         }
       }
+      if (unknown) return !this.fullGroups.has(workerId);
       return full;
     }
     // a removal, or a release without kinds: what the worker's stores said about the group
@@ -414,12 +454,13 @@ export class KvEventApplier {
     const other = this.otherGroups.get(workerId);
     if (full?.has(groupIdx!)) return true;
     if (other?.has(groupIdx!)) return false;
+    if (this.unknownGroups.get(workerId)?.has(groupIdx!)) return full === undefined;
     // a group whose kind was never learned. A worker that sent kinds for other groups has its
     // full-prefix group(s) among them (their stores were indexed under what they taught), so
     // this one is not: a sliding-window group whose store came before the router subscribed or
     // before the last clear would otherwise delete the full group's block under the same hash.
     // Only a worker that taught no kind (a release without them) keeps group 0 as the full one.
-    if ((full?.size ?? 0) + (other?.size ?? 0) > 0) return false;
+    if (this.groupsKnown(workerId) > 0) return false;
     return groupIdx === 0;
   }
 
@@ -431,6 +472,10 @@ export class KvEventApplier {
     }
     if (e.type === 'BlockStored') {
       if (!this.fullAttention(workerId, e.groupIdx, e.kvCacheSpecKind)) return skip(counts, 'other_group');
+      if (e.kvCacheSpecKind === UNKNOWN_KIND) {
+        this.indexedFromUnknown.add(workerId);
+        counts.unknownKindStores++;
+      }
       const gpu = e.medium === null || e.medium === 'GPU';
       if (e.medium === SGLANG_HOST_MEDIUM) this.offloadClearedWithCache.add(workerId);
       if (e.tokenIds.length === 0) return this.applyOffloadCopies(workerId, e, gpu, counts);

@@ -2,7 +2,13 @@ import { context, Dealer, Subscriber, type Observer } from 'zeromq';
 import { quotedText, shownText } from '../../core/shown-text.js';
 import type { KvEventApplier } from './applier.js';
 import { emptyCounts, MISMATCHES_BEFORE_GIVING_UP, type ApplyCounts } from './applier.js';
-import { KV_EVENT_LIMITS, KvEventFormatError, readEventBatch, type EventBatchReader } from './decode.js';
+import {
+  FULL_PREFIX_KINDS,
+  KV_EVENT_LIMITS,
+  KvEventFormatError,
+  readEventBatch,
+  type EventBatchReader,
+} from './decode.js';
 
 /**
  * One subscriber per engine endpoint (docs/architecture.md §8): a ZMQ SUB socket connected to the
@@ -420,6 +426,7 @@ export class KvEventSubscriber {
     }
     const mismatchesBefore = this.stats.applied.hashMismatches;
     const positionFreeBefore = this.stats.applied.positionFreeHashes;
+    const unknownKindBefore = this.stats.applied.unknownKindStores;
     let skippedEvents = 0;
     let firstSkip: string | undefined;
     let events = 0;
@@ -472,6 +479,12 @@ export class KvEventSubscriber {
           `under the wrong prefix and count as cached where they are not: its entries are dropped and its stores refused (reason position_free_hash) until they are cleared ` +
           `(a restart, a removal), so requests are routed to it without its cache. Run an SGLang release with sequence-aware (sha256-chained) KV event hashes, ` +
           `sgl-project/sglang#13488 or later (docs/engines.md)`,
+      );
+    if (unknownKindBefore === 0 && this.stats.applied.unknownKindStores > 0)
+      this.log(
+        `worker ${worker}: its KV events name no group of a full-prefix kind (${[...FULL_PREFIX_KINDS].join(', ')}): ` +
+          `its group of kind "unknown" (vLLM's kind for a group whose layers are of several kinds, such as MLA with full attention, or of a spec it does not name) ` +
+          `is indexed as holding the whole prefix, until a group of a full-prefix kind is seen`,
       );
     this.stats.batches++;
     this.stats.events += events;
