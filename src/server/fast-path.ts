@@ -30,8 +30,10 @@ export interface FastPathOptions {
   jsonLimits: JsonLimits;
   /** Answers an error as the gateway's error handler does. */
   answerError: (err: unknown, path: OpenAiPath, reply: ProxyReply) => void;
-  /** Counts the request once its response has closed (the gateway's request metric, with closedStatus). */
+  /** Counts the request once its response has closed (the gateway's request metric). */
   countRequest: (path: string, status: number) => void;
+  /** The status a response counts with once it has closed (default: closedStatus). */
+  statusOnClose?: (res: ServerResponse) => number;
   /** True once the gateway is closing: Fastify answers (503) from then on. */
   closing: () => boolean;
 }
@@ -80,7 +82,7 @@ class FastRequest implements ProxyReply {
     // a client that leaves mid-body: Node closes the socket; nothing to answer
     req.on('error', () => {});
     // counted once it closes, answered or not: a client that left first counts as 499
-    raw.once('close', () => o.countRequest(path, closedStatus(raw)));
+    raw.once('close', () => o.countRequest(path, (o.statusOnClose ?? closedStatus)(raw)));
   }
 
   private run(): void {

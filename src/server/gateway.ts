@@ -597,6 +597,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
        * body is read (continueOnRead), and a refusal before that is the only answer.
        */
       const serve = (req: IncomingMessage, res: ServerResponse, expectsContinue: boolean): void => {
+        // sent after the connection's last answer (Connection: close): Node parsed it, but it is
+        // not a request of this connection any more (RFC 9112 §9.6); its response may even hold
+        // the connection being closed, which ending it would write on
+        if (pipelined.closedAfterLastAnswer(req.socket)) return;
         // every answer the gateway writes itself carries the client's x-request-id back
         carryRequestId(req, res);
         // a response queued behind another on its connection closes when the connection does
@@ -605,8 +609,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         connectionCap.requestStarted(req, res);
         // the response a refusal on the socket (answerClientError: a body too slow) belongs to
         responseOnSocket.set(req.socket, res);
-        // a connection closed after an answer while its request's body comes in reads it on (lingeringClose)
-        if (req.socket.destroySoon !== lingeringClose) req.socket.destroySoon = lingeringClose;
+        // a connection closed after an answer while its request's body comes in reads it on
+        // (lingeringClose), and serves nothing sent after that answer
+        if (req.socket.destroySoon !== lingeringClose) {
+          req.socket.destroySoon = lingeringClose;
+          afterLastAnswer.set(req.socket, pipelined);
+        }
         // the connection's idle timer fires while this response is its current one: the gateway decides
         res.on('timeout', () => idleWithResponse(req, res));
         // Node's parser hands over HTTP/2.0 and HTTP/0.9 (a request line without a version too)
@@ -675,6 +683,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       server.on('checkContinue', (req: IncomingMessage, res: ServerResponse) => serve(req, res, true));
       // an Expect other than 100-continue: Node's own answer is a 417 without a body
       server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
+        if (pipelined.closedAfterLastAnswer(req.socket)) return;
         pipelined.closeWithConnection(req, res);
         connectionCap.requestStarted(req, res);
         carryRequestId(req, res);
@@ -927,21 +936,22 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
    */
   const countOnClose = (req: IncomingMessage, res: ServerResponse): void => {
     const path = routeMethods.patternOf(req.url ?? '') ?? 'unknown';
-    res.once('close', () => metrics.countRequest(path, refusalStatus(req, res)));
+    res.once('close', () => metrics.countRequest(path, statusOnClose(req, res)));
   };
   /**
-   * The status a refusal counts with once its response closes: closedStatus, except for one
-   * answered whole but queued behind a pipelining refusal (pipelining.ts) when the gateway closed
-   * the connection after that refusal: it never went out, but its client did not leave.
+   * The status a request counts with once its response closes: closedStatus, except for one
+   * answered whole but queued behind an answer after which the gateway closed the connection (a
+   * pipelining refusal, any answer saying Connection: close; pipelining.ts): it never went out,
+   * but its client did not leave.
    */
-  const refusalStatus = (req: IncomingMessage, res: ServerResponse): number =>
+  const statusOnClose = (req: IncomingMessage, res: ServerResponse): number =>
     res.writableEnded && !res.writableFinished && pipelined.refusedOn(req.socket) ? res.statusCode : closedStatus(res);
   // counted once its response closes, answered or not (a client that left first counts as 499;
   // onResponse runs only for a response written whole); a callback hook, not an async one: no
   // promise per request
   app.addHook('onRequest', (req, reply, done) => {
     const res = reply.raw;
-    res.once('close', () => metrics.countRequest(req.routeOptions.url ?? 'unknown', closedStatus(res)));
+    res.once('close', () => metrics.countRequest(req.routeOptions.url ?? 'unknown', statusOnClose(req.raw, res)));
     done();
   });
 
@@ -1022,6 +1032,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         jsonLimits: limits,
         answerError: (err, path, reply) => answerError(toError(err), `POST ${path}`, reply),
         countRequest: (path, status) => metrics.countRequest(path, status),
+        statusOnClose: (res) => statusOnClose(res.req, res),
         closing: () => closing,
       });
   }
@@ -1402,6 +1413,9 @@ function clientErrorText(
 /** Connections whose refusal waits for the answers in flight on them (answerClientError). */
 const refusedAfterAnswers = new WeakSet<Duplex>();
 
+/** The pipelined requests of each connection lingeringClose may close, by the gateway serving it. */
+const afterLastAnswer = new WeakMap<Duplex, PipelinedRequests>();
+
 /** Each connection's latest request's response (answerClientError). */
 const responseOnSocket = new WeakMap<Duplex, ServerResponse>();
 
@@ -1422,6 +1436,8 @@ const LINGER_MS = 2000;
  * has answered). A connection whose request was read whole closes as before.
  */
 function lingeringClose(this: Socket): void {
+  // nothing after this answer is served: the requests behind it close unanswered
+  afterLastAnswer.get(this)?.closeAfterLastAnswer(this);
   const res = responseOnSocket.get(this);
   if (res === undefined || res.req.complete || this.destroyed) return Socket.prototype.destroySoon.call(this);
   // closing already (called again by a refusal that waited for this answer)

@@ -23,6 +23,9 @@
  * (refused too, their answers waiting their turn) close with it unanswered, but their client did
  * not leave. refusedOn() tells them from those of a client that closed the connection, so that
  * they are counted with the status they were answered with, not as clients that left (499).
+ * So it does after any answer that closes the connection (closeAfterLastAnswer): Node writes
+ * none of the answers queued behind it, and would still parse and hand over requests that were
+ * sent after it, and give one the connection it is closing.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
@@ -42,6 +45,8 @@ export class PipelinedRequests {
   private readonly refused = new WeakMap<Duplex, ServerResponse>();
   /** Per connection: the responses of its requests that have not closed yet (the requests being served). */
   private readonly open = new WeakMap<Duplex, Set<ServerResponse>>();
+  /** Connections whose last answer was written (closeAfterLastAnswer). */
+  private readonly closedAfterAnswer = new WeakSet<Duplex>();
 
   /**
    * Closes `res` with its request's connection if the connection closes first: a response queued
@@ -94,12 +99,34 @@ export class PipelinedRequests {
   }
 
   /**
-   * Whether `socket` had a request refused and the refusal went out whole: the gateway closes the
-   * connection after it, and the responses still queued on it close because of that, not because
-   * their client left (it was still there when the refusal was written).
+   * `socket` had its last answer (one that says `Connection: close`) written: nothing after it on
+   * the connection is served (RFC 9112 §9.6). The requests behind it, in flight or answered and
+   * waiting their turn, close now, unanswered: their engine requests stop, and none of them is
+   * ever given the connection. Node hands over no later request served (closedAfterLastAnswer).
+   */
+  closeAfterLastAnswer(socket: Duplex): void {
+    this.closedAfterAnswer.add(socket);
+    const responses = this.open.get(socket);
+    if (responses === undefined) return;
+    for (const queued of [...responses]) closeQueued(queued);
+  }
+
+  /**
+   * Whether `socket` had its last answer written (closeAfterLastAnswer): a request Node hands over
+   * from it now was sent after that answer, and is neither served nor answered.
+   */
+  closedAfterLastAnswer(socket: Duplex): boolean {
+    return this.closedAfterAnswer.has(socket);
+  }
+
+  /**
+   * Whether `socket` had a request refused and the refusal went out whole, or had its last answer
+   * written: the gateway closes the connection after it, and the responses still queued on it
+   * close because of that, not because their client left (it was still there when the answer
+   * was written).
    */
   refusedOn(socket: Duplex): boolean {
-    return this.refused.get(socket)?.writableFinished === true;
+    return this.closedAfterAnswer.has(socket) || this.refused.get(socket)?.writableFinished === true;
   }
 }
 

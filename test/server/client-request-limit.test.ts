@@ -330,6 +330,40 @@ test('requests pipelined on a connection that closes give their slots back', { t
   }
 });
 
+test(
+  'requests pipelined by a client at its limit: one refusal, the connection closed after it, none counted as a client that left',
+  { timeout: 60_000 },
+  async () => {
+    const g = await start({ maxRequestsPerClient: 1 });
+    try {
+      const holding = post(g.port, 'hold');
+      await until(() => g.held.length === 1, 'the request at the limit held by the engine');
+      const c = await rawClient(g.port);
+      const body = JSON.stringify({ model: 'm', prompt: 'quick' });
+      const one = `POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n${body}`;
+      c.socket.write(one.repeat(5));
+      await until(c.closed, 'the connection closed after the refusal');
+      // the refusal says Connection: close: nothing after it on the connection is answered (RFC 9112 §9.6)
+      const statuses = [...c.received().matchAll(/HTTP\/1\.1 (\d{3})/g)].map((m) => Number(m[1]));
+      assert.deepEqual(statuses, [429]);
+      const refused = async () => metric(g.gateway, 'contextforge_requests_total{path="/v1/completions",status="429"}');
+      // those handed over before the refusal went out are counted with it, as refused; those Node
+      // parsed after it are no requests (never served, never counted); none as a client that left
+      const n = await refused();
+      assert.ok(n !== undefined && n >= 1 && n <= 5, `429s counted: ${n}`);
+      assert.equal(
+        await metric(g.gateway, 'contextforge_requests_total{path="/v1/completions",status="499"}'),
+        undefined,
+      );
+      assert.equal(g.completions(), 1);
+      finish(g.held[0]);
+      assert.equal((await answered(holding)).status, 200);
+    } finally {
+      await g.close();
+    }
+  },
+);
+
 test('maxRequestsPerClient must be an integer from 0 to the bound, named where it is wrong', async () => {
   for (const bad of [-1, 1.5, Number.NaN, MAX_REQUESTS_PER_CLIENT + 1])
     await assert.rejects(

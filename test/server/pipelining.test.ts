@@ -165,3 +165,34 @@ test('responses queued behind another close, once each, when the client closes t
     if (!closed) await server.close();
   }
 });
+
+const unreadable = () =>
+  'POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 3\r\n\r\n{x}';
+
+for (const pattern of ['bbb', 'bgg', 'bgb']) {
+  test(`nothing pipelined behind an answer that closes the connection is served or answered (${pattern})`, async () => {
+    // an unreadable body is answered 400 with Connection: close; Node still parses what follows
+    // it, and handing a later request the connection being closed took the process down
+    const { engine, gateway, port } = await gatewayOnHoldingEngine();
+    const client = await rawClient(port);
+    const other = (await rawClient(port)).socket;
+    try {
+      client.socket.write([...pattern].map((c, i) => (c === 'g' ? completion(`after${i}`) : unreadable())).join(''));
+      await until(client.closed, 'the connection closed after the first answer');
+      const statuses = [...client.received().matchAll(/HTTP\/1\.1 (\d{3})/g)].map((m) => Number(m[1]));
+      assert.deepEqual(statuses, [400]);
+      assert.match(client.received(), /connection: close/i);
+      // the gateway is up, and a request on another connection, sent after them, reaches the
+      // engine: any request behind the 400 that the gateway was to forward would be there too
+      other.write(completion('elsewhere'));
+      await until(() => engine.prompts.includes('elsewhere'), "the other connection's request at the engine");
+      assert.deepEqual(engine.prompts, ['elsewhere']);
+    } finally {
+      client.socket.destroy();
+      other.destroy();
+      engine.finish();
+      await gateway.close(0);
+      await engine.close();
+    }
+  });
+}
