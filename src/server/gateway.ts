@@ -1362,8 +1362,13 @@ function answerClientError(
   // a request still being read (its body too slow, or malformed) counts with this status when
   // its response closes, not as a client that left
   if (reading) markAnsweredOnSocket(res, status);
-  if (socket.writable) socket.write(text);
-  socket.destroy();
+  if (!socket.writable) return void socket.destroy();
+  socket.write(text);
+  // the client may still be sending what the parser refused (a chunk extension past Node's
+  // bound, a body behind a bad chunk size): closed with those bytes unread, the connection
+  // would be reset, and a client still writing could meet the reset before the answer
+  refusedAfterAnswers.add(socket);
+  lingerThenClose(socket);
 }
 
 /**
@@ -1440,14 +1445,22 @@ function lingeringClose(this: Socket): void {
   afterLastAnswer.get(this)?.closeAfterLastAnswer(this);
   const res = responseOnSocket.get(this);
   if (res === undefined || res.req.complete || this.destroyed) return Socket.prototype.destroySoon.call(this);
+  lingerThenClose(this);
+}
+
+/**
+ * Reads and drops what the client still sends, no longer parsed, and closes the connection once
+ * the client closes its side or LINGER_MS have passed (RFC 9112 §9.6: a server closes in stages).
+ */
+function lingerThenClose(socket: Duplex): void {
   // closing already (called again by a refusal that waited for this answer)
-  if (lingering.has(this)) return;
-  lingering.add(this);
-  stopReading(this);
-  const close = () => this.destroy();
+  if (lingering.has(socket)) return;
+  lingering.add(socket);
+  stopReading(socket);
+  const close = () => socket.destroy();
   const timer = setTimeout(close, LINGER_MS);
-  this.once('end', close);
-  this.once('close', () => clearTimeout(timer));
+  socket.once('end', close);
+  socket.once('close', () => clearTimeout(timer));
 }
 
 function dropBytes(): void {}

@@ -75,6 +75,12 @@ test('after a 431 for too many header lines, what the client still sends is read
   await refusedThenBody(head(6 * 1024 * 1024, filler), 431);
 });
 
+test('after a 400 for a chunk extension past the parser bound, what the client still sends is read, not reset', async () => {
+  const chunked = `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`;
+  const received = await refusedThenBody(`${chunked}10;${'e'.repeat(100_000)}\r\n`, 400);
+  assert.match(received, /not valid HTTP\/1\.1/);
+});
+
 test('a client that does not close its side after the answer is closed a short while later', async () => {
   const client = await rawClient(setup.port);
   try {
