@@ -1308,6 +1308,8 @@ function answerClientError(
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
   // each chunk read after the error fails to parse again: what to do was decided at the first
   if (refusedAfterAnswers.has(socket)) return;
+  // what follows the connection's last answer is no request: not answered (RFC 9112 §9.6)
+  if (closedAfterLastAnswer(socket)) return;
   const res = responseOnSocket.get(socket);
   const inFlight = res !== undefined && !res.writableFinished && res.req.complete;
   if (err.code === 'HPE_CLOSED_CONNECTION') {
@@ -1355,6 +1357,8 @@ function answerClientError(
     // connection the server is closing after it); end, not destroy: the answer's last bytes
     // may still be on their way out
     res.once('close', () => {
+      // unless that answer, or one before it, was the connection's last
+      if (closedAfterLastAnswer(socket)) return;
       if (!socket.destroyed && socket.writable) socket.end(text, () => socket.destroy());
     });
     return;
@@ -1420,6 +1424,11 @@ const refusedAfterAnswers = new WeakSet<Duplex>();
 
 /** The pipelined requests of each connection lingeringClose may close, by the gateway serving it. */
 const afterLastAnswer = new WeakMap<Duplex, PipelinedRequests>();
+
+/** Whether `socket` had its last answer written (PipelinedRequests.closeAfterLastAnswer). */
+function closedAfterLastAnswer(socket: Duplex): boolean {
+  return afterLastAnswer.get(socket)?.closedAfterLastAnswer(socket) === true;
+}
 
 /** Each connection's latest request's response (answerClientError). */
 const responseOnSocket = new WeakMap<Duplex, ServerResponse>();
