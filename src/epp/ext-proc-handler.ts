@@ -10,6 +10,7 @@ import { MAX_HEADER_LINES } from '../server/gateway.js';
 import { MAX_TIMER_MS } from '../server/timeouts.js';
 import type { BodySendMode, ProcessingRequest, ProcessingResponse } from './proto.js';
 import {
+  BODY_CHUNK_BYTES,
   continueResponse,
   headerBytes,
   immediateResponse,
@@ -457,9 +458,22 @@ export function createProcessHandler(
             if (!errorAnswer) inFlight?.firstByte();
           }
           if (responseBodyMode === undefined || responseBodyMode === 'FULL_DUPLEX_STREAMED') {
-            let body = chunk ? Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length) : Buffer.alloc(0);
-            if (restorer) body = restorer.push(body, eos);
-            for (const m of streamedBodyResponses('response_body', body, eos)) await send(m);
+            const body = chunk ? Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length) : Buffer.alloc(0);
+            if (!restorer) {
+              for (const m of streamedBodyResponses('response_body', body, eos)) await send(m);
+            } else {
+              // a piece of the chunk at a time, each sent before the next is restored: the client's
+              // model name may be many times the engine's, and a body of nothing but model fields
+              // (from a hostile engine or gateway) would otherwise grow whole in memory first
+              let start = 0;
+              do {
+                const end = Math.min(body.length, start + BODY_CHUNK_BYTES);
+                const last = eos && end === body.length;
+                const restored = restorer.push(body.subarray(start, end), last);
+                for (const m of streamedBodyResponses('response_body', restored, last)) await send(m);
+                start = end;
+              } while (start < body.length);
+            }
           } else {
             await send(continueResponse('response_body'));
           }

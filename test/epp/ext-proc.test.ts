@@ -12,6 +12,7 @@ import {
   type ProcessingRequest,
   type ProcessingResponse,
 } from '../../src/epp/proto.js';
+import { ModelNameRestorer } from '../../src/epp/protocol.js';
 import { EnvoyRole } from './envoy-role.js';
 import { startPickerFleet, type PickerFleet } from './harness.js';
 import { until } from '../helpers/wait.js';
@@ -273,6 +274,39 @@ test('x-gateway-model-name-rewrite rewrites the model in the forwarded body, wit
     'data: {"id":"c","model":"mock","choices":[]}\n\ndata: {"model": "mock"}\n\ndata: [DONE]\n\n',
   );
   await out.stream.end();
+});
+
+test('a response of nothing but model fields is given the client’s long name back a piece at a time, not grown whole first', async () => {
+  // each 17-byte field grows to 1,034 bytes: restored whole, 256 KiB of them would be 15.6 MB at once
+  const long = 'x'.repeat(1024);
+  const field = '"model":"mock-v2"';
+  const count = Math.floor((256 * 1024) / field.length);
+  let largest = 0;
+  const push = ModelNameRestorer.prototype.push;
+  ModelNameRestorer.prototype.push = function (chunk: Buffer, end: boolean): Buffer {
+    const out = push.call(this, chunk, end);
+    largest = Math.max(largest, out.length);
+    return out;
+  };
+  try {
+    const out = await envoy.request({
+      headers: { 'x-gateway-model-name-rewrite': 'mock-v2' },
+      body: JSON.stringify({ model: long, prompt: 'p' }),
+    });
+    assert.equal(out.kind, 'routed');
+    if (out.kind !== 'routed') return;
+    const resp = await out.stream.respond({
+      served: out.endpoints[0],
+      chunks: [field.repeat(count)],
+      headers: { 'content-type': 'application/json' },
+      bodyChanges: true,
+    });
+    assert.equal(resp.body.toString(), `"model":${JSON.stringify(long)}`.repeat(count));
+    assert.ok(largest <= 4 * 1024 * 1024, `restored ${largest} bytes at once`);
+    await out.stream.end();
+  } finally {
+    ModelNameRestorer.prototype.push = push;
+  }
 });
 
 test('a client model over 4 × maxIdBytes bytes is refused with 400 naming model, rewritten or not', async () => {
