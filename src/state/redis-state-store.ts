@@ -375,6 +375,28 @@ export class RedisStateStore implements StateStore {
   private subscribedBefore = false;
   /** Set when the other replicas' tallies must be reseeded from their snapshots at the next load sync. */
   private reseedLoad = false;
+  /**
+   * When a message last moved each tallied replica's tally here (Date.now()), until a load sync
+   * has found the tally agreeing with that replica's snapshot (see reconcileQuietMs): at most
+   * one entry per replica tallied (MAX_REMOTE_REPLICAS), those of replicas dropped pruned at
+   * each sync.
+   */
+  private readonly heardAt = new Map<string, number>();
+  /**
+   * How long a replica's messages must have been quiet before its snapshot is trusted over its
+   * tally here. A snapshot is written at every one of its replica's syncs (syncIntervalMs, one
+   * setting across a fleet), after the messages it published before it on the same connection:
+   * once nothing of it has been heard for two intervals, the snapshot read now was written after
+   * the last message heard, so it holds what that message did, and no later message of it has
+   * been applied here. The command timeout on top: the replica's sync may wait up to that on
+   * Redis before it writes its next snapshot. A tally that still disagrees then has a wrong
+   * message in it (a forged one under the replica's id, or a lost release), not one in flight.
+   * Under steady traffic a replica is never quiet that long and its tally is never replaced: the
+   * messages keep it. Should the judgement fail (a message in flight longer than this), the
+   * correction keeps the replica to be checked again at the next sync and the message that came
+   * late marks it heard again: either way the next snapshot settles it.
+   */
+  private readonly reconcileQuietMs: number;
   private readonly subscribedWaiters: Array<() => void> = [];
   /** What the resynchronisations reading the registry now have heard since they started reading. */
   private readonly hearing = new Set<HeardChanges>();
@@ -419,6 +441,7 @@ export class RedisStateStore implements StateStore {
       throw new RangeError(`predictionTtlMs must be at most ${MAX_PREDICTION_TTL_MS}, got ${this.predictionTtlMs}`);
     this.recentLimit = options.recentDecisions ?? 10_000;
     this.stallTimeoutMs = positive(options.stallTimeoutMs ?? 1000, 'stallTimeoutMs');
+    this.reconcileQuietMs = 2 * this.syncIntervalMs + (options.commandTimeoutMs ?? 250);
     this.recent = this.recentLimit > 0 ? new LRUCache({ max: this.recentLimit }) : undefined;
     const common: RedisOptions = {
       ...url,
@@ -729,6 +752,7 @@ export class RedisStateStore implements StateStore {
       remoteLoadClamped: this.remote.clamped,
       remoteLoadUnknownWorkers: this.remote.unknownWorkers,
       remoteLoadRefused: this.remote.refused,
+      remoteLoadCorrected: this.remote.corrected,
       lastRefusal: this.lastRefusal,
       connected: this.up,
     };
@@ -912,13 +936,16 @@ export class RedisStateStore implements StateStore {
       if (msg.k === 'd') {
         this.applyDecision(msg);
         if (typeof msg.q === 'number' && this.remote.decided(msg.r, msg.w, msg.q)) this.applyRemote(msg.w);
+        if (typeof msg.q === 'number') this.heard(msg.r);
       } else if (msg.k === 'pd') {
         this.host.router.settleSharedDecision({ id: decisionIdOf(msg) });
         if (this.remote.prefilled(msg.r, msg.w, msg.q, msg.d)) this.applyRemote(msg.w);
+        this.heard(msg.r);
       } else if (msg.k === 'rl') {
         this.host.router.settleSharedDecision({ id: decisionIdOf(msg) });
         if (this.remote.released(msg.r, msg.w, msg.q, typeof msg.d === 'number' ? msg.d : undefined))
           this.applyRemote(msg.w);
+        this.heard(msg.r);
       } else if (msg.k === 'rf') {
         if (this.host.router.refuseSharedDecision({ id: decisionIdOf(msg) }) > 0) this.counters.refusalsWithdrawn++;
       } else if (msg.k === 'ld') {
@@ -926,6 +953,7 @@ export class RedisStateStore implements StateStore {
         // not publish while cut off would otherwise stay counted for good); only known workers
         if (msg.l === null || typeof msg.l !== 'object') return void this.counters.malformedMessages++;
         this.remote.replace(msg.r, decodeLoadSnapshot(msg.l));
+        this.heard(msg.r);
         for (const w of this.host.router.listWorkers()) this.applyRemote(w.id);
       } else if (msg.k === 'wa') {
         const id = msg.worker.id;
@@ -972,6 +1000,11 @@ export class RedisStateStore implements StateStore {
     );
     if (applied) this.counters.decisionsApplied++;
     else this.counters.decisionsUnknownWorker++;
+  }
+
+  /** A message of `replica` moved (or meant to move) its tally: compared with its snapshot once it is quiet (reconcileQuietMs). */
+  private heard(replica: string): void {
+    if (this.remote.has(replica)) this.heardAt.set(replica, Date.now());
   }
 
   /** Sums the other replicas' work on a worker into the router's view. */
@@ -1512,15 +1545,41 @@ export class RedisStateStore implements StateStore {
       const unseen = replicas.filter((r) => !this.remote.has(r));
       const fresh = unseen.slice(0, Math.max(0, MAX_REMOTE_REPLICAS - this.remote.size));
       for (const r of unseen.slice(fresh.length)) this.remote.seed(r, new Map());
-      const snapshots = await Promise.all(
-        fresh.map((r) => this.unlessWrongKind(this.cmd.hgetall(this.key('load', r)), {}, `load:${r}`)),
-      );
+      // tallied replicas quiet for reconcileQuietMs are checked against their snapshot: a
+      // forged or lost message would otherwise stay counted for as long as they heartbeat
+      const quietSince = Date.now() - this.reconcileQuietMs;
+      const quiet: Array<[replica: string, heardAt: number]> = [];
+      for (const [r, at] of this.heardAt)
+        if (!this.remote.has(r)) this.heardAt.delete(r);
+        else if (at <= quietSince) quiet.push([r, at]);
+      // one pipeline, of at most MAX_REMOTE_REPLICAS reads: the fresh fill what the tallied leave
+      const reads = [...fresh, ...quiet.map(([r]) => r)];
+      const read = reads.length === 0 ? undefined : this.cmd.pipeline();
+      for (const r of reads) read!.hgetall(this.key('load', r));
+      const results = read ? await this.run(read, 'the load sync', isWrongKind) : [];
+      const snapshots = results.map(([err, hash], i) => {
+        if (!isWrongKind(err)) return err ? undefined : (hash as Record<string, string>);
+        this.counters.malformedMessages++;
+        this.host?.log(`state: ${this.key('load', reads[i])} in redis is unreadable (${err!.message}); skipped`);
+        return undefined;
+      });
       // a replica without a snapshot (idle, or a member no replica wrote) is not tallied:
       // its messages, or its next snapshot, start its tally
       fresh.forEach((r, i) => {
-        if (Object.keys(snapshots[i]).length === 0) return;
-        this.remote.seed(r, decodeLoadSnapshot(snapshots[i]));
+        const snapshot = snapshots[i];
+        if (snapshot === undefined || Object.keys(snapshot).length === 0) return;
+        this.remote.seed(r, decodeLoadSnapshot(snapshot));
         changed = true;
+      });
+      quiet.forEach(([r, at], i) => {
+        const snapshot = snapshots[fresh.length + i];
+        // heard while its snapshot was read: that message may be newer than it, checked later
+        if (snapshot === undefined || this.heardAt.get(r) !== at) return;
+        // none: a replica with no worker holds no work (one with workers always writes one)
+        if (this.remote.reconcile(r, decodeLoadSnapshot(snapshot))) changed = true;
+        // in agreement, nothing to check until its next message; corrected, checked once more
+        // at the next sync, against a snapshot surely written after what it was heard say
+        else this.heardAt.delete(r);
       });
       if (changed) for (const w of router.listWorkers()) this.applyRemote(w.id);
     } catch (err) {

@@ -1,7 +1,8 @@
 /**
  * Other router replicas' in-flight work, per replica and worker, as the shared state learns
  * it: decision, prefill-done and release messages move the tallies as requests start, get
- * their first token and end, and snapshots seed a replica not heard from yet. The router is given the sum over replicas;
+ * their first token and end, and snapshots seed a replica not heard from yet (and correct one
+ * whose tally drifted from them, reconcile()). The router is given the sum over replicas;
  * dropping a replica (it stopped heartbeating) drops its requests with it. No I/O here, so
  * the bookkeeping is tested without Redis.
  *
@@ -79,6 +80,11 @@ export class RemoteLoad {
    * id past MAX_REPLICA_ID_LENGTH, or of a worker past MAX_WORKERS with work of one replica.
    */
   refused = 0;
+  /**
+   * Tallies replaced from their replica's own snapshot because they disagreed with it
+   * (reconcile()): a forged message under its id, or one of its messages lost.
+   */
+  corrected = 0;
 
   constructor(options: RemoteLoadOptions = {}) {
     this.hasWorker = options.hasWorker;
@@ -179,6 +185,21 @@ export class RemoteLoad {
     return true;
   }
 
+  /**
+   * Replaces a tallied replica's tally with its snapshot when the two differ, counted in
+   * `corrected`; entries of workers this router does not have, and empty ones, are left out of
+   * both, as replace() leaves them out. False (nothing done) when they agree or the replica is
+   * not tallied (seed() starts it). When the snapshot is recent enough to trust is the caller's
+   * to judge (the Redis store's load sync).
+   */
+  reconcile(replica: string, load: ReplicaLoad): boolean {
+    const tally = this.replicas.get(replica);
+    if (!tally || this.agrees(tally, load)) return false;
+    this.replicas.set(replica, this.within(replica, load));
+    this.corrected++;
+    return true;
+  }
+
   /** Starts a replica from its snapshot (as replace()), unless messages already started its tally. */
   seed(replica: string, load: ReplicaLoad): boolean {
     return this.replicas.has(replica) || this.replace(replica, load);
@@ -258,6 +279,18 @@ export class RemoteLoad {
       else kept.set(id, l);
     }
     return kept;
+  }
+
+  /** Whether `tally` holds what `load` says of every worker this router has, and nothing else; counts nothing. */
+  private agrees(tally: ReplicaLoad, load: ReplicaLoad): boolean {
+    let matched = 0;
+    for (const [id, l] of load) {
+      if ((l.requests === 0 && l.prefill === 0 && l.decode === 0) || !this.knows(id)) continue;
+      const t = tally.get(id);
+      if (!t || t.requests !== l.requests || t.prefill !== l.prefill || t.decode !== l.decode) return false;
+      matched++;
+    }
+    return matched === tally.size;
   }
 
   /** Whether this router has the worker (every id, without `hasWorker`). */

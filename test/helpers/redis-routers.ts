@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { KVAwareRouter, type KVAwareRouterOptions } from '../../src/core/router/index.js';
-import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { RedisStateStore, type RedisStateOptions } from '../../src/state/redis-state-store.js';
 import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
 
 /** The machine's Redis (127.0.0.1:6379, which .ci/run starts when nothing answers there). */
@@ -9,18 +9,23 @@ export const REDIS_URL = process.env.CONTEXTFORGE_TEST_REDIS ?? 'redis://127.0.0
 
 /**
  * Router replicas sharing state through Redis, without gateways: each has one worker `e0` and
- * a long sync interval, so what one learns of another comes from its messages, not from its
- * snapshots. Every replica lives under one fresh key prefix, deleted by close().
+ * (unless `store` says otherwise) a long sync interval, so what one learns of another comes from
+ * its messages, not from its snapshots. Every replica lives under one fresh key prefix, deleted
+ * by close().
  */
 export function redisRouters() {
   const prefix = `cf-test-${randomBytes(4).toString('hex')}:`;
   const stores: RedisStateStore[] = [];
   return {
-    /** `url`: the Redis this replica reaches (default the machine's; another server, or a proxy in front of one). */
+    /**
+     * `url`: the Redis this replica reaches (default the machine's; another server, or a proxy in
+     * front of one); `store`: its store's options beside those.
+     */
     async replica(
       id: string,
       options: Omit<KVAwareRouterOptions, 'blockSize'> & { blockSize?: number } = {},
       url = REDIS_URL,
+      store: Omit<RedisStateOptions, 'url' | 'prefix' | 'replicaId'> = {},
     ) {
       const router = new KVAwareRouter({ blockSize: 16, ...options });
       const workers: WorkerRecord[] = [{ id: 'e0', url: 'http://e0' }];
@@ -32,10 +37,10 @@ export function redisRouters() {
         removeWorkerFromState: () => {},
         log: () => {},
       };
-      const store = new RedisStateStore({ url, prefix, replicaId: id, syncIntervalMs: 60_000 });
-      stores.push(store);
-      await store.attach(host);
-      return { router, store };
+      const state = new RedisStateStore({ url, prefix, replicaId: id, syncIntervalMs: 60_000, ...store });
+      stores.push(state);
+      await state.attach(host);
+      return { router, store: state };
     },
     async close() {
       for (const s of stores) await s.close();

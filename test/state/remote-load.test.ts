@@ -24,6 +24,36 @@ describe('RemoteLoad', () => {
     assert.deepEqual(r.sum('unknown'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
   });
 
+  test('reconcile() replaces a tally that disagrees with the snapshot, and leaves one that agrees', () => {
+    const r = new RemoteLoad({ hasWorker: (id) => id !== 'gone' });
+    r.decided('a', 'w1', 300);
+    r.decided('a', 'w2', 50);
+    const snapshot = (entries: Record<string, string>) => decodeLoadSnapshot(entries);
+    // the same work, with entries this router would leave out (an unknown worker, an empty one)
+    const same = snapshot({
+      w1: encodeLoadEntry(1, 300, 0),
+      w2: encodeLoadEntry(1, 50, 0),
+      w3: '0,0,0',
+      gone: '9,9,9',
+    });
+    assert.equal(r.reconcile('a', same), false);
+    assert.equal(r.corrected, 0);
+    assert.equal(r.unknownWorkers, 0, 'comparing counts nothing');
+    // a forged change under a's id: the snapshot wins
+    r.replace('a', snapshot({ w1: encodeLoadEntry(5000, 1e8, 1e8) }));
+    assert.equal(r.reconcile('a', same), true);
+    assert.equal(r.corrected, 1);
+    assert.deepEqual(r.sum('w1'), { inFlightRequests: 1, queuedPrefillTokens: 300, activeDecodeTokens: 0 });
+    assert.deepEqual(r.sum('w2'), { inFlightRequests: 1, queuedPrefillTokens: 50, activeDecodeTokens: 0 });
+    // a tally holding a worker the snapshot does not: the snapshot (no work) wins
+    r.decided('a', 'w3', 7);
+    assert.equal(r.reconcile('a', same), true);
+    assert.deepEqual(r.sum('w3'), { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+    // a replica not tallied is not started by it
+    assert.equal(r.reconcile('b', same), false);
+    assert.equal(r.has('b'), false);
+  });
+
   test('a release without its decision never drives a tally below zero', () => {
     const r = new RemoteLoad();
     r.decided('a', 'w1', 10);
