@@ -18,6 +18,8 @@ import {
   encodeReleased,
   encodeWorkflow,
   isWellFormed,
+  maxMessageBytes,
+  MessageTooLong,
   parseWorkflow,
   RedisKeys,
   type WireDecision,
@@ -235,6 +237,8 @@ interface RedisStats {
   workflowLookups: number;
   workflowClaimsLost: number;
   malformedMessages: number;
+  /** Channel messages longer than the bound (maxMessageBytes()), refused unread: among the malformed. */
+  oversizeMessages: number;
   replicasSeen: number;
   /** Posted KV-event batches larger than MAX_RELAYED_EVENTS_BYTES: applied only here. */
   eventBatchesNotShared: number;
@@ -397,6 +401,10 @@ export class RedisStateStore implements StateStore {
    * late marks it heard again: either way the next snapshot settles it.
    */
   private readonly reconcileQuietMs: number;
+  /** The longest channel message read (maxMessageBytes()); set by attach() from the router, lowered block sizes raise it. */
+  private maxMessageBytes = Infinity;
+  /** The smallest block size of any worker seen (the router's own at first): what maxMessageBytes is of. */
+  private smallestBlockSize = Infinity;
   private readonly subscribedWaiters: Array<() => void> = [];
   /** What the resynchronisations reading the registry now have heard since they started reading. */
   private readonly hearing = new Set<HeardChanges>();
@@ -414,6 +422,7 @@ export class RedisStateStore implements StateStore {
     workflowLookups: 0,
     workflowClaimsLost: 0,
     malformedMessages: 0,
+    oversizeMessages: 0,
     replicasSeen: 0,
     eventBatchesNotShared: 0,
     chainsSkipped: 0,
@@ -493,6 +502,8 @@ export class RedisStateStore implements StateStore {
     const capacity = host.router.workflowCapacity;
     if (this.sharedWorkflowLimit === 0) this.sharedWorkflowLimit = SHARED_WORKFLOWS_PER_CAPACITY * capacity;
     this.unclaimedLimit = capacity;
+    this.noteBlockSize(host.router.blockSize);
+    for (const w of host.router.listWorkers()) this.noteBlockSize(w.info.blockSize);
     // close() can come while the start waits on Redis (the gateway stopped during its start):
     // a client connected after it would stay open, and reconnect, for good
     if (this.closed) return;
@@ -602,6 +613,7 @@ export class RedisStateStore implements StateStore {
   }
 
   workerAdded(worker: WorkerRecord): void {
+    this.noteBlockSize(worker.blockSize);
     this.removalsInFlight.delete(worker.id);
     this.draining.delete(worker.id);
     this.unsyncedDrains.delete(worker.id);
@@ -915,12 +927,27 @@ export class RedisStateStore implements StateStore {
     }
   }
 
+  /**
+   * A worker's block size (undefined: the router's): a smaller one than any seen before raises
+   * the longest message read, as its decisions may carry more blocks.
+   */
+  private noteBlockSize(blockSize: number | undefined): void {
+    if (this.host === undefined || !Number.isSafeInteger(blockSize) || blockSize! < 1) return;
+    if (blockSize! >= this.smallestBlockSize) return;
+    this.smallestBlockSize = blockSize!;
+    this.maxMessageBytes = maxMessageBytes(this.host.router.maxPromptTokens, blockSize!);
+  }
+
   private onMessage(raw: Buffer): void {
     let msg: WireMessage;
     try {
-      msg = decodeMessage(raw);
-    } catch {
+      msg = decodeMessage(raw, this.maxMessageBytes);
+    } catch (err) {
       this.counters.malformedMessages++;
+      if (err instanceof MessageTooLong && this.counters.oversizeMessages++ === 0)
+        this.host?.log(
+          `state: refused ${err.message} on ${this.channel} unread: longer than any replica sends; further ones are only counted (state.oversizeMessages)`,
+        );
       return;
     }
     if (msg.k === 'rm') {
@@ -958,6 +985,7 @@ export class RedisStateStore implements StateStore {
       } else if (msg.k === 'wa') {
         const id = msg.worker.id;
         if (this.removalsInFlight.has(id)) return; // announced before this replica's removal of it
+        this.noteBlockSize(msg.worker.blockSize);
         for (const h of this.hearing) if (h.past) h.workers.set(id, msg.worker);
         if (!this.host.listWorkers().some((w) => w.id === id)) this.host.addWorkerFromState(msg.worker);
       } else if (msg.k === 'wr') {
@@ -1478,6 +1506,7 @@ export class RedisStateStore implements StateStore {
     const router = this.host!.router;
     const load = Object.create(null) as Record<string, string>;
     for (const w of router.listWorkers()) {
+      this.noteBlockSize(w.info.blockSize);
       const l = router.localLoad(w.id);
       load[w.id] = encodeLoadEntry(l.inFlightRequests, l.queuedPrefillTokens, l.activeDecodeTokens);
     }

@@ -255,8 +255,60 @@ export function isWellFormed(msg: WireMessage): boolean {
   return !Object.hasOwn(SHAPES, msg.k) || hasShape(msg, SHAPES[msg.k]!);
 }
 
-/** Parses a channel message; throws on anything that is not an object with a replica id. */
-export function decodeMessage(raw: Buffer): WireMessage {
+/**
+ * Bytes of the largest channel message of any kind but a decision, at the limits that bound
+ * them, rounded up: an `ev` is at most MAX_RELAYED_EVENTS_BYTES (1 MiB) of events and an
+ * envelope of two ids; an `ld` names at most MAX_WORKERS (4,096) workers, each with an id of at
+ * most 256 UTF-16 code units (768 bytes of UTF-8; 1,536 escaped) and "requests,prefill,decode"
+ * amounts of at most 2^40 (13 digits each): 4,096 × (1,536 + 50) ≈ 6.5 MB escaped, 3.3 MB as
+ * plain UTF-8, 1.3 MB for ASCII ids; a `wa` worker record is at most 1,024 models of 512
+ * characters and 1,024 CLA groups (WORKER_RECORD_SCHEMA): about 0.6 MB for ASCII names. 8 MiB
+ * holds each of them even at their worst.
+ */
+export const MAX_OTHER_MESSAGE_BYTES = 8 * 1024 * 1024;
+
+/**
+ * Bytes of a decision's fields beside its blocks, at most, rounded up: its replica id and worker
+ * (256 code units each), its workflow, anchor and decision ids, and its content anchors (the
+ * gateway's defaults: 128 anchors of ids of at most 256 bytes, ≤ 1,536 escaped, with a token
+ * count: about 200 KB). 1 MiB leaves room for those limits raised fivefold.
+ */
+export const MAX_DECISION_FIELDS_BYTES = 1024 * 1024;
+
+/**
+ * The longest channel message a replica reads. The largest legitimate one is a decision of the
+ * longest prompt (`maxPromptTokens`) on a worker of `blockSize` tokens per block (the router
+ * refuses a shared decision of more blocks, applySharedDecision()): 8 bytes per block as base64
+ * (4 characters per 3 bytes), plus MAX_DECISION_FIELDS_BYTES; that doubled (headroom for
+ * settings that differ between replicas), or MAX_OTHER_MESSAGE_BYTES when that is more. With the
+ * defaults (1,048,576 tokens, 16 a block: 65,536 blocks, 699,052 characters of hashes, 1.75 MB
+ * with the other fields, 3.5 MB doubled) the other kinds bound it: 8 MiB. With one token a
+ * block, 1,048,576 blocks are 11,184,812 characters of hashes: 2 × 12.2 MB ≈ 24.5 MB. Past the
+ * bound a message is nothing a replica sends, and parsing it costs the event loop (a 20 MB
+ * one, JSON.parse then its hashes' base64, held it for hundreds of milliseconds).
+ */
+export function maxMessageBytes(maxPromptTokens: number, blockSize: number): number {
+  const blocks = Math.ceil(maxPromptTokens / blockSize);
+  const hashChars = 4 * Math.ceil((8 * blocks) / 3);
+  return Math.max(MAX_OTHER_MESSAGE_BYTES, 2 * (hashChars + MAX_DECISION_FIELDS_BYTES));
+}
+
+/** A channel message longer than the bound decodeMessage() was given: refused unread. */
+export class MessageTooLong extends Error {
+  constructor(
+    readonly bytes: number,
+    readonly maxBytes: number,
+  ) {
+    super(`a message of ${bytes} bytes (at most ${maxBytes})`);
+  }
+}
+
+/**
+ * Parses a channel message; throws on anything that is not an object with a replica id, and
+ * on a message longer than `maxBytes` before reading any of it (MessageTooLong).
+ */
+export function decodeMessage(raw: Buffer, maxBytes = Infinity): WireMessage {
+  if (raw.length > maxBytes) throw new MessageTooLong(raw.length, maxBytes);
   const msg = JSON.parse(raw.toString('utf8')) as WireMessage;
   if (msg === null || typeof msg !== 'object' || typeof msg.r !== 'string') throw new Error('not a message');
   return msg;

@@ -74,6 +74,28 @@ test('messages with load amounts out of range are counted and move nothing; late
   assert.equal(load().queuedPrefillTokens, 0);
 });
 
+test('a message longer than any replica sends is refused unread; the longest decision still applies', async () => {
+  const { router, store } = await routers.replica('E');
+  const channel = channelOf(store);
+  // the defaults (1,048,576 tokens, 16 a block): 8 MiB, what the other kinds of message need
+  const oversize = `{"r":"x","k":"d","w":"e0","h":"${'A'.repeat(9 * 1024 * 1024)}"}`;
+  await redis.publish(channel, oversize);
+  await until(() => store.stats().oversizeMessages === 1, 'the long message to be refused');
+  assert.equal(store.stats().malformedMessages, 1, 'counted among the malformed');
+  // the longest decision the router takes (65,536 blocks, 699,052 characters of hashes) applies
+  const blocks = 1_048_576 / 16;
+  const hi = Uint32Array.from({ length: blocks }, (_, i) => i);
+  const longest = { r: 'x', k: 'd', w: 'e0', h: encodeHashes(hi, hi), q: 1_048_576, i: 'longest' };
+  await redis.publish(channel, JSON.stringify(longest));
+  await until(() => store.stats().decisionsApplied === 1, 'the longest decision to apply');
+  assert.equal(router.getStats().index.entries, blocks);
+  // a worker of one token a block may have 16 times as many blocks: the bound grows with it
+  store.workerAdded({ id: 'e1', url: 'http://e1', blockSize: 1 });
+  await redis.publish(channel, oversize);
+  await until(() => (store.stats().malformedMessages as number) === 2, 'the message to be read');
+  assert.equal(store.stats().oversizeMessages, 1, 'read, not refused for its length');
+});
+
 test('a replica starting over keys that hold garbage loads the rest and comes up', async () => {
   const prefix = prefixes.fresh();
   const chain = (id: string) => JSON.stringify({ r: 'other', k: 'd', w: 'e0', h: hashes, i: id });

@@ -10,6 +10,10 @@ import {
   encodeRefused,
   encodeReleased,
   encodeWorkflow,
+  MAX_DECISION_FIELDS_BYTES,
+  MAX_OTHER_MESSAGE_BYTES,
+  maxMessageBytes,
+  MessageTooLong,
   parseWorkflow,
   STATE_WIRE_VERSION,
 } from '../../src/state/redis-wire.js';
@@ -93,4 +97,53 @@ test('a workflow value names its worker by the id rule the router takes (isWorke
   assert.deepEqual(parseWorkflow(encodeWorkflow('x'.repeat(256), null)), { w: 'x'.repeat(256), s: null });
   for (const w of ['', 'x'.repeat(257), '\uD800', 5, null])
     assert.equal(parseWorkflow(JSON.stringify({ w, s: 1 })), undefined);
+});
+
+test('a message longer than the bound is refused before any of it is read', () => {
+  // not JSON at all: refused for its length, not for what JSON.parse would say of it
+  const junk = Buffer.alloc(1001, '{');
+  assert.throws(
+    () => decodeMessage(junk, 1000),
+    (err: unknown) => err instanceof MessageTooLong && err.bytes === 1001,
+  );
+  assert.throws(() => decodeMessage(junk, 1001), SyntaxError);
+  const ok = wire(encodeDecision('r1', decision));
+  assert.equal(decodeMessage(ok, ok.length).k, 'd');
+});
+
+test("the bound holds the longest prompt's decision, with every other field at its limit, twice over", () => {
+  for (const [maxPromptTokens, blockSize] of [
+    [1_048_576, 16],
+    [1_048_576, 1],
+    [4_194_304, 4],
+  ]) {
+    const blocks = Math.ceil(maxPromptTokens / blockSize);
+    const hi = new Uint32Array(blocks).fill(0xffffffff);
+    const longest = {
+      ...decision,
+      workerId: 'w'.repeat(256),
+      hi,
+      lo: hi,
+      workflowId: 'f'.repeat(256),
+      workflowStep: 2 ** 31,
+      anchor: 'a'.repeat(256),
+      claGroup: 2 ** 31,
+      // 128 content anchors of 256-byte ids, each escaped to 6 bytes a character
+      contentAnchors: Array.from({ length: 128 }, (_, i) => ({ id: `${i}`.padEnd(256, '\u0001'), tokens: 2 ** 40 })),
+      prefillTokens: 2 ** 40,
+      id: 'i'.repeat(256),
+    };
+    const raw = wire(encodeDecision('r'.repeat(256), longest));
+    const bound = maxMessageBytes(maxPromptTokens, blockSize);
+    assert.ok(
+      2 * raw.length <= bound || bound === MAX_OTHER_MESSAGE_BYTES,
+      `${blocks} blocks: ${raw.length} of ${bound}`,
+    );
+    assert.ok(raw.length <= bound);
+    assert.equal((decodeMessage(raw, bound) as { h: string }).h.length, 4 * Math.ceil((8 * blocks) / 3));
+    assert.ok(raw.length - 4 * Math.ceil((8 * blocks) / 3) <= MAX_DECISION_FIELDS_BYTES);
+  }
+  // the defaults: the other kinds bound it, and a 20 MB message is refused
+  assert.equal(maxMessageBytes(1_048_576, 16), 8 * 1024 * 1024);
+  assert.ok(maxMessageBytes(1_048_576, 16) < 20_000_000);
 });
