@@ -1011,8 +1011,18 @@ export class RedisStateStore implements StateStore {
   }
 
   private applyDecision(msg: WireDecision, now?: number): void {
+    const router = this.host!.router;
+    // more blocks than the longest prompt has on that worker: refused by the router anyway
+    // (applySharedDecision), and refused here before its base64 is decoded (up to the message
+    // bound, megabytes of work for nothing); 8 bytes a block, 4 characters per 3 bytes
+    if (
+      typeof msg.h === 'string' &&
+      router.hasWorker(msg.w) &&
+      Math.floor((3 * msg.h.length) / 4 / 8) > Math.ceil(router.maxPromptTokens / router.blockSizeOf(msg.w))
+    )
+      throw new RangeError('a shared decision of more blocks than the longest prompt has');
     const { hi, lo } = decodeHashes(msg.h);
-    const applied = this.host!.router.applySharedDecision(
+    const applied = router.applySharedDecision(
       {
         workerId: msg.w,
         hi,
