@@ -560,8 +560,9 @@ export function registerKvEventMetrics(
 
 /**
  * The shared state's health, read from its stats() when scraped: whether it is connected
- * (Redis), its outages, its errors (failed commands, refusals included) and the malformed
- * messages or entries it skipped. Only the series the store reports are registered (the
+ * (Redis), its outages, its errors (failed commands, refusals included), the malformed
+ * messages or entries it skipped (and of those the oversize ones), and the other replicas'
+ * load tallies it corrected from their snapshots. Only the series the store reports are registered (the
  * in-memory store reports none). `serve --processes N` takes the lowest `connected` (1 only
  * when every process is) and sums the counters.
  */
@@ -588,6 +589,16 @@ export function registerStateMetrics(registry: Registry, state: { stats(): State
       'malformedMessages',
       'contextforge_state_malformed_messages_total',
       'Shared-state messages and entries skipped as malformed.',
+    ],
+    [
+      'oversizeMessages',
+      'contextforge_state_oversize_messages_total',
+      'Shared-state messages refused unread as longer than any replica sends (counted among the malformed too).',
+    ],
+    [
+      'remoteLoadCorrected',
+      'contextforge_state_remote_load_corrections_total',
+      "Other replicas' load tallies replaced from their own snapshots because they disagreed (a forged or lost message).",
     ],
   ] as const)
     if (typeof stats[field] === 'number')

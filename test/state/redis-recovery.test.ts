@@ -127,7 +127,7 @@ test('chain entries too large for one read are loaded in batches', async () => {
   assert.equal(a.store.stats().decisionsApplied, 300);
 });
 
-test("/metrics shows the shared state's connection, outages, errors and malformed messages", async () => {
+test("/metrics shows the shared state's connection, outages, errors, malformed and oversize messages and load corrections", async () => {
   const prefix = prefixes.fresh();
   const a = await replica('M', prefix);
   const registry = new Registry();
@@ -140,8 +140,12 @@ test("/metrics shows the shared state's connection, outages, errors and malforme
   assert.equal(await value('contextforge_state_connected'), 1);
   assert.equal(await value('contextforge_state_outages_total'), 0);
   assert.equal(await value('contextforge_state_errors_total'), 0);
+  assert.equal(await value('contextforge_state_oversize_messages_total'), 0);
+  assert.equal(await value('contextforge_state_remote_load_corrections_total'), 0);
   await redis.publish(channelOf(a.store), 'not json');
   await until(async () => (await value('contextforge_state_malformed_messages_total')) === 1, 'the malformed message');
+  await redis.publish(channelOf(a.store), Buffer.alloc(9 * 1024 * 1024, 'x'));
+  await until(async () => (await value('contextforge_state_oversize_messages_total')) === 1, 'the oversize message');
   await redis.call('CLIENT', 'KILL', 'ID', await clientId('contextforge-M-sub'));
   await until(async () => (await value('contextforge_state_outages_total')) === 1, 'the outage to show');
   // the in-memory store has no shared state to report
