@@ -4,6 +4,8 @@ import { HealthImplementation } from 'grpc-health-check';
 import { createProcessHandler, type ExtProcHandlerOptions } from './ext-proc-handler.js';
 import { EXT_PROC_SERVICE, extProcService } from './proto.js';
 import { capClientConnections, DEFAULT_MAX_CLIENT_CONNECTIONS } from '../server/client-connections.js';
+import { BodyBudget } from '../server/body-budget.js';
+import { chargePartialMessages } from './partial-messages.js';
 import { EppServerCredentials, watchTlsIdentity, type TlsIdentity } from './tls.js';
 
 /**
@@ -49,7 +51,8 @@ export const MAX_CONCURRENT_STREAMS = 1024;
  * the message and answers a body over the body limit 413. Envoy passes a body on in chunks of
  * what it read (up to its buffer limit, 1 MiB by default), or whole in BUFFERED mode: with a
  * small body limit, this limit stays at gRPC's default 4 MiB, so such a chunk gets its 413.
- * Each stream holds at most one message it has not handled yet.
+ * Each stream holds at most one message it has not handled yet, and what the streams hold of
+ * such messages is bounded by a budget of `--buffered-body-limit` (partial-messages.ts).
  */
 export function maxReceiveMessageBytes(bodyLimit: number): number {
   return Math.max(bodyLimit, GRPC_DEFAULT_MAX_RECEIVE_BYTES) + MESSAGE_OVERHEAD_BYTES;
@@ -151,6 +154,13 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
   // the picker's own listener hands its connections to the gRPC server: grpc-js's listeners
   // take no cap on connections, a net.Server does (client-connections.ts)
   const injector = server.createConnectionInjector(credentials);
+  // what grpc-js holds of messages not yet whole is bounded as the bodies the handler holds are
+  // (a budget of the same size of its own: taken from the handler's, it would reset a stream
+  // whose next chunk the handler would have answered 503)
+  if (options.bodyBudget)
+    chargePartialMessages(server, new BodyBudget(options.bodyBudget.limit, 'buffered-body-limit'), () =>
+      options.onBodyBudgetRefusal?.(),
+    );
   const listener = createNetServer((socket) => injector.injectConnection(socket));
   if (options.capConnections) options.capConnections(listener);
   else capClientConnections(listener, DEFAULT_MAX_CLIENT_CONNECTIONS, () => {});

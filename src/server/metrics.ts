@@ -326,7 +326,7 @@ export function registerBodyBudgetMetrics(registry: Registry, budget: { used: nu
     ],
     overflows: [
       'contextforge_request_body_budget_refusals_total',
-      'Requests refused with 503 because their body (or, at the endpoint picker, headers) did not fit in the buffered-body budget.',
+      'Requests refused because their body (or, at the endpoint picker, headers) did not fit in the buffered-body budget (503), or, at the endpoint picker, a gRPC message not yet whole did not fit in its budget of the same size (the stream reset).',
     ],
   });
 }
