@@ -459,21 +459,18 @@ export function createProcessHandler(
           }
           if (responseBodyMode === undefined || responseBodyMode === 'FULL_DUPLEX_STREAMED') {
             const body = chunk ? Buffer.from(chunk.buffer, chunk.byteOffset, chunk.length) : Buffer.alloc(0);
-            if (!restorer) {
-              for (const m of streamedBodyResponses('response_body', body, eos)) await send(m);
-            } else {
-              // a piece of the chunk at a time, each sent before the next is restored: the client's
-              // model name may be many times the engine's, and a body of nothing but model fields
-              // (from a hostile engine or gateway) would otherwise grow whole in memory first
-              let start = 0;
-              do {
-                const end = Math.min(body.length, start + BODY_CHUNK_BYTES);
-                const last = eos && end === body.length;
-                const restored = restorer.push(body.subarray(start, end), last);
-                for (const m of streamedBodyResponses('response_body', restored, last)) await send(m);
-                start = end;
-              } while (start < body.length);
-            }
+            // a piece of the chunk at a time, each sent before the next is restored: the client's
+            // model name may be many times the engine's, and a body of nothing but model fields
+            // (from a hostile engine or gateway) would otherwise grow whole in memory first
+            let start = 0;
+            do {
+              const end = Math.min(body.length, start + BODY_CHUNK_BYTES);
+              const last = eos && end === body.length;
+              const piece = body.subarray(start, end);
+              const answer = restorer ? restorer.push(piece, last) : piece;
+              for (const m of streamedBodyResponses('response_body', answer, last)) await send(m);
+              start = end;
+            } while (start < body.length);
           } else {
             await send(continueResponse('response_body'));
           }

@@ -108,7 +108,8 @@ export class PipelinedRequests {
     this.closedAfterAnswer.add(socket);
     const responses = this.open.get(socket);
     if (responses === undefined) return;
-    for (const queued of [...responses]) closeQueued(queued);
+    // (a Set's iteration goes on past the entries each close deletes)
+    for (const queued of responses) closeQueued(queued);
   }
 
   /**

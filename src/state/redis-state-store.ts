@@ -1018,7 +1018,7 @@ export class RedisStateStore implements StateStore {
     if (
       typeof msg.h === 'string' &&
       router.hasWorker(msg.w) &&
-      Math.floor((3 * msg.h.length) / 4 / 8) > Math.ceil(router.maxPromptTokens / router.blockSizeOf(msg.w))
+      Math.floor((3 * msg.h.length) / 4 / 8) > router.maxPromptBlocks(msg.w)
     )
       throw new RangeError('a shared decision of more blocks than the longest prompt has');
     const { hi, lo } = decodeHashes(msg.h);

@@ -178,6 +178,11 @@ export class KVAwareRouter {
     return this.requireRegistered(workerId).info.blockSize ?? this.blockSize;
   }
 
+  /** Most blocks the longest prompt (maxPromptTokens) has on a worker: what a shared decision may record there. */
+  maxPromptBlocks(workerId: string): number {
+    return Math.ceil(this.maxPromptTokens / this.blockSizeOf(workerId));
+  }
+
   /** Forgets a worker and everything recorded on it. Returns whether it was known. */
   removeWorker(workerId: string): boolean {
     check.requireId(workerId, 'workerId');
@@ -481,8 +486,7 @@ export class KVAwareRouter {
     const worker = this.workers.get(d.workerId);
     if (!worker) return false;
     // no decision made here records more blocks than the longest prompt has on that worker
-    const maxBlocks = Math.ceil(this.maxPromptTokens / (worker.info.blockSize ?? this.blockSize));
-    if (d.hi.length > maxBlocks)
+    if (d.hi.length > this.maxPromptBlocks(d.workerId))
       throw new RangeError(
         `a shared decision of ${d.hi.length} blocks is longer than the longest prompt (maxPromptTokens ${this.maxPromptTokens}) allows`,
       );
