@@ -9,6 +9,11 @@ of 5 shared prefixes of 4,096-16,384 tokens (8-32 blocks, drawn once per file) p
 followed by 50-800 tokens of its own; answers of 50-600 tokens. Timestamps in ms; one hash id per
 512-token block. Run them on workers whose KV holds a few such prefixes at once:
 `simulate --trace FILE --kv-tokens 40000 --speed 2` (or 100,000 tokens at ×3).
+
+    python3 scripts/gen-hot-prefix-traces.py DIR --seeds 11,12,13,14
+
+writes the same shape from other seeds (hot-prefixes.11.jsonl.gz, ...): traces of this shape a
+candidate change is tried on before the committed ones, on which results are reported, are read.
 """
 import gzip, json, math, os, random, sys
 
@@ -43,8 +48,27 @@ def write(path, seed):
             f.write(json.dumps(line) + '\n')
 
 
+def seeds_of(arg):
+    """The seeds of `--seeds A,B,...` (positive integers), or exits with a message naming the flag."""
+    try:
+        seeds = [int(s) for s in arg.split(',')]
+    except ValueError:
+        sys.exit(f"error: --seeds must be comma-separated positive integers, got '{arg}'")
+    if not seeds or any(s < 1 for s in seeds):
+        sys.exit(f"error: --seeds must be comma-separated positive integers, got '{arg}'")
+    return seeds
+
+
 if __name__ == '__main__':
-    out = sys.argv[1] if len(sys.argv) > 1 else 'bench/traces/hot-prefixes'
+    args = sys.argv[1:]
+    seeds = (1, 2)
+    if '--seeds' in args:
+        i = args.index('--seeds')
+        if i + 1 >= len(args):
+            sys.exit('error: --seeds needs a value, e.g. --seeds 11,12,13,14')
+        seeds = seeds_of(args[i + 1])
+        del args[i : i + 2]
+    out = args[0] if args else 'bench/traces/hot-prefixes'
     os.makedirs(out, exist_ok=True)
-    for seed in (1, 2):
+    for seed in seeds:
         write(os.path.join(out, f'hot-prefixes.{seed}.jsonl.gz'), seed)
