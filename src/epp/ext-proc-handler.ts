@@ -20,7 +20,7 @@ import {
   readHeaders,
   readResponseStatus,
   readServedEndpoint,
-  readSubsetHint,
+  readSubsetHintWithProblem,
   REQUEST_ID_HEADER,
   routingHeadersResponse,
   streamedBodyResponses,
@@ -41,6 +41,8 @@ export interface PickInput {
   headersOnly?: boolean;
   /** Endpoints Envoy allows (undefined: no hint, every endpoint is eligible). */
   subset: readonly string[] | undefined;
+  /** What in the subset hint could not be read, as a phrase after its key (see SubsetHint.problem). */
+  subsetProblem?: string;
   requestId: string;
   /**
    * false when Envoy will not send the response body as it comes (response body mode NONE,
@@ -157,6 +159,7 @@ export function createProcessHandler(
     let headers = new Map<string, string>();
     const repeatedHeaders = new Map<string, string[]>();
     let subset: string[] | undefined;
+    let subsetProblem: string | undefined;
     let requestId = '';
     let requestIdGenerated = false;
     let headersOnly = false;
@@ -275,6 +278,7 @@ export function createProcessHandler(
           body,
           headersOnly,
           subset,
+          subsetProblem,
           requestId,
           responseBodyStreamed,
         });
@@ -347,7 +351,9 @@ export function createProcessHandler(
             requestId = randomUUID();
             requestIdGenerated = true;
           }
-          subset = readSubsetHint(req);
+          const hint = readSubsetHintWithProblem(req);
+          subset = hint?.endpoints;
+          subsetProblem = hint?.problem;
           headersOnly = req.request_headers?.end_of_stream === true;
           // no body follows (end_of_stream), or Envoy will not send it before our answer
           const bodyComing = !headersOnly && requestBodyMode !== 'NONE';

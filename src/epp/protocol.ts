@@ -97,27 +97,73 @@ export function metadataValue(req: ProcessingRequest, namespace: string, key: st
   return ns?.fields?.[key];
 }
 
+/** The subset hint as read: its endpoints, and what in it could not be read, if anything. */
+export interface SubsetHint {
+  /** The listed endpoints (possibly none), at most `maxEntries`. */
+  endpoints: string[];
+  /**
+   * What was left out, as a phrase after the hint's key ("is a number, not ..."): a value that
+   * is neither a list nor a string, list entries that are not strings, entries past the bound.
+   */
+  problem: string | undefined;
+}
+
 /**
  * The subset hint: undefined when Envoy set none (every endpoint is eligible), else the listed
- * endpoints (possibly none). The value may be a list of strings or one comma-separated string;
- * list entries may themselves be comma-separated. Bounded: at most `maxEntries` entries.
+ * endpoints (possibly none) and what could not be read. The value may be a list of strings or
+ * one comma-separated string; list entries may themselves be comma-separated. Bounded: at most
+ * `maxEntries` entries are read. Whatever could not be read names no endpoint: the picker may
+ * choose only from what the hint lists (the protocol's MUST), so an unreadable hint leaves
+ * fewer endpoints eligible, never more.
  */
-export function readSubsetHint(req: ProcessingRequest, maxEntries = 4096): string[] | undefined {
+export function readSubsetHintWithProblem(req: ProcessingRequest, maxEntries = 4096): SubsetHint | undefined {
   const v = metadataValue(req, SUBSET_HINT_NAMESPACE, SUBSET_HINT_KEY);
   if (v === undefined) return undefined;
   const out: string[] = [];
+  let cut = false;
   const add = (s: string) => {
     for (const part of s.split(',')) {
       const t = part.trim();
-      if (t !== '' && out.length < maxEntries) out.push(t);
+      if (t === '') continue;
+      if (out.length < maxEntries) out.push(t);
+      else cut = true;
     }
   };
+  let problem: string | undefined;
   if (v.kind === 'stringValue' && typeof v.stringValue === 'string') add(v.stringValue);
   else if (v.kind === 'listValue') {
-    for (const item of v.listValue?.values ?? [])
+    let others = 0;
+    for (const item of v.listValue?.values ?? []) {
       if (item.kind === 'stringValue' && typeof item.stringValue === 'string') add(item.stringValue);
+      else others++;
+    }
+    if (others > 0)
+      problem = `has ${others} ${others === 1 ? 'entry' : 'entries'} that ${others === 1 ? 'is' : 'are'} not an ip:port string`;
+  } else problem = `is ${valueKindName(v.kind)}, not a list of ip:port strings`;
+  if (cut) problem = `names more than ${maxEntries} endpoints; only the first ${maxEntries} are read`;
+  else if (out.length === 0 && problem === undefined) problem = 'lists no endpoint';
+  return { endpoints: out, problem };
+}
+
+/** The subset hint's endpoints (see readSubsetHintWithProblem), or undefined when Envoy set none. */
+export function readSubsetHint(req: ProcessingRequest, maxEntries = 4096): string[] | undefined {
+  return readSubsetHintWithProblem(req, maxEntries)?.endpoints;
+}
+
+/** A protobuf Value's kind in words. */
+function valueKindName(kind: ProtoValue['kind']): string {
+  switch (kind) {
+    case 'nullValue':
+      return 'null';
+    case 'numberValue':
+      return 'a number';
+    case 'boolValue':
+      return 'a boolean';
+    case 'structValue':
+      return 'a struct';
+    default:
+      return 'empty';
   }
-  return out;
 }
 
 /** The endpoint Envoy reports it sent the request to (response phase), or undefined. */

@@ -27,6 +27,8 @@ import {
   INFERENCE_OBJECTIVE_HEADER,
   MODEL_NAME_REWRITE_HEADER,
   splitEndpoint,
+  SUBSET_HINT_KEY,
+  SUBSET_HINT_NAMESPACE,
 } from './protocol.js';
 
 /** An OpenAI request read into what the router routes on (the gateway's own parsing and tokenization). */
@@ -249,7 +251,7 @@ export class RouterPicker implements EndpointPicker {
     const excluded = new Set<string>();
     if (input.subset !== undefined) {
       this.excludeOutsideSubset(input.subset, excluded);
-      if (excluded.size === this.endpointOfWorker.size) return outsideSubset();
+      if (excluded.size === this.endpointOfWorker.size) return outsideSubset(input.subsetProblem);
     }
 
     let routeRequest: RouteRequest = {};
@@ -408,7 +410,7 @@ export class RouterPicker implements EndpointPicker {
       excluded.clear();
       if (input.subset !== undefined) {
         this.excludeOutsideSubset(input.subset, excluded);
-        if (excluded.size === this.endpointOfWorker.size) return outsideSubset();
+        if (excluded.size === this.endpointOfWorker.size) return outsideSubset(input.subsetProblem);
       }
       if (modelNarrows) for (const id of this.backend.workersWithoutModel(model)) excluded.add(id);
     }
@@ -673,12 +675,18 @@ export class RouterPicker implements EndpointPicker {
   }
 }
 
-/** The answer when no endpoint of the subset hint is a worker. */
-function outsideSubset(): PickOutcome {
+/**
+ * The answer when no endpoint of the subset hint is a worker (503, as the protocol asks when
+ * none is eligible or the list is empty), naming what in the hint could not be read.
+ */
+function outsideSubset(problem: string | undefined): PickOutcome {
   return {
     ok: false,
     status: 503,
-    message: 'no endpoint in the subset hint is a worker of this picker',
+    message:
+      problem === undefined
+        ? 'no endpoint in the subset hint is a worker of this picker'
+        : `no endpoint in the subset hint is a worker of this picker: ${SUBSET_HINT_NAMESPACE} ${SUBSET_HINT_KEY} ${problem}`,
     retryAfterSeconds: 1,
   };
 }

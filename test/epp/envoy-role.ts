@@ -16,6 +16,7 @@ import {
   type ProcessingRequest,
   type ProcessingResponse,
   type ProtoStruct,
+  type ProtoValue,
 } from '../../src/epp/proto.js';
 import {
   DESTINATION_ENDPOINT_KEY,
@@ -55,8 +56,8 @@ export interface RequestSpec {
   body?: Buffer | string;
   /** Bytes per body chunk Envoy sends (default 16 KiB, Envoy's read size). */
   chunkBytes?: number;
-  subset?: string[] | string;
-  /** Put the subset hint as a list of values (default) or one string. */
+  /** The subset hint as a list of values, or as one string. */
+  subset?: string[] | string | { value: ProtoValue };
   protocolConfig?: ProcessingRequest['protocol_config'];
 }
 
@@ -162,7 +163,9 @@ export class EnvoyRole {
                   [SUBSET_HINT_KEY]:
                     typeof spec.subset === 'string'
                       ? { stringValue: spec.subset }
-                      : { listValue: { values: spec.subset.map((s) => ({ stringValue: s })) } },
+                      : Array.isArray(spec.subset)
+                        ? { listValue: { values: spec.subset.map((s) => ({ stringValue: s })) } }
+                        : spec.subset.value,
                 },
               } as ProtoStruct,
             },

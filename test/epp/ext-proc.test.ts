@@ -148,6 +148,18 @@ test('no eligible endpoint → 503; an empty subset → 503', async () => {
   assert.equal(out.kind === 'immediate' && out.status, 503);
   const empty = await envoy.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'hi' }), subset: [] });
   assert.equal(empty.kind === 'immediate' && empty.status, 503);
+  assert.match(empty.kind === 'immediate' ? JSON.parse(empty.body).error.message : '', /lists no endpoint/);
+  // a hint Envoy set to something other than a list of strings names no endpoint, and says so
+  const unreadable = await envoy.request({
+    headers: {},
+    body: JSON.stringify({ model: 'mock', prompt: 'hi' }),
+    subset: { value: { numberValue: 8000 } },
+  });
+  assert.equal(unreadable.kind === 'immediate' && unreadable.status, 503);
+  assert.match(
+    unreadable.kind === 'immediate' ? JSON.parse(unreadable.body).error.message : '',
+    /x-gateway-destination-endpoint-subset is a number, not a list of ip:port strings/,
+  );
   for (const w of router().listWorkers()) router().drainWorker(w.id);
   try {
     const drained = await envoy.request({ headers: {}, body: JSON.stringify({ model: 'mock', prompt: 'hi' }) });

@@ -11,6 +11,7 @@ import {
   readResponseStatus,
   readServedEndpoint,
   readSubsetHint,
+  readSubsetHintWithProblem,
   routingHeadersResponse,
   splitEndpoint,
   streamedBodyResponses,
@@ -87,6 +88,44 @@ test('immediate responses carry the status, a JSON error naming the field, and a
 
 const withMeta = (ns: string, key: string, value: object): ProcessingRequest => ({
   metadata_context: { filter_metadata: { [ns]: { fields: { [key]: value } } } },
+});
+
+test('the subset hint says what in it could not be read', () => {
+  const hint = (v: object, max?: number) =>
+    readSubsetHintWithProblem(withMeta('envoy.lb.subset_hint', 'x-gateway-destination-endpoint-subset', v), max);
+  assert.deepEqual(hint({ kind: 'stringValue', stringValue: '10.0.0.1:80' }), {
+    endpoints: ['10.0.0.1:80'],
+    problem: undefined,
+  });
+  assert.deepEqual(hint({ kind: 'numberValue', numberValue: 8000 }), {
+    endpoints: [],
+    problem: 'is a number, not a list of ip:port strings',
+  });
+  assert.deepEqual(hint({ kind: 'structValue', structValue: {} }), {
+    endpoints: [],
+    problem: 'is a struct, not a list of ip:port strings',
+  });
+  assert.deepEqual(
+    hint({
+      kind: 'listValue',
+      listValue: {
+        values: [
+          { kind: 'stringValue', stringValue: '10.0.0.1:80' },
+          { kind: 'numberValue', numberValue: 1 },
+          { kind: 'boolValue', boolValue: true },
+        ],
+      },
+    }),
+    { endpoints: ['10.0.0.1:80'], problem: 'has 2 entries that are not an ip:port string' },
+  );
+  assert.deepEqual(hint({ kind: 'listValue', listValue: { values: [] } }), {
+    endpoints: [],
+    problem: 'lists no endpoint',
+  });
+  const long = hint({ kind: 'stringValue', stringValue: Array(10).fill('1.1.1.1:1').join(',') }, 4);
+  assert.equal(long?.endpoints.length, 4);
+  assert.equal(long?.problem, 'names more than 4 endpoints; only the first 4 are read');
+  assert.equal(hint({ kind: 'stringValue', stringValue: 'a:1,b:2' }, 2)?.problem, undefined, 'exactly the bound');
 });
 
 test('the subset hint: a list, a comma string, list entries with commas; absent is undefined, empty is []', () => {
