@@ -268,7 +268,8 @@ test('mock-engine refuses a port, size, speed, address or name it cannot serve, 
 
 test('cost weights the router would refuse at start are refused where they are given', () => {
   const cases: Array<[string, RegExp]> = [
-    ['{prefillTokensPerSecond: 0}', /--cost-weights: costWeights\.prefillTokensPerSecond must be > 0 \(got 0\)/],
+    ['{prefillTokensPerSecond: 0}', /--cost-weights: costWeights\.prefillTokensPerSecond must be >= 1 \(got 0\)/],
+    ['{attention: 1e308}', /--cost-weights: costWeights\.attention must be <= 1000000 \(got 1e\+308\)/],
     ['{pressureKnee: 1}', /--cost-weights: costWeights\.pressureKnee must be < 1 \(got 1\)/],
     ['{pressureCeiling: 1.5}', /--cost-weights: costWeights\.pressureCeiling must be <= 1 \(got 1\.5\)/],
     ['{pressureKnee: -1}', /costWeights\.pressureKnee must be a finite number >= 0 \(got -1\)/],

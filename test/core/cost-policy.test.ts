@@ -92,8 +92,50 @@ describe("policy 'cost'", () => {
     assert.throws(() => new KVAwareRouter({ costWeights: { recompute: -1 } }), RangeError);
     assert.throws(
       () => new KVAwareRouter({ costWeights: { prefillTokensPerSecond: 0 } }),
-      /prefillTokensPerSecond must be > 0/,
+      /prefillTokensPerSecond must be >= 1/,
     );
+    // weights past which the costs overflow to Infinity and NaN, and no worker is ever chosen
+    assert.throws(
+      () => new KVAwareRouter({ costWeights: { attention: 1e308 } }),
+      /costWeights.attention must be <= 1000000/,
+    );
+    assert.throws(
+      () => new KVAwareRouter({ costWeights: { pressure: 1e307 } }),
+      /costWeights.pressure must be <= 1000000/,
+    );
+    assert.throws(
+      () => new KVAwareRouter({ costWeights: { prefillTokensPerSecond: 5e-324 } }),
+      /prefillTokensPerSecond must be >= 1/,
+    );
+    assert.throws(
+      () => new KVAwareRouter({ costWeights: { lateGraceTokens: 1e10 } }),
+      /lateGraceTokens must be <= 1000000000/,
+    );
+    // at the bounds every request still finds a worker
+    const bounded = new KVAwareRouter({
+      policy: 'cost',
+      costWeights: {
+        attention: 1e6,
+        decode: 1e6,
+        recompute: 1e6,
+        load: 1e6,
+        pressure: 1e6,
+        cla: 1e6,
+        workflow: 1e6,
+        newSessionSlack: 1e6,
+        prefillTokensPerSecond: 1,
+        kvCapacityTokens: 1e9,
+        lateGraceTokens: 1e9,
+      },
+    });
+    bounded.registerWorker('w0');
+    bounded.registerWorker('w1');
+    for (let i = 0; i < 20; i++) {
+      const tokens = Array.from({ length: 64 + 50 * i }, (_, j) => (j * 7 + i) % 1000);
+      const routed = bounded.route({ tokens }, { now: 1000 * i });
+      assert.ok(routed.workerId === 'w0' || routed.workerId === 'w1', `request ${i} routed, got ${routed.workerId}`);
+      if (routed.ticket) bounded.release(routed.ticket);
+    }
     assert.throws(
       () => new KVAwareRouter({ costWeights: { attention: Number.NaN } }),
       /costWeights.attention must be a finite number/,

@@ -21,16 +21,39 @@ const finiteNumber = () => z.number();
 
 const bound = (phrase: string) => ({ error: (iss: { input?: unknown }) => `must be ${phrase}${gotPhrase(iss.input)}` });
 /**
+ * The largest multiplier weight (attention, decode, recompute, the guards and bonuses, the new
+ * session's slack). Far above any value that means something (the defaults are at most 6), and
+ * low enough that every term stays finite for any prompt: a weight near the largest double made
+ * the costs Infinity and NaN, and then no worker was chosen for any request.
+ */
+export const MAX_MULTIPLIER_WEIGHT = 1e6;
+/** The largest weight counted in tokens or tokens a second (a rate, a capacity, a grace). */
+export const MAX_TOKEN_WEIGHT = 1e9;
+const multiplier = () => nonNegative().max(MAX_MULTIPLIER_WEIGHT, bound(`<= ${MAX_MULTIPLIER_WEIGHT}`));
+/**
  * Weights with a narrower range than finite and >= 0. This is the one statement of the
  * weights' ranges: resolveCostWeights (createPolicy, the router) checks through
  * COST_WEIGHTS_SCHEMA as the router's options and serve's settings do.
  */
-const COST_WEIGHT_RANGES: Partial<Record<keyof CostWeights, z.ZodNumber>> = {
-  // it divides: 0 would make the arrival-rate term infinite
-  prefillTokensPerSecond: nonNegative().gt(0, bound('> 0')),
+const COST_WEIGHT_RANGES: Record<keyof CostWeights, z.ZodNumber> = {
+  // it divides (seconds and due times are token equivalents over it): below one token a second
+  // a due time is past every clock and a decision's seconds overflow
+  prefillTokensPerSecond: nonNegative()
+    .min(1, bound('>= 1'))
+    .max(MAX_TOKEN_WEIGHT, bound(`<= ${MAX_TOKEN_WEIGHT}`)),
+  attention: multiplier(),
+  decode: multiplier(),
+  recompute: multiplier(),
+  load: multiplier(),
+  pressure: multiplier(),
   // the pressure term divides by 1 - knee
   pressureKnee: nonNegative().lt(1, bound('< 1')),
   pressureCeiling: nonNegative().max(1, bound('<= 1')),
+  cla: multiplier(),
+  workflow: multiplier(),
+  kvCapacityTokens: nonNegative().max(MAX_TOKEN_WEIGHT, bound(`<= ${MAX_TOKEN_WEIGHT}`)),
+  newSessionSlack: multiplier(),
+  lateGraceTokens: nonNegative().max(MAX_TOKEN_WEIGHT, bound(`<= ${MAX_TOKEN_WEIGHT}`)),
 };
 
 /** The keys whose value is not undefined (an undefined weight keeps its default). */
@@ -41,10 +64,7 @@ export const definedOnly = (w: Partial<CostWeights>): Partial<CostWeights> =>
 export const COST_WEIGHTS_SCHEMA = z
   .strictObject(
     Object.fromEntries(
-      Object.keys(DEFAULT_COST_WEIGHTS).map((k) => [
-        k,
-        (COST_WEIGHT_RANGES[k as keyof CostWeights] ?? nonNegative()).optional(),
-      ]),
+      Object.keys(DEFAULT_COST_WEIGHTS).map((k) => [k, COST_WEIGHT_RANGES[k as keyof CostWeights].optional()]),
     ) as {
       [K in keyof CostWeights]: z.ZodOptional<z.ZodNumber>;
     },
