@@ -6,12 +6,14 @@
  * router's block hashes, so one tenant can neither reuse nor probe another's prompts.
  */
 import { createHash } from 'node:crypto';
-import { parse as parseYaml } from 'yaml';
 import { fileErrorMessage, shownText } from '../core/shown-text.js';
 import { readRegularFile } from '../engines/bounded-file.js';
+import { parseBoundedYaml } from '../engines/bounded-yaml.js';
 
 /** Largest keys file read (about 100,000 keys). */
 export const MAX_API_KEYS_FILE_BYTES = 16 * 1024 * 1024;
+/** Most values a keys file holds: a key and a tenant for each of 100,000 keys, and room. */
+export const MAX_API_KEYS_FILE_VALUES = 250_000;
 
 /** Tenant names: short, and free of the separator used in salts. */
 export const TENANT_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
@@ -75,7 +77,7 @@ export function loadApiKeysFile(file: string): ApiKeys {
       if ((st.mode & 0o077) !== 0)
         throw new RangeError(`is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
     });
-    raw = parseYaml(text);
+    raw = parseBoundedYaml(text, MAX_API_KEYS_FILE_VALUES);
   } catch (err) {
     throw new RangeError(`--api-keys-file ${shownText(file)}: ${fileErrorMessage(err, file)}`, { cause: err });
   }

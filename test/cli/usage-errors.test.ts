@@ -98,6 +98,11 @@ test('a config file is read up to a bound, as text, with every YAML problem an e
   bad(write('tag.yaml', 'host: !bogus 0.0.0.0\n'), /tag\.yaml: Unresolved tag: !bogus at line 1/);
   bad(write('two.yaml', 'port: 1\n---\nport: 2\n'), /two\.yaml: holds 2 YAML documents/);
   bad(write('deep.yaml', `workers: ${'['.repeat(5000)}${']'.repeat(5000)}\n`), /deep\.yaml: nested too deeply/);
+  // a few megabytes of empty lists took gigabytes to parse: refused before, by their count
+  bad(
+    write('many.yaml', `judge-roles: [${Array(250_001).fill('[]').join(',')}]\n`),
+    /many\.yaml: holds more than 250000 values/,
+  );
   const dup = write('dup.yaml', 'port: 1\nport: 2\n');
   bad(dup, new RegExp(`CONTEXTFORGE_CONFIG ${dup}: Map keys must be unique`), { CONTEXTFORGE_CONFIG: dup });
   const ok = write('ok.yaml', '\ufeff# comment\nport: 9001\n');

@@ -6,7 +6,8 @@
 import { closeSync, openSync, readSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import { parse as parseYaml, parseAllDocuments } from 'yaml';
+import { parse as parseYaml } from 'yaml';
+import { parseBoundedYaml } from '../../engines/bounded-yaml.js';
 import type { z } from 'zod';
 import { closestKey, describeIssue, describeIssueHidingValue, issueMessage } from '../../core/schema-issues.js';
 import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
@@ -196,26 +197,15 @@ function utf8Text(bytes: Buffer): string {
   }
 }
 
+/**
+ * Most values a config file holds: MAX_WORKERS (4,096) workers of a dozen settings each fit
+ * several times over; past it the parser's objects alone would take hundreds of megabytes.
+ */
+export const MAX_CONFIG_VALUES = 250_000;
+
 /** A YAML or JSON text's value; an unknown tag or a nesting the parser cannot follow is an error, not a warning. */
 function parseConfigText(text: string): unknown {
-  let docs;
-  try {
-    docs = parseAllDocuments(text, { logLevel: 'silent' });
-  } catch (err) {
-    if (err instanceof RangeError && /call stack/i.test(err.message))
-      throw new RangeError('nested too deeply', { cause: err });
-    throw err;
-  }
-  if (docs.length === 0) return null;
-  if (docs.length > 1) throw new RangeError(`holds ${docs.length} YAML documents (separated by ---), not one`);
-  const doc = docs[0];
-  const problem = doc.errors[0] ?? doc.warnings[0];
-  if (problem) {
-    if (/call stack/i.test(problem.message))
-      throw new RangeError(`nested too deeply (line ${problem.linePos?.[0].line ?? '?'})`);
-    throw problem;
-  }
-  return doc.toJS();
+  return parseBoundedYaml(text, MAX_CONFIG_VALUES);
 }
 
 /** How a config file shared by serve and epp is read by one of them. */
