@@ -80,6 +80,8 @@ const CONTINUE_TAG = 'CONTINUE_FINAL_MESSAGE_TAG ';
 export interface ChatTokenizerOptions {
   /** A Jinja chat template overriding tokenizer_config.json's `chat_template`. */
   chatTemplate?: string;
+  /** What a template that does not compile is called in the error (the CLI's `--chat-template`; default: chat template). */
+  chatTemplateSource?: string;
   /** Cached message segments, least recently used dropped first (default 50,000). */
   cacheEntries?: number;
   /**
@@ -169,7 +171,7 @@ export class ChatTokenizer implements PromptTokenizer {
   ) {
     const source = options.chatTemplate ?? templateOf(config);
     this.templateSource = source;
-    this.template = source === undefined ? undefined : new Template(source);
+    this.template = source === undefined ? undefined : compileTemplate(source, options.chatTemplateSource);
     this.partsContent =
       source !== undefined &&
       /\{%-?\s*for\s+\w+\s+in\s+(message|msg|m)(\.content|\[\s*['"]content['"]\s*\])\s*-?%\}/.test(source);
@@ -222,10 +224,18 @@ export class ChatTokenizer implements PromptTokenizer {
         },
       );
     }
+    const given = options.chatTemplate !== undefined;
+    const fromFile = !given && existsSync(jinjaFile);
     const chatTemplate =
       options.chatTemplate ??
-      (existsSync(jinjaFile) ? readText(jinjaFile, named('chat template'), MAX_CHAT_TEMPLATE_BYTES) : undefined);
-    return new ChatTokenizer(tokenizer, config, { ...options, chatTemplate });
+      (fromFile ? readText(jinjaFile, named('chat template'), MAX_CHAT_TEMPLATE_BYTES) : undefined);
+    // a template that does not compile is named where it came from
+    const chatTemplateSource = given
+      ? options.chatTemplateSource
+      : fromFile
+        ? `${named('chat template')} ${quotedText(jinjaFile)}`
+        : `${named('tokenizer config')} ${quotedText(configFile)} (chat_template)`;
+    return new ChatTokenizer(tokenizer, config, { ...options, chatTemplate, chatTemplateSource });
   }
 
   tokenize(request: RouteRequest, addSpecialTokens = true): number[] {
@@ -531,5 +541,27 @@ function readText(file: string, what: string, maxBytes: number): string {
     return readRegularFile(file, maxBytes);
   } catch (err) {
     throw new RangeError(`${what}: cannot read ${quotedText(file)}: ${fileErrorMessage(err, file)}`, { cause: err });
+  }
+}
+
+/**
+ * A Jinja template compiled, or a RangeError naming `source` with the parser's first line: a
+ * template that does not parse (or nests past the stack) stops the command with a message,
+ * not a stack trace.
+ */
+function compileTemplate(text: string, source = 'chat template'): Template {
+  try {
+    return new Template(text);
+  } catch (err) {
+    const message =
+      err instanceof RangeError && /call stack/i.test(err.message)
+        ? 'nested too deeply'
+        : String((err as Error).message ?? err);
+    throw new RangeError(
+      `${source}: the chat template does not compile: ${escapedText(message.split('\n')[0].slice(0, 300))}`,
+      {
+        cause: err,
+      },
+    );
   }
 }

@@ -19,6 +19,8 @@ export interface TokenizerPoolOptions {
   path: string;
   /** A Jinja chat template replacing the tokenizer config's. */
   chatTemplate?: string;
+  /** What a template that does not compile is called (ChatTokenizer's chatTemplateSource). */
+  chatTemplateSource?: string;
   /** Worker threads (default: defaultTokenizerThreads()). */
   threads?: number;
   /** Cached message segments per thread (ChatTokenizer's cacheEntries). */
@@ -43,6 +45,7 @@ export interface TokenizerPoolStats {
 export interface TokenizerThreadData {
   path: string;
   chatTemplate?: string;
+  chatTemplateSource?: string;
   cacheEntries?: number;
   source?: string;
 }
@@ -129,6 +132,7 @@ export class TokenizerPool implements AsyncPromptTokenizer {
     this.data = {
       path: options.path,
       chatTemplate: options.chatTemplate,
+      chatTemplateSource: options.chatTemplateSource,
       cacheEntries: options.cacheEntries,
       source: options.source,
     };

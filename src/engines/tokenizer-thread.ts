@@ -14,6 +14,7 @@ let tokenizer: ChatTokenizer;
 try {
   tokenizer = ChatTokenizer.load(data.path, {
     chatTemplate: data.chatTemplate,
+    chatTemplateSource: data.chatTemplateSource,
     cacheEntries: data.cacheEntries,
     source: data.source,
   });

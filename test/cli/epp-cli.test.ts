@@ -255,6 +255,15 @@ test("serve's --epp-port TLS flags are checked as epp's, and named when there is
     () => resolveServe(['--epp-port', '0', '--epp-enable-cert-reload']),
     /^RangeError: --epp-enable-cert-reload needs --epp-cert-path/,
   );
+  // only --tokenize tokenizer reads the tokenizer and the template: otherwise they are named as doing nothing
+  assert.deepEqual(
+    resolveServe(['--tokenizer', '/nonexistent/tok.json', '--chat-template', '/x.jinja']).resolved.warnings,
+    [
+      '--tokenizer has no effect without --tokenize tokenizer (the mode is auto)',
+      '--chat-template has no effect without --tokenize tokenizer (the mode is auto)',
+    ],
+  );
+  assert.deepEqual(resolveServe(['--tokenize', 'tokenizer', '--tokenizer', '/t']).resolved.warnings, []);
   assert.deepEqual(resolveServe(['--epp-port', '0', '--epp-cert-path', '/x']).resolved.warnings, [
     '--epp-cert-path has no effect with --epp-secure-serving false',
   ]);

@@ -99,4 +99,21 @@ test('completions prompts and token ids; bad paths and missing templates are nam
   const bare = new ChatTokenizer(reference, {});
   assert.throws(() => bare.tokenize({ messages: turns }), /no chat template/);
   assert.throws(() => new ChatTokenizer(reference, config, { cacheEntries: -1 }), RangeError);
+  // a template that does not compile is a message naming where it came from, not a parser's stack
+  assert.throws(
+    () =>
+      ChatTokenizer.load(dir.pathname, {
+        chatTemplate: '{% for m in messages %}{{ m.content }',
+        chatTemplateSource: '--chat-template',
+      }),
+    (e: Error) =>
+      e instanceof RangeError && /^--chat-template: the chat template does not compile: Parser Error/.test(e.message),
+  );
+  assert.throws(
+    () =>
+      new ChatTokenizer(reference, config, {
+        chatTemplate: `${'{% if x %}'.repeat(20_000)}a${'{% endif %}'.repeat(20_000)}`,
+      }),
+    /^RangeError: chat template: the chat template does not compile: nested too deeply$/,
+  );
 });

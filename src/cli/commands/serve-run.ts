@@ -64,16 +64,22 @@ export async function startGateway(
       'warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize auto, tokenizer or engine',
     );
   }
-  const chatTemplate = c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate);
+  const chatTemplate =
+    c.chatTemplate === undefined || c.tokenize !== 'tokenizer' ? undefined : readTemplate(c.chatTemplate);
   const tokenizerThreads = c.tokenizerThreads ?? defaultTokenizerThreads(c.processes ?? 1);
   const promptTokenizer =
     c.tokenize !== 'tokenizer'
       ? undefined
       : tokenizerThreads === 0
-        ? ChatTokenizer.load(c.tokenizer!, { chatTemplate, source: '--tokenizer' })
+        ? ChatTokenizer.load(c.tokenizer!, {
+            chatTemplate,
+            chatTemplateSource: '--chat-template',
+            source: '--tokenizer',
+          })
         : await TokenizerPool.start({
             path: c.tokenizer!,
             chatTemplate,
+            chatTemplateSource: '--chat-template',
             threads: tokenizerThreads,
             source: '--tokenizer',
             log,

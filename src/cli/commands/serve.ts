@@ -67,6 +67,15 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
     checkServeEppTls(config as unknown as ServeConfig, resolved as unknown as ResolvedSettings<ServeConfig>);
   if (config.tokenize === 'tokenizer' && !config.tokenizer)
     throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
+  // only --tokenize tokenizer reads them: given with another mode, the path is never even checked
+  if (config.tokenize !== 'tokenizer') {
+    if (config.tokenizer !== undefined)
+      resolved.warnings.push(`--tokenizer has no effect without --tokenize tokenizer (the mode is ${config.tokenize})`);
+    if (config.chatTemplate !== undefined)
+      resolved.warnings.push(
+        `--chat-template has no effect without --tokenize tokenizer (the mode is ${config.tokenize})`,
+      );
+  }
   // the algorithm only keys blocks in vllm mode; a shared config or environment may set it for
   // routers in either mode, so it is a warning, as KV events with --tokenize text are
   if (config.blockHash !== 'vllm' && setOtherThanDefault(resolved, schema, 'prefixCachingHashAlgo'))
