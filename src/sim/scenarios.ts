@@ -9,7 +9,7 @@ import type {
   SharedDecision,
   WorkerMetrics,
 } from '../core/router/index.js';
-import type { TraceRequest } from './trace.js';
+import { MAX_SIMULATED_SPAN_MS, type TraceRequest } from './trace.js';
 import { RemoteLoad } from '../state/remote-load.js';
 
 /**
@@ -60,7 +60,10 @@ export interface WorkerEvent {
   atMs: number;
 }
 
-/** Parses `w3@600s` (also `3@600s`, `w3@1.5m`, `w3@250ms`): worker 3 at 600 s. */
+/** Latest time of a failure or a drain (ms of simulated time): the longest replay (MAX_SIMULATED_SPAN_MS). */
+export const MAX_EVENT_MS = MAX_SIMULATED_SPAN_MS;
+
+/** Parses `w3@600s` (also `3@600s`, `w3@1.5m`, `w3@250ms`; a time without unit is in seconds): worker 3 at 600 s. */
 export function parseWorkerEvent(spec: string, flag: string, workers: number): WorkerEvent {
   const m = /^w?(\d+)@(\d+(?:\.\d+)?)(ms|s|m)?$/.exec(spec.trim());
   if (!m) throw new RangeError(`${flag}: expected WORKER@TIME such as w3@600s, got ${quotedText(spec)}`);
@@ -69,7 +72,23 @@ export function parseWorkerEvent(spec: string, flag: string, workers: number): W
     throw new RangeError(`${flag}: worker w${worker} does not exist (workers are w0..w${workers - 1})`);
   const unit = m[3] ?? 's';
   const atMs = Number(m[2]) * (unit === 'ms' ? 1 : unit === 's' ? 1000 : 60_000);
+  // no replay lasts longer: a time past it would never come
+  if (!(atMs <= MAX_EVENT_MS))
+    throw new RangeError(
+      `${flag}: the time must be at most 31 days (${MAX_EVENT_MS / 1000}s), got ${quotedText(spec)}`,
+    );
   return { worker, atMs };
+}
+
+/** Parses every spec of one flag (see parseWorkerEvent); a worker named twice is an error naming the flag. */
+export function parseWorkerEvents(specs: readonly string[], flag: string, workers: number): WorkerEvent[] {
+  const events = specs.map((spec) => parseWorkerEvent(spec, flag, workers));
+  const seen = new Set<number>();
+  for (const e of events) {
+    if (seen.has(e.worker)) throw new RangeError(`${flag}: worker w${e.worker} is named twice`);
+    seen.add(e.worker);
+  }
+  return events;
 }
 
 /** Checks scenario options against the cluster; throws a RangeError naming the option. */
@@ -105,10 +124,16 @@ export function checkScenario(s: ScenarioOptions, workers: number): void {
     ['fail', s.fail],
     ['drain', s.drain],
   ] as const) {
+    const seen = new Set<number>();
     for (const e of list ?? []) {
       if (!(Number.isInteger(e.worker) && e.worker >= 0 && e.worker < workers))
         throw new RangeError(`${name}: worker ${e.worker} does not exist`);
       nonNeg(e.atMs, `${name}.atMs`);
+      if (e.atMs > MAX_EVENT_MS)
+        throw new RangeError(`${name}.atMs must be at most ${MAX_EVENT_MS} (31 days), got ${e.atMs}`);
+      // a worker fails (or is drained) once: a second time would say nothing more
+      if (seen.has(e.worker)) throw new RangeError(`${name}: worker w${e.worker} is named twice`);
+      seen.add(e.worker);
     }
   }
 }

@@ -97,7 +97,9 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
     req.claGroup = cla;
   }
   if (r.agent_role !== undefined) {
-    if (typeof r.agent_role !== 'string') throw new TraceFormatError(index, '"agent_role" must be a string', source);
+    // the router refuses an empty role (request.agentRole)
+    if (typeof r.agent_role !== 'string' || r.agent_role === '')
+      throw new TraceFormatError(index, '"agent_role" must be a non-empty string', source);
     req.agentRole = r.agent_role;
   }
   if (r.anchors !== undefined) {

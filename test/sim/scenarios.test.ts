@@ -3,7 +3,7 @@ import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { describe, mock, test } from 'node:test';
 import { KVAwareRouter } from '../../src/core/router/index.js';
-import { parseWorkerEvent, RouterFleet } from '../../src/sim/scenarios.js';
+import { parseWorkerEvent, parseWorkerEvents, RouterFleet } from '../../src/sim/scenarios.js';
 import { simulate, type PolicyResult } from '../../src/sim/simulator.js';
 import { loadMooncakeTrace, type TraceRequest } from '../../src/sim/trace.js';
 import { generateWorkflowTrace } from '../../src/sim/workflows.js';
@@ -374,6 +374,34 @@ describe('scenarios', () => {
     assert.deepEqual(parseWorkerEvent('w0@250ms', '--drain', 8), { worker: 0, atMs: 250 });
     assert.throws(() => parseWorkerEvent('w9@1s', '--fail', 8), /--fail: worker w9 does not exist/);
     assert.throws(() => parseWorkerEvent('w1', '--drain', 8), /--drain: expected WORKER@TIME/);
+    assert.deepEqual(parseWorkerEvent('w1@10', '--fail', 8), { worker: 1, atMs: 10_000 }, 'no unit: seconds');
+    // no replay lasts longer than 31 days; a time past it would never come (or overflow to Infinity)
+    assert.throws(
+      () => parseWorkerEvent(`w1@${'9'.repeat(400)}s`, '--fail', 8),
+      /--fail: the time must be at most 31 days/,
+    );
+    assert.throws(() => parseWorkerEvent('w1@2678401s', '--fail', 8), /at most 31 days/);
+    assert.deepEqual(parseWorkerEvent('w1@2678400s', '--fail', 8), { worker: 1, atMs: 2_678_400_000 });
+    assert.throws(() => parseWorkerEvents(['w1@10s', 'w1@20s'], '--fail', 8), /--fail: worker w1 is named twice/);
+    assert.equal(parseWorkerEvents(['w1@10s', 'w2@20s'], '--drain', 8).length, 2);
+    assert.throws(
+      () =>
+        simulate(head, {
+          workers: 2,
+          policy: 'cost',
+          scenario: {
+            fail: [
+              { worker: 1, atMs: 1 },
+              { worker: 1, atMs: 2 },
+            ],
+          },
+        }),
+      /fail: worker w1 is named twice/,
+    );
+    assert.throws(
+      () => simulate(head, { workers: 2, policy: 'cost', scenario: { drain: [{ worker: 1, atMs: 1e300 }] } }),
+      /drain\.atMs must be at most/,
+    );
     assert.throws(
       () => simulate(head, { workers: 2, policy: 'cost', scenario: { eventLoss: 2 } }),
       /eventLoss must be within/,

@@ -45,6 +45,8 @@ describe('Mooncake trace loader', () => {
       ['"step":-1', '"step" must be a non-negative integer'],
       ['"session_id":""', '"session_id" must be a non-empty string or a number'],
       ['"session_id":true', '"session_id" must be a non-empty string or a number'],
+      ['"agent_role":""', '"agent_role" must be a non-empty string'],
+      ['"agent_role":5', '"agent_role" must be a non-empty string'],
       ['"anchors":[""],"anchor_lengths":[10]', '"anchors[0]" must be a non-empty string or a number'],
       ['"anchors":["a",{"id":1}],"anchor_lengths":[1,2]', '"anchors[1]" must be a non-empty string or a number'],
       ['"anchors":[null],"anchor_lengths":[1]', '"anchors[0]" must be a non-empty string or a number'],

@@ -10,7 +10,7 @@ import {
 import { loadTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
 import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
-import { parseWorkerEvent, type ScenarioOptions } from '../../sim/scenarios.js';
+import { parseWorkerEvents, type ScenarioOptions } from '../../sim/scenarios.js';
 import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
 import { checkClusterKv, checkPolicyNames, policyList } from '../options.js';
 import type { SimulateFlags } from './simulate.js';
@@ -88,8 +88,8 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
 /** The scenario a simulate invocation asks for (undefined when it asks for none). */
 export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undefined {
   const s: ScenarioOptions = {};
-  if (flags.fail.length > 0) s.fail = flags.fail.map((f) => parseWorkerEvent(f, '--fail', flags.workers));
-  if (flags.drain.length > 0) s.drain = flags.drain.map((f) => parseWorkerEvent(f, '--drain', flags.workers));
+  if (flags.fail.length > 0) s.fail = parseWorkerEvents(flags.fail, '--fail', flags.workers);
+  if (flags.drain.length > 0) s.drain = parseWorkerEvents(flags.drain, '--drain', flags.workers);
   const keys = [
     'eventJitterMs',
     'eventLoss',
