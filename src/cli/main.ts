@@ -8,7 +8,7 @@ import { registerMockEngineCommand } from './commands/mock-engine.js';
 import { registerServeCommand } from './commands/serve.js';
 import { registerSimulateCommand } from './commands/simulate.js';
 import { registerTuneCommand } from './commands/tune.js';
-import { shortenCommanderMessage } from './options.js';
+import { excessArgumentHint, shortenCommanderMessage } from './options.js';
 import { reportOutputErrors } from './output.js';
 
 const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string };
@@ -20,7 +20,9 @@ const program = new Command()
   // commander reports a bad flag itself; the exit status is decided below, as for every usage error
   .exitOverride()
   // (before the commands are added: they take the program's output settings as they are then)
-  .configureOutput({ outputError: (message, write) => write(shortenCommanderMessage(message)) });
+  .configureOutput({
+    outputError: (message, write) => write(excessArgumentHint(shortenCommanderMessage(message), process.argv.slice(2))),
+  });
 // a reader that went away, a full disk: one handler for every command's output (and commander's help)
 reportOutputErrors(process.stdout);
 registerDemoCommand(program);

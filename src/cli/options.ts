@@ -132,6 +132,22 @@ const COMMANDER_ECHOES: readonly RegExp[] = [
 ];
 
 /** A commander error message with the value it repeats cut short (outputError of the program). */
+/**
+ * commander's "too many arguments" with what the extra argument most likely is: the value of a
+ * switch (`--public-route-api false`), which takes none; its environment variable and config
+ * key take true or false, so the habit carries over. Other messages are returned as they are.
+ */
+export function excessArgumentHint(message: string, argv: readonly string[]): string {
+  if (!/too many arguments/.test(message)) return message;
+  for (let i = 1; i < argv.length; i++) {
+    if (/^--[a-z]/.test(argv[i - 1]) && !argv[i - 1].includes('=') && /^(true|false|yes|no|on|off)$/i.test(argv[i])) {
+      const name = argv[i - 1];
+      return `${message.trimEnd()}\n${quotedText(argv[i])} follows ${name}, a switch that takes no value: give ${name} alone to turn it on${name.startsWith('--no-') ? '' : ', leave it out to keep it off'}\n`;
+    }
+  }
+  return message;
+}
+
 export function shortenCommanderMessage(message: string): string {
   for (const echo of COMMANDER_ECHOES) {
     const m = echo.exec(message);

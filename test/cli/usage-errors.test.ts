@@ -37,6 +37,14 @@ test('a bad flag, a bad variable and an unknown flag exit with status 2, as the 
   const env = cli(['serve', '--print-config'], { CONTEXTFORGE_PORT: 'x' });
   assert.equal(env.status, 2, env.stderr);
   assert.match(env.stderr, /from env 'CONTEXTFORGE_PORT'.*--port must be an integer/);
+  // a switch given a value, as its variable and config key take one: the extra argument is named
+  const valued = cli(['serve', '--public-route-api', 'false', '--print-config']);
+  assert.equal(valued.status, 2, valued.stderr);
+  assert.match(valued.stderr, /too many arguments for 'serve'/);
+  assert.match(valued.stderr, /'false' follows --public-route-api, a switch that takes no value/);
+  const extra = cli(['serve', '--port', '80', 'extra', '--print-config']);
+  assert.equal(extra.status, 2, extra.stderr);
+  assert.doesNotMatch(extra.stderr, /a switch that takes no value/);
   const unknown = cli(['serve', '--max-retrys', '1']);
   assert.equal(unknown.status, 2, unknown.stderr);
   assert.match(unknown.stderr, /unknown option '--max-retrys'/);
