@@ -264,6 +264,19 @@ test("serve's --epp-port TLS flags are checked as epp's, and named when there is
     ],
   );
   assert.deepEqual(resolveServe(['--tokenize', 'tokenizer', '--tokenizer', '/t']).resolved.warnings, []);
+  // one engine listed twice (credentials neither compared nor shown)
+  assert.deepEqual(
+    resolveServe(['--worker', 'id=a,url=http://u:secret@10.0.0.1:8000', '--worker', 'id=b,url=http://10.0.0.1:8000/'])
+      .resolved.warnings,
+    [
+      "workers 'a' and 'b' have the same URL http://10.0.0.1:8000: one engine listed twice gets twice its share (a data-parallel engine is listed once, with dp-size)",
+    ],
+  );
+  assert.deepEqual(
+    resolveServe(['--worker', 'id=a,url=http://10.0.0.1:8000', '--worker', 'id=b,url=http://10.0.0.1:8001']).resolved
+      .warnings,
+    [],
+  );
   assert.deepEqual(resolveServe(['--epp-port', '0', '--epp-cert-path', '/x']).resolved.warnings, [
     '--epp-cert-path has no effect with --epp-secure-serving false',
   ]);

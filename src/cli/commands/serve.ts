@@ -67,6 +67,26 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
     checkServeEppTls(config as unknown as ServeConfig, resolved as unknown as ResolvedSettings<ServeConfig>);
   if (config.tokenize === 'tokenizer' && !config.tokenizer)
     throw new RangeError('--tokenize tokenizer needs --tokenizer PATH (tokenizer.json or its model directory)');
+  // one engine listed twice gets twice its share of the requests, and its KV is learnt twice
+  const urlOwner = new Map<string, string>();
+  for (const w of config.workers) {
+    let url: string;
+    try {
+      // compared and shown without credentials, which are never printed
+      const u = new URL(w.url);
+      u.username = '';
+      u.password = '';
+      url = u.href.replace(/\/+$/, '');
+    } catch {
+      continue;
+    }
+    const first = urlOwner.get(url);
+    if (first === undefined) urlOwner.set(url, w.id);
+    else
+      resolved.warnings.push(
+        `workers '${first}' and '${w.id}' have the same URL ${url}: one engine listed twice gets twice its share (a data-parallel engine is listed once, with dp-size)`,
+      );
+  }
   // only --tokenize tokenizer reads them: given with another mode, the path is never even checked
   if (config.tokenize !== 'tokenizer') {
     if (config.tokenizer !== undefined)
