@@ -88,6 +88,7 @@ import { WorkerConnections } from './worker-connections.js';
 import { EngineKeyEnvs } from './worker-input.js';
 import { registerWorkerStateMetrics } from './worker-metrics.js';
 import { methodNotAllowedMessage, RouteMethods, shownHeader } from './route-methods.js';
+import { FailureLog } from './failure-log.js';
 
 /** While closing, connections that have gone idle are closed this often. */
 const IDLE_SWEEP_MS = 100;
@@ -1003,6 +1004,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     metrics,
     readRequest,
     maxRetries: options.maxRetries ?? 2,
+    failureLog: new FailureLog(log),
     interChunkTimeoutMs: timeouts.interChunkTimeoutMs,
     firstByte: new FirstByteDeadlines(timeouts.firstByteTimeoutMs, timeouts.interChunkTimeoutMs),
     cachedTokensHeader: options.cachedTokensHeader === true,

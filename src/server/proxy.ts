@@ -47,6 +47,7 @@ import {
 import { clientMessage } from './request-limits.js';
 import type { FirstByteDeadlines } from './timeouts.js';
 import { passedHeaders, PassedHeaderRejection } from './passed-headers.js';
+import type { FailureLog } from './failure-log.js';
 import { forwardedVia } from './via.js';
 import { NO_WORKERS, type WorkerConnections } from './worker-connections.js';
 
@@ -61,6 +62,8 @@ export interface ProxyDeps {
   readRequest: RequestReader;
   /** Attempts on other workers after a failure before the first byte. */
   maxRetries: number;
+  /** Log lines for engines failing requests, a few per worker and kind (failure-log.ts). */
+  failureLog?: FailureLog;
   /** Longest gap between answer chunks, and longest wait for a non-streamed answer (ms). */
   interChunkTimeoutMs: number;
   /** Per-worker deadlines for the first byte of a streamed answer. */
@@ -441,10 +444,18 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           !hasOtherCandidate(router, notServingNow, failedWorkers, panicCandidates, decision.workerId);
         if (!sameAgain) (failedWorkers ??= new Set()).add(decision.workerId);
         // the pause spaces attempts; with none left to try there is nothing to wait for
-        if (
+        const retrying =
           attempt < maxRetries &&
-          (sameAgain || hasOtherCandidate(router, notServingNow, failedWorkers, panicCandidates))
-        ) {
+          (sameAgain || hasOtherCandidate(router, notServingNow, failedWorkers, panicCandidates));
+        if (outcome === 'retry')
+          deps.failureLog?.failed(
+            decision.workerId,
+            failure,
+            'before-answer',
+            passed?.['x-request-id'],
+            retrying ? 'retried' : 'answered with an error',
+          );
+        if (retrying) {
           retryOf = decision.workerId;
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           continue;
@@ -459,6 +470,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         breaker.failed(decision.workerId);
         if (connections.get(decision.workerId))
           metrics.streamFailures.inc({ worker: decision.workerId, reason: failure });
+        deps.failureLog?.failed(decision.workerId, failure, 'mid-answer', passed?.['x-request-id'], 'cut');
       } else {
         const served = reply.raw.statusCode < 400;
         breaker.answered(decision.workerId, served);

@@ -14,10 +14,12 @@ test('killing a worker under load loses no request that had not started streamin
     await new MockEngine({ decodeTokS: 100 }).start(),
   ];
   const router = new KVAwareRouter({ policy: 'round-robin' });
+  const logs: string[] = [];
   const gateway = await createGateway({
     router,
     workers: engines.map((e, i) => ({ id: `e${i}`, url: `http://127.0.0.1:${e.port}` })),
     breakerFailures: 2,
+    log: (m) => logs.push(m),
   });
   // closed whatever happens: a failed assertion must not leave the gateway and engines open
   // (the test process would then never end)
@@ -50,6 +52,11 @@ test('killing a worker under load loses no request that had not started streamin
     assert.equal(router.getStats().inFlightRequests, 0, 'every ticket was released');
     const metrics = await (await fetch(`${base}/metrics`)).text();
     assert.match(metrics, /contextforge_upstream_retries_total\{worker="e1"\} [1-9]/);
+    // the failures are named in the log, the worker and what became of the request
+    assert.ok(
+      logs.some((l) => /^worker e1 failed request before its answer \(\w+\): retried/.test(l)),
+      logs.join('\n'),
+    );
   } finally {
     await gateway.close();
     await Promise.all(engines.map((e) => e.close()));
@@ -79,16 +86,18 @@ test('an engine failing mid-stream: the stream ends with an OpenAI-style error e
     setTimeout(() => res.socket?.destroy(), 30); // the engine dies after the first chunk
   });
   const router = new KVAwareRouter({ policy: 'round-robin' });
+  const logs: string[] = [];
   const gateway = await createGateway({
     router,
     workers: [{ id: 'f0', url: engine.url }],
     metricsIntervalMs: 0,
     healthCheckIntervalMs: 0,
+    log: (m) => logs.push(m),
   });
   const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
   const res = await fetch(`${base}/v1/chat/completions`, {
     method: 'POST',
-    headers: { 'content-type': 'application/json' },
+    headers: { 'content-type': 'application/json', 'x-request-id': 'mid-stream-1' },
     body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], stream: true }),
   });
   assert.equal(res.status, 200);
@@ -116,6 +125,12 @@ test('an engine failing mid-stream: the stream ends with an OpenAI-style error e
   assert.equal(events[1].error?.type, 'server_error');
   assert.match(events[1].error!.message, /failed mid-stream/);
   assert.equal(router.getStats().inFlightRequests, 0);
+  assert.ok(
+    logs.some((l) =>
+      /^worker f0 broke off the answer to request "mid-stream-1" after it reached the client \(\w+\): cut$/.test(l),
+    ),
+    logs.join('\n'),
+  );
   // the openai SDK surfaces it as an error, after the content it got
   const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'none', maxRetries: 0 });
   const seen: string[] = [];
