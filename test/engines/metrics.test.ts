@@ -84,7 +84,16 @@ describe('Prometheus load metrics', () => {
     // Usage is a 0-1 fraction in vLLM and SGLang alike: 42 is no percent, -5 no idle engine
     for (const usageName of ['vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc', 'sglang:token_usage'])
       for (const usage of ['+Inf', '-Inf', 'NaN', 'Infinity', '1e400', '-5', '-0.01', '1.01', '42'])
-        assert.equal(readEngineLoad(page('1', '0', usage, usageName)).kvUsage, 1, `${usageName} ${usage}`);
+        assert.deepEqual(
+          [
+            readEngineLoad(page('1', '0', usage, usageName)).kvUsage,
+            readEngineLoad(page('1', '0', usage, usageName)).outOfRange,
+          ],
+          [1, usageName],
+          `${usageName} ${usage}`,
+        );
+    // a full engine is no sample out of range
+    assert.equal(readEngineLoad(page('1', '0', '1')).outOfRange, undefined);
     // within rounding of the range: the nearest end of it
     assert.equal(readEngineLoad(page('1', '0', '1.0000000001')).kvUsage, 1);
     assert.equal(readEngineLoad(page('1', '0', '-1e-12')).kvUsage, 0);
@@ -101,7 +110,12 @@ describe('Prometheus load metrics', () => {
     // one rank's series out of range makes the name's reading the worst, whatever the others say
     const ranks =
       'vllm:num_requests_waiting{engine="0"} 1\nvllm:num_requests_waiting{engine="1"} NaN\nvllm:kv_cache_usage_perc{engine="0"} 0.2\nvllm:kv_cache_usage_perc{engine="1"} -5\n';
-    assert.deepEqual(readEngineLoad(ranks), { running: 0, waiting: MAX_ENGINE_REQUESTS, kvUsage: 1 });
+    assert.deepEqual(readEngineLoad(ranks), {
+      running: 0,
+      waiting: MAX_ENGINE_REQUESTS,
+      kvUsage: 1,
+      outOfRange: 'vllm:num_requests_waiting',
+    });
     assert.deepEqual(readEngineLoad(ranks, '0'), { running: 0, waiting: 1, kvUsage: 0.2 });
     // a current name out of range is not passed over for the deprecated one
     assert.equal(readEngineLoad(`${page('1', '0', 'NaN')}vllm:gpu_cache_usage_perc 0.1\n`).kvUsage, 1);
@@ -345,6 +359,33 @@ describe('metrics scraper', () => {
       assert.doesNotMatch(`${down.state('w0')!.lastError} ${logged.join(' ')}`, /s3cret/);
     } finally {
       guarded.close();
+    }
+  });
+
+  test('an engine reporting a load sample out of range is logged when it starts and when it stops, not every scrape', async () => {
+    let body = VLLM;
+    const server = createServer((_req, res) => res.writeHead(200).end(body));
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    try {
+      const router = new KVAwareRouter();
+      router.registerWorker('w0');
+      const logged: string[] = [];
+      const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/metrics`;
+      const scraper = new MetricsScraper(router, [{ workerId: 'w0', url }], { log: (m) => logged.push(m) });
+      await scraper.scrapeAll();
+      assert.deepEqual(logged, []);
+      body = VLLM.replace(/^vllm:num_requests_waiting(\{[^}]*\})? .*$/m, 'vllm:num_requests_waiting -3');
+      await scraper.scrapeAll();
+      await scraper.scrapeAll();
+      assert.equal(router.listWorkers()[0].waitingRequests, MAX_ENGINE_REQUESTS, 'read as the worst');
+      assert.deepEqual(logged, [
+        'metrics: w0 reports vllm:num_requests_waiting out of its range (negative, NaN or infinite): read as its worst load while it does',
+      ]);
+      body = VLLM;
+      await scraper.scrapeAll();
+      assert.deepEqual(logged.slice(1), ['metrics: w0 reports vllm:num_requests_waiting in range again']);
+    } finally {
+      server.close();
     }
   });
 

@@ -33,6 +33,8 @@ export interface EngineLoad {
    * scrapes only (stall.ts): any change is progress.
    */
   progress?: readonly number[];
+  /** The first load metric whose sample was out of its range, read as its worst (see readEngineLoad). */
+  outOfRange?: string;
 }
 
 const RUNNING = ['vllm:num_requests_running', 'sglang:num_running_reqs'];
@@ -220,9 +222,15 @@ function sampleValue(sample: string): number | undefined {
 
 /** The samples of the first of `names` the page has, or undefined. */
 function firstSeries(series: Map<string, Sample[]>, names: readonly string[]): Sample[] | undefined {
+  const n = firstSeriesName(series, names);
+  return n === undefined ? undefined : series.get(n);
+}
+
+/** The first of `names` the page has samples of. */
+function firstSeriesName(series: Map<string, Sample[]>, names: readonly string[]): string | undefined {
   for (const n of names) {
     const v = series.get(n);
-    if (v && v.length > 0) return v;
+    if (v && v.length > 0) return n;
   }
   return undefined;
 }
@@ -331,6 +339,16 @@ function usage(series: Map<string, Sample[]>, names: readonly string[]): number 
   return sum / groups.length;
 }
 
+/** The name of `names`' series read, when one of its samples is out of range (`usage`: 0 to 1 within rounding). */
+function outOfRangeName(series: Map<string, Sample[]>, names: readonly string[], isUsage: boolean): string | undefined {
+  const name = firstSeriesName(series, names);
+  if (name === undefined) return undefined;
+  for (const group of quantities(series.get(name)!))
+    for (const x of group)
+      if (isUsage ? !(x >= -USAGE_ROUNDING && x <= 1 + USAGE_ROUNDING) : !(x >= 0 && x < Infinity)) return name;
+  return undefined;
+}
+
 /**
  * The engine load in a /metrics page (of one data-parallel rank when `engine` is given);
  * throws MetricsFormatError when none of the names is there.
@@ -356,6 +374,16 @@ export function readEngineLoad(text: string, engine?: string): EngineLoad {
   }
   // a name the engine does not export says nothing: read as 0, as before any scrape
   const load: EngineLoad = { running: running ?? 0, waiting: waiting ?? 0, kvUsage: kvUsage ?? 0 };
+  // the worst readings, of a sample out of range, named for the reader's log (they are rare)
+  const outOfRange =
+    running === MAX_ENGINE_REQUESTS
+      ? outOfRangeName(s, RUNNING, false)
+      : waiting === MAX_ENGINE_REQUESTS
+        ? outOfRangeName(s, WAITING, false)
+        : kvUsage === 1
+          ? outOfRangeName(s, USAGE, true)
+          : undefined;
+  if (outOfRange !== undefined) load.outOfRange = outOfRange;
   const q = counter(s, QUERIES);
   const h = counter(s, HITS);
   if (q !== undefined) load.prefixCacheQueries = q;

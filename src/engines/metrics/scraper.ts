@@ -39,6 +39,8 @@ export interface ScraperOptions {
 
 export interface TargetState extends CheckStreak {
   lastLoad?: EngineLoad;
+  /** The load metric the engine last reported out of range (logged when it starts and when it stops). */
+  outOfRange?: string;
   scrapes: number;
   failures: number;
   lastError?: string;
@@ -172,6 +174,15 @@ export class MetricsScraper {
         runningRequests: idle ? 0 : load.running,
         kvCapacityTokens: load.kvCapacityTokens,
       });
+      // read as its worst load, the worker gets few requests or none: said once, not on every scrape
+      if (load.outOfRange !== s.outOfRange) {
+        if (load.outOfRange !== undefined)
+          this.options.log?.(
+            `metrics: ${workerId} reports ${load.outOfRange} out of its range (negative, NaN or infinite): read as its worst load while it does`,
+          );
+        else this.options.log?.(`metrics: ${workerId} reports ${s.outOfRange} in range again`);
+        s.outOfRange = load.outOfRange;
+      }
       const flipped = recordOutcome(s, true, this.failuresToUnhealthy, this.successesToHealthy);
       if (flipped !== undefined) this.setHealth(workerId, s, flipped);
       this.options.stall?.observe(workerId, load.progress, load.running + load.waiting, this.router.now());
