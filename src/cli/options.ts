@@ -142,7 +142,7 @@ export function excessArgumentHint(message: string, argv: readonly string[]): st
   for (let i = 1; i < argv.length; i++) {
     if (/^--[a-z]/.test(argv[i - 1]) && !argv[i - 1].includes('=') && /^(true|false|yes|no|on|off)$/i.test(argv[i])) {
       const name = argv[i - 1];
-      return `${message.trimEnd()}\n${quotedText(argv[i])} follows ${name}, a switch that takes no value: give ${name} alone to turn it on${name.startsWith('--no-') ? '' : ', leave it out to keep it off'}\n`;
+      return `${message.trimEnd()}\n${quotedText(argv[i])} follows ${name}, a switch that takes no value: give ${name} alone${name.startsWith('--no-') ? '' : ' to turn it on, leave it out to keep it off'}\n`;
     }
   }
   return message;
