@@ -150,6 +150,12 @@ describe('RAGPulse loader, hostile directories', () => {
         (s) => s.replace(/"session_id": "[^"]*"/, '"session_id": ""'),
         /0_trace\.jsonl line 2: "session_id" must be a non-empty string$/,
       ],
+      [
+        '0_trace.jsonl',
+        2,
+        (s) => s.replace('"input_length": 3167', '"input_length": 10'),
+        /0_trace\.jsonl line 2: its passages \(hash_ids\.passages_ids, lengths from 2_passages\.jsonl\) add up to \d+ tokens, more than "input_length" \(10\)$/,
+      ],
     ];
     for (const [file, n, replace, expected] of cases) {
       const d = copy((d) => editLine(d, file, n, replace));
