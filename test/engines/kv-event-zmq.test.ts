@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
+import { createServer, type AddressInfo, type Socket } from 'node:net';
 import { encode } from '@msgpack/msgpack';
 import { Dealer, Publisher, Router } from 'zeromq';
 import { BlockHashes, hashTokenBlocks } from '../../src/core/hashing.js';
@@ -297,6 +298,60 @@ describe('KV events over ZeroMQ', () => {
       'a batch after the oversized frame',
       { intervalMs: 50, timeoutMs: 30_000 },
     );
+  });
+
+  test('after a frame over the limit, live batches come again without a replay: the closed session is made again', async () => {
+    // libzmq ends a session for good on a protocol error (the oversized message): with no replay
+    // endpoint to poll, the worker had no KV events from then on
+    const { router, pub, sub } = await rig('map', false);
+    const seen = sub.stats.batches;
+    await pub.publish(batch(stored([1n, 2n], null, 0)));
+    await until(() => sub.stats.batches > seen, 'the good batch');
+    const disconnects = sub.stats.disconnects;
+    await pub.sendRaw(['', seqFrame(BigInt(sub.stats.lastSeq! + 1)), oversized()]);
+    await until(() => sub.stats.disconnects > disconnects, 'the oversized frame to be refused', { timeoutMs: 60_000 });
+    await until(
+      async () => {
+        if (router.route({ tokens: tokens(100, 4) }, { dryRun: true }).cachedTokens === 4) return true;
+        await pub.publish(batch(stored([7n], null, 100)));
+        return false;
+      },
+      'a live batch after the oversized frame',
+      { intervalMs: 50, timeoutMs: 30_000 },
+    );
+    assert.equal(sub.stats.sessionsRestarted, 1);
+    assert.equal(sub.stats.replays, 0, 'no replay endpoint: it came live');
+  });
+
+  test('an endpoint that is no ZeroMQ publisher is logged once, not at every one of its disconnects', async () => {
+    // an engine's HTTP port given as its events endpoint: connected to and dropped many times a second
+    const sockets = new Set<Socket>();
+    const server = createServer((socket) => {
+      sockets.add(socket.on('close', () => sockets.delete(socket)));
+      socket.end('HTTP/1.1 400 Bad Request\r\n\r\n');
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const logs: string[] = [];
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+    router.registerWorker('w0');
+    const sub = new KvEventSubscriber({
+      workerId: 'w0',
+      endpoint: `tcp://127.0.0.1:${(server.address() as AddressInfo).port}`,
+      applier: new KvEventApplier(router),
+      idleReplayMs: 0,
+      log: (m) => logs.push(m),
+    }).start();
+    closers.push(
+      () => sub.close(),
+      () =>
+        new Promise<void>((r) => {
+          server.close(() => r());
+          for (const socket of sockets) socket.destroy();
+        }),
+    );
+    await until(() => sub.stats.disconnects >= 5, 'five disconnects', { timeoutMs: 30_000 });
+    const lines = logs.filter((l) => /disconnected|does not speak/.test(l));
+    assert.ok(lines.length >= 1 && lines.length <= 2, lines.join(' | '));
   });
 
   test('a replay frame over the decode limit is refused by the socket: the replay fails, nothing is decoded', async () => {

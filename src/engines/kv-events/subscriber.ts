@@ -82,6 +82,8 @@ export interface SubscriberStats {
   replayFailures: number;
   restarts: number;
   disconnects: number;
+  /** Connections ZeroMQ closed for good (a protocol error: a message over the size limit) and the subscriber made again. */
+  sessionsRestarted: number;
   malformed: number;
   /** Batches of a data-parallel rank the worker does not have (skipped). */
   unknownRanks: number;
@@ -116,6 +118,16 @@ export const SOCKETS_PER_SUBSCRIBER = 4;
  * releases its two PAIRs and a cancelled replay's DEALER a moment later.
  */
 const SPARE_SOCKETS = 2 * SOCKETS_PER_SUBSCRIBER;
+
+/**
+ * How long after a disconnect ZeroMQ has to show it is reconnecting (a connect attempt, a retry
+ * scheduled) before the connection is taken as closed for good and made again: libzmq
+ * reconnects after a connection error, but ends the session after a protocol error (a message
+ * over maxMessageSize; session_base_t::engine_error), and nothing would connect again.
+ */
+export const SESSION_CHECK_MS = 1000;
+/** Disconnects of one worker's publisher logged at most once in this window (a wrong endpoint disconnects 10 times a second). */
+export const DISCONNECT_LOG_WINDOW_MS = 60_000;
 
 /** Longest close() waits for ZeroMQ to release the socket (its observer's last event). */
 const WATCH_END_WAIT_MS = 5000;
@@ -160,6 +172,14 @@ export class KvEventSubscriber {
   private chain: Promise<void> = Promise.resolve();
   private lastMessageAt = Date.now();
   private idleTimer: NodeJS.Timeout | undefined;
+  /** The check that ZeroMQ reconnects after a disconnect (SESSION_CHECK_MS). */
+  private sessionCheck: NodeJS.Timeout | undefined;
+  /** When ZeroMQ last tried to connect (a connection, an attempt under way, a retry scheduled), and when it last disconnected. */
+  private connectingAt = 0;
+  private disconnectedAt = 0;
+  /** Disconnects (and protocol errors) not logged since the last line, and when that line was. */
+  private disconnectsUnlogged = 0;
+  private disconnectLoggedAt = -Infinity;
   /** Whether it was counted out of the open subscribers (closed, or refused at its start). */
   private released = false;
   readonly stats: SubscriberStats = {
@@ -170,6 +190,7 @@ export class KvEventSubscriber {
     replayFailures: 0,
     restarts: 0,
     disconnects: 0,
+    sessionsRestarted: 0,
     malformed: 0,
     unknownRanks: 0,
     duplicates: 0,
@@ -238,6 +259,7 @@ export class KvEventSubscriber {
   async close(): Promise<void> {
     this.running = false;
     clearInterval(this.idleTimer);
+    clearTimeout(this.sessionCheck);
     this.replayDealer?.close();
     // The socket alone is closed, never its observer first (zeromq/zeromq.js#716): libzmq's
     // reaper thread (4.3.5, socket_base_t::stop_monitor), destroying the socket, sends its
@@ -293,15 +315,21 @@ export class KvEventSubscriber {
       // closed): an observer left unread fills, and libzmq's send to it blocks (see close())
       for await (const event of events) {
         if (!this.running) continue;
+        if (event.type === 'connect' || event.type === 'connect:delay' || event.type === 'connect:retry')
+          this.connectingAt = Date.now();
         if (event.type === 'disconnect') {
           this.stats.disconnects++;
+          this.disconnectedAt = Date.now();
+          this.checkSessionSoon();
           await this.serial(() => {
-            this.log('engine disconnected: its entries are dropped until it is heard from again');
+            this.logDisconnect('engine disconnected: its entries are dropped until it is heard from again');
             this.dropWorkerEntries();
             this.lastSeq = null;
             this.replayedThrough = null;
             this.replayedFrom = null;
           });
+        } else if (event.type === 'handshake:error:protocol') {
+          this.logDisconnect(`the endpoint does not speak ZeroMQ's protocol (${event.error.message})`);
         } else if (event.type === 'connect') {
           await this.serial(() => this.catchUp());
         }
@@ -309,6 +337,54 @@ export class KvEventSubscriber {
     } catch (err) {
       if (this.running) this.log(`connection watch ended: ${(err as Error).message}`);
     }
+  }
+
+  /**
+   * Logs a disconnect, or a protocol error, at most once a DISCONNECT_LOG_WINDOW_MS: an endpoint
+   * that accepts TCP but is no ZeroMQ publisher (an engine's HTTP port given by mistake) is
+   * connected to and dropped ten times a second, for as long as it is configured.
+   */
+  private logDisconnect(message: string): void {
+    const now = Date.now();
+    if (now - this.disconnectLoggedAt < DISCONNECT_LOG_WINDOW_MS && now >= this.disconnectLoggedAt) {
+      this.disconnectsUnlogged++;
+      return;
+    }
+    const more =
+      this.disconnectsUnlogged > 0 ? ` (and ${this.disconnectsUnlogged} more disconnects since the last line)` : '';
+    this.disconnectsUnlogged = 0;
+    this.disconnectLoggedAt = now;
+    this.log(`${message}${more}`);
+  }
+
+  /**
+   * After a disconnect: unless ZeroMQ tries to connect again within SESSION_CHECK_MS, the
+   * connection is made again here. libzmq ends the session for good after a protocol error,
+   * such as a message over maxMessageSize (a publisher's one oversized batch), and the worker
+   * would have no KV events from then on; made again, the next batches come, and the replay
+   * fills what was missed.
+   */
+  private checkSessionSoon(): void {
+    if (this.sessionCheck !== undefined) return;
+    this.sessionCheck = setTimeout(() => {
+      this.sessionCheck = undefined;
+      if (!this.running || this.connectingAt >= this.disconnectedAt) return;
+      this.stats.sessionsRestarted++;
+      this.logDisconnect(
+        `ZeroMQ closed the connection for good (a protocol error, such as a message over ${KV_EVENT_LIMITS.maxPayloadBytes} bytes): connecting again`,
+      );
+      try {
+        this.sub.disconnect(this.options.endpoint);
+      } catch {
+        // the session is gone already: nothing to disconnect
+      }
+      try {
+        this.sub.connect(this.options.endpoint);
+      } catch (err) {
+        this.log(`connecting again failed: ${(err as Error).message}`);
+      }
+    }, SESSION_CHECK_MS);
+    this.sessionCheck.unref();
   }
 
   private log(message: string): void {
