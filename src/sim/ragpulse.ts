@@ -111,13 +111,6 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
       id: `passage-${id}`,
       tokens: lengths.passages_ids.get(id) ?? 0,
     }));
-    // passages are part of the prompt (as a Mooncake trace's anchor_lengths): more of them than
-    // the prompt holds would count cached tokens the request never sent
-    const anchorTokens = anchors.reduce((a, x) => a + x.tokens, 0);
-    if (anchorTokens > inputLength)
-      throw fail(
-        `its passages (hash_ids.passages_ids, lengths from ${RAGPULSE_FILES.passages_ids[0]}) add up to ${anchorTokens} tokens, more than "input_length" (${inputLength})`,
-      );
     const req: TraceRequest = {
       // the 0-based line in the file, blank lines included, as a Mooncake trace numbers it
       index: line.index,
@@ -130,6 +123,13 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
       anchors,
     };
     countBlocks(line.index, heldBlocks(req));
+    // passages are part of the prompt (as a Mooncake trace's anchor_lengths): more of them than
+    // the prompt holds would count cached tokens the request never sent
+    const anchorTokens = anchors.reduce((a, x) => a + x.tokens, 0);
+    if (anchorTokens > inputLength)
+      throw fail(
+        `its passages (hash_ids.passages_ids, lengths from ${RAGPULSE_FILES.passages_ids[0]}) add up to ${anchorTokens} tokens, more than "input_length" (${inputLength})`,
+      );
     requests.push(req);
   }
   return sortByArrival(requests);

@@ -45,15 +45,18 @@ const serve = (...args: string[]) =>
   cli(['serve', '--port', '42011', '--worker', 'id=w0,url=http://127.0.0.1:1', ...args]);
 
 test('serve --chat-template refuses a file over the limit and one that is not a regular file', () => {
+  // (with the tokenizer it is used with: without it, a warning says it does nothing)
+  const withTemplate = (file: string) =>
+    serve('--tokenize', 'tokenizer', '--tokenizer', fixture, '--tokenizer-threads', '0', '--chat-template', file);
   const big = sparse('big.jinja', MAX_CHAT_TEMPLATE_BYTES + 1);
-  const tooBig = serve('--chat-template', big);
+  const tooBig = withTemplate(big);
   assert.equal(tooBig.status, 2, tooBig.stderr);
   assert.equal(
     tooBig.stderr,
     `error: --chat-template: cannot read '${big}': is larger than ${MAX_CHAT_TEMPLATE_BYTES} bytes\n`,
   );
   const pipe = fifo('template.fifo');
-  const piped = serve('--chat-template', pipe);
+  const piped = withTemplate(pipe);
   assert.equal(piped.status, 2, piped.stderr);
   assert.equal(piped.stderr, `error: --chat-template: cannot read '${pipe}': is not a regular file\n`);
 });

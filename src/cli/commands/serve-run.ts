@@ -64,8 +64,9 @@ export async function startGateway(
       'warning: KV events are ignored with --tokenize text (they carry token ids, text requests are hashed from text); use --tokenize auto, tokenizer or engine',
     );
   }
-  const chatTemplate =
-    c.chatTemplate === undefined || c.tokenize !== 'tokenizer' ? undefined : readTemplate(c.chatTemplate);
+  // read and checked even when no mode uses it (a warning says so): a file that cannot be read
+  // stops the command, and every process of --processes reads it again when it starts
+  const chatTemplate = c.chatTemplate === undefined ? undefined : readTemplate(c.chatTemplate);
   const tokenizerThreads = c.tokenizerThreads ?? defaultTokenizerThreads(c.processes ?? 1);
   const promptTokenizer =
     c.tokenize !== 'tokenizer'
