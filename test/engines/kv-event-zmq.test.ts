@@ -41,6 +41,19 @@ async function untilSubscribed(pub: KvEventPublisher, sub: KvEventSubscriber): P
   );
 }
 
+/** Publishes a store of tokens 100–103 until the index has it (a subscriber reconnecting may miss the first). */
+async function publishUntilApplied(router: KVAwareRouter, pub: KvEventPublisher, what: string): Promise<void> {
+  await until(
+    async () => {
+      if (router.route({ tokens: tokens(100, 4) }, { dryRun: true }).cachedTokens === 4) return true;
+      await pub.publish(batch(stored([7n], null, 100)));
+      return false;
+    },
+    what,
+    { intervalMs: 50, timeoutMs: 30_000 },
+  );
+}
+
 async function rig(encoding: 'map' | 'array' = 'map', replay = true) {
   const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
   router.registerWorker('w0');
@@ -289,15 +302,7 @@ describe('KV events over ZeroMQ', () => {
     assert.equal(sub.stats.malformed, malformed, 'refused by ZeroMQ before it was received whole');
     assert.equal(sub.stats.disconnects, disconnects + 1, 'the sending engine was disconnected');
     // the subscriber reconnects and applies new batches
-    await until(
-      async () => {
-        if (router.route({ tokens: tokens(100, 4) }, { dryRun: true }).cachedTokens === 4) return true;
-        await pub.publish(batch(stored([7n], null, 100)));
-        return false;
-      },
-      'a batch after the oversized frame',
-      { intervalMs: 50, timeoutMs: 30_000 },
-    );
+    await publishUntilApplied(router, pub, 'a batch after the oversized frame');
   });
 
   test('after a frame over the limit, live batches come again without a replay: the closed session is made again', async () => {
@@ -310,15 +315,7 @@ describe('KV events over ZeroMQ', () => {
     const disconnects = sub.stats.disconnects;
     await pub.sendRaw(['', seqFrame(BigInt(sub.stats.lastSeq! + 1)), oversized()]);
     await until(() => sub.stats.disconnects > disconnects, 'the oversized frame to be refused', { timeoutMs: 60_000 });
-    await until(
-      async () => {
-        if (router.route({ tokens: tokens(100, 4) }, { dryRun: true }).cachedTokens === 4) return true;
-        await pub.publish(batch(stored([7n], null, 100)));
-        return false;
-      },
-      'a live batch after the oversized frame',
-      { intervalMs: 50, timeoutMs: 30_000 },
-    );
+    await publishUntilApplied(router, pub, 'a live batch after the oversized frame');
     assert.equal(sub.stats.sessionsRestarted, 1);
     assert.equal(sub.stats.replays, 0, 'no replay endpoint: it came live');
   });
