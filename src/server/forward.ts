@@ -59,7 +59,7 @@ export type ForwardOutcome =
   | 'shut-down';
 
 export interface ForwardOptions {
-  /** The streams under way, for the gateway to end when its shutdown grace ends (ShutdownCuts). */
+  /** The attempts under way, for the gateway to end when its shutdown grace ends (ShutdownCuts). */
   streams?: ShutdownCuts;
   /** The worker's own id, for the response header. */
   workerId: string;
@@ -401,10 +401,12 @@ const STREAM_CONVERSION_ERROR = {
 };
 
 /**
- * The streams under way (attempts whose event stream has begun reaching the client), for the
- * gateway's shutdown: when its grace ends, each is ended as an engine's failure mid-stream ends
- * one (an error event, then data: [DONE]) before the connections are cut, so a client reading to
- * [DONE] sees the stream end rather than a connection closed early.
+ * The attempts under way, for the gateway's shutdown: when its grace ends, each is ended by the
+ * gateway before the connections are cut. A stream whose answer has begun ends as an engine's
+ * failure mid-stream ends one (an error event, then data: [DONE]), so a client reading to [DONE]
+ * sees the stream end rather than a connection closed early; a request nothing has been written
+ * for yet is answered 503 (`gateway_shutdown`). Either way its engine request is aborted as the
+ * gateway's own doing: no engine failure, no breaker count, no retry.
  */
 export class ShutdownCuts {
   private readonly open = new Set<{ shutDown(): void }>();
@@ -423,14 +425,14 @@ export class ShutdownCuts {
     return this.open.size;
   }
 
-  /** Ends every stream under way; resolves once their last events are written (or their clients gone). */
+  /** Ends every attempt under way; resolves once their last bytes are written (or their clients gone). */
   endAll(): Promise<void> {
     for (const a of [...this.open]) a.shutDown();
     const ending = this.ending.splice(0);
     return Promise.all(ending).then(() => {});
   }
 
-  /** A stream ended by endAll(): its response is waited for. */
+  /** An attempt ended by endAll(): its response is waited for. */
   ended(res: ServerResponse): void {
     if (res.writableFinished || res.destroyed) return;
     this.ending.push(
@@ -703,6 +705,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     // (onHeaders) or the first body byte of an answer (firstByte); until then the first-byte
     // deadline bounds it
     connection.unanswered.add(this);
+    // the gateway's shutdown grace ending ends it (shutDown), whatever it has reached by then
+    o.streams?.add(this);
     // a streamed answer's first byte is due a few seconds past the worker's usual queue; a
     // non-streamed answer's first byte is the whole answer, due within the inter-chunk timeout
     // (undici's timeouts bound it too, but only from when the request is sent: one that waits
@@ -728,20 +732,39 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   }
 
   /**
-   * The gateway's shutdown grace ended: a stream under way is ended with an error event and
-   * data: [DONE], as an engine's failure mid-stream ends one (onError), and its engine request
-   * aborted. Only streams whose answer has begun are in ShutdownCuts.
+   * The gateway's shutdown grace ended. A stream under way is ended with an error event and
+   * data: [DONE], as an engine's failure mid-stream ends one (onError); any other answer begun
+   * is cut, as it cannot say it failed; a request nothing was written for ends 'shut-down', and
+   * the gateway answers it 503. Its engine request is aborted, or, while it waits for one of the
+   * gateway's connections to the engine, withdrawn from the wait. Ended here, before the
+   * connections are cut, so that neither the client's connection closing nor the engine's
+   * connection going with the gateway's pools reads as a client gone or an engine failure.
    */
   shutDown(): void {
     if (this.settled || this.why !== undefined) return;
     this.why = 'shutdown';
-    if (!this.res.writableEnded) {
-      // an unfinished event held back is dropped; one that passed through is ended first, so the
-      // error event is an event of its own (a stream whose [DONE] reached the client only ends)
-      this.res.end(this.doneSeen ? undefined : `${this.midEvent ? '\n\n' : ''}${SHUTDOWN_ERROR_EVENTS}`);
+    if (this.sent && this.eventStream) {
+      if (!this.res.writableEnded) {
+        // an unfinished event held back is dropped; one that passed through is ended first, so the
+        // error event is an event of its own (a stream whose [DONE] reached the client only ends)
+        this.res.end(this.doneSeen ? undefined : `${this.midEvent ? '\n\n' : ''}${SHUTDOWN_ERROR_EVENTS}`);
+        this.o.streams?.ended(this.res);
+      }
+    } else if (this.sent) {
+      if (!this.res.writableEnded) {
+        markCutByGateway(this.res);
+        this.res.destroy();
+      }
+    } else {
+      // the gateway's 503, written once forward() returns, is waited for
       this.o.streams?.ended(this.res);
+      if (!this.abortUpstream && this.withdraw()) {
+        this.withdraw = NOT_WAITING;
+        this.o.onRefused();
+      }
     }
-    // settled first: undici reports the abort (onError) at once, and finds it settled
+    // settled first: undici reports the abort (onError) at once, and finds it settled; one handed
+    // to undici whose connection is still being made aborts in onConnect (why is set)
     this.settle('shut-down');
     this.abortUpstream?.(new Error('given up: shutdown'));
   }
@@ -1009,8 +1032,6 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     // (carryRequestId) does not stand in for an engine that gave none
     if (headers['x-request-id'] === undefined) this.res.removeHeader('x-request-id');
     this.res.writeHead(this.status, headers);
-    // a stream under way is ended with its error event if the gateway's shutdown grace ends first
-    if (this.eventStream) this.o.streams?.add(this);
   }
 
   onData(chunk: Buffer): boolean {

@@ -993,7 +993,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // for every front end on this router: the proxy and the endpoint picker
   const stopSharingPrefills = sharePrefillReads(router, state);
   const openAi = options.openAiRoutes ?? true;
-  // the streams under way, ended with an error event and data: [DONE] when the shutdown grace ends
+  // the attempts under way, ended by the gateway when the shutdown grace ends (a stream with an
+  // error event and data: [DONE], a request not yet answered with a 503)
   const streams = new ShutdownCuts();
   const proxyDeps: ProxyDeps = {
     router,
@@ -1241,7 +1242,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       // a stream a client keeps open (or an engine that never ends) must not hold the process
       // past its grace: Kubernetes kills it at terminationGracePeriodSeconds anyway, uncleanly. A
       // stream under way gets the error event and data: [DONE] an engine's failure mid-stream
-      // gets, first (within SHUTDOWN_FLUSH_MS: a client that does not read is cut without them)
+      // gets, and a request the engine has not answered a 503, first (within SHUTDOWN_FLUSH_MS:
+      // a client that does not read is cut without them)
       const cutAll = () => app.server.closeAllConnections();
       const cut =
         graceMs === undefined

@@ -53,7 +53,7 @@ import { NO_WORKERS, type WorkerConnections } from './worker-connections.js';
 
 export interface ProxyDeps {
   router: KVAwareRouter;
-  /** The streams under way, ended with an error event when the shutdown grace ends. */
+  /** The attempts under way, ended by the gateway when its shutdown grace ends. */
   streams?: ShutdownCuts;
   state: StateStore;
   connections: WorkerConnections;
@@ -383,8 +383,19 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       });
       release(decision);
       // a client that went away says nothing about the engine: no failure, no retry
-      // (a stream the shutdown grace ended: nothing the engine did wrong either; its events are written)
-      if (outcome === 'shut-down') return reply;
+      // (an attempt the shutdown grace ended: nothing the engine did wrong either)
+      if (outcome === 'shut-down') {
+        if (reply.sent) return reply;
+        // nothing of an answer was written: the client may send the request again, elsewhere
+        reply.header('connection', 'close');
+        return openAiError(
+          answered(reply),
+          503,
+          'the gateway shut down before the engine answered; send the request again',
+          null,
+          'gateway_shutdown',
+        );
+      }
       if (outcome === 'client-gone') {
         if (!reply.sent) {
           reply.hijack();

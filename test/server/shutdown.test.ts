@@ -139,3 +139,67 @@ test('close() refuses a negative grace', async () => {
   await assert.rejects(gateway.close(-1), RangeError);
   await gateway.close();
 });
+
+/** A request (streamed or not) that no engine has answered when the grace ends. */
+async function unansweredAtGrace(stream: boolean): Promise<void> {
+  let received = 0;
+  let engineRequestClosed = false;
+  const silent = (req: IncomingMessage, res: ServerResponse) => {
+    if (!completionsOnly(req, res)) return;
+    received++;
+    req.resume();
+    res.on('close', () => (engineRequestClosed = true));
+    // and never answers
+  };
+  // two engines: a failure counted for the first would send the request to the second
+  const engines = [await fakeEngine(silent), await fakeEngine(silent)];
+  const logs: string[] = [];
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: engines.map((e, i) => ({ id: `e${i}`, url: e.url })),
+    ...quiet,
+    log: (m) => logs.push(m),
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  try {
+    const reply = fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'never answered', max_tokens: 4, stream }),
+    });
+    await until(() => received === 1, 'an engine has the request');
+    const closed = gateway.close(100);
+    const res = await within(reply, 30_000, 'the answer at the end of the grace');
+    assert.equal(res.status, 503);
+    assert.equal(res.headers.get('connection'), 'close');
+    const body = (await res.json()) as { error: { type: string; code: string } };
+    assert.equal(body.error.type, 'server_error');
+    assert.equal(body.error.code, 'gateway_shutdown');
+    await within(closed, 30_000, 'close(100) with a request no engine answers');
+    await until(() => engineRequestClosed, "the engine's request is aborted");
+    // not tried again on the other engine, not logged or counted as the engine's failure
+    assert.equal(received, 1);
+    assert.deepEqual(
+      logs.filter((l) => /failed/.test(l)),
+      [],
+    );
+    const text = await gateway.metrics.metrics();
+    assert.equal(
+      text
+        .split('\n')
+        .filter((l) => /^contextforge_(upstream_failures|upstream_retries)_total\{/.test(l) && !/ 0$/.test(l)).length,
+      0,
+      text,
+    );
+    assert.match(text, /contextforge_requests_total\{[^}]*status="503"[^}]*\} 1/);
+    await until(() => gateway.router.listWorkers().every((w) => w.inFlightRequests === 0), 'the request is released');
+  } finally {
+    await Promise.all(engines.map((e) => e.close()));
+  }
+}
+
+test('close(grace) answers a request no engine has answered by then 503 gateway_shutdown, aborts it, and counts no engine failure', () =>
+  unansweredAtGrace(false));
+
+test('close(grace) answers a stream whose engine has sent nothing by then 503 gateway_shutdown, not as an engine failure', () =>
+  unansweredAtGrace(true));
