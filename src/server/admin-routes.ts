@@ -8,7 +8,7 @@ import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
 import type { KVAwareRouter } from '../core/router/index.js';
 import type { WorkerHealth } from '../engines/health.js';
 import { KvEventFormatError, readJsonEvents, type JsonEventsReader } from '../engines/kv-events/decode.js';
-import type { StateStore, WorkerRecord } from '../state/state-store.js';
+import { SharedStateUnanswered, type StateStore, type WorkerRecord } from '../state/state-store.js';
 import { adminRequestProblem, authorizationProblem, type AdminToken } from './admin-auth.js';
 import { openAiError } from './openai-request.js';
 import type { PostedEvents } from './posted-events.js';
@@ -25,18 +25,68 @@ export interface AdminRoutesOptions {
   postedEvents: PostedEvents;
   /** The admin bearer token. */
   adminToken: AdminToken;
-  /** Adds a worker here and in the shared state. */
-  addWorker(w: WorkerRecord): void;
+  /**
+   * Adds a worker here and in the shared state. A promise when the shared state decides worker
+   * changes (StateStore.orderWorkerChange()): it rejects with WorkerChangeRefused for the
+   * shared state's refusal, SharedStateUnanswered when it did not answer.
+   */
+  addWorker(w: WorkerRecord): void | Promise<void>;
   /** Removes a worker here and from the shared state; false when unknown. */
-  removeWorker(id: string): boolean;
+  removeWorker(id: string): boolean | Promise<boolean>;
   /** Drains (true) or resumes (false) a worker here and in the shared state; false when unknown. */
-  drainWorker(id: string, draining: boolean): boolean;
+  drainWorker(id: string, draining: boolean): boolean | Promise<boolean>;
+  /**
+   * Present when the shared state decides worker changes: resolves once every change it
+   * answered before is applied here, so a read shows them (rejects with SharedStateUnanswered).
+   */
+  syncWorkers?(): Promise<void>;
+}
+
+/** The shared state refused an admin worker change: answered with its status and message. */
+export class WorkerChangeRefused extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly param?: string,
+  ) {
+    super(message);
+    this.name = 'WorkerChangeRefused';
+  }
+}
+
+/** Answers what the shared state refused or did not answer; undefined for any other error. */
+function sharedStateAnswer(reply: FastifyReply, err: unknown) {
+  if (err instanceof WorkerChangeRefused) return openAiError(reply, err.status, err.message, err.param);
+  if (err instanceof SharedStateUnanswered) return openAiError(reply, 503, err.message);
+  return undefined;
+}
+
+/** Runs `change`; what the shared state refused or did not answer is answered, anything else thrown. */
+async function sharedChange<T>(reply: FastifyReply, change: () => T | Promise<T>, answer: (r: T) => unknown) {
+  let result: T;
+  try {
+    result = await change();
+  } catch (err) {
+    const answered = sharedStateAnswer(reply, err);
+    if (answered === undefined) throw err;
+    return answered;
+  }
+  return answer(result);
 }
 
 export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin, options) => {
-  const { router, connections, health, state, postedEvents, addWorker, removeWorker, drainWorker } = options;
+  const { router, connections, health, state, postedEvents, addWorker, removeWorker, drainWorker, syncWorkers } =
+    options;
   admin.addHook('onRequest', requireAdmin(options.adminToken));
-  admin.get('/admin/workers', async () => ({
+  admin.get('/admin/workers', async (_req, reply) => {
+    // every change some process answered is applied here first
+    if (syncWorkers) {
+      const answered = await sharedChange(reply, syncWorkers, () => undefined);
+      if (answered !== undefined) return answered;
+    }
+    return listWorkers();
+  });
+  const listWorkers = () => ({
     workers: router.listWorkers().map((w) => {
       const c = connections.get(w.id);
       return {
@@ -56,7 +106,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
         claGroups: [...w.claGroups],
       };
     }),
-  }));
+  });
   admin.post('/admin/workers', async (req, reply) => {
     let record: WorkerRecord;
     try {
@@ -64,10 +114,14 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     } catch (err) {
       return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'), workerErrorField(err));
     }
-    if (connections.has(record.id)) return openAiError(reply, 409, `worker '${record.id}' exists`, 'id');
+    // when the shared state decides worker changes, it says whether one of this id exists
+    if (state.orderWorkerChange === undefined && connections.has(record.id))
+      return openAiError(reply, 409, `worker '${record.id}' exists`, 'id');
     try {
-      addWorker(record);
+      await addWorker(record);
     } catch (err) {
+      const answered = sharedStateAnswer(reply, err);
+      if (answered !== undefined) return answered;
       // the router is full: the request is sound, the state refuses it
       if (err instanceof WorkerLimitError) return openAiError(reply, 409, err.message, err.field);
       // out of ZeroMQ sockets: the request is sound, the process cannot take it until some close
@@ -85,16 +139,28 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     const rankOf = connections.get(id)?.workerId;
     if (rankOf !== undefined && rankOf !== id)
       return openAiError(reply, 400, `'${id}' is a rank of worker '${rankOf}'; remove '${rankOf}'`, 'id');
-    return removeWorker(id) ? { removed: id } : openAiError(reply, 404, `no worker '${id}'`);
+    return sharedChange(
+      reply,
+      () => removeWorker(id),
+      (removed) => (removed ? { removed: id } : openAiError(reply, 404, `no worker '${id}'`)),
+    );
   });
   admin.post('/admin/workers/:id/drain', async (req, reply) => {
     const { id } = req.params as { id: string };
     // every rank of it (a rank's id names its worker), in every replica
-    return drainWorker(id, true) ? { draining: id } : openAiError(reply, 404, `no worker '${id}'`);
+    return sharedChange(
+      reply,
+      () => drainWorker(id, true),
+      (known) => (known ? { draining: id } : openAiError(reply, 404, `no worker '${id}'`)),
+    );
   });
   admin.post('/admin/workers/:id/resume', async (req, reply) => {
     const { id } = req.params as { id: string };
-    return drainWorker(id, false) ? { resumed: id } : openAiError(reply, 404, `no worker '${id}'`);
+    return sharedChange(
+      reply,
+      () => drainWorker(id, false),
+      (known) => (known ? { resumed: id } : openAiError(reply, 404, `no worker '${id}'`)),
+    );
   });
   admin.get('/admin/stats', async () => ({ ...router.getStats(), state: state.stats() }));
   // KV events as JSON, for engines that cannot publish over ZeroMQ: vLLM's field names

@@ -18,7 +18,7 @@ import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
 import type { AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
 import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/state-store.js';
 import { AdminToken, authorizationProblem, generateToken } from './admin-auth.js';
-import { adminRoutes, requireAdmin } from './admin-routes.js';
+import { adminRoutes, requireAdmin, WorkerChangeRefused } from './admin-routes.js';
 import type { ApiKeys } from './api-keys.js';
 import {
   BODY_BUDGET_CODE,
@@ -402,7 +402,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     // what the gateway asks the workers on its own (health, metrics, models, /tokenize) carries its Via
     via: ownVia(via),
   });
-  const state = options.state ?? new MemoryStateStore();
+  const state: StateStore = options.state ?? new MemoryStateStore();
   const bodyBudget = new BodyBudget(options.bufferedBodyLimit ?? Math.max(DEFAULT_BUFFERED_BODY_LIMIT, bodyLimit));
   if (bodyBudget.limit < bodyLimit)
     throw new RangeError(
@@ -768,6 +768,54 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     // the other replicas know the worker, not its ranks: a rank's id drains the whole worker here too
     if (known) state.workerDrained(workerIdOf(id), draining);
     return known;
+  };
+  /**
+   * The admin API's worker changes when the shared state decides them (the cluster store): each
+   * is sent to be decided in one order with every process's, and applied here as its verdict
+   * arrives (the state then applies it in the other processes; state.workerAdded() and the like
+   * are not called).
+   */
+  const orderWorkerChange = state.orderWorkerChange?.bind(state);
+  const orderedAdmin = orderWorkerChange && {
+    addWorker: async (w: WorkerRecord) => {
+      const failedHere = await orderWorkerChange({ op: 'add', worker: w }, (v) => {
+        if (!v.ok) throw new WorkerChangeRefused(v.status, v.message, v.param);
+        // the shared state's order wins: a worker of this id held here is one it no longer has
+        if (connections.has(w.id)) removeWorkerLocally(w.id);
+        try {
+          connections.add(w);
+        } catch (err) {
+          return err as Error;
+        }
+        operatorWorkers.add(w.id);
+        return undefined;
+      });
+      if (failedHere === undefined) return;
+      // made in the shared state but refused here (out of ZeroMQ sockets, a pool or subscriber
+      // that would not start): taken back, in the same order, and the refusal answered
+      await orderWorkerChange({ op: 'remove', id: w.id }, () => undefined).catch(() => undefined);
+      throw failedHere;
+    },
+    removeWorker: (id: string) =>
+      orderWorkerChange({ op: 'remove', id }, (v) => {
+        if (!v.ok) {
+          if (v.status === 404) return false;
+          throw new WorkerChangeRefused(v.status, v.message, v.param);
+        }
+        removeWorkerLocally(v.id);
+        return true;
+      }),
+    drainWorker: (id: string, draining: boolean) =>
+      orderWorkerChange({ op: 'drain', id, draining }, (v) => {
+        if (!v.ok) {
+          if (v.status === 404) return false;
+          throw new WorkerChangeRefused(v.status, v.message, v.param);
+        }
+        // every rank of it (the verdict names the worker)
+        drainWorkerLocally(v.id, draining);
+        return true;
+      }),
+    syncWorkers: () => state.syncWorkerChanges!(),
   };
   for (const w of options.workers ?? []) {
     connections.add(w, true);
@@ -1194,12 +1242,14 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     state,
     postedEvents,
     adminToken,
-    addWorker: (w) => {
-      addWorker(w);
-      operatorWorkers.add(w.id);
-    },
-    removeWorker,
-    drainWorker,
+    ...(orderedAdmin ?? {
+      addWorker: (w: WorkerRecord) => {
+        addWorker(w);
+        operatorWorkers.add(w.id);
+      },
+      removeWorker,
+      drainWorker,
+    }),
   });
 
   await app.ready();

@@ -25,7 +25,15 @@ import {
   type Shape,
 } from './message-checks.js';
 import { decisionIdOf, writeDecisionFields, type DecisionFields } from './redis-wire.js';
-import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
+import {
+  SharedStateUnanswered,
+  type StateStats,
+  type StateStore,
+  type StateStoreHost,
+  type WorkerChange,
+  type WorkerChangeVerdict,
+  type WorkerRecord,
+} from './state-store.js';
 
 /**
  * Shared state for the gateway processes of one machine (`serve --processes N`): the primary
@@ -73,6 +81,13 @@ export type ClusterMessage =
   | { cf: 'kv-events'; r: string; w: string; events: unknown }
   | { cf: 'workflow?'; r: string; q: number; id: string }
   | { cf: 'workflow'; q: number; id: string; w?: string; s?: number | null }
+  /** An admin worker change for the relay to decide against its registry, in the order changes arrive. */
+  | { cf: 'change?'; r: string; q: number; change: WorkerChange }
+  /** The relay's verdict on change q, sent after the change (when made) went to every other process. */
+  | { cf: 'change'; q: number; v: WorkerChangeVerdict }
+  /** Asks the relay to answer once what it sent this process before is delivered (an admin read). */
+  | { cf: 'sync?'; r: string; q: number }
+  | { cf: 'sync'; q: number }
   /** `ttl`: the process's router's prediction lifetime (older decisions are not replayed to it). */
   | { cf: 'hello'; r: string; ttl?: number }
   | {
@@ -104,6 +119,8 @@ export interface ClusterStateOptions {
   channel: ClusterChannel;
   /** How long to wait for the relay's answers (workflow lookups, the start snapshot; default 250 ms). */
   timeoutMs?: number;
+  /** How long an admin worker change or read waits for the relay's answer before it is answered 503 (default 5 s). */
+  adminTimeoutMs?: number;
 }
 
 function isMessage(m: unknown): m is ClusterMessage {
@@ -117,6 +134,32 @@ const isHashHalf: FieldCheck = (v) => v instanceof Uint32Array;
 const isWorkflowId: FieldCheck = isId;
 /** The relay's number of a decision it relayed: from 1 up. */
 const isDecisionNumber: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) > 0;
+
+/** An admin worker change: the record itself the relay checks as a gateway does (parseWorkerRecord()). */
+const isWorkerChange: FieldCheck = (v) => {
+  if (v === null || typeof v !== 'object') return false;
+  const c = v as Partial<Record<string, unknown>>;
+  switch (c.op) {
+    case 'add':
+      return isWorkerRecord(c.worker);
+    case 'remove':
+      return isWorkerId(c.id);
+    case 'drain':
+      return isWorkerId(c.id) && isFlag(c.draining);
+    default:
+      return false;
+  }
+};
+const isVerdict: FieldCheck = (v) => {
+  if (v === null || typeof v !== 'object') return false;
+  const x = v as Partial<Record<string, unknown>>;
+  return x.ok === true
+    ? isWorkerId(x.id)
+    : x.ok === false && isNumber(x.status) && isText(x.message) && optional(isText)(x.param);
+};
+
+/** Most admin changes waiting for (or past waiting for) the relay's verdict; past it the oldest is dropped unapplied. */
+const MOST_PENDING_CHANGES = 10_000;
 
 /**
  * Most decisions a starting process remembers having applied until its start snapshot comes
@@ -151,6 +194,10 @@ const SHAPES: { readonly [K in ClusterMessage['cf']]: Shape } = {
   'worker-drained': workerDrained('draining'),
   'kv-events': KV_EVENTS,
   'workflow?': { r: isText, q: isNumber, id: isWorkflowId },
+  'change?': { r: isText, q: isNumber, change: isWorkerChange },
+  change: { q: isNumber, v: isVerdict },
+  'sync?': { r: isText, q: isNumber },
+  sync: { q: isNumber },
   workflow: { q: isNumber, id: isWorkflowId, w: optional(isWorkerId), s: isWorkflowStep },
   hello: { r: isText, ttl: optional((v) => typeof v === 'number' && v > 0 && Number.isFinite(v)) },
   snapshot: {
@@ -238,6 +285,12 @@ export class ClusterStateStore implements StateStore {
   private readonly prefilled = new WeakSet<SharedDecision>();
   private nextQuery = 1;
   private readonly queries = new Map<number, () => void>();
+  private readonly adminTimeoutMs: number;
+  /** Admin changes and reads waiting for the relay, by query: called with its answer (a sync's is undefined). */
+  private readonly pendingAdmin = new Map<
+    number,
+    { done: (v: WorkerChangeVerdict | undefined) => void; fail: (err: Error) => void }
+  >();
   private snapshotArrived: (() => void) | undefined;
   /**
    * Until the start snapshot comes: the relay's numbers of the decisions applied here, which the
@@ -272,6 +325,7 @@ export class ClusterStateStore implements StateStore {
     this.replicaId = options.replicaId;
     this.channel = options.channel;
     this.timeoutMs = options.timeoutMs ?? 250;
+    this.adminTimeoutMs = options.adminTimeoutMs ?? 5000;
     this.outbox = new Outbox((m) => this.channel.send(m));
   }
 
@@ -374,6 +428,56 @@ export class ClusterStateStore implements StateStore {
     this.outbox.push({ cf: 'kv-events', r: this.replicaId, w: workerId, events });
   }
 
+  orderWorkerChange<T>(change: WorkerChange, apply: (verdict: WorkerChangeVerdict) => T): Promise<T> {
+    return this.askRelay(
+      (q) => ({ cf: 'change?', r: this.replicaId, q, change }),
+      `the primary process did not decide the worker change within ${this.adminTimeoutMs} ms (it is busy or stopping); it may still be made: read /admin/workers before trying again`,
+      (v) => apply(v!),
+    );
+  }
+
+  syncWorkerChanges(): Promise<void> {
+    return this.askRelay(
+      (q) => ({ cf: 'sync?', r: this.replicaId, q }),
+      `the primary process did not answer within ${this.adminTimeoutMs} ms (it is busy or stopping): this process cannot tell whether its workers are current`,
+      () => undefined,
+    );
+  }
+
+  /**
+   * Sends the relay the question made with a fresh query id, and settles with `answer` of its
+   * reply, called as the reply is read (in the channel's order). Past adminTimeoutMs rejects
+   * with SharedStateUnanswered; a late reply is still given to `answer` (its change is made
+   * everywhere else), its result dropped.
+   */
+  private askRelay<T>(
+    question: (q: number) => ClusterMessage,
+    unanswered: string,
+    answer: (v: WorkerChangeVerdict | undefined) => T,
+  ): Promise<T> {
+    const q = this.nextQuery++;
+    return new Promise<T>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new SharedStateUnanswered(unanswered)), this.adminTimeoutMs);
+      if (this.pendingAdmin.size >= MOST_PENDING_CHANGES)
+        this.pendingAdmin.delete(this.pendingAdmin.keys().next().value!);
+      this.pendingAdmin.set(q, {
+        done: (v) => {
+          clearTimeout(timer);
+          try {
+            resolve(answer(v));
+          } catch (err) {
+            reject(err as Error);
+          }
+        },
+        fail: (err) => {
+          clearTimeout(timer);
+          reject(err);
+        },
+      });
+      this.outbox.now(question(q));
+    });
+  }
+
   stats(): StateStats {
     return {
       kind: 'cluster',
@@ -390,6 +494,9 @@ export class ClusterStateStore implements StateStore {
     this.channel.offMessage(this.listener);
     for (const done of this.queries.values()) done();
     this.queries.clear();
+    for (const { fail } of this.pendingAdmin.values())
+      fail(new SharedStateUnanswered('this process is stopping: the worker change was not answered'));
+    this.pendingAdmin.clear();
   }
 
   // ------------------------------------------------------------------------ internals
@@ -450,6 +557,14 @@ export class ClusterStateStore implements StateStore {
             this.queries.delete(m.q);
             done();
           }
+          return;
+        }
+        case 'change':
+        case 'sync': {
+          const done = this.pendingAdmin.get(m.q);
+          if (!done) return;
+          this.pendingAdmin.delete(m.q);
+          done.done(m.cf === 'change' ? m.v : undefined);
           return;
         }
         case 'gone':
@@ -582,8 +697,10 @@ export interface RelayPeer {
 /**
  * The primary's side: relays each process's decisions, prefill-dones, releases, refusals and registry changes to the
  * other processes, answers workflow lookups (the first step routed claims the workflow, so
- * two processes starting one workflow at once agree), and gives a process that starts (or
- * restarts) the current state. One thread, so every claim is atomic.
+ * two processes starting one workflow at once agree), decides the admin API's worker changes
+ * against its registry in the order they arrive (so two processes adding one id at once get
+ * one 201 and one 409), and gives a process that starts (or restarts) the current state. One
+ * thread, so every claim and every change is atomic.
  */
 export class ClusterRelay {
   private readonly peers = new Map<string, { peer: RelayPeer; outbox: Outbox }>();
@@ -711,47 +828,36 @@ export class ClusterRelay {
           return void this.counters.workersRefused++;
         }
         // each process is told of every worker kept: past a router's bound, none would take it
-        const kept = this.workers.get(worker.id);
-        const after = this.workerRanks - (kept ? (kept.dpSize ?? 1) : 0) + (worker.dpSize ?? 1);
+        const after = this.ranksWith(worker);
         if (after > MAX_WORKERS)
           return this.refusePastBound(
             'workers',
             `worker '${worker.id}' added by gateway process ${from} not kept nor passed on: the processes' routers hold at most ${MAX_WORKERS} workers (each data-parallel rank is one), ${this.workerRanks} are kept`,
           );
-        this.workerRanks = after;
-        this.workers.set(worker.id, worker);
-        this.removed.delete(worker.id);
+        this.keepWorker(worker, after);
         this.broadcast(m, from);
         return;
       }
-      case 'worker-removed': {
-        const kept = this.workers.get(m.id);
-        if (kept) this.workerRanks -= kept.dpSize ?? 1;
-        this.workers.delete(m.id);
-        this.draining.delete(m.id);
-        // discovery's removals are not kept: every process reads the DNS records itself
-        if (m.record !== false) {
-          this.removed.delete(m.id); // to the end: the newest
-          this.removed.set(m.id, this.clock());
-          for (const id of this.removed.keys()) {
-            if (this.removed.size <= this.removalLimit) break;
-            this.removed.delete(id);
-          }
-        }
+      case 'worker-removed':
+        this.forgetWorker(m.id, m.record !== false);
         this.broadcast(m, from);
         return;
-      }
       case 'worker-drained':
-        // past the bound a drain is not kept for processes that start later; those running,
-        // which drain a worker only if they have it, still get it
-        if (!m.draining) this.draining.delete(m.id);
-        else if (this.draining.has(m.id) || this.draining.size < MAX_WORKERS) this.draining.add(m.id);
-        else
-          this.refusePastBound(
-            'draining',
-            `drain of worker ${JSON.stringify(shownText(m.id, 64))} by gateway process ${from} not kept for processes that start later: at most ${MAX_WORKERS} drained workers are kept`,
-          );
+        this.keepDrain(m.id, m.draining, from);
         this.broadcast(m, from);
+        return;
+      case 'change?': {
+        const v = this.decide(from, m.change);
+        // the change goes to every other process before the verdict to the one that asked, which
+        // applies it as it reads the verdict: then no process reads a later answer of the relay
+        // (a verdict, a sync) before it has the change
+        if (v.ok) for (const [id, p] of this.peers) if (id !== from) p.outbox.flush();
+        peer.now({ cf: 'change', q: m.q, v });
+        return;
+      }
+      case 'sync?':
+        // after everything queued for the process: it has applied all of it when it reads this
+        peer.now({ cf: 'sync', q: m.q });
         return;
       case 'kv-events':
         this.broadcast(m, from);
@@ -767,6 +873,107 @@ export class ClusterRelay {
       default:
         this.counters.malformed++;
     }
+  }
+
+  /**
+   * Decides an admin worker change of process `from` against the registry, as a gateway alone
+   * decides one against its own (the same statuses and messages), and makes it: kept here and
+   * sent to every other process. Changes are decided one at a time, in the order they arrive.
+   */
+  private decide(from: string, change: WorkerChange): WorkerChangeVerdict {
+    switch (change.op) {
+      case 'add': {
+        let worker: WorkerRecord;
+        try {
+          worker = parseWorkerRecord(change.worker, 'worker');
+        } catch (err) {
+          this.counters.workersRefused++;
+          return { ok: false, status: 400, message: (err as Error).message };
+        }
+        if (this.workers.has(worker.id))
+          return { ok: false, status: 409, message: `worker '${worker.id}' exists`, param: 'id' };
+        const dpSize = worker.dpSize ?? 1;
+        const after = this.ranksWith(worker);
+        if (after > MAX_WORKERS)
+          return {
+            ok: false,
+            status: 409,
+            message:
+              `worker '${worker.id}' not added: the router holds at most ${MAX_WORKERS} workers (each data-parallel rank is one), ` +
+              `${this.workerRanks} are registered${dpSize > 1 ? ` and this one has ${dpSize} ranks` : ''}`,
+            param: dpSize > 1 && this.workerRanks + 1 <= MAX_WORKERS ? 'dpSize' : 'id',
+          };
+        this.keepWorker(worker, after);
+        this.broadcast({ cf: 'worker-added', r: from, worker }, from);
+        return { ok: true, id: worker.id };
+      }
+      case 'remove':
+        if (!this.workers.has(change.id)) return { ok: false, status: 404, message: `no worker '${change.id}'` };
+        this.forgetWorker(change.id, true);
+        this.broadcast({ cf: 'worker-removed', r: from, id: change.id }, from);
+        return { ok: true, id: change.id };
+      case 'drain': {
+        // a rank's id (ID#r) drains its worker, in every process
+        const id = this.workerOf(change.id);
+        if (id === undefined) return { ok: false, status: 404, message: `no worker '${change.id}'` };
+        this.keepDrain(id, change.draining, from);
+        this.broadcast({ cf: 'worker-drained', r: from, id, draining: change.draining }, from);
+        return { ok: true, id };
+      }
+    }
+  }
+
+  /** The worker `id` names: itself, or the worker of its data-parallel rank `ID#r`; undefined when none is kept. */
+  private workerOf(id: string): string | undefined {
+    if (this.workers.has(id)) return id;
+    const hash = id.lastIndexOf('#');
+    if (hash < 0) return undefined;
+    const worker = id.slice(0, hash);
+    const rank = id.slice(hash + 1);
+    const dpSize = this.workers.get(worker)?.dpSize ?? 1;
+    return dpSize > 1 && /^(0|[1-9]\d*)$/.test(rank) && Number(rank) < dpSize ? worker : undefined;
+  }
+
+  /** The workers' ranks, in all, with `worker` kept (in place of one of its id). */
+  private ranksWith(worker: WorkerRecord): number {
+    const kept = this.workers.get(worker.id);
+    return this.workerRanks - (kept ? (kept.dpSize ?? 1) : 0) + (worker.dpSize ?? 1);
+  }
+
+  /** Keeps `worker` (the ranks then kept: ranksWith()); a removal of it is no longer kept. */
+  private keepWorker(worker: WorkerRecord, ranks: number): void {
+    this.workerRanks = ranks;
+    this.workers.set(worker.id, worker);
+    this.removed.delete(worker.id);
+  }
+
+  /** Forgets worker `id`; `record`: its removal is kept (one through the admin API, not DNS discovery's). */
+  private forgetWorker(id: string, record: boolean): void {
+    const kept = this.workers.get(id);
+    if (kept) this.workerRanks -= kept.dpSize ?? 1;
+    this.workers.delete(id);
+    this.draining.delete(id);
+    // discovery's removals are not kept: every process reads the DNS records itself
+    if (!record) return;
+    this.removed.delete(id); // to the end: the newest
+    this.removed.set(id, this.clock());
+    for (const old of this.removed.keys()) {
+      if (this.removed.size <= this.removalLimit) break;
+      this.removed.delete(old);
+    }
+  }
+
+  /** Keeps whether worker `id` is draining, for processes that start later. */
+  private keepDrain(id: string, draining: boolean, from: string): void {
+    // past the bound a drain is not kept for processes that start later; those running,
+    // which drain a worker only if they have it, still get it
+    if (!draining) this.draining.delete(id);
+    else if (this.draining.has(id) || this.draining.size < MAX_WORKERS) this.draining.add(id);
+    else
+      this.refusePastBound(
+        'draining',
+        `drain of worker ${JSON.stringify(shownText(id, 64))} by gateway process ${from} not kept for processes that start later: at most ${MAX_WORKERS} drained workers are kept`,
+      );
   }
 
   /**

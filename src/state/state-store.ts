@@ -50,6 +50,28 @@ export interface StateStoreHost {
 
 export type StateStats = Record<string, number | boolean | string>;
 
+/** A change of the worker registry through the admin API, as the shared state decides it (orderWorkerChange()). */
+export type WorkerChange =
+  | { op: 'add'; worker: WorkerRecord }
+  | { op: 'remove'; id: string }
+  /** `id` may name a data-parallel rank (`ID#r`): its worker drains (or resumes). */
+  | { op: 'drain'; id: string; draining: boolean };
+
+/**
+ * The shared state's answer to a WorkerChange: made (`id` the worker changed: a rank's drain
+ * names its worker), or refused with the status and message the admin API answers.
+ */
+export type WorkerChangeVerdict =
+  { ok: true; id: string } | { ok: false; status: number; message: string; param?: string };
+
+/** The shared state did not answer an admin change (or read) within its bound: the admin API answers 503. */
+export class SharedStateUnanswered extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'SharedStateUnanswered';
+  }
+}
+
 /**
  * Where a router replica keeps what it learns so other replicas can use it: the worker
  * registry, in-flight work per worker, workflow → worker affinities, anchor homes and the
@@ -99,6 +121,23 @@ export interface StateStore {
    * other replicas apply them too. `workerId` may name a data-parallel rank (`ID#r`).
    */
   kvEventsPosted(workerId: string, events: unknown): void;
+  /**
+   * Present when the shared state decides the admin API's worker changes in one order (the
+   * cluster store): instead of the replica deciding against its own view and telling the
+   * others (workerAdded(), workerRemoved(), workerDrained()), it sends `change` to be decided.
+   * `apply` is called with the verdict as it arrives, after every change decided before it is
+   * applied here and before any decided after it is (the other replicas are told of a change
+   * the verdict makes before the verdict is sent); the promise resolves with what it returns
+   * (rejects with what it throws). Rejects with SharedStateUnanswered when no verdict comes
+   * within the store's bound; a verdict that comes later is still applied.
+   */
+  orderWorkerChange?<T>(change: WorkerChange, apply: (verdict: WorkerChangeVerdict) => T): Promise<T>;
+  /**
+   * Present with orderWorkerChange(): resolves once every worker change decided before the call
+   * is applied here (an admin read then shows every change some replica has answered); rejects
+   * with SharedStateUnanswered past the store's bound.
+   */
+  syncWorkerChanges?(): Promise<void>;
   stats(): StateStats;
   close(): Promise<void>;
 }

@@ -340,6 +340,73 @@ test('serve --processes 2: a worker removed through the admin API stays removed 
   assert.equal(await exited, 0);
 });
 
+test('serve --processes 2: admin worker changes through different processes are answered in one order', async () => {
+  const { child, base } = await serveOnTwoEngines();
+  const [a, b] = await connectionsOnTwoProcesses(base, 30_000);
+  const engineUrl = `http://127.0.0.1:${engines.at(-1)!.port}`;
+  const call = async (client: Client, method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown) => {
+    const res = await client.request({
+      path,
+      method,
+      headers: { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    return { status: res.statusCode, body: (await res.body.json()) as Record<string, unknown> };
+  };
+  type Listed = { workers: Array<{ id: string; url: string; draining: boolean }> };
+  const listed = async (client: Client) => {
+    const res = await call(client, 'GET', '/admin/workers');
+    assert.equal(res.status, 200);
+    return (res.body as unknown as Listed).workers
+      .map((w) => `${w.id} ${w.url}${w.draining ? ' draining' : ''}`)
+      .sort();
+  };
+  // one client's changes, each through the other process than the last: each sees the one before
+  const answers: string[] = [];
+  for (let i = 0; i < 200; i++) {
+    const [first, second] = i % 2 === 0 ? [a, b] : [b, a];
+    const added = await call(first, 'POST', '/admin/workers', { id: 'cycled', url: engineUrl });
+    const removed = await call(second, 'DELETE', '/admin/workers/cycled');
+    answers.push(`${added.status} ${removed.status}`);
+  }
+  assert.deepEqual(
+    answers.filter((x) => x !== '201 200'),
+    [],
+    'every add made and every delete right after it found the worker',
+  );
+  // two clients add one id at once, with different URLs, through different processes
+  for (let i = 0; i < 20; i++) {
+    const id = `raced-${i}`;
+    const [ra, rb] = await Promise.all([
+      call(a, 'POST', '/admin/workers', { id, url: 'http://127.0.0.1:1' }),
+      call(b, 'POST', '/admin/workers', { id, url: 'http://127.0.0.1:2' }),
+    ]);
+    assert.deepEqual([ra.status, rb.status].sort(), [201, 409], `one add made: ${JSON.stringify([ra, rb])}`);
+    const loser = ra.status === 409 ? ra : rb;
+    assert.deepEqual(loser.body, {
+      error: { message: `worker '${id}' exists`, type: 'invalid_request_error', param: 'id', code: null },
+    });
+    // a drain and a delete racing through both processes
+    const [drained, deleted] = await Promise.all([
+      call(b, 'POST', `/admin/workers/${id}/drain`),
+      call(a, 'DELETE', `/admin/workers/${id}`),
+    ]);
+    assert.equal(deleted.status, 200);
+    assert.ok([200, 404].includes(drained.status), `drain: ${JSON.stringify(drained)}`);
+  }
+  // both processes list the same workers, and none of those added is left
+  const [onA, onB] = [await listed(a), await listed(b)];
+  assert.deepEqual(onA, onB);
+  assert.deepEqual(
+    onA.map((w) => w.split(' ')[0]),
+    ['e0', 'e1'],
+  );
+
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+});
+
 /** A sample's value in a Prometheus page (the line `name{labels} value`), or undefined. */
 function sample(page: string, series: string): number | undefined {
   for (const line of page.split('\n')) if (line.startsWith(`${series} `)) return Number(line.slice(series.length + 1));

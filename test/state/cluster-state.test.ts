@@ -8,6 +8,12 @@ import {
   type ClusterMessage,
   type ClusterRelayOptions,
 } from '../../src/state/cluster-state-store.js';
+import {
+  SharedStateUnanswered,
+  type WorkerChange,
+  type WorkerChangeVerdict,
+  type WorkerRecord,
+} from '../../src/state/state-store.js';
 import { prompt, tiers } from '../helpers/prompts.js';
 import { drainAndSettle, drainingAt, workerHost } from '../helpers/state-host.js';
 import { settled, until } from '../helpers/wait.js';
@@ -51,8 +57,8 @@ function fleet(
     const router = new KVAwareRouter({ policy: 'cost', ...settings.router });
     /** KV events posted to another process, as this one was given them. */
     const posted: Array<[string, unknown]> = [];
-    const { host, workers } = workerHost(router, configured, posted);
-    return { id, store, router, host, sent, posted, workers };
+    const { host, workers, unheldRemovals } = workerHost(router, configured, posted);
+    return { id, store, router, host, sent, posted, workers, unheldRemovals };
   });
   return { relay, processes };
 }
@@ -859,4 +865,144 @@ test("the relay keeps at most a router's workers and drained workers: past that 
   assert.equal(d.length, MAX_WORKERS);
   assert.ok(d.includes('d-past') && !d.includes('d1'));
   assert.equal(logs.length, 2, `one line for the workers, one for the drains: ${logs.join(' | ')}`);
+});
+
+/** A process's admin worker change as the gateway makes it: decided by the relay, applied here as the verdict comes. */
+function adminChange(p: ReturnType<typeof fleet>['processes'][number], change: WorkerChange) {
+  return p.store.orderWorkerChange(change, (v: WorkerChangeVerdict) => {
+    if (!v.ok) return v;
+    if (change.op === 'add') p.host.addWorkerFromState(change.worker);
+    else if (change.op === 'remove') p.host.removeWorkerFromState(v.id);
+    else p.host.drainWorkerFromState!(v.id, change.draining);
+    return v;
+  });
+}
+
+/** What a process holds: its workers (id → url) and those draining. */
+function viewOf(p: ReturnType<typeof fleet>['processes'][number]) {
+  return {
+    workers: Object.fromEntries(p.workers.map((w) => [w.id, w.url]).sort()),
+    draining: drainingAt(p.router).sort(),
+  };
+}
+
+/** The relay's registry, as a process that starts gets it. */
+function registryOf(relay: ClusterRelay, spy: ClusterMessage[]) {
+  const s = snapshotOf(relay, 'spy', spy);
+  return {
+    workers: Object.fromEntries(s.workers.map((w: WorkerRecord) => [w.id, w.url]).sort()),
+    draining: [...(s.draining ?? [])].sort(),
+  };
+}
+
+test('racing admin adds of one id: the relay decides, one is made and one conflicts, and every process holds the winner', async () => {
+  const { relay, processes } = fleet(3, ['e0']);
+  const [a, b, c] = processes;
+  const spy: ClusterMessage[] = [];
+  relay.add({ id: 'spy', send: (m) => void spy.push(m) });
+  await Promise.all(processes.map((p) => p.store.attach(p.host)));
+  for (let round = 0; round < 20; round++) {
+    const id = `x${round}`;
+    const [va, vb] = await Promise.all([
+      adminChange(a, { op: 'add', worker: { id, url: `http://a-${round}` } }),
+      adminChange(b, { op: 'add', worker: { id, url: `http://b-${round}` } }),
+    ]);
+    assert.deepEqual(
+      [va, vb].map((v) => (v.ok ? 201 : v.status)).sort(),
+      [201, 409],
+      `one add made, the other refused: ${JSON.stringify([va, vb])}`,
+    );
+    const loser = va.ok ? vb : va;
+    assert.deepEqual(loser, { ok: false, status: 409, message: `worker '${id}' exists`, param: 'id' });
+    // both requesters hold the winner's worker as they read their verdicts: no wait
+    const url = va.ok ? `http://a-${round}` : `http://b-${round}`;
+    assert.equal(a.workers.find((w) => w.id === id)?.url, url);
+    assert.equal(b.workers.find((w) => w.id === id)?.url, url);
+    // a delete through the third process right after: the relay has it, whatever c has heard
+    assert.deepEqual(await adminChange(c, { op: 'remove', id }), { ok: true, id });
+    assert.deepEqual(await adminChange(a, { op: 'remove', id }), {
+      ok: false,
+      status: 404,
+      message: `no worker '${id}'`,
+    });
+  }
+  await Promise.all(processes.map((p) => p.store.syncWorkerChanges()));
+  const registry = registryOf(relay, spy);
+  assert.deepEqual(registry, { workers: { e0: 'http://e0' }, draining: [] });
+  for (const p of processes) assert.deepEqual(viewOf(p), registry, `process ${p.id}`);
+});
+
+test('interleaved admin adds, removes and drains leave every process holding the relay registry', async () => {
+  const { relay, processes } = fleet(3, ['e0']);
+  const spy: ClusterMessage[] = [];
+  relay.add({ id: 'spy', send: (m) => void spy.push(m) });
+  await Promise.all(processes.map((p) => p.store.attach(p.host)));
+  let seed = 7;
+  const next = (n: number) => ((seed = (seed * 1103515245 + 12345) % 2 ** 31), Math.floor((seed / 2 ** 31) * n));
+  const counts: Record<string, number> = {};
+  for (let batch = 0; batch < 40; batch++) {
+    const changes = Array.from({ length: 6 }, () => {
+      const id = `x${next(3)}`;
+      const op = next(4);
+      const change: WorkerChange =
+        op === 0 || op === 1
+          ? { op: 'add', worker: { id, url: `http://${id}-${next(1000)}` } }
+          : op === 2
+            ? { op: 'remove', id }
+            : { op: 'drain', id, draining: next(2) === 0 };
+      return adminChange(processes[next(3)], change).then((v) => {
+        const key = `${change.op} ${v.ok ? 'ok' : v.status}`;
+        counts[key] = (counts[key] ?? 0) + 1;
+      });
+    });
+    await Promise.all(changes);
+    // sequential changes by one client through different processes see each other
+    const id = `seq${batch}`;
+    assert.equal((await adminChange(processes[batch % 3], { op: 'add', worker: { id, url: 'http://s' } })).ok, true);
+    assert.equal((await adminChange(processes[(batch + 1) % 3], { op: 'drain', id, draining: true })).ok, true);
+    assert.equal((await adminChange(processes[(batch + 2) % 3], { op: 'remove', id })).ok, true);
+  }
+  for (const key of ['add ok', 'add 409', 'remove ok', 'remove 404', 'drain ok', 'drain 404'])
+    assert.ok(counts[key] > 0, `the interleavings include ${key}: ${JSON.stringify(counts)}`);
+  await Promise.all(processes.map((p) => p.store.syncWorkerChanges()));
+  const registry = registryOf(relay, spy);
+  for (const p of processes) assert.deepEqual(viewOf(p), registry, `process ${p.id}`);
+  for (const p of processes)
+    assert.deepEqual(p.unheldRemovals, [], 'no process was asked to remove what it did not hold');
+});
+
+test('an admin change the relay does not answer in time is refused as unanswered, and applied if its verdict comes later', async () => {
+  const listeners = new Set<(m: unknown) => void>();
+  const sent: ClusterMessage[] = [];
+  const store = new ClusterStateStore({
+    replicaId: 'p',
+    timeoutMs: 5,
+    adminTimeoutMs: 50,
+    channel: {
+      send: (m) => {
+        sent.push(m);
+        // the start snapshot comes; nothing else is answered
+        if (m.cf === 'hello')
+          queueMicrotask(() => {
+            for (const l of listeners) l({ cf: 'snapshot', workers: [], workflows: [], decisions: [], loads: [] });
+          });
+      },
+      onMessage: (l) => void listeners.add(l),
+      offMessage: (l) => void listeners.delete(l),
+    },
+  });
+  const router = new KVAwareRouter();
+  await store.attach(workerHost(router, ['e0']).host);
+  const applied: WorkerChangeVerdict[] = [];
+  await assert.rejects(
+    store.orderWorkerChange({ op: 'remove', id: 'e0' }, (v) => applied.push(v)),
+    (err: Error) =>
+      err instanceof SharedStateUnanswered && /did not decide the worker change within 50 ms/.test(err.message),
+  );
+  await assert.rejects(store.syncWorkerChanges(), SharedStateUnanswered);
+  const asked = sent.flatMap((m) => (m.cf === 'batch' ? m.m : [m])).find((m) => m.cf === 'change?');
+  assert.ok(asked?.cf === 'change?');
+  for (const l of listeners) l({ cf: 'change', q: asked.q, v: { ok: true, id: 'e0' } });
+  assert.deepEqual(applied, [{ ok: true, id: 'e0' }]);
+  await store.close();
 });
