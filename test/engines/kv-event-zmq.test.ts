@@ -103,6 +103,24 @@ describe('KV events over ZeroMQ', () => {
     assert.deepEqual(await Promise.all([during, afterClose]), [0n, 1n]);
   });
 
+  test('batches published back to back, none awaited before the next, are all sent in order', async () => {
+    const { pub, sub } = await rig();
+    const seen = sub.stats.batches;
+    // an engine's steps publish each batch without waiting for the one before to be written
+    const sent = [];
+    for (let i = 0; i < 2000; i++) {
+      const hashes = [BigInt(i + 1)];
+      sent.push(pub.publish(batch(stored(hashes, null, 4 * i))));
+    }
+    const seqs = await Promise.all(sent);
+    assert.deepEqual(
+      seqs,
+      seqs.map((_, i) => seqs[0] + BigInt(i)),
+    );
+    await until(() => sub.stats.batches >= seen + 2000, 'the 2,000 batches');
+    assert.equal(sub.stats.gaps, 0);
+  });
+
   test('lost messages are detected as a gap and replayed', async () => {
     const { router, pub, sub } = await rig();
     const replaysBefore = sub.stats.replays; // joining late may already have replayed once

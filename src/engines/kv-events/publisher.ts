@@ -35,6 +35,12 @@ export class KvEventPublisher {
   private nextSeq = 0n;
   private dropCount = 0;
   private closed = false;
+  /**
+   * The last send: ZeroMQ takes one send at a time on a socket (a second one while the first
+   * waits is refused: "Socket is busy writing"), and after 512 sends in one turn of the event
+   * loop it makes the next wait, so batches published back to back are sent one after another.
+   */
+  private sending: Promise<void> = Promise.resolve();
   endpoint = '';
   replayEndpoint = '';
 
@@ -85,11 +91,18 @@ export class KvEventPublisher {
     const seqBytes = Buffer.alloc(8);
     seqBytes.writeBigUInt64BE(seq);
     try {
-      await this.pub.send([this.options.topic ?? '', seqBytes, payload]);
+      await this.send([this.options.topic ?? '', seqBytes, payload]);
     } catch (err) {
       if (!this.closed) throw err;
     }
     return seq;
+  }
+
+  /** Sends `frames` once the sends before have ended (a socket closed meanwhile sends nothing). */
+  private send(frames: Array<Uint8Array | string>): Promise<void> {
+    const sent = this.sending.then(() => (this.closed ? undefined : this.pub.send(frames)));
+    this.sending = sent.catch(() => {});
+    return sent;
   }
 
   /** Drops the next `count` batches on the wire, as a network loss would (for tests). */
@@ -99,7 +112,7 @@ export class KvEventPublisher {
 
   /** Sends raw frames (for tests of malformed input). */
   async sendRaw(frames: Array<Uint8Array | string>): Promise<void> {
-    await this.pub.send(frames);
+    await this.send(frames);
   }
 
   async close(): Promise<void> {

@@ -175,6 +175,8 @@ export function flushEvents(core: RankCore, blockSize: number): void {
     events.push({ type: 'BlockRemoved', blockHashes: [...core.removed], medium: 'GPU', groupIdx: 0 });
   core.stored.length = 0;
   core.removed.length = 0;
+  // a batch that fails to send is still numbered and kept for replay: the subscribers see the
+  // gap and ask for it again, and the engine keeps serving
   if (events.length > 0 && core.publisher)
-    void core.publisher.publish({ ts: Date.now() / 1000, events, dataParallelRank: core.rank });
+    core.publisher.publish({ ts: Date.now() / 1000, events, dataParallelRank: core.rank }).catch(() => {});
 }
