@@ -25,6 +25,8 @@ export interface AdminRoutesOptions {
   postedEvents: PostedEvents;
   /** The admin bearer token. */
   adminToken: AdminToken;
+  /** A worker's deadline (ms) for a streamed answer's first byte, as learned so far. */
+  firstByteDeadlineMs?(workerId: string): number;
   /**
    * Adds a worker here and in the shared state. A promise when the shared state decides worker
    * changes (StateStore.orderWorkerChange()): it rejects with WorkerChangeRefused for the
@@ -100,6 +102,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
         models: c?.record.models ?? null,
         kvEvents: c?.subscriber?.stats ?? null,
         inFlightRequests: w.inFlightRequests,
+        ...(options.firstByteDeadlineMs ? { firstByteDeadlineMs: options.firstByteDeadlineMs(w.id) } : {}),
         waitingRequests: w.waitingRequests,
         runningRequests: w.runningRequests,
         indexEntries: router.index.entriesFor(w.slot),

@@ -730,6 +730,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     health,
     (id) => connections.has(id),
   );
+  // each worker's deadline for a streamed answer's first byte, learned from its answers
+  const firstByte = new FirstByteDeadlines(timeouts.firstByteTimeoutMs, timeouts.interChunkTimeoutMs);
 
   const addWorker = (w: GatewayWorker) => state.workerAdded(connections.add(w));
   /** Workers added here through the admin API or configured at start: DNS discovery leaves them alone. */
@@ -737,10 +739,13 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const removeWorkerLocally = (id: string) => {
     if (!connections.has(id)) return false;
     operatorWorkers.delete(connections.get(id)?.workerId ?? id);
-    // the breaker counts by router worker id: each data-parallel rank has its own streak, and its own series
+    // the breaker counts by router worker id: each data-parallel rank has its own streak, and its
+    // own series and first-byte deadline: a worker added again under the id (another engine, or
+    // the same one restarted) starts from the allowance, not from what the last one taught
     for (const rid of connections.routerIdsOf(id)) {
       breaker.forget(rid);
       metrics.forgetWorker(rid);
+      firstByte.forget(rid);
     }
     return connections.remove(id);
   };
@@ -1055,7 +1060,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     maxRetries: options.maxRetries ?? 2,
     failureLog: new FailureLog(log),
     interChunkTimeoutMs: timeouts.interChunkTimeoutMs,
-    firstByte: new FirstByteDeadlines(timeouts.firstByteTimeoutMs, timeouts.interChunkTimeoutMs),
+    firstByte,
     cachedTokensHeader: options.cachedTokensHeader === true,
     viaPseudonym: via,
     releaseBody: (req) => bodyCharges.get(req)?.release(),
@@ -1238,6 +1243,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   app.register(adminRoutes, {
     router,
     connections,
+    firstByteDeadlineMs: (id) => firstByte.deadlineMs(id),
     health,
     state,
     postedEvents,

@@ -4,6 +4,7 @@
  * discovery, the admin API) must not grow the page, and the scrape's cardinality, for good.
  */
 import assert from 'node:assert/strict';
+import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
@@ -78,5 +79,62 @@ test("a removed worker's counters leave /metrics with its gauges, for every rank
   } finally {
     await gateway.close();
     await engine.close();
+  }
+});
+
+test('a worker removed and added again under its id starts from the first-byte allowance, not from what it taught', async () => {
+  // an engine that sends a stream's first event 300 ms after the request, and then ends it
+  const engine = createHttpServer((req, res) => {
+    req.resume();
+    if (req.method !== 'POST') return void res.writeHead(404).end();
+    req.on('end', () =>
+      setTimeout(() => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end('data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"a"}]}\n\ndata: [DONE]\n\n');
+      }, 300),
+    );
+  });
+  await new Promise<void>((resolve) => engine.listen(0, '127.0.0.1', resolve));
+  const url = `http://127.0.0.1:${(engine.address() as AddressInfo).port}`;
+  const adminToken = 'first-byte-forgotten-admin';
+  const gateway = await createGateway({
+    adminToken,
+    router: new KVAwareRouter({ blockSize: 16 }),
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    timeouts: { firstByteTimeoutMs: 1000, interChunkTimeoutMs: 60_000 },
+    workers: [{ id: 'w', url }],
+  });
+  const admin = { 'content-type': 'application/json', authorization: `Bearer ${adminToken}` };
+  try {
+    const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+    const deadline = async () => {
+      const listed = (await (await fetch(`${base}/admin/workers`, { headers: admin })).json()) as {
+        workers: Array<{ id: string; firstByteDeadlineMs: number }>;
+      };
+      return listed.workers.find((w) => w.id === 'w')?.firstByteDeadlineMs;
+    };
+    assert.equal(await deadline(), 1000, 'a worker not yet heard: the allowance');
+    const res = await fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: 'slow first byte', max_tokens: 2, stream: true }),
+    });
+    assert.equal(res.status, 200);
+    await res.text();
+    // twice a mean of at least 300 ms, plus the allowance
+    assert.ok((await deadline())! >= 1600, `learned: ${await deadline()}`);
+    assert.equal((await fetch(`${base}/admin/workers/w`, { method: 'DELETE', headers: admin })).status, 200);
+    const added = await fetch(`${base}/admin/workers`, {
+      method: 'POST',
+      headers: admin,
+      body: JSON.stringify({ id: 'w', url }),
+    });
+    assert.equal(added.status, 201);
+    assert.equal(await deadline(), 1000, 'added again: the allowance');
+  } finally {
+    await gateway.close();
+    engine.closeAllConnections();
+    await new Promise<void>((resolve) => engine.close(() => resolve()));
   }
 });
