@@ -49,12 +49,31 @@ export class ContentAnchorIndex {
     return tokens;
   }
 
-  /** Records that the worker at `slot` holds these anchors from `now` for the TTL. */
+  /**
+   * Records that the worker at `slot` holds these anchors from `now` for the TTL. First drops
+   * the least recently recorded anchors whose holders have all expired: recorded longest ago,
+   * they expire first, so a few looked at per call keep up with the anchors recorded, and an
+   * anchor no request uses again leaves the table (and its count) when its TTL ends rather than
+   * when the capacity pushes it out.
+   */
   record(slot: number, anchors: readonly ContentAnchor[], now: number): void {
+    this.dropExpired(now, anchors.length + 1);
     for (const a of anchors) {
       let holders = this.anchors.get(a.id); // now the most recently used
       if (!holders) this.anchors.set(a.id, (holders = new Map())); // at capacity, the least recently used goes
       holders.set(slot, now + this.ttlMs);
+    }
+  }
+
+  /** Drops up to `most` of the least recently recorded anchors, while all their holders have expired by `now`. */
+  private dropExpired(now: number, most: number): void {
+    for (let dropped = 0; dropped < most; dropped++) {
+      // looked up afresh each time: the table is not changed under an iteration
+      const oldest = this.anchors.rkeys().next();
+      if (oldest.done) return;
+      const holders = this.anchors.peek(oldest.value);
+      if (holders) for (const expiry of holders.values()) if (expiry > now) return;
+      this.anchors.delete(oldest.value);
     }
   }
 
