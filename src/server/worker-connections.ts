@@ -251,8 +251,8 @@ export class WorkerConnections {
   private readonly stall?: StallWatch;
   /** Router worker ids of each worker (its ranks, or itself), by the worker's id. */
   private readonly groups = new Map<string, string[]>();
-  /** Subscribers of removed workers, still closing. */
-  private readonly closing: Promise<void>[] = [];
+  /** Subscribers of removed workers, still closing (each leaves once closed: workers come and go for months). */
+  private readonly closing = new Set<Promise<void>>();
   private readonly modelsTimer: NodeJS.Timeout | undefined;
   /** Workers their health check holds out: they may come back as a new process with an empty cache. */
   private readonly mayHaveRestarted = new Set<string>();
@@ -594,7 +594,7 @@ export class WorkerConnections {
         this.options.health.forget(id);
       }
       if (pool) void pool.destroy().catch(() => {});
-      for (const s of subscribers) if (s) this.closing.push(s.close().catch(() => {}));
+      for (const s of subscribers) if (s) this.closeRemoved(s);
       for (const id of registered) router.removeWorker(id);
     };
     try {
@@ -778,7 +778,7 @@ export class WorkerConnections {
       this.connections.delete(rid);
       // close() stops it at once (a replay under way is cancelled): from here it applies and
       // drops nothing, so the worker's entries cleared below stay cleared, whatever is added under its id
-      if (c.subscriber) this.closing.push(c.subscriber.close().catch(() => {}));
+      if (c.subscriber) this.closeRemoved(c.subscriber);
       this.scraper?.remove(rid);
       this.checker?.remove(rid);
       this.options.health.forget(rid);
@@ -1027,12 +1027,21 @@ export class WorkerConnections {
     this.graceTimers.clear();
   }
 
+  /** Closes a removed worker's subscriber; close() waits for it while it is closing. */
+  private closeRemoved(subscriber: { close(): Promise<void> }): void {
+    const closed: Promise<void> = subscriber.close().then(
+      () => void this.closing.delete(closed),
+      () => void this.closing.delete(closed),
+    );
+    this.closing.add(closed);
+  }
+
   /** Stops polling, drops every pool and waits for the subscribers to close. */
   async close(): Promise<void> {
     this.stopPolling();
     await Promise.all([...new Set([...this.connections.values()].map((c) => c.pool))].map((p) => p.destroy()));
     await Promise.all([...this.connections.values()].map((c) => c.subscriber?.close()));
-    await Promise.all(this.closing);
+    await Promise.all([...this.closing]);
   }
 }
 
