@@ -443,6 +443,9 @@ test('serve --processes 2: /metrics on any process counts the requests of every 
     const usage = sample(page, 'contextforge_worker_kv_usage{worker="e0"}');
     assert.ok(usage !== undefined && usage >= 0 && usage <= 1, `kv usage ${usage}`);
     assert.equal(sample(page, 'contextforge_worker_available{worker="e0"}'), 1);
+    // each process's own memory and event-loop delay, merged
+    assert.ok(sample(page, 'process_resident_memory_bytes')! > 0, 'resident memory');
+    assert.ok(sample(page, 'nodejs_eventloop_lag_max_seconds')! >= 0, 'event-loop delay');
   }
   const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
   child.kill('SIGTERM');

@@ -4,6 +4,7 @@ import { descriptorLimitWarning, openFileLimit } from '../../server/client-conne
 import { KVAwareRouter } from '../../core/router/index.js';
 import { fileErrorMessage, quotedText } from '../../core/shown-text.js';
 import { createGateway, type Gateway, type GatewayOptions } from '../../server/gateway.js';
+import { collectDefaultMetrics } from 'prom-client';
 import { registerStateMetrics } from '../../server/metrics.js';
 import { ProcessMetrics, type ProcessMetricsMessage } from '../../server/process-metrics.js';
 import type { RequestLimits } from '../../server/request-limits.js';
@@ -160,6 +161,11 @@ export async function startGateway(
     ...extra,
   });
   registerStateMetrics(gateway.metrics, state);
+  // the process's own: resident memory, heap, CPU, open descriptors, event-loop delay, garbage
+  // collection (prom-client's default metrics, under their usual names); with --processes the
+  // primary merges them as prom-client's cluster aggregation does (memory summed, event-loop
+  // delay averaged, its maximum the largest)
+  collectDefaultMetrics({ register: gateway.metrics });
   const onPrimaryMessage = (m: unknown) => void processMetrics?.receive(m);
   if (worker) {
     processMetrics = new ProcessMetrics(gateway.metrics, processChannel());
