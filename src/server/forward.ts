@@ -1249,6 +1249,9 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     this.eventEnded = end > 0;
     const last = chunk[n - 1];
     this.position = last === LF ? LINE_START : last === CR ? (end === n ? AFTER_EVENT_CR : AFTER_CR) : MID_LINE;
+    // more of an event already passing through (nothing is held meanwhile): it passes on as it
+    // comes, until its end
+    if (end === 0 && this.midEvent) return chunk;
     const tail = end === 0 ? this.heldBytes + n : n - end;
     if (tail > MAX_HELD_EVENT_BYTES) {
       // too large to hold: it passes through as it comes

@@ -100,3 +100,80 @@ test('an event larger than the held-back limit that ends passes whole, and the s
     await bad.close();
   }
 });
+
+/** `bytes` bytes of hex counters (8 digits and a space each): text of an event's data. */
+function counters(from: number, bytes: number): string {
+  let s = '';
+  for (let i = from; s.length < bytes; i++) s += `${i.toString(16).padStart(8, '0')} `;
+  return s.slice(0, bytes);
+}
+
+const MID_STREAM_ERROR =
+  '\n\ndata: {"error":{"message":"the engine failed mid-stream","type":"server_error","param":null,"code":null}}\n\ndata: [DONE]\n\n';
+
+for (const then of ['stalls', 'closes'] as const) {
+  test(`an event past the held-back limit, then the engine ${then}: every byte it sent reaches the client, at once, before the error event`, async () => {
+    // one event, then 2.5 MiB of the next without its end, in 256 KiB writes
+    let sent = 'data: {"choices":[{"index":0,"delta":{"content":"';
+    for (let i = 0; i < 10; i++) sent += counters(i * 29128, 256 * 1024);
+    const bad = await engineStreaming((res) => {
+      let at = 0;
+      const t = setInterval(() => {
+        const next = sent.slice(at, at + 256 * 1024 + 60);
+        at += next.length;
+        if (next.length > 0) res.write(next);
+        else {
+          clearInterval(t);
+          if (then === 'closes') res.destroy();
+        }
+      }, 5);
+      res.on('close', () => clearInterval(t));
+    });
+    const g = await badFirstGateway(bad.url, false, {
+      timeouts: { firstByteTimeoutMs: 60_000, interChunkTimeoutMs: 3_000 },
+    });
+    try {
+      const res = await fetch(`${g.base}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ prompt: 'p', max_tokens: 2, stream: true }),
+        signal: AbortSignal.timeout(30_000),
+      });
+      assert.equal(res.status, 200);
+      const reader = res.body!.getReader();
+      const parts: Uint8Array[] = [];
+      let received = 0;
+      let ended = false;
+      const reading = (async () => {
+        for (;;) {
+          const { done, value } = await reader.read();
+          if (done) return void (ended = true);
+          parts.push(value);
+          received += value.length;
+        }
+      })();
+      const expected = Buffer.byteLength(FIRST + sent);
+      if (then === 'stalls') {
+        // the engine stalls with its bytes written: they reach the client before the timeout cuts the stream
+        await until(() => received >= expected || ended, 'the bytes sent, or the end of the stream');
+        assert.ok(!ended, `the bytes reached the client before the stream was cut (${received} of ${expected})`);
+        assert.equal(received, expected, 'every byte the engine sent, and no more, before the stall is over');
+      }
+      await reading;
+      const text = Buffer.concat(parts).toString();
+      assert.ok(
+        text.startsWith(FIRST + sent),
+        `every byte the engine sent came first (${text.length} bytes, ${expected} sent)`,
+      );
+      assert.equal(
+        text.slice(expected),
+        MID_STREAM_ERROR,
+        'then the error event, on a line of its own, and data: [DONE]',
+      );
+      await until(() => bad.open === 0, 'the engine connection to be dropped');
+    } finally {
+      await g.close();
+      await bad.close();
+    }
+  });
+}
