@@ -1126,11 +1126,16 @@ function jsonBytesLeft(value: unknown, budget: number): number {
   return budget;
 }
 
-/** Token ids: integers in [0, 2^32); throws a RequestLimitError naming the first that is not. */
+/**
+ * Token ids: integers in [0, 2^32); throws a RequestLimitError naming the first that is not (in
+ * its message and its param: `prompt[1]`, `prompt[1][0]` in a list of lists).
+ */
 export function checkTokenIds(value: readonly unknown[], param: string): number[] {
   for (let i = 0; i < value.length; i++) {
-    if (!isTokenId(value[i]))
-      throw new RequestLimitError(`${param}[${i}] must be a token id (an integer from 0 to ${MAX_TOKEN_ID})`, param);
+    if (!isTokenId(value[i])) {
+      const at = `${param}[${i}]`;
+      throw new RequestLimitError(`${at} must be a token id (an integer from 0 to ${MAX_TOKEN_ID})`, at);
+    }
   }
   return value as number[];
 }

@@ -174,7 +174,7 @@ describe("SGLang's /generate through the endpoint picker (default limits)", () =
     {
       name: 'a negative id in token_ids_logprob',
       body: { text: 'hi', return_logprob: true, token_ids_logprob: [1, -1] },
-      param: 'token_ids_logprob',
+      param: 'token_ids_logprob[1]',
     },
     {
       name: '21 ids in the second of list-form token_ids_logprob',

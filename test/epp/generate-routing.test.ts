@@ -204,10 +204,10 @@ describe('a /generate prompt the router cannot read is refused naming its field'
     { name: 'text that is a number', body: { text: 5 }, param: 'text' },
     { name: 'text mixing strings and numbers', body: { text: ['a', 1] }, param: 'text' },
     { name: 'an empty text list', body: { text: [] }, param: 'text' },
-    { name: 'a negative token id', body: { input_ids: [1, -1] }, param: 'input_ids' },
+    { name: 'a negative token id', body: { input_ids: [1, -1] }, param: 'input_ids[1]' },
     { name: 'an empty input_ids', body: { input_ids: [] }, param: 'input_ids' },
     { name: 'input_ids of strings', body: { input_ids: ['a'] }, param: 'input_ids' },
-    { name: 'a bad id in the second token-id list', body: { input_ids: [[1], [2.5]] }, param: 'input_ids[1]' },
+    { name: 'a bad id in the second token-id list', body: { input_ids: [[1], [2.5]] }, param: 'input_ids[1][0]' },
     {
       name: 'a cache_salt over --max-id-bytes',
       body: { text: 'hi', cache_salt: 'x'.repeat(257) },

@@ -122,8 +122,9 @@ describe('hostile clients', () => {
       ['/v1/completions', { prompt: 'x', contextforge: { workflowId: 5 } }, {}, 'contextforge.workflowId'],
       ['/v1/completions', { prompt: 'x', contextforge: { anchors: [{ id: 5 }] } }, {}, 'contextforge.anchors[0].id'],
       ['/v1/completions', { prompt: 'x', cache_salt: '' }, {}, 'cache_salt'],
-      ['/v1/completions', { prompt: [1e300] }, {}, 'prompt'],
-      ['/v1/completions', { prompt: [[1, 2], [4294967296]] }, {}, 'prompt[1]'],
+      ['/v1/completions', { prompt: [1e300] }, {}, 'prompt[0]'],
+      ['/v1/completions', { prompt: [1, 'a'] }, {}, 'prompt[1]'],
+      ['/v1/completions', { prompt: [[1, 2], [4294967296]] }, {}, 'prompt[1][0]'],
       ['/v1/completions', deep, {}, 'body'],
       ['/v1/completions', `{"prompt":"x","contextforge":${'{"a":'.repeat(5000)}1${'}'.repeat(5000)}}`, {}, 'body'],
       ['/v1/route', deep, auth, 'body'],
@@ -137,6 +138,8 @@ describe('hostile clients', () => {
       assert.equal(res.status, 400, `${path} ${param}`);
       const err = errorOf(res.text);
       assert.equal(err.param, param);
+      // a token id refused: the param names the element the message names
+      if (param.startsWith('prompt[')) assert.ok(err.message.startsWith(`${param} must be a token id`), err.message);
       assert.doesNotMatch(err.message, /Cannot read|call stack|undefined|null \(|at .*\.ts/);
     }
     assert.equal((await fetch(`${base}/healthz`)).status, 200);

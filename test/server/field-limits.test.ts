@@ -223,7 +223,7 @@ describe("vLLM's logprob_token_ids", () => {
       );
       await passes(defaults, path, { logprobs: 1, logprob_token_ids: ids(20) });
       await passes(defaults, path, { logprob_token_ids: null });
-      await refused(defaults, path, { logprob_token_ids: [1, -1] }, 'logprob_token_ids');
+      await refused(defaults, path, { logprob_token_ids: [1, -1] }, 'logprob_token_ids[1]');
       await refused(defaults, path, { logprob_token_ids: 5 }, 'logprob_token_ids');
       await refused(tight, path, { logprob_token_ids: ids(3) }, 'logprob_token_ids');
       await passes(tight, path, { logprob_token_ids: ids(2) });

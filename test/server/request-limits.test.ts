@@ -259,8 +259,13 @@ describe('prompts and messages', () => {
     assert.deepEqual(readPrompt([1, 2, 4294967295]), { tokens: [1, 2, 4294967295] });
     assert.deepEqual(readPrompt([[1, 2], [3]]), { tokens: [1, 2] });
     assert.deepEqual(readPrompt(['a', 'b']), { text: 'a' });
-    for (const bad of [[1e300], [4294967296], [-1], [1.5], [1, '2'], [NaN]]) rejects(() => readPrompt(bad), 'prompt');
-    rejects(() => readPrompt([[1], [2, 1e300]]), 'prompt[1]');
+    // the error's param names the element its message names
+    for (const bad of [[1e300], [4294967296], [-1], [1.5], [NaN]])
+      rejects(() => readPrompt(bad), 'prompt[0]', /^prompt\[0\] must be a token id/);
+    rejects(() => readPrompt([1, 'a']), 'prompt[1]', /^prompt\[1\] must be a token id/);
+    rejects(() => readPrompt([[1], [2, 1e300]]), 'prompt[1][1]', /^prompt\[1\]\[1\] must be a token id/);
+    rejects(() => readPrompt([[1], [2], ['x']]), 'prompt[2][0]', /^prompt\[2\]\[0\] must be a token id/);
+    rejects(() => readPrompt([1, -2], 'input_ids'), 'input_ids[1]', /^input_ids\[1\] must be a token id/);
     rejects(() => readPrompt(['a', 1]), 'prompt');
     rejects(() => readPrompt([]), 'prompt');
     rejects(() => readPrompt({ a: 1 }), 'prompt');
@@ -499,12 +504,12 @@ describe("SGLang's token_ids_logprob", () => {
     for (const bad of [-1, 1.5, '7', 4294967296, null, true])
       rejects(
         () => checkGenerateRequest({ text: 'a', token_ids_logprob: [1, bad] }, limits),
-        'token_ids_logprob',
+        'token_ids_logprob[1]',
         /^token_ids_logprob\[1\] must be a token id \(an integer from 0 to 4294967295\)$/,
       );
     rejects(
       () => checkGenerateRequest({ text: ['a', 'b'], token_ids_logprob: [[1], [2, -3]] }, limits),
-      'token_ids_logprob[1]',
+      'token_ids_logprob[1][1]',
       /^token_ids_logprob\[1\]\[1\] must be a token id/,
     );
     rejects(
@@ -542,7 +547,7 @@ describe('prompts per request', () => {
     const { readRouteRequest } = await import('../../src/server/request-limits.js');
     const bad = [[1], [2, -1], ...idLists(255)];
     // within the count, the bad element is what is refused
-    rejects(() => readRouteRequest('/v1/completions', { prompt: bad.slice(0, 256) }, {}, limits), 'prompt[1]');
+    rejects(() => readRouteRequest('/v1/completions', { prompt: bad.slice(0, 256) }, {}, limits), 'prompt[1][1]');
     rejects(
       () => readRouteRequest('/v1/completions', { prompt: bad }, {}, limits),
       'prompt',
@@ -667,11 +672,12 @@ describe("vLLM's logprob_token_ids", () => {
     test(`entries are token ids; anything but a list is refused (${path})`, async () => {
       for (const bad of [-1, 1.5, '7', 4294967296, null])
         await assert.rejects(read({ logprob_token_ids: [1, bad] }), {
-          param: 'logprob_token_ids',
+          param: 'logprob_token_ids[1]',
           message: 'logprob_token_ids[1] must be a token id (an integer from 0 to 4294967295)',
         });
-      for (const bad of [5, 'x', { 0: 1 }, [[1]]])
+      for (const bad of [5, 'x', { 0: 1 }])
         await assert.rejects(read({ logprob_token_ids: bad }), { param: 'logprob_token_ids' });
+      await assert.rejects(read({ logprob_token_ids: [[1]] }), { param: 'logprob_token_ids[0]' });
     });
   }
 });
