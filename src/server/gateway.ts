@@ -775,14 +775,22 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     return known;
   };
   /**
-   * The admin API's worker changes when the shared state decides them (the cluster store): each
-   * is sent to be decided in one order with every process's, and applied here as its verdict
-   * arrives (the state then applies it in the other processes; state.workerAdded() and the like
-   * are not called).
+   * The admin API's worker changes when the shared state decides them (the cluster store; the
+   * Redis store while Redis is up): each is sent to be decided in one order with every
+   * process's (replica's), and applied here as its verdict arrives (the state then applies it
+   * in the others; state.workerAdded() and the like are not called). While the state does not
+   * decide (Redis out of reach) the change is decided here, as without it.
    */
   const orderWorkerChange = state.orderWorkerChange?.bind(state);
+  const decidedHere = () => state.decidesWorkerChanges?.() === false;
   const orderedAdmin = orderWorkerChange && {
     addWorker: async (w: WorkerRecord) => {
+      if (decidedHere()) {
+        if (connections.has(w.id)) throw new WorkerChangeRefused(409, `worker '${w.id}' exists`, 'id');
+        addWorker(w);
+        operatorWorkers.add(w.id);
+        return;
+      }
       const failedHere = await orderWorkerChange({ op: 'add', worker: w }, (v) => {
         if (!v.ok) throw new WorkerChangeRefused(v.status, v.message, v.param);
         // the shared state's order wins: a worker of this id held here is one it no longer has
@@ -798,28 +806,33 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       if (failedHere === undefined) return;
       // made in the shared state but refused here (out of ZeroMQ sockets, a pool or subscriber
       // that would not start): taken back, in the same order, and the refusal answered
-      await orderWorkerChange({ op: 'remove', id: w.id }, () => undefined).catch(() => undefined);
+      if (decidedHere()) state.workerRemoved(w.id);
+      else await orderWorkerChange({ op: 'remove', id: w.id }, () => undefined).catch(() => undefined);
       throw failedHere;
     },
     removeWorker: (id: string) =>
-      orderWorkerChange({ op: 'remove', id }, (v) => {
-        if (!v.ok) {
-          if (v.status === 404) return false;
-          throw new WorkerChangeRefused(v.status, v.message, v.param);
-        }
-        removeWorkerLocally(v.id);
-        return true;
-      }),
+      decidedHere()
+        ? removeWorker(id)
+        : orderWorkerChange({ op: 'remove', id }, (v) => {
+            if (!v.ok) {
+              if (v.status === 404) return false;
+              throw new WorkerChangeRefused(v.status, v.message, v.param);
+            }
+            removeWorkerLocally(v.id);
+            return true;
+          }),
     drainWorker: (id: string, draining: boolean) =>
-      orderWorkerChange({ op: 'drain', id, draining }, (v) => {
-        if (!v.ok) {
-          if (v.status === 404) return false;
-          throw new WorkerChangeRefused(v.status, v.message, v.param);
-        }
-        // every rank of it (the verdict names the worker)
-        drainWorkerLocally(v.id, draining);
-        return true;
-      }),
+      decidedHere()
+        ? drainWorker(id, draining)
+        : orderWorkerChange({ op: 'drain', id, draining }, (v) => {
+            if (!v.ok) {
+              if (v.status === 404) return false;
+              throw new WorkerChangeRefused(v.status, v.message, v.param);
+            }
+            // every rank of it (the verdict names the worker)
+            drainWorkerLocally(v.id, draining);
+            return true;
+          }),
     syncWorkers: () => state.syncWorkerChanges!(),
   };
   for (const w of options.workers ?? []) {

@@ -3,6 +3,7 @@ import { LRUCache } from 'lru-cache';
 import { Redis, ReplyError, type ChainableCommander, type RedisOptions } from 'ioredis';
 import { quotedText } from '../core/shown-text.js';
 import { isWorkerId } from '../core/validate.js';
+import { MAX_WORKERS } from '../core/worker-registry.js';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
 import { MAX_PREDICTION_TTL_MS } from '../core/router/options-schema.js';
 import {
@@ -32,7 +33,15 @@ import {
 } from './redis-wire.js';
 import { MAX_REDIS_DB, parseRedisUrl } from './redis-url.js';
 import { MAX_REMOTE_REPLICAS, MAX_REPLICA_ID_LENGTH, RemoteLoad } from './remote-load.js';
-import type { StateStats, StateStore, StateStoreHost, WorkerRecord } from './state-store.js';
+import {
+  SharedStateUnanswered,
+  type StateStats,
+  type StateStore,
+  type StateStoreHost,
+  type WorkerChange,
+  type WorkerChangeVerdict,
+  type WorkerRecord,
+} from './state-store.js';
 
 export { MAX_REDIS_DB, parseRedisUrl };
 
@@ -95,6 +104,82 @@ const DELETE_IF_EQUAL = "if redis.call('GET', KEYS[1]) == ARGV[1] then return re
  */
 const WRITE_BACK_WORKERS =
   "local removed = {} local all = redis.call('HGETALL', KEYS[2]) for i = 1, #all, 2 do removed[all[i]] = true end local out = {} for i = 2, #ARGV, 3 do if removed[ARGV[i]] then out[#out + 1] = -1 else local set = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) out[#out + 1] = set if set == 1 then redis.call('PUBLISH', ARGV[1], ARGV[i + 2]) end end end return out";
+
+/**
+ * The part the admin worker change scripts share: the mark (ARGV[2], the start of this replica's
+ * `rm` message, its nonce up to ':') completed with the verdict (`code:n`) and published last on
+ * channel ARGV[1], so the replica that asked hears it after every message of the change and of
+ * every change Redis made before, and applies the change there, in Redis's order; `ranksOf` is
+ * how many data-parallel ranks a registry record has (its dpSize, 1 without).
+ */
+const CHANGE_PRELUDE = `local function decided(code, n)
+  redis.call('PUBLISH', ARGV[1], ARGV[2] .. code .. ':' .. n .. '"}')
+  return code
+end
+local function ranksOf(v)
+  if not string.find(v, '"dpSize"', 1, true) then return 1 end
+  local ok, w = pcall(cjson.decode, v)
+  if ok and type(w) == 'table' and type(w.dpSize) == 'number' and w.dpSize >= 1 then return w.dpSize end
+  return 1
+end
+`;
+
+/**
+ * An admin API's addition of worker ARGV[3] (record ARGV[4], ARGV[5] ranks) to the registry
+ * KEYS[1], decided there: 0 when it holds the id, -1 (with the ranks it holds) when the ranks
+ * would pass ARGV[6], else written (HSETNX), no longer recorded removed (KEYS[2]) nor draining
+ * (KEYS[3]), announced (ARGV[7]) and announced resumed (ARGV[8]): 1. Atomic, mark included.
+ */
+const ADD_WORKER = `${CHANGE_PRELUDE}
+local all = redis.call('HGETALL', KEYS[1])
+local ranks = 0
+for i = 1, #all, 2 do
+  if all[i] == ARGV[3] then return decided(0, 0) end
+  ranks = ranks + ranksOf(all[i + 1])
+end
+if ranks + tonumber(ARGV[5]) > tonumber(ARGV[6]) then return decided(-1, ranks) end
+redis.call('HSETNX', KEYS[1], ARGV[3], ARGV[4])
+redis.call('HDEL', KEYS[2], ARGV[3])
+redis.call('HDEL', KEYS[3], ARGV[3])
+redis.call('PUBLISH', ARGV[1], ARGV[7])
+redis.call('PUBLISH', ARGV[1], ARGV[8])
+return decided(1, 0)`;
+
+/**
+ * An admin API's removal of worker ARGV[3] from the registry KEYS[1]: 0 when it does not hold
+ * it, else taken out, recorded removed at ARGV[4] (KEYS[2]), no longer draining (KEYS[3]) and
+ * announced (ARGV[5]): 1. Atomic, mark included.
+ */
+const REMOVE_WORKER = `${CHANGE_PRELUDE}
+if redis.call('HDEL', KEYS[1], ARGV[3]) == 0 then return decided(0, 0) end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+redis.call('HDEL', KEYS[3], ARGV[3])
+redis.call('PUBLISH', ARGV[1], ARGV[5])
+return decided(1, 0)`;
+
+/**
+ * An admin API's drain (ARGV[4] '1') or resume ('0') of ARGV[3]: a worker of the registry
+ * KEYS[1] (1, announced with ARGV[5]), or else the data-parallel rank ARGV[7] of worker ARGV[6]
+ * (2, the worker drained, announced with ARGV[8]), recorded in KEYS[2]; 0 when it names none.
+ * Atomic, mark included.
+ */
+const DRAIN_WORKER = `${CHANGE_PRELUDE}
+local all = redis.call('HGETALL', KEYS[1])
+local id, message, code
+for i = 1, #all, 2 do
+  if all[i] == ARGV[3] then id, message, code = ARGV[3], ARGV[5], 1 break end
+  if ARGV[6] ~= '' and all[i] == ARGV[6] then
+    local n = ranksOf(all[i + 1])
+    if n > 1 and tonumber(ARGV[7]) < n then id, message, code = ARGV[6], ARGV[8], 2 end
+  end
+end
+if not id then return decided(0, 0) end
+if ARGV[4] == '1' then redis.call('HSET', KEYS[2], id, '1') else redis.call('HDEL', KEYS[2], id) end
+redis.call('PUBLISH', ARGV[1], message)
+return decided(code, 0)`;
+
+/** Admin worker changes (and reads) waiting for their mark; past this many the oldest is dropped unapplied. */
+const MOST_PENDING_CHANGES = 10_000;
 
 /**
  * Writes workflows' workers and steps under KEYS[2..] (`wf:{id}`), ids and values in ARGV[5..]
@@ -217,6 +302,11 @@ export interface RedisStateOptions {
    * until Redis answers again, then resynchronises.
    */
   stallTimeoutMs?: number;
+  /**
+   * How long an admin worker change (or read) waits to hear its decision back on the channel
+   * before it is answered 503 (default 5 s); a decision heard later is still applied.
+   */
+  adminTimeoutMs?: number;
 }
 
 interface RedisStats {
@@ -406,6 +496,16 @@ export class RedisStateStore implements StateStore {
   /** The smallest block size of any worker seen (the router's own at first): what maxMessageBytes is of. */
   private smallestBlockSize = Infinity;
   private readonly subscribedWaiters: Array<() => void> = [];
+  private readonly adminTimeoutMs: number;
+  /**
+   * Admin worker changes (and reads) made in Redis, or on their way, whose mark this replica has
+   * not heard back yet, by the mark's nonce: `heard` gets the verdict the mark carries, `fail`
+   * says the mark will not come (the connection or the subscription was lost).
+   */
+  private readonly pendingChanges = new Map<
+    string,
+    { heard: (code: string, n: string) => void; fail: (err: Error) => void }
+  >();
   /** What the resynchronisations reading the registry now have heard since they started reading. */
   private readonly hearing = new Set<HeardChanges>();
   private readonly counters: RedisStats = {
@@ -450,6 +550,7 @@ export class RedisStateStore implements StateStore {
       throw new RangeError(`predictionTtlMs must be at most ${MAX_PREDICTION_TTL_MS}, got ${this.predictionTtlMs}`);
     this.recentLimit = options.recentDecisions ?? 10_000;
     this.stallTimeoutMs = positive(options.stallTimeoutMs ?? 1000, 'stallTimeoutMs');
+    this.adminTimeoutMs = positive(options.adminTimeoutMs ?? 5000, 'adminTimeoutMs');
     this.reconcileQuietMs = 2 * this.syncIntervalMs + (options.commandTimeoutMs ?? 250);
     this.recent = this.recentLimit > 0 ? new LRUCache({ max: this.recentLimit }) : undefined;
     const common: RedisOptions = {
@@ -665,6 +766,249 @@ export class RedisStateStore implements StateStore {
     this.publish(message);
   }
 
+  /** Whether the admin API's worker changes are decided in Redis now: while it is up (else here, as before). */
+  decidesWorkerChanges(): boolean {
+    return this.up;
+  }
+
+  /**
+   * Decides an admin worker change in Redis, against the registry, in one script (ADD_WORKER,
+   * REMOVE_WORKER, DRAIN_WORKER): made and announced only when the registry allows it, with the
+   * same statuses and messages as one replica. The script publishes a mark carrying its verdict
+   * last; `apply` is called with that verdict as this replica hears the mark, so after every
+   * registry change Redis made before it (this replica then holds what the registry held) and
+   * before any made after it. Rejects with SharedStateUnanswered when Redis refuses or does not
+   * answer the script (it may still have been made: a mark heard later still applies it) or
+   * when the mark is not heard within adminTimeoutMs (applied when it is).
+   */
+  orderWorkerChange<T>(change: WorkerChange, apply: (verdict: WorkerChangeVerdict) => T): Promise<T> {
+    const what =
+      change.op === 'add'
+        ? `the addition of worker '${change.worker.id}'`
+        : change.op === 'remove'
+          ? `the removal of worker '${change.id}'`
+          : `the ${change.draining ? 'drain' : 'resumption'} of worker '${change.id}'`;
+    return this.awaitMark(
+      what,
+      (mark) => this.runChange(change, mark),
+      (code, n) => {
+        const verdict = this.verdictOf(change, code, n);
+        this.keepChange(change, verdict);
+        const result = apply(verdict);
+        if (verdict.ok && change.op === 'remove') {
+          // its tallies (its ranks') go with it; this replica's snapshot is written anew at its next sync
+          this.remote.forgetUnknownWorkers();
+          void this.cmd.del(this.key('load', this.replicaId)).catch(() => void this.counters.errors++);
+        }
+        return result;
+      },
+    );
+  }
+
+  /**
+   * Resolves once this replica has heard every registry change Redis made before the call (a
+   * mark it publishes, heard back), so an admin read shows every change some replica answered;
+   * at once while Redis is out of reach or the subscriber is not subscribed (the read shows
+   * this replica's view). Rejects with
+   * SharedStateUnanswered when the mark is not published or not heard within adminTimeoutMs.
+   */
+  syncWorkerChanges(): Promise<void> {
+    // unsubscribed (the subscriber reconnecting), no mark is heard: the resynchronisation that follows mends the view
+    if (!this.up || !this.subscribed) return Promise.resolve();
+    return this.awaitMark(
+      'the read of the workers',
+      (mark) => this.cmd.publish(this.channel, `${mark}s:0"}`),
+      () => undefined,
+    );
+  }
+
+  /**
+   * Sends what `send` makes with the start of a fresh mark (this replica's `rm` message up to
+   * its nonce and ':'), and settles with `heard` of the verdict the mark carries, called as the
+   * mark is heard (in the channel's order). A failed send, or no mark within adminTimeoutMs,
+   * rejects with SharedStateUnanswered naming `what`; a mark heard later still runs `heard`.
+   */
+  private awaitMark<T>(
+    what: string,
+    send: (mark: string) => Promise<unknown>,
+    heard: (code: string, n: string) => T,
+  ): Promise<T> {
+    if (!this.up)
+      return Promise.reject(
+        new SharedStateUnanswered(`redis at ${this.address} is out of reach: ${what} was not decided`),
+      );
+    const nonce = randomBytes(6).toString('hex');
+    const mark = JSON.stringify({ r: this.replicaId, k: 'rm', n: `${nonce}:` } satisfies WireReadMark).slice(0, -2);
+    return new Promise<T>((resolve, reject) => {
+      let done = false;
+      const settle = (f: () => void) => {
+        if (done) return;
+        done = true;
+        clearTimeout(timer);
+        f();
+      };
+      const timer = setTimeout(
+        () =>
+          settle(() =>
+            reject(
+              new SharedStateUnanswered(
+                `${what} was sent to redis at ${this.address}, and not heard back on its channel within ${this.adminTimeoutMs} ms; it may still be made: read /admin/workers before trying again`,
+              ),
+            ),
+          ),
+        this.adminTimeoutMs,
+      );
+      if (this.pendingChanges.size >= MOST_PENDING_CHANGES)
+        this.pendingChanges.delete(this.pendingChanges.keys().next().value!);
+      this.pendingChanges.set(nonce, {
+        heard: (code, n) => {
+          let result: T;
+          try {
+            result = heard(code, n);
+          } catch (err) {
+            return settle(() => reject(err as Error));
+          }
+          settle(() => resolve(result));
+        },
+        fail: (err) => settle(() => reject(err)),
+      });
+      send(mark).catch((err: Error) => {
+        this.failed(err, what);
+        // a command that timed out may still have run: its mark, heard later, applies it here
+        settle(() =>
+          reject(
+            new SharedStateUnanswered(
+              err instanceof ReplyError
+                ? `redis at ${this.address} refused ${what} (${err.message})`
+                : `redis at ${this.address} did not answer ${what} (${err.message}); it may still be made: read /admin/workers before trying again`,
+            ),
+          ),
+        );
+      });
+    });
+  }
+
+  /** The admin changes waiting for a mark that will not come now (the connection or subscription lost): refused, forgotten. */
+  private failPendingChanges(why: string): void {
+    const pending = [...this.pendingChanges.values()];
+    this.pendingChanges.clear();
+    for (const p of pending)
+      p.fail(
+        new SharedStateUnanswered(
+          `${why} before the worker change was heard back; it may have been made: read /admin/workers before trying again`,
+        ),
+      );
+  }
+
+  /** Runs `change`'s script, its mark starting with `mark`. */
+  private runChange(change: WorkerChange, mark: string): Promise<unknown> {
+    const keys = [this.key('workers'), this.key('removed'), this.key('draining')];
+    const r = this.replicaId;
+    switch (change.op) {
+      case 'add': {
+        const { worker } = change;
+        this.noteBlockSize(worker.blockSize);
+        return this.cmd.eval(
+          ADD_WORKER,
+          3,
+          ...keys,
+          this.channel,
+          mark,
+          worker.id,
+          JSON.stringify(worker),
+          String(worker.dpSize ?? 1),
+          String(MAX_WORKERS),
+          JSON.stringify({ r, k: 'wa', worker } satisfies WireWorkerAdded),
+          JSON.stringify({ r, k: 'dr', id: worker.id, on: false } satisfies WireWorkerDrained),
+        );
+      }
+      case 'remove':
+        return this.cmd.eval(
+          REMOVE_WORKER,
+          3,
+          ...keys,
+          this.channel,
+          mark,
+          change.id,
+          String(Date.now()),
+          JSON.stringify({ r, k: 'wr', id: change.id } satisfies WireWorkerRemoved),
+        );
+      case 'drain': {
+        // a data-parallel rank's id (ID#r) names its worker when the registry holds no worker of that id
+        const hash = change.id.lastIndexOf('#');
+        const rank = hash > 0 ? change.id.slice(hash + 1) : '';
+        const worker = /^(0|[1-9]\d*)$/.test(rank) ? change.id.slice(0, hash) : '';
+        const drained = (id: string) =>
+          JSON.stringify({ r, k: 'dr', id, on: change.draining } satisfies WireWorkerDrained);
+        return this.cmd.eval(
+          DRAIN_WORKER,
+          2,
+          keys[0],
+          keys[2],
+          this.channel,
+          mark,
+          change.id,
+          change.draining ? '1' : '0',
+          drained(change.id),
+          worker,
+          worker === '' ? '0' : rank,
+          worker === '' ? '' : drained(worker),
+        );
+      }
+    }
+  }
+
+  /** The verdict a change's mark carries (`code`, and `n` the ranks registered for a refusal past the bound). */
+  private verdictOf(change: WorkerChange, code: string, n: string): WorkerChangeVerdict {
+    switch (change.op) {
+      case 'add': {
+        const { id } = change.worker;
+        if (code === '1') return { ok: true, id };
+        if (code !== '-1') return { ok: false, status: 409, message: `worker '${id}' exists`, param: 'id' };
+        const dpSize = change.worker.dpSize ?? 1;
+        const ranks = Number(n);
+        return {
+          ok: false,
+          status: 409,
+          message:
+            `worker '${id}' not added: the router holds at most ${MAX_WORKERS} workers (each data-parallel rank is one), ` +
+            `${ranks} are registered${dpSize > 1 ? ` and this one has ${dpSize} ranks` : ''}`,
+          param: dpSize > 1 && ranks + 1 <= MAX_WORKERS ? 'dpSize' : 'id',
+        };
+      }
+      case 'remove':
+        return code === '1'
+          ? { ok: true, id: change.id }
+          : { ok: false, status: 404, message: `no worker '${change.id}'` };
+      case 'drain':
+        if (code === '1') return { ok: true, id: change.id };
+        if (code === '2') return { ok: true, id: change.id.slice(0, change.id.lastIndexOf('#')) };
+        return { ok: false, status: 404, message: `no worker '${change.id}'` };
+    }
+  }
+
+  /**
+   * What this replica keeps of a change Redis made as its mark is heard, as of another replica's
+   * message (onMessage()): a resynchronisation reading the registry now lays it over its read.
+   */
+  private keepChange(change: WorkerChange, verdict: WorkerChangeVerdict): void {
+    if (!verdict.ok) return;
+    const id = verdict.id;
+    if (change.op === 'add') this.removalsInFlight.delete(id);
+    for (const h of this.hearing) {
+      if (!h.past) continue;
+      if (change.op === 'drain') h.drains.set(id, change.draining);
+      else {
+        h.workers.set(id, change.op === 'add' ? change.worker : null);
+        h.drains.set(id, false);
+      }
+    }
+    // made in the registry: nothing of this worker made here while Redis was out of reach is left to write
+    this.unsyncedDrains.delete(id);
+    if (change.op === 'drain' && change.draining) this.draining.add(id);
+    else this.draining.delete(id);
+  }
+
   /**
    * A worker added to the registry (no longer recorded as removed, nor draining: a worker
    * removed and added again starts afresh), announced, and announced resumed: a replica that
@@ -771,6 +1115,7 @@ export class RedisStateStore implements StateStore {
   }
 
   async close(): Promise<void> {
+    this.failPendingChanges('this replica is stopping');
     this.closed = true;
     clearInterval(this.timer);
     clearTimeout(this.databaseRetry);
@@ -951,7 +1296,14 @@ export class RedisStateStore implements StateStore {
       return;
     }
     if (msg.k === 'rm') {
-      if (msg.r === this.replicaId) for (const h of this.hearing) if (h.mark === msg.n) h.past = true;
+      if (msg.r !== this.replicaId || typeof msg.n !== 'string') return;
+      for (const h of this.hearing) if (h.mark === msg.n) h.past = true;
+      // an admin change's mark: `nonce:code:n`
+      const [nonce, code = '', n = ''] = msg.n.split(':');
+      const pending = this.pendingChanges.get(nonce);
+      if (pending === undefined) return;
+      this.pendingChanges.delete(nonce);
+      pending.heard(code, n);
       return;
     }
     // this replica's own removal, heard back: what was announced before it has been heard
@@ -1111,6 +1463,7 @@ export class RedisStateStore implements StateStore {
       "state: lost the subscription to redis's channel (messages were missed); resynchronising with the shared state",
     );
     this.reseedLoad = true;
+    this.failPendingChanges(`the subscription to redis's channel was lost`);
     void this.syncLoad();
     if (this.rewriting) return;
     this.rewriting = true;
@@ -1149,6 +1502,7 @@ export class RedisStateStore implements StateStore {
     this.counters.outages++;
     // a removal's message may never come back now; the resynchronisation reads the registry
     this.removalsInFlight.clear();
+    this.failPendingChanges(`the connection to redis at ${this.address} was lost`);
     // other replicas' counts can no longer be kept current: route on this replica's own
     this.remote.clear();
     for (const w of this.host?.router.listWorkers() ?? []) this.applyRemote(w.id);

@@ -123,7 +123,7 @@ export interface StateStore {
   kvEventsPosted(workerId: string, events: unknown): void;
   /**
    * Present when the shared state decides the admin API's worker changes in one order (the
-   * cluster store): instead of the replica deciding against its own view and telling the
+   * cluster store; the Redis store while Redis is up, see decidesWorkerChanges()): instead of the replica deciding against its own view and telling the
    * others (workerAdded(), workerRemoved(), workerDrained()), it sends `change` to be decided.
    * `apply` is called with the verdict as it arrives, after every change decided before it is
    * applied here and before any decided after it is (the other replicas are told of a change
@@ -138,6 +138,12 @@ export interface StateStore {
    * with SharedStateUnanswered past the store's bound.
    */
   syncWorkerChanges?(): Promise<void>;
+  /**
+   * Present with orderWorkerChange() when the store decides worker changes only at times (the
+   * Redis store: while Redis is up): false now, the replica decides a change against its own
+   * view and tells the others (workerAdded() and the like), as without orderWorkerChange().
+   */
+  decidesWorkerChanges?(): boolean;
   stats(): StateStats;
   close(): Promise<void>;
 }
