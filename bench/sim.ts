@@ -37,8 +37,8 @@
  *
  * `--render-only` runs no simulation: it reads the sim-sweep JSON in `--out` and writes its
  * HTML page again, with the page's renderer of today. The page also states the run's
- * `--workers`, `--samples` and `--split`, which the JSON does not hold: give the ones the
- * sweep was run with. It loads each trace's samples to count their requests (what the
+ * `--workers`, `--samples`, `--split` and `--closed-loop`, which the JSON does not hold: give
+ * the ones the sweep was run with. It loads each trace's samples to count their requests (what the
  * page's rejected counts are out of), as the run did.
  */
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
