@@ -22,7 +22,7 @@ export interface TuneOptions extends Omit<SimulationOptions, 'policy' | 'router'
 }
 
 export interface TuneResult {
-  /** What to use: the tuned weights if they also win on the held-out part, else the defaults. */
+  /** What to use: the tuned weights if they also win on the held-out part (by MIN_HELD_OUT_GAIN at least), else the defaults. */
   weights: CostWeights;
   recommended: 'tuned' | 'default';
   tunedWeights: CostWeights;
@@ -100,8 +100,11 @@ export function tuneCostWeights(trace: readonly TraceRequest[], options: TuneOpt
   }
   const validationDefault = evaluate(validation, base);
   const validationTuned = evaluate(validation, best);
-  // a search that only fits the part it saw is not worth recommending
-  const recommended = validationTuned.objective < validationDefault.objective ? 'tuned' : 'default';
+  // a search that only fits the part it saw is not worth recommending, and neither is a held-out
+  // win smaller than another replay of the same workload would move the objective: the defaults
+  // were checked across workloads, the tuned weights on this one
+  const recommended =
+    validationTuned.objective < validationDefault.objective * (1 - MIN_HELD_OUT_GAIN) ? 'tuned' : 'default';
   return {
     weights: recommended === 'tuned' ? best : base,
     recommended,
@@ -127,6 +130,18 @@ export function renderRouterOptions(r: TuneResult): string {
   return `${JSON.stringify({ policy: 'cost', costWeights: r.weights }, null, 2)}\n`;
 }
 
+/**
+ * Least share of the defaults' held-out objective the tuned weights must save to be
+ * recommended: a smaller difference is within what the order of a few hundred requests moves.
+ */
+export const MIN_HELD_OUT_GAIN = 0.01;
+
+/** How much lower the tuned weights' held-out objective is than the defaults', in percent (negative: higher). */
+function heldOutGain(r: TuneResult): string {
+  const d = r.validation.default.objective;
+  return `${d > 0 ? ((100 * (d - r.validation.tuned.objective)) / d).toFixed(2) : '0.00'}%`;
+}
+
 /** A config block a user can paste (the router.yaml of `serve --config`; its keys are KVAwareRouter's options). */
 export function renderWeightsConfig(traceName: string, r: TuneResult): string {
   const lines = [
@@ -134,8 +149,8 @@ export function renderWeightsConfig(traceName: string, r: TuneResult): string {
     `# search: first ${r.trainRequests} requests; held-out check: last ${r.validationRequests}`,
     `# held-out mean TTFT ${r.validation.default.ttftMean.toFixed(3)} s (defaults) vs ${r.validation.tuned.ttftMean.toFixed(3)} s (tuned), p99 ${r.validation.default.ttftP99.toFixed(3)} s vs ${r.validation.tuned.ttftP99.toFixed(3)} s`,
     r.recommended === 'tuned'
-      ? '# the tuned weights win on the held-out requests too:'
-      : '# the tuned weights did not beat the defaults on the held-out requests; keep the defaults:',
+      ? `# the tuned weights win on the held-out requests too (objective ${heldOutGain(r)} lower):`
+      : `# the tuned weights did not beat the defaults on the held-out requests by ${100 * MIN_HELD_OUT_GAIN}% or more (objective ${heldOutGain(r)} lower); keep the defaults:`,
     'policy: cost',
     'costWeights:',
     ...Object.entries(r.weights).map(([k, v]) => `  ${k}: ${v}`),
