@@ -87,12 +87,34 @@ new Template('{{ keep(range, strftime_now) }}').render({ keep: (...fns: unknown[
 const RAISE_EXCEPTION = toRuntime((message: unknown) => {
   throw new Error(String(message));
 });
+/**
+ * Most items a template's range() may make. The library builds the whole list first, and a list
+ * of some hundred million items is no exception a rendering can catch: V8 stops the process
+ * ("invalid size error"), every request in flight with it. A chat template loops over the
+ * messages and tools; a hundred thousand is far past any real one.
+ */
+export const MAX_TEMPLATE_RANGE = 100_000;
+type TemplateFunction = (args: RuntimeValue[], scope: unknown) => RuntimeValue;
+const libraryRange = captured[0] as TemplateFunction;
+/** The library's range(), refused (RangeError) past MAX_TEMPLATE_RANGE items. */
+const boundedRange: TemplateFunction = (args, scope) => {
+  const n = args.map((a) => (a as { value?: unknown }).value);
+  if (n.every((v) => typeof v === 'number')) {
+    const [start, stop, step = 1] = n.length === 1 ? [0, n[0] as number] : (n as number[]);
+    const items = step > 0 ? (stop - start) / step : step < 0 ? (start - stop) / -step : 0;
+    if (items > MAX_TEMPLATE_RANGE)
+      throw new RangeError(
+        `the chat template's range() would make ${Math.ceil(items)} items, more than ${MAX_TEMPLATE_RANGE}`,
+      );
+  }
+  return libraryRange(args, scope);
+};
 const GLOBALS: ReadonlyArray<[string, () => RuntimeValue]> = [
   ['false', () => new BooleanValue(false)],
   ['true', () => new BooleanValue(true)],
   ['none', () => new NullValue(null)],
   ['raise_exception', () => RAISE_EXCEPTION],
-  ['range', () => new FunctionValue(captured[0])],
+  ['range', () => new FunctionValue(boundedRange)],
   ['strftime_now', () => new FunctionValue(captured[1])],
   ['True', () => new BooleanValue(true)],
   ['False', () => new BooleanValue(false)],

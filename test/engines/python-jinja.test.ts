@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { Template } from '@huggingface/jinja';
 import { parseLosslessJson } from '../../src/core/lossless-json.js';
-import { renderWithPythonNumbers } from '../../src/engines/python-jinja.js';
+import { MAX_TEMPLATE_RANGE, renderWithPythonNumbers } from '../../src/engines/python-jinja.js';
 
 const render = (source: string, x: unknown): string => renderWithPythonNumbers(new Template(source).parsed, { x });
 const data = () =>
@@ -39,4 +39,20 @@ test('everything else renders as Template.render renders it', () => {
     new Template(source).render({ x: plain }),
   );
   assert.throws(() => render('{{ raise_exception("no") }}', null), /no/);
+});
+
+test("a template's range() past MAX_TEMPLATE_RANGE items is refused, not built", () => {
+  // built whole, a list of some hundred million items stops the process (V8's invalid size error)
+  assert.throws(
+    () => render(`{% for i in range(${MAX_TEMPLATE_RANGE + 1}) %}{% endfor %}ok`, 0),
+    (err: Error) =>
+      err instanceof RangeError && /range\(\) would make 100001 items, more than 100000/.test(err.message),
+  );
+  assert.throws(() => render('{% for i in range(5, 300005, 2) %}{% endfor %}', 0), /range\(\) would make 150000 items/);
+  assert.throws(() => render('{% for i in range(0, -300000, -1) %}{% endfor %}', 0), /range\(\)/);
+  // what templates use it for still works
+  assert.equal(render('{% for i in range(3) %}{{ i }}{% endfor %}', 0), '012');
+  assert.equal(render('{% for i in range(1, 10, 4) %}{{ i }}{% endfor %}', 0), '159');
+  assert.equal(render('{% for i in range(3, 0, -1) %}{{ i }}{% endfor %}', 0), '321');
+  assert.equal(render(`{{ range(${MAX_TEMPLATE_RANGE}) | length }}`, 0), String(MAX_TEMPLATE_RANGE));
 });
