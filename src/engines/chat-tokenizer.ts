@@ -85,6 +85,11 @@ export interface ChatTokenizerOptions {
   /** Cached message segments, least recently used dropped first (default 50,000). */
   cacheEntries?: number;
   /**
+   * Most bytes the cached segments' text and tokens take, least recently used dropped first
+   * (default 128 MiB); a segment over an eighth of it is not cached.
+   */
+  cacheBytes?: number;
+  /**
    * What load()'s messages call the path (the CLI's `--tokenizer`); by default they name the
    * file's part: tokenizer, tokenizer config, chat template.
    */
@@ -113,6 +118,14 @@ interface Segment {
  * segment that ends later holds it. A lookup takes it as an empty cut and goes on.
  */
 const NO_CUT: Segment = { text: '', tokens: [] };
+/** The segment cache's default bound in bytes (ChatTokenizerOptions.cacheBytes). */
+const DEFAULT_CACHE_BYTES = 128 * 1024 * 1024;
+
+/** What a cached segment takes: its text (two bytes a character at most) and its tokens (eight bytes each), and the entry. */
+function segmentBytes(seg: Segment): number {
+  return 2 * seg.text.length + 8 * seg.tokens.length + 64;
+}
+
 /** Most messages cut as one segment; a template whose prefixes never match its whole output gives up there. */
 const MAX_JOINED_MESSAGES = 8;
 
@@ -159,6 +172,7 @@ export class ChatTokenizer implements PromptTokenizer {
   /** Cached segments by the digest of the conversation up to them; none when cacheEntries is 0. */
   private readonly segments: LRUCache<string, Segment> | undefined;
   private readonly cacheEntries: number;
+  private readonly cacheBytes: number;
   /** The template iterates over content parts (vLLM's "openai" content format). */
   private readonly partsContent: boolean;
   /** specialTokensAround's answer; null until asked. */
@@ -191,7 +205,25 @@ export class ChatTokenizer implements PromptTokenizer {
     this.cacheEntries = options.cacheEntries ?? 50_000;
     if (!Number.isInteger(this.cacheEntries) || this.cacheEntries < 0)
       throw new RangeError(`cacheEntries must be a non-negative integer, got ${options.cacheEntries}`);
-    this.segments = this.cacheEntries > 0 ? new LRUCache({ max: this.cacheEntries }) : undefined;
+    this.cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
+    if (!Number.isInteger(this.cacheBytes) || this.cacheBytes < 1)
+      throw new RangeError(`cacheBytes must be a positive integer, got ${options.cacheBytes}`);
+    // bounded by bytes too: an entry count alone let a few distinct multi-megabyte chats hold
+    // gigabytes (a 1 MB chat's segment keeps about 4 MB: its text and one number per token)
+    this.segments =
+      this.cacheEntries > 0
+        ? new LRUCache({
+            max: this.cacheEntries,
+            maxSize: this.cacheBytes,
+            maxEntrySize: Math.max(1, Math.floor(this.cacheBytes / 8)),
+            sizeCalculation: segmentBytes,
+          })
+        : undefined;
+  }
+
+  /** Bytes the cached segments take, as the cache counts them (segmentBytes). */
+  get cachedBytes(): number {
+    return this.segments?.calculatedSize ?? 0;
   }
 
   /**

@@ -117,3 +117,22 @@ test('completions prompts and token ids; bad paths and missing templates are nam
     /^RangeError: chat template: the chat template does not compile: nested too deeply$/,
   );
 });
+
+test('the segment cache is bounded by bytes as well as entries, and does not keep a segment over an eighth of it', () => {
+  const cacheBytes = 400_000;
+  const t = ChatTokenizer.load(new URL('tokenizer.json', dir).pathname, { cacheBytes });
+  // forty conversations of one 5,000-character message each: about 10 KB of text and tokens each
+  for (let i = 0; i < 40; i++) {
+    const messages: ChatMessage[] = [{ role: 'user', content: `conversation ${i}: ${'word '.repeat(1000)}` }];
+    assert.deepEqual(t.tokenize({ messages }), wholeTokens(messages));
+    assert.ok(t.cachedBytes <= cacheBytes, `${t.cachedBytes} bytes cached after ${i + 1} conversations`);
+  }
+  assert.ok(t.cachedBytes > cacheBytes / 2, 'the cache is used up to its bound');
+  // a message whose segment is over 50,000 bytes is tokenized but not kept
+  const big: ChatMessage[] = [{ role: 'user', content: 'x y '.repeat(20_000) }];
+  const misses = t.stats.segmentMisses;
+  assert.deepEqual(t.tokenize({ messages: big }), wholeTokens(big));
+  assert.deepEqual(t.tokenize({ messages: big }), wholeTokens(big));
+  assert.equal(t.stats.segmentMisses, misses + 2, 'tokenized twice: never cached');
+  assert.throws(() => ChatTokenizer.load(new URL('tokenizer.json', dir).pathname, { cacheBytes: 0 }), /cacheBytes/);
+});
