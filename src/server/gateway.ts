@@ -1119,19 +1119,20 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       if (!prepared) return reply;
       const { routeRequest } = prepared;
       const exclude = connections.withoutModel(prepared.body.model);
-      let r = routeOr400(router, reply, routeRequest, { dryRun: true, explain: true, exclude });
+      let r = routeOr400(router, reply, routeRequest, { dryRun: true, explain: true, exclude }, path);
       if (!r) return reply;
       // what a completion would do: with no worker in rotation for it, panic routing asks again
       // over the workers held out only by probes that timed out (proxy.ts), and so does the dry run
       let panic = false;
       const heldOut = r.noWorker ? proxyDeps.panic?.candidates(exclude) : undefined;
       if (heldOut !== undefined) {
-        const again = routeOr400(router, reply, routeRequest, {
-          dryRun: true,
-          explain: true,
-          exclude,
-          panicCandidates: heldOut,
-        });
+        const again = routeOr400(
+          router,
+          reply,
+          routeRequest,
+          { dryRun: true, explain: true, exclude, panicCandidates: heldOut },
+          path,
+        );
         if (!again) return reply;
         if (!again.noWorker) {
           r = again;

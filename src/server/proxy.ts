@@ -102,12 +102,15 @@ export function routeOr400(
   reply: ProxyReply,
   request: RouteRequest,
   opts: Parameters<KVAwareRouter['route']>[1],
+  path?: string,
 ): RouteResult | undefined {
   try {
     return router.route(request, opts);
   } catch (err) {
     if (err instanceof PromptTooLongError) {
-      void openAiError(reply, 400, err.message, request.messages !== undefined ? 'messages' : 'prompt');
+      // a chat's prompt is its messages, tokenized or not (a tokenized one has only its ids left)
+      const chat = path !== undefined ? path.endsWith('/chat/completions') : request.messages !== undefined;
+      void openAiError(reply, 400, err.message, chat ? 'messages' : 'prompt');
       return undefined;
     }
     if (err instanceof TypeError || err instanceof RangeError) {
@@ -269,11 +272,13 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       const excluded =
         failedWorkers === undefined ? without : union((excludedNow ??= new Set()), without, failedWorkers);
       // a whole answer shows no first token: the router reads it off the engine's queue
-      const first = routeOr400(router, reply, prepared.routeRequest, {
-        exclude: excluded,
-        share,
-        firstTokenReported: streaming,
-      });
+      const first = routeOr400(
+        router,
+        reply,
+        prepared.routeRequest,
+        { exclude: excluded, share, firstTokenReported: streaming },
+        path,
+      );
       if (!first) return answered(reply);
       panicCandidates = undefined;
       let decision = first;
@@ -289,13 +294,13 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           // (the closures run now, before any await: the body is still held)
           () => without,
           (heldOut, replaces) =>
-            routeOr400(router, reply, prepared!.routeRequest, {
-              exclude: excluded,
-              share,
-              firstTokenReported: streaming,
-              panicCandidates: heldOut,
-              replaces,
-            }),
+            routeOr400(
+              router,
+              reply,
+              prepared!.routeRequest,
+              { exclude: excluded, share, firstTokenReported: streaming, panicCandidates: heldOut, replaces },
+              path,
+            ),
         );
         if (!panicked.decision) return answered(reply);
         decision = panicked.decision;

@@ -235,3 +235,33 @@ test('a prompt over maxPromptTokens is refused before anything is recorded or se
     await engine.close();
   }
 });
+
+test('a chat over maxPromptTokens once tokenized in process names messages, not prompt', async () => {
+  const engine = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{"choices":[]}'));
+  });
+  const gw = await createGateway({
+    router: new KVAwareRouter({ blockSize: 16, maxPromptTokens: 100 }),
+    workers: [{ id: 'r0', url: engine.url }],
+    tokenize: 'tokenizer',
+    promptTokenizer: ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname),
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  try {
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    const res = await fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ messages: [{ role: 'user', content: 'word '.repeat(300) }], max_tokens: 1 }),
+    });
+    const error = (JSON.parse(await res.text()) as { error: { message: string; param: string } }).error;
+    assert.equal(res.status, 400);
+    assert.match(error.message, /tokens, more than the 100 this router takes/);
+    assert.equal(error.param, 'messages');
+  } finally {
+    await gw.close();
+    await engine.close();
+  }
+});
