@@ -187,19 +187,38 @@ const MOST_PENDING_CHANGES = 10_000;
  * (sorted set id → the write's place: one past the newest, so the order is the order of the
  * writes, whatever the replicas' clocks). Past ARGV[3] entries the least recently written are
  * dropped, key (ARGV[4] .. id) and entry. With ARGV[2] = '1' it claims them (SET NX): a
- * workflow someone wrote is left as it is. Answers 1 per workflow written, 0 per one left.
+ * workflow someone wrote is left as it is. Otherwise a step lower than the one stored (a late
+ * retry of an earlier step) leaves the workflow where the later step went, as a replica's own
+ * table does (WorkflowTable.record), its key's lifetime and its place renewed: a replica that
+ * reads it later (one starting, a resynchronisation, a workflow its table had dropped) then
+ * agrees with those that heard every step. Answers 1 per workflow written, 0 per one left.
  * Atomic: however many replicas write at once, the index holds at most ARGV[3] workflows, and
  * so do the keys it names (an entry whose key expired stays until pushed out: at most ARGV[3]).
  * The dropped keys are not among KEYS: a standalone server (which the store requires) allows
  * that, and the ACL's key pattern covers them. Only commands the state's ACL grants already.
  */
-const WRITE_WORKFLOWS = `local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+const WRITE_WORKFLOWS = `local function stepOf(value)
+  if not value then return nil end
+  local ok, v = pcall(cjson.decode, value)
+  if ok and type(v) == 'table' and type(v.s) == 'number' then return v.s end
+  return nil
+end
+local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 local last = tonumber(newest[2] or '0')
 local written = {}
 for i = 2, #KEYS do
   local set
   if ARGV[2] == '1' then set = redis.call('SET', KEYS[i], ARGV[2 * i + 2], 'PX', ARGV[1], 'NX')
-  else set = redis.call('SET', KEYS[i], ARGV[2 * i + 2], 'PX', ARGV[1]) end
+  else
+    local step = stepOf(ARGV[2 * i + 2])
+    local stored = step and stepOf(redis.call('GET', KEYS[i]))
+    if stored and step < stored then
+      redis.call('PEXPIRE', KEYS[i], ARGV[1])
+      last = last + 1
+      redis.call('ZADD', KEYS[1], last, ARGV[2 * i + 1])
+      set = false
+    else set = redis.call('SET', KEYS[i], ARGV[2 * i + 2], 'PX', ARGV[1]) end
+  end
   if set then
     last = last + 1
     redis.call('ZADD', KEYS[1], last, ARGV[2 * i + 1])

@@ -201,3 +201,29 @@ test('a replica with a smaller bound trims what a larger one left, down to its o
   assert.ok(kept.includes('wf-b'));
   assert.equal(await redis.zcard(`${prefix}workflows`), 5);
 });
+
+test("a step lower than the workflow's latest does not move it in Redis either: a replica that starts later agrees", async () => {
+  const prefix = freshPrefix();
+  const a = await replica('a', prefix, 10);
+  const b = await replica('b', prefix, 10);
+  /** One step routed by `r` to the worker `to`, the other held out (a drain, say). */
+  const stepOn = async (r: Replica, workflowStep: number, to: string) => {
+    await r.store.beforeRoute({ workflowId: 'late', text: 'late step '.repeat(4) });
+    const d = r.router.route(
+      { text: `late ${workflowStep} `.repeat(8), workflowId: 'late', workflowStep },
+      { share: true, exclude: new Set([to === 'e0' ? 'e1' : 'e0']) },
+    );
+    assert.equal(d.workerId, to);
+    r.store.decisionMade(d.shared!);
+  };
+  await stepOn(a, 5, 'e0');
+  await until(() => published(a.store) === 1, 'step 5 written');
+  // a retry of an earlier step, late, through the other replica, on the other worker
+  await stepOn(b, 3, 'e1');
+  await until(() => published(b.store) === 1, 'step 3 written');
+  assert.deepEqual(JSON.parse((await redis.get(`${prefix}wf:late`))!), { w: 'e0', s: 5 });
+  const c = await replica('c', prefix, 10);
+  await c.store.beforeRoute({ workflowId: 'late', text: 'late step '.repeat(4) });
+  const next = c.router.route({ text: 'late 6 '.repeat(8), workflowId: 'late', workflowStep: 6 }, { dryRun: true });
+  assert.equal(next.workerId, 'e0', 'the replica started later follows step 5, as the running ones do');
+});
