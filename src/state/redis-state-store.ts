@@ -178,6 +178,9 @@ if ARGV[4] == '1' then redis.call('HSET', KEYS[2], id, '1') else redis.call('HDE
 redis.call('PUBLISH', ARGV[1], message)
 return decided(code, 0)`;
 
+/** Errors Redis did not answer with are logged at most this often (the rest only counted). */
+const UNANSWERED_LOG_INTERVAL_MS = 60_000;
+
 /** Admin worker changes (and reads) waiting for their mark; past this many the oldest is dropped unapplied. */
 const MOST_PENDING_CHANGES = 10_000;
 
@@ -445,6 +448,9 @@ export class RedisStateStore implements StateStore {
   private readOnlyBackoffMs = READONLY_RETRY_MIN_MS;
   /** The error code of the last command Redis refused ('' for none yet). */
   private lastRefusal = '';
+  /** When an error Redis did not answer with was last logged, and how many came since (unanswered()). */
+  private unansweredLoggedAt = -Infinity;
+  private unansweredSinceLogged = 0;
   /** Own decisions still alive, by chain key, to write back after an outage. */
   /** Own decisions by chain key, least recently written evicted beyond recentLimit; none when the limit is 0. */
   private readonly recent: LRUCache<string, { message: string; expiresAt: number }> | undefined;
@@ -689,9 +695,7 @@ export class RedisStateStore implements StateStore {
         if (entry) this.host!.router.setWorkflowAffinity(id, entry.w, entry.s);
         else this.markUnclaimed(id);
       },
-      () => {
-        this.counters.errors++;
-      },
+      (err: unknown) => this.unanswered("a workflow's lookup", err),
     );
   }
 
@@ -725,9 +729,9 @@ export class RedisStateStore implements StateStore {
       const message = JSON.stringify(encodeDecision(this.replicaId, d));
       if (this.recent?.get(chain)?.message === message) this.recent.delete(chain);
       if (this.up)
-        void this.cmd.eval(DELETE_IF_EQUAL, 1, chain, message).catch(() => {
-          this.counters.errors++;
-        });
+        void this.cmd
+          .eval(DELETE_IF_EQUAL, 1, chain, message)
+          .catch((err: unknown) => this.unanswered("a refused decision's withdrawal", err));
     }
     if (this.up && wire) this.publish(JSON.stringify(wire));
   }
@@ -740,9 +744,7 @@ export class RedisStateStore implements StateStore {
     if (!this.up) return void this.unsyncedWorkers.set(worker.id, { added: worker }); // written when Redis is back
     const m = this.cmd.pipeline();
     this.writeAdded(m, worker);
-    void this.run(m, 'a worker added').catch(() => {
-      this.counters.errors++;
-    });
+    void this.run(m, 'a worker added').catch((err: unknown) => this.unanswered('a worker added', err));
   }
 
   workerRemoved(workerId: string, options: { record?: boolean } = {}): void {
@@ -755,9 +757,9 @@ export class RedisStateStore implements StateStore {
     this.removalsInFlight.add(workerId);
     const m = this.cmd.pipeline();
     this.writeRemoved(m, workerId, record);
-    void this.run(m.del(this.key('load', this.replicaId)), 'a worker removed').catch(() => {
-      this.counters.errors++;
-    });
+    void this.run(m.del(this.key('load', this.replicaId)), 'a worker removed').catch((err: unknown) =>
+      this.unanswered('a worker removed', err),
+    );
   }
 
   workerDrained(workerId: string, draining: boolean): void {
@@ -766,9 +768,8 @@ export class RedisStateStore implements StateStore {
     if (!this.up) return void this.unsyncedDrains.set(workerId, draining);
     const m = this.cmd.pipeline();
     this.writeDrained(m, workerId, draining);
-    void this.run(m, draining ? 'a worker drained' : 'a worker resumed').catch(() => {
-      this.counters.errors++;
-    });
+    const what = draining ? 'a worker drained' : 'a worker resumed';
+    void this.run(m, what).catch((err: unknown) => this.unanswered(what, err));
   }
 
   kvEventsPosted(workerId: string, events: unknown): void {
@@ -817,7 +818,9 @@ export class RedisStateStore implements StateStore {
         if (verdict.ok && change.op === 'remove') {
           // its tallies (its ranks') go with it; this replica's snapshot is written anew at its next sync
           this.remote.forgetUnknownWorkers();
-          void this.cmd.del(this.key('load', this.replicaId)).catch(() => void this.counters.errors++);
+          void this.cmd
+            .del(this.key('load', this.replicaId))
+            .catch((err: unknown) => this.unanswered("this replica's load snapshot's removal", err));
         }
         return result;
       },
@@ -1090,9 +1093,8 @@ export class RedisStateStore implements StateStore {
     const m = this.cmd.pipeline();
     const forget = this.writeUnsynced(m);
     // on failure they stay for the next resynchronisation
-    void this.run(m, 'the registry changes made while resynchronising').then(forget, () => {
-      this.counters.errors++;
-    });
+    const what = 'the registry changes made while resynchronising';
+    void this.run(m, what).then(forget, (err: unknown) => this.unanswered(what, err));
   }
 
   /** A drain (or resume) recorded in the registry, announced. */
@@ -1171,8 +1173,8 @@ export class RedisStateStore implements StateStore {
    * it says what an operator must fix, and would otherwise repeat with every request.
    */
   private failed(error: Error, what: string): void {
+    if (!(error instanceof ReplyError)) return this.unanswered(what, error);
     this.counters.errors++;
-    if (!(error instanceof ReplyError)) return;
     this.counters.refused++;
     // a discarded transaction (EXECABORT) is reported by the refusal that discarded it, which
     // ioredis keeps beside it (Redis 7.0 says only "because of previous errors")
@@ -1184,6 +1186,26 @@ export class RedisStateStore implements StateStore {
     this.loggedRefusals.add(code);
     this.host?.log(
       `state: redis refused ${what} (${err.message}); routing goes on, further ${code} refusals are only counted (state.refused)`,
+    );
+  }
+
+  /**
+   * A command Redis did not answer (the command timeout, the connection lost): counted, and
+   * logged at most once a minute with what it was, so the count in state.errors has a cause
+   * in the log. Routing goes on either way; a lost connection is also logged when it drops.
+   */
+  private unanswered(what: string, err: unknown): void {
+    this.counters.errors++;
+    const now = Date.now();
+    if (now - this.unansweredLoggedAt < UNANSWERED_LOG_INTERVAL_MS) {
+      this.unansweredSinceLogged++;
+      return;
+    }
+    const more = this.unansweredSinceLogged > 0 ? `, ${this.unansweredSinceLogged} more since the last such line` : '';
+    this.unansweredLoggedAt = now;
+    this.unansweredSinceLogged = 0;
+    this.host?.log(
+      `state: redis did not answer ${what} (${err instanceof Error ? err.message : String(err)}${more}); routing goes on, such errors are logged at most once a minute and counted (state.errors)`,
     );
   }
 

@@ -10,6 +10,7 @@ import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { post, RedisProcess, RedisProxy } from './harness.js';
+import { workerHost } from '../helpers/state-host.js';
 import { until } from '../helpers/wait.js';
 
 /** One gateway per store, each routing over `engines` with its own router. */
@@ -143,6 +144,33 @@ test('after their connections drop, the replicas subscribe again and hear each o
   } finally {
     for (const g of gateways) await g.close();
     await engine.close();
+    await proxy.close();
+    await redis.kill();
+  }
+});
+
+test('a command Redis does not answer is logged with what it was, once a minute, and counted', async () => {
+  const redis = await new RedisProcess().start();
+  const proxy = await new RedisProxy(redis.port).start();
+  const logs: string[] = [];
+  const router = new KVAwareRouter({ blockSize: 16 });
+  const { host } = workerHost(router, ['e0']);
+  const store = new RedisStateStore({ url: proxy.url, prefix: 'cf-unanswered:', syncIntervalMs: 60_000 });
+  try {
+    await store.attach({ ...host, log: (m) => logs.push(m) });
+    await until(() => store.stats().connected === true, 'the replica to connect');
+    const before = Number(store.stats().errors);
+    // the lookup of a workflow this replica has not met gets no answer
+    proxy.withhold('wf-never-answered');
+    await store.beforeRoute({ workflowId: 'wf-never-answered-1', text: 'x' });
+    await store.beforeRoute({ workflowId: 'wf-never-answered-2', text: 'x' });
+    assert.ok(Number(store.stats().errors) >= before + 2, JSON.stringify(store.stats()));
+    const lines = logs.filter((l) => l.includes('did not answer'));
+    assert.equal(lines.length, 1, logs.join('\n'));
+    // what timed out first on that connection: the lookup, or a message sent just before it
+    assert.match(lines[0], /^state: redis did not answer [a-z' ]+ \(Command timed out\); routing goes on/);
+  } finally {
+    await store.close();
     await proxy.close();
     await redis.kill();
   }
