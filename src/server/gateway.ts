@@ -885,8 +885,13 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         );
       },
       drainWorkerFromState: (id, draining) => {
-        if (drainWorkerLocally(id, draining))
-          log(`worker '${id}' ${draining ? 'drained' : 'resumed'} by another replica`);
+        if (!connections.has(id)) return;
+        // a worker added is also announced as not draining (a replica that missed its removal may
+        // hold it drained): said only where it changes something
+        const ranks = new Set(connections.routerIdsOf(id));
+        const changes = router.listWorkers().some((w) => ranks.has(w.id) && w.draining !== draining);
+        drainWorkerLocally(id, draining);
+        if (changes) log(`worker '${id}' ${draining ? 'drained' : 'resumed'} by another replica`);
       },
       applyKvEventsFromState: (id, events) => {
         const connection = connections.get(id);

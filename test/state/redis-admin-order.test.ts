@@ -14,6 +14,7 @@ import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
 import { testPrefixes } from '../helpers/state-host.js';
+import { until } from '../helpers/wait.js';
 
 const TOKEN = 'redis-admin-order-test-token-0123456789';
 const prefixes = testPrefixes('admin-order');
@@ -26,7 +27,7 @@ after(async () => {
 });
 
 /** A replica: a gateway configured with worker e0, sharing the registry under `prefix`. */
-async function replica(prefix: string, id: string): Promise<Gateway> {
+async function replica(prefix: string, id: string, log: (message: string) => void = () => {}): Promise<Gateway> {
   const g = await createGateway({
     router: new KVAwareRouter({ blockSize: 16 }),
     workers: [{ id: 'e0', url: 'http://127.0.0.1:9' }],
@@ -34,7 +35,7 @@ async function replica(prefix: string, id: string): Promise<Gateway> {
     metricsIntervalMs: 0,
     healthCheckIntervalMs: 0,
     adminToken: TOKEN,
-    log: () => {},
+    log,
   });
   gateways.push(g);
   return g;
@@ -262,4 +263,22 @@ test("an addition past the router's worker bound, counted in the registry's rank
   });
   assert.equal((await call(a, 'POST', '/admin/workers', { id: 'one', url: 'http://127.0.0.1:8' })).status, 201);
   assert.equal((await call(a, 'POST', '/admin/workers', { id: 'more', url: 'http://127.0.0.1:8' })).status, 409);
+});
+
+test('a worker another replica adds is logged added, not also resumed; its drain and resume are logged', async () => {
+  await redis.connect().catch(() => {});
+  const prefix = prefixes.fresh();
+  const a = await replica(prefix, 'a');
+  const logs: string[] = [];
+  const b = await replica(prefix, 'b', (m) => logs.push(m));
+  const seen = (line: string) => logs.some((l) => l.includes(line));
+  assert.equal((await call(a, 'POST', '/admin/workers', { id: 'x', url: 'http://127.0.0.1:3' })).status, 201);
+  await until(() => seen("worker 'x' added by another replica"), 'b to hear of the addition');
+  assert.equal((await call(a, 'POST', '/admin/workers/x/drain')).status, 200);
+  await until(() => seen("worker 'x' drained by another replica"), 'b to hear of the drain');
+  assert.equal((await call(a, 'POST', '/admin/workers/x/resume')).status, 200);
+  await until(() => seen("worker 'x' resumed by another replica"), 'b to hear of the resumption');
+  // the addition's own announcement that the worker is not draining changed nothing at b
+  assert.equal(logs.filter((l) => l.includes("worker 'x' resumed")).length, 1, logs.join('\n'));
+  assert.ok(b.router.hasWorker('x'));
 });
