@@ -9,9 +9,15 @@ export interface AsyncPromptTokenizer {
   readonly async: true;
   /**
    * Token ids of the request; a chat with its template options (tools, kwargs) when `chat` is
-   * given; a prompt with the special tokens when `addSpecialTokens` (default true).
+   * given; a prompt with the special tokens when `addSpecialTokens` (default true). Once `signal`
+   * aborts, the promise rejects with an AbortError, and a request not yet started is never tokenized.
    */
-  tokenize(request: RouteRequest, chat?: ChatTemplateRequest, addSpecialTokens?: boolean): Promise<ArrayLike<number>>;
+  tokenize(
+    request: RouteRequest,
+    chat?: ChatTemplateRequest,
+    addSpecialTokens?: boolean,
+    signal?: AbortSignal,
+  ): Promise<ArrayLike<number>>;
 }
 
 export interface TokenizerPoolOptions {
@@ -29,6 +35,12 @@ export interface TokenizerPoolOptions {
   source?: string;
   /** Most requests waiting or being tokenized; beyond, tokenize() rejects with TokenizerBusyError (default 1024). */
   maxPending?: number;
+  /**
+   * Longest a thread may take over one request (default DEFAULT_TOKENIZE_TIMEOUT_MS): past it the
+   * thread is stopped and replaced, the request rejects with TokenizeTimeoutError, and the
+   * requests waiting behind it go to the replacement.
+   */
+  timeoutMs?: number;
   log?: (message: string) => void;
 }
 
@@ -39,6 +51,10 @@ export interface TokenizerPoolStats {
   failed: number;
   rejectedBusy: number;
   threadRestarts: number;
+  /** Requests that took longer than the deadline (their thread was replaced). */
+  timedOut: number;
+  /** Requests whose client left before they were answered (those not started were never tokenized). */
+  aborted: number;
 }
 
 /** What a thread is started with (see tokenizer-thread.ts). */
@@ -48,10 +64,14 @@ export interface TokenizerThreadData {
   chatTemplateSource?: string;
   cacheEntries?: number;
   source?: string;
+  /** One Int32 per pending request's slot (TokenizeJob.slot): 1 once it is cancelled, and the thread skips it. */
+  cancelled: SharedArrayBuffer;
 }
 /** One request to a thread: only what tokenizing needs crosses the thread boundary. */
 export interface TokenizeJob {
   id: number;
+  /** Its entry in TokenizerThreadData.cancelled. */
+  slot: number;
   request: { messages?: readonly ChatMessage[]; text?: string };
   /** A prompt's `add_special_tokens`, when false (default true). */
   addSpecialTokens?: false;
@@ -61,6 +81,11 @@ export interface TokenizeJob {
 export type TokenizeReply =
   | { id: number; tokens: Uint32Array; error?: undefined }
   | { id: number; error: string; errorName?: string; tokens?: undefined };
+/** What a thread says besides replies: it starts a request now, or skipped one that was cancelled. */
+export type TokenizeNotice = { started: number } | { skipped: number };
+
+/** Default of TokenizerPoolOptions.timeoutMs (and of `serve --tokenize-timeout-ms`). */
+export const DEFAULT_TOKENIZE_TIMEOUT_MS = 5000;
 
 /** The tokenizer cannot take the request now (full, restarting, closed): the gateway answers 503 with retry-after. */
 export class TokenizerUnavailableError extends Error {
@@ -79,6 +104,23 @@ export class TokenizerBusyError extends TokenizerUnavailableError {
 }
 
 /**
+ * A request took longer than the deadline on its thread (a prompt the tokenizer is very slow on,
+ * such as a long run of whitespace, or a chat template that loops over and over): the gateway
+ * routes it on its text, as it does a request it cannot tokenize.
+ */
+export class TokenizeTimeoutError extends Error {
+  constructor(timeoutMs: number) {
+    super(`tokenizing the request took longer than ${timeoutMs} ms`);
+    this.name = 'TokenizeTimeoutError';
+  }
+}
+
+/** The request's client left before it was tokenized (`signal` of tokenize()). */
+function abortError(): Error {
+  return new DOMException('the request was cancelled before it was tokenized', 'AbortError');
+}
+
+/**
  * Threads for one gateway process: one per core the process can count on, keeping one core
  * for the event loop, at least one. With N gateway processes on the machine each gets its share.
  */
@@ -90,13 +132,28 @@ interface Pending {
   resolve: (tokens: ArrayLike<number>) => void;
   reject: (err: Error) => void;
   thread: number;
+  /** What was posted: posted again to another thread when this one is replaced before starting it. */
+  job: TokenizeJob;
+  /** The thread has started it. */
+  started: boolean;
+  /** The promise has been settled (the client left): the thread's answer is dropped. */
+  settled: boolean;
+  /** Times it was given to another thread because its own died under it before it said it started. */
+  moved: number;
+  signal?: AbortSignal;
+  onAbort?: () => void;
 }
 
 interface Thread {
   worker: Worker;
   pending: number;
-  /** Exited: a message posted to it would never be answered. */
+  /** Exited, or being stopped: a message posted to it would never be answered. */
   dead: boolean;
+  /** Stopped by the pool past a request's deadline: the requests it had not started go elsewhere. */
+  timedOut: boolean;
+  /** The request it is working on, and the timer of its deadline. */
+  running?: number;
+  deadline?: NodeJS.Timeout;
 }
 
 /** Between attempts to replace a thread that could not be started (doubling, up to the second figure). */
@@ -112,7 +169,13 @@ const RESTART_DELAY_MAX_MS = 30_000;
  * Each thread keeps its own segment cache (ChatTokenizer caches what it tokenized per message),
  * so requests of one conversation go to the same thread: the thread is picked by a digest of
  * the conversation's opening, unless that thread is far busier than the least busy one.
- * A thread that dies is replaced; its requests fail (the gateway answers 503 for them).
+ * A thread that dies is replaced; the request it was working on fails (the gateway answers 503),
+ * those waiting behind it go to the replacement. A request that takes longer than `timeoutMs`
+ * on its thread rejects with TokenizeTimeoutError and its thread is stopped and replaced: the
+ * tokenizer cannot be interrupted otherwise, and the requests queued behind it must not wait.
+ * Each thread says when it starts a request (a message it posts before tokenizing, delivered
+ * while it works), so the deadline counts only the request's own time. A request whose client
+ * left (tokenize()'s `signal`) is marked in a shared array the threads read before starting one.
  */
 export class TokenizerPool implements AsyncPromptTokenizer {
   private readonly threads: Thread[] = [];
@@ -126,19 +189,37 @@ export class TokenizerPool implements AsyncPromptTokenizer {
   private started = false;
   /** Pending attempts to replace threads whose last replacement failed to start. */
   private readonly restartTimers = new Set<NodeJS.Timeout>();
-  private readonly counters = { completed: 0, failed: 0, rejectedBusy: 0, threadRestarts: 0 };
+  private readonly counters = {
+    completed: 0,
+    failed: 0,
+    rejectedBusy: 0,
+    threadRestarts: 0,
+    timedOut: 0,
+    aborted: 0,
+  };
+  private readonly timeoutMs: number;
+  /** TokenizerThreadData.cancelled, and the slots in it no pending request holds. */
+  private readonly cancelled: Int32Array;
+  private readonly freeSlots: number[];
 
   private constructor(options: TokenizerPoolOptions) {
+    this.maxPending = options.maxPending ?? 1024;
+    if (!Number.isInteger(this.maxPending) || this.maxPending < 1)
+      throw new RangeError(`maxPending must be a positive integer, got ${options.maxPending}`);
+    this.timeoutMs = options.timeoutMs ?? DEFAULT_TOKENIZE_TIMEOUT_MS;
+    if (!Number.isInteger(this.timeoutMs) || this.timeoutMs < 1 || this.timeoutMs > 2 ** 31 - 1)
+      throw new RangeError(`timeoutMs must be an integer from 1 to ${2 ** 31 - 1}, got ${options.timeoutMs}`);
+    const cancelled = new SharedArrayBuffer(4 * this.maxPending);
+    this.cancelled = new Int32Array(cancelled);
+    this.freeSlots = Array.from({ length: this.maxPending }, (_, i) => this.maxPending - 1 - i);
     this.data = {
       path: options.path,
       chatTemplate: options.chatTemplate,
       chatTemplateSource: options.chatTemplateSource,
       cacheEntries: options.cacheEntries,
       source: options.source,
+      cancelled,
     };
-    this.maxPending = options.maxPending ?? 1024;
-    if (!Number.isInteger(this.maxPending) || this.maxPending < 1)
-      throw new RangeError(`maxPending must be a positive integer, got ${options.maxPending}`);
     this.log = options.log ?? (() => {});
   }
 
@@ -164,26 +245,40 @@ export class TokenizerPool implements AsyncPromptTokenizer {
 
   readonly async = true as const;
 
-  tokenize(request: RouteRequest, chat?: ChatTemplateRequest, addSpecialTokens = true): Promise<ArrayLike<number>> {
+  tokenize(
+    request: RouteRequest,
+    chat?: ChatTemplateRequest,
+    addSpecialTokens = true,
+    signal?: AbortSignal,
+  ): Promise<ArrayLike<number>> {
     if (request.tokens) return Promise.resolve(request.tokens);
     if (this.closed) return Promise.reject(new TokenizerUnavailableError('the tokenizer pool is closed'));
+    if (signal?.aborted) return Promise.reject(abortError());
+    // (a request whose client left stays pending until its thread skips it: it holds a slot)
     if (this.jobs.size >= this.maxPending) {
       this.counters.rejectedBusy++;
       return Promise.reject(new TokenizerBusyError(this.jobs.size));
     }
+    const index = this.pick(request);
+    if (index < 0) return Promise.reject(new TokenizerUnavailableError('no tokenizer thread is running'));
+    const slot = this.freeSlots.pop()!;
+    Atomics.store(this.cancelled, slot, 0);
     const job: TokenizeJob = {
       id: this.nextId++,
+      slot,
       request: request.messages ? { messages: request.messages } : { text: request.text ?? '' },
       chat,
     };
     if (!addSpecialTokens) job.addSpecialTokens = false;
-    const index = this.pick(request);
-    if (index < 0) return Promise.reject(new TokenizerUnavailableError('no tokenizer thread is running'));
-    const thread = this.threads[index];
     return new Promise<ArrayLike<number>>((resolve, reject) => {
-      this.jobs.set(job.id, { resolve, reject, thread: index });
-      thread.pending++;
-      thread.worker.postMessage(job);
+      const pending: Pending = { resolve, reject, thread: index, job, started: false, settled: false, moved: 0 };
+      if (signal) {
+        pending.signal = signal;
+        pending.onAbort = () => this.abort(pending);
+        signal.addEventListener('abort', pending.onAbort, { once: true });
+      }
+      this.jobs.set(job.id, pending);
+      this.post(pending, index);
     });
   }
 
@@ -195,21 +290,83 @@ export class TokenizerPool implements AsyncPromptTokenizer {
     this.closed = true;
     for (const t of this.restartTimers) clearTimeout(t);
     this.restartTimers.clear();
-    for (const [id, job] of this.jobs) {
-      this.jobs.delete(id);
-      job.reject(new TokenizerUnavailableError('the tokenizer pool is closed'));
-    }
+    for (const t of this.threads) clearTimeout(t.deadline);
+    for (const job of this.jobs.values())
+      this.settle(job, new TokenizerUnavailableError('the tokenizer pool is closed'));
     await Promise.all(this.threads.map((t) => t.worker.terminate()));
   }
 
   // ------------------------------------------------------------------------ internals
 
+  /** Gives `job` to thread `index`. */
+  private post(job: Pending, index: number): void {
+    const thread = this.threads[index];
+    job.thread = index;
+    thread.pending++;
+    thread.worker.postMessage(job.job);
+  }
+
+  /** Takes `job` out of the pool; rejects it with `err` unless it was settled already (or resolves it with `tokens`). */
+  private settle(job: Pending, err: Error | undefined, tokens?: ArrayLike<number>): void {
+    this.jobs.delete(job.job.id);
+    this.freeSlots.push(job.job.slot);
+    if (job.onAbort) job.signal!.removeEventListener('abort', job.onAbort);
+    if (job.settled) return;
+    job.settled = true;
+    if (err) job.reject(err);
+    else job.resolve(tokens!);
+  }
+
+  /** The client left: the promise rejects now; a request not started is skipped by its thread. */
+  private abort(job: Pending): void {
+    if (job.settled) return;
+    job.settled = true;
+    this.counters.aborted++;
+    job.signal!.removeEventListener('abort', job.onAbort!);
+    job.onAbort = undefined;
+    if (!job.started) Atomics.store(this.cancelled, job.job.slot, 1);
+    job.reject(abortError());
+  }
+
+  /** Thread `index` started request `id`: its deadline runs from now. */
+  private jobStarted(thread: Thread, index: number, id: number): void {
+    const job = this.jobs.get(id);
+    if (!job || thread.dead) return;
+    job.started = true;
+    thread.running = id;
+    clearTimeout(thread.deadline);
+    thread.deadline = setTimeout(() => this.timedOut(thread, index, id), this.timeoutMs);
+    thread.deadline.unref();
+  }
+
+  /** Request `id` is past its deadline on `thread`: the thread is stopped, and replaced when it exits. */
+  private timedOut(thread: Thread, index: number, id: number): void {
+    thread.deadline = undefined;
+    const job = this.jobs.get(id);
+    if (thread.dead || thread.running !== id || !job) return;
+    thread.dead = true;
+    thread.timedOut = true;
+    thread.pending--;
+    this.counters.timedOut++;
+    this.log(
+      `tokenizer thread ${index} took longer than ${this.timeoutMs} ms over one request: restarting it (the request is routed on its text)`,
+    );
+    this.settle(job, new TokenizeTimeoutError(this.timeoutMs));
+    void thread.worker.terminate();
+  }
+
+  /** The least busy running thread, -1 when none runs. */
+  private leastBusy(): number {
+    let least = -1;
+    for (let i = 0; i < this.threads.length; i++)
+      if (!this.threads[i].dead && (least < 0 || this.threads[i].pending < this.threads[least].pending)) least = i;
+    return least;
+  }
+
   /** The conversation's thread, unless it is far busier than the least busy one (or not running); -1: none runs. */
   private pick(request: RouteRequest): number {
     const n = this.threads.length;
-    let least = -1;
-    for (let i = 0; i < n; i++)
-      if (!this.threads[i].dead && (least < 0 || this.threads[i].pending < this.threads[least].pending)) least = i;
+    const least = this.leastBusy();
     if (least < 0 || n === 1) return least;
     const preferred = conversationKey(request) % n;
     const p = this.threads[preferred];
@@ -233,32 +390,46 @@ export class TokenizerPool implements AsyncPromptTokenizer {
   /** `failedDelayMs`: the wait before this attempt, when it replaces a thread that failed to start. */
   private spawn(index: number, failedDelayMs = 0): Promise<void> {
     const worker = startThread(this.data);
-    const thread: Thread = { worker, pending: 0, dead: false };
+    const thread: Thread = { worker, pending: 0, dead: false, timedOut: false };
     this.threads[index] = thread;
     return new Promise<void>((resolve, reject) => {
       let ready = false;
-      worker.on('message', (m: TokenizeReply | { ready: boolean; error?: string }) => {
+      worker.on('message', (m: TokenizeReply | TokenizeNotice | { ready: boolean; error?: string }) => {
+        if ('started' in m) return this.jobStarted(thread, index, m.started);
         if ('ready' in m) {
           ready = m.ready;
           if (m.ready) resolve();
           else reject(new RangeError(m.error ?? 'the tokenizer thread failed to start'));
           return;
         }
+        if (thread.dead) return;
+        if ('skipped' in m) {
+          const job = this.jobs.get(m.skipped);
+          if (!job) return;
+          thread.pending--;
+          this.settle(job, abortError());
+          return;
+        }
         const job = this.jobs.get(m.id);
         if (!job) return;
-        this.jobs.delete(m.id);
         thread.pending--;
+        if (thread.running === m.id) {
+          clearTimeout(thread.deadline);
+          thread.deadline = undefined;
+          thread.running = undefined;
+        }
         if (m.error !== undefined) {
           this.counters.failed++;
           // media parts keep their kind across the thread boundary: the gateway routes them on text
-          job.reject(
+          this.settle(
+            job,
             m.errorName === 'UntokenizableContentError'
               ? new UntokenizableContentError(m.error)
               : new RangeError(m.error),
           );
         } else {
           this.counters.completed++;
-          job.resolve(m.tokens);
+          this.settle(job, undefined, m.tokens);
         }
       });
       worker.on('error', (err) => {
@@ -267,27 +438,45 @@ export class TokenizerPool implements AsyncPromptTokenizer {
       });
       worker.on('exit', () => {
         thread.dead = true;
+        clearTimeout(thread.deadline);
         // a thread that exits before it is ready has not said why (the 'ready' message and
         // 'error' settle this first when it did)
         reject(new Error('the tokenizer thread stopped before it was ready'));
-        // its requests cannot be answered any more; a replacement takes the next ones
-        for (const [id, job] of this.jobs) {
+        // its requests cannot be answered here any more: the one it was working on when it died
+        // fails (it may be what killed it); those it had not started (and, once the pool stopped
+        // it past a deadline, every one) go to the replacement or another thread
+        const orphans: Pending[] = [];
+        for (const job of this.threads[index] === thread ? this.jobs.values() : []) {
           if (job.thread !== index) continue;
-          this.jobs.delete(id);
-          this.counters.failed++;
-          job.reject(new TokenizerUnavailableError('the tokenizer thread stopped'));
+          if (job.settled) this.settle(job, undefined);
+          // (a request that keeps killing threads before its start is seen fails too)
+          else if ((job.started && !thread.timedOut) || job.moved >= 2) {
+            this.counters.failed++;
+            this.settle(job, new TokenizerUnavailableError('the tokenizer thread stopped'));
+          } else orphans.push(job);
         }
-        if (this.closed || this.threads[index] !== thread) return;
+        const replace = !this.closed && this.threads[index] === thread;
         // start() fails on a thread that never started; a replacement that never started is tried again later
-        if (!ready) {
+        if (replace && !ready) {
           if (this.started)
             this.retrySpawn(index, Math.min(RESTART_DELAY_MAX_MS, 2 * failedDelayMs || RESTART_DELAY_MS));
-          return;
+        } else if (replace) {
+          this.counters.threadRestarts++;
+          this.spawn(index).catch((err: Error) =>
+            this.log(`tokenizer thread ${index} could not be restarted: ${err.message}`),
+          );
         }
-        this.counters.threadRestarts++;
-        this.spawn(index).catch((err: Error) =>
-          this.log(`tokenizer thread ${index} could not be restarted: ${err.message}`),
-        );
+        for (const job of orphans) {
+          const to = this.closed ? -1 : this.leastBusy();
+          if (to < 0) {
+            this.counters.failed++;
+            this.settle(job, new TokenizerUnavailableError('the tokenizer thread stopped'));
+            continue;
+          }
+          job.started = false;
+          if (!thread.timedOut) job.moved++;
+          this.post(job, to);
+        }
       });
     });
   }

@@ -6,10 +6,12 @@
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import { ChatTokenizer } from './chat-tokenizer.js';
-import type { TokenizeJob, TokenizeReply, TokenizerThreadData } from './tokenizer-pool.js';
+import type { TokenizeJob, TokenizeNotice, TokenizeReply, TokenizerThreadData } from './tokenizer-pool.js';
 
 const port = parentPort!;
 const data = workerData as TokenizerThreadData;
+/** 1 at a request's slot once its client left: it is skipped. */
+const cancelled = new Int32Array(data.cancelled);
 let tokenizer: ChatTokenizer;
 try {
   tokenizer = ChatTokenizer.load(data.path, {
@@ -25,6 +27,12 @@ try {
 }
 
 port.on('message', (job: TokenizeJob) => {
+  if (Atomics.load(cancelled, job.slot) === 1) {
+    port.postMessage({ skipped: job.id } satisfies TokenizeNotice);
+    return;
+  }
+  // delivered while this thread works: the pool's deadline for the request runs from here
+  port.postMessage({ started: job.id } satisfies TokenizeNotice);
   let reply: TokenizeReply;
   try {
     const ids = job.chat

@@ -15,7 +15,7 @@ import { WorkerHealth } from '../engines/health.js';
 import { KvEventApplier } from '../engines/kv-events/applier.js';
 import { KvEventFormatError, readJsonEvents, type JsonEventsReader } from '../engines/kv-events/decode.js';
 import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
-import type { AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
+import type { AsyncPromptTokenizer, TokenizerPoolStats } from '../engines/tokenizer-pool.js';
 import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/state-store.js';
 import { AdminToken, authorizationProblem, generateToken } from './admin-auth.js';
 import { adminRoutes, requireAdmin, WorkerChangeRefused } from './admin-routes.js';
@@ -53,6 +53,7 @@ import {
   createGatewayMetrics,
   registerStateRefusalMetrics,
   registerTokenizeRefusalMetrics,
+  registerTokenizerMetrics,
   registerAnswerBudgetMetrics,
   registerBodyBudgetMetrics,
   registerBodyRateMetrics,
@@ -706,6 +707,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   });
   registerKvEventMetrics(metrics.registry, () => connections.subscriberStats());
   registerTokenizeRefusalMetrics(metrics.registry, () => connections.tokenizeRefusalCounts());
+  const threads = options.promptTokenizer;
+  if (tokenizeMode === 'tokenizer' && threads !== undefined && 'stats' in threads)
+    registerTokenizerMetrics(metrics.registry, threads as { stats(): TokenizerPoolStats });
   const bodyBudgetRefusals = registerBodyBudgetMetrics(metrics.registry, bodyBudget);
   const bodyTooSlow = registerBodyRateMetrics(metrics.registry);
   const mediaUrlRefusals = registerMediaUrlMetrics(metrics.registry);

@@ -9,6 +9,7 @@ import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { KVAwareRouter } from '../core/router/index.js';
 import type { SubscriberStats } from '../engines/kv-events/subscriber.js';
 import type { StateStats } from '../state/state-store.js';
+import type { TokenizerPoolStats } from '../engines/tokenizer-pool.js';
 import { skippedEventCounts } from './engine-deployments.js';
 import { CLIENT_KEY_KINDS } from './client-requests.js';
 import { MEDIA_URL_REFUSAL_REASONS } from './media-domains.js';
@@ -611,4 +612,58 @@ export function registerStateMetrics(registry: Registry, state: { stats(): State
           this.inc(Number(state.stats()[field]) || 0);
         },
       });
+}
+
+/**
+ * The tokenizer threads' work (`--tokenize tokenizer`, TokenizerPool.stats()), read when scraped:
+ * the requests waiting or being tokenized, and the counts of those answered, failed, refused
+ * while full, past the deadline (--tokenize-timeout-ms: routed on their text, their thread
+ * replaced) and dropped when their client left, and of the threads replaced.
+ */
+export function registerTokenizerMetrics(registry: Registry, pool: { stats(): TokenizerPoolStats }): void {
+  new Gauge({
+    name: 'contextforge_tokenizer_pending',
+    help: 'Requests waiting for a tokenizer thread or being tokenized (--tokenize tokenizer).',
+    registers: [registry],
+    collect() {
+      this.set(pool.stats().pending);
+    },
+  });
+  for (const [field, name, help] of [
+    ['completed', 'contextforge_tokenizer_completed_total', 'Requests the tokenizer threads tokenized.'],
+    [
+      'failed',
+      'contextforge_tokenizer_failed_total',
+      'Requests the tokenizer threads could not tokenize: the chat template raised, the content cannot be tokenized (media), or their thread stopped.',
+    ],
+    [
+      'rejectedBusy',
+      'contextforge_tokenizer_rejected_busy_total',
+      'Requests refused (503) because as many as the tokenizer takes were waiting already.',
+    ],
+    [
+      'threadRestarts',
+      'contextforge_tokenizer_thread_restarts_total',
+      'Tokenizer threads replaced after they stopped or were stopped past a deadline.',
+    ],
+    [
+      'timedOut',
+      'contextforge_tokenizer_timed_out_total',
+      'Requests tokenized longer than --tokenize-timeout-ms: their thread was replaced and they were routed on their text.',
+    ],
+    [
+      'aborted',
+      'contextforge_tokenizer_aborted_total',
+      'Requests whose client left before they were tokenized (those a thread had not started were never tokenized).',
+    ],
+  ] as const)
+    new Counter({
+      name,
+      help,
+      registers: [registry],
+      collect() {
+        this.reset();
+        this.inc(pool.stats()[field]);
+      },
+    });
 }

@@ -14,7 +14,12 @@ import {
   type ChatTemplateRequest,
   type PromptTokenizer,
 } from '../engines/chat-tokenizer.js';
-import { TokenizerUnavailableError, type AsyncPromptTokenizer } from '../engines/tokenizer-pool.js';
+import {
+  TokenizeTimeoutError,
+  TokenizerUnavailableError,
+  type AsyncPromptTokenizer,
+} from '../engines/tokenizer-pool.js';
+import { CLIENT_CLOSED_REQUEST } from './metrics.js';
 import { tenantCacheSalt, tenantScopedId } from './api-keys.js';
 import { chatTemplateRequest } from './engine-deployments.js';
 import {
@@ -347,7 +352,11 @@ export function createRequestParser(options: RequestReaderOptions) {
     allowed === undefined || allowed.size === 0
       ? undefined
       : (url: string, at: string, inObject: boolean) => checkMediaUrl(url, at, inObject, allowed);
-  return async (path: string, req: RequestSource): Promise<ParsedRequest | RequestRejection> => {
+  /**
+   * `signal`: aborts once the client has left (createRequestReader); a request still waiting for
+   * a tokenizer thread is dropped then, and the parser answers CLIENT_CLOSED_REQUEST.
+   */
+  return async (path: string, req: RequestSource, signal?: AbortSignal): Promise<ParsedRequest | RequestRejection> => {
     let parsed: ParsedRequest;
     try {
       const headers = req.raw === undefined ? req.headers : metadataHeaders(req.raw);
@@ -393,11 +402,16 @@ export function createRequestParser(options: RequestReaderOptions) {
         // a chat is tokenized with what else shapes its prompt (tools, template options), as vLLM does
         const chat = parsed.routeRequest.messages ? chatTemplateRequest(parsed.body) : undefined;
         const special = parsed.body.add_special_tokens;
-        const tokens = await tokenizeWith(promptTokenizer!, parsed.routeRequest, chat, special !== false);
+        const tokens = await tokenizeWith(promptTokenizer!, parsed.routeRequest, chat, special !== false, signal);
         parsed.routeRequest = { ...parsed.routeRequest, tokens, messages: undefined, text: undefined };
       } catch (err) {
         // images and other media: the engine makes their tokens; route on the text instead
         if (err instanceof UntokenizableContentError) return parsed;
+        // a prompt the tokenizer takes too long over (the pool logs and counts it): on its text too
+        if (err instanceof TokenizeTimeoutError) return parsed;
+        // the client left while the request waited for a thread: nobody is there to answer
+        if (signal?.aborted && (err as Error).name === 'AbortError')
+          return { status: CLIENT_CLOSED_REQUEST, message: 'the client closed the request', param: null };
         if (err instanceof TokenizerUnavailableError)
           return { status: 503, message: err.message, param: null, retryAfterS: 1 };
         // a template that rejects the conversation (roles out of order, say) is the client's to fix;
@@ -444,9 +458,35 @@ const CHAT_FIELD =
  */
 export function createRequestReader(options: RequestReaderOptions) {
   const parse = createRequestParser(options);
+  // a client that leaves while its request waits for a tokenizer thread frees its place
+  const cancellable =
+    options.tokenize === 'tokenizer' &&
+    options.promptTokenizer !== undefined &&
+    isAsyncTokenizer(options.promptTokenizer);
   return async (path: string, req: RequestSource, reply: ProxyReply): Promise<ParsedRequest | undefined> => {
-    const parsed = await parse(path, req);
+    let parsed: ParsedRequest | RequestRejection;
+    if (!cancellable) parsed = await parse(path, req);
+    else {
+      const res = reply.raw;
+      const client = new AbortController();
+      // the response closes unfinished when the client leaves (closedStatus counts it as 499)
+      const onClose = () => {
+        if (!res.writableFinished) client.abort();
+      };
+      if (res.destroyed) client.abort();
+      else res.once('close', onClose);
+      try {
+        parsed = await parse(path, req, client.signal);
+      } finally {
+        res.off('close', onClose);
+      }
+    }
     if ('status' in parsed) {
+      if (parsed.status === CLIENT_CLOSED_REQUEST) {
+        // nothing is written: the response's close counts the request as its client's leaving
+        reply.hijack();
+        return undefined;
+      }
       if (parsed.retryAfterS !== undefined) reply.header('retry-after', String(parsed.retryAfterS));
       void openAiError(reply, parsed.status, parsed.message, parsed.param);
       return undefined;
@@ -466,8 +506,9 @@ function tokenizeWith(
   request: RouteRequest,
   chat: ChatTemplateRequest | undefined,
   addSpecialTokens: boolean,
+  signal: AbortSignal | undefined,
 ): ArrayLike<number> | Promise<ArrayLike<number>> {
-  if (isAsyncTokenizer(tokenizer)) return tokenizer.tokenize(request, chat, addSpecialTokens);
+  if (isAsyncTokenizer(tokenizer)) return tokenizer.tokenize(request, chat, addSpecialTokens, signal);
   return chat && tokenizer.tokenizeChatRequest
     ? tokenizer.tokenizeChatRequest(chat)
     : tokenizer.tokenize(request, addSpecialTokens);

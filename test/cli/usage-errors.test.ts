@@ -58,6 +58,7 @@ test('a delay longer than a timer holds (2^31 - 1 ms) is refused, wherever it is
   for (const flag of [
     '--health-interval-ms',
     '--health-timeout-ms',
+    '--tokenize-timeout-ms',
     '--stall-timeout-ms',
     '--metrics-interval-ms',
     '--breaker-cooldown-ms',
@@ -81,11 +82,15 @@ test('a delay longer than a timer holds (2^31 - 1 ms) is refused, wherever it is
   assert.equal(resolveServe(['--health-interval-ms', '2147483647']).config.healthIntervalMs, 2 ** 31 - 1);
 });
 
-test('a health-probe timeout is at least a millisecond, 5 s unless given', () => {
+test('a health-probe and a tokenize timeout are at least a millisecond, 5 s unless given', () => {
   assert.equal(resolveServe([]).config.healthTimeoutMs, 5000);
   assert.equal(resolveServe(['--health-timeout-ms', '1']).config.healthTimeoutMs, 1);
   assert.equal(resolveServe([], { CONTEXTFORGE_HEALTH_TIMEOUT_MS: '20000' }).config.healthTimeoutMs, 20_000);
   assert.throws(() => resolveServe(['--health-timeout-ms', '0']), /--health-timeout-ms must be >= 1 \(got 0\)/);
+  assert.equal(resolveServe([]).config.tokenizeTimeoutMs, 5000);
+  assert.equal(resolveServe(['--tokenize-timeout-ms', '250']).config.tokenizeTimeoutMs, 250);
+  assert.equal(resolveServe([], { CONTEXTFORGE_TOKENIZE_TIMEOUT_MS: '20000' }).config.tokenizeTimeoutMs, 20_000);
+  assert.throws(() => resolveServe(['--tokenize-timeout-ms', '0']), /--tokenize-timeout-ms must be >= 1 \(got 0\)/);
   assert.equal(resolveServe([]).config.stallTimeoutMs, 60_000);
   assert.equal(resolveServe(['--stall-timeout-ms', '0']).config.stallTimeoutMs, 0);
   assert.equal(resolveServe([], { CONTEXTFORGE_STALL_TIMEOUT_MS: '120000' }).config.stallTimeoutMs, 120_000);

@@ -1,8 +1,14 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
-import { defaultTokenizerThreads, TokenizerBusyError, TokenizerPool } from '../../src/engines/tokenizer-pool.js';
+import {
+  defaultTokenizerThreads,
+  TokenizeTimeoutError,
+  TokenizerBusyError,
+  TokenizerPool,
+} from '../../src/engines/tokenizer-pool.js';
 import type { ChatMessage } from '../../src/core/hashing.js';
+import { until } from '../helpers/wait.js';
 
 const dir = new URL('../fixtures/tokenizer/', import.meta.url).pathname;
 
@@ -121,5 +127,65 @@ test('a thread that dies and cannot be restarted fails its requests instead of h
   } finally {
     await pool.close();
     rmSync(model, { recursive: true, force: true });
+  }
+});
+
+// HuggingFace BPE takes several µs per character of a long run of spaces: 200 KB take seconds
+const SLOW_PROMPT = ' '.repeat(200_000);
+
+test('a request past the deadline rejects with TokenizeTimeoutError; its thread is replaced and the requests behind it are answered', async () => {
+  const reference = ChatTokenizer.load(dir);
+  const logs: string[] = [];
+  const pool = await TokenizerPool.start({ path: dir, threads: 1, timeoutMs: 100, log: (m) => logs.push(m) });
+  try {
+    const threads = (pool as unknown as { threads: Array<{ worker: import('node:worker_threads').Worker }> }).threads;
+    const first = threads[0].worker;
+    const slow = pool.tokenize({ text: SLOW_PROMPT });
+    // queued on the same (only) thread behind the slow one
+    const behind = [pool.tokenize({ text: 'the router routes' }), pool.tokenize({ messages: conversation(1, 2) })];
+    await assert.rejects(slow, (e: Error) => e instanceof TokenizeTimeoutError && /100 ms/.test(e.message));
+    const got = await Promise.all(behind);
+    assert.deepEqual(Array.from(got[0]), reference.tokenize({ text: 'the router routes' }));
+    assert.deepEqual(Array.from(got[1]), reference.tokenize({ messages: conversation(1, 2) }));
+    assert.notEqual(threads[0].worker, first, 'the thread was replaced');
+    const stats = pool.stats();
+    assert.equal(stats.timedOut, 1);
+    assert.equal(stats.threadRestarts, 1);
+    assert.equal(stats.completed, 2);
+    assert.equal(stats.failed, 0);
+    assert.equal(stats.pending, 0);
+    assert.ok(logs.some((m) => /longer than 100 ms/.test(m)));
+    // the replacement keeps serving
+    assert.deepEqual(Array.from(await pool.tokenize({ text: 'again' })), reference.tokenize({ text: 'again' }));
+  } finally {
+    await pool.close();
+  }
+});
+
+test('a request whose client left before its thread reached it is never tokenized and rejects with AbortError', async () => {
+  const pool = await TokenizerPool.start({ path: dir, threads: 1 });
+  try {
+    // keeps the only thread busy for a while (well under the default deadline)
+    const busy = pool.tokenize({ text: ' '.repeat(30_000) });
+    const client = new AbortController();
+    const queued = pool.tokenize({ text: 'left before its turn' }, undefined, true, client.signal);
+    client.abort();
+    await assert.rejects(queued, (e: Error) => e.name === 'AbortError');
+    await busy;
+    // the thread skipped it: it answered the busy request only
+    await until(() => pool.stats().pending === 0, 'the thread to skip the cancelled request');
+    assert.equal(pool.stats().completed, 1);
+    assert.equal(pool.stats().aborted, 1);
+    // a signal aborted already rejects at once
+    const gone = new AbortController();
+    gone.abort();
+    await assert.rejects(
+      pool.tokenize({ text: 'x' }, undefined, true, gone.signal),
+      (e: Error) => e.name === 'AbortError',
+    );
+    assert.ok((await pool.tokenize({ text: 'still served' })).length > 0);
+    assert.equal(pool.stats().completed, 2);
+  } finally {
+    await pool.close();
   }
 });

@@ -83,6 +83,7 @@ export async function startGateway(
             chatTemplate,
             chatTemplateSource: '--chat-template',
             threads: tokenizerThreads,
+            timeoutMs: c.tokenizeTimeoutMs,
             source: '--tokenizer',
             log,
           });

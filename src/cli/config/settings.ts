@@ -88,6 +88,8 @@ const gatewayShape = {
   tokenize: z.enum(['auto', 'text', 'tokenizer', 'engine']).default('auto'),
   tokenizer: text().optional(),
   tokenizerThreads: z.int().min(0).max(256).optional(),
+  // (tokenizer-pool.ts DEFAULT_TOKENIZE_TIMEOUT_MS)
+  tokenizeTimeoutMs: timerMs(1).default(5000),
   processes: z.int().min(1).max(256).default(1),
   chatTemplate: text().optional(),
   // what the gateway's AdminToken takes, checked here so that the message names the setting
@@ -176,6 +178,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   tokenizerThreads: {
     arg: '<n>',
     help: 'worker threads tokenizing for --tokenize tokenizer (0: on the event loop; default: cores per process, less one, at least 1)',
+  },
+  tokenizeTimeoutMs: {
+    arg: '<ms>',
+    help: 'longest a tokenizer thread may take over one request (a prompt the tokenizer is very slow on, such as a long run of whitespace, or a chat template that loops): past it the thread is replaced, the requests queued behind it go to the replacement, and the request is routed on its text (not with --tokenizer-threads 0)',
   },
   processes: {
     arg: '<n>',
