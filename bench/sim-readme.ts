@@ -5,6 +5,11 @@
  *
  *   npm run bench:sim:readme            # print the tables
  *   npm run bench:sim:readme -- --write # replace them in README.md (between the sim-sweep markers)
+ *   npm run bench:sim:readme -- --in DIR/sim-sweep-train.json [--peers OTHER.json]
+ *                                       # the tables of another sweep (a split, a candidate's run of
+ *                                       # `cost` alone with --peers the peers' run), not written
+ *
+ * Printed tables end with how many load points `cost` meets the bar at.
  */
 import { readFileSync, writeFileSync } from 'node:fs';
 import { pathToFileURL } from 'node:url';
@@ -20,7 +25,14 @@ const pct = (v: number, half: number) => `${(v * 100).toFixed(1)}% ± ${(half * 
 
 /** Markdown: one table per trace, one row per load point. */
 export function renderSweepTables(report: SweepReport): string {
+  return sweepTables(report).text;
+}
+
+/** The tables, and the load points `cost` meets the bar at, of the points compared. */
+export function sweepTables(report: SweepReport): { text: string; met: number; points: number } {
   const out: string[] = [];
+  let met = 0;
+  let points = 0;
   for (const t of report.traces) {
     const peers = t.points[0]?.policies.map((p) => p.policy).filter((p) => p !== SUBJECT) ?? [];
     out.push(
@@ -41,6 +53,8 @@ export function renderSweepTables(report: SweepReport): string {
         c.hitOk ? '' : 'hit rate',
         c.rejectedOk ? '' : `rejected ${c.own.rejected} vs ${c.fewestPeerRejected}`,
       ].filter(Boolean);
+      points++;
+      if (misses.length === 0) met++;
       out.push(
         `| ×${point.speed} | ${pm(c.own.ttftMean, c.own.ci95.ttftMean)} | ${c.best.policy} | ${pm(c.best.ttftMean, c.best.ci95.ttftMean)} | ` +
           `${pm(c.own.ttftP99, c.own.ci95.ttftP99)} | ${s(c.bestP99)} | ${pct(c.own.hitRate, c.own.ci95.hitRate)} | ${(c.bestHit * 100).toFixed(1)}% | ` +
@@ -49,21 +63,70 @@ export function renderSweepTables(report: SweepReport): string {
     }
     out.push('');
   }
-  return out.join('\n');
+  return { text: out.join('\n'), met, points };
+}
+
+/** `report` with each load point's policies from `peers` added (same traces and speeds; `cost` kept from `report`). */
+export function withPeers(report: SweepReport, peers: SweepReport): SweepReport {
+  return {
+    ...report,
+    traces: report.traces.map((t) => {
+      const other = peers.traces.find((p) => p.trace === t.trace);
+      if (!other) throw new RangeError(`--peers: no trace '${t.trace}' in the peers' sweep`);
+      return {
+        ...t,
+        points: t.points.map((point) => {
+          const same = other.points.find((p) => p.speed === point.speed);
+          if (!same) throw new RangeError(`--peers: no load point ×${point.speed} of '${t.trace}' in the peers' sweep`);
+          const own = new Set(point.policies.map((p) => p.policy));
+          return { ...point, policies: [...point.policies, ...same.policies.filter((p) => !own.has(p.policy))] };
+        }),
+      };
+    }),
+  };
+}
+
+/** The value of `--name VALUE` in the arguments, or undefined; exits naming the flag when it has no value. */
+function flagValue(name: string): string | undefined {
+  const i = process.argv.indexOf(name);
+  if (i < 0) return undefined;
+  const v = process.argv[i + 1];
+  if (v === undefined || v.startsWith('--')) {
+    process.stderr.write(`error: ${name} needs a file\n`);
+    process.exit(2);
+  }
+  return v;
+}
+
+function readSweep(file: string, flag: string): SweepReport {
+  try {
+    return JSON.parse(readFileSync(file, 'utf8')) as SweepReport;
+  } catch (err) {
+    process.stderr.write(`error: ${flag} ${file}: ${(err as Error).message}\n`);
+    process.exit(2);
+  }
 }
 
 async function main(): Promise<void> {
-  const report = JSON.parse(readFileSync('bench/results/sim-sweep.json', 'utf8')) as SweepReport;
-  const tables = renderSweepTables(report);
-  if (!process.argv.includes('--write')) {
-    process.stdout.write(tables);
+  const input = flagValue('--in');
+  const peersFile = flagValue('--peers');
+  let report = readSweep(input ?? 'bench/results/sim-sweep.json', input === undefined ? 'the sweep' : '--in');
+  if (peersFile !== undefined) report = withPeers(report, readSweep(peersFile, '--peers'));
+  const tables = sweepTables(report);
+  if (!process.argv.includes('--write') || input !== undefined || peersFile !== undefined) {
+    if (process.argv.includes('--write')) {
+      process.stderr.write('error: --write writes the committed sweep only; leave out --in and --peers\n');
+      process.exit(2);
+    }
+    process.stdout.write(`${tables.text}\ncost meets the bar at ${tables.met} of ${tables.points} load points\n`);
     return;
   }
+  const text = tables.text;
   const readme = readFileSync('README.md', 'utf8');
   const a = readme.indexOf(START);
   const b = readme.indexOf(END);
   if (a < 0 || b < a) throw new Error(`README.md has no ${START} … ${END} section`);
-  writeFileSync('README.md', `${readme.slice(0, a + START.length)}\n\n${tables}\n${readme.slice(b)}`);
+  writeFileSync('README.md', `${readme.slice(0, a + START.length)}\n\n${text}\n${readme.slice(b)}`);
   process.stdout.write('README.md tables updated from bench/results/sim-sweep.json\n');
 }
 

@@ -18,7 +18,7 @@ import {
   type SweepReport,
 } from '../../src/sim/sweep.js';
 import { loadMooncakeTrace, type TraceRequest } from '../../src/sim/trace.js';
-import { renderSweepTables } from '../../bench/sim-readme.js';
+import { renderSweepTables, sweepTables, withPeers } from '../../bench/sim-readme.js';
 
 const head = await loadMooncakeTrace(
   fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)),
@@ -118,6 +118,14 @@ describe('sweep statistics', () => {
     const table = renderSweepTables({ traces: [{ trace: 'x', points: [point, worse] }] });
     assert.match(table, /\| ×1 \| 1\.15 ± 0\.10 \| dynamo \| 1\.00 ± 0\.10 \|.*\| yes \|/);
     assert.match(table, /no \(mean, p99, hit rate\) \|/);
+    // a candidate's run of cost alone, compared with the peers' run of the same points
+    const both = [point, { ...worse, speed: 2 }];
+    const costOnly = { traces: [{ trace: 'x', points: both.map((p) => ({ ...p, policies: [p.policies[0]] })) }] };
+    const peersOnly = { traces: [{ trace: 'x', points: both.map((p) => ({ ...p, policies: p.policies.slice(1) })) }] };
+    const merged = sweepTables(withPeers(costOnly, peersOnly));
+    assert.deepEqual([merged.met, merged.points], [1, 2]);
+    assert.equal(merged.text, renderSweepTables({ traces: [{ trace: 'x', points: both }] }));
+    assert.throws(() => withPeers(costOnly, { traces: [] }), /--peers: no trace 'x'/);
   });
 });
 
