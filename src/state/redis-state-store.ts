@@ -110,11 +110,21 @@ const WRITE_BACK_WORKERS =
  * `rm` message, its nonce up to ':') completed with the verdict (`code:n`) and published last on
  * channel ARGV[1], so the replica that asked hears it after every message of the change and of
  * every change Redis made before, and applies the change there, in Redis's order; `ranksOf` is
- * how many data-parallel ranks a registry record has (its dpSize, 1 without).
+ * how many data-parallel ranks a registry record has (its dpSize, 1 without). Redis does not
+ * roll a script back when one of its commands fails, so `notHashes` checks first that every key
+ * the change writes is a hash (or absent) by removing from each the field '' (no worker id is
+ * empty): a key holding another kind of value refuses the change before any of it is written.
  */
 const CHANGE_PRELUDE = `local function decided(code, n)
   redis.call('PUBLISH', ARGV[1], ARGV[2] .. code .. ':' .. n .. '"}')
   return code
+end
+local function notHashes(...)
+  for _, key in ipairs({...}) do
+    local r = redis.pcall('HDEL', key, '')
+    if type(r) == 'table' and r.err then return r end
+  end
+  return nil
 end
 local function ranksOf(v)
   if not string.find(v, '"dpSize"', 1, true) then return 1 end
@@ -131,6 +141,8 @@ end
  * (KEYS[3]), announced (ARGV[7]) and announced resumed (ARGV[8]): 1. Atomic, mark included.
  */
 const ADD_WORKER = `${CHANGE_PRELUDE}
+local wrong = notHashes(KEYS[1], KEYS[2], KEYS[3])
+if wrong then return wrong end
 local all = redis.call('HGETALL', KEYS[1])
 local ranks = 0
 for i = 1, #all, 2 do
@@ -151,6 +163,8 @@ return decided(1, 0)`;
  * announced (ARGV[5]): 1. Atomic, mark included.
  */
 const REMOVE_WORKER = `${CHANGE_PRELUDE}
+local wrong = notHashes(KEYS[1], KEYS[2], KEYS[3])
+if wrong then return wrong end
 if redis.call('HDEL', KEYS[1], ARGV[3]) == 0 then return decided(0, 0) end
 redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
 redis.call('HDEL', KEYS[3], ARGV[3])
@@ -164,6 +178,8 @@ return decided(1, 0)`;
  * Atomic, mark included.
  */
 const DRAIN_WORKER = `${CHANGE_PRELUDE}
+local wrong = notHashes(KEYS[1], KEYS[2])
+if wrong then return wrong end
 local all = redis.call('HGETALL', KEYS[1])
 local id, message, code
 for i = 1, #all, 2 do

@@ -185,6 +185,29 @@ test('a worker change Redis refuses is answered 503 naming the problem, and chan
   assert.equal(a.router.hasWorker('e0'), true);
 });
 
+test('a change whose second key holds another kind of value writes nothing of itself: Redis does not roll a script back', async () => {
+  const prefix = prefixes.fresh();
+  const a = await replica(prefix, 'a');
+  const b = await replica(prefix, 'b');
+  assert.equal((await call(a, 'POST', '/admin/workers', { id: 'x', url: 'http://127.0.0.1:5' })).status, 201);
+  // the record of removals holds a string: the removal is refused before the worker leaves the registry
+  await redis.set(`${prefix}removed`, 'not a hash');
+  const removed = await call(a, 'DELETE', '/admin/workers/x');
+  assert.equal(removed.status, 503, JSON.stringify(removed.body));
+  assert.match((removed.body.error as { message: string }).message, /refused the removal of worker 'x' \(WRONGTYPE/);
+  assert.deepEqual(await registry(prefix), ['e0 http://127.0.0.1:9', 'x http://127.0.0.1:5']);
+  for (const g of [a, b]) assert.equal(g.router.hasWorker('x'), true);
+  // the record of drains holds a string: neither an addition nor a drain is made
+  await redis.del(`${prefix}removed`);
+  await redis.set(`${prefix}draining`, 'not a hash');
+  const added = await call(a, 'POST', '/admin/workers', { id: 'z', url: 'http://127.0.0.1:7' });
+  assert.equal(added.status, 503, JSON.stringify(added.body));
+  assert.equal((await call(b, 'POST', '/admin/workers/x/drain')).status, 503);
+  assert.deepEqual(Object.keys(await redis.hgetall(`${prefix}workers`)).sort(), ['e0', 'x']);
+  for (const g of [a, b]) assert.equal(g.router.hasWorker('z'), false);
+  await redis.del(`${prefix}draining`);
+});
+
 test('while Redis is out of reach the replica decides worker changes against its own view, as before', async () => {
   const prefix = prefixes.fresh();
   // nothing listens on port 1: the replica starts on its local state
