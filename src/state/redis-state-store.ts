@@ -912,6 +912,8 @@ export class RedisStateStore implements StateStore {
       });
       send(mark).catch((err: Error) => {
         this.failed(err, what);
+        // refused, the script wrote nothing and published no mark: nothing is left to wait for
+        if (err instanceof ReplyError) this.pendingChanges.delete(nonce);
         // a command that timed out may still have run: its mark, heard later, applies it here
         settle(() =>
           reject(
@@ -1148,6 +1150,8 @@ export class RedisStateStore implements StateStore {
       remoteLoadCorrected: this.remote.corrected,
       lastRefusal: this.lastRefusal,
       connected: this.up,
+      /** Admin worker changes (and reads) sent to Redis whose mark has not been heard yet. */
+      adminChangesPending: this.pendingChanges.size,
     };
   }
 

@@ -203,6 +203,8 @@ test('a change whose second key holds another kind of value writes nothing of it
   const added = await call(a, 'POST', '/admin/workers', { id: 'z', url: 'http://127.0.0.1:7' });
   assert.equal(added.status, 503, JSON.stringify(added.body));
   assert.equal((await call(b, 'POST', '/admin/workers/x/drain')).status, 503);
+  // a refused change published no mark: nothing waits for one
+  for (const g of [a, b]) assert.equal((g.state.stats() as { adminChangesPending: number }).adminChangesPending, 0);
   assert.deepEqual(Object.keys(await redis.hgetall(`${prefix}workers`)).sort(), ['e0', 'x']);
   for (const g of [a, b]) assert.equal(g.router.hasWorker('z'), false);
   await redis.del(`${prefix}draining`);
