@@ -335,7 +335,10 @@ export class TokenizerPool implements AsyncPromptTokenizer {
     job.started = true;
     thread.running = id;
     clearTimeout(thread.deadline);
-    thread.deadline = setTimeout(() => this.timedOut(thread, index, id), this.timeoutMs);
+    // judged after the messages already waiting are read: Node runs due timers before it hands
+    // over a worker's messages, and after a stall of the event loop (a large body parsed, a
+    // garbage collection) the answer may be waiting while the deadline fires
+    thread.deadline = setTimeout(() => setImmediate(() => this.timedOut(thread, index, id)), this.timeoutMs);
     thread.deadline.unref();
   }
 
@@ -363,11 +366,16 @@ export class TokenizerPool implements AsyncPromptTokenizer {
     return least;
   }
 
-  /** The conversation's thread, unless it is far busier than the least busy one (or not running); -1: none runs. */
+  /**
+   * The conversation's thread, unless it is far busier than the least busy one (or not running);
+   * while none runs, one stopped past a deadline and not yet replaced (its requests go to the
+   * replacement when it exits); -1: none at all.
+   */
   private pick(request: RouteRequest): number {
     const n = this.threads.length;
     const least = this.leastBusy();
-    if (least < 0 || n === 1) return least;
+    if (least < 0) return this.closed ? -1 : this.threads.findIndex((t) => t.timedOut);
+    if (n === 1) return least;
     const preferred = conversationKey(request) % n;
     const p = this.threads[preferred];
     return p.dead || p.pending > this.threads[least].pending + 2 ? least : preferred;

@@ -162,6 +162,58 @@ test('a request past the deadline rejects with TokenizeTimeoutError; its thread 
   }
 });
 
+test('an answer waiting while the event loop was blocked past the deadline is taken, not judged late', async () => {
+  const reference = ChatTokenizer.load(dir);
+  const pool = await TokenizerPool.start({ path: dir, threads: 1, timeoutMs: 100 });
+  try {
+    const threads = (pool as unknown as { threads: Array<{ running?: number }> }).threads;
+    const text = `${' '.repeat(3000)}x`; // tens of milliseconds alone: well inside the deadline
+    const job = pool.tokenize({ text });
+    // (polled at every turn of the event loop: the request runs for tens of milliseconds only)
+    const waiting = performance.now();
+    while (threads[0].running === undefined && performance.now() - waiting < 10_000)
+      await new Promise((r) => setImmediate(r));
+    assert.notEqual(threads[0].running, undefined, 'the thread started the request');
+    // the event loop is blocked past the deadline (a large body parsed, a garbage collection)
+    // while the thread finishes in time: its answer waits to be read when the deadline fires
+    const blocked = performance.now();
+    while (performance.now() - blocked < 250);
+    assert.deepEqual(Array.from(await job), reference.tokenize({ text }));
+    assert.deepEqual([pool.stats().timedOut, pool.stats().threadRestarts], [0, 0]);
+  } finally {
+    await pool.close();
+  }
+});
+
+test('requests that come while a thread stopped past its deadline is being replaced go to the replacement', async () => {
+  const pool = await TokenizerPool.start({ path: dir, threads: 1, timeoutMs: 50 });
+  try {
+    const slow = pool.tokenize({ text: ' '.repeat(200_000) });
+    const outcomes: Array<Promise<string>> = [];
+    // one request a millisecond until the slow one has timed out and well after
+    let timedOut = false;
+    void slow.catch(() => (timedOut = true));
+    const started = performance.now();
+    while (!timedOut || performance.now() - started < 400) {
+      await new Promise((r) => setTimeout(r, 1));
+      outcomes.push(
+        pool.tokenize({ text: 'hi' }).then(
+          () => 'ok',
+          (e: Error) => e.message,
+        ),
+      );
+    }
+    await assert.rejects(slow, TokenizeTimeoutError);
+    const results = await Promise.all(outcomes);
+    assert.deepEqual(
+      results.filter((r) => r !== 'ok'),
+      [],
+    );
+  } finally {
+    await pool.close();
+  }
+});
+
 test('a request whose client left before its thread reached it is never tokenized and rejects with AbortError', async () => {
   const pool = await TokenizerPool.start({ path: dir, threads: 1 });
   try {
