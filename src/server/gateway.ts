@@ -852,7 +852,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       listWorkers: () => connections.records(),
       addWorkerFromState: (w, from = 'replica') => {
         // a worker read from the registry may be any replica's, one long stopped too
-        const source = from === 'registry' ? 'from the shared registry' : 'added by another replica';
+        const source =
+          from === 'registry'
+            ? 'from the shared registry'
+            : from === 'replaced'
+              ? "replaced by the shared registry's record"
+              : 'added by another replica';
         try {
           connections.add(w);
         } catch (err) {
@@ -873,7 +878,11 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
             return;
           }
           refusedWorkersLogged.add(id);
-          log(`worker '${id}' ${source} not added here: ${(err as Error).message}`);
+          log(
+            from === 'replaced'
+              ? `worker '${id}' removed: the shared registry holds another record of it, not added here: ${(err as Error).message}`
+              : `worker '${id}' ${source} not added here: ${(err as Error).message}`,
+          );
           return;
         }
         refusedWorkersLogged.delete(w.id);
@@ -882,6 +891,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       removeWorkerFromState: (id, from = 'replica') => {
         refusedWorkersLogged.delete(String(id).slice(0, 64));
         removeWorkerLocally(id);
+        // a replacement is said as its addition
+        if (from === 'replaced') return;
         log(
           from === 'registry'
             ? `worker '${id}' removed: the shared registry records its removal through the admin API`

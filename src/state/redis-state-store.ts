@@ -106,6 +106,65 @@ const WRITE_BACK_WORKERS =
   "local removed = {} local all = redis.call('HGETALL', KEYS[2]) for i = 1, #all, 2 do removed[all[i]] = true end local out = {} for i = 2, #ARGV, 3 do if removed[ARGV[i]] then out[#out + 1] = -1 else local set = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) out[#out + 1] = set if set == 1 then redis.call('PUBLISH', ARGV[1], ARGV[i + 2]) end end end return out";
 
 /**
+ * Whether two decoded worker records say the same (the order of their fields, and absent ones,
+ * aside), and a hash's field read with HGETALL (the state's ACL grants no HGET).
+ */
+const SAME_RECORD = `local function hget(key, field)
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do if all[i] == field then return all[i + 1] end end
+  return nil
+end
+local function same(a, b)
+  if a == cjson.null then a = nil end
+  if b == cjson.null then b = nil end
+  if type(a) ~= 'table' or type(b) ~= 'table' then return a == b end
+  for k, v in pairs(a) do if not same(v, b[k]) then return false end end
+  for k, v in pairs(b) do if a[k] == nil and v ~= cjson.null then return false end end
+  return true
+end
+local function sameJson(x, y)
+  local ok, a = pcall(cjson.decode, x)
+  local ok2, b = pcall(cjson.decode, y)
+  return ok and ok2 and same(a, b)
+end
+`;
+
+/**
+ * A worker added here while Redis was out of reach (ARGV[2], record ARGV[3]) written back to the
+ * registry KEYS[1] when it holds no worker of that id, or (after a removal made here) still the
+ * record this replica removed (ARGV[6], '' for none): a change Redis decided meanwhile, another
+ * replica's answered addition, wins, and this replica takes the registry's record as it reloads
+ * it. Written, it is no longer recorded removed (KEYS[2]) nor draining (KEYS[3]), announced
+ * (ARGV[4]) and announced resumed (ARGV[5]): 1; else 0. Atomic.
+ */
+const WRITE_BACK_ADDED = `${SAME_RECORD}
+local held = hget(KEYS[1], ARGV[2])
+if held and not (ARGV[6] ~= '' and sameJson(held, ARGV[6])) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+redis.call('HDEL', KEYS[2], ARGV[2])
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('PUBLISH', ARGV[1], ARGV[4])
+redis.call('PUBLISH', ARGV[1], ARGV[5])
+return 1`;
+
+/**
+ * A drain (ARGV[3] '1') or resume ('0') of worker ARGV[2] made here while Redis was out of reach,
+ * written back to KEYS[2] and announced (ARGV[5]) only when the registry KEYS[1] still holds the
+ * record it was made on (ARGV[4], compared field by field: the order of the fields, and absent
+ * ones, aside), or holds no worker of that id and none recorded removed (KEYS[3]: Redis lost
+ * its data, and the worker is written back next): 1. A worker removed (and perhaps added again)
+ * meanwhile is not the one drained: 0, nothing written. Atomic.
+ */
+const WRITE_BACK_DRAIN = `${SAME_RECORD}
+local held = hget(KEYS[1], ARGV[2])
+if held then
+  if not sameJson(held, ARGV[4]) then return 0 end
+elseif hget(KEYS[3], ARGV[2]) then return 0 end
+if ARGV[3] == '1' then redis.call('HSET', KEYS[2], ARGV[2], '1') else redis.call('HDEL', KEYS[2], ARGV[2]) end
+redis.call('PUBLISH', ARGV[1], ARGV[5])
+return 1`;
+
+/**
  * The part the admin worker change scripts share: the mark (ARGV[2], the start of this replica's
  * `rm` message, its nonce up to ':') completed with the verdict (`code:n`) and published last on
  * channel ARGV[1], so the replica that asked hears it after every message of the change and of
@@ -290,7 +349,18 @@ const REMOVAL_KEPT_MS = 24 * 3_600_000;
 export const MAX_RELAYED_EVENTS_BYTES = 1 << 20;
 
 /** A registry change made here while Redis was out of reach: a worker added, or removed (recorded or not). */
-type UnsyncedWorker = { added: WorkerRecord } | { removed: { record: boolean } };
+/**
+ * A registry change made here while Redis was out of reach: a worker added, or removed (recorded
+ * or not). `base`: the record the registry held for the id as far as this replica knew when it
+ * was first changed here (what it removed), if any.
+ */
+type UnsyncedWorker = { added: WorkerRecord; base?: string } | { removed: { record: boolean; base?: string } };
+
+/** A drain (`on`) or resume made here while Redis was out of reach, with the record (JSON) of the worker it was made on. */
+interface UnsyncedDrain {
+  on: boolean;
+  record: string;
+}
 
 /**
  * Registry messages heard after a resynchronisation's mark (published just before it reads the
@@ -496,6 +566,12 @@ export class RedisStateStore implements StateStore {
   /** Workers added or removed through this replica's admin API (or discovery) while Redis was out of reach, or during a resynchronisation. */
   private readonly unsyncedWorkers = new Map<string, UnsyncedWorker>();
   /**
+   * The record (JSON) of each worker as the registry last held it to this replica's knowledge:
+   * its own changes Redis took, the others' heard, the registry read. An addition written back
+   * after a removal made here replaces the record only while the registry still holds this one.
+   */
+  private readonly syncedRecords = new Map<string, string>();
+  /**
    * Workers removed here whose removal this replica has not yet heard back on the channel. An
    * addition announced before it (another replica's write-back that Redis applied before the
    * removal, heard after the worker was removed here) is older than the removal and is not
@@ -503,7 +579,7 @@ export class RedisStateStore implements StateStore {
    */
   private readonly removalsInFlight = new Set<string>();
   /** Drains (true) and resumes (false) made through this replica's admin API while Redis was out of reach, or during a resynchronisation. */
-  private readonly unsyncedDrains = new Map<string, boolean>();
+  private readonly unsyncedDrains = new Map<string, UnsyncedDrain>();
   /** Whether the subscriber is subscribed to the channel (on its current connection). */
   private subscribed = false;
   /** Whether the subscriber was ever subscribed: subscribing again means it lost messages. */
@@ -757,7 +833,13 @@ export class RedisStateStore implements StateStore {
     this.removalsInFlight.delete(worker.id);
     this.draining.delete(worker.id);
     this.unsyncedDrains.delete(worker.id);
-    if (!this.up) return void this.unsyncedWorkers.set(worker.id, { added: worker }); // written when Redis is back
+    if (!this.up) {
+      // written when Redis is back; after a removal made here, over the record it removed
+      const before = this.unsyncedWorkers.get(worker.id);
+      const base = before === undefined ? undefined : 'added' in before ? before.base : before.removed.base;
+      return void this.unsyncedWorkers.set(worker.id, base === undefined ? { added: worker } : { added: worker, base });
+    }
+    this.syncedRecords.set(worker.id, JSON.stringify(worker));
     const m = this.cmd.pipeline();
     this.writeAdded(m, worker);
     void this.run(m, 'a worker added').catch((err: unknown) => this.unanswered('a worker added', err));
@@ -769,7 +851,13 @@ export class RedisStateStore implements StateStore {
     this.unsyncedDrains.delete(workerId);
     // its tallies (its ranks') go with it: a worker added again starts from nothing
     this.remote.forgetUnknownWorkers();
-    if (!this.up) return void this.unsyncedWorkers.set(workerId, { removed: { record } });
+    if (!this.up) {
+      const before = this.unsyncedWorkers.get(workerId);
+      const base =
+        before === undefined ? this.syncedRecords.get(workerId) : 'added' in before ? before.base : before.removed.base;
+      return void this.unsyncedWorkers.set(workerId, { removed: base === undefined ? { record } : { record, base } });
+    }
+    this.syncedRecords.delete(workerId);
     this.removalsInFlight.add(workerId);
     const m = this.cmd.pipeline();
     this.writeRemoved(m, workerId, record);
@@ -781,7 +869,11 @@ export class RedisStateStore implements StateStore {
   workerDrained(workerId: string, draining: boolean): void {
     if (draining) this.draining.add(workerId);
     else this.draining.delete(workerId);
-    if (!this.up) return void this.unsyncedDrains.set(workerId, draining);
+    if (!this.up) {
+      // written back only onto this record: a worker removed and added again meanwhile is another
+      const held = this.host?.listWorkers().find((w) => w.id === workerId);
+      return void this.unsyncedDrains.set(workerId, { on: draining, record: held ? JSON.stringify(held) : '' });
+    }
     const m = this.cmd.pipeline();
     this.writeDrained(m, workerId, draining);
     const what = draining ? 'a worker drained' : 'a worker resumed';
@@ -1035,6 +1127,8 @@ export class RedisStateStore implements StateStore {
     if (!verdict.ok) return;
     const id = verdict.id;
     if (change.op === 'add') this.removalsInFlight.delete(id);
+    if (change.op === 'add') this.syncedRecords.set(id, JSON.stringify(change.worker));
+    else if (change.op === 'remove') this.syncedRecords.delete(id);
     for (const h of this.hearing) {
       if (!h.past) continue;
       if (change.op === 'drain') h.drains.set(id, change.draining);
@@ -1089,15 +1183,45 @@ export class RedisStateStore implements StateStore {
   private writeUnsynced(m: ChainableCommander): () => void {
     const workerChanges = [...this.unsyncedWorkers];
     const drainChanges = [...this.unsyncedDrains];
+    const r = this.replicaId;
     for (const [id, change] of workerChanges) {
-      if ('added' in change) this.writeAdded(m, change.added);
-      else this.writeRemoved(m, id, change.removed.record);
+      if ('added' in change) {
+        // not over a worker of that id Redis took meanwhile (another replica's answered
+        // addition): the registry's record wins, and this replica takes it as it reloads
+        const worker = change.added;
+        m.eval(
+          WRITE_BACK_ADDED,
+          3,
+          this.key('workers'),
+          this.key('removed'),
+          this.key('draining'),
+          this.channel,
+          id,
+          JSON.stringify(worker),
+          JSON.stringify({ r, k: 'wa', worker } satisfies WireWorkerAdded),
+          JSON.stringify({ r, k: 'dr', id, on: false } satisfies WireWorkerDrained),
+          change.base ?? '',
+        );
+      } else this.writeRemoved(m, id, change.removed.record);
     }
-    for (const [id, on] of drainChanges) this.writeDrained(m, id, on);
+    // only onto the record drained here; else dropped, and the registry's word is taken as it reloads
+    for (const [id, { on, record }] of drainChanges)
+      m.eval(
+        WRITE_BACK_DRAIN,
+        3,
+        this.key('workers'),
+        this.key('draining'),
+        this.key('removed'),
+        this.channel,
+        id,
+        on ? '1' : '0',
+        record,
+        JSON.stringify({ r, k: 'dr', id, on } satisfies WireWorkerDrained),
+      );
     return () => {
       // (changes made meanwhile stay for the next write)
       for (const [id, w] of workerChanges) if (this.unsyncedWorkers.get(id) === w) this.unsyncedWorkers.delete(id);
-      for (const [id, on] of drainChanges) if (this.unsyncedDrains.get(id) === on) this.unsyncedDrains.delete(id);
+      for (const [id, d] of drainChanges) if (this.unsyncedDrains.get(id) === d) this.unsyncedDrains.delete(id);
     };
   }
 
@@ -1400,7 +1524,11 @@ export class RedisStateStore implements StateStore {
         if (this.removalsInFlight.has(id)) return; // announced before this replica's removal of it
         this.noteBlockSize(msg.worker.blockSize);
         for (const h of this.hearing) if (h.past) h.workers.set(id, msg.worker);
-        if (!this.host.listWorkers().some((w) => w.id === id)) this.host.addWorkerFromState(msg.worker);
+        this.syncedRecords.set(id, JSON.stringify(msg.worker));
+        const held = this.host.listWorkers().find((w) => w.id === id);
+        if (!held) this.host.addWorkerFromState(msg.worker);
+        // the registry's record now: one held here with another (decided here while cut off) gives way
+        else if (!sameRecord(held, msg.worker)) this.replaceWorker(this.host, msg.worker);
       } else if (msg.k === 'wr') {
         for (const h of this.hearing)
           if (h.past) {
@@ -1408,6 +1536,7 @@ export class RedisStateStore implements StateStore {
             h.drains.set(msg.id, false);
           }
         this.draining.delete(msg.id);
+        this.syncedRecords.delete(msg.id);
         if (this.host.listWorkers().some((w) => w.id === msg.id)) this.host.removeWorkerFromState(msg.id);
         this.remote.forgetUnknownWorkers();
       } else if (msg.k === 'dr') {
@@ -1751,6 +1880,18 @@ export class RedisStateStore implements StateStore {
   }
 
   /**
+   * Replaces the worker of `record`'s id held here (another record: decided here while Redis was
+   * out of reach, or before a change Redis decided) with the registry's `record`, through the
+   * host: removed and added again, not draining, said once.
+   */
+  private replaceWorker(host: StateStoreHost, record: WorkerRecord): void {
+    host.removeWorkerFromState(record.id, 'replaced');
+    this.draining.delete(record.id);
+    this.remote.forgetUnknownWorkers();
+    host.addWorkerFromState(record, 'replaced');
+  }
+
+  /**
    * The shared registry wins over this replica's own (its flags, or what it held through an
    * outage): a worker removed through an admin API is removed here too, and one the registry
    * lacks but never removed is written back (HSETNX) and announced, so the replicas that are
@@ -1871,10 +2012,12 @@ export class RedisStateStore implements StateStore {
       for (const id of localDrains) drains.set(id, '1');
       overlay(); // what was heard during the write-back
     }
-    // workers other replicas added
-    const local = new Set(host.listWorkers().map((w) => w.id));
+    // workers other replicas added, and those held here with another record than the
+    // registry's (changed elsewhere while this replica was cut off), replaced by the registry's
+    const local = new Map(host.listWorkers().map((w) => [w.id, w]));
     for (const [id, json] of workers) {
-      if (local.has(id)) continue;
+      const held = local.get(id);
+      if (held && sameRecordJson(held, json)) continue;
       // an id the router refuses through its API (too long, not well-formed text) is not taken from here either
       if (!isWorkerId(id)) {
         this.counters.malformedMessages++;
@@ -1882,17 +2025,24 @@ export class RedisStateStore implements StateStore {
         continue;
       }
       try {
-        host.addWorkerFromState(JSON.parse(json) as WorkerRecord, 'registry');
+        const record = JSON.parse(json) as WorkerRecord;
+        // (a record that is not this worker's is not taken over the one held)
+        if (!held) host.addWorkerFromState(record, 'registry');
+        else if (record !== null && typeof record === 'object' && record.id === id) this.replaceWorker(host, record);
+        else this.counters.malformedMessages++;
       } catch (err) {
         host.log(`state: worker '${id}' from redis not added: ${(err as Error).message}`);
       }
     }
     // drains: the registry's word (with what this replica just wrote back); made meanwhile here, kept
-    const draining = new Set([...drains.keys(), ...[...this.unsyncedDrains].filter(([, on]) => on).map(([id]) => id)]);
-    for (const [id, on] of this.unsyncedDrains) if (!on) draining.delete(id);
+    const draining = new Set([...drains.keys(), ...[...this.unsyncedDrains].filter(([, d]) => d.on).map(([id]) => id)]);
+    for (const [id, d] of this.unsyncedDrains) if (!d.on) draining.delete(id);
     for (const w of host.listWorkers())
       if (draining.has(w.id) !== this.draining.has(w.id)) host.drainWorkerFromState?.(w.id, draining.has(w.id));
     this.draining = draining;
+    // the registry's records, as this replica now holds them
+    this.syncedRecords.clear();
+    for (const w of host.listWorkers()) this.syncedRecords.set(w.id, JSON.stringify(w));
     // the tallies of workers removed here go with them
     this.remote.forgetUnknownWorkers();
   }
@@ -2043,6 +2193,32 @@ export class RedisStateStore implements StateStore {
     } finally {
       this.syncing = false;
     }
+  }
+}
+
+/** A value with its object's fields in one order and absent (undefined or null) ones dropped, for comparing. */
+function canonical(v: unknown): unknown {
+  if (Array.isArray(v)) return v.map(canonical);
+  if (v === null || typeof v !== 'object') return v;
+  return Object.fromEntries(
+    Object.entries(v)
+      .filter(([, x]) => x !== undefined && x !== null)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+      .map(([k, x]) => [k, canonical(x)]),
+  );
+}
+
+/** Whether two worker records say the same (the order of their fields, and absent ones, aside). */
+function sameRecord(a: WorkerRecord, b: unknown): boolean {
+  return JSON.stringify(canonical(a)) === JSON.stringify(canonical(b));
+}
+
+/** sameRecord() with a record as the registry holds it (JSON); unreadable JSON is another record. */
+function sameRecordJson(a: WorkerRecord, json: string): boolean {
+  try {
+    return sameRecord(a, JSON.parse(json));
+  } catch {
+    return false;
   }
 }
 

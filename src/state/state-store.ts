@@ -22,8 +22,12 @@ export interface WorkerRecord {
   blockSize?: number;
 }
 
-/** Where a worker change comes from: a running replica's message, or the shared registry read. */
-export type WorkerChangeSource = 'replica' | 'registry';
+/**
+ * Where a worker change comes from: a running replica's message, or the shared registry read;
+ * 'replaced': a worker held here with another record than the registry's, removed and added
+ * again with the registry's (one change: said once, as the addition).
+ */
+export type WorkerChangeSource = 'replica' | 'registry' | 'replaced';
 
 /** What a state store needs from the gateway it serves. */
 export interface StateStoreHost {

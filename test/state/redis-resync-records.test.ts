@@ -1,0 +1,201 @@
+/**
+ * A replica cut off from Redis decides admin worker changes itself and writes them back when
+ * Redis is back; meanwhile the others' changes were decided in Redis. After the
+ * resynchronisation every replica holds exactly the registry's records: a change Redis decided
+ * while the replica was away wins over its write-back, a worker it holds with another record
+ * is replaced by the registry's, and a drain made while cut off applies only to the record it
+ * was made on. Real Redis (127.0.0.1:6379, or CONTEXTFORGE_TEST_REDIS) behind a TCP proxy that
+ * cuts the replica off; nothing mocked.
+ */
+import assert from 'node:assert/strict';
+import { after, test } from 'node:test';
+import { Redis } from 'ioredis';
+import { KVAwareRouter } from '../../src/core/router/index.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { RedisProxy } from '../faults/harness.js';
+import { REDIS_URL } from '../helpers/redis-routers.js';
+import { testPrefixes } from '../helpers/state-host.js';
+import { settled, until } from '../helpers/wait.js';
+
+const TOKEN = 'redis-resync-records-test-token-0123456789';
+const prefixes = testPrefixes('resync-records');
+const gateways: Gateway[] = [];
+const proxies: RedisProxy[] = [];
+const redis = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
+after(async () => {
+  for (const g of gateways) await g.close();
+  for (const p of proxies) await p.close().catch(() => {});
+  await prefixes.drop();
+  redis.disconnect();
+});
+
+/** A replica: a gateway configured with worker e0, sharing the registry under `prefix` through `url`. */
+async function replica(url: string, prefix: string, id: string, log: (m: string) => void = () => {}): Promise<Gateway> {
+  const g = await createGateway({
+    router: new KVAwareRouter({ blockSize: 16 }),
+    workers: [{ id: 'e0', url: 'http://127.0.0.1:9' }],
+    state: new RedisStateStore({ url, prefix, replicaId: id, syncIntervalMs: 60_000 }),
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    adminToken: TOKEN,
+    log,
+  });
+  gateways.push(g);
+  return g;
+}
+
+async function call(g: Gateway, method: 'GET' | 'POST' | 'DELETE', url: string, body?: unknown) {
+  const res = await g.app.inject({
+    method,
+    url,
+    headers: { authorization: `Bearer ${TOKEN}` },
+    ...(body === undefined ? {} : { payload: body as Record<string, unknown> }),
+  });
+  return `${res.statusCode} ${res.body}`;
+}
+
+/** What a replica lists (`id url`, ` draining` when it is), sorted. */
+async function listed(g: Gateway): Promise<string[]> {
+  const res = await g.app.inject({
+    method: 'GET',
+    url: '/admin/workers',
+    headers: { authorization: `Bearer ${TOKEN}` },
+  });
+  const workers = (res.json() as { workers: Array<{ id: string; url: string; draining: boolean }> }).workers;
+  return workers.map((w) => `${w.id} ${w.url}${w.draining ? ' draining' : ''}`).sort();
+}
+
+/** The registry in Redis, as listed(). */
+async function registry(prefix: string): Promise<string[]> {
+  const [workers, draining] = await Promise.all([
+    redis.hgetall(`${prefix}workers`),
+    redis.hgetall(`${prefix}draining`),
+  ]);
+  return Object.entries(workers)
+    .map(([id, json]) => `${id} ${(JSON.parse(json) as { url: string }).url}${draining[id] ? ' draining' : ''}`)
+    .sort();
+}
+
+/** Replica a (direct) and replica b (through a proxy that can cut it off), x added through a and heard by b. */
+async function pair() {
+  await redis.connect().catch(() => {});
+  const prefix = prefixes.fresh();
+  const proxy = await new RedisProxy(Number(new URL(REDIS_URL).port || 6379)).start();
+  proxies.push(proxy);
+  const logsB: string[] = [];
+  const a = await replica(REDIS_URL, prefix, 'a');
+  const b = await replica(proxy.url, prefix, 'b', (m) => logsB.push(m));
+  assert.equal(await call(a, 'POST', '/admin/workers', { id: 'x', url: 'http://127.0.0.1:1' }), '201 {"id":"x"}');
+  await until(() => b.router.hasWorker('x'), 'b hearing x added');
+  const cut = async () => {
+    await proxy.close();
+    await until(() => logsB.some((l) => l.startsWith('state: lost redis')), 'b losing redis');
+  };
+  const reconnect = async () => {
+    await proxy.start();
+    await until(() => logsB.some((l) => l.startsWith('state: redis is back')), 'b resynchronising', {
+      timeoutMs: 20_000,
+    });
+  };
+  return { prefix, a, b, logsB, cut, reconnect };
+}
+
+test('after a resynchronisation both replicas hold the registry: changes Redis decided meanwhile win', async () => {
+  const { prefix, a, b, logsB, cut, reconnect } = await pair();
+  await cut();
+  assert.equal(await call(a, 'DELETE', '/admin/workers/x'), '200 {"removed":"x"}');
+  assert.equal(await call(a, 'POST', '/admin/workers', { id: 'x', url: 'http://127.0.0.1:2' }), '201 {"id":"x"}');
+  assert.equal(await call(b, 'POST', '/admin/workers', { id: 'y', url: 'http://127.0.0.1:5' }), '201 {"id":"y"}');
+  assert.equal(await call(a, 'POST', '/admin/workers', { id: 'y', url: 'http://127.0.0.1:6' }), '201 {"id":"y"}');
+  // an id nobody else added is still written back and announced
+  assert.equal(await call(b, 'POST', '/admin/workers', { id: 'z', url: 'http://127.0.0.1:7' }), '201 {"id":"z"}');
+  await reconnect();
+  const expected = ['e0 http://127.0.0.1:9', 'x http://127.0.0.1:2', 'y http://127.0.0.1:6', 'z http://127.0.0.1:7'];
+  assert.deepEqual(await registry(prefix), expected, 'the changes Redis decided stay; z written back');
+  assert.deepEqual(
+    await settled(
+      () => listed(b),
+      (l) => l.join() === expected.join(),
+    ),
+    expected,
+  );
+  assert.deepEqual(
+    await settled(
+      () => listed(a),
+      (l) => l.join() === expected.join(),
+    ),
+    expected,
+  );
+  for (const id of ['x', 'y'])
+    assert.equal(
+      logsB.filter((l) => l === `worker '${id}' replaced by the shared registry's record`).length,
+      1,
+      `b says once that it replaced ${id}: ${JSON.stringify(logsB)}`,
+    );
+  assert.ok(!logsB.some((l) => l.includes("'z' replaced") || l.includes("'e0' replaced")), JSON.stringify(logsB));
+});
+
+test('a drain made while cut off is dropped when the worker was removed and added again meanwhile', async () => {
+  const { prefix, a, b, cut, reconnect } = await pair();
+  // a worker the registry still holds as drained here: its drain is written back
+  assert.equal(await call(a, 'POST', '/admin/workers', { id: 'k', url: 'http://127.0.0.1:3' }), '201 {"id":"k"}');
+  await until(() => b.router.hasWorker('k'), 'b hearing k added');
+  await cut();
+  assert.equal(await call(b, 'POST', '/admin/workers/x/drain'), '200 {"draining":"x"}');
+  assert.equal(await call(b, 'POST', '/admin/workers/k/drain'), '200 {"draining":"k"}');
+  assert.equal(await call(a, 'DELETE', '/admin/workers/x'), '200 {"removed":"x"}');
+  assert.equal(await call(a, 'POST', '/admin/workers', { id: 'x', url: 'http://127.0.0.1:2' }), '201 {"id":"x"}');
+  await reconnect();
+  const expected = ['e0 http://127.0.0.1:9', 'k http://127.0.0.1:3 draining', 'x http://127.0.0.1:2'];
+  assert.deepEqual(await registry(prefix), expected, "the drain of the old x is not the new x's");
+  assert.deepEqual(
+    await settled(
+      () => listed(b),
+      (l) => l.join() === expected.join(),
+    ),
+    expected,
+  );
+  assert.deepEqual(
+    await settled(
+      () => listed(a),
+      (l) => l.join() === expected.join(),
+    ),
+    expected,
+  );
+});
+
+test('a replica holding a worker another replica announces with another record takes the announced one', async () => {
+  const { prefix, a, b, logsB } = await pair();
+  // as a write-back of a replica that was cut off announces a worker Redis took from it
+  await redis.hset(`${prefix}workers`, 'x', JSON.stringify({ id: 'x', url: 'http://127.0.0.1:4' }));
+  await redis.publish(
+    `${prefix}events`,
+    JSON.stringify({ r: 'c', k: 'wa', worker: { url: 'http://127.0.0.1:4', id: 'x' } }),
+  );
+  const expected = ['e0 http://127.0.0.1:9', 'x http://127.0.0.1:4'];
+  assert.deepEqual(
+    await settled(
+      () => listed(b),
+      (l) => l.join() === expected.join(),
+    ),
+    expected,
+  );
+  assert.deepEqual(
+    await settled(
+      () => listed(a),
+      (l) => l.join() === expected.join(),
+    ),
+    expected,
+  );
+  // the same record announced again (its fields in another order) changes nothing
+  await redis.publish(
+    `${prefix}events`,
+    JSON.stringify({ r: 'c', k: 'wa', worker: { id: 'x', url: 'http://127.0.0.1:4' } }),
+  );
+  await call(b, 'GET', '/admin/workers');
+  assert.deepEqual(
+    logsB.filter((l) => l.includes("'x'")),
+    ["worker 'x' added by another replica", "worker 'x' replaced by the shared registry's record"],
+  );
+});
