@@ -603,15 +603,20 @@ export function registerStateMetrics(registry: Registry, state: { stats(): State
     ],
   ] as const)
     if (typeof stats[field] === 'number')
-      new Counter({
-        name,
-        help,
-        registers: [registry],
-        collect() {
-          this.reset();
-          this.inc(Number(state.stats()[field]) || 0);
-        },
-      });
+      countedOnScrape(registry, name, help, () => Number(state.stats()[field]) || 0);
+}
+
+/** A counter whose value is read from a component's own count when scraped. */
+function countedOnScrape(registry: Registry, name: string, help: string, read: () => number): void {
+  new Counter({
+    name,
+    help,
+    registers: [registry],
+    collect() {
+      this.reset();
+      this.inc(read());
+    },
+  });
 }
 
 /**
@@ -657,13 +662,5 @@ export function registerTokenizerMetrics(registry: Registry, pool: { stats(): To
       'Requests whose client left before they were tokenized (those a thread had not started were never tokenized).',
     ],
   ] as const)
-    new Counter({
-      name,
-      help,
-      registers: [registry],
-      collect() {
-        this.reset();
-        this.inc(pool.stats()[field]);
-      },
-    });
+    countedOnScrape(registry, name, help, () => pool.stats()[field]);
 }

@@ -55,6 +55,18 @@ async function call(g: Gateway, method: 'GET' | 'POST' | 'DELETE', url: string, 
   return `${res.statusCode} ${res.body}`;
 }
 
+/** Waits (with a deadline) until every one of `replicas` lists `expected`, and checks it does. */
+async function everyReplicaLists(replicas: Gateway[], expected: string[]): Promise<void> {
+  for (const g of replicas)
+    assert.deepEqual(
+      await settled(
+        () => listed(g),
+        (l) => l.join() === expected.join(),
+      ),
+      expected,
+    );
+}
+
 /** What a replica lists (`id url`, ` draining` when it is), sorted. */
 async function listed(g: Gateway): Promise<string[]> {
   const res = await g.app.inject({
@@ -113,20 +125,7 @@ test('after a resynchronisation both replicas hold the registry: changes Redis d
   await reconnect();
   const expected = ['e0 http://127.0.0.1:9', 'x http://127.0.0.1:2', 'y http://127.0.0.1:6', 'z http://127.0.0.1:7'];
   assert.deepEqual(await registry(prefix), expected, 'the changes Redis decided stay; z written back');
-  assert.deepEqual(
-    await settled(
-      () => listed(b),
-      (l) => l.join() === expected.join(),
-    ),
-    expected,
-  );
-  assert.deepEqual(
-    await settled(
-      () => listed(a),
-      (l) => l.join() === expected.join(),
-    ),
-    expected,
-  );
+  await everyReplicaLists([a, b], expected);
   for (const id of ['x', 'y'])
     assert.equal(
       logsB.filter((l) => l === `worker '${id}' replaced by the shared registry's record`).length,
@@ -149,20 +148,7 @@ test('a drain made while cut off is dropped when the worker was removed and adde
   await reconnect();
   const expected = ['e0 http://127.0.0.1:9', 'k http://127.0.0.1:3 draining', 'x http://127.0.0.1:2'];
   assert.deepEqual(await registry(prefix), expected, "the drain of the old x is not the new x's");
-  assert.deepEqual(
-    await settled(
-      () => listed(b),
-      (l) => l.join() === expected.join(),
-    ),
-    expected,
-  );
-  assert.deepEqual(
-    await settled(
-      () => listed(a),
-      (l) => l.join() === expected.join(),
-    ),
-    expected,
-  );
+  await everyReplicaLists([a, b], expected);
 });
 
 test('a replica holding a worker another replica announces with another record takes the announced one', async () => {
@@ -174,20 +160,7 @@ test('a replica holding a worker another replica announces with another record t
     JSON.stringify({ r: 'c', k: 'wa', worker: { url: 'http://127.0.0.1:4', id: 'x' } }),
   );
   const expected = ['e0 http://127.0.0.1:9', 'x http://127.0.0.1:4'];
-  assert.deepEqual(
-    await settled(
-      () => listed(b),
-      (l) => l.join() === expected.join(),
-    ),
-    expected,
-  );
-  assert.deepEqual(
-    await settled(
-      () => listed(a),
-      (l) => l.join() === expected.join(),
-    ),
-    expected,
-  );
+  await everyReplicaLists([a, b], expected);
   // the same record announced again (its fields in another order) changes nothing
   await redis.publish(
     `${prefix}events`,
