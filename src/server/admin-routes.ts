@@ -28,9 +28,10 @@ export interface AdminRoutesOptions {
   /** A worker's deadline (ms) for a streamed answer's first byte, as learned so far. */
   firstByteDeadlineMs?(workerId: string): number;
   /**
-   * Adds a worker here and in the shared state. A promise when the shared state decides worker
-   * changes (StateStore.orderWorkerChange()): it rejects with WorkerChangeRefused for the
-   * shared state's refusal, SharedStateUnanswered when it did not answer.
+   * Adds a worker here and in the shared state; throws WorkerChangeRefused (409) for an id held
+   * already. A promise when the shared state decides worker changes
+   * (StateStore.orderWorkerChange()): it rejects with WorkerChangeRefused for the shared state's
+   * refusal, SharedStateUnanswered when it did not answer.
    */
   addWorker(w: WorkerRecord): void | Promise<void>;
   /** Removes a worker here and from the shared state; false when unknown. */
@@ -117,9 +118,8 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     } catch (err) {
       return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'), workerErrorField(err));
     }
-    // when the shared state decides worker changes, it says whether one of this id exists
-    if (state.orderWorkerChange === undefined && connections.has(record.id))
-      return openAiError(reply, 409, `worker '${record.id}' exists`, 'id');
+    // an id held already is refused by addWorker (WorkerChangeRefused): by this replica's view, or
+    // by the shared state's when it decides worker changes
     try {
       await addWorker(record);
     } catch (err) {

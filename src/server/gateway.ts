@@ -787,14 +787,15 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
    */
   const orderWorkerChange = state.orderWorkerChange?.bind(state);
   const decidedHere = () => state.decidesWorkerChanges?.() === false;
+  /** The admin API's addition decided against this replica's own view. */
+  const addWorkerHere = (w: WorkerRecord) => {
+    if (connections.has(w.id)) throw new WorkerChangeRefused(409, `worker '${w.id}' exists`, 'id');
+    addWorker(w);
+    operatorWorkers.add(w.id);
+  };
   const orderedAdmin = orderWorkerChange && {
     addWorker: async (w: WorkerRecord) => {
-      if (decidedHere()) {
-        if (connections.has(w.id)) throw new WorkerChangeRefused(409, `worker '${w.id}' exists`, 'id');
-        addWorker(w);
-        operatorWorkers.add(w.id);
-        return;
-      }
+      if (decidedHere()) return addWorkerHere(w);
       const failedHere = await orderWorkerChange({ op: 'add', worker: w }, (v) => {
         if (!v.ok) throw new WorkerChangeRefused(v.status, v.message, v.param);
         // the shared state's order wins: a worker of this id held here is one it no longer has
@@ -1282,14 +1283,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     state,
     postedEvents,
     adminToken,
-    ...(orderedAdmin ?? {
-      addWorker: (w: WorkerRecord) => {
-        addWorker(w);
-        operatorWorkers.add(w.id);
-      },
-      removeWorker,
-      drainWorker,
-    }),
+    ...(orderedAdmin ?? { addWorker: addWorkerHere, removeWorker, drainWorker }),
   });
 
   await app.ready();

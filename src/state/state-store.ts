@@ -127,8 +127,9 @@ export interface StateStore {
   kvEventsPosted(workerId: string, events: unknown): void;
   /**
    * Present when the shared state decides the admin API's worker changes in one order (the
-   * cluster store; the Redis store while Redis is up, see decidesWorkerChanges()): instead of the replica deciding against its own view and telling the
-   * others (workerAdded(), workerRemoved(), workerDrained()), it sends `change` to be decided.
+   * cluster store; the Redis store while Redis is up, see decidesWorkerChanges()): instead of
+   * the replica deciding against its own view and telling the others (workerAdded(),
+   * workerRemoved(), workerDrained()), it sends `change` to be decided.
    * `apply` is called with the verdict as it arrives, after every change decided before it is
    * applied here and before any decided after it is (the other replicas are told of a change
    * the verdict makes before the verdict is sent); the promise resolves with what it returns
