@@ -106,10 +106,25 @@ const WRITE_BACK_WORKERS =
   "local removed = {} local all = redis.call('HGETALL', KEYS[2]) for i = 1, #all, 2 do removed[all[i]] = true end local out = {} for i = 2, #ARGV, 3 do if removed[ARGV[i]] then out[#out + 1] = -1 else local set = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) out[#out + 1] = set if set == 1 then redis.call('PUBLISH', ARGV[1], ARGV[i + 2]) end end end return out";
 
 /**
+ * Redis does not roll a script back when one of its commands fails: a script that changes the
+ * registry first checks that every key it writes is a hash (or absent) by removing from each the
+ * field '' (no worker id is empty), so a key holding another kind of value refuses the change
+ * before any of it is written.
+ */
+const NOT_HASHES = `local function notHashes(...)
+  for _, key in ipairs({...}) do
+    local r = redis.pcall('HDEL', key, '')
+    if type(r) == 'table' and r.err then return r end
+  end
+  return nil
+end`;
+
+/**
  * Whether two decoded worker records say the same (the order of their fields, and absent ones,
  * aside), and a hash's field read with HGETALL (the state's ACL grants no HGET).
  */
-const SAME_RECORD = `local function hget(key, field)
+const SAME_RECORD = `${NOT_HASHES}
+local function hget(key, field)
   local all = redis.call('HGETALL', key)
   for i = 1, #all, 2 do if all[i] == field then return all[i + 1] end end
   return nil
@@ -138,6 +153,8 @@ end
  * (ARGV[4]) and announced resumed (ARGV[5]): 1; else 0. Atomic.
  */
 const WRITE_BACK_ADDED = `${SAME_RECORD}
+local wrong = notHashes(KEYS[1], KEYS[2], KEYS[3])
+if wrong then return wrong end
 local held = hget(KEYS[1], ARGV[2])
 if held and not (ARGV[6] ~= '' and sameJson(held, ARGV[6])) then return 0 end
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
@@ -156,6 +173,8 @@ return 1`;
  * meanwhile is not the one drained: 0, nothing written. Atomic.
  */
 const WRITE_BACK_DRAIN = `${SAME_RECORD}
+local wrong = notHashes(KEYS[1], KEYS[2], KEYS[3])
+if wrong then return wrong end
 local held = hget(KEYS[1], ARGV[2])
 if held then
   if not sameJson(held, ARGV[4]) then return 0 end
@@ -169,21 +188,13 @@ return 1`;
  * `rm` message, its nonce up to ':') completed with the verdict (`code:n`) and published last on
  * channel ARGV[1], so the replica that asked hears it after every message of the change and of
  * every change Redis made before, and applies the change there, in Redis's order; `ranksOf` is
- * how many data-parallel ranks a registry record has (its dpSize, 1 without). Redis does not
- * roll a script back when one of its commands fails, so `notHashes` checks first that every key
- * the change writes is a hash (or absent) by removing from each the field '' (no worker id is
- * empty): a key holding another kind of value refuses the change before any of it is written.
+ * how many data-parallel ranks a registry record has (its dpSize, 1 without); `notHashes` comes
+ * from NOT_HASHES.
  */
-const CHANGE_PRELUDE = `local function decided(code, n)
+const CHANGE_PRELUDE = `${NOT_HASHES}
+local function decided(code, n)
   redis.call('PUBLISH', ARGV[1], ARGV[2] .. code .. ':' .. n .. '"}')
   return code
-end
-local function notHashes(...)
-  for _, key in ipairs({...}) do
-    local r = redis.pcall('HDEL', key, '')
-    if type(r) == 'table' and r.err then return r end
-  end
-  return nil
 end
 local function ranksOf(v)
   if not string.find(v, '"dpSize"', 1, true) then return 1 end
