@@ -13,10 +13,16 @@ import { KVAwareRouter } from '../../src/core/router/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
+import {
+  adminCall,
+  listedWorkers,
+  REGISTRY_ADMIN_TOKEN as TOKEN,
+  registryReplica,
+  registryWorkers,
+} from '../helpers/registry-replicas.js';
 import { testPrefixes } from '../helpers/state-host.js';
 import { until } from '../helpers/wait.js';
 
-const TOKEN = 'redis-admin-order-test-token-0123456789';
 const prefixes = testPrefixes('admin-order');
 const gateways: Gateway[] = [];
 const redis = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
@@ -26,49 +32,15 @@ after(async () => {
   redis.disconnect();
 });
 
-/** A replica: a gateway configured with worker e0, sharing the registry under `prefix`. */
-async function replica(prefix: string, id: string, log: (message: string) => void = () => {}): Promise<Gateway> {
-  const g = await createGateway({
-    router: new KVAwareRouter({ blockSize: 16 }),
-    workers: [{ id: 'e0', url: 'http://127.0.0.1:9' }],
-    state: new RedisStateStore({ url: REDIS_URL, prefix, replicaId: id, syncIntervalMs: 60_000 }),
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-    adminToken: TOKEN,
-    log,
-  });
-  gateways.push(g);
-  return g;
-}
-
-async function call(g: Gateway, method: 'GET' | 'POST' | 'DELETE', url: string, body?: unknown) {
-  const res = await g.app.inject({
-    method,
-    url,
-    headers: { authorization: `Bearer ${TOKEN}` },
-    ...(body === undefined ? {} : { payload: body as Record<string, unknown> }),
-  });
-  return { status: res.statusCode, body: res.json() as Record<string, unknown> };
-}
-
-/** What a replica lists (`id url`, ` draining` when it is), sorted. */
-async function listed(g: Gateway): Promise<string[]> {
-  const res = await call(g, 'GET', '/admin/workers');
-  assert.equal(res.status, 200, JSON.stringify(res.body));
-  const workers = res.body.workers as Array<{ id: string; url: string; draining: boolean }>;
-  return workers.map((w) => `${w.id} ${w.url}${w.draining ? ' draining' : ''}`).sort();
-}
-
-/** The registry in Redis, as listed(). */
-async function registry(prefix: string): Promise<string[]> {
-  const [workers, draining] = await Promise.all([
-    redis.hgetall(`${prefix}workers`),
-    redis.hgetall(`${prefix}draining`),
-  ]);
-  return Object.entries(workers)
-    .map(([id, json]) => `${id} ${(JSON.parse(json) as { url: string }).url}${draining[id] ? ' draining' : ''}`)
-    .sort();
-}
+/** A replica sharing the registry under `prefix` in the machine's Redis. */
+const replica = (prefix: string, id: string, log?: (message: string) => void) =>
+  registryReplica(gateways, REDIS_URL, prefix, id, log);
+const call = async (g: Gateway, method: 'GET' | 'POST' | 'DELETE', url: string, body?: unknown) => {
+  const { status, body: json } = await adminCall(g, method, url, body);
+  return { status, body: json };
+};
+const listed = listedWorkers;
+const registry = (prefix: string) => registryWorkers(redis, prefix);
 
 test('racing adds of one id through two replicas: one 201, one 409, and both keep the winner', async () => {
   await redis.connect().catch(() => {});

@@ -10,15 +10,13 @@
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
 import { Redis } from 'ioredis';
-import { KVAwareRouter } from '../../src/core/router/index.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import type { Gateway } from '../../src/server/gateway.js';
 import { RedisProxy } from '../faults/harness.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
+import { adminCall, listedWorkers, registryReplica, registryWorkers } from '../helpers/registry-replicas.js';
 import { testPrefixes } from '../helpers/state-host.js';
 import { settled, until } from '../helpers/wait.js';
 
-const TOKEN = 'redis-resync-records-test-token-0123456789';
 const prefixes = testPrefixes('resync-records');
 const gateways: Gateway[] = [];
 const proxies: RedisProxy[] = [];
@@ -30,30 +28,13 @@ after(async () => {
   redis.disconnect();
 });
 
-/** A replica: a gateway configured with worker e0, sharing the registry under `prefix` through `url`. */
-async function replica(url: string, prefix: string, id: string, log: (m: string) => void = () => {}): Promise<Gateway> {
-  const g = await createGateway({
-    router: new KVAwareRouter({ blockSize: 16 }),
-    workers: [{ id: 'e0', url: 'http://127.0.0.1:9' }],
-    state: new RedisStateStore({ url, prefix, replicaId: id, syncIntervalMs: 60_000 }),
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-    adminToken: TOKEN,
-    log,
-  });
-  gateways.push(g);
-  return g;
-}
-
-async function call(g: Gateway, method: 'GET' | 'POST' | 'DELETE', url: string, body?: unknown) {
-  const res = await g.app.inject({
-    method,
-    url,
-    headers: { authorization: `Bearer ${TOKEN}` },
-    ...(body === undefined ? {} : { payload: body as Record<string, unknown> }),
-  });
-  return `${res.statusCode} ${res.body}`;
-}
+/** A replica sharing the registry under `prefix` through the Redis (or proxy) at `url`. */
+const replica = (url: string, prefix: string, id: string, log?: (m: string) => void) =>
+  registryReplica(gateways, url, prefix, id, log);
+const call = async (g: Gateway, method: 'GET' | 'POST' | 'DELETE', url: string, body?: unknown) => {
+  const { status, text } = await adminCall(g, method, url, body);
+  return `${status} ${text}`;
+};
 
 /** Waits (with a deadline) until every one of `replicas` lists `expected`, and checks it does. */
 async function everyReplicaLists(replicas: Gateway[], expected: string[]): Promise<void> {
@@ -67,27 +48,9 @@ async function everyReplicaLists(replicas: Gateway[], expected: string[]): Promi
     );
 }
 
-/** What a replica lists (`id url`, ` draining` when it is), sorted. */
-async function listed(g: Gateway): Promise<string[]> {
-  const res = await g.app.inject({
-    method: 'GET',
-    url: '/admin/workers',
-    headers: { authorization: `Bearer ${TOKEN}` },
-  });
-  const workers = (res.json() as { workers: Array<{ id: string; url: string; draining: boolean }> }).workers;
-  return workers.map((w) => `${w.id} ${w.url}${w.draining ? ' draining' : ''}`).sort();
-}
+const listed = listedWorkers;
 
-/** The registry in Redis, as listed(). */
-async function registry(prefix: string): Promise<string[]> {
-  const [workers, draining] = await Promise.all([
-    redis.hgetall(`${prefix}workers`),
-    redis.hgetall(`${prefix}draining`),
-  ]);
-  return Object.entries(workers)
-    .map(([id, json]) => `${id} ${(JSON.parse(json) as { url: string }).url}${draining[id] ? ' draining' : ''}`)
-    .sort();
-}
+const registry = (prefix: string) => registryWorkers(redis, prefix);
 
 /** Replica a (direct) and replica b (through a proxy that can cut it off), x added through a and heard by b. */
 async function pair() {
