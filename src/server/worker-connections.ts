@@ -28,7 +28,7 @@ import {
 } from '../engines/kv-events/subscriber.js';
 import { MetricsScraper } from '../engines/metrics/scraper.js';
 import { DEFAULT_STALL_TIMEOUT_MS, StallWatch } from '../engines/metrics/stall.js';
-import type { WorkerRecord } from '../state/state-store.js';
+import { workerLimitRefusal, type WorkerRecord } from '../state/state-store.js';
 import { ConnectionSlots, DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from './connection-slots.js';
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
 import { isTokenId } from './request-limits.js';
@@ -533,12 +533,10 @@ export class WorkerConnections {
     if (this.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);
     const ids = Array.from({ length: dpSize }, (_, r) => rankWorkerId(w.id, r, dpSize));
     for (const id of ids) if (this.connections.has(id)) throw new RangeError(`worker '${id}' exists`);
-    if (this.connections.size + dpSize > MAX_WORKERS)
-      throw new WorkerLimitError(
-        `worker '${w.id}' not added: the router holds at most ${MAX_WORKERS} workers (each data-parallel rank is one), ` +
-          `${this.connections.size} are registered${dpSize > 1 ? ` and this one has ${dpSize} ranks` : ''}`,
-        dpSize > 1 && this.connections.size + 1 <= MAX_WORKERS ? 'dpSize' : 'id',
-      );
+    if (this.connections.size + dpSize > MAX_WORKERS) {
+      const { message, param } = workerLimitRefusal(w.id, dpSize, this.connections.size);
+      throw new WorkerLimitError(message, param);
+    }
     // every rank's endpoints first: a bad one refuses the worker before anything starts
     const events = w.events === undefined ? undefined : ids.map((_, r) => rankEndpoint(w.events!, r));
     const replays = w.replay === undefined ? undefined : ids.map((_, r) => rankEndpoint(w.replay!, r));

@@ -33,6 +33,7 @@ import {
   type WorkerChange,
   type WorkerChangeVerdict,
   type WorkerRecord,
+  workerLimitRefusal,
 } from './state-store.js';
 
 /**
@@ -895,14 +896,7 @@ export class ClusterRelay {
         const dpSize = worker.dpSize ?? 1;
         const after = this.ranksWith(worker);
         if (after > MAX_WORKERS)
-          return {
-            ok: false,
-            status: 409,
-            message:
-              `worker '${worker.id}' not added: the router holds at most ${MAX_WORKERS} workers (each data-parallel rank is one), ` +
-              `${this.workerRanks} are registered${dpSize > 1 ? ` and this one has ${dpSize} ranks` : ''}`,
-            param: dpSize > 1 && this.workerRanks + 1 <= MAX_WORKERS ? 'dpSize' : 'id',
-          };
+          return { ok: false, status: 409, ...workerLimitRefusal(worker.id, dpSize, this.workerRanks) };
         this.keepWorker(worker, after);
         this.broadcast({ cf: 'worker-added', r: from, worker }, from);
         return { ok: true, id: worker.id };

@@ -41,6 +41,7 @@ import {
   type WorkerChange,
   type WorkerChangeVerdict,
   type WorkerRecord,
+  workerLimitRefusal,
 } from './state-store.js';
 
 export { MAX_REDIS_DB, parseRedisUrl };
@@ -1110,14 +1111,7 @@ export class RedisStateStore implements StateStore {
         if (code !== '-1') return { ok: false, status: 409, message: `worker '${id}' exists`, param: 'id' };
         const dpSize = change.worker.dpSize ?? 1;
         const ranks = Number(n);
-        return {
-          ok: false,
-          status: 409,
-          message:
-            `worker '${id}' not added: the router holds at most ${MAX_WORKERS} workers (each data-parallel rank is one), ` +
-            `${ranks} are registered${dpSize > 1 ? ` and this one has ${dpSize} ranks` : ''}`,
-          param: dpSize > 1 && ranks + 1 <= MAX_WORKERS ? 'dpSize' : 'id',
-        };
+        return { ok: false, status: 409, ...workerLimitRefusal(id, dpSize, ranks) };
       }
       case 'remove':
         return code === '1'

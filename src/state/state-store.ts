@@ -1,4 +1,5 @@
 import type { KVAwareRouter, RouteRequest, SharedDecision } from '../core/router/index.js';
+import { MAX_WORKERS } from '../core/worker-registry.js';
 
 /** A worker as the gateway takes it and the replicas share it. */
 export interface WorkerRecord {
@@ -67,6 +68,24 @@ export type WorkerChange =
  */
 export type WorkerChangeVerdict =
   { ok: true; id: string } | { ok: false; status: number; message: string; param?: string };
+
+/**
+ * Why worker `id` (of `dpSize` data-parallel ranks) is not added while `registered` ranks are: a
+ * router holds at most MAX_WORKERS. `param` names what the client can change: the ranks, when
+ * the worker alone would fit.
+ */
+export function workerLimitRefusal(
+  id: string,
+  dpSize: number,
+  registered: number,
+): { message: string; param: 'id' | 'dpSize' } {
+  return {
+    message:
+      `worker '${id}' not added: the router holds at most ${MAX_WORKERS} workers (each data-parallel rank is one), ` +
+      `${registered} are registered${dpSize > 1 ? ` and this one has ${dpSize} ranks` : ''}`,
+    param: dpSize > 1 && registered + 1 <= MAX_WORKERS ? 'dpSize' : 'id',
+  };
+}
 
 /** The shared state did not answer an admin change (or read) within its bound: the admin API answers 503. */
 export class SharedStateUnanswered extends Error {
