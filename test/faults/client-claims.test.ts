@@ -237,13 +237,9 @@ test('a prompt over maxPromptTokens is refused before anything is recorded or se
 });
 
 test('a chat over maxPromptTokens once tokenized in process names messages, not prompt', async () => {
-  const engine = await fakeEngine((req, res) => {
-    req.resume();
-    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{"choices":[]}'));
-  });
   const gw = await createGateway({
     router: new KVAwareRouter({ blockSize: 16, maxPromptTokens: 100 }),
-    workers: [{ id: 'r0', url: engine.url }],
+    workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
     tokenize: 'tokenizer',
     promptTokenizer: ChatTokenizer.load(new URL('../fixtures/tokenizer/', import.meta.url).pathname),
     metricsIntervalMs: 0,
@@ -262,6 +258,5 @@ test('a chat over maxPromptTokens once tokenized in process names messages, not 
     assert.equal(error.param, 'messages');
   } finally {
     await gw.close();
-    await engine.close();
   }
 });
