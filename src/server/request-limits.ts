@@ -826,6 +826,41 @@ export function checkTokenBudget(value: unknown, param: string): void {
 }
 
 /**
+ * `stream_options`: absent, null or an object whose `include_usage` and `continuous_usage_stats`
+ * are each absent, null, true or false, as vLLM's and SGLang's StreamOptions declare them
+ * (Optional[bool]; other members are the engine's to ignore). A string such as `"true"` is
+ * refused, as `stream`'s is: pydantic's lax mode would read it as true, and the gateway reads
+ * `include_usage: true` alone as a request for the usage chunk (whole-answer-stream.ts), so the
+ * two would disagree. A non-empty object is refused unless `stream` is true, as vLLM refuses it
+ * ("Stream options can only be defined when `stream=True`", its validate_stream_options) and the
+ * OpenAI API does (SGLang would ignore it); `{}` passes, as vLLM reads it as none. Two own-key
+ * lookups, and a look for any member when the request does not stream: nothing is allocated for a
+ * valid request.
+ */
+export function checkStreamOptions(value: unknown, stream: boolean): void {
+  if (value === undefined || value === null) return;
+  if (typeof value !== 'object' || Array.isArray(value))
+    throw new RequestLimitError('stream_options must be an object', 'stream_options');
+  const options = value as Readonly<Record<string, unknown>>;
+  for (const key of STREAM_OPTION_SWITCHES) {
+    const v = Object.hasOwn(options, key) ? options[key] : undefined;
+    if (v !== undefined && v !== null && typeof v !== 'boolean')
+      throw new RequestLimitError(`stream_options.${key} must be true or false`, `stream_options.${key}`);
+  }
+  if (!stream && hasOwnMember(options))
+    throw new RequestLimitError('stream_options may only be given when stream is true', 'stream_options');
+}
+
+/** The switches of `stream_options`. */
+const STREAM_OPTION_SWITCHES: readonly string[] = ['include_usage', 'continuous_usage_stats'];
+
+/** Whether a parsed JSON object has a member (JSON.parse makes every member an own one). */
+function hasOwnMember(o: object): boolean {
+  for (const _ in o) return true;
+  return false;
+}
+
+/**
  * The members of a body whose JSON the engine renders into the prompt (`messages`, `tools`,
  * `documents`, `chat_template_kwargs`) or compiles into a grammar (GRAMMAR_FIELDS): their numbers
  * are data, not parameters. Python's json reads a literal past the largest double as inf there
@@ -1379,19 +1414,18 @@ export interface ReadRequest {
 
 /**
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
- * must be an object; metadata, model, user, cache_salt, stream, n, best_of, max_tokens,
- * max_completion_tokens, stop, stop_regex, bad_words, stop_token_ids, logit_bias,
- * allowed_token_ids, the constraints the engine compiles
- * (GRAMMAR_FIELDS, and the tools' parameters when tool_choice makes the engine compile them),
- * the log-probability counts and vLLM's logprob_token_ids, the number of
- * prompts (checked before the prompt is read), the ids the engine keeps
- * (checkEngineKeys) and the prompt or messages are checked against `limits`, and every number
- * of the body but those of its JSON data must be finite (checkFiniteNumbers). Throws a
- * RequestLimitError naming the field. The body
- * to forward is the one received without `contextforge`, without the KV_TRANSFER_FIELDS and
- * CLIENT_CODE_FIELDS that `forward` does not keep and without the REMOVED_MEMBERS (removedFieldsIn).
- * `onMediaUrl` is called with each media URL of a chat's messages (the allowlist of media hosts,
- * media-domains.ts), in the walk that checks them.
+ * must be an object; metadata, model, user, cache_salt, stream, stream_options, n, best_of,
+ * max_tokens, max_completion_tokens, stop, stop_regex, bad_words, stop_token_ids, logit_bias,
+ * allowed_token_ids, the constraints the engine compiles (GRAMMAR_FIELDS, and the tools'
+ * parameters when tool_choice makes the engine compile them), the log-probability counts and
+ * vLLM's logprob_token_ids, the number of prompts (checked before the prompt is read), the ids
+ * the engine keeps (checkEngineKeys) and the prompt or messages are checked against `limits`,
+ * and every number of the body but those of its JSON data must be finite (checkFiniteNumbers).
+ * Throws a RequestLimitError naming the field. The body to forward is the one received without
+ * `contextforge`, without the KV_TRANSFER_FIELDS and CLIENT_CODE_FIELDS that `forward` does not
+ * keep and without the REMOVED_MEMBERS (removedFieldsIn). `onMediaUrl` is called with each media
+ * URL of a chat's messages (the allowlist of media hosts, media-domains.ts), in the walk that
+ * checks them.
  */
 export function readRouteRequest(
   path: string,
@@ -1416,6 +1450,7 @@ export function readRouteRequest(
   // the gateway's timeouts and accounting follow it, so it must mean what the engine reads
   if (body.stream !== undefined && body.stream !== null && typeof body.stream !== 'boolean')
     throw new RequestLimitError('stream must be a boolean', 'stream');
+  checkStreamOptions(body.stream_options, body.stream === true);
   // the router's token ids follow it (a BOS or not), on the engine's /tokenize and in process
   const special = body.add_special_tokens;
   if (special !== undefined && special !== null && typeof special !== 'boolean')

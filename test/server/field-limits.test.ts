@@ -550,7 +550,10 @@ describe('numbers past the largest double, and max_tokens', () => {
         r.error?.message,
         'temperature must be a finite number: its literal is past the largest double, which the engine reads as infinity',
       );
-      const nested = await post(path, '"stream_options":{"include_usage":true},"vllm_xargs":{"w":[0.5,-1e999]}');
+      const nested = await post(
+        path,
+        '"stream":true,"stream_options":{"include_usage":true},"vllm_xargs":{"w":[0.5,-1e999]}',
+      );
       assert.deepEqual([nested.status, nested.error?.param], [400, 'vllm_xargs.w[1]']);
     });
     test(`max_tokens and max_completion_tokens: a non-negative integer or null, as n is checked (${path})`, async () => {

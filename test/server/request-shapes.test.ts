@@ -1,0 +1,95 @@
+/**
+ * The shapes of the fields the gateway reads or forwards to the engine as they are, checked as
+ * the engines' request models check them, so that a request they would refuse is a 400 naming
+ * the field before any engine sees it (the fast path and Fastify's route alike):
+ *
+ * - `stream_options`: absent, null or an object; its `include_usage` and `continuous_usage_stats`
+ *   true, false or null (the gateway reads `include_usage: true` as a request for the usage chunk,
+ *   where pydantic would read `"true"` as true); a non-empty one only with `stream: true`, as vLLM
+ *   refuses it otherwise.
+ *
+ * What vLLM takes passes: `stream_options: {}` without a stream.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
+import { bodyWith, LIMIT_PATHS, passes, refused as refusedOn } from '../helpers/limit-checks.js';
+
+/** Refused on the fast path and on Fastify's route (a query string takes a request past the fast path). */
+const refused = (setup: GatewayOnEngine, path: string, fields: object, param: string) =>
+  refusedOn(setup, path, fields, param, ['', '?via=fastify']);
+
+let setup: GatewayOnEngine;
+/** A gateway on the mock engine, which streams: for the streamed requests that pass. */
+let mock: { engine: MockEngine; gateway: Gateway; base: string };
+before(async () => {
+  setup = await gatewayOnEngine();
+  const engine = await new MockEngine().start();
+  const gateway = await createGateway({
+    router: new KVAwareRouter(),
+    workers: [{ id: 'e0', url: `http://127.0.0.1:${engine.port}` }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  mock = { engine, gateway, base: await gateway.app.listen({ host: '127.0.0.1', port: 0 }) };
+});
+after(async () => {
+  await setup.close();
+  await mock.gateway.close(0);
+  await mock.engine.close();
+});
+
+/** Asserts the streamed request with `fields` is forwarded to the mock engine and answered with its stream. */
+async function streamed(path: string, fields: object): Promise<void> {
+  const res = await fetch(`${mock.base}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ ...bodyWith(path, fields), model: 'mock', max_tokens: 2 }),
+  });
+  const text = await res.text();
+  assert.equal(res.status, 200, `${path} ${JSON.stringify(fields)}: ${text.slice(0, 200)}`);
+  assert.equal(res.headers.get('x-contextforge-worker'), 'e0');
+  assert.match(text, /data: \[DONE\]/u);
+}
+
+describe('stream_options', () => {
+  for (const { path } of Object.values(LIMIT_PATHS)) {
+    test(`anything but an object or null is refused (${path})`, async () => {
+      for (const value of [5, 'x', [], [{ include_usage: true }], true]) {
+        const message = await refused(setup, path, { stream: true, stream_options: value }, 'stream_options');
+        assert.equal(message, 'stream_options must be an object');
+      }
+    });
+    test(`include_usage and continuous_usage_stats are true, false or null (${path})`, async () => {
+      for (const key of ['include_usage', 'continuous_usage_stats'])
+        for (const value of ['true', 1, 0, {}, []]) {
+          const param = `stream_options.${key}`;
+          const message = await refused(setup, path, { stream: true, stream_options: { [key]: value } }, param);
+          assert.equal(message, `${param} must be true or false`);
+        }
+      await streamed(path, {
+        stream: true,
+        stream_options: { include_usage: true, continuous_usage_stats: false },
+      });
+      await streamed(path, { stream: true, stream_options: { include_usage: null, other: 'the engine’s' } });
+      await streamed(path, { stream: true, stream_options: null });
+    });
+    test(`a non-empty object without stream: true is refused, as vLLM refuses it (${path})`, async () => {
+      for (const stream of [false, null, undefined]) {
+        const message = await refused(
+          setup,
+          path,
+          { stream, stream_options: { include_usage: false } },
+          'stream_options',
+        );
+        assert.equal(message, 'stream_options may only be given when stream is true');
+      }
+      // vLLM reads an empty object, as null, as no options
+      await passes(setup, path, { stream_options: {} });
+      await passes(setup, path, { stream: false, stream_options: null });
+    });
+  }
+});
