@@ -1099,7 +1099,8 @@ export function checkGrammar(value: unknown, param: string, maxBytes: number): v
  *   structural tag of them under `auto`); an agent's long list of other tools is not bounded
  *   here (the body size bounds it);
  * - `none`: nothing is compiled.
- * Tools or a tool_choice of another shape are the engine's to refuse.
+ * Tools or a tool_choice of another shape are the engine's to refuse (checkToolShapes refuses a
+ * `tools` that is no list of objects, a `tool_choice` that is neither a string nor an object).
  */
 function checkToolGrammars(tools: unknown, toolChoice: unknown, maxBytes: number): void {
   if (!Array.isArray(tools)) return;
@@ -1131,6 +1132,46 @@ function checkToolGrammars(tools: unknown, toolChoice: unknown, maxBytes: number
       );
     }
   }
+}
+
+/**
+ * A chat's `tools` and `tool_choice` by their shape, as both engines' request models refuse any
+ * other (vLLM's `Optional[list[ChatCompletionToolsParam]]` and its tool_choice of a string or a
+ * named function; SGLang's likewise): `tools` absent, null or a list of objects, `tool_choice`
+ * absent, null, a string or an object. What the objects and strings hold is the engine's to check
+ * (checkToolGrammars bounds what it compiles of them).
+ */
+function checkToolShapes(tools: unknown, toolChoice: unknown): void {
+  if (tools !== undefined && tools !== null) {
+    if (!Array.isArray(tools)) throw new RequestLimitError('tools must be a list', 'tools');
+    for (let i = 0; i < tools.length; i++) {
+      const tool: unknown = tools[i];
+      if (tool === null || typeof tool !== 'object' || Array.isArray(tool))
+        throw new RequestLimitError(
+          `tools[${i}] must be an object ({type: "function", function: {name, …}})`,
+          `tools[${i}]`,
+        );
+    }
+  }
+  if (
+    toolChoice !== undefined &&
+    toolChoice !== null &&
+    typeof toolChoice !== 'string' &&
+    (typeof toolChoice !== 'object' || Array.isArray(toolChoice))
+  )
+    throw new RequestLimitError(
+      'tool_choice must be "none", "auto", "required" or an object naming a function',
+      'tool_choice',
+    );
+}
+
+/**
+ * `response_format`: absent, null or an object, as both engines' request models declare it (a
+ * model of `type` and its schema); its size is checkGrammar's, the rest the engine's to check.
+ */
+function checkResponseFormat(value: unknown): void {
+  if (value !== undefined && value !== null && (typeof value !== 'object' || Array.isArray(value)))
+    throw new RequestLimitError('response_format must be an object ({type: …})', 'response_format');
 }
 
 /**
@@ -1416,7 +1457,8 @@ export interface ReadRequest {
  * Reads and checks an OpenAI request (`/v1/chat/completions` or `/v1/completions`): the body
  * must be an object; metadata, model, user, cache_salt, stream, stream_options, n, best_of,
  * max_tokens, max_completion_tokens, stop, stop_regex, bad_words, stop_token_ids, logit_bias,
- * allowed_token_ids, the constraints the engine compiles (GRAMMAR_FIELDS, and the tools'
+ * allowed_token_ids, the shapes of a chat's tools and tool_choice and of
+ * response_format, the constraints the engine compiles (GRAMMAR_FIELDS, and the tools'
  * parameters when tool_choice makes the engine compile them), the log-probability counts and
  * vLLM's logprob_token_ids, the number of prompts (checked before the prompt is read), the ids
  * the engine keeps (checkEngineKeys) and the prompt or messages are checked against `limits`,
@@ -1469,7 +1511,11 @@ export function readRouteRequest(
   for (const key of GRAMMAR_FIELDS) checkGrammar(body[key], key, limits.maxGrammarBytes);
   const chat = path === '/v1/chat/completions';
   // tools are a chat's: neither engine's completions request reads them
-  if (chat) checkToolGrammars(body.tools, body.tool_choice, limits.maxGrammarBytes);
+  if (chat) {
+    checkToolShapes(body.tools, body.tool_choice);
+    checkToolGrammars(body.tools, body.tool_choice, limits.maxGrammarBytes);
+  }
+  checkResponseFormat(body.response_format);
   checkLogprobs(body.logprobs, 'logprobs', limits.maxLogprobs, chat);
   checkLogprobs(body.top_logprobs, 'top_logprobs', limits.maxLogprobs);
   checkLogprobs(body.top_logprobs_num, 'top_logprobs_num', limits.maxLogprobs);

@@ -6,7 +6,9 @@
  * - `stream_options`: absent, null or an object; its `include_usage` and `continuous_usage_stats`
  *   true, false or null (the gateway reads `include_usage: true` as a request for the usage chunk,
  *   where pydantic would read `"true"` as true); a non-empty one only with `stream: true`, as vLLM
- *   refuses it otherwise.
+ *   refuses it otherwise;
+ * - a chat's `tools` (a list of objects) and `tool_choice` (a string or an object), and
+ *   `response_format` (an object), each absent or null as well.
  *
  * What vLLM takes passes: `stream_options: {}` without a stream.
  */
@@ -92,4 +94,42 @@ describe('stream_options', () => {
       await passes(setup, path, { stream: false, stream_options: null });
     });
   }
+});
+
+describe("a chat's tools and tool_choice, and response_format", () => {
+  const chat = LIMIT_PATHS.chat.path;
+  const tool = { type: 'function', function: { name: 'f', parameters: { type: 'object' } } };
+  test('tools: a list of objects, or null', async () => {
+    for (const value of [5, 'f', { type: 'function' }]) {
+      const message = await refused(setup, chat, { tools: value }, 'tools');
+      assert.equal(message, 'tools must be a list');
+    }
+    for (const value of [5, 'f', null, [tool]]) {
+      const message = await refused(setup, chat, { tools: [tool, value] }, 'tools[1]');
+      assert.match(message, /^tools\[1\] must be an object/u);
+    }
+    await passes(setup, chat, { tools: [tool] });
+    await passes(setup, chat, { tools: [] });
+    await passes(setup, chat, { tools: null });
+  });
+  test('tool_choice: a string or an object, or null', async () => {
+    for (const value of [5, true, ['auto']]) {
+      const message = await refused(setup, chat, { tools: [tool], tool_choice: value }, 'tool_choice');
+      assert.equal(message, 'tool_choice must be "none", "auto", "required" or an object naming a function');
+    }
+    for (const value of ['none', 'auto', 'required', { type: 'function', function: { name: 'f' } }, null])
+      await passes(setup, chat, { tools: [tool], tool_choice: value });
+  });
+  test('completions take no tools (neither engine reads them there): not checked there', async () => {
+    await passes(setup, LIMIT_PATHS.completions.path, { tools: 5, tool_choice: 5 });
+  });
+  for (const { path } of Object.values(LIMIT_PATHS))
+    test(`response_format: an object, or null (${path})`, async () => {
+      for (const value of [5, 'json_object', [{ type: 'json_object' }]]) {
+        const message = await refused(setup, path, { response_format: value }, 'response_format');
+        assert.equal(message, 'response_format must be an object ({type: …})');
+      }
+      await passes(setup, path, { response_format: { type: 'json_object' } });
+      await passes(setup, path, { response_format: null });
+    });
 });
