@@ -10,7 +10,8 @@
  * - a chat's `tools` (a list of objects) and `tool_choice` (a string or an object), and
  *   `response_format` (an object), each absent or null as well.
  *
- * What vLLM takes passes: `stream_options: {}` without a stream.
+ * What vLLM takes passes: `stream_options: {}` without a stream, a text part without its text
+ * (vLLM skips it), a message without content (vLLM reads it as empty), a role of the client's own.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
@@ -132,4 +133,35 @@ describe("a chat's tools and tool_choice, and response_format", () => {
       await passes(setup, path, { response_format: { type: 'json_object' } });
       await passes(setup, path, { response_format: null });
     });
+});
+
+describe('messages vLLM takes pass', () => {
+  const chat = LIMIT_PATHS.chat.path;
+  test('a text part without its text, or with a null one (vLLM skips it)', async () => {
+    await passes(setup, chat, { messages: [{ role: 'user', content: [{ type: 'text' }, 'hi'] }] });
+    await passes(setup, chat, { messages: [{ role: 'user', content: [{ type: 'text', text: null }, 'hi'] }] });
+  });
+  test('a message without content, or with null content (vLLM reads it as empty)', async () => {
+    await passes(setup, chat, { messages: [{ role: 'system' }, { role: 'user', content: 'hi' }] });
+    await passes(setup, chat, { messages: [{ role: 'user', content: null }] });
+    const call = { id: 'c1', type: 'function', function: { name: 'f', arguments: '{}' } };
+    await passes(setup, chat, {
+      messages: [
+        { role: 'user', content: 'hi' },
+        { role: 'assistant', tool_calls: [call] },
+        { role: 'tool', tool_call_id: 'c1', content: '1' },
+      ],
+    });
+  });
+  test('a role of the client’s own (vLLM’s custom message takes any string role)', async () => {
+    await passes(setup, chat, { messages: [{ role: 'ipython', content: 'hi' }] });
+  });
+  test('a text part whose text is not a string, an image_url part without its url, a part of an unknown type are refused', async () => {
+    const at = 'messages[0].content[0]';
+    const part = (p: object) => ({ messages: [{ role: 'user', content: [p] }] });
+    await refused(setup, chat, part({ type: 'text', text: 5 }), `${at}.text`);
+    await refused(setup, chat, part({ type: 'image_url' }), `${at}.image_url`);
+    await refused(setup, chat, part({ type: 'image_url', image_url: {} }), `${at}.image_url`);
+    await refused(setup, chat, part({ type: 'evil', text: 'x' }), `${at}.type`);
+  });
 });
