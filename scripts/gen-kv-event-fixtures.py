@@ -314,6 +314,8 @@ def expected_hash(h):
 def expected_event(kind, f, shape):
     names = SHAPES[shape]["stored" if kind == "BlockStored" else "removed"]
     get = lambda n: f.get(n) if n in names else None  # noqa: E731 (fields the shape lacks decode as null)
+    # locality (vLLM #48281) decodes only when sent: absent, it is unspecified
+    locality = {"locality": get("locality")} if get("locality") is not None else {}
     if kind == "BlockStored":
         ek = get("extra_keys")
         return {"type": kind, "blockHashes": [expected_hash(h) for h in f["block_hashes"]],
@@ -322,10 +324,10 @@ def expected_event(kind, f, shape):
                 "medium": get("medium"), "loraName": get("lora_name"),
                 "extraKeys": None if ek is None else [None if k is None else [expected_extra_key(x) for x in k] for k in ek],
                 "groupIdx": get("group_idx"), "kvCacheSpecKind": get("kv_cache_spec_kind"),
-                "kvCacheSpecSlidingWindow": get("kv_cache_spec_sliding_window")}
+                "kvCacheSpecSlidingWindow": get("kv_cache_spec_sliding_window"), **locality}
     if kind == "BlockRemoved":
         return {"type": kind, "blockHashes": [expected_hash(h) for h in f["block_hashes"]], "medium": get("medium"),
-                "groupIdx": get("group_idx")}
+                "groupIdx": get("group_idx"), **locality}
     return {"type": kind}
 
 
@@ -537,12 +539,23 @@ def main():
                           ("BlockRemoved", {"block_hashes": big, "medium": "GPU", "group_idx": 0})], 0))
 
     # a native storage tier's copy (medium "STORAGE", vLLM #48123) on remote storage, and a GPU
-    # store naming its session: the new fields decode as unknown ones, ignored
+    # store naming its session: locality decodes, ownership and session_id are ignored
     storage = dict(cpu, medium="STORAGE", locality="REMOTE", ownership="tier-1")
     names.append(fixture("placement-fields", "placement",
                          [("BlockStored", dict(gpu, session_id="s-1")), ("BlockStored", storage),
                           ("BlockRemoved", {"block_hashes": [big[1]], "medium": "STORAGE", "locality": "REMOTE",
                                             "ownership": "tier-1"})], 0))
+
+    # storage tiers with locality (vLLM #48281, v0.26.0), hash-only copies as the tiers send them:
+    # the engine's own (LOCAL) copy of block 1, a REMOTE copy of block 0 (shared storage, not the
+    # worker's), the REMOTE copy of block 1 removed (the LOCAL one stays), block 0's GPU copy evicted
+    own = dict(placeholder, block_hashes=[big[1]], medium="STORAGE", locality="LOCAL")
+    shared = dict(placeholder, block_hashes=[big[0]], medium="STORAGE", locality="REMOTE")
+    names.append(fixture("storage-locality", "placement",
+                         [("BlockStored", gpu), ("BlockStored", own), ("BlockStored", shared),
+                          ("BlockRemoved", {"block_hashes": [big[1]], "medium": "STORAGE", "group_idx": 0,
+                                            "locality": "REMOTE"}),
+                          ("BlockRemoved", {"block_hashes": [big[0]], "medium": "GPU", "group_idx": 0})], 0))
 
     # multimodal and salted blocks: extra_keys per block ((mm identifier, offset), salt on block 0)
     mm = dict(gpu, extra_keys=[("salt-a", ), (("img-sha", 3),)])

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { describe, test } from 'node:test';
 import { BlockHashes, hashTokenBlocks, hashTokenBlocksFrom } from '../../src/core/hashing.js';
-import { decodeEventBatch, type KvEvent } from '../../src/engines/kv-events/decode.js';
+import { decodeEventBatch, decodeJsonEvents, type KvEvent } from '../../src/engines/kv-events/decode.js';
 import { VllmBlockHasher } from '../../src/core/vllm-block-hash.js';
 import { KvEventApplier, MISMATCHES_BEFORE_GIVING_UP, emptyCounts } from '../../src/engines/kv-events/applier.js';
 import { encodeEventBatch } from '../../src/engines/kv-events/encode.js';
@@ -256,6 +256,66 @@ describe('KV event applier on engine-encoded fixtures', () => {
     assert.deepEqual(applier.copies('w0', 0x8000000000000001n), { gpu: 0, offload: 1 });
     // both blocks still a hit, each credited at the offload tier's default 0.75
     assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 24);
+  });
+
+  test("storage tiers: a REMOTE copy (locality, vLLM v0.26) is not the worker's; its removal leaves the worker's LOCAL copy", () => {
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    const batch = decodeEventBatch(fixture('storage-locality'));
+    assert.deepEqual(
+      batch.events.map((e) => (e.type === 'AllBlocksCleared' ? undefined : e.locality)),
+      [undefined, 'LOCAL', 'REMOTE', 'REMOTE', undefined],
+    );
+    const c = applier.apply('w0', batch);
+    // GPU store of both blocks; the engine's own storage copy of block 1; a shared (REMOTE) copy
+    // of block 0, skipped; the REMOTE copy of block 1 removed, skipped; block 0 evicted from GPU
+    assert.equal(c.storedBlocks, 2);
+    assert.equal(c.offloadBlocks, 1);
+    assert.equal(c.removedBlocks, 1);
+    assert.deepEqual(c.skipped, { remote_locality: 2 });
+    assert.deepEqual(applier.copies('w0', 0xfedcba9876543210n), { gpu: 0, offload: 0 });
+    assert.deepEqual(applier.copies('w0', 0x8000000000000001n), { gpu: 1, offload: 1 });
+    // block 0 is held nowhere this worker can read from its own cache: no prefix hit
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 0);
+    // the same through the gateway's JSON events: a locality other than LOCAL is not credited either
+    const json = new KvEventApplier(router16());
+    const j = json.apply(
+      'w0',
+      decodeJsonEvents([
+        {
+          type: 'BlockStored',
+          block_hashes: [1],
+          parent_block_hash: null,
+          token_ids: prompt.slice(0, 16),
+          block_size: 16,
+          lora_id: null,
+          medium: 'STORAGE',
+          locality: 'REMOTE',
+        },
+        {
+          type: 'BlockStored',
+          block_hashes: [2],
+          parent_block_hash: null,
+          token_ids: prompt.slice(0, 16),
+          block_size: 16,
+          lora_id: null,
+          medium: 'STORAGE',
+          locality: 'SHARED',
+        },
+        {
+          type: 'BlockStored',
+          block_hashes: [3],
+          parent_block_hash: null,
+          token_ids: prompt.slice(0, 16),
+          block_size: 16,
+          lora_id: null,
+          medium: 'STORAGE',
+          locality: 'LOCAL',
+        },
+      ]),
+    );
+    assert.deepEqual(j.skipped, { remote_locality: 2 });
+    assert.equal(j.storedBlocks, 1);
   });
 
   test('hybrid model: only the full-attention group is indexed; other groups are skipped without error', () => {

@@ -65,6 +65,7 @@ describe('vLLM KV event decoding', () => {
       'offload-cpu-unsized',
       'offload-cpu-described',
       'placement-fields',
+      'storage-locality',
       'hybrid',
       'hybrid-array',
       'extra-keys-mm-salt',

@@ -253,6 +253,45 @@ describe('KV events over ZeroMQ', () => {
     assert.equal(logs.filter((l) => /"unknown"/.test(l)).length, 1, `logged once: ${logs.join(' | ')}`);
   });
 
+  test("copies on storage that is not the engine's own (locality REMOTE) are skipped, counted and logged once", async () => {
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+    router.registerWorker('w0');
+    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
+    const logs: string[] = [];
+    const sub = new KvEventSubscriber({
+      workerId: 'w0',
+      endpoint: pub.endpoint,
+      applier: new KvEventApplier(router),
+      log: (m) => logs.push(m),
+    }).start();
+    closers.push(
+      () => sub.close(),
+      () => pub.close(),
+    );
+    await untilSubscribed(pub, sub);
+    const seen = sub.stats.batches;
+    const remote = (h: bigint): KvEvent => ({
+      type: 'BlockStored',
+      blockHashes: [h],
+      parentBlockHash: null,
+      tokenIds: [],
+      blockSize: 0,
+      loraId: null,
+      medium: 'STORAGE',
+      loraName: null,
+      groupIdx: null,
+      locality: 'REMOTE',
+    });
+    await pub.publish(batch(stored([1n, 2n], null, 0), remote(2n)));
+    await pub.publish(batch(remote(1n), { type: 'BlockRemoved', blockHashes: [2n], medium: 'GPU', groupIdx: null }));
+    await until(() => sub.stats.batches >= seen + 2, 'two batches');
+    assert.equal(sub.stats.applied.skipped.remote_locality, 2);
+    assert.equal(sub.stats.applied.offloadBlocks, 0);
+    // block 2 left the GPU and no copy of the worker's own holds it
+    assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 4);
+    assert.equal(logs.filter((l) => /remote_locality/.test(l)).length, 1, logs.join(' | '));
+  });
+
   test('malformed messages are counted and skipped; the index and the subscriber survive', async () => {
     const { router, pub, sub } = await rig();
     const seen = sub.stats.batches;

@@ -65,6 +65,14 @@ import {
  *   worker whose engine hash is stored again under another parent, or whose page stored after
  *   another has CPython's hash of its tokens alone (cpythonTupleHash), has its entries dropped and
  *   its stores refused ('position_free_hash') until they are cleared (a restart, a removal).
+ * - Locality: vLLM's storage tiers (medium "STORAGE", earlier "FS"/"OBJ") say where a copy is
+ *   (`locality`, vllm-project/vllm#48281, v0.26.0): "LOCAL", the engine's own, or "REMOTE",
+ *   storage it does not own, which other engines may read too. Only the engine's own copies are
+ *   its cache: an event whose locality is sent and is not "LOCAL" is skipped ('remote_locality',
+ *   per store, per block for a removal), so a remote copy is never credited to the worker and its
+ *   removal never removes the worker's own copy of the block. Absent (unspecified: what every
+ *   other tier sends), the event applies as before. Dynamo's router (ai-dynamo/dynamo#11571)
+ *   refuses non-local events alike.
  * - Bounded: a worker that reports holding more blocks than `maxTrackedBlocks` (the index's own
  *   capacity by default; no engine holds that many, so its removals were lost or it is broken)
  *   has its entries dropped and rebuilt from its next events ('over_capacity'), as after a gap.
@@ -73,6 +81,7 @@ import {
  *   worker holds, and freed with its entries (clearWorker: a gap, a restart, its removal).
  */
 export type ApplySkipReason =
+  | 'remote_locality'
   | 'block_size'
   | 'orphan'
   | 'token_count'
@@ -112,6 +121,14 @@ export const MAX_KV_GROUPS_PER_WORKER = 256;
  * tree and announces both with one AllBlocksCleared (KvEventApplier.clearPrefixCache).
  */
 export const SGLANG_HOST_MEDIUM = 'CPU_PINNED';
+
+/** The skip reason of an event on storage that is not the engine's own (a `locality` other than "LOCAL"). */
+export const NON_LOCAL_SKIP = 'remote_locality' satisfies ApplySkipReason;
+
+/** Whether an event's copy is the engine's own: its `locality` unspecified or "LOCAL" (vllm-project/vllm#48281). */
+export function isLocalCopy(e: { locality?: string }): boolean {
+  return e.locality === undefined || e.locality === 'LOCAL';
+}
 
 /** vLLM's kv_cache_spec_kind for a group it cannot name (KVCacheSpecKind.UNKNOWN). */
 export const UNKNOWN_KIND = 'unknown';
@@ -470,6 +487,8 @@ export class KvEventApplier {
       counts.cleared++;
       return;
     }
+    // a copy on storage the engine does not own is not its cache: it teaches nothing either
+    if (!isLocalCopy(e)) return skip(counts, NON_LOCAL_SKIP, e.type === 'BlockRemoved' ? e.blockHashes.length : 1);
     if (e.type === 'BlockStored') {
       if (!this.fullAttention(workerId, e.groupIdx, e.kvCacheSpecKind)) return skip(counts, 'other_group');
       if (e.kvCacheSpecKind === UNKNOWN_KIND) {

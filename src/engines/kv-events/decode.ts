@@ -50,6 +50,12 @@ export interface BlockStoredEvent {
    * map since sgl-project/sglang#37482. Present only when the store is salted.
    */
   cacheSalt?: string;
+  /**
+   * Where the copy is relative to the engine: "LOCAL" (its own) or "REMOTE" (storage it does not
+   * own, which other engines may read too), sent by vLLM's storage tiers since
+   * vllm-project/vllm#48281 (v0.26.0). Present only when sent: absent, it is unspecified.
+   */
+  locality?: string;
 }
 
 export interface BlockRemovedEvent {
@@ -57,6 +63,8 @@ export interface BlockRemovedEvent {
   blockHashes: EngineBlockHash[];
   medium: string | null;
   groupIdx: number | null;
+  /** As BlockStoredEvent.locality. */
+  locality?: string;
 }
 
 export interface AllBlocksClearedEvent {
@@ -175,7 +183,9 @@ function longDigestKey(digest: Uint8Array): string {
 
 // Field order of vLLM's structs (vllm/distributed/kv_events.py), which array-like releases
 // encode positionally. Older releases send a prefix of these; newer ones may append fields
-// this router does not know, which are ignored (as msgspec readers ignore them).
+// this router does not know, which are ignored (as msgspec readers ignore them). `locality`
+// (vllm-project/vllm#48281) came after vLLM's events became tagged maps (#42892): it is read
+// by name only, never from a position.
 const STORED_FIELDS = [
   'block_hashes',
   'parent_block_hash',
@@ -568,6 +578,7 @@ function decodeEvent(e: unknown, i: number): KvEvent {
         );
       }
       const cacheSalt = optionalString(fields.cache_salt, `${at}.cache_salt`);
+      const locality = optionalString(fields.locality, `${at}.locality`);
       const extraKeys = extraKeyList(fields.extra_keys, `${at}.extra_keys`);
       if (extraKeys !== null && extraKeys.length !== blockHashes.length)
         throw new KvEventFormatError(
@@ -594,15 +605,19 @@ function decodeEvent(e: unknown, i: number): KvEvent {
         ),
         // an empty salt is no salt, as both engines take it
         ...(cacheSalt ? { cacheSalt } : {}),
+        ...(locality !== null ? { locality } : {}),
       };
     }
-    case 'BlockRemoved':
+    case 'BlockRemoved': {
+      const locality = optionalString(fields.locality, `${at}.locality`);
       return {
         type,
         blockHashes: hashList(fields.block_hashes, `${at}.block_hashes`),
         medium: optionalString(fields.medium, `${at}.medium`),
         groupIdx: optionalInt(fields.group_idx, `${at}.group_idx`),
+        ...(locality !== null ? { locality } : {}),
       };
+    }
     case 'AllBlocksCleared':
       return { type };
     default:

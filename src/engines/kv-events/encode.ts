@@ -6,7 +6,8 @@ import type { KvEvent, KvEventBatch } from './decode.js';
  * tagged by "type"; as maps (current releases: fields left at their default, None, are
  * omitted; fields without a default always written) or as positional arrays (older releases,
  * array_like: msgspec writes every field, trailing defaults included). Hashes are written as
- * uint64 (BigInt) or bytes (hex strings in, bin out).
+ * uint64 (BigInt) or bytes (hex strings in, bin out). `locality` (vllm-project/vllm#48281) is
+ * written in the map form only: vLLM added it after its events became maps.
  */
 export function encodeEventBatch(batch: KvEventBatch, encoding: 'map' | 'array' = 'map'): Uint8Array {
   const events = batch.events.map((e) => encodeEvent(e, encoding));
@@ -39,6 +40,7 @@ function encodeEvent(e: KvEvent, encoding: 'map' | 'array'): unknown {
         ['block_hashes', e.blockHashes.map(hash), false],
         ['medium', e.medium, false],
         ['group_idx', e.groupIdx, true],
+        ...locality(e, encoding),
       ],
       encoding,
     );
@@ -57,9 +59,14 @@ function encodeEvent(e: KvEvent, encoding: 'map' | 'array'): unknown {
       ['group_idx', e.groupIdx, true],
       ['kv_cache_spec_kind', e.kvCacheSpecKind ?? null, true],
       ['kv_cache_spec_sliding_window', e.kvCacheSpecSlidingWindow ?? null, true],
+      ...locality(e, encoding),
     ],
     encoding,
   );
+}
+
+function locality(e: { locality?: string }, encoding: 'map' | 'array'): Field[] {
+  return encoding === 'map' ? [['locality', e.locality ?? null, true]] : [];
 }
 
 function shape(type: string, fields: Field[], encoding: 'map' | 'array'): unknown {

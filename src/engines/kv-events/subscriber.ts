@@ -1,7 +1,7 @@
 import { context, Dealer, Subscriber, type Observer } from 'zeromq';
 import { quotedText, shownText } from '../../core/shown-text.js';
 import type { KvEventApplier } from './applier.js';
-import { emptyCounts, MISMATCHES_BEFORE_GIVING_UP, type ApplyCounts } from './applier.js';
+import { emptyCounts, MISMATCHES_BEFORE_GIVING_UP, NON_LOCAL_SKIP, type ApplyCounts } from './applier.js';
 import {
   FULL_PREFIX_KINDS,
   KV_EVENT_LIMITS,
@@ -503,6 +503,7 @@ export class KvEventSubscriber {
     const mismatchesBefore = this.stats.applied.hashMismatches;
     const positionFreeBefore = this.stats.applied.positionFreeHashes;
     const unknownKindBefore = this.stats.applied.unknownKindStores;
+    const nonLocalBefore = this.stats.applied.skipped[NON_LOCAL_SKIP] ?? 0;
     let skippedEvents = 0;
     let firstSkip: string | undefined;
     let events = 0;
@@ -533,6 +534,12 @@ export class KvEventSubscriber {
       from = to;
     }
     if (firstSkip !== undefined) this.log(`batch ${seq}: skipped ${skippedEvents} event(s): ${firstSkip}`);
+    if (nonLocalBefore === 0 && (this.stats.applied.skipped[NON_LOCAL_SKIP] ?? 0) > 0)
+      this.log(
+        `worker ${worker}: its KV events report blocks on storage that is not the engine's own (a locality other than "LOCAL", such as "REMOTE": vllm-project/vllm#48281): ` +
+          `shared storage other engines read too is no cache of this worker's, so such stores and removals are skipped (reason ${NON_LOCAL_SKIP}); ` +
+          `set locality "LOCAL" on the engine's storage tier if it is the worker's own`,
+      );
     // what makes vLLM's hashes differ from the router's: a cache salt the event does not carry
     // (releases before extra_keys hash it into the first block without sending it), the
     // algorithm and seed, or the step its hashes are chained at (vllm/v1/core/kv_cache_utils.py:
