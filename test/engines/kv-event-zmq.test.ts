@@ -253,6 +253,83 @@ describe('KV events over ZeroMQ', () => {
     assert.equal(logs.filter((l) => /"unknown"/.test(l)).length, 1, `logged once: ${logs.join(' | ')}`);
   });
 
+  test(
+    'events skipped at every step are all counted, and each reason logged once a minute, not once a batch',
+    { timeout: 60_000 },
+    async (t) => {
+      // an engine that sends an event the router skips in every batch (an event type of a newer
+      // release beside each step's stores; SGLang's EAGLE token pairs)
+      const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+      router.registerWorker('w0');
+      const pub = new Publisher({ linger: 0 });
+      await bindEndpoint(pub, 'tcp://127.0.0.1:*');
+      const logs: string[] = [];
+      const sub = new KvEventSubscriber({
+        workerId: 'w0',
+        endpoint: pub.lastEndpoint!,
+        applier: new KvEventApplier(router),
+        idleReplayMs: 0,
+        log: (m) => logs.push(m),
+      }).start();
+      closers.push(
+        () => sub.close(),
+        async () => pub.close(),
+      );
+      let seq = 0n;
+      const send = (events: unknown[]) => pub.send(['', sequenceFrame(seq++), Buffer.from(encode([1.5, events]))]);
+      await until(
+        async () => {
+          if (sub.stats.batches > 0) return true;
+          await send([['AllBlocksCleared']]);
+          return false;
+        },
+        'the subscription to receive a probe',
+        { intervalMs: 20 },
+      );
+      const step = async (i: number) =>
+        send([
+          { type: 'BlockInactive', block_hashes: [i + 1], medium: 'GPU', group_idx: 0 },
+          {
+            type: 'BlockStored',
+            block_hashes: [i + 1],
+            parent_block_hash: null,
+            token_ids: [
+              [1, 2],
+              [2, 3],
+              [3, 4],
+              [4, 5],
+            ],
+            block_size: BS,
+            lora_id: null,
+            medium: 'GPU',
+          },
+        ]);
+      const STEPS = 200;
+      for (let i = 0; i < STEPS; i++) await step(i);
+      const skipped = sub.stats.applied.skipped;
+      await until(() => skipped.unknown_type === STEPS && skipped.bigram_tokens === STEPS, `the ${STEPS} batches`);
+      // each reason's line names the reason and quotes its first event's message
+      const lines = (reason: string) =>
+        logs.filter((l) => (reason === 'unknown_type' ? /"BlockInactive"/ : /token pair/).test(l));
+      assert.equal(lines('unknown_type').length, 1, logs.join(' | '));
+      assert.equal(lines('bigram_tokens').length, 1, logs.join(' | '));
+      assert.match(lines('unknown_type')[0], /reason unknown_type/);
+      assert.match(lines('bigram_tokens')[0], /reason bigram_tokens/);
+      // a minute later the next such batch is logged again, with how many were not
+      t.mock.timers.enable({ apis: ['Date'], now: Date.now() + 61_000 });
+      await step(STEPS);
+      await until(() => skipped.unknown_type === STEPS + 1 && skipped.bigram_tokens === STEPS + 1, 'the next batch');
+      t.mock.timers.reset();
+      assert.equal(lines('unknown_type').length, 2, logs.join(' | '));
+      assert.match(
+        lines('unknown_type')[1],
+        new RegExp(`and ${STEPS - 1} more skipped for this reason since the last line`),
+      );
+      assert.equal(lines('bigram_tokens').length, 2, logs.join(' | '));
+      assert.equal(sub.stats.applied.storedBlocks, 0);
+    },
+  );
+
   test("copies on storage that is not the engine's own (locality REMOTE) are skipped, counted and logged once", async () => {
     const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
     router.registerWorker('w0');

@@ -128,6 +128,12 @@ const SPARE_SOCKETS = 2 * SOCKETS_PER_SUBSCRIBER;
 export const SESSION_CHECK_MS = 1000;
 /** Disconnects of one worker's publisher logged at most once in this window (a wrong endpoint disconnects 10 times a second). */
 export const DISCONNECT_LOG_WINDOW_MS = 60_000;
+/**
+ * Events of one worker skipped for one reason logged at most once in this window: an engine may
+ * send an event the router skips at every scheduler step (SGLang's EAGLE token pairs, an event
+ * type of a newer release), which would write a line per step. Every one is counted.
+ */
+export const SKIP_LOG_WINDOW_MS = 60_000;
 
 /** Longest close() waits for ZeroMQ to release the socket (its observer's last event). */
 const WATCH_END_WAIT_MS = 5000;
@@ -177,9 +183,11 @@ export class KvEventSubscriber {
   /** When ZeroMQ last tried to connect (a connection, an attempt under way, a retry scheduled), and when it last disconnected. */
   private connectingAt = 0;
   private disconnectedAt = 0;
-  /** Disconnects (and protocol errors) not logged since the last line, and when that line was. */
-  private disconnectsUnlogged = 0;
-  private disconnectLoggedAt = -Infinity;
+  /**
+   * Per kind of line logged at most once a window (disconnects, each reason of skipped events):
+   * when its last line was, and how many it did not log since. A few kinds: reasons are a fixed set.
+   */
+  private readonly logWindows = new Map<string, { loggedAt: number; unlogged: number }>();
   /** Whether it was counted out of the open subscribers (closed, or refused at its start). */
   private released = false;
   readonly stats: SubscriberStats = {
@@ -345,16 +353,24 @@ export class KvEventSubscriber {
    * connected to and dropped ten times a second, for as long as it is configured.
    */
   private logDisconnect(message: string): void {
+    this.logOnceAWindow('disconnect', DISCONNECT_LOG_WINDOW_MS, 1, (unlogged) =>
+      unlogged > 0 ? `${message} (and ${unlogged} more disconnects since the last line)` : message,
+    );
+  }
+
+  /**
+   * Logs a line of `kind` unless one was logged less than `windowMs` ago; then only adds `count`
+   * to what the next line of that kind says it did not log (`line` gets that number).
+   */
+  private logOnceAWindow(kind: string, windowMs: number, count: number, line: (unlogged: number) => string): void {
     const now = Date.now();
-    if (now - this.disconnectLoggedAt < DISCONNECT_LOG_WINDOW_MS && now >= this.disconnectLoggedAt) {
-      this.disconnectsUnlogged++;
+    const w = this.logWindows.get(kind);
+    if (w !== undefined && now - w.loggedAt < windowMs && now >= w.loggedAt) {
+      w.unlogged += count;
       return;
     }
-    const more =
-      this.disconnectsUnlogged > 0 ? ` (and ${this.disconnectsUnlogged} more disconnects since the last line)` : '';
-    this.disconnectsUnlogged = 0;
-    this.disconnectLoggedAt = now;
-    this.log(`${message}${more}`);
+    this.logWindows.set(kind, { loggedAt: now, unlogged: 0 });
+    this.log(line(w?.unlogged ?? 0));
   }
 
   /**
@@ -504,8 +520,8 @@ export class KvEventSubscriber {
     const positionFreeBefore = this.stats.applied.positionFreeHashes;
     const unknownKindBefore = this.stats.applied.unknownKindStores;
     const nonLocalBefore = this.stats.applied.skipped[NON_LOCAL_SKIP] ?? 0;
-    let skippedEvents = 0;
-    let firstSkip: string | undefined;
+    /** This batch's events the decoding skipped, per reason: how many, and the first one's message. */
+    let skips: Map<string, { count: number; first: string }> | undefined;
     let events = 0;
     for (let from = 0; from < reader.count || from === 0;) {
       // a slice: up to APPLY_SLICE_EVENTS events or APPLY_SLICE_BYTES bytes (one event at least)
@@ -517,9 +533,13 @@ export class KvEventSubscriber {
       const batch = reader.read(from, to);
       if (batch.skipped) {
         const skipped = this.stats.applied.skipped;
-        for (const s of batch.skipped) skipped[s.reason] = (skipped[s.reason] ?? 0) + 1;
-        skippedEvents += batch.skipped.length;
-        firstSkip ??= batch.skipped[0].message;
+        skips ??= new Map();
+        for (const s of batch.skipped) {
+          skipped[s.reason] = (skipped[s.reason] ?? 0) + 1;
+          const r = skips.get(s.reason);
+          if (r) r.count++;
+          else skips.set(s.reason, { count: 1, first: s.message });
+        }
       }
       try {
         this.options.applier.apply(worker, batch, this.stats.applied);
@@ -533,7 +553,13 @@ export class KvEventSubscriber {
       if (to >= reader.count) break;
       from = to;
     }
-    if (firstSkip !== undefined) this.log(`batch ${seq}: skipped ${skippedEvents} event(s): ${firstSkip}`);
+    // each reason at most once a window: an engine may send a skipped event at every step
+    for (const [reason, { count, first }] of skips ?? [])
+      this.logOnceAWindow(`skipped ${reason}`, SKIP_LOG_WINDOW_MS, count, (unlogged) =>
+        unlogged > 0
+          ? `batch ${seq}: skipped ${count} event(s) (reason ${reason}): ${first} (and ${unlogged} more skipped for this reason since the last line)`
+          : `batch ${seq}: skipped ${count} event(s) (reason ${reason}): ${first} (events skipped for this reason are counted, and logged at most once a minute)`,
+      );
     if (nonLocalBefore === 0 && (this.stats.applied.skipped[NON_LOCAL_SKIP] ?? 0) > 0)
       this.log(
         `worker ${worker}: its KV events report blocks on storage that is not the engine's own (a locality other than "LOCAL", such as "REMOTE": vllm-project/vllm#48281): ` +
