@@ -330,6 +330,48 @@ describe('KV events over ZeroMQ', () => {
     },
   );
 
+  test('malformed messages at every step are all counted, and logged once a minute, not once a message', async () => {
+    // a publisher that is not an engine, or an engine whose every batch the router cannot read
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+    router.registerWorker('w0');
+    const pub = new Publisher({ linger: 0 });
+    await bindEndpoint(pub, 'tcp://127.0.0.1:*');
+    const logs: string[] = [];
+    const sub = new KvEventSubscriber({
+      workerId: 'w0',
+      endpoint: pub.lastEndpoint!,
+      applier: new KvEventApplier(router),
+      idleReplayMs: 0,
+      log: (m) => logs.push(m),
+    }).start();
+    closers.push(
+      () => sub.close(),
+      async () => pub.close(),
+    );
+    await until(
+      async () => {
+        if (sub.stats.malformed > 0) return true;
+        await pub.send(['', 'not a sequence frame', 'x']);
+        return false;
+      },
+      'the subscription to receive a probe',
+      { intervalMs: 20 },
+    );
+    const before = sub.stats.malformed;
+    const MESSAGES = 200;
+    let seq = 0n;
+    for (let i = 0; i < MESSAGES; i++) {
+      await pub.send(['', sequenceFrame(seq++), Buffer.from('not msgpack of a batch')]);
+      await pub.send(['only', 'two frames']);
+    }
+    await until(() => sub.stats.malformed === before + 2 * MESSAGES, `the ${2 * MESSAGES} messages`);
+    // one line per kind of fault: the probe's and the loop's bad frames are one kind, its batches another
+    assert.equal(logs.filter((l) => /sequence frame/.test(l)).length, 1, logs.join(' | '));
+    assert.equal(logs.filter((l) => /3 frames|frame count|of 2 frames/.test(l)).length, 1, logs.join(' | '));
+    assert.equal(logs.filter((l) => /malformed batch/.test(l)).length, 1, logs.join(' | '));
+    assert.equal(sub.stats.applied.storedBlocks, 0);
+  });
+
   test("copies on storage that is not the engine's own (locality REMOTE) are skipped, counted and logged once", async () => {
     const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
     router.registerWorker('w0');

@@ -135,6 +135,11 @@ export const DISCONNECT_LOG_WINDOW_MS = 60_000;
  */
 export const SKIP_LOG_WINDOW_MS = 60_000;
 
+/** `line`, with how many more lines of its kind were not logged since the last one. */
+function moreSince(line: string, unlogged: number, what: string): string {
+  return unlogged > 0 ? `${line} (and ${unlogged} more ${what} since the last line)` : line;
+}
+
 /** Longest close() waits for ZeroMQ to release the socket (its observer's last event). */
 const WATCH_END_WAIT_MS = 5000;
 
@@ -374,6 +379,17 @@ export class KvEventSubscriber {
   }
 
   /**
+   * A message or batch skipped as malformed: counted, and logged at most once a window per `kind`
+   * of fault, since a broken or foreign publisher may send one at every step.
+   */
+  private logMalformed(kind: string, message: string): void {
+    this.stats.malformed++;
+    this.logOnceAWindow(`malformed ${kind}`, SKIP_LOG_WINDOW_MS, 1, (unlogged) =>
+      moreSince(message, unlogged, `${kind} skipped`),
+    );
+  }
+
+  /**
    * After a disconnect: unless ZeroMQ tries to connect again within SESSION_CHECK_MS, the
    * connection is made again here. libzmq ends the session for good after a protocol error,
    * such as a message over maxMessageSize (a publisher's one oversized batch), and the worker
@@ -420,20 +436,24 @@ export class KvEventSubscriber {
 
   private async onMessage(frames: Buffer[]): Promise<void> {
     if (frames.length !== 3) {
-      this.stats.malformed++;
-      this.log(`skipped a message of ${frames.length} frames (expected 3: topic, sequence number, payload)`);
+      this.logMalformed(
+        'messages of another frame count',
+        `skipped a message of ${frames.length} frames (expected 3: topic, sequence number, payload)`,
+      );
       return;
     }
     if (frames[1].length !== 8) {
-      this.stats.malformed++;
-      this.log(`skipped a message whose sequence frame is ${frames[1].length} bytes, not 8`);
+      this.logMalformed(
+        'messages with a bad sequence frame',
+        `skipped a message whose sequence frame is ${frames[1].length} bytes, not 8`,
+      );
       return;
     }
     const seq = frames[1].readBigInt64BE();
     if (seq < 0n) {
       // an unsigned 64-bit number from 2^63 on: no engine counts that far from 0
-      this.stats.malformed++;
-      this.log(
+      this.logMalformed(
+        'messages with a sequence number of 2^63 or more',
         `skipped a message whose sequence number ${frames[1].readBigUInt64BE()} is 2^63 or more (negative as signed: ${seq})`,
       );
       return;
@@ -452,7 +472,13 @@ export class KvEventSubscriber {
         return;
       }
       this.stats.restarts++;
-      this.log(`sequence went back from ${this.lastSeq} to ${seq}: engine restarted, its entries are dropped`);
+      this.logOnceAWindow('restart', SKIP_LOG_WINDOW_MS, 1, (unlogged) =>
+        moreSince(
+          `sequence went back from ${this.lastSeq} to ${seq}: engine restarted, its entries are dropped`,
+          unlogged,
+          'restarts',
+        ),
+      );
       this.dropWorkerEntries();
       this.lastSeq = null;
       this.replayedThrough = null;
@@ -464,8 +490,12 @@ export class KvEventSubscriber {
       const recovered = this.options.replayEndpoint ? await this.replayFrom(expected, seq) : false;
       if (!this.running) return;
       if (!recovered && this.lastSeq !== null) {
-        this.log(
-          `lost events ${expected}..${seq - 1n} and could not replay them: entries dropped, rebuilt from new events`,
+        this.logOnceAWindow('lost', SKIP_LOG_WINDOW_MS, 1, (unlogged) =>
+          moreSince(
+            `lost events ${expected}..${seq - 1n} and could not replay them: entries dropped, rebuilt from new events`,
+            unlogged,
+            'losses',
+          ),
         );
         this.dropWorkerEntries();
       }
@@ -490,9 +520,8 @@ export class KvEventSubscriber {
       // a payload that is not a batch throws a KvEventFormatError (a bad event only skips
       // itself); any other error would be a case the decoding did not foresee. Either way
       // nothing of it is applied: counted and skipped, and the stream goes on
-      this.stats.malformed++;
       const why = err instanceof KvEventFormatError ? err.message : `could not be decoded (${String(err)})`;
-      this.log(`skipped malformed batch ${seq}: ${why}`);
+      this.logMalformed('malformed batches', `skipped malformed batch ${seq}: ${why}`);
       return;
     }
     const worker = this.options.workerId;
@@ -545,8 +574,10 @@ export class KvEventSubscriber {
         this.options.applier.apply(worker, batch, this.stats.applied);
       } catch (err) {
         // e.g. the worker was removed from the router meanwhile
-        this.stats.malformed++;
-        this.log(`could not apply batch ${seq}: ${(err as Error).message}`);
+        this.logMalformed(
+          'batches that could not be applied',
+          `could not apply batch ${seq}: ${(err as Error).message}`,
+        );
         return;
       }
       events += batch.events.length;
