@@ -185,6 +185,27 @@ redis.call('PUBLISH', ARGV[1], ARGV[5])
 return 1`;
 
 /**
+ * A removal of worker ARGV[2] made here while Redis was out of reach, written back only when the
+ * registry KEYS[1] still holds the record it was made on (ARGV[3], '' for none known; compared
+ * field by field), or holds no worker of that id: taken out, recorded removed at ARGV[4] (KEYS[2];
+ * '' for a removal not recorded, discovery's), no longer draining (KEYS[3]) and announced (ARGV[5]):
+ * 1. A worker the registry holds with another record (removed and added again, or replaced,
+ * through another replica meanwhile) is a later decision: 0, nothing written, and this replica
+ * takes the registry's record as it reloads it. Atomic.
+ */
+const WRITE_BACK_REMOVED = `${SAME_RECORD}
+local wrong = notHashes(KEYS[1], KEYS[3])
+if not wrong and ARGV[4] ~= '' then wrong = notHashes(KEYS[2]) end
+if wrong then return wrong end
+local held = hget(KEYS[1], ARGV[2])
+if held and not (ARGV[3] ~= '' and sameJson(held, ARGV[3])) then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[2])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], ARGV[2], ARGV[4]) end
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('PUBLISH', ARGV[1], ARGV[5])
+return 1`;
+
+/**
  * The part the admin worker change scripts share: the mark (ARGV[2], the start of this replica's
  * `rm` message, its nonce up to ':') completed with the verdict (`code:n`) and published last on
  * channel ARGV[1], so the replica that asked hears it after every message of the change and of
@@ -360,13 +381,14 @@ const REMOVAL_KEPT_MS = 24 * 3_600_000;
  */
 export const MAX_RELAYED_EVENTS_BYTES = 1 << 20;
 
-/** A registry change made here while Redis was out of reach: a worker added, or removed (recorded or not). */
 /**
  * A registry change made here while Redis was out of reach: a worker added, or removed (recorded
  * or not). `base`: the record the registry held for the id as far as this replica knew when it
- * was first changed here (what it removed), if any.
+ * was first changed here (what it removed), if any. `held`: the record a removal was made on
+ * (`base`, or the one added here before it), written back only while the registry holds it.
  */
-type UnsyncedWorker = { added: WorkerRecord; base?: string } | { removed: { record: boolean; base?: string } };
+type UnsyncedWorker =
+  { added: WorkerRecord; base?: string } | { removed: { record: boolean; base?: string; held?: string } };
 
 /** A drain (`on`) or resume made here while Redis was out of reach, with the record (JSON) of the worker it was made on. */
 interface UnsyncedDrain {
@@ -579,8 +601,10 @@ export class RedisStateStore implements StateStore {
   private readonly unsyncedWorkers = new Map<string, UnsyncedWorker>();
   /**
    * The record (JSON) of each worker as the registry last held it to this replica's knowledge:
-   * its own changes Redis took, the others' heard, the registry read. An addition written back
-   * after a removal made here replaces the record only while the registry still holds this one.
+   * its own changes Redis took, the others' heard, the registry read (before it is first read,
+   * the workers held at start). A removal made here while Redis was out of reach is written back
+   * only while the registry still holds this record (or none), and an addition written back after
+   * such a removal replaces the record only while the registry still holds this one.
    */
   private readonly syncedRecords = new Map<string, string>();
   /**
@@ -734,6 +758,9 @@ export class RedisStateStore implements StateStore {
     this.unclaimedLimit = capacity;
     this.noteBlockSize(host.router.blockSize);
     for (const w of host.router.listWorkers()) this.noteBlockSize(w.info.blockSize);
+    // until the registry is read, the workers held at start (configured, written back unless it
+    // holds them) are the records a removal made here while Redis is out of reach is made on
+    for (const w of host.listWorkers()) this.syncedRecords.set(w.id, JSON.stringify(w));
     // close() can come while the start waits on Redis (the gateway stopped during its start):
     // a client connected after it would stay open, and reconnect, for good
     if (this.closed) return;
@@ -867,7 +894,18 @@ export class RedisStateStore implements StateStore {
       const before = this.unsyncedWorkers.get(workerId);
       const base =
         before === undefined ? this.syncedRecords.get(workerId) : 'added' in before ? before.base : before.removed.base;
-      return void this.unsyncedWorkers.set(workerId, { removed: base === undefined ? { record } : { record, base } });
+      // written back only over the record removed: the registry's to this replica's knowledge,
+      // or the one added here meanwhile (over none the registry held)
+      const held =
+        before === undefined
+          ? base
+          : 'added' in before
+            ? (before.base ?? JSON.stringify(before.added))
+            : before.removed.held;
+      const removed: { record: boolean; base?: string; held?: string } = { record };
+      if (base !== undefined) removed.base = base;
+      if (held !== undefined) removed.held = held;
+      return void this.unsyncedWorkers.set(workerId, { removed });
     }
     this.syncedRecords.delete(workerId);
     this.removalsInFlight.add(workerId);
@@ -1207,7 +1245,23 @@ export class RedisStateStore implements StateStore {
           JSON.stringify({ r, k: 'dr', id, on: false } satisfies WireWorkerDrained),
           change.base ?? '',
         );
-      } else this.writeRemoved(m, id, change.removed.record);
+      } else {
+        // only while the registry holds the record removed here, or none: a worker another
+        // replica added again (or replaced) meanwhile stays, and this replica takes it as it reloads
+        const { record, held } = change.removed;
+        m.eval(
+          WRITE_BACK_REMOVED,
+          3,
+          this.key('workers'),
+          this.key('removed'),
+          this.key('draining'),
+          this.channel,
+          id,
+          held ?? '',
+          record ? String(Date.now()) : '',
+          JSON.stringify({ r, k: 'wr', id } satisfies WireWorkerRemoved),
+        );
+      }
     }
     // only onto the record drained here; else dropped, and the registry's word is taken as it reloads
     for (const [id, { on, record }] of drainChanges)

@@ -3,8 +3,8 @@
  * Redis is back; meanwhile the others' changes were decided in Redis. After the
  * resynchronisation every replica holds exactly the registry's records: a change Redis decided
  * while the replica was away wins over its write-back, a worker it holds with another record
- * is replaced by the registry's, and a drain made while cut off applies only to the record it
- * was made on. Real Redis (127.0.0.1:6379, or CONTEXTFORGE_TEST_REDIS) behind a TCP proxy that
+ * is replaced by the registry's, and a drain or removal made while cut off applies only to the
+ * record it was made on. Real Redis (127.0.0.1:6379, or CONTEXTFORGE_TEST_REDIS) behind a TCP proxy that
  * cuts the replica off; nothing mocked.
  */
 import assert from 'node:assert/strict';
@@ -134,4 +134,46 @@ test('a replica holding a worker another replica announces with another record t
     logsB.filter((l) => l.includes("'x'")),
     ["worker 'x' added by another replica", "worker 'x' replaced by the shared registry's record"],
   );
+});
+
+test('a removal made while cut off is dropped when the worker was removed and added again meanwhile', async () => {
+  const { prefix, a, b, logsB, cut, reconnect } = await pair();
+  // k: removed through b alone (the registry still holds the record b removed): written back;
+  // gone: removed through both (the registry holds none): recorded removed
+  assert.equal(await call(a, 'POST', '/admin/workers', { id: 'k', url: 'http://127.0.0.1:3' }), '201 {"id":"k"}');
+  assert.equal(await call(a, 'POST', '/admin/workers', { id: 'gone', url: 'http://127.0.0.1:4' }), '201 {"id":"gone"}');
+  await until(() => b.router.hasWorker('k') && b.router.hasWorker('gone'), 'b hearing k and gone added');
+  await cut();
+  for (const id of ['x', 'k', 'gone'])
+    assert.equal(await call(b, 'DELETE', `/admin/workers/${id}`), `200 {"removed":"${id}"}`);
+  // the later decision: x removed and added again with another record through a
+  assert.equal(await call(a, 'DELETE', '/admin/workers/x'), '200 {"removed":"x"}');
+  assert.equal(await call(a, 'POST', '/admin/workers', { id: 'x', url: 'http://127.0.0.1:2' }), '201 {"id":"x"}');
+  assert.equal(await call(a, 'DELETE', '/admin/workers/gone'), '200 {"removed":"gone"}');
+  await reconnect();
+  const expected = ['e0 http://127.0.0.1:9', 'x http://127.0.0.1:2'];
+  assert.deepEqual(await registry(prefix), expected, "b's older removal of x does not undo a's addition");
+  await everyReplicaLists([a, b], expected);
+  assert.deepEqual(Object.keys(await redis.hgetall(`${prefix}removed`)).sort(), ['gone', 'k']);
+  assert.ok(logsB.includes("worker 'x' from the shared registry"), JSON.stringify(logsB));
+});
+
+test('a removal made by a replica started while Redis was out of reach applies to the record it was configured with', async () => {
+  await redis.connect().catch(() => {});
+  const prefix = prefixes.fresh();
+  const proxy = await new RedisProxy(Number(new URL(REDIS_URL).port || 6379)).start();
+  proxies.push(proxy);
+  const a = await replica(REDIS_URL, prefix, 'a');
+  await proxy.close();
+  const logsB: string[] = [];
+  const b = await replica(proxy.url, prefix, 'b', (m) => logsB.push(m));
+  assert.ok(
+    logsB.some((l) => l.startsWith('state: redis unreachable at start')),
+    JSON.stringify(logsB),
+  );
+  assert.equal(await call(b, 'DELETE', '/admin/workers/e0'), '200 {"removed":"e0"}');
+  await proxy.start();
+  await until(() => !a.router.hasWorker('e0'), 'a hearing e0 removed', { timeoutMs: 20_000 });
+  assert.deepEqual(await registry(prefix), []);
+  await everyReplicaLists([a, b], []);
 });
