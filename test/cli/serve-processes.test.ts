@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, test } from 'node:test';
@@ -574,6 +575,40 @@ test('serve --processes 2: a primary killed outright leaves its processes to fin
   child.kill('SIGKILL');
   assert.match(await stream.rest(), /data: \[DONE\]/, 'the stream ran to its end');
   await until(() => !pids.some(alive), 'the orphaned gateway processes to exit', { timeoutMs: 60_000 });
+});
+
+test('serve --processes 2: a connection handed to a process killed before it took it is closed, not left hanging', async () => {
+  const { child, base } = await serveOnTwoEngines();
+  const [victim] = childPids(child);
+  // stopped, the process cannot take the connection the primary hands it, nor answer for it;
+  // the other serves the rest
+  process.kill(victim, 'SIGSTOP');
+  try {
+    const { hostname, port } = new URL(base);
+    const sockets = Array.from({ length: 4 }, () => {
+      const s = { answered: false, ended: false };
+      const socket = connect(Number(port), hostname, () =>
+        socket.write(`GET /healthz HTTP/1.1\r\nhost: ${hostname}\r\nconnection: close\r\n\r\n`),
+      );
+      socket.on('data', () => (s.answered = true));
+      socket.on('error', () => {}); // a reset is an answer too
+      socket.on('close', () => (s.ended = true));
+      return s;
+    });
+    // round robin: the stopped process holds one connection, the other answers the rest
+    await until(() => sockets.filter((s) => s.answered && s.ended).length === 3, 'three connections answered', {
+      timeoutMs: 30_000,
+    });
+    const held = sockets.filter((s) => !s.answered);
+    assert.equal(held.length, 1, 'one connection waits for the stopped process');
+    process.kill(victim, 'SIGKILL');
+    await until(() => held[0].ended, 'the connection handed to the killed process to be closed', {
+      timeoutMs: 30_000,
+    });
+    assert.equal(held[0].answered, false, 'no process read its request');
+  } finally {
+    if (alive(victim)) process.kill(victim, 'SIGKILL');
+  }
 });
 
 test('serve --processes 2: a second SIGTERM while stopping does not cut a stream in flight', async () => {

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { resolveAdminToken } from '../../server/admin-auth.js';
 import { MAX_TIMER_MS } from '../../server/timeouts.js';
+import { closeUnansweredHandoffs } from './connection-handoff.js';
 import { ClusterRelay } from '../../state/cluster-state-store.js';
 import { MetricsAggregator } from '../../server/process-metrics.js';
 import type { ServeConfig } from './serve.js';
@@ -42,6 +43,8 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
   const failedToStart = new Promise<never>((_resolve, reject) => {
     const fork = () => {
       const worker = cluster.fork();
+      // a connection handed to a process killed before it took it would otherwise never be closed
+      closeUnansweredHandoffs(worker);
       const id = String(worker.id);
       const send = (m: unknown) => {
         // a process that is exiting may close its channel after the check: the write then
