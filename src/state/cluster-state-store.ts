@@ -112,6 +112,8 @@ export interface ClusterChannel {
   send(message: ClusterMessage): void;
   onMessage(listener: (message: unknown) => void): void;
   offMessage(listener: (message: unknown) => void): void;
+  /** Calls `listener` once the channel closes (the primary is gone): nothing sent is answered after that. */
+  onClose?(listener: () => void): void;
 }
 
 export interface ClusterStateOptions {
@@ -158,6 +160,10 @@ const isVerdict: FieldCheck = (v) => {
     ? isWorkerId(x.id)
     : x.ok === false && isNumber(x.status) && isText(x.message) && optional(isText)(x.param);
 };
+
+/** Why an admin change or read is refused once the channel to the primary closed. */
+const PRIMARY_GONE =
+  'the primary process is gone (this process finishes its requests and stops): the worker change or read was not answered';
 
 /** Most admin changes waiting for (or past waiting for) the relay's verdict; past it the oldest is dropped unapplied. */
 const MOST_PENDING_CHANGES = 10_000;
@@ -293,6 +299,8 @@ export class ClusterStateStore implements StateStore {
     { done: (v: WorkerChangeVerdict | undefined) => void; fail: (err: Error) => void }
   >();
   private snapshotArrived: (() => void) | undefined;
+  /** The channel to the primary closed: no question is sent any more, and those waiting are settled. */
+  private primaryGone = false;
   /**
    * Until the start snapshot comes: the relay's numbers of the decisions applied here, which the
    * snapshot holds too (the relay sends it after them). Applied once: a second time, without its
@@ -335,6 +343,7 @@ export class ClusterStateStore implements StateStore {
     this.unclaimedLimit = host.router.workflowCapacity;
     this.heardBeforeSnapshot = new Set();
     this.channel.onMessage(this.listener);
+    this.channel.onClose?.(() => this.channelClosed());
     const arrived = new Promise<void>((resolve) => {
       this.snapshotArrived = resolve;
       setTimeout(resolve, 4 * this.timeoutMs).unref();
@@ -352,6 +361,8 @@ export class ClusterStateStore implements StateStore {
   beforeRoute(request: RouteRequest): Promise<void> | undefined {
     const id = request.workflowId;
     if (id === undefined || !this.host || this.host.router.workflowAffinity(id) !== undefined) return undefined;
+    // no primary to ask: the workflow is routed on what this process knows
+    if (this.primaryGone) return undefined;
     this.counters.workflowLookups++;
     const q = this.nextQuery++;
     return new Promise<void>((resolve) => {
@@ -456,6 +467,7 @@ export class ClusterStateStore implements StateStore {
     unanswered: string,
     answer: (v: WorkerChangeVerdict | undefined) => T,
   ): Promise<T> {
+    if (this.primaryGone) return Promise.reject(new SharedStateUnanswered(PRIMARY_GONE));
     const q = this.nextQuery++;
     return new Promise<T>((resolve, reject) => {
       const timer = setTimeout(() => reject(new SharedStateUnanswered(unanswered)), this.adminTimeoutMs);
@@ -488,6 +500,20 @@ export class ClusterStateStore implements StateStore {
       remoteLoadUnknownWorkers: this.remote.unknownWorkers,
       remoteLoadRefused: this.remote.refused,
     };
+  }
+
+  /**
+   * The primary is gone (killed, say): what waits for its answer is settled now, not at its
+   * timeout: a workflow lookup routes on what this process knows, an admin change or read is
+   * refused as unanswered (503), and so is every later one.
+   */
+  private channelClosed(): void {
+    this.primaryGone = true;
+    this.snapshotArrived?.();
+    for (const done of this.queries.values()) done();
+    this.queries.clear();
+    for (const { fail } of this.pendingAdmin.values()) fail(new SharedStateUnanswered(PRIMARY_GONE));
+    this.pendingAdmin.clear();
   }
 
   async close(): Promise<void> {

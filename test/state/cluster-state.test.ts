@@ -1006,3 +1006,63 @@ test('an admin change the relay does not answer in time is refused as unanswered
   assert.deepEqual(applied, [{ ok: true, id: 'e0' }]);
   await store.close();
 });
+
+test('once the channel to the primary closes, what waits for its answer is settled at once, and later questions too', async () => {
+  const listeners = new Set<(m: unknown) => void>();
+  let closeChannel = (): void => {};
+  const store = new ClusterStateStore({
+    replicaId: 'p',
+    // far past the test's deadlines: only the channel's close can settle them
+    timeoutMs: 60_000,
+    adminTimeoutMs: 600_000,
+    channel: {
+      send: (m) => {
+        // the start snapshot comes; nothing else is answered
+        if (m.cf === 'hello')
+          queueMicrotask(() => {
+            for (const l of listeners) l({ cf: 'snapshot', workers: [], workflows: [], decisions: [], loads: [] });
+          });
+      },
+      onMessage: (l) => void listeners.add(l),
+      offMessage: (l) => void listeners.delete(l),
+      onClose: (l) => void (closeChannel = l),
+    },
+  });
+  const router = new KVAwareRouter();
+  await store.attach(workerHost(router, ['e0']).host);
+  const outcomes: Record<string, unknown> = {};
+  const watch = (name: string, p: Promise<unknown> | undefined) => {
+    assert.ok(p, `${name} waits for the primary`);
+    p.then(
+      () => (outcomes[name] = 'resolved'),
+      (err: unknown) => (outcomes[name] = err),
+    );
+  };
+  try {
+    watch(
+      'change',
+      store.orderWorkerChange({ op: 'remove', id: 'e0' }, () => 'applied'),
+    );
+    watch('sync', store.syncWorkerChanges());
+    watch('lookup', store.beforeRoute({ workflowId: 'wf', text: 'x' }));
+    closeChannel();
+    await until(() => Object.keys(outcomes).length === 3, 'every question to the gone primary to be settled');
+    assert.ok(outcomes.change instanceof SharedStateUnanswered, String(outcomes.change));
+    assert.match((outcomes.change as Error).message, /primary process is gone/);
+    assert.ok(outcomes.sync instanceof SharedStateUnanswered, String(outcomes.sync));
+    assert.equal(outcomes.lookup, 'resolved', 'the workflow is routed on what this process knows');
+    // asked after the close: refused at once, and a workflow lookup does not wait
+    await assert.rejects(
+      store.orderWorkerChange({ op: 'remove', id: 'e0' }, () => 'applied'),
+      SharedStateUnanswered,
+    );
+    assert.equal(store.beforeRoute({ workflowId: 'wf2', text: 'x' }), undefined);
+    assert.deepEqual(
+      router.listWorkers().map((w) => w.id),
+      ['e0'],
+      'the unanswered removal was not applied',
+    );
+  } finally {
+    await store.close();
+  }
+});

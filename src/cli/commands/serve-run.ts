@@ -293,6 +293,10 @@ function processChannel() {
     },
     onMessage: (listener: (m: unknown) => void) => void process.on('message', listener),
     offMessage: (listener: (m: unknown) => void) => void process.off('message', listener),
+    onClose: (listener: () => void) => {
+      if (!process.connected) queueMicrotask(listener);
+      else process.once('disconnect', listener);
+    },
   };
 }
 
