@@ -474,7 +474,7 @@ interface RedisStats {
   replicasSeen: number;
   /** Posted KV-event batches larger than MAX_RELAYED_EVENTS_BYTES: applied only here. */
   eventBatchesNotShared: number;
-  /** Block entries a resynchronisation could not read (a batch that timed out) and skipped. */
+  /** Block entries a resynchronisation could not read (one that timed out read alone) and skipped. */
   chainsSkipped: number;
 }
 
@@ -1901,20 +1901,41 @@ export class RedisStateStore implements StateStore {
       });
     }
     // block entries other replicas recorded, best effort: read a bounded batch at a time (an
-    // entry can hold thousands of blocks), and a batch that fails is counted and skipped; the
-    // rest still loads, and the replica comes up (the blocks come back with the next requests)
+    // entry can hold thousands of blocks). A read that fails (it outlasted the command timeout:
+    // large entries, a busy Redis or process) is made again with half as many keys, down to one,
+    // and the batch grows back as reads succeed; an entry that fails alone is counted and
+    // skipped, and after two such in a row (Redis itself is too slow) the rest are skipped
+    // unread, so a stuck Redis costs a handful of timeouts. The replica comes up without the
+    // skipped blocks (they come back with the next requests)
     let skipped = 0;
+    let size = CHAINS_PER_READ;
+    let failedAlone = 0;
     for await (const keys of this.scan(this.key('chain', '*')))
-      for (let at = 0; at < keys.length; at += CHAINS_PER_READ) {
-        const batch = keys.slice(at, at + CHAINS_PER_READ);
+      for (let at = 0; at < keys.length;) {
+        if (failedAlone >= 2) {
+          skipped += keys.length - at;
+          break;
+        }
+        const batch = keys.slice(at, at + size);
+        let error: Error | undefined;
         const values = await this.cmd.mget(...batch).catch((err: Error) => {
           // a connection gone fails the resynchronisation, which is retried once it is back
           if (this.cmd.status !== 'ready') throw err;
-          this.failed(err, 'the block entries read');
-          skipped += batch.length;
-          return [];
+          error = err;
+          return null;
         });
-        this.applyChains(values);
+        if (values !== null) {
+          this.applyChains(values);
+          at += batch.length;
+          failedAlone = 0;
+          size = Math.min(CHAINS_PER_READ, size * 2);
+        } else if (batch.length > 1) size = batch.length >>> 1;
+        else {
+          this.failed(error!, 'the block entries read');
+          skipped++;
+          at++;
+          failedAlone++;
+        }
       }
     if (skipped > 0) {
       this.counters.chainsSkipped += skipped;

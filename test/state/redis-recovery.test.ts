@@ -127,6 +127,50 @@ test('chain entries too large for one read are loaded in batches', async () => {
   assert.equal(a.store.stats().decisionsApplied, 300);
 });
 
+test('a read of block entries that times out is read again in halves; an entry that fails alone is skipped', async () => {
+  const prefix = prefixes.fresh();
+  const h = Buffer.alloc(64, 7).toString('base64');
+  const m = redis.pipeline();
+  for (let i = 0; i < 300; i++)
+    m.set(`${prefix}chain:e0:${i}`, JSON.stringify({ r: 'X', k: 'd', w: 'e0', h }), 'PX', 60_000);
+  await m.exec();
+  const router = new KVAwareRouter({ blockSize: 16 });
+  const { host, logs } = fixedWorkersHost(router, ['e0']);
+  const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: 'H', syncIntervalMs: 50 });
+  stores.push(store);
+  // a read of more than 10 entries outlasts the command timeout (large entries, a busy Redis),
+  // and so does any read of entry 7
+  const cmd = (store as unknown as { cmd: Redis }).cmd;
+  const mget = cmd.mget.bind(cmd) as (...keys: string[]) => Promise<Array<string | null>>;
+  const reads: number[] = [];
+  (cmd as unknown as { mget: (...keys: string[]) => Promise<Array<string | null>> }).mget = async (...keys) => {
+    reads.push(keys.length);
+    if (keys.length > 10 || keys.includes(`${prefix}chain:e0:7`)) throw new Error('Command timed out');
+    return mget(...keys);
+  };
+  await store.attach(host);
+  assert.equal(store.stats().connected, true, logs.join('\n'));
+  assert.equal(store.stats().decisionsApplied, 299, `reads of ${reads.join(', ')} keys`);
+  assert.equal(store.stats().chainsSkipped, 1);
+  assert.ok(Math.max(...reads) <= 100, 'no read of more than 100 entries');
+  assert.equal(logs.filter((l) => /could not be read in time/.test(l)).length, 1, logs.join('\n'));
+
+  // a Redis too slow for any read: a handful of reads, every entry skipped, the replica up
+  const stuck = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: 'S', syncIntervalMs: 50 });
+  stores.push(stuck);
+  const stuckCmd = (stuck as unknown as { cmd: Redis }).cmd;
+  let stuckReads = 0;
+  (stuckCmd as unknown as { mget: () => Promise<never> }).mget = async () => {
+    stuckReads++;
+    throw new Error('Command timed out');
+  };
+  await stuck.attach(fixedWorkersHost(new KVAwareRouter({ blockSize: 16 }), ['e0']).host);
+  assert.equal(stuck.stats().connected, true);
+  assert.equal(stuck.stats().chainsSkipped, 300);
+  assert.equal(stuck.stats().decisionsApplied, 0);
+  assert.ok(stuckReads <= 10, `${stuckReads} reads`);
+});
+
 test("/metrics shows the shared state's connection, outages, errors, malformed and oversize messages and load corrections", async () => {
   const prefix = prefixes.fresh();
   const a = await replica('M', prefix);
