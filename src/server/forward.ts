@@ -24,7 +24,7 @@ import {
 import { markCutByGateway, type FailureReason } from './metrics.js';
 
 import { answerableRequestId } from './passed-headers.js';
-import type { ProxyReply } from './openai-request.js';
+import { openAiError, type ProxyReply } from './openai-request.js';
 import { wholeAnswerEvents } from './whole-answer-stream.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
 import type { UnansweredRequest, WorkerConnection } from './worker-connections.js';
@@ -401,16 +401,39 @@ const STREAM_CONVERSION_ERROR = {
 };
 
 /**
- * The attempts under way, for the gateway's shutdown: when its grace ends, each is ended by the
- * gateway before the connections are cut. A stream whose answer has begun ends as an engine's
- * failure mid-stream ends one (an error event, then data: [DONE]), so a client reading to [DONE]
- * sees the stream end rather than a connection closed early; a request nothing has been written
- * for yet is answered 503 (`gateway_shutdown`). Either way its engine request is aborted as the
- * gateway's own doing: no engine failure, no breaker count, no retry.
+ * The gateway's answer to a request its shutdown grace ended before any engine answered it: 503
+ * `gateway_shutdown` with `Connection: close`. Nothing of an answer was written, so the client may
+ * send the request again, elsewhere.
+ */
+export function answerShutdown<R extends ProxyReply>(reply: R): R {
+  reply.header('connection', 'close');
+  return openAiError(
+    reply,
+    503,
+    'the gateway shut down before an engine answered the request; send the request again',
+    null,
+    'gateway_shutdown',
+  );
+}
+
+/**
+ * The requests the gateway has taken and not answered, for its shutdown: when its grace ends,
+ * each is ended by the gateway before the connections are cut. An attempt under way (add) whose
+ * stream has begun ends as an engine's failure mid-stream ends one (an error event, then data:
+ * [DONE]), so a client reading to [DONE] sees the stream end rather than a connection closed
+ * early; an attempt nothing has been written for yet is answered 503 (answerShutdown). Either way
+ * its engine request is aborted as the gateway's own doing: no engine failure, no breaker count,
+ * no retry. A request still before its attempt (wait: for a tokenizer thread, a lookup, the pause
+ * before a retry) is answered 503 at once, and its handler, finding it answered once its wait
+ * ends, starts nothing more.
  */
 export class ShutdownCuts {
   private readonly open = new Set<{ shutDown(): void }>();
-  /** The responses of the streams ended, until written. */
+  /** The requests waiting before their engine attempt (wait). */
+  private readonly waiting = new Set<ProxyReply>();
+  /** The grace has ended (endAll): a request that comes to wait is answered at once. */
+  private over = false;
+  /** The responses ended, until written. */
   private readonly ending: Array<Promise<void>> = [];
 
   add(attempt: { shutDown(): void }): void {
@@ -421,12 +444,28 @@ export class ShutdownCuts {
     this.open.delete(attempt);
   }
 
+  /**
+   * A request waits before its engine attempt, until unwait(): the grace ending meanwhile answers
+   * it (answerShutdown). Its handler checks `reply.sent` once the wait ends.
+   */
+  wait(reply: ProxyReply): void {
+    if (this.over) this.answer(reply);
+    else this.waiting.add(reply);
+  }
+
+  unwait(reply: ProxyReply): void {
+    this.waiting.delete(reply);
+  }
+
   get size(): number {
     return this.open.size;
   }
 
-  /** Ends every attempt under way; resolves once their last bytes are written (or their clients gone). */
+  /** Ends every request under way; resolves once their last bytes are written (or their clients gone). */
   endAll(): Promise<void> {
+    this.over = true;
+    for (const reply of [...this.waiting]) this.answer(reply);
+    this.waiting.clear();
     for (const a of [...this.open]) a.shutDown();
     const ending = this.ending.splice(0);
     return Promise.all(ending).then(() => {});
@@ -441,6 +480,13 @@ export class ShutdownCuts {
         res.once('close', resolve);
       }),
     );
+  }
+
+  /** A waiting request, answered 503 unless it is already answered (or its client gone). */
+  private answer(reply: ProxyReply): void {
+    if (reply.sent || reply.raw.headersSent || reply.raw.destroyed) return;
+    answerShutdown(reply);
+    this.ended(reply.raw);
   }
 }
 

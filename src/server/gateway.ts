@@ -354,9 +354,11 @@ export interface Gateway {
   capClientConnections(server: NetServer, listener: string): void;
   /**
    * Stops taking requests (new ones are answered 503), lets those in flight finish for up to
-   * `graceMs` (default: as long as they take), then cuts their connections: a cut request's
-   * engine request is aborted and its stream ends unfinished. Then closes the workers'
-   * connections and the shared state.
+   * `graceMs` (default: as long as they take), then ends them and cuts their connections
+   * (ShutdownCuts): a stream under way gets an error event and data: [DONE], a request no engine
+   * has answered (sent to one, or still waiting before its attempt) a 503 `gateway_shutdown`, and
+   * its engine request, if any, is aborted; nothing more is started for them. Then closes the
+   * workers' connections and the shared state.
    */
   close(graceMs?: number): Promise<void>;
 }
@@ -1080,8 +1082,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // for every front end on this router: the proxy and the endpoint picker
   const stopSharingPrefills = sharePrefillReads(router, state);
   const openAi = options.openAiRoutes ?? true;
-  // the attempts under way, ended by the gateway when the shutdown grace ends (a stream with an
-  // error event and data: [DONE], a request not yet answered with a 503)
+  // the requests under way, ended by the gateway when the shutdown grace ends (a stream with an
+  // error event and data: [DONE], a request not yet answered, or still waiting before its engine
+  // attempt, with a 503)
   const streams = new ShutdownCuts();
   const proxyDeps: ProxyDeps = {
     router,

@@ -481,6 +481,9 @@ export function createRequestReader(options: RequestReaderOptions) {
         res.off('close', onClose);
       }
     }
+    // answered while it waited (a tokenizer thread, an engine's /tokenize): the gateway's shutdown
+    // grace ended (ShutdownCuts.wait), and nothing more is done for it
+    if (reply.sent) return undefined;
     if ('status' in parsed) {
       if (parsed.status === CLIENT_CLOSED_REQUEST) {
         // nothing is written: the response's close counts the request as its client's leaving

@@ -32,7 +32,7 @@ import type { WorkerState } from '../core/worker-registry.js';
 import type { StateStore } from '../state/state-store.js';
 import type { BodyBudget } from './body-budget.js';
 import type { CircuitBreaker } from './circuit-breaker.js';
-import { forward, type ShutdownCuts } from './forward.js';
+import { answerShutdown, forward, type ShutdownCuts } from './forward.js';
 import type { FailureReason, GatewayMetrics } from './metrics.js';
 import type { PanicRouting } from './panic-routing.js';
 import {
@@ -139,6 +139,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     answerBudget,
     onAnswerBudgetFull,
     panic,
+    streams,
   } = deps;
   return async (req: RequestSource, reply: ProxyReply): Promise<ProxyReply> => {
     // a request that has been here before is a routing loop: answered before any work is done
@@ -147,7 +148,15 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     // the client's request id and trace context go to every engine tried, as they came
     const passed = passedHeaders(req.headers, req.raw);
     if (passed instanceof PassedHeaderRejection) return openAiError(reply, 400, passed.message, passed.param);
-    let prepared = await readRequest(path, req, reply);
+    // every wait before the engine attempt is one the shutdown grace may end: the request is then
+    // answered 503 (ShutdownCuts.wait), and found answered (reply.sent) once the wait is over
+    streams?.wait(reply);
+    let prepared: ParsedRequest | undefined;
+    try {
+      prepared = await readRequest(path, req, reply);
+    } finally {
+      streams?.unwait(reply);
+    }
     /**
      * The body is needed while the request may be retried: until its answer is committed to the
      * client (nothing is retried after its first byte). Then every reference to it is dropped, so
@@ -180,7 +189,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     // most once a second, refreshModels()): an engine may have loaded the adapter, or restarted
     // with it, since its list was last read
     if (notServing.size > 0 && notServing.size === connections.size) {
+      streams?.wait(reply);
       await connections.refreshModels();
+      streams?.unwait(reply);
+      if (reply.sent) return reply;
       notServing = connections.withoutModel(model);
     }
     if (notServing.size > 0 && notServing.size === connections.size) {
@@ -196,7 +208,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         });
     }
     const learning = state.beforeRoute(prepared.routeRequest);
-    if (learning) await learning;
+    if (learning) {
+      streams?.wait(reply);
+      await learning;
+      streams?.unwait(reply);
+      if (reply.sent) return reply;
+    }
     const share = state.sharesDecisions;
     const streaming = prepared.body.stream === true;
     // (a boolean of its own: holding it holds no body)
@@ -381,7 +398,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         onConnectionLost: () => (connectionLost = true),
         onFailed: (reason) => (failure = reason),
         onCommitted: dropBody,
-        streams: deps.streams,
+        streams,
         answerBudget,
         onAnswerBudgetFull,
         onWholeAnswerStreamed: () => metrics.wholeAnswersStreamed.inc({ worker: decision.workerId }),
@@ -389,18 +406,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       release(decision);
       // a client that went away says nothing about the engine: no failure, no retry
       // (an attempt the shutdown grace ended: nothing the engine did wrong either)
-      if (outcome === 'shut-down') {
-        if (reply.sent) return reply;
-        // nothing of an answer was written: the client may send the request again, elsewhere
-        reply.header('connection', 'close');
-        return openAiError(
-          answered(reply),
-          503,
-          'the gateway shut down before the engine answered; send the request again',
-          null,
-          'gateway_shutdown',
-        );
-      }
+      if (outcome === 'shut-down') return reply.sent ? reply : answerShutdown(answered(reply));
       if (outcome === 'client-gone') {
         if (!reply.sent) {
           reply.hijack();
@@ -473,7 +479,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           );
         if (retrying) {
           retryOf = decision.workerId;
+          streams?.wait(reply);
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
+          streams?.unwait(reply);
+          if (reply.sent) return reply;
           continue;
         }
         return exhausted(decision.workerId, outcome === 'retry' ? failure : undefined);

@@ -8,7 +8,8 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
-import { fakeEngine } from '../faults/harness.js';
+import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { fakeEngine, RedisProcess, RedisProxy } from '../faults/harness.js';
 import { until } from '../helpers/wait.js';
 
 const quiet = { metricsIntervalMs: 0, healthCheckIntervalMs: 0, adminToken: 'shutdown-admin' };
@@ -203,3 +204,221 @@ test('close(grace) answers a request no engine has answered by then 503 gateway_
 
 test('close(grace) answers a stream whose engine has sent nothing by then 503 gateway_shutdown, not as an engine failure', () =>
   unansweredAtGrace(true));
+
+/** The answer a request waiting before its engine attempt gets when the grace ends: 503 gateway_shutdown, Connection: close. */
+async function assertShutdownAnswer(reply: Promise<Response>): Promise<void> {
+  const res = await within(reply, 30_000, 'the answer at the end of the grace');
+  assert.equal(res.status, 503);
+  assert.equal(res.headers.get('connection'), 'close');
+  const body = (await res.json()) as { error: { type: string; param: unknown; code: string } };
+  assert.equal(body.error.type, 'server_error');
+  assert.equal(body.error.param, null);
+  assert.equal(body.error.code, 'gateway_shutdown');
+}
+
+/** No routing decision, engine failure or retry in `gateway`'s metrics. */
+async function assertNothingStarted(gateway: { metrics: { metrics(): Promise<string> } }): Promise<void> {
+  const text = await gateway.metrics.metrics();
+  assert.deepEqual(
+    text
+      .split('\n')
+      .filter(
+        (l) =>
+          /^contextforge_(route_decisions|upstream_failures|upstream_retries|stream_failures)_total\{/.test(l) &&
+          !/ 0$/.test(l),
+      ),
+    [],
+  );
+}
+
+/** An engine answering completions with a whole answer, counting them (`completions`); its other paths are not found. */
+async function answeringEngine() {
+  let completions = 0;
+  const engine = await fakeEngine((req, res) => {
+    if (!completionsOnly(req, res)) return;
+    completions++;
+    req.resume();
+    req.on('end', () =>
+      res
+        .writeHead(200, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ id: 'c1', object: 'text_completion', choices: [{ index: 0, text: 'done' }] })),
+    );
+  });
+  return Object.assign(engine, { completions: () => completions });
+}
+
+const completion = (base: string, body: Record<string, unknown>) =>
+  fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: 'waiting', max_tokens: 4, ...body }),
+  });
+
+test('close(grace) answers a request still waiting for its tokenizer 503 gateway_shutdown, and sends it nowhere once tokenized', async () => {
+  const engine = await answeringEngine();
+  let tokenized: ((ids: number[]) => void) | undefined;
+  const promptTokenizer = {
+    async: true as const,
+    tokenize: () => new Promise<ArrayLike<number>>((resolve) => (tokenized = resolve)),
+  };
+  const logs: string[] = [];
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 'e0', url: engine.url }],
+    tokenize: 'tokenizer',
+    promptTokenizer,
+    ...quiet,
+    log: (m) => logs.push(m),
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  try {
+    const reply = completion(base, { prompt: 'tokenize me slowly' });
+    await until(() => tokenized !== undefined, 'the request waits for its tokenizer');
+    const closed = gateway.close(100);
+    await assertShutdownAnswer(reply);
+    await within(closed, 30_000, 'close(100) with a request waiting for its tokenizer');
+    // its tokens come after the cut: the request goes no further (the handler resumes within
+    // this turn's microtasks, and would route and forward it before the next)
+    tokenized!([1, 2, 3]);
+    await new Promise((r) => setImmediate(r));
+    assert.equal(engine.completions(), 0);
+    await assertNothingStarted(gateway);
+    assert.deepEqual(
+      logs.filter((l) => /failed/.test(l)),
+      [],
+    );
+  } finally {
+    await engine.close();
+  }
+});
+
+test("close(grace) answers a request still waiting for Redis's workflow lookup 503 gateway_shutdown, and sends it nowhere after", async () => {
+  const redis = await new RedisProcess().start();
+  const proxy = await new RedisProxy(redis.port).start();
+  const engine = await answeringEngine();
+  // the lookup outlasts the grace by far, and ends (times out) after the cut
+  const store = new RedisStateStore({
+    url: proxy.url,
+    prefix: 'cf-shutdown-wait:',
+    syncIntervalMs: 60_000,
+    commandTimeoutMs: 3000,
+    stallTimeoutMs: 3000,
+  });
+  const logs: string[] = [];
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 'e0', url: engine.url }],
+    state: store,
+    ...quiet,
+    log: (m) => logs.push(m),
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  try {
+    await until(() => store.stats().connected === true, 'the replica to connect');
+    const before = Number(store.stats().errors);
+    proxy.withhold('shutdown-wf');
+    const reply = completion(base, { contextforge: { workflowId: 'shutdown-wf-1', workflowStep: 0 } });
+    await until(() => proxy.withheld > 0, 'the workflow lookup is sent, and withheld');
+    const closed = gateway.close(100);
+    await assertShutdownAnswer(reply);
+    await within(closed, 30_000, 'close(100) with a request waiting for its workflow lookup');
+    // the lookup has ended (timed out, or failed with the closed connection), and the request
+    // with it, within the turn it ended in
+    await until(() => Number(store.stats().errors) > before, 'the withheld lookup ends');
+    await new Promise((r) => setImmediate(r));
+    assert.equal(engine.completions(), 0);
+    await assertNothingStarted(gateway);
+    assert.deepEqual(
+      logs.filter((l) => /failed/.test(l)),
+      [],
+    );
+  } finally {
+    await engine.close();
+    await proxy.close();
+    await redis.kill();
+  }
+});
+
+test('close(grace) answers a request waiting to be retried 503 gateway_shutdown, and tries no other engine', async () => {
+  let failed = 0;
+  const failing = await fakeEngine((req, res) => {
+    if (!completionsOnly(req, res)) return;
+    failed++;
+    req.resume();
+    req.on('end', () =>
+      res.writeHead(500, { 'content-type': 'application/json' }).end('{"error":{"message":"engine exploded"}}'),
+    );
+  });
+  const good = await answeringEngine();
+  let closed: Promise<void> | undefined;
+  const logs: string[] = [];
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [
+      { id: 'bad', url: failing.url },
+      { id: 'good', url: good.url },
+    ],
+    ...quiet,
+    log: (m) => {
+      logs.push(m);
+      // the failed attempt is logged just before the pause before its retry: a grace of 0 ends
+      // within that pause (its timer is due before the pause's)
+      if (/failed request before its answer .*: retried/.test(m)) closed ??= gateway.close(0);
+    },
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  try {
+    const reply = completion(base, {});
+    await assertShutdownAnswer(reply);
+    assert.ok(closed !== undefined, logs.join('\n'));
+    await within(closed, 30_000, 'close(0) with a request waiting to be retried');
+    assert.equal(failed, 1);
+    assert.equal(good.completions(), 0);
+    // the engine's own failure counts; the shutdown adds no retry
+    const text = await gateway.metrics.metrics();
+    assert.doesNotMatch(text, /^contextforge_upstream_retries_total\{[^}]*\} [1-9]/m);
+  } finally {
+    await failing.close();
+    await good.close();
+  }
+});
+
+test("close(grace) answers a request waiting for the engines' model lists 503 gateway_shutdown", async () => {
+  let listsRead = 0;
+  let completions = 0;
+  const engine = await fakeEngine((req, res) => {
+    if (req.method === 'GET' && req.url === '/v1/models') {
+      listsRead++;
+      // the first list (read when the worker is added) is answered; the next, asked for a model
+      // it does not list, is not
+      if (listsRead === 1)
+        res
+          .writeHead(200, { 'content-type': 'application/json' })
+          .end(JSON.stringify({ object: 'list', data: [{ id: 'listed', object: 'model' }] }));
+      return;
+    }
+    if (!completionsOnly(req, res)) return;
+    completions++;
+    req.resume();
+    res.writeHead(500).end();
+  });
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    // its operator names its models: a request for another has the lists read again
+    workers: [{ id: 'e0', url: engine.url, models: ['listed'] }],
+    ...quiet,
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  try {
+    await until(() => gateway.connections.get('e0')?.listed !== undefined, "the worker's model list is read");
+    const reply = completion(base, { model: 'unlisted' });
+    await until(() => listsRead === 2, 'the request waits for the model lists read again');
+    const closed = gateway.close(100);
+    await assertShutdownAnswer(reply);
+    await within(closed, 30_000, 'close(100) with a request waiting for the model lists');
+    assert.equal(completions, 0);
+    await assertNothingStarted(gateway);
+  } finally {
+    await engine.close();
+  }
+});
