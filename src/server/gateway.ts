@@ -1139,7 +1139,14 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         (req.body as { messages?: unknown } | null)?.messages !== undefined
           ? '/v1/chat/completions'
           : '/v1/completions';
-      const prepared = await readRequest(path, req, reply);
+      // a wait the shutdown grace may end, as a completion's (ShutdownCuts.wait)
+      streams.wait(reply);
+      let prepared;
+      try {
+        prepared = await readRequest(path, req, reply);
+      } finally {
+        streams.unwait(reply);
+      }
       if (!prepared) return reply;
       const { routeRequest } = prepared;
       const exclude = connections.withoutModel(prepared.body.model);
@@ -1224,7 +1231,15 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         modelLists.set(forwarded, gathering);
         models = gathering;
       }
-      const gathered = await models;
+      // a wait the shutdown grace may end, as a completion's (ShutdownCuts.wait)
+      streams.wait(reply);
+      let gathered;
+      try {
+        gathered = await models;
+      } finally {
+        streams.unwait(reply);
+      }
+      if (reply.sent) return reply;
       // an empty list would say no model is served, when the gateway only could not ask: an error
       // (some workers answering is a list: the models of those that did not are left out)
       if (gathered.asked === 0) {

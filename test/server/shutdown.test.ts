@@ -422,3 +422,54 @@ test("close(grace) answers a request waiting for the engines' model lists 503 ga
     await engine.close();
   }
 });
+
+test('close(grace) answers a /v1/route dry run still waiting for its tokenizer 503 gateway_shutdown', async () => {
+  let waiting = false;
+  const promptTokenizer = {
+    async: true as const,
+    tokenize: () => {
+      waiting = true;
+      return new Promise<ArrayLike<number>>(() => {});
+    },
+  };
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [],
+    tokenize: 'tokenizer',
+    promptTokenizer,
+    ...quiet,
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const reply = fetch(`${base}/v1/route`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${quiet.adminToken}` },
+    body: JSON.stringify({ prompt: 'route me' }),
+  });
+  await until(() => waiting, 'the dry run waits for its tokenizer');
+  const closed = gateway.close(100);
+  await assertShutdownAnswer(reply);
+  await within(closed, 30_000, 'close(100) with a dry run waiting for its tokenizer');
+});
+
+test("close(grace) answers a /v1/models request still waiting for the engines' lists 503 gateway_shutdown", async () => {
+  let clientListAsked = false;
+  // every list is read, and none answered; the client's read carries its Via
+  const engine = await fakeEngine((req) => {
+    if (req.url === '/v1/models' && /client-proxy/.test(req.headers.via ?? '')) clientListAsked = true;
+  });
+  const gateway = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers: [{ id: 'e0', url: engine.url }],
+    ...quiet,
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  try {
+    const reply = fetch(`${base}/v1/models`, { headers: { via: '1.1 client-proxy' } });
+    await until(() => clientListAsked, "the request waits for the engine's list");
+    const closed = gateway.close(100);
+    await assertShutdownAnswer(reply);
+    await within(closed, 30_000, "close(100) with a request waiting for the engines' lists");
+  } finally {
+    await engine.close();
+  }
+});
