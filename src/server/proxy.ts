@@ -190,9 +190,13 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     // with it, since its list was last read
     if (notServing.size > 0 && notServing.size === connections.size) {
       streams?.wait(reply);
-      await connections.refreshModels();
-      streams?.unwait(reply);
-      if (reply.sent) return reply;
+      try {
+        await connections.refreshModels();
+      } finally {
+        streams?.unwait(reply);
+      }
+      // answered by the shutdown (503) meanwhile: observed like every answer to a routed request
+      if (reply.sent) return answered(reply);
       notServing = connections.withoutModel(model);
     }
     if (notServing.size > 0 && notServing.size === connections.size) {
@@ -210,9 +214,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     const learning = state.beforeRoute(prepared.routeRequest);
     if (learning) {
       streams?.wait(reply);
-      await learning;
-      streams?.unwait(reply);
-      if (reply.sent) return reply;
+      try {
+        await learning;
+      } finally {
+        streams?.unwait(reply);
+      }
+      if (reply.sent) return answered(reply);
     }
     const share = state.sharesDecisions;
     const streaming = prepared.body.stream === true;
@@ -482,7 +489,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           streams?.wait(reply);
           await new Promise((r) => setTimeout(r, 25 * (attempt + 1)));
           streams?.unwait(reply);
-          if (reply.sent) return reply;
+          if (reply.sent) return answered(reply);
           continue;
         }
         return exhausted(decision.workerId, outcome === 'retry' ? failure : undefined);

@@ -377,6 +377,12 @@ test('close(grace) answers a request waiting to be retried 503 gateway_shutdown,
     // the engine's own failure counts; the shutdown adds no retry
     const text = await gateway.metrics.metrics();
     assert.doesNotMatch(text, /^contextforge_upstream_retries_total\{[^}]*\} [1-9]/m);
+    // routed, and answered by the gateway: observed like every routed request's answer (once
+    // its handler, past the pause, finds it answered)
+    await until(
+      async () => /^contextforge_request_duration_seconds_count(\{\})? 1$/m.test(await gateway.metrics.metrics()),
+      'the answer observed in contextforge_request_duration_seconds',
+    );
   } finally {
     await failing.close();
     await good.close();
