@@ -5,9 +5,11 @@
  * again; one more failure opens it again. The proxy decides what is a failure: a 5xx answer is
  * reported only once another worker answered the same request (proxy.ts), or, when no other
  * worker answered that request, through serverErrorAnswerAlone; a streamed answer's first byte
- * overdue through firstByteOverdue. An engine that says it is busy (429, SGLang's queue-full
- * refusal) is no failure at all. It acts through WorkerHealth (source 'breaker'), so
- * the breaker, the health check and the metrics scrape agree on who is out and why.
+ * overdue through firstByteOverdue; a connection that broke before any answer through
+ * connectionLost (a burst of them on connections broken together counts once). An engine that
+ * says it is busy (429, SGLang's queue-full refusal) is no failure at all. It acts through
+ * WorkerHealth (source 'breaker'), so the breaker, the health check and the metrics scrape agree
+ * on who is out and why.
  */
 import type { WorkerHealth } from '../engines/health.js';
 
@@ -33,6 +35,10 @@ export class CircuitBreaker {
   private readonly lastAlone = new Map<string, { servedAt: number; counted: boolean }>();
   /** Per worker, its last streamed answer whose first byte was overdue (firstByteOverdue), as `lastAlone`. */
   private readonly lastOverdue = new Map<string, { servedAt: number; counted: boolean }>();
+  /** Attempts started on any worker so far (attemptStarted): a clock of the attempts. */
+  private attempts = 0;
+  /** Per worker, the `attempts` clock when its last counted lost connection was seen (connectionLost). */
+  private readonly lastLost = new Map<string, number>();
 
   /** `isKnown` says whether a worker is still configured: removed workers are never reopened. */
   constructor(
@@ -60,6 +66,36 @@ export class CircuitBreaker {
     }, this.cooldownMs);
     t.unref();
     this.cooldowns.add(t);
+  }
+
+  /**
+   * An attempt is about to be sent to a worker: returns its place on the clock of attempts, which
+   * connectionLost reads if its connection breaks.
+   */
+  attemptStarted(): number {
+    return ++this.attempts;
+  }
+
+  /**
+   * The connection of an attempt that started at `startedAt` (attemptStarted) broke before any
+   * answer: reset, or closed by the engine's side. An engine that restarted, or something on the
+   * way that dropped the connections without the gateway seeing it, leaves every connection the
+   * gateway kept to it stale, and each breaks once a request is written on it: a burst of
+   * requests sent on them breaks all at once, and counting each would open a healthy engine's
+   * circuit. So such a break counts only when its attempt started after the worker's last
+   * counted one was seen: an attempt already under way then may have been sent on a connection
+   * broken with the others, one started after is sent on a connection that was not (undici drops
+   * a broken connection; the attempts retried go on new ones). An engine that breaks every
+   * connection still counts once per round of attempts (each retry starts after the last counted
+   * break), so it leaves rotation after as many attempts as before. Returns whether it counted.
+   */
+  connectionLost(id: string, startedAt: number): boolean {
+    if (!this.isKnown(id)) return false;
+    const last = this.lastLost.get(id);
+    if (last !== undefined && startedAt <= last) return false;
+    this.lastLost.set(id, this.attempts);
+    this.failed(id);
+    return true;
   }
 
   /**
@@ -133,6 +169,7 @@ export class CircuitBreaker {
     this.failures.delete(id);
     this.lastAlone.delete(id);
     this.lastOverdue.delete(id);
+    this.lastLost.delete(id);
   }
 
   /** Cancels pending cooldowns (the gateway is closing). */

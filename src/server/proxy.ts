@@ -360,6 +360,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       // why the attempt failed, when it did (ForwardOptions.onFailed)
       let failure: FailureReason = 'reset';
       const firstByteTimeoutMs = streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs;
+      // the attempt's place among the attempts, should its connection break (CircuitBreaker.connectionLost)
+      const startedAt = breaker.attemptStarted();
       // the bytes forwarded are an argument only: forward() lets go of them once they are sent
       const outcome = await forward(reply, target, path, forwardedBody(prepared, req, decision.cacheSalt), {
         // the worker's own id (a data-parallel rank's worker) and the rank, for the response headers
@@ -447,6 +449,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           if (serverErrorAnswer) (answeredServerError ??= []).push(decision.workerId);
           else if (firstByteOverdue)
             firstByte.overdue(decision.workerId, firstByteTimeoutMs, breaker.firstByteOverdue(decision.workerId));
+          // a connection that broke before any answer counts once for a burst of them broken together
+          // (an engine restarted under the connections the gateway kept to it): only when the
+          // attempt started after the worker's last counted one was seen (CircuitBreaker.connectionLost)
+          else if (connectionLost) breaker.connectionLost(decision.workerId, startedAt);
           else if (!busy) breaker.failed(decision.workerId);
           if (connections.get(decision.workerId))
             metrics.upstreamFailures.inc({ worker: decision.workerId, reason: failure });
@@ -464,7 +470,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         // a connection that broke before any answer, with no other worker to take the request, is
         // what a connection gone stale in the pool looks like (the engine restarted, something on
         // the way closed it): the same worker is tried again, on another connection (undici drops
-        // the broken one), within the retries; its failure still counts
+        // the broken one), within the retries; its failure still counts (toward the circuit once for
+        // the attempts already under way when a counted one broke)
         // (the workers serving the model are read as they are now: the next attempt reads them so)
         const notServingNow = connections.withoutModel(model);
         const sameAgain =

@@ -126,3 +126,21 @@ test("removing a worker with data-parallel ranks drops each rank's streak", asyn
 function health(gateway: Gateway, id: string): string[] {
   return gateway.health.reasons(id);
 }
+
+test('connections lost by attempts already under way when a counted one was lost count once; later attempts count again', (t) => {
+  const router = new KVAwareRouter();
+  const health = new WorkerHealth(router);
+  router.registerWorker('w', { url: 'http://127.0.0.1:1' });
+  const breaker = new CircuitBreaker({ failures: 3, cooldownMs: 60_000 }, health, () => true);
+  t.after(() => breaker.close());
+  // a burst of attempts sent on connections the engine broke together (it restarted)
+  const burst = Array.from({ length: 8 }, () => breaker.attemptStarted());
+  const counted = burst.map((startedAt) => breaker.connectionLost('w', startedAt));
+  assert.deepEqual(counted, [true, false, false, false, false, false, false, false]);
+  assert.deepEqual(health.reasons('w'), [], 'the burst counts once');
+  // an engine that breaks every connection: each round of retries starts after the last counted one
+  assert.equal(breaker.connectionLost('w', breaker.attemptStarted()), true);
+  assert.deepEqual(health.reasons('w'), []);
+  assert.equal(breaker.connectionLost('w', breaker.attemptStarted()), true);
+  assert.deepEqual(health.reasons('w'), ['breaker'], 'three rounds open the circuit');
+});
