@@ -381,11 +381,16 @@ export class BlockIndex {
   }
 
   /**
-   * Expires predicted entries older than the TTL. Time only moves forward. The generation
-   * that leaves the window is swept incrementally by later operations (see sweep()).
+   * Expires predicted entries older than the TTL. Time only moves forward: a `now` earlier
+   * than the latest seen is read as the latest seen (what is recorded then goes into the
+   * newest generation and lives a full lifetime from it), and one before 0 (or NaN) as 0, the
+   * first generation. The generation that leaves the window is swept incrementally by later
+   * operations (see sweep()).
    */
   advanceTime(now: number): void {
-    const g = Math.floor(now / this.generationMs);
+    const at = Math.floor(now / this.generationMs);
+    // generation numbers are >= 0 (-1 is "no time seen yet"; a slot is the number modulo GENERATIONS)
+    const g = at > 0 ? at : 0;
     if (this.generation < 0) {
       this.generation = g;
       this.setLiveRows();

@@ -44,7 +44,8 @@ export class ContentAnchorIndex {
     let tokens = 0;
     for (const a of anchors) {
       const expiry = this.anchors.peek(a.id)?.get(slot);
-      if (expiry !== undefined && expiry > now) tokens += a.tokens;
+      // tokens may be left out (route() and a shared decision take { id } alone): none then
+      if (expiry !== undefined && expiry > now && a.tokens > 0) tokens += a.tokens;
     }
     return tokens;
   }

@@ -66,23 +66,39 @@ export function knownKeys(value: object, known: ReadonlySet<string>, name: strin
   }
 }
 
-/** A CLA group, a workflow step: null/undefined means "not given". */
+/**
+ * A CLA group, a workflow step: null/undefined means "not given". An integer from 0 to 2^53 - 1
+ * (Number.MAX_SAFE_INTEGER): past it neighbouring integers are one double (2^53 + 1 reads as
+ * 2^53), so two groups or steps could not be told apart, and 1e308 would be taken as one.
+ */
 export function optionalNonNegativeInt(value: unknown, name: string): number | null {
   if (value === null || value === undefined) return null;
   if (typeof value !== 'number') {
     throw new TypeError(`${name} must be an integer or null, got ${describe(value)}`);
   }
-  if (!Number.isInteger(value) || value < 0) {
-    throw new RangeError(`${name} must be a non-negative integer, got ${value}`);
+  if (!Number.isSafeInteger(value) || value < 0) {
+    throw new RangeError(`${name} must be a non-negative integer (at most 2^53 - 1), got ${value}`);
   }
   return value;
 }
 
+/** A non-negative integer that must be given (a CLA group a worker serves): null is refused too. */
+export function requiredNonNegativeInt(value: unknown, name: string): number {
+  const n = optionalNonNegativeInt(value, name);
+  if (n === null) throw new TypeError(`${name} must be a non-negative integer, got ${describe(value)}`);
+  return n;
+}
+
+/**
+ * A count or length (promptTokens, blockTokens, a content anchor's tokens): any non-negative
+ * integer, however large, so that the bound it is then held to (maxPromptTokens) is the one named.
+ */
 export function nonNegativeInt(value: unknown, name: string, fallback: number): number {
   if (value === undefined) return fallback;
-  const n = optionalNonNegativeInt(value, name);
-  if (n === null) throw new TypeError(`${name} must be a non-negative integer, got null`);
-  return n;
+  if (typeof value !== 'number') throw new TypeError(`${name} must be a non-negative integer, got ${describe(value)}`);
+  if (!Number.isInteger(value) || value < 0)
+    throw new RangeError(`${name} must be a non-negative integer, got ${value}`);
+  return value;
 }
 
 export function positiveInt(value: unknown, name: string, fallback: number): number {
@@ -102,6 +118,63 @@ export function load(value: unknown, name = 'load'): number {
 export function optionalId(value: unknown, name: string): string | undefined {
   if (value === undefined || value === null) return undefined;
   return requireId(value, name);
+}
+
+/**
+ * Most UTF-8 bytes of an id a client chose (a workflow id, an agent role, an anchor, a content
+ * anchor's id, a cache salt, a LoRA name) the router takes by default (its `maxIdBytes`): 1 KiB.
+ * An id is kept in the router's tables (a workflow's, an anchor's, a content anchor's, up to
+ * their capacity), so an unbounded one lets each request keep megabytes; at this bound the
+ * tables hold at most about 1 KiB an entry. It is 4 × the gateway's default --max-id-bytes (256):
+ * the gateway hands the router a LoRA adapter's name (a `model`, 4 × as long) and a tenant's ids
+ * with `tenant/<name>/` before the client's, and a router built for a gateway at its default
+ * limits must take them (`serve` passes the exact bound for its own limits: routerIdBytes()).
+ */
+export const DEFAULT_MAX_ID_BYTES = 1024;
+
+/** Most UTF-8 bytes the router's `maxIdBytes` may be set to (1 GiB: a bound on the setting, not a size to use). */
+export const MAX_ID_BYTES = 2 ** 30;
+
+/**
+ * Whether `s` is longer than `maxBytes` UTF-8 bytes. A UTF-16 code unit is 1 to 3 bytes (a
+ * surrogate pair 4), so only a string of more than a third of the bound in code units is
+ * counted, by a loop that allocates nothing.
+ */
+export function longerThanUtf8Bytes(s: string, maxBytes: number): boolean {
+  const n = s.length;
+  if (n > maxBytes) return true;
+  if (n * 3 <= maxBytes) return false;
+  let bytes = 0;
+  for (let i = 0; i < n; i++) {
+    const c = s.charCodeAt(i);
+    // a surrogate (paired: 4 bytes for 2 units; alone: 3, as its replacement character)
+    bytes += c < 0x80 ? 1 : c < 0x800 ? 2 : 3;
+    if (c >= 0xd800 && c <= 0xdbff && i + 1 < n) {
+      const d = s.charCodeAt(i + 1);
+      if (d >= 0xdc00 && d <= 0xdfff) {
+        bytes += 1;
+        i++;
+      }
+    }
+    if (bytes > maxBytes) return true;
+  }
+  return false;
+}
+
+/** An id a client chose, given or not: a non-empty string of at most `maxBytes` UTF-8 bytes. */
+export function optionalBoundedId(value: unknown, name: string, maxBytes: number): string | undefined {
+  if (value === undefined || value === null) return undefined;
+  return boundedId(value, name, maxBytes);
+}
+
+/** An id a client chose: a non-empty string of at most `maxBytes` UTF-8 bytes (the router's maxIdBytes). */
+export function boundedId(value: unknown, name: string, maxBytes: number): string {
+  const id = requireId(value, name);
+  if (longerThanUtf8Bytes(id, maxBytes))
+    throw new RangeError(
+      `${name} must be at most ${maxBytes} bytes of UTF-8 (the router's maxIdBytes), got ${id.length} characters`,
+    );
+  return id;
 }
 
 export function idList(value: unknown, name: string): string[] {
@@ -134,10 +207,16 @@ export function numberUpTo(value: unknown, name: string, max: number): number {
   return value;
 }
 
-/** A time in ms (a `now`, a clock's reading): any finite number; NaN or an infinity is an error. */
+/**
+ * A time in ms (a `now`, a clock's reading): a finite number >= 0. NaN or an infinity would stay
+ * in the policy's and the index's bookkeeping for good; a negative time has no generation in
+ * the index's expiry (it counts generations of the prediction lifetime from 0).
+ */
 export function time(value: unknown, name: string): number {
-  if (typeof value !== 'number') throw new TypeError(`${name} must be a finite number of ms, got ${describe(value)}`);
-  if (!Number.isFinite(value)) throw new RangeError(`${name} must be a finite number of ms, got ${value}`);
+  if (typeof value !== 'number')
+    throw new TypeError(`${name} must be a finite number of ms >= 0, got ${describe(value)}`);
+  if (!(value >= 0 && value <= Number.MAX_VALUE))
+    throw new RangeError(`${name} must be a finite number of ms >= 0, got ${value}`);
   return value;
 }
 

@@ -2,7 +2,7 @@ import {
   blockSize as checkBlockSize,
   keySet,
   knownKeys,
-  optionalNonNegativeInt,
+  requiredNonNegativeInt,
   requireId,
   workerId as checkWorkerId,
 } from './validate.js';
@@ -161,7 +161,7 @@ function checkInfo(info: unknown): WorkerInfo {
   if (blockSize !== undefined) checkBlockSize(blockSize, 'info.blockSize');
   if (claGroups !== undefined) {
     if (!Array.isArray(claGroups)) throw new TypeError('info.claGroups must be an array of integers');
-    claGroups.forEach((g, i) => optionalNonNegativeInt(g, `info.claGroups[${i}]`));
+    claGroups.forEach((g, i) => requiredNonNegativeInt(g, `info.claGroups[${i}]`));
   }
   if (url !== undefined) requireId(url, 'info.url');
   if (models !== undefined) {

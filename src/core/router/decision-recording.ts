@@ -7,12 +7,12 @@
  */
 import type { AnchorTable } from '../anchor-table.js';
 import type { BlockIndex } from '../block-index.js';
-import type { ContentAnchorIndex } from '../content-anchors.js';
+import type { ContentAnchor, ContentAnchorIndex } from '../content-anchors.js';
 import type { BlockHashes } from '../hashing.js';
 import type { WorkflowTable } from '../workflow-table.js';
 import type { WorkerState } from '../worker-registry.js';
 import type { PrefixLookup } from './prefix-lookup.js';
-import { checkContentAnchors, type RouteFields } from './request-fields.js';
+import type { RouteFields } from './request-fields.js';
 import type { IndexMode, SharedDecision } from './types.js';
 import type { WithdrawablePredictions } from './withdrawable.js';
 
@@ -173,7 +173,8 @@ export class DecisionRecorder {
       this.sinks.withdrawable.claim(worker, d.hi, d.lo, d.hi.length);
     }
     if (d.contentAnchors && d.contentAnchors.length > 0)
-      this.sinks.contentAnchors.record(worker.slot, checkContentAnchors(d.contentAnchors), now);
+      // checked as the decision was (checkSharedDecision)
+      this.sinks.contentAnchors.record(worker.slot, d.contentAnchors as ContentAnchor[], now);
     if (d.anchor !== undefined) this.sinks.anchors.home(d.anchor, worker.id, d.claGroup);
     if (d.workflowId !== undefined) this.sinks.workflows.record(d.workflowId, worker.id, d.workflowStep);
   }

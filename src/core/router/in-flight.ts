@@ -399,6 +399,9 @@ export const ENGINE_ARRIVAL_MS = 500;
  */
 export function setRemoteLoad(w: WorkerState, load: InFlightLoad): void {
   const requests = check.numberUpTo(load.inFlightRequests, 'load.inFlightRequests', MAX_REMOTE_LOAD);
+  // a count of requests; the token amounts may be fractions (a cached share is credited in part)
+  if (!Number.isInteger(requests))
+    throw new RangeError(`load.inFlightRequests must be a whole number of requests, got ${requests}`);
   const prefill = check.numberUpTo(load.queuedPrefillTokens, 'load.queuedPrefillTokens', MAX_REMOTE_LOAD);
   const decode = check.numberUpTo(load.activeDecodeTokens, 'load.activeDecodeTokens', MAX_REMOTE_LOAD);
   w.inFlightRequests += requests - w.remoteInFlightRequests;

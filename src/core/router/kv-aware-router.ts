@@ -90,6 +90,15 @@ export class KVAwareRouter {
   private readonly appliedDecisions = new Map<string, { key: number; at: number }>();
   private lastAppliedKey = 0;
   private readonly predictedTtlMs: number;
+  /**
+   * The latest time the router has taken (a clock reading or a `now` it decided or recorded
+   * at): its time never goes back from it. 0 before the first.
+   */
+  private latestTime = 0;
+  /** How far past the router's time a `now` or `sampledAt` may be (see timeLeadMs()). */
+  private readonly maxTimeLeadMs: number;
+  /** Longest id a client chose that the router takes, in UTF-8 bytes. */
+  readonly maxIdBytes: number;
   private readonly candidates: CandidateCollector;
   private readonly recorder: DecisionRecorder;
   /** The checked metadata of the request being routed (scratch reused by every route()). */
@@ -136,6 +145,8 @@ export class KVAwareRouter {
     this.contentAnchors = new ContentAnchorIndex(o.contentAnchorCapacity, o.contentAnchorTtlMs);
     this.withdrawable = new WithdrawablePredictions(o.maxIndexEntries);
     this.predictedTtlMs = o.predictedTtlMs;
+    this.maxTimeLeadMs = Math.max(MAX_TIME_LEAD_MS, o.predictedTtlMs);
+    this.maxIdBytes = o.maxIdBytes;
     this.judgeRoles = o.judgeRoles;
     this.clock = o.clock;
     this.instanceId = o.instanceId;
@@ -233,9 +244,13 @@ export class KVAwareRouter {
       runningRequests === undefined
         ? undefined
         : Math.min(check.finiteNonNegative(runningRequests, 'runningRequests'), MAX_ENGINE_REQUESTS);
+    // a capacity is a count of tokens (blocks × block size): a fraction is no engine's reading
     const capacity =
-      kvCapacityTokens === undefined ? undefined : check.finiteNonNegative(kvCapacityTokens, 'kvCapacityTokens');
-    const at = sampledAt === undefined ? undefined : check.finiteNonNegative(sampledAt, 'sampledAt');
+      kvCapacityTokens === undefined ? undefined : check.requiredNonNegativeInt(kvCapacityTokens, 'kvCapacityTokens');
+    const at =
+      sampledAt === undefined
+        ? undefined
+        : this.givenTime(check.finiteNonNegative(sampledAt, 'sampledAt'), 'sampledAt');
     const readAt = waiting === undefined ? 0 : (at ?? this.readClock());
     if (load !== undefined) w.load = load;
     if (waiting !== undefined) {
@@ -289,6 +304,12 @@ export class KVAwareRouter {
    */
   applyCleared(workerId: string, keep?: 'offload'): void {
     const w = this.requireRegistered(workerId);
+    if (keep !== undefined && keep !== 'offload') {
+      const given: unknown = keep;
+      if (typeof given === 'string')
+        throw new RangeError(`keep must be 'offload' or left out, got ${quotedText(given)}`);
+      throw new TypeError(`keep must be 'offload' or left out, got ${given === null ? 'null' : typeof given}`);
+    }
     this.index.applyCleared(w.slot, keep === 'offload');
   }
 
@@ -334,18 +355,19 @@ export class KVAwareRouter {
     check.optionalSet(options.exclude, 'exclude');
     check.optionalSet(options.panicCandidates, 'panicCandidates');
     const servedBy = check.optionalId(options.servedBy, 'servedBy');
-    // a time that is no number would stay in the policy's and the index's bookkeeping
-    const now = options.now === undefined ? this.readClock() : check.time(options.now, 'now');
+    // a time that is no number would stay in the policy's and the index's bookkeeping; it is
+    // taken as the router's time once the request has passed its checks
+    const given = options.now === undefined ? this.readClock() : this.givenTime(options.now, 'now');
     const fields = this.fields;
-    readRouteFields(request, this.judgeRoles, fields);
+    readRouteFields(request, this.judgeRoles, this.maxIdBytes, fields);
     const { claGroup, workflowId, anchor, isolated } = fields;
 
     // isolated requests hash under a private salt: their blocks match nothing else
     const cacheSalt = isolated
       ? `cf-${this.instanceId}-${(++this.isolationCounter).toString(36)}`
-      : check.optionalId(request.cacheSalt, 'cacheSalt');
+      : check.optionalBoundedId(request.cacheSalt, 'cacheSalt', this.maxIdBytes);
     const ns = this.hashNs;
-    ns.lora = check.optionalId(request.lora, 'lora') ?? null;
+    ns.lora = check.optionalBoundedId(request.lora, 'lora', this.maxIdBytes) ?? null;
     ns.cacheSalt = cacheSalt ?? null;
     ns.claGroup = claGroup;
     // a token list past the longest prompt is refused before it is hashed (as it would be after):
@@ -366,6 +388,7 @@ export class KVAwareRouter {
         request.tokens === undefined && (request.promptTokens ?? 0) > 0 ? 'promptTokens' : undefined,
       );
     const matching = !isolated && this.anchorLocalityEnabled;
+    const now = this.takeTime(given);
     const overlap = this.prefix.lookup(request, hashes, ns, matching, this.workers.slotCount, now);
     // keys of token ids are computed on demand: `hashes` holds those computed so far
     const requestBlocks = this.prefix.blockCount(hashes);
@@ -481,8 +504,8 @@ export class KVAwareRouter {
    * (a message that never came does not keep them).
    */
   applySharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>, now?: number): boolean {
-    checkSharedDecision(d);
-    const at = now === undefined ? this.readClock() : check.time(now, 'now');
+    checkSharedDecision(d, this.maxIdBytes);
+    const given = now === undefined ? this.readClock() : this.givenTime(now, 'now');
     const worker = this.workers.get(d.workerId);
     if (!worker) return false;
     // no decision made here records more blocks than the longest prompt has on that worker
@@ -490,6 +513,7 @@ export class KVAwareRouter {
       throw new RangeError(
         `a shared decision of ${d.hi.length} blocks is longer than the longest prompt (maxPromptTokens ${this.maxPromptTokens}) allows`,
       );
+    const at = this.takeTime(given);
     this.expireAppliedDecisions(at);
     if (d.id !== undefined) this.settleSharedDecision(d); // the same decision again replaces it
     this.recorder.applyShared(worker, d, at);
@@ -504,6 +528,7 @@ export class KVAwareRouter {
   settleSharedDecision(d: Pick<SharedDecision, 'id'>): void {
     check.object(d, 'decision');
     if (d.id === undefined) return;
+    check.requireId(d.id, 'decision.id');
     const applied = this.appliedDecisions.get(d.id);
     if (!applied) return;
     this.appliedDecisions.delete(d.id);
@@ -519,6 +544,7 @@ export class KVAwareRouter {
   refuseSharedDecision(d: Pick<SharedDecision, 'id'>): number {
     check.object(d, 'decision');
     if (d.id === undefined) return 0;
+    check.requireId(d.id, 'decision.id');
     const applied = this.appliedDecisions.get(d.id);
     if (!applied) return 0;
     this.appliedDecisions.delete(d.id);
@@ -549,7 +575,7 @@ export class KVAwareRouter {
 
   /** Sets a workflow's worker (the shared state's word for it, which wins); ignored for unknown workers. */
   setWorkflowAffinity(workflowId: string, workerId: string, step: number | null = null): void {
-    check.requireId(workflowId, 'workflowId');
+    check.boundedId(workflowId, 'workflowId', this.maxIdBytes);
     check.requireId(workerId, 'workerId');
     check.optionalNonNegativeInt(step, 'step');
     if (!this.workers.get(workerId)) return;
@@ -688,7 +714,7 @@ export class KVAwareRouter {
   // --------------------------------------------------------------- the seed's API
 
   async selectWorker(anchorHash: string, opts: SelectWorkerOptions = {}): Promise<RouteDecision> {
-    const r = this.route(seedRouteRequest(anchorHash, opts, this.maxPromptTokens), { track: false });
+    const r = this.route(seedRouteRequest(anchorHash, opts, this.maxPromptTokens, this.maxIdBytes), { track: false });
     const claGroup = opts.claGroup ?? null;
     return { targetWorkerId: r.workerId, anchorHash, claGroup, confidence: r.confidence, preRope: true };
   }
@@ -699,7 +725,7 @@ export class KVAwareRouter {
 
   /** Records that `targetWorkerId` now holds the anchor's blocks (registered or not, as the seed). */
   async broadcastNewBlocks(anchorHash: string, blockIds: string[], targetWorkerId: string): Promise<void> {
-    check.requireId(anchorHash, 'anchorHash');
+    check.boundedId(anchorHash, 'anchorHash', this.maxIdBytes);
     check.idList(blockIds, 'blockIds');
     check.workerId(targetWorkerId, 'targetWorkerId');
     this.anchors.recordBlocks(anchorHash, blockIds, targetWorkerId);
@@ -750,6 +776,41 @@ export class KVAwareRouter {
     return check.time(this.clock(), 'clock');
   }
 
+  /**
+   * A time a caller gave (a `now`, a `sampledAt`), checked: a finite number >= 0, at most
+   * maxTimeLeadMs past the router's time (the latest it has taken, or its clock's reading if
+   * later). Further ahead it is another clock's (Date.now() given to a router on a simulated
+   * or monotonic clock): the index's time never goes back, so everything recorded at it would
+   * outlive its lifetime by the whole difference once the caller is back on the router's clock,
+   * and everything recorded before it would expire at once. Changes nothing.
+   */
+  private givenTime(value: unknown, name: string): number {
+    const t = check.time(value, name);
+    if (t <= this.latestTime + this.maxTimeLeadMs) return t;
+    const time = Math.max(this.latestTime, this.readClock());
+    if (t > time + this.maxTimeLeadMs)
+      throw new RangeError(
+        `${name} must be at most ${this.maxTimeLeadMs} ms past the router's time (${time} ms on its clock), got ${t}: is it another clock's?`,
+      );
+    return t;
+  }
+
+  /** Takes `t` as the router's time, which never goes back: an earlier one reads as the latest taken. */
+  private takeTime(t: number): number {
+    if (t > this.latestTime) this.latestTime = t;
+    return this.latestTime;
+  }
+
+  /**
+   * The router's time: the latest time it has taken (a clock reading or a `now` it routed or
+   * applied a decision at). It never goes back: a `now` earlier than it is read as it, so that
+   * what is recorded at an earlier time (a prediction, a content anchor, a request in flight)
+   * lives as long as one recorded now, and no wait is counted as negative.
+   */
+  get time(): number {
+    return this.latestTime;
+  }
+
   private requireRegistered(workerId: string): WorkerState {
     check.requireId(workerId, 'workerId');
     const state = this.workers.get(workerId);
@@ -757,6 +818,16 @@ export class KVAwareRouter {
     return state;
   }
 }
+
+/**
+ * How far past the router's time (the latest it has taken, or its clock's reading if later) a
+ * `now` or `sampledAt` may be, in ms, unless the prediction lifetime is longer: one minute, far
+ * more than clocks of one host (or of hosts NTP keeps in step) differ, and far less than the
+ * difference between two clocks of different origins (the epoch, a process's start, a
+ * simulation's 0). The index's time never goes back, so a `now` ahead of the router's clock
+ * keeps what is recorded at it that much longer than its lifetime: at most this bound longer.
+ */
+export const MAX_TIME_LEAD_MS = 60_000;
 
 /** route()'s options when none are given: one object, not a new one per call. */
 const NO_OPTIONS: RouteOptions = Object.freeze({});
@@ -870,17 +941,20 @@ function newFeatures(): FeaturesScratch {
  * Checks another replica's decision before any of it is applied (it comes off the wire): the
  * same rules as a request's own fields, each error naming the field.
  */
-function checkSharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>): void {
+function checkSharedDecision(
+  d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>,
+  maxIdBytes: number,
+): void {
   check.object(d, 'decision');
   check.knownKeys(d, SHARED_DECISION_KEYS, 'decision');
   check.requireId(d.workerId, 'workerId');
   if (!(d.hi instanceof Uint32Array) || !(d.lo instanceof Uint32Array) || d.hi.length !== d.lo.length)
     throw new TypeError('hi and lo must be Uint32Arrays of one length');
-  check.optionalId(d.workflowId, 'workflowId');
+  check.optionalBoundedId(d.workflowId, 'workflowId', maxIdBytes);
   check.optionalNonNegativeInt(d.workflowStep, 'workflowStep');
-  check.optionalId(d.anchor, 'anchor');
+  check.optionalBoundedId(d.anchor, 'anchor', maxIdBytes);
   check.optionalNonNegativeInt(d.claGroup, 'claGroup');
-  if (d.contentAnchors !== undefined) checkContentAnchors(d.contentAnchors);
+  if (d.contentAnchors !== undefined) checkContentAnchors(d.contentAnchors, maxIdBytes);
   check.optionalId(d.id, 'id');
 }
 

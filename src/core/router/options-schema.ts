@@ -10,7 +10,7 @@ import { COST_WEIGHTS_SCHEMA, nonNegative, POLICY_OPTIONS_SCHEMA } from '../poli
 import type { RoutingPolicy } from '../policies/types.js';
 import { MAX_SEED } from '../rng.js';
 import { gotPhrase } from '../schema-issues.js';
-import { MAX_BLOCK_SIZE } from '../validate.js';
+import { DEFAULT_MAX_ID_BYTES, MAX_BLOCK_SIZE, MAX_ID_BYTES } from '../validate.js';
 import { VLLM_HASH_ALGOS } from '../vllm-block-hash.js';
 
 const positiveInt = () => z.int().min(1);
@@ -125,6 +125,9 @@ export const ROUTER_OPTIONS_SCHEMA = ROUTER_SETTINGS_SCHEMA.extend({
     })
     .default('cost'),
   clock: z.custom<() => number>((v) => typeof v === 'function', { error: 'must be a function' }).optional(),
+  // given in code: `serve` passes what its own --max-id-bytes lets through to the router
+  // (routerIdBytes() in src/server/request-limits.ts), so it is no setting of its own there
+  maxIdBytes: positiveInt().max(MAX_ID_BYTES).default(DEFAULT_MAX_ID_BYTES),
 });
 
 export type RouterSettings = z.input<typeof ROUTER_SETTINGS_SCHEMA>;

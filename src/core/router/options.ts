@@ -92,6 +92,16 @@ export interface KVAwareRouterOptions {
   clock?: () => number;
   /** Distinguishes this router's isolation salts from other replicas' (default random). */
   instanceId?: string;
+  /**
+   * Longest id a request names, in UTF-8 bytes (default 1024, what the gateway hands the
+   * router at its default --max-id-bytes, 256: a LoRA name may be 4 × as long; at most 2^30): a
+   * workflow id, an agent role, an anchor (selectWorker's too), a content anchor's id, a cache
+   * salt, a LoRA name. A longer one is refused with a RangeError naming the field: the router
+   * keeps such ids in its tables (a workflow's, an anchor's, up to their capacity), so an
+   * unbounded one would let each request keep megabytes. Worker ids have their own bound
+   * (MAX_WORKER_ID_LENGTH).
+   */
+  maxIdBytes?: number;
 }
 
 /** Every option of the interface is declared in the schema, and nothing else is. */
@@ -131,6 +141,7 @@ export interface ResolvedRouterOptions {
   judgeRoles: ReadonlySet<string>;
   clock: () => number;
   instanceId: string;
+  maxIdBytes: number;
 }
 
 /**
@@ -186,5 +197,6 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
     judgeRoles: new Set(o.judgeRoles),
     clock: o.clock ?? monotonicClock,
     instanceId: o.instanceId ?? globalThis.crypto.randomUUID().slice(0, 8),
+    maxIdBytes: o.maxIdBytes,
   };
 }

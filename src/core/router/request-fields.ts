@@ -17,24 +17,63 @@ export class RouteFields {
   isolated = false;
 }
 
-/** Checks the request's metadata into `into`; `judgeRoles` are the agent roles routed isolated. */
-export function readRouteFields(request: RouteRequest, judgeRoles: ReadonlySet<string>, into: RouteFields): void {
+/**
+ * Checks the request's metadata into `into`; `judgeRoles` are the agent roles routed isolated,
+ * `maxIdBytes` the longest id (UTF-8 bytes) it takes. Also checks the type of each way of
+ * naming the prompt, the ones route() reads no further too (tokens win over blockHashes, then
+ * messages, then text): a value of the wrong type there is the caller's mistake, not a choice.
+ */
+export function readRouteFields(
+  request: RouteRequest,
+  judgeRoles: ReadonlySet<string>,
+  maxIdBytes: number,
+  into: RouteFields,
+): void {
+  checkPromptFields(request);
   into.claGroup = check.optionalNonNegativeInt(request.claGroup, 'claGroup');
   into.workflowStep = check.optionalNonNegativeInt(request.workflowStep, 'workflowStep');
-  into.workflowId = check.optionalId(request.workflowId, 'workflowId');
-  into.anchor = check.optionalId(request.anchor, 'anchor');
-  into.contentAnchors = request.contentAnchors ? checkContentAnchors(request.contentAnchors) : undefined;
+  into.workflowId = check.optionalBoundedId(request.workflowId, 'workflowId', maxIdBytes);
+  into.anchor = check.optionalBoundedId(request.anchor, 'anchor', maxIdBytes);
+  into.contentAnchors = request.contentAnchors ? checkContentAnchors(request.contentAnchors, maxIdBytes) : undefined;
   check.optionalBoolean(request.isolate, 'isolate');
-  const agentRole = check.optionalId(request.agentRole, 'agentRole');
+  const agentRole = check.optionalBoundedId(request.agentRole, 'agentRole', maxIdBytes);
   into.isolated = request.isolate === true || (agentRole !== undefined && judgeRoles.has(agentRole));
 }
 
-export function checkContentAnchors(anchors: unknown): ContentAnchor[] {
+/**
+ * The types of the prompt's fields, by typeof (allocating nothing): what route() reads of the
+ * one it uses is checked further as it reads it. `promptTokens` and `blockTokens` are checked
+ * as numbers whether or not they are read.
+ */
+function checkPromptFields(request: RouteRequest): void {
+  const { text, messages, blockHashes, blockTokens, promptTokens } = request;
+  if (text !== undefined && typeof text !== 'string')
+    throw new TypeError(`text must be a string, got ${typeName(text)}`);
+  if (messages !== undefined && !Array.isArray(messages)) throw new TypeError('messages must be an array'); // as checkChatMessages says it
+  if (blockHashes !== undefined && (blockHashes === null || typeof blockHashes !== 'object'))
+    throw new TypeError(`blockHashes must be an array, got ${typeName(blockHashes)}`);
+  if (blockTokens !== undefined) check.positiveInt(blockTokens, 'blockTokens', 0);
+  if (promptTokens !== undefined) check.nonNegativeInt(promptTokens, 'promptTokens', 0);
+}
+
+function typeName(value: unknown): string {
+  return value === null ? 'null' : Array.isArray(value) ? 'an array' : typeof value;
+}
+
+/**
+ * Content anchors, each an id of at most `maxIdBytes` UTF-8 bytes and a count of the prompt's
+ * tokens it covers: an integer from 0 to 2^53 - 1 (0 when left out). Past that a count is no
+ * integer a sum can keep apart (1e308 would be taken as one); what an anchor credits a
+ * worker is held at the prompt's length where it is scored.
+ */
+export function checkContentAnchors(anchors: unknown, maxIdBytes: number): ContentAnchor[] {
   if (!Array.isArray(anchors)) throw new TypeError('contentAnchors must be an array of { id, tokens }');
-  anchors.forEach((a, i) => {
+  for (let i = 0; i < anchors.length; i++) {
+    const a: unknown = anchors[i];
     if (a === null || typeof a !== 'object') throw new TypeError(`contentAnchors[${i}] must be an object`);
-    check.requireId((a as ContentAnchor).id, `contentAnchors[${i}].id`);
-    check.nonNegativeInt((a as ContentAnchor).tokens, `contentAnchors[${i}].tokens`, 0);
-  });
+    check.boundedId((a as ContentAnchor).id, `contentAnchors[${i}].id`, maxIdBytes);
+    const tokens = (a as ContentAnchor).tokens;
+    if (tokens !== undefined) check.requiredNonNegativeInt(tokens, `contentAnchors[${i}].tokens`);
+  }
   return anchors as ContentAnchor[];
 }

@@ -21,8 +21,13 @@ const UPDATE_WORKER_STATE_KEYS = check.keySet<UpdateWorkerStateOptions>({ claGro
  * nothing in flight). A tokenLength past `maxPromptTokens` is refused, as route() refuses
  * such a promptTokens, but named as the seed names it.
  */
-export function seedRouteRequest(anchorHash: string, opts: SelectWorkerOptions, maxPromptTokens: number): RouteRequest {
-  check.requireId(anchorHash, 'anchorHash');
+export function seedRouteRequest(
+  anchorHash: string,
+  opts: SelectWorkerOptions,
+  maxPromptTokens: number,
+  maxIdBytes: number,
+): RouteRequest {
+  check.boundedId(anchorHash, 'anchorHash', maxIdBytes);
   check.object(opts, 'opts');
   check.knownKeys(opts, SELECT_WORKER_KEYS, 'opts');
   const tokenLength = check.nonNegativeInt(opts.tokenLength, 'tokenLength', 0);

@@ -50,7 +50,13 @@ export interface RouteOptions {
   track?: boolean;
   /** Decide without changing any state (the /v1/route dry run). */
   dryRun?: boolean;
-  /** Time in ms (default: the router's clock). */
+  /**
+   * Time in ms on the router's clock (default: the clock's reading): a finite number >= 0 (a
+   * RangeError naming `now` otherwise), at most MAX_TIME_LEAD_MS (or the prediction lifetime,
+   * if longer) past the latest time the router has taken, or its clock's reading if that is
+   * later. The router's time never goes back: a `now` earlier than the latest it has taken is
+   * read as that latest (see KVAwareRouter.time).
+   */
   now?: number;
   /** Workers not to choose this time (e.g. one that just failed the request). */
   exclude?: ReadonlySet<string>;
@@ -220,13 +226,14 @@ export interface WorkerMetrics {
    */
   waitingRequests?: number;
   /**
-   * When the engine was read, on the router's clock (default: now). Requests routed after it
-   * are not in `waitingRequests`.
+   * When the engine was read, on the router's clock (default: now): a finite number >= 0, at
+   * most as far past the router's time as a route()'s `now`. Requests routed after it are not
+   * in `waitingRequests`.
    */
   sampledAt?: number;
   runningRequests?: number;
   /**
-   * KV-cache capacity in tokens (vLLM: kv_cache_size_tokens of cache_config_info, else
+   * KV-cache capacity in tokens, a whole number (vLLM: kv_cache_size_tokens of cache_config_info, else
    * num_gpu_blocks × block_size; SGLang: max_total_num_tokens).
    */
   kvCapacityTokens?: number;
