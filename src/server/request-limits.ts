@@ -12,6 +12,7 @@ import { describeIssue, issueError } from '../core/schema-issues.js';
 import type { ChatMessage } from '../core/hashing.js';
 import type { ContentAnchor } from '../core/content-anchors.js';
 import type { RouteRequest } from '../core/router/index.js';
+import { MAX_ID_BYTES } from '../core/validate.js';
 
 export interface RequestLimits {
   /**
@@ -139,6 +140,27 @@ export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
   maxLogprobs: 20,
   maxPrompts: 256,
 });
+
+/**
+ * Bytes a tenant's id or salt has before the client's own: `tenant/<name>/`, with a name of at
+ * most 64 characters of [A-Za-z0-9._-] (TENANT_NAME in api-keys.ts).
+ */
+const TENANT_PREFIX_BYTES = 'tenant/'.length + 64 + '/'.length;
+
+/**
+ * The longest id, in UTF-8 bytes, the gateway hands the router (KVAwareRouter's `maxIdBytes`)
+ * when it lets ids of `maxIdBytes` through: the router refuses longer ones, and a request the
+ * gateway took must not fail there. The longest are made of the client's: a LoRA adapter's
+ * name (a `model` or `lora_path`, NAME_BYTES_PER_ID_BYTE × maxIdBytes), a tenant's workflow id,
+ * content-anchor id or cache salt (TENANT_PREFIX_BYTES before it), and a /generate prompt's salt
+ * with an `extra_key` (a name, NAME_BYTES_PER_ID_BYTE × maxIdBytes), the two spelt as a JSON
+ * list in which an escaped character takes at most 6 bytes (`\u0000` for one) and the list's
+ * own characters 9 (generateCacheSalt). Held at the router's bound, MAX_ID_BYTES.
+ */
+export function routerIdBytes(maxIdBytes: number): number {
+  const generateSalt = 6 * (NAME_BYTES_PER_ID_BYTE + 1) * maxIdBytes + 9;
+  return Math.min(Math.max(generateSalt, maxIdBytes + TENANT_PREFIX_BYTES), MAX_ID_BYTES);
+}
 
 /** A stop string's UTF-8 bytes at most, per byte of maxIdBytes (see RequestLimits.maxStopSequences). */
 export const STOP_BYTES_PER_ID_BYTE = 4;

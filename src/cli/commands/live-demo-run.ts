@@ -4,6 +4,7 @@ import { KvEventApplier } from '../../engines/kv-events/applier.js';
 import { KvEventSubscriber } from '../../engines/kv-events/subscriber.js';
 import { MockEngine } from '../../engines/mock-engine.js';
 import { createGateway } from '../../server/gateway.js';
+import { DEFAULT_REQUEST_LIMITS, routerIdBytes } from '../../server/request-limits.js';
 import { generateWorkflowTrace, promptText } from '../../sim/workflows.js';
 import type { TraceRequest } from '../../sim/trace.js';
 import { formatTable, pct } from '../format.js';
@@ -34,7 +35,13 @@ async function runPolicy(
   const engines: MockEngine[] = [];
   const subs: KvEventSubscriber[] = [];
   let gateway: Awaited<ReturnType<typeof createGateway>> | undefined;
-  const router = new KVAwareRouter({ policy, blockSize: 16, indexMode: 'precise' });
+  const router = new KVAwareRouter({
+    policy,
+    blockSize: 16,
+    indexMode: 'precise',
+    // the gateway below runs at the default limits: the ids they let through pass the router
+    maxIdBytes: routerIdBytes(DEFAULT_REQUEST_LIMITS.maxIdBytes),
+  });
   const applier = new KvEventApplier(router);
   try {
     for (let i = 0; i < workers; i++)

@@ -7,7 +7,7 @@ import { createGateway, type Gateway, type GatewayOptions } from '../../server/g
 import { collectDefaultMetrics } from 'prom-client';
 import { registerStateMetrics } from '../../server/metrics.js';
 import { ProcessMetrics, type ProcessMetricsMessage } from '../../server/process-metrics.js';
-import type { RequestLimits } from '../../server/request-limits.js';
+import { routerIdBytes, type RequestLimits } from '../../server/request-limits.js';
 import { startPicker } from '../../epp/run-picker.js';
 import { MAX_CHAT_TEMPLATE_BYTES, readRegularFile } from '../../engines/bounded-file.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
@@ -90,7 +90,8 @@ export async function startGateway(
   const precise = eventsUsable && (c.workers.some((w) => w.events) || discoveredEvents);
   const routerOptions = Object.fromEntries(ROUTER_SETTING_KEYS.map((k) => [k, c[k]]));
   const indexMode = c.indexMode === 'auto' ? (precise ? 'precise' : 'approximate') : c.indexMode;
-  const router = new KVAwareRouter({ ...routerOptions, indexMode });
+  // the ids the gateway lets through (--max-id-bytes) must pass the router's own bound
+  const router = new KVAwareRouter({ ...routerOptions, indexMode, maxIdBytes: routerIdBytes(c.maxIdBytes) });
   const fileLimit = descriptorLimitWarning(readOpenFileLimit(), c.maxClientConnections);
   if (fileLimit !== undefined) log(fileLimit);
   const admin = serveAdminToken(c);
