@@ -21,6 +21,17 @@ export function intOption(flag: string, min: number, max = Number.MAX_SAFE_INTEG
   };
 }
 
+/**
+ * A commander parser for a file or directory flag: an empty path is refused, naming the flag,
+ * as serve's path settings refuse one (it would name no file, or the current directory).
+ */
+export function pathOption(flag: string): (value: string) => string {
+  return (value: string) => {
+    if (value === '') throw new InvalidArgumentError(`${flag} must not be empty`);
+    return value;
+  };
+}
+
 /** A commander parser for a positive number flag, at least `min` and at most `max` when given. */
 export function positiveNumberOption(
   flag: string,

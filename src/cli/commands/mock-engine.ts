@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { quotedText } from '../../core/shown-text.js';
 import { VLLM_HASH_ALGOS } from '../../core/vllm-block-hash.js';
 import { InvalidArgumentError } from 'commander';
-import { intOption, positiveNumberOption } from '../options.js';
+import { intOption, pathOption, positiveNumberOption } from '../options.js';
 import type { MockEngineFlags } from './mock-engine-run.js';
 
 /** Most KV blocks of the whole engine (every rank's cache is allocated up front). */
@@ -63,6 +63,7 @@ export function registerMockEngineCommand(program: Command): void {
     .option(
       '--tokenizer <path>',
       "the model's tokenizer.json (or its directory, with tokenizer_config.json); default: a word-level mock tokenizer",
+      pathOption('--tokenizer'),
     )
     .option(
       '--data-parallel-size <n>',

@@ -4,7 +4,7 @@ import { checkPolicyOptions, type PolicyOptions } from '../../core/policies/inde
 import { MAX_SEED } from '../../core/rng.js';
 import { quotedText } from '../../core/shown-text.js';
 import type { ScenarioOptions } from '../../sim/scenarios.js';
-import { fractionOption, intOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
+import { fractionOption, intOption, pathOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
 
 /** Scenario flags that map one to one onto ScenarioOptions. */
 type ScenarioFlags = Pick<
@@ -73,6 +73,7 @@ export function registerSimulateCommand(program: Command): void {
     .requiredOption(
       '--trace <file>',
       'Mooncake JSONL trace (.jsonl or .jsonl.gz), a RAGPulse directory, workflows:N[:SEED] or agentic:N[:SEED]',
+      pathOption('--trace'),
     )
     .option('--workers <n>', 'engines in the cluster', intOption('--workers', 1, SIM_LIMITS.workers), 8)
     .option(
@@ -162,8 +163,8 @@ export function registerSimulateCommand(program: Command): void {
       'peer policy knobs, e.g. \'{"sglang":{"cacheThreshold":0.5}}\' (see policyOptions)',
       policyOptionsOption,
     )
-    .option('--report <file>', 'write a self-contained HTML report')
-    .option('--assignments <file>', 'write one JSON line per request and policy')
+    .option('--report <file>', 'write a self-contained HTML report', pathOption('--report'))
+    .option('--assignments <file>', 'write one JSON line per request and policy', pathOption('--assignments'))
     .option('--no-progress', 'no progress bar on stderr')
     // the simulator and the trace readers are loaded only to run them
     .action(async (flags: SimulateFlags) => (await import('./simulate-run.js')).runSimulate(flags));

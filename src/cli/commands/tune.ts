@@ -1,13 +1,13 @@
 import type { Command } from 'commander';
 import { MAX_SEED } from '../../core/rng.js';
 import type { TuneFlags } from './tune-run.js';
-import { intOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
+import { intOption, pathOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
 
 export function registerTuneCommand(program: Command): void {
   program
     .command('tune')
     .description("search the cost policy's weights on part of a trace, check them on the rest, print a config block")
-    .requiredOption('--trace <file>', 'trace (as for simulate)')
+    .requiredOption('--trace <file>', 'trace (as for simulate)', pathOption('--trace'))
     .option('--workers <n>', 'engines in the cluster', intOption('--workers', 1, SIM_LIMITS.workers), 8)
     .option('--speed <x>', 'arrival-rate multiplier', positiveNumberOption('--speed', SIM_LIMITS.speed), 1)
     .option('--trials <n>', 'simulations the search may run', intOption('--trials', 1, 1000), 30)
