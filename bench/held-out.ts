@@ -10,7 +10,7 @@
  *
  *   npm run bench:held-out [-- --out bench/results/held-out.json] [--only hot-prefixes,long-sessions,tenants,agent-loops]
  */
-import { writeFileSync } from 'node:fs';
+import { checkOutputFile, writeOutputFile } from '../src/cli/output-file.js';
 import { comparePolicies, type ComparisonReport } from '../src/sim/compare.js';
 import { loadTrace } from '../src/sim/load-trace.js';
 import { parseFlags } from './stats.js';
@@ -72,6 +72,8 @@ const RUNS: HeldOutRun[] = [
 
 const flags = parseFlags(process.argv.slice(2));
 const out = String(flags.get('out') ?? 'bench/results/held-out.json');
+// checked before the runs, written whole after them (an earlier file stays if they fail)
+const outFile = checkOutputFile('--out', out);
 const only = flags.has('only') ? new Set(String(flags.get('only')).split(',')) : undefined;
 if (only) {
   const shapes = new Set(RUNS.map((r) => r.shape));
@@ -91,5 +93,8 @@ for (const run of RUNS) {
   const cell = (p: ComparisonReport['policies'][number]) => `${p.policy} ${p.ttft.mean} · ${p.ttft.p99}`;
   console.log(`${run.trace} ×${run.speed} ${run.kvTokens}: ${report.policies.map(cell).join(' | ')}`);
 }
-writeFileSync(out, JSON.stringify({ command: 'npm run bench:held-out', policies: POLICIES, runs }, null, 2) + '\n');
+writeOutputFile(
+  outFile,
+  JSON.stringify({ command: 'npm run bench:held-out', policies: POLICIES, runs }, null, 2) + '\n',
+);
 console.log(`wrote ${out}`);

@@ -41,7 +41,8 @@
  * the ones the sweep was run with. It loads each trace's samples to count their requests (what the
  * page's rejected counts are out of), as the run did.
  */
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync } from 'node:fs';
+import { checkOutputFile, writeOutputFile } from '../src/cli/output-file.js';
 import { ENGINE_DEFAULTS } from '../src/engine-model/index.js';
 import { renderSweepReport } from '../src/sim/html-report.js';
 import { loadTrace } from '../src/sim/load-trace.js';
@@ -199,7 +200,7 @@ if (flags.has('render-only')) {
     const spec = ALL_TRACES.find((s) => s.name === t.trace);
     if (spec) requests[t.trace] = (await splitSamples(spec)).reduce((a, s) => a + s.length, 0);
   }
-  writeFileSync(`${OUT}/sim-sweep${suffix}.html`, renderSweepReport(saved, meta()));
+  writeOutputFile(checkOutputFile('--out', `${OUT}/sim-sweep${suffix}.html`), renderSweepReport(saved, meta()));
   log(`${OUT}/sim-sweep${suffix}.html: rendered from ${path}, no simulation run`);
   process.exit(0);
 }
@@ -211,6 +212,9 @@ const sweepOptions: SweepOptions = {
 };
 
 mkdirSync(OUT, { recursive: true });
+// checked before the sweep, written whole after it (an earlier sweep's files stay if it fails)
+const jsonOut = checkOutputFile('--out', `${OUT}/sim-sweep${suffix}.json`);
+const htmlOut = checkOutputFile('--out', `${OUT}/sim-sweep${suffix}.html`);
 const report: SweepReport = { traces: [] };
 const started = performance.now();
 for (const spec of traces) {
@@ -239,7 +243,7 @@ for (const spec of traces) {
 log(`sweep: ${((performance.now() - started) / 1000).toFixed(1)} s`);
 
 const json = JSON.stringify(report);
-writeFileSync(`${OUT}/sim-sweep${suffix}.json`, JSON.stringify(report, null, 1) + '\n');
-writeFileSync(`${OUT}/sim-sweep${suffix}.html`, renderSweepReport(report, meta()));
+writeOutputFile(jsonOut, JSON.stringify(report, null, 1) + '\n');
+writeOutputFile(htmlOut, renderSweepReport(report, meta()));
 if (flags.has('json')) process.stdout.write(`${json}\n`);
 else process.stdout.write(renderSweepTables(report));

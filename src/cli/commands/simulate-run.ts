@@ -1,4 +1,4 @@
-import { closeSync, createWriteStream, openSync } from 'node:fs';
+import { createWriteStream } from 'node:fs';
 import cliProgress from 'cli-progress';
 import {
   assignmentLines,
@@ -13,6 +13,7 @@ import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.j
 import { parseWorkerEvents, type ScenarioOptions } from '../../sim/scenarios.js';
 import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
 import { checkClusterKv, checkPolicyNames, policyList } from '../options.js';
+import { checkDistinctOutputs, checkOutputFile, pendingOutput, type PendingOutput } from '../output-file.js';
 import type { SimulateFlags } from './simulate.js';
 
 const DEFAULT_KV_TOKENS = ENGINE_DEFAULTS.kvTokens;
@@ -24,9 +25,13 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
   const policies = policyList(flags.policies);
   checkPolicyNames(policies, (p) => policyVariant(p).policy);
   const scenario = scenarioFromFlags(flags);
-  // the output files are opened before the run: a path that cannot be written stops it at once
-  if (flags.report) closeSync(openOutput('--report', flags.report));
-  const assignmentsFd = flags.assignments ? openOutput('--assignments', flags.assignments) : undefined;
+  // the output paths are checked before the run, so that one that cannot be written stops it at
+  // once; nothing is written until the results are complete (an existing file stays as it is
+  // if the run fails), and never over the trace or the other output
+  const report = flags.report !== undefined ? checkOutputFile('--report', flags.report) : undefined;
+  const assignments = flags.assignments !== undefined ? checkOutputFile('--assignments', flags.assignments) : undefined;
+  const outputs = [report, assignments].filter((o) => o !== undefined);
+  checkDistinctOutputs(outputs, [['--trace', flags.trace]]);
   const { name, requests } = await loadTrace(flags.trace);
   checkKvHoldsBlock(flags, requests[0]?.blockSize);
   const bar =
@@ -51,7 +56,7 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
     scenario,
     router: flags.policyOptions ? { policyOptions: flags.policyOptions } : undefined,
   };
-  const { report, results } = comparePolicies(
+  const { report: comparison, results } = comparePolicies(
     name,
     requests,
     policies,
@@ -65,24 +70,35 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
     },
   );
   bar?.stop();
-  if (flags.assignments && assignmentsFd !== undefined)
-    await writeLines(assignmentsFd, assignmentLines(results), `--assignments ${shownText(flags.assignments)}`);
-  if (flags.report) {
-    const { writeHtmlReport } = await import('../../sim/html-report.js');
-    try {
-      await writeHtmlReport(flags.report, report, results, { simulation, blockSize: requests[0]?.blockSize });
-    } catch (err) {
-      throw new RangeError(
-        `--report ${shownText(flags.report)}: cannot write: ${fileErrorMessage(err, flags.report)}`,
-        {
-          cause: err,
-        },
-      );
+  // each output is written whole to a file of its own, then both are put in place
+  const pending: PendingOutput[] = [];
+  try {
+    if (assignments !== undefined) {
+      const p = pendingOutput(assignments);
+      pending.push(p);
+      await writeLines(p.writePath, assignmentLines(results), `--assignments ${shownText(assignments.path)}`);
     }
+    if (report !== undefined) {
+      const p = pendingOutput(report);
+      pending.push(p);
+      const { writeHtmlReport } = await import('../../sim/html-report.js');
+      try {
+        await writeHtmlReport(p.writePath, comparison, results, { simulation, blockSize: requests[0]?.blockSize });
+      } catch (err) {
+        throw new RangeError(
+          `--report ${shownText(report.path)}: cannot write: ${fileErrorMessage(err, report.path)}`,
+          { cause: err },
+        );
+      }
+    }
+  } catch (err) {
+    for (const p of pending) p.discard();
+    throw err;
   }
+  for (const p of pending) p.commit();
   // on stderr too, so that a reader of the JSON alone is told
-  for (const w of comparisonWarnings(report)) process.stderr.write(`warning: ${w}\n`);
-  process.stdout.write(flags.format === 'json' ? `${JSON.stringify(report)}\n` : renderTable(report));
+  for (const w of comparisonWarnings(comparison)) process.stderr.write(`warning: ${w}\n`);
+  process.stdout.write(flags.format === 'json' ? `${JSON.stringify(comparison)}\n` : renderTable(comparison));
 }
 
 /** The scenario a simulate invocation asks for (undefined when it asks for none). */
@@ -147,18 +163,9 @@ function checkKvHoldsBlock(flags: SimulateFlags, blockSize: number | undefined):
     throw new RangeError(`--max-model-len ${flags.maxModelLen} is ${why}`);
 }
 
-/** An output file opened (created or emptied) for writing; RangeError naming the flag otherwise. */
-function openOutput(flag: string, path: string): number {
-  try {
-    return openSync(path, 'w');
-  } catch (err) {
-    throw new RangeError(`${flag} ${shownText(path)}: cannot write: ${fileErrorMessage(err, path)}`, { cause: err });
-  }
-}
-
-/** Writes lines to an open file and closes it; a failed write is a RangeError naming `where`. */
-async function writeLines(fd: number, lines: Iterable<string>, where: string): Promise<void> {
-  const out = createWriteStream('', { fd });
+/** Writes lines to a file (emptied first); a failed write is a RangeError naming `where`. */
+async function writeLines(path: string, lines: Iterable<string>, where: string): Promise<void> {
+  const out = createWriteStream(path);
   const failed = new Promise<never>((_, reject) => out.once('error', reject));
   failed.catch(() => {}); // raced below; a late error must not go unhandled
   try {

@@ -1,0 +1,170 @@
+import { randomBytes } from 'node:crypto';
+import {
+  accessSync,
+  closeSync,
+  constants,
+  fchmodSync,
+  openSync,
+  realpathSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
+import { basename, dirname, join, resolve } from 'node:path';
+import { fileErrorMessage, shownText } from '../core/shown-text.js';
+
+/**
+ * A file a command writes its results to (`simulate --report`, `--assignments`). It is checked
+ * when the command starts, so that a path that cannot be written stops the command before a long
+ * run, but nothing is written then: an existing file is left as it is until the results are
+ * complete. A regular file (or a new one) is then written to a temporary file in its directory
+ * and renamed over it, so that a run that fails, or is stopped, leaves the old file whole; a
+ * device or pipe, and anything named under /dev or /proc (`/dev/stdout`), is written directly,
+ * as it cannot be replaced.
+ */
+export interface OutputFile {
+  /** The flag that named the file, as messages name it. */
+  readonly flag: string;
+  /** The path as given. */
+  readonly path: string;
+  /** What the path writes to: its real path when it exists (a symbolic link is followed), else the path resolved. */
+  readonly target: string;
+  /** The file's device and inode when it exists. */
+  readonly id?: { dev: number; ino: number };
+  /** Whether the path is an existing device, pipe or socket, or under /dev or /proc: written directly. */
+  readonly special: boolean;
+}
+
+/** A RangeError naming the flag and the file: `--report out.html: cannot write: …`. */
+function cannotWrite(flag: string, path: string, err: unknown): RangeError {
+  return new RangeError(`${flag} ${shownText(path)}: cannot write: ${fileErrorMessage(err, path)}`, { cause: err });
+}
+
+/**
+ * Checks an output path without writing it: not empty; an existing file must be writable and
+ * not a directory; a new file's directory must exist and be writable. RangeError naming `flag`.
+ */
+export function checkOutputFile(flag: string, path: string): OutputFile {
+  if (path === '') throw new RangeError(`${flag} needs a file name, got ''`);
+  let st;
+  try {
+    st = statSync(path);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw cannotWrite(flag, path, err);
+  }
+  try {
+    if (st === undefined) {
+      // a new file: its directory must take it (ENOENT for a missing one, ENOTDIR, EACCES)
+      const dir = dirname(resolve(path));
+      if (!statSync(dir).isDirectory()) throw Object.assign(new Error('not a directory'), { code: 'ENOTDIR' });
+      accessSync(dir, constants.W_OK);
+      return { flag, path, target: resolve(path), special: false };
+    }
+    if (st.isDirectory()) throw Object.assign(new Error('is a directory'), { code: 'EISDIR' });
+    accessSync(path, constants.W_OK);
+    const target = realpathSync(path);
+    // /dev/stdout is the file the shell redirected the output to: it is written through, not
+    // replaced (that would take the file away from the command's own output)
+    const special = !st.isFile() || /^\/(dev|proc)\//.test(resolve(path)) || /^\/(dev|proc)\//.test(target);
+    // the file is replaced by renaming a new one over it: its directory must take that
+    if (!special) accessSync(dirname(target), constants.W_OK);
+    return { flag, path, target, id: { dev: st.dev, ino: st.ino }, special };
+  } catch (err) {
+    throw cannotWrite(flag, path, err);
+  }
+}
+
+/** Whether two paths name one file: the same path resolved, or the same device and inode. */
+function sameFile(a: { target: string; id?: { dev: number; ino: number } }, b: typeof a): boolean {
+  if (a.target === b.target) return true;
+  return a.id !== undefined && b.id !== undefined && a.id.dev === b.id.dev && a.id.ino === b.id.ino;
+}
+
+/**
+ * Refuses an output that is the same file as an input (`inputs`: flag and path, e.g. the trace),
+ * or as another output: writing it would destroy the input, or one output would overwrite the
+ * other. `/dev/stdout` and other devices may be named by several outputs. RangeError naming
+ * both flags.
+ */
+export function checkDistinctOutputs(outputs: readonly OutputFile[], inputs: ReadonlyArray<[string, string]>): void {
+  for (const [flag, path] of inputs) {
+    let st;
+    try {
+      st = statSync(path);
+    } catch {
+      continue; // not a file (a generated trace's spec, say): no output can be it
+    }
+    const input = { target: realpathSync(path), id: { dev: st.dev, ino: st.ino } };
+    for (const out of outputs)
+      if (sameFile(out, input))
+        throw new RangeError(
+          `${out.flag} ${shownText(out.path)} is the same file as ${flag} ${shownText(path)}: writing it would destroy the input`,
+        );
+  }
+  outputs.forEach((a, i) => {
+    for (const b of outputs.slice(i + 1))
+      if (!a.special && !b.special && sameFile(a, b))
+        throw new RangeError(
+          `${b.flag} ${shownText(b.path)} is the same file as ${a.flag} ${shownText(a.path)}: one would overwrite the other`,
+        );
+  });
+}
+
+/** An output being written: `commit` puts it in place, `discard` drops it (the old file stays). */
+export interface PendingOutput {
+  /** The path to write to (a temporary file, or the device itself). */
+  readonly writePath: string;
+  commit(): void;
+  discard(): void;
+}
+
+/**
+ * Starts writing an output checked by checkOutputFile: a new temporary file next to the target
+ * (with the existing file's mode), or the device itself. RangeError naming the flag.
+ */
+export function pendingOutput(out: OutputFile): PendingOutput {
+  if (out.special) return { writePath: out.path, commit: () => {}, discard: () => {} };
+  const dir = dirname(out.target);
+  const tmp = join(dir, `.${basename(out.target)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+  try {
+    const fd = openSync(tmp, 'wx', 0o666);
+    try {
+      if (out.id !== undefined) fchmodSync(fd, statSync(out.target).mode & 0o7777);
+    } finally {
+      closeSync(fd);
+    }
+  } catch (err) {
+    rmSync(tmp, { force: true });
+    throw cannotWrite(out.flag, out.path, err);
+  }
+  return {
+    writePath: tmp,
+    commit: () => {
+      try {
+        renameSync(tmp, out.target);
+      } catch (err) {
+        rmSync(tmp, { force: true });
+        throw cannotWrite(out.flag, out.path, err);
+      }
+    },
+    discard: () => rmSync(tmp, { force: true }),
+  };
+}
+
+/** Writes `text` whole to an output at once (write, then rename into place). RangeError naming the flag. */
+export function writeOutputFile(out: OutputFile, text: string): void {
+  const pending = pendingOutput(out);
+  try {
+    const fd = openSync(pending.writePath, 'w');
+    try {
+      writeFileSync(fd, text);
+    } finally {
+      closeSync(fd);
+    }
+  } catch (err) {
+    pending.discard();
+    throw cannotWrite(out.flag, out.path, err);
+  }
+  pending.commit();
+}
