@@ -47,6 +47,41 @@ test('the flags documented as repeatable still take several values', () => {
   assert.equal(JSON.parse(env.stdout).settings.port.value, 9100);
 });
 
+test('simulate refuses a flag another makes ignored, naming both', () => {
+  assert.equal(
+    refusal([...simulate, '--worker-kv-tokens', '100000,100000', '--kv-tokens', '1']),
+    "error: --kv-tokens and --worker-kv-tokens both set the engines' KV: give one (--worker-kv-tokens sets each worker's, and --kv-tokens would be ignored)",
+  );
+  assert.equal(
+    refusal([...simulate, '--fail', 'w0@1s', '--drain', 'w0@1s']),
+    "error: --drain 'w0@1s' comes at or after --fail 'w0@1s': a failed worker has nothing to drain (drain it before it fails, or leave one out)",
+  );
+  assert.match(
+    refusal([...simulate, '--fail', 'w1@1s', '--drain', 'w0@1s,w1@2s']),
+    /^error: --drain 'w1@2s' comes at or after --fail 'w1@1s'/,
+  );
+  assert.match(
+    refusal([...simulate, '--scenario-seed', '3']),
+    /^error: --scenario-seed needs --event-jitter-ms, --event-loss, --cancel-rate or --non-streaming-share above 0/,
+  );
+  assert.match(refusal([...simulate, '--scenario-seed', '3', '--event-loss', '0']), /^error: --scenario-seed needs/);
+  // a worker drained, then failed, is a scenario of its own; a seed with draws to seed is taken
+  const ok = cli([
+    ...simulate,
+    '--drain',
+    'w0@1s',
+    '--fail',
+    'w0@2s',
+    '--scenario-seed',
+    '3',
+    '--event-loss',
+    '0.1',
+    '--format',
+    'json',
+  ]);
+  assert.equal(ok.status, 0, ok.stderr);
+});
+
 test('an empty path is refused for every path flag', () => {
   const cases: Array<[string[], string]> = [
     [['simulate', '--trace', ''], '--trace'],

@@ -106,6 +106,15 @@ export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undef
   const s: ScenarioOptions = {};
   if (flags.fail.length > 0) s.fail = parseWorkerEvents(flags.fail, '--fail', flags.workers);
   if (flags.drain.length > 0) s.drain = parseWorkerEvents(flags.drain, '--drain', flags.workers);
+  // a worker drained, then failed, stops taking requests and then loses what it held; failed
+  // first (or at the same time), it has nothing left to drain: the drain would be ignored
+  for (const [i, d] of (s.drain ?? []).entries()) {
+    const j = (s.fail ?? []).findIndex((f) => f.worker === d.worker && f.atMs <= d.atMs);
+    if (j !== -1)
+      throw new RangeError(
+        `--drain ${quotedText(flags.drain[i])} comes at or after --fail ${quotedText(flags.fail[j])}: a failed worker has nothing to drain (drain it before it fails, or leave one out)`,
+      );
+  }
   const keys = [
     'eventJitterMs',
     'eventLoss',
@@ -128,6 +137,10 @@ export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undef
   if (flags.cancelWithinMs !== undefined && !(flags.cancelRate !== undefined && flags.cancelRate > 0))
     throw new RangeError('--cancel-within-ms needs --cancel-rate above 0: it times the cancellations that rate draws');
   if (flags.workerKvTokens !== undefined) {
+    if (flags.kvTokens !== undefined)
+      throw new RangeError(
+        "--kv-tokens and --worker-kv-tokens both set the engines' KV: give one (--worker-kv-tokens sets each worker's, and --kv-tokens would be ignored)",
+      );
     if (flags.workerKvTokens.length !== flags.workers) {
       throw new RangeError(
         `--worker-kv-tokens lists ${flags.workerKvTokens.length} workers but --workers is ${flags.workers}`,
@@ -140,7 +153,14 @@ export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undef
     flags.workerKvTokens ?? [flags.kvTokens ?? DEFAULT_KV_TOKENS],
     flags.workerKvTokens ? '--worker-kv-tokens' : '--workers × --kv-tokens',
   );
-  if (flags.scenarioSeed !== undefined) s.seed = flags.scenarioSeed;
+  if (flags.scenarioSeed !== undefined) {
+    const draws = [flags.eventJitterMs, flags.eventLoss, flags.cancelRate, flags.nonStreamingShare];
+    if (!draws.some((v) => v !== undefined && v > 0))
+      throw new RangeError(
+        '--scenario-seed needs --event-jitter-ms, --event-loss, --cancel-rate or --non-streaming-share above 0: it seeds their draws, and a run without them draws nothing',
+      );
+    s.seed = flags.scenarioSeed;
+  }
   return Object.keys(s).length > 0 ? s : undefined;
 }
 
