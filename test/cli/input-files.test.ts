@@ -98,3 +98,23 @@ test('serve and mock-engine --tokenizer refuse a file that is not a regular file
   assert.equal(m.status, 2, m.stderr);
   assert.equal(m.stderr, `error: --tokenizer: cannot read '${pipe}': is not a regular file\n`);
 });
+
+test('serve and epp --config refuse a pipe or a directory rather than wait for a writer', () => {
+  const pipe = fifo('router.fifo.yaml');
+  for (const command of ['serve', 'epp']) {
+    const r = cli([command, '--config', pipe, '--print-config']);
+    assert.equal(r.status, 2, `${command}: ${r.error?.message ?? r.stderr}`);
+    assert.equal(r.stderr, `error: --config ${pipe}: is not a regular file\n`);
+  }
+  const viaEnv = spawnSync(process.execPath, [...CLI, 'serve', '--print-config'], {
+    encoding: 'utf8',
+    timeout: 60_000,
+    killSignal: 'SIGKILL',
+    env: { ...process.env, CONTEXTFORGE_CONFIG: pipe },
+  });
+  assert.equal(viaEnv.status, 2, viaEnv.error?.message ?? viaEnv.stderr);
+  assert.equal(viaEnv.stderr, `error: CONTEXTFORGE_CONFIG ${pipe}: is not a regular file\n`);
+  const r = cli(['serve', '--config', dir, '--print-config']);
+  assert.equal(r.status, 2, r.stderr);
+  assert.equal(r.stderr, `error: --config ${dir}: is not a regular file\n`);
+});

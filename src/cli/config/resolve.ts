@@ -3,7 +3,7 @@
  * config file, else its default. Every value, whatever its source, is checked by the same
  * schema; a bad one stops `serve` with a message naming the source and the key.
  */
-import { closeSync, openSync, readSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, readSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { parse as parseYaml } from 'yaml';
@@ -151,10 +151,16 @@ const shownKey = (key: string) => shownText(key, 64);
 /** Largest config file read: thousands of workers fit well under it; /dev/zero or a stray log does not. */
 export const MAX_CONFIG_BYTES = 4 * 1024 * 1024;
 
-/** A file's text, refused past `max` bytes without reading further (a pipe or device is read as it comes). */
+/**
+ * A regular file's text, refused past `max` bytes without reading further. A pipe or device is
+ * refused as --tokenizer refuses one (see readRegularFile): a FIFO with no writer would block
+ * the open, or the read, forever. The file is opened non-blocking and checked through its
+ * descriptor, so that neither the open nor the read waits.
+ */
 function readTextFile(file: string, max: number): string {
-  const fd = openSync(file, 'r');
+  const fd = openSync(file, constants.O_RDONLY | constants.O_NONBLOCK);
   try {
+    if (!fstatSync(fd).isFile()) throw new RangeError('is not a regular file');
     const chunks: Buffer[] = [];
     let total = 0;
     const buf = Buffer.alloc(64 * 1024);
