@@ -18,6 +18,14 @@ export const MAX_TRACE_LINE_CHARS = 16 * 1024 * 1024;
  */
 export const MAX_TRACE_REQUESTS = 1_000_000;
 
+/**
+ * Most blank lines (empty, or spaces only) a trace file may hold: they are skipped, but each is
+ * still read and split off, so a file of nothing else (a gzip of a gigabyte of line ends is a
+ * few MB) would hold the reader for minutes while no request limit counts it. As many as the
+ * requests a trace may hold leaves a blank line between every two requests.
+ */
+export const MAX_TRACE_BLANK_LINES = MAX_TRACE_REQUESTS;
+
 /** The error for a trace file past MAX_TRACE_REQUESTS `records`: it names the file and the limit. */
 export function tooManyRecords(file: string, records = 'requests'): RangeError {
   return new RangeError(
@@ -70,8 +78,8 @@ export function traceBlockCounter(source: string): (index: number, blocks: numbe
 /**
  * The lines of a text file, gunzipped if its name ends in `.gz`, with their 0-based indices
  * (blank lines included). `\n`, `\r\n` and a lone `\r` end a line; a leading byte-order mark is
- * dropped. A line over MAX_TRACE_LINE_CHARS is a TraceFormatError (the rest of the file is not
- * read); a file that cannot be read or decompressed is a RangeError naming it (and the line
+ * dropped. A line over MAX_TRACE_LINE_CHARS, or a blank line past MAX_TRACE_BLANK_LINES, is a
+ * TraceFormatError naming it (the rest of the file is not read); a file that cannot be read or decompressed is a RangeError naming it (and the line
  * it stopped in, past the first).
  */
 export async function* traceLines(path: string, source = 'trace'): AsyncGenerator<{ text: string; index: number }> {
@@ -83,7 +91,14 @@ export async function* traceLines(path: string, source = 'trace'): AsyncGenerato
   let index = 0;
   let first = true;
   let afterCr = false; // the previous chunk ended in \r: a \n starting this one belongs to it
+  let blank = 0;
   const tooLong = () => new TraceFormatError(index, `longer than ${MAX_TRACE_LINE_CHARS} characters`, source);
+  const tooManyBlank = () =>
+    new TraceFormatError(
+      index,
+      `more than ${MAX_TRACE_BLANK_LINES} blank lines, the most a trace may hold (the file is read no further)`,
+      source,
+    );
   try {
     for await (const chunk of input as AsyncIterable<string>) {
       let s = chunk;
@@ -98,6 +113,7 @@ export async function* traceLines(path: string, source = 'trace'): AsyncGenerato
         const text = pending + s.slice(start, m.index);
         pending = '';
         if (text.length > MAX_TRACE_LINE_CHARS) throw tooLong();
+        if (text.trim() === '' && ++blank > MAX_TRACE_BLANK_LINES) throw tooManyBlank();
         yield { text, index: index++ };
         start = m.index + m[0].length;
         if (m[0] === '\r' && start === s.length) afterCr = true;

@@ -14,7 +14,7 @@ import {
   MAX_TRACE_REQUESTS,
   parseTraceLine,
 } from '../../src/sim/trace.js';
-import { traceBlockCounter } from '../../src/sim/trace-lines.js';
+import { MAX_TRACE_BLANK_LINES, traceBlockCounter } from '../../src/sim/trace-lines.js';
 import { CLI } from '../helpers/cli-entry.js';
 
 // a command that does not stop at the limit would replay a million requests: the deadline fails it
@@ -170,4 +170,25 @@ test('a malformed line in the middle of a trace stops simulate and tune with one
       assert.equal(r.status, 2, `${args.join(' ')}: ${r.error?.message ?? r.stderr}`);
       assert.equal(r.stderr, `error: ${at}: not valid JSON\n`, args.join(' '));
     }
+});
+
+test('blank lines past the limit stop simulate with the line that passes it; as many as the limit are skipped', () => {
+  assert.equal(MAX_TRACE_BLANK_LINES, MAX_TRACE_REQUESTS);
+  const dir = mkdtempSync(join(tmpdir(), 'cf-trace-blank-'));
+  const line = '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}';
+  // a few kB of gzip that inflate to more line ends than the limit, then a request
+  const over = join(dir, 'blank.jsonl.gz');
+  writeFileSync(over, gzipSync(`${'\n'.repeat(MAX_TRACE_BLANK_LINES)} \r\n${line}\n`));
+  const run = ['--workers', '1', '--policies', 'round-robin', '--no-progress', '--format', 'json'];
+  const r = cli(['simulate', '--trace', over, ...run]);
+  assert.equal(r.status, 2, r.error?.message ?? r.stderr);
+  assert.equal(
+    r.stderr,
+    `error: ${over} line ${MAX_TRACE_BLANK_LINES + 1}: more than ${MAX_TRACE_BLANK_LINES} blank lines, the most a trace may hold (the file is read no further)\n`,
+  );
+  const within = join(dir, 'within.jsonl.gz');
+  writeFileSync(within, gzipSync(`${'\n'.repeat(MAX_TRACE_BLANK_LINES)}${line}\n`));
+  const ok = cli(['simulate', '--trace', within, ...run]);
+  assert.equal(ok.status, 0, ok.error?.message ?? ok.stderr);
+  assert.equal(JSON.parse(ok.stdout).requests, 1);
 });
