@@ -84,10 +84,13 @@ export class CircuitBreaker {
    * requests sent on them breaks all at once, and counting each would open a healthy engine's
    * circuit. So such a break counts only when its attempt started after the worker's last
    * counted one was seen: an attempt already under way then may have been sent on a connection
-   * broken with the others, one started after is sent on a connection that was not (undici drops
-   * a broken connection; the attempts retried go on new ones). An engine that breaks every
-   * connection still counts once per round of attempts (each retry starts after the last counted
-   * break), so it leaves rotation after as many attempts as before. Returns whether it counted.
+   * broken with the others; the attempts retried go on new ones (undici drops a broken
+   * connection). An answer to an attempt already under way then ends no streak either (answered
+   * with `startedAt`): the attempts of that round, broken or answered, are one event, so an engine
+   * that breaks most connections while many requests are under way still opens its circuit after
+   * three rounds in which the first attempt to end broke. An engine that breaks every connection
+   * counts once per round of attempts (each retry starts after the last counted break). Returns
+   * whether it counted.
    */
   connectionLost(id: string, startedAt: number): boolean {
     if (!this.isKnown(id)) return false;
@@ -100,10 +103,13 @@ export class CircuitBreaker {
 
   /**
    * The worker answered: its failure streak ends. `served`: with a status below 400 (a client's
-   * error shows nothing of whether the fleet can serve).
+   * error shows nothing of whether the fleet can serve). `startedAt` (attemptStarted): an attempt
+   * already under way when the worker's last counted lost connection was seen ends no streak of
+   * lost connections (connectionLost: its round counted once, by that break).
    */
-  answered(id: string, served = true): void {
-    this.failures.delete(id);
+  answered(id: string, served = true, startedAt?: number): void {
+    const lost = this.lastLost.get(id);
+    if (startedAt === undefined || lost === undefined || startedAt > lost) this.failures.delete(id);
     this.lastAlone.delete(id);
     this.lastOverdue.delete(id);
     if (served) this.served++;

@@ -512,7 +512,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         deps.failureLog?.failed(decision.workerId, failure, 'mid-answer', passed?.['x-request-id'], 'cut');
       } else {
         const served = reply.raw.statusCode < 400;
-        breaker.answered(decision.workerId, served);
+        breaker.answered(decision.workerId, served, startedAt);
         // an engine's 404 on a completion path is its model-not-found (vLLM: {"error": {"type":
         // "NotFoundError", …}}): requests go only to workers whose engines list the model, or whose
         // list was never read, so its list was unknown or is out of date; it is read again for the

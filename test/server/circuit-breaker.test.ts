@@ -144,3 +144,22 @@ test('connections lost by attempts already under way when a counted one was lost
   assert.equal(breaker.connectionLost('w', breaker.attemptStarted()), true);
   assert.deepEqual(health.reasons('w'), ['breaker'], 'three rounds open the circuit');
 });
+
+test('an engine that breaks most connections while many attempts are under way still opens its circuit', (t) => {
+  const router = new KVAwareRouter();
+  const health = new WorkerHealth(router);
+  router.registerWorker('w', { url: 'http://127.0.0.1:1' });
+  const breaker = new CircuitBreaker({ failures: 3, cooldownMs: 60_000 }, health, () => true);
+  t.after(() => breaker.close());
+  // 16 attempts at a time, each ending in the order they started: 9 of 10 break, 1 is answered
+  const window = Array.from({ length: 16 }, () => breaker.attemptStarted());
+  let ended = 0;
+  while (ended < 1000 && !health.reasons('w').includes('breaker')) {
+    const startedAt = window.shift()!;
+    if (ended++ % 10 === 9) breaker.answered('w', true, startedAt);
+    else breaker.connectionLost('w', startedAt);
+    window.push(breaker.attemptStarted());
+  }
+  assert.deepEqual(health.reasons('w'), ['breaker'], `still closed after ${ended} attempts ended`);
+  assert.ok(ended <= 64, `opened after ${ended} attempts ended`);
+});
