@@ -4,7 +4,9 @@ import {
   closeSync,
   constants,
   fchmodSync,
+  lstatSync,
   openSync,
+  readlinkSync,
   realpathSync,
   renameSync,
   rmSync,
@@ -19,9 +21,10 @@ import { fileErrorMessage, shownText } from '../core/shown-text.js';
  * when the command starts, so that a path that cannot be written stops the command before a long
  * run, but nothing is written then: an existing file is left as it is until the results are
  * complete. A regular file (or a new one) is then written to a temporary file in its directory
- * and renamed over it, so that a run that fails, or is stopped, leaves the old file whole; a
- * device or pipe, and anything named under /dev or /proc (`/dev/stdout`), is written directly,
- * as it cannot be replaced.
+ * and renamed over it, so that a run that fails, or is stopped, leaves the old file whole (a
+ * symbolic link is written through: the file it names is replaced, the link stays); a device or
+ * pipe, and a process's own streams by name (`/dev/stdout`, `/dev/fd/N`, anything under /proc),
+ * are written directly, as they cannot be replaced.
  */
 export interface OutputFile {
   /** The flag that named the file, as messages name it. */
@@ -32,7 +35,7 @@ export interface OutputFile {
   readonly target: string;
   /** The file's device and inode when it exists. */
   readonly id?: { dev: number; ino: number };
-  /** Whether the path is an existing device, pipe or socket, or under /dev or /proc: written directly. */
+  /** Whether the path is an existing device, pipe or socket, or a process's stream by name (STREAM_PATH): written directly. */
   readonly special: boolean;
 }
 
@@ -55,24 +58,46 @@ export function checkOutputFile(flag: string, path: string): OutputFile {
   }
   try {
     if (st === undefined) {
-      // a new file: its directory must take it (ENOENT for a missing one, ENOTDIR, EACCES)
-      const dir = dirname(resolve(path));
+      // a new file: its directory must take it (ENOENT for a missing one, ENOTDIR, EACCES); a
+      // symbolic link to a file not yet made is written through, to the file it names
+      const target = danglingLinkTarget(path) ?? resolve(path);
+      const dir = dirname(target);
       if (!statSync(dir).isDirectory()) throw Object.assign(new Error('not a directory'), { code: 'ENOTDIR' });
       accessSync(dir, constants.W_OK);
-      return { flag, path, target: resolve(path), special: false };
+      return { flag, path, target, special: false };
     }
     if (st.isDirectory()) throw Object.assign(new Error('is a directory'), { code: 'EISDIR' });
     accessSync(path, constants.W_OK);
     const target = realpathSync(path);
     // /dev/stdout is the file the shell redirected the output to: it is written through, not
     // replaced (that would take the file away from the command's own output)
-    const special = !st.isFile() || /^\/(dev|proc)\//.test(resolve(path)) || /^\/(dev|proc)\//.test(target);
+    // (a regular file elsewhere under /dev, such as /dev/shm, is a file like any other)
+    const special = !st.isFile() || STREAM_PATH.test(resolve(path)) || /^\/proc\//.test(target);
     // the file is replaced by renaming a new one over it: its directory must take that
     if (!special) accessSync(dirname(target), constants.W_OK);
     return { flag, path, target, id: { dev: st.dev, ino: st.ino }, special };
   } catch (err) {
     throw cannotWrite(flag, path, err);
   }
+}
+
+/** A process's own streams by name (/dev/stdout, /dev/fd/1, /proc/self/fd/1): written through, never replaced. */
+const STREAM_PATH = /^\/dev\/(stdout|stderr|fd\/\d+)$|^\/proc\//;
+
+/** The file a symbolic link at `path` names when that file does not exist yet (links followed up to 40 deep), else undefined. */
+function danglingLinkTarget(path: string): string | undefined {
+  let at = resolve(path);
+  for (let depth = 0; depth < 40; depth++) {
+    let link: string;
+    try {
+      if (!lstatSync(at).isSymbolicLink()) return depth === 0 ? undefined : at;
+      link = readlinkSync(at);
+    } catch {
+      return depth === 0 ? undefined : at;
+    }
+    at = resolve(dirname(at), link);
+  }
+  return undefined;
 }
 
 /** Whether two paths name one file: the same path resolved, or the same device and inode. */

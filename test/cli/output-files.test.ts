@@ -3,6 +3,7 @@ import { spawnSync } from 'node:child_process';
 import {
   chmodSync,
   linkSync,
+  lstatSync,
   mkdtempSync,
   readdirSync,
   readFileSync,
@@ -133,5 +134,35 @@ test('simulate writes an output that is a device directly, never replacing it (-
   assert.equal(JSON.parse(r.stdout).requests, 2);
   assert.ok(statSync('/dev/null').isCharacterDevice());
   assert.deepEqual(others('t4.jsonl'), []);
+  rmSync(trace);
+});
+
+test('a regular file under /dev (a tmpfs such as /dev/shm) is a file like any other: two outputs naming it are refused', () => {
+  const trace = file('t5.jsonl', TRACE);
+  const shm = mkdtempSync(join('/dev/shm', 'cf-output-files-'));
+  try {
+    const same = join(shm, 'same.out');
+    writeFileSync(same, 'old\n');
+    const r = run(trace, '--report', same, '--assignments', same);
+    assert.equal(r.status, 2, r.stderr);
+    assert.match(r.stderr, /is the same file as --report/);
+    assert.equal(readFileSync(same, 'utf8'), 'old\n');
+  } finally {
+    rmSync(shm, { recursive: true, force: true });
+    rmSync(trace);
+  }
+});
+
+test('an output that is a symbolic link to a file not yet made is written through the link', () => {
+  const trace = file('t6.jsonl', TRACE);
+  const real = mkdtempSync(join(dir, 'real-'));
+  const link = join(dir, 'link.jsonl');
+  symlinkSync(join(real, 'out.jsonl'), link);
+  const r = run(trace, '--assignments', link, '--format', 'json');
+  assert.equal(r.status, 0, r.stderr);
+  assert.equal(readFileSync(join(real, 'out.jsonl'), 'utf8').trim().split('\n').length, 2);
+  assert.ok(lstatSync(link).isSymbolicLink(), 'the link stays a link');
+  rmSync(link);
+  rmSync(real, { recursive: true });
   rmSync(trace);
 });
