@@ -122,6 +122,13 @@ export interface ExtProcHandlerOptions {
    * an HTTP client that does not send its request in time.
    */
   bodyTimeoutMs?: number;
+  /**
+   * Time from a stream's start to its request headers (ms; default: none; at most
+   * `bodyTimeoutMs`). A stream that sends none by then gets a 408, as the gateway answers an
+   * HTTP client that does not send its request headers in time: otherwise a peer could hold
+   * streams open, each with its memory, for as long as it likes without sending anything.
+   */
+  headersTimeoutMs?: number;
   log?: (message: string) => void;
   /** Called once per request with its outcome: 'routed' or the status of the local reply. */
   onOutcome?: (outcome: 'routed' | number) => void;
@@ -149,11 +156,17 @@ export function createProcessHandler(
 ): (call: ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => void {
   const log = options.log ?? (() => {});
   const { bodyTimeoutMs } = options;
-  if (
-    bodyTimeoutMs !== undefined &&
-    !(Number.isInteger(bodyTimeoutMs) && bodyTimeoutMs >= 1 && bodyTimeoutMs <= MAX_TIMER_MS)
-  )
-    throw new RangeError(`bodyTimeoutMs must be an integer from 1 to ${MAX_TIMER_MS}, got ${bodyTimeoutMs}`);
+  for (const [name, ms] of [
+    ['bodyTimeoutMs', bodyTimeoutMs],
+    ['headersTimeoutMs', options.headersTimeoutMs],
+  ] as const)
+    if (ms !== undefined && !(Number.isInteger(ms) && ms >= 1 && ms <= MAX_TIMER_MS))
+      throw new RangeError(`${name} must be an integer from 1 to ${MAX_TIMER_MS}, got ${ms}`);
+  // as the gateway's HTTP side: the headers' time is within the whole request's
+  const headersTimeoutMs =
+    options.headersTimeoutMs === undefined || bodyTimeoutMs === undefined
+      ? (options.headersTimeoutMs ?? bodyTimeoutMs)
+      : Math.min(options.headersTimeoutMs, bodyTimeoutMs);
   return (call) => {
     let phase: Phase = 'headers';
     let headers = new Map<string, string>();
@@ -179,7 +192,7 @@ export function createProcessHandler(
     /** The request body's end (end_of_stream or trailers) arrived. */
     let bodyEnded = false;
     let closed = false;
-    /** Ends a body that is still arriving when the time for it is up. */
+    /** Ends a stream whose headers, or a body that is still arriving, are not in when the time for them is up. */
     let bodyTimer: NodeJS.Timeout | undefined;
     const stopBodyTimer = () => {
       clearTimeout(bodyTimer);
@@ -187,6 +200,19 @@ export function createProcessHandler(
     };
     // messages are handled one at a time, in arrival order, even while a pick awaits
     let queue: Promise<void> = Promise.resolve();
+    /** Answers 408 when the time for `waitingIn` is up and the stream is still in it. */
+    const startTimer = (ms: number, waitingIn: Phase, message: string) => {
+      bodyTimer = setTimeout(() => {
+        // in line with the messages: one already queued is handled first
+        queue = queue
+          .then(() => {
+            if (phase === waitingIn && !closed) return reject(408, message);
+          })
+          .catch((err: unknown) => fail(GrpcStatus.INTERNAL, `internal error: ${(err as Error).message}`));
+      }, ms);
+      // a stream's own timer does not keep the process alive
+      bodyTimer.unref();
+    };
 
     const finish = () => {
       stopBodyTimer();
@@ -344,6 +370,7 @@ export function createProcessHandler(
           const bytes = headerBytes(list);
           if (bytes > MAX_REQUEST_HEADER_BYTES)
             return reject(431, `the request headers are larger than ${MAX_REQUEST_HEADER_BYTES} bytes`, 'headers');
+          stopBodyTimer();
           if (charge && !charge.take(bytes)) return refuseForBudget();
           headers = readHeaders(req.request_headers, repeatedHeaders);
           requestId = headers.get(REQUEST_ID_HEADER) ?? '';
@@ -363,18 +390,7 @@ export function createProcessHandler(
             req.protocol_config?.send_body_without_waiting_for_header_response !== true;
           if (!bodyComing || waitsForAnswer) return route(undefined, true);
           phase = 'body';
-          if (bodyTimeoutMs !== undefined) {
-            bodyTimer = setTimeout(() => {
-              // in line with the messages: a body chunk already queued is handled first
-              queue = queue
-                .then(() => {
-                  if (phase === 'body' && !closed) return reject(408, 'the request did not arrive in time');
-                })
-                .catch((err: unknown) => fail(GrpcStatus.INTERNAL, `internal error: ${(err as Error).message}`));
-            }, bodyTimeoutMs);
-            // a stream's own timer does not keep the process alive
-            bodyTimer.unref();
-          }
+          if (bodyTimeoutMs !== undefined) startTimer(bodyTimeoutMs, 'body', 'the request did not arrive in time');
           return;
         }
         case 'request_body': {
@@ -515,6 +531,8 @@ export function createProcessHandler(
         }
       });
     });
+    if (headersTimeoutMs !== undefined)
+      startTimer(headersTimeoutMs, 'headers', 'the request headers did not arrive in time');
     // the peer gone: its body's bytes go back to the budget at once, not after the queue drains
     call.on('cancelled', () => {
       closed = true;

@@ -19,6 +19,8 @@ export interface PickerConfig {
   eppFallbacks: number;
   /** Time from a stream's request headers to its body's end (the gateway's --request-timeout-ms). */
   requestTimeoutMs?: number;
+  /** Time from a stream's start to its request headers (the gateway's --headers-timeout-ms). */
+  headersTimeoutMs?: number;
 }
 
 export interface RunningPicker {
@@ -71,6 +73,8 @@ export async function startPicker(
     onBodyBudgetRefusal: () => gateway.countBodyBudgetRefusal(),
     // an ext_proc stream's body gets the time an HTTP client's request gets
     bodyTimeoutMs: c.requestTimeoutMs,
+    // and a stream's request headers the time an HTTP client's headers get
+    headersTimeoutMs: c.headersTimeoutMs,
     log: o.log,
     onOutcome: (outcome) => picker.countOutcome(outcome),
     // as /readyz: ready too while requests are panic-routed, or the Service would drop the picker

@@ -65,3 +65,45 @@ test('a body that does not end in time gets a 408 and gives its bytes back; a ro
   await routed.stream.end();
   await until(() => inFlight() === 0, 'the routed request released');
 });
+
+/** Opens a stream that sends nothing, and resolves to what the picker answered once it ends it. */
+async function silentStream(on: ExtProcClient) {
+  const call = on.Process();
+  const answers: ProcessingResponse[] = [];
+  let code: number | undefined;
+  call.on('data', (m: ProcessingResponse) => answers.push(m));
+  call.on('error', (e: Error & { code: number }) => (code = e.code));
+  call.on('status', (s: { code: number }) => (code ??= s.code));
+  try {
+    await until(() => code !== undefined, 'the picker to end the silent stream');
+  } finally {
+    call.cancel();
+  }
+  return { answers, code };
+}
+
+function assertHeadersTimeout(out: { answers: ProcessingResponse[]; code: number | undefined }) {
+  assert.equal(out.code, GrpcStatus.OK, 'a local reply, then a clean close');
+  assert.equal(out.answers.length, 1);
+  const reply = out.answers[0].immediate_response;
+  assert.ok(reply, `an immediate response, got ${out.answers[0].response}`);
+  assert.equal(reply.status.code, 'RequestTimeout');
+  assert.match(
+    JSON.parse(Buffer.from(reply.body ?? []).toString()).error.message,
+    /the request headers did not arrive in time/,
+  );
+}
+
+test('a stream that never sends its request headers gets a 408 in the request time, not held open for good', async () => {
+  assertHeadersTimeout(await silentStream(client));
+  assert.equal(held(), 0);
+});
+
+test('--headers-timeout-ms bounds the time to a stream’s request headers', async () => {
+  const own = await startPickerWithClients({ engines: 1, picker: { headersTimeoutMs: 200 } });
+  try {
+    assertHeadersTimeout(await silentStream(own.client));
+  } finally {
+    await own.close();
+  }
+});
