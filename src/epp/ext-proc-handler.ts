@@ -522,14 +522,19 @@ export function createProcessHandler(
         .then(() => handle(req))
         .catch((err: unknown) => fail(GrpcStatus.INTERNAL, `internal error: ${(err as Error).message}`));
     });
+    // Envoy sends nothing more: a request it had not sent whole is refused, not left unanswered
     call.on('end', () => {
-      queue = queue.then(() => {
-        finish();
-        if (!closed) {
+      queue = queue
+        .then(() => {
+          if (closed) return finish();
+          if (phase === 'headers')
+            return fail(GrpcStatus.FAILED_PRECONDITION, 'the stream ended before request_headers');
+          if (phase === 'body') return reject(400, 'the request ended before its body did', 'body');
+          finish();
           closed = true;
           call.end();
-        }
-      });
+        })
+        .catch((err: unknown) => fail(GrpcStatus.INTERNAL, `internal error: ${(err as Error).message}`));
     });
     if (headersTimeoutMs !== undefined)
       startTimer(headersTimeoutMs, 'headers', 'the request headers did not arrive in time');

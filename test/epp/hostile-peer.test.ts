@@ -42,8 +42,11 @@ interface Ended {
   details: string;
 }
 
-/** Writes `messages` on one stream (without half-closing it) and resolves once the picker ends the stream. */
-function exchange(messages: ProcessingRequest[]): Promise<Ended> {
+/**
+ * Writes `messages` on one stream (without half-closing it, unless `halfClose`) and resolves once
+ * the picker ends the stream.
+ */
+function exchange(messages: ProcessingRequest[], halfClose = false): Promise<Ended> {
   const call = client.Process();
   const answers: ProcessingResponse[] = [];
   call.on('data', (m: ProcessingResponse) => answers.push(m));
@@ -66,6 +69,7 @@ function exchange(messages: ProcessingRequest[]): Promise<Ended> {
   });
   call.on('end', () => {});
   for (const m of messages) call.write(m);
+  if (halfClose) call.end();
   return ended;
 }
 
@@ -77,6 +81,35 @@ async function stillServing(): Promise<void> {
   assert.equal(await envoy.healthStatus('liveness'), 'SERVING');
   await until(() => inFlight() === 0, 'nothing in flight');
 }
+
+test('a stream half-closed before its request was whole is refused, not ended with OK and no answer', async () => {
+  // before any request_headers: nothing to answer with a reply, so a protocol error
+  const none = await exchange([], true);
+  assert.equal(none.code, GrpcStatus.FAILED_PRECONDITION);
+  assert.match(none.details, /the stream ended before request_headers/);
+  assert.equal(none.answers.length, 0);
+  // in the middle of a body: the request cannot be routed on half a body, so a local reply says why
+  const partBody: ProcessingRequest = {
+    request_body: { body: Buffer.from('{"model":"mock","prompt":"cut'), end_of_stream: false },
+  };
+  for (const messages of [[REQUEST_HEADERS], [REQUEST_HEADERS, partBody]]) {
+    const cut = await exchange(messages, true);
+    assert.equal(cut.code, GrpcStatus.OK, 'a local reply, then a clean close');
+    assert.equal(cut.answers.length, 1);
+    const reply = cut.answers[0].immediate_response;
+    assert.ok(reply, `an immediate response, got ${cut.answers[0].response}`);
+    assert.equal(reply.status.code, 'BadRequest');
+    const error = JSON.parse(Buffer.from(reply.body ?? []).toString()).error;
+    assert.equal(error.message, 'the request ended before its body did');
+    assert.equal(error.param, 'body');
+  }
+  // a routed request half-closed before its response phase ends as before: cleanly, released
+  const routed = await exchange(ROUTED, true);
+  assert.equal(routed.code, GrpcStatus.OK);
+  assert.ok(routed.answers[0].request_headers, 'routed');
+  assert.equal(fleet.gateways[0].bodyBudget.used, 0);
+  await stillServing();
+});
 
 test('messages out of order end the stream with FAILED_PRECONDITION naming them, not a stream left open', async () => {
   const cases: Array<[string, ProcessingRequest[], RegExp]> = [
