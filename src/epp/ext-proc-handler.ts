@@ -7,6 +7,7 @@ import {
   type BodyBudget,
 } from '../server/body-budget.js';
 import { MAX_HEADER_LINES } from '../server/gateway.js';
+import { answerableRequestId } from '../server/passed-headers.js';
 import { MAX_TIMER_MS } from '../server/timeouts.js';
 import type { BodySendMode, ProcessingRequest, ProcessingResponse } from './proto.js';
 import {
@@ -374,7 +375,8 @@ export function createProcessHandler(
           if (charge && !charge.take(bytes)) return refuseForBudget();
           headers = readHeaders(req.request_headers, repeatedHeaders);
           requestId = headers.get(REQUEST_ID_HEADER) ?? '';
-          if (requestId === '' || requestId.length > 256) {
+          // one that could not go back in a header as it is (CR, LF, NUL…) is replaced, as a missing one
+          if (requestId === '' || requestId.length > 256 || !answerableRequestId(requestId)) {
             requestId = randomUUID();
             requestIdGenerated = true;
           }

@@ -190,6 +190,15 @@ test('bad JSON → 400; a field the API needs missing → 400 naming it; x-reque
   assert.match(JSON.parse(bad.body).error.message, /not valid JSON/);
   assert.equal(bad.headers.get('content-type'), 'application/json');
   assert.equal(bad.headers.get('x-request-id'), 'abc-123');
+  // one no header could carry as it is (CR, LF) is not echoed: it would smuggle in headers of its own
+  const smuggling = await envoy.request({
+    headers: { ':path': '/v1/chat/completions', 'x-request-id': 'abc\r\ninjected: 1' },
+    body: '{"model": "mock", "messages": [',
+  });
+  assert.equal(smuggling.kind === 'immediate' && smuggling.status, 400);
+  if (smuggling.kind !== 'immediate') return;
+  assert.equal(smuggling.headers.get('x-request-id'), undefined);
+  assert.deepEqual([...smuggling.headers.keys()].sort(), ['content-type']);
   const missing = await envoy.request({
     headers: { ':path': '/v1/chat/completions' },
     body: JSON.stringify({ model: 'mock' }),
