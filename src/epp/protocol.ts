@@ -121,26 +121,43 @@ export function readSubsetHintWithProblem(req: ProcessingRequest, maxEntries = 4
   if (v === undefined) return undefined;
   const out: string[] = [];
   let cut = false;
+  /** The list has more entries than the bound (whatever they hold). */
+  let longList = false;
+  // reads no further than the bound: a hint of millions of entries costs what one of maxEntries does
   const add = (s: string) => {
-    for (const part of s.split(',')) {
-      const t = part.trim();
+    let start = 0;
+    while (start <= s.length) {
+      let end = s.indexOf(',', start);
+      if (end < 0) end = s.length;
+      const t = s.slice(start, end).trim();
+      start = end + 1;
       if (t === '') continue;
-      if (out.length < maxEntries) out.push(t);
-      else cut = true;
+      if (out.length === maxEntries) {
+        cut = true;
+        return;
+      }
+      out.push(t);
     }
   };
   let problem: string | undefined;
   if (v.kind === 'stringValue' && typeof v.stringValue === 'string') add(v.stringValue);
   else if (v.kind === 'listValue') {
+    const values = v.listValue?.values ?? [];
     let others = 0;
-    for (const item of v.listValue?.values ?? []) {
-      if (item.kind === 'stringValue' && typeof item.stringValue === 'string') add(item.stringValue);
-      else others++;
+    for (let i = 0; i < values.length && !cut && !longList; i++) {
+      // more entries than the bound: the rest are not looked at, whatever they hold
+      if (i === maxEntries) longList = true;
+      else {
+        const item = values[i];
+        if (item.kind === 'stringValue' && typeof item.stringValue === 'string') add(item.stringValue);
+        else others++;
+      }
     }
     if (others > 0)
       problem = `has ${others} ${others === 1 ? 'entry' : 'entries'} that ${others === 1 ? 'is' : 'are'} not an ip:port string`;
   } else problem = `is ${valueKindName(v.kind)}, not a list of ip:port strings`;
-  if (cut) problem = `names more than ${maxEntries} endpoints; only the first ${maxEntries} are read`;
+  if (longList) problem = `has more than ${maxEntries} entries; only the first ${maxEntries} are read`;
+  else if (cut) problem = `names more than ${maxEntries} endpoints; only the first ${maxEntries} are read`;
   else if (out.length === 0 && problem === undefined) problem = 'lists no endpoint';
   return { endpoints: out, problem };
 }

@@ -126,6 +126,31 @@ test('the subset hint says what in it could not be read', () => {
   assert.equal(long?.endpoints.length, 4);
   assert.equal(long?.problem, 'names more than 4 endpoints; only the first 4 are read');
   assert.equal(hint({ kind: 'stringValue', stringValue: 'a:1,b:2' }, 2)?.problem, undefined, 'exactly the bound');
+  // a list past the bound is not walked to its end: entries past it are never looked at
+  const values = Array.from({ length: 10 }, () => ({ kind: 'stringValue', stringValue: '1.1.1.1:1' }));
+  Object.defineProperty(values, 6, {
+    get() {
+      throw new Error('an entry past the bound was read');
+    },
+  });
+  const longList = hint({ kind: 'listValue', listValue: { values } }, 4);
+  assert.equal(longList?.endpoints.length, 4);
+  assert.equal(longList?.problem, 'has more than 4 entries; only the first 4 are read');
+  const numbers = Array.from({ length: 10 }, () => ({ kind: 'numberValue', numberValue: 1 }));
+  Object.defineProperty(numbers, 6, {
+    get() {
+      throw new Error('an entry past the bound was read');
+    },
+  });
+  assert.equal(
+    hint({ kind: 'listValue', listValue: { values: numbers } }, 4)?.problem,
+    'has more than 4 entries; only the first 4 are read',
+  );
+  assert.equal(
+    hint({ kind: 'listValue', listValue: { values: [{ kind: 'stringValue', stringValue: 'a:1,b:2' }] } }, 2)?.problem,
+    undefined,
+    'exactly the bound, in a list',
+  );
 });
 
 test('the subset hint: a list, a comma string, list entries with commas; absent is undefined, empty is []', () => {
