@@ -27,6 +27,30 @@ after(async () => {
   for (const c of closers) await c();
 });
 
+/**
+ * A bare ZeroMQ publisher (frames sent as given: no engine's publisher) and a subscriber of worker
+ * `w0` whose log lines are kept, both closed after the file.
+ */
+async function rawPublisherRig(): Promise<{ pub: Publisher; sub: KvEventSubscriber; logs: string[] }> {
+  const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+  router.registerWorker('w0');
+  const pub = new Publisher({ linger: 0 });
+  await bindEndpoint(pub, 'tcp://127.0.0.1:*');
+  const logs: string[] = [];
+  const sub = new KvEventSubscriber({
+    workerId: 'w0',
+    endpoint: pub.lastEndpoint!,
+    applier: new KvEventApplier(router),
+    idleReplayMs: 0,
+    log: (m) => logs.push(m),
+  }).start();
+  closers.push(
+    () => sub.close(),
+    async () => pub.close(),
+  );
+  return { pub, sub, logs };
+}
+
 /** PUB/SUB slow joiner: publish a probe until the subscription is live. */
 async function untilSubscribed(pub: KvEventPublisher, sub: KvEventSubscriber): Promise<void> {
   const probe = batch({ type: 'AllBlocksCleared' });
@@ -259,22 +283,7 @@ describe('KV events over ZeroMQ', () => {
     async (t) => {
       // an engine that sends an event the router skips in every batch (an event type of a newer
       // release beside each step's stores; SGLang's EAGLE token pairs)
-      const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
-      router.registerWorker('w0');
-      const pub = new Publisher({ linger: 0 });
-      await bindEndpoint(pub, 'tcp://127.0.0.1:*');
-      const logs: string[] = [];
-      const sub = new KvEventSubscriber({
-        workerId: 'w0',
-        endpoint: pub.lastEndpoint!,
-        applier: new KvEventApplier(router),
-        idleReplayMs: 0,
-        log: (m) => logs.push(m),
-      }).start();
-      closers.push(
-        () => sub.close(),
-        async () => pub.close(),
-      );
+      const { pub, sub, logs } = await rawPublisherRig();
       let seq = 0n;
       const send = (events: unknown[]) => pub.send(['', sequenceFrame(seq++), Buffer.from(encode([1.5, events]))]);
       await until(
@@ -332,22 +341,7 @@ describe('KV events over ZeroMQ', () => {
 
   test('malformed messages at every step are all counted, and logged once a minute, not once a message', async () => {
     // a publisher that is not an engine, or an engine whose every batch the router cannot read
-    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
-    router.registerWorker('w0');
-    const pub = new Publisher({ linger: 0 });
-    await bindEndpoint(pub, 'tcp://127.0.0.1:*');
-    const logs: string[] = [];
-    const sub = new KvEventSubscriber({
-      workerId: 'w0',
-      endpoint: pub.lastEndpoint!,
-      applier: new KvEventApplier(router),
-      idleReplayMs: 0,
-      log: (m) => logs.push(m),
-    }).start();
-    closers.push(
-      () => sub.close(),
-      async () => pub.close(),
-    );
+    const { pub, sub, logs } = await rawPublisherRig();
     await until(
       async () => {
         if (sub.stats.malformed > 0) return true;
