@@ -131,8 +131,12 @@ export interface ExtProcHandlerOptions {
    */
   headersTimeoutMs?: number;
   log?: (message: string) => void;
-  /** Called once per request with its outcome: 'routed' or the status of the local reply. */
-  onOutcome?: (outcome: 'routed' | number) => void;
+  /**
+   * Called once per stream with its outcome: 'routed', the status of the local reply, the gRPC
+   * status it was ended with (lowercase: `failed_precondition`, `internal`…), or `cancelled` when
+   * Envoy gave up on it first.
+   */
+  onOutcome?: (outcome: string | number) => void;
   /**
    * Called for each request refused (503) because its headers or a body chunk did not fit in
    * `bodyBudget` (the gateway counts it in contextforge_request_body_budget_refusals_total).
@@ -240,9 +244,17 @@ export function createProcessHandler(
       });
       call.resume();
     };
+    /** The stream's outcome was counted (onOutcome): once per stream, whatever follows. */
+    let counted = false;
+    const count = (outcome: string | number) => {
+      if (counted) return;
+      counted = true;
+      options.onOutcome?.(outcome);
+    };
     const fail = (code: GrpcStatus, message: string) => {
       if (closed) return;
       closed = true;
+      count(GrpcStatus[code].toLowerCase());
       finish();
       log(`ext_proc stream ${requestId || '-'}: ${message}`);
       // grpc-js ends a server stream with an error's status when the error is emitted on it;
@@ -257,7 +269,7 @@ export function createProcessHandler(
       code: string | null = null,
       headers: Readonly<Record<string, string>> = {},
     ) => {
-      options.onOutcome?.(status);
+      count(status);
       const extra: Record<string, string> = { ...headers };
       if (retryAfterSeconds) extra['retry-after'] = String(retryAfterSeconds);
       // the client's own request id comes back, so it can find the request in the picker's log
@@ -330,7 +342,7 @@ export function createProcessHandler(
       inFlight = outcome.inFlight;
       if (outcome.modelRewrite)
         restorer = new ModelNameRestorer(outcome.modelRewrite.engine, outcome.modelRewrite.client);
-      options.onOutcome?.('routed');
+      count('routed');
       const forwarded = body === undefined ? undefined : (outcome.body ?? body);
       // Envoy drops content-length in FULL_DUPLEX_STREAMED mode; the engine gets it back, exact
       const extra: Record<string, string> = { ...outcome.headers };
@@ -542,6 +554,7 @@ export function createProcessHandler(
       startTimer(headersTimeoutMs, 'headers', 'the request headers did not arrive in time');
     // the peer gone: its body's bytes go back to the budget at once, not after the queue drains
     call.on('cancelled', () => {
+      count('cancelled');
       closed = true;
       stopBodyTimer();
       charge?.release();

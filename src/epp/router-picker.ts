@@ -187,7 +187,7 @@ export class RouterPicker implements EndpointPicker {
       (m.getSingleMetric('contextforge_epp_requests_total') as Counter<'outcome'> | undefined) ??
       new Counter({
         name: 'contextforge_epp_requests_total',
-        help: 'Endpoint-picker requests by outcome: routed, or the status of the local reply.',
+        help: 'Endpoint-picker streams by outcome: routed, the status of the local reply, the gRPC status the stream was ended with (failed_precondition, internal…), or cancelled by Envoy.',
         labelNames: ['outcome'],
         registers: [m],
       });
@@ -207,7 +207,7 @@ export class RouterPicker implements EndpointPicker {
   }
 
   /** Counts an outcome (the ext_proc handler reports each request's). */
-  countOutcome(outcome: 'routed' | number): void {
+  countOutcome(outcome: string | number): void {
     this.outcomes.inc({ outcome: String(outcome) });
   }
 

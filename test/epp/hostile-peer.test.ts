@@ -408,3 +408,16 @@ test('a method an inference path is not served with → 405 naming it, allow: PO
   if (preflight.kind === 'routed') await preflight.stream.end();
   await stillServing();
 });
+
+test('a stream ended with a gRPC error is counted under its status in contextforge_epp_requests_total', async () => {
+  const count = async (outcome: string) => {
+    const page = await fleet.gateways[0].metrics.metrics();
+    const line = page.split('\n').find((l) => l.startsWith(`contextforge_epp_requests_total{outcome="${outcome}"} `));
+    return line === undefined ? 0 : Number(line.split(' ')[1]);
+  };
+  const before = await count('failed_precondition');
+  const none = await exchange([], true);
+  assert.equal(none.code, GrpcStatus.FAILED_PRECONDITION);
+  await until(async () => (await count('failed_precondition')) === before + 1, 'the stream counted once');
+  await stillServing();
+});
