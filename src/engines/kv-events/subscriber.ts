@@ -126,18 +126,20 @@ const SPARE_SOCKETS = 2 * SOCKETS_PER_SUBSCRIBER;
  * over maxMessageSize; session_base_t::engine_error), and nothing would connect again.
  */
 export const SESSION_CHECK_MS = 1000;
-/** Disconnects of one worker's publisher logged at most once in this window (a wrong endpoint disconnects 10 times a second). */
-export const DISCONNECT_LOG_WINDOW_MS = 60_000;
 /**
- * Events of one worker skipped for one reason logged at most once in this window: an engine may
- * send an event the router skips at every scheduler step (SGLang's EAGLE token pairs, an event
- * type of a newer release), which would write a line per step. Every one is counted.
+ * Lines of one kind about one worker's publisher logged at most once in this window (logOnceAWindow):
+ * a wrong endpoint disconnects 10 times a second, and an engine may send an event the router skips,
+ * or a foreign publisher a bad message, at every scheduler step. Every one is counted.
  */
-export const SKIP_LOG_WINDOW_MS = 60_000;
+export const LOG_WINDOW_MS = 60_000;
 
-/** `line`, with how many more lines of its kind were not logged since the last one. */
-function moreSince(line: string, unlogged: number, what: string): string {
-  return unlogged > 0 ? `${line} (and ${unlogged} more ${what} since the last line)` : line;
+/**
+ * `line`, with how many more of `what` were not logged since the last line of its kind (or
+ * `first`, when given, on a first line).
+ */
+function moreSince(line: string, unlogged: number, what: string, first?: string): string {
+  if (unlogged > 0) return `${line} (and ${unlogged} more ${what} since the last line)`;
+  return first === undefined ? line : `${line} ${first}`;
 }
 
 /** Longest close() waits for ZeroMQ to release the socket (its observer's last event). */
@@ -353,24 +355,22 @@ export class KvEventSubscriber {
   }
 
   /**
-   * Logs a disconnect, or a protocol error, at most once a DISCONNECT_LOG_WINDOW_MS: an endpoint
+   * Logs a disconnect, or a protocol error, at most once a LOG_WINDOW_MS: an endpoint
    * that accepts TCP but is no ZeroMQ publisher (an engine's HTTP port given by mistake) is
    * connected to and dropped ten times a second, for as long as it is configured.
    */
   private logDisconnect(message: string): void {
-    this.logOnceAWindow('disconnect', DISCONNECT_LOG_WINDOW_MS, 1, (unlogged) =>
-      unlogged > 0 ? `${message} (and ${unlogged} more disconnects since the last line)` : message,
-    );
+    this.logOnceAWindow('disconnect', 1, (unlogged) => moreSince(message, unlogged, 'disconnects'));
   }
 
   /**
-   * Logs a line of `kind` unless one was logged less than `windowMs` ago; then only adds `count`
-   * to what the next line of that kind says it did not log (`line` gets that number).
+   * Logs a line of `kind` unless one was logged less than LOG_WINDOW_MS ago; then only adds
+   * `count` to what the next line of that kind says it did not log (`line` gets that number).
    */
-  private logOnceAWindow(kind: string, windowMs: number, count: number, line: (unlogged: number) => string): void {
+  private logOnceAWindow(kind: string, count: number, line: (unlogged: number) => string): void {
     const now = Date.now();
     const w = this.logWindows.get(kind);
-    if (w !== undefined && now - w.loggedAt < windowMs && now >= w.loggedAt) {
+    if (w !== undefined && now - w.loggedAt < LOG_WINDOW_MS && now >= w.loggedAt) {
       w.unlogged += count;
       return;
     }
@@ -384,9 +384,7 @@ export class KvEventSubscriber {
    */
   private logMalformed(kind: string, message: string): void {
     this.stats.malformed++;
-    this.logOnceAWindow(`malformed ${kind}`, SKIP_LOG_WINDOW_MS, 1, (unlogged) =>
-      moreSince(message, unlogged, `${kind} skipped`),
-    );
+    this.logOnceAWindow(`malformed ${kind}`, 1, (unlogged) => moreSince(message, unlogged, `${kind} skipped`));
   }
 
   /**
@@ -472,7 +470,7 @@ export class KvEventSubscriber {
         return;
       }
       this.stats.restarts++;
-      this.logOnceAWindow('restart', SKIP_LOG_WINDOW_MS, 1, (unlogged) =>
+      this.logOnceAWindow('restart', 1, (unlogged) =>
         moreSince(
           `sequence went back from ${this.lastSeq} to ${seq}: engine restarted, its entries are dropped`,
           unlogged,
@@ -490,7 +488,7 @@ export class KvEventSubscriber {
       const recovered = this.options.replayEndpoint ? await this.replayFrom(expected, seq) : false;
       if (!this.running) return;
       if (!recovered && this.lastSeq !== null) {
-        this.logOnceAWindow('lost', SKIP_LOG_WINDOW_MS, 1, (unlogged) =>
+        this.logOnceAWindow('lost', 1, (unlogged) =>
           moreSince(
             `lost events ${expected}..${seq - 1n} and could not replay them: entries dropped, rebuilt from new events`,
             unlogged,
@@ -586,10 +584,13 @@ export class KvEventSubscriber {
     }
     // each reason at most once a window: an engine may send a skipped event at every step
     for (const [reason, { count, first }] of skips ?? [])
-      this.logOnceAWindow(`skipped ${reason}`, SKIP_LOG_WINDOW_MS, count, (unlogged) =>
-        unlogged > 0
-          ? `batch ${seq}: skipped ${count} event(s) (reason ${reason}): ${first} (and ${unlogged} more skipped for this reason since the last line)`
-          : `batch ${seq}: skipped ${count} event(s) (reason ${reason}): ${first} (events skipped for this reason are counted, and logged at most once a minute)`,
+      this.logOnceAWindow(`skipped ${reason}`, count, (unlogged) =>
+        moreSince(
+          `batch ${seq}: skipped ${count} event(s) (reason ${reason}): ${first}`,
+          unlogged,
+          'skipped for this reason',
+          '(events skipped for this reason are counted, and logged at most once a minute)',
+        ),
       );
     if (nonLocalBefore === 0 && (this.stats.applied.skipped[NON_LOCAL_SKIP] ?? 0) > 0)
       this.log(
