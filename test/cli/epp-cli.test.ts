@@ -341,6 +341,33 @@ test('epp runs one process: --processes above 1 is named in a warning and not us
   );
 });
 
+test("serve's proxy settings given to epp are named in a warning: Envoy forwards the requests", () => {
+  const proxy = (w: string) => w.includes('has no effect on epp: it sets how serve forwards');
+  assert.deepEqual(resolveEpp([]).resolved.warnings.filter(proxy), []);
+  // a file or environment shared with serve sets them for serve
+  assert.deepEqual(resolveEpp([], { CONTEXTFORGE_MAX_RETRIES: '4' }).resolved.warnings.filter(proxy), []);
+  const given = resolveEpp(['--max-retries', '5', '--upstream-timeout-ms', '30000', '--cached-tokens-header']);
+  assert.deepEqual(
+    given.resolved.warnings.filter(proxy),
+    [
+      '--max-retries has no effect on epp: it sets how serve forwards requests, which Envoy forwards here',
+      '--upstream-timeout-ms has no effect on epp: it sets how serve forwards requests, which Envoy forwards here',
+      '--cached-tokens-header has no effect on epp: it sets how serve forwards requests, which Envoy forwards here',
+    ].sort((a, b) => order(a) - order(b)),
+  );
+});
+
+/** Where a warning's setting stands in epp's list of serve's proxy settings. */
+function order(warning: string): number {
+  return [
+    '--cached-tokens-header',
+    '--max-retries',
+    '--first-byte-timeout-ms',
+    '--upstream-timeout-ms',
+    '--buffered-answer-limit',
+  ].findIndex((f) => warning.startsWith(`${f} `));
+}
+
 test('--shed-metrics-stale-ms: the default follows the scrape interval; a value a healthy scrape reaches is refused', () => {
   assert.equal(resolveEpp([]).config.shedMetricsStaleMs, undefined);
   assert.equal(pickerStaleMs(resolveEpp([]).config), 4000, 'interval 1000 + twice the 1000 ms timeout + 1000');

@@ -1,11 +1,20 @@
 import type { Command } from 'commander';
 import { addSettingOptions } from '../config/resolve.js';
-import { EPP_HELP, EPP_SCHEMA } from '../config/settings.js';
+import { EPP_HELP, EPP_SCHEMA, kebab } from '../config/settings.js';
 import { checkEppTlsSettings } from '../config/epp-tls.js';
 import { printConfig } from '../config/print-config.js';
 import { printConfigOption, resolveConfig } from './serve.js';
 
 export { parseDiscoverySpec } from '../config/picker-text.js';
+
+/** serve's proxy settings, which epp takes (a config shared with serve may set them) and does not use. */
+const PROXY_SETTINGS = [
+  'cachedTokensHeader',
+  'maxRetries',
+  'firstByteTimeoutMs',
+  'upstreamTimeoutMs',
+  'bufferedAnswerLimit',
+] as const;
 
 /**
  * `epp`'s settings (as resolveConfig resolves them). The picker runs in one process: --processes,
@@ -21,6 +30,15 @@ export function resolveEppConfig(cmd: Command, env: NodeJS.ProcessEnv = process.
     config.processes = 1;
     // --print-config shows what runs: read back, it warns of nothing
     (resolved.values as { processes: number }).processes = 1;
+  }
+  // Envoy forwards the requests, not this process: the settings of serve's proxy do nothing here.
+  // Named when given as a flag, to epp itself; a file or environment shared with serve sets them
+  // for serve (and epp's own --print-config lists them)
+  for (const key of PROXY_SETTINGS) {
+    if (resolved.origins[key] !== 'flag') continue;
+    resolved.warnings.push(
+      `--${kebab(key)} has no effect on epp: it sets how serve forwards requests, which Envoy forwards here`,
+    );
   }
   return { config, resolved };
 }

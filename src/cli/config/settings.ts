@@ -427,6 +427,10 @@ export const EPP_HELP: Readonly<Record<keyof typeof EPP_SCHEMA.shape, SettingHel
   ...gatewayHelp,
   ...routerHelp,
   ...pickerHelp,
+  processes: {
+    arg: '<n>',
+    help: 'has no effect on epp, which runs one process (run more epp replicas sharing --state instead); a value above 1 is named in a warning',
+  },
   port: { arg: '<n>', help: 'ext_proc gRPC port (0: any free port)' },
   metricsPort: { arg: '<n>', help: 'HTTP port for /metrics, /healthz, /readyz and /admin (0: any free port)' },
   healthPort: {
