@@ -108,6 +108,12 @@ test('errors name the source and the key, and the value given', () => {
     bad(['--config', h]),
     `--config ${h}: router.anchorCapacty is not a router option (did you mean anchorCapacity?)`,
   );
+  // a router option serve sets as a setting of its own is named where it goes
+  const h2 = write('router:\n  maxIdBytes: 512\n');
+  assert.equal(
+    bad(['--config', h2]),
+    `--config ${h2}: router.maxIdBytes is a setting of serve of its own: give it as max-id-bytes`,
+  );
   const i = write('max-retrys: 1\n');
   assert.equal(bad(['--config', i]), `--config ${i}: unknown key 'max-retrys' (did you mean max-retries?)`);
   const j = write('policyOptions: {sglang: {cacheThreshold: 2}}\n');

@@ -279,6 +279,12 @@ export function readConfigFile(
         throw new RangeError(`${where}: router must be a mapping of KVAwareRouter options`);
       for (const [option, v] of Object.entries(value)) {
         if (!routerKeys.has(option) && option !== 'indexMode') {
+          // a router option the command sets as a setting of its own (maxIdBytes, which also
+          // bounds the ids of the HTTP API): named where it goes, not refused with a guess
+          if (byName.get(option) === option)
+            throw new RangeError(
+              `${where}: router.${shownKey(option)} is a setting of ${command} of its own: give it as ${kebab(option)}`,
+            );
           const guess = closestKey(option, [...routerKeys, 'indexMode']);
           throw new RangeError(
             `${where}: router.${shownKey(option)} is not a router option${guess ? ` (did you mean ${guess}?)` : ''}`,
