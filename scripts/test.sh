@@ -18,7 +18,27 @@ mapfile -t rest < <(find test -name '*.test.ts' | sort | grep -vxF -f <(printf '
 if [ "${npm_lifecycle_event:-}" = test ]; then export CFR_TEST_BUILT_CLI=1; fi
 
 reports=$(mktemp -d)
-trap 'rm -rf "$reports"' EXIT
+redis_pid=
+trap 'rm -rf "$reports"; if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; fi' EXIT
+
+# The scale-out tests need a Redis: the one CONTEXTFORGE_TEST_REDIS names, else the machine's on
+# 127.0.0.1:6379, else one started here for this run on a free port (redis-server installed)
+redis_answers() { # host port
+  (exec 3<>"/dev/tcp/$1/$2" && printf 'PING\r\n' >&3 && IFS= read -r -t 2 reply <&3 && [[ $reply == +PONG* ]]) 2>/dev/null
+}
+if [ -z "${CONTEXTFORGE_TEST_REDIS:-}" ] && ! redis_answers 127.0.0.1 6379; then
+  if ! command -v redis-server >/dev/null; then
+    echo "npm test: the scale-out tests need Redis: nothing answers on 127.0.0.1:6379 and redis-server is not installed (apt-get install redis-server, or set CONTEXTFORGE_TEST_REDIS=redis://host:port)" >&2
+    exit 1
+  fi
+  port=$(node -e "const s=require('node:net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})")
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >"$reports/redis.log" 2>&1 &
+  redis_pid=$!
+  for _ in $(seq 100); do redis_answers 127.0.0.1 "$port" && break; sleep 0.1; done
+  redis_answers 127.0.0.1 "$port" || { echo "npm test: redis-server did not start on 127.0.0.1:$port:" >&2; cat "$reports/redis.log" >&2; exit 1; }
+  export CONTEXTFORGE_TEST_REDIS="redis://127.0.0.1:$port"
+  echo "# npm test: Redis for the scale-out tests started on 127.0.0.1:$port"
+fi
 pass() {
   local name=$1 concurrency=$2
   shift 2

@@ -6,9 +6,10 @@ import { startGateway } from '../../src/cli/commands/serve-run.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { resolveServe } from '../helpers/serve-config.js';
 import { until } from '../helpers/wait.js';
+import { REDIS_URL } from '../helpers/redis-routers.js';
 
 // the machine's Redis, database 9 only: every key this test writes is under a fresh prefix
-const STATE = 'redis://127.0.0.1:6379/9';
+const STATE = `${REDIS_URL}/9`;
 
 test('--prediction-ttl-ms is the lifetime of the shared chain entries in Redis', async () => {
   const engine = await new MockEngine({}).start();
