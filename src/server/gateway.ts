@@ -1541,7 +1541,10 @@ const responseOnSocket = new WeakMap<Duplex, ServerResponse>();
 
 /**
  * How long a connection closed after an answer to a request whose body was not read goes on
- * reading (and dropping) what its client sends, unless the client closes first.
+ * reading (and dropping) what its client sends, unless the client closes first. The bound is in
+ * time alone: the bytes are dropped as they come, never held. 2 s take 16 MiB (a body at the
+ * default limit) at 70 Mbit/s; a client still sending after them (a larger body, a slower link)
+ * meets the close, a reset, while it writes.
  */
 const LINGER_MS = 2000;
 
@@ -1553,7 +1556,8 @@ const LINGER_MS = 2000;
  * client that meets the reset while writing (undici does) reports a connection error in place of
  * the answer. So the rest is read and dropped, no longer parsed, until the client closes its
  * side or LINGER_MS have passed (RFC 9112 §9.6: a server closes in stages, reading on after it
- * has answered). A connection whose request was read whole closes as before.
+ * has answered), whether the body came before the answer or after it (readHandle). A
+ * connection whose request was read whole closes as before.
  */
 function lingeringClose(this: Socket): void {
   // nothing after this answer is served: the requests behind it close unanswered
@@ -1613,6 +1617,22 @@ function stopReading(socket: Duplex): void {
   // adding a 'data' listener detaches the parser from the socket's handle (Node's server does)
   socket.on('data', dropBytes);
   socket.resume();
+  readHandle(socket);
+}
+
+/**
+ * Makes the socket's handle read again. Node's server stops the handle while a request's body
+ * waits to be read (the request stream full: a body sent whole with its headers, refused
+ * before it is read) and starts it again on the socket's 'resume', by a listener that goes with
+ * the parser (lib/_http_server.js, onSocketResume). Detached from the parser then, the socket
+ * would never read again: the stream takes the handle for reading still (it waits for data
+ * the parser took), so resume() does not start it, and what the client sends is never read.
+ */
+function readHandle(socket: Duplex): void {
+  const handle = (socket as unknown as { _handle?: { reading?: boolean; readStart?: () => number } | null })._handle;
+  if (handle?.reading !== false || typeof handle.readStart !== 'function') return;
+  handle.reading = true;
+  handle.readStart();
 }
 
 /** The OpenAI error body of an answer written before any route runs (openAiError's, for a client's fault). */

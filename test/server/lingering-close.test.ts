@@ -70,6 +70,22 @@ test('after a 413 for a body over the limit, what the client still sends is read
   await refusedThenBody(head(BODY_LIMIT + 1), 413);
 });
 
+test('a body over the limit sent whole with its headers is read and dropped after the 413, not reset', async () => {
+  // sent at once, as a client with the body in memory sends it: the body reaches the gateway
+  // before its answer, fills the request stream and stops Node's reading of the connection
+  const client = await rawClient(setup.port);
+  try {
+    const body = Buffer.alloc(2 * BODY_LIMIT, 'x');
+    const error = await written(client, Buffer.concat([Buffer.from(head(body.length)), body]));
+    assert.equal(error, null, `the body was taken, not reset (${String(error)})`);
+    await until(() => /^HTTP\/1\.1 413 /.test(client.received()), 'the 413');
+    client.socket.end();
+    await until(client.closed, 'the connection closed');
+  } finally {
+    client.socket.destroy();
+  }
+});
+
 test('after a 431 for too many header lines, what the client still sends is read, not reset', async () => {
   const filler = Array.from({ length: 1500 }, (_, i) => `f${i}:1\r\n`).join('');
   await refusedThenBody(head(6 * 1024 * 1024, filler), 431);
