@@ -559,7 +559,13 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     logger: false,
     connectionTimeout: timeouts.connectionTimeoutMs,
     // what the HTTP layer refuses before a route runs is answered in the OpenAI shape too
-    clientErrorHandler: (err, socket) => answerClientError(err, socket, (req) => bodyCharges.get(req)?.release()),
+    clientErrorHandler: (err, socket) =>
+      answerClientError(
+        err,
+        socket,
+        (req) => bodyCharges.get(req)?.release(),
+        (status) => metrics.countRequest(NO_ROUTE, status),
+      ),
     frameworkErrors: (err, _req, reply) =>
       void openAiError(
         reply as FastifyReply,
@@ -695,9 +701,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
         answerMalformed(res, 417, `the expectation '${shownHeader(req.headers.expect)}' is not supported`, 'expect');
       });
       // CONNECT comes to this event, not to the routes; without a listener Node drops the socket unanswered
-      server.on('connect', (req: IncomingMessage, socket: Duplex) =>
-        answerMethodNotAllowed(socket, req, routeMethods.allowed(req.url ?? '')),
-      );
+      server.on('connect', (req: IncomingMessage, socket: Duplex) => {
+        if (answerMethodNotAllowed(socket, req, routeMethods.allowed(req.url ?? '')))
+          metrics.countRequest(routeMethods.patternOf(req.url ?? '') ?? NO_ROUTE, 405);
+      });
       // one more than a request may have: a request that has it is refused, not read without the rest
       server.maxHeadersCount = MAX_HEADER_LINES + 1;
       server.setTimeout(timeouts.connectionTimeoutMs);
@@ -1025,7 +1032,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
    * response closes, under the route its path matches, as Fastify's hook below counts the rest.
    */
   const countOnClose = (req: IncomingMessage, res: ServerResponse): void => {
-    const path = routeMethods.patternOf(req.url ?? '') ?? 'unknown';
+    const path = routeMethods.patternOf(req.url ?? '') ?? NO_ROUTE;
     res.once('close', () => metrics.countRequest(path, statusOnClose(req, res)));
   };
   /**
@@ -1041,7 +1048,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   // promise per request
   app.addHook('onRequest', (req, reply, done) => {
     const res = reply.raw;
-    res.once('close', () => metrics.countRequest(req.routeOptions.url ?? 'unknown', statusOnClose(req.raw, res)));
+    res.once('close', () => metrics.countRequest(req.routeOptions.url ?? NO_ROUTE, statusOnClose(req.raw, res)));
     done();
   });
 
@@ -1404,12 +1411,15 @@ function continueOnRead(req: IncomingMessage, res: ServerResponse): void {
  * what the client sends is read and dropped: nothing more is a request, and a body is not held.
  * A client whose input ends in the middle of a request's body gave that request up: it is not
  * answered, and counts as a client that left (499). `release` gives the refused request's body
- * bytes back to the budget.
+ * bytes back to the budget. A refusal that answers no request of the routes (what the parser
+ * could not read as one: an unknown method, a control character in the target or a header,
+ * another version, headers over the limit) is counted with `count`, once written.
  */
 function answerClientError(
   err: Error & { code?: string },
   socket: Duplex,
   release: (req: IncomingMessage) => void,
+  count: (status: number) => void,
 ): void {
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
   // each chunk read after the error fails to parse again: what to do was decided at the first
@@ -1465,7 +1475,9 @@ function answerClientError(
     res.once('close', () => {
       // unless that answer, or one before it, was the connection's last
       if (closedAfterLastAnswer(socket)) return;
-      if (!socket.destroyed && socket.writable) socket.end(text, () => socket.destroy());
+      if (socket.destroyed || !socket.writable) return;
+      count(status);
+      socket.end(text, () => socket.destroy());
     });
     return;
   }
@@ -1473,6 +1485,7 @@ function answerClientError(
   // its response closes, not as a client that left
   if (reading) markAnsweredOnSocket(res, status);
   if (!socket.writable) return void socket.destroy();
+  if (!reading) count(status);
   socket.write(text);
   // the client may still be sending what the parser refused (a chunk extension past Node's
   // bound, a body behind a bad chunk size): closed with those bytes unread, the connection
@@ -1524,6 +1537,9 @@ function clientErrorText(
   const body = clientErrorBody(message, param, code);
   return `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\n${idLine}Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
 }
+
+/** The `path` of contextforge_requests_total for a request no route matches (bounded: one value for them all). */
+const NO_ROUTE = 'unknown';
 
 /** Connections whose refusal waits for the answers in flight on them (answerClientError). */
 const refusedAfterAnswers = new WeakSet<Duplex>();
@@ -1775,15 +1791,20 @@ function answerClientRequestLimit(res: ServerResponse, limit: number): void {
 /**
  * Answers a CONNECT (handed over by Node outside the routes, with the raw socket) with 405, an
  * Allow header and an OpenAI error body, then closes the connection: the gateway tunnels nothing.
+ * False when the client is gone already: nothing is written.
  */
-function answerMethodNotAllowed(socket: Duplex, req: IncomingMessage, allowed: readonly string[]): void {
+function answerMethodNotAllowed(socket: Duplex, req: IncomingMessage, allowed: readonly string[]): boolean {
   socket.on('error', () => {});
-  if (!socket.writable) return void socket.destroy();
+  if (!socket.writable) {
+    socket.destroy();
+    return false;
+  }
   const body = clientErrorBody(methodNotAllowedMessage(req.method ?? 'CONNECT', req.url ?? '', allowed), 'method');
   socket.end(
     `HTTP/1.1 405 ${STATUS_CODES[405]}\r\nConnection: close\r\n${requestIdLine(req)}Allow: ${allowed.join(', ')}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
     () => socket.destroy(),
   );
+  return true;
 }
 
 /** What a route threw, as an Error (anything else thrown is wrapped). */
