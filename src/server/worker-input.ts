@@ -30,10 +30,28 @@ export function checkWorkerId(id: unknown, where = 'worker id'): string {
   return id;
 }
 
-/** An http(s) URL without query or fragment; `what` names the field in the message. */
+/** Spaces, control characters and backslashes: what URL() strips, drops or reads as `/`. */
+// eslint-disable-next-line no-control-regex -- the characters refused
+const REWRITTEN_CHARACTER = /[\x00-\x20\x7f\\]/;
+
+/**
+ * An http(s) URL without query or fragment; `what` names the field in the message. The URL is
+ * kept as written (listings show it, the credentials are split from it), so what WHATWG URL()
+ * would read otherwise than written is refused, as a chat's media URLs are (media-domains.ts),
+ * where other parsers may read it as another URL: leading or trailing spaces and control
+ * characters (stripped), a tab or line break anywhere (dropped), a backslash (read as `/`), a
+ * scheme not followed by exactly `//` (`http:host`, `http:/host` and `http:///host` are all read
+ * as `http://host/`), a `%` in the host (decoded: `loc%61lhost` is localhost).
+ */
 export function checkHttpUrl(url: unknown, what: string): string {
   if (typeof url !== 'string' || url.length > MAX_URL_LENGTH)
     throw new RangeError(`${what} must be an http(s) URL of at most ${MAX_URL_LENGTH} characters`);
+  if (REWRITTEN_CHARACTER.test(url))
+    throw new RangeError(
+      `${what} must not hold spaces, control characters or backslashes (URL parsers read them differently; percent-encode them)`,
+    );
+  if (/^https?:/i.test(url) && !/^https?:\/\/[^/]/i.test(url))
+    throw new RangeError(`${what} must have exactly // after its scheme, then the host: http(s)://host:port`);
   let u: URL;
   try {
     u = new URL(url);
@@ -47,6 +65,8 @@ export function checkHttpUrl(url: unknown, what: string): string {
   if (u.protocol !== 'http:' && u.protocol !== 'https:')
     throw new RangeError(`${what} must start with http:// or https://`);
   if (u.search !== '' || u.hash !== '') throw new RangeError(`${what} must not have a query or fragment`);
+  if (hostOf(url).includes('%'))
+    throw new RangeError(`${what} must not have a % in its host (URL parsers decode it or not)`);
   // the URL parser refuses ports past 65535; port 0 parses but nothing can be reached on it
   if (u.port === '0') throw new RangeError(`${what} must have a port from 1 to 65535`);
   // credentials travel decoded as a Basic authorization header (splitCredentials): checked here,
@@ -54,6 +74,14 @@ export function checkHttpUrl(url: unknown, what: string): string {
   if (!decodes(u.username) || !decodes(u.password))
     throw new RangeError(`${what} has a user name or password with a malformed percent-escape (write % as %25)`);
   return url;
+}
+
+/** The host (and port) of `url` as written: its authority after the last `@`, `url` starting with `scheme://`. */
+function hostOf(url: string): string {
+  const start = url.indexOf('//') + 2;
+  const end = url.slice(start).search(/[/?#]/);
+  const authority = end === -1 ? url.slice(start) : url.slice(start, start + end);
+  return authority.slice(authority.lastIndexOf('@') + 1);
 }
 
 function decodes(text: string): boolean {

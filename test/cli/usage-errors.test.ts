@@ -688,7 +688,8 @@ test("a worker's URL port out of range, or a negative number, is named as such",
   const bad = (spec: string, message: RegExp) => assert.throws(() => parseWorkerSpec(spec), message, spec);
   bad('id=a,url=http://h:99999', /: url must have a port from 1 to 65535$/);
   bad('id=a,url=http://h:1,metrics=http://h:70000/metrics', /: metrics must have a port from 1 to 65535$/);
-  bad('id=a,url=http://a b:1', /: url is not a valid URL$/);
+  bad('id=a,url=http://[::1:1', /: url is not a valid URL$/);
+  bad('id=a,url=http://a b:1', /: url must not hold spaces, control characters or backslashes/);
   bad('id=a,url=http://h:1,dp-size=-1', /: dpSize must be >= 1 \(got -1\)$/);
   bad('id=a,url=http://h:1,cla=-1', /: claGroups\[0\] must be >= 0 \(got -1\)$/);
 });
