@@ -130,8 +130,9 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
       // out of ZeroMQ sockets: the request is sound, the process cannot take it until some close
       if (err instanceof SocketLimitError) return openAiError(reply, 503, err.message, 'events');
       if (err instanceof KeyEnvError) return openAiError(reply, 400, err.message, err.field);
+      // an endpoint ZeroMQ refuses names its field (WorkerConnections.add)
       if (err instanceof RangeError || err instanceof TypeError)
-        return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'));
+        return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'), workerErrorField(err));
       throw err;
     }
     return reply.code(201).send({ id: record.id });

@@ -232,6 +232,19 @@ export class WorkerLimitError extends RangeError {
 }
 
 /**
+ * What `run` returns; a RangeError it throws (a refusal of the worker's input) names `field`,
+ * the worker record's field at fault (workerErrorField: the `param` of the admin API's 400).
+ */
+function naming<T>(field: keyof WorkerRecord, run: () => T): T {
+  try {
+    return run();
+  } catch (err) {
+    if (err instanceof RangeError) Object.assign(err, { field });
+    throw err;
+  }
+}
+
+/**
  * A worker with KV events refused because ZeroMQ's socket limit (its context's max_sockets) has
  * no room for its subscribers: the request is sound, the process is out of sockets for now.
  */
@@ -538,8 +551,10 @@ export class WorkerConnections {
       throw new WorkerLimitError(message, param);
     }
     // every rank's endpoints first: a bad one refuses the worker before anything starts
-    const events = w.events === undefined ? undefined : ids.map((_, r) => rankEndpoint(w.events!, r));
-    const replays = w.replay === undefined ? undefined : ids.map((_, r) => rankEndpoint(w.replay!, r));
+    const events =
+      w.events === undefined ? undefined : naming('events', () => ids.map((_, r) => rankEndpoint(w.events!, r)));
+    const replays =
+      w.replay === undefined ? undefined : naming('replay', () => ids.map((_, r) => rankEndpoint(w.replay!, r)));
     // ZeroMQ refuses sockets past its max_sockets, a replay's included: a worker whose subscribers
     // would leave another subscriber no room for its replay is refused, not the others' replays
     const socketLimit = (open: number, maxSockets: number) =>
@@ -600,14 +615,17 @@ export class WorkerConnections {
       ids.forEach((id, r) => {
         subscribers.push(
           this.options.kvEvents && events
-            ? new KvEventSubscriber({
-                workerId: id,
-                endpoint: events[r],
-                replayEndpoint: replays?.[r],
-                applier,
-                log,
-                dataParallel: dpSize > 1 ? { rank: r, size: dpSize } : undefined,
-              }).start()
+            ? // ZeroMQ has the last word on the endpoint: its refusal is the events field's
+              naming('events', () =>
+                new KvEventSubscriber({
+                  workerId: id,
+                  endpoint: events[r],
+                  replayEndpoint: replays?.[r],
+                  applier,
+                  log,
+                  dataParallel: dpSize > 1 ? { rank: r, size: dpSize } : undefined,
+                }).start(),
+              )
             : undefined,
         );
       });

@@ -110,18 +110,49 @@ export function checkWorkerUrl(url: unknown, what: string): string {
   return url as string;
 }
 
-/** A ZeroMQ endpoint the subscriber can connect to: `tcp://HOST:PORT` or `ipc://PATH`. */
+/**
+ * The longest path of a Unix socket ZeroMQ connects to (`ipc://PATH`): sockaddr_un's sun_path
+ * less its terminating NUL, 108 bytes on Linux, 104 on macOS and the BSDs. A longer one ZeroMQ
+ * refuses ("File name too long").
+ */
+const MAX_IPC_PATH_BYTES = process.platform === 'linux' ? 107 : 103;
+/**
+ * A host ZeroMQ connects to: a name or an IPv4 address (letters, digits, `.`, `-`, `_`, starting
+ * with a letter or digit), an IPv6 address (in brackets, with an optional zone after `%`, or
+ * bare). ZeroMQ refuses a name starting otherwise, `*` (all interfaces, for binding only) and
+ * anything not ASCII when it connects; a replay's endpoint is connected to only when a replay
+ * is asked for, so it is checked here, as the events endpoint is.
+ */
+const ZMQ_HOST =
+  /^(?:[A-Za-z0-9][A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\]|[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*)$/;
+
+/**
+ * A ZeroMQ endpoint the subscriber can connect to: `tcp://HOST:PORT` (ZeroMQ's
+ * `tcp://SOURCE;HOST:PORT` too, SOURCE a host or interface with an optional port) or
+ * `ipc://PATH`, as ZeroMQ reads it when it connects (see ZMQ_HOST, MAX_IPC_PATH_BYTES).
+ */
 export function checkZmqEndpoint(endpoint: unknown, what: string): string {
   if (typeof endpoint !== 'string' || endpoint.length > MAX_URL_LENGTH || !/^(tcp|ipc):\/\/\S+$/.test(endpoint))
     throw new RangeError(`${what} must be a tcp:// or ipc:// endpoint`);
-  if (endpoint.startsWith('tcp://')) {
-    // ZeroMQ has no credentials in an endpoint (it refuses one with '@' in its host): a password
-    // there would only end up in messages and listings
-    if (/^tcp:\/\/[^/]*@/.test(endpoint)) throw new RangeError(`${what} must not hold a user name or password`);
-    const port = /^tcp:\/\/\S+:(\d{1,5})$/.exec(endpoint)?.[1];
-    if (port === undefined || Number(port) < 1 || Number(port) > 65535)
-      throw new RangeError(`${what} must be tcp://HOST:PORT with a port from 1 to 65535`);
+  // ZeroMQ reads the endpoint as a C string: a NUL would end it there
+  // eslint-disable-next-line no-control-regex -- the characters refused
+  if (/[\x00-\x1f\x7f]/.test(endpoint)) throw new RangeError(`${what} must not hold control characters`);
+  if (endpoint.startsWith('ipc://')) {
+    if (Buffer.byteLength(endpoint) - 'ipc://'.length > MAX_IPC_PATH_BYTES)
+      throw new RangeError(`${what} has a path longer than a Unix socket's (${MAX_IPC_PATH_BYTES} bytes)`);
+    return endpoint;
   }
+  // ZeroMQ has no credentials in an endpoint (it refuses one with '@' in its host): a password
+  // there would only end up in messages and listings
+  if (/^tcp:\/\/[^/]*@/.test(endpoint)) throw new RangeError(`${what} must not hold a user name or password`);
+  const address = /^tcp:\/\/(?:([^;]+);)?(\S+):(\d{1,5})$/.exec(endpoint);
+  if (address === null || Number(address[3]) < 1 || Number(address[3]) > 65535)
+    throw new RangeError(`${what} must be tcp://HOST:PORT with a port from 1 to 65535`);
+  const [, source, host] = address;
+  if (host === '*' || source?.startsWith('*'))
+    throw new RangeError(`${what} must name the engine's host: * (every interface) is for binding, not connecting`);
+  if (!ZMQ_HOST.test(host) || (source !== undefined && !ZMQ_HOST.test(source.replace(/:\d{1,5}$/, ''))))
+    throw new RangeError(`${what} must be tcp://HOST:PORT with HOST a host name or an IP address`);
   return endpoint;
 }
 

@@ -1,16 +1,21 @@
 /**
- * A worker whose KV-event endpoint ZeroMQ refuses (it passes the tcp://HOST:PORT check, but a
- * wildcard host is for binding) is refused as a whole: nothing of it stays registered or open.
+ * A worker whose KV-event endpoints ZeroMQ would refuse (a wildcard host is for binding, a NUL
+ * ends ZeroMQ's string, a path too long for a Unix socket) is refused as a whole, with a 400
+ * naming the field: nothing of it stays registered or open. The replay endpoint is checked the
+ * same way, though ZeroMQ meets it only when a replay is asked for; and what ZeroMQ itself
+ * refuses when the subscriber connects names `events` too.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { Subscriber } from 'zeromq';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
-import { createGateway } from '../../src/server/gateway.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
 
-test('an events endpoint ZeroMQ cannot connect to refuses the worker and leaves nothing behind', async () => {
+const adminToken = 'worker-add-failure-admin';
+
+async function withGateway(run: (gateway: Gateway, base: string, enginePort: number) => Promise<void>) {
   const engine = await new MockEngine().start();
-  const adminToken = 'worker-add-failure-admin';
   const gateway = await createGateway({
     adminToken,
     router: new KVAwareRouter({ blockSize: 16 }),
@@ -22,30 +27,73 @@ test('an events endpoint ZeroMQ cannot connect to refuses the worker and leaves 
   });
   try {
     const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-    const res = await fetch(`${base}/admin/workers`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}` },
-      body: JSON.stringify({ id: 'bad', url: `http://127.0.0.1:${engine.port}`, events: 'tcp://*:5557' }),
-    });
-    assert.equal(res.status, 400, await res.text());
-    assert.deepEqual(
-      gateway.router.listWorkers().map((w) => w.id),
-      ['good'],
-      'the refused worker is not in the router',
-    );
-    assert.equal(gateway.connections.has('bad'), false);
-    // every request goes to a worker the gateway can forward to
-    for (let i = 0; i < 8; i++) {
-      const r = await fetch(`${base}/v1/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ prompt: `request ${i} `.repeat(10), max_tokens: 1 }),
-      });
-      assert.equal(r.status, 200, await r.text());
-    }
+    await run(gateway, base, engine.port);
   } finally {
     await gateway.close();
     await engine.close();
+  }
+}
+
+/** Adds worker `bad` with `fields`: expects a 400 naming `param`, and nothing of the worker left. */
+async function refused(gateway: Gateway, base: string, body: Record<string, unknown>, param: string) {
+  const res = await fetch(`${base}/admin/workers`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}` },
+    body: JSON.stringify({ id: 'bad', ...body }),
+  });
+  const text = await res.text();
+  assert.equal(res.status, 400, text);
+  assert.equal((JSON.parse(text) as { error: { param: string | null } }).error.param, param, text);
+  assert.deepEqual(
+    gateway.router.listWorkers().map((w) => w.id),
+    ['good'],
+    'the refused worker is not in the router',
+  );
+  assert.equal(gateway.connections.has('bad'), false);
+}
+
+/** Every request goes to a worker the gateway can forward to. */
+async function allServed(base: string) {
+  for (let i = 0; i < 8; i++) {
+    const r = await fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: `request ${i} `.repeat(10), max_tokens: 1 }),
+    });
+    assert.equal(r.status, 200, await r.text());
+  }
+}
+
+test('events and replay endpoints ZeroMQ cannot connect to refuse the worker, naming the field, and leave nothing behind', async () => {
+  await withGateway(async (gateway, base, port) => {
+    const url = `http://127.0.0.1:${port}`;
+    for (const events of ['tcp://*:5557', 'tcp://%00:5557', 'tcp://127.0.0.1:5557\u0000', `ipc:///${'a'.repeat(200)}`])
+      await refused(gateway, base, { url, events }, 'events');
+    for (const replay of ['tcp://*:5558', 'tcp://-x:5558', 'tcp://exämple:5558'])
+      await refused(gateway, base, { url, events: 'tcp://127.0.0.1:5557', replay }, 'replay');
+    await allServed(base);
+  });
+});
+
+test('an events endpoint ZeroMQ refuses when the subscriber connects names events, and leaves nothing behind', async () => {
+  const endpoint = 'tcp://127.0.0.1:5557';
+  const connect = Subscriber.prototype.connect;
+  // ZeroMQ has the last word on an endpoint: its refusal, made for this one (Socket's connect
+  // is read-only: shadowed on Subscriber's prototype)
+  Object.defineProperty(Subscriber.prototype, 'connect', {
+    configurable: true,
+    value(this: Subscriber, address: string) {
+      if (address === endpoint) throw new Error('Invalid argument');
+      connect.call(this, address);
+    },
+  });
+  try {
+    await withGateway(async (gateway, base, port) => {
+      await refused(gateway, base, { url: `http://127.0.0.1:${port}`, events: endpoint }, 'events');
+      await allServed(base);
+    });
+  } finally {
+    delete (Subscriber.prototype as { connect?: unknown }).connect;
   }
 });
 
