@@ -146,7 +146,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     return sharedChange(
       reply,
       () => removeWorker(id),
-      (removed) => (removed ? { removed: id } : openAiError(reply, 404, `no worker '${id}'`)),
+      (removed) => (removed ? { removed: id } : openAiError(reply, 404, `no worker '${id}'`, 'id')),
     );
   });
   admin.post('/admin/workers/:id/drain', async (req, reply) => {
@@ -155,7 +155,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     return sharedChange(
       reply,
       () => drainWorker(id, true),
-      (known) => (known ? { draining: id } : openAiError(reply, 404, `no worker '${id}'`)),
+      (known) => (known ? { draining: id } : openAiError(reply, 404, `no worker '${id}'`, 'id')),
     );
   });
   admin.post('/admin/workers/:id/resume', async (req, reply) => {
@@ -163,13 +163,23 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     return sharedChange(
       reply,
       () => drainWorker(id, false),
-      (known) => (known ? { resumed: id } : openAiError(reply, 404, `no worker '${id}'`)),
+      (known) => (known ? { resumed: id } : openAiError(reply, 404, `no worker '${id}'`, 'id')),
     );
   });
   admin.get('/admin/stats', async () => ({ ...router.getStats(), state: state.stats() }));
   // KV events as JSON, for engines that cannot publish over ZeroMQ: vLLM's field names
   admin.post('/admin/events', async (req, reply) => {
     const b = req.body as { worker?: unknown; events?: unknown } | null;
+    // a field the gateway does not read is refused, not ignored: a sender meaning something by
+    // it (vLLM's data_parallel_rank, where a rank is named `worker: "ID#r"`) would be misread
+    const unknown =
+      b !== null && typeof b === 'object' && !Array.isArray(b)
+        ? Object.keys(b).find((k) => !EVENTS_BODY_KEYS.has(k))
+        : undefined;
+    if (unknown !== undefined) {
+      const field = unknown.slice(0, 64);
+      return openAiError(reply, 400, `unknown field ${JSON.stringify(field)}: the body is {worker, events}`, field);
+    }
     if (!b || typeof b.worker !== 'string' || connections.get(b.worker) === undefined)
       return openAiError(
         reply,
@@ -209,6 +219,9 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     return { applied: out.applied, skipped: out.skipped };
   });
 };
+
+/** The fields of a POST /admin/events body. */
+const EVENTS_BODY_KEYS = new Set(['worker', 'events']);
 
 /** An onRequest hook for the admin endpoints (and /v1/route unless it is public). */
 export function requireAdmin(token: AdminToken) {
