@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { LRUCache } from 'lru-cache';
 import { Redis, ReplyError, type ChainableCommander, type RedisOptions } from 'ioredis';
-import { quotedText } from '../core/shown-text.js';
+import { escapedText, quotedText } from '../core/shown-text.js';
 import { isWorkerId } from '../core/validate.js';
 import { MAX_WORKERS } from '../core/worker-registry.js';
 import type { RouteRequest, SharedDecision } from '../core/router/index.js';
@@ -86,6 +86,15 @@ const DATABASE_RETRY_MIN_MS = 1000;
  * count (another replica's clock running ahead); one dated further is garbage, and dropped.
  */
 const HEARTBEAT_AHEAD_MS = 60_000;
+
+/**
+ * What an error says, as a log line or an answer repeats it: Redis's refusals are the server's
+ * text, and whatever answers on its address (a stranger, garbage) may send control characters
+ * and any length; escaped and cut (escapedText).
+ */
+function said(err: unknown): string {
+  return escapedText(err instanceof Error ? err.message : String(err));
+}
 
 /** Whether `err` is Redis's refusal of a command for the kind of value its key holds. */
 function isWrongKind(err: Error | null | undefined): boolean {
@@ -783,7 +792,7 @@ export class RedisStateStore implements StateStore {
       if (this.closed) return;
       await this.refuseStart(this.connectionError);
       // ioredis rejects the connection as closed: the error it reported before says why
-      const cause = this.connectionError?.message ?? (err as Error).message;
+      const cause = said(this.connectionError ?? err);
       this.unreachableAtStart = true;
       host.log(`state: redis unreachable at start (${cause}); routing on local state until it answers`);
     }
@@ -1061,8 +1070,8 @@ export class RedisStateStore implements StateStore {
           reject(
             new SharedStateUnanswered(
               err instanceof ReplyError
-                ? `redis at ${this.address} refused ${what} (${err.message})`
-                : `redis at ${this.address} did not answer ${what} (${err.message}); it may still be made: read /admin/workers before trying again`,
+                ? `redis at ${this.address} refused ${what} (${said(err)})`
+                : `redis at ${this.address} did not answer ${what} (${said(err)}); it may still be made: read /admin/workers before trying again`,
             ),
           ),
         );
@@ -1318,7 +1327,7 @@ export class RedisStateStore implements StateStore {
     if (!ACCESS_REFUSED.test(message)) return;
     await this.close();
     throw new RangeError(
-      `state: redis at ${this.address} refused this replica (${message}); check the user and password of the redis:// URL and the user's ACL (docs/state.md)`,
+      `state: redis at ${this.address} refused this replica (${said(err)}); check the user and password of the redis:// URL and the user's ACL (docs/state.md)`,
     );
   }
 
@@ -1388,7 +1397,7 @@ export class RedisStateStore implements StateStore {
     if (this.loggedRefusals.has(code) || this.loggedRefusals.size >= MAX_LOGGED_REFUSALS) return;
     this.loggedRefusals.add(code);
     this.host?.log(
-      `state: redis refused ${what} (${err.message}); routing goes on, further ${code} refusals are only counted (state.refused)`,
+      `state: redis refused ${what} (${said(err)}); routing goes on, further ${code} refusals are only counted (state.refused)`,
     );
   }
 
@@ -1408,7 +1417,7 @@ export class RedisStateStore implements StateStore {
     this.unansweredLoggedAt = now;
     this.unansweredSinceLogged = 0;
     this.host?.log(
-      `state: redis did not answer ${what} (${err instanceof Error ? err.message : String(err)}${more}); routing goes on, such errors are logged at most once a minute and counted (state.errors)`,
+      `state: redis did not answer ${what} (${said(err)}${more}); routing goes on, such errors are logged at most once a minute and counted (state.errors)`,
     );
   }
 
@@ -1794,7 +1803,7 @@ export class RedisStateStore implements StateStore {
           const fatal = this.starting && (ACCESS_REFUSED.test(err.message) || err instanceof DatabaseRefused);
           // the same failure again (an ACL that still lacks a command) is not logged every retry
           if (!fatal && err.message !== this.resyncError?.message)
-            this.host!.log(`state: resynchronising with redis failed (${err.message}); will retry`);
+            this.host!.log(`state: resynchronising with redis failed (${said(err)}); will retry`);
           this.resyncError = err;
           if (fatal) return;
           if (err instanceof DatabaseRefused) return this.reconnectLater();
@@ -1836,7 +1845,7 @@ export class RedisStateStore implements StateStore {
       !selectRefused(err) || ACCESS_REFUSED.test(err.message)
         ? err
         : new DatabaseRefused(
-            `state: redis at ${this.address} refused database ${this.db} of the --state URL (${err.message}); name a database it has (0 to its 'databases' setting less one; a cluster has 0 only)`,
+            `state: redis at ${this.address} refused database ${this.db} of the --state URL (${said(err)}); name a database it has (0 to its 'databases' setting less one; a cluster has 0 only)`,
           );
     if (this.selectError) throw refused(this.selectError);
     if (this.db === 0) return; // every connection starts on database 0
@@ -2138,7 +2147,7 @@ export class RedisStateStore implements StateStore {
     } catch (err) {
       if (!(err instanceof ReplyError) || !/^WRONGTYPE\b/.test((err as Error).message)) throw err;
       this.counters.malformedMessages++;
-      this.host?.log(`state: ${this.key(key)} in redis is unreadable (${(err as Error).message}); skipped`);
+      this.host?.log(`state: ${this.key(key)} in redis is unreadable (${said(err)}); skipped`);
       return fallback;
     }
   }
@@ -2244,7 +2253,7 @@ export class RedisStateStore implements StateStore {
       const snapshots = results.map(([err, hash], i) => {
         if (!isWrongKind(err)) return err ? undefined : (hash as Record<string, string>);
         this.counters.malformedMessages++;
-        this.host?.log(`state: ${this.key('load', reads[i])} in redis is unreadable (${err!.message}); skipped`);
+        this.host?.log(`state: ${this.key('load', reads[i])} in redis is unreadable (${said(err)}); skipped`);
         return undefined;
       });
       // a replica without a snapshot (idle, or a member no replica wrote) is not tallied:

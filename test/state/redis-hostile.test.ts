@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
+import { createServer, type AddressInfo } from 'node:net';
 import { Redis } from 'ioredis';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
@@ -130,5 +131,33 @@ test('a replica starting over keys that hold garbage loads the rest and comes up
     assert.ok(logs.some((l) => l.includes(`${prefix}workers`)));
   } finally {
     await store.close();
+  }
+});
+
+test('a server that answers with control characters: the log repeats them escaped, not raw', async () => {
+  // whatever listens on the address (a stranger, garbage) answers every command with an error
+  // holding terminal controls, a NUL and a line separator
+  const server = createServer((socket) => {
+    socket.on('error', () => {});
+    socket.on('data', () => socket.write('-ERR \x1b[2J\x07evil\x00 \u2028x\r\n'));
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const { port } = server.address() as AddressInfo;
+  const { host, logs } = fixedWorkersHost(new KVAwareRouter({ blockSize: 16 }), ['e0']);
+  const store = new RedisStateStore({ url: `redis://127.0.0.1:${port}`, prefix: prefixes.fresh() });
+  try {
+    await store.attach(host);
+    await until(() => logs.some((l) => l.includes('refused the connection')), 'the refusal to be logged');
+    const said = logs.filter((l) => l.includes('evil'));
+    assert.ok(said.length > 0, logs.join('\n'));
+    // eslint-disable-next-line no-control-regex -- what must not reach the log
+    for (const l of said) assert.doesNotMatch(l, /[\u0000-\u001f\u2028]/, JSON.stringify(l));
+    assert.ok(
+      said.every((l) => l.includes('\\x1b[2J\\x07evil')),
+      JSON.stringify(said),
+    );
+  } finally {
+    await store.close();
+    server.close();
   }
 });
