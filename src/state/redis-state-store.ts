@@ -88,6 +88,15 @@ const DATABASE_RETRY_MIN_MS = 1000;
 const HEARTBEAT_AHEAD_MS = 60_000;
 
 /**
+ * The least time a replica's heartbeat counts (10 load syncs when they are further apart): the
+ * others drop a replica, and its load, only after this long without one. A replica whose event
+ * loop is held for a second or two (a burst, a collection), or that sat out a short Redis stall
+ * or a failed resynchronisation, keeps its place and its tally; one that is gone has its load
+ * counted at the others this long after.
+ */
+const HEARTBEAT_WINDOW_MIN_MS = 5000;
+
+/**
  * What an error says, as a log line or an answer repeats it: Redis's refusals are the server's
  * text, and whatever answers on its address (a stranger, garbage) may send control characters
  * and any length; escaped and cut (escapedText).
@@ -563,8 +572,14 @@ export class RedisStateStore implements StateStore {
   private lastAnswerAt = 0;
   /** Why the connection was dropped on purpose, for the outage's log line. */
   private dropReason: string | undefined;
-  /** Whether this replica's heartbeat was written on this connection: finding it gone then means Redis lost its data. */
-  private heartbeatWritten = false;
+  /**
+   * The epoch of Redis's data as this replica last read it: the value of `{prefix}epoch`, which
+   * the first replica to find it absent writes (SET NX, a random value). Data Redis lost (a
+   * FLUSHALL, a restart without persistence, a failover to a server without it) takes the key
+   * with it, and the next replica to look writes another: a changed epoch is what tells a loss,
+   * not a heartbeat missing (which the others may have dropped for a replica that was only slow).
+   */
+  private epoch: string | undefined;
   /** A write-back after Redis lost its data, while it runs. */
   private rewriting = false;
   /** The keys found holding another kind of value, logged once each (replaceWrongKind()). */
@@ -1450,8 +1465,6 @@ export class RedisStateStore implements StateStore {
       this.loggedWrongKinds.add(name);
       this.host?.log(`state: ${name} in redis holds another kind of value (WRONGTYPE); deleted, written anew`);
     }
-    // the next heartbeat is then added, not updated: not a sign that Redis lost the state
-    this.heartbeatWritten = false;
     await this.cmd.del(name);
   }
 
@@ -1686,17 +1699,17 @@ export class RedisStateStore implements StateStore {
 
   /**
    * Redis lost its data while this replica stayed connected: flushed, or failed over to a
-   * server without it (a replica promoted after syncing from an empty primary), or it dropped
-   * this replica's heartbeat after a second without one (out of memory, a stalled event loop).
-   * No reconnection tells of it, so the write-back a reconnection runs is run here: the
-   * registry, workflows and recent decisions (SET NX), then Redis's word is reloaded.
+   * server without it (a replica promoted after syncing from an empty primary), as its epoch
+   * marker changed tells. No reconnection tells of it, so the write-back a reconnection runs is
+   * run here: the registry, workflows and recent decisions (SET NX), then Redis's word is
+   * reloaded.
    */
   private writeBackLost(): void {
     if (this.rewriting) return;
     this.rewriting = true;
     this.counters.stateLost++;
     this.host?.log(
-      "state: redis lost the shared state (this replica's heartbeat was gone: flushed, failed over, or out of memory); writing it back",
+      `state: redis lost the shared state (its epoch marker ${this.key('epoch')} changed: flushed, or failed over to a server without the data); writing it back`,
     );
     void this.resync()
       .then(
@@ -1756,7 +1769,6 @@ export class RedisStateStore implements StateStore {
   private wentDown(): void {
     if (!this.up || this.closed) return;
     this.up = false;
-    this.heartbeatWritten = false;
     this.counters.outages++;
     // a removal's message may never come back now; the resynchronisation reads the registry
     this.removalsInFlight.clear();
@@ -1871,6 +1883,8 @@ export class RedisStateStore implements StateStore {
   private async resync(): Promise<void> {
     const host = this.host!;
     const router = host.router;
+    // the epoch of the data written back and read now: a later change of it is a loss
+    await this.readEpoch();
     const now = Date.now();
     const push = this.cmd.pipeline();
     // registry changes made here while Redis was out of reach
@@ -1952,6 +1966,19 @@ export class RedisStateStore implements StateStore {
         `state: ${skipped} block entries in redis could not be read in time and were skipped (state.chainsSkipped); routing goes on without them`,
       );
     }
+  }
+
+  /**
+   * Reads Redis's epoch (writing one first where there is none, see `epoch`); left as it was
+   * when Redis refuses the key (out of memory, another kind of value: the load sync handles it).
+   */
+  private async readEpoch(): Promise<void> {
+    const res = await this.run(
+      this.cmd.pipeline().set(this.key('epoch'), randomBytes(8).toString('hex'), 'NX').get(this.key('epoch')),
+      'the epoch read',
+      isWrongKind,
+    );
+    if (res[1]?.[0] === null && typeof res[1][1] === 'string') this.epoch = res[1][1];
   }
 
   /** Applies block entries other replicas recorded (their decisions' messages). */
@@ -2184,7 +2211,7 @@ export class RedisStateStore implements StateStore {
     const router = this.host.router;
     try {
       const now = Date.now();
-      const ttl = Math.max(1000, 10 * this.syncIntervalMs);
+      const ttl = Math.max(HEARTBEAT_WINDOW_MIN_MS, 10 * this.syncIntervalMs);
       const mine = Object.entries(this.ownLoad()).flat();
       const loadKey = this.key('load', this.replicaId);
       // the snapshot is replaced in one transaction: a replica reading it never sees it half written
@@ -2204,7 +2231,10 @@ export class RedisStateStore implements StateStore {
           .zadd(this.key('replicas'), String(now), this.replicaId)
           .zremrangebyscore(this.key('replicas'), '-inf', now - ttl)
           .zremrangebyscore(this.key('replicas'), `(${ahead}`, '+inf')
-          .zrange(this.key('replicas'), '0', '-1'),
+          .zrange(this.key('replicas'), '0', '-1')
+          // the epoch: written afresh where Redis lost it, read to compare with the one known
+          .set(this.key('epoch'), randomBytes(8).toString('hex'), 'NX')
+          .get(this.key('epoch')),
         'the load sync',
         isWrongKind,
       );
@@ -2213,16 +2243,22 @@ export class RedisStateStore implements StateStore {
       this.lastAnswerAt = Date.now();
       if (unwritten) this.failed(unwritten, "this replica's load");
       // the fleet's own key holds another kind of value: deleted, rewritten by the next sync
-      if (res.some(([err]) => isWrongKind(err))) return await this.replaceWrongKind('replicas');
+      if (res.slice(0, 4).some(([err]) => isWrongKind(err))) return await this.replaceWrongKind('replicas');
+      if (isWrongKind(res[5]?.[0])) return await this.replaceWrongKind('epoch');
+      // another epoch than the one read before: Redis lost what every replica wrote (none when it
+      // could not be written: out of memory, read-only; the loss is told once it can)
+      const epoch = res[5]?.[0] === null ? res[5][1] : null;
+      if (typeof epoch === 'string') {
+        const known = this.epoch;
+        this.epoch = epoch;
+        if (known !== undefined && known !== epoch) this.writeBackLost();
+      }
       // no heartbeat could be written (out of memory, read-only), so none of the others' either:
       // which replicas are gone is unknown, and their load stays as their messages keep it
       if (res[0]?.[0] !== null) return;
       // a primary took the heartbeat: a later READONLY is a new failover, reconnected at once
       this.readOnlyRetryAt = 0;
       this.readOnlyBackoffMs = READONLY_RETRY_MIN_MS;
-      // the heartbeat was added, not updated: Redis lost what this replica wrote
-      if (res[0][1] === 1 && this.heartbeatWritten) this.writeBackLost();
-      this.heartbeatWritten = true;
       const replicas = ((res[3]?.[1] as string[] | undefined) ?? []).filter((r) => r !== this.replicaId);
       this.counters.replicasSeen = replicas.length + 1;
       // replicas that stopped heartbeating: their requests are gone with them

@@ -197,3 +197,41 @@ test("/metrics shows the shared state's connection, outages, errors, malformed a
   registerStateMetrics(memory, new MemoryStateStore());
   assert.equal((await memory.metrics()).trim(), '');
 });
+
+test('a heartbeat the others dropped (a replica only slow) is no loss: nothing is written back', async () => {
+  const prefix = prefixes.fresh();
+  const a = await replica('A', prefix);
+  await until(async () => (await redis.zscore(`${prefix}replicas`, 'A')) !== null, 'the heartbeat to be written');
+  // what a replica that pruned A after a pause of A's does
+  await redis.zrem(`${prefix}replicas`, 'A');
+  const dropped = Date.now();
+  await until(
+    async () => Number(await redis.zscore(`${prefix}replicas`, 'A')) > dropped,
+    'the heartbeat to be written again',
+  );
+  const after = Date.now();
+  // and a sync more, which would have noticed a loss by then
+  await until(async () => Number(await redis.zscore(`${prefix}replicas`, 'A')) > after, 'another heartbeat');
+  assert.equal(a.store.stats().stateLost, 0, a.logs.join('\n'));
+  assert.equal(a.store.stats().resyncs, 1);
+  assert.ok(!a.logs.some((l) => l.includes('lost the shared state')), a.logs.join('\n'));
+  // a loss is still told: the epoch goes with the data
+  await redis.del(`${prefix}epoch`);
+  await until(() => a.store.stats().stateLost === 1 && a.store.stats().resyncs === 2, 'the write-back');
+});
+
+test('a replica whose heartbeat is a few seconds old is still counted, with its load', async () => {
+  const prefix = prefixes.fresh();
+  const a = await replica('A', prefix);
+  await until(() => a.store.stats().replicasSeen === 1, 'the first load sync');
+  // B was held (its event loop, a failed resynchronisation) for 2 s with a request on e0
+  await redis.hset(`${prefix}load:B`, 'e0', encodeLoadEntry(1, 100, 0));
+  const written = Date.now();
+  await redis.zadd(`${prefix}replicas`, String(written - 2000), 'B');
+  await until(
+    async () => Number(await redis.zscore(`${prefix}replicas`, 'A')) > written,
+    "a load sync after B's heartbeat",
+  );
+  assert.notEqual(await redis.zscore(`${prefix}replicas`, 'B'), null, "B's heartbeat is kept");
+  await until(() => a.view().inFlightRequests === 1, "A to count B's request");
+});
