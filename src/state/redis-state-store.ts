@@ -82,6 +82,33 @@ const READONLY_RETRY_MAX_MS = 30_000;
 const DATABASE_RETRY_MIN_MS = 1000;
 
 /**
+ * A resynchronisation that failed (a read or a write-back chunk Redis did not answer in time,
+ * the connection lost under it) is tried again on a new connection no sooner than this, doubled
+ * at each failure in a row up to READONLY_RETRY_MAX_MS, and reset by one that succeeds: a Redis
+ * too slow for a resynchronisation is not asked for one every second, and each try costs it
+ * the write-back and the reads again.
+ */
+const RESYNC_RETRY_MIN_MS = 1000;
+
+/**
+ * The write-back after an outage goes in chunks of at most this many commands and bytes of
+ * arguments, each one pipeline awaited before the next: one pipeline of all of it (up to
+ * 10,000 block entries of tens of kilobytes) outlasted the command timeout on a Redis busy
+ * with the others' write-backs, and one command timing out failed the whole of it. A chunk
+ * done stays done (its block entries are known written, see `epoch`).
+ */
+const WRITE_BACK_CHUNK_COMMANDS = 100;
+const WRITE_BACK_CHUNK_BYTES = 256 * 1024;
+/**
+ * A chunk that times out is sent again, on the same connection, after WRITE_BACK_RETRY_MIN_MS,
+ * then twice that, and so on: a Redis slow for a moment finishes the write-back rather than
+ * starting it over on a new connection. After WRITE_BACK_TRIES tries the resynchronisation
+ * fails (and is tried again later, RESYNC_RETRY_MIN_MS).
+ */
+const WRITE_BACK_RETRY_MIN_MS = 100;
+const WRITE_BACK_TRIES = 5;
+
+/**
  * How far ahead of this replica's clock a heartbeat in `{prefix}replicas` may be dated and still
  * count (another replica's clock running ahead); one dated further is garbage, and dropped.
  */
@@ -304,8 +331,12 @@ if ARGV[4] == '1' then redis.call('HSET', KEYS[2], id, '1') else redis.call('HDE
 redis.call('PUBLISH', ARGV[1], message)
 return decided(code, 0)`;
 
-/** Errors Redis did not answer with are logged at most this often (the rest only counted). */
-const UNANSWERED_LOG_INTERVAL_MS = 60_000;
+/**
+ * Errors Redis did not answer with, and failed resynchronisations, are logged at most this
+ * often (the rest only counted, and the next line says how many), as the KV-event
+ * subscriber's lines are (LOG_WINDOW_MS).
+ */
+const LOG_WINDOW_MS = 60_000;
 
 /** Admin worker changes (and reads) waiting for their mark; past this many the oldest is dropped unapplied. */
 const MOST_PENDING_CHANGES = 10_000;
@@ -469,6 +500,18 @@ export interface RedisStateOptions {
   adminTimeoutMs?: number;
 }
 
+/**
+ * One of this replica's recent decisions, to write back after an outage: its message (what its
+ * chain key holds), when its key expires, and the epoch of Redis's data it is known written
+ * in (by its decision's pipeline, or a write-back): not written back again while Redis is in
+ * that epoch.
+ */
+interface RecentDecision {
+  message: string;
+  expiresAt: number;
+  writtenIn?: string;
+}
+
 interface RedisStats {
   outages: number;
   /** Outages that were a Redis no longer answering on an open connection. */
@@ -494,6 +537,10 @@ interface RedisStats {
   eventBatchesNotShared: number;
   /** Block entries a resynchronisation could not read (one that timed out read alone) and skipped. */
   chainsSkipped: number;
+  /** Resynchronisations that failed (and were tried again later). */
+  resyncFailures: number;
+  /** Chunks of a write-back after an outage that Redis did not answer in time, and were sent again. */
+  writeBackRetries: number;
 }
 
 /**
@@ -553,9 +600,14 @@ export class RedisStateStore implements StateStore {
   /** While attach() waits on the first resynchronisation: a refusal then fails the start rather than being retried. */
   private starting = true;
   private timer: NodeJS.Timeout | undefined;
-  /** The reconnection after a refused database, while it waits (see DATABASE_RETRY_MIN_MS). */
+  /** The reconnection after a refused database or a failed resynchronisation, while it waits (see DATABASE_RETRY_MIN_MS, RESYNC_RETRY_MIN_MS). */
   private databaseRetry: NodeJS.Timeout | undefined;
   private databaseBackoffMs = DATABASE_RETRY_MIN_MS;
+  private resyncBackoffMs = RESYNC_RETRY_MIN_MS;
+  /** Failed resynchronisations in a row, and when the last line about one was logged and how many came since (resyncFailed()). */
+  private resyncFailuresInRow = 0;
+  private resyncFailedLoggedAt = -Infinity;
+  private resyncFailuresUnlogged = 0;
   private syncing = false;
   private resyncing: Promise<void> | undefined;
   private readonly syncIntervalMs: number;
@@ -588,6 +640,8 @@ export class RedisStateStore implements StateStore {
   private readonly loggedRefusals = new Set<string>();
   /** Before this time a READONLY refusal does not reconnect (see READONLY_RETRY_MIN_MS). */
   private readOnlyRetryAt = 0;
+  /** Whether ioredis is reconnecting after a READONLY (paced by readOnlyRetryAt, not by the resynchronisation's backoff). */
+  private readOnlyReconnecting = false;
   /** How long the next READONLY reconnection waits after this one; reset by a write Redis takes. */
   private readOnlyBackoffMs = READONLY_RETRY_MIN_MS;
   /** The error code of the last command Redis refused ('' for none yet). */
@@ -597,7 +651,7 @@ export class RedisStateStore implements StateStore {
   private unansweredSinceLogged = 0;
   /** Own decisions still alive, by chain key, to write back after an outage. */
   /** Own decisions by chain key, least recently written evicted beyond recentLimit; none when the limit is 0. */
-  private readonly recent: LRUCache<string, { message: string; expiresAt: number }> | undefined;
+  private readonly recent: LRUCache<string, RecentDecision> | undefined;
   /**
    * Workflows looked up and found unclaimed: the decision that follows claims them (SET NX).
    * A lookup no decision follows (no worker to route to, the client gone) stays until it is
@@ -703,6 +757,8 @@ export class RedisStateStore implements StateStore {
     replicasSeen: 0,
     eventBatchesNotShared: 0,
     chainsSkipped: 0,
+    resyncFailures: 0,
+    writeBackRetries: 0,
   };
 
   constructor(options: RedisStateOptions) {
@@ -1424,7 +1480,7 @@ export class RedisStateStore implements StateStore {
   private unanswered(what: string, err: unknown): void {
     this.counters.errors++;
     const now = Date.now();
-    if (now - this.unansweredLoggedAt < UNANSWERED_LOG_INTERVAL_MS) {
+    if (now - this.unansweredLoggedAt < LOG_WINDOW_MS) {
       this.unansweredSinceLogged++;
       return;
     }
@@ -1524,8 +1580,12 @@ export class RedisStateStore implements StateStore {
     const claiming = d.workflowId !== undefined && this.unclaimed.delete(d.workflowId);
     // the first step anyone routed claims the workflow (NX): of two replicas starting it at once, the first wins
     if (d.workflowId !== undefined) this.writeWorkflows(m, [[d.workflowId, value]], claiming);
+    const epoch = this.epoch;
     const res = await this.run(m, 'a decision');
     if (res[0]?.[0] === null) this.counters.decisionsPublished++;
+    // its chain key written: not written back while Redis keeps this epoch's data
+    const recent = chain === undefined ? undefined : this.recent?.peek(chain);
+    if (recent?.message === message && res[1]?.[0] === null) recent.writtenIn = epoch;
     const claim = res[res.length - 1];
     if (claiming && claim?.[0] === null && (claim[1] as number[])[0] === 0) {
       // lost the claim: follow the winner, and tell the others who had heard this replica's choice
@@ -1762,6 +1822,7 @@ export class RedisStateStore implements StateStore {
     this.readOnlyRetryAt = now + this.readOnlyBackoffMs;
     this.readOnlyBackoffMs = Math.min(2 * this.readOnlyBackoffMs, READONLY_RETRY_MAX_MS);
     this.dropReason = `redis at ${this.address} is a read-only replica now (failed over?); reconnecting`;
+    this.readOnlyReconnecting = true;
     this.sub.disconnect(true);
     return 1;
   }
@@ -1784,6 +1845,7 @@ export class RedisStateStore implements StateStore {
   private async cameUp(): Promise<void> {
     if (this.closed || !this.host) return;
     const first = this.counters.resyncs === 0;
+    this.readOnlyReconnecting = false;
     this.remote.clear(); // messages were missed: start again from the snapshots
     // nothing is sent on this connection before its database is known to be the URL's (the
     // SELECT goes first: anything sent after it runs after it); what changes after the
@@ -1801,10 +1863,16 @@ export class RedisStateStore implements StateStore {
           this.loggedRefusals.clear();
           this.resyncError = undefined;
           this.databaseBackoffMs = DATABASE_RETRY_MIN_MS;
+          this.resyncBackoffMs = RESYNC_RETRY_MIN_MS;
+          const failures = this.resyncFailuresInRow;
+          this.resyncFailuresInRow = 0;
+          this.resyncFailedLoggedAt = -Infinity;
+          this.resyncFailuresUnlogged = 0;
           this.counters.resyncs++;
           // the others may still count requests whose releases went unpublished while this was cut off
           this.publish(JSON.stringify(encodeLoad(this.replicaId, this.ownLoad())));
-          if (!first) this.host!.log('state: redis is back; state written back and reloaded');
+          const after = failures > 0 ? ` (after ${failures} failed ${failures === 1 ? 'attempt' : 'attempts'})` : '';
+          if (!first) this.host!.log(`state: redis is back; state written back and reloaded${after}`);
           else this.saidConnected();
         },
         (err: Error) => {
@@ -1813,13 +1881,18 @@ export class RedisStateStore implements StateStore {
           // at start, attach() decides whether to retry: a refusal of access, or of the
           // database, fails the start (with this error: no retry to announce)
           const fatal = this.starting && (ACCESS_REFUSED.test(err.message) || err instanceof DatabaseRefused);
-          // the same failure again (an ACL that still lacks a command) is not logged every retry
-          if (!fatal && err.message !== this.resyncError?.message)
-            this.host!.log(`state: resynchronising with redis failed (${said(err)}); will retry`);
           this.resyncError = err;
           if (fatal) return;
-          if (err instanceof DatabaseRefused) return this.reconnectLater();
-          this.cmd.disconnect(true); // reconnects, and 'ready' tries again
+          if (err instanceof DatabaseRefused) {
+            this.resyncFailed(err, this.databaseBackoffMs);
+            return this.reconnectLater(this.databaseBackoffMs, (d) => (this.databaseBackoffMs = d));
+          }
+          // cut short by a READONLY reconnection: ioredis reconnects now, and READONLY's own
+          // backoff keeps the next one from looping
+          if (this.readOnlyReconnecting) return;
+          this.resyncFailed(err, this.resyncBackoffMs);
+          // a new connection, later and later while it keeps failing: 'ready' tries again
+          this.reconnectLater(this.resyncBackoffMs, (d) => (this.resyncBackoffMs = d));
         },
       );
     await this.resyncing;
@@ -1832,10 +1905,36 @@ export class RedisStateStore implements StateStore {
     this.host?.log(`state: redis connected (${this.address}); shared state loaded, sharing with the other replicas`);
   }
 
-  /** Drops the connection on a refused database and makes the next one after a growing delay. */
-  private reconnectLater(): void {
-    const delay = this.databaseBackoffMs;
-    this.databaseBackoffMs = Math.min(2 * delay, READONLY_RETRY_MAX_MS);
+  /**
+   * A failed resynchronisation: counted, and logged at most once a LOG_WINDOW_MS, the line
+   * saying how many failed since the last one (a Redis too slow for a resynchronisation fails
+   * every try, and one line said nothing of the tries after it).
+   */
+  private resyncFailed(err: Error, retryMs: number): void {
+    this.counters.resyncFailures++;
+    this.resyncFailuresInRow++;
+    const now = Date.now();
+    if (now - this.resyncFailedLoggedAt < LOG_WINDOW_MS && now >= this.resyncFailedLoggedAt) {
+      this.resyncFailuresUnlogged++;
+      return;
+    }
+    const more =
+      this.resyncFailuresUnlogged > 0
+        ? ` (and ${this.resyncFailuresUnlogged} more failed attempts since the last line)`
+        : '';
+    this.resyncFailedLoggedAt = now;
+    this.resyncFailuresUnlogged = 0;
+    this.host!.log(
+      `state: resynchronising with redis failed (${said(err)}); will retry in ${retryMs} ms, backing off up to ${READONLY_RETRY_MAX_MS} ms${more}; routing on local state meanwhile, further failures are logged at most once a minute (state.resyncFailures)`,
+    );
+  }
+
+  /**
+   * Drops the connection (a refused database, a failed resynchronisation) and makes the next one
+   * after `delay`; `next` is given the delay after that, doubled up to READONLY_RETRY_MAX_MS.
+   */
+  private reconnectLater(delay: number, next: (ms: number) => void): void {
+    next(Math.min(2 * delay, READONLY_RETRY_MAX_MS));
     this.cmd.disconnect(); // no reconnection of ioredis's own: the timer makes it
     clearTimeout(this.databaseRetry);
     this.databaseRetry = setTimeout(() => {
@@ -1885,26 +1984,48 @@ export class RedisStateStore implements StateStore {
     const router = host.router;
     // the epoch of the data written back and read now: a later change of it is a loss
     await this.readEpoch();
-    const now = Date.now();
-    const push = this.cmd.pipeline();
+    const epoch = this.epoch;
     // registry changes made here while Redis was out of reach
-    const forgetUnsynced = this.writeUnsynced(push);
+    let forgetUnsynced = () => {};
+    await this.writeBackChunk((m) => void (forgetUnsynced = this.writeUnsynced(m)));
+    forgetUnsynced();
     // least recently used first: written in that order, the index keeps this replica's order
     const held = [...router.workflowAffinities()].map(([id, e]): [string, string] => [
       id,
       encodeWorkflow(e.workerId, e.step),
     ]);
-    for (let at = 0; at < held.length; at += WORKFLOWS_PER_WRITE)
-      this.writeWorkflows(push, held.slice(at, at + WORKFLOWS_PER_WRITE), true);
-    const expired: string[] = [];
-    for (const [chain, r] of this.recent?.entries() ?? []) {
-      if (r.expiresAt > now) push.set(chain, r.message, 'PX', r.expiresAt - now, 'NX');
-      else expired.push(chain);
+    for (let at = 0; at < held.length; at += WORKFLOWS_PER_WRITE) {
+      const some = held.slice(at, at + WORKFLOWS_PER_WRITE);
+      await this.writeBackChunk((m) => this.writeWorkflows(m, some, true));
     }
+    // recent decisions, but those known written in this epoch (before the outage, when Redis kept
+    // its data, or by an earlier try of this write-back)
+    const expired: string[] = [];
+    let chunk: Array<[string, RecentDecision]> = [];
+    let bytes = 0;
+    const writeChains = async () => {
+      const some = chunk;
+      chunk = [];
+      bytes = 0;
+      const now = Date.now();
+      const res = await this.writeBackChunk((m) => {
+        for (const [chain, r] of some) m.set(chain, r.message, 'PX', Math.max(1, r.expiresAt - now), 'NX');
+      });
+      some.forEach(([, r], i) => {
+        if (res[i]?.[0] === null) r.writtenIn = epoch;
+      });
+    };
+    const now = Date.now();
+    for (const [chain, r] of [...(this.recent?.entries() ?? [])]) {
+      if (r.expiresAt <= now) expired.push(chain);
+      else if (epoch === undefined || r.writtenIn !== epoch) {
+        chunk.push([chain, r]);
+        bytes += chain.length + r.message.length;
+        if (chunk.length >= WRITE_BACK_CHUNK_COMMANDS || bytes >= WRITE_BACK_CHUNK_BYTES) await writeChains();
+      }
+    }
+    if (chunk.length > 0) await writeChains();
     for (const chain of expired) this.recent!.delete(chain);
-    // what Redis refuses to take back (out of memory, read-only) is counted; the rest still loads
-    await this.run(push, 'the state written back');
-    forgetUnsynced();
 
     await this.loadRegistry(host);
     // workflows: Redis's word wins, for the newest as many as the router remembers (older ones
@@ -1965,6 +2086,30 @@ export class RedisStateStore implements StateStore {
       this.host?.log(
         `state: ${skipped} block entries in redis could not be read in time and were skipped (state.chainsSkipped); routing goes on without them`,
       );
+    }
+  }
+
+  /**
+   * One chunk of the write-back, made into a fresh pipeline by `write`, and its replies. Redis's
+   * refusals (out of memory, read-only) are counted and the rest goes on; a chunk Redis did not
+   * answer in time is sent again after a growing pause (WRITE_BACK_RETRY_MIN_MS), up to
+   * WRITE_BACK_TRIES tries, without dropping the connection. A connection lost rejects at once.
+   */
+  private async writeBackChunk(write: (m: ChainableCommander) => void): Promise<[Error | null, unknown][]> {
+    let pause = WRITE_BACK_RETRY_MIN_MS;
+    for (let tries = 1; ; tries++) {
+      const m = this.cmd.pipeline();
+      write(m);
+      if (m.length === 0) return [];
+      try {
+        return await this.run(m, 'the state written back');
+      } catch (err) {
+        if (this.closed || this.cmd.status !== 'ready' || tries >= WRITE_BACK_TRIES) throw err;
+        this.counters.writeBackRetries++;
+        this.unanswered('a chunk of the state written back (sent again)', err);
+        await new Promise((resolve) => setTimeout(resolve, pause).unref());
+        pause *= 2;
+      }
     }
   }
 

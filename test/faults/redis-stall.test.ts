@@ -6,10 +6,13 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { Redis } from 'ioredis';
+import { KVAwareRouter } from '../../src/core/router/index.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import type { Gateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { post, RedisProcess, RedisProxy, stateReplica, stateReplicas } from './harness.js';
+import { fixedWorkersHost } from '../helpers/state-host.js';
 import { until } from '../helpers/wait.js';
 
 test('Redis paused (SIGSTOP): the replicas drop it and route locally; resumed: they resynchronise', async () => {
@@ -103,6 +106,44 @@ test('a path that goes silent (packets dropped, connections left open): both con
     for (const g of gateways) await g.close();
     await engine.close();
     await proxy.close();
+    await redis.kill();
+  }
+});
+
+test('after a stall that lost nothing, a replica does not write back the block entries Redis still holds', async () => {
+  const redis = await new RedisProcess().start();
+  const admin = new Redis({ port: redis.port, lazyConnect: true, maxRetriesPerRequest: 0 });
+  const router = new KVAwareRouter({ blockSize: 16 });
+  const { host, logs } = fixedWorkersHost(router, ['e0']);
+  const store = new RedisStateStore({ url: redis.url, prefix: 'cf-kept:', syncIntervalMs: 50 });
+  try {
+    await admin.connect();
+    await store.attach(host);
+    // 1,000 decisions of long prompts: some 8 KB a block entry
+    for (let i = 0; i < 1000; i++) {
+      const d = router.route({ text: `kept ${i} `.repeat(1200), promptTokens: 4000 }, { share: true });
+      store.decisionMade(d.shared!);
+      // a few at a time: 8 MB at once would outlast the command timeout
+      if (i % 20 === 19) await until(() => store.stats().decisionsPublished === i + 1, 'the decisions to be written');
+    }
+    const sets = async () => Number(/cmdstat_set:calls=(\d+)/.exec(await admin.info('commandstats'))?.[1] ?? 0);
+    const before = await sets();
+
+    redis.pause();
+    await until(() => store.stats().connected === false, 'the replica to drop the paused Redis');
+    redis.resume();
+    await until(() => store.stats().connected === true && store.stats().resyncs === 2, 'the replica to resynchronise', {
+      timeoutMs: 30_000,
+    });
+    assert.equal(store.stats().stateLost, 0, logs.join('\n'));
+    // the load syncs' epoch writes (SET NX) only: not the 1,000 entries again
+    const written = (await sets()) - before;
+    assert.ok(written < 500, `${written} SETs after the stall\n${logs.join('\n')}`);
+    assert.equal(await admin.eval("return #redis.call('KEYS', 'cf-kept:chain:*')", 0), 1000);
+  } finally {
+    await store.close();
+    admin.disconnect();
+    redis.resume();
     await redis.kill();
   }
 });
