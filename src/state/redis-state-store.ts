@@ -124,6 +124,43 @@ const HEARTBEAT_AHEAD_MS = 60_000;
 const HEARTBEAT_WINDOW_MIN_MS = 5000;
 
 /**
+ * How often the replica's own event loop is timed (LoopClock): a tick that comes later than
+ * this says for how long the loop was held.
+ */
+const LOOP_TICK_MS = 50;
+
+/**
+ * Time during which the replica's own event loop could run: wall-clock time less the time it
+ * was held (a tick of a LOOP_TICK_MS timer come late, or due and not come yet). A reply Redis
+ * sent while the loop was held is read only once it runs again — after the timers that were due,
+ * the commands' timeouts among them — so that time says nothing of Redis.
+ */
+class LoopClock {
+  private lastTickAt = Date.now();
+  private heldMs = 0;
+  private readonly timer = setInterval(() => {
+    const now = Date.now();
+    this.heldMs += Math.max(0, now - this.lastTickAt - LOOP_TICK_MS);
+    this.lastTickAt = now;
+  }, LOOP_TICK_MS);
+
+  constructor() {
+    this.timer.unref();
+  }
+
+  /** The loop's own time now, in ms from an arbitrary origin. */
+  now(): number {
+    const now = Date.now();
+    // a tick that is due and has not come: the loop is held now (the caller is a timer run first)
+    return now - this.heldMs - Math.max(0, now - this.lastTickAt - LOOP_TICK_MS);
+  }
+
+  stop(): void {
+    clearInterval(this.timer);
+  }
+}
+
+/**
  * What an error says, as a log line or an answer repeats it: Redis's refusals are the server's
  * text, and whatever answers on its address (a stranger, garbage) may send control characters
  * and any length; escaped and cut (escapedText).
@@ -620,8 +657,13 @@ export class RedisStateStore implements StateStore {
   private predictionTtlMs: number;
   private readonly recentLimit: number;
   private readonly stallTimeoutMs: number;
-  /** When Redis last answered the load sync (a reply, or an error reply): what tells a stalled server. */
+  /**
+   * When Redis last sent anything on the command connection (a reply, or an error reply, even to
+   * a command that timed out), on the loop's clock: what tells a stalled server.
+   */
   private lastAnswerAt = 0;
+  /** Wall-clock time less the time this replica's own event loop was held: see dropIfStalled(). */
+  private readonly loopClock = new LoopClock();
   /** Why the connection was dropped on purpose, for the outage's log line. */
   private dropReason: string | undefined;
   /**
@@ -821,7 +863,11 @@ export class RedisStateStore implements StateStore {
         this.failed(err, `the connection to ${this.address}`);
     });
     // each connection's handshake selects the database anew: 'connect' comes before it
-    this.cmd.on('connect', () => (this.selectError = undefined));
+    this.cmd.on('connect', () => {
+      this.selectError = undefined;
+      // anything Redis sends is an answer, a late reply to a command that timed out too
+      this.cmd.stream.on('data', () => this.answered());
+    });
     this.sub.on('error', () => {});
     this.cmd.on('close', () => this.wentDown());
     this.cmd.on('ready', () => void this.cameUp());
@@ -1422,6 +1468,7 @@ export class RedisStateStore implements StateStore {
     this.failPendingChanges('this replica is stopping');
     this.closed = true;
     clearInterval(this.timer);
+    this.loopClock.stop();
     clearTimeout(this.databaseRetry);
     if (this.up)
       await this.cmd
@@ -1735,6 +1782,11 @@ export class RedisStateStore implements StateStore {
     router.setRemoteLoad(workerId, this.remote.sum(workerId));
   }
 
+  /** Redis sent something: it is not stalled (see dropIfStalled()). */
+  private answered(): void {
+    this.lastAnswerAt = this.loopClock.now();
+  }
+
   /**
    * A Redis that keeps its connection open but answers nothing (stopped, swapped out, stuck in
    * a long command) is as good as gone, and worse: every command sent to it waits in the
@@ -1742,9 +1794,16 @@ export class RedisStateStore implements StateStore {
    * a workflow waits out the command timeout. Past stallTimeoutMs without an answer the
    * connection is dropped: pending commands fail at once, the replica routes on local state,
    * and the reconnection resynchronises when Redis answers again.
+   *
+   * The silence is counted on the replica's own clock (LoopClock): time its event loop was held
+   * (a burst of work, a long collection) is left out, for a reply that came then is read only
+   * after the command timeouts that fell due meanwhile have fired. Without that a replica busy
+   * for a second took its own slowness for Redis stalling and dropped a healthy connection.
+   * A loop held again and again still counts the time it runs between: a Redis that is silent
+   * is dropped all the same, later by the time the loop was held.
    */
   private dropIfStalled(): void {
-    const silentMs = Date.now() - this.lastAnswerAt;
+    const silentMs = Math.round(this.loopClock.now() - this.lastAnswerAt);
     if (!this.up || this.closed || silentMs < this.stallTimeoutMs) return;
     this.counters.stalls++;
     this.dropReason = `redis stopped answering (nothing for ${silentMs} ms)`;
@@ -1858,7 +1917,7 @@ export class RedisStateStore implements StateStore {
         () => {
           this.up = true;
           this.flushUnsynced();
-          this.lastAnswerAt = Date.now();
+          this.answered();
           this.dropReason = undefined; // left by a drop while it was not up: it named no outage
           this.loggedRefusals.clear();
           this.resyncError = undefined;
@@ -2385,7 +2444,7 @@ export class RedisStateStore implements StateStore {
       );
       const unwritten = await written;
       if (unwritten && !(unwritten instanceof ReplyError)) throw unwritten;
-      this.lastAnswerAt = Date.now();
+      this.answered();
       if (unwritten) this.failed(unwritten, "this replica's load");
       // the fleet's own key holds another kind of value: deleted, rewritten by the next sync
       if (res.slice(0, 4).some(([err]) => isWrongKind(err))) return await this.replaceWrongKind('replicas');
@@ -2458,7 +2517,7 @@ export class RedisStateStore implements StateStore {
       if (changed) for (const w of router.listWorkers()) this.applyRemote(w.id);
     } catch (err) {
       this.failed(err as Error, 'the load sync');
-      if (err instanceof ReplyError) this.lastAnswerAt = Date.now();
+      if (err instanceof ReplyError) this.answered();
       else this.dropIfStalled();
     } finally {
       this.syncing = false;

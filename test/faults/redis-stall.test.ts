@@ -147,3 +147,29 @@ test('after a stall that lost nothing, a replica does not write back the block e
     await redis.kill();
   }
 });
+
+test('a replica whose own event loop is held past the stall timeout does not take Redis for stalled', async () => {
+  const redis = await new RedisProcess().start();
+  const router = new KVAwareRouter({ blockSize: 16 });
+  const { host, logs } = fixedWorkersHost(router, ['e0']);
+  const store = new RedisStateStore({ url: redis.url, prefix: 'cf-busy:', syncIntervalMs: 50 });
+  const internals = store as unknown as { syncing: boolean; syncLoad(): Promise<void> };
+  try {
+    await store.attach(host);
+    for (let i = 0; i < 3; i++) {
+      await until(() => !internals.syncing, 'no load sync in flight');
+      // a load sync sent, then the loop held for 1.5 s (a burst of work, a long collection):
+      // Redis answers at once, but the answer is read only after the command timeout fired
+      void internals.syncLoad();
+      const end = Date.now() + 1500;
+      while (Date.now() < end);
+      await until(() => !internals.syncing, 'the load sync to end');
+    }
+    assert.equal(store.stats().stalls, 0, logs.join('\n'));
+    assert.equal(store.stats().outages, 0, logs.join('\n'));
+    assert.equal(store.stats().connected, true);
+  } finally {
+    await store.close();
+    await redis.kill();
+  }
+});
