@@ -511,7 +511,9 @@ export function registerTokenizeRefusalMetrics(
 /**
  * KV-event counters per worker (a data-parallel rank is a worker), read from the subscribers
  * when scraped: events skipped by reason (one bad event never costs its batch; see
- * docs/engines.md for the reasons) and the subscriber's own counts.
+ * docs/engines.md for the reasons) and the subscriber's own counts. Each process of `serve
+ * --processes N` subscribes to every engine and counts the same events: merged by 'max', which
+ * the primary takes for a count every process keeps of one thing (process-metrics.ts), not summed.
  */
 export function registerKvEventMetrics(
   registry: Registry,
@@ -521,6 +523,7 @@ export function registerKvEventMetrics(
     name: 'contextforge_kv_events_skipped_total',
     help: 'KV events skipped (not applied), per worker and reason; a malformed_batch or unknown_rank is a whole batch.',
     labelNames: ['worker', 'reason'] as const,
+    aggregator: 'max',
     registers: [registry],
     collect() {
       this.reset();
@@ -531,6 +534,7 @@ export function registerKvEventMetrics(
     name: 'contextforge_kv_event_batches_total',
     help: 'KV-event batches applied, per worker.',
     labelNames: ['worker'] as const,
+    aggregator: 'max',
     registers: [registry],
     collect() {
       this.reset();
@@ -541,6 +545,7 @@ export function registerKvEventMetrics(
     name: 'contextforge_kv_event_duplicates_total',
     help: 'Live KV-event batches skipped as copies of batches a replay had delivered, per worker.',
     labelNames: ['worker'] as const,
+    aggregator: 'max',
     registers: [registry],
     collect() {
       this.reset();
@@ -551,6 +556,7 @@ export function registerKvEventMetrics(
     name: 'contextforge_kv_event_late_joins_total',
     help: 'Replays accepted from the oldest batch an engine still buffered (the router joined late or lost a stretch).',
     labelNames: ['worker'] as const,
+    aggregator: 'max',
     registers: [registry],
     collect() {
       this.reset();

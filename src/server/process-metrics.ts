@@ -13,6 +13,11 @@
  * stopped process counted stays in the page: its last counters and histograms are added into
  * one retired registry that every page adds to the live processes'.
  *
+ * A counter merged by its largest value ('max') is one every process counts of the same thing
+ * (the KV events of a worker's engine, which every process hears): summed, it would count the
+ * thing N times. It follows one process instead (CommonCounts), carried on by another when that
+ * process stops, so that it neither jumps nor goes back when a process is replaced.
+ *
  * The messages carry `cfMetrics` (their kind) and no `cf`, so the state relay on the same
  * channels (cluster-state-store.ts) passes them over.
  */
@@ -36,6 +41,11 @@ type Metrics = MetricObjectWithValues<MetricValue<string>>[];
 type Metric = Metrics[number];
 type Sample = MetricValueWithName<string>;
 
+/** A counter every process counts of the same thing: merged by its largest value, not summed. */
+function isCommonCounter(m: Metric): boolean {
+  return String(m.type) === 'counter' && m.aggregator === 'max';
+}
+
 /** What the stopped processes counted of one counter or histogram, summed by sample. */
 interface RetiredMetric {
   /** name, help, type, as the first process that stopped exported them */
@@ -52,6 +62,137 @@ function labelKey(labels: Record<string, unknown> | undefined, without?: string)
     .filter((k) => k !== without)
     .sort();
   return JSON.stringify(keys.map((k) => [k, labels![k]]));
+}
+
+/** One counter every process counts of the same thing, as the merged page shows it. */
+interface CommonSeries {
+  labels: Record<string, string | number | undefined>;
+  metricName?: string;
+  /** what the last page showed; undefined until one showed it */
+  value: number | undefined;
+  /** by process: what to add to the process's count to read the page's */
+  offsets: Map<string, number>;
+}
+
+/**
+ * Counters every process counts of the same thing (merged by 'max': the KV events of a worker's
+ * engine, which each process hears on its own subscription, a worker's stalls each judges on its
+ * own scrapes). Summed, they would count the thing once per process; the largest would jump when
+ * a process that replays the engine's buffer starts (it counts again what the others counted),
+ * and go back when the one that counted longest stops. So each series follows one process: the
+ * longest-running one that answered the scrape, its count plus an offset. At each page every
+ * other process that answered is aligned to the page (its offset set to the page's value less its
+ * count), so that when the one followed stops the next carries on from where they were at the
+ * last page both answered, counting what came since; a process's first count (a replay among it)
+ * is only its alignment. A page never shows less than the one before. The series of a new worker
+ * start at the largest of the processes' counts, as one process would show them.
+ */
+class CommonCounts {
+  private readonly metrics = new Map<string, { metric: Metric; series: Map<string, CommonSeries> }>();
+
+  constructor(private readonly maxSeries: number) {}
+
+  /** The merged metrics of the live processes' `latest` registries (`order`: the oldest first; `fresh`: those that answered this scrape). */
+  merge(
+    order: readonly string[],
+    latest: ReadonlyMap<string, Metrics>,
+    fresh: ReadonlySet<string>,
+  ): Map<string, Metric> {
+    // by metric and series: each process's count
+    const counts = new Map<string, Map<string, Map<string, Sample>>>();
+    for (const id of order)
+      for (const m of latest.get(id) ?? []) {
+        if (!isCommonCounter(m) || !Array.isArray(m.values)) continue;
+        if (!this.metrics.has(m.name))
+          this.metrics.set(m.name, {
+            metric: { name: m.name, help: m.help, type: m.type, aggregator: 'max', values: [] } as unknown as Metric,
+            series: new Map(),
+          });
+        let bySeries = counts.get(m.name);
+        if (!bySeries) counts.set(m.name, (bySeries = new Map()));
+        for (const v of m.values as Sample[]) {
+          if (typeof v.value !== 'number' || !Number.isFinite(v.value)) continue;
+          const key = `${v.metricName ?? ''} ${labelKey(v.labels)}`;
+          let byProcess = bySeries.get(key);
+          if (!byProcess) bySeries.set(key, (byProcess = new Map()));
+          byProcess.set(id, v);
+        }
+      }
+    const out = new Map<string, Metric>();
+    for (const [name, { metric, series }] of this.metrics) {
+      const values: Sample[] = [];
+      for (const [key, byProcess] of counts.get(name) ?? []) {
+        let s = series.get(key);
+        if (!s) {
+          const first = byProcess.values().next().value as Sample;
+          if (series.size >= this.maxSeries) {
+            // past the bound: the largest count, as prom-client merges it
+            let value = -Infinity;
+            for (const v of byProcess.values()) value = Math.max(value, v.value);
+            values.push({ ...first, value });
+            continue;
+          }
+          s = { labels: { ...first.labels }, value: undefined, offsets: new Map() };
+          if (first.metricName !== undefined) s.metricName = first.metricName;
+          series.set(key, s);
+        }
+        advance(s, order, byProcess, fresh);
+      }
+      for (const s of series.values()) {
+        if (s.value === undefined) continue;
+        const v: Sample = { value: s.value, labels: s.labels };
+        if (s.metricName !== undefined) v.metricName = s.metricName;
+        values.push(v);
+      }
+      out.set(name, { ...metric, values });
+    }
+    return out;
+  }
+
+  /** A process stopped: the next one in line carries its series on. */
+  remove(id: string): void {
+    for (const { series } of this.metrics.values()) for (const s of series.values()) s.offsets.delete(id);
+  }
+}
+
+/** One scrape of series `s`: its value from the process it follows, the other processes that answered aligned to it. */
+function advance(
+  s: CommonSeries,
+  order: readonly string[],
+  counts: ReadonlyMap<string, Sample>,
+  fresh: ReadonlySet<string>,
+): void {
+  const followed = order.find((id) => fresh.has(id) && counts.has(id) && s.offsets.has(id));
+  let value: number;
+  if (followed !== undefined)
+    value = Math.max(s.value ?? -Infinity, counts.get(followed)!.value + s.offsets.get(followed)!);
+  // none of the processes it followed answered: where it was (the next page follows one that answered now)
+  else if (s.value !== undefined) value = s.value;
+  else {
+    // a series no page showed yet: the largest count, as one process would show it
+    value = -Infinity;
+    for (const v of counts.values()) value = Math.max(value, v.value);
+  }
+  for (const [id, v] of counts) if (id !== followed && fresh.has(id)) s.offsets.set(id, value - v.value);
+  s.value = value;
+}
+
+/**
+ * A live process's registry as it enters the merge: each common counter (`common`, merged
+ * already) in the first registry that holds it (`placed`) and out of the others.
+ */
+function mergeable(metrics: Metrics, common: ReadonlyMap<string, Metric>, placed: Set<string>): Metrics {
+  const out: Metrics = [];
+  for (const m of metrics) {
+    const merged = common.get(m.name);
+    if (merged) {
+      if (!placed.has(m.name)) out.push(merged);
+      placed.add(m.name);
+      continue;
+    }
+    out.push(m);
+  }
+  return out;
 }
 
 /** A gateway process asks the primary for the merged page. */
@@ -105,14 +246,19 @@ export interface MetricsChannel {
  * reads now), and so do its summaries (quantiles do not add). The fold is synchronous, so a
  * page is merged either before it (the stopped process in `latest`) or after it (in `retired`),
  * never with both or neither. `retired` is one sum, however many processes stop, of the label
- * sets the processes exported, at most `maxRetiredLabelSets` per metric.
+ * sets the processes exported, at most `maxRetiredLabelSets` per metric. Counters every process
+ * counts of the same thing (aggregator 'max') are not summed but followed (CommonCounts).
  */
 export class MetricsAggregator {
+  /** The live processes, the longest-running first. */
   private readonly processes = new Map<string, MetricsChannel>();
   /** Each live process's latest registry. */
   private readonly latest = new Map<string, Metrics>();
+  /** The collect request each live process last answered. */
+  private readonly answered = new Map<string, number>();
   /** What the stopped processes counted, by metric name. */
   private readonly retired = new Map<string, RetiredMetric>();
+  private readonly common: CommonCounts;
   /** `retired` as a registry for AggregatorRegistry.aggregate, until the next fold. */
   private retiredMetrics: Metrics | undefined;
   private readonly maxRetiredLabelSets: number;
@@ -125,6 +271,7 @@ export class MetricsAggregator {
 
   constructor(options: { maxRetiredLabelSets?: number; log?: (m: string) => void } = {}) {
     this.maxRetiredLabelSets = options.maxRetiredLabelSets ?? MAX_RETIRED_LABEL_SETS;
+    this.common = new CommonCounts(this.maxRetiredLabelSets);
     this.log = options.log ?? ((m) => process.stderr.write(`${m}\n`));
   }
 
@@ -135,11 +282,13 @@ export class MetricsAggregator {
   /** A process stopped: what it counted stays in the page, and no page waits for it any more. */
   remove(id: string): void {
     this.processes.delete(id);
+    this.answered.delete(id);
     const last = this.latest.get(id);
     if (last) {
       this.latest.delete(id);
       this.retire(id, last);
     }
+    this.common.remove(id);
     for (const [key, p] of this.pending) {
       p.waiting.delete(id);
       if (p.from === id) this.drop(key);
@@ -153,7 +302,10 @@ export class MetricsAggregator {
     if (m.cfMetrics === 'request') this.start(from, m.id);
     else if (m.cfMetrics === 'collected') {
       const p = this.pending.get(m.id);
-      if (Array.isArray(m.metrics) && this.processes.has(from)) this.latest.set(from, m.metrics);
+      if (Array.isArray(m.metrics) && this.processes.has(from)) {
+        this.latest.set(from, m.metrics);
+        this.answered.set(from, m.id);
+      }
       if (p && p.waiting.delete(from) && p.waiting.size === 0) this.finish(m.id);
     }
     return true;
@@ -176,9 +328,20 @@ export class MetricsAggregator {
     if (!to) return;
     const fail = (err: unknown) => to.send({ cfMetrics: 'aggregated', id: p.id, error: String(err) });
     try {
+      const order = [...this.processes.keys()];
+      const fresh = new Set(order.filter((id) => this.answered.get(id) === key));
+      const common = this.common.merge(order, this.latest, fresh);
+      const placed = new Set<string>();
+      const pages = order.flatMap((id) => {
+        const metrics = this.latest.get(id);
+        return metrics ? [mergeable(metrics, common, placed)] : [];
+      });
+      // common counts no live registry holds now (those that counted them replaced, their replacements yet to answer)
+      const unplaced = [...common.values()].filter((m) => !placed.has(m.name));
+      if (unplaced.length > 0) pages.push(unplaced);
       // the page is written here and crosses the channel as text: the scraped process answers it as it is
       // the retired registry last: a metric takes its help and aggregator from a live process
-      AggregatorRegistry.aggregate([...this.latest.values(), this.retiredPage()])
+      AggregatorRegistry.aggregate([...pages, this.retiredPage()])
         .metrics()
         .then((text) => to.send({ cfMetrics: 'aggregated', id: p.id, text }), fail);
     } catch (err) {

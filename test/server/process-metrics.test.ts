@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { SubscriberStats } from '../../src/engines/kv-events/subscriber.js';
+import { registerKvEventMetrics } from '../../src/server/metrics.js';
 import { MetricsAggregator, ProcessMetrics, type ProcessMetricsMessage } from '../../src/server/process-metrics.js';
 
 /** A gateway process's registry: a request counter and a gauge of one quantity every process reads. */
@@ -217,5 +219,75 @@ describe('serve --processes: one /metrics page for every process', () => {
     assert.equal(page.has('duration_seconds_count{worker="d"}'), false);
     assert.equal(lines.length, 1);
     assert.match(lines[0], /3 label sets/);
+  });
+
+  test("a worker's KV-event counters, which every process counts of the same engine, are counted once", async () => {
+    // each process subscribes to the engine and hears the same 40 batches, 2 of them duplicates, 1 late join, 3 skipped events
+    const stats = {
+      batches: 40,
+      duplicates: 2,
+      lateJoins: 1,
+      malformed: 0,
+      unknownRanks: 0,
+      applied: { skipped: { bad_hash: 3 } },
+    } as unknown as SubscriberStats;
+    const registries = [new Registry(), new Registry()];
+    for (const r of registries) registerKvEventMetrics(r, () => [['w1', stats]]);
+    const { processes } = cluster(registries);
+    const page = samples(await processes[0].mergedMetrics());
+    assert.equal(page.get('contextforge_kv_event_batches_total{worker="w1"}'), 40);
+    assert.equal(page.get('contextforge_kv_event_duplicates_total{worker="w1"}'), 2);
+    assert.equal(page.get('contextforge_kv_event_late_joins_total{worker="w1"}'), 1);
+    assert.equal(page.get('contextforge_kv_events_skipped_total{worker="w1",reason="bad_hash"}'), 3);
+  });
+
+  test('a count every process keeps of one thing neither jumps nor goes back when processes are replaced', async () => {
+    /** A process's count of the engine's batches, merged by its largest value. */
+    const counting = () => {
+      const r = new Registry();
+      const c = new Counter({
+        name: 'batches_total',
+        help: 'h',
+        labelNames: ['worker'],
+        aggregator: 'max',
+        registers: [r],
+      });
+      return { r, c };
+    };
+    const primary = new MetricsAggregator();
+    const a = counting();
+    const b = counting();
+    const pa = join(primary, 'a', a.r);
+    join(primary, 'b', b.r);
+    const page = async (p: ProcessMetrics) => samples(await p.mergedMetrics()).get('batches_total{worker="w"}');
+    /** The engine sends `n` batches; every live process hears them. */
+    const send = (n: number, ...live: Array<{ c: Counter }>) => {
+      for (const p of live) p.c.inc({ worker: 'w' }, n);
+    };
+    send(100, a, b);
+    assert.equal(await page(pa), 100);
+    // a replaces b: it replays the 30 batches the engine still buffers, which a counted already
+    primary.remove('b');
+    const c = counting();
+    const pc = join(primary, 'c', c.r);
+    send(30, c);
+    assert.equal(await page(pc), 100, 'no jump by the replay');
+    send(10, a, c);
+    assert.equal(await page(pa), 110);
+    // a, the one counting since the start, stops: c carries the count on, and what came since the last page counts
+    send(5, a, c);
+    primary.remove('a');
+    assert.equal(await page(pc), 115, 'not back to the count of the younger process');
+    send(5, c);
+    assert.equal(await page(pc), 120);
+    // the last of the first processes gone: a new one, replaying, joins; c stops; the new one carries on
+    const d = counting();
+    const pd = join(primary, 'd', d.r);
+    send(30, d);
+    assert.equal(await page(pd), 120);
+    send(1, c, d);
+    primary.remove('c');
+    send(2, d);
+    assert.equal(await page(pd), 123);
   });
 });
