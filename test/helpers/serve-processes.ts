@@ -4,6 +4,7 @@
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { Client } from 'undici';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { CLI } from './cli-entry.js';
@@ -59,16 +60,29 @@ export async function serveOnTwoEngines(): ReturnType<typeof startServe> {
   ]);
 }
 
-/** The pids of the gateway processes under `primary`. */
+/**
+ * The pids of the gateway processes under `primary`. A primary run from the sources through tsx
+ * has a child of another kind too, for as long as tsx keeps it: esbuild's service, left out.
+ */
 export function childPids(primary: ChildProcess): number[] {
   try {
     return execFileSync('pgrep', ['-P', String(primary.pid)], { encoding: 'utf8' })
       .trim()
       .split('\n')
       .filter(Boolean)
-      .map(Number);
+      .map(Number)
+      .filter((pid) => !isEsbuild(pid));
   } catch {
     return []; // pgrep exits 1 when it finds none
+  }
+}
+
+/** Whether process `pid` is esbuild's (false once it is gone, or where /proc cannot tell). */
+function isEsbuild(pid: number): boolean {
+  try {
+    return readFileSync(`/proc/${pid}/comm`, 'utf8').trim() === 'esbuild';
+  } catch {
+    return false;
   }
 }
 
