@@ -176,6 +176,12 @@ export interface GatewayOptions {
    */
   metricsPage?: () => Promise<string>;
   /**
+   * Told each router worker id (a data-parallel rank's too) whose series leave the registry as
+   * its worker is removed: `serve --processes N` passes it to the primary, which drops what
+   * stopped processes counted of it from the merged page.
+   */
+  workerMetricsForgotten?: (workerId: string) => void;
+  /**
    * Forward the body fields that direct an engine's disaggregated prefill/decode KV transfer
    * (vLLM's `kv_transfer_params`, SGLang's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`
    * and the others of request-limits.ts KV_TRANSFER_FIELDS) as a client sends them. Off by default: they are
@@ -758,6 +764,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     for (const rid of connections.routerIdsOf(id)) {
       breaker.forget(rid);
       metrics.forgetWorker(rid);
+      options.workerMetricsForgotten?.(rid);
       firstByte.forget(rid);
     }
     return connections.remove(id);

@@ -18,6 +18,10 @@
  * thing N times. It follows one process instead (CommonCounts), carried on by another when that
  * process stops, so that it neither jumps nor goes back when a process is replaced.
  *
+ * A removed worker's series leave each process's registry; the process says so with its next
+ * registry (`forgotten`), and the primary drops the worker's series from what it keeps for the
+ * stopped processes too: a worker added again under the id counts from 0, as in one process.
+ *
  * The messages carry `cfMetrics` (their kind) and no `cf`, so the state relay on the same
  * channels (cluster-state-store.ts) passes them over.
  */
@@ -37,6 +41,9 @@ export const AGGREGATE_TIMEOUT_MS = COLLECT_TIMEOUT_MS + 1000;
 /** Label sets of one metric the retired registry keeps; past them a stopped process's series are dropped. */
 export const MAX_RETIRED_LABEL_SETS = 10_000;
 
+/** Removed workers a process remembers until the primary next collects its registry; past them the oldest are dropped. */
+export const MAX_FORGOTTEN_WORKERS = 10_000;
+
 type Metrics = MetricObjectWithValues<MetricValue<string>>[];
 type Metric = Metrics[number];
 type Sample = MetricValueWithName<string>;
@@ -44,6 +51,21 @@ type Sample = MetricValueWithName<string>;
 /** A counter every process counts of the same thing: merged by its largest value, not summed. */
 function isCommonCounter(m: Metric): boolean {
   return String(m.type) === 'counter' && m.aggregator === 'max';
+}
+
+/** Whether a sample is a removed worker's (its `worker` label). */
+function ofWorker(v: Sample, worker: string): boolean {
+  return v.labels?.worker === worker;
+}
+
+/** `metrics` without `worker`'s samples (the same array when it has none). */
+function withoutWorker(metrics: Metrics, worker: string): Metrics {
+  if (!metrics.some((m) => Array.isArray(m.values) && m.values.some((v) => ofWorker(v, worker)))) return metrics;
+  return metrics.map((m) =>
+    Array.isArray(m.values) && m.values.some((v) => ofWorker(v, worker))
+      ? { ...m, values: m.values.filter((v) => !ofWorker(v, worker)) }
+      : m,
+  );
 }
 
 /** What the stopped processes counted of one counter or histogram, summed by sample. */
@@ -149,6 +171,12 @@ class CommonCounts {
     return out;
   }
 
+  /** A removed worker's series go: one added again under its id counts from the processes' counts. */
+  forget(worker: string): void {
+    for (const { series } of this.metrics.values())
+      for (const [key, s] of series) if (s.labels.worker === worker) series.delete(key);
+  }
+
   /** A process stopped: the next one in line carries its series on. */
   remove(id: string): void {
     for (const { series } of this.metrics.values()) for (const s of series.values()) s.offsets.delete(id);
@@ -210,6 +238,8 @@ interface CollectedMessage {
   cfMetrics: 'collected';
   id: number;
   metrics: Metrics;
+  /** router worker ids whose series left the registry since the last one sent (removed workers) */
+  forgotten?: string[];
 }
 /** The merged page, or why there is none. */
 interface AggregatedMessage {
@@ -248,6 +278,10 @@ export interface MetricsChannel {
  * never with both or neither. `retired` is one sum, however many processes stop, of the label
  * sets the processes exported, at most `maxRetiredLabelSets` per metric. Counters every process
  * counts of the same thing (aggregator 'max') are not summed but followed (CommonCounts).
+ *
+ * A process that removed a worker says so with its next registry: the worker's series leave
+ * `retired` and the common counts, and the processes that have not said so yet (their last
+ * registries count it from before) leave theirs out of `retired` if they stop first.
  */
 export class MetricsAggregator {
   /** The live processes, the longest-running first. */
@@ -259,6 +293,8 @@ export class MetricsAggregator {
   /** What the stopped processes counted, by metric name. */
   private readonly retired = new Map<string, RetiredMetric>();
   private readonly common: CommonCounts;
+  /** Removed workers, by router worker id: the live processes that have not said yet that they removed it. */
+  private readonly forgetting = new Map<string, Set<string>>();
   /** `retired` as a registry for AggregatorRegistry.aggregate, until the next fold. */
   private retiredMetrics: Metrics | undefined;
   private readonly maxRetiredLabelSets: number;
@@ -289,6 +325,8 @@ export class MetricsAggregator {
       this.retire(id, last);
     }
     this.common.remove(id);
+    for (const [worker, waiting] of this.forgetting)
+      if (waiting.delete(id) && waiting.size === 0) this.forgetting.delete(worker);
     for (const [key, p] of this.pending) {
       p.waiting.delete(id);
       if (p.from === id) this.drop(key);
@@ -305,10 +343,41 @@ export class MetricsAggregator {
       if (Array.isArray(m.metrics) && this.processes.has(from)) {
         this.latest.set(from, m.metrics);
         this.answered.set(from, m.id);
+        if (Array.isArray(m.forgotten))
+          for (const worker of m.forgotten) if (typeof worker === 'string') this.forget(from, worker);
       }
       if (p && p.waiting.delete(from) && p.waiting.size === 0) this.finish(m.id);
     }
     return true;
+  }
+
+  /**
+   * Process `from` removed `worker`: the registry it sent with that may still count it (from
+   * before), and what stopped processes counted of it leaves the page, as the worker's series
+   * left each process's registry.
+   */
+  private forget(from: string, worker: string): void {
+    const last = this.latest.get(from);
+    if (last) this.latest.set(from, withoutWorker(last, worker));
+    this.common.forget(worker);
+    for (const r of this.retired.values()) {
+      const histogram = String(r.metric.type) === 'histogram';
+      for (const [key, v] of r.samples)
+        if (ofWorker(v, worker)) {
+          r.samples.delete(key);
+          r.labelSets.delete(labelKey(v.labels, histogram ? 'le' : undefined));
+        }
+    }
+    this.retiredMetrics = undefined;
+    let waiting = this.forgetting.get(worker);
+    if (!waiting) {
+      // the others' last registries count it until they say they removed it too
+      waiting = new Set([...this.processes.keys()].filter((id) => id !== from));
+      if (this.forgetting.size >= this.maxRetiredLabelSets)
+        this.forgetting.delete(this.forgetting.keys().next().value as string);
+      this.forgetting.set(worker, waiting);
+    } else waiting.delete(from);
+    if (waiting.size === 0) this.forgetting.delete(worker);
   }
 
   private start(from: string, requestId: number): void {
@@ -377,6 +446,9 @@ export class MetricsAggregator {
       if (String(r.metric.type) !== type) continue;
       for (const v of m.values as Sample[]) {
         if (typeof v.value !== 'number' || Number.isNaN(v.value)) continue;
+        // a worker it had not yet removed when another process did: that count left the page with the others'
+        const worker = v.labels?.worker;
+        if (typeof worker === 'string' && this.forgetting.get(worker)?.has(id)) continue;
         const set = labelKey(v.labels, type === 'histogram' ? 'le' : undefined);
         if (!r.labelSets.has(set)) {
           if (r.labelSets.size >= this.maxRetiredLabelSets) {
@@ -427,6 +499,8 @@ export class MetricsAggregator {
 export class ProcessMetrics {
   private readonly waiting = new Map<number, { resolve: (text: string) => void; reject: (err: Error) => void }>();
   private nextId = 1;
+  /** Workers removed since the registry last sent, told with the next. */
+  private readonly forgotten = new Set<string>();
 
   constructor(
     private readonly registry: Registry,
@@ -438,10 +512,14 @@ export class ProcessMetrics {
     if (!isMetricsMessage(m)) return false;
     if (m.cfMetrics === 'collect') {
       const id = m.id;
-      void this.registry.getMetricsAsJSON().then(
-        (metrics) => this.primary.send({ cfMetrics: 'collected', id, metrics }),
-        () => this.primary.send({ cfMetrics: 'collected', id, metrics: [] }),
-      );
+      // the workers removed up to the moment the registry is sent: one removed while it was read
+      // may still be in it, and the primary leaves it out
+      const send = (metrics: Metrics) => {
+        const forgotten = [...this.forgotten];
+        this.forgotten.clear();
+        this.primary.send({ cfMetrics: 'collected', id, metrics, ...(forgotten.length > 0 ? { forgotten } : {}) });
+      };
+      void this.registry.getMetricsAsJSON().then(send, () => send([]));
     } else if (m.cfMetrics === 'aggregated') {
       const w = this.waiting.get(m.id);
       if (!w) return true;
@@ -450,6 +528,18 @@ export class ProcessMetrics {
       else w.reject(new Error(m.error ?? 'no merged metrics'));
     }
     return true;
+  }
+
+  /**
+   * Router worker `workerId` was removed and its series left the registry: the primary drops
+   * what stopped processes counted of it too. Told with the next registry collected.
+   */
+  forgetWorker(workerId: string): void {
+    this.forgotten.delete(workerId);
+    // never scraped, a process that sees workers come and go keeps the latest removals
+    if (this.forgotten.size >= MAX_FORGOTTEN_WORKERS)
+      this.forgotten.delete(this.forgotten.values().next().value as string);
+    this.forgotten.add(workerId);
   }
 
   /** Every process's metrics merged into one page; rejects when the primary does not answer in time. */

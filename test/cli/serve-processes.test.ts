@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
+import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { after, test } from 'node:test';
 import { Client } from 'undici';
 import { MockEngine } from '../../src/engines/mock-engine.js';
@@ -16,6 +17,7 @@ import {
   startServe,
   TWO_PROCESSES,
   TWO_PROCESSES_QUIET,
+  childPids,
 } from '../helpers/serve-processes.js';
 
 after(closeServeProcesses);
@@ -409,6 +411,138 @@ test('serve --processes 2: /metrics on any process counts the requests of every 
     assert.ok(sample(page, 'process_resident_memory_bytes')! > 0, 'resident memory');
     assert.ok(sample(page, 'nodejs_eventloop_lag_max_seconds')! >= 0, 'event-loop delay');
   }
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+});
+
+test("serve --processes 2: /metrics counts a worker's KV batches once, through a process's replacement, and drops a removed worker's counts", async () => {
+  const engine = await new MockEngine({
+    prefillTokS: 1_000_000,
+    decodeTokS: 100_000,
+    events: 'tcp://127.0.0.1:*',
+    replay: 'tcp://127.0.0.1:*',
+  }).start();
+  engines.push(engine);
+  // a worker nothing answers: its failed attempts are counted per worker, in the process that made them
+  const closed = createNetServer();
+  await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+  const deadPort = (closed.address() as AddressInfo).port;
+  await new Promise<void>((resolve) => closed.close(() => resolve()));
+  const { child, base, output } = await startServe([
+    ...TWO_PROCESSES_QUIET,
+    '--worker',
+    `id=e0,url=http://127.0.0.1:${engine.port},events=${engine.eventsEndpoint},replay=${engine.replayEndpoint}`,
+    '--worker',
+    `id=gone,url=http://127.0.0.1:${deadPort}`,
+  ]);
+  const [a, b] = await connectionsOnTwoProcesses(base, 30_000);
+  const auth = { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' };
+  const admin = async (client: Client, method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown) => {
+    const res = await client.request({
+      path,
+      method,
+      headers: auth,
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.body.text();
+    assert.ok(res.statusCode === 200 || res.statusCode === 201, `${method} ${path}: ${res.statusCode} ${text}`);
+    return JSON.parse(text) as unknown;
+  };
+  type Workers = { workers: Array<{ id: string; draining: boolean; kvEvents?: { batches: number } }> };
+  const workerOf = async (client: Client, id: string) =>
+    ((await admin(client, 'GET', '/admin/workers')) as Workers).workers.find((w) => w.id === id)!;
+  /** The KV batches a process's subscription to e0 applied. */
+  const batchesSeenBy = async (client: Client) => (await workerOf(client, 'e0')).kvEvents!.batches;
+  const scrape = async (client: Client) => {
+    const res = await client.request({ path: '/metrics', method: 'GET' });
+    assert.equal(res.statusCode, 200);
+    return res.body.text();
+  };
+  const batches = 'contextforge_kv_event_batches_total{worker="e0"}';
+
+  // with e0 drained every request goes to the dead worker, on both processes: each counts failures of it
+  await admin(a, 'POST', '/admin/workers/e0/drain');
+  await until(async () => (await workerOf(b, 'e0')).draining, 'the drain in both processes');
+  for (const client of [a, b]) {
+    const res = await client.request({
+      path: '/v1/chat/completions',
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({
+        model: 'mock',
+        messages: [{ role: 'user', content: 'to the dead worker' }],
+        max_tokens: 2,
+      }),
+    });
+    await res.body.text();
+    assert.notEqual(res.statusCode, 200);
+  }
+  await admin(a, 'POST', '/admin/workers/e0/resume');
+  await admin(a, 'POST', '/admin/workers/gone/drain');
+  await until(
+    async () => !(await workerOf(b, 'e0')).draining && (await workerOf(b, 'gone')).draining,
+    'e0 resumed and gone drained in both processes',
+  );
+  for (const [i, client] of [a, b, a, b, a].entries())
+    await chat(client, `kv-${i}`, 0, [{ role: 'user', content: `batch ${i} ${'words '.repeat(40)}` }]);
+  // every process hears each batch: the page counts it once, as each process does
+  const seen = await settled(
+    async () => [await batchesSeenBy(a), sample(await scrape(b), batches)] as const,
+    ([own, merged]) => own > 0 && own === merged,
+  );
+  assert.equal(seen[1], seen[0], `merged ${seen[1]}, one process's ${seen[0]}`);
+  const failures = 'contextforge_upstream_failures_total{worker="gone",reason="refused"}';
+  assert.equal(sample(await scrape(a), failures), 2);
+
+  // one process is killed and replaced; its replacement replays what e0 still buffers
+  const [victim] = childPids(child);
+  process.kill(victim, 'SIGKILL');
+  await until(() => /starting another/.test(output()) && childPids(child).length === 2, 'the replacement', {
+    timeoutMs: 30_000,
+  });
+  /** A connection to a process that kept running, and one to the replacement ('3'). */
+  let survivor: Client | undefined;
+  let replacement: Client | undefined;
+  await until(
+    async () => {
+      const c = new Client(base, { pipelining: 1 });
+      clients.push(c);
+      try {
+        const replica = await processOf(c);
+        if (replica === '3') replacement ??= c;
+        else survivor ??= c;
+      } catch {
+        // reached the killed process
+      }
+      return survivor !== undefined && replacement !== undefined;
+    },
+    'connections to the replacement and a process that kept running',
+    { timeoutMs: 30_000 },
+  );
+  for (const [i, client] of [survivor!, replacement!, survivor!].entries())
+    await chat(client, `kv-after-${i}`, 0, [{ role: 'user', content: `after ${i} ${'words '.repeat(40)}` }]);
+  const after = await settled(
+    async () => [await batchesSeenBy(survivor!), sample(await scrape(replacement!), batches)] as const,
+    ([own, merged]) => own > seen[0] && own === merged,
+    { timeoutMs: 30_000 },
+  );
+  assert.equal(after[1], after[0], `merged ${after[1]}, the process counting since the start ${after[0]}`);
+  // the killed process's failure stays in the page
+  assert.equal(sample(await scrape(replacement!), failures), 2);
+
+  // the dead worker is removed: its counts leave the page, the killed process's among them
+  await admin(survivor!, 'DELETE', '/admin/workers/gone');
+  const gone = await settled(
+    async () => (await scrape(replacement!)).split('\n').filter((l) => l.includes('worker="gone"')),
+    (lines) => lines.length === 0,
+  );
+  assert.deepEqual(gone, [], 'no series of the removed worker stays');
+  // added again under its id, drained: it counts from 0
+  await admin(survivor!, 'POST', '/admin/workers', { id: 'gone', url: `http://127.0.0.1:${deadPort}` });
+  await admin(survivor!, 'POST', '/admin/workers/gone/drain');
+  assert.equal(sample(await scrape(survivor!), failures) ?? 0, 0, 'added again, it counts from 0');
+
   const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
   child.kill('SIGTERM');
   assert.equal(await exited, 0);

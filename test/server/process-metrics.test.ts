@@ -290,4 +290,97 @@ describe('serve --processes: one /metrics page for every process', () => {
     send(2, d);
     assert.equal(await page(pd), 123);
   });
+
+  test("a removed worker's counts leave the page, those of stopped processes too; added again it counts from 0", async () => {
+    /** A process's registry: requests per worker (summed) and the engine's batches per worker (every process's count of one thing). */
+    const counting = (requests: Record<string, number>, batches: Record<string, number>) => {
+      const r = new Registry();
+      const req = new Counter({ name: 'requests_total', help: 'h', labelNames: ['worker'], registers: [r] });
+      const bat = new Counter({
+        name: 'batches_total',
+        help: 'h',
+        labelNames: ['worker'],
+        aggregator: 'max',
+        registers: [r],
+      });
+      for (const [worker, n] of Object.entries(requests)) req.inc({ worker }, n);
+      for (const [worker, n] of Object.entries(batches)) bat.inc({ worker }, n);
+      return { r, req, bat };
+    };
+    const primary = new MetricsAggregator();
+    const a = counting({ w1: 1, w2: 3 }, { w1: 10, w2: 20 });
+    const pa = join(primary, 'a', a.r);
+    join(primary, 'b', counting({ w2: 4 }, { w1: 10, w2: 20 }).r);
+    const before = samples(await pa.mergedMetrics());
+    assert.equal(before.get('requests_total{worker="w2"}'), 7);
+    assert.equal(before.get('batches_total{worker="w2"}'), 20);
+    // b is killed and replaced: what it counted of w2 stays, in the stopped processes' sum
+    primary.remove('b');
+    const c = counting({}, { w1: 5, w2: 5 });
+    const pc = join(primary, 'c', c.r);
+    assert.equal(samples(await pa.mergedMetrics()).get('requests_total{worker="w2"}'), 7);
+    // w2 is removed: each live process drops its series and says so
+    for (const [p, x] of [
+      [pa, a],
+      [pc, c],
+    ] as const) {
+      x.req.remove({ worker: 'w2' });
+      x.bat.remove({ worker: 'w2' });
+      p.forgetWorker('w2');
+    }
+    const after = samples(await pa.mergedMetrics());
+    assert.deepEqual(
+      [...after.keys()].filter((k) => k.includes('w2')),
+      [],
+      'no series of the removed worker stays',
+    );
+    assert.equal(after.get('requests_total{worker="w1"}'), 1);
+    assert.equal(after.get('batches_total{worker="w1"}'), 10);
+    // added again under the id: it counts from 0
+    a.req.inc({ worker: 'w2' }, 0);
+    a.bat.inc({ worker: 'w2' }, 0);
+    c.bat.inc({ worker: 'w2' }, 0);
+    let page = samples(await pc.mergedMetrics());
+    assert.equal(page.get('requests_total{worker="w2"}'), 0);
+    assert.equal(page.get('batches_total{worker="w2"}'), 0);
+    a.req.inc({ worker: 'w2' }, 2);
+    a.bat.inc({ worker: 'w2' }, 6);
+    c.bat.inc({ worker: 'w2' }, 6);
+    page = samples(await pc.mergedMetrics());
+    assert.equal(page.get('requests_total{worker="w2"}'), 2);
+    assert.equal(page.get('batches_total{worker="w2"}'), 6);
+  });
+
+  test('a process that stops before it removed a worker another removed does not bring its counts back', async () => {
+    const primary = new MetricsAggregator();
+    const ra = served({ w1: 1, w2: 3 }, [], 0);
+    const pa = join(primary, 'a', ra);
+    join(primary, 'b', served({ w2: 4 }, [], 0));
+    await pa.mergedMetrics();
+    // a removes w2; b has not yet (its registry still counts it)
+    (ra.getSingleMetric('requests_total') as Counter).remove({ worker: 'w2' });
+    pa.forgetWorker('w2');
+    assert.equal(samples(await pa.mergedMetrics()).get('requests_total{worker="w2"}'), 4);
+    // b is killed before it removed w2: its count of it does not stay
+    primary.remove('b');
+    const page = samples(await pa.mergedMetrics());
+    assert.equal(page.has('requests_total{worker="w2"}'), false);
+    assert.equal(page.get('requests_total{worker="w1"}'), 1);
+  });
+
+  test('a worker removed while a registry was read is left out of that registry', async () => {
+    const primary = new MetricsAggregator();
+    const r = served({ w2: 3 }, [], 0);
+    const pa = new ProcessMetrics(r, { send: (m) => queueMicrotask(() => primary.receive('a', m)) });
+    // the registry is read before the removal, sent after it
+    primary.add('a', {
+      send: (m) =>
+        queueMicrotask(() => {
+          pa.receive(m);
+          if (m.cfMetrics === 'collect') pa.forgetWorker('w2');
+        }),
+    });
+    const page = samples(await pa.mergedMetrics());
+    assert.equal(page.has('requests_total{worker="w2"}'), false);
+  });
 });

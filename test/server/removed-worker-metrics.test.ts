@@ -24,6 +24,8 @@ async function closedPort(): Promise<number> {
 test("a removed worker's counters leave /metrics with its gauges, for every rank", async () => {
   const engine = await new MockEngine().start();
   const adminToken = 'removed-worker-metrics-admin';
+  // what `serve --processes N` tells the primary, which keeps stopped processes' counts
+  const forgotten: string[] = [];
   const gateway = await createGateway({
     adminToken,
     router: new KVAwareRouter({ blockSize: 16 }),
@@ -31,6 +33,7 @@ test("a removed worker's counters leave /metrics with its gauges, for every rank
     healthCheckIntervalMs: 0,
     breakerFailures: 1000,
     workers: [{ id: 'good', url: `http://127.0.0.1:${engine.port}` }],
+    workerMetricsForgotten: (id) => forgotten.push(id),
   });
   const admin = { 'content-type': 'application/json', authorization: `Bearer ${adminToken}` };
   try {
@@ -63,8 +66,10 @@ test("a removed worker's counters leave /metrics with its gauges, for every rank
         lines.some((l) => l.startsWith('contextforge_upstream_failures_total{worker="gone#')),
         'the failures were counted',
       );
+      forgotten.length = 0;
       const del = await fetch(`${base}/admin/workers/gone`, { method: 'DELETE', headers: admin });
       assert.equal(del.status, 200, await del.text());
+      assert.deepEqual(forgotten.sort(), ['gone#0', 'gone#1'], 'every rank is said to be forgotten');
       const after = await scrape();
       assert.deepEqual(
         after.filter((l) => l.includes('worker="gone')),

@@ -109,7 +109,12 @@ export async function startGateway(
   let processMetrics: ProcessMetrics | undefined;
   const gateway = await createGateway({
     state,
-    ...(worker ? { metricsPage: () => processMetrics!.mergedMetrics() } : {}),
+    ...(worker
+      ? {
+          metricsPage: () => processMetrics!.mergedMetrics(),
+          workerMetricsForgotten: (id: string) => processMetrics?.forgetWorker(id),
+        }
+      : {}),
     router,
     workers: c.workers,
     adminToken: admin.token,
