@@ -48,6 +48,30 @@ type Metrics = MetricObjectWithValues<MetricValue<string>>[];
 type Metric = Metrics[number];
 type Sample = MetricValueWithName<string>;
 
+/**
+ * prom-client's event-loop delay gauges read from perf_hooks' histogram, which it empties at each
+ * scrape. A process whose histogram took no sample since (one just started, or scraped twice
+ * within its resolution, 10 ms) reads a mean and deviation of NaN, a minimum of 2^63 ns and
+ * percentiles of its lowest bucket: none is a measure. It counts with the delay it read last,
+ * and one that has read none yet is left out of all of them.
+ */
+const EVENT_LOOP_DELAY_GAUGES = new Set([
+  'nodejs_eventloop_lag_min_seconds',
+  'nodejs_eventloop_lag_max_seconds',
+  'nodejs_eventloop_lag_mean_seconds',
+  'nodejs_eventloop_lag_stddev_seconds',
+  'nodejs_eventloop_lag_p50_seconds',
+  'nodejs_eventloop_lag_p90_seconds',
+  'nodejs_eventloop_lag_p99_seconds',
+]);
+const EVENT_LOOP_DELAY_MEAN = 'nodejs_eventloop_lag_mean_seconds';
+
+/** Whether a registry's event-loop delay histogram took a sample since its last scrape. */
+function delaySampled(metrics: Metrics): boolean {
+  const mean = metrics.find((m) => m.name === EVENT_LOOP_DELAY_MEAN);
+  return mean !== undefined && Array.isArray(mean.values) && mean.values.some((v) => Number.isFinite(v.value));
+}
+
 /** A counter every process counts of the same thing: merged by its largest value, not summed. */
 function isCommonCounter(m: Metric): boolean {
   return String(m.type) === 'counter' && m.aggregator === 'max';
@@ -207,9 +231,12 @@ function advance(
 
 /**
  * A live process's registry as it enters the merge: each common counter (`common`, merged
- * already) in the first registry that holds it (`placed`) and out of the others.
+ * already) in the first registry that holds it (`placed`) and out of the others, gauge samples of
+ * NaN left out (a process that has nothing to read yet), and the event-loop delay gauges of a
+ * process whose histogram took no sample left out.
  */
 function mergeable(metrics: Metrics, common: ReadonlyMap<string, Metric>, placed: Set<string>): Metrics {
+  const sampled = delaySampled(metrics);
   const out: Metrics = [];
   for (const m of metrics) {
     const merged = common.get(m.name);
@@ -218,7 +245,11 @@ function mergeable(metrics: Metrics, common: ReadonlyMap<string, Metric>, placed
       placed.add(m.name);
       continue;
     }
-    out.push(m);
+    if (EVENT_LOOP_DELAY_GAUGES.has(m.name) && !sampled) continue;
+    let metric = m;
+    if (String(m.type) === 'gauge' && Array.isArray(m.values) && m.values.some((v) => Number.isNaN(v.value)))
+      metric = { ...metric, values: m.values.filter((v) => !Number.isNaN(v.value)) };
+    out.push(metric);
   }
   return out;
 }
@@ -290,6 +321,8 @@ export class MetricsAggregator {
   private readonly latest = new Map<string, Metrics>();
   /** The collect request each live process last answered. */
   private readonly answered = new Map<string, number>();
+  /** Each live process's event-loop delay gauges, as it last read them with a sample. */
+  private readonly delays = new Map<string, Metrics>();
   /** What the stopped processes counted, by metric name. */
   private readonly retired = new Map<string, RetiredMetric>();
   private readonly common: CommonCounts;
@@ -319,6 +352,7 @@ export class MetricsAggregator {
   remove(id: string): void {
     this.processes.delete(id);
     this.answered.delete(id);
+    this.delays.delete(id);
     const last = this.latest.get(id);
     if (last) {
       this.latest.delete(id);
@@ -341,7 +375,7 @@ export class MetricsAggregator {
     else if (m.cfMetrics === 'collected') {
       const p = this.pending.get(m.id);
       if (Array.isArray(m.metrics) && this.processes.has(from)) {
-        this.latest.set(from, m.metrics);
+        this.latest.set(from, this.withEventLoopDelay(from, m.metrics));
         this.answered.set(from, m.id);
         if (Array.isArray(m.forgotten))
           for (const worker of m.forgotten) if (typeof worker === 'string') this.forget(from, worker);
@@ -378,6 +412,22 @@ export class MetricsAggregator {
       this.forgetting.set(worker, waiting);
     } else waiting.delete(from);
     if (waiting.size === 0) this.forgetting.delete(worker);
+  }
+
+  /**
+   * Process `from`'s registry with the event-loop delay it read last, when its histogram took
+   * no sample since (scraped again within its resolution): the delay is not unknown for that.
+   */
+  private withEventLoopDelay(from: string, metrics: Metrics): Metrics {
+    const gauges = metrics.filter((m) => EVENT_LOOP_DELAY_GAUGES.has(m.name));
+    if (gauges.length === 0) return metrics;
+    if (delaySampled(metrics)) {
+      this.delays.set(from, gauges);
+      return metrics;
+    }
+    const last = this.delays.get(from);
+    if (!last) return metrics;
+    return [...metrics.filter((m) => !EVENT_LOOP_DELAY_GAUGES.has(m.name)), ...last];
   }
 
   private start(from: string, requestId: number): void {

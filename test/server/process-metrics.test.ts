@@ -383,4 +383,86 @@ describe('serve --processes: one /metrics page for every process', () => {
     const page = samples(await pa.mergedMetrics());
     assert.equal(page.has('requests_total{worker="w2"}'), false);
   });
+
+  test('a process whose event-loop histogram took no sample yet is left out of the delay gauges: no NaN', async () => {
+    /** prom-client's event-loop delay gauges as a process reads them (seconds), with their aggregators. */
+    const delays = (read: Record<string, number>) => {
+      const r = new Registry();
+      for (const [name, aggregator] of [
+        ['min', 'min'],
+        ['max', 'max'],
+        ['mean', 'average'],
+        ['stddev', 'average'],
+        ['p50', 'average'],
+        ['p90', 'average'],
+        ['p99', 'average'],
+      ] as const)
+        new Gauge({ name: `nodejs_eventloop_lag_${name}_seconds`, help: 'h', aggregator, registers: [r] }).set(
+          read[name],
+        );
+      return r;
+    };
+    const measured = { min: 0.01, max: 0.05, mean: 0.02, stddev: 0.005, p50: 0.02, p90: 0.03, p99: 0.04 };
+    // what perf_hooks' histogram reads with no sample: 2^63 ns, 0, NaN and its lowest bucket
+    const unsampled = {
+      min: 9223372036.854776,
+      max: 0,
+      mean: NaN,
+      stddev: NaN,
+      p50: 5.11e-7,
+      p90: 5.11e-7,
+      p99: 5.11e-7,
+    };
+    const { processes } = cluster([delays(measured), delays(unsampled)]);
+    const text = await processes[0].mergedMetrics();
+    assert.doesNotMatch(text, /NaN/);
+    const page = samples(text);
+    for (const [name, value] of Object.entries(measured))
+      assert.equal(page.get(`nodejs_eventloop_lag_${name}_seconds`), value, name);
+    // and none is shown while no process has a sample
+    const none = samples(await cluster([delays(unsampled), delays(unsampled)]).processes[0].mergedMetrics());
+    assert.deepEqual([...none.keys()], []);
+  });
+
+  test('a process scraped again before its event-loop histogram took a sample counts with the delay it read last', async () => {
+    const r1 = new Registry();
+    const r2 = new Registry();
+    const mean1 = new Gauge({
+      name: 'nodejs_eventloop_lag_mean_seconds',
+      help: 'h',
+      aggregator: 'average',
+      registers: [r1],
+    });
+    const mean2 = new Gauge({
+      name: 'nodejs_eventloop_lag_mean_seconds',
+      help: 'h',
+      aggregator: 'average',
+      registers: [r2],
+    });
+    const max2 = new Gauge({ name: 'nodejs_eventloop_lag_max_seconds', help: 'h', aggregator: 'max', registers: [r2] });
+    mean1.set(0.25);
+    mean2.set(0.75);
+    max2.set(0.2);
+    const { processes } = cluster([r1, r2]);
+    let page = samples(await processes[0].mergedMetrics());
+    assert.equal(page.get('nodejs_eventloop_lag_mean_seconds'), 0.5);
+    // the second process's histogram took no sample since: NaN, and a max of 0
+    mean2.set(NaN);
+    max2.set(0);
+    page = samples(await processes[0].mergedMetrics());
+    assert.equal(page.get('nodejs_eventloop_lag_mean_seconds'), 0.5);
+    assert.equal(page.get('nodejs_eventloop_lag_max_seconds'), 0.2);
+    mean2.set(1.25);
+    max2.set(0.1);
+    page = samples(await processes[0].mergedMetrics());
+    assert.equal(page.get('nodejs_eventloop_lag_mean_seconds'), 0.75);
+    assert.equal(page.get('nodejs_eventloop_lag_max_seconds'), 0.1);
+  });
+
+  test('a gauge a process reads as NaN is left out of its merge', async () => {
+    const r1 = registry(1, 0.5);
+    const r2 = registry(1, NaN);
+    const { processes } = cluster([r1, r2]);
+    assert.match(await processes[0].mergedMetrics(), /^usage 0\.5$/m);
+  });
 });
