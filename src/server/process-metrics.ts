@@ -26,6 +26,7 @@
  * channels (cluster-state-store.ts) passes them over.
  */
 import {
+  type Aggregator,
   AggregatorRegistry,
   type MetricObjectWithValues,
   type MetricValue,
@@ -47,6 +48,19 @@ export const MAX_FORGOTTEN_WORKERS = 10_000;
 type Metrics = MetricObjectWithValues<MetricValue<string>>[];
 type Metric = Metrics[number];
 type Sample = MetricValueWithName<string>;
+
+/**
+ * prom-client's default metrics merged otherwise than by the aggregator prom-client gives them
+ * (a sum unless said): a limit of each process is no sum, and the start time, which prom-client
+ * leaves out of a merged page, is the longest-running process's.
+ */
+export const MERGED_AS: Readonly<Record<string, Aggregator>> = {
+  // each process's own limit (they inherit one): the lowest
+  process_max_fds: 'min',
+  // the fullest process: `process_open_fds / process_max_fds` stays the share of a process's limit in use
+  process_open_fds: 'max',
+  process_start_time_seconds: 'min',
+};
 
 /**
  * prom-client's event-loop delay gauges read from perf_hooks' histogram, which it empties at each
@@ -232,8 +246,8 @@ function advance(
 /**
  * A live process's registry as it enters the merge: each common counter (`common`, merged
  * already) in the first registry that holds it (`placed`) and out of the others, gauge samples of
- * NaN left out (a process that has nothing to read yet), and the event-loop delay gauges of a
- * process whose histogram took no sample left out.
+ * NaN left out (a process that has nothing to read yet), the event-loop delay gauges of a process
+ * whose histogram took no sample left out, and the aggregators of MERGED_AS.
  */
 function mergeable(metrics: Metrics, common: ReadonlyMap<string, Metric>, placed: Set<string>): Metrics {
   const sampled = delaySampled(metrics);
@@ -249,6 +263,8 @@ function mergeable(metrics: Metrics, common: ReadonlyMap<string, Metric>, placed
     let metric = m;
     if (String(m.type) === 'gauge' && Array.isArray(m.values) && m.values.some((v) => Number.isNaN(v.value)))
       metric = { ...metric, values: m.values.filter((v) => !Number.isNaN(v.value)) };
+    const as = MERGED_AS[m.name];
+    if (as !== undefined && metric.aggregator !== as) metric = { ...metric, aggregator: as };
     out.push(metric);
   }
   return out;

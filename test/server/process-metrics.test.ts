@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { SubscriberStats } from '../../src/engines/kv-events/subscriber.js';
 import { registerKvEventMetrics } from '../../src/server/metrics.js';
 import { MetricsAggregator, ProcessMetrics, type ProcessMetricsMessage } from '../../src/server/process-metrics.js';
@@ -464,5 +464,36 @@ describe('serve --processes: one /metrics page for every process', () => {
     const r2 = registry(1, NaN);
     const { processes } = cluster([r1, r2]);
     assert.match(await processes[0].mergedMetrics(), /^usage 0\.5$/m);
+  });
+
+  test("prom-client's default metrics: a descriptor limit is not summed, the start time is shown", async () => {
+    const registries = [new Registry(), new Registry()];
+    for (const r of registries) collectDefaultMetrics({ register: r });
+    const one = samples(await registries[0].metrics());
+    const { processes } = cluster(registries);
+    const page = samples(await processes[0].mergedMetrics());
+    if (one.has('process_max_fds')) {
+      // both read this process's limit: a limit, not twice it
+      assert.equal(page.get('process_max_fds'), one.get('process_max_fds'));
+    }
+    assert.equal(page.get('process_start_time_seconds'), one.get('process_start_time_seconds'));
+    // what the processes add up to is still summed
+    assert.ok(page.get('process_cpu_user_seconds_total')! >= one.get('process_cpu_user_seconds_total')!);
+  });
+
+  test('a limit read differently by the processes merges to the lowest, open descriptors to the largest, the start to the earliest', async () => {
+    /** A process's descriptor limit, open descriptors and start, with prom-client's aggregators. */
+    const fds = (limit: number, open: number, start: number) => {
+      const r = new Registry();
+      new Gauge({ name: 'process_max_fds', help: 'h', registers: [r] }).set(limit);
+      new Gauge({ name: 'process_open_fds', help: 'h', registers: [r] }).set(open);
+      new Gauge({ name: 'process_start_time_seconds', help: 'h', aggregator: 'omit', registers: [r] }).set(start);
+      return r;
+    };
+    const { processes } = cluster([fds(20000, 30, 1000), fds(10000, 40, 900)]);
+    const page = samples(await processes[0].mergedMetrics());
+    assert.equal(page.get('process_max_fds'), 10000);
+    assert.equal(page.get('process_open_fds'), 40);
+    assert.equal(page.get('process_start_time_seconds'), 900);
   });
 });

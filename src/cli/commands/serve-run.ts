@@ -170,8 +170,8 @@ export async function startGateway(
   registerStateMetrics(gateway.metrics, state);
   // the process's own: resident memory, heap, CPU, open descriptors, event-loop delay, garbage
   // collection (prom-client's default metrics, under their usual names); with --processes the
-  // primary merges them as prom-client's cluster aggregation does (memory summed, event-loop
-  // delay averaged, its maximum the largest)
+  // primary merges them (process-metrics.ts: memory summed, a limit not, event-loop delay
+  // averaged, its maximum the largest)
   collectDefaultMetrics({ register: gateway.metrics });
   const onPrimaryMessage = (m: unknown) => void processMetrics?.receive(m);
   if (worker) {
