@@ -28,9 +28,19 @@ function run(args: string[]): string {
 
 type Manifest = { apiVersion: string; kind: string; metadata: { name: string; labels?: Record<string, string> }; spec?: Record<string, unknown>; data?: Record<string, string> };
 
-function render(args: string[]): Manifest[] {
-  const out = run(['template', 'cfr', chart, '--namespace', 'inference', ...args]);
+function render(args: string[], release = 'cfr'): Manifest[] {
+  const out = run(['template', release, chart, '--namespace', 'inference', ...args]);
   return parseManifests(out);
+}
+
+/** helm's error for a render it refuses (the schema's or a template's `fail`). */
+function renderError(args: string[]): string {
+  try {
+    render(args);
+  } catch (err) {
+    return String((err as { stderr?: string }).stderr ?? err);
+  }
+  assert.fail(`helm rendered ${args.join(' ')}, which it should refuse`);
 }
 
 /** The documents of helm's output; a YAML error (a duplicate key, say) fails, as kubectl would refuse it. */
@@ -405,4 +415,119 @@ test("the chart's Redis: state.redis.auth.existingSecret names the password's Se
   assert.equal(openRouter.env?.find((e) => e.name === 'CONTEXTFORGE_STATE'), undefined);
   const notes = run(['install', 'cfr', chart, '--dry-run=client', '--namespace', 'inference', '--set', 'state.redis.enabled=true', '--set', 'state.redis.auth.enabled=false']);
   assert.match(notes, /WARNING: the chart's Redis runs without a password/);
+});
+
+/** A Service's name must be a DNS-1035 label; other objects' names DNS-1123 subdomains. */
+const DNS_1035_LABEL = /^[a-z]([-a-z0-9]*[a-z0-9])?$/;
+const DNS_1123_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+/** A label's value: a string (the API refuses a number or a boolean), 63 characters at most. */
+const LABEL_VALUE = /^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$/;
+
+type Labels = Record<string, unknown>;
+const matches = (selector: Labels, labels: Labels | undefined) => Object.entries(selector).every(([k, v]) => labels?.[k] === v);
+
+/** The label maps of a manifest the API checks: its own, its selector's, its pods'. */
+function labelMaps(m: Manifest): Array<[string, Labels]> {
+  const spec = m.spec as { selector?: Labels & { matchLabels?: Labels }; template?: { metadata?: { labels?: Labels } } } | undefined;
+  const maps: Array<[string, Labels | undefined]> = [
+    ['metadata.labels', m.metadata.labels],
+    ['spec.selector.matchLabels', spec?.selector?.matchLabels],
+    ['spec.template.metadata.labels', spec?.template?.metadata?.labels],
+  ];
+  if (m.kind === 'Service') maps.push(['spec.selector', spec?.selector]);
+  return maps.filter((e): e is [string, Labels] => e[1] !== undefined);
+}
+
+/** Every name fits in 63 characters and is valid for its kind; no two objects of one kind share one; every label value is one the API takes. */
+function assertNamesFit(ms: Manifest[], where: string): void {
+  const seen = new Set<string>();
+  for (const m of ms) {
+    const id = `${m.kind}/${m.metadata.name}`;
+    assert.ok(!seen.has(id), `${where}: two ${m.kind}s named ${m.metadata.name}`);
+    seen.add(id);
+    assert.ok(m.metadata.name.length <= 63, `${where}: ${id} is ${m.metadata.name.length} characters long (63 at most)`);
+    assert.match(m.metadata.name, m.kind === 'Service' ? DNS_1035_LABEL : DNS_1123_SUBDOMAIN, `${where}: ${id} is not a valid name`);
+    for (const [path, labels] of labelMaps(m)) {
+      for (const [k, v] of Object.entries(labels)) {
+        assert.equal(typeof v, 'string', `${where}: ${id} ${path} ${k} is a ${typeof v}, not a string`);
+        const value = v as string;
+        assert.ok(value.length <= 63 && LABEL_VALUE.test(value), `${where}: ${id} ${path} ${k}=${value} is not a label value (${value.length} characters)`);
+      }
+    }
+  }
+}
+
+/** Each Service but the headless one (over the model servers) selects the pods of exactly one Deployment; the router reaches its Redis and its headless Service by their names. */
+function assertWiring(ms: Manifest[], where: string): void {
+  const deployments = byKind(ms, 'Deployment');
+  const services = byKind(ms, 'Service');
+  for (const svc of services) {
+    const spec = svc.spec as { selector: Labels; clusterIP?: string };
+    if (spec.clusterIP === 'None') continue;
+    const selected = deployments.filter((d) => matches(spec.selector, podSpec(d).metadata.labels));
+    assert.deepEqual(selected.length, 1, `${where}: Service ${svc.metadata.name} selects the pods of ${selected.length} Deployments`);
+  }
+  for (const d of deployments) {
+    const selector = (d.spec as { selector: { matchLabels: Labels } }).selector.matchLabels;
+    assert.ok(matches(selector, podSpec(d).metadata.labels), `${where}: Deployment ${d.metadata.name} does not select its own pods`);
+  }
+  const router = podSpec(deployments.find((d) => d.metadata.labels?.['app.kubernetes.io/component'] !== 'state')!).spec.containers[0] as PodContainer;
+  const state = router.env?.find((e) => e.name === 'CONTEXTFORGE_STATE')?.value;
+  if (state) {
+    const host = /@([^:/]+):6379$/.exec(state)?.[1];
+    assert.ok(host && services.some((s) => s.metadata.name === host), `${where}: CONTEXTFORGE_STATE ${state} names no Service of the release`);
+  }
+  const discover = router.args.find((a) => a.startsWith('--discover='));
+  if (discover) {
+    const [name, namespace] = /^--discover=dns=([^,]+)/.exec(discover)![1].split('.');
+    assert.equal(namespace, 'inference');
+    const headless = one(ms, 'Service', name);
+    assert.equal((headless.spec as { clusterIP: string }).clusterIP, 'None', `${where}: ${discover} names a Service that is not headless`);
+  }
+  for (const pool of byKind(ms, 'InferencePool')) {
+    const ref = (pool.spec as { endpointPickerRef: { name: string } }).endpointPickerRef;
+    one(ms, 'Service', ref.name);
+  }
+  for (const route of byKind(ms, 'HTTPRoute')) {
+    const backend = (route.spec as { rules: Array<{ backendRefs: Array<{ name: string }> }> }).rules[0].backendRefs[0];
+    one(ms, 'InferencePool', backend.name);
+  }
+}
+
+// Helm refuses release names over 53 characters
+const LONG_RELEASE = 'inference-picker-llama3-70b-instruct-production-east1';
+
+test('the longest release name Helm takes, and 63-character overrides: every name fits in 63 characters, none repeats in a kind, the wiring holds', () => {
+  assert.equal(LONG_RELEASE.length, 53);
+  const epp = ['-f', `${chart}/ci/epp-values.yaml`];
+  const gateway = ['-f', `${chart}/ci/gateway-redis-values.yaml`, '--set', 'serviceMonitor.enabled=true'];
+  const cases: Array<[string, string[], string]> = [
+    ['epp mode, everything rendered', epp, LONG_RELEASE],
+    ['gateway mode with the chart Redis', gateway, LONG_RELEASE],
+    ['epp mode, a 63-character nameOverride', [...epp, '--set', `nameOverride=${'n'.repeat(63)}`], LONG_RELEASE],
+    ['gateway mode, a 63-character nameOverride', [...gateway, '--set', `nameOverride=${'n'.repeat(63)}`], 'cfr'],
+    ['epp mode, a 63-character fullnameOverride', [...epp, '--set', `fullnameOverride=${'f'.repeat(63)}`], 'cfr'],
+    ['epp mode, a 53-character inferencePool.name', [...epp, '--set', `inferencePool.name=${'p'.repeat(53)}`], LONG_RELEASE],
+    // label values the YAML parser would read as a boolean or a number
+    ['a release named true', ['--set', 'state.redis.enabled=true'], 'true'],
+    ['a release named 1e3 in epp mode', [...epp, '--set', 'fullnameOverride=picker'], '1e3'],
+  ];
+  for (const [where, args, release] of cases) {
+    const ms = render(args, release);
+    ms.forEach(validate);
+    assertNamesFit(ms, where);
+    assertWiring(ms, where);
+    assert.ok(byKind(ms, 'Deployment').length === 2, `${where}: the router's and the Redis's Deployments`);
+  }
+  // the router keeps its own name: Redis and the headless Service cut theirs
+  const ms = render(epp, LONG_RELEASE);
+  const fullname = `${LONG_RELEASE}-contextfo`;
+  one(ms, 'Deployment', fullname);
+  one(ms, 'Service', fullname);
+  one(ms, 'Deployment', `${LONG_RELEASE}-con-redis`);
+  one(ms, 'Service', `${LONG_RELEASE}-endpoints`);
+  // a fullnameOverride that the suffixes would make a duplicate of is refused, not rendered twice
+  assert.match(renderError(['--set', 'state.redis.enabled=true', '--set', `fullnameOverride=${'f'.repeat(57)}-redis`]), /Redis would be named/);
+  assert.match(renderError(['--set', 'mode=epp', '--set', `fullnameOverride=${'f'.repeat(53)}-endpoints`]), /headless Service would be named/);
+  assert.match(renderError(['--set', 'mode=epp', '--set', `inferencePool.name=${'p'.repeat(54)}`]), /inferencePool[./]name/);
 });

@@ -16,22 +16,30 @@
 {{- end -}}
 {{- end -}}
 
+{{/* NAME-SUFFIX in 63 characters at most (a Service's name, a label's value): NAME is cut to make
+room, never the suffix, so the name stays distinct from NAME's. Called with (list NAME SUFFIX). */}}
+{{- define "cfr.suffixed" -}}
+{{- $suffix := index . 1 -}}
+{{- printf "%s-%s" (index . 0 | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix -}}
+{{- end -}}
+
+{{/* Values are quoted: a release named "true" or "123" must stay a string. */}}
 {{- define "cfr.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "cfr.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/component: {{ .Values.mode }}
+app.kubernetes.io/name: {{ include "cfr.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+app.kubernetes.io/component: {{ .Values.mode | quote }}
 {{- end -}}
 
 {{- define "cfr.labels" -}}
 {{ include "cfr.labelsWithoutComponent" . }}
-app.kubernetes.io/component: {{ .Values.mode }}
+app.kubernetes.io/component: {{ .Values.mode | quote }}
 {{- end -}}
 
 {{/* The release's labels less the component, for manifests of another component (the Redis). */}}
 {{- define "cfr.labelsWithoutComponent" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
-app.kubernetes.io/name: {{ include "cfr.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "cfr.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: contextforge-router
@@ -49,8 +57,29 @@ app.kubernetes.io/part-of: contextforge-router
 {{- default (include "cfr.fullname" .) .Values.inferencePool.name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The headless Service over the pool's pods (discovery resolves its DNS name). */}}
+{{- define "cfr.endpointsName" -}}
+{{- include "cfr.suffixed" (list (include "cfr.poolName" .) "endpoints") -}}
+{{- end -}}
+
 {{- define "cfr.redisName" -}}
-{{- printf "%s-redis" (include "cfr.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- include "cfr.suffixed" (list (include "cfr.fullname" .) "redis") -}}
+{{- end -}}
+
+{{/* The app.kubernetes.io/name of the chart's Redis pods (their selector's). */}}
+{{- define "cfr.redisAppName" -}}
+{{- include "cfr.suffixed" (list (include "cfr.name" .) "redis") -}}
+{{- end -}}
+
+{{/* Two Services or Deployments of one name would overwrite each other: possible only with a fullnameOverride ending in a suffix the chart adds. */}}
+{{- define "cfr.checkNames" -}}
+{{- $fullname := include "cfr.fullname" . -}}
+{{- if and (include "cfr.chartRedis" .) (eq $fullname (include "cfr.redisName" .)) -}}
+{{- fail (printf "the chart's Redis would be named %s, as the router is: choose another fullnameOverride" $fullname) -}}
+{{- end -}}
+{{- if and (eq .Values.mode "epp") .Values.inferencePool.enabled .Values.inferencePool.headlessService.enabled (eq $fullname (include "cfr.endpointsName" .)) -}}
+{{- fail (printf "the InferencePool's headless Service would be named %s, as the router's is: choose another fullnameOverride or inferencePool.name" $fullname) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* "true" when the chart deploys its own Redis: state.redis.enabled, and no external Redis named. */}}
@@ -103,7 +132,7 @@ memory
 {{- if .Values.router.discovery.dnsName -}}
 {{- .Values.router.discovery.dnsName -}}
 {{- else if and (eq .Values.mode "epp") .Values.inferencePool.enabled .Values.inferencePool.headlessService.enabled -}}
-{{- printf "%s-endpoints.%s.svc" (include "cfr.poolName" .) .Release.Namespace -}}
+{{- printf "%s.%s.svc" (include "cfr.endpointsName" .) .Release.Namespace -}}
 {{- end -}}
 {{- end -}}
 
