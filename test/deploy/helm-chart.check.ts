@@ -531,3 +531,18 @@ test('the longest release name Helm takes, and 63-character overrides: every nam
   assert.match(renderError(['--set', 'mode=epp', '--set', `fullnameOverride=${'f'.repeat(53)}-endpoints`]), /headless Service would be named/);
   assert.match(renderError(['--set', 'mode=epp', '--set', `inferencePool.name=${'p'.repeat(54)}`]), /inferencePool[./]name/);
 });
+
+const DIGEST = `sha256:${'0123456789abcdef'.repeat(4)}`;
+
+test('image.digest pins the image as REPOSITORY@DIGEST, the tag left out; a tag holding a digest is refused', () => {
+  const image = (args: string[]) => (containersOf(render(args)).find((c) => c.name === 'router') as PodContainer).image;
+  assert.match(image([]), /^contextforge-router:\d+\.\d+\.\d+/);
+  assert.equal(image(['--set', 'image.tag=1.2.3']), 'contextforge-router:1.2.3');
+  assert.equal(image(['--set', `image.digest=${DIGEST}`, '--set', 'image.tag=1.2.3']), `contextforge-router@${DIGEST}`);
+  const ms = render(['--set', 'state.redis.enabled=true', '--set', `state.redis.image.digest=${DIGEST}`]);
+  ms.forEach(validate);
+  assert.equal(redisContainers(ms)[0].image, `redis@${DIGEST}`);
+  for (const value of [`image.tag=${DIGEST}`, `image.tag=1.2.3@${DIGEST}`, 'image.digest=sha256:0123', `state.redis.image.tag=7@${DIGEST}`, `image.repository=r.example/cfr@${DIGEST}`]) {
+    assert.match(renderError(['--set', value]), /image[./](tag|digest|repository)/, value);
+  }
+});

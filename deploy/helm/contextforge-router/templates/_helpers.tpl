@@ -136,6 +136,19 @@ memory
 {{- end -}}
 {{- end -}}
 
+{{/*
+An image reference: REPOSITORY@DIGEST when a digest is given (the tag is then left out, as the
+digest alone names the image), else REPOSITORY:TAG. Called with (dict "image" IMAGE-VALUES
+"defaultTag" TAG "what" VALUE-NAME).
+*/}}
+{{- define "cfr.imageRef" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .defaultTag .image.tag | required (printf "%s.tag or %s.digest names the image" .what .what)) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "cfr.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "cfr.imageRef" (dict "image" .Values.image "defaultTag" .Chart.AppVersion "what" "image") -}}
 {{- end -}}
