@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { test } from 'node:test';
 import { Ajv } from 'ajv';
 import { parseAllDocuments } from 'yaml';
@@ -9,6 +10,7 @@ import { Deployment } from 'kubernetes-models/apps/v1';
 import { PodDisruptionBudget } from 'kubernetes-models/policy/v1';
 import { HTTPRoute } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1';
 import { ServiceMonitor } from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1';
+import { POLICY_NAMES } from '../../src/core/policies/index.js';
 import { parseRedisUrl } from '../../src/state/redis-url.js';
 
 // The Helm chart, rendered by a real helm binary (the one scripts/ci-deploy-checks.sh unpacks
@@ -532,6 +534,49 @@ test('the longest release name Helm takes, and 63-character overrides: every nam
   assert.match(renderError(['--set', 'mode=epp', '--set', `inferencePool.name=${'p'.repeat(54)}`]), /inferencePool[./]name/);
 });
 
+test("router.policy takes the router's policy names: values.schema.json lists POLICY_NAMES", () => {
+  const schema = JSON.parse(readFileSync(`${chart}/values.schema.json`, 'utf8')) as { properties: { router: { properties: { policy: { enum: string[] } } } } };
+  assert.deepEqual([...schema.properties.router.properties.policy.enum].sort(), [...POLICY_NAMES].sort());
+  for (const name of ['round-robin', 'llmd']) assert.match(one(render(['--set', `router.policy=${name}`]), 'ConfigMap').data!['router.yaml'], new RegExp(`^policy: "${name}"$`, 'm'));
+  assert.match(renderError(['--set', 'router.policy=nonexistent']), /router[./]policy/);
+});
+
+test('values.schema.json refuses a key the chart does not read (it would be ignored) and values the API would refuse', () => {
+  const refused: Array<[string, RegExp]> = [
+    ['replicaCout=3', /replicaCout/],
+    ['router.polcy=cost', /polcy/],
+    ['epp.healthport=9004', /healthport/],
+    ['podDisruptionBudget.minAvaliable=1', /minAvaliable/],
+    ['livenessProbe.initialDelaySeconds=5', /initialDelaySeconds/],
+    ['state.redis.auth.existingsecret=x', /existingsecret/],
+    ['inferencePool.selector.matchlabels.app=x', /matchlabels/],
+    ['serviceMonitor.interval=fast', /interval/],
+    ['httpRoute.requestTimeout=5minutes', /requestTimeout/],
+    ['httpRoute.pathPrefix=v1', /pathPrefix/],
+    ['service.type=ExternalName', /service[./]type/],
+    ['podDisruptionBudget.minAvailable=half', /minAvailable/],
+  ];
+  for (const [value, message] of refused) assert.match(renderError(['--set', value]), message, value);
+  // a parent chart's global values, and the Kubernetes objects passed through as they are
+  render(['--set', 'global.imageRegistry=registry.example', '--set', 'resources.limits.cpu=2', '--set', 'podSecurityContext.supplementalGroups[0]=5']).forEach(validate);
+});
+
+test('every values example of docs/kubernetes.md passes the schema and renders', () => {
+  const doc = readFileSync(`${root}docs/kubernetes.md`, 'utf8');
+  const examples = [...doc.matchAll(/```yaml\n([\s\S]*?)```/g)].map((m) => m[1]).filter((b) => !/^apiVersion:/m.test(b));
+  assert.ok(examples.length >= 2, 'docs/kubernetes.md shows values files');
+  const dir = mkdtempSync(`${tmpdir()}/cfr-values-`);
+  try {
+    examples.forEach((example, i) => {
+      const file = `${dir}/values-${i}.yaml`;
+      writeFileSync(file, example);
+      render(['-f', file]).forEach(validate);
+    });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 const DIGEST = `sha256:${'0123456789abcdef'.repeat(4)}`;
 
 test('image.digest pins the image as REPOSITORY@DIGEST, the tag left out; a tag holding a digest is refused', () => {
@@ -544,5 +589,24 @@ test('image.digest pins the image as REPOSITORY@DIGEST, the tag left out; a tag 
   assert.equal(redisContainers(ms)[0].image, `redis@${DIGEST}`);
   for (const value of [`image.tag=${DIGEST}`, `image.tag=1.2.3@${DIGEST}`, 'image.digest=sha256:0123', `state.redis.image.tag=7@${DIGEST}`, `image.repository=r.example/cfr@${DIGEST}`]) {
     assert.match(renderError(['--set', value]), /image[./](tag|digest|repository)/, value);
+  }
+});
+
+test("epp mode: two of the picker's ports equal are refused, naming them", () => {
+  assert.match(renderError(['--set', 'mode=epp', '--set', 'epp.healthPort=9002']), /epp\.grpcPort and epp\.healthPort are both 9002/);
+  assert.match(renderError(['--set', 'mode=epp', '--set', 'epp.metricsPort=9002']), /epp\.grpcPort and epp\.metricsPort are both 9002/);
+  assert.match(renderError(['--set', 'mode=epp', '--set', 'epp.metricsPort=9003']), /epp\.metricsPort and epp\.healthPort are both 9003/);
+  // gateway mode listens on none of them
+  render(['--set', 'epp.healthPort=9002']).forEach(validate);
+});
+
+test('a PodDisruptionBudget that keeps every replica is refused: no node drain could evict a pod', () => {
+  for (const [replicas, minAvailable] of [['2', '2'], ['3', '5'], ['2', '100%'], ['2', '51%'], ['3', '67%']]) {
+    assert.match(renderError(['--set', `replicaCount=${replicas}`, '--set', `podDisruptionBudget.minAvailable=${minAvailable}`]), /minAvailable .* keeps all \d replicas/, `${minAvailable} of ${replicas}`);
+  }
+  for (const [replicas, minAvailable] of [['3', '2'], ['2', '50%'], ['3', '66%']]) {
+    const pdb = one(render(['--set', `replicaCount=${replicas}`, '--set', `podDisruptionBudget.minAvailable=${minAvailable}`]), 'PodDisruptionBudget');
+    validate(pdb);
+    assert.equal(String((pdb.spec as { minAvailable: unknown }).minAvailable), minAvailable);
   }
 });
