@@ -610,3 +610,29 @@ test('a PodDisruptionBudget that keeps every replica is refused: no node drain c
     assert.equal(String((pdb.spec as { minAvailable: unknown }).minAvailable), minAvailable);
   }
 });
+
+test("podLabels, podAnnotations, serviceMonitor.labels: added to the chart's own; a key the chart sets is taken with its value only", () => {
+  const own = { 'app.kubernetes.io/part-of': 'contextforge-router' };
+  const ms = render([
+    '--set-json', `podLabels=${JSON.stringify({ ...own, team: 'inference', tier: 2 })}`,
+    '--set-json', `podAnnotations=${JSON.stringify({ 'example.com/owner': 'ml' })}`,
+    '--set', 'serviceMonitor.enabled=true',
+    '--set-json', `serviceMonitor.labels=${JSON.stringify({ ...own, release: 'prometheus' })}`,
+  ]);
+  ms.forEach(validate);
+  const template = podSpec(one(ms, 'Deployment')) as unknown as { metadata: { labels: Labels; annotations: Labels } };
+  assert.equal(template.metadata.labels.team, 'inference');
+  assert.equal(template.metadata.labels.tier, '2');
+  assert.equal(template.metadata.labels['app.kubernetes.io/part-of'], 'contextforge-router');
+  assert.equal(template.metadata.annotations['example.com/owner'], 'ml');
+  assert.match(String(template.metadata.annotations['checksum/config']), /^[0-9a-f]{64}$/);
+  assert.equal(one(ms, 'ServiceMonitor').metadata.labels?.release, 'prometheus');
+  assertNamesFit(ms, 'extra labels');
+  const refused: Array<[string, RegExp]> = [
+    ['podLabels={"app.kubernetes.io/component":"other"}', /podLabels sets app\.kubernetes\.io\/component/],
+    ['podLabels={"app.kubernetes.io/name":"other"}', /podLabels sets app\.kubernetes\.io\/name/],
+    ['podAnnotations={"checksum/config":"x"}', /podAnnotations sets checksum\/config/],
+    ['serviceMonitor.labels={"app.kubernetes.io/instance":"x"}', /serviceMonitor\.labels sets app\.kubernetes\.io\/instance/],
+  ];
+  for (const [value, message] of refused) assert.match(renderError(['--set', 'serviceMonitor.enabled=true', '--set-json', value]), message);
+});

@@ -71,6 +71,23 @@ app.kubernetes.io/part-of: contextforge-router
 {{- include "cfr.suffixed" (list (include "cfr.name" .) "redis") -}}
 {{- end -}}
 
+{{/*
+The chart's own labels or annotations (YAML) with the user's (a map) added: a key the chart
+sets may be repeated with the chart's value only, as it would otherwise render twice (a YAML
+error) or break a selector. Called with (dict "own" YAML "extra" MAP "what" VALUE-NAME).
+*/}}
+{{- define "cfr.withExtra" -}}
+{{- $all := fromYaml .own -}}
+{{- range $key, $value := .extra -}}
+{{- if and (hasKey $all $key) (ne (toString (index $all $key)) (toString $value)) -}}
+{{- fail (printf "%s sets %s, which the chart sets itself (to %s): leave it out" $.what $key (index $all $key | quote)) -}}
+{{- end -}}
+{{- /* a label or annotation value is a string (a number or a boolean would be refused) */ -}}
+{{- $_ := set $all $key (toString $value) -}}
+{{- end -}}
+{{- toYaml $all -}}
+{{- end -}}
+
 {{/* Two Services or Deployments of one name would overwrite each other: possible only with a fullnameOverride ending in a suffix the chart adds. */}}
 {{- define "cfr.checkNames" -}}
 {{- $fullname := include "cfr.fullname" . -}}
