@@ -636,3 +636,13 @@ test("podLabels, podAnnotations, serviceMonitor.labels: added to the chart's own
   ];
   for (const [value, message] of refused) assert.match(renderError(['--set', 'serviceMonitor.enabled=true', '--set-json', value]), message);
 });
+
+test("the ServiceMonitor selects the router's Service only: not the headless Service over the model servers, nor the Redis's", () => {
+  for (const args of [['-f', `${chart}/ci/epp-values.yaml`], ['-f', `${chart}/ci/gateway-redis-values.yaml`, '--set', 'serviceMonitor.enabled=true']]) {
+    const ms = render(args);
+    assert.ok(byKind(ms, 'Service').length >= 2, args.join(' '));
+    const selector = (one(ms, 'ServiceMonitor').spec as { selector: { matchLabels: Labels } }).selector.matchLabels;
+    const selected = byKind(ms, 'Service').filter((s) => matches(selector, s.metadata.labels));
+    assert.deepEqual(selected.map((s) => s.metadata.name), ['cfr-contextforge-router'], args.join(' '));
+  }
+});
