@@ -646,3 +646,25 @@ test("the ServiceMonitor selects the router's Service only: not the headless Ser
     assert.deepEqual(selected.map((s) => s.metadata.name), ['cfr-contextforge-router'], args.join(' '));
   }
 });
+
+test('router.host: the address every port listens on, 0.0.0.0 by default, "::" for IPv6-only clusters', () => {
+  for (const mode of ['gateway', 'epp']) {
+    const args = (extra: string[]) => podSpec(one(render(['--set', `mode=${mode}`, ...extra]), 'Deployment')).spec.containers[0].args;
+    assert.ok(args([]).includes('--host=0.0.0.0'), mode);
+    const v6 = args(['--set', 'router.host=::']);
+    assertFlagsKnown(v6);
+    assert.deepEqual(v6.filter((a) => a.startsWith('--host')), ['--host=::'], mode);
+  }
+});
+
+test('the install notes say when the pods cannot become ready (no engine), and that the router listens on IPv4', () => {
+  const notes = (args: string[]) => run(['install', 'cfr', chart, '--dry-run=client', '--namespace', 'inference', ...args]);
+  const defaults = notes([]);
+  assert.match(defaults, /no engine is configured/);
+  assert.match(defaults, /helm install --wait/);
+  assert.match(defaults, /IPv4 only/);
+  assert.doesNotMatch(notes(['-f', `${chart}/ci/gateway-values.yaml`]), /no engine is configured/);
+  assert.match(notes(['--set', 'mode=epp']), /ready once Service cfr-contextforge-router-endpoints lists a ready model-server/);
+  assert.match(notes(['--set', 'mode=epp', '--set', 'inferencePool.headlessService.enabled=false']), /no engine is configured/);
+  assert.doesNotMatch(notes(['--set', 'router.host=::']), /IPv4 only/);
+});
