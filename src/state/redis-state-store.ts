@@ -674,6 +674,21 @@ export class RedisStateStore implements StateStore {
    * not a heartbeat missing (which the others may have dropped for a replica that was only slow).
    */
   private epoch: string | undefined;
+  /**
+   * What a recent decision's block entry is known written in (RecentDecision.writtenIn): the
+   * epoch and the run of the Redis server that took it (its `run_id`, new at each start). A
+   * restart that kept the epoch from a snapshot or an append-only file may still have lost what
+   * came after them, and a failover to a replica behind its primary the last writes: neither
+   * changes the epoch, both change the server's run, so the write-back skips only what this
+   * very server took. Undefined while either is unknown (INFO refused to this user): nothing is
+   * skipped then.
+   */
+  private writtenMark: string | undefined;
+  /**
+   * Counts the connections that came up (cameUp()): a resynchronisation started on one stops
+   * where it would go on over a later one, which runs its own.
+   */
+  private connectionsUp = 0;
   /** A write-back after Redis lost its data, while it runs. */
   private rewriting = false;
   /** The keys found holding another kind of value, logged once each (replaceWrongKind()). */
@@ -1627,12 +1642,12 @@ export class RedisStateStore implements StateStore {
     const claiming = d.workflowId !== undefined && this.unclaimed.delete(d.workflowId);
     // the first step anyone routed claims the workflow (NX): of two replicas starting it at once, the first wins
     if (d.workflowId !== undefined) this.writeWorkflows(m, [[d.workflowId, value]], claiming);
-    const epoch = this.epoch;
+    const mark = this.writtenMark;
     const res = await this.run(m, 'a decision');
     if (res[0]?.[0] === null) this.counters.decisionsPublished++;
-    // its chain key written: not written back while Redis keeps this epoch's data
+    // its chain key written: not written back while the same Redis server keeps this epoch's data
     const recent = chain === undefined ? undefined : this.recent?.peek(chain);
-    if (recent?.message === message && res[1]?.[0] === null) recent.writtenIn = epoch;
+    if (recent?.message === message && res[1]?.[0] === null) recent.writtenIn = mark;
     const claim = res[res.length - 1];
     if (claiming && claim?.[0] === null && (claim[1] as number[])[0] === 0) {
       // lost the claim: follow the winner, and tell the others who had heard this replica's choice
@@ -1904,6 +1919,7 @@ export class RedisStateStore implements StateStore {
   private async cameUp(): Promise<void> {
     if (this.closed || !this.host) return;
     const first = this.counters.resyncs === 0;
+    const connection = ++this.connectionsUp;
     this.readOnlyReconnecting = false;
     this.remote.clear(); // messages were missed: start again from the snapshots
     // nothing is sent on this connection before its database is known to be the URL's (the
@@ -1912,9 +1928,11 @@ export class RedisStateStore implements StateStore {
     // resynchronisation that read before it subscribed would miss what came between
     this.resyncing = this.checkDatabase()
       .then(() => this.untilSubscribed())
-      .then(() => this.resync())
+      .then(() => this.resync(connection))
       .then(
         () => {
+          // a later connection came up while this one's resynchronisation ran: that one's counts
+          if (connection !== this.connectionsUp) return;
           this.up = true;
           this.flushUnsynced();
           this.answered();
@@ -1936,6 +1954,8 @@ export class RedisStateStore implements StateStore {
         },
         (err: Error) => {
           if (this.closed) return; // close() cut the sync short: nothing to retry
+          // cut short by a later connection, whose own resynchronisation runs: nothing to retry
+          if (connection !== this.connectionsUp) return;
           this.counters.errors++;
           // at start, attach() decides whether to retry: a refusal of access, or of the
           // database, fails the start (with this error: no retry to announce)
@@ -2038,15 +2058,15 @@ export class RedisStateStore implements StateStore {
   }
 
   /** Writes back what Redis may have lost (SET NX: never over newer state) and loads the rest. */
-  private async resync(): Promise<void> {
+  private async resync(connection = this.connectionsUp): Promise<void> {
     const host = this.host!;
     const router = host.router;
     // the epoch of the data written back and read now: a later change of it is a loss
     await this.readEpoch();
-    const epoch = this.epoch;
+    const mark = this.writtenMark;
     // registry changes made here while Redis was out of reach
     let forgetUnsynced = () => {};
-    await this.writeBackChunk((m) => void (forgetUnsynced = this.writeUnsynced(m)));
+    await this.writeBackChunk(connection, (m) => void (forgetUnsynced = this.writeUnsynced(m)));
     forgetUnsynced();
     // least recently used first: written in that order, the index keeps this replica's order
     const held = [...router.workflowAffinities()].map(([id, e]): [string, string] => [
@@ -2055,10 +2075,10 @@ export class RedisStateStore implements StateStore {
     ]);
     for (let at = 0; at < held.length; at += WORKFLOWS_PER_WRITE) {
       const some = held.slice(at, at + WORKFLOWS_PER_WRITE);
-      await this.writeBackChunk((m) => this.writeWorkflows(m, some, true));
+      await this.writeBackChunk(connection, (m) => this.writeWorkflows(m, some, true));
     }
-    // recent decisions, but those known written in this epoch (before the outage, when Redis kept
-    // its data, or by an earlier try of this write-back)
+    // recent decisions, but those known written by this server in this epoch (before the outage,
+    // when Redis kept its data, or by an earlier try of this write-back)
     const expired: string[] = [];
     let chunk: Array<[string, RecentDecision]> = [];
     let bytes = 0;
@@ -2067,17 +2087,17 @@ export class RedisStateStore implements StateStore {
       chunk = [];
       bytes = 0;
       const now = Date.now();
-      const res = await this.writeBackChunk((m) => {
+      const res = await this.writeBackChunk(connection, (m) => {
         for (const [chain, r] of some) m.set(chain, r.message, 'PX', Math.max(1, r.expiresAt - now), 'NX');
       });
       some.forEach(([, r], i) => {
-        if (res[i]?.[0] === null) r.writtenIn = epoch;
+        if (res[i]?.[0] === null) r.writtenIn = mark;
       });
     };
     const now = Date.now();
     for (const [chain, r] of [...(this.recent?.entries() ?? [])]) {
       if (r.expiresAt <= now) expired.push(chain);
-      else if (epoch === undefined || r.writtenIn !== epoch) {
+      else if (mark === undefined || r.writtenIn !== mark) {
         chunk.push([chain, r]);
         bytes += chain.length + r.message.length;
         if (chunk.length >= WRITE_BACK_CHUNK_COMMANDS || bytes >= WRITE_BACK_CHUNK_BYTES) await writeChains();
@@ -2152,9 +2172,14 @@ export class RedisStateStore implements StateStore {
    * One chunk of the write-back, made into a fresh pipeline by `write`, and its replies. Redis's
    * refusals (out of memory, read-only) are counted and the rest goes on; a chunk Redis did not
    * answer in time is sent again after a growing pause (WRITE_BACK_RETRY_MIN_MS), up to
-   * WRITE_BACK_TRIES tries, without dropping the connection. A connection lost rejects at once.
+   * WRITE_BACK_TRIES tries, without dropping the connection. A connection lost rejects at once;
+   * one replaced during the pause (`connection` no longer the last to come up) rejects after it,
+   * for the new connection's resynchronisation runs on its own.
    */
-  private async writeBackChunk(write: (m: ChainableCommander) => void): Promise<[Error | null, unknown][]> {
+  private async writeBackChunk(
+    connection: number,
+    write: (m: ChainableCommander) => void,
+  ): Promise<[Error | null, unknown][]> {
     let pause = WRITE_BACK_RETRY_MIN_MS;
     for (let tries = 1; ; tries++) {
       const m = this.cmd.pipeline();
@@ -2167,6 +2192,7 @@ export class RedisStateStore implements StateStore {
         this.counters.writeBackRetries++;
         this.unanswered('a chunk of the state written back (sent again)', err);
         await new Promise((resolve) => setTimeout(resolve, pause).unref());
+        if (connection !== this.connectionsUp) throw new Error('the connection was replaced during the write-back');
         pause *= 2;
       }
     }
@@ -2178,11 +2204,20 @@ export class RedisStateStore implements StateStore {
    */
   private async readEpoch(): Promise<void> {
     const res = await this.run(
-      this.cmd.pipeline().set(this.key('epoch'), randomBytes(8).toString('hex'), 'NX').get(this.key('epoch')),
+      this.cmd
+        .pipeline()
+        .set(this.key('epoch'), randomBytes(8).toString('hex'), 'NX')
+        .get(this.key('epoch'))
+        .info('server'),
       'the epoch read',
-      isWrongKind,
+      // INFO refused (an ACL without it, a renamed command): the server's run is unknown, and
+      // nothing is skipped
+      (err) => isWrongKind(err) || /^(NOPERM|ERR unknown command)/.test(err.message),
     );
     if (res[1]?.[0] === null && typeof res[1][1] === 'string') this.epoch = res[1][1];
+    const info = res[2]?.[0] === null && typeof res[2][1] === 'string' ? res[2][1] : '';
+    const run = /^run_id:([0-9a-f]+)\r?$/m.exec(info)?.[1];
+    this.writtenMark = this.epoch !== undefined && run !== undefined ? `${this.epoch}/${run}` : undefined;
   }
 
   /** Applies block entries other replicas recorded (their decisions' messages). */

@@ -5,6 +5,9 @@
  * lasts) and stop waiting on workflow lookups, then write back and reload when it answers again.
  */
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import { Redis } from 'ioredis';
 import { KVAwareRouter } from '../../src/core/router/index.js';
@@ -145,6 +148,44 @@ test('after a stall that lost nothing, a replica does not write back the block e
     admin.disconnect();
     redis.resume();
     await redis.kill();
+  }
+});
+
+test('a Redis restarted from a snapshot keeps its epoch but not what came after: the replica writes that back', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-snapshot-'));
+  const redis = await new RedisProcess(['--dir', dir]).start();
+  const admin = new Redis({ port: redis.port, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => 100 });
+  const router = new KVAwareRouter({ blockSize: 16 });
+  const { host, logs } = fixedWorkersHost(router, ['e0']);
+  const store = new RedisStateStore({ url: redis.url, prefix: 'cf-snap:', syncIntervalMs: 50 });
+  const chains = async () =>
+    Number(await admin.eval("return #redis.call('KEYS', 'cf-snap:chain:*')", 0).catch(() => -1));
+  const decide = async (from: number, to: number) => {
+    for (let i = from; i < to; i++)
+      store.decisionMade(router.route({ text: `snapshot ${i} `.repeat(40) }, { share: true }).shared!);
+    await until(() => store.stats().decisionsPublished === to, 'the decisions to be written');
+  };
+  try {
+    await admin.connect();
+    await store.attach(host);
+    await decide(0, 50);
+    // a snapshot with the epoch and the first 50 entries; the next 50 are written after it
+    await admin.save();
+    await decide(50, 100);
+    assert.equal(await chains(), 100);
+    // the server restarts from its snapshot: same epoch, a new run, the last 50 entries gone
+    await redis.kill();
+    await redis.start();
+    await until(() => store.stats().connected === true && store.stats().resyncs === 2, 'the replica to resynchronise', {
+      timeoutMs: 30_000,
+    });
+    assert.equal(store.stats().stateLost, 0, 'the epoch came back with the snapshot');
+    await until(async () => (await chains()) === 100, `the lost entries written back\n${logs.join('\n')}`);
+  } finally {
+    await store.close();
+    admin.disconnect();
+    await redis.kill();
+    rmSync(dir, { recursive: true, force: true });
   }
 });
 
