@@ -512,8 +512,11 @@ export function registerTokenizeRefusalMetrics(
  * KV-event counters per worker (a data-parallel rank is a worker), read from the subscribers
  * when scraped: events skipped by reason (one bad event never costs its batch; see
  * docs/engines.md for the reasons) and the subscriber's own counts. Each process of `serve
- * --processes N` subscribes to every engine and counts the same events: merged by 'max', which
- * the primary takes for a count every process keeps of one thing (process-metrics.ts), not summed.
+ * --processes N` subscribes to every engine and counts the same events: the batches and the
+ * skipped events are merged by 'first', which the primary takes for a count every process keeps
+ * of one thing and follows in one process (process-metrics.ts), not summed. The duplicates and
+ * late joins are each process's own subscription's (when it joined, what its replay overlapped):
+ * merged by 'max', the most any process met.
  */
 export function registerKvEventMetrics(
   registry: Registry,
@@ -523,7 +526,7 @@ export function registerKvEventMetrics(
     name: 'contextforge_kv_events_skipped_total',
     help: 'KV events skipped (not applied), per worker and reason; a malformed_batch or unknown_rank is a whole batch.',
     labelNames: ['worker', 'reason'] as const,
-    aggregator: 'max',
+    aggregator: 'first',
     registers: [registry],
     collect() {
       this.reset();
@@ -534,7 +537,7 @@ export function registerKvEventMetrics(
     name: 'contextforge_kv_event_batches_total',
     help: 'KV-event batches applied, per worker.',
     labelNames: ['worker'] as const,
-    aggregator: 'max',
+    aggregator: 'first',
     registers: [registry],
     collect() {
       this.reset();

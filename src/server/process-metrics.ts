@@ -13,7 +13,7 @@
  * stopped process counted stays in the page: its last counters and histograms are added into
  * one retired registry that every page adds to the live processes'.
  *
- * A counter merged by its largest value ('max') is one every process counts of the same thing
+ * A counter merged by 'first' is one every process counts of the same thing
  * (the KV events of a worker's engine, which every process hears): summed, it would count the
  * thing N times. It follows one process instead (CommonCounts), carried on by another when that
  * process stops, so that it neither jumps nor goes back when a process is replaced.
@@ -88,7 +88,7 @@ function delaySampled(metrics: Metrics): boolean {
 
 /** A counter every process counts of the same thing: merged by its largest value, not summed. */
 function isCommonCounter(m: Metric): boolean {
-  return String(m.type) === 'counter' && m.aggregator === 'max';
+  return String(m.type) === 'counter' && m.aggregator === 'first';
 }
 
 /** Whether a sample is a removed worker's (its `worker` label). */
@@ -135,9 +135,8 @@ interface CommonSeries {
 }
 
 /**
- * Counters every process counts of the same thing (merged by 'max': the KV events of a worker's
- * engine, which each process hears on its own subscription, a worker's stalls each judges on its
- * own scrapes). Summed, they would count the thing once per process; the largest would jump when
+ * Counters every process counts of the same thing (merged by 'first': the KV events of a worker's
+ * engine and the events it skipped, which each process hears on its own subscription). Summed, they would count the thing once per process; the largest would jump when
  * a process that replays the engine's buffer starts (it counts again what the others counted),
  * and go back when the one that counted longest stops. So each series follows one process: the
  * longest-running one that answered the scrape, its count plus an offset. At each page every
@@ -165,7 +164,7 @@ class CommonCounts {
         if (!isCommonCounter(m) || !Array.isArray(m.values)) continue;
         if (!this.metrics.has(m.name))
           this.metrics.set(m.name, {
-            metric: { name: m.name, help: m.help, type: m.type, aggregator: 'max', values: [] } as unknown as Metric,
+            metric: { name: m.name, help: m.help, type: m.type, aggregator: 'first', values: [] } as unknown as Metric,
             series: new Map(),
           });
         let bySeries = counts.get(m.name);
@@ -324,7 +323,7 @@ export interface MetricsChannel {
  * page is merged either before it (the stopped process in `latest`) or after it (in `retired`),
  * never with both or neither. `retired` is one sum, however many processes stop, of the label
  * sets the processes exported, at most `maxRetiredLabelSets` per metric. Counters every process
- * counts of the same thing (aggregator 'max') are not summed but followed (CommonCounts).
+ * counts of the same thing (aggregator 'first') are not summed but followed (CommonCounts).
  *
  * A process that removed a worker says so with its next registry: the worker's series leave
  * `retired` and the common counts, and the processes that have not said so yet (their last
@@ -497,7 +496,9 @@ export class MetricsAggregator {
     for (const m of metrics) {
       // the JSON carries the type as its name ('counter'), which the typings call an enum
       const type = String(m.type);
-      // a counter merged other than by its sum would not add up either (none is)
+      // a counter merged other than by its sum would not add up either: the followed counts
+      // ('first') carry their own on, and one merged by 'max' (each process's own judgement) is
+      // what the live processes met
       if ((type !== 'counter' && type !== 'histogram') || (m.aggregator ?? 'sum') !== 'sum') continue;
       if (!Array.isArray(m.values)) continue;
       let r = this.retired.get(m.name);

@@ -241,6 +241,32 @@ describe('serve --processes: one /metrics page for every process', () => {
     assert.equal(page.get('contextforge_kv_events_skipped_total{worker="w1",reason="bad_hash"}'), 3);
   });
 
+  test('a count each process keeps of its own subscription (duplicates, late joins) shows the most any process met', async () => {
+    // the same engine's batches, but the younger process's subscription met a duplicate the older one did not
+    const stats = [0, 1].map(
+      () =>
+        ({
+          batches: 40,
+          duplicates: 0,
+          lateJoins: 0,
+          malformed: 0,
+          unknownRanks: 0,
+          applied: { skipped: {} },
+        }) as unknown as SubscriberStats & { duplicates: number; lateJoins: number },
+    );
+    const registries = [new Registry(), new Registry()];
+    registries.forEach((r, i) => registerKvEventMetrics(r, () => [['w1', stats[i]]]));
+    const { processes } = cluster(registries);
+    let page = samples(await processes[0].mergedMetrics());
+    assert.equal(page.get('contextforge_kv_event_duplicates_total{worker="w1"}'), 0);
+    stats[1].duplicates = 1;
+    stats[1].lateJoins = 1;
+    page = samples(await processes[0].mergedMetrics());
+    assert.equal(page.get('contextforge_kv_event_duplicates_total{worker="w1"}'), 1);
+    assert.equal(page.get('contextforge_kv_event_late_joins_total{worker="w1"}'), 1);
+    assert.equal(page.get('contextforge_kv_event_batches_total{worker="w1"}'), 40);
+  });
+
   test('a count every process keeps of one thing neither jumps nor goes back when processes are replaced', async () => {
     /** A process's count of the engine's batches, merged by its largest value. */
     const counting = () => {
@@ -249,7 +275,7 @@ describe('serve --processes: one /metrics page for every process', () => {
         name: 'batches_total',
         help: 'h',
         labelNames: ['worker'],
-        aggregator: 'max',
+        aggregator: 'first',
         registers: [r],
       });
       return { r, c };
@@ -300,7 +326,7 @@ describe('serve --processes: one /metrics page for every process', () => {
         name: 'batches_total',
         help: 'h',
         labelNames: ['worker'],
-        aggregator: 'max',
+        aggregator: 'first',
         registers: [r],
       });
       for (const [worker, n] of Object.entries(requests)) req.inc({ worker }, n);
