@@ -112,7 +112,7 @@ test('errors name the source and the key, and the value given', () => {
   const h2 = write('router:\n  maxIdBytes: 512\n');
   assert.equal(
     bad(['--config', h2]),
-    `--config ${h2}: router.maxIdBytes is a setting of serve of its own: give it as max-id-bytes`,
+    `--config ${h2}: router.maxIdBytes is not taken under router: give it as max-id-bytes, a setting of serve`,
   );
   const i = write('max-retrys: 1\n');
   assert.equal(bad(['--config', i]), `--config ${i}: unknown key 'max-retrys' (did you mean max-retries?)`);

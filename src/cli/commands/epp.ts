@@ -1,20 +1,11 @@
 import type { Command } from 'commander';
 import { addSettingOptions } from '../config/resolve.js';
-import { EPP_HELP, EPP_SCHEMA, kebab } from '../config/settings.js';
+import { EPP_HELP, EPP_SCHEMA, kebab, PROXY_SETTINGS } from '../config/settings.js';
 import { checkEppTlsSettings } from '../config/epp-tls.js';
 import { printConfig } from '../config/print-config.js';
 import { printConfigOption, resolveConfig } from './serve.js';
 
 export { parseDiscoverySpec } from '../config/picker-text.js';
-
-/** serve's proxy settings, which epp takes (a config shared with serve may set them) and does not use. */
-const PROXY_SETTINGS = [
-  'cachedTokensHeader',
-  'maxRetries',
-  'firstByteTimeoutMs',
-  'upstreamTimeoutMs',
-  'bufferedAnswerLimit',
-] as const;
 
 /**
  * `epp`'s settings (as resolveConfig resolves them). The picker runs in one process: --processes,

@@ -283,7 +283,7 @@ export function readConfigFile(
           // bounds the ids of the HTTP API): named where it goes, not refused with a guess
           if (byName.get(option) === option)
             throw new RangeError(
-              `${where}: router.${shownKey(option)} is a setting of ${command} of its own: give it as ${kebab(option)}`,
+              `${where}: router.${shownKey(option)} is not taken under router: give it as ${kebab(option)}, a setting of ${command}`,
             );
           const guess = closestKey(option, [...routerKeys, 'indexMode']);
           throw new RangeError(

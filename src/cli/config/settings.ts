@@ -423,8 +423,23 @@ export const EPP_SCHEMA = z.strictObject({
   enableCertReload: z.boolean().default(false),
   ...pickerShape,
 });
+/** serve's proxy settings, which epp takes (a config shared with serve may set them) and does not use. */
+export const PROXY_SETTINGS = [
+  'cachedTokensHeader',
+  'maxRetries',
+  'firstByteTimeoutMs',
+  'upstreamTimeoutMs',
+  'bufferedAnswerLimit',
+] as const satisfies readonly (keyof typeof gatewayHelp)[];
+
 export const EPP_HELP: Readonly<Record<keyof typeof EPP_SCHEMA.shape, SettingHelp>> = {
   ...gatewayHelp,
+  ...Object.fromEntries(
+    PROXY_SETTINGS.map((k) => [
+      k,
+      { ...gatewayHelp[k], help: `serve's, no effect on epp (Envoy forwards the requests): ${gatewayHelp[k].help}` },
+    ]),
+  ),
   ...routerHelp,
   ...pickerHelp,
   processes: {
