@@ -9,7 +9,11 @@ import { until } from '../helpers/wait.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
 
 // the machine's Redis, database 9 only: every key this test writes is under a fresh prefix
-const STATE = `${REDIS_URL}/9`;
+const STATE = (() => {
+  const url = new URL(REDIS_URL);
+  url.pathname = '/9';
+  return url.toString();
+})();
 
 test('--prediction-ttl-ms is the lifetime of the shared chain entries in Redis', async () => {
   const engine = await new MockEngine({}).start();

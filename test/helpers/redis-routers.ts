@@ -4,7 +4,10 @@ import { KVAwareRouter, type KVAwareRouterOptions } from '../../src/core/router/
 import { RedisStateStore, type RedisStateOptions } from '../../src/state/redis-state-store.js';
 import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
 
-/** The machine's Redis (127.0.0.1:6379, which .ci/run starts when nothing answers there). */
+/**
+ * The tests' Redis: CONTEXTFORGE_TEST_REDIS (which scripts/test.sh sets to one it starts when
+ * nothing answers on 127.0.0.1:6379), else the machine's on 127.0.0.1:6379.
+ */
 export const REDIS_URL = process.env.CONTEXTFORGE_TEST_REDIS ?? 'redis://127.0.0.1:6379';
 
 /**
