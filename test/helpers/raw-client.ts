@@ -1,4 +1,5 @@
 import { connect, type Socket } from 'node:net';
+import { until } from './wait.js';
 
 /** A client connection of raw bytes to a local server, and everything it received (latin1: one character a byte). */
 export interface RawClient {
@@ -20,4 +21,16 @@ export async function rawClient(port: number): Promise<RawClient> {
     socket.once('close', () => reject(new Error('the connection closed before it was made')));
   });
   return { socket, received: () => received, closed: () => closed };
+}
+
+/** Writes `raw` on a new connection to `port`; resolves once the server closed it, with what it received. */
+export async function exchangeUntilClosed(port: number, raw: string): Promise<string> {
+  const client = await rawClient(port);
+  try {
+    client.socket.write(raw);
+    await until(client.closed, `the connection to close after ${JSON.stringify(raw.slice(0, 40))}`);
+    return client.received();
+  } finally {
+    client.socket.destroy();
+  }
 }

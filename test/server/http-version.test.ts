@@ -9,8 +9,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
-import { rawClient } from '../helpers/raw-client.js';
-import { until } from '../helpers/wait.js';
+import { exchangeUntilClosed } from '../helpers/raw-client.js';
 
 let setup: GatewayOnEngine;
 
@@ -23,17 +22,7 @@ const body = '{"model":"m","prompt":"x","max_tokens":1}';
 const completion = (version: string) =>
   `POST /v1/completions${version === '' ? '' : ` ${version}`}\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`;
 
-/** Writes `raw`; resolves once the server closed the connection, with what it received. */
-async function exchangeUntilClosed(raw: string): Promise<string> {
-  const client = await rawClient(setup.port);
-  try {
-    client.socket.write(raw);
-    await until(client.closed, `the connection to close after ${JSON.stringify(raw.slice(0, 40))}`);
-    return client.received();
-  } finally {
-    client.socket.destroy();
-  }
-}
+const exchange = (raw: string) => exchangeUntilClosed(setup.port, raw);
 
 test('a request line with HTTP/2.0 or HTTP/0.9 (or no version) is answered 505 with an OpenAI error body, connection closed', async () => {
   const completions = setup.completions();
@@ -46,7 +35,7 @@ test('a request line with HTTP/2.0 or HTTP/0.9 (or no version) is answered 505 w
     completion('HTTP/2.0').replace('Host: x\r\n', 'Host: x\r\nExpect: 100-continue\r\n'),
     completion('HTTP/2.0').replace('Host: x\r\n', 'Host: x\r\nExpect: something-else\r\n'),
   ]) {
-    const received = await exchangeUntilClosed(raw);
+    const received = await exchange(raw);
     assert.match(received, /^HTTP\/1\.1 505 /, `${JSON.stringify(raw.slice(0, 40))}: ${received.slice(0, 200)}`);
     assert.match(received, /\r\nconnection: close\r\n/i);
     const error = (JSON.parse(received.slice(received.indexOf('\r\n\r\n') + 4)) as { error: Record<string, unknown> })
@@ -59,14 +48,12 @@ test('a request line with HTTP/2.0 or HTTP/0.9 (or no version) is answered 505 w
 
 test('HTTP/1.0 and HTTP/1.1 are served; other well-formed versions Node refuses itself are 505, malformed ones 400', async () => {
   for (const version of ['HTTP/1.1', 'HTTP/1.0']) {
-    const received = await exchangeUntilClosed(
-      completion(version).replace('Host: x\r\n', 'Host: x\r\nConnection: close\r\n'),
-    );
+    const received = await exchange(completion(version).replace('Host: x\r\n', 'Host: x\r\nConnection: close\r\n'));
     assert.match(received, /^HTTP\/1\.1 200 /, `${version}: ${received.slice(0, 200)}`);
   }
   const completions = setup.completions();
   for (const version of ['HTTP/3.0', 'HTTP/1.2', 'HTTP/9.9']) {
-    const received = await exchangeUntilClosed(completion(version));
+    const received = await exchange(completion(version));
     assert.match(received, /^HTTP\/1\.1 505 /, `${version}: ${received.slice(0, 200)}`);
     const error = (JSON.parse(received.slice(received.indexOf('\r\n\r\n') + 4)) as { error: Record<string, unknown> })
       .error;
@@ -75,7 +62,7 @@ test('HTTP/1.0 and HTTP/1.1 are served; other well-formed versions Node refuses 
   }
   // not an HTTP-version at all (RFC 9112 §2.3: one digit, a dot, one digit)
   for (const version of ['HTTP/1.10', 'HTTP/10.0', 'HTTP/1']) {
-    const received = await exchangeUntilClosed(completion(version));
+    const received = await exchange(completion(version));
     assert.match(received, /^HTTP\/1\.1 400 /, `${version}: ${received.slice(0, 200)}`);
   }
   assert.equal(setup.completions(), completions, 'no request reached the engine');
@@ -83,7 +70,7 @@ test('HTTP/1.0 and HTTP/1.1 are served; other well-formed versions Node refuses 
 
 test("HTTP/2's connection preface (a client speaking HTTP/2 with prior knowledge) is answered 505, not 400", async () => {
   const completions = setup.completions();
-  const received = await exchangeUntilClosed('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n');
+  const received = await exchange('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n');
   assert.match(received, /^HTTP\/1\.1 505 /, received.slice(0, 200));
   assert.match(received, /\r\nconnection: close\r\n/i);
   const error = (JSON.parse(received.slice(received.indexOf('\r\n\r\n') + 4)) as { error: Record<string, unknown> })

@@ -8,8 +8,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
-import { rawClient } from '../helpers/raw-client.js';
-import { until } from '../helpers/wait.js';
+import { exchangeUntilClosed } from '../helpers/raw-client.js';
 
 let setup: GatewayOnEngine;
 
@@ -35,17 +34,7 @@ function grown(before: Record<string, number>, after: Record<string, number>): R
   return out;
 }
 
-/** Writes `raw`; resolves once the gateway closed the connection, with what it received. */
-async function exchangeUntilClosed(raw: string): Promise<string> {
-  const client = await rawClient(setup.port);
-  try {
-    client.socket.write(raw);
-    await until(client.closed, `the connection to close after ${JSON.stringify(raw.slice(0, 40))}`);
-    return client.received();
-  } finally {
-    client.socket.destroy();
-  }
-}
+const exchange = (raw: string) => exchangeUntilClosed(setup.port, raw);
 
 const body = '{"model":"m","prompt":"x","max_tokens":1}';
 const completion = `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`;
@@ -61,7 +50,7 @@ test('a request the HTTP parser refuses counts once, with its status, under path
     ['a CONNECT', 'CONNECT 127.0.0.1:443 HTTP/1.1\r\nHost: 127.0.0.1:443\r\n\r\n', 405],
   ] as const) {
     const before = await requestCounts();
-    const received = await exchangeUntilClosed(raw);
+    const received = await exchange(raw);
     assert.match(received, new RegExp(`^HTTP/1\\.1 ${status} `), `${name}: ${received.slice(0, 200)}`);
     assert.deepEqual(grown(before, await requestCounts()), { [`unknown ${status}`]: 1 }, name);
   }
@@ -70,7 +59,7 @@ test('a request the HTTP parser refuses counts once, with its status, under path
 test('a refusal written after the answer in flight counts once, as that answer does', async () => {
   const before = await requestCounts();
   // a whole request, then bytes that are no request behind it
-  const received = await exchangeUntilClosed(`${completion}FOO / HTTP/1.1\r\nHost: x\r\n\r\n`);
+  const received = await exchange(`${completion}FOO / HTTP/1.1\r\nHost: x\r\n\r\n`);
   assert.match(received, /^HTTP\/1\.1 200 [^]*HTTP\/1\.1 400 /, received.slice(0, 400));
   assert.deepEqual(grown(before, await requestCounts()), { '/v1/completions 200': 1, 'unknown 400': 1 });
 });

@@ -11,6 +11,7 @@ import { Subscriber } from 'zeromq';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { allServed } from '../helpers/all-served.js';
 
 const adminToken = 'worker-add-failure-admin';
 
@@ -52,18 +53,6 @@ async function refused(gateway: Gateway, base: string, body: Record<string, unkn
   assert.equal(gateway.connections.has('bad'), false);
 }
 
-/** Every request goes to a worker the gateway can forward to. */
-async function allServed(base: string) {
-  for (let i = 0; i < 8; i++) {
-    const r = await fetch(`${base}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ prompt: `request ${i} `.repeat(10), max_tokens: 1 }),
-    });
-    assert.equal(r.status, 200, await r.text());
-  }
-}
-
 test('events and replay endpoints ZeroMQ cannot connect to refuse the worker, naming the field, and leave nothing behind', async () => {
   await withGateway(async (gateway, base, port) => {
     const url = `http://127.0.0.1:${port}`;
@@ -71,7 +60,7 @@ test('events and replay endpoints ZeroMQ cannot connect to refuse the worker, na
       await refused(gateway, base, { url, events }, 'events');
     for (const replay of ['tcp://*:5558', 'tcp://-x:5558', 'tcp://exämple:5558'])
       await refused(gateway, base, { url, events: 'tcp://127.0.0.1:5557', replay }, 'replay');
-    await allServed(base);
+    await allServed(base, 8);
   });
 });
 
@@ -90,7 +79,7 @@ test('an events endpoint ZeroMQ refuses when the subscriber connects names event
   try {
     await withGateway(async (gateway, base, port) => {
       await refused(gateway, base, { url: `http://127.0.0.1:${port}`, events: endpoint }, 'events');
-      await allServed(base);
+      await allServed(base, 8);
     });
   } finally {
     delete (Subscriber.prototype as { connect?: unknown }).connect;

@@ -11,6 +11,7 @@ import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
 import { parseWorkerRecord } from '../../src/server/worker-input.js';
+import { allServed } from '../helpers/all-served.js';
 
 const adminToken = 'worker-url-admin';
 
@@ -39,18 +40,6 @@ const addWorker = (base: string, body: unknown) =>
     body: JSON.stringify(body),
   });
 
-/** Every request goes to a worker the gateway can forward to. */
-async function allServed(base: string): Promise<void> {
-  for (let i = 0; i < 6; i++) {
-    const r = await fetch(`${base}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ prompt: `request ${i} `.repeat(10), max_tokens: 1 }),
-    });
-    assert.equal(r.status, 200, await r.text());
-  }
-}
-
 test('a worker URL with a path is refused with 400 naming url, and leaves nothing registered', async () => {
   await withGateway(async (gateway, base, port) => {
     for (const tail of ['/v1', '/v1/', '/é', '/x/../v1']) {
@@ -66,7 +55,7 @@ test('a worker URL with a path is refused with 400 naming url, and leaves nothin
       );
       assert.equal(gateway.connections.has('pathy'), false);
     }
-    await allServed(base);
+    await allServed(base, 6);
     // the origin alone, with or without its slash, is a worker
     for (const [id, tail] of [
       ['bare', ''],
@@ -75,7 +64,7 @@ test('a worker URL with a path is refused with 400 naming url, and leaves nothin
       const res = await addWorker(base, { id, url: `http://127.0.0.1:${port}${tail}` });
       assert.equal(res.status, 201, await res.text());
     }
-    await allServed(base);
+    await allServed(base, 6);
   });
 });
 
@@ -122,7 +111,7 @@ test('a worker URL that URL() reads otherwise than written is refused with 400 n
       listed.workers.map((w) => w.id),
       ['good'],
     );
-    await allServed(base);
+    await allServed(base, 6);
     // upper-case schemes, an international name and credentials with escapes are URLs as written
     for (const [id, url] of [
       ['caps', `HTTP://127.0.0.1:${port}`],
@@ -168,7 +157,7 @@ test('credentials with a malformed percent-escape are refused with 400 naming ur
     // a well-formed escape is a worker
     const ok = await addWorker(base, { id: 'creds', url: `http://u:p%40ss@127.0.0.1:${port}` });
     assert.equal(ok.status, 201, await ok.text());
-    await allServed(base);
+    await allServed(base, 6);
   });
 });
 
@@ -206,10 +195,10 @@ test('a worker whose start fails after its registration leaves nothing behind', 
     );
     assert.equal(gateway.connections.has('late'), false);
     assert.equal(gateway.connections.get('late'), undefined);
-    await allServed(base);
+    await allServed(base, 6);
     // and it can be added again
     const res = await addWorker(base, { id: 'late', url: `http://127.0.0.1:${port}` });
     assert.equal(res.status, 201, await res.text());
-    await allServed(base);
+    await allServed(base, 6);
   });
 });
