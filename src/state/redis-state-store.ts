@@ -2192,7 +2192,8 @@ export class RedisStateStore implements StateStore {
         this.counters.writeBackRetries++;
         this.unanswered('a chunk of the state written back (sent again)', err);
         await new Promise((resolve) => setTimeout(resolve, pause).unref());
-        if (connection !== this.connectionsUp) throw new Error('the connection was replaced during the write-back');
+        if (connection !== this.connectionsUp)
+          throw new Error('the connection was replaced during the write-back', { cause: err });
         pause *= 2;
       }
     }
