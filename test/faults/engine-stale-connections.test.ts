@@ -15,6 +15,34 @@ const ANSWER = '{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,
 const STREAM = 'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n';
 
 /**
+ * Reads the HTTP/1.1 requests a client writes on `s` (bodies by Content-Length) and hands each
+ * `POST /v1/completions` to `request` with its body; anything else is answered 404. The next
+ * request already read is handled only while `request` returns true (false: it reset, closed or
+ * holds the connection).
+ */
+function onCompletions(s: Socket, request: (body: string) => boolean): void {
+  s.on('error', () => {});
+  let buf = '';
+  s.on('data', (d: Buffer) => {
+    buf += d.toString('latin1');
+    for (;;) {
+      const end = buf.indexOf('\r\n\r\n');
+      if (end < 0) return;
+      const length = Number(/\r\ncontent-length: *(\d+)/i.exec(buf)?.[1] ?? 0);
+      if (buf.length < end + 4 + length) return;
+      const head = buf.slice(0, end);
+      const body = buf.slice(end + 4, end + 4 + length);
+      buf = buf.slice(end + 4 + length);
+      if (!head.startsWith('POST /v1/completions ')) {
+        s.write('HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n');
+        continue;
+      }
+      if (!request(body)) return;
+    }
+  });
+}
+
+/**
  * An engine speaking raw HTTP/1.1 that answers the first completion request of each connection
  * and resets the connection on any later one (`resets` counts them), as a connection gone stale
  * while it was pooled does; with `resetAll`, it resets every request.
@@ -22,33 +50,19 @@ const STREAM = 'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n';
 async function staleEngine(resetAll = false) {
   const counts = { answered: 0, resets: 0 };
   const server = createTcpServer((s: Socket) => {
-    s.on('error', () => {});
-    let buf = '';
     let onThisConnection = 0;
-    s.on('data', (d: Buffer) => {
-      buf += d.toString('latin1');
-      for (;;) {
-        const end = buf.indexOf('\r\n\r\n');
-        if (end < 0) return;
-        const length = Number(/\r\ncontent-length: *(\d+)/i.exec(buf)?.[1] ?? 0);
-        if (buf.length < end + 4 + length) return;
-        const head = buf.slice(0, end);
-        const body = buf.slice(end + 4, end + 4 + length);
-        buf = buf.slice(end + 4 + length);
-        if (!head.startsWith('POST /v1/completions ')) {
-          s.write('HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n');
-          continue;
-        }
-        if (resetAll || ++onThisConnection > 1) {
-          counts.resets++;
-          return void s.resetAndDestroy();
-        }
-        counts.answered++;
-        const stream = (JSON.parse(body) as { stream?: boolean }).stream === true;
-        const answer = stream ? STREAM : ANSWER;
-        const type = stream ? 'text/event-stream' : 'application/json';
-        s.write(`HTTP/1.1 200 OK\r\ncontent-type: ${type}\r\ncontent-length: ${answer.length}\r\n\r\n${answer}`);
+    onCompletions(s, (body) => {
+      if (resetAll || ++onThisConnection > 1) {
+        counts.resets++;
+        s.resetAndDestroy();
+        return false;
       }
+      counts.answered++;
+      const stream = (JSON.parse(body) as { stream?: boolean }).stream === true;
+      const answer = stream ? STREAM : ANSWER;
+      const type = stream ? 'text/event-stream' : 'application/json';
+      s.write(`HTTP/1.1 200 OK\r\ncontent-type: ${type}\r\ncontent-length: ${answer.length}\r\n\r\n${answer}`);
+      return true;
     });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
@@ -108,38 +122,27 @@ async function restartingEngine(burst: number, how: 'reset' | 'close') {
     s.write(`HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: ${ANSWER.length}\r\n\r\n${ANSWER}`);
   };
   const server = createTcpServer((s: Socket) => {
-    s.on('error', () => {});
     const generation = counts.generation;
-    let buf = '';
-    s.on('data', (d: Buffer) => {
-      buf += d.toString('latin1');
-      for (;;) {
-        const end = buf.indexOf('\r\n\r\n');
-        if (end < 0) return;
-        const length = Number(/\r\ncontent-length: *(\d+)/i.exec(buf)?.[1] ?? 0);
-        if (buf.length < end + 4 + length) return;
-        const head = buf.slice(0, end);
-        buf = buf.slice(end + 4 + length);
-        if (!head.startsWith('POST /v1/completions ')) {
-          s.write('HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n');
-          continue;
-        }
-        const stale = generation < counts.generation;
-        // after the restart, a request on a new connection is answered at once
-        if (counts.generation > 0 && !stale) return void answer(s);
-        held.push({ s, stale });
-        if (held.length < burst) return;
-        const release = held;
-        held = [];
-        for (const h of release) {
-          if (!h.stale) answer(h.s);
-          else {
-            counts.broken++;
-            if (how === 'reset') h.s.resetAndDestroy();
-            else h.s.destroy();
-          }
+    onCompletions(s, () => {
+      const stale = generation < counts.generation;
+      // after the restart, a request on a new connection is answered at once
+      if (counts.generation > 0 && !stale) {
+        answer(s);
+        return false;
+      }
+      held.push({ s, stale });
+      if (held.length < burst) return false;
+      const release = held;
+      held = [];
+      for (const h of release) {
+        if (!h.stale) answer(h.s);
+        else {
+          counts.broken++;
+          if (how === 'reset') h.s.resetAndDestroy();
+          else h.s.destroy();
         }
       }
+      return true;
     });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
