@@ -27,28 +27,32 @@ after(async () => {
   for (const c of closers) await c();
 });
 
+/** A started subscriber of worker `w0` to `endpoint`, whose log lines are kept, closed after the file. */
+function loggedSubscriber(endpoint: string): { sub: KvEventSubscriber; logs: string[] } {
+  const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+  router.registerWorker('w0');
+  const logs: string[] = [];
+  const sub = new KvEventSubscriber({
+    workerId: 'w0',
+    endpoint,
+    applier: new KvEventApplier(router),
+    idleReplayMs: 0,
+    log: (m) => logs.push(m),
+  }).start();
+  closers.push(() => sub.close());
+  return { sub, logs };
+}
+
 /**
  * A bare ZeroMQ publisher (frames sent as given: no engine's publisher) and a subscriber of worker
  * `w0` whose log lines are kept, both closed after the file.
  */
 async function rawPublisherRig(): Promise<{ pub: Publisher; sub: KvEventSubscriber; logs: string[] }> {
-  const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
-  router.registerWorker('w0');
   const pub = new Publisher({ linger: 0 });
   await bindEndpoint(pub, 'tcp://127.0.0.1:*');
-  const logs: string[] = [];
-  const sub = new KvEventSubscriber({
-    workerId: 'w0',
-    endpoint: pub.lastEndpoint!,
-    applier: new KvEventApplier(router),
-    idleReplayMs: 0,
-    log: (m) => logs.push(m),
-  }).start();
-  closers.push(
-    () => sub.close(),
-    async () => pub.close(),
-  );
-  return { pub, sub, logs };
+  const rig = { pub, ...loggedSubscriber(pub.lastEndpoint!) };
+  closers.push(async () => pub.close());
+  return rig;
 }
 
 /** PUB/SUB slow joiner: publish a probe until the subscription is live. */
@@ -498,18 +502,8 @@ describe('KV events over ZeroMQ', () => {
       socket.end('HTTP/1.1 400 Bad Request\r\n\r\n');
     });
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-    const logs: string[] = [];
-    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
-    router.registerWorker('w0');
-    const sub = new KvEventSubscriber({
-      workerId: 'w0',
-      endpoint: `tcp://127.0.0.1:${(server.address() as AddressInfo).port}`,
-      applier: new KvEventApplier(router),
-      idleReplayMs: 0,
-      log: (m) => logs.push(m),
-    }).start();
+    const { sub, logs } = loggedSubscriber(`tcp://127.0.0.1:${(server.address() as AddressInfo).port}`);
     closers.push(
-      () => sub.close(),
       () =>
         new Promise<void>((r) => {
           server.close(() => r());
