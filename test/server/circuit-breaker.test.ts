@@ -1,10 +1,23 @@
 import assert from 'node:assert/strict';
-import { test } from 'node:test';
+import { test, type TestContext } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { WorkerHealth } from '../../src/engines/health.js';
 import { CircuitBreaker } from '../../src/server/circuit-breaker.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { freePort } from '../faults/harness.js';
+
+/**
+ * A breaker opening a circuit after `failures` counted in a row, on a router with `workers`
+ * registered (every one of them known to the breaker), closed after the test.
+ */
+function breakerOn(t: TestContext, failures: number, workers: string[]) {
+  const router = new KVAwareRouter();
+  const health = new WorkerHealth(router);
+  workers.forEach((id, i) => router.registerWorker(id, { url: `http://127.0.0.1:${i + 1}` }));
+  const breaker = new CircuitBreaker({ failures, cooldownMs: 60_000 }, health, () => true);
+  t.after(() => breaker.close());
+  return { health, breaker };
+}
 
 test('a failure of a removed worker starts no streak: the worker added again under its id starts afresh', (t) => {
   const router = new KVAwareRouter();
@@ -23,12 +36,7 @@ test('a failure of a removed worker starts no streak: the worker added again und
 });
 
 test('a server error answer no other worker was asked about counts once another worker answered since its previous one', (t) => {
-  const router = new KVAwareRouter();
-  const health = new WorkerHealth(router);
-  router.registerWorker('w', { url: 'http://127.0.0.1:1' });
-  router.registerWorker('v', { url: 'http://127.0.0.1:2' });
-  const breaker = new CircuitBreaker({ failures: 3, cooldownMs: 60_000 }, health, () => true);
-  t.after(() => breaker.close());
+  const { health, breaker } = breakerOn(t, 3, ['w', 'v']);
   // nothing answered anywhere in between: a request every engine fails, or a fleet that is down
   for (let i = 0; i < 5; i++) breaker.serverErrorAnswerAlone('w');
   assert.deepEqual(health.reasons('w'), [], 'server error answers with no answer between them count for nothing');
@@ -46,11 +54,7 @@ test('a server error answer no other worker was asked about counts once another 
 });
 
 test("a worker's own answer ends the run of its server error answers", (t) => {
-  const router = new KVAwareRouter();
-  const health = new WorkerHealth(router);
-  router.registerWorker('w', { url: 'http://127.0.0.1:1' });
-  const breaker = new CircuitBreaker({ failures: 2, cooldownMs: 60_000 }, health, () => true);
-  t.after(() => breaker.close());
+  const { health, breaker } = breakerOn(t, 2, ['w']);
   breaker.serverErrorAnswerAlone('w');
   breaker.answered('w', true);
   breaker.answered('v', true);
@@ -62,11 +66,7 @@ test("a worker's own answer ends the run of its server error answers", (t) => {
 });
 
 test('a first byte overdue counts only when the fleet served since the previous one: timeouts that hit every worker alike count against none', (t) => {
-  const router = new KVAwareRouter();
-  const health = new WorkerHealth(router);
-  for (const id of ['w', 'v']) router.registerWorker(id, { url: 'http://127.0.0.1:1' });
-  const breaker = new CircuitBreaker({ failures: 3, cooldownMs: 60_000 }, health, () => true);
-  t.after(() => breaker.close());
+  const { health, breaker } = breakerOn(t, 3, ['w', 'v']);
   // a slow fleet: every worker's deadline passes, nothing is answered anywhere
   for (let i = 0; i < 5; i++) {
     assert.equal(breaker.firstByteOverdue('w'), false, 'not the worker: the fleet is slow');
@@ -128,11 +128,7 @@ function health(gateway: Gateway, id: string): string[] {
 }
 
 test('connections lost by attempts already under way when a counted one was lost count once; later attempts count again', (t) => {
-  const router = new KVAwareRouter();
-  const health = new WorkerHealth(router);
-  router.registerWorker('w', { url: 'http://127.0.0.1:1' });
-  const breaker = new CircuitBreaker({ failures: 3, cooldownMs: 60_000 }, health, () => true);
-  t.after(() => breaker.close());
+  const { health, breaker } = breakerOn(t, 3, ['w']);
   // a burst of attempts sent on connections the engine broke together (it restarted)
   const burst = Array.from({ length: 8 }, () => breaker.attemptStarted());
   const counted = burst.map((startedAt) => breaker.connectionLost('w', startedAt));
@@ -146,11 +142,7 @@ test('connections lost by attempts already under way when a counted one was lost
 });
 
 test('an engine that breaks most connections while many attempts are under way still opens its circuit', (t) => {
-  const router = new KVAwareRouter();
-  const health = new WorkerHealth(router);
-  router.registerWorker('w', { url: 'http://127.0.0.1:1' });
-  const breaker = new CircuitBreaker({ failures: 3, cooldownMs: 60_000 }, health, () => true);
-  t.after(() => breaker.close());
+  const { health, breaker } = breakerOn(t, 3, ['w']);
   // 16 attempts at a time, each ending in the order they started: 9 of 10 break, 1 is answered
   const window = Array.from({ length: 16 }, () => breaker.attemptStarted());
   let ended = 0;
