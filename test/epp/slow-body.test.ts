@@ -35,12 +35,8 @@ test('a body that does not end in time gets a 408 and gives its bytes back; a ro
   assert.equal(routed.kind, 'routed');
   if (routed.kind !== 'routed') return;
 
-  const call = client.Process();
-  const answers: ProcessingResponse[] = [];
-  let code: number | undefined;
-  call.on('data', (m: ProcessingResponse) => answers.push(m));
-  call.on('error', (e: Error & { code: number }) => (code = e.code));
-  call.on('status', (s: { code: number }) => (code ??= s.code));
+  const watched = watchedCall(client);
+  const { call, answers } = watched;
   const headers: ProcessingRequest = {
     request_headers: {
       headers: { headers: [{ key: ':path', raw_value: Buffer.from('/v1/completions') }] },
@@ -49,8 +45,8 @@ test('a body that does not end in time gets a 408 and gives its bytes back; a ro
   };
   call.write(headers);
   call.write({ request_body: { body: Buffer.from('{"model":"mock","prompt":"never'), end_of_stream: false } });
-  await until(() => code !== undefined, 'the picker to end the slow stream');
-  assert.equal(code, GrpcStatus.OK, 'a local reply, then a clean close');
+  await until(() => watched.code !== undefined, 'the picker to end the slow stream');
+  assert.equal(watched.code, GrpcStatus.OK, 'a local reply, then a clean close');
   assert.equal(answers.length, 1, `one answer: ${answers.map((a) => a.response).join(', ')}`);
   const reply = answers[0].immediate_response;
   assert.ok(reply, `an immediate response, got ${answers[0].response}`);
@@ -66,20 +62,25 @@ test('a body that does not end in time gets a 408 and gives its bytes back; a ro
   await until(() => inFlight() === 0, 'the routed request released');
 });
 
+/** Opens a Process stream on `on`, keeping what the picker answers and the status it ends it with. */
+function watchedCall(on: ExtProcClient) {
+  const call = on.Process();
+  const watched = { call, answers: [] as ProcessingResponse[], code: undefined as number | undefined };
+  call.on('data', (m: ProcessingResponse) => watched.answers.push(m));
+  call.on('error', (e: Error & { code: number }) => (watched.code = e.code));
+  call.on('status', (s: { code: number }) => (watched.code ??= s.code));
+  return watched;
+}
+
 /** Opens a stream that sends nothing, and resolves to what the picker answered once it ends it. */
 async function silentStream(on: ExtProcClient) {
-  const call = on.Process();
-  const answers: ProcessingResponse[] = [];
-  let code: number | undefined;
-  call.on('data', (m: ProcessingResponse) => answers.push(m));
-  call.on('error', (e: Error & { code: number }) => (code = e.code));
-  call.on('status', (s: { code: number }) => (code ??= s.code));
+  const watched = watchedCall(on);
   try {
-    await until(() => code !== undefined, 'the picker to end the silent stream');
+    await until(() => watched.code !== undefined, 'the picker to end the silent stream');
   } finally {
-    call.cancel();
+    watched.call.cancel();
   }
-  return { answers, code };
+  return { answers: watched.answers, code: watched.code };
 }
 
 function assertHeadersTimeout(out: { answers: ProcessingResponse[]; code: number | undefined }) {
