@@ -7,7 +7,7 @@
  * worker answered that request, through serverErrorAnswerAlone; a streamed answer's first byte
  * overdue through firstByteOverdue; a connection that broke before any answer through
  * connectionLost (a burst of them on connections broken together counts once). An engine that
- * says it is busy (429, SGLang's queue-full refusal) is no failure at all. It acts through
+ * says it is busy (429, SGLang's or vLLM's queue-full refusal) is no failure at all. It acts through
  * WorkerHealth (source 'breaker'), so the breaker, the health check and the metrics scrape agree
  * on who is out and why.
  */

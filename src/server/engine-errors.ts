@@ -8,8 +8,9 @@
  * it names, so that the gateway treats it as it treats that status: a server error is the
  * engine's failure, a client error the engine's answer to the client. The same byte-level reading
  * finds a stream's end (`data: [DONE]`), which tells a whole answer from one cut short. One
- * error of a server error's status is no failure of the engine's: SGLang's refusal of a request
- * it will not queue (isQueueFull), which says the engine is overloaded for now, as a 429 does.
+ * error of a server error's status is no failure of the engine's: SGLang's and vLLM's refusal of
+ * a request they will not queue or admit (isQueueFull), which says the engine is overloaded for
+ * now, as a 429 does.
  */
 
 import { isWholeJson, isWholeJsonIn, utf8BomLength } from './whole-json.js';
@@ -64,7 +65,9 @@ function statusOf(error: unknown): number {
 }
 
 /**
- * What SGLang's scheduler says when it will not queue a request, each with HTTPStatus.SERVICE_UNAVAILABLE
+ * What an engine says when it will not queue or admit a request, each with code 503.
+ *
+ * SGLang's scheduler says it with HTTPStatus.SERVICE_UNAVAILABLE
  * and no Retry-After (sgl-project/sglang, python/sglang/srt/managers/scheduler.py):
  * Scheduler._abort_on_queued_limit refuses a request arriving at a full waiting queue
  * (`--max-queued-requests`), or, with `--enable-priority-scheduling`, drops a waiting one of lower
@@ -74,16 +77,34 @@ function statusOf(error: unknown): number {
  * as its ErrorResponse `{"object": "error", "message", "type": "503", "param": null, "code": 503}`;
  * a stream gets `data: {"error": {"message", "type": "SERVICE_UNAVAILABLE", "code": 503}}` as its
  * first event (serving_chat.py, serving_completions.py), then `data: [DONE]`. The engine is
- * serving, at its limit: another can take the request. Only these messages, whole, are read so:
- * any other 503 (a dead engine's, a proxy's) stays the engine's failure.
+ * serving, at its limit: another can take the request.
+ *
+ * vLLM's admission control (vllm-project/vllm#49445, in v0.29.0: `--max-num-queued-reqs`,
+ * `--max-num-queued-tokens`) says it with QueueOverflowError and MaxQueuedTokensError
+ * (vllm/exceptions.py; GracefulHTTPError subclasses, HTTPStatus.SERVICE_UNAVAILABLE, "so that
+ * load balancers and client SDKs retry the request on a different instance"), raised by
+ * AsyncLLM.check_admission (vllm/v1/engine/async_llm.py) before the request reaches the engine:
+ * in the serving layer's preflight, before any stream starts, and again when the request is
+ * handed over. Its API server writes them as HTTP 503 with its ErrorResponse
+ * `{"error": {"message", "type": "Service Unavailable", "param": null, "code": 503}}`
+ * (create_error_response: the type is the status's phrase; tests/v1/engine/test_admission_control.py).
+ * An earlier draft's messages ("Request queue full.", vllm-project/vllm#32332, closed unmerged)
+ * were never released and are not read.
+ *
+ * Only these messages, whole, are read so: any other 503 (a dead engine's, a proxy's) stays the
+ * engine's failure.
  */
 const QUEUE_FULL_MESSAGES: ReadonlySet<string> = new Set([
   'The request queue is full.',
   'The request is aborted by a higher priority request.',
   'Request waiting timeout reached.',
+  // vLLM QueueOverflowError (--max-num-queued-reqs)
+  'The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.',
+  // vLLM MaxQueuedTokensError (--max-num-queued-tokens)
+  'The engine has reached its prefill token backlog limit. Please try again later or on a different instance.',
 ]);
 
-/** Whether an engine's error object (as statusOf reads it) is SGLang's refusal of a request it will not queue. */
+/** Whether an engine's error object (as statusOf reads it) is SGLang's or vLLM's refusal of a request it will not queue or admit. */
 function isQueueFull(error: unknown): boolean {
   if (typeof error !== 'object' || error === null) return false;
   const { message } = error as { message?: unknown };

@@ -235,7 +235,7 @@ function retryAfterSeconds(rawHeaders: Buffer[]): number | undefined {
 
 /**
  * The body of a 503 without a Retry-After is kept up to this size, to read whether it is an
- * engine's queue-full refusal (SGLang's is about a hundred bytes); a longer one is not.
+ * engine's queue-full refusal (SGLang's is about a hundred bytes, vLLM's admission refusal two hundred); a longer one is not.
  */
 const MAX_REFUSAL_BYTES = 4096;
 

@@ -103,3 +103,55 @@ test("a 503 that does not say the engine's queue is full still counts against th
     }
   }
 });
+
+/**
+ * vLLM's admission control (`--max-num-queued-reqs`, `--max-num-queued-tokens`, v0.29.0) refuses a
+ * request with HTTP 503 and its ErrorResponse, before any stream starts (the check runs before the
+ * request is handed to the engine), so a streamed request gets the same status and body.
+ */
+const vllmAnswer = (message: string) =>
+  JSON.stringify({ error: { message, type: 'Service Unavailable', param: null, code: 503 } });
+const VLLM_REFUSALS = [
+  'The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.',
+  'The engine has reached its prefill token backlog limit. Please try again later or on a different instance.',
+];
+const vllmRefusingEngine = (message: string) =>
+  cannedEngine(() => ({ status: 503, headers: { 'content-type': 'application/json' }, body: vllmAnswer(message) }));
+
+for (const stream of [false, true]) {
+  test(`a vLLM engine whose admission control refuses a request (${stream ? 'streamed' : 'whole answer'}): another worker takes it, and its circuit stays closed`, async () => {
+    for (const message of VLLM_REFUSALS) {
+      const bad = await vllmRefusingEngine(message);
+      const g = await badFirstGateway(bad.url, true, { breakerFailures: 2 });
+      try {
+        for (let i = 0; i < 6; i++) {
+          const r = await post(g.base, '/v1/completions', { prompt: `v${i}`, max_tokens: 2, stream });
+          assert.equal(r.status, 200, `${message} ${i}: ${r.text}`);
+          assert.equal(r.headers.get('x-contextforge-worker'), 'good');
+        }
+        assert.deepEqual(g.gateway.health.reasons('bad'), [], `${message}: an engine refusing for load is not failing`);
+        assert.ok(bad.completions() >= 3, `${message}: the busy engine was tried each time its turn came`);
+      } finally {
+        await g.close();
+        await bad.close();
+      }
+    }
+  });
+
+  test(`every vLLM engine refusing a request at admission (${stream ? 'streamed' : 'whole answer'}): the client gets 429 with a Retry-After, not 502`, async () => {
+    const bad = await vllmRefusingEngine(VLLM_REFUSALS[0]);
+    const g = await badFirstGateway(bad.url, false, { breakerFailures: 2 });
+    try {
+      for (let i = 0; i < 3; i++) {
+        const r = await post(g.base, '/v1/completions', { prompt: `w${i}`, max_tokens: 2, stream });
+        assert.equal(r.status, 429, r.text);
+        assert.equal(r.headers.get('retry-after'), '1');
+        assert.equal((JSON.parse(r.text) as { error: { code: string } }).error.code, 'rate_limit_exceeded');
+      }
+      assert.deepEqual(g.gateway.health.reasons('bad'), [], 'its circuit stays closed');
+    } finally {
+      await g.close();
+      await bad.close();
+    }
+  });
+}

@@ -186,3 +186,35 @@ test("SGLang's refusal of a request it will not queue is read as such, and nothi
   });
   assert.deepEqual(errorAnswer(Buffer.from('')), { status: 0, queueFull: false });
 });
+
+/** vLLM's refusals of a request its admission control will not take (vllm/exceptions.py, v0.29.0). */
+const VLLM_REFUSALS = [
+  'The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.',
+  'The engine has reached its prefill token backlog limit. Please try again later or on a different instance.',
+];
+
+test("vLLM's admission refusal (--max-num-queued-reqs, --max-num-queued-tokens) is read as SGLang's is, and nothing else is", () => {
+  // vLLM's ErrorResponse as its API server writes it: compact JSON, type the status's phrase
+  const vllm = (message: string, code: unknown = 503, type = 'Service Unavailable') =>
+    JSON.stringify({ error: { message, type, param: null, code } });
+  for (const message of VLLM_REFUSALS) {
+    assert.deepEqual(errorAnswer(Buffer.from(vllm(message))), { status: 503, queueFull: true }, message);
+    assert.deepEqual(
+      errorEvent(Buffer.from(`data: ${vllm(message)}\n\ndata: [DONE]\n\n`), true),
+      { status: 503, queueFull: true },
+      `${message}: as a stream's first event`,
+    );
+  }
+  for (const [message, code] of [
+    [VLLM_REFUSALS[0], 500],
+    [VLLM_REFUSALS[1], 429],
+    [VLLM_REFUSALS[0].toLowerCase(), 503],
+    [`${VLLM_REFUSALS[1]} `, 503],
+    // an earlier draft's wording, which no release sends
+    ['Request queue full.', 503],
+    ['Request queue reached max pending tokens limit.', 503],
+    ['EngineCore encountered an issue. See stack trace (above) for the root cause.', 503],
+  ] as const) {
+    assert.equal(errorAnswer(Buffer.from(vllm(message, code))).queueFull, false, `${message} (${code})`);
+  }
+});
