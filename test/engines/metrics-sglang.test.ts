@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { MAX_ENGINE_REQUESTS } from '../../src/core/worker-registry.js';
 import { readEngineLoad, readKvCapacityTokens } from '../../src/engines/metrics/prometheus.js';
 
 // SGLang's scheduler labels (python/sglang/srt/observability/metrics_collector.py,
@@ -74,4 +75,21 @@ test("SGLang's KV capacity is sglang:max_total_num_tokens; every TP rank writes 
     ),
     1600,
   );
+});
+
+test("SGLang's requests waiting for their grammar count as waiting beside its waiting queue", () => {
+  // sglang:num_grammar_queue_reqs (python/sglang/srt/metrics/collector.py): requests whose
+  // constrained-decoding grammar is still compiling, held apart from the waiting queue
+  const grammar = (dp: string | undefined, n: number, tp = '0') =>
+    `sglang:num_grammar_queue_reqs{${labels(dp, tp)}} ${n}.0`;
+  assert.equal(readEngineLoad(`${rank(undefined, 4, 2, 0.25)}\n${grammar(undefined, 3)}\n`).waiting, 5);
+  // per data-parallel rank, and the TP ranks of one scheduler as one reading
+  const dp2 = [rank('0', 1, 1, 0.1), grammar('0', 2), grammar('0', 2, '1'), rank('1', 1, 0, 0.1), grammar('1', 6)];
+  assert.equal(readEngineLoad(`${dp2.join('\n')}\n`, '0').waiting, 3);
+  assert.equal(readEngineLoad(`${dp2.join('\n')}\n`, '1').waiting, 6);
+  assert.equal(readEngineLoad(`${dp2.join('\n')}\n`).waiting, 9);
+  // a grammar count out of range reads as the worst, and is named
+  const bad = readEngineLoad(`${rank(undefined, 0, 0, 0)}\n${grammar(undefined, -1)}\n`);
+  assert.equal(bad.outOfRange, 'sglang:num_grammar_queue_reqs');
+  assert.equal(bad.waiting, MAX_ENGINE_REQUESTS);
 });

@@ -2,7 +2,8 @@
  * Reads an engine's load from its Prometheus text (/metrics). Names are the current ones of
  * vLLM (vllm/v1/metrics/loggers.py) and SGLang (python/sglang/srt/metrics/collector.py,
  * served with --enable-metrics), each followed by the deprecated name it replaced, read only
- * when the current one is absent: requests running and waiting, KV-cache usage as a 0-1
+ * when the current one is absent: requests running and waiting (SGLang's waiting for their
+ * grammar included), KV-cache usage as a 0-1
  * fraction (vllm:kv_cache_usage_perc, formerly vllm:gpu_cache_usage_perc; SGLang:
  * token_usage), prefix-cache queries and hits (vllm:prefix_cache_*, formerly
  * vllm:gpu_prefix_cache_*).
@@ -39,6 +40,15 @@ export interface EngineLoad {
 
 const RUNNING = ['vllm:num_requests_running', 'sglang:num_running_reqs'];
 const WAITING = ['vllm:num_requests_waiting', 'sglang:num_queue_reqs'];
+/**
+ * SGLang's requests waiting for their constrained-decoding grammar to compile, held in its
+ * grammar queue apart from the waiting queue sglang:num_queue_reqs counts, and moved there once
+ * compiled (python/sglang/srt/metrics/collector.py SchedulerMetricsCollector,
+ * `sglang:num_grammar_queue_reqs`, "The number of requests in the grammar waiting queue", at
+ * sgl-project/sglang 00ae9c15; the scheduler sets it from its grammar queue's length beside
+ * `num_queue_reqs` from its waiting queue's). They wait all the same: added to the waiting count.
+ */
+const GRAMMAR_WAITING = ['sglang:num_grammar_queue_reqs'];
 const USAGE = ['vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc', 'sglang:token_usage'];
 const QUERIES = [
   'vllm:prefix_cache_queries_total',
@@ -108,6 +118,7 @@ const LOAD_NAMES: ReadonlySet<string> = new Set([
   ...PROGRESS_COUNTERS,
   ...RUNNING,
   ...WAITING,
+  ...GRAMMAR_WAITING,
   ...USAGE,
   ...QUERIES,
   ...HITS,
@@ -367,7 +378,9 @@ function outOfRangeName(series: Map<string, Sample[]>, names: readonly string[],
 export function readEngineLoad(text: string, engine?: string): EngineLoad {
   const s = parsePrometheusText(text, engine, LOAD_NAMES);
   const running = count(s, RUNNING);
-  const waiting = count(s, WAITING);
+  const queued = count(s, WAITING);
+  const grammar = count(s, GRAMMAR_WAITING);
+  const waiting = grammar === undefined ? queued : Math.min((queued ?? 0) + grammar, MAX_ENGINE_REQUESTS);
   const kvUsage = usage(s, USAGE);
   if (running === undefined && waiting === undefined && kvUsage === undefined) {
     throw new MetricsFormatError('no vLLM or SGLang load metrics in the page');
@@ -379,7 +392,7 @@ export function readEngineLoad(text: string, engine?: string): EngineLoad {
     running === MAX_ENGINE_REQUESTS
       ? outOfRangeName(s, RUNNING, false)
       : waiting === MAX_ENGINE_REQUESTS
-        ? outOfRangeName(s, WAITING, false)
+        ? (outOfRangeName(s, WAITING, false) ?? outOfRangeName(s, GRAMMAR_WAITING, false))
         : kvUsage === 1
           ? outOfRangeName(s, USAGE, true)
           : undefined;
