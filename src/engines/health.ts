@@ -5,10 +5,11 @@ import { recordOutcome, PollLoop, type CheckStreak } from './poll-loop.js';
 /**
  * Why a worker is out of rotation. Several checks have a say — the active health check, the
  * metrics scrape, the gateway's circuit breaker, the engine's progress as its metrics show it
- * (`stall`, metrics/stall.ts) — and a worker takes requests only when none of them holds it out;
- * one check recovering must not undo another's verdict.
+ * (`stall`, metrics/stall.ts), the engine's metrics saying it sleeps (`sleep`: vLLM's sleep
+ * mode, metrics/prometheus.ts) — and a worker takes requests only when none of them holds it
+ * out; one check recovering must not undo another's verdict.
  */
-export type HealthVerdictSource = 'health-check' | 'metrics' | 'breaker' | 'stall';
+export type HealthVerdictSource = 'health-check' | 'metrics' | 'breaker' | 'stall' | 'sleep';
 
 /**
  * Whether a failed probe's detail says it timed out or was aborted (AbortSignal.timeout's "The
@@ -42,7 +43,7 @@ export class WorkerHealth {
     else {
       if (!reasons) this.down.set(workerId, (reasons = new Map()));
       // the breaker counts the gateway's own requests failing, a stall the engine's own counters
-      // standing still: never a slow probe
+      // standing still, a sleep what the engine says of itself: never a slow probe
       reasons.set(source, (source === 'health-check' || source === 'metrics') && isProbeTimeout(detail));
     }
     const isUp = reasons === undefined || reasons.size === 0;
@@ -65,7 +66,7 @@ export class WorkerHealth {
 
   /**
    * Whether a probe of the engine (its health check or metrics scrape, or its metrics showing it
-   * stalled) holds the worker out; an open circuit alone does not: it counts the gateway's own
+   * stalled or asleep) holds the worker out; an open circuit alone does not: it counts the gateway's own
    * requests failing there. Allocates nothing.
    */
   heldOutByProbes(workerId: string): boolean {

@@ -705,6 +705,7 @@ function workerOutReason(w: WorkerState, connections: WorkerConnections, exclude
     if (reasons.includes('health-check')) return 'health check failing';
     if (reasons.includes('metrics')) return 'metrics scrape failing';
     if (reasons.includes('stall')) return 'engine stalled';
+    if (reasons.includes('sleep')) return 'engine asleep';
     return 'unhealthy';
   }
   if (excluded.has(w.id)) return 'not serving the model';

@@ -3,7 +3,13 @@ import type { KVAwareRouter } from '../core/router/index.js';
 import type { HealthVerdictSource, WorkerHealth } from '../engines/health.js';
 
 /** Every source that can hold a worker out of rotation: each gets a series, 0 or 1, so dashboards never see gaps. */
-const OUT_OF_ROTATION_REASONS: readonly HealthVerdictSource[] = ['health-check', 'metrics', 'breaker', 'stall'];
+const OUT_OF_ROTATION_REASONS: readonly HealthVerdictSource[] = [
+  'health-check',
+  'metrics',
+  'breaker',
+  'stall',
+  'sleep',
+];
 
 export interface WorkerStateMetricsSource {
   router: KVAwareRouter;
@@ -46,7 +52,7 @@ export function registerWorkerStateMetrics(registry: Registry, source: WorkerSta
   });
   new Gauge({
     name: 'contextforge_worker_out_of_rotation',
-    help: 'Whether a check holds a worker out of rotation, by reason (health-check, metrics, breaker: an open circuit, stall: its engine shows no progress).',
+    help: 'Whether a check holds a worker out of rotation, by reason (health-check, metrics, breaker: an open circuit, stall: its engine shows no progress, sleep: its engine says it sleeps).',
     labelNames: ['worker', 'reason'],
     aggregator: 'max',
     registers,

@@ -36,6 +36,12 @@ export interface EngineLoad {
   progress?: readonly number[];
   /** The first load metric whose sample was out of its range, read as its worst (see readEngineLoad). */
   outOfRange?: string;
+  /**
+   * How the engine sleeps, when its page says it does (vLLM's sleep mode, `SLEEP_STATE`):
+   * "weights_offloaded" (level 1), "discard_all" (level 2), or "asleep" (its `awake` series at 0
+   * with no level set). Undefined when it is awake or the page does not say.
+   */
+  asleep?: string;
 }
 
 const RUNNING = ['vllm:num_requests_running', 'sglang:num_running_reqs'];
@@ -62,6 +68,19 @@ const HITS = [
   'vllm:gpu_prefix_cache_hits_total',
   'vllm:gpu_prefix_cache_hits',
 ];
+
+/**
+ * vLLM's sleep mode (vllm-project/vllm#24176): `vllm:engine_sleep_state`, one gauge per
+ * `sleep_state` label ("awake", "weights_offloaded", "discard_all") beside the engine's
+ * `engine` and `model_name` labels (vllm/v1/metrics/loggers.py PrometheusStatLogger,
+ * record_sleep_state: awake 1 and the others 0 while awake; after `POST /sleep?level=N`,
+ * awake 0 and weights_offloaded 1 for level 1 or discard_all 1 for level 2, the same on every
+ * engine index of the server). While asleep the engine's /health still answers 200 and its load
+ * gauges read idle, yet a request sent there waits until `POST /wake_up`.
+ */
+const SLEEP_STATE = 'vllm:engine_sleep_state';
+/** The sleep levels, deepest first: the one a page names is the one read. */
+const SLEEP_LEVELS = ['discard_all', 'weights_offloaded'] as const;
 
 /**
  * SGLang's KV capacity in tokens: the scheduler's token pool size, a gauge with the scheduler's
@@ -123,6 +142,7 @@ const LOAD_NAMES: ReadonlySet<string> = new Set([
   ...QUERIES,
   ...HITS,
   ...SGLANG_CAPACITY,
+  SLEEP_STATE,
 ]);
 
 export class MetricsFormatError extends Error {}
@@ -405,7 +425,24 @@ export function readEngineLoad(text: string, engine?: string): EngineLoad {
   if (capacity !== undefined) load.kvCapacityTokens = capacity;
   const progress = engineProgress(s, load);
   if (progress !== undefined) load.progress = progress;
+  const asleep = sleepState(s);
+  if (asleep !== undefined) load.asleep = asleep;
   return load;
+}
+
+/**
+ * How the engine sleeps by `vllm:engine_sleep_state` (SLEEP_STATE), of the ranks the page was
+ * read for: the deepest level a series sets to 1, else "asleep" when an `awake` series reads 0;
+ * undefined when none says it sleeps (awake, or a page without the gauge). Any series saying so
+ * is enough: vLLM sets every engine index alike, and the API server that took `POST /sleep`
+ * writes the state (gauges in "mostrecent" mode, so one series per engine index).
+ */
+function sleepState(series: Map<string, Sample[]>): string | undefined {
+  const samples = series.get(SLEEP_STATE);
+  if (samples === undefined) return undefined;
+  for (const level of SLEEP_LEVELS)
+    if (samples.some((x) => x.labels.get('sleep_state') === level && x.value === 1)) return level;
+  return samples.some((x) => x.labels.get('sleep_state') === 'awake' && x.value === 0) ? 'asleep' : undefined;
 }
 
 /**

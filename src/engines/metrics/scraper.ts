@@ -14,7 +14,10 @@ export const MAX_METRICS_BYTES = 16 * 1024 * 1024;
  * Scrapes each worker's /metrics on an interval and feeds the router: KV usage, waiting and
  * running requests. A worker is marked unhealthy after `failuresToUnhealthy` consecutive
  * failed scrapes (no answer, HTTP error, no load metrics in the page) and healthy again after
- * `successesToHealthy` consecutive good ones.
+ * `successesToHealthy` consecutive good ones. A worker whose page says its engine sleeps
+ * (EngineLoad.asleep: vLLM's sleep mode) is held out of rotation from that scrape on (source
+ * `sleep`) and comes back with the first good scrape that no longer says so: asleep, the engine
+ * answers /health and reads idle, and a request sent there waits until it is woken.
  */
 export interface MetricsTarget {
   workerId: string;
@@ -41,6 +44,8 @@ export interface TargetState extends CheckStreak {
   lastLoad?: EngineLoad;
   /** The load metric the engine last reported out of range (logged when it starts and when it stops). */
   outOfRange?: string;
+  /** How the engine sleeps, as its last good scrape said (EngineLoad.asleep); undefined while awake. */
+  asleep?: string;
   scrapes: number;
   failures: number;
   lastError?: string;
@@ -183,6 +188,7 @@ export class MetricsScraper {
         else this.options.log?.(`metrics: ${workerId} reports ${s.outOfRange} in range again`);
         s.outOfRange = load.outOfRange;
       }
+      if (load.asleep !== s.asleep) this.setAsleep(workerId, s, load.asleep);
       const flipped = recordOutcome(s, true, this.failuresToUnhealthy, this.successesToHealthy);
       if (flipped !== undefined) this.setHealth(workerId, s, flipped);
       this.options.stall?.observe(workerId, load.progress, load.running + load.waiting, this.router.now());
@@ -201,8 +207,29 @@ export class MetricsScraper {
   private setHealth(workerId: string, s: TargetState, healthy: boolean): void {
     if (this.options.health) return this.options.health.set(workerId, 'metrics', healthy, healthy ? '' : s.lastError);
     try {
-      this.router.setWorkerHealth(workerId, healthy);
+      // without the gateway's verdicts, a sleeping engine stays out however its scrapes go
+      this.router.setWorkerHealth(workerId, healthy && s.asleep === undefined);
       this.options.log?.(`metrics: ${workerId} is ${healthy ? 'healthy again' : `unhealthy (${s.lastError})`}`);
+    } catch (err) {
+      this.options.log?.(`metrics: ${workerId}: ${(err as Error).message}`);
+    }
+  }
+
+  /**
+   * The engine's page says it went to sleep (`asleep`: how), or woke (undefined): the worker
+   * leaves rotation or comes back (source `sleep`), said once per change.
+   */
+  private setAsleep(workerId: string, s: TargetState, asleep: string | undefined): void {
+    s.asleep = asleep;
+    this.options.log?.(
+      asleep !== undefined
+        ? `metrics: ${workerId}'s engine is asleep (vllm:engine_sleep_state ${asleep}): out of rotation until it wakes`
+        : `metrics: ${workerId}'s engine is awake again`,
+    );
+    const detail = asleep === undefined ? '' : `engine asleep (${asleep})`;
+    if (this.options.health) return this.options.health.set(workerId, 'sleep', asleep === undefined, detail);
+    try {
+      this.router.setWorkerHealth(workerId, s.healthy && asleep === undefined);
     } catch (err) {
       this.options.log?.(`metrics: ${workerId}: ${(err as Error).message}`);
     }

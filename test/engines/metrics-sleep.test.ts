@@ -1,0 +1,132 @@
+/**
+ * vLLM's sleep mode on its /metrics page (`vllm:engine_sleep_state`, vllm/v1/metrics/loggers.py):
+ * asleep, an engine answers /health and reads idle, yet a request sent there waits until it is
+ * woken. The scraper holds such a worker out of rotation (source `sleep`) from the scrape that
+ * reads it asleep, and takes it back with the first that reads it awake.
+ */
+import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { test } from 'node:test';
+import { readEngineLoad } from '../../src/engines/metrics/prometheus.js';
+import { MetricsScraper } from '../../src/engines/metrics/scraper.js';
+import { WorkerHealth } from '../../src/engines/health.js';
+import { KVAwareRouter } from '../../src/index.js';
+
+/** A vLLM page as PrometheusStatLogger writes it: idle gauges, and the sleep state of each engine index. */
+function vllmPage(state: 'awake' | 'weights_offloaded' | 'discard_all', engines = ['0']): string {
+  const lines: string[] = [];
+  for (const e of engines) {
+    const l = `engine="${e}",model_name="m"`;
+    lines.push(
+      `vllm:num_requests_running{${l}} 0.0`,
+      `vllm:num_requests_waiting{${l}} 0.0`,
+      `vllm:kv_cache_usage_perc{${l}} 0.0`,
+    );
+  }
+  lines.push(
+    '# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.',
+    '# TYPE vllm:engine_sleep_state gauge',
+  );
+  for (const s of ['awake', 'weights_offloaded', 'discard_all'])
+    for (const e of engines)
+      lines.push(
+        `vllm:engine_sleep_state{engine="${e}",model_name="m",sleep_state="${s}"} ${(s === state ? 1 : 0).toFixed(1)}`,
+      );
+  return `${lines.join('\n')}\n`;
+}
+
+test('vllm:engine_sleep_state says whether and how the engine sleeps', () => {
+  assert.equal(readEngineLoad(vllmPage('awake')).asleep, undefined);
+  assert.equal(readEngineLoad(vllmPage('weights_offloaded')).asleep, 'weights_offloaded');
+  assert.equal(readEngineLoad(vllmPage('discard_all')).asleep, 'discard_all');
+  // every engine index of the server sleeps alike; a rank reads its own series
+  assert.equal(readEngineLoad(vllmPage('weights_offloaded', ['0', '1']), '1').asleep, 'weights_offloaded');
+  assert.equal(readEngineLoad(vllmPage('awake', ['0', '1'])).asleep, undefined);
+  // awake at 0 with no level named is asleep all the same
+  assert.equal(
+    readEngineLoad('vllm:num_requests_running 0\nvllm:engine_sleep_state{sleep_state="awake"} 0\n').asleep,
+    'asleep',
+  );
+  // a page without the gauge (SGLang, older vLLM) says nothing of sleep
+  assert.equal(readEngineLoad('vllm:num_requests_running 0\n').asleep, undefined);
+  assert.equal(readEngineLoad('sglang:num_running_reqs 0\n').asleep, undefined);
+});
+
+async function engineServing(page: () => string) {
+  const server = createServer((_, res) => res.writeHead(200, { 'content-type': 'text/plain' }).end(page()));
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/metrics`, close: () => server.close() };
+}
+
+const tokens = (i: number) => Array.from({ length: 32 }, (_, k) => k + i * 100);
+
+test('a worker whose engine sleeps leaves rotation at once, says why, and comes back when it wakes', async () => {
+  let state: 'awake' | 'weights_offloaded' | 'discard_all' = 'awake';
+  const engine = await engineServing(() => vllmPage(state));
+  try {
+    const router = new KVAwareRouter({ policy: 'round-robin' });
+    router.registerWorker('sleepy');
+    router.registerWorker('other');
+    const logs: string[] = [];
+    const health = new WorkerHealth(router, (m) => logs.push(m));
+    const scraper = new MetricsScraper(router, [{ workerId: 'sleepy', url: engine.url }], {
+      health,
+      log: (m) => logs.push(m),
+    });
+    await scraper.scrapeAll();
+    assert.deepEqual(health.reasons('sleepy'), []);
+
+    state = 'weights_offloaded';
+    await scraper.scrapeAll();
+    assert.deepEqual(health.reasons('sleepy'), ['sleep'], 'one scrape is enough: the engine says so itself');
+    assert.equal(router.listWorkers().find((w) => w.id === 'sleepy')!.healthy, false);
+    for (let i = 0; i < 4; i++) assert.equal(router.route({ tokens: tokens(i) }).workerId, 'other');
+    assert.ok(
+      logs.some((m) => /sleepy.*asleep.*weights_offloaded/.test(m)),
+      `the log says why: ${logs.join(' | ')}`,
+    );
+    const said = logs.length;
+    await scraper.scrapeAll();
+    assert.equal(logs.length, said, 'said once, not on every scrape');
+
+    state = 'awake';
+    await scraper.scrapeAll();
+    assert.deepEqual(health.reasons('sleepy'), []);
+    assert.equal(router.listWorkers().find((w) => w.id === 'sleepy')!.healthy, true);
+    assert.ok(logs.some((m) => /sleepy.*awake again/.test(m)));
+    assert.equal(scraper.state('sleepy')!.failures, 0, 'a sleeping engine is no failed scrape');
+  } finally {
+    engine.close();
+  }
+});
+
+test("without the gateway's verdicts, the scraper itself holds a sleeping worker out, whatever its scrapes do", async () => {
+  let state: 'awake' | 'discard_all' = 'discard_all';
+  let status = 200;
+  const server = createServer((_, res) => res.writeHead(status).end(vllmPage(state)));
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  try {
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/metrics`;
+    const router = new KVAwareRouter();
+    router.registerWorker('w0');
+    const w0 = () => router.listWorkers()[0];
+    const scraper = new MetricsScraper(router, [{ workerId: 'w0', url }], {
+      failuresToUnhealthy: 1,
+      successesToHealthy: 1,
+    });
+    await scraper.scrapeAll();
+    assert.equal(w0().healthy, false, 'asleep');
+    // its scrapes failing and recovering while it sleeps do not bring it back
+    status = 503;
+    await scraper.scrapeAll();
+    status = 200;
+    await scraper.scrapeAll();
+    assert.equal(w0().healthy, false, 'still asleep');
+    state = 'awake';
+    await scraper.scrapeAll();
+    assert.equal(w0().healthy, true);
+  } finally {
+    server.close();
+  }
+});

@@ -1,0 +1,128 @@
+/**
+ * A vLLM engine put to sleep (`POST /sleep`, as RL frameworks do between rollouts): its /health
+ * still answers 200 and its load gauges read idle, so the cost policy would prefer it, yet a
+ * request sent there waits until it is woken. Its /metrics page says it sleeps
+ * (`vllm:engine_sleep_state`): from the scrape that reads so the worker is out of rotation
+ * (reason `sleep`), a request waiting there moves to another worker, and it comes back once the
+ * page says it is awake.
+ */
+import assert from 'node:assert/strict';
+import { createServer, type ServerResponse } from 'node:http';
+import { test } from 'node:test';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway } from '../../src/server/gateway.js';
+import { listening } from '../helpers/listening.js';
+import { until } from '../helpers/wait.js';
+
+const COMPLETION = JSON.stringify({
+  id: 'cmpl-1',
+  object: 'text_completion',
+  model: 'm',
+  choices: [{ index: 0, text: 'ok', finish_reason: 'stop', logprobs: null }],
+  usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
+});
+
+/**
+ * A stand-in vLLM engine: asleep, it holds completions until woken; its page says so (level 1)
+ * once `reported` (a scrape comes at most an interval after the engine went to sleep).
+ */
+async function vllmEngine() {
+  const state = { asleep: false, reported: false, held: new Set<ServerResponse>(), completions: 0 };
+  const server = createServer((req, res) => {
+    if (req.url === '/health') return void res.writeHead(200).end();
+    if (req.url === '/metrics') {
+      const awake = state.asleep && state.reported ? 0 : 1;
+      const page = [
+        'vllm:num_requests_running{engine="0",model_name="m"} 0.0',
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0',
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.0',
+        '# TYPE vllm:engine_sleep_state gauge',
+        `vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} ${awake}.0`,
+        `vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="weights_offloaded"} ${1 - awake}.0`,
+        'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="discard_all"} 0.0',
+      ];
+      return void res.writeHead(200, { 'content-type': 'text/plain' }).end(`${page.join('\n')}\n`);
+    }
+    req.resume();
+    req.on('end', () => {
+      if (state.asleep) {
+        state.held.add(res);
+        res.on('close', () => state.held.delete(res));
+        return;
+      }
+      state.completions++;
+      res.writeHead(200, { 'content-type': 'application/json' }).end(COMPLETION);
+    });
+  });
+  const { url, close } = await listening(server);
+  return {
+    url,
+    state,
+    wake() {
+      state.asleep = false;
+      state.reported = false;
+      for (const res of state.held) res.writeHead(200, { 'content-type': 'application/json' }).end(COMPLETION);
+    },
+    close,
+  };
+}
+
+test('a sleeping vLLM engine leaves rotation, its waiting request moves, and it comes back when woken', async () => {
+  const sleepy = await vllmEngine();
+  const other = await vllmEngine();
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const logs: string[] = [];
+  const gateway = await createGateway({
+    router,
+    workers: [
+      { id: 'sleepy', url: sleepy.url },
+      { id: 'other', url: other.url },
+    ],
+    metricsIntervalMs: 50,
+    healthCheckIntervalMs: 0,
+    log: (m) => logs.push(m),
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const complete = (prompt: string) =>
+    fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'm', prompt, max_tokens: 1 }),
+    }).then(async (r) => ({ status: r.status, worker: r.headers.get('x-contextforge-worker'), body: await r.text() }));
+  const outOfRotation = async () => {
+    const page = await (await fetch(`${base}/metrics`)).text();
+    const m = /^contextforge_worker_out_of_rotation\{worker="sleepy",reason="sleep"\} (\d+)$/m.exec(page);
+    return m ? Number(m[1]) : undefined;
+  };
+  try {
+    await until(async () => (await outOfRotation()) === 0, 'the sleep series at 0');
+    sleepy.state.asleep = true;
+    // round robin: one of two requests lands on the sleeping engine before a scrape reads it asleep
+    const first = [complete('a'), complete('b')];
+    await until(() => sleepy.state.held.size === 1, 'a request waiting on the sleeping engine');
+    sleepy.state.reported = true;
+    await until(() => gateway.health.reasons('sleepy').includes('sleep'), 'the sleeping engine out of rotation');
+    for (const r of await Promise.all(first)) {
+      assert.equal(r.status, 200, r.body);
+      assert.equal(r.worker, 'other');
+    }
+    await until(() => sleepy.state.held.size === 0, 'the attempt on the sleeping engine given up');
+    for (let i = 0; i < 4; i++) assert.equal((await complete(`n${i}`)).worker, 'other');
+    assert.equal(await outOfRotation(), 1);
+    assert.ok(
+      logs.some((l) => /sleepy.*asleep \(vllm:engine_sleep_state weights_offloaded\)/.test(l)),
+      logs.join('\n'),
+    );
+
+    sleepy.wake();
+    await until(() => gateway.health.reasons('sleepy').length === 0, 'the engine back in rotation');
+    const workers = new Set<string | null>();
+    for (let i = 0; i < 4; i++) workers.add((await complete(`r${i}`)).worker);
+    assert.ok(workers.has('sleepy'), 'it takes requests again');
+    assert.equal(await outOfRotation(), 0);
+  } finally {
+    await gateway.close();
+    await sleepy.close();
+    await other.close();
+  }
+});
