@@ -48,20 +48,16 @@ const RUNS: HeldOutRun[] = [
     kvTokens: 450_000,
     maxModelLen: 450_000,
   })),
-  ...[
-    [1, 1],
-    [1, 2],
-    [1, 3],
-    [2, 1],
-    [2, 2],
-    [2, 3],
-  ].map(([n, speed]) => ({
-    shape: 'tenants',
-    trace: `bench/traces/tenants/tenants.${n}.jsonl.gz`,
-    speed,
-    kvTokens: 60_000,
-  })),
-  ...[1, 2, 3].map((n) => ({
+  // seeds 3-6 and the agent loops' 4-9 were added after the lateness was chosen on 1-2 and 1-3
+  ...[1, 2, 3, 4, 5, 6]
+    .flatMap((n) => [1, 2, 3].map((speed) => [n, speed]))
+    .map(([n, speed]) => ({
+      shape: 'tenants',
+      trace: `bench/traces/tenants/tenants.${n}.jsonl.gz`,
+      speed,
+      kvTokens: 60_000,
+    })),
+  ...[1, 2, 3, 4, 5, 6, 7, 8, 9].map((n) => ({
     shape: 'agent-loops',
     trace: `bench/traces/agent-loops/agent-loops.${n}.jsonl.gz`,
     speed: 1,

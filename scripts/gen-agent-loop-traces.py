@@ -4,7 +4,7 @@ on (docs/routing.md §7, "Where `cost` trails: agent loops that outgrow their wo
 
     python3 scripts/gen-agent-loop-traces.py bench/traces/agent-loops
 
-writes agent-loops.{1..3}.jsonl.gz: 40 sessions, one starting every 15 s on average, each a
+writes agent-loops.{1..9}.jsonl.gz: 40 sessions, one starting every 15 s on average, each a
 loop of 20-60 turns. A session's first prompt is 8,000-20,000 tokens; every turn adds its
 answer (100-600 tokens) and a tool result (500-3,000 tokens), so a session ends at 50,000-
 140,000 tokens. The next turn comes 1-4 s after the answer ends (the answer's tokens at 40 a
@@ -42,7 +42,7 @@ def agent_loops(rng, sessions=40, start_rate=1 / 15):
 if __name__ == "__main__":
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "bench/traces/agent-loops"
     os.makedirs(out_dir, exist_ok=True)
-    for seed in range(1, 4):
+    for seed in range(1, 10):
         rng = random.Random(seed * 1000 + sum(map(ord, "agentloop")))
         rows = sorted(agent_loops(rng), key=lambda d: d["timestamp"])
         path = os.path.join(out_dir, f"agent-loops.{seed}.jsonl.gz")

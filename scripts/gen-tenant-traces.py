@@ -5,7 +5,7 @@ worker; a worker running late").
 
     python3 scripts/gen-tenant-traces.py bench/traces/tenants
 
-writes tenants.{1,2}.jsonl.gz: 3,000 requests from user sessions arriving at 2 a second, each
+writes tenants.{1..6}.jsonl.gz: 3,000 requests from user sessions arriving at 2 a second, each
 session 1-5 turns (5-40 s apart) on top of one of 24 tenants' system prompts (2,000-8,000
 tokens, whole blocks; the tenant drawn with Zipf weights 1/k^1.1, so the first few tenants
 carry most sessions). A turn adds 100-1,500 tokens to the session's context, and its answer
@@ -47,7 +47,7 @@ def tenants(rng, requests=3000, session_rate=2.0, count=24):
 if __name__ == "__main__":
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "bench/traces/tenants"
     os.makedirs(out_dir, exist_ok=True)
-    for seed in range(1, 3):
+    for seed in range(1, 7):
         rng = random.Random(seed * 1000 + sum(map(ord, "tenants")))
         rows = sorted(tenants(rng), key=lambda d: d["timestamp"])
         path = os.path.join(out_dir, f"tenants.{seed}.jsonl.gz")
