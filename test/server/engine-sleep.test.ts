@@ -7,32 +7,22 @@
  * page says it is awake.
  */
 import assert from 'node:assert/strict';
-import { createServer, type ServerResponse } from 'node:http';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
-import { listening } from '../helpers/listening.js';
+import { holdingEngine } from '../helpers/holding-engine.js';
 import { until } from '../helpers/wait.js';
-
-const COMPLETION = JSON.stringify({
-  id: 'cmpl-1',
-  object: 'text_completion',
-  model: 'm',
-  choices: [{ index: 0, text: 'ok', finish_reason: 'stop', logprobs: null }],
-  usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
-});
 
 /**
  * A stand-in vLLM engine: asleep, it holds completions until woken; its page says so (level 1)
  * once `reported` (a scrape comes at most an interval after the engine went to sleep).
  */
 async function vllmEngine() {
-  const state = { asleep: false, reported: false, held: new Set<ServerResponse>(), completions: 0 };
-  const server = createServer((req, res) => {
-    if (req.url === '/health') return void res.writeHead(200).end();
-    if (req.url === '/metrics') {
-      const awake = state.asleep && state.reported ? 0 : 1;
-      const page = [
+  const flags = { asleep: false, reported: false };
+  const engine = await holdingEngine({
+    page: () => {
+      const awake = flags.asleep && flags.reported ? 0 : 1;
+      return [
         'vllm:num_requests_running{engine="0",model_name="m"} 0.0',
         'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0',
         'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.0',
@@ -41,29 +31,19 @@ async function vllmEngine() {
         `vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="weights_offloaded"} ${1 - awake}.0`,
         'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="discard_all"} 0.0',
       ];
-      return void res.writeHead(200, { 'content-type': 'text/plain' }).end(`${page.join('\n')}\n`);
-    }
-    req.resume();
-    req.on('end', () => {
-      if (state.asleep) {
-        state.held.add(res);
-        res.on('close', () => state.held.delete(res));
-        return;
-      }
-      state.completions++;
-      res.writeHead(200, { 'content-type': 'application/json' }).end(COMPLETION);
-    });
+    },
+    holding: () => flags.asleep,
   });
-  const { url, close } = await listening(server);
+  const state = Object.assign(flags, { held: engine.held });
   return {
-    url,
+    url: engine.url,
     state,
     wake() {
       state.asleep = false;
       state.reported = false;
-      for (const res of state.held) res.writeHead(200, { 'content-type': 'application/json' }).end(COMPLETION);
+      engine.answerHeld();
     },
-    close,
+    close: engine.close,
   };
 }
 

@@ -7,22 +7,13 @@
  * gateway has nothing on, or one exporting none of the counters, is never taken for stalled.
  */
 import assert from 'node:assert/strict';
-import { createServer, type ServerResponse } from 'node:http';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
-import { listening } from '../helpers/listening.js';
+import { holdingEngine } from '../helpers/holding-engine.js';
 import { until } from '../helpers/wait.js';
 
 const STALL_MS = 300;
-
-const COMPLETION = JSON.stringify({
-  id: 'cmpl-1',
-  object: 'text_completion',
-  model: 'm',
-  choices: [{ index: 0, text: 'ok', finish_reason: 'stop', logprobs: null }],
-  usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
-});
 
 /**
  * A stand-in vLLM engine. While `hung`, completions are held unanswered and its page stands
@@ -33,48 +24,35 @@ const COMPLETION = JSON.stringify({
  * when each /metrics was answered (performance.now()).
  */
 async function standInEngine(options: { counters?: boolean; running?: number } = {}) {
-  const state = { hung: false, tokens: 0, running: options.running ?? 0, held: new Set<ServerResponse>() };
-  const scrapes: number[] = [];
-  const server = createServer((req, res) => {
-    if (req.url === '/health') return void res.writeHead(200).end();
-    if (req.url === '/metrics') {
-      scrapes.push(performance.now());
-      const lines = [
-        `vllm:num_requests_running{model_name="m"} ${state.running}`,
-        'vllm:num_requests_waiting{model_name="m"} 0',
-        'vllm:kv_cache_usage_perc{model_name="m"} 0.25',
-      ];
-      if (options.counters !== false)
-        lines.push(
-          `vllm:generation_tokens_total{model_name="m"} ${state.tokens}`,
-          'vllm:prompt_tokens_total{model_name="m"} 7',
-          `vllm:iteration_tokens_total_count{model_name="m"} ${state.tokens}`,
-        );
-      return void res.writeHead(200, { 'content-type': 'text/plain' }).end(`${lines.join('\n')}\n`);
-    }
-    req.resume();
-    req.on('end', () => {
-      if (state.hung) {
-        state.held.add(res);
-        res.on('close', () => state.held.delete(res));
-        return;
-      }
-      state.tokens++;
-      res.writeHead(200, { 'content-type': 'application/json' }).end(COMPLETION);
-    });
+  const counts = { hung: false, tokens: 0, running: options.running ?? 0 };
+  const engine = await holdingEngine({
+    page: () => [
+      `vllm:num_requests_running{model_name="m"} ${counts.running}`,
+      'vllm:num_requests_waiting{model_name="m"} 0',
+      'vllm:kv_cache_usage_perc{model_name="m"} 0.25',
+      ...(options.counters === false
+        ? []
+        : [
+            `vllm:generation_tokens_total{model_name="m"} ${counts.tokens}`,
+            'vllm:prompt_tokens_total{model_name="m"} 7',
+            `vllm:iteration_tokens_total_count{model_name="m"} ${counts.tokens}`,
+          ]),
+    ],
+    holding: () => counts.hung,
+    onAnswer: () => counts.tokens++,
   });
-  const { url, close } = await listening(server);
+  const state = Object.assign(counts, { held: engine.held });
   return {
-    url,
+    url: engine.url,
     state,
-    scrapes,
+    scrapes: engine.scrapes,
     /** The loop runs again: its counters move, and what it held is answered. */
     resume() {
       state.hung = false;
       state.tokens++;
-      for (const res of state.held) res.writeHead(200, { 'content-type': 'application/json' }).end(COMPLETION);
+      engine.answerHeld();
     },
-    close,
+    close: engine.close,
   };
 }
 
