@@ -40,6 +40,7 @@ export {
   POLICY_NAMES,
   createPolicy,
   type DynamoOptions,
+  type LlmdAffinityOptions,
   type LlmdOptions,
   type PolicyOptions,
   type SeedLoadSignal,

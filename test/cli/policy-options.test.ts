@@ -8,6 +8,7 @@ import { Command } from 'commander';
 import { registerSimulateCommand } from '../../src/cli/commands/simulate.js';
 import { DynamoPolicy } from '../../src/core/policies/dynamo.js';
 import { LlmdPolicy } from '../../src/core/policies/llmd.js';
+import { LlmdAffinityPolicy } from '../../src/core/policies/llmd-affinity.js';
 import { POLICY_OPTIONS_SCHEMA } from '../../src/core/policies/options-schema.js';
 import { SeedPolicy } from '../../src/core/policies/seed.js';
 import { SglangPolicy } from '../../src/core/policies/sglang.js';
@@ -33,6 +34,7 @@ const BUILD: Record<string, (options: Record<string, unknown>) => unknown> = {
   dynamo: (o) => new DynamoPolicy({ random: () => 0.5 }, o),
   sglang: (o) => new SglangPolicy(o),
   llmd: (o) => new LlmdPolicy({ random: () => 0.5 }, o),
+  'llmd-affinity': (o) => new LlmdAffinityPolicy({ random: () => 0.5 }, o),
   seed: (o) => new SeedPolicy(o as never),
 };
 
@@ -62,6 +64,8 @@ test('a peer option out of its policy range is refused where the flag or the con
     ['{"llmd":{"prefixWeight":-2}}', /policyOptions\.llmd\.prefixWeight must be .*>= 0/],
     ['{"llmd":{"queueWeight":-3}}', /policyOptions\.llmd\.queueWeight must be .*>= 0/],
     ['{"llmd":{"scrapeIntervalMs":"5"}}', /policyOptions\.llmd\.scrapeIntervalMs must be a finite number/],
+    ['{"llmd-affinity":{"affinityThreshold":1.2}}', /policyOptions\.llmd-affinity\.affinityThreshold must be <= 1/],
+    ['{"llmd-affinity":{"tokenLoadCapacity":0}}', /policyOptions\.llmd-affinity\.tokenLoadCapacity must be >= 1/],
     [
       '{"sglang":{"evictionIntervalSecs":1e300}}',
       /policyOptions\.sglang\.evictionIntervalSecs must be <= 4294967295 \(got 1e\+300\)/,

@@ -3,6 +3,7 @@ import { CostPolicy, DEFAULT_COST_WEIGHTS, type CostWeights } from './cost.js';
 import { DynamoPolicy, type DynamoOptions } from './dynamo.js';
 import { LeastLoadedPolicy } from './least-loaded.js';
 import { LlmdPolicy, type LlmdOptions } from './llmd.js';
+import { LlmdAffinityPolicy, type LlmdAffinityOptions } from './llmd-affinity.js';
 import { PowerOfTwoPolicy } from './power-of-two.js';
 import { RandomPolicy } from './random.js';
 import { RoundRobinPolicy } from './round-robin.js';
@@ -18,6 +19,7 @@ export interface PolicyOptions {
   dynamo?: DynamoOptions;
   sglang?: SglangOptions;
   llmd?: LlmdOptions;
+  'llmd-affinity'?: LlmdAffinityOptions;
   seed?: SeedOptions;
 }
 
@@ -35,6 +37,7 @@ const POLICY_FACTORIES: Readonly<Record<string, PolicyFactory>> = {
   dynamo: (o, ctx) => new DynamoPolicy(ctx, o.dynamo),
   sglang: (o, ctx) => new SglangPolicy(o.sglang, ctx),
   llmd: (o, ctx) => new LlmdPolicy(ctx, o.llmd),
+  'llmd-affinity': (o, ctx) => new LlmdAffinityPolicy(ctx, o['llmd-affinity']),
 };
 
 /** The policies' names (frozen: a caller cannot add or remove a name the router takes). */
@@ -90,6 +93,7 @@ export function resolveCostWeights(partial: Partial<CostWeights> = {}): CostWeig
 export type { CostWeights } from './cost.js';
 export type { DynamoOptions } from './dynamo.js';
 export type { LlmdOptions } from './llmd.js';
+export type { LlmdAffinityOptions } from './llmd-affinity.js';
 export type { SeedOptions, SeedLoadSignal } from './seed.js';
 export type { SglangOptions } from './sglang.js';
 export type { Candidate, PolicyChoice, PolicyContext, RouteFeatures, RouteReason, RoutingPolicy } from './types.js';

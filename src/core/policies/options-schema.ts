@@ -119,6 +119,18 @@ export const POLICY_OPTIONS_SCHEMA = z.strictObject(
         .max(LLMD_SCRAPE_INTERVAL_RANGE.max)
         .optional(),
     }).optional(),
+    'llmd-affinity': peerOptions('llmd-affinity', {
+      affinityThreshold: fraction().optional(),
+      maxTtftPenaltyMs: nonNegative().optional(),
+      // it divides (in-flight tokens over it are the TTFT load gate's milliseconds)
+      peakPrefillThroughput: nonNegative().gt(0, bound('> 0')).optional(),
+      tokenLoadCapacity: positiveInt().optional(),
+      scrapeIntervalMs: finiteNumber()
+        .min(LLMD_SCRAPE_INTERVAL_RANGE.min)
+        .max(LLMD_SCRAPE_INTERVAL_RANGE.max)
+        .optional(),
+      speculativeIndexing: z.boolean().optional(),
+    }).optional(),
     seed: peerOptions('seed', { loadSignal: z.enum(['kv-usage', 'queue-inclusive']).optional() }).optional(),
   },
   { error: (iss) => (iss.code === 'unrecognized_keys' ? 'is not a policy with options' : undefined) },
