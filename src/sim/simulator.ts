@@ -39,7 +39,7 @@ export interface SimulationOptions {
   engine?: Partial<Omit<EngineConfig, 'blockTokens'>>;
   /** Delay from an engine step to the router applying its KV events (default 50 ms). */
   eventDelayMs?: number;
-  /** Interval of load scrapes, as from /metrics (default 200 ms; llmd: its own refresh interval, 50 ms). */
+  /** Interval of load scrapes, as from /metrics (default 200 ms; llmd, llmd-affinity: llm-d's refresh interval, 50 ms). */
   scrapeIntervalMs?: number;
   /** Failures, drains, event jitter and loss, router replicas, cancellations, heterogeneous workers. */
   scenario?: ScenarioOptions;
@@ -214,7 +214,10 @@ export function percentiles(values: number[]): Percentiles {
 
 /** Delay from an engine step to the router applying its KV events (ms), unless the options say. */
 export const DEFAULT_EVENT_DELAY_MS = 50;
-/** Interval of load scrapes (ms), unless the options say; llmd scrapes at its own (LLMD_SCRAPE_INTERVAL_MS). */
+/**
+ * Interval of load scrapes (ms), unless the options say; llmd and llmd-affinity scrape at llm-d's
+ * own (LLMD_SCRAPE_INTERVAL_MS).
+ */
 export const DEFAULT_SCRAPE_INTERVAL_MS = 200;
 
 export function simulate(trace: readonly TraceRequest[], options: SimulationOptions): PolicyResult {
@@ -225,8 +228,8 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   const eventDelay = options.eventDelayMs ?? DEFAULT_EVENT_DELAY_MS;
   const scrapeInterval =
     options.scrapeIntervalMs ??
-    (policy === 'llmd'
-      ? (options.router?.policyOptions?.llmd?.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS)
+    (policy === 'llmd' || policy === 'llmd-affinity'
+      ? (options.router?.policyOptions?.[policy]?.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS)
       : DEFAULT_SCRAPE_INTERVAL_MS);
   if (!(scrapeInterval > 0)) throw new RangeError(`scrapeIntervalMs must be > 0, got ${scrapeInterval}`);
   if (trace.length === 0) throw new RangeError('the trace has no requests');

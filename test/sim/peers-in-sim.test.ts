@@ -47,7 +47,7 @@ describe('peers in the simulator', () => {
     assert.ok(together >= 0.9 * byWorkflow.size, `${together} of ${byWorkflow.size} workflows on one worker`);
   });
 
-  test('llmd scrapes at its own refresh interval (50 ms) unless told otherwise; others at 200 ms', () => {
+  test("llmd and llmd-affinity scrape at llm-d's refresh interval (50 ms) unless told otherwise; others at 200 ms", () => {
     const trace = head.slice(0, 40);
     const gaps = (policy: string, extra: object = {}) => {
       const times: number[] = [];
@@ -58,5 +58,10 @@ describe('peers in the simulator', () => {
     assert.equal(gaps('cost'), 200);
     assert.equal(gaps('llmd', { router: { policyOptions: { llmd: { scrapeIntervalMs: 120 } } } }), 120);
     assert.equal(gaps('llmd', { scrapeIntervalMs: 300 }), 300);
+    assert.equal(gaps('llmd-affinity'), 50);
+    assert.equal(
+      gaps('llmd-affinity', { router: { policyOptions: { 'llmd-affinity': { scrapeIntervalMs: 120 } } } }),
+      120,
+    );
   });
 });

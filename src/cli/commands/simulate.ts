@@ -107,7 +107,7 @@ export function registerSimulateCommand(program: Command): void {
     )
     .option(
       '--scrape-interval-ms <n>',
-      'interval of load scrapes (default 200; llmd: 50, its own refresh interval)',
+      "interval of load scrapes (default 200; llmd, llmd-affinity: 50, llm-d's refresh interval)",
       intOption('--scrape-interval-ms', 1, SIM_LIMITS.delayMs),
     )
     .option(
