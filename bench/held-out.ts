@@ -9,13 +9,16 @@
  * simulator is deterministic), written to bench/results/held-out.json with the run's settings.
  *
  *   npm run bench:held-out [-- --out bench/results/held-out.json] [--only hot-prefixes,long-sessions,tenants,agent-loops]
+ *                          [--policies cost,llmd-affinity,...]
  */
 import { checkOutputFile, writeOutputFile } from '../src/cli/output-file.js';
 import { comparePolicies, type ComparisonReport } from '../src/sim/compare.js';
 import { loadTrace } from '../src/sim/load-trace.js';
 import { parseFlags } from './stats.js';
 
-const POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
+/** `cost` and the sweep's peers; --policies also takes llm-d's guide routing (llmd-affinity). */
+const DEFAULT_POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
+const KNOWN_POLICIES = [...DEFAULT_POLICIES, 'llmd-affinity'];
 
 interface HeldOutRun {
   shape: string;
@@ -67,6 +70,9 @@ const RUNS: HeldOutRun[] = [
 ];
 
 const flags = parseFlags(process.argv.slice(2));
+const POLICIES = flags.has('policies') ? String(flags.get('policies')).split(',') : DEFAULT_POLICIES;
+if (POLICIES.some((p) => !KNOWN_POLICIES.includes(p)) || new Set(POLICIES).size !== POLICIES.length)
+  throw new RangeError(`--policies must name some of ${KNOWN_POLICIES.join(', ')}, each once`);
 const out = String(flags.get('out') ?? 'bench/results/held-out.json');
 // checked before the runs, written whole after them (an earlier file stays if they fail)
 const outFile = checkOutputFile('--out', out);
@@ -91,6 +97,14 @@ for (const run of RUNS) {
 }
 writeOutputFile(
   outFile,
-  JSON.stringify({ command: 'npm run bench:held-out', policies: POLICIES, runs }, null, 2) + '\n',
+  JSON.stringify(
+    {
+      command: `npm run bench:held-out${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`,
+      policies: POLICIES,
+      runs,
+    },
+    null,
+    2,
+  ) + '\n',
 );
 console.log(`wrote ${out}`);

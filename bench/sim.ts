@@ -81,9 +81,12 @@ if (split !== 'evaluation' && split !== 'train' && split !== 'fresh') {
   process.exit(2);
 }
 const OUT = String(flags.get('out') ?? 'bench/results');
-const ALL_POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
+/** The sweep's policies: `cost` and the peers the README's tables compare it with. */
+const DEFAULT_POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
+/** Also accepted by --policies: llm-d's guide routing, compared apart (bench/results/llmd-affinity/). */
+const ALL_POLICIES = [...DEFAULT_POLICIES, 'llmd-affinity'];
 const onlyPolicies = flags.get('policies');
-const POLICIES = typeof onlyPolicies === 'string' ? onlyPolicies.split(',') : ALL_POLICIES;
+const POLICIES = typeof onlyPolicies === 'string' ? onlyPolicies.split(',') : DEFAULT_POLICIES;
 if (
   POLICIES.length === 0 ||
   POLICIES.some((p) => !ALL_POLICIES.includes(p)) ||

@@ -41,6 +41,7 @@ const POLICY_STYLES: Readonly<Record<string, { color: string; dash: string }>> =
   sglang: { color: '#CC79A7', dash: '8 3 2 3' },
   llmd: { color: '#E69F00', dash: '4 4' },
   'round-robin': { color: '#56B4E9', dash: '1 3' },
+  'llmd-affinity': { color: '#000000', dash: '12 3 2 3' },
 };
 /** Colours and dashes for other names, picked by a hash of the name (not its position). */
 const OTHER_COLORS = ['#000000', '#8C6D31', '#999999', '#F0E442'];
@@ -186,7 +187,7 @@ function settingsLine({ simulation: o, blockSize }: ReportSettings): string {
     ),
     flag('--event-delay-ms', o.eventDelayMs ?? DEFAULT_EVENT_DELAY_MS, o.eventDelayMs === undefined),
     o.scrapeIntervalMs === undefined
-      ? `<code>--scrape-interval-ms</code> ${DEFAULT_SCRAPE_INTERVAL_MS}, llmd ${o.router?.policyOptions?.llmd?.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS} (default)`
+      ? `<code>--scrape-interval-ms</code> ${DEFAULT_SCRAPE_INTERVAL_MS}, llmd ${o.router?.policyOptions?.llmd?.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS}, llmd-affinity ${o.router?.policyOptions?.['llmd-affinity']?.scrapeIntervalMs ?? LLMD_SCRAPE_INTERVAL_MS} (default)`
       : flag('--scrape-interval-ms', o.scrapeIntervalMs),
   ];
   const scenario = [

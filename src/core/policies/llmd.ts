@@ -10,8 +10,9 @@ import {
 } from './types.js';
 
 /**
- * llm-d's inference scheduler (llm-d/llm-d-inference-scheduler, the endpoint picker): a
- * weighted sum of scorers and the max-score picker (ties at random):
+ * llm-d's inference scheduler (llm-d/llm-d-inference-scheduler, renamed llm-d/llm-d-router in
+ * 2026; the endpoint picker) with its built-in default configuration: a weighted sum of
+ * scorers and the max-score picker (ties at random):
  * - prefix-cache scorer: matched blocks / request blocks (here from the engines' KV events,
  *   as llm-d's precise-prefix-cache-scorer; its default approximate scorer learns from its
  *   own decisions instead);
@@ -22,9 +23,15 @@ import {
  *   (pkg/epp/framework/plugins/scheduling/scorer/queuedepth/queue.go).
  * Default weights queue 2, kv-cache-utilization 2, prefix-cache 3
  * (pkg/epp/config/loader/defaults.go, `loadDefaultConfig`; the same in the Helm chart's
- * config/charts/epplib/templates/_config.yaml). Metrics are refreshed every 50 ms
- * (pkg/epp/server/options.go, `RefreshMetricsInterval`): `scrapeIntervalMs`, which the
- * simulator uses for this policy's load scrapes unless told otherwise.
+ * config/charts/epplib/templates/_config.yaml, config/charts/routerlib/templates/_config.yaml
+ * at llm-d/llm-d-router@ebab687927f5331c1b39defcb579a07951bce56c). Metrics are refreshed every
+ * 50 ms (pkg/epp/server/options.go, `RefreshMetricsInterval`): `scrapeIntervalMs`, which the
+ * simulator uses for this policy's load scrapes unless told otherwise. The prefix scorer reads
+ * the router's speculative entries too (16 blocks past what the worker holds, for 5 s), where
+ * llm-d's precise producer indexes a request's whole prompt for 2 s when `speculativeIndexing`
+ * is on (off by default, on in its precise-prefix guide).
+ * llm-d's deployment guides configure another profile since mid-2026 (a prefix-affinity
+ * filter and the token-load scorer): that one is `llmd-affinity` (llmd-affinity.ts).
  */
 export interface LlmdOptions {
   prefixWeight?: number;
