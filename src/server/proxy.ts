@@ -704,8 +704,9 @@ function workerOutReason(w: WorkerState, connections: WorkerConnections, exclude
     if (reasons.includes('breaker')) return 'circuit breaker open';
     if (reasons.includes('health-check')) return 'health check failing';
     if (reasons.includes('metrics')) return 'metrics scrape failing';
-    if (reasons.includes('stall')) return 'engine stalled';
+    // an engine asleep is still: it says so itself, so that is the reason named
     if (reasons.includes('sleep')) return 'engine asleep';
+    if (reasons.includes('stall')) return 'engine stalled';
     return 'unhealthy';
   }
   if (excluded.has(w.id)) return 'not serving the model';

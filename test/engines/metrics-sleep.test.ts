@@ -11,6 +11,7 @@ import { test } from 'node:test';
 import { readEngineLoad } from '../../src/engines/metrics/prometheus.js';
 import { MetricsScraper } from '../../src/engines/metrics/scraper.js';
 import { WorkerHealth } from '../../src/engines/health.js';
+import { StallWatch } from '../../src/engines/metrics/stall.js';
 import { KVAwareRouter } from '../../src/index.js';
 
 /** A vLLM page as PrometheusStatLogger writes it: idle gauges, and the sleep state of each engine index. */
@@ -128,5 +129,107 @@ test("without the gateway's verdicts, the scraper itself holds a sleeping worker
     assert.equal(w0().healthy, true);
   } finally {
     server.close();
+  }
+});
+
+/**
+ * A vLLM engine paused with what it holds, as its page reads: `POST /sleep?level=0` (the scheduler
+ * paused, nothing offloaded: awake 0, no level set), or mode `keep`/`wait`. No step runs, so its
+ * gauges and counters keep their last values: `running` requests and the same token count.
+ */
+function frozenPage(awake: boolean, running = 1): string {
+  const l = 'engine="0",model_name="m"';
+  return [
+    `vllm:num_requests_running{${l}} ${running}.0`,
+    `vllm:num_requests_waiting{${l}} 0.0`,
+    `vllm:kv_cache_usage_perc{${l}} 0.25`,
+    `vllm:generation_tokens_total{${l}} 100.0`,
+    `vllm:engine_sleep_state{${l},sleep_state="awake"} ${awake ? 1 : 0}.0`,
+    `vllm:engine_sleep_state{${l},sleep_state="weights_offloaded"} 0.0`,
+    `vllm:engine_sleep_state{${l},sleep_state="discard_all"} 0.0`,
+    '',
+  ].join('\n');
+}
+
+/** A scraper over one engine serving `page()`, with the gateway's verdicts and stall watch on a clock of the test's. */
+async function watchedScraper(page: () => string) {
+  const engine = await engineServing(page);
+  const clock = { now: 0, inFlight: 1 };
+  const router = new KVAwareRouter({ policy: 'round-robin', clock: () => clock.now });
+  router.registerWorker('w');
+  const logs: string[] = [];
+  const health = new WorkerHealth(router, (m) => logs.push(m));
+  const stall = new StallWatch({ timeoutMs: 60_000, health, inFlight: () => clock.inFlight, log: (m) => logs.push(m) });
+  const scraper = new MetricsScraper(router, [{ workerId: 'w', url: engine.url }], {
+    health,
+    stall,
+    log: (m) => logs.push(m),
+  });
+  /** One scrape `ms` after the last. */
+  const scrapeAfter = async (ms: number) => {
+    clock.now += ms;
+    await scraper.scrapeAll();
+  };
+  return {
+    engine,
+    clock,
+    router,
+    health,
+    stall,
+    logs,
+    scrapeAfter,
+    stalls: () => new Map(stall.stallCounts()).get('w') ?? 0,
+  };
+}
+
+test('a paused engine, its gauges still with the requests it holds, is asleep, never stalled, and back when it wakes', async () => {
+  let awake = false;
+  const w = await watchedScraper(() => frozenPage(awake));
+  try {
+    // asleep past the stall timeout, a request of the gateway kept there all along
+    for (let i = 0; i < 4; i++) await w.scrapeAfter(61_000);
+    assert.deepEqual(w.health.reasons('w'), ['sleep']);
+    assert.equal(w.stalls(), 0, 'a sleeping engine is no stall');
+    assert.ok(!w.logs.some((m) => /no progress/.test(m)), w.logs.join(' | '));
+    // woken with nothing left to do (the kept request gave up): no step runs, nothing moves
+    w.clock.inFlight = 0;
+    awake = true;
+    await w.scrapeAfter(1000);
+    assert.deepEqual(w.health.reasons('w'), []);
+    assert.equal(w.router.listWorkers()[0].healthy, true);
+    // awake, it is watched again from its first reading
+    w.clock.inFlight = 1;
+    await w.scrapeAfter(59_000);
+    assert.deepEqual(w.health.reasons('w'), []);
+    await w.scrapeAfter(1000);
+    assert.deepEqual(w.health.reasons('w'), ['stall']);
+    assert.equal(w.stalls(), 1);
+  } finally {
+    w.engine.close();
+  }
+});
+
+test('a stall verdict taken before the engine slept is lifted by the sleep and does not outlive the wake', async () => {
+  let awake = true;
+  const w = await watchedScraper(() => frozenPage(awake));
+  try {
+    await w.scrapeAfter(0);
+    await w.scrapeAfter(61_000);
+    assert.deepEqual(w.health.reasons('w'), ['stall']);
+    awake = false;
+    await w.scrapeAfter(1000);
+    assert.deepEqual(w.health.reasons('w'), ['sleep'], 'the engine says why it is still');
+    assert.ok(
+      w.logs.some((m) => /w: no longer held out as stalled/.test(m)),
+      w.logs.join(' | '),
+    );
+    // woken with the same readings and nothing of the gateway's there: nothing would ever move them
+    w.clock.inFlight = 0;
+    awake = true;
+    await w.scrapeAfter(1000);
+    assert.deepEqual(w.health.reasons('w'), []);
+    assert.equal(w.stalls(), 1, 'the stall found stays counted');
+  } finally {
+    w.engine.close();
   }
 });

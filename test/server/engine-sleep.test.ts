@@ -106,3 +106,70 @@ test('a sleeping vLLM engine leaves rotation, its waiting request moves, and it 
     await other.close();
   }
 });
+
+test('a paused engine keeping a request, its gauges still, is asleep and not stalled, and back once woken with nothing to do', async () => {
+  // `POST /sleep?level=0` (or mode keep): the scheduler paused with the request it holds; no step
+  // runs, so its page keeps that request running and its counters where they were
+  const flags = { holding: false, reported: false, awake: true };
+  const engine = await holdingEngine({
+    page: () => [
+      'vllm:num_requests_running{engine="0",model_name="m"} 1.0',
+      'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0',
+      'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25',
+      'vllm:generation_tokens_total{engine="0",model_name="m"} 100.0',
+      `vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} ${flags.awake ? 1 : 0}.0`,
+      'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="weights_offloaded"} 0.0',
+      'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="discard_all"} 0.0',
+    ],
+    holding: () => flags.holding,
+  });
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const gateway = await createGateway({
+    router,
+    workers: [{ id: 'paused', url: engine.url }],
+    metricsIntervalMs: 50,
+    healthCheckIntervalMs: 0,
+    stallTimeoutMs: 300,
+    log: () => {},
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const complete = (prompt: string) =>
+    fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'm', prompt, max_tokens: 1 }),
+    }).then(async (r) => ({ status: r.status, body: await r.text() }));
+  const stalls = async () => {
+    const page = await (await fetch(`${base}/metrics`)).text();
+    const m = /^contextforge_worker_stalls_total\{worker="paused"\} (\d+)$/m.exec(page);
+    return m ? Number(m[1]) : undefined;
+  };
+  try {
+    await until(async () => (await stalls()) === 0, 'the stall series at 0');
+    flags.holding = true;
+    const kept = complete('a');
+    await until(() => engine.held.size === 1, 'a request held by the paused engine');
+    flags.awake = false;
+    await until(() => gateway.health.reasons('paused').includes('sleep'), 'the paused engine out of rotation');
+    // no other worker: the request stays kept there, well past the stall timeout
+    const from = performance.now();
+    await until(() => engine.scrapes.some((t) => t >= from + 1000), 'scrapes over a second');
+    assert.deepEqual(gateway.health.reasons('paused'), ['sleep']);
+    assert.equal(await stalls(), 0);
+    const refused = await complete('b');
+    assert.equal(refused.status, 503, refused.body);
+    assert.match(refused.body, /1 engine asleep/);
+
+    // woken: it answers what it kept, and then has nothing to do, so its page moves no more
+    flags.holding = false;
+    flags.awake = true;
+    engine.answerHeld();
+    assert.equal((await kept).status, 200);
+    await until(() => gateway.health.reasons('paused').length === 0, 'the woken engine back in rotation');
+    assert.equal((await complete('c')).status, 200);
+    assert.equal(await stalls(), 0);
+  } finally {
+    await gateway.close();
+    await engine.close();
+  }
+});

@@ -191,7 +191,10 @@ export class MetricsScraper {
       if (load.asleep !== s.asleep) this.setAsleep(workerId, s, load.asleep);
       const flipped = recordOutcome(s, true, this.failuresToUnhealthy, this.successesToHealthy);
       if (flipped !== undefined) this.setHealth(workerId, s, flipped);
-      this.options.stall?.observe(workerId, load.progress, load.running + load.waiting, this.router.now());
+      // asleep (or paused), the engine keeps its gauges as they were and the requests it holds
+      // there: its stillness is no stall (its readings start over when it wakes, setAsleep)
+      if (load.asleep === undefined)
+        this.options.stall?.observe(workerId, load.progress, load.running + load.waiting, this.router.now());
     } catch (err) {
       s.failures++;
       // (an error may name the URL: it is shown, so without a password)
@@ -217,7 +220,11 @@ export class MetricsScraper {
 
   /**
    * The engine's page says it went to sleep (`asleep`: how), or woke (undefined): the worker
-   * leaves rotation or comes back (source `sleep`), said once per change.
+   * leaves rotation or comes back (source `sleep`), said once per change. Either way what the
+   * stall watch read of it says nothing from here on: it starts over, and a stall verdict is lifted
+   * (a paused engine keeps its gauges and the requests it holds, so the watch would take it for
+   * stalled, and nothing would lift that verdict once it woke with nothing to do). The stall
+   * verdict goes after the sleep verdict holds the worker out, and before that verdict lets it back.
    */
   private setAsleep(workerId: string, s: TargetState, asleep: string | undefined): void {
     s.asleep = asleep;
@@ -226,12 +233,16 @@ export class MetricsScraper {
         ? `metrics: ${workerId}'s engine is asleep (vllm:engine_sleep_state ${asleep}): out of rotation until it wakes`
         : `metrics: ${workerId}'s engine is awake again`,
     );
+    if (asleep === undefined) this.options.stall?.reset(workerId);
     const detail = asleep === undefined ? '' : `engine asleep (${asleep})`;
-    if (this.options.health) return this.options.health.set(workerId, 'sleep', asleep === undefined, detail);
-    try {
-      this.router.setWorkerHealth(workerId, s.healthy && asleep === undefined);
-    } catch (err) {
-      this.options.log?.(`metrics: ${workerId}: ${(err as Error).message}`);
+    if (this.options.health) this.options.health.set(workerId, 'sleep', asleep === undefined, detail);
+    else {
+      try {
+        this.router.setWorkerHealth(workerId, s.healthy && asleep === undefined);
+      } catch (err) {
+        this.options.log?.(`metrics: ${workerId}: ${(err as Error).message}`);
+      }
     }
+    if (asleep !== undefined) this.options.stall?.reset(workerId);
   }
 }

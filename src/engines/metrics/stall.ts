@@ -101,6 +101,25 @@ export class StallWatch {
     this.options.health.set(workerId, 'stall', true);
   }
 
+  /**
+   * What the worker's engine read until now says nothing of its progress from here on (it was put
+   * to sleep, or woke: a paused engine's gauges keep their last values, and one woken with nothing
+   * to do moves none): its readings start over from the next observe(), and a stall verdict is
+   * lifted (logged). Its stall count stays.
+   */
+  reset(workerId: string): void {
+    const w = this.watched.get(workerId);
+    if (w === undefined) return;
+    // no reading has this length: the next one counts as moved, and the quiet starts then
+    w.progress = [];
+    if (w.stalledAt === undefined) return;
+    w.stalledAt = undefined;
+    this.options.log?.(
+      `${workerId}: no longer held out as stalled (its engine slept or woke: its readings start over)`,
+    );
+    this.options.health.set(workerId, 'stall', true);
+  }
+
   /** Whether the worker is held out as stalled now. */
   stalled(workerId: string): boolean {
     return this.watched.get(workerId)?.stalledAt !== undefined;
