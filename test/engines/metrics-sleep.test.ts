@@ -1,7 +1,7 @@
 /**
  * vLLM's sleep mode on its /metrics page (`vllm:engine_sleep_state`, vllm/v1/metrics/loggers.py):
- * asleep, an engine answers /health and reads idle, yet a request sent there waits until it is
- * woken. The scraper holds such a worker out of rotation (source `sleep`) from the scrape that
+ * asleep, an engine answers /health and its gauges keep what its last step set, yet a request
+ * sent there waits until it is woken. The scraper holds such a worker out of rotation (source `sleep`) from the scrape that
  * reads it asleep, and takes it back with the first that reads it awake.
  */
 import assert from 'node:assert/strict';

@@ -1,7 +1,7 @@
 /**
  * A vLLM engine put to sleep (`POST /sleep`, as RL frameworks do between rollouts): its /health
- * still answers 200 and its load gauges read idle, so the cost policy would prefer it, yet a
- * request sent there waits until it is woken. Its /metrics page says it sleeps
+ * still answers 200 and its load gauges keep what its last step set (no step runs), idle or not, so
+ * the cost policy may prefer it, yet a request sent there waits until it is woken. Its /metrics page says it sleeps
  * (`vllm:engine_sleep_state`): from the scrape that reads so the worker is out of rotation
  * (reason `sleep`), a request waiting there moves to another worker, and it comes back once the
  * page says it is awake.

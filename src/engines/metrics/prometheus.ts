@@ -75,8 +75,10 @@ const HITS = [
  * `engine` and `model_name` labels (vllm/v1/metrics/loggers.py PrometheusStatLogger,
  * record_sleep_state: awake 1 and the others 0 while awake; after `POST /sleep?level=N`,
  * awake 0 and weights_offloaded 1 for level 1 or discard_all 1 for level 2, the same on every
- * engine index of the server). While asleep the engine's /health still answers 200 and its load
- * gauges read idle, yet a request sent there waits until `POST /wake_up`.
+ * engine index of the server; at level 0, which only pauses the scheduler, awake 0 alone). While
+ * asleep the engine's /health still answers 200 and its load gauges keep what its last step set
+ * (no step runs), yet a request sent there waits until `POST /wake_up`. vLLM writes awake 1 on
+ * any wake, a partial one (`tags=weights`, the KV cache still asleep) too.
  */
 const SLEEP_STATE = 'vllm:engine_sleep_state';
 /** The sleep levels, deepest first: the one a page names is the one read. */

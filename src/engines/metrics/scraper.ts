@@ -17,7 +17,8 @@ export const MAX_METRICS_BYTES = 16 * 1024 * 1024;
  * `successesToHealthy` consecutive good ones. A worker whose page says its engine sleeps
  * (EngineLoad.asleep: vLLM's sleep mode) is held out of rotation from that scrape on (source
  * `sleep`) and comes back with the first good scrape that no longer says so: asleep, the engine
- * answers /health and reads idle, and a request sent there waits until it is woken.
+ * answers /health and its gauges keep what its last step set, and a request sent there waits
+ * until it is woken.
  */
 export interface MetricsTarget {
   workerId: string;
