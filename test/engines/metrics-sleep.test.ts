@@ -233,3 +233,44 @@ test('a stall verdict taken before the engine slept is lifted by the sleep and d
     w.engine.close();
   }
 });
+
+test("without the gateway's verdicts, a target added again while its worker is held out follows its new scrapes", async () => {
+  let state: 'awake' | 'weights_offloaded' = 'weights_offloaded';
+  let status = 200;
+  const server = createServer((_, res) => res.writeHead(status).end(vllmPage(state)));
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  try {
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/metrics`;
+    const router = new KVAwareRouter();
+    router.registerWorker('w0');
+    const w0 = () => router.listWorkers()[0];
+    const scraper = new MetricsScraper(router, [{ workerId: 'w0', url }], {
+      failuresToUnhealthy: 1,
+      successesToHealthy: 1,
+    });
+    // out as asleep, the target removed and added again; the engine wakes
+    await scraper.scrapeAll();
+    assert.equal(w0().healthy, false, 'asleep');
+    scraper.remove('w0');
+    scraper.add({ workerId: 'w0', url });
+    await scraper.scrapeAll();
+    assert.equal(w0().healthy, false, 'added again, its engine still asleep');
+    scraper.remove('w0');
+    scraper.add({ workerId: 'w0', url });
+    state = 'awake';
+    await scraper.scrapeAll();
+    assert.equal(w0().healthy, true, 'added again, its engine awake');
+
+    // out as its scrapes failed, the target removed and added again; the scrapes succeed
+    status = 503;
+    await scraper.scrapeAll();
+    assert.equal(w0().healthy, false, 'its scrape failing');
+    scraper.remove('w0');
+    scraper.add({ workerId: 'w0', url });
+    status = 200;
+    await scraper.scrapeAll();
+    assert.equal(w0().healthy, true, 'added again, its scrape good');
+  } finally {
+    server.close();
+  }
+});

@@ -97,6 +97,13 @@ export class MetricsScraper {
   private readonly timeoutMs: number;
   private readonly failuresToUnhealthy: number;
   private readonly successesToHealthy: number;
+  /**
+   * Without the gateway's verdicts: each target's state (as add() made it) until the router is
+   * told the worker's health from it. A target added again starts healthy and awake, while the
+   * router's worker may still be held out by what its last state said (its engine asleep, its
+   * scrapes failing); the first good scrape of the new state says it.
+   */
+  private readonly untold = new WeakSet<TargetState>();
 
   constructor(
     private readonly router: KVAwareRouter,
@@ -116,13 +123,15 @@ export class MetricsScraper {
     const headers = authorization === undefined ? this.options.headers : { ...this.options.headers, authorization };
     this.targets.set(t.workerId, { url, engine: t.engine, headers });
     this.options.stall?.forget(t.workerId);
-    this.states.set(t.workerId, {
+    const state: TargetState = {
       consecutiveFailures: 0,
       consecutiveSuccesses: 0,
       healthy: true,
       scrapes: 0,
       failures: 0,
-    });
+    };
+    this.states.set(t.workerId, state);
+    if (!this.options.health) this.untold.add(state);
   }
 
   remove(workerId: string): void {
@@ -192,6 +201,7 @@ export class MetricsScraper {
       if (load.asleep !== s.asleep) this.setAsleep(workerId, s, load.asleep);
       const flipped = recordOutcome(s, true, this.failuresToUnhealthy, this.successesToHealthy);
       if (flipped !== undefined) this.setHealth(workerId, s, flipped);
+      else if (this.untold.has(s)) this.tellRouter(workerId, s);
       // asleep (or paused), the engine keeps its gauges as they were and the requests it holds
       // there: its stillness is no stall (its readings start over when it wakes, setAsleep)
       if (load.asleep === undefined)
@@ -210,12 +220,23 @@ export class MetricsScraper {
 
   private setHealth(workerId: string, s: TargetState, healthy: boolean): void {
     if (this.options.health) return this.options.health.set(workerId, 'metrics', healthy, healthy ? '' : s.lastError);
-    try {
-      // without the gateway's verdicts, a sleeping engine stays out however its scrapes go
-      this.router.setWorkerHealth(workerId, healthy && s.asleep === undefined);
+    if (this.tellRouter(workerId, s))
       this.options.log?.(`metrics: ${workerId} is ${healthy ? 'healthy again' : `unhealthy (${s.lastError})`}`);
+  }
+
+  /**
+   * Without the gateway's verdicts: the router's worker takes requests when this target's scrapes
+   * say it is healthy and its engine awake (a sleeping engine stays out however its scrapes go).
+   * False when the router refused (the worker was removed meanwhile: logged).
+   */
+  private tellRouter(workerId: string, s: TargetState): boolean {
+    this.untold.delete(s);
+    try {
+      this.router.setWorkerHealth(workerId, s.healthy && s.asleep === undefined);
+      return true;
     } catch (err) {
       this.options.log?.(`metrics: ${workerId}: ${(err as Error).message}`);
+      return false;
     }
   }
 
@@ -237,13 +258,7 @@ export class MetricsScraper {
     if (asleep === undefined) this.options.stall?.reset(workerId);
     const detail = asleep === undefined ? '' : `engine asleep (${asleep})`;
     if (this.options.health) this.options.health.set(workerId, 'sleep', asleep === undefined, detail);
-    else {
-      try {
-        this.router.setWorkerHealth(workerId, s.healthy && asleep === undefined);
-      } catch (err) {
-        this.options.log?.(`metrics: ${workerId}: ${(err as Error).message}`);
-      }
-    }
+    else this.tellRouter(workerId, s);
     if (asleep !== undefined) this.options.stall?.reset(workerId);
   }
 }
