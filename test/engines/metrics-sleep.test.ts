@@ -54,6 +54,39 @@ test('vllm:engine_sleep_state says whether and how the engine sleeps', () => {
   assert.equal(readEngineLoad('sglang:num_running_reqs 0\n').asleep, undefined);
 });
 
+test('each label set is one sleep state: the engine sleeps only when none reads awake', () => {
+  const state = (model: string, awake: number, offloaded: number) => [
+    `vllm:engine_sleep_state{engine="0",model_name="${model}",sleep_state="awake"} ${awake}.0`,
+    `vllm:engine_sleep_state{engine="0",model_name="${model}",sleep_state="weights_offloaded"} ${offloaded}.0`,
+    `vllm:engine_sleep_state{engine="0",model_name="${model}",sleep_state="discard_all"} 0.0`,
+  ];
+  const page = (...states: string[][]) =>
+    ['vllm:num_requests_running{engine="0",model_name="new"} 0.0', ...states.flat(), ''].join('\n');
+  // a stale state under the model name served before a restart (the multiprocess directory kept)
+  assert.equal(readEngineLoad(page(state('new', 1, 0), state('old', 0, 1))).asleep, undefined);
+  assert.equal(readEngineLoad(page(state('old', 0, 1), state('new', 1, 0))).asleep, undefined);
+  // every state asleep: the deepest level any says
+  assert.equal(readEngineLoad(page(state('new', 0, 1), state('old', 0, 1))).asleep, 'weights_offloaded');
+  const discard = [
+    'vllm:engine_sleep_state{engine="0",model_name="old",sleep_state="awake"} 0.0',
+    'vllm:engine_sleep_state{engine="0",model_name="old",sleep_state="discard_all"} 1.0',
+  ];
+  assert.equal(readEngineLoad(page(state('new', 0, 1), discard)).asleep, 'discard_all');
+  assert.equal(readEngineLoad(page(state('new', 0, 0), state('old', 0, 1))).asleep, 'weights_offloaded');
+  // labels in another order are the same state
+  assert.equal(
+    readEngineLoad(
+      page([
+        'vllm:engine_sleep_state{sleep_state="awake",model_name="m",engine="0"} 0.0',
+        'vllm:engine_sleep_state{engine="0",sleep_state="weights_offloaded",model_name="m"} 1.0',
+      ]),
+    ).asleep,
+    'weights_offloaded',
+  );
+  // ranks of a data-parallel server, all awake or all asleep alike
+  assert.equal(readEngineLoad(vllmPage('discard_all', ['0', '1'])).asleep, 'discard_all');
+});
+
 async function engineServing(page: () => string) {
   const server = createServer((_, res) => res.writeHead(200, { 'content-type': 'text/plain' }).end(page()));
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));

@@ -434,17 +434,34 @@ export function readEngineLoad(text: string, engine?: string): EngineLoad {
 
 /**
  * How the engine sleeps by `vllm:engine_sleep_state` (SLEEP_STATE), of the ranks the page was
- * read for: the deepest level a series sets to 1, else "asleep" when an `awake` series reads 0;
- * undefined when none says it sleeps (awake, or a page without the gauge). Any series saying so
- * is enough: vLLM sets every engine index alike, and the API server that took `POST /sleep`
- * writes the state (gauges in "mostrecent" mode, so one series per engine index).
+ * read for; undefined when it does not say it sleeps (awake, or a page without the gauge). Each
+ * set of the other labels (`engine`, `model_name`) is one state, whose series vLLM sets together
+ * (record_sleep_state): the engine sleeps only when none of them reads `awake` 1 and some says it
+ * sleeps; then it is the deepest level a state sets to 1, else "asleep" (`awake` 0, no level).
+ * vLLM sets every engine index alike, from the API server that took `POST /sleep` (gauges in
+ * "mostrecent" mode: one series per engine index); a state under another `model_name` can only be
+ * stale (a multiprocess directory kept across a restart with another `--served-model-name`).
+ * States that disagree are read as awake: held in rotation by mistake, a sleeping engine only
+ * makes requests wait, as before its page was read at all; held out by mistake, an awake one
+ * would stay out for as long as the stale state is there.
  */
 function sleepState(series: Map<string, Sample[]>): string | undefined {
   const samples = series.get(SLEEP_STATE);
   if (samples === undefined) return undefined;
-  for (const level of SLEEP_LEVELS)
-    if (samples.some((x) => x.labels.get('sleep_state') === level && x.value === 1)) return level;
-  return samples.some((x) => x.labels.get('sleep_state') === 'awake' && x.value === 0) ? 'asleep' : undefined;
+  const states = new Map<string, Map<string, number>>();
+  for (const x of samples) {
+    const which = x.labels.get('sleep_state');
+    if (which === undefined) continue;
+    const others = [...x.labels].filter(([name]) => name !== 'sleep_state').sort(([a], [b]) => (a < b ? -1 : 1));
+    const key = JSON.stringify(others);
+    let state = states.get(key);
+    if (state === undefined) states.set(key, (state = new Map()));
+    state.set(which, x.value);
+  }
+  const all = [...states.values()];
+  if (all.some((state) => state.get('awake') === 1)) return undefined;
+  for (const level of SLEEP_LEVELS) if (all.some((state) => state.get(level) === 1)) return level;
+  return all.some((state) => state.get('awake') === 0) ? 'asleep' : undefined;
 }
 
 /**
