@@ -46,6 +46,8 @@ export {
   type SeedLoadSignal,
   type SeedOptions,
   type SglangOptions,
+  type SmgMode,
+  type SmgOptions,
 } from './core/policies/index.js';
 export {
   NO_CHOICE,

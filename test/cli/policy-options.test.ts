@@ -12,6 +12,7 @@ import { LlmdAffinityPolicy } from '../../src/core/policies/llmd-affinity.js';
 import { POLICY_OPTIONS_SCHEMA } from '../../src/core/policies/options-schema.js';
 import { SeedPolicy } from '../../src/core/policies/seed.js';
 import { SglangPolicy } from '../../src/core/policies/sglang.js';
+import { SmgPolicy } from '../../src/core/policies/smg.js';
 import { resolveServe } from '../helpers/serve-config.js';
 import { CLI } from '../helpers/cli-entry.js';
 
@@ -33,13 +34,15 @@ async function simulateRefusal(args: string[]): Promise<string> {
 const BUILD: Record<string, (options: Record<string, unknown>) => unknown> = {
   dynamo: (o) => new DynamoPolicy({ random: () => 0.5 }, o),
   sglang: (o) => new SglangPolicy(o),
+  smg: (o) => new SmgPolicy(o),
   llmd: (o) => new LlmdPolicy({ random: () => 0.5 }, o),
   'llmd-affinity': (o) => new LlmdAffinityPolicy({ random: () => 0.5 }, o),
   seed: (o) => new SeedPolicy(o as never),
 };
 
 test('every peer option the flag check takes, the policy takes too', () => {
-  const probes: unknown[] = [-1, -1e-9, 0, 1e-3, 0.5, 1, 1.5, 2, 1000, 1e9, 'kv-usage', 'queue-inclusive', '1', true];
+  const names = ['kv-usage', 'queue-inclusive', 'text', 'events'];
+  const probes: unknown[] = [-1, -1e-9, 0, 1e-3, 0.5, 1, 1.5, 2, 1000, 1e9, ...names, '1', true];
   const shape = POLICY_OPTIONS_SCHEMA.shape;
   assert.deepEqual(Object.keys(shape).sort(), Object.keys(BUILD).sort());
   for (const [peer, schema] of Object.entries(shape)) {
@@ -70,6 +73,10 @@ test('a peer option out of its policy range is refused where the flag or the con
       '{"sglang":{"evictionIntervalSecs":1e300}}',
       /policyOptions\.sglang\.evictionIntervalSecs must be <= 4294967295 \(got 1e\+300\)/,
     ],
+    ['{"smg":{"mode":"grpc"}}', /policyOptions\.smg\.mode must be one of text, tokens, events \(got .grpc.\)/],
+    ['{"smg":{"balanceRelThreshold":0.5}}', /policyOptions\.smg\.balanceRelThreshold must be >= 1 \(got 0\.5\)/],
+    ['{"smg":{"balanceTokenUsageThreshold":0}}', /policyOptions\.smg\.balanceTokenUsageThreshold must be > 0/],
+    ['{"smg":{"maxTreeSize":1.5}}', /policyOptions\.smg\.maxTreeSize must be an integer \(got 1\.5\)/],
     ['{"sglang":{"evictionIntervalSecs":0}}', /policyOptions\.sglang\.evictionIntervalSecs must be >= 1 \(got 0\)/],
     [
       '{"sglang":{"evictionIntervalSecs":2.5}}',

@@ -80,6 +80,29 @@ export class ApproxTree {
     }
   }
 
+  /** The epoch of the least recently used block; Infinity when the tree is empty. */
+  oldestAccess(): number {
+    return this.oldest < 0 ? Infinity : this.accessAt[this.oldest];
+  }
+
+  /**
+   * Drops least-recently-used leaves last accessed at or before `epoch` until at least
+   * `chars` characters are gone or none is left; returns the characters dropped.
+   */
+  evictThrough(epoch: number, chars: number, charsPerBlock: number): number {
+    let dropped = 0;
+    while (dropped < chars && this.oldest >= 0 && this.accessAt[this.oldest] <= epoch) {
+      const slot = this.oldest;
+      this.unlink(slot);
+      this.unindex(slot);
+      this.next[slot] = this.freeSlot;
+      this.freeSlot = slot;
+      this.chars -= charsPerBlock;
+      dropped += charsPerBlock;
+    }
+    return dropped;
+  }
+
   /** The key's slot, −1 when absent. */
   private find(key: number): number {
     const mask = this.buckets.length - 1;
@@ -157,5 +180,39 @@ export class ApproxTree {
     if (this.newest >= 0) this.next[this.newest] = slot;
     else this.oldest = slot;
     this.newest = slot;
+  }
+}
+
+/** Characters the trees hold together. */
+export function totalChars(trees: ReadonlyArray<ApproxTree | undefined>): number {
+  let total = 0;
+  for (const t of trees) if (t) total += t.chars;
+  return total;
+}
+
+/**
+ * Drops least-recently-used leaves across all the trees, oldest first whichever tree holds
+ * them, until together they hold at most `max` characters: one budget shared by the workers
+ * rather than one each. Every decision stamps one tree with a fresh epoch, so the trees'
+ * epochs never tie and taking the oldest block of any tree is one least-recently-used order.
+ */
+export function evictShared(trees: ReadonlyArray<ApproxTree | undefined>, max: number, charsPerBlock: number): void {
+  let total = totalChars(trees);
+  while (total > max) {
+    let oldest: ApproxTree | undefined;
+    let oldestAt = Infinity;
+    let nextAt = Infinity;
+    for (const t of trees) {
+      if (!t) continue;
+      const at = t.oldestAccess();
+      if (at < oldestAt) {
+        nextAt = oldestAt;
+        oldestAt = at;
+        oldest = t;
+      } else if (at < nextAt) nextAt = at;
+    }
+    if (!oldest) return;
+    // the oldest tree gives up blocks until another tree holds an older one
+    total -= oldest.evictThrough(nextAt, total - max, charsPerBlock);
   }
 }

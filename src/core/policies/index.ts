@@ -9,6 +9,7 @@ import { RandomPolicy } from './random.js';
 import { RoundRobinPolicy } from './round-robin.js';
 import { SeedPolicy, type SeedOptions } from './seed.js';
 import { SglangPolicy, type SglangOptions } from './sglang.js';
+import { SmgPolicy, type SmgOptions } from './smg.js';
 import type { PolicyContext, RoutingPolicy } from './types.js';
 import { createRng } from '../rng.js';
 import { describeIssue, issueError } from '../schema-issues.js';
@@ -18,6 +19,7 @@ export interface PolicyOptions {
   costWeights?: Partial<CostWeights>;
   dynamo?: DynamoOptions;
   sglang?: SglangOptions;
+  smg?: SmgOptions;
   llmd?: LlmdOptions;
   'llmd-affinity'?: LlmdAffinityOptions;
   seed?: SeedOptions;
@@ -36,6 +38,7 @@ const POLICY_FACTORIES: Readonly<Record<string, PolicyFactory>> = {
   'consistent-hash': () => new ConsistentHashPolicy(),
   dynamo: (o, ctx) => new DynamoPolicy(ctx, o.dynamo),
   sglang: (o, ctx) => new SglangPolicy(o.sglang, ctx),
+  smg: (o, ctx) => new SmgPolicy(o.smg, ctx),
   llmd: (o, ctx) => new LlmdPolicy(ctx, o.llmd),
   'llmd-affinity': (o, ctx) => new LlmdAffinityPolicy(ctx, o['llmd-affinity']),
 };
@@ -96,4 +99,5 @@ export type { LlmdOptions } from './llmd.js';
 export type { LlmdAffinityOptions } from './llmd-affinity.js';
 export type { SeedOptions, SeedLoadSignal } from './seed.js';
 export type { SglangOptions } from './sglang.js';
+export type { SmgMode, SmgOptions } from './smg.js';
 export type { Candidate, PolicyChoice, PolicyContext, RouteFeatures, RouteReason, RoutingPolicy } from './types.js';

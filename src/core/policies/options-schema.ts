@@ -8,6 +8,7 @@ import { gotPhrase } from '../schema-issues.js';
 import { DEFAULT_COST_WEIGHTS, kneeCeilingProblem, type CostWeights } from './cost.js';
 import { LLMD_SCRAPE_INTERVAL_RANGE } from './llmd.js';
 import { SGLANG_EVICTION_INTERVAL_SECS } from './sglang.js';
+import { SMG_MODES } from './smg.js';
 
 const finiteAtLeastZero = 'must be a finite number >= 0';
 /** A weight or credit: finite and not negative (message shared by every such option). */
@@ -103,6 +104,20 @@ export const POLICY_OPTIONS_SCHEMA = z.strictObject(
       balanceAbsThreshold: nonNegative().optional(),
       balanceRelThreshold: nonNegative().optional(),
       // whole seconds, as upstream's u64 (the bounds first: z.int() would name the safe-integer top)
+      evictionIntervalSecs: finiteNumber()
+        .min(SGLANG_EVICTION_INTERVAL_SECS.min)
+        .max(SGLANG_EVICTION_INTERVAL_SECS.max)
+        .refine(Number.isInteger, bound('a whole number of seconds'))
+        .optional(),
+      maxTreeSize: positiveInt().optional(),
+    }).optional(),
+    smg: peerOptions('smg', {
+      mode: z.enum(SMG_MODES).optional(),
+      cacheThreshold: fraction().optional(),
+      balanceAbsThreshold: nonNegative().optional(),
+      balanceRelThreshold: nonNegative().min(1, bound('>= 1')).optional(),
+      balanceTokenUsageThreshold: nonNegative().gt(0, bound('> 0')).optional(),
+      overloadTokenUsageThreshold: nonNegative().gt(0, bound('> 0')).optional(),
       evictionIntervalSecs: finiteNumber()
         .min(SGLANG_EVICTION_INTERVAL_SECS.min)
         .max(SGLANG_EVICTION_INTERVAL_SECS.max)

@@ -81,7 +81,7 @@ export interface KVAwareRouterOptions {
   judgeRoles?: readonly string[];
   /** Weights of the 'cost' policy; unspecified ones keep their defaults. */
   costWeights?: Partial<CostWeights>;
-  /** Options of the peer policies (dynamo, sglang, llmd, llmd-affinity, seed); defaults are the peers' shipped ones. */
+  /** Options of the peer policies (dynamo, sglang, smg, llmd, llmd-affinity, seed); defaults are the peers' shipped ones. */
   policyOptions?: Omit<PolicyOptions, 'costWeights'>;
   /** Seed of the random source sampling policies use, from 0 to 4294967295 (default 1). */
   randomSeed?: number;
