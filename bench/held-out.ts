@@ -16,9 +16,12 @@ import { comparePolicies, type ComparisonReport } from '../src/sim/compare.js';
 import { loadTrace } from '../src/sim/load-trace.js';
 import { parseFlags } from './stats.js';
 
-/** `cost` and the sweep's peers; --policies also takes llm-d's guide routing (llmd-affinity). */
+/**
+ * `cost` and the sweep's peers; --policies also takes llm-d's guide routing (llmd-affinity) and
+ * SMG's cache-aware routing (smg).
+ */
 const DEFAULT_POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
-const KNOWN_POLICIES = [...DEFAULT_POLICIES, 'llmd-affinity'];
+const KNOWN_POLICIES = [...DEFAULT_POLICIES, 'llmd-affinity', 'smg'];
 
 interface HeldOutRun {
   shape: string;

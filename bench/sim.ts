@@ -83,8 +83,11 @@ if (split !== 'evaluation' && split !== 'train' && split !== 'fresh') {
 const OUT = String(flags.get('out') ?? 'bench/results');
 /** The sweep's policies: `cost` and the peers the README's tables compare it with. */
 const DEFAULT_POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
-/** Also accepted by --policies: llm-d's guide routing, compared apart (bench/results/llmd-affinity/). */
-const ALL_POLICIES = [...DEFAULT_POLICIES, 'llmd-affinity'];
+/**
+ * Also accepted by --policies: llm-d's guide routing, compared apart (bench/results/llmd-affinity/),
+ * and SMG's cache-aware routing (smg).
+ */
+const ALL_POLICIES = [...DEFAULT_POLICIES, 'llmd-affinity', 'smg'];
 const onlyPolicies = flags.get('policies');
 const POLICIES = typeof onlyPolicies === 'string' ? onlyPolicies.split(',') : DEFAULT_POLICIES;
 if (

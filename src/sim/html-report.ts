@@ -42,6 +42,7 @@ const POLICY_STYLES: Readonly<Record<string, { color: string; dash: string }>> =
   llmd: { color: '#E69F00', dash: '4 4' },
   'round-robin': { color: '#56B4E9', dash: '1 3' },
   'llmd-affinity': { color: '#000000', dash: '12 3 2 3' },
+  smg: { color: '#8C6D31', dash: '6 2 2 2' },
 };
 /** Colours and dashes for other names, picked by a hash of the name (not its position). */
 const OTHER_COLORS = ['#000000', '#8C6D31', '#999999', '#F0E442'];

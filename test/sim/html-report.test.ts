@@ -139,6 +139,26 @@ describe('the run report', () => {
     );
     for (const p of ['cost', 'round-robin']) assert.equal(lineStyle(sweep, p), lineStyle(a, p), p);
   });
+
+  test('every peer has a fixed style of its own: no two policies share a colour and a dash', () => {
+    const peers = ['cost', 'seed', 'dynamo', 'sglang', 'smg', 'llmd', 'llmd-affinity', 'round-robin'];
+    const q = (policy: string) => ({
+      policy,
+      hitRate: 0.5,
+      ttftMean: 1,
+      ttftP99: 2,
+      ci95: { hitRate: 0.01, ttftMean: 0.1, ttftP99: 0.2 },
+      rejected: 0,
+    });
+    const sweep = renderSweepReport(
+      { traces: [{ trace: 't', points: [1, 2].map((speed) => ({ speed, policies: peers.map(q) })) }] },
+      { workers: 8, samples: 5, split: 'evaluation' },
+    );
+    const styles = peers.map((p) => lineStyle(sweep, p));
+    assert.equal(new Set(styles.map((s) => s.split(' ')[0])).size, peers.length, styles.join(', '));
+    assert.equal(new Set(styles.map((s) => s.slice(8))).size, peers.length, styles.join(', '));
+    assert.equal(lineStyle(sweep, 'smg'), '#8C6D31 6 2 2 2');
+  });
 });
 
 describe('the sweep report', () => {
