@@ -84,8 +84,8 @@ const OUT = String(flags.get('out') ?? 'bench/results');
 /** The sweep's policies: `cost` and the peers the README's tables compare it with. */
 const DEFAULT_POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
 /**
- * Also accepted by --policies: llm-d's guide routing, compared apart (bench/results/llmd-affinity/),
- * and SMG's cache-aware routing (smg).
+ * Also accepted by --policies: llm-d's guide routing (llmd-affinity) and SMG's cache-aware
+ * routing (smg), compared apart (bench/results/peers-2026/).
  */
 const ALL_POLICIES = [...DEFAULT_POLICIES, 'llmd-affinity', 'smg'];
 const onlyPolicies = flags.get('policies');
