@@ -87,13 +87,29 @@ test('each label set is one sleep state: the engine sleeps only when none reads 
   assert.equal(readEngineLoad(vllmPage('discard_all', ['0', '1'])).asleep, 'discard_all');
 });
 
-async function engineServing(page: () => string) {
-  const server = createServer((_, res) => res.writeHead(200, { 'content-type': 'text/plain' }).end(page()));
+/** An engine serving `page()` on /metrics, with the HTTP status `status()`. */
+async function engineServing(page: () => string, status = () => 200) {
+  const server = createServer((_, res) => res.writeHead(status(), { 'content-type': 'text/plain' }).end(page()));
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/metrics`, close: () => server.close() };
 }
 
 const tokens = (i: number) => Array.from({ length: 32 }, (_, k) => k + i * 100);
+
+/**
+ * A scraper without the gateway's verdicts over one engine serving `page()` with `status()`: its
+ * worker `w0` is out after one failed scrape and back after one good one.
+ */
+async function bareScraper(page: () => string, status: () => number) {
+  const engine = await engineServing(page, status);
+  const router = new KVAwareRouter();
+  router.registerWorker('w0');
+  const scraper = new MetricsScraper(router, [{ workerId: 'w0', url: engine.url }], {
+    failuresToUnhealthy: 1,
+    successesToHealthy: 1,
+  });
+  return { engine, url: engine.url, scraper, w0: () => router.listWorkers()[0] };
+}
 
 test('a worker whose engine sleeps leaves rotation at once, says why, and comes back when it wakes', async () => {
   let state: 'awake' | 'weights_offloaded' | 'discard_all' = 'awake';
@@ -138,17 +154,11 @@ test('a worker whose engine sleeps leaves rotation at once, says why, and comes 
 test("without the gateway's verdicts, the scraper itself holds a sleeping worker out, whatever its scrapes do", async () => {
   let state: 'awake' | 'discard_all' = 'discard_all';
   let status = 200;
-  const server = createServer((_, res) => res.writeHead(status).end(vllmPage(state)));
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const { engine, scraper, w0 } = await bareScraper(
+    () => vllmPage(state),
+    () => status,
+  );
   try {
-    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/metrics`;
-    const router = new KVAwareRouter();
-    router.registerWorker('w0');
-    const w0 = () => router.listWorkers()[0];
-    const scraper = new MetricsScraper(router, [{ workerId: 'w0', url }], {
-      failuresToUnhealthy: 1,
-      successesToHealthy: 1,
-    });
     await scraper.scrapeAll();
     assert.equal(w0().healthy, false, 'asleep');
     // its scrapes failing and recovering while it sleeps do not bring it back
@@ -161,7 +171,7 @@ test("without the gateway's verdicts, the scraper itself holds a sleeping worker
     await scraper.scrapeAll();
     assert.equal(w0().healthy, true);
   } finally {
-    server.close();
+    engine.close();
   }
 });
 
@@ -270,17 +280,11 @@ test('a stall verdict taken before the engine slept is lifted by the sleep and d
 test("without the gateway's verdicts, a target added again while its worker is held out follows its new scrapes", async () => {
   let state: 'awake' | 'weights_offloaded' = 'weights_offloaded';
   let status = 200;
-  const server = createServer((_, res) => res.writeHead(status).end(vllmPage(state)));
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const { engine, url, scraper, w0 } = await bareScraper(
+    () => vllmPage(state),
+    () => status,
+  );
   try {
-    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/metrics`;
-    const router = new KVAwareRouter();
-    router.registerWorker('w0');
-    const w0 = () => router.listWorkers()[0];
-    const scraper = new MetricsScraper(router, [{ workerId: 'w0', url }], {
-      failuresToUnhealthy: 1,
-      successesToHealthy: 1,
-    });
     // out as asleep, the target removed and added again; the engine wakes
     await scraper.scrapeAll();
     assert.equal(w0().healthy, false, 'asleep');
@@ -304,6 +308,6 @@ test("without the gateway's verdicts, a target added again while its worker is h
     await scraper.scrapeAll();
     assert.equal(w0().healthy, true, 'added again, its scrape good');
   } finally {
-    server.close();
+    engine.close();
   }
 });
