@@ -1,46 +1,13 @@
-import assert from 'node:assert/strict';
-import { describe, test } from 'node:test';
-import { CostPolicy, DEFAULT_COST_WEIGHTS, prefillWork } from '../../src/core/policies/cost.js';
-import type { Candidate, RouteFeatures } from '../../src/core/policies/types.js';
-import { WorkerState } from '../../src/core/worker-registry.js';
-import { KVAwareRouter } from '../../src/index.js';
-
 /**
  * The four regimes of docs/routing.md ("The cost policy, worked"), with the same numbers:
  * each test builds the fleet the example describes and checks the decision and its terms.
  */
-interface Spec {
-  cached?: number;
-  queued?: number;
-  load?: number;
-  inFlight?: number;
-  capacity?: number;
-  /** Blocks the index holds for the worker (all its prefixes, not only this request's). */
-  entries?: number;
-}
-
-function fleet(specs: Spec[]): Candidate[] {
-  return specs.map((s, i) => {
-    const w = new WorkerState(`w${i}`, {}, i);
-    w.queuedPrefillTokens = s.queued ?? 0;
-    w.load = s.load ?? 0;
-    w.inFlightRequests = s.inFlight ?? 0;
-    w.kvCapacityTokens = s.capacity ?? 0;
-    return {
-      worker: w,
-      holdsAnchor: false,
-      overlapBlocks: Math.floor((s.cached ?? 0) / 16),
-      offloadBlocks: 0,
-      predictedBlocks: 0,
-      anchorTokens: 0,
-      cachedTokens: s.cached ?? 0,
-      cachedFraction: 0,
-      servesCla: false,
-      continuity: false,
-      indexEntries: s.entries ?? 0,
-    };
-  });
-}
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import { CostPolicy, DEFAULT_COST_WEIGHTS, prefillWork } from '../../src/core/policies/cost.js';
+import type { Candidate, RouteFeatures } from '../../src/core/policies/types.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { candidates as fleet } from '../helpers/candidates.js';
 
 const request = (promptTokens: number, sharedPrefixKey = 0): RouteFeatures => ({
   claGroup: null,

@@ -3,48 +3,11 @@ import { describe, test } from 'node:test';
 import { createRng } from '../../src/core/rng.js';
 import { createPolicy } from '../../src/core/policies/index.js';
 import { LlmdAffinityPolicy } from '../../src/core/policies/llmd-affinity.js';
-import type { Candidate, RouteFeatures } from '../../src/core/policies/types.js';
-import { WorkerState } from '../../src/core/worker-registry.js';
+import type { RouteFeatures } from '../../src/core/policies/types.js';
 import { KVAwareRouter, POLICY_NAMES } from '../../src/index.js';
-
-interface Spec {
-  /** Leading blocks of the request held (any tier). */
-  overlap?: number;
-  /** Of those, held only in an offload tier. */
-  offload?: number;
-  /** Uncached prompt tokens the router has in flight on the worker. */
-  queued?: number;
-  /** Of those, what other router replicas reported. */
-  remote?: number;
-  /** Engine metrics the policy must not read. */
-  load?: number;
-  waiting?: number;
-}
+import { candidates } from '../helpers/candidates.js';
 
 const BLOCK = 16;
-
-function candidates(specs: Spec[]): Candidate[] {
-  return specs.map((s, i) => {
-    const w = new WorkerState(`w${i}`, {}, i);
-    w.queuedPrefillTokens = s.queued ?? 0;
-    w.remoteQueuedPrefillTokens = s.remote ?? 0;
-    w.load = s.load ?? 0;
-    w.waitingRequests = s.waiting ?? 0;
-    return {
-      worker: w,
-      holdsAnchor: false,
-      overlapBlocks: s.overlap ?? 0,
-      offloadBlocks: s.offload ?? 0,
-      predictedBlocks: 0,
-      anchorTokens: 0,
-      cachedTokens: (s.overlap ?? 0) * BLOCK,
-      cachedFraction: 0,
-      servesCla: false,
-      continuity: false,
-      indexEntries: 0,
-    };
-  });
-}
 
 const request = (blocks: number, extraTokens = 0): RouteFeatures => ({
   claGroup: null,
@@ -115,7 +78,7 @@ describe('llmd-affinity: prefix-cache-affinity-filter, then token-load-scorer', 
 
   test("only this router's own in-flight tokens count, not engine metrics nor other replicas'", () => {
     const p = policy();
-    const cs = candidates([{ queued: 3_000, remote: 3_000, load: 0.9, waiting: 50 }, { queued: 10 }]);
+    const cs = candidates([{ queued: 3_000, remoteQueued: 3_000, load: 0.9, waiting: 50 }, { queued: 10 }]);
     assert.equal(p.scoreTerms(cs[0], request(4)).inFlightTokens, 0);
     assert.equal(p.choose(cs, request(4)).index, 0);
   });

@@ -2,49 +2,13 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { createRng } from '../../src/core/rng.js';
 import { createPolicy } from '../../src/core/policies/index.js';
-import type { Candidate, RouteFeatures } from '../../src/core/policies/types.js';
-import { WorkerState } from '../../src/core/worker-registry.js';
+import type { RouteFeatures } from '../../src/core/policies/types.js';
 import { KVAwareRouter, POLICY_NAMES } from '../../src/index.js';
 import type { DynamoPolicy } from '../../src/core/policies/dynamo.js';
 import type { LlmdPolicy } from '../../src/core/policies/llmd.js';
 import type { SglangPolicy } from '../../src/core/policies/sglang.js';
+import { candidates } from '../helpers/candidates.js';
 
-interface Spec {
-  overlap?: number;
-  offload?: number;
-  load?: number;
-  inFlight?: number;
-  queued?: number;
-  decode?: number;
-  waiting?: number;
-  entries?: number;
-  predicted?: number;
-}
-
-/** Candidates built by hand, as the policies' documentation describes the situations. */
-function candidates(specs: Spec[]): Candidate[] {
-  return specs.map((s, i) => {
-    const w = new WorkerState(`w${i}`, {}, i);
-    w.load = s.load ?? 0;
-    w.inFlightRequests = s.inFlight ?? 0;
-    w.queuedPrefillTokens = s.queued ?? 0;
-    w.activeDecodeTokens = s.decode ?? 0;
-    w.waitingRequests = s.waiting ?? 0;
-    return {
-      worker: w,
-      holdsAnchor: false,
-      overlapBlocks: s.overlap ?? 0,
-      offloadBlocks: s.offload ?? 0,
-      predictedBlocks: s.predicted ?? 0,
-      anchorTokens: 0,
-      cachedTokens: (s.overlap ?? 0) * 16,
-      cachedFraction: 0,
-      servesCla: false,
-      continuity: false,
-      indexEntries: s.entries ?? 0,
-    };
-  });
-}
 /** Block hashes 1..n as the router would pass them (high half 0). */
 const range = (first: number, n: number) => Array.from({ length: n }, (_, i) => first + i);
 const request = (blocks: number, blockSize = 16, ids?: number[]): RouteFeatures => ({

@@ -4,52 +4,10 @@ import { createRng } from '../../src/core/rng.js';
 import { createPolicy } from '../../src/core/policies/index.js';
 import { SmgPolicy } from '../../src/core/policies/smg.js';
 import type { Candidate, RouteFeatures } from '../../src/core/policies/types.js';
-import { WorkerState } from '../../src/core/worker-registry.js';
 import { KVAwareRouter, POLICY_NAMES } from '../../src/index.js';
-
-interface Spec {
-  /** The router's requests in flight on the worker. */
-  inFlight?: number;
-  /** Of those, what other router replicas reported. */
-  remote?: number;
-  /** Leading blocks of the request held by the engines' KV events. */
-  overlap?: number;
-  /** Of those, the router's predictions only. */
-  predicted?: number;
-  /** Entries the router's block index holds for the worker. */
-  entries?: number;
-  /** Scraped KV usage (undefined: never scraped). */
-  kv?: number;
-}
+import { candidates } from '../helpers/candidates.js';
 
 const BLOCK = 16;
-
-/** Candidates built by hand; `slots` gives each worker's registry slot (default its position). */
-function candidates(specs: Spec[], slots?: number[]): Candidate[] {
-  return specs.map((s, i) => {
-    const slot = slots ? slots[i] : i;
-    const w = new WorkerState(`w${slot}`, {}, slot);
-    w.inFlightRequests = s.inFlight ?? 0;
-    w.remoteInFlightRequests = s.remote ?? 0;
-    if (s.kv !== undefined) {
-      w.load = s.kv;
-      w.metricsAt = 0;
-    }
-    return {
-      worker: w,
-      holdsAnchor: false,
-      overlapBlocks: s.overlap ?? 0,
-      offloadBlocks: 0,
-      predictedBlocks: s.predicted ?? 0,
-      anchorTokens: 0,
-      cachedTokens: (s.overlap ?? 0) * BLOCK,
-      cachedFraction: 0,
-      servesCla: false,
-      continuity: false,
-      indexEntries: s.entries ?? 0,
-    };
-  });
-}
 
 /** Block hashes first..first+n−1 as the router would pass them (high half 0). */
 const range = (first: number, n: number) => Array.from({ length: n }, (_, i) => first + i);
@@ -119,7 +77,7 @@ describe("smg: SMG's cache_aware (smg-project/smg)", () => {
     const prompt = range(1, 8);
     route(p, candidates([{}, {}]), request(prompt));
     route(p, candidates([{ inFlight: 200 }, {}]), request(prompt));
-    const cs = candidates([{ inFlight: 9, remote: 8 }, { inFlight: 3 }]);
+    const cs = candidates([{ inFlight: 9, remoteInFlight: 8 }, { inFlight: 3 }]);
     assert.equal(p.choose(cs, request(prompt)).index, 0, 'worker 0 has 1 request of its own');
   });
 
@@ -212,8 +170,8 @@ describe("smg: SMG's cache_aware (smg-project/smg)", () => {
       return p;
     };
     const skew = candidates([
-      { kv: 1, inFlight: 1 },
-      { kv: 0, inFlight: 2 },
+      { load: 1, metricsAt: 0, inFlight: 1 },
+      { load: 0, metricsAt: 0, inFlight: 2 },
     ]);
     assert.equal(build({}).choose(skew, request(prompt)).reason, 'cache-match');
     assert.deepEqual(build({ balanceTokenUsageThreshold: 0.5 }).choose(skew, request(prompt)), {
@@ -221,10 +179,13 @@ describe("smg: SMG's cache_aware (smg-project/smg)", () => {
       confidence: 0,
       reason: 'balance',
     });
-    const hot = candidates([{ kv: 0.95 }, { kv: 0.9, inFlight: 1 }]);
+    const hot = candidates([
+      { load: 0.95, metricsAt: 0 },
+      { load: 0.9, metricsAt: 0, inFlight: 1 },
+    ]);
     assert.equal(build({ overloadTokenUsageThreshold: 0.9 }).choose(hot, request(range(40, 4))).reason, 'balance');
     // a worker never scraped is left out
-    const unscraped = candidates([{ kv: 0.2 }, {}]);
+    const unscraped = candidates([{ load: 0.2, metricsAt: 0 }, {}]);
     unscraped[1].worker.load = 1;
     assert.equal(build({ balanceTokenUsageThreshold: 0.5 }).choose(unscraped, request(prompt)).reason, 'cache-match');
   });
