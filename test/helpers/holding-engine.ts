@@ -1,4 +1,6 @@
 import { createServer, type ServerResponse } from 'node:http';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type GatewayOptions } from '../../src/server/gateway.js';
 import { listening } from './listening.js';
 
 /** What the stand-in engine answers a completion with. */
@@ -52,4 +54,42 @@ export async function holdingEngine(options: {
     },
     close,
   };
+}
+
+/**
+ * A round-robin gateway listening on a free loopback port over stand-in engines (`workers`),
+ * scraping their /metrics every 50 ms and polling no /health, its log lines kept in `logs`.
+ * `options` add to (or replace) the gateway's options, such as a stall timeout.
+ */
+export async function gatewayOverEngines(
+  workers: Array<{ id: string; url: string }>,
+  options: Omit<Partial<GatewayOptions>, 'router' | 'workers'> = {},
+) {
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const logs: string[] = [];
+  const gateway = await createGateway({
+    router,
+    workers,
+    metricsIntervalMs: 50,
+    healthCheckIntervalMs: 0,
+    log: (m) => logs.push(m),
+    ...options,
+  });
+  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  /** A one-token completion of `prompt`: its status, the worker that answered, and its body. */
+  const complete = (prompt: string) =>
+    fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'm', prompt, max_tokens: 1 }),
+    }).then(async (r) => ({ status: r.status, worker: r.headers.get('x-contextforge-worker'), body: await r.text() }));
+  const inFlight = (id: string) => router.listWorkers().find((w) => w.id === id)!.inFlightRequests;
+  /** The value on the gateway's /metrics page of `series` (name and labels as written), if it has it. */
+  const metric = async (series: string) => {
+    const page = await (await fetch(`${base}/metrics`)).text();
+    const line = page.split('\n').find((l) => l.startsWith(`${series} `));
+    return line === undefined ? undefined : Number(line.slice(series.length + 1));
+  };
+  const stalls = (id: string) => metric(`contextforge_worker_stalls_total{worker="${id}"}`);
+  return { gateway, router, base, logs, complete, inFlight, metric, stalls };
 }

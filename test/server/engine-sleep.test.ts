@@ -8,9 +8,7 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway } from '../../src/server/gateway.js';
-import { holdingEngine } from '../helpers/holding-engine.js';
+import { gatewayOverEngines, holdingEngine } from '../helpers/holding-engine.js';
 import { until } from '../helpers/wait.js';
 
 /**
@@ -50,30 +48,11 @@ async function vllmEngine() {
 test('a sleeping vLLM engine leaves rotation, its waiting request moves, and it comes back when woken', async () => {
   const sleepy = await vllmEngine();
   const other = await vllmEngine();
-  const router = new KVAwareRouter({ policy: 'round-robin' });
-  const logs: string[] = [];
-  const gateway = await createGateway({
-    router,
-    workers: [
-      { id: 'sleepy', url: sleepy.url },
-      { id: 'other', url: other.url },
-    ],
-    metricsIntervalMs: 50,
-    healthCheckIntervalMs: 0,
-    log: (m) => logs.push(m),
-  });
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  const complete = (prompt: string) =>
-    fetch(`${base}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'm', prompt, max_tokens: 1 }),
-    }).then(async (r) => ({ status: r.status, worker: r.headers.get('x-contextforge-worker'), body: await r.text() }));
-  const outOfRotation = async () => {
-    const page = await (await fetch(`${base}/metrics`)).text();
-    const m = /^contextforge_worker_out_of_rotation\{worker="sleepy",reason="sleep"\} (\d+)$/m.exec(page);
-    return m ? Number(m[1]) : undefined;
-  };
+  const { gateway, logs, complete, metric } = await gatewayOverEngines([
+    { id: 'sleepy', url: sleepy.url },
+    { id: 'other', url: other.url },
+  ]);
+  const outOfRotation = () => metric('contextforge_worker_out_of_rotation{worker="sleepy",reason="sleep"}');
   try {
     await until(async () => (await outOfRotation()) === 0, 'the sleep series at 0');
     sleepy.state.asleep = true;
@@ -123,29 +102,11 @@ test('a paused engine keeping a request, its gauges still, is asleep and not sta
     ],
     holding: () => flags.holding,
   });
-  const router = new KVAwareRouter({ policy: 'round-robin' });
-  const gateway = await createGateway({
-    router,
-    workers: [{ id: 'paused', url: engine.url }],
-    metricsIntervalMs: 50,
-    healthCheckIntervalMs: 0,
+  const { gateway, complete, stalls } = await gatewayOverEngines([{ id: 'paused', url: engine.url }], {
     stallTimeoutMs: 300,
-    log: () => {},
   });
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  const complete = (prompt: string) =>
-    fetch(`${base}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'm', prompt, max_tokens: 1 }),
-    }).then(async (r) => ({ status: r.status, body: await r.text() }));
-  const stalls = async () => {
-    const page = await (await fetch(`${base}/metrics`)).text();
-    const m = /^contextforge_worker_stalls_total\{worker="paused"\} (\d+)$/m.exec(page);
-    return m ? Number(m[1]) : undefined;
-  };
   try {
-    await until(async () => (await stalls()) === 0, 'the stall series at 0');
+    await until(async () => (await stalls('paused')) === 0, 'the stall series at 0');
     flags.holding = true;
     const kept = complete('a');
     await until(() => engine.held.size === 1, 'a request held by the paused engine');
@@ -155,7 +116,7 @@ test('a paused engine keeping a request, its gauges still, is asleep and not sta
     const from = performance.now();
     await until(() => engine.scrapes.some((t) => t >= from + 1000), 'scrapes over a second');
     assert.deepEqual(gateway.health.reasons('paused'), ['sleep']);
-    assert.equal(await stalls(), 0);
+    assert.equal(await stalls('paused'), 0);
     const refused = await complete('b');
     assert.equal(refused.status, 503, refused.body);
     assert.match(refused.body, /1 engine asleep/);
@@ -167,7 +128,7 @@ test('a paused engine keeping a request, its gauges still, is asleep and not sta
     assert.equal((await kept).status, 200);
     await until(() => gateway.health.reasons('paused').length === 0, 'the woken engine back in rotation');
     assert.equal((await complete('c')).status, 200);
-    assert.equal(await stalls(), 0);
+    assert.equal(await stalls('paused'), 0);
   } finally {
     await gateway.close();
     await engine.close();

@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
-import { holdingEngine } from '../helpers/holding-engine.js';
+import { gatewayOverEngines, holdingEngine } from '../helpers/holding-engine.js';
 import { until } from '../helpers/wait.js';
 
 const STALL_MS = 300;
@@ -56,32 +56,9 @@ async function standInEngine(options: { counters?: boolean; running?: number } =
   };
 }
 
-async function gatewayOver(workers: Array<{ id: string; url: string }>) {
-  const router = new KVAwareRouter({ policy: 'round-robin' });
-  const logs: string[] = [];
-  const gateway = await createGateway({
-    router,
-    workers,
-    metricsIntervalMs: 50,
-    healthCheckIntervalMs: 0,
-    stallTimeoutMs: STALL_MS,
-    log: (m) => logs.push(m),
-  });
-  const base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
-  const complete = (prompt: string) =>
-    fetch(`${base}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'm', prompt, max_tokens: 1 }),
-    }).then(async (r) => ({ status: r.status, worker: r.headers.get('x-contextforge-worker'), body: await r.text() }));
-  const inFlight = (id: string) => router.listWorkers().find((w) => w.id === id)!.inFlightRequests;
-  const stalls = async (id: string) => {
-    const page = await (await fetch(`${base}/metrics`)).text();
-    const m = new RegExp(`^contextforge_worker_stalls_total\\{worker="${id}"\\} (\\d+)$`, 'm').exec(page);
-    return m ? Number(m[1]) : undefined;
-  };
-  return { gateway, router, logs, complete, inFlight, stalls };
-}
+/** The gateway over `workers`, with the stall timeout of these tests. */
+const gatewayOver = (workers: Array<{ id: string; url: string }>) =>
+  gatewayOverEngines(workers, { stallTimeoutMs: STALL_MS });
 
 /** Waits until the engine has been scraped for `ms` past now: every judgement over that span was made. */
 async function scrapedFor(engine: { scrapes: number[] }, ms: number): Promise<void> {
