@@ -76,6 +76,19 @@ export interface SglangOptions {
  */
 export const SGLANG_EVICTION_INTERVAL_SECS = Object.freeze({ min: 1, max: 4_294_967_295 });
 
+/**
+ * An `evictionIntervalSecs` option (default 60) in milliseconds, refused outside
+ * SGLANG_EVICTION_INTERVAL_SECS; `name` is the option as errors name it.
+ */
+export function evictionIntervalMs(secs: number | undefined, name: string): number {
+  const interval: unknown = secs ?? 60;
+  if (typeof interval !== 'number') throw new TypeError(`${name} must be a number, got ${typeof interval}`);
+  const { min, max } = SGLANG_EVICTION_INTERVAL_SECS;
+  if (!Number.isInteger(interval) || interval < min || interval > max)
+    throw new RangeError(`${name} must be a whole number of seconds from ${min} to ${max}, got ${interval}`);
+  return interval * 1000;
+}
+
 /** Characters per token when sizing the tree (the router's text mode: 64-byte chunks ≈ 16 tokens). */
 export const SGLANG_CHARS_PER_TOKEN = 4;
 
@@ -115,15 +128,7 @@ export class SglangPolicy implements RoutingPolicy {
       options.balanceRelThreshold ?? 1.5,
       'sglang.balanceRelThreshold',
     );
-    const interval: unknown = options.evictionIntervalSecs ?? 60;
-    if (typeof interval !== 'number')
-      throw new TypeError(`sglang.evictionIntervalSecs must be a number, got ${typeof interval}`);
-    const { min, max } = SGLANG_EVICTION_INTERVAL_SECS;
-    if (!Number.isInteger(interval) || interval < min || interval > max)
-      throw new RangeError(
-        `sglang.evictionIntervalSecs must be a whole number of seconds from ${min} to ${max}, got ${interval}`,
-      );
-    this.evictionIntervalMs = interval * 1000;
+    this.evictionIntervalMs = evictionIntervalMs(options.evictionIntervalSecs, 'sglang.evictionIntervalSecs');
     this.maxTreeSize = check.finiteNonNegative(options.maxTreeSize ?? 67_108_864, 'sglang.maxTreeSize');
     this.hardMaxTreeSize = this.maxTreeSize * SGLANG_HARD_CAP_FACTOR;
   }

@@ -3,7 +3,7 @@ import type { WorkerState } from '../worker-registry.js';
 import { createRng } from '../rng.js';
 import { ApproxTree, evictShared, totalChars } from './approx-tree.js';
 import { BlockKeys } from './block-keys.js';
-import { SGLANG_CHARS_PER_TOKEN, SGLANG_EVICTION_INTERVAL_SECS, SGLANG_HARD_CAP_FACTOR } from './sglang.js';
+import { evictionIntervalMs, SGLANG_CHARS_PER_TOKEN, SGLANG_HARD_CAP_FACTOR } from './sglang.js';
 import {
   NO_CHOICE,
   type Candidate,
@@ -148,15 +148,7 @@ export class SmgPolicy implements RoutingPolicy {
       throw new RangeError(`smg.balanceRelThreshold must be >= 1, got ${this.balanceRelThreshold}`);
     this.balanceTokenUsageThreshold = positive(options.balanceTokenUsageThreshold, 'smg.balanceTokenUsageThreshold');
     this.overloadTokenUsageThreshold = positive(options.overloadTokenUsageThreshold, 'smg.overloadTokenUsageThreshold');
-    const interval: unknown = options.evictionIntervalSecs ?? 60;
-    if (typeof interval !== 'number')
-      throw new TypeError(`smg.evictionIntervalSecs must be a number, got ${typeof interval}`);
-    const { min, max } = SGLANG_EVICTION_INTERVAL_SECS;
-    if (!Number.isInteger(interval) || interval < min || interval > max)
-      throw new RangeError(
-        `smg.evictionIntervalSecs must be a whole number of seconds from ${min} to ${max}, got ${interval}`,
-      );
-    this.evictionIntervalMs = interval * 1000;
+    this.evictionIntervalMs = evictionIntervalMs(options.evictionIntervalSecs, 'smg.evictionIntervalSecs');
     this.maxTreeSize = check.positiveInt(options.maxTreeSize, 'smg.maxTreeSize', 67_108_864);
     this.hardMaxTreeSize = this.maxTreeSize * SGLANG_HARD_CAP_FACTOR;
   }
