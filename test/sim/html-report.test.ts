@@ -44,6 +44,16 @@ function lineStyle(html: string, policy: string): string {
   return `${m[1]} ${m[2]}`;
 }
 
+/** A policy's figures at one point of a sweep, the same for every policy, `rejected` of its requests refused. */
+const figures = (policy: string, rejected = 0) => ({
+  policy,
+  hitRate: 0.5,
+  ttftMean: 1,
+  ttftP99: 2,
+  ci95: { hitRate: 0.01, ttftMean: 0.1, ttftP99: 0.2 },
+  rejected,
+});
+
 describe('the run report', () => {
   const { report, results } = comparePolicies('half', trace, ['cost', 'round-robin'], options);
 
@@ -118,20 +128,15 @@ describe('the run report', () => {
     for (const p of ['cost', 'round-robin']) assert.equal(lineStyle(a, p), lineStyle(b, p), p);
     assert.notEqual(lineStyle(a, 'cost'), lineStyle(a, 'round-robin'));
     // and the same in the sweep charts
-    const q = (policy: string) => ({
-      policy,
-      hitRate: 0.5,
-      ttftMean: 1,
-      ttftP99: 2,
-      ci95: { hitRate: 0.01, ttftMean: 0.1, ttftP99: 0.2 },
-      rejected: 0,
-    });
     const sweep = renderSweepReport(
       {
         traces: [
           {
             trace: 't',
-            points: [1, 2].map((speed) => ({ speed, policies: [q('llmd'), q('round-robin'), q('cost')] })),
+            points: [1, 2].map((speed) => ({
+              speed,
+              policies: [figures('llmd'), figures('round-robin'), figures('cost')],
+            })),
           },
         ],
       },
@@ -142,16 +147,8 @@ describe('the run report', () => {
 
   test('every peer has a fixed style of its own: no two policies share a colour and a dash', () => {
     const peers = ['cost', 'seed', 'dynamo', 'sglang', 'smg', 'llmd', 'llmd-affinity', 'round-robin'];
-    const q = (policy: string) => ({
-      policy,
-      hitRate: 0.5,
-      ttftMean: 1,
-      ttftP99: 2,
-      ci95: { hitRate: 0.01, ttftMean: 0.1, ttftP99: 0.2 },
-      rejected: 0,
-    });
     const sweep = renderSweepReport(
-      { traces: [{ trace: 't', points: [1, 2].map((speed) => ({ speed, policies: peers.map(q) })) }] },
+      { traces: [{ trace: 't', points: [1, 2].map((speed) => ({ speed, policies: peers.map((p) => figures(p)) })) }] },
       { workers: 8, samples: 5, split: 'evaluation' },
     );
     const styles = peers.map((p) => lineStyle(sweep, p));
@@ -162,14 +159,6 @@ describe('the run report', () => {
 });
 
 describe('the sweep report', () => {
-  const q = (policy: string, rejected: number) => ({
-    policy,
-    hitRate: 0.5,
-    ttftMean: 1,
-    ttftP99: 2,
-    ci95: { hitRate: 0.01, ttftMean: 0.1, ttftP99: 0.2 },
-    rejected,
-  });
   const meta = { workers: 8, samples: 5, split: 'evaluation', requests: { 'agentic:10': 3000, ok: 500 } };
 
   test('each trace says how many requests were rejected', () => {
@@ -177,9 +166,12 @@ describe('the sweep report', () => {
       traces: [
         {
           trace: 'agentic:10',
-          points: [1, 2].map((speed) => ({ speed, policies: [q('cost', 997), q('dynamo', 997)] })),
+          points: [1, 2].map((speed) => ({ speed, policies: [figures('cost', 997), figures('dynamo', 997)] })),
         },
-        { trace: 'ok', points: [1, 2].map((speed) => ({ speed, policies: [q('cost', 0), q('dynamo', 0)] })) },
+        {
+          trace: 'ok',
+          points: [1, 2].map((speed) => ({ speed, policies: [figures('cost', 0), figures('dynamo', 0)] })),
+        },
       ],
     };
     const html = renderSweepReport(report, meta);
@@ -194,8 +186,8 @@ describe('the sweep report', () => {
         {
           trace: 'agentic:10',
           points: [
-            { speed: 1, policies: [q('cost', 990), q('dynamo', 990)] },
-            { speed: 2, policies: [q('cost', 997), q('dynamo', 1200)] },
+            { speed: 1, policies: [figures('cost', 990), figures('dynamo', 990)] },
+            { speed: 2, policies: [figures('cost', 997), figures('dynamo', 1200)] },
           ],
         },
       ],
@@ -210,7 +202,7 @@ describe('the sweep report', () => {
 
   test('without the request count the rejections are still named', () => {
     const report: SweepReport = {
-      traces: [{ trace: 'x', points: [1, 2].map((speed) => ({ speed, policies: [q('cost', 7)] })) }],
+      traces: [{ trace: 'x', points: [1, 2].map((speed) => ({ speed, policies: [figures('cost', 7)] })) }],
     };
     const html = renderSweepReport(report, { workers: 8, samples: 5, split: 'evaluation' });
     assert.match(html, /7 requests rejected \(over the context limit\), summed over the 5 samples/);
