@@ -70,14 +70,7 @@ export class ApproxTree {
 
   /** Drops least-recently-used leaves until the tree holds at most `max` characters. */
   evict(max: number, charsPerBlock: number): void {
-    while (this.chars > max && this.oldest >= 0) {
-      const slot = this.oldest;
-      this.unlink(slot);
-      this.unindex(slot);
-      this.next[slot] = this.freeSlot;
-      this.freeSlot = slot;
-      this.chars -= charsPerBlock;
-    }
+    while (this.chars > max && this.oldest >= 0) this.dropOldest(charsPerBlock);
   }
 
   /** The epoch of the least recently used block; Infinity when the tree is empty. */
@@ -92,15 +85,20 @@ export class ApproxTree {
   evictThrough(epoch: number, chars: number, charsPerBlock: number): number {
     let dropped = 0;
     while (dropped < chars && this.oldest >= 0 && this.accessAt[this.oldest] <= epoch) {
-      const slot = this.oldest;
-      this.unlink(slot);
-      this.unindex(slot);
-      this.next[slot] = this.freeSlot;
-      this.freeSlot = slot;
-      this.chars -= charsPerBlock;
+      this.dropOldest(charsPerBlock);
       dropped += charsPerBlock;
     }
     return dropped;
+  }
+
+  /** Drops the least recently used block (a leaf, the tree being prefix-closed) and frees its slot. */
+  private dropOldest(charsPerBlock: number): void {
+    const slot = this.oldest;
+    this.unlink(slot);
+    this.unindex(slot);
+    this.next[slot] = this.freeSlot;
+    this.freeSlot = slot;
+    this.chars -= charsPerBlock;
   }
 
   /** The key's slot, −1 when absent. */
