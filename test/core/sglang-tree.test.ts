@@ -26,11 +26,11 @@ function candidate(slot: number): Candidate {
 }
 
 /** A request over the given block hashes (high half 0), as the router passes them. */
-const request = (ids: number[]): RouteFeatures => ({
+const request = (ids: number[], blockSize = BLOCK): RouteFeatures => ({
   claGroup: null,
-  promptTokens: ids.length * BLOCK,
+  promptTokens: ids.length * blockSize,
   requestBlocks: ids.length,
-  blockSize: BLOCK,
+  blockSize,
   routingKey: 0,
   blocks: { hi: new Uint32Array(ids.length), lo: Uint32Array.from(ids), length: ids.length },
 });
@@ -136,5 +136,51 @@ describe('sglang approximate tree: bounded size and LRU eviction', () => {
       // each block alone: present up to the match, absent past it
       ids.forEach((id, k) => assert.equal(matched(p, c, [id]), k < m ? 1 : 0, `${ids} at ${k}`));
     }
+  });
+
+  test('requests of different block sizes: the size counts what the tree holds and stays within the cap', () => {
+    // token ids hashed 64 to a block, text 16 (--tokenize engine falling back), callers' own sizes
+    const p = createPolicy(
+      'sglang',
+      { sglang: { maxTreeSize: 4000, evictionIntervalSecs: 1 } },
+      { random: createRng(1) },
+    ) as SglangPolicy;
+    const c = candidate(0);
+    const rng = createRng(3);
+    const sizes = [16, 32, 64, 1024];
+    const prompts: Array<{ ids: number[]; chars: number }> = [];
+    for (let i = 0; i < 600; i++) {
+      const blockSize = sizes[Math.floor(rng() * sizes.length)];
+      const ids = range(1 + i * 100, 1 + Math.floor(rng() * 30));
+      prompts.push({ ids, chars: blockSize * SGLANG_CHARS_PER_TOKEN });
+      p.onRouted(c.worker, request(ids, blockSize), 0, i * 250);
+      // distinct prompts, the tree prefix-closed: each holds its leading `matched` blocks
+      const held = prompts.reduce((sum, q) => sum + matched(p, c, q.ids) * q.chars, 0);
+      assert.equal(p.treeSize(0), held, `request ${i}`);
+      assert.ok(p.treeSize(0) <= p.hardMaxTreeSize, `request ${i}: ${p.treeSize(0)} > ${p.hardMaxTreeSize}`);
+    }
+  });
+
+  test('a block keeps the size it was inserted with when a request of another block size matches it', () => {
+    const p = sglang(64);
+    const c = candidate(0);
+    p.onRouted(c.worker, request([1, 2, 3], 64), 0, 0);
+    assert.equal(p.treeSize(0), 3 * 64 * SGLANG_CHARS_PER_TOKEN);
+    p.onRouted(c.worker, request([1, 2, 3, 4], 16), 0, 1); // one new block of 16 tokens
+    assert.equal(p.treeSize(0), (3 * 64 + 16) * SGLANG_CHARS_PER_TOKEN);
+    // the interval pass, run by a request of 1,024-token blocks, gives back what each block took
+    const trim = createPolicy(
+      'sglang',
+      { sglang: { maxTreeSize: 64 * SGLANG_CHARS_PER_TOKEN, evictionIntervalSecs: 1 } },
+      { random: createRng(1) },
+    ) as SglangPolicy;
+    for (let t = 0; t < 4; t++) trim.onRouted(c.worker, request(range(10 * (t + 1), 2), 16), 0, t);
+    assert.equal(trim.treeSize(0), 8 * 16 * SGLANG_CHARS_PER_TOKEN);
+    trim.onRouted(c.worker, request([], 1024), 0, 1000);
+    assert.equal(trim.treeSize(0), 4 * 16 * SGLANG_CHARS_PER_TOKEN, 'the two oldest prompts went, the size with them');
+    assert.deepEqual(
+      [10, 20, 30, 40].map((first) => matched(trim, c, range(first, 2))),
+      [0, 0, 2, 2],
+    );
   });
 });

@@ -11,11 +11,11 @@ const BLOCK = 16;
 
 /** Block hashes first..first+n−1 as the router would pass them (high half 0). */
 const range = (first: number, n: number) => Array.from({ length: n }, (_, i) => first + i);
-const request = (ids: number[], promptTokens = ids.length * BLOCK): RouteFeatures => ({
+const request = (ids: number[], promptTokens = ids.length * BLOCK, blockSize = BLOCK): RouteFeatures => ({
   claGroup: null,
   promptTokens,
   requestBlocks: ids.length,
-  blockSize: BLOCK,
+  blockSize,
   routingKey: 1,
   blocks: { hi: new Uint32Array(ids.length), lo: Uint32Array.from(ids), length: ids.length },
 });
@@ -128,6 +128,27 @@ describe("smg: SMG's cache_aware (smg-project/smg)", () => {
       [0, 4 * BLOCK * 4, 4 * BLOCK * 4],
     );
     assert.equal(p.totalTreeSize(), 8 * BLOCK * 4);
+  });
+
+  test('requests of different block sizes: the shared size counts what the trees hold and stays within the cap', () => {
+    const p = policy({ maxTreeSize: 4000, evictionIntervalSecs: 1 });
+    const cs = candidates([{}, {}, {}]);
+    const rng = createRng(5);
+    const sizes = [16, 32, 64, 1024];
+    const prompts: Array<{ ids: number[]; chars: number }> = [];
+    /** Leading blocks of `ids` the worker's tree holds. */
+    const held = (slot: number, ids: number[]) =>
+      Math.round(Number(p.scoreTerms(cs[slot], request(ids)).matchRate) * ids.length);
+    for (let i = 0; i < 600; i++) {
+      const blockSize = sizes[Math.floor(rng() * sizes.length)];
+      const ids = range(1 + i * 100, 1 + Math.floor(rng() * 30));
+      prompts.push({ ids, chars: blockSize * 4 });
+      route(p, cs, request(ids, ids.length * blockSize, blockSize), i * 250);
+      // distinct prompts on one worker each, every tree prefix-closed
+      const chars = prompts.reduce((sum, q) => sum + cs.reduce((n, _, s) => n + held(s, q.ids), 0) * q.chars, 0);
+      assert.equal(p.totalTreeSize(), chars, `request ${i}`);
+      assert.ok(p.totalTreeSize() <= p.hardMaxTreeSize, `request ${i}: ${p.totalTreeSize()} > ${p.hardMaxTreeSize}`);
+    }
   });
 
   test('the match counts workers that cannot take the request; with no eligible holder, the first worker and no insert', () => {

@@ -29,6 +29,8 @@ function mixKey(key: number): number {
 export class ApproxTree {
   private keyAt = new Float64Array(INITIAL_TREE_SLOTS);
   private accessAt = new Float64Array(INITIAL_TREE_SLOTS);
+  /** Characters each block was charged when inserted, given back when it goes. */
+  private charsAt = new Float64Array(INITIAL_TREE_SLOTS);
   private prev = new Int32Array(INITIAL_TREE_SLOTS);
   private next = new Int32Array(INITIAL_TREE_SLOTS);
   /** Hash index: slot + 1 per bucket, 0 when empty; twice the slots, so at most half full. */
@@ -42,7 +44,7 @@ export class ApproxTree {
   private freeSlot = -1;
   /** Slots handed out so far (the high-water mark). */
   private slotsUsed = 0;
-  /** Characters the tree holds. */
+  /** Characters the tree holds: the sum of its blocks' charges. */
   chars = 0;
 
   has(key: number): boolean {
@@ -55,12 +57,18 @@ export class ApproxTree {
     return slot < 0 ? -1 : this.accessAt[slot];
   }
 
+  /**
+   * Moves the request's blocks to the most recent end, charging each new block
+   * `charsPerBlock` characters; a block already held keeps the charge it was inserted with,
+   * so requests of different block sizes leave `chars` equal to what the tree holds.
+   */
   insert(keys: Float64Array, n: number, epoch: number, charsPerBlock: number): void {
     for (let i = n - 1; i >= 0; i--) {
       const key = keys[i];
       let slot = this.find(key);
       if (slot < 0) {
         slot = this.allocate(key);
+        this.charsAt[slot] = charsPerBlock;
         this.chars += charsPerBlock;
       } else this.unlink(slot);
       this.accessAt[slot] = epoch;
@@ -69,8 +77,8 @@ export class ApproxTree {
   }
 
   /** Drops least-recently-used leaves until the tree holds at most `max` characters. */
-  evict(max: number, charsPerBlock: number): void {
-    while (this.chars > max && this.oldest >= 0) this.dropOldest(charsPerBlock);
+  evict(max: number): void {
+    while (this.chars > max && this.oldest >= 0) this.dropOldest();
   }
 
   /** The epoch of the least recently used block; Infinity when the tree is empty. */
@@ -82,23 +90,25 @@ export class ApproxTree {
    * Drops least-recently-used leaves last accessed at or before `epoch` until at least
    * `chars` characters are gone or none is left; returns the characters dropped.
    */
-  evictThrough(epoch: number, chars: number, charsPerBlock: number): number {
+  evictThrough(epoch: number, chars: number): number {
     let dropped = 0;
-    while (dropped < chars && this.oldest >= 0 && this.accessAt[this.oldest] <= epoch) {
-      this.dropOldest(charsPerBlock);
-      dropped += charsPerBlock;
-    }
+    while (dropped < chars && this.oldest >= 0 && this.accessAt[this.oldest] <= epoch) dropped += this.dropOldest();
     return dropped;
   }
 
-  /** Drops the least recently used block (a leaf, the tree being prefix-closed) and frees its slot. */
-  private dropOldest(charsPerBlock: number): void {
+  /**
+   * Drops the least recently used block (a leaf, the tree being prefix-closed), frees its
+   * slot and returns the characters it was charged.
+   */
+  private dropOldest(): number {
     const slot = this.oldest;
+    const chars = this.charsAt[slot];
     this.unlink(slot);
     this.unindex(slot);
     this.next[slot] = this.freeSlot;
     this.freeSlot = slot;
-    this.chars -= charsPerBlock;
+    this.chars -= chars;
+    return chars;
   }
 
   /** The key's slot, −1 when absent. */
@@ -155,6 +165,7 @@ export class ApproxTree {
     const size = this.keyAt.length * 2;
     this.keyAt = resized(this.keyAt, size);
     this.accessAt = resized(this.accessAt, size);
+    this.charsAt = resized(this.charsAt, size);
     this.prev = resized(this.prev, size);
     this.next = resized(this.next, size);
     this.buckets = new Int32Array(2 * size);
@@ -194,7 +205,7 @@ export function totalChars(trees: ReadonlyArray<ApproxTree | undefined>): number
  * rather than one each. Every decision stamps one tree with a fresh epoch, so the trees'
  * epochs never tie and taking the oldest block of any tree is one least-recently-used order.
  */
-export function evictShared(trees: ReadonlyArray<ApproxTree | undefined>, max: number, charsPerBlock: number): void {
+export function evictShared(trees: ReadonlyArray<ApproxTree | undefined>, max: number): void {
   let total = totalChars(trees);
   while (total > max) {
     let oldest: ApproxTree | undefined;
@@ -211,6 +222,6 @@ export function evictShared(trees: ReadonlyArray<ApproxTree | undefined>, max: n
     }
     if (!oldest) return;
     // the oldest tree gives up blocks until another tree holds an older one
-    total -= oldest.evictThrough(nextAt, total - max, charsPerBlock);
+    total -= oldest.evictThrough(nextAt, total - max);
   }
 }

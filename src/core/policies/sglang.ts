@@ -188,7 +188,7 @@ export class SglangPolicy implements RoutingPolicy {
     if (Number.isNaN(this.nextEviction)) this.nextEviction = now + this.evictionIntervalMs;
     const charsPerBlock = request.blockSize * SGLANG_CHARS_PER_TOKEN;
     if (now >= this.nextEviction) {
-      for (const t of this.trees) t?.evict(this.maxTreeSize, charsPerBlock);
+      for (const t of this.trees) t?.evict(this.maxTreeSize);
       this.nextEviction = now + this.evictionIntervalMs;
     }
     this.request.load(request.blocks);
@@ -200,10 +200,9 @@ export class SglangPolicy implements RoutingPolicy {
     // stall one decision for a whole budget's worth of evictions; the interval pass still
     // trims to max_tree_size.
     const incoming = (this.request.length - this.request.presentPrefix(tree)) * charsPerBlock;
-    if (tree.chars + incoming > this.hardMaxTreeSize)
-      tree.evict(Math.max(0, this.hardMaxTreeSize - incoming), charsPerBlock);
+    if (tree.chars + incoming > this.hardMaxTreeSize) tree.evict(Math.max(0, this.hardMaxTreeSize - incoming));
     tree.insert(this.request.keys, this.request.length, ++this.epoch, charsPerBlock);
-    if (tree.chars > this.hardMaxTreeSize) tree.evict(this.hardMaxTreeSize, charsPerBlock);
+    if (tree.chars > this.hardMaxTreeSize) tree.evict(this.hardMaxTreeSize);
   }
 
   /** Upstream's `remove_tenant`: the worker's tree goes with it. */

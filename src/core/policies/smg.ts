@@ -321,7 +321,7 @@ export class SmgPolicy implements RoutingPolicy {
     if (Number.isNaN(this.nextEviction)) this.nextEviction = now + this.evictionIntervalMs;
     const unitsPerBlock = request.blockSize * this.unitsPerToken;
     if (now >= this.nextEviction) {
-      evictShared(this.trees, this.maxTreeSize, unitsPerBlock);
+      evictShared(this.trees, this.maxTreeSize);
       this.nextEviction = now + this.evictionIntervalMs;
     }
     if (!insert) return;
@@ -331,9 +331,9 @@ export class SmgPolicy implements RoutingPolicy {
     // `sglang` does for one worker's tree); the interval pass still trims to max_tree_size
     const incoming = (this.request.length - this.request.presentPrefix(tree)) * unitsPerBlock;
     if (totalChars(this.trees) + incoming > this.hardMaxTreeSize)
-      evictShared(this.trees, Math.max(0, this.hardMaxTreeSize - incoming), unitsPerBlock);
+      evictShared(this.trees, Math.max(0, this.hardMaxTreeSize - incoming));
     tree.insert(this.request.keys, this.request.length, ++this.epoch, unitsPerBlock);
-    if (totalChars(this.trees) > this.hardMaxTreeSize) evictShared(this.trees, this.hardMaxTreeSize, unitsPerBlock);
+    if (totalChars(this.trees) > this.hardMaxTreeSize) evictShared(this.trees, this.hardMaxTreeSize);
   }
 
   /** `remove_worker`: its entries and its counters go with it. */
