@@ -50,8 +50,13 @@ import {
  *   count is the EPP's own requests, not engine metrics. Here the in-flight tokens are the
  *   router's own count for the requests it routed (WorkerState.queuedPrefillTokens less what
  *   other replicas reported): each request's prompt less the tokens the router credits as
- *   cached on the chosen worker, released at its first token. The request's own uncached
- *   tokens follow upstream's formula above.
+ *   cached on the chosen worker, released at its first token. A request whose answer is not
+ *   streamed (RouteOptions.firstTokenReported false, as the gateway passes for it) has its
+ *   tokens released when the router infers its prefill done (with the precise index: the KV
+ *   event storing the prompt's last full block, or, with less than a block left, the engine's
+ *   waiting queue no longer holding it), where upstream holds them to the response's end;
+ *   with nothing to infer it from, at the end as upstream. The request's own uncached tokens
+ *   follow upstream's formula above.
  * - max-score-picker (scheduling/picker/maxscore/picker.go): the highest score, ties at random
  *   (shuffle, then a stable sort); the config loader adds it and weight 1 when a profile has
  *   none (pkg/epp/config/loader/defaults.go, `ensureSchedulingLayer`).
