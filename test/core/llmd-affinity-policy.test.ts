@@ -143,6 +143,33 @@ describe('llmd-affinity: prefix-cache-affinity-filter, then token-load-scorer', 
     assert.throws(() => new LlmdAffinityPolicy(ctx, { maxTtftPenaltyMs: Infinity }), RangeError);
   });
 
+  test('peakPrefillThroughput 0 is taken with maxTtftPenaltyMs 0 (the gate off), as upstream validates', () => {
+    const off = { maxTtftPenaltyMs: 0, peakPrefillThroughput: 0 };
+    const ctx = { random: createRng(1) };
+    for (const p of [policy(off), new LlmdAffinityPolicy(ctx, off)]) {
+      assert.equal(p.peakPrefillThroughput, 0);
+      // the sticky endpoint keeps the request however loaded: no TTFT is divided out
+      const cs = candidates([{ overlap: 10, queued: 9_000_000 }, {}]);
+      assert.deepEqual(p.choose(cs, request(10)), { index: 0, confidence: 0, reason: 'cache-match' });
+      for (const c of cs)
+        for (const [term, v] of Object.entries(p.scoreTerms(c, request(10))))
+          assert.ok(typeof v === 'boolean' || Number.isFinite(v), `${term}: ${v}`);
+    }
+    const router = new KVAwareRouter({ policy: 'llmd-affinity', policyOptions: { 'llmd-affinity': off } });
+    router.registerWorker('a');
+    router.registerWorker('b');
+    assert.ok(router.route({ tokens: Array.from({ length: 64 }, (_, k) => k) }, { explain: true }).workerId);
+    // with the gate on (the default penalty, or one given) 0 is still refused, naming the option
+    for (const options of [{ peakPrefillThroughput: 0 }, { peakPrefillThroughput: 0, maxTtftPenaltyMs: 5 }]) {
+      assert.throws(() => policy(options), /llmd-affinity\.peakPrefillThroughput must be > 0 unless/);
+      assert.throws(() => new LlmdAffinityPolicy(ctx, options), /llmd-affinity\.peakPrefillThroughput/);
+      assert.throws(
+        () => new KVAwareRouter({ policy: 'llmd-affinity', policyOptions: { 'llmd-affinity': options } }),
+        /llmd-affinity\.peakPrefillThroughput/,
+      );
+    }
+  });
+
   test("through the router: a routed prompt's uncached tokens weigh on its worker until its first token", () => {
     const r = new KVAwareRouter({ policy: 'llmd-affinity', blockSize: BLOCK });
     r.registerWorker('a');

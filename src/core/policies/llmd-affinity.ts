@@ -74,7 +74,7 @@ export interface LlmdAffinityOptions {
   affinityThreshold?: number;
   /** TTFT (ms) a sticky endpoint may lose to a non-sticky one before all are kept (default 18000; 0: always stick). */
   maxTtftPenaltyMs?: number;
-  /** Prefill tokens a second that turn in-flight tokens into the gate's TTFT (default 15926). */
+  /** Prefill tokens a second that turn in-flight tokens into the gate's TTFT (default 15926; 0 only with maxTtftPenaltyMs 0). */
   peakPrefillThroughput?: number;
   /** In-flight tokens at which the token-load score reaches 0 (default 4194304, queueThresholdTokens). */
   tokenLoadCapacity?: number;
@@ -125,8 +125,12 @@ export class LlmdAffinityPolicy implements RoutingPolicy {
       options.peakPrefillThroughput ?? LLMD_PEAK_PREFILL_THROUGHPUT,
       'llmd-affinity.peakPrefillThroughput',
     );
-    if (this.peakPrefillThroughput === 0)
-      throw new RangeError('llmd-affinity.peakPrefillThroughput must be > 0, got 0');
+    // it divides only for the TTFT load gate, which a penalty of 0 turns off (upstream's
+    // validate() takes 0 then)
+    if (this.peakPrefillThroughput === 0 && this.maxTtftPenaltyMs > 0)
+      throw new RangeError(
+        'llmd-affinity.peakPrefillThroughput must be > 0 unless llmd-affinity.maxTtftPenaltyMs is 0, got 0',
+      );
     this.tokenLoadCapacity = check.finiteNonNegative(
       options.tokenLoadCapacity ?? LLMD_TOKEN_LOAD_CAPACITY,
       'llmd-affinity.tokenLoadCapacity',
@@ -175,6 +179,7 @@ export class LlmdAffinityPolicy implements RoutingPolicy {
     return 1 - Math.min(tokens, this.tokenLoadCapacity) / this.tokenLoadCapacity;
   }
 
+  /** The gate's TTFT estimate (only read with peakPrefillThroughput > 0). */
   private ttftMs(c: Candidate): number {
     return (this.inFlightTokens(c) / this.peakPrefillThroughput) * 1000;
   }
@@ -189,6 +194,7 @@ export class LlmdAffinityPolicy implements RoutingPolicy {
     let bestSticky = Infinity;
     let bestOther = Infinity;
     for (let i = 0; i < n; i++) {
+      // the gate is on only with a penalty, and then peakPrefillThroughput > 0
       const ttft = this.maxTtftPenaltyMs > 0 ? this.ttftMs(candidates[i]) : 0;
       if (this.prefix[i] >= this.affinityThreshold) {
         sticky++;
@@ -224,15 +230,17 @@ export class LlmdAffinityPolicy implements RoutingPolicy {
 
   scoreTerms(c: Candidate, r: RouteFeatures): Record<string, number | boolean> {
     const prefixScore = this.prefixScore(c, r);
-    return {
+    const terms: Record<string, number | boolean> = {
       prefixScore,
       sticky: this.affinityThreshold > 0 && prefixScore >= this.affinityThreshold,
       kept: !this.narrowed || prefixScore >= this.affinityThreshold,
       inFlightTokens: this.inFlightTokens(c),
       requestTokens: this.requestTokens(c, r),
-      ttftMs: this.ttftMs(c),
-      score: this.tokenScore(c, r),
     };
+    // no TTFT without a throughput to divide by (the gate is off then)
+    if (this.peakPrefillThroughput > 0) terms.ttftMs = this.ttftMs(c);
+    terms.score = this.tokenScore(c, r);
+    return terms;
   }
 }
 

@@ -7,6 +7,7 @@ import { z } from 'zod';
 import { gotPhrase } from '../schema-issues.js';
 import { DEFAULT_COST_WEIGHTS, kneeCeilingProblem, type CostWeights } from './cost.js';
 import { LLMD_SCRAPE_INTERVAL_RANGE } from './llmd.js';
+import { LLMD_MAX_TTFT_PENALTY_MS } from './llmd-affinity.js';
 import { SGLANG_EVICTION_INTERVAL_SECS } from './sglang.js';
 import { SMG_MODES } from './smg.js';
 
@@ -137,15 +138,27 @@ export const POLICY_OPTIONS_SCHEMA = z.strictObject(
     'llmd-affinity': peerOptions('llmd-affinity', {
       affinityThreshold: fraction().optional(),
       maxTtftPenaltyMs: nonNegative().optional(),
-      // it divides (in-flight tokens over it are the TTFT load gate's milliseconds)
-      peakPrefillThroughput: nonNegative().gt(0, bound('> 0')).optional(),
+      // it divides (in-flight tokens over it are the TTFT load gate's milliseconds): 0 only
+      // with the gate off (checked below)
+      peakPrefillThroughput: nonNegative().optional(),
       tokenLoadCapacity: positiveInt().optional(),
       scrapeIntervalMs: finiteNumber()
         .min(LLMD_SCRAPE_INTERVAL_RANGE.min)
         .max(LLMD_SCRAPE_INTERVAL_RANGE.max)
         .optional(),
       speculativeIndexing: z.boolean().optional(),
-    }).optional(),
+    })
+      .superRefine((given, ctx) => {
+        const penalty = given.maxTtftPenaltyMs ?? LLMD_MAX_TTFT_PENALTY_MS;
+        if (given.peakPrefillThroughput === 0 && penalty > 0)
+          ctx.addIssue({
+            code: 'custom',
+            message: 'must be > 0 unless maxTtftPenaltyMs is 0, got 0',
+            path: ['peakPrefillThroughput'],
+            input: 0,
+          });
+      })
+      .optional(),
     seed: peerOptions('seed', { loadSignal: z.enum(['kv-usage', 'queue-inclusive']).optional() }).optional(),
   },
   { error: (iss) => (iss.code === 'unrecognized_keys' ? 'is not a policy with options' : undefined) },
