@@ -65,7 +65,8 @@ import {
  *   speculativeTTL (default 2 s); here the router's own speculative entries stand in for them
  *   (`speculative`), with the router's extent and lifetime.
  * Metrics are refreshed every 50 ms (pkg/epp/server/options.go, `RefreshMetricsInterval`),
- * though nothing in this profile reads them: `scrapeIntervalMs`, as for llmd.
+ * though nothing in this profile reads them: `scrapeIntervalMs`, as for llmd (the simulator's
+ * alone; `serve` and `epp` scrape at their --metrics-interval-ms).
  * Not modelled: flow control and saturation admission in front of the scheduler, and the
  * filter's exploration (off by default).
  */
@@ -78,7 +79,11 @@ export interface LlmdAffinityOptions {
   peakPrefillThroughput?: number;
   /** In-flight tokens at which the token-load score reaches 0 (default 4194304, queueThresholdTokens). */
   tokenLoadCapacity?: number;
-  /** How often engine metrics are scraped, ms (default 50, llm-d's RefreshMetricsInterval). */
+  /**
+   * How often the simulator scrapes engine metrics for this policy, ms (default 50, llm-d's
+   * RefreshMetricsInterval). Read by the simulator alone: `serve` and `epp` scrape at
+   * --metrics-interval-ms whatever the policy.
+   */
   scrapeIntervalMs?: number;
   /** Speculative entries for each decision, as the precise guide's speculativeIndexing (default true). */
   speculativeIndexing?: boolean;

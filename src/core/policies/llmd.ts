@@ -26,7 +26,8 @@ import {
  * config/charts/epplib/templates/_config.yaml, config/charts/routerlib/templates/_config.yaml
  * at llm-d/llm-d-router@ebab687927f5331c1b39defcb579a07951bce56c). Metrics are refreshed every
  * 50 ms (pkg/epp/server/options.go, `RefreshMetricsInterval`): `scrapeIntervalMs`, which the
- * simulator uses for this policy's load scrapes unless told otherwise. The prefix scorer reads
+ * simulator uses for this policy's load scrapes unless told otherwise (`serve` and `epp` scrape
+ * at their --metrics-interval-ms instead). The prefix scorer reads
  * the router's speculative entries too (16 blocks past what the worker holds, for 5 s), where
  * llm-d's precise producer indexes a request's whole prompt for 2 s when `speculativeIndexing`
  * is on (off by default, on in its precise-prefix guide).
@@ -37,7 +38,11 @@ export interface LlmdOptions {
   prefixWeight?: number;
   kvWeight?: number;
   queueWeight?: number;
-  /** How often engine metrics are scraped, ms (default 50, llm-d's RefreshMetricsInterval). */
+  /**
+   * How often the simulator scrapes engine metrics for this policy, ms (default 50, llm-d's
+   * RefreshMetricsInterval). Read by the simulator alone: `serve` and `epp` scrape at
+   * --metrics-interval-ms whatever the policy.
+   */
   scrapeIntervalMs?: number;
 }
 

@@ -140,7 +140,8 @@ export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>
   policy: `routing policy (${POLICY_NAMES.join(', ')})`,
   costWeights:
     "the cost policy's weights, e.g. {recompute: 2} (what `tune` prints); unspecified ones keep their defaults",
-  policyOptions: "peer policies' options, e.g. {dynamo: {prefillLoadScale: 2}}; defaults are the peers' shipped ones",
+  policyOptions:
+    "peer policies' options, e.g. {dynamo: {prefillLoadScale: 2}}; defaults are the peers' shipped ones (llmd's and llmd-affinity's scrapeIntervalMs is read by simulate alone: serve and the endpoint picker scrape at --metrics-interval-ms)",
   randomSeed: 'seed of the random source sampling policies use',
   anchorCapacity: 'most seed-API anchors remembered (least recently used evicted beyond)',
   workflowCapacity: 'most workflows remembered for step continuity',
