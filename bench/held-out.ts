@@ -9,7 +9,9 @@
  * simulator is deterministic), written to bench/results/held-out.json with the run's settings.
  *
  *   npm run bench:held-out [-- --out bench/results/held-out.json] [--only hot-prefixes,long-sessions,tenants,agent-loops]
- *                          [--policies cost,llmd-affinity,...]
+ *                          [--policies cost,llmd-affinity,... --out FILE]
+ *
+ * --policies other than the defaults needs --out, so the README's file keeps its policies.
  */
 import { checkOutputFile, writeOutputFile } from '../src/cli/output-file.js';
 import { comparePolicies, type ComparisonReport } from '../src/sim/compare.js';
@@ -76,6 +78,14 @@ const flags = parseFlags(process.argv.slice(2));
 const POLICIES = flags.has('policies') ? String(flags.get('policies')).split(',') : DEFAULT_POLICIES;
 if (POLICIES.some((p) => !KNOWN_POLICIES.includes(p)) || new Set(POLICIES).size !== POLICIES.length)
   throw new RangeError(`--policies must name some of ${KNOWN_POLICIES.join(', ')}, each once`);
+// bench/results/held-out.json holds the README's tables: another set of policies goes elsewhere
+if (POLICIES.join(',') !== DEFAULT_POLICIES.join(',') && !flags.has('out')) {
+  process.stderr.write(
+    `error: --policies other than the defaults (${DEFAULT_POLICIES.join(',')}) needs --out: ` +
+      'bench/results/held-out.json holds the README tables\n',
+  );
+  process.exit(2);
+}
 const out = String(flags.get('out') ?? 'bench/results/held-out.json');
 // checked before the runs, written whole after them (an earlier file stays if they fail)
 const outFile = checkOutputFile('--out', out);
