@@ -11,7 +11,7 @@
  *   npm run bench:held-out [-- --out bench/results/held-out.json] [--only hot-prefixes,long-sessions,tenants,agent-loops]
  *                          [--policies cost,llmd-affinity,... --out FILE]
  *
- * --policies other than the defaults needs --out, so the README's file keeps its policies.
+ * --policies other than the defaults, and --only, need --out, so the README's file keeps its policies and runs.
  */
 import { checkOutputFile, writeOutputFile } from '../src/cli/output-file.js';
 import { comparePolicies, type ComparisonReport } from '../src/sim/compare.js';
@@ -84,6 +84,11 @@ if (POLICIES.join(',') !== DEFAULT_POLICIES.join(',') && !flags.has('out')) {
     `error: --policies other than the defaults (${DEFAULT_POLICIES.join(',')}) needs --out: ` +
       'bench/results/held-out.json holds the README tables\n',
   );
+  process.exit(2);
+}
+// and so do some of its runs alone
+if (flags.has('only') && !flags.has('out')) {
+  process.stderr.write('error: --only needs --out: bench/results/held-out.json holds the README tables, every run\n');
   process.exit(2);
 }
 const out = String(flags.get('out') ?? 'bench/results/held-out.json');

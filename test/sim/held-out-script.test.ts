@@ -25,6 +25,15 @@ describe('bench:held-out', () => {
     assert.equal(readFileSync(README_FILE, 'utf8'), before);
   });
 
+  test("--only without --out is refused before any run, the README's file untouched", () => {
+    const before = readFileSync(README_FILE, 'utf8');
+    const r = heldOut('--only', 'tenants');
+    assert.equal(r.status, 2, r.stderr);
+    assert.match(r.stderr, /--only needs --out/);
+    assert.equal(r.stdout, '');
+    assert.equal(readFileSync(README_FILE, 'utf8'), before);
+  });
+
   test('with --out, another set of policies goes past the check', () => {
     const dir = mkdtempSync(join(tmpdir(), 'held-out-'));
     try {
