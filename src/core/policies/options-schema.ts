@@ -31,6 +31,15 @@ const bound = (phrase: string) => ({ error: (iss: { input?: unknown }) => `must 
 export const MAX_MULTIPLIER_WEIGHT = 1e6;
 /** The largest weight counted in tokens or tokens a second (a rate, a capacity, a grace). */
 export const MAX_TOKEN_WEIGHT = 1e9;
+/** SGLang's and SMG's eviction interval: whole seconds, as upstream's u64 (the bounds first: z.int() would name the safe-integer top). */
+const evictionIntervalSecs = () =>
+  finiteNumber()
+    .min(SGLANG_EVICTION_INTERVAL_SECS.min)
+    .max(SGLANG_EVICTION_INTERVAL_SECS.max)
+    .refine(Number.isInteger, bound('a whole number of seconds'));
+/** llm-d's metrics refresh interval (llmd, llmd-affinity), ms. */
+const llmdScrapeIntervalMs = () =>
+  finiteNumber().min(LLMD_SCRAPE_INTERVAL_RANGE.min).max(LLMD_SCRAPE_INTERVAL_RANGE.max);
 const multiplier = () => nonNegative().max(MAX_MULTIPLIER_WEIGHT, bound(`<= ${MAX_MULTIPLIER_WEIGHT}`));
 /**
  * Weights with a narrower range than finite and >= 0. This is the one statement of the
@@ -104,12 +113,7 @@ export const POLICY_OPTIONS_SCHEMA = z.strictObject(
       cacheThreshold: fraction().optional(),
       balanceAbsThreshold: nonNegative().optional(),
       balanceRelThreshold: nonNegative().optional(),
-      // whole seconds, as upstream's u64 (the bounds first: z.int() would name the safe-integer top)
-      evictionIntervalSecs: finiteNumber()
-        .min(SGLANG_EVICTION_INTERVAL_SECS.min)
-        .max(SGLANG_EVICTION_INTERVAL_SECS.max)
-        .refine(Number.isInteger, bound('a whole number of seconds'))
-        .optional(),
+      evictionIntervalSecs: evictionIntervalSecs().optional(),
       maxTreeSize: positiveInt().optional(),
     }).optional(),
     smg: peerOptions('smg', {
@@ -119,21 +123,14 @@ export const POLICY_OPTIONS_SCHEMA = z.strictObject(
       balanceRelThreshold: nonNegative().min(1, bound('>= 1')).optional(),
       balanceTokenUsageThreshold: nonNegative().gt(0, bound('> 0')).optional(),
       overloadTokenUsageThreshold: nonNegative().gt(0, bound('> 0')).optional(),
-      evictionIntervalSecs: finiteNumber()
-        .min(SGLANG_EVICTION_INTERVAL_SECS.min)
-        .max(SGLANG_EVICTION_INTERVAL_SECS.max)
-        .refine(Number.isInteger, bound('a whole number of seconds'))
-        .optional(),
+      evictionIntervalSecs: evictionIntervalSecs().optional(),
       maxTreeSize: positiveInt().optional(),
     }).optional(),
     llmd: peerOptions('llmd', {
       prefixWeight: nonNegative().optional(),
       kvWeight: nonNegative().optional(),
       queueWeight: nonNegative().optional(),
-      scrapeIntervalMs: finiteNumber()
-        .min(LLMD_SCRAPE_INTERVAL_RANGE.min)
-        .max(LLMD_SCRAPE_INTERVAL_RANGE.max)
-        .optional(),
+      scrapeIntervalMs: llmdScrapeIntervalMs().optional(),
     }).optional(),
     'llmd-affinity': peerOptions('llmd-affinity', {
       affinityThreshold: fraction().optional(),
@@ -142,10 +139,7 @@ export const POLICY_OPTIONS_SCHEMA = z.strictObject(
       // with the gate off (checked below)
       peakPrefillThroughput: nonNegative().optional(),
       tokenLoadCapacity: positiveInt().optional(),
-      scrapeIntervalMs: finiteNumber()
-        .min(LLMD_SCRAPE_INTERVAL_RANGE.min)
-        .max(LLMD_SCRAPE_INTERVAL_RANGE.max)
-        .optional(),
+      scrapeIntervalMs: llmdScrapeIntervalMs().optional(),
       speculativeIndexing: z.boolean().optional(),
     })
       .superRefine((given, ctx) => {
