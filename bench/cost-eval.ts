@@ -21,6 +21,7 @@
 import { loadTrace } from '../src/sim/load-trace.js';
 import { simulate, type SimulationOptions } from '../src/sim/simulator.js';
 import type { TraceRequest } from '../src/sim/trace.js';
+import { TABLE_PEERS, TABLE_POLICIES } from './policies.js';
 import { intFlag, parseFlags, round } from './stats.js';
 
 const flags = parseFlags(process.argv.slice(2));
@@ -36,8 +37,6 @@ const onlySpeeds = flags.has('speeds') ? new Set(String(flags.get('speeds')).spl
 const costWeights = flags.has('cost-weights')
   ? (JSON.parse(String(flags.get('cost-weights'))) as Record<string, number>)
   : undefined;
-const PEERS = ['seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
-const POLICIES = ['cost', ...PEERS];
 
 interface Study {
   name: string;
@@ -104,7 +103,7 @@ for (const study of studies) {
   for (const speed of study.speeds) {
     if (onlySpeeds && !onlySpeeds.has(speed)) continue;
     const rows: Record<string, { ttftMean: number[]; ttftP99: number[]; hitRate: number[] }> = {};
-    for (const policy of POLICIES) {
+    for (const policy of TABLE_POLICIES) {
       rows[policy] = { ttftMean: [], ttftP99: [], hitRate: [] };
       for (const trace of samples) {
         const opts: SimulationOptions = {
@@ -125,7 +124,7 @@ for (const study of studies) {
       hitRate: meanCi(rows[p].hitRate),
     });
     const cost = stat('cost');
-    const peers = PEERS.map((p) => ({ p, s: stat(p) }));
+    const peers = TABLE_PEERS.map((p) => ({ p, s: stat(p) }));
     const bestMean = peers.reduce((a, b) => (b.s.ttftMean.mean < a.s.ttftMean.mean ? b : a));
     const bestP99 = peers.reduce((a, b) => (b.s.ttftP99.mean < a.s.ttftP99.mean ? b : a));
     const bestHit = peers.reduce((a, b) => (b.s.hitRate.mean > a.s.hitRate.mean ? b : a));
@@ -139,7 +138,7 @@ for (const study of studies) {
       split,
       speed,
       samples: samples.length,
-      policies: POLICIES.map((p) => ({ policy: p, ...stat(p) })),
+      policies: TABLE_POLICIES.map((p) => ({ policy: p, ...stat(p) })),
       best: { ttftMean: bestMean.p, ttftP99: bestP99.p, hitRate: bestHit.p },
       verdict,
     });
@@ -148,7 +147,7 @@ for (const study of studies) {
       process.stdout.write(
         `\n${study.name} ${split} speed ×${speed} (${samples.length} samples of ${samples[0].length} requests)\n`,
       );
-      for (const p of POLICIES) {
+      for (const p of TABLE_POLICIES) {
         const s = stat(p);
         process.stdout.write(
           `  ${p.padEnd(12)} mean ${fmt(s.ttftMean, 3).padEnd(16)} p99 ${fmt(s.ttftP99, 2).padEnd(16)} hit ${fmt(s.hitRate, 3)}\n`,

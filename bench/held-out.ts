@@ -16,14 +16,8 @@
 import { checkOutputFile, writeOutputFile } from '../src/cli/output-file.js';
 import { comparePolicies, type ComparisonReport } from '../src/sim/compare.js';
 import { loadTrace } from '../src/sim/load-trace.js';
+import { KNOWN_POLICIES, TABLE_POLICIES } from './policies.js';
 import { parseFlags } from './stats.js';
-
-/**
- * `cost` and the sweep's peers; --policies also takes llm-d's guide routing (llmd-affinity) and
- * SMG's cache-aware routing (smg).
- */
-const DEFAULT_POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
-const KNOWN_POLICIES = [...DEFAULT_POLICIES, 'llmd-affinity', 'smg'];
 
 interface HeldOutRun {
   shape: string;
@@ -75,13 +69,13 @@ const RUNS: HeldOutRun[] = [
 ];
 
 const flags = parseFlags(process.argv.slice(2));
-const POLICIES = flags.has('policies') ? String(flags.get('policies')).split(',') : DEFAULT_POLICIES;
+const POLICIES = flags.has('policies') ? String(flags.get('policies')).split(',') : TABLE_POLICIES;
 if (POLICIES.some((p) => !KNOWN_POLICIES.includes(p)) || new Set(POLICIES).size !== POLICIES.length)
   throw new RangeError(`--policies must name some of ${KNOWN_POLICIES.join(', ')}, each once`);
 // bench/results/held-out.json holds the README's tables: another set of policies goes elsewhere
-if (POLICIES.join(',') !== DEFAULT_POLICIES.join(',') && !flags.has('out')) {
+if (POLICIES.join(',') !== TABLE_POLICIES.join(',') && !flags.has('out')) {
   process.stderr.write(
-    `error: --policies other than the defaults (${DEFAULT_POLICIES.join(',')}) needs --out: ` +
+    `error: --policies other than the defaults (${TABLE_POLICIES.join(',')}) needs --out: ` +
       'bench/results/held-out.json holds the README tables\n',
   );
   process.exit(2);

@@ -55,6 +55,7 @@ import {
   type SweepOptions,
   type SweepReport,
 } from '../src/sim/sweep.js';
+import { KNOWN_POLICIES, TABLE_POLICIES } from './policies.js';
 import type { TraceRequest } from '../src/sim/trace.js';
 import { renderSweepTables } from './sim-readme.js';
 import { intFlag, parseFlags } from './stats.js';
@@ -81,21 +82,14 @@ if (split !== 'evaluation' && split !== 'train' && split !== 'fresh') {
   process.exit(2);
 }
 const OUT = String(flags.get('out') ?? 'bench/results');
-/** The sweep's policies: `cost` and the peers the README's tables compare it with. */
-const DEFAULT_POLICIES = ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin'];
-/**
- * Also accepted by --policies: llm-d's guide routing (llmd-affinity) and SMG's cache-aware
- * routing (smg), compared apart (bench/results/peers-2026/).
- */
-const ALL_POLICIES = [...DEFAULT_POLICIES, 'llmd-affinity', 'smg'];
 const onlyPolicies = flags.get('policies');
-const POLICIES = typeof onlyPolicies === 'string' ? onlyPolicies.split(',') : DEFAULT_POLICIES;
+const POLICIES = typeof onlyPolicies === 'string' ? onlyPolicies.split(',') : TABLE_POLICIES;
 if (
   POLICIES.length === 0 ||
-  POLICIES.some((p) => !ALL_POLICIES.includes(p)) ||
+  POLICIES.some((p) => !KNOWN_POLICIES.includes(p)) ||
   new Set(POLICIES).size !== POLICIES.length
 ) {
-  process.stderr.write(`error: --policies must name some of ${ALL_POLICIES.join(', ')}, each once\n`);
+  process.stderr.write(`error: --policies must name some of ${KNOWN_POLICIES.join(', ')}, each once\n`);
   process.exit(2);
 }
 /** A positive number flag, or `fallback`; a bad one ends the run naming it. */
