@@ -693,8 +693,102 @@ describe('cost policy regimes', () => {
     const queued = terms(p, w0, ninth).queuedCachedTokens;
     assert.ok(queued >= 30_000 && queued < 33_000, `one prefix queued, got ${queued}`);
     const kvWait = terms(p, w0, ninth).kvWaitSeconds * DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
-    assert.ok(Math.abs(kvWait - (queued + 32_000 - 50_000)) < 1e-6, `K + 32,000 against 50,000 free, got ${kvWait}`);
+    // and the ninth, whose prefix the queued siblings bring, needs free KV for its own 2,000
+    // tokens only: K + 2,000 against 50,000 free leaves it nothing to wait for
+    const pending = terms(p, w0, ninth).pendingTokens;
+    assert.ok(pending >= 29_000 && pending <= 30_000, `the prefix is pending, got ${pending}`);
+    assert.equal(kvWait, Math.max(0, queued + 32_000 - pending - 50_000));
+    assert.equal(kvWait, 0);
     assert.equal(p.choose(cs, ninth).index, 0, 'the ninth sibling joins its context');
+    // with nothing to wait for, nothing of its prefix is at risk
+    assert.equal(terms(p, w0, ninth).prefixAtRiskTokens, 0);
+    // with 20,000 free, it waits for what K and its own tokens lack
+    const [tight] = fleet([{ cached: 30_000, load: 0.8, capacity: 100_000, entries: 4_000 }]);
+    const tightWait = terms(p, tight, ninth).kvWaitSeconds * DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
+    assert.ok(Math.abs(tightWait - (queued + 32_000 - pending - 20_000)) < 1e-6, `got ${tightWait}`);
+    // the siblings queued before it hold the prefix when it is admitted: only the blocks past the
+    // last position the pending table keeps are at risk
+    assert.equal(terms(p, tight, ninth).prefixAtRiskTokens, 30_000 - pending);
+  });
+
+  test('prefix at risk: a turn on a holder short of free KV may lose up to the shortfall of its prefix, a bound in its cost', () => {
+    const p = new CostPolicy();
+    const a = DEFAULT_COST_WEIGHTS.attention;
+    const tps = DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
+    // w0 holds 60,000 tokens of a 64,000-token turn; 300,000 tokens of KV, 90% held: 30,000 free
+    const cs = fleet([{ cached: 60_000, load: 0.9, capacity: 300_000, entries: 3_750 }, { capacity: 300_000 }]);
+    const turn = request(64_000);
+    p.choose(cs, turn);
+    const t = terms(p, cs[0], turn);
+    // 64,000 against 30,000 free: 34,000 short, all of which may come out of the 60,000 held
+    assert.ok(Math.abs(t.kvWaitSeconds * tps - 34_000) < 1e-6);
+    assert.ok(Math.abs(t.prefixAtRiskTokens - 34_000) < 1e-6);
+    const risk = (prefillWork(4_000 + 34_000, 64_000, a) - prefillWork(4_000, 64_000, a)) / tps;
+    assert.ok(Math.abs(t.prefixAtRiskSeconds - risk) < 1e-9);
+    // recomputed at the end of the context, it costs more than its tokens
+    assert.ok(t.prefixAtRiskSeconds > (2 * 34_000) / tps);
+    // a bound, charged in the cost and left out of the estimated TTFT
+    const ttft = t.queueSeconds + t.prefillSeconds + t.latenessSeconds + t.kvWaitSeconds;
+    assert.ok(Math.abs(t.estimatedTtftSeconds - ttft) < 1e-9);
+    assert.ok(t.costSeconds >= t.estimatedTtftSeconds + t.prefixAtRiskSeconds - 1e-9);
+    // the worker without the prefix has room and risks nothing
+    assert.equal(terms(p, cs[1], turn).prefixAtRiskTokens, 0);
+    // at most what it holds: a 4,000-token prefix on a worker 34,000 short
+    const little = fleet([{ cached: 4_000, load: 0.9, capacity: 300_000, entries: 250 }, { capacity: 300_000 }]);
+    p.choose(little, turn);
+    assert.equal(terms(p, little[0], turn).prefixAtRiskTokens, 4_000);
+    // with room for the prompt nothing is at risk
+    const roomy = fleet([{ cached: 60_000, load: 0.5, capacity: 300_000, entries: 3_750 }, { capacity: 300_000 }]);
+    p.choose(roomy, turn);
+    assert.equal(terms(p, roomy[0], turn).prefixAtRiskTokens, 0);
+    assert.equal(terms(p, roomy[0], turn).prefixAtRiskSeconds, 0);
+  });
+
+  test('prefix at risk: a turn sent while its previous turn answers waits for no KV its prefix holds, and risks what it still lacks', () => {
+    const p = new CostPolicy();
+    // w0: 300,000 tokens of KV, 90% held (30,000 free), among them the previous turn's 64,000
+    const cs = fleet([{ cached: 0, load: 0.9, capacity: 300_000, entries: 4_000 }, { capacity: 300_000 }]);
+    const blocks = (n: number): RouteFeatures['blocks'] => ({
+      hi: Array.from({ length: n }, (_, i) => i),
+      lo: Array.from({ length: n }, (_, i) => 7 * i + 1),
+      length: n,
+    });
+    const previous: RouteFeatures = { ...request(64_000), blocks: blocks(4_000) };
+    p.choose([cs[0]], previous);
+    p.onRouted(cs[0].worker, previous, 1, 0);
+    // the next turn, 4,000 tokens longer, is sent before the previous one has ended
+    const next: RouteFeatures = { ...request(68_000), blocks: blocks(4_250) };
+    p.choose(cs, next);
+    const t = terms(p, cs[0], next);
+    // the pending table keeps every 64th block at that depth: 3,968 of the 4,000
+    assert.equal(t.pendingTokens, 63_488, 'the previous turn brings its prefix');
+    // 68,000 against 30,000 free is 38,000 short; the prefix the previous turn brings is counted
+    // with it (in the KV usage once it runs): the turn waits for none of it
+    assert.equal(t.kvWaitSeconds, 0);
+    // still in prefill, the previous turn is admitted first and holds its prefix then: not at risk
+    assert.equal(t.prefixAtRiskTokens, 0);
+    // answering, it ends before long and its prefix is free KV, which covers the 38,000: nothing is at risk
+    p.onPrefillDone(1);
+    p.choose(cs, next);
+    const answering = terms(p, cs[0], next);
+    assert.equal(answering.kvWaitSeconds, 0);
+    assert.equal(answering.prefixAtRiskTokens, 0);
+    // with 3,000 free, 65,000 short: the prefix covers 63,488 of it, and the rest may come out of it
+    const [full] = fleet([{ cached: 0, load: 0.99, capacity: 300_000, entries: 4_000 }]);
+    p.choose([full, cs[1]], next);
+    const lacking = terms(p, full, next);
+    const short = 68_000 - 3_000 - 63_488;
+    assert.ok(Math.abs(lacking.kvWaitSeconds * DEFAULT_COST_WEIGHTS.prefillTokensPerSecond - short) < 1e-6);
+    assert.ok(Math.abs(lacking.prefixAtRiskTokens - short) < 1e-6);
+    assert.ok(lacking.prefixAtRiskSeconds > 0, 'the risk is charged');
+    // with the previous turn ended and its prefix indexed, the same shortfall is a KV wait too
+    p.onReleased(1);
+    const after = fleet([{ cached: 64_000, load: 0.9, capacity: 300_000, entries: 4_000 }, { capacity: 300_000 }]);
+    p.choose(after, next);
+    const u = terms(p, after[0], next);
+    assert.equal(u.pendingTokens, 0);
+    assert.ok(Math.abs(u.kvWaitSeconds * DEFAULT_COST_WEIGHTS.prefillTokensPerSecond - 38_000) < 1e-6);
+    assert.ok(Math.abs(u.prefixAtRiskTokens - 38_000) < 1e-6);
   });
 
   test('KV wait: a prefix held on several workers is not counted again for each sibling queued there', () => {

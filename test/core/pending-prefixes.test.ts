@@ -61,6 +61,27 @@ describe('pending prefixes', () => {
     assert.equal(p.blocksOn(cs[1]), 0);
   });
 
+  test('the holder on a worker is the request that recorded the deepest pending block there', () => {
+    const p = new PendingPrefixes();
+    const cs = candidates([0, 1]);
+    // a shared 100-block prefix pending on worker 0 (ticket 3), a longer prompt sharing it on worker 1 (ticket 4)
+    p.record(0, 3, prompt(100, 5));
+    p.record(1, 4, prompt(300, 5));
+    p.lookup(cs, prompt(400, 5), 0);
+    assert.equal(p.holderOn(cs[1]), 4);
+    assert.equal(p.blocksOn(cs[1]), 296);
+    // the blocks ticket 4 recorded over ticket 3's are ticket 4's: worker 0 holds none of them now
+    assert.equal(p.holderOn(cs[0]), 0);
+    assert.equal(p.blocksOn(cs[0]), 0);
+    // a prompt of the short prefix alone finds ticket 4 there too
+    p.lookup(cs, prompt(100, 5), 0);
+    assert.equal(p.holderOn(cs[1]), 4);
+    p.release(4);
+    p.lookup(cs, prompt(400, 5), 0);
+    assert.equal(p.holderOn(cs[1]), 0);
+    assert.equal(p.holderOn(candidates([9])[0]), 0, 'a slot never looked up has none');
+  });
+
   test('within the indexed prefix every kept block is read; past it a run of misses ends the lookup', () => {
     const p = new PendingPrefixes();
     const cs = candidates([0, 1, 2]);

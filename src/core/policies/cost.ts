@@ -24,12 +24,26 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *            router queued on the worker is (when     what the others evicted): its backlog
  *            no in-flight request shares the prefix)  beyond the queue, measured, not modelled
  *   wait   = (queue + W(u)) · slow + late            estimated TTFT on this worker
- *   kvWait = max(0, K + P − (1 − kvUsage) · kvCapacity)  KV the request must wait for (capacity
- *                                                    known): its prompt, after the cached prefixes
- *                                                    (K) of this router's requests queued there
- *                                                    before it, which each takes out of the free KV
- *                                                    when admitted (first come, first served); a
- *                                                    prefix several of them share counts once
+ *   kvWait = max(0, K + P − H − (1 − kvUsage) · kvCapacity)  KV the request must wait for
+ *                                                    (capacity known): its prompt, after the cached
+ *                                                    prefixes (K) of this router's requests queued
+ *                                                    there before it, which each takes out of the
+ *                                                    free KV when admitted (first come, first
+ *                                                    served; a prefix several of them share counts
+ *                                                    once); a prefix H this router's in-flight
+ *                                                    requests there hold or bring is counted with
+ *                                                    them (in the KV usage, or in K), not again
+ *   atRisk = W(u + e) − W(u),                        the recompute of the cached prefix it may lose
+ *            e = min((C − Hq) / (1 + hot), kvWait)   while it waits: vLLM counts a prefix no running
+ *                                                    request holds as free KV (H too, once the
+ *                                                    requests holding it end), and the requests
+ *                                                    admitted before it take what it lacks out of
+ *                                                    the free blocks; at most that much of its share
+ *                                                    of the prefix goes, recomputed at the end of its
+ *                                                    context. Hq, brought by a request still in
+ *                                                    prefill there, is held when this one is
+ *                                                    admitted. A bound, not an estimate: not in its
+ *                                                    estimated TTFT
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
  *            (0 while another worker has nothing     (the best-cached worker's own queue left out),
  *            queued) + share of workers with         none while idle capacity absorbs the extra
@@ -57,7 +71,7 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    requests that held M there beyond what every
  *                                                    worker holds) wait what is left of it (U), or
  *                                                    leave when recomputing M elsewhere costs less
- *   cost   = wait + kvWait + recompute + guard + arrivalDelay
+ *   cost   = wait + kvWait + atRisk + recompute + guard + arrivalDelay
  *
  * A new session (no worker holds more of it than every worker does) has no worker of its own:
  * it considers only the workers where its estimated TTFT (wait + kvWait) is within
@@ -254,6 +268,13 @@ class Terms {
   wait = 0;
   kvCapacity = 0;
   kvWait = 0;
+  /** The cached prefix the request may lose while it waits for KV (tokens), and its recompute (token equivalents). */
+  prefixAtRiskTokens = 0;
+  prefixAtRisk = 0;
+  /** The prefix this router's in-flight requests on the worker hold or bring (see PendingPrefixes). */
+  pendingTokens = 0;
+  /** Of it, the prefix a request still in prefill there brings: admitted before this one, it holds it then. */
+  pinnedAhead = 0;
   fits = true;
   saturation = 0;
   fullness = 0;
@@ -307,8 +328,15 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   const slowdown = 1 + w.decode * worker.activeDecodeTokens;
   const capacity = worker.kvCapacityTokens > 0 ? worker.kvCapacityTokens : w.kvCapacityTokens;
   // vLLM counts cached-but-idle blocks as free: the whole prompt must fit in the free part, and
-  // the requests queued before it take their cached prefixes out of it first when admitted
-  const kvWait = capacity > 0 ? Math.max(0, t.queuedCached + prompt - (1 - worker.load) * capacity) : 0;
+  // the requests queued before it take their cached prefixes out of it first when admitted. A
+  // prefix this router's in-flight requests there hold (running: in the KV usage) or bring
+  // (queued: in K, or computed by them when admitted) takes no free KV for the request again:
+  // counted twice, a sibling of a hot prompt, or a turn sent while its previous turn still
+  // answers, waited for KV its prefix already had
+  const kvWait =
+    capacity > 0
+      ? Math.max(0, t.queuedCached + prompt - Math.min(prompt, t.pendingTokens) - (1 - worker.load) * capacity)
+      : 0;
   const kv = worker.load;
   const overKnee = kv > w.pressureKnee ? (kv - w.pressureKnee) / (1 - w.pressureKnee) : 0;
   t.prompt = prompt;
@@ -324,6 +352,22 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   t.wait = (t.queue + work) * slowdown + t.late;
   t.kvCapacity = capacity;
   t.kvWait = kvWait;
+  // vLLM counts a cached prefix that no running request holds as free KV (the prefix in-flight
+  // requests hold, too, once they end: a session's previous turn still answering), and a
+  // request short of free KV waits while the requests admitted before it take their blocks out
+  // of the free ones, least recently used first: up to what it lacks of its own prefix may go,
+  // and be recomputed at the end of its context (a 100,000-token history ~5× its tokens). A
+  // prefix that a request still in prefill there brings is held when this one is admitted (that
+  // one is admitted first), and the in-flight requests reusing a hot prefix keep it: only the
+  // rest of the request's share is at risk. It is a bound: such turns lose a fraction of it,
+  // since the free blocks hold older ones. But by the time they lose more, the worker's
+  // sessions have outgrown its KV and its turns evict one another's histories in turn, and a
+  // worker found running late is left too late; charged the bound, a session leaves a holder
+  // whose KV runs short sooner (docs/routing.md §7, "The prefix at risk while a turn waits")
+  const atRiskTokens =
+    kvWait > 0 ? Math.min(Math.max(0, prompt - uncached - t.pinnedAhead) / (1 + fleet.hotness), kvWait) : 0;
+  t.prefixAtRiskTokens = atRiskTokens;
+  t.prefixAtRisk = atRiskTokens > 0 ? prefillWork(uncached + atRiskTokens, prompt, w.attention) - work : 0;
   t.fits = capacity <= 0 || prompt <= capacity;
   // a copy displaces cached KV only where the cache is full: an empty worker loses nothing
   const held = c.indexEntries * r.blockSize;
@@ -365,7 +409,7 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   const prefill = work * slowdown;
   const ownWorker = fleet.bestCachedTokens - fleet.leastCachedTokens >= r.blockSize;
   t.arrivalDelay = ownWorker || fleet.newSession ? prefill * stuckWait(t, prefill, w) : 0;
-  t.cost = t.wait + kvWait + t.recompute + t.guard + t.arrivalDelay;
+  t.cost = t.wait + kvWait + t.prefixAtRisk + t.recompute + t.guard + t.arrivalDelay;
   return t;
 }
 
@@ -535,6 +579,8 @@ export class CostPolicy implements RoutingPolicy {
   /** Candidate `c`'s terms for request `r`, written into `into` (the reused scratch unless given). */
   private termsOf(c: Candidate, r: RouteFeatures, into: Terms = this.terms): Terms {
     into.cached = this.cachedOn(c, r);
+    into.pendingTokens = this.pending.blocksOn(c) * r.blockSize;
+    into.pinnedAhead = this.inPrefill(this.pending.holderOn(c), c.worker.slot) ? into.pendingTokens : 0;
     this.stuckInto(into, c);
     into.queuedAttention = this.queuedAttention(c);
     into.queuedCached = this.queuedCached(c, r.blockSize);
@@ -735,6 +781,13 @@ export class CostPolicy implements RoutingPolicy {
     return 0;
   }
 
+  /** Whether the request with this ticket (low 32 bits) is still in prefill on worker `slot`. */
+  private inPrefill(ticket: number, slot: number): boolean {
+    if (ticket === 0) return false;
+    const i = ticket & (QUEUED_TICKETS - 1);
+    return this.queuedSlot[i] === slot + 1 && (this.queuedTicket[i] | 0) === ticket;
+  }
+
   /** Attention work of this router's requests queued on the worker (what their token count leaves out). */
   private queuedAttention(c: Candidate): number {
     return c.worker.slot < this.attentionQueued.length ? this.attentionQueued[c.worker.slot] : 0;
@@ -900,6 +953,9 @@ export class CostPolicy implements RoutingPolicy {
       decodeSlowdown: t.slowdown,
       estimatedTtftSeconds: seconds(t.wait + t.kvWait),
       kvWaitSeconds: seconds(t.kvWait),
+      /** Its cached prefix that the requests admitted before it may evict while it waits for KV (at most the shortfall), and that prefix's recompute. */
+      prefixAtRiskTokens: t.prefixAtRiskTokens,
+      prefixAtRiskSeconds: seconds(t.prefixAtRisk),
       fits: t.fits,
       saturation: t.saturation,
       reuse: f.reuse,

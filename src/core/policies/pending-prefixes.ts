@@ -66,6 +66,8 @@ export class PendingPrefixes {
   private readonly live = new Int32Array(TICKET_SLOTS);
   /** Per worker slot: the request's leading blocks pending there, from the last lookup(). */
   private depth: Float64Array<ArrayBuffer> = new Float64Array(64);
+  /** Per worker slot: the low 32 bits of the ticket of the request that recorded the deepest of those blocks. */
+  private holder: Int32Array<ArrayBuffer> = new Int32Array(64);
   /** The most leading blocks of the last looked-up request pending on any one candidate. */
   deepest = 0;
 
@@ -108,8 +110,12 @@ export class PendingPrefixes {
    */
   lookup(candidates: readonly Candidate[], blocks: RequestBlocks | undefined, indexed: number): void {
     for (const c of candidates) {
-      if (c.worker.slot >= this.depth.length) this.depth = grow(this.depth, c.worker.slot + 1);
+      if (c.worker.slot >= this.depth.length) {
+        this.depth = grow(this.depth, c.worker.slot + 1);
+        this.holder = resized(this.holder, this.depth.length);
+      }
       this.depth[c.worker.slot] = 0;
+      this.holder[c.worker.slot] = 0;
     }
     this.deepest = 0;
     const n = blocks ? blocks.length : 0;
@@ -133,6 +139,7 @@ export class PendingPrefixes {
       misses = 0;
       if (worker < this.depth.length && i + 1 > this.depth[worker]) {
         this.depth[worker] = i + 1;
+        this.holder[worker] = t;
         this.deepest = i + 1;
       }
     }
@@ -141,6 +148,11 @@ export class PendingPrefixes {
   /** Leading blocks of the last looked-up request pending on the candidate's worker. */
   blocksOn(c: Candidate): number {
     return c.worker.slot < this.depth.length ? this.depth[c.worker.slot] : 0;
+  }
+
+  /** The ticket (low 32 bits; 0: none) of the request holding the deepest of those blocks on the candidate's worker. */
+  holderOn(c: Candidate): number {
+    return c.worker.slot < this.holder.length ? this.holder[c.worker.slot] : 0;
   }
 }
 
