@@ -2,9 +2,10 @@
 """Coding-agent tool loops, a Mooncake-format trace shape the routing defaults were not chosen
 on (docs/routing.md §7, "Where `cost` trails: agent loops that outgrow their worker").
 
-    python3 scripts/gen-agent-loop-traces.py bench/traces/agent-loops
+    python3 scripts/gen-agent-loop-traces.py bench/traces/agent-loops [FIRST LAST]
 
-writes agent-loops.{1..9}.jsonl.gz: 40 sessions, one starting every 15 s on average, each a
+writes agent-loops.{1..9}.jsonl.gz, or the seeds FIRST to LAST (`10 39`: the ones `npm run
+bench:trace-seeds` runs): 40 sessions, one starting every 15 s on average, each a
 loop of 20-60 turns. A session's first prompt is 8,000-20,000 tokens; every turn adds its
 answer (100-600 tokens) and a tool result (500-3,000 tokens), so a session ends at 50,000-
 140,000 tokens. The next turn comes 1-4 s after the answer ends (the answer's tokens at 40 a
@@ -41,8 +42,10 @@ def agent_loops(rng, sessions=40, start_rate=1 / 15):
 
 if __name__ == "__main__":
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "bench/traces/agent-loops"
+    # seeds FIRST..LAST (default 1..9; FIRST alone: that seed); a seed's file is the same whichever range writes it
+    first, last = (int(sys.argv[2]), int(sys.argv[3 if len(sys.argv) > 3 else 2])) if len(sys.argv) > 2 else (1, 9)
     os.makedirs(out_dir, exist_ok=True)
-    for seed in range(1, 10):
+    for seed in range(first, last + 1):
         rng = random.Random(seed * 1000 + sum(map(ord, "agentloop")))
         rows = sorted(agent_loops(rng), key=lambda d: d["timestamp"])
         path = os.path.join(out_dir, f"agent-loops.{seed}.jsonl.gz")

@@ -3,9 +3,10 @@
 routing defaults were not chosen on (docs/routing.md §7, "Agent loops that outgrow their
 worker; a worker running late").
 
-    python3 scripts/gen-tenant-traces.py bench/traces/tenants
+    python3 scripts/gen-tenant-traces.py bench/traces/tenants [FIRST LAST]
 
-writes tenants.{1..6}.jsonl.gz: 3,000 requests from user sessions arriving at 2 a second, each
+writes tenants.{1..6}.jsonl.gz, or the seeds FIRST to LAST (`7 26`: the ones `npm run
+bench:trace-seeds` runs): 3,000 requests from user sessions arriving at 2 a second, each
 session 1-5 turns (5-40 s apart) on top of one of 24 tenants' system prompts (2,000-8,000
 tokens, whole blocks; the tenant drawn with Zipf weights 1/k^1.1, so the first few tenants
 carry most sessions). A turn adds 100-1,500 tokens to the session's context, and its answer
@@ -46,8 +47,10 @@ def tenants(rng, requests=3000, session_rate=2.0, count=24):
 
 if __name__ == "__main__":
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "bench/traces/tenants"
+    # seeds FIRST..LAST (default 1..6; FIRST alone: that seed); a seed's file is the same whichever range writes it
+    first, last = (int(sys.argv[2]), int(sys.argv[3 if len(sys.argv) > 3 else 2])) if len(sys.argv) > 2 else (1, 6)
     os.makedirs(out_dir, exist_ok=True)
-    for seed in range(1, 7):
+    for seed in range(first, last + 1):
         rng = random.Random(seed * 1000 + sum(map(ord, "tenants")))
         rows = sorted(tenants(rng), key=lambda d: d["timestamp"])
         path = os.path.join(out_dir, f"tenants.{seed}.jsonl.gz")
