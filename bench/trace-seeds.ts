@@ -1,0 +1,156 @@
+/**
+ * bench:trace-seeds — every policy on many seeds of two generated shapes, where one seed's
+ * figures say little: coding-agent loops that outgrow their worker (bench/traces/agent-loops/,
+ * seeds 10–39) and many tenants' system prompts under short sessions on workers with little KV
+ * (bench/traces/tenants/, seeds 7–26). Each shape's seeds are split in two sets: the first
+ * (agent loops 10–29, tenants 7–16) is the one `cost`'s prefix at risk was chosen on, the second
+ * (30–39, 17–26) was kept apart until it was (docs/routing.md §7, "The prefix at risk while a
+ * turn waits"). The agent loops run open-loop at their recorded rate, as bench:held-out runs
+ * seeds 1–9, and closed-loop (each turn sent once the previous one has ended, as an agent does);
+ * the tenants at ×2 and ×3. Per set and policy it reports the mean over the seeds of each run's
+ * mean TTFT, the geometric means of the runs' mean and p99 TTFT, and the worst run's mean; and
+ * every run's figures. The simulator is deterministic: one run per seed.
+ *
+ *   npm run bench:trace-seeds [-- --policies cost,dynamo,... --out FILE] [--only agent-loops,tenants]
+ *
+ * It writes bench/results/trace-seeds.json; --policies other than the defaults, and --only,
+ * need --out, so that file keeps every policy and set.
+ */
+import { checkOutputFile, writeOutputFile } from '../src/cli/output-file.js';
+import { comparePolicies } from '../src/sim/compare.js';
+import { loadTrace } from '../src/sim/load-trace.js';
+import { KNOWN_POLICIES, TABLE_POLICIES } from './policies.js';
+import { parseFlags } from './stats.js';
+
+interface SeedSet {
+  name: string;
+  shape: 'agent-loops' | 'tenants';
+  seeds: number[];
+  speed: number;
+  kvTokens: number;
+  maxModelLen?: number;
+  closedLoop: boolean;
+}
+
+const range = (first: number, last: number) => Array.from({ length: last - first + 1 }, (_, i) => first + i);
+const agentLoops = (name: string, seeds: number[], closedLoop: boolean): SeedSet => ({
+  name,
+  shape: 'agent-loops',
+  seeds,
+  speed: 1,
+  kvTokens: 300_000,
+  maxModelLen: 150_000,
+  closedLoop,
+});
+const tenants = (name: string, seeds: number[], speed: number): SeedSet => ({
+  name,
+  shape: 'tenants',
+  seeds,
+  speed,
+  kvTokens: 60_000,
+  closedLoop: false,
+});
+
+const SETS: SeedSet[] = [
+  agentLoops('agent-loops 10-29', range(10, 29), false),
+  agentLoops('agent-loops 30-39', range(30, 39), false),
+  agentLoops('agent-loops 10-29 closed-loop', range(10, 29), true),
+  agentLoops('agent-loops 30-39 closed-loop', range(30, 39), true),
+  tenants('tenants 7-16 ×2', range(7, 16), 2),
+  tenants('tenants 7-16 ×3', range(7, 16), 3),
+  tenants('tenants 17-26 ×2', range(17, 26), 2),
+  tenants('tenants 17-26 ×3', range(17, 26), 3),
+];
+
+const flags = parseFlags(process.argv.slice(2));
+function fail(message: string): never {
+  process.stderr.write(`error: ${message}\n`);
+  process.exit(2);
+}
+const POLICIES = flags.has('policies') ? String(flags.get('policies')).split(',') : TABLE_POLICIES;
+if (POLICIES.some((p) => !KNOWN_POLICIES.includes(p)) || new Set(POLICIES).size !== POLICIES.length)
+  fail(`--policies must name some of ${KNOWN_POLICIES.join(', ')}, each once`);
+// bench/results/trace-seeds.json holds the docs' figures: a subset goes elsewhere
+if ((POLICIES.join(',') !== TABLE_POLICIES.join(',') || flags.has('only')) && !flags.has('out'))
+  fail(
+    `--policies other than the defaults (${TABLE_POLICIES.join(',')}) and --only need --out: ` +
+      'bench/results/trace-seeds.json holds every policy and set',
+  );
+const only = flags.has('only') ? new Set(String(flags.get('only')).split(',')) : undefined;
+if (only)
+  for (const s of only)
+    if (s !== 'agent-loops' && s !== 'tenants') fail(`--only: no shape '${s}' (agent-loops, tenants)`);
+const out = String(flags.get('out') ?? 'bench/results/trace-seeds.json');
+const outFile = checkOutputFile('--out', out);
+
+/** What a set's runs say of one policy. */
+interface Summary {
+  /** Mean over the runs of each run's mean TTFT (s). */
+  meanOfMeans: number;
+  /** Geometric means of the runs' mean and p99 TTFT (s). */
+  geomeanMean: number;
+  geomeanP99: number;
+  /** The highest of the runs' mean TTFT (s), and its seed. */
+  worstMean: number;
+  worstSeed: number;
+}
+
+const round = (x: number, digits = 3) => Number(x.toFixed(digits));
+const geomean = (xs: number[]) => Math.exp(xs.reduce((s, x) => s + Math.log(Math.max(x, 1e-3)), 0) / xs.length);
+
+const results = [];
+for (const set of SETS) {
+  if (only && !only.has(set.shape)) continue;
+  const runs: Array<{
+    seed: number;
+    policies: Array<{ policy: string; ttftMean: number; ttftP99: number; hitRate: number; rejected: number }>;
+  }> = [];
+  for (const seed of set.seeds) {
+    const { name, requests } = await loadTrace(`bench/traces/${set.shape}/${set.shape}.${seed}.jsonl.gz`);
+    const { report } = comparePolicies(name, requests, POLICIES, {
+      workers: 8,
+      speed: set.speed,
+      engine: { kvTokens: set.kvTokens, ...(set.maxModelLen !== undefined ? { maxModelLen: set.maxModelLen } : {}) },
+      ...(set.closedLoop ? { scenario: { closedLoop: true } } : {}),
+    });
+    runs.push({
+      seed,
+      policies: report.policies.map((p) => ({
+        policy: p.policy,
+        ttftMean: p.ttft.mean,
+        ttftP99: p.ttft.p99,
+        hitRate: p.hitRate,
+        rejected: p.rejected,
+      })),
+    });
+  }
+  const summary: Record<string, Summary> = {};
+  for (const policy of POLICIES) {
+    const rows = runs.map((r) => ({ seed: r.seed, ...r.policies.find((p) => p.policy === policy)! }));
+    const worst = rows.reduce((a, b) => (b.ttftMean > a.ttftMean ? b : a));
+    summary[policy] = {
+      meanOfMeans: round(rows.reduce((s, r) => s + r.ttftMean, 0) / rows.length),
+      geomeanMean: round(geomean(rows.map((r) => r.ttftMean))),
+      geomeanP99: round(geomean(rows.map((r) => r.ttftP99))),
+      worstMean: round(worst.ttftMean),
+      worstSeed: worst.seed,
+    };
+  }
+  const cell = (p: string) =>
+    `${p} ${summary[p].meanOfMeans} / ${summary[p].geomeanMean} / p99 ${summary[p].geomeanP99} / worst ${summary[p].worstMean}`;
+  console.log(`${set.name}: ${POLICIES.map(cell).join(' | ')}`);
+  results.push({ ...set, summary, runs });
+}
+writeOutputFile(
+  outFile,
+  JSON.stringify(
+    {
+      command: `npm run bench:trace-seeds${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`,
+      policies: POLICIES,
+      sets: results,
+    },
+    null,
+    2,
+  ) + '\n',
+);
+console.log(`wrote ${out}`);

@@ -1,0 +1,43 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+
+const root = fileURLToPath(new URL('../..', import.meta.url));
+
+/** bench/trace-seeds.ts with the given arguments, from the repository's root. */
+const traceSeeds = (...args: string[]) =>
+  spawnSync(process.execPath, ['--import', 'tsx', 'bench/trace-seeds.ts', ...args], { cwd: root, encoding: 'utf8' });
+
+describe('bench:trace-seeds', () => {
+  test('--policies other than the defaults, or --only, without --out is refused before any run', () => {
+    for (const args of [
+      ['--policies', 'cost,dynamo'],
+      ['--only', 'tenants'],
+    ]) {
+      const r = traceSeeds(...args);
+      assert.equal(r.status, 2, r.stderr);
+      assert.match(r.stderr, /^error: --policies other than the defaults .* and --only need --out/);
+      assert.equal(r.stdout, '');
+    }
+  });
+
+  test('an unknown policy or shape is named, before any run', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'trace-seeds-'));
+    try {
+      const out = join(dir, 'seeds.json');
+      let r = traceSeeds('--policies', 'cost,nope', '--out', out);
+      assert.equal(r.status, 2);
+      assert.match(r.stderr, /^error: --policies must name some of cost, seed/);
+      r = traceSeeds('--policies', 'cost', '--out', out, '--only', 'no-such-shape');
+      assert.equal(r.status, 2);
+      assert.match(r.stderr, /^error: --only: no shape 'no-such-shape'/);
+      assert.equal(r.stdout, '');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
