@@ -715,22 +715,25 @@ describe('cost policy regimes', () => {
     const p = new CostPolicy();
     const a = DEFAULT_COST_WEIGHTS.attention;
     const tps = DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
+    const near = (x: number, y: number, what: string, eps = 1e-6) =>
+      assert.ok(Math.abs(x - y) < eps, `${what}: expected ${y}, got ${x}`);
     // w0 holds 60,000 tokens of a 64,000-token turn; 300,000 tokens of KV, 90% held: 30,000 free
     const cs = fleet([{ cached: 60_000, load: 0.9, capacity: 300_000, entries: 3_750 }, { capacity: 300_000 }]);
     const turn = request(64_000);
     p.choose(cs, turn);
     const t = terms(p, cs[0], turn);
     // 64,000 against 30,000 free: 34,000 short, all of which may come out of the 60,000 held
-    assert.ok(Math.abs(t.kvWaitSeconds * tps - 34_000) < 1e-6);
-    assert.ok(Math.abs(t.prefixAtRiskTokens - 34_000) < 1e-6);
+    near(t.kvWaitSeconds * tps, 34_000, 'KV wait');
+    near(t.prefixAtRiskTokens, 34_000, 'prefix at risk');
     const risk = (prefillWork(4_000 + 34_000, 64_000, a) - prefillWork(4_000, 64_000, a)) / tps;
-    assert.ok(Math.abs(t.prefixAtRiskSeconds - risk) < 1e-9);
+    near(t.prefixAtRiskSeconds, risk, 'its recompute', 1e-9);
     // recomputed at the end of the context, it costs more than its tokens
-    assert.ok(t.prefixAtRiskSeconds > (2 * 34_000) / tps);
-    // a bound, charged in the cost and left out of the estimated TTFT
-    const ttft = t.queueSeconds + t.prefillSeconds + t.latenessSeconds + t.kvWaitSeconds;
-    assert.ok(Math.abs(t.estimatedTtftSeconds - ttft) < 1e-9);
-    assert.ok(t.costSeconds >= t.estimatedTtftSeconds + t.prefixAtRiskSeconds - 1e-9);
+    assert.ok(t.prefixAtRiskSeconds > (2 * 34_000) / tps, `${t.prefixAtRiskSeconds} s for 34,000 tokens`);
+    // a bound, left out of the estimated TTFT and charged in the cost, term by term
+    near(t.estimatedTtftSeconds, t.queueSeconds + t.prefillSeconds + t.latenessSeconds + t.kvWaitSeconds, 'TTFT', 1e-9);
+    const sum =
+      t.estimatedTtftSeconds + t.prefixAtRiskSeconds + t.recomputeSeconds + t.guardSeconds + t.arrivalDelaySeconds;
+    near(t.costSeconds, sum, 'cost', 1e-9);
     // the worker without the prefix has room and risks nothing
     assert.equal(terms(p, cs[1], turn).prefixAtRiskTokens, 0);
     // at most what it holds: a 4,000-token prefix on a worker 34,000 short
@@ -744,9 +747,54 @@ describe('cost policy regimes', () => {
     assert.equal(terms(p, roomy[0], turn).prefixAtRiskSeconds, 0);
   });
 
-  test('prefix at risk: a turn sent while its previous turn answers waits for no KV its prefix holds, and risks what it still lacks', () => {
+  test('prefix at risk: charged, it sends a long turn off a holder short of KV that it would stay on otherwise', () => {
+    const tps = DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
+    // w0 holds 90,000 tokens of a 100,000-token turn and has 60,000 tokens of KV free; w1 has room
+    const cs = fleet([
+      { cached: 90_000, load: 0.85, capacity: 400_000, entries: 5_625 },
+      { load: 0.1, capacity: 400_000 },
+    ]);
+    const turn = request(100_000);
     const p = new CostPolicy();
-    // w0: 300,000 tokens of KV, 90% held (30,000 free), among them the previous turn's 64,000
+    const choice = p.choose(cs, turn);
+    const held = terms(p, cs[0], turn);
+    const moved = terms(p, cs[1], turn);
+    // 40,000 short on w0: that much of its 90,000-token prefix is at risk
+    assert.ok(Math.abs(held.prefixAtRiskTokens - 40_000) < 1e-6, `at risk: ${held.prefixAtRiskTokens}`);
+    assert.ok(held.prefixAtRiskSeconds * tps > 40_000, 'recomputed at the end of the context');
+    // without the risk w0 is the cheaper; with it, w1
+    assert.ok(
+      held.costSeconds - held.prefixAtRiskSeconds < moved.costSeconds,
+      `w0 ${held.costSeconds - held.prefixAtRiskSeconds} s without the risk against w1 ${moved.costSeconds} s`,
+    );
+    assert.ok(
+      held.costSeconds > moved.costSeconds,
+      `w0 ${held.costSeconds} s with it against w1 ${moved.costSeconds} s`,
+    );
+    assert.equal(choice.index, 1);
+  });
+
+  test("prefix at risk: a hot prefix the in-flight requests reuse is at risk only for the request's share", () => {
+    const p = warmed(64, 42, 8);
+    // every recent decision shared the prefix (key 42), and eight requests are in flight
+    const cs = fleet([
+      { cached: 60_000, load: 0.9, capacity: 300_000, entries: 3_750, inFlight: 8 },
+      { capacity: 300_000 },
+    ]);
+    const sibling = request(64_000, 42);
+    p.choose(cs, sibling);
+    const t = terms(p, cs[0], sibling);
+    assert.ok(t.hotness >= 1, `hotness ${t.hotness}`);
+    // 34,000 short; its share of the 60,000 held is 60,000 / (1 + hotness)
+    const share = 60_000 / (1 + t.hotness);
+    assert.ok(share < 34_000, `share ${share}`);
+    assert.ok(Math.abs(t.prefixAtRiskTokens - share) < 1e-6, `at risk ${t.prefixAtRiskTokens}, share ${share}`);
+  });
+
+  test('prefix at risk: a turn sent before its previous turn ended waits for no KV that turn holds, and risks what it still lacks', () => {
+    const p = new CostPolicy();
+    const tps = DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
+    // w0: 300,000 tokens of KV, 90% held (30,000 free); nothing of the session cached yet
     const cs = fleet([{ cached: 0, load: 0.9, capacity: 300_000, entries: 4_000 }, { capacity: 300_000 }]);
     const blocks = (n: number): RouteFeatures['blocks'] => ({
       hi: Array.from({ length: n }, (_, i) => i),
@@ -762,12 +810,13 @@ describe('cost policy regimes', () => {
     const t = terms(p, cs[0], next);
     // the pending table keeps every 64th block at that depth: 3,968 of the 4,000
     assert.equal(t.pendingTokens, 63_488, 'the previous turn brings its prefix');
-    // 68,000 against 30,000 free is 38,000 short; the prefix the previous turn brings is counted
-    // with it (in the KV usage once it runs): the turn waits for none of it
-    assert.equal(t.kvWaitSeconds, 0);
-    // still in prefill, the previous turn is admitted first and holds its prefix then: not at risk
+    // still in prefill, the previous turn computes its prefix when admitted: that takes free KV
+    // once, counted with this turn (68,000 against 30,000 free), and it holds the prefix then:
+    // none of it is at risk
+    assert.ok(Math.abs(t.kvWaitSeconds * tps - 38_000) < 1e-6, `KV wait ${t.kvWaitSeconds * tps}`);
     assert.equal(t.prefixAtRiskTokens, 0);
-    // answering, it ends before long and its prefix is free KV, which covers the 38,000: nothing is at risk
+    // answering, the previous turn holds its prefix in the KV usage: the turn waits for none of it,
+    // and when that turn ends its prefix is free KV, which covers the 38,000: nothing is at risk
     p.onPrefillDone(1);
     p.choose(cs, next);
     const answering = terms(p, cs[0], next);
@@ -778,8 +827,8 @@ describe('cost policy regimes', () => {
     p.choose([full, cs[1]], next);
     const lacking = terms(p, full, next);
     const short = 68_000 - 3_000 - 63_488;
-    assert.ok(Math.abs(lacking.kvWaitSeconds * DEFAULT_COST_WEIGHTS.prefillTokensPerSecond - short) < 1e-6);
-    assert.ok(Math.abs(lacking.prefixAtRiskTokens - short) < 1e-6);
+    assert.ok(Math.abs(lacking.kvWaitSeconds * tps - short) < 1e-6, `KV wait ${lacking.kvWaitSeconds * tps}`);
+    assert.ok(Math.abs(lacking.prefixAtRiskTokens - short) < 1e-6, `at risk ${lacking.prefixAtRiskTokens}`);
     assert.ok(lacking.prefixAtRiskSeconds > 0, 'the risk is charged');
     // with the previous turn ended and its prefix indexed, the same shortfall is a KV wait too
     p.onReleased(1);
@@ -787,8 +836,8 @@ describe('cost policy regimes', () => {
     p.choose(after, next);
     const u = terms(p, after[0], next);
     assert.equal(u.pendingTokens, 0);
-    assert.ok(Math.abs(u.kvWaitSeconds * DEFAULT_COST_WEIGHTS.prefillTokensPerSecond - 38_000) < 1e-6);
-    assert.ok(Math.abs(u.prefixAtRiskTokens - 38_000) < 1e-6);
+    assert.ok(Math.abs(u.kvWaitSeconds * tps - 38_000) < 1e-6, `KV wait ${u.kvWaitSeconds * tps}`);
+    assert.ok(Math.abs(u.prefixAtRiskTokens - 38_000) < 1e-6, `at risk ${u.prefixAtRiskTokens}`);
   });
 
   test('KV wait: a prefix held on several workers is not counted again for each sibling queued there', () => {

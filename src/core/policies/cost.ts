@@ -30,9 +30,13 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    there before it, which each takes out of the
  *                                                    free KV when admitted (first come, first
  *                                                    served; a prefix several of them share counts
- *                                                    once); a prefix H this router's in-flight
- *                                                    requests there hold or bring is counted with
- *                                                    them (in the KV usage, or in K), not again
+ *                                                    once); H, of the prefix this router's in-flight
+ *                                                    requests there hold or bring, what is counted
+ *                                                    with them already: all of it when the one
+ *                                                    holding its deepest block runs (in the KV
+ *                                                    usage), its cached part when that one is still
+ *                                                    in prefill (in K; the rest it computes when
+ *                                                    admitted takes free KV once, with this one)
  *   atRisk = W(u + e) − W(u),                        the recompute of the cached prefix it may lose
  *            e = min((C − Hq) / (1 + hot), kvWait)   while it waits: vLLM counts a prefix no running
  *                                                    request holds as free KV (H too, once the
@@ -275,6 +279,8 @@ class Terms {
   pendingTokens = 0;
   /** Of it, the prefix a request still in prefill there brings: admitted before this one, it holds it then. */
   pinnedAhead = 0;
+  /** Of it, what the KV usage or K counts already (H in the KV wait). */
+  heldElsewhere = 0;
   fits = true;
   saturation = 0;
   fullness = 0;
@@ -329,13 +335,13 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   const capacity = worker.kvCapacityTokens > 0 ? worker.kvCapacityTokens : w.kvCapacityTokens;
   // vLLM counts cached-but-idle blocks as free: the whole prompt must fit in the free part, and
   // the requests queued before it take their cached prefixes out of it first when admitted. A
-  // prefix this router's in-flight requests there hold (running: in the KV usage) or bring
-  // (queued: in K, or computed by them when admitted) takes no free KV for the request again:
-  // counted twice, a sibling of a hot prompt, or a turn sent while its previous turn still
-  // answers, waited for KV its prefix already had
+  // prefix this router's in-flight requests there hold (running: in the KV usage) or reuse
+  // (queued: in K) takes no free KV for the request again: counted twice, a sibling of a hot
+  // prompt, or a turn sent while its previous turn still answers, waited for KV its prefix
+  // already had. What a queued one computes is in neither, and takes free KV once
   const kvWait =
     capacity > 0
-      ? Math.max(0, t.queuedCached + prompt - Math.min(prompt, t.pendingTokens) - (1 - worker.load) * capacity)
+      ? Math.max(0, t.queuedCached + prompt - Math.min(prompt, t.heldElsewhere) - (1 - worker.load) * capacity)
       : 0;
   const kv = worker.load;
   const overKnee = kv > w.pressureKnee ? (kv - w.pressureKnee) / (1 - w.pressureKnee) : 0;
@@ -356,10 +362,10 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   // requests hold, too, once they end: a session's previous turn still answering), and a
   // request short of free KV waits while the requests admitted before it take their blocks out
   // of the free ones, least recently used first: up to what it lacks of its own prefix may go,
-  // and be recomputed at the end of its context (a 100,000-token history ~5× its tokens). A
-  // prefix that a request still in prefill there brings is held when this one is admitted (that
-  // one is admitted first), and the in-flight requests reusing a hot prefix keep it: only the
-  // rest of the request's share is at risk. It is a bound: such turns lose a fraction of it,
+  // and be recomputed at the end of its context (the end of a 100,000-token history ~7× its
+  // tokens). A prefix that a request still in prefill there brings is held when this one is
+  // admitted (that one is admitted first), and the in-flight requests reusing a hot prefix keep
+  // it: only the rest of the request's share is at risk. It is a bound: such turns lose a fraction of it,
   // since the free blocks hold older ones. But by the time they lose more, the worker's
   // sessions have outgrown its KV and its turns evict one another's histories in turn, and a
   // worker found running late is left too late; charged the bound, a session leaves a holder
@@ -580,7 +586,10 @@ export class CostPolicy implements RoutingPolicy {
   private termsOf(c: Candidate, r: RouteFeatures, into: Terms = this.terms): Terms {
     into.cached = this.cachedOn(c, r);
     into.pendingTokens = this.pending.blocksOn(c) * r.blockSize;
-    into.pinnedAhead = this.inPrefill(this.pending.holderOn(c), c.worker.slot) ? into.pendingTokens : 0;
+    const queuedHolder = this.inPrefill(this.pending.holderOn(c), c.worker.slot);
+    into.pinnedAhead = queuedHolder ? into.pendingTokens : 0;
+    // a holder still in prefill has put in K only what it found cached
+    into.heldElsewhere = queuedHolder ? Math.min(into.pendingTokens, c.cachedTokens) : into.pendingTokens;
     this.stuckInto(into, c);
     into.queuedAttention = this.queuedAttention(c);
     into.queuedCached = this.queuedCached(c, r.blockSize);
