@@ -4,14 +4,14 @@
  * seeds 10–39) and many tenants' system prompts under short sessions on workers with little KV
  * (bench/traces/tenants/, seeds 7–26). Each shape's seeds are split in two sets: the first
  * (agent loops 10–29, tenants 7–16) is the one `cost`'s prefix at risk was chosen on, the second
- * (30–39, 17–26) was kept apart until it was (docs/routing.md §7, "The prefix at risk while a
- * turn waits"). The agent loops run open-loop at their recorded rate, as bench:held-out runs
+ * (30–39, 17–26) was kept apart until its first version was, and the later versions were run on
+ * it too (docs/routing.md §7, "The prefix at risk while a turn waits"). The agent loops run open-loop at their recorded rate, as bench:held-out runs
  * seeds 1–9, and closed-loop (each turn sent once the previous one has ended, as an agent does);
  * the tenants at ×2 and ×3. Per set and policy it reports the mean over the seeds of each run's
  * mean TTFT, the geometric means of the runs' mean and p99 TTFT, and the worst run's mean; and
  * every run's figures. The simulator is deterministic: one run per seed.
  *
- *   npm run bench:trace-seeds [-- --policies cost,dynamo,... --out FILE] [--only agent-loops,tenants]
+ *   npm run bench:trace-seeds [-- --policies cost,dynamo,... --only agent-loops|tenants --out FILE]
  *
  * It writes bench/results/trace-seeds.json; --policies other than the defaults, and --only,
  * need --out, so that file keeps every policy and set.
@@ -62,10 +62,20 @@ const SETS: SeedSet[] = [
   tenants('tenants 17-26 ×3', range(17, 26), 3),
 ];
 
-const flags = parseFlags(process.argv.slice(2));
 function fail(message: string): never {
   process.stderr.write(`error: ${message}\n`);
   process.exit(2);
+}
+let flags: Map<string, string | true>;
+try {
+  flags = parseFlags(process.argv.slice(2));
+} catch (err) {
+  fail((err as Error).message);
+}
+for (const [name, value] of flags) {
+  if (name !== 'policies' && name !== 'only' && name !== 'out')
+    fail(`unknown flag --${name} (--policies, --only, --out)`);
+  if (value === true) fail(`--${name} needs a value`);
 }
 const POLICIES = flags.has('policies') ? String(flags.get('policies')).split(',') : TABLE_POLICIES;
 if (POLICIES.some((p) => !KNOWN_POLICIES.includes(p)) || new Set(POLICIES).size !== POLICIES.length)
@@ -81,7 +91,12 @@ if (only)
   for (const s of only)
     if (s !== 'agent-loops' && s !== 'tenants') fail(`--only: no shape '${s}' (agent-loops, tenants)`);
 const out = String(flags.get('out') ?? 'bench/results/trace-seeds.json');
-const outFile = checkOutputFile('--out', out);
+let outFile: ReturnType<typeof checkOutputFile>;
+try {
+  outFile = checkOutputFile('--out', out);
+} catch (err) {
+  fail((err as Error).message);
+}
 
 /** What a set's runs say of one policy. */
 interface Summary {
@@ -103,14 +118,23 @@ for (const set of SETS) {
   if (only && !only.has(set.shape)) continue;
   const runs: Array<{
     seed: number;
-    policies: Array<{ policy: string; ttftMean: number; ttftP99: number; hitRate: number; rejected: number }>;
+    policies: Array<{
+      policy: string;
+      ttftMean: number;
+      ttftP99: number;
+      hitRate: number;
+      rejected: number;
+    }>;
   }> = [];
   for (const seed of set.seeds) {
     const { name, requests } = await loadTrace(`bench/traces/${set.shape}/${set.shape}.${seed}.jsonl.gz`);
     const { report } = comparePolicies(name, requests, POLICIES, {
       workers: 8,
       speed: set.speed,
-      engine: { kvTokens: set.kvTokens, ...(set.maxModelLen !== undefined ? { maxModelLen: set.maxModelLen } : {}) },
+      engine: {
+        kvTokens: set.kvTokens,
+        ...(set.maxModelLen !== undefined ? { maxModelLen: set.maxModelLen } : {}),
+      },
       ...(set.closedLoop ? { scenario: { closedLoop: true } } : {}),
     });
     runs.push({
@@ -126,7 +150,10 @@ for (const set of SETS) {
   }
   const summary: Record<string, Summary> = {};
   for (const policy of POLICIES) {
-    const rows = runs.map((r) => ({ seed: r.seed, ...r.policies.find((p) => p.policy === policy)! }));
+    const rows = runs.map((r) => ({
+      seed: r.seed,
+      ...r.policies.find((p) => p.policy === policy)!,
+    }));
     const worst = rows.reduce((a, b) => (b.ttftMean > a.ttftMean ? b : a));
     summary[policy] = {
       meanOfMeans: round(rows.reduce((s, r) => s + r.ttftMean, 0) / rows.length),

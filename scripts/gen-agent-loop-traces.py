@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
 """Coding-agent tool loops, a Mooncake-format trace shape the routing defaults were not chosen
-on (docs/routing.md §7, "Where `cost` trails: agent loops that outgrow their worker").
+on until the prefix at risk, chosen on seeds 10-29 (docs/routing.md §7, "Where `cost` trails:
+agent loops that outgrow their worker", "The prefix at risk while a turn waits").
 
-    python3 scripts/gen-agent-loop-traces.py bench/traces/agent-loops [FIRST LAST]
+    python3 scripts/gen-agent-loop-traces.py bench/traces/agent-loops [FIRST [LAST]]
 
-writes agent-loops.{1..9}.jsonl.gz, or the seeds FIRST to LAST (`10 39`: the ones `npm run
-bench:trace-seeds` runs): 40 sessions, one starting every 15 s on average, each a
-loop of 20-60 turns. A session's first prompt is 8,000-20,000 tokens; every turn adds its
-answer (100-600 tokens) and a tool result (500-3,000 tokens), so a session ends at 50,000-
-140,000 tokens. The next turn comes 1-4 s after the answer ends (the answer's tokens at 40 a
-second), so about ten sessions run at once and each worker holds one or two that keep
+writes agent-loops.{1..9}.jsonl.gz, or the seeds FIRST to LAST (FIRST alone: that seed; `10
+39`: the ones `npm run bench:trace-seeds` runs): 40 sessions, one starting every 15 s on
+average, each a loop of 20-60 turns. A session's first prompt is 8,000-20,000 tokens; every
+turn adds its answer (100-600 tokens) and a tool result (500-3,000 tokens), so a session ends
+at 50,000- 140,000 tokens. The next turn comes 1-4 s after the answer ends (the answer's tokens
+at 40 a second), so about ten sessions run at once and each worker holds one or two that keep
 growing. Timestamps in ms; one hash id per 512-token block, chained by prefix: a turn's prompt
-keeps the previous prompt's full blocks. Run them on the simulator's default workers:
-`simulate --trace FILE --max-model-len 150000`.
+keeps the previous prompt's full blocks. Run them on the simulator's default workers: `simulate
+--trace FILE --max-model-len 150000`.
 """
 import math, os, random, sys
 
@@ -42,8 +43,13 @@ def agent_loops(rng, sessions=40, start_rate=1 / 15):
 
 if __name__ == "__main__":
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "bench/traces/agent-loops"
-    # seeds FIRST..LAST (default 1..9; FIRST alone: that seed); a seed's file is the same whichever range writes it
-    first, last = (int(sys.argv[2]), int(sys.argv[3 if len(sys.argv) > 3 else 2])) if len(sys.argv) > 2 else (1, 9)
+    # a seed's file is the same whichever range writes it
+    try:
+        first, last = (int(sys.argv[2]), int(sys.argv[3 if len(sys.argv) > 3 else 2])) if len(sys.argv) > 2 else (1, 9)
+    except ValueError:
+        sys.exit(f"usage: {sys.argv[0]} DIR [FIRST [LAST]]: seeds are whole numbers, got {sys.argv[2:]}")
+    if not 1 <= first <= last:
+        sys.exit(f"usage: {sys.argv[0]} DIR [FIRST [LAST]]: need 1 <= FIRST <= LAST, got {first} {last}")
     os.makedirs(out_dir, exist_ok=True)
     for seed in range(first, last + 1):
         rng = random.Random(seed * 1000 + sum(map(ord, "agentloop")))

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Many tenants' system prompts under short user sessions, a Mooncake-format trace shape the
-routing defaults were not chosen on (docs/routing.md §7, "Agent loops that outgrow their
-worker; a worker running late").
+routing defaults were not chosen on until the prefix at risk, chosen on seeds 7-16
+(docs/routing.md §7, "Agent loops that outgrow their worker; a worker running late", "The
+prefix at risk while a turn waits").
 
-    python3 scripts/gen-tenant-traces.py bench/traces/tenants [FIRST LAST]
+    python3 scripts/gen-tenant-traces.py bench/traces/tenants [FIRST [LAST]]
 
-writes tenants.{1..6}.jsonl.gz, or the seeds FIRST to LAST (`7 26`: the ones `npm run
-bench:trace-seeds` runs): 3,000 requests from user sessions arriving at 2 a second, each
-session 1-5 turns (5-40 s apart) on top of one of 24 tenants' system prompts (2,000-8,000
-tokens, whole blocks; the tenant drawn with Zipf weights 1/k^1.1, so the first few tenants
-carry most sessions). A turn adds 100-1,500 tokens to the session's context, and its answer
-(50-500 tokens) is part of the next turn's. Timestamps in ms; one hash id per 512-token block,
-chained by prefix: a turn's prompt keeps the previous prompt's full blocks. Its figures quoted
-in the docs are on workers with little KV: `simulate --trace FILE --kv-tokens 60000 --speed 3`.
+writes tenants.{1..6}.jsonl.gz, or the seeds FIRST to LAST (FIRST alone: that seed; `7 26`: the
+ones `npm run bench:trace-seeds` runs): 3,000 requests from user sessions arriving at 2 a
+second, each session 1-5 turns (5-40 s apart) on top of one of 24 tenants' system prompts
+(2,000-8,000 tokens, whole blocks; the tenant drawn with Zipf weights 1/k^1.1, so the first few
+tenants carry most sessions). A turn adds 100-1,500 tokens to the session's context, and its
+answer (50-500 tokens) is part of the next turn's. Timestamps in ms; one hash id per 512-token
+block, chained by prefix: a turn's prompt keeps the previous prompt's full blocks. Its figures
+quoted in the docs are on workers with little KV: `simulate --trace FILE --kv-tokens 60000
+--speed 3`.
 """
 import math, os, random, sys
 
@@ -47,8 +49,13 @@ def tenants(rng, requests=3000, session_rate=2.0, count=24):
 
 if __name__ == "__main__":
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "bench/traces/tenants"
-    # seeds FIRST..LAST (default 1..6; FIRST alone: that seed); a seed's file is the same whichever range writes it
-    first, last = (int(sys.argv[2]), int(sys.argv[3 if len(sys.argv) > 3 else 2])) if len(sys.argv) > 2 else (1, 6)
+    # a seed's file is the same whichever range writes it
+    try:
+        first, last = (int(sys.argv[2]), int(sys.argv[3 if len(sys.argv) > 3 else 2])) if len(sys.argv) > 2 else (1, 6)
+    except ValueError:
+        sys.exit(f"usage: {sys.argv[0]} DIR [FIRST [LAST]]: seeds are whole numbers, got {sys.argv[2:]}")
+    if not 1 <= first <= last:
+        sys.exit(f"usage: {sys.argv[0]} DIR [FIRST [LAST]]: need 1 <= FIRST <= LAST, got {first} {last}")
     os.makedirs(out_dir, exist_ok=True)
     for seed in range(first, last + 1):
         rng = random.Random(seed * 1000 + sum(map(ord, "tenants")))

@@ -25,6 +25,19 @@ describe('bench:trace-seeds', () => {
     }
   });
 
+  test('an unknown flag, a flag without its value and a stray argument are refused, before any run', () => {
+    for (const [args, message] of [
+      [['--polices', 'cost'], /^error: unknown flag --polices/],
+      [['--out'], /^error: --out needs a value/],
+      [['stray'], /^error: unexpected argument 'stray'/],
+    ] as const) {
+      const r = traceSeeds(...args);
+      assert.equal(r.status, 2, r.stderr);
+      assert.match(r.stderr, message);
+      assert.equal(r.stdout, '');
+    }
+  });
+
   test('an unknown policy or shape is named, before any run', () => {
     const dir = mkdtempSync(join(tmpdir(), 'trace-seeds-'));
     try {
