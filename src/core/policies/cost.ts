@@ -365,11 +365,11 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   // and be recomputed at the end of its context (the end of a 100,000-token history ~7× its
   // tokens). A prefix that a request still in prefill there brings is held when this one is
   // admitted (that one is admitted first), and the in-flight requests reusing a hot prefix keep
-  // it: only the rest of the request's share is at risk. It is a bound: such turns lose a fraction of it,
-  // since the free blocks hold older ones. But by the time they lose more, the worker's
-  // sessions have outgrown its KV and its turns evict one another's histories in turn, and a
-  // worker found running late is left too late; charged the bound, a session leaves a holder
-  // whose KV runs short sooner (docs/routing.md §7, "The prefix at risk while a turn waits")
+  // it: only the rest of the request's share is at risk. It is a bound: such turns lose a
+  // fraction of it, since the free blocks hold older ones. But by the time they lose more, the
+  // worker's sessions have outgrown its KV and its turns evict one another's histories in turn,
+  // and a worker found running late is left too late; charged the bound, a session leaves a
+  // holder whose KV runs short sooner (docs/routing.md §7, "The prefix at risk while a turn waits")
   const atRiskTokens =
     kvWait > 0 ? Math.min(Math.max(0, prompt - uncached - t.pinnedAhead) / (1 + fleet.hotness), kvWait) : 0;
   t.prefixAtRiskTokens = atRiskTokens;
