@@ -584,8 +584,9 @@ export class CostPolicy implements RoutingPolicy {
 
   /** Candidate `c`'s terms for request `r`, written into `into` (the reused scratch unless given). */
   private termsOf(c: Candidate, r: RouteFeatures, into: Terms = this.terms): Terms {
-    into.cached = this.cachedOn(c, r);
     into.pendingTokens = this.pending.blocksOn(c) * r.blockSize;
+    // what cachedOn() returns, from the pending prefix just read
+    into.cached = Math.max(c.cachedTokens, into.pendingTokens);
     const queuedHolder = this.inPrefill(this.pending.holderOn(c), c.worker.slot);
     into.pinnedAhead = queuedHolder ? into.pendingTokens : 0;
     // a holder still in prefill has put in K only what it found cached
@@ -947,7 +948,7 @@ export class CostPolicy implements RoutingPolicy {
     return {
       promptTokens: t.prompt,
       /** Tokens of the prompt an unfinished request routed to this worker is bringing there. */
-      pendingTokens: this.pending.blocksOn(c) * request.blockSize,
+      pendingTokens: t.pendingTokens,
       uncachedTokens: t.uncached,
       queuedPrefillTokens: c.worker.queuedPrefillTokens,
       activeDecodeTokens: c.worker.activeDecodeTokens,
