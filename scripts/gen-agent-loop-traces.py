@@ -17,7 +17,7 @@ keeps the previous prompt's full blocks. Run them on the simulator's default wor
 """
 import math, os, random, sys
 
-from trace_writing import BLOCK, Ids, write_trace
+from trace_writing import BLOCK, Ids, seed_range, write_trace
 
 
 def agent_loops(rng, sessions=40, start_rate=1 / 15):
@@ -44,14 +44,9 @@ def agent_loops(rng, sessions=40, start_rate=1 / 15):
 if __name__ == "__main__":
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "bench/traces/agent-loops"
     # a seed's file is the same whichever range writes it
-    try:
-        first, last = (int(sys.argv[2]), int(sys.argv[3 if len(sys.argv) > 3 else 2])) if len(sys.argv) > 2 else (1, 9)
-    except ValueError:
-        sys.exit(f"usage: {sys.argv[0]} DIR [FIRST [LAST]]: seeds are whole numbers, got {sys.argv[2:]}")
-    if not 1 <= first <= last:
-        sys.exit(f"usage: {sys.argv[0]} DIR [FIRST [LAST]]: need 1 <= FIRST <= LAST, got {first} {last}")
+    seeds = seed_range(sys.argv, 9)
     os.makedirs(out_dir, exist_ok=True)
-    for seed in range(first, last + 1):
+    for seed in seeds:
         rng = random.Random(seed * 1000 + sum(map(ord, "agentloop")))
         rows = sorted(agent_loops(rng), key=lambda d: d["timestamp"])
         path = os.path.join(out_dir, f"agent-loops.{seed}.jsonl.gz")

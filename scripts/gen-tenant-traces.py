@@ -18,7 +18,7 @@ quoted in the docs are on workers with little KV: `simulate --trace FILE --kv-to
 """
 import math, os, random, sys
 
-from trace_writing import BLOCK, Ids, write_trace
+from trace_writing import BLOCK, Ids, seed_range, write_trace
 
 
 def tenants(rng, requests=3000, session_rate=2.0, count=24):
@@ -50,14 +50,9 @@ def tenants(rng, requests=3000, session_rate=2.0, count=24):
 if __name__ == "__main__":
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "bench/traces/tenants"
     # a seed's file is the same whichever range writes it
-    try:
-        first, last = (int(sys.argv[2]), int(sys.argv[3 if len(sys.argv) > 3 else 2])) if len(sys.argv) > 2 else (1, 6)
-    except ValueError:
-        sys.exit(f"usage: {sys.argv[0]} DIR [FIRST [LAST]]: seeds are whole numbers, got {sys.argv[2:]}")
-    if not 1 <= first <= last:
-        sys.exit(f"usage: {sys.argv[0]} DIR [FIRST [LAST]]: need 1 <= FIRST <= LAST, got {first} {last}")
+    seeds = seed_range(sys.argv, 6)
     os.makedirs(out_dir, exist_ok=True)
-    for seed in range(first, last + 1):
+    for seed in seeds:
         rng = random.Random(seed * 1000 + sum(map(ord, "tenants")))
         rows = sorted(tenants(rng), key=lambda d: d["timestamp"])
         path = os.path.join(out_dir, f"tenants.{seed}.jsonl.gz")
