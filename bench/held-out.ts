@@ -13,11 +13,11 @@
  *
  * --policies other than the defaults, and --only, need --out, so the README's file keeps its policies and runs.
  */
-import { checkOutputFile, writeOutputFile } from '../src/cli/output-file.js';
+import { writeOutputFile } from '../src/cli/output-file.js';
 import { comparePolicies, type ComparisonReport } from '../src/sim/compare.js';
 import { loadTrace } from '../src/sim/load-trace.js';
 import { KNOWN_POLICIES, TABLE_POLICIES } from './policies.js';
-import { parseFlags } from './stats.js';
+import { benchFlags, benchOutputFile, usageError } from './stats.js';
 
 interface HeldOutRun {
   shape: string;
@@ -68,30 +68,26 @@ const RUNS: HeldOutRun[] = [
   })),
 ];
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), { out: 'value', only: 'value', policies: 'value' });
 const POLICIES = flags.has('policies') ? String(flags.get('policies')).split(',') : TABLE_POLICIES;
 if (POLICIES.some((p) => !KNOWN_POLICIES.includes(p)) || new Set(POLICIES).size !== POLICIES.length)
-  throw new RangeError(`--policies must name some of ${KNOWN_POLICIES.join(', ')}, each once`);
+  usageError(`--policies must name some of ${KNOWN_POLICIES.join(', ')}, each once`);
 // bench/results/held-out.json holds the README's tables: another set of policies goes elsewhere
-if (POLICIES.join(',') !== TABLE_POLICIES.join(',') && !flags.has('out')) {
-  process.stderr.write(
-    `error: --policies other than the defaults (${TABLE_POLICIES.join(',')}) needs --out: ` +
-      'bench/results/held-out.json holds the README tables\n',
+if (POLICIES.join(',') !== TABLE_POLICIES.join(',') && !flags.has('out'))
+  usageError(
+    `--policies other than the defaults (${TABLE_POLICIES.join(',')}) needs --out: ` +
+      'bench/results/held-out.json holds the README tables',
   );
-  process.exit(2);
-}
 // and so do some of its runs alone
-if (flags.has('only') && !flags.has('out')) {
-  process.stderr.write('error: --only needs --out: bench/results/held-out.json holds the README tables, every run\n');
-  process.exit(2);
-}
+if (flags.has('only') && !flags.has('out'))
+  usageError('--only needs --out: bench/results/held-out.json holds the README tables, every run');
 const out = String(flags.get('out') ?? 'bench/results/held-out.json');
 // checked before the runs, written whole after them (an earlier file stays if they fail)
-const outFile = checkOutputFile('--out', out);
+const outFile = benchOutputFile('--out', out);
 const only = flags.has('only') ? new Set(String(flags.get('only')).split(',')) : undefined;
 if (only) {
   const shapes = new Set(RUNS.map((r) => r.shape));
-  for (const s of only) if (!shapes.has(s)) throw new RangeError(`--only: no shape '${s}' (${[...shapes].join(', ')})`);
+  for (const s of only) if (!shapes.has(s)) usageError(`--only: no shape '${s}' (${[...shapes].join(', ')})`);
 }
 
 const runs: Array<HeldOutRun & { report: ComparisonReport }> = [];

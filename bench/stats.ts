@@ -1,5 +1,7 @@
 /** Small helpers shared by the benchmark programs (not part of the package). */
 
+import { checkOutputFile, type OutputFile } from '../src/cli/output-file.js';
+
 export { percentile } from '../src/sim/percentile.js';
 
 export function round(x: number, digits = 3): number {
@@ -8,7 +10,7 @@ export function round(x: number, digits = 3): number {
 }
 
 /** Parses `--flag value` pairs and boolean `--flag`s. */
-export function parseFlags(argv: string[]): Map<string, string | true> {
+export function parseFlags(argv: readonly string[]): Map<string, string | true> {
   const flags = new Map<string, string | true>();
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
@@ -22,14 +24,69 @@ export function parseFlags(argv: string[]): Map<string, string | true> {
   return flags;
 }
 
+/**
+ * How each flag a program takes is given, by name without the dashes: `value` takes the next
+ * argument, `switch` stands alone, `optional` may take one.
+ */
+export type FlagSpec = Readonly<Record<string, 'value' | 'switch' | 'optional'>>;
+
+/**
+ * parseFlags, checked against `spec`: throws naming a stray argument (one after a `switch`
+ * included), a flag not in `spec`, or a `value` flag without its value.
+ */
+export function checkedFlags(argv: readonly string[], spec: FlagSpec): Map<string, string | true> {
+  const flags = parseFlags(argv);
+  for (const [name, value] of flags) {
+    const kind = Object.hasOwn(spec, name) ? spec[name] : undefined;
+    if (kind === undefined)
+      throw new RangeError(
+        `unknown flag --${name} (${Object.keys(spec)
+          .map((f) => `--${f}`)
+          .join(', ')})`,
+      );
+    if (kind === 'value' && value === true) throw new RangeError(`--${name} needs a value`);
+    if (kind === 'switch' && value !== true)
+      throw new RangeError(`unexpected argument '${value}' (--${name} takes no value)`);
+  }
+  return flags;
+}
+
+/** Ends the program as a refusal of its arguments: `error: message` on stderr, exit status 2. */
+export function usageError(message: string): never {
+  process.stderr.write(`error: ${message}\n`);
+  process.exit(2);
+}
+
+/**
+ * A benchmark program's flags (checkedFlags on `argv`, the arguments after the script's path):
+ * a stray argument, an unknown flag or a flag without its value ends it through usageError, before
+ * anything runs, where it would otherwise be ignored or end in a stack trace.
+ */
+export function benchFlags(argv: readonly string[], spec: FlagSpec): Map<string, string | true> {
+  try {
+    return checkedFlags(argv, spec);
+  } catch (err) {
+    usageError((err as Error).message);
+  }
+}
+
+/**
+ * checkOutputFile for a file a benchmark writes when it ends: one that cannot be written ends it
+ * through usageError, before the runs.
+ */
+export function benchOutputFile(flag: string, path: string): OutputFile {
+  try {
+    return checkOutputFile(flag, path);
+  } catch (err) {
+    usageError((err as Error).message);
+  }
+}
+
 export function intFlag(flags: Map<string, string | true>, name: string, fallback: number): number {
   const v = flags.get(name);
   if (v === undefined) return fallback;
   const n = Number(v);
-  if (v === true || !Number.isFinite(n) || n < 0) {
-    process.stderr.write(`error: --${name} must be a non-negative number\n`);
-    process.exit(2);
-  }
+  if (v === true || !Number.isFinite(n) || n < 0) usageError(`--${name} must be a non-negative number`);
   return n;
 }
 

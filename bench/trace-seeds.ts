@@ -16,11 +16,11 @@
  * It writes bench/results/trace-seeds.json; --policies other than the defaults, and --only,
  * need --out, so that file keeps every policy and set.
  */
-import { checkOutputFile, writeOutputFile } from '../src/cli/output-file.js';
+import { writeOutputFile } from '../src/cli/output-file.js';
 import { comparePolicies } from '../src/sim/compare.js';
 import { loadTrace } from '../src/sim/load-trace.js';
 import { KNOWN_POLICIES, TABLE_POLICIES } from './policies.js';
-import { parseFlags } from './stats.js';
+import { benchFlags, benchOutputFile, usageError } from './stats.js';
 
 interface SeedSet {
   name: string;
@@ -62,41 +62,22 @@ const SETS: SeedSet[] = [
   tenants('tenants 17-26 ×3', range(17, 26), 3),
 ];
 
-function fail(message: string): never {
-  process.stderr.write(`error: ${message}\n`);
-  process.exit(2);
-}
-let flags: Map<string, string | true>;
-try {
-  flags = parseFlags(process.argv.slice(2));
-} catch (err) {
-  fail((err as Error).message);
-}
-for (const [name, value] of flags) {
-  if (name !== 'policies' && name !== 'only' && name !== 'out')
-    fail(`unknown flag --${name} (--policies, --only, --out)`);
-  if (value === true) fail(`--${name} needs a value`);
-}
+const flags = benchFlags(process.argv.slice(2), { policies: 'value', only: 'value', out: 'value' });
 const POLICIES = flags.has('policies') ? String(flags.get('policies')).split(',') : TABLE_POLICIES;
 if (POLICIES.some((p) => !KNOWN_POLICIES.includes(p)) || new Set(POLICIES).size !== POLICIES.length)
-  fail(`--policies must name some of ${KNOWN_POLICIES.join(', ')}, each once`);
+  usageError(`--policies must name some of ${KNOWN_POLICIES.join(', ')}, each once`);
 // bench/results/trace-seeds.json holds the docs' figures: a subset goes elsewhere
 if ((POLICIES.join(',') !== TABLE_POLICIES.join(',') || flags.has('only')) && !flags.has('out'))
-  fail(
+  usageError(
     `--policies other than the defaults (${TABLE_POLICIES.join(',')}) and --only need --out: ` +
       'bench/results/trace-seeds.json holds every policy and set',
   );
 const only = flags.has('only') ? new Set(String(flags.get('only')).split(',')) : undefined;
 if (only)
   for (const s of only)
-    if (s !== 'agent-loops' && s !== 'tenants') fail(`--only: no shape '${s}' (agent-loops, tenants)`);
+    if (s !== 'agent-loops' && s !== 'tenants') usageError(`--only: no shape '${s}' (agent-loops, tenants)`);
 const out = String(flags.get('out') ?? 'bench/results/trace-seeds.json');
-let outFile: ReturnType<typeof checkOutputFile>;
-try {
-  outFile = checkOutputFile('--out', out);
-} catch (err) {
-  fail((err as Error).message);
-}
+const outFile = benchOutputFile('--out', out);
 
 /** What a set's runs say of one policy. */
 interface Summary {

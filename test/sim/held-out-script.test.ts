@@ -9,9 +9,39 @@ import { fileURLToPath } from 'node:url';
 const root = fileURLToPath(new URL('../..', import.meta.url));
 const README_FILE = join(root, 'bench/results/held-out.json');
 
-/** bench/held-out.ts with the given arguments, from the repository's root. */
+/**
+ * bench/held-out.ts with the given arguments, from the repository's root. Refusals come before
+ * any run; the deadline stops one that would take a flag and start the runs anyway.
+ */
 const heldOut = (...args: string[]) =>
-  spawnSync(process.execPath, ['--import', 'tsx', 'bench/held-out.ts', ...args], { cwd: root, encoding: 'utf8' });
+  spawnSync(process.execPath, ['--import', 'tsx', 'bench/held-out.ts', ...args], {
+    cwd: root,
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
+
+/** Exit status 2 and one `error:` line matching `message`, no stack trace, nothing run. */
+function assertRefused(r: ReturnType<typeof heldOut>, message: RegExp): void {
+  assert.equal(r.status, 2, `status ${r.status} (signal ${r.signal}): ${r.stderr}`);
+  assert.match(r.stderr, message);
+  assert.doesNotMatch(r.stderr, /^\s+at /m);
+  assert.equal(r.stdout, '');
+}
+
+/**
+ * Runs `check` with a new temporary directory, removed after. The refusals' checks give `--out`
+ * there and `--only tenants`: should the script take a bad flag and start the runs, the README's
+ * file stays as it is and the runs are short.
+ */
+function inTempDir(check: (dir: string) => void): void {
+  const dir = mkdtempSync(join(tmpdir(), 'held-out-'));
+  try {
+    check(dir);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+const tenantsTo = (dir: string) => ['--out', join(dir, 'held-out.json'), '--only', 'tenants'];
 
 describe('bench:held-out', () => {
   test("--policies other than the defaults without --out is refused before any run, the README's file untouched", () => {
@@ -45,4 +75,48 @@ describe('bench:held-out', () => {
       rmSync(dir, { recursive: true, force: true });
     }
   });
+
+  test('an unknown flag is refused, naming it and the flags there are', () =>
+    inTempDir((dir) =>
+      assertRefused(
+        heldOut('--polices', 'cost', ...tenantsTo(dir)),
+        /^error: unknown flag --polices \(--out, --only, --policies\)/,
+      ),
+    ));
+
+  test('--policies without its value is refused', () =>
+    inTempDir((dir) => {
+      assertRefused(heldOut(...tenantsTo(dir), '--policies'), /^error: --policies needs a value/);
+      assertRefused(heldOut('--policies', ...tenantsTo(dir)), /^error: --policies needs a value/);
+    }));
+
+  test('a stray argument is refused, naming it', () =>
+    inTempDir((dir) => {
+      assertRefused(heldOut(...tenantsTo(dir), 'stray'), /^error: unexpected argument 'stray'/);
+      assertRefused(heldOut('stray', ...tenantsTo(dir)), /^error: unexpected argument 'stray'/);
+    }));
+
+  test('--only with an unknown shape is refused, naming the shapes there are', () =>
+    inTempDir((dir) =>
+      assertRefused(
+        heldOut('--out', join(dir, 'held-out.json'), '--only', 'tenants,nope'),
+        /^error: --only: no shape 'nope' \(hot-prefixes, /,
+      ),
+    ));
+
+  test('--policies with an unknown policy is refused, naming the policies there are', () =>
+    inTempDir((dir) =>
+      assertRefused(
+        heldOut(...tenantsTo(dir), '--policies', 'cost,nope'),
+        /^error: --policies must name some of cost, /,
+      ),
+    ));
+
+  test('an --out that cannot be written is refused, naming it', () =>
+    inTempDir((dir) =>
+      assertRefused(
+        heldOut('--out', join(dir, 'no-such-dir', 'held-out.json'), '--only', 'tenants'),
+        /^error: --out .*held-out\.json: cannot write: /,
+      ),
+    ));
 });
