@@ -11,9 +11,9 @@
  */
 import { performance } from 'node:perf_hooks';
 import { BlockIndex } from '../src/core/block-index.js';
-import { intFlag, parseFlags, round, spread } from './stats.js';
+import { benchFlags, intFlag, round, spread } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), { json: 'switch', chains: 'value', clears: 'value', repeat: 'value' });
 const WORKERS = 8;
 const CHAIN = 64;
 const CHAINS = intFlag(flags, 'chains', 1400);

@@ -26,9 +26,18 @@ import type { KvEvent } from '../src/engines/kv-events/decode.js';
 import { createRng } from '../src/core/rng.js';
 import { GCProfiler, getHeapStatistics } from 'node:v8';
 import { CpuProfiler, type HotFunction } from './profile.js';
-import { intFlag, memoryAfterGc, parseFlags, percentile, round, spread } from './stats.js';
+import { benchFlags, intFlag, memoryAfterGc, percentile, round, spread } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), {
+  json: 'switch',
+  entries: 'value',
+  requests: 'value',
+  docs: 'value',
+  repeat: 'value',
+  'in-flight': 'value',
+  seed: 'value',
+  profile: 'optional',
+});
 const WORKERS = 32;
 const BLOCK = 16;
 const REQUEST_TOKENS = 8192;

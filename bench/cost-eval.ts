@@ -22,11 +22,19 @@ import { loadTrace } from '../src/sim/load-trace.js';
 import { simulate, type SimulationOptions } from '../src/sim/simulator.js';
 import type { TraceRequest } from '../src/sim/trace.js';
 import { TABLE_PEERS, TABLE_POLICIES } from './policies.js';
-import { intFlag, parseFlags, round } from './stats.js';
+import { benchFlags, intFlag, round, usageError } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), {
+  split: 'value',
+  traces: 'value',
+  windows: 'value',
+  workers: 'value',
+  speeds: 'value',
+  'cost-weights': 'value',
+  json: 'switch',
+});
 const split = (flags.get('split') ?? 'eval') as string;
-if (split !== 'train' && split !== 'eval') throw new RangeError(`--split must be train or eval, got '${split}'`);
+if (split !== 'train' && split !== 'eval') usageError(`--split must be train or eval, got '${split}'`);
 const WORKERS = intFlag(flags, 'workers', 8);
 const WINDOWS = intFlag(flags, 'windows', 3);
 const wanted = new Set(

@@ -18,23 +18,27 @@
 import { loadTrace } from '../src/sim/load-trace.js';
 import { simulate, type RouteTrace } from '../src/sim/simulator.js';
 import { splitTrace, windows } from '../src/sim/sweep.js';
-import { intFlag, parseFlags, round } from './stats.js';
+import { benchFlags, intFlag, round, usageError } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
-const fail = (message: string): never => {
-  process.stderr.write(`error: ${message}\n`);
-  process.exit(2);
-};
+const flags = benchFlags(process.argv.slice(2), {
+  split: 'value',
+  speeds: 'value',
+  policies: 'value',
+  samples: 'value',
+  workers: 'value',
+  json: 'switch',
+});
 const split = String(flags.get('split') ?? 'train');
-if (split !== 'train' && split !== 'evaluation') fail(`--split must be train or evaluation, got '${split}'`);
+if (split !== 'train' && split !== 'evaluation') usageError(`--split must be train or evaluation, got '${split}'`);
 const list = (name: string, fallback: string) => String(flags.get(name) ?? fallback).split(',');
 const speeds = list('speeds', '1.09,1.55,2.2').map(Number);
-if (speeds.some((s) => !(s > 0))) fail(`--speeds must be positive numbers, got '${String(flags.get('speeds'))}'`);
+if (speeds.some((s) => !(s > 0))) usageError(`--speeds must be positive numbers, got '${String(flags.get('speeds'))}'`);
 const policies = list('policies', 'cost,sglang,dynamo');
 const samples = intFlag(flags, 'samples', 5);
 const workers = intFlag(flags, 'workers', 8);
-if (!Number.isInteger(samples) || samples < 1 || samples > 10) fail(`--samples must be an integer from 1 to 10`);
-if (!Number.isInteger(workers) || workers < 1 || workers > 1024) fail(`--workers must be an integer from 1 to 1024`);
+if (!Number.isInteger(samples) || samples < 1 || samples > 10) usageError(`--samples must be an integer from 1 to 10`);
+if (!Number.isInteger(workers) || workers < 1 || workers > 1024)
+  usageError(`--workers must be an integer from 1 to 1024`);
 /** A move gives up at least this many blocks to count as a large one (their TTFTs are reported). */
 const LARGE_MOVE_BLOCKS = 8;
 

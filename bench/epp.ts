@@ -12,9 +12,9 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { credentials, makeGenericClientConstructor, type ClientDuplexStream } from '@grpc/grpc-js';
 import { MockEngine } from '../src/engines/mock-engine.js';
 import { extProcService, type ProcessingRequest, type ProcessingResponse } from '../src/epp/proto.js';
-import { intFlag, parseFlags, percentile, round } from './stats.js';
+import { benchFlags, intFlag, percentile, round } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), { json: 'switch', requests: 'value', concurrency: 'value' });
 const REQUESTS = intFlag(flags, 'requests', 2000);
 const CONCURRENCY = intFlag(flags, 'concurrency', 16);
 

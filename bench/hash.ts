@@ -16,9 +16,9 @@
 import { createHash } from 'node:crypto';
 import { BlockHashes, fmix32, hashTokenBlocks } from '../src/core/hashing.js';
 import { VLLM_HASH_ALGOS, VllmBlockHasher } from '../src/core/vllm-block-hash.js';
-import { parseFlags, round } from './stats.js';
+import { benchFlags, round } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), { json: 'switch' });
 const TOKENS = 8192;
 const BLOCK = 16;
 const tokens = new Uint32Array(TOKENS);

@@ -20,9 +20,16 @@ import { createGunzip } from 'node:zlib';
 import { BlockIndex, OverlapResult } from '../src/core/block-index.js';
 import { fmix32 } from '../src/core/hashing.js';
 import { LruSet } from '../src/sim/lru.js';
-import { intFlag, parseFlags, percentile, round } from './stats.js';
+import { benchFlags, intFlag, percentile, round } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), {
+  json: 'switch',
+  trace: 'value',
+  workers: 'value',
+  duplication: 'value',
+  'block-size': 'value',
+  'cache-blocks': 'value',
+});
 const TRACE_BLOCK = 512;
 const BLOCK = intFlag(flags, 'block-size', 128);
 const WORKERS = intFlag(flags, 'workers', 128);

@@ -13,9 +13,9 @@
 import { LRUCache } from 'lru-cache';
 import { createRng } from '../src/core/rng.js';
 import { LruSet } from '../src/sim/lru.js';
-import { intFlag, parseFlags } from './stats.js';
+import { benchFlags, intFlag } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), { json: 'switch', ops: 'value', repeat: 'value' });
 const OPS = intFlag(flags, 'ops', 2_000_000);
 const REPEAT = Math.max(1, intFlag(flags, 'repeat', 5));
 

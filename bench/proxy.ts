@@ -49,9 +49,16 @@ import { availableParallelism } from 'node:os';
 import { Client } from 'undici';
 import { ChatTokenizer } from '../src/engines/chat-tokenizer.js';
 import { AgentChats } from './agent-chat.js';
-import { intFlag, parseFlags, percentile, round } from './stats.js';
+import { benchFlags, intFlag, percentile, round } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), {
+  json: 'switch',
+  connections: 'value',
+  seconds: 'value',
+  parts: 'value',
+  'realistic-connections': 'value',
+  'tokenizer-threads': 'value',
+});
 const CONNECTIONS = intFlag(flags, 'connections', 16);
 const SECONDS = intFlag(flags, 'seconds', 10);
 const REAL_CONNECTIONS = intFlag(flags, 'realistic-connections', 8);

@@ -17,9 +17,9 @@
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Pool, type Dispatcher } from 'undici';
-import { intFlag, parseFlags } from './stats.js';
+import { benchFlags, intFlag } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), { upstream: 'value', port: 'value', host: 'value' });
 const upstream = flags.get('upstream');
 if (typeof upstream !== 'string') {
   process.stderr.write('error: --upstream URL is required (the engine to forward to)\n');
@@ -27,10 +27,6 @@ if (typeof upstream !== 'string') {
 }
 const port = intFlag(flags, 'port', 0);
 const host = flags.get('host');
-if (host === true) {
-  process.stderr.write('error: --host needs an address\n');
-  process.exit(2);
-}
 let origin: string;
 try {
   origin = new URL(upstream).origin;

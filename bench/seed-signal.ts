@@ -14,9 +14,9 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { loadTrace } from '../src/sim/load-trace.js';
 import { simulate } from '../src/sim/simulator.js';
 import { meanCi95, splitTrace, windows } from '../src/sim/sweep.js';
-import { intFlag, parseFlags, round } from './stats.js';
+import { benchFlags, intFlag, round } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), { json: 'switch', speed: 'value', samples: 'value', workers: 'value' });
 const SPEED = Number(flags.get('speed') ?? 1);
 const SAMPLES = intFlag(flags, 'samples', 5);
 const WORKERS = intFlag(flags, 'workers', 8);

@@ -14,6 +14,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { pathToFileURL } from 'node:url';
 import { compareWithBestPeer, type SweepReport } from '../src/sim/sweep.js';
+import { benchFlags } from './stats.js';
 
 const SUBJECT = 'cost';
 const START = '<!-- sim-sweep:start (npm run bench:sim:readme -- --write) -->';
@@ -86,18 +87,6 @@ export function withPeers(report: SweepReport, peers: SweepReport): SweepReport 
   };
 }
 
-/** The value of `--name VALUE` in the arguments, or undefined; exits naming the flag when it has no value. */
-function flagValue(name: string): string | undefined {
-  const i = process.argv.indexOf(name);
-  if (i < 0) return undefined;
-  const v = process.argv[i + 1];
-  if (v === undefined || v.startsWith('--')) {
-    process.stderr.write(`error: ${name} needs a file\n`);
-    process.exit(2);
-  }
-  return v;
-}
-
 function readSweep(file: string, flag: string): SweepReport {
   try {
     return JSON.parse(readFileSync(file, 'utf8')) as SweepReport;
@@ -108,13 +97,15 @@ function readSweep(file: string, flag: string): SweepReport {
 }
 
 async function main(): Promise<void> {
-  const input = flagValue('--in');
-  const peersFile = flagValue('--peers');
+  const flags = benchFlags(process.argv.slice(2), { in: 'value', peers: 'value', write: 'switch' });
+  // a value flag has its value (benchFlags refuses one without)
+  const input = flags.get('in') as string | undefined;
+  const peersFile = flags.get('peers') as string | undefined;
   let report = readSweep(input ?? 'bench/results/sim-sweep.json', input === undefined ? 'the sweep' : '--in');
   if (peersFile !== undefined) report = withPeers(report, readSweep(peersFile, '--peers'));
   const tables = sweepTables(report);
-  if (!process.argv.includes('--write') || input !== undefined || peersFile !== undefined) {
-    if (process.argv.includes('--write')) {
+  if (!flags.has('write') || input !== undefined || peersFile !== undefined) {
+    if (flags.has('write')) {
       process.stderr.write('error: --write writes the committed sweep only; leave out --in and --peers\n');
       process.exit(2);
     }

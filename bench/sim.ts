@@ -42,7 +42,7 @@
  * page's rejected counts are out of), as the run did.
  */
 import { mkdirSync, readFileSync } from 'node:fs';
-import { checkOutputFile, writeOutputFile } from '../src/cli/output-file.js';
+import { writeOutputFile } from '../src/cli/output-file.js';
 import { ENGINE_DEFAULTS } from '../src/engine-model/index.js';
 import { renderSweepReport } from '../src/sim/html-report.js';
 import { loadTrace } from '../src/sim/load-trace.js';
@@ -58,9 +58,22 @@ import {
 import { KNOWN_POLICIES, TABLE_POLICIES } from './policies.js';
 import type { TraceRequest } from '../src/sim/trace.js';
 import { renderSweepTables } from './sim-readme.js';
-import { intFlag, parseFlags } from './stats.js';
+import { benchFlags, benchOutputFile, intFlag } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), {
+  json: 'switch',
+  split: 'value',
+  samples: 'value',
+  points: 'value',
+  workers: 'value',
+  traces: 'value',
+  out: 'value',
+  policies: 'value',
+  'prompt-scale': 'value',
+  'rate-scale': 'value',
+  'render-only': 'switch',
+  'closed-loop': 'switch',
+});
 const WORKERS = intFlag(flags, 'workers', 8);
 const SAMPLES = intFlag(flags, 'samples', 5);
 const POINTS = intFlag(flags, 'points', 5);
@@ -200,7 +213,7 @@ if (flags.has('render-only')) {
     const spec = ALL_TRACES.find((s) => s.name === t.trace);
     if (spec) requests[t.trace] = (await splitSamples(spec)).reduce((a, s) => a + s.length, 0);
   }
-  writeOutputFile(checkOutputFile('--out', `${OUT}/sim-sweep${suffix}.html`), renderSweepReport(saved, meta()));
+  writeOutputFile(benchOutputFile('--out', `${OUT}/sim-sweep${suffix}.html`), renderSweepReport(saved, meta()));
   log(`${OUT}/sim-sweep${suffix}.html: rendered from ${path}, no simulation run`);
   process.exit(0);
 }
@@ -213,8 +226,8 @@ const sweepOptions: SweepOptions = {
 
 mkdirSync(OUT, { recursive: true });
 // checked before the sweep, written whole after it (an earlier sweep's files stay if it fails)
-const jsonOut = checkOutputFile('--out', `${OUT}/sim-sweep${suffix}.json`);
-const htmlOut = checkOutputFile('--out', `${OUT}/sim-sweep${suffix}.html`);
+const jsonOut = benchOutputFile('--out', `${OUT}/sim-sweep${suffix}.json`);
+const htmlOut = benchOutputFile('--out', `${OUT}/sim-sweep${suffix}.html`);
 const report: SweepReport = { traces: [] };
 const started = performance.now();
 for (const spec of traces) {

@@ -18,9 +18,15 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { intFlag, parseFlags, round } from './stats.js';
+import { benchFlags, intFlag, round } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), {
+  json: 'switch',
+  requests: 'value',
+  concurrency: 'value',
+  seed: 'value',
+  log: 'value',
+});
 const REQUESTS = intFlag(flags, 'requests', 100_000);
 const CONCURRENCY = intFlag(flags, 'concurrency', 32);
 const WARMUP = Math.min(5_000, Math.floor(REQUESTS / 10));

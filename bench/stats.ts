@@ -71,8 +71,8 @@ export function benchFlags(argv: readonly string[], spec: FlagSpec): Map<string,
 }
 
 /**
- * checkOutputFile for a file a benchmark writes when it ends: one that cannot be written ends it
- * through usageError, before the runs.
+ * checkOutputFile for a file a benchmark writes: one that cannot be written ends the program
+ * through usageError (checked before the runs, it costs none of them).
  */
 export function benchOutputFile(flag: string, path: string): OutputFile {
   try {

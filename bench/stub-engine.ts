@@ -9,9 +9,9 @@
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { ChatTokenizer } from '../src/engines/chat-tokenizer.js';
-import { intFlag, parseFlags } from './stats.js';
+import { benchFlags, intFlag } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), { port: 'value', tokenizer: 'value' });
 const tokenizerPath = flags.get('tokenizer');
 const tokenizer = typeof tokenizerPath === 'string' ? ChatTokenizer.load(tokenizerPath) : undefined;
 const BURST = 20;

@@ -7,9 +7,9 @@
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { parseFlags, spread } from './stats.js';
+import { benchFlags, spread } from './stats.js';
 
-const flags = parseFlags(process.argv.slice(2));
+const flags = benchFlags(process.argv.slice(2), { json: 'switch' });
 const dir = 'bench/results';
 type Json = Record<string, unknown>;
 
