@@ -230,6 +230,42 @@ describe('cost policy regimes', () => {
     assert.ok(history.guardSeconds > holder.guardSeconds + 1);
   });
 
+  test("pressure: priced at the recompute of what the request holds, a long session's token costs more than a chat's", () => {
+    const a = DEFAULT_COST_WEIGHTS.attention;
+    const tps = DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
+    const others = (capacity: number) => [
+      { queued: 1000, load: 0.5, capacity, inFlight: 6 },
+      { queued: 1000, load: 0.5, capacity, inFlight: 6 },
+    ];
+    // a chat turn of 7,000 tokens, 5,000 cached on a small worker 90% full (half-way past the knee)
+    const p = warmed();
+    const chats = fleet([{ cached: 5_000, queued: 1000, load: 0.9, capacity: 60_000, inFlight: 6 }, ...others(60_000)]);
+    const chat = request(7_000);
+    assert.equal(p.choose(chats, chat).index, 0, 'the chat stays: recomputing its 7,000 tokens is cheap to win back');
+    const c = terms(p, chats[0], chat);
+    const expected = DEFAULT_COST_WEIGHTS.pressure * 0.5 * prefillWork(c.kvFootprintTokens, 7_000, a);
+    assert.ok(
+      Math.abs(c.pressureSeconds * tps - expected) < 1e-6 * expected,
+      `${c.pressureSeconds * tps} vs ${expected}`,
+    );
+    // a 100,000-token agent turn, 95,000 cached on a worker 93% full
+    const q = warmed();
+    const holders = fleet([
+      { cached: 95_000, queued: 1000, load: 0.93, capacity: 300_000, inFlight: 6 },
+      ...others(300_000),
+    ]);
+    const turn = request(100_000);
+    assert.notEqual(
+      q.choose(holders, turn).index,
+      0,
+      'the long turn leaves: its history costs ~4× a token to win back',
+    );
+    const l = terms(q, holders[0], turn);
+    const perToken = (t: Record<string, number>, overKnee: number) =>
+      t.pressureSeconds / overKnee / t.kvFootprintTokens;
+    assert.ok(perToken(l, 0.65) > 3 * perToken(c, 0.5), `${perToken(l, 0.65)} vs ${perToken(c, 0.5)} s per token`);
+  });
+
   test('uneven fleet: a long session leaves a full holder for an idle worker, charged for the queue an arrival finds', () => {
     const p = warmed();
     // an 80k agent turn, 73.6k cached on w0, whose KV 40 requests of several sessions fill and
@@ -251,10 +287,10 @@ describe('cost policy regimes', () => {
     // the other idle worker takes arrivals: only the busy share (3 of 5 workers) counts
     assert.ok(Math.abs(idle.saturation - 0.6) < 1e-9, `saturation ${idle.saturation}`);
     assert.ok(idle.costSeconds < holder.costSeconds);
-    // charged as a saturated fleet (3 requests queued per worker, σ = 3.6), the move would
+    // charged as a saturated fleet (4 requests queued per worker, σ = 4.6), the move would
     // have cost more than staying on the full holder
     const recompute = idle.prefillSeconds - holder.prefillSeconds;
-    assert.ok(idle.costSeconds + (3.6 - 0.6) * recompute > holder.costSeconds);
+    assert.ok(idle.costSeconds + (4.6 - 0.6) * recompute > holder.costSeconds);
     // with w4 the last idle worker, a recompute there meets a saturated fleet (4.5 requests
     // queued per worker); one on w3 (6 requests queued) leaves w4 free for arrivals
     const busy = fleet([
@@ -749,19 +785,21 @@ describe('cost policy regimes', () => {
 
   test('prefix at risk: charged, it sends a long turn off a holder short of KV that it would stay on otherwise', () => {
     const tps = DEFAULT_COST_WEIGHTS.prefillTokensPerSecond;
-    // w0 holds 90,000 tokens of a 100,000-token turn and has 60,000 tokens of KV free; w1 has room
+    // w0 holds 90,000 tokens of a 100,000-token turn and has 40,000 tokens of KV free, at the
+    // pressure knee (no pressure charged); w1 has room
     const cs = fleet([
-      { cached: 90_000, load: 0.85, capacity: 400_000, entries: 5_625 },
-      { load: 0.1, capacity: 400_000 },
+      { cached: 90_000, load: 0.8, capacity: 200_000, entries: 5_625 },
+      { load: 0.1, capacity: 200_000 },
     ]);
     const turn = request(100_000);
     const p = new CostPolicy();
     const choice = p.choose(cs, turn);
     const held = terms(p, cs[0], turn);
     const moved = terms(p, cs[1], turn);
-    // 40,000 short on w0: that much of its 90,000-token prefix is at risk
-    assert.ok(Math.abs(held.prefixAtRiskTokens - 40_000) < 1e-6, `at risk: ${held.prefixAtRiskTokens}`);
-    assert.ok(held.prefixAtRiskSeconds * tps > 40_000, 'recomputed at the end of the context');
+    // 60,000 short on w0: that much of its 90,000-token prefix is at risk
+    assert.ok(Math.abs(held.prefixAtRiskTokens - 60_000) < 1e-6, `at risk: ${held.prefixAtRiskTokens}`);
+    assert.equal(held.pressureSeconds, 0, 'at the knee');
+    assert.ok(held.prefixAtRiskSeconds * tps > 60_000, 'recomputed at the end of the context');
     // without the risk w0 is the cheaper; with it, w1
     assert.ok(
       held.costSeconds - held.prefixAtRiskSeconds < moved.costSeconds,

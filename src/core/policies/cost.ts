@@ -66,7 +66,8 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    uncached tokens and its share of the cached
  *                                                    prefix, held with the `hot` in-flight requests
  *                                                    that reuse it
- *   guard  = P · (load · kvUsage − cla · servesCla − workflow · continuity) + F · pressure · overKnee
+ *   guard  = P · (load · kvUsage − cla · servesCla − workflow · continuity)
+ *            + pressure · overKnee · W_F, W_F = F · (1 + attention · (P − F/2))
  *                                                    (the affinity bonuses only for prompts without
  *                                                    blocks, the seed API: otherwise cachedTokens
  *                                                    already counts what they stand for)
@@ -102,7 +103,10 @@ export interface CostWeights {
   recompute: number;
   /** Linear penalty per unit of KV usage, in units of the request's prompt. */
   load: number;
-  /** Extra penalty, scaled to 1 at full KV usage, beyond the knee (VRAM pressure), same units. */
+  /**
+   * Extra penalty beyond the knee (VRAM pressure), scaled to 1 at full KV usage: how many times the
+   * recompute of what the request holds on the worker (its footprint, at the end of its context) it is charged.
+   */
   pressure: number;
   /** KV usage at which the pressure penalty starts. */
   pressureKnee: number;
@@ -129,9 +133,12 @@ export interface CostWeights {
  *   linear layers' 0.054 ms per token ≈ 6.5e-5;
  * - decode: reading one KV token per step (4.9e-5 ms at 80% of HBM bandwidth) over one
  *   chunk's 442 ms ≈ 1.1e-7.
- * The guard weights (load, pressure, knee, ceiling) and bonuses (cla, workflow) are set by
- * hand, not derived; the bonuses count only for prompts without blocks (the seed API, which
- * gives no prompt and no queue counts). newSessionSlack is a bound on a new session's own TTFT,
+ * The guard weights (load, knee, ceiling) and bonuses (cla, workflow) are set by hand, not
+ * derived; the bonuses count only for prompts without blocks (the seed API, which gives no
+ * prompt and no queue counts). The pressure prices what the request holds past the knee at its
+ * recompute; how many times is not derived: 3 was chosen on the training split and the seeds
+ * the prefix at risk was chosen on (1 to 6 tried, docs/routing.md §7, "The pressure priced at
+ * the recompute of what a request holds"). newSessionSlack is a bound on a new session's own TTFT,
  * not a derived quantity: 0.1 was chosen on the training split (0, 0.1 and 0.25 tried,
  * docs/routing.md §7).
  * - lateGraceTokens: what an engine adds to every first token beyond the queue the router
@@ -146,7 +153,7 @@ export const DEFAULT_COST_WEIGHTS: Readonly<CostWeights> = Object.freeze({
   decode: 1.1e-7,
   recompute: 1,
   load: 0.5,
-  pressure: 6.0,
+  pressure: 3,
   pressureKnee: 0.8,
   pressureCeiling: 0.95,
   cla: 0.3,
@@ -286,6 +293,8 @@ class Terms {
   fullness = 0;
   recompute = 0;
   kvFootprint = 0;
+  /** The guard's part past the knee (token equivalents). */
+  pressure = 0;
   guard = 0;
   arrivalDelay = 0;
   cost = 0;
@@ -399,10 +408,17 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   // and each sibling a full holder serves takes little more than its own tokens. Charged for the
   // whole prompt, a full holder of a hot prefix looked as costly as any full worker: on small
   // workers the siblings spread until each served several hot prefixes at once, whose KV left
-  // their answers no room (docs/routing.md §7, "Hot prefixes on full workers")
+  // their answers no room (docs/routing.md §7, "Hot prefixes on full workers"). When blocks run
+  // out, vLLM preempts the newest running request first, the one admitted last onto the full
+  // worker, and it recomputes what it held at the end of its context: a token of a 100,000-token
+  // history costs ~4× a chat's to win back. Counted in tokens, a chat's was charged as much as a
+  // long session's: the chats of many tenants left their full holders, copying their prompts
+  // onto every small worker, while a long session stayed on a worker its sessions had outgrown
+  // (docs/routing.md §7, "The pressure priced at the recompute of what a request holds")
   const footprint = uncached + (prompt - uncached) / (1 + fleet.hotness);
   t.kvFootprint = footprint;
-  t.guard = prompt * (w.load * kv - affinity) + footprint * w.pressure * overKnee;
+  t.pressure = overKnee > 0 ? w.pressure * overKnee * prefillWork(footprint, prompt, w.attention) : 0;
+  t.guard = prompt * (w.load * kv - affinity) + t.pressure;
   // the requests the worker receives while this prefill runs wait behind it (λ·W arrivals, what
   // is left of it each, W/2 on average) or leave for another worker, when recomputing what they
   // hold there costs less: its sessions' next turns wait, a chat holding a few thousand tokens
@@ -977,6 +993,8 @@ export class CostPolicy implements RoutingPolicy {
       /** KV the request holds on this worker: its uncached tokens and its share of the cached prefix (the pressure's base). */
       kvFootprintTokens: t.kvFootprint,
       guardSeconds: seconds(t.guard),
+      /** Of the guard, the pressure past the knee: the footprint's recompute, times the weight and how far past the knee. */
+      pressureSeconds: seconds(t.pressure),
       arrivalDelaySeconds: seconds(t.arrivalDelay),
       newSession: f.newSession,
       outsideNewSessionSlack,
