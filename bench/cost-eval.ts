@@ -22,7 +22,7 @@ import { loadTrace } from '../src/sim/load-trace.js';
 import { simulate, type SimulationOptions } from '../src/sim/simulator.js';
 import type { TraceRequest } from '../src/sim/trace.js';
 import { TABLE_PEERS, TABLE_POLICIES } from './policies.js';
-import { benchFlags, intFlag, round, usageError } from './stats.js';
+import { benchFlags, costWeightsFlag, intFlag, round, usageError } from './stats.js';
 
 const flags = benchFlags(process.argv.slice(2), {
   split: 'value',
@@ -42,9 +42,7 @@ const wanted = new Set(
 );
 const onlySpeeds = flags.has('speeds') ? new Set(String(flags.get('speeds')).split(',').map(Number)) : undefined;
 // a variant of the weights to try (on the training split: that is what it is for)
-const costWeights = flags.has('cost-weights')
-  ? (JSON.parse(String(flags.get('cost-weights'))) as Record<string, number>)
-  : undefined;
+const costWeights = costWeightsFlag(flags);
 
 interface Study {
   name: string;

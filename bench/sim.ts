@@ -6,8 +6,10 @@
  *   npm run bench:sim [-- --json] [--split evaluation|train|fresh] [--samples 5] [--points 5]
  *                     [--workers 8] [--traces mooncake-conversation,ragpulse,...] [--out bench/results]
  *                     [--policies cost,sglang,...] [--prompt-scale 0.88] [--rate-scale 1.13] [--render-only]
- *                     [--closed-loop]
+ *                     [--closed-loop] [--cost-weights '{"pressure":2}' --out DIR]
  *
+ * `--cost-weights` runs `cost` with some of its weights changed (JSON, as the router's
+ * costWeights option), a variant measured beside the defaults; it needs `--out`.
  * `--closed-loop` replays sessions closed-loop (a session's next request once its previous one
  * has ended; ScenarioOptions.closedLoop): only traces with sessions change (`agentic:N`).
  *
@@ -58,7 +60,7 @@ import {
 import { KNOWN_POLICIES, TABLE_POLICIES } from './policies.js';
 import type { TraceRequest } from '../src/sim/trace.js';
 import { renderSweepTables } from './sim-readme.js';
-import { benchFlags, benchOutputFile, intFlag } from './stats.js';
+import { benchFlags, benchOutputFile, costWeightsFlag, intFlag, usageError } from './stats.js';
 
 const flags = benchFlags(process.argv.slice(2), {
   json: 'switch',
@@ -73,6 +75,7 @@ const flags = benchFlags(process.argv.slice(2), {
   'rate-scale': 'value',
   'render-only': 'switch',
   'closed-loop': 'switch',
+  'cost-weights': 'value',
 });
 const WORKERS = intFlag(flags, 'workers', 8);
 const SAMPLES = intFlag(flags, 'samples', 5);
@@ -95,6 +98,10 @@ if (split !== 'evaluation' && split !== 'train' && split !== 'fresh') {
   process.exit(2);
 }
 const OUT = String(flags.get('out') ?? 'bench/results');
+/** Other weights for `cost` (a variant measured beside the defaults): never into the README's files. */
+const COST_WEIGHTS = costWeightsFlag(flags);
+if (COST_WEIGHTS && !flags.has('out'))
+  usageError('--cost-weights needs --out: bench/results holds the sweep of the default weights');
 const onlyPolicies = flags.get('policies');
 const POLICIES = typeof onlyPolicies === 'string' ? onlyPolicies.split(',') : TABLE_POLICIES;
 if (
@@ -220,7 +227,11 @@ if (flags.has('render-only')) {
 const sweepOptions: SweepOptions = {
   policies: POLICIES,
   points: POINTS,
-  simulation: { workers: WORKERS, ...(CLOSED_LOOP ? { scenario: { closedLoop: true } } : {}) },
+  simulation: {
+    workers: WORKERS,
+    ...(CLOSED_LOOP ? { scenario: { closedLoop: true } } : {}),
+    ...(COST_WEIGHTS ? { router: { costWeights: COST_WEIGHTS } } : {}),
+  },
   workerPrefillTokensPerSecond: 1000 / ENGINE_DEFAULTS.linearMsPerToken,
 };
 

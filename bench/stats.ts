@@ -1,6 +1,7 @@
 /** Small helpers shared by the benchmark programs (not part of the package). */
 
 import { checkOutputFile, type OutputFile } from '../src/cli/output-file.js';
+import { resolveCostWeights, type CostWeights } from '../src/core/policies/index.js';
 
 export { percentile } from '../src/sim/percentile.js';
 
@@ -80,6 +81,30 @@ export function benchOutputFile(flag: string, path: string): OutputFile {
   } catch (err) {
     usageError((err as Error).message);
   }
+}
+
+/**
+ * `--cost-weights JSON`: some of the `cost` policy's weights, e.g. '{"pressure":2}', checked as the
+ * router checks them (undefined when the flag is not given); a bad one ends the program through
+ * usageError, naming the weight.
+ */
+export function costWeightsFlag(flags: Map<string, string | true>): Partial<CostWeights> | undefined {
+  const v = flags.get('cost-weights');
+  if (v === undefined) return undefined;
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(String(v));
+  } catch {
+    usageError(`--cost-weights must be a JSON object of cost weights, e.g. '{"pressure":2}', got '${String(v)}'`);
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
+    usageError(`--cost-weights must be a JSON object of cost weights, e.g. '{"pressure":2}', got '${String(v)}'`);
+  try {
+    resolveCostWeights(parsed as Partial<CostWeights>);
+  } catch (err) {
+    usageError(`--cost-weights: ${(err as Error).message}`);
+  }
+  return parsed as Partial<CostWeights>;
 }
 
 export function intFlag(flags: Map<string, string | true>, name: string, fallback: number): number {

@@ -11,16 +11,18 @@
  * mean TTFT, the geometric means of the runs' mean and p99 TTFT, and the worst run's mean; and
  * every run's figures. The simulator is deterministic: one run per seed.
  *
- *   npm run bench:trace-seeds [-- --policies cost,dynamo,... --only agent-loops|tenants --out FILE]
+ *   npm run bench:trace-seeds [-- --policies cost,dynamo,... --only agent-loops|tenants
+ *                              --cost-weights '{"pressure":2}' --out FILE]
  *
- * It writes bench/results/trace-seeds.json; --policies other than the defaults, and --only,
- * need --out, so that file keeps every policy and set.
+ * It writes bench/results/trace-seeds.json; --policies other than the defaults, --only and
+ * --cost-weights (`cost` with some of its weights changed) need --out, so that file keeps every
+ * policy and set with the default weights.
  */
 import { writeOutputFile } from '../src/cli/output-file.js';
 import { comparePolicies } from '../src/sim/compare.js';
 import { loadTrace } from '../src/sim/load-trace.js';
 import { KNOWN_POLICIES, TABLE_POLICIES } from './policies.js';
-import { benchFlags, benchOutputFile, usageError } from './stats.js';
+import { benchFlags, benchOutputFile, costWeightsFlag, usageError } from './stats.js';
 
 interface SeedSet {
   name: string;
@@ -62,15 +64,21 @@ const SETS: SeedSet[] = [
   tenants('tenants 17-26 ×3', range(17, 26), 3),
 ];
 
-const flags = benchFlags(process.argv.slice(2), { policies: 'value', only: 'value', out: 'value' });
+const flags = benchFlags(process.argv.slice(2), {
+  policies: 'value',
+  only: 'value',
+  out: 'value',
+  'cost-weights': 'value',
+});
 const POLICIES = flags.has('policies') ? String(flags.get('policies')).split(',') : TABLE_POLICIES;
 if (POLICIES.some((p) => !KNOWN_POLICIES.includes(p)) || new Set(POLICIES).size !== POLICIES.length)
   usageError(`--policies must name some of ${KNOWN_POLICIES.join(', ')}, each once`);
 // bench/results/trace-seeds.json holds the docs' figures: a subset goes elsewhere
-if ((POLICIES.join(',') !== TABLE_POLICIES.join(',') || flags.has('only')) && !flags.has('out'))
+const costWeights = costWeightsFlag(flags);
+if ((POLICIES.join(',') !== TABLE_POLICIES.join(',') || flags.has('only') || costWeights) && !flags.has('out'))
   usageError(
-    `--policies other than the defaults (${TABLE_POLICIES.join(',')}) and --only need --out: ` +
-      'bench/results/trace-seeds.json holds every policy and set',
+    `--policies other than the defaults (${TABLE_POLICIES.join(',')}), --only and --cost-weights need --out: ` +
+      'bench/results/trace-seeds.json holds every policy and set with the default weights',
   );
 const only = flags.has('only') ? new Set(String(flags.get('only')).split(',')) : undefined;
 if (only)
@@ -117,6 +125,7 @@ for (const set of SETS) {
         ...(set.maxModelLen !== undefined ? { maxModelLen: set.maxModelLen } : {}),
       },
       ...(set.closedLoop ? { scenario: { closedLoop: true } } : {}),
+      ...(costWeights ? { router: { costWeights } } : {}),
     });
     runs.push({
       seed,

@@ -20,7 +20,7 @@ describe('bench:trace-seeds', () => {
     ]) {
       const r = traceSeeds(...args);
       assert.equal(r.status, 2, r.stderr);
-      assert.match(r.stderr, /^error: --policies other than the defaults .* and --only need --out/);
+      assert.match(r.stderr, /^error: --policies other than the defaults .*, --only and --cost-weights need --out/);
       assert.equal(r.stdout, '');
     }
   });
@@ -35,6 +35,35 @@ describe('bench:trace-seeds', () => {
       assert.equal(r.status, 2, r.stderr);
       assert.match(r.stderr, message);
       assert.equal(r.stdout, '');
+    }
+  });
+
+  test('--cost-weights: without --out, not JSON, or a weight the router refuses, refused before any run', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'trace-seeds-'));
+    try {
+      const out = join(dir, 'seeds.json');
+      for (const [args, message] of [
+        [['--cost-weights', '{"pressure":2}'], /^error: .*--cost-weights need --out/],
+        [['--cost-weights', 'pressure=2', '--out', out], /^error: --cost-weights must be a JSON object/],
+        [['--cost-weights', '[2]', '--out', out], /^error: --cost-weights must be a JSON object/],
+        [['--cost-weights', '{"pressure":-1}', '--out', out], /^error: --cost-weights: .*pressure/],
+        [['--cost-weights', '{"presure":2}', '--out', out], /^error: --cost-weights: .*presure/],
+      ] as const) {
+        const r = traceSeeds(...args);
+        assert.equal(r.status, 2, `${args.join(' ')}: ${r.stderr}`);
+        assert.match(r.stderr, message);
+        assert.doesNotMatch(r.stderr, /\n\s+at /, 'no stack trace');
+        assert.equal(r.stdout, '');
+      }
+      // and bench:sim, which takes the same flag
+      const sim = spawnSync(process.execPath, ['--import', 'tsx', 'bench/sim.ts', '--cost-weights', '{"pressure":2}'], {
+        cwd: root,
+        encoding: 'utf8',
+      });
+      assert.equal(sim.status, 2, sim.stderr);
+      assert.match(sim.stderr, /^error: --cost-weights needs --out/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 
