@@ -258,7 +258,7 @@ describe('cost policy regimes', () => {
     assert.notEqual(
       q.choose(holders, turn).index,
       0,
-      'the long turn leaves: its history costs ~4× a token to win back',
+      'the long turn leaves: a token of its history costs ~3.5× a chat token to win back',
     );
     const l = terms(q, holders[0], turn);
     const perToken = (t: Record<string, number>, overKnee: number) =>

@@ -411,7 +411,7 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   // their answers no room (docs/routing.md §7, "Hot prefixes on full workers"). When blocks run
   // out, vLLM preempts the newest running request first, the one admitted last onto the full
   // worker, and it recomputes what it held at the end of its context: a token of a 100,000-token
-  // history costs ~4× a chat's to win back. Counted in tokens, a chat's was charged as much as a
+  // history costs ~3.5× a chat's to win back. Counted in tokens, a chat's was charged as much as a
   // long session's: the chats of many tenants left their full holders, copying their prompts
   // onto every small worker, while a long session stayed on a worker its sessions had outgrown
   // (docs/routing.md §7, "The pressure priced at the recompute of what a request holds")
