@@ -287,10 +287,17 @@ describe('cost policy regimes', () => {
     // the other idle worker takes arrivals: only the busy share (3 of 5 workers) counts
     assert.ok(Math.abs(idle.saturation - 0.6) < 1e-9, `saturation ${idle.saturation}`);
     assert.ok(idle.costSeconds < holder.costSeconds);
-    // charged as a saturated fleet (4 requests queued per worker, σ = 4.6), the move would
-    // have cost more than staying on the full holder
-    const recompute = idle.prefillSeconds - holder.prefillSeconds;
-    assert.ok(idle.costSeconds + (4.6 - 0.6) * recompute > holder.costSeconds);
+    // in a saturated fleet (w3 and w4 queued too, 3,000 tokens each: σ = 4.5 + the busy share 1)
+    // the move costs more than staying on the full holder
+    const saturated = fleet([
+      { cached: 73_600, queued: 48_000, load: 0.99, capacity: 300_000, inFlight: 40 },
+      { queued: 6000, load: 0.5, capacity: 300_000, inFlight: 8 },
+      { queued: 6000, load: 0.5, capacity: 300_000, inFlight: 8 },
+      { queued: 3000, capacity: 300_000, inFlight: 1 },
+      { queued: 3000, capacity: 300_000, inFlight: 1 },
+    ]);
+    assert.equal(p.choose(saturated, r).index, 0);
+    assert.ok(Math.abs(terms(p, saturated[3], r).saturation - 5.5) < 1e-9);
     // with w4 the last idle worker, a recompute there meets a saturated fleet (4.5 requests
     // queued per worker); one on w3 (6 requests queued) leaves w4 free for arrivals
     const busy = fleet([
@@ -382,6 +389,7 @@ describe('cost policy regimes', () => {
         'pendingTokens',
         'kvFootprintTokens',
         'guardSeconds',
+        'pressureSeconds',
         'arrivalDelaySeconds',
         'estimatedTtftSeconds',
         'costSeconds',
