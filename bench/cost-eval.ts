@@ -16,7 +16,8 @@
  * `npm run bench:sim`.
  *
  *   node --import tsx bench/cost-eval.ts [--split train|eval] [--traces mooncake,ragpulse,ragpulse-no-anchors,workflows,agentic]
- *                                        [--windows 3] [--workers 8] [--json]
+ *                                        [--windows 3] [--workers 8] [--speeds 0.5,1] [--json]
+ *                                        [--cost-weights '{"pressure":2}']
  */
 import { loadTrace } from '../src/sim/load-trace.js';
 import { simulate, type SimulationOptions } from '../src/sim/simulator.js';

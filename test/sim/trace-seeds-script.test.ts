@@ -62,6 +62,14 @@ describe('bench:trace-seeds', () => {
       });
       assert.equal(sim.status, 2, sim.stderr);
       assert.match(sim.stderr, /^error: --cost-weights needs --out/);
+      const badSim = spawnSync(
+        process.execPath,
+        ['--import', 'tsx', 'bench/sim.ts', '--cost-weights', '{"pressure":', '--out', dir],
+        { cwd: root, encoding: 'utf8' },
+      );
+      assert.equal(badSim.status, 2, badSim.stderr);
+      assert.match(badSim.stderr, /^error: --cost-weights must be a JSON object/);
+      assert.doesNotMatch(badSim.stderr, /\n\s+at /, 'no stack trace');
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
