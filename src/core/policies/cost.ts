@@ -553,10 +553,10 @@ export class CostPolicy implements RoutingPolicy {
     if (index < 0) return NO_CHOICE;
     const chosen = candidates[index];
     const t = this.termsOf(chosen, request);
-    const cached = this.cachedOn(chosen, request);
+    const cached = t.cached;
     // what the decision teaches, applied in onRouted() if the router acts on it (not a dry run)
     this.chosenUncached = t.uncached;
-    this.chosenPending = Math.min(t.prompt, this.pending.blocksOn(chosen) * request.blockSize);
+    this.chosenPending = Math.min(t.prompt, t.pendingTokens);
     this.chosenAnchorTokens = chosen.anchorTokens > 0 ? chosen.anchorTokens : 0;
     this.chosenWork = t.work;
     // the model's estimate, not what lateness added to it: lateness is measured against the model
@@ -955,8 +955,8 @@ export class CostPolicy implements RoutingPolicy {
   scoreTerms(c: Candidate, request: RouteFeatures): Record<string, number | boolean> {
     const w = this.weights;
     const f = this.fleet;
-    const cached = this.cachedOn(c, request);
     const t = this.termsOf(c, request, new Terms());
+    const cached = t.cached;
     const seconds = (tokens: number) => tokens / w.prefillTokensPerSecond;
     /** A new session's estimated TTFT here is over its lowest plus the slack: not considered. */
     const outsideNewSessionSlack = t.wait + t.kvWait > f.ttftBound;
