@@ -10,34 +10,52 @@ export function round(x: number, digits = 3): number {
   return Math.round(x * f) / f;
 }
 
-/** Parses `--flag value` pairs and boolean `--flag`s. */
-export function parseFlags(argv: readonly string[]): Map<string, string | true> {
-  const flags = new Map<string, string | true>();
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    if (!a.startsWith('--')) throw new Error(`unexpected argument '${a}'`);
-    const next = argv[i + 1];
-    if (next !== undefined && !next.startsWith('--')) {
-      flags.set(a.slice(2), next);
-      i++;
-    } else flags.set(a.slice(2), true);
-  }
-  return flags;
+/** One flag as given: its name without the dashes, its value (true when none), and whether it came as `--name=value`. */
+interface GivenFlag {
+  readonly name: string;
+  readonly value: string | true;
+  readonly inline: boolean;
 }
 
 /**
- * How each flag a program takes is given, by name without the dashes: `value` takes the next
- * argument, `switch` stands alone, `optional` may take one.
+ * The flags of `argv` in order: `--name=value` (split at the first `=`), `--name value` (the next
+ * argument, when it does not start with `--`), or `--name` alone. Throws naming an argument that is
+ * neither a flag nor a flag's value.
+ */
+function givenFlags(argv: readonly string[]): GivenFlag[] {
+  const given: GivenFlag[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if (!a.startsWith('--')) throw new RangeError(`unexpected argument '${a}'`);
+    const eq = a.indexOf('=');
+    if (eq >= 0) {
+      given.push({ name: a.slice(2, eq), value: a.slice(eq + 1), inline: true });
+      continue;
+    }
+    const next = argv[i + 1];
+    if (next !== undefined && !next.startsWith('--')) {
+      given.push({ name: a.slice(2), value: next, inline: false });
+      i++;
+    } else given.push({ name: a.slice(2), value: true, inline: false });
+  }
+  return given;
+}
+
+/**
+ * How each flag a program takes is given, by name without the dashes: `value` takes a value (the
+ * next argument, or after `=` as in `--out=FILE`), `switch` stands alone, `optional` may take one.
  */
 export type FlagSpec = Readonly<Record<string, 'value' | 'switch' | 'optional'>>;
 
 /**
- * parseFlags, checked against `spec`: throws naming a stray argument (one after a `switch`
- * included), a flag not in `spec`, or a `value` flag without its value.
+ * The flags of `argv` (`--name value`, `--name=value` or `--name` alone), checked against `spec`:
+ * throws a RangeError naming a stray argument (one after a `switch` included), a flag not in `spec`,
+ * a flag given twice, a `value` flag without its value (`--out=` included), a `switch` given one
+ * (`--json=x`), or an `optional` flag given `=` and nothing after it.
  */
 export function checkedFlags(argv: readonly string[], spec: FlagSpec): Map<string, string | true> {
-  const flags = parseFlags(argv);
-  for (const [name, value] of flags) {
+  const flags = new Map<string, string | true>();
+  for (const { name, value, inline } of givenFlags(argv)) {
     const kind = Object.hasOwn(spec, name) ? spec[name] : undefined;
     if (kind === undefined)
       throw new RangeError(
@@ -45,9 +63,14 @@ export function checkedFlags(argv: readonly string[], spec: FlagSpec): Map<strin
           .map((f) => `--${f}`)
           .join(', ')})`,
       );
-    if (kind === 'value' && value === true) throw new RangeError(`--${name} needs a value`);
+    if (flags.has(name)) throw new RangeError(`--${name} given twice`);
     if (kind === 'switch' && value !== true)
-      throw new RangeError(`unexpected argument '${value}' (--${name} takes no value)`);
+      throw new RangeError(
+        inline ? `--${name} takes no value` : `unexpected argument '${value}' (--${name} takes no value)`,
+      );
+    if (kind === 'value' && (value === true || value === '')) throw new RangeError(`--${name} needs a value`);
+    if (kind === 'optional' && value === '') throw new RangeError(`--${name}= needs a value (or give --${name} alone)`);
+    flags.set(name, value);
   }
   return flags;
 }
@@ -60,8 +83,9 @@ export function usageError(message: string): never {
 
 /**
  * A benchmark program's flags (checkedFlags on `argv`, the arguments after the script's path):
- * a stray argument, an unknown flag or a flag without its value ends it through usageError, before
- * anything runs, where it would otherwise be ignored or end in a stack trace.
+ * a stray argument, an unknown flag, a flag given twice, a flag without its value or a switch given
+ * one ends it through usageError, before anything runs, where it would otherwise be ignored, taken
+ * as the last one given, or end in a stack trace.
  */
 export function benchFlags(argv: readonly string[], spec: FlagSpec): Map<string, string | true> {
   try {

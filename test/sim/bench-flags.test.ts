@@ -1,5 +1,10 @@
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 import { checkedFlags, type FlagSpec } from '../../bench/stats.js';
 
 const SPEC: FlagSpec = { out: 'value', json: 'switch', profile: 'optional' };
@@ -38,5 +43,116 @@ describe('checkedFlags (bench/stats.ts)', () => {
       message: "unexpected argument 'stray' (--json takes no value)",
     });
     assert.throws(() => checkedFlags(['--out', 'a.json', 'stray'], SPEC), { message: "unexpected argument 'stray'" });
+  });
+
+  test('takes --name=value as --name value, the value split at the first =', () => {
+    assert.deepEqual(checkedFlags(['--out=a.json', '--json'], SPEC), checkedFlags(['--out', 'a.json', '--json'], SPEC));
+    assert.equal(checkedFlags(['--out=a=b.json'], SPEC).get('out'), 'a=b.json');
+    // a value that starts with -- can be given after =
+    assert.equal(checkedFlags(['--out=--a.json'], SPEC).get('out'), '--a.json');
+    assert.equal(checkedFlags(['--profile=p.cpuprofile'], SPEC).get('profile'), 'p.cpuprofile');
+    assert.deepEqual(
+      checkedFlags(['--profile', '--out=a.json'], SPEC),
+      new Map<string, string | true>([
+        ['profile', true],
+        ['out', 'a.json'],
+      ]),
+    );
+  });
+
+  test('refuses a switch given a value after =, naming it', () => {
+    assert.throws(() => checkedFlags(['--json=x'], SPEC), { message: '--json takes no value' });
+    assert.throws(() => checkedFlags(['--json=true', '--out', 'a.json'], SPEC), { message: '--json takes no value' });
+    assert.throws(() => checkedFlags(['--json='], SPEC), { message: '--json takes no value' });
+  });
+
+  test('refuses a flag given = and nothing after it', () => {
+    assert.throws(() => checkedFlags(['--out='], SPEC), { message: '--out needs a value' });
+    assert.throws(() => checkedFlags(['--out=', 'a.json'], SPEC), { message: "unexpected argument 'a.json'" });
+    assert.throws(() => checkedFlags(['--profile='], SPEC), {
+      message: '--profile= needs a value (or give --profile alone)',
+    });
+  });
+
+  test('refuses an unknown flag given with =, naming it without its value', () => {
+    assert.throws(() => checkedFlags(['--ouy=a.json'], SPEC), {
+      message: 'unknown flag --ouy (--out, --json, --profile)',
+    });
+  });
+
+  test('refuses a flag given twice, in either form, naming it', () => {
+    for (const argv of [
+      ['--json', '--json'],
+      ['--out', 'a.json', '--out', 'b.json'],
+      ['--out', 'a.json', '--out', 'a.json'],
+      ['--out=a.json', '--json', '--out', 'b.json'],
+      ['--out', 'a.json', '--out=b.json'],
+      ['--profile', '--profile', 'p.cpuprofile'],
+    ]) {
+      const name = argv[0].slice(2).split('=')[0];
+      assert.throws(() => checkedFlags(argv, SPEC), { message: `--${name} given twice` }, argv.join(' '));
+    }
+  });
+});
+
+const root = fileURLToPath(new URL('../..', import.meta.url));
+
+/** A bench script with the given arguments, from the repository's root; the deadline stops one that would run. */
+const script = (path: string, ...args: string[]) =>
+  spawnSync(process.execPath, ['--import', 'tsx', path, ...args], { cwd: root, encoding: 'utf8', timeout: 60_000 });
+
+/** Exit status 2 and one `error: message` line, no stack trace, nothing run. */
+function assertRefused(r: ReturnType<typeof script>, message: string): void {
+  assert.equal(r.status, 2, `status ${r.status} (signal ${r.signal}): ${r.stderr}`);
+  assert.equal(r.stderr, `error: ${message}\n`);
+  assert.equal(r.stdout, '');
+}
+
+/** Runs `check` with a new temporary directory, removed after. */
+function inTempDir(check: (dir: string) => void): void {
+  const dir = mkdtempSync(join(tmpdir(), 'bench-flags-'));
+  try {
+    check(dir);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+describe('a bench script given --name=value or a flag twice (benchFlags)', () => {
+  test('takes each value given after =, as it would the next argument', () =>
+    inTempDir((dir) => {
+      // --policies other than the defaults and --only both need --out: the shape check is reached
+      // only with all three taken, and it stops the script before any run
+      const r = script(
+        'bench/held-out.ts',
+        `--out=${join(dir, 'held-out.json')}`,
+        '--policies=cost,smg',
+        '--only=nope',
+      );
+      assert.equal(r.status, 2, r.stderr);
+      assert.match(r.stderr, /^error: --only: no shape 'nope' \(/);
+      // and the file it names is the one checked
+      const bad = join(dir, 'no-such-dir', 'held-out.json');
+      const w = script('bench/held-out.ts', `--out=${bad}`, '--only=tenants');
+      assert.equal(w.status, 2, w.stderr);
+      assert.ok(w.stderr.startsWith(`error: --out ${bad}: cannot write: `), w.stderr);
+    }));
+
+  test('refuses a value flag given = and nothing after it', () =>
+    inTempDir((dir) =>
+      assertRefused(script('bench/held-out.ts', `--out=${join(dir, 'a.json')}`, '--only='), '--only needs a value'),
+    ));
+
+  test('refuses a switch given a value after =', () =>
+    assertRefused(script('bench/summary.ts', '--json=yes'), '--json takes no value'));
+
+  test('refuses a flag given twice, rather than keep the last', () => {
+    assertRefused(script('bench/summary.ts', '--json', '--json'), '--json given twice');
+    inTempDir((dir) =>
+      assertRefused(
+        script('bench/held-out.ts', '--out', join(dir, 'a.json'), '--only', 'tenants', `--out=${join(dir, 'b.json')}`),
+        '--out given twice',
+      ),
+    );
   });
 });
