@@ -312,6 +312,44 @@ describe('cost policy regimes', () => {
     assert.ok(Math.abs(terms(p, busy[3], r).saturation - 4 / 5) < 1e-9);
   });
 
+  test('idle capacity: a worker with nothing queued but no free KV for an arrival absorbs no recompute', () => {
+    const p = warmed(); // routed prompts of 1,000 tokens: an arrival needs 1,000 tokens of free KV
+    const r = request(80_000);
+    // w0 holds the turn behind a queue; w1 has 6 requests queued; w2 has nothing queued, its
+    // KV full of running requests (300 tokens free) or half free; w3 is empty
+    const withW2 = (load: number) =>
+      fleet([
+        { cached: 73_600, queued: 48_000, load: 0.99, capacity: 300_000, inFlight: 40 },
+        { queued: 6000, load: 0.5, capacity: 300_000, inFlight: 8 },
+        { load, capacity: 300_000, inFlight: 30 },
+        { capacity: 300_000 },
+      ]);
+    /** σ of each candidate, as the decision over the whole fleet sees it. */
+    const saturations = (policy: CostPolicy, cs: Candidate[]) => {
+      policy.choose(cs, r);
+      return cs.map((c) => terms(policy, c, r).saturation);
+    };
+    const close = (a: number, b: number) => Math.abs(a - b) < 1e-9;
+    // with room, w2 takes arrivals: a recompute on w3 is charged the busy share (3 of 4) alone
+    const roomy = saturations(p, withW2(0.5));
+    assert.ok(close(roomy[3], 0.75), `w3 σ ${roomy[3]}`);
+    // full, w2 admits an arrival only once its requests end: the fleet is saturated for w3's
+    // recompute (6,000 tokens queued over the 3 other workers: 2 requests of 1,000 each, + 0.75)
+    const full = saturations(p, withW2(0.999));
+    assert.ok(close(full[3], 2.75), `w3 σ ${full[3]}`);
+    // on w1 (queued) and w2 (full), w3 is the idle worker that takes the arrivals
+    assert.ok(close(full[1], 0.75) && close(full[2], 0.75), `w1 σ ${full[1]}, w2 σ ${full[2]}`);
+    // with w2's KV capacity unknown, its empty queue is enough, as before
+    const unknownCapacity = fleet([
+      { cached: 73_600, queued: 48_000, load: 0.99, capacity: 300_000, inFlight: 40 },
+      { queued: 6000, load: 0.5, capacity: 300_000, inFlight: 8 },
+      { load: 0.999, inFlight: 30 },
+      { capacity: 300_000 },
+    ]);
+    const unknown = saturations(p, unknownCapacity);
+    assert.ok(close(unknown[3], 0.75), `w3 σ ${unknown[3]}`);
+  });
+
   test('a copy is charged for the cache it displaces, which an empty worker does not have', () => {
     // a history of high hit rates: cached tokens are worth keeping
     const p = new CostPolicy();

@@ -218,8 +218,10 @@ export function prefillWork(uncached: number, prompt: number, attention: number)
 export interface FleetView {
   /** Requests queued per worker: mean queued prefill over the mean work a request adds. */
   queuedPerWorker: number;
-  /** Workers with no prefill queued, and the best-cached worker's slot (-1: none), whose queue is left out. */
+  /** Idle workers (idleFor), and the best-cached worker's slot (-1: none), whose queue is left out. */
   idleWorkers: number;
+  /** The smoothed prompt of a routed request: the free KV a worker needs to take an arrival at once. */
+  arrivalPromptTokens: number;
   holderSlot: number;
   /** Share of the workers with requests in flight. */
   busyShare: number;
@@ -331,6 +333,20 @@ function stuckWait(t: Terms, prefill: number, w: Readonly<CostWeights>): number 
   return sum * perTokenEquivalent;
 }
 
+/**
+ * Whether a worker is idle capacity for the fleet's arrivals: nothing queued, and free KV for a
+ * typical prompt (`arrivalPrompt`, the smoothed prompt of a routed request). A worker whose queue
+ * is empty but whose KV its running requests fill admits an arrival only once some of them end:
+ * counted idle, it made every recompute look free while the fleet was saturated, and the chats of
+ * many tenants left their full holders for it (docs/routing.md §7, "Idle capacity that can take
+ * an arrival"). With the KV capacity unknown, or no prompt seen yet, an empty queue is enough.
+ */
+function idleFor(worker: WorkerState, w: Readonly<CostWeights>, arrivalPrompt: number): boolean {
+  if (worker.queuedPrefillTokens !== 0) return false;
+  const capacity = worker.kvCapacityTokens > 0 ? worker.kvCapacityTokens : w.kvCapacityTokens;
+  return capacity <= 0 || (1 - worker.load) * capacity >= arrivalPrompt;
+}
+
 /** Fills `t` with candidate `c`'s terms from the inputs already in `t`; allocates nothing. */
 function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<CostWeights>, fleet: FleetView): Terms {
   const cached = t.cached;
@@ -390,10 +406,10 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
     capacity > 0 ? Math.min(1, held / capacity) : fleet.mostEntries > 0 ? c.indexEntries / fleet.mostEntries : 0;
   t.fullness = fullness;
   // extra prefill delays queued requests only when no idle capacity absorbs it: while another
-  // worker has nothing queued, arrivals go there and a recompute here delays none of them, so
+  // worker is idle (idleFor), arrivals go there and a recompute here delays none of them, so
   // an idle worker takes a long session a full holder cannot serve instead of being charged as
   // if the fleet were saturated; once every other worker has a queue, the fleet is (σ as derived)
-  const selfIdle = worker.slot !== fleet.holderSlot && worker.queuedPrefillTokens === 0 ? 1 : 0;
+  const selfIdle = worker.slot !== fleet.holderSlot && idleFor(worker, w, fleet.arrivalPromptTokens) ? 1 : 0;
   t.saturation = (fleet.idleWorkers - selfIdle > 0 ? 0 : fleet.queuedPerWorker) + fleet.busyShare;
   t.recompute =
     (w.recompute * t.saturation * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness) +
@@ -457,6 +473,7 @@ export class CostPolicy implements RoutingPolicy {
   private readonly fleet: FleetView = {
     queuedPerWorker: 0,
     idleWorkers: 0,
+    arrivalPromptTokens: 0,
     holderSlot: -1,
     busyShare: 0,
     reuse: 0,
@@ -473,6 +490,8 @@ export class CostPolicy implements RoutingPolicy {
   private request: RouteFeatures | undefined;
   /** Smoothed uncached tokens a routed request adds to its worker's queue (0 before the first). */
   private meanWork = 0;
+  /** Smoothed prompt tokens of a routed request (0 before the first, and while prompts are unknown). */
+  private meanPrompt = 0;
   /** Smoothed fraction of the routed prompts found cached on the chosen worker. */
   private meanHit = 0;
   /** The last choice's uncached tokens and cached share, for onRouted(). */
@@ -745,6 +764,8 @@ export class CostPolicy implements RoutingPolicy {
     const u = this.chosenUncached;
     this.meanWork = this.meanWork === 0 ? Math.max(1, u) : this.meanWork + (u - this.meanWork) / WORK_SMOOTHING;
     this.meanHit += (this.chosenHit - this.meanHit) / WORK_SMOOTHING;
+    const p = request.promptTokens;
+    if (p > 0) this.meanPrompt = this.meanPrompt === 0 ? p : this.meanPrompt + (p - this.meanPrompt) / WORK_SMOOTHING;
     this.countPrefix(this.prefixKey);
     this.pending.record(worker.slot, ticket, request.blocks);
   }
@@ -877,7 +898,8 @@ export class CostPolicy implements RoutingPolicy {
     const prompt = r.promptTokens > 0 ? r.promptTokens : 0;
     for (const c of candidates) {
       queued += c.worker.queuedPrefillTokens;
-      if (c.worker.queuedPrefillTokens === 0) idle++;
+      const isIdle = idleFor(c.worker, w, this.meanPrompt);
+      if (isIdle) idle++;
       inFlight += c.worker.inFlightRequests;
       if (c.worker.inFlightRequests > 0) busy++;
       if (c.indexEntries > mostEntries) mostEntries = c.indexEntries;
@@ -887,7 +909,7 @@ export class CostPolicy implements RoutingPolicy {
       if (cached > best) {
         best = cached;
         holderQueued = c.worker.queuedPrefillTokens;
-        holderIdle = holderQueued === 0 ? 1 : 0;
+        holderIdle = isIdle ? 1 : 0;
         holderSlot = c.worker.slot;
       }
       if (c.worker.load < w.pressureCeiling) anyBelowCeiling = true;
@@ -904,6 +926,7 @@ export class CostPolicy implements RoutingPolicy {
     f.queuedPerWorker =
       this.meanWork > 0 && others > 0 ? (queued - (best > 0 ? holderQueued : 0)) / others / this.meanWork : 0;
     f.idleWorkers = idle - (best > 0 ? holderIdle : 0);
+    f.arrivalPromptTokens = this.meanPrompt;
     f.holderSlot = best > 0 ? holderSlot : -1;
     // below saturation a recompute still occupies a worker that an arrival may need: with the
     // share of busy workers as that chance, one delayed request at most
