@@ -49,10 +49,10 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  *                                                    admitted. A bound, not an estimate: not in its
  *                                                    estimated TTFT
  *   σ      = mean queued prefill / mean request work  fleet saturation: requests queued per worker
- *            (0 while another worker has nothing     (the best-cached worker's own queue left out),
- *            queued) + share of workers with         none while idle capacity absorbs the extra
- *            requests in flight                      prefill; the busy share: the chance a
- *                                                    recompute delays an arrival below saturation
+ *            (0 while another worker is idle:        (the best-cached worker's own queue left out),
+ *            nothing queued and free KV for the      none while idle capacity absorbs the extra
+ *            mean prompt) + share of workers with    prefill; the busy share: the chance a
+ *            requests in flight                      recompute delays an arrival below saturation
  *   ρ      = h / (1 − h), h the smoothed hit rate     reuses of a cached token (what a copy displaces)
  *   full   = the worker's cached tokens / its KV capacity (else / the fullest worker's)
  *   recompute = recompute · σ · (W(u) − W(u_best)) / (1 + hot) + ρ · full · u
@@ -337,9 +337,9 @@ function stuckWait(t: Terms, prefill: number, w: Readonly<CostWeights>): number 
  * Whether a worker is idle capacity for the fleet's arrivals: nothing queued, and free KV for a
  * typical prompt (`arrivalPrompt`, the smoothed prompt of a routed request). A worker whose queue
  * is empty but whose KV its running requests fill admits an arrival only once some of them end:
- * counted idle, it made every recompute look free while the fleet was saturated, and the chats of
- * many tenants left their full holders for it (docs/routing.md §7, "Idle capacity that can take
- * an arrival"). With the KV capacity unknown, or no prompt seen yet, an empty queue is enough.
+ * counted idle, it made every recompute look free while the rest of the fleet was saturated
+ * (docs/routing.md §7, "Idle capacity that can take an arrival"). With the KV capacity unknown,
+ * or no prompt seen yet, an empty queue is enough.
  */
 function idleFor(worker: WorkerState, w: Readonly<CostWeights>, arrivalPrompt: number): boolean {
   if (worker.queuedPrefillTokens !== 0) return false;
