@@ -1,17 +1,20 @@
 /**
- * bench:trace-seeds — every policy on many seeds of two generated shapes, where one seed's
+ * bench:trace-seeds — every policy on many seeds of three generated shapes, where one seed's
  * figures say little: coding-agent loops that outgrow their worker (bench/traces/agent-loops/,
- * seeds 10–39) and many tenants' system prompts under short sessions on workers with little KV
- * (bench/traces/tenants/, seeds 7–26). Each shape's seeds are split in two sets: the first
- * (agent loops 10–29, tenants 7–16) is the one `cost`'s prefix at risk was chosen on, the second
- * (30–39, 17–26) was kept apart until its first version was, and the later versions were run on
- * it too (docs/routing.md §7, "The prefix at risk while a turn waits"). The agent loops run open-loop at their recorded rate, as bench:held-out runs
+ * seeds 10–39), many tenants' system prompts under short sessions on workers with little KV
+ * (bench/traces/tenants/, seeds 7–26), and a few hot shared prefixes on workers with little KV
+ * (bench/traces/hot-prefixes/, seeds 10–39). Each shape's seeds are split in two sets: the first
+ * (agent loops 10–29, tenants 7–16, hot prefixes 10–29) is the one a change is chosen on, the
+ * second (30–39, 17–26, 30–39) is kept apart until it is, and later versions are run on it too
+ * (docs/routing.md §7, "The prefix at risk while a turn waits"; the hot prefixes since 2026-12-05,
+ * "Hot prefixes over thirty seeds"). The agent loops run open-loop at their recorded rate, as bench:held-out runs
  * seeds 1–9, and closed-loop (each turn sent once the previous one has ended, as an agent does);
- * the tenants at ×2 and ×3. Per set and policy it reports the mean over the seeds of each run's
+ * the tenants at ×2 and ×3; the hot prefixes at ×2 on 40,000 and 60,000 tokens of KV and at ×3 on
+ * 100,000, as bench:held-out runs seeds 1 and 2. Per set and policy it reports the mean over the seeds of each run's
  * mean TTFT, the geometric means of the runs' mean and p99 TTFT, and the worst run's mean; and
  * every run's figures. The simulator is deterministic: one run per seed.
  *
- *   npm run bench:trace-seeds [-- --policies cost,dynamo,... --only agent-loops|tenants
+ *   npm run bench:trace-seeds [-- --policies cost,dynamo,... --only agent-loops|tenants|hot-prefixes
  *                              --cost-weights '{"pressure":2}' --out FILE]
  *
  * It writes bench/results/trace-seeds.json; --policies other than the defaults, --only and
@@ -24,9 +27,12 @@ import { loadTrace } from '../src/sim/load-trace.js';
 import { KNOWN_POLICIES, TABLE_POLICIES } from './policies.js';
 import { benchFlags, benchOutputFile, costWeightsFlag, usageError } from './stats.js';
 
+const SHAPES = ['agent-loops', 'tenants', 'hot-prefixes'] as const;
+type Shape = (typeof SHAPES)[number];
+
 interface SeedSet {
   name: string;
-  shape: 'agent-loops' | 'tenants';
+  shape: Shape;
   seeds: number[];
   speed: number;
   kvTokens: number;
@@ -53,6 +59,15 @@ const tenants = (name: string, seeds: number[], speed: number): SeedSet => ({
   closedLoop: false,
 });
 
+const hotPrefixes = (name: string, seeds: number[], speed: number, kvTokens: number): SeedSet => ({
+  name,
+  shape: 'hot-prefixes',
+  seeds,
+  speed,
+  kvTokens,
+  closedLoop: false,
+});
+
 const SETS: SeedSet[] = [
   agentLoops('agent-loops 10-29', range(10, 29), false),
   agentLoops('agent-loops 30-39', range(30, 39), false),
@@ -62,6 +77,12 @@ const SETS: SeedSet[] = [
   tenants('tenants 7-16 ×3', range(7, 16), 3),
   tenants('tenants 17-26 ×2', range(17, 26), 2),
   tenants('tenants 17-26 ×3', range(17, 26), 3),
+  hotPrefixes('hot-prefixes 10-29 ×2 40k', range(10, 29), 2, 40_000),
+  hotPrefixes('hot-prefixes 10-29 ×2 60k', range(10, 29), 2, 60_000),
+  hotPrefixes('hot-prefixes 10-29 ×3 100k', range(10, 29), 3, 100_000),
+  hotPrefixes('hot-prefixes 30-39 ×2 40k', range(30, 39), 2, 40_000),
+  hotPrefixes('hot-prefixes 30-39 ×2 60k', range(30, 39), 2, 60_000),
+  hotPrefixes('hot-prefixes 30-39 ×3 100k', range(30, 39), 3, 100_000),
 ];
 
 const flags = benchFlags(process.argv.slice(2), {
@@ -83,7 +104,7 @@ if ((POLICIES.join(',') !== TABLE_POLICIES.join(',') || flags.has('only') || cos
 const only = flags.has('only') ? new Set(String(flags.get('only')).split(',')) : undefined;
 if (only)
   for (const s of only)
-    if (s !== 'agent-loops' && s !== 'tenants') usageError(`--only: no shape '${s}' (agent-loops, tenants)`);
+    if (!(SHAPES as readonly string[]).includes(s)) usageError(`--only: no shape '${s}' (${SHAPES.join(', ')})`);
 const out = String(flags.get('out') ?? 'bench/results/trace-seeds.json');
 const outFile = benchOutputFile('--out', out);
 

@@ -10,10 +10,11 @@ followed by 50-800 tokens of its own; answers of 50-600 tokens. Timestamps in ms
 512-token block. Run them on workers whose KV holds a few such prefixes at once:
 `simulate --trace FILE --kv-tokens 40000 --speed 2` (or 100,000 tokens at ×3).
 
-    python3 scripts/gen-hot-prefix-traces.py DIR --seeds 11,12,13,14
+    python3 scripts/gen-hot-prefix-traces.py bench/traces/hot-prefixes --seeds 10,11,...,39
 
-writes the same shape from other seeds (hot-prefixes.11.jsonl.gz, ...): traces of this shape a
-candidate change is tried on before the committed ones, on which results are reported, are read.
+writes the same shape from other seeds (hot-prefixes.10.jsonl.gz, ...), the ones `npm run
+bench:trace-seeds` runs: a change to how hot prefixes are placed is chosen on 10-29, 30-39 are
+kept apart until it is, and seeds 1 and 2 (bench:held-out) are read after.
 """
 import gzip, json, math, os, random, sys
 

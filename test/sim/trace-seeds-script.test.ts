@@ -84,7 +84,7 @@ describe('bench:trace-seeds', () => {
       assert.match(r.stderr, /^error: --policies must name some of cost, seed/);
       r = traceSeeds('--policies', 'cost', '--out', out, '--only', 'no-such-shape');
       assert.equal(r.status, 2);
-      assert.match(r.stderr, /^error: --only: no shape 'no-such-shape'/);
+      assert.match(r.stderr, /^error: --only: no shape 'no-such-shape' \(agent-loops, tenants, hot-prefixes\)/);
       assert.equal(r.stdout, '');
     } finally {
       rmSync(dir, { recursive: true, force: true });
