@@ -36,9 +36,11 @@ export interface TokenizerPoolOptions {
   /** Most requests waiting or being tokenized; beyond, tokenize() rejects with TokenizerBusyError (default 1024). */
   maxPending?: number;
   /**
-   * Longest a thread may take over one request (default DEFAULT_TOKENIZE_TIMEOUT_MS): past it the
-   * thread is stopped and replaced, the request rejects with TokenizeTimeoutError, and the
-   * requests waiting behind it go to the replacement.
+   * Deadline of each request, counted from its tokenize() call, the wait for a thread included
+   * (default DEFAULT_TOKENIZE_TIMEOUT_MS): a request not answered by then rejects with
+   * TokenizeTimeoutError at once, and one still waiting is never tokenized. A thread that works
+   * on one request for this long is stopped and replaced, and the requests waiting behind it go
+   * to the replacement.
    */
   timeoutMs?: number;
   log?: (message: string) => void;
@@ -51,8 +53,10 @@ export interface TokenizerPoolStats {
   failed: number;
   rejectedBusy: number;
   threadRestarts: number;
-  /** Requests that took longer than the deadline (their thread was replaced). */
+  /** Requests past their deadline while a thread was tokenizing them (answered with TokenizeTimeoutError). */
   timedOut: number;
+  /** Requests past their deadline while they waited for a thread (answered with TokenizeTimeoutError, never tokenized). */
+  timedOutWaiting: number;
   /** Requests whose client left before they were answered (those not started were never tokenized). */
   aborted: number;
 }
@@ -104,13 +108,17 @@ export class TokenizerBusyError extends TokenizerUnavailableError {
 }
 
 /**
- * A request took longer than the deadline on its thread (a prompt the tokenizer is very slow on,
- * such as a long run of whitespace, or a chat template that loops over and over): the gateway
- * routes it on its text, as it does a request it cannot tokenize.
+ * A request was not tokenized within the deadline (a prompt the tokenizer is very slow on, such
+ * as a long run of whitespace, a chat template that loops over and over, or such prompts ahead of
+ * it on its thread): the gateway routes it on its text, as it does a request it cannot tokenize.
  */
 export class TokenizeTimeoutError extends Error {
-  constructor(timeoutMs: number) {
-    super(`tokenizing the request took longer than ${timeoutMs} ms`);
+  constructor(timeoutMs: number, waiting = false) {
+    super(
+      waiting
+        ? `the request waited for a tokenizer thread longer than ${timeoutMs} ms`
+        : `tokenizing the request took longer than ${timeoutMs} ms`,
+    );
     this.name = 'TokenizeTimeoutError';
   }
 }
@@ -136,8 +144,10 @@ interface Pending {
   job: TokenizeJob;
   /** The thread has started it. */
   started: boolean;
-  /** The promise has been settled (the client left): the thread's answer is dropped. */
+  /** The promise has been settled (the client left, the deadline passed): the thread's answer is dropped. */
   settled: boolean;
+  /** performance.now() past which it is answered with TokenizeTimeoutError. */
+  expiresAt: number;
   /** Times it was given to another thread because its own died under it before it said it started. */
   moved: number;
   signal?: AbortSignal;
@@ -149,9 +159,9 @@ interface Thread {
   pending: number;
   /** Exited, or being stopped: a message posted to it would never be answered. */
   dead: boolean;
-  /** Stopped by the pool past a request's deadline: the requests it had not started go elsewhere. */
+  /** Stopped by the pool after working on one request for `timeoutMs`: the requests it had not started go elsewhere. */
   timedOut: boolean;
-  /** The request it is working on, and the timer of its deadline. */
+  /** The request it is working on, and the timer that stops the thread when it works on it too long. */
   running?: number;
   deadline?: NodeJS.Timeout;
 }
@@ -170,12 +180,18 @@ const RESTART_DELAY_MAX_MS = 30_000;
  * so requests of one conversation go to the same thread: the thread is picked by a digest of
  * the conversation's opening, unless that thread is far busier than the least busy one.
  * A thread that dies is replaced; the request it was working on fails (the gateway answers 503),
- * those waiting behind it go to the replacement. A request that takes longer than `timeoutMs`
- * on its thread rejects with TokenizeTimeoutError and its thread is stopped and replaced: the
- * tokenizer cannot be interrupted otherwise, and the requests queued behind it must not wait.
- * Each thread says when it starts a request (a message it posts before tokenizing, delivered
- * while it works), so the deadline counts only the request's own time. A request whose client
- * left (tokenize()'s `signal`) is marked in a shared array the threads read before starting one.
+ * those waiting behind it go to the replacement.
+ *
+ * Each request has a deadline, `timeoutMs` from its tokenize() call: whatever is ahead of it on
+ * its thread, it is answered by then, with TokenizeTimeoutError if it has no ids yet (the gateway
+ * routes it on its text). One still waiting for its thread is marked in a shared array the
+ * threads read before starting a request, and skipped, as is one whose client left (tokenize()'s
+ * `signal`). A thread that works on one request for `timeoutMs` (a prompt the tokenizer is very
+ * slow on) is stopped and replaced, since the tokenizer cannot be interrupted otherwise: each
+ * thread says when it starts a request (a message it posts before tokenizing, delivered while it
+ * works), so that limit counts only the request's own time. A thread is not stopped merely
+ * because the request it works on is past its deadline: the request may have waited most of it,
+ * and under a backlog stopping threads that are nearly done would leave none tokenizing.
  */
 export class TokenizerPool implements AsyncPromptTokenizer {
   private readonly threads: Thread[] = [];
@@ -195,8 +211,13 @@ export class TokenizerPool implements AsyncPromptTokenizer {
     rejectedBusy: 0,
     threadRestarts: 0,
     timedOut: 0,
+    timedOutWaiting: 0,
     aborted: 0,
   };
+  /** The requests not answered yet, in the order of their deadlines (all are `timeoutMs` from their start). */
+  private readonly unanswered = new Set<Pending>();
+  /** The one timer for the first of their deadlines. */
+  private expiryTimer?: NodeJS.Timeout;
   private readonly timeoutMs: number;
   /** TokenizerThreadData.cancelled, and the slots in it no pending request holds. */
   private readonly cancelled: Int32Array;
@@ -270,14 +291,26 @@ export class TokenizerPool implements AsyncPromptTokenizer {
       chat,
     };
     if (!addSpecialTokens) job.addSpecialTokens = false;
+    const expiresAt = performance.now() + this.timeoutMs;
     return new Promise<ArrayLike<number>>((resolve, reject) => {
-      const pending: Pending = { resolve, reject, thread: index, job, started: false, settled: false, moved: 0 };
+      const pending: Pending = {
+        resolve,
+        reject,
+        thread: index,
+        job,
+        started: false,
+        settled: false,
+        expiresAt,
+        moved: 0,
+      };
       if (signal) {
         pending.signal = signal;
         pending.onAbort = () => this.abort(pending);
         signal.addEventListener('abort', pending.onAbort, { once: true });
       }
       this.jobs.set(job.id, pending);
+      this.unanswered.add(pending);
+      if (this.expiryTimer === undefined) this.armExpiry(this.timeoutMs);
       this.post(pending, index);
     });
   }
@@ -291,6 +324,7 @@ export class TokenizerPool implements AsyncPromptTokenizer {
     for (const t of this.restartTimers) clearTimeout(t);
     this.restartTimers.clear();
     for (const t of this.threads) clearTimeout(t.deadline);
+    clearTimeout(this.expiryTimer);
     for (const job of this.jobs.values())
       this.settle(job, new TokenizerUnavailableError('the tokenizer pool is closed'));
     await Promise.all(this.threads.map((t) => t.worker.terminate()));
@@ -310,25 +344,64 @@ export class TokenizerPool implements AsyncPromptTokenizer {
   private settle(job: Pending, err: Error | undefined, tokens?: ArrayLike<number>): void {
     this.jobs.delete(job.job.id);
     this.freeSlots.push(job.job.slot);
-    if (job.onAbort) job.signal!.removeEventListener('abort', job.onAbort);
     if (job.settled) return;
     job.settled = true;
+    this.unanswered.delete(job);
+    if (job.onAbort) job.signal!.removeEventListener('abort', job.onAbort);
     if (err) job.reject(err);
     else job.resolve(tokens!);
+  }
+
+  /**
+   * Rejects `job` before its thread is done with it: a request not started is skipped by its
+   * thread; it stays in `jobs` (and holds its slot) until its thread has answered or skipped it.
+   */
+  private answerEarly(job: Pending, err: Error): void {
+    job.settled = true;
+    this.unanswered.delete(job);
+    if (job.onAbort) {
+      job.signal!.removeEventListener('abort', job.onAbort);
+      job.onAbort = undefined;
+    }
+    if (!job.started) Atomics.store(this.cancelled, job.job.slot, 1);
+    job.reject(err);
   }
 
   /** The client left: the promise rejects now; a request not started is skipped by its thread. */
   private abort(job: Pending): void {
     if (job.settled) return;
-    job.settled = true;
     this.counters.aborted++;
-    job.signal!.removeEventListener('abort', job.onAbort!);
-    job.onAbort = undefined;
-    if (!job.started) Atomics.store(this.cancelled, job.job.slot, 1);
-    job.reject(abortError());
+    this.answerEarly(job, abortError());
   }
 
-  /** Thread `index` started request `id`: its deadline runs from now. */
+  /** `job` is past its deadline: it rejects now with TokenizeTimeoutError (the gateway routes it on its text). */
+  private late(job: Pending): void {
+    if (job.started) this.counters.timedOut++;
+    else this.counters.timedOutWaiting++;
+    this.answerEarly(job, new TokenizeTimeoutError(this.timeoutMs, !job.started));
+  }
+
+  /** The timer for the first deadline of `unanswered`, `ms` from now. */
+  private armExpiry(ms: number): void {
+    this.expiryTimer = setTimeout(this.onExpiryTimer, Math.max(1, Math.ceil(ms)));
+    this.expiryTimer.unref();
+  }
+
+  // (judged after the messages already waiting are read, as a thread's deadline: see jobStarted)
+  private readonly onExpiryTimer = (): void => void setImmediate(this.expire);
+
+  /** Answers the requests past their deadline, and sets the timer for the next one. */
+  private readonly expire = (): void => {
+    this.expiryTimer = undefined;
+    if (this.closed) return;
+    const now = performance.now();
+    for (const job of this.unanswered) {
+      if (job.expiresAt > now) return this.armExpiry(job.expiresAt - now);
+      this.late(job);
+    }
+  };
+
+  /** Thread `index` started request `id`: the time the thread may spend on it runs from now. */
   private jobStarted(thread: Thread, index: number, id: number): void {
     const job = this.jobs.get(id);
     if (!job || thread.dead) return;
@@ -342,7 +415,11 @@ export class TokenizerPool implements AsyncPromptTokenizer {
     thread.deadline.unref();
   }
 
-  /** Request `id` is past its deadline on `thread`: the thread is stopped, and replaced when it exits. */
+  /**
+   * `thread` has worked on request `id` for `timeoutMs`: the thread is stopped, and replaced when
+   * it exits (the request was answered at its deadline, which came first, unless the timers ran
+   * out of order).
+   */
   private timedOut(thread: Thread, index: number, id: number): void {
     thread.deadline = undefined;
     const job = this.jobs.get(id);
@@ -350,11 +427,11 @@ export class TokenizerPool implements AsyncPromptTokenizer {
     thread.dead = true;
     thread.timedOut = true;
     thread.pending--;
-    this.counters.timedOut++;
     this.log(
       `tokenizer thread ${index} took longer than ${this.timeoutMs} ms over one request: restarting it (the request is routed on its text)`,
     );
-    this.settle(job, new TokenizeTimeoutError(this.timeoutMs));
+    if (!job.settled) this.late(job);
+    this.settle(job, undefined);
     void thread.worker.terminate();
   }
 
@@ -426,7 +503,9 @@ export class TokenizerPool implements AsyncPromptTokenizer {
           thread.deadline = undefined;
           thread.running = undefined;
         }
-        if (m.error !== undefined) {
+        // answered already (its client left, or its deadline passed while it was tokenized): dropped
+        if (job.settled) this.settle(job, undefined);
+        else if (m.error !== undefined) {
           this.counters.failed++;
           // media parts keep their kind across the thread boundary: the gateway routes them on text
           this.settle(

@@ -631,8 +631,9 @@ function countedOnScrape(registry: Registry, name: string, help: string, read: (
 /**
  * The tokenizer threads' work (`--tokenize tokenizer`, TokenizerPool.stats()), read when scraped:
  * the requests waiting or being tokenized, and the counts of those answered, failed, refused
- * while full, past the deadline (--tokenize-timeout-ms: routed on their text, their thread
- * replaced) and dropped when their client left, and of the threads replaced.
+ * while full, past their deadline (--tokenize-timeout-ms from their arrival: routed on their
+ * text) while tokenized or while waiting for a thread, and dropped when their client left, and
+ * of the threads replaced.
  */
 export function registerTokenizerMetrics(registry: Registry, pool: { stats(): TokenizerPoolStats }): void {
   new Gauge({
@@ -663,7 +664,12 @@ export function registerTokenizerMetrics(registry: Registry, pool: { stats(): To
     [
       'timedOut',
       'contextforge_tokenizer_timed_out_total',
-      'Requests tokenized longer than --tokenize-timeout-ms: their thread was replaced and they were routed on their text.',
+      'Requests a tokenizer thread was still tokenizing --tokenize-timeout-ms after their arrival: routed on their text (a thread that works on one request that long is replaced).',
+    ],
+    [
+      'timedOutWaiting',
+      'contextforge_tokenizer_timed_out_waiting_total',
+      'Requests still waiting for a tokenizer thread --tokenize-timeout-ms after their arrival: routed on their text, never tokenized.',
     ],
     [
       'aborted',

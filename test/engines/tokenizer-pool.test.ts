@@ -130,38 +130,109 @@ test('a thread that dies and cannot be restarted fails its requests instead of h
   }
 });
 
-// HuggingFace BPE takes several µs per character of a long run of spaces: 200 KB take seconds
+// HuggingFace BPE takes several µs per character of a long run of spaces: 200 KB take seconds,
+// 1 MB tens of seconds (a thread is stopped long before it is done)
 const SLOW_PROMPT = ' '.repeat(200_000);
+const SLOWER_PROMPT = ' '.repeat(1_000_000);
 
-test('a request past the deadline rejects with TokenizeTimeoutError; its thread is replaced and the requests behind it are answered', async () => {
+type Threads = Array<{ worker: import('node:worker_threads').Worker; running?: number }>;
+const threadsOf = (pool: TokenizerPool) => (pool as unknown as { threads: Threads }).threads;
+
+/** Tokenizes `text` until a thread answers in time (a replacement may still be loading the tokenizer). */
+async function tokenizedOnceUp(pool: TokenizerPool, text: string): Promise<ArrayLike<number>> {
+  let ids: ArrayLike<number> | undefined;
+  await until(
+    async () =>
+      (ids = await pool.tokenize({ text }).catch((e: Error) => {
+        if (e instanceof TokenizeTimeoutError) return undefined;
+        throw e;
+      })) !== undefined,
+    'a thread to tokenize the request in time',
+    { timeoutMs: 30_000 },
+  );
+  return ids!;
+}
+
+test('a request past the deadline rejects with TokenizeTimeoutError; its thread is replaced, and the requests waiting behind it are answered by their own deadline', async () => {
   const reference = ChatTokenizer.load(dir);
   const logs: string[] = [];
-  const pool = await TokenizerPool.start({ path: dir, threads: 1, timeoutMs: 100, log: (m) => logs.push(m) });
+  const pool = await TokenizerPool.start({ path: dir, threads: 1, timeoutMs: 200, log: (m) => logs.push(m) });
   try {
-    const threads = (pool as unknown as { threads: Array<{ worker: import('node:worker_threads').Worker }> }).threads;
+    const threads = threadsOf(pool);
     const first = threads[0].worker;
-    const slow = pool.tokenize({ text: SLOW_PROMPT });
-    // queued on the same (only) thread behind the slow one
+    const slow = pool.tokenize({ text: SLOWER_PROMPT });
+    // queued on the same (only) thread behind the slow one, with the same deadline
     const behind = [pool.tokenize({ text: 'the router routes' }), pool.tokenize({ messages: conversation(1, 2) })];
-    await assert.rejects(slow, (e: Error) => e instanceof TokenizeTimeoutError && /100 ms/.test(e.message));
-    const got = await Promise.all(behind);
-    assert.deepEqual(Array.from(got[0]), reference.tokenize({ text: 'the router routes' }));
-    assert.deepEqual(Array.from(got[1]), reference.tokenize({ messages: conversation(1, 2) }));
-    assert.notEqual(threads[0].worker, first, 'the thread was replaced');
+    await assert.rejects(
+      slow,
+      (e: Error) =>
+        e instanceof TokenizeTimeoutError && /^tokenizing the request took longer than 200 ms/.test(e.message),
+    );
+    for (const b of behind)
+      await assert.rejects(
+        b,
+        (e: Error) => e instanceof TokenizeTimeoutError && /waited for a tokenizer thread/.test(e.message),
+      );
+    await until(() => threads[0].worker !== first && pool.stats().threadRestarts === 1, 'the thread to be replaced');
     const stats = pool.stats();
-    assert.equal(stats.timedOut, 1);
-    assert.equal(stats.threadRestarts, 1);
-    assert.equal(stats.completed, 2);
-    assert.equal(stats.failed, 0);
-    assert.equal(stats.pending, 0);
-    assert.ok(logs.some((m) => /longer than 100 ms/.test(m)));
-    // the replacement keeps serving
-    assert.deepEqual(Array.from(await pool.tokenize({ text: 'again' })), reference.tokenize({ text: 'again' }));
+    assert.deepEqual(
+      [stats.timedOut, stats.timedOutWaiting, stats.completed, stats.failed],
+      [1, 2, 0, 0],
+      'the slow request timed out on its thread, the two behind it while waiting',
+    );
+    assert.ok(logs.some((m) => /longer than 200 ms/.test(m)));
+    // the replacement skips the two that timed out waiting, and keeps serving
+    assert.deepEqual(Array.from(await tokenizedOnceUp(pool, 'again')), reference.tokenize({ text: 'again' }));
+    await until(() => pool.stats().pending === 0, 'the replacement to skip the requests that timed out');
+    assert.equal(pool.stats().threadRestarts, 1);
   } finally {
     await pool.close();
   }
 });
 
+test('slow prompts ahead of a request delay it by its own deadline at most, not by the sum of theirs', async () => {
+  const reference = ChatTokenizer.load(dir);
+  // a deadline far longer than a thread takes to start, so a request that comes after the first
+  // slow prompt's thread is stopped is tokenized by its replacement in time
+  const pool = await TokenizerPool.start({ path: dir, threads: 1, timeoutMs: 3000 });
+  try {
+    const threads = threadsOf(pool);
+    const first = threads[0].worker;
+    // each settles with what the pool had done when it did: the threads it had stopped
+    const outcome = (p: Promise<ArrayLike<number>>) =>
+      p.then(
+        (ids) => ({ ids: Array.from(ids), error: '', restarts: pool.stats().threadRestarts }),
+        (e: Error) => ({ ids: [] as number[], error: e.message, restarts: pool.stats().threadRestarts }),
+      );
+    // two prompts of tens of seconds each, then a short one, on the only thread
+    const slow = [
+      outcome(pool.tokenize({ text: `a${SLOWER_PROMPT}` })),
+      outcome(pool.tokenize({ text: `b${SLOWER_PROMPT}` })),
+    ];
+    const fast = outcome(pool.tokenize({ text: 'queued behind both' }));
+    // the first slow prompt's thread is stopped at its limit, then one more short request comes
+    await until(() => threads[0].worker !== first, 'the first thread to be stopped', { timeoutMs: 30_000 });
+    const later = outcome(pool.tokenize({ text: 'came after' }));
+    const [a, b] = await Promise.all(slow);
+    assert.match(a.error, /^tokenizing the request took longer than 3000 ms/);
+    // the second slow prompt and the short one behind it were answered at their deadline, while
+    // still waiting: they did not wait for the second slow prompt to be tokenized (or stopped)
+    assert.match(b.error, /waited for a tokenizer thread longer than 3000 ms/);
+    const f = await fast;
+    assert.match(f.error, /waited for a tokenizer thread longer than 3000 ms/);
+    assert.ok(f.restarts <= 1, `answered before a second thread was stopped (${f.restarts} were)`);
+    // the one that came later was tokenized by the replacement, which never started the second slow prompt
+    const l = await later;
+    assert.equal(l.error, '');
+    assert.deepEqual(l.ids, reference.tokenize({ text: 'came after' }));
+    assert.equal(l.restarts, 1);
+    await until(() => pool.stats().pending === 0, 'the replacement to skip the requests that timed out');
+    const stats = pool.stats();
+    assert.deepEqual([stats.timedOut, stats.timedOutWaiting, stats.completed, stats.threadRestarts], [1, 2, 1, 1]);
+  } finally {
+    await pool.close();
+  }
+});
 test('an answer waiting while the event loop was blocked past the deadline is taken, not judged late', async () => {
   const reference = ChatTokenizer.load(dir);
   const pool = await TokenizerPool.start({ path: dir, threads: 1, timeoutMs: 100 });
@@ -190,7 +261,7 @@ test('an answer waiting while the event loop was blocked past the deadline is ta
 test('requests that come while a thread stopped past its deadline is being replaced go to the replacement', async () => {
   const pool = await TokenizerPool.start({ path: dir, threads: 1, timeoutMs: 50 });
   try {
-    const slow = pool.tokenize({ text: ' '.repeat(200_000) });
+    const slow = pool.tokenize({ text: SLOW_PROMPT });
     const outcomes: Array<Promise<string>> = [];
     // one request a millisecond until the slow one has timed out and well after
     let timedOut = false;
@@ -201,16 +272,19 @@ test('requests that come while a thread stopped past its deadline is being repla
       outcomes.push(
         pool.tokenize({ text: 'hi' }).then(
           () => 'ok',
-          (e: Error) => e.message,
+          // (past its deadline while the replacement loads the tokenizer: routed on its text)
+          (e: Error) => (e instanceof TokenizeTimeoutError ? 'ok' : e.message),
         ),
       );
     }
     await assert.rejects(slow, TokenizeTimeoutError);
     const results = await Promise.all(outcomes);
+    // none was refused for want of a running thread
     assert.deepEqual(
       results.filter((r) => r !== 'ok'),
       [],
     );
+    assert.ok((await tokenizedOnceUp(pool, 'hi')).length > 0);
   } finally {
     await pool.close();
   }

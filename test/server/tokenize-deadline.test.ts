@@ -1,10 +1,11 @@
 /**
  * `--tokenize tokenizer` on worker threads: a prompt the tokenizer is very slow on (a long run of
  * spaces: HuggingFace BPE takes microseconds per character of it) must not hold its thread, and
- * every request queued behind it, for as long as it takes. Past the deadline its thread is
- * replaced, the request is routed on its text, and the requests behind it are tokenized by the
- * replacement. A request whose client leaves while it waits for a thread is never tokenized and
- * counts as the client's leaving (499).
+ * every request queued behind it, for as long as it takes. Each request has a deadline from its
+ * arrival, its wait for a thread included: past it the request is routed on its text, whatever is
+ * queued ahead of it; a thread that works on one request that long is replaced, and the requests
+ * that come later are tokenized by the replacement. A request whose client leaves while it waits
+ * for a thread is never tokenized and counts as the client's leaving (499).
  */
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
@@ -51,22 +52,31 @@ async function start(timeoutMs: number) {
   return { pool, gateway, base };
 }
 
-test('a prompt past the tokenize deadline is routed on its text, and the request queued behind it does not wait for it', async () => {
-  const { pool, gateway, base } = await start(200);
-  // seconds of tokenizing on the only thread
-  const slow = complete(base, ' '.repeat(400_000));
-  await until(() => pool.stats().pending === 1, 'the slow prompt to reach the pool');
+test('prompts past the tokenize deadline are routed on their text, and a request queued behind them waits for its own deadline only', async () => {
+  const { pool, gateway, base } = await start(1000);
+  // tens of seconds of tokenizing each, on the only thread
+  const slow = [complete(base, ` ${' '.repeat(1_000_000)}`), complete(base, `.${' '.repeat(1_000_000)}`)];
+  await until(() => pool.stats().pending === 2, 'the slow prompts to reach the pool');
   const small = await complete(base, 'hi');
-  // answered while the slow prompt was never finished: its thread was replaced, not waited for
+  // answered at its deadline, before the second slow prompt was tokenized (or its thread stopped)
   assert.equal(small.status, 200, await small.clone().text());
-  assert.equal(pool.stats().completed, 1, 'only the small request was tokenized');
-  assert.equal(pool.stats().timedOut, 1);
-  const answer = await slow;
-  assert.equal(answer.status, 200, await answer.clone().text());
+  for (const answer of await Promise.all(slow)) assert.equal(answer.status, 200, await answer.clone().text());
+  // the first slow prompt timed out on the thread, the second and the small one while waiting
+  assert.deepEqual([pool.stats().timedOut, pool.stats().timedOutWaiting, pool.stats().completed], [1, 2, 0]);
+  await until(() => pool.stats().threadRestarts === 1, 'the thread to be replaced');
+  // the replacement skips the two that timed out waiting, and tokenizes what comes next
+  await until(
+    async () => (await complete(base, 'after')).status === 200 && pool.stats().completed === 1,
+    'the replacement to tokenize a request',
+  );
   assert.equal(await metric(gateway, 'contextforge_tokenizer_timed_out_total'), 1);
   assert.equal(await metric(gateway, 'contextforge_tokenizer_thread_restarts_total'), 1);
   assert.equal(await metric(gateway, 'contextforge_tokenizer_completed_total'), 1);
-  assert.equal(await metric(gateway, 'contextforge_tokenizer_pending'), 0);
+  await until(async () => (await metric(gateway, 'contextforge_tokenizer_pending')) === 0, 'nothing left pending');
+  // each request that came while the replacement loaded the tokenizer counts as timed out waiting
+  const waited = pool.stats().timedOutWaiting;
+  assert.ok(waited >= 2);
+  assert.equal(await metric(gateway, 'contextforge_tokenizer_timed_out_waiting_total'), waited);
 });
 
 test('a request whose client leaves while it waits for a tokenizer thread is never tokenized and counts as 499', async () => {

@@ -181,7 +181,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
   },
   tokenizeTimeoutMs: {
     arg: '<ms>',
-    help: 'longest a tokenizer thread may take over one request (a prompt the tokenizer is very slow on, such as a long run of whitespace, or a chat template that loops): past it the thread is replaced, the requests queued behind it go to the replacement, and the request is routed on its text (not with --tokenizer-threads 0)',
+    help: 'deadline of each request on the tokenizer threads, counted from its arrival, its wait for a thread included: a request without its token ids by then is routed on its text (one still waiting is never tokenized); a thread that works on one request this long (a prompt the tokenizer is very slow on, such as a long run of whitespace, or a chat template that loops) is replaced, and the requests queued on it go to the replacement (not with --tokenizer-threads 0)',
   },
   processes: {
     arg: '<n>',
