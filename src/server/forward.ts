@@ -23,7 +23,7 @@ import {
 } from './engine-errors.js';
 import { markCutByGateway, type FailureReason } from './metrics.js';
 
-import { answerableRequestId } from './passed-headers.js';
+import { answerableRequestId, keepHeaderBytes } from './passed-headers.js';
 import { openAiError, type ProxyReply } from './openai-request.js';
 import { wholeAnswerEvents } from './whole-answer-stream.js';
 import { declaresJson, isWholeJson } from './whole-json.js';
@@ -1076,7 +1076,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     if (extra !== undefined) headers['content-length'] = String(extra);
     // the answer is the engine's: the client's x-request-id set for the gateway's own answers
     // (carryRequestId) does not stand in for an engine that gave none
-    if (headers['x-request-id'] === undefined) this.res.removeHeader('x-request-id');
+    const requestId = headers['x-request-id'];
+    if (requestId === undefined) this.res.removeHeader('x-request-id');
+    // its bytes over 0x7f go back as they came, whatever is written first
+    else keepHeaderBytes(this.res, requestId);
     this.res.writeHead(this.status, headers);
   }
 

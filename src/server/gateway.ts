@@ -83,7 +83,7 @@ import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
 import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
 import { mediaDomains } from './media-domains.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
-import { carryRequestId, requestIdLine } from './passed-headers.js';
+import { carryRequestId, headBytes, requestIdLine } from './passed-headers.js';
 import { forwardedVia, ownVia, viaPseudonym } from './via.js';
 import { WorkerConnections } from './worker-connections.js';
 import { EngineKeyEnvs } from './worker-input.js';
@@ -1472,7 +1472,7 @@ function answerClientError(
   // the refusal answers the request still being read on the socket, when there is one (the
   // client's x-request-id goes back with it); else what follows the answers, no request yet
   const reading = res !== undefined && !inFlight && !res.writableEnded;
-  const text = clientErrorText(status, message, param, code, reading ? requestIdLine(res.req) : '');
+  const answer = clientErrorBytes(status, message, param, code, reading ? requestIdLine(res.req) : '');
   if (inFlight) {
     refusedAfterAnswers.add(socket);
     stopReading(socket);
@@ -1484,7 +1484,7 @@ function answerClientError(
       if (closedAfterLastAnswer(socket)) return;
       if (socket.destroyed || !socket.writable) return;
       count(status);
-      socket.end(text, () => socket.destroy());
+      socket.end(answer, () => socket.destroy());
     });
     return;
   }
@@ -1493,7 +1493,7 @@ function answerClientError(
   if (reading) markAnsweredOnSocket(res, status);
   if (!socket.writable) return void socket.destroy();
   if (!reading) count(status);
-  socket.write(text);
+  socket.write(answer);
   // the client may still be sending what the parser refused (a chunk extension past Node's
   // bound, a body behind a bad chunk size): closed with those bytes unread, the connection
   // would be reset, and a client still writing could meet the reset before the answer
@@ -1533,16 +1533,19 @@ function clientErrorAnswer(
         : [400, 'the request is not valid HTTP/1.1', null, null];
 }
 
-/** A whole refusal as written on the socket: status line, headers closing the connection, OpenAI error body. */
-function clientErrorText(
+/** A whole refusal as written on the socket (headBytes): status line, headers closing the connection, OpenAI error body. */
+function clientErrorBytes(
   status: number,
   message: string,
   param: string | null,
   code: string | null,
   idLine = '',
-): string {
+): Buffer {
   const body = clientErrorBody(message, param, code);
-  return `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\n${idLine}Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
+  return headBytes(
+    `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\n${idLine}Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n`,
+    body,
+  );
 }
 
 /** The `path` of contextforge_requests_total for a request no route matches (bounded: one value for them all). */
@@ -1808,7 +1811,10 @@ function answerMethodNotAllowed(socket: Duplex, req: IncomingMessage, allowed: r
   }
   const body = clientErrorBody(methodNotAllowedMessage(req.method ?? 'CONNECT', req.url ?? '', allowed), 'method');
   socket.end(
-    `HTTP/1.1 405 ${STATUS_CODES[405]}\r\nConnection: close\r\n${requestIdLine(req)}Allow: ${allowed.join(', ')}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+    headBytes(
+      `HTTP/1.1 405 ${STATUS_CODES[405]}\r\nConnection: close\r\n${requestIdLine(req)}Allow: ${allowed.join(', ')}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n`,
+      body,
+    ),
     () => socket.destroy(),
   );
   return true;

@@ -80,7 +80,15 @@ function repeated(name: string, value: string | readonly string[], raw: Incoming
 /** What a response header's value may hold as it is (what Node writes): tab, space, visible ASCII, obs-text. */
 const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]+$/;
 
-/** Whether `id` can go back to the client in an x-request-id header as it is: not empty, within MAX_PASSED_HEADER_BYTES, header-safe. */
+/** A header value of tab, space and visible ASCII only: the same bytes in any encoding Node writes a head in. */
+const ASCII_VALUE = /^[\t\x20-\x7e]*$/;
+
+/**
+ * Whether `id` can go back to the client in an x-request-id header as it is: not empty, within
+ * MAX_PASSED_HEADER_BYTES, header-safe. Its bytes over 0x7f (obs-text, one character a byte as
+ * Node reads them) go back byte for byte when the response's head is written as bytes
+ * (writeHeadAsBytes, headBytes).
+ */
 export function answerableRequestId(id: string | undefined): id is string {
   return id !== undefined && id.length <= MAX_PASSED_HEADER_BYTES && HEADER_VALUE.test(id);
 }
@@ -99,16 +107,67 @@ export function clientRequestId(req: IncomingMessage): string | undefined {
 /**
  * Sets the client's x-request-id (clientRequestId) on `res` as it arrives, so that every answer
  * the gateway writes itself — on the fast path, through Fastify, or refused before any route —
- * carries it back (writeHead merges it with the answer's own headers). An engine's answer
- * carries the engine's x-request-id instead (forward.ts takes this one off).
+ * carries it back (writeHead merges it with the answer's own headers), byte for byte
+ * (writeHeadAsBytes). An engine's answer carries the engine's x-request-id instead (forward.ts
+ * takes this one off).
  */
 export function carryRequestId(req: IncomingMessage, res: ServerResponse): void {
   const id = clientRequestId(req);
-  if (id !== undefined) res.setHeader('x-request-id', id);
+  if (id === undefined) return;
+  res.setHeader('x-request-id', id);
+  keepHeaderBytes(res, id);
 }
 
-/** The client's x-request-id as a header line of an answer written on the raw socket ('' without one). */
+/** Has `res`'s head go out byte for byte (writeHeadAsBytes) when the header `value` it holds is not all ASCII. */
+export function keepHeaderBytes(res: ServerResponse, value: string): void {
+  if (!ASCII_VALUE.test(value)) writeHeadAsBytes(res);
+}
+
+/** The client's x-request-id as a header line of an answer written on the raw socket ('' without one): to be written as bytes (headBytes). */
 export function requestIdLine(req: IncomingMessage | undefined): string {
   const id = req && clientRequestId(req);
   return id === undefined ? '' : `X-Request-Id: ${id}\r\n`;
+}
+
+/**
+ * An answer written on the raw socket as bytes: its head as Latin-1, one byte a character, as Node
+ * read the header values it repeats, and its body as UTF-8. Written as one string (UTF-8), a
+ * header byte over 0x7f would go out as two.
+ */
+export function headBytes(head: string, body: string): Buffer {
+  return Buffer.concat([Buffer.from(head, 'latin1'), Buffer.from(body)]);
+}
+
+/** The responses writeHeadAsBytes has taken care of. */
+const headsAsBytes = new WeakSet<ServerResponse>();
+
+/**
+ * Has `res`'s head go out byte for byte (Latin-1, one byte a character, as Node read the header
+ * values it repeats), for a head that holds a character over 0x7f. Node writes a head in one
+ * string with the first body bytes when those are a string (res.end(text), as Fastify and the
+ * gateway's refusals write): in UTF-8, where each such character becomes two bytes. It writes the
+ * head as Latin-1 when the first body bytes are a Buffer, or when there are none (end()). So every
+ * string written to `res` is written as its bytes instead. (res.flushHeaders writes the head in
+ * UTF-8 too; nothing here calls it.)
+ */
+export function writeHeadAsBytes(res: ServerResponse): void {
+  if (headsAsBytes.has(res)) return;
+  headsAsBytes.add(res);
+  const out = res as unknown as Record<'write' | 'end', (chunk?: unknown, ...rest: unknown[]) => unknown>;
+  const { write, end } = out;
+  out.write = function (this: unknown, chunk?: unknown, ...rest: unknown[]) {
+    return write.call(this, ...asBytes(chunk, rest));
+  };
+  out.end = function (this: unknown, chunk?: unknown, ...rest: unknown[]) {
+    return end.call(this, ...asBytes(chunk, rest));
+  };
+}
+
+/** A write's arguments with a string chunk made its bytes (in the encoding given, which then goes). */
+function asBytes(chunk: unknown, rest: unknown[]): unknown[] {
+  if (typeof chunk !== 'string') return [chunk, ...rest];
+  const [encoding, ...after] = rest;
+  return typeof encoding === 'string'
+    ? [Buffer.from(chunk, encoding as BufferEncoding), ...after]
+    : [Buffer.from(chunk), ...rest];
 }

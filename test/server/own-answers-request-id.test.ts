@@ -173,3 +173,130 @@ test("an engine's answer carries the engine's x-request-id, not the client's", a
     await engine.close();
   }
 });
+
+/** Ids of bytes over 0x7f (obs-text): UTF-8 é, and a byte that is no UTF-8. Node reads them one character a byte. */
+const BYTE_IDS = [Buffer.from([0x61, 0xc3, 0xa9]), Buffer.from([0x61, 0xff, 0x20, 0x09, 0x7e])];
+
+/** Writes `head` with an `x-request-id: <id>` line and `body` as raw bytes; resolves once the connection closed, with what came back. */
+async function sendWithId(port: number, head: string, id: Buffer, body = ''): Promise<string> {
+  const client = await rawClient(port);
+  try {
+    client.socket.write(Buffer.concat([Buffer.from(`${head}x-request-id: `), id, Buffer.from(`\r\n\r\n${body}`)]));
+    await until(() => client.closed(), `the answer to ${head.split('\r\n')[0]}`);
+    return client.received();
+  } finally {
+    client.socket.destroy();
+  }
+}
+
+/** The echoed x-request-id's bytes (received as latin1: one character a byte), and the answer's body, whole. */
+function echoedBytes(answer: string, what: string): Buffer | undefined {
+  const end = answer.indexOf('\r\n\r\n');
+  assert.ok(end > 0, `${what}: a whole head`);
+  const head = answer.slice(0, end);
+  const body = Buffer.from(answer.slice(end + 4), 'latin1');
+  const length = /\r\ncontent-length: (\d+)/i.exec(head)?.[1];
+  if (length !== undefined) {
+    assert.equal(body.length, Number(length), `${what}: a body of its declared length`);
+    if (/\r\ncontent-type: application\/json/i.test(head)) JSON.parse(body.toString('utf8'));
+  }
+  const id = /\r\nx-request-id: ([^\r]*)\r\n/i.exec(head)?.[1];
+  return id === undefined ? undefined : Buffer.from(id, 'latin1');
+}
+
+for (const [route, options] of Object.entries(ROUTES))
+  test(`an x-request-id of bytes over 0x7f comes back byte for byte on the gateway's own answers (${route})`, async () => {
+    await withGateway(options, async (_base, gateway) => {
+      const port = (gateway.app.server.address() as AddressInfo).port;
+      const auth = `authorization: Bearer ${KEY}\r\n`;
+      const post = (length: number) =>
+        `POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n${auth}content-type: application/json\r\ncontent-length: ${length}\r\nconnection: close\r\n`;
+      const cases: [string, RegExp, string, string?][] = [
+        ['GET /healthz', /^HTTP\/1\.1 200 /, `GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n`],
+        [
+          'another method (405)',
+          /^HTTP\/1\.1 405 /,
+          `GET /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n${auth}connection: close\r\n`,
+        ],
+        [
+          'an unknown route (404)',
+          /^HTTP\/1\.1 404 /,
+          `GET /nope HTTP/1.1\r\nhost: 127.0.0.1\r\n${auth}connection: close\r\n`,
+        ],
+        ['a malformed body (400)', /^HTTP\/1\.1 400 /, post(3), '{"p'],
+        ['no engine (503)', /^HTTP\/1\.1 503 /, post(COMPLETION.length), COMPLETION],
+        [
+          'a transfer coding not taken (answerMalformed)',
+          /^HTTP\/1\.1 400 /,
+          `POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ntransfer-encoding: gzip, chunked\r\nconnection: close\r\n`,
+          '0\r\n\r\n',
+        ],
+        [
+          'an expectation not met (417)',
+          /^HTTP\/1\.1 417 /,
+          `POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nexpect: teapot\r\ncontent-length: 0\r\nconnection: close\r\n`,
+        ],
+        [
+          'CONNECT (405 on the raw socket)',
+          /^HTTP\/1\.1 405 /,
+          `CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\nconnection: close\r\n`,
+        ],
+        [
+          'broken chunked framing (400 on the raw socket)',
+          /^HTTP\/1\.1 400 /,
+          `POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n${auth}content-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n`,
+          'zz\r\n',
+        ],
+      ];
+      // each id on a connection of its own, at once: a refusal on the raw socket closes its connection slowly (lingeringClose)
+      for (const [what, status, head, body] of cases)
+        await Promise.all(
+          BYTE_IDS.map(async (id) => {
+            const answer = await sendWithId(port, head, id, body);
+            assert.match(answer, status, what);
+            assert.deepEqual(echoedBytes(answer, what), id, `${what}: ${id.toString('hex')}`);
+          }),
+        );
+    });
+  });
+
+test("an engine's x-request-id of bytes over 0x7f reaches the client byte for byte", async () => {
+  const engine = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      // the engine echoes the client's id as it came (Node reads and writes it one character a byte)
+      const id = req.headers['x-request-id'] ?? '';
+      const streamed = req.url?.includes('stream') === true;
+      const answer = streamed
+        ? 'data: {"choices":[{"text":"ok","index":0}]}\n\ndata: [DONE]\n\n'
+        : '{"choices":[{"text":"ok"}]}';
+      res.writeHead(200, {
+        'content-type': streamed ? 'text/event-stream' : 'application/json',
+        'x-request-id': id,
+      });
+      res.end(Buffer.from(answer));
+    });
+  });
+  try {
+    await withGateway({ workers: [{ id: 'e', url: engine.url }] }, async (_base, gateway) => {
+      const port = (gateway.app.server.address() as AddressInfo).port;
+      for (const id of BYTE_IDS)
+        for (const stream of [false, true])
+          for (const query of ['', '?via=fastify']) {
+            const body = JSON.stringify({ prompt: 'hello there', max_tokens: 2, stream });
+            const answer = await sendWithId(
+              port,
+              `POST /v1/completions${query} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n` +
+                `content-length: ${body.length}\r\nconnection: close\r\n`,
+              id,
+              body,
+            );
+            const what = `${stream ? 'streamed' : 'whole'} ${query || 'fast path'}`;
+            assert.match(answer, /^HTTP\/1\.1 200 /, what);
+            assert.deepEqual(echoedBytes(answer, what), id, `${what}: ${id.toString('hex')}`);
+          }
+    });
+  } finally {
+    await engine.close();
+  }
+});
