@@ -498,7 +498,7 @@ function readAnchorList(value: unknown, param: string, limits: RequestLimits): C
     throw new RequestLimitError(`${param} has more than ${limits.maxAnchors} anchors`, param);
   return value.map((a: unknown, i) => {
     const at = `${param}[${i}]`;
-    if (typeof a === 'string') return anchorFromString(a, at, limits);
+    if (typeof a === 'string') return anchorFromString(a, at, at, limits);
     if (a === null || typeof a !== 'object' || Array.isArray(a))
       throw new RequestLimitError(`${at} must be an id string or {id, tokens}`, at);
     const { id, tokens } = a as { id?: unknown; tokens?: unknown };
@@ -516,14 +516,28 @@ function readAnchorHeader(h: string, limits: RequestLimits): ContentAnchor[] {
     .filter(Boolean);
   if (parts.length > limits.maxAnchors)
     throw new RequestLimitError(`x-anchor-ids has more than ${limits.maxAnchors} anchors`, 'x-anchor-ids');
-  return parts.map((p) => anchorFromString(p, 'x-anchor-ids', limits));
+  return parts.map((p, i) => anchorFromString(p, `x-anchor-ids[${i}]`, 'x-anchor-ids', limits));
 }
 
-/** `id` or `id:tokens`. */
-function anchorFromString(s: string, param: string, limits: RequestLimits): ContentAnchor {
+/**
+ * `id` or `id:tokens` (`at` names it in a message, `param` in the error). What follows the last
+ * ':' is the token count when it is decimal digits; when it reads as a number some other way
+ * (Number(): `0x10`, `1e3`, ` 7`, `-1`, `1.5`, or nothing at all) it is a count written wrong,
+ * refused as a header's count is (checkCount), not taken into the id; anything else is part of
+ * the id, which may hold ':' (`urn:doc`; an id ending in what reads as a number is given with
+ * its count: `v:1.5:0`). The message never repeats the value.
+ */
+function anchorFromString(s: string, at: string, param: string, limits: RequestLimits): ContentAnchor {
   const colon = s.lastIndexOf(':');
-  if (colon > 0 && DECIMAL.test(s.slice(colon + 1)))
-    return { id: checkId(s.slice(0, colon), param, limits.maxIdBytes), tokens: Number(s.slice(colon + 1)) };
+  if (colon > 0) {
+    const count = s.slice(colon + 1);
+    if (DECIMAL.test(count)) return { id: checkId(s.slice(0, colon), param, limits.maxIdBytes), tokens: Number(count) };
+    if (!Number.isNaN(Number(count)))
+      throw new RequestLimitError(
+        `${at} must be id or id:tokens, the token count a non-negative decimal integer`,
+        param,
+      );
+  }
   return { id: checkId(s, param, limits.maxIdBytes), tokens: 0 };
 }
 

@@ -48,3 +48,16 @@ test('header bytes that are not UTF-8 are a 400 naming the header', async () => 
     assert.equal(error.param, name);
   }
 });
+
+test('an x-anchor-ids token count that is not decimal digits is a 400 naming the header', async () => {
+  for (const value of ['a:0x10', 'a:1e3', 'a: 7', 'a:-1', 'a:']) {
+    const answer = await send('x-anchor-ids', Buffer.from(value));
+    assert.match(answer, /^HTTP\/1\.1 400 /, value);
+    const error = (
+      JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)) as { error: { param: string; message: string } }
+    ).error;
+    assert.equal(error.param, 'x-anchor-ids', value);
+    assert.match(error.message, /token count a non-negative decimal integer/, value);
+  }
+  assert.match(await send('x-anchor-ids', Buffer.from('urn:doc, a:7')), /^HTTP\/1\.1 200 /, 'ids holding ":" pass');
+});

@@ -215,6 +215,41 @@ describe('metadata', () => {
     rejects(() => readMetadata({ anchors: [{ id: 'x'.repeat(300) }] }, {}, limits), 'contextforge.anchors[0].id');
     rejects(() => readMetadata({ anchors: [{ id: 'a', tokens: -1 }] }, {}, limits), 'contextforge.anchors[0].tokens');
   });
+  test('anchors: a token count after the last ":" in decimal digits only; ids may hold ":"', () => {
+    const header = (v: string) => readMetadata(undefined, { 'x-anchor-ids': v }, limits).contentAnchors;
+    // what reads as a number but is no decimal count is refused, never taken into the id
+    for (const count of ['0x10', '1e3', ' 7', '-1', '+5', '1.5', '', '99999999999999999', 'Infinity', '0b1']) {
+      rejects(() => header(`a:${count}`), 'x-anchor-ids', /^x-anchor-ids\[0\] must be id or id:tokens/);
+      rejects(
+        () => readMetadata({ anchors: ['b', `a:${count}`] }, {}, limits),
+        'contextforge.anchors[1]',
+        /^contextforge\.anchors\[1\] must be id or id:tokens, the token count a non-negative decimal integer$/,
+      );
+    }
+    // the anchor named by its place in the list; the message never repeats the value
+    rejects(
+      () => header('doc-1:64, doc-2:0x10'),
+      'x-anchor-ids',
+      /^x-anchor-ids\[1\] must be id or id:tokens, the token count a non-negative decimal integer$/,
+    );
+    // ids the docs allow (any non-empty string) still pass, ':' and all
+    assert.deepEqual(header('urn:doc, urn:uuid:123e4567-e89b-12d3-a456-426614174000, sha256:3f2a, ns:a:7, v:1.5:0'), [
+      { id: 'urn:doc', tokens: 0 },
+      { id: 'urn:uuid:123e4567-e89b-12d3-a456-426614174000', tokens: 0 },
+      { id: 'sha256:3f2a', tokens: 0 },
+      { id: 'ns:a', tokens: 7 },
+      { id: 'v:1.5', tokens: 0 },
+    ]);
+    assert.deepEqual(
+      readMetadata({ anchors: ['urn:doc', 'ns:a:7', { id: 'v:1.5', tokens: 3 }] }, {}, limits).contentAnchors,
+      [
+        { id: 'urn:doc', tokens: 0 },
+        { id: 'ns:a', tokens: 7 },
+        { id: 'v:1.5', tokens: 3 },
+      ],
+    );
+    assert.deepEqual(header(':5'), [{ id: ':5', tokens: 0 }], 'no id before the colon: the whole is the id');
+  });
   test('steps and CLA groups: integers, and headers in decimal digits only', () => {
     assert.equal(readMetadata(undefined, { 'x-workflow-step': '16' }, limits).workflowStep, 16);
     assert.equal(readMetadata({ workflowStep: 3 }, { 'x-workflow-step': '16' }, limits).workflowStep, 3);
