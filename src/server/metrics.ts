@@ -638,7 +638,7 @@ function countedOnScrape(registry: Registry, name: string, help: string, read: (
 export function registerTokenizerMetrics(registry: Registry, pool: { stats(): TokenizerPoolStats }): void {
   new Gauge({
     name: 'contextforge_tokenizer_pending',
-    help: 'Requests waiting for a tokenizer thread or being tokenized (--tokenize tokenizer).',
+    help: 'Requests waiting for a tokenizer thread or being tokenized, and those answered already (past their deadline, or their client left) until their thread skips them (--tokenize tokenizer).',
     registers: [registry],
     collect() {
       this.set(pool.stats().pending);

@@ -423,7 +423,8 @@ const DECIMAL = /^\d{1,15}$/;
 function checkCount(value: unknown, param: string): number {
   if (typeof value === 'string' && param.startsWith('x-')) {
     // headers: decimal digits only, so "0x10", "1e3" and " 7" are refused, not read as numbers
-    if (!DECIMAL.test(value)) throw new RequestLimitError(`${param} must be a non-negative decimal integer`, param);
+    if (!DECIMAL.test(value))
+      throw new RequestLimitError(`${param} must be a non-negative decimal integer of at most 15 digits`, param);
     return Number(value);
   }
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0)
@@ -534,7 +535,7 @@ function anchorFromString(s: string, at: string, param: string, limits: RequestL
     if (DECIMAL.test(count)) return { id: checkId(s.slice(0, colon), param, limits.maxIdBytes), tokens: Number(count) };
     if (!Number.isNaN(Number(count)))
       throw new RequestLimitError(
-        `${at} must be id or id:tokens, the token count a non-negative decimal integer`,
+        `${at} must be id or id:tokens, the token count a non-negative decimal integer of at most 15 digits`,
         param,
       );
   }

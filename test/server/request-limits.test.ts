@@ -223,14 +223,14 @@ describe('metadata', () => {
       rejects(
         () => readMetadata({ anchors: ['b', `a:${count}`] }, {}, limits),
         'contextforge.anchors[1]',
-        /^contextforge\.anchors\[1\] must be id or id:tokens, the token count a non-negative decimal integer$/,
+        /^contextforge\.anchors\[1\] must be id or id:tokens, the token count a non-negative decimal integer of at most 15 digits$/,
       );
     }
     // the anchor named by its place in the list; the message never repeats the value
     rejects(
       () => header('doc-1:64, doc-2:0x10'),
       'x-anchor-ids',
-      /^x-anchor-ids\[1\] must be id or id:tokens, the token count a non-negative decimal integer$/,
+      /^x-anchor-ids\[1\] must be id or id:tokens, the token count a non-negative decimal integer of at most 15 digits$/,
     );
     // ids the docs allow (any non-empty string) still pass, ':' and all
     assert.deepEqual(header('urn:doc, urn:uuid:123e4567-e89b-12d3-a456-426614174000, sha256:3f2a, ns:a:7, v:1.5:0'), [
