@@ -327,11 +327,21 @@ describe('mock engine: data parallel, LoRA, vLLM block hashes', () => {
       };
       const same = subscribed(algo);
       const mismatched = subscribed(other);
-      const prompt = words(24, 11 + i);
+      // a new prompt each time: the SUB sockets join late (PUB/SUB, no replay endpoint here), and
+      // a prompt the engine holds already stores nothing again, so a batch missed is never resent
+      const posted: string[] = [];
+      const full = (p: string) => Math.floor(mockTokenize(p).length / 4) * 4;
+      let prompt: string | undefined;
       await until(async () => {
-        await read(post(e, '/v1/completions', { prompt, max_tokens: 1 }));
-        return same.applier.trackedBlocks('w0') > 0 && (mismatched.s.stats.applied.skipped.hash_mismatch ?? 0) > 0;
+        const p = words(24, 11 + i + 50 * posted.length);
+        posted.push(p);
+        await read(post(e, '/v1/completions', { prompt: p, max_tokens: 1 }));
+        prompt = posted.find(
+          (q) => same.router.route({ tokens: mockTokenize(q) }, { dryRun: true }).cachedTokens === full(q),
+        );
+        return prompt !== undefined && (mismatched.s.stats.applied.skipped.hash_mismatch ?? 0) > 0;
       }, `the ${algo} engine's stores at both routers`);
+      assert.ok(prompt !== undefined);
       const tokens = mockTokenize(prompt);
       assert.equal(
         same.router.route({ tokens }, { dryRun: true }).cachedTokens,
