@@ -218,11 +218,10 @@ export function prefillWork(uncached: number, prompt: number, attention: number)
 export interface FleetView {
   /** Requests queued per worker: mean queued prefill over the mean work a request adds. */
   queuedPerWorker: number;
-  /** Idle workers (idleFor), and the best-cached worker's slot (-1: none), whose queue is left out. */
+  /** Idle workers (idleFor) other than the best-cached one, whose queue is left out. */
   idleWorkers: number;
-  /** The smoothed prompt of a routed request: the free KV a worker needs to take an arrival at once. */
-  arrivalPromptTokens: number;
-  holderSlot: number;
+  /** The slot of the idle worker when there is only one (-1 otherwise): it alone sees no other. */
+  soleIdleSlot: number;
   /** Share of the workers with requests in flight. */
   busyShare: number;
   /** Reuses of a cached token, h/(1−h) for the smoothed hit rate h: what an evicted token loses. */
@@ -409,8 +408,8 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   // worker is idle (idleFor), arrivals go there and a recompute here delays none of them, so
   // an idle worker takes a long session a full holder cannot serve instead of being charged as
   // if the fleet were saturated; once every other worker has a queue, the fleet is (σ as derived)
-  const selfIdle = worker.slot !== fleet.holderSlot && idleFor(worker, w, fleet.arrivalPromptTokens) ? 1 : 0;
-  t.saturation = (fleet.idleWorkers - selfIdle > 0 ? 0 : fleet.queuedPerWorker) + fleet.busyShare;
+  const anotherIdle = fleet.idleWorkers > 1 || (fleet.idleWorkers === 1 && worker.slot !== fleet.soleIdleSlot);
+  t.saturation = (anotherIdle ? 0 : fleet.queuedPerWorker) + fleet.busyShare;
   t.recompute =
     (w.recompute * t.saturation * Math.max(0, work - fleet.bestWork)) / (1 + fleet.hotness) +
     fleet.reuse * fullness * uncached;
@@ -473,8 +472,7 @@ export class CostPolicy implements RoutingPolicy {
   private readonly fleet: FleetView = {
     queuedPerWorker: 0,
     idleWorkers: 0,
-    arrivalPromptTokens: 0,
-    holderSlot: -1,
+    soleIdleSlot: -1,
     busyShare: 0,
     reuse: 0,
     mostEntries: 0,
@@ -885,6 +883,9 @@ export class CostPolicy implements RoutingPolicy {
     let holderQueued = 0;
     let holderSlot = -1;
     let idle = 0;
+    // the first two idle workers: one of them is the sole idle one besides the holder, if any
+    let idleA = -1;
+    let idleB = -1;
     let holderIdle = 0;
     let inFlight = 0;
     let busy = 0;
@@ -899,7 +900,11 @@ export class CostPolicy implements RoutingPolicy {
     for (const c of candidates) {
       queued += c.worker.queuedPrefillTokens;
       const isIdle = idleFor(c.worker, w, this.meanPrompt);
-      if (isIdle) idle++;
+      if (isIdle) {
+        idle++;
+        if (idleA < 0) idleA = c.worker.slot;
+        else if (idleB < 0) idleB = c.worker.slot;
+      }
       inFlight += c.worker.inFlightRequests;
       if (c.worker.inFlightRequests > 0) busy++;
       if (c.indexEntries > mostEntries) mostEntries = c.indexEntries;
@@ -926,8 +931,8 @@ export class CostPolicy implements RoutingPolicy {
     f.queuedPerWorker =
       this.meanWork > 0 && others > 0 ? (queued - (best > 0 ? holderQueued : 0)) / others / this.meanWork : 0;
     f.idleWorkers = idle - (best > 0 ? holderIdle : 0);
-    f.arrivalPromptTokens = this.meanPrompt;
-    f.holderSlot = best > 0 ? holderSlot : -1;
+    const holder = best > 0 ? holderSlot : -1;
+    f.soleIdleSlot = f.idleWorkers === 1 ? (idleA !== holder ? idleA : idleB) : -1;
     // below saturation a recompute still occupies a worker that an arrival may need: with the
     // share of busy workers as that chance, one delayed request at most
     f.busyShare = busy / candidates.length;
