@@ -119,7 +119,7 @@ export function costWeightsFlag(flags: Map<string, string | true>): Partial<Cost
   try {
     parsed = JSON.parse(String(v));
   } catch {
-    usageError(`--cost-weights must be a JSON object of cost weights, e.g. '{"pressure":2}', got '${String(v)}'`);
+    parsed = undefined;
   }
   if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
     usageError(`--cost-weights must be a JSON object of cost weights, e.g. '{"pressure":2}', got '${String(v)}'`);
