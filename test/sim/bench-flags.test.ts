@@ -1,11 +1,8 @@
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { checkedFlags, type FlagSpec } from '../../bench/stats.js';
+import { benchScript as script, inTempDir as inTemp } from '../helpers/bench-script.js';
 
 const SPEC: FlagSpec = { out: 'value', json: 'switch', profile: 'optional' };
 
@@ -95,12 +92,6 @@ describe('checkedFlags (bench/stats.ts)', () => {
   });
 });
 
-const root = fileURLToPath(new URL('../..', import.meta.url));
-
-/** A bench script with the given arguments, from the repository's root; the deadline stops one that would run. */
-const script = (path: string, ...args: string[]) =>
-  spawnSync(process.execPath, ['--import', 'tsx', path, ...args], { cwd: root, encoding: 'utf8', timeout: 60_000 });
-
 /** Exit status 2 and one `error: message` line, no stack trace, nothing run. */
 function assertRefused(r: ReturnType<typeof script>, message: string): void {
   assert.equal(r.status, 2, `status ${r.status} (signal ${r.signal}): ${r.stderr}`);
@@ -109,14 +100,7 @@ function assertRefused(r: ReturnType<typeof script>, message: string): void {
 }
 
 /** Runs `check` with a new temporary directory, removed after. */
-function inTempDir(check: (dir: string) => void): void {
-  const dir = mkdtempSync(join(tmpdir(), 'bench-flags-'));
-  try {
-    check(dir);
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
-}
+const inTempDir = (check: (dir: string) => void) => inTemp('bench-flags-', check);
 
 describe('a bench script given --name=value or a flag twice (benchFlags)', () => {
   test('takes each value given after =, as it would the next argument', () =>

@@ -1,10 +1,9 @@
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
+import { benchScript, inTempDir as inTemp } from '../helpers/bench-script.js';
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
 const README_FILE = join(root, 'bench/results/held-out.json');
@@ -13,12 +12,7 @@ const README_FILE = join(root, 'bench/results/held-out.json');
  * bench/held-out.ts with the given arguments, from the repository's root. Refusals come before
  * any run; the deadline stops one that would take a flag and start the runs anyway.
  */
-const heldOut = (...args: string[]) =>
-  spawnSync(process.execPath, ['--import', 'tsx', 'bench/held-out.ts', ...args], {
-    cwd: root,
-    encoding: 'utf8',
-    timeout: 60_000,
-  });
+const heldOut = (...args: string[]) => benchScript('bench/held-out.ts', ...args);
 
 /** Exit status 2 and one `error:` line matching `message`, no stack trace, nothing run. */
 function assertRefused(r: ReturnType<typeof heldOut>, message: RegExp): void {
@@ -33,14 +27,7 @@ function assertRefused(r: ReturnType<typeof heldOut>, message: RegExp): void {
  * there and `--only tenants`: should the script take a bad flag and start the runs, the README's
  * file stays as it is and the runs are short.
  */
-function inTempDir(check: (dir: string) => void): void {
-  const dir = mkdtempSync(join(tmpdir(), 'held-out-'));
-  try {
-    check(dir);
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
-}
+const inTempDir = (check: (dir: string) => void) => inTemp('held-out-', check);
 const tenantsTo = (dir: string) => ['--out', join(dir, 'held-out.json'), '--only', 'tenants'];
 
 describe('bench:held-out', () => {
@@ -64,17 +51,13 @@ describe('bench:held-out', () => {
     assert.equal(readFileSync(README_FILE, 'utf8'), before);
   });
 
-  test('with --out, another set of policies goes past the check', () => {
-    const dir = mkdtempSync(join(tmpdir(), 'held-out-'));
-    try {
+  test('with --out, another set of policies goes past the check', () =>
+    inTempDir((dir) => {
       // an unknown shape stops it after the flags are taken, before any run
       const r = heldOut('--policies', 'cost,smg', '--out', join(dir, 'held-out.json'), '--only', 'no-such-shape');
       assert.notEqual(r.status, 0);
       assert.match(r.stderr, /--only: no shape 'no-such-shape'/);
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
-  });
+    }));
 
   test('an unknown flag is refused, naming it and the flags there are', () =>
     inTempDir((dir) =>

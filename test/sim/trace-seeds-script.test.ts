@@ -1,16 +1,10 @@
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
-import { fileURLToPath } from 'node:url';
-
-const root = fileURLToPath(new URL('../..', import.meta.url));
+import { benchScript, inTempDir } from '../helpers/bench-script.js';
 
 /** bench/trace-seeds.ts with the given arguments, from the repository's root. */
-const traceSeeds = (...args: string[]) =>
-  spawnSync(process.execPath, ['--import', 'tsx', 'bench/trace-seeds.ts', ...args], { cwd: root, encoding: 'utf8' });
+const traceSeeds = (...args: string[]) => benchScript('bench/trace-seeds.ts', ...args);
 
 describe('bench:trace-seeds', () => {
   test('--policies other than the defaults, or --only, without --out is refused before any run', () => {
@@ -38,9 +32,8 @@ describe('bench:trace-seeds', () => {
     }
   });
 
-  test('--cost-weights: without --out, not JSON, or a weight the router refuses, refused before any run', () => {
-    const dir = mkdtempSync(join(tmpdir(), 'trace-seeds-'));
-    try {
+  test('--cost-weights: without --out, not JSON, or a weight the router refuses, refused before any run', () =>
+    inTempDir('trace-seeds-', (dir) => {
       const out = join(dir, 'seeds.json');
       for (const [args, message] of [
         [['--cost-weights', '{"pressure":2}'], /^error: .*--cost-weights need --out/],
@@ -56,28 +49,17 @@ describe('bench:trace-seeds', () => {
         assert.equal(r.stdout, '');
       }
       // and bench:sim, which takes the same flag
-      const sim = spawnSync(process.execPath, ['--import', 'tsx', 'bench/sim.ts', '--cost-weights', '{"pressure":2}'], {
-        cwd: root,
-        encoding: 'utf8',
-      });
+      const sim = benchScript('bench/sim.ts', '--cost-weights', '{"pressure":2}');
       assert.equal(sim.status, 2, sim.stderr);
       assert.match(sim.stderr, /^error: --cost-weights needs --out/);
-      const badSim = spawnSync(
-        process.execPath,
-        ['--import', 'tsx', 'bench/sim.ts', '--cost-weights', '{"pressure":', '--out', dir],
-        { cwd: root, encoding: 'utf8' },
-      );
+      const badSim = benchScript('bench/sim.ts', '--cost-weights', '{"pressure":', '--out', dir);
       assert.equal(badSim.status, 2, badSim.stderr);
       assert.match(badSim.stderr, /^error: --cost-weights must be a JSON object/);
       assert.doesNotMatch(badSim.stderr, /\n\s+at /, 'no stack trace');
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
-  });
+    }));
 
-  test('an unknown policy or shape is named, before any run', () => {
-    const dir = mkdtempSync(join(tmpdir(), 'trace-seeds-'));
-    try {
+  test('an unknown policy or shape is named, before any run', () =>
+    inTempDir('trace-seeds-', (dir) => {
       const out = join(dir, 'seeds.json');
       let r = traceSeeds('--policies', 'cost,nope', '--out', out);
       assert.equal(r.status, 2);
@@ -86,8 +68,5 @@ describe('bench:trace-seeds', () => {
       assert.equal(r.status, 2);
       assert.match(r.stderr, /^error: --only: no shape 'no-such-shape' \(agent-loops, tenants, hot-prefixes\)/);
       assert.equal(r.stdout, '');
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
-  });
+    }));
 });
