@@ -106,6 +106,62 @@ test('a prompt over maxPromptTokens throws PromptTooLongError and leaves nothing
   assert.throws(() => new KVAwareRouter({ maxPromptTokens: 0 }), /maxPromptTokens/);
 });
 
+test('a text or chat past maxPromptTokens is refused with the count its hashing gives, one at the limit served', () => {
+  // 64-byte text chunks of 16 "tokens" each, and half a chunk for the tail: 4,095 bytes are 63
+  // chunks, 1,016 tokens; 4,096 bytes are 64 chunks, 1,032 tokens
+  const limited = new KVAwareRouter({ blockSize: 16, maxPromptTokens: 1024 });
+  const open = new KVAwareRouter({ blockSize: 16 });
+  limited.registerWorker('w0');
+  open.registerWorker('w0');
+  // 4,095 bytes each: 10 of ASCII, then 4,085 of the kind named
+  const texts: [string, string][] = [
+    ['ascii', 'z'.repeat(4085)],
+    ['3-byte', '漢'.repeat(1361) + 'zz'],
+    ['surrogate pairs', '😀'.repeat(1021) + 'z'],
+    ['lone surrogates', '\uD800'.repeat(1361) + 'zz'],
+    ['mixed', 'é'.repeat(2000) + 'z'.repeat(85)],
+  ].map(([name, text]) => [name, 'abcdefghij' + text]);
+  const chat = (content: string) => ({ messages: [{ role: 'user', content }] });
+  // the chat's canonical text adds "<|user|>\n" and "\n" to its content: 10 bytes; the parts
+  // are joined (a surrogate pair cut between two parts is whole again)
+  const parts = (content: string) => ({
+    messages: [{ role: 'user', content: [content.slice(0, 7), { type: 'text', text: content.slice(7) }] }],
+  });
+  for (const [name, atLimit] of texts) {
+    for (const [shape, request, over] of [
+      ['text', { text: atLimit }, { text: atLimit + 'z' }],
+      ['chat', chat(atLimit.slice(10)), chat(atLimit.slice(10) + 'z')],
+      ['parts', parts(atLimit.slice(10)), parts(atLimit.slice(10) + 'z')],
+    ] as const) {
+      const label = `${name} ${shape}`;
+      const served = limited.route(request, { dryRun: true });
+      assert.equal(served.workerId, 'w0', label);
+      assert.equal(served.promptTokens, 1016, label);
+      assert.throws(
+        () => limited.route(over),
+        (err: unknown) =>
+          err instanceof PromptTooLongError &&
+          err.promptTokens === 1032 &&
+          err.message === 'the prompt has 1032 tokens, more than the 1024 this router takes (maxPromptTokens)',
+        label,
+      );
+      assert.equal(open.route(over, { dryRun: true }).promptTokens, 1032, label);
+    }
+  }
+  // far past the limit: the count the same text routes with where it is allowed
+  const big = '漢字😀 z'.repeat(50_000);
+  assert.throws(
+    () => limited.route({ text: big }),
+    (err: unknown) =>
+      err instanceof PromptTooLongError &&
+      err.promptTokens === open.route({ text: big }, { dryRun: true }).promptTokens,
+  );
+  // a length given is the prompt's, whatever the text
+  assert.equal(limited.route({ text: 'z'.repeat(10_000), promptTokens: 1000 }, { dryRun: true }).workerId, 'w0');
+  assert.equal(limited.index.entryCount, 0);
+  assert.equal(limited.localLoad('w0').inFlightRequests, 0);
+});
+
 test('an inline image is counted by its digest, not its base64, toward maxPromptTokens', () => {
   const router = new KVAwareRouter({ blockSize: 16, maxPromptTokens: 1024 });
   router.registerWorker('w0');

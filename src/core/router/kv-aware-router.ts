@@ -372,10 +372,11 @@ export class KVAwareRouter {
     ns.claGroup = claGroup;
     // a token list past the longest prompt is refused before it is hashed (as it would be after):
     // hashing a billion-long list would take the memory and the time the bound is there to spare
+    // (a text or chat past it is refused in hashRequest, before it is encoded and hashed)
     const tokenCount = request.tokens?.length ?? 0;
     if (Number.isSafeInteger(tokenCount) && tokenCount > this.maxPromptTokens && tokenCount >= this.blockSize)
       throw new PromptTooLongError(tokenCount, this.maxPromptTokens);
-    const hashes = this.prefix.hashRequest(request, ns);
+    const hashes = this.prefix.hashRequest(request, ns, this.maxPromptTokens);
     const promptTokens = this.prefix.promptTokensOf(request, hashes);
     // a prompt given is what fills the index; a length alone (the seed API's) fills the in-flight
     // counts, where a length past any prompt (1e308) would stay as Infinity or NaN for good.

@@ -18,6 +18,7 @@ import {
 import type { RequestBlocks } from '../policies/types.js';
 import * as check from '../validate.js';
 import type { WorkerState } from '../worker-registry.js';
+import { PromptTooLongError } from './prompt-too-long.js';
 import type { RouteRequest } from './types.js';
 
 export class PrefixLookup {
@@ -63,7 +64,13 @@ export class PrefixLookup {
     return this.sizedHashes.get(blockSize);
   }
 
-  hashRequest(request: RouteRequest, ns: HashNamespace): BlockHashes {
+  /**
+   * The request's block keys. A text or chat whose estimate (promptTokensOf) is past
+   * `maxPromptTokens` throws PromptTooLongError before it is hashed: the estimate needs its
+   * UTF-8 length alone, where hashing a prompt the router refuses anyway (megabytes of it, as a
+   * body may hold) would cost the event loop its encoding and hashing.
+   */
+  hashRequest(request: RouteRequest, ns: HashNamespace, maxPromptTokens = Infinity): BlockHashes {
     const hashes = this.hashes;
     if (request.tokens !== undefined) {
       if (
@@ -93,10 +100,13 @@ export class PrefixLookup {
       );
     } else if (request.messages !== undefined) {
       const messages = checkChatMessages(request.messages, undefined, true);
-      hashTextBlocks(canonicalChatText(messages), this.textChunkBytes, ns, hashes);
+      const text = canonicalChatText(messages);
+      this.checkTextLength(request, text, maxPromptTokens);
+      hashTextBlocks(text, this.textChunkBytes, ns, hashes);
       hashes.tokensPerBlock = this.textChunkBytes / 4;
     } else if (request.text !== undefined) {
       if (typeof request.text !== 'string') throw new TypeError('text must be a string');
+      this.checkTextLength(request, request.text, maxPromptTokens);
       hashTextBlocks(request.text, this.textChunkBytes, ns, hashes);
       hashes.tokensPerBlock = this.textChunkBytes / 4;
     } else {
@@ -104,6 +114,27 @@ export class PrefixLookup {
       hashes.tokensPerBlock = this.blockSize;
     }
     return hashes;
+  }
+
+  /**
+   * Throws PromptTooLongError when the estimate promptTokensOf would make of `text` is past
+   * `maxPromptTokens`, the same count in the same message. A UTF-16 unit is 1 to 3 bytes of
+   * UTF-8 (hashTextBlocks encodes a lone surrogate as U+FFFD, 3 bytes, as Buffer.byteLength
+   * counts it), so a text within the bound at 3 bytes a unit costs no byte count. A length
+   * given (`promptTokens`) is the prompt's, whatever its text: route() judges it.
+   */
+  private checkTextLength(request: RouteRequest, text: string, maxPromptTokens: number): void {
+    if (request.promptTokens !== undefined && request.promptTokens !== 0) return;
+    if (this.textTokens(text.length * 3) <= maxPromptTokens) return;
+    const tokens = this.textTokens(Buffer.byteLength(text, 'utf8'));
+    if (tokens > maxPromptTokens) throw new PromptTooLongError(tokens, maxPromptTokens);
+  }
+
+  /** promptTokensOf's estimate for a text of `bytes` UTF-8 bytes: its full chunks hashed, half a chunk for the tail. */
+  private textTokens(bytes: number): number {
+    const tokensPerBlock = this.textChunkBytes / 4;
+    const blocks = Math.floor(bytes / this.textChunkBytes);
+    return blocks === 0 ? 0 : Math.round(blocks * tokensPerBlock + tokensPerBlock / 2);
   }
 
   /** The keys of `hashes` computed on demand, if they are (see tokenKeys). */
