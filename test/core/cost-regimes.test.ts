@@ -214,6 +214,12 @@ describe('cost policy regimes', () => {
       ]);
     const hot = warmed(200, HOT, 30);
     const hc = cs();
+    // thirty siblings this router sent w0 are running there (past their first token)
+    for (let ticket = 1; ticket <= 30; ticket++) {
+      hot.choose(hc, r);
+      hot.onRouted(hc[0].worker, r, ticket, 0);
+      hot.onPrefillDone(ticket);
+    }
     assert.equal(hot.choose(hc, r).index, 0, 'the sibling stays with the prefix its siblings hold');
     const holder = terms(hot, hc[0], r);
     assert.ok(holder.hotness > 15, `hotness ${holder.hotness}`);
@@ -858,21 +864,51 @@ describe('cost policy regimes', () => {
     assert.equal(choice.index, 1);
   });
 
-  test("prefix at risk: a hot prefix the in-flight requests reuse is at risk only for the request's share", () => {
-    const p = warmed(64, 42, 8);
+  test('prefix at risk: a hot prefix is kept by the in-flight requests that reuse it there, not by those elsewhere', () => {
     // every recent decision shared the prefix (key 42), and eight requests are in flight
+    const hot = () => warmed(64, 42, 8);
     const cs = fleet([
       { cached: 60_000, load: 0.9, capacity: 300_000, entries: 3_750, inFlight: 8 },
-      { capacity: 300_000 },
+      { capacity: 300_000, inFlight: 8 },
     ]);
     const sibling = request(64_000, 42);
-    p.choose(cs, sibling);
-    const t = terms(p, cs[0], sibling);
-    assert.ok(t.hotness >= 1, `hotness ${t.hotness}`);
-    // 34,000 short; its share of the 60,000 held is 60,000 / (1 + hotness)
-    const share = 60_000 / (1 + t.hotness);
-    assert.ok(share < 34_000, `share ${share}`);
-    assert.ok(Math.abs(t.prefixAtRiskTokens - share) < 1e-6, `at risk ${t.prefixAtRiskTokens}, share ${share}`);
+    // eight siblings sent to `to` under tickets 1-8, past their prefill (running, holding the prefix)
+    const sendSiblings = (p: CostPolicy, to: Candidate) => {
+      for (let ticket = 1; ticket <= 8; ticket++) {
+        p.choose(cs, sibling);
+        p.onRouted(to.worker, sibling, ticket, 0);
+        p.onPrefillDone(ticket);
+      }
+    };
+    // 34,000 short (64,000 against 30,000 free), all of it out of the 60,000 held: no request
+    // this router sent runs there to keep it, however hot the prefix is fleet-wide
+    const alone = hot();
+    alone.choose(cs, sibling);
+    const unkept = terms(alone, cs[0], sibling);
+    assert.ok(unkept.hotness >= 1, `hotness ${unkept.hotness}`);
+    assert.equal(unkept.prefixSharersHere, 0);
+    assert.ok(Math.abs(unkept.prefixAtRiskTokens - 34_000) < 1e-6, `at risk ${unkept.prefixAtRiskTokens}`);
+    // its siblings running on the other worker keep their own copy there, not this one
+    const elsewhere = hot();
+    sendSiblings(elsewhere, cs[1]);
+    elsewhere.choose(cs, sibling);
+    const other = terms(elsewhere, cs[0], sibling);
+    assert.equal(other.prefixSharersHere, 0);
+    assert.equal(terms(elsewhere, cs[1], sibling).prefixSharersHere, 8);
+    assert.ok(Math.abs(other.prefixAtRiskTokens - 34_000) < 1e-6, `at risk ${other.prefixAtRiskTokens}`);
+    // running there, they keep it: only the request's share, 60,000 / (1 + 8), is at risk
+    const here = hot();
+    sendSiblings(here, cs[0]);
+    here.choose(cs, sibling);
+    const kept = terms(here, cs[0], sibling);
+    assert.equal(kept.prefixSharersHere, 8);
+    assert.ok(Math.abs(kept.prefixAtRiskTokens - 60_000 / 9) < 1e-6, `at risk ${kept.prefixAtRiskTokens}`);
+    assert.ok(kept.prefixAtRiskSeconds < unkept.prefixAtRiskSeconds, 'kept, the prefix costs less at risk');
+    // once they have ended, nothing keeps it
+    for (let ticket = 1; ticket <= 8; ticket++) here.onReleased(ticket);
+    here.choose(cs, sibling);
+    assert.equal(terms(here, cs[0], sibling).prefixSharersHere, 0);
+    assert.ok(Math.abs(terms(here, cs[0], sibling).prefixAtRiskTokens - 34_000) < 1e-6);
   });
 
   test('prefix at risk: a turn sent before its previous turn ended waits for no KV that turn holds, and risks what it still lacks', () => {

@@ -1,5 +1,6 @@
 import { PendingPrefixes } from './pending-prefixes.js';
 import { pickMaxScore } from './pick.js';
+import { PrefixSharers } from './prefix-sharers.js';
 import { resized } from '../typed-arrays.js';
 import type { WorkerState } from '../worker-registry.js';
 import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type RoutingPolicy } from './types.js';
@@ -271,6 +272,8 @@ class Terms {
    * CostPolicy.lateness); 0 for a prefix the requests in flight share (see termsOf).
    */
   late = 0;
+  /** In-flight requests this router sent the worker that share the request's prefix (see PrefixSharers). */
+  sharersHere = 0;
 
   prompt = 0;
   uncached = 0;
@@ -388,14 +391,17 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
   // of the free ones, least recently used first: up to what it lacks of its own prefix may go,
   // and be recomputed at the end of its context (the end of a 100,000-token history ~7× its
   // tokens). A prefix that a request still in prefill there brings is held when this one is
-  // admitted (that one is admitted first), and the in-flight requests reusing a hot prefix keep
-  // it: only the rest of the request's share is at risk. It is a bound: such turns lose a
+  // admitted (that one is admitted first), and the in-flight requests reusing it there keep it:
+  // only the rest of the request's share is at risk. Those on other workers keep their own
+  // copies, not this one: counted fleet-wide, a hot prefix's siblings waited on a worker where
+  // none of them ran, and lost the prefix while they waited (docs/routing.md §7, "A prefix kept
+  // by the requests that share it there"). It is a bound: such turns lose a
   // fraction of it, since the free blocks hold older ones. But by the time they lose more, the
   // worker's sessions have outgrown its KV and its turns evict one another's histories in turn,
   // and a worker found running late is left too late; charged the bound, a session leaves a
   // holder whose KV runs short sooner (docs/routing.md §7, "The prefix at risk while a turn waits")
   const atRiskTokens =
-    kvWait > 0 ? Math.min(Math.max(0, prompt - uncached - t.pinnedAhead) / (1 + fleet.hotness), kvWait) : 0;
+    kvWait > 0 ? Math.min(Math.max(0, prompt - uncached - t.pinnedAhead) / (1 + t.sharersHere), kvWait) : 0;
   t.prefixAtRiskTokens = atRiskTokens;
   t.prefixAtRisk = atRiskTokens > 0 ? prefillWork(uncached + atRiskTokens, prompt, w.attention) - work : 0;
   t.fits = capacity <= 0 || prompt <= capacity;
@@ -536,6 +542,7 @@ export class CostPolicy implements RoutingPolicy {
   private prefixKey = 0;
   /** Prefixes of this router's in-flight requests: what a worker is about to hold. */
   private readonly pending = new PendingPrefixes();
+  private readonly sharers = new PrefixSharers();
   /**
    * Requests routed to each worker slot, by what leaving would have cost each (STUCK_BUCKETS per
    * slot): decayed counts and sums of that work; when each slot was last counted; the last
@@ -631,6 +638,7 @@ export class CostPolicy implements RoutingPolicy {
     // lateness comes from the copies of the prefix, and leaving a late holder makes one more
     // (docs/routing.md §7, "Agent loops that outgrow their worker")
     into.late = this.fleet.hotness < 1 ? this.lateness(c.worker.slot) : 0;
+    into.sharersHere = this.sharers.on(this.prefixKey, c.worker.slot);
     return computeTerms(into, c, r, this.weights, this.fleet);
   }
 
@@ -766,10 +774,13 @@ export class CostPolicy implements RoutingPolicy {
     if (p > 0) this.meanPrompt = this.meanPrompt === 0 ? p : this.meanPrompt + (p - this.meanPrompt) / WORK_SMOOTHING;
     this.countPrefix(this.prefixKey);
     this.pending.record(worker.slot, ticket, request.blocks);
+    // the prefix key is the one just observed for this request
+    if (request === this.request) this.sharers.record(this.prefixKey, worker.slot, ticket);
   }
 
   onReleased(ticket: number): void {
     this.pending.release(ticket);
+    this.sharers.release(ticket);
     this.endPrefill(ticket);
   }
 
@@ -861,6 +872,7 @@ export class CostPolicy implements RoutingPolicy {
 
   onWorkerRemoved(worker: WorkerState): void {
     this.pending.removeWorker(worker.slot);
+    this.sharers.removeWorker(worker.slot);
     if (worker.slot < this.attentionQueued.length) this.attentionQueued[worker.slot] = 0;
     if (worker.slot < this.cachedQueued.length) this.cachedQueued[worker.slot] = 0;
     if (worker.slot < this.anchorsQueued.length) this.anchorsQueued[worker.slot] = 0;
@@ -1009,6 +1021,8 @@ export class CostPolicy implements RoutingPolicy {
       kvWaitSeconds: seconds(t.kvWait),
       /** Its cached prefix that the requests admitted before it may evict while it waits for KV (at most the shortfall), and that prefix's recompute. */
       prefixAtRiskTokens: t.prefixAtRiskTokens,
+      /** In-flight requests this router sent there that share the prefix: they keep it while this one waits. */
+      prefixSharersHere: t.sharersHere,
       prefixAtRiskSeconds: seconds(t.prefixAtRisk),
       fits: t.fits,
       saturation: t.saturation,
