@@ -880,26 +880,28 @@ describe('cost policy regimes', () => {
         p.onPrefillDone(ticket);
       }
     };
+    // a warmed policy, the siblings sent to `to` if any, then the sibling to route
+    const withSiblingsOn = (to?: Candidate) => {
+      const p = hot();
+      if (to) sendSiblings(p, to);
+      p.choose(cs, sibling);
+      return p;
+    };
     // 34,000 short (64,000 against 30,000 free), all of it out of the 60,000 held: no request
     // this router sent runs there to keep it, however hot the prefix is fleet-wide
-    const alone = hot();
-    alone.choose(cs, sibling);
+    const alone = withSiblingsOn();
     const unkept = terms(alone, cs[0], sibling);
     assert.ok(unkept.hotness >= 1, `hotness ${unkept.hotness}`);
     assert.equal(unkept.prefixSharersHere, 0);
     assert.ok(Math.abs(unkept.prefixAtRiskTokens - 34_000) < 1e-6, `at risk ${unkept.prefixAtRiskTokens}`);
     // its siblings running on the other worker keep their own copy there, not this one
-    const elsewhere = hot();
-    sendSiblings(elsewhere, cs[1]);
-    elsewhere.choose(cs, sibling);
+    const elsewhere = withSiblingsOn(cs[1]);
     const other = terms(elsewhere, cs[0], sibling);
     assert.equal(other.prefixSharersHere, 0);
     assert.equal(terms(elsewhere, cs[1], sibling).prefixSharersHere, 8);
     assert.ok(Math.abs(other.prefixAtRiskTokens - 34_000) < 1e-6, `at risk ${other.prefixAtRiskTokens}`);
     // running there, they keep it: only the request's share, 60,000 / (1 + 8), is at risk
-    const here = hot();
-    sendSiblings(here, cs[0]);
-    here.choose(cs, sibling);
+    const here = withSiblingsOn(cs[0]);
     const kept = terms(here, cs[0], sibling);
     assert.equal(kept.prefixSharersHere, 8);
     assert.ok(Math.abs(kept.prefixAtRiskTokens - 60_000 / 9) < 1e-6, `at risk ${kept.prefixAtRiskTokens}`);
