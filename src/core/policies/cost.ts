@@ -542,6 +542,7 @@ export class CostPolicy implements RoutingPolicy {
   private prefixKey = 0;
   /** Prefixes of this router's in-flight requests: what a worker is about to hold. */
   private readonly pending = new PendingPrefixes();
+  /** This router's in-flight requests per (prefix, worker): the requests that keep a worker's copy of a prefix. */
   private readonly sharers = new PrefixSharers();
   /**
    * Requests routed to each worker slot, by what leaving would have cost each (STUCK_BUCKETS per
