@@ -516,18 +516,20 @@ function dataDigest(data: unknown): string {
     h1 = Math.imul(h1 ^ 0xff, 0x01000193);
     h2 = Math.imul(h2 ^ 0xff, 0x5bd1e995);
   };
-  const walk = (v: unknown) => {
+  // depth first, in order, on a stack of its own: a caller's value may nest deeper than the call
+  // stack goes (the gateway bounds a body's depth, route() takes any object)
+  const stack: unknown[] = [data];
+  while (stack.length > 0) {
+    const v = stack.pop();
     if (typeof v === 'string') mix(v);
     else if (Array.isArray(v)) {
       mix('[');
-      for (const item of v as unknown[]) walk(item);
-    } else if (v !== null && typeof v === 'object' && !Array.isArray(v))
-      for (const key of Object.keys(v).sort()) {
-        mix(key);
-        walk((v as Record<string, unknown>)[key]);
-      }
-    else mix(String(v));
-  };
-  walk(data);
+      for (let i = v.length - 1; i >= 0; i--) stack.push(v[i]);
+    } else if (v !== null && typeof v === 'object') {
+      // each key is mixed before its value, the keys in sorted order
+      const keys = Object.keys(v).sort();
+      for (let i = keys.length - 1; i >= 0; i--) stack.push((v as Record<string, unknown>)[keys[i]], keys[i]);
+    } else mix(String(v));
+  }
   return `${n}:${fmix32(h1).toString(16)}${fmix32(h2).toString(16)}`;
 }

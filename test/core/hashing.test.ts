@@ -197,6 +197,29 @@ describe('text mode', () => {
     assert.notEqual(text({ type: 'tool_reference', name: 'f' }), text({ type: 'tool_reference', name: 'g' }));
   });
 
+  test('inline data nested deeper than the call stack goes has its digest, the same as before', () => {
+    const text = (value: unknown) =>
+      canonicalChatText([{ role: 'user', content: [{ type: 'image_embeds', image_embeds: value }] as never }]);
+    // digests as they were written before the walk kept a stack of its own: the media's cached
+    // blocks keep their keys across router versions and replicas
+    const before: [unknown, string][] = [
+      ['abc', '3:29af3dafd13a1598'],
+      [[1, 2, [3, 'x'], null, true], '14:e4a657e69792b33c'],
+      [{ b: [1, { d: 'e', c: 2 }], a: 'z' }, '9:366f173c63afb200'],
+      [{ data: 'QUJD', format: 'wav' }, '17:a43307fcd734513a'],
+      [[[[]], {}, '', 0, -1.5], '8:606875375423dbe0'],
+    ];
+    for (const [value, digest] of before) assert.equal(text(value), `<|user|>\n[image_embeds:${digest}]\n`);
+    const nest = (depth: number) => {
+      let v: unknown = 'x';
+      for (let i = 0; i < depth; i++) v = i % 2 ? [v] : { k: v };
+      return v;
+    };
+    assert.equal(text(nest(5000)), '<|user|>\n[image_embeds:5001:6c25f82489fbdb8a]\n');
+    // 200,000 levels: a recursive walk overflowed the stack here
+    assert.match(text(nest(200_000)), /^<\|user\|>\n\[image_embeds:\d+:[0-9a-f]+\]\n$/);
+  });
+
   test('inline media in a data: URL is written by a short digest of it, not its bytes', () => {
     const text = (...content: unknown[]) => canonicalChatText([{ role: 'user', content: content as never }]);
     const png = 'data:image/png;base64,' + 'iVBO'.repeat(1_075_000); // a 3 MB PNG, 4.3 MB of base64
