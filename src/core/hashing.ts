@@ -446,12 +446,15 @@ export interface ChatMessage {
  */
 export function canonicalChatText(messages: readonly ChatMessage[]): string {
   let s = '';
-  for (const m of messages) {
+  for (let i = 0; i < messages.length; i++) {
+    const m = messages[i];
     s += `<|${m.role}${m.name ? ':' + m.name : ''}|>\n`;
     const c = m.content;
     if (typeof c === 'string') s += c;
-    else if (Array.isArray(c))
-      for (const part of c as ReadonlyArray<ChatContentPart | string>) s += canonicalPartText(part);
+    else if (Array.isArray(c)) {
+      const parts = c as ReadonlyArray<ChatContentPart | string>;
+      for (let j = 0; j < parts.length; j++) s += canonicalPartText(parts[j], i, j);
+    }
     s += '\n';
   }
   return s;
@@ -466,7 +469,7 @@ export function canonicalChatText(messages: readonly ChatMessage[]): string {
  * independent of the order of an object's fields. Inline media thus counts as a few tokens of
  * the text's estimate, not as its base64: the engine makes the media's tokens.
  */
-function canonicalPartText(part: ChatContentPart | string): string {
+function canonicalPartText(part: ChatContentPart | string, message: number, index: number): string {
   const text = contentPartText(part);
   if (text !== undefined) return text ?? '';
   const type = contentPartType(part);
@@ -483,14 +486,14 @@ function canonicalPartText(part: ChatContentPart | string): string {
       if (typeof url !== 'string') return `[${type}]`;
       // inline data (megabytes of base64) is the engine's to make tokens of: a digest of it,
       // behind the scheme so that it is never the text of a URL the engine fetches
-      return DATA_URL.test(url) ? `[${type}:data:${dataDigest(url)}]` : `[${type}:${url}]`;
+      return DATA_URL.test(url) ? `[${type}:data:${dataDigest(url, 'url')}]` : `[${type}:${url}]`;
     }
     case 'input_audio':
     case 'image_embeds':
     case 'audio_embeds':
-      return `[${type}:${dataDigest(p[type])}]`;
+      return `[${type}:${dataDigest(p[type], `messages[${message}].content[${index}].${type}`)}]`;
     case 'prompt_embeds':
-      return `[${type}:${dataDigest(p.data)}]`;
+      return `[${type}:${dataDigest(p.data, `messages[${message}].content[${index}].data`)}]`;
     case 'tool_reference':
       return `[${type}:${typeof p.name === 'string' ? p.name : ''}]`;
     default:
@@ -501,8 +504,12 @@ function canonicalPartText(part: ChatContentPart | string): string {
 /** A `data:` URL, its scheme in any case (as the engine's URL parser reads it). */
 const DATA_URL = /^data:/i;
 
-/** A short digest of inline media (a string, or an object of them), its fields in sorted order. */
-function dataDigest(data: unknown): string {
+/**
+ * A short digest of inline media (a string, or an object of them), its fields in sorted order.
+ * Throws a TypeError naming `field` for a value that holds one object twice: JSON is a tree, and
+ * a cycle would never end the walk, an object shared level after level double it at each.
+ */
+function dataDigest(data: unknown, field: string): string {
   let h1 = 0x811c9dc5;
   let h2 = 0x01000193;
   let n = 0;
@@ -519,16 +526,26 @@ function dataDigest(data: unknown): string {
   // depth first, in order, on a stack of its own: a caller's value may nest deeper than the call
   // stack goes (the gateway bounds a body's depth, route() takes any object)
   const stack: unknown[] = [data];
+  // the objects walked: a JSON body's media holds each once (a string has none to remember)
+  let seen: Set<object> | undefined;
   while (stack.length > 0) {
     const v = stack.pop();
     if (typeof v === 'string') mix(v);
-    else if (Array.isArray(v)) {
-      mix('[');
-      for (let i = v.length - 1; i >= 0; i--) stack.push(v[i]);
-    } else if (v !== null && typeof v === 'object') {
-      // each key is mixed before its value, the keys in sorted order
-      const keys = Object.keys(v).sort();
-      for (let i = keys.length - 1; i >= 0; i--) stack.push((v as Record<string, unknown>)[keys[i]], keys[i]);
+    else if (v !== null && typeof v === 'object') {
+      seen ??= new Set();
+      if (seen.has(v))
+        throw new TypeError(
+          `${field} holds one object twice (a cycle or a shared reference): inline data must be a tree`,
+        );
+      seen.add(v);
+      if (Array.isArray(v)) {
+        mix('[');
+        for (let i = v.length - 1; i >= 0; i--) stack.push(v[i]);
+      } else {
+        // each key is mixed before its value, the keys in sorted order
+        const keys = Object.keys(v).sort();
+        for (let i = keys.length - 1; i >= 0; i--) stack.push((v as Record<string, unknown>)[keys[i]], keys[i]);
+      }
     } else mix(String(v));
   }
   return `${n}:${fmix32(h1).toString(16)}${fmix32(h2).toString(16)}`;

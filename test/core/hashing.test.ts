@@ -220,6 +220,39 @@ describe('text mode', () => {
     assert.match(text(nest(200_000)), /^<\|user\|>\n\[image_embeds:\d+:[0-9a-f]+\]\n$/);
   });
 
+  test('inline data holding one object twice is refused, naming its field, before any walk explodes', () => {
+    const chat = (content: unknown[]) => [
+      { role: 'system', content: 'be brief' },
+      { role: 'user', content: content as never },
+    ];
+    const cyclic: Record<string, unknown> = { data: 'AAAA', format: 'wav' };
+    cyclic.self = cyclic;
+    assert.throws(
+      () => canonicalChatText(chat(['look', { type: 'input_audio', input_audio: cyclic }])),
+      (e: unknown) =>
+        e instanceof TypeError && /^messages\[1\]\.content\[1\]\.input_audio holds one object twice/.test(e.message),
+    );
+    // forty objects, each holding the next one twice: 2^40 leaves for a walk that does not remember
+    let shared: unknown = [0.5];
+    for (let i = 0; i < 40; i++) shared = { a: shared, b: shared };
+    assert.throws(
+      () => canonicalChatText(chat([{ type: 'image_embeds', image_embeds: shared }])),
+      (e: unknown) =>
+        e instanceof TypeError && e.message.startsWith('messages[1].content[0].image_embeds holds one object twice'),
+    );
+    assert.throws(
+      () => canonicalChatText(chat([{ type: 'prompt_embeds', data: shared }])),
+      (e: unknown) =>
+        e instanceof TypeError && e.message.startsWith('messages[1].content[0].data holds one object twice'),
+    );
+    // equal values that are distinct objects are a tree, as JSON.parse makes them
+    const twice = { a: [0.5], b: [0.5] };
+    assert.match(
+      canonicalChatText(chat([{ type: 'image_embeds', image_embeds: twice }])),
+      /\[image_embeds:\d+:[0-9a-f]+\]/,
+    );
+  });
+
   test('inline media in a data: URL is written by a short digest of it, not its bytes', () => {
     const text = (...content: unknown[]) => canonicalChatText([{ role: 'user', content: content as never }]);
     const png = 'data:image/png;base64,' + 'iVBO'.repeat(1_075_000); // a 3 MB PNG, 4.3 MB of base64
