@@ -236,6 +236,34 @@ describe('errors that name the argument', () => {
     refuses(router, () => router.route({ blockHashes: null as never }), TypeError, /^blockHashes must be an array/);
   });
 
+  test('route() with blockHashes whose length is no count', () => {
+    const router = new KVAwareRouter({ clock: () => 1000 });
+    router.registerWorker('w0');
+    router.registerWorker('w1');
+    for (const [length, shown] of [
+      [NaN, 'NaN'],
+      [-5, '-5'],
+      [2.5, '2\\.5'],
+      [Infinity, 'Infinity'],
+      [2 ** 53, '9007199254740992'],
+      ['3', 'string'],
+      [undefined, 'undefined'],
+    ] as const)
+      refuses(
+        router,
+        () => router.route({ blockHashes: { length, 0: 1, 1: 2, 2: 3 } as never }),
+        TypeError,
+        new RegExp(`^blockHashes must be an array of block ids \\(its length a count\\), got length ${shown}$`),
+      );
+    // the workers' counts stay numbers: the next route finds a worker
+    const next = router.route({ tokens: Array.from({ length: 64 }, (_, i) => i) }, { track: false });
+    assert.notEqual(next.workerId, '');
+    assert.equal(
+      router.listWorkers().every((w) => w.queuedPrefillTokens === 0),
+      true,
+    );
+  });
+
   test('createPolicy() without options takes none; a name that is no string is refused', () => {
     assert.equal(createPolicy('seed').name, 'seed');
     throwsNaming(() => createPolicy({} as never, {}), TypeError, /^policy must be a policy name \(a string\)/);

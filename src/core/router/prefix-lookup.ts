@@ -86,18 +86,16 @@ export class PrefixLookup {
       }
       this.keying.hashTokens(request.tokens, this.blockSize, ns, hashes);
     } else if (request.blockHashes !== undefined) {
-      if (
-        typeof request.blockHashes !== 'object' ||
-        request.blockHashes === null ||
-        typeof request.blockHashes.length !== 'number'
-      )
-        throw new TypeError('blockHashes must be an array');
-      hashPrecomputedBlocks(
-        request.blockHashes,
-        check.positiveInt(request.blockTokens, 'blockTokens', this.blockSize),
-        ns,
-        hashes,
-      );
+      const ids = request.blockHashes;
+      if (typeof ids !== 'object' || ids === null) throw new TypeError('blockHashes must be an array');
+      // a length that is no count (NaN, -5, 2.5) would be taken as the prompt's blocks: a
+      // NaN length left the worker's queued tokens NaN for good, and no route found a worker
+      const length: unknown = ids.length;
+      if (!(Number.isSafeInteger(length) && (length as number) >= 0))
+        throw new TypeError(
+          `blockHashes must be an array of block ids (its length a count), got length ${typeof length === 'number' ? length : typeof length}`,
+        );
+      hashPrecomputedBlocks(ids, check.positiveInt(request.blockTokens, 'blockTokens', this.blockSize), ns, hashes);
     } else if (request.messages !== undefined) {
       const messages = checkChatMessages(request.messages, undefined, true);
       const text = canonicalChatText(messages);
