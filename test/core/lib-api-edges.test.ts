@@ -109,6 +109,58 @@ describe('a prompt length past maxPromptTokens', () => {
     assert.equal(router.localLoad(r.workerId).queuedPrefillTokens, 0);
   });
 
+  test('does not let a short promptTokens pass a prompt whose blocks are past it', () => {
+    const router = new KVAwareRouter({ blockSize: 16, maxPromptTokens: 1024 });
+    router.registerWorker('w0');
+    router.registerWorker('w1');
+    // what is held before: a refused request must not evict it
+    const held = Array.from({ length: 64 }, (_, i) => i);
+    router.route({ tokens: held }, { track: false });
+    const tooLong = (tokens: number, source = '') =>
+      new RegExp(
+        `^the prompt has ${tokens} tokens${source}, more than the 1024 this router takes \\(maxPromptTokens\\)$`,
+      );
+    // 8,000 bytes of text are 125 chunks of 16 "tokens" and half a chunk: 2,008 tokens
+    for (const promptTokens of [1, 1000, 1024]) {
+      refuses(router, () => router.route({ text: 'z'.repeat(8000), promptTokens }), RangeError, tooLong(2008));
+      refuses(
+        router,
+        () => router.route({ messages: [{ role: 'user', content: 'z'.repeat(8000) }], promptTokens }),
+        RangeError,
+        /^the prompt has \d+ tokens, more than the 1024/,
+      );
+      refuses(
+        router,
+        () => router.route({ blockHashes: Array.from({ length: 65 }, (_, i) => i), promptTokens }),
+        RangeError,
+        tooLong(1040, ' \\(blockHashes: 65 blocks of 16\\)'),
+      );
+      refuses(
+        router,
+        () => router.route({ blockHashes: [1, 2, 3], blockTokens: 512, promptTokens }),
+        RangeError,
+        tooLong(1536, ' \\(blockHashes: 3 blocks of 512\\)'),
+      );
+    }
+    // past the bound both ways: the length given is named
+    refuses(
+      router,
+      () => router.route({ blockHashes: Array.from({ length: 65 }, (_, i) => i), promptTokens: 5000 }),
+      RangeError,
+      /^promptTokens must be at most 1024/,
+    );
+    assert.throws(() => router.route({ text: 'z'.repeat(8000), promptTokens: 1 }), PromptTooLongError);
+    assert.equal(router.route({ tokens: held }, { dryRun: true }).cachedTokens, 64);
+    // blocks within the bound route with the length given, a length alone too
+    const blocks = router.route({ blockHashes: Array.from({ length: 64 }, (_, i) => i), promptTokens: 1 });
+    assert.equal(blocks.promptTokens, 1);
+    assert.equal(blocks.blocks, 64);
+    router.release(blocks.ticket);
+    const text = router.route({ text: 'z'.repeat(4000), promptTokens: 900 }, { dryRun: true });
+    assert.equal(text.promptTokens, 900);
+    assert.equal(router.route({ promptTokens: 1024 }, { dryRun: true }).promptTokens, 1024);
+  });
+
   test("the seed API's tokenLength too, naming tokenLength", async () => {
     const router = new KVAwareRouter({ policy: 'seed', maxPromptTokens: 1024 });
     router.registerWorker('w0');

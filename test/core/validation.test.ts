@@ -156,8 +156,13 @@ test('a text or chat past maxPromptTokens is refused with the count its hashing 
       err instanceof PromptTooLongError &&
       err.promptTokens === open.route({ text: big }, { dryRun: true }).promptTokens,
   );
-  // a length given is the prompt's, whatever the text
-  assert.equal(limited.route({ text: 'z'.repeat(10_000), promptTokens: 1000 }, { dryRun: true }).workerId, 'w0');
+  // a length given is the prompt's, but the text's chunks are what is recorded: a text past the
+  // bound is refused whatever length is given with it
+  assert.throws(
+    () => limited.route({ text: 'z'.repeat(10_000), promptTokens: 1000 }, { dryRun: true }),
+    (err: unknown) => err instanceof PromptTooLongError && err.promptTokens === 2504,
+  );
+  assert.equal(limited.route({ text: 'z'.repeat(4000), promptTokens: 1000 }, { dryRun: true }).promptTokens, 1000);
   assert.equal(limited.index.entryCount, 0);
   assert.equal(limited.localLoad('w0').inFlightRequests, 0);
 });

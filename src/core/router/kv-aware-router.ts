@@ -376,6 +376,14 @@ export class KVAwareRouter {
     const tokenCount = request.tokens?.length ?? 0;
     if (Number.isSafeInteger(tokenCount) && tokenCount > this.maxPromptTokens && tokenCount >= this.blockSize)
       throw new PromptTooLongError(tokenCount, this.maxPromptTokens);
+    // a length given is judged before the prompt is hashed too, and the prompt's blocks are
+    // judged in hashRequest whatever length is given: neither stands in for the other
+    if (
+      request.tokens === undefined &&
+      request.promptTokens !== undefined &&
+      request.promptTokens > this.maxPromptTokens
+    )
+      throw new PromptTooLongError(request.promptTokens, this.maxPromptTokens, 'promptTokens');
     const hashes = this.prefix.hashRequest(request, ns, this.maxPromptTokens);
     const promptTokens = this.prefix.promptTokensOf(request, hashes);
     // a prompt given is what fills the index; a length alone (the seed API's) fills the in-flight

@@ -64,7 +64,9 @@ export interface KVAwareRouterOptions {
   /**
    * Longest prompt routed, in tokens (default 1,048,576; at most MAX_PROMPT_TOKENS, 2^27):
    * route() throws a PromptTooLongError for a longer one and records nothing, so no single
-   * request can fill the index.
+   * request can fill the index. The prompt's blocks (token ids, text chunks, `blockHashes`
+   * times `blockTokens`) and a `promptTokens` given are each held to it: a short length given
+   * does not pass a long prompt.
    */
   maxPromptTokens?: number;
   /** Credit of an offloaded (CPU/disk) block relative to a GPU block (default 0.75). */

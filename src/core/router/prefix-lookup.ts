@@ -65,8 +65,10 @@ export class PrefixLookup {
   }
 
   /**
-   * The request's block keys. A text or chat whose estimate (promptTokensOf) is past
-   * `maxPromptTokens` throws PromptTooLongError before it is hashed: the estimate needs its
+   * The request's block keys. A prompt whose blocks are past `maxPromptTokens` throws
+   * PromptTooLongError before it is hashed, whatever `promptTokens` it gives (the blocks are
+   * what the index records): precomputed blocks by their count times `blockTokens`, a text or
+   * chat by the estimate promptTokensOf makes without a length given. The estimate needs its
    * UTF-8 length alone, where hashing a prompt the router refuses anyway (megabytes of it, as a
    * body may hold) would cost the event loop its encoding and hashing.
    */
@@ -95,16 +97,27 @@ export class PrefixLookup {
         throw new TypeError(
           `blockHashes must be an array of block ids (its length a count), got length ${typeof length === 'number' ? length : typeof length}`,
         );
-      hashPrecomputedBlocks(ids, check.positiveInt(request.blockTokens, 'blockTokens', this.blockSize), ns, hashes);
+      // the blocks are what the index records, whatever length is given with them: a
+      // promptTokens of 1 does not make ten million blocks a short prompt
+      const blockTokens = check.positiveInt(request.blockTokens, 'blockTokens', this.blockSize);
+      const tokens = (length as number) * blockTokens;
+      if (tokens > maxPromptTokens)
+        throw new PromptTooLongError(
+          tokens,
+          maxPromptTokens,
+          undefined,
+          `blockHashes: ${length as number} blocks of ${blockTokens}`,
+        );
+      hashPrecomputedBlocks(ids, blockTokens, ns, hashes);
     } else if (request.messages !== undefined) {
       const messages = checkChatMessages(request.messages, undefined, true);
       const text = canonicalChatText(messages);
-      this.checkTextLength(request, text, maxPromptTokens);
+      this.checkTextLength(text, maxPromptTokens);
       hashTextBlocks(text, this.textChunkBytes, ns, hashes);
       hashes.tokensPerBlock = this.textChunkBytes / 4;
     } else if (request.text !== undefined) {
       if (typeof request.text !== 'string') throw new TypeError('text must be a string');
-      this.checkTextLength(request, request.text, maxPromptTokens);
+      this.checkTextLength(request.text, maxPromptTokens);
       hashTextBlocks(request.text, this.textChunkBytes, ns, hashes);
       hashes.tokensPerBlock = this.textChunkBytes / 4;
     } else {
@@ -115,14 +128,14 @@ export class PrefixLookup {
   }
 
   /**
-   * Throws PromptTooLongError when the estimate promptTokensOf would make of `text` is past
-   * `maxPromptTokens`, the same count in the same message. A UTF-16 unit is 1 to 3 bytes of
+   * Throws PromptTooLongError when the estimate promptTokensOf would make of `text` (given no
+   * length) is past `maxPromptTokens`, the same count in the same message. A length given
+   * (`promptTokens`) does not change what the text's chunks record, so it does not spare the
+   * text this check (route() judges that length on its own). A UTF-16 unit is 1 to 3 bytes of
    * UTF-8 (hashTextBlocks encodes a lone surrogate as U+FFFD, 3 bytes, as Buffer.byteLength
-   * counts it), so a text within the bound at 3 bytes a unit costs no byte count. A length
-   * given (`promptTokens`) is the prompt's, whatever its text: route() judges it.
+   * counts it), so a text within the bound at 3 bytes a unit costs no byte count.
    */
-  private checkTextLength(request: RouteRequest, text: string, maxPromptTokens: number): void {
-    if (request.promptTokens !== undefined && request.promptTokens !== 0) return;
+  private checkTextLength(text: string, maxPromptTokens: number): void {
     if (this.textTokens(text.length * 3) <= maxPromptTokens) return;
     const tokens = this.textTokens(Buffer.byteLength(text, 'utf8'));
     if (tokens > maxPromptTokens) throw new PromptTooLongError(tokens, maxPromptTokens);
