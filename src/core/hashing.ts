@@ -179,7 +179,8 @@ function reserveWasm(bytes: number): void {
 
 /**
  * Sequence hashes of every full block of `tokens`, written into `out` (resized as needed).
- * Token ids must be integers in [0, 2^32); anything else throws a RangeError naming `tokens`.
+ * Token ids must be integers in [0, 2^32); anything else throws a RangeError (a TypeError for
+ * what is no number) naming `tokens`.
  */
 export function hashTokenBlocks(
   tokens: ArrayLike<number>,
@@ -229,7 +230,7 @@ function loadTokens(tokens: ArrayLike<number>, blockSize: number): number {
   } else {
     for (let i = 0; i < tokens.length; i++) {
       const tok = tokens[i];
-      if (tok !== tok >>> 0) throw new RangeError(`tokens[${i}] must be an integer in [0, 2^32), got ${tok}`);
+      if (typeof tok !== 'number' || tok !== tok >>> 0) throw badTokenId(i, tok);
       if (i < n) words[i] = tok;
     }
   }
@@ -345,8 +346,18 @@ export class TokenBlockKeys implements BlockKeySource {
 function checkTokens(tokens: ArrayLike<number>): void {
   for (let i = 0; i < tokens.length; i++) {
     const tok = tokens[i];
-    if (tok !== tok >>> 0) throw new RangeError(`tokens[${i}] must be an integer in [0, 2^32), got ${tok}`);
+    if (typeof tok !== 'number' || tok !== tok >>> 0) throw badTokenId(i, tok);
   }
+}
+
+/**
+ * The error for `tokens[i]`, which is no token id: a RangeError for a number out of [0, 2^32),
+ * a TypeError naming its type for anything else (a bigint, as a BigUint64Array holds, cannot
+ * even be compared with one: the check would throw the engine's own "Cannot mix BigInt").
+ */
+export function badTokenId(i: number, tok: unknown): Error {
+  if (typeof tok === 'number') return new RangeError(`tokens[${i}] must be an integer in [0, 2^32), got ${tok}`);
+  return new TypeError(`tokens[${i}] must be a number (a token id), got ${tok === null ? 'null' : typeof tok}`);
 }
 
 /**

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import type { BlockHashes } from './hashing.js';
+import { badTokenId, type BlockHashes } from './hashing.js';
 import { xxh3_128 } from './xxh3-128.js';
 
 /**
@@ -159,7 +159,7 @@ export class VllmBlockHasher {
       const start = b * blockSize;
       for (let i = start, end = start + blockSize; i < end; i++) {
         const t = tokens[i];
-        if (t !== t >>> 0) throw new RangeError(`tokens[${i}] must be an integer in [0, 2^32), got ${t}`);
+        if (typeof t !== 'number' || t !== t >>> 0) throw badTokenId(i, t);
       }
       // extra_keys: LoRA name on every block, the salt on a prompt's first block only
       const salt = b === 0 && parent === null && extra.cacheSalt ? extra.cacheSalt : null;

@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { AnchorTable } from '../../src/core/anchor-table.js';
 import { MAX_REMOTE_LOAD } from '../../src/core/router/in-flight.js';
+import { MAX_PROMPT_TOKENS } from '../../src/core/router/options-schema.js';
 import * as api from '../../src/index.js';
 import {
   createPolicy,
@@ -280,6 +281,60 @@ describe('errors that name the argument', () => {
     throwsNaming(() => router.hashTokens([1], { lora: 5 } as never), TypeError, /^ns\.lora must be a string/);
     throwsNaming(() => router.hashTokens([1], { claGroup: -1 }), RangeError, /^ns\.claGroup must be/);
     assert.equal(router.hashTokens([]).length, 0);
+  });
+
+  test('hashTokens() of more ids than any router takes, or of ids that are no numbers', () => {
+    const router = new KVAwareRouter();
+    // refused by the length alone, before the keys' arrays or the hash's memory are sized for it
+    for (const [length, blockSize] of [
+      [2 ** 40, undefined],
+      [1e9, 1],
+      [MAX_PROMPT_TOKENS + 1, 16],
+    ] as const)
+      throwsNaming(
+        () => router.hashTokens({ length } as never, undefined, blockSize),
+        RangeError,
+        new RegExp(
+          `^tokens must hold at most 134217728 token ids \\(MAX_PROMPT_TOKENS, the longest prompt a router takes\\), got ${length}$`,
+        ),
+      );
+    throwsNaming(
+      () => router.hashTokens(new BigUint64Array(32) as never),
+      TypeError,
+      /^tokens\[0\] must be a number \(a token id\), got bigint$/,
+    );
+    throwsNaming(
+      () => router.hashTokens([1, 2, 3n, 4] as never),
+      TypeError,
+      /^tokens\[2\] must be a number \(a token id\), got bigint$/,
+    );
+    throwsNaming(() => router.hashTokens([1, Symbol('t')] as never), TypeError, /^tokens\[1\] must be a number/);
+    throwsNaming(() => router.hashTokens([1, -1]), RangeError, /^tokens\[1\] must be an integer in \[0, 2\^32\)/);
+    const vllm = new KVAwareRouter({ blockHash: 'vllm', pythonHashSeed: '0' });
+    throwsNaming(
+      () => vllm.hashTokens(new BigInt64Array(16) as never),
+      TypeError,
+      /^tokens\[0\] must be a number \(a token id\), got bigint$/,
+    );
+    assert.equal(router.hashTokens(new Uint32Array(64)).length, 4);
+  });
+
+  test('route() of bigint token ids, or of more block ids than maxPromptTokens, names the argument', () => {
+    const router = new KVAwareRouter({ clock: () => 1000 });
+    router.registerWorker('w0');
+    refuses(
+      router,
+      () => router.route({ tokens: new BigUint64Array(32) as never }),
+      TypeError,
+      /^tokens\[0\] must be a number \(a token id\), got bigint$/,
+    );
+    refuses(
+      router,
+      () => router.route({ blockHashes: { length: 2 ** 40 } as never }),
+      RangeError,
+      /^the prompt has 17592186044416 tokens \(blockHashes: 1099511627776 blocks of 16\), more than the 1048576/,
+    );
+    assert.throws(() => router.route({ blockHashes: { length: 2 ** 40 } as never }), PromptTooLongError);
   });
 
   test('route() with blockHashes null', () => {

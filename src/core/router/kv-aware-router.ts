@@ -20,6 +20,7 @@ import { DecisionRecorder } from './decision-recording.js';
 import { InFlightTickets, localLoad, setRemoteLoad } from './in-flight.js';
 import { diagnoseNoWorker, NoEndpointsError } from './no-worker.js';
 import { resolveRouterOptions, type KVAwareRouterOptions } from './options.js';
+import { MAX_PROMPT_TOKENS } from './options-schema.js';
 import { PrefixLookup } from './prefix-lookup.js';
 import { PromptTooLongError } from './prompt-too-long.js';
 import { checkContentAnchors, readRouteFields, RouteFields } from './request-fields.js';
@@ -313,13 +314,22 @@ export class KVAwareRouter {
     this.index.applyCleared(w.slot, keep === 'offload');
   }
 
-  /** Block keys of token ids as this router computes them (a fresh copy); `blockSize` default: the router's. */
+  /**
+   * Block keys of token ids as this router computes them (a fresh copy); `blockSize` default:
+   * the router's. At most MAX_PROMPT_TOKENS (2^27) ids, the longest prompt any router takes
+   * (its `maxPromptTokens` at most): a longer list is refused with a RangeError naming `tokens`
+   * before any memory is taken for it.
+   */
   hashTokens(tokens: ArrayLike<number>, ns?: HashNamespace, blockSize: number = this.blockSize): BlockHashes {
     if (tokens === null || typeof tokens !== 'object')
       throw new TypeError(`tokens must be an array of token ids, got ${tokens === null ? 'null' : typeof tokens}`);
     const length: unknown = tokens.length;
     if (!(Number.isSafeInteger(length) && (length as number) >= 0))
       throw new TypeError(`tokens must be an array of token ids (its length a count), got length ${String(length)}`);
+    if ((length as number) > MAX_PROMPT_TOKENS)
+      throw new RangeError(
+        `tokens must hold at most ${MAX_PROMPT_TOKENS} token ids (MAX_PROMPT_TOKENS, the longest prompt a router takes), got ${length as number}`,
+      );
     if (ns !== undefined && ns !== null) checkHashNamespace(ns);
     check.blockSize(blockSize, 'blockSize');
     return this.keying.hashTokens(
