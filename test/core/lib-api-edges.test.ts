@@ -377,6 +377,82 @@ describe('errors that name the argument', () => {
     throwsNaming(() => createPolicy('seed', {}, null as never), TypeError, /^ctx must be an object/);
   });
 
+  test("createPolicy()'s random source outside [0, 1) is refused at the draw, naming ctx.random()", () => {
+    const sampling = ['random', 'power-of-two', 'llmd', 'sglang', 'dynamo'];
+    for (const [value, error] of [
+      [NaN, RangeError],
+      [2, RangeError],
+      [1, RangeError],
+      [-1, RangeError],
+      ['0.5', TypeError],
+      [undefined, TypeError],
+    ] as const) {
+      for (const name of sampling) {
+        const router = new KVAwareRouter({ policy: createPolicy(name, {}, { random: () => value as number }) });
+        router.registerWorker('a');
+        router.registerWorker('b');
+        const got = value === undefined ? 'undefined' : typeof value === 'string' ? 'string' : String(value);
+        const message = new RegExp(`^ctx\\.random\\(\\) must return a number in \\[0, 1\\), got ${got}$`);
+        refuses(router, () => router.route({ tokens: [1, 2, 3] }), error, message);
+      }
+    }
+    // a draw in range is taken as it comes, called on the context as before
+    const ctx = {
+      draws: 0,
+      random(this: { draws: number }) {
+        this.draws++;
+        return 0.999;
+      },
+    };
+    const router = new KVAwareRouter({ policy: createPolicy('random', {}, ctx) });
+    router.registerWorker('a');
+    router.registerWorker('b');
+    assert.equal(router.route({ tokens: [1, 2, 3] }).workerId, 'b');
+    assert.equal(ctx.draws, 1);
+  });
+
+  test("a user policy's choice that is no PolicyChoice is refused, naming the policy", () => {
+    const routerChoosing = (choice: unknown) => {
+      const router = new KVAwareRouter({ policy: { name: 'mine', choose: () => choice as never } });
+      router.registerWorker('a');
+      return router;
+    };
+    for (const [choice, error, message] of [
+      [
+        null,
+        TypeError,
+        /^policy 'mine': choose\(\) must return a PolicyChoice \{ index, confidence, reason \}, got null$/,
+      ],
+      [undefined, TypeError, /^policy 'mine': choose\(\) must return a PolicyChoice .*, got undefined$/],
+      [0, TypeError, /^policy 'mine': choose\(\) must return a PolicyChoice .*, got number$/],
+      [{ confidence: 0, reason: 'hash' }, RangeError, /^policy 'mine' chose index undefined of 1 candidates$/],
+      [
+        { index: 0, confidence: 'high', reason: 'hash' },
+        TypeError,
+        /^policy 'mine' chose a confidence of type string; it must be a number from 0 to 1$/,
+      ],
+      [{ index: 0, reason: 'hash' }, TypeError, /^policy 'mine' chose a confidence of type undefined;/],
+      [{ index: 0, confidence: {}, reason: 'hash' }, TypeError, /^policy 'mine' chose a confidence of type object;/],
+      [
+        { index: 0, confidence: NaN, reason: 'hash' },
+        RangeError,
+        /^policy 'mine' chose confidence NaN; it must be a number from 0 to 1$/,
+      ],
+      [{ index: 0, confidence: 1.5, reason: 'hash' }, RangeError, /^policy 'mine' chose confidence 1\.5;/],
+      [{ index: 0, confidence: -0.1, reason: 'hash' }, RangeError, /^policy 'mine' chose confidence -0\.1;/],
+    ] as const) {
+      const router = routerChoosing(choice);
+      refuses(router, () => router.route({ tokens: [1, 2, 3] }), error, message);
+      refuses(router, () => router.route({ tokens: [1, 2, 3] }, { dryRun: true }), error, message);
+    }
+    // the bounds themselves are confidences
+    for (const confidence of [0, 1])
+      assert.equal(
+        routerChoosing({ index: 0, confidence, reason: 'hash' }).route({ tokens: [1] }).confidence,
+        confidence,
+      );
+  });
+
   test('new NoEndpointsError() of no diagnosis', () => {
     throwsNaming(() => new (NoEndpointsError as unknown as new () => Error)(), TypeError, /^noWorker must be/);
     throwsNaming(() => new NoEndpointsError({ reason: 'nope' } as never, 'p'), TypeError, /^noWorker\.reason must be/);

@@ -61,7 +61,8 @@ export function checkPolicyOptions(options: unknown): void {
 /**
  * The policy `name` built from its options. Every option given is checked whichever policy
  * reads it, cost weights as much as the peers' knobs (and as the router checks them): a bad
- * value is an error even where the chosen policy leaves it unread.
+ * value is an error even where the chosen policy leaves it unread. `ctx.random()` is checked
+ * at each draw the policy makes (a number in [0, 1)).
  */
 export function createPolicy(
   name: string,
@@ -79,7 +80,29 @@ export function createPolicy(
   if (!factory) {
     throw new RangeError(`policy must be one of ${POLICY_NAMES.join(', ')}; got '${name}'`);
   }
-  return factory({ ...options, costWeights }, ctx);
+  return factory({ ...options, costWeights }, checkedRandom(ctx));
+}
+
+/**
+ * The context with its random source checked at each draw: a policy turns a draw into an index
+ * (`Math.floor(random() * n)`), so a value outside [0, 1) (NaN, 1, -1, a string) would pick no
+ * candidate and fail far from its cause. The check is one test per draw; `ctx.random` is read
+ * and called on `ctx` as a policy holding `ctx` itself would.
+ */
+function checkedRandom(ctx: PolicyContext): PolicyContext {
+  return {
+    random: () => {
+      const r: unknown = ctx.random();
+      if (typeof r !== 'number' || !(r >= 0 && r < 1)) throw randomError(r);
+      return r;
+    },
+  };
+}
+
+function randomError(r: unknown): TypeError | RangeError {
+  return typeof r === 'number'
+    ? new RangeError(`ctx.random() must return a number in [0, 1), got ${r}`)
+    : new TypeError(`ctx.random() must return a number in [0, 1), got ${r === null ? 'null' : typeof r}`);
 }
 
 /**

@@ -3,7 +3,7 @@
  * SGLang's policy registry allow) is checked once, when the router is built: a missing or
  * mistyped member is reported by name then, not as a TypeError deep inside route().
  */
-import type { RoutingPolicy } from './types.js';
+import type { PolicyChoice, RoutingPolicy } from './types.js';
 
 const OPTIONAL_HOOKS = ['scoreTerms', 'onRouted', 'onReleased', 'onPrefillDone', 'onWorkerRemoved'] as const;
 
@@ -25,4 +25,38 @@ export function checkPolicyObject(value: unknown, name = 'policy'): RoutingPolic
   if (p.readsBlocks !== undefined && typeof p.readsBlocks !== 'boolean')
     throw new TypeError(`${name}.readsBlocks must be a boolean when given`);
   return value as RoutingPolicy;
+}
+
+/**
+ * Whether `choice` keeps to PolicyChoice over `n` candidates: an object whose index is -1 or a
+ * candidate's and whose confidence is a number from 0 to 1. Checked after every choose() (a
+ * user's policy is not trusted to keep to it; the built-in ones always do), so kept to a few tests.
+ */
+export function isChoiceOf(choice: unknown, n: number): choice is PolicyChoice {
+  if (typeof choice !== 'object' || choice === null) return false;
+  const { index, confidence } = choice as PolicyChoice;
+  return (
+    Number.isInteger(index) &&
+    index >= -1 &&
+    index < n &&
+    typeof confidence === 'number' &&
+    confidence >= 0 &&
+    confidence <= 1
+  );
+}
+
+/** What is wrong with a choice isChoiceOf() refused, naming the policy (a TypeError or a RangeError). */
+export function choiceError(policy: string, choice: unknown, n: number): TypeError | RangeError {
+  if (typeof choice !== 'object' || choice === null)
+    return new TypeError(
+      `policy '${policy}': choose() must return a PolicyChoice { index, confidence, reason }, got ${choice === null ? 'null' : typeof choice}`,
+    );
+  const { index, confidence } = choice as PolicyChoice;
+  if (!(Number.isInteger(index) && index >= -1 && index < n))
+    return new RangeError(`policy '${policy}' chose index ${String(index)} of ${n} candidates`);
+  if (typeof confidence !== 'number')
+    return new TypeError(
+      `policy '${policy}' chose a confidence of type ${confidence === null ? 'null' : typeof confidence}; it must be a number from 0 to 1`,
+    );
+  return new RangeError(`policy '${policy}' chose confidence ${confidence}; it must be a number from 0 to 1`);
 }

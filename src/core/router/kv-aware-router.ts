@@ -9,6 +9,7 @@ import { BlockIndex, Tier } from '../block-index.js';
 import { ContentAnchorIndex } from '../content-anchors.js';
 import { BlockHashes, hashString32, type HashNamespace } from '../hashing.js';
 import type { CostWeights } from '../policies/index.js';
+import { choiceError, isChoiceOf } from '../policies/policy-object.js';
 import type { Candidate, RouteFeatures, RouteReason, RoutingPolicy } from '../policies/types.js';
 import { roundHalfEven3 } from '../round-half-even.js';
 import { quotedText } from '../shown-text.js';
@@ -444,11 +445,8 @@ export class KVAwareRouter {
     features.now = now;
     features.firstTokenReported = options.firstTokenReported !== false;
     const choice = this.policy.choose(candidates, features);
-    // a user's policy is not trusted to stay in range; the built-in ones always do
-    if (!(Number.isInteger(choice.index) && choice.index >= -1 && choice.index < candidates.length))
-      throw new RangeError(
-        `policy '${this.policy.name}' chose index ${String(choice.index)} of ${candidates.length} candidates`,
-      );
+    // a user's policy is not trusted to keep to PolicyChoice; the built-in ones always do
+    if (!isChoiceOf(choice, candidates.length)) throw choiceError(this.policy.name, choice, candidates.length);
     const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;
 
     const result: RouteResult = {
