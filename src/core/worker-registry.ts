@@ -159,14 +159,22 @@ function checkInfo(info: unknown): WorkerInfo {
   knownKeys(info, WORKER_INFO_KEYS, 'info');
   const { claGroups, url, models, blockSize } = info as WorkerInfo;
   if (blockSize !== undefined) checkBlockSize(blockSize, 'info.blockSize');
+  const checked: WorkerInfo = { ...(info as WorkerInfo) };
+  // each element read once, checked and copied: a hole (`[, 1]`) is refused as the undefined
+  // it reads as, and a later change to the caller's list does not show in the worker's info
   if (claGroups !== undefined) {
     if (!Array.isArray(claGroups)) throw new TypeError('info.claGroups must be an array of integers');
-    claGroups.forEach((g, i) => requiredNonNegativeInt(g, `info.claGroups[${i}]`));
+    const groups: number[] = [];
+    for (let i = 0; i < claGroups.length; i++)
+      groups.push(requiredNonNegativeInt(claGroups[i], `info.claGroups[${i}]`));
+    checked.claGroups = groups;
   }
   if (url !== undefined) requireId(url, 'info.url');
   if (models !== undefined) {
     if (!Array.isArray(models)) throw new TypeError('info.models must be an array of strings');
-    models.forEach((m, i) => requireId(m, `info.models[${i}]`));
+    const names: string[] = [];
+    for (let i = 0; i < models.length; i++) names.push(requireId(models[i], `info.models[${i}]`));
+    checked.models = names;
   }
-  return { ...(info as WorkerInfo) };
+  return checked;
 }

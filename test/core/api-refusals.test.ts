@@ -45,6 +45,43 @@ describe('registering a known worker again', () => {
   });
 });
 
+describe("a worker's claGroups and models", () => {
+  test('with a hole are refused, naming the element, as a new worker and as a known one', () => {
+    const router = new KVAwareRouter();
+    const sparse: number[] = [];
+    sparse[1] = 1; // [, 1]
+    const msg = /^info\.claGroups\[0\] must be a non-negative integer, got undefined$/;
+    refuses(router, () => router.registerWorker('n', { claGroups: sparse }), TypeError, msg);
+    assert.equal(router.listWorkers().length, 0);
+    router.registerWorker('a');
+    refuses(router, () => router.registerWorker('a', { claGroups: sparse }), TypeError, msg);
+    const models = ['x'];
+    models[2] = 'y'; // ['x', , 'y']
+    refuses(
+      router,
+      () => router.registerWorker('m', { models }),
+      TypeError,
+      /^info\.models\[1\] must be a string, got undefined$/,
+    );
+    refuses(router, () => router.registerWorker('h', { claGroups: new Array<number>(1e9) }), TypeError, msg);
+  });
+
+  test("are copied: a later change to the caller's lists does not show", () => {
+    const router = new KVAwareRouter();
+    const claGroups = [1, 2];
+    const models = ['m'];
+    router.registerWorker('a', { claGroups, models });
+    claGroups.push(3);
+    claGroups[0] = 7;
+    models.length = 0;
+    const [a] = router.listWorkers();
+    assert.deepEqual(a.info.claGroups, [1, 2]);
+    assert.deepEqual(a.info.models, ['m']);
+    assert.deepEqual([...a.claGroups], [1, 2]);
+    assert.notEqual(a.info.claGroups, claGroups);
+  });
+});
+
 describe('unknown keys', () => {
   test("route()'s options: a misspelt dryRun is refused, not routed for real", () => {
     const router = new KVAwareRouter();
