@@ -169,6 +169,57 @@ describe('a first token nobody reports', () => {
     assert.throws(() => r.onPrefillRead(42 as unknown as (t: number) => void), /listener must be a function/);
   });
 
+  test('a listener that throws keeps no prefill the reading ends from being ended or heard of', () => {
+    const { r, clock } = fleet(1);
+    const tokens = prompt(16, 4);
+    const a = r.route({ tokens }, { firstTokenReported: false });
+    const b = r.route({ tokens }, { firstTokenReported: false });
+    const w = worker(r, 'w0');
+    assert.equal(w.queuedPrefillTokens, 2 * 4 * BS);
+    const failure = new Error('listener');
+    const first: number[] = [];
+    const second: number[] = [];
+    r.onPrefillRead((ticket) => {
+      first.push(ticket);
+      if (first.length === 1) throw failure;
+    });
+    r.onPrefillRead((ticket) => {
+      second.push(ticket);
+      throw new Error('later');
+    });
+    // the one KV event ends both; the first error is thrown once both are ended and heard of
+    assert.throws(
+      () => stored(r, 'w0', tokens, 0, 4),
+      (e) => e === failure,
+    );
+    assert.equal(w.queuedPrefillTokens, 0);
+    assert.equal(w.activeDecodeTokens, 2 * 4 * BS);
+    assert.deepEqual(first, [a.ticket, b.ticket]);
+    assert.deepEqual(second, [a.ticket, b.ticket]);
+    // the error is not thrown again by a later call
+    stored(r, 'w0', tokens, 0, 4);
+    assert.deepEqual(first, [a.ticket, b.ticket]);
+
+    // likewise for the waiting queue: every field of the reading is applied before the error
+    const held = prompt(17, 4);
+    r.applyStored('w0', r.hashTokens(held));
+    const c = r.route({ tokens: [...held, 1] }, { firstTokenReported: false });
+    const d = r.route({ tokens: [...held, 2] }, { firstTokenReported: false });
+    clock.now += ENGINE_ARRIVAL_MS;
+    first.length = 0;
+    second.length = 0;
+    assert.throws(
+      () => r.updateWorkerMetrics('w0', { waitingRequests: 0, runningRequests: 3, kvCapacityTokens: 4096 }),
+      (e) => e === failure,
+    );
+    assert.equal(w.queuedPrefillTokens, 0);
+    assert.deepEqual(first, [c.ticket, d.ticket]);
+    assert.deepEqual(second, [c.ticket, d.ticket]);
+    assert.equal(w.runningRequests, 3);
+    assert.equal(w.kvCapacityTokens, 4096);
+    assert.equal(w.metricsAt, clock.now);
+  });
+
   test('a bad sampledAt is refused, naming it', () => {
     const { r } = fleet(1);
     assert.throws(() => r.updateWorkerMetrics('w0', { waitingRequests: 0, sampledAt: -1 }), /sampledAt/);

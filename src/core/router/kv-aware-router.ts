@@ -262,6 +262,7 @@ export class KVAwareRouter {
     if (running !== undefined) w.runningRequests = running;
     if (capacity !== undefined) w.kvCapacityTokens = capacity;
     w.metricsAt = at ?? this.readClock();
+    this.throwListenerError();
   }
 
   /** Whether a worker (or a data-parallel rank, `ID#r`) is registered under this id. */
@@ -281,8 +282,10 @@ export class KVAwareRouter {
     const w = this.requireRegistered(workerId);
     checkBlocks(blocks);
     this.index.applyStored(w.slot, blocks.hi, blocks.lo, 0, blocks.length, tierOf(tier));
-    if (this.inFlight.awaitsBlocks(w))
+    if (this.inFlight.awaitsBlocks(w)) {
       this.inFlight.storedBlocks(w, blocks.hi, blocks.lo, blocks.length, this.prefillDone);
+      this.throwListenerError();
+    }
   }
 
   /** The worker evicted these blocks; without a tier, from every tier. */
@@ -693,19 +696,43 @@ export class KVAwareRouter {
     this.inFlight.awaitBlock(ticket, hashes.hi[full - 1], hashes.lo[full - 1]);
   }
 
-  /** Ends a prefill the router read off the engine, and tells the listeners. */
+  /**
+   * Ends a prefill the router read off the engine, and tells the listeners. One reading may end
+   * several: a listener's error is kept (the first) and thrown by throwListenerError() once
+   * every one is ended and heard of.
+   */
   private readonly prefillDone = (ticket: number): void => {
     const shared = this.inFlight.sharedOf(ticket);
     this.markPrefillDone(ticket);
-    for (const listener of this.prefillListeners) listener(ticket, shared);
+    for (const listener of this.prefillListeners) {
+      try {
+        listener(ticket, shared);
+      } catch (error) {
+        this.listenerFailure ??= { error };
+      }
+    }
   };
   private prefillListeners: ReadonlyArray<PrefillReadListener> = [];
+  /** The first error a prefill listener threw during the reading being applied. */
+  private listenerFailure: { error: unknown } | undefined = undefined;
+
+  /** Throws the error a prefill listener threw while a reading was applied, if one did. */
+  private throwListenerError(): void {
+    const failure = this.listenerFailure;
+    if (failure === undefined) return;
+    this.listenerFailure = undefined;
+    throw failure.error;
+  }
 
   /**
    * Calls `listener` with each ticket whose prefill the router ended itself, reading it off
    * the engine (a request routed with `firstTokenReported: false`), and the decision it shared
    * with other replicas (route() with `share`): where a caller would have reported the first
-   * token, e.g. to the other replicas. Returns a function that removes it.
+   * token, e.g. to the other replicas. Returns a function that removes it. A listener that
+   * throws keeps neither the router's counts nor the other listeners from hearing: every
+   * prefill the reading ends is ended and heard of by every listener, then the call that gave
+   * the reading (applyStored(), updateWorkerMetrics()) throws the first error, its own
+   * changes all made.
    */
   onPrefillRead(listener: PrefillReadListener): () => void {
     if (typeof listener !== 'function') throw new TypeError('listener must be a function');
