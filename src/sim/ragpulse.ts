@@ -26,6 +26,9 @@ export const RAGPULSE_FILES = {
   web_search: ['5_web_search.jsonl', 'web_search_id'],
 } as const;
 
+/** The components whose chunk lengths a side file lists. */
+type ChunkComponent = Exclude<keyof typeof RAGPULSE_FILES, 'trace'>;
+
 /** `path`, or `path.gz` when only that exists. */
 const traceFile = (path: string): string => (existsSync(path) ? path : `${path}.gz`);
 
@@ -99,9 +102,18 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
     const inputLength = r.input_length as number;
     const ids = r.hash_ids ?? {};
     if (ids === null || typeof ids !== 'object' || Array.isArray(ids)) throw fail('"hash_ids" must be an object');
-    for (const [component, list] of Object.entries(ids))
+    for (const [component, list] of Object.entries(ids)) {
       if (!Array.isArray(list) || !list.every(isId))
         throw fail(`"hash_ids.${component}" must be an array of non-negative integers`);
+      // a chunk its side file does not list has no length: counted as a guess (one block, no
+      // passage tokens), it gave figures of a trace that is not the one read
+      const known = lengths[component] as Map<number, number> | undefined;
+      const unknown = known === undefined ? undefined : (list as number[]).find((id) => !known.has(id));
+      if (unknown !== undefined)
+        throw fail(
+          `"hash_ids.${component}" names chunk ${unknown}, which ${RAGPULSE_FILES[component as ChunkComponent][0]} does not list`,
+        );
+    }
     // the router takes a workflow id only non-empty: an empty one is refused here, not mid-replay
     if (r.session_id !== undefined && (typeof r.session_id !== 'string' || r.session_id === ''))
       throw fail('"session_id" must be a non-empty string');

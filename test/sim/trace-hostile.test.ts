@@ -125,6 +125,25 @@ describe('RAGPulse loader, hostile directories', () => {
       ['1_sys_prompt.jsonl', 3, () => '{"sys_prompt_id": "x", "token_length": 4}', /line 3: "sys_prompt_id"/],
       ['3_history.jsonl', 2, (s) => s.replace(/"token_length": \d+/, '"token_length": 1e15'), /line 2: "token_length"/],
       ['0_trace.jsonl', 2, () => '[1, 2]', /0_trace\.jsonl line 2: not a JSON object/],
+      // a chunk its side file does not list: no length to count it by
+      [
+        '0_trace.jsonl',
+        2,
+        (s) => s.replace('"sys_prompt": [8302', '"sys_prompt": [987654321'),
+        /line 2: "hash_ids\.sys_prompt" names chunk 987654321, which 1_sys_prompt\.jsonl does not list$/,
+      ],
+      [
+        '0_trace.jsonl',
+        2,
+        (s) => s.replace('"passages_ids": [6124', '"passages_ids": [987654321'),
+        /line 2: "hash_ids\.passages_ids" names chunk 987654321, which 2_passages\.jsonl does not list$/,
+      ],
+      [
+        '0_trace.jsonl',
+        2,
+        (s) => s.replace('"user_input": [26922]', '"user_input": [26922, 987654321]'),
+        /line 2: "hash_ids\.user_input" names chunk 987654321, which 4_user_input\.jsonl does not list$/,
+      ],
       ['0_trace.jsonl', 2, () => 'null', /0_trace\.jsonl line 2: not a JSON object/],
       ['0_trace.jsonl', 2, (s) => s.replace('"timestamp": "93", ', ''), /line 2: "timestamp"/],
       ['0_trace.jsonl', 2, (s) => s.replace('"timestamp": "93"', '"timestamp": "soon"'), /line 2: "timestamp"/],
