@@ -11,7 +11,7 @@ import { MAX_PROMPT_TOKENS } from '../core/router/options-schema.js';
 import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/index.js';
 import { fullBlockIds, requestBlocks } from './request-blocks.js';
 import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
-import { checkReplayable, type TraceRequest } from './trace.js';
+import { checkReplayable, MAX_SIMULATED_SPAN_MS, type TraceRequest } from './trace.js';
 import { percentile } from './percentile.js';
 
 export { requestBlocks } from './request-blocks.js';
@@ -219,6 +219,23 @@ export const DEFAULT_EVENT_DELAY_MS = 50;
  * own (LLMD_SCRAPE_INTERVAL_MS).
  */
 export const DEFAULT_SCRAPE_INTERVAL_MS = 200;
+
+/**
+ * Most load readings (a worker's metrics at a scrape) a replay takes, 2^29: a month of eight
+ * workers scraped every 50 ms (llm-d's interval) while busy is 428 million. A run's time grows
+ * with them (a billion took two minutes here), and the flags alone (a thousand workers scraped
+ * every millisecond) could ask for trillions.
+ */
+export const MAX_LOAD_READINGS = 2 ** 29;
+
+/** The error for a replay whose requests are still answered past MAX_SIMULATED_SPAN_MS. */
+function pastSpan(now: number, trace: readonly TraceRequest[], speed: number): RangeError {
+  let longest = trace[0];
+  for (const r of trace) if (r.outputLength > longest.outputLength) longest = r;
+  return new RangeError(
+    `the replay runs past the ${MAX_SIMULATED_SPAN_MS} ms (31 days) a replay may cover (at ${Math.round(now)} ms, speed ×${speed}): its answers outlast it (the longest, trace line ${longest.index + 1}, has an output of ${longest.outputLength} tokens)`,
+  );
+}
 
 export function simulate(trace: readonly TraceRequest[], options: SimulationOptions): PolicyResult {
   const { workers: n, policy } = options;
@@ -514,6 +531,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   };
 
   queue.push({ time: 0, seq: seq++, kind: KIND_SCRAPE, worker: -1 });
+  let readings = 0;
   while (nextArrival < trace.length || queue.size > 0) {
     const top = queue.peek();
     const arrivalTime = nextArrival < trace.length ? arrivalOf(trace[nextArrival]) : Infinity;
@@ -537,6 +555,9 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     }
     queue.pop();
     now = top.time;
+    // the trace's arrivals are within the span (checkReplayable); answers that run on past it
+    // (an output of millions of tokens) would keep every worker scraped for months
+    if (now > MAX_SIMULATED_SPAN_MS) throw pastSpan(now, trace, speed);
     if (top.kind === KIND_STEP_END) {
       const w = top.worker;
       if (dead[w]) continue;
@@ -568,6 +589,11 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     } else if (top.kind === KIND_TIMER) {
       top.run!();
     } else {
+      readings += n;
+      if (readings > MAX_LOAD_READINGS)
+        throw new RangeError(
+          `the replay took more than ${MAX_LOAD_READINGS} load readings by ${Math.round(now)} ms of simulated time (${n} workers scraped every ${scrapeInterval} ms while busy): raise the scrape interval or replay fewer workers`,
+        );
       const sample: number[] = [];
       engines.forEach((e, w) => {
         if (!dead[w]) {

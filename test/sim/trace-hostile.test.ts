@@ -253,6 +253,29 @@ describe('replaying a trace the simulator cannot replay', () => {
     );
   });
 
+  test('answers that run past the span limit stop the replay, naming the longest output', () => {
+    // one request answering 16 million tokens over a 16-million-token context decodes for months;
+    // scraped once a day, the replay reaches the limit in a few hundred events
+    const long: TraceRequest = { ...req(0, 0), outputLength: 16_000_000 };
+    assert.throws(
+      () =>
+        simulate(
+          [req(1, 0), long].map((r, i) => ({ ...r, index: i })),
+          {
+            workers: 1,
+            policy: 'round-robin',
+            scrapeIntervalMs: 86_400_000,
+            engine: { kvTokens: 16_777_216, maxModelLen: 16_777_216 },
+          },
+        ),
+      (e: unknown) =>
+        e instanceof RangeError &&
+        /^the replay runs past the 2678400000 ms \(31 days\) a replay may cover .*the longest, trace line 2, has an output of 16000000 tokens\)$/.test(
+          e.message,
+        ),
+    );
+  });
+
   test('timestamps out of order or not finite, and mixed block sizes, name the line', () => {
     const run = (trace: TraceRequest[]) => () => simulate(trace, { workers: 2, policy: 'round-robin' });
     assert.throws(run([req(0, 10), req(1, 5)]), /trace line 2: timestamp 5/);
