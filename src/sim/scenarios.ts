@@ -66,7 +66,10 @@ export const MAX_EVENT_MS = MAX_SIMULATED_SPAN_MS;
 /** Parses `w3@600s` (also `3@600s`, `w3@1.5m`, `w3@250ms`; a time without unit is in seconds): worker 3 at 600 s. */
 export function parseWorkerEvent(spec: string, flag: string, workers: number): WorkerEvent {
   const m = /^w?(\d+)@(\d+(?:\.\d+)?)(ms|s|m)?$/.exec(spec.trim());
-  if (!m) throw new RangeError(`${flag}: expected WORKER@TIME such as w3@600s, got ${quotedText(spec)}`);
+  if (!m)
+    throw new RangeError(
+      `${flag}: expected WORKER@TIME such as w3@600s, got ${quotedText(spec)} (TIME in ms, s or m; without a unit, seconds)`,
+    );
   const worker = Number(m[1]);
   if (worker >= workers)
     throw new RangeError(`${flag}: worker w${worker} does not exist (workers are w0..w${workers - 1})`);

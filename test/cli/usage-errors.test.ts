@@ -697,6 +697,11 @@ test("a worker's URL port out of range, or a negative number, is named as such",
 test('an empty --fail or --drain is refused, not read as no event', async () => {
   const run = ['simulate', '--trace', 'workflows:1', '--workers', '2', '--policies', 'cost'];
   assert.match(await refusal([...run, '--fail', '']), /--fail: expected WORKER@TIME such as w3@600s, got ''/);
+  // an hour is no unit a time takes: the message says which ones it does
+  assert.match(
+    await refusal([...run, '--fail', 'w1@1h']),
+    /--fail: expected WORKER@TIME such as w3@600s, got 'w1@1h' \(TIME in ms, s or m; without a unit, seconds\)/,
+  );
   assert.match(await refusal([...run, '--drain', 'w1@1s,']), /--drain: expected WORKER@TIME such as w3@600s, got ''/);
 });
 
