@@ -94,6 +94,13 @@ describe('a prompt length past maxPromptTokens', () => {
           ),
         );
     assert.throws(() => router.route({ promptTokens: 2 ** 60 }), PromptTooLongError);
+    // a length that is no count is refused as such, not as too long
+    refuses(
+      router,
+      () => router.route({ text: 'hi', promptTokens: '5000' as unknown as number }),
+      TypeError,
+      /^promptTokens must be a non-negative integer, got string$/,
+    );
     // with precomputed blocks, as before
     refuses(router, () => router.route({ blockHashes: [1, 2], promptTokens: 5000 }), RangeError, /^promptTokens/);
     // a length estimated from the blocks (promptTokens 0: not given) is the prompt's, not the field's

@@ -390,8 +390,9 @@ export class KVAwareRouter {
     const tokenCount = request.tokens?.length ?? 0;
     if (Number.isSafeInteger(tokenCount) && tokenCount > this.maxPromptTokens && tokenCount >= this.blockSize)
       throw new PromptTooLongError(tokenCount, this.maxPromptTokens);
-    // a length given is judged before the prompt is hashed too, and the prompt's blocks are
-    // judged in hashRequest whatever length is given: neither stands in for the other
+    // a length given (a count: readRouteFields checked it) is judged before the prompt is hashed
+    // too, and the prompt's blocks are judged in hashRequest whatever length is given: neither
+    // stands in for the other
     if (
       request.tokens === undefined &&
       request.promptTokens !== undefined &&

@@ -141,11 +141,9 @@ export class PrefixLookup {
     if (tokens > maxPromptTokens) throw new PromptTooLongError(tokens, maxPromptTokens);
   }
 
-  /** promptTokensOf's estimate for a text of `bytes` UTF-8 bytes: its full chunks hashed, half a chunk for the tail. */
+  /** promptTokensOf's estimate for a text of `bytes` UTF-8 bytes: the full chunks it is hashed in. */
   private textTokens(bytes: number): number {
-    const tokensPerBlock = this.textChunkBytes / 4;
-    const blocks = Math.floor(bytes / this.textChunkBytes);
-    return blocks === 0 ? 0 : Math.round(blocks * tokensPerBlock + tokensPerBlock / 2);
+    return estimatedTokens(Math.floor(bytes / this.textChunkBytes), this.textChunkBytes / 4, true);
   }
 
   /** The keys of `hashes` computed on demand, if they are (see tokenKeys). */
@@ -173,9 +171,11 @@ export class PrefixLookup {
     if (request.tokens !== undefined) return request.tokens.length;
     const given = check.nonNegativeInt(request.promptTokens, 'promptTokens', 0);
     if (given > 0 || hashes.length === 0) return given;
-    // text: about 4 bytes of UTF-8 per token; half a chunk for the unhashed tail
-    const textTail = request.text !== undefined || request.messages !== undefined ? hashes.tokensPerBlock / 2 : 0;
-    return Math.round(hashes.length * hashes.tokensPerBlock + textTail);
+    return estimatedTokens(
+      hashes.length,
+      hashes.tokensPerBlock,
+      request.text !== undefined || request.messages !== undefined,
+    );
   }
 
   /**
@@ -238,4 +238,13 @@ export class PrefixLookup {
       }
     }
   }
+}
+
+/**
+ * A prompt's tokens from the blocks it is cut into, when no length is given: `tokensPerBlock`
+ * each, and for a text (about 4 bytes of UTF-8 a token) half a chunk for its unhashed tail; a
+ * prompt of no block has none.
+ */
+function estimatedTokens(blocks: number, tokensPerBlock: number, text: boolean): number {
+  return blocks === 0 ? 0 : Math.round(blocks * tokensPerBlock + (text ? tokensPerBlock / 2 : 0));
 }
