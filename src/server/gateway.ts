@@ -1392,6 +1392,8 @@ const awaitingContinue = new WeakSet<IncomingMessage>();
  * read (the fast path's, Fastify's read): an answer given before that (a 401, 404, 405, 415) is
  * given without a 100, and the client never sends a body that would not be read (RFC 9110
  * §10.1.1). Node's checkContinue leaves the 100 to the server; a stream asks for data with _read.
+ * A request pipelined behind another gets none: its client has sent the body (a client that
+ * waits for a 100 sends it anyway once its wait ends, RFC 9110 §10.1.1).
  */
 function continueOnRead(req: IncomingMessage, res: ServerResponse): void {
   awaitingContinue.add(req);
@@ -1399,7 +1401,10 @@ function continueOnRead(req: IncomingMessage, res: ServerResponse): void {
   req._read = function (this: IncomingMessage, size: number) {
     req._read = read;
     awaitingContinue.delete(req);
-    if (!res.headersSent && !res.writableEnded) res.writeContinue();
+    // an answer queued behind another on the connection (pipelined: its body already sent) has
+    // no socket yet: Node holds what is written to it and, for a body given as a Buffer, puts its
+    // head first, so a 100 said now would come out inside the body's Content-Length span
+    if (!res.headersSent && !res.writableEnded && res.socket !== null) res.writeContinue();
     return read.call(this, size);
   };
 }

@@ -8,8 +8,12 @@
  * the 100 is said once the body is read. Real sockets; every wait has a deadline.
  */
 import assert from 'node:assert/strict';
+import type { AddressInfo } from 'node:net';
 import { after, before, test } from 'node:test';
+import { KVAwareRouter } from '../../src/index.js';
 import { ApiKeys } from '../../src/server/api-keys.js';
+import { createGateway } from '../../src/server/gateway.js';
+import { fakeEngine } from '../faults/harness.js';
 import { gatewayOnEngine, type GatewayOnEngine } from '../helpers/gateway-on-engine.js';
 import { rawClient } from '../helpers/raw-client.js';
 import { until } from '../helpers/wait.js';
@@ -129,5 +133,71 @@ test('with API keys, a request without a valid key gets its 401 as the first lin
     }
   } finally {
     await keyed.close();
+  }
+});
+
+test('behind an answer still being written, a pipelined request is answered whole, no 100 inside its body', async () => {
+  // Node holds what is written to an answer queued behind another and, for a body given as a
+  // Buffer, puts its head before what was held: a 100 said while the answer was queued came out
+  // after the next head, inside the span its Content-Length gives. A pipelined body is already
+  // on its way, so no 100 is said to an answer that is not yet the connection's own
+  let holdFirst: (() => void) | undefined;
+  const engine = await fakeEngine((req, res) => {
+    let body = '';
+    req.on('data', (d: Buffer) => (body += d.toString()));
+    req.on('end', () => {
+      const text = JSON.stringify({ choices: [{ text: body.includes('first') ? 'one' : 'two' }] });
+      const answer = () =>
+        res.writeHead(200, { 'content-type': 'application/json', 'content-length': text.length }).end(text);
+      if (body.includes('first')) holdFirst = answer;
+      else answer();
+    });
+  });
+  const router = new KVAwareRouter({ policy: 'round-robin' });
+  const gateway = await createGateway({
+    router,
+    workers: [{ id: 'e0', url: engine.url }],
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  const { port } = gateway.app.server.address() as AddressInfo;
+  const client = await rawClient(port);
+  try {
+    const first = '{"model":"m","prompt":"first","max_tokens":1}';
+    const second = '{"model":"m","prompt":"second","max_tokens":1}';
+    client.socket.write(
+      head(first.length).replace('Expect: 100-continue\r\n', '') + first + head(second.length) + second,
+    );
+    // the second answered by the engine and released by the gateway while the first is held
+    await until(() => holdFirst !== undefined && router.getStats().inFlightRequests === 1, 'the second answered');
+    holdFirst!();
+    await until(() => (client.received().match(/HTTP\/1\.1 200 /g) ?? []).length === 2, 'both answers');
+    await until(() => client.received().includes('"two"'), 'the second body');
+    // each answer's head is followed by exactly its Content-Length of JSON
+    const got = Buffer.from(client.received(), 'latin1');
+    let at = 0;
+    const bodies: string[] = [];
+    while (at < got.length) {
+      const end = got.indexOf('\r\n\r\n', at);
+      assert.ok(end > 0, `a whole head at ${at}: ${client.received()}`);
+      const headText = got.subarray(at, end).toString('latin1');
+      if (/^HTTP\/1\.1 100 /.test(headText)) {
+        at = end + 4;
+        continue;
+      }
+      const length = Number(/content-length: (\d+)/i.exec(headText)?.[1]);
+      const body = got.subarray(end + 4, end + 4 + length).toString();
+      assert.doesNotThrow(() => JSON.parse(body), `a JSON body after ${headText.split('\r\n')[0]}: ${body}`);
+      bodies.push(body);
+      at = end + 4 + length;
+    }
+    assert.equal(bodies.length, 2);
+    assert.match(bodies[0], /"one"/);
+    assert.match(bodies[1], /"two"/);
+  } finally {
+    client.socket.destroy();
+    await gateway.close(0);
+    await engine.close();
   }
 });
