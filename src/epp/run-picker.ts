@@ -97,15 +97,24 @@ export async function startPicker(
 }
 
 /**
+ * The least default age past which shedding counts a worker's metrics as stale (ms). The check
+ * finds a worker whose readings stopped, not a round that ran late: at a short interval a router
+ * kept busy for a second or two would otherwise count every worker saturated and shed every
+ * request. It is what the default was at a 1000 ms interval.
+ */
+export const MIN_DEFAULT_STALE_MS = 4000;
+
+/**
  * The age past which shedding counts a worker's metrics as stale: the setting, else the longest
  * gap between two readings of an engine that answers every scrape plus one more interval (a
- * reading is stale once a whole round has gone by without one); none when metrics are not scraped.
+ * reading is stale once a whole round has gone by without one), at least MIN_DEFAULT_STALE_MS;
+ * none when metrics are not scraped.
  */
 export function pickerStaleMs(c: Pick<PickerConfig, 'shedMetricsStaleMs' | 'metricsIntervalMs'>): number | undefined {
   if (c.metricsIntervalMs === 0) return undefined;
   if (c.shedMetricsStaleMs !== undefined) return c.shedMetricsStaleMs;
   if (c.metricsIntervalMs === undefined) return undefined;
-  return scrapeGapMs(c.metricsIntervalMs) + c.metricsIntervalMs;
+  return Math.max(MIN_DEFAULT_STALE_MS, scrapeGapMs(c.metricsIntervalMs) + c.metricsIntervalMs);
 }
 
 /** Whether a worker's record is `discovered`, as discovery makes it (no field it leaves unset is set). */

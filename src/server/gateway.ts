@@ -14,6 +14,7 @@ import type { KVAwareRouter } from '../core/router/index.js';
 import { WorkerHealth } from '../engines/health.js';
 import { KvEventApplier } from '../engines/kv-events/applier.js';
 import { KvEventFormatError, readJsonEvents, type JsonEventsReader } from '../engines/kv-events/decode.js';
+import { DEFAULT_METRICS_INTERVAL_MS } from '../engines/metrics/scraper.js';
 import type { PromptTokenizer } from '../engines/chat-tokenizer.js';
 import type { AsyncPromptTokenizer, TokenizerPoolStats } from '../engines/tokenizer-pool.js';
 import { MemoryStateStore, type StateStore, type WorkerRecord } from '../state/state-store.js';
@@ -277,7 +278,7 @@ export interface GatewayOptions {
   promptTokenizer?: PromptTokenizer | AsyncPromptTokenizer;
   /** Subscribe to the workers' KV events (their `events` endpoints); needs token ids, so not with `text`. */
   kvEvents?: boolean;
-  /** Interval of the load-metrics scrape per worker (default 1000 ms; 0: no scraping). */
+  /** Interval of the load-metrics scrape per worker (default 200 ms, DEFAULT_METRICS_INTERVAL_MS; 0: no scraping). */
   metricsIntervalMs?: number;
   /** Interval of the active health check, GET {url}/health (default 2000 ms; 0: none). */
   healthCheckIntervalMs?: number;
@@ -404,7 +405,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     keyEnvs: new EngineKeyEnvs(options.engineKeyEnvs),
     kvEvents: options.kvEvents,
     engineConnections: options.engineConnections,
-    metricsIntervalMs: options.metricsIntervalMs ?? 1000,
+    metricsIntervalMs: options.metricsIntervalMs ?? DEFAULT_METRICS_INTERVAL_MS,
     healthCheckIntervalMs: options.healthCheckIntervalMs ?? 2000,
     healthCheckTimeoutMs: options.healthCheckTimeoutMs,
     stallTimeoutMs: options.stallTimeoutMs,

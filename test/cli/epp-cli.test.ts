@@ -370,12 +370,23 @@ function order(warning: string): number {
 
 test('--shed-metrics-stale-ms: the default follows the scrape interval; a value a healthy scrape reaches is refused', () => {
   assert.equal(resolveEpp([]).config.shedMetricsStaleMs, undefined);
-  assert.equal(pickerStaleMs(resolveEpp([]).config), 4000, 'interval 1000 + twice the 1000 ms timeout + 1000');
-  assert.equal(pickerStaleMs(resolveEpp(['--metrics-interval-ms', '100']).config), 1200);
+  assert.equal(
+    pickerStaleMs(resolveEpp([]).config),
+    4000,
+    'interval 200 + twice the 500 ms timeout + 200, at least 4000',
+  );
+  assert.equal(pickerStaleMs(resolveEpp(['--metrics-interval-ms', '100']).config), 4000);
+  assert.equal(pickerStaleMs(resolveEpp(['--metrics-interval-ms', '1500']).config), 6000, '1500 + twice 1500 + 1500');
   assert.equal(pickerStaleMs(resolveEpp(['--metrics-interval-ms', '0']).config), undefined, 'no scrapes: not used');
-  assert.equal(pickerStaleMs(resolveEpp(['--shed-metrics-stale-ms', '3001']).config), 3001);
+  assert.equal(pickerStaleMs(resolveEpp(['--shed-metrics-stale-ms', '1201']).config), 1201);
   assert.throws(
-    () => resolveEpp(['--shed-metrics-stale-ms', '3000']),
+    () => resolveEpp(['--shed-metrics-stale-ms', '1200']),
+    /--shed-metrics-stale-ms \(1200\) must be more than 1200 ms/,
+  );
+  const everySecond = ['--metrics-interval-ms', '1000'];
+  assert.equal(pickerStaleMs(resolveEpp([...everySecond, '--shed-metrics-stale-ms', '3001']).config), 3001);
+  assert.throws(
+    () => resolveEpp([...everySecond, '--shed-metrics-stale-ms', '3000']),
     /--shed-metrics-stale-ms \(3000\) must be more than 3000 ms/,
   );
   assert.deepEqual(

@@ -13,6 +13,7 @@ import {
   MAX_BODY_LIMIT,
 } from '../../server/body-budget.js';
 import { DEFAULT_HEALTH_CHECK_TIMEOUT_MS } from '../../engines/health.js';
+import { DEFAULT_METRICS_INTERVAL_MS } from '../../engines/metrics/scraper.js';
 import { DEFAULT_STALL_TIMEOUT_MS } from '../../engines/metrics/stall.js';
 import {
   ADMIN_TOKEN_PATTERN,
@@ -153,7 +154,7 @@ const gatewayShape = {
   maxRetries: z.int().min(0).max(16).default(2),
   engineConnections: z.int().min(1).max(MAX_ENGINE_CONNECTIONS).default(DEFAULT_ENGINE_CONNECTIONS),
   upstreamTimeoutMs: TIMEOUTS_SCHEMA.shape.interChunkTimeoutMs,
-  metricsIntervalMs: timerMs(0).default(1000),
+  metricsIntervalMs: timerMs(0).default(DEFAULT_METRICS_INTERVAL_MS),
   healthIntervalMs: timerMs(0).default(2000),
   healthTimeoutMs: timerMs(1).default(DEFAULT_HEALTH_CHECK_TIMEOUT_MS),
   stallTimeoutMs: timerMs(0).default(DEFAULT_STALL_TIMEOUT_MS),
@@ -357,7 +358,7 @@ const pickerHelp: Record<keyof typeof pickerShape, SettingHelp> = {
   shedKvUsage: { arg: '<fraction>', help: 'endpoint picker: KV-cache usage at which a worker counts as saturated' },
   shedMetricsStaleMs: {
     arg: '<ms>',
-    help: "endpoint picker: age of a worker's last metrics reading past which it counts as saturated, as does a worker not read yet (default: the scrape interval plus twice the scrape timeout, plus one more interval: 4000 at the default interval; more than the interval plus twice the timeout when set; unused with --metrics-interval-ms 0)",
+    help: "endpoint picker: age of a worker's last metrics reading past which it counts as saturated, as does a worker not read yet (default: the scrape interval plus twice the scrape timeout, plus one more interval, at least 4000: 4000 at the default interval; more than the interval plus twice the timeout when set; unused with --metrics-interval-ms 0)",
   },
   eppFallbacks: { arg: '<n>', help: 'endpoint picker: fallback endpoints listed after the chosen one' },
 };
