@@ -419,6 +419,16 @@ function longerThanBytes(s: string, maxBytes: number): boolean {
 
 const DECIMAL = /^\d{1,15}$/;
 
+/** What a count that is not one was, for its refusal: a number past 2^53 has lost its digits. */
+function shownCount(value: unknown): string {
+  if (typeof value === 'number')
+    return Number.isInteger(value) && Math.abs(value) > Number.MAX_SAFE_INTEGER
+      ? 'a number past 2^53 - 1'
+      : String(value);
+  if (value === null) return 'null';
+  return Array.isArray(value) ? 'an array' : `a ${typeof value}`;
+}
+
 /** A non-negative integer: a JSON number, or (from a header, `x-…`) decimal digits only. */
 function checkCount(value: unknown, param: string): number {
   if (typeof value === 'string' && param.startsWith('x-')) {
@@ -428,7 +438,10 @@ function checkCount(value: unknown, param: string): number {
     return Number(value);
   }
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0)
-    throw new RequestLimitError(`${param} must be a non-negative integer`, param);
+    throw new RequestLimitError(
+      `${param} must be a non-negative integer of at most 2^53 - 1, got ${shownCount(value)}`,
+      param,
+    );
   return value;
 }
 

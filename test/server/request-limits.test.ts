@@ -263,6 +263,19 @@ describe('metadata', () => {
     rejects(() => readMetadata(undefined, { 'x-cla-group': '0b1' }, limits), 'x-cla-group');
     rejects(() => readMetadata({ workflowStep: 1.5 }, {}, limits), 'contextforge.workflowStep');
     rejects(() => readMetadata({ claGroup: '2' }, {}, limits), 'contextforge.claGroup');
+    // the refusal says the bound and what came, a number past 2^53 without digits it has lost
+    for (const [value, got] of [
+      [2 ** 53, 'a number past 2\\^53 - 1'],
+      [-1, '-1'],
+      [1.5, '1.5'],
+      ['2', 'a string'],
+      [[2], 'an array'],
+    ] as const)
+      rejects(
+        () => readMetadata({ workflowStep: value }, {}, limits),
+        'contextforge.workflowStep',
+        new RegExp(`^contextforge\\.workflowStep must be a non-negative integer of at most 2\\^53 - 1, got ${got}$`),
+      );
     rejects(() => readMetadata(undefined, { 'x-workflow-step': ['1', '2'] }, limits), 'x-workflow-step', /once/);
   });
   test('isolate: booleans only (and 1/0/true/false in the header)', () => {
