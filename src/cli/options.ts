@@ -7,16 +7,19 @@ const DECIMAL = /^\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i;
 
 /**
  * A commander parser for an integer flag from `min` to `max` (decimal digits only); bad values
- * exit with a message naming the flag.
+ * exit with a message naming the flag, the bound and the value. `max` is the bound the value
+ * meets where it is used (a port's 65535, a timer's 2^31 - 1 ms), so it has no default.
  */
-export function intOption(flag: string, min: number, max = Number.MAX_SAFE_INTEGER): (value: string) => number {
+export function intOption(flag: string, min: number, max: number): (value: string) => number {
   return (value: string) => {
     const n = Number(value);
-    if (!/^-?\d+$/.test(value.trim()) || !Number.isSafeInteger(n)) {
+    if (!/^-?\d+$/.test(value.trim())) {
       throw new InvalidArgumentError(`${flag} must be an integer, got ${quotedText(value)}`);
     }
-    if (n < min) throw new InvalidArgumentError(`${flag} must be >= ${min}, got ${n}`);
-    if (n > max) throw new InvalidArgumentError(`${flag} must be <= ${max}, got ${n}`);
+    // past 2^53 the digits are shown as given (the number would be rounded): the bound is what is wrong
+    const got = Number.isSafeInteger(n) ? String(n) : quotedText(value.trim());
+    if (n < min) throw new InvalidArgumentError(`${flag} must be >= ${min}, got ${got}`);
+    if (n > max) throw new InvalidArgumentError(`${flag} must be <= ${max}, got ${got}`);
     return n;
   };
 }

@@ -165,6 +165,21 @@ export function issueMessage(issue: z.core.$ZodIssue, root: z.ZodType, prefix = 
   return where === '' ? issue.message : `${where} ${issue.message}`;
 }
 
+/**
+ * The issue a message reports: the first, except zod's own bound of every integer (the safe
+ * integers, within ±(2^53 - 1)), which a value past it meets before the schema's bound: then the
+ * schema's bound of the same value, which is the one that holds (a port's 65535, a delay's
+ * 2147483647), is reported instead, when there is one.
+ */
+export function firstIssue(issues: readonly z.core.$ZodIssue[]): z.core.$ZodIssue {
+  const first = issues[0];
+  if ((first.code !== 'too_big' && first.code !== 'too_small') || first.origin !== 'int') return first;
+  const bound = first.code === 'too_big' ? first.maximum : first.minimum;
+  if (Math.abs(Number(bound)) !== Number.MAX_SAFE_INTEGER) return first;
+  const path = formatPath(first.path);
+  return issues.find((i, k) => k > 0 && i.code === first.code && formatPath(i.path) === path) ?? first;
+}
+
 /** The error to throw for a failed parse: TypeError for a wrong type, RangeError otherwise. */
 export function issueError(issue: z.core.$ZodIssue, root: z.ZodType, prefix = ''): TypeError | RangeError {
   const message = issueMessage(issue, root, prefix);

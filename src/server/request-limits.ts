@@ -8,7 +8,7 @@
 import { z } from 'zod';
 import { checkChatMessages, type ChatMessageFault, type MediaUrlCheck } from '../core/chat-messages.js';
 import { memberSourceText } from '../core/lossless-json.js';
-import { describeIssue, issueError } from '../core/schema-issues.js';
+import { describeIssue, firstIssue, issueError } from '../core/schema-issues.js';
 import type { ChatMessage } from '../core/hashing.js';
 import type { ContentAnchor } from '../core/content-anchors.js';
 import type { RouteRequest } from '../core/router/index.js';
@@ -286,7 +286,7 @@ export function checkRequestLimits(limits: Partial<RequestLimits> | undefined): 
   // a limit given as undefined means "not given"
   const given = Object.fromEntries(Object.entries(limits ?? {}).filter(([, v]) => v !== undefined));
   const parsed = REQUEST_LIMITS_SCHEMA.safeParse(given, { error: describeIssue });
-  if (!parsed.success) throw issueError(parsed.error.issues[0], REQUEST_LIMITS_SCHEMA, 'limits');
+  if (!parsed.success) throw issueError(firstIssue(parsed.error.issues), REQUEST_LIMITS_SCHEMA, 'limits');
   return parsed.data;
 }
 

@@ -13,7 +13,7 @@
  * it is caught by its health check (the request then moves elsewhere).
  */
 import { z } from 'zod';
-import { describeIssue, issueError } from '../core/schema-issues.js';
+import { describeIssue, firstIssue, issueError } from '../core/schema-issues.js';
 
 export interface GatewayTimeouts {
   /** Time for a client to send the request headers (Node's server.headersTimeout). */
@@ -75,7 +75,7 @@ export function checkTimeouts(t: Partial<GatewayTimeouts> | undefined): GatewayT
   // a timeout given as undefined means "not given"
   const given = Object.fromEntries(Object.entries(t ?? {}).filter(([, v]) => v !== undefined));
   const parsed = TIMEOUTS_SCHEMA.safeParse(given, { error: describeIssue });
-  if (!parsed.success) throw issueError(parsed.error.issues[0], TIMEOUTS_SCHEMA, 'timeouts');
+  if (!parsed.success) throw issueError(firstIssue(parsed.error.issues), TIMEOUTS_SCHEMA, 'timeouts');
   const timeouts = parsed.data;
   const problem = connectionTimeoutProblem(
     timeouts,

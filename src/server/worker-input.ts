@@ -5,7 +5,7 @@
  */
 
 import { z } from 'zod';
-import { describeIssue, issueError } from '../core/schema-issues.js';
+import { describeIssue, firstIssue, issueError } from '../core/schema-issues.js';
 import { redactUserinfo } from '../core/shown-text.js';
 import { MAX_BLOCK_SIZE } from '../core/validate.js';
 export { splitCredentials } from '../engines/url-credentials.js';
@@ -285,7 +285,7 @@ export function parseWorkerRecord(value: unknown, where: string): WorkerRecord {
       : value;
   const parsed = WORKER_RECORD_SCHEMA.safeParse(input, { error: describeIssue });
   if (!parsed.success) {
-    const issue = parsed.error.issues[0];
+    const issue = firstIssue(parsed.error.issues);
     const err = issueError(issue, WORKER_RECORD_SCHEMA);
     err.message = `${where}: ${err.message}`;
     const field = issue.code === 'unrecognized_keys' ? issue.keys[0] : issue.path[0];

@@ -73,7 +73,7 @@ test('a delay longer than a timer holds (2^31 - 1 ms) is refused, wherever it is
   bad([], { CONTEXTFORGE_HEALTH_INTERVAL_MS: '2147483648' });
   assert.throws(
     () => resolveServe(['--discover', 'dns=engines,port=8000,interval-ms=2147483648']),
-    /interval(Ms|-ms) must be <= 2147483647/,
+    /interval-ms must be an integer from 100 to 2147483647, got '2147483648'/,
   );
   assert.throws(
     () => checkTimeouts({ interChunkTimeoutMs: 2 ** 31 }),

@@ -1,5 +1,6 @@
 import type { DnsDiscoverySpec } from '../../server/dns-discovery.js';
 import { quotedText } from '../../core/shown-text.js';
+import { MAX_TIMER_MS } from '../../server/timeouts.js';
 import { specFields } from '../options.js';
 
 /** The text forms of the endpoint picker's settings (flags and environment), shared by `epp` and `serve`. */
@@ -26,8 +27,11 @@ export function parseDiscoverySpec(spec: string): DnsDiscoverySpec {
     throw new RangeError(`${where}: dns must be a host name`);
   const intervalText = fields['interval-ms'];
   const interval = intervalText === undefined ? 5000 : /^\d+$/.test(intervalText) ? Number(intervalText) : NaN;
-  if (!Number.isInteger(interval) || interval < 100)
-    throw new RangeError(`${where}: interval-ms must be an integer >= 100`);
+  // a timer's longest delay: past it Node would resolve the name again at once, over and over
+  if (!Number.isInteger(interval) || interval < 100 || interval > MAX_TIMER_MS)
+    throw new RangeError(
+      `${where}: interval-ms must be an integer from 100 to ${MAX_TIMER_MS}, got ${quotedText(intervalText ?? '')}`,
+    );
   const eventsPort = port('events-port', false);
   const replayPort = port('replay-port', false);
   if (replayPort !== undefined && eventsPort === undefined)

@@ -9,7 +9,7 @@ import { InvalidArgumentError, Option, type Command } from 'commander';
 import { parse as parseYaml } from 'yaml';
 import { parseBoundedYaml } from '../../engines/bounded-yaml.js';
 import type { z } from 'zod';
-import { closestKey, describeIssue, describeIssueHidingValue, issueMessage } from '../../core/schema-issues.js';
+import { closestKey, describeIssue, describeIssueHidingValue, firstIssue, issueMessage } from '../../core/schema-issues.js';
 import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
 import { MAX_WORKERS } from '../../core/worker-registry.js';
 import { parseWorkerRecord, WORKER_SPEC_KEYS } from '../../server/worker-input.js';
@@ -131,7 +131,7 @@ function checkedText(key: string, schema: z.ZodType, text: string, flag: string)
   try {
     const value = fromText(key, schema, text, flag);
     const parsed = schema.safeParse(value, { error: describeIssue });
-    if (!parsed.success) throw new RangeError(settingMessage(parsed.error.issues[0], schema, flag, key, false));
+    if (!parsed.success) throw new RangeError(settingMessage(firstIssue(parsed.error.issues), schema, flag, key, false));
     return value;
   } catch (err) {
     throw new InvalidArgumentError((err as Error).message);
@@ -369,7 +369,7 @@ export function resolveSettings<S extends z.ZodObject>(
     // a secret's value is never repeated (the message may reach a log)
     const parsed = setting.safeParse(value, { error: secretSetting(key) ? describeIssueHidingValue : describeIssue });
     if (!parsed.success) {
-      const issue = parsed.error.issues[0];
+      const issue = firstIssue(parsed.error.issues);
       const message = settingMessage(issue, setting, where, path, origins[key] === 'file');
       throw issue.code === 'invalid_type' ? new TypeError(message) : new RangeError(message);
     }

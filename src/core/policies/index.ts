@@ -12,7 +12,7 @@ import { SglangPolicy, type SglangOptions } from './sglang.js';
 import { SmgPolicy, type SmgOptions } from './smg.js';
 import type { PolicyContext, RoutingPolicy } from './types.js';
 import { createRng } from '../rng.js';
-import { describeIssue, issueError } from '../schema-issues.js';
+import { describeIssue, firstIssue, issueError } from '../schema-issues.js';
 import { COST_WEIGHTS_SCHEMA, definedOnly, POLICY_OPTIONS_SCHEMA } from './options-schema.js';
 
 export interface PolicyOptions {
@@ -55,7 +55,7 @@ export function checkPolicyOptions(options: unknown): void {
   void _costWeights;
   const given = Object.fromEntries(Object.entries(peers).filter(([, v]) => v !== undefined));
   const parsed = POLICY_OPTIONS_SCHEMA.safeParse(given, { error: describeIssue });
-  if (!parsed.success) throw issueError(parsed.error.issues[0], POLICY_OPTIONS_SCHEMA, 'policyOptions');
+  if (!parsed.success) throw issueError(firstIssue(parsed.error.issues), POLICY_OPTIONS_SCHEMA, 'policyOptions');
 }
 
 /**
@@ -112,7 +112,7 @@ function randomError(r: unknown): TypeError | RangeError {
  */
 export function resolveCostWeights(partial: Partial<CostWeights> = {}): CostWeights {
   const parsed = COST_WEIGHTS_SCHEMA.safeParse(partial, { error: describeIssue });
-  if (!parsed.success) throw issueError(parsed.error.issues[0], COST_WEIGHTS_SCHEMA, 'costWeights');
+  if (!parsed.success) throw issueError(firstIssue(parsed.error.issues), COST_WEIGHTS_SCHEMA, 'costWeights');
   return { ...DEFAULT_COST_WEIGHTS, ...definedOnly(parsed.data) };
 }
 

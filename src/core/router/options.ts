@@ -10,7 +10,7 @@ import { createPolicy, resolveCostWeights, type CostWeights, type PolicyOptions 
 import { checkPolicyObject } from '../policies/policy-object.js';
 import type { RoutingPolicy } from '../policies/types.js';
 import { createRng } from '../rng.js';
-import { describeIssue, issueError } from '../schema-issues.js';
+import { describeIssue, firstIssue, issueError } from '../schema-issues.js';
 import * as check from '../validate.js';
 import type { z } from 'zod';
 import { ROUTER_DEFAULTS, ROUTER_OPTIONS_SCHEMA } from './options-schema.js';
@@ -161,7 +161,7 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
   // an option given as undefined means "not given", as with the hand-written checks before
   const given = Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined));
   const parsed = ROUTER_OPTIONS_SCHEMA.safeParse(given, { error: describeIssue });
-  if (!parsed.success) throw issueError(parsed.error.issues[0], ROUTER_OPTIONS_SCHEMA);
+  if (!parsed.success) throw issueError(firstIssue(parsed.error.issues), ROUTER_OPTIONS_SCHEMA);
   const o = parsed.data;
   const costWeights = resolveCostWeights(o.costWeights);
   const random = createRng(o.randomSeed);
