@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { checkYamlValueCount, parseBoundedYaml } from '../../src/engines/bounded-yaml.js';
+import { checkYamlValueCount, parseBoundedYaml, YamlBoundError } from '../../src/engines/bounded-yaml.js';
 
 test('a YAML text is refused past its bound of values before it is parsed', () => {
   // a few hundred bytes of values at a bound of 100: refused without composing them
@@ -42,7 +42,10 @@ test('duplicate keys are refused at any depth, naming the line; a large mapping 
 
 test('the parser problems of a document are errors', () => {
   assert.throws(() => parseBoundedYaml('port: 1\n---\nport: 2\n', 100), /holds 2 YAML documents/);
-  assert.throws(() => parseBoundedYaml(`w: ${'['.repeat(5000)}${']'.repeat(5000)}\n`, 100_000), /nested too deeply/);
+  assert.throws(
+    () => parseBoundedYaml(`w: ${'['.repeat(5000)}${']'.repeat(5000)}\n`, 100_000),
+    /^RangeError: nested more than 64 levels deep \(line 1, column 67\)$/,
+  );
   assert.throws(() => parseBoundedYaml('host: !bogus 0.0.0.0\n', 100), /Unresolved tag/);
   // an alias bomb stops at the parser's alias bound
   const bomb = [
@@ -56,4 +59,27 @@ test('the parser problems of a document are errors', () => {
     ),
   ].join('\n');
   assert.throws(() => parseBoundedYaml(bomb, 100_000), /alias/i);
+});
+
+test('lists and mappings nested more than the depth bound are refused before the parser recurses, naming where', () => {
+  const deep = (n: number) => `${'['.repeat(n)}${']'.repeat(n)}`;
+  // far past what the parser's recursion follows (its stack overflowed at a few thousand)
+  for (const text of [deep(200_000), `{"a":`.repeat(100_000) + '1' + '}'.repeat(100_000), `${'- '.repeat(100_000)}x\n`])
+    assert.throws(
+      () => parseBoundedYaml(text, 1_000_000),
+      (err: Error) =>
+        err instanceof YamlBoundError && /^nested more than 64 levels deep \(line 1, column \d+\)$/.test(err.message),
+    );
+  // 64 levels are taken, the 65th is not; a mapping's level counts too
+  assert.deepEqual(parseBoundedYaml(deep(64), 1000), JSON.parse(deep(64)));
+  assert.throws(() => parseBoundedYaml(deep(65), 1000), /nested more than 64 levels deep \(line 1, column 65\)/);
+  assert.throws(() => parseBoundedYaml(`a: 1\nb: ${deep(64)}\n`, 1000), /\(line 2, column 67\)/);
+  const block = Array.from({ length: 70 }, (_, i) => `${' '.repeat(i)}k:`).join('\n');
+  assert.throws(() => parseBoundedYaml(`${block} 1\n`, 1000), /nested more than 64 levels deep \(line 65,/);
+  assert.throws(() => parseBoundedYaml(deep(3), 1000, 2), /nested more than 2 levels deep/);
+  // problems other than a bound keep the parser's message, with its position
+  assert.throws(
+    () => parseBoundedYaml('a: [1, 2\n', 1000),
+    (err: Error) => !(err instanceof YamlBoundError) && / at line \d+, column \d+/.test(err.message),
+  );
 });

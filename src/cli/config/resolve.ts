@@ -6,10 +6,15 @@
 import { closeSync, constants, fstatSync, openSync, readSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import { parse as parseYaml } from 'yaml';
-import { parseBoundedYaml } from '../../engines/bounded-yaml.js';
+import { parseBoundedYaml, YamlBoundError } from '../../engines/bounded-yaml.js';
 import type { z } from 'zod';
-import { closestKey, describeIssue, describeIssueHidingValue, firstIssue, issueMessage } from '../../core/schema-issues.js';
+import {
+  closestKey,
+  describeIssue,
+  describeIssueHidingValue,
+  firstIssue,
+  issueMessage,
+} from '../../core/schema-issues.js';
 import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
 import { MAX_WORKERS } from '../../core/worker-registry.js';
 import { parseWorkerRecord, WORKER_SPEC_KEYS } from '../../server/worker-input.js';
@@ -112,11 +117,14 @@ function fromText(key: string, schema: z.ZodType, text: string, where: string): 
   if (type === 'object' || type === 'record' || type === 'array') {
     let parsed: unknown;
     try {
-      parsed = parseYaml(text);
+      // bounded as the config file is: `[[[[…` a few thousand deep would overflow the parser's stack
+      parsed = parseBoundedYaml(text, MAX_CONFIG_VALUES);
     } catch (err) {
+      const message = (err as Error).message.split('\n')[0];
+      if (err instanceof YamlBoundError) throw new RangeError(`${where}: ${message}`, { cause: err });
       const example = type === 'array' ? "'a,b' or '[a, b]'" : `'{"key": 1}'`;
       throw new RangeError(
-        `${where} must be ${type === 'array' ? 'a list' : 'a mapping'} such as ${example}: ${(err as Error).message.split('\n')[0]}`,
+        `${where} must be ${type === 'array' ? 'a list' : 'a mapping'} such as ${example}: ${message}`,
         { cause: err },
       );
     }
@@ -131,7 +139,8 @@ function checkedText(key: string, schema: z.ZodType, text: string, flag: string)
   try {
     const value = fromText(key, schema, text, flag);
     const parsed = schema.safeParse(value, { error: describeIssue });
-    if (!parsed.success) throw new RangeError(settingMessage(firstIssue(parsed.error.issues), schema, flag, key, false));
+    if (!parsed.success)
+      throw new RangeError(settingMessage(firstIssue(parsed.error.issues), schema, flag, key, false));
     return value;
   } catch (err) {
     throw new InvalidArgumentError((err as Error).message);
