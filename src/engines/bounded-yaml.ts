@@ -16,9 +16,14 @@ import {
 
 type Options = ParseOptions & DocumentOptions & SchemaOptions;
 
-/** The lexical tokens that each begin a value of the document (a scalar, a collection, an item, an alias). */
+/**
+ * The lexical tokens that each begin a value of the document (a scalar, a collection, an item, an
+ * alias). A plain scalar follows a 'scalar' marker; a quoted one (every string of JSON) has none.
+ */
 const VALUE_TOKENS = new Set<string>([
   'scalar',
+  'single-quoted-scalar',
+  'double-quoted-scalar',
   'block-scalar-header',
   'flow-seq-start',
   'flow-map-start',

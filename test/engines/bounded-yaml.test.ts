@@ -83,3 +83,12 @@ test('lists and mappings nested more than the depth bound are refused before the
     (err: Error) => !(err instanceof YamlBoundError) && / at line \d+, column \d+/.test(err.message),
   );
 });
+
+test('quoted scalars count as values: a JSON text of empty strings is refused by its count', () => {
+  // 4 MiB of `"",` is 1.4 million strings: uncounted, they took 1.4 GB and 15 s to parse
+  for (const text of [`[${Array(101).fill('""').join(',')}]`, `[${Array(101).fill("''").join(',')}]`])
+    assert.throws(() => checkYamlValueCount(text, 100), /holds more than 100 values/);
+  const keys = Object.fromEntries(Array.from({ length: 60 }, (_, i) => [`k${i}`, `v${i}`]));
+  assert.throws(() => parseBoundedYaml(JSON.stringify(keys), 100), /holds more than 100 values/);
+  assert.deepEqual(parseBoundedYaml(JSON.stringify(keys), 121), keys);
+});
