@@ -4,6 +4,7 @@ import {
   closeSync,
   constants,
   fchmodSync,
+  fstatSync,
   lstatSync,
   openSync,
   readlinkSync,
@@ -78,6 +79,23 @@ export function checkOutputFile(flag: string, path: string): OutputFile {
     return { flag, path, target, id: { dev: st.dev, ino: st.ino }, special };
   } catch (err) {
     throw cannotWrite(flag, path, err);
+  }
+}
+
+/**
+ * Whether a failed write to `out` is the reader of the command's own standard output going away:
+ * EPIPE on an output that is the file of descriptor 1 (`--assignments /dev/stdout | head -1`).
+ * The command then drops the rest of that output and goes on quietly, as it does for a write to
+ * its standard output itself (output.ts): the reader has what it wanted.
+ */
+export function readerGone(out: OutputFile, err: unknown): boolean {
+  if ((err as NodeJS.ErrnoException | undefined)?.code !== 'EPIPE' || !out.special || out.id === undefined)
+    return false;
+  try {
+    const stdout = fstatSync(1);
+    return stdout.dev === out.id.dev && stdout.ino === out.id.ino;
+  } catch {
+    return false;
   }
 }
 

@@ -13,7 +13,14 @@ import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.j
 import { parseWorkerEvents, type ScenarioOptions } from '../../sim/scenarios.js';
 import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
 import { checkClusterKv, checkPolicyNames, policyList } from '../options.js';
-import { checkDistinctOutputs, checkOutputFile, pendingOutput, type PendingOutput } from '../output-file.js';
+import {
+  checkDistinctOutputs,
+  checkOutputFile,
+  pendingOutput,
+  readerGone,
+  type OutputFile,
+  type PendingOutput,
+} from '../output-file.js';
 import type { SimulateFlags } from './simulate.js';
 
 const DEFAULT_KV_TOKENS = ENGINE_DEFAULTS.kvTokens;
@@ -76,7 +83,7 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
     if (assignments !== undefined) {
       const p = pendingOutput(assignments);
       pending.push(p);
-      await writeLines(p.writePath, assignmentLines(results), `--assignments ${shownText(assignments.path)}`);
+      await writeLines(p.writePath, assignmentLines(results), assignments);
     }
     if (report !== undefined) {
       const p = pendingOutput(report);
@@ -85,10 +92,11 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
       try {
         await writeHtmlReport(p.writePath, comparison, results, { simulation, blockSize: requests[0]?.blockSize });
       } catch (err) {
-        throw new RangeError(
-          `--report ${shownText(report.path)}: cannot write: ${fileErrorMessage(err, report.path)}`,
-          { cause: err },
-        );
+        if (!readerGone(report, err))
+          throw new RangeError(
+            `--report ${shownText(report.path)}: cannot write: ${fileErrorMessage(err, report.path)}`,
+            { cause: err },
+          );
       }
     }
   } catch (err) {
@@ -183,8 +191,11 @@ function checkKvHoldsBlock(flags: SimulateFlags, blockSize: number | undefined):
     throw new RangeError(`--max-model-len ${flags.maxModelLen} is ${why}`);
 }
 
-/** Writes lines to a file (emptied first); a failed write is a RangeError naming `where`. */
-async function writeLines(path: string, lines: Iterable<string>, where: string): Promise<void> {
+/**
+ * Writes lines to a file (emptied first); a failed write is a RangeError naming the output, but
+ * for the reader of the standard output going away (readerGone): the rest is dropped quietly.
+ */
+async function writeLines(path: string, lines: Iterable<string>, output: OutputFile): Promise<void> {
   const out = createWriteStream(path);
   const failed = new Promise<never>((_, reject) => out.once('error', reject));
   failed.catch(() => {}); // raced below; a late error must not go unhandled
@@ -197,7 +208,10 @@ async function writeLines(path: string, lines: Iterable<string>, where: string):
     ]);
   } catch (err) {
     out.destroy();
-    throw new RangeError(`${where}: cannot write: ${(err as Error).message}`, { cause: err });
+    if (readerGone(output, err)) return;
+    throw new RangeError(`${output.flag} ${shownText(output.path)}: cannot write: ${(err as Error).message}`, {
+      cause: err,
+    });
   }
 }
 
