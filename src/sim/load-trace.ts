@@ -4,7 +4,7 @@ import { quotedText, shownText } from '../core/shown-text.js';
 import { basename, join } from 'node:path';
 import { generateAgenticTrace } from './agentic.js';
 import { loadRagpulse } from './ragpulse.js';
-import { loadMooncakeTrace, type TraceRequest } from './trace.js';
+import { loadMooncakeTrace, ReplayError, type TraceRequest } from './trace.js';
 import { generateWorkflowTrace } from './workflows.js';
 
 /** Most workflows `workflows:N` generates: 4 requests each, so ~40,000 requests at most. */
@@ -50,4 +50,18 @@ export async function loadTrace(spec: string): Promise<{ name: string; requests:
     throw new RangeError(`--trace: ${shownText(spec)} is a directory without a RAGPulse 0_trace.jsonl`);
   }
   return { name: basename(spec), requests: await loadMooncakeTrace(spec) };
+}
+
+/**
+ * `replay()`, with a trace that cannot be replayed as given (a ReplayError: its span at the
+ * speed, its answers past it) named as --trace gave it: `--trace traces/a.jsonl: the trace
+ * spans …`. The ReplayError's message names the requests at fault by their line alone.
+ */
+export function namingTrace<T>(spec: string, replay: () => T): T {
+  try {
+    return replay();
+  } catch (err) {
+    if (err instanceof ReplayError) throw new RangeError(`--trace ${shownText(spec)}: ${err.message}`, { cause: err });
+    throw err;
+  }
 }

@@ -11,7 +11,7 @@ import { MAX_PROMPT_TOKENS } from '../core/router/options-schema.js';
 import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/index.js';
 import { fullBlockIds, requestBlocks } from './request-blocks.js';
 import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
-import { checkReplayable, MAX_SIMULATED_SPAN_MS, type TraceRequest } from './trace.js';
+import { checkReplayable, MAX_SIMULATED_SPAN_MS, ReplayError, type TraceRequest } from './trace.js';
 import { percentile } from './percentile.js';
 
 export { requestBlocks } from './request-blocks.js';
@@ -229,10 +229,10 @@ export const DEFAULT_SCRAPE_INTERVAL_MS = 200;
 export const MAX_LOAD_READINGS = 2 ** 29;
 
 /** The error for a replay whose requests are still answered past MAX_SIMULATED_SPAN_MS. */
-function pastSpan(now: number, trace: readonly TraceRequest[], speed: number): RangeError {
+function pastSpan(now: number, trace: readonly TraceRequest[], speed: number): ReplayError {
   let longest = trace[0];
   for (const r of trace) if (r.outputLength > longest.outputLength) longest = r;
-  return new RangeError(
+  return new ReplayError(
     `the replay runs past the ${MAX_SIMULATED_SPAN_MS} ms (31 days) a replay may cover (at ${Math.round(now)} ms, speed ×${speed}): its answers outlast it (the longest, trace line ${longest.index + 1}, has an output of ${longest.outputLength} tokens)`,
   );
 }

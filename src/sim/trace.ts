@@ -241,29 +241,41 @@ export function sortByArrival(requests: TraceRequest[]): TraceRequest[] {
 export const MAX_SIMULATED_SPAN_MS = 31 * 24 * 3_600_000;
 
 /**
+ * A trace that cannot be replayed as given (checkReplayable, or a replay that runs past
+ * MAX_SIMULATED_SPAN_MS). Its message names the requests at fault by their trace line, not the
+ * trace: a command that read the trace from a file puts the file's name before it.
+ */
+export class ReplayError extends RangeError {}
+
+/** A span of simulated time as messages show it: its milliseconds and its days. */
+export function spanText(ms: number): string {
+  return `${ms} ms (${(ms / 86_400_000).toFixed(1)} days)`;
+}
+
+/**
  * Checks that a trace can be replayed as given: timestamps finite and in order (as
  * sortByArrival leaves them), one block size throughout (the engines have one), and, given a
- * `speed`, the whole trace within MAX_SIMULATED_SPAN_MS at it. A RangeError names the first
- * request at fault.
+ * `speed`, the whole trace within MAX_SIMULATED_SPAN_MS at it. A ReplayError names the first
+ * request at fault; `what` names the requests checked in it ('the trace', or a part of it).
  */
-export function checkReplayable(trace: readonly TraceRequest[], speed?: number): void {
+export function checkReplayable(trace: readonly TraceRequest[], speed?: number, what = 'the trace'): void {
   if (trace.length === 0) return;
   const first = trace[0];
   const at = (r: TraceRequest) => `trace line ${r.index + 1}`;
   let prev = first.timestamp;
   for (const r of trace) {
     if (!Number.isFinite(r.timestamp) || r.timestamp < prev)
-      throw new RangeError(`${at(r)}: timestamp ${r.timestamp} is not finite or comes before ${prev}: sort the trace`);
+      throw new ReplayError(`${at(r)}: timestamp ${r.timestamp} is not finite or comes before ${prev}: sort the trace`);
     prev = r.timestamp;
     if (r.blockSize !== first.blockSize)
-      throw new RangeError(
+      throw new ReplayError(
         `${at(r)}: block size ${r.blockSize} differs from ${first.blockSize} (${at(first)}): a trace has one block size`,
       );
   }
   if (speed === undefined) return;
   const span = (prev - first.timestamp) / speed;
   if (!(span <= MAX_SIMULATED_SPAN_MS))
-    throw new RangeError(
-      `the trace spans ${span} ms at speed ×${speed}, more than the ${MAX_SIMULATED_SPAN_MS} ms (31 days) a replay may cover`,
+    throw new ReplayError(
+      `${what} spans ${spanText(span)} at speed ×${speed}, more than the ${MAX_SIMULATED_SPAN_MS} ms (31 days) a replay may cover`,
     );
 }

@@ -1,7 +1,7 @@
 import { createRng } from '../core/rng.js';
 import { DEFAULT_COST_WEIGHTS, type CostWeights } from '../core/policies/cost.js';
 import { simulate, type SimulationOptions } from './simulator.js';
-import type { TraceRequest } from './trace.js';
+import { checkReplayable, ReplayError, type TraceRequest } from './trace.js';
 
 /**
  * Searches the cost policy's weights on the first part of a trace and checks them on the
@@ -57,12 +57,26 @@ export function tuneCostWeights(trace: readonly TraceRequest[], options: TuneOpt
   const split = Math.max(1, Math.min(trace.length - 1, Math.floor(trace.length * trainFraction)));
   const train = trace.slice(0, split);
   const validation = trace.slice(split);
+  // each part is a replay of its own, held to a replay's span (the whole trace may be longer),
+  // and named in what is said of it: checked before the search, not after its trials
+  const parts = new Map<readonly TraceRequest[], string>([
+    [train, `the part searched on (the first ${train.length} of ${trace.length} requests)`],
+    [validation, `the held-out part (the last ${validation.length} of ${trace.length} requests)`],
+  ]);
+  const speed = options.speed ?? 1;
+  if (speed > 0) for (const [part, what] of parts) checkReplayable(part, speed, what);
   const p99Weight = options.p99Weight ?? 0.1;
   const rng = createRng(options.seed ?? 7);
   const { onTrial, ...sim } = options;
 
   const evaluate = (part: readonly TraceRequest[], w: CostWeights): Score => {
-    const r = simulate(part, { ...sim, policy: 'cost', router: { costWeights: w } });
+    let r;
+    try {
+      r = simulate(part, { ...sim, policy: 'cost', router: { costWeights: w } });
+    } catch (err) {
+      if (err instanceof ReplayError) throw new ReplayError(`${parts.get(part)}: ${err.message}`, { cause: err });
+      throw err;
+    }
     return {
       objective: r.ttft.mean + p99Weight * r.ttft.p99,
       ttftMean: r.ttft.mean,

@@ -7,7 +7,7 @@ import {
   policyVariant,
   type ComparisonReport,
 } from '../../sim/compare.js';
-import { loadTrace } from '../../sim/load-trace.js';
+import { loadTrace, namingTrace } from '../../sim/load-trace.js';
 import { formatTable, pct } from '../format.js';
 import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
 import { parseWorkerEvents, type ScenarioOptions } from '../../sim/scenarios.js';
@@ -63,20 +63,27 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
     scenario,
     router: flags.policyOptions ? { policyOptions: flags.policyOptions } : undefined,
   };
-  const { report: comparison, results } = comparePolicies(
-    name,
-    requests,
-    policies,
-    { ...simulation, onProgress: (done) => bar?.update(done, { policy: policyName }) },
-    (policy, i) => {
-      policyName = policy;
-      if (bar) {
-        if (i > 0) bar.stop();
-        bar.start(requests.length, 0, { policy });
-      }
-    },
-  );
-  bar?.stop();
+  let run;
+  try {
+    run = namingTrace(flags.trace, () =>
+      comparePolicies(
+        name,
+        requests,
+        policies,
+        { ...simulation, onProgress: (done) => bar?.update(done, { policy: policyName }) },
+        (policy, i) => {
+          policyName = policy;
+          if (bar) {
+            if (i > 0) bar.stop();
+            bar.start(requests.length, 0, { policy });
+          }
+        },
+      ),
+    );
+  } finally {
+    bar?.stop();
+  }
+  const { report: comparison, results } = run;
   // each output is written whole to a file of its own, then both are put in place
   const pending: PendingOutput[] = [];
   try {

@@ -1,5 +1,5 @@
 import { quotedText } from '../../core/shown-text.js';
-import { loadTrace } from '../../sim/load-trace.js';
+import { loadTrace, namingTrace } from '../../sim/load-trace.js';
 import { renderRouterOptions, renderWeightsConfig, tuneCostWeights } from '../../sim/tune.js';
 
 export interface TuneFlags {
@@ -19,14 +19,16 @@ export async function runTune(flags: TuneFlags): Promise<void> {
   if (flags.trainFraction >= 1) throw new RangeError('--train-fraction must be below 1');
   const { name, requests } = await loadTrace(flags.trace);
   if (requests.length < 2) throw new RangeError('--trace needs at least 2 requests to hold some out');
-  const result = tuneCostWeights(requests, {
-    workers: flags.workers,
-    speed: flags.speed,
-    trials: flags.trials,
-    trainFraction: flags.trainFraction,
-    seed: flags.seed,
-    onTrial: (i, n) => process.stderr.isTTY && process.stderr.write(`\rtrial ${i}/${n}`),
-  });
+  const result = namingTrace(flags.trace, () =>
+    tuneCostWeights(requests, {
+      workers: flags.workers,
+      speed: flags.speed,
+      trials: flags.trials,
+      trainFraction: flags.trainFraction,
+      seed: flags.seed,
+      onTrial: (i, n) => process.stderr.isTTY && process.stderr.write(`\rtrial ${i}/${n}`),
+    }),
+  );
   if (process.stderr.isTTY) process.stderr.write('\n');
   const out =
     flags.format === 'json'
