@@ -1388,13 +1388,17 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
 /** Requests whose client waits for a 100 Continue the gateway has not said yet (continueOnRead). */
 const awaitingContinue = new WeakSet<IncomingMessage>();
 
+/** An answer's 100 Continue, unless its head is written (the answer needs none then). */
+function sayContinueIfUnanswered(this: ServerResponse): void {
+  if (!this.headersSent && !this.writableEnded) this.writeContinue();
+}
+
 /**
  * Says 100 Continue to a client that waits for it before it sends the body only once the body is
  * read (the fast path's, Fastify's read): an answer given before that (a 401, 404, 405, 415) is
  * given without a 100, and the client never sends a body that would not be read (RFC 9110
  * §10.1.1). Node's checkContinue leaves the 100 to the server; a stream asks for data with _read.
- * A request pipelined behind another gets none: its client has sent the body (a client that
- * waits for a 100 sends it anyway once its wait ends, RFC 9110 §10.1.1).
+ * A request pipelined behind another gets its 100 once the answers before its own are written.
  */
 function continueOnRead(req: IncomingMessage, res: ServerResponse): void {
   awaitingContinue.add(req);
@@ -1402,10 +1406,14 @@ function continueOnRead(req: IncomingMessage, res: ServerResponse): void {
   req._read = function (this: IncomingMessage, size: number) {
     req._read = read;
     awaitingContinue.delete(req);
-    // an answer queued behind another on the connection (pipelined: its body already sent) has
-    // no socket yet: Node holds what is written to it and, for a body given as a Buffer, puts its
-    // head first, so a 100 said now would come out inside the body's Content-Length span
-    if (!res.headersSent && !res.writableEnded && res.socket !== null) res.writeContinue();
+    if (res.headersSent || res.writableEnded) return read.call(this, size);
+    if (res.socket !== null) res.writeContinue();
+    // an answer queued behind another on the connection (pipelined) has no socket yet, and Node
+    // holds what is written to it: for a body given as a Buffer it puts the answer's head before
+    // what it held, so a 100 said now would come out inside the span the Content-Length gives.
+    // It is said when the answer gets the socket, before what was held is written; an answer
+    // written whole by then (its client sent the body unasked) needs none
+    else res.once('socket', sayContinueIfUnanswered);
     return read.call(this, size);
   };
 }
