@@ -4,6 +4,7 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, describe, test } from 'node:test';
 import {
+  MAX_LOAD_SERIES,
   MetricsFormatError,
   parsePrometheusText,
   readEngineLoad,
@@ -239,6 +240,82 @@ describe('hostile label sets', () => {
       assert.equal(load.waiting, 1);
       assert.equal(load.running, 2);
     }
+  });
+});
+
+describe('pages no engine writes', () => {
+  const M = (running: number, usage: number, labels: string): string =>
+    `vllm:num_requests_running{${labels}} ${running}\nvllm:kv_cache_usage_perc{${labels}} ${usage}\n`;
+
+  test('series differing in another label than the rank are one reading, their largest: a stale zero is no idle engine', () => {
+    // a series left under another model_name (an earlier run's) at 0 beside the live one
+    assert.deepEqual(readEngineLoad(M(8, 0.95, 'model_name="new"') + M(0, 0, 'model_name="old"')), {
+      running: 8,
+      waiting: 0,
+      kvUsage: 0.95,
+    });
+    assert.equal(readEngineLoad(M(0, 0, 'model_name="old"') + M(8, 0.95, 'model_name="new"')).kvUsage, 0.95);
+    // thousands of zero series under other labels: still the engine's 0.9
+    const zeros: string[] = [];
+    for (let i = 0; i < 2000; i++) zeros.push(M(0, 0, `model_name="m",shard="${i}"`));
+    const load = readEngineLoad(M(40, 0.9, 'model_name="m"') + zeros.join(''));
+    assert.deepEqual([load.running, load.kvUsage], [40, 0.9]);
+    // the data-parallel ranks are still the engine's parts, each read as its largest series
+    const dp =
+      M(3, 0.2, 'engine="0",model_name="new"') +
+      M(0, 0, 'engine="0",model_name="old"') +
+      M(5, 0.6, 'engine="1",model_name="new"');
+    const both = readEngineLoad(dp);
+    assert.equal(both.running, 8);
+    assert.ok(Math.abs(both.kvUsage - 0.4) < 1e-12, String(both.kvUsage));
+    assert.deepEqual(readEngineLoad(dp, '0'), { running: 3, waiting: 0, kvUsage: 0.2 });
+  });
+
+  test(`a page with more than ${MAX_LOAD_SERIES} series of the load names is refused, not read`, () => {
+    const page = (n: number): string => {
+      const lines: string[] = [];
+      for (let i = 0; i < n; i++) lines.push(`vllm:num_requests_running{shard="${i}"} 1`);
+      return `${lines.join('\n')}\nprocess_cpu_seconds_total 3\n`;
+    };
+    assert.equal(readEngineLoad(page(MAX_LOAD_SERIES)).running, 1);
+    assert.throws(
+      () => readEngineLoad(page(MAX_LOAD_SERIES + 1)),
+      (err: Error) =>
+        err instanceof MetricsFormatError &&
+        err.message.includes(`more than ${MAX_LOAD_SERIES} series`) &&
+        err.message.includes('vllm:num_requests_running'),
+    );
+    // the names are counted together
+    const half = page(MAX_LOAD_SERIES / 2 + 1);
+    assert.throws(() => readEngineLoad(half + half.replaceAll('running', 'waiting')), MetricsFormatError);
+    // other names are not counted
+    assert.equal(
+      readEngineLoad(page(MAX_LOAD_SERIES).replaceAll('vllm:num_requests_running', 'x') + M(2, 0.5, '')).running,
+      2,
+    );
+  });
+
+  test('a label value with a raw newline (the text format escapes it) refuses the page', () => {
+    // the rest of the value would read as a sample of its own: running 99 (the sum was 103)
+    const forged = 'vllm:num_requests_running{model_name="a\nvllm:num_requests_running 99\n"} 4\n';
+    for (const page of [
+      forged + M(4, 0.4, 'model_name="a"'),
+      forged.replace('vllm:num_requests_running{', 'other{') + M(4, 0.4, ''),
+    ]) {
+      assert.throws(
+        () => readEngineLoad(page),
+        (err: Error) =>
+          err instanceof MetricsFormatError && /line 1: a label value runs past the end of its line/.test(err.message),
+      );
+    }
+    // escaped, it is a label value like any other
+    assert.equal(readEngineLoad(M(4, 0.4, 'model_name="a\\nb"')).running, 4);
+    assert.equal(
+      parsePrometheusText(M(4, 0.4, 'model_name="a\\nb"'))
+        .get('vllm:num_requests_running')?.[0]
+        .labels.get('model_name'),
+      'a\nb',
+    );
   });
 });
 

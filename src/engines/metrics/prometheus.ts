@@ -8,10 +8,10 @@
  * token_usage), prefix-cache queries and hits (vllm:prefix_cache_*, formerly
  * vllm:gpu_prefix_cache_*).
  *
- * A name's series are read as the engines mean them (see `quantities`): series of one
- * quantity seen from several processes or ranks are one reading (their largest); the others
- * (vLLM's data-parallel `engine` ranks, SGLang's `dp_rank`) are parts of the engine, summed,
- * except usage, which is averaged. Read for one data-parallel rank, only that rank's series
+ * A name's series are read as the engines mean them (see `quantities`): the data-parallel
+ * ranks' (vLLM's `engine`, SGLang's `dp_rank`) are parts of the engine, summed, except usage,
+ * which is averaged; a rank's series that differ in any other label (processes, TP ranks, a
+ * stale model name) are one reading, their largest. Read for one data-parallel rank, only that rank's series
  * count (`parsePrometheusText`).
  */
 import { MAX_ENGINE_REQUESTS } from '../../core/worker-registry.js';
@@ -166,27 +166,65 @@ const NO_LABELS: ReadonlyMap<string, string> = new Map();
 const RANK_LABELS = ['engine', 'dp_rank'] as const;
 
 /**
+ * The most series of the load names a page may have, all names together: 8,192. An engine
+ * writes one per name and data-parallel rank, model and process (hundreds on the largest
+ * deployments: 64 ranks behind 8 API servers); a page with more is refused, its scrape failed,
+ * as reading every one of them would hold the event loop for as long as the page's author
+ * likes (100,000 series in 12 MB, under the page's size bound, took seconds per scrape).
+ */
+export const MAX_LOAD_SERIES = 8192;
+
+/**
  * Parses exposition text into name → samples (comments and malformed lines skipped: a line
  * whose labels cannot be read as name="value" pairs is malformed). With `engine` (a
  * data-parallel rank), series labelled with another rank (`RANK_LABELS`: vLLM's `engine`,
  * SGLang's `dp_rank`) are left out; a series with neither label is kept. With `names`, only
  * those names are read: the other lines (most of a page: histograms) are passed over before
- * their labels.
+ * their labels are read.
+ *
+ * Throws MetricsFormatError for a page no engine writes: one with more than `maxSeries`
+ * series (lines) of the names read; one where a label value runs past the end of its line. The
+ * text format escapes a newline in a label value as `\n`: a raw one would make the rest of
+ * the value read as lines of their own, samples the engine never wrote; every line's quotes
+ * are followed, so it is found whatever the name.
  */
-export function parsePrometheusText(text: string, engine?: string, names?: ReadonlySet<string>): Map<string, Sample[]> {
+export function parsePrometheusText(
+  text: string,
+  engine?: string,
+  names?: ReadonlySet<string>,
+  maxSeries = Infinity,
+): Map<string, Sample[]> {
   const series = new Map<string, Sample[]>();
-  for (const raw of text.split('\n')) {
-    const line = raw.trim();
+  let seen = 0;
+  let lineNo = 0;
+  for (let start = 0; start < text.length;) {
+    let end = text.indexOf('\n', start);
+    if (end < 0) end = text.length;
+    const line = text.slice(start, end).trim();
+    start = end + 1;
+    lineNo++;
     if (line === '' || line.startsWith('#')) continue;
     // name{labels} value [timestamp]; label values may contain spaces inside quotes
-    let nameEnd = 0;
-    while (nameEnd < line.length && /[a-zA-Z0-9_:]/.test(line[nameEnd])) nameEnd++;
-    const name = line.slice(0, nameEnd);
+    NAME.lastIndex = 0;
+    const name = NAME.exec(line)?.[0] ?? '';
+    let rest = line.slice(name.length);
+    let close = -1;
+    if (rest.startsWith('{')) {
+      close = findLabelsEnd(rest);
+      if (close === OPEN_QUOTE) {
+        throw new MetricsFormatError(
+          `line ${lineNo}: a label value runs past the end of its line (a raw newline; the text format writes \\n)`,
+        );
+      }
+    }
     if (!name || (names !== undefined && !names.has(name))) continue;
-    let rest = line.slice(nameEnd);
+    if (++seen > maxSeries) {
+      throw new MetricsFormatError(
+        `more than ${maxSeries} series of the load metrics (${name} among them): more than any engine writes`,
+      );
+    }
     let labels = NO_LABELS;
     if (rest.startsWith('{')) {
-      const close = findLabelsEnd(rest);
       // a label set no engine writes (theirs are a few names of tens of characters) is malformed:
       // skipped before the pattern reads it, which on millions of characters overflows the stack
       if (close < 0 || close > MAX_LABELS_CHARS) continue;
@@ -209,28 +247,37 @@ export function parsePrometheusText(text: string, engine?: string, names?: Reado
   return series;
 }
 
+/** A metric name at the start of a line (the characters read as one before: digits too). */
+const NAME = /[a-zA-Z0-9_:]*/y;
+
 /** The longest label set read, in characters (`{...}`): 64 KiB, a thousand times an engine's. */
 const MAX_LABELS_CHARS = 64 * 1024;
 
 const LABEL = /\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)/y;
+const BLANK_REST = /\s*$/y;
 
 /** The labels between a sample's braces, undefined when they are not name="value" pairs. */
 function readLabels(body: string): Map<string, string> | undefined {
   const labels = new Map<string, string>();
   LABEL.lastIndex = 0;
   while (LABEL.lastIndex < body.length) {
-    if (/^\s*$/.test(body.slice(LABEL.lastIndex))) break;
+    BLANK_REST.lastIndex = LABEL.lastIndex;
+    if (BLANK_REST.test(body)) break;
     const m = LABEL.exec(body);
     if (!m) return undefined;
-    labels.set(
-      m[1],
-      m[2].replace(/\\(.)/g, (_, c: string) => (c === 'n' ? '\n' : c)),
-    );
+    labels.set(m[1], m[2].includes('\\') ? m[2].replace(/\\(.)/g, (_, c: string) => (c === 'n' ? '\n' : c)) : m[2]);
     if (m[3] === '') break;
   }
   return labels;
 }
 
+/** findLabelsEnd's answer for a label set whose last quoted value is still open at the end. */
+const OPEN_QUOTE = -2;
+
+/**
+ * The index of the `}` closing the label set `s` opens, -1 when there is none, OPEN_QUOTE when
+ * `s` ends inside a quoted value.
+ */
 function findLabelsEnd(s: string): number {
   let quoted = false;
   for (let i = 1; i < s.length; i++) {
@@ -239,7 +286,7 @@ function findLabelsEnd(s: string): number {
     else if (c === '"') quoted = !quoted;
     else if (c === '}' && !quoted) return i;
   }
-  return -1;
+  return quoted ? OPEN_QUOTE : -1;
 }
 
 /**
@@ -269,7 +316,11 @@ function firstSeriesName(series: Map<string, Sample[]>, names: readonly string[]
 }
 
 /**
- * Labels whose series are one quantity seen from several places, not parts of it:
+ * A name's samples as the quantities they are parts of: one group per data-parallel rank
+ * (`RANK_LABELS`: vLLM's `engine`, SGLang's `dp_rank`; the series with neither are a group of
+ * their own) and, with `byPriority`, per `priority`. The samples of a group are one quantity,
+ * read as their largest (by the caller): series that differ in any other label say the same
+ * thing from several places, or one of them is stale:
  * - `pid`: prometheus_client's multiprocess collector labels a gauge's samples with the
  *   process that wrote them when the gauge has no multiprocess_mode (its default, "all").
  *   vLLM's vllm:kv_cache_usage_perc had none until vllm-project/vllm#28792 (2025-11-16;
@@ -286,26 +337,28 @@ function firstSeriesName(series: Map<string, Sample[]>, names: readonly string[]
  *   with --enable-metrics-for-all-schedulers every TP rank (and pipeline stage) of a
  *   scheduler writes the same counts; moe_ep_rank is tp_rank // (tp_size // ep_size) at
  *   scheduler launch, so it differs between those ranks too.
- * Such series are read as their largest: the process holding the engine's state says it, the
- * others say 0 or the same. `dp_rank` (SGLang) and `engine` (vLLM) are separate ranks.
+ * - `model_name` and any other: a series left by an earlier run (a multiprocess directory kept
+ *   across a restart with another `--served-model-name`) holds what that run last wrote, 0 when
+ *   it stopped idle. Summed or averaged with the live one, a full engine would read as idle.
+ * The process holding the engine's state says it, the others say 0, the same or stale values:
+ * the largest is the engine's, read as the worker's most loaded.
+ *
+ * When some sample has an empty `priority` label, the samples with a non-empty one are left
+ * out: SGLang with --enable-priority-scheduling writes the queue and running totals under
+ * priority="" and each priority's part under priority="<n>"
+ * (metrics_collector.py SchedulerMetricsCollector._log_gauge_queue_count); without a total, the
+ * parts are groups of their own (`byPriority`: the counts, summed).
  */
-const SAME_QUANTITY = new Set(['pid', 'tp_rank', 'pp_rank', 'moe_ep_rank']);
-
-/**
- * A name's samples as the quantities they are parts of, each a group of samples of one
- * quantity (`SAME_QUANTITY`). When some sample has an empty `priority` label, the samples
- * with a non-empty one are left out: SGLang with --enable-priority-scheduling writes the
- * queue and running totals under priority="" and each priority's part under priority="<n>"
- * (metrics_collector.py SchedulerMetricsCollector._log_gauge_queue_count).
- */
-function quantities(samples: readonly Sample[]): number[][] {
+function quantities(samples: readonly Sample[], byPriority = true): number[][] {
   const totals = samples.some((s) => s.labels.get('priority') === '');
   const groups = new Map<string, number[]>();
   for (const s of samples) {
-    if (totals && (s.labels.get('priority') ?? '') !== '') continue;
-    const key: string[] = [];
-    for (const [k, v] of s.labels) if (!SAME_QUANTITY.has(k)) key.push(`${k}=${JSON.stringify(v)}`);
-    const id = key.sort().join(',');
+    const priority = s.labels.get('priority') ?? '';
+    if (totals && priority !== '') continue;
+    // the values joined by a character no key holds (undefined and "" differ: \u0000 for none)
+    let id = '';
+    for (const k of RANK_LABELS) id += `${s.labels.get(k) ?? '\u0000'}\u0001`;
+    if (byPriority) id += priority;
     const group = groups.get(id);
     if (group) group.push(s.value);
     else groups.set(id, [s.value]);
@@ -323,8 +376,9 @@ function counter(series: Map<string, Sample[]>, names: readonly string[]): numbe
     if (!v) continue;
     let sum: number | undefined;
     for (const group of quantities(v)) {
-      const finite = group.filter(Number.isFinite);
-      if (finite.length > 0) sum = (sum ?? 0) + Math.max(...finite);
+      let most = -Infinity;
+      for (const x of group) if (Number.isFinite(x) && x > most) most = x;
+      if (most > -Infinity) sum = (sum ?? 0) + most;
     }
     if (sum !== undefined && Number.isFinite(sum)) return sum;
   }
@@ -359,7 +413,8 @@ function count(series: Map<string, Sample[]>, names: readonly string[]): number 
 function usage(series: Map<string, Sample[]>, names: readonly string[]): number | undefined {
   const v = firstSeries(series, names);
   if (v === undefined) return undefined;
-  const groups = quantities(v);
+  // averaged over the ranks only: a stale series (another model_name) at 0 is not half the engine
+  const groups = quantities(v, false);
   let sum = 0;
   for (const group of groups) {
     let most = 0;
@@ -398,7 +453,7 @@ function outOfRangeName(series: Map<string, Sample[]>, names: readonly string[],
  * the sample can only move requests away from its engine, and only while the engine says it.
  */
 export function readEngineLoad(text: string, engine?: string): EngineLoad {
-  const s = parsePrometheusText(text, engine, LOAD_NAMES);
+  const s = parsePrometheusText(text, engine, LOAD_NAMES, MAX_LOAD_SERIES);
   const running = count(s, RUNNING);
   const queued = count(s, WAITING);
   const grammar = count(s, GRAMMAR_WAITING);
@@ -472,13 +527,24 @@ function engineProgress(series: Map<string, Sample[]>, load: EngineLoad): number
   let found = false;
   const readings: number[] = [];
   for (const name of PROGRESS_COUNTERS) {
-    const v = counter(series, [name]);
+    const v = progressTotal(series.get(name));
     if (v !== undefined) found = true;
     readings.push(v ?? NaN);
   }
   if (!found) return undefined;
   readings.push(load.running, load.waiting, load.kvUsage);
   return readings;
+}
+
+/**
+ * A progress counter's reading: the sum of its finite samples (undefined when it has none).
+ * Its series may be parts (SGLang's `sglang:realtime_tokens_total{mode}`) or copies (a TP rank's
+ * each): compared between two scrapes only, the sum moves when any of them does.
+ */
+function progressTotal(samples: readonly Sample[] | undefined): number | undefined {
+  let sum: number | undefined;
+  for (const x of samples ?? []) if (Number.isFinite(x.value)) sum = (sum ?? 0) + x.value;
+  return sum;
 }
 
 const CACHE_CONFIG_INFO = 'vllm:cache_config_info{';
@@ -489,7 +555,10 @@ const CACHE_CONFIG_INFO = 'vllm:cache_config_info{';
  * has neither or they say no positive count.
  */
 export function readKvCapacityTokens(text: string, engine?: string): number | undefined {
-  return vllmKvCapacityTokens(text) ?? sglangKvCapacityTokens(parsePrometheusText(text, engine, CAPACITY_NAMES));
+  return (
+    vllmKvCapacityTokens(text) ??
+    sglangKvCapacityTokens(parsePrometheusText(text, engine, CAPACITY_NAMES, MAX_LOAD_SERIES))
+  );
 }
 
 const CAPACITY_NAMES: ReadonlySet<string> = new Set(SGLANG_CAPACITY);
