@@ -13,6 +13,7 @@ import { adminRequestProblem, authorizationProblem, type AdminToken } from './ad
 import { openAiError } from './openai-request.js';
 import type { PostedEvents } from './posted-events.js';
 import { clientMessage } from './request-limits.js';
+import { sharedEndpoint, sharedEndpointMessage } from './engine-deployments.js';
 import { KeyEnvError, parseWorkerRecord, redactUrl, workerErrorField } from './worker-input.js';
 import { SocketLimitError, WorkerLimitError, type WorkerConnections } from './worker-connections.js';
 
@@ -118,6 +119,9 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (admin,
     } catch (err) {
       return openAiError(reply, 400, clientMessage(err, 'the worker is malformed'), workerErrorField(err));
     }
+    // an engine publishes one event stream: a worker on one another worker has is refused
+    const shared = sharedEndpoint(record, connections.records());
+    if (shared !== undefined) return openAiError(reply, 409, sharedEndpointMessage(shared), shared.field);
     // an id held already is refused by addWorker (WorkerChangeRefused): by this replica's view, or
     // by the shared state's when it decides worker changes
     try {

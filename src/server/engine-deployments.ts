@@ -36,6 +36,62 @@ export function rankEndpoint(endpoint: string, rank: number): string {
   return `${m[1]}:${port}`;
 }
 
+/** A worker's event endpoints as the subscribers connect to them: each rank's (port + rank). */
+function subscribedEndpoints(
+  w: { events?: string; replay?: string; dpSize?: number },
+  field: 'events' | 'replay',
+): string[] {
+  const endpoint = w[field];
+  if (endpoint === undefined) return [];
+  const out: string[] = [];
+  for (let r = 0; r < (w.dpSize ?? 1); r++) {
+    try {
+      out.push(rankEndpoint(endpoint, r));
+    } catch {
+      // a rank past the last port: the worker is refused for it when added
+    }
+  }
+  return out;
+}
+
+/** Two workers whose subscribers would connect to one endpoint: `field` is the second's. */
+export interface SharedEndpoint {
+  field: 'events' | 'replay';
+  endpoint: string;
+  worker: string;
+  other: string;
+}
+
+/**
+ * The first endpoint `w` would subscribe to (or ask replays of) that a worker of `others`
+ * already does, each data-parallel rank on its port + rank. An engine publishes one stream: two
+ * workers on it are both credited with its blocks, and requests for them go half to the engine
+ * without them. A data-parallel engine is one worker with `dp-size`, a rank served on its own
+ * (external load balancing) a worker on its own port: neither shares an endpoint. Endpoints
+ * are compared as written: one host under two names is not seen.
+ */
+export function sharedEndpoint(
+  w: { id: string; events?: string; replay?: string; dpSize?: number },
+  others: Iterable<{ id: string; events?: string; replay?: string; dpSize?: number }>,
+): SharedEndpoint | undefined {
+  for (const field of ['events', 'replay'] as const) {
+    const mine = subscribedEndpoints(w, field);
+    if (mine.length === 0) continue;
+    for (const o of others) {
+      if (o.id === w.id) continue;
+      const theirs = new Set(subscribedEndpoints(o, field));
+      const endpoint = mine.find((e) => theirs.has(e));
+      if (endpoint !== undefined) return { field, endpoint, worker: w.id, other: o.id };
+    }
+  }
+  return undefined;
+}
+
+/** What sharedEndpoint() found, said naming both workers. */
+export function sharedEndpointMessage(s: SharedEndpoint): string {
+  return `workers '${s.other}' and '${s.worker}' have the same ${s.field} endpoint ${s.endpoint}: one engine's KV events would be credited to both (a data-parallel engine is one worker with dp-size)`;
+}
+
 /** Adapters (name → base model) among a /v1/models answer's entries: those with a parent. */
 export function adaptersFromModels(models: ReadonlyArray<{ id: string }>): Map<string, string> {
   const out = new Map<string, string>();

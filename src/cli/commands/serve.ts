@@ -3,6 +3,7 @@ import { Option, type Command } from 'commander';
 import type { z } from 'zod';
 import { isPythonHashSeed, PYTHON_HASH_SEED_RULE } from '../../core/router/options-schema.js';
 import { quotedText } from '../../core/shown-text.js';
+import { sharedEndpoint, sharedEndpointMessage } from '../../server/engine-deployments.js';
 import { connectionTimeoutProblem } from '../../server/timeouts.js';
 import type { PickerConfig } from '../../epp/run-picker.js';
 import type { WorkerRecord } from '../../state/state-store.js';
@@ -87,6 +88,11 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
         `workers '${first}' and '${w.id}' have the same URL ${url}: one engine listed twice gets twice its share (a data-parallel engine is listed once, with dp-size)`,
       );
   }
+  // an engine publishes one event stream: a second worker on it would be credited with its blocks
+  for (let i = 1; i < config.workers.length; i++) {
+    const shared = sharedEndpoint(config.workers[i], config.workers.slice(0, i));
+    if (shared !== undefined) throw new RangeError(`${workersSource(resolved)}: ${sharedEndpointMessage(shared)}`);
+  }
   // only --tokenize tokenizer reads them: given with another mode, the path is never even checked
   if (config.tokenize !== 'tokenizer') {
     if (config.tokenizer !== undefined)
@@ -125,6 +131,16 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
   return { config, resolved };
 }
 
+/** Where the workers were given: the flag, the variable or the config file. */
+function workersSource(resolved: ResolvedSettings<object>): string {
+  return {
+    flag: '--worker',
+    env: 'CONTEXTFORGE_WORKERS',
+    file: `--config ${resolved.configFile ?? ''}: workers`,
+    default: '',
+  }[resolved.workersOrigin];
+}
+
 /** The TLS of serve's --epp-port: as epp's, and named when there is no --epp-port for it. */
 function checkServeEppTls(c: ServeConfig, resolved: ResolvedSettings<ServeConfig>): void {
   checkEppTlsSettings(serveEppTlsSettings(c), resolved.warnings, SERVE_EPP_TLS_FLAGS);
@@ -159,13 +175,7 @@ function checkPickerSettings(
   resolved: ResolvedSettings<object>,
 ): void {
   if (!picks) return;
-  const source = {
-    flag: '--worker',
-    env: 'CONTEXTFORGE_WORKERS',
-    file: `--config ${resolved.configFile ?? ''}: workers`,
-    default: '',
-  }[resolved.workersOrigin];
-  checkPickerWorkerHosts(config.workers, source);
+  checkPickerWorkerHosts(config.workers, workersSource(resolved));
   const stale = config.shedMetricsStaleMs;
   if (stale === undefined) return;
   if (config.metricsIntervalMs === 0)
