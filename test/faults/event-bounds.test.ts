@@ -9,7 +9,9 @@ import {
   MAX_KV_GROUPS_PER_WORKER,
   MAX_MEDIA_PER_WORKER,
   MAX_MEDIUM_CHARS,
+  MIN_TRACKED_BLOCKS_PER_WORKER,
   emptyCounts,
+  trackedBlocksBound,
 } from '../../src/engines/kv-events/applier.js';
 import type { KvEvent } from '../../src/engines/kv-events/decode.js';
 import { KVAwareRouter } from '../../src/index.js';
@@ -145,4 +147,44 @@ test('clearing a worker (a gap, a restart, its removal) frees everything kept fo
   assert.equal(applier.trackedWorkers(), 1, "only the other worker's state is left");
   applier.clearWorker('v');
   assert.equal(applier.trackedWorkers(), 0);
+});
+
+test("the default bound shares the index's capacity among the workers, so their total stays near it", () => {
+  assert.equal(trackedBlocksBound(4_000_000, 1), 4_000_000);
+  assert.equal(trackedBlocksBound(4_000_000, 8), 500_000);
+  assert.equal(trackedBlocksBound(4_000_000, 1000), MIN_TRACKED_BLOCKS_PER_WORKER);
+  assert.equal(trackedBlocksBound(50, 3), 50);
+  const router = new KVAwareRouter({
+    blockSize: 1,
+    indexMode: 'precise',
+    maxIndexEntries: 4 * MIN_TRACKED_BLOCKS_PER_WORKER,
+  });
+  const applier = new KvEventApplier(router);
+  router.registerWorker('w0');
+  assert.equal(applier.trackedBlocksLimit(), 4 * MIN_TRACKED_BLOCKS_PER_WORKER);
+  for (let i = 1; i < 8; i++) router.registerWorker(`w${i}`);
+  // 8 workers: a quarter of the index each would be twice it in all; the floor holds
+  assert.equal(applier.trackedBlocksLimit(), MIN_TRACKED_BLOCKS_PER_WORKER);
+  const counts = emptyCounts();
+  const per = 4096;
+  let parent: bigint | null = null;
+  let n = 0;
+  for (let b = 0; b < MIN_TRACKED_BLOCKS_PER_WORKER / per + 1; b++) {
+    const hashes = Array.from({ length: per }, () => BigInt(++n));
+    applier.apply('w0', eventBatch(null, storedEvent(hashes, parent, (n - per) % 50_000, 1)), counts);
+    parent = hashes[per - 1];
+    if (counts.skipped.over_capacity) parent = null;
+  }
+  assert.equal(counts.skipped.over_capacity, 1);
+  assert.ok(applier.trackedBlocks('w0') <= MIN_TRACKED_BLOCKS_PER_WORKER, `tracked ${applier.trackedBlocks('w0')}`);
+  // the index holds what the applier tracks: dropping the worker's hashes dropped its entries
+  assert.equal(router.getStats().workerLoads.w0.activeBlocks, applier.trackedBlocks('w0'));
+  // a removal of a dropped hash is skipped as unknown, the index untouched
+  applier.apply(
+    'w0',
+    eventBatch(null, { type: 'BlockRemoved', blockHashes: [1n], medium: 'GPU', groupIdx: null } as KvEvent),
+    counts,
+  );
+  assert.equal(counts.skipped.unknown_removal, 1);
+  assert.equal(router.getStats().workerLoads.w0.activeBlocks, applier.trackedBlocks('w0'));
 });

@@ -270,6 +270,11 @@ export class KVAwareRouter {
     return this.workers.has(workerId);
   }
 
+  /** Workers registered (each data-parallel rank counts as one). */
+  get workerCount(): number {
+    return this.workers.size;
+  }
+
   /** Workers in registration order (read-only views). */
   listWorkers(): readonly WorkerState[] {
     return [...this.workers.values()];

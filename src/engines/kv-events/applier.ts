@@ -73,9 +73,12 @@ import {
  *   removal never removes the worker's own copy of the block. Absent (unspecified: what every
  *   other tier sends), the event applies as before. Dynamo's router (ai-dynamo/dynamo#11571)
  *   refuses non-local events alike.
- * - Bounded: a worker that reports holding more blocks than `maxTrackedBlocks` (the index's own
- *   capacity by default; no engine holds that many, so its removals were lost or it is broken)
- *   has its entries dropped and rebuilt from its next events ('over_capacity'), as after a gap.
+ * - Bounded: a worker that reports holding more blocks than `maxTrackedBlocks` (by default the
+ *   index's capacity shared among the workers, at least MIN_TRACKED_BLOCKS_PER_WORKER: see
+ *   trackedBlocksBound) has its entries dropped and rebuilt from its next events
+ *   ('over_capacity'), as after a gap. Each tracked engine hash costs some 150 bytes of heap:
+ *   bounded per worker by the whole index's capacity, a few workers flooding stores could hold
+ *   gigabytes between them.
  *   What else is kept per worker is bounded too (MAX_MEDIA_PER_WORKER offload media of names up
  *   to MAX_MEDIUM_CHARS, MAX_KV_GROUPS_PER_WORKER group kinds), created only for blocks the
  *   worker holds, and freed with its entries (clearWorker: a gap, a restart, its removal).
@@ -218,6 +221,27 @@ const CONFIRMED_HASHES = 16;
  */
 export const MISMATCHES_BEFORE_GIVING_UP = 8;
 
+/**
+ * The fewest blocks tracked per worker by default, however many workers share the index: more
+ * than one engine's GPU cache holds in common deployments (vLLM's num_gpu_blocks is some tens of
+ * thousands), so a worker is not dropped for holding its own cache.
+ */
+export const MIN_TRACKED_BLOCKS_PER_WORKER = 65_536;
+
+/**
+ * Blocks tracked per worker by default: the index's capacity over the workers registered, at
+ * least MIN_TRACKED_BLOCKS_PER_WORKER, at most the index's capacity (no worker has more of its
+ * blocks in the index than the index holds). What the applier keeps for all workers together
+ * stays near the index's capacity (the floor times the workers when there are very many) instead
+ * of that capacity per worker.
+ */
+export function trackedBlocksBound(maxIndexEntries: number, workers: number): number {
+  return Math.min(
+    maxIndexEntries,
+    Math.max(MIN_TRACKED_BLOCKS_PER_WORKER, Math.floor(maxIndexEntries / Math.max(1, workers))),
+  );
+}
+
 export interface WorkerNamespace {
   /** The CLA group the worker's KV is made under, if it serves exactly one. */
   claGroup?: number | null;
@@ -228,7 +252,7 @@ export interface WorkerNamespace {
 export interface KvEventApplierOptions {
   /** 'router': own hashes from token ids; 'vllm': the engine's hashes are the keys (default: the router's keying). */
   hashMode?: 'router' | 'vllm';
-  /** Blocks tracked per worker before its entries are dropped (default: the router's index capacity, maxIndexEntries). */
+  /** Blocks tracked per worker before its entries are dropped (default: trackedBlocksBound of the router's index capacity and workers). */
   maxTrackedBlocks?: number;
 }
 
@@ -236,7 +260,8 @@ export class KvEventApplier {
   readonly hashMode: 'router' | 'vllm';
   /** vllm hash mode: the --prefix-caching-hash-algo the router computes the engines' hashes with. */
   readonly vllmHashAlgo: VllmHashAlgo;
-  private readonly maxTrackedBlocks: number;
+  /** Given: the bound whatever the workers; undefined: trackedBlocksBound. */
+  private readonly maxTrackedBlocks: number | undefined;
   private readonly maps = new Map<string, Map<EngineBlockHash, OwnBlock>>();
   /** Per worker, KV groups known not to hold the full prefix (learned from kv_cache_spec_kind). */
   private readonly otherGroups = new Map<string, Set<number>>();
@@ -282,8 +307,12 @@ export class KvEventApplier {
       throw new RangeError(`hashMode must be 'router' or 'vllm', got '${String(mode)}'`);
     this.hashMode = mode;
     this.vllmHashAlgo = router.keying.vllmAlgo ?? 'sha256_cbor';
-    // no worker can have more of its blocks in the index than the index holds in all
-    this.maxTrackedBlocks = options.maxTrackedBlocks ?? router.index.maxEntries;
+    this.maxTrackedBlocks = options.maxTrackedBlocks;
+  }
+
+  /** Blocks tracked per worker before its entries are dropped, with the workers registered now. */
+  trackedBlocksLimit(): number {
+    return this.maxTrackedBlocks ?? trackedBlocksBound(this.router.index.maxEntries, this.router.workerCount);
   }
 
   /** Blocks the router tracks for a worker from its events. */
@@ -341,9 +370,10 @@ export class KvEventApplier {
   }
 
   apply(workerId: string, batch: KvEventBatch, counts: ApplyCounts = emptyCounts()): ApplyCounts {
+    const limit = this.trackedBlocksLimit();
     for (const event of batch.events) {
       this.applyEvent(workerId, event, counts);
-      if ((this.maps.get(workerId)?.size ?? 0) > this.maxTrackedBlocks) {
+      if ((this.maps.get(workerId)?.size ?? 0) > limit) {
         // more than any engine holds: what it said is not what it holds, start over
         this.clearWorker(workerId);
         skip(counts, 'over_capacity');
