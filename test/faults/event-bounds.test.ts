@@ -188,3 +188,33 @@ test("the default bound shares the index's capacity among the workers, so their 
   assert.equal(counts.skipped.unknown_removal, 1);
   assert.equal(router.getStats().workerLoads.w0.activeBlocks, applier.trackedBlocks('w0'));
 });
+
+test('workers added after others filled up drop those past the lower bound at once, each drop counted in its own counts', () => {
+  const cap = 2 * MIN_TRACKED_BLOCKS_PER_WORKER;
+  const router = new KVAwareRouter({ blockSize: 1, indexMode: 'precise', maxIndexEntries: cap });
+  const applier = new KvEventApplier(router);
+  router.registerWorker('a');
+  const aCounts = emptyCounts();
+  let n = 0;
+  const store = (id: string, blocks: number, counts = emptyCounts()) => {
+    const hashes = Array.from({ length: blocks }, () => BigInt(++n));
+    return applier.apply(id, eventBatch(null, storedEvent(hashes, null, n % 50_000, 1)), counts);
+  };
+  // alone, 'a' may track the whole capacity
+  for (let i = 0; i < 24; i++) store('a', 4096, aCounts);
+  assert.equal(applier.trackedBlocks('a'), 24 * 4096);
+  assert.equal(aCounts.skipped.over_capacity, undefined);
+  // a second worker halves the bound: 'a' is dropped at the next batch of any worker
+  router.registerWorker('b');
+  const bCounts = store('b', 1);
+  assert.equal(applier.trackedBlocks('a'), 0);
+  assert.equal(router.getStats().workerLoads.a.activeBlocks, 0);
+  assert.equal(bCounts.skipped.over_capacity, undefined);
+  // counted once, in 'a''s own counts
+  store('a', 1, aCounts);
+  assert.equal(aCounts.skipped.over_capacity, 1);
+  store('a', 1, aCounts);
+  assert.equal(aCounts.skipped.over_capacity, 1);
+  assert.equal(applier.trackedBlocks('a'), 2);
+  assert.equal(router.getStats().workerLoads.a.activeBlocks, 2);
+});

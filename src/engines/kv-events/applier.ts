@@ -262,6 +262,10 @@ export class KvEventApplier {
   readonly vllmHashAlgo: VllmHashAlgo;
   /** Given: the bound whatever the workers; undefined: trackedBlocksBound. */
   private readonly maxTrackedBlocks: number | undefined;
+  /** The bound the tracked workers were last checked against (sweepOverBound). */
+  private checkedBound = Infinity;
+  /** Per worker dropped by sweepOverBound, the over_capacity drops its next apply() counts. */
+  private readonly dropsOwed = new Map<string, number>();
   private readonly maps = new Map<string, Map<EngineBlockHash, OwnBlock>>();
   /** Per worker, KV groups known not to hold the full prefix (learned from kv_cache_spec_kind). */
   private readonly otherGroups = new Map<string, Set<number>>();
@@ -348,6 +352,7 @@ export class KvEventApplier {
       this.offloadSpans,
       this.hashesConfirmed,
       this.unexplainedMismatches,
+      this.dropsOwed,
     ])
       for (const id of m.keys()) ids.add(id);
     for (const set of [this.offloadClearedWithCache, this.indexedFromUnknown]) for (const id of set) ids.add(id);
@@ -371,6 +376,13 @@ export class KvEventApplier {
 
   apply(workerId: string, batch: KvEventBatch, counts: ApplyCounts = emptyCounts()): ApplyCounts {
     const limit = this.trackedBlocksLimit();
+    if (limit < this.checkedBound) this.sweepOverBound(limit);
+    this.checkedBound = limit;
+    const owed = this.dropsOwed.get(workerId);
+    if (owed !== undefined) {
+      this.dropsOwed.delete(workerId);
+      skip(counts, 'over_capacity', owed);
+    }
     for (const event of batch.events) {
       this.applyEvent(workerId, event, counts);
       if ((this.maps.get(workerId)?.size ?? 0) > limit) {
@@ -383,6 +395,22 @@ export class KvEventApplier {
   }
 
   /**
+   * The bound fell (workers were added): every worker tracking more than it is dropped now,
+   * not at its own next batch, so what is kept for all workers stays near the index's capacity
+   * whatever order they were added and filled in. Each drop is counted in that worker's next
+   * apply().
+   */
+  private sweepOverBound(limit: number): void {
+    const over: string[] = [];
+    // (a worker's map exists only while it is registered: its removal clears it first)
+    for (const [id, m] of this.maps) if (m.size > limit && this.router.hasWorker(id)) over.push(id);
+    for (const id of over) {
+      this.clearWorker(id);
+      this.dropsOwed.set(id, (this.dropsOwed.get(id) ?? 0) + 1);
+    }
+  }
+
+  /**
    * Forgets a worker's blocks, in every tier, in the index and in the hash map, and everything
    * else kept for it: its offload spans and KV group kinds (its next stores teach them again).
    * For what the engine's state is no longer known by: a sequence gap, a restart, a worker
@@ -391,6 +419,7 @@ export class KvEventApplier {
    */
   clearWorker(workerId: string): void {
     this.maps.delete(workerId);
+    this.dropsOwed.delete(workerId);
     // an engine that started over may hash otherwise now: check it again
     this.hashesConfirmed.delete(workerId);
     this.unexplainedMismatches.delete(workerId);
