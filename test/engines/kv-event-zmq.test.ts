@@ -9,7 +9,7 @@ import { bindEndpoint } from '../../src/engines/kv-events/bind.js';
 import { decodeEventBatch, KV_EVENT_LIMITS, type KvEvent } from '../../src/engines/kv-events/decode.js';
 import { encodeEventBatch } from '../../src/engines/kv-events/encode.js';
 import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
-import { KvEventSubscriber } from '../../src/engines/kv-events/subscriber.js';
+import { KvEventSubscriber, YIELD_AFTER_MS } from '../../src/engines/kv-events/subscriber.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { skippedEventCounts } from '../../src/server/engine-deployments.js';
 import { eventBatch, sequenceFrame, storedEvent, storedTokens, tokenRange } from '../helpers/kv-event-builders.js';
@@ -23,6 +23,40 @@ const stored = (hashes: bigint[], parent: bigint | null, from: number) => stored
 const batch = (...events: KvEvent[]) => eventBatch(0, ...events);
 
 const closers: Array<() => Promise<void>> = [];
+
+/**
+ * Counts the event loop's turns (a setImmediate chain) from the apply of the first store of
+ * hash `first` to that of hash `last`; each apply costs at least a tenth of YIELD_AFTER_MS (it
+ * spins on the clock), so that the subscriber's work between two turns passes its budget after
+ * ten batches at most. `turns` is null until the last one applied.
+ */
+function countTurnsWhileApplying(applier: KvEventApplier, first: bigint, last: bigint): { turns: number | null } {
+  const seen = { turns: null as number | null };
+  let turns = -1;
+  let ticking = true;
+  const tick = () => {
+    turns++;
+    if (ticking) setImmediate(tick);
+  };
+  const apply = applier.apply.bind(applier);
+  applier.apply = (worker, b, counts) => {
+    const e = b.events[0];
+    if (e?.type === 'BlockStored') {
+      if (e.blockHashes[0] === first) {
+        turns = 0;
+        setImmediate(tick);
+      }
+      const spinUntil = performance.now() + YIELD_AFTER_MS / 10;
+      while (performance.now() < spinUntil);
+      if (e.blockHashes[0] === last) {
+        ticking = false;
+        seen.turns = turns;
+      }
+    }
+    return apply(worker, b, counts);
+  };
+  return seen;
+}
 after(async () => {
   for (const c of closers) await c();
 });
@@ -588,6 +622,22 @@ describe('KV events over ZeroMQ', () => {
     assert.deepEqual(calls.at(-1), { events: 1, turn: calls.at(-1)!.turn });
   });
 
+  test('a burst of queued batches lets the event loop turn between them, not once per hundreds ZeroMQ hands over', async () => {
+    const { applier, pub, sub } = await rig();
+    const n = 2000;
+    const counted = countTurnsWhileApplying(applier, 1n, BigInt(n));
+    const seen = sub.stats.batches;
+    // published back to back: ZeroMQ queues them, and hands over up to 512 at once
+    const sent = [];
+    for (let i = 0; i < n; i++) sent.push(pub.publish(batch(stored([BigInt(i + 1)], null, 4 * i))));
+    await Promise.all(sent);
+    await until(() => sub.stats.batches >= seen + n, 'the burst', { timeoutMs: 60_000 });
+    assert.equal(sub.stats.gaps, 0);
+    // ten batches or so between turns: 200; the loop turning only between ZeroMQ's handovers
+    // (or when its queue runs dry): a few
+    assert.ok(counted.turns! >= n / 20, `the loop turned ${counted.turns} times while ${n} batches applied`);
+  });
+
   test('an event whose extra_keys nest 100,000 deep is skipped alone: the rest of its batch and the next batch apply', async () => {
     const { router, pub, sub } = await rig();
     const seen = sub.stats.batches;
@@ -829,7 +879,8 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
     router.registerWorker('w0');
     const applier = new KvEventApplier(router);
     const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
-    const replay = new Router({ linger: 0 });
+    // (a ROUTER drops what passes its high-water mark: room for a replay of thousands)
+    const replay = new Router({ linger: 0, sendHighWaterMark: 100_000 });
     await bindEndpoint(replay, 'tcp://127.0.0.1:*');
     const asked: bigint[] = [];
     const serving = (async () => {
@@ -920,6 +971,61 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
     await pub.sendRaw(['', sequenceFrame(l), encodeEventBatch(batch(stored([9n], null, 200)))]);
     await until(() => sub.stats.restarts === 1, 'the restart');
     assert.equal(sub.stats.duplicates, 1);
+  });
+
+  test('a replay of thousands of batches lets the event loop turn between them', async () => {
+    const n = 2000;
+    const buffered = new Map<bigint, Uint8Array>();
+    const { applier, pub, sub } = await rigWithReplay((from) => [...buffered].filter(([s]) => s >= from));
+    const l = BigInt(sub.stats.lastSeq!);
+    for (let i = 1; i <= n; i++) buffered.set(l + BigInt(i), encodeEventBatch(batch(stored([BigInt(i)], null, 4 * i))));
+    const counted = countTurnsWhileApplying(applier, 1n, BigInt(n));
+    // l + 1 … l + n are lost: l + n + 1 asks for a replay of them
+    const next = encodeEventBatch(batch(stored([BigInt(n + 1)], null, 4 * (n + 1))));
+    await pub.sendRaw(['', sequenceFrame(l + BigInt(n) + 1n), next]);
+    await until(() => sub.stats.lastSeq === Number(l) + n + 1, 'the replay and the live batch', { timeoutMs: 60_000 });
+    assert.equal(sub.stats.replayFailures, 0);
+    assert.ok(counted.turns! >= n / 20, `the loop turned ${counted.turns} times while ${n} replayed batches applied`);
+  });
+
+  test('a replay endpoint that answers nothing is given up at the replay deadline, not after the receive timeout', async () => {
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+    router.registerWorker('w0');
+    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
+    // a ROUTER that takes the request and never answers
+    const silent = new Router({ linger: 0 });
+    await bindEndpoint(silent, 'tcp://127.0.0.1:*');
+    const logs: string[] = [];
+    const sub = new KvEventSubscriber({
+      workerId: 'w0',
+      endpoint: pub.endpoint,
+      replayEndpoint: silent.lastEndpoint!,
+      applier: new KvEventApplier(router),
+      idleReplayMs: 0,
+      replayTimeoutMs: 600_000,
+      replayDeadlineMs: 200,
+      log: (m) => logs.push(m),
+    }).start();
+    closers.push(
+      () => sub.close(),
+      () => pub.close(),
+      async () => silent.close(),
+    );
+    // the first batch comes after a lost one: it asks for a replay (or joining late did already)
+    pub.loseNext(1);
+    await until(
+      async () => {
+        if (sub.stats.replayFailures > 0) return true;
+        await pub.publish(batch(stored([1n], null, 0)));
+        return false;
+      },
+      'the silent replay to be given up',
+      { intervalMs: 20, timeoutMs: 30_000 },
+    );
+    assert.ok(
+      logs.some((m) => m.includes('did not end within 200 ms')),
+      `the deadline is named: ${logs.join(' | ')}`,
+    );
   });
 
   test('a negative sequence number is a malformed message; a bad sequence frame is named in the log', async () => {

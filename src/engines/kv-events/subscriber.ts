@@ -1,3 +1,4 @@
+import { setImmediate as nextTurn } from 'node:timers/promises';
 import { context, Dealer, Subscriber, type Observer } from 'zeromq';
 import { quotedText, shownText } from '../../core/shown-text.js';
 import type { KvEventApplier } from './applier.js';
@@ -40,7 +41,10 @@ import {
  * and skipped; it never clears or corrupts the index, nor stops the stream. A large batch is
  * decoded and applied in slices (`APPLY_SLICE_EVENTS` events or `APPLY_SLICE_BYTES` bytes),
  * yielding to the event loop between them so that requests are routed meanwhile; the next
- * message waits for the batch to end (every handler runs in order on one chain). An event of a
+ * message waits for the batch to end (every handler runs in order on one chain). Between
+ * messages, live or replayed, it yields once its work since the last turn of the loop passes
+ * `YIELD_AFTER_MS`: ZeroMQ hands over queued messages without the loop turning, and a burst of
+ * batches would otherwise hold up requests, timers and the connection watch for seconds. An event of a
  * batch that cannot be read or applied is skipped and counted per reason (`applied.skipped`);
  * the rest of its batch applies.
  * Reconnection is libzmq's, with exponential backoff up to `reconnectMaxMs`.
@@ -104,6 +108,19 @@ export interface SubscriberStats {
  */
 export const APPLY_SLICE_EVENTS = 4096;
 export const APPLY_SLICE_BYTES = 256 * 1024;
+
+/**
+ * Wall time (ms) the subscriber reads and applies messages before it lets the event loop turn
+ * (requests, timers, its connection watch). zeromq.js resolves a receive from the messages it
+ * already holds without the loop turning, up to 512 in a row: a burst of batches queued by an
+ * engine, or a replay of thousands, would block everything else for seconds. Measured in time,
+ * not in events or batches: a message's cost varies by orders of magnitude (a duplicate or
+ * malformed message skipped, an empty batch, thousands of stores with their token ids), so a
+ * count would yield far too often for some and too seldom for others; reading the clock once a
+ * message costs tens of nanoseconds. A few milliseconds keeps a request's wait near a normal
+ * answer's, and the turns (microseconds each) cost under 1% of the work.
+ */
+export const YIELD_AFTER_MS = 5;
 
 /**
  * ZeroMQ sockets a subscriber holds at most: its SUB, the PAIR libzmq reports the SUB's
@@ -184,6 +201,8 @@ export class KvEventSubscriber {
   /** Every handler runs in order on this chain: replays must not interleave with messages. */
   private chain: Promise<void> = Promise.resolve();
   private lastMessageAt = Date.now();
+  /** When the event loop last turned for this subscriber (YIELD_AFTER_MS). */
+  private workingSince = performance.now();
   private idleTimer: NodeJS.Timeout | undefined;
   /** The check that ZeroMQ reconnects after a disconnect (SESSION_CHECK_MS). */
   private sessionCheck: NodeJS.Timeout | undefined;
@@ -417,6 +436,17 @@ export class KvEventSubscriber {
     this.sessionCheck.unref();
   }
 
+  /** Whether the work since the event loop last turned has passed YIELD_AFTER_MS. */
+  private turnDue(): boolean {
+    return performance.now() - this.workingSince >= YIELD_AFTER_MS;
+  }
+
+  /** Lets the event loop turn once (a macrotask: I/O, timers and requests run meanwhile). */
+  private async turn(): Promise<void> {
+    await nextTurn();
+    this.workingSince = performance.now();
+  }
+
   private log(message: string): void {
     this.options.log?.(`kv-events ${this.options.workerId} (${shownText(this.options.endpoint)}): ${message}`);
   }
@@ -425,6 +455,7 @@ export class KvEventSubscriber {
     try {
       for await (const frames of this.sub) {
         this.lastMessageAt = Date.now();
+        if (this.turnDue()) await this.turn();
         await this.serial(() => this.onMessage(frames));
       }
     } catch (err) {
@@ -554,7 +585,7 @@ export class KvEventSubscriber {
       // a slice: up to APPLY_SLICE_EVENTS events or APPLY_SLICE_BYTES bytes (one event at least)
       let to = Math.min(reader.count, from + APPLY_SLICE_EVENTS);
       while (to > from + 1 && reader.bytes(from, to) > APPLY_SLICE_BYTES) to = from + Math.ceil((to - from) / 2);
-      if (from > 0) await new Promise<void>((resolve) => setImmediate(resolve));
+      if (from > 0) await this.turn();
       // closed meanwhile (the worker removed, perhaps added again under its id): nothing more
       if (!this.running) return;
       const batch = reader.read(from, to);
@@ -638,11 +669,8 @@ export class KvEventSubscriber {
    * live). Returns whether the stream is whole again up to `until`.
    */
   private async replayFrom(from: bigint, until: bigint | null): Promise<boolean> {
-    const dealer = new Dealer({
-      linger: 0,
-      receiveTimeout: this.options.replayTimeoutMs ?? 2000,
-      maxMessageSize: KV_EVENT_LIMITS.maxPayloadBytes,
-    });
+    const receiveTimeout = this.options.replayTimeoutMs ?? 2000;
+    const dealer = new Dealer({ linger: 0, receiveTimeout, maxMessageSize: KV_EVENT_LIMITS.maxPayloadBytes });
     const deadlineMs = this.options.replayDeadlineMs ?? 10_000;
     const deadline = performance.now() + deadlineMs;
     const [lastSeqBefore, replayedThroughBefore, replayedFromBefore] = [
@@ -659,7 +687,25 @@ export class KvEventSubscriber {
       start.writeBigInt64BE(from);
       await dealer.send(['', start]);
       for (;;) {
-        const frames = await dealer.receive();
+        // the loop turns during a replay of thousands of batches as during a live burst
+        if (this.turnDue()) {
+          await this.turn();
+          if (!this.running) throw new Error('the subscriber closed');
+        }
+        // the deadline holds while batches keep coming (checked at each one, below) and while
+        // none comes: the wait for the next one ends with it
+        const left = Math.ceil(deadline - performance.now());
+        const untilDeadline = left < receiveTimeout;
+        if (untilDeadline) dealer.receiveTimeout = Math.max(1, left);
+        let frames: Buffer[];
+        try {
+          frames = await dealer.receive();
+        } catch (err) {
+          // (ZeroMQ's timer may end the wait a fraction of a millisecond before the deadline)
+          if (this.running && untilDeadline && (err as { code?: string }).code === 'EAGAIN')
+            throw new Error(`it did not end within ${deadlineMs} ms`, { cause: err });
+          throw err;
+        }
         if (!this.running) throw new Error('the subscriber closed');
         // ["", seq, payload] (SGLang, vLLM before #45177) or ["", topic, seq, payload] (vLLM
         // since): the sequence number is the second frame from the end either way
