@@ -1028,6 +1028,25 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
     );
   });
 
+  test('a replay that covers the live batch asking for it starts its own duplicate window: a jump back before it is a restart', async () => {
+    const buffered = new Map<bigint, Uint8Array>();
+    const { pub, sub } = await rigWithReplay((from) => [...buffered].filter(([s]) => s >= from));
+    const l = BigInt(sub.stats.lastSeq!);
+    for (let i = 1n; i <= 4n; i++) buffered.set(l + i, encodeEventBatch(batch(stored([i], null, 8 * Number(i)))));
+    const failures = sub.stats.replayFailures;
+    // l + 1 is lost: l + 2 asks for a replay, which delivers l + 1 and l + 2
+    await pub.sendRaw(['', sequenceFrame(l + 2n), buffered.get(l + 2n)!]);
+    await until(() => sub.stats.lastSeq === Number(l + 2n), 'the first replay');
+    // l + 3 is lost: l + 4 asks for a replay, which delivers l + 3 and l + 4
+    await pub.sendRaw(['', sequenceFrame(l + 4n), buffered.get(l + 4n)!]);
+    await until(() => sub.stats.lastSeq === Number(l + 4n), 'the second replay');
+    assert.equal(sub.stats.replayFailures, failures);
+    // l + 2 was delivered by the first replay, not by the second: the engine restarted
+    await pub.sendRaw(['', sequenceFrame(l + 2n), encodeEventBatch(batch(stored([9n], null, 200)))]);
+    await until(() => sub.stats.restarts === 1, 'the restart');
+    assert.equal(sub.stats.duplicates, 0);
+  });
+
   test('a negative sequence number is a malformed message; a bad sequence frame is named in the log', async () => {
     const { pub, sub, logs } = await rigWithReplay(() => []);
     const malformed = sub.stats.malformed;

@@ -513,6 +513,13 @@ export class KvEventSubscriber {
       this.replayedThrough = null;
       this.replayedFrom = null;
     }
+    // a live batch past what the replays delivered: live delivery has caught up with them,
+    // older numbers now mean a restart. Reset before a replay this batch asks for, whose window
+    // starts afresh: one that covers this batch returns below, before the reset after applying
+    if (this.replayedThrough !== null && seq > this.replayedThrough) {
+      this.replayedThrough = null;
+      this.replayedFrom = null;
+    }
     const expected = this.lastSeq === null ? 0n : this.lastSeq + 1n;
     if (seq > expected) {
       if (this.lastSeq !== null) this.stats.gaps++;
@@ -531,7 +538,7 @@ export class KvEventSubscriber {
       if (this.lastSeq !== null && seq <= this.lastSeq) return; // the replay covered it
     }
     await this.applyPayload(seq, frames[2]);
-    // live delivery has caught up with the replay: older numbers now mean a restart
+    // past what a replay this batch asked for delivered: caught up with it too
     if (this.replayedThrough !== null && seq > this.replayedThrough) {
       this.replayedThrough = null;
       this.replayedFrom = null;
