@@ -9,7 +9,7 @@ import { bindEndpoint } from '../../src/engines/kv-events/bind.js';
 import { decodeEventBatch, KV_EVENT_LIMITS, type KvEvent } from '../../src/engines/kv-events/decode.js';
 import { encodeEventBatch } from '../../src/engines/kv-events/encode.js';
 import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
-import { KvEventSubscriber, YIELD_AFTER_MS } from '../../src/engines/kv-events/subscriber.js';
+import { KvEventSubscriber, SESSION_CHECK_MS, YIELD_AFTER_MS } from '../../src/engines/kv-events/subscriber.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { skippedEventCounts } from '../../src/server/engine-deployments.js';
 import { eventBatch, sequenceFrame, storedEvent, storedTokens, tokenRange } from '../helpers/kv-event-builders.js';
@@ -1026,6 +1026,58 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
       logs.some((m) => m.includes('did not end within 200 ms')),
       `the deadline is named: ${logs.join(' | ')}`,
     );
+  });
+
+  test("the connection watch reads ZeroMQ's events while a replay holds the stream: a reconnection is not taken for a session closed for good", async () => {
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+    router.registerWorker('w0');
+    const pub = await new KvEventPublisher({ endpoint: 'tcp://127.0.0.1:*' }).start();
+    const endpoint = pub.endpoint;
+    // a ROUTER that takes each request and never answers: each replay holds the stream until
+    // its receive timeout, three times SESSION_CHECK_MS
+    const silent = new Router({ linger: 0 });
+    await bindEndpoint(silent, 'tcp://127.0.0.1:*');
+    let asked = 0;
+    const serving = (async () => {
+      for await (const _ of silent) asked++;
+    })().catch(() => {});
+    const sub = new KvEventSubscriber({
+      workerId: 'w0',
+      endpoint,
+      replayEndpoint: silent.lastEndpoint!,
+      applier: new KvEventApplier(router),
+      idleReplayMs: 0,
+      replayTimeoutMs: 3 * SESSION_CHECK_MS,
+    }).start();
+    const restarted: { pub?: KvEventPublisher } = {};
+    closers.push(
+      () => sub.close(),
+      async () => {
+        await pub.close();
+        await restarted.pub?.close();
+        silent.close();
+        await serving;
+      },
+    );
+    // the connection's own replay (joining), then one a gap asks for: the stream is held
+    await until(() => sub.stats.replayFailures === 1, "the connection's replay to fail", { timeoutMs: 20_000 });
+    await until(
+      async () => {
+        if (asked >= 2) return true;
+        pub.loseNext(1);
+        await pub.publish(batch(stored([1n], null, 0)));
+        await pub.publish(batch(stored([2n], null, 8)));
+        return false;
+      },
+      'a replay asked for by a gap',
+      { intervalMs: 50 },
+    );
+    // the engine restarts meanwhile: ZeroMQ reconnects at once, which the watch must see
+    await pub.close();
+    restarted.pub = await new KvEventPublisher({ endpoint }).start();
+    await until(() => sub.stats.disconnects === 1, 'the disconnect');
+    await until(() => sub.stats.replayFailures >= 2, 'the replay holding the stream to end', { timeoutMs: 20_000 });
+    assert.equal(sub.stats.sessionsRestarted, 0, 'ZeroMQ reconnected of itself');
   });
 
   test('a replay that covers the live batch asking for it starts its own duplicate window: a jump back before it is a restart', async () => {

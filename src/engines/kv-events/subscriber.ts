@@ -209,6 +209,10 @@ export class KvEventSubscriber {
   /** When ZeroMQ last tried to connect (a connection, an attempt under way, a retry scheduled), and when it last disconnected. */
   private connectingAt = 0;
   private disconnectedAt = 0;
+  /** A disconnect, or a connection since the last disconnect, not handled yet (connectionChanged). */
+  private disconnectPending = false;
+  private connectPending = false;
+  private connectionHandlerQueued = false;
   /**
    * Per kind of line logged at most once a window (disconnects, each reason of skipped events):
    * when its last line was, and how many it did not log since. A few kinds: reasons are a fixed set.
@@ -355,22 +359,45 @@ export class KvEventSubscriber {
           this.stats.disconnects++;
           this.disconnectedAt = Date.now();
           this.checkSessionSoon();
-          await this.serial(() => {
-            this.logDisconnect('engine disconnected: its entries are dropped until it is heard from again');
-            this.dropWorkerEntries();
-            this.lastSeq = null;
-            this.replayedThrough = null;
-            this.replayedFrom = null;
-          });
+          this.disconnectPending = true;
+          this.connectPending = false;
+          this.connectionChanged();
         } else if (event.type === 'handshake:error:protocol') {
           this.logDisconnect(`the endpoint does not speak ZeroMQ's protocol (${event.error.message})`);
         } else if (event.type === 'connect') {
-          await this.serial(() => this.catchUp());
+          this.connectPending = true;
+          this.connectionChanged();
         }
       }
     } catch (err) {
       if (this.running) this.log(`connection watch ended: ${(err as Error).message}`);
     }
+  }
+
+  /**
+   * Queues the handling of the connection's changes on the chain, once for all those seen until
+   * it runs: the watch never waits for it, so it goes on reading ZeroMQ's events (the attempts
+   * to connect again that the session check looks for) while a burst or a replay holds the
+   * chain; and an endpoint dropped ten times a second queues one handler, not one per event.
+   */
+  private connectionChanged(): void {
+    if (this.connectionHandlerQueued) return;
+    this.connectionHandlerQueued = true;
+    void this.serial(async () => {
+      this.connectionHandlerQueued = false;
+      const [disconnected, connected] = [this.disconnectPending, this.connectPending];
+      this.disconnectPending = this.connectPending = false;
+      if (!this.running) return;
+      if (disconnected) {
+        this.logDisconnect('engine disconnected: its entries are dropped until it is heard from again');
+        this.dropWorkerEntries();
+        this.lastSeq = null;
+        this.replayedThrough = null;
+        this.replayedFrom = null;
+      }
+      // connected since the last disconnect: learn what the engine holds
+      if (connected) await this.catchUp();
+    });
   }
 
   /**
