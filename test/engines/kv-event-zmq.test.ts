@@ -103,6 +103,24 @@ async function untilSubscribed(pub: KvEventPublisher, sub: KvEventSubscriber): P
   );
 }
 
+/** Publishes a store until the subscriber has given up a replay (one the publisher never ends or never answers). */
+async function publishUntilReplayGivenUp(
+  pub: KvEventPublisher,
+  sub: KvEventSubscriber,
+  what: string,
+  timeoutMs?: number,
+): Promise<void> {
+  await until(
+    async () => {
+      if (sub.stats.replayFailures > 0) return true;
+      await pub.publish(batch(stored([1n], null, 0)));
+      return false;
+    },
+    what,
+    { intervalMs: 20, ...(timeoutMs !== undefined ? { timeoutMs } : {}) },
+  );
+}
+
 /** Publishes a store of tokens 100–103 until the index has it (a subscriber reconnecting may miss the first). */
 async function publishUntilApplied(router: KVAwareRouter, pub: KvEventPublisher, what: string): Promise<void> {
   await until(
@@ -854,15 +872,7 @@ describe('KV events over ZeroMQ', () => {
     );
     // the first batch that arrives after a lost one asks for a replay, which never ends
     pub.loseNext(1);
-    await until(
-      async () => {
-        if (sub.stats.replayFailures > 0) return true;
-        await pub.publish(batch(stored([1n], null, 0)));
-        return false;
-      },
-      'the endless replay to be given up',
-      { intervalMs: 20 },
-    );
+    await publishUntilReplayGivenUp(pub, sub, 'the endless replay to be given up');
     await pub.publish(batch(stored([7n], null, 100)));
     await until(() => applier.trackedHashes('w0').includes(ownHex(100, 1)[0]), 'a live event after the replay');
     assert.equal(router.route({ tokens: tokens(100, 4) }, { dryRun: true }).cachedTokens, 4);
@@ -1013,15 +1023,7 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
     );
     // the first batch comes after a lost one: it asks for a replay (or joining late did already)
     pub.loseNext(1);
-    await until(
-      async () => {
-        if (sub.stats.replayFailures > 0) return true;
-        await pub.publish(batch(stored([1n], null, 0)));
-        return false;
-      },
-      'the silent replay to be given up',
-      { intervalMs: 20, timeoutMs: 30_000 },
-    );
+    await publishUntilReplayGivenUp(pub, sub, 'the silent replay to be given up', 30_000);
     assert.ok(
       logs.some((m) => m.includes('did not end within 200 ms')),
       `the deadline is named: ${logs.join(' | ')}`,

@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { adminCaller } from '../helpers/admin-call.js';
 
 const adminToken = 'admin-input-admin';
 let gateway: Gateway;
@@ -25,19 +26,7 @@ before(async () => {
 });
 after(() => gateway.close());
 
-async function call(method: string, path: string, body?: unknown) {
-  const res = await fetch(`${base}${path}`, {
-    method,
-    headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}` },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await res.text();
-  return {
-    status: res.status,
-    text,
-    error: (JSON.parse(text) as { error?: { message: string; param: string | null } }).error,
-  };
-}
+const call = (method: string, path: string, body?: unknown) => adminCaller(base, adminToken)(method, path, body);
 
 const stored = [
   { type: 'BlockStored', block_hashes: [1], parent_block_hash: null, token_ids: [1, 2, 3, 4], block_size: 4 },

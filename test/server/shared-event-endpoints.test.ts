@@ -9,6 +9,7 @@ import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { sharedEndpoint } from '../../src/server/engine-deployments.js';
 import { resolveServe } from '../helpers/serve-config.js';
+import { adminCaller } from '../helpers/admin-call.js';
 
 const adminToken = 'shared-endpoints-admin';
 let gateway: Gateway;
@@ -29,19 +30,7 @@ before(async () => {
 });
 after(() => gateway.close());
 
-async function call(method: string, path: string, body?: unknown) {
-  const res = await fetch(`${base}${path}`, {
-    method,
-    headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}` },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await res.text();
-  return {
-    status: res.status,
-    text,
-    error: (JSON.parse(text) as { error?: { message: string; param: string } }).error,
-  };
-}
+const call = (method: string, path: string, body?: unknown) => adminCaller(base, adminToken)(method, path, body);
 
 const ids = async () =>
   (JSON.parse((await call('GET', '/admin/workers')).text) as { workers: Array<{ id: string }> }).workers.map(
