@@ -6,27 +6,16 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { adminCaller } from '../helpers/admin-call.js';
+import { adminGateway } from '../helpers/admin-call.js';
 
-const adminToken = 'admin-input-admin';
-let gateway: Gateway;
-let base: string;
+let setup: Awaited<ReturnType<typeof adminGateway>>;
 
 before(async () => {
-  gateway = await createGateway({
-    adminToken,
-    router: new KVAwareRouter({ blockSize: 4, indexMode: 'precise' }),
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-    workers: [{ id: 'a', url: 'http://127.0.0.1:1' }],
-  });
-  base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  setup = await adminGateway('admin-input-admin', [{ id: 'a', url: 'http://127.0.0.1:1' }]);
 });
-after(() => gateway.close());
+after(() => setup.close());
 
-const call = (method: string, path: string, body?: unknown) => adminCaller(base, adminToken)(method, path, body);
+const call = (method: string, path: string, body?: unknown) => setup.call(method, path, body);
 
 const stored = [
   { type: 'BlockStored', block_hashes: [1], parent_block_hash: null, token_ids: [1, 2, 3, 4], block_size: 4 },

@@ -5,32 +5,21 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { KVAwareRouter } from '../../src/index.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { sharedEndpoint } from '../../src/server/engine-deployments.js';
 import { resolveServe } from '../helpers/serve-config.js';
-import { adminCaller } from '../helpers/admin-call.js';
+import { adminGateway } from '../helpers/admin-call.js';
 
-const adminToken = 'shared-endpoints-admin';
-let gateway: Gateway;
-let base: string;
+let setup: Awaited<ReturnType<typeof adminGateway>>;
 
 before(async () => {
-  gateway = await createGateway({
-    adminToken,
-    router: new KVAwareRouter({ blockSize: 4, indexMode: 'precise' }),
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-    workers: [
-      { id: 'a', url: 'http://127.0.0.1:1', events: 'tcp://127.0.0.1:45557', replay: 'tcp://127.0.0.1:45600' },
-      { id: 'dp', url: 'http://127.0.0.1:2', events: 'tcp://127.0.0.1:45700', dpSize: 4 },
-    ],
-  });
-  base = await gateway.app.listen({ host: '127.0.0.1', port: 0 });
+  setup = await adminGateway('shared-endpoints-admin', [
+    { id: 'a', url: 'http://127.0.0.1:1', events: 'tcp://127.0.0.1:45557', replay: 'tcp://127.0.0.1:45600' },
+    { id: 'dp', url: 'http://127.0.0.1:2', events: 'tcp://127.0.0.1:45700', dpSize: 4 },
+  ]);
 });
-after(() => gateway.close());
+after(() => setup.close());
 
-const call = (method: string, path: string, body?: unknown) => adminCaller(base, adminToken)(method, path, body);
+const call = (method: string, path: string, body?: unknown) => setup.call(method, path, body);
 
 const ids = async () =>
   (JSON.parse((await call('GET', '/admin/workers')).text) as { workers: Array<{ id: string }> }).workers.map(
