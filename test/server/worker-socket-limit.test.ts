@@ -36,9 +36,14 @@ const admin = async (method: string, path: string, body?: unknown) => {
   });
   return { status: res.status, text: await res.text() };
 };
-// an engine that is not there: its subscriber retries, its sockets open all the same
+// an engine that is not there: its subscriber retries, its sockets open all the same (each
+// worker its own endpoint: two workers never share an engine's stream)
 const add = (id: string) =>
-  admin('POST', '/admin/workers', { id, url: 'http://127.0.0.1:1', events: 'tcp://127.0.0.1:65535' });
+  admin('POST', '/admin/workers', {
+    id,
+    url: 'http://127.0.0.1:1',
+    events: `tcp://127.0.0.1:${65500 + Number(id.slice(1))}`,
+  });
 const ids = () =>
   gateway.router
     .listWorkers()
