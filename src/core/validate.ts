@@ -15,7 +15,7 @@ export function isId(value: unknown): value is string {
 
 export function requireId(value: unknown, name: string): string {
   if (isId(value)) return value;
-  if (typeof value !== 'string') throw new TypeError(`${name} must be a string, got ${describe(value)}`);
+  if (typeof value !== 'string') throw new TypeError(`${name} must be a string, got ${typeName(value)}`);
   throw new RangeError(`${name} must be a non-empty string`);
 }
 
@@ -74,7 +74,7 @@ export function knownKeys(value: object, known: ReadonlySet<string>, name: strin
 export function optionalNonNegativeInt(value: unknown, name: string): number | null {
   if (value === null || value === undefined) return null;
   if (typeof value !== 'number') {
-    throw new TypeError(`${name} must be an integer or null, got ${describe(value)}`);
+    throw new TypeError(`${name} must be an integer or null, got ${typeName(value)}`);
   }
   if (!Number.isSafeInteger(value) || value < 0) {
     throw new RangeError(`${name} must be a non-negative integer (at most 2^53 - 1), got ${value}`);
@@ -85,7 +85,7 @@ export function optionalNonNegativeInt(value: unknown, name: string): number | n
 /** A non-negative integer that must be given (a CLA group a worker serves): null is refused too. */
 export function requiredNonNegativeInt(value: unknown, name: string): number {
   const n = optionalNonNegativeInt(value, name);
-  if (n === null) throw new TypeError(`${name} must be a non-negative integer, got ${describe(value)}`);
+  if (n === null) throw new TypeError(`${name} must be a non-negative integer, got ${typeName(value)}`);
   return n;
 }
 
@@ -95,7 +95,7 @@ export function requiredNonNegativeInt(value: unknown, name: string): number {
  */
 export function nonNegativeInt(value: unknown, name: string, fallback: number): number {
   if (value === undefined) return fallback;
-  if (typeof value !== 'number') throw new TypeError(`${name} must be a non-negative integer, got ${describe(value)}`);
+  if (typeof value !== 'number') throw new TypeError(`${name} must be a non-negative integer, got ${typeName(value)}`);
   if (!Number.isInteger(value) || value < 0)
     throw new RangeError(`${name} must be a non-negative integer, got ${value}`);
   return value;
@@ -109,7 +109,7 @@ export function positiveInt(value: unknown, name: string, fallback: number): num
 
 /** A worker load: a fraction of capacity. Above 1 is clamped (as the seed does); NaN or negative is an error. */
 export function load(value: unknown, name = 'load'): number {
-  if (typeof value !== 'number') throw new TypeError(`${name} must be a number, got ${describe(value)}`);
+  if (typeof value !== 'number') throw new TypeError(`${name} must be a number, got ${typeName(value)}`);
   if (Number.isNaN(value)) throw new RangeError(`${name} must not be NaN`);
   if (value < 0) throw new RangeError(`${name} must be >= 0, got ${value}`);
   return value > 1 ? 1 : value;
@@ -178,23 +178,23 @@ export function boundedId(value: unknown, name: string, maxBytes: number): strin
 }
 
 export function idList(value: unknown, name: string): string[] {
-  if (!Array.isArray(value)) throw new TypeError(`${name} must be an array of strings, got ${describe(value)}`);
+  if (!Array.isArray(value)) throw new TypeError(`${name} must be an array of strings, got ${typeName(value)}`);
   for (let i = 0; i < value.length; i++) {
     if (typeof value[i] !== 'string') {
-      throw new TypeError(`${name}[${i}] must be a string, got ${describe(value[i])}`);
+      throw new TypeError(`${name}[${i}] must be a string, got ${typeName(value[i])}`);
     }
   }
   return value as string[];
 }
 
 export function fraction(value: unknown, name: string): number {
-  if (typeof value !== 'number') throw new TypeError(`${name} must be a number, got ${describe(value)}`);
+  if (typeof value !== 'number') throw new TypeError(`${name} must be a number, got ${typeName(value)}`);
   if (!(value >= 0 && value <= 1)) throw new RangeError(`${name} must be within [0, 1], got ${value}`);
   return value;
 }
 
 export function finiteNonNegative(value: unknown, name: string): number {
-  if (typeof value !== 'number') throw new TypeError(`${name} must be a number, got ${describe(value)}`);
+  if (typeof value !== 'number') throw new TypeError(`${name} must be a number, got ${typeName(value)}`);
   if (!Number.isFinite(value) || value < 0) throw new RangeError(`${name} must be a finite number >= 0, got ${value}`);
   return value;
 }
@@ -202,7 +202,7 @@ export function finiteNonNegative(value: unknown, name: string): number {
 /** A number from 0 to `max` (a fraction too); NaN, an infinity or a negative one is an error. */
 export function numberUpTo(value: unknown, name: string, max: number): number {
   if (typeof value !== 'number')
-    throw new TypeError(`${name} must be a number from 0 to ${max}, got ${describe(value)}`);
+    throw new TypeError(`${name} must be a number from 0 to ${max}, got ${typeName(value)}`);
   if (!(value >= 0 && value <= max)) throw new RangeError(`${name} must be a number from 0 to ${max}, got ${value}`);
   return value;
 }
@@ -214,7 +214,7 @@ export function numberUpTo(value: unknown, name: string, max: number): number {
  */
 export function time(value: unknown, name: string): number {
   if (typeof value !== 'number')
-    throw new TypeError(`${name} must be a finite number of ms >= 0, got ${describe(value)}`);
+    throw new TypeError(`${name} must be a finite number of ms >= 0, got ${typeName(value)}`);
   if (!(value >= 0 && value <= Number.MAX_VALUE))
     throw new RangeError(`${name} must be a finite number of ms >= 0, got ${value}`);
   return value;
@@ -226,7 +226,7 @@ export function time(value: unknown, name: string): number {
  */
 export function ticket(value: unknown, name = 'ticket'): number {
   if (typeof value !== 'number')
-    throw new TypeError(`${name} must be a ticket route() returned, got ${describe(value)}`);
+    throw new TypeError(`${name} must be a ticket route() returned, got ${typeName(value)}`);
   if (!Number.isSafeInteger(value) || value < 0)
     throw new RangeError(`${name} must be a ticket route() returned (an integer >= 0), got ${value}`);
   return value;
@@ -235,32 +235,33 @@ export function ticket(value: unknown, name = 'ticket'): number {
 /** An argument that must be an object (not null, not an array). */
 export function object(value: unknown, name: string): void {
   if (value === null || typeof value !== 'object' || Array.isArray(value))
-    throw new TypeError(`${name} must be an object, got ${describe(value)}`);
+    throw new TypeError(`${name} must be an object, got ${typeName(value)}`);
 }
 
 /** A flag that may be left out: a boolean or undefined (a string 'false' would read as true). */
 export function optionalBoolean(value: unknown, name: string): void {
   if (value !== undefined && typeof value !== 'boolean')
-    throw new TypeError(`${name} must be a boolean, got ${describe(value)}`);
+    throw new TypeError(`${name} must be a boolean, got ${typeName(value)}`);
 }
 
 /** A set of ids given as a ReadonlySet; undefined means "none". */
 export function optionalSet(value: unknown, name: string): void {
   if (value !== undefined && !(value instanceof Set))
-    throw new TypeError(`${name} must be a Set of worker ids, got ${describe(value)}`);
+    throw new TypeError(`${name} must be a Set of worker ids, got ${typeName(value)}`);
 }
 
 /** Tokens per block: an integer from 1 to 65536 (what the router and the engines support). */
 export const MAX_BLOCK_SIZE = 1 << 16;
 
 export function blockSize(value: unknown, name: string): number {
-  if (typeof value !== 'number') throw new TypeError(`${name} must be an integer, got ${describe(value)}`);
+  if (typeof value !== 'number') throw new TypeError(`${name} must be an integer, got ${typeName(value)}`);
   if (!Number.isInteger(value) || value < 1 || value > MAX_BLOCK_SIZE)
     throw new RangeError(`${name} must be an integer from 1 to ${MAX_BLOCK_SIZE}, got ${value}`);
   return value;
 }
 
-function describe(value: unknown): string {
+/** What kind of value `value` is, for a refusal: 'null', 'an array', or its typeof. */
+export function typeName(value: unknown): string {
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'an array';
   return typeof value;

@@ -12,7 +12,7 @@ import { describeIssue, firstIssue, issueError } from '../core/schema-issues.js'
 import type { ChatMessage } from '../core/hashing.js';
 import type { ContentAnchor } from '../core/content-anchors.js';
 import type { RouteRequest } from '../core/router/index.js';
-import { MAX_ID_BYTES } from '../core/validate.js';
+import { MAX_ID_BYTES, typeName } from '../core/validate.js';
 
 export interface RequestLimits {
   /**
@@ -425,8 +425,8 @@ function shownCount(value: unknown): string {
     return Number.isInteger(value) && Math.abs(value) > Number.MAX_SAFE_INTEGER
       ? 'a number past 2^53 - 1'
       : String(value);
-  if (value === null) return 'null';
-  return Array.isArray(value) ? 'an array' : `a ${typeof value}`;
+  const kind = typeName(value);
+  return kind === 'null' || kind === 'an array' ? kind : `a ${kind}`;
 }
 
 /** A non-negative integer: a JSON number, or (from a header, `x-…`) decimal digits only. */

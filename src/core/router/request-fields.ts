@@ -48,16 +48,12 @@ export function readRouteFields(
 function checkPromptFields(request: RouteRequest): void {
   const { text, messages, blockHashes, blockTokens, promptTokens } = request;
   if (text !== undefined && typeof text !== 'string')
-    throw new TypeError(`text must be a string, got ${typeName(text)}`);
+    throw new TypeError(`text must be a string, got ${check.typeName(text)}`);
   if (messages !== undefined && !Array.isArray(messages)) throw new TypeError('messages must be an array'); // as checkChatMessages says it
   if (blockHashes !== undefined && (blockHashes === null || typeof blockHashes !== 'object'))
-    throw new TypeError(`blockHashes must be an array, got ${typeName(blockHashes)}`);
+    throw new TypeError(`blockHashes must be an array, got ${check.typeName(blockHashes)}`);
   if (blockTokens !== undefined) check.positiveInt(blockTokens, 'blockTokens', 0);
   if (promptTokens !== undefined) check.nonNegativeInt(promptTokens, 'promptTokens', 0);
-}
-
-function typeName(value: unknown): string {
-  return value === null ? 'null' : Array.isArray(value) ? 'an array' : typeof value;
 }
 
 /**
