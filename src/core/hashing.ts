@@ -77,6 +77,7 @@ export interface HashNamespace {
 import type { BlockKeySource } from './block-index.js';
 import { BLOCK_HASH_WASM } from './wasm/block-hash-wasm.js';
 import { contentPartText, contentPartType, contentPartUuid } from './chat-messages.js';
+import { typeName } from './validate.js';
 
 const SEED_HI = 0x6a09e667;
 const SEED_LO = 0xbb67ae85;
@@ -357,7 +358,7 @@ function checkTokens(tokens: ArrayLike<number>): void {
  */
 export function badTokenId(i: number, tok: unknown): Error {
   if (typeof tok === 'number') return new RangeError(`tokens[${i}] must be an integer in [0, 2^32), got ${tok}`);
-  return new TypeError(`tokens[${i}] must be a number (a token id), got ${tok === null ? 'null' : typeof tok}`);
+  return new TypeError(`tokens[${i}] must be a number (a token id), got ${typeName(tok)}`);
 }
 
 /**

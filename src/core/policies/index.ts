@@ -14,6 +14,7 @@ import type { PolicyContext, RoutingPolicy } from './types.js';
 import { createRng } from '../rng.js';
 import { describeIssue, firstIssue, issueError } from '../schema-issues.js';
 import { COST_WEIGHTS_SCHEMA, definedOnly, POLICY_OPTIONS_SCHEMA } from './options-schema.js';
+import { typeName } from '../validate.js';
 
 export interface PolicyOptions {
   costWeights?: Partial<CostWeights>;
@@ -70,8 +71,7 @@ export function createPolicy(
   // without a context, a random source of its own seeded as the router's default (1)
   ctx: PolicyContext = { random: createRng(1) },
 ): RoutingPolicy {
-  if (typeof name !== 'string')
-    throw new TypeError(`policy must be a policy name (a string), got ${name === null ? 'null' : typeof name}`);
+  if (typeof name !== 'string') throw new TypeError(`policy must be a policy name (a string), got ${typeName(name)}`);
   checkPolicyOptions(options);
   if (ctx === null || typeof ctx !== 'object' || typeof ctx.random !== 'function')
     throw new TypeError('ctx must be an object with a random() function (PolicyContext)');
@@ -102,7 +102,7 @@ function checkedRandom(ctx: PolicyContext): PolicyContext {
 function randomError(r: unknown): TypeError | RangeError {
   return typeof r === 'number'
     ? new RangeError(`ctx.random() must return a number in [0, 1), got ${r}`)
-    : new TypeError(`ctx.random() must return a number in [0, 1), got ${r === null ? 'null' : typeof r}`);
+    : new TypeError(`ctx.random() must return a number in [0, 1), got ${typeName(r)}`);
 }
 
 /**

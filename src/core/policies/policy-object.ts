@@ -4,6 +4,7 @@
  * mistyped member is reported by name then, not as a TypeError deep inside route().
  */
 import type { PolicyChoice, RoutingPolicy } from './types.js';
+import { typeName } from '../validate.js';
 
 const OPTIONAL_HOOKS = ['scoreTerms', 'onRouted', 'onReleased', 'onPrefillDone', 'onWorkerRemoved'] as const;
 
@@ -49,14 +50,14 @@ export function isChoiceOf(choice: unknown, n: number): choice is PolicyChoice {
 export function choiceError(policy: string, choice: unknown, n: number): TypeError | RangeError {
   if (typeof choice !== 'object' || choice === null)
     return new TypeError(
-      `policy '${policy}': choose() must return a PolicyChoice { index, confidence, reason }, got ${choice === null ? 'null' : typeof choice}`,
+      `policy '${policy}': choose() must return a PolicyChoice { index, confidence, reason }, got ${typeName(choice)}`,
     );
   const { index, confidence } = choice as PolicyChoice;
   if (!(Number.isInteger(index) && index >= -1 && index < n))
     return new RangeError(`policy '${policy}' chose index ${String(index)} of ${n} candidates`);
   if (typeof confidence !== 'number')
     return new TypeError(
-      `policy '${policy}' chose a confidence of type ${confidence === null ? 'null' : typeof confidence}; it must be a number from 0 to 1`,
+      `policy '${policy}' chose a confidence of type ${typeName(confidence)}; it must be a number from 0 to 1`,
     );
   return new RangeError(`policy '${policy}' chose confidence ${confidence}; it must be a number from 0 to 1`);
 }

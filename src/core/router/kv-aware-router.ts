@@ -318,7 +318,7 @@ export class KVAwareRouter {
       const given: unknown = keep;
       if (typeof given === 'string')
         throw new RangeError(`keep must be 'offload' or left out, got ${quotedText(given)}`);
-      throw new TypeError(`keep must be 'offload' or left out, got ${given === null ? 'null' : typeof given}`);
+      throw new TypeError(`keep must be 'offload' or left out, got ${check.typeName(given)}`);
     }
     this.index.applyCleared(w.slot, keep === 'offload');
   }
@@ -331,7 +331,7 @@ export class KVAwareRouter {
    */
   hashTokens(tokens: ArrayLike<number>, ns?: HashNamespace, blockSize: number = this.blockSize): BlockHashes {
     if (tokens === null || typeof tokens !== 'object')
-      throw new TypeError(`tokens must be an array of token ids, got ${tokens === null ? 'null' : typeof tokens}`);
+      throw new TypeError(`tokens must be an array of token ids, got ${check.typeName(tokens)}`);
     const length: unknown = tokens.length;
     if (!(Number.isSafeInteger(length) && (length as number) >= 0))
       throw new TypeError(`tokens must be an array of token ids (its length a count), got length ${String(length)}`);
@@ -1050,5 +1050,5 @@ function tierOf(tier: 'gpu' | 'offload'): Tier {
   const message = "tier must be 'gpu' or 'offload'";
   const given: unknown = tier;
   if (typeof given === 'string') throw new RangeError(`${message}, got ${quotedText(given)}`);
-  throw new TypeError(`${message}, got ${given === null ? 'null' : typeof given}`);
+  throw new TypeError(`${message}, got ${check.typeName(given)}`);
 }

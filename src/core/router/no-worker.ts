@@ -5,6 +5,7 @@
  */
 import type { WorkerState } from '../worker-registry.js';
 import type { NoWorker } from './types.js';
+import { typeName } from '../validate.js';
 
 /** Why `candidates` (the workers the policy saw) yielded no choice. */
 export function diagnoseNoWorker(
@@ -69,7 +70,7 @@ const NO_WORKER_REASONS: ReadonlySet<string> = new Set<NoWorker['reason']>([
 /** A NoWorker as route() gives it (`result.noWorker`), checked when a caller builds the error itself. */
 function checkNoWorker(n: NoWorker): NoWorker {
   if (n === null || typeof n !== 'object')
-    throw new TypeError(`noWorker must be a route() result's noWorker, got ${n === null ? 'null' : typeof n}`);
+    throw new TypeError(`noWorker must be a route() result's noWorker, got ${typeName(n)}`);
   if (!NO_WORKER_REASONS.has(n.reason))
     throw new TypeError(`noWorker.reason must be one of ${[...NO_WORKER_REASONS].join(', ')}`);
   return n;
