@@ -1,14 +1,13 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import {
+  allocationWithinBounds,
   BLOCK,
   bytesPerCall,
-  chooseAllocationInProcess,
-  PROMPT,
   roundsUntil,
   steadyBytesPerCall,
   WORKERS,
-} from '../helpers/choose-allocation.js';
+} from '../helpers/route-path-allocation.js';
 import type { Candidate, RouteFeatures } from '../../src/core/policies/types.js';
 import { WorkerState } from '../../src/core/worker-registry.js';
 import { chainRoot, fmix32, mixIntoChain } from '../../src/core/hashing.js';
@@ -18,17 +17,9 @@ import { KVAwareRouter } from '../../src/index.js';
 
 describe('route path allocation', () => {
   test("the cost policy's choose() allocates nothing per candidate", async () => {
-    // measured in a process of its own, up to three: V8 now and then settles into code for
-    // choose() that boxes a number per candidate and keeps it for the process's life (seen once
-    // in many runs, 592 bytes a call for a minute). Code that allocates per candidate does so in
-    // every process; one process within the bound shows the code does not
-    const seen: string[] = [];
-    for (let run = 0; run < 3; run++) {
-      const out = await chooseAllocationInProcess();
-      seen.push(out.map((m) => `${m.what}: ${m.bytes.toFixed(1)}`).join(', '));
-      if (out.every((m) => m.bytes < m.bound)) return;
-    }
-    assert.fail(`bytes per choose() over ${WORKERS} candidates, in each of 3 processes: ${seen.join('; ')}`);
+    // measured in a process of its own, up to three (see allocationWithinBounds)
+    const measured = await allocationWithinBounds('choose');
+    if (!measured.ok) assert.fail(`bytes per choose() over ${WORKERS} candidates, ${measured.seen}`);
   });
 
   test('opening and releasing tickets allocates nothing once the table has grown', () => {
@@ -96,66 +87,12 @@ describe('route path allocation', () => {
     expectCounts();
   });
 
-  test('route() and release() allocate about the result and no more, whatever the fleet and prompt', () => {
-    // a fleet and its prompts, and one with twice the workers and twice the blocks per prompt
-    const rig = (workers: number, promptTokens: number) => {
-      let now = 0;
-      const router = new KVAwareRouter({ policy: 'cost', indexMode: 'precise', blockSize: BLOCK, clock: () => now });
-      for (let w = 0; w < workers; w++) router.registerWorker(`w${w}`);
-      const rng = createRng(3);
-      const docs = Array.from({ length: 40 }, () =>
-        Uint32Array.from({ length: promptTokens }, () => Math.floor(rng() * 150_000)),
-      );
-      // each worker holds prefixes of some documents; requests share prefixes of random depth
-      for (let i = 0; i < 400; i++) {
-        const doc = docs[Math.floor(rng() * docs.length)];
-        const depth = (1 + Math.floor(rng() * (promptTokens / BLOCK))) * BLOCK;
-        router.applyStored(`w${Math.floor(rng() * workers)}`, router.hashTokens(doc.subarray(0, depth)));
-      }
-      const requests = Array.from({ length: 64 }, () => {
-        const tokens = Uint32Array.from({ length: promptTokens }, () => Math.floor(rng() * 150_000));
-        tokens.set(
-          docs[Math.floor(rng() * docs.length)].subarray(0, Math.floor(rng() * (promptTokens / BLOCK)) * BLOCK),
-        );
-        return tokens;
-      });
-      const request = { tokens: requests[0] };
-      return () =>
-        bytesPerCall(2000, (i) => {
-          now += 1;
-          request.tokens = requests[i % requests.length];
-          router.release(router.route(request).ticket);
-        });
-    };
-    const base = rig(WORKERS, PROMPT);
-    const doubled = rig(2 * WORKERS, 2 * PROMPT);
-    // the fewest bytes of each over alternating rounds, until both are in bounds (or the
-    // deadline: see STEADY_DEADLINE_MS); code that allocates per candidate or per block stays
-    // over in every round
-    let baseLeast = Infinity;
-    let doubledLeast = Infinity;
-    const rounds: string[] = [];
-    roundsUntil(
-      () => {
-        const b = base();
-        const d = doubled();
-        // the first rounds and the last: what the message shows
-        if (rounds.length === 60) rounds.splice(10, 1);
-        rounds.push(`${b.toFixed(0)}/${d.toFixed(0)}`);
-        baseLeast = Math.min(baseLeast, b);
-        doubledLeast = Math.min(doubledLeast, d);
-      },
-      () => baseLeast < 512 && doubledLeast - baseLeast < 64,
-    );
-    // what a decision must allocate is its result and the views the prompt's keys are copied
-    // through out of wasm memory, about 400 bytes here; a number boxed per candidate would be 512
-    // bytes more over the 32 more workers, and anything per block thousands over the 512 more
-    const seen = `rounds (bytes per decision, ${WORKERS} workers/${2 * WORKERS}): ${rounds.join(' ')}`;
-    assert.ok(baseLeast < 512, `${baseLeast.toFixed(1)} bytes per decision over ${WORKERS} workers; ${seen}`);
-    assert.ok(
-      doubledLeast - baseLeast < 64,
-      `${(doubledLeast - baseLeast).toFixed(1)} more bytes per decision with twice the workers and blocks; ${seen}`,
-    );
+  test('route() and release() allocate about the result and no more, whatever the fleet and prompt', async () => {
+    // a fleet and its prompts, and one with twice the workers and twice the blocks per prompt,
+    // measured in a process of its own, up to three (see measureRouteAllocation and
+    // allocationWithinBounds)
+    const measured = await allocationWithinBounds('route');
+    if (!measured.ok) assert.fail(`bytes per decision, ${measured.seen}`);
   });
 
   test("route()'s options, unknown keys refused among them, are checked without allocating", () => {

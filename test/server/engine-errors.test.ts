@@ -12,7 +12,7 @@ import {
   errorEventStatus,
   holdsMalformedEvent,
 } from '../../src/server/engine-errors.js';
-import { steadyBytesPerCall } from '../helpers/choose-allocation.js';
+import { steadyBytesPerCall } from '../helpers/route-path-allocation.js';
 
 const events = (text: string) => errorEventStatus(Buffer.from(text));
 const answer = (text: string) => errorAnswerStatus(Buffer.from(text));
