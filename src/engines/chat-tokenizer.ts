@@ -6,7 +6,7 @@ import { Tokenizer } from '@huggingface/tokenizers';
 import { LRUCache } from 'lru-cache';
 import type { ChatContentPart, ChatMessage } from '../core/hashing.js';
 import { checkChatMessages, contentPartText, contentPartType } from '../core/chat-messages.js';
-import { parseLosslessJson } from '../core/lossless-json.js';
+import { JsonNumber, parseLosslessJson } from '../core/lossless-json.js';
 import type { RouteRequest } from '../core/router/index.js';
 import { escapedText, fileErrorMessage, quotedText } from '../core/shown-text.js';
 import {
@@ -493,8 +493,9 @@ export class ChatTokenizer implements PromptTokenizer {
 const MAX_JSON_DEPTH = 1000;
 
 /**
- * vLLM's _postprocess_messages: tool-call arguments as objects (their numbers as Python reads
- * them, see parseLosslessJson); an empty tool_calls dropped.
+ * vLLM's _postprocess_messages: tool-call arguments given as a JSON string parsed (their
+ * numbers as Python reads them, see parseLosslessJson), {} for a string that is not JSON and
+ * for arguments that are neither an object nor a list; an empty tool_calls dropped.
  */
 function postprocess(conversation: Record<string, unknown>[]): void {
   for (const m of conversation) {
@@ -507,16 +508,25 @@ function postprocess(conversation: Record<string, unknown>[]): void {
       const fn = item?.function;
       if (!fn || typeof fn !== 'object') continue;
       const args = fn.arguments;
-      if (args === undefined || args === null || args === '' || args === false || args === 0) fn.arguments = {};
-      else if (typeof args === 'string') {
+      if (typeof args === 'string') {
         try {
           fn.arguments = parseLosslessJson(args, MAX_JSON_DEPTH);
-        } catch {
-          throw new RangeError("a tool call's arguments are not valid JSON");
+        } catch (err) {
+          // Python's json.loads fails past its recursion limit with a RecursionError, which
+          // vLLM does not catch: refused. Any other text that is not JSON (empty, blank,
+          // malformed) is a JSONDecodeError, which vLLM turns into {}.
+          if (/nested deeper/.test((err as Error).message))
+            throw new RangeError("a tool call's arguments nest too deeply", { cause: err });
+          fn.arguments = {};
         }
-      }
+      } else if (!isDictOrList(args)) fn.arguments = {}; // None, a number, a boolean: {} as vLLM
     }
   }
+}
+
+/** A Python dict or list as json.loads makes them (a JsonNumber is a number). */
+function isDictOrList(v: unknown): boolean {
+  return v !== null && typeof v === 'object' && !(v instanceof JsonNumber);
 }
 
 /** Tools as vLLM's ChatCompletionToolsParam.model_dump() gives them to the template. */

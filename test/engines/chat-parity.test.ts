@@ -68,18 +68,38 @@ test('continue_final_message with add_generation_prompt, a media part, bad tool 
       }),
     /image_url part cannot be tokenized/,
   );
-  assert.throws(
-    () =>
-      tokenizer.tokenizeChatRequest({
-        messages: [
-          { role: 'user', content: 'x' },
-          {
-            role: 'assistant',
-            content: null,
-            tool_calls: [{ type: 'function', function: { name: 'f', arguments: '{bad' } }],
-          },
-        ],
-      }),
-    /arguments are not valid JSON/,
+});
+
+// A template that shows what the tokenizer hands it, and the ids of the text vLLM would render.
+const shownTokenizer = (template: string) => ChatTokenizer.load(modelDir, { chatTemplate: template, cacheEntries: 0 });
+const plain = ChatTokenizer.load(modelDir, { cacheEntries: 0 });
+const idsOf = (text: string) => plain.tokenize({ text }, false);
+const ARGS_TEMPLATE =
+  "{%- for m in messages %}{{ m.role }}:{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }};{% endfor %}{% endif %}|{% endfor %}";
+const withArguments = (...args: unknown[]): ChatTemplateRequest => ({
+  messages: [
+    { role: 'user', content: 'x' },
+    {
+      role: 'assistant',
+      content: null,
+      tool_calls: args.map((a, i) => ({ id: `c${i}`, type: 'function', function: { name: 'f', arguments: a } })),
+    },
+  ],
+  add_generation_prompt: false,
+});
+
+test("tool-call arguments that are not JSON, or neither an object nor a list, are {} as vLLM's _postprocess_messages makes them", () => {
+  const tokenizer = shownTokenizer(ARGS_TEMPLATE);
+  // strings json.loads refuses (JSONDecodeError) become {}; a JSON string's value is kept as parsed
+  assert.deepEqual(
+    tokenizer.tokenizeChatRequest(withArguments('{bad', '   ', '', '[1, "a"]', '5')),
+    idsOf('user:|assistant:{};{};{};[1, "a"];5;|'),
   );
+  // not a string: a dict or list is kept, anything else (None, numbers, booleans) becomes {}
+  assert.deepEqual(
+    tokenizer.tokenizeChatRequest(withArguments(5, true, null, 0, { a: 1 }, ['b'])),
+    idsOf('user:|assistant:{};{};{};{};{"a": 1};["b"];|'),
+  );
+  // past Python's recursion limit json.loads raises RecursionError, which vLLM does not catch
+  assert.throws(() => tokenizer.tokenizeChatRequest(withArguments('['.repeat(2000))), /nest too deeply/);
 });
