@@ -407,8 +407,12 @@ export class ChatTokenizer implements PromptTokenizer {
         throw new UntokenizableContentError(
           `messages[${i}].content[${k}]: a ${contentPartType(part)} part cannot be tokenized by the router (text parts only)`,
         );
-      if (text !== null) texts.push(text);
+      // vLLM's _parse_chat_message_content_parts keeps a parsed part only when it is truthy: an
+      // empty text is dropped where the template takes strings, kept as {type, text: ""} where
+      // it takes parts (a non-empty dict)
+      if (text !== null && (text !== '' || this.partsContent)) texts.push(text);
     }
+
     const out: Record<string, unknown> = {
       role: m.role,
       content: this.partsContent ? texts.map((text) => ({ type: 'text', text })) : texts.join('\n'),

@@ -103,3 +103,15 @@ test("tool-call arguments that are not JSON, or neither an object nor a list, ar
   // past Python's recursion limit json.loads raises RecursionError, which vLLM does not catch
   assert.throws(() => tokenizer.tokenizeChatRequest(withArguments('['.repeat(2000))), /nest too deeply/);
 });
+
+// Shows each message's content (a string, or its parts' texts between brackets).
+const CONTENT_TEMPLATE =
+  "{%- for m in messages %}{{ m.role }}={% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endif %}|{% endfor %}";
+
+test("empty text parts are dropped where the template takes strings, kept where it takes parts (vLLM keeps truthy parts)", () => {
+  const messages = [{ role: 'user', content: [{ type: 'text', text: '' }, 'hi', { type: 'text', text: '' }] }];
+  const strings = shownTokenizer("{%- for m in messages %}{{ m.role }}={{ m.content }}|{% endfor %}");
+  assert.deepEqual(strings.tokenizeChatRequest({ messages, add_generation_prompt: false }), idsOf('user=hi|'));
+  const parts = shownTokenizer(CONTENT_TEMPLATE);
+  assert.deepEqual(parts.tokenizeChatRequest({ messages, add_generation_prompt: false }), idsOf('user=[][hi][]|'));
+});
