@@ -7,7 +7,8 @@ vllm/entrypoints/openai/serving_engine.py):
   1. messages are parsed (_parse_chat_message_content): content None -> "", a list of
      parts -> the text-like parts ("text", "input_text", "output_text", "refusal",
      "thinking") joined with "\n" when the template takes string content (Qwen3's does);
-     assistant tool_calls and reasoning are kept (reasoning also as reasoning_content), a
+     assistant tool_calls and `reasoning` are kept (also as reasoning_content; a
+     `reasoning_content` the client sends is not read), a
      tool message keeps tool_call_id, a string `name` is kept, other fields are dropped;
   2. _postprocess_messages: assistant tool-call arguments given as a JSON string are parsed
      into an object (empty -> {}), an empty tool_calls list is dropped;
@@ -60,7 +61,9 @@ def vllm_messages(messages):
         if m["role"] == "assistant":
             if m.get("tool_calls") is not None:
                 msg["tool_calls"] = list(copy.deepcopy(m["tool_calls"]))
-            reasoning = m.get("reasoning", m.get("reasoning_content"))
+            # vLLM reads message.get("reasoning") only (at the commit src/core/chat-messages.ts
+            # cites): a reasoning_content the client sends is not passed to the template
+            reasoning = m.get("reasoning")
             if reasoning is not None:
                 msg["reasoning"] = reasoning
                 msg["reasoning_content"] = reasoning
@@ -139,7 +142,7 @@ def conversation(rng, i):
             if kind == 2 and t == 0:
                 msgs.append({"role": "assistant", "content": [{"type": "text", "text": sentence(rng)}, {"type": "refusal", "refusal": "I can't share that."}]})
             elif kind == 8:
-                msgs.append({"role": "assistant", "content": sentence(rng), "reasoning_content": "Thinking: " + sentence(rng, 4)})
+                msgs.append({"role": "assistant", "content": sentence(rng), "reasoning": "Thinking: " + sentence(rng, 4)})
             else:
                 msgs.append({"role": "assistant", "content": sentence(rng)})
     if kind in (3, 4):

@@ -420,7 +420,9 @@ export class ChatTokenizer implements PromptTokenizer {
     if (m.role === 'assistant') {
       if (m.tool_calls !== undefined && m.tool_calls !== null)
         out.tool_calls = Array.isArray(m.tool_calls) ? structuredClone(m.tool_calls) : m.tool_calls;
-      const reasoning = m.reasoning ?? m.reasoning_content;
+      // _parse_chat_message_content reads message.get("reasoning") only (at the cited commit
+      // a `reasoning_content` the client sends is not read) and passes it under both names
+      const reasoning = m.reasoning;
       if (reasoning !== undefined && reasoning !== null) {
         out.reasoning = reasoning;
         out.reasoning_content = reasoning;

@@ -115,3 +115,18 @@ test("empty text parts are dropped where the template takes strings, kept where 
   const parts = shownTokenizer(CONTENT_TEMPLATE);
   assert.deepEqual(parts.tokenizeChatRequest({ messages, add_generation_prompt: false }), idsOf('user=[][hi][]|'));
 });
+
+test('an assistant turn\'s reasoning is read from `reasoning` only, and passed as reasoning and reasoning_content', () => {
+  const tokenizer = shownTokenizer(
+    "{%- for m in messages %}{{ m.role }}:{{ m.reasoning }}/{{ m.reasoning_content }}|{% endfor %}",
+  );
+  const ids = (assistant: Record<string, unknown>) =>
+    tokenizer.tokenizeChatRequest({
+      messages: [{ role: 'user', content: 'x' }, { role: 'assistant', content: 'a', ...assistant }],
+      add_generation_prompt: false,
+    });
+  assert.deepEqual(ids({ reasoning: 'plan' }), idsOf('user:/|assistant:plan/plan|'));
+  // vLLM's _parse_chat_message_content does not read reasoning_content (at the cited commit)
+  assert.deepEqual(ids({ reasoning_content: 'plan' }), idsOf('user:/|assistant:/|'));
+  assert.deepEqual(ids({ reasoning: 'r', reasoning_content: 'rc' }), idsOf('user:/|assistant:r/r|'));
+});
