@@ -38,6 +38,8 @@ export interface ChatTemplateRequest {
    */
   toolsJson?: string;
   documents?: readonly unknown[] | null;
+  /** The request's top-level reasoning_effort, which vLLM hands the template as a variable. */
+  reasoning_effort?: string | null;
   chat_template_kwargs?: Record<string, unknown> | null;
   /** Default true, as vLLM's ChatCompletionRequest. */
   add_generation_prompt?: boolean;
@@ -300,6 +302,7 @@ export class ChatTokenizer implements PromptTokenizer {
       tools: context.tools,
       documents: context.documents,
       kwargs: request.chat_template_kwargs ?? null,
+      reasoningEffort: context.reasoning_effort ?? null,
     });
     // the final message is cut open by continue_final_message: it is never a cacheable cut
     const cacheable = continueFinal ? conversation.length - 1 : conversation.length;
@@ -412,7 +415,6 @@ export class ChatTokenizer implements PromptTokenizer {
       // it takes parts (a non-empty dict)
       if (text !== null && (text !== '' || this.partsContent)) texts.push(text);
     }
-
     const out: Record<string, unknown> = {
       role: m.role,
       content: this.partsContent ? texts.map((text) => ({ type: 'text', text })) : texts.join('\n'),
@@ -427,10 +429,15 @@ export class ChatTokenizer implements PromptTokenizer {
         out.reasoning = reasoning;
         out.reasoning_content = reasoning;
       }
-    } else if (m.role === 'tool' && m.tool_call_id !== undefined) {
-      out.tool_call_id = m.tool_call_id;
+    } else if (m.role === 'tool') {
+      if (m.tool_call_id !== undefined) out.tool_call_id = m.tool_call_id;
+      // a tool message's text parts go back to one string ("\n"-joined) in the openai format
+      if (Array.isArray(out.content)) out.content = texts.join('\n');
     }
     if (typeof m.name === 'string') out.name = m.name;
+    // DeepSeek V4's task marker, and a developer message's tools (None when it has none)
+    if (typeof m.task === 'string') out.task = m.task;
+    if (m.role === 'developer') out.tools = m.tools ?? null;
     return out;
   }
 
@@ -446,6 +453,9 @@ export class ChatTokenizer implements PromptTokenizer {
       request.toolsJson !== undefined ? parseLosslessJson(request.toolsJson, MAX_JSON_DEPTH) : request.tools;
     ctx.tools = tools === undefined || tools === null ? null : toolsAsVllm(tools as readonly unknown[]);
     ctx.documents = request.documents ?? null;
+    // ChatCompletionRequest.build_chat_params passes reasoning_effort to the template when given
+    if (request.reasoning_effort !== undefined && request.reasoning_effort !== null)
+      ctx.reasoning_effort = request.reasoning_effort;
     return ctx;
   }
 

@@ -153,6 +153,8 @@ export function chatTemplateRequest(body: Record<string, unknown>): ChatTemplate
     tools: toolsJson === undefined ? (body.tools as unknown[] | undefined) : undefined,
     toolsJson,
     documents: body.documents as unknown[] | undefined,
+    // vLLM's ChatCompletionRequest hands it to the template (the engine checks its value)
+    reasoning_effort: typeof body.reasoning_effort === 'string' ? body.reasoning_effort : undefined,
     chat_template_kwargs: body.chat_template_kwargs as Record<string, unknown> | undefined,
     add_generation_prompt: (body.add_generation_prompt ?? undefined) as boolean | undefined,
     continue_final_message: (body.continue_final_message ?? undefined) as boolean | undefined,

@@ -130,3 +130,33 @@ test('an assistant turn\'s reasoning is read from `reasoning` only, and passed a
   assert.deepEqual(ids({ reasoning_content: 'plan' }), idsOf('user:/|assistant:/|'));
   assert.deepEqual(ids({ reasoning: 'r', reasoning_content: 'rc' }), idsOf('user:/|assistant:r/r|'));
 });
+
+test("a developer message's tools, a message's task, a tool message's parts and reasoning_effort reach the template as in vLLM", () => {
+  const tokenizer = shownTokenizer(
+    "{%- if reasoning_effort is defined %}effort={{ reasoning_effort }}|{% endif %}" +
+      "{%- for m in messages %}{{ m.role }}={% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endif %}" +
+      "{% if m.tools is defined %} tools={{ m.tools | tojson }}{% endif %}{% if m.task is defined %} task={{ m.task }}{% endif %}|{% endfor %}",
+  );
+  const ids = tokenizer.tokenizeChatRequest({
+    messages: [
+      { role: 'developer', content: 'd', tools: [{ type: 'function', function: { name: 'f' } }] },
+      { role: 'developer', content: 'e' },
+      { role: 'user', content: 'hi', task: 'query' },
+      { role: 'assistant', content: 'a', task: 5 },
+      { role: 'tool', tool_call_id: 'c1', content: [{ type: 'text', text: 'r1' }, { type: 'text', text: 'r2' }] },
+      { role: 'tool', tool_call_id: 'c2', content: 'r3' },
+    ],
+    reasoning_effort: 'high',
+    add_generation_prompt: false,
+  });
+  assert.deepEqual(
+    ids,
+    idsOf(
+      'effort=high|developer=[d] tools=[{"type": "function", "function": {"name": "f"}}]|developer=[e] tools=null|' +
+        'user=[hi] task=query|assistant=[a]|tool=r1\nr2|tool=r3|',
+    ),
+  );
+  // the gateway hands the body's reasoning_effort on
+  const body = { messages: [{ role: 'user', content: 'x' }], reasoning_effort: 'low' };
+  assert.equal(chatTemplateRequest(body).reasoning_effort, 'low');
+});
