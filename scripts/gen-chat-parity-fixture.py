@@ -188,6 +188,12 @@ FLOAT_BODIES = [
     ' {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "set_rate",'
     ' "arguments": "{\\"rate\\": 1.0, \\"step\\": 1e-7, \\"id\\": 12345678901234567890, \\"budget\\": 1E+20, \\"list\\": [0.5, 2.0, -0.0, 1e16]}"}}]},'
     ' {"role": "tool", "tool_call_id": "call_1", "content": "ok"}, {"role": "user", "content": "Thanks."}]}' % FLOAT_TOOLS,
+    # arguments given as a JSON object, not a string: Python's json reads the whole body, so
+    # they keep their floats (1.0, -0.0, 1e-07) and big ints as json.dumps writes them
+    '{"messages": [{"role": "user", "content": "Set it."},'
+    ' {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "set_rate",'
+    ' "arguments": {"rate": 1.0, "neg": -0.0, "step": 1e-7, "id": 12345678901234567890, "big": 1E+20, "list": [0.5, 2.0, 1e16]}}}]},'
+    ' {"role": "tool", "tool_call_id": "call_1", "content": "ok"}, {"role": "user", "content": "Thanks."}]}',
 ]
 
 

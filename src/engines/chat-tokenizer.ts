@@ -31,6 +31,12 @@ export interface PromptTokenizer {
 /** The parts of a /v1/chat/completions body that decide the prompt, as vLLM reads them. */
 export interface ChatTemplateRequest {
   messages: readonly unknown[];
+  /**
+   * The `messages` array as the request's JSON text gave it (messagesSourceText): read again
+   * here, when given, in place of `messages`, so the numbers of tool-call arguments given as
+   * objects (and of a developer message's tools) render as vLLM renders them (`1.0` stays `1.0`).
+   */
+  messagesJson?: string;
   tools?: readonly unknown[] | null;
   /**
    * The `tools` array as the request's JSON text gave it (toolsSourceText): read again here so
@@ -286,12 +292,18 @@ export class ChatTokenizer implements PromptTokenizer {
   /** Token ids of a chat request (messages, tools, template options) as vLLM computes them. */
   tokenizeChatRequest(request: ChatTemplateRequest): number[] {
     if (!this.template) throw new RangeError('the tokenizer has no chat template (give one with --chat-template)');
-    checkChatMessages(request.messages, (message) => new RangeError(message));
+    // the messages as the request's JSON text gave them, when the gateway passes it: their
+    // numbers (tool-call arguments, a developer message's tools) as Python reads them
+    const messages =
+      request.messagesJson !== undefined
+        ? (parseLosslessJson(request.messagesJson, MAX_JSON_DEPTH) as unknown[])
+        : request.messages;
+    checkChatMessages(messages, (message) => new RangeError(message));
     const addGenerationPrompt = request.add_generation_prompt ?? true;
     const continueFinal = request.continue_final_message ?? false;
     if (addGenerationPrompt && continueFinal)
       throw new RangeError('continue_final_message and add_generation_prompt cannot both be true');
-    const conversation = request.messages.map((m, i) => this.message(m, i));
+    const conversation = messages.map((m, i) => this.message(m, i));
     postprocess(conversation);
     const context = this.context(request);
     const whole = this.renderAll(conversation, context, addGenerationPrompt, continueFinal);
@@ -421,7 +433,7 @@ export class ChatTokenizer implements PromptTokenizer {
     };
     if (m.role === 'assistant') {
       if (m.tool_calls !== undefined && m.tool_calls !== null)
-        out.tool_calls = Array.isArray(m.tool_calls) ? structuredClone(m.tool_calls) : m.tool_calls;
+        out.tool_calls = Array.isArray(m.tool_calls) ? copyJson(m.tool_calls) : m.tool_calls;
       // _parse_chat_message_content reads message.get("reasoning") only (at the cited commit
       // a `reasoning_content` the client sends is not read) and passes it under both names
       const reasoning = m.reasoning;
@@ -538,6 +550,17 @@ function postprocess(conversation: Record<string, unknown>[]): void {
       } else if (!isDictOrList(args)) fn.arguments = {}; // None, a number, a boolean: {} as vLLM
     }
   }
+}
+
+/** A copy of parsed JSON (plain objects and arrays) that keeps its JsonNumbers (structuredClone drops their class). */
+function copyJson(v: unknown): unknown {
+  if (Array.isArray(v)) return v.map(copyJson);
+  if (v === null || typeof v !== 'object' || v instanceof JsonNumber) return v;
+  const out: Record<string, unknown> = {};
+  // defined, not assigned: a "__proto__" key stays a member
+  for (const [k, x] of Object.entries(v))
+    Object.defineProperty(out, k, { value: copyJson(x), enumerable: true, writable: true, configurable: true });
+  return out;
 }
 
 /** A Python dict or list as json.loads makes them (a JsonNumber is a number). */

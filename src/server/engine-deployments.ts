@@ -1,7 +1,7 @@
 import type { RouteRequest } from '../core/router/index.js';
 import type { ChatTemplateRequest } from '../engines/chat-tokenizer.js';
 import type { SubscriberStats } from '../engines/kv-events/subscriber.js';
-import { toolsSourceText } from './request-limits.js';
+import { messagesSourceText, toolsSourceText } from './request-limits.js';
 
 /**
  * How the gateway maps the ways engines are deployed onto router workers:
@@ -148,8 +148,12 @@ export function chatTemplateRequest(body: Record<string, unknown>): ChatTemplate
   // the tools' JSON text when the body holds it (parsed again losslessly by the tokenizer), else
   // the parsed tools: one of the two goes to the tokenizer thread, not both
   const toolsJson = toolsSourceText(body.tools);
+  // the messages' JSON text only when they hold numbers the template renders with tojson
+  // (tool-call arguments given as objects, a developer message's tools): most chats hold none
+  const messagesJson = messagesHoldJsonNumbers(body.messages) ? messagesSourceText(body.messages) : undefined;
   return {
     messages: body.messages as unknown[],
+    messagesJson,
     tools: toolsJson === undefined ? (body.tools as unknown[] | undefined) : undefined,
     toolsJson,
     documents: body.documents as unknown[] | undefined,
@@ -161,6 +165,25 @@ export function chatTemplateRequest(body: Record<string, unknown>): ChatTemplate
     // checked by readRouteRequest
     add_special_tokens: (body.add_special_tokens ?? undefined) as boolean | undefined,
   };
+}
+
+/**
+ * Whether chat messages hold JSON data whose numbers vLLM renders with Python's text: an
+ * assistant's tool call whose arguments are not a string (vLLM keeps a dict or list as parsed)
+ * or a developer message's tools.
+ */
+function messagesHoldJsonNumbers(messages: unknown): boolean {
+  if (!Array.isArray(messages)) return false;
+  for (const m of messages as Array<Record<string, unknown> | null>) {
+    if (m === null || typeof m !== 'object') continue;
+    if (m.role === 'developer' && m.tools !== undefined && m.tools !== null) return true;
+    if (!Array.isArray(m.tool_calls)) continue;
+    for (const call of m.tool_calls as Array<{ function?: { arguments?: unknown } } | null>) {
+      const args = call?.function?.arguments;
+      if (args !== null && typeof args === 'object') return true;
+    }
+  }
+  return false;
 }
 
 /**

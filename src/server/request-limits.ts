@@ -372,16 +372,28 @@ export function parseJsonBody(text: string, limits: JsonLimits): unknown {
   }
   const tools = (body as { tools?: unknown } | null)?.tools;
   if (Array.isArray(tools)) bodiesOfTools.set(tools, text);
+  const messages = (body as { messages?: unknown } | null)?.messages;
+  if (Array.isArray(messages)) bodiesOfTools.set(messages, text);
   return body;
 }
 
 /**
- * The JSON text of each parsed body that has a `tools` array, by the array (which a body copied
- * without some of its fields still holds): the tokenizer reads the tools again from it, to render
- * their numbers as vLLM does (JSON.parse turns `0.0` into `0`). The tools' own text is found only
- * when asked (toolsSourceText): only `--tokenize tokenizer` reads it.
+ * The JSON text of each parsed body that has a `tools` or `messages` array, by the array (which a
+ * body copied without some of its fields still holds): the tokenizer reads the tools (and
+ * messages whose tool-call arguments are objects) again from it, to render their numbers as vLLM
+ * does (JSON.parse turns `0.0` into `0`). The member's own text is found only when asked
+ * (toolsSourceText, messagesSourceText): only `--tokenize tokenizer` reads it.
  */
 const bodiesOfTools = new WeakMap<unknown[], string>();
+
+/**
+ * The JSON text a body's `messages` array was parsed from (by parseJsonBody), or undefined: the
+ * tokenizer reads tool-call arguments given as objects from it, as it reads the tools.
+ */
+export function messagesSourceText(messages: unknown): string | undefined {
+  const text = Array.isArray(messages) ? bodiesOfTools.get(messages) : undefined;
+  return text === undefined ? undefined : memberSourceText(text, 'messages');
+}
 
 /** The JSON text a body's `tools` array was parsed from (by parseJsonBody), or undefined. */
 export function toolsSourceText(tools: unknown): string | undefined {
