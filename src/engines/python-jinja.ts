@@ -53,6 +53,77 @@ class PythonIntValue extends IntegerValue {
   }
 }
 
+/**
+ * The characters Python's str.strip() takes as whitespace (str.isspace()). JavaScript's trim()
+ * takes another set: it also strips U+FEFF and keeps U+001C-U+001F and U+0085.
+ */
+const PYTHON_WHITESPACE: ReadonlySet<string> = new Set(
+  '\t\n\v\f\r\u001c\u001d\u001e\u001f \u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000',
+);
+
+/**
+ * Python's str.strip / lstrip / rstrip: with no argument (or None) its whitespace, with a
+ * string the code points of that string.
+ */
+export function pythonStrip(s: string, chars: string | undefined, left: boolean, right: boolean): string {
+  const set = chars === undefined ? PYTHON_WHITESPACE : new Set(Array.from(chars));
+  let start = 0;
+  let end = s.length;
+  if (left)
+    while (start < end) {
+      const ch = String.fromCodePoint(s.codePointAt(start)!);
+      if (!set.has(ch)) break;
+      start += ch.length;
+    }
+  if (right)
+    while (end > start) {
+      const low = s.charCodeAt(end - 1);
+      const pair = low >= 0xdc00 && low <= 0xdfff && end - 2 >= start && /[\ud800-\udbff]/.test(s[end - 2]);
+      const ch = pair ? s.slice(end - 2, end) : s[end - 1];
+      if (!set.has(ch)) break;
+      end -= ch.length;
+    }
+  return s.slice(start, end);
+}
+
+/** The `chars` argument of a strip method or the trim filter: undefined for none or None. */
+function stripChars(args: RuntimeValue[], what: string): string | undefined {
+  const arg = args[0] as { value?: unknown } | undefined;
+  if (arg === undefined || arg instanceof NullValue || arg instanceof UndefinedValue) return undefined;
+  if (arg instanceof StringValue) return arg.value as string;
+  throw new TypeError(`${what} arg must be None or str`);
+}
+
+// The library's string methods strip(), lstrip() and rstrip() ignore their argument and use
+// JavaScript's trim(): replaced on every string value, with Python's semantics.
+const stringBuiltins = Object.getOwnPropertyDescriptor(StringValue.prototype, 'builtins');
+if (stringBuiltins?.get) {
+  const libraryBuiltins = stringBuiltins.get;
+  const patched = new WeakSet<object>();
+  Object.defineProperty(StringValue.prototype, 'builtins', {
+    configurable: true,
+    get(this: { value: string }) {
+      const map = libraryBuiltins.call(this) as Map<string, RuntimeValue>;
+      if (!patched.has(map)) {
+        patched.add(map);
+        const methods: Array<[string, boolean, boolean]> = [
+          ['strip', true, true],
+          ['lstrip', true, false],
+          ['rstrip', false, true],
+        ];
+        for (const [name, left, right] of methods)
+          map.set(
+            name,
+            new FunctionValue((args: RuntimeValue[]) =>
+              toRuntime(pythonStrip(this.value, stripChars(args, name), left, right)),
+            ) as RuntimeValue,
+          );
+      }
+      return map;
+    },
+  });
+}
+
 type PythonNumberValue = PythonFloatValue | PythonIntValue;
 const isPythonNumber = (v: unknown): v is PythonNumberValue =>
   v instanceof PythonFloatValue || v instanceof PythonIntValue;
@@ -135,11 +206,22 @@ type ApplyFilter = (this: Interpreter, operand: RuntimeValue, filter: FilterNode
  * and ensure_ascii stay the library's). Set on each interpreter (its applyFilter is private).
  */
 const libraryApplyFilter = (Interpreter.prototype as unknown as { applyFilter: ApplyFilter }).applyFilter;
+const isFilter = (filter: FilterNode, name: string): boolean =>
+  (filter.type === 'Identifier' && filter.value === name) ||
+  (filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' && filter.callee.value === name);
 const applyFilterWithPythonNumbers: ApplyFilter = function (operand, filter, env) {
-  const isTojson =
-    (filter.type === 'Identifier' && filter.value === 'tojson') ||
-    (filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' && filter.callee.value === 'tojson');
-  if (!isTojson) return libraryApplyFilter.call(this, operand, filter, env);
+  const isTojson = isFilter(filter, 'tojson');
+  if (!isTojson) {
+    // Jinja's trim filter is Python's str.strip(chars), not JavaScript's trim()
+    if (isFilter(filter, 'trim') && operand instanceof StringValue) {
+      const args =
+        filter.type === 'CallExpression'
+          ? ((filter as { args?: unknown[] }).args ?? []).map((a) => this.evaluate(a as never, env) as RuntimeValue)
+          : [];
+      return new StringValue(pythonStrip(operand.value as string, stripChars(args, 'trim'), true, true));
+    }
+    return libraryApplyFilter.call(this, operand, filter, env);
+  }
   const numbers: PythonNumberValue[] = [];
   const marked = markNumbers(operand, numbers);
   const result = libraryApplyFilter.call(this, marked, filter, env);

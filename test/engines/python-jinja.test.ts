@@ -56,3 +56,18 @@ test("a template's range() past MAX_TEMPLATE_RANGE items is refused, not built",
   assert.equal(render('{% for i in range(3, 0, -1) %}{{ i }}{% endfor %}', 0), '321');
   assert.equal(render(`{{ range(${MAX_TEMPLATE_RANGE}) | length }}`, 0), String(MAX_TEMPLATE_RANGE));
 });
+
+test("strip, lstrip, rstrip and the trim filter are Python's: their chars argument, Python's whitespace (expected texts from jinja2)", () => {
+  // with an argument: those characters, from the ends they name
+  assert.equal(render("{{ x.strip('ab') }}|{{ x.lstrip('ab') }}|{{ x.rstrip('ab') }}", 'abxaba'), 'x|xaba|abx');
+  assert.equal(render("{{ x.strip('\n') }}", '\n  hi  \n'), '  hi  ');
+  assert.equal(render("{{ x | trim('-') }}", '--a--'), 'a');
+  // code points, not UTF-16 units: an astral character is stripped whole
+  assert.equal(render("{{ x.strip('🚀') }}", '🚀a🚀'), 'a');
+  // no argument or None: Python's whitespace, which keeps U+FEFF and takes U+001C-U+001F and U+0085
+  assert.equal(JSON.stringify(render('{{ x.strip() }}', '\ufeff a \ufeff')), JSON.stringify('\ufeff a \ufeff'));
+  assert.equal(JSON.stringify(render('{{ x.strip(none) }}', '\u001f\u0085 a\u2028\t')), JSON.stringify('a'));
+  assert.equal(JSON.stringify(render('{{ x | trim }}', '\ufeffa\u001c')), JSON.stringify('\ufeffa'));
+  assert.equal(render("{{ x.strip('') }}", ' a '), ' a ');
+  assert.throws(() => render('{{ x.strip(1) }}', 'a'), /arg must be None or str/);
+});
