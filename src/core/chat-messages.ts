@@ -16,7 +16,11 @@
  * - with a `uuid` the media may be null: the engine takes it from its cache of media by that id;
  * - text and refusal parts whose text is null or missing are skipped; input_text, output_text
  *   and thinking parts need a string (vLLM fails joining a null one into the prompt);
- * - a prompt_embeds part needs its base64 `data`, a tool_reference part its tool `name`.
+ * - a prompt_embeds part needs its base64 `data`, a tool_reference part its tool `name`;
+ * - with `wellFormed` (the gateway, the chat tokenizer), text holding a lone surrogate (JSON's
+ *   "\ud800" outside a pair) is refused, as vLLM refuses it (pydantic and the tokenizer take no
+ *   such str): in role, content, text parts, name, reasoning, tool_call_id, task, and tool
+ *   calls' function name and arguments. route() hashes such text as it is.
  * OpenAI's `file` part, which vLLM has no parser for, is still taken: the engine answers for it.
  */
 import type { ChatContentPart, ChatMessage } from './hashing.js';
@@ -76,6 +80,29 @@ export const CONTENT_PART_TYPES: ReadonlySet<string> = new Set([
   'file',
 ]);
 
+/**
+ * Keys of chat_template_kwargs vLLM refuses (a 400): `chat_template` and `tokenize`, which
+ * resolve_chat_template_kwargs (vllm/renderers/hf.py) rejects by name; `tools` and
+ * `conversation`, which it lets through as apply_chat_template's own parameters and which then
+ * reach that call a second time; `messages`, a variable of every template, which reaches the
+ * template's render() beside the conversation (transformers' render_jinja_template): both
+ * fail with "got multiple values for keyword argument".
+ */
+export const REFUSED_TEMPLATE_KWARGS: ReadonlySet<string> = new Set([
+  'chat_template',
+  'tokenize',
+  'messages',
+  'tools',
+  'conversation',
+]);
+
+/** The first key of a chat_template_kwargs object that vLLM refuses, or undefined. */
+export function refusedTemplateKwarg(kwargs: unknown): string | undefined {
+  if (kwargs === null || typeof kwargs !== 'object' || Array.isArray(kwargs)) return undefined;
+  for (const key of Object.keys(kwargs)) if (REFUSED_TEMPLATE_KWARGS.has(key)) return key;
+  return undefined;
+}
+
 /** Builds the error for a bad message; `field` is its path, e.g. `messages[2].content[0].type`. */
 export type ChatMessageFault = (message: string, field: string) => Error;
 
@@ -134,33 +161,77 @@ export function contentPartText(part: ChatContentPart | string): string | null |
  * parts vLLM takes (see the top of this file); otherwise throws `fault(message, field)` for
  * the first bad field. `allowEmpty`: an empty list passes (route() hashes it to no blocks;
  * the OpenAI API refuses it). `onMediaUrl`, when given, is called with each media URL an engine
- * would fetch, in the same walk (the gateway's allowlist of media hosts).
+ * would fetch, in the same walk (the gateway's allowlist of media hosts). `wellFormed`: text
+ * holding a lone surrogate is refused (see the top of this file).
  */
 export function checkChatMessages(
   messages: unknown,
   fault: ChatMessageFault = typeError,
   allowEmpty = false,
   onMediaUrl?: MediaUrlCheck,
+  wellFormed = false,
 ): ChatMessage[] {
+  const fine: WellFormedCheck = wellFormed ? checkWellFormed : noCheck;
   if (!Array.isArray(messages) || (messages.length === 0 && !allowEmpty))
     throw fault(allowEmpty ? 'messages must be an array' : 'messages must be a non-empty array', 'messages');
   for (let i = 0; i < messages.length; i++) {
     const msg = messages[i] as unknown;
     const at = `messages[${i}]`;
     if (msg === null || typeof msg !== 'object' || Array.isArray(msg)) throw fault(`${at} must be an object`, at);
-    const { role, content, name } = msg as Record<string, unknown>;
+    const m = msg as Record<string, unknown>;
+    const { role, content, name } = m;
     if (typeof role !== 'string' || role === '') throw fault(`${at} must have a string role`, `${at}.role`);
     if (name !== undefined && typeof name !== 'string') throw fault(`${at}.name must be a string`, `${at}.name`);
-    if (content === undefined || content === null || typeof content === 'string') continue;
+    fine(role, `${at}.role`, fault);
+    for (const key of TEXT_MESSAGE_FIELDS) fine(m[key], `${at}.${key}`, fault);
+    if (wellFormed && Array.isArray(m.tool_calls))
+      for (let k = 0; k < m.tool_calls.length; k++) {
+        const fn = (m.tool_calls[k] as { function?: Record<string, unknown> } | null)?.function;
+        if (fn === null || typeof fn !== 'object') continue;
+        fine(fn.name, `${at}.tool_calls[${k}].function.name`, fault);
+        fine(fn.arguments, `${at}.tool_calls[${k}].function.arguments`, fault);
+      }
+    if (content === undefined || content === null || typeof content === 'string') {
+      fine(content, `${at}.content`, fault);
+      continue;
+    }
     if (!Array.isArray(content))
       throw fault(`${at}.content must be a string, null or a list of content parts`, `${at}.content`);
-    for (let k = 0; k < content.length; k++) checkContentPart(content[k], `${at}.content[${k}]`, fault, onMediaUrl);
+    for (let k = 0; k < content.length; k++)
+      checkContentPart(content[k], `${at}.content[${k}]`, fault, fine, onMediaUrl);
   }
   return messages as ChatMessage[];
 }
 
-function checkContentPart(part: unknown, at: string, fault: ChatMessageFault, onMediaUrl?: MediaUrlCheck): void {
-  if (typeof part === 'string') return;
+/** The string fields of a message besides content that vLLM's message types read as text. */
+const TEXT_MESSAGE_FIELDS: readonly string[] = ['name', 'reasoning', 'tool_call_id', 'task'];
+
+/** A UTF-16 unit of a surrogate pair standing alone: no Unicode character. */
+const LONE_SURROGATE = /\p{Cs}/u;
+
+/**
+ * Refuses a string holding a lone surrogate (JSON's "\ud800"), as vLLM does: Python's json
+ * reads it into a str that pydantic cannot take as text, nor the tokenizer encode.
+ */
+type WellFormedCheck = (value: unknown, at: string, fault: ChatMessageFault) => void;
+const noCheck: WellFormedCheck = () => {};
+
+function checkWellFormed(value: unknown, at: string, fault: ChatMessageFault): void {
+  if (typeof value === 'string' && LONE_SURROGATE.test(value))
+    throw fault(`${at} holds a lone surrogate (a \\uD800-\\uDFFF escape outside a pair), which is not text`, at);
+}
+
+function checkContentPart(
+  part: unknown,
+  at: string,
+  fault: ChatMessageFault,
+  fine: WellFormedCheck,
+  onMediaUrl?: MediaUrlCheck,
+): void {
+  if (typeof part === 'string') {
+    fine(part, at, fault);
+    return;
+  }
   if (part === null || typeof part !== 'object' || Array.isArray(part))
     throw fault(`${at} must be a string or a content part object`, at);
   const p = part as Record<string, unknown>;
@@ -191,6 +262,7 @@ function checkContentPart(part: unknown, at: string, fault: ChatMessageFault, on
     const text = p[textField];
     if (typeof text !== 'string' && !(SKIPPED_WHEN_NULL.has(type) && (text === undefined || text === null)))
       throw fault(`${at}.${textField} must be a string`, `${at}.${textField}`);
+    fine(text, `${at}.${textField}`, fault);
   } else if (type === 'tool_reference') {
     if (typeof p.name !== 'string') throw fault(`${at}.name must be a string`, `${at}.name`);
   } else if (type === 'prompt_embeds') {

@@ -5,7 +5,7 @@ import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { LRUCache } from 'lru-cache';
 import type { ChatContentPart, ChatMessage } from '../core/hashing.js';
-import { checkChatMessages, contentPartText, contentPartType } from '../core/chat-messages.js';
+import { checkChatMessages, contentPartText, contentPartType, refusedTemplateKwarg } from '../core/chat-messages.js';
 import { JsonNumber, parseLosslessJson } from '../core/lossless-json.js';
 import type { RouteRequest } from '../core/router/index.js';
 import { escapedText, fileErrorMessage, quotedText } from '../core/shown-text.js';
@@ -69,17 +69,12 @@ export class UntokenizableContentError extends RangeError {
   }
 }
 
-/** Variables the caller cannot override through chat_template_kwargs. */
-const RESERVED_KWARGS = new Set([
-  'messages',
-  'tools',
-  'documents',
-  'add_generation_prompt',
-  'continue_final_message',
-  'chat_template',
-  'tokenize',
-  'conversation',
-]);
+/**
+ * Variables the request's own fields set, which chat_template_kwargs does not override (vLLM's
+ * build_chat_params merges the request's fields over the kwargs). Keys vLLM refuses
+ * (REFUSED_TEMPLATE_KWARGS) are refused.
+ */
+const OVERRIDDEN_KWARGS = new Set(['documents', 'add_generation_prompt', 'continue_final_message']);
 /** A text whose ids show where a tokenizer's post-processor puts its special tokens. */
 const PROBE_TEXT = 'a';
 /** Appended to the final message for continue_final_message, as transformers' render_jinja_template. */
@@ -298,7 +293,7 @@ export class ChatTokenizer implements PromptTokenizer {
       request.messagesJson !== undefined
         ? (parseLosslessJson(request.messagesJson, MAX_JSON_DEPTH) as unknown[])
         : request.messages;
-    checkChatMessages(messages, (message) => new RangeError(message));
+    checkChatMessages(messages, (message) => new RangeError(message), false, undefined, true);
     const addGenerationPrompt = request.add_generation_prompt ?? true;
     const continueFinal = request.continue_final_message ?? false;
     if (addGenerationPrompt && continueFinal)
@@ -459,7 +454,10 @@ export class ChatTokenizer implements PromptTokenizer {
     if (kwargs !== undefined && kwargs !== null) {
       if (typeof kwargs !== 'object' || Array.isArray(kwargs))
         throw new RangeError('chat_template_kwargs must be an object');
-      for (const [k, v] of Object.entries(kwargs)) if (!RESERVED_KWARGS.has(k)) ctx[k] = v;
+      const refused = refusedTemplateKwarg(kwargs);
+      if (refused !== undefined)
+        throw new RangeError(`chat_template_kwargs.${refused} cannot be given: it is an argument of the rendering itself`);
+      for (const [k, v] of Object.entries(kwargs)) if (!OVERRIDDEN_KWARGS.has(k)) ctx[k] = v;
     }
     const tools =
       request.toolsJson !== undefined ? parseLosslessJson(request.toolsJson, MAX_JSON_DEPTH) : request.tools;

@@ -6,7 +6,12 @@
  * anything is hashed or recorded, so a rejected request leaves no trace in the index.
  */
 import { z } from 'zod';
-import { checkChatMessages, type ChatMessageFault, type MediaUrlCheck } from '../core/chat-messages.js';
+import {
+  checkChatMessages,
+  refusedTemplateKwarg,
+  type ChatMessageFault,
+  type MediaUrlCheck,
+} from '../core/chat-messages.js';
 import { memberSourceText } from '../core/lossless-json.js';
 import { describeIssue, firstIssue, issueError } from '../core/schema-issues.js';
 import type { ChatMessage } from '../core/hashing.js';
@@ -1311,7 +1316,7 @@ export function readPrompt(
  * field. `onMediaUrl` is called with each media URL an engine would fetch (media-domains.ts).
  */
 export function readMessages(messages: unknown, onMediaUrl?: MediaUrlCheck): ChatMessage[] {
-  return checkChatMessages(messages, limitFault, false, onMediaUrl);
+  return checkChatMessages(messages, limitFault, false, onMediaUrl, true);
 }
 
 /** A bad message's error: a RequestLimitError naming the field (one function for every request). */
@@ -1576,6 +1581,13 @@ export function readRouteRequest(
   if (chat) {
     checkToolShapes(body.tools, body.tool_choice);
     checkToolGrammars(body.tools, body.tool_choice, limits.maxGrammarBytes);
+    // keys the engine refuses (REFUSED_TEMPLATE_KWARGS): refused here, they cost no worker a request
+    const refused = refusedTemplateKwarg(body.chat_template_kwargs);
+    if (refused !== undefined)
+      throw new RequestLimitError(
+        `chat_template_kwargs.${refused} cannot be given: it is an argument of the chat template's rendering itself`,
+        'chat_template_kwargs',
+      );
   }
   checkResponseFormat(body.response_format);
   checkLogprobs(body.logprobs, 'logprobs', limits.maxLogprobs, chat);

@@ -160,3 +160,16 @@ test("a developer message's tools, a message's task, a tool message's parts and 
   const body = { messages: [{ role: 'user', content: 'x' }], reasoning_effort: 'low' };
   assert.equal(chatTemplateRequest(body).reasoning_effort, 'low');
 });
+
+test('chat_template_kwargs keys vLLM refuses, and lone surrogates, are refused by the tokenizer too', () => {
+  const messages = [{ role: 'user', content: 'x' }];
+  for (const key of ['chat_template', 'tokenize', 'messages', 'tools', 'conversation'])
+    assert.throws(
+      () => plain.tokenizeChatRequest({ messages, chat_template_kwargs: { [key]: 1 } }),
+      new RegExp(`^RangeError: chat_template_kwargs\\.${key} cannot be given`),
+    );
+  assert.throws(
+    () => plain.tokenizeChatRequest({ messages: [{ role: 'user', content: 'a\udc00' }] }),
+    /messages\[0\]\.content holds a lone surrogate/,
+  );
+});

@@ -904,3 +904,32 @@ describe('max_tokens and max_completion_tokens', () => {
     );
   });
 });
+
+test('a chat whose chat_template_kwargs hold keys vLLM refuses, or whose text holds a lone surrogate, is a 400 naming the field', () => {
+  const chat = (fields: object) =>
+    readRouteRequest('/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], ...fields }, {}, DEFAULT_REQUEST_LIMITS);
+  const refused = (fields: object, param: string) =>
+    assert.throws(
+      () => chat(fields),
+      (e: unknown) => e instanceof RequestLimitError && e.status === 400 && e.param === param,
+      JSON.stringify(fields),
+    );
+  // vLLM's resolve_chat_template_kwargs rejects these two by name; the other three reach
+  // apply_chat_template or the template's render() twice
+  for (const key of ['chat_template', 'tokenize', 'messages', 'tools', 'conversation'])
+    refused({ chat_template_kwargs: { enable_thinking: false, [key]: 1 } }, 'chat_template_kwargs');
+  chat({ chat_template_kwargs: { enable_thinking: false, add_generation_prompt: false, documents: [] } });
+  // a lone surrogate is no text: pydantic and the tokenizer refuse it
+  const lone = 'a\ud83d b';
+  refused({ messages: [{ role: 'user', content: lone }] }, 'messages[0].content');
+  refused({ messages: [{ role: 'user', content: ['ok', { type: 'text', text: lone }] }] }, 'messages[0].content[1].text');
+  refused({ messages: [{ role: 'user', content: [lone] }] }, 'messages[0].content[0]');
+  refused({ messages: [{ role: 'user', content: 'x', name: lone }] }, 'messages[0].name');
+  refused({ messages: [{ role: 'assistant', content: 'x', reasoning: '\udc00' }] }, 'messages[0].reasoning');
+  refused(
+    { messages: [{ role: 'assistant', content: null, tool_calls: [{ function: { name: 'f', arguments: lone } }] }] },
+    'messages[0].tool_calls[0].function.arguments',
+  );
+  // a pair is a character
+  chat({ messages: [{ role: 'user', content: 'rocket \ud83d\ude80', name: '\ud83d\ude80' }] });
+});
