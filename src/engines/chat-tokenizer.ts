@@ -189,9 +189,7 @@ export class ChatTokenizer implements PromptTokenizer {
     const source = options.chatTemplate ?? templateOf(config);
     this.templateSource = source;
     this.template = source === undefined ? undefined : compileTemplate(source, options.chatTemplateSource);
-    this.partsContent =
-      source !== undefined &&
-      /\{%-?\s*for\s+\w+\s+in\s+(message|msg|m)(\.content|\[\s*['"]content['"]\s*\])\s*-?%\}/.test(source);
+    this.partsContent = this.template !== undefined && detectContentFormat(this.template.parsed) === 'openai';
     this.specialTokens = {};
     for (const key of ['bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token', 'cls_token', 'mask_token']) {
       const v = config[key];
@@ -456,7 +454,9 @@ export class ChatTokenizer implements PromptTokenizer {
         throw new RangeError('chat_template_kwargs must be an object');
       const refused = refusedTemplateKwarg(kwargs);
       if (refused !== undefined)
-        throw new RangeError(`chat_template_kwargs.${refused} cannot be given: it is an argument of the rendering itself`);
+        throw new RangeError(
+          `chat_template_kwargs.${refused} cannot be given: it is an argument of the rendering itself`,
+        );
       for (const [k, v] of Object.entries(kwargs)) if (!OVERRIDDEN_KWARGS.has(k)) ctx[k] = v;
     }
     const tools =
@@ -584,6 +584,102 @@ function toolsAsVllm(tools: readonly unknown[]): unknown[] {
     for (const [k, v] of Object.entries(tool)) if (!(k in d)) d[k] = v;
     return d;
   });
+}
+
+/** A node of @huggingface/jinja's AST, read by its fields. */
+interface AstNode {
+  type: string;
+  [field: string]: unknown;
+}
+
+const isAstNode = (v: unknown): v is AstNode =>
+  v !== null && typeof v === 'object' && typeof (v as { type?: unknown }).type === 'string';
+
+/** Every node under `root` (itself first), depth first in source order, as jinja2's find_all walks. */
+function astNodes(root: AstNode): AstNode[] {
+  const out: AstNode[] = [];
+  const stack: AstNode[] = [root];
+  while (stack.length > 0) {
+    const node = stack.pop()!;
+    out.push(node);
+    const children: AstNode[] = [];
+    for (const value of Object.values(node)) {
+      if (Array.isArray(value)) for (const item of value) if (isAstNode(item)) children.push(item);
+      if (isAstNode(value)) children.push(value);
+    }
+    for (let i = children.length - 1; i >= 0; i--) stack.push(children[i]);
+  }
+  return out;
+}
+
+/** vLLM's _is_var_access: the variable itself. */
+const isVarAccess = (node: AstNode, name: string): boolean => node.type === 'Identifier' && node.value === name;
+
+/** vLLM's _is_attr_access: `name.key` or `name['key']`. */
+function isAttrAccess(node: AstNode, name: string, key: string): boolean {
+  if (node.type !== 'MemberExpression' || !isAstNode(node.object) || !isVarAccess(node.object, name)) return false;
+  const property = node.property as AstNode;
+  return node.computed
+    ? property.type === 'StringLiteral' && property.value === key
+    : property.type === 'Identifier' && property.value === key;
+}
+
+/**
+ * vLLM's _is_var_or_elems_access: the variable (or its `key` member), through filters
+ * (`| selectattr(...)`), tests and slices (`messages[1:]`).
+ */
+function isVarOrElemsAccess(node: AstNode, name: string, key?: string): boolean {
+  if (node.type === 'FilterExpression' || node.type === 'TestExpression')
+    return isAstNode(node.operand) && isVarOrElemsAccess(node.operand, name, key);
+  if (node.type === 'MemberExpression' && node.computed && (node.property as AstNode).type === 'SliceExpression')
+    return isAstNode(node.object) && isVarOrElemsAccess(node.object, name, key);
+  return key !== undefined ? isAttrAccess(node, name, key) : isVarAccess(node, name);
+}
+
+/** What a for loop iterates over: jinja2 keeps a loop's `if` filter apart from it (For.test). */
+const loopIterable = (loop: AstNode): AstNode => {
+  const it = loop.iterable as AstNode;
+  return it.type === 'SelectExpression' ? (it.lhs as AstNode) : it;
+};
+
+/**
+ * The chat template's content format, as vLLM's _detect_content_format (vllm/renderers/hf.py)
+ * finds it by walking the template's AST: "openai" when a loop iterates over the `content` of a
+ * loop variable that iterates over `messages` or a variable set from it
+ * (_iter_nodes_assign_var_or_elems, _iter_nodes_assign_messages_item,
+ * _iter_nodes_assign_content_item), "string" otherwise. An assignment or loop target that is
+ * not a plain name where vLLM asserts one makes it fall back to "string", as vLLM does.
+ */
+export function detectContentFormat(program: unknown): 'openai' | 'string' {
+  try {
+    const nodes = astNodes(program as AstNode);
+    const loops = nodes.filter((n) => n.type === 'For');
+    // messages and the variables set from it, breadth first (a name reached again is not
+    // walked again: vLLM guards self-assignment only)
+    const messagesNames = ['messages'];
+    for (let i = 0; i < messagesNames.length; i++)
+      for (const set of nodes)
+        if (set.type === 'Set' && isAstNode(set.value) && isVarOrElemsAccess(set.value, messagesNames[i])) {
+          const target = set.assignee as AstNode;
+          if (target.type !== 'Identifier') throw new TypeError('an assignment target that is not a name');
+          if (!messagesNames.includes(target.value as string)) messagesNames.push(target.value as string);
+        }
+    const messageNames: string[] = [];
+    for (const loop of loops)
+      if (messagesNames.some((name) => isVarOrElemsAccess(loopIterable(loop), name))) {
+        const target = loop.loopvar as AstNode;
+        if (target.type !== 'Identifier') throw new TypeError('a loop target that is not a name');
+        messageNames.push(target.value as string);
+      }
+    for (const loop of loops)
+      if (messageNames.some((name) => isVarOrElemsAccess(loopIterable(loop), name, 'content'))) {
+        if ((loop.loopvar as AstNode).type !== 'Identifier') throw new TypeError('a loop target that is not a name');
+        return 'openai';
+      }
+    return 'string';
+  } catch {
+    return 'string';
+  }
 }
 
 function templateOf(config: Record<string, unknown>): string | undefined {

@@ -3,7 +3,8 @@ import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname } from 'node:path';
 import { test } from 'node:test';
-import { ChatTokenizer, type ChatTemplateRequest } from '../../src/engines/chat-tokenizer.js';
+import { Template } from '@huggingface/jinja';
+import { ChatTokenizer, detectContentFormat, type ChatTemplateRequest } from '../../src/engines/chat-tokenizer.js';
 import { chatTemplateRequest } from '../../src/server/engine-deployments.js';
 import { DEFAULT_REQUEST_LIMITS, parseJsonBody } from '../../src/server/request-limits.js';
 
@@ -75,7 +76,7 @@ const shownTokenizer = (template: string) => ChatTokenizer.load(modelDir, { chat
 const plain = ChatTokenizer.load(modelDir, { cacheEntries: 0 });
 const idsOf = (text: string) => plain.tokenize({ text }, false);
 const ARGS_TEMPLATE =
-  "{%- for m in messages %}{{ m.role }}:{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }};{% endfor %}{% endif %}|{% endfor %}";
+  '{%- for m in messages %}{{ m.role }}:{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }};{% endfor %}{% endif %}|{% endfor %}';
 const withArguments = (...args: unknown[]): ChatTemplateRequest => ({
   messages: [
     { role: 'user', content: 'x' },
@@ -106,23 +107,26 @@ test("tool-call arguments that are not JSON, or neither an object nor a list, ar
 
 // Shows each message's content (a string, or its parts' texts between brackets).
 const CONTENT_TEMPLATE =
-  "{%- for m in messages %}{{ m.role }}={% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endif %}|{% endfor %}";
+  '{%- for m in messages %}{{ m.role }}={% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endif %}|{% endfor %}';
 
-test("empty text parts are dropped where the template takes strings, kept where it takes parts (vLLM keeps truthy parts)", () => {
+test('empty text parts are dropped where the template takes strings, kept where it takes parts (vLLM keeps truthy parts)', () => {
   const messages = [{ role: 'user', content: [{ type: 'text', text: '' }, 'hi', { type: 'text', text: '' }] }];
-  const strings = shownTokenizer("{%- for m in messages %}{{ m.role }}={{ m.content }}|{% endfor %}");
+  const strings = shownTokenizer('{%- for m in messages %}{{ m.role }}={{ m.content }}|{% endfor %}');
   assert.deepEqual(strings.tokenizeChatRequest({ messages, add_generation_prompt: false }), idsOf('user=hi|'));
   const parts = shownTokenizer(CONTENT_TEMPLATE);
   assert.deepEqual(parts.tokenizeChatRequest({ messages, add_generation_prompt: false }), idsOf('user=[][hi][]|'));
 });
 
-test('an assistant turn\'s reasoning is read from `reasoning` only, and passed as reasoning and reasoning_content', () => {
+test("an assistant turn's reasoning is read from `reasoning` only, and passed as reasoning and reasoning_content", () => {
   const tokenizer = shownTokenizer(
-    "{%- for m in messages %}{{ m.role }}:{{ m.reasoning }}/{{ m.reasoning_content }}|{% endfor %}",
+    '{%- for m in messages %}{{ m.role }}:{{ m.reasoning }}/{{ m.reasoning_content }}|{% endfor %}',
   );
   const ids = (assistant: Record<string, unknown>) =>
     tokenizer.tokenizeChatRequest({
-      messages: [{ role: 'user', content: 'x' }, { role: 'assistant', content: 'a', ...assistant }],
+      messages: [
+        { role: 'user', content: 'x' },
+        { role: 'assistant', content: 'a', ...assistant },
+      ],
       add_generation_prompt: false,
     });
   assert.deepEqual(ids({ reasoning: 'plan' }), idsOf('user:/|assistant:plan/plan|'));
@@ -133,9 +137,9 @@ test('an assistant turn\'s reasoning is read from `reasoning` only, and passed a
 
 test("a developer message's tools, a message's task, a tool message's parts and reasoning_effort reach the template as in vLLM", () => {
   const tokenizer = shownTokenizer(
-    "{%- if reasoning_effort is defined %}effort={{ reasoning_effort }}|{% endif %}" +
-      "{%- for m in messages %}{{ m.role }}={% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endif %}" +
-      "{% if m.tools is defined %} tools={{ m.tools | tojson }}{% endif %}{% if m.task is defined %} task={{ m.task }}{% endif %}|{% endfor %}",
+    '{%- if reasoning_effort is defined %}effort={{ reasoning_effort }}|{% endif %}' +
+      '{%- for m in messages %}{{ m.role }}={% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endif %}' +
+      '{% if m.tools is defined %} tools={{ m.tools | tojson }}{% endif %}{% if m.task is defined %} task={{ m.task }}{% endif %}|{% endfor %}',
   );
   const ids = tokenizer.tokenizeChatRequest({
     messages: [
@@ -143,7 +147,14 @@ test("a developer message's tools, a message's task, a tool message's parts and 
       { role: 'developer', content: 'e' },
       { role: 'user', content: 'hi', task: 'query' },
       { role: 'assistant', content: 'a', task: 5 },
-      { role: 'tool', tool_call_id: 'c1', content: [{ type: 'text', text: 'r1' }, { type: 'text', text: 'r2' }] },
+      {
+        role: 'tool',
+        tool_call_id: 'c1',
+        content: [
+          { type: 'text', text: 'r1' },
+          { type: 'text', text: 'r2' },
+        ],
+      },
       { role: 'tool', tool_call_id: 'c2', content: 'r3' },
     ],
     reasoning_effort: 'high',
@@ -171,5 +182,80 @@ test('chat_template_kwargs keys vLLM refuses, and lone surrogates, are refused b
   assert.throws(
     () => plain.tokenizeChatRequest({ messages: [{ role: 'user', content: 'a\udc00' }] }),
     /messages\[0\]\.content holds a lone surrogate/,
+  );
+});
+
+test("the content format is found as vLLM's _detect_content_format finds it, on the template's AST", () => {
+  // expected: vLLM's detection (vllm/renderers/hf.py) run over the same templates with jinja2;
+  // a target that is not a name where vLLM asserts one makes it fall back to "string"
+  const cases: Array<[string, string, 'openai' | 'string']> = [
+    [
+      'llama4 selectattr',
+      "{%- for message in messages %}{%- for c in message['content'] | selectattr('type', 'equalto', 'text') %}{{ c.text }}{%- endfor %}{%- endfor %}",
+      'openai',
+    ],
+    [
+      'gemma loop var',
+      '{%- set loop_messages = messages %}{%- for turn in loop_messages %}{%- if turn.content is string %}{{ turn.content }}{%- else %}{%- for item in turn.content %}{{ item.text }}{%- endfor %}{%- endif %}{%- endfor %}',
+      'openai',
+    ],
+    [
+      'plain',
+      '{%- for message in messages %}{%- for part in message.content %}{{ part.text }}{%- endfor %}{%- endfor %}',
+      'openai',
+    ],
+    ['slice', "{% for m in messages[1:] %}{% for p in m['content'] %}{{ p }}{% endfor %}{% endfor %}", 'openai'],
+    [
+      'chain and loop filter',
+      "{% set msgs = messages | list %}{% set rest = msgs[1:] %}{% for m in rest if m.role != 'system' %}{% for p in m.content %}{{ p }}{% endfor %}{% endfor %}",
+      'openai',
+    ],
+    ['string', '{% for message in messages %}{{ message.content }}{% endfor %}', 'string'],
+    [
+      'other key',
+      '{% for message in messages %}{% for x in message.content_parts %}{{ x }}{% endfor %}{% endfor %}',
+      'string',
+    ],
+    [
+      'not a message',
+      '{% for item in foo.content %}{{ item }}{% endfor %}{% for message in messages %}{{ message.content }}{% endfor %}',
+      'string',
+    ],
+    [
+      'tuple target',
+      '{% for message in messages %}{% for a, b in message.content %}{{ a }}{% endfor %}{% endfor %}',
+      'string',
+    ],
+    [
+      'tuple message target',
+      '{% for i, message in messages %}{% for c in message.content %}{{ c }}{% endfor %}{% endfor %}',
+      'string',
+    ],
+    [
+      'namespace assign',
+      '{% set ns = namespace(m=none) %}{% set ns.m = messages %}{% for message in messages %}{% for c in message.content %}{{ c }}{% endfor %}{% endfor %}',
+      'string',
+    ],
+    [
+      'content loop filter',
+      "{% for message in messages %}{% for c in message.content if c.type == 'text' %}{{ c.text }}{% endfor %}{% endfor %}",
+      'openai',
+    ],
+    [
+      'content via set',
+      '{% for message in messages %}{% set content = message.content %}{% for c in content %}{{ c }}{% endfor %}{% endfor %}',
+      'string',
+    ],
+  ];
+  for (const [name, source, format] of cases)
+    assert.equal(detectContentFormat(new Template(source).parsed), format, name);
+  // Gemma's loop over `loop_messages`: the parts reach the template as parts
+  const gemma = shownTokenizer(cases[1][1]);
+  assert.deepEqual(
+    gemma.tokenizeChatRequest({
+      messages: [{ role: 'user', content: [{ type: 'text', text: 'a' }, 'b'] }],
+      add_generation_prompt: false,
+    }),
+    idsOf('ab'),
   );
 });

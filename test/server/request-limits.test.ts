@@ -907,7 +907,12 @@ describe('max_tokens and max_completion_tokens', () => {
 
 test('a chat whose chat_template_kwargs hold keys vLLM refuses, or whose text holds a lone surrogate, is a 400 naming the field', () => {
   const chat = (fields: object) =>
-    readRouteRequest('/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], ...fields }, {}, DEFAULT_REQUEST_LIMITS);
+    readRouteRequest(
+      '/v1/chat/completions',
+      { messages: [{ role: 'user', content: 'hi' }], ...fields },
+      {},
+      DEFAULT_REQUEST_LIMITS,
+    );
   const refused = (fields: object, param: string) =>
     assert.throws(
       () => chat(fields),
@@ -922,7 +927,10 @@ test('a chat whose chat_template_kwargs hold keys vLLM refuses, or whose text ho
   // a lone surrogate is no text: pydantic and the tokenizer refuse it
   const lone = 'a\ud83d b';
   refused({ messages: [{ role: 'user', content: lone }] }, 'messages[0].content');
-  refused({ messages: [{ role: 'user', content: ['ok', { type: 'text', text: lone }] }] }, 'messages[0].content[1].text');
+  refused(
+    { messages: [{ role: 'user', content: ['ok', { type: 'text', text: lone }] }] },
+    'messages[0].content[1].text',
+  );
   refused({ messages: [{ role: 'user', content: [lone] }] }, 'messages[0].content[0]');
   refused({ messages: [{ role: 'user', content: 'x', name: lone }] }, 'messages[0].name');
   refused({ messages: [{ role: 'assistant', content: 'x', reasoning: '\udc00' }] }, 'messages[0].reasoning');
