@@ -139,13 +139,15 @@ const MAX_JOINED_MESSAGES = 8;
  *
  * - messages are read as vLLM reads them (vllm/entrypoints/chat_utils.py
  *   _parse_chat_message_content, _postprocess_messages): content null → "", a list of parts
- *   → its text parts joined with "\n" (or, for a template that iterates over content parts,
- *   kept as [{type: "text", text}]); assistant tool_calls kept, their JSON-string arguments
- *   parsed into objects; reasoning kept (also as reasoning_content); a tool message's
- *   tool_call_id and a string name kept; other fields dropped;
+ *   → its non-empty text parts joined with "\n" (or, for a template that iterates over content
+ *   parts, detectContentFormat, kept as [{type: "text", text}], a tool message's joined back);
+ *   assistant tool_calls kept, their JSON-string arguments parsed into objects ({} for text
+ *   that is not JSON and for arguments neither an object nor a list); `reasoning` kept (also
+ *   as reasoning_content); a tool message's tool_call_id, a string name and task, a developer
+ *   message's tools kept; other fields dropped;
  * - tools as vLLM's ChatCompletionToolsParam dumps them ({type, function: {name,
  *   description, parameters}}, missing ones null, extra fields kept after);
- * - the template rendered with the special tokens, chat_template_kwargs,
+ * - the template rendered with the special tokens, chat_template_kwargs, reasoning_effort,
  *   add_generation_prompt (default true) and continue_final_message (as transformers'
  *   render_jinja_template: the final message is left open);
  * - the text tokenized without adding special tokens (the template has them). A completions
