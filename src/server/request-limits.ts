@@ -376,9 +376,9 @@ export function parseJsonBody(text: string, limits: JsonLimits): unknown {
     throw new RequestLimitError('the body is not valid JSON', 'body');
   }
   const tools = (body as { tools?: unknown } | null)?.tools;
-  if (Array.isArray(tools)) bodiesOfTools.set(tools, text);
+  if (Array.isArray(tools)) bodiesOfMembers.set(tools, text);
   const messages = (body as { messages?: unknown } | null)?.messages;
-  if (Array.isArray(messages)) bodiesOfTools.set(messages, text);
+  if (Array.isArray(messages)) bodiesOfMembers.set(messages, text);
   return body;
 }
 
@@ -389,20 +389,20 @@ export function parseJsonBody(text: string, limits: JsonLimits): unknown {
  * does (JSON.parse turns `0.0` into `0`). The member's own text is found only when asked
  * (toolsSourceText, messagesSourceText): only `--tokenize tokenizer` reads it.
  */
-const bodiesOfTools = new WeakMap<unknown[], string>();
+const bodiesOfMembers = new WeakMap<unknown[], string>();
 
 /**
  * The JSON text a body's `messages` array was parsed from (by parseJsonBody), or undefined: the
  * tokenizer reads tool-call arguments given as objects from it, as it reads the tools.
  */
 export function messagesSourceText(messages: unknown): string | undefined {
-  const text = Array.isArray(messages) ? bodiesOfTools.get(messages) : undefined;
+  const text = Array.isArray(messages) ? bodiesOfMembers.get(messages) : undefined;
   return text === undefined ? undefined : memberSourceText(text, 'messages');
 }
 
 /** The JSON text a body's `tools` array was parsed from (by parseJsonBody), or undefined. */
 export function toolsSourceText(tools: unknown): string | undefined {
-  const text = Array.isArray(tools) ? bodiesOfTools.get(tools) : undefined;
+  const text = Array.isArray(tools) ? bodiesOfMembers.get(tools) : undefined;
   return text === undefined ? undefined : memberSourceText(text, 'tools');
 }
 
