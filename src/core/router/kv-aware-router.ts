@@ -10,7 +10,7 @@ import { ContentAnchorIndex } from '../content-anchors.js';
 import { BlockHashes, hashString32, type HashNamespace } from '../hashing.js';
 import type { CostWeights } from '../policies/index.js';
 import { choiceError, isChoiceOf } from '../policies/policy-object.js';
-import type { Candidate, RouteFeatures, RouteReason, RoutingPolicy } from '../policies/types.js';
+import type { Candidate, PolicyChoice, RouteFeatures, RouteReason, RoutingPolicy } from '../policies/types.js';
 import { roundHalfEven3 } from '../round-half-even.js';
 import { quotedText } from '../shown-text.js';
 import * as check from '../validate.js';
@@ -116,6 +116,13 @@ export class KVAwareRouter {
    * the caller's own gets a fresh one per decision, which it may keep.
    */
   private readonly features: FeaturesScratch | undefined;
+  /**
+   * Set while route() runs the policy's code (choose(), and scoreTerms() for `explain`): the
+   * request's working data above (fields, hash namespace, prefix lookup, candidates, features)
+   * is the router's own, so a call that routes or changes the router from there is refused
+   * (refuseWhileDeciding()) rather than left to overwrite the decision being taken.
+   */
+  private deciding: 'choose()' | 'scoreTerms()' | undefined = undefined;
 
   constructor(options: KVAwareRouterOptions = {}) {
     const o = resolveRouterOptions(options);
@@ -182,6 +189,7 @@ export class KVAwareRouter {
    * are checked as for a new one. An id is at most 256 characters (MAX_WORKER_ID_LENGTH).
    */
   registerWorker(workerId: string, info?: WorkerInfo): void {
+    this.refuseWhileDeciding('registerWorker()');
     this.workers.register(workerId, info);
     this.prefix.groupBlockSizes(this.workers.values());
   }
@@ -198,6 +206,7 @@ export class KVAwareRouter {
 
   /** Forgets a worker and everything recorded on it. Returns whether it was known. */
   removeWorker(workerId: string): boolean {
+    this.refuseWhileDeciding('removeWorker()');
     check.requireId(workerId, 'workerId');
     const state = this.workers.remove(workerId);
     if (!state) return false;
@@ -216,21 +225,25 @@ export class KVAwareRouter {
    * the next use. `resumeWorker` undoes it.
    */
   drainWorker(workerId: string): void {
+    this.refuseWhileDeciding('drainWorker()');
     this.requireRegistered(workerId).draining = true;
   }
 
   resumeWorker(workerId: string): void {
+    this.refuseWhileDeciding('resumeWorker()');
     this.requireRegistered(workerId).draining = false;
   }
 
   /** Health from the gateway's checks: an unhealthy worker gets no requests but keeps its state. */
   setWorkerHealth(workerId: string, healthy: boolean): void {
+    this.refuseWhileDeciding('setWorkerHealth()');
     if (typeof healthy !== 'boolean') throw new TypeError('healthy must be a boolean');
     this.requireRegistered(workerId).healthy = healthy;
   }
 
   /** Engine-reported load, e.g. scraped from /metrics. */
   updateWorkerMetrics(workerId: string, metrics: WorkerMetrics): void {
+    this.refuseWhileDeciding('updateWorkerMetrics()');
     const w = this.requireRegistered(workerId);
     check.object(metrics, 'metrics');
     check.knownKeys(metrics, METRICS_KEYS, 'metrics');
@@ -284,6 +297,7 @@ export class KVAwareRouter {
 
   /** The worker stored these blocks (sequence hashes as from hashTokens). */
   applyStored(workerId: string, blocks: BlockSequence, tier: 'gpu' | 'offload' = 'gpu'): void {
+    this.refuseWhileDeciding('applyStored()');
     const w = this.requireRegistered(workerId);
     checkBlocks(blocks);
     this.index.applyStored(w.slot, blocks.hi, blocks.lo, 0, blocks.length, tierOf(tier));
@@ -295,6 +309,7 @@ export class KVAwareRouter {
 
   /** The worker evicted these blocks; without a tier, from every tier. */
   applyRemoved(workerId: string, blocks: BlockSequence, tier?: 'gpu' | 'offload'): void {
+    this.refuseWhileDeciding('applyRemoved()');
     const w = this.requireRegistered(workerId);
     checkBlocks(blocks);
     this.index.applyRemoved(
@@ -313,6 +328,7 @@ export class KVAwareRouter {
    * while its offload tier kept its copies.
    */
   applyCleared(workerId: string, keep?: 'offload'): void {
+    this.refuseWhileDeciding('applyCleared()');
     const w = this.requireRegistered(workerId);
     if (keep !== undefined && keep !== 'offload') {
       const given: unknown = keep;
@@ -357,6 +373,7 @@ export class KVAwareRouter {
    * unless `track: false`, counted as in-flight work until release().
    */
   route(request: RouteRequest, options: RouteOptions = NO_OPTIONS): RouteResult {
+    this.refuseWhileDeciding('route()');
     check.object(request, 'request');
     check.knownKeys(request, ROUTE_REQUEST_KEYS, 'request');
     check.object(options, 'options');
@@ -453,7 +470,14 @@ export class KVAwareRouter {
           : 0;
     features.now = now;
     features.firstTokenReported = options.firstTokenReported !== false;
-    const choice = this.policy.choose(candidates, features);
+    let choice: PolicyChoice;
+    // the policy's code may not route or change the router: the request's working data is the router's
+    this.deciding = 'choose()';
+    try {
+      choice = this.policy.choose(candidates, features);
+    } finally {
+      this.deciding = undefined;
+    }
     // a user's policy is not trusted to keep to PolicyChoice; the built-in ones always do
     if (!isChoiceOf(choice, candidates.length)) throw choiceError(this.policy.name, choice, candidates.length);
     const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;
@@ -477,7 +501,14 @@ export class KVAwareRouter {
         options.exclude,
       );
     if (cacheSalt !== undefined && isolated) result.cacheSalt = cacheSalt;
-    if (options.explain) result.explain = explainCandidates(candidates, features, choice.index, this.policy);
+    if (options.explain) {
+      this.deciding = 'scoreTerms()'; // the policy's code too
+      try {
+        result.explain = explainCandidates(candidates, features, choice.index, this.policy);
+      } finally {
+        this.deciding = undefined;
+      }
+    }
     if (options.dryRun) return result;
 
     // a decision taken again counts in place of the one it replaces (a count never goes below zero)
@@ -514,6 +545,7 @@ export class KVAwareRouter {
    * NoEndpointsError (its `reason` says why) when no worker can take the request.
    */
   routeOrThrow(request: RouteRequest, options: RouteOptions = NO_OPTIONS): RoutedResult {
+    this.refuseWhileDeciding('routeOrThrow()');
     const result = this.route(request, options);
     if (result.noWorker) throw new NoEndpointsError(result.noWorker, result.policy);
     return result;
@@ -530,6 +562,7 @@ export class KVAwareRouter {
    * (a message that never came does not keep them).
    */
   applySharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>, now?: number): boolean {
+    this.refuseWhileDeciding('applySharedDecision()');
     checkSharedDecision(d, this.maxIdBytes);
     const given = now === undefined ? this.readClock() : this.givenTime(now, 'now');
     const worker = this.workers.get(d.workerId);
@@ -552,6 +585,7 @@ export class KVAwareRouter {
 
   /** Another replica's decision applied here has passed refusal (its prefill ended, or it ended): its blocks stay. */
   settleSharedDecision(d: Pick<SharedDecision, 'id'>): void {
+    this.refuseWhileDeciding('settleSharedDecision()');
     check.object(d, 'decision');
     if (d.id === undefined) return;
     check.requireId(d.id, 'decision.id');
@@ -568,6 +602,7 @@ export class KVAwareRouter {
    * many index entries were withdrawn (0 for a decision unknown here, or settled).
    */
   refuseSharedDecision(d: Pick<SharedDecision, 'id'>): number {
+    this.refuseWhileDeciding('refuseSharedDecision()');
     check.object(d, 'decision');
     if (d.id === undefined) return 0;
     check.requireId(d.id, 'decision.id');
@@ -601,6 +636,7 @@ export class KVAwareRouter {
 
   /** Sets a workflow's worker (the shared state's word for it, which wins); ignored for unknown workers. */
   setWorkflowAffinity(workflowId: string, workerId: string, step: number | null = null): void {
+    this.refuseWhileDeciding('setWorkflowAffinity()');
     check.boundedId(workflowId, 'workflowId', this.maxIdBytes);
     check.requireId(workerId, 'workerId');
     check.optionalNonNegativeInt(step, 'step');
@@ -639,6 +675,7 @@ export class KVAwareRouter {
    * a TypeError for one that is no number), and nothing changes unless all three are.
    */
   setRemoteLoad(workerId: string, load: InFlightLoad): void {
+    this.refuseWhileDeciding('setRemoteLoad()');
     const w = this.requireRegistered(workerId);
     check.object(load, 'load');
     check.knownKeys(load, IN_FLIGHT_LOAD_KEYS, 'load');
@@ -647,6 +684,7 @@ export class KVAwareRouter {
 
   /** The request's prefill finished (first token seen): its work moves from prefill to decode. */
   markPrefillDone(ticket: number): void {
+    this.refuseWhileDeciding('markPrefillDone()');
     check.ticket(ticket);
     this.policy.onPrefillDone?.(ticket);
     this.inFlight.markPrefillDone(ticket);
@@ -669,6 +707,7 @@ export class KVAwareRouter {
    * many index entries were withdrawn (0 for an unknown, untracked or ended ticket).
    */
   markRefused(ticket: number): number {
+    this.refuseWhileDeciding('markRefused()');
     check.ticket(ticket);
     // a removed worker's decisions were dropped with it (its slot may be reused since)
     return this.withdrawKept(ticket);
@@ -755,6 +794,7 @@ export class KVAwareRouter {
 
   /** The request completed, failed or was abandoned: its work leaves the worker. Idempotent. */
   release(ticket: number): void {
+    this.refuseWhileDeciding('release()');
     check.ticket(ticket);
     this.policy.onReleased?.(ticket);
     this.inFlight.release(ticket);
@@ -764,17 +804,20 @@ export class KVAwareRouter {
   // --------------------------------------------------------------- the seed's API
 
   async selectWorker(anchorHash: string, opts: SelectWorkerOptions = {}): Promise<RouteDecision> {
+    this.refuseWhileDeciding('selectWorker()');
     const r = this.route(seedRouteRequest(anchorHash, opts, this.maxPromptTokens, this.maxIdBytes), { track: false });
     const claGroup = opts.claGroup ?? null;
     return { targetWorkerId: r.workerId, anchorHash, claGroup, confidence: r.confidence, preRope: true };
   }
 
   async updateWorkerState(workerId: string, load: number, opts: UpdateWorkerStateOptions = {}): Promise<void> {
+    this.refuseWhileDeciding('updateWorkerState()');
     applySeedWorkerState(this.workers, workerId, load, opts);
   }
 
   /** Records that `targetWorkerId` now holds the anchor's blocks (registered or not, as the seed). */
   async broadcastNewBlocks(anchorHash: string, blockIds: string[], targetWorkerId: string): Promise<void> {
+    this.refuseWhileDeciding('broadcastNewBlocks()');
     check.boundedId(anchorHash, 'anchorHash', this.maxIdBytes);
     check.idList(blockIds, 'blockIds');
     check.workerId(targetWorkerId, 'targetWorkerId');
@@ -859,6 +902,19 @@ export class KVAwareRouter {
    */
   get time(): number {
     return this.latestTime;
+  }
+
+  /**
+   * Refuses a call that routes or changes the router made from inside the policy's choose()
+   * (or scoreTerms()) while route() decides: it would overwrite the decision's working data
+   * (the request's fields, its hashes, the candidate list) or free the chosen worker's slot, and
+   * the outer decision would be recorded wrong without a word. Nothing has changed when it throws.
+   */
+  private refuseWhileDeciding(call: string): void {
+    if (this.deciding !== undefined)
+      throw new TypeError(
+        `${call} called from inside the ${this.deciding} of policy '${this.policy.name}': a policy may not route or change the router while route() decides`,
+      );
   }
 
   private requireRegistered(workerId: string): WorkerState {
