@@ -9,7 +9,7 @@ import { BlockIndex, Tier } from '../block-index.js';
 import { ContentAnchorIndex } from '../content-anchors.js';
 import { BlockHashes, hashString32, type HashNamespace } from '../hashing.js';
 import type { CostWeights } from '../policies/index.js';
-import { choiceError, isChoiceOf } from '../policies/policy-object.js';
+import { choiceError } from '../policies/policy-object.js';
 import type { Candidate, PolicyChoice, RouteFeatures, RouteReason, RoutingPolicy } from '../policies/types.js';
 import { roundHalfEven3 } from '../round-half-even.js';
 import { quotedText } from '../shown-text.js';
@@ -79,9 +79,9 @@ export class KVAwareRouter {
   /** The seed never counts blocks; under policy 'seed' activeBlocks stays 0 as there. */
   private readonly countsBlocks: boolean;
   /** Decisions by reason; no prototype, so that a policy's reason named like one of Object's members is a key as any other. */
-  private readonly decisions: Partial<Record<RouteReason, number>> = Object.create(null) as Partial<
-    Record<RouteReason, number>
-  >;
+  private readonly decisions: Partial<Record<string, number>> = Object.create(null) as Partial<Record<string, number>>;
+  /** How many keys `decisions` has: past MAX_DECISION_REASONS, a new reason counts under OTHER_REASON. */
+  private decisionReasons = 0;
   private readonly inFlight = new InFlightTickets();
   /** The blocks pending decisions alone added to the index, withdrawn if their engine refuses them. */
   private readonly withdrawable: WithdrawablePredictions;
@@ -470,25 +470,33 @@ export class KVAwareRouter {
           : 0;
     features.now = now;
     features.firstTokenReported = options.firstTokenReported !== false;
-    let choice: PolicyChoice;
+    let index: number;
+    let confidence: number;
+    let reason: RouteReason;
     // the policy's code may not route or change the router: the request's working data is the router's
     this.deciding = 'choose()';
     try {
-      choice = this.policy.choose(candidates, features);
+      const choice: PolicyChoice = this.policy.choose(candidates, features);
+      if (typeof choice !== 'object' || choice === null) throw choiceError(this.policy.name, choice, candidates.length);
+      // each member read once, then checked and used: a getter answering otherwise the second
+      // time would pass the check with one value and decide with another
+      index = choice.index;
+      confidence = choice.confidence;
+      reason = choice.reason;
     } finally {
       this.deciding = undefined;
     }
     // a user's policy is not trusted to keep to PolicyChoice; the built-in ones always do
-    if (!isChoiceOf(choice, candidates.length)) throw choiceError(this.policy.name, choice, candidates.length);
-    const chosen = choice.index >= 0 ? candidates[choice.index] : undefined;
+    checkChoice(this.policy.name, index, confidence, reason, candidates.length);
+    const chosen = index >= 0 ? candidates[index] : undefined;
 
     const result: RouteResult = {
       workerId: chosen ? chosen.worker.id : '',
       cachedTokens: chosen ? chosen.cachedTokens : 0,
       promptTokens,
-      confidence: choice.confidence,
+      confidence,
       policy: this.policy.name,
-      reason: choice.reason,
+      reason,
       blocks: requestBlocks,
       ticket: 0,
       preRope: true,
@@ -504,7 +512,7 @@ export class KVAwareRouter {
     if (options.explain) {
       this.deciding = 'scoreTerms()'; // the policy's code too
       try {
-        result.explain = explainCandidates(candidates, features, choice.index, this.policy);
+        result.explain = explainCandidates(candidates, features, index, this.policy);
       } finally {
         this.deciding = undefined;
       }
@@ -512,8 +520,14 @@ export class KVAwareRouter {
     if (options.dryRun) return result;
 
     // a decision taken again counts in place of the one it replaces (a count never goes below zero)
-    if (replaces !== undefined && (this.decisions[replaces.reason] ?? 0) > 0) this.decisions[replaces.reason]!--;
-    this.decisions[choice.reason] = (this.decisions[choice.reason] ?? 0) + 1;
+    if (replaces !== undefined && typeof replaces.reason === 'string') {
+      const replaced = this.decisionKey(replaces.reason);
+      if ((this.decisions[replaced] ?? 0) > 0) this.decisions[replaced]!--;
+    }
+    const key = this.decisionKey(reason);
+    const counted = this.decisions[key];
+    if (counted === undefined) this.decisionReasons++;
+    this.decisions[key] = (counted ?? 0) + 1;
     if (!chosen) return result;
     const worker = chosen.worker;
     const tracked = options.track !== false;
@@ -917,6 +931,16 @@ export class KVAwareRouter {
       );
   }
 
+  /**
+   * The key getStats().decisionsByReason counts a decision of `reason` under: its own, unless
+   * MAX_DECISION_REASONS reasons have one already, then OTHER_REASON. A policy of the caller's
+   * own names its reasons, and a map it fills would otherwise grow without limit (as would the
+   * gateway's decision metric, a series per reason).
+   */
+  private decisionKey(reason: string): string {
+    return this.decisions[reason] !== undefined || this.decisionReasons < MAX_DECISION_REASONS ? reason : OTHER_REASON;
+  }
+
   private requireRegistered(workerId: string): WorkerState {
     check.requireId(workerId, 'workerId');
     const state = this.workers.get(workerId);
@@ -934,6 +958,37 @@ export class KVAwareRouter {
  * keeps what is recorded at it that much longer than its lifetime: at most this bound longer.
  */
 export const MAX_TIME_LEAD_MS = 60_000;
+
+/** Longest `reason` a policy's choice may give, in UTF-16 code units (the built-in ones are a dozen at most). */
+export const MAX_REASON_LENGTH = 64;
+
+/**
+ * Most reasons getStats().decisionsByReason counts under their own key; decisions of further
+ * reasons count under OTHER_REASON ('other').
+ */
+export const MAX_DECISION_REASONS = 64;
+export const OTHER_REASON = 'other';
+
+/**
+ * Checks a policy's choice over `n` candidates, its members read once into the arguments: an
+ * index of -1 or a candidate's, a confidence from 0 to 1, a reason of 1 to MAX_REASON_LENGTH
+ * characters. A TypeError or RangeError names the policy and the member. Allocates only to throw.
+ */
+function checkChoice(policy: string, index: number, confidence: number, reason: unknown, n: number): void {
+  if (
+    !(Number.isInteger(index) && index >= -1 && index < n) ||
+    !(typeof confidence === 'number' && confidence >= 0 && confidence <= 1)
+  )
+    throw choiceError(policy, { index, confidence }, n);
+  if (typeof reason !== 'string')
+    throw new TypeError(
+      `policy '${policy}' chose a reason of type ${check.typeName(reason)}; it must be a string of 1 to ${MAX_REASON_LENGTH} characters`,
+    );
+  if (reason.length === 0 || reason.length > MAX_REASON_LENGTH)
+    throw new RangeError(
+      `policy '${policy}' chose a reason of ${reason.length} characters; it must be a string of 1 to ${MAX_REASON_LENGTH} characters`,
+    );
+}
 
 /** route()'s options when none are given: one object, not a new one per call. */
 const NO_OPTIONS: RouteOptions = Object.freeze({});

@@ -271,7 +271,11 @@ export interface RouterStats {
   contentAnchorsTracked: number;
   drainingWorkers: string[];
   inFlightRequests: number;
-  /** Decisions made so far, by the rule that made them. */
+  /**
+   * Decisions made so far, by the rule that made them (the policy's `reason`): at most 64
+   * reasons count under their own key (MAX_DECISION_REASONS), decisions of any further one
+   * under 'other'.
+   */
   decisionsByReason: Partial<Record<RouteReason, number>>;
   index: BlockIndexStats;
 }
