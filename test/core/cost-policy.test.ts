@@ -34,10 +34,18 @@ describe("policy 'cost'", () => {
 
   test('confidence is the estimated fraction of the KV on the chosen worker', async () => {
     const r = await fleet(2, { blockSize: 16 });
-    await r.broadcastNewBlocks('doc', ['b1', 'b2', 'b3', 'b4'], 'w1'); // 64 tokens recorded
+    // the seed's block ids are opaque labels, not blocks of blockSize tokens: the anchor's home
+    // holds its whole prompt, as the seed scores it (1.0)
+    await r.broadcastNewBlocks('doc', ['b1', 'b2', 'b3', 'b4'], 'w1');
     const d = await r.selectWorker('doc', { tokenLength: 256 });
     assert.equal(d.targetWorkerId, 'w1');
-    assert.equal(d.confidence, 0.25);
+    assert.equal(d.confidence, 1);
+    // the request's own blocks, where the index has them, say how much a worker holds
+    const tokens = Array.from({ length: 256 }, (_, i) => i);
+    const held = r.route({ tokens: tokens.slice(0, 64) }, { track: false });
+    const e = r.route({ tokens }, { dryRun: true });
+    assert.equal(e.workerId, held.workerId);
+    assert.equal(e.confidence, 0.25);
   });
 
   test('KV made under another CLA group does not count as cached', async () => {

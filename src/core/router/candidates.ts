@@ -107,17 +107,19 @@ export class CandidateCollector {
       let holdsAnchor: boolean;
       let cachedFraction = promptTokens > 0 ? cachedTokens / promptTokens : 0;
       if (anchorHash !== undefined) {
-        // the seed's anchor: its home in the anchor table, KV reusable within its CLA group
+        // the seed's anchor: its home in the anchor table, KV reusable within its CLA group. The
+        // home holds the anchor's whole prompt, as the seed scores it (1.0), unless the index
+        // credits the worker with some of the request's own blocks: broadcastNewBlocks()' ids
+        // are the seed's opaque labels, not blocks of `blockSize` tokens, so their count says
+        // nothing of how much of the prompt the home holds
         holdsAnchor = anchor !== undefined && anchor.workerId === worker.id;
         if (
           holdsAnchor &&
           cachedTokens === 0 &&
           (claGroup === null || anchor!.claGroup === null || anchor!.claGroup === claGroup)
         ) {
-          const blocks = anchor!.blocks?.size ?? 0;
-          cachedFraction =
-            promptTokens > 0 && blocks > 0 ? Math.min(1, (blocks * settings.blockSize) / promptTokens) : 1;
-          cachedTokens = cachedFraction * promptTokens;
+          cachedFraction = 1;
+          cachedTokens = promptTokens;
         }
       } else {
         // without one, the anchor's home is the worker holding the longest cached prefix
