@@ -101,6 +101,8 @@ export class KVAwareRouter {
   private readonly maxTimeLeadMs: number;
   /** Longest id a client chose that the router takes, in UTF-8 bytes. */
   readonly maxIdBytes: number;
+  /** Most content anchors a request (or a shared decision) names. */
+  readonly maxContentAnchors: number;
   private readonly candidates: CandidateCollector;
   private readonly recorder: DecisionRecorder;
   /** The checked metadata of the request being routed (scratch reused by every route()). */
@@ -156,6 +158,7 @@ export class KVAwareRouter {
     this.predictedTtlMs = o.predictedTtlMs;
     this.maxTimeLeadMs = Math.max(MAX_TIME_LEAD_MS, o.predictedTtlMs);
     this.maxIdBytes = o.maxIdBytes;
+    this.maxContentAnchors = o.maxContentAnchors;
     this.judgeRoles = o.judgeRoles;
     this.clock = o.clock;
     this.instanceId = o.instanceId;
@@ -395,7 +398,7 @@ export class KVAwareRouter {
     // taken as the router's time once the request has passed its checks
     const given = options.now === undefined ? this.readClock() : this.givenTime(options.now, 'now');
     const fields = this.fields;
-    readRouteFields(request, this.judgeRoles, this.maxIdBytes, fields);
+    readRouteFields(request, this.judgeRoles, this.maxIdBytes, this.maxContentAnchors, fields);
     const { claGroup, workflowId, anchor, isolated } = fields;
 
     // isolated requests hash under a private salt: their blocks match nothing else
@@ -577,7 +580,7 @@ export class KVAwareRouter {
    */
   applySharedDecision(d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>, now?: number): boolean {
     this.refuseWhileDeciding('applySharedDecision()');
-    checkSharedDecision(d, this.maxIdBytes);
+    checkSharedDecision(d, this.maxIdBytes, this.maxContentAnchors);
     const given = now === undefined ? this.readClock() : this.givenTime(now, 'now');
     const worker = this.workers.get(d.workerId);
     if (!worker) return false;
@@ -1105,6 +1108,7 @@ function newFeatures(): FeaturesScratch {
 function checkSharedDecision(
   d: Omit<SharedDecision, 'prefillTokens' | 'decodeTokens' | 'tracked'>,
   maxIdBytes: number,
+  maxAnchors: number,
 ): void {
   check.object(d, 'decision');
   check.knownKeys(d, SHARED_DECISION_KEYS, 'decision');
@@ -1115,7 +1119,7 @@ function checkSharedDecision(
   check.optionalNonNegativeInt(d.workflowStep, 'workflowStep');
   check.optionalBoundedId(d.anchor, 'anchor', maxIdBytes);
   check.optionalNonNegativeInt(d.claGroup, 'claGroup');
-  if (d.contentAnchors !== undefined) checkContentAnchors(d.contentAnchors, maxIdBytes);
+  if (d.contentAnchors !== undefined) checkContentAnchors(d.contentAnchors, maxIdBytes, maxAnchors);
   check.optionalId(d.id, 'id');
 }
 

@@ -58,6 +58,17 @@ export const MAX_INDEX_ENTRIES = 100_000_000;
  */
 export const MAX_PROMPT_TOKENS = 2 ** 27;
 
+/**
+ * Most content anchors a request may name by default (the router's `maxContentAnchors`): the
+ * gateway's own default bound (--max-anchors, 128). Each anchor is looked up for every
+ * candidate and recorded on the chosen worker: a million of them blocked the event loop for
+ * seconds and flushed the content-anchor table.
+ */
+export const DEFAULT_MAX_CONTENT_ANCHORS = 128;
+
+/** Most content anchors per request a router may be set to take (`maxContentAnchors`). */
+export const MAX_CONTENT_ANCHORS = 4096;
+
 export const ROUTER_DEFAULTS = Object.freeze({
   anchorCapacity: 100_000,
   workflowCapacity: 10_000,
@@ -128,6 +139,8 @@ export const ROUTER_OPTIONS_SCHEMA = ROUTER_SETTINGS_SCHEMA.extend({
   // given in code: `serve` passes what its own --max-id-bytes lets through to the router
   // (routerIdBytes() in src/server/request-limits.ts), so it is no setting of its own there
   maxIdBytes: positiveInt().max(MAX_ID_BYTES).default(DEFAULT_MAX_ID_BYTES),
+  // given in code too: a gateway passes its own bound on a request's anchors
+  maxContentAnchors: positiveInt().max(MAX_CONTENT_ANCHORS).default(DEFAULT_MAX_CONTENT_ANCHORS),
 });
 
 export type RouterSettings = z.input<typeof ROUTER_SETTINGS_SCHEMA>;

@@ -104,6 +104,13 @@ export interface KVAwareRouterOptions {
    * (MAX_WORKER_ID_LENGTH).
    */
   maxIdBytes?: number;
+  /**
+   * Most content anchors a request (or a shared decision) names, from 1 to MAX_CONTENT_ANCHORS
+   * (4096); default DEFAULT_MAX_CONTENT_ANCHORS (128, the gateway's default --max-anchors). More
+   * are refused with a RangeError naming `contentAnchors`: each is looked up for every candidate
+   * and recorded on the chosen worker.
+   */
+  maxContentAnchors?: number;
 }
 
 /** Every option of the interface is declared in the schema, and nothing else is. */
@@ -144,6 +151,7 @@ export interface ResolvedRouterOptions {
   clock: () => number;
   instanceId: string;
   maxIdBytes: number;
+  maxContentAnchors: number;
 }
 
 /**
@@ -200,5 +208,6 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
     clock: o.clock ?? monotonicClock,
     instanceId: o.instanceId ?? globalThis.crypto.randomUUID().slice(0, 8),
     maxIdBytes: o.maxIdBytes,
+    maxContentAnchors: o.maxContentAnchors,
   };
 }

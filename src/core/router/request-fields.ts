@@ -19,7 +19,7 @@ export class RouteFields {
 
 /**
  * Checks the request's metadata into `into`; `judgeRoles` are the agent roles routed isolated,
- * `maxIdBytes` the longest id (UTF-8 bytes) it takes. Also checks the type of each way of
+ * `maxIdBytes` the longest id (UTF-8 bytes) it takes, `maxAnchors` the most content anchors. Also checks the type of each way of
  * naming the prompt, the ones route() reads no further too (tokens win over blockHashes, then
  * messages, then text): a value of the wrong type there is the caller's mistake, not a choice.
  */
@@ -27,6 +27,7 @@ export function readRouteFields(
   request: RouteRequest,
   judgeRoles: ReadonlySet<string>,
   maxIdBytes: number,
+  maxAnchors: number,
   into: RouteFields,
 ): void {
   checkPromptFields(request);
@@ -34,7 +35,9 @@ export function readRouteFields(
   into.workflowStep = check.optionalNonNegativeInt(request.workflowStep, 'workflowStep');
   into.workflowId = check.optionalBoundedId(request.workflowId, 'workflowId', maxIdBytes);
   into.anchor = check.optionalBoundedId(request.anchor, 'anchor', maxIdBytes);
-  into.contentAnchors = request.contentAnchors ? checkContentAnchors(request.contentAnchors, maxIdBytes) : undefined;
+  into.contentAnchors = request.contentAnchors
+    ? checkContentAnchors(request.contentAnchors, maxIdBytes, maxAnchors)
+    : undefined;
   check.optionalBoolean(request.isolate, 'isolate');
   const agentRole = check.optionalBoundedId(request.agentRole, 'agentRole', maxIdBytes);
   into.isolated = request.isolate === true || (agentRole !== undefined && judgeRoles.has(agentRole));
@@ -57,13 +60,20 @@ function checkPromptFields(request: RouteRequest): void {
 }
 
 /**
- * Content anchors, each an id of at most `maxIdBytes` UTF-8 bytes and a count of the prompt's
+ * Content anchors: at most `maxAnchors` (the router's maxContentAnchors, checked before any is
+ * read), each an id of at most `maxIdBytes` UTF-8 bytes and a count of the prompt's
  * tokens it covers: an integer from 0 to 2^53 - 1 (0 when left out). Past that a count is no
  * integer a sum can keep apart (1e308 would be taken as one); what an anchor credits a
- * worker is held at the prompt's length where it is scored.
+ * worker is held at the prompt's length where it is scored, so anchors whose tokens add up to
+ * more than the prompt are not refused (a gateway knows a text prompt's length only roughly;
+ * the simulator refuses such a trace line, whose lengths are exact).
  */
-export function checkContentAnchors(anchors: unknown, maxIdBytes: number): ContentAnchor[] {
+export function checkContentAnchors(anchors: unknown, maxIdBytes: number, maxAnchors: number): ContentAnchor[] {
   if (!Array.isArray(anchors)) throw new TypeError('contentAnchors must be an array of { id, tokens }');
+  if (anchors.length > maxAnchors)
+    throw new RangeError(
+      `contentAnchors must hold at most ${maxAnchors} anchors (the router's maxContentAnchors), got ${anchors.length}`,
+    );
   for (let i = 0; i < anchors.length; i++) {
     const a: unknown = anchors[i];
     if (a === null || typeof a !== 'object') throw new TypeError(`contentAnchors[${i}] must be an object`);
