@@ -1,6 +1,7 @@
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { fmix32 } from '../core/hashing.js';
+import { quotedText } from '../core/shown-text.js';
 import { heldBlocks, MAX_TRACE_REQUEST_TOKENS, sortByArrival, type TraceRequest } from './trace.js';
 import { MAX_TRACE_REQUESTS, tooManyRecords, traceBlockCounter, TraceFormatError, traceLines } from './trace-lines.js';
 
@@ -28,6 +29,15 @@ export const RAGPULSE_FILES = {
 
 /** The components whose chunk lengths a side file lists. */
 type ChunkComponent = Exclude<keyof typeof RAGPULSE_FILES, 'trace'>;
+
+/** Every component a request's `hash_ids` may list, in the order the side files are numbered. */
+const CHUNK_COMPONENTS: readonly ChunkComponent[] = [
+  'sys_prompt',
+  'passages_ids',
+  'history',
+  'user_input',
+  'web_search',
+];
 
 /** `path`, or `path.gz` when only that exists. */
 const traceFile = (path: string): string => (existsSync(path) ? path : `${path}.gz`);
@@ -66,8 +76,9 @@ const isTokens = (v: unknown): v is number =>
   typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= MAX_TRACE_REQUEST_TOKENS;
 
 export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRequest[]> {
-  const lengths: Record<string, Map<number, number>> = {};
-  for (const component of ['sys_prompt', 'passages_ids', 'history', 'user_input', 'web_search'] as const) {
+  // by component name: a key of a request's hash_ids is looked up here only once it is known to be one
+  const lengths = new Map<ChunkComponent, Map<number, number>>();
+  for (const component of CHUNK_COMPONENTS) {
     const [file, key] = RAGPULSE_FILES[component];
     const m = new Map<number, number>();
     for await (const { text, index, source } of lines(join(dir, file), 'chunk lengths')) {
@@ -81,8 +92,9 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
         );
       m.set(r[key], r.token_length);
     }
-    lengths[component] = m;
+    lengths.set(component, m);
   }
+  const chunkLengths = (component: ChunkComponent): Map<number, number> => lengths.get(component)!;
   const path = join(dir, RAGPULSE_FILES.trace);
   const requests: TraceRequest[] = [];
   const countBlocks = traceBlockCounter(traceFile(path));
@@ -102,26 +114,40 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
     const inputLength = r.input_length as number;
     const ids = r.hash_ids ?? {};
     if (ids === null || typeof ids !== 'object' || Array.isArray(ids)) throw fail('"hash_ids" must be an object');
-    for (const [component, list] of Object.entries(ids)) {
+    for (const [key, list] of Object.entries(ids)) {
+      // the format has these five components and no other: another key (a misspelt one, or
+      // "constructor" or "__proto__") names chunks no side file gives a length of, and were it
+      // skipped, its chunks would be left out of the request without a word
+      const component = CHUNK_COMPONENTS.find((c) => c === key);
+      if (component === undefined)
+        throw fail(
+          `"hash_ids" has the key ${quotedText(key)}, which is no RAGPulse component (${CHUNK_COMPONENTS.join(', ')})`,
+        );
       if (!Array.isArray(list) || !list.every(isId))
         throw fail(`"hash_ids.${component}" must be an array of non-negative integers`);
       // a chunk its side file does not list has no length: counted as a guess (one block, no
       // passage tokens), it gave figures of a trace that is not the one read
-      const known = lengths[component] as Map<number, number> | undefined;
-      const unknown = known === undefined ? undefined : (list as number[]).find((id) => !known.has(id));
+      const known = chunkLengths(component);
+      const unknown = (list as number[]).find((id) => !known.has(id));
       if (unknown !== undefined)
         throw fail(
-          `"hash_ids.${component}" names chunk ${unknown}, which ${RAGPULSE_FILES[component as ChunkComponent][0]} does not list`,
+          `"hash_ids.${component}" names chunk ${unknown}, which ${RAGPULSE_FILES[component][0]} does not list`,
         );
     }
     // the router takes a workflow id only non-empty: an empty one is refused here, not mid-replay
     if (r.session_id !== undefined && (typeof r.session_id !== 'string' || r.session_id === ''))
       throw fail('"session_id" must be a non-empty string');
-    const chunks = ids as Record<string, number[]>;
-    const hashIds = prefixBlockIds(chunks, lengths, blockSize, Math.floor(Math.max(1, inputLength) / blockSize));
+    const chunks = ids as Partial<Record<ChunkComponent, number[]>>;
+    const hashIds = prefixBlockIds(
+      chunks,
+      { sys_prompt: chunkLengths('sys_prompt'), history: chunkLengths('history') },
+      blockSize,
+      Math.floor(Math.max(1, inputLength) / blockSize),
+    );
+    const passages = chunkLengths('passages_ids');
     const anchors = (chunks.passages_ids ?? []).map((id) => ({
       id: `passage-${id}`,
-      tokens: lengths.passages_ids.get(id) ?? 0,
+      tokens: passages.get(id) ?? 0,
     }));
     const req: TraceRequest = {
       // the 0-based line in the file, blank lines included, as a Mooncake trace numbers it
@@ -156,8 +182,8 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
  * than the prompt cannot be cached beyond the prompt).
  */
 export function prefixBlockIds(
-  ids: Record<string, number[]>,
-  lengths: Record<string, Map<number, number>>,
+  ids: Partial<Record<'sys_prompt' | 'history', readonly number[]>>,
+  lengths: Readonly<Record<'sys_prompt' | 'history', ReadonlyMap<number, number>>>,
   blockSize: number,
   maxBlocks = Infinity,
 ): number[] {

@@ -162,6 +162,23 @@ describe('RAGPulse loader, hostile directories', () => {
         /line 2: "hash_ids/,
       ],
       ['0_trace.jsonl', 2, (s) => s.replace('"hash_ids": {', '"hash_ids": [1], "x": {'), /line 2: "hash_ids" must be/],
+      // the format's five components and no other: an object member's name is no exception
+      ...['constructor', '__proto__', 'toString', 'hasOwnProperty', 'bogus'].map(
+        (key): [string, number, (s: string) => string, RegExp] => [
+          '0_trace.jsonl',
+          2,
+          (s) => s.replace('"hash_ids": {', `"hash_ids": {"${key}": [1], `),
+          new RegExp(
+            `line 2: "hash_ids" has the key '${key}', which is no RAGPulse component \\(sys_prompt, passages_ids, history, user_input, web_search\\)$`,
+          ),
+        ],
+      ),
+      [
+        '0_trace.jsonl',
+        2,
+        (s) => s.replace('"hash_ids": {', `"hash_ids": {"${'k'.repeat(10_000)}": [], `),
+        /line 2: "hash_ids" has the key 'k+…' \(10000 characters\), which is no RAGPulse component/,
+      ],
       ['0_trace.jsonl', 2, (s) => `\n\n${s.slice(0, 20)}`, /0_trace\.jsonl line 4: not valid JSON/],
       [
         '0_trace.jsonl',
