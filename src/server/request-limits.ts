@@ -18,6 +18,7 @@ import type { ChatMessage } from '../core/hashing.js';
 import type { ContentAnchor } from '../core/content-anchors.js';
 import type { RouteRequest } from '../core/router/index.js';
 import { MAX_ID_BYTES, typeName } from '../core/validate.js';
+import { DEFAULT_MAX_CONTENT_ANCHORS, MAX_CONTENT_ANCHORS } from '../core/router/options-schema.js';
 
 export interface RequestLimits {
   /**
@@ -135,7 +136,7 @@ export interface RequestLimits {
 
 export const DEFAULT_REQUEST_LIMITS: Readonly<RequestLimits> = Object.freeze({
   maxIdBytes: 256,
-  maxAnchors: 128,
+  maxAnchors: DEFAULT_MAX_CONTENT_ANCHORS,
   maxJsonDepth: 64,
   maxJsonContainers: 100_000,
   maxJsonObjectMembers: 4096,
@@ -257,7 +258,7 @@ export const GRAMMAR_FIELDS: readonly string[] = [
  */
 export const REQUEST_LIMITS_SCHEMA = z.strictObject({
   maxIdBytes: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxIdBytes),
-  maxAnchors: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxAnchors),
+  maxAnchors: z.int().min(1).max(MAX_CONTENT_ANCHORS).default(DEFAULT_REQUEST_LIMITS.maxAnchors),
   maxJsonDepth: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonDepth),
   maxJsonContainers: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonContainers),
   maxJsonObjectMembers: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonObjectMembers),

@@ -1,6 +1,7 @@
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { fmix32 } from '../core/hashing.js';
+import { MAX_CONTENT_ANCHORS } from '../core/router/options-schema.js';
 import { quotedText } from '../core/shown-text.js';
 import { heldBlocks, MAX_TRACE_REQUEST_TOKENS, sortByArrival, type TraceRequest } from './trace.js';
 import { MAX_TRACE_REQUESTS, tooManyRecords, traceBlockCounter, TraceFormatError, traceLines } from './trace-lines.js';
@@ -145,6 +146,12 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
       Math.floor(Math.max(1, inputLength) / blockSize),
     );
     const passages = chunkLengths('passages_ids');
+    // the simulated router takes at most this many (its maxContentAnchors): refused here, not mid-replay
+    const passageCount = chunks.passages_ids?.length ?? 0;
+    if (passageCount > MAX_CONTENT_ANCHORS)
+      throw fail(
+        `"hash_ids.passages_ids" names ${passageCount} passages, more than the ${MAX_CONTENT_ANCHORS} a request may name`,
+      );
     const anchors = (chunks.passages_ids ?? []).map((id) => ({
       id: `passage-${id}`,
       tokens: passages.get(id) ?? 0,

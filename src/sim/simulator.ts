@@ -7,7 +7,7 @@ import {
   type KVAwareRouterOptions,
   type SharedDecision,
 } from '../core/router/index.js';
-import { MAX_PROMPT_TOKENS } from '../core/router/options-schema.js';
+import { MAX_CONTENT_ANCHORS, MAX_PROMPT_TOKENS } from '../core/router/options-schema.js';
 import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/index.js';
 import { fullBlockIds, requestBlocks } from './request-blocks.js';
 import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
@@ -268,6 +268,8 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
         // the router's own bound must not stop a run whose engines take longer prompts (a
         // trace's are at most MAX_TRACE_REQUEST_TOKENS, below the largest bound a router takes)
         maxPromptTokens: MAX_PROMPT_TOKENS,
+        // nor its bound on content anchors: the trace readers refuse a request naming more than this
+        maxContentAnchors: MAX_CONTENT_ANCHORS,
         ...options.router,
         policy,
         indexMode: 'precise',

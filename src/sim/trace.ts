@@ -1,3 +1,4 @@
+import { MAX_CONTENT_ANCHORS } from '../core/router/options-schema.js';
 import { MAX_TRACE_REQUESTS, tooManyRecords, traceBlockCounter, TraceFormatError, traceLines } from './trace-lines.js';
 
 export { MAX_TRACE_BLOCKS, MAX_TRACE_LINE_CHARS, MAX_TRACE_REQUESTS, TraceFormatError } from './trace-lines.js';
@@ -108,6 +109,13 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
     if (!Array.isArray(ids) || !Array.isArray(lengths) || ids.length !== lengths.length) {
       throw new TraceFormatError(index, '"anchors" and "anchor_lengths" must be arrays of equal length', source);
     }
+    // the simulated router takes at most this many (its maxContentAnchors): refused here, not mid-replay
+    if (ids.length > MAX_CONTENT_ANCHORS)
+      throw new TraceFormatError(
+        index,
+        `"anchors" names ${ids.length} anchors, more than the ${MAX_CONTENT_ANCHORS} a request may name`,
+        source,
+      );
     req.anchors = ids.map((id, k) => {
       const t = lengths[k];
       if (typeof t !== 'number' || !Number.isInteger(t) || t < 0)

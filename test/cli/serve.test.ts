@@ -487,3 +487,39 @@ test('a replica started after a fleet says which workers come from the shared re
     await dropPrefixes([prefix]);
   }
 });
+
+test("--max-anchors is the router's bound too: up to 4096, and a request naming more than 128 is served under it", async () => {
+  assert.throws(() => resolve(['--max-anchors', '4097']), /--max-anchors must be <= 4096/);
+  const e = await new MockEngine().start();
+  engines.push(e);
+  const { child, base } = await startServe([
+    '--port',
+    '0',
+    '--tokenize',
+    'text',
+    '--max-anchors',
+    '200',
+    '--worker',
+    `id=m0,url=http://127.0.0.1:${e.port}`,
+  ]);
+  const send = (count: number) =>
+    fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }),
+      headers: {
+        'content-type': 'application/json',
+        'x-anchor-ids': Array.from({ length: count }, (_, i) => `doc${i}`).join(', '),
+      },
+    });
+  const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+  try {
+    // past the router's own default (128) and within the gateway's: the router takes what the gateway let through
+    assert.equal((await send(150)).status, 200);
+    const refused = await send(201);
+    assert.equal(refused.status, 400);
+    assert.equal(((await refused.json()) as { error: { param: string } }).error.param, 'x-anchor-ids');
+  } finally {
+    child.kill('SIGTERM');
+  }
+  assert.equal(await exited, 0);
+});

@@ -93,6 +93,11 @@ describe('Mooncake trace loader, hostile files', () => {
         line({ block_size: 128, hash_ids: [1, 2, 3, 4, 5, 6, 7, 8] }),
         'line 2: "block_size" 128 differs from 512 (line 1): a trace has one block size',
       ],
+      // more anchors than the simulated router takes: refused when read, not mid-replay
+      [
+        line({ anchors: Array.from({ length: 4097 }, (_, i) => `a${i}`), anchor_lengths: new Array(4097).fill(0) }),
+        'line 2: "anchors" names 4097 anchors, more than the 4096 a request may name',
+      ],
     ];
     for (const [bad, message] of cases) {
       const path = write(`${line({})}\n${bad}\n${line({})}\n`);
@@ -137,6 +142,12 @@ describe('RAGPulse loader, hostile directories', () => {
         2,
         (s) => s.replace('"passages_ids": [6124', '"passages_ids": [987654321'),
         /line 2: "hash_ids\.passages_ids" names chunk 987654321, which 2_passages\.jsonl does not list$/,
+      ],
+      [
+        '0_trace.jsonl',
+        2,
+        (s) => s.replace('"passages_ids": [6124', `"passages_ids": [${'6124, '.repeat(4097)}6124`),
+        /line 2: "hash_ids\.passages_ids" names \d+ passages, more than the 4096 a request may name$/,
       ],
       [
         '0_trace.jsonl',

@@ -91,7 +91,13 @@ export async function startGateway(
   const routerOptions = Object.fromEntries(ROUTER_SETTING_KEYS.map((k) => [k, c[k]]));
   const indexMode = c.indexMode === 'auto' ? (precise ? 'precise' : 'approximate') : c.indexMode;
   // the ids the gateway lets through (--max-id-bytes) must pass the router's own bound
-  const router = new KVAwareRouter({ ...routerOptions, indexMode, maxIdBytes: routerIdBytes(c.maxIdBytes) });
+  const router = new KVAwareRouter({
+    ...routerOptions,
+    indexMode,
+    maxIdBytes: routerIdBytes(c.maxIdBytes),
+    // the router refuses what the gateway lets through past its own bound: the same bound in both
+    maxContentAnchors: c.maxAnchors,
+  });
   const fileLimit = descriptorLimitWarning(readOpenFileLimit(), c.maxClientConnections);
   if (fileLimit !== undefined) log(fileLimit);
   const admin = serveAdminToken(c);
