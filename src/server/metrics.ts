@@ -606,6 +606,11 @@ export function registerStateMetrics(registry: Registry, state: { stats(): State
       'Shared-state messages refused unread as longer than any replica sends (counted among the malformed too).',
     ],
     [
+      'settingsMismatches',
+      'contextforge_state_settings_mismatches_total',
+      "Resynchronisations that found the fleet's hashing settings ({prefix}settings) differing from this replica's: it routes on local state, not sharing.",
+    ],
+    [
       'remoteLoadCorrected',
       'contextforge_state_remote_load_corrections_total',
       "Other replicas' load tallies replaced from their own snapshots because they disagreed (a forged or lost message).",

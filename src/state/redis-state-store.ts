@@ -18,11 +18,15 @@ import {
   encodeRefused,
   encodeReleased,
   encodeWorkflow,
+  fingerprintDifferences,
+  hashingFingerprint,
   isWellFormed,
   maxMessageBytes,
   MessageTooLong,
+  parseFingerprint,
   parseWorkflow,
   RedisKeys,
+  type HashingFingerprint,
   type WireDecision,
   type WireMessage,
   type WireKvEvents,
@@ -58,6 +62,14 @@ const ACCESS_REFUSED = /^(WRONGPASS|NOAUTH|NOPERM)\b/;
  * sent that failed, and goes on, on database 0: another fleet's state.
  */
 class DatabaseRefused extends Error {}
+
+/**
+ * `{prefix}settings` holds another replica's hashing settings (HashingFingerprint): the block
+ * entries this replica would write never match theirs, nor theirs its own. At start the replica
+ * refuses to run (exit 2, as for a refused password); found later (the key lost and written
+ * again by a replica of other settings), it stops using the shared state until they agree.
+ */
+class SettingsMismatch extends Error {}
 
 /** Whether `err` is Redis's refusal of a SELECT (the handshake's or the store's own). */
 function selectRefused(err: Error): boolean {
@@ -535,6 +547,12 @@ export interface RedisStateOptions {
    * before it is answered 503 (default 5 s); a decision heard later is still applied.
    */
   adminTimeoutMs?: number;
+  /**
+   * How the gateway hashes prompts (`serve --tokenize`, resolved): text is hashed in chunks,
+   * token ids in blocks, so a replica hashing text and one hashing token ids write block
+   * entries that never match. Part of the settings fingerprint (`{prefix}settings`) when given.
+   */
+  tokenize?: 'text' | 'tokenizer' | 'engine';
 }
 
 /**
@@ -578,6 +596,11 @@ interface RedisStats {
   resyncFailures: number;
   /** Chunks of a write-back after an outage that Redis did not answer in time, and were sent again. */
   writeBackRetries: number;
+  /**
+   * Resynchronisations that found `{prefix}settings` holding other hashing settings than this
+   * replica's (after its start): the replica routes on its local state meanwhile, and tries again.
+   */
+  settingsMismatches: number;
 }
 
 /**
@@ -796,6 +819,15 @@ export class RedisStateStore implements StateStore {
   >();
   /** What the resynchronisations reading the registry now have heard since they started reading. */
   private readonly hearing = new Set<HeardChanges>();
+  /** The gateway's tokenize mode, when given: part of the settings fingerprint. */
+  private readonly tokenize: RedisStateOptions['tokenize'];
+  /** This replica's hashing settings (set by attach()), written to and compared with `{prefix}settings`. */
+  private fingerprint: HashingFingerprint | undefined;
+  /**
+   * Why the shared state is not used (`{prefix}settings` holds other hashing settings, found by a
+   * resynchronisation after the start), until one finds them agreeing; logged once per reason.
+   */
+  private settingsMismatch: string | undefined;
   private readonly counters: RedisStats = {
     outages: 0,
     stalls: 0,
@@ -816,6 +848,7 @@ export class RedisStateStore implements StateStore {
     chainsSkipped: 0,
     resyncFailures: 0,
     writeBackRetries: 0,
+    settingsMismatches: 0,
   };
 
   constructor(options: RedisStateOptions) {
@@ -839,6 +872,7 @@ export class RedisStateStore implements StateStore {
     if (this.predictionTtlMs > MAX_PREDICTION_TTL_MS)
       throw new RangeError(`predictionTtlMs must be at most ${MAX_PREDICTION_TTL_MS}, got ${this.predictionTtlMs}`);
     this.recentLimit = options.recentDecisions ?? 10_000;
+    this.tokenize = options.tokenize;
     this.stallTimeoutMs = positive(options.stallTimeoutMs ?? 1000, 'stallTimeoutMs');
     this.adminTimeoutMs = positive(options.adminTimeoutMs ?? 5000, 'adminTimeoutMs');
     this.reconcileQuietMs = 2 * this.syncIntervalMs + (options.commandTimeoutMs ?? 250);
@@ -897,6 +931,7 @@ export class RedisStateStore implements StateStore {
     const capacity = host.router.workflowCapacity;
     if (this.sharedWorkflowLimit === 0) this.sharedWorkflowLimit = SHARED_WORKFLOWS_PER_CAPACITY * capacity;
     this.unclaimedLimit = capacity;
+    this.fingerprint = hashingFingerprint(host.router, this.tokenize);
     this.noteBlockSize(host.router.blockSize);
     for (const w of host.router.listWorkers()) this.noteBlockSize(w.info.blockSize);
     // until the registry is read, the workers held at start (configured, written back unless it
@@ -1449,9 +1484,12 @@ export class RedisStateStore implements StateStore {
     );
   }
 
-  /** Closes the store and throws a RangeError naming Redis's refusal when `err` is one of access, or of the database. */
+  /**
+   * Closes the store and throws a RangeError naming Redis's refusal when `err` is one of access,
+   * or of the database, or names the hashing settings that differ from the fleet's.
+   */
   private async refuseStart(err: Error | undefined): Promise<void> {
-    if (err instanceof DatabaseRefused) {
+    if (err instanceof DatabaseRefused || err instanceof SettingsMismatch) {
       await this.close();
       throw new RangeError(err.message);
     }
@@ -1576,12 +1614,12 @@ export class RedisStateStore implements StateStore {
    * by another program sharing the prefix): it is deleted, for the store to write it anew.
    * Counted among the errors; logged once per key.
    */
-  private async replaceWrongKind(key: string): Promise<void> {
+  private async replaceWrongKind(key: string, found = 'another kind of value (WRONGTYPE)'): Promise<void> {
     this.counters.errors++;
     const name = this.key(key);
     if (!this.loggedWrongKinds.has(name)) {
       this.loggedWrongKinds.add(name);
-      this.host?.log(`state: ${name} in redis holds another kind of value (WRONGTYPE); deleted, written anew`);
+      this.host?.log(`state: ${name} in redis holds ${found}; deleted, written anew`);
     }
     await this.cmd.del(name);
   }
@@ -1672,6 +1710,8 @@ export class RedisStateStore implements StateStore {
   }
 
   private onMessage(raw: Buffer): void {
+    // hashed otherwise than this replica: nothing the others send is applied (settingsDiffer())
+    if (this.settingsMismatch !== undefined) return;
     let msg: WireMessage;
     try {
       msg = decodeMessage(raw, this.maxMessageBytes);
@@ -1848,7 +1888,7 @@ export class RedisStateStore implements StateStore {
     void this.resync()
       .then(
         () => void this.counters.resyncs++,
-        (err: Error) => this.failed(err, 'the state written back'),
+        (err: Error) => this.resyncFailedWhileUp(err, 'the state written back'),
       )
       .finally(() => (this.rewriting = false));
   }
@@ -1875,7 +1915,7 @@ export class RedisStateStore implements StateStore {
     void this.resync()
       .then(
         () => void this.counters.resyncs++,
-        (err: Error) => this.failed(err, 'the resynchronisation after the subscription was lost'),
+        (err: Error) => this.resyncFailedWhileUp(err, 'the resynchronisation after the subscription was lost'),
       )
       .finally(() => (this.rewriting = false));
   }
@@ -1937,6 +1977,9 @@ export class RedisStateStore implements StateStore {
           this.flushUnsynced();
           this.answered();
           this.dropReason = undefined; // left by a drop while it was not up: it named no outage
+          if (this.settingsMismatch !== undefined)
+            this.host!.log(`state: ${this.key('settings')} agrees with this replica's settings again; sharing`);
+          this.settingsMismatch = undefined;
           this.loggedRefusals.clear();
           this.resyncError = undefined;
           this.databaseBackoffMs = DATABASE_RETRY_MIN_MS;
@@ -1959,9 +2002,15 @@ export class RedisStateStore implements StateStore {
           this.counters.errors++;
           // at start, attach() decides whether to retry: a refusal of access, or of the
           // database, fails the start (with this error: no retry to announce)
-          const fatal = this.starting && (ACCESS_REFUSED.test(err.message) || err instanceof DatabaseRefused);
+          const fatal =
+            this.starting &&
+            (ACCESS_REFUSED.test(err.message) || err instanceof DatabaseRefused || err instanceof SettingsMismatch);
           this.resyncError = err;
           if (fatal) return;
+          if (err instanceof SettingsMismatch) {
+            this.settingsDiffer(err);
+            return this.reconnectLater(this.resyncBackoffMs, (d) => (this.resyncBackoffMs = d));
+          }
           if (err instanceof DatabaseRefused) {
             this.resyncFailed(err, this.databaseBackoffMs);
             return this.reconnectLater(this.databaseBackoffMs, (d) => (this.databaseBackoffMs = d));
@@ -2061,6 +2110,8 @@ export class RedisStateStore implements StateStore {
   private async resync(connection = this.connectionsUp): Promise<void> {
     const host = this.host!;
     const router = host.router;
+    // before anything is written: a replica that hashes otherwise than the fleet writes nothing
+    await this.checkSettings();
     // the epoch of the data written back and read now: a later change of it is a loss
     await this.readEpoch();
     const mark = this.writtenMark;
@@ -2197,6 +2248,59 @@ export class RedisStateStore implements StateStore {
         pause *= 2;
       }
     }
+  }
+
+  /**
+   * Writes this replica's hashing settings to `{prefix}settings` where there are none (SET NX:
+   * the first replica's, or written again after Redis lost them) and compares them with those
+   * stored: rejects with a SettingsMismatch naming every setting that differs. A value that is
+   * no fingerprint (garbage, another kind of value) is replaced, logged once; a read Redis
+   * refused (out of memory with no key) checks nothing.
+   */
+  private async checkSettings(): Promise<void> {
+    const key = this.key('settings');
+    const mine = JSON.stringify(this.fingerprint);
+    const res = await this.run(this.cmd.pipeline().set(key, mine, 'NX').get(key), 'the settings check', isWrongKind);
+    const [err, stored] = res[1] ?? [null, null];
+    const theirs = typeof stored === 'string' ? parseFingerprint(stored) : undefined;
+    if (isWrongKind(err) || (typeof stored === 'string' && theirs === undefined)) {
+      await this.replaceWrongKind('settings', 'no settings fingerprint');
+      await this.cmd.set(key, mine);
+      return;
+    }
+    if (theirs === undefined) return;
+    const differ = fingerprintDifferences(this.fingerprint!, theirs);
+    if (differ.length === 0) return;
+    throw new SettingsMismatch(
+      `state: ${key} in redis at ${this.address} holds other block-hashing settings than this replica's: ${differ.join('; ')}. Replicas that hash otherwise never match each other's block entries: give every replica the same settings or its own --state-prefix; to change them for the whole fleet, stop every replica and delete the key (redis-cli DEL ${key})`,
+    );
+  }
+
+  /**
+   * A resynchronisation found other hashing settings in `{prefix}settings` (SettingsMismatch)
+   * after the start: counted, logged once per reason, and the shared state is not used (no
+   * message applied, nothing written: the replica is not up) until a later try finds them agreeing.
+   */
+  private settingsDiffer(err: SettingsMismatch): void {
+    this.counters.settingsMismatches++;
+    if (this.settingsMismatch === err.message) return;
+    this.settingsMismatch = err.message;
+    this.host?.log(
+      `${err.message}; routing on local state, not sharing, tried again at each reconnection (state.settingsMismatches)`,
+    );
+  }
+
+  /**
+   * A resynchronisation run while the replica is up (Redis lost its data, the subscription was
+   * cut) failed: counted; one that found other hashing settings also takes the replica off the
+   * shared state (settingsDiffer()), and a new connection tries again later.
+   */
+  private resyncFailedWhileUp(err: Error, what: string): void {
+    if (!(err instanceof SettingsMismatch)) return this.failed(err, what);
+    this.settingsDiffer(err);
+    this.dropReason = `${this.key('settings')} holds other hashing settings than this replica's`;
+    this.wentDown();
+    this.reconnectLater(this.resyncBackoffMs, (d) => (this.resyncBackoffMs = d));
   }
 
   /**

@@ -6,10 +6,11 @@
  * (docs/architecture.md §8 lists what each version added).
  */
 import type { ContentAnchor } from '../core/content-anchors.js';
-import type { SharedDecision } from '../core/router/index.js';
+import type { KVAwareRouter, SharedDecision } from '../core/router/index.js';
 import type { WorkerRecord } from './state-store.js';
 import { isRemoteAmount, type ReplicaLoad } from './remote-load.js';
-import { hashHex } from '../core/hashing.js';
+import { BlockHashes, hashHex } from '../core/hashing.js';
+import { escapedText } from '../core/shown-text.js';
 import { isWorkerId } from '../core/validate.js';
 import {
   DECIDED,
@@ -378,4 +379,80 @@ export function decodeHashes(b64: string): { hi: Uint32Array; lo: Uint32Array } 
     lo[i] = buf.readUInt32LE(8 * i + 4);
   }
   return { hi, lo };
+}
+
+/**
+ * The settings that change the block hashes a replica writes (`{prefix}settings`, written with
+ * SET NX by the first replica to start, compared by every one that starts or resynchronises):
+ * replicas that hash differently fill each other's index with entries that never match, so they
+ * must not share one prefix. `probe` is the hash of a fixed run of token ids under the replica's
+ * block hash: it differs with vLLM's PYTHONHASHSEED (not written itself) and with a release that
+ * hashes differently. `tokenize` ('text' or 'tokens': tokenizer and engine both hash token ids)
+ * is absent where the caller did not say it; a field absent on either side is not compared.
+ */
+export interface HashingFingerprint {
+  v: 1;
+  blockSize: number;
+  textChunkBytes: number;
+  blockHash: string;
+  prefixCachingHashAlgo?: string;
+  tokenize?: 'text' | 'tokens';
+  probe: string;
+}
+
+/** The fingerprint of a router's hashing settings (and its gateway's tokenize mode, when given). */
+export function hashingFingerprint(
+  router: Pick<KVAwareRouter, 'blockSize' | 'textChunkBytes' | 'keying'>,
+  tokenize?: 'text' | 'tokenizer' | 'engine',
+): HashingFingerprint {
+  const tokens = Array.from({ length: 32 }, (_, i) => i * 7919 + 1);
+  const out = router.keying.hashTokens(tokens, 16, undefined, new BlockHashes(2));
+  const fp: HashingFingerprint = {
+    v: 1,
+    blockSize: router.blockSize,
+    textChunkBytes: router.textChunkBytes,
+    blockHash: router.keying.mode,
+    probe: out.toHex(out.length - 1),
+  };
+  if (router.keying.vllmAlgo !== undefined) fp.prefixCachingHashAlgo = router.keying.vllmAlgo;
+  if (tokenize !== undefined) fp.tokenize = tokenize === 'text' ? 'text' : 'tokens';
+  return fp;
+}
+
+/** A stored fingerprint read back; undefined for anything that is not one (garbage). */
+export function parseFingerprint(value: string): HashingFingerprint | undefined {
+  let v: unknown;
+  try {
+    v = JSON.parse(value);
+  } catch {
+    return undefined;
+  }
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) return undefined;
+  const f = v as Record<string, unknown>;
+  if (f.v !== 1 || typeof f.probe !== 'string' || typeof f.blockHash !== 'string') return undefined;
+  if (!Number.isSafeInteger(f.blockSize) || !Number.isSafeInteger(f.textChunkBytes)) return undefined;
+  return f as unknown as HashingFingerprint;
+}
+
+/**
+ * The settings in which `mine` differs from `stored`, each as `name mine (stored: theirs)`; empty
+ * when they hash alike. The probe is named only when nothing named explains it: with vLLM's block
+ * hash, the engines' PYTHONHASHSEED; else the release's own hash.
+ */
+export function fingerprintDifferences(mine: HashingFingerprint, stored: HashingFingerprint): string[] {
+  const out: string[] = [];
+  const shown = (v: unknown) => (typeof v === 'string' ? escapedText(v) : String(v));
+  for (const name of ['blockSize', 'textChunkBytes', 'blockHash', 'prefixCachingHashAlgo', 'tokenize'] as const) {
+    const a = mine[name];
+    const b = stored[name];
+    if (name === 'tokenize' && (a === undefined || b === undefined)) continue;
+    if (a !== b) out.push(`${name} ${shown(a ?? 'unset')} (stored: ${shown(b ?? 'unset')})`);
+  }
+  if (out.length === 0 && mine.probe !== stored.probe)
+    out.push(
+      mine.blockHash === 'vllm'
+        ? 'pythonHashSeed (the block hashes of one probe differ)'
+        : 'the block hash itself (another release that hashes differently?)',
+    );
+  return out;
 }
