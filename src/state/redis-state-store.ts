@@ -596,6 +596,8 @@ interface RedisStats {
   resyncFailures: number;
   /** Chunks of a write-back after an outage that Redis did not answer in time, and were sent again. */
   writeBackRetries: number;
+  /** Workers heard added on the channel that a resynchronisation found absent from the registry: dropped here, not written back. */
+  workersUnregistered: number;
   /**
    * Resynchronisations that found `{prefix}settings` holding other hashing settings than this
    * replica's (after its start): the replica routes on its local state meanwhile, and tries again.
@@ -772,6 +774,15 @@ export class RedisStateStore implements StateStore {
    * followed: the registry has the removal, and following it would keep the worker here alone.
    */
   private readonly removalsInFlight = new Set<string>();
+  /**
+   * The workers this replica may write back to the registry when it lacks them (Redis lost its
+   * data): those it was configured with, those added through its own admin API (or its DNS
+   * discovery), and those it read in the registry itself. Never one it only heard of on the
+   * channel: anything that can publish there can announce a worker, and writing that into the
+   * registry would make it every replica's for good; such a worker is dropped here instead
+   * when a resynchronisation finds the registry without it (loadRegistryHearing()).
+   */
+  private readonly vouched = new Set<string>();
   /** Drains (true) and resumes (false) made through this replica's admin API while Redis was out of reach, or during a resynchronisation. */
   private readonly unsyncedDrains = new Map<string, UnsyncedDrain>();
   /** Whether the subscriber is subscribed to the channel (on its current connection). */
@@ -848,6 +859,7 @@ export class RedisStateStore implements StateStore {
     chainsSkipped: 0,
     resyncFailures: 0,
     writeBackRetries: 0,
+    workersUnregistered: 0,
     settingsMismatches: 0,
   };
 
@@ -936,7 +948,10 @@ export class RedisStateStore implements StateStore {
     for (const w of host.router.listWorkers()) this.noteBlockSize(w.info.blockSize);
     // until the registry is read, the workers held at start (configured, written back unless it
     // holds them) are the records a removal made here while Redis is out of reach is made on
-    for (const w of host.listWorkers()) this.syncedRecords.set(w.id, JSON.stringify(w));
+    for (const w of host.listWorkers()) {
+      this.syncedRecords.set(w.id, JSON.stringify(w));
+      this.vouched.add(w.id);
+    }
     // close() can come while the start waits on Redis (the gateway stopped during its start):
     // a client connected after it would stay open, and reconnect, for good
     if (this.closed) return;
@@ -1045,6 +1060,7 @@ export class RedisStateStore implements StateStore {
 
   workerAdded(worker: WorkerRecord): void {
     this.noteBlockSize(worker.blockSize);
+    this.vouched.add(worker.id);
     this.removalsInFlight.delete(worker.id);
     this.draining.delete(worker.id);
     this.unsyncedDrains.delete(worker.id);
@@ -1062,6 +1078,7 @@ export class RedisStateStore implements StateStore {
 
   workerRemoved(workerId: string, options: { record?: boolean } = {}): void {
     const record = options.record ?? true;
+    this.vouched.delete(workerId);
     this.draining.delete(workerId);
     this.unsyncedDrains.delete(workerId);
     // its tallies (its ranks') go with it: a worker added again starts from nothing
@@ -1346,8 +1363,13 @@ export class RedisStateStore implements StateStore {
     if (!verdict.ok) return;
     const id = verdict.id;
     if (change.op === 'add') this.removalsInFlight.delete(id);
-    if (change.op === 'add') this.syncedRecords.set(id, JSON.stringify(change.worker));
-    else if (change.op === 'remove') this.syncedRecords.delete(id);
+    if (change.op === 'add') {
+      this.syncedRecords.set(id, JSON.stringify(change.worker));
+      this.vouched.add(id);
+    } else if (change.op === 'remove') {
+      this.syncedRecords.delete(id);
+      this.vouched.delete(id);
+    }
     for (const h of this.hearing) {
       if (!h.past) continue;
       if (change.op === 'drain') h.drains.set(id, change.draining);
@@ -1780,6 +1802,7 @@ export class RedisStateStore implements StateStore {
           }
         this.draining.delete(msg.id);
         this.syncedRecords.delete(msg.id);
+        this.vouched.delete(msg.id);
         if (this.host.listWorkers().some((w) => w.id === msg.id)) this.host.removeWorkerFromState(msg.id);
         this.remote.forgetUnknownWorkers();
       } else if (msg.k === 'dr') {
@@ -2355,7 +2378,8 @@ export class RedisStateStore implements StateStore {
    * The shared registry wins over this replica's own (its flags, or what it held through an
    * outage): a worker removed through an admin API is removed here too, and one the registry
    * lacks but never removed is written back (HSETNX) and announced, so the replicas that are
-   * running add it as well. Drains are Redis's word; when Redis holds no registry at all (a
+   * running add it as well — only one this replica vouches for (`vouched`); one it only heard
+   * of is dropped here. Drains are Redis's word; when Redis holds no registry at all (a
    * fresh fleet, or Redis lost its data) this replica's drains are written back instead.
    * What this replica hears from the others while it reads is newer than what it read, and
    * wins over it. Removals recorded more than REMOVAL_KEPT_MS ago are forgotten.
@@ -2419,6 +2443,8 @@ export class RedisStateStore implements StateStore {
     const cutoff = Date.now() - REMOVAL_KEPT_MS;
     const forgotten = [...removed].filter(([, at]) => !(Number(at) > cutoff)).map(([id]) => id);
     for (const id of forgotten) removed.delete(id);
+    // what the registry itself holds may be written back after Redis lost it (see `vouched`)
+    for (const id of workers.keys()) this.vouched.add(id);
     if (forgotten.length > 0)
       await this.cmd.hdel(this.key('removed'), ...forgotten).catch((err: Error) => {
         if (!(err instanceof ReplyError)) throw err;
@@ -2431,6 +2457,21 @@ export class RedisStateStore implements StateStore {
         host.removeWorkerFromState(w.id, 'registry');
         this.draining.delete(w.id);
       }
+    // workers only heard of on the channel and absent from the registry: dropped here, never written back
+    const unvouched = host.listWorkers().filter((w) => !workers.has(w.id) && !this.vouched.has(w.id));
+    for (const w of unvouched) {
+      host.removeWorkerFromState(w.id, 'replaced'); // said here, once for all of them
+      this.draining.delete(w.id);
+      this.syncedRecords.delete(w.id);
+    }
+    if (unvouched.length > 0) {
+      this.counters.workersUnregistered += unvouched.length;
+      const ids = unvouched.slice(0, 10).map((w) => quotedText(w.id));
+      const more = unvouched.length > ids.length ? ` and ${unvouched.length - ids.length} more` : '';
+      host.log(
+        `state: ${unvouched.length === 1 ? 'a worker' : `${unvouched.length} workers`} heard added on ${this.channel} but absent from ${this.key('workers')} dropped here (${ids.join(', ')}${more}); only workers a replica was configured with, added through its admin API or read in the registry are written back (state.workersUnregistered)`,
+      );
+    }
     const missing = host.listWorkers().filter((w) => !workers.has(w.id));
     const localDrains = shared ? [] : [...this.draining].filter((id) => !drains.has(id));
     if (missing.length > 0 || localDrains.length > 0) {
