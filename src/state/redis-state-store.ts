@@ -186,6 +186,25 @@ function isWrongKind(err: Error | null | undefined): boolean {
   return err instanceof ReplyError && /^WRONGTYPE\b/.test((err as Error).message);
 }
 
+/**
+ * Writes a recent decision's block entry back (KEYS[1] ← ARGV[2] for ARGV[3] ms) where Redis lacks
+ * it, and then only, announces it on channel ARGV[1] (ARGV[4]): the replicas that are running
+ * learn of it as they would have of the decision, not only one that loads the entries later.
+ * 1 written, 0 there already. Atomic; only commands the state's ACL grants.
+ */
+const WRITE_BACK_CHAIN =
+  "if redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3], 'NX') then redis.call('PUBLISH', ARGV[1], ARGV[4]) return 1 end return 0";
+
+/**
+ * A decision's message as a block entry written back announces it: its blocks, worker and
+ * anchors, as a replica loading the entry applies them (applyChains()), without what made it
+ * a request in flight (its prefill, its id) nor its workflow step, long past.
+ */
+function writtenBackAnnouncement(message: string): string {
+  const { q: _q, i: _i, wf: _wf, s: _s, ...rest } = JSON.parse(message) as WireDecision;
+  return JSON.stringify(rest);
+}
+
 /** Deletes KEYS[1] only while it holds ARGV[1] (one round trip, atomic). */
 const DELETE_IF_EQUAL = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
@@ -2161,8 +2180,19 @@ export class RedisStateStore implements StateStore {
       chunk = [];
       bytes = 0;
       const now = Date.now();
+      // announced as written: a replica that stayed connected meanwhile loads no entries, and
+      // would never learn of a decision made here while this one was cut off
       const res = await this.writeBackChunk(connection, (m) => {
-        for (const [chain, r] of some) m.set(chain, r.message, 'PX', Math.max(1, r.expiresAt - now), 'NX');
+        for (const [chain, r] of some)
+          m.eval(
+            WRITE_BACK_CHAIN,
+            1,
+            chain,
+            this.channel,
+            r.message,
+            String(Math.max(1, r.expiresAt - now)),
+            writtenBackAnnouncement(r.message),
+          );
       });
       some.forEach(([, r], i) => {
         if (res[i]?.[0] === null) r.writtenIn = mark;
@@ -2173,7 +2203,7 @@ export class RedisStateStore implements StateStore {
       if (r.expiresAt <= now) expired.push(chain);
       else if (mark === undefined || r.writtenIn !== mark) {
         chunk.push([chain, r]);
-        bytes += chain.length + r.message.length;
+        bytes += chain.length + 2 * r.message.length; // the entry and its announcement
         if (chunk.length >= WRITE_BACK_CHUNK_COMMANDS || bytes >= WRITE_BACK_CHUNK_BYTES) await writeChains();
       }
     }
