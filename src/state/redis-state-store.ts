@@ -472,6 +472,29 @@ return written`;
  */
 const CHAINS_PER_READ = 100;
 
+/**
+ * Reads block entries KEYS[…] as MGET would, bounded: an entry longer than ARGV[1] bytes (longer
+ * than any decision message a replica sends, maxMessageBytes()) is answered as its length, not
+ * its value, and no more entries are read once the values answered pass ARGV[2] bytes (the reply
+ * then holds fewer answers than keys; at least one). A key absent, or holding another kind of
+ * value, is answered nil. Only GET, which the state's ACL grants (its STRLEN is not granted).
+ */
+const READ_CHAINS = `local out, total = {}, 0
+for i, key in ipairs(KEYS) do
+  if i > 1 and total >= tonumber(ARGV[2]) then break end
+  local v = redis.pcall('GET', key)
+  if type(v) ~= 'string' then out[i] = false
+  elseif #v > tonumber(ARGV[1]) then out[i] = #v
+  else out[i] = v total = total + #v end
+end
+return out`;
+
+/** The longest block entry read before the router's bound is known (attach() sets it): the channel's default bound. */
+const MAX_CHAIN_BYTES_UNSET = 8 * 1024 * 1024;
+
+/** Bytes of block entries one READ_CHAINS reply holds at most (past its last entry, which may reach maxMessageBytes()). */
+const CHAIN_READ_BYTES = 16 * 1024 * 1024;
+
 /** Workflows written back per WRITE_WORKFLOWS call after an outage: one short script each, not one for all. */
 const WORKFLOWS_PER_WRITE = 500;
 
@@ -609,8 +632,10 @@ interface RedisStats {
   replicasSeen: number;
   /** Posted KV-event batches larger than MAX_RELAYED_EVENTS_BYTES: applied only here. */
   eventBatchesNotShared: number;
-  /** Block entries a resynchronisation could not read (one that timed out read alone) and skipped. */
+  /** Block entries a resynchronisation could not read (one that timed out read alone, or one longer than any replica writes) and skipped. */
   chainsSkipped: number;
+  /** Block entries longer than any replica writes (maxMessageBytes()), skipped unread: among chainsSkipped. */
+  chainsOversize: number;
   /** Resynchronisations that failed (and were tried again later). */
   resyncFailures: number;
   /** Chunks of a write-back after an outage that Redis did not answer in time, and were sent again. */
@@ -735,6 +760,8 @@ export class RedisStateStore implements StateStore {
   private connectionsUp = 0;
   /** A write-back after Redis lost its data, while it runs. */
   private rewriting = false;
+  /** Whether a block entry longer than any replica writes was logged (once, then only counted). */
+  private loggedOversizeChains = false;
   /** The keys found holding another kind of value, logged once each (replaceWrongKind()). */
   private readonly loggedWrongKinds = new Set<string>();
   /** The kinds of refusal already logged on this connection. */
@@ -876,6 +903,7 @@ export class RedisStateStore implements StateStore {
     replicasSeen: 0,
     eventBatchesNotShared: 0,
     chainsSkipped: 0,
+    chainsOversize: 0,
     resyncFailures: 0,
     writeBackRetries: 0,
     workersUnregistered: 0,
@@ -2235,6 +2263,7 @@ export class RedisStateStore implements StateStore {
     // unread, so a stuck Redis costs a handful of timeouts. The replica comes up without the
     // skipped blocks (they come back with the next requests)
     let skipped = 0;
+    let oversize = 0;
     let size = CHAINS_PER_READ;
     let failedAlone = 0;
     for await (const keys of this.scan(this.key('chain', '*')))
@@ -2245,15 +2274,22 @@ export class RedisStateStore implements StateStore {
         }
         const batch = keys.slice(at, at + size);
         let error: Error | undefined;
-        const values = await this.cmd.mget(...batch).catch((err: Error) => {
+        const answers = await this.readChainBatch(batch).catch((err: Error) => {
           // a connection gone fails the resynchronisation, which is retried once it is back
           if (this.cmd.status !== 'ready') throw err;
           error = err;
           return null;
         });
-        if (values !== null) {
+        if (answers !== null) {
+          // an entry longer than any replica writes is skipped unread (its length only)
+          const values: Array<string | null> = [];
+          for (const v of answers)
+            if (typeof v === 'number') {
+              oversize++;
+              values.push(null);
+            } else values.push(v);
           this.applyChains(values);
-          at += batch.length;
+          at += Math.max(1, answers.length);
           failedAlone = 0;
           size = Math.min(CHAINS_PER_READ, size * 2);
         } else if (batch.length > 1) size = batch.length >>> 1;
@@ -2270,6 +2306,28 @@ export class RedisStateStore implements StateStore {
         `state: ${skipped} block entries in redis could not be read in time and were skipped (state.chainsSkipped); routing goes on without them`,
       );
     }
+    if (oversize > 0) {
+      this.counters.chainsSkipped += oversize;
+      this.counters.chainsOversize += oversize;
+      if (!this.loggedOversizeChains) {
+        this.loggedOversizeChains = true;
+        this.host?.log(
+          `state: ${oversize} block ${oversize === 1 ? 'entry' : 'entries'} in redis longer than any replica writes (${this.maxMessageBytes} bytes) skipped unread; further ones are only counted (state.chainsOversize, state.chainsSkipped)`,
+        );
+      }
+    }
+  }
+
+  /**
+   * Block entries `keys` read with READ_CHAINS: their values in order (null for none), or the
+   * length of one longer than any replica writes; fewer answers than keys when the values
+   * answered pass CHAIN_READ_BYTES (the rest are read next).
+   */
+  private async readChainBatch(keys: string[]): Promise<Array<string | number | null>> {
+    const max = Number.isFinite(this.maxMessageBytes) ? this.maxMessageBytes : MAX_CHAIN_BYTES_UNSET;
+    return (await this.cmd.eval(READ_CHAINS, keys.length, ...keys, String(max), String(CHAIN_READ_BYTES))) as Array<
+      string | number | null
+    >;
   }
 
   /**

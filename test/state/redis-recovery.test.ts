@@ -140,13 +140,13 @@ test('a read of block entries that times out is read again in halves; an entry t
   stores.push(store);
   // a read of more than 10 entries outlasts the command timeout (large entries, a busy Redis),
   // and so does any read of entry 7
-  const cmd = (store as unknown as { cmd: Redis }).cmd;
-  const mget = cmd.mget.bind(cmd) as (...keys: string[]) => Promise<Array<string | null>>;
+  type Reads = { readChainBatch: (keys: string[]) => Promise<Array<string | number | null>> };
+  const read = (store as unknown as Reads).readChainBatch.bind(store);
   const reads: number[] = [];
-  (cmd as unknown as { mget: (...keys: string[]) => Promise<Array<string | null>> }).mget = async (...keys) => {
+  (store as unknown as Reads).readChainBatch = async (keys) => {
     reads.push(keys.length);
     if (keys.length > 10 || keys.includes(`${prefix}chain:e0:7`)) throw new Error('Command timed out');
-    return mget(...keys);
+    return read(keys);
   };
   await store.attach(host);
   assert.equal(store.stats().connected, true, logs.join('\n'));
@@ -158,9 +158,8 @@ test('a read of block entries that times out is read again in halves; an entry t
   // a Redis too slow for any read: a handful of reads, every entry skipped, the replica up
   const stuck = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: 'S', syncIntervalMs: 50 });
   stores.push(stuck);
-  const stuckCmd = (stuck as unknown as { cmd: Redis }).cmd;
   let stuckReads = 0;
-  (stuckCmd as unknown as { mget: () => Promise<never> }).mget = async () => {
+  (stuck as unknown as { readChainBatch: () => Promise<never> }).readChainBatch = async () => {
     stuckReads++;
     throw new Error('Command timed out');
   };
@@ -169,6 +168,40 @@ test('a read of block entries that times out is read again in halves; an entry t
   assert.equal(stuck.stats().chainsSkipped, 300);
   assert.equal(stuck.stats().decisionsApplied, 0);
   assert.ok(stuckReads <= 10, `${stuckReads} reads`);
+});
+
+test('a block entry longer than any replica writes is skipped unread and counted', async () => {
+  const prefix = prefixes.fresh();
+  // three entries of 9 MiB (past the 8 MiB a decision message may hold with the defaults), and one good
+  const huge = JSON.stringify({
+    r: 'X',
+    k: 'd',
+    w: 'e0',
+    h: Buffer.alloc(((9 * 1024 * 1024 * 3) / 4) & ~7, 7).toString('base64'),
+  });
+  for (let i = 0; i < 3; i++) await redis.set(`${prefix}chain:e0:big${i}`, huge, 'PX', 60_000);
+  const h = Buffer.alloc(64, 7).toString('base64');
+  await redis.set(`${prefix}chain:e0:good`, JSON.stringify({ r: 'X', k: 'd', w: 'e0', h }), 'PX', 60_000);
+  const router = new KVAwareRouter({ blockSize: 16 });
+  const { host, logs } = fixedWorkersHost(router, ['e0']);
+  const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: 'O', syncIntervalMs: 50 });
+  stores.push(store);
+  type Reads = { readChainBatch: (keys: string[]) => Promise<Array<string | number | null>> };
+  const read = (store as unknown as Reads).readChainBatch.bind(store);
+  let longest = 0;
+  (store as unknown as Reads).readChainBatch = async (keys) => {
+    const answers = await read(keys);
+    for (const v of answers) if (typeof v === 'string') longest = Math.max(longest, v.length);
+    return answers;
+  };
+  await store.attach(host);
+  assert.equal(store.stats().connected, true, logs.join('\n'));
+  assert.equal(store.stats().decisionsApplied, 1);
+  assert.equal(store.stats().chainsSkipped, 3);
+  assert.equal(store.stats().chainsOversize, 3);
+  assert.ok(longest < 1024 * 1024, `no oversize entry reached the replica (${longest} bytes read)`);
+  assert.equal(logs.filter((l) => /longer than any replica writes/.test(l)).length, 1, logs.join('\n'));
+  await redis.del(`${prefix}chain:e0:big0`, `${prefix}chain:e0:big1`, `${prefix}chain:e0:big2`);
 });
 
 test("/metrics shows the shared state's connection, outages, errors, malformed and oversize messages and load corrections", async () => {
