@@ -205,6 +205,9 @@ function writtenBackAnnouncement(message: string): string {
   return JSON.stringify(rest);
 }
 
+/** The shared keys whose kind the load sync checks, and a resynchronisation repairs (repairWrongKinds()). */
+type SharedKey = 'workers' | 'removed' | 'draining' | 'workflows';
+
 /** Deletes KEYS[1] only while it holds ARGV[1] (one round trip, atomic). */
 const DELETE_IF_EQUAL = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
@@ -636,6 +639,8 @@ interface RedisStats {
   chainsSkipped: number;
   /** Block entries longer than any replica writes (maxMessageBytes()), skipped unread: among chainsSkipped. */
   chainsOversize: number;
+  /** Shared keys found holding another kind of value (WRONGTYPE), deleted and written anew: among the errors. */
+  wrongKindRepairs: number;
   /** Resynchronisations that failed (and were tried again later). */
   resyncFailures: number;
   /** Chunks of a write-back after an outage that Redis did not answer in time, and were sent again. */
@@ -904,6 +909,7 @@ export class RedisStateStore implements StateStore {
     eventBatchesNotShared: 0,
     chainsSkipped: 0,
     chainsOversize: 0,
+    wrongKindRepairs: 0,
     resyncFailures: 0,
     writeBackRetries: 0,
     workersUnregistered: 0,
@@ -1685,6 +1691,7 @@ export class RedisStateStore implements StateStore {
    */
   private async replaceWrongKind(key: string, found = 'another kind of value (WRONGTYPE)'): Promise<void> {
     this.counters.errors++;
+    this.counters.wrongKindRepairs++;
     const name = this.key(key);
     if (!this.loggedWrongKinds.has(name)) {
       this.loggedWrongKinds.add(name);
@@ -2638,18 +2645,41 @@ export class RedisStateStore implements StateStore {
 
   /**
    * What a read answers, or `fallback` when Redis refused it for the key's kind (another
-   * program, or garbage, holds the key): that key is skipped, logged and counted, and the rest
-   * of the state still loads. Any other failure (Redis gone) still rejects.
+   * program, or garbage, holds the key): that key is repaired (repairWrongKinds(): deleted, and
+   * written anew), and the rest of the state still loads. Any other failure (Redis gone) still rejects.
    */
-  private async unlessWrongKind<T>(read: Promise<T>, fallback: T, key: string): Promise<T> {
+  private async unlessWrongKind<T>(read: Promise<T>, fallback: T, key: SharedKey): Promise<T> {
     try {
       return await read;
     } catch (err) {
       if (!(err instanceof ReplyError) || !/^WRONGTYPE\b/.test((err as Error).message)) throw err;
       this.counters.malformedMessages++;
-      this.host?.log(`state: ${this.key(key)} in redis is unreadable (${said(err)}); skipped`);
+      await this.repairWrongKinds([key]);
       return fallback;
     }
+  }
+
+  /**
+   * Shared keys found holding another kind of value (WRONGTYPE: written by hand, or by another
+   * program under the prefix) are deleted, as `{prefix}replicas` is: what they hold is nothing any
+   * replica can read, so deleting it loses nothing, while keeping it kept every admin change and
+   * every write to it refused until an operator deleted it. Logged once per key, naming the kind
+   * found (when the ACL grants TYPE), counted (state.wrongKindRepairs). The registry's keys
+   * (`workers`, `removed`, `draining`) are then as good as lost: the epoch is written anew, so
+   * every replica (this one at its next load sync) writes back what it holds, as after Redis
+   * lost its data. `workflows` is filled again by the next writes (the `wf:` keys it no longer
+   * names expire within their TTL).
+   */
+  private async repairWrongKinds(keys: SharedKey[]): Promise<void> {
+    for (const key of keys) {
+      const kind = await this.cmd.type(this.key(key)).catch(() => undefined);
+      const belongs = key === 'workflows' ? 'a sorted set' : 'a hash';
+      await this.replaceWrongKind(
+        key,
+        `${kind === undefined ? 'another kind of value' : `a ${escapedText(kind)}`} (WRONGTYPE) where ${belongs} belongs`,
+      );
+    }
+    if (keys.some((k) => k !== 'workflows')) await this.cmd.set(this.key('epoch'), randomBytes(8).toString('hex'));
   }
 
   private async *scan(pattern: string): AsyncGenerator<string[]> {
@@ -2707,7 +2737,13 @@ export class RedisStateStore implements StateStore {
           .zrange(this.key('replicas'), '0', '-1')
           // the epoch: written afresh where Redis lost it, read to compare with the one known
           .set(this.key('epoch'), randomBytes(8).toString('hex'), 'NX')
-          .get(this.key('epoch')),
+          .get(this.key('epoch'))
+          // the kinds of the registry's keys and the workflows' index (a no-op on the right
+          // kind, WRONGTYPE on another: no field is empty, and no range ends before it starts)
+          .hdel(this.key('workers'), '')
+          .hdel(this.key('removed'), '')
+          .hdel(this.key('draining'), '')
+          .zrange(this.key('workflows'), '1', '0'),
         'the load sync',
         isWrongKind,
       );
@@ -2718,6 +2754,10 @@ export class RedisStateStore implements StateStore {
       // the fleet's own key holds another kind of value: deleted, rewritten by the next sync
       if (res.slice(0, 4).some(([err]) => isWrongKind(err))) return await this.replaceWrongKind('replicas');
       if (isWrongKind(res[5]?.[0])) return await this.replaceWrongKind('epoch');
+      const wrong = (['workers', 'removed', 'draining', 'workflows'] as const).filter((_, i) =>
+        isWrongKind(res[6 + i]?.[0]),
+      );
+      if (wrong.length > 0) await this.repairWrongKinds(wrong);
       // another epoch than the one read before: Redis lost what every replica wrote (none when it
       // could not be written: out of memory, read-only; the loss is told once it can)
       const epoch = res[5]?.[0] === null ? res[5][1] : null;

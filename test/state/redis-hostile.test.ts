@@ -134,6 +134,44 @@ test('a replica starting over keys that hold garbage loads the rest and comes up
   }
 });
 
+test('shared keys found holding another kind of value are deleted and written anew, each logged once', async () => {
+  const prefix = prefixes.fresh();
+  const router = new KVAwareRouter({ blockSize: 16 });
+  const { host, logs } = fixedWorkersHost(router, ['e0']);
+  const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: 'K', syncIntervalMs: 20 });
+  try {
+    await store.attach(host);
+    assert.deepEqual(await redis.hkeys(`${prefix}workers`), ['e0']);
+    // written by hand, or another program under the prefix, while the replica runs
+    await redis
+      .multi()
+      .set(`${prefix}workers`, 'x')
+      .set(`${prefix}removed`, 'x')
+      .set(`${prefix}draining`, 'x')
+      .set(`${prefix}workflows`, 'x')
+      .exec();
+    await until(
+      async () => (await redis.type(`${prefix}workers`)) === 'hash' && (store.stats().resyncs as number) >= 2,
+      'the registry to be written back',
+    );
+    assert.deepEqual(await redis.hkeys(`${prefix}workers`), ['e0']);
+    for (const key of ['removed', 'draining', 'workflows'])
+      assert.notEqual(await redis.type(`${prefix}${key}`), 'string', `${key} repaired`);
+    assert.equal(store.stats().wrongKindRepairs, 4);
+    for (const key of ['workers', 'removed', 'draining', 'workflows'])
+      assert.equal(
+        logs.filter((l) => l.includes(`${prefix}${key} in redis holds a string (WRONGTYPE)`)).length,
+        1,
+        logs.join('\n'),
+      );
+    // an admin change is decided in Redis again
+    const verdict = await store.orderWorkerChange({ op: 'drain', id: 'e0', draining: true }, (v) => v);
+    assert.equal(verdict.ok, true);
+  } finally {
+    await store.close();
+  }
+});
+
 test('a server that answers with control characters: the log repeats them escaped, not raw', async () => {
   // whatever listens on the address (a stranger, garbage) answers every command with an error
   // holding terminal controls, a NUL and a line separator
