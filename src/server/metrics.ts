@@ -606,6 +606,36 @@ export function registerStateMetrics(registry: Registry, state: { stats(): State
       'Shared-state messages refused unread as longer than any replica sends (counted among the malformed too).',
     ],
     [
+      'stalls',
+      'contextforge_state_stalls_total',
+      'Outages that were Redis no longer answering on an open connection (among the outages).',
+    ],
+    [
+      'refused',
+      'contextforge_state_refusals_total',
+      'Shared-state commands Redis answered with an error (OOM, READONLY, NOPERM, ...), among the errors; /admin/stats names the last one (state.lastRefusal).',
+    ],
+    [
+      'chainsSkipped',
+      'contextforge_state_chains_skipped_total',
+      'Block entries a resynchronisation skipped: not read in time, or longer than any replica writes.',
+    ],
+    [
+      'chainsOversize',
+      'contextforge_state_chains_oversize_total',
+      'Block entries in Redis longer than any replica writes, skipped unread (among the skipped).',
+    ],
+    [
+      'wrongKindRepairs',
+      'contextforge_state_wrong_kind_repairs_total',
+      'Shared keys found holding another kind of value (WRONGTYPE), deleted and written anew.',
+    ],
+    [
+      'workersUnregistered',
+      'contextforge_state_workers_unregistered_total',
+      'Workers heard added on the channel that a resynchronisation found absent from the shared registry: dropped, not written back.',
+    ],
+    [
       'settingsMismatches',
       'contextforge_state_settings_mismatches_total',
       "Resynchronisations that found the fleet's hashing settings ({prefix}settings) differing from this replica's: it routes on local state, not sharing.",

@@ -219,6 +219,16 @@ test("/metrics shows the shared state's connection, outages, errors, malformed a
   assert.equal(await value('contextforge_state_errors_total'), 0);
   assert.equal(await value('contextforge_state_oversize_messages_total'), 0);
   assert.equal(await value('contextforge_state_remote_load_corrections_total'), 0);
+  for (const name of [
+    'stalls',
+    'refusals',
+    'chains_skipped',
+    'chains_oversize',
+    'wrong_kind_repairs',
+    'workers_unregistered',
+    'settings_mismatches',
+  ])
+    assert.equal(await value(`contextforge_state_${name}_total`), 0, name);
   await redis.publish(channelOf(a.store), 'not json');
   await until(async () => (await value('contextforge_state_malformed_messages_total')) === 1, 'the malformed message');
   await redis.publish(channelOf(a.store), Buffer.alloc(9 * 1024 * 1024, 'x'));
