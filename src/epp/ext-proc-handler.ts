@@ -15,6 +15,7 @@ import {
   continueResponse,
   headerBytes,
   immediateResponse,
+  MAX_BODY_MESSAGES,
   MAX_REQUEST_HEADER_BYTES,
   ModelNameRestorer,
   perMessageBodyResponses,
@@ -422,7 +423,10 @@ export function createProcessHandler(
           if (phase !== 'body')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'request_body arrived before request_headers');
           const chunk = req.request_body?.body;
-          bodyMessages++;
+          // every message counts, an empty one too: each is owed an answer in the modes that
+          // answer every message, and none of the body's limits would bound empty ones
+          if (++bodyMessages > MAX_BODY_MESSAGES)
+            return reject(413, `request body too large: in over ${MAX_BODY_MESSAGES} messages`, 'body');
           if (chunk && chunk.length > 0) {
             if (received.length + chunk.length > options.bodyLimit)
               return reject(413, `request body too large: over ${options.bodyLimit} bytes`);

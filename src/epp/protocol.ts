@@ -291,17 +291,27 @@ export function streamedBodyResponses(
  * The answers to `messages` request-body messages in the modes where Envoy takes one answer per
  * message (STREAMED, BUFFERED, BUFFERED_PARTIAL), which replace the body with `replacement`:
  * each answer stands for its message, so the last carries all of the replacement and the ones
- * before clear theirs. Without a replacement every answer changes nothing.
+ * before clear theirs. Without a replacement every answer changes nothing. Made one at a time as
+ * they are taken: a body in many messages costs one answer at a time, not an array of them all
+ * held until the last is sent.
  */
-export function perMessageBodyResponses(messages: number, replacement?: Buffer): ProcessingResponse[] {
-  const out: ProcessingResponse[] = [];
+export function* perMessageBodyResponses(messages: number, replacement?: Buffer): Generator<ProcessingResponse> {
   for (let i = 0; i < messages; i++) {
-    if (replacement === undefined) out.push(continueResponse('request_body'));
-    else if (i < messages - 1) out.push({ request_body: { response: { body_mutation: { clear_body: true } } } });
-    else out.push({ request_body: { response: { body_mutation: { body: replacement } } } });
+    if (replacement === undefined) yield continueResponse('request_body');
+    else if (i < messages - 1) yield { request_body: { response: { body_mutation: { clear_body: true } } } };
+    else yield { request_body: { response: { body_mutation: { body: replacement } } } };
   }
-  return out;
 }
+
+/**
+ * Most request-body messages one stream may send before its body ends. Envoy passes a body on
+ * in the pieces it reads it in: a read of the downstream connection (HTTP/1, up to 16 KiB) or
+ * one HTTP/2 or HTTP/3 DATA frame (16 KiB by default, the client's choice), so the default
+ * 16 MiB body limit is some 1,024 messages, and 65,536 allows bodies in pieces of 256 bytes.
+ * Empty messages count too: a peer could otherwise send millions of them, each free of the body
+ * limit and the body budget, each owed an answer in the modes that answer every message.
+ */
+export const MAX_BODY_MESSAGES = 65_536;
 
 function streamed(direction: 'request_body' | 'response_body', body: Buffer, endOfStream: boolean): ProcessingResponse {
   return { [direction]: { response: { body_mutation: { streamed_response: { body, end_of_stream: endOfStream } } } } };
