@@ -131,11 +131,20 @@ export interface ExtProcHandlerOptions {
    * streams open, each with its memory, for as long as it likes without sending anything.
    */
   headersTimeoutMs?: number;
+  /**
+   * Time from a stream's routing to its first response-phase message (ms; default: none). A
+   * routed request whose response has not begun by then ends its in-flight accounting (its worker
+   * no longer counts it: a stream Envoy holds open without a response would otherwise raise the
+   * worker's load for the connection's life) and is counted `no_response` besides `routed`; the
+   * stream stays open, and a response that comes later is processed as before.
+   */
+  responseTimeoutMs?: number;
   log?: (message: string) => void;
   /**
    * Called once per stream with its outcome: 'routed', the status of the local reply, the gRPC
    * status it was ended with (lowercase: `failed_precondition`, `internal`…), or `cancelled` when
-   * Envoy gave up on it first.
+   * Envoy gave up on it first; and once more, `no_response`, for a routed stream whose response
+   * did not begin within `responseTimeoutMs`.
    */
   onOutcome?: (outcome: string | number) => void;
   /**
@@ -165,6 +174,7 @@ export function createProcessHandler(
   for (const [name, ms] of [
     ['bodyTimeoutMs', bodyTimeoutMs],
     ['headersTimeoutMs', options.headersTimeoutMs],
+    ['responseTimeoutMs', options.responseTimeoutMs],
   ] as const)
     if (ms !== undefined && !(Number.isInteger(ms) && ms >= 1 && ms <= MAX_TIMER_MS))
       throw new RangeError(`${name} must be an integer from 1 to ${MAX_TIMER_MS}, got ${ms}`);
@@ -220,8 +230,15 @@ export function createProcessHandler(
       bodyTimer.unref();
     };
 
+    /** Ends the in-flight accounting of a routed request whose response does not begin in time. */
+    let responseTimer: NodeJS.Timeout | undefined;
+    const responseBegan = () => {
+      clearTimeout(responseTimer);
+      responseTimer = undefined;
+    };
     const finish = () => {
       stopBodyTimer();
+      responseBegan();
       charge?.release();
       inFlight?.end();
       phase = 'finished';
@@ -344,6 +361,20 @@ export function createProcessHandler(
       if (outcome.modelRewrite)
         restorer = new ModelNameRestorer(outcome.modelRewrite.engine, outcome.modelRewrite.client);
       count('routed');
+      if (options.responseTimeoutMs !== undefined) {
+        const ms = options.responseTimeoutMs;
+        responseTimer = setTimeout(() => {
+          responseTimer = undefined;
+          if (closed || phase === 'finished') return;
+          // the worker no longer counts a request that may never be answered through this stream
+          inFlight?.end();
+          options.onOutcome?.('no_response');
+          log(
+            `ext_proc stream ${requestId}: no response began within ${ms} ms of routing; its worker no longer counts it`,
+          );
+        }, ms);
+        responseTimer.unref();
+      }
       const forwarded = body === undefined ? undefined : (outcome.body ?? body);
       // Envoy drops content-length in FULL_DUPLEX_STREAMED mode; the engine gets it back, exact
       const extra: Record<string, string> = { ...outcome.headers };
@@ -454,6 +485,7 @@ export function createProcessHandler(
           return;
         }
         case 'response_headers': {
+          responseBegan();
           if (phase !== 'routed')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'response_headers arrived before the request was routed');
           if (responseHeadersSeen) return fail(GrpcStatus.FAILED_PRECONDITION, 'response_headers arrived twice');
@@ -487,6 +519,7 @@ export function createProcessHandler(
           return;
         }
         case 'response_body': {
+          responseBegan();
           if (phase !== 'routed')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'response_body arrived before the request was routed');
           if (!responseHeadersSeen)
@@ -518,6 +551,7 @@ export function createProcessHandler(
           return;
         }
         case 'response_trailers': {
+          responseBegan();
           if (phase !== 'routed')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'response_trailers arrived before the request was routed');
           if (!responseHeadersSeen)

@@ -187,7 +187,7 @@ export class RouterPicker implements EndpointPicker {
       (m.getSingleMetric('contextforge_epp_requests_total') as Counter<'outcome'> | undefined) ??
       new Counter({
         name: 'contextforge_epp_requests_total',
-        help: 'Endpoint-picker streams by outcome: routed, the status of the local reply, the gRPC status the stream was ended with (failed_precondition, internal…), or cancelled by Envoy.',
+        help: 'Endpoint-picker streams by outcome: routed, the status of the local reply, the gRPC status the stream was ended with (failed_precondition, internal…), or cancelled by Envoy; a routed stream whose response did not begin in time is counted no_response besides routed.',
         labelNames: ['outcome'],
         registers: [m],
       });

@@ -5,6 +5,7 @@ import { gatewayRoutingBackend } from './gateway-backend.js';
 import { RouterPicker } from './router-picker.js';
 import { startEppServer, type EppServerOptions } from './server.js';
 import { scrapeGapMs } from '../engines/metrics/scraper.js';
+import { DEFAULT_TIMEOUTS } from '../server/timeouts.js';
 
 /** Settings of the endpoint picker and engine discovery, shared by `epp` and `serve --epp-port`. */
 export interface PickerConfig {
@@ -21,7 +22,18 @@ export interface PickerConfig {
   requestTimeoutMs?: number;
   /** Time from a stream's start to its request headers (the gateway's --headers-timeout-ms). */
   headersTimeoutMs?: number;
+  /** Time from a stream's routing to its response's beginning (default DEFAULT_RESPONSE_TIMEOUT_MS). */
+  responseTimeoutMs?: number;
 }
+
+/**
+ * How long a routed request counts in its worker's load while no response phase begins on its
+ * stream (ms): the gateway's own longest wait for an answer to begin, its default inter-chunk
+ * timeout (a non-streamed answer's headers come after the whole generation). A stream Envoy
+ * holds open without a response (a peer that never sends one) would otherwise keep the count
+ * raised for the connection's life.
+ */
+export const DEFAULT_RESPONSE_TIMEOUT_MS = DEFAULT_TIMEOUTS.interChunkTimeoutMs;
 
 export interface RunningPicker {
   /** The bound gRPC port, when the picker serves. */
@@ -75,6 +87,7 @@ export async function startPicker(
     bodyTimeoutMs: c.requestTimeoutMs,
     // and a stream's request headers the time an HTTP client's headers get
     headersTimeoutMs: c.headersTimeoutMs,
+    responseTimeoutMs: c.responseTimeoutMs ?? DEFAULT_RESPONSE_TIMEOUT_MS,
     log: o.log,
     onOutcome: (outcome) => picker.countOutcome(outcome),
     // as /readyz: ready too while requests are panic-routed, or the Service would drop the picker

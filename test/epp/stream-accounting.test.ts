@@ -103,3 +103,31 @@ test('the per-message answers are made as they are taken, not as one array', () 
   const huge = perMessageBodyResponses(Number.MAX_SAFE_INTEGER)[Symbol.iterator]();
   assert.deepEqual(huge.next().value, { request_body: { response: {} } });
 });
+
+const HEADERS_ONLY: ProcessingRequest = {
+  request: 'request_headers',
+  request_headers: { headers: { headers: [{ key: ':method', raw_value: Buffer.from('GET') }] }, end_of_stream: true },
+};
+
+test('a routed stream whose response never begins gives its worker back the request', async () => {
+  const s = handlerStream({ responseTimeoutMs: 20 });
+  s.call.push(HEADERS_ONLY);
+  await until(() => s.inFlight.ended > 0, 'the in-flight accounting to end');
+  assert.deepEqual(s.outcomes, ['routed', 'no_response']);
+  assert.equal(s.inFlight.ended, 1);
+  // a response that comes after all is still processed
+  s.call.push({ request: 'response_headers', response_headers: { headers: { headers: [] } } });
+  await until(() => s.answers.some((a) => a.response_headers !== undefined), 'the response headers answer');
+  s.call.destroy();
+});
+
+test('a response that begins in time keeps the accounting until it ends', async () => {
+  const s = handlerStream({ responseTimeoutMs: 60_000 });
+  s.call.push(HEADERS_ONLY);
+  await until(() => s.outcomes.length > 0, 'the routing');
+  s.call.push({ request: 'response_headers', response_headers: { headers: { headers: [] } } });
+  s.call.push({ request: 'response_body', response_body: { body: Buffer.from('{}'), end_of_stream: true } });
+  await until(() => s.inFlight.ended > 0, 'the response to end');
+  assert.deepEqual(s.outcomes, ['routed']);
+  s.call.destroy();
+});
