@@ -34,6 +34,8 @@ export interface PickInput {
   headers: ReadonlyMap<string, string>;
   /** The headers the request repeats, with each of their values. */
   repeatedHeaders?: ReadonlyMap<string, readonly string[]>;
+  /** The headers (lower-case names) whose bytes are not UTF-8: `headers` has them with U+FFFD in their place. */
+  notUtf8Headers?: ReadonlySet<string>;
   /**
    * The whole request body (possibly empty), or undefined when the picker does not see it: a
    * header-only request, or a body mode in which Envoy sends the body after the header answer.
@@ -187,6 +189,7 @@ export function createProcessHandler(
     let phase: Phase = 'headers';
     let headers = new Map<string, string>();
     const repeatedHeaders = new Map<string, string[]>();
+    const notUtf8Headers = new Set<string>();
     let subset: string[] | undefined;
     let subsetProblem: string | undefined;
     let requestId = '';
@@ -317,6 +320,7 @@ export function createProcessHandler(
       } finally {
         headers = new Map();
         repeatedHeaders.clear();
+        notUtf8Headers.clear();
         charge?.release();
       }
     };
@@ -332,6 +336,7 @@ export function createProcessHandler(
         outcome = await options.picker.pick({
           headers,
           repeatedHeaders,
+          notUtf8Headers,
           body,
           headersOnly,
           subset,
@@ -417,7 +422,7 @@ export function createProcessHandler(
             return reject(431, `the request headers are larger than ${MAX_REQUEST_HEADER_BYTES} bytes`, 'headers');
           stopBodyTimer();
           if (charge && !charge.take(bytes)) return refuseForBudget();
-          headers = readHeaders(req.request_headers, repeatedHeaders);
+          headers = readHeaders(req.request_headers, repeatedHeaders, notUtf8Headers);
           requestId = headers.get(REQUEST_ID_HEADER) ?? '';
           // one that could not go back in a header as it is (CR, LF, NUL…) is replaced, as a missing one
           if (requestId === '' || requestId.length > 256 || !answerableRequestId(requestId)) {

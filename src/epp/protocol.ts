@@ -6,6 +6,7 @@ import type {
   ProtoStruct,
   ProtoValue,
 } from './proto.js';
+import { isUtf8 } from 'node:buffer';
 import { plainToStruct } from './proto.js';
 
 /**
@@ -56,17 +57,21 @@ function headerText(h: HeaderValue): string {
 
 /**
  * Header values by lower-case name. A repeated header reads as one comma-joined value, as HTTP
- * folds it; `repeated`, when given, gets each repeated header's values one by one.
+ * folds it; `repeated`, when given, gets each repeated header's values one by one. Bytes are
+ * read as UTF-8; `notUtf8`, when given, gets the names of the headers whose bytes are not (their
+ * values hold U+FFFD in place of what could not be read).
  */
 export function readHeaders(
   req: ProcessingRequest['request_headers'],
   repeated?: Map<string, string[]>,
+  notUtf8?: Set<string>,
 ): Map<string, string> {
   const out = new Map<string, string>();
   for (const h of req?.headers?.headers ?? []) {
     if (typeof h.key !== 'string') continue;
     const value = headerText(h);
     const key = h.key.toLowerCase();
+    if (notUtf8 && h.raw_value && h.raw_value.length > 0 && !isUtf8(h.raw_value)) notUtf8.add(key);
     const prior = out.get(key);
     out.set(key, prior === undefined ? value : `${prior},${value}`);
     if (prior !== undefined && repeated) {

@@ -1,6 +1,12 @@
 import { isIP } from 'node:net';
 import { Counter, Histogram, type Registry } from 'prom-client';
-import type { KVAwareRouter, RoutedResult, RouteRequest, RouteResult } from '../core/router/index.js';
+import {
+  PromptTooLongError,
+  type KVAwareRouter,
+  type RoutedResult,
+  type RouteRequest,
+  type RouteResult,
+} from '../core/router/index.js';
 import type { StateStore } from '../state/state-store.js';
 import type { EndpointPicker, InFlightRequest, PickInput, PickOutcome } from './ext-proc-handler.js';
 import {
@@ -265,6 +271,8 @@ export class RouterPicker implements EndpointPicker {
     let modelRewrite: { engine: string; client: string } | undefined;
     // the first response byte is the first token only for a streamed answer
     let firstTokenReported = true;
+    /** The field a prompt's length is refused on, as the gateway names it: a chat's messages, else the prompt. */
+    let promptField = 'prompt';
     if (preflight) {
       // nothing to read: routed as a request without a body
     } else if (input.body !== undefined && input.body.length > 0) {
@@ -283,6 +291,15 @@ export class RouterPicker implements EndpointPicker {
       firstTokenReported = body.stream === true && input.responseBodyStreamed !== false;
       let rewritten = false;
       const rewrite = input.headers.get(MODEL_NAME_REWRITE_HEADER);
+      // read as UTF-8, bytes that are not would reach the engine as U+FFFD: refused as the
+      // gateway refuses a metadata header that is not UTF-8
+      if (rewrite !== undefined && input.notUtf8Headers?.has(MODEL_NAME_REWRITE_HEADER))
+        return {
+          ok: false,
+          status: 400,
+          message: `${MODEL_NAME_REWRITE_HEADER} is not UTF-8`,
+          param: MODEL_NAME_REWRITE_HEADER,
+        };
       if (rewrite && body.model !== rewrite) {
         // the client's name is bounded as the gateway bounds it (and given back in the response),
         // though the engine's name replaces it before the gateway reads the body
@@ -321,6 +338,7 @@ export class RouterPicker implements EndpointPicker {
       // reads, so it is never routed on, nor are SGLang's per-prompt lists counted by it
       const generate = isGenerate(target);
       const path = generate ? GENERATE : apiPath(target, body);
+      if (path === CHAT) promptField = 'messages';
       if (path) {
         const prepared = await this.backend.prepare(path, body, requestHeaders(input));
         if ('status' in prepared)
@@ -442,6 +460,9 @@ export class RouterPicker implements EndpointPicker {
         panicCandidates = panicked.panicCandidates;
       }
     } catch (err) {
+      // a prompt longer than the router takes, refused on its field as the gateway refuses it
+      if (err instanceof PromptTooLongError)
+        return { ok: false, status: 400, message: err.message, param: promptField };
       // metadata the router refuses (a malformed anchor list, say) is the client's to fix
       if (err instanceof RangeError || err instanceof TypeError)
         return { ok: false, status: 400, message: err.message };
