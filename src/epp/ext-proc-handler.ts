@@ -137,18 +137,19 @@ export interface ExtProcHandlerOptions {
    * Time from a stream's routing to its first response-phase message (ms; default: none). A
    * routed request whose response has not begun by then ends its in-flight accounting (its worker
    * no longer counts it: a stream Envoy holds open without a response would otherwise raise the
-   * worker's load for the connection's life) and is counted `no_response` besides `routed`; the
-   * stream stays open, and a response that comes later is processed as before.
+   * worker's load for the connection's life) and is reported to onResponseTimeout (its outcome
+   * stays `routed`); the stream stays open, and a response that comes later is processed as before.
    */
   responseTimeoutMs?: number;
   log?: (message: string) => void;
   /**
    * Called once per stream with its outcome: 'routed', the status of the local reply, the gRPC
    * status it was ended with (lowercase: `failed_precondition`, `internal`…), or `cancelled` when
-   * Envoy gave up on it first; and once more, `no_response`, for a routed stream whose response
-   * did not begin within `responseTimeoutMs`.
+   * Envoy gave up on it first.
    */
   onOutcome?: (outcome: string | number) => void;
+  /** Called for each routed stream whose response did not begin within `responseTimeoutMs`. */
+  onResponseTimeout?: () => void;
   /**
    * Called for each request refused (503) because its headers or a body chunk did not fit in
    * `bodyBudget` (the gateway counts it in contextforge_request_body_budget_refusals_total).
@@ -373,7 +374,7 @@ export function createProcessHandler(
           if (closed || phase === 'finished') return;
           // the worker no longer counts a request that may never be answered through this stream
           inFlight?.end();
-          options.onOutcome?.('no_response');
+          options.onResponseTimeout?.();
           log(
             `ext_proc stream ${requestId}: no response began within ${ms} ms of routing; its worker no longer counts it`,
           );

@@ -154,6 +154,7 @@ export class RouterPicker implements EndpointPicker {
   /** The backend's limits, for what is read before `prepare` (the JSON body, a rewritten model). */
   private readonly limits: RequestLimits;
   private readonly outcomes: Counter<'outcome'>;
+  private readonly responseTimeouts: Counter;
   private readonly servedElsewhere: Counter;
   private readonly decisions?: Counter<'policy' | 'reason'>;
   private readonly cachedTokens?: Counter;
@@ -193,8 +194,15 @@ export class RouterPicker implements EndpointPicker {
       (m.getSingleMetric('contextforge_epp_requests_total') as Counter<'outcome'> | undefined) ??
       new Counter({
         name: 'contextforge_epp_requests_total',
-        help: 'Endpoint-picker streams by outcome: routed, the status of the local reply, the gRPC status the stream was ended with (failed_precondition, internal…), or cancelled by Envoy; a routed stream whose response did not begin in time is counted no_response besides routed.',
+        help: 'Endpoint-picker streams by outcome: routed, the status of the local reply, the gRPC status the stream was ended with (failed_precondition, internal…), or cancelled by Envoy.',
         labelNames: ['outcome'],
+        registers: [m],
+      });
+    this.responseTimeouts =
+      (m.getSingleMetric('contextforge_epp_response_timeouts_total') as Counter | undefined) ??
+      new Counter({
+        name: 'contextforge_epp_response_timeouts_total',
+        help: 'Routed endpoint-picker streams on which no response began in time: their workers no longer count them in flight.',
         registers: [m],
       });
     this.servedElsewhere =
@@ -215,6 +223,11 @@ export class RouterPicker implements EndpointPicker {
   /** Counts an outcome (the ext_proc handler reports each request's). */
   countOutcome(outcome: string | number): void {
     this.outcomes.inc({ outcome: String(outcome) });
+  }
+
+  /** Counts a routed stream whose response did not begin in time (the ext_proc handler reports each). */
+  countResponseTimeout(): void {
+    this.responseTimeouts.inc();
   }
 
   /**

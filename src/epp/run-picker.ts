@@ -90,6 +90,7 @@ export async function startPicker(
     responseTimeoutMs: c.responseTimeoutMs ?? DEFAULT_RESPONSE_TIMEOUT_MS,
     log: o.log,
     onOutcome: (outcome) => picker.countOutcome(outcome),
+    onResponseTimeout: () => picker.countResponseTimeout(),
     // as /readyz: ready too while requests are panic-routed, or the Service would drop the picker
     // exactly when it routes over engines whose probes only time out
     ready: () => gateway.ready(),

@@ -91,6 +91,8 @@ test('contextforge-router epp serves ext_proc over TLS and gRPC health, metrics 
     if (out.kind === 'routed') await out.stream.end();
     const metrics = await (await fetch(`${match[4]}/metrics`)).text();
     assert.match(metrics, /contextforge_epp_requests_total\{outcome="routed"\} 1/);
+    // the response timeout is a series of its own, not a second outcome of the stream
+    assert.match(metrics, /^contextforge_epp_response_timeouts_total 0$/m);
     assert.equal((await fetch(`${match[4]}/readyz`)).status, 200);
     const proxy = await fetch(`${match[4]}/v1/completions`, {
       method: 'POST',

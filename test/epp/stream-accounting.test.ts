@@ -17,6 +17,7 @@ import { until } from '../helpers/wait.js';
 function handlerStream(options: Partial<ExtProcHandlerOptions> = {}) {
   const answers: ProcessingResponse[] = [];
   const outcomes: Array<string | number> = [];
+  let responseTimeouts = 0;
   let picks = 0;
   const inFlight = { ended: 0, served: 0 };
   const call = new Duplex({
@@ -45,9 +46,10 @@ function handlerStream(options: Partial<ExtProcHandlerOptions> = {}) {
       },
     },
     onOutcome: (o) => outcomes.push(o),
+    onResponseTimeout: () => void responseTimeouts++,
     ...options,
   })(call as unknown as ServerDuplexStream<ProcessingRequest, ProcessingResponse>);
-  return { call, answers, outcomes, inFlight, picks: () => picks };
+  return { call, answers, outcomes, inFlight, picks: () => picks, responseTimeouts: () => responseTimeouts };
 }
 
 const STREAMED_HEADERS: ProcessingRequest = {
@@ -113,7 +115,9 @@ test('a routed stream whose response never begins gives its worker back the requ
   const s = handlerStream({ responseTimeoutMs: 20 });
   s.call.push(HEADERS_ONLY);
   await until(() => s.inFlight.ended > 0, 'the in-flight accounting to end');
-  assert.deepEqual(s.outcomes, ['routed', 'no_response']);
+  // one outcome per stream, routed; the timeout counted apart
+  assert.deepEqual(s.outcomes, ['routed']);
+  assert.equal(s.responseTimeouts(), 1);
   assert.equal(s.inFlight.ended, 1);
   // a response that comes after all is still processed
   s.call.push({ request: 'response_headers', response_headers: { headers: { headers: [] } } });
