@@ -199,9 +199,20 @@ const MAX_END_AFTER_DONE_MS = 2000;
 /**
  * The unfinished last event of a stream's chunk is held back until its end arrives, up to this
  * size (an event larger than this passes through as it comes): an engine that fails mid-event
- * must not leave half an event for the error event to be glued to.
+ * must not leave half an event for the error event to be glued to. The stream's first event is
+ * held whole past it, up to MAX_EVENT_BYTES, while the answer budget can take it (holdsFirstEvent).
  */
 const MAX_HELD_EVENT_BYTES = 1024 * 1024;
+/**
+ * The largest event of a stream (its bytes up to its blank line): generous, as an event of
+ * prompt_logprobs or an echoed prompt can take tens of megabytes, but bounded, as an engine that
+ * never ends an event would otherwise stream one event to the client for as long as its bytes
+ * keep coming, ending no event (so putting off no deadline). A stream's first event past it fails
+ * the attempt, retried elsewhere; a later one cuts the stream (the error event, data: [DONE]).
+ */
+const MAX_EVENT_BYTES = 64 * 1024 * 1024;
+/** wholeEvents' word for an event past MAX_EVENT_BYTES. */
+const OVERSIZED = Symbol('oversized');
 /**
  * A complete answer is gathered (so a failure before its end can still be retried) up to this
  * size; a larger one passes through as it comes, at the pace the client reads it.
@@ -687,6 +698,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
   /** The start of a stream's event whose end has not arrived yet (not sent to the client), in the chunks it came in. */
   private held: Buffer[] | undefined;
   private heldBytes = 0;
+  /** The bytes `held` takes of the answer budget: those of a first event held past MAX_HELD_EVENT_BYTES. */
+  private heldCharge = 0;
+  /** Bytes of the event passing through unfinished (midEvent) so far, held ones included. */
+  private eventBytes = 0;
   /** Where the stream stands after what was sent and held: the line end at the start of the next chunk depends on it. */
   private position: StreamPosition = LINE_START;
   /** What reached the client of a stream ends in the middle of an event (one too large to hold). */
@@ -820,7 +835,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     this.why = reason;
     if (reason === 'first-byte' || reason === 'stalled') this.failure ??= 'timeout';
     if (this.abortUpstream) {
-      if (reason === 'first-byte') this.o.onFirstByteOverdue();
+      // (a stream that began with an event too large to hold, which the budget could not take,
+      // has its first-byte deadline run on until an event ends: past it, it is cut, no longer
+      // a request waiting for an engine)
+      if (reason === 'first-byte' && !this.sent) this.o.onFirstByteOverdue();
       return this.abortUpstream(new Error(`given up: ${reason}`));
     }
     if (this.withdraw()) return this.leftWait();
@@ -857,6 +875,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     // an answer written gives its bytes back once they are (onComplete, stopGathering); any other
     // end drops what was gathered
     if (outcome !== 'done') this.giveBackAnswer();
+    this.releaseHeld();
     if (outcome === 'retry' || outcome === 'cut') this.o.onFailed?.(this.failure ?? 'reset');
     if (this.timer) clearTimeout(this.timer);
     this.res.off('close', this.onClientGone);
@@ -1036,9 +1055,21 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
    */
   private nextEventDue(ended: boolean): void {
     if (this.awaitingDrain) {
-      if (ended) this.stallLeftMs = this.o.interChunkTimeoutMs;
+      if (ended) {
+        this.stallLeftMs = this.o.interChunkTimeoutMs;
+        // the first whole event reached the client: the first-byte deadline is met, and the next
+        // event's goes on once the client has read (onDrain)
+        if (this.stallDeadline === undefined) {
+          clearTimeout(this.timer);
+          this.timer = undefined;
+          this.stallDeadline = 'event';
+        }
+      }
       return;
     }
+    // the start of a first event that passed through unfinished (the answer budget could not
+    // hold it) is no answer yet: the first-byte deadline runs on until an event ends
+    if (this.stallDeadline === undefined && !ended) return;
     if (this.stallDeadline === 'event' && this.timer) {
       if (!ended) return;
       if (this.timerMs === this.o.interChunkTimeoutMs) {
@@ -1095,6 +1126,8 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       const lf = chunk[0] === LF ? 1 : 0;
       return this.endAtDone(lf === 1 ? chunk.subarray(0, 1) : undefined, chunk.length > lf);
     }
+    // cut (an event past its bound), the abort under way
+    if (this.settled) return false;
     if (this.discarding) {
       this.discarded += chunk.length;
       if (this.refusal !== undefined) {
@@ -1149,6 +1182,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
       // the rest of an event too large to hold, passed through as it came, is of that event
       const continued = this.midEvent;
       const whole = this.wholeEvents(chunk);
+      if (whole === OVERSIZED) return this.oversized();
       if (whole === undefined) {
         // the start of an event: the engine is answering (a worker leaving rotation no longer
         // moves the request), though its first event is not due until the event ends
@@ -1289,7 +1323,7 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
    * The whole events of a stream's chunk, with what was held back before them; the start of
    * an event whose end has not arrived is held back (undefined: nothing whole to send yet).
    */
-  private wholeEvents(chunk: Buffer): Buffer | undefined {
+  private wholeEvents(chunk: Buffer): Buffer | undefined | typeof OVERSIZED {
     // an empty chunk (undici delivers some) ends nothing: whether the client's stream stands
     // in the middle of an event is as it was
     const n = chunk.length;
@@ -1299,17 +1333,29 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     const last = chunk[n - 1];
     this.position = last === LF ? LINE_START : last === CR ? (end === n ? AFTER_EVENT_CR : AFTER_CR) : MID_LINE;
     // more of an event already passing through (nothing is held meanwhile): it passes on as it
-    // comes, until its end
-    if (end === 0 && this.midEvent) return chunk;
+    // comes, until its end, or until it grows past the bound of an event
+    if (end === 0 && this.midEvent) {
+      this.eventBytes += n;
+      return this.eventBytes > MAX_EVENT_BYTES ? OVERSIZED : chunk;
+    }
     const tail = end === 0 ? this.heldBytes + n : n - end;
+    /** Bytes `tail` takes of the answer budget, held as the stream's first event. */
+    let charge = 0;
     if (tail > MAX_HELD_EVENT_BYTES) {
-      // too large to hold: it passes through as it comes
-      this.midEvent = true;
-      return this.takeHeld(chunk);
+      const first = this.holdsFirstEvent(tail, end === 0 ? tail - this.heldCharge : tail);
+      if (first === OVERSIZED) return OVERSIZED;
+      if (first === undefined) {
+        // too large to hold: it passes through as it comes
+        this.midEvent = true;
+        this.eventBytes = tail;
+        return tail > MAX_EVENT_BYTES ? OVERSIZED : this.takeHeld(chunk);
+      }
+      charge = first;
     }
     if (end === 0) {
       (this.held ??= []).push(chunk);
       this.heldBytes += n;
+      this.heldCharge += charge;
       return undefined;
     }
     this.midEvent = false;
@@ -1317,7 +1363,48 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     const whole = this.takeHeld(chunk.subarray(0, end));
     this.held = [chunk.subarray(end)];
     this.heldBytes = tail;
+    this.heldCharge = charge;
     return whole;
+  }
+
+  /**
+   * The unfinished event `tail` bytes long, past MAX_HELD_EVENT_BYTES, may be the stream's first:
+   * with nothing sent to the client yet, it is held whole still (so it can be judged as the first
+   * event is, and the attempt retried if the engine fails before its end), its bytes drawn from
+   * the answer budget (`more` of them now): the bytes taken; undefined when it passes through
+   * (something was sent, or the budget cannot take them); OVERSIZED past MAX_EVENT_BYTES, an
+   * engine's failure like a first event that is not JSON (oversized).
+   */
+  private holdsFirstEvent(tail: number, more: number): number | undefined | typeof OVERSIZED {
+    if (this.sent) return undefined;
+    if (tail > MAX_EVENT_BYTES) return OVERSIZED;
+    if (this.o.answerBudget.take(more)) return more;
+    this.o.onAnswerBudgetFull();
+    return undefined;
+  }
+
+  /**
+   * The stream's event grew past MAX_EVENT_BYTES without ending. With nothing sent to the client
+   * yet (its first event) the engine failed the attempt, as with a first event that is not JSON:
+   * nothing is sent, and another worker can take the request. After that, the stream is cut as
+   * when the engine fails mid-stream (the error event, then data: [DONE]), and its request aborted.
+   */
+  private oversized(): boolean {
+    this.failure ??= 'malformed';
+    this.held = undefined;
+    this.heldBytes = 0;
+    this.releaseHeld();
+    if (!this.sent) {
+      this.o.onIncomplete();
+      this.abortUpstream?.(new Error('the first event of the stream grew past its size bound'));
+      return false;
+    }
+    // what passed through ends mid-event: the error event starts an event of its own
+    if (!this.res.writableEnded) this.res.end(this.doneSeen ? undefined : `\n\n${MID_STREAM_ERROR_EVENTS}`);
+    // settled first: the abort's onError finds it settled
+    this.settle('cut');
+    this.abortUpstream?.(new Error('an event of the stream grew past its size bound'));
+    return false;
   }
 
   /** What was held back, followed by `rest` (`rest` itself when nothing was); nothing is held after. */
@@ -1328,7 +1415,15 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
     const out = Buffer.concat(held, this.heldBytes + rest.length);
     this.held = undefined;
     this.heldBytes = 0;
+    this.releaseHeld();
     return out;
+  }
+
+  /** Gives back what the held event took of the answer budget (it is sent, dropped, or the attempt ended). */
+  private releaseHeld(): void {
+    if (this.heldCharge === 0) return;
+    this.o.answerBudget.give(this.heldCharge);
+    this.heldCharge = 0;
   }
 
   /** Takes `bytes` more of the answer budget for this answer; false (nothing taken) when they do not fit. */
