@@ -44,8 +44,15 @@ export interface ChatTemplateRequest {
    */
   toolsJson?: string;
   documents?: readonly unknown[] | null;
-  /** The request's top-level reasoning_effort, which vLLM hands the template as a variable. */
-  reasoning_effort?: string | null;
+  /**
+   * The request's top-level reasoning_effort, which vLLM hands the template as a variable (a
+   * string only; SGLang also takes a number from 0 to 0.99).
+   */
+  reasoning_effort?: string | number | null;
+  /** SGLang only: the request's `reasoning` object ({effort, enabled}), read as SGLang's normalize_reasoning_inputs. */
+  reasoning?: unknown;
+  /** SGLang only: which tools reach the template ("none": none; {function: {name}}: that one). */
+  tool_choice?: unknown;
   chat_template_kwargs?: Record<string, unknown> | null;
   /** Default true, as vLLM's ChatCompletionRequest. */
   add_generation_prompt?: boolean;
@@ -80,7 +87,17 @@ const PROBE_TEXT = 'a';
 /** Appended to the final message for continue_final_message, as transformers' render_jinja_template. */
 const CONTINUE_TAG = 'CONTINUE_FINAL_MESSAGE_TAG ';
 
+/**
+ * Whose rules turn a chat request into the prompt (`--chat-rendering`): vLLM's (the default)
+ * or SGLang's (sglangConversation). The router hashes a request before it picks a worker, so
+ * the rules are the fleet's, not a worker's.
+ */
+export type ChatRendering = 'vllm' | 'sglang';
+export const CHAT_RENDERINGS: readonly ChatRendering[] = ['vllm', 'sglang'];
+
 export interface ChatTokenizerOptions {
+  /** Whose rules render a chat (default vllm). */
+  rendering?: ChatRendering;
   /** A Jinja chat template overriding tokenizer_config.json's `chat_template`. */
   chatTemplate?: string;
   /** What a template that does not compile is called in the error (the CLI's `--chat-template`; default: chat template). */
@@ -178,8 +195,11 @@ export class ChatTokenizer implements PromptTokenizer {
   private readonly segments: LRUCache<string, Segment> | undefined;
   private readonly cacheEntries: number;
   private readonly cacheBytes: number;
-  /** The template iterates over content parts (vLLM's "openai" content format). */
+  /** The template iterates over content parts (the "openai" content format, found by the rendering's rules). */
   private readonly partsContent: boolean;
+  readonly rendering: ChatRendering;
+  /** SGLang: the tokenizer adds special tokens to an empty text, so the prompt is encoded without them. */
+  private readonly specialsOnEmpty: boolean;
   /** specialTokensAround's answer; null until asked. */
   private around: { before: number[]; after: number[] } | undefined | null = null;
 
@@ -191,7 +211,16 @@ export class ChatTokenizer implements PromptTokenizer {
     const source = options.chatTemplate ?? templateOf(config);
     this.templateSource = source;
     this.template = source === undefined ? undefined : compileTemplate(source, options.chatTemplateSource);
-    this.partsContent = this.template !== undefined && detectContentFormat(this.template.parsed) === 'openai';
+    this.rendering = options.rendering ?? 'vllm';
+    if (!CHAT_RENDERINGS.includes(this.rendering))
+      throw new RangeError(`rendering must be vllm or sglang, got ${String(options.rendering)}`);
+    this.partsContent =
+      this.template !== undefined &&
+      (this.rendering === 'sglang'
+        ? detectSglangContentFormat(source!, this.template.parsed)
+        : detectContentFormat(this.template.parsed)) === 'openai';
+    // serving_chat.py OpenAIServingChat.__init__ (_tokenizer_auto_adds_specials): encode("")
+    this.specialsOnEmpty = tokenizer.encode('', { add_special_tokens: true }).ids.length > 0;
     this.specialTokens = {};
     for (const key of ['bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token', 'cls_token', 'mask_token']) {
       const v = config[key];
@@ -294,6 +323,7 @@ export class ChatTokenizer implements PromptTokenizer {
         ? (parseLosslessJson(request.messagesJson, MAX_JSON_DEPTH) as unknown[])
         : request.messages;
     checkChatMessages(messages, (message) => new RangeError(message), false, undefined, true);
+    if (this.rendering === 'sglang') return this.tokenizeSglang(request, messages);
     const addGenerationPrompt = request.add_generation_prompt ?? true;
     const continueFinal = request.continue_final_message ?? false;
     if (addGenerationPrompt && continueFinal)
@@ -302,15 +332,66 @@ export class ChatTokenizer implements PromptTokenizer {
     postprocess(conversation);
     const context = this.context(request);
     const whole = this.renderAll(conversation, context, addGenerationPrompt, continueFinal);
-
-    const out: number[] = [];
-    let rendered = '';
-    let key = digest('', {
+    const key = digest('', {
       tools: context.tools,
       documents: context.documents,
       kwargs: request.chat_template_kwargs ?? null,
       reasoningEffort: context.reasoning_effort ?? null,
     });
+    return this.tokenizeRendered(conversation, context, whole, key, continueFinal, request.add_special_tokens === true);
+  }
+
+  /**
+   * A chat request as SGLang turns it into prompt ids (serving_chat.py
+   * OpenAIServingChat._apply_jinja_template, the plain Jinja path): the conversation and the
+   * template's variables (sglangConversation), rendered with add_generation_prompt (always:
+   * SGLang's request has no such field), retried with the tools' bare functions when the
+   * template raises; the text encoded without special tokens when the tokenizer adds them to an
+   * empty text (else with them: most add none); a final assistant turn continued
+   * (continue_final_message) appended as the tokens of its text alone
+   * (_append_assistant_prefix_to_prompt_ids).
+   */
+  private tokenizeSglang(request: ChatTemplateRequest, messages: readonly unknown[]): number[] {
+    const { conversation, context, prefix } = sglangConversation(request, messages, this.partsContent);
+    let ctx = { ...this.specialTokens, ...context };
+    let whole: string;
+    try {
+      whole = this.render(conversation, ctx, true);
+    } catch (err) {
+      // "Some templates (e.g. Mistral) expect tools without the OpenAI wrapper"
+      const tools = ctx.tools as Array<Record<string, unknown>> | null;
+      if (!tools || tools.length === 0) throw err;
+      ctx = { ...ctx, tools: tools.map((t) => ('function' in t ? t.function : t)) };
+      whole = this.render(conversation, ctx, true);
+    }
+    const key = digest('sglang', { ...ctx, ...this.specialTokens });
+    const ids = this.tokenizeRendered(conversation, ctx, whole, key, false, !this.specialsOnEmpty);
+    if (!prefix) return ids;
+    // tokenizer.encode(prefix) with its special tokens, a leading BOS dropped
+    const encoded = this.tokenizer.encode(prefix, { add_special_tokens: true }).ids;
+    const bos =
+      typeof this.specialTokens.bos_token === 'string'
+        ? this.tokenizer.token_to_id(this.specialTokens.bos_token)
+        : undefined;
+    if (encoded.length > 0 && bos !== undefined && encoded[0] === bos) encoded.shift();
+    return [...ids, ...encoded];
+  }
+
+  /**
+   * The ids of `whole` (the rendering of `conversation` with `context`), from the segment
+   * cache where it holds the rendering of a conversation prefix (see the class comment).
+   */
+  private tokenizeRendered(
+    conversation: Record<string, unknown>[],
+    context: Record<string, unknown>,
+    whole: string,
+    firstKey: string,
+    continueFinal: boolean,
+    addSpecialTokens: boolean,
+  ): number[] {
+    const out: number[] = [];
+    let rendered = '';
+    let key = firstKey;
     // the final message is cut open by continue_final_message: it is never a cacheable cut
     const cacheable = continueFinal ? conversation.length - 1 : conversation.length;
     let i = 0;
@@ -376,7 +457,7 @@ export class ChatTokenizer implements PromptTokenizer {
     if (i < cacheable) this.stats.wholeRenders++;
     const rest = whole.slice(rendered.length);
     if (rest.length > 0) for (const t of this.tokenizer.encode(rest, { add_special_tokens: false }).ids) out.push(t);
-    if (request.add_special_tokens !== true) return out;
+    if (!addSpecialTokens) return out;
     // vLLM encodes the rendered prompt with the special tokens: the tokenizer's post-processor
     // puts them around the text's ids, wherever the text was cut
     const around = this.specialTokensAround();
@@ -466,8 +547,7 @@ export class ChatTokenizer implements PromptTokenizer {
     ctx.tools = tools === undefined || tools === null ? null : toolsAsVllm(tools as readonly unknown[]);
     ctx.documents = request.documents ?? null;
     // ChatCompletionRequest.build_chat_params passes reasoning_effort to the template when given
-    if (request.reasoning_effort !== undefined && request.reasoning_effort !== null)
-      ctx.reasoning_effort = request.reasoning_effort;
+    if (typeof request.reasoning_effort === 'string') ctx.reasoning_effort = request.reasoning_effort;
     return ctx;
   }
 
@@ -682,6 +762,288 @@ export function detectContentFormat(program: unknown): 'openai' | 'string' {
   } catch {
     return 'string';
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SGLang's rules (`--chat-rendering sglang`), ported from sgl-project/sglang at commit
+// 0b9c38484e78a43bca6419416f170aafb70180bb (python/sglang/srt/entrypoints/openai/serving_chat.py,
+// python/sglang/srt/parser/jinja_template_utils.py) with the request and message models of
+// python/sglang/srt/entrypoints/openai/protocol.py at 004c82e07d876f6e4a0ad6e15325706b0f478f1a.
+// ---------------------------------------------------------------------------------------------
+
+/** protocol.py ChatCompletionMessageGenericParam's roles (lower-cased by its _normalize_role). */
+const SGLANG_GENERIC_ROLES = new Set(['system', 'assistant', 'tool', 'function', 'developer', 'latest_reminder']);
+/** protocol.py ReasoningEffortTier. */
+const SGLANG_EFFORT_TIERS = new Set(['none', 'minimal', 'low', 'medium', 'high', 'xhigh', 'max']);
+/** apply_chat_template's own arguments that serving_chat.py passes: one in chat_template_kwargs is a TypeError (400). */
+const SGLANG_REFUSED_KWARGS = new Set([
+  'tokenize',
+  'add_generation_prompt',
+  'tools',
+  'return_dict',
+  'conversation',
+  'messages',
+]);
+/** apply_chat_template's arguments a kwarg sets without reaching the template (tokenize=False). */
+const SGLANG_CONSUMED_KWARGS = new Set([
+  'padding',
+  'truncation',
+  'max_length',
+  'return_tensors',
+  'return_assistant_tokens_mask',
+  'tokenizer_kwargs',
+]);
+/** Media parts: SGLang's multimodal processor makes their tokens. */
+const SGLANG_MEDIA_PARTS = new Set(['image_url', 'video_url', 'audio_url']);
+
+const isPlainObject = (v: unknown): v is Record<string, unknown> =>
+  v !== null && typeof v === 'object' && !Array.isArray(v) && !(v instanceof JsonNumber);
+
+/**
+ * The chat template's content format as SGLang's detect_jinja_template_content_format
+ * (jinja_template_utils.py) finds it: "openai" when the template's text names image, audio,
+ * video or vision anywhere, or a loop iterates over `message.content`, `msg.content` or
+ * `m.content` (through filters, tests and slices); "string" otherwise. Unlike vLLM it does not
+ * follow the variables a template sets from `messages`.
+ */
+export function detectSglangContentFormat(source: string, program: unknown): 'openai' | 'string' {
+  if (['image', 'audio', 'video', 'vision'].some((k) => source.includes(k))) return 'openai';
+  try {
+    for (const node of astNodes(program as AstNode))
+      if (
+        node.type === 'For' &&
+        ['message', 'msg', 'm'].some((v) => isVarOrElemsAccess(loopIterable(node), v, 'content'))
+      )
+        return 'openai';
+  } catch {
+    // _try_extract_ast / the walk failing: "string"
+  }
+  return 'string';
+}
+
+/** protocol.py Tool.model_dump(): declared fields in order, unknown ones dropped. */
+function sglangTool(t: unknown, where: string): Record<string, unknown> {
+  const fn = isPlainObject(t) ? t.function : undefined;
+  if (!isPlainObject(t) || !isPlainObject(fn) || typeof fn.name !== 'string')
+    throw new RangeError(`${where} must be {type: "function", function: {name, …}}`);
+  const toolDefer = t.defer_loading ?? null;
+  const f: Record<string, unknown> = {
+    description: fn.description ?? null,
+    name: fn.name,
+    parameters: fn.parameters ?? null,
+    strict: fn.strict ?? false,
+  };
+  // Function's serializer drops defer_loading when None; Tool's validator copies its own down
+  const fnDefer = fn.defer_loading ?? toolDefer;
+  if (fnDefer !== null) f.defer_loading = fnDefer;
+  return { type: t.type ?? 'function', function: f, defer_loading: toolDefer };
+}
+
+/**
+ * One message as SGLang hands it to the template: the message model's model_dump() (a user
+ * message keeps role and content; any other role role, content, tool_call_id, name,
+ * reasoning_content, tool_calls and tools: other fields, `reasoning` among them, dropped), its
+ * tool-call arguments parsed (normalize_assistant_tool_call_arguments), content null made "",
+ * then process_content_for_template_format: fields that are None dropped; a list of parts
+ * becomes, for a "string" template, its text parts joined with " " (empty ones kept, "" for
+ * none), for an "openai" one its text parts as {type, text} (a tool message's joined back with
+ * " " by normalize_tool_content). Thinking parts reach neither.
+ */
+function sglangMessage(raw: unknown, i: number, partsContent: boolean): Record<string, unknown> {
+  const m = raw as Record<string, unknown>;
+  const role = String(m.role);
+  const generic = SGLANG_GENERIC_ROLES.has(role.toLowerCase());
+  if (!generic && role !== 'user')
+    throw new RangeError(`messages[${i}].role: SGLang takes no role ${quotedText(role)}`);
+  const dump: Record<string, unknown> = { role: generic ? role.toLowerCase() : role, content: m.content ?? null };
+  if (generic) {
+    for (const k of ['tool_call_id', 'name', 'reasoning_content'])
+      if (m[k] !== undefined && m[k] !== null) {
+        if (typeof m[k] !== 'string') throw new RangeError(`messages[${i}].${k} must be a string`);
+        dump[k] = m[k];
+      }
+    if (m.tool_calls !== undefined && m.tool_calls !== null) {
+      if (!Array.isArray(m.tool_calls)) throw new RangeError(`messages[${i}].tool_calls must be a list`);
+      dump.tool_calls = m.tool_calls.map((c, j) => sglangToolCall(c, `messages[${i}].tool_calls[${j}]`, role));
+    }
+    if (m.tools !== undefined && m.tools !== null) {
+      if (!Array.isArray(m.tools)) throw new RangeError(`messages[${i}].tools must be a list`);
+      dump.tools = m.tools.map((t, j) => sglangTool(t, `messages[${i}].tools[${j}]`));
+    }
+  }
+  if (dump.content === null) dump.content = '';
+  if (typeof dump.content === 'string') return dump;
+  if (!Array.isArray(dump.content)) throw new RangeError(`messages[${i}].content must be a string or a list of parts`);
+  const texts: string[] = [];
+  const parts: Record<string, unknown>[] = [];
+  for (const [k, part] of (dump.content as unknown[]).entries()) {
+    const where = `messages[${i}].content[${k}]`;
+    const p = (isPlainObject(part) ? part : {}) as Record<string, unknown>;
+    const type = p.type;
+    if (type === 'text') {
+      if (typeof p.text !== 'string') throw new RangeError(`${where}.text must be a string`);
+      texts.push(p.text);
+      parts.push({ type: 'text', text: p.text });
+    } else if (type === 'thinking' || type === 'reasoning') {
+      if (role !== 'assistant')
+        throw new RangeError(`${where}: thinking content parts are only valid in assistant messages`);
+    } else if (type === 'tool_reference') {
+      if (typeof p.name !== 'string') throw new RangeError(`${where}.name must be a string`);
+      parts.push({ type: 'tool_reference', name: p.name });
+    } else if (typeof type === 'string' && SGLANG_MEDIA_PARTS.has(type))
+      throw new UntokenizableContentError(
+        `${where}: a ${type} part cannot be tokenized by the router (text parts only)`,
+      );
+    else
+      throw new RangeError(
+        `${where}: SGLang takes text, thinking, image_url, video_url, audio_url and tool_reference parts, not ${typeof type === 'string' ? quotedText(type) : 'this'}`,
+      );
+  }
+  if (!partsContent) dump.content = texts.join(' ');
+  else if (role === 'tool' && parts.every((p) => p.type === 'text')) dump.content = texts.join(' ');
+  else dump.content = parts;
+  return dump;
+}
+
+/**
+ * protocol.py ToolCall.model_dump() ({id, index, type, function: {name, arguments}}, None kept
+ * inside), then serving_chat.py parse_tool_call_arguments: arguments given as a string must be
+ * a JSON object (else SGLang answers 400); arguments given as an object are kept.
+ */
+function sglangToolCall(c: unknown, where: string, role: string): Record<string, unknown> {
+  if (!isPlainObject(c) || !isPlainObject(c.function))
+    throw new RangeError(`${where} must be {function: {name, arguments}}`);
+  const fn = c.function;
+  let args: unknown = fn.arguments ?? null;
+  if (typeof args === 'string' && role === 'assistant') {
+    try {
+      args = parseLosslessJson(args, MAX_JSON_DEPTH);
+    } catch (err) {
+      throw new RangeError(`${where}.function.arguments must be valid JSON`, { cause: err });
+    }
+    if (!isPlainObject(args)) throw new RangeError(`${where}.function.arguments must be a JSON object`);
+  } else if (args !== null && typeof args !== 'string' && !isPlainObject(args))
+    throw new RangeError(`${where}.function.arguments must be a string or an object`);
+  else if (isPlainObject(args)) args = copyJson(args);
+  return {
+    id: c.id ?? null,
+    index: c.index ?? null,
+    type: 'function',
+    function: { name: fn.name ?? null, arguments: args },
+  };
+}
+
+/**
+ * A chat request as SGLang's OpenAIServingChat turns it into a conversation and template
+ * variables (the Jinja path of _process_messages and _apply_jinja_template):
+ *
+ * - reasoning: protocol.py ChatCompletionRequest.normalize_reasoning_inputs reads `reasoning`
+ *   ({effort | reasoning_effort, enabled | enable}) and, when an effort or `enabled` is given,
+ *   sets chat_template_kwargs' `thinking` and `enable_thinking` unless given (false for effort
+ *   "none"); _convert_to_internal_request then takes chat_template_kwargs.reasoning_effort
+ *   over the request's; the template gets reasoning_effort, then every kwarg;
+ * - tools: only when the request's tools, or a system/developer message's, are not empty and
+ *   tool_choice (default "none" without any, else "auto") is not "none": the request's tools
+ *   as Tool.model_dump() gives them (for a named tool_choice, that tool only);
+ * - messages: sglangMessage each; then _handle_last_assistant_message: a final assistant
+ *   message with string content is taken out and its text continued (continue_final_message)
+ *   or becomes a user message of that text alone.
+ */
+export function sglangConversation(
+  request: ChatTemplateRequest,
+  messages: readonly unknown[],
+  partsContent: boolean,
+): { conversation: Record<string, unknown>[]; context: Record<string, unknown>; prefix: string | undefined } {
+  const given = request.chat_template_kwargs;
+  if (given !== undefined && given !== null && !isPlainObject(given))
+    throw new RangeError('chat_template_kwargs must be an object');
+  let kwargs: Record<string, unknown> | undefined = given ? { ...given } : undefined;
+  let effort: unknown = request.reasoning_effort ?? null;
+  if (typeof effort === 'boolean') throw new RangeError('reasoning_effort must not be a boolean');
+  let thinking: boolean | undefined;
+  const r = request.reasoning;
+  if (isPlainObject(r)) {
+    const e = r.effort ?? r.reasoning_effort ?? null;
+    if (typeof e === 'string' && SGLANG_EFFORT_TIERS.has(e)) effort = e;
+    else if (typeof e === 'number' || e instanceof JsonNumber) effort = Number(e);
+    else if (typeof e === 'string') {
+      const n = e.trim() === '' ? NaN : Number(e);
+      if (Number.isNaN(n)) throw new RangeError(`reasoning.effort: invalid reasoning effort ${quotedText(e)}`);
+      effort = n;
+    } else if (e !== null) throw new RangeError('reasoning.effort: invalid reasoning effort');
+    let enabled = r.enabled !== undefined && r.enabled !== null ? r.enabled : (r.enable ?? false);
+    if (typeof enabled === 'string') enabled = ['1', 'true', 'yes', 'y', 'on'].includes(enabled.trim().toLowerCase());
+    if (enabled) thinking = true;
+  }
+  if (effort !== null) {
+    if (
+      typeof effort === 'string'
+        ? !SGLANG_EFFORT_TIERS.has(effort)
+        : !(typeof effort === 'number' && effort >= 0 && effort <= 0.99)
+    )
+      throw new RangeError(
+        'reasoning_effort must be none, minimal, low, medium, high, xhigh, max or a number from 0 to 0.99',
+      );
+    thinking = effort !== 'none';
+  }
+  if (thinking !== undefined) {
+    kwargs ??= {};
+    if (!('thinking' in kwargs)) kwargs.thinking = thinking;
+    if (!('enable_thinking' in kwargs)) kwargs.enable_thinking = thinking;
+  }
+  if (kwargs && 'reasoning_effort' in kwargs) {
+    const e = kwargs.reasoning_effort;
+    delete kwargs.reasoning_effort;
+    if (e !== null && e !== undefined) effort = e;
+  }
+  const context: Record<string, unknown> = { documents: null };
+  if (effort !== null) context.reasoning_effort = effort;
+  for (const [k, v] of Object.entries(kwargs ?? {})) {
+    if (SGLANG_REFUSED_KWARGS.has(k))
+      throw new RangeError(`chat_template_kwargs.${k} cannot be given: it is an argument of the rendering itself`);
+    if (k === 'chat_template' || k === 'continue_final_message')
+      throw new UntokenizableContentError(
+        `chat_template_kwargs.${k} changes the rendering in ways the router does not follow`,
+      );
+    if (SGLANG_CONSUMED_KWARGS.has(k)) continue;
+    context[k] = v;
+  }
+
+  const tools =
+    request.toolsJson !== undefined ? parseLosslessJson(request.toolsJson, MAX_JSON_DEPTH) : (request.tools ?? null);
+  if (tools !== null && !Array.isArray(tools)) throw new RangeError('tools must be an array');
+  const messageTools = messages.some((m) => {
+    const x = m as Record<string, unknown>;
+    return (
+      typeof x.role === 'string' &&
+      ['system', 'developer'].includes(x.role.toLowerCase()) &&
+      Array.isArray(x.tools) &&
+      x.tools.length > 0
+    );
+  });
+  const choice = request.tool_choice ?? (tools === null && !messageTools ? 'none' : 'auto');
+  const dumped = (tools ?? []).map((t, j) => sglangTool(t, `tools[${j}]`));
+  context.tools = null;
+  if ((dumped.length > 0 || messageTools) && choice !== 'none') {
+    if (isPlainObject(choice)) {
+      const name = isPlainObject(choice.function) ? choice.function.name : undefined;
+      const chosen = dumped.filter((t) => (t.function as { name: string }).name === name);
+      context.tools = chosen.length > 0 ? chosen : null;
+    } else if (typeof choice === 'string' && ['auto', 'required'].includes(choice)) {
+      if (dumped.length > 0) context.tools = dumped;
+    } else throw new RangeError('tool_choice must be none, auto, required or {type: "function", function: {name}}');
+  }
+
+  let conversation = messages.map((m, i) => sglangMessage(m, i, partsContent));
+  let prefix: string | undefined;
+  const last = conversation[conversation.length - 1];
+  if (last?.role === 'assistant' && typeof last.content === 'string') {
+    if (request.continue_final_message === true) {
+      prefix = last.content;
+      conversation = conversation.slice(0, -1);
+    } else conversation[conversation.length - 1] = { role: 'user', content: last.content };
+  }
+  return { conversation, context, prefix };
 }
 
 function templateOf(config: Record<string, unknown>): string | undefined {

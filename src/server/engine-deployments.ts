@@ -157,8 +157,15 @@ export function chatTemplateRequest(body: Record<string, unknown>): ChatTemplate
     tools: toolsJson === undefined ? (body.tools as unknown[] | undefined) : undefined,
     toolsJson,
     documents: body.documents as unknown[] | undefined,
-    // vLLM's ChatCompletionRequest hands it to the template (the engine checks its value)
-    reasoning_effort: typeof body.reasoning_effort === 'string' ? body.reasoning_effort : undefined,
+    // vLLM's ChatCompletionRequest hands it to the template (the engine checks its value);
+    // SGLang's also takes a number
+    reasoning_effort:
+      typeof body.reasoning_effort === 'string' || typeof body.reasoning_effort === 'number'
+        ? body.reasoning_effort
+        : undefined,
+    // read by SGLang's rules only (--chat-rendering sglang)
+    reasoning: body.reasoning ?? undefined,
+    tool_choice: body.tool_choice ?? undefined,
     chat_template_kwargs: body.chat_template_kwargs as Record<string, unknown> | undefined,
     add_generation_prompt: (body.add_generation_prompt ?? undefined) as boolean | undefined,
     continue_final_message: (body.continue_final_message ?? undefined) as boolean | undefined,
