@@ -1,7 +1,7 @@
 import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import type { ChatMessage } from '../core/hashing.js';
-import { UntokenizableContentError, type ChatTemplateRequest } from './chat-tokenizer.js';
+import { UntokenizableContentError, type ChatRendering, type ChatTemplateRequest } from './chat-tokenizer.js';
 import type { RouteRequest } from '../core/router/index.js';
 
 /** A tokenizer that answers later: what `--tokenize tokenizer` uses with worker threads. */
@@ -27,6 +27,8 @@ export interface TokenizerPoolOptions {
   chatTemplate?: string;
   /** What a template that does not compile is called (ChatTokenizer's chatTemplateSource). */
   chatTemplateSource?: string;
+  /** Whose rules render a chat (ChatTokenizer's rendering; default vllm). */
+  rendering?: ChatRendering;
   /** Worker threads (default: defaultTokenizerThreads()). */
   threads?: number;
   /** Cached message segments per thread (ChatTokenizer's cacheEntries). */
@@ -66,6 +68,7 @@ export interface TokenizerThreadData {
   path: string;
   chatTemplate?: string;
   chatTemplateSource?: string;
+  rendering?: ChatRendering;
   cacheEntries?: number;
   source?: string;
   /** One Int32 per pending request's slot (TokenizeJob.slot): 1 once it is cancelled, and the thread skips it. */
@@ -237,6 +240,7 @@ export class TokenizerPool implements AsyncPromptTokenizer {
       path: options.path,
       chatTemplate: options.chatTemplate,
       chatTemplateSource: options.chatTemplateSource,
+      rendering: options.rendering,
       cacheEntries: options.cacheEntries,
       source: options.source,
       cancelled,

@@ -17,6 +17,7 @@ try {
   tokenizer = ChatTokenizer.load(data.path, {
     chatTemplate: data.chatTemplate,
     chatTemplateSource: data.chatTemplateSource,
+    rendering: data.rendering,
     cacheEntries: data.cacheEntries,
     source: data.source,
   });

@@ -75,12 +75,14 @@ export async function startGateway(
       : tokenizerThreads === 0
         ? ChatTokenizer.load(c.tokenizer!, {
             chatTemplate,
+            rendering: c.chatRendering,
             chatTemplateSource: '--chat-template',
             source: '--tokenizer',
           })
         : await TokenizerPool.start({
             path: c.tokenizer!,
             chatTemplate,
+            rendering: c.chatRendering,
             chatTemplateSource: '--chat-template',
             threads: tokenizerThreads,
             timeoutMs: c.tokenizeTimeoutMs,
@@ -195,7 +197,7 @@ export async function startGateway(
         ? 'shared by the processes'
         : 'memory'
       : `redis (replica ${String(state.stats().replicaId)})`;
-  const describe = `policy ${c.policy}, ${workerCount(gateway)}, tokenize ${c.tokenize}${tokenizing}, ${indexMode} index, block hash ${c.blockHash}, state ${stateName}`;
+  const describe = `policy ${c.policy}, ${workerCount(gateway)}, tokenize ${c.tokenize}${tokenizing}${c.tokenize === 'tokenizer' ? `, ${c.chatRendering} chat rendering` : ''}, ${indexMode} index, block hash ${c.blockHash}, state ${stateName}`;
   const close = async () => {
     await gateway.close(c.shutdownGraceMs);
     process.off('message', onPrimaryMessage);

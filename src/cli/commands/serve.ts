@@ -101,6 +101,10 @@ export function resolveConfig<S extends typeof SERVE_SCHEMA | typeof EPP_SCHEMA>
       resolved.warnings.push(
         `--chat-template has no effect without --tokenize tokenizer (the mode is ${config.tokenize})`,
       );
+    if (setOtherThanDefault(resolved, schema, 'chatRendering'))
+      resolved.warnings.push(
+        `--chat-rendering has no effect without --tokenize tokenizer (the mode is ${config.tokenize})`,
+      );
   }
   // the algorithm only keys blocks in vllm mode; a shared config or environment may set it for
   // routers in either mode, so it is a warning, as KV events with --tokenize text are

@@ -93,6 +93,7 @@ const gatewayShape = {
   tokenizeTimeoutMs: timerMs(1).default(5000),
   processes: z.int().min(1).max(256).default(1),
   chatTemplate: text().optional(),
+  chatRendering: z.enum(['vllm', 'sglang']).default('vllm'),
   // what the gateway's AdminToken takes, checked here so that the message names the setting
   adminToken: z
     .string()
@@ -189,6 +190,10 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
     help: 'gateway processes sharing the port and routing as one router (state memory: shared through the primary process; redis: through Redis)',
   },
   chatTemplate: { arg: '<file>', help: "a Jinja chat template replacing the tokenizer config's" },
+  chatRendering: {
+    arg: '<engine>',
+    help: "whose rules turn a chat into prompt tokens for --tokenize tokenizer: vllm (vLLM's) or sglang (SGLang's: parts joined with a space, reasoning_content kept, …); the router hashes a request before it picks a worker, so this is the whole fleet's setting, not a worker's: a fleet mixing vLLM and SGLang engines gets the other's tokens wrong",
+  },
   adminToken: {
     arg: '<token>',
     help: 'bearer token for /admin and /v1/route (prefer CONTEXTFORGE_ADMIN_TOKEN or --admin-token-file: flags show in the process list)',
