@@ -289,8 +289,8 @@ export function metadataHeaders(req: IncomingMessage): RequestSource['headers'] 
   return out ?? headers;
 }
 
-/** Every metadata header. */
-const METADATA_HEADERS: readonly string[] = [...SINGLE_VALUE_HEADERS, 'x-anchor-ids'];
+/** Every metadata header (the endpoint picker refuses the same ones when not UTF-8). */
+export const METADATA_HEADERS: readonly string[] = [...SINGLE_VALUE_HEADERS, 'x-anchor-ids'];
 
 const NOT_ASCII = /[^\p{ASCII}]/u;
 

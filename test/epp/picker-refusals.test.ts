@@ -1,8 +1,8 @@
 /**
  * The picker's refusals name the field as the gateway's do: a prompt over the router's
  * maxPromptTokens is refused on `messages` (a chat) or `prompt`, and an
- * x-gateway-model-name-rewrite whose bytes are not UTF-8 is refused on the header, not passed
- * to the engine as U+FFFD.
+ * x-gateway-model-name-rewrite or metadata header whose bytes are not UTF-8 is refused on the
+ * header, not passed to the engine or the router as U+FFFD.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -41,38 +41,39 @@ for (const [path, body, field] of [
   });
 }
 
-test('an x-gateway-model-name-rewrite that is not UTF-8 is refused 400 naming it', async () => {
-  const call = client.Process();
-  const answers: ProcessingResponse[] = [];
-  call.on('data', (m: ProcessingResponse) => answers.push(m));
-  const ended = new Promise<void>((resolve, reject) => {
-    call.on('error', reject);
-    call.on('status', (s: { code: number }) =>
-      s.code === GrpcStatus.OK ? resolve() : reject(new Error(String(s.code))),
-    );
-  });
-  const header = (key: string, v: string | Buffer) => ({ key, raw_value: Buffer.from(v) });
-  call.write({
-    request_headers: {
-      headers: {
-        headers: [
-          header(':method', 'POST'),
-          header(':path', '/v1/completions'),
-          header('x-gateway-model-name-rewrite', Buffer.from([0x6d, 0x6f, 0xff, 0x6b])),
-        ],
+for (const name of ['x-gateway-model-name-rewrite', 'x-workflow-id', 'x-agent-role', 'x-anchor-ids'])
+  test(`an ${name} header that is not UTF-8 is refused 400 naming it`, async () => {
+    const call = client.Process();
+    const answers: ProcessingResponse[] = [];
+    call.on('data', (m: ProcessingResponse) => answers.push(m));
+    const ended = new Promise<void>((resolve, reject) => {
+      call.on('error', reject);
+      call.on('status', (s: { code: number }) =>
+        s.code === GrpcStatus.OK ? resolve() : reject(new Error(String(s.code))),
+      );
+    });
+    const header = (key: string, v: string | Buffer) => ({ key, raw_value: Buffer.from(v) });
+    call.write({
+      request_headers: {
+        headers: {
+          headers: [
+            header(':method', 'POST'),
+            header(':path', '/v1/completions'),
+            header(name, Buffer.from([0x6d, 0x6f, 0xff, 0x6b])),
+          ],
+        },
+        end_of_stream: false,
       },
-      end_of_stream: false,
-    },
-    protocol_config: { request_body_mode: 'FULL_DUPLEX_STREAMED' },
+      protocol_config: { request_body_mode: 'FULL_DUPLEX_STREAMED' },
+    });
+    call.write({ request_body: { body: Buffer.from('{"model":"mock","prompt":"hi"}'), end_of_stream: true } });
+    call.end();
+    await ended;
+    const reply = answers[0]?.immediate_response;
+    assert.equal(statusNumber(reply?.status.code ?? 0), 400);
+    const { error } = JSON.parse(Buffer.from(reply?.body ?? []).toString()) as {
+      error: { message: string; param: string | null };
+    };
+    assert.equal(error.param, name);
+    assert.match(error.message, /not UTF-8/);
   });
-  call.write({ request_body: { body: Buffer.from('{"model":"mock","prompt":"hi"}'), end_of_stream: true } });
-  call.end();
-  await ended;
-  const reply = answers[0]?.immediate_response;
-  assert.equal(statusNumber(reply?.status.code ?? 0), 400);
-  const { error } = JSON.parse(Buffer.from(reply?.body ?? []).toString()) as {
-    error: { message: string; param: string | null };
-  };
-  assert.equal(error.param, 'x-gateway-model-name-rewrite');
-  assert.match(error.message, /not UTF-8/);
-});
