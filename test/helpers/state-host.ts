@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { after } from 'node:test';
 import { Redis } from 'ioredis';
 import type { KVAwareRouter } from '../../src/core/router/index.js';
 import type { RedisStateStore } from '../../src/state/redis-state-store.js';
@@ -100,6 +101,28 @@ export function testPrefixes(tag: string): { fresh(): string; drop(): Promise<vo
     },
     drop: () => dropPrefixes(made),
   };
+}
+
+/**
+ * What a shared-state test file holds against the real Redis: its fresh prefixes (testPrefixes),
+ * the stores it opens (pushed by the file) and a connection of its own for reading and editing
+ * keys; after the file's tests, the stores are closed, the prefixes' keys deleted and the
+ * connection closed.
+ */
+export function sharedStateScope(tag: string): {
+  prefixes: ReturnType<typeof testPrefixes>;
+  stores: RedisStateStore[];
+  redis: Redis;
+} {
+  const prefixes = testPrefixes(tag);
+  const stores: RedisStateStore[] = [];
+  const redis = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
+  after(async () => {
+    for (const s of stores) await s.close();
+    await prefixes.drop();
+    redis.disconnect();
+  });
+  return { prefixes, stores, redis };
 }
 
 /** Deletes every Redis key under each of `prefixes`. */

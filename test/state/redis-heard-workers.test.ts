@@ -5,22 +5,14 @@
  * one it only heard of that the registry lacks. Real Redis.
  */
 import assert from 'node:assert/strict';
-import { after, test } from 'node:test';
-import { Redis } from 'ioredis';
+import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
-import { channelOf, testPrefixes, workerHost } from '../helpers/state-host.js';
+import { channelOf, workerHost, sharedStateScope } from '../helpers/state-host.js';
 import { until } from '../helpers/wait.js';
 
-const prefixes = testPrefixes('heard-workers');
-const stores: RedisStateStore[] = [];
-const redis = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
-after(async () => {
-  for (const s of stores) await s.close();
-  await prefixes.drop();
-  redis.disconnect();
-});
+const { prefixes, stores, redis } = sharedStateScope('heard-workers');
 
 async function replica(prefix: string, id: string, configured: string[]) {
   const router = new KVAwareRouter({ blockSize: 16 });

@@ -6,22 +6,15 @@
  * removals, for a day.
  */
 import assert from 'node:assert/strict';
-import { after, test } from 'node:test';
+import { test } from 'node:test';
 import { Redis } from 'ioredis';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
-import { drainingAt, testPrefixes, workerHost } from '../helpers/state-host.js';
+import { drainingAt, workerHost, sharedStateScope } from '../helpers/state-host.js';
 import { settled, until } from '../helpers/wait.js';
 
-const prefixes = testPrefixes('races');
-const stores: RedisStateStore[] = [];
-const redis = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
-after(async () => {
-  for (const s of stores) await s.close();
-  await prefixes.drop();
-  redis.disconnect();
-});
+const { prefixes, stores, redis } = sharedStateScope('races');
 
 async function replica(id: string, prefix: string, configured: string[]) {
   const router = new KVAwareRouter({ blockSize: 16 });

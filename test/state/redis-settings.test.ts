@@ -6,25 +6,17 @@
  * finds them differing at a resynchronisation stops sharing until they agree. Real Redis.
  */
 import assert from 'node:assert/strict';
-import { after, test } from 'node:test';
-import { Redis } from 'ioredis';
+import { test } from 'node:test';
 import { KVAwareRouter, type KVAwareRouterOptions } from '../../src/core/router/index.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { hashingFingerprint } from '../../src/state/redis-wire.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
 import { serveExit } from '../helpers/serve-exit.js';
-import { channelOf, fixedWorkersHost, testPrefixes } from '../helpers/state-host.js';
+import { channelOf, fixedWorkersHost, sharedStateScope } from '../helpers/state-host.js';
 import { until } from '../helpers/wait.js';
 
-const prefixes = testPrefixes('settings');
-const stores: RedisStateStore[] = [];
-const redis = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0 });
-after(async () => {
-  for (const s of stores) await s.close();
-  await prefixes.drop();
-  redis.disconnect();
-});
+const { prefixes, stores, redis } = sharedStateScope('settings');
 
 async function replica(
   prefix: string,
