@@ -1,5 +1,6 @@
 /** Small helpers shared by the benchmark programs (not part of the package). */
 
+import { readFileSync } from 'node:fs';
 import { checkOutputFile, type OutputFile } from '../src/cli/output-file.js';
 import { resolveCostWeights, type CostWeights } from '../src/core/policies/index.js';
 
@@ -88,11 +89,29 @@ export function usageError(message: string): never {
  * as the last one given, or end in a stack trace.
  */
 export function benchFlags(argv: readonly string[], spec: FlagSpec): Map<string, string | true> {
+  if (argv.length === 1 && (argv[0] === '--help' || argv[0] === '-h')) {
+    process.stdout.write(usageText(process.argv[1], spec));
+    process.exit(0);
+  }
   try {
     return checkedFlags(argv, spec);
   } catch (err) {
     usageError((err as Error).message);
   }
+}
+
+/**
+ * What `--help` prints for the benchmark program at `path`: the comment that opens its file (what
+ * it measures and its command line, kept there for readers of the source) and its flags.
+ */
+export function usageText(path: string, spec: FlagSpec): string {
+  const source = readFileSync(path, 'utf8');
+  const opening = /^\/\*\*\n([\s\S]*?)\n \*\//.exec(source);
+  const comment = opening ? opening[1].replace(/^ \* ?/gm, '') + '\n\n' : '';
+  const flags = Object.entries(spec).map(([name, kind]) =>
+    kind === 'switch' ? `--${name}` : kind === 'optional' ? `--${name}[=VALUE]` : `--${name} VALUE`,
+  );
+  return `${comment}flags: ${flags.length > 0 ? flags.join(', ') : 'none'}\n`;
 }
 
 /**

@@ -140,3 +140,17 @@ describe('a bench script given --name=value or a flag twice (benchFlags)', () =>
     );
   });
 });
+
+describe('--help of a benchmark program', () => {
+  test('prints the comment that opens its file and its flags, and exits 0 without running', () => {
+    const r = script('bench/cost-moves.ts', '--help');
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /^bench:cost-moves — where the hit rate goes/);
+    assert.match(r.stdout, /npm run bench:cost-moves \[-- --split train\|evaluation\]/);
+    assert.match(r.stdout, /\nflags: --split VALUE, --speeds VALUE, .*--json\n$/);
+    assert.doesNotMatch(r.stdout, /^ \*/m, 'the comment without its asterisks');
+    assert.equal(script('bench/cost-moves.ts', '-h').stdout, r.stdout);
+    // given with other flags it is one more unknown flag, not a request for help
+    assert.equal(script('bench/cost-moves.ts', '--json', '--help').status, 2);
+  });
+});
