@@ -75,7 +75,7 @@ const WORKER_COLORS = [
   '#bab0ac',
 ];
 
-const STYLE = `body{font:14px system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}svg{background:#fff;border:1px solid #e4e4e4;margin:0.5em 0.5em 0.5em 0}svg text{font:12px system-ui,sans-serif;fill:#333}.charts{display:flex;flex-wrap:wrap}.legend{display:flex;flex-wrap:wrap;gap:1.2em;margin:0.5em 0}.legend span{display:inline-flex;align-items:center;gap:0.4em}h2{margin-top:2em}.warning{background:#fff4e5;border-left:4px solid #D55E00;padding:0.5em 1em}`;
+const STYLE = `body{font:14px system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}svg{background:#fff;border:1px solid #e4e4e4;margin:0.5em 0.5em 0.5em 0}svg text{font:12px system-ui,sans-serif;fill:#333}.charts{display:flex;flex-wrap:wrap}.legend{display:flex;flex-wrap:wrap;gap:1.2em;margin:0.5em 0}.legend span{display:inline-flex;align-items:center;gap:0.4em}h2{margin-top:2em}.warning{background:#fff4e5;border-left:4px solid #D55E00;padding:0.5em 1em}h1{overflow-wrap:anywhere}code{white-space:nowrap}code.long{white-space:normal;overflow-wrap:anywhere}svg.chart{max-width:100%;height:auto}svg.wide{min-width:600px}.scroll{overflow-x:auto}@media (max-width:700px){body{margin:0.8em}}`;
 
 /** Scenario counts that get a column of the table when some policy has one. */
 const SCENARIO_COUNTS = ['cancelled', 'failed', 'retried', 'eventBatchesLost'] as const;
@@ -143,9 +143,9 @@ export function renderHtmlReport(
 <p>${report.requests} requests on ${report.workers} simulated workers, arrival speed ×${report.speed}. Bounds no policy can pass: infinite-cache hit rate ${(report.bounds.infiniteCacheHitRate * 100).toFixed(1)}%, ideal mean TTFT ${report.bounds.idealTtftMean.toFixed(3)} s.</p>
 ${settings ? settingsLine(settings) : ''}
 ${[...own, ...warnings].join('\n')}
-<table><thead><tr>${headers.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>
+<div class="scroll"><table><thead><tr>${headers.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>
 ${rows.join('\n')}
-</tbody></table>
+</tbody></table></div>
 <p>Hit rate and TTFT cover the requests each policy answered. imbalance: the busiest worker's busy time over the mean busy time of the workers (1 = even). A policy that answered no request shows —.${counts.length > 0 ? ' The scenario columns count requests cancelled by their client, failed with their worker, retried on another worker, and KV-event batches the router never received.' : ''}</p>
 <h2>TTFT distribution (CDF, log scale)</h2>
 ${legend(names)}
@@ -211,7 +211,7 @@ function settingsLine({ simulation: o, blockSize }: ReportSettings): string {
       .map(([name, v]) => flag(name, v!)),
   ];
   const policyOptions = o.router?.policyOptions
-    ? [flag('--policy-options', JSON.stringify(o.router.policyOptions))]
+    ? [`<code class="long">${esc(`--policy-options ${JSON.stringify(o.router.policyOptions)}`)}</code>`]
     : [];
   return `<p>Settings: ${[...items, ...policyOptions].join(', ')}; ${
     scenario.length > 0
@@ -365,7 +365,7 @@ function ttftCdf(results: readonly PolicyResult[], requests: number): string {
     (f) =>
       `<line x1="${L}" x2="${W - R}" y1="${y(f)}" y2="${y(f)}" stroke="#eee"/><text x="${L - 6}" y="${y(f) + 4}" text-anchor="end">${f * 100}%</text>`,
   );
-  return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg">${xt.join('')}${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/><text x="${(L + W - R) / 2}" y="${H - 8}" text-anchor="middle">time to first token (log scale)</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">share of all ${requests} requests</text>${lines.join('')}</svg>`;
+  return `<div class="scroll"><svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" class="chart wide" xmlns="http://www.w3.org/2000/svg">${xt.join('')}${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/><text x="${(L + W - R) / 2}" y="${H - 8}" text-anchor="middle">time to first token (log scale)</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">share of all ${requests} requests</text>${lines.join('')}</svg></div>`;
 }
 
 function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', title: string): string {
@@ -425,7 +425,7 @@ function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', titl
     (s) =>
       `<line x1="${x(s).toFixed(1)}" x2="${x(s).toFixed(1)}" y1="${H - B}" y2="${H - B + 4}" stroke="#333"/><text x="${x(s).toFixed(1)}" y="${H - B + 17}" text-anchor="middle">×${s}</text>`,
   );
-  return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg"><text x="${L}" y="18" style="font-weight:600;font-size:14px">${esc(title)}</text>${yt.join('')}${bands.join('')}${lines.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/>${xt.join('')}<text x="${(L + W - R) / 2}" y="${H - 10}" text-anchor="middle">arrival rate (× recorded, log scale)</text></svg>`;
+  return `<svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" class="chart" xmlns="http://www.w3.org/2000/svg"><text x="${L}" y="18" style="font-weight:600;font-size:14px">${esc(title)}</text>${yt.join('')}${bands.join('')}${lines.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/>${xt.join('')}<text x="${(L + W - R) / 2}" y="${H - 10}" text-anchor="middle">arrival rate (× recorded, log scale)</text></svg>`;
 }
 
 function loadChart(r: PolicyResult): string {
@@ -462,7 +462,7 @@ function loadChart(r: PolicyResult): string {
   const xt = step
     .filter((t) => t <= tMax)
     .map((t) => `<text x="${x(t).toFixed(1)}" y="${H - B + 16}" text-anchor="middle">${t} s</text>`);
-  return `<svg width="${W}" height="${H}" xmlns="http://www.w3.org/2000/svg">${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/>${xt.join('')}<text x="${(L + W - R) / 2}" y="${H - 6}" text-anchor="middle">simulated time</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">KV usage</text>${lines.join('')}${names.join('')}</svg>`;
+  return `<div class="scroll"><svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" class="chart wide" xmlns="http://www.w3.org/2000/svg">${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/>${xt.join('')}<text x="${(L + W - R) / 2}" y="${H - 6}" text-anchor="middle">simulated time</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">KV usage</text>${lines.join('')}${names.join('')}</svg></div>`;
 }
 
 function esc(s: string): string {
