@@ -140,7 +140,7 @@ export function renderHtmlReport(
 <style>${STYLE}</style>
 </head><body>
 <h1>Simulation of ${esc(report.trace)}</h1>
-<p>${report.requests} requests on ${report.workers} simulated workers, arrival speed ×${report.speed}. Bounds no policy can pass: infinite-cache hit rate ${(report.bounds.infiniteCacheHitRate * 100).toFixed(1)}%, ideal mean TTFT ${report.bounds.idealTtftMean.toFixed(3)} s.</p>
+<p>${count(report.requests, 'request')} on ${count(report.workers, 'simulated worker')}, arrival speed ×${report.speed}. Bounds no policy can pass: infinite-cache hit rate ${(report.bounds.infiniteCacheHitRate * 100).toFixed(1)}%, ideal mean TTFT ${report.bounds.idealTtftMean.toFixed(3)} s.</p>
 ${settings ? settingsLine(settings) : ''}
 ${[...own, ...warnings].join('\n')}
 <div class="scroll"><table><thead><tr>${headers.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>
@@ -150,7 +150,7 @@ ${rows.join('\n')}
 <h2>TTFT distribution (CDF, log scale)</h2>
 ${legend(names)}
 ${ttftCdf(results, report.requests)}
-<p>Each curve is over all ${report.requests} requests of the run: it levels off at the share its policy answered.</p>
+<p>Each curve is over ${allRequests(report.requests)} of the run: it levels off at the share its policy answered.</p>
 <h2>KV usage per worker over time</h2>
 ${results.map((r) => `<h3>${esc(r.policy)}</h3>${loadChart(r)}`).join('\n')}
 </body></html>
@@ -277,6 +277,11 @@ function sweepRejections(t: SweepTrace, meta: SweepMeta): string {
   return [line, ...warnings].join('\n');
 }
 
+/** `1 request`, `2 requests`. */
+const count = (n: number, noun: string) => `${n} ${noun}${n === 1 ? '' : 's'}`;
+/** `all 24 requests`, `the 1 request`. */
+const allRequests = (n: number) => (n === 1 ? 'the 1 request' : `all ${n} requests`);
+
 const pctOf = (n: number, of: number) => `${((n / of) * 100).toFixed(1)}%`;
 
 function legend(names: readonly string[]): string {
@@ -338,8 +343,14 @@ function ttftCdf(results: readonly PolicyResult[], requests: number): string {
     results.flatMap((r) => r.outcomes.filter(Boolean).map((o) => o.ttft)).filter((x) => x > 0),
   );
   if (!Number.isFinite(minT)) return '<p>(no requests answered)</p>';
-  const lo = Math.max(1e-3, minT) / 1.05;
-  const hi = maxT * 1.05;
+  // a range under ×5 (one request, or all alike) is widened about its middle: a log axis over it
+  // would have no tick, and the curves would be squeezed against its ends
+  let lo = Math.max(1e-3, minT) / 1.05;
+  let hi = Math.max(lo, maxT) * 1.05;
+  if (hi / lo < 5) {
+    const mid = Math.sqrt(lo * hi);
+    [lo, hi] = [mid / Math.sqrt(5), mid * Math.sqrt(5)];
+  }
   const x = (v: number) =>
     L + ((Math.log10(Math.max(v, lo)) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo) || 1)) * (W - L - R);
   const y = (f: number) => H - B - f * (H - B - T);
@@ -350,10 +361,17 @@ function ttftCdf(results: readonly PolicyResult[], requests: number): string {
       .map((o) => o.ttft)
       .sort((a, b) => a - b);
     if (s.length === 0) return '';
+    // a step up at each TTFT, from 0 (a few hundred steps at most: each spans `step` requests)
     const step = Math.max(1, Math.floor(s.length / 300));
     const pts: string[] = [];
-    for (let k = 0; k < s.length; k += step) pts.push(`${x(s[k]).toFixed(1)},${y((k + 1) / total).toFixed(1)}`);
-    pts.push(`${x(s[s.length - 1]).toFixed(1)},${y(s.length / total).toFixed(1)}`);
+    let level = y(0).toFixed(1);
+    for (let k = Math.min(step, s.length) - 1; ; k = Math.min(k + step, s.length - 1)) {
+      const at = x(s[k]).toFixed(1);
+      pts.push(`${at},${level}`);
+      level = y((k + 1) / total).toFixed(1);
+      pts.push(`${at},${level}`);
+      if (k === s.length - 1) break;
+    }
     const { color, dash } = policyStyle(r.policy);
     return `<polyline fill="none" stroke="${color}" stroke-dasharray="${dash}" stroke-width="${r.policy === 'cost' ? 3 : 2}" points="${pts.join(' ')}"><title>${esc(r.policy)}</title></polyline>`;
   });
@@ -365,7 +383,7 @@ function ttftCdf(results: readonly PolicyResult[], requests: number): string {
     (f) =>
       `<line x1="${L}" x2="${W - R}" y1="${y(f)}" y2="${y(f)}" stroke="#eee"/><text x="${L - 6}" y="${y(f) + 4}" text-anchor="end">${f * 100}%</text>`,
   );
-  return `<div class="scroll"><svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" class="chart wide" xmlns="http://www.w3.org/2000/svg">${xt.join('')}${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/><text x="${(L + W - R) / 2}" y="${H - 8}" text-anchor="middle">time to first token (log scale)</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">share of all ${requests} requests</text>${lines.join('')}</svg></div>`;
+  return `<div class="scroll"><svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" class="chart wide" xmlns="http://www.w3.org/2000/svg">${xt.join('')}${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/><text x="${(L + W - R) / 2}" y="${H - 8}" text-anchor="middle">time to first token (log scale)</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">share of ${allRequests(requests)}</text>${lines.join('')}</svg></div>`;
 }
 
 function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', title: string): string {

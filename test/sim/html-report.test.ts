@@ -68,6 +68,29 @@ describe('the run report', () => {
     assert.match(html, /share of all 24 requests/);
   });
 
+  test('a one-request run: counts read as one, the CDF has ticks and rises from 0% to 100%', () => {
+    const one = comparePolicies('one', trace.slice(1, 2), ['cost', 'round-robin'], { workers: 1 });
+    const html = renderHtmlReport(one.report, one.results);
+    assert.match(html, /<p>1 request on 1 simulated worker,/);
+    assert.match(html, /share of the 1 request</);
+    assert.doesNotMatch(html, /\b1 (requests|workers)\b/);
+    const cdf = html.slice(html.indexOf('TTFT distribution'), html.indexOf('KV usage per worker'));
+    const ticks = [...cdf.matchAll(/text-anchor="middle">([\d.]+ m?s)<\/text>/g)].map((m) => m[1]);
+    assert.ok(ticks.length >= 2, `time ticks: ${ticks.join(', ')}`);
+    const pts = cdfPoints(html, 'cost');
+    assert.equal(pts[0][1], cdfTickY(html, '0%'), 'the step starts at 0%');
+    assert.equal(pts[pts.length - 1][1], cdfTickY(html, '100%'));
+    assert.equal(pts[0][0], pts[pts.length - 1][0], 'one TTFT: one vertical step');
+  });
+
+  test('the CDF is a staircase: flat between TTFTs, rising at each', () => {
+    const html = renderHtmlReport(report, results);
+    const pts = cdfPoints(html, 'cost');
+    assert.equal(pts[0][1], cdfTickY(html, '0%'));
+    for (let k = 1; k < pts.length; k++)
+      assert.ok(pts[k][0] === pts[k - 1][0] || pts[k][1] === pts[k - 1][1], `segment ${k} is not diagonal`);
+  });
+
   test('the report names the settings that produced it and the scenario counts', () => {
     const scenario = {
       workerKvTokens: [1000, 2_000_000],
