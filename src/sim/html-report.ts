@@ -135,6 +135,14 @@ export function renderHtmlReport(
     (w) =>
       `<p class="warning"><strong>Warning:</strong> ${esc(w.replace('(policies[].bounds)', '(the per-policy bounds above)'))}</p>`,
   );
+  // one time axis for every KV chart, so that they compare at a glance
+  let runEnd = 0;
+  for (const r of results) runEnd = Math.max(runEnd, r.loadTimeline[r.loadTimeline.length - 1]?.t ?? 0);
+  const sc = settings?.simulation.scenario;
+  const workerEvents = [
+    ...(sc?.fail ?? []).map((e) => ({ ...e, what: 'fails' })),
+    ...(sc?.drain ?? []).map((e) => ({ ...e, what: 'drained' })),
+  ].sort((a, b) => a.atMs - b.atMs);
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>contextforge-router simulation: ${esc(report.trace)}</title>
 <style>${STYLE}</style>
@@ -152,7 +160,8 @@ ${legend(names)}
 ${ttftCdf(results, report.requests)}
 <p>Each curve is over ${allRequests(report.requests)} of the run: it levels off at the share its policy answered.</p>
 <h2>KV usage per worker over time</h2>
-${results.map((r) => `<h3>${esc(r.policy)}</h3>${loadChart(r)}`).join('\n')}
+<p>Each chart spans the longest run of all the policies, so that they read alike; a policy's lines end where its run ended.${workerEvents.length > 0 ? ' Dashed lines mark the workers failed or drained.' : ''}</p>
+${results.map((r) => `<h3>${esc(r.policy)}</h3>${loadChart(r, runEnd, workerEvents)}`).join('\n')}
 </body></html>
 `;
 }
@@ -446,7 +455,8 @@ function sweepChart(t: SweepTrace, key: 'hitRate' | 'ttftMean' | 'ttftP99', titl
   return `<svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" class="chart" xmlns="http://www.w3.org/2000/svg"><text x="${L}" y="18" style="font-weight:600;font-size:14px">${esc(title)}</text>${yt.join('')}${bands.join('')}${lines.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/>${xt.join('')}<text x="${(L + W - R) / 2}" y="${H - 10}" text-anchor="middle">arrival rate (× recorded, log scale)</text></svg>`;
 }
 
-function loadChart(r: PolicyResult): string {
+/** KV usage per worker of one policy, on a time axis to `runEnd` s, failures and drains marked. */
+function loadChart(r: PolicyResult, runEnd: number, events: ReadonlyArray<WorkerEvent & { what: string }>): string {
   const W = 900,
     H = 220,
     L = 56,
@@ -454,8 +464,8 @@ function loadChart(r: PolicyResult): string {
     T = 12,
     B = 40;
   const tl = r.loadTimeline;
-  if (tl.length < 2) return '<p>(too short to chart)</p>';
-  const tMax = tl[tl.length - 1].t || 1;
+  if (tl.length < 2) return '<p>(no chart: the run ended before a second sample of KV usage was taken)</p>';
+  const tMax = Math.max(runEnd, tl[tl.length - 1].t) || 1;
   const x = (t: number) => L + (t / tMax) * (W - L - R);
   const y = (u: number) => H - B - u * (H - B - T);
   const workers = tl[0].kvUsage.length;
@@ -476,11 +486,18 @@ function loadChart(r: PolicyResult): string {
     (u) =>
       `<line x1="${L}" x2="${W - R}" y1="${y(u)}" y2="${y(u)}" stroke="#eee"/><text x="${L - 6}" y="${y(u) + 4}" text-anchor="end">${u * 100}%</text>`,
   );
+  const marks = events
+    .filter((e) => e.atMs / 1000 <= tMax)
+    .map((e, i) => {
+      const at = x(e.atMs / 1000).toFixed(1);
+      return `<line x1="${at}" x2="${at}" y1="${T}" y2="${H - B}" stroke="#555" stroke-dasharray="3 3"/><text x="${at}" y="${T + 10 + (i % 4) * 13}" dx="3" style="font-size:11px">w${e.worker} ${e.what}</text>`;
+    });
+  if (workers > 12) names.push(`<text x="${W - R + 12}" y="${T + 12 + 12 * 15}">+${workers - 12} more</text>`);
   const step = linearTicks(0, tMax);
   const xt = step
     .filter((t) => t <= tMax)
     .map((t) => `<text x="${x(t).toFixed(1)}" y="${H - B + 16}" text-anchor="middle">${t} s</text>`);
-  return `<div class="scroll"><svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" class="chart wide" xmlns="http://www.w3.org/2000/svg">${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/>${xt.join('')}<text x="${(L + W - R) / 2}" y="${H - 6}" text-anchor="middle">simulated time</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">KV usage</text>${lines.join('')}${names.join('')}</svg></div>`;
+  return `<div class="scroll"><svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" class="chart wide" xmlns="http://www.w3.org/2000/svg">${yt.join('')}<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/><line x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#333"/>${xt.join('')}<text x="${(L + W - R) / 2}" y="${H - 6}" text-anchor="middle">simulated time</text><text transform="translate(14 ${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">KV usage</text>${lines.join('')}${marks.join('')}${names.join('')}</svg></div>`;
 }
 
 function esc(s: string): string {

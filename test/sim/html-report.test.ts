@@ -91,6 +91,25 @@ describe('the run report', () => {
       assert.ok(pts[k][0] === pts[k - 1][0] || pts[k][1] === pts[k - 1][1], `segment ${k} is not diagonal`);
   });
 
+  test('the KV charts share one time axis, mark failures and drains, and say why one is missing', () => {
+    const sample = (t: number) => ({ t, kvUsage: [0.5, 0.25] });
+    const long = { ...results[0], loadTimeline: [0, 50, 100, 150].map(sample) };
+    const short = { ...results[1], loadTimeline: [0, 20].map(sample) };
+    const brief = { ...results[1], policy: 'brief', loadTimeline: [sample(0)] };
+    const scenario = { fail: [{ worker: 1, atMs: 60_000 }], drain: [{ worker: 0, atMs: 30_000 }] };
+    const html = renderHtmlReport(report, [long, short, brief], { simulation: { workers: 2, scenario } });
+    const charts = html.split('<h3>').slice(1);
+    const ticks = (chart: string) => [...chart.matchAll(/text-anchor="middle">(\d+ s)<\/text>/g)].map((m) => m[1]);
+    assert.deepEqual(ticks(charts[1]), ticks(charts[0]), 'the shorter run is drawn on the same axis');
+    assert.ok(ticks(charts[0]).includes('150 s'), ticks(charts[0]).join(', '));
+    for (const chart of charts.slice(0, 2)) {
+      assert.match(chart, />w1 fails<\/text>/);
+      assert.match(chart, />w0 drained<\/text>/);
+    }
+    assert.match(charts[2], /the run ended before a second sample of KV usage/);
+    assert.doesNotMatch(html, /too short to chart/);
+  });
+
   test('the report names the settings that produced it and the scenario counts', () => {
     const scenario = {
       workerKvTokens: [1000, 2_000_000],
